@@ -1,0 +1,47 @@
+# strom developer entry points. `make test` and `make demo` work on a fresh Debian machine:
+# both run scripts/bootstrap.sh first, which installs apt packages and the virtualenv.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: all setup test test-unit lint format protos check-protos bench demo lock clean
+
+all: test
+
+setup:
+	bash scripts/bootstrap.sh
+
+## Runs the whole suite: lint, stub staleness, unit, property and integration tests.
+test: setup
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest -q
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+## Regenerates the committed gRPC/protobuf stubs under services/strom/api/.
+protos: setup
+	$(PY) scripts/gen_protos.py
+
+bench: setup
+	$(VENV)/bin/strom bench record
+	$(VENV)/bin/strom bench log
+
+## The main job: a local cluster and a demo pipeline (grows with the cluster issues).
+demo: setup
+	$(VENV)/bin/strom demo
+
+lock: setup
+	$(PY) -m pip freeze --exclude-editable | grep -v '^pip=' > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

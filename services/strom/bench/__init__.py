@@ -1,0 +1,1 @@
+"""Benchmarks behind ``strom bench``: numbers are printed, never asserted (DESIGN §11)."""

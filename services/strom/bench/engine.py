@@ -1,0 +1,130 @@
+"""``strom bench record`` and ``strom bench log``: the engines alone, no network.
+
+These measure what the brokers' hot paths are built from: encoding/decoding batches (the
+client side) and appending/reading whole batches in a partition log (the broker side).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from strom.bench.stats import Result
+from strom.log import Log, LogConfig
+from strom.record import decode_batches, encode_arrow, encode_batch
+
+
+def _values(count: int, size: int) -> list[bytes]:
+    # Mildly compressible payloads (a random prefix per record on a repeated body), so the
+    # codecs do real work without making compression look better than real data would.
+    body = os.urandom(max(size, 1))
+    return [os.urandom(8)[: min(8, size)] + body[: max(size - 8, 0)] for _ in range(count)]
+
+
+def bench_record(
+    *, records: int, record_size: int, batch_records: int, compression: str
+) -> list[Result]:
+    """Encode and decode ``records`` records of ``record_size`` bytes in batches."""
+    values = _values(batch_records, record_size)
+    n_batches = max(records // batch_records, 1)
+    payload = n_batches * batch_records * record_size
+
+    t0 = time.perf_counter()
+    for _ in range(n_batches):
+        data = encode_batch(values, compression=compression)
+    enc = Result(
+        "encode (list)", n_batches, n_batches * batch_records, payload, time.perf_counter() - t0
+    )
+
+    table = pa.table({"value": pa.array(values, pa.binary())})
+    t0 = time.perf_counter()
+    for _ in range(n_batches):
+        encode_arrow(table, compression=compression)
+    enc_arrow = Result(
+        "encode (arrow)", n_batches, n_batches * batch_records, payload, time.perf_counter() - t0
+    )
+
+    blob = data * min(n_batches, 100)
+    per_blob = min(n_batches, 100)
+    rounds = max(n_batches // per_blob, 1)
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for b in decode_batches(blob):
+            b.to_arrow()
+    dec_arrow = Result(
+        "decode to_arrow",
+        rounds * per_blob,
+        rounds * per_blob * batch_records,
+        rounds * per_blob * batch_records * record_size,
+        time.perf_counter() - t0,
+    )
+
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for b in decode_batches(blob):
+            b.records()
+    dec_py = Result(
+        "decode records()",
+        rounds * per_blob,
+        rounds * per_blob * batch_records,
+        rounds * per_blob * batch_records * record_size,
+        time.perf_counter() - t0,
+    )
+    return [enc, enc_arrow, dec_arrow, dec_py]
+
+
+def bench_log(
+    *,
+    total_bytes: int,
+    batch_bytes: int,
+    record_size: int,
+    directory: str | None,
+    fsync: bool,
+) -> list[Result]:
+    """Append pre-built batches of ~``batch_bytes`` to a fresh log, then read it back."""
+    per_batch = max(batch_bytes // record_size, 1)
+    batch = encode_batch(_values(per_batch, record_size))
+    n_batches = max(total_bytes // len(batch), 1)
+    tmp = Path(tempfile.mkdtemp(prefix="strom-bench-", dir=directory))
+    try:
+        log = Log(tmp / "bench-0", LogConfig(), fsync=fsync)
+        lat: list[float] = []
+        t0 = time.perf_counter()
+        for _ in range(n_batches):
+            s = time.perf_counter()
+            log.append(batch, leader_epoch=0)
+            lat.append(time.perf_counter() - s)
+        if fsync:
+            log.flush()
+        append = Result(
+            "log append" + (" + fsync" if fsync else ""),
+            n_batches,
+            n_batches * per_batch,
+            n_batches * len(batch),
+            time.perf_counter() - t0,
+            lat,
+        )
+
+        lat = []
+        offset = 0
+        got = 0
+        batches = 0
+        leo = log.log_end_offset
+        t0 = time.perf_counter()
+        while offset < leo:
+            s = time.perf_counter()
+            r = log.read(offset, batch_bytes)
+            lat.append(time.perf_counter() - s)
+            got += len(r.data)
+            batches += 1
+            offset = r.next_offset
+        read = Result("log read (sequential)", batches, leo, got, time.perf_counter() - t0, lat)
+        log.close()
+        return [append, read]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,61 @@
+"""Throughput and latency summaries shared by every ``strom bench`` mode."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Result:
+    """One measured phase: counts, elapsed time and per-operation latencies (seconds)."""
+
+    name: str
+    batches: int
+    records: int
+    bytes: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict[str, float | int | str]:
+        s = max(self.seconds, 1e-12)
+        out: dict[str, float | int | str] = {
+            "name": self.name,
+            "batches": self.batches,
+            "records": self.records,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 4),
+            "batches_per_s": round(self.batches / s, 1),
+            "records_per_s": round(self.records / s, 1),
+            "mb_per_s": round(self.bytes / s / 1e6, 1),
+        }
+        if self.latencies:
+            lat = np.asarray(self.latencies) * 1e3
+            for p in (50, 95, 99, 99.9):
+                out[f"p{p}_ms"] = round(float(np.percentile(lat, p)), 3)
+        return out
+
+    def line(self) -> str:
+        d = self.summary()
+        text = (
+            f"{self.name:<24} {d['records_per_s']:>14,.0f} records/s "
+            f"{d['batches_per_s']:>10,.0f} batches/s {d['mb_per_s']:>9,.1f} MB/s"
+        )
+        if self.latencies:
+            text += (
+                f"   latency ms p50 {d['p50_ms']} p95 {d['p95_ms']} p99 {d['p99_ms']}"
+                f" p99.9 {d['p99.9_ms']}"
+            )
+        return text
+
+
+def report(results: list[Result], *, as_json: bool, context: dict[str, object]) -> str:
+    if as_json:
+        return json.dumps({"context": context, "results": [r.summary() for r in results]})
+    head = "  ".join(f"{k}={v}" for k, v in context.items())
+    return "\n".join([head] + [r.line() for r in results])
+
+
+__all__ = ["Result", "asdict", "report"]

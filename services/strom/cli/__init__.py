@@ -1,0 +1,1 @@
+"""The ``strom`` command line."""

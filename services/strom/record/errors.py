@@ -1,0 +1,22 @@
+"""The one exception the record engine raises for bad batch bytes.
+
+Brokers map it to ``CORRUPT_MESSAGE`` (or ``MESSAGE_TOO_LARGE`` when ``too_large`` is set);
+clients surface it as is. It always names what was wrong and where, so an operator reading a
+log line can find the byte that broke.
+"""
+
+from __future__ import annotations
+
+
+class InvalidBatchError(ValueError):
+    """Raised for corrupt, truncated, oversized or otherwise malformed record batches.
+
+    Attributes:
+        position: byte offset of the offending batch within the buffer that was parsed.
+        too_large: True when the batch is well formed but exceeds the allowed size.
+    """
+
+    def __init__(self, message: str, *, position: int = 0, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.position = position
+        self.too_large = too_large
