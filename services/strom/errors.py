@@ -1,0 +1,596 @@
+"""Python side of ``strom.v1.ErrorCode``: retriable flags, descriptions and exceptions.
+
+Every RPC result carries an ``ErrorCode`` (protos/strom/v1/common.proto). Clients and services
+turn a non-NONE code into an exception with :func:`error_for` (or :func:`raise_for_error`) and
+decide whether to retry from :attr:`StromError.retriable`, so that retry policy lives in one
+table instead of in every call site. The table mirrors the "Retriable: yes/no" comment of each
+code in common.proto; tests/unit/test_errors.py fails when the two disagree or a code is missing.
+
+"Retriable" means a client library may retry on its own (after the action the code's comment
+names, e.g. refreshing metadata or finding the coordinator again) until its overall timeout;
+non-retriable errors go to the caller or trigger a specific recovery (e.g. a consumer rejoining
+its group after FENCED_MEMBER_EPOCH).
+
+Errors raised on the client side without a server code (connection failures, client timeouts)
+use :class:`StromError` with ``code=None``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+from strom.api import common_pb2
+
+ErrorCode = common_pb2.ErrorCode
+
+
+class ErrorInfo(NamedTuple):
+    """What strom knows about one error code."""
+
+    retriable: bool
+    description: str
+
+
+_E = ErrorCode
+#: Every ErrorCode -> (retriable, description). Keep in step with common.proto's comments.
+ERRORS: dict[int, ErrorInfo] = {
+    _E.NONE: ErrorInfo(False, "success"),
+    # general
+    _E.UNKNOWN_SERVER_ERROR: ErrorInfo(False, "the server hit an unexpected condition"),
+    _E.INVALID_REQUEST: ErrorInfo(False, "the request is malformed or inconsistent"),
+    _E.REQUEST_TIMED_OUT: ErrorInfo(True, "the server timed out; the outcome is unknown"),
+    _E.POLICY_VIOLATION: ErrorInfo(False, "a server-side policy forbids the request"),
+    _E.UNSUPPORTED_VERSION: ErrorInfo(False, "the server does not support this feature/format"),
+    _E.BROKER_NOT_AVAILABLE: ErrorInfo(True, "a node the request refers to is not live"),
+    # topics, partitions, configs
+    _E.UNKNOWN_TOPIC_OR_PARTITION: ErrorInfo(True, "the topic or partition does not exist"),
+    _E.TOPIC_ALREADY_EXISTS: ErrorInfo(False, "a topic with this name already exists"),
+    _E.INVALID_TOPIC: ErrorInfo(False, "the topic name is invalid or not allowed here"),
+    _E.INVALID_PARTITIONS: ErrorInfo(False, "the partition count is invalid"),
+    _E.INVALID_REPLICATION_FACTOR: ErrorInfo(False, "the replication factor is invalid"),
+    _E.INVALID_REPLICA_ASSIGNMENT: ErrorInfo(False, "the replica assignment is invalid"),
+    _E.INVALID_CONFIG: ErrorInfo(False, "a config name or value is invalid"),
+    _E.TOPIC_DELETION_IN_PROGRESS: ErrorInfo(True, "a topic of this name is being deleted"),
+    _E.INCONSISTENT_TOPIC_ID: ErrorInfo(False, "the topic was deleted and re-created"),
+    # log and records
+    _E.OFFSET_OUT_OF_RANGE: ErrorInfo(False, "the offset is outside the partition's log"),
+    _E.CORRUPT_MESSAGE: ErrorInfo(False, "a record batch failed validation (CRC, header)"),
+    _E.MESSAGE_TOO_LARGE: ErrorInfo(False, "a record batch exceeds max.message.bytes"),
+    _E.INVALID_RECORD: ErrorInfo(False, "a record batch breaks a topic rule"),
+    _E.STORAGE_ERROR: ErrorInfo(True, "the node cannot access the partition's log directory"),
+    _E.OFFSET_NOT_AVAILABLE: ErrorInfo(True, "the leader cannot answer the offset yet"),
+    # leadership and replication
+    _E.NOT_LEADER_OR_FOLLOWER: ErrorInfo(True, "this node is not the partition's leader"),
+    _E.LEADER_NOT_AVAILABLE: ErrorInfo(True, "the partition has no leader right now"),
+    _E.FENCED_LEADER_EPOCH: ErrorInfo(True, "the leader epoch in the request is stale"),
+    _E.UNKNOWN_LEADER_EPOCH: ErrorInfo(True, "the leader epoch is newer than the node knows"),
+    _E.NOT_ENOUGH_REPLICAS: ErrorInfo(True, "ISR below min.insync.replicas; nothing appended"),
+    _E.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorInfo(
+        True, "ISR shrank below min.insync.replicas after the append"
+    ),
+    _E.REPLICA_NOT_AVAILABLE: ErrorInfo(True, "the replica is not available on this node"),
+    _E.INELIGIBLE_REPLICA: ErrorInfo(False, "the proposed ISR contains an ineligible replica"),
+    _E.INVALID_PARTITION_EPOCH: ErrorInfo(False, "the partition state changed (stale epoch)"),
+    _E.PREFERRED_LEADER_NOT_AVAILABLE: ErrorInfo(
+        True, "the preferred replica is not live or not in the ISR"
+    ),
+    _E.ELIGIBLE_LEADERS_NOT_AVAILABLE: ErrorInfo(True, "no replica is eligible to lead"),
+    _E.ELECTION_NOT_NEEDED: ErrorInfo(False, "the wanted leader already leads"),
+    _E.REASSIGNMENT_IN_PROGRESS: ErrorInfo(False, "a partition reassignment is in progress"),
+    _E.NO_REASSIGNMENT_IN_PROGRESS: ErrorInfo(False, "no reassignment is in progress"),
+    # idempotent producers
+    _E.OUT_OF_ORDER_SEQUENCE: ErrorInfo(False, "a sequence gap: an earlier batch was lost"),
+    _E.DUPLICATE_SEQUENCE: ErrorInfo(False, "the batch was already appended (treat as success)"),
+    _E.INVALID_PRODUCER_EPOCH: ErrorInfo(False, "the producer was fenced by a newer epoch"),
+    _E.UNKNOWN_PRODUCER_ID: ErrorInfo(False, "the leader has no state for this producer id"),
+    # controller
+    _E.NOT_CONTROLLER: ErrorInfo(True, "this controller is not the active one"),
+    _E.STALE_NODE_INCARNATION: ErrorInfo(False, "the request comes from a stale node process"),
+    # group coordinator
+    _E.NOT_COORDINATOR: ErrorInfo(True, "this coordinator does not own the group's shard"),
+    _E.COORDINATOR_LOAD_IN_PROGRESS: ErrorInfo(True, "the coordinator is still loading the group"),
+    _E.COORDINATOR_NOT_AVAILABLE: ErrorInfo(True, "no coordinator owns the group's shard now"),
+    _E.UNKNOWN_MEMBER_ID: ErrorInfo(False, "the member is not in the group"),
+    _E.FENCED_MEMBER_EPOCH: ErrorInfo(False, "the member's epoch was fenced; rejoin"),
+    _E.FENCED_INSTANCE_ID: ErrorInfo(False, "another consumer took over this instance id"),
+    _E.UNRELEASED_INSTANCE_ID: ErrorInfo(False, "the instance id is held by a live member"),
+    _E.GROUP_ID_NOT_FOUND: ErrorInfo(False, "the group does not exist"),
+    _E.NON_EMPTY_GROUP: ErrorInfo(False, "the group still has members"),
+    _E.STALE_MEMBER_EPOCH: ErrorInfo(False, "the member epoch is older than the current one"),
+    _E.INVALID_GROUP_ID: ErrorInfo(False, "the group id is invalid"),
+    _E.UNSUPPORTED_ASSIGNOR: ErrorInfo(False, "the requested assignor does not exist"),
+    _E.GROUP_MAX_SIZE_REACHED: ErrorInfo(False, "the group has reached its maximum size"),
+    _E.INVALID_REGULAR_EXPRESSION: ErrorInfo(False, "the subscription regex is invalid"),
+    _E.GROUP_SUBSCRIBED_TO_TOPIC: ErrorInfo(False, "the group is still subscribed to the topic"),
+    _E.UNSTABLE_OFFSET_COMMIT: ErrorInfo(True, "an offset commit is still pending"),
+    _E.OFFSET_METADATA_TOO_LARGE: ErrorInfo(False, "the offset metadata string is too long"),
+}
+del _E
+
+#: Codes after which a client refreshes its cluster metadata (leaders, nodes, controller)
+#: before retrying.
+METADATA_REFRESH_CODES: frozenset[int] = frozenset(
+    {
+        ErrorCode.BROKER_NOT_AVAILABLE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.INCONSISTENT_TOPIC_ID,
+        ErrorCode.STORAGE_ERROR,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.REPLICA_NOT_AVAILABLE,
+        ErrorCode.NOT_CONTROLLER,
+    }
+)
+
+#: Codes after which a client looks its group coordinator up again (FindCoordinator).
+COORDINATOR_REFRESH_CODES: frozenset[int] = frozenset(
+    {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+)
+
+
+def error_name(code: int | None) -> str:
+    """The ErrorCode name of `code` ("CLIENT_ERROR" for None, a placeholder if unknown)."""
+    if code is None:
+        return "CLIENT_ERROR"
+    try:
+        return ErrorCode.Name(code)
+    except ValueError:
+        return f"UNKNOWN_ERROR_CODE_{code}"
+
+
+def is_retriable(code: int) -> bool:
+    """Whether a client may retry after `code`; unknown codes (a newer server) are not."""
+    info = ERRORS.get(code)
+    return info.retriable if info is not None else False
+
+
+class StromError(Exception):
+    """Base of every strom error.
+
+    Attributes:
+        code: the ``ErrorCode`` value, or None for errors raised on the client side.
+        retriable: whether a client may retry (from :data:`ERRORS` unless overridden).
+        message: human-readable detail (the server's error_message, or the code's description).
+    """
+
+    #: The code instances of this class carry unless given another; None on the base class.
+    default_code: ClassVar[int | None] = None
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: int | None = None,
+        retriable: bool | None = None,
+    ) -> None:
+        self.code: int | None = code if code is not None else self.default_code
+        info = ERRORS.get(self.code) if self.code is not None else None
+        self.retriable: bool = (
+            retriable if retriable is not None else (info.retriable if info else False)
+        )
+        self.message: str = message or (info.description if info else "strom error")
+        super().__init__(self.message)
+
+    @property
+    def name(self) -> str:
+        """The ErrorCode name, e.g. "NOT_LEADER_OR_FOLLOWER"."""
+        return error_name(self.code)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}"
+
+    def __repr__(self) -> str:
+        cls = type(self).__name__
+        return f"{cls}({self.message!r}, code={self.code}, retriable={self.retriable})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments do not survive Exception's default pickling; Spark executors and
+        # multiprocessing workers send these exceptions back pickled.
+        return (_rebuild, (type(self), self.message, self.code, self.retriable))
+
+
+def _rebuild(cls: type[StromError], message: str, code: int | None, retriable: bool) -> StromError:
+    return cls(message, code=code, retriable=retriable)
+
+
+# ---- general ----
+
+
+class UnknownServerError(StromError):
+    """UNKNOWN_SERVER_ERROR: an unexpected failure on the server."""
+
+    default_code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class InvalidRequestError(StromError):
+    """INVALID_REQUEST: the request is malformed (a client bug)."""
+
+    default_code = ErrorCode.INVALID_REQUEST
+
+
+class RequestTimedOutError(StromError):
+    """REQUEST_TIMED_OUT: the server gave up waiting; the outcome is unknown."""
+
+    default_code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class PolicyViolationError(StromError):
+    """POLICY_VIOLATION: a server-side policy forbids the request."""
+
+    default_code = ErrorCode.POLICY_VIOLATION
+
+
+class UnsupportedVersionError(StromError):
+    """UNSUPPORTED_VERSION: the server does not support the feature or format."""
+
+    default_code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class BrokerNotAvailableError(StromError):
+    """BROKER_NOT_AVAILABLE: a node the request refers to is not live."""
+
+    default_code = ErrorCode.BROKER_NOT_AVAILABLE
+
+
+# ---- topics, partitions, configs ----
+
+
+class UnknownTopicOrPartitionError(StromError):
+    """UNKNOWN_TOPIC_OR_PARTITION: no such topic or partition (or not known yet)."""
+
+    default_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class TopicAlreadyExistsError(StromError):
+    """TOPIC_ALREADY_EXISTS: CreateTopics for an existing name."""
+
+    default_code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class InvalidTopicError(StromError):
+    """INVALID_TOPIC: the topic name is invalid or not allowed here."""
+
+    default_code = ErrorCode.INVALID_TOPIC
+
+
+class InvalidPartitionsError(StromError):
+    """INVALID_PARTITIONS: the partition count is invalid."""
+
+    default_code = ErrorCode.INVALID_PARTITIONS
+
+
+class InvalidReplicationFactorError(StromError):
+    """INVALID_REPLICATION_FACTOR: the replication factor is invalid."""
+
+    default_code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class InvalidReplicaAssignmentError(StromError):
+    """INVALID_REPLICA_ASSIGNMENT: a manual replica assignment is invalid."""
+
+    default_code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
+class InvalidConfigError(StromError):
+    """INVALID_CONFIG: a config name or value is invalid."""
+
+    default_code = ErrorCode.INVALID_CONFIG
+
+
+class TopicDeletionInProgressError(StromError):
+    """TOPIC_DELETION_IN_PROGRESS: a topic of that name is still being deleted."""
+
+    default_code = ErrorCode.TOPIC_DELETION_IN_PROGRESS
+
+
+class InconsistentTopicIdError(StromError):
+    """INCONSISTENT_TOPIC_ID: the topic was deleted and re-created."""
+
+    default_code = ErrorCode.INCONSISTENT_TOPIC_ID
+
+
+# ---- log and records ----
+
+
+class OffsetOutOfRangeError(StromError):
+    """OFFSET_OUT_OF_RANGE: the offset is outside the partition's log."""
+
+    default_code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class CorruptMessageError(StromError):
+    """CORRUPT_MESSAGE: a record batch failed validation (header, CRC, counts)."""
+
+    default_code = ErrorCode.CORRUPT_MESSAGE
+
+
+class MessageTooLargeError(StromError):
+    """MESSAGE_TOO_LARGE: a record batch exceeds the topic's max.message.bytes."""
+
+    default_code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class InvalidRecordError(StromError):
+    """INVALID_RECORD: a batch breaks a topic rule (e.g. null key on a compacted topic)."""
+
+    default_code = ErrorCode.INVALID_RECORD
+
+
+class StorageError(StromError):
+    """STORAGE_ERROR: the node cannot access the partition's log directory."""
+
+    default_code = ErrorCode.STORAGE_ERROR
+
+
+class OffsetNotAvailableError(StromError):
+    """OFFSET_NOT_AVAILABLE: the (new) leader cannot answer the offset lookup yet."""
+
+    default_code = ErrorCode.OFFSET_NOT_AVAILABLE
+
+
+# ---- leadership and replication ----
+
+
+class NotLeaderError(StromError):
+    """NOT_LEADER_OR_FOLLOWER: this node is not the partition's leader."""
+
+    default_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class LeaderNotAvailableError(StromError):
+    """LEADER_NOT_AVAILABLE: the partition has no leader right now."""
+
+    default_code = ErrorCode.LEADER_NOT_AVAILABLE
+
+
+class FencedLeaderEpochError(StromError):
+    """FENCED_LEADER_EPOCH: the leader epoch the request carries is stale."""
+
+    default_code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+class UnknownLeaderEpochError(StromError):
+    """UNKNOWN_LEADER_EPOCH: the leader epoch is newer than the node knows."""
+
+    default_code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class NotEnoughReplicasError(StromError):
+    """NOT_ENOUGH_REPLICAS: ISR below min.insync.replicas; nothing was appended."""
+
+    default_code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class NotEnoughReplicasAfterAppendError(StromError):
+    """NOT_ENOUGH_REPLICAS_AFTER_APPEND: appended, but the ISR shrank before commit."""
+
+    default_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+class ReplicaNotAvailableError(StromError):
+    """REPLICA_NOT_AVAILABLE: the replica is not available on this node."""
+
+    default_code = ErrorCode.REPLICA_NOT_AVAILABLE
+
+
+class IneligibleReplicaError(StromError):
+    """INELIGIBLE_REPLICA: an AlterPartition ISR contains an ineligible replica."""
+
+    default_code = ErrorCode.INELIGIBLE_REPLICA
+
+
+class InvalidPartitionEpochError(StromError):
+    """INVALID_PARTITION_EPOCH: AlterPartition based on a stale partition state."""
+
+    default_code = ErrorCode.INVALID_PARTITION_EPOCH
+
+
+class PreferredLeaderNotAvailableError(StromError):
+    """PREFERRED_LEADER_NOT_AVAILABLE: the preferred replica cannot lead now."""
+
+    default_code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+
+
+class EligibleLeadersNotAvailableError(StromError):
+    """ELIGIBLE_LEADERS_NOT_AVAILABLE: no replica is eligible to lead."""
+
+    default_code = ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+class ElectionNotNeededError(StromError):
+    """ELECTION_NOT_NEEDED: the wanted leader already leads (treat as success)."""
+
+    default_code = ErrorCode.ELECTION_NOT_NEEDED
+
+
+class ReassignmentInProgressError(StromError):
+    """REASSIGNMENT_IN_PROGRESS: conflicts with a reassignment in progress."""
+
+    default_code = ErrorCode.REASSIGNMENT_IN_PROGRESS
+
+
+class NoReassignmentInProgressError(StromError):
+    """NO_REASSIGNMENT_IN_PROGRESS: nothing to cancel (treat as success)."""
+
+    default_code = ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
+
+
+# ---- idempotent producers ----
+
+
+class OutOfOrderSequenceError(StromError):
+    """OUT_OF_ORDER_SEQUENCE: a sequence gap; the producer must bump its epoch."""
+
+    default_code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+class DuplicateSequenceError(StromError):
+    """DUPLICATE_SEQUENCE: already appended long ago (success, offsets unknown)."""
+
+    default_code = ErrorCode.DUPLICATE_SEQUENCE
+
+
+class InvalidProducerEpochError(StromError):
+    """INVALID_PRODUCER_EPOCH: the producer was fenced by a newer epoch and must close."""
+
+    default_code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class UnknownProducerIdError(StromError):
+    """UNKNOWN_PRODUCER_ID: no state for the producer id; bump the epoch and restart at 0."""
+
+    default_code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+# ---- controller ----
+
+
+class NotControllerError(StromError):
+    """NOT_CONTROLLER: not the active controller; retry at the one the response names."""
+
+    default_code = ErrorCode.NOT_CONTROLLER
+
+
+class StaleNodeIncarnationError(StromError):
+    """STALE_NODE_INCARNATION: the request comes from a previous life of the node."""
+
+    default_code = ErrorCode.STALE_NODE_INCARNATION
+
+
+# ---- group coordinator ----
+
+
+class NotCoordinatorError(StromError):
+    """NOT_COORDINATOR: this coordinator does not own the group; find it again."""
+
+    default_code = ErrorCode.NOT_COORDINATOR
+
+
+class CoordinatorLoadInProgressError(StromError):
+    """COORDINATOR_LOAD_IN_PROGRESS: the coordinator is still loading the shard."""
+
+    default_code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+
+
+class CoordinatorNotAvailableError(StromError):
+    """COORDINATOR_NOT_AVAILABLE: no coordinator owns the group's shard right now."""
+
+    default_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+class UnknownMemberIdError(StromError):
+    """UNKNOWN_MEMBER_ID: not a member of the group; rejoin with epoch 0."""
+
+    default_code = ErrorCode.UNKNOWN_MEMBER_ID
+
+
+class FencedMemberEpochError(StromError):
+    """FENCED_MEMBER_EPOCH: the member was fenced; drop partitions and rejoin."""
+
+    default_code = ErrorCode.FENCED_MEMBER_EPOCH
+
+
+class FencedInstanceIdError(StromError):
+    """FENCED_INSTANCE_ID: another consumer took over this group instance id."""
+
+    default_code = ErrorCode.FENCED_INSTANCE_ID
+
+
+class UnreleasedInstanceIdError(StromError):
+    """UNRELEASED_INSTANCE_ID: the group instance id is held by a live member."""
+
+    default_code = ErrorCode.UNRELEASED_INSTANCE_ID
+
+
+class GroupIdNotFoundError(StromError):
+    """GROUP_ID_NOT_FOUND: the group does not exist."""
+
+    default_code = ErrorCode.GROUP_ID_NOT_FOUND
+
+
+class NonEmptyGroupError(StromError):
+    """NON_EMPTY_GROUP: the operation needs a group without members."""
+
+    default_code = ErrorCode.NON_EMPTY_GROUP
+
+
+class StaleMemberEpochError(StromError):
+    """STALE_MEMBER_EPOCH: commit with an old member epoch; retry with the new one."""
+
+    default_code = ErrorCode.STALE_MEMBER_EPOCH
+
+
+class InvalidGroupIdError(StromError):
+    """INVALID_GROUP_ID: the group id is invalid (empty)."""
+
+    default_code = ErrorCode.INVALID_GROUP_ID
+
+
+class UnsupportedAssignorError(StromError):
+    """UNSUPPORTED_ASSIGNOR: the requested server assignor does not exist."""
+
+    default_code = ErrorCode.UNSUPPORTED_ASSIGNOR
+
+
+class GroupMaxSizeReachedError(StromError):
+    """GROUP_MAX_SIZE_REACHED: the group is full."""
+
+    default_code = ErrorCode.GROUP_MAX_SIZE_REACHED
+
+
+class InvalidRegularExpressionError(StromError):
+    """INVALID_REGULAR_EXPRESSION: the subscription regex does not compile."""
+
+    default_code = ErrorCode.INVALID_REGULAR_EXPRESSION
+
+
+class GroupSubscribedToTopicError(StromError):
+    """GROUP_SUBSCRIBED_TO_TOPIC: cannot delete offsets of a subscribed topic."""
+
+    default_code = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+
+
+class UnstableOffsetCommitError(StromError):
+    """UNSTABLE_OFFSET_COMMIT: a commit for the partition is still pending."""
+
+    default_code = ErrorCode.UNSTABLE_OFFSET_COMMIT
+
+
+class OffsetMetadataTooLargeError(StromError):
+    """OFFSET_METADATA_TOO_LARGE: the commit's metadata string is too long."""
+
+    default_code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+
+
+def _collect(cls: type[StromError], into: dict[int, type[StromError]]) -> None:
+    for sub in cls.__subclasses__():
+        if sub.default_code is not None and sub.__module__ == __name__:
+            if sub.default_code in into:
+                raise RuntimeError(f"two exception classes for {error_name(sub.default_code)}")
+            into[sub.default_code] = sub
+        _collect(sub, into)
+
+
+#: ErrorCode -> the exception class raised for it (every code but NONE has one).
+EXCEPTIONS: dict[int, type[StromError]] = {}
+_collect(StromError, EXCEPTIONS)
+
+
+def error_for(code: int, message: str | None = None) -> StromError:
+    """The exception instance for a non-NONE `code` (not raised), with `message` if given.
+
+    An unknown code (from a newer server) gives a plain, non-retriable :class:`StromError`.
+    """
+    if code == ErrorCode.NONE:
+        raise ValueError("ErrorCode NONE is not an error")
+    cls = EXCEPTIONS.get(code)
+    if cls is None:
+        return StromError(message or f"unknown error code {code}", code=code)
+    return cls(message or None)
+
+
+def raise_for_error(code: int, message: str | None = None) -> None:
+    """Raise the exception for `code` unless it is NONE; the usual check on a result."""
+    if code != ErrorCode.NONE:
+        raise error_for(code, message)
