@@ -1,0 +1,1 @@
+"""Run a local strom cluster as real processes: used by ``strom dev up`` and by the tests."""

@@ -1,0 +1,197 @@
+"""Process helpers for local clusters: free ports, waiting on conditions, owned processes.
+
+Every process is started in its own session (``start_new_session=True``) so a signal to the
+test runner does not reach it by accident, and is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """A local-cluster process could not be started or did not become healthy."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    condition: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.05
+) -> T:
+    """Poll ``condition`` until it returns something truthy; raise naming ``what`` on timeout.
+
+    Polling a condition (with a short interval) is the point: callers wait for a state, not
+    for a guessed duration.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # the condition may fail while a process is starting
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            raise ClusterError(f"timed out after {timeout:.1f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def port_open(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+        return True
+    return False
+
+
+class ManagedProcess:
+    """A child process with its log file, started in its own session."""
+
+    def __init__(
+        self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(self.env or {})},
+            )
+        finally:
+            logf.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL if it will not go."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+ETCD_INSTALL_HINT = (
+    "etcd was not found on PATH. Install it with `apt-get install -y etcd-server etcd-client` "
+    "(or run `make setup`, which does that), then try again."
+)
+
+
+class EtcdServer:
+    """A single-member etcd on loopback, for local clusters and tests."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise ClusterError(ETCD_INSTALL_HINT)
+        self.binary = binary
+        self.host = host
+        self.data_dir = data_dir
+        self.client_port = client_port or free_port(host)
+        self.peer_port = peer_port or free_port(host)
+        self.process: ManagedProcess | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> EtcdServer:
+        client = f"http://{self.host}:{self.client_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        argv = [
+            self.binary,
+            "--name",
+            "strom-etcd",
+            "--data-dir",
+            str(self.data_dir / "etcd"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"strom-etcd={peer}",
+            "--log-level",
+            "warn",
+        ]
+        self.process = ManagedProcess("etcd", argv, self.data_dir / "etcd.log").start()
+        wait_for(self._healthy, timeout=timeout, what=f"etcd on {self.endpoint}")
+        return self
+
+    def _healthy(self) -> bool:
+        if self.process is None or not self.process.alive():
+            tail = self.process.log_tail() if self.process else ""
+            raise ClusterError(f"etcd exited during start:\n{tail}")
+        return port_open(self.host, self.client_port)
+
+    def kill(self) -> None:
+        if self.process:
+            self.process.kill()
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.stop()

@@ -1,0 +1,29 @@
+"""Cluster metadata in etcd (DESIGN §3): the one place that talks to the etcd client."""
+
+from strom.metadata.keys import Keys
+from strom.metadata.store import (
+    Election,
+    KeepAlive,
+    MetadataStore,
+    MetadataUnavailableError,
+    Versioned,
+    WatchEvent,
+    decode,
+    encode,
+    parse_endpoints,
+)
+from strom.metadata.view import ClusterView
+
+__all__ = [
+    "ClusterView",
+    "Election",
+    "KeepAlive",
+    "Keys",
+    "MetadataStore",
+    "MetadataUnavailableError",
+    "Versioned",
+    "WatchEvent",
+    "decode",
+    "encode",
+    "parse_endpoints",
+]

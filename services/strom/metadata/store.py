@@ -1,0 +1,460 @@
+"""The wrapper around etcd that every strom service uses for cluster metadata.
+
+Why a wrapper: the etcd client is synchronous, its errors are many, its watches die when etcd
+restarts, and its leases need keeping alive. Here every call turns client failures into one
+:class:`MetadataUnavailableError`, watches resume from the last revision they delivered (so no
+event is lost or repeated across an etcd restart), leases are refreshed by a thread that
+reports loss, and values are protobuf messages stored as JSON (``etcdctl get`` stays
+readable). Services call the blocking methods through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import etcd3
+import etcd3.exceptions
+import grpc
+from etcd3 import Endpoint, MultiEndpointEtcd3Client
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from strom.metadata.keys import Keys
+
+log = logging.getLogger("strom.metadata")
+M = TypeVar("M", bound=Message)
+
+_CLIENT_ERRORS: tuple[type[BaseException], ...] = (
+    etcd3.exceptions.Etcd3Exception,
+    grpc.RpcError,
+    ValueError,  # the client raises it when its channel is closed under it
+)
+
+
+class MetadataUnavailableError(Exception):
+    """etcd could not be reached or did not answer in time (retriable)."""
+
+
+def parse_endpoints(spec: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"host:port,host2:port2"`` (or a list of them) → [(host, port), ...]."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: list[tuple[str, int]] = []
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        item = item.removeprefix("http://")
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"etcd endpoint {raw!r} is not HOST:PORT")
+        out.append((host, int(port)))
+    if not out:
+        raise ValueError("no etcd endpoint given (expected HOST:PORT[,HOST:PORT...])")
+    return out
+
+
+def encode(msg: Message) -> str:
+    """Protobuf → the JSON stored in etcd (field names as in the .proto)."""
+    return json_format.MessageToJson(
+        msg,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        indent=None,
+        sort_keys=True,
+    )
+
+
+def decode(data: bytes | str, cls: type[M]) -> M:
+    """Stored JSON → protobuf; unknown fields from newer writers are ignored."""
+    return json_format.Parse(data, cls(), ignore_unknown_fields=True)
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A value read from etcd with the revisions needed for compare-and-swap."""
+
+    key: str
+    value: Any
+    mod_revision: int
+    create_revision: int
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change: ``value`` is None for a delete."""
+
+    key: str
+    value: bytes | None
+    mod_revision: int
+
+
+class MetadataStore:
+    """Blocking access to one cluster's keys in etcd."""
+
+    def __init__(
+        self, endpoints: str | Sequence[str], cluster: str, *, timeout: float = 5.0
+    ) -> None:
+        self.endpoints = parse_endpoints(endpoints)
+        self.keys = Keys(cluster)
+        self.timeout = timeout
+        self.client = MultiEndpointEtcd3Client(
+            [Endpoint(h, p, secure=False, time_retry=0.5) for h, p in self.endpoints],
+            timeout=timeout,
+            failover=True,
+        )
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except _CLIENT_ERRORS as exc:
+            raise MetadataUnavailableError(
+                f"etcd unavailable: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def retry(self, fn: Callable[[], Any], *, deadline_s: float) -> Any:
+        """Call ``fn`` until it stops raising :class:`MetadataUnavailableError` or time runs out."""
+        end = time.monotonic() + deadline_s
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except MetadataUnavailableError:
+                if time.monotonic() + delay > end or self._closed:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, key: str, cls: type[M]) -> Versioned | None:
+        value, meta = self._call(self.client.get, key)
+        if value is None:
+            return None
+        return Versioned(key, decode(value, cls), meta.mod_revision, meta.create_revision)
+
+    def get_prefix(self, prefix: str, cls: type[M]) -> tuple[int, dict[str, Versioned]]:
+        """All keys under ``prefix`` and the store revision of that snapshot."""
+        resp = self._call(self.client.get_prefix_response, prefix)
+        out: dict[str, Versioned] = {}
+        for kv in resp.kvs:
+            key = kv.key.decode()
+            out[key] = Versioned(key, decode(kv.value, cls), kv.mod_revision, kv.create_revision)
+        return resp.header.revision, out
+
+    def get_prefix_raw(self, prefix: str) -> tuple[int, list[WatchEvent]]:
+        """All keys under ``prefix`` undecoded (as put events) and the snapshot revision."""
+        resp = self._call(self.client.get_prefix_response, prefix)
+        items = [WatchEvent(kv.key.decode(), kv.value, kv.mod_revision) for kv in resp.kvs]
+        return resp.header.revision, items
+
+    def revision(self) -> int:
+        resp = self._call(self.client.get_response, self.keys.cluster)
+        return int(resp.header.revision)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put(self, key: str, msg: Message, *, lease: Any = None) -> None:
+        self._call(self.client.put, key, encode(msg), lease=lease)
+
+    def create(self, key: str, msg: Message, *, lease: Any = None) -> bool:
+        """Write ``key`` only if it does not exist; True if this call created it."""
+        t = self.client.transactions
+        ok, _ = self._call(
+            self.client.transaction,
+            compare=[t.create(key) == 0],
+            success=[t.put(key, encode(msg), lease=lease)],
+            failure=[],
+        )
+        return bool(ok)
+
+    def cas(self, key: str, msg: Message, expected_mod_revision: int) -> bool:
+        """Write ``key`` only if its mod_revision is still ``expected_mod_revision``
+        (0: only if absent). This is what fences a deposed writer."""
+        return self.txn([(key, expected_mod_revision)], puts=[(key, msg)])
+
+    def txn(
+        self,
+        compares: Iterable[tuple[str, int]],
+        *,
+        puts: Iterable[tuple[str, Message]] = (),
+        deletes: Iterable[str] = (),
+        delete_prefixes: Iterable[str] = (),
+    ) -> bool:
+        """One atomic transaction: all ``compares`` (key, mod_revision; 0 = absent) hold,
+        then every put and delete applies; otherwise nothing does."""
+        t = self.client.transactions
+        cmp = [t.mod(k) == rev if rev else t.create(k) == 0 for k, rev in compares]
+        ops = [t.put(k, encode(m)) for k, m in puts]
+        ops += [t.delete(k) for k in deletes]
+        ops += [
+            t.delete(p, range_end=etcd3.utils.prefix_range_end(etcd3.utils.to_bytes(p)))
+            for p in delete_prefixes
+        ]
+        ok, _ = self._call(self.client.transaction, compare=cmp, success=ops, failure=[])
+        return bool(ok)
+
+    def delete(self, key: str) -> bool:
+        return bool(self._call(self.client.delete, key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        self._call(self.client.delete_prefix, prefix)
+
+    def delete_if_owner(self, key: str, create_revision: int) -> bool:
+        """Delete ``key`` only if it is still the incarnation created at ``create_revision``."""
+        t = self.client.transactions
+        ok, _ = self._call(
+            self.client.transaction,
+            compare=[t.create(key) == create_revision],
+            success=[t.delete(key)],
+            failure=[],
+        )
+        return bool(ok)
+
+    # -- leases, watches, elections --------------------------------------------------------
+
+    def grant_lease(self, ttl_s: int) -> Any:
+        return self._call(self.client.lease, ttl_s)
+
+    def keep_alive(self, lease: Any, on_lost: Callable[[], None]) -> KeepAlive:
+        return KeepAlive(self, lease, on_lost)
+
+    def watch_prefix(
+        self,
+        prefix: str,
+        start_revision: int,
+        callback: Callable[[list[WatchEvent], int], None],
+        on_reset: Callable[[], None] | None = None,
+    ) -> Watch:
+        """Deliver every change under ``prefix`` from ``start_revision`` on, in order."""
+        return Watch(self, prefix, start_revision, callback, on_reset)
+
+
+class KeepAlive:
+    """Refreshes a lease every third of its TTL in a daemon thread.
+
+    ``on_lost`` runs once when etcd says the lease is gone (it expired while this process
+    could not reach etcd): whoever owns keys under it must re-register or step down.
+    Connection errors alone are retried, since etcd restores leases after a restart.
+    """
+
+    def __init__(self, store: MetadataStore, lease: Any, on_lost: Callable[[], None]) -> None:
+        self.store = store
+        self.lease = lease
+        self.ttl = int(lease.ttl)
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self.lost = False
+        self._thread = threading.Thread(target=self._run, name=f"lease-{lease.id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = max(self.ttl / 3.0, 0.2)
+        while not self._stop.wait(interval):
+            try:
+                resps = self.store._call(self.lease.refresh)
+            except MetadataUnavailableError:
+                interval = 0.25  # keep trying quickly until etcd is back
+                continue
+            interval = max(self.ttl / 3.0, 0.2)
+            if not resps or resps[0].TTL <= 0:
+                self.lost = True
+                log.warning("lease %x lost", self.lease.id)
+                with contextlib.suppress(Exception):
+                    self._on_lost()
+                return
+
+    def stop(self, *, revoke: bool = True) -> None:
+        self._stop.set()
+        if revoke and not self.lost:
+            with contextlib.suppress(Exception):
+                self.store._call(self.lease.revoke)
+
+
+class Watch:
+    """A prefix watch that survives etcd restarts by resuming after the last revision seen."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        prefix: str,
+        start_revision: int,
+        callback: Callable[[list[WatchEvent], int], None],
+        on_reset: Callable[[], None] | None,
+    ) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.next_revision = start_revision
+        self._callback = callback
+        self._on_reset = on_reset
+        self._lock = threading.Lock()
+        self._watch_id: Any = None
+        self._stopped = False
+        self._broken = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name=f"watch-{prefix}", daemon=True)
+        self._thread.start()
+
+    def _deliver(self, resp: Any) -> None:
+        if self._stopped:
+            return
+        if not isinstance(resp, etcd3.watch.WatchResponse):
+            # The stream died (etcd down or restarted): the supervisor re-watches.
+            self._broken.set()
+            return
+        events = []
+        for ev in resp.events:
+            value = None if isinstance(ev, etcd3.events.DeleteEvent) else ev.value
+            events.append(WatchEvent(ev.key.decode(), value, ev.mod_revision))
+        with self._lock:
+            fresh = [e for e in events if e.mod_revision >= self.next_revision]
+            if fresh:
+                self.next_revision = fresh[-1].mod_revision + 1
+        if fresh:
+            try:
+                self._callback(fresh, fresh[-1].mod_revision)
+            except Exception:  # a bug in a callback must not kill the watch
+                log.exception("watch callback for %s failed", self.prefix)
+
+    def _supervise(self) -> None:
+        delay = 0.1
+        while not self._stopped:
+            self._broken.clear()
+            try:
+                self._watch_id = self.store._call(
+                    self.store.client.add_watch_prefix_callback,
+                    self.prefix,
+                    self._deliver,
+                    start_revision=self.next_revision,
+                )
+                delay = 0.1
+            except MetadataUnavailableError as exc:
+                if isinstance(exc.__cause__, etcd3.exceptions.RevisionCompactedError):
+                    self._reset()
+                    continue
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self._broken.wait()
+            with contextlib.suppress(Exception):
+                self.store.client.cancel_watch(self._watch_id)
+            if not self._stopped:
+                time.sleep(0.1)
+
+    def _reset(self) -> None:
+        # The revision we needed was compacted away: the owner must take a new snapshot.
+        try:
+            self.next_revision = self.store.revision() + 1
+        except MetadataUnavailableError:
+            time.sleep(0.2)
+            return
+        if self._on_reset is not None:
+            with contextlib.suppress(Exception):
+                self._on_reset()
+
+    def cancel(self) -> None:
+        self._stopped = True
+        self._broken.set()
+        with contextlib.suppress(Exception):
+            self.store.client.cancel_watch(self._watch_id)
+
+
+class Election:
+    """Leader election on one lease-bound key (the lowest create revision wins: the key
+    exists only while its creator's lease lives).
+
+    ``on_elected(create_revision)`` runs when this candidate wins; ``on_lost()`` when it
+    loses leadership (lease expired). Candidates that lose keep campaigning.
+    """
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        key: str,
+        value: Message,
+        *,
+        ttl_s: int,
+        on_elected: Callable[[int], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.value = value
+        self.ttl_s = ttl_s
+        self._on_elected = on_elected
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._changed = threading.Event()
+        self.leader = False
+        self.create_revision = 0
+        self._keepalive: KeepAlive | None = None
+        self._thread = threading.Thread(target=self._run, name="election", daemon=True)
+        self._watch: Watch | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _lease_lost(self) -> None:
+        if self.leader:
+            self.leader = False
+            with contextlib.suppress(Exception):
+                self._on_lost()
+        self._changed.set()
+
+    def _run(self) -> None:
+        rev = 0
+        while not self._stop.is_set():
+            try:
+                rev = self.store.revision()
+                break
+            except MetadataUnavailableError:
+                self._stop.wait(0.2)
+        self._watch = self.store.watch_prefix(
+            self.key, rev + 1, lambda evs, r: self._changed.set(), self._changed.set
+        )
+        while not self._stop.is_set():
+            self._changed.clear()
+            if not self.leader:
+                try:
+                    self._campaign_once()
+                except MetadataUnavailableError:
+                    self._stop.wait(0.2)
+                    continue
+            # Wake on any change of the key (deletion by expiry or resignation) or lease loss;
+            # the timeout is a safety net for a missed event, not the mechanism.
+            self._changed.wait(timeout=max(self.ttl_s, 1))
+
+    def _campaign_once(self) -> None:
+        lease = self.store.grant_lease(self.ttl_s)
+        if self.store.create(self.key, self.value, lease=lease):
+            current = self.store.get(self.key, type(self.value))
+            self.create_revision = current.create_revision if current else 0
+            self._keepalive = self.store.keep_alive(lease, self._lease_lost)
+            self.leader = True
+            self._on_elected(self.create_revision)
+        else:
+            with contextlib.suppress(MetadataUnavailableError):
+                self.store._call(lease.revoke)
+
+    def resign(self) -> None:
+        """Stop campaigning; if leading, delete the key so a standby takes over at once."""
+        self._stop.set()
+        self._changed.set()
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.leader:
+            self.leader = False
+            with contextlib.suppress(MetadataUnavailableError):
+                self.store.delete_if_owner(self.key, self.create_revision)
+        if self._keepalive is not None:
+            self._keepalive.stop(revoke=True)

@@ -1,0 +1,156 @@
+"""An in-memory, watch-maintained copy of one cluster's metadata in etcd.
+
+Storage nodes, controllers and coordinators all need the same picture (live nodes, topics,
+partition states, the active controller, coordinator shard owners) and must react to changes.
+The view takes one snapshot of ``/strom/<cluster>/`` and then follows a watch from the
+snapshot's revision, so no change between the two is missed (DESIGN §3). Listeners are called
+on the watch thread with the events just applied; asyncio services hop to their loop with
+``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from strom.api import metadata_pb2 as md
+from strom.metadata.store import MetadataStore, Versioned, Watch, WatchEvent, decode
+
+log = logging.getLogger("strom.metadata.view")
+Listener = Callable[[list[WatchEvent]], None]
+
+
+class ClusterView:
+    """Nodes, topics, partitions, controller and coordinator owners, kept current."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.keys = store.keys
+        self.lock = threading.RLock()
+        self.revision = 0
+        self.cluster: md.ClusterInfo | None = None
+        self.nodes: dict[int, Versioned] = {}
+        self.topics: dict[str, Versioned] = {}
+        self.partitions: dict[tuple[str, int], Versioned] = {}
+        self.controller: Versioned | None = None
+        self.coordinators: dict[int, Versioned] = {}
+        self.producer_ids: Versioned | None = None
+        self._listeners: list[Listener] = []
+        self._watch: Watch | None = None
+        self._changed = threading.Condition(self.lock)
+
+    def add_listener(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    def start(self) -> None:
+        """Snapshot and start following (blocking; retried while etcd is unreachable)."""
+        self._resync()
+        self._watch = self.store.watch_prefix(
+            self.keys.root, self.revision + 1, self._on_events, on_reset=self._resync
+        )
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+    def _resync(self) -> None:
+        rev, items = self.store.retry(
+            lambda: self.store.get_prefix_raw(self.keys.root), deadline_s=60
+        )
+        with self.lock:
+            self.nodes.clear()
+            self.topics.clear()
+            self.partitions.clear()
+            self.coordinators.clear()
+            self.controller = None
+            for ev in items:
+                self._apply(ev)
+            self.revision = rev
+            self._changed.notify_all()
+        for fn in list(self._listeners):
+            fn(items)
+
+    def _on_events(self, events: list[WatchEvent], revision: int) -> None:
+        with self.lock:
+            for ev in events:
+                self._apply(ev)
+            self.revision = max(self.revision, revision)
+            self._changed.notify_all()
+        for fn in list(self._listeners):
+            try:
+                fn(events)
+            except Exception:
+                log.exception("metadata listener failed")
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` holds under the view's lock (re-checked on changes)."""
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout=timeout)
+
+    def _apply(self, ev: WatchEvent) -> None:
+        k = self.keys
+        key = ev.key
+        try:
+            if key.startswith(k.partitions_prefix):
+                tp = k.parse_partition(key)
+                if tp is not None:
+                    self._set(self.partitions, tp, ev, md.PartitionState)
+            elif key.startswith(k.topics_prefix):
+                self._set(self.topics, key[len(k.topics_prefix) :], ev, md.TopicMetadata)
+            elif key.startswith(k.nodes_prefix):
+                rest = key[len(k.nodes_prefix) :]
+                if rest.isdigit():
+                    self._set(self.nodes, int(rest), ev, md.NodeRegistration)
+            elif key.startswith(k.coordinators_prefix):
+                rest = key[len(k.coordinators_prefix) :]
+                if rest.isdigit():
+                    self._set(self.coordinators, int(rest), ev, md.CoordinatorShardOwner)
+            elif key == k.controller:
+                self.controller = self._decode(ev, md.ControllerInfo)
+            elif key == k.cluster:
+                v = self._decode(ev, md.ClusterInfo)
+                self.cluster = v.value if v else None
+            elif key == k.producer_ids:
+                self.producer_ids = self._decode(ev, md.ProducerIdBlock)
+        except (ValueError, DecodeError):
+            log.warning("ignoring undecodable metadata at %s", key)
+
+    @staticmethod
+    def _decode(ev: WatchEvent, cls: Any) -> Versioned | None:
+        if ev.value is None:
+            return None
+        return Versioned(ev.key, decode(ev.value, cls), ev.mod_revision, ev.mod_revision)
+
+    def _set(self, table: dict[Any, Versioned], key: Any, ev: WatchEvent, cls: Any) -> None:
+        v = self._decode(ev, cls)
+        if v is None:
+            table.pop(key, None)
+        else:
+            table[key] = v
+
+    # -- convenient reads (copies, safe to use outside the lock) ---------------------------
+
+    def live_nodes(self) -> dict[int, md.NodeRegistration]:
+        with self.lock:
+            return {i: v.value for i, v in self.nodes.items()}
+
+    def topic(self, name: str) -> md.TopicMetadata | None:
+        with self.lock:
+            v = self.topics.get(name)
+            return v.value if v else None
+
+    def partition(self, topic: str, partition: int) -> Versioned | None:
+        with self.lock:
+            return self.partitions.get((topic, partition))
+
+    def partitions_of(self, topic: str) -> dict[int, Versioned]:
+        with self.lock:
+            return {p: v for (t, p), v in self.partitions.items() if t == topic}
+
+    def controller_info(self) -> md.ControllerInfo | None:
+        with self.lock:
+            return self.controller.value if self.controller else None

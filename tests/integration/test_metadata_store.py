@@ -1,0 +1,104 @@
+"""The etcd wrapper against a real etcd: CAS, leases, watches across an etcd restart,
+elections."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from strom.api import metadata_pb2 as md
+from strom.devcluster.procs import EtcdServer, wait_for
+from strom.metadata import Election, MetadataStore, MetadataUnavailableError, parse_endpoints
+
+pytestmark = pytest.mark.integration
+
+
+def _state(leader: int, epoch: int) -> md.PartitionState:
+    return md.PartitionState(replicas=[1, 2], leader=leader, leader_epoch=epoch, isr=[1, 2])
+
+
+def test_parse_endpoints_names_the_bad_one() -> None:
+    assert parse_endpoints("a:1, b:2") == [("a", 1), ("b", 2)]
+    with pytest.raises(ValueError, match="nohost"):
+        parse_endpoints("nohost")
+    with pytest.raises(ValueError, match="no etcd endpoint"):
+        parse_endpoints("")
+
+
+def test_cas_fences_stale_writers(etcd: EtcdServer) -> None:
+    store = MetadataStore(etcd.endpoint, "c1")
+    key = store.keys.partition("t", 0)
+    assert store.cas(key, _state(1, 0), 0)  # create when absent
+    assert not store.cas(key, _state(1, 0), 0)  # already exists
+    first = store.get(key, md.PartitionState)
+    assert first is not None and first.value.leader == 1
+    assert store.cas(key, _state(2, 1), first.mod_revision)
+    # A writer that read the old revision is refused and changes nothing.
+    assert not store.cas(key, _state(3, 2), first.mod_revision)
+    now = store.get(key, md.PartitionState)
+    assert now is not None and now.value.leader == 2 and now.value.leader_epoch == 1
+    rev, items = store.get_prefix(store.keys.partitions_prefix, md.PartitionState)
+    assert rev >= now.mod_revision and list(items) == [key]
+    assert store.keys.parse_partition(key) == ("t", 0)
+
+
+def test_lease_bound_key_disappears_when_keepalive_stops(etcd: EtcdServer) -> None:
+    store = MetadataStore(etcd.endpoint, "c1")
+    lease = store.grant_lease(2)
+    key = store.keys.node(7)
+    store.put(key, md.NodeRegistration(node_id=7, host="h", port=1), lease=lease)
+    ka = store.keep_alive(lease, lambda: None)
+    # Kept alive well past the TTL: still there.
+    wait_for(lambda: ka._thread.is_alive() and store.get(key, md.NodeRegistration), timeout=5,
+             what="registration")
+    ka.stop(revoke=True)
+    wait_for(lambda: store.get(key, md.NodeRegistration) is None, timeout=5,
+             what="key removed with its lease")
+
+
+def test_watch_resumes_after_etcd_restart_without_losing_events(etcd: EtcdServer) -> None:
+    store = MetadataStore(etcd.endpoint, "c1")
+    prefix = store.keys.topics_prefix
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def on_events(events: list, revision: int) -> None:
+        with lock:
+            seen.extend(e.key for e in events)
+
+    watch = store.watch_prefix(prefix, store.revision() + 1, on_events)
+    store.put(prefix + "a", md.TopicMetadata(name="a"))
+    wait_for(lambda: prefix + "a" in seen, timeout=5, what="first event")
+
+    etcd.kill()
+    with pytest.raises(MetadataUnavailableError):
+        store.put(prefix + "never", md.TopicMetadata(name="never"))
+    etcd.start()
+    store.retry(lambda: store.put(prefix + "b", md.TopicMetadata(name="b")), deadline_s=20)
+    store.put(prefix + "c", md.TopicMetadata(name="c"))
+    wait_for(lambda: prefix + "c" in seen, timeout=15, what="events after restart")
+    watch.cancel()
+    with lock:
+        assert seen == [prefix + "a", prefix + "b", prefix + "c"]  # in order, none twice
+
+
+def test_election_moves_to_standby_when_leader_resigns_or_dies(etcd: EtcdServer) -> None:
+    stores = [MetadataStore(etcd.endpoint, "c1") for _ in range(2)]
+    elected: list[int] = []
+    elections = []
+    for i, store in enumerate(stores):
+        e = Election(store, store.keys.controller, md.ControllerInfo(controller_id=i),
+                     ttl_s=2, on_elected=lambda rev, i=i: elected.append(i),
+                     on_lost=lambda: None)
+        e.start()
+        elections.append(e)
+    wait_for(lambda: len(elected) == 1, timeout=10, what="a first leader")
+    first = elected[0]
+    info = stores[0].get(stores[0].keys.controller, md.ControllerInfo)
+    assert info is not None and info.value.controller_id == first
+    elections[first].resign()
+    wait_for(lambda: len(elected) == 2, timeout=10, what="the standby to take over")
+    assert elected[1] == 1 - first
+    for e in elections:
+        e.resign()
