@@ -1,0 +1,29 @@
+"""Errors of the storage engine. Services map them to per-partition error codes."""
+
+from __future__ import annotations
+
+
+class LogError(Exception):
+    """Base class of storage-engine errors."""
+
+
+class OffsetOutOfRangeError(LogError):
+    """A read asked for an offset below the log start or above the log end."""
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(f"offset {offset} is out of range [{log_start_offset}, {log_end_offset}]")
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class CorruptLogError(LogError):
+    """Data on disk failed a check on read (CRC, offsets, epochs): never returned to a reader."""
+
+
+class InvalidAppendError(LogError):
+    """An append broke an ordering rule (offsets not increasing, epoch going back)."""
+
+
+class ConfigError(ValueError):
+    """A topic/log config key or value is invalid; the message names the key and the rule."""

@@ -1,0 +1,179 @@
+"""Sparse per-segment indexes: offset → file position, and max timestamp → offset.
+
+Entries live in memory (``array``) and are appended to their file in batches on flush, so an
+append costs no extra syscall. Both indexes are derived data: recovery rebuilds them from the
+log, and a file that fails its sanity check on open is rebuilt rather than trusted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from array import array
+from pathlib import Path
+
+_OFF_ENTRY = struct.Struct(">ii")  # relative offset, position
+_TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset
+
+
+class OffsetIndex:
+    """Relative offset of a batch's base offset → byte position of that batch."""
+
+    entry_size = _OFF_ENTRY.size
+
+    def __init__(self, path: Path, base_offset: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.rel: array[int] = array("q")
+        self.pos: array[int] = array("q")
+        self._written = 0  # entries already on disk
+
+    def load(self, log_size: int) -> bool:
+        """Load entries from disk; False (and empty) when the file is missing or insane."""
+        self.rel, self.pos, self._written = array("q"), array("q"), 0
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(data) % self.entry_size:
+            return False
+        rel, pos = array("q"), array("q")
+        for r, p in _OFF_ENTRY.iter_unpack(data):
+            if (rel and (r <= rel[-1] or p <= pos[-1])) or r < 0 or p < 0 or p >= log_size:
+                return False
+            rel.append(r)
+            pos.append(p)
+        self.rel, self.pos, self._written = rel, pos, len(rel)
+        return True
+
+    def append(self, offset: int, position: int) -> None:
+        self.rel.append(offset - self.base_offset)
+        self.pos.append(position)
+
+    def lookup(self, offset: int) -> tuple[int, int]:
+        """(base offset, position) of the last indexed batch starting at or before ``offset``;
+        (segment base, 0) when none is."""
+        i = bisect.bisect_right(self.rel, offset - self.base_offset) - 1
+        if i < 0:
+            return self.base_offset, 0
+        return self.base_offset + self.rel[i], self.pos[i]
+
+    def last(self) -> tuple[int, int]:
+        if not self.rel:
+            return self.base_offset, 0
+        return self.base_offset + self.rel[-1], self.pos[-1]
+
+    def truncate_to_position(self, position: int) -> None:
+        """Drop entries at or beyond ``position`` (the log was cut there)."""
+        i = bisect.bisect_left(self.pos, position)
+        if i < len(self.pos):
+            del self.rel[i:]
+            del self.pos[i:]
+            self.rewrite()
+
+    def reset(self) -> None:
+        self.rel, self.pos = array("q"), array("q")
+        self.rewrite()
+
+    def flush(self, *, fsync: bool = False) -> None:
+        """Append entries not yet on disk."""
+        if self._written == len(self.rel) and not fsync:
+            return
+        data = b"".join(
+            _OFF_ENTRY.pack(self.rel[i], self.pos[i]) for i in range(self._written, len(self.rel))
+        )
+        with open(self.path, "ab") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        self._written = len(self.rel)
+
+    def rewrite(self) -> None:
+        data = b"".join(_OFF_ENTRY.pack(r, p) for r, p in zip(self.rel, self.pos, strict=True))
+        self.path.write_bytes(data)
+        self._written = len(self.rel)
+
+
+class TimeIndex:
+    """Running max timestamp → relative offset of the batch that raised it."""
+
+    entry_size = _TIME_ENTRY.size
+
+    def __init__(self, path: Path, base_offset: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.ts: array[int] = array("q")
+        self.rel: array[int] = array("q")
+        self._written = 0
+
+    def load(self, next_offset: int) -> bool:
+        self.ts, self.rel, self._written = array("q"), array("q"), 0
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(data) % self.entry_size:
+            return False
+        ts, rel = array("q"), array("q")
+        for t, r in _TIME_ENTRY.iter_unpack(data):
+            if (
+                (ts and (t <= ts[-1] or r < rel[-1]))
+                or r < 0
+                or self.base_offset + r >= next_offset
+            ):
+                return False
+            ts.append(t)
+            rel.append(r)
+        self.ts, self.rel, self._written = ts, rel, len(ts)
+        return True
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.ts[-1] if self.ts else -1
+
+    def maybe_append(self, max_timestamp: int, offset: int) -> None:
+        if not self.ts or max_timestamp > self.ts[-1]:
+            self.ts.append(max_timestamp)
+            self.rel.append(offset - self.base_offset)
+
+    def lookup(self, timestamp: int) -> int | None:
+        """Base offset of the first batch whose max timestamp is >= ``timestamp``, or None.
+
+        Every increase of the running maximum is indexed, so the batch of the first entry at
+        or above the target is exactly the first batch that can hold a matching record.
+        """
+        i = bisect.bisect_left(self.ts, timestamp)
+        if i == len(self.ts):
+            return None
+        return self.base_offset + self.rel[i]
+
+    def truncate_to_offset(self, offset: int) -> None:
+        i = bisect.bisect_left(self.rel, offset - self.base_offset)
+        if i < len(self.rel):
+            del self.ts[i:]
+            del self.rel[i:]
+            self.rewrite()
+
+    def reset(self) -> None:
+        self.ts, self.rel = array("q"), array("q")
+        self.rewrite()
+
+    def flush(self, *, fsync: bool = False) -> None:
+        if self._written == len(self.ts) and not fsync:
+            return
+        data = b"".join(
+            _TIME_ENTRY.pack(self.ts[i], self.rel[i]) for i in range(self._written, len(self.ts))
+        )
+        with open(self.path, "ab") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        self._written = len(self.ts)
+
+    def rewrite(self) -> None:
+        data = b"".join(_TIME_ENTRY.pack(t, r) for t, r in zip(self.ts, self.rel, strict=True))
+        self.path.write_bytes(data)
+        self._written = len(self.ts)

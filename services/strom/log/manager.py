@@ -1,0 +1,145 @@
+"""All partition logs of one data directory, with the directory-level checkpoints.
+
+The data dir holds one folder per replica (``<topic>-<partition>``), the
+``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` files, and a
+``.strom-clean-shutdown`` marker written by :meth:`LogManager.close`. A start that finds the
+marker skips recovery scans; a start without it recovers every log from its recovery point.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from strom.log import checkpoint
+from strom.log.config import LogConfig
+from strom.log.partition_log import Log, now_ms
+
+RECOVERY_POINTS = "recovery-point-offset-checkpoint"
+LOG_START_OFFSETS = "log-start-offset-checkpoint"
+CLEAN_SHUTDOWN = ".strom-clean-shutdown"
+_DIR_RE = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+
+TopicPartition = tuple[str, int]
+
+
+def log_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def parse_log_dir_name(name: str) -> TopicPartition | None:
+    m = _DIR_RE.match(name)
+    if not m:
+        return None
+    return m.group("topic"), int(m.group("partition"))
+
+
+class LogManager:
+    """Opens, creates, deletes and checkpoints the logs in ``data_dir``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: bool = True,
+        clock: Callable[[], int] = now_ms,
+        configs: Callable[[str], Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self.clock = clock
+        self._configs = configs or (lambda topic: {})
+        self.lock = threading.RLock()
+        self.logs: dict[TopicPartition, Log] = {}
+        marker = self.data_dir / CLEAN_SHUTDOWN
+        self.clean_shutdown = marker.exists()
+        recovery = checkpoint.read_offsets(self.data_dir / RECOVERY_POINTS)
+        starts = checkpoint.read_offsets(self.data_dir / LOG_START_OFFSETS)
+        for p in sorted(self.data_dir.iterdir()):
+            if not p.is_dir():
+                continue
+            if p.name.endswith(".deleted"):
+                shutil.rmtree(p, ignore_errors=True)
+                continue
+            tp = parse_log_dir_name(p.name)
+            if tp is None:
+                continue
+            self.logs[tp] = Log(
+                p,
+                LogConfig.from_dict(self._configs(tp[0])),
+                recovery_point=recovery.get(p.name, 0),
+                log_start_offset=starts.get(p.name, 0),
+                clean_shutdown=self.clean_shutdown,
+                fsync=fsync,
+                clock=clock,
+            )
+        # From here on a crash must trigger recovery: the marker goes away until close().
+        marker.unlink(missing_ok=True)
+        if self.clean_shutdown and fsync:
+            checkpoint.fsync_dir(self.data_dir)
+
+    def __iter__(self) -> Iterator[tuple[TopicPartition, Log]]:
+        return iter(list(self.logs.items()))
+
+    def get(self, topic: str, partition: int) -> Log | None:
+        return self.logs.get((topic, partition))
+
+    def get_or_create(
+        self, topic: str, partition: int, config: Mapping[str, Any] | None = None
+    ) -> Log:
+        with self.lock:
+            log = self.logs.get((topic, partition))
+            if log is None:
+                cfg = LogConfig.from_dict(config if config is not None else self._configs(topic))
+                log = Log(
+                    self.data_dir / log_dir_name(topic, partition),
+                    cfg,
+                    fsync=self.fsync,
+                    clock=self.clock,
+                )
+                self.logs[(topic, partition)] = log
+            return log
+
+    def delete(self, topic: str, partition: int) -> bool:
+        """Remove a replica: rename its folder away first so a crash mid-delete finishes the
+        job on the next start instead of resurrecting half a log."""
+        with self.lock:
+            log = self.logs.pop((topic, partition), None)
+            if log is None:
+                return False
+            log.close()
+            gone = log.directory.with_name(log.directory.name + ".deleted")
+            log.directory.rename(gone)
+            shutil.rmtree(gone, ignore_errors=True)
+            self.checkpoint()
+            return True
+
+    def checkpoint(self) -> None:
+        """Write the recovery-point and log-start-offset checkpoints of every log."""
+        with self.lock:
+            items = list(self.logs.items())
+        recovery = {log_dir_name(*tp): log.recovery_point for tp, log in items}
+        starts = {log_dir_name(*tp): log.log_start_offset for tp, log in items}
+        checkpoint.write_offsets(self.data_dir / RECOVERY_POINTS, recovery, fsync=self.fsync)
+        checkpoint.write_offsets(self.data_dir / LOG_START_OFFSETS, starts, fsync=self.fsync)
+
+    def flush_all(self) -> None:
+        for _, log in self:
+            log.flush()
+        self.checkpoint()
+
+    def close(self) -> None:
+        """Flush, checkpoint, close every log and leave the clean-shutdown marker."""
+        with self.lock:
+            for _, log in self:
+                log.flush()
+            self.checkpoint()
+            for _, log in self:
+                log.close()
+            marker = self.data_dir / CLEAN_SHUTDOWN
+            checkpoint.write_atomic(marker, b"", fsync=self.fsync)

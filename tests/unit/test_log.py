@@ -1,0 +1,1164 @@
+"""Unit tests for the partition log and the log manager (DESIGN §5): appends, reads, rolls,
+timestamps, truncation, follower appends, retention, flushing, clean restarts and crash
+recovery."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from strom.log import (
+    ConfigError,
+    CorruptLogError,
+    InvalidAppendError,
+    Log,
+    LogConfig,
+    LogManager,
+    OffsetOutOfRangeError,
+)
+from strom.log.manager import CLEAN_SHUTDOWN, LOG_START_OFFSETS, RECOVERY_POINTS
+from strom.log.segment import segment_name
+from strom.record import (
+    HEADER_SIZE,
+    TIMESTAMP_LOG_APPEND,
+    InvalidBatchError,
+    Record,
+    decode_batches,
+    decode_records,
+    encode_batch,
+    read_header,
+)
+
+T0 = 1_700_000_000_000
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+
+
+class Clock:
+    """A settable clock in ms (the log's ``clock`` argument)."""
+
+    def __init__(self, now: int = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def batch(
+    n: int = 1,
+    *,
+    tag: str = "v",
+    keys: Sequence[bytes | None] | None = None,
+    ts: int | Sequence[int] = T0,
+    codec: str = "none",
+    base_offset: int = 0,
+    epoch: int = -1,
+    size: int = 10,
+) -> bytes:
+    values = [f"{tag}{i}".encode().ljust(size, b".") for i in range(n)]
+    stamps = [ts] * n if isinstance(ts, int) else list(ts)
+    return encode_batch(
+        values,
+        keys=keys,
+        timestamps=stamps,
+        compression=codec,
+        base_offset=base_offset,
+        partition_leader_epoch=epoch,
+    )
+
+
+def make_log(path: Path, clock: Clock | None = None, **configs: object) -> Log:
+    cfg = LogConfig.from_dict({k.replace("_", "."): v for k, v in configs.items()})
+    return Log(path, cfg, fsync=False, clock=clock or Clock())
+
+
+def read_all(log: Log, start: int | None = None, max_bytes: int = 1 << 20) -> list[Record]:
+    """Every record from ``start`` (default the log start) to the log end, in order."""
+    offset = log.log_start_offset if start is None else start
+    out: list[Record] = []
+    while offset < log.log_end_offset:
+        res = log.read(offset, max_bytes)
+        assert res.data, f"empty read at {offset} below the end {log.log_end_offset}"
+        for r in decode_records(res.data):
+            if r.offset >= offset:
+                out.append(r)
+        assert res.next_offset > offset
+        offset = res.next_offset
+    return out
+
+
+def values(records: Sequence[Record]) -> list[bytes | None]:
+    return [r.value for r in records]
+
+
+def offsets(records: Sequence[Record]) -> list[int]:
+    return [r.offset for r in records]
+
+
+def check_tiling(log: Log) -> None:
+    """Every segment's batches start at its base offset and follow each other exactly."""
+    for seg in log.segments:
+        expected = seg.base_offset
+        for h in seg.batch_headers():
+            assert h.base_offset == expected, (seg.log_path, h)
+            assert h.partition_leader_epoch == log.epochs.epoch_for(h.base_offset)
+            expected = h.next_offset
+        assert expected == (seg.next_offset if seg.size else seg.base_offset)
+
+
+def crash(log: Log) -> None:
+    """Close the file descriptors like a dying process: no index flush, no marker."""
+    for seg in log.segments:
+        if not seg.closed:
+            os.close(seg.fd)
+            seg.closed = True
+
+
+def crash_manager(mgr: LogManager) -> None:
+    for _, log in mgr:
+        crash(log)
+
+
+def seg_files(path: Path, suffix: str = ".log") -> list[Path]:
+    return sorted(path.glob(f"*{suffix}"))
+
+
+def flip_byte(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def positions(path: Path) -> list[int]:
+    """File positions of the batches in a .log file."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos < len(data):
+        out.append(pos)
+        pos += read_header(data, pos).size
+    return out
+
+
+# --------------------------------------------------------------------------------- appends
+
+
+def test_append_assigns_contiguous_offsets_across_requests(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    assert log.log_end_offset == 0
+    infos = []
+    expected_first = 0
+    for req in range(4):
+        sizes = [1 + (req + j) % 4 for j in range(3)]
+        data = b"".join(batch(n, tag=f"r{req}b{j}-") for j, n in enumerate(sizes))
+        info = log.append(data, leader_epoch=0)
+        infos.append(info)
+        assert info.first_offset == expected_first
+        assert info.record_count == sum(sizes)
+        assert info.last_offset == expected_first + sum(sizes) - 1
+        assert info.log_end_offset == info.last_offset + 1 == log.log_end_offset
+        assert info.bytes == len(data)
+        assert info.log_append_time_ms == -1
+        expected_first += sum(sizes)
+    records = read_all(log)
+    assert offsets(records) == list(range(expected_first))
+    check_tiling(log)
+
+
+def test_append_patches_offsets_and_epochs(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    # Producers send base offset 0 and epoch -1; the leader overwrites both.
+    log.append(batch(3) + batch(2), leader_epoch=4)
+    log.append(batch(1, base_offset=777, epoch=99), leader_epoch=7)
+    headers = log.batch_headers()
+    assert [(h.base_offset, h.partition_leader_epoch) for h in headers] == [
+        (0, 4),
+        (3, 4),
+        (5, 7),
+    ]
+    assert log.epochs.entries() == [(4, 0), (7, 5)]
+    assert log.latest_epoch() == 7
+    # Read back: the stored bytes carry the patched fields and still pass the CRC.
+    data = log.read(0).data
+    assert [(b.base_offset, b.partition_leader_epoch) for b in decode_batches(data)] == [
+        (0, 4),
+        (3, 4),
+        (5, 7),
+    ]
+
+
+def test_append_with_older_epoch_is_rejected(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(1), leader_epoch=5)
+    with pytest.raises(InvalidAppendError):
+        log.append(batch(1), leader_epoch=4)
+    assert log.log_end_offset == 1
+
+
+def test_create_time_keeps_producer_timestamps(tmp_path: Path) -> None:
+    clock = Clock(T0 + 10_000)
+    log = make_log(tmp_path / "t-0", clock)
+    info = log.append(batch(3, ts=[T0, T0 + 5, T0 + 2]))
+    assert info.log_append_time_ms == -1
+    assert [r.timestamp for r in read_all(log)] == [T0, T0 + 5, T0 + 2]
+
+
+def test_log_append_time_stamps_the_clock(tmp_path: Path) -> None:
+    clock = Clock(T0 + 123_456)
+    log = make_log(tmp_path / "t-0", clock, message_timestamp_type="LogAppendTime")
+    info = log.append(batch(3, ts=T0) + batch(2, ts=T0 + 1, codec="zstd"))
+    assert info.log_append_time_ms == T0 + 123_456
+    clock.now += 1000
+    log.append(batch(1, ts=T0))
+    batches = decode_batches(log.read(0).data)
+    assert all(b.header.timestamp_type == TIMESTAMP_LOG_APPEND for b in batches)
+    assert [b.header.max_timestamp for b in batches] == [T0 + 123_456] * 2 + [T0 + 124_456]
+    assert [r.timestamp for r in read_all(log)] == [T0 + 123_456] * 5 + [T0 + 124_456]
+    assert log.max_timestamp_offset() == (5, T0 + 124_456)
+    assert log.offset_for_timestamp(T0 + 123_457) == (5, T0 + 124_456, 0)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_codecs_round_trip_through_the_log(tmp_path: Path, codec: str) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(5, codec=codec, keys=[b"a", None, b"c", b"", b"e"]))
+    recs = read_all(log)
+    assert [r.key for r in recs] == [b"a", None, b"c", b"", b"e"]
+    assert offsets(recs) == [0, 1, 2, 3, 4]
+
+
+def _damaged_requests() -> dict[str, bytes]:
+    good = batch(2)
+    bad_crc = bytearray(batch(2))
+    bad_crc[-1] ^= 0xFF
+    bad_magic = bytearray(batch(1))
+    bad_magic[16] = 9
+    return {
+        "crc": good + bytes(bad_crc),
+        "torn": good + batch(3)[:-5],
+        "short header": good + batch(1)[:30],
+        "magic": bytes(bad_magic),
+        "empty batch": encode_batch([b"x"], offset_deltas=[3]),  # record_count != delta + 1
+    }
+
+
+@pytest.mark.parametrize("kind", list(_damaged_requests()))
+def test_bad_batch_is_rejected_and_nothing_appended(tmp_path: Path, kind: str) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(3), leader_epoch=1)
+    size = log.active.log_path.stat().st_size
+    with pytest.raises(InvalidBatchError):
+        log.append(_damaged_requests()[kind], leader_epoch=2)
+    assert log.log_end_offset == 3
+    assert log.active.log_path.stat().st_size == size == log.size_bytes
+    assert log.epochs.entries() == [(1, 0)]  # the failed request's epoch was not recorded
+    assert offsets(read_all(log)) == [0, 1, 2]
+    assert log.append(batch(1), leader_epoch=2).first_offset == 3
+
+
+def test_too_large_batch_is_rejected(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", max_message_bytes=1024)
+    with pytest.raises(InvalidBatchError) as err:
+        log.append(batch(50, size=100))
+    assert err.value.too_large
+    assert log.log_end_offset == 0 and log.size_bytes == 0
+
+
+# ----------------------------------------------------------------------------------- reads
+
+
+def _three_batches(tmp_path: Path) -> tuple[Log, list[bytes]]:
+    log = make_log(tmp_path / "t-0")
+    reqs = [batch(3, tag="a"), batch(4, tag="b", size=200), batch(2, tag="c")]
+    for r in reqs:
+        log.append(r)
+    return log, reqs
+
+
+def test_read_whole_batches_up_to_max_bytes(tmp_path: Path) -> None:
+    log, reqs = _three_batches(tmp_path)
+    sizes = [len(r) for r in reqs]
+    res = log.read(0, max_bytes=sum(sizes))
+    assert len(res.data) == sum(sizes) and res.next_offset == 9
+    assert (res.log_start_offset, res.log_end_offset) == (0, 9)
+    # One byte short of the second batch: only the first is returned, never a partial batch.
+    res = log.read(0, max_bytes=sizes[0] + sizes[1] - 1)
+    assert len(res.data) == sizes[0] and res.next_offset == 3
+    res = log.read(0, max_bytes=sizes[0] + sizes[1])
+    assert len(res.data) == sizes[0] + sizes[1] and res.next_offset == 7
+    # At least one batch, even if larger than max_bytes.
+    for mb in (0, 1, HEADER_SIZE, sizes[1] - 1):
+        res = log.read(3, max_bytes=mb)
+        assert len(res.data) == sizes[1], mb
+        assert res.next_offset == 7
+        assert [b.base_offset for b in decode_batches(res.data)] == [3]
+    # Unless the caller says otherwise.
+    assert log.read(3, max_bytes=sizes[1] - 1, min_one=False).data == b""
+
+
+def test_read_mid_batch_returns_the_batch_holding_the_offset(tmp_path: Path) -> None:
+    log, _ = _three_batches(tmp_path)
+    for offset, base in [(0, 0), (1, 0), (2, 0), (3, 3), (5, 3), (6, 3), (8, 7)]:
+        res = log.read(offset, max_bytes=1)
+        assert decode_batches(res.data)[0].base_offset == base, offset
+    recs = decode_records(log.read(5).data)
+    assert offsets(recs) == list(range(3, 9))
+
+
+def test_read_max_offset_is_the_high_watermark(tmp_path: Path) -> None:
+    log, _ = _three_batches(tmp_path)
+    res = log.read(0, max_offset=7)
+    assert [b.base_offset for b in decode_batches(res.data)] == [0, 3]
+    assert res.next_offset == 7
+    assert log.read(7, max_offset=7).data == b""
+    assert log.read(0, max_offset=3).next_offset == 3
+    assert log.read(0, max_offset=0).data == b""
+    # A watermark beyond the end is capped at the end.
+    assert log.read(0, max_offset=100).next_offset == 9
+
+
+def test_read_out_of_range(tmp_path: Path) -> None:
+    log, _ = _three_batches(tmp_path)
+    with pytest.raises(OffsetOutOfRangeError) as err:
+        log.read(10)
+    assert (err.value.offset, err.value.log_start_offset, err.value.log_end_offset) == (10, 0, 9)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(-1)
+    res = log.read(9)  # the log end itself is in range: an empty read
+    assert res.data == b"" and res.next_offset == 9
+    log.delete_records(4)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(3)
+    assert log.read(4).data
+
+
+def test_empty_log_reads(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    res = log.read(0)
+    assert res.data == b"" and res.next_offset == 0
+    assert log.offset_for_timestamp(0) is None
+    assert log.max_timestamp_offset() is None
+    assert read_all(log) == []
+
+
+# ------------------------------------------------------------------------------------ rolls
+
+
+def test_roll_by_segment_bytes(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=4096)
+    one = len(batch(1))
+    for i in range(40):
+        log.append(batch(1, tag=f"m{i}-"))
+    assert len(log.segments) > 5
+    for seg in log.segments:
+        assert seg.size <= 4096
+        assert seg.log_path.name == segment_name(seg.base_offset) + ".log"
+        assert seg.size // one == seg.next_offset - seg.base_offset
+    # Files exist on disk for every segment, with indexes for the sealed ones.
+    assert [p.name for p in seg_files(log.directory)] == [
+        segment_name(s.base_offset) + ".log" for s in log.segments
+    ]
+    assert all(s.index.path.exists() for s in log.segments[:-1])
+    bases = [s.base_offset for s in log.segments]
+    assert bases == sorted(bases) and bases[0] == 0
+    check_tiling(log)
+    assert values(read_all(log)) == [f"m{i}-0".encode().ljust(10, b".") for i in range(40)]
+    # Small reads walk across segment boundaries.
+    assert offsets(read_all(log, max_bytes=1)) == list(range(40))
+
+
+def test_request_larger_than_a_segment_goes_into_one_segment(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    log.append(batch(1))
+    big = b"".join(batch(1) for _ in range(4))
+    log.append(big)
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    assert log.segments[1].size == len(big)
+    log.append(batch(1))
+    assert [s.base_offset for s in log.segments] == [0, 1, 5]
+
+
+def test_roll_by_segment_ms(tmp_path: Path) -> None:
+    clock = Clock()
+    log = make_log(tmp_path / "t-0", clock, segment_ms=1000)
+    log.append(batch(1))
+    clock.now += 999
+    log.append(batch(1))
+    assert len(log.segments) == 1
+    clock.now += 1
+    log.append(batch(1))
+    assert [s.base_offset for s in log.segments] == [0, 2]
+    clock.now += 10_000
+    log.append(batch(2))
+    log.append(batch(2))
+    assert [s.base_offset for s in log.segments] == [0, 2, 3]
+    log.roll()
+    log.roll()  # an empty active segment is not rolled again
+    assert [s.base_offset for s in log.segments] == [0, 2, 3, 7]
+    log.append(batch(1))
+    assert offsets(read_all(log)) == list(range(8))
+    check_tiling(log)
+
+
+# ------------------------------------------------------------------------------ timestamps
+
+
+def test_offset_for_timestamp(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=2048, index_interval_bytes=0)
+    stamps = [[100, 90, 105], [110, 110], [95], [200, 150, 199], [300]]
+    for ts in stamps:
+        log.append(batch(len(ts), ts=[T0 + t for t in ts]))
+    assert len(log.segments) > 1
+    flat = [t for ts in stamps for t in ts]
+
+    def expected(target: int) -> tuple[int, int] | None:
+        for off, t in enumerate(flat):
+            if t >= target:
+                return off, T0 + t
+        return None
+
+    for target in [0, 90, 95, 100, 101, 105, 106, 110, 111, 150, 151, 199, 200, 201, 300, 301]:
+        got = log.offset_for_timestamp(T0 + target)
+        want = expected(target)
+        assert (got[:2] if got else None) == want, target
+        if got:
+            assert got[2] == 0  # the leader epoch of the batch
+    assert log.offset_for_timestamp(T0 + 301) is None
+    assert log.max_timestamp_offset() == (9, T0 + 300)
+
+
+def test_offset_for_timestamp_respects_log_start(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(4, ts=[T0 + 10, T0 + 20, T0 + 30, T0 + 40]))
+    log.delete_records(2)
+    assert log.offset_for_timestamp(T0)[:2] == (2, T0 + 30)
+    assert log.offset_for_timestamp(T0 + 35)[:2] == (3, T0 + 40)
+
+
+def test_max_timestamp_offset(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    log.append(batch(1, ts=T0 + 5))
+    log.append(batch(2, ts=[T0 + 1, T0 + 50]))  # offsets 1, 2: max in batch at base 1
+    log.append(batch(1, ts=T0 + 7))
+    log.append(batch(1, ts=T0 + 50))  # equal, later: the first stays
+    assert len(log.segments) == 4
+    assert log.max_timestamp_offset() == (1, T0 + 50)
+
+
+# ----------------------------------------------------------------------------- truncation
+
+
+def test_truncate_to_follower_truncation(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=2048)
+    for i in range(10):
+        log.append(batch(2, tag=f"e0-{i}-"), leader_epoch=0 if i < 6 else 1)
+    assert len(log.segments) > 2
+    assert log.epochs.entries() == [(0, 0), (1, 12)]
+    log.truncate_to(25)  # beyond the end: nothing happens
+    assert log.log_end_offset == 20
+    log.truncate_to(11)  # mid-batch: the whole batch holding 11 goes
+    assert log.log_end_offset == 10
+    assert log.epochs.entries() == [(0, 0)]
+    assert all(s.base_offset < 10 for s in log.segments)
+    assert offsets(read_all(log)) == list(range(10))
+    check_tiling(log)
+    # Truncated offsets are assigned again (Kafka's follower behaviour).
+    info = log.append(batch(3, tag="new"), leader_epoch=2)
+    assert (info.first_offset, info.last_offset) == (10, 12)
+    recs = read_all(log)
+    assert offsets(recs) == list(range(13))
+    assert values(recs)[10:] == [f"new{i}".encode().ljust(10, b".") for i in range(3)]
+    assert log.epochs.entries() == [(0, 0), (2, 10)]
+    log.truncate_to(0)
+    assert log.log_end_offset == 0 and len(log.segments) == 1
+    assert log.epochs.entries() == []
+
+
+def test_truncate_to_segment_boundary(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    for _ in range(5):
+        log.append(batch(1))
+    assert [s.base_offset for s in log.segments] == [0, 1, 2, 3, 4]
+    log.truncate_to(3)
+    assert [s.base_offset for s in log.segments] == [0, 1, 2]
+    assert log.log_end_offset == 3
+    assert [p.name for p in seg_files(log.directory)] == [
+        segment_name(b) + ".log" for b in (0, 1, 2)
+    ]
+
+
+def test_truncate_below_log_start_is_rejected(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    for _ in range(4):
+        log.append(batch(1))
+    log.delete_records(2)
+    with pytest.raises(InvalidAppendError):
+        log.truncate_to(1)
+    log.truncate_to(2)
+    assert log.log_end_offset == 2
+
+
+def test_truncate_into_the_batch_holding_log_start(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(5))
+    log.delete_records(2)
+    log.truncate_to(3)  # removes the batch [0, 4]: the log is empty again
+    assert log.log_end_offset == 0
+    assert log.log_start_offset <= log.log_end_offset
+    assert log.read(log.log_start_offset).data == b""
+    log.append(batch(3))
+    assert offsets(read_all(log)) == [0, 1, 2][log.log_start_offset :]
+
+
+def test_truncate_fully_and_start_at(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    for _ in range(4):
+        log.append(batch(1), leader_epoch=1)
+    log.truncate_fully_and_start_at(1000)
+    assert (log.log_start_offset, log.log_end_offset, log.recovery_point) == (1000, 1000, 1000)
+    assert [p.name for p in seg_files(log.directory)] == [segment_name(1000) + ".log"]
+    assert log.epochs.entries() == []
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(0)
+    log.append_as_follower(batch(2, base_offset=1000, epoch=3))
+    assert offsets(read_all(log)) == [1000, 1001]
+    assert log.epochs.entries() == [(3, 1000)]
+
+
+# ------------------------------------------------------------------------ follower appends
+
+
+def test_append_as_follower_copies_offsets_and_epochs(tmp_path: Path) -> None:
+    leader = make_log(tmp_path / "leader")
+    leader.append(batch(3), leader_epoch=1)
+    leader.append(batch(2) + batch(1), leader_epoch=4)
+    follower = make_log(tmp_path / "follower")
+    data = leader.read(0).data
+    info = follower.append_as_follower(data)
+    assert info is not None
+    assert (info.first_offset, info.last_offset, info.log_end_offset) == (0, 5, 6)
+    assert info.record_count == 6 and info.bytes == len(data)
+    assert follower.read(0).data == data  # byte for byte
+    assert follower.epochs.entries() == leader.epochs.entries() == [(1, 0), (4, 3)]
+    assert follower.append_as_follower(b"") is None
+    check_tiling(follower)
+
+
+def test_append_as_follower_gap_starts_a_new_segment(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append_as_follower(batch(2, base_offset=0, epoch=1))
+    # The leader compacted 2..9 away: the next batch starts at 10.
+    log.append_as_follower(batch(2, base_offset=10, epoch=1) + batch(1, base_offset=12, epoch=1))
+    assert [s.base_offset for s in log.segments] == [0, 10]
+    assert log.log_end_offset == 13
+    check_tiling(log)
+    assert offsets(read_all(log)) == [0, 1, 10, 11, 12]
+    # A gap inside one request splits it too.
+    log.append_as_follower(batch(1, base_offset=13, epoch=2) + batch(1, base_offset=20, epoch=2))
+    assert [s.base_offset for s in log.segments] == [0, 10, 20]
+    assert offsets(read_all(log)) == [0, 1, 10, 11, 12, 13, 20]
+    assert log.epochs.entries() == [(1, 0), (2, 13)]
+    check_tiling(log)
+
+
+def test_append_as_follower_gap_on_empty_log(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append_as_follower(batch(2, base_offset=50, epoch=0))
+    assert [s.base_offset for s in log.segments] == [50]
+    assert offsets(read_all(log, start=50)) == [50, 51]
+    assert [p.name for p in seg_files(log.directory)] == [segment_name(50) + ".log"]
+
+
+@pytest.mark.parametrize(
+    "request_batches",
+    [
+        [(0, 0, 1)],  # below the log end
+        [(2, 0, 1)],  # overlaps the last batch
+        [(3, 0, 1)],  # epoch older than the log's
+        [(3, 1, 2), (4, 1, 1)],  # batches overlap each other
+        [(3, 3, 1), (4, 2, 1)],  # epochs go back inside the request
+        [(3, 3, 1), (10, 2, 1)],  # ... across a gap
+    ],
+)
+def test_append_as_follower_rejects_bad_requests_whole(
+    tmp_path: Path, request_batches: list[tuple[int, int, int]]
+) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append_as_follower(batch(3, base_offset=0, epoch=1))
+    size = log.size_bytes
+    data = b"".join(batch(n, base_offset=b, epoch=e) for b, e, n in request_batches)
+    with pytest.raises(InvalidAppendError):
+        log.append_as_follower(data)
+    assert log.log_end_offset == 3 and log.size_bytes == size and len(log.segments) == 1
+    assert log.epochs.entries() == [(1, 0)]
+    log.append_as_follower(batch(1, base_offset=3, epoch=2))
+    assert offsets(read_all(log)) == [0, 1, 2, 3]
+
+
+def test_append_as_follower_rejects_corrupt_batches(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    bad = bytearray(batch(2, base_offset=0, epoch=0))
+    bad[HEADER_SIZE + 3] ^= 1
+    with pytest.raises(InvalidBatchError):
+        log.append_as_follower(bytes(bad))
+    assert log.log_end_offset == 0 and log.size_bytes == 0
+
+
+# ---------------------------------------------------------------------------- retention
+
+
+def test_retention_by_time(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    log = make_log(tmp_path / "t-0", clock, segment_bytes=1024, retention_ms=1000)
+    for i in range(5):
+        log.append(batch(2, ts=T0 + 100 * i))
+    assert [s.base_offset for s in log.segments] == [0, 2, 4, 6, 8]
+    assert log.apply_retention(now=T0 + 1000) == 0
+    assert log.apply_retention(now=T0 + 1050) == 1  # only segment 0 (max ts T0) is too old
+    assert log.log_start_offset == 2
+    clock.now = T0 + 10**9
+    assert log.apply_retention() == 3  # everything old, but the active segment stays
+    assert [s.base_offset for s in log.segments] == [8]
+    assert log.log_start_offset == 8
+    assert [p.name for p in seg_files(log.directory)] == [segment_name(8) + ".log"]
+    assert not list(log.directory.glob(f"{segment_name(0)}.*"))
+    assert offsets(read_all(log)) == [8, 9]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(7)
+    # Offsets are never reused.
+    assert log.append(batch(1)).first_offset == 10
+    assert log.epochs.entries() == [(0, 8)]
+
+
+def test_retention_by_size(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=1024, retention_bytes=3 * len(batch(1)))
+    for _ in range(6):
+        log.append(batch(1))
+    assert len(log.segments) == 6
+    assert log.apply_retention(now=T0) == 3
+    assert [s.base_offset for s in log.segments] == [3, 4, 5]
+    assert log.log_start_offset == 3
+    assert log.apply_retention(now=T0) == 0
+
+
+def test_retention_unlimited_and_compact_only(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=1024, retention_ms=-1)
+    for i in range(3):
+        log.append(batch(1, ts=T0 + i))
+    assert log.apply_retention(now=T0 + 10**12) == 0
+    compacted = make_log(
+        tmp_path / "c-0", segment_bytes=1024, retention_ms=1, cleanup_policy="compact"
+    )
+    for i in range(3):
+        compacted.append(batch(1, ts=T0 + i, keys=[b"k%d" % i]))
+    assert compacted.apply_retention(now=T0 + 10**12) == 0
+    assert compacted.log_start_offset == 0
+
+
+def test_retention_never_deletes_the_active_segment(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", retention_ms=0, retention_bytes=0)
+    log.append(batch(3, ts=T0))
+    assert log.apply_retention(now=T0 + 10**9) == 0
+    assert offsets(read_all(log)) == [0, 1, 2]
+
+
+def test_delete_records(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", segment_bytes=2048)
+    for i in range(10):
+        log.append(batch(2), leader_epoch=i // 4)
+    bases = [s.base_offset for s in log.segments]
+    assert len(bases) >= 4
+    assert log.delete_records(0) == 0
+    target = bases[2] + 1  # mid-segment, mid-batch
+    assert log.delete_records(target) == target
+    assert log.log_start_offset == target
+    assert log.segments[0].base_offset == bases[2]  # whole segments below the start went
+    recs = read_all(log)
+    assert offsets(recs) == list(range(target, 20))
+    check_tiling(log)
+    assert log.delete_records(target - 1) == target  # never goes back
+    with pytest.raises(OffsetOutOfRangeError):
+        log.delete_records(21)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(target - 1)
+    assert log.delete_records(20) == 20  # up to the end: only the active segment is left
+    assert len(log.segments) == 1
+    assert log.read(20).data == b""
+    assert log.append(batch(1), leader_epoch=9).first_offset == 20
+
+
+def test_delete_records_then_crash_recovery_keeps_data(tmp_path: Path) -> None:
+    """Regression: the epoch history was cut at the new log start, so the batches of the
+    first kept segment below it failed the epoch check, on read and during recovery."""
+    log = make_log(tmp_path / "t-0", segment_bytes=2048)
+    for i in range(10):
+        log.append(batch(2), leader_epoch=i // 3)
+    target = log.segments[1].base_offset + 3
+    log.delete_records(target)
+    before = read_all(log)
+    assert offsets(before) == list(range(target, 20))
+    crash(log)
+    again = Log(
+        log.directory,
+        log.config,
+        recovery_point=0,
+        log_start_offset=target,
+        fsync=False,
+        clock=Clock(),
+    )
+    assert again.truncated_bytes_on_recovery == 0
+    assert again.log_end_offset == 20
+    assert read_all(again) == before
+
+
+# --------------------------------------------------------------------------------- flushing
+
+
+def test_needs_flush_by_messages(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", flush_messages=5)
+    assert not log.needs_flush()
+    log.append(batch(4))
+    assert not log.needs_flush()
+    log.append(batch(1))
+    assert log.needs_flush()
+    assert log.flush() == 5
+    assert log.recovery_point == 5
+    assert not log.needs_flush()
+
+
+def test_needs_flush_by_time(tmp_path: Path) -> None:
+    clock = Clock()
+    log = make_log(tmp_path / "t-0", clock, flush_ms=1000)
+    assert not log.needs_flush(now=T0 + 10**6)  # nothing to flush
+    log.append(batch(1))
+    assert not log.needs_flush()
+    clock.now += 999
+    assert not log.needs_flush()
+    clock.now += 1
+    assert log.needs_flush()
+    assert log.needs_flush(now=T0 + 5000)
+    log.flush()
+    assert not log.needs_flush()
+    log.append(batch(1))
+    assert not log.needs_flush()
+    assert log.needs_flush(now=clock.now + 1000)
+
+
+def test_flush_disabled_by_default(tmp_path: Path) -> None:
+    clock = Clock()
+    log = make_log(tmp_path / "t-0", clock)
+    for _ in range(50):
+        log.append(batch(1))
+    clock.now += 10**9
+    assert not log.needs_flush()
+    assert log.recovery_point == 0
+    log.flush()
+    assert log.recovery_point == 50
+
+
+def test_flush_writes_index_files(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", index_interval_bytes=0)
+    for _ in range(3):
+        log.append(batch(1))
+    log.flush()
+    assert log.active.index.path.stat().st_size == 3 * 8
+    assert log.active.time_index.path.stat().st_size == 12
+
+
+# ------------------------------------------------------------------- manager and restarts
+
+
+def _manager(data_dir: Path, clock: Clock | None = None, **configs: object) -> LogManager:
+    cfg = {k.replace("_", "."): str(v) for k, v in configs.items()}
+    return LogManager(data_dir, fsync=False, clock=clock or Clock(), configs=lambda topic: cfg)
+
+
+def _fill(log: Log, n: int, *, epoch_every: int = 7, codec: str = "none") -> None:
+    first_epoch = max(log.latest_epoch(), 0)
+    for i in range(n):
+        log.append(
+            batch(1 + i % 3, tag=f"m{i}-", keys=None, codec=codec, ts=T0 + i),
+            leader_epoch=first_epoch + i // epoch_every,
+        )
+
+
+def test_manager_get_or_create_and_checkpoints(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path)
+    a = mgr.get_or_create("orders", 0)
+    b = mgr.get_or_create("orders", 1, {"segment.bytes": "4096"})
+    c = mgr.get_or_create("my-topic-with-dashes", 12)
+    assert mgr.get_or_create("orders", 0) is a
+    assert mgr.get("orders", 1) is b and mgr.get("nope", 0) is None
+    assert b.config.segment_bytes == 4096 and a.config.segment_bytes == 1 << 30
+    assert {tp for tp, _ in mgr} == {("orders", 0), ("orders", 1), ("my-topic-with-dashes", 12)}
+    assert (tmp_path / "my-topic-with-dashes-12").is_dir()
+    with pytest.raises(ConfigError):
+        mgr.get_or_create("bad", 0, {"segment.bytes": "1"})
+    a.append(batch(5))
+    b.append(batch(2))
+    c.append(batch(1))
+    a.delete_records(3)
+    mgr.checkpoint()
+    assert (tmp_path / RECOVERY_POINTS).read_text() == (
+        "0\n3\nmy-topic-with-dashes-12 0\norders-0 0\norders-1 0\n"
+    )
+    assert (tmp_path / LOG_START_OFFSETS).read_text() == (
+        "0\n3\nmy-topic-with-dashes-12 0\norders-0 3\norders-1 0\n"
+    )
+    mgr.flush_all()
+    assert (tmp_path / RECOVERY_POINTS).read_text() == (
+        "0\n3\nmy-topic-with-dashes-12 1\norders-0 5\norders-1 2\n"
+    )
+    assert mgr.delete("orders", 1)
+    assert not mgr.delete("orders", 1)
+    assert not (tmp_path / "orders-1").exists()
+    assert not list(tmp_path.glob("*.deleted"))
+    assert "orders-1" not in (tmp_path / RECOVERY_POINTS).read_text()
+    mgr.close()
+    assert (tmp_path / CLEAN_SHUTDOWN).exists()
+    again = _manager(tmp_path)
+    assert not (tmp_path / CLEAN_SHUTDOWN).exists()  # a crash from now on must recover
+    assert {tp for tp, _ in again} == {("orders", 0), ("my-topic-with-dashes", 12)}
+    assert again.get("orders", 0).log_start_offset == 3
+    assert offsets(read_all(again.get("orders", 0))) == [3, 4]
+
+
+def test_manager_removes_deleted_dirs_and_ignores_strays(tmp_path: Path) -> None:
+    (tmp_path / "old-0.deleted").mkdir()
+    (tmp_path / "old-0.deleted" / segment_name(0)).with_suffix(".log").write_bytes(b"x")
+    (tmp_path / "not_a_log_dir").mkdir()
+    (tmp_path / "stray-file-3").write_text("hello")
+    mgr = _manager(tmp_path)
+    assert not (tmp_path / "old-0.deleted").exists()
+    assert list(mgr) == []
+    assert (tmp_path / "not_a_log_dir").exists()
+
+
+def test_clean_restart_keeps_everything(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 60, codec="lz4")
+    log.delete_records(5)
+    before = read_all(log)
+    segs = [s.base_offset for s in log.segments]
+    entries = log.epochs.entries()
+    leo = log.log_end_offset
+    mgr.close()
+    files = {p.name: p.stat().st_size for p in (tmp_path / "t-0").iterdir()}
+
+    mgr2 = _manager(tmp_path, segment_bytes=4096)
+    log2 = mgr2.get("t", 0)
+    assert log2 is not None
+    assert log2.truncated_bytes_on_recovery == 0
+    assert [s.base_offset for s in log2.segments] == segs
+    assert (log2.log_start_offset, log2.log_end_offset) == (5, leo)
+    assert log2.recovery_point == leo
+    assert log2.epochs.entries() == entries
+    assert read_all(log2) == before
+    assert {p.name: p.stat().st_size for p in (tmp_path / "t-0").iterdir()} == files
+    check_tiling(log2)
+    # Appending goes on where it stopped, in the restored active segment.
+    assert log2.append(batch(1), leader_epoch=100).first_offset == leo
+    assert log2.max_timestamp_offset() == log.max_timestamp_offset()
+    mgr2.close()
+
+
+def test_crash_without_damage_recovers_everything(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 30)
+    mgr.flush_all()
+    _fill(log, 30)  # not flushed: above the recovery point
+    before = read_all(log)
+    crash_manager(mgr)
+    mgr2 = _manager(tmp_path, segment_bytes=4096)
+    log2 = mgr2.get("t", 0)
+    assert log2.truncated_bytes_on_recovery == 0
+    assert read_all(log2) == before
+    check_tiling(log2)
+
+
+def _crashed_log(tmp_path: Path, n: int = 40, **cfg: object) -> tuple[Path, list[Record]]:
+    mgr = _manager(tmp_path, **({"segment_bytes": 4096} | cfg))
+    log = mgr.get_or_create("t", 0)
+    _fill(log, n)
+    before = read_all(log)
+    crash_manager(mgr)
+    return tmp_path / "t-0", before
+
+
+def test_crash_torn_tail_is_cut(tmp_path: Path) -> None:
+    d, before = _crashed_log(tmp_path)
+    last = seg_files(d)[-1]
+    pos = positions(last)
+    assert len(pos) >= 2
+    cut_at = pos[-1] + 70  # inside the last batch
+    os.truncate(last, cut_at)
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log.truncated_bytes_on_recovery == cut_at - pos[-1]
+    assert last.stat().st_size == pos[-1]
+    recs = read_all(log)
+    assert recs == [r for r in before if r.offset < log.log_end_offset]
+    assert log.log_end_offset == read_header(last.read_bytes(), pos[-2]).next_offset
+    check_tiling(log)
+    # The lost offsets are assigned again.
+    assert log.append(batch(1), leader_epoch=50).first_offset == log.log_end_offset - 1
+
+
+def test_crash_garbage_tail_is_cut(tmp_path: Path) -> None:
+    d, before = _crashed_log(tmp_path)
+    last = seg_files(d)[-1]
+    size = last.stat().st_size
+    with open(last, "ab") as f:
+        f.write(os.urandom(100) + batch(1)[:20])
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert last.stat().st_size == size
+    assert read_all(log) == before
+
+
+def test_crash_garbage_after_a_valid_looking_header_is_cut(tmp_path: Path) -> None:
+    d, before = _crashed_log(tmp_path)
+    last = seg_files(d)[-1]
+    size = last.stat().st_size
+    # A complete batch with the right offset but an epoch the history never had.
+    nxt = before[-1].offset + 1
+    with open(last, "ab") as f:
+        f.write(batch(1, base_offset=nxt, epoch=999))
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert last.stat().st_size == size
+    assert read_all(log) == before
+
+
+def test_crash_torn_segment_drops_later_segments(tmp_path: Path) -> None:
+    d, before = _crashed_log(tmp_path)
+    files = seg_files(d)
+    assert len(files) >= 3
+    victim = files[1]
+    pos = positions(victim)
+    os.truncate(victim, pos[1] + 10)
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert [p.name for p in seg_files(d)] == [f.name for f in files[:2]]
+    leo = int(files[1].stem) + read_header(victim.read_bytes(), 0).last_offset_delta + 1
+    assert log.log_end_offset == leo
+    assert read_all(log) == [r for r in before if r.offset < leo]
+    assert log.epochs.latest_epoch == log.epochs.epoch_for(leo - 1)
+
+
+@pytest.mark.parametrize("suffix", [".index", ".timeindex"])
+@pytest.mark.parametrize("damage", ["delete", "garbage", "truncate"])
+@pytest.mark.parametrize("clean", [True, False])
+def test_damaged_indexes_are_rebuilt(tmp_path: Path, suffix: str, damage: str, clean: bool) -> None:
+    mgr = _manager(tmp_path, segment_bytes=4096, index_interval_bytes=0)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 40)
+    before = read_all(log)
+    ts_before = log.offset_for_timestamp(T0 + 17)
+    mgr.flush_all()
+    if clean:
+        mgr.close()
+    else:
+        crash_manager(mgr)
+    d = tmp_path / "t-0"
+    for p in seg_files(d, suffix):
+        if damage == "delete":
+            p.unlink()
+        elif damage == "garbage":
+            p.write_bytes(b"\xff\x00\x13" * 7)
+        else:
+            with open(p, "r+b") as f:
+                f.truncate(max(p.stat().st_size - 3, 0))
+    log2 = _manager(tmp_path, segment_bytes=4096, index_interval_bytes=0).get("t", 0)
+    assert log2.truncated_bytes_on_recovery == 0
+    assert read_all(log2) == before
+    assert read_all(log2, max_bytes=1) == before
+    assert log2.offset_for_timestamp(T0 + 17) == ts_before
+    for seg in log2.segments:
+        assert seg.index.path.exists() and seg.time_index.path.exists()
+        assert len(seg.index.rel) == len(seg.batch_headers())
+    check_tiling(log2)
+
+
+@pytest.mark.parametrize(
+    ("field", "where"),
+    [("body", HEADER_SIZE + 5), ("crc", 18), ("epoch", 15), ("base_offset", 7), ("attrs", 22)],
+)
+def test_corruption_before_recovery_point_is_detected_on_read(
+    tmp_path: Path, field: str, where: int
+) -> None:
+    mgr = _manager(tmp_path, segment_bytes=4096, index_interval_bytes=0)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 40)
+    before = {r.offset: r for r in read_all(log)}
+    mgr.flush_all()  # everything below the recovery point: trusted on restart
+    crash_manager(mgr)
+    d = tmp_path / "t-0"
+    victim = seg_files(d)[0]
+    pos = positions(victim)
+    assert len(pos) >= 3
+    bad_batch = read_header(victim.read_bytes(), pos[1])
+    flip_byte(victim, pos[1] + where)
+    log2 = _manager(tmp_path, segment_bytes=4096, index_interval_bytes=0).get("t", 0)
+    assert log2.log_end_offset == max(before) + 1  # nothing was cut: the data is trusted
+    # Batches before the bad one still read fine.
+    first = log2.read(0, max_bytes=1)
+    assert [r.offset for r in decode_records(first.data)] == list(range(bad_batch.base_offset))
+    for offset in range(bad_batch.base_offset, bad_batch.next_offset):
+        with pytest.raises(CorruptLogError):
+            log2.read(offset)
+    # A larger read from the start stops before the bad batch or raises; it never serves it.
+    try:
+        res = log2.read(0)
+        served = decode_records(res.data)
+        assert all(r.offset < bad_batch.base_offset for r in served)
+    except CorruptLogError:
+        pass
+    # Data after the bad batch is still served.
+    later = read_all(log2, start=bad_batch.next_offset)
+    assert later == [before[o] for o in range(bad_batch.next_offset, max(before) + 1)]
+
+
+def test_corruption_after_recovery_point_is_cut_on_recovery(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 40)
+    before = read_all(log)
+    crash_manager(mgr)  # never flushed: the recovery point is 0, everything is rescanned
+    d = tmp_path / "t-0"
+    victim = seg_files(d)[1]
+    pos = positions(victim)
+    flip_byte(victim, pos[1] + HEADER_SIZE + 2)
+    log2 = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    cut = read_header(victim.read_bytes(), pos[0]).next_offset
+    assert log2.log_end_offset == cut
+    assert len(seg_files(d)) == 2
+    assert read_all(log2) == [r for r in before if r.offset < cut]
+
+
+def test_crash_during_roll_leaves_no_empty_segment(tmp_path: Path) -> None:
+    d, before = _crashed_log(tmp_path)
+    leo = before[-1].offset + 1
+    (d / (segment_name(leo) + ".log")).write_bytes(b"")
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert read_all(log) == before
+    assert log.active.base_offset < leo
+    assert not (d / (segment_name(leo) + ".log")).exists()
+
+
+def test_damaged_epoch_checkpoint_is_rebuilt(tmp_path: Path) -> None:
+    """Regression: a damaged leader-epoch-checkpoint was trusted as an empty history, so
+    every read failed and crash recovery truncated all data."""
+    for clean in (True, False):
+        data_dir = tmp_path / str(clean)
+        mgr = _manager(data_dir, segment_bytes=4096)
+        log = mgr.get_or_create("t", 0)
+        _fill(log, 30, epoch_every=4)
+        before = read_all(log)
+        entries = log.epochs.entries()
+        if clean:
+            mgr.close()
+        else:
+            crash_manager(mgr)
+        (data_dir / "t-0" / "leader-epoch-checkpoint").write_text("0\n5\n1 2\n")
+        log2 = _manager(data_dir, segment_bytes=4096).get("t", 0)
+        assert log2.truncated_bytes_on_recovery == 0
+        assert log2.epochs.entries() == entries
+        assert read_all(log2) == before
+
+
+def test_missing_epoch_checkpoint_is_rebuilt(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 30, epoch_every=4)
+    before = read_all(log)
+    entries = log.epochs.entries()
+    mgr.close()
+    (tmp_path / "t-0" / "leader-epoch-checkpoint").unlink()
+    log2 = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log2.epochs.entries() == entries
+    assert read_all(log2) == before
+
+
+def test_leftover_files_are_removed_on_open(tmp_path: Path) -> None:
+    d, before = _crashed_log(tmp_path)
+    (d / "leader-epoch-checkpoint.tmp").write_text("junk")
+    (d / (segment_name(10**6) + ".index")).write_bytes(b"\x00" * 8)  # its .log is gone
+    (d / (segment_name(10**6) + ".timeindex")).write_bytes(b"\x00" * 12)
+    (d / (segment_name(0) + ".log.deleted")).write_bytes(b"junk")
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert read_all(log) == before
+    names = {p.name for p in d.iterdir()}
+    assert not {n for n in names if n.endswith((".tmp", ".deleted"))}
+    assert segment_name(10**6) + ".index" not in names
+    assert segment_name(10**6) + ".timeindex" not in names
+
+
+def test_log_start_offset_checkpoint_survives_crash(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 40)
+    log.delete_records(17)
+    mgr.checkpoint()
+    before = read_all(log)
+    crash_manager(mgr)
+    log2 = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log2.log_start_offset == 17
+    assert read_all(log2) == before
+
+
+def test_delete_log(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(1))
+    log.delete()
+    assert not (tmp_path / "t-0").exists()
+
+
+def _flushed_then_rolled(tmp_path: Path) -> tuple[Path, list[Record]]:
+    """One flushed segment below the recovery point, then an empty active segment."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 4)
+    mgr.close()
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get("t", 0)
+    before = read_all(log)
+    log.roll()
+    crash_manager(mgr)
+    return tmp_path / "t-0", before
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("length", [-12, -100, 0, 3])
+def test_garbage_length_after_a_trusted_segment_does_not_break_open(
+    tmp_path: Path, length: int
+) -> None:
+    """Regression: a header with a length shorter than a header after the last batch of a
+    segment below the recovery point made the trusted load pread at a negative position
+    (OSError: the log could not be opened) or loop forever."""
+    d, before = _flushed_then_rolled(tmp_path)
+    first = seg_files(d)[0]
+    size = first.stat().st_size
+    junk = bytearray(batch(1, base_offset=before[-1].offset + 1))
+    junk[8:12] = length.to_bytes(4, "big", signed=True)
+    with open(first, "ab") as f:
+        f.write(junk)
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert first.stat().st_size == size
+    assert read_all(log) == before
+
+
+def test_torn_tail_of_a_trusted_segment_is_cut_on_open(tmp_path: Path) -> None:
+    """Regression: a segment below the recovery point whose last batch runs past EOF was
+    trusted (its next offset taken from the torn batch) and every read of it failed."""
+    d, before = _flushed_then_rolled(tmp_path)
+    first = seg_files(d)[0]
+    pos = positions(first)
+    os.truncate(first, pos[-1] + 100)
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    cut = read_header(first.read_bytes(), pos[-2]).next_offset
+    assert log.log_end_offset == cut
+    assert read_all(log) == [r for r in before if r.offset < cut]
+    assert log.append(batch(1), leader_epoch=9).first_offset == cut
