@@ -50,11 +50,17 @@ def test_lease_bound_key_disappears_when_keepalive_stops(etcd: EtcdServer) -> No
     store.put(key, md.NodeRegistration(node_id=7, host="h", port=1), lease=lease)
     ka = store.keep_alive(lease, lambda: None)
     # Kept alive well past the TTL: still there.
-    wait_for(lambda: ka._thread.is_alive() and store.get(key, md.NodeRegistration), timeout=5,
-             what="registration")
+    wait_for(
+        lambda: ka._thread.is_alive() and store.get(key, md.NodeRegistration),
+        timeout=5,
+        what="registration",
+    )
     ka.stop(revoke=True)
-    wait_for(lambda: store.get(key, md.NodeRegistration) is None, timeout=5,
-             what="key removed with its lease")
+    wait_for(
+        lambda: store.get(key, md.NodeRegistration) is None,
+        timeout=5,
+        what="key removed with its lease",
+    )
 
 
 def test_watch_resumes_after_etcd_restart_without_losing_events(etcd: EtcdServer) -> None:
@@ -88,9 +94,14 @@ def test_election_moves_to_standby_when_leader_resigns_or_dies(etcd: EtcdServer)
     elected: list[int] = []
     elections = []
     for i, store in enumerate(stores):
-        e = Election(store, store.keys.controller, md.ControllerInfo(controller_id=i),
-                     ttl_s=2, on_elected=lambda rev, i=i: elected.append(i),
-                     on_lost=lambda: None)
+        e = Election(
+            store,
+            store.keys.controller,
+            md.ControllerInfo(controller_id=i),
+            ttl_s=2,
+            on_elected=lambda rev, i=i: elected.append(i),
+            on_lost=lambda: None,
+        )
         e.start()
         elections.append(e)
     wait_for(lambda: len(elected) == 1, timeout=10, what="a first leader")

@@ -1,12 +1,24 @@
-"""The ``strom`` command: benchmarks now; cluster, admin and console tools as they land."""
+"""The ``strom`` command.
+
+Services run as ``strom controller ...`` and ``strom storage-node ...`` (each parses its own
+flags, YAML file and STROM_* environment); everything else is a client-side tool. User errors
+print one line naming the problem and exit 1, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from strom import __version__
+
+#: Service subcommands and the module whose ``main(argv)`` runs them.
+SERVICES = {
+    "controller": "strom.controller.cli",
+    "storage-node": "strom.storage.cli",
+}
 
 
 def _size(text: str) -> int:
@@ -50,10 +62,26 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from strom.cli.admin import add_cluster_parser, add_topics_parser
+    from strom.cli.console import add_console_parsers
+    from strom.cli.dev import add_dev_parser
+
     parser = argparse.ArgumentParser(prog="strom", description="strom: a distributed commit log")
     parser.add_argument("--version", action="version", version=f"strom {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--bootstrap", "-b", help="HOST:PORT[,HOST:PORT...] of storage nodes ($STROM_BOOTSTRAP)"
+    )
+
+    for name in SERVICES:
+        sub.add_parser(name, help=f"run a {name} (see `strom {name} --help`)", add_help=False)
+    add_dev_parser(sub)
+    add_topics_parser(sub, common)
+    add_cluster_parser(sub, common)
+    add_console_parsers(sub, common)
 
     bench = sub.add_parser("bench", help="measure throughput and latency")
     bsub = bench.add_subparsers(dest="bench_mode", metavar="MODE")
@@ -81,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _run(args: argparse.Namespace) -> int:
+    out = sys.stdout
     if args.command == "bench":
         from strom.bench.engine import bench_log, bench_record
         from strom.bench.stats import report
@@ -116,13 +144,60 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "record_size": args.record_size,
                 "fsync": args.fsync,
             }
-        print(report(results, as_json=args.json, context=ctx))
+        print(report(results, as_json=args.json, context=ctx), file=out)
         return 0
     if args.command == "demo":
         from strom.cli.demo import run_demo
 
         return run_demo(args.dir)
+    if args.command == "dev":
+        from strom.cli.dev import run_dev
+
+        return run_dev(args, out)
+    if args.command == "topics":
+        from strom.cli.admin import run_topics
+
+        return run_topics(args, out)
+    if args.command == "cluster":
+        from strom.cli.admin import run_cluster
+
+        return run_cluster(args, out)
+    if args.command == "produce":
+        from strom.cli.console import run_produce
+
+        return run_produce(args, sys.stdin.buffer, out)
+    if args.command == "consume":
+        from strom.cli.console import run_consume
+
+        try:
+            return run_consume(args, sys.stdout.buffer)
+        except BrokenPipeError:
+            return 0
     return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SERVICES:
+        return int(importlib.import_module(SERVICES[argv[0]]).main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    from strom.errors import StromError
+
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return 130
+    except (StromError, ValueError, OSError) as exc:
+        name = type(exc).__name__
+        print(f"strom {args.command}: error: {exc} ({name})", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the cluster tools talk to processes that may not exist
+        from strom.devcluster.procs import ClusterError
+
+        if isinstance(exc, ClusterError):
+            print(f"strom {args.command}: error: {exc}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

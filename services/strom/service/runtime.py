@@ -86,6 +86,10 @@ async def serve(
     server = grpc.aio.server(options=list(GRPC_OPTIONS))
     names = service.register(server)
     health_servicer = health.aio.HealthServicer()
+    # FIX: grpc's HealthServicer starts with "" = SERVING; until service.start() has finished
+    # (etcd registration, recovery, ...) the process must not look ready to probes and tests.
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [
@@ -95,7 +99,10 @@ async def serve(
         ],
         server,
     )
-    bound = server.add_insecure_port(listen)
+    try:
+        bound = server.add_insecure_port(listen)
+    except RuntimeError as exc:  # grpc reports a taken port this way
+        raise OSError(f"could not listen on {listen}: {exc}") from None
     if bound == 0:
         raise OSError(f"could not listen on {listen}")
     if metrics_port is not None and metrics_port >= 0:

@@ -1,0 +1,231 @@
+"""Synchronous RPC plumbing: bootstrap addresses, cached metadata, leader and controller
+routing with retries.
+
+Why its own layer: every client (CLI, Producer, Consumer, Admin, Spark executors) has to find
+the cluster from a list of addresses that may be partly down, follow NOT_CONTROLLER redirects
+to the active controller, and refresh metadata when a leader moves. Doing it once here keeps
+those rules identical everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from strom.api import common_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
+from strom.errors import BrokerNotAvailableError, StromError, error_for, is_retriable
+from strom.service.runtime import GRPC_OPTIONS
+
+T = TypeVar("T")
+NONE = common_pb2.ErrorCode.NONE
+NOT_CONTROLLER = common_pb2.ErrorCode.NOT_CONTROLLER
+BOOTSTRAP_ENV = "STROM_BOOTSTRAP"
+
+
+def parse_bootstrap(spec: str | Sequence[str] | None) -> list[str]:
+    """``"h1:9092,h2:9092"`` or a list → ["h1:9092", "h2:9092"]; falls back to $STROM_BOOTSTRAP."""
+    if spec is None or spec == "" or spec == []:
+        spec = os.environ.get(BOOTSTRAP_ENV, "")
+    items = spec.split(",") if isinstance(spec, str) else [s for x in spec for s in x.split(",")]
+    out = []
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bootstrap address {raw!r} is not HOST:PORT")
+        out.append(item)
+    if not out:
+        raise ValueError(
+            f"no bootstrap address: pass --bootstrap HOST:PORT[,HOST:PORT] or set {BOOTSTRAP_ENV}"
+        )
+    return out
+
+
+def _addr(node: Any) -> str:
+    return f"{node.host}:{node.port}"
+
+
+class ClusterClient:
+    """Channels to the cluster's nodes and controller, shared by one process's clients."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] | None,
+        *,
+        timeout_s: float = 10.0,
+        retry_s: float = 15.0,
+    ) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._metadata: storage_pb2.MetadataResponse | None = None
+        self._controller_addr: str | None = None
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = grpc.insecure_channel(address, options=list(GRPC_OPTIONS))
+                self._channels[address] = ch
+            return ch
+
+    def storage(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
+        return storage_pb2_grpc.StorageServiceStub(self.channel(address))
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def _candidates(self) -> list[str]:
+        known = [_addr(n) for n in self._metadata.nodes] if self._metadata else []
+        return list(dict.fromkeys([*known, *self.bootstrap]))
+
+    def metadata(
+        self, topics: Sequence[str] | None = None, *, refresh: bool = True
+    ) -> storage_pb2.MetadataResponse:
+        """Cluster metadata from the first node that answers (known nodes, then bootstrap)."""
+        if not refresh and self._metadata is not None and topics is None:
+            return self._metadata
+        req = storage_pb2.MetadataRequest(topics=list(topics or []))
+        errors: list[str] = []
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            for addr in self._candidates():
+                try:
+                    resp = self.storage(addr).Metadata(req, timeout=self.timeout_s)
+                except grpc.RpcError as exc:
+                    errors.append(f"{addr}: {exc.code().name}")
+                    continue
+                if not topics:
+                    self._metadata = resp
+                if resp.HasField("controller") and resp.controller.port:
+                    self._controller_addr = _addr(resp.controller)
+                return resp
+            if time.monotonic() >= deadline:
+                raise BrokerNotAvailableError(
+                    "no strom node answered at "
+                    + ", ".join(self._candidates())
+                    + f" ({'; '.join(errors[-3:])})"
+                )
+            time.sleep(0.2)
+
+    def leader_of(self, topic: str, partition: int, *, refresh: bool = False) -> str:
+        """Address of the partition's leader; raises a StromError naming the problem."""
+        md = self.metadata([topic]) if refresh or self._metadata is None else self._metadata
+        for t in md.topics:
+            if t.name != topic:
+                continue
+            if t.error_code != NONE:
+                raise error_for(t.error_code, t.error_message or f"topic {topic!r}")
+            nodes = {n.node_id: n for n in md.nodes}
+            for p in t.partitions:
+                if p.partition == partition:
+                    if p.leader < 0 or p.leader not in nodes:
+                        raise error_for(
+                            common_pb2.ErrorCode.LEADER_NOT_AVAILABLE,
+                            f"{topic}-{partition} has no live leader",
+                        )
+                    return _addr(nodes[p.leader])
+            raise error_for(
+                common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"topic {topic!r} has no partition {partition} (it has {len(t.partitions)})",
+            )
+        if not refresh:
+            return self.leader_of(topic, partition, refresh=True)
+        raise error_for(common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
+
+    def partition_count(self, topic: str) -> int:
+        md = self.metadata([topic])
+        for t in md.topics:
+            if t.name == topic:
+                if t.error_code != NONE:
+                    raise error_for(t.error_code, t.error_message or f"unknown topic {topic!r}")
+                return len(t.partitions)
+        raise error_for(common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
+
+    # -- controller ------------------------------------------------------------------------
+
+    def controller_call(self, method: str, request: Any) -> Any:
+        """Call a ControllerService RPC on the active controller, following NOT_CONTROLLER
+        redirects and retrying while no controller is active."""
+        deadline = time.monotonic() + self.retry_s
+        last = ""
+        while True:
+            addr = self._controller_addr
+            if addr is None:
+                try:
+                    self.metadata()
+                except StromError as exc:
+                    last = str(exc)
+                addr = self._controller_addr
+            if addr is not None:
+                stub = controller_pb2_grpc.ControllerServiceStub(self.channel(addr))
+                try:
+                    resp = getattr(stub, method)(request, timeout=self.timeout_s)
+                except grpc.RpcError as exc:
+                    last = f"controller {addr}: {exc.code().name} {exc.details() or ''}".strip()
+                    self._controller_addr = None
+                else:
+                    if resp.error_code == NOT_CONTROLLER:
+                        hint = resp.controller if resp.HasField("controller") else None
+                        self._controller_addr = _addr(hint) if hint and hint.port else None
+                        last = f"{addr} is not the active controller"
+                    elif resp.error_code != NONE and is_retriable(resp.error_code):
+                        last = resp.error_message
+                    else:
+                        if resp.error_code != NONE:
+                            raise error_for(resp.error_code, resp.error_message)
+                        return resp
+            if time.monotonic() >= deadline:
+                raise BrokerNotAvailableError(f"no active controller answered: {last}")
+            time.sleep(0.1)
+
+    def with_leader(
+        self,
+        topic: str,
+        partition: int,
+        call: Callable[[storage_pb2_grpc.StorageServiceStub], T],
+        retriable: Callable[[T], bool],
+    ) -> T:
+        """Run ``call`` against the leader, refreshing metadata and retrying while the result
+        says the leader moved (``retriable``) or the node is unreachable."""
+        deadline = time.monotonic() + self.retry_s
+        refresh = False
+        while True:
+            addr = self.leader_of(topic, partition, refresh=refresh)
+            try:
+                result = call(self.storage(addr))
+            except grpc.RpcError as exc:
+                if exc.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise BrokerNotAvailableError(
+                        f"leader {addr} unreachable: {exc.code().name}"
+                    ) from None
+            else:
+                if not retriable(result) or time.monotonic() >= deadline:
+                    return result
+            refresh = True
+            time.sleep(0.1)

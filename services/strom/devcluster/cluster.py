@@ -1,0 +1,289 @@
+"""A local strom cluster of real processes: etcd, controllers and storage nodes.
+
+``strom dev up`` starts one and leaves it running (its state, PIDs and ports, goes to
+``<dir>/cluster.json`` for ``strom dev down``); the integration tests start one per test on
+free ports and can kill, pause and restart any member.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strom.devcluster.procs import ClusterError, EtcdServer, ManagedProcess, free_port, wait_for
+
+STATE_FILE = "cluster.json"
+
+
+def grpc_serving(address: str, timeout: float = 1.0) -> bool:
+    """True when the gRPC health service at ``address`` says SERVING."""
+    with grpc.insecure_channel(address) as ch:
+        try:
+            resp = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
+        except grpc.RpcError:
+            return False
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class Member:
+    """One strom service process of the cluster."""
+
+    kind: str  # "controller" | "storage-node"
+    ident: int
+    port: int
+    metrics_port: int
+    argv: list[str]
+    log_path: Path
+    process: ManagedProcess | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = ManagedProcess(f"{self.kind}-{self.ident}", self.argv, self.log_path).start()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+
+class LocalCluster:
+    """etcd + ``controllers`` controllers + ``nodes`` storage nodes under ``root``."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        nodes: int = 3,
+        controllers: int = 2,
+        cluster: str = "strom",
+        racks: list[str] | None = None,
+        node_args: list[str] | None = None,
+        controller_args: list[str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        self.root = Path(root)
+        self.cluster_name = cluster
+        self.python = python
+        self.etcd = EtcdServer(self.root)
+        self.controllers: list[Member] = []
+        self.nodes: list[Member] = []
+        self.node_args = node_args or []
+        self.controller_args = controller_args or []
+        for i in range(controllers):
+            self.controllers.append(self._controller(i))
+        for i in range(nodes):
+            rack = racks[i % len(racks)] if racks else None
+            self.nodes.append(self._node(i + 1, rack))
+
+    def _service_argv(self, *args: str) -> list[str]:
+        return [self.python, "-m", "strom.cli.main", *args]
+
+    def _controller(self, i: int) -> Member:
+        port, mport = free_port(), free_port()
+        argv = self._service_argv(
+            "controller",
+            "--etcd",
+            self.etcd.endpoint,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-port",
+            str(mport),
+            "--cluster",
+            self.cluster_name,
+            "--controller-id",
+            str(i),
+            *self.controller_args,
+        )
+        return Member("controller", i, port, mport, argv, self.root / f"controller-{i}.log")
+
+    def _node(self, node_id: int, rack: str | None) -> Member:
+        port, mport = free_port(), free_port()
+        argv = self._service_argv(
+            "storage-node",
+            "--node-id",
+            str(node_id),
+            "--data-dir",
+            str(self.root / f"node-{node_id}"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-port",
+            str(mport),
+            "--etcd",
+            self.etcd.endpoint,
+            "--cluster",
+            self.cluster_name,
+            *(["--rack", rack] if rack else []),
+            *self.node_args,
+        )
+        return Member(
+            "storage-node",
+            node_id,
+            port,
+            mport,
+            argv,
+            self.root / f"node-{node_id}.log",
+            extra={"rack": rack or ""},
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    def start(self, timeout: float = 60.0) -> LocalCluster:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.etcd.start()
+        for m in [*self.controllers, *self.nodes]:
+            m.start()
+        for m in [*self.controllers, *self.nodes]:
+            self.wait_serving(m, timeout)
+        self.wait_cluster_ready(timeout)
+        self.save_state()
+        return self
+
+    def wait_serving(self, m: Member, timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            if not m.alive():
+                tail = m.process.log_tail() if m.process else ""
+                raise ClusterError(f"{m.kind} {m.ident} exited during start:\n{tail}")
+            return grpc_serving(m.address)
+
+        wait_for(ready, timeout=timeout, what=f"{m.kind} {m.ident} on {m.address} to serve")
+
+    def wait_cluster_ready(self, timeout: float = 30.0) -> None:
+        """An active controller exists and every live node is registered."""
+        from strom.client.cluster import ClusterClient
+
+        live = {n.ident for n in self.nodes if n.alive()}
+
+        def ready() -> bool:
+            with ClusterClient(self.bootstrap, retry_s=0.5) as c:
+                md = c.metadata()
+                return (
+                    md.HasField("controller")
+                    and md.controller.port > 0
+                    and ({n.node_id for n in md.nodes} >= live)
+                )
+
+        wait_for(ready, timeout=timeout, what="an active controller and all nodes registered")
+
+    def stop(self) -> None:
+        """SIGTERM everything (nodes first, so they shut down cleanly), then etcd."""
+        for m in [*self.nodes, *self.controllers]:
+            if m.process:
+                m.process.stop()
+        self.etcd.stop()
+
+    def kill(self) -> None:
+        for m in [*self.nodes, *self.controllers]:
+            if m.process:
+                m.process.kill()
+        self.etcd.kill()
+
+    # -- chaos helpers for tests -----------------------------------------------------------
+
+    def node(self, node_id: int) -> Member:
+        for n in self.nodes:
+            if n.ident == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def restart(self, m: Member, timeout: float = 30.0) -> None:
+        if m.process:
+            m.process.stop()
+        m.start()
+        self.wait_serving(m, timeout)
+
+    def active_controller(self) -> Member | None:
+        from strom.client.cluster import ClusterClient
+
+        with ClusterClient(self.bootstrap, retry_s=2) as c:
+            md = c.metadata()
+        for m in self.controllers:
+            if md.HasField("controller") and md.controller.port == m.port:
+                return m
+        return None
+
+    # -- state file for `strom dev down` ---------------------------------------------------
+
+    def save_state(self) -> None:
+        state = {
+            "cluster": self.cluster_name,
+            "bootstrap": self.bootstrap,
+            "etcd": {
+                "endpoint": self.etcd.endpoint,
+                "pid": self.etcd.process.pid if self.etcd.process else None,
+            },
+            "members": [
+                {
+                    "kind": m.kind,
+                    "id": m.ident,
+                    "address": m.address,
+                    "metrics_port": m.metrics_port,
+                    "pid": m.process.pid if m.process else None,
+                    "log": str(m.log_path),
+                }
+                for m in [*self.controllers, *self.nodes]
+            ],
+            "started": time.time(),
+        }
+        (self.root / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not reaped by us) counts as gone.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def stop_from_state(root: Path, timeout: float = 15.0) -> list[str]:
+    """Stop the processes listed in ``root/cluster.json`` (SIGTERM, then SIGKILL)."""
+    path = Path(root) / STATE_FILE
+    if not path.exists():
+        raise ClusterError(f"no local cluster recorded in {root} (no {STATE_FILE})")
+    state = json.loads(path.read_text())
+    members = [m for m in state["members"] if m.get("pid")]
+    order = [m for m in members if m["kind"] == "storage-node"]
+    order += [m for m in members if m["kind"] != "storage-node"]
+    if state["etcd"].get("pid"):
+        order.append({"kind": "etcd", "id": 0, "pid": state["etcd"]["pid"]})
+    stopped = []
+    for m in order:
+        pid = int(m["pid"])
+        if not _pid_alive(pid):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stopped.append(f"{m['kind']} {m['id']} (pid {pid})")
+    path.unlink()
+    return stopped
