@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
+
 from strom import errors
 from strom.api import common_pb2
 

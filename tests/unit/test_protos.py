@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf import descriptor_pb2, json_format
+
 from strom.api import (
     common_pb2,
     controller_pb2,

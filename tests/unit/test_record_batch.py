@@ -11,6 +11,7 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from strom.record import (
     CODEC_IDS,
     CODEC_NAMES,

@@ -9,6 +9,7 @@ import crc32c
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from strom.record import (
     HEADER_SIZE,
     RECORDS_SCHEMA,

@@ -102,9 +102,9 @@ async def serve(
     try:
         bound = server.add_insecure_port(listen)
     except RuntimeError as exc:  # grpc reports a taken port this way
-        raise OSError(f"could not listen on {listen}: {exc}") from None
+        raise OSError(f"cannot listen on {listen}: {exc}") from None
     if bound == 0:
-        raise OSError(f"could not listen on {listen}")
+        raise OSError(f"cannot listen on {listen}")
     if metrics_port is not None and metrics_port >= 0:
         start_http_server(metrics_port, addr=metrics_host)
     await server.start()

@@ -1,0 +1,329 @@
+"""gRPC-level benchmarks: a storage node's Produce/Fetch against bare gRPC with the same
+payload sizes (DESIGN §11: per-request work must be amortised over large batches).
+
+``bench_echo`` starts a bare grpc.aio server in a separate process (like a storage node is)
+whose generic handlers take and return raw bytes, and measures the transport alone:
+*echo upload* sends ``batch_bytes`` and gets two bytes back, *echo download* sends a few
+bytes and gets ``batch_bytes`` back. ``bench_produce_fetch`` does the same traffic through
+a storage node: Produce of a pre-built batch of about ``batch_bytes`` (acks=1), then Fetch of
+the same batches. Both sides use the same client: requests serialized once up front, raw
+bytes on the wire calls (no client-side protobuf parsing in the timed loop), ``concurrency``
+requests in flight. So the ratio of the two is what the node's own work costs.
+
+Numbers are printed, never asserted. The ``strom bench`` wiring lives with the CLI; running
+this module directly is the stand-alone form::
+
+    python -m strom.bench.grpc_bench run --bootstrap 127.0.0.1:9092 --topic bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+
+from strom.api import storage_pb2 as pb
+from strom.bench.stats import Result, report
+from strom.devcluster.procs import free_port, port_open, wait_for
+from strom.errors import ErrorCode, error_for
+from strom.record import encode_batch
+from strom.service.runtime import GRPC_OPTIONS
+
+ECHO_SERVICE = "strom.bench.Echo"
+_SIZE = struct.Struct(">Q")
+PRODUCE = "/strom.v1.StorageService/Produce"
+FETCH = "/strom.v1.StorageService/Fetch"
+METADATA = "/strom.v1.StorageService/Metadata"
+
+
+# -- the bare echo server ----------------------------------------------------------------------
+
+
+async def serve_echo(port: int, host: str = "127.0.0.1") -> None:
+    """A grpc.aio server with the storage node's options and two raw-bytes methods."""
+    cache: dict[int, bytes] = {}
+
+    async def upload(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"ok"
+
+    async def download(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        (size,) = _SIZE.unpack(request)
+        data = cache.get(size)
+        if data is None:
+            data = cache[size] = os.urandom(size)
+        return data
+
+    server = grpc.aio.server(options=list(GRPC_OPTIONS))
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                ECHO_SERVICE,
+                {
+                    "Upload": grpc.unary_unary_rpc_method_handler(upload),
+                    "Download": grpc.unary_unary_rpc_method_handler(download),
+                },
+            )
+        ]
+    )
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+# -- the client side ---------------------------------------------------------------------------
+
+
+async def _drive(
+    call: Callable[[int], Awaitable[int]], count: int, concurrency: int
+) -> tuple[float, list[float], int]:
+    """Run ``call(i)`` for i in 0..count-1 with ``concurrency`` in flight.
+
+    Returns (seconds, per-call latencies, sum of what the calls returned (bytes)).
+    """
+    latencies: list[float] = []
+    moved = 0
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i, moved
+        while next_i < count:
+            i = next_i
+            next_i += 1
+            t = time.perf_counter()
+            got = await call(i)  # (not `moved += await ...`: that reads `moved` first)
+            latencies.append(time.perf_counter() - t)
+            moved += got
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(concurrency, 1))))
+    return time.perf_counter() - t0, latencies, moved
+
+
+def _count(batch_bytes: int, total_bytes: int) -> int:
+    return max(total_bytes // max(batch_bytes, 1), 1)
+
+
+async def _echo(target: str, batch_bytes: int, total_bytes: int, concurrency: int) -> list[Result]:
+    n = _count(batch_bytes, total_bytes)
+    payload = os.urandom(batch_bytes)
+    size_req = _SIZE.pack(batch_bytes)
+    async with grpc.aio.insecure_channel(target, options=list(GRPC_OPTIONS)) as ch:
+        up = ch.unary_unary(f"/{ECHO_SERVICE}/Upload")
+        down = ch.unary_unary(f"/{ECHO_SERVICE}/Download")
+        await up(b"warm-up", timeout=10)
+
+        async def one_up(i: int) -> int:
+            await up(payload, timeout=60)
+            return batch_bytes
+
+        async def one_down(i: int) -> int:
+            return len(await down(size_req, timeout=60))
+
+        s_up, l_up, b_up = await _drive(one_up, n, concurrency)
+        s_down, l_down, b_down = await _drive(one_down, n, concurrency)
+    return [
+        Result("echo upload", n, 0, b_up, s_up, l_up),
+        Result("echo download", n, 0, b_down, s_down, l_down),
+    ]
+
+
+def bench_echo(batch_bytes: int, total_bytes: int, *, concurrency: int = 4) -> list[Result]:
+    """Bare gRPC throughput with ``batch_bytes`` messages, server in a separate process."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strom.bench.grpc_bench", "echo-server", "--port", str(port)],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"echo server exited with {proc.returncode}")
+            return port_open("127.0.0.1", port)
+
+        wait_for(up, timeout=20, what="the echo server")
+        return asyncio.run(_echo(f"127.0.0.1:{port}", batch_bytes, total_bytes, concurrency))
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+async def _leader_address(bootstrap: str, topic: str, partition: int) -> str:
+    async with grpc.aio.insecure_channel(bootstrap.split(",")[0].strip()) as ch:
+        call = ch.unary_unary(
+            METADATA,
+            request_serializer=pb.MetadataRequest.SerializeToString,
+            response_deserializer=pb.MetadataResponse.FromString,
+        )
+        resp: pb.MetadataResponse = await call(pb.MetadataRequest(topics=[topic]), timeout=10)
+    mt = resp.topics[0]
+    if mt.error_code != ErrorCode.NONE:
+        raise error_for(mt.error_code, f"topic {topic}: {mt.error_message}")
+    for mp in mt.partitions:
+        if mp.partition == partition:
+            for node in resp.nodes:
+                if node.node_id == mp.leader:
+                    return f"{node.host}:{node.port}"
+            raise error_for(ErrorCode.LEADER_NOT_AVAILABLE, f"{topic}-{partition} has no leader")
+    raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic} has no partition {partition}")
+
+
+async def _produce_fetch(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    batch_bytes: int,
+    total_bytes: int,
+    concurrency: int,
+    record_size: int,
+) -> list[Result]:
+    target = await _leader_address(bootstrap, topic, partition)
+    per_batch = max(batch_bytes // record_size, 1)
+    value = os.urandom(record_size)
+    batch = encode_batch([value] * per_batch)
+    n = _count(len(batch), total_bytes)
+    produce_req = pb.ProduceRequest(
+        acks=1,
+        timeout_ms=30_000,
+        topics=[
+            pb.ProduceTopicData(
+                topic=topic,
+                partitions=[
+                    pb.ProducePartitionData(
+                        partition=partition, records=batch, current_leader_epoch=-1
+                    )
+                ],
+            )
+        ],
+    ).SerializeToString()
+    first = -1
+    async with grpc.aio.insecure_channel(target, options=list(GRPC_OPTIONS)) as ch:
+        produce = ch.unary_unary(PRODUCE)
+        fetch = ch.unary_unary(FETCH)
+
+        async def one_produce(i: int) -> int:
+            nonlocal first
+            raw = await produce(produce_req, timeout=60)
+            r = pb.ProduceResponse.FromString(raw).topics[0].partitions[0]  # ~100 bytes
+            if r.error_code != ErrorCode.NONE:
+                raise error_for(r.error_code, r.error_message)
+            if first < 0 or r.base_offset < first:
+                first = r.base_offset
+            return len(batch)
+
+        s_p, l_p, b_p = await _drive(one_produce, n, concurrency)
+
+        def fetch_req(offset: int) -> bytes:
+            return pb.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=len(batch),
+                topics=[
+                    pb.FetchTopic(
+                        topic=topic,
+                        partitions=[
+                            pb.FetchPartition(
+                                partition=partition,
+                                fetch_offset=offset,
+                                current_leader_epoch=-1,
+                                last_fetched_epoch=-1,
+                                log_start_offset=-1,
+                                partition_max_bytes=len(batch),
+                            )
+                        ],
+                    )
+                ],
+            ).SerializeToString()
+
+        # The produced batches sit at first + i * per_batch: fetch them back one per request.
+        requests = [fetch_req(first + i * per_batch) for i in range(n)]
+
+        async def one_fetch(i: int) -> int:
+            raw = await fetch(requests[i], timeout=60)
+            if len(raw) < len(batch):
+                resp = pb.FetchResponse.FromString(raw).topics[0].partitions[0]
+                raise error_for(resp.error_code or ErrorCode.UNKNOWN_SERVER_ERROR, str(resp))
+            return len(batch)
+
+        s_f, l_f, b_f = await _drive(one_fetch, n, concurrency)
+    return [
+        Result("produce (acks=1)", n, n * per_batch, b_p, s_p, l_p),
+        Result("fetch", n, n * per_batch, b_f, s_f, l_f),
+    ]
+
+
+def bench_produce_fetch(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    batch_bytes: int,
+    total_bytes: int,
+    *,
+    concurrency: int = 4,
+    record_size: int = 1024,
+) -> list[Result]:
+    """Produce ``total_bytes`` in pre-built batches of ~``batch_bytes`` to an existing
+    partition through its leader, then fetch them back one batch per request."""
+    return asyncio.run(
+        _produce_fetch(
+            bootstrap, topic, partition, batch_bytes, total_bytes, concurrency, record_size
+        )
+    )
+
+
+# -- stand-alone entry point -------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m strom.bench.grpc_bench")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    es = sub.add_parser("echo-server", help="run the bare echo server (used by bench_echo)")
+    es.add_argument("--port", type=int, required=True)
+    rn = sub.add_parser("run", help="echo vs Produce/Fetch against a running node")
+    rn.add_argument("--bootstrap", required=True)
+    rn.add_argument("--topic", required=True)
+    rn.add_argument("--partition", type=int, default=0)
+    rn.add_argument("--batch-bytes", type=int, default=1 << 20)
+    rn.add_argument("--total-bytes", type=int, default=1 << 30)
+    rn.add_argument("--concurrency", type=int, default=4)
+    rn.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.cmd == "echo-server":
+        from strom.storage.node import tune_malloc
+
+        tune_malloc()  # as a storage node does, so the comparison isolates the node's work
+        asyncio.run(serve_echo(args.port))
+        return 0
+    echo = bench_echo(args.batch_bytes, args.total_bytes, concurrency=args.concurrency)
+    node = bench_produce_fetch(
+        args.bootstrap,
+        args.topic,
+        args.partition,
+        args.batch_bytes,
+        args.total_bytes,
+        concurrency=args.concurrency,
+    )
+    ctx = {
+        "batch_bytes": args.batch_bytes,
+        "total_bytes": args.total_bytes,
+        "concurrency": args.concurrency,
+    }
+    print(report(echo + node, as_json=args.json, context=ctx))
+    if not args.json:
+        up = node[0].bytes / node[0].seconds / (echo[0].bytes / echo[0].seconds)
+        down = node[1].bytes / node[1].seconds / (echo[1].bytes / echo[1].seconds)
+        print(f"produce / echo upload = {up:.0%}   fetch / echo download = {down:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The partition manager: turns the cluster view into open logs and partition states.
+
+The ClusterView calls :meth:`PartitionManager.on_view_events` on its watch thread; the
+manager hops to the event loop (``call_soon_threadsafe``) and runs one reconcile at a time
+over the view's *full* state, however many events arrived meanwhile (coalesced). A reconcile
+deletes replicas that are no longer assigned (deleting a directory runs in a worker thread),
+creates new ones, and applies leadership and config changes to the rest. Partitions are
+installed and updated only on the loop, so request handlers read them without locks.
+
+Each log directory carries a ``partition.metadata`` file with the topic id it belongs to (as
+Kafka does), so a topic deleted and re-created under the same name while this node was away
+is recognised and its old data dropped instead of being served as the new topic's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from strom.api import metadata_pb2 as md
+from strom.log import Log, LogConfig, LogManager
+from strom.log.checkpoint import write_atomic
+from strom.metadata import ClusterView, WatchEvent
+from strom.storage import metrics
+from strom.storage.assignment import (
+    Assignment,
+    TopicPartition,
+    desired_assignments,
+    log_config,
+    plan_changes,
+    usable_configs,
+)
+from strom.storage.longpoll import WaiterRegistry
+from strom.storage.partition import Partition
+
+log = logging.getLogger("strom.storage.manager")
+
+PARTITION_METADATA = "partition.metadata"
+
+
+def read_topic_id(directory: Path) -> str | None:
+    """The topic id recorded in a log directory (None if absent or unreadable)."""
+    try:
+        text = (directory / PARTITION_METADATA).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "topic_id" and value.strip():
+            return value.strip()
+    return None
+
+
+def write_topic_id(directory: Path, topic_id: str, *, fsync: bool) -> None:
+    write_atomic(
+        directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode(), fsync=fsync
+    )
+
+
+class PartitionManager:
+    """Hosts this node's partition replicas (see the module docstring)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        view: ClusterView,
+        loop: asyncio.AbstractEventLoop | None,
+        *,
+        fsync: bool = True,
+    ) -> None:
+        self.node_id = node_id
+        self.view = view
+        self.loop = loop  # set by the node on start when not known at construction
+        self.fsync = fsync
+        self.logs: LogManager | None = None
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.metrics: dict[TopicPartition, metrics.PartitionMetrics] = {}
+        self._assignments: dict[TopicPartition, Assignment] = {}
+        self._topic_ids: dict[TopicPartition, str | None] = {}
+        # Consumers wait for the high watermark, followers for appends (DESIGN §6).
+        self.committed = WaiterRegistry()
+        self.appended = WaiterRegistry()
+        self._dirty = False
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopped = False
+        self.reconciles = 0
+        #: Extra hook run (on the loop) after each reconcile; the node refreshes gauges.
+        self.after_reconcile: Callable[[], None] | None = None
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def topic_configs(self, topic: str) -> dict[str, Any]:
+        """Topic overrides from the view (for logs opened at start); invalid keys dropped."""
+        meta = self.view.topic(topic)
+        return usable_configs(meta.configs, where=f"topic {topic}: ") if meta else {}
+
+    def open(self, data_dir: Path) -> LogManager:
+        """Open (and if needed recover) every log in ``data_dir``; blocking, run in a thread.
+
+        The view must be started first so each log opens with its topic's configs:
+        ``max.message.bytes`` decides how large a batch recovery accepts as valid.
+        """
+        logs = LogManager(data_dir, fsync=self.fsync, configs=self.topic_configs)
+        self._topic_ids = {tp: read_topic_id(lg.directory) for tp, lg in logs}
+        if not logs.clean_shutdown and logs.logs:
+            log.info("recovered %d logs after an unclean shutdown", len(logs.logs))
+        self.logs = logs
+        return logs
+
+    def _ev(self) -> asyncio.AbstractEventLoop:
+        assert self.loop is not None, "PartitionManager.loop is set when the node starts"
+        return self.loop
+
+    # -- triggering ------------------------------------------------------------------------
+
+    def on_view_events(self, events: list[WatchEvent]) -> None:
+        """ClusterView listener (watch thread): schedule a reconcile on the loop."""
+        if not self._stopped and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.request_reconcile)
+
+    def request_reconcile(self) -> None:
+        """Mark the state dirty; start the reconcile task unless one is running (loop only)."""
+        if self._stopped or self.logs is None:
+            self._dirty = True
+            return
+        self._dirty = True
+        if self._task is None or self._task.done():
+            self._idle.clear()
+            self._task = self._ev().create_task(self._reconcile_loop(), name="reconcile")
+
+    async def wait_idle(self) -> None:
+        """Until no reconcile is pending or running (start-up and tests)."""
+        while True:
+            await self._idle.wait()
+            if not self._dirty or self._stopped:
+                return
+            self.request_reconcile()
+
+    async def _reconcile_loop(self) -> None:
+        try:
+            while self._dirty and not self._stopped:
+                self._dirty = False
+                try:
+                    await self._reconcile_once()
+                except Exception:
+                    log.exception("reconcile failed; retrying on the next change or in 1s")
+                    self._ev().call_later(1.0, self.request_reconcile)
+                    break
+        finally:
+            self._idle.set()
+
+    # -- reconciling -----------------------------------------------------------------------
+
+    def _snapshot(
+        self,
+    ) -> tuple[dict[str, md.TopicMetadata], dict[TopicPartition, md.PartitionState], bool]:
+        with self.view.lock:
+            topics = {name: v.value for name, v in self.view.topics.items()}
+            parts = {tp: v.value for tp, v in self.view.partitions.items()}
+            initialised = self.view.cluster is not None
+        return topics, parts, initialised
+
+    async def _reconcile_once(self) -> None:
+        assert self.logs is not None
+        logs = self.logs
+        topics, parts, initialised = self._snapshot()
+        desired = desired_assignments(self.node_id, topics, parts)
+        local = {tp: self._topic_ids.get(tp) for tp, _ in logs}
+        # Strays (logs on disk this process never hosted) are only deleted once the view is
+        # known to describe an initialised cluster: a node pointed at the wrong --cluster or
+        # at an empty etcd must not wipe its disk.
+        plan = plan_changes(desired, self._assignments, local, delete_strays=initialised)
+        if not plan:
+            return
+        self.reconciles += 1
+        going = [p for tp in plan.delete if (p := self._uninstall(tp)) is not None]
+        if plan.delete:
+            names = ", ".join(f"{t}-{p}" for t, p in plan.delete)
+            log.info("deleting local replicas: %s", names)
+            for part in going:
+                # Let a flush or cleaner pass running in a thread finish first.
+                async with part.flush_lock, part.maintenance_lock:
+                    pass
+            await asyncio.to_thread(self._delete_logs, list(plan.delete))
+        if plan.create:
+            created = await asyncio.to_thread(self._create_logs, list(plan.create))
+            for a, lg in created:
+                self._install(a, lg)
+        for a in plan.update:
+            self._update(a)
+        if self.after_reconcile is not None:
+            self.after_reconcile()
+
+    def _delete_logs(self, tps: list[TopicPartition]) -> None:
+        assert self.logs is not None
+        for tp in tps:
+            try:
+                self.logs.delete(*tp)
+            except OSError:
+                log.exception("could not delete the log of %s-%d", *tp)
+            self._topic_ids.pop(tp, None)
+
+    def _create_logs(self, wanted: list[Assignment]) -> list[tuple[Assignment, Log]]:
+        assert self.logs is not None
+        out = []
+        failed = False
+        for a in wanted:
+            overrides = usable_configs(a.config_dict(), where=f"{a.topic}-{a.partition}: ")
+            try:
+                lg = self.logs.get_or_create(a.topic, a.partition, overrides)
+                cfg = LogConfig.from_dict(overrides)
+                if lg.config != cfg:
+                    # A log opened at start (or left from before) with other settings.
+                    lg.update_config(cfg)
+                if a.topic_id and self._topic_ids.get(a.tp) != a.topic_id:
+                    write_topic_id(lg.directory, a.topic_id, fsync=self.fsync)
+                    self._topic_ids[a.tp] = a.topic_id
+            except Exception:
+                log.exception("could not open the log of %s-%d", a.topic, a.partition)
+                failed = True
+                continue
+            out.append((a, lg))
+        if failed:
+            # Not installed, so the next reconcile tries again; make sure there is one.
+            loop = self._ev()
+            loop.call_soon_threadsafe(loop.call_later, 1.0, self.request_reconcile)
+        return out
+
+    def _install(self, a: Assignment, lg: Log) -> None:
+        m = metrics.PartitionMetrics(a.topic, a.partition)
+        self.metrics[a.tp] = m
+        part = Partition(
+            self.node_id,
+            a.topic,
+            a.partition,
+            a.topic_id,
+            lg,
+            a.state,
+            on_high_watermark=self._on_high_watermark,
+        )
+        self.partitions[a.tp] = part
+        self._assignments[a.tp] = a
+        self.refresh_gauges(part)
+        log.info(
+            "hosting %s-%d (%s, leader epoch %d, log end offset %d)",
+            a.topic,
+            a.partition,
+            "leader" if part.is_leader else f"follower of {part.leader}",
+            part.leader_epoch,
+            lg.log_end_offset,
+        )
+
+    def _update(self, a: Assignment) -> None:
+        part = self.partitions.get(a.tp)
+        if part is None:
+            return
+        old = self._assignments.get(a.tp)
+        if old is None or old.configs != a.configs:
+            cfg = log_config(a.config_dict(), where=f"{a.topic}-{a.partition}: ")
+            if part.log.config != cfg:
+                part.log.update_config(cfg)
+                log.info("applied new configs to %s-%d", a.topic, a.partition)
+        if part.apply_state(a.state):
+            log.info(
+                "%s-%d: now %s at leader epoch %d",
+                a.topic,
+                a.partition,
+                "leader" if part.is_leader else f"follower of {part.leader}",
+                part.leader_epoch,
+            )
+        self._assignments[a.tp] = a
+        # Parked fetches re-evaluate (they may now have to answer NOT_LEADER_OR_FOLLOWER).
+        self.committed.wake(a.tp)
+        self.appended.wake(a.tp)
+
+    def _uninstall(self, tp: TopicPartition) -> Partition | None:
+        part = self.partitions.pop(tp, None)
+        self._assignments.pop(tp, None)
+        if part is not None:
+            part.close()
+        m = self.metrics.pop(tp, None)
+        if m is not None:
+            m.remove()
+        self.committed.wake(tp)
+        self.appended.wake(tp)
+        return part
+
+    # -- watermarks and gauges -------------------------------------------------------------
+
+    def _on_high_watermark(self, part: Partition, old: int, new: int) -> None:
+        m = self.metrics.get(part.tp)
+        if m is not None:
+            m.high_watermark.set(new)
+
+    def refresh_gauges(self, part: Partition) -> None:
+        """Set all of a partition's gauges from its log (after structural changes)."""
+        m = self.metrics.get(part.tp)
+        if m is None:
+            return
+        lg = part.log
+        m.log_end_offset.set(lg.log_end_offset)
+        m.log_start_offset.set(lg.log_start_offset)
+        m.high_watermark.set(part.high_watermark)
+        m.log_size.set(lg.size_bytes)
+
+    def role_counts(self) -> tuple[int, int]:
+        leaders = sum(1 for p in self.partitions.values() if p.is_leader)
+        return leaders, len(self.partitions) - leaders
+
+    def get(self, topic: str, partition: int) -> Partition | None:
+        return self.partitions.get((topic, partition))
+
+    def assignments(self) -> Mapping[TopicPartition, Assignment]:
+        return dict(self._assignments)
+
+    async def flush(self, part: Partition, *, force: bool = False) -> None:
+        """fsync a partition's log in a worker thread if its flush settings (or ``force``)
+        ask for it. One flush per partition at a time; callers arriving meanwhile re-check
+        afterwards, so a burst of appends costs one or two fsyncs, not one each."""
+        async with part.flush_lock:
+            if part.deleted:
+                return
+            if force or part.log.needs_flush():
+                await asyncio.to_thread(part.log.flush)
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def release_waiters(self) -> None:
+        """Shutdown, first step: parked fetches answer now, acks=-1 produces stop waiting
+        for replication (they answer NOT_LEADER_OR_FOLLOWER: leadership is about to move)."""
+        self.committed.close()
+        self.appended.close()
+        for part in self.partitions.values():
+            part.release_waiters()
+
+    async def stop(self) -> None:
+        """No more reconciles; release every waiter; let a running reconcile step finish."""
+        self._stopped = True
+        self.release_waiters()
+        if self._task is not None and not self._task.done():
+            # A reconcile may be inside a worker thread; let it finish its step.
+            await asyncio.wait({self._task}, timeout=5.0)

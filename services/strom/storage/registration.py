@@ -1,0 +1,191 @@
+"""The node's liveness in etcd: ``nodes/<id>`` bound to a lease that a thread keeps alive.
+
+Every method blocks (the etcd client is synchronous); the node calls them through
+``asyncio.to_thread``.
+
+Duplicate node ids: two live processes with one id would write the same data dir and
+confuse every leader, so the second one must refuse to start. But a process restarted right
+after a crash finds its previous life's key still there until that lease expires (up to the
+session timeout). :meth:`NodeRegistration.register` tells the two apart by watching the
+holder's lease: if its TTL goes *up* the holder is refreshing it (alive: refuse); if the key
+is still there after the TTL it had when first seen, plus a margin, the holder is alive too;
+if the key vanishes, the holder was dead and this process takes the id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from strom import __version__
+from strom.api import metadata_pb2 as md
+from strom.metadata import KeepAlive, MetadataStore, MetadataUnavailableError, decode
+
+log = logging.getLogger("strom.storage.registration")
+
+
+class NodeIdInUseError(RuntimeError):
+    """Another live process is registered with this node id."""
+
+
+class NodeRegistration:
+    """Registers, updates and removes ``nodes/<node_id>`` under this process's lease."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        *,
+        node_id: int,
+        host: str,
+        port: int,
+        metrics_port: int,
+        rack: str | None,
+        session_timeout_s: int,
+    ) -> None:
+        self.store = store
+        self.key = store.keys.node(node_id)
+        self.session_timeout_s = session_timeout_s
+        self.incarnation_id = str(uuid.uuid4())
+        self.value = md.NodeRegistration(
+            node_id=node_id,
+            host=host,
+            port=port,
+            metrics_port=max(metrics_port, 0),
+            incarnation_id=self.incarnation_id,
+            start_time_ms=time.time_ns() // 1_000_000,
+            state=md.NODE_STATE_STARTING,
+            software_version=__version__,
+        )
+        if rack:
+            self.value.rack = rack
+        self.lease: Any = None
+        self.keepalive: KeepAlive | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- registering -----------------------------------------------------------------------
+
+    def register(self, on_lost: Callable[[], None], *, deadline_s: float = 30.0) -> None:
+        """Create the key under a new lease; raise :class:`NodeIdInUseError` if a live
+        process holds the id. etcd being unreachable is retried until ``deadline_s``."""
+        end = time.monotonic() + deadline_s
+        first_ttl: int | None = None
+        first_seen = 0.0
+        last_ttl: int | None = None
+        while True:
+            try:
+                if self._try_create(on_lost):
+                    return
+                holder = self._holder()
+            except MetadataUnavailableError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.2)
+                continue
+            if holder is None:
+                continue  # gone between our create and our look: try again at once
+            reg, lease_ttl = holder
+            who = (
+                f"node id {self.value.node_id} is already registered by a live process "
+                f"({reg.host}:{reg.port}, incarnation {reg.incarnation_id})"
+            )
+            if lease_ttl is None:
+                raise NodeIdInUseError(f"{who}; its key has no lease, delete {self.key} by hand")
+            now = time.monotonic()
+            if first_ttl is None:
+                first_ttl, first_seen = lease_ttl, now
+                log.info(
+                    "node id %d is registered by incarnation %s; waiting up to %ss to see "
+                    "whether that process is still alive",
+                    self.value.node_id,
+                    reg.incarnation_id,
+                    max(first_ttl, 0) + 2,
+                )
+            elif last_ttl is not None and lease_ttl > last_ttl and last_ttl >= 0:
+                raise NodeIdInUseError(who)  # its lease was refreshed: the holder lives
+            # etcd revokes expired leases on a ~500 ms tick, so allow some slack past the TTL.
+            if now - first_seen > max(first_ttl, 0) + 2.0:
+                raise NodeIdInUseError(who)
+            last_ttl = lease_ttl
+            time.sleep(0.1)
+
+    def _try_create(self, on_lost: Callable[[], None]) -> bool:
+        lease = self.store.grant_lease(self.session_timeout_s)
+        with self._lock:
+            value = md.NodeRegistration()
+            value.CopyFrom(self.value)
+        if self.store.create(self.key, value, lease=lease):
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self.lease = lease
+                    self.keepalive = self.store.keep_alive(lease, on_lost)
+            if closed:  # close() ran meanwhile (a re-registration racing shutdown)
+                with contextlib.suppress(MetadataUnavailableError):
+                    self.store._call(lease.revoke)
+            return True
+        with contextlib.suppress(MetadataUnavailableError):
+            self.store._call(lease.revoke)
+        return False
+
+    def _holder(self) -> tuple[md.NodeRegistration, int | None] | None:
+        """The registration holding our key and its lease's remaining TTL (None: no lease)."""
+        # The wrapper has no call returning a key's lease; use its client with its error
+        # mapping (MetadataStore._call) rather than widening the shared API for one caller.
+        raw, meta = self.store._call(self.store.client.get, self.key)
+        if raw is None:
+            return None
+        reg = decode(raw, md.NodeRegistration)
+        if not meta.lease_id:
+            return reg, None
+        info = self.store._call(self.store.client.get_lease_info, meta.lease_id)
+        return reg, int(info.TTL)
+
+    def reregister(self, on_lost: Callable[[], None]) -> None:
+        """After the lease was lost (etcd unreachable for longer than the TTL): take the key
+        again under a new lease. Raises :class:`NodeIdInUseError` if another process took
+        the id meanwhile (this process is then a zombie and must stop)."""
+        with self._lock:
+            if self._closed:
+                return
+            old = self.keepalive
+            self.keepalive = None
+        if old is not None:
+            old.stop(revoke=False)
+        if self._try_create(on_lost):
+            log.warning("node %d re-registered with a new lease", self.value.node_id)
+            return
+        holder = self._holder()
+        if holder is not None and holder[0].incarnation_id == self.incarnation_id:
+            return  # our own write landed although the call reported a failure
+        raise NodeIdInUseError(
+            f"node id {self.value.node_id} was taken by another process while this one "
+            "was cut off from etcd"
+        )
+
+    # -- updating and leaving --------------------------------------------------------------
+
+    def set_state(self, state: int) -> None:
+        """Publish a lifecycle state (STARTING -> RUNNING -> SHUTTING_DOWN) under our lease."""
+        with self._lock:
+            self.value.state = state  # type: ignore[assignment]
+            value = md.NodeRegistration()
+            value.CopyFrom(self.value)
+            lease = self.lease
+        if lease is None or self._closed:
+            return
+        self.store.put(self.key, value, lease=lease)
+
+    def close(self) -> None:
+        """Stop the keepalive and revoke the lease: the key disappears at once, so the
+        controller sees the node gone without waiting for the session timeout."""
+        with self._lock:
+            self._closed = True
+            ka, self.keepalive = self.keepalive, None
+        if ka is not None:
+            ka.stop(revoke=True)

@@ -1,0 +1,74 @@
+"""Partition state: leader epochs, the high watermark over the ISR and acks=-1 waits."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from strom.api import metadata_pb2 as md
+from strom.errors import ErrorCode as E
+from strom.log import Log, LogConfig
+from strom.record import encode_batch
+from strom.storage.partition import Partition
+
+
+def _state(leader: int, epoch: int, isr: list[int], replicas: list[int] | None = None):
+    return md.PartitionState(replicas=replicas or isr, leader=leader, leader_epoch=epoch, isr=isr)
+
+
+def _log(tmp_path: Path) -> Log:
+    return Log(tmp_path / "t-0", LogConfig(), fsync=False)
+
+
+def test_sole_in_sync_leader_high_watermark_follows_the_log_end(tmp_path: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1]), lambda p, o, n: seen.append((o, n)))
+    assert part.is_leader and part.high_watermark == 0
+    lg.append(encode_batch([b"a", b"b"]), leader_epoch=0)
+    assert part.maybe_advance_high_watermark() and part.high_watermark == 2
+    assert seen == [(0, 2)]
+    assert not part.maybe_advance_high_watermark()  # nothing new
+
+
+def test_high_watermark_is_the_minimum_over_the_isr(tmp_path: Path) -> None:
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3]))
+    lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
+    assert not part.maybe_advance_high_watermark() and part.high_watermark == 0
+    assert not part.record_follower_end_offset(2, 10)
+    assert part.record_follower_end_offset(3, 4) and part.high_watermark == 4
+    assert part.record_follower_end_offset(3, 10) and part.high_watermark == 10
+    # The ISR shrinks to the leader alone: the HW is the LEO.
+    lg.append(encode_batch([b"y"]), leader_epoch=0)
+    part.apply_state(_state(1, 0, [1], [1, 2, 3]))
+    assert part.high_watermark == 11
+
+
+def test_epoch_checks(tmp_path: Path) -> None:
+    part = Partition(1, "t", 0, "id", _log(tmp_path), _state(1, 3, [1]))
+    assert part.check_epoch(-1) is None and part.check_epoch(3) is None
+    stale, newer = part.check_epoch(2), part.check_epoch(4)
+    assert stale is not None and stale.code == E.FENCED_LEADER_EPOCH
+    assert newer is not None and newer.code == E.UNKNOWN_LEADER_EPOCH
+    assert part.apply_state(_state(2, 4, [2, 1])) and not part.is_leader
+    assert not part.apply_state(_state(2, 4, [2]))  # ISR change only
+
+
+def test_acks_all_waits_resolve_on_commit_timeout_or_lost_leadership(tmp_path: Path) -> None:
+    async def main() -> None:
+        lg = _log(tmp_path)
+        part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2]))
+        lg.append(encode_batch([b"x"] * 3), leader_epoch=0)
+        waiter = asyncio.create_task(part.wait_for_high_watermark(2, 10.0))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        part.record_follower_end_offset(2, 3)
+        assert await waiter
+        assert not await part.wait_for_high_watermark(5, 0.01)  # nothing there: times out
+        lost = asyncio.create_task(part.wait_for_high_watermark(5, 10.0))
+        await asyncio.sleep(0)
+        part.apply_state(_state(2, 1, [2]))
+        assert not await lost
+
+    asyncio.run(main())

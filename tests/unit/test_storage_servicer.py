@@ -1,0 +1,284 @@
+"""The storage servicer and partition manager in-process, with a ClusterView fed by hand.
+
+No etcd and no network: watch events are injected into a real ClusterView (as its watch
+thread would deliver them), so reconciles, long polls and per-partition error isolation are
+tested quickly and without timing guesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.api import metadata_pb2 as md
+from strom.api import storage_pb2 as pb
+from strom.errors import ErrorCode as E
+from strom.log import CorruptLogError
+from strom.metadata import ClusterView, Keys, WatchEvent, encode
+from strom.record import decode_batches, encode_batch
+from strom.storage.manager import PARTITION_METADATA, PartitionManager
+from strom.storage.servicer import StorageServicer
+
+
+class _FakeStore:
+    def __init__(self) -> None:
+        self.keys = Keys("unit")
+
+
+class Harness:
+    """One node (id 1) with a hand-fed view, its manager and servicer."""
+
+    def __init__(self, data_dir: Path, loop: asyncio.AbstractEventLoop) -> None:
+        self.view = ClusterView(_FakeStore())  # type: ignore[arg-type]
+        self.keys = self.view.keys
+        self.rev = 0
+        self.manager = PartitionManager(1, self.view, loop, fsync=False)
+        self.view.add_listener(self.manager.on_view_events)
+        self.manager.open(data_dir)
+        self.servicer = StorageServicer(1, self.manager, self.view)
+
+    def put(self, key: str, msg: Any) -> None:
+        self.events([WatchEvent(key, encode(msg).encode(), 0)])
+
+    def delete(self, key: str) -> None:
+        self.events([WatchEvent(key, None, 0)])
+
+    def events(self, evs: list[WatchEvent]) -> None:
+        self.rev += 1
+        evs = [WatchEvent(e.key, e.value, self.rev) for e in evs]
+        # Delivered from another thread, like the etcd watch does.
+        t = threading.Thread(target=self.view._on_events, args=(evs, self.rev))
+        t.start()
+        t.join()
+
+    async def settle(self) -> None:
+        await asyncio.sleep(0)  # let call_soon_threadsafe callbacks run
+        await self.manager.wait_idle()
+
+    def topic(self, name: str, parts: dict[int, md.PartitionState], **configs: str) -> None:
+        evs = [
+            WatchEvent(
+                self.keys.topic(name),
+                encode(
+                    md.TopicMetadata(
+                        name=name,
+                        topic_id=f"id-{name}",
+                        partition_count=len(parts),
+                        configs=configs,
+                    )
+                ).encode(),
+                0,
+            )
+        ]
+        for p, s in parts.items():
+            s.topic_id = f"id-{name}"
+            evs.append(WatchEvent(self.keys.partition(name, p), encode(s).encode(), 0))
+        self.events(evs)
+
+
+def leader_state(epoch: int = 0, leader: int = 1, isr: list[int] | None = None):
+    return md.PartitionState(replicas=[1], leader=leader, leader_epoch=epoch, isr=isr or [1])
+
+
+def with_harness(tmp_path: Path, body: Callable[[Harness], Awaitable[None]]) -> None:
+    async def main() -> None:
+        h = Harness(tmp_path / "data", asyncio.get_running_loop())
+        try:
+            await body(h)
+        finally:
+            await h.manager.stop()
+            assert h.manager.logs is not None
+            h.manager.logs.close()
+
+    asyncio.run(main())
+
+
+def produce_req(parts: dict[tuple[str, int], bytes], acks: int = 1) -> pb.ProduceRequest:
+    return pb.ProduceRequest(
+        acks=acks,
+        timeout_ms=1000,
+        topics=[
+            pb.ProduceTopicData(
+                topic=t,
+                partitions=[
+                    pb.ProducePartitionData(partition=p, records=r, current_leader_epoch=-1)
+                ],
+            )
+            for (t, p), r in parts.items()
+        ],
+    )
+
+
+def fetch_req(topic: str, p: int, offset: int, **kw: int) -> pb.FetchRequest:
+    return pb.FetchRequest(
+        replica_id=kw.pop("replica_id", -1),
+        max_wait_ms=kw.pop("max_wait_ms", 0),
+        min_bytes=kw.pop("min_bytes", 1),
+        max_bytes=1 << 20,
+        topics=[
+            pb.FetchTopic(
+                topic=topic,
+                partitions=[
+                    pb.FetchPartition(
+                        partition=p,
+                        fetch_offset=offset,
+                        current_leader_epoch=-1,
+                        last_fetched_epoch=kw.pop("last_fetched_epoch", -1),
+                        partition_max_bytes=1 << 20,
+                    )
+                ],
+            )
+        ],
+    )
+
+
+def results(resp: Any) -> dict[tuple[str, int], Any]:
+    return {(t.topic, p.partition): p for t in resp.topics for p in t.partitions}
+
+
+async def until_parked(h: Harness, n: int = 1) -> None:
+    for _ in range(100):
+        if h.manager.committed.waiting() >= n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the fetch never parked")
+
+
+def test_reconcile_hosts_updates_and_deletes_replicas(tmp_path: Path) -> None:
+    async def body(h: Harness) -> None:
+        h.topic("a", {0: leader_state(), 1: leader_state(leader=2)}, **{"retention.ms": "5000"})
+        h.topic("other", {0: md.PartitionState(replicas=[2], leader=2, isr=[2])})
+        await h.settle()
+        parts = h.manager.partitions
+        assert set(parts) == {("a", 0), ("a", 1)}
+        assert parts[("a", 0)].is_leader and not parts[("a", 1)].is_leader
+        assert parts[("a", 0)].log.config.retention_ms == 5000
+        d = parts[("a", 0)].log.directory
+        assert (d / PARTITION_METADATA).read_text().endswith("topic_id: id-a\n")
+
+        h.topic("a", {0: leader_state(epoch=3), 1: leader_state(leader=2)}, **{"retention.ms": "7"})
+        await h.settle()
+        assert parts[("a", 0)].leader_epoch == 3 and parts[("a", 0)].log.config.retention_ms == 7
+
+        h.events(
+            [WatchEvent(h.keys.topic("a"), None, 0)]
+            + [WatchEvent(h.keys.partition("a", p), None, 0) for p in (0, 1)]
+        )
+        await h.settle()
+        assert not parts and not d.exists()
+
+    with_harness(tmp_path, body)
+
+
+def test_parked_fetch_wakes_on_produce_and_on_leadership_loss(tmp_path: Path) -> None:
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        s = h.servicer
+        fetch = asyncio.create_task(s.Fetch(fetch_req("t", 0, 0, max_wait_ms=30_000), None))
+        await until_parked(h)
+        resp = await s.Produce(produce_req({("t", 0): encode_batch([b"v1"])}), None)
+        assert results(resp)[("t", 0)].error_code == E.NONE
+        got = results(await asyncio.wait_for(fetch, 5))[("t", 0)]
+        assert [r.value for b in decode_batches(got.records) for r in b.records()] == [b"v1"]
+
+        fetch = asyncio.create_task(s.Fetch(fetch_req("t", 0, 1, max_wait_ms=30_000), None))
+        await until_parked(h)
+        h.topic("t", {0: leader_state(epoch=1, leader=2, isr=[2, 1])})
+        await h.settle()
+        got = results(await asyncio.wait_for(fetch, 5))[("t", 0)]
+        assert got.error_code == E.NOT_LEADER_OR_FOLLOWER and got.current_leader.leader_id == 2
+
+    with_harness(tmp_path, body)
+
+
+def test_min_bytes_and_shutdown_release_parked_fetches(tmp_path: Path) -> None:
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        s = h.servicer
+        one = encode_batch([b"x" * 100])
+        fetch = asyncio.create_task(
+            s.Fetch(fetch_req("t", 0, 0, max_wait_ms=30_000, min_bytes=len(one) + 1), None)
+        )
+        await until_parked(h)
+        await s.Produce(produce_req({("t", 0): one}), None)
+        await until_parked(h)  # woke, re-read, still short of min_bytes: parked again
+        assert not fetch.done()
+        # Shutdown wakes it: it answers with what it has.
+        s.shutting_down = True
+        h.manager.committed.close()
+        got = results(await asyncio.wait_for(fetch, 5))[("t", 0)]
+        assert len(got.records) == len(one)
+
+    with_harness(tmp_path, body)
+
+
+def test_one_failing_partition_does_not_fail_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state(), 1: leader_state(), 2: leader_state()})
+        await h.settle()
+        s = h.servicer
+        await s.Produce(produce_req({("t", 2): encode_batch([b"z"])}), None)
+        log1 = h.manager.partitions[("t", 1)].log
+        log2 = h.manager.partitions[("t", 2)].log
+
+        def boom(*a: Any, **k: Any) -> Any:
+            raise RuntimeError("disk on fire")
+
+        def corrupt(*a: Any, **k: Any) -> Any:
+            raise CorruptLogError("bad crc at position 0")
+
+        monkeypatch.setattr(log1, "append", boom)
+        monkeypatch.setattr(log2, "read", corrupt)
+        data = encode_batch([b"ok"])
+        resp = results(await s.Produce(produce_req({("t", 0): data, ("t", 1): data}), None))
+        assert resp[("t", 0)].error_code == E.NONE
+        assert resp[("t", 1)].error_code == E.UNKNOWN_SERVER_ERROR
+        assert "disk on fire" in resp[("t", 1)].error_message
+        got = results(await s.Fetch(fetch_req("t", 2, 0), None))[("t", 2)]
+        assert got.error_code == E.STORAGE_ERROR and got.high_watermark == -1
+
+    with_harness(tmp_path, body)
+
+
+def test_flush_messages_fsyncs_before_answering(tmp_path: Path) -> None:
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()}, **{"flush.messages": "1"})
+        await h.settle()
+        lg = h.manager.partitions[("t", 0)].log
+        await h.servicer.Produce(produce_req({("t", 0): encode_batch([b"a", b"b"])}), None)
+        assert lg.recovery_point == 2 and not lg.needs_flush()
+
+    with_harness(tmp_path, body)
+
+
+def test_follower_fetch_moves_the_high_watermark_and_detects_divergence(tmp_path: Path) -> None:
+    async def body(h: Harness) -> None:
+        st = md.PartitionState(replicas=[1, 2], leader=1, leader_epoch=0, isr=[1, 2])
+        h.topic("t", {0: st})
+        await h.settle()
+        s = h.servicer
+        await s.Produce(produce_req({("t", 0): encode_batch([b"a", b"b", b"c"])}), None)
+        consumer = results(await s.Fetch(fetch_req("t", 0, 0), None))[("t", 0)]
+        assert consumer.high_watermark == 0 and consumer.records == b""
+        follower = results(await s.Fetch(fetch_req("t", 0, 0, replica_id=2), None))[("t", 0)]
+        assert follower.records  # followers read above the HW
+        await s.Fetch(fetch_req("t", 0, 3, replica_id=2, last_fetched_epoch=0), None)
+        consumer = results(await s.Fetch(fetch_req("t", 0, 0), None))[("t", 0)]
+        assert consumer.high_watermark == 3 and consumer.records
+        # A follower claiming an epoch the leader never had is told where to truncate.
+        div = results(await s.Fetch(fetch_req("t", 0, 3, replica_id=2, last_fetched_epoch=7), None))
+        d = div[("t", 0)]
+        assert (d.diverging_epoch.epoch, d.diverging_epoch.end_offset) == (0, 3) and not d.records
+        stranger = results(await s.Fetch(fetch_req("t", 0, 0, replica_id=9), None))[("t", 0)]
+        assert stranger.error_code == E.NOT_LEADER_OR_FOLLOWER
+
+    with_harness(tmp_path, body)
