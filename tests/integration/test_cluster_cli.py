@@ -231,3 +231,58 @@ def test_storage_node_restart_keeps_data_and_offsets(cluster: LocalCluster) -> N
         .split()
     )
     assert last == ["r101"]
+
+
+def test_every_service_answers_health_and_reflection(cluster: LocalCluster) -> None:
+    import grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    expected = {
+        "controller": "strom.v1.ControllerService",
+        "storage-node": "strom.v1.StorageService",
+    }
+    for m in [*cluster.controllers, *cluster.nodes]:
+        with grpc.insecure_channel(m.address) as ch:
+            services = set(ProtoReflectionDescriptorDatabase(ch).get_services())
+        assert expected[m.kind] in services and "grpc.health.v1.Health" in services
+
+
+def test_dev_up_and_down_from_the_command_line(tmp_path: Path) -> None:
+    root = tmp_path / "dev"
+    up = strom("dev", "up", "--nodes", "1", "--controllers", "1", "--dir", str(root), timeout=120)
+    try:
+        text = up.stdout.decode()
+        bootstrap = next(
+            line.split("bootstrap: ")[1]
+            for line in text.splitlines()
+            if line.startswith("bootstrap: ")
+        )
+        strom("topics", "create", "t", "-b", bootstrap)
+        again = strom("dev", "up", "--dir", str(root), check=False)
+        assert again.returncode == 1 and b"already recorded" in again.stderr
+    finally:
+        down = strom("dev", "down", "--dir", str(root))
+    stopped = down.stdout.decode()
+    assert stopped.count("stopped ") == 3  # etcd, a controller and a node
+    state_gone = not (root / "cluster.json").exists()
+    assert state_gone
+    missing = strom("dev", "down", "--dir", str(root), check=False)
+    assert missing.returncode == 1 and b"no local cluster recorded" in missing.stderr
+
+
+def test_dev_up_without_etcd_says_how_to_install_it(tmp_path: Path) -> None:
+    env = {"PATH": str(Path(sys.executable).parent)}  # python only, no etcd on PATH
+    out = strom("dev", "up", "--dir", str(tmp_path / "d"), env=env, check=False)
+    assert out.returncode == 1
+    assert b"apt-get install -y etcd-server" in out.stderr and b"Traceback" not in out.stderr
+
+
+def test_the_demo_pipelines_run(tmp_path: Path) -> None:
+    out = strom("demo", "--records", "6000", timeout=180).stdout.decode()
+    assert "produced 6,000 keyed records" in out
+    assert "consumed 6,000 records back" in out
+    assert "the standby served CreateTopics" in out
+    engine = strom("demo", "--engine", timeout=120).stdout.decode()
+    assert "read back 100000 records" in engine and "recovery cut" in engine

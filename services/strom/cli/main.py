@@ -104,8 +104,24 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--fsync", action="store_true", help="fsync after the appends")
     lg.add_argument("--json", action="store_true", help="print one JSON object")
 
+    gb = bsub.add_parser(
+        "grpc",
+        parents=[common],
+        help="Produce/Fetch of pre-built batches against one node, beside a bare gRPC echo",
+    )
+    gb.add_argument("--topic", required=True, help="an existing topic (leader is measured)")
+    gb.add_argument("--partition", type=int, default=0)
+    gb.add_argument("--batch-size", type=_size, default=1 << 20, help="request bytes (1MiB)")
+    gb.add_argument("--total", type=_size, default=1 << 30, help="bytes per phase (1GiB)")
+    gb.add_argument("--concurrency", type=_positive, default=4, help="requests in flight")
+    gb.add_argument("--json", action="store_true")
+
     demo = sub.add_parser("demo", help="the main job: a demo pipeline over what exists so far")
     demo.add_argument("--dir", default=None, help="keep the data here (default: a temp dir)")
+    demo.add_argument(
+        "--engine", action="store_true", help="only the storage-engine demo (no processes)"
+    )
+    demo.add_argument("--records", type=_positive, default=200_000)
     return parser
 
 
@@ -115,6 +131,26 @@ def _run(args: argparse.Namespace) -> int:
         from strom.bench.engine import bench_log, bench_record
         from strom.bench.stats import report
 
+        if args.bench_mode == "grpc":
+            from strom.bench import grpc_bench
+            from strom.client.cluster import parse_bootstrap
+
+            argv = [
+                "run",
+                "--bootstrap",
+                parse_bootstrap(args.bootstrap)[0],
+                "--topic",
+                args.topic,
+                "--partition",
+                str(args.partition),
+                "--batch-bytes",
+                str(args.batch_size),
+                "--total-bytes",
+                str(args.total),
+                "--concurrency",
+                str(args.concurrency),
+            ]
+            return grpc_bench.main([*argv, "--json"] if args.json else argv)
         if args.bench_mode == "record":
             results = bench_record(
                 records=args.records,
@@ -147,9 +183,11 @@ def _run(args: argparse.Namespace) -> int:
         print(report(results, as_json=args.json, context=ctx), file=out)
         return 0
     if args.command == "demo":
-        from strom.cli.demo import run_demo
+        from strom.cli.demo import run_cluster_demo, run_demo
 
-        return run_demo(args.dir)
+        if args.engine:
+            return run_demo(args.dir)
+        return run_cluster_demo(args.dir, args.records)
     if args.command == "dev":
         from strom.cli.dev import run_dev
 
