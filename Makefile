@@ -33,7 +33,7 @@ protos: setup
 
 bench: setup
 	$(VENV)/bin/strom bench record
-	$(VENV)/bin/strom bench log
+	$(VENV)/bin/strom bench log --warm
 
 ## The main job: a local cluster and a demo pipeline (grows with the cluster issues).
 demo: setup

@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -46,11 +48,42 @@ METADATA = "/strom.v1.StorageService/Metadata"
 # -- the bare echo server ----------------------------------------------------------------------
 
 
-async def serve_echo(port: int, host: str = "127.0.0.1") -> None:
-    """A grpc.aio server with the storage node's options and two raw-bytes methods."""
+class _Spool:
+    """Appends uploads to files the way a log does (roll at 128 MiB, keep 1 GiB), so the
+    *echo upload + write* baseline pays the same page-cache cost a Produce does."""
+
+    SEGMENT = 128 << 20
+    KEEP = 8
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.files: list[str] = []
+        self.fd = -1
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        if self.fd < 0 or self.size >= self.SEGMENT:
+            if self.fd >= 0:
+                os.close(self.fd)
+            path = os.path.join(self.dir, f"{len(self.files):08d}.spool")
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.size = 0
+            self.files.append(path)
+            while len(self.files) > self.KEEP:
+                os.unlink(self.files.pop(0))
+        self.size += os.write(self.fd, data)
+
+
+async def serve_echo(port: int, host: str = "127.0.0.1", spool_dir: str | None = None) -> None:
+    """A grpc.aio server with the storage node's options and raw-bytes methods."""
     cache: dict[int, bytes] = {}
+    spool = _Spool(spool_dir or tempfile.mkdtemp(prefix="strom-echo-"))
 
     async def upload(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"ok"
+
+    async def upload_write(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        spool.write(request)
         return b"ok"
 
     async def download(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -67,6 +100,7 @@ async def serve_echo(port: int, host: str = "127.0.0.1") -> None:
                 ECHO_SERVICE,
                 {
                     "Upload": grpc.unary_unary_rpc_method_handler(upload),
+                    "UploadWrite": grpc.unary_unary_rpc_method_handler(upload_write),
                     "Download": grpc.unary_unary_rpc_method_handler(download),
                 },
             )
@@ -117,10 +151,15 @@ async def _echo(target: str, batch_bytes: int, total_bytes: int, concurrency: in
     async with grpc.aio.insecure_channel(target, options=list(GRPC_OPTIONS)) as ch:
         up = ch.unary_unary(f"/{ECHO_SERVICE}/Upload")
         down = ch.unary_unary(f"/{ECHO_SERVICE}/Download")
+        up_write = ch.unary_unary(f"/{ECHO_SERVICE}/UploadWrite")
         await up(b"warm-up", timeout=10)
 
         async def one_up(i: int) -> int:
             await up(payload, timeout=60)
+            return batch_bytes
+
+        async def one_up_write(i: int) -> int:
+            await up_write(payload, timeout=60)
             return batch_bytes
 
         async def one_down(i: int) -> int:
@@ -128,17 +167,29 @@ async def _echo(target: str, batch_bytes: int, total_bytes: int, concurrency: in
 
         s_up, l_up, b_up = await _drive(one_up, n, concurrency)
         s_down, l_down, b_down = await _drive(one_down, n, concurrency)
+        s_w, l_w, b_w = await _drive(one_up_write, n, concurrency)
     return [
         Result("echo upload", n, 0, b_up, s_up, l_up),
         Result("echo download", n, 0, b_down, s_down, l_down),
+        Result("echo upload + write", n, 0, b_w, s_w, l_w),
     ]
 
 
 def bench_echo(batch_bytes: int, total_bytes: int, *, concurrency: int = 4) -> list[Result]:
     """Bare gRPC throughput with ``batch_bytes`` messages, server in a separate process."""
     port = free_port()
+    spool = tempfile.mkdtemp(prefix="strom-echo-")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "strom.bench.grpc_bench", "echo-server", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "strom.bench.grpc_bench",
+            "echo-server",
+            "--port",
+            str(port),
+            "--spool-dir",
+            spool,
+        ],
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -154,6 +205,7 @@ def bench_echo(batch_bytes: int, total_bytes: int, *, concurrency: int = 4) -> l
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        shutil.rmtree(spool, ignore_errors=True)
 
 
 async def _leader_address(bootstrap: str, topic: str, partition: int) -> str:
@@ -288,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     es = sub.add_parser("echo-server", help="run the bare echo server (used by bench_echo)")
     es.add_argument("--port", type=int, required=True)
+    es.add_argument("--spool-dir", help="where *echo upload + write* appends")
     rn = sub.add_parser("run", help="echo vs Produce/Fetch against a running node")
     rn.add_argument("--bootstrap", required=True)
     rn.add_argument("--topic", required=True)
@@ -301,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from strom.storage.node import tune_malloc
 
         tune_malloc()  # as a storage node does, so the comparison isolates the node's work
-        asyncio.run(serve_echo(args.port))
+        asyncio.run(serve_echo(args.port, spool_dir=args.spool_dir))
         return 0
     echo = bench_echo(args.batch_bytes, args.total_bytes, concurrency=args.concurrency)
     node = bench_produce_fetch(
@@ -319,9 +372,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print(report(echo + node, as_json=args.json, context=ctx))
     if not args.json:
-        up = node[0].bytes / node[0].seconds / (echo[0].bytes / echo[0].seconds)
-        down = node[1].bytes / node[1].seconds / (echo[1].bytes / echo[1].seconds)
-        print(f"produce / echo upload = {up:.0%}   fetch / echo download = {down:.0%}")
+
+        def rate(r: Result) -> float:
+            return r.bytes / r.seconds
+
+        print(
+            f"produce / echo upload = {rate(node[0]) / rate(echo[0]):.0%}   "
+            f"produce / echo upload + write = {rate(node[0]) / rate(echo[2]):.0%}   "
+            f"fetch / echo download = {rate(node[1]) / rate(echo[1]):.0%}"
+        )
     return 0
 
 

@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--record-size", type=_positive, default=100)
     lg.add_argument("--dir", default=None, help="where to put the log (default: system tmp)")
     lg.add_argument("--fsync", action="store_true", help="fsync after the appends")
+    lg.add_argument(
+        "--warm",
+        action="store_true",
+        help="first write and delete a scratch file as large as the run",
+    )
     lg.add_argument("--json", action="store_true", help="print one JSON object")
 
     gb = bsub.add_parser(
@@ -172,6 +177,7 @@ def _run(args: argparse.Namespace) -> int:
                 record_size=args.record_size,
                 directory=args.dir,
                 fsync=args.fsync,
+                warm=args.warm,
             )
             ctx = {
                 "mode": "log",
@@ -179,6 +185,7 @@ def _run(args: argparse.Namespace) -> int:
                 "batch_size": args.batch_size,
                 "record_size": args.record_size,
                 "fsync": args.fsync,
+                "warm": args.warm,
             }
         print(report(results, as_json=args.json, context=ctx), file=out)
         return 0
