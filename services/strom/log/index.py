@@ -17,6 +17,27 @@ _OFF_ENTRY = struct.Struct(">ii")  # relative offset, position
 _TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset
 
 
+def _append_entries(
+    path: Path, entry: struct.Struct, a: array[int], b: array[int], written: int, fsync: bool
+) -> int:
+    """Append entries ``written..`` of the two columns to ``path``; return the new count."""
+    if written == len(a) and not fsync:
+        return written
+    data = b"".join(entry.pack(a[i], b[i]) for i in range(written, len(a)))
+    with open(path, "ab") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    return len(a)
+
+
+def _rewrite_entries(path: Path, entry: struct.Struct, a: array[int], b: array[int]) -> int:
+    """Replace ``path`` with all entries (after a truncation); return the count written."""
+    path.write_bytes(b"".join(entry.pack(x, y) for x, y in zip(a, b, strict=True)))
+    return len(a)
+
+
 class OffsetIndex:
     """Relative offset of a batch's base offset → byte position of that batch."""
 
@@ -78,22 +99,12 @@ class OffsetIndex:
 
     def flush(self, *, fsync: bool = False) -> None:
         """Append entries not yet on disk."""
-        if self._written == len(self.rel) and not fsync:
-            return
-        data = b"".join(
-            _OFF_ENTRY.pack(self.rel[i], self.pos[i]) for i in range(self._written, len(self.rel))
+        self._written = _append_entries(
+            self.path, _OFF_ENTRY, self.rel, self.pos, self._written, fsync
         )
-        with open(self.path, "ab") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        self._written = len(self.rel)
 
     def rewrite(self) -> None:
-        data = b"".join(_OFF_ENTRY.pack(r, p) for r, p in zip(self.rel, self.pos, strict=True))
-        self.path.write_bytes(data)
-        self._written = len(self.rel)
+        self._written = _rewrite_entries(self.path, _OFF_ENTRY, self.rel, self.pos)
 
 
 class TimeIndex:
@@ -161,19 +172,10 @@ class TimeIndex:
         self.rewrite()
 
     def flush(self, *, fsync: bool = False) -> None:
-        if self._written == len(self.ts) and not fsync:
-            return
-        data = b"".join(
-            _TIME_ENTRY.pack(self.ts[i], self.rel[i]) for i in range(self._written, len(self.ts))
+        """Append entries not yet on disk."""
+        self._written = _append_entries(
+            self.path, _TIME_ENTRY, self.ts, self.rel, self._written, fsync
         )
-        with open(self.path, "ab") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        self._written = len(self.ts)
 
     def rewrite(self) -> None:
-        data = b"".join(_TIME_ENTRY.pack(t, r) for t, r in zip(self.ts, self.rel, strict=True))
-        self.path.write_bytes(data)
-        self._written = len(self.ts)
+        self._written = _rewrite_entries(self.path, _TIME_ENTRY, self.ts, self.rel)
