@@ -236,6 +236,7 @@ async def _produce_fetch(
     total_bytes: int,
     concurrency: int,
     record_size: int,
+    acks: int = 1,
 ) -> list[Result]:
     target = await _leader_address(bootstrap, topic, partition)
     per_batch = max(batch_bytes // record_size, 1)
@@ -243,7 +244,7 @@ async def _produce_fetch(
     batch = encode_batch([value] * per_batch)
     n = _count(len(batch), total_bytes)
     produce_req = pb.ProduceRequest(
-        acks=1,
+        acks=acks,
         timeout_ms=30_000,
         topics=[
             pb.ProduceTopicData(
@@ -308,7 +309,7 @@ async def _produce_fetch(
 
         s_f, l_f, b_f = await _drive(one_fetch, n, concurrency)
     return [
-        Result("produce (acks=1)", n, n * per_batch, b_p, s_p, l_p),
+        Result(f"produce (acks={'all' if acks == -1 else acks})", n, n * per_batch, b_p, s_p, l_p),
         Result("fetch", n, n * per_batch, b_f, s_f, l_f),
     ]
 
@@ -322,12 +323,20 @@ def bench_produce_fetch(
     *,
     concurrency: int = 4,
     record_size: int = 1024,
+    acks: int = 1,
 ) -> list[Result]:
     """Produce ``total_bytes`` in pre-built batches of ~``batch_bytes`` to an existing
     partition through its leader, then fetch them back one batch per request."""
     return asyncio.run(
         _produce_fetch(
-            bootstrap, topic, partition, batch_bytes, total_bytes, concurrency, record_size
+            bootstrap,
+            topic,
+            partition,
+            batch_bytes,
+            total_bytes,
+            concurrency,
+            record_size,
+            acks,
         )
     )
 
@@ -348,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rn.add_argument("--batch-bytes", type=int, default=1 << 20)
     rn.add_argument("--total-bytes", type=int, default=1 << 30)
     rn.add_argument("--concurrency", type=int, default=4)
+    rn.add_argument("--acks", type=int, default=1, choices=[0, 1, -1])
+    rn.add_argument("--record-size", type=int, default=1024)
+    rn.add_argument("--no-echo", action="store_true", help="skip the bare gRPC baseline")
     rn.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.cmd == "echo-server":
@@ -356,7 +368,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         tune_malloc()  # as a storage node does, so the comparison isolates the node's work
         asyncio.run(serve_echo(args.port, spool_dir=args.spool_dir))
         return 0
-    echo = bench_echo(args.batch_bytes, args.total_bytes, concurrency=args.concurrency)
+    echo = (
+        []
+        if args.no_echo
+        else bench_echo(args.batch_bytes, args.total_bytes, concurrency=args.concurrency)
+    )
     node = bench_produce_fetch(
         args.bootstrap,
         args.topic,
@@ -364,14 +380,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.batch_bytes,
         args.total_bytes,
         concurrency=args.concurrency,
+        record_size=args.record_size,
+        acks=args.acks,
     )
     ctx = {
         "batch_bytes": args.batch_bytes,
         "total_bytes": args.total_bytes,
         "concurrency": args.concurrency,
+        "acks": args.acks,
+        "record_size": args.record_size,
     }
     print(report(echo + node, as_json=args.json, context=ctx))
-    if not args.json:
+    if echo and not args.json:
 
         def rate(r: Result) -> float:
             return r.bytes / r.seconds

@@ -8,7 +8,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from strom.api import common_pb2, controller_pb2
+from strom.api import common_pb2, controller_pb2, metadata_pb2
 from strom.client.cluster import ClusterClient
 from strom.errors import error_for
 
@@ -62,6 +62,24 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config")
     a.add_argument("--delete", action="append", metavar="KEY", help="reset a config")
     a.add_argument("--partitions", type=int, help="new (larger) partition count")
+    e = tsub.add_parser(
+        "elect-leaders",
+        parents=[common],
+        help="move leadership to preferred replicas (or --unclean: elect any live replica)",
+    )
+    e.add_argument("topics", nargs="*", help="default: every topic")
+    e.add_argument(
+        "--unclean",
+        action="store_true",
+        help="for partitions without a leader, elect a live replica out of the ISR (may lose data)",
+    )
+    r = tsub.add_parser(
+        "reassign", parents=[common], help="move a partition to other replicas, or cancel a move"
+    )
+    r.add_argument("topic")
+    r.add_argument("--partition", type=int, required=True)
+    r.add_argument("--replicas", metavar="ID,ID,...", help="target replicas, preferred first")
+    r.add_argument("--cancel", action="store_true", help="cancel the move in progress")
 
 
 def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -169,7 +187,76 @@ def run_topics(args: argparse.Namespace, out: Any) -> int:
                 )
                 _check(resp.topics)
                 print(f"topic {args.topic} now has {args.partitions} partitions", file=out)
+        elif cmd == "elect-leaders":
+            _elect_leaders(client, args, out)
+        elif cmd == "reassign":
+            _reassign(client, args, out)
     return 0
+
+
+def _elect_leaders(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    partitions: list[common_pb2.TopicPartition] = []
+    if args.topics:
+        resp = client.controller_call(
+            "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=args.topics)
+        )
+        _check(resp.topics)
+        partitions = [
+            common_pb2.TopicPartition(topic=t.name, partition=p)
+            for t in resp.topics
+            for p in range(t.metadata.partition_count)
+        ]
+    kind = (
+        controller_pb2.ELECTION_TYPE_UNCLEAN
+        if args.unclean
+        else (controller_pb2.ELECTION_TYPE_PREFERRED)
+    )
+    resp = client.controller_call(
+        "ElectLeaders",
+        controller_pb2.ElectLeadersRequest(election_type=kind, partitions=partitions),
+    )
+    skipped = (common_pb2.ErrorCode.ELECTION_NOT_NEEDED,)
+    elected = 0
+    for r in sorted(resp.partitions, key=lambda r: (r.topic, r.partition)):
+        if r.error_code == NONE:
+            elected += 1
+            print(f"{r.topic}-{r.partition}: leader {r.leader} (epoch {r.leader_epoch})", file=out)
+        elif r.error_code not in skipped:
+            name = common_pb2.ErrorCode.Name(r.error_code)
+            print(f"{r.topic}-{r.partition}: {name} {r.error_message}".rstrip(), file=out)
+    print(f"elected {elected} leader(s)", file=out)
+
+
+def _reassign(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    if args.cancel == bool(args.replicas):
+        raise ValueError("give either --replicas ID,ID,... or --cancel")
+    replicas: list[int] = []
+    if args.replicas:
+        try:
+            replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--replicas {args.replicas!r} is not a list of node ids") from None
+    resp = client.controller_call(
+        "AlterPartitionReassignments",
+        controller_pb2.AlterPartitionReassignmentsRequest(
+            partitions=[
+                controller_pb2.PartitionReassignment(
+                    topic=args.topic,
+                    partition=args.partition,
+                    replicas=replicas,
+                    cancel=args.cancel,
+                )
+            ]
+        ),
+    )
+    _check(resp.partitions, "topic")
+    if args.cancel:
+        print(f"cancelled the reassignment of {args.topic}-{args.partition}", file=out)
+    else:
+        print(
+            f"reassigning {args.topic}-{args.partition} to replicas {','.join(map(str, replicas))}",
+            file=out,
+        )
 
 
 def _print_topic(t: Any, out: Any) -> None:
@@ -184,10 +271,20 @@ def _print_topic(t: Any, out: Any) -> None:
         s = p.state
         leader = str(s.leader) if s.leader >= 0 else "none"
         flags = []
-        if len(s.isr) < len(s.replicas):
+        removing = set(s.removing_replicas)
+        if any(r not in s.isr for r in s.replicas if r not in removing):
             flags.append("under-replicated")
         if s.leader < 0 or s.leader in p.offline_replicas:
             flags.append("offline")
+        if s.adding_replicas or s.removing_replicas:
+            flags.append(
+                "reassigning: adding "
+                + (",".join(map(str, s.adding_replicas)) or "-")
+                + " removing "
+                + (",".join(map(str, s.removing_replicas)) or "-")
+            )
+        if s.leader_recovery_state == metadata_pb2.LEADER_RECOVERY_STATE_RECOVERING:
+            flags.append("recovering")
         print(
             f"\tPartition: {p.partition}\tLeader: {leader}\tEpoch: {s.leader_epoch}\t"
             f"Replicas: {','.join(map(str, s.replicas))}\t"
@@ -217,6 +314,4 @@ def run_cluster(args: argparse.Namespace, out: Any) -> int:
 
 
 def _state_name(state: int) -> str:
-    from strom.api import metadata_pb2
-
     return metadata_pb2.NodeState.Name(state).removeprefix("NODE_STATE_").lower()

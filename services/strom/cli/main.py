@@ -119,7 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     gb.add_argument("--batch-size", type=_size, default=1 << 20, help="request bytes (1MiB)")
     gb.add_argument("--total", type=_size, default=1 << 30, help="bytes per phase (1GiB)")
     gb.add_argument("--concurrency", type=_positive, default=4, help="requests in flight")
+    gb.add_argument("--acks", default="1", choices=["0", "1", "all"])
+    gb.add_argument("--record-size", type=_positive, default=1024)
+    gb.add_argument("--no-echo", action="store_true", help="skip the bare gRPC baseline")
     gb.add_argument("--json", action="store_true")
+
+    fo = bsub.add_parser("failover", help="leader SIGKILL → first acks=all produce, N trials")
+    fo.add_argument("--trials", type=_positive, default=10)
+    fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
 
     demo = sub.add_parser("demo", help="the main job: a demo pipeline over what exists so far")
     demo.add_argument("--dir", default=None, help="keep the data here (default: a temp dir)")
@@ -136,6 +143,11 @@ def _run(args: argparse.Namespace) -> int:
         from strom.bench.engine import bench_log, bench_record
         from strom.bench.stats import report
 
+        if args.bench_mode == "failover":
+            from strom.bench.failover import bench_failover, summary
+
+            print(summary(bench_failover(args.trials, args.dir)), file=out)
+            return 0
         if args.bench_mode == "grpc":
             from strom.bench import grpc_bench
             from strom.client.cluster import parse_bootstrap
@@ -154,6 +166,11 @@ def _run(args: argparse.Namespace) -> int:
                 str(args.total),
                 "--concurrency",
                 str(args.concurrency),
+                "--acks",
+                "-1" if args.acks == "all" else args.acks,
+                "--record-size",
+                str(args.record_size),
+                *(["--no-echo"] if args.no_echo else []),
             ]
             return grpc_bench.main([*argv, "--json"] if args.json else argv)
         if args.bench_mode == "record":

@@ -17,8 +17,14 @@ from typing import Any, TypeVar
 
 import grpc
 
-from strom.api import common_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
-from strom.errors import BrokerNotAvailableError, StromError, error_for, is_retriable
+from strom.api import common_pb2, controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
+from strom.errors import (
+    BrokerNotAvailableError,
+    StromError,
+    UnknownTopicOrPartitionError,
+    error_for,
+    is_retriable,
+)
 from strom.service.runtime import GRPC_OPTIONS
 
 T = TypeVar("T")
@@ -68,6 +74,7 @@ class ClusterClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._metadata: storage_pb2.MetadataResponse | None = None
+        self._topic_md: dict[str, storage_pb2.MetadataResponse] = {}
         self._controller_addr: str | None = None
 
     def close(self) -> None:
@@ -128,39 +135,80 @@ class ClusterClient:
                 )
             time.sleep(0.2)
 
-    def leader_of(self, topic: str, partition: int, *, refresh: bool = False) -> str:
-        """Address of the partition's leader; raises a StromError naming the problem."""
-        md = self.metadata([topic]) if refresh or self._metadata is None else self._metadata
-        for t in md.topics:
-            if t.name != topic:
-                continue
-            if t.error_code != NONE:
-                raise error_for(t.error_code, t.error_message or f"topic {topic!r}")
-            nodes = {n.node_id: n for n in md.nodes}
-            for p in t.partitions:
-                if p.partition == partition:
-                    if p.leader < 0 or p.leader not in nodes:
-                        raise error_for(
-                            common_pb2.ErrorCode.LEADER_NOT_AVAILABLE,
-                            f"{topic}-{partition} has no live leader",
-                        )
-                    return _addr(nodes[p.leader])
-            raise error_for(
-                common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {topic!r} has no partition {partition} (it has {len(t.partitions)})",
-            )
-        if not refresh:
-            return self.leader_of(topic, partition, refresh=True)
-        raise error_for(common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
-
-    def partition_count(self, topic: str) -> int:
-        md = self.metadata([topic])
+    def _topic_entry(self, topic: str, md: Any) -> Any | None:
         for t in md.topics:
             if t.name == topic:
+                if t.error_code == common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    return None
                 if t.error_code != NONE:
-                    raise error_for(t.error_code, t.error_message or f"unknown topic {topic!r}")
-                return len(t.partitions)
-        raise error_for(common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
+                    raise error_for(t.error_code, t.error_message or f"topic {topic!r}")
+                return t
+        return None
+
+    def _controller_knows(self, topic: str) -> bool:
+        """Whether the active controller (which reads etcd directly) has the topic."""
+        try:
+            resp = self.controller_call(
+                "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=[topic])
+            )
+        except StromError:
+            return False
+        return any(t.name == topic and t.error_code == NONE for t in resp.topics)
+
+    def topic_metadata(self, topic: str, *, refresh: bool = True) -> Any:
+        return self._topic_with_nodes(topic, refresh=refresh)[0]
+
+    def _topic_with_nodes(self, topic: str, *, refresh: bool = True) -> tuple[Any, Any]:
+        """The topic's entry in the nodes' metadata.
+
+        A topic just created (or created while etcd was restarting) reaches the nodes through
+        their etcd watches a moment after the controller committed it; when a node does not know
+        the topic yet but the controller does, wait for it (up to ``retry_s``) instead of failing.
+        """
+        md = self._topic_md.get(topic)
+        if refresh or md is None:
+            md = self._topic_md[topic] = self.metadata([topic])
+        entry = self._topic_entry(topic, md)
+        if entry is not None:
+            return entry, md
+        if not refresh:
+            return self._topic_with_nodes(topic, refresh=True)
+        if self._controller_knows(topic):
+            deadline = time.monotonic() + self.retry_s
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                md = self._topic_md[topic] = self.metadata([topic])
+                entry = self._topic_entry(topic, md)
+                if entry is not None:
+                    return entry, md
+            raise error_for(
+                common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"topic {topic!r} exists but the nodes have not learnt it yet",
+            )
+        # The controller does not have it either: retrying cannot help.
+        raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}", retriable=False)
+
+    def leader_of(self, topic: str, partition: int, *, refresh: bool = False) -> str:
+        """Address of the partition's leader; raises a StromError naming the problem."""
+        t, md = self._topic_with_nodes(topic, refresh=refresh)
+        nodes = {n.node_id: n for n in md.nodes}
+        for p in t.partitions:
+            if p.partition == partition:
+                if p.leader < 0 or p.leader not in nodes:
+                    if not refresh:
+                        return self.leader_of(topic, partition, refresh=True)
+                    raise error_for(
+                        common_pb2.ErrorCode.LEADER_NOT_AVAILABLE,
+                        f"{topic}-{partition} has no live leader",
+                    )
+                return _addr(nodes[p.leader])
+        raise UnknownTopicOrPartitionError(
+            f"topic {topic!r} has no partition {partition} (it has {len(t.partitions)})",
+            retriable=False,
+        )
+
+    def partition_count(self, topic: str) -> int:
+        return len(self.topic_metadata(topic).partitions)
 
     # -- controller ------------------------------------------------------------------------
 
@@ -211,7 +259,15 @@ class ClusterClient:
         deadline = time.monotonic() + self.retry_s
         refresh = False
         while True:
-            addr = self.leader_of(topic, partition, refresh=refresh)
+            try:
+                addr = self.leader_of(topic, partition, refresh=refresh)
+            except StromError as exc:
+                # A leader election in progress: wait for the new leader rather than fail.
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+                refresh = True
+                time.sleep(0.1)
+                continue
             try:
                 result = call(self.storage(addr))
             except grpc.RpcError as exc:

@@ -65,6 +65,15 @@ def _port_or_disabled(text: str) -> int:
     return value
 
 
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the controller's flags to ``parser`` (the ``strom controller`` subcommand)."""
     parser.add_argument(
@@ -142,6 +151,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log level (default: %(default)s)",
     )
+    parser.add_argument(
+        "--auto-leader-rebalance",
+        default=True,
+        type=_bool,
+        metavar="true|false",
+        help="give leadership back to a partition's preferred replica once it is in sync again "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
 
 
@@ -179,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         default_replication_factor=args.default_replication_factor,
         max_txn_ops=args.etcd_max_txn_ops,
         connect_timeout_s=args.etcd_connect_timeout_s,
+        auto_leader_rebalance=args.auto_leader_rebalance,
     )
     try:
         return runtime.run(service, args.listen, metrics_port)

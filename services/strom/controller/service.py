@@ -24,6 +24,16 @@ the topic key is the commit point. Until it exists the partition keys belong to 
 readers ignore partition keys whose topic is missing, has another topic_id, or has fewer
 partitions (that is also how a deleted-and-re-created topic's stale state is told apart). A
 controller that dies half-way leaves such orphans; the next active controller deletes them.
+
+Leadership (DESIGN §6): the decisions are the pure functions of :mod:`strom.controller.leadership`.
+The active controller reconciles every partition whenever the view reports a change of nodes,
+topics or partition states (and once when it becomes active, since a node may have died while
+no controller was): a node whose key vanished (lease expired) or that is SHUTTING_DOWN loses
+its leaderships and ISR memberships, finished reassignments complete, and (with
+``auto_leader_rebalance``) a preferred replica back in the ISR leads again. Wake-ups are
+coalesced; a pass reads the nodes, topics and partitions from etcd and writes the changed
+states in transactions of up to 100 partitions, each comparing every key's mod_revision and
+the controller key; a failed compare re-runs the pass. Nothing sleeps on this path.
 """
 
 from __future__ import annotations
@@ -44,7 +54,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from strom.api import common_pb2, controller_pb2, controller_pb2_grpc
 from strom.api import metadata_pb2 as md
-from strom.controller.configs import apply_config_ops, describe_topic_configs
+from strom.controller import leadership
+from strom.controller.configs import _effective, apply_config_ops, describe_topic_configs
 from strom.controller.placement import PlacementNode, assign_replicas
 from strom.controller.validation import (
     colliding_topic,
@@ -110,6 +121,30 @@ LIVE_NODES = Gauge(
 )
 
 
+OFFLINE_PARTITIONS = Gauge(
+    "strom_controller_offline_partitions",
+    "Partitions without a leader (every controller reports; use max())",
+)
+UNDER_REPLICATED = Gauge(
+    "strom_controller_under_replicated_partitions",
+    "Partitions whose ISR is smaller than their replica set (every controller reports)",
+)
+LEADER_ELECTIONS = Counter(
+    "strom_controller_leader_elections",
+    "Leader changes committed by this controller, by reason",
+    ["reason"],
+)
+FAILOVER_SECONDS = Histogram(
+    "strom_controller_failover_seconds",
+    "From a storage node's registration disappearing to the new partition states committed",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
+)
+for _reason in ("failure", "preferred", "controlled_shutdown", "unclean", "reassignment"):
+    LEADER_ELECTIONS.labels(_reason)
+#: Most partition states one reconciliation transaction writes.
+RECONCILE_BATCH = 100
+
+
 class ControllerStartupError(RuntimeError):
     """The controller cannot start (etcd unreachable, wrong cluster); the message says why."""
 
@@ -158,6 +193,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         max_txn_ops: int = 128,
         producer_id_block_size: int = 1000,
         connect_timeout_s: float = 10.0,
+        auto_leader_rebalance: bool = True,
     ) -> None:
         self.etcd = etcd
         self.cluster = cluster
@@ -171,7 +207,14 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         self.max_txn_ops = max(max_txn_ops, 3)
         self.producer_id_block_size = producer_id_block_size
         self.connect_timeout_s = connect_timeout_s
+        self.auto_leader_rebalance = auto_leader_rebalance
         self.incarnation_id = str(uuid.uuid4())
+        #: Set (from the watch thread) when nodes or partitions changed; the reconcile loop
+        #: runs a pass for each wake-up. _node_gone_at = monotonic time a node key vanished.
+        self._reconcile_wanted: asyncio.Event | None = None
+        self._node_gone_at: float | None = None
+        #: Nodes in a controlled shutdown (node id -> incarnation) not yet SHUTTING_DOWN in etcd.
+        self._shutting_down: dict[int, str] = {}
         self.store: MetadataStore | None = None
         self.view: ClusterView | None = None
         self._election: Election | None = None
@@ -191,6 +234,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         """Check etcd, follow the cluster's keys, then campaign (standby until elected)."""
         self._loop = asyncio.get_running_loop()
         self._write_lock = asyncio.Lock()
+        self._reconcile_wanted = asyncio.Event()
         try:
             store = MetadataStore(self.etcd, self.cluster)
         except ValueError as exc:
@@ -322,6 +366,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 return  # the lease was lost meanwhile; a later on_elected will come
             self._leadership = lead
             ACTIVE.set(1)
+            # A node may have died while no controller was active: reconcile everything now.
+            self._reconcile_wanted_now()
+            self._spawn(self._reconcile_loop(lead))
             log.info(
                 "controller %d is now active (epoch %d)",
                 self.controller_id,
@@ -392,6 +439,19 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         """Watch thread: keep gauges current and notice when our election key changes."""
         self._update_gauges()
         assert self.store is not None
+        keys = self.store.keys
+        node_gone = any(ev.key.startswith(keys.nodes_prefix) and ev.value is None for ev in events)
+        if self._leadership is not None and any(
+            ev.key.startswith((keys.nodes_prefix, keys.partitions_prefix, keys.topics_prefix))
+            for ev in events
+        ):
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                now = time.monotonic()
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(
+                        self._reconcile_wanted_now, now if node_gone else None
+                    )
         if any(ev.key == self.store.keys.controller for ev in events):
             self._from_thread(self._check_election_key)
 
@@ -420,6 +480,15 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         with view.lock:
             topics = {n: v.value for n, v in view.topics.items() if not v.value.deleting}
             LIVE_NODES.set(len(view.nodes))
+            offline = under = 0
+            for (name, p), v in view.partitions.items():
+                meta = topics.get(name)
+                if meta is None or p >= meta.partition_count:
+                    continue
+                offline += v.value.leader < 0
+                under += any(r not in v.value.isr for r in leadership.targets(v.value))
+        OFFLINE_PARTITIONS.set(offline)
+        UNDER_REPLICATED.set(under)
         TOPICS.set(len(topics))
         PARTITIONS.set(sum(t.partition_count for t in topics.values()))
 
@@ -1128,6 +1197,10 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def body(lead: _Leadership) -> None:
             nodes = await self._nodes()
+            for node_id, incarnation in self._shutting_down.items():
+                reg = nodes.get(node_id)
+                if reg is not None and reg.incarnation_id == incarnation:
+                    reg.state = md.NODE_STATE_SHUTTING_DOWN  # ControlledShutdown came first
             me = nodes.get(request.leader_id)
             if me is None or me.incarnation_id != request.leader_incarnation:
                 response.error_code = E.STALE_NODE_INCARNATION
@@ -1322,29 +1395,355 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 return first
         raise RequestTimedOutError("the producer id counter kept changing; retry")
 
-    # -- not built yet (the replication issue) -----------------------------------------------
+    # -- leadership: reconciliation, elections, controlled shutdown, reassignment ------------
 
-    async def _unimplemented(self, context: grpc.aio.ServicerContext, rpc: str) -> Any:
-        ADMIN_REQUESTS.labels(rpc, "UNIMPLEMENTED").inc()
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not implemented by this controller yet"
+    def _reconcile_wanted_now(self, gone_at: float | None = None) -> None:
+        if gone_at is not None and self._node_gone_at is None:
+            self._node_gone_at = gone_at
+        if self._reconcile_wanted is not None:
+            self._reconcile_wanted.set()
+
+    async def _reconcile_loop(self, lead: _Leadership) -> None:
+        """While ``lead`` is ours: one reconciliation pass per wake-up (coalesced), no sleeps."""
+        wanted = self._reconcile_wanted
+        assert wanted is not None
+        while self._leadership is lead and not self._stopping:
+            await wanted.wait()
+            if self._leadership is not lead:
+                return  # leave the wake-up to the loop of a later leadership
+            wanted.clear()
+            gone_at, self._node_gone_at = self._node_gone_at, None
+            try:
+                async with self._locked():
+                    if self._leadership is not lead:
+                        self._reconcile_wanted_now(gone_at)
+                        return
+                    changed = await asyncio.to_thread(self._reconcile_sync, lead)
+                if gone_at is not None:
+                    elapsed = time.monotonic() - gone_at
+                    FAILOVER_SECONDS.observe(elapsed)
+                    if changed:
+                        log.info(
+                            "failover: %d partition states committed %.3fs after a node left",
+                            changed,
+                            elapsed,
+                        )
+            except _Fenced:
+                election = self._election
+                if election is not None:
+                    async with self._locked():
+                        if self._leadership is lead:
+                            await self._restart_election(election, "fenced while reconciling")
+                return
+            except MetadataUnavailableError as exc:
+                log.warning("reconciliation failed, retrying on the next change: %s", exc)
+                self._reconcile_wanted_now(gone_at)
+                await asyncio.sleep(0.2)  # etcd unreachable: do not spin
+            except Exception:
+                log.exception("reconciliation failed")
+
+    def _liveness(
+        self, exclude: Iterable[int] = ()
+    ) -> tuple[dict[int, md.NodeRegistration], set[int], set[int]]:
+        """(registered nodes, alive ids, eligible ids) from etcd (blocking)."""
+        assert self.store is not None
+        _, items = self.store.get_prefix(self.store.keys.nodes_prefix, md.NodeRegistration)
+        nodes = {v.value.node_id: v.value for v in items.values()}
+        alive = set(nodes)
+        stopping = {
+            n
+            for n, inc in self._shutting_down.items()
+            if n in nodes and nodes[n].incarnation_id == inc
+        }
+        eligible = {
+            n
+            for n, reg in nodes.items()
+            if reg.state == md.NODE_STATE_RUNNING and n not in stopping
+        } - set(exclude)
+        return nodes, alive, eligible
+
+    def _partitions_sync(
+        self, wanted: set[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], tuple[str, Versioned, md.TopicMetadata]]:
+        """Live partitions from etcd: (topic, p) -> (key, versioned state, topic) (blocking)."""
+        assert self.store is not None
+        store, keys = self.store, self.store.keys
+        _, topics = store.get_prefix(keys.topics_prefix, md.TopicMetadata)
+        by_name = {v.value.name: v.value for v in topics.values()}
+        _, parts = store.get_prefix(keys.partitions_prefix, md.PartitionState)
+        out: dict[tuple[str, int], tuple[str, Versioned, md.TopicMetadata]] = {}
+        for key, v in parts.items():
+            tp = keys.parse_partition(key)
+            if tp is None or (wanted is not None and tp not in wanted):
+                continue
+            topic = by_name.get(tp[0])
+            if (
+                topic is None
+                or topic.deleting
+                or tp[1] >= topic.partition_count
+                or (v.value.topic_id and v.value.topic_id != topic.topic_id)
+            ):
+                continue
+            out[tp] = (key, v, topic)
+        return out
+
+    @staticmethod
+    def _unclean(topic: md.TopicMetadata) -> bool:
+        return _effective(dict(topic.configs), "unclean.leader.election.enable").lower() == "true"
+
+    def _commit_decisions(
+        self, lead: _Leadership, decisions: list[tuple[str, int, leadership.Decision]]
+    ) -> tuple[int, bool]:
+        """Write decisions in batches with CAS (blocking): (states written, any conflict)."""
+        batch = max(1, min(RECONCILE_BATCH, self.max_txn_ops - 1))
+        written, conflict = 0, False
+        for i in range(0, len(decisions), batch):
+            chunk = decisions[i : i + batch]
+            if self._txn(
+                lead,
+                [(key, rev) for key, rev, _ in chunk],
+                puts=[(key, d.state) for key, _, d in chunk],
+            ):
+                written += len(chunk)
+                for key, _, d in chunk:
+                    if d.election is not None:
+                        LEADER_ELECTIONS.labels(d.election).inc()
+                    log.info(
+                        "partition %s: leader %d (epoch %d), isr %s, replicas %s (%s)",
+                        key.rsplit("/", 2)[-2] + "-" + key.rsplit("/", 1)[-1],
+                        d.state.leader,
+                        d.state.leader_epoch,
+                        list(d.state.isr),
+                        list(d.state.replicas),
+                        d.election or "isr change",
+                    )
+            else:
+                conflict = True
+        return written, conflict
+
+    def _reconcile_sync(self, lead: _Leadership, exclude: Iterable[int] = ()) -> int:
+        """Bring every partition in line with node liveness (blocking); states written."""
+        total = 0
+        for _ in range(20):
+            _, alive, eligible = self._liveness(exclude)
+            decisions = []
+            for key, v, topic in self._partitions_sync().values():
+                d = leadership.reconcile(
+                    v.value,
+                    alive,
+                    eligible,
+                    unclean=self._unclean(topic),
+                    auto_preferred=self.auto_leader_rebalance,
+                )
+                if d is not None:
+                    decisions.append((key, v.mod_revision, d))
+            written, conflict = self._commit_decisions(lead, decisions)
+            total += written
+            if not conflict:
+                return total
+        raise RequestTimedOutError("partition states kept changing during reconciliation")
+
+    async def _after_write(self, committed: dict[tuple[str, int], int]) -> None:
+        if not committed:
+            return
+        assert self.view is not None
+        view = self.view
+        await self._await_view(
+            lambda: all(
+                (v := view.partitions.get(tp)) is not None and v.value.partition_epoch >= e
+                for tp, e in committed.items()
+            ),
+            "committed partition states",
         )
 
-    async def ElectLeaders(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unimplemented(context, "ElectLeaders")
+    async def ElectLeaders(
+        self, request: controller_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ElectLeadersResponse:
+        response = controller_pb2.ElectLeadersResponse()
+        unclean = request.election_type == controller_pb2.ELECTION_TYPE_UNCLEAN
+
+        async def body(lead: _Leadership) -> None:
+            committed = await asyncio.to_thread(self._elect_sync, lead, request, unclean, response)
+            await self._after_write(committed)
+
+        return await self._handle("ElectLeaders", response, body, write=True)
+
+    def _elect_sync(
+        self,
+        lead: _Leadership,
+        request: controller_pb2.ElectLeadersRequest,
+        unclean: bool,
+        response: controller_pb2.ElectLeadersResponse,
+    ) -> dict[tuple[str, int], int]:
+        committed: dict[tuple[str, int], int] = {}
+        wanted = [(tp.topic, tp.partition) for tp in request.partitions]
+        for _ in range(20):
+            del response.partitions[:]
+            _, alive, eligible = self._liveness()
+            parts = self._partitions_sync()
+            decisions = []
+            for tp in wanted or sorted(parts):
+                result = response.partitions.add(
+                    topic=tp[0], partition=tp[1], leader=-1, leader_epoch=-1
+                )
+                found = parts.get(tp)
+                if found is None:
+                    result.error_code = E.UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_message = f"partition {tp[0]}-{tp[1]} does not exist"
+                    continue
+                key, v, _ = found
+                if unclean:
+                    d, code = leadership.unclean_election(v.value, alive, eligible)
+                else:
+                    d, code = leadership.preferred(v.value, eligible)
+                state = d.state if d is not None else v.value
+                result.leader, result.leader_epoch = state.leader, state.leader_epoch
+                if code != E.NONE:
+                    result.error_code = code
+                    result.error_message = error_name(code)
+                if d is not None:
+                    decisions.append((key, v.mod_revision, d))
+                    committed[tp] = d.state.partition_epoch
+            _, conflict = self._commit_decisions(lead, decisions)
+            if not conflict:
+                return committed
+            committed.clear()
+        raise RequestTimedOutError("partition states kept changing; retry")
+
+    async def ControlledShutdown(
+        self, request: controller_pb2.ControlledShutdownRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ControlledShutdownResponse:
+        response = controller_pb2.ControlledShutdownResponse()
+
+        async def body(lead: _Leadership) -> None:
+            nodes = await self._nodes()
+            node = nodes.get(request.node_id)
+            if node is None:
+                response.error_code = E.BROKER_NOT_AVAILABLE
+                response.error_message = f"node {request.node_id} is not registered"
+                return
+            if node.incarnation_id != request.incarnation_id:
+                response.error_code = E.STALE_NODE_INCARNATION
+                response.error_message = (
+                    f"incarnation {request.incarnation_id!r} of node {request.node_id} "
+                    "is not the registered one"
+                )
+                return
+            self._shutting_down[request.node_id] = request.incarnation_id
+            await asyncio.to_thread(self._reconcile_sync, lead)
+            parts = await asyncio.to_thread(self._partitions_sync)
+            for (topic, p), (_, v, _) in sorted(parts.items()):
+                if v.value.leader == request.node_id:
+                    response.remaining_partitions.add(topic=topic, partition=p)
+            if self.view is not None:
+                view = self.view
+                epochs = {tp: v.value.partition_epoch for tp, (_, v, _) in parts.items()}
+                await self._await_view(
+                    lambda: all(
+                        (x := view.partitions.get(tp)) is not None and x.value.partition_epoch >= e
+                        for tp, e in epochs.items()
+                    ),
+                    "controlled shutdown states",
+                )
+
+        return await self._handle("ControlledShutdown", response, body, write=True)
 
     async def AlterPartitionReassignments(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
-        return await self._unimplemented(context, "AlterPartitionReassignments")
+        self,
+        request: controller_pb2.AlterPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> controller_pb2.AlterPartitionReassignmentsResponse:
+        response = controller_pb2.AlterPartitionReassignmentsResponse()
+
+        async def body(lead: _Leadership) -> None:
+            committed = await asyncio.to_thread(self._reassign_sync, lead, request, response)
+            await self._after_write(committed)
+
+        return await self._handle("AlterPartitionReassignments", response, body, write=True)
+
+    def _reassign_sync(
+        self,
+        lead: _Leadership,
+        request: controller_pb2.AlterPartitionReassignmentsRequest,
+        response: controller_pb2.AlterPartitionReassignmentsResponse,
+    ) -> dict[tuple[str, int], int]:
+        counts = _Counter((r.topic, r.partition) for r in request.partitions)
+        committed: dict[tuple[str, int], int] = {}
+        for _ in range(20):
+            del response.partitions[:]
+            nodes, _, eligible = self._liveness()
+            parts = self._partitions_sync()
+            decisions = []
+            for item in request.partitions:
+                tp = (item.topic, item.partition)
+                result = response.partitions.add(topic=item.topic, partition=item.partition)
+                found = parts.get(tp)
+                if found is None:
+                    result.error_code = E.UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_message = f"partition {tp[0]}-{tp[1]} does not exist"
+                    continue
+                if counts[tp] > 1:
+                    result.error_code = E.INVALID_REQUEST
+                    result.error_message = f"partition {tp[0]}-{tp[1]} is named more than once"
+                    continue
+                key, v, _ = found
+                if item.cancel:
+                    d, code = leadership.cancel_reassignment(v.value, eligible)
+                    if code != E.NONE:
+                        result.error_code = code
+                        result.error_message = f"no reassignment of {tp[0]}-{tp[1]} is in progress"
+                else:
+                    target = list(item.replicas)
+                    problem = None
+                    if not target:
+                        problem = "the target replica set is empty (replication factor >= 1)"
+                    elif len(set(target)) != len(target):
+                        problem = f"target replicas {target} contain duplicates"
+                    elif missing := sorted(set(target) - set(nodes)):
+                        problem = f"target replicas {missing} are not registered nodes"
+                    if problem is not None:
+                        result.error_code = E.INVALID_REPLICA_ASSIGNMENT
+                        result.error_message = problem
+                        continue
+                    d = leadership.start_reassignment(v.value, target, eligible)
+                if d is not None:
+                    decisions.append((key, v.mod_revision, d))
+                    committed[tp] = d.state.partition_epoch
+            _, conflict = self._commit_decisions(lead, decisions)
+            if not conflict:
+                return committed
+            committed.clear()
+        raise RequestTimedOutError("partition states kept changing; retry")
 
     async def ListPartitionReassignments(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
-        return await self._unimplemented(context, "ListPartitionReassignments")
+        self,
+        request: controller_pb2.ListPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> controller_pb2.ListPartitionReassignmentsResponse:
+        response = controller_pb2.ListPartitionReassignmentsResponse()
 
-    async def ControlledShutdown(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._unimplemented(context, "ControlledShutdown")
+        async def body(lead: _Leadership) -> None:
+            assert self.view is not None
+            view = self.view
+            wanted = {(tp.topic, tp.partition) for tp in request.partitions}
+            with view.lock:
+                for (name, p), v in sorted(view.partitions.items()):
+                    topic = view.topics.get(name)
+                    if topic is None or topic.value.deleting or p >= topic.value.partition_count:
+                        continue
+                    if wanted and (name, p) not in wanted:
+                        continue
+                    st = v.value
+                    if st.adding_replicas or st.removing_replicas:
+                        response.reassignments.add(
+                            topic=name,
+                            partition=p,
+                            replicas=st.replicas,
+                            adding_replicas=st.adding_replicas,
+                            removing_replicas=st.removing_replicas,
+                        )
+
+        return await self._handle("ListPartitionReassignments", response, body, write=False)
 
     # -- housekeeping when becoming active ---------------------------------------------------
 

@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how often recovery points are flushed and checkpointed (60000)",
     )
     parser.add_argument(
+        "--replica-lag-time-max-ms",
+        type=int,
+        default=10_000,
+        help="replica.lag.time.max.ms: a follower not caught up for this long leaves the ISR "
+        "(10000)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         type=str.lower,
@@ -115,6 +122,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         raise ValueError("--session-timeout-s must be >= 1 (etcd raises it to its minimum)")
     if args.log_cleanup_interval_ms <= 0 or args.checkpoint_interval_ms <= 0:
         raise ValueError("--log-cleanup-interval-ms and --checkpoint-interval-ms must be > 0")
+    if args.replica_lag_time_max_ms <= 0:
+        raise ValueError("--replica-lag-time-max-ms must be > 0")
     data_dir = Path(args.data_dir)
     if data_dir.exists() and not data_dir.is_dir():
         raise ValueError(f"--data-dir {data_dir} exists and is not a directory")
@@ -131,6 +140,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         session_timeout_s=args.session_timeout_s,
         log_cleanup_interval_ms=args.log_cleanup_interval_ms,
         checkpoint_interval_ms=args.checkpoint_interval_ms,
+        replica_lag_time_max_ms=args.replica_lag_time_max_ms,
     )
 
 

@@ -68,8 +68,24 @@ HIGH_WATERMARK = Gauge(
 LOG_SIZE = Gauge(
     "strom_storage_log_size_bytes", "Bytes on disk per partition log", ["topic", "partition"]
 )
+REPLICA_LAG = Gauge(
+    "strom_storage_replica_lag_messages",
+    "Replication lag in offsets: on a leader the largest follower lag behind its LEO, on a "
+    "follower how far its LEO is behind the leader's high watermark",
+    ["topic", "partition"],
+)
+UNDER_REPLICATED = Gauge(
+    "strom_storage_under_replicated_partitions",
+    "Partitions this node leads whose ISR is smaller than their replica list",
+)
+ISR_SHRINKS = Counter(
+    "strom_storage_isr_shrinks", "Committed ISR changes that removed a follower (as leader)"
+)
+ISR_EXPANDS = Counter(
+    "strom_storage_isr_expands", "Committed ISR changes that added a follower (as leader)"
+)
 
-_PARTITION_GAUGES = (LOG_END_OFFSET, LOG_START_OFFSET, HIGH_WATERMARK, LOG_SIZE)
+_PARTITION_GAUGES = (LOG_END_OFFSET, LOG_START_OFFSET, HIGH_WATERMARK, LOG_SIZE, REPLICA_LAG)
 
 
 class PartitionMetrics:
@@ -84,6 +100,7 @@ class PartitionMetrics:
         "log_size",
         "log_start_offset",
         "records_in",
+        "replica_lag",
     )
 
     def __init__(self, topic: str, partition: int) -> None:
@@ -92,6 +109,7 @@ class PartitionMetrics:
         self.log_start_offset = LOG_START_OFFSET.labels(*self.labels)
         self.high_watermark = HIGH_WATERMARK.labels(*self.labels)
         self.log_size = LOG_SIZE.labels(*self.labels)
+        self.replica_lag = REPLICA_LAG.labels(*self.labels)
         self.bytes_in = BYTES_IN.labels(topic)
         self.bytes_out = BYTES_OUT.labels(topic)
         self.records_in = RECORDS_IN.labels(topic)

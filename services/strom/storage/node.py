@@ -9,10 +9,15 @@ Start-up order matters and is:
 3. open the data dir (recovery after a crash) in a worker thread;
 4. reconcile once (create/delete/update replicas), then publish RUNNING.
 
-Shutdown (SIGTERM) is the reverse: publish SHUTTING_DOWN, wake parked fetches, stop the gRPC
-server (no new RPCs, in-flight ones finish), stop background work, close the logs (writes the
-clean-shutdown marker so the next start skips recovery) and revoke the lease last, so the
-node is visibly alive until its data is safe.
+Replication (:mod:`strom.storage.replication`) runs as one fetcher task per leader node this
+node follows (refreshed after every reconcile) and an ISR task proposing AlterPartition.
+
+Shutdown (SIGTERM) first asks the controller to move this node's leaderships away
+(ControlledShutdown, bounded wait; skipped if no controller answers or it does not implement
+it), then is the reverse of start-up: publish SHUTTING_DOWN, wake parked fetches, stop the gRPC
+server (no new RPCs, in-flight ones finish), stop background work and replica fetchers, close
+the logs (writes the clean-shutdown marker so the next start skips recovery) and revoke the
+lease last, so the node is visibly alive until its data is safe.
 """
 
 from __future__ import annotations
@@ -29,14 +34,15 @@ from pathlib import Path
 
 import grpc
 
+from strom.api import controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
-from strom.api import storage_pb2
 from strom.log import compact
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
 from strom.storage.registration import NodeIdInUseError, NodeRegistration
+from strom.storage.replication import ControllerClient, IsrManager, ReplicaFetchers
 from strom.storage.servicer import StorageServicer, add_to_server
 
 log = logging.getLogger("strom.storage")
@@ -88,6 +94,8 @@ class NodeConfig:
     checkpoint_interval_ms: int = 60_000
     shutdown_grace_s: float = 5.0
     fsync: bool = True
+    replica_lag_time_max_ms: int = 10_000
+    controlled_shutdown_timeout_s: float = 5.0
 
 
 class StorageNode:
@@ -111,6 +119,17 @@ class StorageNode:
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
         self.servicer = StorageServicer(config.node_id, self.manager, self.view)
+        self.controller = ControllerClient(self.view)
+        incarnation = lambda: self.registration.incarnation_id or ""  # noqa: E731
+        self.fetchers = ReplicaFetchers(config.node_id, self.manager, self.view, incarnation)
+        self.isr = IsrManager(
+            config.node_id,
+            self.manager,
+            self.controller,
+            incarnation,
+            config.replica_lag_time_max_ms,
+        )
+        self.servicer.on_out_of_sync_fetch = self.isr.kick
         self._server: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
@@ -162,7 +181,9 @@ class StorageNode:
                 self._every(cfg.checkpoint_interval_ms, self._checkpoint), name="checkpoint"
             ),
             loop.create_task(self._flush_ms_loop(), name="flush-ms"),
+            loop.create_task(self.isr.run(self._stopping), name="isr"),
         ]
+        self.fetchers.refresh()
         log.info(
             "node %d running: %d partitions, advertised as %s:%d, incarnation %s",
             cfg.node_id,
@@ -182,8 +203,55 @@ class StorageNode:
             await asyncio.to_thread(self.registration.close)
         self.store.close()
 
+    async def _controlled_shutdown(self) -> None:
+        """Ask the controller to move this node's leaderships away, then wait (bounded)
+        until it leads nothing. Unreachable or UNIMPLEMENTED controller: go on stopping."""
+        if self.manager.role_counts()[0] == 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.controlled_shutdown_timeout_s
+        req = controller_pb2.ControlledShutdownRequest(
+            node_id=self.config.node_id, incarnation_id=self.registration.incarnation_id or ""
+        )
+        while loop.time() < deadline:
+            try:
+                resp = await self.controller.call(
+                    "ControlledShutdown", req, timeout=max(deadline - loop.time(), 0.1)
+                )
+            except grpc.aio.AioRpcError:
+                log.info("controller does not implement ControlledShutdown; stopping anyway")
+                return
+            if resp is None:
+                log.info("no controller answered ControlledShutdown; stopping anyway")
+                return
+            if resp.error_code != 0:
+                log.info("ControlledShutdown refused: %s", resp.error_message)
+                return
+            # Partitions no other in-sync replica can take are not waited for.
+            stuck = {(tp.topic, tp.partition) for tp in resp.remaining_partitions}
+
+            def moved(stuck: set[tuple[str, int]] = stuck) -> bool:
+                return all(p.tp in stuck for p in self.manager.partitions.values() if p.is_leader)
+
+            # Wait (a little, then ask again) for the reconcile to show the moved leaderships.
+            again = min(deadline, loop.time() + 1.0)
+            while loop.time() < again and not moved():
+                await asyncio.sleep(0.05)
+            if moved():
+                log.info(
+                    "controlled shutdown: this node leads no partition any more%s",
+                    f" except {len(stuck)} without another in-sync replica" if stuck else "",
+                )
+                return
+        log.info("controlled shutdown did not move every leadership in time; stopping anyway")
+
     async def stop(self) -> None:
         cfg = self.config
+        if self._registered and self.manager.logs is not None:
+            try:
+                await self._controlled_shutdown()
+            except Exception:
+                log.exception("controlled shutdown failed; stopping anyway")
         self.servicer.shutting_down = True
         self._stopping.set()
         self.manager.release_waiters()
@@ -198,6 +266,8 @@ class StorageNode:
             self._reregister.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=cfg.shutdown_grace_s)
+        await self.fetchers.stop()
+        await self.controller.close()
         await asyncio.to_thread(self.servicer.writer.close)
         await self.manager.stop()
         self.view.stop()
@@ -329,3 +399,5 @@ class StorageNode:
     def _after_reconcile(self) -> None:
         leaders, followers = self.manager.role_counts()
         metrics.set_partition_counts(leaders, followers)
+        if self._tasks:  # running: (re)start replica fetchers for the new roles
+            self.fetchers.refresh()

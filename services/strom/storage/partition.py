@@ -1,11 +1,13 @@
 """The in-memory state of one hosted partition replica: its log, leadership and watermarks.
 
-The replication issue adds follower fetchers, ISR changes and AlterPartition; this class is
-shaped for that already. The high watermark is the minimum log end offset over the ISR
-(DESIGN §6): the leader's own LEO plus what followers reported in their fetches
-(``replica_end_offsets``). With the ISR being just this node it simply follows the LEO.
-``acks=-1`` producers wait in :meth:`wait_for_high_watermark`, which resolves as the high
-watermark passes their records (immediately with replication factor 1).
+The high watermark is the minimum log end offset over the ISR (DESIGN §6): the leader's own
+LEO plus what followers reported in their fetches (``replica_end_offsets``); with the ISR
+being just this node it simply follows the LEO. ``acks=-1`` producers wait in
+:meth:`wait_for_high_watermark`, which resolves as the high watermark passes their records.
+Followers adopt the leader's HW bounded by their own LEO (:meth:`set_follower_high_watermark`).
+The leader tracks when each follower was last caught up and :func:`decide_isr` says when the
+ISR should shrink or grow; :mod:`strom.storage.replication` proposes that to the controller and
+the new ISR arrives back through :meth:`apply_state` only once committed.
 
 Only the event loop thread touches this object (the manager installs and updates it there),
 so it has no locks; the log has its own for the worker threads that flush or clean it.
@@ -14,12 +16,14 @@ so it has no locks; the log has its own for the worker threads that flush or cle
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from strom.api import metadata_pb2 as md
 from strom.errors import ErrorCode
 from strom.log import Log
+from strom.storage import metrics
 
 TopicPartition = tuple[str, int]
 
@@ -59,6 +63,17 @@ class Partition:
         # Follower node id -> its log end offset as of its last fetch (replication issue).
         self.replica_end_offsets: dict[int, int] = {}
         self.high_watermark = log.log_start_offset
+        # Leader side ISR bookkeeping (DESIGN §6): per follower, when it was last caught up
+        # with our LEO, and our LEO/time at its previous fetch (Kafka's lastCaughtUpTime).
+        self.caught_up_at: dict[int, float] = {}
+        self._last_fetch: dict[int, tuple[int, float]] = {}
+        #: Our LEO when this leadership started: a follower must reach it to join the ISR.
+        self.leader_epoch_start_offset = log.log_end_offset
+        #: An ISR proposal in flight (never applied before the controller commits it).
+        self.pending_isr: tuple[int, ...] | None = None
+        #: Follower side: do not fetch before this monotonic time (leader errors back off).
+        self.fetch_retry_at = 0.0
+        self.clock: Callable[[], float] = time.monotonic
         # Held while a worker thread fsyncs / cleans the log, so that deleting the replica
         # waits for that work instead of pulling the files from under it.
         self.flush_lock = asyncio.Lock()
@@ -76,8 +91,24 @@ class Partition:
         return self.leader == self.node_id
 
     def apply_state(self, state: md.PartitionState) -> bool:
-        """Adopt a PartitionState from etcd; True if leadership (leader or epoch) changed."""
+        """Adopt a PartitionState from etcd; True if leadership (leader or epoch) changed.
+
+        States older than the one held (lower leader epoch, or same leader epoch with a lower
+        partition epoch, e.g. a lagging view after an AlterPartition answer) are ignored."""
+        if self.leader_epoch >= 0 and (
+            state.leader_epoch < self.leader_epoch
+            or (
+                state.leader_epoch == self.leader_epoch
+                and state.partition_epoch < self.partition_epoch
+            )
+        ):
+            return False
         changed = state.leader != self.leader or state.leader_epoch != self.leader_epoch
+        if not changed and self.is_leader and tuple(state.isr) != self.isr:
+            if set(state.isr) - set(self.isr):
+                metrics.ISR_EXPANDS.inc()
+            if set(self.isr) - set(state.isr):
+                metrics.ISR_SHRINKS.inc()
         self.leader = state.leader
         self.leader_epoch = state.leader_epoch
         self.partition_epoch = state.partition_epoch
@@ -87,7 +118,16 @@ class Partition:
             # A new leadership starts without follower positions: followers report theirs
             # with their next fetch (Kafka resets them on becoming leader as well).
             self.replica_end_offsets.clear()
-            if not self.is_leader:
+            self._last_fetch.clear()
+            self.pending_isr = None
+            self.fetch_retry_at = 0.0
+            if self.is_leader:
+                # Followers get a full lag period to show up before they can be dropped.
+                now = self.clock()
+                self.caught_up_at = {r: now for r in self.replicas if r != self.node_id}
+                self.leader_epoch_start_offset = self.log.log_end_offset
+            else:
+                self.caught_up_at.clear()
                 self._fail_hw_waiters()
         self.maybe_advance_high_watermark()
         return changed
@@ -149,9 +189,51 @@ class Partition:
         return new > old
 
     def record_follower_end_offset(self, replica: int, end_offset: int) -> bool:
-        """A follower fetched from ``end_offset``: it has everything below. True if HW moved."""
+        """A follower fetched from ``end_offset``: it has everything below. True if HW moved.
+
+        Also tracks when the follower was last caught up (Kafka's rule): caught up now if it
+        reached our LEO, else as of its previous fetch if it reached the LEO we had then."""
+        now = self.clock()
+        leo = self.log.log_end_offset
+        if end_offset >= leo:
+            self.caught_up_at[replica] = now
+        else:
+            prev = self._last_fetch.get(replica)
+            if prev is not None and end_offset >= prev[0]:
+                self.caught_up_at[replica] = max(self.caught_up_at.get(replica, 0.0), prev[1])
+        self._last_fetch[replica] = (leo, now)
         self.replica_end_offsets[replica] = end_offset
         return self.maybe_advance_high_watermark()
+
+    def set_follower_high_watermark(self, leader_hw: int) -> bool:
+        """Follower: adopt the leader's HW, bounded by our own LEO. True if it moved."""
+        new = max(
+            follower_high_watermark(leader_hw, self.log.log_end_offset), self.log.log_start_offset
+        )
+        old = self.high_watermark
+        if new == old:
+            return False
+        self.high_watermark = new
+        if self._on_high_watermark is not None:
+            self._on_high_watermark(self, old, new)
+        return True
+
+    def isr_change(self, lag_time_max_s: float) -> tuple[int, ...] | None:
+        """Leader: the ISR to propose now (shrink laggards, add caught-up), or None."""
+        if not self.is_leader or self.pending_isr is not None:
+            return None
+        return decide_isr(
+            self.node_id,
+            self.replicas,
+            self.isr,
+            self.replica_end_offsets,
+            self.caught_up_at,
+            leo=self.log.log_end_offset,
+            hw=self.high_watermark,
+            epoch_start=self.leader_epoch_start_offset,
+            now=self.clock(),
+            lag_time_max_s=lag_time_max_s,
+        )
 
     async def wait_for_high_watermark(self, offset: int, timeout: float) -> bool:
         """Wait until the HW is above ``offset`` (acks=-1). False on timeout or lost
@@ -201,3 +283,42 @@ class Partition:
         """The replica is being deleted: release every waiter."""
         self.deleted = True
         self.release_waiters()
+
+
+def follower_high_watermark(leader_hw: int, log_end_offset: int) -> int:
+    """A follower's HW: the leader's, but never above what the follower holds."""
+    return min(leader_hw, log_end_offset)
+
+
+def decide_isr(
+    leader: int,
+    replicas: tuple[int, ...],
+    isr: tuple[int, ...],
+    end_offsets: dict[int, int],
+    caught_up_at: dict[int, float],
+    *,
+    leo: int,
+    hw: int,
+    epoch_start: int,
+    now: float,
+    lag_time_max_s: float,
+) -> tuple[int, ...] | None:
+    """The new ISR (replica order) if it should change, else None (DESIGN §6).
+
+    A follower in the ISR that has not been caught up with the leader's LEO for
+    ``lag_time_max_s`` leaves; one outside whose LEO reached both the HW and the leader's
+    LEO at the start of its epoch joins. The leader always stays."""
+    members = set(isr) | {leader}
+    for r in isr:
+        if r == leader:
+            continue
+        if now - caught_up_at.get(r, now) > lag_time_max_s and end_offsets.get(r, -1) < leo:
+            members.discard(r)
+    for r in replicas:
+        if r in members or r in isr or r not in end_offsets:
+            continue
+        end = end_offsets[r]
+        if end >= hw and end >= epoch_start:
+            members.add(r)
+    new = tuple(r for r in replicas if r in members)
+    return None if set(new) == set(isr) else new

@@ -119,6 +119,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self.view = view
         self.writer = AppendWriter()
         self.shutting_down = False
+        #: Called when a follower outside the ISR fetches (the ISR manager checks soon).
+        self.on_out_of_sync_fetch: Callable[[], None] | None = None
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -226,6 +228,19 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         if acks not in (0, 1, -1):
             raise _Refusal(E.INVALID_REQUEST, f"acks must be 0, 1 or -1, not {acks}")
         part = self._leader(topic, pd.partition, pd.current_leader_epoch, hints)
+        # The watch may already know what the reconcile has not applied yet: a leader whose
+        # partition state in etcd moved on (a paused old leader waking up) takes no writes.
+        current = self.view.partition(topic, pd.partition)
+        if current is not None and (
+            current.value.leader != self.node_id or current.value.leader_epoch != part.leader_epoch
+        ):
+            s = current.value
+            raise _Refusal(
+                E.NOT_LEADER_OR_FOLLOWER,
+                f"node {self.node_id} no longer leads {topic}-{pd.partition} "
+                f"(leader {s.leader}, epoch {s.leader_epoch})",
+                self._hint(s.leader, s.leader_epoch, hints),
+            )
         min_isr = part.log.config.min_insync_replicas
         if acks == -1 and len(part.isr) < min_isr:
             raise _Refusal(
@@ -486,6 +501,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 return False
         if part.record_follower_end_offset(replica_id, fp.fetch_offset):
             self.manager.committed.notify(part.tp, 1 << 30)
+        if replica_id not in part.isr and self.on_out_of_sync_fetch is not None:
+            self.on_out_of_sync_fetch()
         return True
 
     # -- ListOffsets -----------------------------------------------------------------------

@@ -1,0 +1,257 @@
+"""Leader and ISR decisions for one partition, as pure functions (DESIGN §6).
+
+No gRPC, no etcd: every function takes a committed :class:`PartitionState` and what the
+controller knows about the nodes, and returns the state to commit (a new message, epochs
+bumped) or None when nothing changes. The controller writes the result with CAS.
+
+Terms: ``alive`` = registered nodes (any state); ``eligible`` = registered and RUNNING (a
+SHUTTING_DOWN or STARTING node may stay in an ISR but may not be elected). Invariants kept by
+every function: leader ∈ ISR ⊆ replicas, or leader = -1; partition_epoch grows on every
+change, leader_epoch on every leader change; an unclean election only when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from strom.api import metadata_pb2 as md
+from strom.errors import ErrorCode
+
+E = ErrorCode
+RECOVERING = md.LEADER_RECOVERY_STATE_RECOVERING
+RECOVERED = md.LEADER_RECOVERY_STATE_RECOVERED
+
+#: Reasons, as in the strom_controller_leader_elections_total metric.
+FAILURE = "failure"
+PREFERRED = "preferred"
+CONTROLLED_SHUTDOWN = "controlled_shutdown"
+UNCLEAN = "unclean"
+REASSIGNMENT = "reassignment"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A state to commit, and why the leader changed (None = it did not)."""
+
+    state: md.PartitionState
+    election: str | None = None
+
+
+def _copy(st: md.PartitionState) -> md.PartitionState:
+    new = md.PartitionState()
+    new.CopyFrom(st)
+    return new
+
+
+def _set(field: object, values: Sequence[int]) -> None:
+    del field[:]  # type: ignore[index]
+    field.extend(values)  # type: ignore[attr-defined]
+
+
+def _ordered(st: md.PartitionState, members: Collection[int]) -> list[int]:
+    return [r for r in st.replicas if r in members]
+
+
+def _finish(old: md.PartitionState, new: md.PartitionState, reason: str) -> Decision | None:
+    """Bump the epochs of ``new`` against ``old``; None when nothing changed."""
+    if new == old:
+        return None
+    changed_leader = new.leader != old.leader
+    if changed_leader:
+        new.leader_epoch = old.leader_epoch + 1
+    new.partition_epoch = old.partition_epoch + 1
+    return Decision(new, reason if changed_leader else None)
+
+
+def targets(st: md.PartitionState) -> list[int]:
+    """The replica set the partition ends with (replicas minus removing_replicas)."""
+    removing = set(st.removing_replicas)
+    return [r for r in st.replicas if r not in removing]
+
+
+def reconcile(
+    st: md.PartitionState,
+    alive: Collection[int],
+    eligible: Collection[int],
+    *,
+    unclean: bool = False,
+    auto_preferred: bool = False,
+) -> Decision | None:
+    """React to node liveness: dead nodes leave the ISR, a dead or stopping leader is replaced.
+
+    A leader that is SHUTTING_DOWN (alive, not eligible) hands over to the next eligible ISR
+    member; if there is none it keeps leading (it still serves). A dead leader with no eligible
+    ISR member leaves the partition offline (leader -1, the ISR keeps its last member) unless
+    ``unclean``: then the first eligible replica leads alone, RECOVERING. Followers that are
+    dead or stopping leave the ISR. Then a finished reassignment completes and, with
+    ``auto_preferred``, the preferred replica takes over when it is eligible and in sync.
+    """
+    new = _copy(st)
+    old_leader = st.leader
+    reason = FAILURE
+    isr = [r for r in st.isr if r in alive]
+    leader = old_leader if old_leader in isr else -1
+    if leader >= 0 and leader not in eligible:
+        # Stopping leader: hand over to an eligible in-sync member if one exists.
+        other = next((r for r in _ordered(st, isr) if r in eligible and r != leader), -1)
+        if other >= 0:
+            leader, reason = other, CONTROLLED_SHUTDOWN
+    if leader < 0:
+        leader = next((r for r in _ordered(st, isr) if r in eligible), -1)
+    if leader >= 0:
+        # Stopping followers leave the ISR (the leader stays in it whatever its state).
+        isr = [r for r in isr if r == leader or r in eligible]
+        _set(new.isr, _ordered(st, isr))
+    elif unclean and (cand := next((r for r in st.replicas if r in eligible), -1)) >= 0:
+        leader, reason = cand, UNCLEAN
+        _set(new.isr, [cand])
+        new.leader_recovery_state = RECOVERING
+    else:
+        # Offline: keep the last in-sync member, so that a clean election can happen when it
+        # comes back (it has every committed record).
+        last = (
+            [r for r in isr if r in eligible]
+            or isr
+            or ([old_leader] if old_leader >= 0 and old_leader in st.isr else list(st.isr[-1:]))
+        )
+        _set(new.isr, _ordered(st, last[-1:]))
+    new.leader = leader
+    decision = _finish(st, new, reason)
+    current = decision.state if decision else st
+    follow = complete_reassignment(current, eligible)
+    if follow is None and auto_preferred:
+        follow = preferred(current, eligible)[0]
+    if follow is None:
+        return decision
+    return _merge(st, decision, follow)
+
+
+def _merge(st: md.PartitionState, first: Decision | None, second: Decision) -> Decision:
+    """Two decisions applied one after the other, committed as one change of ``st``."""
+    new = _copy(second.state)
+    new.partition_epoch = st.partition_epoch + 1
+    new.leader_epoch = st.leader_epoch + (1 if new.leader != st.leader else 0)
+    reason = second.election or (first.election if first else None)
+    if new.leader == st.leader:
+        reason = None
+    return Decision(new, reason)
+
+
+def preferred(st: md.PartitionState, eligible: Collection[int]) -> tuple[Decision | None, int]:
+    """Preferred-leader election: (decision, error code) — the first target replica leads."""
+    wanted = targets(st)
+    if not wanted:
+        return None, E.PREFERRED_LEADER_NOT_AVAILABLE
+    first = wanted[0]
+    if st.leader == first:
+        return None, E.ELECTION_NOT_NEEDED
+    if first not in eligible or first not in st.isr:
+        return None, E.PREFERRED_LEADER_NOT_AVAILABLE
+    new = _copy(st)
+    new.leader = first
+    return _finish(st, new, PREFERRED), E.NONE
+
+
+def unclean_election(
+    st: md.PartitionState, alive: Collection[int], eligible: Collection[int]
+) -> tuple[Decision | None, int]:
+    """Elect a leader for a partition without one, accepting data loss if no ISR member lives."""
+    if st.leader >= 0 and st.leader in eligible:
+        return None, E.ELECTION_NOT_NEEDED
+    decision = reconcile(st, alive, eligible, unclean=True)
+    if decision is None or decision.state.leader < 0:
+        return None, E.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    return decision, E.NONE
+
+
+def controlled_shutdown(
+    st: md.PartitionState, node: int, alive: Collection[int], eligible: Collection[int]
+) -> Decision | None:
+    """Node ``node`` is stopping: move its leadership away and take it out of the ISR."""
+    return reconcile(st, alive, set(eligible) - {node})
+
+
+def start_reassignment(
+    st: md.PartitionState, target: Sequence[int], eligible: Collection[int]
+) -> Decision | None:
+    """Begin moving to ``target`` (KIP-455): replicas = target + the removed originals."""
+    original = [r for r in st.replicas if r not in set(st.adding_replicas)]
+    new = _copy(st)
+    adding = [r for r in target if r not in original]
+    removing = [r for r in original if r not in target]
+    _set(new.replicas, [*target, *removing])
+    _set(new.adding_replicas, adding)
+    _set(new.removing_replicas, removing)
+    _set(new.isr, _ordered(new, set(st.isr)))
+    if st.leader >= 0 and st.leader not in new.replicas:
+        # The leader was being added by the move this one replaces: it stays (as a replica
+        # being removed) and keeps leading until the new targets are in sync.
+        removing.append(st.leader)
+        _set(new.replicas, [*target, *removing])
+        _set(new.removing_replicas, removing)
+        _set(new.isr, _ordered(new, set(st.isr)))
+    first = _finish(st, new, REASSIGNMENT)
+    current = first.state if first else st
+    done = complete_reassignment(current, eligible)
+    if done is None:
+        return first
+    return _merge(st, first, done)
+
+
+def cancel_reassignment(
+    st: md.PartitionState, eligible: Collection[int]
+) -> tuple[Decision | None, int]:
+    """Revert to the original replicas (those not being added)."""
+    if not st.adding_replicas and not st.removing_replicas:
+        return None, E.NO_REASSIGNMENT_IN_PROGRESS
+    adding = set(st.adding_replicas)
+    original = [r for r in st.replicas if r not in adding]
+    # Original order: the removed ones were moved to the end; keep relative order otherwise.
+    new = _copy(st)
+    _set(new.replicas, original)
+    new.ClearField("adding_replicas")
+    new.ClearField("removing_replicas")
+    isr = [r for r in st.isr if r in set(original)]
+    leader = st.leader if st.leader in isr else -1
+    if leader < 0:
+        leader = next((r for r in _ordered(new, isr) if r in eligible), -1)
+    if not isr:
+        isr = list(st.isr[-1:]) if st.isr and st.isr[-1] in set(original) else []
+    _set(new.isr, _ordered(new, set(isr)))
+    new.leader = leader
+    if leader >= 0 and leader not in new.isr:
+        new.isr.append(leader)
+        _set(new.isr, _ordered(new, set(new.isr)))
+    return _finish(st, new, REASSIGNMENT), E.NONE
+
+
+def complete_reassignment(st: md.PartitionState, eligible: Collection[int]) -> Decision | None:
+    """Finish a reassignment whose targets are all in the ISR: drop the removed replicas."""
+    if not st.adding_replicas and not st.removing_replicas:
+        return None
+    wanted = targets(st)
+    if not wanted or not set(wanted) <= set(st.isr):
+        return None
+    leader = st.leader
+    if leader not in wanted:
+        leader = next((r for r in wanted if r in eligible and r in st.isr), -1)
+        if leader < 0:
+            return None  # nobody to lead the new set yet: wait
+    new = _copy(st)
+    _set(new.replicas, wanted)
+    new.ClearField("adding_replicas")
+    new.ClearField("removing_replicas")
+    _set(new.isr, [r for r in wanted if r in set(st.isr)])
+    new.leader = leader
+    return _finish(st, new, REASSIGNMENT)
+
+
+def check_invariants(st: md.PartitionState) -> None:
+    """Raise AssertionError if ``st`` breaks leader ∈ ISR ⊆ replicas (for tests and debug)."""
+    replicas = list(st.replicas)
+    assert len(set(replicas)) == len(replicas), replicas
+    assert set(st.isr) <= set(replicas), (list(st.isr), replicas)
+    assert st.leader == -1 or st.leader in st.isr, (st.leader, list(st.isr))
+    assert set(st.adding_replicas) <= set(replicas)
+    assert set(st.removing_replicas) <= set(replicas)

@@ -1,0 +1,486 @@
+"""Replication on a storage node (DESIGN §6): replica fetchers, ISR changes, controller calls.
+
+Followers: :class:`ReplicaFetchers` runs ONE task per source (leader) node covering every
+partition this node follows from it, in one long-poll Fetch per round (replica_id = this node,
+fetch_offset = our LEO, last_fetched_epoch = the epoch of our last batch). Returned batches
+are appended with ``Log.append_as_follower``; the HW is the leader's bounded by our LEO; a
+diverging epoch truncates the log there (then checkpoints recovery points) before the next
+fetch; OFFSET_OUT_OF_RANGE below the leader's log start restarts the log there; epoch or
+leadership errors wait for new metadata (a short back-off: the reconcile resets it).
+
+Leaders: :class:`IsrManager` periodically (and right after follower fetches) asks each led
+partition whether its ISR should change (:func:`strom.storage.partition.decide_isr`) and
+proposes that to the active controller with AlterPartition. The new ISR is applied only from
+the committed state in the answer (or from the etcd watch), never before.
+
+Everything here runs on the event loop; log appends/truncations run in worker threads under
+the partition's ``flush_lock`` so that deleting a replica waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from strom.api import controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
+from strom.errors import ErrorCode
+from strom.log import LogManager
+from strom.metadata import ClusterView
+from strom.service.runtime import GRPC_OPTIONS
+from strom.storage import metrics
+from strom.storage.manager import PartitionManager
+from strom.storage.partition import Partition
+
+log = logging.getLogger("strom.storage.replication")
+
+E = ErrorCode
+pb = storage_pb2
+
+#: Long-poll parameters of follower fetches.
+FETCH_MAX_WAIT_MS = 500
+FETCH_MAX_BYTES = 8 * 1024 * 1024
+#: Back-off after a leader-side error for one partition (metadata is expected to change).
+PARTITION_BACKOFF_S = 0.2
+
+
+class ControllerClient:
+    """Calls the active controller (found from the view's controller key)."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, host: str, port: int) -> controller_pb2_grpc.ControllerServiceStub:
+        target = f"{host}:{port}"
+        ch = self._channels.get(target)
+        if ch is None:
+            ch = self._channels[target] = grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
+        return controller_pb2_grpc.ControllerServiceStub(ch)
+
+    async def call(self, method: str, request: Any, timeout: float = 5.0) -> Any | None:
+        """Send to the active controller, following NOT_CONTROLLER once; None if none
+        answers. gRPC UNIMPLEMENTED propagates (callers decide)."""
+        info = self.view.controller_info()
+        if info is None:
+            return None
+        host, port = info.host, info.port
+        for _ in range(3):
+            stub = self._stub(host, port)
+            try:
+                resp = await getattr(stub, method)(request, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.debug("%s to controller %s:%d failed: %s", method, host, port, exc.code())
+                return None
+            if resp.error_code == E.NOT_CONTROLLER and resp.controller.node_id >= 0:
+                if (resp.controller.host, resp.controller.port) == (host, port):
+                    return resp
+                host, port = resp.controller.host, resp.controller.port
+                continue
+            return resp
+        return None
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+
+class ReplicaFetchers:
+    """One fetcher task per leader node this node follows partitions from."""
+
+    def __init__(
+        self,
+        node_id: int,
+        manager: PartitionManager,
+        view: ClusterView,
+        incarnation: Callable[[], str],
+    ) -> None:
+        self.node_id = node_id
+        self.manager = manager
+        self.view = view
+        self.incarnation = incarnation
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._wake: dict[int, asyncio.Event] = {}
+        self._stopped = False
+
+    def followed(self) -> dict[int, list[Partition]]:
+        """Leader node id -> the partitions this node follows from it."""
+        out: dict[int, list[Partition]] = {}
+        for part in self.manager.partitions.values():
+            if part.deleted or part.is_leader or part.leader < 0:
+                continue
+            if self.node_id not in part.replicas:
+                continue
+            out.setdefault(part.leader, []).append(part)
+        return out
+
+    def refresh(self) -> None:
+        """After a reconcile: start fetchers for new leaders, stop unused ones, wake all."""
+        if self._stopped:
+            return
+        wanted = set(self.followed())
+        for leader in list(self.tasks):
+            if leader not in wanted:
+                self.tasks.pop(leader).cancel()
+                self._wake.pop(leader, None)
+        for leader in wanted:
+            task = self.tasks.get(leader)
+            if task is None or task.done():
+                self._wake[leader] = asyncio.Event()
+                self.tasks[leader] = asyncio.get_running_loop().create_task(
+                    self._run(leader), name=f"replica-fetcher-{leader}"
+                )
+            else:
+                self._wake[leader].set()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        tasks = list(self.tasks.values())
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        self.tasks.clear()
+
+    async def _sleep(self, leader: int, seconds: float) -> None:
+        ev = self._wake.get(leader)
+        if ev is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout=seconds)
+        ev.clear()
+
+    async def _run(self, leader: int) -> None:
+        channel: grpc.aio.Channel | None = None
+        target = None
+        backoff = 0.1
+        try:
+            while not self._stopped:
+                parts = self.followed().get(leader, [])
+                now = asyncio.get_running_loop().time()
+                ready = [p for p in parts if p.fetch_retry_at <= now]
+                if not parts:
+                    return
+                reg = self.view.live_nodes().get(leader)
+                if reg is None or not ready:
+                    await self._sleep(leader, PARTITION_BACKOFF_S)
+                    continue
+                addr = f"{reg.host}:{reg.port}"
+                if addr != target:
+                    if channel is not None:
+                        await channel.close()
+                    channel = grpc.aio.insecure_channel(addr, options=GRPC_OPTIONS)
+                    target = addr
+                assert channel is not None
+                stub = storage_pb2_grpc.StorageServiceStub(channel)
+                request, sent = self._request(ready)
+                try:
+                    resp = await stub.Fetch(request, timeout=FETCH_MAX_WAIT_MS / 1000.0 + 5.0)
+                except grpc.aio.AioRpcError as exc:
+                    log.debug("fetch from node %d failed: %s", leader, exc.code())
+                    await self._sleep(leader, backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.1
+                for tr in resp.topics:
+                    for pr in tr.partitions:
+                        entry = sent.get((tr.topic, pr.partition))
+                        if entry is None:
+                            continue
+                        part, fetch_offset, epoch = entry
+                        try:
+                            await self._handle(part, fetch_offset, epoch, pr)
+                        except Exception:
+                            log.exception(
+                                "replicating %s-%d from node %d failed",
+                                part.topic,
+                                part.index,
+                                leader,
+                            )
+                            part.fetch_retry_at = (
+                                asyncio.get_running_loop().time() + PARTITION_BACKOFF_S * 5
+                            )
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if channel is not None:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+
+    def _request(
+        self, parts: list[Partition]
+    ) -> tuple[pb.FetchRequest, dict[tuple[str, int], tuple[Partition, int, int]]]:
+        req = pb.FetchRequest(
+            replica_id=self.node_id,
+            replica_incarnation=self.incarnation(),
+            max_wait_ms=FETCH_MAX_WAIT_MS,
+            min_bytes=1,
+            max_bytes=FETCH_MAX_BYTES,
+        )
+        sent: dict[tuple[str, int], tuple[Partition, int, int]] = {}
+        by_topic: dict[str, Any] = {}
+        for part in parts:
+            ft = by_topic.get(part.topic)
+            if ft is None:
+                ft = by_topic[part.topic] = req.topics.add(topic=part.topic, topic_id=part.topic_id)
+            lg = part.log
+            offset = lg.log_end_offset
+            ft.partitions.add(
+                partition=part.index,
+                fetch_offset=offset,
+                current_leader_epoch=part.leader_epoch,
+                last_fetched_epoch=lg.epochs.latest_epoch,
+                log_start_offset=lg.log_start_offset,
+                partition_max_bytes=FETCH_MAX_BYTES,
+            )
+            sent[part.tp] = (part, offset, part.leader_epoch)
+        return req, sent
+
+    async def _handle(
+        self, part: Partition, fetch_offset: int, epoch: int, pr: pb.FetchPartitionResponse
+    ) -> None:
+        if part.deleted or part.is_leader or part.leader_epoch != epoch:
+            return  # the state changed while the fetch was in flight
+        code = pr.error_code
+        loop = asyncio.get_running_loop()
+        if code == E.OFFSET_OUT_OF_RANGE:
+            if pr.log_start_offset >= 0 and fetch_offset < pr.log_start_offset:
+                log.info(
+                    "%s-%d: fetch offset %d is below the leader's log start %d; restarting there",
+                    part.topic,
+                    part.index,
+                    fetch_offset,
+                    pr.log_start_offset,
+                )
+                await self._locked(part, part.log.truncate_fully_and_start_at, pr.log_start_offset)
+                part.set_follower_high_watermark(pr.high_watermark)
+                self.manager.refresh_gauges(part)
+            elif pr.high_watermark >= 0:
+                await self._truncate(part, max(pr.high_watermark, part.log.log_start_offset))
+            return
+        if code != E.NONE:
+            # FENCED/UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...: metadata is about to
+            # change (the reconcile resets the back-off); try again shortly in any case.
+            part.fetch_retry_at = loop.time() + PARTITION_BACKOFF_S
+            return
+        if pr.HasField("diverging_epoch"):
+            target = divergence_truncation_offset(
+                part.log.epochs.end_offset_for,
+                part.log.log_end_offset,
+                pr.diverging_epoch.epoch,
+                pr.diverging_epoch.end_offset,
+                part.log.log_start_offset,
+            )
+            log.info(
+                "%s-%d: log diverges from leader %d at epoch %d (end %d); truncating to %d",
+                part.topic,
+                part.index,
+                part.leader,
+                pr.diverging_epoch.epoch,
+                pr.diverging_epoch.end_offset,
+                target,
+            )
+            await self._truncate(part, target)
+            return
+        if pr.records:
+            if part.log.log_end_offset != fetch_offset:
+                return  # our log changed meanwhile; fetch again from the new end
+            info = await self._locked(part, part.log.append_as_follower, pr.records)
+            if part.is_leader or part.leader_epoch != epoch:
+                return
+            if info is not None:
+                self.manager.appended.notify(part.tp, info.bytes)
+                m = self.manager.metrics.get(part.tp)
+                if m is not None:
+                    m.log_end_offset.set(part.log.log_end_offset)
+                    m.log_size.inc(info.bytes)
+        if part.set_follower_high_watermark(pr.high_watermark):
+            self.manager.committed.notify(part.tp, 1 << 30)
+        m = self.manager.metrics.get(part.tp)
+        if m is not None:
+            m.replica_lag.set(max(pr.high_watermark - part.log.log_end_offset, 0))
+
+    async def _locked(self, part: Partition, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a log change in a thread under the partition's flush lock. A cancelled fetcher
+        (role change, shutdown) still waits for the thread, so the lock covers all of it."""
+        async with part.flush_lock:
+            if part.deleted:
+                return None
+            fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+            try:
+                return await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                with contextlib.suppress(BaseException):
+                    await fut
+                raise
+
+    async def _truncate(self, part: Partition, offset: int) -> None:
+        await self._locked(part, part.log.truncate_to, offset)
+        part.set_follower_high_watermark(part.high_watermark)
+        self.manager.refresh_gauges(part)
+        logs: LogManager | None = self.manager.logs
+        if logs is not None:
+            # The recovery point may have moved down: make that durable before going on.
+            await asyncio.to_thread(logs.checkpoint)
+
+
+def divergence_truncation_offset(
+    own_end_offset_for: Callable[[int, int], tuple[int, int]],
+    log_end_offset: int,
+    leader_epoch: int,
+    leader_end_offset: int,
+    log_start_offset: int,
+) -> int:
+    """Where a follower truncates when the leader answers diverging_epoch (epoch, end).
+
+    Kafka's rule: the leader's end offset for that epoch, or our own end of that epoch if it
+    is earlier; if the leader knows no such epoch (-1) we keep nothing of ours above our
+    start. Never above our LEO, never below our log start."""
+    if leader_epoch < 0 or leader_end_offset < 0:
+        return log_start_offset
+    own_epoch, own_end = own_end_offset_for(leader_epoch, log_end_offset)
+    target = leader_end_offset
+    if own_epoch >= 0 and own_end >= 0:
+        target = min(target, own_end)
+    return max(min(target, log_end_offset), log_start_offset)
+
+
+class IsrManager:
+    """Leader side: proposes ISR shrinks/expansions through AlterPartition."""
+
+    def __init__(
+        self,
+        node_id: int,
+        manager: PartitionManager,
+        controller: ControllerClient,
+        incarnation: Callable[[], str],
+        lag_time_max_ms: int,
+    ) -> None:
+        self.node_id = node_id
+        self.manager = manager
+        self.controller = controller
+        self.incarnation = incarnation
+        self.lag_time_max_s = lag_time_max_ms / 1000.0
+        self._kick = asyncio.Event()
+        self._retry_at: dict[tuple[str, int], float] = {}
+
+    def kick(self) -> None:
+        """Check soon (a follower fetched; something may have caught up)."""
+        self._kick.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        interval = min(max(self.lag_time_max_s / 4, 0.05), 1.0)
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout=interval)
+            self._kick.clear()
+            try:
+                await self.check()
+            except Exception:
+                log.exception("ISR check failed")
+            refresh_replication_gauges(self.manager)
+
+    async def check(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        proposals: list[tuple[Partition, tuple[int, ...]]] = []
+        for part in list(self.manager.partitions.values()):
+            if part.deleted or not part.is_leader:
+                continue
+            if self._retry_at.get(part.tp, 0.0) > now:
+                continue
+            new = part.isr_change(self.lag_time_max_s)
+            if new is not None:
+                proposals.append((part, new))
+        if not proposals:
+            return
+        req = controller_pb2.AlterPartitionRequest(
+            leader_id=self.node_id, leader_incarnation=self.incarnation()
+        )
+        for part, new in proposals:
+            part.pending_isr = new
+            req.partitions.add(
+                topic=part.topic,
+                topic_id=part.topic_id,
+                partition=part.index,
+                leader_epoch=part.leader_epoch,
+                partition_epoch=part.partition_epoch,
+                new_isr=new,
+            )
+            log.info(
+                "%s-%d: proposing ISR %s -> %s (leader epoch %d, partition epoch %d)",
+                part.topic,
+                part.index,
+                list(part.isr),
+                list(new),
+                part.leader_epoch,
+                part.partition_epoch,
+            )
+        try:
+            resp = await self.controller.call("AlterPartition", req)
+        except grpc.aio.AioRpcError:
+            resp = None
+        finally:
+            for part, _ in proposals:
+                part.pending_isr = None
+        if resp is None or resp.error_code != E.NONE:
+            for part, _ in proposals:
+                self._retry_at[part.tp] = now + 0.5
+            if resp is not None:
+                log.info("AlterPartition refused: %s", resp.error_message)
+            return
+        results = {(r.topic, r.partition): r for r in resp.partitions}
+        for part, _ in proposals:
+            r = results.get(part.tp)
+            if r is None:
+                continue
+            if r.error_code != E.NONE:
+                log.info("%s-%d: ISR proposal refused: %s", part.topic, part.index, r.error_message)
+                self._retry_at[part.tp] = now + 0.5
+            if r.HasField("state") and not part.deleted:
+                self.apply_committed(part, r.state)
+        refresh_replication_gauges(self.manager)
+
+    def apply_committed(self, part: Partition, state: Any) -> None:
+        """Adopt a committed state from the controller's answer (apply_state counts ISR
+        changes; stale states are ignored there)."""
+        epoch = part.partition_epoch
+        changed = part.apply_state(state)
+        if changed:
+            log.info("%s-%d: leadership changed by an AlterPartition answer", *part.tp)
+            self.manager.request_reconcile()
+        if part.partition_epoch != epoch:
+            log.info(
+                "%s-%d: ISR now %s (partition epoch %d)",
+                part.topic,
+                part.index,
+                list(part.isr),
+                part.partition_epoch,
+            )
+            # A smaller ISR may advance the HW: wake consumers waiting for it.
+            self.manager.committed.notify(part.tp, 1 << 30)
+
+
+def refresh_replication_gauges(manager: PartitionManager) -> None:
+    under = 0
+    for part in manager.partitions.values():
+        if part.is_leader and not part.deleted:
+            if len(part.isr) < len(part.replicas):
+                under += 1
+            m = manager.metrics.get(part.tp)
+            if m is not None:
+                lag = [
+                    part.log.log_end_offset - part.replica_end_offsets.get(r, 0)
+                    for r in part.replicas
+                    if r != part.node_id
+                ]
+                m.replica_lag.set(max(lag, default=0))
+    metrics.UNDER_REPLICATED.set(under)

@@ -1,0 +1,229 @@
+"""Replication end to end (issue: replication, "Must show"): real etcd, two controllers and
+three storage nodes as processes; replication factor 3, min.insync.replicas=2, acks=all."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.client.cluster import ClusterClient
+from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.procs import wait_for
+from strom.errors import is_retriable
+from strom.record import decode_records, encode_batch
+
+pytestmark = pytest.mark.integration
+NONE = common_pb2.ErrorCode.NONE
+TOPIC = "replicated"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(
+        tmp_path / "c", nodes=3, controllers=2, node_args=["--replica-lag-time-max-ms", "1500"]
+    )
+    try:
+        c.start()
+        with ClusterClient(c.bootstrap) as client:
+            client.controller_call(
+                "CreateTopics",
+                controller_pb2.CreateTopicsRequest(
+                    topics=[
+                        controller_pb2.CreatableTopic(
+                            name=TOPIC,
+                            num_partitions=1,
+                            replication_factor=3,
+                            configs={"min.insync.replicas": "2"},
+                        )
+                    ]
+                ),
+            )
+        wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
+        yield c
+    finally:
+        c.kill()
+
+
+def _state(c: LocalCluster) -> tuple[int, int, list[int]]:
+    """(leader, leader_epoch, isr) of partition 0 as the cluster reports it."""
+    with ClusterClient(c.bootstrap, retry_s=5) as client:
+        md = client.metadata([TOPIC])
+    p = md.topics[0].partitions[0]
+    return p.leader, p.leader_epoch, sorted(p.isr)
+
+
+def _produce(
+    client: ClusterClient, values: list[bytes], acks: int = -1, address: str | None = None
+) -> tuple[int, int]:
+    """One batch; returns (error_code, base_offset). Routed to the leader unless ``address``."""
+    req = storage_pb2.ProduceRequest(
+        acks=acks,
+        timeout_ms=5000,
+        topics=[
+            storage_pb2.ProduceTopicData(
+                topic=TOPIC,
+                partitions=[
+                    storage_pb2.ProducePartitionData(
+                        partition=0, records=encode_batch(values), current_leader_epoch=-1
+                    )
+                ],
+            )
+        ],
+    )
+    if address is not None:
+        r = client.storage(address).Produce(req, timeout=10).topics[0].partitions[0]
+    else:
+        r = (
+            client.with_leader(
+                TOPIC,
+                0,
+                lambda s: s.Produce(req, timeout=10),
+                lambda resp: (
+                    is_retriable(resp.topics[0].partitions[0].error_code)
+                    and resp.topics[0].partitions[0].error_code != NONE
+                ),
+            )
+            .topics[0]
+            .partitions[0]
+        )
+    return r.error_code, r.base_offset
+
+
+def _read_all(client: ClusterClient) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    while True:
+        req = storage_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=0,
+            max_bytes=8 << 20,
+            topics=[
+                storage_pb2.FetchTopic(
+                    topic=TOPIC,
+                    partitions=[
+                        storage_pb2.FetchPartition(
+                            partition=0,
+                            fetch_offset=offset,
+                            current_leader_epoch=-1,
+                            partition_max_bytes=4 << 20,
+                        )
+                    ],
+                )
+            ],
+        )
+        r = (
+            client.with_leader(
+                TOPIC,
+                0,
+                lambda s, req=req: s.Fetch(req, timeout=10),
+                lambda resp: resp.topics[0].partitions[0].error_code != NONE,
+            )
+            .topics[0]
+            .partitions[0]
+        )
+        assert r.error_code == NONE, r.error_message
+        recs = decode_records(r.records)
+        if not recs:
+            return out
+        out.extend((x.offset, x.value) for x in recs if x.offset >= offset)
+        offset = recs[-1].offset + 1
+
+
+def _member(c: LocalCluster, node_id: int) -> Member:
+    return c.node(node_id)
+
+
+def test_acknowledged_records_survive_leader_sigkill(cluster: LocalCluster) -> None:
+    acked: dict[bytes, int] = {}
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        i = 0
+
+        def send(n: int) -> None:
+            nonlocal i
+            for _ in range(n):
+                values = [b"v%d-%d" % (i, j) for j in range(10)]
+                code, base = _produce(client, values)
+                if code == NONE:
+                    for j, v in enumerate(values):
+                        acked[v] = base + j
+                i += 1
+
+        send(30)
+        leader, epoch, _ = _state(cluster)
+        _member(cluster, leader).process.kill()  # SIGKILL the leader mid-stream
+        send(30)
+        new_leader, new_epoch, _ = _state(cluster)
+        assert new_leader != leader and new_epoch > epoch
+        log = _read_all(client)
+    offsets = [o for o, _ in log]
+    assert offsets == list(range(len(offsets)))  # in order, no gap
+    where = {v: o for o, v in log}
+    assert len(acked) >= 500
+    for v, o in acked.items():  # every acknowledged record, at the offset it was acked with
+        assert where.get(v) == o
+
+
+def test_restarted_follower_catches_up_and_rejoins_the_isr(cluster: LocalCluster) -> None:
+    leader, _, _ = _state(cluster)
+    follower = next(n for n in cluster.nodes if n.ident != leader)
+    follower.process.kill()
+    wait_for(
+        lambda: follower.ident not in _state(cluster)[2],
+        timeout=20,
+        what="the dead follower to leave the ISR",
+    )
+    with ClusterClient(cluster.bootstrap) as client:
+        for k in range(20):
+            assert _produce(client, [b"missed-%d" % k])[0] == NONE
+    cluster.restart(follower)
+    wait_for(
+        lambda: follower.ident in _state(cluster)[2],
+        timeout=30,
+        what="the restarted follower to rejoin the ISR",
+    )
+
+
+def test_paused_follower_shrinks_isr_and_produce_continues(cluster: LocalCluster) -> None:
+    leader, _, _ = _state(cluster)
+    follower = next(n for n in cluster.nodes if n.ident != leader)
+    follower.process.signal(signal.SIGSTOP)
+    try:
+        with ClusterClient(cluster.bootstrap) as client:
+            wait_for(
+                lambda: follower.ident not in _state(cluster)[2],
+                timeout=20,
+                what="the paused follower to leave the ISR",
+            )
+            for k in range(20):  # ISR of 2 still satisfies min.insync.replicas=2
+                assert _produce(client, [b"during-%d" % k])[0] == NONE
+    finally:
+        follower.process.signal(signal.SIGCONT)
+    wait_for(
+        lambda: follower.ident in _state(cluster)[2],
+        timeout=30,
+        what="the resumed follower to rejoin the ISR",
+    )
+
+
+def test_paused_old_leader_is_fenced_when_it_wakes_up(cluster: LocalCluster) -> None:
+    leader, _, _ = _state(cluster)
+    old = _member(cluster, leader)
+    old.process.signal(signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: _state(cluster)[0] not in (leader, -1),
+            timeout=20,
+            what="a new leader after the old one stopped",
+        )
+    finally:
+        old.process.signal(signal.SIGCONT)
+    with ClusterClient(cluster.bootstrap) as client:
+        code, _ = _produce(client, [b"zombie-write"], acks=-1, address=old.address)
+        assert code != NONE  # refused: not leader any more, fenced, or never committed
+        assert _produce(client, [b"after"])[0] == NONE
+        values = [v for _, v in _read_all(client)]
+    assert b"zombie-write" not in values and b"after" in values

@@ -1,0 +1,215 @@
+"""The pure leader/ISR engine (strom.controller.leadership)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strom.api import metadata_pb2 as md
+from strom.controller import leadership as L
+from strom.errors import ErrorCode as E
+
+
+def ps(replicas, leader, isr, *, le=5, pe=9, adding=(), removing=()) -> md.PartitionState:
+    return md.PartitionState(
+        replicas=replicas,
+        leader=leader,
+        leader_epoch=le,
+        isr=isr,
+        partition_epoch=pe,
+        adding_replicas=adding,
+        removing_replicas=removing,
+        leader_recovery_state=md.LEADER_RECOVERY_STATE_RECOVERED,
+    )
+
+
+def test_nothing_changes_when_all_alive():
+    assert L.reconcile(ps([1, 2, 3], 1, [1, 2, 3]), {1, 2, 3}, {1, 2, 3}) is None
+
+
+def test_dead_leader_next_isr_member_in_replica_order():
+    d = L.reconcile(ps([1, 2, 3], 1, [1, 3, 2]), {2, 3}, {2, 3})
+    assert d is not None and d.election == L.FAILURE
+    assert d.state.leader == 2 and list(d.state.isr) == [2, 3]
+    assert d.state.leader_epoch == 6 and d.state.partition_epoch == 10
+
+
+def test_dead_follower_leaves_isr_without_leader_change():
+    d = L.reconcile(ps([1, 2, 3], 1, [1, 2, 3]), {1, 3}, {1, 3})
+    assert d is not None and d.election is None
+    assert d.state.leader == 1 and list(d.state.isr) == [1, 3]
+    assert d.state.leader_epoch == 5 and d.state.partition_epoch == 10
+
+
+def test_follower_not_in_isr_dying_changes_nothing():
+    assert L.reconcile(ps([1, 2, 3], 1, [1, 2]), {1, 2}, {1, 2}) is None
+
+
+def test_no_live_isr_member_goes_offline_keeping_last_member():
+    d = L.reconcile(ps([1, 2, 3], 1, [1]), {2, 3}, {2, 3})
+    assert d is not None
+    assert d.state.leader == -1 and list(d.state.isr) == [1]
+    assert d.state.leader_epoch == 6
+    # Nothing more happens while it stays offline.
+    assert L.reconcile(d.state, {2, 3}, {2, 3}) is None
+    # The last ISR member returns: clean election.
+    back = L.reconcile(d.state, {1, 2, 3}, {1, 2, 3})
+    assert back is not None and back.state.leader == 1 and back.state.leader_epoch == 7
+
+
+def test_unclean_election_only_when_enabled():
+    st_ = ps([1, 2, 3], 1, [1])
+    d = L.reconcile(st_, {3}, {3}, unclean=True)
+    assert d is not None and d.election == L.UNCLEAN
+    assert d.state.leader == 3 and list(d.state.isr) == [3]
+    assert d.state.leader_recovery_state == md.LEADER_RECOVERY_STATE_RECOVERING
+    assert L.reconcile(st_, {3}, {3}).state.leader == -1
+
+
+def test_shutting_down_leader_hands_over_or_keeps_leading():
+    d = L.reconcile(ps([1, 2, 3], 1, [1, 2, 3]), {1, 2, 3}, {2, 3})
+    assert d is not None and d.election == L.CONTROLLED_SHUTDOWN
+    assert d.state.leader == 2 and list(d.state.isr) == [2, 3]
+    # Sole ISR member: keeps leading, stays in the ISR.
+    assert L.reconcile(ps([1, 2], 1, [1]), {1, 2}, {2}) is None
+
+
+def test_controlled_shutdown_removes_follower():
+    d = L.controlled_shutdown(ps([1, 2, 3], 1, [1, 2, 3]), 3, {1, 2, 3}, {1, 2, 3})
+    assert d is not None and d.state.leader == 1 and list(d.state.isr) == [1, 2]
+
+
+def test_preferred_election():
+    st_ = ps([1, 2, 3], 2, [1, 2, 3])
+    d, code = L.preferred(st_, {1, 2, 3})
+    assert code == E.NONE and d.state.leader == 1 and d.election == L.PREFERRED
+    assert d.state.leader_epoch == 6
+    assert L.preferred(ps([1, 2], 1, [1, 2]), {1, 2}) == (None, E.ELECTION_NOT_NEEDED)
+    assert L.preferred(ps([1, 2], 2, [2]), {1, 2}) == (None, E.PREFERRED_LEADER_NOT_AVAILABLE)
+    assert L.preferred(st_, {2, 3}) == (None, E.PREFERRED_LEADER_NOT_AVAILABLE)
+
+
+def test_auto_preferred_in_reconcile():
+    d = L.reconcile(ps([1, 2], 2, [1, 2]), {1, 2}, {1, 2}, auto_preferred=True)
+    assert d is not None and d.state.leader == 1 and d.election == L.PREFERRED
+    assert d.state.partition_epoch == 10 and d.state.leader_epoch == 6
+
+
+def test_unclean_election_rpc_rules():
+    assert L.unclean_election(ps([1, 2], 1, [1, 2]), {1, 2}, {1, 2}) == (
+        None,
+        E.ELECTION_NOT_NEEDED,
+    )
+    offline = ps([1, 2], -1, [1])
+    d, code = L.unclean_election(offline, {2}, {2})
+    assert code == E.NONE and d.state.leader == 2
+    assert L.unclean_election(offline, set(), set()) == (None, E.ELIGIBLE_LEADERS_NOT_AVAILABLE)
+
+
+def test_reassignment_lifecycle():
+    st_ = ps([1, 2, 3], 1, [1, 2, 3])
+    d = L.start_reassignment(st_, [4, 5, 3], {1, 2, 3, 4, 5})
+    s = d.state
+    assert list(s.replicas) == [4, 5, 3, 1, 2]
+    assert list(s.adding_replicas) == [4, 5] and list(s.removing_replicas) == [1, 2]
+    assert s.leader == 1 and s.partition_epoch == 10
+    # Not in sync yet: nothing to complete.
+    assert L.complete_reassignment(s, {1, 2, 3, 4, 5}) is None
+    s.isr.extend([4, 5])
+    done = L.complete_reassignment(s, {1, 2, 3, 4, 5})
+    assert done is not None and done.election == L.REASSIGNMENT
+    assert list(done.state.replicas) == [4, 5, 3] and done.state.leader == 4
+    assert list(done.state.isr) == [4, 5, 3]
+    assert not done.state.adding_replicas and not done.state.removing_replicas
+    assert done.state.leader_epoch == 6
+
+
+def test_reassignment_cancel():
+    st_ = ps([1, 2], 1, [1, 2])
+    s = L.start_reassignment(st_, [3, 2], {1, 2, 3}).state
+    d, code = L.cancel_reassignment(s, {1, 2, 3})
+    assert code == E.NONE
+    assert sorted(d.state.replicas) == [1, 2] and d.state.leader == 1
+    assert not d.state.adding_replicas
+    assert L.cancel_reassignment(st_, {1, 2}) == (None, E.NO_REASSIGNMENT_IN_PROGRESS)
+
+
+def test_reassignment_to_same_set_is_a_noop():
+    assert L.start_reassignment(ps([1, 2], 1, [1, 2]), [1, 2], {1, 2}) is None
+
+
+nodes = st.sampled_from([1, 2, 3, 4, 5])
+
+
+@st.composite
+def states(draw):
+    replicas = draw(st.lists(nodes, min_size=1, max_size=4, unique=True))
+    isr = draw(st.lists(st.sampled_from(replicas), min_size=1, unique=True))
+    leader = draw(st.sampled_from([*isr, -1]))
+    return ps(replicas, leader, [r for r in replicas if r in isr])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    states(),
+    st.sets(nodes),
+    st.sets(nodes),
+    st.booleans(),
+    st.booleans(),
+    st.lists(nodes, min_size=1, max_size=3, unique=True),
+)
+def test_invariants(s, alive, eligible_extra, unclean, auto, target):
+    eligible = alive & eligible_extra
+    for d in (
+        L.reconcile(s, alive, eligible, unclean=unclean, auto_preferred=auto),
+        L.preferred(s, eligible)[0],
+        L.controlled_shutdown(s, 1, alive, eligible),
+        L.start_reassignment(s, target, eligible),
+    ):
+        if d is None:
+            continue
+        L.check_invariants(d.state)
+        assert d.state.partition_epoch == s.partition_epoch + 1
+        assert d.state.leader_epoch >= s.leader_epoch
+        if d.state.leader != s.leader:
+            assert d.state.leader_epoch == s.leader_epoch + 1
+        if d.state.leader >= 0 and d.state.leader != s.leader:
+            assert d.state.leader in eligible
+        if d.state.leader_recovery_state == md.LEADER_RECOVERY_STATE_RECOVERING:
+            assert unclean
+        # Applying the same liveness again is stable.
+        again = L.reconcile(d.state, alive, eligible, unclean=unclean)
+        if again is not None:
+            L.check_invariants(again.state)
+
+
+def test_replacing_a_move_keeps_a_leader_that_was_being_added():
+    s = L.start_reassignment(ps([1, 2], 1, [1, 2]), [3, 2], {1, 2, 3}).state
+    # Node 3 (being added) caught up and leads now, alone in the ISR.
+    del s.isr[:]
+    s.isr.extend([3])
+    s.leader = 3
+    d = L.start_reassignment(s, [4, 2], {2, 3, 4})
+    assert d is not None and d.state.leader == 3
+    assert 3 in d.state.removing_replicas and 4 in d.state.adding_replicas
+    L.check_invariants(d.state)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    states(),
+    st.lists(nodes, min_size=1, max_size=3, unique=True),
+    st.lists(nodes, min_size=1, max_size=3, unique=True),
+    st.sets(nodes),
+)
+def test_chained_reassignments_keep_invariants(s, first, second, eligible):
+    d1 = L.start_reassignment(s, first, eligible)
+    cur = d1.state if d1 else s
+    for d in (
+        L.start_reassignment(cur, second, eligible),
+        L.cancel_reassignment(cur, eligible)[0],
+        L.reconcile(cur, eligible, eligible, auto_preferred=True),
+    ):
+        if d is not None:
+            L.check_invariants(d.state)
+            assert d.state.partition_epoch == cur.partition_epoch + 1

@@ -1,0 +1,121 @@
+"""``strom topics describe / elect-leaders / reassign`` against a fake controller client."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from typing import Any
+
+import pytest
+
+from strom.api import common_pb2, controller_pb2
+from strom.api import metadata_pb2 as md
+from strom.cli import admin
+
+E = common_pb2.ErrorCode
+
+
+class FakeClient:
+    calls: list[tuple[str, Any]] = []
+    answers: dict[str, Any] = {}
+
+    def __init__(self, bootstrap: Any) -> None:
+        pass
+
+    def __enter__(self) -> FakeClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def controller_call(self, method: str, request: Any) -> Any:
+        FakeClient.calls.append((method, request))
+        return FakeClient.answers[method]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeClient]:
+    FakeClient.calls = []
+    FakeClient.answers = {}
+    monkeypatch.setattr(admin, "ClusterClient", FakeClient)
+    return FakeClient
+
+
+def _run(*argv: str) -> str:
+    parser = argparse.ArgumentParser()
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-b", "--bootstrap", default="x:1")
+    sub = parser.add_subparsers(dest="cmd")
+    admin.add_topics_parser(sub, common)
+    args = parser.parse_args(["topics", *argv])
+    out = io.StringIO()
+    assert admin.run_topics(args, out) == 0
+    return out.getvalue()
+
+
+def _describe() -> controller_pb2.DescribeTopicsResponse:
+    resp = controller_pb2.DescribeTopicsResponse()
+    t = resp.topics.add(name="t")
+    t.metadata.partition_count = 3
+    t.metadata.replication_factor = 3
+    t.partitions.add(
+        partition=0, state=md.PartitionState(replicas=[1, 2, 3], leader=1, isr=[1, 2, 3])
+    )
+    t.partitions.add(
+        partition=1,
+        state=md.PartitionState(replicas=[2, 3, 1], leader=-1, leader_epoch=4, isr=[2]),
+        offline_replicas=[2],
+    )
+    t.partitions.add(
+        partition=2,
+        state=md.PartitionState(
+            replicas=[4, 3, 1], leader=3, isr=[3, 1], adding_replicas=[4], removing_replicas=[1]
+        ),
+    )
+    return resp
+
+
+def test_describe_marks_partitions(fake: type[FakeClient]) -> None:
+    fake.answers["DescribeTopics"] = _describe()
+    lines = [x for x in _run("describe", "t").splitlines() if "Partition:" in x]
+    assert "under-replicated" not in lines[0] and "offline" not in lines[0]
+    assert "Leader: none" in lines[1] and "offline" in lines[1]
+    assert "under-replicated" in lines[1]
+    assert "reassigning: adding 4 removing 1" in lines[2]
+    assert "under-replicated" in lines[2]  # target [4, 3]: 4 not in the ISR yet
+
+
+def test_elect_leaders(fake: type[FakeClient]) -> None:
+    fake.answers["DescribeTopics"] = _describe()
+    resp = controller_pb2.ElectLeadersResponse()
+    resp.partitions.add(topic="t", partition=0, error_code=E.ELECTION_NOT_NEEDED, leader=1)
+    resp.partitions.add(topic="t", partition=1, leader=3, leader_epoch=5)
+    resp.partitions.add(
+        topic="t", partition=2, error_code=E.PREFERRED_LEADER_NOT_AVAILABLE, leader=-1
+    )
+    fake.answers["ElectLeaders"] = resp
+    out = _run("elect-leaders", "t", "--unclean")
+    method, req = fake.calls[-1]
+    assert method == "ElectLeaders" and req.election_type == controller_pb2.ELECTION_TYPE_UNCLEAN
+    assert [(p.topic, p.partition) for p in req.partitions] == [("t", 0), ("t", 1), ("t", 2)]
+    assert "t-1: leader 3 (epoch 5)" in out and "PREFERRED_LEADER_NOT_AVAILABLE" in out
+    assert "t-0" not in out and "elected 1 leader(s)" in out
+    _run("elect-leaders")
+    assert not fake.calls[-1][1].partitions
+
+
+def test_reassign(fake: type[FakeClient]) -> None:
+    resp = controller_pb2.AlterPartitionReassignmentsResponse()
+    resp.partitions.add(topic="t", partition=2)
+    fake.answers["AlterPartitionReassignments"] = resp
+    out = _run("reassign", "t", "--partition", "2", "--replicas", "4,3")
+    req = fake.calls[-1][1]
+    assert list(req.partitions[0].replicas) == [4, 3] and not req.partitions[0].cancel
+    assert "reassigning t-2 to replicas 4,3" in out
+    assert "cancelled" in _run("reassign", "t", "--partition", "2", "--cancel")
+    assert fake.calls[-1][1].partitions[0].cancel
+    with pytest.raises(ValueError):
+        _run("reassign", "t", "--partition", "2")
+    resp.partitions[0].error_code = E.INVALID_REPLICA_ASSIGNMENT
+    with pytest.raises(Exception, match="t"):
+        _run("reassign", "t", "--partition", "2", "--replicas", "4,4")

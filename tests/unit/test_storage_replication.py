@@ -1,0 +1,199 @@
+"""Pure pieces of replication: ISR decisions, follower HW, divergence truncation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from strom.api import metadata_pb2 as md
+from strom.api import storage_pb2 as pb
+from strom.errors import ErrorCode as E
+from strom.log import Log, LogConfig
+from strom.record import encode_batch
+from strom.storage.longpoll import WaiterRegistry
+from strom.storage.partition import Partition, decide_isr, follower_high_watermark
+from strom.storage.replication import ReplicaFetchers, divergence_truncation_offset
+
+
+def _state(leader: int, epoch: int, isr: list[int], pepoch: int = 0) -> md.PartitionState:
+    return md.PartitionState(
+        replicas=[1, 2, 3], leader=leader, leader_epoch=epoch, isr=isr, partition_epoch=pepoch
+    )
+
+
+def _log(tmp_path: Path) -> Log:
+    return Log(tmp_path / "t-0", LogConfig(), fsync=False)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _decide(isr, ends, caught, *, leo=10, hw=10, start=0, now=100.0, lag=1.0):
+    return decide_isr(
+        1,
+        (1, 2, 3),
+        tuple(isr),
+        ends,
+        caught,
+        leo=leo,
+        hw=hw,
+        epoch_start=start,
+        now=now,
+        lag_time_max_s=lag,
+    )
+
+
+def test_decide_isr_shrinks_only_lagging_followers_past_the_lag_time() -> None:
+    caught = {2: 99.5, 3: 98.0}
+    assert _decide([1, 2, 3], {2: 10, 3: 5}, caught) == (1, 2)
+    # Behind but within the lag time: stays.
+    assert _decide([1, 2, 3], {2: 10, 3: 5}, {2: 99.5, 3: 99.5}) is None
+    # Not caught up for long, but has everything (idle partition): stays (Kafka's rule).
+    assert _decide([1, 2, 3], {2: 10, 3: 10}, caught) is None
+    # Never fetched at all since the leadership began and the lag time passed: leaves.
+    assert _decide([1, 2, 3], {2: 10}, {2: 100.0, 3: 98.0}) == (1, 2)
+
+
+def test_decide_isr_expands_caught_up_followers_in_replica_order() -> None:
+    assert _decide([1], {2: 10, 3: 10}, {}, hw=10) == (1, 2, 3)
+    # Must reach the HW and the leader's LEO at the start of its epoch.
+    assert _decide([1, 2], {2: 10, 3: 9}, {2: 100.0}, hw=10) is None
+    assert _decide([1, 2], {2: 10, 3: 10}, {2: 100.0}, hw=10, start=11, leo=12) is None
+    assert _decide([1, 2], {2: 12, 3: 12}, {2: 100.0}, hw=12, start=11, leo=12) == (1, 2, 3)
+
+
+def test_follower_high_watermark_is_bounded_by_its_log_end() -> None:
+    assert follower_high_watermark(10, 7) == 7
+    assert follower_high_watermark(5, 7) == 5
+
+
+def test_partition_tracks_lag_and_proposes_a_shrink(tmp_path: Path) -> None:
+    lg = _log(tmp_path)
+    clock = Clock()
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3]))
+    part.clock = clock
+    part.apply_state(_state(1, 1, [1, 2, 3]))  # new epoch: grace period from "now"
+    lg.append(encode_batch([b"x"] * 4), leader_epoch=1)
+    part.record_follower_end_offset(2, 4)
+    part.record_follower_end_offset(3, 4)
+    assert part.high_watermark == 4
+    lg.append(encode_batch([b"y"] * 2), leader_epoch=1)
+    clock.t += 0.5
+    part.record_follower_end_offset(2, 6)  # 2 keeps up; 3 stops fetching
+    assert part.isr_change(1.0) is None
+    clock.t += 1.0
+    assert part.isr_change(1.0) == (1, 2)
+    # Nothing is applied before the commit: HW still waits for 3.
+    assert part.isr == (1, 2, 3) and part.high_watermark == 4
+    part.apply_state(_state(1, 1, [1, 2], pepoch=1))
+    assert part.high_watermark == 6
+    # An older state (lagging view) does not undo the committed one.
+    assert not part.apply_state(_state(1, 1, [1, 2, 3], pepoch=0)) and part.isr == (1, 2)
+    # 3 catches up: proposed back.
+    part.record_follower_end_offset(3, 6)
+    assert part.isr_change(1.0) == (1, 2, 3)
+
+
+def test_follower_adopts_leader_high_watermark(tmp_path: Path) -> None:
+    lg = _log(tmp_path)
+    part = Partition(2, "t", 0, "id", lg, _state(1, 0, [1, 2, 3]))
+    lg.append_as_follower(encode_batch([b"x"] * 3))
+    assert part.set_follower_high_watermark(10) and part.high_watermark == 3
+    assert not part.set_follower_high_watermark(10)
+    assert part.isr_change(1.0) is None  # followers never propose
+
+
+def test_divergence_truncation_offset(tmp_path: Path) -> None:
+    lg = _log(tmp_path)
+    lg.append(encode_batch([b"a"] * 5), leader_epoch=1)  # epoch 1: [0, 5)
+    lg.append(encode_batch([b"b"] * 5), leader_epoch=3)  # epoch 3: [5, 10)
+    f = lg.epochs.end_offset_for
+    # The leader's epoch 3 ended at 7: we keep [0, 7).
+    assert divergence_truncation_offset(f, 10, 3, 7, 0) == 7
+    # The leader only knows epoch 2 ending at 8; our largest epoch <= 2 (1) ends at 5.
+    assert divergence_truncation_offset(f, 10, 2, 8, 0) == 5
+    # The leader has no such epoch: keep nothing above our start.
+    assert divergence_truncation_offset(f, 10, -1, -1, 0) == 0
+    # Never above our LEO.
+    assert divergence_truncation_offset(f, 10, 3, 50, 0) == 10
+    lg.truncate_to(divergence_truncation_offset(f, 10, 3, 7, 0))
+    # Whole batches go: the one holding offset 7 starts at 5.
+    assert lg.log_end_offset == 5 and lg.epochs.latest_epoch == 1
+
+
+class _FakeManager:
+    """What ReplicaFetchers needs of a PartitionManager."""
+
+    def __init__(self, part: Partition) -> None:
+        self.partitions = {part.tp: part}
+        self.appended = WaiterRegistry()
+        self.committed = WaiterRegistry()
+        self.metrics: dict = {}
+        self.logs = None
+
+    def refresh_gauges(self, part: Partition) -> None:
+        pass
+
+
+def _follower(tmp_path: Path) -> tuple[Partition, ReplicaFetchers]:
+    lg = _log(tmp_path)
+    part = Partition(2, "t", 0, "id", lg, _state(1, 3, [1, 2, 3]))
+    fetchers = ReplicaFetchers(2, _FakeManager(part), None, lambda: "inc")  # type: ignore[arg-type]
+    return part, fetchers
+
+
+def _leader_batch(values: list[bytes], base: int, epoch: int) -> bytes:
+    data = bytearray(encode_batch(values))
+    # base offset (8 bytes at 0) and partition leader epoch (4 bytes at 12), as a leader
+    # assigns them; the CRC does not cover these fields.
+    data[0:8] = base.to_bytes(8, "big")
+    data[12:16] = epoch.to_bytes(4, "big")
+    return bytes(data)
+
+
+def test_fetcher_request_appends_and_learns_the_high_watermark(tmp_path: Path) -> None:
+    part, fetchers = _follower(tmp_path)
+    req, _ = fetchers._request([part])
+    fp = req.topics[0].partitions[0]
+    assert (req.replica_id, req.replica_incarnation, req.min_bytes) == (2, "inc", 1)
+    assert (fp.fetch_offset, fp.current_leader_epoch, fp.last_fetched_epoch) == (0, 3, -1)
+    pr = pb.FetchPartitionResponse(
+        partition=0, high_watermark=9, records=_leader_batch([b"a", b"b", b"c"], 0, 3)
+    )
+    asyncio.run(fetchers._handle(part, 0, 3, pr))
+    assert part.log.log_end_offset == 3 and part.high_watermark == 3
+    assert part.log.epochs.latest_epoch == 3
+    pr = pb.FetchPartitionResponse(partition=0, high_watermark=2)
+    asyncio.run(fetchers._handle(part, 3, 3, pr))
+    assert part.high_watermark == 2
+
+
+def test_fetcher_truncates_on_divergence_and_restarts_below_the_leader_start(
+    tmp_path: Path,
+) -> None:
+    part, fetchers = _follower(tmp_path)
+    part.log.append_as_follower(_leader_batch([b"a"] * 4, 0, 1))
+    part.log.append_as_follower(_leader_batch([b"b"] * 4, 4, 2))
+    pr = pb.FetchPartitionResponse(partition=0, high_watermark=4)
+    pr.diverging_epoch.epoch = 1
+    pr.diverging_epoch.end_offset = 4
+    asyncio.run(fetchers._handle(part, 8, 3, pr))
+    assert part.log.log_end_offset == 4 and part.log.epochs.latest_epoch == 1
+    oor = pb.FetchPartitionResponse(
+        partition=0, error_code=E.OFFSET_OUT_OF_RANGE, log_start_offset=100, high_watermark=120
+    )
+    asyncio.run(fetchers._handle(part, 4, 3, oor))
+    assert (part.log.log_start_offset, part.log.log_end_offset) == (100, 100)
+    # Leader-side epoch errors: back off and wait for metadata.
+    fenced = pb.FetchPartitionResponse(partition=0, error_code=E.FENCED_LEADER_EPOCH)
+    asyncio.run(fetchers._handle(part, 100, 3, fenced))
+    assert part.fetch_retry_at > 0
+    # A response for an epoch we no longer follow in is ignored.
+    stale = pb.FetchPartitionResponse(partition=0, records=_leader_batch([b"x"], 100, 3))
+    asyncio.run(fetchers._handle(part, 100, 2, stale))
+    assert part.log.log_end_offset == 100
