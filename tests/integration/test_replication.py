@@ -227,3 +227,41 @@ def test_paused_old_leader_is_fenced_when_it_wakes_up(cluster: LocalCluster) -> 
         assert _produce(client, [b"after"])[0] == NONE
         values = [v for _, v in _read_all(client)]
     assert b"zombie-write" not in values and b"after" in values
+
+
+def test_controller_fences_a_killed_node_before_its_lease_expires(tmp_path: Path) -> None:
+    """With a 60 s node lease, only the controller's health streams (prober.py) can notice a
+    SIGKILLed leader within the test's timeout: it revokes the node's lease, and the partition
+    gets a new leader that takes acks=all writes."""
+    c = LocalCluster(
+        tmp_path / "c", nodes=3, controllers=1, node_args=["--session-timeout-s", "60"]
+    )
+    try:
+        c.start()
+        with ClusterClient(c.bootstrap, retry_s=20) as client:
+            client.controller_call(
+                "CreateTopics",
+                controller_pb2.CreateTopicsRequest(
+                    topics=[
+                        controller_pb2.CreatableTopic(
+                            name=TOPIC,
+                            num_partitions=1,
+                            replication_factor=3,
+                            configs={"min.insync.replicas": "2"},
+                        )
+                    ]
+                ),
+            )
+            wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
+            leader, epoch, _ = _state(c)
+            _member(c, leader).process.kill()
+            wait_for(
+                lambda: _state(c)[0] not in (leader, -1),
+                timeout=15,
+                what="a new leader long before the 60 s lease expires",
+            )
+            assert _state(c)[1] > epoch
+            assert leader not in {n.node_id for n in client.metadata().nodes}
+            assert _produce(client, [b"after"])[0] == NONE
+    finally:
+        c.kill()

@@ -159,6 +159,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give leadership back to a partition's preferred replica once it is in sync again "
         "(default: %(default)s)",
     )
+    parser.add_argument(
+        "--fast-failure-detection",
+        default=True,
+        type=_bool,
+        metavar="true|false",
+        help="watch every node's gRPC health stream and, when a node refuses connections, "
+        "revoke its lease at once instead of waiting for it to expire (default: %(default)s)",
+    )
     parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
 
 
@@ -197,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         max_txn_ops=args.etcd_max_txn_ops,
         connect_timeout_s=args.etcd_connect_timeout_s,
         auto_leader_rebalance=args.auto_leader_rebalance,
+        fast_failure_detection=args.fast_failure_detection,
     )
     try:
         return runtime.run(service, args.listen, metrics_port)

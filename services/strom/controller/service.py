@@ -57,6 +57,7 @@ from strom.api import metadata_pb2 as md
 from strom.controller import leadership
 from strom.controller.configs import _effective, apply_config_ops, describe_topic_configs
 from strom.controller.placement import PlacementNode, assign_replicas
+from strom.controller.prober import NodeProber
 from strom.controller.validation import (
     colliding_topic,
     is_internal_topic,
@@ -139,6 +140,10 @@ FAILOVER_SECONDS = Histogram(
     "From a storage node's registration disappearing to the new partition states committed",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
 )
+NODES_FENCED = Counter(
+    "strom_controller_nodes_fenced",
+    "Storage nodes whose lease this controller revoked because they refused connections",
+)
 for _reason in ("failure", "preferred", "controlled_shutdown", "unclean", "reassignment"):
     LEADER_ELECTIONS.labels(_reason)
 #: Most partition states one reconciliation transaction writes.
@@ -194,6 +199,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         producer_id_block_size: int = 1000,
         connect_timeout_s: float = 10.0,
         auto_leader_rebalance: bool = True,
+        fast_failure_detection: bool = True,
     ) -> None:
         self.etcd = etcd
         self.cluster = cluster
@@ -208,6 +214,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         self.producer_id_block_size = producer_id_block_size
         self.connect_timeout_s = connect_timeout_s
         self.auto_leader_rebalance = auto_leader_rebalance
+        #: Health streams to every node while active (see prober.py); None when disabled.
+        self._prober: NodeProber | None = None
+        self.fast_failure_detection = fast_failure_detection
         self.incarnation_id = str(uuid.uuid4())
         #: Set (from the watch thread) when nodes or partitions changed; the reconcile loop
         #: runs a pass for each wake-up. _node_gone_at = monotonic time a node key vanished.
@@ -267,6 +276,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             was_active = self._leadership is not None
             self._leadership = None
             ACTIVE.set(0)
+            self._stop_prober()
             election, self._election = self._election, None
             if election is not None:
                 await asyncio.to_thread(election.resign)
@@ -366,6 +376,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 return  # the lease was lost meanwhile; a later on_elected will come
             self._leadership = lead
             ACTIVE.set(1)
+            self._start_prober()
             # A node may have died while no controller was active: reconcile everything now.
             self._reconcile_wanted_now()
             self._spawn(self._reconcile_loop(lead))
@@ -375,6 +386,47 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 lead.epoch,
                 extra={"fields": {"controller_id": self.controller_id, "epoch": lead.epoch}},
             )
+
+    # -- fast failure detection -------------------------------------------------------------
+
+    def _start_prober(self) -> None:
+        if self.fast_failure_detection and self._prober is None:
+            self._prober = NodeProber(self._node_dead)
+            self._update_prober()
+
+    def _stop_prober(self) -> None:
+        prober, self._prober = self._prober, None
+        if prober is not None:
+            prober.stop()
+
+    def _update_prober(self) -> None:
+        """Follow the registered nodes (event loop only)."""
+        if self._prober is None or self.view is None:
+            return
+        with self.view.lock:
+            nodes = {
+                nid: (f"{v.value.host}:{v.value.port}", v.value.incarnation_id)
+                for nid, v in self.view.nodes.items()
+            }
+        self._prober.update(nodes)
+
+    async def _node_dead(self, node_id: int, incarnation_id: str) -> None:
+        """The prober proved a node dead: end its registration now (as lease expiry would)."""
+        if self._leadership is None or self.store is None:
+            return
+        try:
+            revoked = await asyncio.to_thread(
+                self.store.revoke_lease_if,
+                self.store.keys.node(node_id),
+                md.NodeRegistration,
+                lambda reg: reg.incarnation_id == incarnation_id,
+            )
+        except MetadataUnavailableError as exc:
+            log.warning("could not revoke the lease of dead node %d: %s", node_id, exc)
+            return
+        if revoked:
+            NODES_FENCED.inc()
+            log.warning("revoked the lease of node %d, which refuses connections", node_id)
 
     def _still_elected(self, election: Election, create_revision: int) -> bool:
         return (
@@ -424,6 +476,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             log.warning("controller %d is no longer active: %s", self.controller_id, reason)
         self._leadership = None
         ACTIVE.set(0)
+        self._stop_prober()
 
     async def _restart_election(self, election: Election, reason: str) -> None:
         """Drop ``election`` (its key is no longer ours) and campaign with a fresh one."""
@@ -441,6 +494,11 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         assert self.store is not None
         keys = self.store.keys
         node_gone = any(ev.key.startswith(keys.nodes_prefix) and ev.value is None for ev in events)
+        if self._prober is not None and any(ev.key.startswith(keys.nodes_prefix) for ev in events):
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._update_prober)
         if self._leadership is not None and any(
             ev.key.startswith((keys.nodes_prefix, keys.partitions_prefix, keys.topics_prefix))
             for ev in events

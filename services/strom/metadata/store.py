@@ -227,6 +227,16 @@ class MetadataStore:
     def grant_lease(self, ttl_s: int) -> Any:
         return self._call(self.client.lease, ttl_s)
 
+    def revoke_lease_if(self, key: str, cls: type[M], predicate: Callable[[M], bool]) -> bool:
+        """Revoke the lease ``key`` is bound to (deleting the key and everything else on that
+        lease), but only while its value satisfies ``predicate`` (e.g. is still the same
+        incarnation). True if a lease was revoked."""
+        value, meta = self._call(self.client.get, key)
+        if value is None or not meta.lease_id or not predicate(decode(value, cls)):
+            return False
+        self._call(self.client.revoke_lease, meta.lease_id)
+        return True
+
     def keep_alive(self, lease: Any, on_lost: Callable[[], None]) -> KeepAlive:
         return KeepAlive(self, lease, on_lost)
 

@@ -1,0 +1,126 @@
+"""Fast detection of dead storage nodes for the active controller.
+
+A node's liveness is its etcd lease, whose TTL cannot go below 2 s (etcd's floor for the default
+election timeout), so failover driven by lease expiry alone takes 2-3 s. A process that dies
+(SIGKILL, OOM, crash) closes its sockets at once, though: the active controller holds a gRPC
+health ``Watch`` stream open to every registered node, and when a stream breaks it asks the node
+directly a few times. Only a *refused* connection counts as proof of death (a slow or paused
+node times out instead, and is left to its lease); then the controller revokes the lease the
+node's registration is bound to, which is exactly what lease expiry would have done, only
+sooner. A node that was alive after all re-registers under a new lease and rejoins as a follower.
+
+Safety: a node is only judged after the controller reached it at least once, so a node that
+advertises an address the controller cannot reach is never fenced by this path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strom.service.runtime import GRPC_OPTIONS
+
+log = logging.getLogger(__name__)
+
+#: (node id, incarnation id of its registration) -> called when the node is proven dead.
+OnDead = Callable[[int, str], Awaitable[None]]
+
+
+class NodeProber:
+    """Keeps one health stream per registered node while the controller is active."""
+
+    def __init__(
+        self,
+        on_dead: OnDead,
+        *,
+        confirm_attempts: int = 3,
+        confirm_interval_s: float = 0.05,
+        check_timeout_s: float = 0.5,
+    ) -> None:
+        self.on_dead = on_dead
+        self.confirm_attempts = confirm_attempts
+        self.confirm_interval_s = confirm_interval_s
+        self.check_timeout_s = check_timeout_s
+        #: (node id, incarnation id) -> (address, task)
+        self._probes: dict[tuple[int, str], tuple[str, asyncio.Task[None]]] = {}
+        self._fencing: set[asyncio.Task[None]] = set()
+
+    def update(self, nodes: dict[int, tuple[str, str]]) -> None:
+        """Follow exactly ``nodes`` (node id -> (address, incarnation id));
+        call on the event loop."""
+        wanted = {(nid, rev): addr for nid, (addr, rev) in nodes.items()}
+        for key, (addr, task) in list(self._probes.items()):
+            if wanted.get(key) != addr or task.done():
+                task.cancel()
+                del self._probes[key]
+        for key, addr in wanted.items():
+            if key not in self._probes:
+                task = asyncio.ensure_future(self._probe(key[0], key[1], addr))
+                self._probes[key] = (addr, task)
+
+    def stop(self) -> None:
+        for _, task in self._probes.values():
+            task.cancel()
+        self._probes.clear()
+
+    async def _probe(self, node_id: int, incarnation: str, address: str) -> None:
+        reached = False
+        while True:
+            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            try:
+                stub = health_pb2_grpc.HealthStub(channel)
+                call = stub.Watch(health_pb2.HealthCheckRequest(service=""))
+                try:
+                    async for _ in call:
+                        reached = True
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        # e.g. UNIMPLEMENTED: nothing to learn from this node's health; stop.
+                        log.info("health stream to node %d ended: %s", node_id, exc.code().name)
+                        return
+                if reached and await self._refused(address):
+                    log.warning(
+                        "node %d (%s) refuses connections: fencing it without waiting for "
+                        "its lease to expire",
+                        node_id,
+                        address,
+                    )
+                    # Not awaited here: the lease's revocation removes the node from the view,
+                    # which cancels this probe task; the fencing must outlive it.
+                    task = asyncio.ensure_future(self.on_dead(node_id, incarnation))
+                    self._fencing.add(task)
+                    task.add_done_callback(self._fencing.discard)
+                    return
+            finally:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+            # Not reached yet, or it answered: watch again (the channel backs off by itself).
+            await asyncio.sleep(0.2)
+
+    async def _refused(self, address: str) -> bool:
+        """True when every confirmation attempt fails with UNAVAILABLE (connection refused).
+
+        Each attempt uses a fresh channel: a channel whose connection just broke fails RPCs
+        from its cached state without dialling again, which would prove nothing."""
+        for i in range(self.confirm_attempts):
+            if i:
+                await asyncio.sleep(self.confirm_interval_s)
+            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            try:
+                await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=self.check_timeout_s
+                )
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    return False
+            else:
+                return False
+            finally:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+        return True
