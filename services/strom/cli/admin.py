@@ -1,18 +1,38 @@
-"""``strom topics ...`` and ``strom cluster describe``: admin over the controller RPCs."""
+"""``strom topics ...`` and ``strom cluster ...``: cluster administration from the shell.
+
+The commands are thin over :class:`strom.client.admin.Admin`, so the CLI and Python programs
+check arguments, route requests and report errors the same way. Only the ``--json`` forms of
+``topics describe`` and ``cluster describe`` print the controller's answer as it comes (its
+proto JSON), which scripts may already parse.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal
 
 from google.protobuf import json_format
 
-from strom.api import common_pb2, controller_pb2, metadata_pb2
+from strom.api import controller_pb2
+from strom.client.admin import Admin, OffsetSpec, TopicDescription
 from strom.client.cluster import ClusterClient
-from strom.errors import error_for
+from strom.client.types import TopicPartition
+from strom.errors import ElectionNotNeededError, error_for
 
-NONE = common_pb2.ErrorCode.NONE
+_TIME_ALIASES: dict[str, OffsetSpec] = {
+    "earliest": "earliest",
+    "beginning": "earliest",
+    "-2": "earliest",
+    "latest": "latest",
+    "end": "latest",
+    "-1": "latest",
+    "max": "max_timestamp",
+    "max_timestamp": "max_timestamp",
+    "-3": "max_timestamp",
+}
 
 
 def _kv(items: list[str] | None, what: str) -> dict[str, str]:
@@ -25,13 +45,30 @@ def _kv(items: list[str] | None, what: str) -> dict[str, str]:
     return out
 
 
-def _check(results: Any, name_field: str = "name") -> None:
-    failed = [r for r in results if r.error_code != NONE]
-    if failed:
-        first = failed[0]
-        raise error_for(
-            first.error_code, f"{getattr(first, name_field)}: {first.error_message}".strip(": ")
-        )
+def _time_spec(text: str) -> OffsetSpec:
+    """earliest | latest | max | ms since the epoch | an ISO 8601 time (-1/-2/-3 as Kafka's
+    GetOffsetShell takes them)."""
+    t = text.strip().lower()
+    if t in _TIME_ALIASES:
+        return _TIME_ALIASES[t]
+    if t.isdigit():
+        return int(t)
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (earliest, latest, max, ms since the epoch or ISO 8601)"
+        ) from None
+
+
+def _offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an offset: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an offset is >= 0, not {value}")
+    return value
 
 
 def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -62,6 +99,47 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config")
     a.add_argument("--delete", action="append", metavar="KEY", help="reset a config")
     a.add_argument("--partitions", type=int, help="new (larger) partition count")
+    ap = tsub.add_parser(
+        "add-partitions", parents=[common], help="grow a topic to a larger partition count"
+    )
+    ap.add_argument("topic")
+    ap.add_argument("--partitions", type=int, required=True, help="the new total (larger than now)")
+    ap.add_argument("--validate-only", action="store_true")
+    cf = tsub.add_parser(
+        "configs", parents=[common], help="a topic's effective configs and where they come from"
+    )
+    cf.add_argument("topic")
+    cf.add_argument("--json", action="store_true")
+    o = tsub.add_parser(
+        "offsets",
+        parents=[common],
+        help="earliest and latest offsets per partition (or the offset at --time)",
+    )
+    o.add_argument("topics", nargs="+")
+    o.add_argument(
+        "--partition", type=int, action="append", help="only this partition (repeatable)"
+    )
+    o.add_argument(
+        "--time",
+        type=_time_spec,
+        help="earliest, latest, max (largest timestamp), ms since the epoch or ISO 8601: "
+        "the first offset at or after it",
+    )
+    o.add_argument("--json", action="store_true")
+    dr = tsub.add_parser(
+        "delete-records",
+        parents=[common],
+        help="delete a topic's records below an offset (offsets are not reused)",
+    )
+    dr.add_argument("topic")
+    dr.add_argument(
+        "--partition", type=int, action="append", help="only this partition (repeatable)"
+    )
+    which = dr.add_mutually_exclusive_group(required=True)
+    which.add_argument("--before", type=_offset, metavar="OFFSET", help="delete below OFFSET")
+    which.add_argument(
+        "--all", action="store_true", help="delete every committed record (up to the end)"
+    )
     e = tsub.add_parser(
         "elect-leaders",
         parents=[common],
@@ -80,6 +158,10 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     r.add_argument("--partition", type=int, required=True)
     r.add_argument("--replicas", metavar="ID,ID,...", help="target replicas, preferred first")
     r.add_argument("--cancel", action="store_true", help="cancel the move in progress")
+    ra = tsub.add_parser(
+        "reassignments", parents=[common], help="list partition reassignments in progress"
+    )
+    ra.add_argument("topics", nargs="*", help="default: every topic")
 
 
 def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -88,146 +170,183 @@ def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     csub.required = True
     d = csub.add_parser("describe", parents=[common], help="cluster id, controller, nodes")
     d.add_argument("--json", action="store_true")
+    c = csub.add_parser("configs", parents=[common], help="a storage node's static configs")
+    c.add_argument("node", type=int, help="node id")
+    c.add_argument("--json", action="store_true")
 
 
 def run_topics(args: argparse.Namespace, out: Any) -> int:
     with ClusterClient(args.bootstrap) as client:
-        cmd = args.topics_cmd
-        if cmd == "create":
-            req = controller_pb2.CreateTopicsRequest(
-                topics=[
-                    controller_pb2.CreatableTopic(
-                        name=args.topic,
-                        num_partitions=args.partitions,
-                        replication_factor=args.replication_factor,
-                        configs=_kv(args.config, "config"),
-                    )
-                ],
-                validate_only=args.validate_only,
-            )
-            resp = client.controller_call("CreateTopics", req)
-            _check(resp.topics)
-            t = resp.topics[0]
-            verb = "would create" if args.validate_only else "created"
-            print(
-                f"{verb} topic {t.name} ({t.num_partitions} partitions, replication factor "
-                f"{t.replication_factor})",
-                file=out,
-            )
-        elif cmd == "list":
-            resp = client.controller_call(
-                "ListTopics", controller_pb2.ListTopicsRequest(include_internal=args.internal)
-            )
-            for t in sorted(resp.topics, key=lambda t: t.name):
-                print(t.name, file=out)
-        elif cmd == "describe":
-            resp = client.controller_call(
-                "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=args.topics)
-            )
-            _check(resp.topics)
-            if args.json:
-                print(
-                    json.dumps(
-                        [
-                            json_format.MessageToDict(t, preserving_proto_field_name=True)
-                            for t in resp.topics
-                        ],
-                        indent=2,
-                    ),
-                    file=out,
-                )
-            else:
-                for t in sorted(resp.topics, key=lambda t: t.name):
-                    _print_topic(t, out)
-        elif cmd == "delete":
-            resp = client.controller_call(
-                "DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=args.topics)
-            )
-            _check(resp.topics)
-            for t in resp.topics:
-                print(f"deleted topic {t.name}", file=out)
-        elif cmd == "alter":
-            if args.partitions is None and not args.set and not args.delete:
-                raise ValueError("nothing to alter: give --set, --delete or --partitions")
-            if args.set or args.delete:
-                entries = [
-                    controller_pb2.AlterableConfig(
-                        name=k, op=controller_pb2.ALTER_CONFIG_OP_SET, value=v
-                    )
-                    for k, v in _kv(args.set, "--set").items()
-                ]
-                entries += [
-                    controller_pb2.AlterableConfig(name=k, op=controller_pb2.ALTER_CONFIG_OP_DELETE)
-                    for k in args.delete or []
-                ]
-                resp = client.controller_call(
-                    "AlterConfigs",
-                    controller_pb2.AlterConfigsRequest(
-                        resources=[
-                            controller_pb2.AlterConfigsResource(
-                                resource_type=controller_pb2.RESOURCE_TYPE_TOPIC,
-                                resource_name=args.topic,
-                                configs=entries,
-                            )
-                        ]
-                    ),
-                )
-                _check(resp.results, "resource_name")
-                print(f"altered configs of topic {args.topic}", file=out)
-            if args.partitions is not None:
-                resp = client.controller_call(
-                    "CreatePartitions",
-                    controller_pb2.CreatePartitionsRequest(
-                        topics=[
-                            controller_pb2.CreatePartitionsTopic(
-                                name=args.topic, count=args.partitions
-                            )
-                        ]
-                    ),
-                )
-                _check(resp.topics)
-                print(f"topic {args.topic} now has {args.partitions} partitions", file=out)
-        elif cmd == "elect-leaders":
-            _elect_leaders(client, args, out)
-        elif cmd == "reassign":
-            _reassign(client, args, out)
+        admin = Admin(cluster_client=client)
+        _TOPIC_COMMANDS[args.topics_cmd](admin, client, args, out)
     return 0
 
 
-def _elect_leaders(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
-    partitions: list[common_pb2.TopicPartition] = []
-    if args.topics:
+def _create(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    t = admin.create_topic(
+        args.topic,
+        partitions=None if args.partitions == -1 else args.partitions,
+        replication_factor=None if args.replication_factor == -1 else args.replication_factor,
+        config=_kv(args.config, "config"),
+        validate_only=args.validate_only,
+    )
+    verb = "would create" if args.validate_only else "created"
+    print(
+        f"{verb} topic {t.name} ({t.partitions} partitions, replication factor "
+        f"{t.replication_factor})",
+        file=out,
+    )
+
+
+def _list(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    for name in admin.list_topics(internal=args.internal):
+        print(name, file=out)
+
+
+def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    if args.json:
+        # The controller's answer as is: a stable shape for scripts.
         resp = client.controller_call(
             "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=args.topics)
         )
-        _check(resp.topics)
-        partitions = [
-            common_pb2.TopicPartition(topic=t.name, partition=p)
-            for t in resp.topics
-            for p in range(t.metadata.partition_count)
-        ]
-    kind = (
-        controller_pb2.ELECTION_TYPE_UNCLEAN
-        if args.unclean
-        else (controller_pb2.ELECTION_TYPE_PREFERRED)
-    )
-    resp = client.controller_call(
-        "ElectLeaders",
-        controller_pb2.ElectLeadersRequest(election_type=kind, partitions=partitions),
-    )
-    skipped = (common_pb2.ErrorCode.ELECTION_NOT_NEEDED,)
+        failed = [t for t in resp.topics if t.error_code]
+        if failed:
+            raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
+        print(
+            json.dumps(
+                [
+                    json_format.MessageToDict(t, preserving_proto_field_name=True)
+                    for t in resp.topics
+                ],
+                indent=2,
+            ),
+            file=out,
+        )
+        return
+    for t in admin.describe_topics(args.topics or None).values():
+        _print_topic(t, out)
+
+
+def _delete(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    admin.delete_topics(args.topics)
+    for name in args.topics:
+        print(f"deleted topic {name}", file=out)
+
+
+def _alter(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    if args.partitions is None and not args.set and not args.delete:
+        raise ValueError("nothing to alter: give --set, --delete or --partitions")
+    if args.set or args.delete:
+        admin.alter_configs(args.topic, set=_kv(args.set, "--set"), delete=args.delete)
+        print(f"altered configs of topic {args.topic}", file=out)
+    if args.partitions is not None:
+        admin.create_partitions(args.topic, args.partitions)
+        print(f"topic {args.topic} now has {args.partitions} partitions", file=out)
+
+
+def _add_partitions(
+    admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any
+) -> None:
+    admin.create_partitions(args.topic, args.partitions, validate_only=args.validate_only)
+    if args.validate_only:
+        print(f"topic {args.topic} can grow to {args.partitions} partitions", file=out)
+    else:
+        print(f"topic {args.topic} now has {args.partitions} partitions", file=out)
+
+
+def _configs(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    _print_configs(admin.describe_configs(args.topic), args.json, out)
+
+
+def _print_configs(entries: dict[str, Any], as_json: bool, out: Any) -> None:
+    if as_json:
+        print(
+            json.dumps(
+                [{**e._asdict(), "source": str(e.source)} for e in entries.values()], indent=2
+            ),
+            file=out,
+        )
+        return
+    for e in entries.values():
+        value = "(sensitive)" if e.sensitive else ("-" if e.value is None else e.value)
+        flags = " read-only" if e.read_only else ""
+        print(f"{e.name}={value}\t({e.source}{flags})", file=out)
+
+
+def _partitions_of(admin: Admin, topics: list[str], only: list[int] | None) -> list[TopicPartition]:
+    """The topics' partitions, or just ``only`` of each (unknown ones fail in the lookup)."""
+    if only:
+        return [TopicPartition(t, p) for t in topics for p in dict.fromkeys(only)]
+    return [tp for d in admin.describe_topics(topics).values() for tp in d.topic_partitions]
+
+
+def _offsets(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    tps = _partitions_of(admin, list(dict.fromkeys(args.topics)), args.partition)
+    rows: list[dict[str, Any]] = []
+    if args.time is None:
+        earliest = admin.list_offsets(dict.fromkeys(tps, "earliest"))
+        latest = admin.list_offsets(dict.fromkeys(tps, "latest"))
+        for tp in tps:
+            e, la = earliest[tp], latest[tp]
+            rows.append(
+                {
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "earliest": e.offset if e else -1,
+                    "latest": la.offset if la else -1,
+                }
+            )
+    else:
+        found = admin.list_offsets(dict.fromkeys(tps, args.time))
+        for tp in tps:
+            hit = found[tp]
+            rows.append(
+                {
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "offset": hit.offset if hit else None,
+                    "timestamp": hit.timestamp if hit and hit.timestamp >= 0 else None,
+                }
+            )
+    if args.json:
+        print(json.dumps(rows, indent=2), file=out)
+        return
+    for row in rows:
+        head = f"Topic: {row['topic']}\tPartition: {row['partition']}"
+        if args.time is None:
+            print(f"{head}\tEarliest: {row['earliest']}\tLatest: {row['latest']}", file=out)
+        else:
+            offset = "none" if row["offset"] is None else row["offset"]
+            ts = "-" if row["timestamp"] is None else row["timestamp"]
+            print(f"{head}\tOffset: {offset}\tTimestamp: {ts}", file=out)
+
+
+def _delete_records(
+    admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any
+) -> None:
+    tps = _partitions_of(admin, [args.topic], args.partition)
+    before: int | Literal["latest"] = "latest" if args.all else args.before
+    low = admin.delete_records(dict.fromkeys(tps, before))
+    for tp in tps:
+        print(f"{tp.topic}-{tp.partition}: low watermark {low[tp]}", file=out)
+
+
+def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    results = admin.elect_leaders(args.topics or None, unclean=args.unclean)
     elected = 0
-    for r in sorted(resp.partitions, key=lambda r: (r.topic, r.partition)):
-        if r.error_code == NONE:
+    for tp, r in results.items():
+        if r.error is None:
             elected += 1
-            print(f"{r.topic}-{r.partition}: leader {r.leader} (epoch {r.leader_epoch})", file=out)
-        elif r.error_code not in skipped:
-            name = common_pb2.ErrorCode.Name(r.error_code)
-            print(f"{r.topic}-{r.partition}: {name} {r.error_message}".rstrip(), file=out)
+            print(
+                f"{tp.topic}-{tp.partition}: leader {r.leader} (epoch {r.leader_epoch})", file=out
+            )
+        elif not isinstance(r.error, ElectionNotNeededError):
+            detail = r.error.message.removeprefix(f"{tp.topic}-{tp.partition}: ")
+            print(f"{tp.topic}-{tp.partition}: {r.error.name} {detail}".rstrip(), file=out)
     print(f"elected {elected} leader(s)", file=out)
 
 
-def _reassign(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
     if args.cancel == bool(args.replicas):
         raise ValueError("give either --replicas ID,ID,... or --cancel")
     replicas: list[int] = []
@@ -236,20 +355,8 @@ def _reassign(client: ClusterClient, args: argparse.Namespace, out: Any) -> None
             replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"--replicas {args.replicas!r} is not a list of node ids") from None
-    resp = client.controller_call(
-        "AlterPartitionReassignments",
-        controller_pb2.AlterPartitionReassignmentsRequest(
-            partitions=[
-                controller_pb2.PartitionReassignment(
-                    topic=args.topic,
-                    partition=args.partition,
-                    replicas=replicas,
-                    cancel=args.cancel,
-                )
-            ]
-        ),
-    )
-    _check(resp.partitions, "topic")
+    tp = TopicPartition(args.topic, args.partition)
+    admin.alter_partition_reassignments({tp: None if args.cancel else replicas})
     if args.cancel:
         print(f"cancelled the reassignment of {args.topic}-{args.partition}", file=out)
     else:
@@ -259,36 +366,67 @@ def _reassign(client: ClusterClient, args: argparse.Namespace, out: Any) -> None
         )
 
 
-def _print_topic(t: Any, out: Any) -> None:
-    md = t.metadata
-    overrides = ", ".join(f"{k}={v}" for k, v in sorted(md.configs.items())) or "-"
+def _reassignments(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    wanted = set(args.topics)
+    moving = {
+        tp: r
+        for tp, r in admin.list_partition_reassignments().items()
+        if not wanted or tp.topic in wanted
+    }
+    for tp, r in moving.items():
+        print(
+            f"{tp.topic}-{tp.partition}\treplicas {_ids(r.replicas)}\t"
+            f"adding {_ids(r.adding_replicas)}\tremoving {_ids(r.removing_replicas)}",
+            file=out,
+        )
+    print(f"{len(moving)} reassignment(s) in progress", file=out)
+
+
+def _ids(ids: Any) -> str:
+    return ",".join(map(str, ids)) or "-"
+
+
+_TOPIC_COMMANDS: dict[str, Callable[[Admin, ClusterClient, argparse.Namespace, Any], None]] = {
+    "create": _create,
+    "list": _list,
+    "describe": _describe,
+    "delete": _delete,
+    "alter": _alter,
+    "add-partitions": _add_partitions,
+    "configs": _configs,
+    "offsets": _offsets,
+    "delete-records": _delete_records,
+    "elect-leaders": _elect_leaders,
+    "reassign": _reassign,
+    "reassignments": _reassignments,
+}
+
+
+def _print_topic(t: TopicDescription, out: Any) -> None:
+    overrides = ", ".join(f"{k}={v}" for k, v in sorted(t.configs.items())) or "-"
     print(
-        f"Topic: {t.name}\tTopicId: {md.topic_id}\tPartitions: {md.partition_count}\t"
-        f"ReplicationFactor: {md.replication_factor}\tConfigs: {overrides}",
+        f"Topic: {t.name}\tTopicId: {t.topic_id}\tPartitions: {t.partition_count}\t"
+        f"ReplicationFactor: {t.replication_factor}\tConfigs: {overrides}",
         file=out,
     )
-    for p in sorted(t.partitions, key=lambda p: p.partition):
-        s = p.state
-        leader = str(s.leader) if s.leader >= 0 else "none"
+    for p in t.partitions:
         flags = []
-        removing = set(s.removing_replicas)
-        if any(r not in s.isr for r in s.replicas if r not in removing):
+        if p.under_replicated:
             flags.append("under-replicated")
-        if s.leader < 0 or s.leader in p.offline_replicas:
+        if p.offline:
             flags.append("offline")
-        if s.adding_replicas or s.removing_replicas:
+        if p.reassigning:
             flags.append(
-                "reassigning: adding "
-                + (",".join(map(str, s.adding_replicas)) or "-")
-                + " removing "
-                + (",".join(map(str, s.removing_replicas)) or "-")
+                f"reassigning: adding {_ids(p.adding_replicas)} "
+                f"removing {_ids(p.removing_replicas)}"
             )
-        if s.leader_recovery_state == metadata_pb2.LEADER_RECOVERY_STATE_RECOVERING:
+        if p.recovering:
             flags.append("recovering")
         print(
-            f"\tPartition: {p.partition}\tLeader: {leader}\tEpoch: {s.leader_epoch}\t"
-            f"Replicas: {','.join(map(str, s.replicas))}\t"
-            f"Isr: {','.join(map(str, s.isr))}"
+            f"\tPartition: {p.partition}\tLeader: {'none' if p.leader is None else p.leader}\t"
+            f"Epoch: {p.leader_epoch}\t"
+            f"Replicas: {','.join(map(str, p.replicas))}\t"
+            f"Isr: {','.join(map(str, p.isr))}"
             + (f"\tOffline: {','.join(map(str, p.offline_replicas))}" if p.offline_replicas else "")
             + (f"\t({', '.join(flags)})" if flags else ""),
             file=out,
@@ -297,21 +435,26 @@ def _print_topic(t: Any, out: Any) -> None:
 
 def run_cluster(args: argparse.Namespace, out: Any) -> int:
     with ClusterClient(args.bootstrap) as client:
-        resp = client.controller_call("DescribeCluster", controller_pb2.DescribeClusterRequest())
+        admin = Admin(cluster_client=client)
+        if args.cluster_cmd == "configs":
+            _print_configs(admin.describe_configs(node=args.node), args.json, out)
+            return 0
         if args.json:
+            resp = client.controller_call(
+                "DescribeCluster", controller_pb2.DescribeClusterRequest()
+            )
             print(json_format.MessageToJson(resp, preserving_proto_field_name=True), file=out)
             return 0
-        c = resp.controller
-        print(f"Cluster: {resp.cluster_id}", file=out)
-        print(f"Controller: {c.node_id} at {c.host}:{c.port}", file=out)
-        for n in sorted(resp.nodes, key=lambda n: n.node_id):
-            rack = n.rack if n.HasField("rack") else "-"
+        cluster = admin.describe_cluster()
+        c = cluster.controller
+        print(f"Cluster: {cluster.cluster_id}", file=out)
+        if c is None:
+            print("Controller: none (election in progress)", file=out)
+        else:
+            print(f"Controller: {c.node_id} at {c.host}:{c.port}", file=out)
+        for n in cluster.nodes:
             print(
-                f"Node {n.node_id}\t{n.host}:{n.port}\track={rack}\tstate={_state_name(n.state)}",
+                f"Node {n.node_id}\t{n.host}:{n.port}\track={n.rack or '-'}\tstate={n.state}",
                 file=out,
             )
     return 0
-
-
-def _state_name(state: int) -> str:
-    return metadata_pb2.NodeState.Name(state).removeprefix("NODE_STATE_").lower()

@@ -7,17 +7,14 @@ partition); consume fetches from partition leaders and prints each record's valu
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
-from collections import defaultdict
 from typing import Any, BinaryIO
 
 from strom.api import common_pb2, storage_pb2
 from strom.client.cluster import ClusterClient
-from strom.client.partitioner import partition_for_key
 from strom.errors import error_for, is_retriable
-from strom.record import decode_batches, encode_batch
+from strom.record import decode_batches
 
 NONE = common_pb2.ErrorCode.NONE
 ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
@@ -32,7 +29,17 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
     )
-    p.add_argument("--batch-size", type=int, default=1000, help="records per batch")
+    p.add_argument(
+        "--batch-size", type=int, default=256 * 1024, help="batch bytes (default: 256KiB)"
+    )
+    p.add_argument("--linger-ms", type=float, default=5.0, help="wait this long to fill batches")
+    p.add_argument(
+        "--header",
+        action="append",
+        type=_header,
+        metavar="NAME=VALUE",
+        help="add this header to every record (repeatable)",
+    )
 
     c = sub.add_parser("consume", parents=[common], help="print records of a topic")
     c.add_argument("topic")
@@ -49,85 +56,66 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     c.add_argument("--key-separator", default="\t")
 
 
+def _header(text: str) -> tuple[str, bytes]:
+    name, found, value = text.partition("=")
+    if not found or not name:
+        raise argparse.ArgumentTypeError(f"a header is NAME=VALUE, got {text!r}")
+    return name, value.encode()
+
+
 def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
-    acks = ACKS[args.acks]
+    """Send each stdin line as a record through the Producer (batching, retries,
+    idempotence); with a terminal on stdin each line is sent and acknowledged at once."""
+    from strom.client.producer import Producer
+
     sep = args.key_separator.encode() if args.key_separator else None
     interactive = stdin.isatty()
-    with ClusterClient(args.bootstrap) as client:
-        n = client.partition_count(args.topic)
-        if args.partition is not None and not 0 <= args.partition < n:
+    headers = list(args.header or []) or None
+    sent = 0
+    failures: list[BaseException] = []
+
+    def on_delivery(_md: Any, err: BaseException | None) -> None:
+        if err is not None and len(failures) < 10:
+            failures.append(err)
+
+    with Producer(
+        args.bootstrap,
+        acks=ACKS[args.acks] if args.acks != "all" else "all",
+        compression=args.compression,
+        linger_ms=0 if interactive else args.linger_ms,
+        batch_size=args.batch_size,
+        enable_idempotence=args.acks != "0",
+    ) as producer:
+        # Fail fast on an unknown topic or partition before reading any input.
+        partitions = producer.partitions_for(args.topic)
+        if args.partition is not None and args.partition not in partitions:
             raise error_for(
                 common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {args.topic!r} has no partition {args.partition} (it has {n})",
+                f"topic {args.topic!r} has no partition {args.partition} "
+                f"(it has {len(partitions)})",
             )
-        sticky = itertools.cycle(range(n))
-        pending: dict[int, tuple[list[bytes | None], list[bytes]]] = defaultdict(lambda: ([], []))
-        sent = 0
-
-        def flush() -> None:
-            nonlocal sent
-            keyless_partition = next(sticky)
-            for part, (keys, values) in list(pending.items()):
-                target = keyless_partition if part == -1 else part
-                batch = encode_batch(
-                    values, keys=keys if any(keys) else None, compression=args.compression
-                )
-                _produce(client, args.topic, target, batch, acks)
-                sent += len(values)
-            pending.clear()
-
-        for count, raw in enumerate(iter(stdin.readline, b""), start=1):
+        for raw in iter(stdin.readline, b""):
             line = raw.rstrip(b"\r\n")
             key: bytes | None = None
             if sep is not None:
                 k, found, v = line.partition(sep)
                 key, line = (k, v) if found else (None, line)
-            if args.partition is not None:
-                part = args.partition
-            elif key is not None:
-                part = partition_for_key(key, n)
-            else:
-                part = -1  # keyless: sticky per batch
-            keys, values = pending[part]
-            keys.append(key)
-            values.append(line)
-            if interactive or count % args.batch_size == 0:
-                flush()
-        flush()
+            fut = producer.send(
+                args.topic,
+                line,
+                key=key,
+                headers=headers,
+                partition=args.partition,
+                callback=on_delivery,
+            )
+            sent += 1
+            if interactive:
+                fut.result()
+        producer.flush()
+    if failures:
+        raise failures[0]
     print(f"produced {sent} records to {args.topic}", file=sys.stderr)
     return 0
-
-
-def _produce(client: ClusterClient, topic: str, partition: int, batch: bytes, acks: int) -> None:
-    req = storage_pb2.ProduceRequest(
-        acks=acks,
-        timeout_ms=30000,
-        topics=[
-            storage_pb2.ProduceTopicData(
-                topic=topic,
-                partitions=[
-                    storage_pb2.ProducePartitionData(
-                        partition=partition, records=batch, current_leader_epoch=-1
-                    )
-                ],
-            )
-        ],
-    )
-
-    def call(stub: Any) -> Any:
-        return stub.Produce(req, timeout=client.timeout_s)
-
-    def retriable(resp: Any) -> bool:
-        if acks == 0 or not resp.topics:
-            return False
-        code = resp.topics[0].partitions[0].error_code
-        return code != NONE and is_retriable(code)
-
-    resp = client.with_leader(topic, partition, call, retriable)
-    if acks != 0 and resp.topics:
-        r = resp.topics[0].partitions[0]
-        if r.error_code != NONE:
-            raise error_for(r.error_code, f"{topic}-{partition}: {r.error_message}")
 
 
 def _start_offsets(

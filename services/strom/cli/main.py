@@ -128,6 +128,39 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--trials", type=_positive, default=10)
     fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
 
+    for mode, text in (
+        ("produce", "Producer throughput and ack latency (Kafka's producer perf tool)"),
+        ("consume", "Consumer throughput from the earliest offset"),
+        ("e2e", "end-to-end latency: produce at --rate, consume in the same process"),
+    ):
+        cb = bsub.add_parser(mode, parents=[common], help=text)
+        cb.add_argument("--topic", default="strom-bench", help="created if missing")
+        cb.add_argument("--records", type=_positive, default=1_000_000)
+        cb.add_argument("--record-size", type=_positive, default=100, help="value bytes")
+        cb.add_argument("--partitions", type=_positive, default=1, help="for a new topic")
+        cb.add_argument("--replication-factor", type=_positive, default=1, help="new topic")
+        cb.add_argument("--acks", default="1", choices=["0", "1", "all"])
+        cb.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
+        cb.add_argument("--linger-ms", type=float, default=5.0)
+        cb.add_argument(
+            "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
+        )
+        cb.add_argument(
+            "--rate",
+            type=float,
+            default=10_000.0 if mode == "e2e" else None,
+            help="records/s to aim for (default: as fast as possible; e2e: 10000)",
+        )
+        cb.add_argument(
+            "--api",
+            default="poll" if mode == "consume" else "send",
+            choices=["poll", "arrow"] if mode == "consume" else ["send", "batch"],
+            help="produce: send() per record or send_batch(); consume: poll() or poll_arrow()",
+        )
+        cb.add_argument("--no-idempotence", action="store_true", help="enable_idempotence=False")
+        cb.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
+        cb.add_argument("--json", action="store_true", help="print one JSON object")
+
     demo = sub.add_parser("demo", help="the main job: a demo pipeline over what exists so far")
     demo.add_argument("--dir", default=None, help="keep the data here (default: a temp dir)")
     demo.add_argument(
@@ -135,6 +168,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--records", type=_positive, default=200_000)
     return parser
+
+
+def _bench_clients(args: argparse.Namespace) -> int:
+    from strom.bench import clients
+    from strom.bench.stats import report
+
+    progress = True if args.progress else None
+    options = dict(
+        acks=args.acks if args.acks == "all" else int(args.acks),
+        batch_size=args.batch_size,
+        linger_ms=args.linger_ms,
+        compression=args.compression,
+        enable_idempotence=not args.no_idempotence,
+    )
+    clients.ensure_topic(args.bootstrap, args.topic, args.partitions, args.replication_factor)
+    if args.bench_mode == "produce":
+        result = clients.bench_produce(
+            args.bootstrap,
+            args.topic,
+            records=args.records,
+            record_size=args.record_size,
+            api=args.api,
+            rate=args.rate,
+            progress=progress,
+            **options,
+        )
+    elif args.bench_mode == "consume":
+        result = clients.bench_consume(
+            args.bootstrap, args.topic, records=args.records, api=args.api, progress=progress
+        )
+    else:
+        result = clients.bench_e2e(
+            args.bootstrap,
+            args.topic,
+            records=args.records,
+            record_size=args.record_size,
+            rate=args.rate or 10_000.0,
+            progress=progress,
+            **options,
+        )
+    ctx = {
+        "mode": args.bench_mode,
+        "topic": args.topic,
+        "records": args.records,
+        "record_size": args.record_size,
+        "api": args.api,
+        **({"rate": args.rate} if args.rate else {}),
+        **{k: v for k, v in options.items() if args.bench_mode != "consume"},
+    }
+    print(report([result], as_json=args.json, context=ctx))
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -173,6 +257,8 @@ def _run(args: argparse.Namespace) -> int:
                 *(["--no-echo"] if args.no_echo else []),
             ]
             return grpc_bench.main([*argv, "--json"] if args.json else argv)
+        if args.bench_mode in ("produce", "consume", "e2e"):
+            return _bench_clients(args)
         if args.bench_mode == "record":
             results = bench_record(
                 records=args.records,

@@ -67,10 +67,14 @@ class ClusterClient:
         *,
         timeout_s: float = 10.0,
         retry_s: float = 15.0,
+        client_id: str | None = None,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap)
         self.timeout_s = timeout_s
         self.retry_s = retry_s
+        # Sent as the gRPC user agent, so a server (and its access logs) can tell which
+        # application a connection belongs to, as Kafka's client.id does.
+        self.client_id = client_id
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._metadata: storage_pb2.MetadataResponse | None = None
@@ -93,7 +97,10 @@ class ClusterClient:
         with self._lock:
             ch = self._channels.get(address)
             if ch is None:
-                ch = grpc.insecure_channel(address, options=list(GRPC_OPTIONS))
+                options = list(GRPC_OPTIONS)
+                if self.client_id:
+                    options.append(("grpc.primary_user_agent", self.client_id))
+                ch = grpc.insecure_channel(address, options=options)
                 self._channels[address] = ch
             return ch
 

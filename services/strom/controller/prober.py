@@ -116,7 +116,11 @@ class NodeProber:
                     health_pb2.HealthCheckRequest(service=""), timeout=self.check_timeout_s
                 )
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                # UNAVAILABLE alone also covers a connection reset by a middlebox or a peer
+                # that stalls its handshake; only the kernel's refusal proves the process gone.
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or (
+                    "refused" not in (exc.details() or "").lower()
+                ):
                     return False
             else:
                 return False

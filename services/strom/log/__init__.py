@@ -12,6 +12,7 @@ from strom.log.errors import (
 )
 from strom.log.manager import LogManager
 from strom.log.partition_log import AppendInfo, Log, ReadResult
+from strom.log.producer_state import ProducerStateError, ProducerStateManager
 
 __all__ = [
     "CONFIG_KEYS",
@@ -25,6 +26,8 @@ __all__ = [
     "LogError",
     "LogManager",
     "OffsetOutOfRangeError",
+    "ProducerStateError",
+    "ProducerStateManager",
     "ReadResult",
     "compact",
     "validate_configs",

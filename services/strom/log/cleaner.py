@@ -4,11 +4,13 @@ The cleaner works a segment at a time on sealed segments only. It builds the key
 offset map with Arrow's group-by (C++, no per-record Python), then rewrites each batch with
 the records that survive. Offsets are kept (each record's offset delta is explicit), batches
 keep their base offset, epoch and producer fields, and a batch left with no records stays as
-an empty batch covering its range (runs of them in one epoch are merged), so every segment
-still tiles its offsets and every read-time check still holds. Tombstones (null value) are
-removed once older than ``delete.retention.ms``. The new segment is written beside the old
-one as ``.cleaned``, fsynced, renamed to ``.swap`` and then over the original, so a crash at
-any point leaves either the old or the new segment (``Log`` finishes or discards the swap).
+an empty batch covering its range (runs of non-idempotent ones in one epoch are merged; an
+idempotent producer's batch keeps its own header, which the producer state is rebuilt from),
+so every segment still tiles its offsets and every read-time check still holds. Tombstones
+(null value) are removed once older than ``delete.retention.ms``. The new segment is written
+beside the old one as ``.cleaned``, fsynced, renamed to ``.swap`` and then over the original,
+so a crash at any point leaves either the old or the new segment (``Log`` finishes or
+discards the swap).
 """
 
 from __future__ import annotations
@@ -161,6 +163,10 @@ def _rewrite(
             if (
                 pending is not None
                 and pending.header.partition_leader_epoch == h.partition_leader_epoch
+                # An idempotent batch keeps its own header: its producer id, epoch and
+                # sequence range are what rebuilds the producer state (DESIGN §6).
+                and pending.header.producer_id < 0
+                and h.producer_id < 0
             ):
                 pending_last = h.last_offset
             else:

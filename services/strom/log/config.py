@@ -126,6 +126,13 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             "allow an out-of-sync replica to lead (may lose data)",
         ),
         ConfigKey(
+            "producer.id.expiration.ms",
+            int,
+            DAY_MS,
+            "forget an idempotent producer's sequence state after it has been idle this long",
+            _at_least(1),
+        ),
+        ConfigKey(
             "compression.type",
             str,
             "producer",
@@ -198,6 +205,7 @@ class LogConfig:
     min_insync_replicas: int = CONFIG_KEYS["min.insync.replicas"].default
     unclean_leader_election_enable: bool = CONFIG_KEYS["unclean.leader.election.enable"].default
     compression_type: str = CONFIG_KEYS["compression.type"].default
+    producer_id_expiration_ms: int = CONFIG_KEYS["producer.id.expiration.ms"].default
 
     @classmethod
     def from_dict(cls, configs: Mapping[str, Any] | None = None) -> LogConfig:

@@ -25,6 +25,16 @@ import numpy as np
 from strom.log.config import LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
 from strom.log.errors import CorruptLogError, InvalidAppendError, OffsetOutOfRangeError
+from strom.log.producer_state import (
+    OUT_OF_ORDER_SEQUENCE,
+    ProducerStateError,
+    ProducerStateManager,
+    delete_snapshots,
+    list_snapshots,
+    load_snapshot,
+    snapshot_path,
+    write_snapshot,
+)
 from strom.log.segment import LogSegment
 from strom.record.batch import RecordBatch, decode_batches
 from strom.record.errors import InvalidBatchError
@@ -38,6 +48,8 @@ from strom.record.header import (
 
 _LEADER_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
+#: Producer-state snapshots kept beside the segments (the newest, and one to fall back on).
+_SNAPSHOTS_KEPT = 2
 
 
 def now_ms() -> int:
@@ -46,7 +58,12 @@ def now_ms() -> int:
 
 @dataclass(frozen=True, slots=True)
 class AppendInfo:
-    """What an append did: the offsets it assigned and the resulting log end offset."""
+    """What an append did: the offsets it assigned and the resulting log end offset.
+
+    ``duplicates`` counts leading idempotent batches that repeat ones already in the log:
+    they were not written again, and ``first_offset`` is the original offset of the first
+    of them (``record_count`` and ``bytes`` count only what was written; both are 0 when
+    every batch was a duplicate)."""
 
     first_offset: int
     last_offset: int
@@ -54,6 +71,7 @@ class AppendInfo:
     record_count: int
     log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
     bytes: int
+    duplicates: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +118,10 @@ class Log:
         # FIX: bumped by every truncation so the cleaner (which rewrites outside the lock) can
         # tell that its key map and segment copies went stale (see cleaner._swap).
         self.truncations = 0
+        #: Idempotent producers' epochs and recent batches (DESIGN §6), rebuilt on open.
+        self.producers = ProducerStateManager()
+        #: Batch headers read by the last producer-state rebuild (0 after a clean restart).
+        self.producer_batches_scanned = 0
         self._load(clean_shutdown)
 
     # -- opening and recovery --------------------------------------------------------------
@@ -172,6 +194,50 @@ class Log:
         first_base = self.segments[0].base_offset
         self.log_start_offset = min(max(self.log_start_offset, first_base), leo)
         self.recovery_point = min(self.recovery_point, leo) if not clean_shutdown else leo
+        self._rebuild_producer_state()
+
+    def _rebuild_producer_state(self) -> None:
+        """Producer state from the newest usable snapshot at or below the log end offset plus
+        the batch headers after it (header reads only). Snapshots above the log end describe
+        batches that are gone (truncation, crash) and are deleted."""
+        leo = self.log_end_offset
+        offsets = list_snapshots(self.directory)
+        delete_snapshots(self.directory, [o for o in offsets if o > leo])
+        state: ProducerStateManager | None = None
+        start = -1
+        for off in reversed([o for o in offsets if o <= leo]):
+            try:
+                state = load_snapshot(self.directory, off)
+                start = off
+                break
+            except (OSError, ValueError):
+                snapshot_path(self.directory, off).unlink(missing_ok=True)
+        if state is None:
+            state = ProducerStateManager()
+        now = self.clock()
+        scanned = 0
+        for seg in self.segments:
+            if seg.next_offset <= start or seg.size == 0:
+                continue
+            pos = 0
+            if start > seg.base_offset:
+                found = seg.locate(start)
+                if found is None:
+                    continue
+                pos = found[0]
+            headers = [h for h in seg.batch_headers(pos) if h.base_offset >= start]
+            scanned += len(headers)
+            state.update(headers, now)
+        state.evict_below(self.log_start_offset)
+        self.producers = state
+        self.producer_batches_scanned = scanned
+
+    def _snapshot_producers(self, *, fsync: bool = False) -> None:
+        """Write the producer state as of the log end offset; keep the newest few."""
+        leo = self.log_end_offset
+        write_snapshot(self.directory, leo, self.producers, fsync=fsync)
+        older = [o for o in list_snapshots(self.directory) if o < leo]
+        delete_snapshots(self.directory, older[: max(len(older) - (_SNAPSHOTS_KEPT - 1), 0)])
 
     def _rebuild_epoch(self, h: BatchHeader) -> None:
         if h.partition_leader_epoch > self.epochs.latest_epoch:
@@ -215,7 +281,11 @@ class Log:
     def append(self, data: bytes | bytearray | memoryview, *, leader_epoch: int = 0) -> AppendInfo:
         """Append producer batches as leader: validate, assign offsets and epoch, write.
 
-        Raises :class:`strom.record.InvalidBatchError` (nothing appended) for bad batches.
+        Raises :class:`strom.record.InvalidBatchError` (nothing appended) for bad batches and
+        :class:`ProducerStateError` (nothing appended) for idempotent batches out of sequence
+        or fenced. Leading batches that repeat ones already appended by their producer are
+        not written again: the result then starts at their original offsets (see
+        :class:`AppendInfo`).
         """
         headers = scan_batches(
             data, producer_batch=True, max_batch_bytes=self.config.max_message_bytes
@@ -228,6 +298,24 @@ class Log:
                     f"{self.epochs.latest_epoch}"
                 )
             first = next_off = self.log_end_offset
+            dups = self.producers.check(headers)
+            if dups:
+                if len(dups) == len(headers):
+                    ts = dups[0].timestamp if self.config.log_append_time else -1
+                    return AppendInfo(
+                        dups[0].base_offset, dups[-1].last_offset, first, 0, ts, 0, len(dups)
+                    )
+                if dups[-1].last_offset + 1 != first:
+                    # One base offset answers for the whole request: the repeated batches
+                    # and the new ones must be consecutive in the log.
+                    raise ProducerStateError(
+                        OUT_OF_ORDER_SEQUENCE,
+                        f"the first {len(dups)} batches repeat ones appended at offsets "
+                        f"{dups[0].base_offset}..{dups[-1].last_offset}, not at the end of "
+                        "the log: send the retried batches in their own request",
+                    )
+                headers = headers[len(dups) :]
+            skip = headers[0].position
             append_time = self.clock() if self.config.log_append_time else -1
             placed: list[BatchHeader] = []
             # The two leader-set fields sit in the first 16 bytes with batch_length between
@@ -253,13 +341,26 @@ class Log:
                         base_offset=next_off,
                         partition_leader_epoch=leader_epoch,
                         max_timestamp=append_time if append_time >= 0 else h.max_timestamp,
+                        position=h.position - skip,
                     )
                 )
                 next_off += h.last_offset_delta + 1
                 records += h.record_count
+            length = len(view) - skip
             self.epochs.assign(leader_epoch, first)
-            self._write(pieces, len(view), placed)
-            return AppendInfo(first, next_off - 1, next_off, records, append_time, len(view))
+            self._write(pieces, length, placed)
+            self.producers.update(placed, self.clock())
+            if dups:
+                return AppendInfo(
+                    dups[0].base_offset,
+                    next_off - 1,
+                    next_off,
+                    records,
+                    append_time,
+                    length,
+                    len(dups),
+                )
+            return AppendInfo(first, next_off - 1, next_off, records, append_time, length)
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
         """Append batches copied from the leader, offsets and epochs as they are.
@@ -327,6 +428,9 @@ class Log:
             end - start,
             [dataclasses.replace(h, position=h.position - start) for h in run],
         )
+        # Followers keep the producer state too, so that as a new leader they still
+        # recognise retries of batches appended under the old one.
+        self.producers.update(run, self.clock())
 
     def _write(
         self,
@@ -354,6 +458,8 @@ class Log:
             else:
                 active.index.flush()
                 active.time_index.flush()
+                # Recovery then only scans batch headers from the new segment on.
+                self._snapshot_producers()
             seg = self._new_segment(base)
             self.segments.append(seg)
             self._bases.append(base)
@@ -464,6 +570,9 @@ class Log:
             # FIX: the batch holding ``offset`` may start below the log start (DeleteRecords
             # mid-batch): keep log_start_offset <= log_end_offset.
             self.log_start_offset = min(self.log_start_offset, leo)
+            # Producer state cannot be rolled back batch by batch: rebuild it from the newest
+            # snapshot below the new end (snapshots above it are deleted) and the headers.
+            self._rebuild_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop all data and restart the log at ``offset`` (a follower far behind the
@@ -478,6 +587,8 @@ class Log:
             self.log_start_offset = offset
             self.recovery_point = offset
             self.truncations += 1
+            delete_snapshots(self.directory, list_snapshots(self.directory))
+            self.producers.clear()
 
     def delete_records(self, offset: int) -> int:
         """DeleteRecords: advance the log start offset to ``offset`` and drop whole segments
@@ -488,6 +599,7 @@ class Log:
                 raise OffsetOutOfRangeError(offset, self.log_start_offset, leo)
             if offset > self.log_start_offset:
                 self.log_start_offset = offset
+                self.producers.evict_below(offset)
             # FIX: do not cut the epoch history at ``offset``: batches below it stay on disk
             # (the rest of the first kept segment, the batch holding ``offset``) and every
             # read and recovery checks their epochs against this history. Only epochs of
@@ -511,13 +623,19 @@ class Log:
             self.log_start_offset = new_start
         # FIX: forget epochs only below the first segment still on disk (see delete_records).
         self.epochs.truncate_from_start(new_start)
+        self.producers.evict_below(self.log_start_offset)
 
     def apply_retention(self, now: int | None = None) -> int:
         """Delete whole non-active segments past ``retention.ms`` or ``retention.bytes``.
 
         Offsets are never reused: the log start offset moves up to the first kept segment.
+        Also forgets idempotent producers idle for ``producer.id.expiration.ms``.
         Returns the number of segments deleted.
         """
+        with self.lock:
+            self.producers.expire(
+                self.clock() if now is None else now, self.config.producer_id_expiration_ms
+            )
         if not self.config.delete:
             with self.lock:
                 return self._delete_segments_below_start()
@@ -581,6 +699,9 @@ class Log:
 
     def close(self) -> None:
         with self.lock:
+            if self.segments and not self.active.closed and self.directory.is_dir():
+                # A restart then loads the producer state without scanning any batch.
+                self._snapshot_producers(fsync=self._fsync)
             for seg in self.segments:
                 seg.close()
 

@@ -84,6 +84,23 @@ ISR_SHRINKS = Counter(
 ISR_EXPANDS = Counter(
     "strom_storage_isr_expands", "Committed ISR changes that added a follower (as leader)"
 )
+PRODUCER_DUPLICATE_BATCHES = Counter(
+    "strom_storage_producer_duplicate_batches",
+    "Idempotent batches that repeated ones already appended: answered with their original "
+    "offsets and not written again (producer retries)",
+)
+PRODUCER_REJECTED_BATCHES = Counter(
+    "strom_storage_producer_rejected_batches",
+    "Produce partition results refused by the idempotence check, by error "
+    "(OUT_OF_ORDER_SEQUENCE, INVALID_PRODUCER_EPOCH = fenced, UNKNOWN_PRODUCER_ID, "
+    "DUPLICATE_SEQUENCE, INVALID_RECORD)",
+    ["error"],
+)
+INIT_PRODUCER_ID = Counter(
+    "strom_storage_init_producer_id",
+    "InitProducerId answers: a new producer id, an epoch bump, or the error code",
+    ["result"],
+)
 
 _PARTITION_GAUGES = (LOG_END_OFFSET, LOG_START_OFFSET, HIGH_WATERMARK, LOG_SIZE, REPLICA_LAG)
 

@@ -11,6 +11,8 @@ Start-up order matters and is:
 
 Replication (:mod:`strom.storage.replication`) runs as one fetcher task per leader node this
 node follows (refreshed after every reconcile) and an ISR task proposing AlterPartition.
+InitProducerId reserves producer id blocks from the same controller
+(:mod:`strom.storage.producer_ids`).
 
 Shutdown (SIGTERM) first asks the controller to move this node's leaderships away
 (ControlledShutdown, bounded wait; skipped if no controller answers or it does not implement
@@ -41,6 +43,7 @@ from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
+from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
 from strom.storage.registration import NodeIdInUseError, NodeRegistration
 from strom.storage.replication import ControllerClient, IsrManager, ReplicaFetchers
 from strom.storage.servicer import StorageServicer, add_to_server
@@ -121,6 +124,10 @@ class StorageNode:
         self.servicer = StorageServicer(config.node_id, self.manager, self.view)
         self.controller = ControllerClient(self.view)
         incarnation = lambda: self.registration.incarnation_id or ""  # noqa: E731
+        # InitProducerId: ids from blocks the active controller reserves (DESIGN §6).
+        self.servicer.producer_ids = ProducerIdAllocator(
+            controller_block_fetcher(self.controller.call, config.node_id, incarnation)
+        )
         self.fetchers = ReplicaFetchers(config.node_id, self.manager, self.view, incarnation)
         self.isr = IsrManager(
             config.node_id,

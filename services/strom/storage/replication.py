@@ -3,10 +3,13 @@
 Followers: :class:`ReplicaFetchers` runs ONE task per source (leader) node covering every
 partition this node follows from it, in one long-poll Fetch per round (replica_id = this node,
 fetch_offset = our LEO, last_fetched_epoch = the epoch of our last batch). Returned batches
-are appended with ``Log.append_as_follower``; the HW is the leader's bounded by our LEO; a
-diverging epoch truncates the log there (then checkpoints recovery points) before the next
-fetch; OFFSET_OUT_OF_RANGE below the leader's log start restarts the log there; epoch or
-leadership errors wait for new metadata (a short back-off: the reconcile resets it).
+are appended with ``Log.append_as_follower``, which also records idempotent producers'
+sequences from the batch headers (so that, as a new leader, this node still answers retries
+of batches appended under the old one with their original offsets); the HW is the leader's
+bounded by our LEO; a diverging epoch truncates the log there (then checkpoints recovery
+points; the log rebuilds its producer state for the shorter log) before the next fetch;
+OFFSET_OUT_OF_RANGE below the leader's log start restarts the log there; epoch or leadership
+errors wait for new metadata (a short back-off: the reconcile resets it).
 
 Leaders: :class:`IsrManager` periodically (and right after follower fetches) asks each led
 partition whether its ISR should change (:func:`strom.storage.partition.decide_isr`) and

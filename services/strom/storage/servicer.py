@@ -14,8 +14,16 @@ loop, or in a thread when a writer holds that log's lock. fsync (``flush.message
 run in worker threads. Produce requests and Fetch responses bypass the generated protobuf
 code for the record bytes (:mod:`strom.storage.wire`), so a batch is never copied in Python.
 
-InitProducerId and FindCoordinator belong to later issues (idempotent producers, group
-coordinators) and answer UNIMPLEMENTED.
+Idempotent producers (DESIGN §6): InitProducerId hands out producer ids from blocks the
+active controller reserves (:mod:`strom.storage.producer_ids`) and bumps epochs. Every
+produced batch, whatever ``acks``, goes through the partition log's sequence check
+(:mod:`strom.log.producer_state`) in the same locked step as the append: a refused batch
+(OUT_OF_ORDER_SEQUENCE, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID, DUPLICATE_SEQUENCE)
+appends nothing for its partition, and a retry of a batch already in the log is answered
+NONE with the batch's original base offset (acks=-1 still waits for that offset to be
+committed) without writing it again.
+
+FindCoordinator belongs to a later issue (group coordinators) and answers UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -31,12 +39,20 @@ import grpc
 
 from strom.api import common_pb2, metadata_pb2, storage_pb2, storage_pb2_grpc
 from strom.errors import ErrorCode, error_name
-from strom.log import AppendInfo, CorruptLogError, InvalidAppendError, Log, OffsetOutOfRangeError
+from strom.log import (
+    AppendInfo,
+    CorruptLogError,
+    InvalidAppendError,
+    Log,
+    OffsetOutOfRangeError,
+    ProducerStateError,
+)
 from strom.metadata import ClusterView
 from strom.record import InvalidBatchError
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
+from strom.storage.producer_ids import ProducerIdAllocator, ProducerIdUnavailableError
 from strom.storage.wire import (
     FetchPartitionOut,
     FetchTopicOut,
@@ -121,6 +137,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self.shutting_down = False
         #: Called when a follower outside the ISR fetches (the ISR manager checks soon).
         self.on_out_of_sync_fetch: Callable[[], None] | None = None
+        #: Where InitProducerId gets new ids (the node wires it to the controller).
+        self.producer_ids: ProducerIdAllocator | None = None
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -280,21 +298,26 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             info: AppendInfo = outcome
             _count_produce(E.NONE)
             lg = part.log
+            # For retried idempotent batches: their original offsets (nothing re-written).
             pr.base_offset = info.first_offset
             pr.log_append_time_ms = info.log_append_time_ms
             pr.log_start_offset = lg.log_start_offset
-            m = self.manager.metrics.get(part.tp)
-            if m is not None:
-                m.bytes_in.inc(info.bytes)
-                m.records_in.inc(info.record_count)
-                m.log_end_offset.set(lg.log_end_offset)
-                m.log_size.inc(info.bytes)
-            self.manager.appended.notify(part.tp, info.bytes)
-            if part.maybe_advance_high_watermark():
-                self.manager.committed.notify(part.tp, info.bytes)
-            if lg.needs_flush():
-                flushes.append((pr, part))
+            if info.duplicates:
+                metrics.PRODUCER_DUPLICATE_BATCHES.inc(info.duplicates)
+            if info.bytes:
+                m = self.manager.metrics.get(part.tp)
+                if m is not None:
+                    m.bytes_in.inc(info.bytes)
+                    m.records_in.inc(info.record_count)
+                    m.log_end_offset.set(lg.log_end_offset)
+                    m.log_size.inc(info.bytes)
+                self.manager.appended.notify(part.tp, info.bytes)
+                if part.maybe_advance_high_watermark():
+                    self.manager.committed.notify(part.tp, info.bytes)
+                if lg.needs_flush():
+                    flushes.append((pr, part))
             if acks == -1:
+                # A duplicate too: the first attempt may not be committed yet.
                 commits.append((pr, part, info.last_offset))
         if flushes:
             await asyncio.gather(*(self._flush(pr, part) for pr, part in flushes))
@@ -671,15 +694,45 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                     mp.error_message = f"{name}-{p} has no leader"
         return resp
 
-    # -- later issues ----------------------------------------------------------------------
+    # -- InitProducerId --------------------------------------------------------------------
 
+    @_timed("InitProducerId")
     async def InitProducerId(
-        self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
+        self, request: pb.InitProducerIdRequest, context: Any
     ) -> pb.InitProducerIdResponse:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "InitProducerId arrives with idempotent producers"
-        )
-        raise AssertionError("unreachable")
+        """A new producer id at epoch 0 (producer_id -1), or the next epoch of the given id
+        (a new id at epoch 0 when the epoch would pass 32767). Any node answers."""
+        resp = pb.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+
+        def fail(code: int, message: str) -> pb.InitProducerIdResponse:
+            resp.error_code = code  # type: ignore[assignment]
+            resp.error_message = message
+            metrics.INIT_PRODUCER_ID.labels(error_name(code)).inc()
+            return resp
+
+        if request.HasField("transactional_id"):
+            return fail(
+                E.INVALID_REQUEST,
+                "transactions are not supported: leave transactional_id unset for an "
+                "idempotent producer",
+            )
+        if self.producer_ids is None:
+            return fail(E.UNKNOWN_SERVER_ERROR, "this node does not hand out producer ids")
+        try:
+            got = await self.producer_ids.init(request.producer_id, request.producer_epoch)
+        except ValueError as exc:
+            return fail(E.INVALID_REQUEST, str(exc))
+        except ProducerIdUnavailableError as exc:
+            return fail(exc.code, exc.message)
+        except Exception as exc:
+            log.error("InitProducerId failed", exc_info=exc)
+            return fail(E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+        resp.producer_id = got.producer_id
+        resp.producer_epoch = got.epoch
+        metrics.INIT_PRODUCER_ID.labels("new" if got.new_id else "bump").inc()
+        return resp
+
+    # -- later issues ----------------------------------------------------------------------
 
     async def FindCoordinator(
         self, request: pb.FindCoordinatorRequest, context: grpc.aio.ServicerContext
@@ -748,6 +801,10 @@ def _append_jobs(jobs: list[tuple[Log, Any, int]]) -> list[AppendInfo | BaseExce
 
 
 def _append_error(part: Partition, exc: BaseException) -> _Refusal:
+    if isinstance(exc, ProducerStateError):
+        code = ErrorCode.Value(exc.reason)
+        metrics.PRODUCER_REJECTED_BATCHES.labels(exc.reason).inc()
+        return _Refusal(code, f"{part.topic}-{part.index}: {exc.message}")
     if isinstance(exc, InvalidBatchError):
         code = E.MESSAGE_TOO_LARGE if exc.too_large else E.CORRUPT_MESSAGE
         return _Refusal(code, str(exc))

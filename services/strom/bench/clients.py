@@ -1,0 +1,228 @@
+"""``strom bench produce|consume|e2e``: the client-level benchmarks (Kafka's perf tools).
+
+- produce: ``Producer.send`` per record (``--api send``, the default) or ``send_batch``
+  (``--api batch``); latency is sampled from the acknowledgement of every Nth record.
+- consume: ``Consumer.poll`` iteration (``--api poll``) or ``poll_arrow`` (``--api arrow``)
+  from the earliest offset until ``--records`` were read.
+- e2e: a producer thread sends at ``--rate`` records/s, each value starting with its send
+  time (ns); a consumer in the same process measures send -> receive latency per record.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from strom.bench.stats import Result
+from strom.client.admin import Admin
+from strom.client.types import TopicPartition
+
+_STAMP = struct.Struct(">q")
+
+
+class Progress:
+    """A one-line progress bar on stderr (only on a terminal, or when forced)."""
+
+    def __init__(self, total: int, label: str, *, enabled: bool | None = None) -> None:
+        self.total = max(total, 1)
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.start = time.perf_counter()
+        self._last = 0.0
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self._last < 0.25 and done < self.total:
+            return
+        self._last = now
+        frac = min(done / self.total, 1.0)
+        bar = "#" * int(frac * 30)
+        rate = done / max(now - self.start, 1e-9)
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%} {done:,} records {rate:,.0f}/s")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def ensure_topic(bootstrap: str | None, topic: str, partitions: int, rf: int = 1) -> None:
+    """Create the topic if it does not exist (what perf tools' users expect)."""
+    with Admin(bootstrap) as admin:
+        if topic not in admin.list_topics():
+            admin.create_topic(topic, partitions=partitions, replication_factor=rf)
+
+
+def _pace(rate: float | None, start: float, sent: int) -> None:
+    if rate:
+        ahead = sent / rate - (time.perf_counter() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def bench_produce(
+    bootstrap: str | None,
+    topic: str,
+    *,
+    records: int,
+    record_size: int,
+    api: str = "send",
+    rate: float | None = None,
+    progress: bool | None = None,
+    **producer_options: Any,
+) -> Result:
+    from strom.client.producer import Producer
+
+    value = b"x" * record_size
+    latencies: list[float] = []
+    sample_every = max(records // 20_000, 1)
+    bar = Progress(records, "produce", enabled=progress)
+    with Producer(bootstrap, **producer_options) as p:
+        p.send(topic, value).result(30)  # metadata and connections warm
+        start = time.perf_counter()
+        if api == "batch":
+            chunk = 100_000
+            futures = []
+            values = [value] * chunk
+            sent = 0
+            while sent < records:
+                n = min(chunk, records - sent)
+                t0 = time.perf_counter()
+                f = p.send_batch(topic, values if n == chunk else values[:n])
+                f.add_done_callback(lambda _f, t0=t0: latencies.append(time.perf_counter() - t0))
+                futures.append(f)
+                sent += n
+                bar.update(sent)
+                _pace(rate, start, sent)
+            for f in futures:
+                f.result()
+        else:
+            send = p.send
+            for i in range(records):
+                if i % sample_every == 0:
+                    t0 = time.perf_counter()
+                    send(topic, value).add_done_callback(
+                        lambda _f, t0=t0: latencies.append(time.perf_counter() - t0)
+                    )
+                    if i % 10_000 == 0:
+                        bar.update(i)
+                        _pace(rate, start, i)
+                else:
+                    send(topic, value)
+            p.flush()
+        seconds = time.perf_counter() - start
+    bar.update(records)
+    bar.finish()
+    return Result(f"produce ({api})", 0, records, records * record_size, seconds, latencies)
+
+
+def bench_consume(
+    bootstrap: str | None,
+    topic: str,
+    *,
+    records: int,
+    api: str = "poll",
+    progress: bool | None = None,
+    **consumer_options: Any,
+) -> Result:
+    from strom.client.consumer import Consumer
+
+    bar = Progress(records, "consume", enabled=progress)
+    with Admin(bootstrap) as admin:
+        parts = admin.describe_topic(topic).partitions
+    tps = [TopicPartition(topic, p.partition) for p in parts]
+    got = 0
+    nbytes = 0
+    latencies: list[float] = []
+    with Consumer(bootstrap, auto_offset_reset="earliest", **consumer_options) as c:
+        c.assign(tps)
+        start = time.perf_counter()
+        idle_since = None
+        while got < records:
+            t0 = time.perf_counter()
+            if api == "arrow":
+                table = c.poll_arrow(timeout_ms=1000)
+                n = table.num_rows
+                if n:
+                    nbytes += table.column("value").nbytes
+            else:
+                batch = c.poll(timeout_ms=1000)
+                n = 0
+                for rec in batch:
+                    n += 1
+                    nbytes += len(rec.value or b"")
+            if n:
+                latencies.append(time.perf_counter() - t0)
+                got += n
+                idle_since = None
+                bar.update(got)
+            elif idle_since is None:
+                idle_since = time.perf_counter()
+            elif time.perf_counter() - idle_since > 10:
+                break  # the topic holds fewer records than asked for
+        seconds = time.perf_counter() - start
+    bar.finish()
+    return Result(f"consume ({api})", len(latencies), got, nbytes, seconds, latencies)
+
+
+def bench_e2e(
+    bootstrap: str | None,
+    topic: str,
+    *,
+    records: int,
+    record_size: int,
+    rate: float = 10_000,
+    progress: bool | None = None,
+    **producer_options: Any,
+) -> Result:
+    """Send at ``rate`` records/s; latency is receive time - send time of every record."""
+    from strom.client.consumer import Consumer
+    from strom.client.producer import Producer
+
+    with Admin(bootstrap) as admin:
+        parts = admin.describe_topic(topic).partitions
+    tps = [TopicPartition(topic, p.partition) for p in parts]
+    pad = b"x" * max(record_size - _STAMP.size, 0)
+    latencies: list[float] = []
+    bar = Progress(records, "e2e", enabled=progress)
+    with Consumer(
+        bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=100, fetch_min_bytes=1
+    ) as c:
+        c.assign(tps)
+        for tp in tps:
+            c.position(tp)  # resolve "latest" now, before anything is sent
+        done = threading.Event()
+
+        def produce() -> None:
+            with Producer(bootstrap, **producer_options) as p:
+                start = time.perf_counter()
+                for i in range(records):
+                    p.send(topic, _STAMP.pack(time.perf_counter_ns()) + pad)
+                    if i % 10 == 0:
+                        _pace(rate, start, i)
+                p.flush()
+            done.set()
+
+        t = threading.Thread(target=produce, daemon=True)
+        start = time.perf_counter()
+        t.start()
+        got = 0
+        while got < records:
+            batch = c.poll(timeout_ms=200)
+            now = time.perf_counter_ns()
+            for rec in batch:
+                latencies.append((now - _STAMP.unpack_from(rec.value)[0]) / 1e9)
+            got += len(batch)
+            bar.update(got)
+            if not batch and done.is_set() and time.perf_counter() - start > 60 + records / rate:
+                break
+        seconds = time.perf_counter() - start
+        t.join()
+    bar.finish()
+    return Result("end-to-end", 0, got, got * record_size, seconds, latencies)

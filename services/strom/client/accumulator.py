@@ -1,0 +1,165 @@
+"""The producer's record accumulator: open batches per partition, ready for the sender.
+
+``send`` appends a record to its partition's open batch — three list appends and a few integer
+updates, no encoding — and the sender thread encodes whole batches (Arrow, one call per batch)
+when they are full, when ``linger_ms`` expired, or on ``flush``. Bulk input (``send_batch``)
+arrives as Arrow columns and becomes batches without ever touching single records.
+
+The sequence number of an idempotent batch is fixed when it is first encoded and kept across
+retries, so a retry of an appended batch is recognised by the leader as a duplicate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from strom.client.futures import BatchResult
+from strom.record import encode_arrow, encode_batch
+
+#: Bytes counted per record beyond key and value (offset/timestamp deltas, validity, framing).
+RECORD_OVERHEAD = 16
+
+
+class ProducerBatch:
+    """Records bound for one partition, appended by ``send`` until the batch closes."""
+
+    __slots__ = (
+        "arrow",
+        "attempts",
+        "base_sequence",
+        "closed",
+        "count",
+        "created",
+        "encoded",
+        "has_keys",
+        "headers",
+        "keys",
+        "partition",
+        "result",
+        "sent",
+        "size",
+        "timestamps",
+        "topic",
+        "values",
+    )
+
+    def __init__(self, topic: str, partition: int, arrow: pa.Table | None = None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[Any] | None = None
+        self.timestamps: list[int] = []
+        self.has_keys = False
+        self.size = 0
+        self.created = time.monotonic()
+        self.closed = False
+        self.arrow = arrow
+        self.encoded: bytes | None = None
+        self.base_sequence = -1
+        self.attempts = 0
+        self.count = 0
+        #: Part of a request in flight right now.
+        self.sent = False
+        if arrow is not None:
+            self.count = arrow.num_rows
+            self.size = arrow.nbytes + RECORD_OVERHEAD * arrow.num_rows
+            self.closed = True
+            stamps: Any
+            if "timestamp" in arrow.schema.names:
+                col = arrow.column("timestamp")
+                if pa.types.is_timestamp(col.type):
+                    col = col.cast(pa.timestamp("ms")).cast(pa.int64())
+                stamps = col.to_numpy()
+            else:
+                now = time.time_ns() // 1_000_000
+                stamps = np.full(arrow.num_rows, now, dtype=np.int64)
+                self.arrow = arrow.append_column("timestamp", pa.array(stamps))
+            self.timestamps = stamps
+        self.result = BatchResult(topic, partition, self.timestamps)
+
+    def add_headers(self, index: int, headers: Any) -> None:
+        """Record ``index``'s headers (the list exists only once some record has headers)."""
+        if self.headers is None:
+            self.headers = [None] * index
+        self.headers.append(headers)
+
+    def encode(
+        self, compression: str, producer_id: int, producer_epoch: int, base_sequence: int
+    ) -> bytes:
+        """The batch's wire bytes (cached; re-encoded only if the sequence changes)."""
+        if self.encoded is not None and self.base_sequence == base_sequence:
+            return self.encoded
+        options = dict(
+            compression=compression,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+        )
+        if self.arrow is not None:
+            self.encoded = encode_arrow(self.arrow, **options)
+        else:
+            self.encoded = encode_batch(
+                self.values,
+                keys=self.keys if self.has_keys else None,
+                headers=self.headers,
+                timestamps=self.timestamps,
+                **options,
+            )
+        self.base_sequence = base_sequence
+        return self.encoded
+
+
+class PartitionQueue:
+    """A partition's batches in sequence order, oldest first (in-flight ones at the front)."""
+
+    __slots__ = (
+        "batches",
+        "in_flight",
+        "next_sequence",
+        "open",
+        "partition",
+        "reseq_from",
+        "retry_at",
+        "retrying",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.batches: deque[ProducerBatch] = deque()
+        self.open: ProducerBatch | None = None
+        #: Requests for this partition awaiting an answer.
+        self.in_flight = 0
+        #: Set after an error: drain in-flight requests, then resend from the oldest batch.
+        self.retrying = False
+        self.retry_at = 0.0
+        self.next_sequence = 0
+        #: After a batch failed for good: the sequence the batches behind it restart from.
+        self.reseq_from: int | None = None
+
+    def new_batch(self) -> ProducerBatch:
+        if self.open is not None:
+            self.open.closed = True
+        b = ProducerBatch(self.topic, self.partition)
+        self.batches.append(b)
+        self.open = b
+        return b
+
+    def add_closed(self, batch: ProducerBatch) -> None:
+        """Queue a pre-built (bulk) batch behind what is already there."""
+        if self.open is not None:
+            self.open.closed = True
+            self.open = None
+        self.batches.append(batch)
+
+    def close_open(self) -> None:
+        if self.open is not None:
+            self.open.closed = True
+            self.open = None

@@ -1,0 +1,1270 @@
+"""The Admin client: topics, partitions, configs, the cluster, offsets, record deletion, leader
+elections and partition reassignments, synchronously.
+
+It follows kafka-python's ``KafkaAdminClient`` and confluent-kafka's ``AdminClient`` in what it
+offers, with plain return values instead of futures and typed results instead of protobufs::
+
+    from strom.client.admin import Admin
+    from strom.client.types import TopicPartition
+
+    with Admin(bootstrap="localhost:9092") as admin:
+        admin.create_topic("orders", partitions=6, config={"retention.ms": 3_600_000})
+        info = admin.describe_topic("orders")
+        ends = admin.list_offsets({tp: "latest" for tp in info.topic_partitions})
+        admin.delete_records({TopicPartition("orders", 0): 100})
+
+Controller RPCs go to the active controller (``ClusterClient.controller_call`` follows
+NOT_CONTROLLER redirects and waits out an election); ListOffsets and DeleteRecords go to each
+partition's leader, one request per leader, retried on the leader-moved errors.
+
+Errors: every failure raises a :class:`strom.errors.StromError` subclass whose class matches
+the server's error code (``TopicAlreadyExistsError``, ``InvalidConfigError``,
+``OffsetOutOfRangeError``, ...) and whose message names the topic, partition or config.
+Arguments are checked before anything is sent and raise the error the server would have raised
+for them (a non-positive partition count is ``InvalidPartitionsError``, a malformed offset spec
+``InvalidRequestError``), so callers catch one family of exceptions.
+
+Calls that take several items (``create_topics``, ``delete_topics``, ``list_offsets``,
+``delete_records``, ``alter_partition_reassignments``, ...) send them in one request; the server
+handles each item on its own, so when some fail the others have still taken effect. Such a call
+raises the first failure (in the order the items were given), of that item's own class, and the
+message lists the other failed items. Use the singular forms in a loop when each item's outcome
+matters. The one exception is ``elect_leaders``: "the preferred leader already leads" or "is not
+in sync yet" are normal outcomes of a sweep, so it returns a result per partition.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, NamedTuple, TypeVar
+
+import grpc
+
+from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
+from strom.client.cluster import ClusterClient
+from strom.client.types import OffsetAndTimestamp, TopicPartition
+from strom.errors import (
+    BrokerNotAvailableError,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    InvalidTopicError,
+    StromError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+    error_for,
+    is_retriable,
+)
+
+__all__ = [
+    "Admin",
+    "ClusterDescription",
+    "ConfigEntry",
+    "ConfigSource",
+    "CreateTopicResult",
+    "ElectionResult",
+    "NewTopic",
+    "Node",
+    "NodeInfo",
+    "NodeState",
+    "OffsetSpec",
+    "PartitionInfo",
+    "Reassignment",
+    "TopicDescription",
+    "TopicListing",
+]
+
+NONE = common_pb2.ErrorCode.NONE
+T = TypeVar("T")
+V = TypeVar("V")
+
+#: What ``list_offsets`` looks up for a partition: the log start ("earliest"), the offset the
+#: next committed record will get ("latest"), the record with the largest timestamp
+#: ("max_timestamp"), or the first record at or after a time (ms since the epoch, or a
+#: ``datetime``; a naive one is local time, as ``datetime.timestamp`` reads it).
+OffsetSpec = Literal["earliest", "latest", "max_timestamp"] | int | datetime
+_SPECIAL_OFFSETS = {"latest": -1, "earliest": -2, "max_timestamp": -3}
+_ISOLATION = {
+    "read_uncommitted": storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
+    "read_committed": storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
+}
+
+ConfigValue = str | int | float | bool
+Assignment = Mapping[int, Sequence[int]] | Sequence[Sequence[int]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Result and argument types
+
+
+@dataclass(frozen=True)
+class NewTopic:
+    """A topic for :meth:`Admin.create_topics` (Kafka's ``NewTopic``).
+
+    ``partitions`` / ``replication_factor`` None take the cluster defaults. ``replica_assignment``
+    places replicas by hand: partition -> node ids, preferred leader first (a mapping, or a list
+    indexed by partition); it fixes both counts, so those must then be left None.
+    """
+
+    name: str
+    partitions: int | None = None
+    replication_factor: int | None = None
+    config: Mapping[str, ConfigValue] = field(default_factory=dict)
+    replica_assignment: Assignment | None = None
+
+
+class CreateTopicResult(NamedTuple):
+    """What the controller created (or, with ``validate_only``, would create: no topic id)."""
+
+    name: str
+    topic_id: str
+    partitions: int
+    replication_factor: int
+
+
+class TopicListing(NamedTuple):
+    """One entry of :meth:`Admin.list_topics`."""
+
+    name: str
+    topic_id: str
+    partitions: int
+    internal: bool
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """A partition's replication state as the controller stores it.
+
+    ``leader`` is None while the partition has no leader. During a reassignment ``replicas`` is
+    the union of the old and new sets; the new set is :attr:`target_replicas`.
+    """
+
+    partition: int
+    leader: int | None
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    offline_replicas: tuple[int, ...] = ()
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
+    partition_epoch: int = 0
+    #: True after an unclean election until the new leader reports it has recovered.
+    recovering: bool = False
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """The replicas once any reassignment in progress completes."""
+        removing = set(self.removing_replicas)
+        return tuple(r for r in self.replicas if r not in removing)
+
+    @property
+    def preferred_leader(self) -> int | None:
+        """The first target replica: the leader a preferred election moves leadership to."""
+        target = self.target_replicas
+        return target[0] if target else None
+
+    @property
+    def under_replicated(self) -> bool:
+        """Some target replica is not in sync (so fewer copies exist than configured)."""
+        isr = set(self.isr)
+        return any(r not in isr for r in self.target_replicas)
+
+    @property
+    def offline(self) -> bool:
+        """No live leader: the partition can be neither written nor read."""
+        return self.leader is None or self.leader in self.offline_replicas
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    """A topic as stored in etcd. ``configs`` holds the topic's overrides only; the effective
+    values (defaults included) come from :meth:`Admin.describe_configs`."""
+
+    name: str
+    topic_id: str
+    internal: bool
+    replication_factor: int
+    partitions: tuple[PartitionInfo, ...]
+    configs: Mapping[str, str] = field(default_factory=dict)
+    created_ms: int = 0
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.partitions)
+
+    @property
+    def topic_partitions(self) -> list[TopicPartition]:
+        """Every partition as a TopicPartition, e.g. to build ``list_offsets`` arguments."""
+        return [TopicPartition(self.name, p.partition) for p in self.partitions]
+
+    @property
+    def under_replicated_partitions(self) -> list[int]:
+        return [p.partition for p in self.partitions if p.under_replicated]
+
+    @property
+    def offline_partitions(self) -> list[int]:
+        return [p.partition for p in self.partitions if p.offline]
+
+
+class ConfigSource(enum.StrEnum):
+    """Where a config's effective value comes from."""
+
+    DEFAULT = "default"  # strom's built-in default
+    TOPIC = "topic"  # an override stored with the topic
+    NODE = "node"  # a storage node's startup configuration
+    UNKNOWN = "unknown"
+
+
+_SOURCES = {
+    controller_pb2.CONFIG_SOURCE_DEFAULT: ConfigSource.DEFAULT,
+    controller_pb2.CONFIG_SOURCE_TOPIC: ConfigSource.TOPIC,
+    controller_pb2.CONFIG_SOURCE_STATIC_NODE_CONFIG: ConfigSource.NODE,
+}
+
+
+class ConfigEntry(NamedTuple):
+    """One config of a topic or node. ``value`` is None when unset or sensitive (secret)."""
+
+    name: str
+    value: str | None
+    source: ConfigSource
+    read_only: bool = False
+    sensitive: bool = False
+    documentation: str = ""
+
+    @property
+    def is_default(self) -> bool:
+        return self.source == ConfigSource.DEFAULT
+
+
+class Node(NamedTuple):
+    """A server process: a controller or coordinator (``node_id`` is its own id family)."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class NodeState(enum.StrEnum):
+    """A storage node's lifecycle state (only RUNNING nodes lead partitions or join ISRs)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SHUTTING_DOWN = "shutting_down"
+
+
+_NODE_STATES = {
+    metadata_pb2.NODE_STATE_RUNNING: NodeState.RUNNING,
+    metadata_pb2.NODE_STATE_SHUTTING_DOWN: NodeState.SHUTTING_DOWN,
+}
+
+
+class NodeInfo(NamedTuple):
+    """A registered (live) storage node."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+    state: NodeState
+    metrics_port: int = 0
+    software_version: str = ""
+    start_time_ms: int = 0
+    incarnation_id: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ClusterDescription:
+    """The cluster id, the active controller (None during an election), the live storage nodes
+    by id and, when asked for, the coordinator owning each group shard."""
+
+    cluster_id: str
+    controller: Node | None
+    controller_epoch: int
+    nodes: tuple[NodeInfo, ...]
+    coordinators: Mapping[int, Node] = field(default_factory=dict)
+
+
+class ElectionResult(NamedTuple):
+    """One partition's election outcome. ``error`` is None when a leader was elected, else the
+    reason nothing changed (``ElectionNotNeededError``: the wanted leader already leads;
+    ``PreferredLeaderNotAvailableError``: it is down or out of sync; ...)."""
+
+    leader: int | None
+    leader_epoch: int
+    error: StromError | None = None
+
+    @property
+    def elected(self) -> bool:
+        return self.error is None
+
+
+class Reassignment(NamedTuple):
+    """A reassignment in progress: ``replicas`` is the union of old and new."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        removing = set(self.removing_replicas)
+        return tuple(r for r in self.replicas if r not in removing)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (they raise what the server would, so one except clause covers both)
+
+
+def _topic_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidTopicError(f"a topic name must be a non-empty string, not {name!r}")
+    return name
+
+
+def _topic_names(names: Iterable[str] | str, what: str) -> list[str]:
+    if isinstance(names, str):
+        raise InvalidRequestError(f"{what} takes a list of topic names, not the string {names!r}")
+    out = [_topic_name(n) for n in names]
+    if len(set(out)) != len(out):
+        dups = sorted({n for n in out if out.count(n) > 1})
+        raise InvalidRequestError(f"{what}: topics named more than once: {', '.join(dups)}")
+    return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(
+    value: int | None, what: str, error: type[StromError], *, default_ok: bool = True
+) -> int:
+    """-1 (the server's "cluster default") for None when ``default_ok``, else a positive int."""
+    if value is None and default_ok:
+        return -1
+    if value is None or not _is_int(value) or value < 1:
+        hint = " (leave it out for the cluster default)" if default_ok else ""
+        raise error(f"{what} must be a positive integer, not {value!r}{hint}")
+    return value
+
+
+def _tp(item: object) -> TopicPartition:
+    if (
+        isinstance(item, tuple)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and item[0]
+        and _is_int(item[1])
+        and item[1] >= 0
+    ):
+        return TopicPartition(item[0], item[1])
+    raise InvalidRequestError(f"expected a TopicPartition(topic, partition >= 0), not {item!r}")
+
+
+def _tp_map(items: Mapping[Any, V], what: str) -> dict[TopicPartition, V]:
+    if not isinstance(items, Mapping):
+        raise InvalidRequestError(f"{what} takes a mapping of TopicPartition to a value")
+    return {_tp(k): v for k, v in items.items()}
+
+
+def _config_value(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise InvalidConfigError(f"config '{name}': value {value!r} is not a str, int, float or bool")
+
+
+def _configs(config: Mapping[str, ConfigValue] | None) -> dict[str, str]:
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise InvalidConfigError(f"configs must be a mapping of name to value, not {config!r}")
+    out = {}
+    for name, value in config.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidConfigError(f"config names must be non-empty strings, not {name!r}")
+        out[name] = _config_value(name, value)
+    return out
+
+
+def _replicas(replicas: object, what: str) -> list[int]:
+    if isinstance(replicas, str | bytes) or not isinstance(replicas, Iterable):
+        raise InvalidReplicaAssignmentError(f"{what}: replicas must be a list of node ids")
+    out = list(replicas)
+    if not out or not all(_is_int(r) and r >= 0 for r in out):
+        raise InvalidReplicaAssignmentError(
+            f"{what}: replicas must be a non-empty list of node ids, not {out!r}"
+        )
+    return out
+
+
+def _assignments(
+    assignment: Assignment | None, topic: str
+) -> list[controller_pb2.ReplicaAssignment]:
+    if assignment is None:
+        return []
+    if isinstance(assignment, Mapping):
+        items = list(assignment.items())
+    elif isinstance(assignment, Sequence) and not isinstance(assignment, str | bytes):
+        items = list(enumerate(assignment))
+    else:
+        raise InvalidReplicaAssignmentError(
+            f"topic {topic!r}: replica_assignment must map partition -> node ids"
+        )
+    out = []
+    for partition, replicas in items:
+        if not _is_int(partition) or partition < 0:
+            raise InvalidReplicaAssignmentError(
+                f"topic {topic!r}: partition {partition!r} in replica_assignment is not an index"
+            )
+        out.append(
+            controller_pb2.ReplicaAssignment(
+                partition=partition, replicas=_replicas(replicas, f"{topic}-{partition}")
+            )
+        )
+    return sorted(out, key=lambda a: a.partition)
+
+
+def _offset_spec(tp: TopicPartition, spec: object) -> int:
+    if isinstance(spec, str):
+        try:
+            return _SPECIAL_OFFSETS[spec]
+        except KeyError:
+            pass
+    elif isinstance(spec, datetime):
+        return int(spec.timestamp() * 1000)
+    elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
+        return spec
+    raise InvalidRequestError(
+        f"{tp.topic}-{tp.partition}: offset spec {spec!r} is not 'earliest', 'latest', "
+        "'max_timestamp', a timestamp in ms since the epoch (>= 0) or a datetime"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Error context
+
+
+def _names_item(message: str, names: Sequence[str]) -> bool:
+    return any(n in message for n in names)
+
+
+def _with_context(exc: StromError, context: str, *names: str) -> StromError:
+    """The same error, its message prefixed with ``context`` unless it already names the item
+    (server messages mostly do: "topic 'x' already exists")."""
+    if _names_item(exc.message, names or (context,)):
+        return exc
+    new = type(exc)(f"{context}: {exc.message}", code=exc.code, retriable=exc.retriable)
+    new.__cause__ = exc.__cause__
+    return new
+
+
+def _item_error(code: int, message: str, context: str, *names: str) -> StromError:
+    return _with_context(error_for(code, message or None), context, *names)
+
+
+def _topic_error(code: int, message: str, topic: str) -> StromError:
+    return _item_error(code, message, f"topic {topic!r}", repr(topic), f'"{topic}"')
+
+
+def _partition_error(code: int, message: str, tp: TopicPartition) -> StromError:
+    return _item_error(code, message, f"{tp.topic}-{tp.partition}", f"{tp.topic}-{tp.partition}")
+
+
+def _raise_first(failures: Sequence[tuple[str, StromError]]) -> None:
+    """Raise the first failure; its message lists the others (which the server also refused,
+    while every item not listed took effect)."""
+    if not failures:
+        return
+    _, first = failures[0]
+    if len(failures) == 1:
+        raise first
+    others = [label for label, _ in failures[1:]]
+    shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+    raise type(first)(
+        f"{first.message} (also failed: {shown})", code=first.code, retriable=first.retriable
+    ) from first
+
+
+def _partition_info(p: controller_pb2.PartitionDescription) -> PartitionInfo:
+    if not p.HasField("state"):
+        # The partition key is missing (being written, or lost): say so rather than invent 0s.
+        return PartitionInfo(p.partition, None, -1, (), (), tuple(p.offline_replicas))
+    s = p.state
+    return PartitionInfo(
+        partition=p.partition,
+        leader=s.leader if s.leader >= 0 else None,
+        leader_epoch=s.leader_epoch,
+        replicas=tuple(s.replicas),
+        isr=tuple(s.isr),
+        offline_replicas=tuple(p.offline_replicas),
+        adding_replicas=tuple(s.adding_replicas),
+        removing_replicas=tuple(s.removing_replicas),
+        partition_epoch=s.partition_epoch,
+        recovering=s.leader_recovery_state == metadata_pb2.LEADER_RECOVERY_STATE_RECOVERING,
+    )
+
+
+def _topic_description(t: controller_pb2.TopicDescription) -> TopicDescription:
+    m = t.metadata
+    return TopicDescription(
+        name=t.name,
+        topic_id=m.topic_id,
+        internal=m.internal or t.name.startswith("__"),
+        replication_factor=m.replication_factor,
+        partitions=tuple(
+            _partition_info(p) for p in sorted(t.partitions, key=lambda p: p.partition)
+        ),
+        configs=dict(sorted(m.configs.items())),
+        created_ms=m.created_ms,
+    )
+
+
+def _node(n: common_pb2.Node | None) -> Node | None:
+    if n is None or n.node_id < 0 or not n.port:
+        return None
+    return Node(n.node_id, n.host, n.port, n.rack if n.HasField("rack") else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+class Admin:
+    """Administration of a strom cluster (see the module docstring for the error rules).
+
+    Args:
+        bootstrap: ``"host:port,host:port"`` or a list of storage node addresses; None reads
+            ``$STROM_BOOTSTRAP``.
+        request_timeout_ms: how long one call may take overall, retries included (waiting for
+            a controller election or a leader move counts).
+        client_id: the name the servers see for this client (sent as the gRPC user agent).
+        cluster_client: share an existing :class:`ClusterClient` (its channels and metadata)
+            instead of opening one; ``close()`` then leaves it open.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] | None = None,
+        *,
+        request_timeout_ms: int = 30_000,
+        client_id: str = "strom-admin",
+        cluster_client: ClusterClient | None = None,
+    ) -> None:
+        if not _is_int(request_timeout_ms) or request_timeout_ms <= 0:
+            raise InvalidRequestError(
+                f"request_timeout_ms must be a positive integer, not {request_timeout_ms!r}"
+            )
+        self.request_timeout_ms = request_timeout_ms
+        self.client_id = client_id
+        self._owned = cluster_client is None
+        if cluster_client is None:
+            try:
+                cluster_client = ClusterClient(
+                    bootstrap,
+                    timeout_s=request_timeout_ms / 1000,
+                    retry_s=request_timeout_ms / 1000,
+                    client_id=client_id,
+                )
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from None
+        self._client = cluster_client
+        self._closed = False
+
+    # The servers' own waits (e.g. for a deletion to reach every replica) get part of the
+    # budget, so they answer before this client's deadline cuts the call.
+    @property
+    def _server_wait_ms(self) -> int:
+        return max(1, self.request_timeout_ms * 4 // 5)
+
+    def close(self) -> None:
+        """Close the connections (unless the ClusterClient was passed in). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            if self._owned:
+                self._client.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _controller(self, method: str, request: Any) -> Any:
+        if self._closed:
+            raise StromError("the Admin client is closed")
+        return self._client.controller_call(method, request)
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int | None = None,
+        replication_factor: int | None = None,
+        config: Mapping[str, ConfigValue] | None = None,
+        *,
+        replica_assignment: Assignment | None = None,
+        validate_only: bool = False,
+    ) -> CreateTopicResult:
+        """Create a topic; None counts take the cluster defaults.
+
+        Raises TopicAlreadyExistsError, InvalidTopicError, InvalidPartitionsError,
+        InvalidReplicationFactorError (more replicas than live nodes), InvalidConfigError, ...
+        With ``validate_only`` nothing is created, but the result shows the counts it would get.
+        """
+        topic = NewTopic(
+            _topic_name(name), partitions, replication_factor, config or {}, replica_assignment
+        )
+        return self.create_topics([topic], validate_only=validate_only)[name]
+
+    def create_topics(
+        self, new_topics: Iterable[NewTopic], *, validate_only: bool = False
+    ) -> dict[str, CreateTopicResult]:
+        """Create several topics in one request; raises the first failure (the others are
+        created anyway)."""
+        items = []
+        for t in new_topics:
+            if not isinstance(t, NewTopic):
+                raise InvalidRequestError(f"create_topics takes NewTopic items, not {t!r}")
+            name = _topic_name(t.name)
+            assignments = _assignments(t.replica_assignment, name)
+            if assignments and (t.partitions is not None or t.replication_factor is not None):
+                raise InvalidReplicaAssignmentError(
+                    f"topic {name!r}: give either replica_assignment or partitions and "
+                    "replication_factor, not both"
+                )
+            items.append(
+                controller_pb2.CreatableTopic(
+                    name=name,
+                    num_partitions=_count(
+                        t.partitions, f"topic {name!r}: partitions", InvalidPartitionsError
+                    ),
+                    replication_factor=_count(
+                        t.replication_factor,
+                        f"topic {name!r}: replication_factor",
+                        InvalidReplicationFactorError,
+                    ),
+                    assignments=assignments,
+                    configs=_configs(t.config),
+                )
+            )
+        _topic_names([i.name for i in items], "create_topics")
+        if not items:
+            return {}
+        resp = self._controller(
+            "CreateTopics",
+            controller_pb2.CreateTopicsRequest(
+                topics=items, timeout_ms=self._server_wait_ms, validate_only=validate_only
+            ),
+        )
+        out: dict[str, CreateTopicResult] = {}
+        failures = []
+        for r in resp.topics:
+            if r.error_code != NONE:
+                failures.append((r.name, _topic_error(r.error_code, r.error_message, r.name)))
+            else:
+                out[r.name] = CreateTopicResult(
+                    r.name, r.topic_id, r.num_partitions, r.replication_factor
+                )
+        _raise_first(failures)
+        return out
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and its data (UnknownTopicOrPartitionError if there is none)."""
+        self.delete_topics([name])
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        """Delete several topics; raises the first failure (the others are deleted anyway)."""
+        topics = _topic_names(names, "delete_topics")
+        if not topics:
+            return
+        resp = self._controller(
+            "DeleteTopics",
+            controller_pb2.DeleteTopicsRequest(topics=topics, timeout_ms=self._server_wait_ms),
+        )
+        _raise_first(
+            [
+                (r.name, _topic_error(r.error_code, r.error_message, r.name))
+                for r in resp.topics
+                if r.error_code != NONE
+            ]
+        )
+
+    def list_topics(self, internal: bool = False) -> dict[str, TopicListing]:
+        """Topics by name, sorted; internal ones (``__consumer_offsets``) only if asked.
+
+        A dict so that ``"orders" in admin.list_topics()`` and ``list(admin.list_topics())``
+        read like a list of names while the id and partition count are at hand.
+        """
+        resp = self._controller(
+            "ListTopics", controller_pb2.ListTopicsRequest(include_internal=internal)
+        )
+        return {
+            t.name: TopicListing(t.name, t.topic_id, t.partition_count, t.internal)
+            for t in sorted(resp.topics, key=lambda t: t.name)
+        }
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        """Topic id, overrides and every partition's leader, ISR and reassignment state."""
+        return self.describe_topics([name])[name]
+
+    def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
+        """Several topics by name (None = every topic, internal ones included, sorted); raises
+        the first unknown one."""
+        topics = [] if names is None else _topic_names(names, "describe_topics")
+        if names is not None and not topics:
+            return {}
+        resp = self._controller(
+            "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=topics)
+        )
+        _raise_first(
+            [
+                (t.name, _topic_error(t.error_code, t.error_message, t.name))
+                for t in resp.topics
+                if t.error_code != NONE
+            ]
+        )
+        found = {t.name: _topic_description(t) for t in resp.topics}
+        order = topics or sorted(found)
+        return {n: found[n] for n in order if n in found}
+
+    def create_partitions(
+        self,
+        name: str,
+        new_total: int,
+        *,
+        replica_assignment: Mapping[int, Sequence[int]] | None = None,
+        validate_only: bool = False,
+    ) -> None:
+        """Grow a topic to ``new_total`` partitions (counts only grow: InvalidPartitionsError).
+
+        Keys already written keep their partitions, so per-key order across the change is not
+        kept for keyed records (as in Kafka). ``replica_assignment`` places the new partitions
+        only (index -> node ids).
+        """
+        topic = _topic_name(name)
+        total = _count(
+            new_total,
+            f"topic {topic!r}: new partition count",
+            InvalidPartitionsError,
+            default_ok=False,
+        )
+        if replica_assignment is not None and not isinstance(replica_assignment, Mapping):
+            raise InvalidReplicaAssignmentError(
+                f"topic {topic!r}: replica_assignment must map new partition index -> node ids"
+            )
+        resp = self._controller(
+            "CreatePartitions",
+            controller_pb2.CreatePartitionsRequest(
+                topics=[
+                    controller_pb2.CreatePartitionsTopic(
+                        name=topic,
+                        count=total,
+                        assignments=_assignments(replica_assignment, topic),
+                    )
+                ],
+                timeout_ms=self._server_wait_ms,
+                validate_only=validate_only,
+            ),
+        )
+        _raise_first(
+            [
+                (r.name, _topic_error(r.error_code, r.error_message, r.name))
+                for r in resp.topics
+                if r.error_code != NONE
+            ]
+        )
+
+    # -- configs -----------------------------------------------------------------------------
+
+    def describe_configs(
+        self,
+        topic: str | None = None,
+        *,
+        node: int | None = None,
+        names: Iterable[str] | None = None,
+        documentation: bool = False,
+    ) -> dict[str, ConfigEntry]:
+        """Effective configs of a topic (overrides and defaults) or a storage node (static,
+        read-only), by name. ``names`` restricts the result; unknown names are left out."""
+        if (topic is None) == (node is None):
+            raise InvalidRequestError("describe_configs needs exactly one of topic= or node=")
+        if topic is not None:
+            res = controller_pb2.DescribeConfigsResource(
+                resource_type=controller_pb2.RESOURCE_TYPE_TOPIC, resource_name=_topic_name(topic)
+            )
+            what = f"topic {topic!r}"
+        else:
+            if not isinstance(node, int) or isinstance(node, bool) or node < 0:
+                raise InvalidRequestError(f"node must be a node id (int >= 0), not {node!r}")
+            res = controller_pb2.DescribeConfigsResource(
+                resource_type=controller_pb2.RESOURCE_TYPE_NODE, resource_name=str(node)
+            )
+            what = f"node {node}"
+        if names is not None:
+            if isinstance(names, str):
+                names = [names]
+            res.config_names.extend(names)
+        resp = self._controller(
+            "DescribeConfigs",
+            controller_pb2.DescribeConfigsRequest(
+                resources=[res], include_documentation=documentation
+            ),
+        )
+        out: dict[str, ConfigEntry] = {}
+        for r in resp.results:
+            if r.error_code != NONE:
+                raise _with_context(
+                    error_for(r.error_code, r.error_message or None),
+                    what,
+                    repr(r.resource_name) if topic is not None else f"node {r.resource_name}",
+                )
+            for c in r.configs:
+                out[c.name] = ConfigEntry(
+                    name=c.name,
+                    value=c.value if c.HasField("value") else None,
+                    source=_SOURCES.get(c.source, ConfigSource.UNKNOWN),
+                    read_only=c.read_only,
+                    sensitive=c.sensitive,
+                    documentation=c.documentation,
+                )
+        return out
+
+    def alter_configs(
+        self,
+        topic: str,
+        set: Mapping[str, ConfigValue] | None = None,  # shadows the builtin: Kafka's op name
+        delete: Iterable[str] | None = None,
+        *,
+        append: Mapping[str, ConfigValue] | None = None,
+        subtract: Mapping[str, ConfigValue] | None = None,
+        validate_only: bool = False,
+    ) -> None:
+        """Change a topic's configs incrementally, all or nothing: ``set`` overrides values,
+        ``delete`` removes overrides (the default applies again), ``append`` / ``subtract`` add
+        or remove items of list configs (``cleanup.policy``). Other configs stay as they are.
+
+        Unknown names and invalid values raise InvalidConfigError naming the config.
+        """
+        name = _topic_name(topic)
+        ops: list[controller_pb2.AlterableConfig] = []
+        seen: dict[str, str] = {}
+
+        def add(key: str, op: int, value: str | None, how: str) -> None:
+            if not isinstance(key, str) or not key:
+                raise InvalidConfigError(f"config names must be non-empty strings, not {key!r}")
+            if key in seen:
+                raise InvalidRequestError(
+                    f"topic {name!r}: config '{key}' is given to both {seen[key]} and {how}"
+                )
+            seen[key] = how
+            entry = controller_pb2.AlterableConfig(name=key, op=op)
+            if value is not None:
+                entry.value = value
+            ops.append(entry)
+
+        for how, op, values in (
+            ("set", controller_pb2.ALTER_CONFIG_OP_SET, set),
+            ("append", controller_pb2.ALTER_CONFIG_OP_APPEND, append),
+            ("subtract", controller_pb2.ALTER_CONFIG_OP_SUBTRACT, subtract),
+        ):
+            for key, value in _configs(values).items():
+                add(key, op, value, how)
+        if isinstance(delete, str):
+            delete = [delete]
+        for key in delete or []:
+            add(key, controller_pb2.ALTER_CONFIG_OP_DELETE, None, "delete")
+        resp = self._controller(
+            "AlterConfigs",
+            controller_pb2.AlterConfigsRequest(
+                resources=[
+                    controller_pb2.AlterConfigsResource(
+                        resource_type=controller_pb2.RESOURCE_TYPE_TOPIC,
+                        resource_name=name,
+                        configs=ops,
+                    )
+                ],
+                validate_only=validate_only,
+            ),
+        )
+        _raise_first(
+            [
+                (r.resource_name, _topic_error(r.error_code, r.error_message, r.resource_name))
+                for r in resp.results
+                if r.error_code != NONE
+            ]
+        )
+
+    # -- cluster -----------------------------------------------------------------------------
+
+    def describe_cluster(self, *, include_coordinators: bool = False) -> ClusterDescription:
+        """Cluster id, active controller and live storage nodes (with rack and state); with
+        ``include_coordinators``, the coordinator owning each consumer-group shard."""
+        resp = self._controller(
+            "DescribeCluster",
+            controller_pb2.DescribeClusterRequest(include_coordinators=include_coordinators),
+        )
+        nodes = tuple(
+            NodeInfo(
+                node_id=n.node_id,
+                host=n.host,
+                port=n.port,
+                rack=n.rack if n.HasField("rack") else None,
+                state=_NODE_STATES.get(n.state, NodeState.STARTING),
+                metrics_port=n.metrics_port,
+                software_version=n.software_version,
+                start_time_ms=n.start_time_ms,
+                incarnation_id=n.incarnation_id,
+            )
+            for n in sorted(resp.nodes, key=lambda n: n.node_id)
+        )
+        coordinators = {
+            s.shard: Node(s.coordinator_id, s.host, s.port)
+            for s in sorted(resp.coordinator_shards, key=lambda s: s.shard)
+        }
+        return ClusterDescription(
+            cluster_id=resp.cluster_id,
+            controller=_node(resp.controller if resp.HasField("controller") else None),
+            controller_epoch=resp.controller_epoch,
+            nodes=nodes,
+            coordinators=coordinators,
+        )
+
+    # -- offsets and records (partition leaders) ---------------------------------------------
+
+    def list_offsets(
+        self,
+        specs: Mapping[TopicPartition, OffsetSpec],
+        *,
+        isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted",
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Look offsets up on each partition's leader (one request per leader).
+
+        "earliest" is the log start offset, "latest" the offset the next committed record will
+        get (the high watermark), both with timestamp -1. A time gives the first record at or
+        after it and that record's timestamp, "max_timestamp" the largest timestamp and where
+        it is (the log indexes whole batches, so the offset may be that of the first record of
+        the batch holding it); when no record matches, the partition maps to None (as Kafka's
+        ``offsets_for_times``).
+        """
+        if isolation_level not in _ISOLATION:
+            raise InvalidRequestError(
+                f"isolation_level must be one of {', '.join(_ISOLATION)}, not {isolation_level!r}"
+            )
+        wanted = {tp: _offset_spec(tp, s) for tp, s in _tp_map(specs, "list_offsets").items()}
+
+        def request(group: Mapping[TopicPartition, int]) -> storage_pb2.ListOffsetsRequest:
+            req = storage_pb2.ListOffsetsRequest(
+                replica_id=-1, isolation_level=_ISOLATION[isolation_level]
+            )
+            for topic, parts in _by_topic(group).items():
+                req.topics.add(
+                    topic=topic,
+                    partitions=[
+                        storage_pb2.ListOffsetsPartition(
+                            partition=p, current_leader_epoch=-1, timestamp=ts
+                        )
+                        for p, ts in parts
+                    ],
+                )
+            return req
+
+        def results(
+            resp: storage_pb2.ListOffsetsResponse,
+        ) -> Iterable[tuple[TopicPartition, int, str, OffsetAndTimestamp | None]]:
+            for t in resp.topics:
+                for p in t.partitions:
+                    tp = TopicPartition(t.topic, p.partition)
+                    value = OffsetAndTimestamp(p.offset, p.timestamp) if p.offset >= 0 else None
+                    yield tp, p.error_code, p.error_message, value
+
+        return self._per_leader(wanted, "ListOffsets", request, results)
+
+    def delete_records(
+        self, before: Mapping[TopicPartition, int | Literal["latest"]]
+    ) -> dict[TopicPartition, int]:
+        """Delete every record below the given offset of each partition; returns each
+        partition's new low watermark (its first readable offset). "latest" deletes everything
+        committed. An offset above the high watermark raises OffsetOutOfRangeError. Offsets are
+        never reused: the next record still gets the next offset."""
+        wanted: dict[TopicPartition, int] = {}
+        for tp, offset in _tp_map(before, "delete_records").items():
+            if offset == "latest":
+                wanted[tp] = -1
+            elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+                wanted[tp] = offset
+            else:
+                raise InvalidRequestError(
+                    f"{tp.topic}-{tp.partition}: delete_records takes an offset >= 0 or "
+                    f"'latest' (everything committed), not {offset!r}"
+                )
+
+        def request(group: Mapping[TopicPartition, int]) -> storage_pb2.DeleteRecordsRequest:
+            req = storage_pb2.DeleteRecordsRequest(timeout_ms=self._server_wait_ms)
+            for topic, parts in _by_topic(group).items():
+                req.topics.add(
+                    topic=topic,
+                    partitions=[
+                        storage_pb2.DeleteRecordsPartition(partition=p, offset=o) for p, o in parts
+                    ],
+                )
+            return req
+
+        def results(
+            resp: storage_pb2.DeleteRecordsResponse,
+        ) -> Iterable[tuple[TopicPartition, int, str, int]]:
+            for t in resp.topics:
+                for p in t.partitions:
+                    yield (
+                        TopicPartition(t.topic, p.partition),
+                        p.error_code,
+                        p.error_message,
+                        p.low_watermark,
+                    )
+
+        return self._per_leader(wanted, "DeleteRecords", request, results)
+
+    def _per_leader(
+        self,
+        wanted: Mapping[TopicPartition, int],
+        method: str,
+        request: Callable[[Mapping[TopicPartition, int]], Any],
+        results: Callable[[Any], Iterable[tuple[TopicPartition, int, str, T]]],
+    ) -> dict[TopicPartition, T]:
+        """Send one request per partition leader (concurrently), and retry the partitions
+        whose leader moved or is not known yet until the request timeout; raise the first
+        partition that still failed, in the caller's order."""
+        if self._closed:
+            raise StromError("the Admin client is closed")
+        client = self._client
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        done: dict[TopicPartition, T] = {}
+        failed: dict[TopicPartition, StromError] = {}
+        pending = dict(wanted)
+        refresh = False
+        while pending:
+            last_round = time.monotonic() >= deadline
+            retry: dict[TopicPartition, StromError] = {}
+            groups: dict[str, dict[TopicPartition, int]] = {}
+            # One metadata lookup per topic (an unknown topic fails all its partitions at once).
+            topic_errors: dict[str, StromError] = {}
+            for topic in dict.fromkeys(tp.topic for tp in pending):
+                try:
+                    client.topic_metadata(topic, refresh=refresh)
+                except StromError as exc:
+                    topic_errors[topic] = exc
+            for tp, arg in pending.items():
+                error = topic_errors.get(tp.topic)
+                if error is None:
+                    try:
+                        addr = client.leader_of(tp.topic, tp.partition)
+                    except StromError as exc:
+                        error = exc
+                    else:
+                        groups.setdefault(addr, {})[tp] = arg
+                        continue
+                err = _with_context(error, f"{tp.topic}-{tp.partition}")
+                if error.retriable and not last_round:
+                    retry[tp] = err
+                else:
+                    failed[tp] = err
+            calls = {
+                addr: getattr(client.storage(addr), method).future(
+                    request(group), timeout=client.timeout_s
+                )
+                for addr, group in groups.items()
+            }
+            for addr, call in calls.items():
+                group = groups[addr]
+                try:
+                    resp = call.result()
+                except grpc.RpcError as exc:
+                    code = exc.code()
+                    transient = code in (
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                    )
+                    cls = BrokerNotAvailableError if transient else UnknownServerError
+                    for tp in group:
+                        err = cls(
+                            f"{tp.topic}-{tp.partition}: {method} at leader {addr} failed: "
+                            f"{code.name} {exc.details() or ''}".rstrip()
+                        )
+                        if transient and not last_round:
+                            retry[tp] = err
+                        else:
+                            failed[tp] = err
+                    continue
+                answered: set[TopicPartition] = set()
+                for tp, code, message, value in results(resp):
+                    if tp not in group:
+                        continue
+                    answered.add(tp)
+                    if code == NONE:
+                        done[tp] = value
+                    elif is_retriable(code) and not last_round:
+                        retry[tp] = _partition_error(code, message, tp)
+                    else:
+                        failed[tp] = _partition_error(code, message, tp)
+                for tp in group.keys() - answered:
+                    failed[tp] = UnknownServerError(
+                        f"{tp.topic}-{tp.partition}: leader {addr} did not answer for it"
+                    )
+            pending = {tp: wanted[tp] for tp in retry}
+            if pending:
+                if time.monotonic() >= deadline:
+                    failed.update(retry)
+                    break
+                refresh = True
+                time.sleep(0.1)
+        _raise_first([(f"{tp.topic}-{tp.partition}", failed[tp]) for tp in wanted if tp in failed])
+        return {tp: done[tp] for tp in wanted}
+
+    # -- leaders and reassignments -----------------------------------------------------------
+
+    def elect_leaders(
+        self,
+        partitions: Iterable[TopicPartition | str] | None = None,
+        *,
+        unclean: bool = False,
+    ) -> dict[TopicPartition, ElectionResult]:
+        """Run leader elections and return each partition's outcome.
+
+        Preferred (default): move leadership to each partition's first replica if it is live
+        and in sync, e.g. to rebalance leaders after a node came back. ``unclean=True``: for
+        partitions without a leader, elect any live replica even out of the ISR, accepting the
+        loss of records it lacks. ``partitions`` takes TopicPartitions and topic names (every
+        partition of the topic); None = every partition. Naming a partition or topic that does
+        not exist raises UnknownTopicOrPartitionError.
+        """
+        tps: list[TopicPartition] = []
+        if partitions is not None:
+            if isinstance(partitions, str):
+                partitions = [partitions]
+            items = list(partitions)
+            topics = [i for i in items if isinstance(i, str)]
+            described = self.describe_topics(list(dict.fromkeys(topics))) if topics else {}
+            for item in items:
+                if isinstance(item, str):
+                    tps.extend(described[item].topic_partitions)
+                else:
+                    tps.append(_tp(item))
+            tps = list(dict.fromkeys(tps))
+            if not tps:
+                return {}
+        resp = self._controller(
+            "ElectLeaders",
+            controller_pb2.ElectLeadersRequest(
+                election_type=(
+                    controller_pb2.ELECTION_TYPE_UNCLEAN
+                    if unclean
+                    else controller_pb2.ELECTION_TYPE_PREFERRED
+                ),
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in tps],
+                timeout_ms=self._server_wait_ms,
+            ),
+        )
+        out: dict[TopicPartition, ElectionResult] = {}
+        unknown = []
+        for r in sorted(resp.partitions, key=lambda r: (r.topic, r.partition)):
+            tp = TopicPartition(r.topic, r.partition)
+            error = None
+            if r.error_code != NONE:
+                error = _partition_error(r.error_code, r.error_message, tp)
+                if isinstance(error, UnknownTopicOrPartitionError):
+                    unknown.append((f"{tp.topic}-{tp.partition}", error))
+            out[tp] = ElectionResult(r.leader if r.leader >= 0 else None, r.leader_epoch, error)
+        _raise_first(unknown)
+        return out
+
+    def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int] | None]
+    ) -> None:
+        """Start moving partitions to new replica lists (preferred leader first), or cancel a
+        move in progress with None. The new replicas catch up as followers; the controller
+        then drops the removed ones. Watch the progress with :meth:`list_partition_reassignments`
+        (or ``describe_topic``). Cancelling where nothing is in progress raises
+        NoReassignmentInProgressError."""
+        items = []
+        for tp, replicas in _tp_map(reassignments, "alter_partition_reassignments").items():
+            if replicas is None:
+                items.append(
+                    controller_pb2.PartitionReassignment(
+                        topic=tp.topic, partition=tp.partition, cancel=True
+                    )
+                )
+            else:
+                items.append(
+                    controller_pb2.PartitionReassignment(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        replicas=_replicas(replicas, f"{tp.topic}-{tp.partition}"),
+                    )
+                )
+        if not items:
+            return
+        resp = self._controller(
+            "AlterPartitionReassignments",
+            controller_pb2.AlterPartitionReassignmentsRequest(
+                partitions=items, timeout_ms=self._server_wait_ms
+            ),
+        )
+        failures = []
+        for r in resp.partitions:
+            if r.error_code != NONE:
+                tp = TopicPartition(r.topic, r.partition)
+                failures.append(
+                    (
+                        f"{tp.topic}-{tp.partition}",
+                        _partition_error(r.error_code, r.error_message, tp),
+                    )
+                )
+        _raise_first(failures)
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, Reassignment]:
+        """Reassignments in progress (among ``partitions``, or all), sorted by partition."""
+        tps = [] if partitions is None else [_tp(p) for p in partitions]
+        if partitions is not None and not tps:
+            return {}
+        resp = self._controller(
+            "ListPartitionReassignments",
+            controller_pb2.ListPartitionReassignmentsRequest(
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in tps]
+            ),
+        )
+        return {
+            TopicPartition(r.topic, r.partition): Reassignment(
+                tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas)
+            )
+            for r in sorted(resp.reassignments, key=lambda r: (r.topic, r.partition))
+        }
+
+
+def _by_topic(group: Mapping[TopicPartition, V]) -> dict[str, list[tuple[int, V]]]:
+    out: dict[str, list[tuple[int, V]]] = {}
+    for tp, value in group.items():
+        out.setdefault(tp.topic, []).append((tp.partition, value))
+    return out

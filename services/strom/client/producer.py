@@ -1,0 +1,991 @@
+"""The Producer: ``send`` appends to per-partition batches; one sender thread ships them.
+
+Conventions follow kafka-python / confluent-kafka (``acks``, ``linger_ms``, ``batch_size``,
+``buffer_memory``, ``max_block_ms``, ``delivery_timeout_ms`` …) so users feel at home. How it
+works, and why:
+
+- ``send`` does as little as possible on the caller's thread (pick a partition, append three
+  list items, return a lazy future; see :mod:`strom.client.futures`): that is what lets one
+  Python thread hand over about a million records per second.
+- The sender thread closes batches when they are full, when ``linger_ms`` has passed, or on
+  ``flush``; encodes each batch once (Arrow, one call per batch); groups ready partitions by
+  leader node into one Produce request per node (up to ``max_in_flight`` requests per node);
+  and completes the batch's futures from the response.
+- A partition has at most one request in flight, so a retry can never overtake a later batch:
+  per-partition order holds with any ``max_in_flight``. With idempotence (default) each batch
+  carries producer id, epoch and a sequence fixed at its first send, so a retry of a batch the
+  leader already appended (response lost, leader changed) is answered with the original
+  offsets instead of appended twice (DESIGN §6).
+- Retriable errors (leader moved, not enough replicas, timeouts, node unreachable) refresh the
+  metadata and retry with exponential backoff until ``delivery_timeout_ms``; other errors fail
+  the batch's futures with a :class:`strom.errors.StromError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any, NamedTuple
+
+import grpc
+import pyarrow as pa
+
+from strom.api import common_pb2, storage_pb2
+from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBatch
+from strom.client.cluster import ClusterClient, _addr
+from strom.client.futures import FutureRecordMetadata
+from strom.client.partitioner import partition_for_key
+from strom.client.wire import PRODUCE_METHOD, encode_produce_request
+from strom.errors import (
+    BrokerNotAvailableError,
+    InvalidRequestError,
+    MessageTooLargeError,
+    RequestTimedOutError,
+    StromError,
+    UnknownTopicOrPartitionError,
+    error_for,
+    is_retriable,
+)
+from strom.record import codecs
+
+log = logging.getLogger(__name__)
+
+NONE = common_pb2.ErrorCode.NONE
+OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
+DUPLICATE = common_pb2.ErrorCode.DUPLICATE_SEQUENCE
+_ACKS = {"all": -1, "-1": -1, -1: -1, 1: 1, "1": 1, 0: 0, "0": 0}
+_TRANSPORT_RETRIABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
+
+Partitioner = Callable[[bytes | None, int], int]
+
+
+class BatchMetadata(NamedTuple):
+    """Where one chunk of a ``send_batch`` landed: ``count`` records from ``base_offset``."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    count: int
+
+
+class ProducerClosedError(StromError):
+    """The producer was closed (or fenced) before the record could be sent."""
+
+
+_key_partition = functools.lru_cache(maxsize=1 << 16)(partition_for_key)
+
+
+def _to_bytes(x: Any, what: str, serializer: Callable[[Any], bytes] | None) -> bytes | None:
+    if x is None:
+        return None
+    if serializer is not None:
+        x = serializer(x)
+        if x is None:
+            return None
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, str):
+        return x.encode()
+    if isinstance(x, bytearray | memoryview):
+        return bytes(x)
+    raise TypeError(
+        f"{what} must be bytes, str or None (or give a {what}_serializer), got {type(x).__name__}"
+    )
+
+
+class Producer:
+    """Sends records to strom topics; thread-safe; use as a context manager or ``close()``."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] | None = None,
+        *,
+        acks: int | str = "all",
+        linger_ms: float = 5,
+        batch_size: int = 256 * 1024,
+        buffer_memory: int = 64 * 1024 * 1024,
+        compression: str | None = "none",
+        enable_idempotence: bool = True,
+        retries: int = 2**31 - 1,
+        delivery_timeout_ms: int = 120_000,
+        request_timeout_ms: int = 30_000,
+        max_in_flight: int = 5,
+        max_block_ms: int = 60_000,
+        max_request_size: int = 1024 * 1024,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1000,
+        partitioner: Partitioner | None = None,
+        key_serializer: Callable[[Any], bytes] | None = None,
+        value_serializer: Callable[[Any], bytes] | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        if acks not in _ACKS:
+            raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
+        self.acks = _ACKS[acks]
+        if compression is None:
+            compression = "none"
+        try:
+            codecs.codec_id(compression)
+        except (ValueError, KeyError) as exc:
+            raise ValueError(
+                f"unknown compression {compression!r}: use none, gzip, snappy, lz4 or zstd"
+            ) from exc
+        for name, v in (
+            ("batch_size", batch_size),
+            ("buffer_memory", buffer_memory),
+            ("max_in_flight", max_in_flight),
+            ("max_request_size", max_request_size),
+            ("delivery_timeout_ms", delivery_timeout_ms),
+            ("request_timeout_ms", request_timeout_ms),
+        ):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if linger_ms < 0 or max_block_ms < 0 or retries < 0:
+            raise ValueError("linger_ms, max_block_ms and retries must be >= 0")
+        self.compression = compression
+        self.linger_s = linger_ms / 1000
+        self.batch_size = batch_size
+        self.buffer_memory = buffer_memory
+        # acks=0 never sees a response, so sequence numbers could not be confirmed.
+        self.idempotent = bool(enable_idempotence) and self.acks != 0
+        self.retries = retries
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.max_in_flight = max_in_flight
+        self.max_block_s = max_block_ms / 1000
+        self.max_request_size = max_request_size
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        self.partitioner = partitioner
+        self.key_serializer = key_serializer
+        self.value_serializer = value_serializer
+        self.client_id = client_id
+        self._client = ClusterClient(bootstrap, retry_s=max(self.max_block_s, 0.1))
+
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._space_waiters = 0
+        self._buffered = 0
+        self._queues: dict[tuple[str, int], PartitionQueue] = {}
+        self._open: dict[tuple[str, int], ProducerBatch] = {}  # batches still taking records
+        self._serializers = key_serializer is not None or value_serializer is not None
+        self._sticky: dict[str, int] = {}
+        self._counts: dict[str, int] = {}  # topic -> partition count
+        self._leaders: dict[tuple[str, int], tuple[str, int]] = {}  # -> (address, epoch)
+        self._stale: set[str] = set()  # topics whose leaders must be looked up again
+        self._last_refresh: dict[str, float] = {}
+        self._in_flight: dict[str, int] = {}
+        self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
+        self._flushing = 0
+        self._closing = False
+        self._closed = False
+        self._fatal: StromError | None = None
+        self._producer_id = -1
+        self._producer_epoch = -1
+        self._wake = threading.Event()
+        self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._run, name="strom-producer", daemon=True)
+        self._sender.start()
+
+    # -- public API ------------------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Sequence[tuple[str, bytes | str]] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Callable[[Any, BaseException | None], object] | None = None,
+    ) -> FutureRecordMetadata:
+        """Queue one record; returns a Future of its :class:`RecordMetadata`.
+
+        ``callback(metadata, exception)`` (one of them None) runs on the producer's thread
+        when the record is acknowledged or failed. Blocks up to ``max_block_ms`` when the
+        topic's metadata is not known yet or the buffer is full.
+        """
+        # The hot path: every line here is paid once per record (see the module docstring).
+        if self._closing:
+            raise ProducerClosedError("the producer is closed")
+        if (value is not None and type(value) is not bytes) or self._serializers:
+            value = _to_bytes(value, "value", self.value_serializer)
+        if key is not None and (type(key) is not bytes or self._serializers):
+            key = _to_bytes(key, "key", self.key_serializer)
+        n = self._counts.get(topic)
+        if n is None:
+            n = self._topic_partitions(topic)
+        if partition is None:
+            if self.partitioner is not None:
+                partition = self.partitioner(key, n)
+            elif key is not None:
+                partition = _key_partition(key, n)
+            else:
+                partition = self._sticky.get(topic)
+                if partition is None or partition >= n:
+                    partition = self._sticky[topic] = random.randrange(n)
+        elif type(partition) is not int or not 0 <= partition < n:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition!r} (it has {n})", retriable=False
+            )
+        size = 16 if value is None else len(value) + 16  # RECORD_OVERHEAD
+        if key is not None:
+            size += len(key)
+        if headers:
+            headers = _headers(headers)
+            size += sum(len(h) + len(v or b"") for h, v in headers)
+        else:
+            headers = None
+        if size > self.max_request_size:
+            raise MessageTooLargeError(
+                f"the record is {size} bytes, more than max_request_size={self.max_request_size}"
+            )
+        if timestamp_ms is None:
+            timestamp_ms = _time_ns() // 1_000_000
+        wake = False
+        with self._lock:
+            if self._buffered + size > self.buffer_memory:
+                self._wait_for_space(size)
+            self._buffered += size
+            b = self._open.get((topic, partition))
+            if b is None or (b.size + size > self.batch_size and b.count):
+                b = self._new_batch(topic, partition)
+                wake = True
+            index = b.count
+            b.count = index + 1
+            b.values.append(value)
+            b.keys.append(key)
+            b.timestamps.append(timestamp_ms)
+            if key is not None:
+                b.has_keys = True
+            if headers is not None or b.headers is not None:
+                b.add_headers(index, headers)
+            b.size += size
+            if b.size + size > self.batch_size:  # full: the next record like this won't fit
+                self._close_open(topic, partition)
+                wake = True
+                if key is None and partition == self._sticky.get(topic) and n > 1:
+                    self._sticky[topic] = (partition + random.randrange(1, n)) % n
+        if wake:
+            self._wake.set()
+        if callback is not None:
+            self._on_delivery(b.result, index, callback)
+        return FutureRecordMetadata(b.result, index)
+
+    @staticmethod
+    def _on_delivery(
+        result: Any, index: int, callback: Callable[[Any, BaseException | None], object]
+    ) -> None:
+        def done() -> None:
+            err = result.error
+            callback(None if err else result.metadata(index), err)
+
+        result.on_done(done)
+
+    def _new_batch(self, topic: str, partition: int) -> ProducerBatch:
+        """With the lock held: open a new batch for the partition (closing the old one)."""
+        tp = (topic, partition)
+        pq = self._queues.get(tp)
+        if pq is None:
+            pq = self._queues[tp] = PartitionQueue(topic, partition)
+        b = pq.new_batch()
+        self._open[tp] = b
+        return b
+
+    def _close_open(self, topic: str, partition: int) -> None:
+        """With the lock held: the partition's open batch takes no more records."""
+        tp = (topic, partition)
+        self._open.pop(tp, None)
+        pq = self._queues.get(tp)
+        if pq is not None:
+            pq.close_open()
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Sequence[Any] | pa.Array | pa.Table | pa.RecordBatch,
+        keys: Sequence[Any] | pa.Array | None = None,
+        *,
+        headers: Sequence[Any] | pa.Array | None = None,
+        timestamps: Sequence[int] | pa.Array | None = None,
+        partition: int | None = None,
+    ) -> Future[list[BatchMetadata]]:
+        """Queue many records at once, without per-record Python work where possible.
+
+        ``values`` is a list of bytes/None, an Arrow binary array, or an Arrow table/batch
+        with a ``value`` column and optional ``key``, ``headers`` and ``timestamp`` columns.
+        Records are split into batches of about ``batch_size`` bytes: with keys each goes to
+        its key's partition, without keys batches go round the partitions (sticky per batch).
+        Returns one Future of the list of :class:`BatchMetadata` (one per batch, in order).
+        """
+        if self._closing:
+            raise ProducerClosedError("the producer is closed")
+        table = _as_table(values, keys, headers, timestamps)
+        if table.num_rows == 0:
+            done: Future[list[BatchMetadata]] = Future()
+            done.set_result([])
+            return done
+        n = self._counts.get(topic) or self._topic_partitions(topic)
+        if partition is not None and not 0 <= partition < n:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition} (it has {n})", retriable=False
+            )
+        groups: list[tuple[int, pa.Table]]
+        if partition is not None:
+            groups = [(partition, table)]
+        elif "key" in table.schema.names and table.column("key").null_count < table.num_rows:
+            groups = _split_by_key(table, n, self.partitioner)
+        else:
+            groups = [(-1, table)]
+        chunks: list[ProducerBatch] = []
+        for p, t in groups:
+            for chunk in _chunks(t, self.batch_size, self.max_request_size):
+                if p < 0:
+                    part = self._sticky.get(topic)
+                    if part is None or part >= n:
+                        part = random.randrange(n)
+                    self._sticky[topic] = (part + 1) % n
+                else:
+                    part = p
+                chunks.append(ProducerBatch(topic, part, chunk))
+        with self._lock:
+            for b in chunks:
+                if self._buffered + b.size > self.buffer_memory and self._buffered:
+                    self._wait_for_space(b.size)
+                tp = (topic, b.partition)
+                pq = self._queues.get(tp)
+                if pq is None:
+                    pq = self._queues[tp] = PartitionQueue(topic, b.partition)
+                pq.add_closed(b)
+                self._open.pop(tp, None)
+                self._buffered += b.size
+        self._wake.set()
+        return _gather(chunks)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued so far and wait until it is acknowledged or failed."""
+        with self._lock:
+            pending = [b.result for pq in self._queues.values() for b in pq.batches]
+            self._flushing += 1
+        self._wake.set()
+        try:
+            end = None if timeout is None else time.monotonic() + timeout
+            for r in pending:
+                left = None if end is None else max(end - time.monotonic(), 0)
+                if not r.wait(left):
+                    raise RequestTimedOutError(f"flush did not finish within {timeout} s")
+        finally:
+            with self._lock:
+                self._flushing -= 1
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, stop the sender and release connections. Records still unsent after
+        ``timeout`` seconds fail with :class:`ProducerClosedError`."""
+        if self._closed:
+            return
+        with contextlib.suppress(StromError):
+            self.flush(timeout)
+        self._closing = True
+        self._wake.set()
+        self._sender.join(timeout)
+        self._closed = True
+        self._fail_all(ProducerClosedError("the producer was closed before the record was sent"))
+        self._client.close()
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The topic's partition numbers (fetching metadata if needed)."""
+        n = self._counts.get(topic) or self._topic_partitions(topic)
+        return list(range(n))
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- caller-side helpers ---------------------------------------------------------------
+
+    def _topic_partitions(self, topic: str) -> int:
+        """Partition count of ``topic``, waiting up to max_block_ms for metadata."""
+        if not topic or not isinstance(topic, str):
+            raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
+        try:
+            entry, md = self._client._topic_with_nodes(topic)
+        except BrokerNotAvailableError as exc:
+            raise RequestTimedOutError(
+                f"no metadata for topic {topic!r} within max_block_ms="
+                f"{self.max_block_s * 1000:.0f}: {exc.message}"
+            ) from None
+        self._learn(topic, entry, md)
+        return len(entry.partitions)
+
+    def _learn(self, topic: str, entry: Any, md: Any) -> None:
+        nodes = {n.node_id: _addr(n) for n in md.nodes}
+        with self._lock:
+            for p in entry.partitions:
+                addr = nodes.get(p.leader)
+                if addr is None:
+                    self._leaders.pop((topic, p.partition), None)
+                else:
+                    self._leaders[(topic, p.partition)] = (addr, p.leader_epoch)
+            self._counts[topic] = len(entry.partitions)
+
+    def _wait_for_space(self, size: int) -> None:
+        """Called with the lock held: block until ``size`` bytes fit or max_block_ms passes."""
+        end = time.monotonic() + self.max_block_s
+        self._space_waiters += 1
+        try:
+            while self._buffered + size > self.buffer_memory and self._buffered:
+                left = end - time.monotonic()
+                if left <= 0 or self._closing:
+                    raise RequestTimedOutError(
+                        f"buffer_memory={self.buffer_memory} bytes full for max_block_ms="
+                        f"{self.max_block_s * 1000:.0f}: the cluster is not keeping up or "
+                        "not reachable"
+                    )
+                self._wake.set()
+                self._space.wait(left)
+        finally:
+            self._space_waiters -= 1
+
+    # -- the sender thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                while True:
+                    try:
+                        item = self._completions.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._complete(*item)
+                now = time.monotonic()
+                if self._closing and (not self._has_pending() or self._closed):
+                    return
+                self._expire(now)
+                self._refresh_stale(now)
+                timeout = self._send_ready(now)
+            except Exception:  # never let the sender die silently
+                log.exception("producer sender loop failed")
+                timeout = self.retry_backoff_s
+            self._wake.wait(timeout)
+            self._wake.clear()
+
+    def _has_pending(self) -> bool:
+        with self._lock:
+            return any(pq.batches for pq in self._queues.values())
+
+    def _ensure_producer_id(self) -> bool:
+        if not self.idempotent or self._producer_id >= 0:
+            return True
+        req = storage_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
+        for addr in self._client._candidates():
+            try:
+                resp = self._client.storage(addr).InitProducerId(
+                    req, timeout=self.request_timeout_s
+                )
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._fatal = ProducerClosedError(
+                        f"node {addr} does not support idempotent producers; "
+                        "use enable_idempotence=False"
+                    )
+                    self._fail_all(self._fatal)
+                    return False
+                continue
+            if resp.error_code == NONE:
+                self._producer_id, self._producer_epoch = resp.producer_id, resp.producer_epoch
+                return True
+            if not is_retriable(resp.error_code):
+                self._fatal = error_for(resp.error_code, resp.error_message)
+                self._fail_all(self._fatal)
+                return False
+        return False
+
+    def _send_ready(self, now: float) -> float | None:
+        """Ship every ready partition; returns how long the sender may sleep.
+
+        A partition's batches go out in sequence order: with idempotence up to
+        ``max_in_flight`` requests per partition are pipelined (the leader refuses a batch whose
+        predecessor is missing, so a failed request cannot be overtaken silently); without it,
+        one at a time. After an error the partition drains its in-flight requests and resends
+        from its oldest unacknowledged batch.
+        """
+        if not self._ensure_producer_id():
+            return self.retry_backoff_s
+        next_wake: float | None = None
+        force = self._flushing > 0 or self._closing
+        depth = self.max_in_flight if self.idempotent else 1
+        per_node: dict[str, list[tuple[PartitionQueue, list[ProducerBatch], int]]] = {}
+        with self._lock:
+            for pq in self._queues.values():
+                if not pq.batches:
+                    continue
+                if pq.retrying or pq.reseq_from is not None:
+                    if pq.in_flight:
+                        continue  # let every outstanding answer come back first
+                    if pq.retry_at > now:
+                        next_wake = _earlier(next_wake, pq.retry_at - now)
+                        continue
+                    if pq.reseq_from is not None:
+                        self._resequence(pq)
+                    pq.retrying = False
+                if pq.in_flight >= depth:
+                    continue
+                queued = [b for b in pq.batches if not b.sent]
+                if not queued:
+                    continue
+                first = queued[0]
+                if not (first.closed or force or now - first.created >= self.linger_s):
+                    next_wake = _earlier(next_wake, first.created + self.linger_s - now)
+                    continue
+                leader = self._leaders.get((pq.topic, pq.partition))
+                if leader is None:
+                    self._stale.add(pq.topic)
+                    next_wake = _earlier(next_wake, self.retry_backoff_s)
+                    continue
+                addr, epoch = leader
+                if self._in_flight.get(addr, 0) >= self.max_in_flight:
+                    continue  # a completion wakes us
+                take: list[ProducerBatch] = []
+                size = 0
+                for b in queued:
+                    if take and (
+                        first.attempts or b.attempts or size + b.size > self.max_request_size
+                    ):
+                        break
+                    if b is pq.open:
+                        pq.close_open()
+                        self._open.pop((pq.topic, pq.partition), None)
+                    take.append(b)
+                    size += b.size
+                    b.sent = True
+                    if b.base_sequence < 0 and self.idempotent:
+                        b.base_sequence = pq.next_sequence
+                        pq.next_sequence = (pq.next_sequence + b.count) & 0x7FFFFFFF
+                pq.in_flight += 1
+                self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
+                per_node.setdefault(addr, []).append((pq, take, epoch))
+        for addr, entries in per_node.items():
+            self._send_request(addr, entries)
+        return next_wake
+
+    @staticmethod
+    def _resequence(pq: PartitionQueue) -> None:
+        """With the lock held and nothing in flight: after a batch failed for good, the ones
+        behind it (none of which was appended) take over its sequence numbers."""
+        assert pq.reseq_from is not None
+        seq = pq.reseq_from
+        for b in pq.batches:
+            b.base_sequence = seq
+            seq = (seq + b.count) & 0x7FFFFFFF
+        pq.next_sequence = seq
+        pq.reseq_from = None
+
+    def _send_request(
+        self, addr: str, entries: list[tuple[PartitionQueue, list[ProducerBatch], int]]
+    ) -> None:
+        topics: dict[str, list[tuple[int, int, list[bytes]]]] = {}
+        try:
+            for pq, batches, epoch in entries:
+                data = [
+                    b.encode(
+                        self.compression,
+                        self._producer_id if self.idempotent else -1,
+                        self._producer_epoch if self.idempotent else -1,
+                        b.base_sequence if self.idempotent else -1,
+                    )
+                    for b in batches
+                ]
+                topics.setdefault(pq.topic, []).append((pq.partition, epoch, data))
+            req = encode_produce_request(self.acks, int(self.request_timeout_s * 1000), topics)
+        except Exception as exc:  # bad input that escaped send()'s checks: fail, don't loop
+            err = InvalidRequestError(f"could not encode a batch: {exc}")
+            self._complete(addr, entries, None, err)
+            return
+        try:
+            call = self._produce_calls.get(addr)
+            if call is None:
+                call = self._produce_calls[addr] = self._client.channel(addr).unary_unary(
+                    PRODUCE_METHOD,
+                    request_serializer=None,
+                    response_deserializer=storage_pb2.ProduceResponse.FromString,
+                )
+            fut = call.future(req, timeout=self.request_timeout_s + 5)
+        except Exception as exc:  # channel closed under us
+            self._complete(addr, entries, None, exc)
+            return
+
+        def done(f: grpc.Future) -> None:
+            self._completions.put((addr, entries, f, None))
+            self._wake.set()
+
+        fut.add_done_callback(done)
+
+    def _complete(
+        self,
+        addr: str,
+        entries: list[tuple[PartitionQueue, list[ProducerBatch], int]],
+        fut: grpc.Future | None,
+        error: BaseException | None,
+    ) -> None:
+        with self._lock:
+            self._in_flight[addr] = max(self._in_flight.get(addr, 0) - 1, 0)
+        results: dict[tuple[str, int], Any] = {}
+        if error is None and fut is not None:
+            try:
+                resp = fut.result()
+            except grpc.RpcError as exc:
+                error = exc
+            else:
+                for t in resp.topics:
+                    for r in t.partitions:
+                        results[(t.topic, r.partition)] = r
+        now = time.monotonic()
+        for pq, batches, _ in entries:
+            if error is not None:
+                code = error.code() if isinstance(error, grpc.RpcError) else None
+                if code in _TRANSPORT_RETRIABLE:
+                    self._retry(
+                        pq,
+                        batches,
+                        BrokerNotAvailableError(f"leader {addr} unreachable: {code.name}"),
+                        now,
+                    )
+                elif isinstance(error, StromError):
+                    self._fail(pq, batches, error)
+                else:
+                    detail = error.details() if isinstance(error, grpc.RpcError) else str(error)
+                    self._fail(
+                        pq, batches, InvalidRequestError(f"produce to {addr} failed: {detail}")
+                    )
+                continue
+            r = results.get((pq.topic, pq.partition))
+            if self.acks == 0:  # the leader answers before appending and reports nothing
+                for b in batches:
+                    b.result.complete(-1)
+                self._done(pq, batches)
+            elif r is None:
+                self._fail(
+                    pq, batches, InvalidRequestError("the leader's answer left out the partition")
+                )
+            elif r.error_code == DUPLICATE:
+                # Appended long ago (older than the leader remembers): success, offset unknown.
+                for b in batches:
+                    b.result.complete(-1, r.log_append_time_ms)
+                self._done(pq, batches)
+            elif r.error_code == NONE:
+                base = r.base_offset
+                for b in batches:
+                    b.result.complete(base, r.log_append_time_ms)
+                    if base >= 0:
+                        base += b.count
+                self._done(pq, batches)
+            elif r.error_code == OUT_OF_ORDER and self._behind_trouble(pq, batches):
+                # An earlier batch of the partition failed or is being retried: this one was
+                # refused for the gap, not for itself. Resend it after that one.
+                self._requeue(pq, batches, now)
+            elif is_retriable(r.error_code):
+                self._retry(pq, batches, error_for(r.error_code, r.error_message), now)
+            elif len(batches) > 1:
+                # Find the batch at fault: resend them one by one (nothing was appended).
+                for b in batches:
+                    b.attempts = max(b.attempts, 1)
+                self._requeue(pq, batches, now)
+            else:
+                err = error_for(r.error_code, r.error_message or f"{pq.topic}-{pq.partition}")
+                if r.error_code == common_pb2.ErrorCode.INVALID_PRODUCER_EPOCH:
+                    self._fatal = ProducerClosedError(f"producer fenced: {err.message}")
+                self._fail(pq, batches, err)
+        if self._fatal is not None:
+            self._fail_all(self._fatal)
+
+    def _behind_trouble(self, pq: PartitionQueue, batches: list[ProducerBatch]) -> bool:
+        with self._lock:
+            if pq.retrying or pq.reseq_from is not None:
+                return True
+            first = batches[0]
+            for b in pq.batches:  # an older batch still unacknowledged and not in flight
+                if b is first:
+                    return False
+                if not b.sent:
+                    return True
+            return False
+
+    def _requeue(self, pq: PartitionQueue, batches: list[ProducerBatch], now: float) -> None:
+        with self._lock:
+            for b in batches:
+                b.sent = False
+            pq.in_flight = max(pq.in_flight - 1, 0)
+            pq.retrying = True
+            pq.retry_at = min(pq.retry_at, now) if pq.retry_at > now else pq.retry_at
+
+    def _done(self, pq: PartitionQueue, batches: list[ProducerBatch]) -> None:
+        """Acknowledged or failed for good: forget the batches and free their memory."""
+        with self._lock:
+            for b in batches:
+                b.sent = False
+                if pq.batches and pq.batches[0] is b:
+                    pq.batches.popleft()
+                else:
+                    with contextlib.suppress(ValueError):
+                        pq.batches.remove(b)
+                self._buffered -= b.size
+            pq.in_flight = max(pq.in_flight - 1, 0)
+            if self._space_waiters:
+                self._space.notify_all()
+
+    def _fail(self, pq: PartitionQueue, batches: list[ProducerBatch], err: BaseException) -> None:
+        """Fail ``batches`` (none was appended); the batches behind them take over their
+        sequence numbers once nothing is in flight."""
+        with self._lock:
+            if self.idempotent and batches and batches[0].base_sequence >= 0:
+                seq = batches[0].base_sequence  # (sequence wrap-around ignored here)
+                pq.reseq_from = seq if pq.reseq_from is None else min(pq.reseq_from, seq)
+        for b in batches:
+            b.result.fail(err)
+        self._done(pq, batches)
+
+    def _retry(
+        self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError, now: float
+    ) -> None:
+        first = batches[0]
+        if now - first.created >= self.delivery_timeout_s or first.attempts >= self.retries:
+            self._fail_appended_maybe(pq, batches, err)
+            return
+        for b in batches:
+            b.attempts += 1
+        backoff = min(self.retry_backoff_s * (2 ** (first.attempts - 1)), self.retry_backoff_max_s)
+        with self._lock:
+            for b in batches:
+                b.sent = False
+            pq.in_flight = max(pq.in_flight - 1, 0)
+            pq.retrying = True
+            pq.retry_at = max(pq.retry_at, now + backoff * random.uniform(0.8, 1.2))
+            self._stale.add(pq.topic)
+        log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
+
+    def _fail_appended_maybe(
+        self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError
+    ) -> None:
+        """Give up on batches whose outcome is unknown (they may have been appended): their
+        sequence numbers stay used, so later batches keep theirs."""
+        timeout = RequestTimedOutError(
+            f"{pq.topic}-{pq.partition}: not acknowledged within delivery_timeout_ms="
+            f"{self.delivery_timeout_s * 1000:.0f} (last error: {err})"
+        )
+        for b in batches:
+            b.result.fail(timeout)
+        self._done(pq, batches)
+
+    def _expire(self, now: float) -> None:
+        """Fail batches that waited longer than delivery_timeout_ms without being sent."""
+        expired: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
+        with self._lock:
+            for pq in self._queues.values():
+                if pq.in_flight or not pq.batches:
+                    continue
+                old = [b for b in pq.batches if now - b.created >= self.delivery_timeout_s]
+                if old and old[0] is pq.batches[0]:
+                    if pq.open in old:
+                        self._close_open(pq.topic, pq.partition)
+                    for b in old:
+                        b.sent = True  # _done below counts one request per call
+                    pq.in_flight += 1
+                    expired.append((pq, old))
+        for pq, old in expired:
+            self._fail(
+                pq,
+                old,
+                RequestTimedOutError(
+                    f"{pq.topic}-{pq.partition}: not sent within delivery_timeout_ms="
+                    f"{self.delivery_timeout_s * 1000:.0f} (no reachable leader)"
+                ),
+            )
+
+    def _refresh_stale(self, now: float) -> None:
+        with self._lock:
+            topics = [
+                t
+                for t in self._stale
+                if now - self._last_refresh.get(t, 0.0) >= self.retry_backoff_s
+            ]
+        if not topics:
+            return
+        for t in topics:
+            self._last_refresh[t] = now
+        try:
+            md = self._client.metadata(topics)
+        except StromError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+            return
+        for entry in md.topics:
+            if entry.error_code == NONE:
+                self._learn(entry.name, entry, md)
+                with self._lock:
+                    if all((entry.name, p.partition) in self._leaders for p in entry.partitions):
+                        self._stale.discard(entry.name)
+
+    def _fail_all(self, err: StromError) -> None:
+        with self._lock:
+            victims = [(pq, list(pq.batches)) for pq in self._queues.values() if pq.batches]
+        for pq, batches in victims:
+            for b in batches:
+                b.result.fail(err)
+            with self._lock:
+                for b in batches:
+                    if b in pq.batches:
+                        pq.batches.remove(b)
+                        self._buffered -= b.size
+                if pq.open in batches:
+                    pq.open = None
+                    self._open.pop((pq.topic, pq.partition), None)
+                if self._space_waiters:
+                    self._space.notify_all()
+
+
+_time_ns = time.time_ns
+
+
+def _headers(headers: Any) -> list[tuple[str, bytes | None]]:
+    try:
+        return [(str(h), v.encode() if isinstance(v, str) else v) for h, v in headers]
+    except (TypeError, ValueError):
+        raise TypeError(f"headers must be (str, bytes) pairs, got {headers!r}") from None
+
+
+def _earlier(a: float | None, b: float) -> float:
+    b = max(b, 0.0)
+    return b if a is None else min(a, b)
+
+
+def _as_table(values: Any, keys: Any, headers: Any, timestamps: Any) -> pa.Table:
+    if isinstance(values, pa.RecordBatch):
+        values = pa.Table.from_batches([values])
+    if isinstance(values, pa.Table):
+        if keys is not None or headers is not None or timestamps is not None:
+            raise ValueError("with an Arrow table, give keys/headers/timestamps as its columns")
+        if "value" not in values.schema.names:
+            raise ValueError(
+                f"the Arrow table needs a 'value' column; it has {values.schema.names}"
+            )
+        return values
+    cols = {"value": _binary(values, "values")}
+    n = len(cols["value"])
+    if keys is not None:
+        cols["key"] = _binary(keys, "keys")
+        if len(cols["key"]) != n:
+            raise ValueError(f"{len(cols['key'])} keys for {n} values")
+    if headers is not None:
+        from strom.record.schema import HEADERS_TYPE
+
+        cols["headers"] = (
+            headers
+            if isinstance(headers, pa.Array)
+            else pa.array(
+                [
+                    None
+                    if h is None
+                    else [(k, v.encode() if isinstance(v, str) else v) for k, v in h]
+                    for h in headers
+                ],
+                type=HEADERS_TYPE,
+            )
+        )
+    if timestamps is not None:
+        cols["timestamp"] = (
+            timestamps
+            if isinstance(timestamps, pa.Array)
+            else pa.array(timestamps, type=pa.int64())
+        )
+    return pa.table(cols)
+
+
+def _binary(x: Any, what: str) -> pa.Array:
+    if isinstance(x, pa.ChunkedArray):
+        x = x.combine_chunks()
+    if isinstance(x, pa.Array):
+        if pa.types.is_string(x.type) or pa.types.is_large_string(x.type):
+            return x.cast(pa.binary())
+        return x
+    try:
+        return pa.array(x, type=pa.binary())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        try:
+            return pa.array(x, type=pa.string()).cast(pa.binary())
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise TypeError(f"{what} must be bytes, str or None: {exc}") from None
+
+
+def _split_by_key(
+    table: pa.Table, n: int, partitioner: Partitioner | None
+) -> list[tuple[int, pa.Table]]:
+    """Group rows by their key's partition, keeping each partition's rows in input order."""
+    import numpy as np
+
+    keys = table.column("key").to_pylist()
+    pick = partitioner or _key_partition
+    if partitioner is None:
+        parts = np.fromiter(
+            (random.randrange(n) if k is None else _key_partition(k, n) for k in keys),
+            dtype=np.int32,
+            count=len(keys),
+        )
+    else:
+        parts = np.fromiter((pick(k, n) for k in keys), dtype=np.int32, count=len(keys))
+    out = []
+    for p in np.unique(parts):
+        idx = np.flatnonzero(parts == p)
+        out.append((int(p), table.take(pa.array(idx))))
+    return out
+
+
+def _chunks(table: pa.Table, batch_size: int, max_size: int) -> Iterable[pa.Table]:
+    """Slices of about ``batch_size`` bytes (cheap: zero-copy slices)."""
+    n = table.num_rows
+    if n == 0:
+        return
+    per_row = max(table.nbytes / n + RECORD_OVERHEAD, 1)
+    if per_row > max_size:
+        raise MessageTooLargeError(
+            f"records average {per_row:.0f} bytes, more than max_request_size={max_size}"
+        )
+    rows = max(int(batch_size // per_row), 1)
+    for start in range(0, n, rows):
+        yield table.slice(start, rows)
+
+
+def _gather(batches: list[ProducerBatch]) -> Future[list[BatchMetadata]]:
+    out: Future[list[BatchMetadata]] = Future()
+    left = [len(batches)]
+    lock = threading.Lock()
+
+    def one_done() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if not last:
+            return
+        for b in batches:
+            if b.result.error is not None:
+                out.set_exception(b.result.error)
+                return
+        out.set_result(
+            [BatchMetadata(b.topic, b.partition, b.result.base_offset, b.count) for b in batches]
+        )
+
+    for b in batches:
+        b.result.on_done(one_done)
+    return out

@@ -1,0 +1,433 @@
+"""Idempotent producer state of one partition (DESIGN §6 "Idempotent producers").
+
+Per producer id the log keeps the producer's current epoch and the last
+:data:`BATCHES_KEPT` batches it appended: sequence range, offsets and max timestamp. That is
+enough to decide, from batch header fields alone (producer id, producer epoch, base sequence,
+last offset delta), what to do with each batch of a produce request:
+
+==============================================  ==============================================
+batch                                           verdict
+==============================================  ==============================================
+producer id -1                                  not idempotent: appended, nothing checked
+unknown producer id, base sequence 0            appended (a new producer)
+unknown producer id, base sequence > 0          ``UNKNOWN_PRODUCER_ID``
+epoch older than the producer's                 ``INVALID_PRODUCER_EPOCH`` (fenced)
+newer epoch, base sequence 0                    appended (sequences restart with an epoch)
+newer epoch, base sequence > 0                  ``OUT_OF_ORDER_SEQUENCE``
+same epoch, same range as a kept batch          duplicate: answered with its original offsets
+same epoch, base sequence = last sequence + 1   appended
+same epoch, wholly before every kept batch      ``DUPLICATE_SEQUENCE`` (offsets forgotten)
+anything else (a gap, an overlap)               ``OUT_OF_ORDER_SEQUENCE``
+==============================================  ==============================================
+
+Sequence numbers wrap from 2**31 - 1 to 0, as in Kafka. The refusal reasons are the names of
+the ``strom.v1.ErrorCode`` values the storage node answers with; this module itself knows
+nothing of gRPC or etcd. :class:`ProducerStateManager` is not thread-safe: the partition log
+uses it under its own lock. State is updated only from batches actually written (leader
+appends and follower replication alike), so it always describes the log.
+
+Snapshots: :func:`write_snapshot` stores the state as of an offset in
+``<offset:020d>.snapshot`` beside the segments (CRC-protected); the log writes one when it
+rolls a segment and when it closes, so that opening it only has to scan the batch headers
+after the newest snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import crc32c
+
+from strom.log.errors import LogError
+
+#: Sequence numbers are 31-bit and wrap to 0 after this.
+MAX_SEQUENCE = (1 << 31) - 1
+#: Producer epochs are 16-bit in the batch header.
+MAX_PRODUCER_EPOCH = 32767
+#: How many recent batches per producer can be recognised as retries (Kafka: 5).
+BATCHES_KEPT = 5
+NO_PRODUCER_ID = -1
+
+# Refusal reasons: the ErrorCode names the storage node answers with.
+OUT_OF_ORDER_SEQUENCE = "OUT_OF_ORDER_SEQUENCE"
+INVALID_PRODUCER_EPOCH = "INVALID_PRODUCER_EPOCH"
+UNKNOWN_PRODUCER_ID = "UNKNOWN_PRODUCER_ID"
+DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE"
+INVALID_RECORD = "INVALID_RECORD"
+
+SNAPSHOT_SUFFIX = ".snapshot"
+_SNAPSHOT_RE = re.compile(r"^(\d{20})\.snapshot$")
+_SNAP_MAGIC = b"STPS"
+_SNAP_VERSION = 1
+_SNAP_HEAD = struct.Struct(">4sHHqI")  # magic, version, reserved, offset, producer count
+_SNAP_PRODUCER = struct.Struct(">qhBxq")  # producer id, epoch, batch count, last seen ms
+_SNAP_BATCH = struct.Struct(">iiqqq")  # first seq, last seq, base offset, last offset, ts
+_SNAP_CRC = struct.Struct(">I")
+
+
+class HeaderLike(Protocol):
+    """The batch header fields the state needs (:class:`strom.record.BatchHeader` has them)."""
+
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+    @property
+    def base_sequence(self) -> int: ...
+    @property
+    def last_sequence(self) -> int: ...
+    @property
+    def base_offset(self) -> int: ...
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def max_timestamp(self) -> int: ...
+
+
+def next_sequence(seq: int, count: int = 1) -> int:
+    """The sequence ``count`` after ``seq``, wrapping at 2**31 - 1."""
+    return (seq + count) & MAX_SEQUENCE
+
+
+def _precedes(a: int, b: int) -> bool:
+    """Whether sequence ``a`` comes strictly before ``b`` (within half the wrapped space)."""
+    return 0 < (b - a) & MAX_SEQUENCE < (1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    """One appended batch of a producer, as far as retries need to know it."""
+
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset: int
+    timestamp: int  # the batch's max timestamp as stored (the append time for LogAppendTime)
+
+
+class ProducerEntry:
+    """One producer id's epoch and most recent batches (oldest first)."""
+
+    __slots__ = ("batches", "epoch", "last_seen_ms", "producer_id")
+
+    def __init__(self, producer_id: int, epoch: int, last_seen_ms: int) -> None:
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.last_seen_ms = last_seen_ms
+        self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_KEPT)
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1].last_offset if self.batches else -1
+
+    def find(self, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        for b in self.batches:
+            if b.first_seq == first_seq and b.last_seq == last_seq:
+                return b
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"ProducerEntry(id={self.producer_id}, epoch={self.epoch}, "
+            f"batches={list(self.batches)}, last_seen_ms={self.last_seen_ms})"
+        )
+
+
+class ProducerStateError(LogError):
+    """A batch failed the idempotence check; nothing of the request was appended.
+
+    ``reason`` is the ErrorCode name to answer with (see the module docstring)."""
+
+    def __init__(self, reason: str, message: str, producer_id: int = NO_PRODUCER_ID) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.producer_id = producer_id
+
+
+def check_batch(
+    entry: ProducerEntry | None, producer_id: int, epoch: int, first_seq: int, last_seq: int
+) -> BatchMetadata | None:
+    """Decide one idempotent batch against its producer's state.
+
+    Returns None when the batch is new and in sequence (append it), the kept metadata when
+    it repeats a recent batch (answer with the original offsets), and raises
+    :class:`ProducerStateError` otherwise.
+    """
+    if entry is None:
+        if first_seq == 0:
+            return None
+        raise ProducerStateError(
+            UNKNOWN_PRODUCER_ID,
+            f"no state for producer id {producer_id} (expired, or its batches were deleted) "
+            f"and the batch starts at sequence {first_seq}, not 0: bump the epoch",
+            producer_id,
+        )
+    if epoch < entry.epoch:
+        raise ProducerStateError(
+            INVALID_PRODUCER_EPOCH,
+            f"producer id {producer_id} epoch {epoch} is fenced: epoch {entry.epoch} took over",
+            producer_id,
+        )
+    if epoch > entry.epoch:
+        if first_seq == 0:
+            return None
+        raise ProducerStateError(
+            OUT_OF_ORDER_SEQUENCE,
+            f"producer id {producer_id}: the first batch of the new epoch {epoch} starts at "
+            f"sequence {first_seq}, not 0",
+            producer_id,
+        )
+    duplicate = entry.find(first_seq, last_seq)
+    if duplicate is not None:
+        return duplicate
+    if first_seq == next_sequence(entry.last_seq):
+        return None
+    if entry.batches and _precedes(last_seq, entry.batches[0].first_seq):
+        raise ProducerStateError(
+            DUPLICATE_SEQUENCE,
+            f"producer id {producer_id} epoch {epoch}: sequences {first_seq}..{last_seq} were "
+            f"appended before the last {len(entry.batches)} batches, whose offsets are no "
+            "longer known",
+            producer_id,
+        )
+    raise ProducerStateError(
+        OUT_OF_ORDER_SEQUENCE,
+        f"producer id {producer_id} epoch {epoch}: expected sequence "
+        f"{next_sequence(entry.last_seq)}, got {first_seq}..{last_seq}",
+        producer_id,
+    )
+
+
+def _check_follows(
+    pid: int, prev_epoch: int, prev_last: int, epoch: int, first: int, last: int
+) -> None:
+    """A batch must continue the one before it in the same request (no repeats there)."""
+    if epoch < prev_epoch:
+        raise ProducerStateError(
+            INVALID_PRODUCER_EPOCH,
+            f"producer id {pid} epoch {epoch} is fenced: epoch {prev_epoch} comes before it "
+            "in the same request",
+            pid,
+        )
+    if epoch > prev_epoch and first == 0:
+        return
+    if epoch == prev_epoch and first == next_sequence(prev_last):
+        return
+    raise ProducerStateError(
+        OUT_OF_ORDER_SEQUENCE,
+        f"producer id {pid} epoch {epoch}: sequences {first}..{last} do not continue the "
+        f"previous batch of the request (which ended at {prev_last}, epoch {prev_epoch})",
+        pid,
+    )
+
+
+class ProducerStateManager:
+    """The producer state of one partition log (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.producers: dict[int, ProducerEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self.producers)
+
+    def __iter__(self) -> Iterator[ProducerEntry]:
+        return iter(self.producers.values())
+
+    def get(self, producer_id: int) -> ProducerEntry | None:
+        return self.producers.get(producer_id)
+
+    def clear(self) -> None:
+        self.producers.clear()
+
+    # -- the leader's check ----------------------------------------------------------------
+
+    def check(self, headers: Sequence[HeaderLike]) -> list[BatchMetadata]:
+        """Check a produce request's batches for one partition, in order.
+
+        Returns the original metadata of the leading batches that repeat recent ones (empty
+        when there are none): those are answered, not appended. The batches after them are
+        new and in sequence. Raises :class:`ProducerStateError` when any batch is refused,
+        including a repeat that comes after a new batch (retries never follow new data).
+        Changes nothing: :meth:`update` records the batches once they are written.
+        """
+        duplicates: list[BatchMetadata] = []
+        pending: dict[int, tuple[int, int]] = {}  # new batches earlier in this request
+        new_seen = False
+        for h in headers:
+            pid = h.producer_id
+            if pid < 0:
+                new_seen = True
+                continue
+            epoch, first = h.producer_epoch, h.base_sequence
+            if epoch < 0 or first < 0:
+                raise ProducerStateError(
+                    INVALID_RECORD,
+                    f"batch of producer id {pid} has producer epoch {epoch} and base "
+                    f"sequence {first}: an idempotent batch needs both >= 0",
+                    pid,
+                )
+            last = h.last_sequence
+            earlier = pending.get(pid)
+            if earlier is not None:
+                # A later batch of a producer that has a new batch earlier in the request.
+                _check_follows(pid, earlier[0], earlier[1], epoch, first, last)
+            else:
+                found = check_batch(self.producers.get(pid), pid, epoch, first, last)
+                if found is not None:
+                    if new_seen:
+                        raise ProducerStateError(
+                            OUT_OF_ORDER_SEQUENCE,
+                            f"producer id {pid}: sequences {first}..{last} were appended "
+                            "already but follow new batches in the request; send retries "
+                            "in their own request",
+                            pid,
+                        )
+                    duplicates.append(found)
+                    continue
+            pending[pid] = (epoch, last)
+            new_seen = True
+        return duplicates
+
+    # -- updates ---------------------------------------------------------------------------
+
+    def update(self, headers: Iterable[HeaderLike], now_ms: int) -> None:
+        """Record written batches (offsets assigned): leader appends, replicated batches and
+        batches scanned when the state is rebuilt. Non-idempotent batches are skipped."""
+        producers = self.producers
+        for h in headers:
+            pid = h.producer_id
+            if pid < 0 or h.base_sequence < 0:
+                continue
+            entry = producers.get(pid)
+            if entry is None:
+                entry = producers[pid] = ProducerEntry(pid, h.producer_epoch, now_ms)
+            elif h.producer_epoch != entry.epoch:
+                entry.epoch = h.producer_epoch
+                entry.batches.clear()
+            entry.batches.append(
+                BatchMetadata(
+                    h.base_sequence, h.last_sequence, h.base_offset, h.last_offset, h.max_timestamp
+                )
+            )
+            entry.last_seen_ms = now_ms
+
+    def evict_below(self, log_start_offset: int) -> int:
+        """Forget producers whose batches all lie below the log start (retention,
+        DeleteRecords); returns how many. Their next batch is UNKNOWN_PRODUCER_ID unless it
+        starts a sequence at 0."""
+        gone = [p for p, e in self.producers.items() if e.last_offset < log_start_offset]
+        for p in gone:
+            del self.producers[p]
+        return len(gone)
+
+    def expire(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers not seen for ``expiration_ms`` (``producer.id.expiration.ms``);
+        returns how many."""
+        if expiration_ms < 0:
+            return 0
+        gone = [p for p, e in self.producers.items() if now_ms - e.last_seen_ms >= expiration_ms]
+        for p in gone:
+            del self.producers[p]
+        return len(gone)
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def to_bytes(self, offset: int) -> bytes:
+        """Serialise the state as of ``offset`` (it covers every batch below it)."""
+        parts = [_SNAP_HEAD.pack(_SNAP_MAGIC, _SNAP_VERSION, 0, offset, len(self.producers))]
+        for e in self.producers.values():
+            parts.append(
+                _SNAP_PRODUCER.pack(e.producer_id, e.epoch, len(e.batches), e.last_seen_ms)
+            )
+            for b in e.batches:
+                parts.append(
+                    _SNAP_BATCH.pack(
+                        b.first_seq, b.last_seq, b.base_offset, b.last_offset, b.timestamp
+                    )
+                )
+        body = b"".join(parts)
+        return body + _SNAP_CRC.pack(crc32c.crc32c(body))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> tuple[int, ProducerStateManager]:
+        """Parse :meth:`to_bytes` output: (offset, state). ValueError when damaged."""
+        if len(data) < _SNAP_HEAD.size + _SNAP_CRC.size:
+            raise ValueError(f"producer snapshot too short ({len(data)} bytes)")
+        body = memoryview(data)[: -_SNAP_CRC.size]
+        (crc,) = _SNAP_CRC.unpack_from(data, len(data) - _SNAP_CRC.size)
+        if crc32c.crc32c(body) != crc:
+            raise ValueError("producer snapshot CRC mismatch")
+        magic, version, _, offset, count = _SNAP_HEAD.unpack_from(body, 0)
+        if magic != _SNAP_MAGIC or version != _SNAP_VERSION:
+            raise ValueError(f"not a producer snapshot (magic {magic!r}, version {version})")
+        state = cls()
+        pos = _SNAP_HEAD.size
+        try:
+            for _ in range(count):
+                pid, epoch, n, seen = _SNAP_PRODUCER.unpack_from(body, pos)
+                pos += _SNAP_PRODUCER.size
+                entry = ProducerEntry(pid, epoch, seen)
+                for _ in range(n):
+                    entry.batches.append(BatchMetadata(*_SNAP_BATCH.unpack_from(body, pos)))
+                    pos += _SNAP_BATCH.size
+                state.producers[pid] = entry
+        except struct.error as exc:
+            raise ValueError(f"producer snapshot truncated: {exc}") from None
+        if pos != len(body):
+            raise ValueError(f"producer snapshot has {len(body) - pos} stray bytes")
+        return offset, state
+
+
+# -- snapshot files ----------------------------------------------------------------------------
+
+
+def snapshot_path(directory: Path, offset: int) -> Path:
+    return Path(directory) / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+def list_snapshots(directory: Path) -> list[int]:
+    """Offsets of the snapshot files in ``directory``, ascending."""
+    return sorted(
+        int(m.group(1)) for p in Path(directory).iterdir() if (m := _SNAPSHOT_RE.match(p.name))
+    )
+
+
+def write_snapshot(
+    directory: Path, offset: int, state: ProducerStateManager, *, fsync: bool = False
+) -> Path:
+    """Write ``state`` as of ``offset`` atomically (temp file, rename). Without fsync a crash
+    may leave a damaged file: loading then fails its CRC and the log scans instead."""
+    path = snapshot_path(directory, offset)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(state.to_bytes(offset))
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_snapshot(directory: Path, offset: int) -> ProducerStateManager:
+    """Read the snapshot at ``offset``; ValueError (or OSError) when unusable."""
+    got, state = ProducerStateManager.from_bytes(snapshot_path(directory, offset).read_bytes())
+    if got != offset:
+        raise ValueError(f"snapshot file for offset {offset} holds offset {got}")
+    return state
+
+
+def delete_snapshots(directory: Path, offsets: Iterable[int]) -> None:
+    for off in offsets:
+        snapshot_path(directory, off).unlink(missing_ok=True)

@@ -1,0 +1,278 @@
+"""The Producer against a real local cluster (etcd, controller and a storage node as
+processes). The node advertises a TCP proxy, so tests can lose a response on the wire."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.client.cluster import ClusterClient
+from strom.client.partitioner import partition_for_key
+from strom.client.producer import Producer, ProducerClosedError
+from strom.client.types import RecordMetadata
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import free_port, wait_for
+from strom.errors import (
+    MessageTooLargeError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+)
+from strom.record import Record, decode_records
+
+from .tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+NONE = common_pb2.ErrorCode.NONE
+
+
+class Env:
+    def __init__(self, cluster: LocalCluster, proxy: TcpProxy) -> None:
+        self.cluster = cluster
+        self.proxy = proxy
+        self.bootstrap = cluster.bootstrap
+        self.client = ClusterClient(cluster.bootstrap)
+        self._n = 0
+
+    def topic(self, partitions: int = 1, **configs: str) -> str:
+        self._n += 1
+        name = f"p{self._n}"
+        resp = self.client.controller_call(
+            "CreateTopics",
+            controller_pb2.CreateTopicsRequest(
+                topics=[
+                    controller_pb2.CreatableTopic(
+                        name=name,
+                        num_partitions=partitions,
+                        replication_factor=1,
+                        configs=configs,
+                    )
+                ]
+            ),
+        )
+        assert resp.topics[0].error_code == NONE, resp.topics[0].error_message
+        wait_for(lambda: self.client.partition_count(name) == partitions, timeout=10, what=name)
+        return name
+
+    def read(self, topic: str, partition: int = 0) -> list[Record]:
+        """Every record of the partition, straight from the node (not through the proxy)."""
+        out: list[Record] = []
+        offset = 0
+        addr = self.cluster.bootstrap.split(",")[0]
+        while True:
+            req = storage_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=0,
+                max_bytes=16 << 20,
+                topics=[
+                    storage_pb2.FetchTopic(
+                        topic=topic,
+                        partitions=[
+                            storage_pb2.FetchPartition(
+                                partition=partition,
+                                fetch_offset=offset,
+                                current_leader_epoch=-1,
+                                partition_max_bytes=8 << 20,
+                            )
+                        ],
+                    )
+                ],
+            )
+            r = self.client.storage(addr).Fetch(req, timeout=10).topics[0].partitions[0]
+            assert r.error_code == NONE, r.error_message
+            recs = [x for x in decode_records(r.records) if x.offset >= offset]
+            if not recs:
+                return out
+            out.extend(recs)
+            offset = recs[-1].offset + 1
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root: Path = tmp_path_factory.mktemp("producer")
+    proxy_port = free_port()
+    cluster = LocalCluster(
+        root / "c",
+        nodes=1,
+        controllers=1,
+        node_args=["--advertise", f"127.0.0.1:{proxy_port}"],
+    )
+    proxy = TcpProxy(cluster.nodes[0].port, proxy_port)
+    try:
+        cluster.start()
+        e = Env(cluster, proxy)
+        yield e
+        e.client.close()
+    finally:
+        proxy.close()
+        cluster.kill()
+
+
+def test_send_returns_futures_and_runs_callbacks(env: Env) -> None:
+    t = env.topic()
+    seen: list[tuple[RecordMetadata | None, BaseException | None]] = []
+    with Producer(env.bootstrap, acks=1) as p:
+        f1 = p.send(t, b"a", callback=lambda md, err: seen.append((md, err)))
+        f2 = p.send(t, "b", key="k", headers=[("h", b"1"), ("s", "x")], timestamp_ms=12345)
+        assert isinstance(f1, concurrent.futures.Future)
+        done, _ = concurrent.futures.wait([f1, f2], timeout=10)
+        assert len(done) == 2
+        md1, md2 = f1.result(), f2.result()
+        assert (md1.topic, md1.partition, md1.offset) == (t, 0, 0)
+        assert (md2.offset, md2.timestamp) == (1, 12345)
+        cb: list[RecordMetadata] = []
+        f2.add_done_callback(lambda f: cb.append(f.result()))
+        assert cb == [md2]
+        assert [f.result() for f in concurrent.futures.as_completed([f1])] == [md1]
+    assert seen == [(md1, None)]
+    recs = env.read(t)
+    assert [(r.offset, r.key, r.value) for r in recs] == [(0, None, b"a"), (1, b"k", b"b")]
+    assert list(recs[1].headers) == [("h", b"1"), ("s", b"x")] and recs[1].timestamp == 12345
+
+
+def test_keys_keep_their_order_on_the_kafka_partition(env: Env) -> None:
+    t = env.topic(partitions=4)
+    keys = [b"user-%d" % i for i in range(6)]
+    with Producer(env.bootstrap, linger_ms=1, batch_size=512) as p:
+        futures = [p.send(t, b"%d" % i, key=keys[i % 6]) for i in range(300)]
+        p.flush()
+    assert all(f.done() for f in futures)
+    for k in keys:
+        want = partition_for_key(k, 4)
+        got = [int(r.value) for r in env.read(t, want) if r.key == k]
+        assert got == sorted(got) and len(got) == 50
+        assert all(f.result().partition == want for i, f in enumerate(futures) if keys[i % 6] == k)
+
+
+def test_keyless_records_stick_to_a_partition_per_batch(env: Env) -> None:
+    t = env.topic(partitions=3)
+    with Producer(env.bootstrap, linger_ms=1000, batch_size=1 << 20) as p:
+        parts = {p.send(t, b"x").result(10).partition for _ in range(1)}
+        more = [p.send(t, b"y") for _ in range(20)]
+        p.flush()
+        assert {f.result().partition for f in more} <= parts | {f.result().partition for f in more}
+        assert len({f.result().partition for f in more}) == 1
+    with Producer(env.bootstrap, linger_ms=0, batch_size=200) as p:
+        spread = [p.send(t, b"z" * 100) for _ in range(60)]
+        p.flush()
+    assert len({f.result().partition for f in spread}) == 3  # full batches move on
+
+
+def test_send_batch_from_lists_and_arrow(env: Env) -> None:
+    t = env.topic(partitions=2)
+    with Producer(env.bootstrap, batch_size=4096) as p:
+        values = [b"v%05d" % i for i in range(5000)]
+        res = p.send_batch(t, values, partition=1).result(30)
+        assert sum(r.count for r in res) == 5000 and len(res) > 1
+        assert [r.base_offset for r in res] == sorted(r.base_offset for r in res)
+        table = pa.table(
+            {
+                "key": pa.array([b"a", b"b"] * 50, pa.binary()),
+                "value": pa.array([b"w%d" % i for i in range(100)], pa.binary()),
+                "timestamp": pa.array([1000 + i for i in range(100)], pa.int64()),
+            }
+        )
+        res2 = p.send_batch(t, table).result(30)
+        assert sum(r.count for r in res2) == 100
+    assert [r.value for r in env.read(t, 1)][:5000] == values
+    for key in (b"a", b"b"):
+        part = partition_for_key(key, 2)
+        mine = [r for r in env.read(t, part) if r.key == key]
+        assert [int(r.value[1:]) for r in mine] == list(range(0 if key == b"a" else 1, 100, 2))
+        assert all(r.timestamp == 1000 + int(r.value[1:]) for r in mine)
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_every_compression_round_trips(env: Env, codec: str) -> None:
+    t = env.topic()
+    values = [b"compress me %d " % i * 5 for i in range(500)]
+    with Producer(env.bootstrap, compression=codec) as p:
+        for v in values:
+            p.send(t, v)
+    assert [r.value for r in env.read(t)] == values
+
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+def test_acks_levels(env: Env, acks: int | str) -> None:
+    t = env.topic()
+    with Producer(env.bootstrap, acks=acks) as p:
+        md = p.send(t, b"a").result(10)
+    assert md.offset == (-1 if acks == 0 else 0)
+    wait_for(lambda: [r.value for r in env.read(t)] == [b"a"], timeout=10, what="the record")
+
+
+def test_idempotent_retry_after_a_lost_response_writes_once(env: Env) -> None:
+    t = env.topic()
+    with Producer(env.bootstrap, acks=1, retry_backoff_ms=50) as p:
+        assert p.send(t, b"first").result(10).offset == 0  # connection through the proxy is up
+        env.proxy.hold()  # the node's answers vanish from here on
+        f = p.send(t, b"second")
+        # The append happened (seen directly on the node) but the producer got no answer.
+        wait_for(lambda: len(env.read(t)) == 2, timeout=10, what="the append on the node")
+        assert not f.done()
+        env.proxy.cut()  # the connection dies: the producer retries the same batch
+        assert f.result(20).offset == 1
+        assert p.send(t, b"third").result(10).offset == 2
+    assert [r.value for r in env.read(t)] == [b"first", b"second", b"third"]
+
+
+def test_without_idempotence_the_same_retry_duplicates(env: Env) -> None:
+    """The control experiment for the test above: it shows the retry really happened."""
+    t = env.topic()
+    with Producer(env.bootstrap, acks=1, retry_backoff_ms=50, enable_idempotence=False) as p:
+        assert p.send(t, b"first").result(10).offset == 0
+        env.proxy.hold()
+        f = p.send(t, b"second")
+        wait_for(lambda: len(env.read(t)) == 2, timeout=10, what="the append on the node")
+        env.proxy.cut()
+        assert f.result(20).offset == 2
+    assert [r.value for r in env.read(t)] == [b"first", b"second", b"second"]
+
+
+def test_max_block_ms_when_the_cluster_does_not_answer(env: Env) -> None:
+    t = env.topic()
+    with Producer(
+        env.bootstrap, acks=1, buffer_memory=64 * 1024, max_block_ms=500, delivery_timeout_ms=3000
+    ) as p:
+        p.send(t, b"warm").result(10)
+        env.proxy.hold()  # the leader stops answering
+        start = time.monotonic()
+        with pytest.raises(RequestTimedOutError, match="buffer_memory"):
+            for _ in range(10_000):
+                p.send(t, b"x" * 1000)
+        assert 0.4 < time.monotonic() - start < 5
+        env.proxy.cut()
+    # No cluster at all: metadata cannot be had within max_block_ms.
+    dead = f"127.0.0.1:{free_port()}"
+    with Producer(dead, max_block_ms=300) as p:
+        start = time.monotonic()
+        with pytest.raises(RequestTimedOutError, match="max_block_ms"):
+            p.send("anything", b"x")
+        assert time.monotonic() - start < 5
+
+
+def test_clear_errors_for_bad_arguments(env: Env) -> None:
+    t = env.topic(partitions=2)
+    with pytest.raises(ValueError, match="compression"):
+        Producer(env.bootstrap, compression="brotli")
+    with pytest.raises(ValueError, match="acks"):
+        Producer(env.bootstrap, acks=2)
+    with Producer(env.bootstrap, max_request_size=1000) as p:
+        start = time.monotonic()
+        with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic"):
+            p.send("no-such-topic", b"x")
+        assert time.monotonic() - start < 5
+        with pytest.raises(UnknownTopicOrPartitionError, match="no partition 2"):
+            p.send(t, b"x", partition=2)
+        with pytest.raises(MessageTooLargeError, match="max_request_size"):
+            p.send(t, b"x" * 2000)
+        with pytest.raises(TypeError, match="value must be bytes"):
+            p.send(t, 42)
+        assert p.send(t, b"ok", partition=1).result(10).offset == 0
+    with pytest.raises(ProducerClosedError):
+        p.send(t, b"late")
