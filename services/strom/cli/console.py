@@ -11,10 +11,8 @@ import sys
 import time
 from typing import Any, BinaryIO
 
-from strom.api import common_pb2, storage_pb2
-from strom.client.cluster import ClusterClient
-from strom.errors import error_for, is_retriable
-from strom.record import decode_batches
+from strom.api import common_pb2
+from strom.errors import error_for
 
 NONE = common_pb2.ErrorCode.NONE
 ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
@@ -53,6 +51,12 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="exit when no record arrived for this long (default: wait forever)",
     )
     c.add_argument("--print-key", action="store_true", help="print KEY<sep>VALUE")
+    c.add_argument("--group", help="consume as a member of this consumer group")
+    c.add_argument(
+        "--format",
+        help="how to print each record, e.g. '{partition}:{offset} {key}={value} [{headers}]' "
+        "(fields: topic, partition, offset, timestamp, key, value, headers)",
+    )
     c.add_argument("--key-separator", default="\t")
 
 
@@ -118,107 +122,84 @@ def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
     return 0
 
 
-def _start_offsets(
-    client: ClusterClient, topic: str, partitions: list[int], earliest: bool
-) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for p in partitions:
-        req = storage_pb2.ListOffsetsRequest(
-            replica_id=-1,
-            topics=[
-                storage_pb2.ListOffsetsTopic(
-                    topic=topic,
-                    partitions=[
-                        storage_pb2.ListOffsetsPartition(
-                            partition=p, current_leader_epoch=-1, timestamp=-2 if earliest else -1
-                        )
-                    ],
-                )
-            ],
-        )
-        resp = client.with_leader(
-            topic,
-            p,
-            lambda stub, req=req: stub.ListOffsets(req, timeout=client.timeout_s),
-            lambda r: (
-                r.topics[0].partitions[0].error_code != NONE
-                and is_retriable(r.topics[0].partitions[0].error_code)
+_FIELDS = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+
+
+def _formatter(args: argparse.Namespace) -> Any:
+    """Turn a record into output bytes per ``--format`` (or ``--print-key``)."""
+    template = args.format
+    if template is None:
+        if not args.print_key:
+            return lambda r: (r.value or b"") + b"\n"
+        sep = args.key_separator.encode()
+        return lambda r: (r.key or b"") + sep + (r.value or b"") + b"\n"
+    try:
+        template.format(**dict.fromkeys(_FIELDS, ""))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"bad --format {template!r} ({exc}); fields: " + ", ".join(_FIELDS)
+        ) from None
+
+    def fmt(r: Any) -> bytes:
+        text = template.format(
+            topic=r.topic,
+            partition=r.partition,
+            offset=r.offset,
+            timestamp=r.timestamp,
+            key=(r.key or b"").decode(errors="backslashreplace"),
+            value=(r.value or b"").decode(errors="backslashreplace"),
+            headers=",".join(
+                f"{k}={(v or b'').decode(errors='backslashreplace')}" for k, v in r.headers or ()
             ),
         )
-        r = resp.topics[0].partitions[0]
-        if r.error_code != NONE:
-            raise error_for(r.error_code, f"{topic}-{p}: {r.error_message}")
-        out[p] = r.offset
-    return out
+        return text.encode() + b"\n"
+
+    return fmt
 
 
 def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
+    """Print records through the Consumer: a group member with ``--group`` (committing as it
+    goes), else the chosen partitions assigned directly."""
+    from strom.client.consumer import Consumer
+    from strom.client.types import TopicPartition
+
     if args.offset is not None and args.partition is None:
         raise ValueError("--offset needs --partition")
-    sep = args.key_separator.encode()
-    with ClusterClient(args.bootstrap) as client:
-        n = client.partition_count(args.topic)
-        if args.partition is not None and not 0 <= args.partition < n:
-            raise error_for(
-                common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {args.topic!r} has no partition {args.partition} (it has {n})",
-            )
-        parts = [args.partition] if args.partition is not None else list(range(n))
-        if args.offset is not None:
-            positions = {args.partition: args.offset}
+    if args.group and (args.partition is not None or args.offset is not None):
+        raise ValueError("--group cannot be combined with --partition/--offset")
+    fmt = _formatter(args)
+    with Consumer(
+        args.bootstrap,
+        group_id=args.group,
+        auto_offset_reset="earliest" if args.from_beginning else "latest",
+        client_id="strom-console-consumer",
+    ) as consumer:
+        if args.group:
+            consumer.subscribe([args.topic])
         else:
-            positions = _start_offsets(client, args.topic, parts, args.from_beginning)
+            parts = sorted(consumer.partitions_for_topic(args.topic))
+            if args.partition is not None:
+                if args.partition not in parts:
+                    raise error_for(
+                        common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        f"topic {args.topic!r} has no partition {args.partition} "
+                        f"(it has {len(parts)})",
+                    )
+                parts = [args.partition]
+            tps = [TopicPartition(args.topic, p) for p in parts]
+            consumer.assign(tps)
+            if args.offset is not None:
+                consumer.seek(tps[0], args.offset)
         printed = 0
         last_data = time.monotonic()
         while args.max_messages is None or printed < args.max_messages:
-            got_any = False
-            for p in parts:
-                req = storage_pb2.FetchRequest(
-                    replica_id=-1,
-                    max_wait_ms=200 if len(parts) > 1 else 500,
-                    min_bytes=1,
-                    max_bytes=4 << 20,
-                    topics=[
-                        storage_pb2.FetchTopic(
-                            topic=args.topic,
-                            partitions=[
-                                storage_pb2.FetchPartition(
-                                    partition=p,
-                                    fetch_offset=positions[p],
-                                    current_leader_epoch=-1,
-                                    partition_max_bytes=1 << 20,
-                                )
-                            ],
-                        )
-                    ],
-                )
-                resp = client.with_leader(
-                    args.topic,
-                    p,
-                    lambda stub, req=req: stub.Fetch(req, timeout=30),
-                    lambda r: (
-                        r.topics[0].partitions[0].error_code != NONE
-                        and is_retriable(r.topics[0].partitions[0].error_code)
-                    ),
-                )
-                r = resp.topics[0].partitions[0]
-                if r.error_code != NONE:
-                    raise error_for(r.error_code, f"{args.topic}-{p}: {r.error_message}")
-                for batch in decode_batches(r.records):
-                    for rec in batch.records():
-                        if rec.offset < positions[p]:
-                            continue
-                        if args.print_key:
-                            out.write((rec.key or b"") + sep)
-                        out.write((rec.value or b"") + b"\n")
-                        printed += 1
-                        got_any = True
-                        if args.max_messages is not None and printed >= args.max_messages:
-                            out.flush()
-                            return 0
-                    positions[p] = batch.header.next_offset
+            left = None if args.max_messages is None else args.max_messages - printed
+            records = consumer.poll(timeout_ms=200, max_records=left)
+            for rec in records:
+                out.write(fmt(rec))
+            printed += len(records)
             out.flush()
-            if got_any:
+            if records:
                 last_data = time.monotonic()
             elif (
                 args.timeout_ms is not None

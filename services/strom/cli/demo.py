@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from strom.log import Log, LogConfig, LogManager, compact
-from strom.record import Record, decode_records, decode_to_arrow, encode_batch
+from strom.record import Record, decode_records, encode_batch
 
 
 def _read_all(log: Log) -> list[Record]:
@@ -95,10 +95,10 @@ def run_demo(data_dir: str | None = None) -> int:
 
 
 def run_cluster_demo(data_dir: str | None = None, records: int = 200_000) -> int:
-    """Local cluster + produce/consume pipeline + failures, printed step by step."""
-    from strom.api import common_pb2, controller_pb2, storage_pb2
-    from strom.client.cluster import ClusterClient
-    from strom.client.partitioner import partition_for_key
+    """Local cluster + a replicated produce/consume pipeline + failures, printed step by step."""
+    import pyarrow as pa
+
+    from strom.client import Admin, Consumer, Producer, TopicPartition
     from strom.devcluster.cluster import LocalCluster
 
     root = Path(data_dir or tempfile.mkdtemp(prefix="strom-demo-"))
@@ -110,153 +110,73 @@ def run_cluster_demo(data_dir: str | None = None, records: int = 200_000) -> int
             f"local cluster up in {time.perf_counter() - t0:.1f}s: etcd {cluster.etcd.endpoint}, "
             f"2 controllers, 3 storage nodes; bootstrap {cluster.bootstrap}"
         )
-        with ClusterClient(cluster.bootstrap) as client:
-            client.controller_call(
-                "CreateTopics",
-                controller_pb2.CreateTopicsRequest(
-                    topics=[
-                        controller_pb2.CreatableTopic(
-                            name="clicks", num_partitions=6, replication_factor=1
-                        )
-                    ]
-                ),
+        parts = 6
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_topic(
+                "clicks",
+                partitions=parts,
+                replication_factor=3,
+                config={"min.insync.replicas": "2"},
             )
-            parts = 6
-            keys = [f"user-{i}".encode() for i in range(1000)]
-            by_part: dict[int, list[int]] = {p: [] for p in range(parts)}
-            for i, k in enumerate(keys):
-                by_part[partition_for_key(k, parts)].append(i)
-            per_batch = 1000
-            t0 = time.perf_counter()
-            sent = 0
-            while sent < records:
-                for p, idx in by_part.items():
-                    ks = [keys[idx[j % len(idx)]] for j in range(per_batch)]
-                    vals = [b"click %d" % (sent + j) for j in range(per_batch)]
-                    batch = encode_batch(vals, keys=ks, compression="lz4")
-                    req = storage_pb2.ProduceRequest(
-                        acks=1,
-                        timeout_ms=10000,
-                        topics=[
-                            storage_pb2.ProduceTopicData(
-                                topic="clicks",
-                                partitions=[
-                                    storage_pb2.ProducePartitionData(
-                                        partition=p, records=batch, current_leader_epoch=-1
-                                    )
-                                ],
-                            )
-                        ],
-                    )
-                    resp = client.with_leader(
-                        "clicks",
-                        p,
-                        lambda stub, req=req: stub.Produce(req, timeout=30),
-                        lambda r: False,
-                    )
-                    code = resp.topics[0].partitions[0].error_code
-                    if code != common_pb2.ErrorCode.NONE:
-                        raise RuntimeError(resp.topics[0].partitions[0].error_message)
-                    sent += per_batch
-            dt = time.perf_counter() - t0
+            print("created clicks: 6 partitions, replication factor 3, min.insync.replicas=2")
+
+            keys = pa.array([f"user-{i % 1000}".encode() for i in range(records)], pa.binary())
+            values = pa.array([b"click %d" % i for i in range(records)], pa.binary())
+            with Producer(cluster.bootstrap, acks="all", compression="lz4") as producer:
+                t0 = time.perf_counter()
+                chunks = producer.send_batch(
+                    "clicks", pa.table({"key": keys, "value": values})
+                ).result(120)
+                dt = time.perf_counter() - t0
+                print(
+                    f"produced {records:,} keyed records (acks=all, lz4, idempotent) in "
+                    f"{len(chunks)} batches in {dt:.2f}s: {records / dt:,.0f} records/s"
+                )
+
+                tps = [TopicPartition("clicks", p) for p in range(parts)]
+                with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+                    consumer.assign(tps)
+                    t0 = time.perf_counter()
+                    got = 0
+                    while got < records:
+                        table = consumer.poll_arrow(timeout_ms=2000)
+                        if table.num_rows == 0:
+                            break
+                        got += table.num_rows
+                    dt = time.perf_counter() - t0
+                print(
+                    f"consumed {got:,} records back as Arrow tables in {dt:.2f}s: "
+                    f"{got / dt:,.0f} records/s"
+                )
+
+                leader = admin.describe_topic("clicks").partitions[0].leader
+                assert leader is not None
+                node = cluster.node(leader)
+                assert node.process is not None
+                node.process.kill()
+                t0 = time.perf_counter()
+                md = producer.send("clicks", b"after the crash", partition=0).result(60)
+                print(
+                    f"SIGKILLed node {leader}, leader of clicks-0: the next acks=all record "
+                    f"was acknowledged {time.perf_counter() - t0:.2f}s later at offset "
+                    f"{md.offset} by the new leader"
+                )
+            p0 = admin.describe_topic("clicks").partitions[0]
             print(
-                f"produced {sent:,} keyed records to clicks (6 partitions over 3 nodes) in "
-                f"{dt:.2f}s: {sent / dt:,.0f} records/s"
+                f"clicks-0 now: leader {p0.leader}, ISR {sorted(p0.isr)}, replicas "
+                f"{list(p0.replicas)} (node {leader} out of the ISR)"
             )
-            t0 = time.perf_counter()
-            got = 0
-            for p in range(parts):
-                offset = 0
-                while True:
-                    req = storage_pb2.FetchRequest(
-                        replica_id=-1,
-                        max_wait_ms=0,
-                        max_bytes=8 << 20,
-                        topics=[
-                            storage_pb2.FetchTopic(
-                                topic="clicks",
-                                partitions=[
-                                    storage_pb2.FetchPartition(
-                                        partition=p,
-                                        fetch_offset=offset,
-                                        current_leader_epoch=-1,
-                                        partition_max_bytes=4 << 20,
-                                    )
-                                ],
-                            )
-                        ],
-                    )
-                    r = (
-                        client.with_leader(
-                            "clicks",
-                            p,
-                            lambda stub, req=req: stub.Fetch(req, timeout=30),
-                            lambda r: False,
-                        )
-                        .topics[0]
-                        .partitions[0]
-                    )
-                    if not r.records:
-                        break
-                    table = decode_to_arrow(r.records)
-                    got += table.num_rows
-                    offset = int(table.column("offset")[-1].as_py()) + 1
-            dt = time.perf_counter() - t0
-            print(
-                f"consumed {got:,} records back as Arrow tables in {dt:.2f}s: "
-                f"{got / dt:,.0f} records/s"
-            )
+            cluster.restart(node)
 
             active = cluster.active_controller()
             assert active is not None and active.process is not None
             active.process.signal(signal.SIGKILL)
             t0 = time.perf_counter()
-            client.controller_call(
-                "CreateTopics",
-                controller_pb2.CreateTopicsRequest(
-                    topics=[
-                        controller_pb2.CreatableTopic(
-                            name="after-failover", num_partitions=3, replication_factor=1
-                        )
-                    ]
-                ),
-            )
+            admin.create_topic("after-failover", partitions=3, replication_factor=1)
             print(
                 f"killed the active controller (SIGKILL); the standby served CreateTopics "
                 f"{time.perf_counter() - t0:.2f}s later"
             )
-
-            node = cluster.nodes[0]
-            assert node.process is not None
-            node.process.kill()
-            cluster.restart(node)
-            end = client.with_leader(
-                "clicks",
-                0,
-                lambda stub: stub.ListOffsets(
-                    storage_pb2.ListOffsetsRequest(
-                        replica_id=-1,
-                        topics=[
-                            storage_pb2.ListOffsetsTopic(
-                                topic="clicks",
-                                partitions=[
-                                    storage_pb2.ListOffsetsPartition(
-                                        partition=0, timestamp=-1, current_leader_epoch=-1
-                                    )
-                                ],
-                            )
-                        ],
-                    ),
-                    timeout=30,
-                ),
-                lambda r: r.topics[0].partitions[0].error_code != common_pb2.ErrorCode.NONE,
-            )
-            print(
-                f"SIGKILLed and restarted storage node {node.ident}: clicks-0 still ends at "
-                f"offset {end.topics[0].partitions[0].offset} (recovered from disk)"
-            )
         return 0
     finally:
         cluster.stop()
-        if data_dir is None:
-            shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,749 @@
+"""The strom Consumer: reads records from assigned partitions, with Kafka's client conventions
+(kafka-python / confluent-kafka names and semantics, DESIGN §1) so that habits carry over.
+
+    from strom.client.consumer import Consumer
+    from strom.client.types import TopicPartition
+
+    with Consumer("127.0.0.1:9092", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("events", 0)])
+        for record in consumer:              # blocks for records; ends on close()
+            handle(record.offset, record.value)
+
+        table = consumer.poll_arrow(timeout_ms=500)   # or columns, without per-record Python
+
+The fetch work happens on background threads, per leader node (:mod:`strom.client.fetcher`):
+while the application handles what ``poll()`` returned, the next Fetch is already in flight.
+Offset lookups (``position`` of a new assignment, ``seek_to_*``, ``*_offsets``,
+``offsets_for_times``) go to the partition leaders with ListOffsets
+(:mod:`strom.client.offsets`).
+
+Consumer groups (``subscribe``, ``commit``, ``committed``) arrive with the group coordinator:
+the methods exist so code can be written against the final API, and say clearly what is
+missing. The group code plugs in as ``Consumer._group`` (see :class:`GroupMembership`); the
+consumer already calls it at the points where a group needs a say (each poll, initial
+positions, commit, close), so it can drive a heartbeat thread without reshaping this class.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from strom.client.cluster import ClusterClient
+from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
+from strom.client.offsets import EARLIEST, LATEST, LeaderMap, list_offsets
+from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from strom.errors import InvalidGroupIdError, StromError, UnknownTopicOrPartitionError
+from strom.record import Record
+
+MiB = 1024 * 1024
+AUTO_OFFSET_RESET = ("latest", "earliest", "none")
+_client_ids = itertools.count(1)
+
+__all__ = [
+    "CONSUMER_SCHEMA",
+    "Consumer",
+    "GroupMembership",
+    "GroupsNotSupportedError",
+    "IllegalStateError",
+    "NoOffsetForPartitionError",
+]
+
+
+class IllegalStateError(StromError):
+    """The call does not fit the consumer's state (Kafka's IllegalStateException): seeking or
+    pausing a partition that is not assigned, polling with nothing assigned, using a closed
+    consumer, mixing assign() with subscribe()."""
+
+
+class NoOffsetForPartitionError(StromError):
+    """A partition has no position to start from and ``auto_offset_reset="none"`` forbids
+    picking one: seek() it first."""
+
+
+class GroupsNotSupportedError(StromError, NotImplementedError):
+    """Consumer groups need the group coordinator, which this strom version does not have yet.
+    Also a NotImplementedError, so generic handlers recognise it."""
+
+
+class GroupMembership(Protocol):
+    """What the consumer-group code plugs in as ``Consumer._group`` (DESIGN §7).
+
+    It is expected to run the ConsumerGroupHeartbeat loop on its own thread, and to hand the
+    consumer each new assignment through ``Consumer._apply_assignment`` from ``on_poll`` (the
+    application's thread, so a rebalance never races a poll in progress). The consumer calls
+    these methods from the application's thread.
+    """
+
+    def subscribe(
+        self, topics: frozenset[str] | None, pattern: str | None, listener: Any
+    ) -> None: ...
+
+    def unsubscribe(self) -> None: ...
+
+    def on_poll(self, consumer: Consumer) -> None:
+        """Each poll: reconcile a pending assignment, auto-commit when due, surface fencing."""
+
+    def committed(
+        self, partitions: Sequence[TopicPartition], timeout_s: float
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]: ...
+
+    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_s: float) -> None:
+        """OffsetCommit, fenced by member epoch."""
+
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        callback: Callable[[Mapping[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
+        | None,
+    ) -> None: ...
+
+    def close(self, *, autocommit: bool, timeout_s: float) -> None:
+        """Commit if asked, leave the group (so partitions move at once), stop heartbeats."""
+
+
+def _int_arg(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _topic_partition(tp: Any) -> TopicPartition:
+    if isinstance(tp, tuple) and len(tp) == 2:  # TopicPartition is a 2-tuple too
+        topic, partition = tp
+    else:
+        raise TypeError(f"expected a TopicPartition(topic, partition), got {tp!r}")
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise TypeError(f"partition must be an int, got {partition!r}")
+    if partition < 0:
+        raise ValueError(f"partition must be >= 0, got {partition} ({topic})")
+    return TopicPartition(topic, partition)
+
+
+def _topic_partitions(tps: Any, what: str) -> list[TopicPartition]:
+    if isinstance(tps, (str, bytes, TopicPartition)):
+        raise TypeError(f"{what} takes a list of TopicPartition, got {tps!r}")
+    return list(dict.fromkeys(_topic_partition(tp) for tp in tps))
+
+
+class Consumer:
+    """Reads records from the partitions it is assigned, pulling them from their leaders.
+
+    Arguments follow Kafka's consumer configs with underscores (``auto_offset_reset``,
+    ``fetch_max_wait_ms``, ...). The consumer is meant for one application thread; ``close()``
+    may be called from another thread to stop a blocking ``poll()`` or iteration.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] | None = None,
+        *,
+        group_id: str | None = None,
+        client_id: str | None = None,
+        auto_offset_reset: str = "latest",
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5000,
+        fetch_min_bytes: int = 1,
+        fetch_max_wait_ms: int = 500,
+        fetch_max_bytes: int = 50 * MiB,
+        max_partition_fetch_bytes: int = 1 * MiB,
+        max_poll_records: int = 500,
+        isolation_level: str = "read_uncommitted",
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1000,
+        check_crcs: bool = True,
+        consumer_timeout_ms: int | None = None,
+        session_timeout_ms: int = 45_000,
+        heartbeat_interval_ms: int = 3000,
+        group_instance_id: str | None = None,
+        group_remote_assignor: str | None = None,
+    ) -> None:
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ValueError(f"group_id must be a non-empty str or None, got {group_id!r}")
+        if not isinstance(auto_offset_reset, str) or auto_offset_reset not in AUTO_OFFSET_RESET:
+            raise ValueError(
+                f"auto_offset_reset must be one of {', '.join(map(repr, AUTO_OFFSET_RESET))}, "
+                f"got {auto_offset_reset!r}"
+            )
+        if isolation_level != "read_uncommitted":
+            if isolation_level == "read_committed":
+                raise ValueError(
+                    "isolation_level='read_committed' is not supported: strom has no "
+                    "transactions yet, so use 'read_uncommitted' (it reads exactly the "
+                    "committed records, those below the high watermark)"
+                )
+            raise ValueError(f"isolation_level must be 'read_uncommitted', got {isolation_level!r}")
+        _int_arg("fetch_min_bytes", fetch_min_bytes, 0)
+        _int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0)
+        _int_arg("fetch_max_bytes", fetch_max_bytes, 1)
+        _int_arg("max_partition_fetch_bytes", max_partition_fetch_bytes, 1)
+        _int_arg("max_poll_records", max_poll_records, 1)
+        _int_arg("request_timeout_ms", request_timeout_ms, 1)
+        _int_arg("retry_backoff_ms", retry_backoff_ms, 0)
+        _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms)
+        _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1)
+        _int_arg("session_timeout_ms", session_timeout_ms, 1)
+        _int_arg("heartbeat_interval_ms", heartbeat_interval_ms, 1)
+        if consumer_timeout_ms is not None:
+            _int_arg("consumer_timeout_ms", consumer_timeout_ms, 0)
+        if fetch_max_bytes > (1 << 31) - 1 or max_partition_fetch_bytes > (1 << 31) - 1:
+            raise ValueError("fetch_max_bytes and max_partition_fetch_bytes must fit in int32")
+
+        self.client_id = client_id or f"strom-consumer-{next(_client_ids)}"
+        self.group_id = group_id
+        self.config: dict[str, Any] = {
+            "auto_offset_reset": auto_offset_reset,
+            "enable_auto_commit": bool(enable_auto_commit) and group_id is not None,
+            "auto_commit_interval_ms": auto_commit_interval_ms,
+            "fetch_min_bytes": fetch_min_bytes,
+            "fetch_max_wait_ms": fetch_max_wait_ms,
+            "fetch_max_bytes": fetch_max_bytes,
+            "max_partition_fetch_bytes": max_partition_fetch_bytes,
+            "max_poll_records": max_poll_records,
+            "isolation_level": isolation_level,
+            "request_timeout_ms": request_timeout_ms,
+            "retry_backoff_ms": retry_backoff_ms,
+            "retry_backoff_max_ms": retry_backoff_max_ms,
+            "check_crcs": bool(check_crcs),
+            "consumer_timeout_ms": consumer_timeout_ms,
+            "session_timeout_ms": session_timeout_ms,
+            "heartbeat_interval_ms": heartbeat_interval_ms,
+            "group_instance_id": group_instance_id,
+            "group_remote_assignor": group_remote_assignor,
+        }
+        self._auto_offset_reset = auto_offset_reset
+        self._max_poll_records = max_poll_records
+        self._timeout_s = request_timeout_ms / 1000.0
+        self._backoff_s = retry_backoff_ms / 1000.0
+        self._consumer_timeout_s = (
+            None if consumer_timeout_ms is None else consumer_timeout_ms / 1000.0
+        )
+        self._client_md = (("strom-client-id", self.client_id),)
+        self._closed = False
+        self._subscription: frozenset[str] | None = None
+        self._iterator: Iterator[Record] | None = None
+        #: Set by every call that moves positions, so an iteration in progress stops handing
+        #: out records polled before the move.
+        self._moved = False
+
+        self._client = ClusterClient(
+            bootstrap, timeout_s=self._timeout_s, retry_s=self._timeout_s, client_id=self.client_id
+        )
+        self._leaders = LeaderMap(self._client, metadata_timeout_s=min(self._timeout_s, 5.0))
+        self._fetcher = Fetcher(
+            self._client,
+            self._leaders,
+            client_id=self.client_id,
+            reset_policy=auto_offset_reset,
+            min_bytes=fetch_min_bytes,
+            max_wait_ms=fetch_max_wait_ms,
+            max_bytes=fetch_max_bytes,
+            partition_max_bytes=max_partition_fetch_bytes,
+            check_crcs=bool(check_crcs),
+            request_timeout_s=self._timeout_s,
+            backoff_s=self._backoff_s,
+            backoff_max_s=retry_backoff_max_ms / 1000.0,
+        )
+        #: The consumer-group hook (None until groups exist, and always without a group_id).
+        self._group: GroupMembership | None = self._make_group()
+        self._fetcher.start()
+
+    # -- groups (hooks for the group coordinator issue) ---------------------------------
+
+    def _make_group(self) -> GroupMembership | None:
+        """Build the group membership for ``group_id``; the group code replaces this."""
+        return None
+
+    def _require_group(self, what: str) -> GroupMembership:
+        self._ensure_open()
+        if self.group_id is None:
+            raise InvalidGroupIdError(
+                f"{what} needs a group_id: consumer groups share partitions and store committed "
+                "offsets per group. Pass Consumer(group_id=...), or use assign() and seek() "
+                "to manage partitions and positions yourself"
+            )
+        if self._group is None:
+            raise GroupsNotSupportedError(
+                f"{what}: consumer groups need the group coordinator, which this strom "
+                f"version does not have yet (group_id={self.group_id!r}); use assign() and "
+                "seek() for now"
+            )
+        return self._group
+
+    def _apply_assignment(self, partitions: Iterable[TopicPartition]) -> None:
+        """Where the group code installs a (reconciled) assignment; positions of partitions
+        kept are kept, new ones start from the committed offset or auto_offset_reset."""
+        self._moved = True
+        self._fetcher.assign(set(partitions))
+
+    def subscribe(
+        self,
+        topics: Sequence[str] | None = None,
+        pattern: str | None = None,
+        listener: Any = None,
+    ) -> None:
+        """Join ``group_id`` and consume the partitions the group assigns from ``topics``."""
+        if topics is not None:
+            if isinstance(topics, str):
+                topics = [topics]
+            if not all(isinstance(t, str) and t for t in topics):
+                raise TypeError(f"topics must be non-empty strings, got {topics!r}")
+        if topics is None and pattern is None:
+            raise ValueError("subscribe() needs topics or a pattern")
+        group = self._require_group("subscribe()")
+        if self._fetcher.parts and self._subscription is None:
+            raise IllegalStateError("subscribe() cannot be mixed with assign(); unsubscribe first")
+        self._subscription = frozenset(topics) if topics is not None else frozenset()
+        group.subscribe(self._subscription if topics is not None else None, pattern, listener)
+
+    def subscription(self) -> set[str]:
+        """Topics subscribed to through the group (empty with manual assignment)."""
+        return set(self._subscription or ())
+
+    def unsubscribe(self) -> None:
+        """Leave the subscription (and the group) and drop every assigned partition, as
+        Kafka's unsubscribe does for manual assignments too."""
+        self._ensure_open()
+        if self._group is not None and self._subscription is not None:
+            self._group.unsubscribe()
+        self._subscription = None
+        self._moved = True
+        self._fetcher.assign(set())
+
+    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None) -> None:
+        """Commit ``offsets`` (default: the current positions) for the group, synchronously."""
+        group = self._require_group("commit()")
+        group.commit(self._commit_offsets(offsets), self._timeout_s)
+
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None,
+        callback: Callable[[Mapping[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
+        | None = None,
+    ) -> None:
+        """Commit without waiting; ``callback(offsets, error)`` runs when the answer comes."""
+        group = self._require_group("commit_async()")
+        group.commit_async(self._commit_offsets(offsets), callback)
+
+    def committed(
+        self, partitions: TopicPartition | Iterable[TopicPartition]
+    ) -> OffsetAndMetadata | dict[TopicPartition, OffsetAndMetadata | None] | None:
+        """The group's committed offset for one partition, or a dict for several."""
+        group = self._require_group("committed()")
+        if isinstance(partitions, TopicPartition):
+            tp = _topic_partition(partitions)
+            return group.committed([tp], self._timeout_s).get(tp)
+        return group.committed(_topic_partitions(partitions, "committed()"), self._timeout_s)
+
+    def _commit_offsets(
+        self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        if offsets is None:
+            return {
+                tp: OffsetAndMetadata(pos)
+                for tp in self.assignment()
+                if (pos := self._fetcher.position(tp)) is not None
+            }
+        out = {}
+        for tp, om in offsets.items():
+            if isinstance(om, int) and not isinstance(om, bool):
+                om = OffsetAndMetadata(om)
+            if not isinstance(om, OffsetAndMetadata) or om.offset < 0:
+                raise ValueError(f"commit offset for {tp} must be an offset >= 0, got {om!r}")
+            out[_topic_partition(tp)] = om
+        return out
+
+    # -- assignment -----------------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Consume exactly ``partitions`` (replacing any previous assignment). Partitions that
+        stay assigned keep their position; new ones start at auto_offset_reset (no committed
+        offsets without a group). Raises for unknown topics and partitions."""
+        self._ensure_open()
+        if self._subscription is not None:
+            raise IllegalStateError("assign() cannot be mixed with subscribe(); unsubscribe first")
+        tps = _topic_partitions(partitions, "assign()")
+        self._check_exist(tps)
+        self._moved = True
+        self._fetcher.assign(set(tps))
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions currently assigned."""
+        return set(self._fetcher.parts)
+
+    def _check_exist(self, tps: Sequence[TopicPartition]) -> None:
+        """Unknown topics and partitions beyond the topic's count are errors now, not silent
+        fetch retries later."""
+        counts: dict[str, int] = {}
+        for topic in dict.fromkeys(tp.topic for tp in tps):
+            counts[topic] = len(self._client.topic_metadata(topic).partitions)
+        for tp in tps:
+            if tp.partition >= counts[tp.topic]:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {tp.topic!r} has no partition {tp.partition} "
+                    f"(it has {counts[tp.topic]})",
+                    retriable=False,
+                )
+        if tps:
+            self._leaders.refresh(counts)
+
+    def _assigned(self, tps: Any, what: str) -> list[TopicPartition]:
+        """Normalise ``tps`` (None = every assigned partition) and insist they are assigned."""
+        self._ensure_open()
+        if tps is None:
+            return list(self._fetcher.parts)
+        if isinstance(tps, TopicPartition):
+            tps = [tps]
+        out = _topic_partitions(tps, what)
+        missing = [tp for tp in out if tp not in self._fetcher.parts]
+        if missing:
+            raise IllegalStateError(
+                f"{what}: {', '.join(f'{t.topic}-{t.partition}' for t in missing)} "
+                "not assigned to this consumer (assign() it first)"
+            )
+        return out
+
+    # -- positions ------------------------------------------------------------------------
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """Make ``offset`` the next record ``poll()`` returns for ``partition``. An offset
+        outside the log is found out on the next fetch and handled by auto_offset_reset."""
+        (tp,) = self._assigned([partition], "seek()")
+        if isinstance(offset, OffsetAndMetadata):
+            offset = offset.offset
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise TypeError(f"offset must be an int, got {offset!r}")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        self._moved = True
+        self._fetcher.seek(tp, offset)
+
+    def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Start ``partitions`` (default: all assigned) at their log start offset. Looked up
+        lazily, on the next ``poll()`` or ``position()``, as Kafka does."""
+        tps = self._assigned(partitions, "seek_to_beginning()")
+        self._moved = True
+        self._fetcher.request_reset(tps, "earliest")
+
+    def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Start ``partitions`` (default: all assigned) at their high watermark (the offset
+        the next committed record will get). Looked up lazily, like seek_to_beginning."""
+        tps = self._assigned(partitions, "seek_to_end()")
+        self._moved = True
+        self._fetcher.request_reset(tps, "latest")
+
+    def position(self, partition: TopicPartition) -> int:
+        """The offset of the next record ``poll()`` will return for ``partition``; looks it up
+        first if it is not known yet (new assignment, after seek_to_*)."""
+        (tp,) = self._assigned([partition], "position()")
+        pos = self._fetcher.position(tp)
+        deadline = time.monotonic() + self._timeout_s
+        while pos is None:
+            self._update_positions({tp})
+            pos = self._fetcher.position(tp)
+            if pos is None and time.monotonic() >= deadline:
+                raise StromError(f"could not determine the position of {tp}", retriable=True)
+        return pos
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        """The high watermark the last fetch of ``partition`` reported (None before any):
+        ``highwater - position`` is the consumer's lag, without a request."""
+        (tp,) = self._assigned([partition], "highwater()")
+        return self._fetcher.high_watermark(tp)
+
+    def _update_positions(self, only: set[TopicPartition] | None = None) -> None:
+        """Look up positions for partitions that need one: committed offset (groups, later),
+        else the reset strategy (seek_to_*, or auto_offset_reset)."""
+        need = [n for n in self._fetcher.needing_positions() if only is None or n[0] in only]
+        if not need:
+            return
+        committed: dict[TopicPartition, OffsetAndMetadata | None] = {}
+        initial = [tp for tp, reset, _ in need if reset is None]
+        if initial and self._group is not None:
+            committed = self._group.committed(initial, self._timeout_s)
+        query: dict[TopicPartition, int] = {}
+        missing: list[TopicPartition] = []
+        for tp, reset, gen in need:
+            om = committed.get(tp)
+            if reset is None and om is not None:
+                self._fetcher.set_position(tp, om.offset, gen)
+                continue
+            strategy = reset or self._auto_offset_reset
+            if strategy == "none":
+                missing.append(tp)
+            else:
+                query[tp] = EARLIEST if strategy == "earliest" else LATEST
+        if missing:
+            raise NoOffsetForPartitionError(
+                "no position for "
+                + ", ".join(f"{t.topic}-{t.partition}" for t in missing)
+                + " and auto_offset_reset='none': seek() to an offset first"
+            )
+        found = list_offsets(
+            self._client,
+            self._leaders,
+            query,
+            timeout_s=self._timeout_s,
+            backoff_s=self._backoff_s,
+            client_metadata=self._client_md,
+        )
+        gens = {tp: gen for tp, _, gen in need}
+        for tp, res in found.items():
+            self._fetcher.set_position(tp, res.offset, gens[tp])
+
+    # -- offset lookups (any partition, assigned or not) ----------------------------------
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's log start offset (the first offset still stored)."""
+        return self._lookup(partitions, EARLIEST, "beginning_offsets()")
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's high watermark: the offset after the last committed record."""
+        return self._lookup(partitions, LATEST, "end_offsets()")
+
+    def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each partition, the first offset whose record timestamp is >= the given one
+        (ms since the epoch) and that timestamp; None when every record is older."""
+        self._ensure_open()
+        if not isinstance(timestamps, Mapping):
+            raise TypeError("offsets_for_times() takes a {TopicPartition: timestamp_ms} dict")
+        query: dict[TopicPartition, int] = {}
+        for tp, ts in timestamps.items():
+            if isinstance(ts, bool) or not isinstance(ts, int):
+                raise TypeError(f"timestamp for {tp} must be an int (ms), got {ts!r}")
+            if ts < 0:
+                raise ValueError(f"timestamp for {tp} must be >= 0 (ms since the epoch), got {ts}")
+            query[_topic_partition(tp)] = ts
+        self._check_exist(list(query))
+        found = list_offsets(
+            self._client,
+            self._leaders,
+            query,
+            timeout_s=self._timeout_s,
+            backoff_s=self._backoff_s,
+            client_metadata=self._client_md,
+        )
+        return {
+            tp: OffsetAndTimestamp(r.offset, r.timestamp) if r.offset >= 0 else None
+            for tp, r in found.items()
+        }
+
+    def _lookup(self, partitions: Any, which: int, what: str) -> dict[TopicPartition, int]:
+        self._ensure_open()
+        if isinstance(partitions, TopicPartition):
+            partitions = [partitions]
+        tps = _topic_partitions(partitions, what)
+        self._check_exist(tps)
+        found = list_offsets(
+            self._client,
+            self._leaders,
+            dict.fromkeys(tps, which),
+            timeout_s=self._timeout_s,
+            backoff_s=self._backoff_s,
+            client_metadata=self._client_md,
+        )
+        return {tp: r.offset for tp, r in found.items()}
+
+    # -- flow control ---------------------------------------------------------------------
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        """Stop fetching ``partitions`` (buffered data for them is dropped and fetched again
+        after resume(), from the position)."""
+        tps = self._assigned(list(partitions), "pause()")
+        self._moved = True
+        self._fetcher.pause(tps)
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        """Fetch ``partitions`` again."""
+        self._fetcher.resume(self._assigned(list(partitions), "resume()"))
+
+    def paused(self) -> set[TopicPartition]:
+        """The partitions paused with pause()."""
+        return self._fetcher.paused()
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def topics(self) -> set[str]:
+        """Names of the cluster's topics (internal ones, like __consumer_offsets, left out)."""
+        self._ensure_open()
+        md = self._client.metadata()
+        return {t.name for t in md.topics if not t.is_internal and t.error_code == 0}
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        """The partition ids of ``topic``; UnknownTopicOrPartitionError if there is none."""
+        self._ensure_open()
+        if not isinstance(topic, str) or not topic:
+            raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+        return {p.partition for p in self._client.topic_metadata(topic).partitions}
+
+    # -- reading --------------------------------------------------------------------------
+
+    def poll(self, timeout_ms: float = 0, max_records: int | None = None) -> list[Record]:
+        """Records from the assigned partitions, in offset order per partition, with topic and
+        partition filled in. Waits up to ``timeout_ms`` for the first record, then returns
+        what is buffered, at most ``max_records`` (default ``max_poll_records``)."""
+        limit = self._poll_args(timeout_ms, max_records, self._max_poll_records)
+        items, _ = self._poll(timeout_ms, limit, arrow=False)
+        return items
+
+    def poll_arrow(self, timeout_ms: float = 0, max_records: int | None = None) -> pa.Table:
+        """Like poll(), as one Arrow table in :data:`CONSUMER_SCHEMA` (topic, partition,
+        offset, timestamp, key, value, headers), built from the fetched batches without any
+        per-record Python. Without ``max_records`` it returns everything buffered."""
+        limit = self._poll_args(timeout_ms, max_records, sys.maxsize)
+        batches, _ = self._poll(timeout_ms, limit, arrow=True)
+        return pa.Table.from_batches(batches, schema=CONSUMER_SCHEMA)
+
+    @staticmethod
+    def _poll_args(timeout_ms: Any, max_records: Any, default: int) -> int:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+            raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
+        if timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        if max_records is None:
+            return default
+        return _int_arg("max_records", max_records, 1)
+
+    def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
+        self._ensure_open()
+        try:
+            return self._poll_once(timeout_ms, limit, arrow=arrow)
+        except Exception:
+            if self._closed:  # closed from another thread mid-call: end quietly
+                return [], 0
+            raise
+
+    def _poll_once(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
+        if not self._fetcher.parts and self._subscription is None:
+            raise IllegalStateError(
+                "the consumer has no partitions: assign() some (or subscribe() with a group)"
+            )
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            if self._group is not None:
+                self._group.on_poll(self)
+            exc = self._fetcher.take_error()
+            if exc is not None:
+                raise exc
+            self._update_positions()
+            items, n = self._fetcher.collect(limit, arrow=arrow)
+            if n or self._closed:
+                return items, n
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return items, 0
+            self._fetcher.wait(remaining)
+
+    def __iter__(self) -> Iterator[Record]:
+        """Records one by one, blocking until there are some; ends when the consumer is
+        closed (from another thread) or after ``consumer_timeout_ms`` without records.
+        Leaving the loop early (``break``) puts the positions back to the first record the
+        loop did not hand out, so the next poll or loop starts there."""
+        self._ensure_open()
+        return self._records()
+
+    def __next__(self) -> Record:
+        if self._iterator is None:
+            self._iterator = iter(self)
+        return next(self._iterator)
+
+    def _records(self) -> Iterator[Record]:
+        idle_since = time.monotonic()
+        limit = self._max_poll_records
+        wait_ms = 1000.0
+        if self._consumer_timeout_s is not None:
+            wait_ms = min(wait_ms, self._consumer_timeout_s * 1000.0)
+        while not self._closed:
+            try:
+                records, _ = self._poll(wait_ms, limit, arrow=False)
+            except IllegalStateError:
+                if self._closed:
+                    return
+                raise
+            if records:
+                marks = self._fetcher.last_marks
+                self._moved = False
+                it = iter(records)
+                try:
+                    for rec in it:
+                        yield rec
+                        if self._moved:  # seek/pause/assign inside the loop: poll afresh
+                            break
+                finally:
+                    # Whatever poll() returned but the loop never handed out (break, an
+                    # exception, a seek) must be read again: move those partitions back.
+                    self._rewind(list(it), marks)
+                idle_since = time.monotonic()
+            elif (
+                self._consumer_timeout_s is not None
+                and time.monotonic() - idle_since >= self._consumer_timeout_s
+            ):
+                return
+
+    def _rewind(
+        self, unseen: list[Record], marks: dict[TopicPartition, tuple[int, int | None]]
+    ) -> None:
+        """Seek each partition of ``unseen`` back to its first unseen record, unless the
+        application moved that partition since (a seek wins over the rewind)."""
+        if not unseen or self._closed:
+            return
+        first: dict[TopicPartition, int] = {}
+        for r in unseen:
+            tp = TopicPartition(r.topic, r.partition)  # type: ignore[arg-type]
+            if tp not in first:
+                first[tp] = r.offset
+        now = self._fetcher.marks(set(first))
+        for tp, offset in first.items():
+            if tp in now and now[tp] == marks.get(tp):
+                self._fetcher.seek(tp, offset)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError("the consumer is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, autocommit: bool = True, timeout_ms: int | None = None) -> None:
+        """Stop fetching and release connections. Safe to call twice, and from another thread
+        to end a blocking poll() or iteration. With a group it will also commit (when
+        auto-commit is on and ``autocommit``) and leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        timeout_s = self._timeout_s if timeout_ms is None else timeout_ms / 1000.0
+        try:
+            if self._group is not None:
+                self._group.close(
+                    autocommit=autocommit and self.config["enable_auto_commit"],
+                    timeout_s=timeout_s,
+                )
+        finally:
+            self._fetcher.close()
+            self._client.close()  # also cancels fetches parked in a long poll
+            self._fetcher.join(min(timeout_s, 5.0))
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._fetcher.parts)} partitions"
+        return f"Consumer(client_id={self.client_id!r}, group_id={self.group_id!r}, {state})"

@@ -1,0 +1,501 @@
+"""The Consumer against a real local cluster (issue: Python clients, the consumer part).
+
+One cluster (etcd, one controller, three storage nodes) serves the whole module; every test
+uses its own topics. Test data goes in through raw Produce RPCs (ClusterClient + encode_batch)
+so these tests do not depend on the Producer. The leader-failover test SIGKILLs a node, so it
+runs last.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.client.cluster import ClusterClient
+from strom.client.consumer import (
+    CONSUMER_SCHEMA,
+    Consumer,
+    GroupsNotSupportedError,
+    IllegalStateError,
+    NoOffsetForPartitionError,
+)
+from strom.client.types import OffsetAndTimestamp, TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from strom.errors import (
+    InvalidGroupIdError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+    is_retriable,
+)
+from strom.record import Record, encode_batch
+
+pytestmark = pytest.mark.integration
+NONE = common_pb2.ErrorCode.NONE
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("consumer")
+    c = LocalCluster(root / "c", nodes=3, controllers=1)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.kill()
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: LocalCluster) -> Iterator[ClusterClient]:
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        yield client
+
+
+def create_topic(
+    client: ClusterClient, name: str, partitions: int = 1, rf: int = 1, **configs: str
+) -> None:
+    client.controller_call(
+        "CreateTopics",
+        controller_pb2.CreateTopicsRequest(
+            topics=[
+                controller_pb2.CreatableTopic(
+                    name=name,
+                    num_partitions=partitions,
+                    replication_factor=rf,
+                    configs={k.replace("_", "."): v for k, v in configs.items()},
+                )
+            ]
+        ),
+    )
+
+
+def produce(
+    client: ClusterClient,
+    topic: str,
+    partition: int,
+    values: Sequence[bytes],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[Sequence[tuple[str, bytes]] | None] | None = None,
+    timestamps: Sequence[int] | None = None,
+) -> int:
+    """One batch through the leader with acks=all; returns its base offset."""
+    req = storage_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=10_000,
+        topics=[
+            storage_pb2.ProduceTopicData(
+                topic=topic,
+                partitions=[
+                    storage_pb2.ProducePartitionData(
+                        partition=partition,
+                        records=encode_batch(
+                            list(values), keys=keys, headers=headers, timestamps=timestamps
+                        ),
+                        current_leader_epoch=-1,
+                    )
+                ],
+            )
+        ],
+    )
+
+    def failed(resp: storage_pb2.ProduceResponse) -> bool:
+        code = resp.topics[0].partitions[0].error_code
+        return code != NONE and is_retriable(code)
+
+    r = client.with_leader(topic, partition, lambda s: s.Produce(req, timeout=15), failed)
+    p = r.topics[0].partitions[0]
+    assert p.error_code == NONE, p.error_message
+    return p.base_offset
+
+
+def delete_records(client: ClusterClient, topic: str, partition: int, offset: int) -> int:
+    req = storage_pb2.DeleteRecordsRequest(
+        timeout_ms=10_000,
+        topics=[
+            storage_pb2.DeleteRecordsTopic(
+                topic=topic,
+                partitions=[storage_pb2.DeleteRecordsPartition(partition=partition, offset=offset)],
+            )
+        ],
+    )
+    r = client.with_leader(
+        topic,
+        partition,
+        lambda s: s.DeleteRecords(req, timeout=15),
+        lambda resp: is_retriable(resp.topics[0].partitions[0].error_code),
+    )
+    p = r.topics[0].partitions[0]
+    assert p.error_code == NONE, p.error_message
+    return p.low_watermark
+
+
+def drain(consumer: Consumer, n: int, timeout: float = 15.0) -> list[Record]:
+    """Poll until ``n`` records arrived (and check nothing more is pending right away)."""
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"only {len(out)} of {n} records after {timeout}s"
+        out.extend(consumer.poll(timeout_ms=200))
+    assert len(out) == n, f"expected {n} records, got {len(out)}"
+    return out
+
+
+def values(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(n)]
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def test_assign_and_poll_read_everything_in_order(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    create_topic(admin, "c-order", partitions=2)
+    expected: dict[int, list[Record]] = {0: [], 1: []}
+    for p, batches in ((0, 3), (1, 2)):
+        for b in range(batches):
+            vs = values(f"p{p}b{b}", 50)
+            keys = [f"k{i}".encode() if i % 2 else None for i in range(50)]
+            hdrs = [[("h", f"{i}".encode())] if i % 3 == 0 else None for i in range(50)]
+            base = produce(admin, "c-order", p, vs, keys=keys, headers=hdrs)
+            for i, v in enumerate(vs):
+                h = (("h", f"{i}".encode()),) if i % 3 == 0 else ()
+                expected[p].append(Record(keys[i], v, h, -1, base + i, "c-order", p))
+    tps = [TopicPartition("c-order", 0), TopicPartition("c-order", 1)]
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest", max_poll_records=70) as consumer:
+        consumer.assign(tps)
+        assert consumer.assignment() == set(tps)
+        got = drain(consumer, 250)
+        assert all(len(batch) <= 70 for batch in [got[i : i + 70] for i in range(0, 250, 70)])
+        for p in (0, 1):
+            mine = [r for r in got if r.partition == p]
+            assert [r.offset for r in mine] == list(range(len(expected[p])))  # in order, all
+            assert [(r.key, r.value, r.headers, r.offset, r.topic) for r in mine] == [
+                (e.key, e.value, e.headers, e.offset, e.topic) for e in expected[p]
+            ]
+            assert all(r.timestamp > 0 for r in mine)
+        assert consumer.position(tps[0]) == 150 and consumer.position(tps[1]) == 100
+        assert consumer.highwater(tps[0]) == 150
+        assert consumer.poll(timeout_ms=50) == []
+        # Records produced while the consumer waits at the end arrive through the long poll.
+        produce(admin, "c-order", 1, [b"late"])
+        (late,) = drain(consumer, 1)
+        assert (late.partition, late.offset, late.value) == (1, 100, b"late")
+
+
+def test_iteration_blocks_for_records_and_stops_on_close(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    create_topic(admin, "c-iter")
+    produce(admin, "c-iter", 0, values("a", 30))
+    tp = TopicPartition("c-iter", 0)
+    consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest")
+    consumer.assign([tp])
+    seen: list[int] = []
+    for rec in consumer:
+        seen.append(rec.offset)
+        if len(seen) == 30:
+            break
+    assert seen == list(range(30))
+    assert produce(admin, "c-iter", 0, values("b", 10)) == 30
+    for rec in consumer:  # leaving early puts the position back to the first unseen record
+        assert rec.offset == 30
+        break
+    assert consumer.position(tp) == 31
+    assert next(consumer).offset == 31
+    consumer.seek(tp, 35)  # a seek wins over what the iterator had already polled
+    assert next(consumer).offset == 35
+    consumer.seek(tp, 40)
+
+    # A blocked iteration ends when another thread closes the consumer.
+    done = threading.Event()
+
+    def iterate() -> None:
+        for _ in consumer:
+            pass
+        done.set()
+
+    t = threading.Thread(target=iterate, daemon=True)
+    t.start()
+    produce(admin, "c-iter", 0, [b"last"])
+    wait_for(lambda: consumer.position(tp) == 41, timeout=5, what="the iterator to catch up")
+    consumer.close()
+    assert done.wait(5), "iteration did not stop on close()"
+    t.join(5)
+    with pytest.raises(IllegalStateError, match="closed"):
+        consumer.poll()
+
+
+def test_poll_arrow_equals_poll(admin: ClusterClient, cluster: LocalCluster) -> None:
+    create_topic(admin, "c-arrow", partitions=2)
+    for p in (0, 1):
+        for b in range(3):
+            produce(
+                admin,
+                "c-arrow",
+                p,
+                values(f"{p}-{b}", 40),
+                keys=[b"k%d" % i for i in range(40)],
+                headers=[[("n", b"%d" % i)] if i % 2 else None for i in range(40)],
+            )
+    tps = [TopicPartition("c-arrow", p) for p in (0, 1)]
+    with (
+        Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c1,
+        Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c2,
+    ):
+        c1.assign(tps)
+        c2.assign(tps)
+        records = drain(c1, 240)
+        tables = []
+        deadline = time.monotonic() + 15
+        while sum(t.num_rows for t in tables) < 240:
+            assert time.monotonic() < deadline
+            tables.append(c2.poll_arrow(timeout_ms=200, max_records=50))
+            assert tables[-1].num_rows <= 50
+            assert tables[-1].schema.equals(CONSUMER_SCHEMA)
+        table = pa.concat_tables(tables)
+        assert table.num_rows == 240
+        from_arrow = sorted(
+            (
+                r["partition"],
+                r["offset"],
+                r["key"],
+                r["value"],
+                tuple((h["key"], h["value"]) for h in r["headers"] or ()),
+                int(r["timestamp"].timestamp() * 1000),
+                r["topic"],
+            )
+            for r in table.to_pylist()
+        )
+        from_poll = sorted(
+            (r.partition, r.offset, r.key, r.value, r.headers, r.timestamp, r.topic)
+            for r in records
+        )
+        assert from_arrow == from_poll
+
+        # Both ways may be mixed: they share the position.
+        c1.seek(tps[0], 10)
+        first = c1.poll(timeout_ms=5000, max_records=5)
+        assert [r.offset for r in first if r.partition == 0][:1] == [10]
+        c1.pause([tps[1]])
+        rest = c1.poll_arrow(timeout_ms=5000)
+        offsets = rest.column("offset").to_pylist()
+        assert offsets[0] == c1.position(tps[0]) - len(offsets)
+        assert c1.position(tps[0]) == 120
+        assert c1.poll_arrow().num_rows == 0
+
+
+# -- positions --------------------------------------------------------------------------------
+
+
+def test_seek_and_positions(admin: ClusterClient, cluster: LocalCluster) -> None:
+    create_topic(admin, "c-seek")
+    for b in range(4):
+        produce(admin, "c-seek", 0, values(f"b{b}", 25))
+    tp = TopicPartition("c-seek", 0)
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest", max_poll_records=10) as c:
+        c.assign([tp])
+        assert c.position(tp) == 0
+        assert [r.offset for r in c.poll(5000)] == list(range(10))
+        # Seeking into the middle of a batch skips the batch's head; buffered data from before
+        # the seek is never returned after it.
+        c.seek(tp, 37)
+        assert c.position(tp) == 37
+        got = drain(c, 63)
+        assert [r.offset for r in got] == list(range(37, 100))
+        c.seek_to_beginning()
+        assert c.position(tp) == 0
+        assert c.poll(5000)[0].offset == 0
+        c.seek_to_end([tp])
+        assert c.position(tp) == 100
+        assert c.poll(timeout_ms=50) == []
+        c.seek(tp, 99)
+        assert [r.offset for r in c.poll(5000)] == [99]
+
+
+def test_beginning_and_end_offsets_after_delete_records(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    create_topic(admin, "c-delete")
+    for b in range(3):
+        produce(admin, "c-delete", 0, values(f"b{b}", 20))
+    tp = TopicPartition("c-delete", 0)
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
+        assert c.beginning_offsets([tp]) == {tp: 0}
+        assert c.end_offsets([tp]) == {tp: 60}
+        assert delete_records(admin, "c-delete", 0, 25) == 25
+        assert c.beginning_offsets([tp]) == {tp: 25}
+        assert c.end_offsets([tp]) == {tp: 60}
+        c.assign([tp])
+        got = drain(c, 35)
+        assert [r.offset for r in got] == list(range(25, 60))
+
+
+def test_offsets_for_times(admin: ClusterClient, cluster: LocalCluster) -> None:
+    create_topic(admin, "c-times")
+    base = 1_700_000_000_000
+    for b in range(3):
+        produce(admin, "c-times", 0, values(f"b{b}", 10), timestamps=[base + 1000 * b] * 10)
+    tp = TopicPartition("c-times", 0)
+    with Consumer(cluster.bootstrap) as c:
+        found = c.offsets_for_times({tp: base + 1500})
+        assert found == {tp: OffsetAndTimestamp(20, base + 2000)}
+        assert c.offsets_for_times({tp: 0}) == {tp: OffsetAndTimestamp(0, base)}
+        assert c.offsets_for_times({tp: base + 10_000}) == {tp: None}
+        c.assign([tp])
+        c.seek(tp, found[tp].offset)
+        assert c.poll(5000)[0].timestamp == base + 2000
+
+
+def test_pause_and_resume(admin: ClusterClient, cluster: LocalCluster) -> None:
+    create_topic(admin, "c-pause", partitions=2)
+    for p in (0, 1):
+        produce(admin, "c-pause", p, values(f"p{p}", 20))
+    p0, p1 = TopicPartition("c-pause", 0), TopicPartition("c-pause", 1)
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([p0, p1])
+        c.pause([p0])
+        assert c.paused() == {p0}
+        got = drain(c, 20)
+        assert {r.partition for r in got} == {1}
+        assert c.poll(timeout_ms=100) == []
+        c.resume([p0])
+        assert c.paused() == set()
+        got = drain(c, 20)
+        assert {r.partition for r in got} == {0}
+        assert [r.offset for r in got] == list(range(20))
+
+
+def test_auto_offset_reset(admin: ClusterClient, cluster: LocalCluster) -> None:
+    create_topic(admin, "c-reset")
+    produce(admin, "c-reset", 0, values("old", 30))
+    tp = TopicPartition("c-reset", 0)
+    with (
+        Consumer(cluster.bootstrap) as latest,
+        Consumer(cluster.bootstrap, auto_offset_reset="earliest") as earliest,
+        Consumer(cluster.bootstrap, auto_offset_reset="none") as none,
+    ):
+        for c in (latest, earliest, none):
+            c.assign([tp])
+        assert latest.position(tp) == 30  # the default is "latest"
+        assert earliest.position(tp) == 0
+        with pytest.raises(NoOffsetForPartitionError, match="auto_offset_reset='none'"):
+            none.poll()
+        produce(admin, "c-reset", 0, values("new", 5))
+        assert [r.value for r in drain(latest, 5)] == values("new", 5)
+        assert len(drain(earliest, 35)) == 35
+        none.seek(tp, 33)
+        assert [r.offset for r in drain(none, 2)] == [33, 34]
+
+        # OFFSET_OUT_OF_RANGE (the records are gone): the policy decides.
+        assert delete_records(admin, "c-reset", 0, 20) == 20
+        for c in (latest, earliest, none):
+            c.seek(tp, 5)
+        assert [r.offset for r in drain(earliest, 15)] == list(range(20, 35))
+        assert latest.poll(timeout_ms=300) == []
+        assert latest.position(tp) == 35
+        with pytest.raises(OffsetOutOfRangeError, match="out of range") as info:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                none.poll(timeout_ms=200)
+        assert info.value.partitions == {tp: 5}  # type: ignore[attr-defined]
+        with pytest.raises(OffsetOutOfRangeError):  # sticky until the application seeks
+            none.poll()
+        none.seek(tp, 34)
+        assert [r.offset for r in drain(none, 1)] == [34]
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_clear_errors_for_bad_arguments(admin: ClusterClient, cluster: LocalCluster) -> None:
+    create_topic(admin, "c-args", partitions=2)
+    tp = TopicPartition("c-args", 0)
+    with pytest.raises(ValueError, match="auto_offset_reset"):
+        Consumer(cluster.bootstrap, auto_offset_reset="smallest")
+    with pytest.raises(ValueError, match="read_committed"):
+        Consumer(cluster.bootstrap, isolation_level="read_committed")
+    with Consumer(cluster.bootstrap) as c:
+        assert "c-args" in c.topics()
+        assert c.partitions_for_topic("c-args") == {0, 1}
+        with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic"):
+            c.partitions_for_topic("no-such-topic")
+        with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic"):
+            c.assign([TopicPartition("no-such-topic", 0)])
+        with pytest.raises(UnknownTopicOrPartitionError, match="no partition 2"):
+            c.assign([TopicPartition("c-args", 2)])
+        with pytest.raises(ValueError, match="partition must be >= 0"):
+            c.assign([TopicPartition("c-args", -1)])
+        with pytest.raises(TypeError):
+            c.assign("c-args")  # type: ignore[arg-type]
+        with pytest.raises(IllegalStateError, match="no partitions"):
+            c.poll()
+        with pytest.raises(UnknownTopicOrPartitionError):
+            c.end_offsets([TopicPartition("no-such-topic", 0)])
+        with pytest.raises(IllegalStateError, match="not assigned"):
+            c.seek(tp, 0)
+        c.assign([tp])
+        with pytest.raises(ValueError, match="offset must be >= 0"):
+            c.seek(tp, -1)
+        with pytest.raises(IllegalStateError, match="not assigned"):
+            c.pause([TopicPartition("c-args", 1)])
+        with pytest.raises(IllegalStateError, match="not assigned"):
+            c.position(TopicPartition("c-args", 1))
+        with pytest.raises(ValueError, match=">= 0"):
+            c.offsets_for_times({tp: -5})
+        with pytest.raises(ValueError, match="timeout_ms"):
+            c.poll(timeout_ms=-1)
+        with pytest.raises(ValueError, match="max_records"):
+            c.poll(max_records=0)
+        with pytest.raises(InvalidGroupIdError, match="group_id"):
+            c.subscribe(["c-args"])
+        with pytest.raises(InvalidGroupIdError, match="group_id"):
+            c.commit()
+        with pytest.raises(InvalidGroupIdError, match="group_id"):
+            c.committed(tp)
+    with Consumer(cluster.bootstrap, group_id="g") as g:
+        with pytest.raises(GroupsNotSupportedError, match="group coordinator"):
+            g.subscribe(["c-args"])
+        with pytest.raises(NotImplementedError):
+            g.commit_async()
+    with pytest.raises(IllegalStateError, match="closed"):
+        c.poll()
+    with pytest.raises(IllegalStateError, match="closed"):
+        c.assign([tp])
+
+
+# -- leader failover (kills a node: keep it last) ---------------------------------------------
+
+
+def test_consuming_across_a_leader_failover(admin: ClusterClient, cluster: LocalCluster) -> None:
+    create_topic(admin, "c-failover", rf=3, min_insync_replicas="2")
+    tp = TopicPartition("c-failover", 0)
+
+    def state() -> tuple[int, list[int]]:
+        p = admin.metadata(["c-failover"]).topics[0].partitions[0]
+        return p.leader, sorted(p.isr)
+
+    wait_for(lambda: len(state()[1]) == 3, timeout=20, what="a full ISR")
+    for b in range(10):
+        produce(admin, "c-failover", 0, values(f"before{b}", 20))
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest", max_poll_records=50) as c:
+        c.assign([tp])
+        got = drain(c, 200)
+        assert c.poll(timeout_ms=100) == []  # parked in a long poll on the leader now
+        leader, _ = state()
+        cluster.node(leader).process.kill()  # SIGKILL
+        for b in range(10):  # routed to the new leader once it is elected
+            produce(admin, "c-failover", 0, values(f"after{b}", 20))
+        got += drain(c, 200, timeout=30)
+        assert state()[0] not in (leader, -1)
+    assert [r.offset for r in got] == list(range(400))  # no gap, no duplicate
+    assert [r.value for r in got] == [v for b in range(10) for v in values(f"before{b}", 20)] + [
+        v for b in range(10) for v in values(f"after{b}", 20)
+    ]

@@ -1,0 +1,149 @@
+"""Consumer argument checking and state errors that need no cluster (construction does not
+connect: nothing listens on the bootstrap address used here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from strom.client.consumer import (
+    Consumer,
+    GroupsNotSupportedError,
+    IllegalStateError,
+    NoOffsetForPartitionError,
+)
+from strom.client.types import TopicPartition
+from strom.errors import InvalidGroupIdError, StromError
+
+NOWHERE = "127.0.0.1:1"
+TP = TopicPartition("t", 0)
+
+
+@pytest.fixture
+def consumer() -> Iterator[Consumer]:
+    c = Consumer(NOWHERE)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"auto_offset_reset": "smallest"}, ValueError, "'latest', 'earliest', 'none'"),
+        ({"auto_offset_reset": None}, ValueError, "auto_offset_reset"),
+        ({"isolation_level": "read_committed"}, ValueError, "no transactions"),
+        ({"isolation_level": "dirty"}, ValueError, "read_uncommitted"),
+        ({"max_poll_records": 0}, ValueError, "max_poll_records must be >= 1"),
+        ({"max_poll_records": 1.5}, TypeError, "max_poll_records must be an int"),
+        ({"fetch_max_wait_ms": -1}, ValueError, "fetch_max_wait_ms"),
+        ({"fetch_max_bytes": 0}, ValueError, "fetch_max_bytes"),
+        ({"max_partition_fetch_bytes": 1 << 31}, ValueError, "int32"),
+        ({"request_timeout_ms": True}, TypeError, "request_timeout_ms"),
+        ({"retry_backoff_ms": 500, "retry_backoff_max_ms": 100}, ValueError, "backoff_max"),
+        ({"group_id": ""}, ValueError, "group_id"),
+        ({"bootstrap": "no-port"}, ValueError, "HOST:PORT"),
+    ],
+)
+def test_bad_configuration_is_refused(kwargs: dict[str, Any], exc: type, match: str) -> None:
+    args = {"bootstrap": NOWHERE, **kwargs}
+    with pytest.raises(exc, match=match):
+        Consumer(**args)
+
+
+def test_groups_need_a_group_id(consumer: Consumer) -> None:
+    for call in (
+        lambda: consumer.subscribe(["t"]),
+        lambda: consumer.commit(),
+        lambda: consumer.commit_async(),
+        lambda: consumer.committed(TP),
+    ):
+        with pytest.raises(InvalidGroupIdError, match="needs a group_id"):
+            call()
+    assert consumer.subscription() == set()
+
+
+def test_groups_need_the_coordinator() -> None:
+    with Consumer(NOWHERE, group_id="g") as c:
+        assert c._group is None  # the hook the group code plugs into
+        with pytest.raises(GroupsNotSupportedError, match="group coordinator") as info:
+            c.subscribe("t")
+        assert isinstance(info.value, NotImplementedError)
+        assert isinstance(info.value, StromError)
+        with pytest.raises(GroupsNotSupportedError):
+            c.commit({TP: 5})  # type: ignore[dict-item]
+        with pytest.raises(GroupsNotSupportedError):
+            c.committed([TP])
+        with pytest.raises(ValueError, match="topics or a pattern"):
+            c.subscribe()
+
+
+def test_state_errors(consumer: Consumer) -> None:
+    with pytest.raises(IllegalStateError, match="no partitions"):
+        consumer.poll()
+    with pytest.raises(IllegalStateError, match="no partitions"):
+        consumer.poll_arrow()
+    with pytest.raises(IllegalStateError, match="t-0 not assigned"):
+        consumer.seek(TP, 3)
+    for call in (
+        lambda: consumer.seek_to_beginning([TP]),
+        lambda: consumer.seek_to_end([TP]),
+        lambda: consumer.position(TP),
+        lambda: consumer.pause([TP]),
+        lambda: consumer.resume([TP]),
+        lambda: consumer.highwater(TP),
+    ):
+        with pytest.raises(IllegalStateError, match="not assigned"):
+            call()
+    assert consumer.assignment() == set() and consumer.paused() == set()
+    consumer.seek_to_end()  # no partitions: nothing to do
+    consumer.unsubscribe()
+
+
+def test_argument_types(consumer: Consumer) -> None:
+    with pytest.raises(TypeError, match="TopicPartition"):
+        consumer.assign([("t",)])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="list of TopicPartition"):
+        consumer.assign(TP)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="partition must be an int"):
+        consumer.assign([("t", "0")])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="partition must be >= 0"):
+        consumer.beginning_offsets([("t", -1)])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="timeout_ms"):
+        consumer.poll(timeout_ms="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout_ms"):
+        consumer.poll(timeout_ms=-5)
+    with pytest.raises(ValueError, match="max_records"):
+        consumer.poll_arrow(max_records=0)
+    with pytest.raises(TypeError, match="dict"):
+        consumer.offsets_for_times([TP])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=">= 0"):
+        consumer.offsets_for_times({TP: -1})
+    with pytest.raises(TypeError, match="int"):
+        consumer.offsets_for_times({TP: 1.5})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="topic"):
+        consumer.partitions_for_topic("")
+
+
+def test_close_is_idempotent_and_final() -> None:
+    c = Consumer(NOWHERE, client_id="closing")
+    assert "closing" in repr(c)
+    c.close()
+    c.close()
+    assert c.closed and "closed" in repr(c)
+    for call in (
+        lambda: c.poll(),
+        lambda: c.poll_arrow(),
+        lambda: c.assign([TP]),
+        lambda: c.seek(TP, 0),
+        lambda: iter(c),
+        lambda: c.topics(),
+    ):
+        with pytest.raises(IllegalStateError, match="closed"):
+            call()
+
+
+def test_no_offset_error_is_a_strom_error() -> None:
+    assert issubclass(NoOffsetForPartitionError, StromError)
+    assert issubclass(IllegalStateError, StromError)

@@ -1,0 +1,145 @@
+"""The producer's pure parts: lazy futures, batches, wire encoding, bulk splitting."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from strom.api import storage_pb2
+from strom.client.accumulator import PartitionQueue, ProducerBatch
+from strom.client.futures import BatchResult, FutureRecordMetadata
+from strom.client.partitioner import partition_for_key
+from strom.client.producer import _as_table, _chunks, _split_by_key
+from strom.client.types import RecordMetadata
+from strom.client.wire import encode_produce_request
+from strom.errors import NotLeaderError
+from strom.record import decode_records
+
+
+def test_futures_resolve_from_their_batch() -> None:
+    result = BatchResult("t", 3, [100, 200])
+    f0, f1 = FutureRecordMetadata(result, 0), FutureRecordMetadata(result, 1)
+    seen: list[RecordMetadata] = []
+    f1.add_done_callback(lambda f: seen.append(f.result()))
+    assert not f0.done() and f0.running() and not f0.cancel()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        f0.result(timeout=0.01)
+    result.complete(40)
+    assert f0.result() == RecordMetadata("t", 3, 40, 100)
+    assert seen == [RecordMetadata("t", 3, 41, 200)]
+    assert f1.exception() is None
+
+
+def test_log_append_time_and_failures() -> None:
+    ok = BatchResult("t", 0, [1, 2])
+    ok.complete(7, log_append_time=999)
+    assert FutureRecordMetadata(ok, 1).result().timestamp == 999
+    bad = BatchResult("t", 0, [1])
+    bad.fail(NotLeaderError("moved"))
+    f = FutureRecordMetadata(bad, 0)
+    with pytest.raises(NotLeaderError):
+        f.result()
+    assert isinstance(f.exception(), NotLeaderError)
+    with pytest.raises(RuntimeError):
+        f.set_result(None)
+
+
+def test_futures_work_with_wait_and_as_completed() -> None:
+    result = BatchResult("t", 0, [1, 2, 3])
+    futures = [FutureRecordMetadata(result, i) for i in range(3)]
+    threading.Timer(0.05, result.complete, args=(10,)).start()
+    done, pending = concurrent.futures.wait(futures, timeout=5)
+    assert len(done) == 3 and not pending
+    assert sorted(f.result().offset for f in concurrent.futures.as_completed(futures)) == [
+        10,
+        11,
+        12,
+    ]
+
+
+def test_batches_encode_once_per_sequence() -> None:
+    b = ProducerBatch("t", 0)
+    for i in range(3):
+        b.values.append(b"v%d" % i)
+        b.keys.append(None if i else b"k")
+        b.timestamps.append(1000 + i)
+        b.count += 1
+    b.has_keys = True
+    b.add_headers(2, [("h", b"x")])
+    raw = b.encode("zstd", 5, 0, 10)
+    assert b.encode("zstd", 5, 0, 10) is raw  # cached for retries
+    recs = decode_records(raw)
+    assert [(r.key, r.value, r.timestamp) for r in recs] == [
+        (b"k", b"v0", 1000),
+        (None, b"v1", 1001),
+        (None, b"v2", 1002),
+    ]
+    assert [list(r.headers or ()) for r in recs] == [[], [], [("h", b"x")]]
+    assert b.encode("zstd", 5, 0, 20) is not raw  # resequenced: encoded again
+
+
+def test_partition_queue_closes_the_open_batch_for_bulk() -> None:
+    q = PartitionQueue("t", 0)
+    first = q.new_batch()
+    bulk = ProducerBatch("t", 0, pa.table({"value": pa.array([b"a", b"b"], pa.binary())}))
+    q.add_closed(bulk)
+    assert first.closed and q.open is None and list(q.batches) == [first, bulk]
+    assert bulk.count == 2 and bulk.closed
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=10),
+            st.lists(
+                st.tuples(
+                    st.integers(0, 1000),
+                    st.integers(-1, 50),
+                    st.lists(st.binary(max_size=50), min_size=1, max_size=3),
+                ),
+                min_size=1,
+                max_size=3,
+            ),
+        ),
+        min_size=1,
+        max_size=3,
+        unique_by=lambda t: t[0],
+    ),
+    st.sampled_from([-1, 0, 1]),
+)
+def test_hand_built_produce_requests_parse_as_protobuf(
+    topics: list[tuple[str, list[tuple[int, int, list[bytes]]]]], acks: int
+) -> None:
+    raw = encode_produce_request(acks, 1234, dict(topics))
+    req = storage_pb2.ProduceRequest.FromString(raw)
+    assert (req.acks, req.timeout_ms) == (acks, 1234)
+    assert [t.topic for t in req.topics] == [name for name, _ in topics]
+    for t, (_, parts) in zip(req.topics, topics, strict=True):
+        assert [(p.partition, p.current_leader_epoch, p.records) for p in t.partitions] == [
+            (p, e, b"".join(bs)) for p, e, bs in parts
+        ]
+
+
+def test_bulk_input_is_split_into_batches_and_by_key() -> None:
+    table = _as_table([b"x" * 90] * 1000, None, None, None)
+    chunks = list(_chunks(table, batch_size=10_000, max_size=1 << 20))
+    assert sum(c.num_rows for c in chunks) == 1000 and len(chunks) > 5
+    keyed = _as_table(
+        [b"v%d" % i for i in range(200)], [b"k%d" % (i % 7) for i in range(200)], None, None
+    )
+    groups = _split_by_key(keyed, 4, None)
+    assert sum(t.num_rows for _, t in groups) == 200
+    for part, t in groups:
+        keys = t.column("key").to_pylist()
+        assert all(partition_for_key(k, 4) == part for k in keys)
+        values = [int(v[1:]) for v in t.column("value").to_pylist()]
+        assert values == sorted(values)  # input order kept within a partition
+    with pytest.raises(ValueError, match="3 keys for 2 values"):
+        _as_table([b"a", b"b"], [b"1", b"2", b"3"], None, None)
+    with pytest.raises(TypeError, match="values must be bytes"):
+        _as_table([1, 2], None, None, None)
