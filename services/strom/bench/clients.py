@@ -147,12 +147,12 @@ def bench_consume(
         while got < records:
             t0 = time.perf_counter()
             if api == "arrow":
-                table = c.poll_arrow(timeout_ms=1000)
+                table = c.poll_arrow(timeout_ms=1000, max_records=records - got)
                 n = table.num_rows
                 if n:
                     nbytes += table.column("value").nbytes
             else:
-                batch = c.poll(timeout_ms=1000)
+                batch = c.poll(timeout_ms=1000, max_records=min(records - got, 10_000))
                 n = 0
                 for rec in batch:
                     n += 1

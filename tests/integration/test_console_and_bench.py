@@ -1,0 +1,109 @@
+"""`strom produce` / `strom consume` in their full form and `strom bench produce|consume|e2e`,
+as processes against a real one-node cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.client import Admin
+from strom.devcluster.cluster import LocalCluster
+
+from .test_cluster_cli import strom
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root: Path = tmp_path_factory.mktemp("console")
+    cluster = LocalCluster(root / "c", nodes=1, controllers=1)
+    try:
+        cluster.start()
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_topic("lines", partitions=2, replication_factor=1)
+        yield cluster.bootstrap
+    finally:
+        cluster.kill()
+
+
+def test_produce_with_keys_headers_acks_and_compression(bootstrap: str) -> None:
+    out = strom(
+        "produce",
+        "lines",
+        "-b",
+        bootstrap,
+        "--key-separator",
+        ":",
+        "--header",
+        "source=test",
+        "--header",
+        "v=2",
+        "--acks",
+        "all",
+        "--compression",
+        "zstd",
+        stdin=b"alice:one\nbob:two\nalice:three\n",
+    )
+    assert b"produced 3 records" in out.stderr
+    printed = strom(
+        "consume",
+        "lines",
+        "-b",
+        bootstrap,
+        "--from-beginning",
+        "--max-messages",
+        "3",
+        "--format",
+        "{key}={value} [{headers}] p{partition}",
+    ).stdout.decode()
+    lines = sorted(printed.splitlines())
+    assert [line.split(" [")[0] for line in lines] == ["alice=one", "alice=three", "bob=two"]
+    assert all("[source=test,v=2]" in line for line in lines)
+    alice = {line.rsplit(" ", 1)[1] for line in lines if line.startswith("alice")}
+    assert len(alice) == 1  # one key, one partition
+
+
+def test_console_errors_are_clear(bootstrap: str) -> None:
+    bad = strom("produce", "nope", "-b", bootstrap, stdin=b"x\n", check=False)
+    assert bad.returncode != 0 and b"unknown topic 'nope'" in bad.stderr
+    assert b"Traceback" not in bad.stderr
+    bad = strom("consume", "lines", "-b", bootstrap, "--format", "{nope}", check=False)
+    assert bad.returncode != 0 and b"bad --format" in bad.stderr
+    bad = strom("produce", "lines", "-b", bootstrap, "--header", "novalue", check=False)
+    assert bad.returncode != 0 and b"NAME=VALUE" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra"),
+    [
+        ("produce", ["--api", "send", "--acks", "all"]),
+        ("produce", ["--api", "batch", "--compression", "lz4"]),
+        ("consume", ["--api", "poll"]),
+        ("consume", ["--api", "arrow"]),
+        ("e2e", ["--rate", "5000"]),
+    ],
+)
+def test_bench_modes_report_json(bootstrap: str, mode: str, extra: list[str]) -> None:
+    out = strom(
+        "bench",
+        mode,
+        "-b",
+        bootstrap,
+        "--topic",
+        "bench",
+        "--records",
+        "3000",
+        "--json",
+        *extra,
+        timeout=120,
+    )
+    report = json.loads(out.stdout)
+    (result,) = report["results"]
+    assert result["records"] == 3000
+    assert result["records_per_s"] > 0 and result["mb_per_s"] > 0
+    assert {"p50_ms", "p99_ms", "p99.9_ms"} <= set(result)
+    assert report["context"]["mode"] == mode
