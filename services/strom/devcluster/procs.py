@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,8 +26,32 @@ class ClusterError(RuntimeError):
     """A local-cluster process could not be started or did not become healthy."""
 
 
+#: Listening ports are drawn below the kernel's ephemeral range (Linux: 32768-60999).
+#: Asking the kernel for port 0 returns an *ephemeral* port, which the next outgoing
+#: connection of any process (a gRPC client, an etcd watch) may take before our server binds
+#: it: "Address already in use" at random. Ports below the range are never handed out that way.
+_PORT_RANGE = (20000, 32000)
+_port_lock = threading.Lock()
+_recent: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port that nothing listens on now, outside the ephemeral range (see above)."""
+    with _port_lock:
+        for _ in range(1000):
+            port = random.randint(*_PORT_RANGE)
+            if port in _recent:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _recent.add(port)
+            if len(_recent) > 2000:
+                _recent.clear()
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # fall back to the kernel
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
