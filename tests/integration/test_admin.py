@@ -295,7 +295,11 @@ def test_node_configs_and_cluster(cluster: LocalCluster, admin: Admin) -> None:
     assert [n.rack for n in desc.nodes] == RACKS
     assert all(n.state == NodeState.RUNNING and n.software_version for n in desc.nodes)
     assert {n.address for n in desc.nodes} == set(cluster.bootstrap.split(","))
-    assert admin.describe_cluster(include_coordinators=True).coordinators == {}
+    # The cluster's group coordinator owns every shard of __consumer_offsets.
+    coordinators = admin.describe_cluster(include_coordinators=True).coordinators
+    assert coordinators and {n.address for n in coordinators.values()} == {
+        cluster.coordinators[0].address
+    }
 
 
 # ---------------------------------------------------------------------------------------------

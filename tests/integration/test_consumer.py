@@ -21,7 +21,6 @@ from strom.client.cluster import ClusterClient
 from strom.client.consumer import (
     CONSUMER_SCHEMA,
     Consumer,
-    GroupsNotSupportedError,
     IllegalStateError,
     NoOffsetForPartitionError,
 )
@@ -460,11 +459,6 @@ def test_clear_errors_for_bad_arguments(admin: ClusterClient, cluster: LocalClus
             c.commit()
         with pytest.raises(InvalidGroupIdError, match="group_id"):
             c.committed(tp)
-    with Consumer(cluster.bootstrap, group_id="g") as g:
-        with pytest.raises(GroupsNotSupportedError, match="group coordinator"):
-            g.subscribe(["c-args"])
-        with pytest.raises(NotImplementedError):
-            g.commit_async()
     with pytest.raises(IllegalStateError, match="closed"):
         c.poll()
     with pytest.raises(IllegalStateError, match="closed"):

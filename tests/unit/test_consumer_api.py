@@ -10,7 +10,6 @@ import pytest
 
 from strom.client.consumer import (
     Consumer,
-    GroupsNotSupportedError,
     IllegalStateError,
     NoOffsetForPartitionError,
 )
@@ -64,17 +63,9 @@ def test_groups_need_a_group_id(consumer: Consumer) -> None:
     assert consumer.subscription() == set()
 
 
-def test_groups_need_the_coordinator() -> None:
-    with Consumer(NOWHERE, group_id="g") as c:
-        assert c._group is None  # the hook the group code plugs into
-        with pytest.raises(GroupsNotSupportedError, match="group coordinator") as info:
-            c.subscribe("t")
-        assert isinstance(info.value, NotImplementedError)
-        assert isinstance(info.value, StromError)
-        with pytest.raises(GroupsNotSupportedError):
-            c.commit({TP: 5})  # type: ignore[dict-item]
-        with pytest.raises(GroupsNotSupportedError):
-            c.committed([TP])
+def test_a_group_id_plugs_in_the_group_membership() -> None:
+    with Consumer(NOWHERE, group_id="g", enable_auto_commit=False) as c:
+        assert c._group is not None  # built without any network I/O
         with pytest.raises(ValueError, match="topics or a pattern"):
             c.subscribe()
 

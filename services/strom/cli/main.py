@@ -1,8 +1,8 @@
 """The ``strom`` command.
 
-Services run as ``strom controller ...`` and ``strom storage-node ...`` (each parses its own
-flags, YAML file and STROM_* environment); everything else is a client-side tool. User errors
-print one line naming the problem and exit 1, never a traceback.
+Services run as ``strom controller ...``, ``strom storage-node ...`` and ``strom coordinator
+...`` (each parses its own flags, YAML file and STROM_* environment); everything else is a
+client-side tool. User errors print one line naming the problem and exit 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from strom import __version__
 SERVICES = {
     "controller": "strom.controller.cli",
     "storage-node": "strom.storage.cli",
+    "coordinator": "strom.coordinator.cli",
 }
 
 
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     from strom.cli.admin import add_cluster_parser, add_topics_parser
     from strom.cli.console import add_console_parsers
     from strom.cli.dev import add_dev_parser
+    from strom.cli.groups import add_groups_parser
 
     parser = argparse.ArgumentParser(prog="strom", description="strom: a distributed commit log")
     parser.add_argument("--version", action="version", version=f"strom {__version__}")
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_parser(sub)
     add_topics_parser(sub, common)
     add_cluster_parser(sub, common)
+    add_groups_parser(sub, common)
     add_console_parsers(sub, common)
 
     bench = sub.add_parser("bench", help="measure throughput and latency")
@@ -310,6 +313,10 @@ def _run(args: argparse.Namespace) -> int:
         from strom.cli.admin import run_cluster
 
         return run_cluster(args, out)
+    if args.command == "groups":
+        from strom.cli.groups import run_groups
+
+        return run_groups(args, out)
     if args.command == "produce":
         from strom.cli.console import run_produce
 

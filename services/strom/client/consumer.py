@@ -261,8 +261,10 @@ class Consumer:
     # -- groups (hooks for the group coordinator issue) ---------------------------------
 
     def _make_group(self) -> GroupMembership | None:
-        """Build the group membership for ``group_id``; the group code replaces this."""
-        return None
+        """The group membership for ``group_id`` (None without one); no network I/O here."""
+        from strom.client.group_member import make_group
+
+        return make_group(self)
 
     def _require_group(self, what: str) -> GroupMembership:
         self._ensure_open()

@@ -8,7 +8,9 @@ The engines here are pure (no gRPC, no etcd, no clock), so the protocol can be t
   replay of a shard's records into group snapshots.
 
 The service that wires them to gRPC, etcd shard ownership and the internal topic lives beside
-them and imports them; importing this package does not load gRPC.
+them (:mod:`strom.coordinator.service`, run by ``strom coordinator``:
+:mod:`strom.coordinator.cli`); :mod:`strom.coordinator.lookup` answers FindCoordinator from an
+etcd view for both coordinators and storage nodes. Importing this package does not load gRPC.
 """
 
 from strom.coordinator.assignors import (

@@ -1,4 +1,5 @@
-"""A local strom cluster of real processes: etcd, controllers and storage nodes.
+"""A local strom cluster of real processes: etcd, controllers, storage nodes and group
+coordinators.
 
 ``strom dev up`` starts one and leaves it running (its state, PIDs and ports, goes to
 ``<dir>/cluster.json`` for ``strom dev down``); the integration tests start one per test on
@@ -40,7 +41,7 @@ def grpc_serving(address: str, timeout: float = 1.0) -> bool:
 class Member:
     """One strom service process of the cluster."""
 
-    kind: str  # "controller" | "storage-node"
+    kind: str  # "controller" | "storage-node" | "coordinator"
     ident: int
     port: int
     metrics_port: int
@@ -61,7 +62,8 @@ class Member:
 
 
 class LocalCluster:
-    """etcd + ``controllers`` controllers + ``nodes`` storage nodes under ``root``."""
+    """etcd + ``controllers`` controllers + ``nodes`` storage nodes + ``coordinators`` group
+    coordinators under ``root``."""
 
     def __init__(
         self,
@@ -74,6 +76,8 @@ class LocalCluster:
         node_args: list[str] | None = None,
         controller_args: list[str] | None = None,
         python: str = sys.executable,
+        coordinators: int = 1,
+        coordinator_args: list[str] | None = None,
     ) -> None:
         self.root = Path(root)
         self.cluster_name = cluster
@@ -83,11 +87,15 @@ class LocalCluster:
         self.nodes: list[Member] = []
         self.node_args = node_args or []
         self.controller_args = controller_args or []
+        self.coordinator_args = coordinator_args or []
+        self.coordinators: list[Member] = []
         for i in range(controllers):
             self.controllers.append(self._controller(i))
         for i in range(nodes):
             rack = racks[i % len(racks)] if racks else None
             self.nodes.append(self._node(i + 1, rack))
+        for i in range(coordinators):
+            self.coordinators.append(self._coordinator(i))
 
     def _service_argv(self, *args: str) -> list[str]:
         return [self.python, "-m", "strom.cli.main", *args]
@@ -109,6 +117,24 @@ class LocalCluster:
             *self.controller_args,
         )
         return Member("controller", i, port, mport, argv, self.root / f"controller-{i}.log")
+
+    def _coordinator(self, i: int) -> Member:
+        port, mport = free_port(), free_port()
+        argv = self._service_argv(
+            "coordinator",
+            "--etcd",
+            self.etcd.endpoint,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-port",
+            str(mport),
+            "--cluster",
+            self.cluster_name,
+            "--coordinator-id",
+            str(i),
+            *self.coordinator_args,
+        )
+        return Member("coordinator", i, port, mport, argv, self.root / f"coordinator-{i}.log")
 
     def _node(self, node_id: int, rack: str | None) -> Member:
         port, mport = free_port(), free_port()
@@ -148,13 +174,20 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> LocalCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         self.etcd.start()
-        for m in [*self.controllers, *self.nodes]:
+        for m in self.members:
             m.start()
-        for m in [*self.controllers, *self.nodes]:
+        for m in self.members:
             self.wait_serving(m, timeout)
         self.wait_cluster_ready(timeout)
+        if self.coordinators:
+            self.wait_coordinators_ready(timeout)
         self.save_state()
         return self
+
+    @property
+    def members(self) -> list[Member]:
+        """Every strom process: controllers, storage nodes, coordinators."""
+        return [*self.controllers, *self.nodes, *self.coordinators]
 
     def wait_serving(self, m: Member, timeout: float = 30.0) -> None:
         def ready() -> bool:
@@ -182,15 +215,53 @@ class LocalCluster:
 
         wait_for(ready, timeout=timeout, what="an active controller and all nodes registered")
 
+    def coordinator_shards(self) -> dict[int, tuple[str, int]] | None:
+        """Shard -> (owner address, epoch) from the controller, or None while
+        ``__consumer_offsets`` does not exist yet."""
+        from strom.api import controller_pb2
+        from strom.client.cluster import ClusterClient
+        from strom.errors import StromError
+
+        with ClusterClient(self.bootstrap, retry_s=1) as c:
+            md = c.metadata(["__consumer_offsets"])
+            topic = next((t for t in md.topics if t.name == "__consumer_offsets"), None)
+            if topic is None or topic.error_code != 0 or not topic.partitions:
+                return None
+            try:
+                resp = c.controller_call(
+                    "DescribeCluster",
+                    controller_pb2.DescribeClusterRequest(include_coordinators=True),
+                )
+            except StromError:
+                return None
+        owners = {o.shard: (f"{o.host}:{o.port}", o.epoch) for o in resp.coordinator_shards}
+        return {p.partition: owners.get(p.partition, ("", -1)) for p in topic.partitions}
+
+    def wait_coordinators_ready(self, timeout: float = 30.0) -> dict[int, tuple[str, int]]:
+        """Every shard of ``__consumer_offsets`` is owned by a live coordinator and loaded
+        (its published epoch is >= 0)."""
+        live = {m.address for m in self.coordinators if m.alive()}
+
+        def ready() -> dict[int, tuple[str, int]] | None:
+            shards = self.coordinator_shards()
+            if not shards:
+                return None
+            if all(addr in live and epoch >= 0 for addr, epoch in shards.values()):
+                return shards
+            return None
+
+        return wait_for(ready, timeout=timeout, what="every coordinator shard owned and loaded")
+
     def stop(self) -> None:
-        """SIGTERM everything (nodes first, so they shut down cleanly), then etcd."""
-        for m in [*self.nodes, *self.controllers]:
+        """SIGTERM everything (coordinators first, then nodes, so they shut down cleanly),
+        then etcd."""
+        for m in [*self.coordinators, *self.nodes, *self.controllers]:
             if m.process:
                 m.process.stop()
         self.etcd.stop()
 
     def kill(self) -> None:
-        for m in [*self.nodes, *self.controllers]:
+        for m in [*self.coordinators, *self.nodes, *self.controllers]:
             if m.process:
                 m.process.kill()
         self.etcd.kill()
@@ -208,6 +279,14 @@ class LocalCluster:
             m.process.stop()
         m.start()
         self.wait_serving(m, timeout)
+
+    def add_coordinator(self, timeout: float = 30.0) -> Member:
+        """Start one more group coordinator (it takes free shards, e.g. after a handover)."""
+        m = self._coordinator(max((c.ident for c in self.coordinators), default=-1) + 1)
+        self.coordinators.append(m)
+        m.start()
+        self.wait_serving(m, timeout)
+        return m
 
     def active_controller(self) -> Member | None:
         from strom.client.cluster import ClusterClient
@@ -238,7 +317,7 @@ class LocalCluster:
                     "pid": m.process.pid if m.process else None,
                     "log": str(m.log_path),
                 }
-                for m in [*self.controllers, *self.nodes]
+                for m in self.members
             ],
             "started": time.time(),
         }
@@ -267,8 +346,9 @@ def stop_from_state(root: Path, timeout: float = 15.0) -> list[str]:
         raise ClusterError(f"no local cluster recorded in {root} (no {STATE_FILE})")
     state = json.loads(path.read_text())
     members = [m for m in state["members"] if m.get("pid")]
-    order = [m for m in members if m["kind"] == "storage-node"]
-    order += [m for m in members if m["kind"] != "storage-node"]
+    order = [m for m in members if m["kind"] == "coordinator"]
+    order += [m for m in members if m["kind"] == "storage-node"]
+    order += [m for m in members if m["kind"] not in ("storage-node", "coordinator")]
     if state["etcd"].get("pid"):
         order.append({"kind": "etcd", "id": 0, "pid": state["etcd"]["pid"]})
     stopped = []

@@ -23,7 +23,8 @@ appends nothing for its partition, and a retry of a batch already in the log is 
 NONE with the batch's original base offset (acks=-1 still waits for that offset to be
 committed) without writing it again.
 
-FindCoordinator belongs to a later issue (group coordinators) and answers UNIMPLEMENTED.
+FindCoordinator answers from the node's etcd view of the coordinator shard owners
+(:mod:`strom.coordinator.lookup`), as any node can.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any, TypeVar
 import grpc
 
 from strom.api import common_pb2, metadata_pb2, storage_pb2, storage_pb2_grpc
+from strom.coordinator.lookup import find_coordinator
 from strom.errors import ErrorCode, error_name
 from strom.log import (
     AppendInfo,
@@ -732,15 +734,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         metrics.INIT_PRODUCER_ID.labels("new" if got.new_id else "bump").inc()
         return resp
 
-    # -- later issues ----------------------------------------------------------------------
+    # -- FindCoordinator -------------------------------------------------------------------
 
+    @_timed("FindCoordinator")
     async def FindCoordinator(
         self, request: pb.FindCoordinatorRequest, context: grpc.aio.ServicerContext
     ) -> pb.FindCoordinatorResponse:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "FindCoordinator arrives with the group coordinator"
-        )
-        raise AssertionError("unreachable")
+        """The shard owner of each group from this node's etcd view (``coordinators/<s>``);
+        COORDINATOR_NOT_AVAILABLE while a shard has no owner."""
+        return find_coordinator(self.view, request)
 
 
 def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:

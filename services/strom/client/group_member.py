@@ -1,0 +1,548 @@
+"""Consumer-group membership for :class:`strom.client.consumer.Consumer` (DESIGN §7, KIP-848).
+
+The consumer calls :func:`make_group` once (its ``_make_group`` hook) and then drives the
+returned :class:`GroupMember` through the ``GroupMembership`` protocol. Why it is split the
+way it is:
+
+* **A heartbeat thread** talks to the group coordinator (found with FindCoordinator on any
+  storage node, looked up again after NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE or a
+  transport error): every ``heartbeat_interval_ms`` the coordinator asks for, it reports the
+  subscription and the partitions the application owns *now*, and records the assignment the
+  coordinator answers with. It never touches the consumer's partitions itself.
+* **The application thread** (``on_poll``, called at the start of every poll) reconciles: when
+  the assignment shrank it runs the listener's ``on_partitions_revoked``, commits the revoked
+  partitions' positions (auto-commit), stops fetching them and wakes the heartbeat so the
+  coordinator learns at once that they are free; when it grew it starts fetching (positions
+  from the committed offsets, through the consumer's ``committed`` lookup, else
+  ``auto_offset_reset``) and runs ``on_partitions_assigned``. So a rebalance never races a poll
+  in progress, and a partition is never consumed by two members at once (the coordinator only
+  hands it over after the old owner reported it gone).
+* **Fencing**: after FENCED_MEMBER_EPOCH / UNKNOWN_MEMBER_ID (e.g. the process was paused past
+  the session timeout) the member has lost its partitions: the next poll drops them
+  (``on_partitions_lost`` if the listener has it, else ``on_partitions_revoked``) and only then
+  does the heartbeat rejoin with epoch 0.
+
+Commits carry the member id and epoch, so a zombie cannot overwrite the offsets of partitions
+that moved on. A consumer with a ``group_id`` but manual ``assign()`` commits as a "simple"
+consumer (member epoch -1), which the coordinator accepts while the group has no members.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.errors import (
+    COORDINATOR_REFRESH_CODES,
+    CoordinatorNotAvailableError,
+    ErrorCode,
+    StromError,
+    error_for,
+)
+
+if TYPE_CHECKING:
+    from strom.client.consumer import Consumer
+
+log = logging.getLogger("strom.client.group")
+E = ErrorCode
+#: gRPC statuses after which the coordinator is looked up again.
+_TRANSPORT = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+#: Heartbeat errors after which the member has lost its partitions and must rejoin.
+_FENCED = frozenset({E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID})
+
+
+def make_group(consumer: Consumer) -> GroupMember | None:
+    """The consumer's group membership (None without a ``group_id``). Does no I/O: the
+    coordinator is first contacted by ``subscribe``, ``commit`` or ``committed``."""
+    if consumer.group_id is None:
+        return None
+    return GroupMember(consumer)
+
+
+def _topic_partitions(parts: Iterable[TopicPartition]) -> list[common_pb2.TopicPartitions]:
+    by_topic: dict[str, list[int]] = {}
+    for tp in parts:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return [
+        common_pb2.TopicPartitions(topic=t, partitions=sorted(ps))
+        for t, ps in sorted(by_topic.items())
+    ]
+
+
+def _from_assignment(a: coordinator_pb2.Assignment) -> set[TopicPartition]:
+    return {TopicPartition(tp.topic, p) for tp in a.topic_partitions for p in tp.partitions}
+
+
+def _sorted(parts: Iterable[TopicPartition]) -> list[TopicPartition]:
+    return sorted(parts)
+
+
+class GroupMember:
+    """One consumer's membership in its group (see the module docstring)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        assert consumer.group_id is not None
+        self.group_id: str = consumer.group_id
+        self._consumer = consumer
+        self._client = consumer._client
+        self._metadata = (("strom-client-id", consumer.client_id),)
+        cfg = consumer.config
+        self._auto_commit = bool(cfg["enable_auto_commit"])
+        self._auto_commit_interval_s = cfg["auto_commit_interval_ms"] / 1000.0
+        self._instance_id: str | None = cfg.get("group_instance_id")
+        self._assignor: str | None = cfg.get("group_remote_assignor")
+        self._timeout_s = max(consumer._timeout_s, 0.001)
+        self._backoff_s = max(consumer._backoff_s, 0.05)
+
+        self._lock = threading.Lock()
+        self.member_id = str(uuid.uuid4())
+        self.member_epoch = 0
+        self._topics: tuple[str, ...] = ()
+        self._pattern: str | None = None
+        self._listener: Any = None
+        self._subscribed = False
+        #: The last assignment the coordinator sent (None before the first).
+        self._target: set[TopicPartition] | None = None
+        #: What the application thread has installed in the consumer.
+        self._owned: set[TopicPartition] = set()
+        #: Set by the heartbeat thread after fencing; cleared by on_poll once dropped.
+        self._fenced = False
+        self._error: BaseException | None = None
+        self._coordinator: str | None = None
+        self._interval_s = max(cfg["heartbeat_interval_ms"] / 1000.0, 0.01)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+
+    # -- GroupMembership protocol -------------------------------------------------------------
+
+    def subscribe(self, topics: frozenset[str] | None, pattern: Any, listener: Any) -> None:
+        """Join (or change the subscription); the heartbeat thread starts on first use."""
+        if pattern is not None and not isinstance(pattern, str):
+            pattern = getattr(pattern, "pattern", str(pattern))
+        with self._lock:
+            self._topics = tuple(sorted(topics)) if topics is not None else ()
+            self._pattern = pattern if topics is None else None
+            self._listener = listener
+            self._subscribed = True
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"strom-heartbeat-{self.group_id}", daemon=True
+            )
+            self._thread.start()
+        self._wake.set()
+
+    def unsubscribe(self) -> None:
+        """Give the partitions up (listener, commit) and leave the group."""
+        self._revoke_all(commit=self._auto_commit, lost=False)
+        with self._lock:
+            self._subscribed = False
+        self._leave()
+
+    def on_poll(self, consumer: Consumer) -> None:
+        """Reconcile a new assignment, surface heartbeat errors, auto-commit when due."""
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+        with self._lock:
+            fenced = self._fenced
+            target = None if self._target is None else set(self._target)
+            owned = set(self._owned)
+        if fenced:
+            self._revoke_all(commit=False, lost=True)
+            with self._lock:
+                self._fenced = False
+            self._wake.set()
+            return
+        if target is not None and target != owned:
+            self._reconcile(consumer, owned, target)
+        if self._auto_commit and time.monotonic() >= self._next_auto_commit:
+            self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+            # Manual assign() with a group_id auto-commits too, as a "simple" consumer.
+            offsets = self._positions(owned if self._subscribed else consumer.assignment())
+            if offsets:
+                self.commit_async(offsets, self._log_commit_error)
+
+    def committed(
+        self, partitions: Sequence[TopicPartition], timeout_s: float
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offsets (OffsetFetch without epoch check); None = none."""
+        req = coordinator_pb2.OffsetFetchRequest(
+            group_id=self.group_id,
+            member_epoch=-1,
+            topics=_topic_partitions(partitions),
+        )
+        resp = self._request("OffsetFetch", req, timeout_s)
+        found: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tr in resp.topics:
+            for pr in tr.partitions:
+                if pr.error_code == E.NONE and pr.committed_offset >= 0:
+                    found[TopicPartition(tr.topic, pr.partition)] = OffsetAndMetadata(
+                        pr.committed_offset, pr.metadata, pr.committed_leader_epoch
+                    )
+        return {tp: found.get(tp) for tp in partitions}
+
+    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_s: float) -> None:
+        """OffsetCommit with this member's id and epoch (epoch -1 when not subscribed).
+
+        Raises the group-level error (e.g. STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID after being
+        fenced) or the first partition's error; nothing is retried that could commit twice
+        under a different epoch.
+        """
+        if not offsets:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                member = self._subscribed and self.member_epoch > 0
+                member_id = self.member_id if member else ""
+                epoch = self.member_epoch if member else -1
+            req = coordinator_pb2.OffsetCommitRequest(
+                group_id=self.group_id, member_id=member_id, member_epoch=epoch
+            )
+            by_topic: dict[str, Any] = {}
+            for tp, om in sorted(offsets.items()):
+                if tp.topic not in by_topic:
+                    by_topic[tp.topic] = req.topics.add(topic=tp.topic)
+                by_topic[tp.topic].partitions.add(
+                    partition=tp.partition,
+                    committed_offset=om.offset,
+                    committed_leader_epoch=om.leader_epoch,
+                    metadata=om.metadata,
+                )
+            resp = self._request("OffsetCommit", req, max(deadline - time.monotonic(), 0.001))
+            if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
+                # A heartbeat bumped the epoch meanwhile: retry with the new one (the
+                # coordinator still checks the partitions are ours to commit).
+                with self._lock:
+                    moved = self.member_epoch != epoch
+                if moved:
+                    continue
+            if resp.error_code != E.NONE:
+                raise error_for(resp.error_code, resp.error_message)
+            for tr in resp.topics:
+                for pr in tr.partitions:
+                    if pr.error_code != E.NONE:
+                        raise error_for(
+                            pr.error_code,
+                            f"{tr.topic}-{pr.partition}: {pr.error_message or 'commit failed'}",
+                        )
+            return
+
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        callback: Callable[[Mapping[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
+        | None,
+    ) -> None:
+        """Commit on a worker thread (commits stay in order: one worker)."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="strom-commit"
+            )
+        offsets = dict(offsets)
+
+        def work() -> None:
+            exc: BaseException | None = None
+            try:
+                self.commit(offsets, self._timeout_s)
+            except BaseException as e:
+                exc = e
+            if callback is not None:
+                try:
+                    callback(offsets, exc)
+                except Exception:
+                    log.exception("commit callback failed")
+
+        with contextlib.suppress(RuntimeError):  # executor shut down by close()
+            self._executor.submit(work)
+
+    def close(self, *, autocommit: bool, timeout_s: float) -> None:
+        """Commit (if asked) and give up the partitions, leave the group, stop the threads."""
+        try:
+            if self._subscribed:
+                self._revoke_all(commit=autocommit, lost=False, timeout_s=timeout_s)
+            elif autocommit:
+                self._commit_quietly(self._positions(self._consumer.assignment()), timeout_s)
+        finally:
+            self._stop.set()
+            self._wake.set()
+            if self._thread is not None:
+                self._thread.join(timeout=max(timeout_s, 0.1))
+            if self._subscribed:
+                self._leave(timeout_s)
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+
+    # -- reconciliation (application thread) -------------------------------------------------
+
+    def _reconcile(
+        self, consumer: Consumer, owned: set[TopicPartition], target: set[TopicPartition]
+    ) -> None:
+        revoked = owned - target
+        added = target - owned
+        if revoked:
+            self._call_listener("on_partitions_revoked", revoked)
+            if self._auto_commit:
+                self._commit_quietly(self._positions(revoked), self._timeout_s)
+            owned = owned - revoked
+        owned = owned | added
+        consumer._apply_assignment(owned)
+        with self._lock:
+            self._owned = set(owned)
+        if added:
+            self._call_listener("on_partitions_assigned", added)
+        log.info(
+            "group %s member %s: %d partitions (-%d +%d)",
+            self.group_id,
+            self.member_id,
+            len(owned),
+            len(revoked),
+            len(added),
+        )
+        self._wake.set()  # tell the coordinator now, so revoked partitions move at once
+
+    def _revoke_all(self, *, commit: bool, lost: bool, timeout_s: float | None = None) -> None:
+        with self._lock:
+            owned = set(self._owned)
+        if owned:
+            if lost:
+                name = (
+                    "on_partitions_lost"
+                    if hasattr(self._listener, "on_partitions_lost")
+                    else "on_partitions_revoked"
+                )
+                self._call_listener(name, owned)
+            else:
+                self._call_listener("on_partitions_revoked", owned)
+                if commit:
+                    self._commit_quietly(self._positions(owned), timeout_s or self._timeout_s)
+        consumer = self._consumer
+        if not consumer.closed:
+            consumer._apply_assignment(set())
+        with self._lock:
+            self._owned = set()
+            if lost:
+                self._target = None
+
+    def _positions(
+        self, parts: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        fetcher = self._consumer._fetcher
+        out = {}
+        for tp in parts:
+            pos = fetcher.position(tp)
+            if pos is not None:
+                out[tp] = OffsetAndMetadata(pos)
+        return out
+
+    def _commit_quietly(
+        self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_s: float
+    ) -> None:
+        try:
+            self.commit(offsets, timeout_s)
+        except StromError as exc:
+            log.warning("group %s: commit before revoking failed: %s", self.group_id, exc)
+
+    @staticmethod
+    def _log_commit_error(_offsets: Any, exc: BaseException | None) -> None:
+        if exc is not None:
+            log.warning("auto-commit failed: %s", exc)
+
+    def _call_listener(self, method: str, parts: set[TopicPartition]) -> None:
+        fn = getattr(self._listener, method, None)
+        if fn is None:
+            return
+        try:
+            fn(_sorted(parts))
+        except Exception:
+            log.exception("rebalance listener %s failed", method)
+
+    # -- heartbeat thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                active = self._subscribed and not self._fenced
+            if not active:
+                self._wake.wait(0.2)
+                self._wake.clear()
+                continue
+            wait = self._heartbeat_once()
+            if self._stop.is_set():
+                return
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def _heartbeat_request(self, epoch: int | None = None) -> Any:
+        with self._lock:
+            req = coordinator_pb2.ConsumerGroupHeartbeatRequest(
+                group_id=self.group_id,
+                member_id=self.member_id,
+                member_epoch=self.member_epoch if epoch is None else epoch,
+                subscribed_topic_names=list(self._topics),
+                owned_topic_partitions=_topic_partitions(self._owned),
+            )
+            if self._pattern is not None:
+                req.subscribed_topic_regex = self._pattern
+        if self._instance_id is not None:
+            req.instance_id = self._instance_id
+        if self._assignor is not None:
+            req.server_assignor = self._assignor
+        return req
+
+    def _heartbeat_once(self) -> float:
+        """One heartbeat; returns how long to wait before the next one."""
+        req = self._heartbeat_request()
+        try:
+            stub, _addr = self._stub(self._timeout_s)
+            resp = stub.ConsumerGroupHeartbeat(
+                req, timeout=self._timeout_s, metadata=self._metadata
+            )
+        except StromError as exc:
+            log.debug("group %s: no coordinator yet: %s", self.group_id, exc)
+            return self._backoff_s
+        except grpc.RpcError as exc:
+            if exc.code() in _TRANSPORT:
+                self._coordinator = None
+                return self._backoff_s
+            self._error = StromError(f"heartbeat failed: {exc.code().name} {exc.details()}")
+            return self._interval_s
+        code = resp.error_code
+        if code == E.NONE:
+            with self._lock:
+                self.member_id = resp.member_id or self.member_id
+                self.member_epoch = resp.member_epoch
+                if resp.heartbeat_interval_ms > 0:
+                    self._interval_s = resp.heartbeat_interval_ms / 1000.0
+                changed = resp.HasField("assignment") and (
+                    _from_assignment(resp.assignment) != self._target
+                )
+                if resp.HasField("assignment"):
+                    self._target = _from_assignment(resp.assignment)
+            if changed:
+                self._wake_poll()
+            return self._interval_s
+        if code in COORDINATOR_REFRESH_CODES:
+            self._coordinator = None
+            return self._backoff_s
+        if code in (E.COORDINATOR_LOAD_IN_PROGRESS, E.REQUEST_TIMED_OUT):
+            return self._backoff_s
+        if code in _FENCED:
+            log.warning(
+                "group %s: member %s fenced (%s); rejoining",
+                self.group_id,
+                self.member_id,
+                resp.error_message,
+            )
+            with self._lock:
+                self.member_epoch = 0
+                self._target = None
+                self._fenced = bool(self._owned)
+            self._wake_poll()
+            return 0.0
+        self._error = error_for(code, resp.error_message)
+        return self._interval_s
+
+    def _wake_poll(self) -> None:
+        """Wake a poll() blocked waiting for data, so it reconciles the new assignment now
+        rather than when its timeout ends."""
+        ready = getattr(self._consumer._fetcher, "data_ready", None)
+        if ready is not None:
+            with ready:
+                ready.notify_all()
+
+    def _leave(self, timeout_s: float | None = None) -> None:
+        """Tell the coordinator we are gone (-1; -2 for a static member) so the partitions
+        move at once instead of after the session timeout. Best effort."""
+        with self._lock:
+            joined = self.member_epoch > 0
+        if not joined:
+            return
+        epoch = -2 if self._instance_id is not None else -1
+        req = self._heartbeat_request(epoch)
+        req.ClearField("owned_topic_partitions")
+        with contextlib.suppress(StromError, grpc.RpcError):
+            stub, _ = self._stub(timeout_s or self._timeout_s)
+            stub.ConsumerGroupHeartbeat(
+                req, timeout=timeout_s or self._timeout_s, metadata=self._metadata
+            )
+        with self._lock:
+            self.member_epoch = 0
+            self._target = None
+
+    # -- coordinator lookup and calls -------------------------------------------------------
+
+    def _find_coordinator(self, timeout_s: float) -> str:
+        """FindCoordinator on any storage node; retried while no coordinator owns the shard."""
+        deadline = time.monotonic() + timeout_s
+        last = "no node answered"
+        req = storage_pb2.FindCoordinatorRequest(keys=[self.group_id])
+        while True:
+            for addr in self._client._candidates():
+                try:
+                    resp = self._client.storage(addr).FindCoordinator(
+                        req, timeout=min(self._timeout_s, 5.0)
+                    )
+                except grpc.RpcError as exc:
+                    last = f"{addr}: {exc.code().name}"
+                    continue
+                c = resp.coordinators[0]
+                if c.error_code == E.NONE:
+                    return f"{c.node.host}:{c.node.port}"
+                last = c.error_message or "no coordinator"
+                if c.error_code not in COORDINATOR_REFRESH_CODES:
+                    raise error_for(c.error_code, c.error_message)
+                break
+            if time.monotonic() >= deadline:
+                raise CoordinatorNotAvailableError(
+                    f"no coordinator for group {self.group_id!r}: {last}"
+                )
+            time.sleep(self._backoff_s)
+
+    def _stub(self, timeout_s: float) -> tuple[coordinator_pb2_grpc.CoordinatorServiceStub, str]:
+        addr = self._coordinator
+        if addr is None:
+            addr = self._coordinator = self._find_coordinator(timeout_s)
+        return coordinator_pb2_grpc.CoordinatorServiceStub(self._client.channel(addr)), addr
+
+    def _request(self, method: str, req: Any, timeout_s: float) -> Any:
+        """A coordinator RPC with coordinator lookup and retries of retriable group errors;
+        returns the response (whose non-retriable error the caller handles)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                stub, _ = self._stub(remaining)
+                resp = getattr(stub, method)(
+                    req, timeout=min(remaining, self._timeout_s), metadata=self._metadata
+                )
+            except grpc.RpcError as exc:
+                if exc.code() not in _TRANSPORT or time.monotonic() >= deadline:
+                    raise StromError(
+                        f"{method} to the coordinator failed: {exc.code().name}", retriable=True
+                    ) from None
+                self._coordinator = None
+            else:
+                code = resp.error_code
+                if code in COORDINATOR_REFRESH_CODES:
+                    self._coordinator = None
+                elif code not in (E.COORDINATOR_LOAD_IN_PROGRESS, E.REQUEST_TIMED_OUT):
+                    return resp
+                if time.monotonic() >= deadline:
+                    raise error_for(code, resp.error_message)
+            time.sleep(self._backoff_s)

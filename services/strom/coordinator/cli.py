@@ -1,0 +1,183 @@
+"""``strom coordinator``: flags, configuration sources and process entry point.
+
+Same conventions as ``strom controller`` (flags > ``STROM_*`` environment > ``--config`` YAML;
+start-up problems an operator can fix end with one line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections.abc import Sequence
+
+from strom.controller.cli import _endpoints, _host_port, _int_at_least, _port_or_disabled
+from strom.metadata import MetadataUnavailableError
+from strom.service import runtime
+from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
+
+PROG = "strom coordinator"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the coordinator's flags to ``parser``."""
+    parser.add_argument(
+        "--etcd",
+        required=True,
+        type=_endpoints,
+        metavar="HOST:PORT[,HOST:PORT]",
+        help="etcd endpoints holding the cluster metadata",
+    )
+    parser.add_argument(
+        "--listen",
+        default="0.0.0.0:9094",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="gRPC address to bind (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="address clients are told to use (default: --listen, 0.0.0.0 as 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        default=9104,
+        type=_port_or_disabled,
+        help="Prometheus /metrics HTTP port; -1 disables it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cluster", default="strom", help="cluster name: the etcd prefix /strom/<name>/"
+    )
+    parser.add_argument(
+        "--coordinator-id",
+        default=None,
+        type=_int_at_least(0),
+        help="this coordinator's id (default: random)",
+    )
+    parser.add_argument(
+        "--offsets-partitions",
+        default=8,
+        type=_int_at_least(1),
+        help="shards (partitions of __consumer_offsets) when this coordinator creates the "
+        "topic; an existing topic keeps its count (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--offsets-replication-factor",
+        default=3,
+        type=_int_at_least(1),
+        help="replication factor of __consumer_offsets, capped at the live nodes "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--session-timeout-s",
+        default=2,
+        type=_int_at_least(2, " (etcd's minimum lease TTL)"),
+        help="etcd lease TTL of the shard keys: how soon another coordinator takes over "
+        "from a dead one (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--group-session-timeout-ms",
+        default=45_000,
+        type=_int_at_least(1),
+        help="a member that does not heartbeat for this long is removed "
+        "(group.consumer.session.timeout.ms, default: %(default)s)",
+    )
+    parser.add_argument(
+        "--group-heartbeat-interval-ms",
+        default=5_000,
+        type=_int_at_least(1),
+        help="heartbeat interval told to members "
+        "(group.consumer.heartbeat.interval.ms, default: %(default)s)",
+    )
+    parser.add_argument(
+        "--group-max-size",
+        default=None,
+        type=_int_at_least(1),
+        help="most members a group may have (default: no limit)",
+    )
+    parser.add_argument(
+        "--lag-metrics-interval-s",
+        default=10.0,
+        type=float,
+        help="how often strom_coordinator_consumer_lag is refreshed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--etcd-connect-timeout-s",
+        default=10.0,
+        type=float,
+        help="give up starting when etcd does not answer within this (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: %(default)s)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the coordinator from parsed flags and serve until SIGTERM; the exit code."""
+    from strom.coordinator.group import GroupConfig
+    from strom.coordinator.service import CoordinatorService, CoordinatorStartupError
+
+    host, port = split_host_port(args.advertise or args.listen)
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = "127.0.0.1"
+    coordinator_id = (
+        args.coordinator_id if args.coordinator_id is not None else random.randrange(1 << 31)
+    )
+    metrics_port = args.metrics_port if args.metrics_port >= 0 else None
+    runtime.setup_logging(args.log_level, "coordinator")
+    service = CoordinatorService(
+        etcd=args.etcd,
+        cluster=args.cluster,
+        coordinator_id=coordinator_id,
+        advertise_host=host,
+        advertise_port=port,
+        metrics_port=metrics_port or 0,
+        offsets_partitions=args.offsets_partitions,
+        offsets_replication_factor=args.offsets_replication_factor,
+        lease_ttl_s=args.session_timeout_s,
+        group_config=GroupConfig(
+            session_timeout_ms=args.group_session_timeout_ms,
+            heartbeat_interval_ms=args.group_heartbeat_interval_ms,
+            max_size=args.group_max_size,
+        ),
+        connect_timeout_s=args.etcd_connect_timeout_s,
+        lag_interval_s=max(args.lag_metrics_interval_s, 0.1),
+    )
+    try:
+        return runtime.run(service, args.listen, metrics_port)
+    except (CoordinatorStartupError, MetadataUnavailableError) as exc:
+        return _fail(str(exc))
+    except RuntimeError as exc:
+        if "bind" in str(exc).lower():
+            return _fail(f"cannot listen on {args.listen}: {exc}")
+        raise
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``strom coordinator`` as a standalone program (flags > STROM_* env > YAML)."""
+    parser = argparse.ArgumentParser(prog=PROG, description="run a strom group coordinator")
+    add_arguments(parser)
+    try:
+        args = parse_with_sources(parser, argv)
+    except ConfigFileError as exc:
+        return _fail(str(exc), 2)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

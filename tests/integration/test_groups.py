@@ -1,0 +1,451 @@
+"""Consumer groups end to end (issue: consumer groups): real etcd, controller, storage node and
+group coordinator processes, members driven by :mod:`strom.client.group_member`.
+
+One cluster serves the module; every test uses its own topic and group. The coordinator runs
+with a short heartbeat interval and session timeout so that rebalances take a fraction of a
+second; every wait is on a condition, never a fixed sleep. The SIGKILL test runs last.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.api import (
+    common_pb2,
+    controller_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    storage_pb2,
+)
+from strom.client.cluster import ClusterClient
+from strom.client.consumer import Consumer
+from strom.client.group_member import make_group
+from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from strom.errors import is_retriable
+from strom.record import encode_batch
+
+pytestmark = pytest.mark.integration
+E = common_pb2.ErrorCode
+
+
+class GroupConsumer(Consumer):
+    """The Consumer with the group hook wired (what consumer.py's ``_make_group`` will do)."""
+
+    def _make_group(self):  # type: ignore[no-untyped-def]
+        return make_group(self)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("groups")
+    c = LocalCluster(
+        root / "c",
+        nodes=1,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=[
+            "--group-heartbeat-interval-ms",
+            "200",
+            "--group-session-timeout-ms",
+            "2000",
+            "--offsets-partitions",
+            "4",
+            "--lag-metrics-interval-s",
+            "0.2",
+        ],
+    )
+    try:
+        c.start()
+        yield c
+    finally:
+        c.kill()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
+    with ClusterClient(cluster.bootstrap, retry_s=20) as c:
+        yield c
+
+
+def create_topic(client: ClusterClient, name: str, partitions: int) -> None:
+    client.controller_call(
+        "CreateTopics",
+        controller_pb2.CreateTopicsRequest(
+            topics=[
+                controller_pb2.CreatableTopic(
+                    name=name, num_partitions=partitions, replication_factor=1
+                )
+            ]
+        ),
+    )
+    wait_for(
+        lambda: len(client.topic_metadata(name).partitions) == partitions,
+        timeout=10,
+        what=f"topic {name}",
+    )
+
+
+def produce(client: ClusterClient, topic: str, partition: int, n: int) -> None:
+    req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=10_000)
+    req.topics.add(topic=topic).partitions.add(
+        partition=partition,
+        records=encode_batch([f"{topic}-{partition}-{i}".encode() for i in range(n)]),
+        current_leader_epoch=-1,
+    )
+
+    def retriable(resp: storage_pb2.ProduceResponse) -> bool:
+        code = resp.topics[0].partitions[0].error_code
+        return code != E.NONE and is_retriable(code)  # e.g. the replica is still being created
+
+    resp = client.with_leader(topic, partition, lambda s: s.Produce(req, timeout=10), retriable)
+    assert resp.topics[0].partitions[0].error_code == E.NONE
+
+
+class Member:
+    """A consumer polling on its own thread (a consumer is single-threaded), exposing what it
+    owns and what it read."""
+
+    def __init__(self, cluster: LocalCluster, group: str, topics: list[str], **kw: object):
+        self.consumer = GroupConsumer(
+            cluster.bootstrap, group_id=group, auto_offset_reset="earliest", **kw
+        )
+        self.consumer.subscribe(topics)
+        self.owned: set[TopicPartition] = set()
+        self.values: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            records = self.consumer.poll(50)
+            self.values.extend(r.value for r in records if r.value is not None)
+            self.owned = self.consumer.assignment()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.consumer.close()
+
+
+def coordinator_stub(
+    cluster: LocalCluster, client: ClusterClient, group: str
+) -> coordinator_pb2_grpc.CoordinatorServiceStub:
+    resp = client.storage(cluster.nodes[0].address).FindCoordinator(
+        storage_pb2.FindCoordinatorRequest(keys=[group]), timeout=5
+    )
+    c = resp.coordinators[0]
+    assert c.error_code == E.NONE, c.error_message
+    assert f"{c.node.host}:{c.node.port}" == cluster.coordinators[0].address
+    return coordinator_pb2_grpc.CoordinatorServiceStub(
+        client.channel(f"{c.node.host}:{c.node.port}")
+    )
+
+
+def balanced(members: list[Member], partitions: int) -> bool:
+    owned = [m.owned for m in members]
+    union = set().union(*owned)
+    per = partitions // len(members)
+    return (
+        len(union) == partitions
+        and sum(len(o) for o in owned) == partitions
+        and all(len(o) in (per, per + 1) for o in owned)
+    )
+
+
+def test_members_split_partitions_and_take_over_when_one_leaves(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    create_topic(client, "split", 6)
+    members = [Member(cluster, "g-split", ["split"]) for _ in range(3)]
+    try:
+        wait_for(lambda: balanced(members, 6), timeout=20, what="3 members with 2 partitions each")
+        assert all(len(m.owned) == 2 for m in members)
+        stub = coordinator_stub(cluster, client, "g-split")
+        desc = stub.DescribeGroups(
+            coordinator_pb2.DescribeGroupsRequest(group_ids=["g-split"]), timeout=5
+        ).groups[0]
+        assert desc.error_code == E.NONE and len(desc.members) == 3
+        assert desc.state == coordinator_pb2.GROUP_STATE_STABLE
+
+        members.pop(0).close()  # leaves the group gracefully (epoch -1)
+        wait_for(lambda: balanced(members, 6), timeout=20, what="2 members with 3 each")
+        assert sorted(len(m.owned) for m in members) == [3, 3]
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_pattern_subscription_and_the_rebalance_listener(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    create_topic(client, "rx-a", 1)
+    create_topic(client, "rx-b", 2)
+    calls: list[tuple[str, list[TopicPartition]]] = []
+
+    class Listener:
+        def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+            calls.append(("assigned", parts))
+
+        def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+            calls.append(("revoked", parts))
+
+    consumer = GroupConsumer(cluster.bootstrap, group_id="g-rx")
+    try:
+        consumer.subscribe(pattern=r"rx-.*", listener=Listener())
+        want = {TopicPartition("rx-a", 0), TopicPartition("rx-b", 0), TopicPartition("rx-b", 1)}
+
+        def assigned() -> bool:
+            consumer.poll(100)  # the assignment is applied on the application's thread
+            return consumer.assignment() == want
+
+        wait_for(assigned, timeout=15, what="both topics assigned through the regex")
+        assert calls == [("assigned", sorted(want))]
+    finally:
+        consumer.close()
+    assert calls[-1] == ("revoked", sorted(want))  # close gives the partitions up
+
+
+def test_two_groups_each_see_every_record(cluster: LocalCluster, client: ClusterClient) -> None:
+    create_topic(client, "fanout", 3)
+    for p in range(3):
+        produce(client, "fanout", p, 40)
+    everything = sorted(f"fanout-{p}-{i}".encode() for p in range(3) for i in range(40))
+    a = [Member(cluster, "g-a", ["fanout"])]
+    b = [Member(cluster, "g-b", ["fanout"]) for _ in range(2)]
+    try:
+        wait_for(
+            lambda: (
+                sorted(a[0].values) == everything
+                and sorted(b[0].values + b[1].values) == everything
+            ),
+            timeout=20,
+            what="both groups to read all 120 records",
+        )
+        a[0].close()  # auto-commit on close: group g-a has committed the end of each partition
+        stub = coordinator_stub(cluster, client, "g-a")
+        desc = stub.DescribeGroups(
+            coordinator_pb2.DescribeGroupsRequest(group_ids=["g-a"], include_offsets=True),
+            timeout=5,
+        ).groups[0]
+        assert desc.state == coordinator_pb2.GROUP_STATE_EMPTY
+        assert {(o.partition, o.committed_offset, o.end_offset, o.lag) for o in desc.offsets} == {
+            (p, 40, 40, 0) for p in range(3)
+        }
+        listed = stub.ListGroups(coordinator_pb2.ListGroupsRequest(), timeout=5)
+        assert {"g-a", "g-b"} <= {g.group_id for g in listed.groups}
+        produce(client, "fanout", 0, 5)  # g-a is gone: its lag grows, and the gauge shows it
+        url = f"http://127.0.0.1:{cluster.coordinators[0].metrics_port}/metrics"
+        gauge = 'strom_coordinator_consumer_lag{group="g-a",partition="0",topic="fanout"} 5.0'
+        wait_for(
+            lambda: gauge in urllib.request.urlopen(url, timeout=5).read().decode(),
+            timeout=10,
+            what="the lag gauge",
+        )
+    finally:
+        for m in a + b:
+            m.close()
+
+
+def test_a_zombie_with_a_stale_epoch_cannot_commit(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    create_topic(client, "zombie", 2)
+    stub = coordinator_stub(cluster, client, "g-zombie")
+
+    def beat(
+        member: str, epoch: int, owned: list[int]
+    ) -> coordinator_pb2.ConsumerGroupHeartbeatResponse:
+        req = coordinator_pb2.ConsumerGroupHeartbeatRequest(
+            group_id="g-zombie",
+            member_id=member,
+            member_epoch=epoch,
+            subscribed_topic_names=["zombie"],
+        )
+        if owned:
+            req.owned_topic_partitions.add(topic="zombie", partitions=owned)
+        resp = stub.ConsumerGroupHeartbeat(req, timeout=5)
+        assert resp.error_code == E.NONE, resp.error_message
+        return resp
+
+    def commit(member: str, epoch: int, offset: int) -> int:
+        req = coordinator_pb2.OffsetCommitRequest(
+            group_id="g-zombie", member_id=member, member_epoch=epoch
+        )
+        req.topics.add(topic="zombie").partitions.add(partition=0, committed_offset=offset)
+        return stub.OffsetCommit(req, timeout=5).error_code
+
+    z = beat("zombie", 0, [])
+    z_epoch = z.member_epoch
+    assert sorted(z.assignment.topic_partitions[0].partitions) == [0, 1]
+    assert commit("zombie", z_epoch, 10) == E.NONE
+    y = beat("other", 0, [])  # a second member: the zombie must give a partition up
+    z = beat("zombie", z_epoch, [0, 1])
+    kept = list(z.assignment.topic_partitions[0].partitions)
+    assert len(kept) == 1 and z.member_epoch == z_epoch  # revoke first, same epoch
+    z = beat("zombie", z_epoch, kept)  # revoked: the member moves to the new epoch
+    assert z.member_epoch > z_epoch
+    assert commit("zombie", z_epoch, 99) == E.STALE_MEMBER_EPOCH  # its old epoch is refused
+    assert commit("zombie", z.member_epoch + 1, 99) == E.FENCED_MEMBER_EPOCH
+
+    # The zombie stops heartbeating; the other member carries on until the session times out.
+    y_epoch = y.member_epoch
+
+    def zombie_gone() -> bool:
+        nonlocal y_epoch
+        y_epoch = beat("other", y_epoch, []).member_epoch
+        desc = stub.DescribeGroups(
+            coordinator_pb2.DescribeGroupsRequest(group_ids=["g-zombie"]), timeout=5
+        ).groups[0]
+        return [m.member_id for m in desc.members] == ["other"]
+
+    wait_for(zombie_gone, timeout=15, interval=0.2, what="the zombie's session to expire")
+    assert commit("zombie", z.member_epoch, 99) == E.UNKNOWN_MEMBER_ID
+    fetched = stub.OffsetFetch(
+        coordinator_pb2.OffsetFetchRequest(group_id="g-zombie", member_epoch=-1), timeout=5
+    )
+    assert fetched.error_code == E.NONE, fetched.error_message
+    assert [(p.partition, p.committed_offset) for p in fetched.topics[0].partitions] == [(0, 10)]
+
+
+def strom(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "strom.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_the_groups_cli_lists_describes_resets_and_deletes(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    create_topic(client, "cli", 2)
+    for p in range(2):
+        produce(client, "cli", p, 10)
+    b = ("-b", cluster.bootstrap)
+    dry = strom("groups", "reset-offsets", "g-cli", "--topic", "cli", "--to-latest", *b).stdout
+    assert "dry run" in dry and dry.count(" 10") >= 2
+    assert strom("groups", "describe", "g-cli", *b, check=False).returncode == 1  # not yet
+    out = strom(
+        "groups", "reset-offsets", "g-cli", "--topic", "cli", "--to-latest", "--execute", *b
+    ).stdout
+    assert "reset 2 offsets" in out
+    strom(
+        "groups", "reset-offsets", "g-cli", "--topic", "cli:0", "--shift-by", "-3", "--execute", *b
+    )
+    desc = strom("groups", "describe", "g-cli", *b).stdout
+    rows = [line.split() for line in desc.splitlines() if line.startswith("cli ")]
+    assert rows == [["cli", "0", "7", "10", "3", "-"], ["cli", "1", "10", "10", "0", "-"]]
+    assert "g-cli\tEmpty" in strom("groups", "list", *b).stdout
+
+    member = Member(cluster, "g-cli", ["cli"])
+    try:
+        wait_for(lambda: len(member.owned) == 2, timeout=15, what="the member's assignment")
+        busy = strom(
+            "groups",
+            "reset-offsets",
+            "g-cli",
+            "--topic",
+            "cli",
+            "--to-earliest",
+            "--execute",
+            *b,
+            check=False,
+        )
+        assert busy.returncode == 1 and "active members" in busy.stderr
+        # It resumed from the reset offsets: 7..9 of partition 0, nothing of partition 1.
+        want = [b"cli-0-7", b"cli-0-8", b"cli-0-9"]
+        wait_for(lambda: sorted(member.values) == want, timeout=10, what="the 3 records left")
+    finally:
+        member.close()
+    assert "deleted group g-cli" in strom("groups", "delete", "g-cli", *b).stdout
+    assert "g-cli" not in strom("groups", "list", *b).stdout
+
+
+def test_committed_offsets_survive_a_coordinator_sigkill(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    create_topic(client, "durable", 2)
+    # No auto-commit: only the commits below may change the group's offsets.
+    member = Member(cluster, "g-durable", ["durable"], enable_auto_commit=False)
+    tp0, tp1 = TopicPartition("durable", 0), TopicPartition("durable", 1)
+    try:
+        wait_for(lambda: member.owned == {tp0, tp1}, timeout=15, what="the member's assignment")
+        member.consumer.commit({tp0: OffsetAndMetadata(5, "five"), tp1: OffsetAndMetadata(7)})
+        assert member.consumer.committed(tp0) == OffsetAndMetadata(5, "five")
+        before = cluster.wait_coordinators_ready()
+
+        coord = cluster.coordinators[0]
+        assert coord.process is not None
+        coord.process.kill()
+        coord.start()
+        cluster.wait_serving(coord)
+
+        def refenced() -> bool:
+            # The dead process's keys live until its lease expires; then the new one takes
+            # every shard over, replays it and publishes a bumped producer epoch.
+            now = cluster.coordinator_shards() or {}
+            return bool(now) and all(now[s][1] > before[s][1] for s in before)
+
+        wait_for(refenced, timeout=30, what="every shard taken over with a bumped epoch")
+        cluster.wait_coordinators_ready()
+
+        # The member kept heartbeating through the takeover: same partitions, and its epoch
+        # (replayed from the log) still lets it commit.
+        def commits() -> bool:
+            member.consumer.commit({tp0: OffsetAndMetadata(6, "six")})
+            return True
+
+        wait_for(commits, timeout=15, what="a commit through the new coordinator")
+        assert member.owned == {tp0, tp1}
+    finally:
+        member._stop.set()
+        member._thread.join(10)
+        member.consumer.close(autocommit=False)
+
+    again = GroupConsumer(cluster.bootstrap, group_id="g-durable")
+    try:
+        got = again.committed([tp0, tp1])
+        assert got == {tp0: OffsetAndMetadata(6, "six"), tp1: OffsetAndMetadata(7)}
+    finally:
+        again.close()
+
+
+def test_a_stopping_coordinator_hands_its_shards_over(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """SIGTERM revokes the shard lease: a second coordinator takes every shard over and the
+    groups' offsets are still there (runs after the SIGKILL test, which left g-durable)."""
+    second = cluster.add_coordinator()
+    first = cluster.coordinators[0]
+    assert first.process is not None
+    first.process.stop()
+
+    def moved() -> bool:
+        shards = cluster.coordinator_shards() or {}
+        return bool(shards) and all(
+            addr == second.address and epoch >= 0 for addr, epoch in shards.values()
+        )
+
+    wait_for(moved, timeout=15, what="every shard owned by the second coordinator")
+    again = GroupConsumer(cluster.bootstrap, group_id="g-durable")
+    try:
+        tp0 = TopicPartition("durable", 0)
+        assert again.committed(tp0) == OffsetAndMetadata(6, "six")
+    finally:
+        again.close()

@@ -1,0 +1,146 @@
+"""The client side of consumer groups without a cluster: heartbeat answers are fed to a
+:class:`GroupMember` through a fake coordinator stub, and the application-thread half
+(``on_poll``) is checked against a fake consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from strom.api import coordinator_pb2
+from strom.client.group_member import GroupMember, make_group
+from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.errors import ErrorCode as E
+from strom.errors import UnsupportedAssignorError
+
+T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
+
+
+class FakeConsumer:
+    def __init__(self, group_id: str | None = "g") -> None:
+        self.group_id = group_id
+        self.client_id = "c1"
+        self._client = SimpleNamespace()
+        self._timeout_s = 1.0
+        self._backoff_s = 0.01
+        self.config: dict[str, Any] = {
+            "enable_auto_commit": True,
+            "auto_commit_interval_ms": 60_000,
+            "heartbeat_interval_ms": 3000,
+            "group_instance_id": None,
+            "group_remote_assignor": None,
+        }
+        self.closed = False
+        self.applied: list[set[TopicPartition]] = []
+        self._fetcher = SimpleNamespace(position=lambda tp: 100 + tp.partition)
+
+    def _apply_assignment(self, parts: Iterable[TopicPartition]) -> None:
+        self.applied.append(set(parts))
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[TopicPartition]]] = []
+
+    def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+        self.calls.append(("revoked", parts))
+
+    def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+        self.calls.append(("assigned", parts))
+
+
+class FakeStub:
+    def __init__(self, *responses: coordinator_pb2.ConsumerGroupHeartbeatResponse) -> None:
+        self.responses = list(responses)
+        self.requests: list[coordinator_pb2.ConsumerGroupHeartbeatRequest] = []
+
+    def ConsumerGroupHeartbeat(self, req: Any, **_: Any) -> Any:
+        self.requests.append(req)
+        return self.responses.pop(0)
+
+
+def _resp(epoch: int, parts: list[int] | None = None, code: int = E.NONE) -> Any:
+    r = coordinator_pb2.ConsumerGroupHeartbeatResponse(
+        error_code=code, member_id="m", member_epoch=epoch, heartbeat_interval_ms=200
+    )
+    if parts is not None:
+        r.assignment.SetInParent()
+        if parts:
+            r.assignment.topic_partitions.add(topic="t", partitions=parts)
+    return r
+
+
+@pytest.fixture
+def member() -> tuple[GroupMember, FakeConsumer, Listener, FakeStub, list[Any]]:
+    consumer = FakeConsumer()
+    m = make_group(consumer)  # type: ignore[arg-type]
+    assert isinstance(m, GroupMember)
+    listener = Listener()
+    stub = FakeStub()
+    commits: list[Any] = []
+    m._stub = lambda timeout_s: (stub, "addr")  # type: ignore[method-assign]
+    m.commit = lambda offsets, timeout_s: commits.append(dict(offsets))  # type: ignore[method-assign]
+    with m._lock:
+        m._topics, m._listener, m._subscribed = ("t",), listener, True
+    return m, consumer, listener, stub, commits
+
+
+def test_no_group_no_membership() -> None:
+    assert make_group(FakeConsumer(group_id=None)) is None  # type: ignore[arg-type]
+
+
+def test_join_then_reconcile_growth_and_shrink_on_the_application_thread(member: Any) -> None:
+    m, consumer, listener, stub, commits = member
+    stub.responses = [_resp(1, [0, 1, 2]), _resp(1, [2]), _resp(2)]
+    assert m._heartbeat_once() == pytest.approx(0.2)
+    assert stub.requests[0].member_epoch == 0 and stub.requests[0].subscribed_topic_names == ["t"]
+    assert consumer.applied == []  # the heartbeat thread never touches the consumer
+    m.on_poll(consumer)
+    assert consumer.applied == [{T0, T1, T2}]
+    assert listener.calls == [("assigned", [T0, T1, T2])]
+
+    m._heartbeat_once()  # the coordinator takes 0 and 1 away
+    assert [list(tp.partitions) for tp in stub.requests[1].owned_topic_partitions] == [[0, 1, 2]]
+    m.on_poll(consumer)
+    assert listener.calls[-1] == ("revoked", [T0, T1])
+    assert commits == [{T0: OffsetAndMetadata(100), T1: OffsetAndMetadata(101)}]
+    assert consumer.applied[-1] == {T2}
+    m._heartbeat_once()  # reports the revocation at once
+    assert [list(tp.partitions) for tp in stub.requests[2].owned_topic_partitions] == [[2]]
+    assert m.member_epoch == 2
+
+
+def test_fenced_member_drops_everything_before_rejoining(member: Any) -> None:
+    m, consumer, listener, stub, _ = member
+    stub.responses = [_resp(3, [0]), _resp(-1, code=E.FENCED_MEMBER_EPOCH), _resp(4, [1])]
+    m._heartbeat_once()
+    m.on_poll(consumer)
+    assert m._heartbeat_once() == 0.0
+    assert m._fenced and m.member_epoch == 0
+    m.on_poll(consumer)  # the lost partitions are dropped on the application thread
+    assert consumer.applied[-1] == set() and listener.calls[-1] == ("revoked", [T0])
+    assert not m._fenced
+    m._heartbeat_once()
+    assert stub.requests[-1].member_epoch == 0 and not stub.requests[-1].owned_topic_partitions
+    m.on_poll(consumer)
+    assert consumer.applied[-1] == {T1}
+
+
+def test_fatal_heartbeat_errors_surface_in_poll(member: Any) -> None:
+    m, consumer, _, stub, _ = member
+    stub.responses = [_resp(-1, code=E.UNSUPPORTED_ASSIGNOR)]
+    m._heartbeat_once()
+    with pytest.raises(UnsupportedAssignorError):
+        m.on_poll(consumer)
+    m.on_poll(consumer)  # reported once
+
+
+def test_coordinator_moves_are_rediscovered(member: Any) -> None:
+    m, _, _, stub, _ = member
+    m._coordinator = "old:1"
+    stub.responses = [_resp(-1, code=E.NOT_COORDINATOR)]
+    assert m._heartbeat_once() == pytest.approx(0.05)  # backoff, then FindCoordinator
+    assert m._coordinator is None
