@@ -107,3 +107,36 @@ def test_bench_modes_report_json(bootstrap: str, mode: str, extra: list[str]) ->
     assert result["records_per_s"] > 0 and result["mb_per_s"] > 0
     assert {"p50_ms", "p99_ms", "p99.9_ms"} <= set(result)
     assert report["context"]["mode"] == mode
+
+
+def test_consume_as_a_group_resumes_after_its_commits(bootstrap: str) -> None:
+    with Admin(bootstrap) as admin:
+        admin.create_topic("grouped", partitions=2, replication_factor=1)
+    strom("produce", "grouped", "-b", bootstrap, stdin=b"".join(b"r%d\n" % i for i in range(6)))
+    first = strom(
+        "consume",
+        "grouped",
+        "-b",
+        bootstrap,
+        "--group",
+        "cli",
+        "--from-beginning",
+        "--max-messages",
+        "6",
+        timeout=90,
+    ).stdout.split()
+    assert sorted(first) == [b"r%d" % i for i in range(6)]
+    strom("produce", "grouped", "-b", bootstrap, stdin=b"late\n")
+    again = strom(
+        "consume",
+        "grouped",
+        "-b",
+        bootstrap,
+        "--group",
+        "cli",
+        "--from-beginning",
+        "--max-messages",
+        "1",
+        timeout=90,
+    ).stdout.split()
+    assert again == [b"late"]  # the group's committed offsets, not --from-beginning, decide
