@@ -59,10 +59,11 @@ class Env:
         wait_for(lambda: self.client.partition_count(name) == partitions, timeout=10, what=name)
         return name
 
-    def read(self, topic: str, partition: int = 0) -> list[Record]:
-        """Every record of the partition, straight from the node (not through the proxy)."""
+    def read(self, topic: str, partition: int = 0, start: int = 0) -> list[Record]:
+        """Every record of the partition from ``start``, straight from the node (not through
+        the proxy)."""
         out: list[Record] = []
-        offset = 0
+        offset = start
         addr = self.cluster.bootstrap.split(",")[0]
         while True:
             req = storage_pb2.FetchRequest(
@@ -276,3 +277,19 @@ def test_clear_errors_for_bad_arguments(env: Env) -> None:
         assert p.send(t, b"ok", partition=1).result(10).offset == 0
     with pytest.raises(ProducerClosedError):
         p.send(t, b"late")
+
+
+def test_a_producer_the_leader_forgot_starts_its_sequence_again(env: Env) -> None:
+    """DeleteRecords past every batch of a producer drops its state on the leader; the next
+    batch (sequence > 0) is refused UNKNOWN_PRODUCER_ID and the producer restarts at 0."""
+    from strom.client import Admin, TopicPartition
+
+    t = env.topic()
+    with Producer(env.bootstrap, acks=1) as p:
+        for i in range(3):
+            assert p.send(t, b"%d" % i).result(10).offset == i
+        with Admin(env.bootstrap) as admin:
+            assert admin.delete_records({TopicPartition(t, 0): 3}) == {TopicPartition(t, 0): 3}
+        assert p.send(t, b"again").result(20).offset == 3
+        assert p.send(t, b"and again").result(20).offset == 4
+    assert [r.value for r in env.read(t, start=3)] == [b"again", b"and again"]

@@ -18,7 +18,7 @@ from strom.client.producer import _as_table, _chunks, _split_by_key
 from strom.client.types import RecordMetadata
 from strom.client.wire import encode_produce_request
 from strom.errors import NotLeaderError
-from strom.record import decode_records
+from strom.record import decode_batches, decode_records
 
 
 def test_futures_resolve_from_their_batch() -> None:
@@ -80,7 +80,10 @@ def test_batches_encode_once_per_sequence() -> None:
         (None, b"v2", 1002),
     ]
     assert [list(r.headers or ()) for r in recs] == [[], [], [("h", b"x")]]
-    assert b.encode("zstd", 5, 0, 20) is not raw  # resequenced: encoded again
+    b.base_sequence = 20  # renumbered after an earlier batch failed
+    again = b.encode("zstd", 5, 0, 20)
+    assert again is not raw  # encoded again, with the new sequence
+    assert decode_batches(again)[0].header.base_sequence == 20
 
 
 def test_partition_queue_closes_the_open_batch_for_bulk() -> None:

@@ -36,6 +36,7 @@ class ProducerBatch:
         "count",
         "created",
         "encoded",
+        "encoded_sequence",
         "has_keys",
         "headers",
         "keys",
@@ -61,6 +62,8 @@ class ProducerBatch:
         self.closed = False
         self.arrow = arrow
         self.encoded: bytes | None = None
+        #: The sequence ``encoded`` carries (base_sequence may be renumbered after a failure).
+        self.encoded_sequence = -1
         self.base_sequence = -1
         self.attempts = 0
         self.count = 0
@@ -93,7 +96,7 @@ class ProducerBatch:
         self, compression: str, producer_id: int, producer_epoch: int, base_sequence: int
     ) -> bytes:
         """The batch's wire bytes (cached; re-encoded only if the sequence changes)."""
-        if self.encoded is not None and self.base_sequence == base_sequence:
+        if self.encoded is not None and self.encoded_sequence == base_sequence:
             return self.encoded
         options = dict(
             compression=compression,
@@ -111,7 +114,7 @@ class ProducerBatch:
                 timestamps=self.timestamps,
                 **options,
             )
-        self.base_sequence = base_sequence
+        self.encoded_sequence = base_sequence
         return self.encoded
 
 

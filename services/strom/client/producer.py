@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 NONE = common_pb2.ErrorCode.NONE
 OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
 DUPLICATE = common_pb2.ErrorCode.DUPLICATE_SEQUENCE
+UNKNOWN_PRODUCER = common_pb2.ErrorCode.UNKNOWN_PRODUCER_ID
 _ACKS = {"all": -1, "-1": -1, -1: -1, 1: 1, "1": 1, 0: 0, "0": 0}
 _TRANSPORT_RETRIABLE = (
     grpc.StatusCode.UNAVAILABLE,
@@ -589,6 +590,9 @@ class Producer:
         assert pq.reseq_from is not None
         seq = pq.reseq_from
         for b in pq.batches:
+            if b is pq.open:  # still taking records: numbered when it is first sent
+                b.base_sequence = -1
+                break
             b.base_sequence = seq
             seq = (seq + b.count) & 0x7FFFFFFF
         pq.next_sequence = seq
@@ -693,6 +697,15 @@ class Producer:
                     if base >= 0:
                         base += b.count
                 self._done(pq, batches)
+            elif r.error_code == UNKNOWN_PRODUCER and batches[0].attempts < 3:
+                # The leader forgot this producer (its batches were all deleted by retention
+                # or DeleteRecords, or it expired): nothing was appended, and an unknown
+                # producer must start again at sequence 0 for this partition.
+                with self._lock:
+                    pq.reseq_from = 0
+                for b in batches:
+                    b.attempts += 1
+                self._requeue(pq, batches, now)
             elif r.error_code == OUT_OF_ORDER and self._behind_trouble(pq, batches):
                 # An earlier batch of the partition failed or is being retried: this one was
                 # refused for the gap, not for itself. Resend it after that one.
