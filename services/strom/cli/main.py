@@ -144,7 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         cb.add_argument("--replication-factor", type=_positive, default=1, help="new topic")
         cb.add_argument("--acks", default="1", choices=["0", "1", "all"])
         cb.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
-        cb.add_argument("--linger-ms", type=float, default=5.0)
+        cb.add_argument(
+            "--linger-ms",
+            type=float,
+            default=0.0 if mode == "e2e" else 5.0,
+            help="producer linger (default: 5; e2e: 0, latency first)",
+        )
         cb.add_argument(
             "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
         )
