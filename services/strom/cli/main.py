@@ -131,6 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--trials", type=_positive, default=10)
     fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
 
+    rb = bsub.add_parser(
+        "rebalance", help="group of 3, one leaves: time to rebalance, consumption gaps"
+    )
+    rb.add_argument("--trials", type=_positive, default=5)
+    rb.add_argument("--rate", type=float, default=5000.0, help="records/s produced")
+    rb.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+    rb.add_argument(
+        "--heartbeat-interval-ms",
+        type=_positive,
+        default=None,
+        help="coordinator --group-heartbeat-interval-ms (default: the coordinator's)",
+    )
+    rb.add_argument("--json", action="store_true", help="print one JSON object")
+
     for mode, text in (
         ("produce", "Producer throughput and ack latency (Kafka's producer perf tool)"),
         ("consume", "Consumer throughput from the earliest offset"),
@@ -239,6 +253,18 @@ def _run(args: argparse.Namespace) -> int:
             from strom.bench.failover import bench_failover, summary
 
             print(summary(bench_failover(args.trials, args.dir)), file=out)
+            return 0
+        if args.bench_mode == "rebalance":
+            from strom.bench import groups
+
+            result = groups.bench_rebalance(
+                args.trials,
+                args.rate,
+                args.dir,
+                verbose=not args.json,
+                heartbeat_interval_ms=args.heartbeat_interval_ms,
+            )
+            print(groups.to_json(result) if args.json else groups.summary(result), file=out)
             return 0
         if args.bench_mode == "grpc":
             from strom.bench import grpc_bench
