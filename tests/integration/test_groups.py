@@ -121,6 +121,7 @@ class Member:
         )
         self.consumer.subscribe(topics)
         self.owned: set[TopicPartition] = set()
+        self.ever_owned: set[TopicPartition] = set()
         self.values: list[bytes] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -131,6 +132,7 @@ class Member:
             records = self.consumer.poll(50)
             self.values.extend(r.value for r in records if r.value is not None)
             self.owned = self.consumer.assignment()
+            self.ever_owned |= self.owned
 
     def close(self) -> None:
         self._stop.set()
@@ -214,6 +216,30 @@ def test_pattern_subscription_and_the_rebalance_listener(
     finally:
         consumer.close()
     assert calls[-1] == ("revoked", sorted(want))  # close gives the partitions up
+
+
+def test_new_partitions_are_picked_up_and_a_static_member_gets_its_own_back(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    from strom.client import Admin
+
+    create_topic(client, "grow", 2)
+    a = Member(cluster, "g-grow", ["grow"], group_instance_id="a")
+    b = Member(cluster, "g-grow", ["grow"], group_instance_id="b")
+    try:
+        wait_for(lambda: balanced([a, b], 2), timeout=15, what="2 partitions split")
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_partitions("grow", 4)
+        wait_for(lambda: balanced([a, b], 4), timeout=15, what="the new partitions assigned")
+        mine = set(b.owned)
+        a.ever_owned = set(a.owned)
+        b.close()  # a static member's leave keeps its partitions for the session timeout
+        b = Member(cluster, "g-grow", ["grow"], group_instance_id="b")
+        wait_for(lambda: b.owned == mine, timeout=10, what="the static member's partitions back")
+        assert a.ever_owned.isdisjoint(mine)  # nobody took them meanwhile
+    finally:
+        a.close()
+        b.close()
 
 
 def test_two_groups_each_see_every_record(cluster: LocalCluster, client: ClusterClient) -> None:
