@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from strom.controller import cli
+from strom.service import flags
 from strom.service.config import parse_with_sources
 
 
@@ -25,9 +26,9 @@ def test_defaults() -> None:
     assert args.controller_id is None
     assert args.session_timeout_s == 2
     assert args.log_level == "info"
-    assert cli._advertised(args.listen, args.advertise) == ("127.0.0.1", 9093)
-    assert cli._advertised("10.0.0.5:7000", None) == ("10.0.0.5", 7000)
-    assert cli._advertised("0.0.0.0:7000", "ctl-0.strom:7000") == ("ctl-0.strom", 7000)
+    assert flags.advertised(args.listen, args.advertise) == ("127.0.0.1", 9093)
+    assert flags.advertised("10.0.0.5:7000", None) == ("10.0.0.5", 7000)
+    assert flags.advertised("0.0.0.0:7000", "ctl-0.strom:7000") == ("ctl-0.strom", 7000)
 
 
 def test_sources_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,77 +11,46 @@ import random
 import sys
 from collections.abc import Sequence
 
-from strom.controller.cli import _endpoints, _host_port, _int_at_least, _port_or_disabled
-from strom.metadata import MetadataUnavailableError
-from strom.service import runtime
-from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
+from strom.service import flags, runtime
+from strom.service.config import ConfigFileError, parse_with_sources
 
 PROG = "strom coordinator"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the coordinator's flags to ``parser``."""
-    parser.add_argument(
-        "--etcd",
-        required=True,
-        type=_endpoints,
-        metavar="HOST:PORT[,HOST:PORT]",
-        help="etcd endpoints holding the cluster metadata",
-    )
-    parser.add_argument(
-        "--listen",
-        default="0.0.0.0:9094",
-        type=_host_port,
-        metavar="HOST:PORT",
-        help="gRPC address to bind (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--advertise",
-        default=None,
-        type=_host_port,
-        metavar="HOST:PORT",
-        help="address clients are told to use (default: --listen, 0.0.0.0 as 127.0.0.1)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        default=9104,
-        type=_port_or_disabled,
-        help="Prometheus /metrics HTTP port; -1 disables it (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--cluster", default="strom", help="cluster name: the etcd prefix /strom/<name>/"
-    )
+    flags.add_endpoint_arguments(parser, listen="0.0.0.0:9094", metrics_port=9104)
     parser.add_argument(
         "--coordinator-id",
         default=None,
-        type=_int_at_least(0),
+        type=flags.int_at_least(0),
         help="this coordinator's id (default: random)",
     )
     parser.add_argument(
         "--offsets-partitions",
         default=8,
-        type=_int_at_least(1),
+        type=flags.int_at_least(1),
         help="shards (partitions of __consumer_offsets) when this coordinator creates the "
         "topic; an existing topic keeps its count (default: %(default)s)",
     )
     parser.add_argument(
         "--offsets-replication-factor",
         default=3,
-        type=_int_at_least(1),
+        type=flags.int_at_least(1),
         help="replication factor of __consumer_offsets, capped at the live nodes "
         "(default: %(default)s)",
     )
     parser.add_argument(
         "--session-timeout-s",
         default=2,
-        type=_int_at_least(2, " (etcd's minimum lease TTL)"),
+        type=flags.int_at_least(2, " (etcd's minimum lease TTL)"),
         help="etcd lease TTL of the shard keys: how soon another coordinator takes over "
         "from a dead one (default: %(default)s)",
     )
     parser.add_argument(
         "--group-session-timeout-ms",
         default=45_000,
-        type=_int_at_least(1),
+        type=flags.int_at_least(1),
         help="a member that does not heartbeat for this long is removed "
         "(group.consumer.session.timeout.ms, default: %(default)s)",
     )
@@ -91,14 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         # response, so the interval bounds how fast a rebalance completes; 500 ms keeps a
         # graceful leave under a second for two small RPCs per member per second.
         default=500,
-        type=_int_at_least(1),
+        type=flags.int_at_least(1),
         help="heartbeat interval told to members; bounds how fast partitions move "
         "(group.consumer.heartbeat.interval.ms, default: %(default)s)",
     )
     parser.add_argument(
         "--group-max-size",
         default=None,
-        type=_int_at_least(1),
+        type=flags.int_at_least(1),
         help="most members a group may have (default: no limit)",
     )
     parser.add_argument(
@@ -107,25 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="how often strom_coordinator_consumer_lag is refreshed (default: %(default)s)",
     )
-    parser.add_argument(
-        "--etcd-connect-timeout-s",
-        default=10.0,
-        type=float,
-        help="give up starting when etcd does not answer within this (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        type=str.lower,
-        choices=["debug", "info", "warning", "error"],
-        help="log level (default: %(default)s)",
-    )
-    parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
-
-
-def _fail(message: str, code: int = 1) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return code
+    flags.add_process_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,9 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from strom.coordinator.group import GroupConfig
     from strom.coordinator.service import CoordinatorService, CoordinatorStartupError
 
-    host, port = split_host_port(args.advertise or args.listen)
-    if host in ("0.0.0.0", "::", "[::]", ""):
-        host = "127.0.0.1"
+    host, port = flags.advertised(args.listen, args.advertise)
     coordinator_id = (
         args.coordinator_id if args.coordinator_id is not None else random.randrange(1 << 31)
     )
@@ -159,16 +108,7 @@ def run(args: argparse.Namespace) -> int:
         connect_timeout_s=args.etcd_connect_timeout_s,
         lag_interval_s=max(args.lag_metrics_interval_s, 0.1),
     )
-    try:
-        return runtime.run(service, args.listen, metrics_port)
-    except (CoordinatorStartupError, MetadataUnavailableError) as exc:
-        return _fail(str(exc))
-    except RuntimeError as exc:
-        if "bind" in str(exc).lower():
-            return _fail(f"cannot listen on {args.listen}: {exc}")
-        raise
-    except KeyboardInterrupt:
-        return 130
+    return flags.serve(PROG, service, args.listen, metrics_port, (CoordinatorStartupError,))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_with_sources(parser, argv)
     except ConfigFileError as exc:
-        return _fail(str(exc), 2)
+        return flags.fail(PROG, str(exc), 2)
     return run(args)
 
 

@@ -1,0 +1,157 @@
+"""Flags and the process entry every etcd-backed service shares (controller, coordinator).
+
+One place for the flag types (so a bad value reads the same everywhere), the flags each such
+service has (``--etcd``, ``--listen``, ``--advertise``, ``--metrics-port``, ``--cluster``,
+``--etcd-connect-timeout-s``, ``--log-level``, ``--config``) and :func:`serve`, which turns the
+start-up problems an operator can fix into one line on stderr instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from strom.metadata import MetadataUnavailableError, parse_endpoints
+from strom.service import runtime
+from strom.service.config import split_host_port
+
+
+def host_port(text: str) -> str:
+    try:
+        _host, port = split_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} in {text!r} is out of range")
+    return text
+
+
+def endpoints(text: str) -> str:
+    try:
+        parse_endpoints(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, not {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def port_or_disabled(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not -1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range (-1 disables metrics)")
+    return value
+
+
+def boolean(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def add_endpoint_arguments(
+    parser: argparse.ArgumentParser, *, listen: str, metrics_port: int
+) -> None:
+    """--etcd, --listen, --advertise, --metrics-port and --cluster."""
+    parser.add_argument(
+        "--etcd",
+        required=True,
+        type=endpoints,
+        metavar="HOST:PORT[,HOST:PORT]",
+        help="etcd endpoints holding the cluster metadata",
+    )
+    parser.add_argument(
+        "--listen",
+        default=listen,
+        type=host_port,
+        metavar="HOST:PORT",
+        help="gRPC address to bind (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        type=host_port,
+        metavar="HOST:PORT",
+        help="address clients are told to use (default: --listen, 0.0.0.0 as 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        default=metrics_port,
+        type=port_or_disabled,
+        help="Prometheus /metrics HTTP port; -1 disables it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cluster", default="strom", help="cluster name: the etcd prefix /strom/<name>/"
+    )
+
+
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """--etcd-connect-timeout-s, --log-level and --config (add last: --config names them all)."""
+    parser.add_argument(
+        "--etcd-connect-timeout-s",
+        default=10.0,
+        type=float,
+        help="give up starting when etcd does not answer within this (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: %(default)s)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
+
+
+def advertised(listen: str, advertise: str | None) -> tuple[str, int]:
+    """The (host, port) others should dial: --advertise, else --listen with a wildcard host
+    replaced by loopback."""
+    host, port = split_host_port(advertise or listen)
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = "127.0.0.1"
+    return host, port
+
+
+def fail(prog: str, message: str, code: int = 1) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def serve(
+    prog: str,
+    service: runtime.Service,
+    listen: str,
+    metrics_port: int | None,
+    startup_errors: tuple[type[BaseException], ...],
+) -> int:
+    """Run ``service`` until SIGTERM; the exit code. Start-up problems -> one stderr line."""
+    try:
+        return runtime.run(service, listen, metrics_port)
+    except (*startup_errors, MetadataUnavailableError) as exc:
+        return fail(prog, str(exc))
+    except RuntimeError as exc:
+        # grpc raises RuntimeError("Failed to bind to address ...") for a port in use.
+        if "bind" in str(exc).lower():
+            return fail(prog, f"cannot listen on {listen}: {exc}")
+        raise
+    except KeyboardInterrupt:
+        return 130
