@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.api import common_pb2, storage_pb2
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
@@ -34,18 +35,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         c.start()
         with ClusterClient(c.bootstrap, retry_s=20) as client:
-            client.controller_call(
-                "CreateTopics",
-                controller_pb2.CreateTopicsRequest(
-                    topics=[
-                        controller_pb2.CreatableTopic(
-                            name=TOPIC,
-                            num_partitions=1,
-                            replication_factor=3,
-                            configs={"min.insync.replicas": "2"},
-                        )
-                    ]
-                ),
+            Admin(cluster_client=client).create_topic(
+                TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
             )
         wait_for(lambda: len(_state(c)[1]) == 3, timeout=20, what="a full ISR")
         yield c

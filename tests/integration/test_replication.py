@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.api import common_pb2, storage_pb2
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
@@ -29,18 +30,8 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     try:
         c.start()
         with ClusterClient(c.bootstrap) as client:
-            client.controller_call(
-                "CreateTopics",
-                controller_pb2.CreateTopicsRequest(
-                    topics=[
-                        controller_pb2.CreatableTopic(
-                            name=TOPIC,
-                            num_partitions=1,
-                            replication_factor=3,
-                            configs={"min.insync.replicas": "2"},
-                        )
-                    ]
-                ),
+            Admin(cluster_client=client).create_topic(
+                TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
             )
         wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
         yield c
@@ -239,18 +230,8 @@ def test_controller_fences_a_killed_node_before_its_lease_expires(tmp_path: Path
     try:
         c.start()
         with ClusterClient(c.bootstrap, retry_s=20) as client:
-            client.controller_call(
-                "CreateTopics",
-                controller_pb2.CreateTopicsRequest(
-                    topics=[
-                        controller_pb2.CreatableTopic(
-                            name=TOPIC,
-                            num_partitions=1,
-                            replication_factor=3,
-                            configs={"min.insync.replicas": "2"},
-                        )
-                    ]
-                ),
+            Admin(cluster_client=client).create_topic(
+                TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
             )
             wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
             leader, epoch, _ = _state(c)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import grpc
 
-from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.api import common_pb2, storage_pb2
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
@@ -63,18 +64,8 @@ def bench_failover(trials: int = 10, directory: str | None = None) -> list[float
     try:
         cluster.start()
         with ClusterClient(cluster.bootstrap, retry_s=30) as client:
-            client.controller_call(
-                "CreateTopics",
-                controller_pb2.CreateTopicsRequest(
-                    topics=[
-                        controller_pb2.CreatableTopic(
-                            name=TOPIC,
-                            num_partitions=1,
-                            replication_factor=3,
-                            configs={"min.insync.replicas": "2"},
-                        )
-                    ]
-                ),
+            Admin(cluster_client=client).create_topic(
+                TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
             )
             for trial in range(trials):
                 wait_for(
