@@ -11,11 +11,17 @@ works, and why:
   ``flush``; encodes each batch once (Arrow, one call per batch); groups ready partitions by
   leader node into one Produce request per node (up to ``max_in_flight`` requests per node);
   and completes the batch's futures from the response.
-- A partition has at most one request in flight, so a retry can never overtake a later batch:
-  per-partition order holds with any ``max_in_flight``. With idempotence (default) each batch
-  carries producer id, epoch and a sequence fixed at its first send, so a retry of a batch the
-  leader already appended (response lost, leader changed) is answered with the original
-  offsets instead of appended twice (DESIGN §6).
+- With idempotence (default) each batch carries producer id, epoch and a sequence fixed at
+  its first send, so a retry of a batch the leader already appended (response lost, leader
+  changed) is answered with the original offsets instead of appended twice (DESIGN §6), and
+  up to ``max_in_flight`` requests per partition are pipelined. gRPC orders nothing between
+  separate calls (DESIGN §6, "Order on the wire"): the leader may see a later request first
+  and refuse it for the gap (OUT_OF_ORDER_SEQUENCE, or UNKNOWN_PRODUCER_ID for a producer it
+  has not met yet), appending nothing of it. Such a refusal of a request sent while an older
+  batch of the partition was unanswered is never the user's error: the partition drains its
+  in-flight requests and resends from its oldest unanswered batch, in order. Only a refusal
+  of the oldest unanswered batch itself says the leader's state disagrees with ours. Without
+  idempotence a partition has one request in flight, so a retry cannot overtake a later batch.
 - Retriable errors (leader moved, not enough replicas, timeouts, node unreachable) refresh the
   metadata and retry with exponential backoff until ``delivery_timeout_ms``; other errors fail
   the batch's futures with a :class:`strom.errors.StromError`.
@@ -79,6 +85,18 @@ class BatchMetadata(NamedTuple):
     partition: int
     base_offset: int
     count: int
+
+
+class _Shipment(NamedTuple):
+    """One partition's part of a Produce request."""
+
+    pq: PartitionQueue
+    batches: list[ProducerBatch]
+    leader_epoch: int
+    #: Sent while an older batch of the partition was still unanswered. gRPC orders nothing
+    #: between separate calls (DESIGN §6, "Order on the wire"), so the leader may have seen
+    #: this request first: a sequence refusal of it says nothing about the log.
+    behind: bool
 
 
 class ProducerClosedError(StromError):
@@ -529,7 +547,7 @@ class Producer:
         next_wake: float | None = None
         force = self._flushing > 0 or self._closing
         depth = self.max_in_flight if self.idempotent else 1
-        per_node: dict[str, list[tuple[PartitionQueue, list[ProducerBatch], int]]] = {}
+        per_node: dict[str, list[_Shipment]] = {}
         with self._lock:
             for pq in self._queues.values():
                 if not pq.batches:
@@ -562,6 +580,7 @@ class Producer:
                     continue  # a completion wakes us
                 take: list[ProducerBatch] = []
                 size = 0
+                behind = pq.batches[0] is not first  # an older batch is in flight
                 for b in queued:
                     if take and (
                         first.attempts or b.attempts or size + b.size > self.max_request_size
@@ -578,7 +597,7 @@ class Producer:
                         pq.next_sequence = (pq.next_sequence + b.count) & 0x7FFFFFFF
                 pq.in_flight += 1
                 self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
-                per_node.setdefault(addr, []).append((pq, take, epoch))
+                per_node.setdefault(addr, []).append(_Shipment(pq, take, epoch, behind))
         for addr, entries in per_node.items():
             self._send_request(addr, entries)
         return next_wake
@@ -598,12 +617,10 @@ class Producer:
         pq.next_sequence = seq
         pq.reseq_from = None
 
-    def _send_request(
-        self, addr: str, entries: list[tuple[PartitionQueue, list[ProducerBatch], int]]
-    ) -> None:
+    def _send_request(self, addr: str, entries: list[_Shipment]) -> None:
         topics: dict[str, list[tuple[int, int, list[bytes]]]] = {}
         try:
-            for pq, batches, epoch in entries:
+            for pq, batches, epoch, _ in entries:
                 data = [
                     b.encode(
                         self.compression,
@@ -641,7 +658,7 @@ class Producer:
     def _complete(
         self,
         addr: str,
-        entries: list[tuple[PartitionQueue, list[ProducerBatch], int]],
+        entries: list[_Shipment],
         fut: grpc.Future | None,
         error: BaseException | None,
     ) -> None:
@@ -658,7 +675,7 @@ class Producer:
                     for r in t.partitions:
                         results[(t.topic, r.partition)] = r
         now = time.monotonic()
-        for pq, batches, _ in entries:
+        for pq, batches, _, behind in entries:
             if error is not None:
                 code = error.code() if isinstance(error, grpc.RpcError) else None
                 if code in _TRANSPORT_RETRIABLE:
@@ -697,6 +714,14 @@ class Producer:
                     if base >= 0:
                         base += b.count
                 self._done(pq, batches)
+            elif r.error_code in (OUT_OF_ORDER, UNKNOWN_PRODUCER) and (
+                behind or self._behind_trouble(pq, batches)
+            ):
+                # Refused for a gap an older batch leaves: that one was in flight beside this
+                # request (the leader may run separate calls in any order) or is being retried
+                # or renumbered. Nothing of this request was appended; resend it in order once
+                # every older batch is answered. This is never the user's error.
+                self._requeue(pq, batches, now)
             elif r.error_code == UNKNOWN_PRODUCER and batches[0].attempts < 3:
                 # The leader forgot this producer (its batches were all deleted by retention
                 # or DeleteRecords, or it expired): nothing was appended, and an unknown
@@ -705,10 +730,6 @@ class Producer:
                     pq.reseq_from = 0
                 for b in batches:
                     b.attempts += 1
-                self._requeue(pq, batches, now)
-            elif r.error_code == OUT_OF_ORDER and self._behind_trouble(pq, batches):
-                # An earlier batch of the partition failed or is being retried: this one was
-                # refused for the gap, not for itself. Resend it after that one.
                 self._requeue(pq, batches, now)
             elif is_retriable(r.error_code):
                 self._retry(pq, batches, error_for(r.error_code, r.error_message), now)

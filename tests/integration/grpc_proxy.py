@@ -1,0 +1,134 @@
+"""A real gRPC proxy for fault injection: it forwards every call to one upstream server as raw
+bytes and can hold a chosen call until a later one has been answered — the reordering that
+gRPC allows between separate unary calls on one channel (DESIGN §6, "Order on the wire"),
+made to happen on purpose instead of by luck.
+
+Put it in front of a storage node (start the node with ``--advertise 127.0.0.1:<proxy port>``)
+so that every client and peer reaches the node through it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+#: Methods the proxy forwards as server streams (every other one is unary).
+_UNARY_STREAM = {"/grpc.health.v1.Health/Watch"}
+
+
+@dataclass
+class Hold:
+    """One planned reordering: the ``nth`` call of ``method`` waits until ``after`` more calls
+    of the same method have been answered by the upstream server."""
+
+    method: str
+    nth: int
+    after: int = 1
+    #: Set when the chosen call arrived and is being held.
+    held: threading.Event = field(default_factory=threading.Event)
+    #: Set when the held call was let through because the later ones were answered.
+    released: threading.Event = field(default_factory=threading.Event)
+    #: True when the later calls never came and the hold gave up (the test should fail).
+    gave_up: bool = False
+    _seen: int = 0
+    _answered_after: int = 0
+
+
+class GrpcProxy:
+    """Forwards 127.0.0.1:<port> to ``upstream`` call by call (see the module docstring)."""
+
+    def __init__(self, upstream: str, port: int = 0, *, hold_timeout_s: float = 20.0) -> None:
+        self.hold_timeout_s = hold_timeout_s
+        self._channel = grpc.insecure_channel(upstream)
+        self._lock = threading.Lock()
+        self._holds: list[Hold] = []
+        self.calls: dict[str, int] = {}
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=64))
+        self._server.add_generic_rpc_handlers([_Forwarder(self)])
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        self._server.start()
+
+    def hold(self, method: str, nth: int = 1, after: int = 1) -> Hold:
+        """Hold the ``nth`` call of ``method`` (counted from now, 1-based) until ``after``
+        later calls of it have been answered upstream."""
+        h = Hold(method, nth, after)
+        with self._lock:
+            self._holds.append(h)
+        return h
+
+    def close(self) -> None:
+        with self._lock:
+            holds, self._holds = self._holds, []
+        for h in holds:
+            h.released.set()
+        self._server.stop(0)
+        self._channel.close()
+
+    # -- forwarding -------------------------------------------------------------------------
+
+    def _before(self, method: str) -> Hold | None:
+        """Count the call; the hold it must wait on, if it is a chosen one."""
+        with self._lock:
+            self.calls[method] = self.calls.get(method, 0) + 1
+            for h in self._holds:
+                if h.method == method and not h.held.is_set():
+                    h._seen += 1
+                    if h._seen == h.nth:
+                        h.held.set()
+                        return h
+        return None
+
+    def _after(self, method: str) -> None:
+        with self._lock:
+            for h in self._holds:
+                if h.method == method and h.held.is_set() and not h.released.is_set():
+                    h._answered_after += 1
+                    if h._answered_after >= h.after:
+                        h.released.set()
+
+    def unary(self, method: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        call = self._channel.unary_unary(method)
+
+        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            hold = self._before(method)
+            if hold is not None and not hold.released.wait(self.hold_timeout_s):
+                hold.gave_up = True
+                hold.released.set()
+            try:
+                return call(request, timeout=context.time_remaining())
+            except grpc.RpcError as exc:
+                context.abort(exc.code(), exc.details() or "")
+            finally:
+                if hold is None:
+                    self._after(method)
+
+        return handle
+
+    def server_stream(self, method: str) -> Callable[[bytes, grpc.ServicerContext], object]:
+        call = self._channel.unary_stream(method)
+
+        def handle(request: bytes, context: grpc.ServicerContext) -> object:
+            responses = call(request)
+            context.add_callback(responses.cancel)
+            try:
+                yield from responses
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.CANCELLED:
+                    context.abort(exc.code(), exc.details() or "")
+
+        return handle
+
+
+class _Forwarder(grpc.GenericRpcHandler):
+    def __init__(self, proxy: GrpcProxy) -> None:
+        self.proxy = proxy
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        if method in _UNARY_STREAM:
+            return grpc.unary_stream_rpc_method_handler(self.proxy.server_stream(method))
+        return grpc.unary_unary_rpc_method_handler(self.proxy.unary(method))
