@@ -718,3 +718,46 @@ def test_random_membership_churn_keeps_invariants() -> None:
         wanted = {(t, p) for t, n in h.topics.items() for p in range(n)}
         subscribed = {t for c in live for t in c.names}
         assert sorted(owned) == sorted(w for w in wanted if w[0] in subscribed)
+
+
+def test_a_committers_late_older_commit_never_overwrites_its_newer_one() -> None:
+    """Issue 9, defect 1: commits of one committer take effect in the order it numbered them,
+    also after a takeover replays the log; other committers and unordered (admin) commits are
+    not ordered against them."""
+    h = Harness({"t": 2})
+    g = h.group
+
+    def commit(offset: int, committer: str = "", sequence: int = 0, p: int = 0) -> int:
+        h.tick()
+        r = g.commit_offsets(
+            "",
+            -1,
+            {("t", p): OffsetAndMetadata(offset)},
+            now_ms=h.now,
+            topics=h.topics,
+            committer_id=committer,
+            commit_sequence=sequence,
+        )
+        h.persist(r.records)
+        assert r.errors == {("t", p): ErrorCode.NONE}  # superseded is not an error
+        return r.superseded
+
+    assert commit(50, "c1", 5) == 0
+    assert commit(40, "c1", 4) == 1  # late: left alone
+    assert g.offsets[("t", 0)].offset == 50
+    assert commit(41, "c1", 4, p=1) == 0  # a partition c1's newer commit did not touch
+    assert g.offsets[("t", 1)].offset == 41
+    assert commit(60, "c1", 6) == 0
+    assert commit(60, "c1", 6) == 0  # a retry of the same request applies again
+    h.rebuild()  # a new coordinator replays the log: the guard holds
+    g = h.group
+    assert g.offsets[("t", 0)] == OffsetAndMetadata(
+        60, commit_timestamp_ms=h.now, committer_id="c1", commit_sequence=6
+    )
+    assert commit(55, "c1", 5) == 1
+    assert g.offsets[("t", 0)].offset == 60
+    assert commit(30, "c2", 1) == 0  # another committer is not ordered against c1
+    assert g.offsets[("t", 0)].offset == 30
+    assert commit(10) == 0  # nor is an admin reset (no committer)
+    assert commit(20, "c1", 1) == 0
+    assert g.offsets[("t", 0)].offset == 20

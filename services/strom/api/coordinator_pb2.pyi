@@ -82,16 +82,20 @@ class ConsumerGroupHeartbeatResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ...) -> None: ...
 
 class OffsetCommitRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "member_epoch", "topics")
+    __slots__ = ("group_id", "member_id", "member_epoch", "topics", "committer_id", "commit_sequence")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     member_epoch: int
     topics: _containers.RepeatedCompositeFieldContainer[OffsetCommitTopic]
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[OffsetCommitTopic, _Mapping]]] = ...) -> None: ...
+    committer_id: str
+    commit_sequence: int
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[OffsetCommitTopic, _Mapping]]] = ..., committer_id: _Optional[str] = ..., commit_sequence: _Optional[int] = ...) -> None: ...
 
 class OffsetCommitTopic(_message.Message):
     __slots__ = ("topic", "partitions")
@@ -386,18 +390,22 @@ class OffsetCommitKey(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class OffsetCommitValue(_message.Message):
-    __slots__ = ("committed_offset", "committed_leader_epoch", "metadata", "commit_timestamp_ms", "topic_id")
+    __slots__ = ("committed_offset", "committed_leader_epoch", "metadata", "commit_timestamp_ms", "topic_id", "committer_id", "commit_sequence")
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     COMMIT_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     committed_offset: int
     committed_leader_epoch: int
     metadata: str
     commit_timestamp_ms: int
     topic_id: str
-    def __init__(self, committed_offset: _Optional[int] = ..., committed_leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ..., topic_id: _Optional[str] = ...) -> None: ...
+    committer_id: str
+    commit_sequence: int
+    def __init__(self, committed_offset: _Optional[int] = ..., committed_leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ..., topic_id: _Optional[str] = ..., committer_id: _Optional[str] = ..., commit_sequence: _Optional[int] = ...) -> None: ...
 
 class GroupMetadataKey(_message.Message):
     __slots__ = ("group_id",)

@@ -323,7 +323,11 @@ class Consumer:
         self._fetcher.assign(set())
 
     def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None) -> None:
-        """Commit ``offsets`` (default: the current positions) for the group, synchronously."""
+        """Commit ``offsets`` (default: the current positions) for the group, synchronously.
+
+        Commits take effect in the order they were made: this returns once every earlier
+        ``commit_async`` is done (their callbacks have run) and this one is, so
+        ``committed()`` then reads back what was committed here."""
         group = self._require_group("commit()")
         group.commit(self._commit_offsets(offsets), self._timeout_s)
 
@@ -333,7 +337,11 @@ class Consumer:
         callback: Callable[[Mapping[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
         | None = None,
     ) -> None:
-        """Commit without waiting; ``callback(offsets, error)`` runs when the answer comes."""
+        """Commit without waiting; ``callback(offsets, error)`` runs when the answer comes.
+
+        Commits are sent in the order made, on one thread; those made while an earlier one is
+        in flight go out together as one request (each still gets its own callback, in
+        order). ``close()`` sends what is still queued before leaving the group."""
         group = self._require_group("commit_async()")
         group.commit_async(self._commit_offsets(offsets), callback)
 

@@ -29,7 +29,6 @@ consumer (member epoch -1), which the coordinator accepts while the group has no
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -125,7 +125,7 @@ class GroupMember:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._commit_queue: CommitQueue | None = None
         self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
 
     # -- GroupMembership protocol -------------------------------------------------------------
@@ -197,22 +197,50 @@ class GroupMember:
         return {tp: found.get(tp) for tp in partitions}
 
     def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_s: float) -> None:
-        """OffsetCommit with this member's id and epoch (epoch -1 when not subscribed).
+        """Commit after every earlier commit of this consumer is done (their callbacks have
+        run); raises the group-level error (e.g. UNKNOWN_MEMBER_ID after being fenced) or the
+        first partition's error. See :mod:`strom.client.commit_queue` for the ordering."""
+        if offsets:
+            self._commits().commit(offsets, timeout_s)
 
-        Raises the group-level error (e.g. STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID after being
-        fenced) or the first partition's error; nothing is retried that could commit twice
-        under a different epoch.
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        callback: Callable[[Mapping[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
+        | None,
+    ) -> None:
+        """Queue a commit behind this consumer's earlier ones; ``callback`` runs when done."""
+        with contextlib.suppress(CommitQueueClosedError):  # closed: nothing more is sent
+            self._commits().commit_async(offsets, callback)
+
+    def _commits(self) -> CommitQueue:
+        with self._lock:
+            if self._commit_queue is None:
+                self._commit_queue = CommitQueue(self._send_commit)
+            return self._commit_queue
+
+    def _send_commit(
+        self, offsets: dict[TopicPartition, OffsetAndMetadata], sequence: int
+    ) -> dict[TopicPartition, StromError]:
+        """One OffsetCommit (request number ``sequence``) with this member's id and epoch
+        (epoch -1 when not subscribed); the per-partition errors.
+
+        Raises the group-level error. A STALE_MEMBER_EPOCH after a heartbeat bumped the epoch
+        is retried with the new one; nothing is retried that could commit under an epoch the
+        coordinator fenced.
         """
-        if not offsets:
-            return
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + self._timeout_s
         while True:
             with self._lock:
                 member = self._subscribed and self.member_epoch > 0
                 member_id = self.member_id if member else ""
                 epoch = self.member_epoch if member else -1
             req = coordinator_pb2.OffsetCommitRequest(
-                group_id=self.group_id, member_id=member_id, member_epoch=epoch
+                group_id=self.group_id,
+                member_id=member_id,
+                member_epoch=epoch,
+                committer_id=self.member_id,
+                commit_sequence=sequence,
             )
             by_topic: dict[str, Any] = {}
             for tp, om in sorted(offsets.items()):
@@ -234,42 +262,15 @@ class GroupMember:
                     continue
             if resp.error_code != E.NONE:
                 raise error_for(resp.error_code, resp.error_message)
-            for tr in resp.topics:
-                for pr in tr.partitions:
-                    if pr.error_code != E.NONE:
-                        raise error_for(
-                            pr.error_code,
-                            f"{tr.topic}-{pr.partition}: {pr.error_message or 'commit failed'}",
-                        )
-            return
-
-    def commit_async(
-        self,
-        offsets: Mapping[TopicPartition, OffsetAndMetadata],
-        callback: Callable[[Mapping[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
-        | None,
-    ) -> None:
-        """Commit on a worker thread (commits stay in order: one worker)."""
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="strom-commit"
-            )
-        offsets = dict(offsets)
-
-        def work() -> None:
-            exc: BaseException | None = None
-            try:
-                self.commit(offsets, self._timeout_s)
-            except BaseException as e:
-                exc = e
-            if callback is not None:
-                try:
-                    callback(offsets, exc)
-                except Exception:
-                    log.exception("commit callback failed")
-
-        with contextlib.suppress(RuntimeError):  # executor shut down by close()
-            self._executor.submit(work)
+            return {
+                TopicPartition(tr.topic, pr.partition): error_for(
+                    pr.error_code,
+                    f"{tr.topic}-{pr.partition}: {pr.error_message or 'commit failed'}",
+                )
+                for tr in resp.topics
+                for pr in tr.partitions
+                if pr.error_code != E.NONE
+            }
 
     def close(self, *, autocommit: bool, timeout_s: float) -> None:
         """Commit (if asked) and give up the partitions, leave the group, stop the threads."""
@@ -283,10 +284,10 @@ class GroupMember:
             self._wake.set()
             if self._thread is not None:
                 self._thread.join(timeout=max(timeout_s, 0.1))
+            if self._commit_queue is not None:  # before leaving: a member's commits need it
+                self._commit_queue.close(timeout_s)
             if self._subscribed:
                 self._leave(timeout_s)
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
 
     # -- reconciliation (application thread) -------------------------------------------------
 

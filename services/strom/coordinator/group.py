@@ -220,6 +220,9 @@ class OffsetsResult:
 
     errors: dict[TopicPartition, int]
     records: list[GroupRecord]
+    #: Partitions an OffsetCommit left alone because a newer commit of the same committer
+    #: had already set them.
+    superseded: int = 0
 
 
 def _freeze(parts: Mapping[str, Iterable[int]]) -> Assignment:
@@ -927,6 +930,8 @@ class ConsumerGroup:
         *,
         now_ms: int,
         topics: Mapping[str, int] | None = None,
+        committer_id: str = "",
+        commit_sequence: int = 0,
     ) -> OffsetsResult:
         """Validate (:meth:`validate_commit`) and apply an OffsetCommit.
 
@@ -934,6 +939,11 @@ class ConsumerGroup:
         UNKNOWN_TOPIC_OR_PARTITION when ``topics`` is given and lacks the partition, else NONE.
         The commit timestamp is ``now_ms``. Raises the group-level errors of
         :meth:`validate_commit` (nothing committed then).
+
+        One committer's commits take effect in the order it numbered them: a partition whose
+        offset a newer commit of the same ``committer_id`` already set keeps that offset (a
+        delayed request, e.g. a retried attempt that reached the coordinator late); its result
+        is NONE, as if the older commit had been applied first and then overwritten.
         """
         self.validate_commit(member_id, member_epoch)
         errors: dict[TopicPartition, int] = {}
@@ -941,6 +951,7 @@ class ConsumerGroup:
         if not self._persisted:
             records.append(self._metadata_record())
         limit = self.config.offset_metadata_max_bytes
+        superseded = 0
         for (t, p), om in sorted(offsets.items()):
             if len(om.metadata.encode()) > limit:
                 errors[(t, p)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
@@ -948,11 +959,20 @@ class ConsumerGroup:
             if topics is not None and not (t in topics and 0 <= p < topics[t]):
                 errors[(t, p)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
-            om = replace(om, commit_timestamp_ms=now_ms)
+            errors[(t, p)] = ErrorCode.NONE
+            current = self.offsets.get((t, p))
+            if current is not None and current.supersedes(committer_id, commit_sequence):
+                superseded += 1
+                continue
+            om = replace(
+                om,
+                commit_timestamp_ms=now_ms,
+                committer_id=committer_id,
+                commit_sequence=commit_sequence,
+            )
             self.offsets[(t, p)] = om
             records.append(offset_commit_record(self.group_id, t, p, om))
-            errors[(t, p)] = ErrorCode.NONE
-        return OffsetsResult(errors, records)
+        return OffsetsResult(errors, records, superseded)
 
     def delete_offsets(self, partitions: Iterable[TopicPartition]) -> OffsetsResult:
         """DeleteOffsets: GROUP_SUBSCRIBED_TO_TOPIC for topics a member is subscribed to,

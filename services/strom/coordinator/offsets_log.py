@@ -110,6 +110,9 @@ class OffsetAndMetadata:
         metadata: the client's free-form string.
         commit_timestamp_ms: coordinator time of the commit; -1 = unknown.
         topic_id: the topic's id when committed; "" = unknown.
+        committer_id: the client instance that committed it; "" = unordered (admin).
+        commit_sequence: that committer's request number; 0 = unordered. A later commit of
+            the same committer with a lower number is older and must not overwrite this one.
     """
 
     offset: int
@@ -117,6 +120,18 @@ class OffsetAndMetadata:
     metadata: str = ""
     commit_timestamp_ms: int = -1
     topic_id: str = ""
+    committer_id: str = ""
+    commit_sequence: int = 0
+
+    def supersedes(self, committer_id: str, commit_sequence: int) -> bool:
+        """True when this offset came from a newer commit of ``committer_id`` than the one
+        numbered ``commit_sequence`` (so that one arrived late and must not overwrite it)."""
+        return (
+            commit_sequence > 0
+            and committer_id != ""
+            and self.committer_id == committer_id
+            and self.commit_sequence > commit_sequence
+        )
 
 
 @dataclass(frozen=True)
@@ -236,6 +251,8 @@ def offset_commit_record(
         metadata=offset.metadata,
         commit_timestamp_ms=offset.commit_timestamp_ms,
         topic_id=offset.topic_id,
+        committer_id=offset.committer_id,
+        commit_sequence=offset.commit_sequence,
     )
     return GroupRecord(offset_commit_key(group_id, topic, partition), value.SerializeToString())
 
@@ -387,6 +404,8 @@ def decode_offset(value: bytes) -> OffsetAndMetadata:
         metadata=v.metadata,
         commit_timestamp_ms=v.commit_timestamp_ms,
         topic_id=v.topic_id,
+        committer_id=v.committer_id,
+        commit_sequence=v.commit_sequence,
     )
 
 

@@ -118,6 +118,11 @@ EXPIRED = Counter(
     "strom_coordinator_members_expired_total", "Members removed by a timer, by reason", ["reason"]
 )
 WRITES = Counter("strom_coordinator_writes_total", "Batches appended to __consumer_offsets")
+SUPERSEDED_COMMITS = Counter(
+    "strom_coordinator_superseded_commits_total",
+    "Partition offsets an OffsetCommit left alone because a newer commit of the same committer "
+    "had already set them (a delayed or late-retried request)",
+)
 LAG = Gauge(
     "strom_coordinator_consumer_lag",
     "High watermark minus committed offset, per group and partition",
@@ -861,6 +866,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 offsets,
                 now_ms=_now_ms(),
                 topics=self._topics(),
+                committer_id=request.committer_id,
+                commit_sequence=request.commit_sequence,
             )
 
         async def body() -> None:
@@ -878,6 +885,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             except Exception as exc:
                 self._fail("OffsetCommit", resp, exc)
                 return
+            if result.superseded:
+                SUPERSEDED_COMMITS.inc(result.superseded)
             for t in request.topics:
                 tr = resp.topics.add(topic=t.topic)
                 for p in t.partitions:

@@ -1,0 +1,180 @@
+"""One committer's offset commits, sent in the order they were made.
+
+Kafka's rule, which strom's users rely on: a member's commits take effect in the order it made
+them, a synchronous ``commit()`` returns only after every earlier ``commit_async()`` is done
+(their callbacks have run), and what ``committed()`` reads back after ``commit()`` is what was
+committed. gRPC orders nothing between separate calls (DESIGN §6, "Order on the wire"), so the
+order must be made here:
+
+- Every commit, synchronous or not, joins one queue, served by one thread; a synchronous
+  commit waits for its own turn.
+- Commits still waiting when the thread is free go out together as one OffsetCommit, merged in
+  order (a later offset for a partition replaces an earlier one): thousands of ``commit_async``
+  calls made faster than the coordinator answers cost a handful of requests, and the end state
+  is the one applying them one by one would give. Each commit still gets its own result and
+  callback, in order, with the errors of its own partitions.
+- Each request carries the committer's id and a number that grows with every request, so the
+  coordinator can refuse to let an older request that reached it late (an attempt the client
+  had given up on, a delayed retry) overwrite a newer one.
+
+This module knows nothing of gRPC: ``send`` does the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.errors import RequestTimedOutError, StromError
+
+log = logging.getLogger("strom.client.commits")
+
+Offsets = Mapping[TopicPartition, OffsetAndMetadata]
+#: ``send(offsets, sequence)``: commit ``offsets`` as request number ``sequence``; returns the
+#: per-partition error (None = committed) or raises the error of the whole request.
+Send = Callable[[dict[TopicPartition, OffsetAndMetadata], int], Mapping[TopicPartition, Any]]
+Callback = Callable[[Offsets, BaseException | None], object]
+
+
+class CommitQueueClosedError(StromError):
+    """The consumer was closed before the commit could be sent."""
+
+
+@dataclass
+class _Commit:
+    offsets: dict[TopicPartition, OffsetAndMetadata]
+    callback: Callback | None
+    done: Future[None] = field(default_factory=Future)
+
+
+class CommitQueue:
+    """Commits in order on one thread (see the module docstring)."""
+
+    def __init__(self, send: Send, *, name: str = "strom-commit") -> None:
+        self._send = send
+        self._cond = threading.Condition()
+        self._pending: list[_Commit] = []
+        self._busy = False
+        self._closed = False
+        self._sequence = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def commit_async(self, offsets: Offsets, callback: Callback | None = None) -> Future[None]:
+        """Queue a commit; ``callback(offsets, error)`` runs on the commit thread when done."""
+        c = _Commit(dict(offsets), callback)
+        with self._cond:
+            if self._closed:
+                raise CommitQueueClosedError("the consumer is closed")
+            self._pending.append(c)
+            self._cond.notify()
+        return c.done
+
+    def commit(self, offsets: Offsets, timeout_s: float) -> None:
+        """Commit after every earlier commit is done; raise its error.
+
+        Raises RequestTimedOutError if it was not done within ``timeout_s`` (a commit still
+        waiting in the queue then is taken out of it and never sent).
+        """
+        if threading.current_thread() is self._thread:  # from a callback: no waiting on itself
+            c = _Commit(dict(offsets), None)
+            self._deliver([c])
+            c.done.result()
+            return
+        done = self.commit_async(offsets)
+        try:
+            done.result(timeout=max(timeout_s, 0.0))
+        except TimeoutError:
+            with self._cond:
+                for c in self._pending:
+                    if c.done is done:
+                        self._pending.remove(c)
+                        break
+            raise RequestTimedOutError(
+                f"commit not done within {timeout_s * 1000:.0f} ms (earlier commits were still "
+                "being sent, or the coordinator did not answer)"
+            ) from None
+
+    @property
+    def queued(self) -> int:
+        """Commits waiting for the request in flight to finish."""
+        with self._cond:
+            return len(self._pending)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued commit is done; False on timeout."""
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending or self._busy:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Send what is queued (up to ``timeout_s``), then stop; later commits fail."""
+        self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            left, self._pending = self._pending, []
+            self._cond.notify_all()
+        err = CommitQueueClosedError("the consumer was closed before the commit was sent")
+        for c in left:
+            self._finish(c, err)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    # -- the commit thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, []
+                self._busy = True
+            try:
+                self._deliver(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _deliver(self, batch: list[_Commit]) -> None:
+        """One request for ``batch`` (merged in order), then each commit's result in order."""
+        merged: dict[TopicPartition, OffsetAndMetadata] = {}
+        for c in batch:
+            merged.update(c.offsets)
+        self._sequence += 1
+        errors: Mapping[TopicPartition, Any] = {}
+        failure: BaseException | None = None
+        try:
+            errors = self._send(merged, self._sequence)
+        except BaseException as exc:
+            failure = exc
+        for c in batch:
+            err = failure
+            if err is None:
+                err = next((errors[tp] for tp in c.offsets if errors.get(tp) is not None), None)
+            self._finish(c, err)
+
+    @staticmethod
+    def _finish(c: _Commit, err: BaseException | None) -> None:
+        if c.callback is not None:
+            try:
+                c.callback(c.offsets, err)
+            except Exception:
+                log.exception("commit callback failed")
+        if err is None:
+            c.done.set_result(None)
+        else:
+            c.done.set_exception(err)
