@@ -28,6 +28,9 @@ class Hold:
     method: str
     nth: int
     after: int = 1
+    #: How long to wait for the later calls before letting the held one through anyway
+    #: (None: the proxy's ``hold_timeout_s``).
+    timeout_s: float | None = None
     #: Set when the chosen call arrived and is being held.
     held: threading.Event = field(default_factory=threading.Event)
     #: Set when the held call was let through because the later ones were answered.
@@ -46,6 +49,8 @@ class GrpcProxy:
         self._channel = grpc.insecure_channel(upstream)
         self._lock = threading.Lock()
         self._holds: list[Hold] = []
+        self._every: dict[str, tuple[int, int]] = {}
+        self._made: dict[str, list[Hold]] = {}
         self.calls: dict[str, int] = {}
         self._server = grpc.server(ThreadPoolExecutor(max_workers=64))
         self._server.add_generic_rpc_handlers([_Forwarder(self)])
@@ -59,6 +64,13 @@ class GrpcProxy:
         with self._lock:
             self._holds.append(h)
         return h
+
+    def reorder(self, method: str, every: int) -> list[Hold]:
+        """From now on hold every ``every``-th call of ``method`` until the next one was
+        answered; returns the (growing) list of those holds."""
+        with self._lock:
+            self._every[method] = (every, 0)
+            return self._made.setdefault(method, [])
 
     def close(self) -> None:
         with self._lock:
@@ -74,6 +86,16 @@ class GrpcProxy:
         """Count the call; the hold it must wait on, if it is a chosen one."""
         with self._lock:
             self.calls[method] = self.calls.get(method, 0) + 1
+            if method in self._every:
+                every, n = self._every[method]
+                self._every[method] = (every, n + 1)
+                if (n + 1) % every == 0:
+                    # Short: the last call of a burst has no later one to wait for.
+                    h = Hold(method, 1, timeout_s=1.0)
+                    h.held.set()
+                    self._holds.append(h)
+                    self._made[method].append(h)
+                    return h
             for h in self._holds:
                 if h.method == method and not h.held.is_set():
                     h._seen += 1
@@ -95,7 +117,8 @@ class GrpcProxy:
 
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             hold = self._before(method)
-            if hold is not None and not hold.released.wait(self.hold_timeout_s):
+            wait = hold.timeout_s if hold is not None and hold.timeout_s else self.hold_timeout_s
+            if hold is not None and not hold.released.wait(wait):
                 hold.gave_up = True
                 hold.released.set()
             try:

@@ -107,6 +107,13 @@ def test_bench_modes_report_json(bootstrap: str, mode: str, extra: list[str]) ->
     assert result["records_per_s"] > 0 and result["mb_per_s"] > 0
     assert {"p50_ms", "p99_ms", "p99.9_ms"} <= set(result)
     assert report["context"]["mode"] == mode
+    if mode == "e2e":  # every record accounted for
+        assert (result["sent"], result["failed"], result["lost"], result["duplicates"]) == (
+            3000,
+            0,
+            0,
+            0,
+        )
 
 
 def test_consume_as_a_group_resumes_after_its_commits(bootstrap: str) -> None:

@@ -4,23 +4,18 @@
   (``--api batch``); latency is sampled from the acknowledgement of every Nth record.
 - consume: ``Consumer.poll`` iteration (``--api poll``) or ``poll_arrow`` (``--api arrow``)
   from the earliest offset until ``--records`` were read.
-- e2e: a producer thread sends at ``--rate`` records/s, each value starting with its send
-  time (ns); a consumer in the same process measures send -> receive latency per record.
+- e2e: see :mod:`strom.bench.e2e` (latency with every record accounted for).
 """
 
 from __future__ import annotations
 
-import struct
 import sys
-import threading
 import time
 from typing import Any
 
 from strom.bench.stats import Result
 from strom.client.admin import Admin
 from strom.client.types import TopicPartition
-
-_STAMP = struct.Struct(">q")
 
 
 class Progress:
@@ -169,60 +164,3 @@ def bench_consume(
         seconds = time.perf_counter() - start
     bar.finish()
     return Result(f"consume ({api})", len(latencies), got, nbytes, seconds, latencies)
-
-
-def bench_e2e(
-    bootstrap: str | None,
-    topic: str,
-    *,
-    records: int,
-    record_size: int,
-    rate: float = 10_000,
-    progress: bool | None = None,
-    **producer_options: Any,
-) -> Result:
-    """Send at ``rate`` records/s; latency is receive time - send time of every record."""
-    from strom.client.consumer import Consumer
-    from strom.client.producer import Producer
-
-    with Admin(bootstrap) as admin:
-        parts = admin.describe_topic(topic).partitions
-    tps = [TopicPartition(topic, p.partition) for p in parts]
-    pad = b"x" * max(record_size - _STAMP.size, 0)
-    latencies: list[float] = []
-    bar = Progress(records, "e2e", enabled=progress)
-    with Consumer(
-        bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=100, fetch_min_bytes=1
-    ) as c:
-        c.assign(tps)
-        for tp in tps:
-            c.position(tp)  # resolve "latest" now, before anything is sent
-        done = threading.Event()
-
-        def produce() -> None:
-            with Producer(bootstrap, **producer_options) as p:
-                start = time.perf_counter()
-                for i in range(records):
-                    p.send(topic, _STAMP.pack(time.perf_counter_ns()) + pad)
-                    if i % 10 == 0:
-                        _pace(rate, start, i)
-                p.flush()
-            done.set()
-
-        t = threading.Thread(target=produce, daemon=True)
-        start = time.perf_counter()
-        t.start()
-        got = 0
-        while got < records:
-            batch = c.poll(timeout_ms=200)
-            now = time.perf_counter_ns()
-            for rec in batch:
-                latencies.append((now - _STAMP.unpack_from(rec.value)[0]) / 1e9)
-            got += len(batch)
-            bar.update(got)
-            if not batch and done.is_set() and time.perf_counter() - start > 60 + records / rate:
-                break
-        seconds = time.perf_counter() - start
-        t.join()
-    bar.finish()
-    return Result("end-to-end", 0, got, got * record_size, seconds, latencies)

@@ -180,6 +180,31 @@ def build_parser() -> argparse.ArgumentParser:
             help="produce: send() per record or send_batch(); consume: poll() or poll_arrow()",
         )
         cb.add_argument("--no-idempotence", action="store_true", help="enable_idempotence=False")
+        if mode == "e2e":
+            cb.add_argument(
+                "--duration",
+                type=float,
+                default=None,
+                help="seconds to run at --rate (sets --records to rate x duration): a soak",
+            )
+            cb.add_argument(
+                "--group",
+                default=None,
+                help="receive as a member of this consumer group (default: assigned partitions)",
+            )
+            cb.add_argument(
+                "--commit",
+                default="async",
+                choices=["async", "sync", "none"],
+                help="with --group: commit after every poll this way (default: async)",
+            )
+            cb.add_argument(
+                "--cpu-hog",
+                type=int,
+                default=0,
+                metavar="N",
+                help="run N busy-looping processes beside the bench (the machine under load)",
+            )
         cb.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
         cb.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -221,13 +246,21 @@ def _bench_clients(args: argparse.Namespace) -> int:
             args.bootstrap, args.topic, records=args.records, api=args.api, progress=progress
         )
     else:
-        result = clients.bench_e2e(
+        from strom.bench.e2e import bench_e2e
+
+        rate = args.rate or 10_000.0
+        if args.duration is not None:
+            args.records = max(int(rate * args.duration), 1)
+        result = bench_e2e(
             args.bootstrap,
             args.topic,
             records=args.records,
             record_size=args.record_size,
-            rate=args.rate or 10_000.0,
+            rate=rate,
             progress=progress,
+            group=args.group,
+            commit=args.commit,
+            cpu_hogs=args.cpu_hog,
             **options,
         )
     ctx = {
@@ -239,7 +272,12 @@ def _bench_clients(args: argparse.Namespace) -> int:
         **({"rate": args.rate} if args.rate else {}),
         **{k: v for k, v in options.items() if args.bench_mode != "consume"},
     }
+    if args.bench_mode == "e2e":
+        ctx.update(group=args.group or "-", cpu_hog=args.cpu_hog)
     print(report([result], as_json=args.json, context=ctx))
+    if args.bench_mode == "e2e" and not result.clean:  # type: ignore[attr-defined]
+        print("strom bench e2e: records were failed, lost or duplicated", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,255 @@
+"""``strom bench e2e``: end-to-end latency, with every record accounted for.
+
+A producer thread sends numbered records at ``--rate`` records/s, each value starting with
+its number and send time; a consumer in the same process (assigned, or a group member that
+commits as it goes) receives them and measures send -> receive latency. Unlike a plain perf
+tool, the run also checks what a pipeline's user cares about: every send that failed (with
+its first error), every acknowledged record that never arrived, every record that arrived
+twice, and the longest a record took. That is what turned "an e2e run stalled for more than
+60 s" into an explanation (issue 9, defect 3): the stall was records the producer had failed
+with a spurious OUT_OF_ORDER_SEQUENCE, which an unchecked bench could only wait for until it
+gave up.
+
+``cpu_hog`` starts that many busy-looping processes for the run (the machine under load);
+``reorder_every`` is for tests that put a reordering gRPC proxy in front of the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from strom.bench.clients import Progress, _pace
+from strom.bench.stats import Result
+from strom.client.admin import Admin
+from strom.client.types import TopicPartition
+
+#: Value prefix: run nonce, record number, send time (perf_counter ns). The nonce tells this
+#: run's records from a group's leftovers of an earlier run.
+STAMP = struct.Struct(">Iqq")
+
+
+@dataclass
+class E2EResult(Result):
+    """A :class:`Result` plus the delivery check."""
+
+    sent: int = 0
+    failed: int = 0
+    first_error: str = ""
+    lost: int = 0
+    duplicates: int = 0
+    #: Records that took longer than a second from send to receive.
+    slow: int = 0
+    commits: int = 0
+    commit_errors: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        """Every record sent was acknowledged and received exactly once."""
+        return not (self.failed or self.lost or self.duplicates or self.commit_errors)
+
+    def summary(self) -> dict[str, float | int | str]:
+        out = super().summary()
+        if self.latencies:
+            out["max_ms"] = round(max(self.latencies) * 1e3, 3)
+        out.update(
+            sent=self.sent,
+            failed=self.failed,
+            lost=self.lost,
+            duplicates=self.duplicates,
+            slow_over_1s=self.slow,
+            commits=self.commits,
+            commit_errors=self.commit_errors,
+        )
+        if self.first_error:
+            out["first_error"] = self.first_error
+        return out
+
+    def line(self) -> str:
+        d = self.summary()
+        text = super().line()
+        if self.latencies:
+            text += f" max {d['max_ms']}"
+        text += (
+            f"\n{'delivery':<24} sent {self.sent:,}  failed {self.failed:,}  lost {self.lost:,}"
+            f"  duplicated {self.duplicates:,}  slower than 1 s {self.slow:,}"
+        )
+        if self.commits or self.commit_errors:
+            text += f"  commits {self.commits:,} (errors {self.commit_errors:,})"
+        if self.first_error:
+            text += f"\n{'first error':<24} {self.first_error}"
+        return text
+
+
+@contextlib.contextmanager
+def cpu_hog(processes: int) -> Iterator[None]:
+    """``processes`` busy-looping Python processes while the block runs."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def bench_e2e(
+    bootstrap: str | None,
+    topic: str,
+    *,
+    records: int,
+    record_size: int,
+    rate: float = 10_000,
+    progress: bool | None = None,
+    group: str | None = None,
+    commit: str = "async",
+    cpu_hogs: int = 0,
+    grace_s: float = 30.0,
+    **producer_options: Any,
+) -> E2EResult:
+    """Send ``records`` at ``rate``; receive them with an assigned consumer, or as a member of
+    ``group`` committing after every poll (``commit`` = async, sync or none). Returns when
+    every acknowledged record arrived, or when nothing arrived for ``grace_s`` after the last
+    send was answered."""
+    from strom.client.consumer import Consumer
+    from strom.client.producer import Producer
+
+    if commit not in ("async", "sync", "none"):
+        raise ValueError(f"commit must be async, sync or none, got {commit!r}")
+    with Admin(bootstrap) as admin:
+        parts = admin.describe_topic(topic).partitions
+    tps = [TopicPartition(topic, p.partition) for p in parts]
+    pad = b"x" * max(record_size - STAMP.size, 0)
+    latencies: list[float] = []
+    seen = np.zeros(records, dtype=np.uint8)
+    lock = threading.Lock()
+    acked = [0]
+    failures: list[BaseException] = []
+    commit_errors: list[BaseException] = []
+    commits = [0]
+    foreign = [0]
+    nonce = int.from_bytes(os.urandom(4), "big")
+    bar = Progress(records, "e2e", enabled=progress)
+
+    def sent(_md: object, err: BaseException | None) -> None:
+        with lock:
+            if err is None:
+                acked[0] += 1
+            else:
+                failures.append(err)
+
+    def committed(_offsets: object, err: BaseException | None) -> None:
+        commits[0] += 1
+        if err is not None:
+            commit_errors.append(err)
+
+    consumer_options: dict[str, Any] = {"fetch_max_wait_ms": 100, "fetch_min_bytes": 1}
+    if group is not None:
+        consumer_options.update(group_id=group, enable_auto_commit=False)
+    with (
+        cpu_hog(cpu_hogs),
+        Consumer(bootstrap, auto_offset_reset="latest", **consumer_options) as c,
+    ):
+        if group is None:
+            c.assign(tps)
+            for tp in tps:
+                c.position(tp)  # resolve "latest" now, before anything is sent
+        else:
+            c.subscribe([topic])
+            deadline = time.monotonic() + 30
+            while c.assignment() != set(tps) and time.monotonic() < deadline:
+                c.poll(timeout_ms=100)
+            for tp in c.assignment():
+                c.position(tp)
+        done = threading.Event()
+
+        def produce() -> None:
+            try:
+                with Producer(bootstrap, **producer_options) as p:
+                    start = time.perf_counter()
+                    for i in range(records):
+                        value = STAMP.pack(nonce, i, time.perf_counter_ns()) + pad
+                        p.send(topic, value, callback=sent)
+                        if i % 10 == 0:
+                            _pace(rate, start, i)
+                    p.flush()
+            finally:
+                done.set()
+
+        t = threading.Thread(target=produce, name="e2e-producer", daemon=True)
+        start = time.perf_counter()
+        t.start()
+        got = 0
+        last_progress = time.monotonic()
+        while True:
+            batch = c.poll(timeout_ms=200)
+            now = time.perf_counter_ns()
+            for rec in batch:
+                run, i, ns = STAMP.unpack_from(rec.value)
+                if run != nonce or not 0 <= i < records:
+                    foreign[0] += 1
+                    continue
+                seen[i] += 1
+                latencies.append((now - ns) / 1e9)
+            if batch:
+                got += len(batch)
+                last_progress = time.monotonic()
+                bar.update(got)
+                if group is not None and commit == "async":
+                    c.commit_async(callback=committed)
+                elif group is not None and commit == "sync":
+                    try:
+                        c.commit()
+                        commits[0] += 1
+                    except Exception as exc:
+                        commit_errors.append(exc)
+            if done.is_set():
+                with lock:
+                    expected = acked[0]
+                if int(np.count_nonzero(seen)) >= expected:
+                    break
+                if time.monotonic() - last_progress > grace_s:
+                    break
+        seconds = time.perf_counter() - start
+        t.join()
+    bar.finish()
+    unique = int(np.count_nonzero(seen))
+    lat = np.asarray(latencies)
+    return E2EResult(
+        "end-to-end",
+        0,
+        got,
+        got * record_size,
+        seconds,
+        latencies,
+        sent=records,
+        failed=len(failures),
+        first_error=repr(failures[0]) if failures else "",
+        lost=max(acked[0] - unique, 0),
+        duplicates=int(np.sum(seen[seen > 1] - 1)),
+        slow=int(np.count_nonzero(lat > 1.0)),
+        commits=commits[0],
+        commit_errors=len(commit_errors),
+        extra={"foreign": foreign[0]} if foreign[0] else {},
+    )
