@@ -104,6 +104,18 @@ ERRORS: dict[int, ErrorInfo] = {
     _E.GROUP_SUBSCRIBED_TO_TOPIC: ErrorInfo(False, "the group is still subscribed to the topic"),
     _E.UNSTABLE_OFFSET_COMMIT: ErrorInfo(True, "an offset commit is still pending"),
     _E.OFFSET_METADATA_TOO_LARGE: ErrorInfo(False, "the offset metadata string is too long"),
+    # transactions
+    _E.INVALID_TXN_STATE: ErrorInfo(False, "the request does not fit the transaction's state"),
+    _E.PRODUCER_FENCED: ErrorInfo(False, "a newer producer with this transactional id took over"),
+    _E.CONCURRENT_TRANSACTIONS: ErrorInfo(True, "the previous transaction is still completing"),
+    _E.TRANSACTIONAL_ID_NOT_FOUND: ErrorInfo(False, "the transactional id is unknown"),
+    _E.INVALID_TRANSACTION_TIMEOUT: ErrorInfo(False, "the transaction timeout is out of range"),
+    _E.INVALID_PRODUCER_ID_MAPPING: ErrorInfo(
+        False, "the producer id does not belong to the transactional id"
+    ),
+    _E.TRANSACTION_COORDINATOR_FENCED: ErrorInfo(
+        True, "a newer transaction coordinator owns the shard"
+    ),
 }
 del _E
 
@@ -125,7 +137,11 @@ METADATA_REFRESH_CODES: frozenset[int] = frozenset(
 
 #: Codes after which a client looks its group coordinator up again (FindCoordinator).
 COORDINATOR_REFRESH_CODES: frozenset[int] = frozenset(
-    {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+    {
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+    }
 )
 
 
@@ -561,6 +577,49 @@ class OffsetMetadataTooLargeError(StromError):
     """OFFSET_METADATA_TOO_LARGE: the commit's metadata string is too long."""
 
     default_code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+
+
+class InvalidTxnStateError(StromError):
+    """INVALID_TXN_STATE: the request does not fit the transaction's state."""
+
+    default_code = ErrorCode.INVALID_TXN_STATE
+
+
+class ProducerFencedError(StromError):
+    """PRODUCER_FENCED: a newer instance with the same transactional id took over. Fatal:
+    close the producer."""
+
+    default_code = ErrorCode.PRODUCER_FENCED
+
+
+class ConcurrentTransactionsError(StromError):
+    """CONCURRENT_TRANSACTIONS: the previous transaction is still being completed."""
+
+    default_code = ErrorCode.CONCURRENT_TRANSACTIONS
+
+
+class TransactionalIdNotFoundError(StromError):
+    """TRANSACTIONAL_ID_NOT_FOUND: the coordinator does not know the transactional id."""
+
+    default_code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+
+
+class InvalidTransactionTimeoutError(StromError):
+    """INVALID_TRANSACTION_TIMEOUT: transaction_timeout_ms is out of range."""
+
+    default_code = ErrorCode.INVALID_TRANSACTION_TIMEOUT
+
+
+class InvalidProducerIdMappingError(StromError):
+    """INVALID_PRODUCER_ID_MAPPING: the producer id is not the transactional id's."""
+
+    default_code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+class TransactionCoordinatorFencedError(StromError):
+    """TRANSACTION_COORDINATOR_FENCED: a newer transaction coordinator owns the shard."""
+
+    default_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 def _collect(cls: type[StromError], into: dict[int, type[StromError]]) -> None:

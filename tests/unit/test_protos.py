@@ -379,6 +379,7 @@ def test_services_expose_the_designed_rpcs() -> None:
         "Metadata",
         "InitProducerId",
         "FindCoordinator",
+        "WriteTxnMarkers",
     }
     assert {
         "CreateTopics",
@@ -404,6 +405,14 @@ def test_services_expose_the_designed_rpcs() -> None:
         "DescribeGroups",
         "DeleteGroups",
         "DeleteOffsets",
+        "InitProducerId",
+        "AddPartitionsToTxn",
+        "AddOffsetsToTxn",
+        "EndTxn",
+        "DescribeTransactions",
+        "ListTransactions",
+        "TxnOffsetCommit",
+        "CompleteTxnOffsets",
     } <= rpcs(coordinator_pb2, "CoordinatorService")
     for module, service in (
         (storage_pb2_grpc, "StorageService"),

@@ -68,6 +68,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GROUP_SUBSCRIBED_TO_TOPIC: _ClassVar[ErrorCode]
     UNSTABLE_OFFSET_COMMIT: _ClassVar[ErrorCode]
     OFFSET_METADATA_TOO_LARGE: _ClassVar[ErrorCode]
+    INVALID_TXN_STATE: _ClassVar[ErrorCode]
+    PRODUCER_FENCED: _ClassVar[ErrorCode]
+    CONCURRENT_TRANSACTIONS: _ClassVar[ErrorCode]
+    TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    INVALID_TRANSACTION_TIMEOUT: _ClassVar[ErrorCode]
+    INVALID_PRODUCER_ID_MAPPING: _ClassVar[ErrorCode]
+    TRANSACTION_COORDINATOR_FENCED: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 INVALID_REQUEST: ErrorCode
@@ -127,6 +134,13 @@ INVALID_REGULAR_EXPRESSION: ErrorCode
 GROUP_SUBSCRIBED_TO_TOPIC: ErrorCode
 UNSTABLE_OFFSET_COMMIT: ErrorCode
 OFFSET_METADATA_TOO_LARGE: ErrorCode
+INVALID_TXN_STATE: ErrorCode
+PRODUCER_FENCED: ErrorCode
+CONCURRENT_TRANSACTIONS: ErrorCode
+TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
+INVALID_TRANSACTION_TIMEOUT: ErrorCode
+INVALID_PRODUCER_ID_MAPPING: ErrorCode
+TRANSACTION_COORDINATOR_FENCED: ErrorCode
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

@@ -9,6 +9,17 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TransactionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRANSACTION_STATE_UNSPECIFIED: _ClassVar[TransactionState]
+    TRANSACTION_STATE_EMPTY: _ClassVar[TransactionState]
+    TRANSACTION_STATE_ONGOING: _ClassVar[TransactionState]
+    TRANSACTION_STATE_PREPARE_COMMIT: _ClassVar[TransactionState]
+    TRANSACTION_STATE_PREPARE_ABORT: _ClassVar[TransactionState]
+    TRANSACTION_STATE_COMPLETE_COMMIT: _ClassVar[TransactionState]
+    TRANSACTION_STATE_COMPLETE_ABORT: _ClassVar[TransactionState]
+    TRANSACTION_STATE_DEAD: _ClassVar[TransactionState]
+
 class GroupState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GROUP_STATE_UNSPECIFIED: _ClassVar[GroupState]
@@ -24,6 +35,14 @@ class MemberState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMBER_STATE_STABLE: _ClassVar[MemberState]
     MEMBER_STATE_UNREVOKED_PARTITIONS: _ClassVar[MemberState]
     MEMBER_STATE_UNRELEASED_PARTITIONS: _ClassVar[MemberState]
+TRANSACTION_STATE_UNSPECIFIED: TransactionState
+TRANSACTION_STATE_EMPTY: TransactionState
+TRANSACTION_STATE_ONGOING: TransactionState
+TRANSACTION_STATE_PREPARE_COMMIT: TransactionState
+TRANSACTION_STATE_PREPARE_ABORT: TransactionState
+TRANSACTION_STATE_COMPLETE_COMMIT: TransactionState
+TRANSACTION_STATE_COMPLETE_ABORT: TransactionState
+TRANSACTION_STATE_DEAD: TransactionState
 GROUP_STATE_UNSPECIFIED: GroupState
 GROUP_STATE_EMPTY: GroupState
 GROUP_STATE_ASSIGNING: GroupState
@@ -363,21 +382,263 @@ class DeleteOffsetsResponse(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[DeleteOffsetsTopicResult]
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[DeleteOffsetsTopicResult, _Mapping]]] = ...) -> None: ...
 
+class AddPartitionsToTxnRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ...) -> None: ...
+
+class AddPartitionsToTxnResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "topics")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    topics: _containers.RepeatedCompositeFieldContainer[AddPartitionsToTxnTopicResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[AddPartitionsToTxnTopicResult, _Mapping]]] = ...) -> None: ...
+
+class AddPartitionsToTxnTopicResult(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[AddPartitionsToTxnPartitionResult]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[AddPartitionsToTxnPartitionResult, _Mapping]]] = ...) -> None: ...
+
+class AddPartitionsToTxnPartitionResult(_message.Message):
+    __slots__ = ("partition", "error_code", "error_message")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class AddOffsetsToTxnRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group_id: str
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., group_id: _Optional[str] = ...) -> None: ...
+
+class AddOffsetsToTxnResponse(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class EndTxnRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ...) -> None: ...
+
+class EndTxnResponse(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class TxnOffsetCommitRequest(_message.Message):
+    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "member_id", "member_epoch", "topics")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    member_id: str
+    member_epoch: int
+    topics: _containers.RepeatedCompositeFieldContainer[OffsetCommitTopic]
+    def __init__(self, transactional_id: _Optional[str] = ..., group_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[OffsetCommitTopic, _Mapping]]] = ...) -> None: ...
+
+class CompleteTxnOffsetsRequest(_message.Message):
+    __slots__ = ("group_id", "producer_id", "producer_epoch", "committed")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    def __init__(self, group_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ...) -> None: ...
+
+class CompleteTxnOffsetsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DescribeTransactionsRequest(_message.Message):
+    __slots__ = ("transactional_ids",)
+    TRANSACTIONAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    transactional_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DescribeTransactionsResponse(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionDescription]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionDescription, _Mapping]]] = ...) -> None: ...
+
+class TransactionDescription(_message.Message):
+    __slots__ = ("transactional_id", "error_code", "error_message", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_ms", "topics", "groups", "shard")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_START_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    state: TransactionState
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_ms: int
+    topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    shard: int
+    def __init__(self, transactional_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., state: _Optional[_Union[TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., shard: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ("state_filters", "producer_id_filters")
+    STATE_FILTERS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FILTERS_FIELD_NUMBER: _ClassVar[int]
+    state_filters: _containers.RepeatedScalarFieldContainer[TransactionState]
+    producer_id_filters: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, state_filters: _Optional[_Iterable[_Union[TransactionState, str]]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("error_code", "transactions", "unloaded_shards")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    UNLOADED_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionListing]
+    unloaded_shards: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactions: _Optional[_Iterable[_Union[TransactionListing, _Mapping]]] = ..., unloaded_shards: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TransactionListing(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "state")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    state: TransactionState
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ...) -> None: ...
+
+class TransactionLogKey(_message.Message):
+    __slots__ = ("transactional_id",)
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    def __init__(self, transactional_id: _Optional[str] = ...) -> None: ...
+
+class TransactionLogValue(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "transaction_timeout_ms", "state", "topics", "groups", "transaction_start_ms", "last_update_ms")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_START_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPDATE_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    state: TransactionState
+    topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    transaction_start_ms: int
+    last_update_ms: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., transaction_start_ms: _Optional[int] = ..., last_update_ms: _Optional[int] = ...) -> None: ...
+
 class GroupRecordKey(_message.Message):
-    __slots__ = ("offset_commit", "group_metadata", "member_metadata", "target_assignment_metadata", "target_assignment_member", "current_member_assignment")
+    __slots__ = ("offset_commit", "group_metadata", "member_metadata", "target_assignment_metadata", "target_assignment_member", "current_member_assignment", "pending_txn_offsets")
     OFFSET_COMMIT_FIELD_NUMBER: _ClassVar[int]
     GROUP_METADATA_FIELD_NUMBER: _ClassVar[int]
     MEMBER_METADATA_FIELD_NUMBER: _ClassVar[int]
     TARGET_ASSIGNMENT_METADATA_FIELD_NUMBER: _ClassVar[int]
     TARGET_ASSIGNMENT_MEMBER_FIELD_NUMBER: _ClassVar[int]
     CURRENT_MEMBER_ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TXN_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     offset_commit: OffsetCommitKey
     group_metadata: GroupMetadataKey
     member_metadata: MemberMetadataKey
     target_assignment_metadata: TargetAssignmentMetadataKey
     target_assignment_member: TargetAssignmentMemberKey
     current_member_assignment: CurrentMemberAssignmentKey
-    def __init__(self, offset_commit: _Optional[_Union[OffsetCommitKey, _Mapping]] = ..., group_metadata: _Optional[_Union[GroupMetadataKey, _Mapping]] = ..., member_metadata: _Optional[_Union[MemberMetadataKey, _Mapping]] = ..., target_assignment_metadata: _Optional[_Union[TargetAssignmentMetadataKey, _Mapping]] = ..., target_assignment_member: _Optional[_Union[TargetAssignmentMemberKey, _Mapping]] = ..., current_member_assignment: _Optional[_Union[CurrentMemberAssignmentKey, _Mapping]] = ...) -> None: ...
+    pending_txn_offsets: PendingTxnOffsetsKey
+    def __init__(self, offset_commit: _Optional[_Union[OffsetCommitKey, _Mapping]] = ..., group_metadata: _Optional[_Union[GroupMetadataKey, _Mapping]] = ..., member_metadata: _Optional[_Union[MemberMetadataKey, _Mapping]] = ..., target_assignment_metadata: _Optional[_Union[TargetAssignmentMetadataKey, _Mapping]] = ..., target_assignment_member: _Optional[_Union[TargetAssignmentMemberKey, _Mapping]] = ..., current_member_assignment: _Optional[_Union[CurrentMemberAssignmentKey, _Mapping]] = ..., pending_txn_offsets: _Optional[_Union[PendingTxnOffsetsKey, _Mapping]] = ...) -> None: ...
+
+class PendingTxnOffsetsKey(_message.Message):
+    __slots__ = ("group_id", "producer_id")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    producer_id: int
+    def __init__(self, group_id: _Optional[str] = ..., producer_id: _Optional[int] = ...) -> None: ...
+
+class PendingTxnOffsetsValue(_message.Message):
+    __slots__ = ("producer_epoch", "offsets")
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    producer_epoch: int
+    offsets: _containers.RepeatedCompositeFieldContainer[PendingTxnOffset]
+    def __init__(self, producer_epoch: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[PendingTxnOffset, _Mapping]]] = ...) -> None: ...
+
+class PendingTxnOffset(_message.Message):
+    __slots__ = ("topic", "partition", "committed_offset", "committed_leader_epoch", "metadata")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    committed_offset: int
+    committed_leader_epoch: int
+    metadata: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., committed_offset: _Optional[int] = ..., committed_leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ...) -> None: ...
 
 class OffsetCommitKey(_message.Message):
     __slots__ = ("group_id", "topic", "partition")

@@ -76,6 +76,46 @@ class CoordinatorServiceStub:
                 request_serializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorRequest.SerializeToString,
                 response_deserializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorResponse.FromString,
                 _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/strom.v1.CoordinatorService/InitProducerId',
+                request_serializer=strom_dot_v1_dot_storage__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_storage__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
+        self.AddPartitionsToTxn = channel.unary_unary(
+                '/strom.v1.CoordinatorService/AddPartitionsToTxn',
+                request_serializer=strom_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+                _registered_method=True)
+        self.AddOffsetsToTxn = channel.unary_unary(
+                '/strom.v1.CoordinatorService/AddOffsetsToTxn',
+                request_serializer=strom_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
+                _registered_method=True)
+        self.EndTxn = channel.unary_unary(
+                '/strom.v1.CoordinatorService/EndTxn',
+                request_serializer=strom_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+                _registered_method=True)
+        self.DescribeTransactions = channel.unary_unary(
+                '/strom.v1.CoordinatorService/DescribeTransactions',
+                request_serializer=strom_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/strom.v1.CoordinatorService/ListTransactions',
+                request_serializer=strom_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
+        self.TxnOffsetCommit = channel.unary_unary(
+                '/strom.v1.CoordinatorService/TxnOffsetCommit',
+                request_serializer=strom_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
+                _registered_method=True)
+        self.CompleteTxnOffsets = channel.unary_unary(
+                '/strom.v1.CoordinatorService/CompleteTxnOffsets',
+                request_serializer=strom_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -140,6 +180,77 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducerId(self, request, context):
+        """-- transactions (DESIGN §6 "Transactions"): the transaction coordinator's part. A
+        transactional id lives in shard murmur2(utf8(id)) & 0x7fffffff mod T of __transaction_state
+        (T its partition count), owned like group shards (etcd `txn_coordinators/<shard>`).
+
+        Maps a transactional id to a producer id and a bumped epoch, fencing older instances; a
+        transaction the previous instance left open is aborted (or its commit completed) first.
+        Requests without transactional_id are refused (INVALID_REQUEST: ask a storage node).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddPartitionsToTxn(self, request, context):
+        """Registers partitions in the ongoing transaction (starting it) before the producer writes to
+        them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddOffsetsToTxn(self, request, context):
+        """Registers a consumer group whose offsets the transaction will commit (TxnOffsetCommit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTxn(self, request, context):
+        """Commits or aborts the ongoing transaction: PrepareCommit/PrepareAbort is written to
+        __transaction_state (the decision), then markers to every partition and the groups' pending
+        offsets completed, then CompleteCommit/CompleteAbort. Answers once the decision is durable;
+        the markers are written before the next transaction of the id may start
+        (CONCURRENT_TRANSACTIONS until then).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTransactions(self, request, context):
+        """Describes transactional ids (owned by this coordinator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Lists the transactional ids of the shards this coordinator owns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TxnOffsetCommit(self, request, context):
+        """-- transactions: the group coordinator's part.
+
+        Stores offsets as pending in the transaction of (producer_id, producer_epoch): they become
+        the group's committed offsets only if the transaction commits (CompleteTxnOffsets).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteTxnOffsets(self, request, context):
+        """Called by the transaction coordinator when a transaction that added the group ends: its
+        pending offsets are committed (committed = true) or dropped. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +293,46 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.FindCoordinator,
                     request_deserializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorRequest.FromString,
                     response_serializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=strom_dot_v1_dot_storage__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_storage__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'AddPartitionsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddPartitionsToTxn,
+                    request_deserializer=strom_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.SerializeToString,
+            ),
+            'AddOffsetsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddOffsetsToTxn,
+                    request_deserializer=strom_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.SerializeToString,
+            ),
+            'EndTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTxn,
+                    request_deserializer=strom_dot_v1_dot_coordinator__pb2.EndTxnRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_coordinator__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'DescribeTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTransactions,
+                    request_deserializer=strom_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=strom_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'TxnOffsetCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.TxnOffsetCommit,
+                    request_deserializer=strom_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.SerializeToString,
+            ),
+            'CompleteTxnOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteTxnOffsets,
+                    request_deserializer=strom_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +552,222 @@ class CoordinatorService:
             '/strom.v1.CoordinatorService/FindCoordinator',
             strom_dot_v1_dot_storage__pb2.FindCoordinatorRequest.SerializeToString,
             strom_dot_v1_dot_storage__pb2.FindCoordinatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/InitProducerId',
+            strom_dot_v1_dot_storage__pb2.InitProducerIdRequest.SerializeToString,
+            strom_dot_v1_dot_storage__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPartitionsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/AddPartitionsToTxn',
+            strom_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+            strom_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddOffsetsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/AddOffsetsToTxn',
+            strom_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
+            strom_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/EndTxn',
+            strom_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+            strom_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/DescribeTransactions',
+            strom_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
+            strom_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/ListTransactions',
+            strom_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
+            strom_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TxnOffsetCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/TxnOffsetCommit',
+            strom_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
+            strom_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteTxnOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.CoordinatorService/CompleteTxnOffsets',
+            strom_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.SerializeToString,
+            strom_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

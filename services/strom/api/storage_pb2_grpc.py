@@ -77,6 +77,11 @@ class StorageServiceStub:
                 request_serializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorRequest.SerializeToString,
                 response_deserializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorResponse.FromString,
                 _registered_method=True)
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/strom.v1.StorageService/WriteTxnMarkers',
+                request_serializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
 
 
 class StorageServiceServicer:
@@ -143,6 +148,14 @@ class StorageServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteTxnMarkers(self, request, context):
+        """Appends transaction markers (commit or abort control batches) to partitions this node
+        leads. Called by the transaction coordinator only (DESIGN §6 "Transactions").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StorageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +198,11 @@ def add_StorageServiceServicer_to_server(servicer, server):
                     servicer.FindCoordinator,
                     request_deserializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorRequest.FromString,
                     response_serializer=strom_dot_v1_dot_storage__pb2.FindCoordinatorResponse.SerializeToString,
+            ),
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -406,6 +424,33 @@ class StorageService:
             '/strom.v1.StorageService/FindCoordinator',
             strom_dot_v1_dot_storage__pb2.FindCoordinatorRequest.SerializeToString,
             strom_dot_v1_dot_storage__pb2.FindCoordinatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.StorageService/WriteTxnMarkers',
+            strom_dot_v1_dot_storage__pb2.WriteTxnMarkersRequest.SerializeToString,
+            strom_dot_v1_dot_storage__pb2.WriteTxnMarkersResponse.FromString,
             options,
             channel_credentials,
             insecure,
