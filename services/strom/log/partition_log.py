@@ -26,6 +26,8 @@ from strom.log.config import LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
 from strom.log.errors import CorruptLogError, InvalidAppendError, OffsetOutOfRangeError
 from strom.log.producer_state import (
+    INVALID_PRODUCER_EPOCH,
+    INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE,
     ProducerStateError,
     ProducerStateManager,
@@ -36,12 +38,14 @@ from strom.log.producer_state import (
     write_snapshot,
 )
 from strom.log.segment import LogSegment
+from strom.log.transactions import AbortedIndex, AbortedTxn, decode_marker, encode_marker
 from strom.record.batch import RecordBatch, decode_batches
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
     BatchHeader,
     patch_base_offset,
     patch_leader_epoch,
+    read_header,
     scan_batches,
     set_log_append_time,
 )
@@ -122,6 +126,8 @@ class Log:
         self.producers = ProducerStateManager()
         #: Batch headers read by the last producer-state rebuild (0 after a clean restart).
         self.producer_batches_scanned = 0
+        #: Aborted transactions, for read_committed fetches (strom.log.transactions).
+        self.aborted = AbortedIndex(self.directory)
         self._load(clean_shutdown)
 
     # -- opening and recovery --------------------------------------------------------------
@@ -214,6 +220,8 @@ class Log:
                 snapshot_path(self.directory, off).unlink(missing_ok=True)
         if state is None:
             state = ProducerStateManager()
+        # Aborts before the snapshot come from the index file; later ones from the scan.
+        self.aborted.load(below=max(start, 0))
         now = self.clock()
         scanned = 0
         for seg in self.segments:
@@ -227,10 +235,26 @@ class Log:
                 pos = found[0]
             headers = [h for h in seg.batch_headers(pos) if h.base_offset >= start]
             scanned += len(headers)
-            state.update(headers, now)
+            markers = {h.base_offset: self._marker_at(seg, h) for h in headers if h.is_control}
+            for pid, first, last in state.update(headers, now, markers):
+                self.aborted.entries.append(AbortedTxn(last, pid, first))
         state.evict_below(self.log_start_offset)
         self.producers = state
         self.producer_batches_scanned = scanned
+        self.aborted.entries = [
+            e for e in self.aborted.entries if e.last_offset >= self.log_start_offset
+        ]
+        self.aborted.save()
+
+    @staticmethod
+    def _marker_at(seg: LogSegment, h: BatchHeader) -> bool:
+        """Whether the control batch ``h`` of ``seg`` commits (True) or aborts."""
+        try:
+            return decode_marker(os.pread(seg.fd, h.size, h.position)).committed
+        except (InvalidBatchError, ValueError) as exc:
+            raise CorruptLogError(
+                f"{seg.log_path}: control batch at offset {h.base_offset} is damaged: {exc}"
+            ) from exc
 
     def _snapshot_producers(self, *, fsync: bool = False) -> None:
         """Write the producer state as of the log end offset; keep the newest few."""
@@ -290,6 +314,21 @@ class Log:
         headers = scan_batches(
             data, producer_batch=True, max_batch_bytes=self.config.max_message_bytes
         )
+        for h in headers:
+            if h.is_control:
+                raise ProducerStateError(
+                    INVALID_RECORD,
+                    f"batch at byte {h.position} is a control batch: transaction markers are "
+                    "written by the transaction coordinator, not by producers",
+                    h.producer_id,
+                )
+            if h.is_transactional and (h.producer_id < 0 or h.base_sequence < 0):
+                raise ProducerStateError(
+                    INVALID_RECORD,
+                    f"batch at byte {h.position} is transactional but has no producer id and "
+                    "sequence: transactional producers are idempotent",
+                    h.producer_id,
+                )
         view = memoryview(data).cast("B")
         with self.lock:
             if leader_epoch < self.epochs.latest_epoch:
@@ -362,6 +401,59 @@ class Log:
                 )
             return AppendInfo(first, next_off - 1, next_off, records, append_time, length)
 
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        coordinator_epoch: int,
+        *,
+        leader_epoch: int = 0,
+    ) -> AppendInfo:
+        """Append a transaction marker as leader (WriteTxnMarkers): closes the producer's open
+        transaction here, raises its epoch to ``producer_epoch`` and, for an abort, records
+        the aborted range. Raises :class:`ProducerStateError` (INVALID_PRODUCER_EPOCH) when a
+        newer epoch of the producer already wrote here."""
+        data = bytearray(
+            encode_marker(
+                producer_id, producer_epoch, committed, coordinator_epoch, now_ms=self.clock()
+            )
+        )
+        with self.lock:
+            if leader_epoch < self.epochs.latest_epoch:
+                raise InvalidAppendError(
+                    f"leader epoch {leader_epoch} is older than the log's "
+                    f"{self.epochs.latest_epoch}"
+                )
+            entry = self.producers.get(producer_id)
+            if entry is not None and producer_epoch < entry.epoch:
+                raise ProducerStateError(
+                    INVALID_PRODUCER_EPOCH,
+                    f"marker for producer id {producer_id} epoch {producer_epoch}: epoch "
+                    f"{entry.epoch} already wrote here",
+                    producer_id,
+                )
+            offset = self.log_end_offset
+            patch_base_offset(data, 0, offset)
+            patch_leader_epoch(data, 0, leader_epoch)
+            h = read_header(data, 0)
+            self.epochs.assign(leader_epoch, offset)
+            self._write([data], len(data), [h])
+            for pid, first, last in self.producers.update([h], self.clock(), {offset: committed}):
+                self.aborted.add(AbortedTxn(last, pid, first))
+            return AppendInfo(offset, offset, offset + 1, 1, -1, len(data))
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """The LSO for a high watermark: below the first offset of the oldest open
+        transaction, never above the high watermark."""
+        first = self.producers.first_unstable_offset
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions that may have batches in ``[start, end)`` (read_committed)."""
+        with self.lock:
+            return self.aborted.overlapping(start, end)
+
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
         """Append batches copied from the leader, offsets and epochs as they are.
 
@@ -429,8 +521,14 @@ class Log:
             [dataclasses.replace(h, position=h.position - start) for h in run],
         )
         # Followers keep the producer state too, so that as a new leader they still
-        # recognise retries of batches appended under the old one.
-        self.producers.update(run, self.clock())
+        # recognise retries of batches appended under the old one (and open transactions).
+        markers = {
+            h.base_offset: decode_marker(view[h.position : h.position + h.size]).committed
+            for h in run
+            if h.is_control
+        }
+        for pid, first, last in self.producers.update(run, self.clock(), markers):
+            self.aborted.add(AbortedTxn(last, pid, first))
 
     def _write(
         self,
@@ -589,6 +687,8 @@ class Log:
             self.truncations += 1
             delete_snapshots(self.directory, list_snapshots(self.directory))
             self.producers.clear()
+            self.aborted.entries = []
+            self.aborted.save()
 
     def delete_records(self, offset: int) -> int:
         """DeleteRecords: advance the log start offset to ``offset`` and drop whole segments
@@ -624,6 +724,7 @@ class Log:
         # FIX: forget epochs only below the first segment still on disk (see delete_records).
         self.epochs.truncate_from_start(new_start)
         self.producers.evict_below(self.log_start_offset)
+        self.aborted.drop_below(self.log_start_offset)
 
     def apply_retention(self, now: int | None = None) -> int:
         """Delete whole non-active segments past ``retention.ms`` or ``retention.bytes``.

@@ -38,7 +38,7 @@ import os
 import re
 import struct
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -46,6 +46,8 @@ from typing import Protocol
 import crc32c
 
 from strom.log.errors import LogError
+from strom.record.header import ATTR_CONTROL as _ATTR_CONTROL
+from strom.record.header import ATTR_TRANSACTIONAL as _ATTR_TRANSACTIONAL
 
 #: Sequence numbers are 31-bit and wrap to 0 after this.
 MAX_SEQUENCE = (1 << 31) - 1
@@ -65,9 +67,11 @@ INVALID_RECORD = "INVALID_RECORD"
 SNAPSHOT_SUFFIX = ".snapshot"
 _SNAPSHOT_RE = re.compile(r"^(\d{20})\.snapshot$")
 _SNAP_MAGIC = b"STPS"
-_SNAP_VERSION = 1
+#: Version 2 added each producer's open transaction (first offset); version 1 still loads.
+_SNAP_VERSION = 2
 _SNAP_HEAD = struct.Struct(">4sHHqI")  # magic, version, reserved, offset, producer count
-_SNAP_PRODUCER = struct.Struct(">qhBxq")  # producer id, epoch, batch count, last seen ms
+_SNAP_PRODUCER_V1 = struct.Struct(">qhBxq")  # producer id, epoch, batch count, last seen ms
+_SNAP_PRODUCER = struct.Struct(">qhBxqq")  # ... and the open transaction's first offset
 _SNAP_BATCH = struct.Struct(">iiqqq")  # first seq, last seq, base offset, last offset, ts
 _SNAP_CRC = struct.Struct(">I")
 
@@ -113,15 +117,19 @@ class BatchMetadata:
 
 
 class ProducerEntry:
-    """One producer id's epoch and most recent batches (oldest first)."""
+    """One producer id's epoch, most recent batches (oldest first) and open transaction."""
 
-    __slots__ = ("batches", "epoch", "last_seen_ms", "producer_id")
+    __slots__ = ("batches", "epoch", "last_seen_ms", "producer_id", "txn_first_offset")
 
-    def __init__(self, producer_id: int, epoch: int, last_seen_ms: int) -> None:
+    def __init__(
+        self, producer_id: int, epoch: int, last_seen_ms: int, txn_first_offset: int = -1
+    ) -> None:
         self.producer_id = producer_id
         self.epoch = epoch
         self.last_seen_ms = last_seen_ms
         self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_KEPT)
+        #: Offset of the first batch of the producer's open transaction; -1 = none open.
+        self.txn_first_offset = txn_first_offset
 
     @property
     def last_seq(self) -> int:
@@ -140,7 +148,8 @@ class ProducerEntry:
     def __repr__(self) -> str:
         return (
             f"ProducerEntry(id={self.producer_id}, epoch={self.epoch}, "
-            f"batches={list(self.batches)}, last_seen_ms={self.last_seen_ms})"
+            f"batches={list(self.batches)}, last_seen_ms={self.last_seen_ms}, "
+            f"txn_first_offset={self.txn_first_offset})"
         )
 
 
@@ -238,6 +247,9 @@ class ProducerStateManager:
 
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        #: Producers with an open transaction -> its first offset (mirrors the entries).
+        self.ongoing: dict[int, int] = {}
+        self._first_unstable: int | None = None
 
     def __len__(self) -> int:
         return len(self.producers)
@@ -250,6 +262,28 @@ class ProducerStateManager:
 
     def clear(self) -> None:
         self.producers.clear()
+        self.ongoing.clear()
+        self._first_unstable = None
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest open transaction (None when none is open): the
+        last stable offset can not pass it."""
+        return self._first_unstable
+
+    def _open_txn(self, entry: ProducerEntry, offset: int) -> None:
+        entry.txn_first_offset = offset
+        self.ongoing[entry.producer_id] = offset
+        if self._first_unstable is None or offset < self._first_unstable:
+            self._first_unstable = offset
+
+    def _close_txn(self, entry: ProducerEntry) -> int:
+        first = entry.txn_first_offset
+        entry.txn_first_offset = -1
+        self.ongoing.pop(entry.producer_id, None)
+        if first == self._first_unstable:
+            self._first_unstable = min(self.ongoing.values(), default=None)
+        return first
 
     # -- the leader's check ----------------------------------------------------------------
 
@@ -302,13 +336,42 @@ class ProducerStateManager:
 
     # -- updates ---------------------------------------------------------------------------
 
-    def update(self, headers: Iterable[HeaderLike], now_ms: int) -> None:
+    def update(
+        self,
+        headers: Iterable[HeaderLike],
+        now_ms: int,
+        markers: Mapping[int, bool] | None = None,
+    ) -> list[tuple[int, int, int]]:
         """Record written batches (offsets assigned): leader appends, replicated batches and
-        batches scanned when the state is rebuilt. Non-idempotent batches are skipped."""
+        batches scanned when the state is rebuilt. Non-idempotent batches are skipped.
+
+        Transactions: a transactional batch opens its producer's transaction if none is open;
+        a control batch (a marker; ``markers`` maps its base offset to True for commit, False
+        for abort) closes it and raises the producer's epoch to the marker's. Returns the
+        aborted transactions closed here as (producer id, first offset, marker offset).
+        """
         producers = self.producers
+        aborted: list[tuple[int, int, int]] = []
         for h in headers:
             pid = h.producer_id
-            if pid < 0 or h.base_sequence < 0:
+            if pid < 0:
+                continue
+            attributes = getattr(h, "attributes", 0)
+            if attributes & _ATTR_CONTROL:
+                entry = producers.get(pid)
+                if entry is None:
+                    entry = producers[pid] = ProducerEntry(pid, h.producer_epoch, now_ms)
+                elif h.producer_epoch > entry.epoch:
+                    entry.epoch = h.producer_epoch
+                    entry.batches.clear()  # the next epoch's sequences start at 0
+                entry.last_seen_ms = now_ms
+                if entry.txn_first_offset >= 0:
+                    first = self._close_txn(entry)
+                    committed = True if markers is None else markers.get(h.base_offset, True)
+                    if not committed:
+                        aborted.append((pid, first, h.base_offset))
+                continue
+            if h.base_sequence < 0:
                 continue
             entry = producers.get(pid)
             if entry is None:
@@ -322,12 +385,19 @@ class ProducerStateManager:
                 )
             )
             entry.last_seen_ms = now_ms
+            if attributes & _ATTR_TRANSACTIONAL and entry.txn_first_offset < 0:
+                self._open_txn(entry, h.base_offset)
+        return aborted
 
     def evict_below(self, log_start_offset: int) -> int:
         """Forget producers whose batches all lie below the log start (retention,
         DeleteRecords); returns how many. Their next batch is UNKNOWN_PRODUCER_ID unless it
         starts a sequence at 0."""
-        gone = [p for p, e in self.producers.items() if e.last_offset < log_start_offset]
+        gone = [
+            p
+            for p, e in self.producers.items()
+            if e.last_offset < log_start_offset and e.txn_first_offset < 0
+        ]
         for p in gone:
             del self.producers[p]
         return len(gone)
@@ -337,7 +407,11 @@ class ProducerStateManager:
         returns how many."""
         if expiration_ms < 0:
             return 0
-        gone = [p for p, e in self.producers.items() if now_ms - e.last_seen_ms >= expiration_ms]
+        gone = [
+            p
+            for p, e in self.producers.items()
+            if now_ms - e.last_seen_ms >= expiration_ms and e.txn_first_offset < 0
+        ]
         for p in gone:
             del self.producers[p]
         return len(gone)
@@ -349,7 +423,9 @@ class ProducerStateManager:
         parts = [_SNAP_HEAD.pack(_SNAP_MAGIC, _SNAP_VERSION, 0, offset, len(self.producers))]
         for e in self.producers.values():
             parts.append(
-                _SNAP_PRODUCER.pack(e.producer_id, e.epoch, len(e.batches), e.last_seen_ms)
+                _SNAP_PRODUCER.pack(
+                    e.producer_id, e.epoch, len(e.batches), e.last_seen_ms, e.txn_first_offset
+                )
             )
             for b in e.batches:
                 parts.append(
@@ -370,19 +446,22 @@ class ProducerStateManager:
         if crc32c.crc32c(body) != crc:
             raise ValueError("producer snapshot CRC mismatch")
         magic, version, _, offset, count = _SNAP_HEAD.unpack_from(body, 0)
-        if magic != _SNAP_MAGIC or version != _SNAP_VERSION:
+        if magic != _SNAP_MAGIC or version not in (1, _SNAP_VERSION):
             raise ValueError(f"not a producer snapshot (magic {magic!r}, version {version})")
+        record = _SNAP_PRODUCER if version == _SNAP_VERSION else _SNAP_PRODUCER_V1
         state = cls()
         pos = _SNAP_HEAD.size
         try:
             for _ in range(count):
-                pid, epoch, n, seen = _SNAP_PRODUCER.unpack_from(body, pos)
-                pos += _SNAP_PRODUCER.size
-                entry = ProducerEntry(pid, epoch, seen)
+                pid, epoch, n, seen, *txn = record.unpack_from(body, pos)
+                pos += record.size
+                entry = ProducerEntry(pid, epoch, seen, txn[0] if txn else -1)
                 for _ in range(n):
                     entry.batches.append(BatchMetadata(*_SNAP_BATCH.unpack_from(body, pos)))
                     pos += _SNAP_BATCH.size
                 state.producers[pid] = entry
+                if entry.txn_first_offset >= 0:
+                    state._open_txn(entry, entry.txn_first_offset)
         except struct.error as exc:
             raise ValueError(f"producer snapshot truncated: {exc}") from None
         if pos != len(body):

@@ -1,0 +1,202 @@
+"""Transactions in the partition log (issue 12; DESIGN §6 "Transactions"): open transactions
+hold the last stable offset back, markers close them, aborted ranges are indexed for
+read_committed, and all of it survives restarts, crashes, replication, truncation and
+retention, because it is rebuilt from the batches themselves."""
+
+from __future__ import annotations
+
+import crc32c
+import pytest
+
+from strom.log import Log, ProducerStateError
+from strom.log.producer_state import (
+    _SNAP_BATCH,
+    _SNAP_CRC,
+    _SNAP_HEAD,
+    _SNAP_MAGIC,
+    _SNAP_PRODUCER_V1,
+    ProducerStateManager,
+    list_snapshots,
+    snapshot_path,
+)
+from strom.log.transactions import decode_marker, encode_marker
+from strom.record import decode_batches, encode_batch
+from tests.unit.test_log import T0, Clock, crash, make_log
+
+
+def tbatch(
+    pid: int, seq: int, n: int = 1, *, epoch: int = 0, txn: bool = True, ts: int = T0
+) -> bytes:
+    """A (transactional) producer's batch of ``n`` records at sequence ``seq``."""
+    return encode_batch(
+        [f"p{pid}-{seq + i}".encode() for i in range(n)],
+        timestamps=[ts] * n,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        transactional=txn,
+    )
+
+
+def lso(log: Log) -> int:
+    return log.last_stable_offset(log.log_end_offset)
+
+
+def aborted(log: Log) -> list[tuple[int, int, int]]:
+    return [(e.producer_id, e.first_offset, e.last_offset) for e in log.aborted.entries]
+
+
+def test_markers_round_trip_and_are_control_batches() -> None:
+    data = encode_marker(7, 3, committed=False, coordinator_epoch=12)
+    (b,) = decode_batches(data)
+    h = b.header
+    assert h.is_control and h.is_transactional and (h.producer_id, h.producer_epoch) == (7, 3)
+    assert h.base_sequence == -1
+    m = decode_marker(data)
+    assert (m.committed, m.coordinator_epoch) == (False, 12)
+    assert decode_marker(encode_marker(7, 3, committed=True, coordinator_epoch=1)).committed
+
+
+def test_an_open_transaction_holds_the_lso_until_its_marker(tmp_path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(encode_batch([b"plain"], timestamps=[T0]))  # offset 0, no transaction
+    first = log.append(tbatch(1, 0, 2)).first_offset  # 1..2
+    log.append(tbatch(2, 0, 1))  # 3: a second producer's transaction
+    log.append(tbatch(1, 2, 1))  # 4: still producer 1's first transaction
+    assert first == 1 and lso(log) == 1
+    assert log.producers.ongoing == {1: 1, 2: 3}
+    commit = log.append_marker(1, 0, committed=True, coordinator_epoch=0)
+    assert commit.first_offset == 5 and lso(log) == 3  # producer 2's is still open
+    log.append_marker(2, 0, committed=False, coordinator_epoch=0)  # 6
+    assert lso(log) == log.log_end_offset == 7
+    assert aborted(log) == [(2, 3, 6)]
+    # The LSO never passes the high watermark.
+    assert log.last_stable_offset(4) == 4
+    # A new transaction of producer 1 continues its sequence and opens at its first batch.
+    assert log.append(tbatch(1, 3, 1)).first_offset == 7 and lso(log) == 7
+
+
+def test_aborted_transactions_for_a_fetch_range(tmp_path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(tbatch(1, 0, 3))  # 0..2
+    log.append(tbatch(2, 0, 1))  # 3
+    log.append_marker(1, 0, committed=False, coordinator_epoch=0)  # 4
+    log.append(tbatch(2, 1, 1))  # 5
+    log.append_marker(2, 0, committed=False, coordinator_epoch=0)  # 6
+    log.append(tbatch(1, 3, 1))  # 7
+    log.append_marker(1, 0, committed=True, coordinator_epoch=0)  # 8
+    assert aborted(log) == [(1, 0, 4), (2, 3, 6)]
+
+    def hits(start: int, end: int) -> list[tuple[int, int]]:
+        return [(a.producer_id, a.first_offset) for a in log.aborted_transactions(start, end)]
+
+    assert hits(0, 9) == [(1, 0), (2, 3)]  # by first offset
+    assert hits(5, 9) == [(2, 3)]  # producer 1's abort ended at 4
+    assert hits(0, 3) == [(1, 0)]  # producer 2's began at 3
+    assert hits(7, 9) == []
+
+
+def test_producers_cannot_write_markers_and_transactions_need_idempotence(tmp_path) -> None:
+    log = make_log(tmp_path / "t-0")
+    with pytest.raises(ProducerStateError) as err:
+        log.append(encode_marker(1, 0, committed=True, coordinator_epoch=0))
+    assert err.value.reason == "INVALID_RECORD" and "control batch" in err.value.message
+    with pytest.raises(ProducerStateError) as err:
+        log.append(encode_batch([b"x"], transactional=True))
+    assert err.value.reason == "INVALID_RECORD" and "idempotent" in err.value.message
+    assert log.log_end_offset == 0
+
+
+def test_a_marker_with_a_bumped_epoch_fences_the_old_producer(tmp_path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(tbatch(1, 0, 2))
+    # The coordinator aborted on timeout with epoch 1: the zombie's epoch 0 is refused.
+    log.append_marker(1, 1, committed=False, coordinator_epoch=0)
+    with pytest.raises(ProducerStateError) as err:
+        log.append(tbatch(1, 2, 1))
+    assert err.value.reason == "INVALID_PRODUCER_EPOCH"
+    # ... and so is a marker of an older epoch.
+    with pytest.raises(ProducerStateError):
+        log.append_marker(1, 0, committed=True, coordinator_epoch=0)
+    # The new instance (epoch 1) starts its sequence at 0.
+    assert log.append(tbatch(1, 0, 1, epoch=1)).first_offset == 3
+
+
+def test_open_transactions_and_aborts_survive_clean_restarts_and_crashes(tmp_path) -> None:
+    d = tmp_path / "t-0"
+    log = make_log(d, segment_bytes=1024)
+    for i in range(10):  # aborted transactions spread over several segments
+        log.append(tbatch(1, i * 2, 2))
+        log.append_marker(1, 0, committed=i % 2 == 0, coordinator_epoch=0)
+    log.append(tbatch(2, 0, 1))  # left open
+    open_at = log.log_end_offset - 1
+    expected = aborted(log)
+    assert len(expected) == 5 and len(log.segments) > 2 and lso(log) == open_at
+    log.close()
+    clean = make_log(d, segment_bytes=1024)
+    assert clean.producer_batches_scanned == 0  # from the snapshot (version 2)
+    assert aborted(clean) == expected and lso(clean) == open_at
+    clean.append(tbatch(2, 1, 1))
+    crash(clean)
+    # A crash: the newest snapshot predates the last batches; without any snapshot at all the
+    # whole log is scanned and the index rebuilt from the markers themselves.
+    for off in list_snapshots(d):
+        snapshot_path(d, off).unlink()
+    (d / "aborted-transactions").unlink()
+    scanned = make_log(d, segment_bytes=1024)
+    assert scanned.producer_batches_scanned > 20
+    assert aborted(scanned) == expected and lso(scanned) == open_at
+    scanned.append_marker(2, 0, committed=False, coordinator_epoch=0)
+    assert aborted(scanned)[-1] == (2, open_at, scanned.log_end_offset - 1)
+
+
+def test_followers_reach_the_same_state_from_the_leaders_bytes(tmp_path) -> None:
+    leader = make_log(tmp_path / "leader")
+    follower = make_log(tmp_path / "follower")
+    leader.append(tbatch(1, 0, 2), leader_epoch=0)
+    leader.append(tbatch(2, 0, 2), leader_epoch=0)
+    leader.append_marker(1, 0, committed=False, coordinator_epoch=0, leader_epoch=0)
+    follower.append_as_follower(leader.read(0, 1 << 20).data)
+    assert aborted(follower) == aborted(leader) == [(1, 0, 4)]
+    assert lso(follower) == lso(leader) == 2
+    # As the new leader it closes the open transaction like the old one would have.
+    follower.append_marker(2, 0, committed=True, coordinator_epoch=0, leader_epoch=1)
+    assert lso(follower) == follower.log_end_offset
+
+
+def test_truncation_reopens_a_transaction_whose_marker_was_cut(tmp_path) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(tbatch(1, 0, 2))  # 0..1
+    marker = log.append_marker(1, 0, committed=False, coordinator_epoch=0).first_offset  # 2
+    assert aborted(log) == [(1, 0, 2)] and lso(log) == 3
+    log.truncate_to(marker)
+    assert aborted(log) == [] and lso(log) == 0 and log.producers.ongoing == {1: 0}
+    assert (tmp_path / "t-0" / "aborted-transactions").read_bytes() == b""
+
+
+def test_retention_forgets_aborts_whose_data_is_gone(tmp_path) -> None:
+    clock = Clock()
+    log = make_log(tmp_path / "t-0", clock, segment_bytes=1024, retention_ms=1000)
+    for i in range(8):
+        if i == 4:  # the second half is written 10 s later, in newer segments
+            clock.now += 10_000
+            log.roll()
+        log.append(tbatch(1, i * 2, 2, ts=clock.now))
+        log.append_marker(1, 0, committed=False, coordinator_epoch=0)
+    assert len(log.aborted) == 8
+    clock.now += 500  # the first half is past retention.ms, the second is not
+    assert log.apply_retention() > 0
+    assert [e.last_offset for e in log.aborted.entries] == [14, 17, 20, 23]
+    assert log.log_start_offset <= 12
+    reopened = make_log(tmp_path / "t-0", clock, segment_bytes=1024, retention_ms=1000)
+    assert [e.last_offset for e in reopened.aborted.entries] == [14, 17, 20, 23]
+
+
+def test_version_1_snapshots_still_load() -> None:
+    body = _SNAP_HEAD.pack(_SNAP_MAGIC, 1, 0, 10, 1) + _SNAP_PRODUCER_V1.pack(5, 2, 1, T0)
+    body += _SNAP_BATCH.pack(0, 3, 6, 9, T0)
+    offset, state = ProducerStateManager.from_bytes(body + _SNAP_CRC.pack(crc32c.crc32c(body)))
+    entry = state.get(5)
+    assert offset == 10 and entry is not None and entry.epoch == 2
+    assert entry.last_seq == 3 and entry.txn_first_offset == -1
+    assert state.first_unstable_offset is None
