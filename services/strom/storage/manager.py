@@ -296,6 +296,8 @@ class PartitionManager:
         m = self.metrics.get(part.tp)
         if m is not None:
             m.high_watermark.set(new)
+            if part.is_leader:
+                metrics.LAST_STABLE_OFFSET_LAG.labels(*m.labels).set(new - part.last_stable_offset)
 
     def refresh_gauges(self, part: Partition) -> None:
         """Set all of a partition's gauges from its log (after structural changes)."""

@@ -141,3 +141,16 @@ class PartitionMetrics:
 def set_partition_counts(leaders: int, followers: int) -> None:
     PARTITIONS.labels("leader").set(leaders)
     PARTITIONS.labels("follower").set(followers)
+
+
+TXN_MARKERS = Counter(
+    "strom_storage_txn_markers",
+    "Transaction markers appended (COMMIT, ABORT) or refused (the error code)",
+    ["result"],
+)
+LAST_STABLE_OFFSET_LAG = Gauge(
+    "strom_storage_last_stable_offset_lag",
+    "High watermark minus last stable offset per partition this node leads: offsets held "
+    "back from read_committed consumers by open transactions",
+    ["topic", "partition"],
+)

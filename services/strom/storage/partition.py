@@ -160,8 +160,9 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """Equals the high watermark until transactions exist."""
-        return self.high_watermark
+        """Below the oldest open transaction's first offset, never above the high watermark
+        (what read_committed consumers may see)."""
+        return self.log.last_stable_offset(self.high_watermark)
 
     def maybe_advance_high_watermark(self) -> bool:
         """Recompute the HW as the leader; True (and waiters woken) if it moved up.

@@ -352,6 +352,72 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             pr.error_code = E.NOT_LEADER_OR_FOLLOWER  # type: ignore[assignment]
             pr.error_message = "leadership moved before the records were committed"
 
+    # -- WriteTxnMarkers --------------------------------------------------------------------
+
+    @_timed("WriteTxnMarkers")
+    async def WriteTxnMarkers(
+        self, request: pb.WriteTxnMarkersRequest, context: Any
+    ) -> pb.WriteTxnMarkersResponse:
+        """Append each marker to its partitions (leader only) and answer once the in-sync
+        replicas have it, like acks=-1: the transaction coordinator completes a transaction
+        only when every marker is durable, so a read_committed consumer of any replica that
+        becomes leader sees the outcome."""
+        resp = pb.WriteTxnMarkersResponse()
+        timeout = max(request.timeout_ms, 0) / 1000.0 or 30.0
+        hints: set[int] = set()
+        waits: list[Awaitable[None]] = []
+        for m in request.markers:
+            mr = resp.markers.add(producer_id=m.producer_id)
+            for tp in m.topics:
+                tr = mr.topics.add(topic=tp.topic)
+                for index in tp.partitions:
+                    pr = tr.partitions.add(partition=index)
+                    try:
+                        part = self._leader(tp.topic, index, -1, hints)
+                    except Exception as exc:
+                        self._marker_failed(pr, _unexpected("marker to", tp.topic, index, exc))
+                        continue
+                    job = functools.partial(
+                        part.log.append_marker,
+                        m.producer_id,
+                        m.producer_epoch,
+                        m.committed,
+                        m.coordinator_epoch,
+                        leader_epoch=part.leader_epoch,
+                    )
+                    try:
+                        info: AppendInfo = await self.writer.run(job, 128)
+                    except Exception as exc:
+                        self._marker_failed(pr, _append_error(part, exc))
+                        continue
+                    metrics.TXN_MARKERS.labels("COMMIT" if m.committed else "ABORT").inc()
+                    self.manager.appended.notify(part.tp, info.bytes)
+                    if part.maybe_advance_high_watermark():
+                        self.manager.committed.notify(part.tp, info.bytes)
+                    self.manager.refresh_gauges(part)
+                    waits.append(self._marker_committed(pr, part, info.last_offset, timeout))
+        if waits:
+            await asyncio.gather(*waits)
+        return resp
+
+    @staticmethod
+    def _marker_failed(pr: pb.TxnMarkerPartitionResult, r: _Refusal) -> None:
+        pr.error_code = r.code  # type: ignore[assignment]
+        pr.error_message = r.message
+        metrics.TXN_MARKERS.labels(error_name(r.code)).inc()
+
+    async def _marker_committed(
+        self, pr: pb.TxnMarkerPartitionResult, part: Partition, offset: int, timeout: float
+    ) -> None:
+        if await part.wait_for_high_watermark(offset, timeout):
+            return
+        if part.is_leader and not part.deleted and not part.stopping:
+            pr.error_code = E.REQUEST_TIMED_OUT  # type: ignore[assignment]
+            pr.error_message = "the in-sync replicas did not confirm the marker in time"
+        else:
+            pr.error_code = E.NOT_LEADER_OR_FOLLOWER  # type: ignore[assignment]
+            pr.error_message = "leadership moved before the marker was committed"
+
     # -- Fetch -----------------------------------------------------------------------------
 
     async def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:
@@ -404,6 +470,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         """One pass over the requested partitions: (answer, record bytes, answer now?, hints)."""
         replica_id = request.replica_id
         follower = replica_id >= 0
+        read_committed = (
+            not follower and request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
+        )
         budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
         out: list[FetchTopicOut] = []
         hints: set[int] = set()
@@ -427,7 +496,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                     if follower and not self._follower_position(part, replica_id, fp, pr):
                         answer_now = True
                         continue
-                    n = await self._read(part, fp, follower, budget - total, total == 0, pout)
+                    n = await self._read(
+                        part, fp, follower, budget - total, total == 0, pout, read_committed
+                    )
                 except Exception as exc:
                     r = _unexpected("fetch from", topic, fp.partition, exc)
                     pr.error_code = r.code  # type: ignore[assignment]
@@ -449,8 +520,13 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         budget: int,
         first: bool,
         pout: FetchPartitionOut,
+        read_committed: bool = False,
     ) -> int:
         """Read one partition into ``pout``; returns the record bytes added.
+
+        read_committed reads stop at the last stable offset, and the answer lists the
+        aborted transactions that may have batches in what was read (the consumer drops
+        them batch by batch; nothing here looks inside a batch).
 
         The read is one pread of page-cache data and runs on the loop, unless a worker
         thread holds the log's lock (an append being written, a flush snapshot, a cleaner
@@ -458,8 +534,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         """
         pr = pout.message
         hw = part.high_watermark
+        lso = part.last_stable_offset
         pr.high_watermark = hw
-        pr.last_stable_offset = part.last_stable_offset
+        pr.last_stable_offset = lso
         pr.log_start_offset = part.log_start_offset
         limit = fp.partition_max_bytes if fp.partition_max_bytes > 0 else budget
         limit = min(limit, budget)
@@ -472,7 +549,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             lg.read,
             fp.fetch_offset,
             max(limit, 0),
-            max_offset=None if follower else hw,
+            max_offset=None if follower else lso if read_committed else hw,
             min_one=first,
         )
         try:
@@ -491,6 +568,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 f"log end offset {exc.log_end_offset}",
             ) from None
         n = len(result.data)
+        if n and read_committed and lg.aborted:
+            for a in lg.aborted_transactions(fp.fetch_offset, result.next_offset):
+                pr.aborted_transactions.add(producer_id=a.producer_id, first_offset=a.first_offset)
         if n:
             pout.records = result.data
             m = self.manager.metrics.get(part.tp)
@@ -538,13 +618,16 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     ) -> pb.ListOffsetsResponse:
         resp = pb.ListOffsetsResponse()
         hints: set[int] = set()
+        read_committed = request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
         for lt in request.topics:
             tr = resp.topics.add(topic=lt.topic)
             for lp in lt.partitions:
                 pr = tr.partitions.add(partition=lp.partition, timestamp=-1, offset=-1)
                 pr.leader_epoch = -1
                 try:
-                    await self._list_offset(lt.topic, lp, request.replica_id, pr, hints)
+                    await self._list_offset(
+                        lt.topic, lp, request.replica_id, pr, hints, read_committed
+                    )
                 except Exception as exc:
                     r = _unexpected("list offsets of", lt.topic, lp.partition, exc)
                     pr.error_code = r.code  # type: ignore[assignment]
@@ -560,12 +643,18 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         replica_id: int,
         pr: pb.ListOffsetsPartitionResponse,
         hints: set[int],
+        read_committed: bool = False,
     ) -> None:
         part = self._leader(topic, lp.partition, lp.current_leader_epoch, hints)
         lg = part.log
         ts = lp.timestamp
         if ts == LATEST:
-            pr.offset = part.high_watermark if replica_id < 0 else lg.log_end_offset
+            if replica_id >= 0:
+                pr.offset = lg.log_end_offset
+            elif read_committed:
+                pr.offset = part.last_stable_offset
+            else:
+                pr.offset = part.high_watermark
             pr.leader_epoch = part.leader_epoch
         elif ts == EARLIEST:
             pr.offset = lg.log_start_offset
