@@ -42,7 +42,8 @@ from typing import Any, NamedTuple
 
 from strom.api import common_pb2, coordinator_pb2
 from strom.coordinator.assignors import Assignment
-from strom.record import decode_batches, encode_batch
+from strom.coordinator.replay import ReplayState
+from strom.record import encode_batch
 
 #: Name of the internal compacted topic holding the shards.
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
@@ -491,29 +492,22 @@ def encode_group_batch(
     )
 
 
-class ShardState:
+class ShardState(ReplayState):
     """A shard's groups and offsets rebuilt from its records, latest record per key wins.
 
     Feed it the partition from its start, in offset order, with :meth:`apply_batches` (raw
     batches as fetched) or :meth:`apply` / :meth:`apply_records` (decoded pairs). The service
     also keeps one up to date with the records it has durably written, as the "last known
-    durable" state to rebuild a group from when a write fails.
+    durable" state to rebuild a group from when a write fails. Producer and offset tracking:
+    see :class:`~strom.coordinator.replay.ReplayState`.
 
     Attributes:
         groups: group id -> :class:`GroupSnapshot`.
-        producer_id: the producer id of the last idempotent batch replayed (-1 if none).
-        producer_epoch: the highest producer epoch replayed for that producer id (-1 if none);
-            a new owner writes with a higher one, which fences the previous owner.
-        next_offset: the offset after the last batch replayed (where the owner's writes go).
-        skipped: records skipped because their key was missing or of an unknown kind.
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.groups: dict[str, GroupSnapshot] = {}
-        self.producer_id: int = -1
-        self.producer_epoch: int = -1
-        self.next_offset: int = 0
-        self.skipped: int = 0
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         """Apply one record (``value`` None = tombstone)."""
@@ -566,32 +560,6 @@ class ShardState:
         """Apply records in order."""
         for key, value in records:
             self.apply(key, value)
-
-    def apply_batches(self, buf: Any, *, verify_crc: bool = True) -> int:
-        """Apply every record of a buffer of concatenated batches; returns records applied.
-
-        Control batches carry no group state and are skipped; producer id/epoch and
-        :attr:`next_offset` are tracked from the headers.
-
-        Raises:
-            strom.record.InvalidBatchError: a batch is corrupt.
-        """
-        applied = 0
-        for batch in decode_batches(buf, verify_crc=verify_crc):
-            h = batch.header
-            self.next_offset = max(self.next_offset, h.next_offset)
-            if h.producer_id >= 0:
-                if h.producer_id != self.producer_id:
-                    self.producer_id = h.producer_id
-                    self.producer_epoch = h.producer_epoch
-                else:
-                    self.producer_epoch = max(self.producer_epoch, h.producer_epoch)
-            if h.is_control:
-                continue
-            for rec in batch.records():
-                self.apply(rec.key, rec.value)
-                applied += 1
-        return applied
 
     def offsets(self, group_id: str) -> dict[tuple[str, int], OffsetAndMetadata]:
         """The committed offsets of a group (empty for an unknown group)."""

@@ -1,0 +1,329 @@
+"""The transaction coordinator's engine: one transactional id's state machine (Kafka's
+KIP-98 TransactionMetadata), with no gRPC or etcd in it.
+
+States and moves::
+
+    EMPTY / COMPLETE_* --AddPartitions/AddOffsets--> ONGOING --EndTxn--> PREPARE_COMMIT|ABORT
+    PREPARE_* --markers written everywhere--> COMPLETE_COMMIT|ABORT
+    ONGOING --timeout, or InitProducerId of a new instance--> PREPARE_ABORT (epoch + 1)
+
+Every move returns the new :class:`TxnMetadata` (never mutates the old one) so the service
+writes it to ``__transaction_state`` first and adopts it only once that write is durable: a
+coordinator that dies in between leaves the log, not its memory, as the truth, and a new
+owner that replays a PREPARE_* state finishes writing the markers.
+
+Fencing: InitProducerId bumps the epoch, so the previous instance's requests (older epoch)
+get PRODUCER_FENCED here and its batches INVALID_PRODUCER_EPOCH at the partitions once the
+markers (written with the new epoch) have reached them. An abort the coordinator starts by
+itself (timeout, new instance) also bumps the epoch, for the same reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from google.protobuf.message import DecodeError
+
+from strom.api import coordinator_pb2
+from strom.coordinator.replay import ReplayState
+from strom.errors import (
+    ConcurrentTransactionsError,
+    InvalidProducerIdMappingError,
+    InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
+    ProducerFencedError,
+)
+
+#: Producer epochs are 16-bit in the batch header; past this the id is replaced.
+MAX_EPOCH = 32767
+#: Kafka's transaction.max.timeout.ms default (15 minutes).
+MAX_TIMEOUT_MS = 15 * 60 * 1000
+
+TopicPartition = tuple[str, int]
+
+
+class TxnState(enum.IntEnum):
+    """Mirrors ``strom.v1.TransactionState``."""
+
+    EMPTY = coordinator_pb2.TRANSACTION_STATE_EMPTY
+    ONGOING = coordinator_pb2.TRANSACTION_STATE_ONGOING
+    PREPARE_COMMIT = coordinator_pb2.TRANSACTION_STATE_PREPARE_COMMIT
+    PREPARE_ABORT = coordinator_pb2.TRANSACTION_STATE_PREPARE_ABORT
+    COMPLETE_COMMIT = coordinator_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
+    COMPLETE_ABORT = coordinator_pb2.TRANSACTION_STATE_COMPLETE_ABORT
+    DEAD = coordinator_pb2.TRANSACTION_STATE_DEAD
+
+    @property
+    def preparing(self) -> bool:
+        return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+    @property
+    def idle(self) -> bool:
+        """No transaction open or completing."""
+        return self in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+
+
+@dataclass(frozen=True)
+class TxnMetadata:
+    """One transactional id's state (TransactionLogValue)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: TxnState = TxnState.EMPTY
+    partitions: frozenset[TopicPartition] = field(default_factory=frozenset)
+    groups: frozenset[str] = field(default_factory=frozenset)
+    start_ms: int = -1
+    last_update_ms: int = -1
+    #: Set (not persisted) when the coordinator aborted on its own: why, for the producer.
+    abort_reason: str = ""
+
+    # -- the log record ------------------------------------------------------------------------
+
+    def to_value(self) -> bytes:
+        by_topic: dict[str, list[int]] = {}
+        for t, p in self.partitions:
+            by_topic.setdefault(t, []).append(p)
+        v = coordinator_pb2.TransactionLogValue(
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            transaction_timeout_ms=self.timeout_ms,
+            state=int(self.state),  # type: ignore[arg-type]
+            groups=sorted(self.groups),
+            transaction_start_ms=self.start_ms,
+            last_update_ms=self.last_update_ms,
+        )
+        for t in sorted(by_topic):
+            v.topics.add(topic=t, partitions=sorted(by_topic[t]))
+        return v.SerializeToString()
+
+    @classmethod
+    def from_value(cls, transactional_id: str, value: bytes) -> TxnMetadata:
+        v = coordinator_pb2.TransactionLogValue.FromString(value)
+        return cls(
+            transactional_id,
+            v.producer_id,
+            v.producer_epoch,
+            v.transaction_timeout_ms,
+            TxnState(v.state),
+            frozenset((tp.topic, p) for tp in v.topics for p in tp.partitions),
+            frozenset(v.groups),
+            v.transaction_start_ms,
+            v.last_update_ms,
+        )
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def check_producer(self, producer_id: int, producer_epoch: int) -> None:
+        """The request's producer must be this id's current one."""
+        if producer_id != self.producer_id:
+            raise InvalidProducerIdMappingError(
+                f"transactional id {self.transactional_id!r} maps to producer id "
+                f"{self.producer_id}, not {producer_id}"
+            )
+        if producer_epoch < self.producer_epoch:
+            why = f" ({self.abort_reason})" if self.abort_reason else ""
+            raise ProducerFencedError(
+                f"producer {producer_id} epoch {producer_epoch} of {self.transactional_id!r} is "
+                f"fenced: epoch {self.producer_epoch} took over{why}"
+            )
+        if producer_epoch > self.producer_epoch:
+            raise ProducerFencedError(
+                f"producer {producer_id} epoch {producer_epoch} is newer than the coordinator's "
+                f"{self.producer_epoch}: the id was re-initialised elsewhere"
+            )
+
+    # -- moves ---------------------------------------------------------------------------------
+
+    def add(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        now_ms: int,
+        *,
+        partitions: Iterable[TopicPartition] = (),
+        groups: Iterable[str] = (),
+    ) -> TxnMetadata | None:
+        """AddPartitionsToTxn / AddOffsetsToTxn: the new state, or None when nothing changes
+        (everything was added already)."""
+        self.check_producer(producer_id, producer_epoch)
+        if self.state.preparing:
+            raise ConcurrentTransactionsError(
+                f"the previous transaction of {self.transactional_id!r} is still being completed"
+            )
+        if self.state is not TxnState.ONGOING and not self.state.idle:
+            raise InvalidTxnStateError(f"{self.transactional_id!r} is {self.state.name}")
+        new_parts = self.partitions | frozenset(partitions)
+        new_groups = self.groups | frozenset(groups)
+        if self.state is TxnState.ONGOING and (new_parts, new_groups) == (
+            self.partitions,
+            self.groups,
+        ):
+            return None
+        if self.state.idle:  # a new transaction starts
+            new_parts, new_groups = frozenset(partitions), frozenset(groups)
+        return replace(
+            self,
+            state=TxnState.ONGOING,
+            partitions=new_parts,
+            groups=new_groups,
+            start_ms=self.start_ms if self.state is TxnState.ONGOING else now_ms,
+            last_update_ms=now_ms,
+            abort_reason="",
+        )
+
+    def end(
+        self, producer_id: int, producer_epoch: int, commit: bool, now_ms: int
+    ) -> TxnMetadata | None:
+        """EndTxn: the PREPARE_* state to write, or None when the request repeats a decision
+        already made (a retry after a lost answer)."""
+        self.check_producer(producer_id, producer_epoch)
+        wanted = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        if self.state in (wanted, done):
+            return None
+        if self.state is TxnState.EMPTY and not commit:
+            return None  # nothing was added: an abort of nothing
+        if self.state is not TxnState.ONGOING:
+            raise InvalidTxnStateError(
+                f"cannot {'commit' if commit else 'abort'} the transaction of "
+                f"{self.transactional_id!r}: it is {self.state.name}"
+            )
+        return replace(self, state=wanted, last_update_ms=now_ms)
+
+    def abort_fencing(self, now_ms: int, reason: str) -> TxnMetadata:
+        """The coordinator aborts the open transaction itself (timeout, a new instance) and
+        bumps the epoch, so the old instance can write nothing more to it."""
+        if self.state is not TxnState.ONGOING:
+            raise InvalidTxnStateError(f"{self.transactional_id!r} has no open transaction")
+        return replace(
+            self,
+            state=TxnState.PREPARE_ABORT,
+            producer_epoch=self.producer_epoch + 1,
+            last_update_ms=now_ms,
+            abort_reason=reason,
+        )
+
+    def complete(self, now_ms: int) -> TxnMetadata:
+        """Every marker is written: COMPLETE_COMMIT / COMPLETE_ABORT."""
+        if not self.state.preparing:
+            raise InvalidTxnStateError(f"{self.transactional_id!r} is {self.state.name}")
+        return replace(
+            self,
+            state=(
+                TxnState.COMPLETE_COMMIT
+                if self.state is TxnState.PREPARE_COMMIT
+                else TxnState.COMPLETE_ABORT
+            ),
+            partitions=frozenset(),
+            groups=frozenset(),
+            start_ms=-1,
+            last_update_ms=now_ms,
+        )
+
+    def expired(self, now_ms: int) -> bool:
+        """An open transaction older than its timeout."""
+        return self.state is TxnState.ONGOING and now_ms - self.start_ms > self.timeout_ms
+
+
+def check_timeout(timeout_ms: int, max_timeout_ms: int = MAX_TIMEOUT_MS) -> None:
+    if not 1 <= timeout_ms <= max_timeout_ms:
+        raise InvalidTransactionTimeoutError(
+            f"transaction_timeout_ms={timeout_ms} is outside 1..{max_timeout_ms} "
+            "(transaction.max.timeout.ms)"
+        )
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What InitProducerId decided: the metadata to write, and whether the caller must wait
+    (an open transaction of the previous instance is being aborted first)."""
+
+    metadata: TxnMetadata
+    retry_later: bool = False
+
+
+def init_producer_id(
+    current: TxnMetadata | None,
+    transactional_id: str,
+    timeout_ms: int,
+    now_ms: int,
+    new_producer_id: Callable[[], int],
+    max_timeout_ms: int = MAX_TIMEOUT_MS,
+) -> InitResult:
+    """InitProducerId for a transactional id.
+
+    - unknown id: a new producer id (from ``new_producer_id``), epoch 0;
+    - no transaction open: the epoch + 1 (a new id past the 16-bit epoch space);
+    - a transaction open: it is aborted with a bumped epoch first; the caller answers
+      CONCURRENT_TRANSACTIONS and the producer retries once the abort completed;
+    - a transaction completing: CONCURRENT_TRANSACTIONS.
+    """
+    check_timeout(timeout_ms, max_timeout_ms)
+    if current is None or current.state is TxnState.DEAD:
+        return InitResult(
+            TxnMetadata(transactional_id, new_producer_id(), 0, timeout_ms, last_update_ms=now_ms)
+        )
+    if current.state.preparing:
+        raise ConcurrentTransactionsError(
+            f"the previous transaction of {transactional_id!r} is still being completed"
+        )
+    if current.state is TxnState.ONGOING:
+        return InitResult(
+            current.abort_fencing(now_ms, "a new producer instance initialised the id"),
+            retry_later=True,
+        )
+    pid, epoch = current.producer_id, current.producer_epoch + 1
+    if epoch > MAX_EPOCH:
+        pid, epoch = new_producer_id(), 0
+    return InitResult(
+        replace(
+            current,
+            producer_id=pid,
+            producer_epoch=epoch,
+            timeout_ms=timeout_ms,
+            state=TxnState.EMPTY,
+            partitions=frozenset(),
+            groups=frozenset(),
+            start_ms=-1,
+            last_update_ms=now_ms,
+            abort_reason="",
+        )
+    )
+
+
+def txn_log_key(transactional_id: str) -> bytes:
+    """The record key of a transactional id in ``__transaction_state``."""
+    return coordinator_pb2.TransactionLogKey(transactional_id=transactional_id).SerializeToString(
+        deterministic=True
+    )
+
+
+def decode_txn_log_key(key: bytes) -> str | None:
+    """The transactional id of a record key; None for records that are not an id's (the
+    shard owner's fence record)."""
+    try:
+        k = coordinator_pb2.TransactionLogKey.FromString(key)
+    except DecodeError:
+        return None
+    return k.transactional_id or None
+
+
+class TxnShardState(ReplayState):
+    """A shard's transactional ids rebuilt from ``__transaction_state`` (latest per key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transactions: dict[str, TxnMetadata] = {}
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        tid = decode_txn_log_key(key) if key else None
+        if tid is None:
+            self.skipped += 1
+        elif value is None:
+            self.transactions.pop(tid, None)
+        else:
+            self.transactions[tid] = TxnMetadata.from_value(tid, value)

@@ -1,0 +1,122 @@
+"""The transaction coordinator's state machine (strom.coordinator.txn_state), alone: every
+move of a transactional id, fencing by epoch, and replay of its records."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
+from strom.coordinator.txn_state import (
+    MAX_EPOCH,
+    TxnMetadata,
+    TxnShardState,
+    TxnState,
+    decode_txn_log_key,
+    init_producer_id,
+    txn_log_key,
+)
+from strom.errors import (
+    ConcurrentTransactionsError,
+    InvalidProducerIdMappingError,
+    InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
+    ProducerFencedError,
+)
+
+ids = itertools.count(100)
+
+
+def fresh(tid: str = "tx", timeout_ms: int = 60_000) -> TxnMetadata:
+    return init_producer_id(None, tid, timeout_ms, 0, lambda: next(ids)).metadata
+
+
+def test_a_transaction_from_init_to_commit() -> None:
+    m = fresh()
+    assert (m.state, m.producer_epoch) == (TxnState.EMPTY, 0)
+    pid = m.producer_id
+    m1 = m.add(pid, 0, 10, partitions=[("t", 0), ("t", 1)])
+    assert m1 is not None and m1.state is TxnState.ONGOING and m1.start_ms == 10
+    assert m1.add(pid, 0, 11, partitions=[("t", 0)]) is None  # nothing new: no write
+    m2 = m1.add(pid, 0, 12, groups=["g"])
+    assert m2 is not None and m2.groups == {"g"} and m2.start_ms == 10
+    m3 = m2.end(pid, 0, True, 13)
+    assert m3 is not None and m3.state is TxnState.PREPARE_COMMIT
+    assert m3.end(pid, 0, True, 14) is None  # a retried EndTxn
+    with pytest.raises(InvalidTxnStateError):
+        m3.end(pid, 0, False, 14)  # abort after commit was decided
+    with pytest.raises(ConcurrentTransactionsError):
+        m3.add(pid, 0, 14, partitions=[("t", 2)])
+    m4 = m3.complete(15)
+    assert m4.state is TxnState.COMPLETE_COMMIT and not m4.partitions and m4.start_ms == -1
+    assert m4.end(pid, 0, True, 16) is None  # retry after completion
+    # The next transaction starts from an empty set.
+    m5 = m4.add(pid, 0, 20, partitions=[("u", 0)])
+    assert m5 is not None and m5.partitions == {("u", 0)} and m5.start_ms == 20
+
+
+def test_fencing_by_epoch_and_producer_id() -> None:
+    m = fresh()
+    pid = m.producer_id
+    again = init_producer_id(m, "tx", 60_000, 5, lambda: next(ids)).metadata
+    assert (again.producer_id, again.producer_epoch) == (pid, 1)
+    with pytest.raises(ProducerFencedError):
+        again.add(pid, 0, 6, partitions=[("t", 0)])
+    with pytest.raises(InvalidProducerIdMappingError):
+        again.add(pid + 1, 1, 6, partitions=[("t", 0)])
+    # Past the 16-bit epoch space the id is replaced.
+    last = TxnMetadata("tx", pid, MAX_EPOCH, 60_000)
+    nxt = init_producer_id(last, "tx", 60_000, 7, lambda: 999).metadata
+    assert (nxt.producer_id, nxt.producer_epoch) == (999, 0)
+
+
+def test_a_new_instance_aborts_the_open_transaction_first() -> None:
+    m = fresh()
+    pid = m.producer_id
+    open_ = m.add(pid, 0, 1, partitions=[("t", 0)])
+    assert open_ is not None
+    r = init_producer_id(open_, "tx", 60_000, 2, lambda: next(ids))
+    assert r.retry_later and r.metadata.state is TxnState.PREPARE_ABORT
+    assert r.metadata.producer_epoch == 1 and r.metadata.partitions == {("t", 0)}
+    with pytest.raises(ConcurrentTransactionsError):
+        init_producer_id(r.metadata, "tx", 60_000, 3, lambda: next(ids))
+    done = r.metadata.complete(4)
+    fresh_epoch = init_producer_id(done, "tx", 60_000, 5, lambda: next(ids)).metadata
+    assert fresh_epoch.producer_epoch == 2 and fresh_epoch.state is TxnState.EMPTY
+    # The old instance (epoch 0) learns why it is fenced.
+    with pytest.raises(ProducerFencedError, match="new producer instance"):
+        r.metadata.end(pid, 0, True, 6)
+
+
+def test_timeouts_and_bad_requests() -> None:
+    with pytest.raises(InvalidTransactionTimeoutError):
+        fresh(timeout_ms=0)
+    m = fresh(timeout_ms=100)
+    pid = m.producer_id
+    open_ = m.add(pid, 0, 1000, partitions=[("t", 0)])
+    assert open_ is not None and not open_.expired(1100) and open_.expired(1101)
+    aborted = open_.abort_fencing(1101, "transaction.timeout.ms passed")
+    assert aborted.producer_epoch == 1 and aborted.state is TxnState.PREPARE_ABORT
+    with pytest.raises(InvalidTxnStateError):
+        m.end(pid, 0, True, 5)  # commit with nothing open
+    assert m.end(pid, 0, False, 5) is None  # abort with nothing open: nothing to do
+
+
+def test_replay_keeps_the_latest_state_per_id_and_skips_fences() -> None:
+    a = fresh("a")
+    b = fresh("b")
+    a1 = a.add(a.producer_id, 0, 5, partitions=[("t", 0)], groups=["g"])
+    assert a1 is not None
+    records = [
+        GroupRecord(txn_log_key("a"), a.to_value()),
+        GroupRecord(txn_log_key("b"), b.to_value()),
+        GroupRecord(b"\x7a\x00", b"fence"),
+        GroupRecord(txn_log_key("a"), a1.to_value()),
+        GroupRecord(txn_log_key("b"), None),
+    ]
+    state = TxnShardState()
+    state.apply_batches(encode_group_batch(records, producer_id=3, producer_epoch=2))
+    assert state.transactions == {"a": a1} and state.skipped == 1
+    assert (state.producer_id, state.producer_epoch) == (3, 2)
+    assert decode_txn_log_key(txn_log_key("a")) == "a" and decode_txn_log_key(b"\x7a\x00") is None
