@@ -34,6 +34,7 @@ from strom.errors import (
     InvalidRegularExpressionError,
     InvalidRequestError,
     NonEmptyGroupError,
+    ProducerFencedError,
     StaleMemberEpochError,
     UnknownMemberIdError,
     UnreleasedInstanceIdError,
@@ -761,3 +762,47 @@ def test_a_committers_late_older_commit_never_overwrites_its_newer_one() -> None
     assert commit(10) == 0  # nor is an admin reset (no committer)
     assert commit(20, "c1", 1) == 0
     assert g.offsets[("t", 0)].offset == 20
+
+
+def test_transactional_offsets_wait_for_their_transaction() -> None:
+    """Issue 12: TxnOffsetCommit offsets are pending until the transaction commits (then
+    applied) or aborts (dropped); a fenced member or zombie producer cannot add to them; all
+    of it replays after a takeover."""
+    h = Harness({"t": 2})
+    a = Consumer(h)
+    a.join()
+    converge(h, [a])
+    g = h.group
+    h.persist(
+        g.commit_offsets(a.member_id, a.epoch, {("t", 0): OffsetAndMetadata(5)}, now_ms=1).records
+    )
+
+    def txn_commit(pid: int, epoch: int, offsets: dict) -> None:
+        h.tick()
+        r = g.txn_commit_offsets(a.member_id, a.epoch, pid, epoch, offsets, now_ms=h.now)
+        h.persist(r.records)
+
+    txn_commit(9, 0, {("t", 0): OffsetAndMetadata(10)})
+    txn_commit(9, 0, {("t", 1): OffsetAndMetadata(20)})  # same transaction: merged
+    assert g.offsets[("t", 0)].offset == 5  # not visible before the commit
+    assert g.unstable("t", 0) and g.unstable("t", 1)
+    h.rebuild()  # a takeover keeps the pending offsets
+    g = h.group
+    assert set(g.pending[9].offsets) == {("t", 0), ("t", 1)}
+    with pytest.raises(StaleMemberEpochError):
+        g.txn_commit_offsets(a.member_id, a.epoch - 1, 9, 0, {}, now_ms=h.now)
+    r = g.complete_txn(9, 0, True, now_ms=h.now)
+    h.persist(r.records)
+    assert {tp: om.offset for tp, om in g.offsets.items()} == {("t", 0): 10, ("t", 1): 20}
+    assert not g.pending and not g.unstable("t", 0)
+    assert g.complete_txn(9, 0, True, now_ms=h.now).records == []  # a retry changes nothing
+
+    txn_commit(9, 1, {("t", 0): OffsetAndMetadata(99)})
+    with pytest.raises(ProducerFencedError):
+        g.txn_commit_offsets(
+            a.member_id, a.epoch, 9, 0, {("t", 0): OffsetAndMetadata(1)}, now_ms=h.now
+        )
+    h.persist(g.complete_txn(9, 1, False, now_ms=h.now).records)  # aborted: dropped
+    assert g.offsets[("t", 0)].offset == 10 and not g.pending
+    h.rebuild()
+    assert h.group.offsets[("t", 0)].offset == 10 and not h.group.pending

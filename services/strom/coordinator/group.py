@@ -61,6 +61,7 @@ from strom.coordinator.offsets_log import (
     MemberAssignment,
     MemberMetadata,
     OffsetAndMetadata,
+    PendingTxnOffsets,
     current_assignment_record,
     current_assignment_tombstone,
     group_metadata_record,
@@ -69,6 +70,8 @@ from strom.coordinator.offsets_log import (
     member_metadata_tombstone,
     offset_commit_record,
     offset_commit_tombstone,
+    pending_txn_offsets_record,
+    pending_txn_offsets_tombstone,
     target_assignment_member_record,
     target_assignment_member_tombstone,
     target_assignment_metadata_record,
@@ -83,6 +86,7 @@ from strom.errors import (
     InvalidRegularExpressionError,
     InvalidRequestError,
     NonEmptyGroupError,
+    ProducerFencedError,
     StaleMemberEpochError,
     UnknownMemberIdError,
     UnreleasedInstanceIdError,
@@ -307,6 +311,8 @@ class ConsumerGroup:
         self.members: dict[str, Member] = {}
         self.target: dict[str, Assignment] = {}
         self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        #: Offsets of open transactions, by producer id (TxnOffsetCommit).
+        self.pending: dict[int, PendingTxnOffsets] = {}
         self.created_ms = now_ms
         self._member_id_factory = member_id_factory
         self._static: dict[str, str] = {}  # instance id -> member id
@@ -974,6 +980,80 @@ class ConsumerGroup:
             records.append(offset_commit_record(self.group_id, t, p, om))
         return OffsetsResult(errors, records, superseded)
 
+    def txn_commit_offsets(
+        self,
+        member_id: str,
+        member_epoch: int,
+        producer_id: int,
+        producer_epoch: int,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        *,
+        now_ms: int,
+        topics: Mapping[str, int] | None = None,
+    ) -> OffsetsResult:
+        """TxnOffsetCommit: validated like :meth:`commit_offsets` (a fenced member cannot
+        commit), but stored as the pending offsets of the transaction of ``producer_id``;
+        they become the committed offsets only when it commits (:meth:`complete_txn`).
+
+        Raises ProducerFencedError when a newer epoch of the producer already has offsets
+        pending here (a zombie instance).
+        """
+        self.validate_commit(member_id, member_epoch)
+        current = self.pending.get(producer_id)
+        if current is not None and current.producer_epoch > producer_epoch:
+            raise ProducerFencedError(
+                f"producer {producer_id} epoch {producer_epoch} is fenced in group "
+                f"{self.group_id!r}: epoch {current.producer_epoch} has offsets pending"
+            )
+        merged: dict[TopicPartition, OffsetAndMetadata] = (
+            dict(current.offsets)
+            if current is not None and current.producer_epoch == producer_epoch
+            else {}
+        )
+        errors: dict[TopicPartition, int] = {}
+        limit = self.config.offset_metadata_max_bytes
+        for (t, p), om in sorted(offsets.items()):
+            if len(om.metadata.encode()) > limit:
+                errors[(t, p)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            elif topics is not None and not (t in topics and 0 <= p < topics[t]):
+                errors[(t, p)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                merged[(t, p)] = om  # timestamped when the transaction commits
+                errors[(t, p)] = ErrorCode.NONE
+        records: list[GroupRecord] = []
+        if not self._persisted:
+            records.append(self._metadata_record())
+        pending = PendingTxnOffsets(producer_epoch, merged)
+        self.pending[producer_id] = pending
+        records.append(pending_txn_offsets_record(self.group_id, producer_id, pending))
+        return OffsetsResult(errors, records)
+
+    def complete_txn(
+        self, producer_id: int, producer_epoch: int, committed: bool, *, now_ms: int
+    ) -> OffsetsResult:
+        """The transaction of ``producer_id`` ended: its pending offsets become the group's
+        committed offsets (``committed``) or are dropped. Idempotent: nothing pending (a
+        retry, or a transaction that committed no offsets here) changes nothing."""
+        pending = self.pending.get(producer_id)
+        if pending is None or pending.producer_epoch > producer_epoch:
+            return OffsetsResult({}, [])
+        del self.pending[producer_id]
+        records: list[GroupRecord] = []
+        errors: dict[TopicPartition, int] = {}
+        if committed:
+            for (t, p), om in sorted(pending.offsets.items()):
+                om = replace(om, commit_timestamp_ms=now_ms)
+                self.offsets[(t, p)] = om
+                records.append(offset_commit_record(self.group_id, t, p, om))
+                errors[(t, p)] = ErrorCode.NONE
+        records.append(pending_txn_offsets_tombstone(self.group_id, producer_id))
+        return OffsetsResult(errors, records)
+
+    def unstable(self, topic: str, partition: int) -> bool:
+        """Whether an open transaction has an offset pending for the partition (OffsetFetch
+        with require_stable answers UNSTABLE_OFFSET_COMMIT for it)."""
+        return any((topic, partition) in p.offsets for p in self.pending.values())
+
     def delete_offsets(self, partitions: Iterable[TopicPartition]) -> OffsetsResult:
         """DeleteOffsets: GROUP_SUBSCRIBED_TO_TOPIC for topics a member is subscribed to,
         else delete (NONE, also when nothing was committed)."""
@@ -999,6 +1079,8 @@ class ConsumerGroup:
             raise NonEmptyGroupError(f"group {self.group_id!r} still has members")
         gid = self.group_id
         records = [offset_commit_tombstone(gid, t, p) for t, p in sorted(self.offsets)]
+        records.extend(pending_txn_offsets_tombstone(gid, pid) for pid in sorted(self.pending))
+        self.pending.clear()
         records.extend(target_assignment_member_tombstone(gid, mid) for mid in sorted(self.target))
         records.append(target_assignment_metadata_tombstone(gid))
         records.append(group_metadata_tombstone(gid))
@@ -1029,6 +1111,7 @@ class ConsumerGroup:
             targets={mid: dict(a) for mid, a in self.target.items()},
             current={mid: m.current() for mid, m in self.members.items()},
             offsets=dict(self.offsets),
+            pending=dict(self.pending),
         )
 
     @classmethod
@@ -1085,6 +1168,7 @@ class ConsumerGroup:
                         group._owners.setdefault((t, p), mid)
         group.target = {mid: dict(a) for mid, a in snapshot.targets.items() if mid in group.members}
         group.offsets = dict(snapshot.offsets)
+        group.pending = dict(snapshot.pending)
         return group
 
 

@@ -70,6 +70,7 @@ class RecordKind(enum.IntEnum):
     TARGET_ASSIGNMENT_METADATA = 4
     TARGET_ASSIGNMENT_MEMBER = 5
     CURRENT_MEMBER_ASSIGNMENT = 6
+    PENDING_TXN_OFFSETS = 7
 
 
 _ONEOF = {
@@ -79,6 +80,7 @@ _ONEOF = {
     RecordKind.TARGET_ASSIGNMENT_METADATA: "target_assignment_metadata",
     RecordKind.TARGET_ASSIGNMENT_MEMBER: "target_assignment_member",
     RecordKind.CURRENT_MEMBER_ASSIGNMENT: "current_member_assignment",
+    RecordKind.PENDING_TXN_OFFSETS: "pending_txn_offsets",
 }
 _KIND_OF_ONEOF = {name: kind for kind, name in _ONEOF.items()}
 
@@ -99,6 +101,7 @@ class RecordKey:
     member_id: str = ""
     topic: str = ""
     partition: int = -1
+    producer_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ class GroupSnapshot:
     targets: dict[str, Assignment] = field(default_factory=dict)
     current: dict[str, MemberAssignment] = field(default_factory=dict)
     offsets: dict[tuple[str, int], OffsetAndMetadata] = field(default_factory=dict)
+    #: Offsets of open transactions: producer id -> :class:`PendingTxnOffsets`.
+    pending: dict[int, PendingTxnOffsets] = field(default_factory=dict)
 
     def is_blank(self) -> bool:
         """True when no record of the group is left (so the group does not exist)."""
@@ -204,8 +209,17 @@ class GroupSnapshot:
             and not self.targets
             and not self.current
             and not self.offsets
+            and not self.pending
             and self.assignment_epoch == 0
         )
+
+
+@dataclass(frozen=True)
+class PendingTxnOffsets:
+    """Offsets a transaction committed (TxnOffsetCommit), waiting for its end."""
+
+    producer_epoch: int
+    offsets: Mapping[tuple[str, int], OffsetAndMetadata]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,6 +387,46 @@ def current_assignment_tombstone(group_id: str, member_id: str) -> GroupRecord:
     return GroupRecord(current_assignment_key(group_id, member_id), None)
 
 
+def pending_txn_offsets_key(group_id: str, producer_id: int) -> bytes:
+    """Key of a transaction's pending offsets in a group."""
+    return _key(RecordKind.PENDING_TXN_OFFSETS, group_id=group_id, producer_id=producer_id)
+
+
+def pending_txn_offsets_record(
+    group_id: str, producer_id: int, pending: PendingTxnOffsets
+) -> GroupRecord:
+    """The record holding a transaction's pending offsets (all of them, latest per partition)."""
+    value = coordinator_pb2.PendingTxnOffsetsValue(producer_epoch=pending.producer_epoch)
+    for (t, p), om in sorted(pending.offsets.items()):
+        value.offsets.add(
+            topic=t,
+            partition=p,
+            committed_offset=om.offset,
+            committed_leader_epoch=om.leader_epoch,
+            metadata=om.metadata,
+        )
+    return GroupRecord(pending_txn_offsets_key(group_id, producer_id), value.SerializeToString())
+
+
+def pending_txn_offsets_tombstone(group_id: str, producer_id: int) -> GroupRecord:
+    """The tombstone ending a transaction's pending offsets (applied or dropped)."""
+    return GroupRecord(pending_txn_offsets_key(group_id, producer_id), None)
+
+
+def decode_pending_txn_offsets(value: bytes) -> PendingTxnOffsets:
+    """Decode a PendingTxnOffsetsValue."""
+    v = coordinator_pb2.PendingTxnOffsetsValue.FromString(value)
+    return PendingTxnOffsets(
+        v.producer_epoch,
+        {
+            (o.topic, o.partition): OffsetAndMetadata(
+                o.committed_offset, o.committed_leader_epoch, o.metadata
+            )
+            for o in v.offsets
+        },
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding
 
@@ -393,6 +447,8 @@ def decode_key(key: bytes) -> RecordKey | None:
         return RecordKey(kind, sub.group_id, topic=sub.topic, partition=sub.partition)
     if kind in (RecordKind.GROUP_METADATA, RecordKind.TARGET_ASSIGNMENT_METADATA):
         return RecordKey(kind, sub.group_id)
+    if kind is RecordKind.PENDING_TXN_OFFSETS:
+        return RecordKey(kind, sub.group_id, producer_id=sub.producer_id)
     return RecordKey(kind, sub.group_id, member_id=sub.member_id)
 
 
@@ -537,6 +593,8 @@ class ShardState(ReplayState):
             snap.assignment_epoch = decode_assignment_epoch(value)
         elif kind is RecordKind.TARGET_ASSIGNMENT_MEMBER:
             snap.targets[decoded.member_id] = decode_target_assignment(value)
+        elif kind is RecordKind.PENDING_TXN_OFFSETS:
+            snap.pending[decoded.producer_id] = decode_pending_txn_offsets(value)
         else:
             snap.current[decoded.member_id] = decode_current_assignment(value)
 
@@ -553,6 +611,8 @@ class ShardState(ReplayState):
             snap.assignment_epoch = 0
         elif kind is RecordKind.TARGET_ASSIGNMENT_MEMBER:
             snap.targets.pop(key.member_id, None)
+        elif kind is RecordKind.PENDING_TXN_OFFSETS:
+            snap.pending.pop(key.producer_id, None)
         else:
             snap.current.pop(key.member_id, None)
 
