@@ -92,18 +92,25 @@ def test_rebalance_tracker_counts_and_times_each_rebalance_once() -> None:
     now = [100.0]
     t = coord_metrics.RebalanceTracker(clock=lambda: now[0])
     started = coord_metrics.REBALANCES._value.get()
-    count = coord_metrics.REBALANCE_SECONDS._sum.get()
-    t.observe("g", GroupState.ASSIGNING)
+    total = coord_metrics.REBALANCE_SECONDS._sum.get()
+    t.epochs["g"] = 0  # first sight of the group, before the heartbeat that created it
+    t.observe("g", GroupState.ASSIGNING, group_epoch=1, since=100.0)
     now[0] = 101.0
-    t.observe("g", GroupState.RECONCILING)  # the same rebalance, still going
+    t.observe("g", GroupState.RECONCILING, group_epoch=1, since=101.0)  # same rebalance
     now[0] = 103.5
-    t.observe("g", GroupState.STABLE)
-    t.observe("g", GroupState.STABLE)  # no rebalance: nothing more
+    t.observe("g", GroupState.STABLE, group_epoch=1, since=103.4)
+    t.observe("g", GroupState.STABLE, group_epoch=1, since=103.5)  # nothing changed
     assert coord_metrics.REBALANCES._value.get() == started + 1
-    assert coord_metrics.REBALANCE_SECONDS._sum.get() == count + 3.5
-    t.observe("h", GroupState.RECONCILING)
-    t.forget(["h"])  # moved to another coordinator: not observed here
-    now[0] = 200.0
-    t.observe("h", GroupState.STABLE)
-    assert coord_metrics.REBALANCE_SECONDS._sum.get() == count + 3.5
+    assert coord_metrics.REBALANCE_SECONDS._sum.get() == total + 3.5
+    # A lone member joining converges within one heartbeat: a rebalance of that call's time.
+    now[0] = 110.25
+    t.observe("g", GroupState.STABLE, group_epoch=2, since=110.0)
     assert coord_metrics.REBALANCES._value.get() == started + 2
+    assert coord_metrics.REBALANCE_SECONDS._sum.get() == total + 3.75
+    # Moved to another coordinator mid-rebalance: not observed here.
+    t.observe("g", GroupState.RECONCILING, group_epoch=3, since=111.0)
+    t.forget(["g"])
+    now[0] = 200.0
+    t.observe("g", GroupState.STABLE, group_epoch=3, since=200.0)
+    assert coord_metrics.REBALANCE_SECONDS._sum.get() == total + 3.75
+    assert coord_metrics.REBALANCES._value.get() == started + 3

@@ -4,9 +4,8 @@ result, groups by state, and rebalances with their duration.
 They are attached by :func:`instrument` (wrappers around the service's RPC methods, its
 ``_mutate`` and ``_unload``), so the service code that handles requests stays as it is.
 
-A *rebalance* is the time a group spends outside STABLE and EMPTY: it starts when the group
-epoch moves past the assignment (a member joined or left, a subscription or the topics
-changed: ASSIGNING) and ends when every member has converged to the new target (STABLE), or
+A *rebalance* starts when the group epoch goes up (a member joined or left, a subscription or
+the topics changed) and ends when every member has converged to the new target (STABLE), or
 the group emptied. A group that is loaded onto another coordinator mid-rebalance is dropped
 from this process's tracking (its duration is not observed).
 """
@@ -61,26 +60,40 @@ _SETTLED = (GroupState.STABLE, GroupState.EMPTY, GroupState.DEAD)
 
 
 class RebalanceTracker:
-    """Turns the group states seen after each change into rebalance counts and durations."""
+    """Turns the groups seen after each change into rebalance counts and durations.
+
+    A rebalance starts when the group epoch goes up (what the assignment depends on
+    changed) and ends when the group is STABLE (or EMPTY) again; one that completes within
+    the same heartbeat (a lone member joining) is observed with the time since that change.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         #: group id -> when its current rebalance started
         self.started: dict[str, float] = {}
+        #: group id -> the group epoch seen last
+        self.epochs: dict[str, int] = {}
 
-    def observe(self, group_id: str, state: GroupState) -> None:
+    def observe(self, group_id: str, state: GroupState, group_epoch: int, since: float) -> None:
+        """``since``: clock value when the change that led to this state began."""
         now = self.clock()
+        if state is GroupState.DEAD:
+            self.forget([group_id])
+            return
+        last = self.epochs.get(group_id)
+        self.epochs[group_id] = group_epoch
+        if last is not None and group_epoch > last and group_id not in self.started:
+            self.started[group_id] = since
+            REBALANCES.inc()
         if state in _SETTLED:
             t0 = self.started.pop(group_id, None)
-            if t0 is not None and state is not GroupState.DEAD:
-                REBALANCE_SECONDS.observe(now - t0)
-        elif group_id not in self.started:
-            self.started[group_id] = now
-            REBALANCES.inc()
+            if t0 is not None:
+                REBALANCE_SECONDS.observe(max(now - t0, 0.0))
 
     def forget(self, group_ids: Iterable[str]) -> None:
         for gid in group_ids:
             self.started.pop(gid, None)
+            self.epochs.pop(gid, None)
 
 
 def set_group_states(groups: Iterable[ConsumerGroup]) -> None:
@@ -108,14 +121,18 @@ def instrument(cls: type) -> type:
     @functools.wraps(mutate)
     async def _mutate(self: Any, group_id: str, fn: Callable[..., Any], *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
         seen: list[ConsumerGroup] = []
+        rebalances = tracker(self)
 
         def observed(group: ConsumerGroup) -> Any:
+            if group_id not in rebalances.epochs:  # first sight: the epoch before the call
+                rebalances.epochs[group_id] = group.group_epoch
             seen.append(group)
             return fn(group)
 
+        since = rebalances.clock()
         result = await mutate(self, group_id, observed, *args, **kw)
         if seen:
-            tracker(self).observe(group_id, seen[-1].state)
+            rebalances.observe(group_id, seen[-1].state, seen[-1].group_epoch, since)
         return result
 
     @functools.wraps(unload)
