@@ -43,9 +43,11 @@ Names follow Prometheus conventions: `strom_<part>_...`, base units (`_seconds`,
 runtime) and `metadata` (the etcd client), whose series carry a `service` label with the
 role of the process. Histograms also expose `_bucket{le}`, `_sum` and `_count`.
 
-Labels added by the scraper, not by strom: `cluster` (the strom cluster name; the Helm
-chart's ServiceMonitor and `deploy/prometheus/prometheus.yml` set it), `job`, `instance`.
-Dashboards and alerts in `deploy/` select on `cluster`.
+Labels added by the scraper, not by strom: `cluster` (the strom cluster name), `job`
+(`strom-storage`, `strom-controller`, `strom-coordinator`) and `instance`. The Helm chart's
+ServiceMonitor and the example `deploy/prometheus/prometheus.yml` set them that way; the
+dashboard (`deploy/grafana/`) and the alert rules (`deploy/prometheus/strom-alerts.yml`)
+rely on them.
 
 Besides these, every process exports prometheus_client's standard `process_*`
 (CPU seconds, resident memory, open file descriptors, start time) and `python_gc_*` /

@@ -86,3 +86,13 @@ def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     proc = promtool("test", "rules", "t.yml", cwd=tmp_path / "rules")
     assert proc.returncode != 0
     assert "StromOfflinePartitions" in proc.stdout + proc.stderr
+
+
+def test_example_prometheus_config_is_valid_and_uses_the_job_names() -> None:
+    from strom.devcluster.prometheus import JOBS
+
+    config = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+    proc = promtool("check", "config", str(config))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = {j["job_name"] for j in yaml.safe_load(config.read_text())["scrape_configs"]}
+    assert jobs == set(JOBS.values())
