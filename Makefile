@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all setup test test-unit lint format protos check-protos bench demo lock clean
+.PHONY: all setup test test-unit lint format protos check-protos generate bench demo lock clean
 
 all: test
 
@@ -30,6 +30,12 @@ format: setup
 ## Regenerates the committed gRPC/protobuf stubs under services/strom/api/.
 protos: setup
 	$(PY) scripts/gen_protos.py
+
+## Regenerates docs/metrics.md and the Grafana dashboard; copies the alert rules into the chart.
+generate: setup
+	$(PY) scripts/gen_metrics_doc.py
+	$(PY) deploy/grafana/build_dashboard.py
+	cp deploy/prometheus/strom-alerts.yml helm/strom/files/strom-alerts.yml
 
 bench: setup
 	$(VENV)/bin/strom bench record

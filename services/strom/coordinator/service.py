@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
 from strom.api import (
     controller_pb2,
@@ -54,6 +54,7 @@ from strom.api import (
     storage_pb2_grpc,
 )
 from strom.api import metadata_pb2 as md
+from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup, GroupConfig, GroupState
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offsets_log import (
@@ -100,11 +101,6 @@ WRITE_RETRY_S = 10.0
 #: How often lag gauges are refreshed, by default.
 LAG_INTERVAL_S = 10.0
 
-RPC_LATENCY = Histogram(
-    "strom_coordinator_request_latency_seconds",
-    "Coordinator RPC latency, by RPC",
-    ["rpc"],
-)
 RPC_ERRORS = Counter(
     "strom_coordinator_request_errors_total",
     "Coordinator RPC answers with a group-level error, by RPC and error",
@@ -112,7 +108,6 @@ RPC_ERRORS = Counter(
 )
 SHARDS_OWNED = Gauge("strom_coordinator_shards_owned", "Shards this coordinator owns (loaded)")
 SHARD_LOADS = Counter("strom_coordinator_shard_loads_total", "Shard (re)loads completed")
-GROUPS = Gauge("strom_coordinator_groups", "Groups in the loaded shards")
 MEMBERS = Gauge("strom_coordinator_members", "Members of the groups in the loaded shards")
 EXPIRED = Counter(
     "strom_coordinator_members_expired_total", "Members removed by a timer, by reason", ["reason"]
@@ -353,7 +348,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
     def _update_gauges(self) -> None:
         loaded = [s for s in self.shards.values() if s.loaded]
         SHARDS_OWNED.set(len(loaded))
-        GROUPS.set(sum(len(s.groups) for s in loaded))
+        metrics.set_group_states(g for s in loaded for g in s.groups.values())
         MEMBERS.set(sum(len(g.members) for s in loaded for g in s.groups.values()))
 
     # -- shard ownership -----------------------------------------------------------------------
@@ -776,11 +771,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         return topics
 
     async def _timed(self, rpc: str, fn: Callable[[], Awaitable[T]]) -> T:
-        t0 = time.perf_counter()
-        try:
-            return await fn()
-        finally:
-            RPC_LATENCY.labels(rpc).observe(time.perf_counter() - t0)
+        """Run an RPC's body (its latency is observed by the wrapper metrics.instrument puts
+        around every RPC, labelled with the result)."""
+        return await fn()
 
     @staticmethod
     def _fail(rpc: str, resp: Any, exc: BaseException) -> None:
@@ -1169,3 +1162,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             with contextlib.suppress(KeyError):
                 LAG.remove(*key)
         self._lag_labels = labels
+
+
+# Latency by result for every RPC, groups by state, rebalances (strom.coordinator.metrics).
+metrics.instrument(CoordinatorService)

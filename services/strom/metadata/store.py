@@ -25,6 +25,7 @@ from etcd3 import Endpoint, MultiEndpointEtcd3Client
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from strom.metadata import metrics
 from strom.metadata.keys import Keys
 
 log = logging.getLogger("strom.metadata")
@@ -116,12 +117,16 @@ class MetadataStore:
             self.client.close()
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except _CLIENT_ERRORS as exc:
+            metrics.observe(metrics.op_name(fn), started, failed=True)
             raise MetadataUnavailableError(
                 f"etcd unavailable: {type(exc).__name__}: {exc}"
             ) from exc
+        metrics.observe(metrics.op_name(fn), started, failed=False)
+        return result
 
     def retry(self, fn: Callable[[], Any], *, deadline_s: float) -> Any:
         """Call ``fn`` until it stops raising :class:`MetadataUnavailableError` or time runs out."""
@@ -275,11 +280,13 @@ class KeepAlive:
             try:
                 resps = self.store._call(self.lease.refresh)
             except MetadataUnavailableError:
+                metrics.keepalive_failed()
                 interval = 0.25  # keep trying quickly until etcd is back
                 continue
             interval = max(self.ttl / 3.0, 0.2)
             if not resps or resps[0].TTL <= 0:
                 self.lost = True
+                metrics.lease_lost()
                 log.warning("lease %x lost", self.lease.id)
                 with contextlib.suppress(Exception):
                     self._on_lost()

@@ -22,6 +22,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from strom.metadata import metrics as metadata_metrics
+from strom.service import metrics
+
 log = logging.getLogger("strom.service")
 
 #: Large enough for several 1 MiB batches per partition in one request.
@@ -83,6 +86,8 @@ async def serve(
     metrics_host: str = "0.0.0.0",
 ) -> None:
     """Serve until SIGTERM/SIGINT, then shut down in order."""
+    metrics.set_service(service.name)
+    metadata_metrics.init_service()
     server = grpc.aio.server(options=list(GRPC_OPTIONS))
     names = service.register(server)
     health_servicer = health.aio.HealthServicer()
@@ -120,7 +125,9 @@ async def serve(
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("%s serving on %s", service.name, listen)
+    lag_sampler = asyncio.create_task(metrics.sample_loop_lag(stop), name="loop-lag")
     await stop.wait()
+    await lag_sampler
     log.info("%s shutting down", service.name)
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

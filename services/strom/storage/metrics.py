@@ -9,14 +9,44 @@ on the :class:`PartitionMetrics` object so that an append costs a few attribute 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from strom.metadata import ClusterView
 
 BYTES_IN = Counter(
     "strom_storage_bytes_in", "Record bytes appended by Produce, by topic", ["topic"]
 )
 BYTES_OUT = Counter(
-    "strom_storage_bytes_out", "Record bytes returned by Fetch, by topic", ["topic"]
+    "strom_storage_bytes_out",
+    "Record bytes returned to consumers by Fetch, by topic (replication not included)",
+    ["topic"],
+)
+RECORDS_OUT = Counter(
+    "strom_storage_records_out",
+    "Offsets returned to consumers by Fetch, by topic (from batch headers: the span of the "
+    "batches sent, so offsets removed by compaction count too)",
+    ["topic"],
+)
+REPLICATION_BYTES_OUT = Counter(
+    "strom_storage_replication_bytes_out",
+    "Record bytes this node sent to follower replicas (as leader)",
+)
+CLIENT_BYTES_IN = Counter(
+    "strom_storage_client_bytes_in",
+    "Record bytes appended by Produce, by the client id the client sent (strom-client-id "
+    "gRPC metadata; empty when it sent none)",
+    ["client_id"],
+)
+CLIENT_BYTES_OUT = Counter(
+    "strom_storage_client_bytes_out",
+    "Record bytes returned by consumer Fetch, by the client id the client sent",
+    ["client_id"],
 )
 RECORDS_IN = Counter(
     "strom_storage_records_in",
@@ -35,8 +65,9 @@ FETCH_REQUESTS = Counter(
 )
 REQUEST_LATENCY = Histogram(
     "strom_storage_request_latency_seconds",
-    "Time to answer a StorageService RPC (Fetch includes its long-poll wait)",
-    ["rpc"],
+    "Time to answer a StorageService RPC (Fetch includes its long-poll wait), by RPC and "
+    "result (the whole-request error, else the first partition's error; NONE = success)",
+    ["rpc", "result"],
     buckets=(
         0.0005,
         0.001,
@@ -78,6 +109,28 @@ UNDER_REPLICATED = Gauge(
     "strom_storage_under_replicated_partitions",
     "Partitions this node leads whose ISR is smaller than their replica list",
 )
+UNDER_MIN_ISR = Gauge(
+    "strom_storage_under_min_isr_partitions",
+    "Partitions this node leads whose ISR is smaller than min.insync.replicas (acks=all "
+    "produces to them fail with NOT_ENOUGH_REPLICAS)",
+)
+OFFLINE_PARTITIONS = Gauge(
+    "strom_storage_offline_partitions",
+    "Partitions without a leader in this node's view of the cluster metadata",
+)
+APPEND_QUEUE = Histogram(
+    "strom_storage_append_queue_seconds",
+    "How long a Produce request's append waited for the writer thread (0 when it ran inline)",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+DATA_DIR_FREE = Gauge(
+    "strom_storage_data_dir_free_bytes",
+    "Bytes available to the node on the file system of its data dir (statvfs, at scrape time)",
+)
+DATA_DIR_SIZE = Gauge(
+    "strom_storage_data_dir_size_bytes",
+    "Total size of the file system holding the node's data dir (statvfs, at scrape time)",
+)
 ISR_SHRINKS = Counter(
     "strom_storage_isr_shrinks", "Committed ISR changes that removed a follower (as leader)"
 )
@@ -102,7 +155,25 @@ INIT_PRODUCER_ID = Counter(
     ["result"],
 )
 
-_PARTITION_GAUGES = (LOG_END_OFFSET, LOG_START_OFFSET, HIGH_WATERMARK, LOG_SIZE, REPLICA_LAG)
+TXN_MARKERS = Counter(
+    "strom_storage_txn_markers",
+    "Transaction markers appended (COMMIT, ABORT) or refused (the error code)",
+    ["result"],
+)
+LAST_STABLE_OFFSET_LAG = Gauge(
+    "strom_storage_last_stable_offset_lag",
+    "High watermark minus last stable offset per partition this node leads: offsets held "
+    "back from read_committed consumers by open transactions",
+    ["topic", "partition"],
+)
+_PARTITION_GAUGES = (
+    LOG_END_OFFSET,
+    LOG_START_OFFSET,
+    HIGH_WATERMARK,
+    LOG_SIZE,
+    REPLICA_LAG,
+    LAST_STABLE_OFFSET_LAG,
+)
 
 
 class PartitionMetrics:
@@ -117,6 +188,7 @@ class PartitionMetrics:
         "log_size",
         "log_start_offset",
         "records_in",
+        "records_out",
         "replica_lag",
     )
 
@@ -130,6 +202,7 @@ class PartitionMetrics:
         self.bytes_in = BYTES_IN.labels(topic)
         self.bytes_out = BYTES_OUT.labels(topic)
         self.records_in = RECORDS_IN.labels(topic)
+        self.records_out = RECORDS_OUT.labels(topic)
 
     def remove(self) -> None:
         """Drop the partition's series (replica deleted) so dashboards do not show ghosts."""
@@ -143,14 +216,52 @@ def set_partition_counts(leaders: int, followers: int) -> None:
     PARTITIONS.labels("follower").set(followers)
 
 
-TXN_MARKERS = Counter(
-    "strom_storage_txn_markers",
-    "Transaction markers appended (COMMIT, ABORT) or refused (the error code)",
-    ["result"],
-)
-LAST_STABLE_OFFSET_LAG = Gauge(
-    "strom_storage_last_stable_offset_lag",
-    "High watermark minus last stable offset per partition this node leads: offsets held "
-    "back from read_committed consumers by open transactions",
-    ["topic", "partition"],
-)
+def watch_data_dir(data_dir: Path) -> None:
+    """Report the free and total bytes of ``data_dir``'s file system when scraped."""
+
+    def stat(field: str) -> float:
+        try:
+            st = os.statvfs(data_dir)
+        except OSError:
+            return math.nan
+        blocks = st.f_bavail if field == "free" else st.f_blocks
+        return float(blocks * st.f_frsize)
+
+    DATA_DIR_FREE.set_function(lambda: stat("free"))
+    DATA_DIR_SIZE.set_function(lambda: stat("size"))
+
+
+_client_children: dict[tuple[Any, str], Any] = {}
+
+
+def client_counter(counter: Counter, client_id: str) -> Any:
+    """The cached label child of a per-client counter."""
+    key = (counter, client_id)
+    child = _client_children.get(key)
+    if child is None:
+        child = _client_children[key] = counter.labels(client_id)
+    return child
+
+
+def client_id_of(context: Any) -> str:
+    """The ``strom-client-id`` a gRPC caller sent ("" when none, or in-process calls)."""
+    try:
+        md = context.invocation_metadata()
+    except Exception:
+        return ""
+    for key, value in md or ():
+        if key == "strom-client-id":
+            return str(value)
+    return ""
+
+
+def refresh_cluster_gauges(view: ClusterView) -> None:
+    """Offline partitions as this node's cluster view shows them (watch thread)."""
+    with view.lock:
+        topics = {n: v.value for n, v in view.topics.items() if not v.value.deleting}
+        offline = 0
+        for (name, p), v in view.partitions.items():
+            meta = topics.get(name)
+            if meta is not None and p < meta.partition_count and v.value.leader < 0:
+                offline += 1
+    OFFLINE_PARTITIONS.set(offline)

@@ -119,6 +119,8 @@ class StorageNode:
             rack=config.rack,
             session_timeout_s=config.session_timeout_s,
         )
+        self.view.add_listener(lambda _events: metrics.refresh_cluster_gauges(self.view))
+        metrics.watch_data_dir(config.data_dir)
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
         self.servicer = StorageServicer(config.node_id, self.manager, self.view)

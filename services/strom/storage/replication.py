@@ -473,11 +473,13 @@ class IsrManager:
 
 
 def refresh_replication_gauges(manager: PartitionManager) -> None:
-    under = 0
+    under = under_min = 0
     for part in manager.partitions.values():
         if part.is_leader and not part.deleted:
             if len(part.isr) < len(part.replicas):
                 under += 1
+            if len(part.isr) < part.log.config.min_insync_replicas:
+                under_min += 1
             m = manager.metrics.get(part.tp)
             if m is not None:
                 lag = [
@@ -487,3 +489,4 @@ def refresh_replication_gauges(manager: PartitionManager) -> None:
                 ]
                 m.replica_lag.set(max(lag, default=0))
     metrics.UNDER_REPLICATED.set(under)
+    metrics.UNDER_MIN_ISR.set(under_min)

@@ -30,6 +30,7 @@ FindCoordinator answers from the node's etcd view of the coordinator shard owner
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -51,6 +52,7 @@ from strom.log import (
 )
 from strom.metadata import ClusterView
 from strom.record import InvalidBatchError
+from strom.service.metrics import result_code
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
@@ -86,18 +88,38 @@ def _count_produce(code: int) -> None:
     child.inc()
 
 
+#: The first partition error of the Fetch being answered (its answer is bytes, so the
+#: latency wrapper cannot read it from the response).
+_FETCH_RESULT: contextvars.ContextVar[int] = contextvars.ContextVar("fetch_result", default=0)
+
+
 def _timed(rpc: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
-    """Record the RPC's latency in strom_storage_request_latency_seconds{rpc}."""
-    hist = metrics.REQUEST_LATENCY.labels(rpc)
+    """Record the RPC's latency in strom_storage_request_latency_seconds{rpc, result}: the
+    result is the whole-request error, else the first partition's error (NONE = success)."""
+    children: dict[str, Any] = {}
+
+    def observe(result: str, seconds: float) -> None:
+        child = children.get(result)
+        if child is None:
+            child = children[result] = metrics.REQUEST_LATENCY.labels(rpc, result)
+        child.observe(seconds)
 
     def deco(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         @functools.wraps(fn)
         async def wrapper(self: Any, request: Any, context: Any) -> R:
             t0 = time.perf_counter()
+            result = "NONE"
             try:
-                return await fn(self, request, context)
+                resp = await fn(self, request, context)
+                code = _FETCH_RESULT.get() if isinstance(resp, bytes) else result_code(resp)
+                if code:
+                    result = error_name(code)
+                return resp
+            except BaseException as exc:
+                result = type(exc).__name__
+                raise
             finally:
-                hist.observe(time.perf_counter() - t0)
+                observe(result, time.perf_counter() - t0)
 
         return wrapper
 
@@ -236,7 +258,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                     continue
                 pending.append((pr, part, pd.records))
         if pending:
-            await self._append_all(pending, acks, request.timeout_ms)
+            appended = await self._append_all(pending, acks, request.timeout_ms)
+            if appended:
+                metrics.client_counter(metrics.CLIENT_BYTES_IN, metrics.client_id_of(context)).inc(
+                    appended
+                )
         if acks == 0:
             return pb.ProduceResponse()
         if hints:
@@ -285,14 +311,16 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         pending: list[tuple[pb.ProducePartitionResponse, Partition, Any]],
         acks: int,
         timeout_ms: int,
-    ) -> None:
+    ) -> int:
         """Append every accepted partition's batches (one writer-thread hop per request),
-        then, back on the loop, publish offsets, advance watermarks and wake fetches."""
+        then, back on the loop, publish offsets, advance watermarks and wake fetches.
+        Returns the record bytes written."""
         jobs = [(part.log, records, part.leader_epoch) for _, part, records in pending]
         size = sum(len(records) for _, _, records in pending)
         outcomes = await self.writer.run(functools.partial(_append_jobs, jobs), size)
         flushes: list[tuple[pb.ProducePartitionResponse, Partition]] = []
         commits: list[tuple[pb.ProducePartitionResponse, Partition, int]] = []
+        appended = 0
         for (pr, part, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 self._produce_failed(pr, _append_error(part, outcome))
@@ -307,6 +335,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             if info.duplicates:
                 metrics.PRODUCER_DUPLICATE_BATCHES.inc(info.duplicates)
             if info.bytes:
+                appended += info.bytes
                 m = self.manager.metrics.get(part.tp)
                 if m is not None:
                     m.bytes_in.inc(info.bytes)
@@ -326,6 +355,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         if commits:
             timeout = max(timeout_ms, 0) / 1000.0
             await asyncio.gather(*(self._await_commit(pr, p, o, timeout) for pr, p, o in commits))
+        return appended
 
     async def _flush(self, pr: pb.ProducePartitionResponse, part: Partition) -> None:
         """fsync in a thread when flush.messages / flush.ms ask for it; the answer waits so
@@ -462,6 +492,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         endpoints = None
         if hints:
             endpoints = pb.FetchResponse(node_endpoints=self._endpoints(hints))
+        for tout in topics:
+            for pout in tout.partitions:
+                if pout.message.error_code:
+                    _FETCH_RESULT.set(pout.message.error_code)
+                    break
+        if total and not follower:
+            metrics.client_counter(metrics.CLIENT_BYTES_OUT, metrics.client_id_of(context)).inc(
+                total
+            )
         return encode_fetch_response(topics, endpoints)
 
     async def _fetch_once(
@@ -573,9 +612,14 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 pr.aborted_transactions.add(producer_id=a.producer_id, first_offset=a.first_offset)
         if n:
             pout.records = result.data
-            m = self.manager.metrics.get(part.tp)
-            if m is not None:
-                m.bytes_out.inc(n)
+            if follower:
+                metrics.REPLICATION_BYTES_OUT.inc(n)
+            else:
+                m = self.manager.metrics.get(part.tp)
+                if m is not None:
+                    m.bytes_out.inc(n)
+                    # Offsets sent: from the first batch's base offset (header bytes 0-8).
+                    m.records_out.inc(result.next_offset - int.from_bytes(result.data[:8], "big"))
         return n
 
     def _follower_position(

@@ -15,9 +15,12 @@ on it, so a small request can never overtake a large one submitted before it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from strom.storage import metrics
 
 T = TypeVar("T")
 
@@ -36,10 +39,17 @@ class AppendWriter:
     async def run(self, job: Callable[[], T], size: int) -> T:
         """Run ``job`` (which appends ``size`` bytes) and return its result."""
         if self.pending == 0 and size <= self.inline_max_bytes:
+            metrics.APPEND_QUEUE.observe(0.0)
             return job()
         self.pending += 1
+        queued = time.perf_counter()
+
+        def timed() -> T:
+            metrics.APPEND_QUEUE.observe(time.perf_counter() - queued)
+            return job()
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, timed)
         finally:
             self.pending -= 1
 

@@ -1,0 +1,142 @@
+{{/* Names, labels and the values several templates share. */}}
+
+{{- define "strom.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "strom.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "strom.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels; call with (dict "ctx" $ "component" "storage"). */}}
+{{- define "strom.labels" -}}
+helm.sh/chart: {{ include "strom.chart" .ctx }}
+{{ include "strom.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: strom
+{{- end }}
+
+{{- define "strom.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "strom.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "strom.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "strom.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "strom.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "strom.etcdHeadless" -}}
+{{- printf "%s-etcd-headless" (include "strom.fullname" .) }}
+{{- end }}
+
+{{- define "strom.storageHeadless" -}}
+{{- printf "%s-storage-headless" (include "strom.fullname" .) }}
+{{- end }}
+
+{{/* The etcd client endpoints the services use: every bundled member, or the external list. */}}
+{{- define "strom.etcdEndpoints" -}}
+{{- if .Values.etcd.enabled }}
+{{- $full := include "strom.fullname" . }}
+{{- $headless := include "strom.etcdHeadless" . }}
+{{- $eps := list }}
+{{- range $i := until (int .Values.etcd.replicas) }}
+{{- $eps = append $eps (printf "%s-etcd-%d.%s.%s.svc.%s:2379" $full $i $headless $.Release.Namespace $.Values.clusterDomain) }}
+{{- end }}
+{{- join "," $eps }}
+{{- else }}
+{{- if not .Values.etcd.externalEndpoints }}
+{{- fail "etcd.enabled is false: set etcd.externalEndpoints to your etcd's HOST:PORT list" }}
+{{- end }}
+{{- join "," .Values.etcd.externalEndpoints }}
+{{- end }}
+{{- end }}
+
+{{/* The bootstrap address clients use (the storage nodes' ClusterIP Service). */}}
+{{- define "strom.bootstrap" -}}
+{{- printf "%s-storage.%s.svc.%s:%d" (include "strom.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.storage.ports.grpc) }}
+{{- end }}
+
+{{/* Pod anti-affinity; call with (dict "ctx" $ "component" "storage" "mode" "soft"). */}}
+{{- define "strom.antiAffinity" -}}
+{{- if eq .mode "hard" }}
+podAntiAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "strom.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 10 }}
+{{- else }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "strom.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 12 }}
+{{- end }}
+{{- end }}
+
+{{/* Volume mounts and volumes every strom container has: /tmp (read-only root fs) and TLS. */}}
+{{- define "strom.commonMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "strom.commonVolumes" -}}
+- name: tmp
+  emptyDir: {}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ required "tls.secretName is required when tls.enabled" .Values.tls.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* gRPC health probes (grpc.health.v1) on a port; call with (dict "port" 9092 "startup" 60). */}}
+{{- define "strom.grpcProbes" -}}
+startupProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: 5
+  failureThreshold: {{ .startup }}
+readinessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: 5
+  failureThreshold: 2
+livenessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end }}

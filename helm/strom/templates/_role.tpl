@@ -1,0 +1,132 @@
+{{/*
+A stateless strom role (controller, coordinator): Service, Deployment and PodDisruptionBudget.
+Call with (dict "ctx" $ "component" "controller" "v" .Values.controller "args" (list ...)).
+The pod advertises its own IP: clients are sent to the active controller or the shard's
+coordinator by address, so each pod must be reachable as itself.
+*/}}
+{{- define "strom.role" -}}
+{{- $ := .ctx }}
+{{- $v := .v }}
+{{- $full := include "strom.fullname" $ }}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $full }}-{{ .component }}
+  namespace: {{ $.Release.Namespace }}
+  labels:
+    {{- include "strom.labels" (dict "ctx" $ "component" .component) | nindent 4 }}
+    strom.io/job: strom-{{ .component }}
+    strom.io/metrics: "true"
+spec:
+  type: ClusterIP
+  selector:
+    {{- include "strom.selectorLabels" (dict "ctx" $ "component" .component) | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ $v.ports.grpc }}
+      targetPort: grpc
+    - name: metrics
+      port: {{ $v.ports.metrics }}
+      targetPort: metrics
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $full }}-{{ .component }}
+  namespace: {{ $.Release.Namespace }}
+  labels:
+    {{- include "strom.labels" (dict "ctx" $ "component" .component) | nindent 4 }}
+spec:
+  replicas: {{ $v.replicas }}
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 1
+      maxSurge: 1
+  selector:
+    matchLabels:
+      {{- include "strom.selectorLabels" (dict "ctx" $ "component" .component) | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "strom.labels" (dict "ctx" $ "component" .component) | nindent 8 }}
+      {{- with $v.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "strom.serviceAccountName" $ }}
+      automountServiceAccountToken: false
+      {{- with $.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $.Values.podSecurityContext | nindent 8 }}
+      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+      affinity:
+        {{- include "strom.antiAffinity" (dict "ctx" $ "component" .component "mode" $v.podAntiAffinity) | nindent 8 }}
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: {{ .component }}
+          image: {{ include "strom.image" $ }}
+          imagePullPolicy: {{ $.Values.image.pullPolicy }}
+          command: [strom]
+          args:
+            - {{ .component }}
+            - --listen=0.0.0.0:{{ $v.ports.grpc }}
+            - --advertise=$(POD_IP):{{ $v.ports.grpc }}
+            - --metrics-port={{ $v.ports.metrics }}
+            - --etcd={{ include "strom.etcdEndpoints" $ }}
+            - --cluster={{ $.Values.clusterName }}
+            {{- range .args }}
+            - {{ . | quote }}
+            {{- end }}
+            {{- range $v.extraArgs }}
+            - {{ . | quote }}
+            {{- end }}
+          env:
+            - name: POD_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
+            {{- with $v.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          ports:
+            - name: grpc
+              containerPort: {{ $v.ports.grpc }}
+            - name: metrics
+              containerPort: {{ $v.ports.metrics }}
+          {{- include "strom.grpcProbes" (dict "port" $v.ports.grpc "startup" 60) | nindent 10 }}
+          resources:
+            {{- toYaml $v.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $.Values.securityContext | nindent 12 }}
+          volumeMounts:
+            {{- include "strom.commonMounts" $ | nindent 12 }}
+      volumes:
+        {{- include "strom.commonVolumes" $ | nindent 8 }}
+{{- if $v.podDisruptionBudget.enabled }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ $full }}-{{ .component }}
+  namespace: {{ $.Release.Namespace }}
+  labels:
+    {{- include "strom.labels" (dict "ctx" $ "component" .component) | nindent 4 }}
+spec:
+  maxUnavailable: {{ $v.podDisruptionBudget.maxUnavailable }}
+  selector:
+    matchLabels:
+      {{- include "strom.selectorLabels" (dict "ctx" $ "component" .component) | nindent 6 }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,145 @@
+"""Prometheus metrics of the group coordinator added around the service: RPC latency by
+result, groups by state, and rebalances with their duration.
+
+They are attached by :func:`instrument` (wrappers around the service's RPC methods, its
+``_mutate`` and ``_unload``), so the service code that handles requests stays as it is.
+
+A *rebalance* starts when the group epoch goes up (a member joined or left, a subscription or
+the topics changed) and ends when every member has converged to the new target (STABLE), or
+the group emptied. A group that is loaded onto another coordinator mid-rebalance is dropped
+from this process's tracking (its duration is not observed).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from strom.api import coordinator_pb2_grpc
+from strom.coordinator.group import ConsumerGroup, GroupState
+from strom.service.metrics import LATENCY_BUCKETS, timed_rpcs
+
+#: Every RPC the coordinator serves (the generated servicer's methods).
+RPCS = tuple(
+    name
+    for name in vars(coordinator_pb2_grpc.CoordinatorServiceServicer)
+    if not name.startswith("_")
+)
+
+REQUEST_LATENCY = Histogram(
+    "strom_coordinator_request_latency_seconds",
+    "Time to answer a CoordinatorService RPC, by RPC and result (the whole-request error, "
+    "else the first item's error; NONE = success)",
+    ["rpc", "result"],
+    buckets=LATENCY_BUCKETS,
+)
+GROUPS = Gauge(
+    "strom_coordinator_groups",
+    "Groups in the shards this coordinator has loaded, by state (empty, assigning, "
+    "reconciling, stable)",
+    ["state"],
+)
+REBALANCES = Counter(
+    "strom_coordinator_rebalances",
+    "Rebalances started: a group left STABLE/EMPTY because its membership, subscriptions or "
+    "topics changed",
+)
+REBALANCE_SECONDS = Histogram(
+    "strom_coordinator_rebalance_duration_seconds",
+    "From a rebalance's start to every member converged on the new assignment (or the group empty)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+_STATES = (GroupState.EMPTY, GroupState.ASSIGNING, GroupState.RECONCILING, GroupState.STABLE)
+for _s in _STATES:
+    GROUPS.labels(_s.name.lower())
+_SETTLED = (GroupState.STABLE, GroupState.EMPTY, GroupState.DEAD)
+
+
+class RebalanceTracker:
+    """Turns the groups seen after each change into rebalance counts and durations.
+
+    A rebalance starts when the group epoch goes up (what the assignment depends on
+    changed) and ends when the group is STABLE (or EMPTY) again; one that completes within
+    the same heartbeat (a lone member joining) is observed with the time since that change.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        #: group id -> when its current rebalance started
+        self.started: dict[str, float] = {}
+        #: group id -> the group epoch seen last
+        self.epochs: dict[str, int] = {}
+
+    def observe(self, group_id: str, state: GroupState, group_epoch: int, since: float) -> None:
+        """``since``: clock value when the change that led to this state began."""
+        now = self.clock()
+        if state is GroupState.DEAD:
+            self.forget([group_id])
+            return
+        last = self.epochs.get(group_id)
+        self.epochs[group_id] = group_epoch
+        if last is not None and group_epoch > last and group_id not in self.started:
+            self.started[group_id] = since
+            REBALANCES.inc()
+        if state in _SETTLED:
+            t0 = self.started.pop(group_id, None)
+            if t0 is not None:
+                REBALANCE_SECONDS.observe(max(now - t0, 0.0))
+
+    def forget(self, group_ids: Iterable[str]) -> None:
+        for gid in group_ids:
+            self.started.pop(gid, None)
+            self.epochs.pop(gid, None)
+
+
+def set_group_states(groups: Iterable[ConsumerGroup]) -> None:
+    counts = dict.fromkeys(_STATES, 0)
+    for g in groups:
+        state = g.state
+        if state in counts:
+            counts[state] += 1
+    for state, n in counts.items():
+        GROUPS.labels(state.name.lower()).set(n)
+
+
+def instrument(cls: type) -> type:
+    """Attach the metrics above to the coordinator service class (once, at import)."""
+    timed_rpcs(cls, REQUEST_LATENCY, RPCS)
+    mutate = cls._mutate  # type: ignore[attr-defined]
+    unload = cls._unload  # type: ignore[attr-defined]
+
+    def tracker(self: Any) -> RebalanceTracker:
+        t = self.__dict__.get("_rebalances")
+        if t is None:
+            t = self.__dict__["_rebalances"] = RebalanceTracker()
+        return t
+
+    @functools.wraps(mutate)
+    async def _mutate(self: Any, group_id: str, fn: Callable[..., Any], *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
+        seen: list[ConsumerGroup] = []
+        rebalances = tracker(self)
+
+        def observed(group: ConsumerGroup) -> Any:
+            if group_id not in rebalances.epochs:  # first sight: the epoch before the call
+                rebalances.epochs[group_id] = group.group_epoch
+            seen.append(group)
+            return fn(group)
+
+        since = rebalances.clock()
+        result = await mutate(self, group_id, observed, *args, **kw)
+        if seen:
+            rebalances.observe(group_id, seen[-1].state, seen[-1].group_epoch, since)
+        return result
+
+    @functools.wraps(unload)
+    def _unload(self: Any, shard: Any) -> None:
+        tracker(self).forget(list(shard.groups))
+        unload(self, shard)
+
+    cls._mutate = _mutate  # type: ignore[attr-defined]
+    cls._unload = _unload  # type: ignore[attr-defined]
+    return cls

@@ -1,0 +1,56 @@
+"""``python -m strom.service.healthcheck [HOST:PORT ...]``: exit 0 when a strom service on
+this machine answers gRPC health checking (``grpc.health.v1``) with SERVING, else 1.
+
+The container image's HEALTHCHECK for ``docker run`` / Compose (Kubernetes ignores image
+health checks and uses the chart's gRPC probes instead). Without arguments it checks
+``$STROM_HEALTHCHECK_ADDRESS``, else ``$STROM_LISTEN`` (a wildcard host means loopback), else
+the default ports of the three roles (9092, 9093, 9094) and passes if any of them serves.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+DEFAULT_ADDRESSES = ("127.0.0.1:9092", "127.0.0.1:9093", "127.0.0.1:9094")
+
+
+def addresses(argv: Sequence[str], env: dict[str, str]) -> list[str]:
+    if argv:
+        return list(argv)
+    explicit = env.get("STROM_HEALTHCHECK_ADDRESS") or env.get("STROM_LISTEN")
+    if explicit:
+        host, _, port = explicit.rpartition(":")
+        if host in ("", "0.0.0.0", "::", "[::]"):
+            host = "127.0.0.1"
+        return [f"{host}:{port}"]
+    return list(DEFAULT_ADDRESSES)
+
+
+def serving(address: str, timeout: float = 2.0) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
+        except grpc.RpcError:
+            return False
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    targets = addresses(list(sys.argv[1:] if argv is None else argv), dict(os.environ))
+    for address in targets:
+        if serving(address):
+            print(f"{address}: SERVING")
+            return 0
+    print(f"not serving: {', '.join(targets)}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

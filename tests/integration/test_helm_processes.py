@@ -1,0 +1,255 @@
+"""The chart's manifests, run as local processes: a strom cluster forms and serves a produce
+and a fetch.
+
+No Kubernetes runs here, so this test plays the kubelet's part for ``helm template`` of the
+default values: for every pod the StatefulSets and Deployments would create it starts the
+container's ``command`` + ``args`` with its ``env`` (downward-API fields filled in, ``$(VAR)``
+expanded, as the kubelet does), in its own session, and stops it by PID afterwards. What a
+host provides differently is rewritten, and nothing else:
+
+* every Service and pod DNS name, pod IP and ``0.0.0.0`` listen address with its port becomes
+  ``127.0.0.1`` and a free port of that pod (all pods share one loopback);
+* ``--metrics-port=P`` becomes that pod's free port for P;
+* each volume's mount path becomes a directory under the test's tmp dir;
+* ``strom``, ``python`` and ``etcd`` are this virtualenv's strom, its interpreter and Debian's
+  etcd (3.4 here; the chart's image runs 3.5 with the same flags).
+
+Then the chart's ``helm test`` pod runs the same way: it produces one record through the
+bootstrap Service and fetches it back (strom.service.selftest).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom import Admin
+from strom.devcluster.cluster import grpc_serving
+from strom.devcluster.procs import ManagedProcess, free_port, port_open, wait_for
+from tests.unit.helm_chart import render
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NAMESPACE = "streaming"
+DOMAIN = "cluster.local"
+
+
+@dataclass
+class Pod:
+    name: str
+    owner: dict[str, Any]
+    labels: dict[str, str]
+    spec: dict[str, Any]
+    ports: dict[int, int] = field(default_factory=dict)  # container port -> local port
+    process: ManagedProcess | None = None
+
+    def local(self, port: int) -> int:
+        if port not in self.ports:
+            self.ports[port] = free_port()
+        return self.ports[port]
+
+
+class Kubelet:
+    """Runs the pods of rendered manifests as local processes (see the module docstring)."""
+
+    def __init__(self, docs: list[dict[str, Any]], root: Path) -> None:
+        self.docs = docs
+        self.root = root
+        self.pods: list[Pod] = []
+        self.hosts: dict[str, Pod] = {}
+        #: service name variants -> (pod chosen as its backend, service port -> target port)
+        self.services: dict[str, tuple[Pod, dict[int, int]]] = {}
+        for d in docs:
+            if d["kind"] == "StatefulSet":
+                for i in range(d["spec"]["replicas"]):
+                    self._pod(
+                        d, f"{d['metadata']['name']}-{i}", {"apps.kubernetes.io/pod-index": str(i)}
+                    )
+            elif d["kind"] == "Deployment":
+                for i in range(d["spec"]["replicas"]):
+                    self._pod(d, f"{d['metadata']['name']}-{i}", {})
+        for d in docs:
+            if d["kind"] == "Service":
+                self._service(d)
+        for pod in self.pods:
+            if pod.owner["kind"] == "StatefulSet":
+                svc = pod.owner["spec"]["serviceName"]
+                for name in self._variants(f"{pod.name}.{svc}"):
+                    self.hosts[name] = pod
+            self.hosts[f"podip-{pod.name}"] = pod
+
+    @staticmethod
+    def _variants(name: str) -> list[str]:
+        return [
+            name,
+            f"{name}.{NAMESPACE}",
+            f"{name}.{NAMESPACE}.svc",
+            f"{name}.{NAMESPACE}.svc.{DOMAIN}",
+        ]
+
+    def _pod(self, owner: dict[str, Any], name: str, extra: dict[str, str]) -> None:
+        tpl = owner["spec"]["template"]
+        labels = {**tpl["metadata"].get("labels", {}), **extra}
+        self.pods.append(Pod(name, owner, labels, tpl["spec"]))
+
+    def _service(self, svc: dict[str, Any]) -> None:
+        selector = svc["spec"]["selector"]
+        backends = [p for p in self.pods if all(p.labels.get(k) == v for k, v in selector.items())]
+        if not backends:
+            return
+        pod = backends[0]
+        named = {
+            p["name"]: p["containerPort"]
+            for c in pod.spec["containers"]
+            for p in c.get("ports", [])
+        }
+        ports = {}
+        for sp in svc["spec"]["ports"]:
+            target = sp.get("targetPort", sp["port"])
+            ports[sp["port"]] = named[target] if isinstance(target, str) else target
+        for name in self._variants(svc["metadata"]["name"]):
+            self.services[name] = (pod, ports)
+
+    # -- what the kubelet fills in ------------------------------------------------------------
+
+    def env(self, pod: Pod, container: dict[str, Any]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for e in container.get("env", []):
+            if "value" in e:
+                out[e["name"]] = str(e["value"])
+                continue
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            label = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+            if label:
+                out[e["name"]] = pod.labels[label.group(1)]
+            else:
+                out[e["name"]] = {
+                    "metadata.name": pod.name,
+                    "metadata.namespace": NAMESPACE,
+                    "status.podIP": f"podip-{pod.name}",
+                    "spec.nodeName": "local-node",
+                }[path]
+        return out
+
+    def rewrite(self, pod: Pod, text: str, mounts: dict[str, Path]) -> str:
+        text = re.sub(r"\b0\.0\.0\.0:(\d+)", lambda m: f"127.0.0.1:{pod.local(int(m[1]))}", text)
+        text = re.sub(
+            r"^--metrics-port=(\d+)$", lambda m: f"--metrics-port={pod.local(int(m[1]))}", text
+        )
+
+        def host_port(m: re.Match[str]) -> str:
+            host, port = m[1], int(m[2])
+            if host in self.hosts:
+                return f"127.0.0.1:{self.hosts[host].local(port)}"
+            if host in self.services:
+                backend, ports = self.services[host]
+                return f"127.0.0.1:{backend.local(ports[port])}"
+            return m[0]
+
+        text = re.sub(r"\b([A-Za-z][A-Za-z0-9.-]*):(\d+)", host_port, text)
+        if mounts:  # one pass, longest path first: a mount inside another is not rewritten twice
+            pattern = "|".join(map(re.escape, sorted(mounts, key=len, reverse=True)))
+            text = re.sub(rf"(?<![\w/.])({pattern})(?=/|$|,)", lambda m: str(mounts[m[1]]), text)
+        return text
+
+    def argv(self, pod: Pod, container: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        env = self.env(pod, container)
+        mounts = {}
+        for m in container.get("volumeMounts", []):
+            local = self.root / pod.name / m["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[m["mountPath"]] = local
+        expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), s)  # noqa: E731
+        raw = [expand(a) for a in [*container["command"], *container.get("args", [])]]
+        argv = [self.rewrite(pod, a, mounts) for a in raw]
+        env = {k: self.rewrite(pod, v, mounts) for k, v in env.items()}
+        binaries = {
+            "strom": [sys.executable, "-m", "strom.cli.main"],
+            "python": [sys.executable],
+            "etcd": [shutil.which("etcd") or "etcd"],
+        }
+        return [*binaries.get(argv[0], [argv[0]]), *argv[1:]], env
+
+    def start(self, pod: Pod) -> None:
+        assert not pod.spec.get("initContainers"), "these values need no init container"
+        (container,) = pod.spec["containers"]
+        argv, env = self.argv(pod, container)
+        pod.process = ManagedProcess(pod.name, argv, self.root / f"{pod.name}.log", env=env)
+        pod.process.start()
+
+    def ready(self, pod: Pod) -> bool:
+        assert pod.process is not None
+        if not pod.process.alive():
+            raise AssertionError(f"{pod.name} exited:\n{pod.process.log_tail()}")
+        (container,) = pod.spec["containers"]
+        probe = container["readinessProbe"]
+        if "grpc" in probe:
+            return grpc_serving(f"127.0.0.1:{pod.local(probe['grpc']['port'])}")
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        port = probe["httpGet"]["port"]
+        port = named[port] if isinstance(port, str) else port
+        return port_open("127.0.0.1", pod.local(port))
+
+    def stop_all(self) -> None:
+        for pod in reversed(self.pods):
+            if pod.process is not None:
+                pod.process.stop()
+
+
+@pytest.fixture(scope="module")
+def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
+    docs = render([], namespace=NAMESPACE)
+    k = Kubelet(docs, tmp_path_factory.mktemp("helm-pods"))
+    try:
+        for pod in k.pods:  # all at once, as a fresh install starts them
+            k.start(pod)
+        for pod in k.pods:
+            wait_for(lambda p=pod: k.ready(p), timeout=90, what=f"pod {pod.name} to be ready")
+        yield k
+    finally:
+        k.stop_all()
+
+
+def test_chart_pods_form_a_cluster_and_serve_produce_and_fetch(kubelet: Kubelet) -> None:
+    names = {p.name for p in kubelet.pods}
+    assert {
+        "strom-etcd-0",
+        "strom-etcd-1",
+        "strom-etcd-2",
+        "strom-storage-0",
+        "strom-storage-2",
+        "strom-controller-1",
+        "strom-coordinator-0",
+    } <= names
+    storage = [p for p in kubelet.pods if p.name.startswith("strom-storage-")]
+    bootstrap = f"127.0.0.1:{storage[0].local(9092)}"
+
+    def described() -> Any:
+        with Admin(bootstrap) as admin:
+            d = admin.describe_cluster()
+        return d if len(d.nodes) == 3 and d.controller is not None else None
+
+    cluster = wait_for(described, timeout=60, what="3 nodes and an active controller")
+    # Node ids are the pod ordinals, and each node advertises its pod's (rewritten) DNS name.
+    by_id = {n.node_id: n for n in cluster.nodes}
+    assert set(by_id) == {0, 1, 2}
+    for i, pod in enumerate(storage):
+        assert (by_id[i].host, by_id[i].port) == ("127.0.0.1", pod.local(9092))
+    # The helm test pod, run as the manifest says: produce one record and fetch it back.
+    (test_pod,) = [d for d in kubelet.docs if d["kind"] == "Pod"]
+    pod = Pod("strom-test-produce-consume", test_pod, {}, test_pod["spec"])
+    argv, env = kubelet.argv(pod, test_pod["spec"]["containers"][0])
+    assert f"--bootstrap=127.0.0.1:{storage[0].local(9092)}" in argv
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STROM_")}
+    proc = subprocess.run(argv, env={**base, **env}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "produced and fetched strom-selftest-0@" in proc.stdout

@@ -1,0 +1,217 @@
+"""helm/strom: ``helm lint --strict``, ``helm template`` of the default values and three more
+value sets, every rendered manifest validated offline against the Kubernetes schemas
+(``kubernetes-validate --strict``), and what the manifests must say.
+
+That the processes the manifests describe form a working cluster is
+tests/integration/test_helm_processes.py. No Kubernetes cluster runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.helm_chart import CHART, ROOT, VALUE_SETS, helm, render
+
+KUBE_VALIDATE = str(Path(sys.executable).parent / "kubernetes-validate")
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+#: Custom resources the Kubernetes schemas do not hold (checked by hand below).
+CRDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def container(obj: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    spec = obj["spec"]["template"]["spec"] if "template" in obj["spec"] else obj["spec"]
+    cs = spec["containers"]
+    return next(c for c in cs if name is None or c["name"] == name)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], *[v for v in VALUE_SETS.values() if v]],
+    ids=["default", *[k for k, v in VALUE_SETS.items() if v]],
+)
+def test_helm_lint_strict(values: list[Path]) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    for v in values:
+        args += ["-f", str(v)]
+    proc = helm(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_rendered_manifests_pass_kubernetes_validate_strict(name: str, tmp_path: Path) -> None:
+    docs = render(VALUE_SETS[name])
+    files = []
+    for i, d in enumerate(docs):
+        f = tmp_path / f"{i:02d}-{d['kind']}-{d['metadata']['name']}.yaml"
+        f.write_text(yaml.safe_dump(d))
+        files.append(f)
+    # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest known.
+    for version in ("1.28.0", "1.37.0"):
+        proc = subprocess.run(
+            [KUBE_VALIDATE, "--strict", "-k", version, *map(str, files)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        for line in out.splitlines():
+            if line.startswith("INFO") and "passed" in line:
+                continue
+            assert line.startswith("WARN") and any(f"kind {k} " in line for k in CRDS), line
+        passed = sum("passed" in line for line in out.splitlines())
+        assert passed == sum(d["kind"] not in CRDS for d in docs)
+
+
+def test_kubernetes_validate_rejects_an_unknown_field(tmp_path: Path) -> None:
+    d = by_kind(render([]), "StatefulSet")["strom-storage"]
+    d["spec"]["template"]["spec"]["containers"][0]["livenessProbee"] = {}
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(d))
+    proc = subprocess.run(
+        [KUBE_VALIDATE, "--strict", str(f)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0
+    assert "livenessProbee" in proc.stdout + proc.stderr
+
+
+def test_schema_refuses_bad_values() -> None:
+    for bad in (
+        "controller.replicas=1",
+        "etcd.replicas=2",
+        "storage.podAntiAffinity=always",
+        "clusterName=a/b",
+        "nope=1",
+    ):
+        proc = helm("template", "s", str(CHART), "--set", bad)
+        assert proc.returncode != 0, bad
+    proc = helm("template", "s", str(CHART), "--set", "etcd.enabled=false")
+    assert proc.returncode != 0 and "externalEndpoints" in proc.stderr
+
+
+def test_default_install_has_what_an_operator_needs() -> None:
+    docs = render([])
+    sts = by_kind(docs, "StatefulSet")
+    storage = sts["strom-storage"]
+    assert storage["spec"]["replicas"] == 3
+    assert storage["spec"]["serviceName"] == "strom-storage-headless"
+    assert storage["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    headless = by_kind(docs, "Service")["strom-storage-headless"]
+    assert headless["spec"]["clusterIP"] == "None"
+    node = container(storage)
+    env = {e["name"]: e for e in node["env"]}
+    assert env["STROM_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert node[probe]["grpc"]["port"] == 9092
+    pod = storage["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert node["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["terminationGracePeriodSeconds"] >= 30
+    assert "podAntiAffinity" in pod["affinity"]
+    deps = by_kind(docs, "Deployment")
+    assert deps["strom-controller"]["spec"]["replicas"] >= 2
+    assert "strom-coordinator" in deps
+    assert sts["strom-etcd"]["spec"]["replicas"] == 3
+    assert set(by_kind(docs, "PodDisruptionBudget")) == {
+        "strom-storage",
+        "strom-controller",
+        "strom-coordinator",
+        "strom-etcd",
+    }
+    cm = by_kind(docs, "ConfigMap")["strom-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["strom.json"]) == json.loads(
+        (ROOT / "deploy" / "grafana" / "strom-dashboard.json").read_text()
+    )
+    test_pod = by_kind(docs, "Pod")["strom-test-produce-consume"]
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert "strom.service.selftest" in container(test_pod)["command"]
+    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ClusterRole")
+
+
+def test_notes_give_the_bootstrap_address_and_first_commands() -> None:
+    proc = helm("install", "strom", str(CHART), "--dry-run=client", "--namespace", "streaming")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "strom-storage.streaming.svc.cluster.local:9092" in notes
+    assert "topics create" in notes and "produce hello" in notes and "consume hello" in notes
+    assert "helm test strom" in notes
+
+
+def test_external_etcd_replaces_the_bundled_one() -> None:
+    docs = render(VALUE_SETS["external-etcd"])
+    assert "strom-etcd" not in by_kind(docs, "StatefulSet")
+    args = container(by_kind(docs, "StatefulSet")["strom-storage"])["args"]
+    assert (
+        "--etcd=etcd-0.etcd.infra.svc.cluster.local:2379,etcd-1.etcd.infra.svc.cluster.local:2379,"
+        "etcd-2.etcd.infra.svc.cluster.local:2379" in args
+    )
+
+
+def test_zones_become_racks_of_five_nodes() -> None:
+    docs = render(VALUE_SETS["zones-5-nodes"])
+    storage = by_kind(docs, "StatefulSet")["strom-storage"]
+    assert storage["spec"]["replicas"] == 5
+    pod = storage["spec"]["template"]["spec"]
+    init = pod["initContainers"][0]
+    assert init["command"][:3] == ["python", "-m", "strom.service.kube_zone"]
+    assert "--config=/etc/strom/node/rack.yaml" in container(storage)["args"]
+    assert pod["automountServiceAccountToken"] is True
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+    role = by_kind(docs, "ClusterRole")
+    assert [r["resources"] for r in next(iter(role.values()))["rules"]] == [["nodes"]]
+    # Only storage pods get an API token; the others never need one.
+    for dep in by_kind(docs, "Deployment").values():
+        assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
+    docs = render(VALUE_SETS["tls-and-monitoring"])
+    for obj in [*by_kind(docs, "StatefulSet").values(), *by_kind(docs, "Deployment").values()]:
+        if obj["metadata"]["name"].endswith("-etcd"):
+            continue
+        mounts = {m["name"]: m for m in container(obj)["volumeMounts"]}
+        assert mounts["tls"]["mountPath"] == "/etc/strom/tls" and mounts["tls"]["readOnly"]
+    sm = next(iter(by_kind(docs, "ServiceMonitor").values()))
+    assert sm["spec"]["jobLabel"] == "strom.io/job"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["spec"]["endpoints"][0]["relabelings"] == [
+        {"targetLabel": "cluster", "replacement": "strom"}
+    ]
+    jobs = {
+        s["metadata"]["labels"].get("strom.io/job")
+        for s in by_kind(docs, "Service").values()
+        if s["metadata"]["labels"].get("strom.io/metrics") == "true"
+    }
+    assert jobs == {"strom-storage", "strom-controller", "strom-coordinator"}
+    rule = next(iter(by_kind(docs, "PrometheusRule").values()))
+    f = tmp_path / "rules.yml"
+    f.write_text(yaml.safe_dump(rule["spec"]))
+    proc = subprocess.run(
+        [PROMTOOL, "check", "rules", str(f)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rule["spec"] == yaml.safe_load((ROOT / "deploy/prometheus/strom-alerts.yml").read_text())
+
+
+def test_chart_copies_of_deploy_files_are_identical() -> None:
+    assert (CHART / "files" / "strom-alerts.yml").read_text() == (
+        ROOT / "deploy" / "prometheus" / "strom-alerts.yml"
+    ).read_text(), "cp deploy/prometheus/strom-alerts.yml helm/strom/files/"
+    assert (CHART / "dashboards" / "strom.json").read_text() == (
+        ROOT / "deploy" / "grafana" / "strom-dashboard.json"
+    ).read_text(), "run deploy/grafana/build_dashboard.py"
