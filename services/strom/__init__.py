@@ -21,6 +21,7 @@ _CLIENT_NAMES = frozenset(
         "Admin",
         "BatchMetadata",
         "Consumer",
+        "GroupMetadata",
         "NewTopic",
         "OffsetAndMetadata",
         "OffsetAndTimestamp",

@@ -420,7 +420,7 @@ def test_clear_errors_for_bad_arguments(admin: ClusterClient, cluster: LocalClus
     with pytest.raises(ValueError, match="auto_offset_reset"):
         Consumer(cluster.bootstrap, auto_offset_reset="smallest")
     with pytest.raises(ValueError, match="read_committed"):
-        Consumer(cluster.bootstrap, isolation_level="read_committed")
+        Consumer(cluster.bootstrap, isolation_level="committed")
     with Consumer(cluster.bootstrap) as c:
         assert "c-args" in c.topics()
         assert c.partitions_for_topic("c-args") == {0, 1}

@@ -32,7 +32,6 @@ def consumer() -> Iterator[Consumer]:
     [
         ({"auto_offset_reset": "smallest"}, ValueError, "'latest', 'earliest', 'none'"),
         ({"auto_offset_reset": None}, ValueError, "auto_offset_reset"),
-        ({"isolation_level": "read_committed"}, ValueError, "no transactions"),
         ({"isolation_level": "dirty"}, ValueError, "read_uncommitted"),
         ({"max_poll_records": 0}, ValueError, "max_poll_records must be >= 1"),
         ({"max_poll_records": 1.5}, TypeError, "max_poll_records must be an int"),

@@ -61,10 +61,31 @@ def test_bad_keys_are_refused_per_key() -> None:
     txn = find_coordinator(
         view,
         storage_pb2.FindCoordinatorRequest(
-            key_type=storage_pb2.COORDINATOR_TYPE_TRANSACTION, keys=["t"]
+            key_type=storage_pb2.COORDINATOR_TYPE_TRANSACTION, keys=["", "t"]
         ),
     )
-    assert txn.coordinators[0].error_code == E.INVALID_REQUEST
+    # Transactional ids live in __transaction_state, which this view does not have yet.
+    assert [c.error_code for c in txn.coordinators] == [
+        E.INVALID_REQUEST,
+        E.COORDINATOR_NOT_AVAILABLE,
+    ]
+
+
+def test_transactional_ids_are_found_in_the_transaction_state_shards() -> None:
+    view = _view(2, {0: "g:1", 1: "g:1"})
+    meta = md.TopicMetadata(name="__transaction_state", partition_count=3)
+    view.topics["__transaction_state"] = Versioned("k", meta, 1, 1)
+    for shard in range(3):
+        owner = md.CoordinatorShardOwner(shard=shard, coordinator_id=9, host="tx", port=shard)
+        view.txn_coordinators[shard] = Versioned(f"t/{shard}", owner, 1, 1)
+    (c,) = find_coordinator(
+        view,
+        storage_pb2.FindCoordinatorRequest(
+            key_type=storage_pb2.COORDINATOR_TYPE_TRANSACTION, keys=["pipeline-1"]
+        ),
+    ).coordinators
+    assert c.error_code == E.NONE and c.shard == shard_for_group("pipeline-1", 3)
+    assert (c.node.host, c.node.port) == ("tx", c.shard)
 
 
 def test_coordinator_flags_have_kafka_like_defaults() -> None:

@@ -132,7 +132,7 @@ def test_init_producer_id_hands_out_unique_ids_and_bumps_epochs(tmp_path: Path) 
             pb.InitProducerIdRequest(transactional_id="tx", producer_id=-1, producer_epoch=-1),
             None,
         )
-        assert r.error_code == E.INVALID_REQUEST and "transactions" in r.error_message
+        assert r.error_code == E.INVALID_REQUEST and "transaction coordinator" in r.error_message
 
         # Block exhausted and no controller: a retriable error, and the next call recovers.
         assert (await s.InitProducerId(req, None)).producer_id == 1011  # the block's last id

@@ -9,6 +9,7 @@ from strom.client.admin import Admin, NewTopic
 from strom.client.cluster import ClusterClient, parse_bootstrap
 from strom.client.consumer import Consumer
 from strom.client.producer import BatchMetadata, Producer
+from strom.client.transactions import GroupMetadata
 from strom.client.types import (
     OffsetAndMetadata,
     OffsetAndTimestamp,
@@ -21,6 +22,7 @@ __all__ = [
     "BatchMetadata",
     "ClusterClient",
     "Consumer",
+    "GroupMetadata",
     "NewTopic",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",

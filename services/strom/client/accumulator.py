@@ -62,8 +62,9 @@ class ProducerBatch:
         self.closed = False
         self.arrow = arrow
         self.encoded: bytes | None = None
-        #: The sequence ``encoded`` carries (base_sequence may be renumbered after a failure).
-        self.encoded_sequence = -1
+        #: (producer id, epoch, sequence) ``encoded`` carries: base_sequence may be renumbered
+        #: after a failure, and a transactional producer's epoch bumped.
+        self.encoded_sequence: tuple[int, int, int] | None = None
         self.base_sequence = -1
         self.attempts = 0
         self.count = 0
@@ -93,16 +94,23 @@ class ProducerBatch:
         self.headers.append(headers)
 
     def encode(
-        self, compression: str, producer_id: int, producer_epoch: int, base_sequence: int
+        self,
+        compression: str,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        transactional: bool = False,
     ) -> bytes:
-        """The batch's wire bytes (cached; re-encoded only if the sequence changes)."""
-        if self.encoded is not None and self.encoded_sequence == base_sequence:
+        """The batch's wire bytes (cached; re-encoded only if the identity changes)."""
+        identity = (producer_id, producer_epoch, base_sequence)
+        if self.encoded is not None and self.encoded_sequence == identity:
             return self.encoded
         options = dict(
             compression=compression,
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             base_sequence=base_sequence,
+            transactional=transactional,
         )
         if self.arrow is not None:
             self.encoded = encode_arrow(self.arrow, **options)
@@ -114,7 +122,7 @@ class ProducerBatch:
                 timestamps=self.timestamps,
                 **options,
             )
-        self.encoded_sequence = base_sequence
+        self.encoded_sequence = identity
         return self.encoded
 
 

@@ -37,6 +37,7 @@ import pyarrow as pa
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.offsets import EARLIEST, LATEST, LeaderMap, list_offsets
+from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from strom.errors import InvalidGroupIdError, StromError, UnknownTopicOrPartitionError
 from strom.record import Record
@@ -175,14 +176,11 @@ class Consumer:
                 f"auto_offset_reset must be one of {', '.join(map(repr, AUTO_OFFSET_RESET))}, "
                 f"got {auto_offset_reset!r}"
             )
-        if isolation_level != "read_uncommitted":
-            if isolation_level == "read_committed":
-                raise ValueError(
-                    "isolation_level='read_committed' is not supported: strom has no "
-                    "transactions yet, so use 'read_uncommitted' (it reads exactly the "
-                    "committed records, those below the high watermark)"
-                )
-            raise ValueError(f"isolation_level must be 'read_uncommitted', got {isolation_level!r}")
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError(
+                "isolation_level must be 'read_uncommitted' or 'read_committed', got "
+                f"{isolation_level!r}"
+            )
         _int_arg("fetch_min_bytes", fetch_min_bytes, 0)
         _int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0)
         _int_arg("fetch_max_bytes", fetch_max_bytes, 1)
@@ -236,6 +234,9 @@ class Consumer:
         #: out records polled before the move.
         self._moved = False
 
+        #: read_committed: fetches stop at the last stable offset and aborted transactions'
+        #: batches are dropped (batch by batch); "latest" is the last stable offset.
+        self._read_committed = isolation_level == "read_committed"
         self._client = ClusterClient(
             bootstrap, timeout_s=self._timeout_s, retry_s=self._timeout_s, client_id=self.client_id
         )
@@ -253,6 +254,7 @@ class Consumer:
             request_timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             backoff_max_s=retry_backoff_max_ms / 1000.0,
+            read_committed=self._read_committed,
         )
         #: The consumer-group hook (None until groups exist, and always without a group_id).
         self._group: GroupMembership | None = self._make_group()
@@ -344,6 +346,13 @@ class Consumer:
         order). ``close()`` sends what is still queued before leaving the group."""
         group = self._require_group("commit_async()")
         group.commit_async(self._commit_offsets(offsets), callback)
+
+    def group_metadata(self) -> GroupMetadata:
+        """This consumer's group identity for ``Producer.send_offsets_to_transaction``: the
+        group id and, while it is a member, its member id and epoch (so offsets sent by a
+        member that has since been fenced are refused)."""
+        group = self._require_group("group_metadata()")
+        return group.group_metadata()
 
     def committed(
         self, partitions: TopicPartition | Iterable[TopicPartition]
@@ -506,6 +515,7 @@ class Consumer:
             timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             client_metadata=self._client_md,
+            read_committed=self._read_committed,
         )
         gens = {tp: gen for tp, _, gen in need}
         for tp, res in found.items():
@@ -518,7 +528,8 @@ class Consumer:
         return self._lookup(partitions, EARLIEST, "beginning_offsets()")
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """Each partition's high watermark: the offset after the last committed record."""
+        """Each partition's high watermark: the offset after the last committed record (with
+        read_committed, the last stable offset: below any open transaction)."""
         return self._lookup(partitions, LATEST, "end_offsets()")
 
     def offsets_for_times(
@@ -544,6 +555,7 @@ class Consumer:
             timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             client_metadata=self._client_md,
+            read_committed=self._read_committed,
         )
         return {
             tp: OffsetAndTimestamp(r.offset, r.timestamp) if r.offset >= 0 else None
@@ -563,6 +575,7 @@ class Consumer:
             timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             client_metadata=self._client_md,
+            read_committed=self._read_committed,
         )
         return {tp: r.offset for tp, r in found.items()}
 

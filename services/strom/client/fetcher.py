@@ -47,7 +47,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice, repeat
 from typing import Any
@@ -214,6 +214,28 @@ def _parse_topic(buf: memoryview, start: int, end: int, out: list[PartitionAnswe
         out.append(PartitionAnswer(topic, info, records))
 
 
+def aborted_batches(
+    batches: list[RecordBatch], aborted: Iterable[storage_pb2.AbortedTransaction]
+) -> frozenset[int]:
+    """Indexes of ``batches`` that belong to aborted transactions (Kafka's read_committed
+    rule, on batch headers only): a transactional batch of a producer whose aborted
+    transaction began at or before it, up to that producer's next marker."""
+    pending = sorted(aborted, key=lambda a: a.first_offset)
+    i = 0
+    active: set[int] = set()
+    out: set[int] = set()
+    for n, b in enumerate(batches):
+        h = b.header
+        while i < len(pending) and pending[i].first_offset <= h.last_offset:
+            active.add(pending[i].producer_id)
+            i += 1
+        if h.is_control:
+            active.discard(h.producer_id)  # the abort marker ends that transaction
+        elif h.is_transactional and h.producer_id in active:
+            out.add(n)
+    return frozenset(out)
+
+
 # -- draining fetched batches -----------------------------------------------------------------
 
 
@@ -284,14 +306,22 @@ class CompletedFetch:
         "_verified",
         "batches",
         "index",
+        "skip",
         "tp",
     )
 
     def __init__(
-        self, tp: TopicPartition, batches: list[RecordBatch], *, check_crcs: bool = True
+        self,
+        tp: TopicPartition,
+        batches: list[RecordBatch],
+        *,
+        check_crcs: bool = True,
+        skip: frozenset[int] | None = None,
     ) -> None:
         self.tp = tp
         self.batches = batches
+        #: Indexes of batches of aborted transactions (read_committed): passed over whole.
+        self.skip = skip
         self.index = 0
         self._rows: Iterator[Any] | None = None
         self._offsets: list[int] = []
@@ -311,7 +341,12 @@ class CompletedFetch:
 
     def _skippable(self, position: int) -> bool:
         h = self.batches[self.index].header
-        return h.is_control or h.record_count == 0 or h.next_offset <= position
+        return (
+            h.is_control
+            or h.record_count == 0
+            or h.next_offset <= position
+            or (self.skip is not None and self.index in self.skip)
+        )
 
     def _current(self) -> RecordBatch:
         b = self.batches[self.index]
@@ -501,8 +536,14 @@ class Fetcher:
         backoff_s: float,
         backoff_max_s: float,
         max_buffered: int = 2,
+        read_committed: bool = False,
     ) -> None:
         self._client = client
+        self._isolation = (
+            storage_pb2.ISOLATION_LEVEL_READ_COMMITTED
+            if read_committed
+            else storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
+        )
         self._leaders = leaders
         self._client_id = client_id
         self._client_md = (("strom-client-id", client_id),)
@@ -946,7 +987,7 @@ class Fetcher:
             max_wait_ms=self._max_wait_ms,
             min_bytes=self._min_bytes,
             max_bytes=self._max_bytes,
-            isolation_level=storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
+            isolation_level=self._isolation,
             topics=[storage_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in topics.items()],
         )
 
@@ -1082,7 +1123,14 @@ class Fetcher:
             start = part.fetch_offset
             keep = [b for b in batches if b.header.next_offset > start]
             if keep:
-                part.completed.append(CompletedFetch(tp, keep, check_crcs=self._check_crcs))
+                aborted = (
+                    aborted_batches(keep, info.aborted_transactions)
+                    if info.aborted_transactions
+                    else None
+                )
+                part.completed.append(
+                    CompletedFetch(tp, keep, check_crcs=self._check_crcs, skip=aborted)
+                )
                 part.fetch_offset = keep[-1].header.next_offset
                 self.data_ready.notify_all()
             # Expect the next answer to cover as much, while the log holds more than that.

@@ -41,6 +41,7 @@ import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
+from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -212,6 +213,17 @@ class GroupMember:
         """Queue a commit behind this consumer's earlier ones; ``callback`` runs when done."""
         with contextlib.suppress(CommitQueueClosedError):  # closed: nothing more is sent
             self._commits().commit_async(offsets, callback)
+
+    def group_metadata(self) -> GroupMetadata:
+        """Group id, member id and epoch for transactional offset commits (epoch -1 and no
+        member id when not subscribed: a "simple" consumer)."""
+        with self._lock:
+            member = self._subscribed and self.member_epoch > 0
+            return GroupMetadata(
+                self.group_id,
+                self.member_id if member else "",
+                self.member_epoch if member else -1,
+            )
 
     def _commits(self) -> CommitQueue:
         with self._lock:

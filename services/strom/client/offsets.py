@@ -153,6 +153,7 @@ def list_offsets(
     timeout_s: float,
     backoff_s: float,
     client_metadata: tuple[tuple[str, str], ...] = (),
+    read_committed: bool = False,
 ) -> dict[TopicPartition, OffsetResult]:
     """ListOffsets for every partition in ``query`` (value: a timestamp in ms, or LATEST /
     EARLIEST / MAX_TIMESTAMP), one request per leader node.
@@ -182,7 +183,7 @@ def list_offsets(
                 continue
             by_node.setdefault(leader.address, []).append(tp)
         for address, tps in by_node.items():
-            req = _list_offsets_request(tps, remaining, leaders)
+            req = _list_offsets_request(tps, remaining, leaders, read_committed)
             try:
                 resp = client.storage(address).ListOffsets(
                     req, timeout=client.timeout_s, metadata=client_metadata
@@ -224,7 +225,10 @@ def list_offsets(
 
 
 def _list_offsets_request(
-    tps: list[TopicPartition], query: Mapping[TopicPartition, int], leaders: LeaderMap
+    tps: list[TopicPartition],
+    query: Mapping[TopicPartition, int],
+    leaders: LeaderMap,
+    read_committed: bool = False,
 ) -> storage_pb2.ListOffsetsRequest:
     topics: dict[str, list[storage_pb2.ListOffsetsPartition]] = {}
     for tp in tps:
@@ -238,7 +242,11 @@ def _list_offsets_request(
         )
     return storage_pb2.ListOffsetsRequest(
         replica_id=-1,
-        isolation_level=storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
+        isolation_level=(
+            storage_pb2.ISOLATION_LEVEL_READ_COMMITTED
+            if read_committed
+            else storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
+        ),
         topics=[storage_pb2.ListOffsetsTopic(topic=t, partitions=ps) for t, ps in topics.items()],
     )
 

@@ -36,7 +36,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
@@ -48,11 +48,15 @@ from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBa
 from strom.client.cluster import ClusterClient, _addr
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
+from strom.client.transactions import GroupMetadata, TransactionManager, TxnPhase
+from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.client.wire import PRODUCE_METHOD, encode_produce_request
 from strom.errors import (
     BrokerNotAvailableError,
     InvalidRequestError,
+    InvalidTxnStateError,
     MessageTooLargeError,
+    ProducerFencedError,
     RequestTimedOutError,
     StromError,
     UnknownTopicOrPartitionError,
@@ -149,10 +153,16 @@ class Producer:
         key_serializer: Callable[[Any], bytes] | None = None,
         value_serializer: Callable[[Any], bytes] | None = None,
         client_id: str | None = None,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
     ) -> None:
         if acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
         self.acks = _ACKS[acks]
+        if transactional_id is not None and (self.acks != -1 or not enable_idempotence):
+            raise ValueError(
+                "a transactional producer needs acks='all' and enable_idempotence=True"
+            )
         if compression is None:
             compression = "none"
         try:
@@ -192,6 +202,17 @@ class Producer:
         self.value_serializer = value_serializer
         self.client_id = client_id
         self._client = ClusterClient(bootstrap, retry_s=max(self.max_block_s, 0.1))
+        #: The transaction state of a transactional producer (None otherwise).
+        self._txn: TransactionManager | None = None
+        if transactional_id is not None:
+            self._txn = TransactionManager(
+                self._client,
+                transactional_id,
+                transaction_timeout_ms,
+                request_timeout_s=self.request_timeout_s,
+                retry_backoff_s=self.retry_backoff_s,
+            )
+        self._txn_failed: StromError | None = None
 
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
@@ -239,6 +260,8 @@ class Producer:
         # The hot path: every line here is paid once per record (see the module docstring).
         if self._closing:
             raise ProducerClosedError("the producer is closed")
+        if self._txn is not None:
+            self._txn.require(TxnPhase.IN_TRANSACTION, action="send()")
         if (value is not None and type(value) is not bytes) or self._serializers:
             value = _to_bytes(value, "value", self.value_serializer)
         if key is not None and (type(key) is not bytes or self._serializers):
@@ -351,6 +374,8 @@ class Producer:
         """
         if self._closing:
             raise ProducerClosedError("the producer is closed")
+        if self._txn is not None:
+            self._txn.require(TxnPhase.IN_TRANSACTION, action="send_batch()")
         table = _as_table(values, keys, headers, timestamps)
         if table.num_rows == 0:
             done: Future[list[BatchMetadata]] = Future()
@@ -409,11 +434,105 @@ class Producer:
             with self._lock:
                 self._flushing -= 1
 
+    # -- transactions (DESIGN §6; strom.client.transactions) --------------------------------
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Register the ``transactional_id`` with its coordinator: get the producer id and a
+        new epoch, which fences any older producer with the same id; a transaction such a
+        producer left open is aborted first. Call once, before the first transaction."""
+        txn = self._require_txn()
+        pid, epoch = txn.init(self.max_block_s if timeout is None else timeout)
+        with self._lock:
+            self._producer_id, self._producer_epoch = pid, epoch
+            for pq in self._queues.values():  # a new epoch numbers from 0 again
+                pq.next_sequence = 0
+                pq.reseq_from = None
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: records sent until commit/abort belong to it."""
+        self._require_txn().begin()
+        self._txn_failed = None
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        group_metadata: GroupMetadata,
+        timeout: float | None = None,
+    ) -> None:
+        """Commit a consumer group's offsets as part of the transaction (the
+        consume-transform-produce pattern): they become the group's committed offsets only
+        if the transaction commits. ``group_metadata`` is ``consumer.group_metadata()``, so
+        a consumer that was fenced out of its group cannot commit."""
+        self._require_txn().send_offsets(
+            offsets, group_metadata, self.max_block_s if timeout is None else timeout
+        )
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Send everything, then commit: the records and offsets of the transaction become
+        visible to read_committed consumers, all or nothing.
+
+        Raises the error that made the transaction fail (call :meth:`abort_transaction`), or
+        :class:`~strom.errors.ProducerFencedError` when a newer instance took over (close
+        this producer)."""
+        txn = self._require_txn()
+        txn.require(TxnPhase.IN_TRANSACTION, action="commit_transaction()")
+        end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
+        with txn.lock:
+            txn.phase = TxnPhase.COMMITTING
+        try:
+            self.flush(max(end - time.monotonic(), 0))
+        except StromError as exc:
+            txn.fail(exc)
+        if txn.phase is not TxnPhase.COMMITTING:
+            assert txn.error is not None
+            raise txn.error
+        txn.end(True, max(end - time.monotonic(), 0.001))
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the transaction: its records stay invisible to read_committed consumers
+        and its offsets are dropped. Records still queued are sent first (they are part of
+        the aborted transaction either way)."""
+        txn = self._require_txn()
+        txn.require(
+            TxnPhase.IN_TRANSACTION,
+            TxnPhase.ABORTABLE_ERROR,
+            TxnPhase.COMMITTING,
+            action="abort_transaction()",
+        )
+        end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
+        with txn.lock:
+            txn.phase = TxnPhase.ABORTING
+        with contextlib.suppress(StromError):
+            self.flush(max(end - time.monotonic(), 0))
+        txn.end(False, max(end - time.monotonic(), 0.001))
+
+    @contextlib.contextmanager
+    def transaction(self, timeout: float | None = None) -> Iterator[Producer]:
+        """``with producer.transaction(): ...`` begins a transaction, commits it when the
+        block ends, and aborts it (re-raising) when the block raises."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            with contextlib.suppress(StromError):
+                self.abort_transaction(timeout)
+            raise
+        self.commit_transaction(timeout)
+
+    def _require_txn(self) -> TransactionManager:
+        if self._txn is None:
+            raise InvalidTxnStateError("this producer has no transactional_id")
+        return self._txn
+
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the sender and release connections. Records still unsent after
-        ``timeout`` seconds fail with :class:`ProducerClosedError`."""
+        ``timeout`` seconds fail with :class:`ProducerClosedError`. An open transaction is
+        aborted first."""
         if self._closed:
             return
+        if self._txn is not None and self._txn.in_transaction:
+            with contextlib.suppress(StromError):
+                self.abort_transaction(timeout)
         with contextlib.suppress(StromError):
             self.flush(timeout)
         self._closing = True
@@ -509,6 +628,8 @@ class Producer:
     def _ensure_producer_id(self) -> bool:
         if not self.idempotent or self._producer_id >= 0:
             return True
+        if self._txn is not None:
+            return False  # init_transactions() sets it
         req = storage_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
         for addr in self._client._candidates():
             try:
@@ -548,6 +669,7 @@ class Producer:
         force = self._flushing > 0 or self._closing
         depth = self.max_in_flight if self.idempotent else 1
         per_node: dict[str, list[_Shipment]] = {}
+        txn_adds: set[tuple[str, int]] = set()
         with self._lock:
             for pq in self._queues.values():
                 if not pq.batches:
@@ -576,6 +698,9 @@ class Producer:
                     next_wake = _earlier(next_wake, self.retry_backoff_s)
                     continue
                 addr, epoch = leader
+                if self._txn is not None and (pq.topic, pq.partition) not in self._txn.added:
+                    txn_adds.add((pq.topic, pq.partition))
+                    continue  # registered with the coordinator first (below)
                 if self._in_flight.get(addr, 0) >= self.max_in_flight:
                     continue  # a completion wakes us
                 take: list[ProducerBatch] = []
@@ -600,7 +725,42 @@ class Producer:
                 per_node.setdefault(addr, []).append(_Shipment(pq, take, epoch, behind))
         for addr, entries in per_node.items():
             self._send_request(addr, entries)
+        if txn_adds:
+            return self._add_to_transaction(txn_adds, next_wake)
         return next_wake
+
+    def _add_to_transaction(
+        self, parts: set[tuple[str, int]], next_wake: float | None
+    ) -> float | None:
+        """AddPartitionsToTxn for partitions about to get their first batch of the
+        transaction (on the sender thread); a refusal fails their batches and the
+        transaction."""
+        assert self._txn is not None
+        try:
+            self._txn.add_partitions(parts, self.request_timeout_s)
+        except StromError as exc:
+            self._txn.fail(exc)
+            err = self._txn.error or exc
+            with self._lock:
+                victims = [
+                    (pq, [b for b in pq.batches if not b.sent])
+                    for (t, p), pq in self._queues.items()
+                    if (t, p) in parts
+                ]
+            for pq, batches in victims:
+                if batches:
+                    with self._lock:
+                        if pq.open in batches:
+                            self._close_open(pq.topic, pq.partition)
+                        for b in batches:
+                            b.sent = True
+                        pq.in_flight += 1
+                    self._fail(pq, batches, err)
+            if isinstance(err, ProducerFencedError):
+                self._fatal = err
+                self._fail_all(err)
+            return next_wake
+        return 0.0  # ship them now
 
     @staticmethod
     def _resequence(pq: PartitionQueue) -> None:
@@ -627,6 +787,7 @@ class Producer:
                         self._producer_id if self.idempotent else -1,
                         self._producer_epoch if self.idempotent else -1,
                         b.base_sequence if self.idempotent else -1,
+                        self._txn is not None,
                     )
                     for b in batches
                 ]
@@ -741,7 +902,11 @@ class Producer:
             else:
                 err = error_for(r.error_code, r.error_message or f"{pq.topic}-{pq.partition}")
                 if r.error_code == common_pb2.ErrorCode.INVALID_PRODUCER_EPOCH:
-                    self._fatal = ProducerClosedError(f"producer fenced: {err.message}")
+                    self._fatal = (
+                        ProducerFencedError(f"producer fenced: {err.message}")
+                        if self._txn is not None
+                        else ProducerClosedError(f"producer fenced: {err.message}")
+                    )
                 self._fail(pq, batches, err)
         if self._fatal is not None:
             self._fail_all(self._fatal)
@@ -784,6 +949,8 @@ class Producer:
     def _fail(self, pq: PartitionQueue, batches: list[ProducerBatch], err: BaseException) -> None:
         """Fail ``batches`` (none was appended); the batches behind them take over their
         sequence numbers once nothing is in flight."""
+        if self._txn is not None and isinstance(err, StromError):
+            self._txn.fail(err)
         with self._lock:
             if self.idempotent and batches and batches[0].base_sequence >= 0:
                 seq = batches[0].base_sequence  # (sequence wrap-around ignored here)
@@ -820,6 +987,8 @@ class Producer:
             f"{pq.topic}-{pq.partition}: not acknowledged within delivery_timeout_ms="
             f"{self.delivery_timeout_s * 1000:.0f} (last error: {err})"
         )
+        if self._txn is not None:
+            self._txn.fail(timeout)
         for b in batches:
             b.result.fail(timeout)
         self._done(pq, batches)

@@ -34,10 +34,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "topic; an existing topic keeps its count (default: %(default)s)",
     )
     parser.add_argument(
+        "--transaction-state-partitions",
+        default=8,
+        type=flags.int_at_least(1),
+        help="shards (partitions of __transaction_state) when this coordinator creates the "
+        "topic (transaction.state.log.num.partitions; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--transaction-max-timeout-ms",
+        default=900_000,
+        type=flags.int_at_least(1),
+        help="largest transaction.timeout.ms a producer may ask for "
+        "(transaction.max.timeout.ms; default: %(default)s)",
+    )
+    parser.add_argument(
         "--offsets-replication-factor",
         default=3,
         type=flags.int_at_least(1),
-        help="replication factor of __consumer_offsets, capped at the live nodes "
+        help="replication factor of __consumer_offsets and __transaction_state, capped at the "
+        "live nodes "
         "(default: %(default)s)",
     )
     parser.add_argument(
@@ -107,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         ),
         connect_timeout_s=args.etcd_connect_timeout_s,
         lag_interval_s=max(args.lag_metrics_interval_s, 0.1),
+        txn_partitions=args.transaction_state_partitions,
+        txn_max_timeout_ms=args.transaction_max_timeout_ms,
     )
     return flags.serve(PROG, service, args.listen, metrics_port, (CoordinatorStartupError,))
 

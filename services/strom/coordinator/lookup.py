@@ -1,7 +1,8 @@
 """FindCoordinator answered from a :class:`~strom.metadata.ClusterView` (DESIGN §2, §3).
 
 Storage nodes and coordinators both answer FindCoordinator, and both know the shard owners
-only through etcd (``coordinators/<shard>``, lease-bound). Keeping the one function here means
+only through etcd (``coordinators/<shard>`` for groups, ``txn_coordinators/<shard>`` for
+transactional ids, lease-bound). Keeping the one function here means
 a client gets the same answer whichever process it asks. No gRPC in here: the callers wrap it.
 """
 
@@ -10,14 +11,17 @@ from __future__ import annotations
 from strom.api import common_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, shard_for_group
+from strom.coordinator.txn_state import TRANSACTION_STATE_TOPIC
 from strom.errors import ErrorCode
 from strom.metadata import ClusterView
 
 
-def shard_count(view: ClusterView, default: int | None = None) -> int | None:
-    """Partition count of ``__consumer_offsets`` (the number of shards), or ``default`` while
-    the topic does not exist yet."""
-    meta = view.topic(CONSUMER_OFFSETS_TOPIC)
+def shard_count(
+    view: ClusterView, default: int | None = None, topic: str = CONSUMER_OFFSETS_TOPIC
+) -> int | None:
+    """Partition count of ``topic`` (``__consumer_offsets``: the number of group shards;
+    ``__transaction_state``: of transaction shards), or ``default`` while it does not exist."""
+    meta = view.topic(topic)
     if meta is None or meta.deleting or meta.partition_count <= 0:
         return default
     return int(meta.partition_count)
@@ -36,35 +40,45 @@ def find_coordinator(
 ) -> storage_pb2.FindCoordinatorResponse:
     """One ``Coordinator`` per requested key, in request order.
 
-    COORDINATOR_NOT_AVAILABLE when the shard has no owner (no coordinator running, ownership
-    moving, or ``__consumer_offsets`` not created yet); INVALID_REQUEST for transaction keys,
-    which strom does not have.
+    Group keys live in shards of ``__consumer_offsets`` (owners under ``coordinators/``),
+    transactional ids in shards of ``__transaction_state`` (``txn_coordinators/``); both use
+    the same hash. COORDINATOR_NOT_AVAILABLE when the shard has no owner (no coordinator
+    running, ownership moving, or the topic not created yet).
     """
     resp = storage_pb2.FindCoordinatorResponse()
-    shards = shard_count(view, default_shards)
+    txn = request.key_type == storage_pb2.COORDINATOR_TYPE_TRANSACTION
+    topic = TRANSACTION_STATE_TOPIC if txn else CONSUMER_OFFSETS_TOPIC
+    shards = shard_count(view, default_shards, topic)
     with view.lock:
-        owners = {s: v.value for s, v in view.coordinators.items()}
+        table = view.txn_coordinators if txn else view.coordinators
+        owners = {s: v.value for s, v in table.items()}
+    what = "transactional id" if txn else "group id"
     for key in request.keys:
         c = resp.coordinators.add(key=key, shard=-1)
         c.node.node_id = -1
-        if request.key_type != storage_pb2.COORDINATOR_TYPE_GROUP:
+        if request.key_type not in (
+            storage_pb2.COORDINATOR_TYPE_GROUP,
+            storage_pb2.COORDINATOR_TYPE_TRANSACTION,
+        ):
             c.error_code = ErrorCode.INVALID_REQUEST  # type: ignore[assignment]
-            c.error_message = "transactions are not supported: only group keys can be looked up"
+            c.error_message = f"unknown coordinator key type {request.key_type}"
             continue
         if not key:
-            c.error_code = ErrorCode.INVALID_GROUP_ID  # type: ignore[assignment]
-            c.error_message = "group id must not be empty"
+            c.error_code = (  # type: ignore[assignment]
+                ErrorCode.INVALID_REQUEST if txn else ErrorCode.INVALID_GROUP_ID
+            )
+            c.error_message = f"{what} must not be empty"
             continue
         if shards is None:
             c.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE  # type: ignore[assignment]
-            c.error_message = f"{CONSUMER_OFFSETS_TOPIC} does not exist yet (no coordinator ran)"
+            c.error_message = f"{topic} does not exist yet (no coordinator ran)"
             continue
         shard = shard_for_group(key, shards)
         c.shard = shard
         owner = owners.get(shard)
         if owner is None:
             c.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE  # type: ignore[assignment]
-            c.error_message = f"no coordinator owns shard {shard} right now"
+            c.error_message = f"no coordinator owns {topic} shard {shard} right now"
             continue
         c.node.CopyFrom(owner_node(owner))
     return resp

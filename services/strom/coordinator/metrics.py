@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from strom.api import coordinator_pb2_grpc
 from strom.coordinator.group import ConsumerGroup, GroupState
+from strom.coordinator.txn_state import TxnState
 from strom.service.metrics import LATENCY_BUCKETS, timed_rpcs
 
 #: Every RPC the coordinator serves (the generated servicer's methods).
@@ -143,3 +144,38 @@ def instrument(cls: type) -> type:
     cls._mutate = _mutate  # type: ignore[attr-defined]
     cls._unload = _unload  # type: ignore[attr-defined]
     return cls
+
+
+TRANSACTIONS = Gauge(
+    "strom_coordinator_transactions",
+    "Transactional ids in the shards this coordinator has loaded, by state (empty, ongoing, "
+    "prepare_commit, prepare_abort, complete_commit, complete_abort)",
+    ["state"],
+)
+TRANSACTIONS_ENDED = Counter(
+    "strom_coordinator_transactions_ended",
+    "Transactions completed (markers written everywhere), by outcome (commit, abort) and "
+    "who ended them (client; timeout: transaction.timeout.ms passed; fenced: a new producer "
+    "instance initialised the transactional id)",
+    ["outcome", "by"],
+)
+TRANSACTION_SECONDS = Histogram(
+    "strom_coordinator_transaction_duration_seconds",
+    "From a transaction's first AddPartitionsToTxn/AddOffsetsToTxn to its completion",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0),
+)
+TXN_COMPLETION_SECONDS = Histogram(
+    "strom_coordinator_transaction_completion_seconds",
+    "From the commit/abort decision to every marker written (the markers' phase)",
+    buckets=LATENCY_BUCKETS,
+)
+
+
+def set_transaction_states(transactions: Iterable[Any]) -> None:
+    """Count transactional ids by state (``TxnMetadata.state``)."""
+    counts = dict.fromkeys((s for s in TxnState if s is not TxnState.DEAD), 0)
+    for t in transactions:
+        if t.state in counts:
+            counts[t.state] += 1
+    for state, n in counts.items():
+        TRANSACTIONS.labels(state.name.lower()).set(n)

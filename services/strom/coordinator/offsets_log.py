@@ -616,11 +616,6 @@ class ShardState(ReplayState):
         else:
             snap.current.pop(key.member_id, None)
 
-    def apply_records(self, records: Iterable[GroupRecord | tuple[bytes, bytes | None]]) -> None:
-        """Apply records in order."""
-        for key, value in records:
-            self.apply(key, value)
-
     def offsets(self, group_id: str) -> dict[tuple[str, int], OffsetAndMetadata]:
         """The committed offsets of a group (empty for an unknown group)."""
         snap = self.groups.get(group_id)

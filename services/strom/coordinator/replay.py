@@ -9,6 +9,7 @@ fence them), and where the partition ends.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from strom.record import decode_batches
@@ -34,6 +35,11 @@ class ReplayState:
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         """Apply one record (``value`` None = tombstone)."""
         raise NotImplementedError
+
+    def apply_records(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Apply (key, value) records in order."""
+        for key, value in records:
+            self.apply(key, value)
 
     def apply_batches(self, buf: Any, *, verify_crc: bool = True) -> int:
         """Apply every record of a buffer of concatenated batches; returns records applied.

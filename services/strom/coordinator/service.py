@@ -39,7 +39,6 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -65,6 +64,10 @@ from strom.coordinator.offsets_log import (
     encode_group_batch,
     shard_for_group,
 )
+from strom.coordinator.replay import ReplayState
+from strom.coordinator.shards import Shard, ShardKind
+from strom.coordinator.txn_service import TransactionRpcs
+from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC, TxnShardState
 from strom.errors import (
     CoordinatorLoadInProgressError,
     ErrorCode,
@@ -79,6 +82,7 @@ from strom.errors import (
 from strom.metadata import (
     ClusterView,
     KeepAlive,
+    Keys,
     MetadataStore,
     MetadataUnavailableError,
     WatchEvent,
@@ -155,29 +159,9 @@ def _assignment_pb(parts: Mapping[str, Iterable[int]]) -> coordinator_pb2.Assign
     return a
 
 
-@dataclass
-class Shard:
-    """One owned shard: its groups, its durable mirror and its producer identity.
-
-    ``generation`` goes up on every (re)load so a loader that was superseded stops.
-    """
-
-    index: int
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    loaded: bool = False
-    generation: int = 0
-    groups: dict[str, ConsumerGroup] = field(default_factory=dict)
-    durable: ShardState = field(default_factory=ShardState)
-    producer_id: int = -1
-    producer_epoch: int = -1
-    next_sequence: int = 0
-    create_revision: int = 0
-    acquired_ms: int = 0
-    loader: asyncio.Task[None] | None = None
-
-
-class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
-    """A group-coordinator process (see the module docstring)."""
+class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServiceServicer):
+    """A group- and transaction-coordinator process (see the module docstring and
+    :mod:`strom.coordinator.txn_service`)."""
 
     name = "coordinator"
 
@@ -196,6 +180,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         group_config: GroupConfig | None = None,
         connect_timeout_s: float = 10.0,
         lag_interval_s: float = LAG_INTERVAL_S,
+        txn_partitions: int = 8,
+        txn_max_timeout_ms: int = MAX_TIMEOUT_MS,
     ) -> None:
         self.etcd = etcd
         self.cluster = cluster
@@ -209,10 +195,31 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self.group_config = group_config or GroupConfig()
         self.connect_timeout_s = connect_timeout_s
         self.lag_interval_s = lag_interval_s
+        self.txn_max_timeout_ms = txn_max_timeout_ms
         self.incarnation_id = str(uuid.uuid4())
         self.store: MetadataStore | None = None
         self.view: ClusterView | None = None
-        self.shards: dict[int, Shard] = {}
+        self.group_kind = ShardKind(
+            "group",
+            CONSUMER_OFFSETS_TOPIC,
+            offsets_partitions,
+            offsets_replication_factor,
+            Keys.coordinator,
+            lambda view: view.coordinators,
+            ShardState,
+        )
+        self.txn_kind = ShardKind(
+            "transaction",
+            TRANSACTION_STATE_TOPIC,
+            txn_partitions,
+            offsets_replication_factor,
+            Keys.txn_coordinator,
+            lambda view: view.txn_coordinators,
+            TxnShardState,
+        )
+        self.kinds = (self.group_kind, self.txn_kind)
+        #: The group shards this process owns (the transaction ones: ``txn_kind.shards``).
+        self.shards: dict[int, Shard] = self.group_kind.shards
         self._lease: Any = None
         self._keepalive: KeepAlive | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -262,7 +269,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
     async def stop(self) -> None:
         """Stop serving shards and revoke the lease, so other coordinators take them at once."""
         self._stopping = True
-        for shard in list(self.shards.values()):
+        for shard in self._all_shards():
             self._unload(shard)
         for task in list(self._tasks):
             task.cancel()
@@ -326,7 +333,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         if self._stopping:
             return
         log.warning("coordinator %d lost its etcd lease; releasing all shards", self.coordinator_id)
-        for shard in list(self.shards.values()):
+        for shard in self._all_shards():
             self._unload(shard)
         await self._new_lease()
         if self._wake is not None:
@@ -345,35 +352,42 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             metrics_port=self.metrics_port,
         )
 
+    def _all_shards(self) -> list[Shard]:
+        return [s for kind in self.kinds for s in kind.shards.values()]
+
     def _update_gauges(self) -> None:
         loaded = [s for s in self.shards.values() if s.loaded]
         SHARDS_OWNED.set(len(loaded))
+        metrics.set_transaction_states(
+            t for s in self.txn_kind.shards.values() if s.loaded for t in s.transactions.values()
+        )
         metrics.set_group_states(g for s in loaded for g in s.groups.values())
         MEMBERS.set(sum(len(g.members) for s in loaded for g in s.groups.values()))
 
     # -- shard ownership -----------------------------------------------------------------------
 
     async def _ownership_loop(self) -> None:
-        """Create ``__consumer_offsets`` if needed, claim free shards, drop lost ones; woken by
-        every etcd change, with a slow tick as a safety net."""
+        """Create ``__consumer_offsets`` and ``__transaction_state`` if needed, claim free
+        shards, drop lost ones; woken by every etcd change, with a slow tick as a safety net."""
         assert self._wake is not None
         while not self._stopping:
             self._wake.clear()
-            try:
-                if await self._ensure_topic():
-                    await self._claim_shards()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("shard ownership pass failed")
+            for kind in self.kinds:
+                try:
+                    if await self._ensure_topic(kind):
+                        await self._claim_shards(kind)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("%s shard ownership pass failed", kind.name)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
 
-    async def _ensure_topic(self) -> bool:
-        """True once ``__consumer_offsets`` exists; asks the active controller to create it."""
+    async def _ensure_topic(self, kind: ShardKind) -> bool:
+        """True once the kind's topic exists; asks the active controller to create it."""
         assert self.view is not None
         view = self.view
-        if shard_count(view) is not None:
+        if shard_count(view, topic=kind.topic) is not None:
             return True
         nodes = view.live_nodes()
         controller = view.controller_info()
@@ -381,9 +395,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             return False  # woken again when they appear
         req = controller_pb2.CreateTopicsRequest(timeout_ms=10_000)
         req.topics.add(
-            name=CONSUMER_OFFSETS_TOPIC,
-            num_partitions=self.offsets_partitions,
-            replication_factor=max(1, min(self.offsets_replication_factor, len(nodes))),
+            name=kind.topic,
+            num_partitions=kind.partitions,
+            replication_factor=max(1, min(kind.replication_factor, len(nodes))),
             configs={"cleanup.policy": "compact"},
         )
         stub = controller_pb2_grpc.ControllerServiceStub(
@@ -394,45 +408,46 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 req, timeout=15.0, metadata=((INTERNAL_TOPICS_METADATA_KEY, "true"),)
             )
         except grpc.aio.AioRpcError as exc:
-            log.info("CreateTopics %s: %s", CONSUMER_OFFSETS_TOPIC, exc.code().name)
+            log.info("CreateTopics %s: %s", kind.topic, exc.code().name)
             return False
         if resp.error_code != E.NONE:
-            log.info("CreateTopics %s: %s", CONSUMER_OFFSETS_TOPIC, error_name(resp.error_code))
+            log.info("CreateTopics %s: %s", kind.topic, error_name(resp.error_code))
             return False
         for t in resp.topics:
             if t.error_code not in (E.NONE, E.TOPIC_ALREADY_EXISTS):
                 log.warning(
                     "cannot create %s: %s %s",
-                    CONSUMER_OFFSETS_TOPIC,
+                    kind.topic,
                     error_name(t.error_code),
                     t.error_message,
                 )
                 return False
             if t.error_code == E.NONE:
-                log.info("created %s with %d partitions", CONSUMER_OFFSETS_TOPIC, t.num_partitions)
-        return shard_count(view) is not None
+                log.info("created %s with %d partitions", kind.topic, t.num_partitions)
+        return shard_count(view, topic=kind.topic) is not None
 
-    async def _claim_shards(self) -> None:
+    async def _claim_shards(self, kind: ShardKind) -> None:
         assert self.view is not None and self.store is not None
         view, store = self.view, self.store
-        shards = shard_count(view) or 0
+        shards = shard_count(view, topic=kind.topic) or 0
+        owned = kind.shards
         with view.lock:
-            owners = {s: v.value for s, v in view.coordinators.items()}
+            owners = {s: v.value for s, v in kind.owners(view).items()}
             revision = view.revision
         # Lost: our key vanished (lease expired) or belongs to someone else now.
-        for s, shard in list(self.shards.items()):
+        for s, shard in list(owned.items()):
             owner = owners.get(s)
             if revision >= shard.create_revision and (
                 owner is None or owner.incarnation_id != self.incarnation_id
             ):
-                log.warning("shard %d is no longer ours; dropping it", s)
+                log.warning("%s shard %d is no longer ours; dropping it", kind.name, s)
                 self._unload(shard)
         # Spread shards: take free ones, but no more than a fair share of the coordinators
         # seen owning shards (a lone coordinator takes them all; nothing is moved later).
         owners_seen = {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
         fair = math.ceil(shards / max(1, len(owners_seen)))
-        free = [s for s in range(shards) if s not in owners and s not in self.shards]
-        mine = len(self.shards)
+        free = [s for s in range(shards) if s not in owners and s not in owned]
+        mine = len(owned)
         for s in free:
             if self._stopping or self._lease is None:
                 return
@@ -440,8 +455,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 break
             if s in owners:
                 continue
-            shard = Shard(s, acquired_ms=_now_ms())
-            key = store.keys.coordinator(s)
+            shard = Shard(s, kind, acquired_ms=_now_ms())
+            key = kind.key(store.keys, s)
             lease = self._lease
             created = await asyncio.to_thread(
                 store.create, key, self._owner(shard, -1, -1), lease=lease
@@ -452,15 +467,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             if current is None or current.value.incarnation_id != self.incarnation_id:
                 continue
             shard.create_revision = current.create_revision
-            self.shards[s] = shard
+            owned[s] = shard
             mine += 1
-            log.info("took shard %d", s, extra={"fields": {"shard": s}})
+            log.info("took %s shard %d", kind.name, s, extra={"fields": {"shard": s}})
             self._start_load(shard)
             # One shard at a time, re-reading the owners: coordinators started together
             # interleave their claims instead of the first one taking everything.
             await asyncio.sleep(0.02)
             with view.lock:
-                owners = {s2: v.value for s2, v in view.coordinators.items()}
+                owners = {s2: v.value for s2, v in kind.owners(view).items()}
             owners_seen = {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
             fair = math.ceil(shards / max(1, len(owners_seen)))
 
@@ -476,10 +491,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         shard.loaded = False
         shard.generation += 1
         shard.groups = {}
+        shard.transactions = {}
         if shard.loader is not None and not shard.loader.done():
             shard.loader.cancel()
-        if self.shards.get(shard.index) is shard:
-            del self.shards[shard.index]
+        assert shard.kind is not None
+        if shard.kind.shards.get(shard.index) is shard:
+            del shard.kind.shards[shard.index]
         self._update_gauges()
 
     async def _load_until_done(self, shard: Shard, generation: int) -> None:
@@ -502,42 +519,48 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     async def _load(self, shard: Shard, generation: int) -> None:
         """Replay, bump the producer epoch, fence, replay the rest, publish, serve."""
-        assert self.store is not None
+        assert self.store is not None and shard.kind is not None
+        kind = shard.kind
         t0 = time.monotonic()
-        state = ShardState()
-        position = await self._replay(shard.index, state, 0, until=None)
+        state = kind.new_state()
+        position = await self._replay(shard.index, state, 0, until=None, topic=kind.topic)
         pid, epoch = await self._init_producer(state.producer_id, state.producer_epoch)
         self._check_generation(shard, generation)
         fence = self._owner(shard, epoch, pid).SerializeToString()
         batch = encode_group_batch(
             [GroupRecord(FENCE_KEY, fence)], producer_id=pid, producer_epoch=epoch, base_sequence=0
         )
-        fence_offset = await self._produce(shard.index, batch)
+        fence_offset = await self._produce(shard.index, batch, kind.topic)
         # What the previous owner appended between our replay and the fence is state too.
-        await self._replay(shard.index, state, position, until=fence_offset + 1)
+        await self._replay(shard.index, state, position, until=fence_offset + 1, topic=kind.topic)
         self._check_generation(shard, generation)
         now = _now_ms()
         groups = {
             gid: ConsumerGroup.from_snapshot(snap, now_ms=now, config=self.group_config)
-            for gid, snap in state.groups.items()
+            for gid, snap in getattr(state, "groups", {}).items()
         }
         store = self.store
-        key = store.keys.coordinator(shard.index)
+        key = kind.key(store.keys, shard.index)
         current = await asyncio.to_thread(store.get, key, md.CoordinatorShardOwner)
         if current is None or current.value.incarnation_id != self.incarnation_id:
             raise _ShardLost("the shard key is not ours any more")
         await asyncio.to_thread(store.put, key, self._owner(shard, epoch, pid), lease=self._lease)
         self._check_generation(shard, generation)
         shard.groups = groups
+        shard.transactions = dict(getattr(state, "transactions", {}))
         shard.durable = state
         shard.producer_id, shard.producer_epoch, shard.next_sequence = pid, epoch, 1
         shard.loaded = True
         SHARD_LOADS.inc()
         self._update_gauges()
+        if shard.transactions:
+            self._resume_transactions(shard)
         log.info(
-            "loaded shard %d: %d groups, producer %d epoch %d, %.0f ms",
+            "loaded %s shard %d: %d groups, %d transactional ids, producer %d epoch %d, %.0f ms",
+            kind.name,
             shard.index,
             len(groups),
+            len(shard.transactions),
             pid,
             epoch,
             (time.monotonic() - t0) * 1000,
@@ -571,7 +594,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         return f"{n.host}:{n.port}"
 
     async def _replay(
-        self, partition: int, state: ShardState, position: int, *, until: int | None
+        self,
+        partition: int,
+        state: ReplayState,
+        position: int,
+        *,
+        until: int | None,
+        topic: str = CONSUMER_OFFSETS_TOPIC,
     ) -> int:
         """Apply the partition's batches from ``position`` up to ``until`` (None: the high
         watermark seen by the first fetch); returns the offset replay ended at."""
@@ -580,14 +609,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         while True:
             if time.monotonic() > deadline:
                 raise StromError(
-                    f"replay of {CONSUMER_OFFSETS_TOPIC}-{partition} stuck at {position} "
-                    f"(want {target})",
+                    f"replay of {topic}-{partition} stuck at {position} (want {target})",
                     retriable=True,
                 )
-            addr, _epoch = self._leader(partition)
+            addr, _epoch = self._leader(partition, topic)
             stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
             req = storage_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=8 << 20)
-            req.topics.add(topic=CONSUMER_OFFSETS_TOPIC).partitions.add(
+            req.topics.add(topic=topic).partitions.add(
                 partition=partition,
                 fetch_offset=position,
                 current_leader_epoch=-1,
@@ -600,7 +628,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 continue
             if pr.error_code != E.NONE:
                 raise StromError(
-                    f"fetch {CONSUMER_OFFSETS_TOPIC}-{partition}@{position}: "
+                    f"fetch {topic}-{partition}@{position}: "
                     f"{error_name(pr.error_code)} {pr.error_message}",
                     retriable=True,
                 )
@@ -631,7 +659,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             )
         return resp.producer_id, resp.producer_epoch
 
-    async def _produce(self, partition: int, batch: bytes) -> int:
+    async def _produce(
+        self, partition: int, batch: bytes, topic: str = CONSUMER_OFFSETS_TOPIC
+    ) -> int:
         """Append one batch with acks=all; its base offset. Leader moves and timeouts are
         retried with the same bytes (the idempotent producer makes a resend safe).
 
@@ -643,10 +673,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
         last = ""
         while True:
             try:
-                addr, leader_epoch = self._leader(partition)
+                addr, leader_epoch = self._leader(partition, topic)
                 stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
                 req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
-                req.topics.add(topic=CONSUMER_OFFSETS_TOPIC).partitions.add(
+                req.topics.add(topic=topic).partitions.add(
                     partition=partition, records=batch, current_leader_epoch=leader_epoch
                 )
                 resp = await stub.Produce(req, timeout=10.0)
@@ -667,7 +697,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                     E.REQUEST_TIMED_OUT,
                     E.UNKNOWN_TOPIC_OR_PARTITION,
                 ):
-                    raise UnknownServerError(f"append to {CONSUMER_OFFSETS_TOPIC}: {last}")
+                    raise UnknownServerError(f"append to {topic}: {last}")
             except grpc.aio.AioRpcError as exc:
                 last = exc.code().name
             except StromError as exc:
@@ -675,9 +705,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                     raise
                 last = exc.message
             if time.monotonic() >= deadline:
-                raise RequestTimedOutError(
-                    f"could not append to {CONSUMER_OFFSETS_TOPIC}-{partition}: {last}"
-                )
+                raise RequestTimedOutError(f"could not append to {topic}-{partition}: {last}")
             await asyncio.sleep(0.1)
 
     # -- operations ----------------------------------------------------------------------------
@@ -739,7 +767,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
             base_sequence=shard.next_sequence,
         )
         try:
-            await self._produce(shard.index, batch)
+            await self._produce(shard.index, batch, shard.topic)
         except _ShardLost as exc:
             log.warning("shard %d fenced (%s); dropping it", shard.index, exc)
             self._unload(shard)
@@ -921,6 +949,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                     pr = tr.partitions.add(
                         partition=p, committed_offset=-1, committed_leader_epoch=-1
                     )
+                    if request.require_stable and group is not None and group.unstable(topic, p):
+                        pr.error_code = E.UNSTABLE_OFFSET_COMMIT  # type: ignore[assignment]
+                        pr.error_message = "a transaction has an offset pending for it"
+                        continue
                     if om is not None:
                         pr.committed_offset = om.offset
                         pr.committed_leader_epoch = om.leader_epoch
@@ -1102,7 +1134,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
     # -- timers ---------------------------------------------------------------------------------
 
     async def _timer_loop(self) -> None:
-        """Expire members past their deadlines (persisting the removal), refresh lag gauges."""
+        """Expire members past their deadlines (persisting the removal), abort transactions
+        past their timeout, refresh lag gauges."""
         next_lag = time.monotonic() + self.lag_interval_s
         while not self._stopping:
             now = _now_ms()
@@ -1118,6 +1151,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServiceServicer):
                         await self._expire(gid)
                     else:
                         wake_at = min(wake_at, deadline)
+            await self._abort_expired()
             if time.monotonic() >= next_lag:
                 next_lag = time.monotonic() + self.lag_interval_s
                 with contextlib.suppress(Exception):

@@ -36,6 +36,8 @@ from strom.errors import (
     ProducerFencedError,
 )
 
+#: The compacted internal topic whose partitions are the transaction coordinator's shards.
+TRANSACTION_STATE_TOPIC = "__transaction_state"
 #: Producer epochs are 16-bit in the batch header; past this the id is replaced.
 MAX_EPOCH = 32767
 #: Kafka's transaction.max.timeout.ms default (15 minutes).

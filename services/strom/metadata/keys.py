@@ -58,6 +58,14 @@ class Keys:
     def coordinator(self, shard: int) -> str:
         return f"{self.coordinators_prefix}{shard}"
 
+    @property
+    def txn_coordinators_prefix(self) -> str:
+        return self.root + "txn_coordinators/"
+
+    def txn_coordinator(self, shard: int) -> str:
+        """Owner of shard ``shard`` of ``__transaction_state`` (lease-bound)."""
+        return f"{self.txn_coordinators_prefix}{shard}"
+
     def parse_partition(self, key: str) -> tuple[str, int] | None:
         """``.../partitions/<topic>/<p>`` → (topic, p); topic names cannot hold '/'."""
         if not key.startswith(self.partitions_prefix):

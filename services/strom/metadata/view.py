@@ -38,6 +38,8 @@ class ClusterView:
         self.partitions: dict[tuple[str, int], Versioned] = {}
         self.controller: Versioned | None = None
         self.coordinators: dict[int, Versioned] = {}
+        #: Owners of the shards of __transaction_state (transaction coordinators).
+        self.txn_coordinators: dict[int, Versioned] = {}
         self.producer_ids: Versioned | None = None
         self._listeners: list[Listener] = []
         self._watch: Watch | None = None
@@ -66,6 +68,7 @@ class ClusterView:
             self.topics.clear()
             self.partitions.clear()
             self.coordinators.clear()
+            self.txn_coordinators.clear()
             self.controller = None
             for ev in items:
                 self._apply(ev)
@@ -105,6 +108,10 @@ class ClusterView:
                 rest = key[len(k.nodes_prefix) :]
                 if rest.isdigit():
                     self._set(self.nodes, int(rest), ev, md.NodeRegistration)
+            elif key.startswith(k.txn_coordinators_prefix):
+                rest = key[len(k.txn_coordinators_prefix) :]
+                if rest.isdigit():
+                    self._set(self.txn_coordinators, int(rest), ev, md.CoordinatorShardOwner)
             elif key.startswith(k.coordinators_prefix):
                 rest = key[len(k.coordinators_prefix) :]
                 if rest.isdigit():

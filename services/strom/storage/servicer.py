@@ -848,8 +848,9 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         if request.HasField("transactional_id"):
             return fail(
                 E.INVALID_REQUEST,
-                "transactions are not supported: leave transactional_id unset for an "
-                "idempotent producer",
+                "a transactional producer gets its producer id from its transaction "
+                "coordinator (CoordinatorService.InitProducerId): leave transactional_id unset "
+                "here",
             )
         if self.producer_ids is None:
             return fail(E.UNKNOWN_SERVER_ERROR, "this node does not hand out producer ids")
@@ -914,6 +915,9 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
         ),
         "FindCoordinator": std(
             servicer.FindCoordinator, pb.FindCoordinatorRequest, pb.FindCoordinatorResponse
+        ),
+        "WriteTxnMarkers": std(
+            servicer.WriteTxnMarkers, pb.WriteTxnMarkersRequest, pb.WriteTxnMarkersResponse
         ),
     }
     service = pb.DESCRIPTOR.services_by_name["StorageService"]

@@ -1,0 +1,345 @@
+"""The transactional producer's side of Kafka's transaction protocol (DESIGN §6).
+
+:class:`TransactionManager` keeps the producer's transaction state and talks to its
+transaction coordinator (found with FindCoordinator for the transactional id):
+InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, and TxnOffsetCommit to the
+consumer group's coordinator. The :class:`~strom.client.producer.Producer` calls it: before a
+partition's first batch of a transaction is sent, the partition is added; ``commit`` flushes
+and ends the transaction.
+
+Errors follow Kafka's classes:
+
+- **fatal** (:class:`~strom.errors.ProducerFencedError`, a newer instance took the id over):
+  the producer can do nothing more; close it.
+- **abortable** (a send failed, the coordinator refused a request): the transaction cannot
+  commit; ``abort_transaction()`` and start again.
+- retriable errors (coordinator moving, the previous transaction still completing) are
+  retried here until the call's timeout.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.client.cluster import ClusterClient
+from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.errors import (
+    COORDINATOR_REFRESH_CODES,
+    CoordinatorNotAvailableError,
+    ErrorCode,
+    InvalidTxnStateError,
+    ProducerFencedError,
+    RequestTimedOutError,
+    StromError,
+    error_for,
+    is_retriable,
+)
+
+E = ErrorCode
+_TRANSPORT = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+#: Errors after which the producer is fenced for good.
+_FATAL = frozenset({E.PRODUCER_FENCED, E.INVALID_PRODUCER_EPOCH, E.INVALID_PRODUCER_ID_MAPPING})
+
+
+class TxnPhase(enum.Enum):
+    """Where the producer's transaction is."""
+
+    UNINITIALIZED = "uninitialized"
+    READY = "ready"
+    IN_TRANSACTION = "in transaction"
+    COMMITTING = "committing"
+    ABORTING = "aborting"
+    ABORTABLE_ERROR = "abortable error"
+    FATAL_ERROR = "fatal error"
+
+
+@dataclass(frozen=True)
+class GroupMetadata:
+    """What ``send_offsets_to_transaction`` needs of a consumer (Kafka's
+    ConsumerGroupMetadata): its group and, for a group member, its member id and epoch, so a
+    fenced member's offsets are refused."""
+
+    group_id: str
+    member_id: str = ""
+    member_epoch: int = -1
+
+
+class TransactionManager:
+    """One transactional producer's state and coordinator calls (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        transactional_id: str,
+        timeout_ms: int,
+        *,
+        request_timeout_s: float,
+        retry_backoff_s: float,
+    ) -> None:
+        if not transactional_id or not isinstance(transactional_id, str):
+            raise ValueError(
+                f"transactional_id must be a non-empty string, got {transactional_id!r}"
+            )
+        if not isinstance(timeout_ms, int) or timeout_ms <= 0:
+            raise ValueError(
+                f"transaction_timeout_ms must be a positive integer, got {timeout_ms!r}"
+            )
+        self.client = client
+        self.transactional_id = transactional_id
+        self.timeout_ms = timeout_ms
+        self.request_timeout_s = request_timeout_s
+        self.backoff_s = max(retry_backoff_s, 0.02)
+        self.lock = threading.Lock()
+        self.phase = TxnPhase.UNINITIALIZED
+        self.producer_id = -1
+        self.producer_epoch = -1
+        #: Partitions registered with the coordinator in the current transaction.
+        self.added: set[tuple[str, int]] = set()
+        self.error: StromError | None = None
+        self._coordinator: str | None = None
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def require(self, *phases: TxnPhase, action: str) -> None:
+        with self.lock:
+            phase, error = self.phase, self.error
+        if phase is TxnPhase.FATAL_ERROR:
+            assert error is not None
+            raise error
+        if phase not in phases:
+            hint = ""
+            if phase is TxnPhase.UNINITIALIZED:
+                hint = ": call init_transactions() first"
+            elif phase is TxnPhase.ABORTABLE_ERROR:
+                hint = f": the transaction failed ({error}); call abort_transaction()"
+            elif phase is TxnPhase.READY:
+                hint = ": call begin_transaction() first"
+            elif phase is TxnPhase.IN_TRANSACTION:
+                hint = ": a transaction is already open"
+            raise InvalidTxnStateError(f"cannot {action} while {phase.value}{hint}")
+
+    def fail(self, error: StromError) -> None:
+        """A send or request failed: fatal errors end the producer, others the transaction."""
+        fatal = isinstance(error, ProducerFencedError) or error.code in _FATAL
+        with self.lock:
+            if self.phase is TxnPhase.FATAL_ERROR:
+                return
+            if fatal:
+                self.phase = TxnPhase.FATAL_ERROR
+                self.error = (
+                    error
+                    if isinstance(error, ProducerFencedError)
+                    else ProducerFencedError(f"producer fenced: {error.message}")
+                )
+            elif self.phase in (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING):
+                self.phase = TxnPhase.ABORTABLE_ERROR
+                self.error = error
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.phase in (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING, TxnPhase.ABORTING)
+
+    # -- coordinator calls ---------------------------------------------------------------------
+
+    def init(self, timeout_s: float) -> tuple[int, int]:
+        """InitProducerId: the producer id and (bumped) epoch; fences older instances."""
+        self.require(TxnPhase.UNINITIALIZED, TxnPhase.READY, action="init_transactions()")
+        req = storage_pb2.InitProducerIdRequest(
+            transactional_id=self.transactional_id,
+            transaction_timeout_ms=self.timeout_ms,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+        resp = self._call("InitProducerId", req, timeout_s)
+        with self.lock:
+            self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+            self.phase = TxnPhase.READY
+            self.added.clear()
+            self.error = None
+        return resp.producer_id, resp.producer_epoch
+
+    def begin(self) -> None:
+        self.require(TxnPhase.READY, action="begin_transaction()")
+        with self.lock:
+            self.phase = TxnPhase.IN_TRANSACTION
+            self.added.clear()
+
+    def add_partitions(self, parts: Iterable[tuple[str, int]], timeout_s: float) -> None:
+        """AddPartitionsToTxn for partitions about to get their first batch."""
+        by_topic: dict[str, list[int]] = {}
+        for t, p in parts:
+            by_topic.setdefault(t, []).append(p)
+        req = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=self.transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            topics=[
+                common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+            ],
+        )
+        resp = self._call("AddPartitionsToTxn", req, timeout_s)
+        for tr in resp.topics:
+            for pr in tr.partitions:
+                if pr.error_code != E.NONE:
+                    raise error_for(pr.error_code, pr.error_message)
+        with self.lock:
+            self.added.update((t, p) for t, ps in by_topic.items() for p in ps)
+
+    def send_offsets(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        group: GroupMetadata,
+        timeout_s: float,
+    ) -> None:
+        """AddOffsetsToTxn, then TxnOffsetCommit to the group's coordinator."""
+        self.require(TxnPhase.IN_TRANSACTION, action="send_offsets_to_transaction()")
+        try:
+            self._call(
+                "AddOffsetsToTxn",
+                coordinator_pb2.AddOffsetsToTxnRequest(
+                    transactional_id=self.transactional_id,
+                    producer_id=self.producer_id,
+                    producer_epoch=self.producer_epoch,
+                    group_id=group.group_id,
+                ),
+                timeout_s,
+            )
+            req = coordinator_pb2.TxnOffsetCommitRequest(
+                transactional_id=self.transactional_id,
+                group_id=group.group_id,
+                producer_id=self.producer_id,
+                producer_epoch=self.producer_epoch,
+                member_id=group.member_id,
+                member_epoch=group.member_epoch,
+            )
+            by_topic: dict[str, Any] = {}
+            for tp, om in sorted(offsets.items()):
+                if tp.topic not in by_topic:
+                    by_topic[tp.topic] = req.topics.add(topic=tp.topic)
+                by_topic[tp.topic].partitions.add(
+                    partition=tp.partition,
+                    committed_offset=om.offset,
+                    committed_leader_epoch=om.leader_epoch,
+                    metadata=om.metadata,
+                )
+            resp = self._call(
+                "TxnOffsetCommit",
+                req,
+                timeout_s,
+                key=group.group_id,
+                key_type=storage_pb2.COORDINATOR_TYPE_GROUP,
+            )
+            for tr in resp.topics:
+                for pr in tr.partitions:
+                    if pr.error_code != E.NONE:
+                        raise error_for(
+                            pr.error_code, f"{tr.topic}-{pr.partition}: {pr.error_message}"
+                        )
+        except StromError as exc:
+            self.fail(exc)
+            raise
+
+    def end(self, commit: bool, timeout_s: float) -> None:
+        """EndTxn; back to READY once the coordinator has the decision."""
+        req = coordinator_pb2.EndTxnRequest(
+            transactional_id=self.transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            committed=commit,
+        )
+        try:
+            self._call("EndTxn", req, timeout_s)
+        except StromError as exc:
+            self.fail(exc)
+            raise
+        with self.lock:
+            self.phase = TxnPhase.READY
+            self.added.clear()
+            self.error = None
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        req: Any,
+        timeout_s: float,
+        *,
+        key: str | None = None,
+        key_type: int = storage_pb2.COORDINATOR_TYPE_TRANSACTION,
+    ) -> Any:
+        """A coordinator RPC, retried on retriable errors until ``timeout_s``; raises the
+        error of a refused request (fatal ones also end the producer)."""
+        key = self.transactional_id if key is None else key
+        txn = key_type == storage_pb2.COORDINATOR_TYPE_TRANSACTION
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestTimedOutError(
+                    f"{method} did not succeed within {timeout_s:.1f} s: {last}"
+                )
+            addr = self._coordinator if txn else None
+            try:
+                if addr is None:
+                    addr = self._find(key, key_type, remaining)
+                    if txn:
+                        self._coordinator = addr
+                stub = coordinator_pb2_grpc.CoordinatorServiceStub(self.client.channel(addr))
+                resp = getattr(stub, method)(req, timeout=min(remaining, self.request_timeout_s))
+            except grpc.RpcError as exc:
+                if exc.code() not in _TRANSPORT:
+                    raise StromError(
+                        f"{method} failed: {exc.code().name} {exc.details()}"
+                    ) from None
+                self._coordinator = None
+                last = exc.code().name
+            except CoordinatorNotAvailableError as exc:
+                last = exc.message
+            else:
+                code = resp.error_code
+                if code == E.NONE:
+                    return resp
+                last = f"{ErrorCode.Name(code)}: {resp.error_message}"
+                if code in COORDINATOR_REFRESH_CODES:
+                    self._coordinator = None
+                elif not is_retriable(code):
+                    err = error_for(code, resp.error_message or last)
+                    if code in _FATAL:
+                        self.fail(err)
+                        with self.lock:
+                            assert self.error is not None
+                            raise self.error
+                    raise err
+            time.sleep(min(self.backoff_s, max(deadline - time.monotonic(), 0)))
+
+    def _find(self, key: str, key_type: int, timeout_s: float) -> str:
+        req = storage_pb2.FindCoordinatorRequest(key_type=key_type, keys=[key])  # type: ignore[arg-type]
+        last = "no node answered"
+        for addr in self.client._candidates():
+            try:
+                resp = self.client.storage(addr).FindCoordinator(
+                    req, timeout=min(timeout_s, self.request_timeout_s, 5.0)
+                )
+            except grpc.RpcError as exc:
+                last = f"{addr}: {exc.code().name}"
+                continue
+            c = resp.coordinators[0]
+            if c.error_code == E.NONE:
+                return f"{c.node.host}:{c.node.port}"
+            if c.error_code not in COORDINATOR_REFRESH_CODES:
+                raise error_for(c.error_code, c.error_message)
+            last = c.error_message
+            break
+        raise CoordinatorNotAvailableError(f"no coordinator for {key!r}: {last}")

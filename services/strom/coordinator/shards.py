@@ -1,0 +1,70 @@
+"""The kinds of shards a coordinator process owns, and one owned shard (plain data).
+
+A coordinator process serves two roles on the same machinery (DESIGN §2, §6): consumer groups
+in the partitions of ``__consumer_offsets`` (owners under etcd ``coordinators/<s>``) and
+transactional ids in the partitions of ``__transaction_state`` (``txn_coordinators/<s>``).
+Claiming, loading (replay, fence, publish), writing and losing a shard are the same for both;
+a :class:`ShardKind` says where each kind lives and how its records replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from strom.coordinator.group import ConsumerGroup
+from strom.coordinator.replay import ReplayState
+from strom.coordinator.txn_state import TxnMetadata
+from strom.metadata import ClusterView, Keys, Versioned
+
+
+@dataclass
+class ShardKind:
+    """Where one kind of shard lives and how its partition replays."""
+
+    #: "group" or "transaction" (for logs and metrics).
+    name: str
+    #: The compacted internal topic whose partitions are the shards.
+    topic: str
+    #: Partition count and replication factor when this process creates the topic.
+    partitions: int
+    replication_factor: int
+    #: The etcd key naming a shard's owner.
+    key: Callable[[Keys, int], str]
+    #: The view's table of owners.
+    owners: Callable[[ClusterView], dict[int, Versioned]]
+    #: A fresh replay state for the partition's records.
+    new_state: Callable[[], ReplayState]
+    #: The shards of this kind this process owns.
+    shards: dict[int, Shard] = field(default_factory=dict)
+
+
+@dataclass
+class Shard:
+    """One owned shard: its in-memory state, its durable mirror and its producer identity.
+
+    ``generation`` goes up on every (re)load so a loader that was superseded stops. A group
+    shard fills ``groups``, a transaction shard ``transactions``.
+    """
+
+    index: int
+    kind: ShardKind | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loaded: bool = False
+    generation: int = 0
+    groups: dict[str, ConsumerGroup] = field(default_factory=dict)
+    transactions: dict[str, TxnMetadata] = field(default_factory=dict)
+    durable: Any = None
+    producer_id: int = -1
+    producer_epoch: int = -1
+    next_sequence: int = 0
+    create_revision: int = 0
+    acquired_ms: int = 0
+    loader: asyncio.Task[None] | None = None
+
+    @property
+    def topic(self) -> str:
+        assert self.kind is not None
+        return self.kind.topic

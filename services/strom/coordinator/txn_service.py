@@ -1,0 +1,611 @@
+"""The coordinator's transaction RPCs (DESIGN §6 "Transactions"), mixed into
+:class:`~strom.coordinator.service.CoordinatorService`.
+
+The transaction coordinator side: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn,
+EndTxn, DescribeTransactions, ListTransactions. Every state change of a transactional id
+(:mod:`strom.coordinator.txn_state`) is written to its shard of ``__transaction_state``
+(acks=all, the shard owner's fenced producer) before it is acted on or answered.
+
+Ending a transaction is two-phase, as in Kafka:
+
+1. EndTxn writes PREPARE_COMMIT / PREPARE_ABORT: the decision is durable, EndTxn answers.
+2. In the background the markers go to every partition of the transaction
+   (WriteTxnMarkers to each leader, retried until every one is in, following leader
+   changes), and every group that took offsets in it completes them (CompleteTxnOffsets on
+   the group's coordinator: applied on commit, dropped on abort).
+3. COMPLETE_COMMIT / COMPLETE_ABORT is written. Until then the id answers
+   CONCURRENT_TRANSACTIONS to anything that would start its next transaction.
+
+A coordinator that dies between 1 and 3 leaves PREPARE_* in the log: the next owner replays
+it and finishes steps 2 and 3 (markers and offset completion are idempotent). A transaction
+open longer than its ``transaction.timeout.ms`` is aborted by the coordinator with a bumped
+epoch, which fences the producer that let it expire.
+
+The group coordinator side: TxnOffsetCommit (offsets pending in a transaction) and
+CompleteTxnOffsets (called by the transaction coordinator in step 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from strom.api import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    storage_pb2,
+    storage_pb2_grpc,
+)
+from strom.coordinator import metrics
+from strom.coordinator.lookup import find_coordinator, shard_count
+from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
+from strom.coordinator.shards import Shard
+from strom.coordinator.txn_state import (
+    MAX_EPOCH,
+    TxnMetadata,
+    TxnState,
+    check_timeout,
+    init_producer_id,
+    txn_log_key,
+)
+from strom.errors import (
+    ConcurrentTransactionsError,
+    CoordinatorLoadInProgressError,
+    ErrorCode,
+    GroupIdNotFoundError,
+    InvalidProducerIdMappingError,
+    InvalidRequestError,
+    NotCoordinatorError,
+    StromError,
+    error_name,
+)
+from strom.metadata import ClusterView
+
+if TYPE_CHECKING:
+    from strom.coordinator.service import CoordinatorService
+
+    _Base = CoordinatorService
+else:
+    _Base = object
+
+log = logging.getLogger("strom.coordinator.txn")
+E = ErrorCode
+#: How long one WriteTxnMarkers request may wait for the in-sync replicas.
+MARKER_TIMEOUT_MS = 10_000
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _fill_error(resp: Any, exc: BaseException) -> None:
+    if isinstance(exc, StromError):
+        resp.error_code = exc.code if exc.code is not None else E.UNKNOWN_SERVER_ERROR
+        resp.error_message = exc.message
+    else:
+        log.exception("transaction request failed", exc_info=exc)
+        resp.error_code = E.UNKNOWN_SERVER_ERROR
+        resp.error_message = f"{type(exc).__name__}: {exc}"
+
+
+class TransactionRpcs(_Base):
+    """Transaction coordinator and transactional-offset RPCs (see the module docstring)."""
+
+    # -- shards --------------------------------------------------------------------------------
+
+    def _txn_shard(self, transactional_id: str) -> Shard:
+        """The loaded transaction shard of ``transactional_id``; raises the usual errors."""
+        if not transactional_id:
+            raise InvalidRequestError("transactional_id must not be empty")
+        assert self.view is not None
+        kind = self.txn_kind
+        shards = shard_count(self.view, topic=kind.topic)
+        if shards is None:
+            raise NotCoordinatorError(f"{kind.topic} does not exist yet")
+        s = shard_for_group(transactional_id, shards)
+        shard = kind.shards.get(s)
+        if shard is None or self._stopping:
+            raise NotCoordinatorError(
+                f"coordinator {self.coordinator_id} does not own {kind.topic} shard {s}"
+            )
+        if not shard.loaded:
+            raise CoordinatorLoadInProgressError(f"{kind.topic} shard {s} is still loading")
+        return shard
+
+    async def _txn_write(self, shard: Shard, meta: TxnMetadata) -> None:
+        """Make ``meta`` durable, then the in-memory state (shard lock held)."""
+        if (
+            not shard.loaded
+            or shard.kind is None
+            or shard.kind.shards.get(shard.index) is not shard
+        ):
+            raise NotCoordinatorError(f"{shard.topic} shard {shard.index} moved")
+        await self._write(shard, [GroupRecord(txn_log_key(meta.transactional_id), meta.to_value())])
+        shard.transactions[meta.transactional_id] = meta
+
+    async def _txn_change(
+        self,
+        transactional_id: str,
+        change: Callable[[TxnMetadata], TxnMetadata | None],
+    ) -> tuple[Shard, TxnMetadata, bool]:
+        """Apply ``change`` to the id's state under the shard lock and write the result;
+        returns (shard, state now, whether it changed). Unknown ids are refused."""
+        shard = self._txn_shard(transactional_id)
+        async with shard.lock:
+            current = shard.transactions.get(transactional_id)
+            if current is None:
+                raise InvalidProducerIdMappingError(
+                    f"transactional id {transactional_id!r} is unknown here: call "
+                    "InitProducerId first"
+                )
+            new = change(current)
+            if new is None or new == current:
+                return shard, current, False
+            await self._txn_write(shard, new)
+            return shard, new, True
+
+    # -- transaction coordinator RPCs ----------------------------------------------------------
+
+    async def InitProducerId(
+        self, request: storage_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> storage_pb2.InitProducerIdResponse:
+        resp = storage_pb2.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+        try:
+            if not request.HasField("transactional_id") or not request.transactional_id:
+                raise InvalidRequestError(
+                    "InitProducerId on a coordinator needs a transactional_id (idempotent "
+                    "producers ask a storage node)"
+                )
+            tid = request.transactional_id
+            check_timeout(request.transaction_timeout_ms, self.txn_max_timeout_ms)
+            shard = self._txn_shard(tid)
+            current = shard.transactions.get(tid)
+            fresh_pid = -1
+            if current is None or current.producer_epoch >= MAX_EPOCH:
+                fresh_pid, _ = await self._init_producer(-1, -1)
+            async with shard.lock:
+                current = shard.transactions.get(tid)
+                result = init_producer_id(
+                    current,
+                    tid,
+                    request.transaction_timeout_ms,
+                    _now_ms(),
+                    lambda: fresh_pid,
+                    self.txn_max_timeout_ms,
+                )
+                if result.metadata.producer_id < 0:
+                    raise ConcurrentTransactionsError("allocating a producer id; retry")
+                await self._txn_write(shard, result.metadata)
+            if result.retry_later:
+                # The previous instance left a transaction open: it is being aborted (with a
+                # bumped epoch that fences that instance); the producer retries.
+                self._spawn(self._finish(shard, result.metadata, by="fenced"))
+                raise ConcurrentTransactionsError(
+                    f"aborting the open transaction of the previous instance of {tid!r}; retry"
+                )
+            resp.producer_id = result.metadata.producer_id
+            resp.producer_epoch = result.metadata.producer_epoch
+            log.info(
+                "transactional id %s -> producer %d epoch %d",
+                tid,
+                resp.producer_id,
+                resp.producer_epoch,
+            )
+        except Exception as exc:
+            _fill_error(resp, exc)
+        return resp
+
+    async def AddPartitionsToTxn(
+        self,
+        request: coordinator_pb2.AddPartitionsToTxnRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> coordinator_pb2.AddPartitionsToTxnResponse:
+        resp = coordinator_pb2.AddPartitionsToTxnResponse()
+        topics = self._topics()
+        unknown = {
+            (tp.topic, p)
+            for tp in request.topics
+            for p in tp.partitions
+            if not (tp.topic in topics and 0 <= p < topics[tp.topic])
+        }
+        wanted = [(tp.topic, p) for tp in request.topics for p in tp.partitions]
+        try:
+            if not unknown:
+                now = _now_ms()
+                await self._txn_change(
+                    request.transactional_id,
+                    lambda m: m.add(
+                        request.producer_id, request.producer_epoch, now, partitions=wanted
+                    ),
+                )
+        except Exception as exc:
+            _fill_error(resp, exc)
+            return resp
+        for tp in request.topics:
+            tr = resp.topics.add(topic=tp.topic)
+            for p in tp.partitions:
+                pr = tr.partitions.add(partition=p)
+                if (tp.topic, p) in unknown:
+                    pr.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
+                    pr.error_message = f"unknown topic or partition {tp.topic}-{p}"
+        return resp
+
+    async def AddOffsetsToTxn(
+        self, request: coordinator_pb2.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.AddOffsetsToTxnResponse:
+        resp = coordinator_pb2.AddOffsetsToTxnResponse()
+        try:
+            if not request.group_id:
+                raise InvalidRequestError("group_id must not be empty")
+            now = _now_ms()
+            await self._txn_change(
+                request.transactional_id,
+                lambda m: m.add(
+                    request.producer_id, request.producer_epoch, now, groups=[request.group_id]
+                ),
+            )
+        except Exception as exc:
+            _fill_error(resp, exc)
+        return resp
+
+    async def EndTxn(
+        self, request: coordinator_pb2.EndTxnRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.EndTxnResponse:
+        resp = coordinator_pb2.EndTxnResponse()
+        try:
+            now = _now_ms()
+            shard, meta, changed = await self._txn_change(
+                request.transactional_id,
+                lambda m: m.end(
+                    request.producer_id, request.producer_epoch, request.committed, now
+                ),
+            )
+            if changed:
+                self._spawn(self._finish(shard, meta, by="client"))
+        except Exception as exc:
+            _fill_error(resp, exc)
+        return resp
+
+    async def DescribeTransactions(
+        self,
+        request: coordinator_pb2.DescribeTransactionsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> coordinator_pb2.DescribeTransactionsResponse:
+        resp = coordinator_pb2.DescribeTransactionsResponse()
+        for tid in request.transactional_ids:
+            d = resp.transactions.add(transactional_id=tid, producer_id=-1, producer_epoch=-1)
+            d.shard = -1
+            try:
+                shard = self._txn_shard(tid)
+            except Exception as exc:
+                _fill_error(d, exc)
+                continue
+            d.shard = shard.index
+            meta = shard.transactions.get(tid)
+            if meta is None:
+                d.error_code = E.TRANSACTIONAL_ID_NOT_FOUND  # type: ignore[assignment]
+                d.error_message = f"transactional id {tid!r} is unknown"
+                continue
+            _describe(d, meta)
+        return resp
+
+    async def ListTransactions(
+        self,
+        request: coordinator_pb2.ListTransactionsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> coordinator_pb2.ListTransactionsResponse:
+        resp = coordinator_pb2.ListTransactionsResponse()
+        states = {int(s) for s in request.state_filters}
+        pids = set(request.producer_id_filters)
+        for s, shard in sorted(self.txn_kind.shards.items()):
+            if not shard.loaded:
+                resp.unloaded_shards.append(s)
+                continue
+            for tid, meta in sorted(shard.transactions.items()):
+                if states and int(meta.state) not in states:
+                    continue
+                if pids and meta.producer_id not in pids:
+                    continue
+                resp.transactions.add(
+                    transactional_id=tid,
+                    producer_id=meta.producer_id,
+                    state=int(meta.state),  # type: ignore[arg-type]
+                )
+        return resp
+
+    # -- completing transactions ---------------------------------------------------------------
+
+    def _resume_transactions(self, shard: Shard) -> None:
+        """After a load: finish what a previous owner decided but did not complete."""
+        for meta in shard.transactions.values():
+            if meta.state.preparing:
+                self._spawn(self._finish(shard, meta, by="recovered"))
+
+    async def _finish(self, shard: Shard, meta: TxnMetadata, *, by: str) -> None:
+        """Steps 2 and 3 of ending a transaction (see the module docstring); stops quietly
+        when the shard moves to another coordinator, which then finishes it."""
+        generation = shard.generation
+        commit = meta.state is TxnState.PREPARE_COMMIT
+        t0 = time.monotonic()
+        try:
+            await self._write_markers(shard, generation, meta, commit)
+            for group_id in sorted(meta.groups):
+                await self._complete_offsets(shard, generation, group_id, meta, commit)
+            now = _now_ms()
+
+            def complete(current: TxnMetadata) -> TxnMetadata | None:
+                same = (current.state, current.producer_epoch) == (meta.state, meta.producer_epoch)
+                return current.complete(now) if same else None
+
+            await self._txn_change(meta.transactional_id, complete)
+        except (NotCoordinatorError, CoordinatorLoadInProgressError, _Superseded):
+            log.info(
+                "transaction %s: shard moved; its new owner completes it", meta.transactional_id
+            )
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("completing transaction %s failed", meta.transactional_id)
+            return
+        outcome = "commit" if commit else "abort"
+        metrics.TRANSACTIONS_ENDED.labels(outcome, by).inc()
+        metrics.TXN_COMPLETION_SECONDS.observe(time.monotonic() - t0)
+        if meta.start_ms >= 0:
+            metrics.TRANSACTION_SECONDS.observe(max(_now_ms() - meta.start_ms, 0) / 1000.0)
+        log.info(
+            "transaction %s (producer %d epoch %d) %s: %d partitions, %d groups",
+            meta.transactional_id,
+            meta.producer_id,
+            meta.producer_epoch,
+            "committed" if commit else "aborted",
+            len(meta.partitions),
+            len(meta.groups),
+        )
+
+    async def _write_markers(
+        self, shard: Shard, generation: int, meta: TxnMetadata, commit: bool
+    ) -> None:
+        """Write the marker to every partition of the transaction, retrying until each one
+        is in (or its topic is gone)."""
+        assert self.view is not None
+        left = set(meta.partitions)
+        delay = _RETRY_FIRST_S
+        while left:
+            _check(shard, generation)
+            by_leader: dict[str, list[tuple[str, int]]] = {}
+            for t, p in sorted(left):
+                if self.view.topic(t) is None:
+                    left.discard((t, p))  # deleted: nothing to mark
+                    continue
+                try:
+                    addr, _ = self._leader(p, t)
+                except StromError:
+                    continue  # no leader right now: next round
+                by_leader.setdefault(addr, []).append((t, p))
+            results = await asyncio.gather(
+                *(
+                    self._markers_to(addr, tps, meta, commit, shard.producer_epoch)
+                    for addr, tps in by_leader.items()
+                )
+            )
+            for done in results:
+                left -= done
+            if left:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def _markers_to(
+        self,
+        addr: str,
+        tps: list[tuple[str, int]],
+        meta: TxnMetadata,
+        commit: bool,
+        coordinator_epoch: int,
+    ) -> set[tuple[str, int]]:
+        """One WriteTxnMarkers to a leader; the partitions that have the marker now."""
+        req = storage_pb2.WriteTxnMarkersRequest(timeout_ms=MARKER_TIMEOUT_MS)
+        by_topic: dict[str, list[int]] = {}
+        for t, p in tps:
+            by_topic.setdefault(t, []).append(p)
+        req.markers.add(
+            producer_id=meta.producer_id,
+            producer_epoch=meta.producer_epoch,
+            committed=commit,
+            coordinator_epoch=max(coordinator_epoch, 0),
+            topics=[
+                common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+            ],
+        )
+        stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
+        try:
+            resp = await stub.WriteTxnMarkers(req, timeout=MARKER_TIMEOUT_MS / 1000 + 5)
+        except grpc.aio.AioRpcError as exc:
+            log.info("WriteTxnMarkers to %s: %s", addr, exc.code().name)
+            return set()
+        done: set[tuple[str, int]] = set()
+        for tr in resp.markers[0].topics if resp.markers else ():
+            for pr in tr.partitions:
+                if pr.error_code == E.NONE:
+                    done.add((tr.topic, pr.partition))
+                elif pr.error_code == E.INVALID_PRODUCER_EPOCH:
+                    # A newer epoch of the producer wrote here already: this transaction's
+                    # outcome no longer matters to the partition.
+                    log.warning("marker for %s-%d: %s", tr.topic, pr.partition, pr.error_message)
+                    done.add((tr.topic, pr.partition))
+                else:
+                    log.info(
+                        "marker for %s-%d: %s %s",
+                        tr.topic,
+                        pr.partition,
+                        error_name(pr.error_code),
+                        pr.error_message,
+                    )
+        return done
+
+    async def _complete_offsets(
+        self, shard: Shard, generation: int, group_id: str, meta: TxnMetadata, commit: bool
+    ) -> None:
+        """Have the group's coordinator apply (or drop) the transaction's pending offsets."""
+        assert self.view is not None
+        req = coordinator_pb2.CompleteTxnOffsetsRequest(
+            group_id=group_id,
+            producer_id=meta.producer_id,
+            producer_epoch=meta.producer_epoch,
+            committed=commit,
+        )
+        delay = _RETRY_FIRST_S
+        while True:
+            _check(shard, generation)
+            addr = _group_coordinator(self.view, group_id)
+            code, message = E.COORDINATOR_NOT_AVAILABLE, "no coordinator owns the group's shard"
+            if addr is not None:
+                try:
+                    stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._channel(addr))
+                    resp = await stub.CompleteTxnOffsets(req, timeout=15.0)
+                    code, message = resp.error_code, resp.error_message
+                except grpc.aio.AioRpcError as exc:
+                    code, message = E.COORDINATOR_NOT_AVAILABLE, exc.code().name
+            if code == E.NONE:
+                return
+            log.info("CompleteTxnOffsets %s: %s %s", group_id, error_name(code), message)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def _abort_expired(self) -> None:
+        """Abort (with a fencing epoch bump) transactions open past their timeout."""
+        now = _now_ms()
+        for shard in list(self.txn_kind.shards.values()):
+            if not shard.loaded:
+                continue
+            for tid, meta in list(shard.transactions.items()):
+                if not meta.expired(now):
+                    continue
+                reason = f"aborted after transaction.timeout.ms={meta.timeout_ms} passed"
+
+                def abort(current: TxnMetadata, reason: str = reason) -> TxnMetadata | None:
+                    return current.abort_fencing(now, reason) if current.expired(now) else None
+
+                try:
+                    shard2, new, changed = await self._txn_change(tid, abort)
+                except StromError as exc:
+                    log.info("aborting expired transaction %s failed: %s", tid, exc)
+                    continue
+                if changed:
+                    log.info("transaction %s timed out: aborting it", tid)
+                    self._spawn(self._finish(shard2, new, by="timeout"))
+
+    # -- group coordinator RPCs ----------------------------------------------------------------
+
+    async def TxnOffsetCommit(
+        self, request: coordinator_pb2.TxnOffsetCommitRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.OffsetCommitResponse:
+        resp = coordinator_pb2.OffsetCommitResponse()
+        offsets = {
+            (t.topic, p.partition): OffsetAndMetadata(
+                offset=p.committed_offset,
+                leader_epoch=p.committed_leader_epoch,
+                metadata=p.metadata,
+            )
+            for t in request.topics
+            for p in t.partitions
+        }
+        now = _now_ms()
+        try:
+            result = await self._mutate(
+                request.group_id,
+                lambda g: g.txn_commit_offsets(
+                    request.member_id,
+                    request.member_epoch,
+                    request.producer_id,
+                    request.producer_epoch,
+                    offsets,
+                    now_ms=now,
+                    topics=self._topics(),
+                ),
+                lambda r: r.records,
+                create=request.member_epoch < 0,
+            )
+        except GroupIdNotFoundError:
+            resp.error_code = E.UNKNOWN_MEMBER_ID  # type: ignore[assignment]
+            resp.error_message = f"group {request.group_id!r} has no member {request.member_id!r}"
+            return resp
+        except Exception as exc:
+            _fill_error(resp, exc)
+            return resp
+        _partition_results(resp, request.topics, result.errors)
+        return resp
+
+    async def CompleteTxnOffsets(
+        self,
+        request: coordinator_pb2.CompleteTxnOffsetsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> coordinator_pb2.CompleteTxnOffsetsResponse:
+        resp = coordinator_pb2.CompleteTxnOffsetsResponse()
+        now = _now_ms()
+        try:
+            await self._mutate(
+                request.group_id,
+                lambda g: g.complete_txn(
+                    request.producer_id, request.producer_epoch, request.committed, now_ms=now
+                ),
+                lambda r: r.records,
+                create=False,
+            )
+        except GroupIdNotFoundError:
+            pass  # nothing pending there
+        except Exception as exc:
+            _fill_error(resp, exc)
+        return resp
+
+
+class _Superseded(Exception):
+    """The shard was reloaded or moved while a transaction was being completed."""
+
+
+def _check(shard: Shard, generation: int) -> None:
+    if shard.generation != generation or not shard.loaded:
+        raise _Superseded()
+
+
+def _group_coordinator(view: ClusterView, group_id: str) -> str | None:
+    resp = find_coordinator(view, storage_pb2.FindCoordinatorRequest(keys=[group_id]))
+    c = resp.coordinators[0]
+    if c.error_code != E.NONE:
+        return None
+    return f"{c.node.host}:{c.node.port}"
+
+
+def _describe(d: coordinator_pb2.TransactionDescription, meta: TxnMetadata) -> None:
+    d.state = int(meta.state)  # type: ignore[assignment]
+    d.producer_id = meta.producer_id
+    d.producer_epoch = meta.producer_epoch
+    d.transaction_timeout_ms = meta.timeout_ms
+    d.transaction_start_ms = meta.start_ms
+    by_topic: dict[str, list[int]] = {}
+    for t, p in meta.partitions:
+        by_topic.setdefault(t, []).append(p)
+    for t in sorted(by_topic):
+        d.topics.add(topic=t, partitions=sorted(by_topic[t]))
+    d.groups.extend(sorted(meta.groups))
+
+
+def _partition_results(
+    resp: coordinator_pb2.OffsetCommitResponse,
+    topics: Iterable[coordinator_pb2.OffsetCommitTopic],
+    errors: dict[tuple[str, int], int],
+) -> None:
+    for t in topics:
+        tr = resp.topics.add(topic=t.topic)
+        for p in t.partitions:
+            code = errors.get((t.topic, p.partition), E.NONE)
+            pr = tr.partitions.add(partition=p.partition, error_code=code)
+            if code != E.NONE:
+                pr.error_message = error_name(code)
