@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from strom.log.errors import ConfigError
@@ -422,7 +423,17 @@ class LogConfig:
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
 
-    @property
+    @cached_property
+    def checks_timestamps(self) -> bool:
+        """Whether produced batches' timestamps are checked against the broker's clock
+        (CreateTime with a before/after limit). Derived values are cached: the append path
+        reads them for every request."""
+        return not self.log_append_time and (
+            self.message_timestamp_before_max_ms < LONG_MAX
+            or self.message_timestamp_after_max_ms < LONG_MAX
+        )
+
+    @cached_property
     def max_segment_ms(self) -> int:
         """How old the active segment may get: segment.ms, or max.compaction.lag.ms when that
         is shorter on a compacted log (the cleaner never touches the active segment, so it
@@ -431,12 +442,12 @@ class LogConfig:
             return min(self.segment_ms, self.max_compaction_lag_ms)
         return self.segment_ms
 
-    @property
+    @cached_property
     def max_index_entries(self) -> int:
         """Offset-index entries (8 bytes each) a segment may hold before it rolls."""
         return max(self.segment_index_bytes // 8, 1)
 
-    @property
+    @cached_property
     def max_time_index_entries(self) -> int:
         """Time-index entries (12 bytes each) a segment may hold before it rolls."""
         return max(self.segment_index_bytes // 12, 1)
