@@ -59,6 +59,9 @@ ERRORS: dict[int, ErrorInfo] = {
     _E.INVALID_RECORD: ErrorInfo(False, "a record batch breaks a topic rule"),
     _E.STORAGE_ERROR: ErrorInfo(True, "the node cannot access the partition's log directory"),
     _E.OFFSET_NOT_AVAILABLE: ErrorInfo(True, "the leader cannot answer the offset yet"),
+    _E.INVALID_TIMESTAMP: ErrorInfo(
+        False, "a batch timestamp is outside message.timestamp.before/after.max.ms"
+    ),
     # leadership and replication
     _E.NOT_LEADER_OR_FOLLOWER: ErrorInfo(True, "this node is not the partition's leader"),
     _E.LEADER_NOT_AVAILABLE: ErrorInfo(True, "the partition has no leader right now"),
@@ -343,6 +346,13 @@ class OffsetNotAvailableError(StromError):
     """OFFSET_NOT_AVAILABLE: the (new) leader cannot answer the offset lookup yet."""
 
     default_code = ErrorCode.OFFSET_NOT_AVAILABLE
+
+
+class InvalidTimestampError(StromError):
+    """INVALID_TIMESTAMP: a batch's timestamp is too far from the leader's clock for the
+    topic's message.timestamp.before.max.ms / message.timestamp.after.max.ms."""
+
+    default_code = ErrorCode.INVALID_TIMESTAMP
 
 
 # ---- leadership and replication ----

@@ -75,14 +75,44 @@ def _describe() -> controller_pb2.DescribeTopicsResponse:
     return resp
 
 
+def _describe_configs() -> controller_pb2.DescribeConfigsResponse:
+    """The controller's answer for topic "t": one override, the rest defaults."""
+    from strom.controller.configs import describe_topic_configs
+
+    resp = controller_pb2.DescribeConfigsResponse()
+    r = resp.results.add(resource_type=controller_pb2.RESOURCE_TYPE_TOPIC, resource_name="t")
+    r.configs.extend(describe_topic_configs({"min.cleanable.dirty.ratio": "0.1"}))
+    return resp
+
+
 def test_describe_marks_partitions(fake: type[FakeClient]) -> None:
     fake.answers["DescribeTopics"] = _describe()
+    fake.answers["DescribeConfigs"] = _describe_configs()
     lines = [x for x in _run("describe", "t").splitlines() if "Partition:" in x]
     assert "under-replicated" not in lines[0] and "offline" not in lines[0]
     assert "Leader: none" in lines[1] and "offline" in lines[1]
     assert "under-replicated" in lines[1]
     assert "reassigning: adding 4 removing 1" in lines[2]
     assert "under-replicated" in lines[2]  # target [4, 3]: 4 not in the ISR yet
+
+
+def test_describe_shows_every_config_with_its_source(fake: type[FakeClient]) -> None:
+    """Regression (issue 9): ``topics describe`` showed only overrides; it lists every
+    effective config and whether it is the topic's override or strom's default."""
+    from strom.log import CONFIG_KEYS
+
+    fake.answers["DescribeTopics"] = _describe()
+    fake.answers["DescribeConfigs"] = _describe_configs()
+    out = _run("describe", "t")
+    configs = [x.strip() for x in out.splitlines() if x.startswith("\t\t")]
+    assert len(configs) == len(CONFIG_KEYS)
+    assert "min.cleanable.dirty.ratio=0.1\t(topic)" in configs
+    assert "cleanup.policy=delete\t(default)" in configs
+    assert "max.compaction.lag.ms=9223372036854775807\t(default)" in configs
+    req = next(r for m, r in fake.calls if m == "DescribeConfigs")
+    assert [(x.resource_type, x.resource_name) for x in req.resources] == [
+        (controller_pb2.RESOURCE_TYPE_TOPIC, "t")
+    ]
 
 
 def test_elect_leaders(fake: type[FakeClient]) -> None:

@@ -625,7 +625,17 @@ def test_retention_by_time(tmp_path: Path) -> None:
     assert [s.base_offset for s in log.segments] == [8]
     assert log.log_start_offset == 8
     assert [p.name for p in seg_files(log.directory)] == [segment_name(8) + ".log"]
-    assert not list(log.directory.glob(f"{segment_name(0)}.*"))
+    # Deleted segments wait file.delete.delay.ms (60 s by default) as .deleted files.
+    assert {p.name for p in log.directory.glob(f"{segment_name(0)}.*")} == {
+        segment_name(0) + ".log.deleted",
+        segment_name(0) + ".index.deleted",
+        segment_name(0) + ".timeindex.deleted",
+    }
+    # Segment 0 went at T0 (its files are due), segments 2, 4 and 6 just now (not yet).
+    assert log.delete_expired_files(now=clock.now + 59_999) == 3
+    assert len(list(log.directory.glob("*.deleted"))) == 9
+    assert log.delete_expired_files(now=clock.now + 60_000) == 9
+    assert not list(log.directory.glob("*.deleted"))
     assert offsets(read_all(log)) == [8, 9]
     with pytest.raises(OffsetOutOfRangeError):
         log.read(7)

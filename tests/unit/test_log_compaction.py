@@ -263,10 +263,14 @@ def test_tombstone_removal_cannot_resurrect_an_older_value(tmp_path: Path) -> No
     """Regression: segments were picked for cleaning one by one, so an old tombstone could
     be removed while an older, still-uncleaned segment (kept back by min.compaction.lag.ms
     because of one young record) held a value it had deleted."""
-    log = make_log(
-        tmp_path / "c-0", segment_bytes=1024, delete_retention_ms=0, min_compaction_lag_ms=HOUR
-    )
     now = T0 + 10 * HOUR
+    log = make_log(
+        tmp_path / "c-0",
+        Clock(now),
+        segment_bytes=1024,
+        delete_retention_ms=0,
+        min_compaction_lag_ms=HOUR,
+    )
     # Segment 0: an old value of "a" next to a young record (the segment is too young).
     log.append(encode_batch([b"old", b"1"], keys=[b"a", b"young"], timestamps=[T0, now]))
     log.append(kv_batch([(b"a", None)], ts=T0 + 1))  # segment 1: an old tombstone for "a"

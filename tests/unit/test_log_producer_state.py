@@ -36,7 +36,7 @@ def refused(log: Log, data: bytes) -> str:
 
 def test_retry_of_an_appended_batch_returns_the_same_offsets(tmp_path) -> None:
     log = make_log(tmp_path / "t-0")
-    log.append(encode_batch([b"x", b"y"]))  # someone else's records first
+    log.append(encode_batch([b"x", b"y"], timestamps=[T0] * 2))  # someone else's records first
     first = log.append(ibatch(1, 0, 3))
     second = log.append(ibatch(1, 3, 2))
     assert (first.first_offset, second.first_offset) == (2, 5)
@@ -64,7 +64,7 @@ def test_retried_batches_followed_by_new_ones(tmp_path) -> None:
     assert values(read_all(log)) == [b"r0", b"r1", b"r2", b"r3", b"r4"]
     # The retried batch is not at the end of the log any more: one base offset cannot
     # describe the answer, so the request is refused (the producer resends them apart).
-    log.append(encode_batch([b"other"]))
+    log.append(encode_batch([b"other"], timestamps=[T0]))
     assert refused(log, ibatch(1, 2, 3) + ibatch(1, 5, 1)) == "OUT_OF_ORDER_SEQUENCE"
 
 
@@ -74,7 +74,10 @@ def test_refusals_append_nothing(tmp_path) -> None:
     assert refused(log, ibatch(1, 3)) == "OUT_OF_ORDER_SEQUENCE"
     assert refused(log, ibatch(2, 4)) == "UNKNOWN_PRODUCER_ID"
     # A good batch and a bad one in one request: neither is appended.
-    assert refused(log, encode_batch([b"ok"]) + ibatch(1, 9)) == "OUT_OF_ORDER_SEQUENCE"
+    assert (
+        refused(log, encode_batch([b"ok"], timestamps=[T0]) + ibatch(1, 9))
+        == "OUT_OF_ORDER_SEQUENCE"
+    )
     log.append(ibatch(1, 0, epoch=1))
     assert refused(log, ibatch(1, 2)) == "INVALID_PRODUCER_EPOCH"
     assert values(read_all(log)) == [b"r0", b"r1", b"r0"]
@@ -190,7 +193,7 @@ def test_compaction_keeps_idempotent_batch_headers(tmp_path) -> None:
         log.append(ibatch(1, seq, keys=[b"k"]))
         log.append(ibatch(2, seq, keys=[b"k"]))
     log.roll()
-    log.append(encode_batch([b"latest"], keys=[b"k"]))
+    log.append(encode_batch([b"latest"], keys=[b"k"], timestamps=[T0]))
     assert compact(log, now=T0 + 10**9).segments_cleaned == 1
     assert [r.value for r in decode_records(log.read(0).data)] == []
     log.close()

@@ -99,10 +99,10 @@ def test_aborted_transactions_for_a_fetch_range(tmp_path) -> None:
 def test_producers_cannot_write_markers_and_transactions_need_idempotence(tmp_path) -> None:
     log = make_log(tmp_path / "t-0")
     with pytest.raises(ProducerStateError) as err:
-        log.append(encode_marker(1, 0, committed=True, coordinator_epoch=0))
+        log.append(encode_marker(1, 0, committed=True, coordinator_epoch=0, now_ms=T0))
     assert err.value.reason == "INVALID_RECORD" and "control batch" in err.value.message
     with pytest.raises(ProducerStateError) as err:
-        log.append(encode_batch([b"x"], transactional=True))
+        log.append(encode_batch([b"x"], timestamps=[T0], transactional=True))
     assert err.value.reason == "INVALID_RECORD" and "idempotent" in err.value.message
     assert log.log_end_offset == 0
 

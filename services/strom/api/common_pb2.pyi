@@ -31,6 +31,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_RECORD: _ClassVar[ErrorCode]
     STORAGE_ERROR: _ClassVar[ErrorCode]
     OFFSET_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    INVALID_TIMESTAMP: _ClassVar[ErrorCode]
     NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
     LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
     FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
@@ -97,6 +98,7 @@ MESSAGE_TOO_LARGE: ErrorCode
 INVALID_RECORD: ErrorCode
 STORAGE_ERROR: ErrorCode
 OFFSET_NOT_AVAILABLE: ErrorCode
+INVALID_TIMESTAMP: ErrorCode
 NOT_LEADER_OR_FOLLOWER: ErrorCode
 LEADER_NOT_AVAILABLE: ErrorCode
 FENCED_LEADER_EPOCH: ErrorCode

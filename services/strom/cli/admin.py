@@ -84,12 +84,21 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         default=-1,
         help="default: cluster default (min(3, nodes))",
     )
-    c.add_argument("--config", action="append", metavar="KEY=VALUE", help="topic config")
+    c.add_argument(
+        "--config",
+        action="append",
+        metavar="KEY=VALUE",
+        help="topic config, with Kafka's names (docs/topic-configs.md)",
+    )
     c.add_argument("--validate-only", action="store_true")
     tsub.add_parser("list", parents=[common], help="list topics").add_argument(
         "--internal", action="store_true", help="include internal topics"
     )
-    d = tsub.add_parser("describe", parents=[common], help="describe topics (all by default)")
+    d = tsub.add_parser(
+        "describe",
+        parents=[common],
+        help="describe topics (all by default): partitions, then every config and its source",
+    )
     d.add_argument("topics", nargs="*")
     d.add_argument("--json", action="store_true")
     rm = tsub.add_parser("delete", parents=[common], help="delete topics and their data")
@@ -212,19 +221,23 @@ def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
         failed = [t for t in resp.topics if t.error_code]
         if failed:
             raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
-        print(
-            json.dumps(
-                [
-                    json_format.MessageToDict(t, preserving_proto_field_name=True)
-                    for t in resp.topics
-                ],
-                indent=2,
-            ),
-            file=out,
-        )
+        topics = []
+        for t in resp.topics:
+            d = json_format.MessageToDict(t, preserving_proto_field_name=True)
+            # Every effective config with where its value comes from (default or topic).
+            d["config_entries"] = [
+                {"name": e.name, "value": e.value, "source": str(e.source)}
+                for e in admin.describe_configs(t.name).values()
+            ]
+            topics.append(d)
+        print(json.dumps(topics, indent=2), file=out)
         return
     for t in admin.describe_topics(args.topics or None).values():
         _print_topic(t, out)
+        print("\tConfigs (value and source: topic override or strom default):", file=out)
+        for e in admin.describe_configs(t.name).values():
+            value = "(sensitive)" if e.sensitive else ("-" if e.value is None else e.value)
+            print(f"\t\t{e.name}={value}\t({e.source})", file=out)
 
 
 def _delete(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:

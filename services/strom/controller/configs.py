@@ -15,7 +15,8 @@ from typing import Any
 from strom.api import controller_pb2 as pb
 from strom.controller.validation import validate_topic_configs
 from strom.errors import InvalidConfigError, InvalidRequestError
-from strom.log.config import CONFIG_KEYS
+from strom.log.config import CONFIG_KEYS, check_name, format_value
+from strom.log.errors import ConfigError
 
 #: Configs whose value is a comma-separated list (APPEND / SUBTRACT apply to them).
 LIST_CONFIGS: frozenset[str] = frozenset({"cleanup.policy"})
@@ -23,9 +24,7 @@ LIST_CONFIGS: frozenset[str] = frozenset({"cleanup.policy"})
 
 def format_default(value: Any) -> str:
     """A default as it would be stored (booleans in lowercase, like normalised overrides)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
+    return format_value(value)
 
 
 def describe_topic_configs(
@@ -83,10 +82,11 @@ def apply_config_ops(
         if name in seen:
             raise InvalidRequestError(f"config '{name}' is changed more than once in the request")
         seen.add(name)
-        if name not in CONFIG_KEYS:
-            raise InvalidConfigError(
-                f"unknown config '{name}' (known: {', '.join(sorted(CONFIG_KEYS))})"
-            )
+        try:
+            check_name(name)
+        except ConfigError as exc:
+            # Kafka's names strom does not apply are refused with the reason, others as unknown.
+            raise InvalidConfigError(str(exc)) from None
         if op == pb.ALTER_CONFIG_OP_DELETE:
             result.pop(name, None)
             continue

@@ -1,12 +1,21 @@
 """The storage engine (DESIGN §5): segments, indexes, partition logs, recovery, retention,
 compaction and the data-dir checkpoints. Pure Python and files; no gRPC, no etcd."""
 
-from strom.log.cleaner import CleanerStats, compact
+from strom.log.cleaner import (
+    CleanableRange,
+    CleanerStats,
+    cleanable_range,
+    compact,
+    dirtiest_first,
+    measure_logs,
+    select_logs,
+)
 from strom.log.config import CONFIG_KEYS, LogConfig, validate_configs
 from strom.log.errors import (
     ConfigError,
     CorruptLogError,
     InvalidAppendError,
+    InvalidTimestampError,
     LogError,
     OffsetOutOfRangeError,
 )
@@ -17,10 +26,12 @@ from strom.log.producer_state import ProducerStateError, ProducerStateManager
 __all__ = [
     "CONFIG_KEYS",
     "AppendInfo",
+    "CleanableRange",
     "CleanerStats",
     "ConfigError",
     "CorruptLogError",
     "InvalidAppendError",
+    "InvalidTimestampError",
     "Log",
     "LogConfig",
     "LogError",
@@ -29,6 +40,10 @@ __all__ = [
     "ProducerStateError",
     "ProducerStateManager",
     "ReadResult",
+    "cleanable_range",
     "compact",
+    "dirtiest_first",
+    "measure_logs",
+    "select_logs",
     "validate_configs",
 ]

@@ -1,5 +1,18 @@
 """Log compaction (``cleanup.policy=compact``): keep the latest record per key.
 
+*When* a log is cleaned follows Kafka's log cleaner. Each log remembers its first dirty
+offset (``Log.first_dirty_offset``, checkpointed by the LogManager as Kafka's
+cleaner-offset-checkpoint): below it the last pass left the log clean, from it on records may
+have duplicates. The cleanable part ends at the first uncleanable offset: the active segment,
+the high watermark (records that may still be truncated must not decide what others lose)
+and the first dirty segment holding a record younger than ``min.compaction.lag.ms``.
+:func:`cleanable_range` measures the log; a log is due when its dirty ratio (cleanable bytes
+over clean + cleanable bytes) is above ``min.cleanable.dirty.ratio``, or at once when its
+oldest dirty segment began longer ago than ``max.compaction.lag.ms`` (and something is
+cleanable). :func:`select_logs` orders the due logs dirtiest first; the storage node cleans
+them in that order. :func:`compact` cleans one log from its start to the first uncleanable
+offset and moves the first dirty offset there.
+
 The cleaner works a segment at a time on sealed segments only. It builds the key → latest
 offset map with Arrow's group-by (C++, no per-record Python), then rewrites each batch with
 the records that survive. Offsets are kept (each record's offset delta is explicit), batches
@@ -16,7 +29,10 @@ discards the swap).
 from __future__ import annotations
 
 import os
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -25,10 +41,17 @@ import pyarrow.compute as pc
 from strom.log.checkpoint import fsync_dir
 from strom.log.errors import CorruptLogError
 from strom.log.partition_log import Log
-from strom.log.segment import EpochLookup, LogSegment
+from strom.log.producer_state import BATCHES_KEPT
+from strom.log.segment import DELETED_SUFFIX, EpochLookup, LogSegment
 from strom.record.batch import RecordBatch, decode_batches, encode_body
 from strom.record.errors import InvalidBatchError
-from strom.record.header import ATTR_LOG_APPEND_TIME, set_log_append_time
+from strom.record.header import (
+    ATTR_CONTROL,
+    ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL,
+    BatchHeader,
+    set_log_append_time,
+)
 from strom.record.schema import BODY_SCHEMA_V1
 
 
@@ -41,6 +64,133 @@ class CleanerStats:
     records_after: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+    #: The log's first dirty offset after the pass (unchanged when the pass was void).
+    first_dirty_offset: int = 0
+
+
+@dataclass(frozen=True)
+class CleanableRange:
+    """How dirty a compacted log is (Kafka's ``LogToClean``), measured in whole segments.
+
+    ``clean_bytes`` are the bytes of segments below ``first_dirty_offset``,
+    ``cleanable_bytes`` those from there up to ``first_uncleanable_offset``;
+    ``compaction_delay_ms`` is how far the oldest dirty segment is past
+    ``max.compaction.lag.ms`` (0 when it is not)."""
+
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    clean_bytes: int
+    cleanable_bytes: int
+    compaction_delay_ms: int
+    min_cleanable_ratio: float
+
+    @property
+    def total_bytes(self) -> int:
+        return self.clean_bytes + self.cleanable_bytes
+
+    @property
+    def dirty_ratio(self) -> float:
+        """Share of the cleanable log not cleaned yet (0 for an empty log)."""
+        return self.cleanable_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def needs_compaction_now(self) -> bool:
+        """max.compaction.lag.ms has passed for the oldest dirty segment."""
+        return self.compaction_delay_ms > 0
+
+    @property
+    def due(self) -> bool:
+        """Whether the cleaner should clean this log now (Kafka's rule: a forced clean needs
+        something cleanable; otherwise the dirty ratio must be above the minimum)."""
+        if self.total_bytes == 0 or self.cleanable_bytes == 0:
+            return False
+        return self.needs_compaction_now or self.dirty_ratio > self.min_cleanable_ratio
+
+
+def _first_dirty(log: Log) -> int:
+    """The checkpointed first dirty offset, reset to the log start when it is outside the
+    log (retention or DeleteRecords moved the start past it; a truncation cut below it)."""
+    first = log.first_dirty_offset
+    if first < log.log_start_offset or first > log.log_end_offset:
+        first = log.log_start_offset
+    return first
+
+
+def cleanable_range(
+    log: Log, now: int | None = None, max_offset: int | None = None
+) -> CleanableRange:
+    """Measure ``log`` for the cleaner (segment metadata only, no reads).
+
+    ``max_offset`` (exclusive), the partition's high watermark, bounds what may be cleaned:
+    a segment holding an offset at or above it is uncleanable.
+    """
+    cfg = log.config
+    now = log.clock() if now is None else now
+    with log.lock:
+        first_dirty = _first_dirty(log)
+        segments = list(log.segments)
+    active = segments[-1]
+    limit = active.base_offset if max_offset is None else min(max_offset, active.base_offset)
+    uncleanable = active.base_offset
+    clean_bytes = cleanable_bytes = 0
+    oldest_dirty = -1
+    for seg in segments[:-1]:
+        if seg.next_offset <= first_dirty:
+            clean_bytes += seg.size
+            continue
+        if seg.first_batch_timestamp > 0 and (
+            oldest_dirty < 0 or seg.first_batch_timestamp < oldest_dirty
+        ):
+            oldest_dirty = seg.first_batch_timestamp
+        if uncleanable < active.base_offset:
+            continue  # past the first uncleanable segment: only its age counts
+        too_young = (
+            cfg.min_compaction_lag_ms > 0 and seg.max_timestamp > now - cfg.min_compaction_lag_ms
+        )
+        if seg.next_offset > limit or too_young:
+            uncleanable = seg.base_offset
+            continue
+        cleanable_bytes += seg.size
+    uncleanable = max(uncleanable, first_dirty)
+    clean_until = now - cfg.max_compaction_lag_ms
+    delay = clean_until - oldest_dirty if 0 <= oldest_dirty < clean_until else 0
+    return CleanableRange(
+        first_dirty_offset=first_dirty,
+        first_uncleanable_offset=uncleanable,
+        clean_bytes=clean_bytes,
+        cleanable_bytes=cleanable_bytes,
+        compaction_delay_ms=delay,
+        min_cleanable_ratio=cfg.min_cleanable_dirty_ratio,
+    )
+
+
+K = TypeVar("K")
+
+
+def measure_logs(
+    candidates: Iterable[tuple[K, Log, int | None]], now: int | None = None
+) -> list[tuple[K, CleanableRange]]:
+    """:func:`cleanable_range` of each compacted log among ``candidates`` (key, log, high
+    watermark or None); logs without ``compact`` in their cleanup.policy are skipped."""
+    return [
+        (key, cleanable_range(log, now, max_offset))
+        for key, log, max_offset in candidates
+        if log.config.compact
+    ]
+
+
+def dirtiest_first(measured: Iterable[tuple[K, CleanableRange]]) -> list[tuple[K, CleanableRange]]:
+    """The logs that are due, highest dirty ratio first (Kafka's "filthiest log" order)."""
+    due = [(key, r) for key, r in measured if r.due]
+    due.sort(key=lambda kr: kr[1].dirty_ratio, reverse=True)
+    return due
+
+
+def select_logs(
+    candidates: Iterable[tuple[K, Log, int | None]], now: int | None = None
+) -> list[tuple[K, CleanableRange]]:
+    """The compacted logs due for cleaning, dirtiest first, each with its measurements."""
+    return dirtiest_first(measure_logs(candidates, now))
 
 
 def _segment_batches(seg: LogSegment, epoch_for: EpochLookup) -> list[RecordBatch]:
@@ -64,7 +214,8 @@ def _segment_batches(seg: LogSegment, epoch_for: EpochLookup) -> list[RecordBatc
     return batches
 
 
-def _latest_offsets(batches: list[RecordBatch]) -> pa.Array:
+def _latest_offsets(batches: list[RecordBatch], upto: int) -> pa.Array:
+    """The offset of each key's latest record below ``upto``."""
     keys: list[pa.Array] = []
     offsets: list[pa.Array] = []
     for b in batches:
@@ -75,39 +226,47 @@ def _latest_offsets(batches: list[RecordBatch]) -> pa.Array:
     if not keys:
         return pa.array([], pa.int64())
     table = pa.table({"key": pa.concat_arrays(keys), "offset": pa.concat_arrays(offsets)})
-    table = table.filter(pc.is_valid(table.column("key")))
+    table = table.filter(
+        pc.and_(pc.is_valid(table.column("key")), pc.less(table.column("offset"), upto))
+    )
     latest = table.group_by("key").aggregate([("offset", "max")])
     return latest.column("offset_max").combine_chunks()
 
 
-def compact(log: Log, now: int | None = None) -> CleanerStats:
-    """Compact every sealed segment of ``log`` that is older than ``min.compaction.lag.ms``."""
+def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> CleanerStats:
+    """Clean ``log`` now, whatever its dirty ratio: every segment from the log start to the
+    first uncleanable offset (see :func:`cleanable_range`), then move the log's first dirty
+    offset there. ``max_offset`` is the high watermark (None: the log end)."""
     cfg = log.config
     now = log.clock() if now is None else now
-    stats = CleanerStats()
     with log.lock:
-        # FIX: clean only the prefix of sealed segments old enough (Kafka's first uncleanable
-        # offset). Picking eligible segments one by one could drop an expired tombstone while
-        # an older segment, held back by one young record, still has the value it deleted.
-        sealed = []
-        for s in log.segments[:-1]:
-            if s.max_timestamp >= 0 and now - s.max_timestamp < cfg.min_compaction_lag_ms:
-                break
-            sealed.append(s)
+        rng = cleanable_range(log, now, max_offset)
+        stats = CleanerStats(first_dirty_offset=rng.first_dirty_offset)
+        end = rng.first_uncleanable_offset
+        # FIX: clean only a prefix of the log (up to Kafka's first uncleanable offset).
+        # Picking eligible segments one by one could drop an expired tombstone while an older
+        # segment, held back by one young record, still has the value it deleted.
+        sealed = [s for s in log.segments[:-1] if s.next_offset <= end]
         if not sealed:
             return stats
-        # Keys are judged against everything up to the log end, active segment included,
-        # so a key rewritten recently makes its old records in sealed segments obsolete.
+        # Keys are judged against everything below the high watermark, active segment
+        # included, so a key rewritten recently makes its old records in sealed segments
+        # obsolete; records above it may still be truncated, so they decide nothing.
+        upto = log.log_end_offset if max_offset is None else min(max_offset, log.log_end_offset)
         per_segment = {
-            s.base_offset: _segment_batches(s, log.epochs.epoch_for) for s in log.segments
+            s.base_offset: _segment_batches(s, log.epochs.epoch_for)
+            for s in log.segments
+            if s.base_offset < upto
         }
         truncations = log.truncations
     everything = [b for batches in per_segment.values() for b in batches]
-    latest = _latest_offsets(everything)
+    latest = _latest_offsets(everything, upto)
+    recent = _recent_producer_batches(everything)
     tombstone_horizon = now - cfg.delete_retention_ms
+    void = False
     for seg in sealed:
         batches = per_segment[seg.base_offset]
-        new_data, before, after = _rewrite(batches, latest, tombstone_horizon)
+        new_data, before, after = _rewrite(batches, latest, tombstone_horizon, recent)
         stats.records_before += before
         stats.records_after += after
         stats.bytes_before += seg.size
@@ -115,26 +274,58 @@ def compact(log: Log, now: int | None = None) -> CleanerStats:
             stats.bytes_after += seg.size
             continue
         if not _swap(log, seg, new_data, truncations):
+            void = True
             break  # the log changed under the cleaner: this pass is void
         stats.segments_cleaned += 1
         stats.bytes_after += len(new_data)
+    if not void:
+        with log.lock:
+            if log.truncations == truncations:
+                log.first_dirty_offset = end
+            stats.first_dirty_offset = log.first_dirty_offset
     return stats
 
 
+def _recent_producer_batches(batches: list[RecordBatch]) -> set[int]:
+    """Base offsets of each idempotent producer's last BATCHES_KEPT batches (``batches`` in
+    offset order): the headers a producer-state rebuild needs (DESIGN §6), so an emptied one
+    keeps its own header. Older emptied batches of a producer may merge into a run, as Kafka
+    keeps only a producer's last batch."""
+    recent: dict[int, deque[int]] = {}
+    for b in batches:
+        h = b.header
+        if h.producer_id >= 0 and h.base_sequence >= 0:
+            recent.setdefault(h.producer_id, deque(maxlen=BATCHES_KEPT)).append(h.base_offset)
+    return {off for offsets in recent.values() for off in offsets}
+
+
+def _mergeable(h: BatchHeader, headers: set[int]) -> bool:
+    """Whether an emptied batch may lose its header in a merged run of empty batches."""
+    if h.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
+        return False
+    return h.producer_id < 0 or h.base_offset not in headers
+
+
 def _rewrite(
-    batches: list[RecordBatch], latest: pa.Array, tombstone_horizon: int
+    batches: list[RecordBatch], latest: pa.Array, tombstone_horizon: int, headers: set[int]
 ) -> tuple[bytes | None, int, int]:
-    """Rewrite one segment's batches; None when nothing would be removed."""
+    """Rewrite one segment's batches; None when nothing would be removed.
+
+    Consecutive batches left empty are merged into one empty batch covering their offsets
+    (an Arrow body costs about 600 bytes even without rows, so unmerged they would keep most
+    of a compacted log of small batches on disk), unless a batch's header is needed: the
+    last BATCHES_KEPT batches of each idempotent producer (base offsets in ``headers``)."""
     out: list[bytes] = []
     pending: RecordBatch | None = None  # first of a run of now-empty batches
-    pending_last = -1
+    pending_last = pending_max_ts = -1
+    pending_count = 0
     before = after = 0
     changed = False
 
     def flush_pending() -> None:
         nonlocal pending
         if pending is not None:
-            out.append(_empty_batch(pending, pending_last))
+            out.append(_empty_batch(pending, pending_last, pending_max_ts, pending_count > 1))
             pending = None
 
     for b in batches:
@@ -163,15 +354,18 @@ def _rewrite(
             if (
                 pending is not None
                 and pending.header.partition_leader_epoch == h.partition_leader_epoch
-                # An idempotent batch keeps its own header: its producer id, epoch and
+                # A recent idempotent batch keeps its own header: its producer id, epoch and
                 # sequence range are what rebuilds the producer state (DESIGN §6).
-                and pending.header.producer_id < 0
-                and h.producer_id < 0
+                and _mergeable(pending.header, headers)
+                and _mergeable(h, headers)
             ):
                 pending_last = h.last_offset
+                pending_max_ts = max(pending_max_ts, h.max_timestamp)
+                pending_count += 1
             else:
                 flush_pending()
-                pending, pending_last = b, h.last_offset
+                pending, pending_last, pending_max_ts = b, h.last_offset, h.max_timestamp
+                pending_count = 1
             continue
         flush_pending()
         out.append(b.raw.tobytes() if kept.num_rows == body.num_rows else _kept_batch(b, kept))
@@ -209,19 +403,23 @@ def _kept_batch(b: RecordBatch, kept: pa.RecordBatch) -> bytes:
     return data
 
 
-def _empty_batch(first: RecordBatch, last_offset: int) -> bytes:
+def _empty_batch(first: RecordBatch, last_offset: int, max_ts: int, merged: bool) -> bytes:
+    """An empty batch covering ``first``'s base offset to ``last_offset``. A merged run keeps
+    the newest timestamp of its batches (retention by time and the time index see the same
+    segment maximum) and no producer fields: the sequences of several batches do not fit one
+    header."""
     h = first.header
     return encode_body(
         pa.RecordBatch.from_pylist([], schema=BODY_SCHEMA_V1),
         attributes=h.attributes,
         base_offset=h.base_offset,
         last_offset_delta=last_offset - h.base_offset,
-        base_timestamp=h.max_timestamp,
-        max_timestamp=h.max_timestamp,
+        base_timestamp=max_ts,
+        max_timestamp=max_ts,
         partition_leader_epoch=h.partition_leader_epoch,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
+        producer_id=-1 if merged else h.producer_id,
+        producer_epoch=-1 if merged else h.producer_epoch,
+        base_sequence=-1 if merged else h.base_sequence,
     )
 
 
@@ -248,6 +446,12 @@ def _swap(log: Log, seg: LogSegment, data: bytes, truncations: int) -> bool:
             return False
         i = log.segments.index(seg)
         seg.close()
+        if log.config.file_delete_delay_ms > 0:
+            # Keep the replaced file for file.delete.delay.ms, as Kafka does. A crash between
+            # the two renames leaves the .swap without its .log: opening the log finishes it.
+            old = seg.log_path.with_name(seg.log_path.name + DELETED_SUFFIX)
+            os.replace(seg.log_path, old)
+            log._schedule_delete([old])
         os.replace(swap, seg.log_path)
         fsync_dir(seg.directory)
         fresh = log._new_segment(seg.base_offset)

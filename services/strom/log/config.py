@@ -1,24 +1,41 @@
 """Topic-level log configuration with Kafka's dotted names (DESIGN §1, §5).
 
-One table describes every key: its type, default and rule. The controller validates topic
-configs with :func:`validate_configs` and storage nodes build :class:`LogConfig` from the same
-table, so a config accepted at topic creation always means the same thing on every node.
+One table describes every key strom applies: its type, default and rule. The controller
+validates topic configs with :func:`validate_configs` and storage nodes build
+:class:`LogConfig` from the same table, so a config accepted at topic creation always means
+the same thing on every node.
+
+Every topic config name Apache Kafka 4 defines is known here: the ones that mean something
+for strom are in :data:`CONFIG_KEYS` (types and ranges as Kafka's ``LogConfig`` has them,
+with the few deviations noted on the key), and the others are in :data:`NOT_APPLICABLE` with
+the reason they do not apply, so a refusal says *why* instead of calling a well-known Kafka
+name "unknown". ``docs/topic-configs.md`` is the user-facing table.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from strom.log.errors import ConfigError
 
 DAY_MS = 24 * 3600 * 1000
+#: Kafka's LONG and INT config types (Java's signed 64- and 32-bit integers).
+LONG_MAX = (1 << 63) - 1
+INT_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
 class ConfigKey:
-    """Definition of one topic config key."""
+    """Definition of one topic config key.
+
+    ``kind`` is the Python type of the parsed value (``int``, ``float``, ``bool``, ``str``);
+    ``max_value`` bounds integers to Kafka's INT or LONG range so that a value accepted here is
+    also one Kafka tools and clients can hold.
+    """
 
     name: str
     kind: type
@@ -26,13 +43,21 @@ class ConfigKey:
     doc: str
     check: Callable[[Any], str | None] = lambda v: None
     choices: tuple[str, ...] = ()
+    max_value: int = LONG_MAX
 
 
-def _at_least(n: int) -> Callable[[Any], str | None]:
+def _at_least(n: int | float) -> Callable[[Any], str | None]:
     return lambda v: None if v >= n else f"must be >= {n}"
 
 
+def _between(lo: int | float, hi: int | float) -> Callable[[Any], str | None]:
+    return lambda v: None if lo <= v <= hi else f"must be in [{lo}, {hi}]"
+
+
 def _cleanup_policy(v: str) -> str | None:
+    # Kafka parses a LIST: comma-separated, blanks trimmed; each item 'delete' or 'compact'.
+    # Kafka 4 also takes an empty list (no cleanup at all); strom refuses it, because it is
+    # mostly the accident of subtracting the last policy: retention.ms=-1 keeps everything.
     parts = [p.strip() for p in v.split(",") if p.strip()]
     if not parts or any(p not in ("delete", "compact") for p in parts):
         return "must be 'delete', 'compact' or 'delete,compact'"
@@ -63,20 +88,41 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             "delete oldest segments while the log is larger than this (-1: no limit)",
             _at_least(-1),
         ),
+        # Kafka 4 requires segment.bytes >= 1 MiB; strom keeps 1 KiB so that small segments
+        # (tests, demos, tiny topics) stay possible.
         ConfigKey(
             "segment.bytes",
             int,
             1 << 30,
             "roll a new segment at this size",
-            lambda v: None if 1024 <= v <= (1 << 31) - 1 else "must be in [1024, 2^31-1]",
+            lambda v: None if 1024 <= v <= INT_MAX else "must be in [1024, 2^31-1]",
+            max_value=INT_MAX,
         ),
         ConfigKey("segment.ms", int, 7 * DAY_MS, "roll a new segment after this age", _at_least(1)),
+        ConfigKey(
+            "segment.jitter.ms",
+            int,
+            0,
+            "each segment rolls up to this much (random, below segment.ms) before its "
+            "segment.ms, so that many partitions created together do not all roll at once",
+            _at_least(0),
+        ),
+        ConfigKey(
+            "segment.index.bytes",
+            int,
+            10 * 1024 * 1024,
+            "largest offset or time index of a segment (8 or 12 bytes an entry); a segment "
+            "whose index is full rolls",
+            _at_least(4),
+            max_value=INT_MAX,
+        ),
         ConfigKey(
             "index.interval.bytes",
             int,
             4096,
             "bytes of log between offset-index entries",
             _at_least(0),
+            max_value=INT_MAX,
         ),
         ConfigKey(
             "delete.retention.ms",
@@ -93,6 +139,36 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             _at_least(0),
         ),
         ConfigKey(
+            "max.compaction.lag.ms",
+            int,
+            LONG_MAX,
+            "a compacted log whose oldest uncleaned record is older than this is cleaned "
+            "whatever its dirty ratio (and its active segment rolls by then)",
+            _at_least(1),
+        ),
+        ConfigKey(
+            "min.cleanable.dirty.ratio",
+            float,
+            0.5,
+            "clean a compacted log once its not-yet-cleaned bytes are more than this share "
+            "of the cleanable log",
+            _between(0, 1),
+        ),
+        ConfigKey(
+            "file.delete.delay.ms",
+            int,
+            60_000,
+            "deleted segment files are renamed to .deleted and unlinked this much later",
+            _at_least(0),
+        ),
+        ConfigKey(
+            "preallocate",
+            bool,
+            False,
+            "reserve segment.bytes of disk for each new segment (fallocate, size unchanged); "
+            "the unused part is given back when the segment rolls",
+        ),
+        ConfigKey(
             "flush.messages",
             int,
             -1,
@@ -103,7 +179,12 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             "flush.ms", int, -1, "fsync at least this often (-1: never forced)", _at_least(-1)
         ),
         ConfigKey(
-            "max.message.bytes", int, 16 * 1024 * 1024, "largest batch accepted", _at_least(64)
+            "max.message.bytes",
+            int,
+            16 * 1024 * 1024,
+            "largest batch accepted on produce (MESSAGE_TOO_LARGE above it)",
+            _at_least(64),
+            max_value=INT_MAX,
         ),
         ConfigKey(
             "message.timestamp.type",
@@ -113,11 +194,28 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             choices=("CreateTime", "LogAppendTime"),
         ),
         ConfigKey(
+            "message.timestamp.before.max.ms",
+            int,
+            LONG_MAX,
+            "refuse (INVALID_TIMESTAMP) a CreateTime batch whose first timestamp is more than "
+            "this before the broker's time",
+            _at_least(0),
+        ),
+        ConfigKey(
+            "message.timestamp.after.max.ms",
+            int,
+            3_600_000,
+            "refuse (INVALID_TIMESTAMP) a CreateTime batch whose newest timestamp is more than "
+            "this after the broker's time",
+            _at_least(0),
+        ),
+        ConfigKey(
             "min.insync.replicas",
             int,
             1,
             "replicas that must have a batch before acks=all succeeds",
             _at_least(1),
+            max_value=INT_MAX,
         ),
         ConfigKey(
             "unclean.leader.election.enable",
@@ -125,6 +223,7 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             False,
             "allow an out-of-sync replica to lead (may lose data)",
         ),
+        # strom's own (a broker setting in Kafka): idempotent producer state is per log here.
         ConfigKey(
             "producer.id.expiration.ms",
             int,
@@ -136,18 +235,78 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             "compression.type",
             str,
             "producer",
-            "accepted for compatibility; strom stores batches as the producer sent them",
-            choices=("producer", "none", "gzip", "snappy", "lz4", "zstd"),
+            "accepted for compatibility; strom stores batches as the producer compressed them",
+            choices=("producer", "none", "gzip", "snappy", "lz4", "zstd", "uncompressed"),
         ),
     ]
 }
 
+_TIERED = (
+    "strom has no tiered (remote) storage: every replica keeps its whole log on local disk, "
+    "so retention.ms and retention.bytes are the only retention limits"
+)
+_THROTTLE = (
+    "strom has no replication quotas (no leader/follower replication throttle rate), so "
+    "there is no throttled replica list to apply"
+)
+_LEVEL = (
+    "strom never recompresses batches on the broker (they are stored as the producer "
+    "compressed them), so a broker-side level has nothing to apply to; set the level in the "
+    "producer"
+)
+
+#: Topic config names Kafka 4 defines that do not apply to strom, with the reason given to
+#: the user when one is set.
+NOT_APPLICABLE: dict[str, str] = {
+    "remote.storage.enable": _TIERED,
+    "local.retention.ms": _TIERED,
+    "local.retention.bytes": _TIERED,
+    "remote.log.copy.disable": _TIERED,
+    "remote.log.delete.on.disable": _TIERED,
+    "remote.copy.lag.ms": _TIERED,
+    "remote.copy.lag.bytes": _TIERED,
+    "leader.replication.throttled.replicas": _THROTTLE,
+    "follower.replication.throttled.replicas": _THROTTLE,
+    "compression.gzip.level": _LEVEL,
+    "compression.lz4.level": _LEVEL,
+    "compression.zstd.level": _LEVEL,
+    "max.decompressed.message.bytes": (
+        "strom's brokers never decompress batches on produce (only headers and CRCs are "
+        "checked), so there is no decompressed size to bound"
+    ),
+    "message.format.version": (
+        "removed in Kafka 4.0; strom has a single record-batch format (magic 1), so there is "
+        "no older format to write"
+    ),
+    "message.timestamp.difference.max.ms": (
+        "removed in Kafka 4.0; use message.timestamp.before.max.ms and "
+        "message.timestamp.after.max.ms"
+    ),
+    "message.downconversion.enable": (
+        "a no-op since Kafka 4.0; strom has a single record-batch format and never converts "
+        "batches for older consumers"
+    ),
+    "errors.deadletterqueue.group.enable": (
+        "strom has no share groups, whose dead-letter queue this enables"
+    ),
+}
+
+
+def check_name(name: str) -> ConfigKey:
+    """The key definition of ``name``; :class:`ConfigError` naming it when strom does not
+    apply it (saying why) or when it is not a topic config at all."""
+    key = CONFIG_KEYS.get(name)
+    if key is not None:
+        return key
+    reason = NOT_APPLICABLE.get(name)
+    if reason is not None:
+        raise ConfigError(f"config '{name}' is not supported by strom: {reason}")
+    raise ConfigError(f"unknown config '{name}' (known: {', '.join(sorted(CONFIG_KEYS))})")
+
 
 def parse_value(name: str, raw: Any) -> Any:
     """Parse and check one config value; raise :class:`ConfigError` naming the key."""
-    key = CONFIG_KEYS.get(name)
-    if key is None:
-        raise ConfigError(f"unknown config '{name}' (known: {', '.join(sorted(CONFIG_KEYS))})")
+    key = check_name(name)
     value: Any
     try:
         if key.kind is bool:
@@ -161,11 +320,18 @@ def parse_value(name: str, raw: Any) -> Any:
             if isinstance(raw, bool):
                 raise ValueError
             value = int(str(raw).strip())
+        elif key.kind is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = float(str(raw).strip())
+            if not math.isfinite(value):
+                raise ValueError
         else:
             value = str(raw).strip()
     except ValueError:
+        expected = {float: "a number", int: "int", bool: "bool"}.get(key.kind, key.kind.__name__)
         raise ConfigError(
-            f"config '{name}' has invalid value {raw!r}: expected {key.kind.__name__}"
+            f"config '{name}' has invalid value {raw!r}: expected {expected}"
         ) from None
     if key.choices and value not in key.choices:
         raise ConfigError(
@@ -174,16 +340,38 @@ def parse_value(name: str, raw: Any) -> Any:
     problem = key.check(value)
     if problem:
         raise ConfigError(f"config '{name}' has invalid value {raw!r}: {problem}")
+    if key.kind is int and not -key.max_value - 1 <= value <= key.max_value:
+        raise ConfigError(
+            f"config '{name}' has invalid value {raw!r}: must be between {-key.max_value - 1} "
+            f"and {key.max_value} (Kafka's {'INT' if key.max_value == INT_MAX else 'LONG'})"
+        )
     return value
 
 
+def format_value(value: Any) -> str:
+    """A parsed value as stored and shown (booleans lowercase, as Kafka prints them)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
 def validate_configs(configs: Mapping[str, Any]) -> dict[str, str]:
-    """Validate a topic's config overrides; return them normalised as strings (as stored)."""
-    out: dict[str, str] = {}
-    for name, raw in configs.items():
-        v = parse_value(name, raw)
-        out[name] = str(v).lower() if isinstance(v, bool) else str(v)
-    return out
+    """Validate a topic's config overrides; return them normalised as strings (as stored).
+
+    Besides each value's own rule, the combination must hold together the way Kafka's
+    ``LogConfig.validateValues`` requires: min.compaction.lag.ms <= max.compaction.lag.ms
+    (with defaults for the one not given).
+    """
+    parsed = {name: parse_value(name, raw) for name, raw in configs.items()}
+    min_lag = parsed.get("min.compaction.lag.ms", CONFIG_KEYS["min.compaction.lag.ms"].default)
+    max_lag = parsed.get("max.compaction.lag.ms", CONFIG_KEYS["max.compaction.lag.ms"].default)
+    if min_lag > max_lag:
+        raise ConfigError(
+            f"config 'min.compaction.lag.ms' ({min_lag}) is larger than "
+            f"'max.compaction.lag.ms' ({max_lag}): a record cannot have to wait longer than "
+            "it may wait"
+        )
+    return {name: format_value(v) for name, v in parsed.items()}
 
 
 @dataclass(frozen=True)
@@ -192,16 +380,24 @@ class LogConfig:
 
     segment_bytes: int = CONFIG_KEYS["segment.bytes"].default
     segment_ms: int = CONFIG_KEYS["segment.ms"].default
+    segment_jitter_ms: int = CONFIG_KEYS["segment.jitter.ms"].default
+    segment_index_bytes: int = CONFIG_KEYS["segment.index.bytes"].default
     retention_ms: int = CONFIG_KEYS["retention.ms"].default
     retention_bytes: int = CONFIG_KEYS["retention.bytes"].default
     cleanup_policy: str = CONFIG_KEYS["cleanup.policy"].default
     delete_retention_ms: int = CONFIG_KEYS["delete.retention.ms"].default
     min_compaction_lag_ms: int = CONFIG_KEYS["min.compaction.lag.ms"].default
+    max_compaction_lag_ms: int = CONFIG_KEYS["max.compaction.lag.ms"].default
+    min_cleanable_dirty_ratio: float = CONFIG_KEYS["min.cleanable.dirty.ratio"].default
+    file_delete_delay_ms: int = CONFIG_KEYS["file.delete.delay.ms"].default
+    preallocate: bool = CONFIG_KEYS["preallocate"].default
     index_interval_bytes: int = CONFIG_KEYS["index.interval.bytes"].default
     flush_messages: int = CONFIG_KEYS["flush.messages"].default
     flush_ms: int = CONFIG_KEYS["flush.ms"].default
     max_message_bytes: int = CONFIG_KEYS["max.message.bytes"].default
     message_timestamp_type: str = CONFIG_KEYS["message.timestamp.type"].default
+    message_timestamp_before_max_ms: int = CONFIG_KEYS["message.timestamp.before.max.ms"].default
+    message_timestamp_after_max_ms: int = CONFIG_KEYS["message.timestamp.after.max.ms"].default
     min_insync_replicas: int = CONFIG_KEYS["min.insync.replicas"].default
     unclean_leader_election_enable: bool = CONFIG_KEYS["unclean.leader.election.enable"].default
     compression_type: str = CONFIG_KEYS["compression.type"].default
@@ -226,3 +422,32 @@ class LogConfig:
     @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
+
+    @cached_property
+    def checks_timestamps(self) -> bool:
+        """Whether produced batches' timestamps are checked against the broker's clock
+        (CreateTime with a before/after limit). Derived values are cached: the append path
+        reads them for every request."""
+        return not self.log_append_time and (
+            self.message_timestamp_before_max_ms < LONG_MAX
+            or self.message_timestamp_after_max_ms < LONG_MAX
+        )
+
+    @cached_property
+    def max_segment_ms(self) -> int:
+        """How old the active segment may get: segment.ms, or max.compaction.lag.ms when that
+        is shorter on a compacted log (the cleaner never touches the active segment, so it
+        must roll in time for the lag to be honoured), as Kafka's ``maxSegmentMs``."""
+        if self.compact:
+            return min(self.segment_ms, self.max_compaction_lag_ms)
+        return self.segment_ms
+
+    @cached_property
+    def max_index_entries(self) -> int:
+        """Offset-index entries (8 bytes each) a segment may hold before it rolls."""
+        return max(self.segment_index_bytes // 8, 1)
+
+    @cached_property
+    def max_time_index_entries(self) -> int:
+        """Time-index entries (12 bytes each) a segment may hold before it rolls."""
+        return max(self.segment_index_bytes // 12, 1)

@@ -27,3 +27,9 @@ class InvalidAppendError(LogError):
 
 class ConfigError(ValueError):
     """A topic/log config key or value is invalid; the message names the key and the rule."""
+
+
+class InvalidTimestampError(LogError):
+    """A produced batch's timestamp is further from the broker's time than the topic's
+    ``message.timestamp.before.max.ms`` / ``message.timestamp.after.max.ms`` allow (nothing
+    of the request was appended). Services answer ``INVALID_TIMESTAMP``."""

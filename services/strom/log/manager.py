@@ -1,7 +1,8 @@
 """All partition logs of one data directory, with the directory-level checkpoints.
 
 The data dir holds one folder per replica (``<topic>-<partition>``), the
-``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` files, and a
+``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint`` and
+``cleaner-offset-checkpoint`` (each log's first dirty offset, see strom.log.cleaner) files, and a
 ``.strom-clean-shutdown`` marker written by :meth:`LogManager.close`. A start that finds the
 marker skips recovery scans; a start without it recovers every log from its recovery point.
 """
@@ -21,6 +22,7 @@ from strom.log.partition_log import Log, now_ms
 
 RECOVERY_POINTS = "recovery-point-offset-checkpoint"
 LOG_START_OFFSETS = "log-start-offset-checkpoint"
+CLEANER_OFFSETS = "cleaner-offset-checkpoint"
 CLEAN_SHUTDOWN = ".strom-clean-shutdown"
 _DIR_RE = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 
@@ -60,6 +62,7 @@ class LogManager:
         self.clean_shutdown = marker.exists()
         recovery = checkpoint.read_offsets(self.data_dir / RECOVERY_POINTS)
         starts = checkpoint.read_offsets(self.data_dir / LOG_START_OFFSETS)
+        dirty = checkpoint.read_offsets(self.data_dir / CLEANER_OFFSETS)
         for p in sorted(self.data_dir.iterdir()):
             if not p.is_dir():
                 continue
@@ -77,6 +80,7 @@ class LogManager:
                 clean_shutdown=self.clean_shutdown,
                 fsync=fsync,
                 clock=clock,
+                first_dirty_offset=dirty.get(p.name),
             )
         # From here on a crash must trigger recovery: the marker goes away until close().
         marker.unlink(missing_ok=True)
@@ -125,8 +129,10 @@ class LogManager:
             items = list(self.logs.items())
         recovery = {log_dir_name(*tp): log.recovery_point for tp, log in items}
         starts = {log_dir_name(*tp): log.log_start_offset for tp, log in items}
+        dirty = {log_dir_name(*tp): log.first_dirty_offset for tp, log in items}
         checkpoint.write_offsets(self.data_dir / RECOVERY_POINTS, recovery, fsync=self.fsync)
         checkpoint.write_offsets(self.data_dir / LOG_START_OFFSETS, starts, fsync=self.fsync)
+        checkpoint.write_offsets(self.data_dir / CLEANER_OFFSETS, dirty, fsync=self.fsync)
 
     def flush_all(self) -> None:
         for _, log in self:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
+import random
 import re
 import shutil
 import struct
@@ -22,9 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from strom.log.config import LogConfig
+from strom.log.config import LONG_MAX, LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
-from strom.log.errors import CorruptLogError, InvalidAppendError, OffsetOutOfRangeError
+from strom.log.errors import (
+    CorruptLogError,
+    InvalidAppendError,
+    InvalidTimestampError,
+    OffsetOutOfRangeError,
+)
 from strom.log.producer_state import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
@@ -101,11 +107,17 @@ class Log:
         clean_shutdown: bool = False,
         fsync: bool = True,
         clock: Callable[[], int] = now_ms,
+        first_dirty_offset: int | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config or LogConfig()
         self.clock = clock
+        self._rng = rng or random.Random()
+        #: Files renamed to ``.deleted``, unlinked once due (``file.delete.delay.ms``):
+        #: (due time in ms, paths).
+        self.pending_deletes: list[tuple[int, list[Path]]] = []
         self._fsync = fsync
         self.lock = threading.RLock()
         self.epochs = LeaderEpochCache(self.directory, fsync=fsync)
@@ -129,18 +141,69 @@ class Log:
         #: Aborted transactions, for read_committed fetches (strom.log.transactions).
         self.aborted = AbortedIndex(self.directory)
         self._load(clean_shutdown)
+        #: The cleaner's checkpoint (Kafka's cleaner-offset-checkpoint): offsets below it were
+        #: compacted by the last pass, from it on the log is "dirty". See strom.log.cleaner.
+        self.first_dirty_offset = self.log_start_offset
+        if first_dirty_offset is not None and (
+            self.log_start_offset <= first_dirty_offset <= self.log_end_offset
+        ):
+            self.first_dirty_offset = first_dirty_offset
 
     # -- opening and recovery --------------------------------------------------------------
 
     def _new_segment(self, base: int) -> LogSegment:
+        cfg = self.config
         seg = LogSegment(
             self.directory,
             base,
-            self.config.index_interval_bytes,
-            max(self.config.max_message_bytes, 1 << 20) * 2,
+            cfg.index_interval_bytes,
+            max(cfg.max_message_bytes, 1 << 20) * 2,
         )
         seg.created_ms = self.clock()
+        if cfg.segment_jitter_ms > 0:
+            # Kafka's randomSegmentJitter: a fresh draw per segment, below segment.ms.
+            seg.roll_jitter_ms = self._rng.randrange(min(cfg.segment_jitter_ms, cfg.segment_ms))
         return seg
+
+    def _new_active_segment(self, base: int) -> LogSegment:
+        """A segment that will take appends: preallocated when the topic asks for it."""
+        seg = self._new_segment(base)
+        if self.config.preallocate and seg.size == 0:
+            seg.preallocate(self.config.segment_bytes)
+        return seg
+
+    def _schedule_delete(self, paths: list[Path]) -> None:
+        """Unlink ``paths`` (already renamed to ``.deleted``) after ``file.delete.delay.ms``,
+        as Kafka does, so that anyone still reading an old file finishes first."""
+        if paths:
+            self.pending_deletes.append((self.clock() + self.config.file_delete_delay_ms, paths))
+            if self.config.file_delete_delay_ms <= 0:
+                self.delete_expired_files()
+
+    def _retire(self, seg: LogSegment) -> None:
+        """Remove a segment from use: rename its files to ``.deleted`` and delete them later
+        (an empty segment, which nobody can be reading, goes at once)."""
+        if seg.size == 0:
+            seg.delete()
+        else:
+            self._schedule_delete(seg.rename_for_delete())
+
+    def delete_expired_files(self, now: int | None = None) -> int:
+        """Unlink the ``.deleted`` files whose delay is over; returns how many were unlinked.
+        The storage node calls it from its periodic cleanup task."""
+        now = self.clock() if now is None else now
+        with self.lock:
+            due = [paths for when, paths in self.pending_deletes if when <= now]
+            self.pending_deletes = [(w, p) for w, p in self.pending_deletes if w > now]
+        count = 0
+        for paths in due:
+            for p in paths:
+                try:
+                    p.unlink()
+                    count += 1
+                except FileNotFoundError:
+                    pass
+        return count
 
     def _load(self, clean_shutdown: bool) -> None:
         for p in self.directory.iterdir():
@@ -192,7 +255,7 @@ class Log:
         while len(kept) > 1 and kept[-1].size == 0 and kept[-2].next_offset == kept[-1].base_offset:
             kept.pop().delete()
         if not kept:
-            kept = [self._new_segment(max(self.log_start_offset, 0))]
+            kept = [self._new_active_segment(max(self.log_start_offset, 0))]
         self.segments = kept
         self._bases = [s.base_offset for s in kept]
         leo = self.log_end_offset
@@ -311,9 +374,21 @@ class Log:
         not written again: the result then starts at their original offsets (see
         :class:`AppendInfo`).
         """
-        headers = scan_batches(
-            data, producer_batch=True, max_batch_bytes=self.config.max_message_bytes
-        )
+        limit = self.config.max_message_bytes
+        try:
+            headers = scan_batches(data, producer_batch=True, max_batch_bytes=limit)
+        except InvalidBatchError as exc:
+            if not exc.too_large:
+                raise
+            size = read_header(data, exc.position).size
+            raise InvalidBatchError(
+                f"batch at byte {exc.position} is {size} bytes, more than the topic's "
+                f"max.message.bytes={limit}",
+                position=exc.position,
+                too_large=True,
+            ) from None
+        if self.config.checks_timestamps:
+            self._check_timestamps(headers)
         for h in headers:
             if h.is_control:
                 raise ProducerStateError(
@@ -454,6 +529,30 @@ class Log:
         with self.lock:
             return self.aborted.overlapping(start, end)
 
+    def _check_timestamps(self, headers: list[BatchHeader]) -> None:
+        """``message.timestamp.before.max.ms`` / ``after.max.ms`` (Kafka's KIP-937 rules) on
+        the batch headers only: the first record's timestamp (``base_timestamp``) must not be
+        older than the broker's time minus before.max.ms and the newest (``max_timestamp``)
+        not later than the broker's time plus after.max.ms. Records inside a batch that are
+        older than its first are not looked at (that would need the body; producers write
+        records in time order). Raises :class:`InvalidTimestampError`, nothing appended."""
+        before = self.config.message_timestamp_before_max_ms
+        after = self.config.message_timestamp_after_max_ms
+        now = self.clock()
+        for h in headers:
+            if h.base_timestamp >= 0 and now - h.base_timestamp > before:
+                raise InvalidTimestampError(
+                    f"batch at byte {h.position}: timestamp {h.base_timestamp} is "
+                    f"{now - h.base_timestamp} ms before the broker's time {now}, more than "
+                    f"message.timestamp.before.max.ms={before}"
+                )
+            if h.max_timestamp - now > after:
+                raise InvalidTimestampError(
+                    f"batch at byte {h.position}: timestamp {h.max_timestamp} is "
+                    f"{h.max_timestamp - now} ms after the broker's time {now}, more than "
+                    f"message.timestamp.after.max.ms={after}"
+                )
+
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
         """Append batches copied from the leader, offsets and epochs as they are.
 
@@ -537,13 +636,25 @@ class Log:
         headers: list[BatchHeader],
     ) -> None:
         seg = self.active
-        if seg.size and (
-            seg.size + length > self.config.segment_bytes
-            or self.clock() - seg.created_ms >= self.config.segment_ms
-        ):
+        if seg.size and self._should_roll(seg, length, len(headers)):
             seg = self._roll(self.log_end_offset)
         seg.append(pieces, length, headers)
         self._unflushed_records += sum(h.record_count for h in headers)
+
+    def _should_roll(self, seg: LogSegment, length: int, batches: int) -> bool:
+        """Whether ``batches`` more batches of ``length`` bytes go to a new segment: the
+        segment would pass segment.bytes, it is older than segment.ms (less its jitter;
+        max.compaction.lag.ms when shorter on a compacted log), or an index might overflow
+        segment.index.bytes (each batch can add one entry to each index)."""
+        cfg = self.config
+        return (
+            seg.size + length > cfg.segment_bytes
+            # The jitter never brings the age limit below 1 ms (it is drawn below segment.ms,
+            # which max.compaction.lag.ms may undercut).
+            or self.clock() - seg.created_ms >= max(cfg.max_segment_ms - seg.roll_jitter_ms, 1)
+            or len(seg.index.rel) + batches > cfg.max_index_entries
+            or len(seg.time_index.ts) + batches > cfg.max_time_index_entries
+        )
 
     def _roll(self, base: int) -> LogSegment:
         with self.lock:
@@ -554,11 +665,12 @@ class Log:
                 self.segments.pop()
                 self._bases.pop()
             else:
+                active.release_preallocation()
                 active.index.flush()
                 active.time_index.flush()
                 # Recovery then only scans batch headers from the new segment on.
                 self._snapshot_producers()
-            seg = self._new_segment(base)
+            seg = self._new_active_segment(base)
             self.segments.append(seg)
             self._bases.append(base)
             return seg
@@ -658,10 +770,12 @@ class Log:
                     f"cannot truncate to {offset}, below the log start {self.log_start_offset}"
                 )
             while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
-                self.segments.pop().delete()
+                self._retire(self.segments.pop())
                 self._bases.pop()
             self.active.truncate_to(offset)
             self.truncations += 1
+            # The cleaner's checkpoint never points past the end (Kafka truncates it too).
+            self.first_dirty_offset = min(self.first_dirty_offset, offset)
             leo = self.log_end_offset
             self.epochs.truncate_from_end(leo)
             self.recovery_point = min(self.recovery_point, leo)
@@ -677,13 +791,14 @@ class Log:
         leader's log start)."""
         with self.lock:
             for seg in self.segments:
-                seg.delete()
-            seg = self._new_segment(offset)
+                self._retire(seg)
+            seg = self._new_active_segment(offset)
             self.segments = [seg]
             self._bases = [offset]
             self.epochs.clear()
             self.log_start_offset = offset
             self.recovery_point = offset
+            self.first_dirty_offset = offset
             self.truncations += 1
             delete_snapshots(self.directory, list_snapshots(self.directory))
             self.producers.clear()
@@ -717,7 +832,7 @@ class Log:
     def _delete_oldest(self) -> None:
         seg = self.segments.pop(0)
         self._bases.pop(0)
-        seg.delete()
+        self._retire(seg)
         new_start = self.segments[0].base_offset
         if new_start > self.log_start_offset:
             self.log_start_offset = new_start
@@ -805,6 +920,8 @@ class Log:
                 self._snapshot_producers(fsync=self._fsync)
             for seg in self.segments:
                 seg.close()
+        # Nobody reads a closed log: files waiting for their delete delay can go now.
+        self.delete_expired_files(now=LONG_MAX)
 
     def delete(self) -> None:
         """Remove the whole replica from disk (topic deleted or replica moved away)."""

@@ -10,6 +10,7 @@ served.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import mmap
 import os
@@ -28,6 +29,26 @@ from strom.record.header import (
 
 EpochLookup = Callable[[int], int]
 _IOV_MAX = 1024
+#: Suffix of segment files waiting for their ``file.delete.delay.ms`` before the unlink.
+DELETED_SUFFIX = ".deleted"
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``fallocate`` (Linux), or None where it is missing: preallocation is then a
+    no-op. Python's ``os.posix_fallocate`` cannot keep the file size, which strom needs (the
+    file size is the end of the valid data)."""
+    try:
+        # The running process's own symbols: libc on Linux, without searching the disk.
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_fallocate = _load_fallocate()
 
 
 def segment_name(base_offset: int) -> str:
@@ -55,8 +76,31 @@ class LogSegment:
         self.first_batch_timestamp = -1  # drives segment.ms rolling
         self.record_count = 0  # records appended since open (flush.messages)
         self.created_ms = 0  # wall-clock start of the segment, drives segment.ms rolling
+        self.roll_jitter_ms = 0  # segment.jitter.ms: this segment rolls this much earlier
+        self.preallocated = False
         self._bytes_since_index = 0
         self.closed = False
+
+    # -- preallocation (the preallocate config) ---------------------------------------------
+
+    def preallocate(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` of disk for this segment without changing its size (Linux
+        ``fallocate(FALLOC_FL_KEEP_SIZE)``): later appends land in blocks already allocated,
+        and a full disk shows when the segment is created rather than mid-append. Returns
+        False (nothing reserved) where the platform or file system cannot."""
+        if _fallocate is None or self.closed:
+            return False
+        if _fallocate(self.fd, _FALLOC_FL_KEEP_SIZE, 0, nbytes) != 0:
+            return False
+        self.preallocated = True
+        return True
+
+    def release_preallocation(self) -> None:
+        """Give back the reserved blocks past the data (when the segment stops being active):
+        truncating to the current size frees what ``preallocate`` kept beyond it."""
+        if self.preallocated and not self.closed:
+            os.ftruncate(self.fd, self.size)
+            self.preallocated = False
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -100,10 +144,30 @@ class LogSegment:
 
     def close(self) -> None:
         if not self.closed:
+            self.release_preallocation()
             self.index.flush()
             self.time_index.flush()
             os.close(self.fd)
             self.closed = True
+
+    def rename_for_delete(self) -> list[Path]:
+        """Close the segment and rename its files to ``<name>.deleted`` (Kafka's asynchronous
+        delete); returns the new paths, which the caller unlinks after
+        ``file.delete.delay.ms``. A crash before that is harmless: opening a log removes
+        ``.deleted`` files."""
+        if not self.closed:
+            self.release_preallocation()
+            os.close(self.fd)
+            self.closed = True
+        out: list[Path] = []
+        for p in (self.log_path, self.index.path, self.time_index.path):
+            target = p.with_name(p.name + DELETED_SUFFIX)
+            try:
+                os.replace(p, target)
+            except FileNotFoundError:
+                continue
+            out.append(target)
+        return out
 
     def delete(self) -> None:
         if not self.closed:

@@ -154,6 +154,21 @@ INIT_PRODUCER_ID = Counter(
     "InitProducerId answers: a new producer id, an epoch bump, or the error code",
     ["result"],
 )
+CLEANER_MAX_DIRTY_RATIO = Gauge(
+    "strom_storage_cleaner_max_dirty_ratio",
+    "Largest dirty ratio (not-yet-cleaned share of the cleanable bytes) among this node's "
+    "compacted logs at the last cleaner pass (Kafka's max-dirty-percent, as a ratio)",
+)
+CLEANER_MAX_COMPACTION_DELAY = Gauge(
+    "strom_storage_cleaner_max_compaction_delay_seconds",
+    "How far the most overdue compacted log is past its max.compaction.lag.ms at the last "
+    "cleaner pass (0: none overdue)",
+)
+CLEANER_CLEANINGS = Counter(
+    "strom_storage_cleaner_cleanings",
+    "Compaction passes run, by why the log was due (dirty_ratio or max_compaction_lag)",
+    ["reason"],
+)
 
 TXN_MARKERS = Counter(
     "strom_storage_txn_markers",

@@ -38,7 +38,7 @@ import grpc
 
 from strom.api import controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
-from strom.log import compact
+from strom.log import compact, dirtiest_first, measure_logs
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
@@ -330,7 +330,9 @@ class StorageNode:
         return [p for p in self.manager.partitions.values() if not p.deleted]
 
     async def _cleanup(self) -> None:
-        """Retention (every log) and compaction (cleanup.policy has compact), in threads."""
+        """Retention on every log (and unlinking segment files whose file.delete.delay.ms is
+        over), then compaction of the compacted logs that are due, dirtiest first (Kafka's
+        log cleaner rules, see :mod:`strom.log.cleaner`); the file work runs in threads."""
         for part in self._live():
             if self._stopping.is_set():
                 return
@@ -340,17 +342,7 @@ class StorageNode:
                     if part.deleted:
                         continue
                     deleted = await asyncio.to_thread(lg.apply_retention)
-                    if lg.config.compact:
-                        stats = await asyncio.to_thread(compact, lg)
-                        if stats.segments_cleaned:
-                            log.info(
-                                "compacted %s-%d: %d segments, %d -> %d bytes",
-                                part.topic,
-                                part.index,
-                                stats.segments_cleaned,
-                                stats.bytes_before,
-                                stats.bytes_after,
-                            )
+                    await asyncio.to_thread(lg.delete_expired_files)
                 if deleted:
                     log.info(
                         "retention deleted %d segments of %s-%d; log start offset now %d",
@@ -363,6 +355,46 @@ class StorageNode:
                 self.manager.refresh_gauges(part)
             except Exception:
                 log.exception("cleaning %s-%d failed", part.topic, part.index)
+        await self._compact_due_logs()
+
+    async def _compact_due_logs(self) -> None:
+        """Clean every compacted log that is due, the dirtiest first."""
+        candidates = [(p, p.log, p.high_watermark) for p in self._live() if p.log.config.compact]
+        if not candidates:
+            metrics.CLEANER_MAX_DIRTY_RATIO.set(0)
+            metrics.CLEANER_MAX_COMPACTION_DELAY.set(0)
+            return
+        ranges = await asyncio.to_thread(measure_logs, candidates)
+        metrics.CLEANER_MAX_DIRTY_RATIO.set(max(r.dirty_ratio for _, r in ranges))
+        metrics.CLEANER_MAX_COMPACTION_DELAY.set(
+            max(r.compaction_delay_ms for _, r in ranges) / 1000.0
+        )
+        for part, rng in dirtiest_first(ranges):
+            if self._stopping.is_set():
+                return
+            lg = part.log
+            try:
+                async with part.maintenance_lock:
+                    if part.deleted:
+                        continue
+                    stats = await asyncio.to_thread(compact, lg, max_offset=part.high_watermark)
+                reason = "max_compaction_lag" if rng.needs_compaction_now else "dirty_ratio"
+                metrics.CLEANER_CLEANINGS.labels(reason).inc()
+                log.info(
+                    "compacted %s-%d (dirty ratio %.2f%s): %d segments, %d -> %d bytes; "
+                    "first dirty offset now %d",
+                    part.topic,
+                    part.index,
+                    rng.dirty_ratio,
+                    ", past max.compaction.lag.ms" if rng.needs_compaction_now else "",
+                    stats.segments_cleaned,
+                    stats.bytes_before,
+                    stats.bytes_after,
+                    stats.first_dirty_offset,
+                )
+                self.manager.refresh_gauges(part)
+            except Exception:
+                log.exception("compacting %s-%d failed", part.topic, part.index)
 
     async def _checkpoint(self) -> None:
         """fsync logs with unflushed sealed segments (Kafka flushes on roll, so recovery after

@@ -46,6 +46,7 @@ from strom.log import (
     AppendInfo,
     CorruptLogError,
     InvalidAppendError,
+    InvalidTimestampError,
     Log,
     OffsetOutOfRangeError,
     ProducerStateError,
@@ -946,7 +947,9 @@ def _append_error(part: Partition, exc: BaseException) -> _Refusal:
         return _Refusal(code, f"{part.topic}-{part.index}: {exc.message}")
     if isinstance(exc, InvalidBatchError):
         code = E.MESSAGE_TOO_LARGE if exc.too_large else E.CORRUPT_MESSAGE
-        return _Refusal(code, str(exc))
+        return _Refusal(code, f"{part.topic}-{part.index}: {exc}")
+    if isinstance(exc, InvalidTimestampError):
+        return _Refusal(E.INVALID_TIMESTAMP, f"{part.topic}-{part.index}: {exc}")
     if isinstance(exc, InvalidAppendError):
         # The log holds a newer epoch than this node's view of the leadership: the view lags
         # etcd. The client refreshes metadata and retries.
