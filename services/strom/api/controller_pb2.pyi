@@ -307,7 +307,7 @@ class DescribeClusterRequest(_message.Message):
     def __init__(self, include_coordinators: _Optional[bool] = ...) -> None: ...
 
 class DescribeClusterResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "controller", "cluster_id", "controller_epoch", "nodes", "coordinator_shards")
+    __slots__ = ("error_code", "error_message", "controller", "cluster_id", "controller_epoch", "nodes", "coordinator_shards", "transaction_shards")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +315,7 @@ class DescribeClusterResponse(_message.Message):
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_SHARDS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     controller: _common_pb2.Node
@@ -322,7 +323,8 @@ class DescribeClusterResponse(_message.Message):
     controller_epoch: int
     nodes: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.NodeRegistration]
     coordinator_shards: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.CoordinatorShardOwner]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., cluster_id: _Optional[str] = ..., controller_epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[_metadata_pb2.NodeRegistration, _Mapping]]] = ..., coordinator_shards: _Optional[_Iterable[_Union[_metadata_pb2.CoordinatorShardOwner, _Mapping]]] = ...) -> None: ...
+    transaction_shards: _containers.RepeatedCompositeFieldContainer[_metadata_pb2.CoordinatorShardOwner]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., cluster_id: _Optional[str] = ..., controller_epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[_metadata_pb2.NodeRegistration, _Mapping]]] = ..., coordinator_shards: _Optional[_Iterable[_Union[_metadata_pb2.CoordinatorShardOwner, _Mapping]]] = ..., transaction_shards: _Optional[_Iterable[_Union[_metadata_pb2.CoordinatorShardOwner, _Mapping]]] = ...) -> None: ...
 
 class ListTopicsRequest(_message.Message):
     __slots__ = ("include_internal",)

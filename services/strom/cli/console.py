@@ -53,6 +53,13 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     c.add_argument("--print-key", action="store_true", help="print KEY<sep>VALUE")
     c.add_argument("--group", help="consume as a member of this consumer group")
     c.add_argument(
+        "--isolation-level",
+        choices=["read_uncommitted", "read_committed"],
+        default="read_uncommitted",
+        help="read_committed: only records of committed transactions (and non-transactional "
+        "ones), stopping at open transactions",
+    )
+    c.add_argument(
         "--format",
         help="how to print each record, e.g. '{partition}:{offset} {key}={value} [{headers}]' "
         "(fields: topic, partition, offset, timestamp, key, value, headers)",
@@ -173,6 +180,7 @@ def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
         group_id=args.group,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         client_id="strom-console-consumer",
+        isolation_level=args.isolation_level,
     ) as consumer:
         if args.group:
             consumer.subscribe([args.topic])

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     from strom.cli.console import add_console_parsers
     from strom.cli.dev import add_dev_parser
     from strom.cli.groups import add_groups_parser
+    from strom.cli.transactions import add_transactions_parser
 
     parser = argparse.ArgumentParser(prog="strom", description="strom: a distributed commit log")
     parser.add_argument("--version", action="version", version=f"strom {__version__}")
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_topics_parser(sub, common)
     add_cluster_parser(sub, common)
     add_groups_parser(sub, common)
+    add_transactions_parser(sub, common)
     add_console_parsers(sub, common)
 
     bench = sub.add_parser("bench", help="measure throughput and latency")
@@ -386,6 +388,10 @@ def _run(args: argparse.Namespace) -> int:
         from strom.cli.groups import run_groups
 
         return run_groups(args, out)
+    if args.command == "transactions":
+        from strom.cli.transactions import run_transactions
+
+        return run_transactions(args, out)
     if args.command == "produce":
         from strom.cli.console import run_produce
 

@@ -181,13 +181,35 @@ class GroupMember:
     def committed(
         self, partitions: Sequence[TopicPartition], timeout_s: float
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
-        """The group's committed offsets (OffsetFetch without epoch check); None = none."""
+        """The group's committed offsets (OffsetFetch without epoch check); None = none.
+
+        A read_committed consumer asks for stable offsets (Kafka's KIP-447): while a
+        transaction that committed offsets for a partition is still completing, the lookup
+        waits for it, so a consumer taking over never starts from the offset before a
+        transaction that is about to commit (which would process its records twice).
+        """
         req = coordinator_pb2.OffsetFetchRequest(
             group_id=self.group_id,
             member_epoch=-1,
             topics=_topic_partitions(partitions),
+            require_stable=self._consumer._read_committed,
         )
-        resp = self._request("OffsetFetch", req, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            resp = self._request("OffsetFetch", req, max(deadline - time.monotonic(), 0.001))
+            unstable = any(
+                pr.error_code == E.UNSTABLE_OFFSET_COMMIT
+                for tr in resp.topics
+                for pr in tr.partitions
+            )
+            if not unstable:
+                break
+            if time.monotonic() >= deadline:
+                raise error_for(
+                    E.UNSTABLE_OFFSET_COMMIT,
+                    f"group {self.group_id}: a transaction's offsets are still being completed",
+                )
+            time.sleep(self._backoff_s)
         found: dict[TopicPartition, OffsetAndMetadata] = {}
         for tr in resp.topics:
             for pr in tr.partitions:

@@ -902,11 +902,11 @@ class Producer:
             else:
                 err = error_for(r.error_code, r.error_message or f"{pq.topic}-{pq.partition}")
                 if r.error_code == common_pb2.ErrorCode.INVALID_PRODUCER_EPOCH:
-                    self._fatal = (
-                        ProducerFencedError(f"producer fenced: {err.message}")
-                        if self._txn is not None
-                        else ProducerClosedError(f"producer fenced: {err.message}")
-                    )
+                    if self._txn is not None:  # Kafka's ProducerFencedException
+                        err = ProducerFencedError(f"producer fenced: {err.message}")
+                        self._fatal = err
+                    else:
+                        self._fatal = ProducerClosedError(f"producer fenced: {err.message}")
                 self._fail(pq, batches, err)
         if self._fatal is not None:
             self._fail_all(self._fatal)

@@ -1185,6 +1185,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     response.coordinator_shards.extend(
                         v.value for _, v in sorted(view.coordinators.items())
                     )
+                    response.transaction_shards.extend(
+                        v.value for _, v in sorted(view.txn_coordinators.items())
+                    )
             response.controller_epoch = lead.epoch
 
         return await self._handle("DescribeCluster", response, body, write=False)

@@ -1,0 +1,177 @@
+"""``strom transactions list|describe``: transactional ids from the shell, as Kafka's
+``kafka-transactions.sh`` shows them.
+
+``list`` asks every coordinator that owns a shard of ``__transaction_state`` (from the
+controller's DescribeCluster); ``describe`` asks the id's own coordinator (FindCoordinator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.cli.groups import _table
+from strom.client.cluster import ClusterClient
+from strom.errors import COORDINATOR_REFRESH_CODES, ErrorCode, StromError, error_for
+
+E = ErrorCode
+_RETRY = (*COORDINATOR_REFRESH_CODES, E.COORDINATOR_LOAD_IN_PROGRESS)
+
+
+def state_name(state: int) -> str:
+    """``TRANSACTION_STATE_PREPARE_COMMIT`` → ``PrepareCommit`` (Kafka's spelling)."""
+    name = coordinator_pb2.TransactionState.Name(state).removeprefix("TRANSACTION_STATE_")
+    return "".join(w.capitalize() for w in name.split("_"))
+
+
+#: Kafka's state names (what --state takes) → TransactionState values.
+_STATES = {
+    state_name(v): v
+    for v in coordinator_pb2.TransactionState.values()
+    if v
+    not in (coordinator_pb2.TRANSACTION_STATE_UNSPECIFIED, coordinator_pb2.TRANSACTION_STATE_DEAD)
+}
+
+
+def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    txn = sub.add_parser("transactions", help="list and describe transactional ids")
+    tsub = txn.add_subparsers(dest="txn_cmd", metavar="ACTION")
+    tsub.required = True
+    ls = tsub.add_parser("list", parents=[common], help="every transactional id and its state")
+    ls.add_argument(
+        "--state",
+        action="append",
+        choices=sorted(_STATES),
+        help="only ids in this state; repeatable",
+    )
+    ls.add_argument("--json", action="store_true")
+    d = tsub.add_parser("describe", parents=[common], help="one transactional id in detail")
+    d.add_argument("transactional_id")
+    d.add_argument("--json", action="store_true")
+
+
+def run_transactions(args: argparse.Namespace, out: Any) -> int:
+    with ClusterClient(args.bootstrap) as client:
+        if args.txn_cmd == "list":
+            return _list(client, args, out)
+        return _describe(client, args, out)
+
+
+def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    desc = client.controller_call(
+        "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
+    )
+    addresses = sorted({f"{o.host}:{o.port}" for o in desc.transaction_shards})
+    wanted = {_STATES[s] for s in args.state or ()}
+    rows: dict[str, coordinator_pb2.TransactionListing] = {}
+    unloaded = False
+    for addr in addresses:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
+        try:
+            resp = stub.ListTransactions(
+                coordinator_pb2.ListTransactionsRequest(state_filters=sorted(wanted)),
+                timeout=client.timeout_s,
+            )
+        except grpc.RpcError:
+            unloaded = True
+            continue
+        unloaded = unloaded or bool(resp.unloaded_shards)
+        for t in resp.transactions:
+            rows[t.transactional_id] = t
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "transactional_id": t.transactional_id,
+                        "producer_id": t.producer_id,
+                        "state": state_name(t.state),
+                    }
+                    for _, t in sorted(rows.items())
+                ]
+            ),
+            file=out,
+        )
+    else:
+        table = [("TRANSACTIONAL-ID", "PRODUCER-ID", "STATE")]
+        table += [
+            (t.transactional_id, str(t.producer_id), state_name(t.state))
+            for _, t in sorted(rows.items())
+        ]
+        _table(table, out)
+    if unloaded or not addresses:
+        print("(incomplete: some transaction coordinator shards are not available)", file=out)
+    return 0
+
+
+def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    tid = args.transactional_id
+    deadline = time.monotonic() + client.retry_s
+    last = "no coordinator"
+    while True:
+        addr = _find(client, tid)
+        if addr is not None:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
+            try:
+                resp = stub.DescribeTransactions(
+                    coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid]),
+                    timeout=client.timeout_s,
+                )
+            except grpc.RpcError as exc:
+                last = f"{addr}: {exc.code().name}"
+            else:
+                d = resp.transactions[0]
+                if d.error_code not in _RETRY:
+                    break
+                last = f"{addr}: {ErrorCode.Name(d.error_code)}"
+        if time.monotonic() >= deadline:
+            raise StromError(f"no coordinator answered for transactional id {tid!r} ({last})")
+        time.sleep(0.2)
+    if d.error_code != E.NONE:
+        raise error_for(d.error_code, d.error_message)
+    if args.json:
+        print(json_format.MessageToJson(d, preserving_proto_field_name=True), file=out)
+        return 0
+    started = (
+        datetime.fromtimestamp(d.transaction_start_ms / 1000, UTC).isoformat(timespec="seconds")
+        if d.transaction_start_ms >= 0
+        else "-"
+    )
+    parts = ", ".join(f"{tp.topic}-{p}" for tp in d.topics for p in tp.partitions) or "-"
+    rows = [
+        ("transactional id", d.transactional_id),
+        ("state", state_name(d.state)),
+        ("producer id / epoch", f"{d.producer_id} / {d.producer_epoch}"),
+        ("timeout ms", str(d.transaction_timeout_ms)),
+        ("started", started),
+        ("partitions", parts),
+        ("groups", ", ".join(d.groups) or "-"),
+        ("shard", str(d.shard)),
+    ]
+    for k, v in rows:
+        print(f"{k:<20} {v}", file=out)
+    return 0
+
+
+def _find(client: ClusterClient, tid: str) -> str | None:
+    req = storage_pb2.FindCoordinatorRequest(
+        key_type=storage_pb2.COORDINATOR_TYPE_TRANSACTION, keys=[tid]
+    )
+    for addr in client._candidates():
+        try:
+            c = client.storage(addr).FindCoordinator(req, timeout=client.timeout_s).coordinators[0]
+        except grpc.RpcError:
+            continue
+        if c.error_code == E.NONE:
+            return f"{c.node.host}:{c.node.port}"
+        if c.error_code not in COORDINATOR_REFRESH_CODES:
+            raise error_for(c.error_code, c.error_message)
+        return None
+    return None

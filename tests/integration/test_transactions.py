@@ -1,0 +1,290 @@
+"""Transactions end to end (issue 12) on real processes: 3 storage nodes, a controller, two
+coordinators (each both a group and a transaction coordinator), topics with RF=3 and
+min.insync.replicas=2.
+
+- A consume-transform-produce loop (txn_pipeline_proc.py) is SIGKILLed before, around and
+  after EndTxn and restarted with the same transactional id, while the transaction shard's
+  coordinator and a partition leader are killed once each: the output, read with
+  read_committed, holds every input record exactly once.
+- A zombie producer (an older instance of the same transactional id) is fenced; an aborted
+  transaction's records are invisible to read_committed and visible to read_uncommitted.
+- An open transaction holds the last stable offset back, and transaction.timeout.ms aborts it
+  (and fences its producer); ``strom transactions`` and ``strom consume --isolation-level``
+  show it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom import Admin, Consumer, Producer, TopicPartition
+from strom.api import controller_pb2
+from strom.cli.main import main as cli_main
+from strom.client.cluster import ClusterClient
+from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.procs import wait_for
+from strom.errors import ProducerFencedError
+
+pytestmark = pytest.mark.integration
+PIPELINE = Path(__file__).with_name("txn_pipeline_proc.py")
+RF3 = {"min.insync.replicas": "2"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("txn")
+    c = LocalCluster(
+        root / "c",
+        nodes=3,
+        controllers=1,
+        coordinators=2,
+        coordinator_args=[
+            "--group-heartbeat-interval-ms",
+            "200",
+            "--group-session-timeout-ms",
+            "3000",
+            "--offsets-partitions",
+            "2",
+            "--transaction-state-partitions",
+            "2",
+        ],
+    )
+    try:
+        c.start()
+        yield c
+    finally:
+        c.kill()
+
+
+def _topic(cluster: LocalCluster, name: str, partitions: int = 3, rf: int = 3) -> None:
+    with ClusterClient(cluster.bootstrap) as client:  # a node restarted by a test is back
+        wait_for(lambda: len(client.metadata().nodes) >= rf, timeout=30, what=f"{rf} nodes")
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(name, partitions=partitions, replication_factor=rf, config=RF3)
+
+
+def _read(
+    cluster: LocalCluster, topic: str, isolation: str, *, expect: int | None = None
+) -> list[tuple[bytes | None, bytes | None]]:
+    """(key, value) of every record of ``topic``, up to its end (LSO for read_committed)."""
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest", isolation_level=isolation) as c:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
+        c.assign(tps)
+        ends = c.end_offsets(tps)
+        out: list[tuple[bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all(c.position(tp) >= ends[tp] for tp in tps) and (
+                expect is None or len(out) >= expect
+            ):
+                break
+            out.extend((r.key, r.value) for r in c.poll(timeout_ms=200))
+            if expect is not None and len(out) < expect:
+                ends = c.end_offsets(tps)
+        return out
+
+
+def _txn_owner(cluster: LocalCluster, transactional_id: str) -> Member:
+    """The coordinator process that owns the transactional id's shard."""
+    from strom.coordinator.offsets_log import shard_for_group
+
+    with ClusterClient(cluster.bootstrap) as client:
+        desc = client.controller_call(
+            "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
+        )
+    shards = {o.shard: f"{o.host}:{o.port}" for o in desc.transaction_shards}
+    addr = shards[shard_for_group(transactional_id, 2)]
+    return next(m for m in cluster.coordinators if m.address == addr)
+
+
+class Pipeline:
+    """One run of the consume-transform-produce process."""
+
+    def __init__(self, cluster: LocalCluster, log: Path, crash: str | None = None) -> None:
+        argv = [
+            sys.executable,
+            str(PIPELINE),
+            cluster.bootstrap,
+            "--transactional-id",
+            "pipeline",
+            "--group",
+            "pipe",
+            "--input",
+            "in",
+            "--output",
+            "out",
+        ]
+        if crash is not None:
+            argv += ["--crash", crash, "--crash-at", "2"]
+        self.log = log
+        self._f = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=self._f, stderr=subprocess.STDOUT)
+
+    def committed(self) -> int:
+        return self.log.read_text(errors="replace").count("committed ")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self._f.close()
+
+
+def test_consume_transform_produce_is_exactly_once_through_crashes(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    _topic(cluster, "in")
+    _topic(cluster, "out")
+    n = 6000
+    feed_done = threading.Event()
+
+    def feed() -> None:  # the input arrives over several seconds, while the pipeline runs
+        with Producer(cluster.bootstrap, linger_ms=5) as p:
+            for i in range(n):
+                p.send("in", b"v%d" % i, key=b"k%d" % (i % 97))
+                if i % 200 == 199:
+                    p.flush()
+                    time.sleep(0.05)  # pacing the feed, not waiting for a condition
+        feed_done.set()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    # Three runs die at the second transaction: before commit, around EndTxn, after commit.
+    for i, crash in enumerate(("before_commit", "during_commit", "after_commit")):
+        run = Pipeline(cluster, tmp_path / f"run{i}.log", crash)
+        try:
+            assert run.proc.wait(90) == 9, run.log.read_text()
+        finally:
+            run.stop()
+    # The last run goes on while a coordinator and a leader die under it.
+    run = Pipeline(cluster, tmp_path / "final.log")
+    try:
+        wait_for(lambda: run.committed() >= 2, timeout=60, what="the pipeline committing")
+        owner = _txn_owner(cluster, "pipeline")
+        assert owner.process is not None
+        owner.process.kill()
+        done_before = run.committed()
+        wait_for(
+            lambda: run.committed() > done_before + 1,
+            timeout=60,
+            what="commits after the transaction coordinator died",
+        )
+        owner.start()
+        victim = cluster.nodes[1]
+        assert victim.process is not None
+        victim.process.kill()
+        done_before = run.committed()
+        wait_for(
+            lambda: run.committed() > done_before + 1,
+            timeout=60,
+            what="commits after a storage node died",
+        )
+        victim.start()
+        cluster.wait_serving(victim)
+        feeder.join(120)
+        assert feed_done.is_set()
+        out = _read(cluster, "out", "read_committed", expect=n)
+    finally:
+        run.stop()
+    keys = [k for k, _ in out]
+    assert len(keys) == len(set(keys)), "a record was written twice"
+    assert sorted(v for _, v in out) == sorted(b"v%d" % i for i in range(n))
+    # The crashed runs left aborted records behind: visible only to read_uncommitted.
+    assert len(_read(cluster, "out", "read_uncommitted")) > n
+
+
+def test_a_zombie_is_fenced_and_aborted_records_stay_invisible(cluster: LocalCluster) -> None:
+    _topic(cluster, "zombie", partitions=1)
+    old = Producer(cluster.bootstrap, transactional_id="zombie-tx")
+    new = Producer(cluster.bootstrap, transactional_id="zombie-tx")
+    try:
+        old.init_transactions()
+        old.begin_transaction()
+        old.send("zombie", b"from the zombie").result(10)
+        # A new instance fences the old one and aborts its open transaction.
+        new.init_transactions()
+        with pytest.raises(ProducerFencedError):
+            old.send("zombie", b"more").result(10)
+            old.commit_transaction()
+        with new.transaction():
+            new.send("zombie", b"committed")
+        new.begin_transaction()
+        new.send("zombie", b"aborted")
+        new.abort_transaction()
+    finally:
+        new.close()
+        old.close()
+    assert [v for _, v in _read(cluster, "zombie", "read_committed")] == [b"committed"]
+    assert sorted(v for _, v in _read(cluster, "zombie", "read_uncommitted")) == [
+        b"aborted",
+        b"committed",
+        b"from the zombie",
+    ]
+
+
+def test_an_open_transaction_holds_the_lso_until_its_timeout_aborts_it(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _topic(cluster, "slow", partitions=1)
+    tp = TopicPartition("slow", 0)
+    strom = [sys.executable, "-m", "strom.cli.main"]
+    p = Producer(cluster.bootstrap, transactional_id="slow-tx", transaction_timeout_ms=4000)
+    try:
+        p.init_transactions()
+        p.begin_transaction()
+        for i in range(5):
+            p.send("slow", b"open %d" % i)
+        p.flush()
+        with (
+            Consumer(cluster.bootstrap, isolation_level="read_committed") as rc,
+            Consumer(cluster.bootstrap) as ru,
+        ):
+            assert rc.end_offsets([tp])[tp] == 0  # the last stable offset
+            assert ru.end_offsets([tp])[tp] == 5  # the high watermark
+            # (in-process: a new interpreter could take longer than the timeout to start)
+            assert cli_main(["transactions", "describe", "slow-tx", "-b", cluster.bootstrap]) == 0
+            shown = capsys.readouterr().out
+            assert "Ongoing" in shown and "slow-0" in shown, shown
+            # The coordinator aborts it after transaction.timeout.ms: the marker passes.
+            wait_for(lambda: rc.end_offsets([tp])[tp] == 6, timeout=30, what="the timeout abort")
+        with pytest.raises(ProducerFencedError, match=r"transaction\.timeout\.ms"):
+            p.commit_transaction()
+    finally:
+        p.close()
+    listed = subprocess.run(
+        [*strom, "transactions", "list", "-b", cluster.bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert any(
+        line.split()[0] == "slow-tx" and line.split()[-1] == "CompleteAbort"
+        for line in listed.stdout.splitlines()
+        if line.strip()
+    ), listed.stdout
+    consumed = subprocess.run(
+        [
+            *strom,
+            "consume",
+            "slow",
+            "-b",
+            cluster.bootstrap,
+            "--from-beginning",
+            "--isolation-level",
+            "read_committed",
+            "--timeout-ms",
+            "1500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert consumed.returncode == 0 and consumed.stdout == "", consumed
+    assert _read(cluster, "slow", "read_committed") == []
