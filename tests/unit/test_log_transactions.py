@@ -5,6 +5,8 @@ retention, because it is rebuilt from the batches themselves."""
 
 from __future__ import annotations
 
+import os
+
 import crc32c
 import pytest
 
@@ -200,3 +202,51 @@ def test_version_1_snapshots_still_load() -> None:
     assert offset == 10 and entry is not None and entry.epoch == 2
     assert entry.last_seq == 3 and entry.txn_first_offset == -1
     assert state.first_unstable_offset is None
+
+
+def test_compaction_drops_aborted_records_and_keeps_markers(tmp_path) -> None:
+    """Compaction (cleanup.policy=compact) with transactions: records of aborted
+    transactions go (they were never visible), markers stay whole, and a restart rebuilds
+    the same transactions from the cleaned log; nothing above the LSO is cleaned."""
+    from strom.log import compact
+
+    clock = Clock()
+    d = tmp_path / "t-0"
+    log = make_log(d, clock, segment_bytes=1024, cleanup_policy="compact")
+
+    def kb(pid: int, seq: int, key: bytes, value: bytes) -> bytes:
+        return encode_batch(
+            [value],
+            keys=[key],
+            timestamps=[T0],
+            producer_id=pid,
+            producer_epoch=0,
+            base_sequence=seq,
+            transactional=True,
+        )
+
+    log.append(kb(1, 0, b"a", b"a-committed"))  # 0
+    log.append_marker(1, 0, committed=True, coordinator_epoch=0)  # 1
+    log.append(kb(1, 1, b"a", b"a-aborted"))  # 2: would be a's latest value, but aborted
+    log.append(kb(1, 2, b"b", b"b-aborted"))  # 3
+    log.append_marker(1, 0, committed=False, coordinator_epoch=0)  # 4
+    log.append(kb(2, 0, b"c", b"c-open"))  # 5: open transaction, above the LSO
+    log.roll()
+    log.append(encode_batch([b"x"], keys=[b"z"], timestamps=[T0]))  # active segment
+    assert lso(log) == 5
+    compact(log, max_offset=lso(log))
+    kept = {
+        (b.header.base_offset, r.key, r.value)
+        for s in log.segments
+        for b in decode_batches(os.pread(s.fd, s.size, 0))
+        if not b.header.is_control
+        for r in b.records()
+    }
+    assert (0, b"a", b"a-committed") in kept  # the aborted later value does not replace it
+    assert not {v for _, _, v in kept} & {b"a-aborted", b"b-aborted"}
+    assert (5, b"c", b"c-open") in kept  # above the LSO: untouched
+    markers = [h.base_offset for h in log.batch_headers() if h.is_control]
+    assert markers == [1, 4]
+    log.close()
+    again = make_log(d, clock, segment_bytes=1024, cleanup_policy="compact")
+    assert aborted(again) == [(1, 2, 4)] and lso(again) == 5

@@ -43,6 +43,7 @@ from strom.log.errors import CorruptLogError
 from strom.log.partition_log import Log
 from strom.log.producer_state import BATCHES_KEPT
 from strom.log.segment import DELETED_SUFFIX, EpochLookup, LogSegment
+from strom.log.transactions import AbortedTxn
 from strom.record.batch import RecordBatch, decode_batches, encode_body
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
@@ -214,11 +215,29 @@ def _segment_batches(seg: LogSegment, epoch_for: EpochLookup) -> list[RecordBatc
     return batches
 
 
-def _latest_offsets(batches: list[RecordBatch], upto: int) -> pa.Array:
-    """The offset of each key's latest record below ``upto``."""
+def _aborted_batches(batches: list[RecordBatch], aborted: list[AbortedTxn]) -> set[int]:
+    """Base offsets of the transactional batches that belong to aborted transactions (their
+    records are never read by read_committed consumers, so compaction drops them)."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for a in aborted:
+        ranges.setdefault(a.producer_id, []).append((a.first_offset, a.last_offset))
+    out: set[int] = set()
+    for b in batches:
+        h = b.header
+        spans = ranges.get(h.producer_id) if h.is_transactional and not h.is_control else None
+        if spans and any(first <= h.base_offset < last for first, last in spans):
+            out.add(h.base_offset)
+    return out
+
+
+def _latest_offsets(batches: list[RecordBatch], upto: int, skip: set[int]) -> pa.Array:
+    """The offset of each key's latest record below ``upto``, leaving out transaction
+    markers and the batches of aborted transactions (base offsets in ``skip``)."""
     keys: list[pa.Array] = []
     offsets: list[pa.Array] = []
     for b in batches:
+        if b.header.is_control or b.header.base_offset in skip:
+            continue
         body = b.body()
         if body.num_rows:
             keys.append(body.column(2))
@@ -259,14 +278,16 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
             if s.base_offset < upto
         }
         truncations = log.truncations
+        aborted = list(log.aborted.entries)
     everything = [b for batches in per_segment.values() for b in batches]
-    latest = _latest_offsets(everything, upto)
+    dropped = _aborted_batches(everything, aborted)
+    latest = _latest_offsets(everything, upto, dropped)
     recent = _recent_producer_batches(everything)
     tombstone_horizon = now - cfg.delete_retention_ms
     void = False
     for seg in sealed:
         batches = per_segment[seg.base_offset]
-        new_data, before, after = _rewrite(batches, latest, tombstone_horizon, recent)
+        new_data, before, after = _rewrite(batches, latest, tombstone_horizon, recent, dropped)
         stats.records_before += before
         stats.records_after += after
         stats.bytes_before += seg.size
@@ -307,9 +328,20 @@ def _mergeable(h: BatchHeader, headers: set[int]) -> bool:
 
 
 def _rewrite(
-    batches: list[RecordBatch], latest: pa.Array, tombstone_horizon: int, headers: set[int]
+    batches: list[RecordBatch],
+    latest: pa.Array,
+    tombstone_horizon: int,
+    headers: set[int],
+    aborted: set[int],
 ) -> tuple[bytes | None, int, int]:
     """Rewrite one segment's batches; None when nothing would be removed.
+
+    Transactions: markers (control batches) are kept whole; every record of an aborted
+    transaction's batch (base offsets in ``aborted``) is dropped, its header kept, so the
+    producer state and the open/closed transactions rebuilt from the log stay the same.
+    Markers are never removed here (Kafka removes them once their transaction's batches are
+    all gone; strom's emptied transactional batches keep their headers, so the markers stay
+    too, one small batch per transaction and partition).
 
     Consecutive batches left empty are merged into one empty batch covering their offsets
     (an Arrow body costs about 600 bytes even without rows, so unmerged they would keep most
@@ -330,10 +362,16 @@ def _rewrite(
 
     for b in batches:
         h = b.header
+        if h.is_control:
+            flush_pending()
+            out.append(b.raw.tobytes())
+            continue
         body = b.body()
         before += body.num_rows
         if body.num_rows == 0:
             kept = body
+        elif h.base_offset in aborted:
+            kept = body.slice(0, 0)
         else:
             offsets = pc.add(body.column(0).cast(pa.int64()), h.base_offset)
             keep = pc.or_(pc.is_in(offsets, value_set=latest), pc.is_null(body.column(2)))

@@ -359,7 +359,10 @@ class StorageNode:
 
     async def _compact_due_logs(self) -> None:
         """Clean every compacted log that is due, the dirtiest first."""
-        candidates = [(p, p.log, p.high_watermark) for p in self._live() if p.log.config.compact]
+        # Bounded by the last stable offset: an open transaction's records may still abort.
+        candidates = [
+            (p, p.log, p.last_stable_offset) for p in self._live() if p.log.config.compact
+        ]
         if not candidates:
             metrics.CLEANER_MAX_DIRTY_RATIO.set(0)
             metrics.CLEANER_MAX_COMPACTION_DELAY.set(0)
@@ -377,7 +380,7 @@ class StorageNode:
                 async with part.maintenance_lock:
                     if part.deleted:
                         continue
-                    stats = await asyncio.to_thread(compact, lg, max_offset=part.high_watermark)
+                    stats = await asyncio.to_thread(compact, lg, max_offset=part.last_stable_offset)
                 reason = "max_compaction_lag" if rng.needs_compaction_now else "dirty_ratio"
                 metrics.CLEANER_CLEANINGS.labels(reason).inc()
                 log.info(
