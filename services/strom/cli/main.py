@@ -182,6 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
             help="produce: send() per record or send_batch(); consume: poll() or poll_arrow()",
         )
         cb.add_argument("--no-idempotence", action="store_true", help="enable_idempotence=False")
+        if mode == "produce":
+            cb.add_argument(
+                "--transactional",
+                action="store_true",
+                help="compare the idempotent producer with transactions of --transaction-size "
+                "records (commit latency percentiles)",
+            )
+            cb.add_argument(
+                "--transaction-size",
+                type=_positive,
+                action="append",
+                help="records per transaction; repeatable (default: 1000 and 100000)",
+            )
         if mode == "e2e":
             cb.add_argument(
                 "--duration",
@@ -232,6 +245,27 @@ def _bench_clients(args: argparse.Namespace) -> int:
         enable_idempotence=not args.no_idempotence,
     )
     clients.ensure_topic(args.bootstrap, args.topic, args.partitions, args.replication_factor)
+    if args.bench_mode == "produce" and args.transactional:
+        from strom.bench.transactions import bench_transactions, summary
+
+        options.pop("acks")
+        options.pop("enable_idempotence")
+        results = bench_transactions(
+            args.bootstrap,
+            args.topic,
+            records=args.records,
+            record_size=args.record_size,
+            sizes=args.transaction_size or (1_000, 100_000),
+            progress=progress,
+            **options,
+        )
+        ctx = {"mode": "produce --transactional", "topic": args.topic, "records": args.records}
+        if args.json:
+            print(report(results, as_json=True, context=ctx))
+        else:
+            print(report([], as_json=False, context=ctx))
+            print(summary(results))
+        return 0
     if args.bench_mode == "produce":
         result = clients.bench_produce(
             args.bootstrap,

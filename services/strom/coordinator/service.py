@@ -492,6 +492,9 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
         shard.generation += 1
         shard.groups = {}
         shard.transactions = {}
+        for done in shard.completing.values():  # waiters look again (and find it moved)
+            done.set()
+        shard.completing.clear()
         if shard.loader is not None and not shard.loader.done():
             shard.loader.cancel()
         assert shard.kind is not None

@@ -63,6 +63,9 @@ class Shard:
     create_revision: int = 0
     acquired_ms: int = 0
     loader: asyncio.Task[None] | None = None
+    #: Transactional ids whose transaction is completing -> set when it has completed
+    #: (requests that would start the next transaction wait on it instead of failing).
+    completing: dict[str, asyncio.Event] = field(default_factory=dict)
 
     @property
     def topic(self) -> str:

@@ -28,6 +28,7 @@ CompleteTxnOffsets (called by the transaction coordinator in step 2).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -78,6 +79,9 @@ log = logging.getLogger("strom.coordinator.txn")
 E = ErrorCode
 #: How long one WriteTxnMarkers request may wait for the in-sync replicas.
 MARKER_TIMEOUT_MS = 10_000
+#: How long a request that would start the next transaction waits for the previous one to
+#: complete before answering CONCURRENT_TRANSACTIONS (the client then retries).
+COMPLETION_WAIT_S = 5.0
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
 
 
@@ -129,14 +133,48 @@ class TransactionRpcs(_Base):
             raise NotCoordinatorError(f"{shard.topic} shard {shard.index} moved")
         await self._write(shard, [GroupRecord(txn_log_key(meta.transactional_id), meta.to_value())])
         shard.transactions[meta.transactional_id] = meta
+        tid = meta.transactional_id
+        if meta.state.preparing:
+            shard.completing.setdefault(tid, asyncio.Event())
+        else:
+            done = shard.completing.pop(tid, None)
+            if done is not None:
+                done.set()
 
     async def _txn_change(
         self,
         transactional_id: str,
         change: Callable[[TxnMetadata], TxnMetadata | None],
+        *,
+        wait_s: float = 0.0,
     ) -> tuple[Shard, TxnMetadata, bool]:
         """Apply ``change`` to the id's state under the shard lock and write the result;
-        returns (shard, state now, whether it changed). Unknown ids are refused."""
+        returns (shard, state now, whether it changed). Unknown ids are refused. With
+        ``wait_s``, a change refused because the previous transaction is still completing
+        waits (up to ``wait_s``) for it to complete and is tried again: the next transaction
+        then starts as soon as it can, without a client-side backoff."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return await self._txn_change_once(transactional_id, change)
+            except ConcurrentTransactionsError:
+                shard = self._txn_shard(transactional_id)
+                done = shard.completing.get(transactional_id)
+                left = deadline - time.monotonic()
+                if done is None or left <= 0:
+                    raise
+                try:
+                    await asyncio.wait_for(done.wait(), left)
+                except TimeoutError:
+                    raise ConcurrentTransactionsError(
+                        f"the previous transaction of {transactional_id!r} is still being completed"
+                    ) from None
+
+    async def _txn_change_once(
+        self,
+        transactional_id: str,
+        change: Callable[[TxnMetadata], TxnMetadata | None],
+    ) -> tuple[Shard, TxnMetadata, bool]:
         shard = self._txn_shard(transactional_id)
         async with shard.lock:
             current = shard.transactions.get(transactional_id)
@@ -165,31 +203,41 @@ class TransactionRpcs(_Base):
                 )
             tid = request.transactional_id
             check_timeout(request.transaction_timeout_ms, self.txn_max_timeout_ms)
-            shard = self._txn_shard(tid)
-            current = shard.transactions.get(tid)
-            fresh_pid = -1
-            if current is None or current.producer_epoch >= MAX_EPOCH:
-                fresh_pid, _ = await self._init_producer(-1, -1)
-            async with shard.lock:
+            deadline = time.monotonic() + COMPLETION_WAIT_S
+            while True:
+                shard = self._txn_shard(tid)
+                done = shard.completing.get(tid)
+                if done is not None:  # the previous transaction is completing: wait for it
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ConcurrentTransactionsError(
+                            f"the previous transaction of {tid!r} is still being completed"
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(done.wait(), left)
+                    continue
                 current = shard.transactions.get(tid)
-                result = init_producer_id(
-                    current,
-                    tid,
-                    request.transaction_timeout_ms,
-                    _now_ms(),
-                    lambda: fresh_pid,
-                    self.txn_max_timeout_ms,
-                )
-                if result.metadata.producer_id < 0:
-                    raise ConcurrentTransactionsError("allocating a producer id; retry")
-                await self._txn_write(shard, result.metadata)
-            if result.retry_later:
-                # The previous instance left a transaction open: it is being aborted (with a
-                # bumped epoch that fences that instance); the producer retries.
+                fresh_pid = -1
+                if current is None or current.producer_epoch >= MAX_EPOCH:
+                    fresh_pid, _ = await self._init_producer(-1, -1)
+                async with shard.lock:
+                    current = shard.transactions.get(tid)
+                    result = init_producer_id(
+                        current,
+                        tid,
+                        request.transaction_timeout_ms,
+                        _now_ms(),
+                        lambda pid=fresh_pid: pid,
+                        self.txn_max_timeout_ms,
+                    )
+                    if result.metadata.producer_id < 0:
+                        continue  # the id appeared meanwhile: look again
+                    await self._txn_write(shard, result.metadata)
+                if not result.retry_later:
+                    break
+                # The previous instance left a transaction open: abort it (its bumped epoch
+                # fences that instance), then bump again for this one.
                 self._spawn(self._finish(shard, result.metadata, by="fenced"))
-                raise ConcurrentTransactionsError(
-                    f"aborting the open transaction of the previous instance of {tid!r}; retry"
-                )
             resp.producer_id = result.metadata.producer_id
             resp.producer_epoch = result.metadata.producer_epoch
             log.info(
@@ -224,6 +272,7 @@ class TransactionRpcs(_Base):
                     lambda m: m.add(
                         request.producer_id, request.producer_epoch, now, partitions=wanted
                     ),
+                    wait_s=COMPLETION_WAIT_S,
                 )
         except Exception as exc:
             _fill_error(resp, exc)
@@ -250,6 +299,7 @@ class TransactionRpcs(_Base):
                 lambda m: m.add(
                     request.producer_id, request.producer_epoch, now, groups=[request.group_id]
                 ),
+                wait_s=COMPLETION_WAIT_S,
             )
         except Exception as exc:
             _fill_error(resp, exc)
