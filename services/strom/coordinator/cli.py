@@ -51,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--offsets-replication-factor",
         default=3,
         type=flags.int_at_least(1),
-        help="replication factor of __consumer_offsets and __transaction_state, capped at the "
-        "live nodes "
-        "(default: %(default)s)",
+        help="replication factor of __consumer_offsets and __transaction_state; the "
+        "coordinator waits for this many live storage nodes before creating them "
+        "(offsets.topic.replication.factor; default: %(default)s)",
     )
     parser.add_argument(
         "--session-timeout-s",

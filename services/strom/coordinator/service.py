@@ -229,6 +229,7 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
         self._stopping = False
         self._topics_cache: tuple[int, dict[str, int]] = (-1, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
+        self._waiting_logged: dict[str, bool] = {}
 
     # -- Service protocol --------------------------------------------------------------------
 
@@ -393,11 +394,26 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
         controller = view.controller_info()
         if not nodes or controller is None:
             return False  # woken again when they appear
+        if len(nodes) < kind.replication_factor:
+            # As Kafka: an internal topic is created with its full replication factor, never
+            # a smaller one because some nodes were not up yet (a node loss would then take
+            # every group or transaction of its shards offline).
+            if not self._waiting_logged.get(kind.topic):
+                log.warning(
+                    "waiting for %d live storage nodes (%d now) to create %s with "
+                    "replication factor %d (--offsets-replication-factor)",
+                    kind.replication_factor,
+                    len(nodes),
+                    kind.topic,
+                    kind.replication_factor,
+                )
+                self._waiting_logged[kind.topic] = True
+            return False
         req = controller_pb2.CreateTopicsRequest(timeout_ms=10_000)
         req.topics.add(
             name=kind.topic,
             num_partitions=kind.partitions,
-            replication_factor=max(1, min(kind.replication_factor, len(nodes))),
+            replication_factor=kind.replication_factor,
             configs={"cleanup.policy": "compact"},
         )
         stub = controller_pb2_grpc.ControllerServiceStub(

@@ -132,6 +132,10 @@ class LocalCluster:
             self.cluster_name,
             "--coordinator-id",
             str(i),
+            # Internal topics get every node up to 3 (as Kafka's dev configs do), and the
+            # coordinator waits for that many before creating them.
+            "--offsets-replication-factor",
+            str(max(1, min(3, len(self.nodes)))),
             *self.coordinator_args,
         )
         return Member("coordinator", i, port, mport, argv, self.root / f"coordinator-{i}.log")
