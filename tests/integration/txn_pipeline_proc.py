@@ -52,6 +52,7 @@ def main() -> int:
         n += 1
         dies = args.crash is not None and n == args.crash_at
         if dies and args.crash == "before_commit":
+            producer.flush()  # the records are in the log: the new instance must abort them
             os._exit(9)
         if dies and args.crash == "during_commit":
             producer.flush()  # the records are in: the kill lands around EndTxn
