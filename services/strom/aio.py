@@ -12,7 +12,8 @@ asyncio layer only has to never block the event loop:
   have to wait (metadata, ``max_block_ms``).
 - ``Consumer.poll`` / ``poll_arrow`` answer at once from prefetched data when there is some
   and otherwise wait in a worker thread; ``async for record in consumer`` works.
-- every ``Admin`` method is a coroutine.
+- every ``Admin`` method is a coroutine; so are the producer's transaction calls but
+  ``begin_transaction``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,23 @@ class Producer:
 
     async def partitions_for(self, topic: str) -> list[int]:
         return await asyncio.to_thread(self._sync.partitions_for, topic)
+
+    # -- transactions (each call may wait on the coordinator: a worker thread) --------------
+
+    async def init_transactions(self, timeout: float | None = None) -> None:
+        await asyncio.to_thread(self._sync.init_transactions, timeout)
+
+    def begin_transaction(self) -> None:
+        self._sync.begin_transaction()  # local: never waits
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
+        await asyncio.to_thread(self._sync.send_offsets_to_transaction, offsets, group_metadata)
+
+    async def commit_transaction(self, timeout: float | None = None) -> None:
+        await asyncio.to_thread(self._sync.commit_transaction, timeout)
+
+    async def abort_transaction(self, timeout: float | None = None) -> None:
+        await asyncio.to_thread(self._sync.abort_transaction, timeout)
 
     async def __aenter__(self) -> Producer:
         return self

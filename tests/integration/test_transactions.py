@@ -222,6 +222,17 @@ def test_a_zombie_is_fenced_and_aborted_records_stay_invisible(cluster: LocalClu
         new.close()
         old.close()
     assert [v for _, v in _read(cluster, "zombie", "read_committed")] == [b"committed"]
+    with Consumer(
+        cluster.bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
+    ) as c:  # poll_arrow drops aborted batches too
+        tp = TopicPartition("zombie", 0)
+        c.assign([tp])
+        end = c.end_offsets([tp])[tp]
+        values: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while c.position(tp) < end and time.monotonic() < deadline:
+            values += c.poll_arrow(timeout_ms=200).column("value").to_pylist()
+        assert values == [b"committed"]
     assert sorted(v for _, v in _read(cluster, "zombie", "read_uncommitted")) == [
         b"aborted",
         b"committed",
