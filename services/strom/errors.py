@@ -119,6 +119,8 @@ ERRORS: dict[int, ErrorInfo] = {
     _E.TRANSACTION_COORDINATOR_FENCED: ErrorInfo(
         True, "a newer transaction coordinator owns the shard"
     ),
+    # security
+    _E.TOPIC_AUTHORIZATION_FAILED: ErrorInfo(False, "the ACLs do not allow the topic"),
 }
 del _E
 
@@ -630,6 +632,22 @@ class TransactionCoordinatorFencedError(StromError):
     """TRANSACTION_COORDINATOR_FENCED: a newer transaction coordinator owns the shard."""
 
     default_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
+
+
+class AuthenticationError(StromError):
+    """The server did not accept who the client is (gRPC UNAUTHENTICATED): no client
+    certificate or bearer token, or one it does not trust. Not retriable."""
+
+
+class AuthorizationError(StromError):
+    """The server's ACLs do not allow the request (gRPC PERMISSION_DENIED); the message names
+    the missing permission. Not retriable."""
+
+
+class TopicAuthorizationFailedError(AuthorizationError):
+    """TOPIC_AUTHORIZATION_FAILED: the principal may not describe the topic it named."""
+
+    default_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
 def _collect(cls: type[StromError], into: dict[int, type[StromError]]) -> None:

@@ -76,6 +76,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_TRANSACTION_TIMEOUT: _ClassVar[ErrorCode]
     INVALID_PRODUCER_ID_MAPPING: _ClassVar[ErrorCode]
     TRANSACTION_COORDINATOR_FENCED: _ClassVar[ErrorCode]
+    TOPIC_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 INVALID_REQUEST: ErrorCode
@@ -143,6 +144,7 @@ TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
 INVALID_TRANSACTION_TIMEOUT: ErrorCode
 INVALID_PRODUCER_ID_MAPPING: ErrorCode
 TRANSACTION_COORDINATOR_FENCED: ErrorCode
+TOPIC_AUTHORIZATION_FAILED: ErrorCode
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

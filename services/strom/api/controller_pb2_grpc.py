@@ -105,6 +105,31 @@ class ControllerServiceStub:
                 request_serializer=strom_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.SerializeToString,
                 response_deserializer=strom_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/strom.v1.ControllerService/CreateAcls',
+                request_serializer=strom_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/strom.v1.ControllerService/DescribeAcls',
+                request_serializer=strom_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/strom.v1.ControllerService/DeleteAcls',
+                request_serializer=strom_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/strom.v1.ControllerService/AlterClientQuotas',
+                request_serializer=strom_dot_v1_dot_controller__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_controller__pb2.AlterClientQuotasResponse.FromString,
+                _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/strom.v1.ControllerService/DescribeClientQuotas',
+                request_serializer=strom_dot_v1_dot_controller__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_controller__pb2.DescribeClientQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -211,6 +236,42 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """Adds access control entries (etcd `acls/<id>`; adding one that exists is a no-op). Every
+        service watches them and applies a change within a second.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Lists the entries matching a filter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Removes the entries matching each filter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterClientQuotas(self, request, context):
+        """Sets (or, with every rate 0, removes) principals' quotas (etcd `quotas/<principal>`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClientQuotas(self, request, context):
+        """Lists the quotas.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -283,6 +344,31 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.AllocateProducerIds,
                     request_deserializer=strom_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.FromString,
                     response_serializer=strom_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=strom_dot_v1_dot_controller__pb2.CreateAclsRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_controller__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=strom_dot_v1_dot_controller__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_controller__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=strom_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=strom_dot_v1_dot_controller__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_controller__pb2.AlterClientQuotasResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=strom_dot_v1_dot_controller__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_controller__pb2.DescribeClientQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -664,6 +750,141 @@ class ControllerService:
             '/strom.v1.ControllerService/AllocateProducerIds',
             strom_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.SerializeToString,
             strom_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.ControllerService/CreateAcls',
+            strom_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+            strom_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.ControllerService/DescribeAcls',
+            strom_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+            strom_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.ControllerService/DeleteAcls',
+            strom_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+            strom_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.ControllerService/AlterClientQuotas',
+            strom_dot_v1_dot_controller__pb2.AlterClientQuotasRequest.SerializeToString,
+            strom_dot_v1_dot_controller__pb2.AlterClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.ControllerService/DescribeClientQuotas',
+            strom_dot_v1_dot_controller__pb2.DescribeClientQuotasRequest.SerializeToString,
+            strom_dot_v1_dot_controller__pb2.DescribeClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,12 +18,64 @@ class LeaderRecoveryState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LEADER_RECOVERY_STATE_RECOVERED: _ClassVar[LeaderRecoveryState]
     LEADER_RECOVERY_STATE_RECOVERING: _ClassVar[LeaderRecoveryState]
+
+class AclOperation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_OPERATION_UNSPECIFIED: _ClassVar[AclOperation]
+    ACL_OPERATION_ALL: _ClassVar[AclOperation]
+    ACL_OPERATION_READ: _ClassVar[AclOperation]
+    ACL_OPERATION_WRITE: _ClassVar[AclOperation]
+    ACL_OPERATION_CREATE: _ClassVar[AclOperation]
+    ACL_OPERATION_DELETE: _ClassVar[AclOperation]
+    ACL_OPERATION_ALTER: _ClassVar[AclOperation]
+    ACL_OPERATION_DESCRIBE: _ClassVar[AclOperation]
+    ACL_OPERATION_CLUSTER_ACTION: _ClassVar[AclOperation]
+
+class AclResourceType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_RESOURCE_TYPE_UNSPECIFIED: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_TOPIC: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_GROUP: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_CLUSTER: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: _ClassVar[AclResourceType]
+
+class AclPermission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_PERMISSION_UNSPECIFIED: _ClassVar[AclPermission]
+    ACL_PERMISSION_ALLOW: _ClassVar[AclPermission]
+    ACL_PERMISSION_DENY: _ClassVar[AclPermission]
+
+class PatternType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PATTERN_TYPE_UNSPECIFIED: _ClassVar[PatternType]
+    PATTERN_TYPE_LITERAL: _ClassVar[PatternType]
+    PATTERN_TYPE_PREFIXED: _ClassVar[PatternType]
 NODE_STATE_UNSPECIFIED: NodeState
 NODE_STATE_STARTING: NodeState
 NODE_STATE_RUNNING: NodeState
 NODE_STATE_SHUTTING_DOWN: NodeState
 LEADER_RECOVERY_STATE_RECOVERED: LeaderRecoveryState
 LEADER_RECOVERY_STATE_RECOVERING: LeaderRecoveryState
+ACL_OPERATION_UNSPECIFIED: AclOperation
+ACL_OPERATION_ALL: AclOperation
+ACL_OPERATION_READ: AclOperation
+ACL_OPERATION_WRITE: AclOperation
+ACL_OPERATION_CREATE: AclOperation
+ACL_OPERATION_DELETE: AclOperation
+ACL_OPERATION_ALTER: AclOperation
+ACL_OPERATION_DESCRIBE: AclOperation
+ACL_OPERATION_CLUSTER_ACTION: AclOperation
+ACL_RESOURCE_TYPE_UNSPECIFIED: AclResourceType
+ACL_RESOURCE_TYPE_TOPIC: AclResourceType
+ACL_RESOURCE_TYPE_GROUP: AclResourceType
+ACL_RESOURCE_TYPE_CLUSTER: AclResourceType
+ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: AclResourceType
+ACL_PERMISSION_UNSPECIFIED: AclPermission
+ACL_PERMISSION_ALLOW: AclPermission
+ACL_PERMISSION_DENY: AclPermission
+PATTERN_TYPE_UNSPECIFIED: PatternType
+PATTERN_TYPE_LITERAL: PatternType
+PATTERN_TYPE_PREFIXED: PatternType
 
 class ClusterInfo(_message.Message):
     __slots__ = ("cluster_id", "created_ms", "metadata_version")
@@ -157,3 +209,31 @@ class ProducerIdBlock(_message.Message):
     last_assigned_to: int
     updated_ms: int
     def __init__(self, next_producer_id: _Optional[int] = ..., block_size: _Optional[int] = ..., last_assigned_to: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+
+class AclBinding(_message.Message):
+    __slots__ = ("principal", "operation", "permission", "resource_type", "resource_name", "pattern_type")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    operation: AclOperation
+    permission: AclPermission
+    resource_type: AclResourceType
+    resource_name: str
+    pattern_type: PatternType
+    def __init__(self, principal: _Optional[str] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission: _Optional[_Union[AclPermission, str]] = ..., resource_type: _Optional[_Union[AclResourceType, str]] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[_Union[PatternType, str]] = ...) -> None: ...
+
+class ClientQuota(_message.Message):
+    __slots__ = ("principal", "produce_bytes_per_second", "fetch_bytes_per_second", "requests_per_second")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    FETCH_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    produce_bytes_per_second: float
+    fetch_bytes_per_second: float
+    requests_per_second: float
+    def __init__(self, principal: _Optional[str] = ..., produce_bytes_per_second: _Optional[float] = ..., fetch_bytes_per_second: _Optional[float] = ..., requests_per_second: _Optional[float] = ...) -> None: ...

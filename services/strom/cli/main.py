@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -63,6 +64,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from strom.cli.acls import add_acls_parser
     from strom.cli.admin import add_cluster_parser, add_topics_parser
     from strom.cli.console import add_console_parsers
     from strom.cli.dev import add_dev_parser
@@ -78,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--bootstrap", "-b", help="HOST:PORT[,HOST:PORT...] of storage nodes ($STROM_BOOTSTRAP)"
     )
+    common.add_argument(
+        "--ssl-cafile",
+        metavar="FILE",
+        help="CA bundle to verify the cluster's TLS ($STROM_SSL_CAFILE)",
+    )
+    common.add_argument(
+        "--ssl-certfile", metavar="FILE", help="client certificate for mTLS ($STROM_SSL_CERTFILE)"
+    )
+    common.add_argument(
+        "--ssl-keyfile", metavar="FILE", help="key of --ssl-certfile ($STROM_SSL_KEYFILE)"
+    )
+    common.add_argument(
+        "--token-file", metavar="FILE", help="bearer token to authenticate with ($STROM_TOKEN_FILE)"
+    )
 
     for name in SERVICES:
         sub.add_parser(name, help=f"run a {name} (see `strom {name} --help`)", add_help=False)
@@ -86,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_parser(sub, common)
     add_groups_parser(sub, common)
     add_transactions_parser(sub, common)
+    add_acls_parser(sub, common)
     add_console_parsers(sub, common)
 
     bench = sub.add_parser("bench", help="measure throughput and latency")
@@ -426,6 +443,14 @@ def _run(args: argparse.Namespace) -> int:
         from strom.cli.transactions import run_transactions
 
         return run_transactions(args, out)
+    if args.command == "acls":
+        from strom.cli.acls import run_acls
+
+        return run_acls(args, out)
+    if args.command == "quotas":
+        from strom.cli.acls import run_quotas
+
+        return run_quotas(args, out)
     if args.command == "produce":
         from strom.cli.console import run_produce
 
@@ -447,6 +472,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from strom.errors import StromError
 
+    # The security flags reach every client of the command through the environment they
+    # also read (strom.security.config.client_security).
+    for flag, env in (
+        ("ssl_cafile", "STROM_SSL_CAFILE"),
+        ("ssl_certfile", "STROM_SSL_CERTFILE"),
+        ("ssl_keyfile", "STROM_SSL_KEYFILE"),
+        ("token_file", "STROM_TOKEN_FILE"),
+    ):
+        if getattr(args, flag, None):
+            os.environ[env] = getattr(args, flag)
     try:
         return _run(args)
     except KeyboardInterrupt:

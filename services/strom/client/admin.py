@@ -61,6 +61,7 @@ from strom.errors import (
     error_for,
     is_retriable,
 )
+from strom.security.config import client_security
 
 __all__ = [
     "Admin",
@@ -570,6 +571,10 @@ class Admin:
         request_timeout_ms: int = 30_000,
         client_id: str = "strom-admin",
         cluster_client: ClusterClient | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        token: str | None = None,
     ) -> None:
         if not _is_int(request_timeout_ms) or request_timeout_ms <= 0:
             raise InvalidRequestError(
@@ -585,6 +590,7 @@ class Admin:
                     timeout_s=request_timeout_ms / 1000,
                     retry_s=request_timeout_ms / 1000,
                     client_id=client_id,
+                    security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
                 )
             except ValueError as exc:
                 raise InvalidRequestError(str(exc)) from None

@@ -19,12 +19,16 @@ import grpc
 
 from strom.api import common_pb2, controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
 from strom.errors import (
+    AuthenticationError,
+    AuthorizationError,
     BrokerNotAvailableError,
     StromError,
     UnknownTopicOrPartitionError,
     error_for,
     is_retriable,
 )
+from strom.security import ChannelSecurity
+from strom.security.config import client_security
 from strom.service.runtime import GRPC_OPTIONS
 
 T = TypeVar("T")
@@ -54,6 +58,17 @@ def parse_bootstrap(spec: str | Sequence[str] | None) -> list[str]:
     return out
 
 
+#: gRPC statuses that retrying cannot fix: the caller is not who it must be, or may not.
+_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+
+
+def refused(exc: grpc.RpcError) -> StromError:
+    """The error for a call the server refused to authenticate or authorize."""
+    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationError(f"not authenticated: {exc.details()}")
+    return AuthorizationError(f"not authorized: {exc.details()}")
+
+
 def _addr(node: Any) -> str:
     return f"{node.host}:{node.port}"
 
@@ -68,8 +83,12 @@ class ClusterClient:
         timeout_s: float = 10.0,
         retry_s: float = 15.0,
         client_id: str | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap)
+        #: TLS and token settings of every channel (default: STROM_SSL_* / STROM_TOKEN from
+        #: the environment, else the process's: plaintext unless a service configured TLS).
+        self.security = security or client_security()
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         # Sent as the gRPC user agent, so a server (and its access logs) can tell which
@@ -100,7 +119,7 @@ class ClusterClient:
                 options = list(GRPC_OPTIONS)
                 if self.client_id:
                     options.append(("grpc.primary_user_agent", self.client_id))
-                ch = grpc.insecure_channel(address, options=options)
+                ch = self.security.channel(address, options)
                 self._channels[address] = ch
             return ch
 
@@ -237,6 +256,8 @@ class ClusterClient:
                 try:
                     resp = getattr(stub, method)(request, timeout=self.timeout_s)
                 except grpc.RpcError as exc:
+                    if exc.code() in _REFUSED:
+                        raise refused(exc) from None
                     last = f"controller {addr}: {exc.code().name} {exc.details() or ''}".strip()
                     self._controller_addr = None
                 else:

@@ -41,6 +41,7 @@ from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from strom.errors import InvalidGroupIdError, StromError, UnknownTopicOrPartitionError
 from strom.record import Record
+from strom.security.config import client_security
 
 MiB = 1024 * 1024
 AUTO_OFFSET_RESET = ("latest", "earliest", "none")
@@ -168,6 +169,10 @@ class Consumer:
         heartbeat_interval_ms: int = 3000,
         group_instance_id: str | None = None,
         group_remote_assignor: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        token: str | None = None,
     ) -> None:
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ValueError(f"group_id must be a non-empty str or None, got {group_id!r}")
@@ -238,7 +243,11 @@ class Consumer:
         #: batches are dropped (batch by batch); "latest" is the last stable offset.
         self._read_committed = isolation_level == "read_committed"
         self._client = ClusterClient(
-            bootstrap, timeout_s=self._timeout_s, retry_s=self._timeout_s, client_id=self.client_id
+            bootstrap,
+            timeout_s=self._timeout_s,
+            retry_s=self._timeout_s,
+            client_id=self.client_id,
+            security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
         )
         self._leaders = LeaderMap(self._client, metadata_timeout_s=min(self._timeout_s, 5.0))
         self._fetcher = Fetcher(

@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
-from strom.client.cluster import ClusterClient
+from strom.client.cluster import ClusterClient, refused
 from strom.client.offsets import TRANSPORT_RETRY, LeaderMap
 from strom.client.types import TopicPartition
 from strom.errors import (
@@ -1004,10 +1004,13 @@ class Fetcher:
         except grpc.RpcError as exc:
             code = exc.code()
             transport = code in TRANSPORT_RETRY
-            failure = StromError(
-                f"Fetch from {address} failed: {code.name} {exc.details() or ''}".strip(),
-                retriable=transport,
-            )
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                failure = refused(exc)
+            else:
+                failure = StromError(
+                    f"Fetch from {address} failed: {code.name} {exc.details() or ''}".strip(),
+                    retriable=transport,
+                )
         except ValueError as exc:  # the channel was closed under us (consumer closing)
             transport = True
             failure = StromError(f"Fetch from {address}: {exc}", retriable=True)

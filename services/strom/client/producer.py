@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
 from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBatch
-from strom.client.cluster import ClusterClient, _addr
+from strom.client.cluster import ClusterClient, _addr, refused
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
 from strom.client.transactions import GroupMetadata, TransactionManager, TxnPhase
@@ -64,6 +64,7 @@ from strom.errors import (
     is_retriable,
 )
 from strom.record import codecs
+from strom.security.config import client_security
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,10 @@ class Producer:
         client_id: str | None = None,
         transactional_id: str | None = None,
         transaction_timeout_ms: int = 60_000,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        token: str | None = None,
     ) -> None:
         if acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
@@ -201,7 +206,11 @@ class Producer:
         self.key_serializer = key_serializer
         self.value_serializer = value_serializer
         self.client_id = client_id
-        self._client = ClusterClient(bootstrap, retry_s=max(self.max_block_s, 0.1))
+        self._client = ClusterClient(
+            bootstrap,
+            retry_s=max(self.max_block_s, 0.1),
+            security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
+        )
         #: The transaction state of a transactional producer (None otherwise).
         self._txn: TransactionManager | None = None
         if transactional_id is not None:
@@ -848,6 +857,9 @@ class Producer:
                     )
                 elif isinstance(error, StromError):
                     self._fail(pq, batches, error)
+                elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    assert isinstance(error, grpc.RpcError)
+                    self._fail(pq, batches, refused(error))
                 else:
                     detail = error.details() if isinstance(error, grpc.RpcError) else str(error)
                     self._fail(

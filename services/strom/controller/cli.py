@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     """Build the controller from parsed flags and serve until SIGTERM; the exit code."""
     from strom.controller.service import ControllerService, ControllerStartupError
 
+    failed = flags.configure_security(PROG, args)
+    if failed is not None:
+        return failed
     host, port = flags.advertised(args.listen, args.advertise)
     controller_id = (
         args.controller_id if args.controller_id is not None else random.randrange(1 << 31)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from strom.security import default_channel
 from strom.service.runtime import GRPC_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class NodeProber:
     async def _probe(self, node_id: int, incarnation: str, address: str) -> None:
         reached = False
         while True:
-            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            channel = default_channel().aio_channel(address, GRPC_OPTIONS)
             try:
                 stub = health_pb2_grpc.HealthStub(channel)
                 call = stub.Watch(health_pb2.HealthCheckRequest(service=""))
@@ -110,7 +111,7 @@ class NodeProber:
         for i in range(self.confirm_attempts):
             if i:
                 await asyncio.sleep(self.confirm_interval_s)
-            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            channel = default_channel().aio_channel(address, GRPC_OPTIONS)
             try:
                 await health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(service=""), timeout=self.check_timeout_s

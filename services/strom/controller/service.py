@@ -55,6 +55,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from strom.api import common_pb2, controller_pb2, controller_pb2_grpc
 from strom.api import metadata_pb2 as md
 from strom.controller import leadership, metrics
+from strom.controller.acls import AclRpcs
 from strom.controller.configs import _effective, apply_config_ops, describe_topic_configs
 from strom.controller.placement import PlacementNode, assign_replicas
 from strom.controller.prober import NodeProber
@@ -176,7 +177,7 @@ def _rack(node: md.NodeRegistration) -> str | None:
     return node.rack if node.HasField("rack") else None
 
 
-class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
+class ControllerService(AclRpcs, controller_pb2_grpc.ControllerServiceServicer):
     """A controller process: campaigns for leadership and serves ControllerService."""
 
     name = "controller"

@@ -99,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     from strom.coordinator.group import GroupConfig
     from strom.coordinator.service import CoordinatorService, CoordinatorStartupError
 
+    failed = flags.configure_security(PROG, args)
+    if failed is not None:
+        return failed
     host, port = flags.advertised(args.listen, args.advertise)
     coordinator_id = (
         args.coordinator_id if args.coordinator_id is not None else random.randrange(1 << 31)

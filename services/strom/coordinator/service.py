@@ -87,6 +87,7 @@ from strom.metadata import (
     MetadataUnavailableError,
     WatchEvent,
 )
+from strom.security import default_channel
 from strom.service.runtime import GRPC_OPTIONS
 
 log = logging.getLogger("strom.coordinator")
@@ -314,9 +315,7 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=list(GRPC_OPTIONS)
-            )
+            ch = self._channels[address] = default_channel().aio_channel(address, GRPC_OPTIONS)
         return ch
 
     async def _new_lease(self) -> None:

@@ -21,13 +21,16 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strom.devcluster.procs import ClusterError, EtcdServer, ManagedProcess, free_port, wait_for
+from strom.security import ChannelSecurity
 
 STATE_FILE = "cluster.json"
 
 
-def grpc_serving(address: str, timeout: float = 1.0) -> bool:
+def grpc_serving(
+    address: str, timeout: float = 1.0, security: ChannelSecurity | None = None
+) -> bool:
     """True when the gRPC health service at ``address`` says SERVING."""
-    with grpc.insecure_channel(address) as ch:
+    with (security or ChannelSecurity()).channel(address) as ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout
@@ -78,11 +81,15 @@ class LocalCluster:
         python: str = sys.executable,
         coordinators: int = 1,
         coordinator_args: list[str] | None = None,
+        security: ChannelSecurity | None = None,
+        etcd_tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         self.root = Path(root)
+        #: How this process reaches the services (TLS / tokens when they require them).
+        self.security = security
         self.cluster_name = cluster
         self.python = python
-        self.etcd = EtcdServer(self.root)
+        self.etcd = EtcdServer(self.root, tls=etcd_tls)
         self.controllers: list[Member] = []
         self.nodes: list[Member] = []
         self.node_args = node_args or []
@@ -198,7 +205,7 @@ class LocalCluster:
             if not m.alive():
                 tail = m.process.log_tail() if m.process else ""
                 raise ClusterError(f"{m.kind} {m.ident} exited during start:\n{tail}")
-            return grpc_serving(m.address)
+            return grpc_serving(m.address, security=self.security)
 
         wait_for(ready, timeout=timeout, what=f"{m.kind} {m.ident} on {m.address} to serve")
 
@@ -209,7 +216,7 @@ class LocalCluster:
         live = {n.ident for n in self.nodes if n.alive()}
 
         def ready() -> bool:
-            with ClusterClient(self.bootstrap, retry_s=0.5) as c:
+            with ClusterClient(self.bootstrap, retry_s=0.5, security=self.security) as c:
                 md = c.metadata()
                 return (
                     md.HasField("controller")
@@ -226,7 +233,7 @@ class LocalCluster:
         from strom.client.cluster import ClusterClient
         from strom.errors import StromError
 
-        with ClusterClient(self.bootstrap, retry_s=1) as c:
+        with ClusterClient(self.bootstrap, retry_s=1, security=self.security) as c:
             md = c.metadata(["__consumer_offsets"])
             topic = next((t for t in md.topics if t.name == "__consumer_offsets"), None)
             if topic is None or topic.error_code != 0 or not topic.partitions:
@@ -295,7 +302,7 @@ class LocalCluster:
     def active_controller(self) -> Member | None:
         from strom.client.cluster import ClusterClient
 
-        with ClusterClient(self.bootstrap, retry_s=2) as c:
+        with ClusterClient(self.bootstrap, retry_s=2, security=self.security) as c:
             md = c.metadata()
         for m in self.controllers:
             if md.HasField("controller") and md.controller.port == m.port:

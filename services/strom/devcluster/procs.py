@@ -167,6 +167,7 @@ class EtcdServer:
         client_port: int | None = None,
         peer_port: int | None = None,
         host: str = "127.0.0.1",
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         binary = shutil.which("etcd")
         if binary is None:
@@ -176,6 +177,8 @@ class EtcdServer:
         self.data_dir = data_dir
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
+        #: (cert, key, CA): serve clients over TLS and require client certificates from them.
+        self.tls = tls
         self.process: ManagedProcess | None = None
 
     @property
@@ -183,7 +186,8 @@ class EtcdServer:
         return f"{self.host}:{self.client_port}"
 
     def start(self, timeout: float = 20.0) -> EtcdServer:
-        client = f"http://{self.host}:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://{self.host}:{self.client_port}"
         peer = f"http://{self.host}:{self.peer_port}"
         argv = [
             self.binary,
@@ -204,6 +208,17 @@ class EtcdServer:
             "--log-level",
             "warn",
         ]
+        if self.tls:
+            cert, key, ca = self.tls
+            argv += [
+                "--cert-file",
+                str(cert),
+                "--key-file",
+                str(key),
+                "--trusted-ca-file",
+                str(ca),
+                "--client-cert-auth",
+            ]
         self.process = ManagedProcess("etcd", argv, self.data_dir / "etcd.log").start()
         wait_for(self._healthy, timeout=timeout, what=f"etcd on {self.endpoint}")
         return self

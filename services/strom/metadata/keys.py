@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,22 @@ class Keys:
 
     def coordinator(self, shard: int) -> str:
         return f"{self.coordinators_prefix}{shard}"
+
+    @property
+    def acls_prefix(self) -> str:
+        return self.root + "acls/"
+
+    def acl(self, acl_id: str) -> str:
+        """One ACL binding (its id: a hash of the binding)."""
+        return f"{self.acls_prefix}{acl_id}"
+
+    @property
+    def quotas_prefix(self) -> str:
+        return self.root + "quotas/"
+
+    def quota(self, principal: str) -> str:
+        """A principal's client quota (the principal URL-quoted: it may hold '/')."""
+        return f"{self.quotas_prefix}{quote(principal, safe='')}"
 
     @property
     def txn_coordinators_prefix(self) -> str:

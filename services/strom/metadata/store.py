@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 
 from strom.metadata import metrics
 from strom.metadata.keys import Keys
+from strom.security.config import etcd as etcd_security
 
 log = logging.getLogger("strom.metadata")
 M = TypeVar("M", bound=Message)
@@ -104,8 +105,13 @@ class MetadataStore:
         self.endpoints = parse_endpoints(endpoints)
         self.keys = Keys(cluster)
         self.timeout = timeout
+        tls = etcd_security()
+        creds = tls.credentials()
         self.client = MultiEndpointEtcd3Client(
-            [Endpoint(h, p, secure=False, time_retry=0.5) for h, p in self.endpoints],
+            [
+                Endpoint(h, p, secure=creds is not None, creds=creds, time_retry=0.5)
+                for h, p in self.endpoints
+            ],
             timeout=timeout,
             failover=True,
         )

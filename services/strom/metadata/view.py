@@ -40,6 +40,9 @@ class ClusterView:
         self.coordinators: dict[int, Versioned] = {}
         #: Owners of the shards of __transaction_state (transaction coordinators).
         self.txn_coordinators: dict[int, Versioned] = {}
+        #: ACL bindings (by id) and client quotas (by principal), for strom.security.
+        self.acls: dict[str, Versioned] = {}
+        self.quotas: dict[str, Versioned] = {}
         self.producer_ids: Versioned | None = None
         self._listeners: list[Listener] = []
         self._watch: Watch | None = None
@@ -69,6 +72,8 @@ class ClusterView:
             self.partitions.clear()
             self.coordinators.clear()
             self.txn_coordinators.clear()
+            self.acls.clear()
+            self.quotas.clear()
             self.controller = None
             for ev in items:
                 self._apply(ev)
@@ -108,6 +113,10 @@ class ClusterView:
                 rest = key[len(k.nodes_prefix) :]
                 if rest.isdigit():
                     self._set(self.nodes, int(rest), ev, md.NodeRegistration)
+            elif key.startswith(k.acls_prefix):
+                self._set(self.acls, key[len(k.acls_prefix) :], ev, md.AclBinding)
+            elif key.startswith(k.quotas_prefix):
+                self._set(self.quotas, key[len(k.quotas_prefix) :], ev, md.ClientQuota)
             elif key.startswith(k.txn_coordinators_prefix):
                 rest = key[len(k.txn_coordinators_prefix) :]
                 if rest.isdigit():

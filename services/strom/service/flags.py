@@ -12,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from strom import security
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import runtime
 from strom.service.config import split_host_port
@@ -119,6 +120,7 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log level (default: %(default)s)",
     )
+    security.add_arguments(parser)
     parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
 
 
@@ -155,3 +157,12 @@ def serve(
         raise
     except KeyboardInterrupt:
         return 130
+
+
+def configure_security(prog: str, args: argparse.Namespace) -> int | None:
+    """Install the security flags; an exit code (after one stderr line) when they are bad."""
+    try:
+        security.configure(args)
+    except ValueError as exc:
+        return fail(prog, str(exc), 2)
+    return None

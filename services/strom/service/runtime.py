@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from strom import security
 from strom.metadata import metrics as metadata_metrics
 from strom.service import metrics
 
@@ -88,7 +89,8 @@ async def serve(
     """Serve until SIGTERM/SIGINT, then shut down in order."""
     metrics.set_service(service.name)
     metadata_metrics.init_service()
-    server = grpc.aio.server(options=list(GRPC_OPTIONS))
+    sec = security.server_security()
+    server = grpc.aio.server(options=list(GRPC_OPTIONS), interceptors=security.interceptors(sec))
     names = service.register(server)
     health_servicer = health.aio.HealthServicer()
     # FIX: grpc's HealthServicer starts with "" = SERVING; until service.start() has finished
@@ -105,7 +107,10 @@ async def serve(
         server,
     )
     try:
-        bound = server.add_insecure_port(listen)
+        if sec.tls:
+            bound = server.add_secure_port(listen, sec.credentials())
+        else:
+            bound = server.add_insecure_port(listen)
     except RuntimeError as exc:  # grpc reports a taken port this way
         raise OSError(f"cannot listen on {listen}: {exc}") from None
     if bound == 0:
@@ -122,6 +127,9 @@ async def serve(
     except BaseException:
         await server.stop(0)
         raise
+    view = getattr(service, "view", None)
+    if view is not None:
+        security.follow(view, sec)  # ACLs and quotas from etcd, kept current
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("%s serving on %s", service.name, listen)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from strom import security
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
 
@@ -78,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=LOG_LEVELS,
         help="log level (info)",
     )
+    security.add_arguments(parser)
     parser.add_argument("--config", default=None, help="YAML file with any of these settings")
 
 
@@ -153,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     """Run a node until SIGTERM/SIGINT; the exit status (0 after a clean shutdown)."""
     try:
         config = node_config(args)
+        security.configure(args)
     except ValueError as exc:
         return _fail(str(exc))
     from strom.service.runtime import serve, setup_logging

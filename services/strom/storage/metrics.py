@@ -170,6 +170,11 @@ CLEANER_CLEANINGS = Counter(
     ["reason"],
 )
 
+THROTTLED = Counter(
+    "strom_storage_throttled_requests",
+    "Produce and Fetch answers held back because the principal was over its client quota",
+    ["kind"],
+)
 TXN_MARKERS = Counter(
     "strom_storage_txn_markers",
     "Transaction markers appended (COMMIT, ABORT) or refused (the error code)",

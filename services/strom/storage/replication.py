@@ -34,6 +34,7 @@ from strom.api import controller_pb2, controller_pb2_grpc, storage_pb2, storage_
 from strom.errors import ErrorCode
 from strom.log import LogManager
 from strom.metadata import ClusterView
+from strom.security import default_channel
 from strom.service.runtime import GRPC_OPTIONS
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
@@ -62,7 +63,7 @@ class ControllerClient:
         target = f"{host}:{port}"
         ch = self._channels.get(target)
         if ch is None:
-            ch = self._channels[target] = grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
+            ch = self._channels[target] = default_channel().aio_channel(target, GRPC_OPTIONS)
         return controller_pb2_grpc.ControllerServiceStub(ch)
 
     async def call(self, method: str, request: Any, timeout: float = 5.0) -> Any | None:
@@ -180,7 +181,7 @@ class ReplicaFetchers:
                 if addr != target:
                     if channel is not None:
                         await channel.close()
-                    channel = grpc.aio.insecure_channel(addr, options=GRPC_OPTIONS)
+                    channel = default_channel().aio_channel(addr, GRPC_OPTIONS)
                     target = addr
                 assert channel is not None
                 stub = storage_pb2_grpc.StorageServiceStub(channel)

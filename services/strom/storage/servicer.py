@@ -53,6 +53,7 @@ from strom.log import (
 )
 from strom.metadata import ClusterView
 from strom.record import InvalidBatchError
+from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.service.metrics import result_code
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
@@ -258,12 +259,15 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                     self._produce_failed(pr, _unexpected("produce to", topic, pd.partition, exc))
                     continue
                 pending.append((pr, part, pd.records))
+        appended = 0
         if pending:
             appended = await self._append_all(pending, acks, request.timeout_ms)
             if appended:
                 metrics.client_counter(metrics.CLIENT_BYTES_IN, metrics.client_id_of(context)).inc(
                     appended
                 )
+        if QUOTAS.active:
+            resp.throttle_time_ms = await _throttle("produce", appended)
         if acks == 0:
             return pb.ProduceResponse()
         if hints:
@@ -502,6 +506,11 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             metrics.client_counter(metrics.CLIENT_BYTES_OUT, metrics.client_id_of(context)).inc(
                 total
             )
+        if QUOTAS.active and not follower:
+            throttled = await _throttle("fetch", total)
+            if throttled:
+                endpoints = endpoints or pb.FetchResponse()
+                endpoints.throttle_time_ms = throttled
         return encode_fetch_response(topics, endpoints)
 
     async def _fetch_once(
@@ -927,6 +936,17 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
     generic = grpc.method_handlers_generic_handler(service.full_name, handlers)
     server.add_generic_rpc_handlers((generic,))
     server.add_registered_method_handlers(service.full_name, handlers)
+
+
+async def _throttle(kind: str, nbytes: int) -> int:
+    """Hold the answer back while the caller is over its quota (Kafka's throttling: delay,
+    never drop); the ms it was held, for ``throttle_time_ms``."""
+    delay = QUOTAS.throttle(CURRENT_PRINCIPAL.get(), kind, nbytes)
+    if delay <= 0:
+        return 0
+    metrics.THROTTLED.labels(kind).inc()
+    await asyncio.sleep(delay)
+    return int(delay * 1000)
 
 
 def _append_jobs(jobs: list[tuple[Log, Any, int]]) -> list[AppendInfo | BaseException]:

@@ -1,0 +1,205 @@
+"""``strom acls add|list|remove`` and ``strom quotas set|list``: access control and client
+quotas from the shell, as Kafka's ``kafka-acls.sh`` / ``kafka-configs.sh --entity-type
+users`` do it. The active controller stores them in etcd; every service applies a change
+within a second.
+
+    strom acls add --allow User:alice --operation write --topic orders
+    strom acls add --deny User:bob --operation read --topic-prefix secret-
+    strom acls list [--principal User:alice]
+    strom acls remove --principal User:alice --topic orders
+    strom quotas set User:alice --produce-bytes-per-second 1048576
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from google.protobuf import json_format
+
+from strom.api import controller_pb2
+from strom.api import metadata_pb2 as md
+from strom.cli.groups import _table
+from strom.client.cluster import ClusterClient
+from strom.errors import StromError, error_for
+from strom.security.acl import CLUSTER, Acl
+
+_OPS = {o.removeprefix("ACL_OPERATION_").lower(): v for o, v in md.AclOperation.items() if v}
+
+
+def _dict(msg: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+
+
+def _resource_args(p: argparse.ArgumentParser, required: bool) -> None:
+    r = p.add_mutually_exclusive_group(required=required)
+    r.add_argument("--topic", metavar="NAME", help="a topic ('*' for every topic)")
+    r.add_argument("--topic-prefix", metavar="PREFIX", help="every topic starting with PREFIX")
+    r.add_argument("--group", metavar="NAME", help="a consumer group ('*' for every group)")
+    r.add_argument("--group-prefix", metavar="PREFIX", help="every group starting with PREFIX")
+    r.add_argument("--transactional-id", metavar="ID", help="a transactional id ('*' for all)")
+    r.add_argument("--cluster", action="store_true", help="the cluster itself")
+
+
+def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    acls = sub.add_parser("acls", help="add, list and remove access control entries")
+    asub = acls.add_subparsers(dest="acls_cmd", metavar="ACTION")
+    asub.required = True
+    add = asub.add_parser("add", parents=[common], help="allow or deny an operation")
+    who = add.add_mutually_exclusive_group(required=True)
+    who.add_argument("--allow", metavar="PRINCIPAL", help="e.g. User:alice, User:CN=app, User:*")
+    who.add_argument("--deny", metavar="PRINCIPAL", help="a DENY wins over every ALLOW")
+    add.add_argument("--operation", required=True, action="append", choices=sorted(_OPS))
+    _resource_args(add, required=True)
+    ls = asub.add_parser("list", parents=[common], help="entries (all, or matching)")
+    ls.add_argument("--principal")
+    _resource_args(ls, required=False)
+    ls.add_argument("--json", action="store_true")
+    rm = asub.add_parser("remove", parents=[common], help="remove the matching entries")
+    rm.add_argument("--principal")
+    rm.add_argument("--operation", choices=sorted(_OPS))
+    _resource_args(rm, required=False)
+
+    quotas = sub.add_parser("quotas", help="set and list client quotas (per principal)")
+    qsub = quotas.add_subparsers(dest="quotas_cmd", metavar="ACTION")
+    qsub.required = True
+    qs = qsub.add_parser("set", parents=[common], help="set a principal's rates (0 = no limit)")
+    qs.add_argument("principal", help="User:<name>, or User:* for everyone's default")
+    qs.add_argument("--produce-bytes-per-second", type=float, default=0.0)
+    qs.add_argument("--fetch-bytes-per-second", type=float, default=0.0)
+    qs.add_argument("--requests-per-second", type=float, default=0.0)
+    ql = qsub.add_parser("list", parents=[common], help="every quota")
+    ql.add_argument("--json", action="store_true")
+
+
+def _resource(args: argparse.Namespace) -> tuple[int, str, int] | None:
+    """(resource type, name, pattern type) from the resource flags; None when none given."""
+    if getattr(args, "topic", None):
+        return md.ACL_RESOURCE_TYPE_TOPIC, args.topic, md.PATTERN_TYPE_LITERAL
+    if getattr(args, "topic_prefix", None):
+        return md.ACL_RESOURCE_TYPE_TOPIC, args.topic_prefix, md.PATTERN_TYPE_PREFIXED
+    if getattr(args, "group", None):
+        return md.ACL_RESOURCE_TYPE_GROUP, args.group, md.PATTERN_TYPE_LITERAL
+    if getattr(args, "group_prefix", None):
+        return md.ACL_RESOURCE_TYPE_GROUP, args.group_prefix, md.PATTERN_TYPE_PREFIXED
+    if getattr(args, "transactional_id", None):
+        return md.ACL_RESOURCE_TYPE_TRANSACTIONAL_ID, args.transactional_id, md.PATTERN_TYPE_LITERAL
+    if getattr(args, "cluster", False):
+        return md.ACL_RESOURCE_TYPE_CLUSTER, CLUSTER, md.PATTERN_TYPE_LITERAL
+    return None
+
+
+def _filter(args: argparse.Namespace) -> controller_pb2.AclBindingFilter:
+    f = controller_pb2.AclBindingFilter(principal=args.principal or "")
+    if getattr(args, "operation", None):
+        f.operation = _OPS[args.operation]  # type: ignore[assignment]
+    res = _resource(args)
+    if res is not None:
+        f.resource_type, f.resource_name, f.pattern_type = res  # type: ignore[assignment]
+    return f
+
+
+def run_acls(args: argparse.Namespace, out: Any) -> int:
+    with ClusterClient(args.bootstrap) as client:
+        if args.acls_cmd == "add":
+            res = _resource(args)
+            assert res is not None
+            principal = args.allow or args.deny
+            req = controller_pb2.CreateAclsRequest()
+            for op in args.operation:
+                req.acls.add(
+                    principal=principal,
+                    operation=_OPS[op],  # type: ignore[arg-type]
+                    permission=md.ACL_PERMISSION_ALLOW if args.allow else md.ACL_PERMISSION_DENY,
+                    resource_type=res[0],  # type: ignore[arg-type]
+                    resource_name=res[1],
+                    pattern_type=res[2],  # type: ignore[arg-type]
+                )
+            resp = client.controller_call("CreateAcls", req)
+            for b, r in zip(req.acls, resp.results, strict=True):
+                if r.code:
+                    raise error_for(r.code, r.message)
+                print(f"added: {Acl.from_proto(b)}", file=out)
+            return 0
+        if args.acls_cmd == "list":
+            resp = client.controller_call(
+                "DescribeAcls", controller_pb2.DescribeAclsRequest(filter=_filter(args))
+            )
+            if args.json:
+                print(
+                    json.dumps(
+                        [
+                            json_format.MessageToDict(b, preserving_proto_field_name=True)
+                            for b in resp.acls
+                        ]
+                    ),
+                    file=out,
+                )
+                return 0
+            rows = [("PRINCIPAL", "PERMISSION", "OPERATION", "RESOURCE", "NAME", "PATTERN")]
+            for b in resp.acls:
+                a = Acl.from_proto(b)
+                rows.append(
+                    (
+                        a.principal,
+                        "ALLOW" if a.allow else "DENY",
+                        a.operation.name,
+                        a.resource_type.name,
+                        a.name,
+                        "PREFIXED" if a.prefixed else "LITERAL",
+                    )
+                )
+            _table(rows, out)
+            return 0
+        f = _filter(args)
+        if not (f.principal or f.operation or f.resource_type):
+            raise StromError("remove needs a --principal, --operation or resource to match")
+        resp = client.controller_call("DeleteAcls", controller_pb2.DeleteAclsRequest(filters=[f]))
+        for b in resp.deleted:
+            print(f"removed: {Acl.from_proto(b)}", file=out)
+        if not resp.deleted:
+            print("no matching entries", file=out)
+        return 0
+
+
+def run_quotas(args: argparse.Namespace, out: Any) -> int:
+    with ClusterClient(args.bootstrap) as client:
+        if args.quotas_cmd == "set":
+            q = md.ClientQuota(
+                principal=args.principal,
+                produce_bytes_per_second=args.produce_bytes_per_second,
+                fetch_bytes_per_second=args.fetch_bytes_per_second,
+                requests_per_second=args.requests_per_second,
+            )
+            client.controller_call(
+                "AlterClientQuotas", controller_pb2.AlterClientQuotasRequest(quotas=[q])
+            )
+            print(f"quota of {args.principal} set", file=out)
+            return 0
+        resp = client.controller_call(
+            "DescribeClientQuotas", controller_pb2.DescribeClientQuotasRequest()
+        )
+        if args.json:
+            print(
+                json.dumps(
+                    [
+                        json_format.MessageToDict(q, preserving_proto_field_name=True)
+                        for q in resp.quotas
+                    ]
+                ),
+                file=out,
+            )
+            return 0
+        rows = [("PRINCIPAL", "PRODUCE-B/S", "FETCH-B/S", "REQUESTS/S")]
+        for q in resp.quotas:
+            rows.append(
+                (
+                    q.principal,
+                    f"{q.produce_bytes_per_second:g}",
+                    f"{q.fetch_bytes_per_second:g}",
+                    f"{q.requests_per_second:g}",
+                )
+            )
+        _table(rows, out)
+        return 0

@@ -1,0 +1,378 @@
+"""A process's security settings: TLS for what it serves and what it dials, how callers
+authenticate, whether ACLs apply, and TLS to etcd.
+
+Services read them from flags (``--tls-cert``, ``--tls-key``, ``--tls-ca``,
+``--tls-client-auth``, ``--auth-tokens``, ``--auth-token-verifier``, ``--client-token-file``,
+``--acls``, ``--super-users``, ``--etcd-ca``, ``--etcd-cert``, ``--etcd-key``; see
+:func:`add_arguments`) and install them once with :func:`configure`: the gRPC server, every
+channel the service opens to another strom service (replication, AlterPartition, markers,
+coordinator writes) and its etcd client then use them. Clients pass a :class:`ChannelSecurity`
+(``Producer(..., ssl_cafile=..., ssl_certfile=..., ssl_keyfile=..., token=...)``).
+
+Outgoing channels of a service present the service's own certificate (mTLS between services)
+and, if given, its ``--client-token-file`` token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from strom.security.acl import Authorizer
+from strom.security.principal import (
+    TOKEN_METADATA,
+    TokenFile,
+    Verifier,
+    load_verifier,
+    user,
+)
+
+#: gRPC Python can either not ask for client certificates or require (and verify) them.
+CLIENT_AUTH = ("none", "required")
+
+
+def _read(path: str | Path | None, what: str) -> bytes | None:
+    if path is None or path == "":
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+class _TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds ``authorization: Bearer <token>`` to every call (works on plaintext channels too,
+    unlike gRPC's call credentials)."""
+
+    def __init__(self, token: str) -> None:
+        self._md = (TOKEN_METADATA, f"Bearer {token}")
+
+    def _details(self, d: Any) -> Any:
+        md = list(d.metadata or ())
+        md.append(self._md)
+        return d._replace(metadata=md) if hasattr(d, "_replace") else _Details(d, md)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return continuation(self._details(client_call_details), request_iterator)
+
+
+class _AioTokenInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    def __init__(self, token: str) -> None:
+        self._md = (TOKEN_METADATA, f"Bearer {token}")
+
+    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        md = grpc.aio.Metadata(*(d.metadata or ()))
+        md.add(*self._md)
+        return grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, d: Any, metadata: list[tuple[str, str]]) -> None:
+        self.method = d.method
+        self.timeout = d.timeout
+        self.metadata = metadata
+        self.credentials = d.credentials
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
+
+
+@dataclass(frozen=True)
+class ChannelSecurity:
+    """How to dial strom: TLS (a CA to verify servers, and a client certificate for mTLS)
+    and/or a bearer token. All None: plaintext, anonymous (the default)."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_files(
+        cls,
+        ssl_cafile: str | Path | None = None,
+        ssl_certfile: str | Path | None = None,
+        ssl_keyfile: str | Path | None = None,
+        token: str | None = None,
+    ) -> ChannelSecurity:
+        """The client settings (kafka-python's names); a bad file gives a clear ValueError."""
+        if (ssl_certfile is None) != (ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate)")
+        return cls(
+            _read(ssl_cafile, "ssl_cafile"),
+            _read(ssl_certfile, "ssl_certfile"),
+            _read(ssl_keyfile, "ssl_keyfile"),
+            token or None,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None or self.cert is not None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+    def channel(self, address: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+        """A blocking channel to ``address``."""
+        if self.tls:
+            ch = grpc.secure_channel(address, self.credentials(), options=list(options))
+        else:
+            ch = grpc.insecure_channel(address, options=list(options))
+        if self.token:
+            ch = grpc.intercept_channel(ch, _TokenInterceptor(self.token))
+        return ch
+
+    def aio_channel(
+        self, address: str, options: Sequence[tuple[str, Any]] = ()
+    ) -> grpc.aio.Channel:
+        """An asyncio channel to ``address``."""
+        interceptors = [_AioTokenInterceptor(self.token)] if self.token else None
+        if self.tls:
+            return grpc.aio.secure_channel(
+                address, self.credentials(), options=list(options), interceptors=interceptors
+            )
+        return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+
+
+@dataclass
+class ServerSecurity:
+    """How a service serves: TLS, who may call (authentication) and what they may do."""
+
+    cert: bytes | None = None
+    key: bytes | None = None
+    ca: bytes | None = None
+    client_auth: str = "none"
+    tokens: Callable[[str], str | None] | None = None
+    acls: bool = False
+    super_users: frozenset[str] = frozenset()
+    #: The ACLs in force (kept current from etcd by :func:`strom.security.follow_acls`).
+    authorizer: Authorizer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.authorizer = Authorizer(self.super_users)
+
+    @property
+    def tls(self) -> bool:
+        return self.cert is not None
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether callers must prove who they are (a client certificate or a token)."""
+        return self.client_auth != "none" or self.tokens is not None
+
+    @property
+    def enforced(self) -> bool:
+        return self.authenticates or self.acls
+
+    def credentials(self) -> grpc.ServerCredentials:
+        assert self.cert is not None and self.key is not None
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)],
+            root_certificates=self.ca if self.client_auth == "required" else None,
+            require_client_auth=self.client_auth == "required",
+        )
+
+
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """TLS to etcd (https endpoints, optionally with a client certificate)."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if not self.tls:
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+
+#: What this process uses when nothing else is given (services: set by :func:`configure`).
+_DEFAULT_CHANNEL = ChannelSecurity()
+_SERVER = ServerSecurity()
+_ETCD = EtcdSecurity()
+
+
+def default_channel() -> ChannelSecurity:
+    return _DEFAULT_CHANNEL
+
+
+def server() -> ServerSecurity:
+    return _SERVER
+
+
+def etcd() -> EtcdSecurity:
+    return _ETCD
+
+
+#: Environment variables a client reads when no setting is passed (the CLI's flags set them).
+CLIENT_ENV = ("STROM_SSL_CAFILE", "STROM_SSL_CERTFILE", "STROM_SSL_KEYFILE", "STROM_TOKEN_FILE")
+
+
+def client_security(
+    ssl_cafile: str | Path | None = None,
+    ssl_certfile: str | Path | None = None,
+    ssl_keyfile: str | Path | None = None,
+    token: str | None = None,
+) -> ChannelSecurity:
+    """A client's channel settings: the arguments, else ``STROM_SSL_CAFILE``,
+    ``STROM_SSL_CERTFILE``, ``STROM_SSL_KEYFILE`` and ``STROM_TOKEN`` / ``STROM_TOKEN_FILE``
+    from the environment, else the process's default (plaintext)."""
+    env = os.environ
+    ca = ssl_cafile or env.get("STROM_SSL_CAFILE") or None
+    cert = ssl_certfile or env.get("STROM_SSL_CERTFILE") or None
+    key = ssl_keyfile or env.get("STROM_SSL_KEYFILE") or None
+    if token is None:
+        token = env.get("STROM_TOKEN") or None
+        if token is None and env.get("STROM_TOKEN_FILE"):
+            raw = _read(env["STROM_TOKEN_FILE"], "STROM_TOKEN_FILE")
+            token = (raw or b"").decode().strip() or None
+    if ca is None and cert is None and key is None and token is None:
+        return _DEFAULT_CHANNEL
+    return ChannelSecurity.from_files(ca, cert, key, token)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The security flags every service takes (see the module docstring)."""
+    g = parser.add_argument_group("security")
+    g.add_argument("--tls-cert", metavar="FILE", help="PEM certificate to serve TLS with")
+    g.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    g.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="PEM CA bundle: verifies client certificates (mTLS) and the servers this "
+        "service dials",
+    )
+    g.add_argument(
+        "--tls-client-auth",
+        default="none",
+        choices=CLIENT_AUTH,
+        help="client certificates: none (authenticate with bearer tokens, if any) or "
+        "required (mTLS: the certificate subject is the principal) (default: %(default)s)",
+    )
+    g.add_argument(
+        "--auth-tokens",
+        metavar="FILE",
+        help="static bearer tokens, lines '<token> <principal>' (re-read when changed)",
+    )
+    g.add_argument(
+        "--auth-token-verifier",
+        metavar="MODULE:FUNCTION",
+        help="a function(token) -> principal or None that checks bearer tokens",
+    )
+    g.add_argument(
+        "--client-token-file",
+        metavar="FILE",
+        help="bearer token this service presents to the other strom services",
+    )
+    g.add_argument(
+        "--acls",
+        action="store_true",
+        help="authorize every request with the ACLs in etcd (default deny)",
+    )
+    g.add_argument(
+        "--super-users",
+        default="",
+        metavar="PRINCIPALS",
+        help="comma-separated principals allowed everything, e.g. 'User:CN=strom-node,User:admin'",
+    )
+    g.add_argument("--etcd-ca", metavar="FILE", help="PEM CA bundle of etcd's TLS certificate")
+    g.add_argument("--etcd-cert", metavar="FILE", help="PEM client certificate for etcd")
+    g.add_argument("--etcd-key", metavar="FILE", help="PEM private key of --etcd-cert")
+
+
+def configure(args: argparse.Namespace) -> None:
+    """Install the process's settings from parsed flags (ValueError names what is wrong)."""
+    global _DEFAULT_CHANNEL, _SERVER, _ETCD
+    cert = _read(getattr(args, "tls_cert", None), "--tls-cert")
+    key = _read(getattr(args, "tls_key", None), "--tls-key")
+    ca = _read(getattr(args, "tls_ca", None), "--tls-ca")
+    client_auth = getattr(args, "tls_client_auth", "none") or "none"
+    if (cert is None) != (key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if client_auth != "none" and (cert is None or ca is None):
+        raise ValueError(
+            f"--tls-client-auth {client_auth} needs --tls-cert, --tls-key and --tls-ca"
+        )
+    verifiers: list[Verifier] = []
+    if getattr(args, "auth_tokens", None):
+        try:
+            verifiers.append(TokenFile(args.auth_tokens))
+        except OSError as exc:
+            raise ValueError(f"cannot read --auth-tokens {args.auth_tokens}: {exc}") from None
+    if getattr(args, "auth_token_verifier", None):
+        verifiers.append(load_verifier(args.auth_token_verifier))
+    tokens = None
+    if verifiers:
+
+        def tokens(token: str) -> str | None:
+            for v in verifiers:
+                p = v(token)
+                if p:
+                    return user(p)
+            return None
+
+    client_token = None
+    if getattr(args, "client_token_file", None):
+        raw = _read(args.client_token_file, "--client-token-file")
+        client_token = (raw or b"").decode().strip() or None
+    supers = frozenset(user(s.strip()) for s in (args.super_users or "").split(",") if s.strip())
+    _SERVER = ServerSecurity(
+        cert,
+        key,
+        ca,
+        client_auth,
+        tokens,
+        bool(getattr(args, "acls", False)),
+        supers,
+    )
+    _DEFAULT_CHANNEL = ChannelSecurity(ca, cert, key, client_token)
+    etcd_cert = _read(getattr(args, "etcd_cert", None), "--etcd-cert")
+    etcd_key = _read(getattr(args, "etcd_key", None), "--etcd-key")
+    if (etcd_cert is None) != (etcd_key is None):
+        raise ValueError("--etcd-cert and --etcd-key go together")
+    _ETCD = EtcdSecurity(_read(getattr(args, "etcd_ca", None), "--etcd-ca"), etcd_cert, etcd_key)

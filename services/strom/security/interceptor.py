@@ -1,0 +1,161 @@
+"""Authentication and authorization of every RPC a service serves (a grpc.aio interceptor).
+
+For each call: who is calling (the client certificate's subject with mTLS, else a bearer
+token's principal; a caller that proves neither gets UNAUTHENTICATED and nothing else), then,
+with ACLs on, whether that principal may do what the method needs
+(:data:`strom.security.rules.RULES`: PERMISSION_DENIED names the operation and resource that
+is missing). Methods without a rule are refused (fail closed). Listing calls are filtered to
+what the principal may see. The principal is also put in :data:`CURRENT_PRINCIPAL` for the
+handler (quotas are per principal).
+
+gRPC's aio interceptors see only the method and metadata, not the peer certificate, so the
+checks wrap the method's handler and run with the call's context.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from strom.security.acl import Res
+from strom.security.config import ServerSecurity
+from strom.security.principal import ANONYMOUS, bearer_token, principal_of_auth_context
+from strom.security.rules import FILTERS, RULES, UNAUTHENTICATED_SERVICES
+
+log = logging.getLogger("strom.security")
+
+#: The authenticated principal of the call being handled.
+CURRENT_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "strom_principal", default=ANONYMOUS
+)
+
+_RES_NAMES = {
+    Res.TOPIC: "topic",
+    Res.GROUP: "group",
+    Res.CLUSTER: "the cluster",
+    Res.TRANSACTIONAL_ID: "transactional id",
+}
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """See the module docstring."""
+
+    def __init__(self, security: ServerSecurity) -> None:
+        self.security = security
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(UNAUTHENTICATED_SERVICES):
+            return handler
+        metadata = tuple(handler_call_details.invocation_metadata or ())
+        return self._wrap(handler, method, metadata)
+
+    async def _admit(
+        self, method: str, metadata: tuple[Any, ...], request: Any, context: Any
+    ) -> str:
+        """The caller's principal once authenticated and authorized; aborts the call
+        otherwise."""
+        sec = self.security
+        principal = None
+        try:
+            principal = principal_of_auth_context(context.auth_context())
+        except Exception:  # a certificate that does not parse: not authenticated
+            principal = None
+        if principal is None and sec.tokens is not None:
+            token = bearer_token(metadata)
+            if token is not None:
+                principal = sec.tokens(token)
+                if principal is None:
+                    await context.abort(
+                        grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid"
+                    )
+        if principal is None:
+            if sec.authenticates:
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "authentication required: present a client certificate or a bearer token",
+                )
+            principal = ANONYMOUS
+        if sec.acls:
+            rule = RULES.get(method)
+            if rule is None:
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, f"{method} has no authorization rule"
+                )
+            assert rule is not None
+            for op, res, name in rule(request):
+                if not sec.authorizer.allowed(principal, op, res, name):
+                    what = _RES_NAMES[res] + ("" if res is Res.CLUSTER else f" {name!r}")
+                    await context.abort(
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        f"{principal} is not allowed {op.name} on {what}",
+                    )
+        return principal
+
+    def _filter(self, method: str, principal: str, request: Any, response: Any) -> None:
+        f = FILTERS.get(method)
+        if f is not None and self.security.acls:
+            f(self.security.authorizer, principal, request, response)
+
+    def _wrap(
+        self, handler: grpc.RpcMethodHandler, method: str, metadata: tuple[Any, ...]
+    ) -> grpc.RpcMethodHandler:
+        """The handler with the checks in front (and, for unary answers, the filter after)."""
+        admit, filt = self._admit, self._filter
+        ser = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary_unary(request: Any, context: Any) -> Any:
+                principal = await admit(method, metadata, request, context)
+                token = CURRENT_PRINCIPAL.set(principal)
+                try:
+                    response = await inner(request, context)
+                finally:
+                    CURRENT_PRINCIPAL.reset(token)
+                filt(method, principal, request, response)
+                return response
+
+            return grpc.unary_unary_rpc_method_handler(unary_unary, **ser)
+        if handler.unary_stream is not None:
+            inner_us = handler.unary_stream
+
+            async def unary_stream(request: Any, context: Any) -> Any:
+                CURRENT_PRINCIPAL.set(await admit(method, metadata, request, context))
+                async for item in inner_us(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(unary_stream, **ser)
+        if handler.stream_unary is not None:
+            inner_su = handler.stream_unary
+
+            async def stream_unary(requests: Any, context: Any) -> Any:
+                CURRENT_PRINCIPAL.set(await admit(method, metadata, None, context))
+                return await inner_su(requests, context)
+
+            return grpc.stream_unary_rpc_method_handler(stream_unary, **ser)
+        inner_ss = handler.stream_stream
+
+        async def stream_stream(requests: Any, context: Any) -> Any:
+            CURRENT_PRINCIPAL.set(await admit(method, metadata, None, context))
+            async for item in inner_ss(requests, context):
+                yield item
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream, **ser)
+
+
+def interceptors(security: ServerSecurity) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors a server needs for ``security`` (none when nothing is enforced)."""
+    return [AuthInterceptor(security)] if security.enforced else []

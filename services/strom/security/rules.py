@@ -1,0 +1,228 @@
+"""What each RPC needs: the (operation, resource type, name) checks of every method of every
+strom service, and the responses that are filtered instead of refused.
+
+Kafka's table, applied to strom's RPCs. A request naming several topics (or groups) needs the
+permission on each; a missing one refuses the whole request with PERMISSION_DENIED naming it.
+Listing calls (Metadata, ListTopics, ListGroups, ListTransactions) are answered with what the
+principal may DESCRIBE. Calls strom's own services make to each other (follower fetches,
+AlterPartition, markers, ...) need CLUSTER_ACTION, which their principals get by being super
+users.
+
+:data:`RULES` must name every method of every service: the interceptor refuses a method it
+has no rule for, and a unit test walks the service descriptors, so a new RPC cannot slip in
+unchecked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from strom.errors import ErrorCode
+from strom.security.acl import CLUSTER, Authorizer, Op, Res
+
+Check = tuple[Op, Res, str]
+#: request -> the checks it needs (empty: any authenticated principal).
+Rule = Callable[[Any], Iterable[Check]]
+#: (authorizer, principal, request, response): remove what the principal may not see from
+#: the response (in place).
+Filter = Callable[[Authorizer, str, Any, Any], None]
+
+S, C, K, R = (
+    "/strom.v1.StorageService/",
+    "/strom.v1.ControllerService/",
+    "/strom.v1.CoordinatorService/",
+    "/strom.v1.RecordService/",
+)
+
+
+def _topics(op: Op) -> Rule:
+    return lambda req: [(op, Res.TOPIC, t.topic) for t in req.topics]
+
+
+def _names(op: Op, res: Res, field: str) -> Rule:
+    return lambda req: [(op, res, n) for n in getattr(req, field)]
+
+
+def _cluster(op: Op) -> Rule:
+    return lambda req: [(op, Res.CLUSTER, CLUSTER)]
+
+
+def _anyone(req: Any) -> Iterable[Check]:
+    return ()
+
+
+def _fetch(req: Any) -> Iterable[Check]:
+    if req.replica_id >= 0:  # a follower replicating: strom's own nodes only
+        return [(Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)]
+    return [(Op.READ, Res.TOPIC, t.topic) for t in req.topics]
+
+
+def _find_coordinator(req: Any) -> Iterable[Check]:
+    res = Res.TRANSACTIONAL_ID if req.key_type == 1 else Res.GROUP
+    return [(Op.DESCRIBE, res, k) for k in req.keys]
+
+
+def _group(op: Op, extra: Rule | None = None) -> Rule:
+    def rule(req: Any) -> Iterable[Check]:
+        out: list[Check] = [(op, Res.GROUP, req.group_id)]
+        if extra is not None:
+            out.extend(extra(req))
+        return out
+
+    return rule
+
+
+def _txn(op: Op, extra: Rule | None = None) -> Rule:
+    def rule(req: Any) -> Iterable[Check]:
+        out: list[Check] = [(op, Res.TRANSACTIONAL_ID, req.transactional_id)]
+        if extra is not None:
+            out.extend(extra(req))
+        return out
+
+    return rule
+
+
+def _configs(op: Op) -> Rule:
+    def rule(req: Any) -> Iterable[Check]:
+        out: list[Check] = []
+        for r in req.resources:
+            if r.resource_type == 1:  # a topic
+                out.append((op, Res.TOPIC, r.resource_name))
+            else:  # a node's static config
+                out.append((op, Res.CLUSTER, CLUSTER))
+        return out
+
+    return rule
+
+
+def _init_producer_id(req: Any) -> Iterable[Check]:
+    if req.HasField("transactional_id"):
+        return [(Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id)]
+    return ()  # an idempotent producer id: anyone who may produce somewhere
+
+
+def _create_topics(req: Any) -> Iterable[Check]:
+    return [(Op.CREATE, Res.TOPIC, t.name) for t in req.topics]
+
+
+def _subscribe(req: Any) -> Iterable[Check]:
+    out: list[Check] = []
+    for field in ("topics", "partitions"):
+        for t in getattr(req, field, ()):
+            name = t if isinstance(t, str) else getattr(t, "topic", "")
+            if name:
+                out.append((Op.READ, Res.TOPIC, name))
+    if getattr(req, "group_id", ""):
+        out.append((Op.READ, Res.GROUP, req.group_id))
+    return out
+
+
+RULES: dict[str, Rule] = {
+    # StorageService
+    S + "Produce": _topics(Op.WRITE),
+    S + "Fetch": _fetch,
+    S + "ListOffsets": _topics(Op.DESCRIBE),
+    S + "OffsetForLeaderEpoch": _topics(Op.DESCRIBE),
+    S + "DeleteRecords": _topics(Op.DELETE),
+    S + "Metadata": _anyone,  # filtered: see FILTERS
+    S + "InitProducerId": _init_producer_id,
+    S + "FindCoordinator": _find_coordinator,
+    S + "WriteTxnMarkers": _cluster(Op.CLUSTER_ACTION),
+    # ControllerService
+    C + "CreateTopics": _create_topics,
+    C + "DeleteTopics": _names(Op.DELETE, Res.TOPIC, "topics"),
+    C + "CreatePartitions": lambda req: [(Op.ALTER, Res.TOPIC, t.name) for t in req.topics],
+    C + "DescribeConfigs": _configs(Op.DESCRIBE),
+    C + "AlterConfigs": _configs(Op.ALTER),
+    C + "DescribeCluster": _cluster(Op.DESCRIBE),
+    C + "ListTopics": _anyone,  # filtered
+    C + "DescribeTopics": _names(Op.DESCRIBE, Res.TOPIC, "topics"),
+    C + "AlterPartition": _cluster(Op.CLUSTER_ACTION),
+    C + "ElectLeaders": _cluster(Op.ALTER),
+    C + "AlterPartitionReassignments": _cluster(Op.ALTER),
+    C + "ListPartitionReassignments": _cluster(Op.DESCRIBE),
+    C + "ControlledShutdown": _cluster(Op.CLUSTER_ACTION),
+    C + "AllocateProducerIds": _cluster(Op.CLUSTER_ACTION),
+    C + "CreateAcls": _cluster(Op.ALTER),
+    C + "DescribeAcls": _cluster(Op.DESCRIBE),
+    C + "DeleteAcls": _cluster(Op.ALTER),
+    C + "AlterClientQuotas": _cluster(Op.ALTER),
+    C + "DescribeClientQuotas": _cluster(Op.DESCRIBE),
+    # CoordinatorService
+    K + "ConsumerGroupHeartbeat": _group(Op.READ),
+    K + "OffsetCommit": _group(Op.READ, _topics(Op.READ)),
+    K + "OffsetFetch": _group(Op.DESCRIBE),
+    K + "ListGroups": _anyone,  # filtered
+    K + "DescribeGroups": _names(Op.DESCRIBE, Res.GROUP, "group_ids"),
+    K + "DeleteGroups": _names(Op.DELETE, Res.GROUP, "group_ids"),
+    K + "DeleteOffsets": _group(Op.DELETE),
+    K + "FindCoordinator": _find_coordinator,
+    K + "InitProducerId": _init_producer_id,
+    K + "AddPartitionsToTxn": _txn(Op.WRITE, _topics(Op.WRITE)),
+    K + "AddOffsetsToTxn": lambda req: [
+        (Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id),
+        (Op.READ, Res.GROUP, req.group_id),
+    ],
+    K + "EndTxn": _txn(Op.WRITE),
+    K + "DescribeTransactions": _names(Op.DESCRIBE, Res.TRANSACTIONAL_ID, "transactional_ids"),
+    K + "ListTransactions": _anyone,  # filtered
+    K + "TxnOffsetCommit": lambda req: [
+        (Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id),
+        (Op.READ, Res.GROUP, req.group_id),
+        *((Op.READ, Res.TOPIC, t.topic) for t in req.topics),
+    ],
+    K + "CompleteTxnOffsets": _cluster(Op.CLUSTER_ACTION),
+}
+
+
+def _filter_metadata(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    """Topics the principal may not DESCRIBE: left out of a listing of every topic; named
+    with TOPIC_AUTHORIZATION_FAILED (and no partitions) when asked for by name, as Kafka
+    answers, so the client says what is missing instead of "unknown topic"."""
+    named = bool(req.topics)
+    keep = []
+    for t in resp.topics:
+        if auth.allowed(principal, Op.DESCRIBE, Res.TOPIC, t.name):
+            keep.append(t)
+        elif named:
+            t.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            t.error_message = f"{principal} is not allowed DESCRIBE on topic {t.name!r}"
+            del t.partitions[:]
+            t.topic_id = ""
+            keep.append(t)
+    del resp.topics[:]
+    resp.topics.extend(keep)
+
+
+def _filter_list_topics(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    keep = [t for t in resp.topics if auth.allowed(principal, Op.DESCRIBE, Res.TOPIC, t.name)]
+    del resp.topics[:]
+    resp.topics.extend(keep)
+
+
+def _filter_groups(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    keep = [g for g in resp.groups if auth.allowed(principal, Op.DESCRIBE, Res.GROUP, g.group_id)]
+    del resp.groups[:]
+    resp.groups.extend(keep)
+
+
+def _filter_transactions(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    keep = [
+        t
+        for t in resp.transactions
+        if auth.allowed(principal, Op.DESCRIBE, Res.TRANSACTIONAL_ID, t.transactional_id)
+    ]
+    del resp.transactions[:]
+    resp.transactions.extend(keep)
+
+
+FILTERS: dict[str, Filter] = {
+    S + "Metadata": _filter_metadata,
+    C + "ListTopics": _filter_list_topics,
+    K + "ListGroups": _filter_groups,
+    K + "ListTransactions": _filter_transactions,
+}
+
+#: Services served without authentication (Kubernetes probes; the API's shape).
+UNAUTHENTICATED_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.")

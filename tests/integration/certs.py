@@ -1,0 +1,98 @@
+"""Real X.509 certificates for the security tests, made with the ``cryptography`` library:
+a CA, server and client certificates signed by it (or by another CA), and expired ones."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True)
+class Pem:
+    """A certificate and its key as files."""
+
+    cert: Path
+    key: Path
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _write(dir_: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Pem:
+    c, k = dir_ / f"{stem}.crt", dir_ / f"{stem}.key"
+    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    k.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return Pem(c, k)
+
+
+class CertificateAuthority:
+    """A CA that signs server and client certificates into ``dir_``."""
+
+    def __init__(self, dir_: Path, name: str = "strom-test-ca") -> None:
+        self.dir = dir_
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(self.key, hashes.SHA256())
+        )
+        self.pem = _write(dir_, name, self.cert, self.key)
+
+    @property
+    def ca_file(self) -> Path:
+        return self.pem.cert
+
+    def issue(self, cn: str, *, expired: bool = False) -> Pem:
+        """A certificate for ``cn`` usable as server (127.0.0.1, localhost) and client."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        start, end = (
+            (now - dt.timedelta(days=10), now - dt.timedelta(days=1))
+            if expired
+            else (now - dt.timedelta(days=1), now + dt.timedelta(days=30))
+        )
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        return _write(self.dir, cn + ("-expired" if expired else ""), cert, key)

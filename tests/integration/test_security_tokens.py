@@ -1,0 +1,112 @@
+"""Bearer-token authentication on real processes (issue 16): TLS without client
+certificates, a static token file and ACLs. A valid token's principal is what the ACLs see; a
+bad token, or none, is UNAUTHENTICATED; the services reach each other with their own token
+(--client-token-file), as a super user; an updated token file applies without a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from strom import Admin, Producer
+from strom.api import controller_pb2, storage_pb2
+from strom.api import metadata_pb2 as md
+from strom.client.cluster import ClusterClient
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from strom.security import ChannelSecurity
+
+from .certs import CertificateAuthority
+from .test_security import _code, allow, eventually
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Path, Path]]:
+    root: Path = tmp_path_factory.mktemp("tokens")
+    ca = CertificateAuthority(root / "ca")
+    server = ca.issue("strom-node")
+    tokens = root / "tokens.txt"
+    tokens.write_text("node-token strom-service\nadmin-token admin\ncarol-token carol\n")
+    (root / "service.token").write_text("node-token\n")
+    args = [
+        "--tls-cert",
+        str(server.cert),
+        "--tls-key",
+        str(server.key),
+        "--tls-ca",
+        str(ca.ca_file),
+        "--auth-tokens",
+        str(tokens),
+        "--client-token-file",
+        str(root / "service.token"),
+        "--acls",
+        "--super-users",
+        "User:strom-service,User:admin",
+    ]
+    cluster = LocalCluster(
+        root / "c",
+        nodes=1,
+        controllers=1,
+        coordinators=0,
+        node_args=args,
+        controller_args=args,
+        security=ChannelSecurity.from_files(ca.ca_file, token="admin-token"),
+    )
+    try:
+        cluster.start()
+        with Admin(cluster.bootstrap, ssl_cafile=str(ca.ca_file), token="admin-token") as a:
+            a.create_topic("orders", partitions=1, replication_factor=1)
+        yield cluster, ca.ca_file, tokens
+    finally:
+        cluster.kill()
+
+
+def test_a_tokens_principal_is_what_the_acls_see(env: tuple[LocalCluster, Path, Path]) -> None:
+    cluster, ca, _ = env
+    with ClusterClient(
+        cluster.bootstrap, security=ChannelSecurity.from_files(ca, token="admin-token")
+    ) as c:
+        c.controller_call(
+            "CreateAcls",
+            controller_pb2.CreateAclsRequest(
+                acls=[
+                    allow(
+                        "User:carol", md.ACL_OPERATION_WRITE, md.ACL_RESOURCE_TYPE_TOPIC, "orders"
+                    )
+                ]
+            ),
+        )
+    with Producer(cluster.bootstrap, ssl_cafile=str(ca), token="carol-token") as p:
+        assert eventually(lambda: p.send("orders", b"from carol")).result(10).offset >= 0
+
+
+def test_bad_or_missing_tokens_are_unauthenticated(env: tuple[LocalCluster, Path, Path]) -> None:
+    cluster, ca, _ = env
+    for token in ("wrong", None):
+        with ClusterClient(
+            cluster.bootstrap, security=ChannelSecurity.from_files(ca, token=token)
+        ) as c:
+            req = storage_pb2.MetadataRequest()
+            got = _code(lambda c=c, req=req: c.storage(cluster.bootstrap).Metadata(req, timeout=5))
+            assert got == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_changed_token_file_applies_without_a_restart(
+    env: tuple[LocalCluster, Path, Path],
+) -> None:
+    cluster, ca, tokens = env
+    sec = ChannelSecurity.from_files(ca, token="dave-token")
+    with ClusterClient(cluster.bootstrap, security=sec) as c:
+        req = storage_pb2.MetadataRequest()
+
+        def code() -> grpc.StatusCode:
+            return _code(lambda: c.storage(cluster.bootstrap).Metadata(req, timeout=5))
+
+        assert code() == grpc.StatusCode.UNAUTHENTICATED
+        tokens.write_text(tokens.read_text() + "dave-token dave\n")
+        wait_for(lambda: code() == grpc.StatusCode.OK, timeout=5, what="the new token accepted")
