@@ -14,11 +14,10 @@ from hypothesis import strategies as st
 
 from strom.api import records_pb2 as rp
 from strom.client.partitioner import murmur2, murmur2_array, partition_for_key, partitions_for_keys
-from strom.client.producer import BatchMetadata
 from strom.client.types import TopicPartition
 from strom.record import decode_batches, encode_arrow
 from strom.storage.record_columns import ColumnsError, columns_to_table, fill_columns
-from strom.storage.records_api import batch_offsets, group_by_partition
+from strom.storage.records_api import group_by_partition
 from strom.storage.subscriptions import (
     Item,
     Outbox,
@@ -131,13 +130,6 @@ def test_grouping_by_partition_keeps_call_order_within_each() -> None:
     assert [(p, idx.tolist()) for p, idx in groups] == [(0, [1, 4]), (1, [3]), (2, [0, 2, 5])]
     one = group_by_partition(np.array([3, 3, 3], dtype=np.int32))
     assert [(p, idx.tolist()) for p, idx in one] == [(3, [0, 1, 2])]
-
-
-def test_batch_offsets_follow_each_batch_base() -> None:
-    batches = [BatchMetadata("t", 0, 10, 2), BatchMetadata("t", 0, 40, 3)]
-    assert batch_offsets(batches, 5).tolist() == [10, 11, 40, 41, 42]
-    unknown = [BatchMetadata("t", 0, -1, 2)]
-    assert batch_offsets(unknown, 2).tolist() == [-1, -1]
 
 
 def test_split_records_bounds_count_and_bytes() -> None:

@@ -142,6 +142,7 @@ class StorageNode:
             config.node_id,
             self.view,
             lambda req: self.servicer.Produce(req, None),
+            lambda req: self.servicer.InitProducerId(req, None),
             self._client_bootstrap,
         )
         self._server: grpc.aio.Server | None = None

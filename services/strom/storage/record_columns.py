@@ -133,7 +133,8 @@ def _bytes_column(arr: pa.Array, values: Any, nulls: Any) -> None:
 
 def fill_columns(table: pa.Table | pa.RecordBatch, out: records_pb2.RecordColumns) -> None:
     """Write the ``key``, ``value``, ``headers`` and ``timestamp`` columns of decoded records
-    (``strom.record.RECORDS_SCHEMA`` or the consumer's schema) into ``out``."""
+    (``strom.record.RECORDS_SCHEMA`` or the consumer's schema) into ``out``. Columns without
+    nulls or headers (the common case) take no compute call beyond the copy out."""
     n = table.num_rows
     if n == 0:
         return
@@ -142,8 +143,10 @@ def fill_columns(table: pa.Table | pa.RecordBatch, out: records_pb2.RecordColumn
         _bytes_column(keys, out.keys, out.null_keys)
     _bytes_column(_combined(table.column("value")), out.values, out.null_values)
     ts = _combined(table.column("timestamp"))
-    out.timestamps.extend(ts.cast(pa.int64()).to_numpy(zero_copy_only=False).tolist())
+    out.timestamps.extend(ts.view(pa.int64()).to_numpy(zero_copy_only=False).tolist())
     headers = _combined(table.column("headers"))
+    if headers.null_count == n:
+        return
     counts = pc.fill_null(pc.list_value_length(headers), 0)
     if pc.max(counts).as_py():
         out.header_counts.extend(counts.to_numpy(zero_copy_only=False).tolist())

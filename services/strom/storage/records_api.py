@@ -5,10 +5,12 @@ The API for clients in any language. What happens to a call, and where the work 
 * **ProduceRecords**: the request is parsed by protobuf (upb, C) and its columns become Arrow
   arrays in a handful of C calls (:mod:`strom.storage.record_columns`); keys are hashed with
   a vectorized murmur2 (:func:`strom.client.partitioner.partitions_for_keys`), records are
-  grouped by partition with one stable argsort, and each partition's records go to its leader
-  as record batches through the node's idempotent producers, or as one batch under the
-  caller's own producer sequence (:mod:`strom.storage.record_producers`). Each record's offset
-  is computed with numpy from the batches' base offsets. No Python code runs per record.
+  grouped by partition with one stable argsort, and each partition's records become one
+  record batch for its leader (appended in-process when this node leads the partition),
+  sent by the node's idempotent per-partition sender or under the caller's own producer
+  sequence (:mod:`strom.storage.record_producers`); all of it on the event loop. Each
+  record's offset is the batch's base offset plus its place (numpy). No Python code runs per
+  record.
 * **Subscribe**: one strom Consumer per stream, run by a pump thread
   (:mod:`strom.storage.subscriptions`), which also makes the stream a group member when it
   names a group. The handler only moves serialized messages from the pump's bounded outbox
@@ -39,13 +41,12 @@ from prometheus_client import Counter, Histogram
 
 from strom.api import common_pb2, records_pb2, storage_pb2
 from strom.client.partitioner import partitions_for_keys
-from strom.client.producer import BatchMetadata
 from strom.client.types import TopicPartition
-from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_name
+from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
 from strom.metadata import ClusterView
 from strom.record.codecs import CODEC_NAMES
 from strom.storage.record_columns import ColumnsError, columns_to_table
-from strom.storage.record_producers import ProducerPool, SequencedSender
+from strom.storage.record_producers import LeaderRoute, NodeProducer, SequencedSender
 from strom.storage.subscriptions import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
@@ -136,40 +137,39 @@ def group_by_partition(parts: np.ndarray) -> list[tuple[int, np.ndarray]]:
     return [(int(ranked[s]), order[s:e]) for s, e in itertools.pairwise(bounds)]
 
 
-def batch_offsets(batches: list[BatchMetadata], count: int) -> np.ndarray:
-    """Each record's offset from the base offsets of the consecutive batches holding them
-    (-1 for records of a batch whose offset is unknown)."""
-    counts = np.array([b.count for b in batches], dtype=np.int64)
-    bases = np.array([b.base_offset for b in batches], dtype=np.int64)
-    if int(counts.sum()) != count:
-        raise StromError(f"the producer reported {int(counts.sum())} records, not {count}")
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    within = np.arange(count, dtype=np.int64) - np.repeat(starts, counts)
-    base = np.repeat(bases, counts)
-    return np.where(base >= 0, base + within, -1)
-
-
 class RecordService:
-    """The servicer (see the module docstring). ``local_produce`` is this node's in-process
-    StorageService.Produce; ``bootstrap`` returns addresses of live nodes (this one first)
-    for the node's own clients."""
+    """The servicer (see the module docstring). ``local_produce`` and ``local_init_ids`` are
+    this node's in-process StorageService Produce and InitProducerId; ``bootstrap`` returns
+    addresses of live nodes (this one first) for the node's Subscribe consumers."""
 
     def __init__(
         self,
         node_id: int,
         view: ClusterView,
         local_produce: Callable[[storage_pb2.ProduceRequest], Awaitable[Any]],
+        local_init_ids: Callable[[storage_pb2.InitProducerIdRequest], Awaitable[Any]],
         bootstrap: Callable[[], list[str]],
     ) -> None:
         self.node_id = node_id
         self.view = view
         self._bootstrap = bootstrap
-        self.producers = ProducerPool(bootstrap, client_id=f"strom-node-{node_id}-records")
-        self.sequenced = SequencedSender(node_id, view, local_produce)
+        self._local_init_ids = local_init_ids
+        self.route = LeaderRoute(node_id, view, local_produce)
+        self.producer = NodeProducer(self.route, self._init_ids)
+        self.sequenced = SequencedSender(self.route)
         self.subscriptions: dict[str, Subscription] = {}
         self._round_robin: dict[str, int] = {}
         self._subscribers = 0
         self.shutting_down = False
+
+    async def _init_ids(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        """A producer id for a PartitionSender (or the next epoch of its id), from this node."""
+        resp = await self._local_init_ids(
+            storage_pb2.InitProducerIdRequest(producer_id=producer_id, producer_epoch=epoch)
+        )
+        if resp.error_code != E.NONE:
+            raise error_for(resp.error_code, f"no producer id: {resp.error_message}")
+        return int(resp.producer_id), int(resp.producer_epoch)
 
     # -- ProduceRecords --------------------------------------------------------------------
 
@@ -244,7 +244,7 @@ class RecordService:
                     deadline=deadline,
                 )
             else:
-                coro = self.producers.send(req.topic, p, sub, acks, codec)
+                coro = self.producer.send(req.topic, p, sub, acks, codec, deadline)
             tasks.append(asyncio.ensure_future(coro))
         _, pending = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0))
         for t in pending:
@@ -262,12 +262,9 @@ class RecordService:
             else:
                 err = task.exception()
             if err is None:
-                got = task.result()
-                if isinstance(got, list):
-                    offs = batch_offsets(got, len(idx))
-                else:
-                    offs = (got + np.arange(len(idx), dtype=np.int64)) if got >= 0 else -1
-                offsets[idx] = offs
+                base = task.result()
+                if base >= 0:
+                    offsets[idx] = base + np.arange(len(idx), dtype=np.int64)
                 pr.base_offset = int(offsets[idx[0]])
                 PRODUCED_RECORDS.labels("NONE").inc(len(idx))
                 continue
@@ -472,8 +469,8 @@ class RecordService:
         await asyncio.gather(
             *(asyncio.to_thread(s.join, timeout_s) for s in subs), return_exceptions=True
         )
-        await self.producers.close(timeout_s)
-        await self.sequenced.close()
+        await self.producer.close(timeout_s)
+        await self.route.close()
 
 
 def _check_sequence(seq: rp.ProducerSequence, partition: int | None, acks: int) -> None:

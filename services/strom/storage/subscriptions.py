@@ -507,8 +507,12 @@ def split_records(table: pa.Table, max_records: int, max_bytes: int) -> list[pa.
     values each (a single larger record still gets a slice of its own). The loop runs per
     slice, not per record."""
     n = table.num_rows
-    if n <= max_records and (n == 0 or int(_record_sizes(table).sum()) <= max_bytes):
-        return [table] if n else []
+    if n == 0:
+        return []
+    # table.nbytes bounds the keys' and values' bytes from above (it adds offsets and the
+    # other columns), so a table under the limit needs no per-record sizes at all.
+    if n <= max_records and table.nbytes <= max_bytes:
+        return [table]
     cum = np.cumsum(_record_sizes(table))
     out = []
     start = 0
