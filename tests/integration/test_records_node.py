@@ -14,6 +14,7 @@ against a local cluster of real processes.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,10 @@ from strom.client.partitioner import partition_for_key
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from tests.integration.node_client import NodeProgram
+from tests.integration.node_client import NODE_DIR, NodeProgram, node_binary
 
 pytestmark = pytest.mark.integration
+PROTOS = Path(__file__).resolve().parents[2] / "protos"
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +127,29 @@ def test_100k_keyed_records_round_trip_through_node(
                 seen[key] = int(seq)
                 count += 1
     assert count == total and len(seen) == keys
+
+
+def test_the_documented_node_example_runs(
+    cluster: LocalCluster, admin: Admin, tmp_path: Path
+) -> None:
+    """docs/grpc-clients.md's complete example (tests/node/example.js), as a user runs it."""
+    _topic(admin, cluster, "clicks", 3, rf=1)
+    proc = subprocess.run(
+        [node_binary(), "example.js", cluster.nodes[0].address, str(PROTOS), "clicks"],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    produced = [ln for ln in lines if ln.startswith("produced ")]
+    consumed = {ln.split()[1] for ln in lines if ln.startswith("consumed ")}
+    assert len(produced) == 10 and lines[-1] == "done: 10 records"
+    assert consumed == {ln.split()[-1] for ln in produced}  # partition@offset, each once
+    for ln in produced:  # "produced user-1 -> 2@0": the key's murmur2 partition
+        key, where = ln.split()[1], ln.split()[-1]
+        assert int(where.split("@")[0]) == partition_for_key(key.encode(), 3)
 
 
 def _assigned(prog: NodeProgram) -> list[int]:
