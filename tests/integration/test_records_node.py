@@ -14,7 +14,9 @@ against a local cluster of real processes.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,49 @@ def test_the_documented_node_example_runs(
     for ln in produced:  # "produced user-1 -> 2@0": the key's murmur2 partition
         key, where = ln.split()[1], ln.split()[-1]
         assert int(where.split("@")[0]) == partition_for_key(key.encode(), 3)
+
+
+def test_bench_grpc_records_runs_every_phase(cluster: LocalCluster) -> None:
+    """`strom bench grpc-records` (small): every phase reports, both callers, all ratios."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strom.cli.main",
+            "bench",
+            "grpc-records",
+            "-b",
+            cluster.bootstrap,
+            "--topic",
+            "benchsmoke",
+            "--records",
+            "3000",
+            "--latency-records",
+            "40",
+            "--rate",
+            "100",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    by = {r["name"]: r for r in out["results"]}
+    for name in (
+        "batch API produce (Py)",
+        "ProduceRecords (Py)",
+        "batch API consume (Py)",
+        "Subscribe (Py)",
+        "ProduceRecords (Node)",
+        "Subscribe (Node)",
+    ):
+        assert by[name]["records"] >= 3000, (name, by[name])
+    for name in ("end-to-end client (Py)", "end-to-end gRPC (Py)", "end-to-end gRPC (Node)"):
+        assert by[name]["records"] == 40 and by[name]["p50_ms"] > 0, (name, by[name])
+    ctx = out["context"]
+    assert {"produce_py_vs_batch", "subscribe_node_vs_batch", "e2e_node_p50_vs_client"} <= set(ctx)
 
 
 def _assigned(prog: NodeProgram) -> list[int]:
