@@ -28,6 +28,8 @@ from strom.api import (
     coordinator_pb2,
     coordinator_pb2_grpc,
     metadata_pb2,
+    records_pb2,
+    records_pb2_grpc,
     storage_pb2,
     storage_pb2_grpc,
 )
@@ -44,6 +46,8 @@ STUB_MODULES = [
     "controller_pb2_grpc",
     "coordinator_pb2",
     "coordinator_pb2_grpc",
+    "records_pb2",
+    "records_pb2_grpc",
 ]
 
 
@@ -175,7 +179,14 @@ def test_error_codes_state_whether_they_are_retriable(
 
 def test_enum_values_are_prefixed_except_error_codes() -> None:
     """proto3 enum values share the package namespace; prefixes keep them from colliding."""
-    for module in (common_pb2, metadata_pb2, storage_pb2, controller_pb2, coordinator_pb2):
+    for module in (
+        common_pb2,
+        metadata_pb2,
+        storage_pb2,
+        controller_pb2,
+        coordinator_pb2,
+        records_pb2,
+    ):
         for enum in module.DESCRIPTOR.enum_types_by_name.values():
             if enum.full_name == "strom.v1.ErrorCode":
                 continue
@@ -185,7 +196,14 @@ def test_enum_values_are_prefixed_except_error_codes() -> None:
 
 
 def test_descriptor_names_stay_under_strom_v1() -> None:
-    for module in (common_pb2, metadata_pb2, storage_pb2, controller_pb2, coordinator_pb2):
+    for module in (
+        common_pb2,
+        metadata_pb2,
+        storage_pb2,
+        controller_pb2,
+        coordinator_pb2,
+        records_pb2,
+    ):
         assert module.DESCRIPTOR.name.startswith("strom/v1/"), module.DESCRIPTOR.name
         assert module.DESCRIPTOR.package == "strom.v1"
 
@@ -204,7 +222,8 @@ def test_stubs_import_alongside_etcd3(etcd_first: bool) -> None:
         pool = descriptor_pool.Default()
         for name in ("rpc.proto", "kv.proto", "auth.proto", "strom/v1/common.proto",
                      "strom/v1/metadata.proto", "strom/v1/storage.proto",
-                     "strom/v1/controller.proto", "strom/v1/coordinator.proto"):
+                     "strom/v1/controller.proto", "strom/v1/coordinator.proto",
+                     "strom/v1/records.proto"):
             pool.FindFileByName(name)
         etcd3.etcdrpc.RangeRequest(key=b"/strom/x").SerializeToString()
         storage_pb2.ProduceRequest(acks=-1).SerializeToString()
@@ -414,10 +433,17 @@ def test_services_expose_the_designed_rpcs() -> None:
         "TxnOffsetCommit",
         "CompleteTxnOffsets",
     } <= rpcs(coordinator_pb2, "CoordinatorService")
+    assert rpcs(records_pb2, "RecordService") == {"ProduceRecords", "Subscribe", "CommitOffsets"}
+    assert (
+        records_pb2.DESCRIPTOR.services_by_name["RecordService"]
+        .methods_by_name["Subscribe"]
+        .server_streaming
+    )
     for module, service in (
         (storage_pb2_grpc, "StorageService"),
         (controller_pb2_grpc, "ControllerService"),
         (coordinator_pb2_grpc, "CoordinatorService"),
+        (records_pb2_grpc, "RecordService"),
     ):
         assert hasattr(module, f"{service}Stub")
         assert hasattr(module, f"add_{service}Servicer_to_server")

@@ -10,6 +10,7 @@ import pytest
 from strom.api import (
     controller_pb2,
     coordinator_pb2,
+    records_pb2,
     storage_pb2,
 )
 from strom.api import metadata_pb2 as md
@@ -91,6 +92,7 @@ def test_bindings_round_trip_validate_and_filter() -> None:
         (storage_pb2, "StorageService"),
         (controller_pb2, "ControllerService"),
         (coordinator_pb2, "CoordinatorService"),
+        (records_pb2, "RecordService"),
     ],
 )
 def test_every_rpc_of_every_service_has_a_rule(module: object, service: str) -> None:
@@ -115,6 +117,13 @@ def test_rules_name_what_the_request_names() -> None:
     ]
     txn = coordinator_pb2.TxnOffsetCommitRequest(transactional_id="tx", group_id="g")
     txn.topics.add(topic="t")
+    sub = records_pb2.SubscribeRequest(group_id="g", topics=["t"])
+    sub.partitions.add(topic="u", partition=0)
+    assert set(RULES["/strom.v1.RecordService/Subscribe"](sub)) == {
+        (Op.READ, Res.TOPIC, "t"),
+        (Op.READ, Res.TOPIC, "u"),
+        (Op.READ, Res.GROUP, "g"),
+    }
     assert set(RULES["/strom.v1.CoordinatorService/TxnOffsetCommit"](txn)) == {
         (Op.WRITE, Res.TRANSACTIONAL_ID, "tx"),
         (Op.READ, Res.GROUP, "g"),

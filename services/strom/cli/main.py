@@ -146,6 +146,26 @@ def build_parser() -> argparse.ArgumentParser:
     gb.add_argument("--no-echo", action="store_true", help="skip the bare gRPC baseline")
     gb.add_argument("--json", action="store_true")
 
+    gr = bsub.add_parser(
+        "grpc-records",
+        parents=[common],
+        help="RecordService (ProduceRecords/Subscribe, Python and Node.js) beside the batch API",
+    )
+    gr.add_argument("--topic", default="strom-bench-records", help="prefix of the topics made")
+    gr.add_argument("--address", default=None, help="node the gRPC callers use (default: first)")
+    gr.add_argument("--records", type=_positive, default=200_000)
+    gr.add_argument("--record-size", type=_positive, default=100, help="value bytes")
+    gr.add_argument("--keys", type=_positive, default=1000, help="distinct record keys")
+    gr.add_argument("--batch", type=_positive, default=1000, help="records per call")
+    gr.add_argument("--in-flight", type=_positive, default=4, help="ProduceRecords outstanding")
+    gr.add_argument("--partitions", type=_positive, default=6)
+    gr.add_argument("--replication-factor", type=_positive, default=1)
+    gr.add_argument("--rate", type=float, default=200.0, help="records/s of the latency phase")
+    gr.add_argument("--latency-records", type=_positive, default=2000)
+    gr.add_argument("--no-node", action="store_true", help="skip the Node.js caller")
+    gr.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
+    gr.add_argument("--json", action="store_true", help="print one JSON object")
+
     fo = bsub.add_parser("failover", help="leader SIGKILL → first acks=all produce, N trials")
     fo.add_argument("--trials", type=_positive, default=10)
     fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
@@ -334,6 +354,44 @@ def _bench_clients(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_grpc_records(args: argparse.Namespace) -> int:
+    from strom.bench.grpc_records import bench_grpc_records
+    from strom.bench.stats import report
+    from strom.client.cluster import parse_bootstrap
+
+    bootstrap = ",".join(parse_bootstrap(args.bootstrap))
+    results, ratios = bench_grpc_records(
+        bootstrap,
+        args.topic,
+        address=args.address,
+        records=args.records,
+        size=args.record_size,
+        keys=args.keys,
+        batch=args.batch,
+        in_flight=args.in_flight,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        rate=args.rate,
+        latency_records=args.latency_records,
+        node=False if args.no_node else None,
+        progress=True if args.progress else None,
+    )
+    ctx = {
+        "mode": "grpc-records",
+        "records": args.records,
+        "record_size": args.record_size,
+        "keys": args.keys,
+        "batch": args.batch,
+        "in_flight": args.in_flight,
+        "partitions": args.partitions,
+        "replication_factor": args.replication_factor,
+        "latency_rate": args.rate,
+        **ratios,
+    }
+    print(report(results, as_json=args.json, context=ctx))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     out = sys.stdout
     if args.command == "bench":
@@ -384,6 +442,8 @@ def _run(args: argparse.Namespace) -> int:
             return grpc_bench.main([*argv, "--json"] if args.json else argv)
         if args.bench_mode in ("produce", "consume", "e2e"):
             return _bench_clients(args)
+        if args.bench_mode == "grpc-records":
+            return _bench_grpc_records(args)
         if args.bench_mode == "record":
             results = bench_record(
                 records=args.records,

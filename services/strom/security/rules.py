@@ -173,6 +173,12 @@ RULES: dict[str, Rule] = {
         *((Op.READ, Res.TOPIC, t.topic) for t in req.topics),
     ],
     K + "CompleteTxnOffsets": _cluster(Op.CLUSTER_ACTION),
+    # RecordService (record-level gRPC for every language): the node acts for the caller with
+    # its own identity, so the caller's rights are checked here, at the door.
+    R + "ProduceRecords": lambda req: [(Op.WRITE, Res.TOPIC, req.topic)],
+    R + "Subscribe": _subscribe,
+    # The subscription id (a random UUID the Subscribe stream handed out) is the capability.
+    R + "CommitOffsets": _anyone,
 }
 
 

@@ -40,7 +40,7 @@ from strom.api import controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
 from strom.log import compact, dirtiest_first, measure_logs
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
-from strom.storage import metrics
+from strom.storage import metrics, records_api
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
@@ -139,6 +139,14 @@ class StorageNode:
             config.replica_lag_time_max_ms,
         )
         self.servicer.on_out_of_sync_fetch = self.isr.kick
+        # RecordService (records.proto): record-level produce/subscribe for any language.
+        self.records = records_api.RecordService(
+            config.node_id,
+            self.view,
+            lambda req: self.servicer.Produce(req, None),
+            lambda req: self.servicer.InitProducerId(req, None),
+            self._client_bootstrap,
+        )
         self._server: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
@@ -151,7 +159,8 @@ class StorageNode:
     def register(self, server: grpc.aio.Server) -> list[str]:
         self._server = server
         add_to_server(self.servicer, server)
-        return [SERVICE_NAME]
+        records_api.add_to_server(self.records, server)
+        return [SERVICE_NAME, records_api.SERVICE_NAME]
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -261,6 +270,9 @@ class StorageNode:
                 await self._controlled_shutdown()
             except Exception:
                 log.exception("controlled shutdown failed; stopping anyway")
+        # Streams end (their groups rebalance now), the node's producers flush, while the
+        # cluster still serves their requests.
+        await self.records.close(cfg.shutdown_grace_s)
         self.servicer.shutting_down = True
         self._stopping.set()
         self.manager.release_waiters()
@@ -285,6 +297,17 @@ class StorageNode:
         await asyncio.to_thread(self.registration.close)
         self.store.close()
         log.info("node %d stopped cleanly", cfg.node_id)
+
+    def _client_bootstrap(self) -> list[str]:
+        """Addresses for the node's own clients (RecordService): this node, then the others."""
+        cfg = self.config
+        own = f"{cfg.advertise_host}:{cfg.advertise_port}"
+        others = [
+            f"{n.host}:{n.port}"
+            for i, n in sorted(self.view.live_nodes().items())
+            if i != cfg.node_id
+        ]
+        return [own, *others]
 
     # -- lease loss ------------------------------------------------------------------------
 

@@ -1,0 +1,383 @@
+"""``strom bench grpc-records``: the record-level gRPC API (RecordService) next to the batch API.
+
+One run measures, for the same records (``--records`` keyed records of ``--record-size``
+bytes, ``--keys`` distinct keys), each on its own topic so every read phase reads exactly
+what its write phase wrote:
+
+* **batch API**: the Python ``Producer.send_batch`` in chunks of ``--batch`` records (it
+  builds the record batches itself), then the Python ``Consumer.poll_arrow``;
+* **ProduceRecords** with ``--batch`` records per call and ``--in-flight`` calls outstanding,
+  then **Subscribe**, from Python (generated stubs) and from Node.js (@grpc/grpc-js, the
+  tests/node client) when ``node`` and ``tests/node/node_modules`` are there;
+* **end-to-end latency** at ``--rate`` records/s, one record at a time: the Python client
+  (``strom bench e2e``'s loop: Producer with linger 0, an assigned Consumer) against
+  ProduceRecords (one record per call) + a Subscribe stream, from Python and from Node.js.
+
+The goals of issue 14: ProduceRecords and Subscribe at >= 50 % of the batch API's records/s,
+end-to-end latency within 2x of the Python client's. Numbers depend on what else runs on the
+machine; the report says what the run saw, nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from strom.api import records_pb2, records_pb2_grpc
+from strom.bench.clients import Progress, bench_consume, ensure_topic
+from strom.bench.e2e import STAMP, bench_e2e
+from strom.bench.stats import Result
+
+rp = records_pb2
+#: The Node.js client of the tests (package.json, node_modules, bench_records.js).
+NODE_DIR = Path(__file__).resolve().parents[3] / "tests" / "node"
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+
+
+def _records(start: int, n: int, keys: int, size: int) -> tuple[list[bytes], list[bytes]]:
+    value = b"x" * size
+    return [b"key-%d" % (i % keys) for i in range(start, start + n)], [value] * n
+
+
+def bench_batch_produce(
+    bootstrap: str, topic: str, *, records: int, size: int, keys: int, batch: int
+) -> Result:
+    """The batch API: Producer.send_batch of keyed records, ``batch`` per call, acks=all."""
+    from strom.client.producer import Producer
+
+    with Producer(bootstrap, acks="all", linger_ms=0) as p:
+        p.send_batch(topic, [b"warm"], [b"key-0"]).result(30)
+        futures = []
+        start = time.perf_counter()
+        for first in range(0, records, batch):
+            ks, vs = _records(first, min(batch, records - first), keys, size)
+            futures.append(p.send_batch(topic, vs, ks))
+        for f in futures:
+            f.result(120)
+        seconds = time.perf_counter() - start
+    return Result("batch API produce (Py)", len(futures), records, records * size, seconds)
+
+
+def bench_produce_records(
+    address: str,
+    topic: str,
+    *,
+    records: int,
+    size: int,
+    keys: int,
+    batch: int,
+    in_flight: int,
+    progress: bool | None = None,
+) -> Result:
+    """ProduceRecords from the generated Python stubs: ``batch`` records per call,
+    ``in_flight`` calls outstanding; latencies are per call."""
+    bar = Progress(records, "ProduceRecords", enabled=progress)
+    latencies: list[float] = []
+    with grpc.insecure_channel(address, options=_OPTIONS) as ch:
+        stub = records_pb2_grpc.RecordServiceStub(ch)
+        warm = rp.ProduceRecordsRequest(topic=topic, records=rp.RecordColumns(values=[b"warm"]))
+        stub.ProduceRecords(warm, timeout=30)
+        sem = threading.Semaphore(in_flight)
+        errors: list[str] = []
+        futures: list[Future[Any]] = []
+        start = time.perf_counter()
+        for first in range(0, records, batch):
+            n = min(batch, records - first)
+            ks, vs = _records(first, n, keys, size)
+            req = rp.ProduceRecordsRequest(
+                topic=topic, records=rp.RecordColumns(keys=ks, values=vs)
+            )
+            sem.acquire()
+            t0 = time.perf_counter()
+            fut = stub.ProduceRecords.future(req, timeout=120)
+
+            def done(f: Any, t0: float = t0) -> None:
+                latencies.append(time.perf_counter() - t0)
+                try:
+                    resp = f.result()
+                    bad = [r for r in resp.results if r.error_code]
+                    if resp.error_code or bad:
+                        errors.append(resp.error_message or bad[0].error_message)
+                except grpc.RpcError as exc:
+                    errors.append(f"{exc.code().name}: {exc.details()}")
+                finally:
+                    sem.release()
+
+            fut.add_done_callback(done)
+            futures.append(fut)
+            bar.update(first + n)
+        for f in futures:
+            f.exception()
+        seconds = time.perf_counter() - start
+    bar.finish()
+    if errors:
+        raise RuntimeError(f"ProduceRecords failed {len(errors)} times, first: {errors[0]}")
+    return Result("ProduceRecords (Py)", len(futures), records, records * size, seconds, latencies)
+
+
+def bench_subscribe(address: str, topic: str, *, records: int) -> Result:
+    """Subscribe from the earliest offset with the Python stubs until ``records`` arrived."""
+    got = nbytes = messages = 0
+    with grpc.insecure_channel(address, options=_OPTIONS) as ch:
+        stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
+            rp.SubscribeRequest(topics=[topic], start=rp.START_POSITION_EARLIEST), timeout=600
+        )
+        start = None
+        try:
+            for msg in stream:
+                if msg.WhichOneof("event") != "records":
+                    continue
+                if start is None:
+                    start = time.perf_counter()
+                n = len(msg.records.offsets)
+                got += n
+                messages += 1
+                nbytes += sum(map(len, msg.records.records.values))
+                if got >= records:
+                    break
+        finally:
+            stream.cancel()
+    seconds = time.perf_counter() - (start or time.perf_counter())
+    return Result("Subscribe (Py)", messages, got, nbytes, seconds)
+
+
+def bench_grpc_e2e(address: str, topic: str, *, records: int, size: int, rate: float) -> Result:
+    """End-to-end latency through RecordService: one record per ProduceRecords call at
+    ``rate``, received on a Subscribe stream (latest) opened first."""
+    latencies: list[float] = []
+    pad = b"x" * max(size - STAMP.size, 0)
+    got = [0]
+    arrived = threading.Condition()
+    with grpc.insecure_channel(address, options=_OPTIONS) as ch:
+        stub = records_pb2_grpc.RecordServiceStub(ch)
+        stream = stub.Subscribe(rp.SubscribeRequest(topics=[topic]), timeout=records / rate + 90)
+        first = next(stream)  # the assignment: sent once "latest" is resolved
+        assert first.WhichOneof("event") == "assignment"
+
+        def receive() -> None:
+            try:
+                for msg in stream:
+                    now = time.perf_counter_ns()
+                    if msg.WhichOneof("event") != "records":
+                        continue
+                    for v in msg.records.records.values:
+                        latencies.append((now - STAMP.unpack_from(v)[2]) / 1e9)
+                    with arrived:
+                        got[0] += len(msg.records.offsets)
+                        arrived.notify_all()
+            except grpc.RpcError:
+                pass  # cancelled below (or the deadline)
+
+        reader = threading.Thread(target=receive, daemon=True)
+        reader.start()
+        start = time.perf_counter()
+        futures = []
+        for i in range(records):
+            ahead = i / rate - (time.perf_counter() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+            value = STAMP.pack(0, i, time.perf_counter_ns()) + pad
+            req = rp.ProduceRecordsRequest(topic=topic, records=rp.RecordColumns(values=[value]))
+            futures.append(stub.ProduceRecords.future(req, timeout=60))
+        acked = sum(1 for f in futures if f.exception() is None)
+        with arrived:
+            arrived.wait_for(lambda: got[0] >= acked, timeout=60)
+        seconds = time.perf_counter() - start
+        stream.cancel()
+        reader.join(10)
+    return Result("end-to-end gRPC (Py)", 0, got[0], got[0] * size, seconds, latencies)
+
+
+def _wait_known(address: str, topics: list[str], timeout_s: float = 30.0) -> None:
+    """Until the node the gRPC callers use knows every topic and its leaders (its etcd view
+    may lag a topic just created)."""
+    from strom.api import storage_pb2, storage_pb2_grpc
+    from strom.devcluster.procs import wait_for
+
+    with grpc.insecure_channel(address) as ch:
+        stub = storage_pb2_grpc.StorageServiceStub(ch)
+
+        def known() -> bool:
+            md = stub.Metadata(storage_pb2.MetadataRequest(topics=topics), timeout=5)
+            return all(
+                t.error_code == 0 and t.partitions and all(p.leader >= 0 for p in t.partitions)
+                for t in md.topics
+            )
+
+        wait_for(known, timeout=timeout_s, what=f"{address} to know the bench topics")
+
+
+def node_available() -> bool:
+    return shutil.which("node") is not None and (NODE_DIR / "node_modules" / "@grpc").is_dir()
+
+
+def bench_node(
+    address: str,
+    topic: str | None,
+    *,
+    records: int,
+    size: int,
+    keys: int,
+    batch: int,
+    in_flight: int,
+    latency_topic: str | None,
+    latency_records: int,
+    rate: float,
+) -> list[Result]:
+    """Run tests/node/bench_records.js and turn its JSON line into Results."""
+    argv = [
+        "node",
+        str(NODE_DIR / "bench_records.js"),
+        "--address",
+        address,
+        "--records",
+        str(records if topic else 0),
+        "--record-size",
+        str(size),
+        "--keys",
+        str(keys),
+        "--batch",
+        str(batch),
+        "--in-flight",
+        str(in_flight),
+    ]
+    if topic:
+        argv += ["--topic", topic]
+    if latency_topic:
+        argv += [
+            "--latency-topic",
+            latency_topic,
+            "--latency-records",
+            str(latency_records),
+            "--rate",
+            str(rate),
+        ]
+    proc = subprocess.run(argv, cwd=NODE_DIR, capture_output=True, text=True, timeout=1800)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the Node.js bench failed: {proc.stdout[-1000:]} {proc.stderr[-1000:]}")
+    out = json.loads(lines[-1])
+    results = []
+    if "produce" in out:
+        p, s = out["produce"], out["subscribe"]
+        results.append(
+            Result("ProduceRecords (Node)", 0, p["records"], p["records"] * size, p["seconds"])
+        )
+        results.append(Result("Subscribe (Node)", 0, s["records"], s["bytes"], s["seconds"]))
+    if "latency_ms" in out:
+        lat = [x / 1e3 for x in out["latency_ms"]]
+        results.append(
+            Result("end-to-end gRPC (Node)", 0, len(lat), len(lat) * size, len(lat) / rate, lat)
+        )
+    return results
+
+
+def bench_grpc_records(
+    bootstrap: str,
+    topic: str,
+    *,
+    address: str | None = None,
+    records: int = 200_000,
+    size: int = 100,
+    keys: int = 1000,
+    batch: int = 1000,
+    in_flight: int = 4,
+    partitions: int = 6,
+    replication_factor: int = 1,
+    rate: float = 200.0,
+    latency_records: int = 2000,
+    node: bool | None = None,
+    progress: bool | None = None,
+) -> tuple[list[Result], dict[str, Any]]:
+    """Every phase (see the module docstring); returns the results and the ratios."""
+    address = address or bootstrap.split(",")[0]
+    use_node = node_available() if node is None else node
+    if use_node and not node_available():
+        raise RuntimeError(f"node or {NODE_DIR}/node_modules missing: run scripts/bootstrap.sh")
+    names = {k: f"{topic}-{k}" for k in ("batch", "grpc-py", "grpc-node")}
+    lat_names = {k: f"{topic}-lat-{k}" for k in ("py", "grpc-py", "grpc-node")}
+    for name in names.values():
+        ensure_topic(bootstrap, name, partitions, replication_factor)
+    for name in lat_names.values():
+        ensure_topic(bootstrap, name, 1, replication_factor)
+    _wait_known(address, [*names.values(), *lat_names.values()])
+    shape = dict(records=records, size=size, keys=keys, batch=batch)
+    results = [bench_batch_produce(bootstrap, names["batch"], **shape)]
+    results.append(
+        bench_produce_records(
+            address, names["grpc-py"], in_flight=in_flight, progress=progress, **shape
+        )
+    )
+    results.append(bench_consume(bootstrap, names["batch"], records=records + 1, api="arrow"))
+    results[-1].name = "batch API consume (Py)"
+    results.append(bench_subscribe(address, names["grpc-py"], records=records + 1))
+    node_results: list[Result] = []
+    if use_node:
+        node_results = bench_node(
+            address,
+            names["grpc-node"],
+            in_flight=in_flight,
+            latency_topic=lat_names["grpc-node"],
+            latency_records=latency_records,
+            rate=rate,
+            **shape,
+        )
+        results += [r for r in node_results if not r.name.startswith("end-to-end")]
+    py_e2e = bench_e2e(
+        bootstrap,
+        lat_names["py"],
+        records=latency_records,
+        record_size=size,
+        rate=rate,
+        acks="all",
+        linger_ms=0,
+    )
+    py_e2e.name = "end-to-end client (Py)"
+    results.append(py_e2e)
+    results.append(
+        bench_grpc_e2e(address, lat_names["grpc-py"], records=latency_records, size=size, rate=rate)
+    )
+    results += [r for r in node_results if r.name.startswith("end-to-end")]
+    return results, ratios(results)
+
+
+def ratios(results: list[Result]) -> dict[str, Any]:
+    """records/s of each gRPC phase over the batch API's, and p50/p99 latency over the
+    Python client's."""
+    by = {r.name: r for r in results}
+
+    def rate(name: str) -> float:
+        r = by[name]
+        return r.records / max(r.seconds, 1e-9)
+
+    out: dict[str, Any] = {}
+    for caller in ("Py", "Node"):
+        if f"ProduceRecords ({caller})" in by:
+            out[f"produce_{caller.lower()}_vs_batch"] = round(
+                rate(f"ProduceRecords ({caller})") / rate("batch API produce (Py)"), 2
+            )
+            out[f"subscribe_{caller.lower()}_vs_batch"] = round(
+                rate(f"Subscribe ({caller})") / rate("batch API consume (Py)"), 2
+            )
+    base = by.get("end-to-end client (Py)")
+    if base is not None and base.latencies:
+        b50, b99 = np.percentile(np.asarray(base.latencies), [50, 99])
+        for caller in ("Py", "Node"):
+            r = by.get(f"end-to-end gRPC ({caller})")
+            if r is not None and r.latencies:
+                p50, p99 = np.percentile(np.asarray(r.latencies), [50, 99])
+                out[f"e2e_{caller.lower()}_p50_vs_client"] = round(float(p50 / b50), 2)
+                out[f"e2e_{caller.lower()}_p99_vs_client"] = round(float(p99 / b99), 2)
+    return out

@@ -1,0 +1,379 @@
+"""How a storage node writes the records of a ProduceRecords call to their partitions' leaders.
+
+Everything here runs on the node's event loop: a call's batch is appended in-process when
+this node leads the partition (no network, no thread hop) and sent with an asyncio gRPC
+Produce to the leader otherwise. Forwarding to the leader is the documented choice (rather
+than answering NOT_LEADER_OR_FOLLOWER): the keyed records of one call usually span partitions
+led by different nodes, and a client in another language should not have to route by key.
+
+Two senders:
+
+* :class:`PartitionSender` (the default): the node's own idempotent producer for one
+  partition, with a producer id of its own. Calls for the partition queue up and go out in
+  order, one request at a time; the calls waiting while one is in flight go out together as
+  consecutive batches of one request (so a busy partition costs a request per round trip, not
+  per call). Each batch carries a sequence number, so a request retried after an ambiguous
+  failure (a timeout, a leader dying mid-request) is answered with the original offsets by a
+  leader that has it, never written twice (DESIGN §6). Why one request at a time: gRPC orders
+  nothing between calls (DESIGN §6, "Order on the wire"), and with a single request in flight
+  a sequence refusal can only mean the leader lost the producer's state, which an epoch bump
+  (or, for an unknown producer, a restart at sequence 0) settles; the pipelining and
+  reordering cases strom's Python Producer handles cannot arise.
+* :class:`SequencedSender`: the caller's own producer id, epoch and base sequence (for
+  idempotent retries *by the caller*); one batch, sent to the leader and retried until the
+  call's deadline, which the sequence makes safe.
+
+Both talk to leaders through :class:`LeaderRoute`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pyarrow as pa
+
+from strom.api import storage_pb2, storage_pb2_grpc
+from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, is_retriable
+from strom.metadata import ClusterView
+from strom.record import encode_arrow
+from strom.security import default_channel
+from strom.service.runtime import GRPC_OPTIONS
+
+log = logging.getLogger("strom.storage.record_producers")
+E = ErrorCode
+
+#: Transport failures of a Produce: the request may or may not have been appended.
+_TRANSPORT = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+#: Answers after which the records may have been appended (retry the same bytes).
+AMBIGUOUS = frozenset({E.REQUEST_TIMED_OUT, E.NOT_ENOUGH_REPLICAS_AFTER_APPEND})
+#: Sequence refusals that say the leader's producer state is not ours (nothing appended).
+_SEQUENCE = frozenset({E.OUT_OF_ORDER_SEQUENCE, E.UNKNOWN_PRODUCER_ID, E.INVALID_PRODUCER_EPOCH})
+#: Most bytes of records sent in one request of a PartitionSender (coalesced calls).
+MAX_REQUEST_BYTES = 4 << 20
+SEQUENCE_LIMIT = 1 << 31
+BACKOFF_S = 0.05
+
+
+class TransportError(StromError):
+    """The Produce did not get an answer (the leader is unreachable or died mid-request)."""
+
+
+class LeaderRoute:
+    """Sends one partition's batches to its leader: in-process when this node leads it (per
+    its etcd view), else over an asyncio channel to the leader's advertised address."""
+
+    def __init__(
+        self,
+        node_id: int,
+        view: ClusterView,
+        local_produce: Callable[[storage_pb2.ProduceRequest], Awaitable[Any]],
+    ) -> None:
+        self.node_id = node_id
+        self.view = view
+        self._local = local_produce
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _leader(self, topic: str, partition: int) -> tuple[int, int, str | None]:
+        state = self.view.partition(topic, partition)
+        if state is None:
+            return -1, -1, None
+        s = state.value
+        node = self.view.live_nodes().get(s.leader)
+        return s.leader, s.leader_epoch, (f"{node.host}:{node.port}" if node else None)
+
+    async def produce(
+        self, topic: str, partition: int, data: bytes, acks: int, timeout_s: float
+    ) -> storage_pb2.ProducePartitionResponse:
+        """One Produce of ``data`` (concatenated batches); the partition's result. Raises
+        TransportError when no answer came."""
+        leader, epoch, addr = self._leader(topic, partition)
+        req = storage_pb2.ProduceRequest(acks=acks, timeout_ms=max(int(timeout_s * 1000), 1))
+        pd = req.topics.add(topic=topic).partitions.add(partition=partition, records=data)
+        pd.current_leader_epoch = epoch
+        if leader == self.node_id:
+            resp = await self._local(req)
+        elif addr is not None:
+            ch = self._channels.get(addr)
+            if ch is None:
+                ch = self._channels[addr] = default_channel().aio_channel(addr, GRPC_OPTIONS)
+            try:
+                resp = await storage_pb2_grpc.StorageServiceStub(ch).Produce(
+                    req, timeout=timeout_s + 1.0
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _TRANSPORT:
+                    raise TransportError(f"leader {addr}: {exc.code().name}") from None
+                raise StromError(f"produce to {addr}: {exc.code().name} {exc.details()}") from None
+        else:
+            return storage_pb2.ProducePartitionResponse(
+                partition=partition,
+                error_code=E.LEADER_NOT_AVAILABLE,  # type: ignore[arg-type]
+                error_message=f"{topic}-{partition} has no live leader",
+                base_offset=-1,
+            )
+        if acks == 0:  # the leader answers nothing
+            return storage_pb2.ProducePartitionResponse(partition=partition, base_offset=-1)
+        return resp.topics[0].partitions[0]
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            with contextlib.suppress(Exception):
+                await ch.close()
+
+
+#: ``ids(producer_id, epoch)``: a new producer id (-1, -1) or the next epoch of one.
+InitIds = Callable[[int, int], Awaitable[tuple[int, int]]]
+
+
+@dataclass(eq=False)
+class _Call:
+    table: pa.Table
+    codec: str
+    acks: int
+    deadline: float
+    future: asyncio.Future[int] = field(repr=False)
+
+
+class PartitionSender:
+    """The node's idempotent producer for one partition (see the module docstring)."""
+
+    def __init__(self, topic: str, partition: int, route: LeaderRoute, ids: InitIds) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._route = route
+        self._ids = ids
+        self.producer_id = -1
+        self.epoch = -1
+        self.next_sequence = 0
+        #: Set after giving up on an ambiguous request: its sequence numbers may be taken in
+        #: the log, so the next request starts a fresh sequence space (a new epoch).
+        self._bump = False
+        self._pending: deque[_Call] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(
+        self, table: pa.Table, codec: str, acks: int, deadline: float
+    ) -> asyncio.Future[int]:
+        """Queue a call's records (one batch); the future is their base offset (-1 when it
+        is not known: acks=0, or a duplicate older than the leader remembers)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        self._pending.append(_Call(table, codec, acks, deadline, fut))
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._drain())
+        return fut
+
+    @property
+    def idle(self) -> bool:
+        return not self._pending and (self._task is None or self._task.done())
+
+    async def _drain(self) -> None:
+        while self._pending:
+            group = [self._pending.popleft()]
+            size = group[0].table.nbytes
+            while (
+                self._pending
+                and self._pending[0].acks == group[0].acks
+                and size + self._pending[0].table.nbytes <= MAX_REQUEST_BYTES
+            ):
+                size += self._pending[0].table.nbytes
+                group.append(self._pending.popleft())
+            try:
+                await self._send(group)
+            except Exception as exc:  # never leave a caller hanging
+                if not isinstance(exc, StromError):
+                    log.exception("sending to %s-%d failed", self.topic, self.partition)
+                for c in group:
+                    if not c.future.done():
+                        c.future.set_exception(exc)
+
+    def _encode(self, group: list[_Call], idempotent: bool) -> bytes:
+        seq = self.next_sequence
+        parts = []
+        for c in group:
+            parts.append(
+                encode_arrow(
+                    c.table,
+                    compression=c.codec,
+                    producer_id=self.producer_id if idempotent else -1,
+                    producer_epoch=self.epoch if idempotent else -1,
+                    base_sequence=seq if idempotent else -1,
+                )
+            )
+            seq = (seq + c.table.num_rows) % SEQUENCE_LIMIT
+        return b"".join(parts)
+
+    async def _send(self, group: list[_Call]) -> None:
+        """Send ``group`` as one request until it is answered or every call's deadline
+        passed; settles each call's future."""
+        loop = asyncio.get_running_loop()
+        idempotent = group[0].acks != 0
+        deadline = max(c.deadline for c in group)
+        ambiguous = False
+        last: StromError | None = None
+        restarts = 0
+        while True:  # (re)encode: a new epoch or sequence restart makes new bytes
+            if restarts > 1:  # the leader refused our sequences again: do not spin
+                await _backoff(deadline)
+            if idempotent and (self.producer_id < 0 or self._bump):
+                self.producer_id, self.epoch = await self._ids(self.producer_id, self.epoch)
+                self.next_sequence = 0
+                self._bump = False
+                ambiguous = False  # the new epoch fences whatever the old one left in flight
+            data = self._encode(group, idempotent)
+            reencode = False
+            while not reencode:
+                now = loop.time()
+                for c in group:  # calls out of time answer now; the request goes on
+                    if c.deadline <= now and not c.future.done():
+                        c.future.set_exception(_timed_out(self, ambiguous, last))
+                if now >= deadline:
+                    if ambiguous and idempotent:
+                        self._bump = True
+                    return
+                try:
+                    r = await self._route.produce(
+                        self.topic, self.partition, data, group[0].acks, deadline - now
+                    )
+                except TransportError as exc:
+                    ambiguous, last = True, exc
+                    await _backoff(deadline)
+                    continue
+                code = r.error_code
+                if code in (E.NONE, E.DUPLICATE_SEQUENCE):
+                    self._succeeded(group, -1 if code else r.base_offset)
+                    return
+                last = error_for(code, r.error_message or f"{self.topic}-{self.partition}")
+                if code in AMBIGUOUS:
+                    ambiguous = True
+                elif idempotent and code in _SEQUENCE:
+                    # The leader does not know our producer state (it expired, or a leader
+                    # without it took over); nothing of this request was appended.
+                    if code == E.UNKNOWN_PRODUCER_ID and self.next_sequence != 0:
+                        self.next_sequence = 0  # an unknown producer starts at 0
+                    else:
+                        self._bump = True
+                    restarts += 1
+                    reencode = True
+                    continue
+                elif not is_retriable(code):
+                    if len(group) > 1:  # find the call at fault: one by one, in order
+                        for c in group:
+                            await self._send([c])
+                        return
+                    group[0].future.set_exception(last)
+                    return
+                await _backoff(deadline)
+
+    def _succeeded(self, group: list[_Call], base: int) -> None:
+        offset = base
+        for c in group:
+            n = c.table.num_rows
+            if not c.future.done():
+                c.future.set_result(offset)
+            if offset >= 0:
+                offset += n
+            if c.acks != 0:
+                self.next_sequence = (self.next_sequence + n) % SEQUENCE_LIMIT
+
+
+def _timed_out(sender: PartitionSender, ambiguous: bool, last: StromError | None) -> StromError:
+    detail = f" (last: {last})" if last is not None else ""
+    if ambiguous:
+        return RequestTimedOutError(
+            f"{sender.topic}-{sender.partition}: not acknowledged within the call's timeout; "
+            f"the records may or may not have been written{detail}"
+        )
+    if last is not None and is_retriable(last.code or 0):
+        return error_for(last.code or E.REQUEST_TIMED_OUT, f"{last.message} (nothing written)")
+    return RequestTimedOutError(
+        f"{sender.topic}-{sender.partition}: no answer within the call's timeout{detail}"
+    )
+
+
+async def _backoff(deadline: float) -> None:
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(min(BACKOFF_S, deadline - loop.time()), 0))
+
+
+class NodeProducer:
+    """The node's PartitionSenders, made on first use (one producer id per partition)."""
+
+    def __init__(self, route: LeaderRoute, ids: InitIds) -> None:
+        self._route = route
+        self._ids = ids
+        self._senders: dict[tuple[str, int], PartitionSender] = {}
+
+    def send(
+        self, topic: str, partition: int, table: pa.Table, acks: int, codec: str, deadline: float
+    ) -> asyncio.Future[int]:
+        s = self._senders.get((topic, partition))
+        if s is None:
+            s = self._senders[(topic, partition)] = PartitionSender(
+                topic, partition, self._route, self._ids
+            )
+        return s.submit(table, codec, acks, deadline)
+
+    async def close(self, timeout_s: float) -> None:
+        """Let queued calls finish (bounded by ``timeout_s`` and their own deadlines)."""
+        tasks = [s._task for s in self._senders.values() if s._task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+
+class SequencedSender:
+    """Sends one caller-sequenced batch to its partition's leader, retrying until a deadline
+    (safe: a batch already appended is answered with its original offsets)."""
+
+    def __init__(self, route: LeaderRoute) -> None:
+        self._route = route
+
+    async def send(
+        self,
+        topic: str,
+        partition: int,
+        table: pa.Table,
+        *,
+        acks: int,
+        compression: str,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        deadline: float,
+    ) -> int:
+        """Append as one batch; its base offset (-1 when unknown: a duplicate older than
+        the leader remembers). Raises StromError."""
+        data = encode_arrow(
+            table,
+            compression=compression,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+        )
+        loop = asyncio.get_running_loop()
+        last: StromError | None = None
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise last or RequestTimedOutError(f"{topic}-{partition}: no answer in time")
+            try:
+                r = await self._route.produce(topic, partition, data, acks, remaining)
+            except TransportError as exc:
+                last = exc
+            else:
+                if r.error_code in (E.NONE, E.DUPLICATE_SEQUENCE):
+                    return int(r.base_offset) if r.error_code == E.NONE else -1
+                last = error_for(r.error_code, r.error_message)
+                if not is_retriable(r.error_code):
+                    raise last
+            await _backoff(deadline)

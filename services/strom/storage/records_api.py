@@ -1,0 +1,517 @@
+"""``strom.v1.RecordService`` (records.proto): record-level produce and subscribe on every node.
+
+The API for clients in any language. What happens to a call, and where the work goes:
+
+* **ProduceRecords**: the request is parsed by protobuf (upb, C) and its columns become Arrow
+  arrays in a handful of C calls (:mod:`strom.storage.record_columns`); keys are hashed with
+  a vectorized murmur2 (:func:`strom.client.partitioner.partitions_for_keys`), records are
+  grouped by partition with one stable argsort, and each partition's records become one
+  record batch for its leader (appended in-process when this node leads the partition),
+  sent by the node's idempotent per-partition sender or under the caller's own producer
+  sequence (:mod:`strom.storage.record_producers`); all of it on the event loop. Each
+  record's offset is the batch's base offset plus its place (numpy). No Python code runs per
+  record.
+* **Subscribe**: one strom Consumer per stream, run by a pump thread
+  (:mod:`strom.storage.subscriptions`), which also makes the stream a group member when it
+  names a group. The handler only moves serialized messages from the pump's bounded outbox
+  to ``context.write``, so gRPC flow control reaches all the way back to fetching.
+* **CommitOffsets**: into the stream's own ordered commit queue (one committer per stream).
+
+Whole-request problems (a malformed request) are gRPC INVALID_ARGUMENT (NOT_FOUND for unknown
+topics in Subscribe) with a serialized ``strom.v1.Error`` in the ``strom-error-bin`` trailer,
+as common.proto's conventions say; partition-level outcomes are ErrorCodes in the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+import numpy as np
+import pyarrow as pa
+from google.protobuf.message import DecodeError
+from prometheus_client import Counter, Histogram
+
+from strom.api import common_pb2, records_pb2, storage_pb2
+from strom.client.partitioner import partitions_for_keys
+from strom.client.types import TopicPartition
+from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
+from strom.metadata import ClusterView
+from strom.record.codecs import CODEC_NAMES
+from strom.storage.record_columns import ColumnsError, columns_to_table
+from strom.storage.record_producers import LeaderRoute, NodeProducer, SequencedSender
+from strom.storage.subscriptions import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_RECORDS,
+    Subscription,
+    SubscriptionSpec,
+)
+
+log = logging.getLogger("strom.storage.records")
+E = ErrorCode
+rp = records_pb2
+R = TypeVar("R")
+
+SERVICE_NAME = rp.DESCRIPTOR.services_by_name["RecordService"].full_name
+#: records.proto's Acks -> the acks of a Produce request.
+ACKS = {rp.ACKS_ALL: -1, rp.ACKS_LEADER: 1, rp.ACKS_NONE: 0}
+DEFAULT_TIMEOUT_MS = 30_000
+#: Errors of a commit that concern single partitions (everything else is the group's).
+_PARTITION_COMMIT_ERRORS = frozenset({E.OFFSET_METADATA_TOO_LARGE, E.UNKNOWN_TOPIC_OR_PARTITION})
+
+PRODUCED_RECORDS = Counter(
+    "strom_storage_records_produced_records",
+    "Records of ProduceRecords calls by partition result (NONE = written)",
+    ["error"],
+)
+RPC_LATENCY = Histogram(
+    "strom_storage_records_request_latency_seconds",
+    "Time to answer a RecordService call (ProduceRecords, CommitOffsets)",
+    ["rpc"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+class BadRequest(Exception):
+    """A whole-request problem: answered with a gRPC status naming what was wrong."""
+
+    def __init__(self, message: str, status: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = {
+            grpc.StatusCode.NOT_FOUND: E.UNKNOWN_TOPIC_OR_PARTITION,
+            grpc.StatusCode.UNAVAILABLE: E.BROKER_NOT_AVAILABLE,
+        }.get(status, E.INVALID_REQUEST)
+
+
+async def _abort(context: Any, status: grpc.StatusCode, message: str, code: int) -> NoReturn:
+    err = common_pb2.Error(code=code, message=message)  # type: ignore[arg-type]
+    await context.abort(
+        status, message, trailing_metadata=(("strom-error-bin", err.SerializeToString()),)
+    )
+    raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+def _timed(rpc: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+    hist = RPC_LATENCY.labels(rpc)
+
+    def deco(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+        @functools.wraps(fn)
+        async def wrapper(self: Any, request: Any, context: Any) -> R:
+            t0 = time.perf_counter()
+            try:
+                return await fn(self, request, context)
+            finally:
+                hist.observe(time.perf_counter() - t0)
+
+        return wrapper
+
+    return deco
+
+
+def _parse(cls: Any, raw: bytes, what: str) -> Any:
+    try:
+        return cls.FromString(raw)
+    except DecodeError as exc:
+        raise BadRequest(f"{what} does not parse as strom.v1.{cls.__name__}: {exc}") from None
+
+
+def group_by_partition(parts: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(partition, record indexes in input order) per partition, ascending, from one stable
+    argsort: the order of records within a partition is the order of the call."""
+    n = len(parts)
+    if n and bool((parts == parts[0]).all()):
+        return [(int(parts[0]), np.arange(n))]
+    order = np.argsort(parts, kind="stable")
+    ranked = parts[order]
+    cuts = np.flatnonzero(np.diff(ranked)) + 1
+    bounds = [0, *cuts.tolist(), n]
+    return [(int(ranked[s]), order[s:e]) for s, e in itertools.pairwise(bounds)]
+
+
+class RecordService:
+    """The servicer (see the module docstring). ``local_produce`` and ``local_init_ids`` are
+    this node's in-process StorageService Produce and InitProducerId; ``bootstrap`` returns
+    addresses of live nodes (this one first) for the node's Subscribe consumers."""
+
+    def __init__(
+        self,
+        node_id: int,
+        view: ClusterView,
+        local_produce: Callable[[storage_pb2.ProduceRequest], Awaitable[Any]],
+        local_init_ids: Callable[[storage_pb2.InitProducerIdRequest], Awaitable[Any]],
+        bootstrap: Callable[[], list[str]],
+    ) -> None:
+        self.node_id = node_id
+        self.view = view
+        self._bootstrap = bootstrap
+        self._local_init_ids = local_init_ids
+        self.route = LeaderRoute(node_id, view, local_produce)
+        self.producer = NodeProducer(self.route, self._init_ids)
+        self.sequenced = SequencedSender(self.route)
+        self.subscriptions: dict[str, Subscription] = {}
+        self._round_robin: dict[str, int] = {}
+        self._subscribers = 0
+        self.shutting_down = False
+
+    async def _init_ids(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        """A producer id for a PartitionSender (or the next epoch of its id), from this node."""
+        resp = await self._local_init_ids(
+            storage_pb2.InitProducerIdRequest(producer_id=producer_id, producer_epoch=epoch)
+        )
+        if resp.error_code != E.NONE:
+            raise error_for(resp.error_code, f"no producer id: {resp.error_message}")
+        return int(resp.producer_id), int(resp.producer_epoch)
+
+    # -- ProduceRecords --------------------------------------------------------------------
+
+    @_timed("ProduceRecords")
+    async def ProduceRecords(self, raw: bytes, context: Any) -> rp.ProduceRecordsResponse:
+        try:
+            if self.shutting_down:
+                raise BadRequest("the node is shutting down", grpc.StatusCode.UNAVAILABLE)
+            return await self._produce(_parse(rp.ProduceRecordsRequest, raw, "the request"))
+        except BadRequest as exc:
+            await _abort(context, exc.status, exc.message, exc.code)
+
+    async def _produce(self, req: rp.ProduceRecordsRequest) -> rp.ProduceRecordsResponse:
+        if not req.topic:
+            raise BadRequest("topic is empty")
+        acks = ACKS.get(req.acks)
+        if acks is None:
+            raise BadRequest(f"acks {req.acks} is not one of ACKS_ALL, ACKS_LEADER, ACKS_NONE")
+        codec = CODEC_NAMES.get(req.compression)
+        if codec is None:
+            raise BadRequest(f"compression {req.compression} is not a Compression value")
+        if req.timeout_ms < 0:
+            raise BadRequest(f"timeout_ms must be >= 0, got {req.timeout_ms}")
+        explicit = req.partition if req.HasField("partition") else None
+        if explicit is not None and explicit < 0:
+            raise BadRequest(f"partition must be >= 0 (or unset to choose by key), got {explicit}")
+        seq = req.producer if req.HasField("producer") else None
+        if seq is not None:
+            _check_sequence(seq, explicit, acks)
+        try:
+            table = columns_to_table(req.records)
+        except ColumnsError as exc:
+            raise BadRequest(str(exc)) from None
+
+        resp = rp.ProduceRecordsResponse()
+        meta = self.view.topic(req.topic)
+        if meta is None or meta.deleting:
+            resp.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
+            resp.error_message = (
+                f"unknown topic {req.topic!r} (if it was just created, this node may not "
+                "know it yet: retry)"
+            )
+            return resp
+        if meta.internal:
+            resp.error_code = E.INVALID_TOPIC  # type: ignore[assignment]
+            resp.error_message = f"{req.topic!r} is an internal topic; clients cannot write to it"
+            return resp
+        count = meta.partition_count
+        if explicit is not None and explicit >= count:
+            resp.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
+            resp.error_message = f"topic {req.topic!r} has no partition {explicit} (it has {count})"
+            return resp
+
+        n = table.num_rows
+        parts = self._partitions(req.topic, table, explicit, count)
+        groups = group_by_partition(parts)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (req.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000.0
+        tasks = []
+        for p, idx in groups:
+            sub = table if len(idx) == n else table.take(pa.array(idx))
+            if seq is not None:
+                coro: Awaitable[Any] = self.sequenced.send(
+                    req.topic,
+                    p,
+                    sub,
+                    acks=acks,
+                    compression=codec,
+                    producer_id=seq.producer_id,
+                    producer_epoch=seq.producer_epoch,
+                    base_sequence=seq.base_sequence,
+                    deadline=deadline,
+                )
+            else:
+                coro = self.producer.send(req.topic, p, sub, acks, codec, deadline)
+            tasks.append(asyncio.ensure_future(coro))
+        _, pending = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0))
+        for t in pending:
+            t.cancel()
+
+        offsets = np.full(n, -1, dtype=np.int64)
+        for (p, idx), task in zip(groups, tasks, strict=True):
+            pr = resp.results.add(partition=p, base_offset=-1, record_count=len(idx))
+            err: BaseException | None
+            if task in pending:
+                err = RequestTimedOutError(
+                    f"{req.topic}-{p}: not acknowledged within the call's timeout; the records "
+                    "may or may not have been written"
+                )
+            else:
+                err = task.exception()
+            if err is None:
+                base = task.result()
+                if base >= 0:
+                    offsets[idx] = base + np.arange(len(idx), dtype=np.int64)
+                pr.base_offset = int(offsets[idx[0]])
+                PRODUCED_RECORDS.labels("NONE").inc(len(idx))
+                continue
+            code = err.code if isinstance(err, StromError) and err.code else E.UNKNOWN_SERVER_ERROR
+            if not isinstance(err, StromError):
+                log.error("ProduceRecords to %s-%d failed", req.topic, p, exc_info=err)
+            pr.error_code = code  # type: ignore[assignment]
+            pr.error_message = err.message if isinstance(err, StromError) else str(err)
+            PRODUCED_RECORDS.labels(error_name(code)).inc(len(idx))
+        resp.partitions.extend(parts.tolist())
+        resp.offsets.extend(offsets.tolist())
+        return resp
+
+    def _partitions(
+        self, topic: str, table: pa.Table, explicit: int | None, count: int
+    ) -> np.ndarray:
+        """Each record's partition: the explicit one, else murmur2 of its key, else one
+        round-robin partition per call for the keyless records."""
+        n = table.num_rows
+        if explicit is not None:
+            return np.full(n, explicit, dtype=np.int32)
+        if "key" in table.column_names:
+            parts = partitions_for_keys(table.column("key").combine_chunks(), count)
+        else:
+            parts = np.full(n, -1, dtype=np.int32)
+        keyless = parts < 0
+        if keyless.any():
+            rr = self._round_robin.get(topic, self.node_id)
+            self._round_robin[topic] = rr + 1
+            parts[keyless] = rr % count
+        return parts
+
+    # -- Subscribe -------------------------------------------------------------------------
+
+    async def Subscribe(self, raw: bytes, context: Any) -> None:
+        try:
+            if self.shutting_down:
+                raise BadRequest("the node is shutting down", grpc.StatusCode.UNAVAILABLE)
+            spec = self._spec(_parse(rp.SubscribeRequest, raw, "the request"))
+        except BadRequest as exc:
+            await _abort(context, exc.status, exc.message, exc.code)
+        self._subscribers += 1
+        sub = Subscription(
+            spec,
+            self._bootstrap(),
+            asyncio.get_running_loop(),
+            client_id=f"strom-node-{self.node_id}-subscribe-{self._subscribers}",
+        )
+        self.subscriptions[sub.id] = sub
+        sub.start()
+        try:
+            while True:
+                item = await sub.outbox.get()
+                if item is None:
+                    return
+                if item.error is not None:
+                    status = getattr(grpc.StatusCode, item.error.status)
+                    await _abort(context, status, item.error.message, item.error.code)
+                await context.write(item.data)
+                sub.delivered(item)
+        finally:
+            sub.stop()
+            self.subscriptions.pop(sub.id, None)
+
+    def _spec(self, req: rp.SubscribeRequest) -> SubscriptionSpec:
+        if req.start not in (rp.START_POSITION_LATEST, rp.START_POSITION_EARLIEST):
+            raise BadRequest(f"start {req.start} is not a StartPosition value")
+        if req.max_records_per_message < 0 or req.max_bytes_per_message < 0:
+            raise BadRequest("max_records_per_message and max_bytes_per_message must be >= 0")
+        spec = SubscriptionSpec(
+            group_id=req.group_id or None,
+            topics=list(dict.fromkeys(req.topics)),
+            earliest=req.start == rp.START_POSITION_EARLIEST,
+            auto_commit=req.auto_commit,
+            max_records=req.max_records_per_message or DEFAULT_MAX_RECORDS,
+            max_bytes=req.max_bytes_per_message or DEFAULT_MAX_BYTES,
+        )
+        for t in spec.topics:
+            self._partition_count(t)
+        if spec.group_id:
+            if not spec.topics:
+                raise BadRequest("a group subscription needs topics")
+            if len(req.partitions):
+                raise BadRequest(
+                    "partitions cannot be given with a group_id: the group assigns partitions"
+                )
+            return spec
+        if req.auto_commit:
+            raise BadRequest("auto_commit needs a group_id (offsets are stored per group)")
+        if not spec.topics and not len(req.partitions):
+            raise BadRequest("nothing to read: give topics, partitions or a group_id")
+        default = ("position", int(req.start))
+        for t in spec.topics:
+            for p in range(self._partition_count(t)):
+                spec.starts[TopicPartition(t, p)] = default
+        for ps in req.partitions:
+            tp = TopicPartition(ps.topic, ps.partition)
+            count = self._partition_count(ps.topic)
+            if not 0 <= ps.partition < count:
+                raise BadRequest(
+                    f"topic {ps.topic!r} has no partition {ps.partition} (it has {count})",
+                    grpc.StatusCode.NOT_FOUND,
+                )
+            how = ps.WhichOneof("start")
+            value = getattr(ps, how) if how else None
+            if how in ("offset", "timestamp_ms") and value < 0:  # type: ignore[operator]
+                raise BadRequest(f"{tp.topic}-{tp.partition}: {how} must be >= 0, got {value}")
+            if how == "position" and value not in (
+                rp.START_POSITION_LATEST,
+                rp.START_POSITION_EARLIEST,
+            ):
+                raise BadRequest(f"{tp.topic}-{tp.partition}: position {value} is not valid")
+            kind = {"offset": "offset", "timestamp_ms": "timestamp"}.get(how or "", "position")
+            spec.starts[tp] = default if how is None else (kind, int(value))  # type: ignore[arg-type]
+        spec.topics = sorted({tp.topic for tp in spec.starts})
+        return spec
+
+    def _partition_count(self, topic: str) -> int:
+        meta = self.view.topic(topic) if topic else None
+        if meta is None or meta.deleting:
+            raise BadRequest(f"unknown topic {topic!r}", grpc.StatusCode.NOT_FOUND)
+        return meta.partition_count
+
+    # -- CommitOffsets ---------------------------------------------------------------------
+
+    @_timed("CommitOffsets")
+    async def CommitOffsets(self, raw: bytes, context: Any) -> rp.CommitOffsetsResponse:
+        try:
+            req = _parse(rp.CommitOffsetsRequest, raw, "the request")
+            for po in req.offsets:
+                if po.offset < 0:
+                    raise BadRequest(
+                        f"{po.topic}-{po.partition}: offset must be >= 0, got {po.offset}"
+                    )
+        except BadRequest as exc:
+            await _abort(context, exc.status, exc.message, exc.code)
+        return await self._commit(req)
+
+    async def _commit(self, req: rp.CommitOffsetsRequest) -> rp.CommitOffsetsResponse:
+        resp = rp.CommitOffsetsResponse()
+        sub = self.subscriptions.get(req.subscription_id)
+        if sub is None or not sub.spec.group_id:
+            resp.error_code = E.UNKNOWN_MEMBER_ID  # type: ignore[assignment]
+            resp.error_message = (
+                f"no group subscription {req.subscription_id!r} is open on node {self.node_id} "
+                "(it ended, or another node serves it: commit on the stream's channel)"
+            )
+            return resp
+        offsets = {TopicPartition(po.topic, po.partition): po.offset for po in req.offsets}
+        metadata = {TopicPartition(po.topic, po.partition): po.metadata for po in req.offsets}
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[BaseException | None, dict[TopicPartition, int]]]
+        fut = loop.create_future()
+
+        def done(err: BaseException | None, sent: dict[TopicPartition, int]) -> None:
+            def settle() -> None:
+                if not fut.done():
+                    fut.set_result((err, sent))
+
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle)
+
+        decided = sub.commit(offsets, done, metadata=metadata)
+        try:
+            err, sent = await asyncio.wait_for(fut, DEFAULT_TIMEOUT_MS / 1000.0)
+        except TimeoutError:
+            err, sent = RequestTimedOutError("the coordinator did not confirm in time"), {}
+            sent = {tp: o for tp, o in offsets.items() if tp not in decided}
+        code, message = E.NONE, ""
+        if err is not None:
+            code = err.code if isinstance(err, StromError) and err.code else E.UNKNOWN_SERVER_ERROR
+            message = err.message if isinstance(err, StromError) else str(err)
+            if code not in _PARTITION_COMMIT_ERRORS:
+                resp.error_code = code  # type: ignore[assignment]
+                resp.error_message = message
+        for po in req.offsets:
+            tp = TopicPartition(po.topic, po.partition)
+            r = resp.results.add(topic=po.topic, partition=po.partition)
+            if tp in decided:
+                r.error_code = decided[tp]  # type: ignore[assignment]
+                if decided[tp] != E.NONE:
+                    r.error_message = (
+                        f"{tp.topic}-{tp.partition} is not assigned to this subscription "
+                        "(the group moved it to another member): drop the commit"
+                    )
+            elif tp in sent and code != E.NONE:
+                r.error_code = code  # type: ignore[assignment]
+                r.error_message = message
+        return resp
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Node shutdown: end every stream (UNAVAILABLE: subscribe again elsewhere), leave
+        the groups, flush and stop the node's producers."""
+        self.shutting_down = True
+        subs = list(self.subscriptions.values())
+        for sub in subs:
+            sub.end_with(
+                "UNAVAILABLE", "the node is shutting down: subscribe again", E.BROKER_NOT_AVAILABLE
+            )
+        await asyncio.gather(
+            *(asyncio.to_thread(s.join, timeout_s) for s in subs), return_exceptions=True
+        )
+        await self.producer.close(timeout_s)
+        await self.route.close()
+
+
+def _check_sequence(seq: rp.ProducerSequence, partition: int | None, acks: int) -> None:
+    if partition is None:
+        raise BadRequest(
+            "producer needs partition set: sequence numbers count per partition, so "
+            "compute the key's partition (murmur2, see docs/grpc-clients.md) and give it"
+        )
+    if acks == 0:
+        raise BadRequest("producer needs acks ACKS_ALL or ACKS_LEADER (ACKS_NONE confirms nothing)")
+    if seq.producer_id < 0:
+        raise BadRequest(
+            f"producer.producer_id must be >= 0 (from InitProducerId), got {seq.producer_id}"
+        )
+    if not 0 <= seq.producer_epoch <= 32767:
+        raise BadRequest(f"producer.producer_epoch must be in 0..32767, got {seq.producer_epoch}")
+    if seq.base_sequence < 0:
+        raise BadRequest(f"producer.base_sequence must be >= 0, got {seq.base_sequence}")
+
+
+def add_to_server(service: RecordService, server: grpc.aio.Server) -> None:
+    """Register ``strom.v1.RecordService``. Requests arrive as bytes (parsed in the
+    handlers, so a malformed one is INVALID_ARGUMENT naming the problem, not a generic
+    deserialization failure); Subscribe messages leave pre-serialized by the pump."""
+    handlers = {
+        "ProduceRecords": grpc.unary_unary_rpc_method_handler(
+            service.ProduceRecords,
+            response_serializer=rp.ProduceRecordsResponse.SerializeToString,
+        ),
+        "Subscribe": grpc.unary_stream_rpc_method_handler(service.Subscribe),
+        "CommitOffsets": grpc.unary_unary_rpc_method_handler(
+            service.CommitOffsets,
+            response_serializer=rp.CommitOffsetsResponse.SerializeToString,
+        ),
+    }
+    desc = rp.DESCRIPTOR.services_by_name["RecordService"]
+    missing = {m.name for m in desc.methods} - set(handlers)
+    assert not missing, f"RecordService methods without a handler: {missing}"
+    generic = grpc.method_handlers_generic_handler(desc.full_name, handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(desc.full_name, handlers)
+
+
+__all__ = ["SERVICE_NAME", "RecordService", "add_to_server"]

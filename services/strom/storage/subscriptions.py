@@ -1,0 +1,538 @@
+"""Subscribe streams served by a storage node: one strom Consumer per open stream.
+
+Why a Consumer (:mod:`strom.client.consumer`) inside the node rather than reading the local
+logs: a stream's partitions are led by any node and their leaders move; the Consumer already
+fetches from whichever node leads each partition, follows leader changes (NOT_LEADER, a dead
+leader, fenced epochs) with a short pause, prefetches with a bounded buffer and, with a
+``group_id``, *is* a group member: it heartbeats to the coordinator, reconciles assignments
+(KIP-848), and commits in order through :mod:`strom.client.commit_queue`. So one stream is one
+group member, and closing the Consumer when the stream ends leaves the group, which moves the
+stream's partitions to the group's other members at once.
+
+Threads, and why: each subscription has one *pump* thread that polls its Consumer as Arrow
+(no per-record Python), cuts the records into messages (one partition per message, bounded
+records and bytes) and serializes them, then hands the bytes to the gRPC handler on the event
+loop through a small bounded :class:`Outbox`. The pump blocks while the outbox is full and
+the handler's ``context.write`` blocks while HTTP/2 flow control says the reader is behind, so
+a slow reader holds back the pump, which stops polling, which stops the Consumer fetching
+(its buffer is bounded per partition): memory per stream stays a few MiB however slow the
+reader. Blocking polls run on the pump thread, never in the event loop's default executor,
+which the node needs for disk work.
+
+A rebalance is reconciled when the Consumer polls. While the pump waits for outbox room it
+still lets the group reconcile every ``RECONCILE_S``: revoked partitions' unsent messages are
+dropped from the outbox (the new owner reads them from the committed offset), so a slow
+reader cannot hold partitions that the group moved elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client import Counter, Gauge
+
+from strom.api import common_pb2, records_pb2
+from strom.client.consumer import Consumer
+from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.errors import ErrorCode, StromError
+from strom.storage.record_columns import fill_columns
+
+log = logging.getLogger("strom.storage.subscriptions")
+E = ErrorCode
+
+SUBSCRIPTIONS = Gauge("strom_storage_records_subscriptions", "Open Subscribe streams by kind", ["kind"])
+SUBSCRIBE_RECORDS = Counter(
+    "strom_storage_records_subscribe_records",
+    "Records of Subscribe streams: polled from the cluster, and written to streams",
+    ["stage"],
+)
+_POLLED = SUBSCRIBE_RECORDS.labels("polled")
+_SENT = SUBSCRIBE_RECORDS.labels("sent")
+
+#: How long one poll of the Consumer may wait for records.
+POLL_MS = 200
+#: How often a pump blocked on a full outbox lets the group reconcile a rebalance.
+RECONCILE_S = 0.2
+#: Messages an outbox holds before the pump waits (each <= max_bytes_per_message).
+OUTBOX_MESSAGES = 4
+#: Defaults of SubscribeRequest's limits.
+DEFAULT_MAX_RECORDS = 1000
+DEFAULT_MAX_BYTES = 1 << 20
+#: Auto-commit interval of auto_commit subscriptions.
+AUTO_COMMIT_S = 2.0
+
+
+class SubscriptionError(Exception):
+    """Ends a stream with a gRPC status (``status`` names a ``grpc.StatusCode`` attribute)."""
+
+    def __init__(self, status: str, message: str, code: int = E.UNKNOWN_SERVER_ERROR) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+@dataclass(slots=True)
+class Item:
+    """One outbox entry: a serialized SubscribeResponse, or the error ending the stream."""
+
+    data: bytes = b""
+    tp: TopicPartition | None = None
+    next_offset: int = -1
+    records: int = 0
+    error: SubscriptionError | None = None
+
+
+class Outbox:
+    """Bounded hand-over from a pump thread to the stream's handler on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int = OUTBOX_MESSAGES) -> None:
+        self._loop = loop
+        self._capacity = capacity
+        self._items: deque[Item] = deque()
+        self._cond = threading.Condition()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def put(self, item: Item, idle: Callable[[], None] | None = None) -> bool:
+        """Append (pump thread), waiting while full; ``idle`` runs every RECONCILE_S of
+        waiting. False once the outbox is closed (the item is dropped)."""
+        with self._cond:
+            while len(self._items) >= self._capacity and not self._closed:
+                if not self._cond.wait(RECONCILE_S) and idle is not None:
+                    self._cond.release()
+                    try:
+                        idle()
+                    finally:
+                        self._cond.acquire()
+            if self._closed:
+                return False
+            self._items.append(item)
+        self._wake()
+        return True
+
+    def put_now(self, item: Item) -> None:
+        """Append without waiting for room (small control messages and errors)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._items.append(item)
+        self._wake()
+
+    def purge(self, tps: Iterable[TopicPartition]) -> int:
+        """Drop queued records of ``tps`` (revoked partitions); returns how many messages."""
+        drop = set(tps)
+        with self._cond:
+            keep = deque(i for i in self._items if i.tp is None or i.tp not in drop)
+            n = len(self._items) - len(keep)
+            self._items = keep
+            self._cond.notify_all()
+        return n
+
+    def close(self, final: Item | None = None) -> None:
+        """No more puts; ``final`` (an error) is delivered after what is queued."""
+        with self._cond:
+            if not self._closed and final is not None:
+                self._items.append(final)
+            self._closed = True
+            self._cond.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def get(self) -> Item | None:
+        """The next item (event loop); None when closed and drained."""
+        while True:
+            with self._cond:
+                if self._items:
+                    item = self._items.popleft()
+                    self._cond.notify_all()
+                    return item
+                if self._closed:
+                    return None
+                self._ready.clear()
+            await self._ready.wait()
+
+
+@dataclass
+class SubscriptionSpec:
+    """What a SubscribeRequest asks for, validated."""
+
+    group_id: str | None
+    topics: list[str]
+    #: Explicit partitions: TopicPartition -> ("offset"|"timestamp"|"position", value).
+    starts: dict[TopicPartition, tuple[str, int]] = field(default_factory=dict)
+    earliest: bool = False
+    auto_commit: bool = False
+    max_records: int = DEFAULT_MAX_RECORDS
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    @property
+    def kind(self) -> str:
+        return "group" if self.group_id else "partitions"
+
+
+class Subscription:
+    """One open stream: its Consumer, pump thread and outbox (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: SubscriptionSpec,
+        bootstrap: list[str],
+        loop: asyncio.AbstractEventLoop,
+        *,
+        client_id: str,
+        consumer_factory: Callable[..., Consumer] = Consumer,
+    ) -> None:
+        self.spec = spec
+        self.id = uuid.uuid4().hex
+        self.outbox = Outbox(loop)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        #: Partitions the stream reads now (the group's assignment, or the explicit ones).
+        self._owned: set[TopicPartition] = set()
+        #: Highest offset this subscription has committed (or queued) per partition.
+        self._committed: dict[TopicPartition, int] = {}
+        #: Offset after the last record written to the stream, per partition.
+        self._delivered: dict[TopicPartition, int] = {}
+        self._delivered_since_commit = False
+        self._next_auto_commit = time.monotonic() + AUTO_COMMIT_S
+        self._bootstrap = bootstrap
+        self._client_id = client_id
+        self._consumer_factory = consumer_factory
+        #: Made on the pump thread (its constructor starts threads and connections).
+        self.consumer: Consumer | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"strom-subscribe-{self.id[:8]}", daemon=True
+        )
+        self.closed = threading.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        SUBSCRIPTIONS.labels(self.spec.kind).inc()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the subscription (any thread, never blocks): the pump closes the Consumer,
+        which leaves the group."""
+        self._stop.set()
+        self.outbox.close()
+
+    def end_with(self, status: str, message: str, code: int) -> None:
+        """End the stream with an error status (node shutdown), then stop."""
+        self.outbox.close(Item(error=SubscriptionError(status, message, code)))
+        self.stop()
+
+    def join(self, timeout_s: float) -> bool:
+        return self.closed.wait(timeout_s)
+
+    @property
+    def member_id(self) -> str:
+        group = self.consumer._group if self.consumer is not None else None
+        return getattr(group, "member_id", "") if group is not None else ""
+
+    def owned(self) -> set[TopicPartition]:
+        with self._lock:
+            return set(self._owned)
+
+    # -- the pump thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        spec = self.spec
+        try:
+            self.consumer = self._consumer_factory(
+                self._bootstrap,
+                group_id=spec.group_id,
+                client_id=self._client_id,
+                auto_offset_reset="earliest" if spec.earliest else "latest",
+                enable_auto_commit=False,
+            )
+            if spec.group_id:
+                self.consumer.subscribe(spec.topics, listener=self)
+                self._emit_assignment()
+            else:
+                self._assign()
+            while not self._stop.is_set():
+                table = self.consumer.poll_arrow(
+                    timeout_ms=POLL_MS, max_records=spec.max_records * 8
+                )
+                if table.num_rows:
+                    _POLLED.inc(table.num_rows)
+                    self._emit_records(table)
+                self._maybe_auto_commit()
+        except SubscriptionError as exc:
+            self.outbox.close(Item(error=exc))
+        except StromError as exc:
+            if not self._stop.is_set():
+                log.warning("subscription %s failed: %s", self.id, exc)
+                status = "UNAVAILABLE" if exc.retriable else "FAILED_PRECONDITION"
+                err = SubscriptionError(status, str(exc), exc.code or E.UNKNOWN_SERVER_ERROR)
+                self.outbox.close(Item(error=err))
+        except Exception as exc:
+            if not self._stop.is_set():
+                log.exception("subscription %s failed", self.id)
+                err = SubscriptionError("INTERNAL", f"{type(exc).__name__}: {exc}")
+                self.outbox.close(Item(error=err))
+        finally:
+            self.outbox.close()
+            try:
+                if self.consumer is not None:
+                    self._commit_delivered(final=True)
+                    self.consumer.close(autocommit=False, timeout_ms=5000)
+            except Exception:
+                log.exception("closing the consumer of subscription %s failed", self.id)
+            SUBSCRIPTIONS.labels(spec.kind).dec()
+            self.closed.set()
+
+    def _assign(self) -> None:
+        """Explicit partitions: assign, then seek each to its start."""
+        c = self.consumer
+        assert c is not None
+        tps = list(self.spec.starts)
+        c.assign(tps)
+        times = {tp: v for tp, (how, v) in self.spec.starts.items() if how == "timestamp"}
+        found = c.offsets_for_times(times) if times else {}
+        ends: list[TopicPartition] = []
+        begins: list[TopicPartition] = []
+        for tp, (how, v) in self.spec.starts.items():
+            if how == "offset":
+                c.seek(tp, v)
+            elif how == "timestamp":
+                hit = found.get(tp)
+                if hit is None:
+                    ends.append(tp)
+                else:
+                    c.seek(tp, hit.offset)
+            elif v == records_pb2.START_POSITION_EARLIEST:
+                begins.append(tp)
+            else:
+                ends.append(tp)
+        if begins:
+            c.seek_to_beginning(begins)
+        if ends:
+            c.seek_to_end(ends)
+        for tp in tps:  # resolve lazily-looked-up starts now, so "latest" means now
+            c.position(tp)
+        with self._lock:
+            self._owned = set(tps)
+        self._emit_assignment()
+
+    # Rebalance listener (called by the group member on the pump thread, inside poll).
+    def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+        with self._lock:
+            self._owned |= set(parts)
+        self._emit_assignment()
+
+    def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+        self._release(parts)
+
+    def on_partitions_lost(self, parts: list[TopicPartition]) -> None:
+        self._release(parts, lost=True)
+
+    def _release(self, parts: list[TopicPartition], *, lost: bool = False) -> None:
+        dropped = self.outbox.purge(parts)
+        if not lost:
+            self._commit_delivered(only=set(parts))
+        with self._lock:
+            self._owned -= set(parts)
+            for tp in parts:
+                self._delivered.pop(tp, None)
+                self._committed.pop(tp, None)
+        log.info(
+            "subscription %s: %s %d partitions (%d unsent messages dropped)",
+            self.id,
+            "lost" if lost else "gave up",
+            len(parts),
+            dropped,
+        )
+        self._emit_assignment()
+
+    def _emit_assignment(self) -> None:
+        msg = records_pb2.SubscribeResponse()
+        a = msg.assignment
+        a.subscription_id = self.id
+        a.member_id = self.member_id
+        by_topic: dict[str, list[int]] = {}
+        for tp in sorted(self.owned()):
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        for topic, parts in by_topic.items():
+            a.partitions.append(common_pb2.TopicPartitions(topic=topic, partitions=parts))
+        self.outbox.put_now(Item(data=msg.SerializeToString()))
+
+    def _reconcile_while_waiting(self) -> None:
+        """Outbox full: let the group hand over revoked partitions without taking records."""
+        group = self.consumer._group if self.consumer is not None else None
+        if group is not None and not self._stop.is_set():
+            try:
+                group.on_poll(self.consumer)
+            except StromError as exc:
+                log.warning("subscription %s: group error while waiting: %s", self.id, exc)
+
+    def _emit_records(self, table: pa.Table) -> None:
+        owned = self.owned()
+        for tp, part in _by_partition(table):
+            if tp not in owned:  # revoked during the poll that returned it
+                continue
+            hw = self.consumer.highwater(tp)
+            for chunk in split_records(part, self.spec.max_records, self.spec.max_bytes):
+                msg = records_pb2.SubscribeResponse()
+                encode_partition_records(msg.records, tp, chunk, -1 if hw is None else hw)
+                last = int(chunk.column("offset")[-1].as_py())
+                item = Item(msg.SerializeToString(), tp, last + 1, chunk.num_rows)
+                if not self.outbox.put(item, self._reconcile_while_waiting):
+                    return
+
+    # -- delivery and commits ---------------------------------------------------------------
+
+    def delivered(self, item: Item) -> None:
+        """The handler wrote ``item`` to the stream (event loop)."""
+        if item.tp is None:
+            return
+        _SENT.inc(item.records)
+        with self._lock:
+            self._delivered[item.tp] = item.next_offset
+            self._delivered_since_commit = True
+
+    def _maybe_auto_commit(self) -> None:
+        if self.spec.auto_commit and time.monotonic() >= self._next_auto_commit:
+            self._next_auto_commit = time.monotonic() + AUTO_COMMIT_S
+            self._commit_delivered()
+
+    def _commit_delivered(
+        self, only: set[TopicPartition] | None = None, final: bool = False
+    ) -> None:
+        """auto_commit: commit the offsets after the records written to the stream."""
+        if not (self.spec.auto_commit and self.spec.group_id):
+            return
+        with self._lock:
+            if not self._delivered_since_commit and only is None:
+                return
+            self._delivered_since_commit = False
+            offsets = {tp: off for tp, off in self._delivered.items() if only is None or tp in only}
+        if offsets:
+            self.commit(offsets, None, wait_s=5.0 if (final or only) else 0.0)
+
+    def commit(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        done: Callable[[BaseException | None, dict[TopicPartition, int]], None] | None,
+        *,
+        metadata: Mapping[TopicPartition, str] | None = None,
+        wait_s: float = 0.0,
+    ) -> dict[TopicPartition, int]:
+        """Queue a commit of ``offsets`` (forward-only per partition, see CommitOffsetsRequest)
+        in this member's ordered commit queue. Returns the per-partition codes decided here
+        (NONE for an offset already committed, STALE_MEMBER_EPOCH for a partition the stream
+        does not own); ``done(error, sent)`` runs on the commit thread once the rest is
+        stored. With ``wait_s`` the call waits for that (pump-thread callers)."""
+        decided: dict[TopicPartition, int] = {}
+        send: dict[TopicPartition, OffsetAndMetadata] = {}
+        with self._lock:
+            for tp, off in offsets.items():
+                if tp not in self._owned:
+                    decided[tp] = E.STALE_MEMBER_EPOCH
+                elif off <= self._committed.get(tp, -1):
+                    decided[tp] = E.NONE
+                else:
+                    send[tp] = OffsetAndMetadata(off, (metadata or {}).get(tp, ""))
+                    self._committed[tp] = off
+        if not send:
+            if done is not None:
+                done(None, {})
+            return decided
+        sent = {tp: om.offset for tp, om in send.items()}
+        finished = threading.Event()
+
+        def callback(_offsets: Any, err: BaseException | None) -> None:
+            if err is not None:
+                with self._lock:  # let a later commit send these offsets again
+                    for tp, off in sent.items():
+                        if self._committed.get(tp) == off:
+                            self._committed.pop(tp, None)
+            try:
+                if done is not None:
+                    done(err, sent)
+            finally:
+                finished.set()
+
+        try:
+            if self.consumer is None:
+                raise StromError("the subscription is not running yet", retriable=True)
+            self.consumer.commit_async(send, callback)
+        except StromError as exc:  # closed
+            callback(None, exc)
+        if wait_s > 0:
+            finished.wait(wait_s)
+        return decided
+
+
+def _by_partition(table: pa.Table) -> list[tuple[TopicPartition, pa.Table]]:
+    """Split a poll's table into one table per partition, keeping offset order. The poll's
+    pieces each hold one partition's records (the fetcher drains partition by partition),
+    so only the first row of each piece is looked at."""
+    pieces: dict[TopicPartition, list[pa.RecordBatch]] = {}
+    for batch in table.to_batches():
+        if batch.num_rows:
+            tp = TopicPartition(batch.column(0)[0].as_py(), batch.column(1)[0].as_py())
+            pieces.setdefault(tp, []).append(batch)
+    return [(tp, pa.Table.from_batches(bs)) for tp, bs in pieces.items()]
+
+
+def _record_sizes(table: pa.Table) -> np.ndarray:
+    """Bytes of key + value of each record (nulls count 0)."""
+    total = np.zeros(table.num_rows, dtype=np.int64)
+    for name in ("key", "value"):
+        lengths = pc.fill_null(pc.binary_length(table.column(name)), 0)
+        total += lengths.to_numpy().astype(np.int64)
+    return total
+
+
+def split_records(table: pa.Table, max_records: int, max_bytes: int) -> list[pa.Table]:
+    """Zero-copy slices of at most ``max_records`` records and ``max_bytes`` of keys and
+    values each (a single larger record still gets a slice of its own). The loop runs per
+    slice, not per record."""
+    n = table.num_rows
+    if n == 0:
+        return []
+    # table.nbytes bounds the keys' and values' bytes from above (it adds offsets and the
+    # other columns), so a table under the limit needs no per-record sizes at all.
+    if n <= max_records and table.nbytes <= max_bytes:
+        return [table]
+    cum = np.cumsum(_record_sizes(table))
+    out = []
+    start = 0
+    while start < n:
+        base = int(cum[start - 1]) if start else 0
+        end = int(np.searchsorted(cum, base + max_bytes, side="right"))
+        end = min(max(end, start + 1), start + max_records, n)
+        out.append(table.slice(start, end - start))
+        start = end
+    return out
+
+
+def encode_partition_records(
+    out: records_pb2.PartitionRecords, tp: TopicPartition, table: pa.Table, high_watermark: int
+) -> None:
+    """Fill one PartitionRecords message from decoded records (offset, timestamp, key,
+    value, headers columns)."""
+    out.topic = tp.topic
+    out.partition = tp.partition
+    out.high_watermark = high_watermark
+    offsets = table.column("offset")
+    out.offsets.extend(offsets.to_numpy().tolist())
+    fill_columns(table, out.records)

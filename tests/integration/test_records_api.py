@@ -1,0 +1,596 @@
+"""RecordService (records.proto) on a local cluster of real processes, driven through the
+generated Python stubs exactly as any language's stubs would drive it: ProduceRecords by key
+and by partition, with nulls, headers, timestamps, compression, acks, and the caller's own
+producer sequence; Subscribe from offsets, timestamps, earliest and latest, with flow control
+against a reader that stops; CommitOffsets' rules; errors as documented in
+docs/grpc-clients.md. The Node.js programs (test_records_node.py) cover the large runs and the
+failure cases.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from strom.api import common_pb2, records_pb2, records_pb2_grpc, storage_pb2
+from strom.client import Producer
+from strom.client.admin import Admin
+from strom.client.cluster import ClusterClient
+from strom.client.consumer import Consumer
+from strom.client.partitioner import partition_for_key
+from strom.client.types import TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from strom.errors import ErrorCode
+from strom.record import decode_batches
+
+pytestmark = pytest.mark.integration
+rp = records_pb2
+E = ErrorCode
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("records-api")
+    c = LocalCluster(
+        root / "c",
+        nodes=3,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=[
+            "--group-heartbeat-interval-ms",
+            "200",
+            "--group-session-timeout-ms",
+            "1500",
+            "--offsets-partitions",
+            "2",
+        ],
+    )
+    try:
+        c.start()
+        yield c
+    finally:
+        c.kill()
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: LocalCluster) -> Iterator[Admin]:
+    with Admin(cluster.bootstrap) as a:
+        yield a
+
+
+@pytest.fixture(scope="module")
+def stub(cluster: LocalCluster) -> Iterator[records_pb2_grpc.RecordServiceStub]:
+    with grpc.insecure_channel(cluster.nodes[0].address) as ch:
+        yield records_pb2_grpc.RecordServiceStub(ch)
+
+
+def make_topic(admin: Admin, cluster: LocalCluster, name: str, partitions: int, rf: int = 1):
+    admin.create_topic(name, partitions=partitions, replication_factor=rf)
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        wait_for(
+            lambda: (
+                len(c.topic_metadata(name).partitions) == partitions
+                and all(p.leader >= 0 for p in c.topic_metadata(name).partitions)
+            ),
+            timeout=20,
+            what=f"leaders of {name}",
+        )
+
+
+def produce(stub: Any, **kw: Any) -> rp.ProduceRecordsResponse:
+    """ProduceRecords, retried while the topic is not known yet on the node (retriable)."""
+    req = rp.ProduceRecordsRequest(**kw)
+    return wait_for(
+        lambda: (
+            (r := stub.ProduceRecords(req, timeout=30)).error_code != E.UNKNOWN_TOPIC_OR_PARTITION
+            and r
+        ),
+        timeout=15,
+        what=f"ProduceRecords to {req.topic}",
+    )
+
+
+def read_all(cluster: LocalCluster, topic: str, partitions: int, n: int) -> list[Any]:
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition(topic, p) for p in range(partitions)])
+        out: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(out) < n and time.monotonic() < deadline:
+            out.extend(c.poll(timeout_ms=1000))
+    assert len(out) == n, f"read {len(out)} of {n} records of {topic}"
+    return out
+
+
+def bad_request(call: Any, *args: Any, **kw: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, timeout=30, **kw)
+    return info.value
+
+
+def strom_error(exc: grpc.RpcError) -> common_pb2.Error:
+    raw = dict(exc.trailing_metadata() or ()).get("strom-error-bin")  # type: ignore[attr-defined]
+    assert raw is not None, "no strom-error-bin trailer"
+    return common_pb2.Error.FromString(raw)
+
+
+# -- ProduceRecords ------------------------------------------------------------------------------
+
+
+def test_produce_by_key_keyless_and_explicit_and_read_back(
+    cluster: LocalCluster, admin: Admin, stub: Any
+) -> None:
+    topic = "rec-produce"
+    make_topic(admin, cluster, topic, 3)
+    keys = [b"k%d" % i for i in range(300)]
+    resp = produce(stub, topic=topic, records=rp.RecordColumns(keys=keys, values=keys))
+    assert resp.error_code == E.NONE
+    assert list(resp.partitions) == [partition_for_key(k, 3) for k in keys]
+    assert [r.partition for r in resp.results] == [0, 1, 2]
+    assert all(r.error_code == E.NONE for r in resp.results)
+    assert sum(r.record_count for r in resp.results) == 300
+    # Offsets are consecutive per partition, in call order.
+    for p in range(3):
+        offs = [o for o, q in zip(resp.offsets, resp.partitions, strict=True) if q == p]
+        assert offs == list(range(offs[0], offs[0] + len(offs)))
+
+    # Keyless calls: all of a call's records to one partition, the next call to the next one.
+    a = produce(stub, topic=topic, records=rp.RecordColumns(values=[b"x"] * 5))
+    b = produce(stub, topic=topic, records=rp.RecordColumns(values=[b"y"] * 5))
+    assert len(set(a.partitions)) == 1 and len(set(b.partitions)) == 1
+    assert a.partitions[0] != b.partitions[0]
+
+    # Explicit partition, nulls, headers and timestamps.
+    cols = rp.RecordColumns(
+        keys=[b"n0", b"", b"n2"],
+        null_keys=[1],
+        values=[b"v0", b"v1", b""],
+        null_values=[2],
+        timestamps=[1_000, 2_000, 3_000],
+        header_counts=[1, 0, 2],
+        header_keys=["h", "a", "b"],
+        header_values=[b"1", b"2", b"3"],
+    )
+    c = produce(stub, topic=topic, partition=2, records=cols)
+    assert list(c.partitions) == [2, 2, 2] and c.results[0].base_offset == c.offsets[0]
+
+    records = read_all(cluster, topic, 3, 313)
+    by_offset = {(r.partition, r.offset): r for r in records}
+    for k, p, o in zip(keys, resp.partitions, resp.offsets, strict=True):
+        r = by_offset[(p, o)]
+        assert (r.key, r.value) == (k, k)
+    r0, r1, r2 = (by_offset[(2, o)] for o in c.offsets)
+    assert (r0.key, r0.value, r0.timestamp, r0.headers) == (b"n0", b"v0", 1_000, (("h", b"1"),))
+    assert (r1.key, r1.value, r1.timestamp, r1.headers) == (None, b"v1", 2_000, ())
+    assert (r2.key, r2.value, r2.timestamp) == (b"n2", None, 3_000)
+    assert r2.headers == (("a", b"2"), ("b", b"3"))
+
+
+def test_caller_sequence_makes_retries_idempotent(
+    cluster: LocalCluster, admin: Admin, stub: Any
+) -> None:
+    topic = "rec-seq"
+    make_topic(admin, cluster, topic, 2, rf=3)
+    with grpc.insecure_channel(cluster.nodes[2].address) as ch:
+        init = ch.unary_unary(
+            "/strom.v1.StorageService/InitProducerId",
+            request_serializer=storage_pb2.InitProducerIdRequest.SerializeToString,
+            response_deserializer=storage_pb2.InitProducerIdResponse.FromString,
+        )(storage_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=30)
+    assert init.error_code == E.NONE
+    seq = rp.ProducerSequence(producer_id=init.producer_id, producer_epoch=init.producer_epoch)
+    values = [b"s%d" % i for i in range(10)]
+
+    def call(base: int) -> rp.ProduceRecordsResponse:
+        seq.base_sequence = base
+        return produce(
+            stub, topic=topic, partition=1, records=rp.RecordColumns(values=values), producer=seq
+        )
+
+    first = call(0)
+    assert first.results[0].error_code == E.NONE
+    again = call(0)  # a retry of a call that was written: the same offsets, nothing new
+    assert again.results[0].error_code == E.NONE
+    assert list(again.offsets) == list(first.offsets)
+    nxt = call(10)
+    assert nxt.offsets[0] == first.offsets[-1] + 1
+    gap = call(50)
+    assert gap.results[0].error_code == E.OUT_OF_ORDER_SEQUENCE
+    assert list(gap.offsets) == [-1] * 10
+    with Consumer(cluster.bootstrap) as c:
+        end = c.end_offsets([TopicPartition(topic, 1)])[TopicPartition(topic, 1)]
+    assert end == first.offsets[0] + 20  # exactly two calls' records
+
+
+def test_acks_none_and_compression(cluster: LocalCluster, admin: Admin, stub: Any) -> None:
+    topic = "rec-codec"
+    make_topic(admin, cluster, topic, 1)
+    z = produce(
+        stub,
+        topic=topic,
+        partition=0,
+        acks=rp.ACKS_LEADER,
+        compression=rp.COMPRESSION_ZSTD,
+        records=rp.RecordColumns(values=[b"z" * 100] * 50),
+    )
+    assert z.results[0].error_code == E.NONE and list(z.offsets) == list(range(50))
+    req = storage_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=1 << 20)
+    req.topics.add(topic=topic).partitions.add(
+        partition=0, fetch_offset=0, current_leader_epoch=-1, partition_max_bytes=1 << 20
+    )
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        resp = c.with_leader(topic, 0, lambda s: s.Fetch(req, timeout=10), lambda r: False)
+    (batch,) = decode_batches(resp.topics[0].partitions[0].records)
+    assert batch.compression == "zstd" and batch.record_count == 50
+    # ACKS_NONE: nothing comes back (offsets -1), and the record is written all the same.
+    none = produce(
+        stub, topic=topic, partition=0, acks=rp.ACKS_NONE, records=rp.RecordColumns(values=[b"a"])
+    )
+    assert list(none.offsets) == [-1] and none.results[0].error_code == E.NONE
+    with Consumer(cluster.bootstrap) as c:
+        tp = TopicPartition(topic, 0)
+        wait_for(lambda: c.end_offsets([tp])[tp] == 51, timeout=10, what="the acks=0 record")
+    assert read_all(cluster, topic, 1, 51)[-1].value == b"a"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "needle"),
+    [
+        (b"\xff\xff\xff", "does not parse"),
+        (rp.ProduceRecordsRequest(records=rp.RecordColumns(values=[b"a"])), "topic is empty"),
+        (rp.ProduceRecordsRequest(topic="rec-produce"), "records.values is empty"),
+        (
+            rp.ProduceRecordsRequest(
+                topic="rec-produce", records=rp.RecordColumns(values=[b"a"], keys=[b"1", b"2"])
+            ),
+            "records.keys has 2 entries for 1 values",
+        ),
+        (
+            rp.ProduceRecordsRequest(
+                topic="rec-produce",
+                records=rp.RecordColumns(values=[b"a"]),
+                producer=rp.ProducerSequence(producer_id=1),
+            ),
+            "producer needs partition set",
+        ),
+        (
+            rp.ProduceRecordsRequest(
+                topic="rec-produce", partition=-2, records=rp.RecordColumns(values=[b"a"])
+            ),
+            "partition must be >= 0",
+        ),
+        (
+            rp.ProduceRecordsRequest(
+                topic="rec-produce", acks=7, records=rp.RecordColumns(values=[b"a"])
+            ),
+            "acks 7 is not one of",
+        ),
+    ],
+)
+def test_malformed_produce_is_invalid_argument_naming_the_problem(
+    cluster: LocalCluster, stub: Any, request_bytes: Any, needle: str
+) -> None:
+    raw = request_bytes if isinstance(request_bytes, bytes) else request_bytes.SerializeToString()
+    with grpc.insecure_channel(cluster.nodes[1].address) as ch:
+        call = ch.unary_unary("/strom.v1.RecordService/ProduceRecords")
+        exc = bad_request(call, raw)
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert needle in exc.details()  # type: ignore[attr-defined]
+    assert strom_error(exc).code == E.INVALID_REQUEST
+
+
+def test_topic_level_errors(cluster: LocalCluster, admin: Admin, stub: Any) -> None:
+    cols = rp.RecordColumns(values=[b"a"])
+    unknown = stub.ProduceRecords(rp.ProduceRecordsRequest(topic="nope", records=cols), timeout=30)
+    assert unknown.error_code == E.UNKNOWN_TOPIC_OR_PARTITION and "nope" in unknown.error_message
+    assert not unknown.partitions and not unknown.results
+    make_topic(admin, cluster, "rec-two", 2)
+    produce(stub, topic="rec-two", partition=1, records=cols)  # the node knows the topic now
+    beyond = stub.ProduceRecords(
+        rp.ProduceRecordsRequest(topic="rec-two", partition=5, records=cols), timeout=30
+    )
+    assert beyond.error_code == E.UNKNOWN_TOPIC_OR_PARTITION and "has no partition 5" in (
+        beyond.error_message
+    )
+    internal = produce(stub, topic="__consumer_offsets", records=cols)
+    assert internal.error_code == E.INVALID_TOPIC
+
+
+# -- Subscribe -----------------------------------------------------------------------------------
+
+
+def next_records(stream: Any, want: int, timeout: float = 30) -> dict[int, list[int]]:
+    """Offsets per partition of the next ``want`` records of ``stream``."""
+    got: dict[int, list[int]] = {}
+    n = 0
+    end = time.monotonic() + timeout
+    while n < want:
+        assert time.monotonic() < end, f"only {n} of {want} records: {got}"
+        msg = next(stream)
+        if msg.WhichOneof("event") == "records":
+            got.setdefault(msg.records.partition, []).extend(msg.records.offsets)
+            n += len(msg.records.offsets)
+    return got
+
+
+def test_subscribe_from_offset_timestamp_earliest_latest(
+    cluster: LocalCluster, admin: Admin, stub: Any
+) -> None:
+    topic = "rec-starts"
+    make_topic(admin, cluster, topic, 4)
+    for p in range(4):
+        produce(
+            stub,
+            topic=topic,
+            partition=p,
+            records=rp.RecordColumns(
+                values=[b"%d-%d" % (p, i) for i in range(10)],
+                timestamps=[1_000 + i for i in range(10)],
+            ),
+        )
+    req = rp.SubscribeRequest(
+        partitions=[
+            rp.PartitionStart(topic=topic, partition=0, offset=5),
+            rp.PartitionStart(topic=topic, partition=1, timestamp_ms=1_007),
+            rp.PartitionStart(topic=topic, partition=2, position=rp.START_POSITION_EARLIEST),
+            rp.PartitionStart(topic=topic, partition=3),  # request.start: latest
+        ],
+        max_records_per_message=3,
+    )
+    stream = stub.Subscribe(req, timeout=120)
+    try:
+        first = next(stream)
+        assert first.WhichOneof("event") == "assignment"
+        assert first.assignment.subscription_id
+        assert [(tp.topic, list(tp.partitions)) for tp in first.assignment.partitions] == [
+            (topic, [0, 1, 2, 3])
+        ]
+        got = next_records(stream, 5 + 3 + 10)
+        assert got == {0: list(range(5, 10)), 1: [7, 8, 9], 2: list(range(10))}
+        produce(stub, topic=topic, partition=3, records=rp.RecordColumns(values=[b"new"]))
+        assert next_records(stream, 1) == {3: [10]}  # latest: only what came after
+    finally:
+        stream.cancel()
+
+
+def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
+    cases = [
+        (rp.SubscribeRequest(topics=["nope"]), grpc.StatusCode.NOT_FOUND, "unknown topic"),
+        (rp.SubscribeRequest(), grpc.StatusCode.INVALID_ARGUMENT, "nothing to read"),
+        (
+            rp.SubscribeRequest(group_id="g", topics=["rec-two"], partitions=[rp.PartitionStart()]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "partitions cannot be given with a group_id",
+        ),
+        (
+            rp.SubscribeRequest(topics=["rec-two"], auto_commit=True),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "auto_commit needs a group_id",
+        ),
+        (
+            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=9)]),
+            grpc.StatusCode.NOT_FOUND,
+            "has no partition 9",
+        ),
+    ]
+    for req, status, needle in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            next(stub.Subscribe(req, timeout=30))
+        assert info.value.code() == status, req  # type: ignore[attr-defined]
+        assert needle in info.value.details(), req  # type: ignore[attr-defined]
+
+
+def _metric(member: Any, name: str, labels: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{member.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_reader_that_stops_holds_back_the_stream(
+    cluster: LocalCluster, admin: Admin, stub: Any
+) -> None:
+    """Flow control: a reader that stops reading stops the node polling for it, and the node's
+    Consumer stops fetching from the leader (bounded buffers all the way back); once it reads
+    again everything arrives. The reader turns off gRPC's window growth (BDP probing), so the
+    HTTP/2 window between them is gRPC's 64 KiB default and what the test sees is the node."""
+    topic = "rec-flow"
+    make_topic(admin, cluster, topic, 1)
+    total, size = 2_000, 10_000  # 20 MB
+    with Producer(cluster.bootstrap, linger_ms=0) as p:
+        for i in range(0, total, 100):
+            p.send_batch(topic, [bytes([i % 251]) * size] * 100, partition=0)
+        p.flush()
+    node = cluster.nodes[2]
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        leader = cluster.node(c.topic_metadata(topic).partitions[0].leader)
+
+    def counters() -> tuple[float, float]:
+        polled = _metric(node, "strom_storage_records_subscribe_records_total", 'stage="polled"')
+        fetched = _metric(leader, "strom_storage_bytes_out_total", f'topic="{topic}"')
+        return polled, fetched
+
+    before = counters()
+    options = [("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(node.address, options=options) as ch:
+        stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
+            rp.SubscribeRequest(
+                topics=[topic], start=rp.START_POSITION_EARLIEST, max_bytes_per_message=100_000
+            ),
+            timeout=120,
+        )
+        try:
+            first = sum(len(v) for v in next_records(stream, 1).values())  # then stop reading
+            # Wait until the counters stop moving (unchanged for a second: a condition, not a
+            # guessed sleep), then see how far ahead of the reader the node got.
+            last = [counters(), time.monotonic()]
+
+            def settled() -> bool:
+                now = counters()
+                if now != last[0]:
+                    last[:] = [now, time.monotonic()]
+                return time.monotonic() - last[1] >= 1.0
+
+            wait_for(settled, timeout=60, what="the node to stop polling and fetching")
+            polled = last[0][0] - before[0]
+            fetched_mb = (last[0][1] - before[1]) / 1e6
+            # The outbox (4 messages of 100 kB), the poll the pump holds and the Consumer's
+            # buffer (2-3 fetches of 1 MiB, refilled once while the pump waits): a few MB of
+            # the 20 MB, however long the reader waits.
+            assert 0 < polled <= 600, f"the node polled {polled} of {total} records ahead"
+            assert fetched_mb <= 10, f"the node fetched {fetched_mb:.1f} of 20 MB ahead"
+            got = next_records(stream, total - first)  # reading again: everything arrives
+            assert sum(len(v) for v in got.values()) == total - first
+            assert got[0] == list(range(first, total))
+        finally:
+            stream.cancel()
+
+
+def _subscribe_group(stub: Any, topic: str, group: str, **kw: Any) -> tuple[Any, str]:
+    stream = stub.Subscribe(
+        rp.SubscribeRequest(group_id=group, topics=[topic], start=rp.START_POSITION_EARLIEST, **kw),
+        timeout=120,
+    )
+    first = next(stream)
+    assert first.WhichOneof("event") == "assignment"
+    return stream, first.assignment.subscription_id
+
+
+def test_commit_offsets_rules(cluster: LocalCluster, admin: Admin, stub: Any) -> None:
+    topic, group = "rec-commit", "rec-commit-g"
+    make_topic(admin, cluster, topic, 2)
+    for p in range(2):
+        produce(stub, topic=topic, partition=p, records=rp.RecordColumns(values=[b"c"] * 20))
+    stream, sid = _subscribe_group(stub, topic, group)
+    try:
+        got = next_records(stream, 40)
+        assert got == {0: list(range(20)), 1: list(range(20))}
+
+        def commit(*offsets: tuple[str, int, int]) -> rp.CommitOffsetsResponse:
+            return stub.CommitOffsets(
+                rp.CommitOffsetsRequest(
+                    subscription_id=sid,
+                    offsets=[
+                        rp.PartitionOffset(topic=t, partition=p, offset=o) for t, p, o in offsets
+                    ],
+                ),
+                timeout=30,
+            )
+
+        ok = commit((topic, 0, 20), (topic, 1, 15))
+        assert ok.error_code == E.NONE and [r.error_code for r in ok.results] == [E.NONE] * 2
+        # Forward only: an older offset is answered NONE and not applied.
+        older = commit((topic, 0, 3))
+        assert older.error_code == E.NONE and older.results[0].error_code == E.NONE
+        # A partition the stream does not own.
+        other = commit(("rec-two", 0, 1))
+        assert other.results[0].error_code == E.STALE_MEMBER_EPOCH
+        with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
+            got_offsets = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        assert {tp.partition: om.offset for tp, om in got_offsets.items()} == {0: 20, 1: 15}
+        exc = bad_request(
+            stub.CommitOffsets,
+            rp.CommitOffsetsRequest(
+                subscription_id=sid, offsets=[rp.PartitionOffset(topic=topic, offset=-1)]
+            ),
+        )
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    finally:
+        stream.cancel()
+    gone = stub.CommitOffsets(rp.CommitOffsetsRequest(subscription_id=sid), timeout=30)
+    assert gone.error_code == E.UNKNOWN_MEMBER_ID
+    unknown = stub.CommitOffsets(rp.CommitOffsetsRequest(subscription_id="nope"), timeout=30)
+    assert unknown.error_code == E.UNKNOWN_MEMBER_ID
+
+
+def test_auto_commit_commits_what_the_stream_delivered(
+    cluster: LocalCluster, admin: Admin, stub: Any
+) -> None:
+    topic, group = "rec-auto", "rec-auto-g"
+    make_topic(admin, cluster, topic, 1)
+    produce(stub, topic=topic, partition=0, records=rp.RecordColumns(values=[b"a"] * 30))
+    stream, _ = _subscribe_group(stub, topic, group, auto_commit=True)
+    try:
+        assert next_records(stream, 30) == {0: list(range(30))}
+        tp = TopicPartition(topic, 0)
+        with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
+            wait_for(
+                lambda: (om := c.committed(tp)) is not None and om.offset == 30,
+                timeout=20,
+                what="the auto-commit of offset 30",
+            )
+    finally:
+        stream.cancel()
+
+
+def test_reflection_lists_the_record_service(cluster: LocalCluster) -> None:
+    """grpcurl finds RecordService through server reflection (docs/grpc-clients.md)."""
+    with grpc.insecure_channel(cluster.nodes[0].address) as ch:
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        answers = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+        )
+        names = {s.name for a in answers for s in a.list_services_response.service}
+    assert "strom.v1.RecordService" in names
+
+
+class StreamReader:
+    """Reads a Subscribe stream on a thread, so a test can wait on what arrived with a
+    timeout (a bare ``next()`` could block past it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.messages: list[Any] = []
+        self.error: grpc.RpcError | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for msg in self.stream:
+                self.messages.append(msg)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def owned(self) -> int | None:
+        """Partitions in the latest assignment message (None before the first)."""
+        found = [m for m in self.messages if m.WhichOneof("event") == "assignment"]
+        if not found:
+            return None
+        return sum(len(tp.partitions) for tp in found[-1].assignment.partitions)
+
+
+def test_node_shutdown_ends_its_streams_and_moves_their_partitions(
+    cluster: LocalCluster, admin: Admin
+) -> None:
+    """SIGTERM: the node's streams end UNAVAILABLE (subscribe again elsewhere) and leave their
+    group at once, so another stream of the group gets the partitions without waiting for a
+    session timeout. Runs last: it stops a node."""
+    topic, group = "rec-shutdown", "rec-shutdown-g"
+    make_topic(admin, cluster, topic, 2, rf=3)
+    doomed, other = cluster.nodes[1], cluster.nodes[0]
+    req = rp.SubscribeRequest(group_id=group, topics=[topic])
+    with grpc.insecure_channel(doomed.address) as ch1, grpc.insecure_channel(other.address) as ch2:
+        r1 = StreamReader(records_pb2_grpc.RecordServiceStub(ch1).Subscribe(req, timeout=120))
+        wait_for(lambda: r1.owned() == 2, timeout=30, what="the first stream owning both")
+        r2 = StreamReader(records_pb2_grpc.RecordServiceStub(ch2).Subscribe(req, timeout=120))
+        wait_for(lambda: r2.owned() == 1, timeout=30, what="the second stream owning one")
+        assert doomed.process is not None
+        doomed.process.stop()  # SIGTERM, waits for the exit
+        r1.thread.join(10)
+        assert r1.error is not None, "the stream on the stopped node did not end"
+        assert r1.error.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        wait_for(lambda: r2.owned() == 2, timeout=10, what="the second stream owning both")
+        r2.stream.cancel()
+    doomed.start()
+    cluster.wait_serving(doomed)

@@ -1,0 +1,358 @@
+"""RecordService from a real non-Python client (issue 14, item 4): Node.js programs built on
+@grpc/grpc-js and @grpc/proto-loader (tests/node, installed by the bootstrap with ``npm ci``)
+against a local cluster of real processes.
+
+* 100,000 keyed records produced with ProduceRecords and read back with Subscribe: partition
+  (murmur2 computed in JavaScript), offsets, order per key and exact contents; then read once
+  more by the Python Consumer, so both languages agree on every record.
+* Two Node subscribers in one group split six partitions; when one exits, the other takes
+  over all six and reads what is produced next.
+* Commits made with CommitOffsets survive a coordinator restart: a new member resumes at them.
+* A partition leader is SIGKILLed during a long-lived subscription: the stream goes on, no
+  acknowledged record is lost, duplicated or reordered (runs last: it kills a node).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.client import Producer
+from strom.client.admin import Admin
+from strom.client.cluster import ClusterClient
+from strom.client.consumer import Consumer
+from strom.client.partitioner import partition_for_key
+from strom.client.types import TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from tests.integration.node_client import NODE_DIR, NodeProgram, node_binary
+
+pytestmark = pytest.mark.integration
+PROTOS = Path(__file__).resolve().parents[2] / "protos"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("records-node")
+    c = LocalCluster(
+        root / "c",
+        nodes=3,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=[
+            "--group-heartbeat-interval-ms",
+            "200",
+            "--group-session-timeout-ms",
+            "1500",
+            "--offsets-partitions",
+            "2",
+        ],
+    )
+    try:
+        c.start()
+        yield c
+    finally:
+        c.kill()
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: LocalCluster) -> Iterator[Admin]:
+    with Admin(cluster.bootstrap) as a:
+        yield a
+
+
+def _topic(admin: Admin, cluster: LocalCluster, name: str, partitions: int, rf: int = 3) -> None:
+    admin.create_topic(
+        name,
+        partitions=partitions,
+        replication_factor=rf,
+        config={"min.insync.replicas": "2"} if rf == 3 else None,
+    )
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        wait_for(
+            lambda: (
+                all(p.leader >= 0 for p in c.topic_metadata(name).partitions)
+                and len(c.topic_metadata(name).partitions) == partitions
+            ),
+            timeout=20,
+            what=f"leaders of {name}",
+        )
+
+
+def _node(script: str, *args: str, tmp_path: Path) -> NodeProgram:
+    return NodeProgram(script, *args, log_dir=tmp_path)
+
+
+def test_100k_keyed_records_round_trip_through_node(
+    cluster: LocalCluster, admin: Admin, tmp_path: Path
+) -> None:
+    _topic(admin, cluster, "node-keyed", 6)
+    total, keys = 100_000, 1000
+    with _node(
+        "produce_and_read.js",
+        "--address",
+        cluster.nodes[1].address,  # any node: it forwards each partition to its leader
+        "--topic",
+        "node-keyed",
+        "--records",
+        str(total),
+        "--keys",
+        str(keys),
+        "--partitions",
+        "6",
+        tmp_path=tmp_path,
+    ) as prog:
+        res = prog.result(timeout=240)
+    assert "error" not in res, res
+    assert res["produced"] == total and res["read"] == total, res
+    assert res["bad_partitions"] == 0, res  # JavaScript murmur2 == the node's
+    assert res["wrong_offset"] == 0 and res["out_of_order"] == 0, res
+    assert res["bad_contents"] == 0 and res["duplicates"] == 0 and res["missing"] == 0, res
+
+    # The Python consumer reads the same 100,000 records where Node put them.
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("node-keyed", p) for p in range(6)])
+        seen: dict[str, int] = {}
+        count = 0
+        while count < total:
+            for r in consumer.poll(timeout_ms=2000, max_records=50_000):
+                key = r.key.decode()
+                assert r.partition == partition_for_key(r.key, 6)
+                k, seq, _ = r.value.decode().split("|")
+                assert k == key and int(seq) == seen.get(key, -1) + 1
+                seen[key] = int(seq)
+                count += 1
+    assert count == total and len(seen) == keys
+
+
+def test_the_documented_node_example_runs(
+    cluster: LocalCluster, admin: Admin, tmp_path: Path
+) -> None:
+    """docs/grpc-clients.md's complete example (tests/node/example.js), as a user runs it."""
+    _topic(admin, cluster, "clicks", 3, rf=1)
+    proc = subprocess.run(
+        [node_binary(), "example.js", cluster.nodes[0].address, str(PROTOS), "clicks"],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    produced = [ln for ln in lines if ln.startswith("produced ")]
+    consumed = {ln.split()[1] for ln in lines if ln.startswith("consumed ")}
+    assert len(produced) == 10 and lines[-1] == "done: 10 records"
+    assert consumed == {ln.split()[-1] for ln in produced}  # partition@offset, each once
+    for ln in produced:  # "produced user-1 -> 2@0": the key's murmur2 partition
+        key, where = ln.split()[1], ln.split()[-1]
+        assert int(where.split("@")[0]) == partition_for_key(key.encode(), 3)
+
+
+def test_bench_grpc_records_runs_every_phase(cluster: LocalCluster) -> None:
+    """`strom bench grpc-records` (small): every phase reports, both callers, all ratios."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strom.cli.main",
+            "bench",
+            "grpc-records",
+            "-b",
+            cluster.bootstrap,
+            "--topic",
+            "benchsmoke",
+            "--records",
+            "3000",
+            "--latency-records",
+            "40",
+            "--rate",
+            "100",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    by = {r["name"]: r for r in out["results"]}
+    for name in (
+        "batch API produce (Py)",
+        "ProduceRecords (Py)",
+        "batch API consume (Py)",
+        "Subscribe (Py)",
+        "ProduceRecords (Node)",
+        "Subscribe (Node)",
+    ):
+        assert by[name]["records"] >= 3000, (name, by[name])
+    for name in ("end-to-end client (Py)", "end-to-end gRPC (Py)", "end-to-end gRPC (Node)"):
+        assert by[name]["records"] == 40 and by[name]["p50_ms"] > 0, (name, by[name])
+    ctx = out["context"]
+    assert {"produce_py_vs_batch", "subscribe_node_vs_batch", "e2e_node_p50_vs_client"} <= set(ctx)
+
+
+def _assigned(prog: NodeProgram) -> list[int]:
+    last = prog.last("assignment")
+    return last["partitions"] if last else []
+
+
+def _read_ranges(prog: NodeProgram) -> set[tuple[int, int]]:
+    out: set[tuple[int, int]] = set()
+    for e in prog.events("records"):
+        out.update((e["partition"], o) for o in range(e["first"], e["last"] + 1))
+    return out
+
+
+def test_two_node_subscribers_split_six_partitions_and_one_takes_over(
+    cluster: LocalCluster, admin: Admin, tmp_path: Path
+) -> None:
+    topic, group = "node-group", "node-group-g"
+    _topic(admin, cluster, topic, 6)
+    with Producer(cluster.bootstrap) as p:
+        for part in range(6):
+            p.send_batch(topic, [b"a%d" % i for i in range(50)], partition=part)
+        p.flush()
+    args = ["--group", group, "--topic", topic, "--commit"]
+    a = _node("group_member.js", "--address", cluster.nodes[0].address, *args, tmp_path=tmp_path)
+    b = None
+    try:
+        a.wait_for(lambda _: _assigned(a) == list(range(6)), 30, "member A owning all six")
+        b = _node(
+            "group_member.js", "--address", cluster.nodes[1].address, *args, tmp_path=tmp_path
+        )
+
+        def split(_: Any) -> bool:
+            pa_, pb_ = set(_assigned(a)), set(_assigned(b))  # type: ignore[union-attr]
+            return len(pa_) == 3 and len(pb_) == 3 and pa_ | pb_ == set(range(6))
+
+        a.wait_for(split, 30, "A and B owning three partitions each")
+        # Everything produced before is read by someone (each partition by its owner).
+        both = lambda: _read_ranges(a) | _read_ranges(b)  # noqa: E731
+        want = {(part, o) for part in range(6) for o in range(50)}
+        a.wait_for(lambda _: want <= both(), 30, "the first 300 records read")
+
+        a.send("exit")  # A's stream ends: the node leaves the group for it
+        assert a.wait_exit(20) == 0
+        b.wait_for(lambda _: _assigned(b) == list(range(6)), 30, "B taking over all six")
+        with Producer(cluster.bootstrap) as p:
+            for part in range(6):
+                p.send_batch(topic, [b"b%d" % i for i in range(50)], partition=part)
+            p.flush()
+        want2 = {(part, o) for part in range(6) for o in range(50, 100)}
+        b.wait_for(lambda _: want2 <= _read_ranges(b), 30, "B reading the next 300 on all six")
+        assert not b.events("end"), b.events("end")
+    finally:
+        a.kill()
+        if b is not None:
+            b.kill()
+
+
+def _committed(prog: NodeProgram) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for e in prog.events("committed"):
+        out[e["partition"]] = max(out.get(e["partition"], 0), e["offset"])
+    return out
+
+
+def test_commits_survive_a_coordinator_restart(
+    cluster: LocalCluster, admin: Admin, tmp_path: Path
+) -> None:
+    topic, group = "node-commits", "node-commits-g"
+    _topic(admin, cluster, topic, 6)
+
+    def produce(n: int) -> None:
+        with Producer(cluster.bootstrap) as p:
+            for part in range(6):
+                p.send_batch(topic, [b"x%d" % i for i in range(n)], partition=part)
+            p.flush()
+
+    produce(100)
+    args = ["--address", cluster.nodes[2].address, "--group", group, "--topic", topic, "--commit"]
+    m1 = _node("group_member.js", *args, tmp_path=tmp_path)
+    try:
+        m1.wait_for(lambda _: _committed(m1) == dict.fromkeys(range(6), 100), 60, "commits at 100")
+        coordinator = cluster.coordinators[0]
+        assert coordinator.process is not None
+        coordinator.process.kill()  # SIGKILL: only what reached __consumer_offsets survives
+        coordinator.start()
+        cluster.wait_serving(coordinator)
+        cluster.wait_coordinators_ready()
+        produce(100)
+        # The member keeps going through the restart (heartbeats and commits retried).
+        m1.wait_for(lambda _: _committed(m1) == dict.fromkeys(range(6), 200), 90, "commits at 200")
+        m1.send("exit")
+        assert m1.wait_exit(20) == 0
+    finally:
+        m1.kill()
+
+    # What a restarted coordinator has for the group: exactly the last commits.
+    with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
+        tps = [TopicPartition(topic, p) for p in range(6)]
+        got = c.committed(tps)
+        assert {tp.partition: om.offset for tp, om in got.items()} == dict.fromkeys(range(6), 200)
+
+    # ... and a new member resumes there: it reads only what is produced from now on.
+    m2 = _node("group_member.js", *args, tmp_path=tmp_path)
+    try:
+        m2.wait_for(lambda _: _assigned(m2) == list(range(6)), 30, "the new member owning all six")
+        produce(10)
+        want = {(part, o) for part in range(6) for o in range(200, 210)}
+        m2.wait_for(lambda _: want <= _read_ranges(m2), 30, "the new member reading 200..209")
+        assert min(o for _, o in _read_ranges(m2)) == 200
+    finally:
+        m2.kill()
+
+
+def test_leader_sigkill_during_a_long_lived_subscription(
+    cluster: LocalCluster, admin: Admin, tmp_path: Path
+) -> None:
+    topic = "node-failover"
+    _topic(admin, cluster, topic, 3)
+    serving = cluster.nodes[0]
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        leaders = {p.partition: p.leader for p in c.topic_metadata(topic).partitions}
+    victims = sorted({n for n in leaders.values() if n != serving.ident})
+    assert victims, f"node {serving.ident} leads every partition: {leaders}"
+    victim = cluster.node(victims[0])
+
+    prog = _node(
+        "failover_stream.js", "--address", serving.address, "--topic", topic, tmp_path=tmp_path
+    )
+    try:
+
+        def progress(at_least: int) -> Any:
+            def ok(_: Any) -> bool:
+                p = prog.last("progress")
+                return bool(p and p["acked"] >= at_least and p["received"] >= at_least // 2)
+
+            return ok
+
+        prog.wait_for(progress(2000), 60, "2000 records acknowledged and half of them read")
+        assert victim.process is not None
+        victim.process.kill()  # SIGKILL
+        acked_at_kill = prog.last("progress")["acked"]  # type: ignore[index]
+        # The leaderships move; production and the stream carry on through the node.
+        with ClusterClient(serving.address, retry_s=10) as c:
+            wait_for(
+                lambda: victim.ident not in {p.leader for p in c.topic_metadata(topic).partitions},
+                timeout=30,
+                what=f"the partitions of node {victim.ident} to get new leaders",
+            )
+        prog.wait_for(progress(acked_at_kill + 3000), 90, "3000 more records after the kill")
+        prog.send("stop")
+        summary = prog.wait_for(lambda _: prog.last("summary"), 90, "the summary")
+    finally:
+        prog.kill()
+        if not victim.alive():
+            victim.start()
+            cluster.wait_serving(victim)
+    assert summary["stream_ended"] is None, summary
+    assert summary["missing"] == 0 and summary["duplicates"] == 0, summary
+    assert summary["out_of_order"] == 0, summary
+    assert summary["acked"] >= acked_at_kill + 3000, summary

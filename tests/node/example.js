@@ -1,0 +1,103 @@
+// A complete Node.js client of strom's RecordService: produce keyed records, then read them
+// back as a member of a consumer group, committing after each message (at-least-once).
+// docs/grpc-clients.md shows this file; tests/integration/test_records_node.py runs it.
+//
+//   npm install @grpc/grpc-js @grpc/proto-loader
+//   node example.js 127.0.0.1:9092 /path/to/strom/protos clicks
+'use strict';
+
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+const [address = '127.0.0.1:9092', protoDir = '../../protos', topic = 'clicks'] =
+  process.argv.slice(2);
+
+// The .proto files are the client library: load them, keep field names as written there,
+// int64 as JS numbers (offsets and ms timestamps stay far below 2^53), enums as names.
+const definition = protoLoader.loadSync('strom/v1/records.proto', {
+  includeDirs: [protoDir],
+  keepCase: true,
+  longs: Number,
+  enums: String,
+  defaults: true,
+  oneofs: true,
+});
+const strom = grpc.loadPackageDefinition(definition).strom.v1;
+const client = new strom.RecordService(address, grpc.credentials.createInsecure());
+
+function call(method, request) {
+  return new Promise((resolve, reject) => {
+    client[method](request, { deadline: Date.now() + 30000 }, (err, resp) =>
+      (err ? reject(err) : resolve(resp)));
+  });
+}
+
+async function produce() {
+  // Records as columns: entry i of each list is record i. No partition given: each record
+  // goes to murmur2(key) % partitions, the partition Kafka's and strom's clients pick.
+  const keys = [];
+  const values = [];
+  for (let i = 0; i < 10; i++) {
+    keys.push(Buffer.from(`user-${i % 3}`));
+    values.push(Buffer.from(JSON.stringify({ click: i })));
+  }
+  for (;;) {
+    const resp = await call('ProduceRecords', { topic, records: { keys, values } });
+    if (resp.error_code === 'UNKNOWN_TOPIC_OR_PARTITION') {
+      await new Promise((r) => setTimeout(r, 200)); // retriable: a topic just created
+      continue;
+    }
+    for (const r of resp.results) {
+      if (r.error_code !== 'NONE') throw new Error(`${r.error_code}: ${r.error_message}`);
+    }
+    resp.partitions.forEach((p, i) => console.log(`produced ${keys[i]} -> ${p}@${resp.offsets[i]}`));
+    return resp.offsets.length;
+  }
+}
+
+function consume(expected) {
+  return new Promise((resolve, reject) => {
+    let subscription = null;
+    let seen = 0;
+    const stream = client.Subscribe({
+      group_id: 'example-group',
+      topics: [topic],
+      start: 'START_POSITION_EARLIEST', // where partitions without a committed offset start
+    });
+    stream.on('data', async (msg) => {
+      if (msg.event === 'assignment') {
+        subscription = msg.assignment.subscription_id; // for CommitOffsets
+        return;
+      }
+      const { partition, offsets, records } = msg.records;
+      offsets.forEach((offset, i) => {
+        console.log(`consumed ${partition}@${offset} ${records.keys[i]} ${records.values[i]}`);
+      });
+      seen += offsets.length;
+      // Processed: commit the next offset to read, on the same channel as the stream.
+      const resp = await call('CommitOffsets', {
+        subscription_id: subscription,
+        offsets: [{ topic, partition, offset: offsets[offsets.length - 1] + 1 }],
+      });
+      if (resp.error_code !== 'NONE') console.log(`commit: ${resp.error_code}`);
+      if (seen >= expected) {
+        stream.cancel(); // leaves the group: the partitions move to the other members
+        resolve(seen);
+      }
+    });
+    stream.on('error', (err) => {
+      if (err.code !== grpc.status.CANCELLED) reject(err);
+    });
+  });
+}
+
+produce()
+  .then(consume)
+  .then((n) => {
+    console.log(`done: ${n} records`);
+    client.close();
+  })
+  .catch((err) => {
+    console.error(err);
+    process.exit(1);
+  });

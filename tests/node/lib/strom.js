@@ -1,0 +1,202 @@
+// strom's RecordService from Node.js: nothing but the .proto files and @grpc/grpc-js.
+//
+// The helpers here are what a Node.js service needs (docs/grpc-clients.md shows the same code):
+// load the protos, make a client, produce with retries of the retriable codes, murmur2 for
+// callers that pick partitions themselves, and a line protocol (JSON on stdout, commands on
+// stdin) through which the pytest integration tests drive these programs.
+'use strict';
+
+const path = require('path');
+const readline = require('readline');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+const PROTO_DIR = path.resolve(__dirname, '..', '..', '..', 'protos');
+
+// keepCase: field names as in the .proto (snake_case); longs: int64 as JS numbers (offsets and
+// timestamps stay far below 2^53); enums as their names; oneofs: msg.event says which is set.
+const LOADER_OPTIONS = {
+  keepCase: true,
+  longs: Number,
+  enums: String,
+  defaults: true,
+  oneofs: true,
+  includeDirs: [PROTO_DIR],
+};
+
+function loadApi() {
+  const def = protoLoader.loadSync(
+    ['strom/v1/records.proto', 'strom/v1/storage.proto'],
+    LOADER_OPTIONS,
+  );
+  return grpc.loadPackageDefinition(def).strom.v1;
+}
+
+const api = loadApi();
+
+// Messages up to 64 MiB (a Subscribe message is at most max_bytes_per_message).
+const CHANNEL_OPTIONS = {
+  'grpc.max_receive_message_length': 64 * 1024 * 1024,
+  'grpc.max_send_message_length': 64 * 1024 * 1024,
+};
+
+function recordClient(address) {
+  return new api.RecordService(address, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+}
+
+function storageClient(address) {
+  return new api.StorageService(address, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+}
+
+function unary(client, method, request, deadlineMs = 60000) {
+  return new Promise((resolve, reject) => {
+    client[method](request, { deadline: Date.now() + deadlineMs }, (err, resp) =>
+      err ? reject(err) : resolve(resp),
+    );
+  });
+}
+
+// Codes the docs call retriable for ProduceRecords (retry the same call after a backoff).
+const RETRIABLE = new Set([
+  'REQUEST_TIMED_OUT',
+  'UNKNOWN_TOPIC_OR_PARTITION',
+  'NOT_LEADER_OR_FOLLOWER',
+  'LEADER_NOT_AVAILABLE',
+  'NOT_ENOUGH_REPLICAS',
+  'NOT_ENOUGH_REPLICAS_AFTER_APPEND',
+  'BROKER_NOT_AVAILABLE',
+  'FENCED_LEADER_EPOCH',
+  'UNKNOWN_LEADER_EPOCH',
+  'REPLICA_NOT_AVAILABLE',
+  'STORAGE_ERROR',
+  'COORDINATOR_NOT_AVAILABLE',
+  'COORDINATOR_LOAD_IN_PROGRESS',
+  'NOT_COORDINATOR',
+]);
+const RETRIABLE_STATUS = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// ProduceRecords, retried while the answer is retriable (the whole call: use it with the
+// caller's producer sequence, or accept that a retry after a timeout may duplicate).
+async function produceRecords(client, request, { attempts = 100, backoffMs = 100 } = {}) {
+  for (let i = 1; ; i++) {
+    let resp;
+    try {
+      resp = await unary(client, 'ProduceRecords', request);
+    } catch (err) {
+      if (!RETRIABLE_STATUS.has(err.code) || i >= attempts) throw err;
+      await sleep(backoffMs);
+      continue;
+    }
+    const failed = resp.error_code !== 'NONE'
+      ? resp.error_code
+      : (resp.results.find((r) => r.error_code !== 'NONE') || {}).error_code;
+    if (!failed) return resp;
+    if (!RETRIABLE.has(failed) || i >= attempts) {
+      const detail = resp.error_message || resp.results.map((r) => r.error_message).join('; ');
+      throw new Error(`ProduceRecords failed: ${failed}: ${detail}`);
+    }
+    await sleep(backoffMs);
+  }
+}
+
+// Kafka's murmur2 (what strom and Kafka's Java client hash keys with).
+function murmur2(buf) {
+  const m = 0x5bd1e995;
+  let h = (0x9747b28c ^ buf.length) >>> 0;
+  const tail = buf.length & ~3;
+  for (let i = 0; i < tail; i += 4) {
+    let k = buf.readUInt32LE(i);
+    k = Math.imul(k, m);
+    k ^= k >>> 24;
+    k = Math.imul(k, m);
+    h = Math.imul(h, m) ^ k;
+  }
+  switch (buf.length & 3) {
+    case 3:
+      h ^= buf[tail + 2] << 16;
+    // falls through
+    case 2:
+      h ^= buf[tail + 1] << 8;
+    // falls through
+    case 1:
+      h ^= buf[tail];
+      h = Math.imul(h, m);
+  }
+  h ^= h >>> 13;
+  h = Math.imul(h, m);
+  h ^= h >>> 15;
+  return h >>> 0;
+}
+
+function partitionForKey(key, numPartitions) {
+  return (murmur2(key) & 0x7fffffff) % numPartitions;
+}
+
+// One JSON object per line on stdout: the test reads these.
+function emit(obj) {
+  process.stdout.write(JSON.stringify(obj) + '\n');
+}
+
+// Commands from the test, one per line on stdin.
+function onCommand(handler) {
+  const rl = readline.createInterface({ input: process.stdin });
+  rl.on('line', (line) => handler(line.trim()));
+  return rl;
+}
+
+function args(argv = process.argv.slice(2)) {
+  const out = {};
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (!a.startsWith('--')) throw new Error(`unexpected argument ${a}`);
+    const name = a.slice(2);
+    const next = argv[i + 1];
+    if (next === undefined || next.startsWith('--')) out[name] = true;
+    else {
+      out[name] = next;
+      i++;
+    }
+  }
+  return out;
+}
+
+// Records of one Subscribe message as [{offset, key, value, timestamp, headers}], nulls as null.
+function recordsOf(msg) {
+  const cols = msg.records;
+  const nullKeys = new Set(cols.null_keys);
+  const nullValues = new Set(cols.null_values);
+  const out = [];
+  let h = 0;
+  for (let i = 0; i < cols.values.length; i++) {
+    const count = cols.header_counts.length ? cols.header_counts[i] : 0;
+    const headers = [];
+    for (let j = 0; j < count; j++, h++) headers.push([cols.header_keys[h], cols.header_values[h]]);
+    out.push({
+      offset: msg.offsets[i],
+      key: cols.keys.length && !nullKeys.has(i) ? cols.keys[i] : null,
+      value: nullValues.has(i) ? null : cols.values[i],
+      timestamp: cols.timestamps[i],
+      headers,
+    });
+  }
+  return out;
+}
+
+module.exports = {
+  api,
+  grpc,
+  recordClient,
+  storageClient,
+  unary,
+  produceRecords,
+  murmur2,
+  partitionForKey,
+  emit,
+  onCommand,
+  args,
+  recordsOf,
+  sleep,
+  RETRIABLE,
+};

@@ -1,0 +1,40 @@
+"""docs/grpc-clients.md stays true: its Node.js example is the file the integration tests run
+(tests/node/example.js), and every grpcurl request body parses as the message its RPC takes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from strom.api import records_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "grpc-clients.md").read_text()
+
+
+def test_the_node_example_in_the_docs_is_the_tested_file() -> None:
+    blocks = re.findall(r"```js\n(.*?)```", DOC, flags=re.S)
+    assert len(blocks) == 1
+    assert blocks[0] == (ROOT / "tests" / "node" / "example.js").read_text()
+
+
+GRPCURL = re.findall(
+    r"-d '(\{.*?\})'\s*\\?\s*\n?\s*\S+ strom\.v1\.RecordService/(\w+)", DOC, flags=re.S
+)
+
+
+@pytest.mark.parametrize(("body", "method"), GRPCURL)
+def test_grpcurl_bodies_parse_as_their_requests(body: str, method: str) -> None:
+    cls = {
+        "ProduceRecords": records_pb2.ProduceRecordsRequest,
+        "Subscribe": records_pb2.SubscribeRequest,
+    }[method]
+    msg = json_format.Parse(body, cls())
+    assert msg.ByteSize() > 0
+
+
+def test_every_grpcurl_example_was_checked() -> None:
+    assert len(GRPCURL) == DOC.count("-d '") == 3

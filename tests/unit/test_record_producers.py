@@ -1,0 +1,255 @@
+"""The node's idempotent per-partition sender (RecordService's ProduceRecords path) against a
+fake leader that keeps a log and producer state the way strom's leaders do: sequences,
+duplicates answered with their original offsets, unknown producers, fenced epochs.
+
+The fake is the network and the leader; the sender is the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from strom.api import storage_pb2
+from strom.errors import ErrorCode, RequestTimedOutError, StromError
+from strom.record import decode_batches
+from strom.storage import record_producers
+from strom.storage.record_producers import PartitionSender, SequencedSender, TransportError
+
+E = ErrorCode
+
+
+@dataclass
+class FakeLeader:
+    """A partition leader: the log (values), and per producer id its epoch, next sequence
+    and the offsets of recent batches by sequence."""
+
+    values: list[bytes] = field(default_factory=list)
+    producers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    requests: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+    #: Faults for the next requests, in order: "transport" (nothing appended), "lost-answer"
+    #: (appended, answer lost), "timeout" (appended, REQUEST_TIMED_OUT), "not-leader",
+    #: "forget" (the producer state is gone), or None.
+    faults: list[str | None] = field(default_factory=list)
+    #: Values the leader refuses as INVALID_RECORD (a non-retriable refusal).
+    poison: bytes = b"poison"
+    gate: asyncio.Event | None = None
+
+    async def produce(
+        self, topic: str, partition: int, data: bytes, acks: int, timeout_s: float
+    ) -> storage_pb2.ProducePartitionResponse:
+        if self.gate is not None:
+            await self.gate.wait()
+        batches = decode_batches(data)
+        self.requests.append(
+            [(b.producer_id, b.producer_epoch, b.base_sequence, b.record_count) for b in batches]
+        )
+        fault = self.faults.pop(0) if self.faults else None
+        if fault == "transport":
+            raise TransportError("leader unreachable")
+        if fault == "not-leader":
+            return _answer(E.NOT_LEADER_OR_FOLLOWER)
+        if fault == "forget":
+            self.producers.clear()
+        if any(self.poison in (r.value or b"") for b in batches for r in b.records()):
+            return _answer(E.INVALID_RECORD)
+        code, offset = self._append(batches)
+        if fault == "lost-answer" and code == E.NONE:
+            raise TransportError("answer lost")
+        if fault == "timeout" and code == E.NONE:
+            return _answer(E.REQUEST_TIMED_OUT)
+        return _answer(code, offset)
+
+    def _append(self, batches: list[Any]) -> tuple[int, int]:
+        first = batches[0]
+        pid, epoch, seq = first.producer_id, first.producer_epoch, first.base_sequence
+        if pid < 0:
+            base = len(self.values)
+            for b in batches:
+                self.values += [r.value for r in b.records()]
+            return E.NONE, base
+        state = self.producers.get(pid)
+        if state is not None and epoch < state["epoch"]:
+            return E.INVALID_PRODUCER_EPOCH, -1
+        if state is not None and epoch == state["epoch"] and seq in state["offsets"]:
+            return E.NONE, state["offsets"][seq]  # a retry: the original offset
+        expected = 0 if state is None or epoch > state["epoch"] else state["next"]
+        if seq != expected:
+            return (E.UNKNOWN_PRODUCER_ID if state is None else E.OUT_OF_ORDER_SEQUENCE), -1
+        state = self.producers.setdefault(pid, {"epoch": epoch, "next": 0, "offsets": {}})
+        if epoch > state["epoch"]:
+            state.update(epoch=epoch, next=0, offsets={})
+        base = len(self.values)
+        for b in batches:
+            state["offsets"][b.base_sequence] = len(self.values)
+            self.values += [r.value for r in b.records()]
+            state["next"] = b.base_sequence + b.record_count
+        return E.NONE, base
+
+
+def _answer(code: int, offset: int = -1) -> storage_pb2.ProducePartitionResponse:
+    return storage_pb2.ProducePartitionResponse(error_code=code, base_offset=offset)  # type: ignore[arg-type]
+
+
+class Ids:
+    """InitProducerId: id 7, epochs 0, 1, 2, ... (bumps keep the id)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    async def __call__(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        self.calls.append((producer_id, epoch))
+        return 7, epoch + 1
+
+
+def _values(*vals: str) -> pa.Table:
+    return pa.table({"value": pa.array([v.encode() for v in vals], pa.binary())})
+
+
+def _run(body: Callable[[FakeLeader, PartitionSender, Ids], Any], leader: FakeLeader) -> Any:
+    async def main() -> Any:
+        ids = Ids()
+        sender = PartitionSender("t", 0, leader, ids)  # type: ignore[arg-type]
+        return await body(leader, sender, ids)
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(record_producers, "BACKOFF_S", 0.001)
+
+
+def test_calls_waiting_behind_a_request_go_out_together_in_order() -> None:
+    leader = FakeLeader(gate=asyncio.Event())
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> list[int]:
+        loop = asyncio.get_running_loop()
+        far = loop.time() + 10
+        first = s.submit(_values("a", "b"), "none", -1, far)
+        await asyncio.sleep(0)  # the first request is on its way (held at the gate)
+        rest = [s.submit(_values(f"c{i}"), "lz4", -1, far) for i in range(3)]
+        leader.gate.set()  # type: ignore[union-attr]
+        return [await f for f in (first, *rest)]
+
+    offsets = _run(body, leader)
+    assert offsets == [0, 2, 3, 4]
+    assert leader.values == [b"a", b"b", b"c0", b"c1", b"c2"]
+    # Two requests: the first call, then the three that waited, as consecutive batches.
+    assert leader.requests == [[(7, 0, 0, 2)], [(7, 0, 2, 1), (7, 0, 3, 1), (7, 0, 4, 1)]]
+
+
+@pytest.mark.parametrize("fault", ["lost-answer", "timeout", "transport"])
+def test_a_request_retried_after_an_ambiguous_failure_is_written_once(fault: str) -> None:
+    leader = FakeLeader(faults=[fault])
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> list[int]:
+        far = asyncio.get_running_loop().time() + 10
+        a = await s.submit(_values("a"), "none", -1, far)
+        b = await s.submit(_values("b"), "none", -1, far)
+        return [a, b]
+
+    assert _run(body, leader) == [0, 1]
+    assert leader.values == [b"a", b"b"]
+    assert leader.requests[0] == leader.requests[1] == [(7, 0, 0, 1)]  # the same bytes
+
+
+def test_a_leader_that_forgot_the_producer_gets_sequence_zero_again() -> None:
+    leader = FakeLeader()
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> list[int]:
+        far = asyncio.get_running_loop().time() + 10
+        out = [await s.submit(_values("a", "b"), "none", -1, far)]
+        leader.faults = ["forget"]  # e.g. expired after producer.id.expiration.ms
+        out.append(await s.submit(_values("c"), "none", -1, far))
+        return out
+
+    assert _run(body, leader) == [0, 2]
+    assert leader.values == [b"a", b"b", b"c"]
+    assert leader.requests[1:] == [[(7, 0, 2, 1)], [(7, 0, 0, 1)]]
+
+
+def test_a_refused_call_fails_alone_and_leaves_no_sequence_gap() -> None:
+    leader = FakeLeader(gate=asyncio.Event())
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> list[Any]:
+        far = asyncio.get_running_loop().time() + 10
+        futs = [s.submit(_values("a"), "none", -1, far)]
+        await asyncio.sleep(0)
+        futs += [s.submit(_values(v), "none", -1, far) for v in ("b", "poison", "c")]
+        leader.gate.set()  # type: ignore[union-attr]
+        return await asyncio.gather(*futs, return_exceptions=True)
+
+    a, b, bad, c = _run(body, leader)
+    assert (a, b, c) == (0, 1, 2)
+    assert isinstance(bad, StromError) and bad.code == E.INVALID_RECORD
+    assert leader.values == [b"a", b"b", b"c"]
+    assert leader.requests[-1] == [(7, 0, 2, 1)]  # "c" took the sequence "poison" did not use
+
+
+def test_a_refusal_before_writing_is_retried_until_it_goes_through() -> None:
+    leader = FakeLeader(faults=["not-leader", "not-leader"])
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> int:
+        far = asyncio.get_running_loop().time() + 10
+        return await s.submit(_values("a"), "none", -1, far)
+
+    assert _run(body, leader) == 0
+    assert len(leader.requests) == 3 and leader.values == [b"a"]
+
+
+def test_giving_up_after_an_ambiguous_failure_starts_a_new_epoch() -> None:
+    leader = FakeLeader(faults=["timeout"] * 1000)
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> Any:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(RequestTimedOutError, match="may or may not have been written"):
+            await s.submit(_values("a"), "none", -1, loop.time() + 0.05)
+        leader.faults = []
+        # "a" may be in the log under sequence 0 (here it is): the next call must not reuse
+        # the sequence, or the leader would answer it as a duplicate of "a" and drop it.
+        b = await s.submit(_values("b"), "none", -1, loop.time() + 10)
+        return b, ids.calls
+
+    b, calls = _run(body, leader)
+    assert leader.values == [b"a", b"b"] and b == 1
+    assert calls == [(-1, -1), (7, 0)]  # a new id, then a bump
+    assert leader.requests[-1] == [(7, 1, 0, 1)]
+
+
+def test_acks_0_sends_without_sequences() -> None:
+    leader = FakeLeader()
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> Any:
+        far = asyncio.get_running_loop().time() + 10
+        return await s.submit(_values("a"), "none", 0, far), ids.calls
+
+    offset, calls = _run(body, leader)
+    assert offset == 0 and calls == [] and leader.requests == [[(-1, -1, -1, 1)]]
+
+
+def test_the_callers_sequence_is_sent_as_given_and_retried() -> None:
+    leader = FakeLeader(faults=["lost-answer"])
+
+    async def main() -> int:
+        s = SequencedSender(leader)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        return await s.send(
+            "t",
+            0,
+            _values("x", "y"),
+            acks=-1,
+            compression="none",
+            producer_id=42,
+            producer_epoch=3,
+            base_sequence=0,
+            deadline=loop.time() + 10,
+        )
+
+    assert asyncio.run(main()) == 0
+    assert leader.values == [b"x", b"y"]
+    assert leader.requests == [[(42, 3, 0, 2)], [(42, 3, 0, 2)]]
