@@ -5,6 +5,8 @@ The container image's HEALTHCHECK for ``docker run`` / Compose (Kubernetes ignor
 health checks and uses the chart's gRPC probes instead). Without arguments it checks
 ``$STROM_HEALTHCHECK_ADDRESS``, else ``$STROM_LISTEN`` (a wildcard host means loopback), else
 the default ports of the three roles (9092, 9093, 9094) and passes if any of them serves.
+With TLS it uses the service's own files (see :func:`security`): the chart's probes run it
+when TLS is on, as Kubernetes' gRPC probes cannot speak TLS.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strom.security import ChannelSecurity
+from strom.security.config import client_security
 
 DEFAULT_ADDRESSES = ("127.0.0.1:9092", "127.0.0.1:9093", "127.0.0.1:9094")
 
@@ -31,8 +36,23 @@ def addresses(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     return list(DEFAULT_ADDRESSES)
 
 
-def serving(address: str, timeout: float = 2.0) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def security(env: dict[str, str]) -> ChannelSecurity:
+    """How to reach the local service: the client settings (``STROM_SSL_*``) if given, else
+    the service's own TLS files (``STROM_TLS_CA`` / ``_CERT`` / ``_KEY``: its own certificate
+    passes an mTLS listener), else plaintext."""
+    if env.get("STROM_SSL_CAFILE"):
+        return client_security()
+    if env.get("STROM_TLS_CA") or env.get("STROM_TLS_CERT"):
+        return ChannelSecurity.from_files(
+            env.get("STROM_TLS_CA") or None,
+            env.get("STROM_TLS_CERT") or None,
+            env.get("STROM_TLS_KEY") or None,
+        )
+    return ChannelSecurity()
+
+
+def serving(address: str, timeout: float = 2.0, sec: ChannelSecurity | None = None) -> bool:
+    with (sec or ChannelSecurity()).channel(address) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout
@@ -43,9 +63,11 @@ def serving(address: str, timeout: float = 2.0) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    targets = addresses(list(sys.argv[1:] if argv is None else argv), dict(os.environ))
+    env = dict(os.environ)
+    targets = addresses(list(sys.argv[1:] if argv is None else argv), env)
+    sec = security(env)
     for address in targets:
-        if serving(address):
+        if serving(address, sec=sec):
             print(f"{address}: SERVING")
             return 0
     print(f"not serving: {', '.join(targets)}", file=sys.stderr)

@@ -52,7 +52,9 @@ from strom.storage.record_columns import fill_columns
 log = logging.getLogger("strom.storage.subscriptions")
 E = ErrorCode
 
-SUBSCRIPTIONS = Gauge("strom_storage_records_subscriptions", "Open Subscribe streams by kind", ["kind"])
+SUBSCRIPTIONS = Gauge(
+    "strom_storage_records_subscriptions", "Open Subscribe streams by kind", ["kind"]
+)
 SUBSCRIBE_RECORDS = Counter(
     "strom_storage_records_subscribe_records",
     "Records of Subscribe streams: polled from the cluster, and written to streams",
