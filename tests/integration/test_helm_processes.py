@@ -7,8 +7,9 @@ container's ``command`` + ``args`` with its ``env`` (downward-API fields filled 
 expanded, as the kubelet does), in its own session, and stops it by PID afterwards. What a
 host provides differently is rewritten, and nothing else:
 
-* every Service and pod DNS name, pod IP and ``0.0.0.0`` listen address with its port becomes
-  ``127.0.0.1`` and a free port of that pod (all pods share one loopback);
+* every Service and pod DNS name, pod IP, ``0.0.0.0`` listen address and in-pod
+  ``127.0.0.1`` address with its port becomes ``127.0.0.1`` and a free port of that pod (all
+  pods share one loopback);
 * ``--metrics-port=P`` becomes that pod's free port for P;
 * each volume's mount path becomes a directory under the test's tmp dir;
 * ``strom``, ``python`` and ``etcd`` are this virtualenv's strom, its interpreter and Debian's
@@ -35,6 +36,7 @@ import pytest
 from strom import Admin
 from strom.devcluster.cluster import grpc_serving
 from strom.devcluster.procs import ManagedProcess, free_port, port_open, wait_for
+from tests.integration.certs import CertificateAuthority
 from tests.unit.helm_chart import render
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -61,9 +63,28 @@ class Pod:
 class Kubelet:
     """Runs the pods of rendered manifests as local processes (see the module docstring)."""
 
-    def __init__(self, docs: list[dict[str, Any]], root: Path) -> None:
+    def __init__(
+        self,
+        docs: list[dict[str, Any]],
+        root: Path,
+        secrets: dict[str, dict[str, bytes]] | None = None,
+    ) -> None:
         self.docs = docs
         self.root = root
+        #: volume name -> the files of the Secret it mounts
+        self.secrets = secrets or {}
+        #: the client settings of a test outside the pods (TLS files), if the chart uses TLS
+        self.client: dict[str, str] = {}
+        if "tls" in self.secrets:
+            files = self.root / "client"
+            files.mkdir(exist_ok=True)
+            for fname, data in self.secrets["tls"].items():
+                (files / fname).write_bytes(data)
+            self.client = {
+                "ssl_cafile": str(files / "ca.crt"),
+                "ssl_certfile": str(files / "tls.crt"),
+                "ssl_keyfile": str(files / "tls.key"),
+            }
         self.pods: list[Pod] = []
         self.hosts: dict[str, Pod] = {}
         #: service name variants -> (pod chosen as its backend, service port -> target port)
@@ -141,7 +162,11 @@ class Kubelet:
         return out
 
     def rewrite(self, pod: Pod, text: str, mounts: dict[str, Path]) -> str:
-        text = re.sub(r"\b0\.0\.0\.0:(\d+)", lambda m: f"127.0.0.1:{pod.local(int(m[1]))}", text)
+        text = re.sub(  # the pod's own wildcard and loopback addresses
+            r"\b(?:0\.0\.0\.0|127\.0\.0\.1):(\d+)",
+            lambda m: f"127.0.0.1:{pod.local(int(m[1]))}",
+            text,
+        )
         text = re.sub(
             r"^--metrics-port=(\d+)$", lambda m: f"--metrics-port={pod.local(int(m[1]))}", text
         )
@@ -167,6 +192,8 @@ class Kubelet:
         for m in container.get("volumeMounts", []):
             local = self.root / pod.name / m["name"]
             local.mkdir(parents=True, exist_ok=True)
+            for fname, data in self.secrets.get(m["name"], {}).items():
+                (local / fname).write_bytes(data)
             mounts[m["mountPath"]] = local
         expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), s)  # noqa: E731
         raw = [expand(a) for a in [*container["command"], *container.get("args", [])]]
@@ -194,6 +221,11 @@ class Kubelet:
         probe = container["readinessProbe"]
         if "grpc" in probe:
             return grpc_serving(f"127.0.0.1:{pod.local(probe['grpc']['port'])}")
+        if "exec" in probe:  # run in the pod: its env, mounts and rewritten addresses
+            argv, env = self.argv(pod, {**container, "command": probe["exec"]["command"]})
+            base = {k: v for k, v in os.environ.items() if not k.startswith("STROM_")}
+            proc = subprocess.run(argv, env={**base, **env}, capture_output=True, timeout=30)
+            return proc.returncode == 0
         named = {p["name"]: p["containerPort"] for p in container["ports"]}
         port = probe["httpGet"]["port"]
         port = named[port] if isinstance(port, str) else port
@@ -205,10 +237,33 @@ class Kubelet:
                 pod.process.stop()
 
 
-@pytest.fixture(scope="module")
-def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
-    docs = render([], namespace=NAMESPACE)
-    k = Kubelet(docs, tmp_path_factory.mktemp("helm-pods"))
+#: The chart with TLS + mTLS on every strom listener and ACLs on (the bundled etcd stays
+#: plaintext): the services' certificate (CN=strom) is the super user.
+TLS_SETS = [
+    "tls.enabled=true",
+    "tls.secretName=strom-tls",
+    "tls.clientAuth=required",
+    "acls.enabled=true",
+    "acls.superUsers={User:CN=strom}",
+]
+
+
+@pytest.fixture(scope="module", params=["plaintext", "tls"])
+def kubelet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kubelet]:
+    root = tmp_path_factory.mktemp(f"helm-pods-{request.param}")
+    secrets: dict[str, dict[str, bytes]] = {}
+    if request.param == "tls":
+        ca = CertificateAuthority(root / "ca")
+        pem = ca.issue("strom")  # valid for 127.0.0.1, where every pod address is rewritten
+        secrets["tls"] = {
+            "tls.crt": pem.cert.read_bytes(),
+            "tls.key": pem.key.read_bytes(),
+            "ca.crt": ca.ca_file.read_bytes(),
+        }
+    docs = render([], namespace=NAMESPACE, sets=TLS_SETS if request.param == "tls" else None)
+    k = Kubelet(docs, root, secrets)
     try:
         for pod in k.pods:  # all at once, as a fresh install starts them
             k.start(pod)
@@ -234,7 +289,7 @@ def test_chart_pods_form_a_cluster_and_serve_produce_and_fetch(kubelet: Kubelet)
     bootstrap = f"127.0.0.1:{storage[0].local(9092)}"
 
     def described() -> Any:
-        with Admin(bootstrap) as admin:
+        with Admin(bootstrap, **kubelet.client) as admin:
             d = admin.describe_cluster()
         return d if len(d.nodes) == 3 and d.controller is not None else None
 
@@ -253,3 +308,22 @@ def test_chart_pods_form_a_cluster_and_serve_produce_and_fetch(kubelet: Kubelet)
     proc = subprocess.run(argv, env={**base, **env}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "produced and fetched strom-selftest-0@" in proc.stdout
+
+
+def test_chart_probes_speak_the_listeners_protocol(kubelet: Kubelet) -> None:
+    """Plaintext chart: Kubernetes' gRPC probes. With tls.enabled every strom pod's gRPC port
+    speaks only TLS (mTLS, ACLs on): a plaintext health check is refused and the pod's probe
+    runs strom's health check in the pod, over mTLS with the mounted certificate."""
+    strom_pods = [p for p in kubelet.pods if not p.name.startswith("strom-etcd-")]
+    assert len(strom_pods) >= 7
+    tls = bool(kubelet.client)
+    for pod in strom_pods:
+        (container,) = pod.spec["containers"]
+        args, probe = container["args"], container["readinessProbe"]
+        assert ("--tls-client-auth=required" in args and "--acls" in args) == tls, args
+        if not tls:
+            assert grpc_serving(f"127.0.0.1:{pod.local(probe['grpc']['port'])}"), pod.name
+            continue
+        port = int(probe["exec"]["command"][-1].rsplit(":", 1)[1])
+        assert not grpc_serving(f"127.0.0.1:{pod.local(port)}"), pod.name
+        assert kubelet.ready(pod), pod.name

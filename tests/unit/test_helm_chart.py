@@ -186,6 +186,23 @@ def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
             continue
         mounts = {m["name"]: m for m in container(obj)["volumeMounts"]}
         assert mounts["tls"]["mountPath"] == "/etc/strom/tls" and mounts["tls"]["readOnly"]
+        assert mounts["auth-tokens"]["readOnly"] and mounts["etcd-tls"]["readOnly"]
+        args = container(obj)["args"]
+        for flag in (
+            "--tls-cert=/etc/strom/tls/tls.crt",
+            "--tls-key=/etc/strom/tls/tls.key",
+            "--tls-ca=/etc/strom/tls/ca.crt",
+            "--tls-client-auth=required",
+            "--auth-tokens=/etc/strom/auth/tokens",
+            "--acls",
+            "--super-users=User:CN=strom",
+            "--etcd-ca=/etc/strom/etcd-tls/ca.crt",
+            "--etcd-cert=/etc/strom/etcd-tls/tls.crt",
+            "--etcd-key=/etc/strom/etcd-tls/tls.key",
+        ):
+            assert flag in args, (obj["metadata"]["name"], flag)
+        probe = container(obj)["readinessProbe"]
+        assert probe["exec"]["command"][:3] == ["python", "-m", "strom.service.healthcheck"]
     sm = next(iter(by_kind(docs, "ServiceMonitor").values()))
     assert sm["spec"]["jobLabel"] == "strom.io/job"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"

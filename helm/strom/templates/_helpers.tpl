@@ -100,13 +100,24 @@ podAntiAffinity:
 {{- end }}
 {{- end }}
 
-{{/* Volume mounts and volumes every strom container has: /tmp (read-only root fs) and TLS. */}}
+{{/* Volume mounts and volumes every strom container has: /tmp (read-only root fs), TLS,
+bearer tokens and etcd's TLS. */}}
 {{- define "strom.commonMounts" -}}
 - name: tmp
   mountPath: /tmp
 {{- if .Values.tls.enabled }}
 - name: tls
   mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if .Values.auth.tokens.secretName }}
+- name: auth-tokens
+  mountPath: /etc/strom/auth
+  readOnly: true
+{{- end }}
+{{- if .Values.etcd.externalTls.secretName }}
+- name: etcd-tls
+  mountPath: /etc/strom/etcd-tls
   readOnly: true
 {{- end }}
 {{- end }}
@@ -119,23 +130,74 @@ podAntiAffinity:
   secret:
     secretName: {{ required "tls.secretName is required when tls.enabled" .Values.tls.secretName }}
 {{- end }}
+{{- if .Values.auth.tokens.secretName }}
+- name: auth-tokens
+  secret:
+    secretName: {{ .Values.auth.tokens.secretName }}
+{{- end }}
+{{- if .Values.etcd.externalTls.secretName }}
+- name: etcd-tls
+  secret:
+    secretName: {{ .Values.etcd.externalTls.secretName }}
+{{- end }}
 {{- end }}
 
-{{/* gRPC health probes (grpc.health.v1) on a port; call with (dict "port" 9092 "startup" 60). */}}
+{{/* The security flags of every strom service (TLS, tokens, ACLs, etcd TLS). */}}
+{{- define "strom.securityArgs" -}}
+{{- $t := .Values.tls }}
+{{- if $t.enabled }}
+- --tls-cert={{ $t.mountPath }}/tls.crt
+- --tls-key={{ $t.mountPath }}/tls.key
+- --tls-ca={{ $t.mountPath }}/ca.crt
+- --tls-client-auth={{ $t.clientAuth }}
+{{- end }}
+{{- if .Values.auth.tokens.secretName }}
+- --auth-tokens=/etc/strom/auth/tokens
+{{- if .Values.auth.tokens.serviceTokenKey }}
+- --client-token-file=/etc/strom/auth/{{ .Values.auth.tokens.serviceTokenKey }}
+{{- end }}
+{{- end }}
+{{- if .Values.acls.enabled }}
+- --acls
+- --super-users={{ join "," .Values.acls.superUsers }}
+{{- end }}
+{{- if and (not .Values.etcd.enabled) .Values.etcd.externalTls.secretName }}
+- --etcd-ca=/etc/strom/etcd-tls/ca.crt
+- --etcd-cert=/etc/strom/etcd-tls/tls.crt
+- --etcd-key=/etc/strom/etcd-tls/tls.key
+{{- end }}
+{{- end }}
+
+{{/* Environment that lets strom's health check and clients in the pod speak TLS. */}}
+{{- define "strom.securityEnv" -}}
+{{- if .Values.tls.enabled }}
+- name: STROM_TLS_CA
+  value: {{ .Values.tls.mountPath }}/ca.crt
+- name: STROM_TLS_CERT
+  value: {{ .Values.tls.mountPath }}/tls.crt
+- name: STROM_TLS_KEY
+  value: {{ .Values.tls.mountPath }}/tls.key
+{{- end }}
+{{- end }}
+
+{{/* Health probes (grpc.health.v1) on a port; call with (dict "ctx" $ "port" 9092
+"startup" 60). With TLS they run strom's health check in the pod (Kubernetes' gRPC probes
+cannot speak TLS). */}}
 {{- define "strom.grpcProbes" -}}
+{{- $check := dict "grpc" (dict "port" .port) }}
+{{- if .ctx.Values.tls.enabled }}
+{{- $check = dict "exec" (dict "command" (list "python" "-m" "strom.service.healthcheck" (printf "127.0.0.1:%d" (int .port)))) }}
+{{- end }}
 startupProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $check | nindent 2 }}
   periodSeconds: 5
   failureThreshold: {{ .startup }}
 readinessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $check | nindent 2 }}
   periodSeconds: 5
   failureThreshold: 2
 livenessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $check | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 6

@@ -89,10 +89,12 @@ spec:
             {{- range .args }}
             - {{ . | quote }}
             {{- end }}
+            {{- include "strom.securityArgs" $ | nindent 12 }}
             {{- range $v.extraArgs }}
             - {{ . | quote }}
             {{- end }}
           env:
+            {{- include "strom.securityEnv" $ | nindent 12 }}
             - name: POD_IP
               valueFrom:
                 fieldRef:
@@ -105,7 +107,7 @@ spec:
               containerPort: {{ $v.ports.grpc }}
             - name: metrics
               containerPort: {{ $v.ports.metrics }}
-          {{- include "strom.grpcProbes" (dict "port" $v.ports.grpc "startup" 60) | nindent 10 }}
+          {{- include "strom.grpcProbes" (dict "ctx" $ "port" $v.ports.grpc "startup" 60) | nindent 10 }}
           resources:
             {{- toYaml $v.resources | nindent 12 }}
           securityContext:
