@@ -638,10 +638,18 @@ class AuthenticationError(StromError):
     """The server did not accept who the client is (gRPC UNAUTHENTICATED): no client
     certificate or bearer token, or one it does not trust. Not retriable."""
 
+    @property
+    def name(self) -> str:
+        return "AUTHENTICATION_FAILED" if self.code is None else super().name
+
 
 class AuthorizationError(StromError):
     """The server's ACLs do not allow the request (gRPC PERMISSION_DENIED); the message names
     the missing permission. Not retriable."""
+
+    @property
+    def name(self) -> str:
+        return "AUTHORIZATION_FAILED" if self.code is None else super().name
 
 
 class TopicAuthorizationFailedError(AuthorizationError):

@@ -33,12 +33,11 @@ from strom.api import (
 )
 from strom.api import metadata_pb2 as md
 from strom.client.cluster import ClusterClient
+from strom.devcluster.certs import CertificateAuthority, Pem
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import AuthorizationError, StromError
 from strom.security import ChannelSecurity
-
-from .certs import CertificateAuthority, Pem
 
 pytestmark = pytest.mark.integration
 
@@ -94,10 +93,6 @@ def eventually(fn, timeout: float = 5.0):  # type: ignore[no-untyped-def]
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)  # polling the condition "the ACL has reached this service"
-
-    def remove_acls(self, f: controller_pb2.AclBindingFilter) -> None:
-        with ClusterClient(self.bootstrap, security=self.security(self.admin)) as c:
-            c.controller_call("DeleteAcls", controller_pb2.DeleteAclsRequest(filters=[f]))
 
 
 def allow(

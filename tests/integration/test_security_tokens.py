@@ -15,11 +15,11 @@ from strom import Admin, Producer
 from strom.api import controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
 from strom.client.cluster import ClusterClient
+from strom.devcluster.certs import CertificateAuthority
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.security import ChannelSecurity
 
-from .certs import CertificateAuthority
 from .test_security import _code, allow, eventually
 
 pytestmark = pytest.mark.integration

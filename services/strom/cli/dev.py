@@ -1,13 +1,16 @@
-"""``strom dev up`` / ``strom dev down``: a local cluster of real processes."""
+"""``strom dev up`` / ``strom dev down`` / ``strom dev cert``: a local cluster of real
+processes, optionally with TLS, mTLS and ACLs (``--tls``) and certificates for its users."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
-from strom.devcluster.cluster import LocalCluster, stop_from_state
+from strom.devcluster.cluster import DEV_CA, STATE_FILE, LocalCluster, stop_from_state
 
 DEFAULT_DIR = os.environ.get("STROM_DEV_DIR", "/tmp/strom-dev")
 
@@ -24,8 +27,48 @@ def add_dev_parser(sub: Any) -> None:
     up.add_argument("--coordinators", type=int, default=1, help="group coordinators (default 1)")
     up.add_argument("--dir", default=DEFAULT_DIR, help=f"state and data (default {DEFAULT_DIR})")
     up.add_argument("--cluster", default="strom")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on every listener and to etcd, client certificates required (mTLS) and "
+        "ACLs on; a dev CA in DIR/tls signs the services' and an admin's certificate",
+    )
     down = dsub.add_parser("down", help="stop the local cluster started with `dev up`")
     down.add_argument("--dir", default=DEFAULT_DIR)
+    cert = dsub.add_parser(
+        "cert", help="a client certificate from the dev CA of `dev up --tls` (User:CN=NAME)"
+    )
+    cert.add_argument("name", help="the certificate's CN: the principal is User:CN=NAME")
+    cert.add_argument("--dir", default=DEFAULT_DIR)
+
+
+def _exports(env: dict[str, str]) -> list[str]:
+    return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+
+
+def _issue(root: Path, name: str, out: Any) -> int:
+    from strom.devcluster.certs import CertificateAuthority
+
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise ValueError(f"certificate name {name!r}: use letters, digits, '-', '_' or '.'")
+    state = root / STATE_FILE
+    client_env = json.loads(state.read_text()).get("client_env", {}) if state.exists() else {}
+    try:
+        ca = CertificateAuthority.load(root / "tls", DEV_CA)
+    except FileNotFoundError:
+        raise ValueError(
+            f"no dev CA in {root / 'tls'}: start the cluster with `strom dev up --tls --dir {root}`"
+        ) from None
+    pem = ca.issue(name)
+    print(f"principal  User:CN={name}", file=out)
+    print(f"cert       {pem.cert}", file=out)
+    print(f"key        {pem.key}", file=out)
+    env = {k: v for k, v in client_env.items() if k in ("STROM_BOOTSTRAP", "STROM_SSL_CAFILE")}
+    env.update(STROM_SSL_CERTFILE=str(pem.cert), STROM_SSL_KEYFILE=str(pem.key))
+    print("# to act as this principal:", file=out)
+    for line in _exports(env):
+        print(line, file=out)
+    return 0
 
 
 def run_dev(args: argparse.Namespace, out: Any) -> int:
@@ -46,6 +89,7 @@ def run_dev(args: argparse.Namespace, out: Any) -> int:
             controllers=args.controllers,
             coordinators=args.coordinators,
             cluster=args.cluster,
+            tls=args.tls,
         )
         try:
             cluster.start()
@@ -60,12 +104,21 @@ def run_dev(args: argparse.Namespace, out: Any) -> int:
                 file=out,
             )
         print(f"bootstrap: {cluster.bootstrap}", file=out)
+        if args.tls:
+            print(
+                "TLS and mTLS on every listener and to etcd, ACLs on; super users "
+                "User:CN=strom (the services) and User:CN=admin (you, below)",
+                file=out,
+            )
         print(
-            f"(export STROM_BOOTSTRAP={cluster.bootstrap}; stop with "
-            f"`strom dev down --dir {root}`)",
+            f"# the CLI and clients find the cluster with (stop: strom dev down --dir {root}):",
             file=out,
         )
+        for line in _exports(cluster.client_env()):
+            print(line, file=out)
         return 0
+    if args.dev_cmd == "cert":
+        return _issue(root, args.name, out)
     stopped = stop_from_state(root)
     for s in stopped:
         print(f"stopped {s}", file=out)

@@ -65,8 +65,40 @@ _REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSIO
 def refused(exc: grpc.RpcError) -> StromError:
     """The error for a call the server refused to authenticate or authorize."""
     if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-        return AuthenticationError(f"not authenticated: {exc.details()}")
-    return AuthorizationError(f"not authorized: {exc.details()}")
+        return AuthenticationError(exc.details() or "the server did not accept the credentials")
+    return AuthorizationError(exc.details() or "the server's ACLs refused the request")
+
+
+def unreachable(exc: grpc.RpcError) -> str:
+    """The last connection error inside gRPC's UNAVAILABLE details ("Socket closed",
+    "Connection refused", "Tls handshake failed (...): CERTIFICATE_VERIFY_FAILED ..."),
+    else the status name."""
+    detail = exc.details() or ""
+    last = detail.rsplit("last error: ", 1)[-1]
+    last = last.split(": ", 2)[-1] if last.startswith(("UNAVAILABLE: ", "UNKNOWN: ")) else last
+    return last.strip() or exc.code().name
+
+
+def tls_handshake_failed(exc: grpc.RpcError) -> bool:
+    """The call failed because TLS could not be set up: the server's certificate is not
+    trusted, or the server refused ours. Retrying the same settings cannot help."""
+    return "handshake failed" in (exc.details() or "").lower()
+
+
+def connection_hint(security: ChannelSecurity) -> str:
+    """What to check when every node closes the connection at once, as a TLS listener does
+    to a plaintext client or (with mTLS) to one without a certificate."""
+    if not security.tls:
+        return (
+            "; if the cluster requires TLS, pass --ssl-cafile (or set STROM_SSL_CAFILE, or "
+            "ssl_cafile=)"
+        )
+    if security.cert is None:
+        return (
+            "; if the cluster requires client certificates (mTLS), pass --ssl-certfile and "
+            "--ssl-keyfile (or set STROM_SSL_CERTFILE and STROM_SSL_KEYFILE)"
+        )
+    return ""
 
 
 def _addr(node: Any) -> str:
@@ -146,7 +178,15 @@ class ClusterClient:
                 try:
                     resp = self.storage(addr).Metadata(req, timeout=self.timeout_s)
                 except grpc.RpcError as exc:
-                    errors.append(f"{addr}: {exc.code().name}")
+                    if exc.code() in _REFUSED:
+                        raise refused(exc) from None
+                    if tls_handshake_failed(exc):
+                        raise AuthenticationError(
+                            f"TLS with {addr} failed: {unreachable(exc)} (check --ssl-cafile "
+                            "is the CA that signed the servers' certificates, and that the "
+                            "client certificate is valid and signed by a CA they trust)"
+                        ) from None
+                    errors.append(f"{addr}: {unreachable(exc)}")
                     continue
                 if not topics:
                     self._metadata = resp
@@ -158,6 +198,11 @@ class ClusterClient:
                     "no strom node answered at "
                     + ", ".join(self._candidates())
                     + f" ({'; '.join(errors[-3:])})"
+                    + (
+                        connection_hint(self.security)
+                        if errors and all(e.endswith("Socket closed") for e in errors[-3:])
+                        else ""
+                    )
                 )
             time.sleep(0.2)
 
@@ -243,13 +288,17 @@ class ClusterClient:
         redirects and retrying while no controller is active."""
         deadline = time.monotonic() + self.retry_s
         last = ""
+        unreached: StromError | None = None  # no node answered Metadata at all
         while True:
             addr = self._controller_addr
             if addr is None:
                 try:
                     self.metadata()
+                    unreached = None
+                except (AuthenticationError, AuthorizationError):
+                    raise
                 except StromError as exc:
-                    last = str(exc)
+                    last, unreached = str(exc), exc
                 addr = self._controller_addr
             if addr is not None:
                 stub = controller_pb2_grpc.ControllerServiceStub(self.channel(addr))
@@ -272,6 +321,8 @@ class ClusterClient:
                             raise error_for(resp.error_code, resp.error_message)
                         return resp
             if time.monotonic() >= deadline:
+                if unreached is not None:
+                    raise unreached
                 raise BrokerNotAvailableError(f"no active controller answered: {last}")
             time.sleep(0.1)
 

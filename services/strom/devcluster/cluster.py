@@ -24,6 +24,8 @@ from strom.devcluster.procs import ClusterError, EtcdServer, ManagedProcess, fre
 from strom.security import ChannelSecurity
 
 STATE_FILE = "cluster.json"
+#: Name of the certificate authority ``strom dev up --tls`` makes (``<dir>/tls/<name>.crt``).
+DEV_CA = "strom-dev-ca"
 
 
 def grpc_serving(
@@ -83,18 +85,24 @@ class LocalCluster:
         coordinator_args: list[str] | None = None,
         security: ChannelSecurity | None = None,
         etcd_tls: tuple[Path, Path, Path] | None = None,
+        tls: bool = False,
     ) -> None:
         self.root = Path(root)
         #: How this process reaches the services (TLS / tokens when they require them).
         self.security = security
         self.cluster_name = cluster
         self.python = python
+        #: With ``tls``: the dev CA's files and the admin client's (see :meth:`_secure`).
+        self.tls_files: dict[str, str] = {}
+        common: list[str] = []
+        if tls:
+            common, etcd_tls = self._secure()
         self.etcd = EtcdServer(self.root, tls=etcd_tls)
         self.controllers: list[Member] = []
         self.nodes: list[Member] = []
-        self.node_args = node_args or []
-        self.controller_args = controller_args or []
-        self.coordinator_args = coordinator_args or []
+        self.node_args = [*common, *(node_args or [])]
+        self.controller_args = [*common, *(controller_args or [])]
+        self.coordinator_args = [*common, *(coordinator_args or [])]
         self.coordinators: list[Member] = []
         for i in range(controllers):
             self.controllers.append(self._controller(i))
@@ -103,6 +111,48 @@ class LocalCluster:
             self.nodes.append(self._node(i + 1, rack))
         for i in range(coordinators):
             self.coordinators.append(self._coordinator(i))
+
+    def _secure(self) -> tuple[list[str], tuple[Path, Path, Path]]:
+        """TLS everywhere, as a production cluster would run: a dev CA under ``root/tls``
+        signs the services' certificate (CN=strom, also etcd's server and client
+        certificate) and an admin client's (CN=admin); listeners require client
+        certificates (mTLS) and ACLs are on with both as super users. Returns the services'
+        flags and etcd's (cert, key, CA)."""
+        from strom.devcluster.certs import CertificateAuthority
+
+        ca = CertificateAuthority(self.root / "tls", DEV_CA)
+        service, admin = ca.issue("strom"), ca.issue("admin")
+        self.tls_files = {
+            "ca": str(ca.ca_file),
+            "cert": str(admin.cert),
+            "key": str(admin.key),
+        }
+        if self.security is None:
+            self.security = ChannelSecurity.from_files(ca.ca_file, admin.cert, admin.key)
+        flags = [
+            f"--tls-cert={service.cert}",
+            f"--tls-key={service.key}",
+            f"--tls-ca={ca.ca_file}",
+            "--tls-client-auth=required",
+            "--acls",
+            "--super-users=User:CN=strom,User:CN=admin",
+            f"--etcd-ca={ca.ca_file}",
+            f"--etcd-cert={service.cert}",
+            f"--etcd-key={service.key}",
+        ]
+        return flags, (service.cert, service.key, ca.ca_file)
+
+    def client_env(self) -> dict[str, str]:
+        """``STROM_*`` settings a client (the CLI, Producer, Consumer, Admin) needs to reach
+        this cluster: the bootstrap, and with ``tls`` the CA and the admin's certificate."""
+        env = {"STROM_BOOTSTRAP": self.bootstrap}
+        if self.tls_files:
+            env.update(
+                STROM_SSL_CAFILE=self.tls_files["ca"],
+                STROM_SSL_CERTFILE=self.tls_files["cert"],
+                STROM_SSL_KEYFILE=self.tls_files["key"],
+            )
+        return env
 
     def _service_argv(self, *args: str) -> list[str]:
         return [self.python, "-m", "strom.cli.main", *args]
@@ -331,6 +381,7 @@ class LocalCluster:
                 for m in self.members
             ],
             "started": time.time(),
+            "client_env": self.client_env(),
         }
         (self.root / STATE_FILE).write_text(json.dumps(state, indent=2))
 

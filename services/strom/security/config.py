@@ -202,6 +202,21 @@ class ServerSecurity:
     def enforced(self) -> bool:
         return self.authenticates or self.acls
 
+    def describe(self) -> str:
+        """One phrase for the start-up log: how this listener is protected."""
+        parts = []
+        if self.tls:
+            parts.append(
+                "TLS, client certificates required" if self.client_auth == "required" else "TLS"
+            )
+        else:
+            parts.append("plaintext")
+        if self.tokens is not None:
+            parts.append("bearer tokens")
+        if self.acls:
+            parts.append(f"ACLs on ({len(self.super_users)} super users)")
+        return ", ".join(parts)
+
     def credentials(self) -> grpc.ServerCredentials:
         assert self.cert is not None and self.key is not None
         return grpc.ssl_server_credentials(

@@ -132,7 +132,7 @@ async def serve(
         security.follow(view, sec)  # ACLs and quotas from etcd, kept current
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("%s serving on %s", service.name, listen)
+    log.info("%s serving on %s (%s)", service.name, listen, sec.describe())
     lag_sampler = asyncio.create_task(metrics.sample_loop_lag(stop), name="loop-lag")
     await stop.wait()
     await lag_sampler

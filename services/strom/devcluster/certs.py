@@ -1,5 +1,11 @@
-"""Real X.509 certificates for the security tests, made with the ``cryptography`` library:
-a CA, server and client certificates signed by it (or by another CA), and expired ones."""
+"""A local certificate authority for development clusters, benchmarks and tests.
+
+``strom dev up --tls`` and ``strom bench tls`` need real X.509 certificates without asking
+the user for OpenSSL incantations: a CA, and certificates it signs that serve as server
+(valid for ``localhost`` and ``127.0.0.1``) and as client (the subject CN is the principal,
+``User:CN=<name>``). Made with the ``cryptography`` library; keys are P-256. Not for
+production: the CA key sits next to the certificates, unencrypted.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ class CertificateAuthority:
     def __init__(self, dir_: Path, name: str = "strom-test-ca") -> None:
         self.dir = dir_
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.name = name
         self.key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         self.cert = (
@@ -59,6 +66,21 @@ class CertificateAuthority:
             .sign(self.key, hashes.SHA256())
         )
         self.pem = _write(dir_, name, self.cert, self.key)
+
+    @classmethod
+    def load(cls, dir_: Path, name: str) -> CertificateAuthority:
+        """The CA written earlier into ``dir_`` as ``<name>.crt`` / ``<name>.key``."""
+        self = cls.__new__(cls)
+        self.dir, self.name = dir_, name
+        crt, key = dir_ / f"{name}.crt", dir_ / f"{name}.key"
+        if not crt.exists() or not key.exists():
+            raise FileNotFoundError(f"no certificate authority {name!r} in {dir_}")
+        self.cert = x509.load_pem_x509_certificate(crt.read_bytes())
+        loaded = serialization.load_pem_private_key(key.read_bytes(), password=None)
+        assert isinstance(loaded, ec.EllipticCurvePrivateKey)
+        self.key = loaded
+        self.pem = Pem(crt, key)
+        return self
 
     @property
     def ca_file(self) -> Path:

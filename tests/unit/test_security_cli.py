@@ -1,0 +1,47 @@
+"""``strom acls apply`` and ``strom dev cert`` mistakes: one line naming the problem, exit 1,
+no traceback, and nothing sent (no cluster runs here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from strom.cli.main import main
+from strom.devcluster.certs import CertificateAuthority
+from strom.devcluster.cluster import DEV_CA
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_acls_apply_refuses_a_bad_file_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "acls.yaml"
+    f.write_text("- {principal: User:a, allow: [read], topic: t}\n- {principal: b, deny: [all]}\n")
+    # An address nothing listens on: the file is refused before any connection is tried.
+    code, _, err = run(capsys, "acls", "apply", str(f), "--bootstrap", "127.0.0.1:1")
+    assert code == 1
+    assert f"{f}: entry 2: principal must be 'User:<name>'" in err
+    assert "Traceback" not in err
+    code, _, err = run(capsys, "acls", "apply", str(tmp_path / "missing.yaml"), "-b", "h:1")
+    assert code == 1 and "cannot read" in err and "missing.yaml" in err
+
+
+def test_dev_cert_needs_the_dev_ca_and_a_plain_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "dev", "cert", "alice", "--dir", str(tmp_path))
+    assert code == 1 and "strom dev up --tls" in err
+    CertificateAuthority(tmp_path / "tls", DEV_CA)
+    code, _, err = run(capsys, "dev", "cert", "al/ice", "--dir", str(tmp_path))
+    assert code == 1 and "certificate name 'al/ice'" in err
+    code, out, _ = run(capsys, "dev", "cert", "alice", "--dir", str(tmp_path))
+    assert code == 0
+    assert "principal  User:CN=alice" in out
+    assert f"export STROM_SSL_CERTFILE={tmp_path / 'tls' / 'alice.crt'}" in out
+    assert (tmp_path / "tls" / "alice.key").exists()
