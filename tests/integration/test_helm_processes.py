@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from strom import Admin
+from strom import Admin, Producer
+from strom.devcluster.certs import CertificateAuthority
 from strom.devcluster.cluster import grpc_serving
 from strom.devcluster.procs import ManagedProcess, free_port, port_open, wait_for
-from tests.integration.certs import CertificateAuthority
+from strom.errors import AuthorizationError
 from tests.unit.helm_chart import render
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -73,6 +75,8 @@ class Kubelet:
         self.root = root
         #: volume name -> the files of the Secret it mounts
         self.secrets = secrets or {}
+        #: the CA that signed the pods' certificate (TLS only): tests issue clients with it
+        self.ca: CertificateAuthority | None = None
         #: the client settings of a test outside the pods (TLS files), if the chart uses TLS
         self.client: dict[str, str] = {}
         if "tls" in self.secrets:
@@ -186,13 +190,26 @@ class Kubelet:
             text = re.sub(rf"(?<![\w/.])({pattern})(?=/|$|,)", lambda m: str(mounts[m[1]]), text)
         return text
 
+    def volume_files(self, pod: Pod, volume: str) -> dict[str, bytes]:
+        """The files a pod's volume holds: a ConfigMap's data from the manifests, a Secret's
+        from the test (``secrets``, by volume name); nothing for an emptyDir or a claim."""
+        spec = next((v for v in pod.spec.get("volumes", []) if v["name"] == volume), {})
+        if "configMap" in spec:
+            (cm,) = [
+                d
+                for d in self.docs
+                if d["kind"] == "ConfigMap" and d["metadata"]["name"] == spec["configMap"]["name"]
+            ]
+            return {k: v.encode() for k, v in cm["data"].items()}
+        return self.secrets.get(volume, {})
+
     def argv(self, pod: Pod, container: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         env = self.env(pod, container)
         mounts = {}
         for m in container.get("volumeMounts", []):
             local = self.root / pod.name / m["name"]
             local.mkdir(parents=True, exist_ok=True)
-            for fname, data in self.secrets.get(m["name"], {}).items():
+            for fname, data in self.volume_files(pod, m["name"]).items():
                 (local / fname).write_bytes(data)
             mounts[m["mountPath"]] = local
         expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), s)  # noqa: E731
@@ -222,7 +239,8 @@ class Kubelet:
         if "grpc" in probe:
             return grpc_serving(f"127.0.0.1:{pod.local(probe['grpc']['port'])}")
         if "exec" in probe:  # run in the pod: its env, mounts and rewritten addresses
-            argv, env = self.argv(pod, {**container, "command": probe["exec"]["command"]})
+            exec_ = {**container, "command": probe["exec"]["command"], "args": []}
+            argv, env = self.argv(pod, exec_)
             base = {k: v for k, v in os.environ.items() if not k.startswith("STROM_")}
             proc = subprocess.run(argv, env={**base, **env}, capture_output=True, timeout=30)
             return proc.returncode == 0
@@ -231,6 +249,16 @@ class Kubelet:
         port = named[port] if isinstance(port, str) else port
         return port_open("127.0.0.1", pod.local(port))
 
+    def run_once(self, name: str, spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        """Run a one-shot pod (a Job's or the helm test pod) to completion, as the kubelet
+        would: its command, args, env and mounts, rewritten like every pod's."""
+        pod = Pod(name, {"kind": "Pod"}, {}, spec)
+        argv, env = self.argv(pod, spec["containers"][0])
+        base = {k: v for k, v in os.environ.items() if not k.startswith("STROM_")}
+        return subprocess.run(
+            argv, env={**base, **env}, capture_output=True, text=True, timeout=120
+        )
+
     def stop_all(self) -> None:
         for pod in reversed(self.pods):
             if pod.process is not None:
@@ -238,14 +266,19 @@ class Kubelet:
 
 
 #: The chart with TLS + mTLS on every strom listener and ACLs on (the bundled etcd stays
-#: plaintext): the services' certificate (CN=strom) is the super user.
-TLS_SETS = [
-    "tls.enabled=true",
-    "tls.secretName=strom-tls",
-    "tls.clientAuth=required",
-    "acls.enabled=true",
-    "acls.superUsers={User:CN=strom}",
-]
+#: plaintext): the services' certificate (CN=strom) is the super user; the ACL bootstrap Job
+#: grants orders-service WRITE on "orders".
+TLS_VALUES = {
+    "tls": {"enabled": True, "secretName": "strom-tls", "clientAuth": "required"},
+    "acls": {
+        "enabled": True,
+        "superUsers": ["User:CN=strom"],
+        "bootstrap": [
+            {"principal": "User:CN=orders-service", "allow": ["write"], "topic": "orders"},
+            {"principal": "User:*", "deny": ["all"], "topic-prefix": "secret-"},
+        ],
+    },
+}
 
 
 @pytest.fixture(scope="module", params=["plaintext", "tls"])
@@ -254,6 +287,7 @@ def kubelet(
 ) -> Iterator[Kubelet]:
     root = tmp_path_factory.mktemp(f"helm-pods-{request.param}")
     secrets: dict[str, dict[str, bytes]] = {}
+    ca: CertificateAuthority | None = None
     if request.param == "tls":
         ca = CertificateAuthority(root / "ca")
         pem = ca.issue("strom")  # valid for 127.0.0.1, where every pod address is rewritten
@@ -262,8 +296,13 @@ def kubelet(
             "tls.key": pem.key.read_bytes(),
             "ca.crt": ca.ca_file.read_bytes(),
         }
-    docs = render([], namespace=NAMESPACE, sets=TLS_SETS if request.param == "tls" else None)
+    values = []
+    if request.param == "tls":
+        values.append(root / "values.yaml")
+        values[0].write_text(yaml.safe_dump(TLS_VALUES))
+    docs = render(values, namespace=NAMESPACE)
     k = Kubelet(docs, root, secrets)
+    k.ca = ca
     try:
         for pod in k.pods:  # all at once, as a fresh install starts them
             k.start(pod)
@@ -327,3 +366,35 @@ def test_chart_probes_speak_the_listeners_protocol(kubelet: Kubelet) -> None:
         port = int(probe["exec"]["command"][-1].rsplit(":", 1)[1])
         assert not grpc_serving(f"127.0.0.1:{pod.local(port)}"), pod.name
         assert kubelet.ready(pod), pod.name
+
+
+def test_chart_acl_bootstrap_job_applies_its_acls(kubelet: Kubelet) -> None:
+    """acls.bootstrap renders a post-install Job; run as the kubelet would, it applies the
+    entries with the services' identity, and they decide at once: orders-service may
+    produce to "orders", a principal without an ACL may not. Without ACLs: no Job."""
+    jobs = [d for d in kubelet.docs if d["kind"] == "Job"]
+    if kubelet.ca is None:
+        assert jobs == []
+        return
+    (job,) = jobs
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    storage = [p for p in kubelet.pods if p.name.startswith("strom-storage-")]
+    bootstrap = f"127.0.0.1:{storage[0].local(9092)}"
+    with Admin(bootstrap, **kubelet.client) as admin:
+        admin.create_topic("orders", partitions=1, replication_factor=3)
+    proc = kubelet.run_once("strom-acls", job["spec"]["template"]["spec"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "applied: ALLOW User:CN=orders-service WRITE on TOPIC 'orders'" in proc.stdout
+    assert "applied: DENY User:* ALL on TOPIC prefix 'secret-'" in proc.stdout
+
+    def client(cn: str) -> dict[str, str]:
+        pem = kubelet.ca.issue(cn)  # type: ignore[union-attr]
+        return {**kubelet.client, "ssl_certfile": str(pem.cert), "ssl_keyfile": str(pem.key)}
+
+    with Producer(bootstrap, **client("orders-service"), acks="all") as p:
+        assert p.send("orders", b"first").result(30).offset == 0
+    with (
+        Producer(bootstrap, **client("nobody"), acks="all") as p,
+        pytest.raises(AuthorizationError, match="nobody is not allowed"),
+    ):
+        p.send("orders", b"refused").result(30)

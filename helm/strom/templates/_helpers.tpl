@@ -180,6 +180,26 @@ bearer tokens and etcd's TLS. */}}
 {{- end }}
 {{- end }}
 
+{{/* Environment of the chart's own client pods (helm test, the ACL bootstrap Job): they
+act as the services' identity (their certificate or service token), a super user when ACLs
+are on. Empty when neither TLS nor a service token is configured. */}}
+{{- define "strom.clientEnv" -}}
+{{- if .Values.tls.enabled }}
+- name: STROM_SSL_CAFILE
+  value: {{ .Values.tls.mountPath }}/ca.crt
+{{- if eq .Values.tls.clientAuth "required" }}
+- name: STROM_SSL_CERTFILE
+  value: {{ .Values.tls.mountPath }}/tls.crt
+- name: STROM_SSL_KEYFILE
+  value: {{ .Values.tls.mountPath }}/tls.key
+{{- end }}
+{{- end }}
+{{- if and .Values.auth.tokens.secretName .Values.auth.tokens.serviceTokenKey }}
+- name: STROM_TOKEN_FILE
+  value: /etc/strom/auth/{{ .Values.auth.tokens.serviceTokenKey }}
+{{- end }}
+{{- end }}
+
 {{/* Health probes (grpc.health.v1) on a port; call with (dict "ctx" $ "port" 9092
 "startup" 60). With TLS they run strom's health check in the pod (Kubernetes' gRPC probes
 cannot speak TLS). */}}

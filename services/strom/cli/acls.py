@@ -5,6 +5,7 @@ within a second.
 
     strom acls add --allow User:alice --operation write --topic orders
     strom acls add --deny User:bob --operation read --topic-prefix secret-
+    strom acls apply acls.yaml             # a file of entries (strom.security.acl_file)
     strom acls list [--principal User:alice]
     strom acls remove --principal User:alice --topic orders
     strom quotas set User:alice --produce-bytes-per-second 1048576
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -24,6 +27,7 @@ from strom.cli.groups import _table
 from strom.client.cluster import ClusterClient
 from strom.errors import StromError, error_for
 from strom.security.acl import CLUSTER, Acl
+from strom.security.acl_file import AclFileError, parse_acl_file
 
 _OPS = {o.removeprefix("ACL_OPERATION_").lower(): v for o, v in md.AclOperation.items() if v}
 
@@ -52,6 +56,12 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     who.add_argument("--deny", metavar="PRINCIPAL", help="a DENY wins over every ALLOW")
     add.add_argument("--operation", required=True, action="append", choices=sorted(_OPS))
     _resource_args(add, required=True)
+    ap = asub.add_parser(
+        "apply",
+        parents=[common],
+        help="add every entry of a YAML file (additive, idempotent; see docs/security.md)",
+    )
+    ap.add_argument("file", help="the YAML file, '-' for stdin")
     ls = asub.add_parser("list", parents=[common], help="entries (all, or matching)")
     ls.add_argument("--principal")
     _resource_args(ls, required=False)
@@ -100,8 +110,34 @@ def _filter(args: argparse.Namespace) -> controller_pb2.AclBindingFilter:
     return f
 
 
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+
+
 def run_acls(args: argparse.Namespace, out: Any) -> int:
+    if args.acls_cmd == "apply":  # parse (and refuse) before connecting
+        try:
+            bindings = parse_acl_file(_read(args.file))
+        except AclFileError as exc:
+            raise ValueError(f"{args.file}: {exc}") from None
     with ClusterClient(args.bootstrap) as client:
+        if args.acls_cmd == "apply":
+            if not bindings:
+                print(f"{args.file}: no entries", file=out)
+                return 0
+            resp = client.controller_call(
+                "CreateAcls", controller_pb2.CreateAclsRequest(acls=bindings)
+            )
+            for b, r in zip(bindings, resp.results, strict=True):
+                if r.code:
+                    raise error_for(r.code, r.message)
+                print(f"applied: {Acl.from_proto(b)}", file=out)
+            return 0
         if args.acls_cmd == "add":
             res = _resource(args)
             assert res is not None
@@ -163,6 +199,13 @@ def run_acls(args: argparse.Namespace, out: Any) -> int:
         return 0
 
 
+def _rate(value: float) -> str:
+    """A rate for the table: "-" for no limit, whole numbers without an exponent."""
+    if not value:
+        return "-"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.3f}"
+
+
 def run_quotas(args: argparse.Namespace, out: Any) -> int:
     with ClusterClient(args.bootstrap) as client:
         if args.quotas_cmd == "set":
@@ -196,9 +239,9 @@ def run_quotas(args: argparse.Namespace, out: Any) -> int:
             rows.append(
                 (
                     q.principal,
-                    f"{q.produce_bytes_per_second:g}",
-                    f"{q.fetch_bytes_per_second:g}",
-                    f"{q.requests_per_second:g}",
+                    _rate(q.produce_bytes_per_second),
+                    _rate(q.fetch_bytes_per_second),
+                    _rate(q.requests_per_second),
                 )
             )
         _table(rows, out)
