@@ -147,3 +147,44 @@ def test_consume_as_a_group_resumes_after_its_commits(bootstrap: str) -> None:
         timeout=90,
     ).stdout.split()
     assert again == [b"late"]  # the group's committed offsets, not --from-beginning, decide
+
+
+def test_bench_tls_measures_both_clusters_in_one_run(tmp_path: Path) -> None:
+    """`strom bench tls` starts a plaintext and an mTLS cluster, runs every phase on each
+    and reports TLS against plaintext; every e2e record is accounted for on both."""
+    out = strom(
+        "bench",
+        "tls",
+        "--nodes",
+        "1",
+        "--replication-factor",
+        "1",
+        "--partitions",
+        "1",
+        "--records",
+        "2000",
+        "--e2e-records",
+        "500",
+        "--rate",
+        "2000",
+        "--dir",
+        str(tmp_path),
+        "--json",
+        timeout=300,
+    )
+    report = json.loads(out.stdout)
+    names = [r["name"] for r in report["results"]]
+    assert sorted(names) == sorted(
+        f"{m} {p}" for m in ("plaintext", "tls") for p in ("produce", "fetch", "e2e")
+    )
+    for r in report["results"]:
+        assert r["records_per_s"] > 0
+        if r["name"].endswith("e2e"):
+            assert (r["sent"], r["failed"], r["lost"], r["duplicates"]) == (500, 0, 0, 0)
+        else:
+            assert r["records"] == 2000
+    ctx = report["context"]
+    assert ctx["mode"] == "tls"
+    for phase in ("produce", "fetch", "e2e"):
+        assert ctx[f"{phase}_tls_share"] > 0
+        assert ctx[f"{phase}_tls_p99_ms"] >= ctx[f"{phase}_tls_p50_ms"] > 0

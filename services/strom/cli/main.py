@@ -13,6 +13,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+# gRPC's C core logs failed TLS handshakes at INFO to stderr; the command reports the failure
+# itself, in one line. Set before grpc is first imported (an explicit setting wins).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from strom import __version__
 
 #: Service subcommands and the module whose ``main(argv)`` runs them.
@@ -169,6 +173,26 @@ def build_parser() -> argparse.ArgumentParser:
     fo = bsub.add_parser("failover", help="leader SIGKILL → first acks=all produce, N trials")
     fo.add_argument("--trials", type=_positive, default=10)
     fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+
+    tl = bsub.add_parser(
+        "tls",
+        help="TLS (mTLS, ACLs on) against plaintext: produce, fetch and e2e on two local "
+        "clusters in one run",
+    )
+    tl.add_argument("--records", type=_positive, default=200_000, help="per produce phase")
+    tl.add_argument("--record-size", type=_positive, default=100, help="value bytes")
+    tl.add_argument("--nodes", type=_positive, default=3, help="storage nodes per cluster")
+    tl.add_argument("--replication-factor", type=_positive, default=3)
+    tl.add_argument("--partitions", type=_positive, default=3)
+    tl.add_argument("--acks", default="all", choices=["0", "1", "all"])
+    tl.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
+    tl.add_argument("--linger-ms", type=float, default=5.0, help="produce phase linger")
+    tl.add_argument("--rate", type=float, default=5_000.0, help="records/s of the e2e phase")
+    tl.add_argument("--e2e-records", type=_positive, default=20_000)
+    tl.add_argument("--rounds", type=_positive, default=1, help="alternate the phases N times")
+    tl.add_argument("--dir", default=None, help="where the clusters live (default tmp)")
+    tl.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
+    tl.add_argument("--json", action="store_true", help="print one JSON object")
 
     rb = bsub.add_parser(
         "rebalance", help="group of 3, one leaves: time to rebalance, consumption gaps"
@@ -402,6 +426,44 @@ def _run(args: argparse.Namespace) -> int:
             from strom.bench.failover import bench_failover, summary
 
             print(summary(bench_failover(args.trials, args.dir)), file=out)
+            return 0
+        if args.bench_mode == "tls":
+            from pathlib import Path
+
+            from strom.bench import tls
+
+            results = tls.bench_tls(
+                records=args.records,
+                record_size=args.record_size,
+                nodes=args.nodes,
+                replication_factor=args.replication_factor,
+                partitions=args.partitions,
+                acks=args.acks if args.acks == "all" else int(args.acks),
+                rate=args.rate,
+                e2e_records=args.e2e_records,
+                rounds=args.rounds,
+                root=Path(args.dir) if args.dir else None,
+                progress=True if args.progress else None,
+                batch_size=args.batch_size,
+                linger_ms=args.linger_ms,
+            )
+            ctx = {
+                "mode": "tls",
+                "records": args.records,
+                "record_size": args.record_size,
+                "nodes": args.nodes,
+                "replication_factor": args.replication_factor,
+                "partitions": args.partitions,
+                "acks": args.acks,
+                "e2e_rate": args.rate,
+                "rounds": args.rounds,
+            }
+            if args.json:
+                ctx.update(tls.comparison(results))
+                print(report(results, as_json=True, context=ctx), file=out)
+            else:
+                print(report([], as_json=False, context=ctx), file=out)
+                print(tls.summary(results), file=out)
             return 0
         if args.bench_mode == "rebalance":
             from strom.bench import groups
