@@ -53,6 +53,7 @@ from strom.api import (
     storage_pb2_grpc,
 )
 from strom.api import metadata_pb2 as md
+from strom.clock import wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup, GroupConfig, GroupState
 from strom.coordinator.lookup import find_coordinator, shard_count
@@ -138,7 +139,7 @@ class _ShardLost(Exception):
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return wall_ms()
 
 
 def _client_host(peer: str | None) -> str:

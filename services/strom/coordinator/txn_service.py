@@ -43,6 +43,7 @@ from strom.api import (
     storage_pb2,
     storage_pb2_grpc,
 )
+from strom.clock import wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
@@ -86,7 +87,7 @@ _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return wall_ms()
 
 
 def _fill_error(resp: Any, exc: BaseException) -> None:

@@ -16,13 +16,13 @@ import re
 import shutil
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from strom.clock import wall_ms
 from strom.log.config import LONG_MAX, LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
 from strom.log.errors import (
@@ -63,7 +63,7 @@ _SNAPSHOTS_KEPT = 2
 
 
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return wall_ms()
 
 
 @dataclass(frozen=True, slots=True)
