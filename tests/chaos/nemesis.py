@@ -5,8 +5,9 @@ same seed always gives the same list, which is what ``make chaos SEED=...`` repl
 :class:`Nemesis` applies each fault at its time and heals it after its duration; faults
 overlap freely across *domains* (etcd, controllers, coordinators, storage nodes, clients,
 clocks), within a domain at most one process is impaired at a time, and a storage-node fault
-waits (up to ``gate_s``) until every partition is fully replicated again: that is the failure
-model under which strom promises no loss (DESIGN §6: one node failing at a time). Waiting
+waits (up to ``gate_s``) until the last healed node's old lease has surely expired and every
+partition is fully replicated again: that is the failure model under which strom promises no
+loss (DESIGN §6: one node failing at a time). Waiting
 makes the *timing* of a replay depend on how fast the cluster heals; the faults, their
 targets and their order are the seed's. Everything applied, healed or skipped is written to
 the nemesis history.
@@ -148,6 +149,7 @@ class Nemesis:
         fully_replicated: Callable[[], bool],
         kill_client: Callable[[str], bool],
         gate_s: float = 30.0,
+        lease_s: float = 2.0,
     ) -> None:
         self.cluster = cluster
         self.faults = sorted(faults)
@@ -157,6 +159,11 @@ class Nemesis:
         self.gate_s = gate_s
         self.stop_event = threading.Event()
         self.busy: dict[str, str] = {}  # domain -> process name impaired
+        self.lease_s = lease_s
+        #: A healed storage node keeps its domain busy until this monotonic time: a process
+        #: restarted at once still looks alive (and in the ISR) until its old lease expires,
+        #: so "fully replicated" means nothing before then.
+        self.node_settles_at = 0.0
         self.rules: dict[int, dict[str, Any]] = {}  # active proxy rules by fault id
         self.heals: list[tuple[float, int, Callable[[], None]]] = []
         self.applied: dict[str, int] = {}
@@ -228,8 +235,11 @@ class Nemesis:
             d = domain(name)
             if d in ("etcd", "controller", "coordinator", "node") and d in self.busy:
                 return f"{d} {self.busy[d]} is impaired"
-        if any(domain(n) == "node" for n in names) and not self.fully_replicated():
-            return "partitions are under-replicated"
+        if any(domain(n) == "node" for n in names):
+            if time.monotonic() < self.node_settles_at:
+                return "a storage node was just healed (its old lease may still be alive)"
+            if not self.fully_replicated():
+                return "partitions are under-replicated"
         return None
 
     def _impair(self, name: str) -> None:
@@ -238,6 +248,8 @@ class Nemesis:
     def _release(self, name: str) -> None:
         if self.busy.get(domain(name)) == name:
             del self.busy[domain(name)]
+        if domain(name) == "node":
+            self.node_settles_at = time.monotonic() + self.lease_s + 2.0
 
     # -- applying faults ---------------------------------------------------------------------
 
