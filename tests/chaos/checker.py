@@ -127,6 +127,17 @@ def _check_producers(
     r.counts["failed"] = len(failed - acked.keys())
     r.counts["unknown_outcome"] = len(sent - acked.keys() - failed)
     for value, (p, o) in acked.items():
+        if o < 0:
+            # Acknowledged as a duplicate of a batch older than the leader remembers
+            # (DUPLICATE_SEQUENCE, as in Kafka): written, offset unknown. Exactly once, then.
+            r.counts["acknowledged_offset_unknown"] += 1
+            if len(where.get(value, ())) != 1 or where[value][0][0] != p:
+                r.violate(
+                    "lost",
+                    f"{value} acknowledged (offset unknown) on partition {p}, the log has it "
+                    f"at {where.get(value, [])}",
+                )
+            continue
         if at.get((p, o)) != value:
             r.violate(
                 "lost",

@@ -64,6 +64,18 @@ def test_a_clean_history_passes() -> None:
     assert report.counts["replica_batches_compared"] == 6
 
 
+def test_an_acknowledgement_without_offset_counts_when_the_record_is_there_once() -> None:
+    events, final, replicas, assignment = clean()
+    events[5]["o"] = -1  # w:1 acknowledged as a duplicate of an old batch: offset unknown
+    report = check(events, final, replicas, assignment)
+    assert report.ok and report.counts["acknowledged_offset_unknown"] == 1
+    del final["input"]["0"][1]
+    final["input"]["0"] = [[i, k, v] for i, (_, k, v) in enumerate(final["input"]["0"])]
+    final["input_hw"]["0"] = 3
+    lost = check(events, final).violations["lost"]
+    assert any(v.startswith("w:1 acknowledged (offset unknown)") for v in lost), lost
+
+
 def _mutated(kind: str) -> Any:
     events, final, replicas, assignment = clean()
     recs = final["input"]["0"]

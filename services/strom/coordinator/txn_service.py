@@ -109,9 +109,8 @@ class TransactionRpcs(_Base):
         """The loaded transaction shard of ``transactional_id``; raises the usual errors."""
         if not transactional_id:
             raise InvalidRequestError("transactional_id must not be empty")
-        assert self.view is not None
         kind = self.txn_kind
-        shards = shard_count(self.view, topic=kind.topic)
+        shards = shard_count(self._started_view(), topic=kind.topic)
         if shards is None:
             raise NotCoordinatorError(f"{kind.topic} does not exist yet")
         s = shard_for_group(transactional_id, shards)
@@ -257,15 +256,15 @@ class TransactionRpcs(_Base):
         context: grpc.aio.ServicerContext,
     ) -> coordinator_pb2.AddPartitionsToTxnResponse:
         resp = coordinator_pb2.AddPartitionsToTxnResponse()
-        topics = self._topics()
-        unknown = {
-            (tp.topic, p)
-            for tp in request.topics
-            for p in tp.partitions
-            if not (tp.topic in topics and 0 <= p < topics[tp.topic])
-        }
         wanted = [(tp.topic, p) for tp in request.topics for p in tp.partitions]
         try:
+            topics = self._topics()
+            unknown = {
+                (tp.topic, p)
+                for tp in request.topics
+                for p in tp.partitions
+                if not (tp.topic in topics and 0 <= p < topics[tp.topic])
+            }
             if not unknown:
                 now = _now_ms()
                 await self._txn_change(
