@@ -273,6 +273,14 @@ class ChaosCluster:
         return [*self.controllers, *self.nodes, *self.coordinators]
 
     def start(self, timeout: float = 120.0) -> ChaosCluster:
+        self.start_etcd(timeout)
+        for p in self.services:
+            self.launch(p)
+        for p in self.services:
+            self.wait_serving(p, timeout)
+        return self
+
+    def start_etcd(self, timeout: float = 120.0) -> None:
         for p in self.etcd:
             self.launch(p)
         wait_for(
@@ -281,11 +289,6 @@ class ChaosCluster:
             what="the etcd members to listen",
         )
         self.wait_etcd_healthy(timeout)
-        for p in self.services:
-            self.launch(p)
-        for p in self.services:
-            self.wait_serving(p, timeout)
-        return self
 
     def launch(self, p: Proc) -> None:
         """Start ``p`` (again) and tell the proxy its pid."""
