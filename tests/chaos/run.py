@@ -30,6 +30,7 @@ import grpc
 from strom import Admin, Consumer, TopicPartition
 from strom.api import storage_pb2, storage_pb2_grpc
 from strom.devcluster.procs import ClusterError, ManagedProcess
+from strom.errors import StromError, TopicAlreadyExistsError
 from tests.chaos import final as final_mod
 from tests.chaos.checker import check
 from tests.chaos.cluster import REPO, ChaosCluster
@@ -245,6 +246,26 @@ class Runner:
                     return False
         return True
 
+    def _create_topic(self, name: str, partitions: int) -> bool:
+        """Create ``name`` (RF=3, min.insync.replicas=2); False to try again (a node of a
+        loaded machine may be re-registering just then)."""
+        assert self.cluster is not None
+        md = self.metadata([])
+        if md is None or len(md.nodes) < 3:
+            return False
+        with Admin(self.cluster.bootstrap) as admin:
+            try:
+                admin.create_topic(
+                    name, partitions=partitions, replication_factor=3,
+                    config={"min.insync.replicas": "2"},
+                )  # fmt: skip
+            except TopicAlreadyExistsError:
+                return True
+            except StromError as exc:
+                self.h.write("create_topic_retry", topic=name, err=str(exc)[:200])
+                return False
+        return True
+
     def assignment(self) -> dict[str, list[str]]:
         md = self.metadata([INPUT, OUTPUT])
         assert md is not None
@@ -289,12 +310,12 @@ class Runner:
         t0 = time.monotonic()
         cluster.start()
         self.log(f"cluster up in {time.monotonic() - t0:.0f}s; bootstrap {cluster.bootstrap}")
-        with Admin(cluster.bootstrap) as admin:
-            for name, parts in ((INPUT, args.partitions), (OUTPUT, 3)):
-                admin.create_topic(
-                    name, partitions=parts, replication_factor=3,
-                    config={"min.insync.replicas": "2"},
-                )  # fmt: skip
+        for name, parts in ((INPUT, args.partitions), (OUTPUT, 3)):
+            cluster.until(
+                lambda name=name, parts=parts: self._create_topic(name, parts),
+                timeout=120,
+                what=f"topic {name} created",
+            )
         cluster.until(self.fully_replicated, timeout=120, what="topics fully replicated")
         self.workload = Workload(
             cluster, self.out, self.seed, self.h,

@@ -277,9 +277,12 @@ class KeepAlive:
         self._on_lost = on_lost
         self._stop = threading.Event()
         self.lost = False
+        self._short_timeout = max(self.ttl / 3.0, 0.5)
+        # The first refresh also sets up the connection, which can be slow on a loaded
+        # machine: it gets the store's timeout, the following ones the short one.
         self._client = MultiEndpointEtcd3Client(
             [Endpoint(h, p, secure=False, time_retry=0.5) for h, p in store.endpoints],
-            timeout=max(self.ttl / 3.0, 0.5),
+            timeout=store.timeout,
             failover=True,
         )
         self._thread = threading.Thread(target=self._run, name=f"lease-{lease.id}", daemon=True)
@@ -287,7 +290,10 @@ class KeepAlive:
 
     def refresh(self) -> list[Any]:
         """One keepalive round trip (named like etcd3's Lease.refresh for the metrics)."""
-        return list(self._client.refresh_lease(self.lease.id))
+        try:
+            return list(self._client.refresh_lease(self.lease.id))
+        finally:
+            self._client.timeout = self._short_timeout
 
     def _run(self) -> None:
         interval = max(self.ttl / 3.0, 0.2)
