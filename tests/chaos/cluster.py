@@ -35,6 +35,8 @@ from strom.devcluster.procs import (
     port_open,
     wait_for,
 )
+from tests.chaos.netns import NetnsNetwork
+from tests.chaos.netns import unavailable as netns_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = "chaos"
@@ -100,15 +102,16 @@ class Proc:
     process: ManagedProcess | None = None
     paused: bool = False
     extra_ports: dict[str, int] = field(default_factory=dict)
+    host: str = "127.0.0.1"  # its namespace's address in netns mode
 
     @property
     def address(self) -> str:
-        """The advertised (proxied) address."""
-        return f"127.0.0.1:{self.proxy_port}"
+        """The advertised address (the proxy's port; in netns mode its own)."""
+        return f"{self.host}:{self.proxy_port}"
 
     @property
     def direct(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
@@ -119,7 +122,12 @@ class Proc:
 
 
 class ChaosCluster:
-    """See the module docstring. ``root`` holds data dirs, logs and clock files."""
+    """See the module docstring. ``root`` holds data dirs, logs and clock files.
+
+    ``network="netns"`` puts every process in a network namespace of its own instead
+    (tests/chaos/netns.py; root only): partitions are then routing decisions, and the proxy
+    is not used.
+    """
 
     def __init__(
         self,
@@ -132,6 +140,7 @@ class ChaosCluster:
         coordinator_args: Iterable[str] = (),
         node_args: Iterable[str] = (),
         controller_args: Iterable[str] = (),
+        network: str = "proxy",
     ) -> None:
         if shutil.which("etcd") is None:
             raise ClusterError(ETCD_INSTALL_HINT)
@@ -139,7 +148,18 @@ class ChaosCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "clock").mkdir(exist_ok=True)
         (self.root / "logs").mkdir(exist_ok=True)
-        self.proxy = ProxyControl(self.root / "logs" / "proxy.log")
+        self.network = network
+        self.net: NetnsNetwork | None = None
+        self.proxy: ProxyControl | None = None
+        if network == "netns":
+            reason = netns_unavailable()
+            if reason is not None:
+                raise ClusterError(f"network namespaces are not available here: {reason}")
+            self.net = NetnsNetwork()
+        elif network == "proxy":
+            self.proxy = ProxyControl(self.root / "logs" / "proxy.log")
+        else:
+            raise ValueError(f"network must be 'proxy' or 'netns', not {network!r}")
         self.procs: dict[str, Proc] = {}
         self.lock = threading.RLock()
         self.etcd = [self._etcd(i, etcd_members) for i in range(etcd_members)]
@@ -154,6 +174,8 @@ class ChaosCluster:
             for i in range(coordinators)
         ]
         for p in self.procs.values():
+            if self.proxy is None:
+                break
             answer = self.proxy.command(
                 cmd="listen", name=p.name, upstream=p.port, port=p.proxy_port
             )
@@ -172,6 +194,15 @@ class ChaosCluster:
         self.procs[p.name] = p
         return p
 
+    def _host(self, name: str) -> str:
+        """Where ``name`` listens: loopback, or its own namespace's address."""
+        return self.net.add(name) if self.net is not None else "127.0.0.1"
+
+    def _ports(self) -> tuple[int, int]:
+        """(listen port, advertised port): the proxy's in front, or the same one."""
+        port = free_port()
+        return port, (free_port() if self.proxy is not None else port)
+
     def _clock(self, name: str) -> tuple[Path, dict[str, str]]:
         path = self.root / "clock" / f"{name}.ms"
         path.write_text("0")
@@ -179,24 +210,25 @@ class ChaosCluster:
 
     def _etcd(self, i: int, n: int) -> Proc:
         name = f"etcd-{i}"
-        # Ports are fixed up front: every member's argv names every other member's peer URL.
+        # Addresses are fixed up front: every member's argv names every member's peer URL.
         if not hasattr(self, "_etcd_ports"):
-            self._etcd_ports = [
-                (free_port(), free_port(), free_port(), free_port()) for _ in range(n)
-            ]
+            self._etcd_ports = [(*self._ports(), *self._ports()) for _ in range(n)]
+            self._etcd_hosts = [self._host(f"etcd-{j}") for j in range(n)]
         client, client_proxy, peer, peer_proxy = self._etcd_ports[i]
+        host = self._etcd_hosts[i]
         cluster = ",".join(
-            f"etcd-{j}=http://127.0.0.1:{ports[3]}" for j, ports in enumerate(self._etcd_ports)
+            f"etcd-{j}=http://{self._etcd_hosts[j]}:{ports[3]}"
+            for j, ports in enumerate(self._etcd_ports)
         )
         data = self.root / name
         argv = [
             shutil.which("etcd") or "etcd",
             "--name", name,
             "--data-dir", str(data),
-            "--listen-client-urls", f"http://127.0.0.1:{client}",
-            "--advertise-client-urls", f"http://127.0.0.1:{client_proxy}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_proxy}",
+            "--listen-client-urls", f"http://{host}:{client}",
+            "--advertise-client-urls", f"http://{host}:{client_proxy}",
+            "--listen-peer-urls", f"http://{host}:{peer}",
+            "--initial-advertise-peer-urls", f"http://{host}:{peer_proxy}",
             "--initial-cluster", cluster,
             "--initial-cluster-state", "new",
             "--initial-cluster-token", "strom-chaos",
@@ -212,6 +244,7 @@ class ChaosCluster:
                 self.root / "logs" / f"{name}.log",
                 data_dir=data,
                 extra_ports={"peer": peer, "peer_proxy": peer_proxy},
+                host=host,
             )
         )
 
@@ -220,46 +253,49 @@ class ChaosCluster:
 
     def _controller(self, i: int, etcd: str, extra: Iterable[str]) -> Proc:
         name = f"controller-{i}"
-        port, proxy_port = free_port(), free_port()
+        port, proxy_port = self._ports()
+        host = self._host(name)
         clock, env = self._clock(name)
         argv = self._service(
-            "controller", "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
-            "--advertise", f"127.0.0.1:{proxy_port}", "--metrics-port", "-1",
+            "controller", "--etcd", etcd, "--listen", f"{host}:{port}",
+            "--advertise", f"{host}:{proxy_port}", "--metrics-port", "-1",
             "--cluster", CLUSTER, "--controller-id", str(i), *extra,
         )  # fmt: skip
         return self._add(
             Proc(name, "controller", port, proxy_port, argv, self.root / "logs" / f"{name}.log",
-                 env=env, clock_file=clock)
+                 env=env, clock_file=clock, host=host)
         )  # fmt: skip
 
     def _node(self, node_id: int, etcd: str, extra: Iterable[str]) -> Proc:
         name = f"node-{node_id}"
-        port, proxy_port = free_port(), free_port()
+        port, proxy_port = self._ports()
+        host = self._host(name)
         clock, env = self._clock(name)
         data = self.root / name
         argv = self._service(
             "storage-node", "--node-id", str(node_id), "--data-dir", str(data),
-            "--listen", f"127.0.0.1:{port}", "--advertise", f"127.0.0.1:{proxy_port}",
+            "--listen", f"{host}:{port}", "--advertise", f"{host}:{proxy_port}",
             "--metrics-port", "-1", "--etcd", etcd, "--cluster", CLUSTER, *extra,
         )  # fmt: skip
         return self._add(
             Proc(name, "storage-node", port, proxy_port, argv, self.root / "logs" / f"{name}.log",
-                 data_dir=data, env=env, clock_file=clock)
+                 data_dir=data, env=env, clock_file=clock, host=host)
         )  # fmt: skip
 
     def _coordinator(self, i: int, etcd: str, rf: int, extra: Iterable[str]) -> Proc:
         name = f"coordinator-{i}"
-        port, proxy_port = free_port(), free_port()
+        port, proxy_port = self._ports()
+        host = self._host(name)
         clock, env = self._clock(name)
         argv = self._service(
-            "coordinator", "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
-            "--advertise", f"127.0.0.1:{proxy_port}", "--metrics-port", "-1",
+            "coordinator", "--etcd", etcd, "--listen", f"{host}:{port}",
+            "--advertise", f"{host}:{proxy_port}", "--metrics-port", "-1",
             "--cluster", CLUSTER, "--coordinator-id", str(i),
             "--offsets-replication-factor", str(rf), *extra,
         )  # fmt: skip
         return self._add(
             Proc(name, "coordinator", port, proxy_port, argv, self.root / "logs" / f"{name}.log",
-                 env=env, clock_file=clock)
+                 env=env, clock_file=clock, host=host)
         )  # fmt: skip
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -284,7 +320,7 @@ class ChaosCluster:
         for p in self.etcd:
             self.launch(p)
         wait_for(
-            lambda: all(port_open("127.0.0.1", p.port) for p in self.etcd),
+            lambda: all(port_open(p.host, p.port) for p in self.etcd),
             timeout=timeout,
             what="the etcd members to listen",
         )
@@ -295,12 +331,15 @@ class ChaosCluster:
         with self.lock:
             if p.alive():
                 return
-            p.process = ManagedProcess(p.name, p.argv, p.log_path, env=p.env).start()
+            argv = p.argv if self.net is None else [*self.net.prefix(p.name), *p.argv]
+            p.process = ManagedProcess(p.name, argv, p.log_path, env=p.env).start()
             p.paused = False
-            self.proxy.command(cmd="pid", pid=p.process.pid, name=p.name)
+            if self.proxy is not None:
+                self.proxy.command(cmd="pid", pid=p.process.pid, name=p.name)
 
     def register_client(self, name: str, pid: int) -> None:
-        self.proxy.command(cmd="pid", pid=pid, name=name)
+        if self.proxy is not None:
+            self.proxy.command(cmd="pid", pid=pid, name=name)
 
     def wait_serving(self, p: Proc, timeout: float = 60.0) -> None:
         def ready() -> bool:
@@ -320,7 +359,7 @@ class ChaosCluster:
             for p in self.etcd:
                 if not p.alive() or p.paused:
                     continue
-                c = etcd3.client("127.0.0.1", p.port, timeout=2)
+                c = etcd3.client(p.host, p.port, timeout=2)
                 try:
                     c.status()
                     ok += 1
@@ -366,9 +405,11 @@ class ChaosCluster:
             if p.paused:
                 self.resume(p)
         for group in (self.coordinators, self.nodes, self.controllers, self.etcd):
-            for p in group:
-                if p.process is not None:
-                    p.process.stop(timeout=20)
+            live = [p.process for p in group if p.process is not None and p.process.alive()]
+            for proc in live:  # the whole group at once, then wait for each
+                proc.signal(signal.SIGTERM)
+            for proc in live:
+                proc.stop(timeout=20)
 
     def kill_all(self) -> None:
         for p in self.procs.values():
@@ -376,7 +417,10 @@ class ChaosCluster:
                 self.resume(p)
             if p.process is not None:
                 p.process.kill()
-        self.proxy.close()
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.net is not None:
+            self.net.cleanup()
 
     def by_name(self, name: str) -> Proc:
         return self.procs[name]

@@ -110,10 +110,16 @@ def main(argv: list[str] | None = None) -> int:
             multiprocessing.Process(
                 target=_worker,
                 args=(
-                    cluster.bootstrap, "many", per, w * per, args.seconds, args.size,
-                    args.interval_ms / 1000.0, q,
+                    cluster.bootstrap,
+                    "many",
+                    per,
+                    w * per,
+                    args.seconds,
+                    args.size,
+                    args.interval_ms / 1000.0,
+                    q,
                 ),
-            )  # fmt: skip
+            )
             for w in range(args.workers)
         ]
         t0 = time.monotonic()

@@ -17,11 +17,14 @@ Kinds:
 - ``kill``: SIGKILL, restart after the duration (etcd members, controllers, coordinators,
   storage nodes).
 - ``pause``: SIGSTOP for longer than the etcd lease, then SIGCONT.
-- ``isolate``: the proxy stalls everything to and from the target (a partition).
+- ``isolate``: the proxy stalls everything to and from the target (a partition); with
+  network namespaces its interface goes down.
 - ``isolate_etcd``: the target cannot talk to etcd (an etcd member: to its peers).
 - ``oneway``: what the target sends is stalled, what it receives still arrives (or the
   reverse, ``params.inbound``).
 - ``pair``: a partition between two services only.
+- With network namespaces (``--network netns``) the partitions are blackhole routes in the
+  processes' namespaces (tests/chaos/netns.py), resets are ``ss -K``, and there is no delay.
 - ``delay``: every chunk to and from the target waits ``params.ms``.
 - ``reset``: every connection of the target is reset mid-stream (instant).
 - ``clock``: the target's wall clock jumps by ``params.ms`` (strom.clock), back at the end.
@@ -92,10 +95,12 @@ def plan(
     clients: list[str],
     mean_gap_s: float = 4.0,
     lease_s: float = 2.0,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[Fault]:
-    """The fault schedule for ``seed`` (see the module docstring)."""
+    """The fault schedule for ``seed`` (see the module docstring); ``exclude`` leaves kinds
+    out (``delay`` with network namespaces, which have no netem here)."""
     rnd = random.Random(seed)
-    kinds, weights = zip(*WEIGHTS, strict=True)
+    kinds, weights = zip(*[(k, w) for k, w in WEIGHTS if k not in exclude], strict=True)
     nodes = [s for s in services if s.startswith("node-")]
     faults: list[Fault] = []
     t = rnd.uniform(3, 6)
@@ -267,7 +272,11 @@ class Nemesis:
                 self._record(f)
             return
         if f.kind == "reset":
-            n = c.proxy.command(cmd="reset", **{"from": ["*"], "to": [f.target]})["reset"]
+            if c.net is not None:
+                n = c.net.kill_connections(f.target)
+            else:
+                assert c.proxy is not None
+                n = c.proxy.command(cmd="reset", **{"from": ["*"], "to": [f.target]})["reset"]
             self._record(f, connections=n)
             return
         p = c.by_name(f.target)
@@ -291,6 +300,10 @@ class Nemesis:
             c.set_clock(p, f.params["ms"])
             self._record(f)
             self._later(f.duration, lambda: self._clock_back(f, p))
+        elif c.net is not None:
+            undo = self._netns_fault(f)
+            self._record(f, network="netns")
+            self._later(f.duration, lambda: self._netns_heal(f, undo))
         else:
             rules = self._rules_for(f)
             self._seq += 1
@@ -332,8 +345,49 @@ class Nemesis:
             ]
         raise ValueError(f"no proxy rules for {f.kind}")
 
+    def _netns_fault(self, f: Fault) -> Callable[[], None]:
+        """Apply a partition with routes or links in network namespaces; returns the undo."""
+        net = self.cluster.net
+        assert net is not None
+        t = f.target
+        everyone = [n for n in net.hosts if n != t]
+        etcd = [p.name for p in self.cluster.etcd]
+        pairs: list[tuple[str, str]] = []
+        if f.kind == "isolate":
+            net.link(t, False)
+            return lambda: net.link(t, True)
+        if f.kind == "isolate_etcd":
+            others = [e for e in etcd if e != t]
+            pairs = [(t, o) for o in others] + [(o, t) for o in others]
+        elif f.kind == "oneway":
+            if f.params.get("inbound"):
+                pairs = [(o, t) for o in everyone]
+            else:
+                pairs = [(t, o) for o in [*everyone, "host"]]
+        elif f.kind == "pair":
+            peer = f.params["peer"]
+            pairs = [(t, peer), (peer, t)]
+        else:
+            raise ValueError(f"no network-namespace fault for {f.kind}")
+        for src, dst in pairs:
+            net.block(src, dst)
+
+        def undo() -> None:
+            for src, dst in pairs:
+                net.unblock(src, dst)
+
+        return undo
+
+    def _netns_heal(self, f: Fault, undo: Callable[[], None]) -> None:
+        undo()
+        self._release(f.target)
+        if f.kind == "pair":
+            self._release(f.params["peer"])
+        self._healed(f)
+
     def _push_rules(self) -> None:
         rules = [r for entry in self.rules.values() for r in entry["rules"]]
+        assert self.cluster.proxy is not None
         self.cluster.proxy.command(cmd="rules", rules=rules)
 
     def _drop_rules(self, f: Fault, rid: int) -> None:
@@ -365,7 +419,10 @@ class Nemesis:
             _, _, heal = heapq.heappop(self.heals)
             heal()
         self.rules.clear()
-        self.cluster.proxy.command(cmd="rules", rules=[])
+        if self.cluster.proxy is not None:
+            self.cluster.proxy.command(cmd="rules", rules=[])
+        if self.cluster.net is not None:
+            self.cluster.net.heal()
         for p in self.cluster.procs.values():
             if p.paused:
                 self.cluster.resume(p)

@@ -283,6 +283,7 @@ class Runner:
         cluster = self.cluster = ChaosCluster(
             self.out / "cluster",
             nodes=args.nodes,
+            network=args.network,
             coordinator_args=[
                 "--group-session-timeout-ms", "10000",
                 "--group-heartbeat-interval-ms", "500",
@@ -294,7 +295,11 @@ class Runner:
         etcd = [p.name for p in cluster.etcd]
         clients = [f"producer-{i}" for i in range(args.producers)]
         clients += [f"pipeline-{i}" for i in range(args.pipelines)] + ["member"]
-        faults = plan(self.seed, args.duration, services=services, etcd=etcd, clients=clients)
+        exclude = frozenset({"delay"}) if args.network == "netns" else frozenset()
+        faults = plan(
+            self.seed, args.duration, services=services, etcd=etcd, clients=clients,
+            exclude=exclude,
+        )  # fmt: skip
         (self.out / "plan.json").write_text(json.dumps([f.as_dict() for f in faults], indent=1))
         try:
             return self._run(faults)
@@ -461,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipelines", type=int, default=2)
     ap.add_argument("--rate", type=float, default=40.0, help="records/s per producer")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs of a passing run")
+    ap.add_argument(
+        "--network",
+        choices=["proxy", "netns"],
+        default="proxy",
+        help="faults through the TCP proxy on loopback (default), or real partitions with a "
+        "network namespace per process (root only; no delays)",
+    )
     args = ap.parse_args(argv)
     os.chdir(REPO)
     return Runner(args).run()

@@ -1,9 +1,9 @@
-"""The short chaos run inside ``make test`` (issue 13): about 75 seconds of faults against the
+"""The short chaos run inside ``make test`` (issue 13): about 60 seconds of faults against the
 full workload, then the checker. ``make chaos DURATION=20m`` is the long run.
 
 The seed is fixed (``STROM_CHAOS_SEED`` overrides it) so that every ``make test`` plays the
 same fault schedule; a failure keeps the history, every process log and the seed under the
-test's temporary directory, and ``make chaos SEED=<seed> DURATION=75s`` replays it.
+test's temporary directory, and ``make chaos SEED=<seed> DURATION=60s`` replays it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.chaos.cluster import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SEED = int(os.environ.get("STROM_CHAOS_SEED", "20261123"))
-DURATION = os.environ.get("STROM_CHAOS_SHORT", "75s")
+DURATION = os.environ.get("STROM_CHAOS_SHORT", "60s")
 
 
 @pytest.mark.timeout(900)
