@@ -7,7 +7,10 @@ without touching the machine's clock: when ``STROM_TEST_CLOCK_OFFSET_FILE`` name
 process start, :func:`wall_ms` adds the whole number of milliseconds written in it (re-read
 at most every 100 ms, so a jump shows within that; a missing or unreadable file counts as 0).
 Without the variable, :func:`wall_ms` is ``time.time_ns() // 1_000_000`` and costs nothing
-more. Durations and deadlines inside one process use ``time.monotonic()``, never this.
+more. Timeouts inside one process mostly use ``time.monotonic()``; those that follow this clock
+(group members' session deadlines and transaction timeouts in the coordinator, whose start
+times are persisted and read by the next owner, as in Kafka) move with a jump: a jump forward
+expires sessions early, one backward delays expiry by the jump.
 """
 
 from __future__ import annotations
