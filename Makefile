@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all setup test test-unit lint format protos check-protos generate bench demo lock clean
+.PHONY: all setup test test-unit lint format protos check-protos generate bench demo lock clean chaos
 
 all: test
 
@@ -15,6 +15,13 @@ setup:
 test: setup
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q
+
+## Randomized faults against a checked workload (tests/chaos): `make chaos DURATION=20m`,
+## `make chaos SEED=1234` replays a run's fault schedule. Output under /tmp/strom-chaos.
+DURATION ?= 20m
+SEED ?=
+chaos: setup
+	$(PY) -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED))
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

@@ -197,3 +197,101 @@ def test_fetcher_truncates_on_divergence_and_restarts_below_the_leader_start(
     stale = pb.FetchPartitionResponse(partition=0, records=_leader_batch([b"x"], 100, 3))
     asyncio.run(fetchers._handle(part, 100, 2, stale))
     assert part.log.log_end_offset == 100
+
+
+# -- the maximal ISR (chaos suite, issue 13) -------------------------------------------------
+#
+# Found by the chaos run with seed 2: node 2 came back with an empty disk, caught up and was
+# proposed for the ISR; while the expansion was being committed the leader kept advancing the
+# HW over the old ISR [1, 3] and acknowledged five records node 2 did not have. The controller
+# then made node 2 leader (preferred-leader election, ISR [2, 1, 3]) and the others truncated
+# the acknowledged records away.
+
+
+def _leader_with_lagging_candidate(tmp_path: Path) -> Partition:
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 3], pepoch=4))
+    lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
+    part.record_follower_end_offset(3, 10)
+    assert part.high_watermark == 10
+    part.record_follower_end_offset(2, 10)  # node 2 caught up: it qualifies for the ISR
+    return part
+
+
+def test_high_watermark_waits_for_a_replica_whose_isr_expansion_is_pending(
+    tmp_path: Path,
+) -> None:
+    part = _leader_with_lagging_candidate(tmp_path)
+    new = part.isr_change(10.0)
+    assert new == (1, 2, 3)
+    part.propose_isr(new)
+    part.log.append(encode_batch([b"y"] * 5), leader_epoch=0)
+    part.record_follower_end_offset(3, 15)
+    assert part.high_watermark == 10  # node 2 may already be in the ISR: not past its LEO
+    part.record_follower_end_offset(2, 15)
+    assert part.high_watermark == 15
+    # The committed state arrives: the proposal is settled.
+    part.apply_state(_state(1, 0, [1, 2, 3], pepoch=5))
+    assert part.pending_isr is None and part.maximal_isr() == {1, 2, 3}
+
+
+def test_a_newer_state_settles_a_proposal_whose_answer_was_lost(tmp_path: Path) -> None:
+    part = _leader_with_lagging_candidate(tmp_path)
+    part.propose_isr((1, 2, 3))
+    part.apply_state(_state(1, 0, [1, 3], pepoch=4))  # the same state again: still pending
+    assert part.pending_isr == (1, 2, 3)
+    part.apply_state(_state(1, 0, [1, 3], pepoch=5))  # decided (here: not committed)
+    assert part.pending_isr is None
+    part.log.append(encode_batch([b"y"] * 5), leader_epoch=0)
+    part.record_follower_end_offset(3, 15)
+    assert part.high_watermark == 15
+
+
+class _FlakyController:
+    """Answers AlterPartition after failing the first call (no answer: outcome unknown)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        from strom.api import controller_pb2
+
+        self.calls.append(list(request.partitions[0].new_isr))
+        if len(self.calls) == 1:
+            return None
+        p = request.partitions[0]
+        resp = controller_pb2.AlterPartitionResponse()
+        r = resp.partitions.add(topic=p.topic, partition=p.partition)
+        r.state.CopyFrom(_state(1, 0, list(p.new_isr), pepoch=p.partition_epoch + 1))
+        return resp
+
+
+class _Manager:
+    def __init__(self, part: Partition) -> None:
+        self.partitions = {part.tp: part}
+        self.metrics: dict = {}
+        self.committed = WaiterRegistry()
+
+    def request_reconcile(self) -> None:
+        pass
+
+
+def test_isr_manager_resends_a_proposal_whose_call_failed(tmp_path: Path) -> None:
+    from strom.storage.replication import IsrManager
+
+    part = _leader_with_lagging_candidate(tmp_path)
+    controller = _FlakyController()
+    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await isr.check()
+        assert part.pending_isr == (1, 2, 3)  # no answer: still pending, HW held for node 2
+        part.log.append(encode_batch([b"y"] * 5), leader_epoch=0)
+        part.record_follower_end_offset(3, 15)
+        assert part.high_watermark == 10
+        isr._retry_at.clear()
+        await isr.check()
+        assert controller.calls == [[1, 2, 3], [1, 2, 3]]
+        assert part.pending_isr is None and part.isr == (1, 2, 3)
+
+    asyncio.run(main())

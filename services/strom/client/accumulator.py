@@ -132,6 +132,7 @@ class PartitionQueue:
     __slots__ = (
         "batches",
         "in_flight",
+        "last_error",
         "next_sequence",
         "open",
         "partition",
@@ -151,6 +152,8 @@ class PartitionQueue:
         #: Set after an error: drain in-flight requests, then resend from the oldest batch.
         self.retrying = False
         self.retry_at = 0.0
+        #: Why the last attempt was retried (named when the batches finally expire).
+        self.last_error: str | None = None
         self.next_sequence = 0
         #: After a batch failed for good: the sequence the batches behind it restart from.
         self.reseq_from: int | None = None

@@ -848,7 +848,16 @@ class Producer:
         for pq, batches, _, behind in entries:
             if error is not None:
                 code = error.code() if isinstance(error, grpc.RpcError) else None
-                if code in _TRANSPORT_RETRIABLE:
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    # The leader is shedding load (or the request was too large for it).
+                    detail = error.details() if isinstance(error, grpc.RpcError) else ""
+                    self._retry(
+                        pq,
+                        batches,
+                        BrokerNotAvailableError(f"leader {addr} refused: {code.name}: {detail}"),
+                        now,
+                    )
+                elif code in _TRANSPORT_RETRIABLE:
                     self._retry(
                         pq,
                         batches,
@@ -881,6 +890,7 @@ class Producer:
                     b.result.complete(-1, r.log_append_time_ms)
                 self._done(pq, batches)
             elif r.error_code == NONE:
+                pq.last_error = None
                 base = r.base_offset
                 for b in batches:
                     b.result.complete(base, r.log_append_time_ms)
@@ -986,6 +996,7 @@ class Producer:
                 b.sent = False
             pq.in_flight = max(pq.in_flight - 1, 0)
             pq.retrying = True
+            pq.last_error = str(err)
             pq.retry_at = max(pq.retry_at, now + backoff * random.uniform(0.8, 1.2))
             self._stale.add(pq.topic)
         log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
@@ -1026,7 +1037,12 @@ class Producer:
                 old,
                 RequestTimedOutError(
                     f"{pq.topic}-{pq.partition}: not sent within delivery_timeout_ms="
-                    f"{self.delivery_timeout_s * 1000:.0f} (no reachable leader)"
+                    f"{self.delivery_timeout_s * 1000:.0f} "
+                    + (
+                        f"(last error: {pq.last_error})"
+                        if pq.last_error
+                        else "(no reachable leader)"
+                    )
                 ),
             )
 

@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
         auto_leader_rebalance=args.auto_leader_rebalance,
         fast_failure_detection=args.fast_failure_detection,
     )
-    return flags.serve(PROG, service, args.listen, metrics_port, (ControllerStartupError,))
+    return flags.serve(
+        PROG, service, args.listen, metrics_port, (ControllerStartupError,), args.max_connections
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,6 +54,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from strom.api import common_pb2, controller_pb2, controller_pb2_grpc
 from strom.api import metadata_pb2 as md
+from strom.clock import wall_ms
 from strom.controller import leadership, metrics
 from strom.controller.acls import AclRpcs
 from strom.controller.configs import _effective, apply_config_ops, describe_topic_configs
@@ -170,7 +171,7 @@ class _Leadership:
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return wall_ms()
 
 
 def _rack(node: md.NodeRegistration) -> str | None:

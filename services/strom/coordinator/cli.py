@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
         txn_partitions=args.transaction_state_partitions,
         txn_max_timeout_ms=args.transaction_max_timeout_ms,
     )
-    return flags.serve(PROG, service, args.listen, metrics_port, (CoordinatorStartupError,))
+    return flags.serve(
+        PROG, service, args.listen, metrics_port, (CoordinatorStartupError,), args.max_connections
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,6 +53,7 @@ from strom.api import (
     storage_pb2_grpc,
 )
 from strom.api import metadata_pb2 as md
+from strom.clock import wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup, GroupConfig, GroupState
 from strom.coordinator.lookup import find_coordinator, shard_count
@@ -70,6 +71,7 @@ from strom.coordinator.txn_service import TransactionRpcs
 from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC, TxnShardState
 from strom.errors import (
     CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
     ErrorCode,
     GroupIdNotFoundError,
     InvalidGroupIdError,
@@ -139,7 +141,7 @@ class _ShardLost(Exception):
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return wall_ms()
 
 
 def _client_host(peer: str | None) -> str:
@@ -378,6 +380,8 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
                         await self._claim_shards(kind)
                 except asyncio.CancelledError:
                     raise
+                except MetadataUnavailableError as exc:  # etcd away or our lease just expired
+                    log.warning("%s shard ownership pass: %s; retrying", kind.name, exc)
                 except Exception:
                     log.exception("%s shard ownership pass failed", kind.name)
             with contextlib.suppress(TimeoutError):
@@ -728,12 +732,21 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
 
     # -- operations ----------------------------------------------------------------------------
 
+    def _started_view(self) -> ClusterView:
+        """The cluster view, or COORDINATOR_NOT_AVAILABLE (retriable) while the process is
+        still starting: the gRPC port is bound before etcd is reached, and a client that
+        calls in that moment must be told to retry, not handed an internal error."""
+        if self.view is None:
+            raise CoordinatorNotAvailableError(
+                f"coordinator {self.coordinator_id} is starting; retry shortly"
+            )
+        return self.view
+
     def _shard_of(self, group_id: str) -> Shard:
         """The loaded shard holding ``group_id``; raises the group-level errors."""
         if not group_id:
             raise InvalidGroupIdError("group id must not be empty")
-        assert self.view is not None
-        shards = shard_count(self.view)
+        shards = shard_count(self._started_view())
         if shards is None:
             raise NotCoordinatorError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
         s = shard_for_group(group_id, shards)
@@ -802,8 +815,7 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
 
     def _topics(self) -> dict[str, int]:
         """The cluster's live topics → partition counts (cached per view revision)."""
-        assert self.view is not None
-        view = self.view
+        view = self._started_view()
         with view.lock:
             rev = view.revision
             if self._topics_cache[0] == rev:
@@ -1146,7 +1158,17 @@ class CoordinatorService(TransactionRpcs, coordinator_pb2_grpc.CoordinatorServic
     async def FindCoordinator(
         self, request: storage_pb2.FindCoordinatorRequest, context: grpc.aio.ServicerContext
     ) -> storage_pb2.FindCoordinatorResponse:
-        assert self.view is not None
+        if self.view is None:  # still starting (see _started_view)
+            resp = storage_pb2.FindCoordinatorResponse()
+            for key in request.keys:
+                c = resp.coordinators.add(
+                    key=key,
+                    shard=-1,
+                    error_code=E.COORDINATOR_NOT_AVAILABLE,
+                    error_message=f"coordinator {self.coordinator_id} is starting; retry shortly",
+                )
+                c.node.node_id = -1
+            return resp
         return find_coordinator(self.view, request)
 
     # -- timers ---------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from strom.api import (
     storage_pb2,
     storage_pb2_grpc,
 )
+from strom.clock import wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
@@ -86,7 +87,7 @@ _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return wall_ms()
 
 
 def _fill_error(resp: Any, exc: BaseException) -> None:
@@ -108,9 +109,8 @@ class TransactionRpcs(_Base):
         """The loaded transaction shard of ``transactional_id``; raises the usual errors."""
         if not transactional_id:
             raise InvalidRequestError("transactional_id must not be empty")
-        assert self.view is not None
         kind = self.txn_kind
-        shards = shard_count(self.view, topic=kind.topic)
+        shards = shard_count(self._started_view(), topic=kind.topic)
         if shards is None:
             raise NotCoordinatorError(f"{kind.topic} does not exist yet")
         s = shard_for_group(transactional_id, shards)
@@ -256,15 +256,15 @@ class TransactionRpcs(_Base):
         context: grpc.aio.ServicerContext,
     ) -> coordinator_pb2.AddPartitionsToTxnResponse:
         resp = coordinator_pb2.AddPartitionsToTxnResponse()
-        topics = self._topics()
-        unknown = {
-            (tp.topic, p)
-            for tp in request.topics
-            for p in tp.partitions
-            if not (tp.topic in topics and 0 <= p < topics[tp.topic])
-        }
         wanted = [(tp.topic, p) for tp in request.topics for p in tp.partitions]
         try:
+            topics = self._topics()
+            unknown = {
+                (tp.topic, p)
+                for tp in request.topics
+                for p in tp.partitions
+                if not (tp.topic in topics and 0 <= p < topics[tp.topic])
+            }
             if not unknown:
                 now = _now_ms()
                 await self._txn_change(

@@ -8,6 +8,7 @@ more conservatively), never as a reason to refuse to start.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -16,7 +17,8 @@ VERSION = 0
 
 def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or the new file, never half."""
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of its own per writer: two threads replacing one file must not share a temp.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         if fsync:

@@ -57,6 +57,10 @@ class LogManager:
         self.clock = clock
         self._configs = configs or (lambda topic: {})
         self.lock = threading.RLock()
+        #: One checkpoint write at a time: the node writes them from several threads (the
+        #: periodic task, replica truncation, deletes), and two writers of one file race on
+        #: its temporary name (one rename fails, or a half-written file is renamed in).
+        self._checkpoint_lock = threading.Lock()
         self.logs: dict[TopicPartition, Log] = {}
         marker = self.data_dir / CLEAN_SHUTDOWN
         self.clean_shutdown = marker.exists()
@@ -65,6 +69,8 @@ class LogManager:
         dirty = checkpoint.read_offsets(self.data_dir / CLEANER_OFFSETS)
         for p in sorted(self.data_dir.iterdir()):
             if not p.is_dir():
+                if p.name.endswith(".tmp"):  # a checkpoint write a crash interrupted
+                    p.unlink(missing_ok=True)
                 continue
             if p.name.endswith(".deleted"):
                 shutil.rmtree(p, ignore_errors=True)
@@ -125,14 +131,16 @@ class LogManager:
 
     def checkpoint(self) -> None:
         """Write the recovery-point and log-start-offset checkpoints of every log."""
-        with self.lock:
-            items = list(self.logs.items())
-        recovery = {log_dir_name(*tp): log.recovery_point for tp, log in items}
-        starts = {log_dir_name(*tp): log.log_start_offset for tp, log in items}
-        dirty = {log_dir_name(*tp): log.first_dirty_offset for tp, log in items}
-        checkpoint.write_offsets(self.data_dir / RECOVERY_POINTS, recovery, fsync=self.fsync)
-        checkpoint.write_offsets(self.data_dir / LOG_START_OFFSETS, starts, fsync=self.fsync)
-        checkpoint.write_offsets(self.data_dir / CLEANER_OFFSETS, dirty, fsync=self.fsync)
+        with self._checkpoint_lock:
+            with self.lock:
+                items = list(self.logs.items())
+            recovery = {log_dir_name(*tp): log.recovery_point for tp, log in items}
+            starts = {log_dir_name(*tp): log.log_start_offset for tp, log in items}
+            dirty = {log_dir_name(*tp): log.first_dirty_offset for tp, log in items}
+            fsync = self.fsync
+            checkpoint.write_offsets(self.data_dir / RECOVERY_POINTS, recovery, fsync=fsync)
+            checkpoint.write_offsets(self.data_dir / LOG_START_OFFSETS, starts, fsync=fsync)
+            checkpoint.write_offsets(self.data_dir / CLEANER_OFFSETS, dirty, fsync=fsync)
 
     def flush_all(self) -> None:
         for _, log in self:

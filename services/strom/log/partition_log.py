@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import os
 import random
 import re
 import shutil
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from strom.clock import wall_ms
 from strom.log.config import LONG_MAX, LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
 from strom.log.errors import (
@@ -62,8 +63,11 @@ _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 _SNAPSHOTS_KEPT = 2
 
 
+_log = logging.getLogger("strom.log")
+
+
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return wall_ms()
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +267,16 @@ class Log:
         first_base = self.segments[0].base_offset
         self.log_start_offset = min(max(self.log_start_offset, first_base), leo)
         self.recovery_point = min(self.recovery_point, leo) if not clean_shutdown else leo
+        if self.truncated_bytes_on_recovery:
+            # Operators must see it: the replica now holds less than before the crash (a
+            # follower fetches the rest again; a leader had it replicated or never acked it).
+            _log.warning(
+                "%s: recovery truncated %d bytes of torn or corrupt data; the log now ends "
+                "at offset %d",
+                self.directory,
+                self.truncated_bytes_on_recovery,
+                leo,
+            )
         self._rebuild_producer_state()
 
     def _rebuild_producer_state(self) -> None:

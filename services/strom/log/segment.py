@@ -10,6 +10,7 @@ served.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import mmap
@@ -113,11 +114,30 @@ class LogSegment:
         """Write already-validated batches (offsets assigned), given as consecutive buffers
         totalling ``length`` bytes, at the end of the file with as few syscalls as possible."""
         position = self.size
-        written = 0
-        for i in range(0, len(pieces), _IOV_MAX):
-            written += os.pwritev(self.fd, pieces[i : i + _IOV_MAX], position + written)
-        if written != length:
-            raise OSError(f"short write to {self.log_path}: {written} of {length} bytes")
+        try:
+            written = 0
+            for i in range(0, len(pieces), _IOV_MAX):
+                chunk = pieces[i : i + _IOV_MAX]
+                n = os.pwritev(self.fd, chunk, position + written)
+                want = sum(memoryview(c).nbytes for c in chunk)
+                if n < want:
+                    # A short write (a full disk answers so before it answers ENOSPC): write
+                    # the rest, which either completes or raises the real error.
+                    rest = memoryview(b"".join(chunk))[n:]
+                    while rest:
+                        k = os.pwrite(self.fd, rest, position + written + want - len(rest))
+                        rest = rest[k:]
+                written += want
+            if written != length:
+                raise OSError(f"wrote {written} of {length} bytes")
+        except OSError as exc:
+            # Nothing of this append stays on disk: the bytes past the log's end are cut, so
+            # no torn batch is left behind (and the next append writes at the same place).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, position)
+            raise OSError(
+                exc.errno, f"{exc.strerror or exc} (appending to {self.log_path})"
+            ) from exc
         for h in headers:
             self._index_batch(h, position + h.position)
         self.size += length

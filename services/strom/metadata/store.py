@@ -268,6 +268,12 @@ class KeepAlive:
     ``on_lost`` runs once when etcd says the lease is gone (it expired while this process
     could not reach etcd): whoever owns keys under it must re-register or step down.
     Connection errors alone are retried, since etcd restores leases after a restart.
+
+    The refreshes go through a client of their own whose calls time out after a third of the
+    TTL (at least 0.5 s) and fail over to the next etcd member: with the store's 5 s timeout,
+    one etcd member that stopped answering (paused, partitioned away) held the refresh past a
+    2 s TTL, so every process talking to that member lost its lease at once — a single etcd
+    fault looked like every storage node dying together.
     """
 
     def __init__(self, store: MetadataStore, lease: Any, on_lost: Callable[[], None]) -> None:
@@ -277,14 +283,36 @@ class KeepAlive:
         self._on_lost = on_lost
         self._stop = threading.Event()
         self.lost = False
+        self._short_timeout = max(self.ttl / 3.0, 0.5)
+        # The first refresh also sets up the connection, which can be slow on a loaded
+        # machine: it gets the store's timeout, the following ones the short one.
+        self._client = MultiEndpointEtcd3Client(
+            [Endpoint(h, p, secure=False, time_retry=0.5) for h, p in store.endpoints],
+            timeout=store.timeout,
+            failover=True,
+        )
         self._thread = threading.Thread(target=self._run, name=f"lease-{lease.id}", daemon=True)
         self._thread.start()
 
+    def refresh(self) -> list[Any]:
+        """One keepalive round trip (named like etcd3's Lease.refresh for the metrics)."""
+        try:
+            return list(self._client.refresh_lease(self.lease.id))
+        finally:
+            self._client.timeout = self._short_timeout
+
     def _run(self) -> None:
         interval = max(self.ttl / 3.0, 0.2)
+        try:
+            self._loop(interval)
+        finally:
+            with contextlib.suppress(Exception):
+                self._client.close()
+
+    def _loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
-                resps = self.store._call(self.lease.refresh)
+                resps = self.store._call(self.refresh)
             except MetadataUnavailableError:
                 metrics.keepalive_failed()
                 interval = 0.25  # keep trying quickly until etcd is back

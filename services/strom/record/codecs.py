@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import cramjam
+import numpy as np
 
 from strom.record.errors import InvalidBatchError
 
@@ -32,12 +33,21 @@ _COMPRESS: dict[int, Callable[[Any], Any]] = {
     LZ4: lambda b: cramjam.lz4.compress(b, level=1),
     ZSTD: lambda b: cramjam.zstd.compress(b, level=1),
 }
-_DECOMPRESS: dict[int, Callable[[Any], Any]] = {
-    GZIP: cramjam.gzip.decompress,
-    SNAPPY: cramjam.snappy.decompress_raw,
-    LZ4: cramjam.lz4.decompress,
-    ZSTD: cramjam.zstd.decompress,
+_DECOMPRESS_INTO: dict[int, Callable[[Any, Any], int]] = {
+    GZIP: cramjam.gzip.decompress_into,
+    SNAPPY: cramjam.snappy.decompress_raw_into,
+    LZ4: cramjam.lz4.decompress_into,
+    ZSTD: cramjam.zstd.decompress_into,
 }
+
+#: The most a batch body may decompress to. Compressed bodies are small on the wire (a
+#: batch is at most max.message.bytes), but a hostile one can be a decompression bomb: 1 MiB
+#: of zstd expands to 32 GiB. Whoever decodes bodies (consumers, the log cleaner of a compacted
+#: topic, a coordinator replaying its log) must not be made to allocate that. 256 MiB is the
+#: largest gRPC message strom sends, so no legitimate body gets near it.
+MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
+#: First output buffer: this many times the compressed size (grown x8 while it overflows).
+_FIRST_RATIO = 8
 
 
 def codec_id(codec: str | int | None) -> int:
@@ -61,19 +71,60 @@ def compress(codec: int, data: Any) -> Any:
     return _COMPRESS[codec](data)
 
 
-def decompress(codec: int, data: Any, *, position: int = 0) -> Any:
-    """Decompress a batch body; corrupt input raises :class:`InvalidBatchError`."""
+def decompress(
+    codec: int, data: Any, *, position: int = 0, max_bytes: int = MAX_DECOMPRESSED_BYTES
+) -> Any:
+    """Decompress a batch body; corrupt input, or a body that would decompress to more than
+    ``max_bytes``, raises :class:`InvalidBatchError`.
+
+    The output goes into a buffer of bounded size (uninitialised, so untouched pages cost no
+    memory) that grows by x8 while the body overflows it, up to ``max_bytes``: a bomb fails at
+    the bound instead of allocating what it claims.
+    """
     if codec == NONE:
         return data
-    fn = _DECOMPRESS.get(codec)
+    fn = _DECOMPRESS_INTO.get(codec)
     if fn is None:
         raise InvalidBatchError(
             f"batch at byte {position}: unknown codec id {codec}", position=position
         )
-    try:
-        return fn(data)
-    except Exception as exc:  # cramjam raises its own DecompressionError and ValueErrors
-        raise InvalidBatchError(
-            f"batch at byte {position}: {CODEC_NAMES[codec]} body does not decompress ({exc})",
-            position=position,
-        ) from exc
+    size = min(max_bytes, max(1 << 16, len(memoryview(data)) * _FIRST_RATIO))
+    if codec == SNAPPY:  # raw snappy states its length up front: no guessing
+        try:
+            size = cramjam.snappy.decompress_raw_len(data)
+        except Exception as exc:
+            raise _corrupt(codec, position, exc) from exc
+        if size > max_bytes:
+            raise _too_large(codec, position, max_bytes)
+    while True:
+        out = np.empty(size, dtype=np.uint8)
+        try:
+            n = fn(data, out)
+        except Exception as exc:  # cramjam raises DecompressionError (and ValueErrors)
+            if size < max_bytes and _overflowed(exc):
+                size = min(max_bytes, size * 8)
+                continue
+            if _overflowed(exc):
+                raise _too_large(codec, position, max_bytes) from exc
+            raise _corrupt(codec, position, exc) from exc
+        return memoryview(out)[:n]
+
+
+def _overflowed(exc: Exception) -> bool:
+    text = str(exc)
+    return "whole buffer" in text or "smaller than required" in text
+
+
+def _corrupt(codec: int, position: int, exc: Exception) -> InvalidBatchError:
+    return InvalidBatchError(
+        f"batch at byte {position}: {CODEC_NAMES[codec]} body does not decompress ({exc})",
+        position=position,
+    )
+
+
+def _too_large(codec: int, position: int, max_bytes: int) -> InvalidBatchError:
+    return InvalidBatchError(
+        f"batch at byte {position}: {CODEC_NAMES[codec]} body decompresses to more than "
+        f"{max_bytes} bytes (a decompression bomb, or a body too large to decode)",
+        position=position,
+    )

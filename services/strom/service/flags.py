@@ -16,6 +16,7 @@ from strom import security
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import runtime
 from strom.service.config import split_host_port
+from strom.service.limits import ServerLimits
 
 
 def host_port(text: str) -> str:
@@ -103,6 +104,13 @@ def add_endpoint_arguments(
     parser.add_argument(
         "--cluster", default="strom", help="cluster name: the etcd prefix /strom/<name>/"
     )
+    parser.add_argument(
+        "--max-connections",
+        default=0,
+        type=int_at_least(0),
+        help="most client connections served at once; more are closed (default 0: half the "
+        "open-file limit, at most 10000)",
+    )
 
 
 def add_process_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,10 +152,12 @@ def serve(
     listen: str,
     metrics_port: int | None,
     startup_errors: tuple[type[BaseException], ...],
+    max_connections: int = 0,
 ) -> int:
     """Run ``service`` until SIGTERM; the exit code. Start-up problems -> one stderr line."""
+    limits = ServerLimits(max_connections=max_connections)
     try:
-        return runtime.run(service, listen, metrics_port)
+        return runtime.run(service, listen, metrics_port, limits)
     except (*startup_errors, MetadataUnavailableError) as exc:
         return fail(prog, str(exc))
     except RuntimeError as exc:

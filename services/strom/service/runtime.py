@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from strom import security
 from strom.metadata import metrics as metadata_metrics
 from strom.service import metrics
+from strom.service.limits import ServerLimits
 
 log = logging.getLogger("strom.service")
 
@@ -85,12 +86,17 @@ async def serve(
     *,
     grace_s: float = 10.0,
     metrics_host: str = "0.0.0.0",
+    limits: ServerLimits | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then shut down in order."""
     metrics.set_service(service.name)
     metadata_metrics.init_service()
     sec = security.server_security()
-    server = grpc.aio.server(options=list(GRPC_OPTIONS), interceptors=security.interceptors(sec))
+    server_limits = limits or ServerLimits()
+    server = grpc.aio.server(
+        options=[*GRPC_OPTIONS, *server_limits.grpc_options()],
+        interceptors=security.interceptors(sec),
+    )
     names = service.register(server)
     health_servicer = health.aio.HealthServicer()
     # FIX: grpc's HealthServicer starts with "" = SERVING; until service.start() has finished
@@ -147,9 +153,11 @@ async def serve(
     log.info("%s stopped", service.name)
 
 
-def run(service: Service, listen: str, metrics_port: int | None) -> int:
+def run(
+    service: Service, listen: str, metrics_port: int | None, limits: ServerLimits | None = None
+) -> int:
     try:
-        asyncio.run(serve(service, listen, metrics_port))
+        asyncio.run(serve(service, listen, metrics_port, limits=limits))
     except OSError as exc:
         log.error("%s: %s", service.name, exc)
         return 1

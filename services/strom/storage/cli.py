@@ -73,6 +73,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(10000)",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        help="most client connections served at once; more are closed (0: half the open-file "
+        "limit, at most 10000)",
+    )
+    parser.add_argument(
+        "--max-inflight-produce-bytes",
+        type=int,
+        default=256 * 1024 * 1024,
+        help="produce request bytes worked on at once (appending, waiting for acks); more are "
+        "refused with RESOURCE_EXHAUSTED and retried by clients (268435456)",
+    )
+    parser.add_argument(
+        "--max-memory-bytes",
+        type=int,
+        default=-1,
+        help="resident memory above which new produce requests are refused with "
+        "RESOURCE_EXHAUSTED (-1: 80%% of the cgroup or machine memory; 0: no limit)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         type=str.lower,
@@ -126,6 +147,12 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         raise ValueError("--log-cleanup-interval-ms and --checkpoint-interval-ms must be > 0")
     if args.replica_lag_time_max_ms <= 0:
         raise ValueError("--replica-lag-time-max-ms must be > 0")
+    if args.max_connections < 0:
+        raise ValueError(f"--max-connections must be >= 0, not {args.max_connections}")
+    if args.max_inflight_produce_bytes <= 0:
+        raise ValueError("--max-inflight-produce-bytes must be > 0")
+    if args.max_memory_bytes < -1:
+        raise ValueError("--max-memory-bytes must be -1 (automatic), 0 (off) or a size")
     data_dir = Path(args.data_dir)
     if data_dir.exists() and not data_dir.is_dir():
         raise ValueError(f"--data-dir {data_dir} exists and is not a directory")
@@ -143,6 +170,9 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         log_cleanup_interval_ms=args.log_cleanup_interval_ms,
         checkpoint_interval_ms=args.checkpoint_interval_ms,
         replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+        max_connections=args.max_connections,
+        max_inflight_produce_bytes=args.max_inflight_produce_bytes,
+        max_memory_bytes=args.max_memory_bytes,
     )
 
 
@@ -158,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         security.configure(args)
     except ValueError as exc:
         return _fail(str(exc))
+    from strom.service.limits import ServerLimits
     from strom.service.runtime import serve, setup_logging
     from strom.storage.node import StartupError, StorageNode, tune_malloc
 
@@ -165,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     tune_malloc()
     try:
         node = StorageNode(config)
-        asyncio.run(serve(node, config.listen, config.metrics_port))
+        limits = ServerLimits(max_connections=config.max_connections)
+        asyncio.run(serve(node, config.listen, config.metrics_port, limits=limits))
     except StartupError as exc:
         return _fail(str(exc))
     except MetadataUnavailableError as exc:

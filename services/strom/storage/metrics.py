@@ -58,6 +58,10 @@ PRODUCE_REQUESTS = Counter(
     "Produce partition results by error code (NONE = appended)",
     ["error"],
 )
+PRODUCE_SHED = Counter(
+    "strom_storage_produce_shed",
+    "Produce requests refused with RESOURCE_EXHAUSTED (in-flight byte budget or memory limit)",
+)
 FETCH_REQUESTS = Counter(
     "strom_storage_fetch_requests",
     "Fetch requests by kind of fetcher (consumer or follower replica)",

@@ -40,6 +40,7 @@ from strom.api import controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
 from strom.log import compact, dirtiest_first, measure_logs
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
+from strom.service.limits import Admission, default_memory_limit
 from strom.storage import metrics, records_api
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
@@ -99,6 +100,9 @@ class NodeConfig:
     fsync: bool = True
     replica_lag_time_max_ms: int = 10_000
     controlled_shutdown_timeout_s: float = 5.0
+    max_connections: int = 0  # 0: strom.service.limits.default_max_connections()
+    max_inflight_produce_bytes: int = 256 * 1024 * 1024
+    max_memory_bytes: int = -1  # -1: strom.service.limits.default_memory_limit(); 0: none
 
 
 class StorageNode:
@@ -147,6 +151,11 @@ class StorageNode:
             lambda req: self.servicer.InitProducerId(req, None),
             self._client_bootstrap,
         )
+        memory = config.max_memory_bytes
+        self.admission = Admission(
+            config.max_inflight_produce_bytes, default_memory_limit() if memory < 0 else memory
+        )
+        self.servicer.admission = self.admission
         self._server: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
@@ -192,6 +201,7 @@ class StorageNode:
             await self._abort_start()
             raise
         self._tasks = [
+            loop.create_task(self.admission.run(self._stopping), name="memory-sampler"),
             loop.create_task(
                 self._every(cfg.log_cleanup_interval_ms, self._cleanup), name="cleanup"
             ),

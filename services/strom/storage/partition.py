@@ -69,8 +69,12 @@ class Partition:
         self._last_fetch: dict[int, tuple[int, float]] = {}
         #: Our LEO when this leadership started: a follower must reach it to join the ISR.
         self.leader_epoch_start_offset = log.log_end_offset
-        #: An ISR proposal in flight (never applied before the controller commits it).
+        #: An ISR proposal whose outcome is not known yet (never applied before the
+        #: controller commits it). Kept across a failed AlterPartition call, which may have
+        #: committed anyway, until an answer or a newer partition state decides it.
         self.pending_isr: tuple[int, ...] | None = None
+        #: The partition epoch that proposal was made against.
+        self.pending_isr_epoch = -1
         #: Follower side: do not fetch before this monotonic time (leader errors back off).
         self.fetch_retry_at = 0.0
         self.clock: Callable[[], float] = time.monotonic
@@ -109,6 +113,8 @@ class Partition:
                 metrics.ISR_EXPANDS.inc()
             if set(self.isr) - set(state.isr):
                 metrics.ISR_SHRINKS.inc()
+        if self.pending_isr is not None and state.partition_epoch > self.pending_isr_epoch:
+            self.pending_isr = None  # a newer state decided the proposal, one way or the other
         self.leader = state.leader
         self.leader_epoch = state.leader_epoch
         self.partition_epoch = state.partition_epoch
@@ -174,7 +180,7 @@ class Partition:
         old = self.high_watermark
         if self.is_leader:
             new = leo
-            for replica in self.isr:
+            for replica in self.maximal_isr():
                 if replica != self.node_id:
                     new = min(new, self.replica_end_offsets.get(replica, old))
         else:
@@ -188,6 +194,22 @@ class Partition:
         if self._on_high_watermark is not None:
             self._on_high_watermark(self, old, new)
         return new > old
+
+    def maximal_isr(self) -> set[int]:
+        """The committed ISR plus the replicas a pending proposal adds (Kafka's "maximal
+        ISR"): the HW must not pass a replica that may already be in the ISR in etcd. A
+        follower joins the ISR once it reached the HW; if the HW then moved on without it
+        while the change was being committed, the ISR would hold a replica missing records
+        below the HW, and electing it (a preferred-leader election right after the expansion,
+        say) would truncate acknowledged records from the others."""
+        if self.pending_isr is None:
+            return set(self.isr)
+        return set(self.isr) | set(self.pending_isr)
+
+    def propose_isr(self, new: tuple[int, ...]) -> None:
+        """Mark ``new`` as proposed (the HW now waits for the replicas it adds)."""
+        self.pending_isr = new
+        self.pending_isr_epoch = self.partition_epoch
 
     def record_follower_end_offset(self, replica: int, end_offset: int) -> bool:
         """A follower fetched from ``end_offset``: it has everything below. True if HW moved.

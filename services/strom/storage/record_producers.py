@@ -44,6 +44,7 @@ from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for,
 from strom.metadata import ClusterView
 from strom.record import encode_arrow
 from strom.security import default_channel
+from strom.service.limits import ProduceShed
 from strom.service.runtime import GRPC_OPTIONS
 
 log = logging.getLogger("strom.storage.record_producers")
@@ -51,7 +52,13 @@ E = ErrorCode
 
 #: Transport failures of a Produce: the request may or may not have been appended.
 _TRANSPORT = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        # The leader shed the request (produce admission): nothing appended, send it again.
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
 )
 #: Answers after which the records may have been appended (retry the same bytes).
 AMBIGUOUS = frozenset({E.REQUEST_TIMED_OUT, E.NOT_ENOUGH_REPLICAS_AFTER_APPEND})
@@ -100,7 +107,10 @@ class LeaderRoute:
         pd = req.topics.add(topic=topic).partitions.add(partition=partition, records=data)
         pd.current_leader_epoch = epoch
         if leader == self.node_id:
-            resp = await self._local(req)
+            try:
+                resp = await self._local(req)
+            except ProduceShed as exc:
+                raise TransportError(f"leader {addr}: RESOURCE_EXHAUSTED {exc}") from None
         elif addr is not None:
             ch = self._channels.get(addr)
             if ch is None:

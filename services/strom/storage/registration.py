@@ -24,6 +24,7 @@ from typing import Any
 
 from strom import __version__
 from strom.api import metadata_pb2 as md
+from strom.clock import wall_ms
 from strom.metadata import KeepAlive, MetadataStore, MetadataUnavailableError, decode
 
 log = logging.getLogger("strom.storage.registration")
@@ -57,7 +58,7 @@ class NodeRegistration:
             port=port,
             metrics_port=max(metrics_port, 0),
             incarnation_id=self.incarnation_id,
-            start_time_ms=time.time_ns() // 1_000_000,
+            start_time_ms=wall_ms(),
             state=md.NODE_STATE_STARTING,
             software_version=__version__,
         )

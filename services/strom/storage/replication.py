@@ -401,6 +401,11 @@ class IsrManager:
                 continue
             if self._retry_at.get(part.tp, 0.0) > now:
                 continue
+            if part.pending_isr is not None:
+                # An earlier call failed without an answer: it may have committed, so the
+                # same proposal goes again (the controller answers with the state either way).
+                proposals.append((part, part.pending_isr))
+                continue
             new = part.isr_change(self.lag_time_max_s)
             if new is not None:
                 proposals.append((part, new))
@@ -410,7 +415,7 @@ class IsrManager:
             leader_id=self.node_id, leader_incarnation=self.incarnation()
         )
         for part, new in proposals:
-            part.pending_isr = new
+            part.propose_isr(new)
             req.partitions.add(
                 topic=part.topic,
                 topic_id=part.topic_id,
@@ -431,13 +436,12 @@ class IsrManager:
         try:
             resp = await self.controller.call("AlterPartition", req)
         except grpc.aio.AioRpcError:
-            resp = None
-        finally:
-            for part, _ in proposals:
-                part.pending_isr = None
+            resp = None  # no answer: the proposals stay pending and are sent again
         if resp is None or resp.error_code != E.NONE:
             for part, _ in proposals:
                 self._retry_at[part.tp] = now + 0.5
+                if resp is not None:  # refused as a whole: nothing was committed
+                    part.pending_isr = None
             if resp is not None:
                 log.info("AlterPartition refused: %s", resp.error_message)
             return
@@ -445,12 +449,16 @@ class IsrManager:
         for part, _ in proposals:
             r = results.get(part.tp)
             if r is None:
+                part.pending_isr = None
                 continue
             if r.error_code != E.NONE:
                 log.info("%s-%d: ISR proposal refused: %s", part.topic, part.index, r.error_message)
                 self._retry_at[part.tp] = now + 0.5
             if r.HasField("state") and not part.deleted:
                 self.apply_committed(part, r.state)
+            # Answered: committed (the state applied above) or refused.
+            part.pending_isr = None
+            part.maybe_advance_high_watermark()
         refresh_replication_gauges(self.manager)
 
     def apply_committed(self, part: Partition, state: Any) -> None:

@@ -54,6 +54,7 @@ from strom.log import (
 from strom.metadata import ClusterView
 from strom.record import InvalidBatchError
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
+from strom.service.limits import Admission, ProduceShed
 from strom.service.metrics import result_code
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
@@ -165,6 +166,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self.on_out_of_sync_fetch: Callable[[], None] | None = None
         #: Where InitProducerId gets new ids (the node wires it to the controller).
         self.producer_ids: ProducerIdAllocator | None = None
+        #: Produce admission (in-flight bytes, memory mark); None admits everything.
+        self.admission: Admission | None = None
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -242,6 +245,24 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
     ) -> pb.ProduceResponse:
         """Works on a generated ProduceRequest (in-process callers) or on the zero-copy
         :class:`ProduceRequestView` the server's deserializer produces."""
+        admitted = 0
+        if self.admission is not None:
+            admitted = sum(len(pd.records) for td in request.topics for pd in td.partitions)
+            refusal = self.admission.try_admit(admitted)
+            if refusal is not None:
+                metrics.PRODUCE_SHED.inc()
+                if context is None:  # an in-process caller (RecordService)
+                    raise ProduceShed(refusal)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        try:
+            return await self._produce(request, context)
+        finally:
+            if self.admission is not None:
+                self.admission.release(admitted)
+
+    async def _produce(
+        self, request: pb.ProduceRequest | ProduceRequestView, context: Any
+    ) -> pb.ProduceResponse:
         acks = request.acks
         resp = pb.ProduceResponse()
         hints: set[int] = set()

@@ -1,0 +1,57 @@
+"""A lease survives any one etcd member going silent (found by the chaos run with seed 4,
+issue 13).
+
+The lease keepalive used the metadata store's 5 s call timeout with a 2 s TTL: when the etcd
+member a process happened to talk to stopped answering (a one-way partition on its inbound
+side), the refresh hung past the TTL and the lease expired — on every process talking to that
+member at once. Storage nodes dropped out together, the controller shrank ISRs for all of
+them in one pass and could keep the wrong "last" replica. Here each of the three members in
+turn stalls everything sent to it, for three TTLs, while a 2 s lease must stay alive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strom.metadata import MetadataStore
+from tests.chaos.cluster import ChaosCluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
+    c = ChaosCluster(tmp_path / "c", nodes=0, controllers=0, coordinators=0)
+    try:
+        c.start_etcd()
+        yield c
+    finally:
+        c.kill_all()
+
+
+def test_a_two_second_lease_outlives_each_etcd_member_going_silent(
+    etcd_cluster: ChaosCluster,
+) -> None:
+    store = MetadataStore(etcd_cluster.etcd_endpoints, "failover")
+    lost: list[float] = []
+    lease = store.grant_lease(2)
+    keepalive = store.keep_alive(lease, lambda: lost.append(time.monotonic()))
+    try:
+        for member in etcd_cluster.etcd:
+            etcd_cluster.proxy.command(
+                cmd="rules", rules=[{"kind": "stall", "from": ["*"], "to": [member.name]}]
+            )
+            deadline = time.monotonic() + 6.0  # three TTLs with this member silent
+            while time.monotonic() < deadline and not lost:
+                time.sleep(0.2)
+            etcd_cluster.proxy.command(cmd="rules", rules=[])
+            assert not lost, f"the lease expired while {member.name} was silent"
+        remaining = store.client.get_lease_info(lease.id).TTL
+        assert remaining > 0
+    finally:
+        keepalive.stop()
+        store.close()
