@@ -6,7 +6,9 @@ string), ``headers`` (``array<struct<key string, value binary>>``), ``topic`` (s
 ``topic`` option overrides it) and ``partition`` (int). Other columns are ignored, so a
 DataFrame read from strom can be written back as it is. A row goes to its ``partition`` if
 given, else to its key's partition (Kafka's murmur2, computed for the whole column by
-:mod:`strom.client.keyhash`), else to a partition the producer picks (sticky per batch).
+:mod:`strom.client.keyhash`), else to one partition per batch of rows (sticky, moving on
+round the partitions batch by batch, as Kafka's producer does). Rows of one task keep their
+order within each partition.
 
 Delivery guarantee: **at least once**. The idempotent producer never duplicates a batch it
 retries itself, but when Spark re-runs a failed task (or a micro-batch after a crash) the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,6 +169,7 @@ class TaskWriter:
             client_id=opts.client_id,
         )
         self.futures: list[Any] = []
+        self._sticky: dict[str, int] = {}
         self.result = WriteResult()
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -225,6 +229,13 @@ class TaskWriter:
                         f"partitions 0..{n_parts - 1}"
                     )
                 parts = np.where(valid, given, parts).astype(np.int32)
+        keyless = parts < 0
+        if keyless.any():
+            # Keyless rows stick to one partition per batch (as the producer would), chosen
+            # here so that the stable sort below keeps every partition's rows in row order.
+            sticky = self._sticky.get(topic, random.randrange(n_parts))
+            self._sticky[topic] = (sticky + 1) % n_parts
+            parts[keyless] = sticky
         order = np.argsort(parts, kind="stable")
         sorted_parts = parts[order]
         if sorted_parts[0] == sorted_parts[-1]:
@@ -237,13 +248,10 @@ class TaskWriter:
                 (int(sorted_parts[a]), table.slice(a, b - a)) for a, b in itertools.pairwise(bounds)
             )
         for p, piece in groups:
-            self.futures.append(
-                self.producer.send_batch(topic, piece, partition=None if p < 0 else p)
-            )
+            self.futures.append(self.producer.send_batch(topic, piece, partition=p))
             self.result.rows += piece.num_rows
-            if p >= 0:
-                k = (topic, p)
-                self.result.per_partition[k] = self.result.per_partition.get(k, 0) + piece.num_rows
+            k = (topic, p)
+            self.result.per_partition[k] = self.result.per_partition.get(k, 0) + piece.num_rows
 
     def close(self) -> WriteResult:
         """Flush and wait for every batch's acknowledgement; raises the first failure."""

@@ -32,6 +32,8 @@ from strom.devcluster.cluster import LocalCluster
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+# Every test names its cluster; a bootstrap from the environment must not leak into Spark.
+os.environ.pop("STROM_BOOTSTRAP", None)
 
 
 def make_spark() -> Any:
