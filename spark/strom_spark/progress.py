@@ -48,6 +48,15 @@ def lag(progress: Any, source: int = 0) -> dict[TopicPartition, int]:
     return {tp: max(off - done.get(tp, 0), 0) for tp, off in sorted(latest.items())}
 
 
+def end_offsets(progress: Any, source: int = 0) -> dict[TopicPartition, int]:
+    """The offsets the progress' micro-batch read up to (its ``endOffset``), per partition."""
+    sources = progress["sources"] if isinstance(progress, Mapping) else progress.sources
+    if len(sources) <= source:
+        return {}
+    src = sources[source]
+    return _offsets(src.get("endOffset") if isinstance(src, Mapping) else src.endOffset)
+
+
 def total_lag(progress: Any, source: int = 0) -> int:
     """The sum of :func:`lag` over partitions."""
     return sum(lag(progress, source).values())

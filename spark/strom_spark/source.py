@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from strom.client.types import TopicPartition
-from strom_spark.errors import DataLossError, OptionError, user_facing
+from strom_spark.errors import DataLossError, OptionError, StromSparkError, user_facing
 from strom_spark.fetch import RangeReader, RangeTask
 from strom_spark.lookup import ClusterView, check_ranges
 from strom_spark.options import (
@@ -81,6 +81,14 @@ def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBat
     return RangeReader(opts).read(task)
 
 
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise StromSparkError(
+            "strom: a topic is an append-only log and cannot be overwritten; write with "
+            'mode("append")'
+        )
+
+
 class StromDataSource(DataSource):
     """``spark.read.format("strom")`` / ``readStream`` / ``write`` / ``writeStream``."""
 
@@ -105,6 +113,7 @@ class StromDataSource(DataSource):
 
     @user_facing
     def writer(self, schema: StructType, overwrite: bool) -> StromBatchWriter:
+        _append_only(overwrite)
         opts = parse_write_options(self.options)
         check_schema(schema, opts)
         counts = check_topics(opts, [opts.topic] if opts.topic else [])
@@ -112,6 +121,8 @@ class StromDataSource(DataSource):
 
     @user_facing
     def streamWriter(self, schema: StructType, overwrite: bool) -> StromStreamWriter:
+        # Complete output mode arrives as overwrite=True: every trigger appends the whole
+        # result again, which readers resolve by keeping the latest record per key.
         opts = parse_write_options(self.options)
         check_schema(schema, opts)
         counts = check_topics(opts, [opts.topic] if opts.topic else [])

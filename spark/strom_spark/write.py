@@ -37,6 +37,9 @@ from strom.record.schema import HEADERS_TYPE
 from strom_spark.errors import ClusterUnavailableError, StromSparkError
 from strom_spark.options import WriteOptions
 
+#: A task gathers Spark's Arrow batches up to this many rows or bytes before sending.
+GATHER_ROWS = 65_536
+GATHER_BYTES = 8 * 1024 * 1024
 #: The columns a write uses; the others are ignored.
 WRITE_COLUMNS = ("key", "value", "headers", "topic", "partition")
 
@@ -170,12 +173,32 @@ class TaskWriter:
         )
         self.futures: list[Any] = []
         self._sticky: dict[str, int] = {}
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._pending_bytes = 0
         self.result = WriteResult()
 
     def write(self, batch: pa.RecordBatch) -> None:
-        n = batch.num_rows
-        if n == 0:
+        """Take one Arrow batch from Spark. Small batches (Spark sends 10,000 rows at a time)
+        are gathered first: grouping rows by partition costs per call, and bigger groups make
+        bigger record batches."""
+        if batch.num_rows == 0:
             return
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        self._pending_bytes += batch.nbytes
+        if self._pending_rows >= GATHER_ROWS or self._pending_bytes >= GATHER_BYTES:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        self._pending_rows = self._pending_bytes = 0
+        batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+        self._write_now(batch)
+
+    def _write_now(self, batch: pa.RecordBatch) -> None:
         names = {name.lower(): i for i, name in enumerate(batch.schema.names)}
         cols: dict[str, pa.Array] = {"value": _binary(batch.column(names["value"]))}
         if "key" in names:
@@ -256,6 +279,7 @@ class TaskWriter:
     def close(self) -> WriteResult:
         """Flush and wait for every batch's acknowledgement; raises the first failure."""
         try:
+            self._flush_pending()
             self.producer.flush()
             for f in self.futures:
                 f.result()

@@ -112,6 +112,9 @@ def test_write_mistakes(spark: Any, bootstrap: str, err_topic: str) -> None:
             "bootstrap", bootstrap
         ).option("topic", "err-t").mode("append").save()
     check_clear(info.value, "column 'value' must be binary or string, not bigint")
+    with pytest.raises(Exception) as info:
+        base().option("topic", "err-t").mode("overwrite").save()
+    check_clear(info.value, "append-only log and cannot be overwritten")
 
 
 def test_streaming_unknown_topic(spark: Any, bootstrap: str, tmp_path: Any) -> None:

@@ -19,7 +19,7 @@ from tests.spark.conftest import create_topic, produce
 pytestmark = pytest.mark.integration
 
 TOPIC = "fo"
-N = 40_000
+N = 20_000
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_leader_killed_during_a_batch_read(spark: Any, rf3: LocalCluster) -> Non
         spark.read.format("strom")
         .option("bootstrap", bootstrap)
         .option("subscribe", TOPIC)
-        .option("maxRecordsPerPartition", "1000")  # 120 tasks: p0's come first
+        .option("maxRecordsPerPartition", "500")  # 120 tasks: p0's come first
         .load()
     )
     check = df.selectExpr(
