@@ -4,10 +4,13 @@ One run measures, for a topic of ``--partitions`` partitions holding ``--records
 ``--record-size``-byte values (1,000 distinct keys):
 
 - batch read into ``count()``, and into ``groupBy(key).count()``, in rows/s;
-- write (``df.write.format("strom")`` of the same rows) in rows/s;
+- write (``df.write.format("strom")`` of rows computed in Spark: 1,000 keys, ``--record-size``
+  byte values) in rows/s;
 - the same reads from an in-memory Arrow data source yielding the very same rows and columns
-  (``strom_bench_memory``): what the Python Data Source API itself allows on this machine, so
-  ``strom / in-memory`` says how much the connector costs on top.
+  (``strom_bench_memory``), and the same write into a Python Arrow writer that drops the rows
+  (``NullWriter``):
+  what the Python Data Source API itself allows on this machine, so ``strom / in-memory`` says
+  how much the connector (and the cluster beside it) costs on top.
 
 Each figure is the best of ``--runs`` timed runs after ``--warmup`` untimed ones (the first
 queries of a session pay for JIT compilation and Python worker start-up). Benchmarks are never
@@ -30,7 +33,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 
 from strom_spark.arrow import ARROW_SCHEMA
 from strom_spark.schema import ARROW_TIMESTAMP, spark_schema
@@ -116,6 +125,18 @@ class MemorySource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return MemoryReader({str(k).lower(): v for k, v in self.options.items()})
+
+    def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
+        return NullWriter()
+
+
+class NullWriter(DataSourceArrowWriter):
+    """Drops what it is given: writing to it measures what the API costs a writer."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -260,12 +281,27 @@ def run_bench(
                     max(warmup - 1, 0),
                 )
             )
-        print("writing to strom", file=out)
+        print("writing rows computed in Spark to a writer that drops them (the ceiling)", file=out)
+
+        def rows_df() -> Any:
+            """The rows to write, computed in Spark (as a job's result would be)."""
+            pad = max(record_size - 12, 0)
+            return spark.range(records, numPartitions=partitions).selectExpr(
+                f"CAST(concat('key-', lpad(CAST(id % {KEYS} AS STRING), 5, '0')) AS BINARY) AS key",
+                f"CAST(concat(lpad(CAST(id AS STRING), 12, '0'), repeat('.', {pad})) AS BINARY)"
+                " AS value",
+            )
+
+        def write_null() -> None:
+            rows_df().write.format("strom_bench_memory").mode("append").save()
+
+        figures.append(_time(write_null, records, "in-memory Arrow write", runs, 1))
+        print("writing the same rows to strom", file=out)
 
         def write() -> None:
-            memory_df().select("key", "value").write.format("strom").option(
-                "bootstrap", bootstrap
-            ).option("topic", OUT_TOPIC).option("kafka.acks", "1").mode("append").save()
+            rows_df().write.format("strom").option("bootstrap", bootstrap).option(
+                "topic", OUT_TOPIC
+            ).option("kafka.acks", "1").mode("append").save()
 
         figures.append(_time(write, records, "strom write", max(runs - 1, 1), 0))
         by = {f.name: f for f in figures}
@@ -283,6 +319,7 @@ def run_bench(
             "memory_groupby_rows_per_s": by["in-memory Arrow groupBy"].best,
             "strom_groupby_rows_per_s": by["strom groupBy"].best,
             "strom_write_rows_per_s": by["strom write"].best,
+            "memory_write_rows_per_s": by["in-memory Arrow write"].best,
             "figures": [asdict(f) | {"best": f.best, "median": f.median} for f in figures],
         }
         return result
@@ -312,7 +349,10 @@ def report(result: dict[str, Any], as_json: bool = False) -> str:
         ("groupBy(key).count()", r["memory_groupby_rows_per_s"], r["strom_groupby_rows_per_s"]),
     ):
         lines.append(f"{label:24}{mem:>12,.0f} rows/s{strom:>10,.0f} rows/s{strom / mem:>19.0%}")
-    lines.append(f"{'write':24}{'':>18}{r['strom_write_rows_per_s']:>10,.0f} rows/s")
+    mem_w, strom_w = r["memory_write_rows_per_s"], r["strom_write_rows_per_s"]
+    lines.append(
+        f"{'write':24}{mem_w:>12,.0f} rows/s{strom_w:>10,.0f} rows/s{strom_w / mem_w:>19.0%}"
+    )
     lines.append(
         f"{'(produce, for reference)':24}{'':>18}{r['produce_records_per_s']:>10,.0f} rows/s"
     )

@@ -205,6 +205,11 @@ def check_ranges(
                 f"option {opts.ending.option} asks for {tp.topic}-{tp.partition} up to offset "
                 f"{e}, but it ends at {latest[tp]} (its high watermark)"
             )
+        if s > e:
+            raise OptionError(
+                f"the read of {tp.topic}-{tp.partition} starts at offset {s}, after its end "
+                f"{e} ({opts.starting.option} / {opts.ending.option})"
+            )
         if s < earliest[tp]:
             if opts.fail_on_data_loss:
                 raise DataLossError(
@@ -213,11 +218,6 @@ def check_ranges(
                     f"{earliest[tp] - 1} were deleted). Set failOnDataLoss=false to read what is "
                     "left"
                 )
-            s = earliest[tp]
-        if s > e:
-            raise OptionError(
-                f"the read of {tp.topic}-{tp.partition} starts at offset {s}, after its end "
-                f"{e} ({opts.starting.option} / {opts.ending.option})"
-            )
+            s = min(earliest[tp], e)  # what is left of the range (nothing if all is gone)
         out.append(OffsetRange(tp, s, e))
     return out

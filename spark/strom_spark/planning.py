@@ -84,8 +84,8 @@ def _int_value(v: Any) -> int | None:
 def _ms_floor(v: Any) -> int | None:
     """A filter's timestamp value (datetime) in ms since the epoch, rounded down."""
     if isinstance(v, dt.datetime):
-        if v.tzinfo is None:  # Spark hands session-local naive datetimes; take them as local
-            v = v.astimezone()
+        if v.tzinfo is None:  # no zone (a TIMESTAMP_NTZ literal): do not guess, do not narrow
+            return None
         delta = v - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
         micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
         return micros // 1000

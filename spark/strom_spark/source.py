@@ -167,10 +167,9 @@ class StromBatchReader(DataSourceReader):
             ranges = [r for r in ranges if r.size > 0]
             if self.pushed.timestamp_lo_ms is not None and ranges:
                 found = view.for_times({r.tp: self.pushed.timestamp_lo_ms for r in ranges})
-                ranges = [
-                    OffsetRange(r.tp, max(r.start, min(found[r.tp] or r.end, r.end)), r.end)
-                    for r in ranges
-                ]
+                # No record that new in a partition (None): nothing of it matches.
+                firsts = {r.tp: r.end if found[r.tp] is None else found[r.tp] for r in ranges}
+                ranges = [OffsetRange(r.tp, max(r.start, firsts[r.tp]), r.end) for r in ranges]
         return _tasks(ranges, opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -386,3 +386,30 @@ def test_stream_partitions_report_data_loss() -> None:
         (0, 40, 100),
         (1, 0, 100),
     ]
+
+
+def test_batch_ranges_check_data_loss_and_bad_bounds() -> None:
+    from strom_spark.lookup import check_ranges
+
+    strict = parse_read_options({**BOOT, "subscribe": "t"}, streaming=False)
+    lenient = parse_read_options(
+        {**BOOT, "subscribe": "t", "failOnDataLoss": "false"}, streaming=False
+    )
+    earliest, latest = {T0: 40, T1: 0}, {T0: 100, T1: 50}
+    with pytest.raises(DataLossError, match="offsets 10 to 39 were deleted"):
+        check_ranges(strict, {T0: 10, T1: 0}, {T0: 100, T1: 50}, earliest, latest)
+    assert check_ranges(lenient, {T0: 10, T1: 0}, {T0: 100, T1: 50}, earliest, latest) == [
+        OffsetRange(T0, 40, 100),
+        OffsetRange(T1, 0, 50),
+    ]
+    # the whole range was deleted: nothing left to read, not an error
+    assert check_ranges(lenient, {T0: 10}, {T0: 30}, earliest, latest) == [OffsetRange(T0, 30, 30)]
+    with pytest.raises(OptionError, match="up to offset 60, but it ends at 50"):
+        check_ranges(strict, {T1: 0}, {T1: 60}, earliest, latest)
+    with pytest.raises(OptionError, match="starts at offset 45, after its end 44"):
+        check_ranges(strict, {T1: 45}, {T1: 44}, earliest, latest)
+
+
+def test_naive_timestamps_are_not_used_to_narrow() -> None:
+    pushed, rest = push_filters([GreaterThan(("timestamp",), dt.datetime(2024, 1, 1))])
+    assert pushed.timestamp_lo_ms is None and len(rest) == 1

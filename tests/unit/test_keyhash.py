@@ -49,3 +49,9 @@ def test_bad_input_is_a_clear_error() -> None:
         partitions_for_keys(pa.array([b"k"]), 0)
     with pytest.raises(TypeError, match="binary or string"):
         murmur2_array(pa.array([1, 2]))
+
+
+def test_equal_length_keys_take_the_zero_copy_path() -> None:
+    keys = [b"key-%05d" % i for i in range(500)]
+    arr = pa.array(keys, pa.binary()).slice(17, 400)
+    assert partitions_for_keys(arr, 12).tolist() == [partition_for_key(k, 12) for k in keys[17:417]]

@@ -67,6 +67,12 @@ def murmur2_array(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if keys.null_count:
         valid = keys.is_valid().to_numpy(zero_copy_only=False)
         lengths = np.where(valid, lengths, 0)
+    first = int(lengths[0])
+    if not keys.null_count and bool(np.all(lengths == first)):
+        # One key length, keys back to back (the common case): a zero-copy (n, length) view.
+        base = int(starts[0])
+        out[:] = _murmur2_fixed(data[base : base + n * first].reshape(n, first))
+        return out
     for length in np.unique(lengths):
         idx = np.flatnonzero(lengths == length)
         ln = int(length)
