@@ -209,14 +209,16 @@ def run_bench(
     bootstrap: str | None = None,
     data_dir: str | None = None,
     out: Any = None,
+    spark: Any = None,
 ) -> dict[str, Any]:
-    """Run the whole benchmark; returns the figures (rows/s) and the conditions."""
+    """Run the whole benchmark; returns the figures (rows/s) and the conditions. With
+    ``spark`` given, that session is used (and left running); else one is started."""
     out = out or sys.stderr
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     cluster = None
     root = Path(data_dir or tempfile.mkdtemp(prefix="strom-bench-spark-"))
-    spark = None
+    own_spark = spark is None
     try:
         if bootstrap is None:
             from strom.devcluster.cluster import LocalCluster
@@ -233,15 +235,16 @@ def run_bench(
 
         from strom_spark import register
 
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("strom-bench-spark")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", str(partitions))
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        if spark is None:
+            spark = (
+                SparkSession.builder.master("local[2]")
+                .appName("strom-bench-spark")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.sql.shuffle.partitions", str(partitions))
+                .getOrCreate()
+            )
+            spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         spark.dataSource.register(MemorySource)
 
@@ -295,7 +298,7 @@ def run_bench(
         def write_null() -> None:
             rows_df().write.format("strom_bench_memory").mode("append").save()
 
-        figures.append(_time(write_null, records, "in-memory Arrow write", runs, 1))
+        figures.append(_time(write_null, records, "in-memory Arrow write", runs, min(warmup, 1)))
         print("writing the same rows to strom", file=out)
 
         def write() -> None:
@@ -324,7 +327,7 @@ def run_bench(
         }
         return result
     finally:
-        if spark is not None:
+        if own_spark and spark is not None:
             spark.stop()
         if cluster is not None:
             cluster.stop()

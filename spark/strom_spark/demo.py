@@ -185,6 +185,7 @@ def run_spark_demo(
 
     say = _Say(out)
     root = Path(data_dir or tempfile.mkdtemp(prefix="strom-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
     say(f"strom demo: a Spark pipeline on a local strom cluster (data in {root})")
     cluster = LocalCluster(root / "cluster", nodes=3, controllers=1, coordinators=0)
     spark = None

@@ -88,7 +88,10 @@ class Subscription:
             return f"subscribe={','.join(self.topics)}"
         if self.kind == "subscribePattern":
             return f"subscribePattern={self.pattern}"
-        return "assign=" + json.dumps(_group(dict.fromkeys(self.partitions, 0), lambda _: None))
+        topics: dict[str, list[int]] = {}
+        for tp in self.partitions:
+            topics.setdefault(tp.topic, []).append(tp.partition)
+        return "assign=" + json.dumps(topics)
 
 
 @dataclass(frozen=True)
@@ -286,13 +289,6 @@ def _partition_map(raw: str, name: str, what: str) -> dict[TopicPartition, int]:
                     f"option {name}: {topic}-{partition} must be an integer {what}, got {value!r}"
                 )
             out[TopicPartition(topic, partition)] = value
-    return out
-
-
-def _group(mapping: Mapping[TopicPartition, int], value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for tp, v in mapping.items():
-        out.setdefault(tp.topic, {})[str(tp.partition)] = value(v) if callable(value) else v
     return out
 
 

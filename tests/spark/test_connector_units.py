@@ -413,3 +413,28 @@ def test_batch_ranges_check_data_loss_and_bad_bounds() -> None:
 def test_naive_timestamps_are_not_used_to_narrow() -> None:
     pushed, rest = push_filters([GreaterThan(("timestamp",), dt.datetime(2024, 1, 1))])
     assert pushed.timestamp_lo_ms is None and len(rest) == 1
+
+
+def test_lag_from_a_progress_report() -> None:
+    from strom_spark import lag, total_lag
+    from strom_spark.progress import end_offsets
+
+    progress = {
+        "sources": [
+            {
+                "startOffset": {"t": {"0": 0, "1": 0}},
+                "endOffset": '{"t": {"0": 40, "1": 10}}',
+                "latestOffset": {"t": {"0": 100, "1": 10}},
+            }
+        ]
+    }
+    assert lag(progress) == {T0: 60, T1: 0}
+    assert total_lag(progress) == 60
+    assert end_offsets(progress) == {T0: 40, T1: 10}
+    assert lag({"sources": []}) == {}
+    assert lag({"sources": [{"endOffset": None, "latestOffset": None}]}) == {}
+
+
+def test_subscriptions_describe_themselves() -> None:
+    o = parse_read_options({**BOOT, "assign": '{"t": [0, 2], "u": [1]}'}, streaming=False)
+    assert o.subscription.describe() == 'assign={"t": [0, 2], "u": [1]}'
