@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -111,6 +112,35 @@ class PageViewService(threading.Thread):
         self.join(30)
 
 
+def _stop_half_started_spark() -> None:
+    """Interrupted while Spark started: stop its context or its JVM, whichever exists."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return
+    with contextlib.suppress(Exception):
+        if SparkContext._active_spark_context is not None:
+            SparkContext._active_spark_context.stop()
+            return
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            proc.kill()
+        return
+    # Interrupted before PySpark kept a handle: the JVM is still our child process.
+    me = str(os.getpid())
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if stat.rsplit(")", 1)[1].split()[1] == me and b"java" in cmd:
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @contextlib.contextmanager
 def jvm_output_to(path: Path) -> Iterator[None]:
     """Point file descriptors 1 and 2 at ``path`` while the JVM starts, so Spark's start-up
@@ -184,6 +214,11 @@ def run_spark_demo(
     from strom.devcluster.cluster import LocalCluster
 
     say = _Say(out)
+    # SIGTERM (a timeout, `kill`) must still stop the cluster: its processes run in their own
+    # sessions and would outlive the demo.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     root = Path(data_dir or tempfile.mkdtemp(prefix="strom-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     say(f"strom demo: a Spark pipeline on a local strom cluster (data in {root})")
@@ -419,8 +454,12 @@ def run_spark_demo(
         if spark is not None:
             spark.stop()
             say("stopped Spark")
+        else:
+            _stop_half_started_spark()
         cluster.stop()
         say("stopped the cluster (each node handed its partitions over first)")
         say.flush()
         if data_dir is None:
             shutil.rmtree(root, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

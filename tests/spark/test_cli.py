@@ -4,30 +4,35 @@ code on the test session's Spark. Sizes are cut down so they finish quickly."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from strom_spark.bench import report, run_bench
-from tests.integration.test_cluster_cli import strom
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_demo_runs_the_spark_pipeline(tmp_path: Path) -> None:
-    out = strom(
-        "demo",
-        "--dir",
-        str(tmp_path / "demo"),
-        "--events",
-        "20000",
-        "--seconds",
-        "2",
-        timeout=600,
+    argv = [sys.executable, "-m", "strom.cli.main", "demo", "--dir", str(tmp_path / "demo")]
+    demo = subprocess.Popen(
+        [*argv, "--events", "20000", "--seconds", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    text = out.stdout.decode()
+    try:
+        stdout, stderr = demo.communicate(timeout=840)
+    except subprocess.TimeoutExpired:
+        demo.terminate()  # SIGTERM: the demo stops its cluster and Spark first
+        stdout, stderr = demo.communicate(timeout=60)
+        pytest.fail(f"strom demo did not finish in 840 s:\n{stdout.decode()}")
+    assert demo.returncode == 0, stderr.decode()
+    text = stdout.decode()
     assert "cluster up: etcd, a controller and 3 storage nodes" in text
     assert "batch read: 20,000 page views in 6 Spark tasks (one per partition)" in text
     assert "micro-batch  0:" in text and "lag" in text
