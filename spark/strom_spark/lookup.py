@@ -23,6 +23,9 @@ from strom_spark.errors import ClusterUnavailableError, DataLossError, OptionErr
 from strom_spark.options import EARLIEST, LATEST, OffsetBound, ReadOptions, Subscription
 from strom_spark.planning import OffsetRange
 
+#: The least time offset lookups keep retrying leader moves before giving up.
+LOOKUP_TIMEOUT_S = 15.0
+
 
 class ClusterView:
     """Metadata and offset lookups for one read's options (driver only; not picklable)."""
@@ -105,7 +108,7 @@ class ClusterView:
                 self.client,
                 self.leaders,
                 query,
-                timeout_s=max(self.opts.metadata_retry_s, 5.0),
+                timeout_s=max(self.opts.metadata_retry_s, LOOKUP_TIMEOUT_S),
                 backoff_s=0.1,
                 client_metadata=(("strom-client-id", self.opts.client_id),),
             )
@@ -120,6 +123,22 @@ class ClusterView:
 
     def latest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: o for tp, (o, _) in self._list(dict.fromkeys(tps, LO_LATEST)).items()}
+
+    def ready(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Those of ``tps`` whose leader is known and registered now. A partition just added
+        to a topic has none for a moment; a stream leaves it out of a trigger instead of
+        failing, and picks it up on a later one."""
+        tps = list(tps)
+        try:
+            self.leaders.refresh({tp.topic for tp in tps})
+        except BrokerNotAvailableError as exc:
+            raise self._unreachable(exc) from None
+        out = []
+        for tp in tps:
+            leader = self.leaders.get(tp)
+            if leader is not None and leader.address is not None:
+                out.append(tp)
+        return out
 
     def for_times(self, query: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
         """The first offset whose record timestamp is >= the given one (None: every record is

@@ -223,7 +223,9 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         view = self.view
         begin = offsets_from_json(start)
         tps = view.partitions(self.opts.subscription)
-        latest = view.latest(tps)
+        # Partitions without a leader right now (just created, mid-election) sit this
+        # trigger out: new ones join later, known ones keep their offsets until then.
+        latest = view.latest(view.ready(tps))
         self._latest = dict(latest)
         end = dict(latest)
         if self._target is not None:  # Trigger.AvailableNow: nothing newer than the target
@@ -256,7 +258,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @user_facing
     def prepareForTriggerAvailableNow(self) -> None:
         view = self.view
-        self._target = view.latest(view.partitions(self.opts.subscription))
+        self._target = view.latest(view.ready(view.partitions(self.opts.subscription)))
 
     @user_facing
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:

@@ -308,9 +308,13 @@ class FakeView:
     def __init__(self, latest: dict[TopicPartition, int], earliest: dict | None = None) -> None:
         self.latest_offsets = dict(latest)
         self.earliest_offsets = dict(earliest or {})
+        self.leaderless: set[TopicPartition] = set()
 
     def partitions(self, sub: object) -> list[TopicPartition]:
         return sorted(self.latest_offsets)
+
+    def ready(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [tp for tp in tps if tp not in self.leaderless]
 
     def latest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self.latest_offsets[tp] for tp in tps}
@@ -348,6 +352,17 @@ def test_stream_latest_offset_respects_limits_and_reports_latest() -> None:
     parts = reader.partitions({"t": {"0": 100, "1": 300}}, {"t": {"0": 100, "1": 300, "2": 5}})
     assert [(p.value.partition, p.value.start, p.value.end) for p in parts] == [(2, 0, 5)]
     assert all(isinstance(p, RangePartition) for p in parts)
+
+
+def test_stream_skips_partitions_without_a_leader_for_a_trigger() -> None:
+    view = FakeView({T0: 100, T1: 50})
+    reader = _stream(view)
+    view.leaderless = {T1}
+    # a known partition keeps its offset, a new one waits for a later trigger
+    assert reader.latestOffset({"t": {"1": 20}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 20}}
+    assert reader.latestOffset({"t": {"0": 0}}, ReadAllAvailable()) == {"t": {"0": 100}}
+    view.leaderless = set()
+    assert reader.latestOffset({"t": {"0": 100}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 50}}
 
 
 def test_stream_min_offsets_wait_for_data_or_the_delay() -> None:

@@ -131,7 +131,7 @@ def test_streaming_unknown_topic(spark: Any, bootstrap: str, tmp_path: Any) -> N
             .start()
         )
         try:
-            q.awaitTermination(60)
+            assert q.awaitTermination(600), "the query did not stop"
         finally:
             q.stop()
     check_clear(info.value, "unknown topic 'nope-stream'")

@@ -16,7 +16,7 @@ from strom.devcluster.procs import wait_for
 from strom_spark import lag
 from tests.spark.conftest import create_topic, produce
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # slow under load
 
 
 def stream(spark: Any, bootstrap: str, topic: str, **options: str) -> Any:
@@ -66,7 +66,7 @@ def test_stop_and_restart_from_checkpoint_neither_loses_nor_repeats(
     try:
         wait_for(
             lambda: sum(p["numInputRows"] for p in q.recentProgress) >= 300,
-            timeout=120,
+            timeout=300,
             what="two micro-batches",
         )
     finally:
@@ -76,7 +76,7 @@ def test_stop_and_restart_from_checkpoint_neither_loses_nor_repeats(
     for p in range(3):  # more data while the query is down
         fill(bootstrap, topic, p, 200, 300)
     q = start(availableNow=True)
-    assert q.awaitTermination(180)
+    assert q.awaitTermination(300)
     assert q.exception() is None
     progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
     assert all(p["numInputRows"] <= 150 for p in progress)
@@ -112,7 +112,7 @@ def test_replayed_micro_batch_reads_the_same_rows(
             .trigger(availableNow=True)
             .start()
         )
-        assert q.awaitTermination(180)
+        assert q.awaitTermination(300)
         assert q.exception() is None
 
     run()
@@ -146,7 +146,7 @@ def test_new_partitions_join_the_stream(spark: Any, bootstrap: str, tmp_path: Pa
             .trigger(availableNow=True)
             .start()
         )
-        assert q.awaitTermination(180)
+        assert q.awaitTermination(300)
         assert q.exception() is None
 
     run()
@@ -184,7 +184,7 @@ def test_data_loss_fails_with_a_clear_message_or_skips(
             .start()
         )
         try:
-            q.awaitTermination(180)
+            q.awaitTermination(300)
         except Exception as exc:
             return exc
         return None
@@ -220,7 +220,7 @@ def test_min_offsets_per_trigger_waits_for_data_or_the_delay(
     try:
         first = wait_for(
             lambda: next((p for p in q.recentProgress if p["numInputRows"] > 0), None),
-            timeout=120,
+            timeout=300,
             what="the first non-empty micro-batch",
         )
         assert first["numInputRows"] == 100  # all of it, in one batch, once the delay passed
@@ -230,7 +230,7 @@ def test_min_offsets_per_trigger_waits_for_data_or_the_delay(
         fill(bootstrap, topic, 0, 100, 1200)
         wait_for(
             lambda: sum(p["numInputRows"] for p in q.recentProgress) >= 1200,
-            timeout=120,
+            timeout=300,
             what="the second batch",
         )
     finally:

@@ -142,7 +142,7 @@ def test_streaming_write(spark: Any, bootstrap: str, tmp_path: Path) -> None:
         .trigger(availableNow=True)
         .start()
     )
-    assert q.awaitTermination(180)
+    assert q.awaitTermination(300)
     assert q.exception() is None
     assert len([p for p in q.recentProgress if p["numInputRows"] > 0]) >= 3
     got = sorted((r["partition"], r["value"]) for r in read(spark, bootstrap, "wr-sink"))
