@@ -3,8 +3,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONDONTWRITEBYTECODE := 1
+# Optional parts the bootstrap installs beside the dev tools: PySpark (and a Java runtime) for
+# the Spark connector, its tests and the demo. `make test STROM_EXTRAS=` skips it.
+STROM_EXTRAS ?= spark
+export STROM_EXTRAS
 
-.PHONY: all setup test test-unit lint format protos check-protos generate bench demo lock clean chaos
+.PHONY: all setup test test-unit lint format protos check-protos generate bench bench-spark demo demo-cluster lock clean chaos
 
 all: test
 
@@ -48,9 +52,17 @@ bench: setup
 	$(VENV)/bin/strom bench record
 	$(VENV)/bin/strom bench log --warm
 
-## The main job: a local cluster and a demo pipeline (grows with the cluster issues).
+## Spark connector throughput on local[2] beside an in-memory Arrow source (docs/benchmarks.md).
+bench-spark: setup
+	$(VENV)/bin/strom bench spark
+
+## The main job: a local cluster and a Spark pipeline over it (strom_spark.demo).
 demo: setup
 	$(VENV)/bin/strom demo
+
+## The cluster-internals demo: produce/consume, a controller and a node killed.
+demo-cluster: setup
+	$(VENV)/bin/strom demo --cluster
 
 lock: setup
 	$(PY) -m pip freeze --exclude-editable | grep -v '^pip=' > constraints.txt.new

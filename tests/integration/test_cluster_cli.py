@@ -281,7 +281,8 @@ def test_dev_up_without_etcd_says_how_to_install_it(tmp_path: Path) -> None:
 
 
 def test_the_demo_pipelines_run(tmp_path: Path) -> None:
-    out = strom("demo", "--records", "6000", timeout=180).stdout.decode()
+    # `strom demo` itself (the Spark pipeline) is tested in tests/spark/test_cli.py.
+    out = strom("demo", "--cluster", "--records", "6000", timeout=180).stdout.decode()
     assert "produced 6,000 keyed records" in out
     assert "consumed 6,000 records back" in out
     assert "the standby served CreateTopics" in out

@@ -284,12 +284,39 @@ def build_parser() -> argparse.ArgumentParser:
         cb.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
         cb.add_argument("--json", action="store_true", help="print one JSON object")
 
-    demo = sub.add_parser("demo", help="the main job: a demo pipeline over what exists so far")
+    sp = bsub.add_parser(
+        "spark",
+        help="Spark connector: read count/groupBy and write rows/s beside an in-memory source",
+    )
+    sp.add_argument("--bootstrap", "-b", help="use this cluster (default: start a local one)")
+    sp.add_argument("--records", type=_positive, default=3_000_000)
+    sp.add_argument("--partitions", type=_positive, default=6)
+    sp.add_argument("--record-size", type=_positive, default=100, help="value bytes")
+    sp.add_argument("--runs", type=_positive, default=3, help="timed runs (best is reported)")
+    sp.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    sp.add_argument("--nodes", type=_positive, default=1, help="storage nodes of a local cluster")
+    sp.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+
+    demo = sub.add_parser(
+        "demo", help="the main job: a Spark pipeline over a local cluster (needs strom[spark])"
+    )
     demo.add_argument("--dir", default=None, help="keep the data here (default: a temp dir)")
+    demo.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the cluster-internals demo instead: produce/consume, a node and a controller killed",
+    )
     demo.add_argument(
         "--engine", action="store_true", help="only the storage-engine demo (no processes)"
     )
-    demo.add_argument("--records", type=_positive, default=200_000)
+    demo.add_argument("--records", type=_positive, default=200_000, help="--cluster: records")
+    demo.add_argument(
+        "--events", type=_positive, default=100_000, help="Spark demo: first page views"
+    )
+    demo.add_argument(
+        "--seconds", type=float, default=10.0, help="Spark demo: how long the service streams"
+    )
     return parser
 
 
@@ -422,6 +449,10 @@ def _run(args: argparse.Namespace) -> int:
         from strom.bench.engine import bench_log, bench_record
         from strom.bench.stats import report
 
+        if args.bench_mode == "spark":
+            from strom.cli.spark import run_bench_spark
+
+            return run_bench_spark(args, out)
         if args.bench_mode == "failover":
             from strom.bench.failover import bench_failover, summary
 
@@ -544,7 +575,11 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.engine:
             return run_demo(args.dir)
-        return run_cluster_demo(args.dir, args.records)
+        if args.cluster:
+            return run_cluster_demo(args.dir, args.records)
+        from strom.cli.spark import run_spark_demo
+
+        return run_spark_demo(args, out)
     if args.command == "dev":
         from strom.cli.dev import run_dev
 
@@ -613,9 +648,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"strom {args.command}: error: {exc} ({name})", file=sys.stderr)
         return 1
     except Exception as exc:  # the cluster tools talk to processes that may not exist
+        from strom.cli.spark import SparkMissingError
         from strom.devcluster.procs import ClusterError
 
-        if isinstance(exc, ClusterError):
+        if isinstance(exc, (ClusterError, SparkMissingError)):
             print(f"strom {args.command}: error: {exc}", file=sys.stderr)
             return 1
         raise

@@ -1,0 +1,345 @@
+"""Executor side of a read: one task streams one partition's offset range from its leader.
+
+Why not the :class:`strom.Consumer`: a task knows exactly which offsets it wants, and the
+consumer's prefetching would read past the end of the range (a pushed-down filter must read
+only what it needs). This loop keeps exactly one Fetch ahead: as soon as an answer's batch
+headers say where it ends, the request for what follows is sent, and the answer is turned into
+an Arrow batch (:mod:`strom_spark.arrow`) and handed to Spark while the next one travels.
+
+It follows the partition's leader (``current_leader`` hints in answers, else a Metadata
+refresh), retries whatever strom marks retriable and unreachable nodes (with backoff), and
+gives up only when the range has made no progress for ``kafkaConsumer.pollTimeoutMs``. Records
+the range needs that retention has already deleted are data loss: an error naming the
+partition and the offsets with ``failOnDataLoss=true`` (the default), skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pyarrow as pa
+
+from strom.api import storage_pb2
+from strom.client.cluster import ClusterClient
+from strom.client.fetcher import FETCH_METHOD, FetchWireError, parse_fetch_response
+from strom.client.offsets import TRANSPORT_RETRY, LeaderMap
+from strom.client.types import TopicPartition
+from strom.errors import ErrorCode, error_for, is_retriable
+from strom.record import RecordBatch, decode_batches
+from strom_spark.arrow import Constants, to_spark_batch
+from strom_spark.errors import DataLossError, StromSparkError
+from strom_spark.options import ReadOptions
+
+log = logging.getLogger(__name__)
+
+#: Errors after which the partition's leader is looked up again.
+_LEADER_ERRORS = frozenset(
+    {
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.REPLICA_NOT_AVAILABLE,
+        ErrorCode.STORAGE_ERROR,
+        ErrorCode.BROKER_NOT_AVAILABLE,
+    }
+)
+#: The smallest partition_max_bytes asked for (the node returns at least one whole batch).
+MIN_FETCH_BYTES = 64 * 1024
+#: Record size assumed for a range's first request, before any answer showed the real one.
+ASSUMED_RECORD_BYTES = 1024
+BACKOFF_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RangeTask:
+    """What one Spark task reads: ``[start, end)`` of one partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class _Retry(Exception):
+    """An answer that says: try again (after a backoff, perhaps elsewhere)."""
+
+    def __init__(self, reason: str, *, refresh: bool = False) -> None:
+        super().__init__(reason)
+        self.refresh = refresh
+
+
+# Python workers are reused across tasks; so are their connections to the cluster.
+_clients: dict[tuple[tuple[str, ...], str, float], tuple[ClusterClient, LeaderMap]] = {}
+_clients_lock = threading.Lock()
+
+
+def cluster_for(opts: ReadOptions) -> tuple[ClusterClient, LeaderMap]:
+    """This process's client and leader map for ``opts``' cluster (shared by its tasks)."""
+    key = (opts.bootstrap, opts.client_id, opts.request_timeout_ms / 1000.0)
+    with _clients_lock:
+        found = _clients.get(key)
+        if found is None:
+            client = ClusterClient(
+                list(opts.bootstrap),
+                timeout_s=opts.request_timeout_ms / 1000.0,
+                retry_s=opts.metadata_retry_s,
+                client_id=opts.client_id,
+            )
+            found = _clients[key] = (client, LeaderMap(client, metadata_timeout_s=5.0))
+        return found
+
+
+class RangeReader:
+    """Reads :class:`RangeTask` s as Spark Arrow batches (see the module docstring)."""
+
+    def __init__(
+        self, opts: ReadOptions, client: ClusterClient | None = None, leaders: Any = None
+    ) -> None:
+        self.opts = opts
+        if client is None:
+            client, leaders = cluster_for(opts)
+        self.client = client
+        self.leaders: LeaderMap = leaders or LeaderMap(client)
+        self._constants = Constants()
+        self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
+        self._rpc_timeout_s = opts.fetch_max_wait_ms / 1000.0 + opts.request_timeout_ms / 1000.0
+        #: Fetch requests sent and record bytes received, for tests and progress logs.
+        self.requests = 0
+        self.bytes = 0
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def read(self, task: RangeTask) -> Iterator[pa.RecordBatch]:
+        """Yield the range's records in offset order, each Arrow batch one Fetch answer."""
+        tp = task.tp
+        pos, end = task.start, task.end
+        if pos >= end:
+            return
+        timeout_s = self.opts.poll_timeout_ms / 1000.0
+        deadline = time.monotonic() + timeout_s
+        failures = 0
+        last_problem = "no answer yet"
+        avg_record = 0.0  # record bytes per offset seen so far (sizes the next request)
+        inflight: tuple[Any, str, int] | None = None
+        try:
+            while pos < end:
+                if inflight is None:
+                    inflight = self._send(tp, pos, end, avg_record)
+                fut, address, asked = inflight
+                inflight = None
+                try:
+                    if fut is None:
+                        raise _Retry(address, refresh=True)  # no leader known: address = why
+                    batches, hw = self._receive(fut, address, tp, asked)
+                except _Retry as retry:
+                    last_problem = str(retry)
+                    if time.monotonic() >= deadline:
+                        raise StromSparkError(
+                            f"strom: reading {tp.topic}-{tp.partition} made no progress at "
+                            f"offset {pos} for {timeout_s:.0f} s (kafkaConsumer.pollTimeoutMs); "
+                            f"last problem: {last_problem}"
+                        ) from None
+                    if retry.refresh:
+                        self._refresh(tp)
+                    time.sleep(min(BACKOFF_S * (2 ** min(failures, 6)), BACKOFF_MAX_S))
+                    failures += 1
+                    continue
+                except _DataLoss as loss:
+                    pos = self._data_lost(tp, pos, end, loss.log_start)
+                    deadline = time.monotonic() + timeout_s
+                    continue
+                failures = 0
+                if not batches:
+                    # Nothing at pos yet: a new leader whose high watermark still lags (the
+                    # long poll has waited fetch.max.wait.ms already), or a range past it.
+                    last_problem = f"no records at offset {pos} (high watermark {hw})"
+                    if time.monotonic() >= deadline:
+                        raise StromSparkError(
+                            f"strom: {tp.topic}-{tp.partition} has no records at offset {pos} "
+                            f"after {timeout_s:.0f} s (high watermark {hw}, range ends at "
+                            f"{end}); were they deleted, or the topic re-created?"
+                        )
+                    continue
+                new_pos = batches[-1].header.next_offset
+                if new_pos <= pos:  # cannot happen with a sane node; never spin on it
+                    raise StromSparkError(
+                        f"strom: {tp.topic}-{tp.partition} answered offset {pos} with batches "
+                        f"ending at {new_pos}"
+                    )
+                got = sum(len(b.raw) for b in batches)
+                span = new_pos - max(pos, batches[0].header.base_offset)
+                if span > 0:
+                    avg_record = got / span
+                if new_pos < end:
+                    inflight = self._send(tp, new_pos, end, avg_record)
+                rb = to_spark_batch(
+                    batches,
+                    tp.topic,
+                    tp.partition,
+                    pos,
+                    end,
+                    include_headers=self.opts.include_headers,
+                    constants=self._constants,
+                )
+                pos = new_pos
+                deadline = time.monotonic() + timeout_s
+                if rb is not None:
+                    yield rb
+        finally:
+            if inflight is not None and inflight[0] is not None:
+                inflight[0].cancel()
+
+    # -- one request -------------------------------------------------------------------------
+
+    def _call(self, address: str) -> grpc.UnaryUnaryMultiCallable:
+        call = self._calls.get(address)
+        if call is None:
+            # Raw bytes back: parse_fetch_response keeps the record bytes uncopied.
+            call = self.client.channel(address).unary_unary(
+                FETCH_METHOD, request_serializer=storage_pb2.FetchRequest.SerializeToString
+            )
+            self._calls[address] = call
+        return call
+
+    def _send(self, tp: TopicPartition, pos: int, end: int, avg_record: float) -> tuple:
+        """Start a Fetch for ``pos`` on the leader; (future | None, address | why, pos)."""
+        leader = self.leaders.get(tp)
+        if leader is None:
+            try:
+                self.leaders.refresh([tp.topic])
+            except Exception as exc:  # the cluster is unreachable right now: retry later
+                return (None, f"metadata: {exc}", pos)
+            leader = self.leaders.get(tp)
+        if leader is None or leader.address is None:
+            return (None, f"{tp.topic}-{tp.partition} has no live leader", pos)
+        # Ask for what the rest of the range needs (plus a margin), not a full fetch: a short
+        # range (a pushed-down filter) must not pull megabytes it will throw away.
+        per_record = avg_record * 1.1 if avg_record > 0 else ASSUMED_RECORD_BYTES
+        limit = min(
+            self.opts.max_partition_fetch_bytes,
+            max(MIN_FETCH_BYTES, int((end - pos) * per_record)),
+        )
+        req = storage_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=self.opts.fetch_max_wait_ms,
+            min_bytes=1,
+            max_bytes=limit,
+            isolation_level=storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
+            topics=[
+                storage_pb2.FetchTopic(
+                    topic=tp.topic,
+                    partitions=[
+                        storage_pb2.FetchPartition(
+                            partition=tp.partition,
+                            fetch_offset=pos,
+                            current_leader_epoch=leader.epoch,
+                            last_fetched_epoch=-1,
+                            log_start_offset=-1,
+                            partition_max_bytes=limit,
+                        )
+                    ],
+                )
+            ],
+        )
+        self.requests += 1
+        fut = self._call(leader.address).future(
+            req,
+            timeout=self._rpc_timeout_s,
+            metadata=(("strom-client-id", self.opts.client_id),),
+        )
+        return (fut, leader.address, pos)
+
+    def _receive(
+        self, fut: Any, address: str, tp: TopicPartition, pos: int
+    ) -> tuple[list[RecordBatch], int]:
+        """The answer's batches at or after ``pos`` (whole batches; the converter cuts the
+        rows) and the high watermark; raises _Retry / _DataLoss / errors."""
+        try:
+            raw = fut.result()
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code in TRANSPORT_RETRY:
+                raise _Retry(f"Fetch from {address}: {code.name}", refresh=True) from None
+            raise StromSparkError(
+                f"strom: Fetch of {tp.topic}-{tp.partition} from {address} failed: "
+                f"{code.name} {exc.details() or ''}".strip()
+            ) from None
+        except grpc.FutureCancelledError:
+            raise _Retry(f"Fetch from {address} cancelled", refresh=True) from None
+        try:
+            answers, nodes = parse_fetch_response(raw)
+        except FetchWireError as exc:
+            raise StromSparkError(f"strom: Fetch from {address}: {exc}") from None
+        answer = next(
+            (a for a in answers if a.topic == tp.topic and a.info.partition == tp.partition), None
+        )
+        if answer is None:
+            raise _Retry(f"Fetch from {address} did not answer for {tp.topic}-{tp.partition}")
+        info = answer.info
+        code = info.error_code
+        if code == ErrorCode.NONE:
+            self.bytes += len(answer.records)
+            batches = decode_batches(answer.records) if len(answer.records) else []
+            keep = [b for b in batches if b.header.next_offset > pos]
+            return keep, info.high_watermark
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            if 0 <= pos < info.log_start_offset:
+                raise _DataLoss(info.log_start_offset)
+            raise _Retry(
+                f"offset {pos} is beyond {tp.topic}-{tp.partition}'s log on {address} "
+                f"(high watermark {info.high_watermark})"
+            )
+        if code in _LEADER_ERRORS or code == ErrorCode.UNKNOWN_LEADER_EPOCH:
+            hint = info.current_leader if info.HasField("current_leader") else None
+            if hint is not None:
+                endpoints = {n.node_id: f"{n.host}:{n.port}" for n in nodes}
+                if self.leaders.learn(
+                    tp, hint.leader_id, hint.leader_epoch, endpoints.get(hint.leader_id)
+                ):
+                    raise _Retry(f"leader of {tp.topic}-{tp.partition} moved")
+            raise _Retry(
+                f"{tp.topic}-{tp.partition} on {address}: {ErrorCode.Name(code)}",
+                refresh=code != ErrorCode.UNKNOWN_LEADER_EPOCH,
+            )
+        if is_retriable(code):
+            raise _Retry(f"{tp.topic}-{tp.partition} on {address}: {ErrorCode.Name(code)}")
+        raise error_for(code, f"{tp.topic}-{tp.partition}: {info.error_message}")
+
+    def _refresh(self, tp: TopicPartition) -> None:
+        try:
+            self.leaders.refresh([tp.topic])
+        except Exception as exc:  # retried on the next round
+            log.info("strom: metadata refresh for %s failed: %s", tp.topic, exc)
+
+    def _data_lost(self, tp: TopicPartition, pos: int, end: int, log_start: int) -> int:
+        """Offsets ``pos..log_start-1`` are gone: fail (failOnDataLoss) or skip them."""
+        lost_to = min(log_start, end)
+        message = (
+            f"strom: data loss in {tp.topic}-{tp.partition}: offsets {pos} to {lost_to - 1} "
+            f"were deleted (retention or DeleteRecords; the log now starts at {log_start}) "
+            "before this query read them"
+        )
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(
+                message + ". Set failOnDataLoss=false to skip lost records and go on."
+            )
+        log.warning("%s; skipped (failOnDataLoss=false)", message)
+        return lost_to
+
+
+class _DataLoss(Exception):
+    def __init__(self, log_start: int) -> None:
+        super().__init__(log_start)
+        self.log_start = log_start

@@ -1,0 +1,366 @@
+"""The ``strom`` data source: batch and streaming reads and writes for PySpark 4.
+
+How the Python Data Source API runs it (DESIGN §9): ``partitions()`` and the streaming
+offset calls run on the driver (in a Python process Spark starts for planning), so that is
+where topics are resolved, offsets looked up, options and data loss checked, and errors
+raised; each :class:`RangePartition` becomes one Spark task whose ``read()`` runs in an
+executor's Python worker and streams its range from the partition leader
+(:mod:`strom_spark.fetch`). Reader objects travel to executors by pickle, so they hold only
+options until a driver-side method opens a connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from strom.client.types import TopicPartition
+from strom_spark.errors import DataLossError, OptionError, StromSparkError, user_facing
+from strom_spark.fetch import RangeReader, RangeTask
+from strom_spark.lookup import ClusterView, check_ranges
+from strom_spark.options import (
+    ReadOptions,
+    WriteOptions,
+    offsets_from_json,
+    offsets_json,
+    parse_read_options,
+    parse_write_options,
+)
+from strom_spark.planning import (
+    OffsetRange,
+    Pushed,
+    pending,
+    push_filters,
+    rate_limit,
+    split_ranges,
+)
+from strom_spark.schema import spark_schema
+from strom_spark.write import TaskWriter, check_schema, check_topics
+
+log = logging.getLogger(__name__)
+
+
+class RangePartition(InputPartition):
+    """One Spark task: ``value`` is the :class:`RangeTask` (topic, partition, start, end)."""
+
+    def __init__(self, task: RangeTask) -> None:
+        super().__init__(task)
+
+
+def _tasks(ranges: Sequence[OffsetRange], opts: ReadOptions) -> list[InputPartition]:
+    pieces = split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition)
+    return [RangePartition(RangeTask(r.tp.topic, r.tp.partition, r.start, r.end)) for r in pieces]
+
+
+def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    task = partition.value
+    if not isinstance(task, RangeTask):  # Spark's placeholder when a plan has no range
+        return iter(())
+    return RangeReader(opts).read(task)
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise StromSparkError(
+            "strom: a topic is an append-only log and cannot be overwritten; write with "
+            'mode("append")'
+        )
+
+
+class StromDataSource(DataSource):
+    """``spark.read.format("strom")`` / ``readStream`` / ``write`` / ``writeStream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "strom"
+
+    @user_facing
+    def schema(self) -> StructType:
+        raw = str(self.options.get("includeHeaders", "false")).strip().lower()
+        if raw not in ("true", "false"):
+            raise OptionError(f"option includeHeaders must be true or false, got {raw!r}")
+        return spark_schema(raw == "true")
+
+    @user_facing
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return StromBatchReader(parse_read_options(self.options, streaming=False))
+
+    @user_facing
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StromStreamReader(parse_read_options(self.options, streaming=True))
+
+    @user_facing
+    def writer(self, schema: StructType, overwrite: bool) -> StromBatchWriter:
+        _append_only(overwrite)
+        opts = parse_write_options(self.options)
+        check_schema(schema, opts)
+        counts = check_topics(opts, [opts.topic] if opts.topic else [])
+        return StromBatchWriter(opts, counts)
+
+    @user_facing
+    def streamWriter(self, schema: StructType, overwrite: bool) -> StromStreamWriter:
+        # Complete output mode arrives as overwrite=True: every trigger appends the whole
+        # result again, which readers resolve by keeping the latest record per key.
+        opts = parse_write_options(self.options)
+        check_schema(schema, opts)
+        counts = check_topics(opts, [opts.topic] if opts.topic else [])
+        return StromStreamWriter(opts, counts)
+
+
+# -- batch read -----------------------------------------------------------------------------
+
+
+class StromBatchReader(DataSourceReader):
+    """Plans one task per partition range; filters on topic/partition/offset/timestamp
+    narrow the ranges (see :class:`strom_spark.planning.Pushed`)."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self.pushed = Pushed()
+
+    def pushFilters(self, filters: list[Any]) -> list[Any]:
+        self.pushed, rest = push_filters(filters)
+        return rest
+
+    @user_facing
+    def partitions(self) -> list[InputPartition]:
+        opts = self.opts
+        with ClusterView(opts) as view:
+            tps = view.partitions(opts.subscription)
+            if not tps:
+                return []
+            earliest = view.earliest(tps)
+            latest = view.latest(tps)
+            starts = view.resolve(opts.starting, tps, start=True, earliest=earliest, latest=latest)
+            ends = view.resolve(opts.ending, tps, start=False, earliest=earliest, latest=latest)
+            kept = [tp for tp in tps if self.pushed.keeps(tp)]
+            ranges = check_ranges(
+                opts,
+                {tp: starts[tp] for tp in kept},
+                {tp: ends[tp] for tp in kept},
+                earliest,
+                latest,
+            )
+            ranges = [self.pushed.narrow(r) for r in ranges]
+            ranges = [r for r in ranges if r.size > 0]
+            if self.pushed.timestamp_lo_ms is not None and ranges:
+                found = view.for_times({r.tp: self.pushed.timestamp_lo_ms for r in ranges})
+                # No record that new in a partition (None): nothing of it matches.
+                firsts = {r.tp: r.end if found[r.tp] is None else found[r.tp] for r in ranges}
+                ranges = [OffsetRange(r.tp, max(r.start, firsts[r.tp]), r.end) for r in ranges]
+        return _tasks(ranges, opts)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+
+# -- streaming read -------------------------------------------------------------------------
+
+
+class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over offset ranges. Offsets are Kafka's JSON (``{"t": {"0": 42}}``),
+    checkpointed by Spark; a replayed batch reads exactly the same ranges. New partitions (and,
+    with subscribePattern, new topics) join from offset 0."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._view: ClusterView | None = None
+        self._latest: dict[TopicPartition, int] | None = None
+        self._target: dict[TopicPartition, int] | None = None
+        self._last_trigger = time.monotonic()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_view"] = None  # connections stay on the driver
+        return state
+
+    @property
+    def view(self) -> ClusterView:
+        if self._view is None:
+            self._view = ClusterView(self.opts)
+        return self._view
+
+    @user_facing
+    def initialOffset(self) -> dict:
+        view = self.view
+        tps = view.partitions(self.opts.subscription)
+        earliest = view.earliest(tps)
+        latest = view.latest(tps)
+        starts = view.resolve(self.opts.starting, tps, start=True, earliest=earliest, latest=latest)
+        return offsets_json(starts)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        if self.opts.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.opts.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    @user_facing
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        view = self.view
+        begin = offsets_from_json(start)
+        tps = view.partitions(self.opts.subscription)
+        # Partitions without a leader right now (just created, mid-election) sit this
+        # trigger out: new ones join later, known ones keep their offsets until then.
+        latest = view.latest(view.ready(tps))
+        self._latest = dict(latest)
+        end = dict(latest)
+        if self._target is not None:  # Trigger.AvailableNow: nothing newer than the target
+            end = {tp: min(off, self._target[tp]) for tp, off in end.items() if tp in self._target}
+        for tp, off in begin.items():
+            # Never move backwards (a partition gone from metadata, a log truncated below what
+            # was read): partitions() reports such losses; the offsets only grow.
+            end[tp] = max(end.get(tp, off), off)
+        if not isinstance(limit, ReadAllAvailable):
+            minimum = self.opts.min_offsets_per_trigger
+            if minimum is not None and self._target is None:
+                waited_ms = (time.monotonic() - self._last_trigger) * 1000.0
+                if pending(begin, end) < minimum and waited_ms < self.opts.max_trigger_delay_ms:
+                    return offsets_json(begin)
+            maximum = self.opts.max_offsets_per_trigger
+            if isinstance(limit, ReadMaxRows):
+                maximum = limit.max_rows if maximum is None else min(maximum, limit.max_rows)
+            if maximum is not None:
+                end = rate_limit(maximum, begin, end)
+        if end != begin:
+            self._last_trigger = time.monotonic()
+        return offsets_json(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        """The partitions' high watermarks at the last latestOffset call: Spark puts them in
+        the query progress as the source's ``latestOffset``, next to ``endOffset``, so lag is
+        their difference (:func:`strom_spark.progress.lag`)."""
+        return offsets_json(self._latest) if self._latest is not None else None
+
+    @user_facing
+    def prepareForTriggerAvailableNow(self) -> None:
+        view = self.view
+        self._target = view.latest(view.ready(view.partitions(self.opts.subscription)))
+
+    @user_facing
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begin = offsets_from_json(start)
+        stop = offsets_from_json(end)
+        opts = self.opts
+        earliest = self.view.earliest(list(stop)) if stop else {}
+        ranges: list[OffsetRange] = []
+        for tp in sorted(stop):
+            s, e = begin.get(tp, 0), stop[tp]
+            first = earliest.get(tp, 0)
+            if s < first:
+                what = "is new and starts" if tp not in begin else "starts"
+                message = (
+                    f"strom: data loss in {tp.topic}-{tp.partition}: the query needs offsets "
+                    f"from {s}, but the partition {what} at {first} now (offsets {s} to "
+                    f"{first - 1} were deleted by retention or DeleteRecords)"
+                )
+                if opts.fail_on_data_loss:
+                    raise DataLossError(
+                        message + ". Set failOnDataLoss=false to skip lost records and go on."
+                    )
+                log.warning("%s; skipped (failOnDataLoss=false)", message)
+                s = min(first, e)
+            if e > s:
+                ranges.append(OffsetRange(tp, s, e))
+        return _tasks(ranges, opts)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: Spark's checkpoint holds the offsets (no consumer group)."""
+
+    def stop(self) -> None:
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+
+
+# -- writes ---------------------------------------------------------------------------------
+
+
+@dataclass
+class StromCommitMessage(WriterCommitMessage):
+    """What one write task sent: its row count (the driver logs the total)."""
+
+    rows: int
+
+
+def _write_task(
+    opts: WriteOptions, counts: dict[str, int], batches: Iterator[pa.RecordBatch]
+) -> StromCommitMessage:
+    writer = TaskWriter(opts, counts)
+    try:
+        for batch in batches:
+            writer.write(batch)
+        result = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return StromCommitMessage(rows=result.rows)
+
+
+class StromBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("strom")``: at-least-once (see :mod:`strom_spark.write`)."""
+
+    def __init__(self, opts: WriteOptions, counts: dict[str, int]) -> None:
+        self.opts = opts
+        self.counts = counts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StromCommitMessage:
+        return _write_task(self.opts, self.counts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        rows = sum(m.rows for m in messages if isinstance(m, StromCommitMessage))
+        log.info("strom: wrote %d rows", rows)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        rows = sum(m.rows for m in messages if isinstance(m, StromCommitMessage))
+        log.warning(
+            "strom: write aborted; %d rows of finished tasks stay written (no transactions)",
+            rows,
+        )
+
+
+class StromStreamWriter(DataSourceStreamArrowWriter):
+    """``writeStream.format("strom")``: each micro-batch at least once."""
+
+    def __init__(self, opts: WriteOptions, counts: dict[str, int]) -> None:
+        self.opts = opts
+        self.counts = counts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StromCommitMessage:
+        return _write_task(self.opts, self.counts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        rows = sum(m.rows for m in messages if isinstance(m, StromCommitMessage))
+        log.info("strom: micro-batch %d wrote %d rows", batchId, rows)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning(
+            "strom: micro-batch %d aborted; rows already sent stay written (no transactions)",
+            batchId,
+        )

@@ -1,0 +1,455 @@
+"""The connector's pure parts: options, schema, range planning, filter pushdown, the Arrow
+conversion, and the stream reader's offset logic (with a fake cluster view: no I/O here)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import time
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.datasource import (
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringStartsWith,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+from strom.client.types import TopicPartition
+from strom.record import decode_batches, encode_batch
+from strom_spark.arrow import to_spark_batch
+from strom_spark.errors import DataLossError, OptionError
+from strom_spark.options import (
+    offsets_from_json,
+    offsets_json,
+    parse_duration_ms,
+    parse_read_options,
+    parse_write_options,
+)
+from strom_spark.planning import OffsetRange, push_filters, rate_limit, split_ranges
+from strom_spark.schema import arrow_schema, spark_schema
+from strom_spark.source import RangePartition, StromStreamReader
+
+T0 = TopicPartition("t", 0)
+T1 = TopicPartition("t", 1)
+T2 = TopicPartition("t", 2)
+BOOT = {"bootstrap": "127.0.0.1:9092"}
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_arrow_schema_is_what_pyspark_derives(headers: bool) -> None:
+    assert arrow_schema(headers).equals(to_arrow_schema(spark_schema(headers), timezone="UTC"))
+    names = [f.name for f in spark_schema(headers).fields]
+    kafka = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    assert names == kafka + (["headers"] if headers else [])
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def test_read_options_parse_kafka_names_case_insensitively() -> None:
+    o = parse_read_options(
+        {
+            "BOOTSTRAP": "h1:1,h2:2",
+            "subscribe": "a, b,a",
+            "startingOffsets": '{"a": {"0": 5, "1": -2}, "b": {"0": -2}}',
+            "endingoffsets": "latest",
+            "minPartitions": "4",
+            "maxRecordsPerPartition": "100",
+            "failOnDataLoss": "FALSE",
+            "includeHeaders": "true",
+            "kafka.max.partition.fetch.bytes": "65536",
+        },
+        streaming=False,
+    )
+    assert o.bootstrap == ("h1:1", "h2:2")
+    assert o.subscription.kind == "subscribe" and o.subscription.topics == ("a", "b")
+    assert o.starting.kind == "offsets"
+    assert o.starting.mapping == {
+        TopicPartition("a", 0): 5,
+        TopicPartition("a", 1): -2,
+        TopicPartition("b", 0): -2,
+    }
+    assert o.ending.kind == "latest"
+    assert (o.min_partitions, o.max_records_per_partition) == (4, 100)
+    assert o.fail_on_data_loss is False and o.include_headers is True
+    assert o.max_partition_fetch_bytes == 65536
+    s = parse_read_options({**BOOT, "assign": '{"t": [0, 2]}'}, streaming=True)
+    assert s.subscription.partitions == (T0, T2)
+    assert s.starting.kind == "latest"  # a stream starts at the end by default
+    assert parse_read_options({**BOOT, "subscribe": "t"}, streaming=False).starting.kind == (
+        "earliest"
+    )
+    k = parse_read_options(
+        {"kafka.bootstrap.servers": "h:1", "subscribePattern": "t.*"}, streaming=True
+    )
+    assert k.bootstrap == ("h:1",) and k.subscription.pattern == "t.*"
+
+
+def test_timestamp_options_take_precedence_as_in_kafka() -> None:
+    o = parse_read_options(
+        {
+            **BOOT,
+            "subscribe": "t",
+            "startingOffsets": "earliest",
+            "startingOffsetsByTimestamp": '{"t": {"0": 1000}}',
+            "startingTimestamp": "2000",
+            "endingOffsetsByTimestamp": '{"t": {"0": 3000}}',
+        },
+        streaming=False,
+    )
+    assert (o.starting.kind, o.starting.timestamp) == ("timestamp", 2000)
+    assert o.ending.kind == "timestamps" and o.ending.mapping == {T0: 3000}
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        ({"subscribe": "t"}, False, "option bootstrap is required"),
+        ({**BOOT}, False, "exactly one of the options subscribe"),
+        ({**BOOT, "subscribe": "t", "assign": '{"t": [0]}'}, False, "got subscribe, assign"),
+        ({**BOOT, "subscribe": " , "}, False, "subscribe names no topic"),
+        ({**BOOT, "subscribePattern": "("}, False, "not a valid regular expression"),
+        ({**BOOT, "assign": "[0]"}, False, "assign must be JSON"),
+        ({**BOOT, "assign": '{"t": ["x"]}'}, False, "list of partition numbers"),
+        ({**BOOT, "subscribe": "t", "startingOffsets": "latest"}, False, "not valid for a batch"),
+        ({**BOOT, "subscribe": "t", "endingOffsets": "earliest"}, False, "not valid for a batch"),
+        ({**BOOT, "subscribe": "t", "startingOffsets": "first"}, False, "must be earliest, latest"),
+        ({**BOOT, "subscribe": "t", "startingOffsets": "{"}, False, "not valid JSON"),
+        ({**BOOT, "subscribe": "t", "startingOffsets": '{"t": {"x": 1}}'}, False, "not a number"),
+        ({**BOOT, "subscribe": "t", "startingOffsets": '{"t": {"0": -3}}'}, False, ">= 0, or -2"),
+        ({**BOOT, "subscribe": "t", "startingOffsets": '{"t": {"0": -1}}'}, False, "-1 (latest)"),
+        ({**BOOT, "subscribe": "t", "endingOffsets": "latest"}, True, "for batch reads"),
+        ({**BOOT, "subscribe": "t", "minPartitions": "0"}, False, "minPartitions must be >= 1"),
+        ({**BOOT, "subscribe": "t", "minPartitions": "two"}, False, "must be an integer"),
+        ({**BOOT, "subscribe": "t", "failOnDataLoss": "yes"}, False, "must be true or false"),
+        ({**BOOT, "subscribe": "t", "maxTriggerDelay": "soon"}, True, "must be a duration"),
+        ({**BOOT, "subscribe": "t", "startingTimestamp": "-5"}, False, "must be >= 0"),
+        (
+            {**BOOT, "subscribe": "t", "maxOffsetsPerTrigger": "5", "minOffsetsPerTrigger": "9"},
+            True,
+            "larger than maxOffsetsPerTrigger",
+        ),
+        ({**BOOT, "subscribe": "t", "startingOffset": "earliest"}, False, "unknown strom read"),
+        ({"bootstrap": "nohost", "subscribe": "t"}, False, "is not HOST:PORT"),
+        (
+            {"bootstrap": "h:1", "kafka.bootstrap.servers": "h:2", "subscribe": "t"},
+            False,
+            "given twice",
+        ),
+    ],
+)
+def test_bad_read_options_name_the_option(
+    options: dict[str, str], streaming: bool, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STROM_BOOTSTRAP", raising=False)
+    with pytest.raises(OptionError) as info:
+        parse_read_options(options, streaming=streaming)
+    assert message in str(info.value)
+
+
+def test_write_options() -> None:
+    w = parse_write_options(
+        {**BOOT, "topic": "out", "kafka.acks": "1", "kafka.compression.type": "LZ4"}
+    )
+    assert (w.topic, w.acks, w.compression) == ("out", "1", "lz4")
+    for bad, message in (
+        ({**BOOT, "kafka.acks": "2"}, "kafka.acks must be all, 1 or 0"),
+        ({**BOOT, "kafka.compression.type": "brotli"}, "must be one of none"),
+        ({**BOOT, "subscribe": "t"}, "unknown strom write option 'subscribe'"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            parse_write_options(bad)
+
+
+def test_durations_and_offset_json_round_trip() -> None:
+    assert parse_duration_ms("500", "d") == 500
+    assert parse_duration_ms("30s", "d") == 30_000
+    assert parse_duration_ms("15m", "d") == 900_000
+    assert parse_duration_ms("2h", "d") == 7_200_000
+    offsets = {T1: 7, T0: 3, TopicPartition("a", 10): 1}
+    as_json = offsets_json(offsets)
+    assert as_json == {"a": {"10": 1}, "t": {"0": 3, "1": 7}}
+    assert offsets_from_json(as_json) == offsets
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+def test_split_ranges_like_the_kafka_source() -> None:
+    big, small, empty = OffsetRange(T0, 0, 1000), OffsetRange(T1, 500, 600), OffsetRange(T2, 5, 5)
+    assert split_ranges([big, small, empty]) == [big, small]  # one task per non-empty range
+    by_max = split_ranges([big, small], max_records=300)
+    assert [(r.tp, r.start, r.end) for r in by_max] == [
+        (T0, 0, 250),
+        (T0, 250, 500),
+        (T0, 500, 750),
+        (T0, 750, 1000),
+        (T1, 500, 600),
+    ]
+    by_min = split_ranges([big, small], min_partitions=11)
+    assert sum(1 for r in by_min if r.tp == T0) == 10 and sum(r.tp == T1 for r in by_min) == 1
+    assert sum(r.size for r in by_min) == 1100
+    # contiguous, in order, no overlap
+    t0 = [r for r in by_min if r.tp == T0]
+    assert all(a.end == b.start for a, b in itertools.pairwise(t0))
+    assert split_ranges([OffsetRange(T0, 0, 3)], min_partitions=10) == [
+        OffsetRange(T0, 0, 1),
+        OffsetRange(T0, 1, 2),
+        OffsetRange(T0, 2, 3),
+    ]
+
+
+def test_rate_limit_shares_the_limit_in_proportion() -> None:
+    start = {T0: 0, T1: 100}
+    latest = {T0: 900, T1: 200, T2: 0}
+    assert rate_limit(5000, start, latest) == latest
+    limited = rate_limit(100, start, latest)
+    assert limited == {T0: 90, T1: 110, T2: 0}
+    # a tiny share rounds up so the partition is not starved
+    assert rate_limit(10, {T0: 0, T1: 0}, {T0: 1000, T1: 1})[T1] == 1
+    # a new partition (missing from start) counts from 0
+    assert rate_limit(10, {T0: 0}, {T0: 10, T1: 10}) == {T0: 5, T1: 5}
+
+
+def test_push_filters_takes_partition_offset_topic_and_narrows_timestamps() -> None:
+    ts = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    ts_ms = int(ts.timestamp() * 1000)
+    fs = [
+        EqualTo(("partition",), 1),
+        GreaterThanOrEqual(("offset",), 100),
+        LessThan(("offset",), 200),
+        LessThanOrEqual(("offset",), 150),
+        In(("topic",), ("t", "u")),
+        IsNotNull(("offset",)),
+        GreaterThan(("timestamp",), ts),
+        EqualTo(("key",), b"k"),
+        Not(EqualTo(("partition",), 2)),
+        StringStartsWith(("topic",), "t"),
+    ]
+    pushed, rest = push_filters(fs)
+    assert rest == [fs[6], fs[7], fs[8], fs[9]]  # timestamp stays with Spark too
+    assert rest[0] is fs[6]
+    assert pushed.partitions == frozenset({1}) and pushed.topics == frozenset({"t", "u"})
+    assert (pushed.offset_lo, pushed.offset_hi) == (100, 151)
+    assert pushed.timestamp_lo_ms == ts_ms
+    assert pushed.keeps(T1) and not pushed.keeps(T0) and not pushed.keeps(TopicPartition("v", 1))
+    assert pushed.narrow(OffsetRange(T1, 0, 1000)) == OffsetRange(T1, 100, 151)
+    assert pushed.narrow(OffsetRange(T1, 0, 50)).size == 0
+    p2, _ = push_filters([GreaterThan(("partition",), 0), LessThan(("partition",), 2)])
+    assert [p2.keeps(tp) for tp in (T0, T1, T2)] == [False, True, False]
+    p3, _ = push_filters([EqualTo(("offset",), 5), EqualTo(("offset",), 6)])
+    assert p3.impossible and not p3.keeps(T0)
+
+
+# -- Arrow conversion -------------------------------------------------------------------------
+
+
+def _batches(*encoded: bytes) -> list:
+    return decode_batches(b"".join(encoded))
+
+
+def test_to_spark_batch_builds_exact_columns_without_python_rows() -> None:
+    b1 = encode_batch(
+        [b"v0", b"v1", None],
+        keys=[b"k0", None, b"k2"],
+        headers=[[("h", b"x")], None, [("a", None), ("b", b"y")]],
+        timestamps=[1_000, 999, 1_002],
+        base_offset=10,
+        compression="zstd",
+    )
+    b2 = encode_batch(
+        [b"w0", b"w1"], base_offset=13, log_append_time=True, now_ms=5_000, timestamps=[1, 2]
+    )
+    rb = to_spark_batch(_batches(b1, b2), "t", 3, 0, 100, include_headers=True)
+    assert rb is not None and rb.schema.equals(arrow_schema(True))
+    rows = rb.to_pylist()
+    assert [r["offset"] for r in rows] == [10, 11, 12, 13, 14]
+    assert [r["value"] for r in rows] == [b"v0", b"v1", None, b"w0", b"w1"]
+    assert [r["key"] for r in rows] == [b"k0", None, b"k2", None, None]
+    assert {r["topic"] for r in rows} == {"t"} and {r["partition"] for r in rows} == {3}
+    us = [r["timestamp"] for r in rows]
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    assert [int((u - epoch).total_seconds() * 1000) for u in us] == [1000, 999, 1002, 2, 2]
+    assert [r["timestampType"] for r in rows] == [0, 0, 0, 1, 1]
+    assert rows[0]["headers"] == [{"key": "h", "value": b"x"}]
+    assert rows[1]["headers"] is None
+    assert rows[2]["headers"] == [{"key": "a", "value": None}, {"key": "b", "value": b"y"}]
+    # the range cuts rows exactly, across batch edges
+    cut = to_spark_batch(_batches(b1, b2), "t", 3, 11, 14)
+    assert cut is not None and cut.schema.equals(arrow_schema(False))
+    assert cut.column("offset").to_pylist() == [11, 12, 13]
+    assert to_spark_batch(_batches(b1, b2), "t", 3, 15, 20) is None
+
+
+def test_timestamps_are_microseconds_for_spark() -> None:
+    rb = to_spark_batch(_batches(encode_batch([b"a", b"b"], timestamps=[1, 2])), "t", 0, 0, 10)
+    assert rb is not None
+    assert rb.column("timestamp").cast(pa.int64()).to_pylist() == [1000, 2000]
+
+
+# -- stream reader offsets (fake view) ---------------------------------------------------------
+
+
+class FakeView:
+    """Stands in for ClusterView: partitions and offsets the test sets."""
+
+    def __init__(self, latest: dict[TopicPartition, int], earliest: dict | None = None) -> None:
+        self.latest_offsets = dict(latest)
+        self.earliest_offsets = dict(earliest or {})
+        self.leaderless: set[TopicPartition] = set()
+
+    def partitions(self, sub: object) -> list[TopicPartition]:
+        return sorted(self.latest_offsets)
+
+    def ready(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [tp for tp in tps if tp not in self.leaderless]
+
+    def latest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.latest_offsets[tp] for tp in tps}
+
+    def earliest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.earliest_offsets.get(tp, 0) for tp in tps}
+
+    def close(self) -> None:
+        pass
+
+
+def _stream(view: FakeView, **options: str) -> StromStreamReader:
+    reader = StromStreamReader(
+        parse_read_options({**BOOT, "subscribe": "t", **options}, streaming=True)
+    )
+    reader._view = view  # type: ignore[assignment]
+    return reader
+
+
+def test_stream_latest_offset_respects_limits_and_reports_latest() -> None:
+    view = FakeView({T0: 100, T1: 300})
+    reader = _stream(view, maxOffsetsPerTrigger="40")
+    assert reader.getDefaultReadLimit() == ReadMaxRows(40)
+    start = {"t": {"0": 0, "1": 0}}
+    end = reader.latestOffset(start, ReadMaxRows(40))
+    assert end == {"t": {"0": 10, "1": 30}}
+    assert reader.reportLatestOffset() == {"t": {"0": 100, "1": 300}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 100, "1": 300}}
+    # a new partition joins from offset 0
+    view.latest_offsets[T2] = 5
+    assert reader.latestOffset({"t": {"0": 100, "1": 300}}, ReadMaxRows(40)) == {
+        "t": {"0": 100, "1": 300, "2": 5}
+    }
+    # the planned ranges start new partitions at 0, and split nothing by default
+    parts = reader.partitions({"t": {"0": 100, "1": 300}}, {"t": {"0": 100, "1": 300, "2": 5}})
+    assert [(p.value.partition, p.value.start, p.value.end) for p in parts] == [(2, 0, 5)]
+    assert all(isinstance(p, RangePartition) for p in parts)
+
+
+def test_stream_skips_partitions_without_a_leader_for_a_trigger() -> None:
+    view = FakeView({T0: 100, T1: 50})
+    reader = _stream(view)
+    view.leaderless = {T1}
+    # a known partition keeps its offset, a new one waits for a later trigger
+    assert reader.latestOffset({"t": {"1": 20}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 20}}
+    assert reader.latestOffset({"t": {"0": 0}}, ReadAllAvailable()) == {"t": {"0": 100}}
+    view.leaderless = set()
+    assert reader.latestOffset({"t": {"0": 100}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 50}}
+
+
+def test_stream_min_offsets_wait_for_data_or_the_delay() -> None:
+    view = FakeView({T0: 10})
+    reader = _stream(view, minOffsetsPerTrigger="50", maxTriggerDelay="1h")
+    assert reader.getDefaultReadLimit() == ReadMinRows(50)
+    start = {"t": {"0": 0}}
+    assert reader.latestOffset(start, ReadMinRows(50)) == start  # too little: skip the trigger
+    view.latest_offsets[T0] = 60
+    assert reader.latestOffset(start, ReadMinRows(50)) == {"t": {"0": 60}}
+    view.latest_offsets[T0] = 70
+    reader._last_trigger = time.monotonic() - 3601  # the delay has passed
+    assert reader.latestOffset({"t": {"0": 60}}, ReadMinRows(50)) == {"t": {"0": 70}}
+
+
+def test_stream_available_now_stops_at_the_target() -> None:
+    view = FakeView({T0: 50})
+    reader = _stream(view, maxOffsetsPerTrigger="30", minOffsetsPerTrigger="10")
+    reader.prepareForTriggerAvailableNow()
+    view.latest_offsets[T0] = 500
+    view.latest_offsets[T1] = 20  # created after the target: not part of this run
+    first = reader.latestOffset({"t": {"0": 0}}, ReadMaxRows(30))
+    assert first == {"t": {"0": 30}}
+    assert reader.latestOffset(first, ReadMaxRows(30)) == {"t": {"0": 50}}
+    assert reader.latestOffset({"t": {"0": 50}}, ReadMaxRows(30)) == {"t": {"0": 50}}
+
+
+def test_stream_partitions_report_data_loss() -> None:
+    view = FakeView({T0: 100, T1: 100}, earliest={T0: 40, T1: 0})
+    reader = _stream(view)
+    with pytest.raises(DataLossError, match=r"t-0: the query needs offsets from 10.*10 to 39"):
+        reader.partitions({"t": {"0": 10, "1": 0}}, {"t": {"0": 100, "1": 100}})
+    lenient = _stream(view, failOnDataLoss="false")
+    parts = lenient.partitions({"t": {"0": 10, "1": 0}}, {"t": {"0": 100, "1": 100}})
+    assert [(p.value.partition, p.value.start, p.value.end) for p in parts] == [
+        (0, 40, 100),
+        (1, 0, 100),
+    ]
+
+
+def test_batch_ranges_check_data_loss_and_bad_bounds() -> None:
+    from strom_spark.lookup import check_ranges
+
+    strict = parse_read_options({**BOOT, "subscribe": "t"}, streaming=False)
+    lenient = parse_read_options(
+        {**BOOT, "subscribe": "t", "failOnDataLoss": "false"}, streaming=False
+    )
+    earliest, latest = {T0: 40, T1: 0}, {T0: 100, T1: 50}
+    with pytest.raises(DataLossError, match="offsets 10 to 39 were deleted"):
+        check_ranges(strict, {T0: 10, T1: 0}, {T0: 100, T1: 50}, earliest, latest)
+    assert check_ranges(lenient, {T0: 10, T1: 0}, {T0: 100, T1: 50}, earliest, latest) == [
+        OffsetRange(T0, 40, 100),
+        OffsetRange(T1, 0, 50),
+    ]
+    # the whole range was deleted: nothing left to read, not an error
+    assert check_ranges(lenient, {T0: 10}, {T0: 30}, earliest, latest) == [OffsetRange(T0, 30, 30)]
+    with pytest.raises(OptionError, match="up to offset 60, but it ends at 50"):
+        check_ranges(strict, {T1: 0}, {T1: 60}, earliest, latest)
+    with pytest.raises(OptionError, match="starts at offset 45, after its end 44"):
+        check_ranges(strict, {T1: 45}, {T1: 44}, earliest, latest)
+
+
+def test_naive_timestamps_are_not_used_to_narrow() -> None:
+    pushed, rest = push_filters([GreaterThan(("timestamp",), dt.datetime(2024, 1, 1))])
+    assert pushed.timestamp_lo_ms is None and len(rest) == 1
+
+
+def test_lag_from_a_progress_report() -> None:
+    from strom_spark import lag, total_lag
+    from strom_spark.progress import end_offsets
+
+    progress = {
+        "sources": [
+            {
+                "startOffset": {"t": {"0": 0, "1": 0}},
+                "endOffset": '{"t": {"0": 40, "1": 10}}',
+                "latestOffset": {"t": {"0": 100, "1": 10}},
+            }
+        ]
+    }
+    assert lag(progress) == {T0: 60, T1: 0}
+    assert total_lag(progress) == 60
+    assert end_offsets(progress) == {T0: 40, T1: 10}
+    assert lag({"sources": []}) == {}
+    assert lag({"sources": [{"endOffset": None, "latestOffset": None}]}) == {}
+
+
+def test_subscriptions_describe_themselves() -> None:
+    o = parse_read_options({**BOOT, "assign": '{"t": [0, 2], "u": [1]}'}, streaming=False)
+    assert o.subscription.describe() == 'assign={"t": [0, 2], "u": [1]}'

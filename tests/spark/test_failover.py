@@ -1,0 +1,95 @@
+"""A partition leader SIGKILLed in the middle of a batch read: the read follows the new leader
+and still returns every record exactly once. Its own cluster (a node dies here)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+from strom.client.admin import Admin
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from tests.spark.conftest import create_topic, produce
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "fo"
+N = 20_000
+
+
+@pytest.fixture(scope="module")
+def rf3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("spark-failover")
+    c = LocalCluster(root / "c", nodes=3, controllers=1, coordinators=0)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.kill()
+
+
+def test_leader_killed_during_a_batch_read(spark: Any, rf3: LocalCluster) -> None:
+    bootstrap = rf3.bootstrap
+    create_topic(bootstrap, TOPIC, 3, rf=3, min_insync_replicas="2")
+    for p in range(3):
+        produce(bootstrap, TOPIC, p, [f"{p}:{i}:".encode().ljust(100, b".") for i in range(N)])
+    with Admin(bootstrap) as admin:
+        leader = admin.describe_topic(TOPIC).partitions[0].leader
+    victim = rf3.node(leader)
+
+    killed: dict[str, int] = {}
+
+    def kill_midway() -> None:
+        tracker = spark.sparkContext.statusTracker()
+
+        def progressed() -> tuple[int, int] | None:
+            for sid in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(sid)
+                if info is not None and info.numTasks >= 100 and info.numCompletedTasks >= 4:
+                    return info.numCompletedTasks, info.numTasks
+            return None
+
+        done, total = wait_for(progressed, timeout=300, what="the read to get going", interval=0.02)
+        victim.process.kill()  # SIGKILL: no controlled shutdown, no leadership handover
+        killed.update(done=done, total=total)
+
+    killer = threading.Thread(target=kill_midway, daemon=True)
+    killer.start()
+    df = (
+        spark.read.format("strom")
+        .option("bootstrap", bootstrap)
+        .option("subscribe", TOPIC)
+        .option("maxRecordsPerPartition", "500")  # 120 tasks: p0's come first
+        .load()
+    )
+    check = df.selectExpr(
+        "partition",
+        "offset",
+        "CAST(split(CAST(value AS STRING), ':')[1] AS BIGINT) AS i",
+        "CAST(split(CAST(value AS STRING), ':')[0] AS INT) AS vp",
+    )
+    rows = (
+        check.groupBy("partition")
+        .agg(
+            F.expr("count(*) AS n"),
+            F.expr("count(DISTINCT offset) AS distinct_offsets"),
+            F.expr("min(offset) AS lo"),
+            F.expr("max(offset) AS hi"),
+            F.expr("sum(IF(i = offset AND vp = partition, 0, 1)) AS mismatched"),
+        )
+        .collect()
+    )
+    killer.join(5)
+    assert killed, "the leader was not killed during the read"
+    assert killed["done"] < killed["total"]  # killed while tasks were still to run
+    assert not victim.alive()
+    got = sorted(
+        (r["partition"], r["n"], r["distinct_offsets"], r["lo"], r["hi"], r["mismatched"])
+        for r in rows
+    )
+    assert got == [(p, N, N, 0, N - 1, 0) for p in range(3)]

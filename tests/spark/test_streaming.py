@@ -1,0 +1,237 @@
+"""Streaming reads against a real cluster and a real local Spark: checkpointed offsets that
+neither lose nor repeat rows across a stop and restart, admission control, deterministic
+replay of a micro-batch, new partitions, data loss, and lag in the progress reports."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.client.admin import Admin
+from strom.client.types import TopicPartition
+from strom.devcluster.procs import wait_for
+from strom_spark import lag
+from tests.spark.conftest import create_topic, produce
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # slow under load
+
+
+def stream(spark: Any, bootstrap: str, topic: str, **options: str) -> Any:
+    r = (
+        spark.readStream.format("strom")
+        .option("bootstrap", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def fill(bootstrap: str, topic: str, partition: int, lo: int, hi: int) -> None:
+    base = produce(
+        bootstrap, topic, partition, [f"{partition}:{i}".encode() for i in range(lo, hi)]
+    )
+    assert base == lo
+
+
+def parquet_rows(spark: Any, path: Path) -> list[tuple[int, int, bytes]]:
+    return sorted(tuple(r) for r in spark.read.parquet(str(path)).collect())
+
+
+def test_stop_and_restart_from_checkpoint_neither_loses_nor_repeats(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    topic = "st-file"
+    create_topic(bootstrap, topic, 3)
+    for p in range(3):
+        fill(bootstrap, topic, p, 0, 200)
+    out, cp = tmp_path / "out", tmp_path / "cp"
+
+    def start(**trigger: Any) -> Any:
+        df = stream(spark, bootstrap, topic, maxOffsetsPerTrigger="150")
+        return (
+            df.select("partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(cp))
+            .trigger(**trigger)
+            .start()
+        )
+
+    q = start(processingTime="100 milliseconds")
+    try:
+        wait_for(
+            lambda: sum(p["numInputRows"] for p in q.recentProgress) >= 300,
+            timeout=300,
+            what="two micro-batches",
+        )
+    finally:
+        q.stop()
+    first_run = q.recentProgress
+    assert all(p["numInputRows"] <= 150 for p in first_run)
+    for p in range(3):  # more data while the query is down
+        fill(bootstrap, topic, p, 200, 300)
+    q = start(availableNow=True)
+    assert q.awaitTermination(300)
+    assert q.exception() is None
+    progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
+    assert all(p["numInputRows"] <= 150 for p in progress)
+    got = parquet_rows(spark, out)
+    want = sorted((p, i, f"{p}:{i}".encode()) for p in range(3) for i in range(300))
+    assert len(got) == len(want) and got == want  # nothing lost, nothing twice
+    # The progress carries the partitions' latest offsets: lag shrinks to zero. (A batch the
+    # stop interrupted is replayed first, from the checkpoint, without a latest offset.)
+    lags = [lag(p) for p in progress]
+    assert max(sum(x.values()) for x in lags) >= 150
+    assert lags[-1] == {TopicPartition(topic, p): 0 for p in range(3)}
+
+
+def test_replayed_micro_batch_reads_the_same_rows(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    topic = "st-replay"
+    create_topic(bootstrap, topic, 2)
+    for p in range(2):
+        fill(bootstrap, topic, p, 0, 100)
+    cp = tmp_path / "cp"
+    seen: dict[int, list[list[tuple[int, int]]]] = {}
+
+    def record(batch: Any, batch_id: int) -> None:
+        got = sorted((r["partition"], r["offset"]) for r in batch.collect())
+        seen.setdefault(batch_id, []).append(got)
+
+    def run() -> None:
+        q = (
+            stream(spark, bootstrap, topic, maxOffsetsPerTrigger="70")
+            .writeStream.foreachBatch(record)
+            .option("checkpointLocation", str(cp))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert q.awaitTermination(300)
+        assert q.exception() is None
+
+    run()
+    last = max(seen)
+    assert last >= 2  # 200 offsets, 70 per trigger
+    # A crash after the offsets of `last` were logged but before it committed: Spark runs the
+    # batch again on restart, with the logged offsets, even though more data arrived since.
+    (cp / "commits" / str(last)).unlink()
+    (cp / "commits" / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum beside it
+    fill(bootstrap, topic, 0, 100, 150)
+    run()
+    assert len(seen[last]) == 2 and seen[last][0] == seen[last][1]
+    everything = [row for bid in sorted(seen) for row in seen[bid][0]]
+    assert sorted(everything) == [(0, i) for i in range(150)] + [(1, i) for i in range(100)]
+    assert len(everything) == len(set(everything))
+
+
+def test_new_partitions_join_the_stream(spark: Any, bootstrap: str, tmp_path: Path) -> None:
+    topic = "st-grow"
+    create_topic(bootstrap, topic, 1)
+    fill(bootstrap, topic, 0, 0, 50)
+    out, cp = tmp_path / "out", tmp_path / "cp"
+
+    def run() -> None:
+        q = (
+            stream(spark, bootstrap, topic)
+            .select("partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(cp))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert q.awaitTermination(300)
+        assert q.exception() is None
+
+    run()
+    with Admin(bootstrap) as admin:
+        admin.create_partitions(topic, 3)
+    fill(bootstrap, topic, 1, 0, 20)
+    fill(bootstrap, topic, 2, 0, 30)
+    fill(bootstrap, topic, 0, 50, 60)
+    run()
+    got = parquet_rows(spark, out)
+    want = sorted(
+        [(0, i, b"0:%d" % i) for i in range(60)]
+        + [(1, i, b"1:%d" % i) for i in range(20)]
+        + [(2, i, b"2:%d" % i) for i in range(30)]
+    )
+    assert got == want
+
+
+def test_data_loss_fails_with_a_clear_message_or_skips(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    topic = "st-loss"
+    create_topic(bootstrap, topic, 1)
+    fill(bootstrap, topic, 0, 0, 100)
+    out, cp = tmp_path / "out", tmp_path / "cp"
+
+    def run(**options: str) -> Any:
+        q = (
+            stream(spark, bootstrap, topic, **options)
+            .select("partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(cp))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            q.awaitTermination(300)
+        except Exception as exc:
+            return exc
+        return None
+
+    assert run() is None
+    fill(bootstrap, topic, 0, 100, 200)
+    with Admin(bootstrap) as admin:
+        admin.delete_records({TopicPartition(topic, 0): 150})
+    error = run()
+    assert error is not None
+    message = str(error)
+    assert "data loss in st-loss-0: the query needs offsets from 100" in message
+    assert "offsets 100 to 149 were deleted" in message and "failOnDataLoss=false" in message
+    assert run(failOnDataLoss="false") is None
+    got = [o for _, o, _ in parquet_rows(spark, out)]
+    assert got == list(range(100)) + list(range(150, 200))
+
+
+def test_min_offsets_per_trigger_waits_for_data_or_the_delay(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    topic = "st-min"
+    create_topic(bootstrap, topic, 1)
+    fill(bootstrap, topic, 0, 0, 100)
+    started = dt.datetime.now(dt.UTC)
+    q = (
+        stream(spark, bootstrap, topic, minOffsetsPerTrigger="1000", maxTriggerDelay="4s")
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        first = wait_for(
+            lambda: next((p for p in q.recentProgress if p["numInputRows"] > 0), None),
+            timeout=300,
+            what="the first non-empty micro-batch",
+        )
+        assert first["numInputRows"] == 100  # all of it, in one batch, once the delay passed
+        ran_at = dt.datetime.fromisoformat(first["timestamp"].replace("Z", "+00:00"))
+        assert (ran_at - started).total_seconds() >= 3.5
+        # enough data: the next batch does not wait for the delay
+        fill(bootstrap, topic, 0, 100, 1200)
+        wait_for(
+            lambda: sum(p["numInputRows"] for p in q.recentProgress) >= 1200,
+            timeout=300,
+            what="the second batch",
+        )
+    finally:
+        q.stop()
