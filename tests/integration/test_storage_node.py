@@ -71,6 +71,9 @@ class Node:
             "--etcd": self.etcd,
             "--cluster": CLUSTER,
             "--log-cleanup-interval-ms": "100",
+            # No controller runs here (the tests write partition states themselves): a
+            # restarted node must not wait for one to fence its previous life.
+            "--startup-fence-timeout-s": "0",
             **overrides,
         }
         return [sys.executable, "-c", NODE_MAIN, *[x for kv in flags.items() for x in kv]]

@@ -1689,7 +1689,10 @@ class ControllerService(AclRpcs, controller_pb2_grpc.ControllerServiceServicer):
                     "is not the registered one"
                 )
                 return
-            self._shutting_down[request.node_id] = request.incarnation_id
+            # A STARTING node asks to have its previous life fenced (storage/node.py): it is
+            # not eligible while STARTING anyway, and must become so once RUNNING.
+            if node.state != md.NODE_STATE_STARTING:
+                self._shutting_down[request.node_id] = request.incarnation_id
             await asyncio.to_thread(self._reconcile_sync, lead)
             parts = await asyncio.to_thread(self._partitions_sync)
             for (topic, p), (_, v, _) in sorted(parts.items()):

@@ -387,14 +387,21 @@ class TransactionRpcs(_Base):
         try:
             await self._write_markers(shard, generation, meta, commit)
             for group_id in sorted(meta.groups):
-                await self._complete_offsets(shard, generation, group_id, meta, commit)
+                await self._retrying(
+                    shard,
+                    generation,
+                    meta,
+                    lambda g=group_id: self._complete_offsets(shard, generation, g, meta, commit),
+                )
             now = _now_ms()
 
             def complete(current: TxnMetadata) -> TxnMetadata | None:
                 same = (current.state, current.producer_epoch) == (meta.state, meta.producer_epoch)
                 return current.complete(now) if same else None
 
-            await self._txn_change(meta.transactional_id, complete)
+            await self._retrying(
+                shard, generation, meta, lambda: self._txn_change(meta.transactional_id, complete)
+            )
         except (NotCoordinatorError, CoordinatorLoadInProgressError, _Superseded):
             log.info(
                 "transaction %s: shard moved; its new owner completes it", meta.transactional_id
@@ -402,6 +409,9 @@ class TransactionRpcs(_Base):
             return
         except asyncio.CancelledError:
             raise
+        except StromError as exc:
+            log.warning("completing transaction %s failed: %s", meta.transactional_id, exc)
+            return
         except Exception:
             log.exception("completing transaction %s failed", meta.transactional_id)
             return
@@ -451,6 +461,27 @@ class TransactionRpcs(_Base):
             if left:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def _retrying(
+        self, shard: Shard, generation: int, meta: TxnMetadata, step: Callable[[], Any]
+    ) -> Any:
+        """Run a completion step until it succeeds: a decided transaction left half-complete
+        (its state write timed out while the ISR was short, say) would otherwise stay
+        PREPARE_* until the shard moves, refusing its producer with CONCURRENT_TRANSACTIONS.
+        Each step is idempotent. Stops when the shard moved (its new owner completes it)."""
+        delay = _RETRY_FIRST_S
+        while True:
+            try:
+                return await step()
+            except StromError as exc:
+                if not exc.retriable or self._stopping:
+                    raise
+                _check(shard, generation)
+                log.info(
+                    "completing transaction %s: %s; retrying", meta.transactional_id, exc.message
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
 
     async def _markers_to(
         self,

@@ -54,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="etcd lease TTL: how long after a crash the node counts as dead (2, etcd's minimum)",
     )
     parser.add_argument(
+        "--startup-fence-timeout-s",
+        type=float,
+        default=60.0,
+        help="how long a restarting node that etcd still names leader or in-sync replica "
+        "waits for the controller to fence its previous life before taking those roles (60)",
+    )
+    parser.add_argument(
         "--log-cleanup-interval-ms",
         type=int,
         default=30_000,
@@ -141,6 +148,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     parse_endpoints(args.etcd)
     if not args.cluster or "/" in args.cluster:
         raise ValueError(f"--cluster {args.cluster!r} must be a non-empty name without '/'")
+    if args.startup_fence_timeout_s < 0:
+        raise ValueError("--startup-fence-timeout-s must be >= 0")
     if args.session_timeout_s < 1:
         raise ValueError("--session-timeout-s must be >= 1 (etcd raises it to its minimum)")
     if args.log_cleanup_interval_ms <= 0 or args.checkpoint_interval_ms <= 0:
@@ -167,6 +176,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         cluster=args.cluster,
         rack=args.rack or None,
         session_timeout_s=args.session_timeout_s,
+        startup_fence_timeout_s=args.startup_fence_timeout_s,
         log_cleanup_interval_ms=args.log_cleanup_interval_ms,
         checkpoint_interval_ms=args.checkpoint_interval_ms,
         replica_lag_time_max_ms=args.replica_lag_time_max_ms,
