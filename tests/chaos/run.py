@@ -371,6 +371,7 @@ class Runner:
                 self.h.write("client_stop_killed", names=killed)
         self.log(f"workload stopped {time.monotonic() - healed:.0f}s after healing; final reads")
         final = final_mod.final_reads(cluster.bootstrap)
+        self.problems.extend(final.pop("problems"))
         (self.out / "final.json").write_text(json.dumps(final))
         assignment = self.assignment()
         try:
