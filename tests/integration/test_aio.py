@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,14 +14,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root: Path = tmp_path_factory.mktemp("aio")
-    cluster = LocalCluster(root / "c", nodes=1, controllers=1)
-    try:
-        cluster.start()
-        yield cluster.bootstrap
-    finally:
-        cluster.kill()
+def bootstrap(one_node_cluster: LocalCluster) -> str:
+    return one_node_cluster.bootstrap
 
 
 def test_admin_producer_and_consumer_never_block_the_loop(bootstrap: str) -> None:

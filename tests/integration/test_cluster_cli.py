@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,14 +42,9 @@ def strom(
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+def cluster(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
     # No group coordinator: __consumer_offsets' leaders would skew the leader spread below.
-    c = LocalCluster(tmp_path / "cluster", nodes=3, controllers=2, coordinators=0)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.kill()
+    return make_cluster(nodes=3, controllers=2, coordinators=0)
 
 
 def _pids(c: LocalCluster) -> list[int]:

@@ -4,7 +4,6 @@ as processes against a real one-node cluster."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root: Path = tmp_path_factory.mktemp("console")
-    cluster = LocalCluster(root / "c", nodes=1, controllers=1)
-    try:
-        cluster.start()
-        with Admin(cluster.bootstrap) as admin:
-            admin.create_topic("lines", partitions=2, replication_factor=1)
-        yield cluster.bootstrap
-    finally:
-        cluster.kill()
+def bootstrap(one_node_cluster: LocalCluster) -> str:
+    with Admin(one_node_cluster.bootstrap) as admin:
+        admin.create_topic("lines", partitions=2, replication_factor=1)
+    return one_node_cluster.bootstrap
 
 
 def test_produce_with_keys_headers_acks_and_compression(bootstrap: str) -> None:

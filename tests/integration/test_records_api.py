@@ -12,8 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -22,7 +21,6 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from strom.api import common_pb2, records_pb2, records_pb2_grpc, storage_pb2
 from strom.client import Producer
-from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.partitioner import partition_for_key
@@ -38,52 +36,14 @@ E = ErrorCode
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root: Path = tmp_path_factory.mktemp("records-api")
-    c = LocalCluster(
-        root / "c",
-        nodes=3,
-        controllers=1,
-        coordinators=1,
-        coordinator_args=[
-            "--group-heartbeat-interval-ms",
-            "200",
-            "--group-session-timeout-ms",
-            "1500",
-            "--offsets-partitions",
-            "2",
-        ],
-    )
-    try:
-        c.start()
-        yield c
-    finally:
-        c.kill()
-
-
-@pytest.fixture(scope="module")
-def admin(cluster: LocalCluster) -> Iterator[Admin]:
-    with Admin(cluster.bootstrap) as a:
-        yield a
+def cluster(three_node_cluster: LocalCluster) -> LocalCluster:
+    return three_node_cluster
 
 
 @pytest.fixture(scope="module")
 def stub(cluster: LocalCluster) -> Iterator[records_pb2_grpc.RecordServiceStub]:
     with grpc.insecure_channel(cluster.nodes[0].address) as ch:
         yield records_pb2_grpc.RecordServiceStub(ch)
-
-
-def make_topic(admin: Admin, cluster: LocalCluster, name: str, partitions: int, rf: int = 1):
-    admin.create_topic(name, partitions=partitions, replication_factor=rf)
-    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
-        wait_for(
-            lambda: (
-                len(c.topic_metadata(name).partitions) == partitions
-                and all(p.leader >= 0 for p in c.topic_metadata(name).partitions)
-            ),
-            timeout=20,
-            what=f"leaders of {name}",
-        )
 
 
 def produce(stub: Any, **kw: Any) -> rp.ProduceRecordsResponse:
@@ -126,10 +86,10 @@ def strom_error(exc: grpc.RpcError) -> common_pb2.Error:
 
 
 def test_produce_by_key_keyless_and_explicit_and_read_back(
-    cluster: LocalCluster, admin: Admin, stub: Any
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
     topic = "rec-produce"
-    make_topic(admin, cluster, topic, 3)
+    new_topic(cluster, 3, 1, name=topic)
     keys = [b"k%d" % i for i in range(300)]
     resp = produce(stub, topic=topic, records=rp.RecordColumns(keys=keys, values=keys))
     assert resp.error_code == E.NONE
@@ -175,10 +135,10 @@ def test_produce_by_key_keyless_and_explicit_and_read_back(
 
 
 def test_caller_sequence_makes_retries_idempotent(
-    cluster: LocalCluster, admin: Admin, stub: Any
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
     topic = "rec-seq"
-    make_topic(admin, cluster, topic, 2, rf=3)
+    new_topic(cluster, 2, 3, name=topic)
     with grpc.insecure_channel(cluster.nodes[2].address) as ch:
         init = ch.unary_unary(
             "/strom.v1.StorageService/InitProducerId",
@@ -210,9 +170,11 @@ def test_caller_sequence_makes_retries_idempotent(
     assert end == first.offsets[0] + 20  # exactly two calls' records
 
 
-def test_acks_none_and_compression(cluster: LocalCluster, admin: Admin, stub: Any) -> None:
+def test_acks_none_and_compression(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
     topic = "rec-codec"
-    make_topic(admin, cluster, topic, 1)
+    new_topic(cluster, 1, 1, name=topic)
     z = produce(
         stub,
         topic=topic,
@@ -287,12 +249,14 @@ def test_malformed_produce_is_invalid_argument_naming_the_problem(
     assert strom_error(exc).code == E.INVALID_REQUEST
 
 
-def test_topic_level_errors(cluster: LocalCluster, admin: Admin, stub: Any) -> None:
+def test_topic_level_errors(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
     cols = rp.RecordColumns(values=[b"a"])
     unknown = stub.ProduceRecords(rp.ProduceRecordsRequest(topic="nope", records=cols), timeout=30)
     assert unknown.error_code == E.UNKNOWN_TOPIC_OR_PARTITION and "nope" in unknown.error_message
     assert not unknown.partitions and not unknown.results
-    make_topic(admin, cluster, "rec-two", 2)
+    new_topic(cluster, 2, 1, name="rec-two")
     produce(stub, topic="rec-two", partition=1, records=cols)  # the node knows the topic now
     beyond = stub.ProduceRecords(
         rp.ProduceRecordsRequest(topic="rec-two", partition=5, records=cols), timeout=30
@@ -322,10 +286,10 @@ def next_records(stream: Any, want: int, timeout: float = 30) -> dict[int, list[
 
 
 def test_subscribe_from_offset_timestamp_earliest_latest(
-    cluster: LocalCluster, admin: Admin, stub: Any
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
     topic = "rec-starts"
-    make_topic(admin, cluster, topic, 4)
+    new_topic(cluster, 4, 1, name=topic)
     for p in range(4):
         produce(
             stub,
@@ -398,14 +362,14 @@ def _metric(member: Any, name: str, labels: str) -> float:
 
 
 def test_a_reader_that_stops_holds_back_the_stream(
-    cluster: LocalCluster, admin: Admin, stub: Any
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
     """Flow control: a reader that stops reading stops the node polling for it, and the node's
     Consumer stops fetching from the leader (bounded buffers all the way back); once it reads
     again everything arrives. The reader turns off gRPC's window growth (BDP probing), so the
     HTTP/2 window between them is gRPC's 64 KiB default and what the test sees is the node."""
     topic = "rec-flow"
-    make_topic(admin, cluster, topic, 1)
+    new_topic(cluster, 1, 1, name=topic)
     total, size = 2_000, 10_000  # 20 MB
     with Producer(cluster.bootstrap, linger_ms=0) as p:
         for i in range(0, total, 100):
@@ -466,9 +430,11 @@ def _subscribe_group(stub: Any, topic: str, group: str, **kw: Any) -> tuple[Any,
     return stream, first.assignment.subscription_id
 
 
-def test_commit_offsets_rules(cluster: LocalCluster, admin: Admin, stub: Any) -> None:
+def test_commit_offsets_rules(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
     topic, group = "rec-commit", "rec-commit-g"
-    make_topic(admin, cluster, topic, 2)
+    new_topic(cluster, 2, 1, name=topic)
     for p in range(2):
         produce(stub, topic=topic, partition=p, records=rp.RecordColumns(values=[b"c"] * 20))
     stream, sid = _subscribe_group(stub, topic, group)
@@ -514,10 +480,10 @@ def test_commit_offsets_rules(cluster: LocalCluster, admin: Admin, stub: Any) ->
 
 
 def test_auto_commit_commits_what_the_stream_delivered(
-    cluster: LocalCluster, admin: Admin, stub: Any
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
     topic, group = "rec-auto", "rec-auto-g"
-    make_topic(admin, cluster, topic, 1)
+    new_topic(cluster, 1, 1, name=topic)
     produce(stub, topic=topic, partition=0, records=rp.RecordColumns(values=[b"a"] * 30))
     stream, _ = _subscribe_group(stub, topic, group, auto_commit=True)
     try:
@@ -571,13 +537,13 @@ class StreamReader:
 
 
 def test_node_shutdown_ends_its_streams_and_moves_their_partitions(
-    cluster: LocalCluster, admin: Admin
+    cluster: LocalCluster, new_topic: Callable[..., str]
 ) -> None:
     """SIGTERM: the node's streams end UNAVAILABLE (subscribe again elsewhere) and leave their
     group at once, so another stream of the group gets the partitions without waiting for a
     session timeout. Runs last: it stops a node."""
     topic, group = "rec-shutdown", "rec-shutdown-g"
-    make_topic(admin, cluster, topic, 2, rf=3)
+    new_topic(cluster, 2, 3, name=topic)
     doomed, other = cluster.nodes[1], cluster.nodes[0]
     req = rp.SubscribeRequest(group_id=group, topics=[topic])
     with grpc.insecure_channel(doomed.address) as ch1, grpc.insecure_channel(other.address) as ch2:

@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from strom.client import Producer
-from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.partitioner import partition_for_key
@@ -38,51 +37,8 @@ PROTOS = Path(__file__).resolve().parents[2] / "protos"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root: Path = tmp_path_factory.mktemp("records-node")
-    c = LocalCluster(
-        root / "c",
-        nodes=3,
-        controllers=1,
-        coordinators=1,
-        coordinator_args=[
-            "--group-heartbeat-interval-ms",
-            "200",
-            "--group-session-timeout-ms",
-            "1500",
-            "--offsets-partitions",
-            "2",
-        ],
-    )
-    try:
-        c.start()
-        yield c
-    finally:
-        c.kill()
-
-
-@pytest.fixture(scope="module")
-def admin(cluster: LocalCluster) -> Iterator[Admin]:
-    with Admin(cluster.bootstrap) as a:
-        yield a
-
-
-def _topic(admin: Admin, cluster: LocalCluster, name: str, partitions: int, rf: int = 3) -> None:
-    admin.create_topic(
-        name,
-        partitions=partitions,
-        replication_factor=rf,
-        config={"min.insync.replicas": "2"} if rf == 3 else None,
-    )
-    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
-        wait_for(
-            lambda: (
-                all(p.leader >= 0 for p in c.topic_metadata(name).partitions)
-                and len(c.topic_metadata(name).partitions) == partitions
-            ),
-            timeout=20,
-            what=f"leaders of {name}",
-        )
+def cluster(three_node_cluster: LocalCluster) -> LocalCluster:
+    return three_node_cluster
 
 
 def _node(script: str, *args: str, tmp_path: Path) -> NodeProgram:
@@ -90,9 +46,9 @@ def _node(script: str, *args: str, tmp_path: Path) -> NodeProgram:
 
 
 def test_100k_keyed_records_round_trip_through_node(
-    cluster: LocalCluster, admin: Admin, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
 ) -> None:
-    _topic(admin, cluster, "node-keyed", 6)
+    new_topic(cluster, 6, 3, {"min.insync.replicas": "2"}, name="node-keyed")
     total, keys = 100_000, 1000
     with _node(
         "produce_and_read.js",
@@ -132,10 +88,10 @@ def test_100k_keyed_records_round_trip_through_node(
 
 
 def test_the_documented_node_example_runs(
-    cluster: LocalCluster, admin: Admin, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
 ) -> None:
     """docs/grpc-clients.md's complete example (tests/node/example.js), as a user runs it."""
-    _topic(admin, cluster, "clicks", 3, rf=1)
+    new_topic(cluster, 3, 1, name="clicks")
     proc = subprocess.run(
         [node_binary(), "example.js", cluster.nodes[0].address, str(PROTOS), "clicks"],
         cwd=NODE_DIR,
@@ -210,10 +166,10 @@ def _read_ranges(prog: NodeProgram) -> set[tuple[int, int]]:
 
 
 def test_two_node_subscribers_split_six_partitions_and_one_takes_over(
-    cluster: LocalCluster, admin: Admin, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
 ) -> None:
     topic, group = "node-group", "node-group-g"
-    _topic(admin, cluster, topic, 6)
+    new_topic(cluster, 6, 3, {"min.insync.replicas": "2"}, name=topic)
     with Producer(cluster.bootstrap) as p:
         for part in range(6):
             p.send_batch(topic, [b"a%d" % i for i in range(50)], partition=part)
@@ -261,10 +217,10 @@ def _committed(prog: NodeProgram) -> dict[int, int]:
 
 
 def test_commits_survive_a_coordinator_restart(
-    cluster: LocalCluster, admin: Admin, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
 ) -> None:
     topic, group = "node-commits", "node-commits-g"
-    _topic(admin, cluster, topic, 6)
+    new_topic(cluster, 6, 3, {"min.insync.replicas": "2"}, name=topic)
 
     def produce(n: int) -> None:
         with Producer(cluster.bootstrap) as p:
@@ -310,10 +266,10 @@ def test_commits_survive_a_coordinator_restart(
 
 
 def test_leader_sigkill_during_a_long_lived_subscription(
-    cluster: LocalCluster, admin: Admin, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
 ) -> None:
     topic = "node-failover"
-    _topic(admin, cluster, topic, 3)
+    new_topic(cluster, 3, 3, {"min.insync.replicas": "2"}, name=topic)
     serving = cluster.nodes[0]
     with ClusterClient(cluster.bootstrap, retry_s=10) as c:
         leaders = {p.partition: p.leader for p in c.topic_metadata(topic).partitions}

@@ -4,7 +4,7 @@ three storage nodes as processes; replication factor 3, min.insync.replicas=2, a
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,20 +23,14 @@ TOPIC = "replicated"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(
-        tmp_path / "c", nodes=3, controllers=2, node_args=["--replica-lag-time-max-ms", "1500"]
-    )
-    try:
-        c.start()
-        with ClusterClient(c.bootstrap) as client:
-            Admin(cluster_client=client).create_topic(
-                TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
-            )
-        wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
-        yield c
-    finally:
-        c.kill()
+def cluster(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
+    c = make_cluster(nodes=3, controllers=2, node_args=["--replica-lag-time-max-ms", "1500"])
+    with ClusterClient(c.bootstrap) as client:
+        Admin(cluster_client=client).create_topic(
+            TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
+        )
+    wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
+    return c
 
 
 def _state(c: LocalCluster) -> tuple[int, int, list[int]]:

@@ -1,6 +1,7 @@
 """Fixtures for the Spark connector tests: one real local Spark session (``local[2]``) for the
-whole test session, and one real local strom cluster (etcd, a controller, three storage
-nodes) shared by every module that does not break it; modules that kill nodes start their own.
+whole test session, and the session's shared three-node strom cluster (``three_node_cluster``
+of tests/conftest.py: etcd, a controller, three storage nodes, a coordinator) for every module
+that does not break it; modules that kill nodes start their own.
 
 The connector must be importable by Spark's Python workers, which run ``sys.executable`` (the
 project's virtualenv, where strom_spark is installed) because of PYSPARK_PYTHON.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -65,14 +65,8 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root: Path = tmp_path_factory.mktemp("spark-cluster")
-    c = LocalCluster(root / "c", nodes=3, controllers=1, coordinators=0)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.kill()
+def cluster(three_node_cluster: LocalCluster) -> LocalCluster:
+    return three_node_cluster
 
 
 @pytest.fixture(scope="session")

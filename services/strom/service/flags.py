@@ -1,16 +1,20 @@
-"""Flags and the process entry every etcd-backed service shares (controller, coordinator).
+"""Flags and the process entry every etcd-backed service shares (storage node, controller,
+coordinator).
 
 One place for the flag types (so a bad value reads the same everywhere), the flags each such
 service has (``--etcd``, ``--listen``, ``--advertise``, ``--metrics-port``, ``--cluster``,
-``--etcd-connect-timeout-s``, ``--log-level``, ``--config``) and :func:`serve`, which turns the
-start-up problems an operator can fix into one line on stderr instead of a traceback.
+``--max-connections``, ``--etcd-connect-timeout-s``, ``--log-level``, ``--config``) and
+:func:`serve`, which turns the start-up problems an operator can fix into one line on stderr
+instead of a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from strom import security
 from strom.metadata import MetadataUnavailableError, parse_endpoints
@@ -113,14 +117,26 @@ def add_endpoint_arguments(
     )
 
 
-def add_process_arguments(parser: argparse.ArgumentParser) -> None:
-    """--etcd-connect-timeout-s, --log-level and --config (add last: --config names them all)."""
-    parser.add_argument(
-        "--etcd-connect-timeout-s",
-        default=10.0,
-        type=float,
-        help="give up starting when etcd does not answer within this (default: %(default)s)",
-    )
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the bad flag (``--help`` still shows the full usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def add_process_arguments(
+    parser: argparse.ArgumentParser, *, etcd_connect_timeout: bool = True
+) -> None:
+    """--etcd-connect-timeout-s (unless ``etcd_connect_timeout`` is false: the storage node
+    keeps retrying etcd instead), --log-level, the security flags and --config (add these
+    last: --config names them all)."""
+    if etcd_connect_timeout:
+        parser.add_argument(
+            "--etcd-connect-timeout-s",
+            default=10.0,
+            type=float,
+            help="give up starting when etcd does not answer within this (default: %(default)s)",
+        )
     parser.add_argument(
         "--log-level",
         default="info",
@@ -153,12 +169,22 @@ def serve(
     metrics_port: int | None,
     startup_errors: tuple[type[BaseException], ...],
     max_connections: int = 0,
+    *,
+    etcd: str | None = None,
 ) -> int:
-    """Run ``service`` until SIGTERM; the exit code. Start-up problems -> one stderr line."""
+    """Run ``service`` until SIGTERM; the exit code. Start-up problems -> one stderr line.
+
+    ``etcd`` (the endpoints) is named in the line when etcd cannot be reached, for services
+    whose own start-up errors do not name it already.
+    """
     limits = ServerLimits(max_connections=max_connections)
     try:
-        return runtime.run(service, listen, metrics_port, limits)
-    except (*startup_errors, MetadataUnavailableError) as exc:
+        asyncio.run(runtime.serve(service, listen, metrics_port, limits=limits))
+    except startup_errors as exc:
+        return fail(prog, str(exc))
+    except MetadataUnavailableError as exc:
+        return fail(prog, f"cannot reach etcd at {etcd}: {exc}" if etcd else str(exc))
+    except OSError as exc:  # a port in use, an unusable data directory
         return fail(prog, str(exc))
     except RuntimeError as exc:
         # grpc raises RuntimeError("Failed to bind to address ...") for a port in use.
@@ -167,6 +193,7 @@ def serve(
         raise
     except KeyboardInterrupt:
         return 130
+    return 0
 
 
 def configure_security(prog: str, args: argparse.Namespace) -> int | None:

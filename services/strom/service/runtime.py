@@ -151,14 +151,3 @@ async def serve(
         log.warning("%s: stop() did not finish within %.0fs", service.name, grace_s)
     await server.stop(grace_s)
     log.info("%s stopped", service.name)
-
-
-def run(
-    service: Service, listen: str, metrics_port: int | None, limits: ServerLimits | None = None
-) -> int:
-    try:
-        asyncio.run(serve(service, listen, metrics_port, limits=limits))
-    except OSError as exc:
-        log.error("%s: %s", service.name, exc)
-        return 1
-    return 0

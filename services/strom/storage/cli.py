@@ -2,21 +2,24 @@
 
 Settings come from flags, then ``STROM_*`` environment variables (``STROM_NODE_ID``,
 ``STROM_DATA_DIR``, ...), then ``--config FILE`` (YAML with the flag names as keys), in that
-order of precedence. Bad input and start-up refusals (node id in use, etcd unreachable,
-data dir unusable) print one line and exit non-zero, never a traceback.
+order of precedence. The flags every service has (``--etcd``, ``--listen``, ``--advertise``,
+``--metrics-port``, ``--cluster``, ``--max-connections``, ``--log-level``, the security flags,
+``--config``) and their checks come from :mod:`strom.service.flags`, as for the controller and
+the coordinator. Bad input and start-up refusals (node id in use, etcd unreachable, data dir
+unusable) print one line and exit non-zero, never a traceback: a malformed flag exits 2 (a usage
+error), a setting the node refuses or a start-up failure exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
-from strom import security
 from strom.metadata import MetadataUnavailableError, parse_endpoints
+from strom.service import flags
 from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
 
 if TYPE_CHECKING:
@@ -30,26 +33,15 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The storage node's flags (shared with ``strom storage-node`` and dev clusters)."""
-    parser.add_argument("--node-id", type=int, required=True, help="this node's id (>= 0)")
+    parser.add_argument(
+        "--node-id", type=flags.int_at_least(0), required=True, help="this node's id (>= 0)"
+    )
     parser.add_argument("--data-dir", required=True, help="directory holding partition logs")
-    parser.add_argument(
-        "--listen", default="0.0.0.0:9092", help="HOST:PORT to serve gRPC on (0.0.0.0:9092)"
-    )
-    parser.add_argument(
-        "--advertise",
-        default=None,
-        help="HOST:PORT clients and other nodes connect to (default: --listen, with a "
-        "wildcard host replaced by 127.0.0.1)",
-    )
-    parser.add_argument(
-        "--metrics-port", type=int, default=9102, help="Prometheus /metrics port (9102)"
-    )
-    parser.add_argument("--etcd", required=True, help="etcd endpoints HOST:PORT[,HOST:PORT...]")
-    parser.add_argument("--cluster", default="strom", help="cluster name (etcd key prefix)")
+    flags.add_endpoint_arguments(parser, listen="0.0.0.0:9092", metrics_port=9102)
     parser.add_argument("--rack", default=None, help="rack / availability zone of this node")
     parser.add_argument(
         "--session-timeout-s",
-        type=int,
+        type=flags.int_at_least(1),
         default=2,
         help="etcd lease TTL: how long after a crash the node counts as dead (2, etcd's minimum)",
     )
@@ -62,70 +54,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-cleanup-interval-ms",
-        type=int,
+        type=flags.int_at_least(1),
         default=30_000,
         help="how often retention and compaction run (30000)",
     )
     parser.add_argument(
         "--checkpoint-interval-ms",
-        type=int,
+        type=flags.int_at_least(1),
         default=60_000,
         help="how often recovery points are flushed and checkpointed (60000)",
     )
     parser.add_argument(
         "--replica-lag-time-max-ms",
-        type=int,
+        type=flags.int_at_least(1),
         default=10_000,
         help="replica.lag.time.max.ms: a follower not caught up for this long leaves the ISR "
         "(10000)",
     )
     parser.add_argument(
-        "--max-connections",
-        type=int,
-        default=0,
-        help="most client connections served at once; more are closed (0: half the open-file "
-        "limit, at most 10000)",
-    )
-    parser.add_argument(
         "--max-inflight-produce-bytes",
-        type=int,
+        type=flags.int_at_least(1),
         default=256 * 1024 * 1024,
         help="produce request bytes worked on at once (appending, waiting for acks); more are "
         "refused with RESOURCE_EXHAUSTED and retried by clients (268435456)",
     )
     parser.add_argument(
         "--max-memory-bytes",
-        type=int,
+        type=flags.int_at_least(-1),
         default=-1,
         help="resident memory above which new produce requests are refused with "
         "RESOURCE_EXHAUSTED (-1: 80%% of the cgroup or machine memory; 0: no limit)",
     )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        type=str.lower,
-        choices=LOG_LEVELS,
-        help="log level (info)",
-    )
-    security.add_arguments(parser)
-    parser.add_argument("--config", default=None, help="YAML file with any of these settings")
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one line (``--help`` still shows the full usage)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+    # The node retries etcd until it answers (a restart must not fail while etcd is
+    # electing), so it has no --etcd-connect-timeout-s.
+    flags.add_process_arguments(parser, etcd_connect_timeout=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog=PROG, description="Run a strom storage node.")
+    parser = flags.OneLineParser(prog=PROG, description="Run a strom storage node.")
     add_arguments(parser)
     return parser
 
 
 def node_config(args: argparse.Namespace) -> NodeConfig:
-    """Validate parsed flags into a NodeConfig; ValueError names the bad setting."""
+    """Validate parsed flags into a NodeConfig; ValueError names the bad setting.
+
+    The flag types check values given on the command line or in the environment; values
+    from the YAML file arrive already typed (argparse does not run them through the flag
+    types), so every bound is checked here again.
+    """
     from strom.storage.node import NodeConfig
 
     if args.log_level not in LOG_LEVELS:  # argparse does not check env/YAML defaults
@@ -186,45 +163,44 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     )
 
 
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    return 1
-
-
 def run(args: argparse.Namespace) -> int:
     """Run a node until SIGTERM/SIGINT; the exit status (0 after a clean shutdown)."""
     try:
         config = node_config(args)
-        security.configure(args)
     except ValueError as exc:
-        return _fail(str(exc))
-    from strom.service.limits import ServerLimits
-    from strom.service.runtime import serve, setup_logging
+        return flags.fail(PROG, str(exc))
+    failed = flags.configure_security(PROG, args)
+    if failed is not None:
+        return failed
+    from strom.service import runtime
     from strom.storage.node import StartupError, StorageNode, tune_malloc
 
-    setup_logging(args.log_level, "storage-node")
+    runtime.setup_logging(args.log_level, "storage-node")
     tune_malloc()
     try:
         node = StorageNode(config)
-        limits = ServerLimits(max_connections=config.max_connections)
-        asyncio.run(serve(node, config.listen, config.metrics_port, limits=limits))
-    except StartupError as exc:
-        return _fail(str(exc))
+    except (StartupError, OSError) as exc:
+        return flags.fail(PROG, str(exc))
     except MetadataUnavailableError as exc:
-        return _fail(f"cannot reach etcd at {config.etcd}: {exc}")
-    except OSError as exc:
-        return _fail(str(exc))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        return flags.fail(PROG, f"cannot reach etcd at {config.etcd}: {exc}")
+    return flags.serve(
+        PROG,
+        node,
+        config.listen,
+        config.metrics_port,
+        (StartupError,),
+        config.max_connections,
+        etcd=config.etcd,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``strom storage-node`` as a standalone program (flags > STROM_* env > YAML)."""
     parser = build_parser()
     try:
         args = parse_with_sources(parser, argv)
     except ConfigFileError as exc:
-        return _fail(str(exc))
+        return flags.fail(PROG, str(exc))
     return run(args)
 
 

@@ -1,0 +1,172 @@
+"""Fixtures shared by every test directory: real local clusters and topics on them.
+
+Starting a cluster (etcd, a controller, storage nodes, a group coordinator, each a process)
+costs seconds on 2 cores, so modules whose tests leave the cluster as they found it share
+two session-scoped clusters instead of starting their own:
+
+* ``one_node_cluster``: etcd, 1 controller, 1 storage node, 1 group coordinator (defaults);
+* ``three_node_cluster``: etcd, 1 controller, 3 storage nodes, 1 group coordinator with
+  fast group timing (heartbeat 200 ms, session timeout 1.5 s) and 2 ``__consumer_offsets``
+  shards.
+
+A test may stop or kill a member of a shared cluster only if it starts it again (the
+fixtures check after each test that every member is alive and restart the ones that are not,
+so one test's failure does not cascade). Tests that leave a cluster broken, or need other
+settings, start their own with ``make_cluster``. Topic names are unique per test through the
+``new_topic`` factory, so tests sharing a cluster never see each other's data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strom.client.admin import Admin
+from strom.client.cluster import ClusterClient
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+
+#: Coordinator settings of the shared three-node cluster: groups rebalance and expire fast.
+FAST_GROUPS = [
+    "--group-heartbeat-interval-ms",
+    "200",
+    "--group-session-timeout-ms",
+    "1500",
+    "--offsets-partitions",
+    "2",
+]
+
+
+def start_cluster(root: Path, **kwargs: Any) -> LocalCluster:
+    """A started :class:`LocalCluster` under ``root``; killed again when start-up fails."""
+    cluster = LocalCluster(root, **kwargs)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.kill()
+        raise
+    return cluster
+
+
+def heal(cluster: LocalCluster) -> None:
+    """Restart every member a test left dead and wait until the cluster is whole again."""
+    dead = [m for m in cluster.members if not m.alive()]
+    for member in dead:
+        member.start()
+    for member in dead:
+        cluster.wait_serving(member)
+    if dead:
+        cluster.wait_cluster_ready()
+        if cluster.coordinators:
+            cluster.wait_coordinators_ready()
+
+
+@pytest.fixture(scope="session")
+def one_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """etcd, 1 controller, 1 storage node, 1 group coordinator, shared by the session."""
+    cluster = start_cluster(tmp_path_factory.mktemp("shared-1") / "c", nodes=1, controllers=1)
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
+
+
+@pytest.fixture(scope="session")
+def three_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """etcd, 1 controller, 3 storage nodes, 1 coordinator (FAST_GROUPS), shared."""
+    cluster = start_cluster(
+        tmp_path_factory.mktemp("shared-3") / "c",
+        nodes=3,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=FAST_GROUPS,
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
+
+
+SHARED_CLUSTERS = ("one_node_cluster", "three_node_cluster")
+
+
+@pytest.fixture(autouse=True)
+def _heal_shared_clusters(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that used a shared cluster, restart what it left dead."""
+    yield
+    for name in SHARED_CLUSTERS:
+        if name in request.fixturenames:
+            heal(request.getfixturevalue(name))
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """A test's own cluster(s): ``make_cluster(nodes=3, ...)`` (LocalCluster's arguments),
+    started now and killed after the test."""
+    started: list[LocalCluster] = []
+    counter = itertools.count()
+
+    def make(**kwargs: Any) -> LocalCluster:
+        cluster = start_cluster(tmp_path / f"cluster-{next(counter)}", **kwargs)
+        started.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.kill()
+
+
+TopicFactory = Callable[..., str]
+
+
+def create_topic(
+    cluster: LocalCluster,
+    name: str,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    config: dict[str, str] | None = None,
+) -> str:
+    """Create ``name`` on ``cluster`` and wait until every partition has a leader."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(
+            name, partitions=partitions, replication_factor=replication_factor, config=config
+        )
+    with ClusterClient(cluster.bootstrap, retry_s=10) as client:
+        wait_for(
+            lambda: (
+                len(parts := client.topic_metadata(name).partitions) == partitions
+                and all(p.leader >= 0 for p in parts)
+            ),
+            timeout=20,
+            what=f"leaders of {name}",
+        )
+    return name
+
+
+@pytest.fixture
+def new_topic(request: pytest.FixtureRequest) -> TopicFactory:
+    """``new_topic(cluster, partitions=1, replication_factor=1, config=None, name=None)``: create a
+    topic whose partitions all have leaders and return its name (unique unless given)."""
+    stem = request.node.name.split("[")[0].removeprefix("test_").replace("_", "-")[:40]
+
+    def make(
+        cluster: LocalCluster,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        config: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> str:
+        return create_topic(
+            cluster,
+            name or f"{stem}-{uuid.uuid4().hex[:8]}",
+            partitions,
+            replication_factor,
+            config,
+        )
+
+    return make
