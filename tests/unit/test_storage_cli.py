@@ -108,6 +108,7 @@ FLAGS = {
     "--cluster",
     "--rack",
     "--session-timeout-s",
+    "--startup-fence-timeout-s",
     "--log-cleanup-interval-ms",
     "--checkpoint-interval-ms",
     "--replica-lag-time-max-ms",
