@@ -107,6 +107,9 @@ class MetadataStore:
         self.timeout = timeout
         tls = etcd_security()
         creds = tls.credentials()
+        #: gRPC channel credentials for etcd (None: plaintext); the lease keepalives' own
+        #: client needs them too.
+        self.creds = creds
         self.client = MultiEndpointEtcd3Client(
             [
                 Endpoint(h, p, secure=creds is not None, creds=creds, time_retry=0.5)
@@ -287,7 +290,10 @@ class KeepAlive:
         # The first refresh also sets up the connection, which can be slow on a loaded
         # machine: it gets the store's timeout, the following ones the short one.
         self._client = MultiEndpointEtcd3Client(
-            [Endpoint(h, p, secure=False, time_retry=0.5) for h, p in store.endpoints],
+            [
+                Endpoint(h, p, secure=store.creds is not None, creds=store.creds, time_retry=0.5)
+                for h, p in store.endpoints
+            ],
             timeout=store.timeout,
             failover=True,
         )
