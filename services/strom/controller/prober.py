@@ -42,8 +42,13 @@ class NodeProber:
         confirm_attempts: int = 3,
         confirm_interval_s: float = 0.05,
         check_timeout_s: float = 0.5,
+        on_reached: Callable[[int, bool], None] | None = None,
+        kind: str = "node",
     ) -> None:
+        self.kind = kind  # what the probed processes are, for the log
         self.on_dead = on_dead
+        #: (node id, True) when a probe's stream first delivers; (node id, False) when it ends.
+        self.on_reached = on_reached
         self.confirm_attempts = confirm_attempts
         self.confirm_interval_s = confirm_interval_s
         self.check_timeout_s = check_timeout_s
@@ -76,18 +81,26 @@ class NodeProber:
             try:
                 stub = health_pb2_grpc.HealthStub(channel)
                 call = stub.Watch(health_pb2.HealthCheckRequest(service=""))
+                streaming = False
                 try:
                     async for _ in call:
-                        reached = True
+                        if not streaming and self.on_reached is not None:
+                            self.on_reached(node_id, True)
+                        streaming = reached = True
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.UNAVAILABLE:
                         # e.g. UNIMPLEMENTED: nothing to learn from this node's health; stop.
-                        log.info("health stream to node %d ended: %s", node_id, exc.code().name)
+                        log.info(
+                            "health stream to %s %d ended: %s", self.kind, node_id, exc.code().name
+                        )
                         return
+                if streaming and self.on_reached is not None:
+                    self.on_reached(node_id, False)
                 if reached and await self._refused(address):
                     log.warning(
-                        "node %d (%s) refuses connections: fencing it without waiting for "
+                        "%s %d (%s) refuses connections: fencing it without waiting for "
                         "its lease to expire",
+                        self.kind,
                         node_id,
                         address,
                     )
