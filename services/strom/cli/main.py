@@ -201,6 +201,37 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--json", action="store_true", help="print one JSON object")
     fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
 
+    sc = bsub.add_parser(
+        "scale",
+        help="cost curves on a local cluster: topic creation, etcd bytes, node memory and "
+        "start-up, controller change cost vs partitions; produce spread; many connections",
+    )
+    sc.add_argument(
+        "--max-partitions",
+        type=_positive,
+        default=10_000,
+        help="largest topic of the 10, 100, 1000, 10000 steps (default 10000)",
+    )
+    sc.add_argument(
+        "--max-spread", type=_positive, default=600, help="of the 1, 6, 60, 600 spread steps"
+    )
+    sc.add_argument("--records", type=_positive, default=200_000, help="per spread step")
+    sc.add_argument(
+        "--connections",
+        type=int,
+        default=1_000,
+        help="concurrent clients on the node, half producers, half consumers (0: skip)",
+    )
+    sc.add_argument("--workers", type=_positive, default=10, help="processes they run in")
+    sc.add_argument("--seconds", type=float, default=20.0, help="connections phase length")
+    sc.add_argument("--interval-ms", type=float, default=500.0, help="between a producer's records")
+    sc.add_argument("--changes", type=_positive, default=3, help="changes timed per size")
+    sc.add_argument(
+        "--out", default="strom-bench-scale", help="directory for the PNG plots and scale.json"
+    )
+    sc.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+    sc.add_argument("--json", action="store_true", help="print one JSON object")
+
     tl = bsub.add_parser(
         "tls",
         help="TLS (mTLS, ACLs on) against plaintext: produce, fetch and e2e on two local "
@@ -553,6 +584,41 @@ def _run(args: argparse.Namespace) -> int:
             else:
                 print(report([], as_json=False, context=ctx), file=out)
                 print(tls.summary(results), file=out)
+            return 0
+        if args.bench_mode == "scale":
+            import json
+            from pathlib import Path
+
+            from strom.bench import scale
+
+            if args.connections < 0:
+                raise ValueError(f"--connections must be >= 0, not {args.connections}")
+            result = scale.bench_scale(
+                max_partitions=args.max_partitions,
+                max_spread=args.max_spread,
+                records=args.records,
+                connections=args.connections,
+                workers=args.workers,
+                seconds=args.seconds,
+                interval_ms=args.interval_ms,
+                changes=args.changes,
+                directory=args.dir,
+            )
+            out_dir = Path(args.out)
+            plots = scale.plot(result, out_dir)
+            result["context"] = {
+                "mode": "scale",
+                "max_partitions": args.max_partitions,
+                "records": args.records,
+                "connections": args.connections,
+                "plots": [str(p) for p in plots],
+            }
+            (out_dir / "scale.json").write_text(json.dumps(result, indent=1))
+            if args.json:
+                print(json.dumps(result), file=out)
+            else:
+                print(scale.tables(result), file=out)
+                print(f"\nplots and scale.json in {out_dir}", file=out)
             return 0
         if args.bench_mode == "rebalance":
             from strom.bench import groups

@@ -78,10 +78,10 @@ class NodeProber:
         reached = False
         while True:
             channel = default_channel().aio_channel(address, GRPC_OPTIONS)
+            streaming = False
             try:
                 stub = health_pb2_grpc.HealthStub(channel)
                 call = stub.Watch(health_pb2.HealthCheckRequest(service=""))
-                streaming = False
                 try:
                     async for _ in call:
                         if not streaming and self.on_reached is not None:
@@ -114,7 +114,10 @@ class NodeProber:
                 with contextlib.suppress(Exception):
                     await channel.close()
             # Not reached yet, or it answered: watch again (the channel backs off by itself).
-            await asyncio.sleep(0.2)
+            # Soon after a stream that broke: a dying process can still accept a connection
+            # in the moment before its listening socket closes, so the first check can be
+            # inconclusive (reset rather than refused); look again before long.
+            await asyncio.sleep(0.05 if streaming else 0.2)
 
     async def _refused(self, address: str) -> bool:
         """True when every confirmation attempt fails with UNAVAILABLE (connection refused).
