@@ -8,7 +8,8 @@ replication factor 1, so every partition is on the measured node) goes through:
   partitions: records/s and CPU seconds per million records, client and server.
 - **partitions**: topics of 10, 100, 1,000 and 10,000 partitions (up to
   ``--max-partitions``) created one after the other. For each: the CreateTopics call's time,
-  the time until Metadata shows every partition led, the etcd bytes the topic added (key and
+  the time until the node leads every partition (its ``strom_storage_partitions`` gauge:
+  the log created, not only the decision in etcd), the etcd bytes the topic added (key and
   value sizes under the cluster's prefix) and etcd's database size; then, with all the
   partitions made so far on the node: its resident memory, its start-up time (SIGKILL, start,
   every partition led again: log recovery and re-registration), and the controller's cost of
@@ -30,6 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -74,17 +76,26 @@ def _led(client: Any, topic: str, partitions: int) -> bool:
     return len(parts) == partitions and all(p.leader >= 0 for p in parts)
 
 
-def _all_led(client: Any, topics: dict[str, int]) -> bool:
+def node_leads(metrics_port: int) -> int:
+    """Partitions a node leads (and hosts: its log is open), from its
+    ``strom_storage_partitions{role="leader"}`` gauge. Metadata alone is not enough: it
+    shows the controller's decision before the node has created or recovered the log."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
-        md = client.metadata(list(topics))
-    except Exception:
-        return False
-    for t in md.topics:
-        if t.error_code or len(t.partitions) != topics.get(t.name, -1):
-            return False
-        if any(p.leader < 0 for p in t.partitions):
-            return False
-    return len(md.topics) == len(topics)
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = resp.read().decode()
+    except OSError:
+        return -1  # restarting
+    for line in body.splitlines():
+        if line.startswith('strom_storage_partitions{role="leader"}'):
+            return int(float(line.split()[-1]))
+    return -1
+
+
+def wait_hosted(cluster: LocalCluster, total: int, timeout: float, what: str) -> None:
+    """Until the (only) node leads ``total`` partitions."""
+    port = cluster.nodes[0].metrics_port
+    wait_for(lambda: node_leads(port) >= total, timeout=timeout, what=what, interval=0.01)
 
 
 # -- spread -----------------------------------------------------------------------------------
@@ -129,13 +140,14 @@ def bench_spread(
 # -- partitions -------------------------------------------------------------------------------
 
 
-def _one_change(cluster: LocalCluster, client: Any, admin: Any, name: str) -> tuple[float, float]:
-    """Create a 1-partition topic: (seconds until led, controller CPU seconds spent)."""
+def _one_change(cluster: LocalCluster, admin: Any, name: str, total: int) -> tuple[float, float]:
+    """Create a 1-partition topic on a node leading ``total - 1``: (seconds until the node
+    leads it, controller CPU seconds spent)."""
     ctrl = cpu.ServerCpu(pids=tuple(m.process.pid for m in cluster.controllers if m.process))
     meter = cpu.start(ctrl)
     t0 = time.perf_counter()
     admin.create_topic(name, partitions=1, replication_factor=1)
-    wait_for(lambda: _led(client, name, 1), timeout=120, what=f"{name} led", interval=0.005)
+    wait_hosted(cluster, total, 120, f"{name} led")
     took = time.perf_counter() - t0
     return took, meter.stop().server_s or 0.0
 
@@ -153,27 +165,23 @@ def bench_partitions(
         t0 = time.perf_counter()
         admin.create_topic(topic, partitions=parts, replication_factor=1)
         created = time.perf_counter() - t0
-        wait_for(
-            lambda t=topic, p=parts: _led(client, t, p),
-            timeout=600,
-            what=f"{topic} led",
-            interval=0.01,
-        )
+        topics[topic] = parts
+        wait_hosted(cluster, sum(topics.values()), 900, f"the node leading {topic}")
         led = time.perf_counter() - t0
         added = etcd_bytes(store) - before
-        topics[topic] = parts
         assert node.process is not None
         rss = rss_bytes(node.process.pid)
         # One more change at this size, a few times (the median is reported).
-        probes = [_one_change(cluster, client, admin, f"probe-{parts}-{i}") for i in range(changes)]
+        probes = []
         for i in range(changes):
             topics[f"probe-{parts}-{i}"] = 1
+            probes.append(_one_change(cluster, admin, f"probe-{parts}-{i}", sum(topics.values())))
         # Start-up: SIGKILL the node, start it, wait until every partition is led again.
         node.process.kill()
         t1 = time.perf_counter()
         node.start()
         cluster.wait_serving(node, timeout=600)
-        wait_for(lambda: _all_led(client, topics), timeout=900, what="all partitions led again")
+        wait_hosted(cluster, sum(topics.values()), 1800, "all partitions led again")
         startup = time.perf_counter() - t1
         rows.append(
             {
