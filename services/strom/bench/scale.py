@@ -387,7 +387,9 @@ def bench_scale(
         cluster.start(timeout=120)
         store = MetadataStore(cluster.etcd.endpoint, cluster.cluster_name)
         try:
-            with ClusterClient(cluster.bootstrap, retry_s=120) as client:
+            # A 10,000-partition CreateTopics takes seconds: a call timeout shorter than that
+            # makes the client retry it and report TOPIC_ALREADY_EXISTS for its own topic.
+            with ClusterClient(cluster.bootstrap, retry_s=120, timeout_s=600) as client:
                 admin = Admin(cluster_client=client)
                 out["spread"] = bench_spread(
                     cluster, client, admin, steps_up_to(max_spread, SPREAD_STEPS), records
