@@ -127,6 +127,8 @@ class ClusterClient:
         # application a connection belongs to, as Kafka's client.id does.
         self.client_id = client_id
         self._channels: dict[str, grpc.Channel] = {}
+        #: Channels dropped by forget_channel, closed with the client.
+        self._retired: list[grpc.Channel] = []
         self._lock = threading.Lock()
         self._metadata: storage_pb2.MetadataResponse | None = None
         self._topic_md: dict[str, storage_pb2.MetadataResponse] = {}
@@ -134,9 +136,10 @@ class ClusterClient:
 
     def close(self) -> None:
         with self._lock:
-            for ch in self._channels.values():
+            for ch in [*self._channels.values(), *self._retired]:
                 ch.close()
             self._channels.clear()
+            self._retired.clear()
 
     def __enter__(self) -> ClusterClient:
         return self
@@ -159,9 +162,15 @@ class ClusterClient:
         """Dial ``address`` afresh next time. A channel whose peer died waits out gRPC's
         reconnect backoff (1 s, growing 1.6x) and fails calls meanwhile, even once a process
         is back on that address (a restarted controller that is now the active one). Not
-        closed here: another thread may still be finishing a call on it."""
+        closed here (another thread may still be finishing a call on it): with the client."""
         with self._lock:
-            self._channels.pop(address, None)
+            ch = self._channels.pop(address, None)
+            if ch is not None:
+                self._retired.append(ch)
+            # A controller down for long is retried every 0.1 s: keep only the newest few
+            # (calls on older ones failed long ago).
+            while len(self._retired) > 4:
+                self._retired.pop(0).close()
 
     def storage(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
         return storage_pb2_grpc.StorageServiceStub(self.channel(address))
