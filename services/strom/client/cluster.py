@@ -127,8 +127,6 @@ class ClusterClient:
         # application a connection belongs to, as Kafka's client.id does.
         self.client_id = client_id
         self._channels: dict[str, grpc.Channel] = {}
-        #: Channels dropped by forget_channel, closed with the client.
-        self._retired: list[grpc.Channel] = []
         self._lock = threading.Lock()
         self._metadata: storage_pb2.MetadataResponse | None = None
         self._topic_md: dict[str, storage_pb2.MetadataResponse] = {}
@@ -136,10 +134,9 @@ class ClusterClient:
 
     def close(self) -> None:
         with self._lock:
-            for ch in [*self._channels.values(), *self._retired]:
+            for ch in self._channels.values():
                 ch.close()
             self._channels.clear()
-            self._retired.clear()
 
     def __enter__(self) -> ClusterClient:
         return self
@@ -161,16 +158,14 @@ class ClusterClient:
     def forget_channel(self, address: str) -> None:
         """Dial ``address`` afresh next time. A channel whose peer died waits out gRPC's
         reconnect backoff (1 s, growing 1.6x) and fails calls meanwhile, even once a process
-        is back on that address (a restarted controller that is now the active one). Not
-        closed here (another thread may still be finishing a call on it): with the client."""
+        is back on that address (a restarted controller that is now the active one). Closed
+        at once: gRPC shares a subchannel, and its backoff, between open channels to the
+        same target, so a new channel beside the old one would wait just the same. (A call
+        still running on it ends CANCELLED and is retried like UNAVAILABLE.)"""
         with self._lock:
             ch = self._channels.pop(address, None)
-            if ch is not None:
-                self._retired.append(ch)
-            # A controller down for long is retried every 0.1 s: keep only the newest few
-            # (calls on older ones failed long ago).
-            while len(self._retired) > 4:
-                self._retired.pop(0).close()
+        if ch is not None:
+            ch.close()
 
     def storage(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
         return storage_pb2_grpc.StorageServiceStub(self.channel(address))
