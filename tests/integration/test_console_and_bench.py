@@ -17,10 +17,17 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bootstrap(one_node_cluster: LocalCluster) -> str:
+def local(one_node_cluster: LocalCluster) -> LocalCluster:
+    # As `strom dev up` leaves it: the bench finds the metrics endpoints in the state file.
+    one_node_cluster.save_state()
     with Admin(one_node_cluster.bootstrap) as admin:
         admin.create_topic("lines", partitions=2, replication_factor=1)
-    return one_node_cluster.bootstrap
+    return one_node_cluster
+
+
+@pytest.fixture(scope="module")
+def bootstrap(local: LocalCluster) -> str:
+    return local.bootstrap
 
 
 def test_produce_with_keys_headers_acks_and_compression(bootstrap: str) -> None:
@@ -80,7 +87,16 @@ def test_console_errors_are_clear(bootstrap: str) -> None:
         ("e2e", ["--rate", "5000"]),
     ],
 )
-def test_bench_modes_report_json(bootstrap: str, mode: str, extra: list[str]) -> None:
+def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str]) -> None:
+    """Every result carries the client's and the servers' CPU per million records: the
+    servers' from --metrics, or (consume) found through the `strom dev up` state file."""
+    bootstrap = local.bootstrap
+    if mode == "consume":
+        env = {"STROM_DEV_DIR": str(local.root)}
+    else:
+        env = {"STROM_DEV_DIR": str(local.root / "absent")}
+        urls = ",".join(f"127.0.0.1:{m.metrics_port}" for m in local.members)
+        extra = [*extra, "--metrics", urls]
     out = strom(
         "bench",
         mode,
@@ -93,10 +109,15 @@ def test_bench_modes_report_json(bootstrap: str, mode: str, extra: list[str]) ->
         "--json",
         *extra,
         timeout=120,
+        env=env,
     )
     report = json.loads(out.stdout)
     (result,) = report["results"]
     assert result["records"] == 3000
+    for who in ("client", "server"):
+        assert result[f"{who}_cpu_s"] > 0
+        assert result[f"{who}_cpu_s_per_M_records"] > 0
+    assert "metrics http://127.0.0.1:" in report["context"]["server_cpu"]
     assert result["records_per_s"] > 0 and result["mb_per_s"] > 0
     assert {"p50_ms", "p99_ms", "p99.9_ms"} <= set(result)
     assert report["context"]["mode"] == mode
@@ -172,10 +193,14 @@ def test_bench_tls_measures_both_clusters_in_one_run(tmp_path: Path) -> None:
     )
     for r in report["results"]:
         assert r["records_per_s"] > 0
+        # The clusters' own processes are measured (/proc counts CPU in 10 ms ticks, so a
+        # phase this short may cost a node less than one tick: >= 0 each, > 0 in sum).
+        assert r["client_cpu_s_per_M_records"] > 0 and r["server_cpu_s_per_M_records"] >= 0
         if r["name"].endswith("e2e"):
             assert (r["sent"], r["failed"], r["lost"], r["duplicates"]) == (500, 0, 0, 0)
         else:
             assert r["records"] == 2000
+    assert sum(r["server_cpu_s"] for r in report["results"]) > 0
     ctx = report["context"]
     assert ctx["mode"] == "tls"
     for phase in ("produce", "fetch", "e2e"):

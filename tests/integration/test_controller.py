@@ -40,7 +40,14 @@ CLI = "import sys; from strom.controller.cli import main; sys.exit(main())"
 class Controller:
     """One ``strom controller`` process and clients for it."""
 
-    def __init__(self, etcd: EtcdServer, tmp: Path, cluster: str, controller_id: int) -> None:
+    def __init__(
+        self,
+        etcd: EtcdServer,
+        tmp: Path,
+        cluster: str,
+        controller_id: int,
+        session_timeout_s: int = 2,
+    ) -> None:
         self.controller_id = controller_id
         self.port = free_port()
         self.metrics_port = free_port()
@@ -60,7 +67,7 @@ class Controller:
             "--controller-id",
             str(controller_id),
             "--session-timeout-s",
-            "2",
+            str(session_timeout_s),
         ]
         log = tmp / f"controller-{controller_id}-{uuid.uuid4().hex[:6]}.log"
         self.proc = ManagedProcess(f"controller-{controller_id}", argv, log)
@@ -160,9 +167,14 @@ def socket_in_use() -> Iterator[int]:
 
 
 def _start(
-    controllers: list[Controller], etcd: EtcdServer, tmp: Path, cluster: str, cid: int
+    controllers: list[Controller],
+    etcd: EtcdServer,
+    tmp: Path,
+    cluster: str,
+    cid: int,
+    session_timeout_s: int = 2,
 ) -> Controller:
-    c = Controller(etcd, tmp, cluster, cid)
+    c = Controller(etcd, tmp, cluster, cid, session_timeout_s)
     controllers.append(c)
     return c.start()
 
@@ -675,6 +687,77 @@ def test_paused_controller_is_fenced(
         _results(a.stub.CreateTopics(pb.CreateTopicsRequest(topics=[_topic("t")])))["t"].error_code
         == E.NONE
     )
+
+
+def test_standby_fences_a_killed_active_before_its_lease_expires(
+    etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
+) -> None:
+    """With a 60 s election lease, only the standby's health stream to the active controller
+    can notice its SIGKILL within the wait below: the standby revokes the dead controller's
+    election lease and takes over, with a newer epoch, and nothing is lost."""
+    nodes.add(1)
+    a = _start(controllers, etcd, tmp_path, cluster, 1, session_timeout_s=60)
+    a.wait_active()
+    b = _start(controllers, etcd, tmp_path, cluster, 2, session_timeout_s=60)
+    epoch_a = a.stub.DescribeCluster(pb.DescribeClusterRequest()).controller_epoch
+    _results(a.stub.CreateTopics(pb.CreateTopicsRequest(topics=[_topic("before")])))
+    # The standby follows the active before it is killed (its stream must be up first).
+    wait_for(
+        lambda: b.stub.ListTopics(pb.ListTopicsRequest()).controller.node_id == 1,
+        timeout=10,
+        what="the standby to know the active controller",
+    )
+    # The prober judges only a process it reached once: wait for the stream to be up.
+    wait_for(
+        lambda: "strom_controller_following_active 1.0" in b.metrics(),
+        timeout=10,
+        what="the standby's health stream to the active",
+    )
+    a.proc.signal(signal.SIGKILL)
+
+    def created_on_b() -> bool:
+        resp = b.stub.CreateTopics(pb.CreateTopicsRequest(topics=[_topic("after-kill")]))
+        return resp.error_code == E.NONE and resp.topics[0].error_code == E.NONE
+
+    wait_for(created_on_b, timeout=30, what="the standby to take over long before 60 s")
+    dc = b.stub.DescribeCluster(pb.DescribeClusterRequest())
+    assert dc.controller.node_id == 2 and dc.controller_epoch > epoch_a
+    assert "strom_controller_active_fenced_total 1.0" in b.metrics()
+    listed = [t.name for t in b.stub.ListTopics(pb.ListTopicsRequest()).topics]
+    assert listed == ["after-kill", "before"]
+
+
+def test_an_active_whose_lease_a_standby_revoked_is_fenced(
+    etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
+) -> None:
+    """Were a standby wrong about the active being dead (it is only frozen), revoking its
+    election lease (the very call the standby makes) must still leave one controller
+    committing: the old active, when it runs again, answers NOT_CONTROLLER, writes nothing,
+    and follows the new one."""
+    nodes.add(1)
+    a = _start(controllers, etcd, tmp_path, cluster, 1, session_timeout_s=60)
+    a.wait_active()
+    b = _start(controllers, etcd, tmp_path, cluster, 2, session_timeout_s=60)
+    store, keys = nodes.store, nodes.store.keys
+    a.proc.signal(signal.SIGSTOP)  # alive, but it cannot race the standby for the key
+    try:
+        assert store.revoke_lease_if(
+            keys.controller, md.ControllerInfo, lambda info: info.controller_id == 1
+        )
+        b.wait_active(timeout=20)
+    finally:
+        a.proc.signal(signal.SIGCONT)
+    resp = a.stub.CreateTopics(pb.CreateTopicsRequest(topics=[_topic("zombie")]))
+    assert resp.error_code == E.NOT_CONTROLLER, resp
+    assert store.get(keys.topic("zombie"), md.TopicMetadata) is None
+    wait_for(
+        lambda: a.stub.ListTopics(pb.ListTopicsRequest()).controller.node_id == 2,
+        timeout=10,
+        what="the old active to point at the new one",
+    )
+    assert a.proc.alive()
+    created = _results(b.stub.CreateTopics(pb.CreateTopicsRequest(topics=[_topic("t")])))
+    assert created["t"].error_code == E.NONE
 
 
 def test_writes_are_fenced_and_leftovers_cleaned(etcd: EtcdServer, cluster: str) -> None:

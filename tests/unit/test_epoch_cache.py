@@ -144,3 +144,16 @@ def test_inconsistent_checkpoint_keeps_consistent_prefix(tmp_path: Path) -> None
     cache = LeaderEpochCache(tmp_path)
     assert cache.entries() == [(1, 0), (3, 10)]
     assert cache.damaged
+
+
+def test_clear_writes_only_when_there_was_history(tmp_path: Path) -> None:
+    """Start-up clears every untrusted cache: an empty one costs no checkpoint write, one
+    with history is emptied on disk too (a reload sees no epochs)."""
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    empty = make(tmp_path / "a")
+    empty.clear()
+    assert not (tmp_path / "a" / FILE_NAME).exists()
+    full = make(tmp_path / "b", [(1, 0), (3, 10)])
+    full.clear()
+    assert full.entries() == [] and LeaderEpochCache(tmp_path / "b").entries() == []

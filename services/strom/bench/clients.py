@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from strom.bench import cpu
 from strom.bench.stats import Result
 from strom.client.admin import Admin
 from strom.client.types import TopicPartition
@@ -80,6 +81,7 @@ def bench_produce(
     bar = Progress(records, "produce", enabled=progress)
     with Producer(bootstrap, **producer_options) as p:
         p.send(topic, value).result(30)  # metadata and connections warm
+        meter = cpu.start()
         start = time.perf_counter()
         if api == "batch":
             chunk = 100_000
@@ -112,9 +114,10 @@ def bench_produce(
                     send(topic, value)
             p.flush()
         seconds = time.perf_counter() - start
+        usage = meter.stop()
     bar.update(records)
     bar.finish()
-    return Result(f"produce ({api})", 0, records, records * record_size, seconds, latencies)
+    return Result(f"produce ({api})", 0, records, records * record_size, seconds, latencies, usage)
 
 
 def bench_consume(
@@ -137,6 +140,7 @@ def bench_consume(
     latencies: list[float] = []
     with Consumer(bootstrap, auto_offset_reset="earliest", **consumer_options) as c:
         c.assign(tps)
+        meter = cpu.start()
         start = time.perf_counter()
         idle_since = None
         while got < records:
@@ -162,5 +166,6 @@ def bench_consume(
             elif time.perf_counter() - idle_since > 10:
                 break  # the topic holds fewer records than asked for
         seconds = time.perf_counter() - start
+        usage = meter.stop()
     bar.finish()
-    return Result(f"consume ({api})", len(latencies), got, nbytes, seconds, latencies)
+    return Result(f"consume ({api})", len(latencies), got, nbytes, seconds, latencies, usage)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from strom.bench import cpu
 from strom.bench.clients import Progress, _pace
 from strom.bench.stats import Result
 from strom.client.admin import Admin
@@ -198,6 +199,7 @@ def bench_e2e(
                 done.set()
 
         t = threading.Thread(target=produce, name="e2e-producer", daemon=True)
+        meter = cpu.start()
         start = time.perf_counter()
         t.start()
         got = 0
@@ -233,6 +235,7 @@ def bench_e2e(
                     break
         seconds = time.perf_counter() - start
         t.join()
+        usage = meter.stop()
     bar.finish()
     unique = int(np.count_nonzero(seen))
     lat = np.asarray(latencies)
@@ -243,6 +246,7 @@ def bench_e2e(
         got * record_size,
         seconds,
         latencies,
+        usage,
         sent=records,
         failed=len(failures),
         first_error=repr(failures[0]) if failures else "",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from strom.bench import cpu
 from strom.bench.stats import Result
 from strom.log import Log, LogConfig
 from strom.record import decode_batches, encode_arrow, encode_batch
@@ -35,24 +36,37 @@ def bench_record(
     payload = n_batches * batch_records * record_size
 
     t0 = time.perf_counter()
+    meter = cpu.start()
     for _ in range(n_batches):
         data = encode_batch(values, compression=compression)
     enc = Result(
-        "encode (list)", n_batches, n_batches * batch_records, payload, time.perf_counter() - t0
+        "encode (list)",
+        n_batches,
+        n_batches * batch_records,
+        payload,
+        time.perf_counter() - t0,
+        cpu=meter.stop(),
     )
 
     table = pa.table({"value": pa.array(values, pa.binary())})
     t0 = time.perf_counter()
+    meter = cpu.start()
     for _ in range(n_batches):
         encode_arrow(table, compression=compression)
     enc_arrow = Result(
-        "encode (arrow)", n_batches, n_batches * batch_records, payload, time.perf_counter() - t0
+        "encode (arrow)",
+        n_batches,
+        n_batches * batch_records,
+        payload,
+        time.perf_counter() - t0,
+        cpu=meter.stop(),
     )
 
     blob = data * min(n_batches, 100)
     per_blob = min(n_batches, 100)
     rounds = max(n_batches // per_blob, 1)
     t0 = time.perf_counter()
+    meter = cpu.start()
     for _ in range(rounds):
         for b in decode_batches(blob):
             b.to_arrow()
@@ -62,9 +76,11 @@ def bench_record(
         rounds * per_blob * batch_records,
         rounds * per_blob * batch_records * record_size,
         time.perf_counter() - t0,
+        cpu=meter.stop(),
     )
 
     t0 = time.perf_counter()
+    meter = cpu.start()
     for _ in range(rounds):
         for b in decode_batches(blob):
             b.records()
@@ -74,6 +90,7 @@ def bench_record(
         rounds * per_blob * batch_records,
         rounds * per_blob * batch_records * record_size,
         time.perf_counter() - t0,
+        cpu=meter.stop(),
     )
     return [enc, enc_arrow, dec_arrow, dec_py]
 
@@ -86,6 +103,7 @@ def _warm_page_cache(directory: Path, total_bytes: int, chunk: bytes) -> Result:
     path = directory / "warmup.tmp"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     t0 = time.perf_counter()
+    meter = cpu.start()
     written = 0
     try:
         while written < total_bytes:
@@ -93,8 +111,9 @@ def _warm_page_cache(directory: Path, total_bytes: int, chunk: bytes) -> Result:
     finally:
         os.close(fd)
     seconds = time.perf_counter() - t0
+    usage = meter.stop()
     path.unlink()
-    return Result("raw os.write (warm-up)", written // len(chunk), 0, written, seconds)
+    return Result("raw os.write (warm-up)", written // len(chunk), 0, written, seconds, [], usage)
 
 
 def bench_log(
@@ -118,6 +137,7 @@ def bench_log(
         log = Log(tmp / "bench-0", LogConfig(), fsync=fsync)
         lat: list[float] = []
         t0 = time.perf_counter()
+        meter = cpu.start()
         for _ in range(n_batches):
             s = time.perf_counter()
             log.append(batch, leader_epoch=0)
@@ -131,6 +151,7 @@ def bench_log(
             n_batches * len(batch),
             time.perf_counter() - t0,
             lat,
+            meter.stop(),
         )
 
         lat = []
@@ -139,6 +160,7 @@ def bench_log(
         batches = 0
         leo = log.log_end_offset
         t0 = time.perf_counter()
+        meter = cpu.start()
         while offset < leo:
             s = time.perf_counter()
             r = log.read(offset, batch_bytes)
@@ -146,7 +168,8 @@ def bench_log(
             got += len(r.data)
             batches += 1
             offset = r.next_offset
-        read = Result("log read (sequential)", batches, leo, got, time.perf_counter() - t0, lat)
+        seconds = time.perf_counter() - t0
+        read = Result("log read (sequential)", batches, leo, got, seconds, lat, meter.stop())
         log.close()
         return [*results, append, read]
     finally:

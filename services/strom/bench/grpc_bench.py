@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 
 from strom.api import storage_pb2 as pb
+from strom.bench import cpu
 from strom.bench.stats import Result, report
 from strom.devcluster.procs import free_port, port_open, wait_for
 from strom.errors import ErrorCode, error_for
@@ -115,11 +116,15 @@ async def serve_echo(port: int, host: str = "127.0.0.1", spool_dir: str | None =
 
 
 async def _drive(
-    call: Callable[[int], Awaitable[int]], count: int, concurrency: int
-) -> tuple[float, list[float], int]:
+    call: Callable[[int], Awaitable[int]],
+    count: int,
+    concurrency: int,
+    server: cpu.ServerCpu | None = None,
+) -> tuple[float, list[float], int, cpu.CpuUsage]:
     """Run ``call(i)`` for i in 0..count-1 with ``concurrency`` in flight.
 
-    Returns (seconds, per-call latencies, sum of what the calls returned (bytes)).
+    Returns (seconds, per-call latencies, sum of what the calls returned (bytes), the CPU
+    it cost this process and ``server`` or the configured servers).
     """
     latencies: list[float] = []
     moved = 0
@@ -135,16 +140,20 @@ async def _drive(
             latencies.append(time.perf_counter() - t)
             moved += got
 
+    meter = cpu.start(server)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(max(concurrency, 1))))
-    return time.perf_counter() - t0, latencies, moved
+    seconds = time.perf_counter() - t0
+    return seconds, latencies, moved, meter.stop()
 
 
 def _count(batch_bytes: int, total_bytes: int) -> int:
     return max(total_bytes // max(batch_bytes, 1), 1)
 
 
-async def _echo(target: str, batch_bytes: int, total_bytes: int, concurrency: int) -> list[Result]:
+async def _echo(
+    target: str, batch_bytes: int, total_bytes: int, concurrency: int, server: cpu.ServerCpu
+) -> list[Result]:
     n = _count(batch_bytes, total_bytes)
     payload = os.urandom(batch_bytes)
     size_req = _SIZE.pack(batch_bytes)
@@ -165,13 +174,13 @@ async def _echo(target: str, batch_bytes: int, total_bytes: int, concurrency: in
         async def one_down(i: int) -> int:
             return len(await down(size_req, timeout=60))
 
-        s_up, l_up, b_up = await _drive(one_up, n, concurrency)
-        s_down, l_down, b_down = await _drive(one_down, n, concurrency)
-        s_w, l_w, b_w = await _drive(one_up_write, n, concurrency)
+        s_up, l_up, b_up, c_up = await _drive(one_up, n, concurrency, server)
+        s_down, l_down, b_down, c_down = await _drive(one_down, n, concurrency, server)
+        s_w, l_w, b_w, c_w = await _drive(one_up_write, n, concurrency, server)
     return [
-        Result("echo upload", n, 0, b_up, s_up, l_up),
-        Result("echo download", n, 0, b_down, s_down, l_down),
-        Result("echo upload + write", n, 0, b_w, s_w, l_w),
+        Result("echo upload", n, 0, b_up, s_up, l_up, c_up),
+        Result("echo download", n, 0, b_down, s_down, l_down, c_down),
+        Result("echo upload + write", n, 0, b_w, s_w, l_w, c_w),
     ]
 
 
@@ -201,7 +210,10 @@ def bench_echo(batch_bytes: int, total_bytes: int, *, concurrency: int = 4) -> l
             return port_open("127.0.0.1", port)
 
         wait_for(up, timeout=20, what="the echo server")
-        return asyncio.run(_echo(f"127.0.0.1:{port}", batch_bytes, total_bytes, concurrency))
+        server = cpu.ServerCpu(pids=(proc.pid,))
+        return asyncio.run(
+            _echo(f"127.0.0.1:{port}", batch_bytes, total_bytes, concurrency, server)
+        )
     finally:
         proc.kill()
         proc.wait(timeout=10)
@@ -272,7 +284,7 @@ async def _produce_fetch(
                 first = r.base_offset
             return len(batch)
 
-        s_p, l_p, b_p = await _drive(one_produce, n, concurrency)
+        s_p, l_p, b_p, c_p = await _drive(one_produce, n, concurrency)
 
         def fetch_req(offset: int) -> bytes:
             return pb.FetchRequest(
@@ -307,10 +319,11 @@ async def _produce_fetch(
                 raise error_for(resp.error_code or ErrorCode.UNKNOWN_SERVER_ERROR, str(resp))
             return len(batch)
 
-        s_f, l_f, b_f = await _drive(one_fetch, n, concurrency)
+        s_f, l_f, b_f, c_f = await _drive(one_fetch, n, concurrency)
+    name = f"produce (acks={'all' if acks == -1 else acks})"
     return [
-        Result(f"produce (acks={'all' if acks == -1 else acks})", n, n * per_batch, b_p, s_p, l_p),
-        Result("fetch", n, n * per_batch, b_f, s_f, l_f),
+        Result(name, n, n * per_batch, b_p, s_p, l_p, c_p),
+        Result("fetch", n, n * per_batch, b_f, s_f, l_f, c_f),
     ]
 
 
@@ -389,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "acks": args.acks,
         "record_size": args.record_size,
+        "server_cpu": f"echo: its process; node: {cpu.server_source()}",
     }
     print(report(echo + node, as_json=args.json, context=ctx))
     if echo and not args.json:

@@ -33,6 +33,7 @@ import grpc
 import numpy as np
 
 from strom.api import records_pb2, records_pb2_grpc
+from strom.bench import cpu
 from strom.bench.clients import Progress, bench_consume, ensure_topic
 from strom.bench.e2e import STAMP, bench_e2e
 from strom.bench.stats import Result
@@ -60,6 +61,7 @@ def bench_batch_produce(
     with Producer(bootstrap, acks="all", linger_ms=0) as p:
         p.send_batch(topic, [b"warm"], [b"key-0"]).result(30)
         futures = []
+        meter = cpu.start()
         start = time.perf_counter()
         for first in range(0, records, batch):
             ks, vs = _records(first, min(batch, records - first), keys, size)
@@ -67,7 +69,10 @@ def bench_batch_produce(
         for f in futures:
             f.result(120)
         seconds = time.perf_counter() - start
-    return Result("batch API produce (Py)", len(futures), records, records * size, seconds)
+        usage = meter.stop()
+    return Result(
+        "batch API produce (Py)", len(futures), records, records * size, seconds, [], usage
+    )
 
 
 def bench_produce_records(
@@ -92,6 +97,7 @@ def bench_produce_records(
         sem = threading.Semaphore(in_flight)
         errors: list[str] = []
         futures: list[Future[Any]] = []
+        meter = cpu.start()
         start = time.perf_counter()
         for first in range(0, records, batch):
             n = min(batch, records - first)
@@ -121,15 +127,19 @@ def bench_produce_records(
         for f in futures:
             f.exception()
         seconds = time.perf_counter() - start
+        usage = meter.stop()
     bar.finish()
     if errors:
         raise RuntimeError(f"ProduceRecords failed {len(errors)} times, first: {errors[0]}")
-    return Result("ProduceRecords (Py)", len(futures), records, records * size, seconds, latencies)
+    return Result(
+        "ProduceRecords (Py)", len(futures), records, records * size, seconds, latencies, usage
+    )
 
 
 def bench_subscribe(address: str, topic: str, *, records: int) -> Result:
     """Subscribe from the earliest offset with the Python stubs until ``records`` arrived."""
     got = nbytes = messages = 0
+    meter = cpu.start()  # from the call: the node's work starts before the first message
     with grpc.insecure_channel(address, options=_OPTIONS) as ch:
         stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
             rp.SubscribeRequest(topics=[topic], start=rp.START_POSITION_EARLIEST), timeout=600
@@ -150,7 +160,7 @@ def bench_subscribe(address: str, topic: str, *, records: int) -> Result:
         finally:
             stream.cancel()
     seconds = time.perf_counter() - (start or time.perf_counter())
-    return Result("Subscribe (Py)", messages, got, nbytes, seconds)
+    return Result("Subscribe (Py)", messages, got, nbytes, seconds, [], meter.stop())
 
 
 def bench_grpc_e2e(address: str, topic: str, *, records: int, size: int, rate: float) -> Result:
@@ -182,6 +192,7 @@ def bench_grpc_e2e(address: str, topic: str, *, records: int, size: int, rate: f
 
         reader = threading.Thread(target=receive, daemon=True)
         reader.start()
+        meter = cpu.start()
         start = time.perf_counter()
         futures = []
         for i in range(records):
@@ -195,9 +206,10 @@ def bench_grpc_e2e(address: str, topic: str, *, records: int, size: int, rate: f
         with arrived:
             arrived.wait_for(lambda: got[0] >= acked, timeout=60)
         seconds = time.perf_counter() - start
+        usage = meter.stop()
         stream.cancel()
         reader.join(10)
-    return Result("end-to-end gRPC (Py)", 0, got[0], got[0] * size, seconds, latencies)
+    return Result("end-to-end gRPC (Py)", 0, got[0], got[0] * size, seconds, latencies, usage)
 
 
 def _wait_known(address: str, topics: list[str], timeout_s: float = 30.0) -> None:

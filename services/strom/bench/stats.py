@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from strom.bench.cpu import CpuUsage
+
 
 @dataclass
 class Result:
@@ -18,6 +20,8 @@ class Result:
     bytes: int
     seconds: float
     latencies: list[float] = field(default_factory=list, repr=False)
+    #: CPU seconds the phase cost the bench process and the servers (see strom.bench.cpu).
+    cpu: CpuUsage | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, float | int | str]:
         s = max(self.seconds, 1e-12)
@@ -35,6 +39,8 @@ class Result:
             lat = np.asarray(self.latencies) * 1e3
             for p in (50, 95, 99, 99.9):
                 out[f"p{p}_ms"] = round(float(np.percentile(lat, p)), 3)
+        if self.cpu is not None:
+            out.update(self.cpu.per_million(self.records))  # type: ignore[arg-type]
         return out
 
     def line(self) -> str:
@@ -47,6 +53,12 @@ class Result:
             text += (
                 f"   latency ms p50 {d['p50_ms']} p95 {d['p95_ms']} p99 {d['p99_ms']}"
                 f" p99.9 {d['p99.9_ms']}"
+            )
+        if self.cpu is not None and self.records:
+            server = d.get("server_cpu_s_per_M_records")
+            text += (
+                f"   CPU s per M records: client {d['client_cpu_s_per_M_records']}"
+                f" server {'n/a' if server is None else server}"
             )
         return text
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from strom.bench import cpu
 from strom.bench.clients import bench_consume, bench_produce, ensure_topic
 from strom.bench.e2e import bench_e2e
 from strom.bench.stats import Result
@@ -89,6 +90,7 @@ def bench_tls(
             topic = f"strom-bench-tls-{uuid.uuid4().hex[:8]}"
             for phase in ("produce", "fetch", "e2e"):
                 for mode, cluster in clusters.items():
+                    cpu.use_server(cpu.ServerCpu.of_cluster(cluster))
                     with _client_env(cluster.client_env()):
                         if phase == "produce":
                             ensure_topic(None, topic, partitions, replication_factor)
@@ -119,6 +121,7 @@ def bench_tls(
                     r.name = f"{mode} {phase}"
                     results.append(r)
     finally:
+        cpu.use_server(None)
         for c in clusters.values():
             c.kill()
         if tmp is not None:

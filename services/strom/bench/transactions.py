@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from strom.bench import cpu
 from strom.bench.clients import Progress
 from strom.bench.stats import Result
 
@@ -36,6 +37,7 @@ def bench_transactions(
     with Producer(bootstrap, **options) as p:
         p.send(topic, value).result(30)  # metadata and connections warm
         bar = Progress(records, "idempotent", enabled=progress)
+        meter = cpu.start()
         start = time.perf_counter()
         for i in range(records):
             p.send(topic, value)
@@ -43,8 +45,9 @@ def bench_transactions(
                 bar.update(i)
         p.flush()
         seconds = time.perf_counter() - start
+        usage = meter.stop()
         bar.finish()
-    results.append(Result("idempotent", 0, records, records * record_size, seconds))
+    results.append(Result("idempotent", 0, records, records * record_size, seconds, [], usage))
     for size in sizes:
         tid = f"strom-bench-{uuid.uuid4().hex[:8]}"
         commits: list[float] = []
@@ -54,6 +57,7 @@ def bench_transactions(
             p.send(topic, value)
             p.commit_transaction()  # warm: coordinator found, partitions known
             bar = Progress(records, f"transactions of {size:,}", enabled=progress)
+            meter = cpu.start()
             start = time.perf_counter()
             sent = 0
             while sent < records:
@@ -67,6 +71,7 @@ def bench_transactions(
                 sent += n
                 bar.update(sent)
             seconds = time.perf_counter() - start
+            usage = meter.stop()
             bar.finish()
         results.append(
             Result(
@@ -76,6 +81,7 @@ def bench_transactions(
                 records * record_size,
                 seconds,
                 commits,
+                usage,
             )
         )
     return results

@@ -109,6 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_acls_parser(sub, common)
     add_console_parsers(sub, common)
 
+    # Server CPU per million records (strom.bench.cpu): the services' Prometheus endpoints.
+    metered = argparse.ArgumentParser(add_help=False)
+    metered.add_argument(
+        "--metrics",
+        metavar="URL,...",
+        help="the services' /metrics endpoints (HOST:PORT or URLs) whose "
+        "process_cpu_seconds_total gives server CPU ($STROM_METRICS; default: those of the "
+        "`strom dev up` cluster in $STROM_DEV_DIR when the bootstrap is its)",
+    )
+
     bench = sub.add_parser("bench", help="measure throughput and latency")
     bsub = bench.add_subparsers(dest="bench_mode", metavar="MODE")
     bsub.required = True
@@ -137,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gb = bsub.add_parser(
         "grpc",
-        parents=[common],
+        parents=[common, metered],
         help="Produce/Fetch of pre-built batches against one node, beside a bare gRPC echo",
     )
     gb.add_argument("--topic", required=True, help="an existing topic (leader is measured)")
@@ -152,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gr = bsub.add_parser(
         "grpc-records",
-        parents=[common],
+        parents=[common, metered],
         help="RecordService (ProduceRecords/Subscribe, Python and Node.js) beside the batch API",
     )
     gr.add_argument("--topic", default="strom-bench-records", help="prefix of the topics made")
@@ -170,9 +180,57 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
     gr.add_argument("--json", action="store_true", help="print one JSON object")
 
-    fo = bsub.add_parser("failover", help="leader SIGKILL → first acks=all produce, N trials")
-    fo.add_argument("--trials", type=_positive, default=10)
+    fo = bsub.add_parser(
+        "failover",
+        help="SIGKILL → healed, N trials: a partition leader (first acks=all produce), the "
+        "active controller (first admin request) or a node leading many partitions (all led)",
+    )
+    fo.add_argument(
+        "--target",
+        default="leader",
+        choices=["leader", "controller", "node"],
+        help="what is killed (default: a partition leader)",
+    )
+    fo.add_argument(
+        "--partitions",
+        type=_positive,
+        default=1000,
+        help="--target node: partitions the killed node leads (default 1000)",
+    )
+    fo.add_argument("--trials", type=_positive, default=None, help="default 10 (node: 3)")
+    fo.add_argument("--json", action="store_true", help="print one JSON object")
     fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+
+    sc = bsub.add_parser(
+        "scale",
+        help="cost curves on a local cluster: topic creation, etcd bytes, node memory and "
+        "start-up, controller change cost vs partitions; produce spread; many connections",
+    )
+    sc.add_argument(
+        "--max-partitions",
+        type=_positive,
+        default=10_000,
+        help="largest topic of the 10, 100, 1000, 10000 steps (default 10000)",
+    )
+    sc.add_argument(
+        "--max-spread", type=_positive, default=600, help="of the 1, 6, 60, 600 spread steps"
+    )
+    sc.add_argument("--records", type=_positive, default=200_000, help="per spread step")
+    sc.add_argument(
+        "--connections",
+        type=int,
+        default=1_000,
+        help="concurrent clients on the node, half producers, half consumers (0: skip)",
+    )
+    sc.add_argument("--workers", type=_positive, default=10, help="processes they run in")
+    sc.add_argument("--seconds", type=float, default=20.0, help="connections phase length")
+    sc.add_argument("--interval-ms", type=float, default=500.0, help="between a producer's records")
+    sc.add_argument("--changes", type=_positive, default=3, help="changes timed per size")
+    sc.add_argument(
+        "--out", default="strom-bench-scale", help="directory for the PNG plots and scale.json"
+    )
+    sc.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+    sc.add_argument("--json", action="store_true", help="print one JSON object")
 
     tl = bsub.add_parser(
         "tls",
@@ -213,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("consume", "Consumer throughput from the earliest offset"),
         ("e2e", "end-to-end latency: produce at --rate, consume in the same process"),
     ):
-        cb = bsub.add_parser(mode, parents=[common], help=text)
+        cb = bsub.add_parser(mode, parents=[common, metered], help=text)
         cb.add_argument("--topic", default="strom-bench", help="created if missing")
         cb.add_argument("--records", type=_positive, default=1_000_000)
         cb.add_argument("--record-size", type=_positive, default=100, help="value bytes")
@@ -321,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bench_clients(args: argparse.Namespace) -> int:
-    from strom.bench import clients
+    from strom.bench import clients, cpu
     from strom.bench.stats import report
 
     progress = True if args.progress else None
@@ -347,7 +405,12 @@ def _bench_clients(args: argparse.Namespace) -> int:
             progress=progress,
             **options,
         )
-        ctx = {"mode": "produce --transactional", "topic": args.topic, "records": args.records}
+        ctx = {
+            "mode": "produce --transactional",
+            "topic": args.topic,
+            "records": args.records,
+            "server_cpu": cpu.server_source(),
+        }
         if args.json:
             print(report(results, as_json=True, context=ctx))
         else:
@@ -398,6 +461,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
     }
     if args.bench_mode == "e2e":
         ctx.update(group=args.group or "-", cpu_hog=args.cpu_hog)
+    ctx["server_cpu"] = cpu.server_source()
     print(report([result], as_json=args.json, context=ctx))
     if args.bench_mode == "e2e" and not result.clean:  # type: ignore[attr-defined]
         print("strom bench e2e: records were failed, lost or duplicated", file=sys.stderr)
@@ -406,6 +470,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
 
 
 def _bench_grpc_records(args: argparse.Namespace) -> int:
+    from strom.bench import cpu
     from strom.bench.grpc_records import bench_grpc_records
     from strom.bench.stats import report
     from strom.client.cluster import parse_bootstrap
@@ -437,6 +502,7 @@ def _bench_grpc_records(args: argparse.Namespace) -> int:
         "partitions": args.partitions,
         "replication_factor": args.replication_factor,
         "latency_rate": args.rate,
+        "server_cpu": cpu.server_source(),
         **ratios,
     }
     print(report(results, as_json=args.json, context=ctx))
@@ -446,17 +512,39 @@ def _bench_grpc_records(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     out = sys.stdout
     if args.command == "bench":
+        from strom.bench import cpu
         from strom.bench.engine import bench_log, bench_record
         from strom.bench.stats import report
+
+        if hasattr(args, "metrics"):  # a bench against a running cluster
+            cpu.use_server(cpu.discover(args.metrics, args.bootstrap))
 
         if args.bench_mode == "spark":
             from strom.cli.spark import run_bench_spark
 
             return run_bench_spark(args, out)
         if args.bench_mode == "failover":
-            from strom.bench.failover import bench_failover, summary
+            import json
 
-            print(summary(bench_failover(args.trials, args.dir)), file=out)
+            from strom.bench import failover
+
+            trials = args.trials or (3 if args.target == "node" else 10)
+            if args.target == "controller":
+                times = failover.bench_controller_failover(trials, args.dir)
+                what = "active controller SIGKILL -> admin request served"
+            elif args.target == "node":
+                times = failover.bench_node_failover(trials, args.partitions, args.dir)
+                what = f"node leading {args.partitions} partitions SIGKILL -> all led again"
+            else:
+                times = failover.bench_failover(trials, args.dir)
+                what = "leader SIGKILL -> acks=all produce"
+            if args.json:
+                ctx = {"mode": "failover", "target": args.target, "trials": trials}
+                if args.target == "node":
+                    ctx["partitions"] = args.partitions
+                print(json.dumps({"context": ctx, "seconds": times}), file=out)
+            else:
+                print(failover.summary(times, what), file=out)
             return 0
         if args.bench_mode == "tls":
             from pathlib import Path
@@ -488,6 +576,7 @@ def _run(args: argparse.Namespace) -> int:
                 "acks": args.acks,
                 "e2e_rate": args.rate,
                 "rounds": args.rounds,
+                "server_cpu": "each cluster's service processes",
             }
             if args.json:
                 ctx.update(tls.comparison(results))
@@ -495,6 +584,41 @@ def _run(args: argparse.Namespace) -> int:
             else:
                 print(report([], as_json=False, context=ctx), file=out)
                 print(tls.summary(results), file=out)
+            return 0
+        if args.bench_mode == "scale":
+            import json
+            from pathlib import Path
+
+            from strom.bench import scale
+
+            if args.connections < 0:
+                raise ValueError(f"--connections must be >= 0, not {args.connections}")
+            result = scale.bench_scale(
+                max_partitions=args.max_partitions,
+                max_spread=args.max_spread,
+                records=args.records,
+                connections=args.connections,
+                workers=args.workers,
+                seconds=args.seconds,
+                interval_ms=args.interval_ms,
+                changes=args.changes,
+                directory=args.dir,
+            )
+            out_dir = Path(args.out)
+            plots = scale.plot(result, out_dir)
+            result["context"] = {
+                "mode": "scale",
+                "max_partitions": args.max_partitions,
+                "records": args.records,
+                "connections": args.connections,
+                "plots": [str(p) for p in plots],
+            }
+            (out_dir / "scale.json").write_text(json.dumps(result, indent=1))
+            if args.json:
+                print(json.dumps(result), file=out)
+            else:
+                print(scale.tables(result), file=out)
+                print(f"\nplots and scale.json in {out_dir}", file=out)
             return 0
         if args.bench_mode == "rebalance":
             from strom.bench import groups

@@ -155,6 +155,18 @@ class ClusterClient:
                 self._channels[address] = ch
             return ch
 
+    def forget_channel(self, address: str) -> None:
+        """Dial ``address`` afresh next time. A channel whose peer died waits out gRPC's
+        reconnect backoff (1 s, growing 1.6x) and fails calls meanwhile, even once a process
+        is back on that address (a restarted controller that is now the active one). Closed
+        at once: gRPC shares a subchannel, and its backoff, between open channels to the
+        same target, so a new channel beside the old one would wait just the same. (A call
+        still running on it ends CANCELLED and is retried like UNAVAILABLE.)"""
+        with self._lock:
+            ch = self._channels.pop(address, None)
+        if ch is not None:
+            ch.close()
+
     def storage(self, address: str) -> storage_pb2_grpc.StorageServiceStub:
         return storage_pb2_grpc.StorageServiceStub(self.channel(address))
 
@@ -309,6 +321,8 @@ class ClusterClient:
                         raise refused(exc) from None
                     last = f"controller {addr}: {exc.code().name} {exc.details() or ''}".strip()
                     self._controller_addr = None
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                        self.forget_channel(addr)
                 else:
                     if resp.error_code == NOT_CONTROLLER:
                         hint = resp.controller if resp.HasField("controller") else None

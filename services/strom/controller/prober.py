@@ -42,8 +42,13 @@ class NodeProber:
         confirm_attempts: int = 3,
         confirm_interval_s: float = 0.05,
         check_timeout_s: float = 0.5,
+        on_reached: Callable[[int, bool], None] | None = None,
+        kind: str = "node",
     ) -> None:
+        self.kind = kind  # what the probed processes are, for the log
         self.on_dead = on_dead
+        #: (node id, True) when a probe's stream first delivers; (node id, False) when it ends.
+        self.on_reached = on_reached
         self.confirm_attempts = confirm_attempts
         self.confirm_interval_s = confirm_interval_s
         self.check_timeout_s = check_timeout_s
@@ -73,21 +78,29 @@ class NodeProber:
         reached = False
         while True:
             channel = default_channel().aio_channel(address, GRPC_OPTIONS)
+            streaming = False
             try:
                 stub = health_pb2_grpc.HealthStub(channel)
                 call = stub.Watch(health_pb2.HealthCheckRequest(service=""))
                 try:
                     async for _ in call:
-                        reached = True
+                        if not streaming and self.on_reached is not None:
+                            self.on_reached(node_id, True)
+                        streaming = reached = True
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.UNAVAILABLE:
                         # e.g. UNIMPLEMENTED: nothing to learn from this node's health; stop.
-                        log.info("health stream to node %d ended: %s", node_id, exc.code().name)
+                        log.info(
+                            "health stream to %s %d ended: %s", self.kind, node_id, exc.code().name
+                        )
                         return
+                if streaming and self.on_reached is not None:
+                    self.on_reached(node_id, False)
                 if reached and await self._refused(address):
                     log.warning(
-                        "node %d (%s) refuses connections: fencing it without waiting for "
+                        "%s %d (%s) refuses connections: fencing it without waiting for "
                         "its lease to expire",
+                        self.kind,
                         node_id,
                         address,
                     )
@@ -101,7 +114,10 @@ class NodeProber:
                 with contextlib.suppress(Exception):
                     await channel.close()
             # Not reached yet, or it answered: watch again (the channel backs off by itself).
-            await asyncio.sleep(0.2)
+            # Soon after a stream that broke: a dying process can still accept a connection
+            # in the moment before its listening socket closes, so the first check can be
+            # inconclusive (reset rather than refused); look again before long.
+            await asyncio.sleep(0.05 if streaming else 0.2)
 
     async def _refused(self, address: str) -> bool:
         """True when every confirmation attempt fails with UNAVAILABLE (connection refused).

@@ -107,6 +107,9 @@ class MetadataStore:
         self.timeout = timeout
         tls = etcd_security()
         creds = tls.credentials()
+        #: gRPC channel credentials for etcd (None: plaintext); the lease keepalives' own
+        #: client needs them too.
+        self.creds = creds
         self.client = MultiEndpointEtcd3Client(
             [
                 Endpoint(h, p, secure=creds is not None, creds=creds, time_retry=0.5)
@@ -162,6 +165,32 @@ class MetadataStore:
         for kv in resp.kvs:
             key = kv.key.decode()
             out[key] = Versioned(key, decode(kv.value, cls), kv.mod_revision, kv.create_revision)
+        return resp.header.revision, out
+
+    def get_prefix_cached(
+        self, prefix: str, cls: type[M], cache: dict[str, tuple[int, M]]
+    ) -> tuple[int, dict[str, Versioned]]:
+        """:meth:`get_prefix`, decoding only values whose mod_revision ``cache`` does not hold.
+
+        Decoding the stored JSON costs far more than the read (about 0.1 ms a partition state
+        on a busy machine): a controller that re-reads every partition on each change spent
+        most of a 1,000-partition failover parsing states that had not changed. ``cache``
+        (key -> (mod_revision, message)) is replaced by what this read saw; callers get copies,
+        so they may change them."""
+        resp = self._call(self.client.get_prefix_response, prefix)
+        out: dict[str, Versioned] = {}
+        seen: dict[str, tuple[int, M]] = {}
+        for kv in resp.kvs:
+            key = kv.key.decode()
+            hit = cache.get(key)
+            fresh = hit is not None and hit[0] == kv.mod_revision
+            msg = hit[1] if fresh else decode(kv.value, cls)  # type: ignore[index]
+            seen[key] = (kv.mod_revision, msg)
+            value = cls()
+            value.CopyFrom(msg)
+            out[key] = Versioned(key, value, kv.mod_revision, kv.create_revision)
+        cache.clear()
+        cache.update(seen)
         return resp.header.revision, out
 
     def get_prefix_raw(self, prefix: str) -> tuple[int, list[WatchEvent]]:
@@ -287,7 +316,10 @@ class KeepAlive:
         # The first refresh also sets up the connection, which can be slow on a loaded
         # machine: it gets the store's timeout, the following ones the short one.
         self._client = MultiEndpointEtcd3Client(
-            [Endpoint(h, p, secure=False, time_retry=0.5) for h, p in store.endpoints],
+            [
+                Endpoint(h, p, secure=store.creds is not None, creds=store.creds, time_retry=0.5)
+                for h, p in store.endpoints
+            ],
             timeout=store.timeout,
             failover=True,
         )

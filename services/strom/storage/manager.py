@@ -218,7 +218,10 @@ class PartitionManager:
                     # A log opened at start (or left from before) with other settings.
                     lg.update_config(cfg)
                 if a.topic_id and self._topic_ids.get(a.tp) != a.topic_id:
-                    write_topic_id(lg.directory, a.topic_id, fsync=self.fsync)
+                    # Written (with its fsyncs) only when the directory does not record it yet:
+                    # at start-up every partition passes here.
+                    if read_topic_id(lg.directory) != a.topic_id:
+                        write_topic_id(lg.directory, a.topic_id, fsync=self.fsync)
                     self._topic_ids[a.tp] = a.topic_id
             except Exception:
                 log.exception("could not open the log of %s-%d", a.topic, a.partition)

@@ -163,7 +163,14 @@ class NodeRegistration:
             return
         holder = self._holder()
         if holder is not None and holder[0].incarnation_id == self.incarnation_id:
-            return  # our own write landed although the call reported a failure
+            # Our own key, but under a lease this process does not keep alive: the lost one,
+            # not yet deleted (etcd revokes expired leases on a tick, later under load), or
+            # one of an attempt whose reply was lost. Returning here left the node without a
+            # registration for good once that lease ran out (seen at 11,790 partitions on a
+            # loaded machine); the caller retries until the key is gone and ours again.
+            raise MetadataUnavailableError(
+                f"node {self.value.node_id}: the previous registration is still expiring"
+            )
         raise NodeIdInUseError(
             f"node id {self.value.node_id} was taken by another process while this one "
             "was cut off from etcd"
