@@ -67,7 +67,8 @@ def spark() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root: Path = tmp_path_factory.mktemp("spark-cluster")
-    c = LocalCluster(root / "c", nodes=3, controllers=1, coordinators=0)
+    # One group coordinator: exactly-once writes need transactions and group offsets.
+    c = LocalCluster(root / "c", nodes=3, controllers=1, coordinators=1)
     try:
         c.start()
         yield c
