@@ -54,6 +54,16 @@ def test_batch_write_commits_once_and_a_failed_task_leaves_nothing_committed(
     ).mode("append").save()
     got = read_values(spark, bootstrap, "eo-batch", "read_committed")
     assert sorted(got) == sorted(str(i).encode() for i in range(3000))
+    # Rows that name their topics: the slots' offsets are kept under __consumer_offsets-0.
+    create_topic(bootstrap, "eo-col-a", 1)
+    create_topic(bootstrap, "eo-col-b", 1)
+    spark.range(0, 100, numPartitions=2).selectExpr(
+        "CAST(id AS STRING) AS value", "IF(id % 3 = 0, 'eo-col-a', 'eo-col-b') AS topic"
+    ).write.format("strom").option("bootstrap", bootstrap).option("exactlyOnce", "true").mode(
+        "append"
+    ).save()
+    got = read_values(spark, bootstrap, "eo-col-a,eo-col-b", "read_committed")
+    assert sorted(got) == sorted(str(i).encode() for i in range(100))
 
     # One task: BIG rows, the last of which asks for a partition the topic lacks, so the task
     # fails after it sent the first GATHER_ROWS rows in its transaction.
