@@ -5,7 +5,8 @@ One run measures, for a topic of ``--partitions`` partitions holding ``--records
 
 - batch read into ``count()``, and into ``groupBy(key).count()``, in rows/s;
 - write (``df.write.format("strom")`` of rows computed in Spark: 1,000 keys, ``--record-size``
-  byte values) in rows/s;
+  byte values) in rows/s, with ``kafka.acks=1``, with ``acks=all``, and exactly once
+  (``exactlyOnce=true``: one transaction per task, which needs acks=all);
 - the same reads from an in-memory Arrow data source yielding the very same rows and columns
   (``strom_bench_memory``), and the same write into a Python Arrow writer that drops the rows
   (``NullWriter``):
@@ -224,7 +225,8 @@ def run_bench(
             from strom.devcluster.cluster import LocalCluster
 
             print(f"starting a local cluster ({nodes} storage node(s)) in {root}", file=out)
-            cluster = LocalCluster(root / "cluster", nodes=nodes, controllers=1, coordinators=0)
+            # A group coordinator too: the exactly-once write needs transactions.
+            cluster = LocalCluster(root / "cluster", nodes=nodes, controllers=1, coordinators=1)
             cluster.start()
             bootstrap = cluster.bootstrap
         print(f"producing {records:,} records of {record_size} bytes", file=out)
@@ -307,6 +309,33 @@ def run_bench(
             ).option("kafka.acks", "1").mode("append").save()
 
         figures.append(_time(write, records, "strom write", max(runs - 1, 1), 0))
+
+        def write_with(**options: str) -> Callable[[], None]:
+            def run() -> None:
+                w = rows_df().write.format("strom").option("bootstrap", bootstrap)
+                w.option("topic", OUT_TOPIC).options(**options).mode("append").save()
+
+            return run
+
+        print("writing the same rows with acks=all, then exactly once (transactions)", file=out)
+        figures.append(
+            _time(
+                write_with(**{"kafka.acks": "all"}),
+                records,
+                "strom write acks=all",
+                max(runs - 1, 1),
+                0,
+            )
+        )
+        figures.append(
+            _time(
+                write_with(exactlyOnce="true"),
+                records,
+                "strom write exactlyOnce",
+                max(runs - 1, 1),
+                0,
+            )
+        )
         by = {f.name: f for f in figures}
         result = {
             "records": records,
@@ -323,6 +352,8 @@ def run_bench(
             "strom_groupby_rows_per_s": by["strom groupBy"].best,
             "strom_write_rows_per_s": by["strom write"].best,
             "memory_write_rows_per_s": by["in-memory Arrow write"].best,
+            "strom_write_acks_all_rows_per_s": by["strom write acks=all"].best,
+            "strom_write_exactly_once_rows_per_s": by["strom write exactlyOnce"].best,
             "figures": [asdict(f) | {"best": f.best, "median": f.median} for f in figures],
         }
         return result
@@ -356,6 +387,11 @@ def report(result: dict[str, Any], as_json: bool = False) -> str:
     lines.append(
         f"{'write':24}{mem_w:>12,.0f} rows/s{strom_w:>10,.0f} rows/s{strom_w / mem_w:>19.0%}"
     )
+    for label, key in (
+        ("write acks=all", "strom_write_acks_all_rows_per_s"),
+        ("write exactlyOnce", "strom_write_exactly_once_rows_per_s"),
+    ):
+        lines.append(f"{label:24}{'':>18}{r[key]:>10,.0f} rows/s{r[key] / mem_w:>19.0%}")
     lines.append(
         f"{'(produce, for reference)':24}{'':>18}{r['produce_records_per_s']:>10,.0f} rows/s"
     )

@@ -27,7 +27,12 @@ import pyarrow as pa
 
 from strom.api import storage_pb2
 from strom.client.cluster import ClusterClient
-from strom.client.fetcher import FETCH_METHOD, FetchWireError, parse_fetch_response
+from strom.client.fetcher import (
+    FETCH_METHOD,
+    FetchWireError,
+    aborted_batches,
+    parse_fetch_response,
+)
 from strom.client.offsets import TRANSPORT_RETRY, LeaderMap
 from strom.client.types import TopicPartition
 from strom.errors import ErrorCode, error_for, is_retriable
@@ -115,6 +120,11 @@ class RangeReader:
         self._constants = Constants()
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._rpc_timeout_s = opts.fetch_max_wait_ms / 1000.0 + opts.request_timeout_ms / 1000.0
+        self._isolation = (
+            storage_pb2.ISOLATION_LEVEL_READ_COMMITTED
+            if opts.read_committed
+            else storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
+        )
         #: Fetch requests sent and record bytes received, for tests and progress logs.
         self.requests = 0
         self.bytes = 0
@@ -142,7 +152,7 @@ class RangeReader:
                 try:
                     if fut is None:
                         raise _Retry(address, refresh=True)  # no leader known: address = why
-                    batches, hw = self._receive(fut, address, tp, asked)
+                    batches, hw, aborted = self._receive(fut, address, tp, asked)
                 except _Retry as retry:
                     last_problem = str(retry)
                     if time.monotonic() >= deadline:
@@ -184,8 +194,11 @@ class RangeReader:
                     avg_record = got / span
                 if new_pos < end:
                     inflight = self._send(tp, new_pos, end, avg_record)
+                visible = batches
+                if aborted:
+                    visible = [b for i, b in enumerate(batches) if i not in aborted]
                 rb = to_spark_batch(
-                    batches,
+                    visible,
                     tp.topic,
                     tp.partition,
                     pos,
@@ -236,7 +249,7 @@ class RangeReader:
             max_wait_ms=self.opts.fetch_max_wait_ms,
             min_bytes=1,
             max_bytes=limit,
-            isolation_level=storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
+            isolation_level=self._isolation,
             topics=[
                 storage_pb2.FetchTopic(
                     topic=tp.topic,
@@ -263,9 +276,10 @@ class RangeReader:
 
     def _receive(
         self, fut: Any, address: str, tp: TopicPartition, pos: int
-    ) -> tuple[list[RecordBatch], int]:
+    ) -> tuple[list[RecordBatch], int, frozenset[int]]:
         """The answer's batches at or after ``pos`` (whole batches; the converter cuts the
-        rows) and the high watermark; raises _Retry / _DataLoss / errors."""
+        rows), the high watermark, and the indexes of the batches that belong to aborted
+        transactions (read_committed); raises _Retry / _DataLoss / errors."""
         try:
             raw = fut.result()
         except grpc.RpcError as exc:
@@ -293,7 +307,14 @@ class RangeReader:
             self.bytes += len(answer.records)
             batches = decode_batches(answer.records) if len(answer.records) else []
             keep = [b for b in batches if b.header.next_offset > pos]
-            return keep, info.high_watermark
+            # read_committed: whole batches of aborted transactions are passed over (their
+            # offsets still count, so the position moves past them).
+            aborted = (
+                aborted_batches(keep, info.aborted_transactions)
+                if keep and info.aborted_transactions
+                else frozenset()
+            )
+            return keep, info.high_watermark, aborted
         if code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if 0 <= pos < info.log_start_offset:
                 raise _DataLoss(info.log_start_offset)

@@ -100,7 +100,9 @@ class ClusterView:
     # -- offsets --------------------------------------------------------------------------------
 
     def _list(self, query: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
-        """ListOffsets: {tp: (offset, timestamp)}; offset -1 = no record matched."""
+        """ListOffsets: {tp: (offset, timestamp)}; offset -1 = no record matched. A
+        read_committed read asks for the last stable offset as "latest" (nothing of a
+        transaction still open is planned)."""
         if not query:
             return {}
         try:
@@ -111,6 +113,7 @@ class ClusterView:
                 timeout_s=max(self.opts.metadata_retry_s, LOOKUP_TIMEOUT_S),
                 backoff_s=0.1,
                 client_metadata=(("strom-client-id", self.opts.client_id),),
+                read_committed=self.opts.read_committed,
             )
         except BrokerNotAvailableError as exc:
             raise self._unreachable(exc) from None

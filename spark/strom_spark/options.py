@@ -54,6 +54,7 @@ READ_OPTIONS = (
     "kafka.fetch.max.wait.ms",
     "kafka.request.timeout.ms",
     "kafka.client.id",
+    "kafka.isolation.level",
 )
 
 #: Every write option.
@@ -68,6 +69,9 @@ WRITE_OPTIONS = (
     "kafka.delivery.timeout.ms",
     "kafka.max.request.size",
     "kafka.client.id",
+    "exactlyOnce",
+    "transactionalIdPrefix",
+    "kafka.transaction.timeout.ms",
 )
 
 #: Options Spark itself may add to a source's or sink's map; never the user's typo.
@@ -136,6 +140,9 @@ class ReadOptions:
     fetch_max_wait_ms: int = 500
     request_timeout_ms: int = 30_000
     client_id: str = "strom-spark"
+    #: ``kafka.isolation.level=read_committed``: ranges end at the last stable offset and
+    #: records of aborted transactions are left out (as a read_committed consumer reads).
+    read_committed: bool = False
 
     @property
     def metadata_retry_s(self) -> float:
@@ -158,6 +165,13 @@ class WriteOptions:
     delivery_timeout_ms: int = 120_000
     max_request_size: int = 1024 * 1024
     client_id: str = "strom-spark-writer"
+    #: ``exactlyOnce=true``: every task writes in one transaction (:mod:`strom_spark.txn`).
+    exactly_once: bool = False
+    #: Transactional ids and bookkeeping groups are ``<prefix>-<Spark partition id>``; None =
+    #: derived from the streaming query's id (stable across restarts from its checkpoint),
+    #: or a fresh id per batch write.
+    transactional_id_prefix: str | None = None
+    transaction_timeout_ms: int = 60_000
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -452,7 +466,24 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         fetch_max_wait_ms=_int(opts, "kafka.fetch.max.wait.ms", 500, 0) or 0,
         request_timeout_ms=_int(opts, "kafka.request.timeout.ms", 30_000, 1) or 30_000,
         client_id=opts.get("kafka.client.id") or "strom-spark",
+        read_committed=_isolation(opts),
     )
+
+
+_ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
+
+
+def _isolation(opts: _Options) -> bool:
+    raw = (opts.get("kafka.isolation.level") or "read_uncommitted").lower()
+    if raw not in _ISOLATION_LEVELS:
+        raise OptionError(
+            f"option kafka.isolation.level must be read_uncommitted or read_committed, got {raw!r}"
+        )
+    return raw == "read_committed"
+
+
+#: A transactional id prefix: what the coordinator keys on, kept to a safe alphabet.
+_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
 _ACKS = {"all": "all", "-1": "all", "1": "1", "0": "0"}
@@ -474,6 +505,24 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
             f"got {compression!r}"
         )
     linger = _int(opts, "kafka.linger.ms", 5, 0)
+    exactly_once = _bool(opts, "exactlyOnce", False)
+    prefix = opts.get("transactionalIdPrefix") or None
+    if prefix is not None:
+        if not exactly_once:
+            raise OptionError(
+                "option transactionalIdPrefix only applies with exactlyOnce=true (the "
+                "transactional writes); set exactlyOnce=true or drop it"
+            )
+        if not _PREFIX.match(prefix):
+            raise OptionError(
+                "option transactionalIdPrefix must be 1 to 200 characters of letters, digits, "
+                f"'.', '_' or '-', got {prefix!r}"
+            )
+    if exactly_once and acks_raw not in ("all", "-1"):
+        raise OptionError(
+            f"option exactlyOnce=true needs kafka.acks=all (transactions), got {acks_raw!r}"
+        )
+    txn_timeout = _int(opts, "kafka.transaction.timeout.ms", 60_000, 1000) or 60_000
     return WriteOptions(
         bootstrap=bootstrap,
         topic=topic,
@@ -485,6 +534,9 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         delivery_timeout_ms=_int(opts, "kafka.delivery.timeout.ms", 120_000, 1) or 120_000,
         max_request_size=_int(opts, "kafka.max.request.size", 1024 * 1024, 1024) or 1024 * 1024,
         client_id=opts.get("kafka.client.id") or "strom-spark-writer",
+        exactly_once=exactly_once,
+        transactional_id_prefix=prefix,
+        transaction_timeout_ms=txn_timeout,
     )
 
 

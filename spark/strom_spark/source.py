@@ -37,6 +37,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from strom.client.types import TopicPartition
+from strom_spark import txn
 from strom_spark.errors import DataLossError, OptionError, StromSparkError, user_facing
 from strom_spark.fetch import RangeReader, RangeTask
 from strom_spark.lookup import ClusterView, check_ranges
@@ -304,14 +305,22 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 @dataclass
 class StromCommitMessage(WriterCommitMessage):
-    """What one write task sent: its row count (the driver logs the total)."""
+    """What one write task sent: its row count (the driver logs the total), and, for an
+    exactly-once task, whether it found its micro-batch already committed and sent nothing."""
 
     rows: int
+    skipped: bool = False
 
 
 def _write_task(
-    opts: WriteOptions, counts: dict[str, int], batches: Iterator[pa.RecordBatch]
+    opts: WriteOptions,
+    counts: dict[str, int],
+    batches: Iterator[pa.RecordBatch],
+    write_id: str | None = None,
 ) -> StromCommitMessage:
+    if opts.exactly_once:
+        done = txn.write_task(opts, counts, batches, write_id)
+        return StromCommitMessage(rows=done.result.rows, skipped=done.skipped)
     writer = TaskWriter(opts, counts)
     try:
         for batch in batches:
@@ -323,22 +332,38 @@ def _write_task(
     return StromCommitMessage(rows=result.rows)
 
 
+def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
+    done = [m for m in messages if isinstance(m, StromCommitMessage)]
+    return sum(m.rows for m in done), sum(1 for m in done if m.skipped)
+
+
 class StromBatchWriter(DataSourceArrowWriter):
-    """``df.write.format("strom")``: at-least-once (see :mod:`strom_spark.write`)."""
+    """``df.write.format("strom")``: at least once, or one transaction per task with
+    ``exactlyOnce`` (see :mod:`strom_spark.txn`)."""
 
     def __init__(self, opts: WriteOptions, counts: dict[str, int]) -> None:
         self.opts = opts
         self.counts = counts
+        #: The run id of this write's transactional ids (drawn here, on the driver, so that a
+        #: task Spark retries finds what its earlier attempt committed).
+        self.write_id = txn.new_write_id() if opts.exactly_once else None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StromCommitMessage:
-        return _write_task(self.opts, self.counts, iterator)
+        return _write_task(self.opts, self.counts, iterator, self.write_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        rows = sum(m.rows for m in messages if isinstance(m, StromCommitMessage))
-        log.info("strom: wrote %d rows", rows)
+        rows, skipped = _summary(messages)
+        log.info("strom: wrote %d rows (%d task retries found their rows committed)", rows, skipped)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        rows = sum(m.rows for m in messages if isinstance(m, StromCommitMessage))
+        rows, _ = _summary(messages)
+        if self.opts.exactly_once:
+            log.warning(
+                "strom: write aborted; the %d rows of tasks that committed stay written, the "
+                "transactions of the others were aborted",
+                rows,
+            )
+            return
         log.warning(
             "strom: write aborted; %d rows of finished tasks stay written (no transactions)",
             rows,
@@ -346,7 +371,8 @@ class StromBatchWriter(DataSourceArrowWriter):
 
 
 class StromStreamWriter(DataSourceStreamArrowWriter):
-    """``writeStream.format("strom")``: each micro-batch at least once."""
+    """``writeStream.format("strom")``: each micro-batch at least once, or exactly once with
+    ``exactlyOnce`` (see :mod:`strom_spark.txn`)."""
 
     def __init__(self, opts: WriteOptions, counts: dict[str, int]) -> None:
         self.opts = opts
@@ -356,10 +382,24 @@ class StromStreamWriter(DataSourceStreamArrowWriter):
         return _write_task(self.opts, self.counts, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        rows = sum(m.rows for m in messages if isinstance(m, StromCommitMessage))
+        rows, skipped = _summary(messages)
+        if skipped:
+            log.warning(
+                "strom: micro-batch %d was run again: %d task(s) found their rows already "
+                "committed and sent nothing",
+                batchId,
+                skipped,
+            )
         log.info("strom: micro-batch %d wrote %d rows", batchId, rows)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.opts.exactly_once:
+            log.warning(
+                "strom: micro-batch %d aborted; tasks that committed keep their rows and are "
+                "skipped when the micro-batch runs again, the others' transactions were aborted",
+                batchId,
+            )
+            return
         log.warning(
             "strom: micro-batch %d aborted; rows already sent stay written (no transactions)",
             batchId,

@@ -10,11 +10,11 @@ given, else to its key's partition (Kafka's murmur2, computed for the whole colu
 round the partitions batch by batch, as Kafka's producer does). Rows of one task keep their
 order within each partition.
 
-Delivery guarantee: **at least once**. The idempotent producer never duplicates a batch it
-retries itself, but when Spark re-runs a failed task (or a micro-batch after a crash) the
-rows of that task are sent again by a new producer, and the topic holds them twice. strom has
-no transactions yet; when it has, the writer will commit per task and the sink becomes
-exactly-once.
+Delivery guarantee: **at least once** by default. The idempotent producer never duplicates a
+batch it retries itself, but when Spark re-runs a failed task (or a micro-batch after a crash)
+the rows of that task are sent again by a new producer, and the topic holds them twice. With
+``exactlyOnce=true`` each task writes in one transaction instead (:mod:`strom_spark.txn`), and
+read_committed readers see every row once.
 """
 
 from __future__ import annotations
@@ -155,7 +155,13 @@ def _headers(col: pa.Array) -> pa.Array:
 class TaskWriter:
     """Sends one task's Arrow batches; ``close()`` waits for every acknowledgement."""
 
-    def __init__(self, opts: WriteOptions, partition_counts: dict[str, int]) -> None:
+    def __init__(
+        self,
+        opts: WriteOptions,
+        partition_counts: dict[str, int],
+        *,
+        transactional_id: str | None = None,
+    ) -> None:
         from strom.client.producer import Producer
 
         self.opts = opts
@@ -170,6 +176,8 @@ class TaskWriter:
             delivery_timeout_ms=opts.delivery_timeout_ms,
             max_request_size=opts.max_request_size,
             client_id=opts.client_id,
+            transactional_id=transactional_id,
+            transaction_timeout_ms=opts.transaction_timeout_ms,
         )
         self.futures: list[Any] = []
         self._sticky: dict[str, int] = {}
@@ -276,17 +284,26 @@ class TaskWriter:
             k = (topic, p)
             self.result.per_partition[k] = self.result.per_partition.get(k, 0) + piece.num_rows
 
+    def drain(self) -> WriteResult:
+        """Send what is gathered and wait for every batch's acknowledgement; raises the first
+        failure. The producer stays open (a transaction still has to commit)."""
+        self._flush_pending()
+        self.producer.flush()
+        for f in self.futures:
+            f.result()
+        return self.result
+
     def close(self) -> WriteResult:
         """Flush and wait for every batch's acknowledgement; raises the first failure."""
         try:
-            self._flush_pending()
-            self.producer.flush()
-            for f in self.futures:
-                f.result()
+            self.drain()
         finally:
             self.producer.close()
         return self.result
 
-    def abort(self) -> None:
+    def abort(self, timeout_s: float = 0.0) -> None:
+        """Close after a failure; an open transaction is aborted if that takes less than
+        ``timeout_s`` (else the coordinator aborts it: the slot's next attempt fences it, or
+        its timeout passes)."""
         with contextlib.suppress(Exception):  # closing after a failure: nothing to add
-            self.producer.close(timeout=0)
+            self.producer.close(timeout=timeout_s)

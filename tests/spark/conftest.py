@@ -66,6 +66,8 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def cluster(three_node_cluster: LocalCluster) -> LocalCluster:
+    # The session's shared cluster has a group coordinator (exactly-once writes need
+    # transactions and group offsets).
     return three_node_cluster
 
 

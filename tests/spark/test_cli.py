@@ -55,9 +55,11 @@ def test_bench_spark_measures_every_figure(spark: Any, bootstrap: str) -> None:
         "strom_groupby_rows_per_s",
         "memory_write_rows_per_s",
         "strom_write_rows_per_s",
+        "strom_write_acks_all_rows_per_s",
+        "strom_write_exactly_once_rows_per_s",
     ):
         assert result[key] > 0, key
     table = report(result)
-    assert "count()" in table and "groupBy(key).count()" in table and "write" in table
+    assert "count()" in table and "groupBy(key).count()" in table and "write exactlyOnce" in table
     assert "reading from strom: count()" in progress.getvalue()
     assert spark.range(3).count() == 3  # the session is left running

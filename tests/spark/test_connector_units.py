@@ -37,6 +37,7 @@ from strom_spark.options import (
 from strom_spark.planning import OffsetRange, push_filters, rate_limit, split_ranges
 from strom_spark.schema import arrow_schema, spark_schema
 from strom_spark.source import RangePartition, StromStreamReader
+from strom_spark.txn import Slot
 
 T0 = TopicPartition("t", 0)
 T1 = TopicPartition("t", 1)
@@ -171,6 +172,50 @@ def test_write_options() -> None:
     ):
         with pytest.raises(OptionError, match=message):
             parse_write_options(bad)
+
+
+def test_exactly_once_options_and_slots() -> None:
+    assert parse_write_options(BOOT).exactly_once is False  # at least once unless asked
+    w = parse_write_options(
+        {
+            **BOOT,
+            "topic": "out",
+            "ExactlyOnce": "TRUE",
+            "transactionalIdPrefix": "etl.clicks",
+            "kafka.transaction.timeout.ms": "90000",
+        }
+    )
+    assert (w.exactly_once, w.transactional_id_prefix, w.transaction_timeout_ms) == (
+        True,
+        "etl.clicks",
+        90_000,
+    )
+    slot = Slot.make(w, "q1", 3)
+    assert (slot.transactional_id, slot.group) == ("etl.clicks-q1-3", "etl.clicks-q1-3")
+    assert slot.key == TopicPartition("out", 0)
+    # Without a topic option (a topic column), the offset is kept under __consumer_offsets-0.
+    w = parse_write_options({**BOOT, "exactlyOnce": "true"})
+    assert Slot.make(w, "q1", 0) == Slot(
+        "strom-spark-sink-q1-0", "strom-spark-sink-q1-0", TopicPartition("__consumer_offsets", 0)
+    )
+    for bad, message in (
+        ({**BOOT, "exactlyOnce": "1"}, "exactlyOnce must be true or false"),
+        ({**BOOT, "transactionalIdPrefix": "x"}, "only applies with exactlyOnce=true"),
+        ({**BOOT, "exactlyOnce": "true", "transactionalIdPrefix": "a/b"}, "1 to 200 characters"),
+        ({**BOOT, "exactlyOnce": "true", "kafka.acks": "0"}, "needs kafka.acks=all"),
+        ({**BOOT, "kafka.transaction.timeout.ms": "5"}, "must be >= 1000"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            parse_write_options(bad)
+    assert parse_read_options({**BOOT, "subscribe": "t"}, streaming=False).read_committed is False
+    r = parse_read_options(
+        {**BOOT, "subscribe": "t", "kafka.isolation.level": "READ_COMMITTED"}, streaming=True
+    )
+    assert r.read_committed is True
+    with pytest.raises(OptionError, match="must be read_uncommitted or read_committed"):
+        parse_read_options(
+            {**BOOT, "subscribe": "t", "kafka.isolation.level": "x"}, streaming=False
+        )
 
 
 def test_durations_and_offset_json_round_trip() -> None:
