@@ -317,7 +317,16 @@ class KeepAlive:
         # machine: it gets the store's timeout, the following ones the short one.
         self._client = MultiEndpointEtcd3Client(
             [
-                Endpoint(h, p, secure=store.creds is not None, creds=store.creds, time_retry=0.5)
+                Endpoint(
+                    h,
+                    p,
+                    secure=store.creds is not None,
+                    creds=store.creds,
+                    time_retry=0.5,
+                    # A channel of its own: gRPC otherwise shares subchannels (and their
+                    # reconnect backoff) with every channel of the process to that address.
+                    opts=[("grpc.use_local_subchannel_pool", 1)],
+                )
                 for h, p in store.endpoints
             ],
             timeout=store.timeout,
