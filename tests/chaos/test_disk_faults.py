@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,6 +113,17 @@ def test_full_disk_fails_produce_clearly_keeps_fetch_and_resumes(
     ballast = data / "ballast"
     ballast.write_bytes(b"\0" * (3 << 20))  # freed later, as an operator would free space
     acked: list[int] = []
+    # The partition takes produce once the node created its log (Metadata can show the
+    # controller's decision a moment before): retry until the first record is in.
+    deadline = time.monotonic() + 30
+    while True:
+        pr = _produce(node.address, "full", os.urandom(100_000))
+        if pr.error_code == E.NONE or time.monotonic() > deadline:
+            break
+        assert pr.error_code in (E.UNKNOWN_TOPIC_OR_PARTITION, E.NOT_LEADER_OR_FOLLOWER), pr
+        time.sleep(0.1)
+    assert pr.error_code == E.NONE, pr
+    acked.append(pr.base_offset)
     error = None
     for _ in range(200):
         pr = _produce(node.address, "full", os.urandom(100_000))

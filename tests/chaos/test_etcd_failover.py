@@ -43,6 +43,12 @@ def test_a_short_lease_outlives_each_etcd_member_going_silent(
     lease = store.grant_lease(4)
     keepalive = store.keep_alive(lease, lambda: lost.append(time.monotonic()))
     try:
+        # An established keepalive (its first refresh also sets up the connection, with the
+        # store's longer timeout): what must survive is a member going silent afterwards.
+        deadline = time.monotonic() + 20.0
+        while keepalive.refreshes == 0 and time.monotonic() < deadline and not lost:
+            time.sleep(0.05)
+        assert keepalive.refreshes > 0 and not lost, "the lease was never refreshed"
         for member in etcd_cluster.etcd:
             etcd_cluster.proxy.command(
                 cmd="rules", rules=[{"kind": "stall", "from": ["*"], "to": [member.name]}]

@@ -312,6 +312,8 @@ class KeepAlive:
         self._on_lost = on_lost
         self._stop = threading.Event()
         self.lost = False
+        #: Successful refreshes so far (the first one also sets up the connection).
+        self.refreshes = 0
         self._short_timeout = max(self.ttl / 3.0, 0.5)
         # The first refresh also sets up the connection, which can be slow on a loaded
         # machine: it gets the store's timeout, the following ones the short one.
@@ -359,6 +361,8 @@ class KeepAlive:
                 interval = 0.25  # keep trying quickly until etcd is back
                 continue
             interval = max(self.ttl / 3.0, 0.2)
+            if resps and resps[0].TTL > 0:
+                self.refreshes += 1
             if not resps or resps[0].TTL <= 0:
                 self.lost = True
                 metrics.lease_lost()
