@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from strom.devcluster.procs import wait_for
 from strom.metadata import MetadataStore
 from tests.chaos.cluster import ChaosCluster
 
@@ -45,9 +46,11 @@ def test_a_short_lease_outlives_each_etcd_member_going_silent(
     try:
         # An established keepalive (its first refresh also sets up the connection, with the
         # store's longer timeout): what must survive is a member going silent afterwards.
-        deadline = time.monotonic() + 20.0
-        while keepalive.refreshes == 0 and time.monotonic() < deadline and not lost:
-            time.sleep(0.05)
+        wait_for(
+            lambda: keepalive.refreshes > 0 or lost,
+            timeout=20,
+            what="the keepalive's first refresh",
+        )
         assert keepalive.refreshes > 0 and not lost, "the lease was never refreshed"
         for member in etcd_cluster.etcd:
             etcd_cluster.proxy.command(

@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from strom.bench import cpu
@@ -129,12 +130,6 @@ def bench_tls(
     return results
 
 
-def _median(values: list[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
 def comparison(results: list[Result]) -> dict[str, float]:
     """TLS against plaintext per phase (medians over rounds): throughput as a share
     (``<phase>_tls_share``: 0.9 = TLS does 90 % of plaintext's records/s) and latency
@@ -142,7 +137,7 @@ def comparison(results: list[Result]) -> dict[str, float]:
     out: dict[str, float] = {}
     for phase in ("produce", "fetch", "e2e"):
         rate = {
-            m: _median([r.summary()["records_per_s"] for r in results if r.name == f"{m} {phase}"])  # type: ignore[misc]
+            m: median([r.summary()["records_per_s"] for r in results if r.name == f"{m} {phase}"])  # type: ignore[misc]
             for m in MODES
         }
         if rate["plaintext"]:
@@ -151,7 +146,7 @@ def comparison(results: list[Result]) -> dict[str, float]:
             lat = [r.summary() for r in results if r.name == f"{m} {phase}" and r.latencies]
             for p in ("p50_ms", "p99_ms"):
                 if lat:
-                    out[f"{phase}_{m}_{p}"] = round(_median([float(d[p]) for d in lat]), 2)
+                    out[f"{phase}_{m}_{p}"] = round(median([float(d[p]) for d in lat]), 2)
     return out
 
 

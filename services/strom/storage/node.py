@@ -245,7 +245,8 @@ class StorageNode:
         Waits for a controller (retrying) up to ``startup_fence_timeout_s``; a node that leads
         partitions no other in-sync replica can take keeps those.
         """
-        if self._roles_from_a_previous_life() == 0:
+        roles = self._roles_from_a_previous_life()
+        if roles == 0:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.startup_fence_timeout_s
@@ -256,7 +257,7 @@ class StorageNode:
             "etcd still names node %d leader or in-sync replica of %d partitions from its "
             "previous life; waiting for the controller to fence it before taking any role",
             self.config.node_id,
-            self._roles_from_a_previous_life(),
+            roles,
         )
         while loop.time() < deadline:
             try:
