@@ -114,9 +114,11 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
     report = json.loads(out.stdout)
     (result,) = report["results"]
     assert result["records"] == 3000
-    for who in ("client", "server"):
-        assert result[f"{who}_cpu_s"] > 0
-        assert result[f"{who}_cpu_s_per_M_records"] > 0
+    assert result["client_cpu_s"] > 0 and result["client_cpu_s_per_M_records"] > 0
+    # The servers' counters move in whole clock ticks (10 ms): a 3,000-record batch phase can
+    # cost three nodes less than one tick, so a zero is a real reading; None would be a miss.
+    assert result["server_cpu_s"] is not None and result["server_cpu_s"] >= 0
+    assert result["server_cpu_s_per_M_records"] is not None
     assert "metrics http://127.0.0.1:" in report["context"]["server_cpu"]
     assert result["records_per_s"] > 0 and result["mb_per_s"] > 0
     assert {"p50_ms", "p99_ms", "p99.9_ms"} <= set(result)
