@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,8 @@ from strom.cli.main import main as cli_main
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
-from strom.errors import ProducerFencedError
+from strom.errors import ProducerFencedError, StromError
+from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 PIPELINE = Path(__file__).with_name("txn_pipeline_proc.py")
@@ -299,3 +300,65 @@ def test_an_open_transaction_holds_the_lso_until_its_timeout_aborts_it(
     )
     assert consumed.returncode == 0 and consumed.stdout == "", consumed
     assert _read(cluster, "slow", "read_committed") == []
+
+
+def test_idle_transactional_ids_expire(
+    make_cluster: Callable[..., LocalCluster], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transactional.id.expiration.ms: an id with nothing open is removed once idle that long
+    (a tombstone in __transaction_state: a restarted coordinator does not bring it back); an
+    id with an open transaction stays; the producer that held the removed id is refused, and
+    initialising the id again starts it afresh."""
+    c = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinator_args=[
+            "--transactional-id-expiration-ms",
+            "1500",
+            "--transaction-state-partitions",
+            "1",
+        ],
+    )
+    create_topic(c, "expiring")
+
+    def listed() -> set[str]:
+        assert cli_main(["transactions", "list", "-b", c.bootstrap]) == 0
+        rows = capsys.readouterr().out.splitlines()[1:]
+        return {line.split()[0] for line in rows if line.strip()}
+
+    idle = Producer(c.bootstrap, transactional_id="idle-tx")
+    busy = Producer(c.bootstrap, transactional_id="busy-tx", transaction_timeout_ms=120_000)
+    try:
+        idle.init_transactions()
+        with idle.transaction():
+            idle.send("expiring", b"committed")
+        busy.init_transactions()
+        busy.begin_transaction()
+        busy.send("expiring", b"open").result(10)
+        assert listed() >= {"idle-tx", "busy-tx"}
+        wait_for(lambda: "idle-tx" not in listed(), timeout=30, what="idle-tx to expire")
+        (coordinator,) = c.coordinators
+        assert coordinator.process is not None
+        coordinator.process.kill()
+        coordinator.start()
+        c.wait_serving(coordinator)
+        c.wait_coordinators_ready()
+        wait_for(lambda: "busy-tx" in listed(), timeout=30, what="the shard to load again")
+        assert "idle-tx" not in listed()
+        with pytest.raises(StromError, match=r"(?i)unknown|mapping"):
+            idle.begin_transaction()
+            idle.send("expiring", b"after expiry").result(10)
+            idle.commit_transaction()
+        busy.commit_transaction()
+    finally:
+        idle.close()
+        busy.close()
+    with Producer(c.bootstrap, transactional_id="idle-tx") as again:
+        again.init_transactions()
+        with again.transaction():
+            again.send("expiring", b"again")
+    assert sorted(v for _, v in _read(c, "expiring", "read_committed")) == [
+        b"again",
+        b"committed",
+        b"open",
+    ]

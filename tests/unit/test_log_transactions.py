@@ -17,13 +17,14 @@ from strom.log.producer_state import (
     _SNAP_HEAD,
     _SNAP_MAGIC,
     _SNAP_PRODUCER_V1,
+    _SNAP_PRODUCER_V2,
     ProducerStateManager,
     list_snapshots,
     snapshot_path,
 )
 from strom.log.transactions import decode_marker, encode_marker
 from strom.record import decode_batches, encode_batch
-from tests.unit.test_log import T0, Clock, crash, make_log
+from tests.unit.test_log import T0, Clock, crash, make_log, read_all
 
 
 def tbatch(
@@ -124,6 +125,41 @@ def test_a_marker_with_a_bumped_epoch_fences_the_old_producer(tmp_path) -> None:
     assert log.append(tbatch(1, 0, 1, epoch=1)).first_offset == 3
 
 
+def test_a_marker_from_an_older_coordinator_epoch_is_fenced(tmp_path) -> None:
+    """A coordinator that lost the shard (a zombie) must not decide a transaction the new
+    owner decides: once a marker of coordinator epoch 3 is in, epoch 2's are refused, here,
+    after a restart (snapshot or full scan) and on a follower that becomes leader."""
+    d = tmp_path / "t-0"
+    log = make_log(d)
+    log.append(tbatch(1, 0, 2))
+    log.append_marker(1, 0, committed=False, coordinator_epoch=3)
+    log.append(tbatch(1, 2, 1))  # the next transaction of the same producer
+    end = log.log_end_offset
+
+    def refused(target: Log) -> None:
+        with pytest.raises(ProducerStateError) as err:
+            target.append_marker(1, 0, committed=True, coordinator_epoch=2)
+        assert err.value.reason == "TRANSACTION_COORDINATOR_FENCED"
+        assert target.log_end_offset == end  # nothing appended
+        assert lso(target) == 3  # the open transaction stays open
+
+    refused(log)
+    follower = make_log(tmp_path / "follower")
+    follower.append_as_follower(log.read(0, 1 << 20).data)
+    refused(follower)
+    log.close()
+    refused(reopened := make_log(d))
+    assert reopened.producer_batches_scanned == 0  # the snapshot carried the epoch
+    crash(reopened)
+    for off in list_snapshots(d):
+        snapshot_path(d, off).unlink()
+    refused(scanned := make_log(d))
+    assert scanned.producer_batches_scanned > 0
+    # The same or a newer coordinator epoch decides it.
+    scanned.append_marker(1, 0, committed=True, coordinator_epoch=3)
+    assert lso(scanned) == scanned.log_end_offset
+
+
 def test_open_transactions_and_aborts_survive_clean_restarts_and_crashes(tmp_path) -> None:
     d = tmp_path / "t-0"
     log = make_log(d, segment_bytes=1024)
@@ -136,7 +172,7 @@ def test_open_transactions_and_aborts_survive_clean_restarts_and_crashes(tmp_pat
     assert len(expected) == 5 and len(log.segments) > 2 and lso(log) == open_at
     log.close()
     clean = make_log(d, segment_bytes=1024)
-    assert clean.producer_batches_scanned == 0  # from the snapshot (version 2)
+    assert clean.producer_batches_scanned == 0  # from the snapshot (version 3)
     assert aborted(clean) == expected and lso(clean) == open_at
     clean.append(tbatch(2, 1, 1))
     crash(clean)
@@ -192,6 +228,14 @@ def test_retention_forgets_aborts_whose_data_is_gone(tmp_path) -> None:
     assert log.log_start_offset <= 12
     reopened = make_log(tmp_path / "t-0", clock, segment_bytes=1024, retention_ms=1000)
     assert [e.last_offset for e in reopened.aborted.entries] == [14, 17, 20, 23]
+
+
+def test_version_2_snapshots_still_load() -> None:
+    body = _SNAP_HEAD.pack(_SNAP_MAGIC, 2, 0, 10, 1) + _SNAP_PRODUCER_V2.pack(5, 2, 0, T0, 7)
+    offset, state = ProducerStateManager.from_bytes(body + _SNAP_CRC.pack(crc32c.crc32c(body)))
+    entry = state.get(5)
+    assert offset == 10 and entry is not None and entry.txn_first_offset == 7
+    assert entry.coordinator_epoch == -1 and state.first_unstable_offset == 7
 
 
 def test_version_1_snapshots_still_load() -> None:
@@ -250,3 +294,72 @@ def test_compaction_drops_aborted_records_and_keeps_markers(tmp_path) -> None:
     log.close()
     again = make_log(d, clock, segment_bytes=1024, cleanup_policy="compact")
     assert aborted(again) == [(1, 2, 4)] and lso(again) == 5
+
+
+def test_compaction_removes_markers_of_emptied_transactions_after_delete_retention(
+    tmp_path,
+) -> None:
+    """Kafka's rule for markers: once every record of a transaction is compacted away and the
+    marker is older than delete.retention.ms, the marker goes too (with its transaction's
+    emptied headers). A marker stays while its transaction still has a live record, while it
+    is young, and when it is the producer's last one; a rebuild from the cleaned log finds no
+    open transaction and the producer carries on."""
+    from strom.log import compact
+
+    clock = Clock()
+    d = tmp_path / "t-0"
+    cfg = {"segment_bytes": 1 << 20, "cleanup_policy": "compact", "delete_retention_ms": 1000}
+    log = make_log(d, clock, **cfg)
+    seq = 0
+
+    def txn(key: bytes, value: bytes, committed: bool = True) -> None:
+        nonlocal seq
+        log.append(
+            encode_batch(
+                [value],
+                keys=[key],
+                timestamps=[clock.now],
+                producer_id=1,
+                producer_epoch=0,
+                base_sequence=seq,
+                transactional=True,
+            )
+        )
+        seq += 1
+
+    txn(b"a", b"a0")  # 0
+    log.append_marker(1, 0, committed=True, coordinator_epoch=0)  # 1: a0 is superseded
+    txn(b"b", b"b-aborted")  # 2
+    log.append_marker(1, 0, committed=False, coordinator_epoch=0)  # 3: aborted
+    txn(b"live", b"L")  # 4
+    log.append_marker(1, 0, committed=True, coordinator_epoch=0)  # 5: L stays
+    for i in range(5):  # 6..10: the producer's last five batches, one transaction
+        txn(b"a", b"a%d" % (i + 1))
+    log.append_marker(1, 0, committed=True, coordinator_epoch=0)  # 11: the last marker
+    log.roll()
+    log.append(encode_batch([b"x"], keys=[b"z"], timestamps=[clock.now]))
+
+    def markers() -> list[int]:
+        return [h.base_offset for h in log.batch_headers() if h.is_control]
+
+    compact(log, max_offset=lso(log))
+    assert markers() == [1, 3, 5, 11]  # younger than delete.retention.ms: all stay
+    clock.now += 1001
+    compact(log, max_offset=lso(log))
+    assert markers() == [5, 11]
+    headers = list(log.batch_headers())
+    assert headers[0].base_offset == 0 and headers[0].last_offset == 3  # one plain empty batch
+    assert headers[0].producer_id == -1 and not headers[0].is_transactional
+    kept = [(r.offset, r.key) for r in read_all(log) if r.offset not in markers()]
+    assert kept == [(4, b"live"), (10, b"a"), (12, b"z")]
+    assert lso(log) == log.log_end_offset
+    crash(log)
+    for off in list_snapshots(d):
+        snapshot_path(d, off).unlink()
+    rebuilt = make_log(d, clock, **cfg)
+    assert lso(rebuilt) == rebuilt.log_end_offset and rebuilt.producers.ongoing == {}
+    # The abort was rebuilt from markers: its marker is gone with its records, so is it.
+    assert aborted(rebuilt) == []
+    log = rebuilt
+    txn(b"c", b"c0")  # the producer's sequence carries on after the rebuild
+    assert lso(log) == log.log_end_offset - 1

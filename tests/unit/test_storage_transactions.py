@@ -31,14 +31,14 @@ def txn_batch(pid: int, seq: int, values: list[bytes], epoch: int = 0) -> bytes:
 
 
 def markers(
-    pid: int, committed: bool, epoch: int = 0, **parts: list[int]
+    pid: int, committed: bool, epoch: int = 0, coordinator_epoch: int = 3, **parts: list[int]
 ) -> pb.WriteTxnMarkersRequest:
     req = pb.WriteTxnMarkersRequest(timeout_ms=1000)
     req.markers.add(
         producer_id=pid,
         producer_epoch=epoch,
         committed=committed,
-        coordinator_epoch=3,
+        coordinator_epoch=coordinator_epoch,
         topics=[common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in parts.items()],
     )
     return req
@@ -117,5 +117,30 @@ def test_markers_are_refused_for_fenced_epochs_and_non_leaders(tmp_path: Path) -
         # A producer may not write control batches itself.
         resp = await s.Produce(produce_req({("t", 0): encode_marker(9, 0, True, 0)}), None)
         assert results(resp)[("t", 0)].error_code == E.INVALID_RECORD
+
+    with_harness(tmp_path, body)
+
+
+def test_markers_of_an_older_coordinator_epoch_are_refused(tmp_path: Path) -> None:
+    """A coordinator that lost the shard (epoch 3) must not write a marker once its
+    successor (epoch 4) wrote one for the producer: TRANSACTION_COORDINATOR_FENCED, nothing
+    appended, the producer's next transaction stays open."""
+
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        s = h.servicer
+        await s.Produce(produce_req({("t", 0): txn_batch(7, 0, [b"x"])}), None)  # 0
+        resp = await s.WriteTxnMarkers(markers(7, False, coordinator_epoch=4, t=[0]), None)  # 1
+        assert resp.markers[0].topics[0].partitions[0].error_code == E.NONE
+        await s.Produce(produce_req({("t", 0): txn_batch(7, 1, [b"y"])}), None)  # 2
+        resp = await s.WriteTxnMarkers(markers(7, True, coordinator_epoch=3, t=[0]), None)
+        p = resp.markers[0].topics[0].partitions[0]
+        assert p.error_code == E.TRANSACTION_COORDINATOR_FENCED and "epoch 4" in p.error_message
+        r = await fetch(h, 0, RC)
+        assert (r.high_watermark, r.last_stable_offset) == (3, 2)
+        resp = await s.WriteTxnMarkers(markers(7, True, coordinator_epoch=4, t=[0]), None)
+        assert resp.markers[0].topics[0].partitions[0].error_code == E.NONE
+        assert (await fetch(h, 0, RC)).last_stable_offset == 4
 
     with_harness(tmp_path, body)

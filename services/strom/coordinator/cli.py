@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(transaction.max.timeout.ms; default: %(default)s)",
     )
     parser.add_argument(
+        "--transactional-id-expiration-ms",
+        default=604_800_000,  # txn_service.ID_EXPIRATION_MS
+        type=flags.int_at_least(1),
+        help="remove a transactional id with nothing open after this long without a change "
+        "(transactional.id.expiration.ms; default: %(default)s, 7 days)",
+    )
+    parser.add_argument(
         "--offsets-replication-factor",
         default=3,
         type=flags.int_at_least(1),
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         txn_partitions=args.transaction_state_partitions,
         txn_max_timeout_ms=args.transaction_max_timeout_ms,
     )
+    service.txn_id_expiration_ms = args.transactional_id_expiration_ms
     return flags.serve(
         PROG, service, args.listen, metrics_port, (CoordinatorStartupError,), args.max_connections
     )

@@ -152,6 +152,10 @@ TRANSACTIONS = Gauge(
     "prepare_commit, prepare_abort, complete_commit, complete_abort)",
     ["state"],
 )
+TRANSACTIONAL_IDS_EXPIRED = Counter(
+    "strom_coordinator_transactional_ids_expired",
+    "Transactional ids removed after transactional.id.expiration.ms with nothing open",
+)
 TRANSACTIONS_ENDED = Counter(
     "strom_coordinator_transactions_ended",
     "Transactions completed (markers written everywhere), by outcome (commit, abort) and "

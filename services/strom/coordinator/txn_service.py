@@ -83,6 +83,9 @@ MARKER_TIMEOUT_MS = 10_000
 #: How long a request that would start the next transaction waits for the previous one to
 #: complete before answering CONCURRENT_TRANSACTIONS (the client then retries).
 COMPLETION_WAIT_S = 5.0
+#: Kafka's transactional.id.expiration.ms default (7 days): an id with no transaction open
+#: or completing and no change for this long is removed from ``__transaction_state``.
+ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
 
 
@@ -102,6 +105,9 @@ def _fill_error(resp: Any, exc: BaseException) -> None:
 
 class TransactionRpcs(_Base):
     """Transaction coordinator and transactional-offset RPCs (see the module docstring)."""
+
+    #: transactional.id.expiration.ms (``--transactional-id-expiration-ms``).
+    txn_id_expiration_ms: int = ID_EXPIRATION_MS
 
     # -- shards --------------------------------------------------------------------------------
 
@@ -516,6 +522,11 @@ class TransactionRpcs(_Base):
             for pr in tr.partitions:
                 if pr.error_code == E.NONE:
                     done.add((tr.topic, pr.partition))
+                elif pr.error_code == E.TRANSACTION_COORDINATOR_FENCED:
+                    # A coordinator of a newer epoch wrote a marker for this producer: the
+                    # shard has moved and its new owner finishes the transaction.
+                    log.warning("marker for %s-%d: %s", tr.topic, pr.partition, pr.error_message)
+                    raise _Superseded(pr.error_message)
                 elif pr.error_code == E.INVALID_PRODUCER_EPOCH:
                     # A newer epoch of the producer wrote here already: this transaction's
                     # outcome no longer matters to the partition.
@@ -561,8 +572,46 @@ class TransactionRpcs(_Base):
             delay = min(delay * 2, _RETRY_MAX_S)
 
     async def _abort_expired(self) -> None:
-        """Abort (with a fencing epoch bump) transactions open past their timeout."""
+        """Abort (with a fencing epoch bump) transactions open past their timeout, then
+        remove transactional ids idle past transactional.id.expiration.ms."""
         now = _now_ms()
+        await self._abort_timed_out(now)
+        await self._expire_ids(now)
+
+    async def _expire_ids(self, now: int) -> None:
+        """Remove (a tombstone in ``__transaction_state``, then memory) every transactional
+        id with nothing open or completing and no change for transactional.id.expiration.ms,
+        as Kafka does: short-lived writers (a Spark job's task slots, say) would otherwise
+        leave one id each forever. A producer that comes back later with the id gets a new
+        producer id from InitProducerId; one still holding the old id is refused
+        (INVALID_PRODUCER_ID_MAPPING) and must initialise again."""
+        ttl = self.txn_id_expiration_ms
+        for shard in list(self.txn_kind.shards.values()):
+            if not shard.loaded:
+                continue
+            for tid, meta in list(shard.transactions.items()):
+                if not meta.state.idle or not 0 <= meta.last_update_ms <= now - ttl:
+                    continue
+                try:
+                    async with shard.lock:
+                        if shard.transactions.get(tid) is not meta:
+                            continue  # changed meanwhile: no longer idle that long
+                        if not shard.loaded or self.txn_kind.shards.get(shard.index) is not shard:
+                            break
+                        await self._write(shard, [GroupRecord(txn_log_key(tid), None)])
+                        del shard.transactions[tid]
+                except StromError as exc:
+                    log.info("expiring transactional id %s failed: %s", tid, exc)
+                    continue
+                metrics.TRANSACTIONAL_IDS_EXPIRED.inc()
+                log.info(
+                    "transactional id %s expired: idle for %d ms (producer id %d)",
+                    tid,
+                    now - meta.last_update_ms,
+                    meta.producer_id,
+                )
+
+    async def _abort_timed_out(self, now: int) -> None:
         for shard in list(self.txn_kind.shards.values()):
             if not shard.loaded:
                 continue

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -284,10 +285,13 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     latest = _latest_offsets(everything, upto, dropped)
     recent = _recent_producer_batches(everything)
     tombstone_horizon = now - cfg.delete_retention_ms
+    removable = _removable_transactions(everything, end, latest, tombstone_horizon, dropped, recent)
     void = False
     for seg in sealed:
         batches = per_segment[seg.base_offset]
-        new_data, before, after = _rewrite(batches, latest, tombstone_horizon, recent, dropped)
+        new_data, before, after = _rewrite(
+            batches, latest, tombstone_horizon, recent, dropped, removable
+        )
         stats.records_before += before
         stats.records_after += after
         stats.bytes_before += seg.size
@@ -320,8 +324,80 @@ def _recent_producer_batches(batches: list[RecordBatch]) -> set[int]:
     return {off for offsets in recent.values() for off in offsets}
 
 
-def _mergeable(h: BatchHeader, headers: set[int]) -> bool:
+def _removable_transactions(
+    batches: list[RecordBatch],
+    end: int,
+    latest: pa.Array,
+    tombstone_horizon: int,
+    aborted: set[int],
+    headers: set[int],
+) -> set[int]:
+    """Base offsets of the batches (data and marker) of the transactions whose marker may go.
+
+    Kafka's rule: a marker is removed once every record of its transaction has been removed
+    and the marker is older than ``delete.retention.ms``, so a consumer that read the
+    transaction's records before they were cleaned still finds its outcome. strom adds what
+    its header-based producer state needs: the transaction's batches must not be among the
+    producer's last BATCHES_KEPT (``headers``) and the marker must not be the producer's last
+    one (it carries the producer's epoch and coordinator epoch for a rebuild from the log).
+    The marker must lie below ``end`` (the cleaned segments). The transaction's emptied
+    batches then lose their producer fields too, so a rebuild opens no transaction for them;
+    aborted transactions stay in the aborted-transactions index until retention drops them,
+    which costs nothing once their batches are empty."""
+    open_txns: dict[int, list[RecordBatch]] = {}
+    last_marker: dict[int, int] = {}
+    done: list[tuple[list[RecordBatch], BatchHeader]] = []
+    for b in batches:
+        h = b.header
+        if h.producer_id < 0 or not h.is_transactional:
+            continue
+        if h.is_control:
+            last_marker[h.producer_id] = h.base_offset
+            done.append((open_txns.pop(h.producer_id, []), h))
+        else:
+            open_txns.setdefault(h.producer_id, []).append(b)
+    out: set[int] = set()
+    for data, m in done:
+        if (
+            m.base_offset >= end
+            or m.base_offset == last_marker[m.producer_id]
+            or m.max_timestamp >= tombstone_horizon
+            or any(d.header.base_offset in headers for d in data)
+            or any(_kept_body(d, latest, tombstone_horizon, aborted).num_rows for d in data)
+        ):
+            continue
+        out.add(m.base_offset)
+        out.update(d.header.base_offset for d in data)
+    return out
+
+
+def _kept_body(
+    b: RecordBatch, latest: pa.Array, tombstone_horizon: int, aborted: set[int]
+) -> pa.RecordBatch:
+    """The records of data batch ``b`` that compaction keeps."""
+    h = b.header
+    body = b.body()
+    if body.num_rows == 0:
+        return body
+    if h.base_offset in aborted:
+        return body.slice(0, 0)
+    offsets = pc.add(body.column(0).cast(pa.int64()), h.base_offset)
+    keep = pc.or_(pc.is_in(offsets, value_set=latest), pc.is_null(body.column(2)))
+    if h.attributes & ATTR_LOG_APPEND_TIME:
+        stamps = pa.array(np.full(body.num_rows, h.max_timestamp, dtype=np.int64))
+    else:
+        stamps = pc.add(body.column(1), h.base_timestamp)
+    expired_tombstone = pc.and_(
+        pc.is_null(body.column(3)),
+        pc.and_(pc.is_valid(body.column(2)), pc.less(stamps, tombstone_horizon)),
+    )
+    return body.filter(pc.and_(keep, pc.invert(expired_tombstone)))
+
+
+def _mergeable(h: BatchHeader, headers: set[int], removable: AbstractSet[int]) -> bool:
     """Whether an emptied batch may lose its header in a merged run of empty batches."""
+    if h.base_offset in removable:
+        return True
     if h.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
         return False
     return h.producer_id < 0 or h.base_offset not in headers
@@ -333,15 +409,15 @@ def _rewrite(
     tombstone_horizon: int,
     headers: set[int],
     aborted: set[int],
+    removable: AbstractSet[int] = frozenset(),
 ) -> tuple[bytes | None, int, int]:
     """Rewrite one segment's batches; None when nothing would be removed.
 
     Transactions: markers (control batches) are kept whole; every record of an aborted
     transaction's batch (base offsets in ``aborted``) is dropped, its header kept, so the
     producer state and the open/closed transactions rebuilt from the log stay the same.
-    Markers are never removed here (Kafka removes them once their transaction's batches are
-    all gone; strom's emptied transactional batches keep their headers, so the markers stay
-    too, one small batch per transaction and partition).
+    The batches of a transaction in ``removable`` (see :func:`_removable_transactions`),
+    its marker included, become plain empty batches without producer fields.
 
     Consecutive batches left empty are merged into one empty batch covering their offsets
     (an Arrow body costs about 600 bytes even without rows, so unmerged they would keep most
@@ -357,36 +433,25 @@ def _rewrite(
     def flush_pending() -> None:
         nonlocal pending
         if pending is not None:
-            out.append(_empty_batch(pending, pending_last, pending_max_ts, pending_count > 1))
+            strip = pending_count > 1 or pending.header.base_offset in removable
+            out.append(_empty_batch(pending, pending_last, pending_max_ts, strip))
             pending = None
 
     for b in batches:
         h = b.header
-        if h.is_control:
+        removed = h.base_offset in removable
+        if h.is_control and not removed:
             flush_pending()
             out.append(b.raw.tobytes())
             continue
-        body = b.body()
-        before += body.num_rows
-        if body.num_rows == 0:
-            kept = body
-        elif h.base_offset in aborted:
-            kept = body.slice(0, 0)
+        if h.is_control:
+            body = kept = b.body().slice(0, 0)  # the marker record is not a data record
         else:
-            offsets = pc.add(body.column(0).cast(pa.int64()), h.base_offset)
-            keep = pc.or_(pc.is_in(offsets, value_set=latest), pc.is_null(body.column(2)))
-            if h.attributes & ATTR_LOG_APPEND_TIME:
-                stamps = pa.array(np.full(body.num_rows, h.max_timestamp, dtype=np.int64))
-            else:
-                stamps = pc.add(body.column(1), h.base_timestamp)
-            expired_tombstone = pc.and_(
-                pc.is_null(body.column(3)),
-                pc.and_(pc.is_valid(body.column(2)), pc.less(stamps, tombstone_horizon)),
-            )
-            keep = pc.and_(keep, pc.invert(expired_tombstone))
-            kept = body.filter(keep)
+            body = b.body()
+            kept = _kept_body(b, latest, tombstone_horizon, aborted)
+        before += body.num_rows
         after += kept.num_rows
-        if kept.num_rows != body.num_rows:
+        if kept.num_rows != body.num_rows or removed:
             changed = True
         if kept.num_rows == 0:
             if (
@@ -394,8 +459,8 @@ def _rewrite(
                 and pending.header.partition_leader_epoch == h.partition_leader_epoch
                 # A recent idempotent batch keeps its own header: its producer id, epoch and
                 # sequence range are what rebuilds the producer state (DESIGN §6).
-                and _mergeable(pending.header, headers)
-                and _mergeable(h, headers)
+                and _mergeable(pending.header, headers, removable)
+                and _mergeable(h, headers, removable)
             ):
                 pending_last = h.last_offset
                 pending_max_ts = max(pending_max_ts, h.max_timestamp)
@@ -444,12 +509,13 @@ def _kept_batch(b: RecordBatch, kept: pa.RecordBatch) -> bytes:
 def _empty_batch(first: RecordBatch, last_offset: int, max_ts: int, merged: bool) -> bytes:
     """An empty batch covering ``first``'s base offset to ``last_offset``. A merged run keeps
     the newest timestamp of its batches (retention by time and the time index see the same
-    segment maximum) and no producer fields: the sequences of several batches do not fit one
-    header."""
+    segment maximum) and no producer fields (the sequences of several batches do not fit one
+    header), nor the transactional and control bits, which mean nothing without them."""
     h = first.header
+    attributes = h.attributes & ~(ATTR_TRANSACTIONAL | ATTR_CONTROL) if merged else h.attributes
     return encode_body(
         pa.RecordBatch.from_pylist([], schema=BODY_SCHEMA_V1),
-        attributes=h.attributes,
+        attributes=attributes,
         base_offset=h.base_offset,
         last_offset_delta=last_offset - h.base_offset,
         base_timestamp=max_ts,

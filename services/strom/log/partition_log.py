@@ -36,6 +36,7 @@ from strom.log.producer_state import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     OUT_OF_ORDER_SEQUENCE,
+    TRANSACTION_COORDINATOR_FENCED,
     ProducerStateError,
     ProducerStateManager,
     delete_snapshots,
@@ -45,7 +46,13 @@ from strom.log.producer_state import (
     write_snapshot,
 )
 from strom.log.segment import LogSegment
-from strom.log.transactions import AbortedIndex, AbortedTxn, decode_marker, encode_marker
+from strom.log.transactions import (
+    AbortedIndex,
+    AbortedTxn,
+    Marker,
+    decode_marker,
+    encode_marker,
+)
 from strom.record.batch import RecordBatch, decode_batches
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
@@ -324,10 +331,10 @@ class Log:
         self.aborted.save()
 
     @staticmethod
-    def _marker_at(seg: LogSegment, h: BatchHeader) -> bool:
-        """Whether the control batch ``h`` of ``seg`` commits (True) or aborts."""
+    def _marker_at(seg: LogSegment, h: BatchHeader) -> Marker:
+        """The marker in the control batch ``h`` of ``seg``."""
         try:
-            return decode_marker(os.pread(seg.fd, h.size, h.position)).committed
+            return decode_marker(os.pread(seg.fd, h.size, h.position))
         except (InvalidBatchError, ValueError) as exc:
             raise CorruptLogError(
                 f"{seg.log_path}: control batch at offset {h.base_offset} is damaged: {exc}"
@@ -501,8 +508,10 @@ class Log:
     ) -> AppendInfo:
         """Append a transaction marker as leader (WriteTxnMarkers): closes the producer's open
         transaction here, raises its epoch to ``producer_epoch`` and, for an abort, records
-        the aborted range. Raises :class:`ProducerStateError` (INVALID_PRODUCER_EPOCH) when a
-        newer epoch of the producer already wrote here."""
+        the aborted range. Raises :class:`ProducerStateError`: INVALID_PRODUCER_EPOCH when a
+        newer epoch of the producer already wrote here, TRANSACTION_COORDINATOR_FENCED when a
+        marker of a newer coordinator epoch did (this one comes from a coordinator that lost
+        the transaction's shard and must not decide its outcome any more)."""
         data = bytearray(
             encode_marker(
                 producer_id, producer_epoch, committed, coordinator_epoch, now_ms=self.clock()
@@ -522,13 +531,22 @@ class Log:
                     f"{entry.epoch} already wrote here",
                     producer_id,
                 )
+            if entry is not None and coordinator_epoch < entry.coordinator_epoch:
+                raise ProducerStateError(
+                    TRANSACTION_COORDINATOR_FENCED,
+                    f"marker for producer id {producer_id} from coordinator epoch "
+                    f"{coordinator_epoch}: coordinator epoch {entry.coordinator_epoch} already "
+                    "wrote a marker here",
+                    producer_id,
+                )
             offset = self.log_end_offset
             patch_base_offset(data, 0, offset)
             patch_leader_epoch(data, 0, leader_epoch)
             h = read_header(data, 0)
             self.epochs.assign(leader_epoch, offset)
             self._write([data], len(data), [h])
-            for pid, first, last in self.producers.update([h], self.clock(), {offset: committed}):
+            marker = {offset: Marker(committed, coordinator_epoch)}
+            for pid, first, last in self.producers.update([h], self.clock(), marker):
                 self.aborted.add(AbortedTxn(last, pid, first))
             return AppendInfo(offset, offset, offset + 1, 1, -1, len(data))
 
@@ -636,7 +654,7 @@ class Log:
         # Followers keep the producer state too, so that as a new leader they still
         # recognise retries of batches appended under the old one (and open transactions).
         markers = {
-            h.base_offset: decode_marker(view[h.position : h.position + h.size]).committed
+            h.base_offset: decode_marker(view[h.position : h.position + h.size])
             for h in run
             if h.is_control
         }

@@ -41,13 +41,16 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import crc32c
 
 from strom.log.errors import LogError
 from strom.record.header import ATTR_CONTROL as _ATTR_CONTROL
 from strom.record.header import ATTR_TRANSACTIONAL as _ATTR_TRANSACTIONAL
+
+if TYPE_CHECKING:
+    from strom.log.transactions import Marker
 
 #: Sequence numbers are 31-bit and wrap to 0 after this.
 MAX_SEQUENCE = (1 << 31) - 1
@@ -63,15 +66,19 @@ INVALID_PRODUCER_EPOCH = "INVALID_PRODUCER_EPOCH"
 UNKNOWN_PRODUCER_ID = "UNKNOWN_PRODUCER_ID"
 DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE"
 INVALID_RECORD = "INVALID_RECORD"
+TRANSACTION_COORDINATOR_FENCED = "TRANSACTION_COORDINATOR_FENCED"
 
 SNAPSHOT_SUFFIX = ".snapshot"
 _SNAPSHOT_RE = re.compile(r"^(\d{20})\.snapshot$")
 _SNAP_MAGIC = b"STPS"
-#: Version 2 added each producer's open transaction (first offset); version 1 still loads.
-_SNAP_VERSION = 2
+#: Version 2 added each producer's open transaction (first offset), version 3 the
+#: coordinator epoch of its last marker; older versions still load.
+_SNAP_VERSION = 3
 _SNAP_HEAD = struct.Struct(">4sHHqI")  # magic, version, reserved, offset, producer count
 _SNAP_PRODUCER_V1 = struct.Struct(">qhBxq")  # producer id, epoch, batch count, last seen ms
-_SNAP_PRODUCER = struct.Struct(">qhBxqq")  # ... and the open transaction's first offset
+_SNAP_PRODUCER_V2 = struct.Struct(">qhBxqq")  # ... and the open transaction's first offset
+_SNAP_PRODUCER = struct.Struct(">qhBxqqi")  # ... and the last marker's coordinator epoch
+_SNAP_PRODUCERS = {1: _SNAP_PRODUCER_V1, 2: _SNAP_PRODUCER_V2, 3: _SNAP_PRODUCER}
 _SNAP_BATCH = struct.Struct(">iiqqq")  # first seq, last seq, base offset, last offset, ts
 _SNAP_CRC = struct.Struct(">I")
 
@@ -117,12 +124,25 @@ class BatchMetadata:
 
 
 class ProducerEntry:
-    """One producer id's epoch, most recent batches (oldest first) and open transaction."""
+    """One producer id's epoch, most recent batches (oldest first), open transaction and the
+    coordinator epoch of its last marker."""
 
-    __slots__ = ("batches", "epoch", "last_seen_ms", "producer_id", "txn_first_offset")
+    __slots__ = (
+        "batches",
+        "coordinator_epoch",
+        "epoch",
+        "last_seen_ms",
+        "producer_id",
+        "txn_first_offset",
+    )
 
     def __init__(
-        self, producer_id: int, epoch: int, last_seen_ms: int, txn_first_offset: int = -1
+        self,
+        producer_id: int,
+        epoch: int,
+        last_seen_ms: int,
+        txn_first_offset: int = -1,
+        coordinator_epoch: int = -1,
     ) -> None:
         self.producer_id = producer_id
         self.epoch = epoch
@@ -130,6 +150,10 @@ class ProducerEntry:
         self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_KEPT)
         #: Offset of the first batch of the producer's open transaction; -1 = none open.
         self.txn_first_offset = txn_first_offset
+        #: The coordinator epoch of the newest marker written for this producer (-1: none).
+        #: A marker from an older coordinator epoch comes from a coordinator that lost its
+        #: shard (a zombie) and is refused, as in Kafka.
+        self.coordinator_epoch = coordinator_epoch
 
     @property
     def last_seq(self) -> int:
@@ -149,7 +173,8 @@ class ProducerEntry:
         return (
             f"ProducerEntry(id={self.producer_id}, epoch={self.epoch}, "
             f"batches={list(self.batches)}, last_seen_ms={self.last_seen_ms}, "
-            f"txn_first_offset={self.txn_first_offset})"
+            f"txn_first_offset={self.txn_first_offset}, "
+            f"coordinator_epoch={self.coordinator_epoch})"
         )
 
 
@@ -340,14 +365,15 @@ class ProducerStateManager:
         self,
         headers: Iterable[HeaderLike],
         now_ms: int,
-        markers: Mapping[int, bool] | None = None,
+        markers: Mapping[int, Marker] | None = None,
     ) -> list[tuple[int, int, int]]:
         """Record written batches (offsets assigned): leader appends, replicated batches and
         batches scanned when the state is rebuilt. Non-idempotent batches are skipped.
 
         Transactions: a transactional batch opens its producer's transaction if none is open;
-        a control batch (a marker; ``markers`` maps its base offset to True for commit, False
-        for abort) closes it and raises the producer's epoch to the marker's. Returns the
+        a control batch (a marker; ``markers`` maps its base offset to the decoded marker)
+        closes it and raises the producer's epoch and coordinator epoch to the marker's.
+        Returns the
         aborted transactions closed here as (producer id, first offset, marker offset).
         """
         producers = self.producers
@@ -365,10 +391,12 @@ class ProducerStateManager:
                     entry.epoch = h.producer_epoch
                     entry.batches.clear()  # the next epoch's sequences start at 0
                 entry.last_seen_ms = now_ms
+                marker = None if markers is None else markers.get(h.base_offset)
+                if marker is not None and marker.coordinator_epoch > entry.coordinator_epoch:
+                    entry.coordinator_epoch = marker.coordinator_epoch
                 if entry.txn_first_offset >= 0:
                     first = self._close_txn(entry)
-                    committed = True if markers is None else markers.get(h.base_offset, True)
-                    if not committed:
+                    if marker is not None and not marker.committed:
                         aborted.append((pid, first, h.base_offset))
                 continue
             if h.base_sequence < 0:
@@ -424,7 +452,12 @@ class ProducerStateManager:
         for e in self.producers.values():
             parts.append(
                 _SNAP_PRODUCER.pack(
-                    e.producer_id, e.epoch, len(e.batches), e.last_seen_ms, e.txn_first_offset
+                    e.producer_id,
+                    e.epoch,
+                    len(e.batches),
+                    e.last_seen_ms,
+                    e.txn_first_offset,
+                    e.coordinator_epoch,
                 )
             )
             for b in e.batches:
@@ -446,16 +479,17 @@ class ProducerStateManager:
         if crc32c.crc32c(body) != crc:
             raise ValueError("producer snapshot CRC mismatch")
         magic, version, _, offset, count = _SNAP_HEAD.unpack_from(body, 0)
-        if magic != _SNAP_MAGIC or version not in (1, _SNAP_VERSION):
+        record = _SNAP_PRODUCERS.get(version)
+        if magic != _SNAP_MAGIC or record is None:
             raise ValueError(f"not a producer snapshot (magic {magic!r}, version {version})")
-        record = _SNAP_PRODUCER if version == _SNAP_VERSION else _SNAP_PRODUCER_V1
         state = cls()
         pos = _SNAP_HEAD.size
         try:
             for _ in range(count):
-                pid, epoch, n, seen, *txn = record.unpack_from(body, pos)
+                pid, epoch, n, seen, *rest = record.unpack_from(body, pos)
                 pos += record.size
-                entry = ProducerEntry(pid, epoch, seen, txn[0] if txn else -1)
+                rest += [-1] * (2 - len(rest))
+                entry = ProducerEntry(pid, epoch, seen, rest[0], rest[1])
                 for _ in range(n):
                     entry.batches.append(BatchMetadata(*_SNAP_BATCH.unpack_from(body, pos)))
                     pos += _SNAP_BATCH.size
