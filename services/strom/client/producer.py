@@ -269,8 +269,9 @@ class Producer:
         # The hot path: every line here is paid once per record (see the module docstring).
         if self._closing:
             raise ProducerClosedError("the producer is closed")
-        if self._txn is not None:
-            self._txn.require(TxnPhase.IN_TRANSACTION, action="send()")
+        txn = self._txn
+        if txn is not None and txn.phase is not TxnPhase.IN_TRANSACTION:
+            txn.require(TxnPhase.IN_TRANSACTION, action="send()")  # raises the right error
         if (value is not None and type(value) is not bytes) or self._serializers:
             value = _to_bytes(value, "value", self.value_serializer)
         if key is not None and (type(key) is not bytes or self._serializers):
