@@ -78,6 +78,11 @@ WRITE_OPTIONS = (
 _SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryname"})
 
 
+#: Default kafka.transaction.timeout.ms of exactly-once writes: the coordinator's default
+#: transaction.max.timeout.ms (15 minutes).
+TXN_TIMEOUT_MS = 900_000
+
+
 @dataclass(frozen=True)
 class Subscription:
     """Which partitions a read covers: topics by name, topics by pattern, or an explicit list."""
@@ -171,7 +176,9 @@ class WriteOptions:
     #: derived from the streaming query's id (stable across restarts from its checkpoint),
     #: or a fresh id per batch write.
     transactional_id_prefix: str | None = None
-    transaction_timeout_ms: int = 60_000
+    #: A task's transaction stays open until the driver commits the whole write (or
+    #: micro-batch), so the default is the coordinator's largest (transaction.max.timeout.ms).
+    transaction_timeout_ms: int = TXN_TIMEOUT_MS
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -522,7 +529,8 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         raise OptionError(
             f"option exactlyOnce=true needs kafka.acks=all (transactions), got {acks_raw!r}"
         )
-    txn_timeout = _int(opts, "kafka.transaction.timeout.ms", 60_000, 1000) or 60_000
+    txn_timeout = _int(opts, "kafka.transaction.timeout.ms", TXN_TIMEOUT_MS, 1000)
+    txn_timeout = txn_timeout or TXN_TIMEOUT_MS
     return WriteOptions(
         bootstrap=bootstrap,
         topic=topic,

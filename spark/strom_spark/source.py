@@ -36,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from strom.client.transactions import PreparedTxnState
 from strom.client.types import TopicPartition
 from strom_spark import txn
 from strom_spark.errors import DataLossError, OptionError, StromSparkError, user_facing
@@ -306,10 +307,12 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 @dataclass
 class StromCommitMessage(WriterCommitMessage):
     """What one write task sent: its row count (the driver logs the total), and, for an
-    exactly-once task, whether it found its micro-batch already committed and sent nothing."""
+    exactly-once task, its prepared transaction (the driver commits it) or whether it found its
+    micro-batch already committed and sent nothing."""
 
     rows: int
     skipped: bool = False
+    prepared: PreparedTxnState | None = None
 
 
 def _write_task(
@@ -320,7 +323,9 @@ def _write_task(
 ) -> StromCommitMessage:
     if opts.exactly_once:
         done = txn.write_task(opts, counts, batches, write_id)
-        return StromCommitMessage(rows=done.result.rows, skipped=done.skipped)
+        return StromCommitMessage(
+            rows=done.result.rows, skipped=done.skipped, prepared=done.prepared
+        )
     writer = TaskWriter(opts, counts)
     try:
         for batch in batches:
@@ -335,6 +340,12 @@ def _write_task(
 def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
     done = [m for m in messages if isinstance(m, StromCommitMessage)]
     return sum(m.rows for m in done), sum(1 for m in done if m.skipped)
+
+
+def _prepared(messages: list[WriterCommitMessage | None]) -> list[PreparedTxnState]:
+    return [
+        m.prepared for m in messages if isinstance(m, StromCommitMessage) and m.prepared is not None
+    ]
 
 
 class StromBatchWriter(DataSourceArrowWriter):
@@ -352,15 +363,16 @@ class StromBatchWriter(DataSourceArrowWriter):
         return _write_task(self.opts, self.counts, iterator, self.write_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        txn.complete(self.opts, _prepared(messages), commit=True)
         rows, skipped = _summary(messages)
         log.info("strom: wrote %d rows (%d task retries found their rows committed)", rows, skipped)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         rows, _ = _summary(messages)
         if self.opts.exactly_once:
+            txn.complete(self.opts, _prepared(messages), commit=False)
             log.warning(
-                "strom: write aborted; the %d rows of tasks that committed stay written, the "
-                "transactions of the others were aborted",
+                "strom: write aborted; the transactions of its tasks (%d rows) were aborted",
                 rows,
             )
             return
@@ -382,6 +394,7 @@ class StromStreamWriter(DataSourceStreamArrowWriter):
         return _write_task(self.opts, self.counts, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        txn.complete(self.opts, _prepared(messages), commit=True)
         rows, skipped = _summary(messages)
         if skipped:
             log.warning(
@@ -394,9 +407,10 @@ class StromStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self.opts.exactly_once:
+            txn.complete(self.opts, _prepared(messages), commit=False)
             log.warning(
-                "strom: micro-batch %d aborted; tasks that committed keep their rows and are "
-                "skipped when the micro-batch runs again, the others' transactions were aborted",
+                "strom: micro-batch %d aborted; its tasks' transactions were aborted (the "
+                "micro-batch runs again after a restart)",
                 batchId,
             )
             return

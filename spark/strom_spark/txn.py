@@ -1,4 +1,5 @@
-"""Exactly-once writes (``exactlyOnce=true``): one strom transaction per Spark write task.
+"""Exactly-once writes (``exactlyOnce=true``): one strom transaction per Spark write task,
+prepared by the task and committed by the driver (a two-phase commit).
 
 Spark runs a write task again when it fails (a retry, or the re-run of a whole micro-batch after
 a restart from the checkpoint), and a driver that dies after the tasks committed but before
@@ -16,9 +17,14 @@ Per task (its *slot* is the Spark partition id), this module:
 3. if that batch is this one (or later), the rows are already in the topic: the task sends
    nothing (it checks that it got as many rows as the committed attempt, see below);
 4. else it sends its rows in one transaction together with the bookkeeping offset
-   (``send_offsets_to_transaction``), and commits: the rows and "slot done for batch B" become
-   visible atomically. A failure before the commit aborts the transaction (read_committed
-   readers never see those rows).
+   (``send_offsets_to_transaction``) and *prepares* it (``Producer.prepare_transaction()``:
+   flushed, undecided) instead of committing: its commit message carries the prepared state.
+   A failure before that aborts the transaction (read_committed readers never see the rows).
+5. the driver commits every task's prepared transaction (:func:`complete`) when Spark commits
+   the write or micro-batch, and aborts them when Spark aborts it: the rows and "slot done for
+   batch B" become visible atomically, and only for task attempts Spark accepted. Why not
+   commit in the task: when Spark fails a task because its input failed, the Python writer
+   may see a normal end of a cut-short input and would commit part of the slot's rows.
 
 The bookkeeping offset needs a partition the coordinator knows: the write's ``topic`` option,
 partition 0, else ``__consumer_offsets`` partition 0 (the offset's value is the batch id; it
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,7 +54,11 @@ import pyarrow as pa
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.client.cluster import ClusterClient
-from strom.client.transactions import GroupMetadata
+from strom.client.transactions import (
+    GroupMetadata,
+    PreparedTxnState,
+    complete_prepared_transaction,
+)
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.errors import COORDINATOR_REFRESH_CODES, ErrorCode, StromError, error_for
 from strom_spark.errors import StromSparkError
@@ -68,6 +79,7 @@ LOOKUP_TIMEOUT_S = 60.0
 ABORT_TIMEOUT_S = 10.0
 
 E = ErrorCode
+log = logging.getLogger(__name__)
 _TRANSPORT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
@@ -105,11 +117,13 @@ class Committed:
 
 @dataclass
 class TxnWriteResult:
-    """One exactly-once task: what it wrote, or that it found its batch already committed."""
+    """One exactly-once task: what it wrote and its prepared transaction (for the driver to
+    commit), or that it found its batch already committed."""
 
     result: WriteResult
     batch: int
     skipped: bool = False
+    prepared: PreparedTxnState | None = None
 
 
 def task_identity(write_id: str | None) -> tuple[str, int, int]:
@@ -250,9 +264,33 @@ def write_task(
         producer.send_offsets_to_transaction(
             {slot.key: OffsetAndMetadata(batch_id, meta)}, GroupMetadata(slot.group)
         )
-        producer.commit_transaction()
+        prepared = producer.prepare_transaction()
     except BaseException:
         writer.abort(ABORT_TIMEOUT_S)
         raise
-    writer.close()
-    return TxnWriteResult(result, batch_id)
+    writer.close()  # the prepared transaction stays open for the driver
+    return TxnWriteResult(result, batch_id, prepared=prepared)
+
+
+def complete(opts: WriteOptions, prepared: list[PreparedTxnState], commit: bool) -> None:
+    """The driver's side: commit (or abort) every task's prepared transaction. Spark calls the
+    writer's commit only when every task of the write (or micro-batch) succeeded, so a task
+    attempt that failed, or that Spark discarded, never becomes visible. Raises
+    :class:`StromSparkError` naming the slots whose transaction could not be committed."""
+    if not prepared:
+        return
+    failed: list[str] = []
+    with ClusterClient(list(opts.bootstrap), client_id=opts.client_id) as client:
+        for state in prepared:
+            try:
+                complete_prepared_transaction(client, state, commit, timeout_s=LOOKUP_TIMEOUT_S)
+            except StromError as exc:
+                failed.append(f"{state.transactional_id}: {exc}")
+    if failed and commit:
+        raise StromSparkError(
+            f"strom: exactlyOnce: {len(failed)} of {len(prepared)} task transactions could not "
+            "be committed (a transaction left open longer than kafka.transaction.timeout.ms is "
+            "aborted by the coordinator: raise it for long writes): " + "; ".join(failed[:5])
+        )
+    for f in failed:
+        log.warning("strom: aborting a task transaction failed (its timeout aborts it): %s", f)

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -362,3 +363,37 @@ def test_idle_transactional_ids_expire(
         b"committed",
         b"open",
     ]
+
+
+def test_a_prepared_transaction_is_completed_by_another_process(cluster: LocalCluster) -> None:
+    """Two-phase commit (KIP-939's prepare_transaction): a producer flushes its transaction
+    and hands it over undecided; closing it leaves the transaction open (it holds the LSO);
+    another client commits it, or aborts it; a new instance of the id aborts one left over."""
+    from strom.client.transactions import complete_prepared_transaction
+    from strom.errors import InvalidTxnStateError
+
+    _topic(cluster, "prepared", partitions=1)
+    tp = TopicPartition("prepared", 0)
+
+    def prepare(tid: str, value: bytes) -> Any:
+        with Producer(cluster.bootstrap, transactional_id=tid) as p:
+            p.init_transactions()
+            p.begin_transaction()
+            p.send("prepared", value)
+            state = p.prepare_transaction()
+            with pytest.raises(InvalidTxnStateError, match="prepared"):
+                p.begin_transaction()
+        return state
+
+    with Consumer(cluster.bootstrap, isolation_level="read_committed") as rc:
+        committed = prepare("prep-commit", b"committed")
+        assert rc.end_offsets([tp])[tp] == 0  # open: the LSO waits at it
+        with ClusterClient(cluster.bootstrap) as client:
+            complete_prepared_transaction(client, committed, True)
+            aborted = prepare("prep-abort", b"aborted")
+            complete_prepared_transaction(client, aborted, False)
+        prepare("prep-left", b"left over")
+        with Producer(cluster.bootstrap, transactional_id="prep-left") as again:
+            again.init_transactions()  # aborts what the prepared instance left open
+        wait_for(lambda: rc.end_offsets([tp])[tp] == 6, timeout=30, what="every marker")
+    assert [v for _, v in _read(cluster, "prepared", "read_committed")] == [b"committed"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # slow under l
 #: Enough rows that a task sends some before it reaches the last ones: it gathers Spark's Arrow
 #: batches (10,000 rows) until it has strom_spark.write.GATHER_ROWS (65,536), then sends.
 BIG = 100_000
+RETRY_JOB = Path(__file__).with_name("task_retry_job.py")
 
 
 def read_values(spark: Any, bootstrap: str, topic: str, isolation: str) -> list[bytes]:
@@ -154,6 +157,31 @@ def test_stream_failed_and_rerun_micro_batches_write_every_row_once(
     assert max(counts.values()) == 1
     # read_uncommitted also sees the aborted attempt's records: they were there to leave out.
     assert len(read_values(spark, bootstrap, out, "read_uncommitted")) > len(want)
+
+
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_a_retried_task_writes_its_rows_once(
+    spark: Any, bootstrap: str, tmp_path: Path, mode: str
+) -> None:
+    """Spark retries a failed write task (``local[2,4]``, in its own process): the first
+    attempt of slot 1 dies (its Python worker SIGKILLed, or an exception) after its writer sent
+    rows in its transaction; the retry fences that attempt, aborts what it left open and
+    writes the slot's rows, so read_committed sees every row once."""
+    topic = f"eo-retry-{mode}"
+    create_topic(bootstrap, topic, 2)
+    n = 2 * BIG  # two slots of BIG rows
+    job = subprocess.run(
+        [sys.executable, str(RETRY_JOB), bootstrap, topic, str(n), mode, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert (tmp_path / "attempt-0").exists(), "the first attempt did not reach its failure"
+    got = read_values(spark, bootstrap, topic, "read_committed")
+    assert len(got) == n and set(got) == {str(i).encode() for i in range(n)}
+    # The dead attempt's records are in the log, left out of read_committed as aborted.
+    assert len(read_values(spark, bootstrap, topic, "read_uncommitted")) > n
 
 
 @pytest.fixture(scope="module")

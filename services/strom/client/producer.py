@@ -48,7 +48,12 @@ from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBa
 from strom.client.cluster import ClusterClient, _addr, refused
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
-from strom.client.transactions import GroupMetadata, TransactionManager, TxnPhase
+from strom.client.transactions import (
+    GroupMetadata,
+    PreparedTxnState,
+    TransactionManager,
+    TxnPhase,
+)
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.client.wire import PRODUCE_METHOD, encode_produce_request
 from strom.errors import (
@@ -497,6 +502,33 @@ class Producer:
             assert txn.error is not None
             raise txn.error
         txn.end(True, max(end - time.monotonic(), 0.001))
+
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """Send everything of the open transaction and hand it over undecided (the first
+        phase of a two-phase commit, Kafka's KIP-939): the returned state lets another
+        process commit or abort it with
+        :func:`~strom.client.transactions.complete_prepared_transaction`. This producer is
+        done with transactions then; :meth:`close` leaves the prepared transaction open. If
+        nobody completes it, it is aborted when ``transaction_timeout_ms`` passes or a new
+        instance of the transactional id calls :meth:`init_transactions`.
+
+        Raises the error that made the transaction fail (call :meth:`abort_transaction`)."""
+        txn = self._require_txn()
+        txn.require(TxnPhase.IN_TRANSACTION, action="prepare_transaction()")
+        end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
+        with txn.lock:
+            txn.phase = TxnPhase.COMMITTING
+        try:
+            self.flush(max(end - time.monotonic(), 0))
+        except StromError as exc:
+            txn.fail(exc)
+        with txn.lock:
+            if txn.phase is TxnPhase.COMMITTING:
+                txn.phase = TxnPhase.PREPARED
+                return PreparedTxnState(txn.transactional_id, txn.producer_id, txn.producer_epoch)
+            error = txn.error
+        assert error is not None
+        raise error
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: its records stay invisible to read_committed consumers

@@ -59,6 +59,8 @@ class TxnPhase(enum.Enum):
     IN_TRANSACTION = "in transaction"
     COMMITTING = "committing"
     ABORTING = "aborting"
+    #: prepare_transaction(): flushed and handed over; another process commits or aborts it.
+    PREPARED = "prepared"
     ABORTABLE_ERROR = "abortable error"
     FATAL_ERROR = "fatal error"
 
@@ -72,6 +74,42 @@ class GroupMetadata:
     group_id: str
     member_id: str = ""
     member_epoch: int = -1
+
+
+@dataclass(frozen=True)
+class PreparedTxnState:
+    """A flushed, undecided transaction (Kafka's KIP-939 ``PreparedTxnState``): what
+    :func:`complete_prepared_transaction` needs to commit or abort it from another process."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+def complete_prepared_transaction(
+    client: ClusterClient,
+    state: PreparedTxnState,
+    commit: bool,
+    *,
+    timeout_s: float = 60.0,
+    request_timeout_s: float = 30.0,
+) -> None:
+    """Commit (or abort) a transaction another producer prepared with
+    ``Producer.prepare_transaction()``: EndTxn with its producer id and epoch, retried on
+    retriable errors until ``timeout_s``. The second phase of a two-phase commit run by a
+    coordinator outside strom (Spark's driver commits what its tasks prepared). Raises
+    :class:`~strom.errors.ProducerFencedError` when a newer instance of the transactional id
+    took over, or the transaction was aborted (its timeout passed) in the meantime."""
+    mgr = TransactionManager(
+        client,
+        state.transactional_id,
+        1,  # the timeout is the preparing producer's; EndTxn does not carry one
+        request_timeout_s=request_timeout_s,
+        retry_backoff_s=0.05,
+    )
+    mgr.producer_id, mgr.producer_epoch = state.producer_id, state.producer_epoch
+    mgr.phase = TxnPhase.PREPARED
+    mgr.end(commit, timeout_s)
 
 
 class TransactionManager:
@@ -126,6 +164,11 @@ class TransactionManager:
                 hint = ": call begin_transaction() first"
             elif phase is TxnPhase.IN_TRANSACTION:
                 hint = ": a transaction is already open"
+            elif phase is TxnPhase.PREPARED:
+                hint = (
+                    ": the transaction was prepared and handed over "
+                    "(complete_prepared_transaction() ends it); close this producer"
+                )
             raise InvalidTxnStateError(f"cannot {action} while {phase.value}{hint}")
 
     def fail(self, error: StromError) -> None:

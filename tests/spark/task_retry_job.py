@@ -1,0 +1,77 @@
+"""A batch write with ``exactlyOnce=true`` on Spark ``local[2,4]`` (up to 4 attempts per task)
+whose task for slot 1 dies on its first attempt after the writer sent part of its rows in its
+transaction: ``kill`` SIGKILLs the Python worker that feeds the writer, ``raise`` fails it with
+an exception. Spark retries the task; the test (test_exactly_once.py) then reads the topic.
+
+Usage: task_retry_job.py BOOTSTRAP TOPIC ROWS MODE MARK_DIR (MARK_DIR gets ``attempt-0``
+when the first attempt reached its failure point, so the test knows the retry happened).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
+#: Past strom_spark.write.GATHER_ROWS (65,536): the writer has sent rows in its transaction.
+FAIL_AFTER = 80_000
+
+
+def main(bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> int:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    from strom_spark import register
+
+    spark = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("strom-task-retry")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+
+    seen: dict[tuple[int, int], int] = {}
+
+    def first_attempt_dies(value: str) -> str:
+        """Passes each value through; on slot 1's first attempt, dies at row FAIL_AFTER."""
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        key = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (-1, -1)
+        seen[key] = seen.get(key, 0) + 1
+        if key == (1, 0) and seen[key] == FAIL_AFTER:
+            Path(mark_dir, "attempt-0").write_text(str(seen[key]))
+            if mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("the first attempt of task 1 fails on purpose")
+        return value
+
+    # A plain Python UDF (pickled rows, no pandas): it runs in a Python worker beside the
+    # writer's and feeds it row by row.
+    passthrough = F.udf(first_attempt_dies, StringType())
+    df = spark.range(0, rows, numPartitions=2).selectExpr("CAST(id AS STRING) AS value")
+    df = df.select(passthrough("value").alias("value"))
+    (
+        df.write.format("strom")
+        .option("bootstrap", bootstrap)
+        .option("topic", topic)
+        .option("exactlyOnce", "true")
+        .mode("append")
+        .save()
+    )
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    b, t, n, m, d = sys.argv[1:6]
+    sys.exit(main(b, t, int(n), m, d))
