@@ -33,7 +33,8 @@ from strom.client.fetcher import (
     aborted_batches,
     parse_fetch_response,
 )
-from strom.client.offsets import TRANSPORT_RETRY, LeaderMap
+from strom.client.metadata import MetadataCache
+from strom.client.offsets import TRANSPORT_RETRY
 from strom.client.types import TopicPartition
 from strom.errors import ErrorCode, error_for, is_retriable
 from strom.record import RecordBatch, decode_batches
@@ -86,24 +87,23 @@ class _Retry(Exception):
 
 
 # Python workers are reused across tasks; so are their connections to the cluster.
-_clients: dict[tuple[tuple[str, ...], str, float], tuple[ClusterClient, LeaderMap]] = {}
+_clients: dict[tuple[tuple[str, ...], str, float], ClusterClient] = {}
 _clients_lock = threading.Lock()
 
 
-def cluster_for(opts: ReadOptions) -> tuple[ClusterClient, LeaderMap]:
-    """This process's client and leader map for ``opts``' cluster (shared by its tasks)."""
+def cluster_for(opts: ReadOptions) -> tuple[ClusterClient, MetadataCache]:
+    """This process's client and metadata cache for ``opts``' cluster (shared by its tasks)."""
     key = (opts.bootstrap, opts.client_id, opts.request_timeout_ms / 1000.0)
     with _clients_lock:
         found = _clients.get(key)
         if found is None:
-            client = ClusterClient(
+            found = _clients[key] = ClusterClient(
                 list(opts.bootstrap),
                 timeout_s=opts.request_timeout_ms / 1000.0,
                 retry_s=opts.metadata_retry_s,
                 client_id=opts.client_id,
             )
-            found = _clients[key] = (client, LeaderMap(client, metadata_timeout_s=5.0))
-        return found
+        return found, found.cache
 
 
 class RangeReader:
@@ -116,7 +116,7 @@ class RangeReader:
         if client is None:
             client, leaders = cluster_for(opts)
         self.client = client
-        self.leaders: LeaderMap = leaders or LeaderMap(client)
+        self.leaders: MetadataCache = leaders or client.cache
         self._constants = Constants()
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._rpc_timeout_s = opts.fetch_max_wait_ms / 1000.0 + opts.request_timeout_ms / 1000.0

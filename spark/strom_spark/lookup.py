@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from strom.client.cluster import ClusterClient
 from strom.client.offsets import EARLIEST as LO_EARLIEST
 from strom.client.offsets import LATEST as LO_LATEST
-from strom.client.offsets import LeaderMap, list_offsets
+from strom.client.offsets import list_offsets
 from strom.client.types import TopicPartition
 from strom.errors import BrokerNotAvailableError, StromError, UnknownTopicOrPartitionError
 from strom_spark.errors import ClusterUnavailableError, DataLossError, OptionError, StromSparkError
@@ -38,7 +38,7 @@ class ClusterView:
             retry_s=opts.metadata_retry_s,
             client_id=opts.client_id,
         )
-        self.leaders = LeaderMap(self.client, metadata_timeout_s=min(opts.metadata_retry_s, 5.0))
+        self.leaders = self.client.cache  # strom.client.metadata, as the Consumer uses
 
     def close(self) -> None:
         self.client.close()

@@ -18,12 +18,13 @@ from typing import Any
 
 import grpc
 
-from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
 from strom.client.cluster import ClusterClient
-from strom.client.offsets import EARLIEST, LATEST, LeaderMap, list_offsets
+from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
+    CoordinatorNotAvailableError,
     ErrorCode,
     NonEmptyGroupError,
     StromError,
@@ -83,18 +84,10 @@ def run_groups(args: argparse.Namespace, out: Any) -> int:
 
 
 def _find(client: ClusterClient, group: str) -> str | None:
-    req = storage_pb2.FindCoordinatorRequest(keys=[group])
-    for addr in client._candidates():
-        try:
-            c = client.storage(addr).FindCoordinator(req, timeout=client.timeout_s).coordinators[0]
-        except grpc.RpcError:
-            continue
-        if c.error_code == E.NONE:
-            return f"{c.node.host}:{c.node.port}"
-        if c.error_code not in COORDINATOR_REFRESH_CODES:
-            raise error_for(c.error_code, c.error_message)
+    try:
+        return client.find_coordinator(group)
+    except CoordinatorNotAvailableError:
         return None
-    return None
 
 
 def _call(client: ClusterClient, group: str, method: str, req: Any, code_of: Any = None) -> Any:
@@ -276,11 +269,10 @@ def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
         for o in d.offsets
         if o.committed_offset >= 0
     }
-    leaders = LeaderMap(client)
 
     def lookup(spec: int) -> dict[TopicPartition, int]:
         found = list_offsets(
-            client, leaders, dict.fromkeys(tps, spec), timeout_s=client.retry_s, backoff_s=0.1
+            client, client.cache, dict.fromkeys(tps, spec), timeout_s=client.retry_s, backoff_s=0.1
         )
         return {tp: r.offset for tp, r in found.items()}
 

@@ -19,7 +19,13 @@ from google.protobuf import json_format
 from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.cli.groups import _table
 from strom.client.cluster import ClusterClient
-from strom.errors import COORDINATOR_REFRESH_CODES, ErrorCode, StromError, error_for
+from strom.errors import (
+    COORDINATOR_REFRESH_CODES,
+    CoordinatorNotAvailableError,
+    ErrorCode,
+    StromError,
+    error_for,
+)
 
 E = ErrorCode
 _RETRY = (*COORDINATOR_REFRESH_CODES, E.COORDINATOR_LOAD_IN_PROGRESS)
@@ -161,17 +167,7 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
 
 
 def _find(client: ClusterClient, tid: str) -> str | None:
-    req = storage_pb2.FindCoordinatorRequest(
-        key_type=storage_pb2.COORDINATOR_TYPE_TRANSACTION, keys=[tid]
-    )
-    for addr in client._candidates():
-        try:
-            c = client.storage(addr).FindCoordinator(req, timeout=client.timeout_s).coordinators[0]
-        except grpc.RpcError:
-            continue
-        if c.error_code == E.NONE:
-            return f"{c.node.host}:{c.node.port}"
-        if c.error_code not in COORDINATOR_REFRESH_CODES:
-            raise error_for(c.error_code, c.error_message)
+    try:
+        return client.find_coordinator(tid, storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+    except CoordinatorNotAvailableError:
         return None
-    return None

@@ -1077,6 +1077,7 @@ class Admin:
             topic_errors: dict[str, StromError] = {}
             for topic in dict.fromkeys(tp.topic for tp in pending):
                 try:
+                    # Fills the client's metadata cache (strom.client.metadata).
                     client.topic_metadata(topic, refresh=refresh)
                 except StromError as exc:
                     topic_errors[topic] = exc

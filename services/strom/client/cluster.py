@@ -17,13 +17,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from strom.api import common_pb2, controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
+from strom.api import common_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
+from strom.client.metadata import MetadataCache, node_address
 from strom.errors import (
+    COORDINATOR_REFRESH_CODES,
     AuthenticationError,
     AuthorizationError,
     BrokerNotAvailableError,
+    CoordinatorNotAvailableError,
     StromError,
-    UnknownTopicOrPartitionError,
     error_for,
     is_retriable,
 )
@@ -101,8 +103,7 @@ def connection_hint(security: ChannelSecurity) -> str:
     return ""
 
 
-def _addr(node: Any) -> str:
-    return f"{node.host}:{node.port}"
+_addr = node_address
 
 
 class ClusterClient:
@@ -116,6 +117,8 @@ class ClusterClient:
         retry_s: float = 15.0,
         client_id: str | None = None,
         security: ChannelSecurity | None = None,
+        retry_backoff_s: float = 0.1,
+        retry_backoff_max_s: float = 1.0,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap)
         #: TLS and token settings of every channel (default: STROM_SSL_* / STROM_TOKEN from
@@ -129,8 +132,17 @@ class ClusterClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._metadata: storage_pb2.MetadataResponse | None = None
-        self._topic_md: dict[str, storage_pb2.MetadataResponse] = {}
+        #: Addresses of the nodes the last Metadata answer listed (tried before bootstrap).
+        self._known: list[str] = []
         self._controller_addr: str | None = None
+        #: Topics, partition counts and leaders, shared by every client on this connection
+        #: (Producer, Consumer, Admin, Spark tasks of one process): strom.client.metadata.
+        self.cache = MetadataCache(
+            self,
+            metadata_timeout_s=min(timeout_s, 5.0),
+            backoff_s=retry_backoff_s,
+            backoff_max_s=retry_backoff_max_s,
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -173,22 +185,29 @@ class ClusterClient:
     # -- metadata --------------------------------------------------------------------------
 
     def _candidates(self) -> list[str]:
-        known = [_addr(n) for n in self._metadata.nodes] if self._metadata else []
-        return list(dict.fromkeys([*known, *self.bootstrap]))
+        return list(dict.fromkeys([*self._known, *self.bootstrap]))
 
     def metadata(
-        self, topics: Sequence[str] | None = None, *, refresh: bool = True
+        self,
+        topics: Sequence[str] | None = None,
+        *,
+        refresh: bool = True,
+        retry_s: float | None = None,
+        timeout_s: float | None = None,
     ) -> storage_pb2.MetadataResponse:
-        """Cluster metadata from the first node that answers (known nodes, then bootstrap)."""
+        """Cluster metadata from the first node that answers (known nodes, then bootstrap),
+        trying them again for ``retry_s`` (default: the client's; 0 = one pass)."""
         if not refresh and self._metadata is not None and topics is None:
             return self._metadata
         req = storage_pb2.MetadataRequest(topics=list(topics or []))
         errors: list[str] = []
-        deadline = time.monotonic() + self.retry_s
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         while True:
             for addr in self._candidates():
                 try:
-                    resp = self.storage(addr).Metadata(req, timeout=self.timeout_s)
+                    resp = self.storage(addr).Metadata(
+                        req, timeout=self.timeout_s if timeout_s is None else timeout_s
+                    )
                 except grpc.RpcError as exc:
                     if exc.code() in _REFUSED:
                         raise refused(exc) from None
@@ -202,6 +221,8 @@ class ClusterClient:
                     continue
                 if not topics:
                     self._metadata = resp
+                if resp.nodes:
+                    self._known = [_addr(n) for n in resp.nodes]
                 if resp.HasField("controller") and resp.controller.port:
                     self._controller_addr = _addr(resp.controller)
                 return resp
@@ -218,77 +239,44 @@ class ClusterClient:
                 )
             time.sleep(0.2)
 
-    def _topic_entry(self, topic: str, md: Any) -> Any | None:
-        for t in md.topics:
-            if t.name == topic:
-                if t.error_code == common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                    return None
-                if t.error_code != NONE:
-                    raise error_for(t.error_code, t.error_message or f"topic {topic!r}")
-                return t
-        return None
-
-    def _controller_knows(self, topic: str) -> bool:
-        """Whether the active controller (which reads etcd directly) has the topic."""
-        try:
-            resp = self.controller_call(
-                "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=[topic])
-            )
-        except StromError:
-            return False
-        return any(t.name == topic and t.error_code == NONE for t in resp.topics)
+    def find_coordinator(
+        self,
+        key: str,
+        key_type: int = storage_pb2.COORDINATOR_TYPE_GROUP,
+        *,
+        timeout_s: float | None = None,
+    ) -> str:
+        """Address of the coordinator owning ``key`` (a group id, or a transactional id with
+        COORDINATOR_TYPE_TRANSACTION): FindCoordinator on the first node that answers (one
+        pass). Raises CoordinatorNotAvailableError (retriable) while no coordinator owns the
+        key's shard or no node answers, and the error for any other refusal."""
+        req = storage_pb2.FindCoordinatorRequest(key_type=key_type, keys=[key])  # type: ignore[arg-type]
+        last = "no node answered"
+        for addr in self._candidates():
+            try:
+                resp = self.storage(addr).FindCoordinator(
+                    req, timeout=min(self.timeout_s if timeout_s is None else timeout_s, 5.0)
+                )
+            except grpc.RpcError as exc:
+                last = f"{addr}: {exc.code().name}"
+                continue
+            c = resp.coordinators[0]
+            if c.error_code == NONE:
+                return _addr(c.node)
+            if c.error_code not in COORDINATOR_REFRESH_CODES:
+                raise error_for(c.error_code, c.error_message)
+            last = c.error_message or "no coordinator"
+            break
+        what = "group" if key_type == storage_pb2.COORDINATOR_TYPE_GROUP else "transactional id"
+        raise CoordinatorNotAvailableError(f"no coordinator for {what} {key!r}: {last}")
 
     def topic_metadata(self, topic: str, *, refresh: bool = True) -> Any:
-        return self._topic_with_nodes(topic, refresh=refresh)[0]
-
-    def _topic_with_nodes(self, topic: str, *, refresh: bool = True) -> tuple[Any, Any]:
-        """The topic's entry in the nodes' metadata.
-
-        A topic just created (or created while etcd was restarting) reaches the nodes through
-        their etcd watches a moment after the controller committed it; when a node does not know
-        the topic yet but the controller does, wait for it (up to ``retry_s``) instead of failing.
-        """
-        md = self._topic_md.get(topic)
-        if refresh or md is None:
-            md = self._topic_md[topic] = self.metadata([topic])
-        entry = self._topic_entry(topic, md)
-        if entry is not None:
-            return entry, md
-        if not refresh:
-            return self._topic_with_nodes(topic, refresh=True)
-        if self._controller_knows(topic):
-            deadline = time.monotonic() + self.retry_s
-            while time.monotonic() < deadline:
-                time.sleep(0.1)
-                md = self._topic_md[topic] = self.metadata([topic])
-                entry = self._topic_entry(topic, md)
-                if entry is not None:
-                    return entry, md
-            raise error_for(
-                common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {topic!r} exists but the nodes have not learnt it yet",
-            )
-        # The controller does not have it either: retrying cannot help.
-        raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}", retriable=False)
+        """The topic's entry in the nodes' metadata (see :meth:`MetadataCache.topic`)."""
+        return self.cache.topic(topic, refresh=refresh)
 
     def leader_of(self, topic: str, partition: int, *, refresh: bool = False) -> str:
         """Address of the partition's leader; raises a StromError naming the problem."""
-        t, md = self._topic_with_nodes(topic, refresh=refresh)
-        nodes = {n.node_id: n for n in md.nodes}
-        for p in t.partitions:
-            if p.partition == partition:
-                if p.leader < 0 or p.leader not in nodes:
-                    if not refresh:
-                        return self.leader_of(topic, partition, refresh=True)
-                    raise error_for(
-                        common_pb2.ErrorCode.LEADER_NOT_AVAILABLE,
-                        f"{topic}-{partition} has no live leader",
-                    )
-                return _addr(nodes[p.leader])
-        raise UnknownTopicOrPartitionError(
-            f"topic {topic!r} has no partition {partition} (it has {len(t.partitions)})",
-            retriable=False,
-        )
+        return self.cache.leader_of(topic, partition, refresh=refresh)
 
     def partition_count(self, topic: str) -> int:
         return len(self.topic_metadata(topic).partitions)

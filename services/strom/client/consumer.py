@@ -30,13 +30,15 @@ import itertools
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
-from strom.client.offsets import EARLIEST, LATEST, LeaderMap, list_offsets
+from strom.client.group_member import make_group
+from strom.client.membership import GroupMembership
+from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from strom.errors import InvalidGroupIdError, StromError, UnknownTopicOrPartitionError
@@ -71,42 +73,6 @@ class NoOffsetForPartitionError(StromError):
 class GroupsNotSupportedError(StromError, NotImplementedError):
     """Consumer groups need the group coordinator, which this strom version does not have yet.
     Also a NotImplementedError, so generic handlers recognise it."""
-
-
-class GroupMembership(Protocol):
-    """What the consumer-group code plugs in as ``Consumer._group`` (DESIGN §7).
-
-    It is expected to run the ConsumerGroupHeartbeat loop on its own thread, and to hand the
-    consumer each new assignment through ``Consumer._apply_assignment`` from ``on_poll`` (the
-    application's thread, so a rebalance never races a poll in progress). The consumer calls
-    these methods from the application's thread.
-    """
-
-    def subscribe(
-        self, topics: frozenset[str] | None, pattern: str | None, listener: Any
-    ) -> None: ...
-
-    def unsubscribe(self) -> None: ...
-
-    def on_poll(self, consumer: Consumer) -> None:
-        """Each poll: reconcile a pending assignment, auto-commit when due, surface fencing."""
-
-    def committed(
-        self, partitions: Sequence[TopicPartition], timeout_s: float
-    ) -> dict[TopicPartition, OffsetAndMetadata | None]: ...
-
-    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_s: float) -> None:
-        """OffsetCommit, fenced by member epoch."""
-
-    def commit_async(
-        self,
-        offsets: Mapping[TopicPartition, OffsetAndMetadata],
-        callback: Callable[[Mapping[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
-        | None,
-    ) -> None: ...
-
-    def close(self, *, autocommit: bool, timeout_s: float) -> None:
-        """Commit if asked, leave the group (so partitions move at once), stop heartbeats."""
 
 
 def _int_arg(name: str, value: Any, minimum: int) -> int:
@@ -248,8 +214,10 @@ class Consumer:
             retry_s=self._timeout_s,
             client_id=self.client_id,
             security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
+            retry_backoff_s=self._backoff_s,
+            retry_backoff_max_s=retry_backoff_max_ms / 1000.0,
         )
-        self._leaders = LeaderMap(self._client, metadata_timeout_s=min(self._timeout_s, 5.0))
+        self._leaders = self._client.cache
         self._fetcher = Fetcher(
             self._client,
             self._leaders,
@@ -273,8 +241,6 @@ class Consumer:
 
     def _make_group(self) -> GroupMembership | None:
         """The group membership for ``group_id`` (None without one); no network I/O here."""
-        from strom.client.group_member import make_group
-
         return make_group(self)
 
     def _require_group(self, what: str) -> GroupMembership:
@@ -422,8 +388,7 @@ class Consumer:
                     f"(it has {counts[tp.topic]})",
                     retriable=False,
                 )
-        if tps:
-            self._leaders.refresh(counts)
+        # topic_metadata() also filled the metadata cache with the topics' leaders.
 
     def _assigned(self, tps: Any, what: str) -> list[TopicPartition]:
         """Normalise ``tps`` (None = every assigned partition) and insist they are assigned."""
@@ -517,15 +482,7 @@ class Consumer:
                 + ", ".join(f"{t.topic}-{t.partition}" for t in missing)
                 + " and auto_offset_reset='none': seek() to an offset first"
             )
-        found = list_offsets(
-            self._client,
-            self._leaders,
-            query,
-            timeout_s=self._timeout_s,
-            backoff_s=self._backoff_s,
-            client_metadata=self._client_md,
-            read_committed=self._read_committed,
-        )
+        found = self._list_offsets(query)
         gens = {tp: gen for tp, _, gen in need}
         for tp, res in found.items():
             self._fetcher.set_position(tp, res.offset, gens[tp])
@@ -557,15 +514,7 @@ class Consumer:
                 raise ValueError(f"timestamp for {tp} must be >= 0 (ms since the epoch), got {ts}")
             query[_topic_partition(tp)] = ts
         self._check_exist(list(query))
-        found = list_offsets(
-            self._client,
-            self._leaders,
-            query,
-            timeout_s=self._timeout_s,
-            backoff_s=self._backoff_s,
-            client_metadata=self._client_md,
-            read_committed=self._read_committed,
-        )
+        found = self._list_offsets(query)
         return {
             tp: OffsetAndTimestamp(r.offset, r.timestamp) if r.offset >= 0 else None
             for tp, r in found.items()
@@ -577,16 +526,22 @@ class Consumer:
             partitions = [partitions]
         tps = _topic_partitions(partitions, what)
         self._check_exist(tps)
-        found = list_offsets(
+        found = self._list_offsets(dict.fromkeys(tps, which))
+        return {tp: r.offset for tp, r in found.items()}
+
+    def _list_offsets(
+        self, query: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetResult]:
+        """ListOffsets at the leaders, with this consumer's timeouts and isolation level."""
+        return list_offsets(
             self._client,
             self._leaders,
-            dict.fromkeys(tps, which),
+            query,
             timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             client_metadata=self._client_md,
             read_committed=self._read_committed,
         )
-        return {tp: r.offset for tp, r in found.items()}
 
     # -- flow control ---------------------------------------------------------------------
 

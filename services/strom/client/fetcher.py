@@ -59,7 +59,8 @@ import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
 from strom.client.cluster import ClusterClient, refused
-from strom.client.offsets import TRANSPORT_RETRY, LeaderMap
+from strom.client.metadata import MetadataCache
+from strom.client.offsets import TRANSPORT_RETRY
 from strom.client.types import TopicPartition
 from strom.errors import (
     CorruptMessageError,
@@ -348,6 +349,17 @@ class CompletedFetch:
             or (self.skip is not None and self.index in self.skip)
         )
 
+    def _next_live(self, position: int) -> tuple[RecordBatch | None, int]:
+        """Move past the batches with nothing to return at ``position`` (control batches,
+        empty or already consumed ones, aborted transactions'); the batch to drain next
+        (CRC-checked; None when none is left) and the position after the skipped ones."""
+        while self.index < len(self.batches):
+            if not self._skippable(position):
+                return self._current(), position
+            position = max(position, self.batches[self.index].header.next_offset)
+            self._next_batch()
+        return None, position
+
     def _current(self) -> RecordBatch:
         b = self.batches[self.index]
         if self._check_crcs and self._verified < self.index:
@@ -362,12 +374,10 @@ class CompletedFetch:
     def take_records(self, position: int, limit: int) -> tuple[list[Record], int]:
         out: list[Record] = []
         topic, partition = self.tp
-        while limit > 0 and self.index < len(self.batches):
-            if self._skippable(position):
-                position = max(position, self.batches[self.index].header.next_offset)
-                self._next_batch()
-                continue
-            b = self._current()
+        while limit > 0:
+            b, position = self._next_live(position)
+            if b is None:
+                break
             if self._rows is None:
                 offsets, rows = _py_columns(b, topic, partition)
                 start = bisect.bisect_left(offsets, position)
@@ -397,12 +407,10 @@ class CompletedFetch:
         out: list[pa.RecordBatch] = []
         taken = 0
         topic, partition = self.tp
-        while limit > 0 and self.index < len(self.batches):
-            if self._skippable(position):
-                position = max(position, self.batches[self.index].header.next_offset)
-                self._next_batch()
-                continue
-            b = self._current()
+        while limit > 0:
+            b, position = self._next_live(position)
+            if b is None:
+                break
             h = b.header
             deltas = b.body().column(0).to_numpy()
             start = 0
@@ -523,7 +531,7 @@ class Fetcher:
     def __init__(
         self,
         client: ClusterClient,
-        leaders: LeaderMap,
+        leaders: MetadataCache,
         *,
         client_id: str,
         reset_policy: str,
@@ -569,9 +577,6 @@ class Fetcher:
         self.parts: dict[TopicPartition, PartitionState] = {}
         self._closed = False
         self._fatal: BaseException | None = None
-        self._md_stale = False
-        self._md_next = 0.0
-        self._md_failures = 0
         self._claim_rr = 0
         self._drain_rr = 0
         #: Whether the application's last collect() found nothing to turn into Arrow (it
@@ -849,8 +854,7 @@ class Fetcher:
             return
         leader = self._leaders.get(part.tp)
         if leader is None or leader.address is None:
-            self._md_stale = True
-            self._md_wake.notify()
+            self._stale(part.tp.topic)
             return
         self._ensure_worker(leader.address).notify()
 
@@ -1085,8 +1089,8 @@ class Fetcher:
         self, claims: list[_Claim], failure: StromError, transport: bool, now: float
     ) -> None:
         if transport:
-            self._md_stale = True
-            self._md_wake.notify()
+            for topic in {c.part.tp.topic for c in claims}:
+                self._stale(topic)
         for c in claims:
             part = c.part
             if self.parts.get(part.tp) is not part or part.generation != c.generation:
@@ -1168,8 +1172,7 @@ class Fetcher:
                 self._kick(part)  # the answer named the new leader: go there at once
                 return
             if code != ErrorCode.UNKNOWN_LEADER_EPOCH:  # that one: the node lags, just wait
-                self._md_stale = True
-                self._md_wake.notify()
+                self._stale(tp.topic)
             self._back_off(part, now)
             return
         if is_retriable(code):
@@ -1181,35 +1184,27 @@ class Fetcher:
 
     # -- metadata -------------------------------------------------------------------------
 
+    def _stale(self, topic: str) -> None:
+        """(Lock held.) Have ``topic``'s leaders looked up again, by the refresh thread."""
+        self._leaders.mark_stale(topic)
+        self._md_wake.notify()
+
     def _refresh_loop(self) -> None:
-        """Refresh leaders when a worker or a kick found them stale, at most once per
-        backoff, then hand partitions to their (new) leaders' workers."""
+        """Refresh the topics a worker or a kick found stale, with the metadata cache's
+        backoff (exponential while refreshing does not help: no node answers, an election
+        takes long, a deleted topic), then hand partitions to their (new) leaders' workers."""
         while True:
             with self._lock:
-                while not self._closed and not (
-                    self._md_stale and time.monotonic() >= self._md_next
-                ):
-                    timeout = self._md_next - time.monotonic() if self._md_stale else None
-                    self._md_wake.wait(timeout)
+                while not self._closed:
+                    due_in = self._leaders.next_refresh_in()
+                    if due_in is not None and due_in <= 0:
+                        break
+                    self._md_wake.wait(due_in)
                 if self._closed:
                     return
-                self._md_stale = False
-                topics = {tp.topic for tp in self.parts}
-            ok = True
             try:
-                self._leaders.refresh(topics)
-            except StromError as exc:
-                log.info("consumer metadata refresh failed: %s", exc)
-                ok = False
+                self._leaders.refresh_stale()
             except Exception:  # never let the refresher die: the consumer would hang
                 log.exception("consumer metadata refresh failed")
-                ok = False
             with self._lock:
-                if not ok:
-                    self._md_stale = True
                 self._kick_all()  # partitions still without a leader mark it stale again
-                # Back off exponentially while refreshing does not help (no node answers, an
-                # election takes long, a deleted topic), promptly again once it did.
-                self._md_failures = self._md_failures + 1 if self._md_stale else 0
-                delay = self._backoff_s * (2 ** min(self._md_failures, 10))
-                self._md_next = time.monotonic() + min(delay, self._backoff_max_s)

@@ -1,8 +1,9 @@
 """Consumer-group membership for :class:`strom.client.consumer.Consumer` (DESIGN §7, KIP-848).
 
 The consumer calls :func:`make_group` once (its ``_make_group`` hook) and then drives the
-returned :class:`GroupMember` through the ``GroupMembership`` protocol. Why it is split the
-way it is:
+returned :class:`GroupMember` through the ``GroupMembership`` protocol; the member sees the
+consumer only through the ``GroupHost`` protocol (both in :mod:`strom.client.membership`), so
+this module does not depend on the Consumer class. Why it is split the way it is:
 
 * **A heartbeat thread** talks to the group coordinator (found with FindCoordinator on any
   storage node, looked up again after NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE or a
@@ -35,12 +36,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
-from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
+from strom.client.membership import GroupHost
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.errors import (
@@ -50,9 +52,6 @@ from strom.errors import (
     StromError,
     error_for,
 )
-
-if TYPE_CHECKING:
-    from strom.client.consumer import Consumer
 
 log = logging.getLogger("strom.client.group")
 E = ErrorCode
@@ -64,7 +63,7 @@ _TRANSPORT = frozenset(
 _FENCED = frozenset({E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID})
 
 
-def make_group(consumer: Consumer) -> GroupMember | None:
+def make_group(consumer: GroupHost) -> GroupMember | None:
     """The consumer's group membership (None without a ``group_id``). Does no I/O: the
     coordinator is first contacted by ``subscribe``, ``commit`` or ``committed``."""
     if consumer.group_id is None:
@@ -93,7 +92,7 @@ def _sorted(parts: Iterable[TopicPartition]) -> list[TopicPartition]:
 class GroupMember:
     """One consumer's membership in its group (see the module docstring)."""
 
-    def __init__(self, consumer: Consumer) -> None:
+    def __init__(self, consumer: GroupHost) -> None:
         assert consumer.group_id is not None
         self.group_id: str = consumer.group_id
         self._consumer = consumer
@@ -154,7 +153,7 @@ class GroupMember:
             self._subscribed = False
         self._leave()
 
-    def on_poll(self, consumer: Consumer) -> None:
+    def on_poll(self, consumer: GroupHost) -> None:
         """Reconcile a new assignment, surface heartbeat errors, auto-commit when due."""
         err, self._error = self._error, None
         if err is not None:
@@ -326,7 +325,7 @@ class GroupMember:
     # -- reconciliation (application thread) -------------------------------------------------
 
     def _reconcile(
-        self, consumer: Consumer, owned: set[TopicPartition], target: set[TopicPartition]
+        self, consumer: GroupHost, owned: set[TopicPartition], target: set[TopicPartition]
     ) -> None:
         revoked = owned - target
         added = target - owned
@@ -525,28 +524,12 @@ class GroupMember:
     def _find_coordinator(self, timeout_s: float) -> str:
         """FindCoordinator on any storage node; retried while no coordinator owns the shard."""
         deadline = time.monotonic() + timeout_s
-        last = "no node answered"
-        req = storage_pb2.FindCoordinatorRequest(keys=[self.group_id])
         while True:
-            for addr in self._client._candidates():
-                try:
-                    resp = self._client.storage(addr).FindCoordinator(
-                        req, timeout=min(self._timeout_s, 5.0)
-                    )
-                except grpc.RpcError as exc:
-                    last = f"{addr}: {exc.code().name}"
-                    continue
-                c = resp.coordinators[0]
-                if c.error_code == E.NONE:
-                    return f"{c.node.host}:{c.node.port}"
-                last = c.error_message or "no coordinator"
-                if c.error_code not in COORDINATOR_REFRESH_CODES:
-                    raise error_for(c.error_code, c.error_message)
-                break
-            if time.monotonic() >= deadline:
-                raise CoordinatorNotAvailableError(
-                    f"no coordinator for group {self.group_id!r}: {last}"
-                )
+            try:
+                return self._client.find_coordinator(self.group_id, timeout_s=self._timeout_s)
+            except CoordinatorNotAvailableError:
+                if time.monotonic() >= deadline:
+                    raise
             time.sleep(self._backoff_s)
 
     def _stub(self, timeout_s: float) -> tuple[coordinator_pb2_grpc.CoordinatorServiceStub, str]:

@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
 from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBatch
-from strom.client.cluster import ClusterClient, _addr, refused
+from strom.client.cluster import ClusterClient, refused
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
 from strom.client.transactions import (
@@ -215,7 +215,12 @@ class Producer:
             bootstrap,
             retry_s=max(self.max_block_s, 0.1),
             security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
+            retry_backoff_s=self.retry_backoff_s,
+            retry_backoff_max_s=self.retry_backoff_max_s,
         )
+        #: Partition counts and leaders (strom.client.metadata); ``_counts`` and ``_leaders``
+        #: are its live dicts, so ``send`` pays one dict lookup.
+        self._metadata = self._client.cache
         #: The transaction state of a transactional producer (None otherwise).
         self._txn: TransactionManager | None = None
         if transactional_id is not None:
@@ -236,10 +241,8 @@ class Producer:
         self._open: dict[tuple[str, int], ProducerBatch] = {}  # batches still taking records
         self._serializers = key_serializer is not None or value_serializer is not None
         self._sticky: dict[str, int] = {}
-        self._counts: dict[str, int] = {}  # topic -> partition count
-        self._leaders: dict[tuple[str, int], tuple[str, int]] = {}  # -> (address, epoch)
-        self._stale: set[str] = set()  # topics whose leaders must be looked up again
-        self._last_refresh: dict[str, float] = {}
+        self._counts = self._metadata.counts  # topic -> partition count
+        self._leaders = self._metadata.leaders  # (topic, partition) -> PartitionLeader
         self._in_flight: dict[str, int] = {}
         self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
         self._flushing = 0
@@ -602,25 +605,13 @@ class Producer:
         if not topic or not isinstance(topic, str):
             raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
         try:
-            entry, md = self._client._topic_with_nodes(topic)
+            entry = self._metadata.topic(topic)  # also learns the leaders
         except BrokerNotAvailableError as exc:
             raise RequestTimedOutError(
                 f"no metadata for topic {topic!r} within max_block_ms="
                 f"{self.max_block_s * 1000:.0f}: {exc.message}"
             ) from None
-        self._learn(topic, entry, md)
         return len(entry.partitions)
-
-    def _learn(self, topic: str, entry: Any, md: Any) -> None:
-        nodes = {n.node_id: _addr(n) for n in md.nodes}
-        with self._lock:
-            for p in entry.partitions:
-                addr = nodes.get(p.leader)
-                if addr is None:
-                    self._leaders.pop((topic, p.partition), None)
-                else:
-                    self._leaders[(topic, p.partition)] = (addr, p.leader_epoch)
-            self._counts[topic] = len(entry.partitions)
 
     def _wait_for_space(self, size: int) -> None:
         """Called with the lock held: block until ``size`` bytes fit or max_block_ms passes."""
@@ -655,7 +646,7 @@ class Producer:
                 if self._closing and (not self._has_pending() or self._closed):
                     return
                 self._expire(now)
-                self._refresh_stale(now)
+                self._metadata.refresh_stale(now)
                 timeout = self._send_ready(now)
             except Exception:  # never let the sender die silently
                 log.exception("producer sender loop failed")
@@ -734,12 +725,12 @@ class Producer:
                 if not (first.closed or force or now - first.created >= self.linger_s):
                     next_wake = _earlier(next_wake, first.created + self.linger_s - now)
                     continue
-                leader = self._leaders.get((pq.topic, pq.partition))
-                if leader is None:
-                    self._stale.add(pq.topic)
+                leader = self._leaders.get((pq.topic, pq.partition))  # tuple == TopicPartition
+                if leader is None or leader.address is None:
+                    self._metadata.mark_stale(pq.topic)
                     next_wake = _earlier(next_wake, self.retry_backoff_s)
                     continue
-                addr, epoch = leader
+                addr, epoch = leader.address, leader.epoch
                 if self._txn is not None and (pq.topic, pq.partition) not in self._txn.added:
                     txn_adds.add((pq.topic, pq.partition))
                     continue  # registered with the coordinator first (below)
@@ -1031,7 +1022,7 @@ class Producer:
             pq.retrying = True
             pq.last_error = str(err)
             pq.retry_at = max(pq.retry_at, now + backoff * random.uniform(0.8, 1.2))
-            self._stale.add(pq.topic)
+        self._metadata.mark_stale(pq.topic)
         log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
 
     def _fail_appended_maybe(
@@ -1078,29 +1069,6 @@ class Producer:
                     )
                 ),
             )
-
-    def _refresh_stale(self, now: float) -> None:
-        with self._lock:
-            topics = [
-                t
-                for t in self._stale
-                if now - self._last_refresh.get(t, 0.0) >= self.retry_backoff_s
-            ]
-        if not topics:
-            return
-        for t in topics:
-            self._last_refresh[t] = now
-        try:
-            md = self._client.metadata(topics)
-        except StromError as exc:
-            log.debug("metadata refresh failed: %s", exc)
-            return
-        for entry in md.topics:
-            if entry.error_code == NONE:
-                self._learn(entry.name, entry, md)
-                with self._lock:
-                    if all((entry.name, p.partition) in self._leaders for p in entry.partitions):
-                        self._stale.discard(entry.name)
 
     def _fail_all(self, err: StromError) -> None:
         with self._lock:
