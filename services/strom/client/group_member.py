@@ -44,7 +44,7 @@ from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
 from strom.client.membership import GroupHost
 from strom.client.transactions import GroupMetadata
-from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
     CoordinatorNotAvailableError,
@@ -275,16 +275,7 @@ class GroupMember:
                 committer_id=self.member_id,
                 commit_sequence=sequence,
             )
-            by_topic: dict[str, Any] = {}
-            for tp, om in sorted(offsets.items()):
-                if tp.topic not in by_topic:
-                    by_topic[tp.topic] = req.topics.add(topic=tp.topic)
-                by_topic[tp.topic].partitions.add(
-                    partition=tp.partition,
-                    committed_offset=om.offset,
-                    committed_leader_epoch=om.leader_epoch,
-                    metadata=om.metadata,
-                )
+            add_offsets(req, offsets)
             resp = self._request("OffsetCommit", req, max(deadline - time.monotonic(), 0.001))
             if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
                 # A heartbeat bumped the epoch meanwhile: retry with the new one (the

@@ -492,18 +492,7 @@ class Producer:
         Raises the error that made the transaction fail (call :meth:`abort_transaction`), or
         :class:`~strom.errors.ProducerFencedError` when a newer instance took over (close
         this producer)."""
-        txn = self._require_txn()
-        txn.require(TxnPhase.IN_TRANSACTION, action="commit_transaction()")
-        end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
-        with txn.lock:
-            txn.phase = TxnPhase.COMMITTING
-        try:
-            self.flush(max(end - time.monotonic(), 0))
-        except StromError as exc:
-            txn.fail(exc)
-        if txn.phase is not TxnPhase.COMMITTING:
-            assert txn.error is not None
-            raise txn.error
+        txn, end = self._flush_transaction("commit_transaction()", timeout)
         txn.end(True, max(end - time.monotonic(), 0.001))
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
@@ -516,8 +505,18 @@ class Producer:
         instance of the transactional id calls :meth:`init_transactions`.
 
         Raises the error that made the transaction fail (call :meth:`abort_transaction`)."""
+        txn, _ = self._flush_transaction("prepare_transaction()", timeout)
+        with txn.lock:
+            txn.phase = TxnPhase.PREPARED
+        return PreparedTxnState(txn.transactional_id, txn.producer_id, txn.producer_epoch)
+
+    def _flush_transaction(
+        self, action: str, timeout: float | None
+    ) -> tuple[TransactionManager, float]:
+        """The first step of ending a transaction: send everything; raises the error that
+        made the transaction fail. Returns the manager and the call's deadline."""
         txn = self._require_txn()
-        txn.require(TxnPhase.IN_TRANSACTION, action="prepare_transaction()")
+        txn.require(TxnPhase.IN_TRANSACTION, action=action)
         end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
         with txn.lock:
             txn.phase = TxnPhase.COMMITTING
@@ -525,13 +524,10 @@ class Producer:
             self.flush(max(end - time.monotonic(), 0))
         except StromError as exc:
             txn.fail(exc)
-        with txn.lock:
-            if txn.phase is TxnPhase.COMMITTING:
-                txn.phase = TxnPhase.PREPARED
-                return PreparedTxnState(txn.transactional_id, txn.producer_id, txn.producer_epoch)
-            error = txn.error
-        assert error is not None
-        raise error
+        if txn.phase is not TxnPhase.COMMITTING:
+            assert txn.error is not None
+            raise txn.error
+        return txn, end
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: its records stay invisible to read_committed consumers

@@ -30,7 +30,7 @@ import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.client.cluster import ClusterClient
-from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
     CoordinatorNotAvailableError,
@@ -265,16 +265,7 @@ class TransactionManager:
                 member_id=group.member_id,
                 member_epoch=group.member_epoch,
             )
-            by_topic: dict[str, Any] = {}
-            for tp, om in sorted(offsets.items()):
-                if tp.topic not in by_topic:
-                    by_topic[tp.topic] = req.topics.add(topic=tp.topic)
-                by_topic[tp.topic].partitions.add(
-                    partition=tp.partition,
-                    committed_offset=om.offset,
-                    committed_leader_epoch=om.leader_epoch,
-                    metadata=om.metadata,
-                )
+            add_offsets(req, offsets)
             resp = self._call(
                 "TxnOffsetCommit",
                 req,

@@ -7,7 +7,8 @@ builds it; it is re-exported from :mod:`strom`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 
 class TopicPartition(NamedTuple):
@@ -44,3 +45,19 @@ class OffsetAndMetadata(NamedTuple):
     offset: int
     metadata: str = ""
     leader_epoch: int = -1
+
+
+def add_offsets(req: Any, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+    """Fill ``req.topics`` of an OffsetCommit or TxnOffsetCommit request (the same shape)
+    with ``offsets``: one entry per topic, partitions in order."""
+    by_topic: dict[str, Any] = {}
+    for tp, om in sorted(offsets.items()):
+        entry = by_topic.get(tp.topic)
+        if entry is None:
+            entry = by_topic[tp.topic] = req.topics.add(topic=tp.topic)
+        entry.partitions.add(
+            partition=tp.partition,
+            committed_offset=om.offset,
+            committed_leader_epoch=om.leader_epoch,
+            metadata=om.metadata,
+        )
