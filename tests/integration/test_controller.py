@@ -763,7 +763,8 @@ def test_an_active_whose_lease_a_standby_revoked_is_fenced(
 def test_writes_are_fenced_and_leftovers_cleaned(etcd: EtcdServer, cluster: str) -> None:
     """In process: the fencing token (the election key's mod_revision) and the housekeeping a
     new active controller does (orphan partition keys, topics left marked deleting)."""
-    from strom.controller.service import ControllerService, _Fenced
+    from strom.controller.core import Fenced
+    from strom.controller.service import ControllerService
 
     store = MetadataStore(etcd.endpoint, cluster)
     keys = store.keys
@@ -795,7 +796,7 @@ def test_writes_are_fenced_and_leftovers_cleaned(etcd: EtcdServer, cluster: str)
             # Our key vanishes (lease expired) and another controller's takes its place.
             store.delete(keys.controller)
             store.put(keys.controller, md.ControllerInfo(controller_id=6))
-            with pytest.raises(_Fenced):
+            with pytest.raises(Fenced):
                 svc._txn(lead, [(keys.topic("z"), 0)], puts=[(keys.topic("z"), md.TopicMetadata())])
             assert store.get(keys.topic("z"), md.TopicMetadata) is None
             # The service notices through its view and gives that leadership up for good.

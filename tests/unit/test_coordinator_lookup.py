@@ -10,9 +10,10 @@ import pytest
 from strom.api import coordinator_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
 from strom.coordinator.cli import add_arguments
+from strom.coordinator.group_rpcs import _assignment_pb, _client_host
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offsets_log import ShardState, shard_for_group
-from strom.coordinator.service import FENCE_KEY, _assignment_pb, _client_host
+from strom.coordinator.shard_ownership import FENCE_KEY
 from strom.errors import ErrorCode as E
 from strom.metadata import ClusterView, Keys, Versioned
 

@@ -1,5 +1,5 @@
-"""Prometheus metrics of the controller that the service module does not define itself:
-RPC latency by result, and the partition-health gauges computed from the cluster view.
+"""Prometheus metrics of the controller: its role, admin requests and elections, RPC latency
+by result, and the cluster-health gauges computed from the cluster view.
 
 Every controller (active or standby) follows the whole cluster view, so every controller
 reports the cluster-wide gauges; dashboards and alerts take ``max()`` over them.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from strom.api import controller_pb2_grpc
 from strom.controller import leadership
@@ -41,26 +41,82 @@ PREFERRED_IMBALANCE = Gauge(
     "Partitions led by a replica other than their preferred (first) replica (every controller "
     "reports; use max())",
 )
+ACTIVE = Gauge("strom_controller_active", "1 while this controller is the active one, else 0")
+ADMIN_REQUESTS = Counter(
+    "strom_controller_admin_requests",
+    "Controller RPCs by name and result (the whole-request error, else the first item error)",
+    ["rpc", "error"],
+)
+TOPICS = Gauge(
+    "strom_controller_topics", "Topics in the cluster (every controller reports; use max())"
+)
+PARTITIONS = Gauge(
+    "strom_controller_partitions",
+    "Partitions in the cluster (every controller reports; use max())",
+)
+LIVE_NODES = Gauge(
+    "strom_controller_live_nodes",
+    "Registered storage nodes (every controller reports; use max())",
+)
+OFFLINE_PARTITIONS = Gauge(
+    "strom_controller_offline_partitions",
+    "Partitions without a leader (every controller reports; use max())",
+)
+UNDER_REPLICATED = Gauge(
+    "strom_controller_under_replicated_partitions",
+    "Partitions whose ISR is smaller than their replica set (every controller reports)",
+)
+LEADER_ELECTIONS = Counter(
+    "strom_controller_leader_elections",
+    "Leader changes committed by this controller, by reason",
+    ["reason"],
+)
+FAILOVER_SECONDS = Histogram(
+    "strom_controller_failover_seconds",
+    "From a storage node's registration disappearing to the new partition states committed",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
+)
+NODES_FENCED = Counter(
+    "strom_controller_nodes_fenced",
+    "Storage nodes whose lease this controller revoked because they refused connections",
+)
+FOLLOWING_ACTIVE = Gauge(
+    "strom_controller_following_active",
+    "1 while this standby holds a health stream to the active controller (fast takeover on)",
+)
+CONTROLLERS_FENCED = Counter(
+    "strom_controller_active_fenced",
+    "Active controllers whose election lease this standby revoked because they refused connections",
+)
+for _reason in ("failure", "preferred", "controlled_shutdown", "unclean", "reassignment"):
+    LEADER_ELECTIONS.labels(_reason)
 #: min.insync.replicas of a topic that does not override it.
 DEFAULT_MIN_ISR = int(CONFIG_KEYS["min.insync.replicas"].default)
 
 
 def update_gauges(view: ClusterView) -> None:
     """Recompute the view-derived gauges (watch thread, after every batch of changes)."""
-    under_min = imbalance = 0
+    offline = under = under_min = imbalance = 0
     with view.lock:
         topics = {n: v.value for n, v in view.topics.items() if not v.value.deleting}
+        LIVE_NODES.set(len(view.nodes))
         for (name, p), v in view.partitions.items():
             meta = topics.get(name)
             if meta is None or p >= meta.partition_count:
                 continue
             st = v.value
+            wanted = leadership.targets(st)
+            offline += st.leader < 0
+            under += any(r not in st.isr for r in wanted)
             try:
                 min_isr = int(meta.configs.get("min.insync.replicas", DEFAULT_MIN_ISR))
             except ValueError:
                 min_isr = DEFAULT_MIN_ISR
             under_min += len(st.isr) < min_isr
-            wanted = leadership.targets(st)
             imbalance += bool(wanted) and st.leader >= 0 and st.leader != wanted[0]
+    OFFLINE_PARTITIONS.set(offline)
+    UNDER_REPLICATED.set(under)
+    TOPICS.set(len(topics))
+    PARTITIONS.set(sum(t.partition_count for t in topics.values()))
     UNDER_MIN_ISR.set(under_min)
     PREFERRED_IMBALANCE.set(imbalance)

@@ -1,8 +1,9 @@
-"""Prometheus metrics of the group coordinator added around the service: RPC latency by
-result, groups by state, and rebalances with their duration.
+"""Prometheus metrics of the group coordinator: RPC latency and errors by result, shards
+owned and loaded, writes, members, lag, groups by state, and rebalances with their duration.
 
-They are attached by :func:`instrument` (wrappers around the service's RPC methods, its
-``_mutate`` and ``_unload``), so the service code that handles requests stays as it is.
+The latency, group-state and rebalance metrics are attached by :func:`instrument` (wrappers
+around the service's RPC methods, its ``_mutate`` and ``_unload``), so the service code that
+handles requests stays as it is.
 
 A *rebalance* starts when the group epoch goes up (a member joined or left, a subscription or
 the topics changed) and ends when every member has converged to the new target (STABLE), or
@@ -54,6 +55,29 @@ REBALANCE_SECONDS = Histogram(
     "From a rebalance's start to every member converged on the new assignment (or the group empty)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
 )
+RPC_ERRORS = Counter(
+    "strom_coordinator_request_errors_total",
+    "Coordinator RPC answers with a group-level error, by RPC and error",
+    ["rpc", "error"],
+)
+SHARDS_OWNED = Gauge("strom_coordinator_shards_owned", "Shards this coordinator owns (loaded)")
+SHARD_LOADS = Counter("strom_coordinator_shard_loads_total", "Shard (re)loads completed")
+MEMBERS = Gauge("strom_coordinator_members", "Members of the groups in the loaded shards")
+EXPIRED = Counter(
+    "strom_coordinator_members_expired_total", "Members removed by a timer, by reason", ["reason"]
+)
+WRITES = Counter("strom_coordinator_writes_total", "Batches appended to __consumer_offsets")
+SUPERSEDED_COMMITS = Counter(
+    "strom_coordinator_superseded_commits_total",
+    "Partition offsets an OffsetCommit left alone because a newer commit of the same committer "
+    "had already set them (a delayed or late-retried request)",
+)
+LAG = Gauge(
+    "strom_coordinator_consumer_lag",
+    "High watermark minus committed offset, per group and partition",
+    ["group", "topic", "partition"],
+)
+
 _STATES = (GroupState.EMPTY, GroupState.ASSIGNING, GroupState.RECONCILING, GroupState.STABLE)
 for _s in _STATES:
     GROUPS.labels(_s.name.lower())

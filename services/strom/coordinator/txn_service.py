@@ -70,9 +70,9 @@ from strom.errors import (
 from strom.metadata import ClusterView
 
 if TYPE_CHECKING:
-    from strom.coordinator.service import CoordinatorService
+    from strom.coordinator.shard_ownership import ShardOwnership
 
-    _Base = CoordinatorService
+    _Base = ShardOwnership
 else:
     _Base = object
 

@@ -47,6 +47,7 @@ from strom.metadata import ClusterView
 from strom.record.codecs import CODEC_NAMES
 from strom.storage.record_columns import ColumnsError, columns_to_table
 from strom.storage.record_producers import LeaderRoute, NodeProducer, SequencedSender
+from strom.storage.rpc_base import add_handlers
 from strom.storage.subscriptions import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
@@ -506,12 +507,7 @@ def add_to_server(service: RecordService, server: grpc.aio.Server) -> None:
             response_serializer=rp.CommitOffsetsResponse.SerializeToString,
         ),
     }
-    desc = rp.DESCRIPTOR.services_by_name["RecordService"]
-    missing = {m.name for m in desc.methods} - set(handlers)
-    assert not missing, f"RecordService methods without a handler: {missing}"
-    generic = grpc.method_handlers_generic_handler(desc.full_name, handlers)
-    server.add_generic_rpc_handlers((generic,))
-    server.add_registered_method_handlers(desc.full_name, handlers)
+    add_handlers(server, rp.DESCRIPTOR.services_by_name["RecordService"], handlers)
 
 
 __all__ = ["SERVICE_NAME", "RecordService", "add_to_server"]

@@ -1,0 +1,174 @@
+"""The controller's config RPCs: DescribeConfigs (topics and nodes) and AlterConfigs
+(topics; node configs are static) (DESIGN §4).
+
+What a config key means, its default and how an override is validated live in
+:mod:`strom.controller.configs` and :mod:`strom.log.config`; this module reads topics from
+the view and writes their overrides with CAS on the topic key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from strom.api import controller_pb2 as pb
+from strom.api import metadata_pb2 as md
+from strom.controller.cas import commit_with_retry
+from strom.controller.configs import apply_config_ops, describe_topic_configs
+from strom.controller.core import ControllerCore, Leadership, item_error, rack_of, rpc
+from strom.errors import (
+    BrokerNotAvailableError,
+    ErrorCode,
+    InvalidRequestError,
+    StromError,
+    UnknownTopicOrPartitionError,
+)
+from strom.metadata import Versioned
+
+log = logging.getLogger("strom.controller")
+E = ErrorCode
+
+
+class ConfigRpcs(ControllerCore):
+    """DescribeConfigs and AlterConfigs."""
+
+    @rpc(write=False)
+    async def DescribeConfigs(
+        self,
+        lead: Leadership,
+        request: pb.DescribeConfigsRequest,
+        response: pb.DescribeConfigsResponse,
+    ) -> None:
+        assert self.view is not None
+        for res in request.resources:
+            result = response.results.add(
+                resource_type=res.resource_type, resource_name=res.resource_name
+            )
+            try:
+                entries = self._describe_resource(res, request.include_documentation)
+                result.configs.extend(entries)
+            except StromError as exc:
+                item_error(result, exc)
+
+    def _describe_resource(
+        self, res: pb.DescribeConfigsResource, include_documentation: bool
+    ) -> list[pb.ConfigEntry]:
+        assert self.view is not None
+        if res.resource_type == pb.RESOURCE_TYPE_TOPIC:
+            topic = self._topic_visible(res.resource_name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {res.resource_name!r} does not exist")
+            return describe_topic_configs(
+                dict(topic.configs),
+                list(res.config_names),
+                include_documentation=include_documentation,
+            )
+        if res.resource_type == pb.RESOURCE_TYPE_NODE:
+            if not res.resource_name.isdigit():
+                raise InvalidRequestError(
+                    f"node resource name must be a node id in decimal, not {res.resource_name!r}"
+                )
+            node = self.view.live_nodes().get(int(res.resource_name))
+            if node is None:
+                raise BrokerNotAvailableError(f"node {res.resource_name} is not registered")
+            return self._node_configs(node, list(res.config_names), include_documentation)
+        raise InvalidRequestError(
+            f"resource type {res.resource_type} is not supported (use TOPIC or NODE)"
+        )
+
+    @staticmethod
+    def _node_configs(
+        node: md.NodeRegistration, names: list[str], include_documentation: bool
+    ) -> list[pb.ConfigEntry]:
+        """What the controller knows of a node's static config: its registration."""
+        values: dict[str, tuple[str | None, str]] = {
+            "advertised.host": (node.host, "host clients and other nodes connect to"),
+            "metrics.port": (str(node.metrics_port), "Prometheus /metrics HTTP port"),
+            "node.id": (str(node.node_id), "the node's id, stable across restarts"),
+            "port": (str(node.port), "gRPC port of the storage service"),
+            "rack": (rack_of(node), "rack or availability zone, for rack-aware placement"),
+            "software.version": (node.software_version, "strom version the node runs"),
+        }
+        out = []
+        for name in sorted(values):
+            if names and name not in names:
+                continue
+            value, doc = values[name]
+            entry = pb.ConfigEntry(
+                name=name, source=pb.CONFIG_SOURCE_STATIC_NODE_CONFIG, read_only=True
+            )
+            if value is not None:
+                entry.value = value
+            if include_documentation:
+                entry.documentation = doc
+            out.append(entry)
+        return out
+
+    @rpc(write=True)
+    async def AlterConfigs(
+        self, lead: Leadership, request: pb.AlterConfigsRequest, response: pb.AlterConfigsResponse
+    ) -> None:
+        view = self._live_view
+        changed: dict[str, dict[str, str]] = {}
+        for res in request.resources:
+            result = response.results.add(
+                resource_type=res.resource_type, resource_name=res.resource_name
+            )
+            try:
+                new = await asyncio.to_thread(
+                    self._alter_topic_configs, lead, res, request.validate_only
+                )
+                if new is not None:
+                    changed[res.resource_name] = new
+            except StromError as exc:
+                item_error(result, exc)
+        if changed:
+            await self._await_view(
+                lambda: all(
+                    (v := view.topics.get(n)) is not None and dict(v.value.configs) == c
+                    for n, c in changed.items()
+                ),
+                f"new configs of {sorted(changed)}",
+            )
+
+    def _alter_topic_configs(
+        self, lead: Leadership, res: pb.AlterConfigsResource, validate_only: bool
+    ) -> dict[str, str] | None:
+        """Apply one resource's changes with CAS (blocking); the new overrides, or None."""
+        assert self.store is not None
+        if res.resource_type == pb.RESOURCE_TYPE_NODE:
+            raise InvalidRequestError("node configs are static and cannot be altered")
+        if res.resource_type != pb.RESOURCE_TYPE_TOPIC:
+            raise InvalidRequestError(
+                f"resource type {res.resource_type} cannot be altered (use TOPIC)"
+            )
+        store, key = self.store, self.store.keys.topic(res.resource_name)
+        ops = [(c.name, c.op, c.value if c.HasField("value") else None) for c in res.configs]
+
+        def decide() -> tuple[Versioned, dict[str, str]]:
+            current = store.get(key, md.TopicMetadata)
+            if current is None or current.value.deleting:
+                raise UnknownTopicOrPartitionError(f"topic {res.resource_name!r} does not exist")
+            return current, apply_config_ops(dict(current.value.configs), ops)
+
+        def commit(decision: tuple[Versioned, dict[str, str]]) -> bool:
+            if validate_only:
+                return True  # checked, nothing to write
+            current, new = decision
+            updated = md.TopicMetadata()
+            updated.CopyFrom(current.value)
+            updated.ClearField("configs")
+            updated.configs.update(new)
+            return self._txn(lead, [(key, current.mod_revision)], puts=[(key, updated)])
+
+        _, new = commit_with_retry(
+            decide, commit, attempts=5, gave_up=f"topic {res.resource_name!r} kept changing; retry"
+        )
+        if validate_only:
+            return None
+        log.info(
+            "altered configs of topic %s",
+            res.resource_name,
+            extra={"fields": {"topic": res.resource_name, "configs": new}},
+        )
+        return new

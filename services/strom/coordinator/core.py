@@ -1,0 +1,210 @@
+"""What the coordinator's concerns share: the started view, finding a group's shard, and
+running a group engine call durably (DESIGN §7).
+
+The concern modules (shard_ownership, storage_io, group_rpcs, offset_rpcs, timers and the
+transaction RPCs of txn_service) are mixins over :class:`CoordinatorCore`, joined into one
+servicer in :mod:`strom.coordinator.service`.
+
+Writes. Every change the engines return (:class:`ConsumerGroup` ``records``) is appended as one
+batch, acks=all, with the owner's producer id, epoch and the next sequence, *before* the RPC is
+answered; operations of one shard are serialised by a lock, so sequences are consecutive. A
+write that cannot be completed (fenced, leader gone for too long) leaves the in-memory state
+possibly ahead of the log, so the shard is reloaded from the log (which also re-fences), and
+the caller gets a retriable error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from strom.api import coordinator_pb2
+from strom.clock import wall_ms
+from strom.coordinator import metrics
+from strom.coordinator.group import ConsumerGroup, GroupConfig, GroupState
+from strom.coordinator.lookup import shard_count
+from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, GroupRecord, shard_for_group
+from strom.coordinator.shards import Shard, ShardKind
+from strom.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    ErrorCode,
+    GroupIdNotFoundError,
+    InvalidGroupIdError,
+    NotCoordinatorError,
+    StromError,
+    error_name,
+)
+from strom.metadata import ClusterView, KeepAlive, MetadataStore, WatchEvent
+
+log = logging.getLogger("strom.coordinator")
+E = ErrorCode
+T = TypeVar("T")
+
+
+def rpc(*, with_context: bool = False) -> Callable[[Callable[..., Awaitable[None]]], Any]:
+    """Make ``body(self, request, response)`` the handler of the RPC it is named after: a
+    fresh ``<Name>Response`` filled in place by the body and returned. ``with_context``
+    passes the gRPC context as a fourth argument. Errors are the body's to answer
+    (:meth:`CoordinatorCore._fail`): one group's failure is that group's error code."""
+
+    def decorate(body: Callable[..., Awaitable[None]]) -> Any:
+        response_type = getattr(coordinator_pb2, f"{body.__name__}Response")
+
+        @functools.wraps(body)
+        async def handler(self: CoordinatorCore, request: Any, context: Any) -> Message:
+            response = response_type()
+            await body(self, request, response, *((context,) if with_context else ()))
+            return response
+
+        return handler
+
+    return decorate
+
+
+class CoordinatorCore:
+    """State and plumbing every concern mixin uses; the attributes are set in
+    :meth:`strom.coordinator.service.CoordinatorService.__init__`."""
+
+    coordinator_id: int
+    advertise_host: str
+    advertise_port: int
+    metrics_port: int
+    incarnation_id: str
+    lease_ttl_s: int
+    lag_interval_s: float
+    group_config: GroupConfig
+    store: MetadataStore | None
+    view: ClusterView | None
+    group_kind: ShardKind
+    txn_kind: ShardKind
+    kinds: tuple[ShardKind, ...]
+    #: The group shards this process owns (the transaction ones: ``txn_kind.shards``).
+    shards: dict[int, Shard]
+    _lease: Any
+    _keepalive: KeepAlive | None
+    _loop: asyncio.AbstractEventLoop | None
+    _wake: asyncio.Event | None
+    _tasks: set[asyncio.Task[Any]]
+    _channels: dict[str, grpc.aio.Channel]
+    _stopping: bool
+    _topics_cache: tuple[int, dict[str, int]]
+
+    # Implemented by the mixins (shard_ownership, storage_io); declared for the others.
+    def _unload(self, shard: Shard) -> None:
+        raise NotImplementedError
+
+    async def _write(self, shard: Shard, records: list[GroupRecord]) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _on_view_events(self, events: list[WatchEvent]) -> None:
+        """Watch thread: something changed in etcd (owners, topics, nodes): re-check shards."""
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(wake.set)
+
+    def _from_thread(self, fn: Callable[[], Awaitable[None]]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(lambda: self._spawn(fn()))
+
+    def _started_view(self) -> ClusterView:
+        """The cluster view, or COORDINATOR_NOT_AVAILABLE (retriable) while the process is
+        still starting: the gRPC port is bound before etcd is reached, and a client that
+        calls in that moment must be told to retry, not handed an internal error."""
+        if self.view is None:
+            raise CoordinatorNotAvailableError(
+                f"coordinator {self.coordinator_id} is starting; retry shortly"
+            )
+        return self.view
+
+    def _shard_of(self, group_id: str) -> Shard:
+        """The loaded shard holding ``group_id``; raises the group-level errors."""
+        if not group_id:
+            raise InvalidGroupIdError("group id must not be empty")
+        shards = shard_count(self._started_view())
+        if shards is None:
+            raise NotCoordinatorError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
+        s = shard_for_group(group_id, shards)
+        shard = self.shards.get(s)
+        if shard is None or self._stopping:
+            raise NotCoordinatorError(f"coordinator {self.coordinator_id} does not own shard {s}")
+        if not shard.loaded:
+            raise CoordinatorLoadInProgressError(f"shard {s} is still loading")
+        return shard
+
+    async def _mutate(
+        self,
+        group_id: str,
+        fn: Callable[[ConsumerGroup], T],
+        records_of: Callable[[T], list[GroupRecord]],
+        *,
+        create: bool = True,
+    ) -> T:
+        """Run an engine call on the group and make its records durable before returning.
+
+        The engine raises (changing nothing) for protocol errors. If the write fails, the
+        in-memory state may be ahead of the log: the shard is reloaded from the log.
+        """
+        shard = self._shard_of(group_id)
+        async with shard.lock:
+            if not shard.loaded or self.shards.get(shard.index) is not shard:
+                raise NotCoordinatorError(f"shard {shard.index} moved")
+            group = shard.groups.get(group_id)
+            fresh = group is None
+            if group is None:
+                if not create:
+                    raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
+                group = ConsumerGroup(group_id, config=self.group_config, now_ms=wall_ms())
+            result = fn(group)
+            records = records_of(result)
+            if records:
+                await self._write(shard, records)
+            if fresh and records:
+                shard.groups[group_id] = group
+            if group.state is GroupState.DEAD:
+                shard.groups.pop(group_id, None)
+            return result
+
+    def _topics(self) -> dict[str, int]:
+        """The cluster's live topics → partition counts (cached per view revision)."""
+        view = self._started_view()
+        with view.lock:
+            rev = view.revision
+            if self._topics_cache[0] == rev:
+                return self._topics_cache[1]
+            topics = {
+                name: v.value.partition_count
+                for name, v in view.topics.items()
+                if not v.value.deleting
+            }
+        self._topics_cache = (rev, topics)
+        return topics
+
+    @staticmethod
+    def _fail(rpc: str, resp: Any, exc: BaseException) -> None:
+        if isinstance(exc, StromError):
+            resp.error_code = exc.code if exc.code is not None else E.UNKNOWN_SERVER_ERROR
+            resp.error_message = exc.message
+        else:
+            log.exception("%s failed", rpc, exc_info=exc)
+            resp.error_code = E.UNKNOWN_SERVER_ERROR
+            resp.error_message = f"{type(exc).__name__}: {exc}"
+        metrics.RPC_ERRORS.labels(rpc, error_name(resp.error_code)).inc()

@@ -1,0 +1,192 @@
+"""The consumer-group RPCs: ConsumerGroupHeartbeat, ListGroups, DescribeGroups and
+DeleteGroups (DESIGN §7).
+
+The group protocol itself is the engine :class:`strom.coordinator.group.ConsumerGroup`; these
+handlers find the group's shard, run the engine call durably
+(:meth:`CoordinatorCore._mutate`) and translate its result into the response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+
+from strom.api import coordinator_pb2 as pb
+from strom.clock import wall_ms
+from strom.coordinator.core import rpc
+from strom.coordinator.group import ConsumerGroup, GroupState
+from strom.coordinator.storage_io import StorageIO
+from strom.errors import ErrorCode, GroupIdNotFoundError
+
+E = ErrorCode
+
+
+def _client_host(peer: str | None) -> str:
+    """``ipv4:127.0.0.1:5555`` / ``ipv6:[::1]:5555`` → the host part."""
+    if not peer:
+        return ""
+    _, _, rest = peer.partition(":")
+    host, _, _ = rest.rpartition(":")
+    return host.strip("[]") or rest
+
+
+def _assignment_pb(parts: Mapping[str, Iterable[int]]) -> pb.Assignment:
+    a = pb.Assignment()
+    for t in sorted(parts):
+        ps = sorted(parts[t])
+        if ps:
+            a.topic_partitions.add(topic=t, partitions=ps)
+    return a
+
+
+class GroupRpcs(StorageIO):
+    """ConsumerGroupHeartbeat, ListGroups, DescribeGroups, DeleteGroups."""
+
+    @rpc(with_context=True)
+    async def ConsumerGroupHeartbeat(
+        self,
+        request: pb.ConsumerGroupHeartbeatRequest,
+        resp: pb.ConsumerGroupHeartbeatResponse,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        resp.member_id = request.member_id
+        resp.member_epoch = -1
+        meta = dict(context.invocation_metadata() or ())
+        client_id = str(meta.get("strom-client-id", ""))
+        client_host = _client_host(context.peer())
+        owned = {tp.topic: list(tp.partitions) for tp in request.owned_topic_partitions}
+
+        def beat(group: ConsumerGroup) -> Any:
+            return group.heartbeat(
+                member_id=request.member_id,
+                member_epoch=request.member_epoch,
+                now_ms=wall_ms(),
+                topics=self._topics(),
+                instance_id=request.instance_id if request.HasField("instance_id") else None,
+                rack_id=request.rack_id if request.HasField("rack_id") else None,
+                subscribed_topic_names=request.subscribed_topic_names,
+                subscribed_topic_regex=(
+                    request.subscribed_topic_regex
+                    if request.HasField("subscribed_topic_regex")
+                    else None
+                ),
+                server_assignor=(
+                    request.server_assignor if request.HasField("server_assignor") else None
+                ),
+                owned_partitions=owned,
+                rebalance_timeout_ms=request.rebalance_timeout_ms,
+                client_id=client_id,
+                client_host=client_host,
+            )
+
+        try:
+            result = await self._mutate(request.group_id, beat, lambda r: r.records)
+        except Exception as exc:
+            self._fail("ConsumerGroupHeartbeat", resp, exc)
+            return
+        resp.member_id = result.member_id
+        resp.member_epoch = result.member_epoch
+        resp.heartbeat_interval_ms = result.heartbeat_interval_ms
+        if result.assignment is not None:
+            resp.assignment.CopyFrom(_assignment_pb(result.assignment))
+
+    @rpc()
+    async def ListGroups(self, request: pb.ListGroupsRequest, resp: pb.ListGroupsResponse) -> None:
+        states = set(request.states_filter)
+        loading = []
+        listed = []
+        for s, shard in sorted(self.shards.items()):
+            if not shard.loaded:
+                loading.append(s)
+                continue
+            resp.shards.append(s)
+            for gid, g in shard.groups.items():
+                state = int(g.state)
+                if state == pb.GROUP_STATE_DEAD or (states and state not in states):
+                    continue
+                listed.append(
+                    pb.ListedGroup(group_id=gid, state=state, shard=s, member_count=len(g.members))
+                )
+        resp.groups.extend(sorted(listed, key=lambda g: g.group_id))
+        if loading:
+            resp.error_code = E.COORDINATOR_LOAD_IN_PROGRESS  # type: ignore[assignment]
+            resp.error_message = f"shards {loading} are still loading"
+
+    @rpc()
+    async def DescribeGroups(
+        self, request: pb.DescribeGroupsRequest, resp: pb.DescribeGroupsResponse
+    ) -> None:
+        for gid in request.group_ids:
+            d = resp.groups.add(group_id=gid)
+            try:
+                shard = self._shard_of(gid)
+                group = shard.groups.get(gid)
+                if group is None or group.state is GroupState.DEAD:
+                    raise GroupIdNotFoundError(f"group {gid!r} does not exist")
+            except Exception as exc:
+                self._fail("DescribeGroups", d, exc)
+                continue
+            d.state = int(group.state)  # type: ignore[assignment]
+            d.group_epoch = group.group_epoch
+            d.assignment_epoch = group.assignment_epoch
+            d.assignor_name = group.assignor_name
+            for mid in sorted(group.members):
+                m = group.members[mid]
+                dm = d.members.add(
+                    member_id=mid,
+                    client_id=m.metadata.client_id,
+                    client_host=m.metadata.client_host,
+                    member_epoch=m.member_epoch,
+                    state=int(m.state),
+                    subscribed_topic_names=list(m.metadata.subscribed_topic_names),
+                )
+                if m.metadata.instance_id is not None:
+                    dm.instance_id = m.metadata.instance_id
+                if m.metadata.rack_id is not None:
+                    dm.rack_id = m.metadata.rack_id
+                if m.metadata.subscribed_topic_regex is not None:
+                    dm.subscribed_topic_regex = m.metadata.subscribed_topic_regex
+                dm.assignment.CopyFrom(_assignment_pb(m.assigned))
+                dm.target_assignment.CopyFrom(_assignment_pb(group.target.get(mid, {})))
+            if request.include_offsets:
+                await self._describe_offsets(group, d)
+
+    async def _describe_offsets(self, group: ConsumerGroup, d: pb.DescribedGroup) -> None:
+        parts = set(group.offsets)
+        for m in group.members.values():
+            for t, ps in m.assigned.items():
+                parts.update((t, p) for p in ps)
+        ends = await self._end_offsets(parts)
+        for t, p in sorted(parts):
+            om = group.offsets.get((t, p))
+            end = ends.get((t, p), -1)
+            committed = om.offset if om is not None else -1
+            if end < 0:
+                lag = -1
+            elif committed >= 0:
+                lag = max(0, end - committed)
+            else:
+                lag = 0 if end == 0 else -1
+            d.offsets.add(
+                topic=t,
+                partition=p,
+                committed_offset=committed,
+                committed_leader_epoch=om.leader_epoch if om is not None else -1,
+                metadata=om.metadata if om is not None else "",
+                end_offset=end,
+                lag=lag,
+                member_id=group.owner_of(t, p) or "",
+            )
+
+    @rpc()
+    async def DeleteGroups(
+        self, request: pb.DeleteGroupsRequest, resp: pb.DeleteGroupsResponse
+    ) -> None:
+        for gid in request.group_ids:
+            r = resp.results.add(group_id=gid)
+            try:
+                await self._mutate(gid, lambda g: g.delete(), lambda recs: recs, create=False)
+            except Exception as exc:
+                self._fail("DeleteGroups", r, exc)

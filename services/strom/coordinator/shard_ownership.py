@@ -1,0 +1,361 @@
+"""Shard ownership: claiming, loading and dropping the shards of ``__consumer_offsets`` and
+``__transaction_state`` (DESIGN §7).
+
+Shards. Group ``g`` lives in shard ``shard_for_group(g, S)``, partition ``s`` of the compacted
+internal topic ``__consumer_offsets`` (the first coordinator creates it through the controller,
+``cleanup.policy=compact``, replication factor min(3, live nodes)). A coordinator owns a shard
+while its lease-bound key ``coordinators/<s>`` exists; it takes free shards by creating the key
+(create-if-absent), so any number of coordinators can run and a dead one's shards are taken by
+the others once its lease expires. All shard keys of one process share one lease: revoking it
+on shutdown hands every shard over at once.
+
+Loading (why it is safe to take over a shard a deposed owner may still write to): the new owner
+replays the partition from its start (:class:`ShardState`, latest record per key wins), then
+asks InitProducerId to bump the epoch of the producer id found there, and appends a *fence*
+batch with that epoch (acks=all). From then on the leader refuses the previous owner's writes
+(INVALID_PRODUCER_EPOCH). Whatever the previous owner appended before the fence is replayed
+too; then the owner checks its etcd key is still its own, publishes the epoch in it and only
+then serves. Until then requests are answered COORDINATOR_LOAD_IN_PROGRESS; requests for shards
+owned elsewhere NOT_COORDINATOR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+
+import grpc
+
+from strom.api import controller_pb2, controller_pb2_grpc
+from strom.api import metadata_pb2 as md
+from strom.clock import wall_ms
+from strom.coordinator import metrics
+from strom.coordinator.group import ConsumerGroup
+from strom.coordinator.lookup import shard_count
+from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
+from strom.coordinator.shards import Shard, ShardKind
+from strom.coordinator.storage_io import ShardLost, StorageIO
+from strom.errors import (
+    ErrorCode,
+    NotCoordinatorError,
+    RequestTimedOutError,
+    StromError,
+    error_name,
+)
+from strom.metadata import MetadataUnavailableError
+
+log = logging.getLogger("strom.coordinator")
+E = ErrorCode
+
+#: Key of the fence record a new owner appends: a ``GroupRecordKey`` whose only field is the
+#: unknown field 15 (empty), so replay skips it as "a kind this version does not know", and
+#: compaction keeps just the latest one. (A documented oneof kind would be nicer: see the
+#: issue note.)
+FENCE_KEY = b"\x7a\x00"
+#: Metadata key that lets CreateTopics create an internal (``__``) topic
+#: (controller/topics_admin.py).
+INTERNAL_TOPICS_METADATA_KEY = "strom-internal-topics"
+
+
+class ShardOwnership(StorageIO):
+    """The ownership loop, shard loading and unloading, and durable shard writes."""
+
+    _waiting_logged: dict[str, bool]
+
+    async def _new_lease(self) -> None:
+        assert self.store is not None
+        store = self.store
+        lease = await asyncio.to_thread(
+            store.retry, lambda: store.grant_lease(self.lease_ttl_s), deadline_s=60
+        )
+        self._lease = lease
+        self._keepalive = store.keep_alive(lease, lambda: self._from_thread(self._lease_lost))
+
+    async def _lease_lost(self) -> None:
+        """etcd dropped our lease (we could not refresh it in time): every shard key is gone,
+        another coordinator may own the shards now. Drop them all and start over."""
+        if self._stopping:
+            return
+        log.warning("coordinator %d lost its etcd lease; releasing all shards", self.coordinator_id)
+        for shard in self._all_shards():
+            self._unload(shard)
+        await self._new_lease()
+        if self._wake is not None:
+            self._wake.set()
+
+    def _owner(self, shard: Shard, epoch: int, producer_id: int) -> md.CoordinatorShardOwner:
+        return md.CoordinatorShardOwner(
+            shard=shard.index,
+            coordinator_id=self.coordinator_id,
+            host=self.advertise_host,
+            port=self.advertise_port,
+            epoch=epoch,
+            producer_id=producer_id,
+            acquired_ms=shard.acquired_ms,
+            incarnation_id=self.incarnation_id,
+            metrics_port=self.metrics_port,
+        )
+
+    def _all_shards(self) -> list[Shard]:
+        return [s for kind in self.kinds for s in kind.shards.values()]
+
+    def _update_gauges(self) -> None:
+        loaded = [s for s in self.shards.values() if s.loaded]
+        metrics.SHARDS_OWNED.set(len(loaded))
+        metrics.set_transaction_states(
+            t for s in self.txn_kind.shards.values() if s.loaded for t in s.transactions.values()
+        )
+        metrics.set_group_states(g for s in loaded for g in s.groups.values())
+        metrics.MEMBERS.set(sum(len(g.members) for s in loaded for g in s.groups.values()))
+
+    async def _ownership_loop(self) -> None:
+        """Create ``__consumer_offsets`` and ``__transaction_state`` if needed, claim free
+        shards, drop lost ones; woken by every etcd change, with a slow tick as a safety net."""
+        assert self._wake is not None
+        while not self._stopping:
+            self._wake.clear()
+            for kind in self.kinds:
+                try:
+                    if await self._ensure_topic(kind):
+                        await self._claim_shards(kind)
+                except asyncio.CancelledError:
+                    raise
+                except MetadataUnavailableError as exc:  # etcd away or our lease just expired
+                    log.warning("%s shard ownership pass: %s; retrying", kind.name, exc)
+                except Exception:
+                    log.exception("%s shard ownership pass failed", kind.name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+
+    async def _ensure_topic(self, kind: ShardKind) -> bool:
+        """True once the kind's topic exists; asks the active controller to create it."""
+        assert self.view is not None
+        view = self.view
+        if shard_count(view, topic=kind.topic) is not None:
+            return True
+        nodes = view.live_nodes()
+        controller = view.controller_info()
+        if not nodes or controller is None:
+            return False  # woken again when they appear
+        if len(nodes) < kind.replication_factor:
+            # As Kafka: an internal topic is created with its full replication factor, never
+            # a smaller one because some nodes were not up yet (a node loss would then take
+            # every group or transaction of its shards offline).
+            if not self._waiting_logged.get(kind.topic):
+                log.warning(
+                    "waiting for %d live storage nodes (%d now) to create %s with "
+                    "replication factor %d (--offsets-replication-factor)",
+                    kind.replication_factor,
+                    len(nodes),
+                    kind.topic,
+                    kind.replication_factor,
+                )
+                self._waiting_logged[kind.topic] = True
+            return False
+        req = controller_pb2.CreateTopicsRequest(timeout_ms=10_000)
+        req.topics.add(
+            name=kind.topic,
+            num_partitions=kind.partitions,
+            replication_factor=kind.replication_factor,
+            configs={"cleanup.policy": "compact"},
+        )
+        stub = controller_pb2_grpc.ControllerServiceStub(
+            self._channel(f"{controller.host}:{controller.port}")
+        )
+        try:
+            resp = await stub.CreateTopics(
+                req, timeout=15.0, metadata=((INTERNAL_TOPICS_METADATA_KEY, "true"),)
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.info("CreateTopics %s: %s", kind.topic, exc.code().name)
+            return False
+        if resp.error_code != E.NONE:
+            log.info("CreateTopics %s: %s", kind.topic, error_name(resp.error_code))
+            return False
+        for t in resp.topics:
+            if t.error_code not in (E.NONE, E.TOPIC_ALREADY_EXISTS):
+                log.warning(
+                    "cannot create %s: %s %s",
+                    kind.topic,
+                    error_name(t.error_code),
+                    t.error_message,
+                )
+                return False
+            if t.error_code == E.NONE:
+                log.info("created %s with %d partitions", kind.topic, t.num_partitions)
+        return shard_count(view, topic=kind.topic) is not None
+
+    async def _claim_shards(self, kind: ShardKind) -> None:
+        assert self.view is not None and self.store is not None
+        view, store = self.view, self.store
+        shards = shard_count(view, topic=kind.topic) or 0
+        owned = kind.shards
+        with view.lock:
+            owners = {s: v.value for s, v in kind.owners(view).items()}
+            revision = view.revision
+        # Lost: our key vanished (lease expired) or belongs to someone else now.
+        for s, shard in list(owned.items()):
+            owner = owners.get(s)
+            if revision >= shard.create_revision and (
+                owner is None or owner.incarnation_id != self.incarnation_id
+            ):
+                log.warning("%s shard %d is no longer ours; dropping it", kind.name, s)
+                self._unload(shard)
+        # Spread shards: take free ones, but no more than a fair share of the coordinators
+        # seen owning shards (a lone coordinator takes them all; nothing is moved later).
+        owners_seen = {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
+        fair = math.ceil(shards / max(1, len(owners_seen)))
+        free = [s for s in range(shards) if s not in owners and s not in owned]
+        mine = len(owned)
+        for s in free:
+            if self._stopping or self._lease is None:
+                return
+            if len(owners_seen) > 1 and mine >= fair:
+                break
+            if s in owners:
+                continue
+            shard = Shard(s, kind, acquired_ms=wall_ms())
+            key = kind.key(store.keys, s)
+            lease = self._lease
+            created = await asyncio.to_thread(
+                store.create, key, self._owner(shard, -1, -1), lease=lease
+            )
+            if not created:
+                continue
+            current = await asyncio.to_thread(store.get, key, md.CoordinatorShardOwner)
+            if current is None or current.value.incarnation_id != self.incarnation_id:
+                continue
+            shard.create_revision = current.create_revision
+            owned[s] = shard
+            mine += 1
+            log.info("took %s shard %d", kind.name, s, extra={"fields": {"shard": s}})
+            self._start_load(shard)
+            # One shard at a time, re-reading the owners: coordinators started together
+            # interleave their claims instead of the first one taking everything.
+            await asyncio.sleep(0.02)
+            with view.lock:
+                owners = {s2: v.value for s2, v in kind.owners(view).items()}
+            owners_seen = {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
+            fair = math.ceil(shards / max(1, len(owners_seen)))
+
+    def _start_load(self, shard: Shard) -> None:
+        shard.loaded = False
+        shard.generation += 1
+        if shard.loader is not None and not shard.loader.done():
+            shard.loader.cancel()
+        shard.loader = self._spawn(self._load_until_done(shard, shard.generation))
+        self._update_gauges()
+
+    def _unload(self, shard: Shard) -> None:
+        shard.loaded = False
+        shard.generation += 1
+        shard.groups = {}
+        shard.transactions = {}
+        for done in shard.completing.values():  # waiters look again (and find it moved)
+            done.set()
+        shard.completing.clear()
+        if shard.loader is not None and not shard.loader.done():
+            shard.loader.cancel()
+        assert shard.kind is not None
+        if shard.kind.shards.get(shard.index) is shard:
+            del shard.kind.shards[shard.index]
+        self._update_gauges()
+
+    async def _load_until_done(self, shard: Shard, generation: int) -> None:
+        delay = 0.1
+        while not self._stopping and shard.generation == generation:
+            try:
+                await self._load(shard, generation)
+                return
+            except asyncio.CancelledError:
+                raise
+            except ShardLost as exc:
+                log.warning("shard %d lost while loading: %s", shard.index, exc)
+                if shard.generation == generation:
+                    self._unload(shard)
+                return
+            except Exception as exc:
+                log.info("loading shard %d failed (%s); retrying", shard.index, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _load(self, shard: Shard, generation: int) -> None:
+        """Replay, bump the producer epoch, fence, replay the rest, publish, serve."""
+        assert self.store is not None and shard.kind is not None
+        kind = shard.kind
+        t0 = time.monotonic()
+        state = kind.new_state()
+        position = await self._replay(shard.index, state, 0, until=None, topic=kind.topic)
+        pid, epoch = await self._init_producer(state.producer_id, state.producer_epoch)
+        self._check_generation(shard, generation)
+        fence = self._owner(shard, epoch, pid).SerializeToString()
+        batch = encode_group_batch(
+            [GroupRecord(FENCE_KEY, fence)], producer_id=pid, producer_epoch=epoch, base_sequence=0
+        )
+        fence_offset = await self._produce(shard.index, batch, kind.topic)
+        # What the previous owner appended between our replay and the fence is state too.
+        await self._replay(shard.index, state, position, until=fence_offset + 1, topic=kind.topic)
+        self._check_generation(shard, generation)
+        now = wall_ms()
+        groups = {
+            gid: ConsumerGroup.from_snapshot(snap, now_ms=now, config=self.group_config)
+            for gid, snap in getattr(state, "groups", {}).items()
+        }
+        store = self.store
+        key = kind.key(store.keys, shard.index)
+        current = await asyncio.to_thread(store.get, key, md.CoordinatorShardOwner)
+        if current is None or current.value.incarnation_id != self.incarnation_id:
+            raise ShardLost("the shard key is not ours any more")
+        await asyncio.to_thread(store.put, key, self._owner(shard, epoch, pid), lease=self._lease)
+        self._check_generation(shard, generation)
+        shard.groups = groups
+        shard.transactions = dict(getattr(state, "transactions", {}))
+        shard.durable = state
+        shard.producer_id, shard.producer_epoch, shard.next_sequence = pid, epoch, 1
+        shard.loaded = True
+        metrics.SHARD_LOADS.inc()
+        self._update_gauges()
+        if shard.transactions:
+            self._resume_transactions(shard)
+        log.info(
+            "loaded %s shard %d: %d groups, %d transactional ids, producer %d epoch %d, %.0f ms",
+            kind.name,
+            shard.index,
+            len(groups),
+            len(shard.transactions),
+            pid,
+            epoch,
+            (time.monotonic() - t0) * 1000,
+            extra={"fields": {"shard": shard.index, "producer_epoch": epoch}},
+        )
+
+    @staticmethod
+    def _check_generation(shard: Shard, generation: int) -> None:
+        if shard.generation != generation:
+            raise asyncio.CancelledError()
+
+    async def _write(self, shard: Shard, records: list[GroupRecord]) -> None:
+        batch = encode_group_batch(
+            records,
+            producer_id=shard.producer_id,
+            producer_epoch=shard.producer_epoch,
+            base_sequence=shard.next_sequence,
+        )
+        try:
+            await self._produce(shard.index, batch, shard.topic)
+        except ShardLost as exc:
+            log.warning("shard %d fenced (%s); dropping it", shard.index, exc)
+            self._unload(shard)
+            raise NotCoordinatorError(f"shard {shard.index} moved to another coordinator") from None
+        except Exception as exc:
+            log.warning("write to shard %d failed (%s); reloading it", shard.index, exc)
+            self._start_load(shard)
+            if isinstance(exc, StromError):
+                raise RequestTimedOutError(exc.message) from None
+            raise RequestTimedOutError(f"write failed: {exc}") from None
+        shard.next_sequence = (shard.next_sequence + len(records)) & 0x7FFFFFFF
+        shard.durable.apply_records(records)
+        self._update_gauges()

@@ -1,0 +1,212 @@
+"""The coordinator talking to storage nodes: replaying a shard's partition, appending to it
+with the shard's idempotent producer, bumping that producer's epoch, and reading end offsets
+(DESIGN §7).
+
+Leaders come from the cluster view; a leader move or timeout is retried with the same bytes
+(the idempotent producer makes a resend safe) for up to ``WRITE_RETRY_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from strom.api import storage_pb2, storage_pb2_grpc
+from strom.coordinator import metrics
+from strom.coordinator.core import CoordinatorCore
+from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
+from strom.coordinator.replay import ReplayState
+from strom.errors import ErrorCode, RequestTimedOutError, StromError, UnknownServerError, error_name
+from strom.security import default_channel
+from strom.service.runtime import GRPC_OPTIONS
+
+E = ErrorCode
+
+#: How long a write keeps retrying leader moves before the shard is reloaded.
+WRITE_RETRY_S = 10.0
+
+
+class ShardLost(Exception):
+    """The shard is no longer this process's (fenced, key gone): stop using it."""
+
+
+class StorageIO(CoordinatorCore):
+    """Fetch, Produce, InitProducerId and ListOffsets calls to the storage nodes."""
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = default_channel().aio_channel(address, GRPC_OPTIONS)
+        return ch
+
+    def _leader(self, partition: int, topic: str = CONSUMER_OFFSETS_TOPIC) -> tuple[str, int]:
+        """(address, leader epoch) of a partition's leader from the view; raises if none."""
+        assert self.view is not None
+        state = self.view.partition(topic, partition)
+        if state is None or state.value.leader < 0:
+            raise StromError(f"{topic}-{partition} has no leader", retriable=True)
+        node = self.view.live_nodes().get(state.value.leader)
+        if node is None:
+            raise StromError(f"leader of {topic}-{partition} is not live", retriable=True)
+        return f"{node.host}:{node.port}", state.value.leader_epoch
+
+    def _any_node(self) -> str:
+        assert self.view is not None
+        nodes = self.view.live_nodes()
+        if not nodes:
+            raise StromError("no live storage node", retriable=True)
+        n = nodes[min(nodes)]
+        return f"{n.host}:{n.port}"
+
+    async def _replay(
+        self,
+        partition: int,
+        state: ReplayState,
+        position: int,
+        *,
+        until: int | None,
+        topic: str = CONSUMER_OFFSETS_TOPIC,
+    ) -> int:
+        """Apply the partition's batches from ``position`` up to ``until`` (None: the high
+        watermark seen by the first fetch); returns the offset replay ended at."""
+        target = until
+        deadline = time.monotonic() + 30.0
+        while True:
+            if time.monotonic() > deadline:
+                raise StromError(
+                    f"replay of {topic}-{partition} stuck at {position} (want {target})",
+                    retriable=True,
+                )
+            addr, _epoch = self._leader(partition, topic)
+            stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
+            req = storage_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=8 << 20)
+            req.topics.add(topic=topic).partitions.add(
+                partition=partition,
+                fetch_offset=position,
+                current_leader_epoch=-1,
+                partition_max_bytes=8 << 20,
+            )
+            resp = await stub.Fetch(req, timeout=10.0)
+            pr = resp.topics[0].partitions[0]
+            if pr.error_code == E.OFFSET_OUT_OF_RANGE and pr.log_start_offset > position:
+                position = pr.log_start_offset
+                continue
+            if pr.error_code != E.NONE:
+                raise StromError(
+                    f"fetch {topic}-{partition}@{position}: "
+                    f"{error_name(pr.error_code)} {pr.error_message}",
+                    retriable=True,
+                )
+            if target is None:
+                target = pr.high_watermark
+            if pr.records:
+                state.apply_batches(pr.records)
+                position = max(position, state.next_offset)
+            if position >= target:
+                return position
+            if not pr.records:
+                if until is None:
+                    return position  # nothing left below the high watermark
+                await asyncio.sleep(0.05)  # the fence is acknowledged; its HW is on its way
+
+    async def _init_producer(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        """A bumped epoch of the shard's producer id (or a new id for a fresh shard)."""
+        req = storage_pb2.InitProducerIdRequest(
+            producer_id=producer_id if producer_id >= 0 else -1,
+            producer_epoch=max(epoch, 0) if producer_id >= 0 else -1,
+        )
+        stub = storage_pb2_grpc.StorageServiceStub(self._channel(self._any_node()))
+        resp = await stub.InitProducerId(req, timeout=10.0)
+        if resp.error_code != E.NONE:
+            raise StromError(
+                f"InitProducerId: {error_name(resp.error_code)} {resp.error_message}",
+                retriable=True,
+            )
+        return resp.producer_id, resp.producer_epoch
+
+    async def _produce(
+        self, partition: int, batch: bytes, topic: str = CONSUMER_OFFSETS_TOPIC
+    ) -> int:
+        """Append one batch with acks=all; its base offset. Leader moves and timeouts are
+        retried with the same bytes (the idempotent producer makes a resend safe).
+
+        Raises:
+            ShardLost: the leader fenced this producer (a newer owner exists).
+            RequestTimedOutError: no leader took the batch within WRITE_RETRY_S.
+        """
+        deadline = time.monotonic() + WRITE_RETRY_S
+        last = ""
+        while True:
+            try:
+                addr, leader_epoch = self._leader(partition, topic)
+                stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
+                req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
+                req.topics.add(topic=topic).partitions.add(
+                    partition=partition, records=batch, current_leader_epoch=leader_epoch
+                )
+                resp = await stub.Produce(req, timeout=10.0)
+                pr = resp.topics[0].partitions[0]
+                if pr.error_code == E.NONE:
+                    metrics.WRITES.inc()
+                    return pr.base_offset
+                if pr.error_code in (E.INVALID_PRODUCER_EPOCH, E.OUT_OF_ORDER_SEQUENCE):
+                    raise ShardLost(f"{error_name(pr.error_code)}: {pr.error_message}")
+                last = f"{error_name(pr.error_code)} {pr.error_message}"
+                if pr.error_code not in (
+                    E.NOT_LEADER_OR_FOLLOWER,
+                    E.LEADER_NOT_AVAILABLE,
+                    E.FENCED_LEADER_EPOCH,
+                    E.UNKNOWN_LEADER_EPOCH,
+                    E.NOT_ENOUGH_REPLICAS,
+                    E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                    E.REQUEST_TIMED_OUT,
+                    E.UNKNOWN_TOPIC_OR_PARTITION,
+                ):
+                    raise UnknownServerError(f"append to {topic}: {last}")
+            except grpc.aio.AioRpcError as exc:
+                last = exc.code().name
+            except StromError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc.message
+            if time.monotonic() >= deadline:
+                raise RequestTimedOutError(f"could not append to {topic}-{partition}: {last}")
+            await asyncio.sleep(0.1)
+
+    async def _end_offsets(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """High watermarks by ListOffsets(LATEST) to each leader; missing = unknown."""
+        by_leader: dict[str, list[tuple[str, int]]] = {}
+        for t, p in parts:
+            try:
+                addr, _ = self._leader(p, t)
+            except StromError:
+                continue
+            by_leader.setdefault(addr, []).append((t, p))
+
+        async def ask(addr: str, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+            req = storage_pb2.ListOffsetsRequest(replica_id=-1)
+            topics: dict[str, Any] = {}
+            for t, p in tps:
+                if t not in topics:
+                    topics[t] = req.topics.add(topic=t)
+                topics[t].partitions.add(partition=p, current_leader_epoch=-1, timestamp=-1)
+            stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
+            try:
+                r = await stub.ListOffsets(req, timeout=5.0)
+            except grpc.aio.AioRpcError:
+                return {}
+            return {
+                (tr.topic, pr.partition): pr.offset
+                for tr in r.topics
+                for pr in tr.partitions
+                if pr.error_code == E.NONE
+            }
+
+        out: dict[tuple[str, int], int] = {}
+        for found in await asyncio.gather(*(ask(a, tps) for a, tps in by_leader.items())):
+            out.update(found)
+        return out

@@ -1,0 +1,93 @@
+"""The coordinator's timers: members past their session or rebalance deadline are expired
+(the removal persisted like any change), transactions past their timeout are aborted, and
+the consumer-lag gauges are refreshed (DESIGN §7).
+
+One loop serves them all, sleeping until the earliest group deadline (at most a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from strom.clock import wall_ms
+from strom.coordinator import metrics
+from strom.coordinator.storage_io import StorageIO
+from strom.errors import StromError
+
+log = logging.getLogger("strom.coordinator")
+
+
+class Timers(StorageIO):
+    """The timer loop: member expiry, transaction timeouts, lag gauges."""
+
+    _lag_labels: set[tuple[str, str, str]]
+
+    async def _abort_expired(self) -> None:
+        raise NotImplementedError  # strom.coordinator.txn_service.TransactionRpcs
+
+    async def _timer_loop(self) -> None:
+        """Expire members past their deadlines (persisting the removal), abort transactions
+        past their timeout, refresh lag gauges."""
+        next_lag = time.monotonic() + self.lag_interval_s
+        while not self._stopping:
+            now = wall_ms()
+            wake_at = now + 1000
+            for shard in list(self.shards.values()):
+                if not shard.loaded:
+                    continue
+                for gid, group in list(shard.groups.items()):
+                    deadline = group.next_deadline_ms()
+                    if deadline is None:
+                        continue
+                    if deadline <= now:
+                        await self._expire(gid)
+                    else:
+                        wake_at = min(wake_at, deadline)
+            await self._abort_expired()
+            if time.monotonic() >= next_lag:
+                next_lag = time.monotonic() + self.lag_interval_s
+                with contextlib.suppress(Exception):
+                    await self._refresh_lag()
+            await asyncio.sleep(max(0.02, (wake_at - wall_ms()) / 1000.0))
+
+    async def _expire(self, group_id: str) -> None:
+        try:
+            result = await self._mutate(
+                group_id, lambda g: g.expire(wall_ms()), lambda r: r.records, create=False
+            )
+        except StromError as exc:
+            log.info("expiring members of %s failed: %s", group_id, exc)
+            return
+        for m in result.expired:
+            metrics.EXPIRED.labels(m.reason).inc()
+            log.info(
+                "removed member %s of group %s (%s timeout)",
+                m.member_id,
+                group_id,
+                m.reason,
+                extra={"fields": {"group": group_id, "member": m.member_id}},
+            )
+
+    async def _refresh_lag(self) -> None:
+        committed: dict[tuple[str, str, int], int] = {}
+        for shard in list(self.shards.values()):
+            if shard.loaded:
+                for gid, g in shard.groups.items():
+                    for (t, p), om in g.offsets.items():
+                        committed[(gid, t, p)] = om.offset
+        ends = await self._end_offsets({(t, p) for _, t, p in committed})
+        labels = set()
+        for (gid, t, p), off in committed.items():
+            end = ends.get((t, p))
+            if end is None:
+                continue
+            key = (gid, t, str(p))
+            labels.add(key)
+            metrics.LAG.labels(*key).set(max(0, end - off))
+        for key in self._lag_labels - labels:
+            with contextlib.suppress(KeyError):
+                metrics.LAG.remove(*key)
+        self._lag_labels = labels

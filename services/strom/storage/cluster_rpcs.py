@@ -1,0 +1,128 @@
+"""Cluster-level RPCs any storage node answers from its etcd view: Metadata, FindCoordinator,
+and InitProducerId (DESIGN §3, §6).
+
+InitProducerId hands out producer ids from blocks the active controller reserves
+(:mod:`strom.storage.producer_ids`) and bumps epochs; FindCoordinator answers from the view of
+the coordinator shard owners (:mod:`strom.coordinator.lookup`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+
+from strom.api import common_pb2, metadata_pb2, storage_pb2
+from strom.coordinator.lookup import find_coordinator
+from strom.errors import ErrorCode, error_name
+from strom.storage import metrics
+from strom.storage.producer_ids import ProducerIdUnavailableError
+from strom.storage.rpc_base import StorageCore, _node, _timed
+
+log = logging.getLogger("strom.storage.servicer")
+pb = storage_pb2
+E = ErrorCode
+
+
+class ClusterRpcs(StorageCore):
+    """Metadata, InitProducerId, FindCoordinator."""
+
+    @_timed("Metadata")
+    async def Metadata(
+        self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MetadataResponse:
+        view = self.view
+        with view.lock:
+            cluster = view.cluster
+            nodes = {i: v.value for i, v in view.nodes.items()}
+            controller = view.controller.value if view.controller else None
+            topics = {} if request.skip_topics else {n: v.value for n, v in view.topics.items()}
+            states = (
+                {} if request.skip_topics else {tp: v.value for tp, v in view.partitions.items()}
+            )
+        resp = pb.MetadataResponse(cluster_id=cluster.cluster_id if cluster else "")
+        resp.nodes.extend(_node(nodes[i]) for i in sorted(nodes))
+        if controller is not None:
+            resp.controller.CopyFrom(
+                common_pb2.Node(
+                    node_id=controller.controller_id, host=controller.host, port=controller.port
+                )
+            )
+        else:
+            resp.controller.node_id = -1
+        if request.skip_topics:
+            return resp
+        by_topic: dict[str, list[tuple[int, metadata_pb2.PartitionState]]] = {}
+        for (t, p), s in states.items():
+            by_topic.setdefault(t, []).append((p, s))
+        names = sorted(set(request.topics)) if request.topics else sorted(topics)
+        for name in names:
+            meta = topics.get(name)
+            mt = resp.topics.add(name=name)
+            if meta is None or meta.deleting:
+                mt.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
+                mt.error_message = f"unknown topic {name}"
+                continue
+            mt.topic_id = meta.topic_id
+            mt.is_internal = meta.internal
+            for p, s in sorted(by_topic.get(name, ()), key=lambda x: x[0]):
+                if s.topic_id and meta.topic_id and s.topic_id != meta.topic_id:
+                    continue  # a leftover of an earlier topic with this name
+                mp = mt.partitions.add(
+                    partition=p,
+                    leader=s.leader,
+                    leader_epoch=s.leader_epoch,
+                    replicas=s.replicas,
+                    isr=s.isr,
+                    offline_replicas=[r for r in s.replicas if r not in nodes],
+                )
+                if s.leader < 0:
+                    mp.error_code = E.LEADER_NOT_AVAILABLE  # type: ignore[assignment]
+                    mp.error_message = f"{name}-{p} has no leader"
+        return resp
+
+    @_timed("InitProducerId")
+    async def InitProducerId(
+        self, request: pb.InitProducerIdRequest, context: Any
+    ) -> pb.InitProducerIdResponse:
+        """A new producer id at epoch 0 (producer_id -1), or the next epoch of the given id
+        (a new id at epoch 0 when the epoch would pass 32767). Any node answers."""
+        resp = pb.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+
+        def fail(code: int, message: str) -> pb.InitProducerIdResponse:
+            resp.error_code = code  # type: ignore[assignment]
+            resp.error_message = message
+            metrics.INIT_PRODUCER_ID.labels(error_name(code)).inc()
+            return resp
+
+        if request.HasField("transactional_id"):
+            return fail(
+                E.INVALID_REQUEST,
+                "a transactional producer gets its producer id from its transaction "
+                "coordinator (CoordinatorService.InitProducerId): leave transactional_id unset "
+                "here",
+            )
+        if self.producer_ids is None:
+            return fail(E.UNKNOWN_SERVER_ERROR, "this node does not hand out producer ids")
+        try:
+            got = await self.producer_ids.init(request.producer_id, request.producer_epoch)
+        except ValueError as exc:
+            return fail(E.INVALID_REQUEST, str(exc))
+        except ProducerIdUnavailableError as exc:
+            return fail(exc.code, exc.message)
+        except Exception as exc:
+            log.error("InitProducerId failed", exc_info=exc)
+            return fail(E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+        resp.producer_id = got.producer_id
+        resp.producer_epoch = got.epoch
+        metrics.INIT_PRODUCER_ID.labels("new" if got.new_id else "bump").inc()
+        return resp
+
+    @_timed("FindCoordinator")
+    async def FindCoordinator(
+        self, request: pb.FindCoordinatorRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FindCoordinatorResponse:
+        """The shard owner of each group from this node's etcd view (``coordinators/<s>``);
+        COORDINATOR_NOT_AVAILABLE while a shard has no owner."""
+        return find_coordinator(self.view, request)

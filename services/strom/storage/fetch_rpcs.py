@@ -1,0 +1,256 @@
+"""Fetch: consumers and followers reading partitions, with long polling (DESIGN §5, §8).
+
+The fetch path works on whole batches: the log reads the bytes as they are (one ``pread`` on
+the loop, or in a thread when a writer holds that log's lock) and the answer is encoded by
+:mod:`strom.storage.wire` with the record bytes spliced in uncopied, so no code here looks at
+individual records. A follower's fetch also reports its position to the leader, which may
+advance the high watermark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from strom.api import storage_pb2
+from strom.errors import ErrorCode
+from strom.log import OffsetOutOfRangeError
+from strom.security import QUOTAS
+from strom.storage import metrics
+from strom.storage.partition import Partition
+from strom.storage.rpc_base import (
+    _FETCH_RESULT,
+    StorageCore,
+    _fail_partition,
+    _Refusal,
+    _throttle,
+    _timed,
+)
+from strom.storage.wire import (
+    FetchPartitionOut,
+    FetchTopicOut,
+    encode_fetch_response,
+)
+
+pb = storage_pb2
+E = ErrorCode
+
+#: Kafka's defaults for a fetch that does not bound its size (fetch.max.bytes,
+#: max.partition.fetch.bytes are always sent by real clients; 0 means "unset" in proto3).
+DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+
+
+class FetchRpcs(StorageCore):
+    """Fetch (and fetch_raw, the form the server is wired to)."""
+
+    async def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:
+        """In-process form of :meth:`fetch_raw` (the server is wired to the raw one)."""
+        return pb.FetchResponse.FromString(await self.fetch_raw(request, context))
+
+    @_timed("Fetch")
+    async def fetch_raw(self, request: pb.FetchRequest, context: Any) -> bytes:
+        """Fetch, answered as serialized FetchResponse bytes (records spliced in uncopied).
+
+        Long poll: the waiter is parked *before* each read pass (wake on any byte), so an
+        append that lands while a read is in progress (a read may hop to a thread) is never
+        missed; if one did land, the pass is simply repeated. Otherwise the waiter is told
+        how many bytes are still missing and the fetch sleeps on its future until they
+        arrive, a state change wakes it, or max_wait_ms passes.
+        """
+        follower = request.replica_id >= 0
+        metrics.FETCH_REQUESTS.labels("follower" if follower else "consumer").inc()
+        registry = self.manager.appended if follower else self.manager.committed
+        keys = _fetch_keys(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(request.max_wait_ms, 0) / 1000.0
+        min_bytes = max(request.min_bytes, 1)
+        last_pass = False
+        while True:
+            waiter = registry.park(keys, 1)
+            try:
+                topics, total, done, hints = await self._fetch_once(request)
+                if done or total >= min_bytes or last_pass or self.shutting_down:
+                    break
+                if registry.closed:
+                    break
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                if not waiter.woken:  # nothing landed during the read
+                    waiter.remaining = min_bytes - total
+                    # After a timeout, one more pass answers with whatever is there now.
+                    last_pass = not await registry.wait(waiter, remaining)
+            finally:
+                registry.unpark(waiter)
+        endpoints = None
+        if hints:
+            endpoints = pb.FetchResponse(node_endpoints=self._endpoints(hints))
+        for tout in topics:
+            for pout in tout.partitions:
+                if pout.message.error_code:
+                    _FETCH_RESULT.set(pout.message.error_code)
+                    break
+        if total and not follower:
+            metrics.client_counter(metrics.CLIENT_BYTES_OUT, metrics.client_id_of(context)).inc(
+                total
+            )
+        if QUOTAS.active and not follower:
+            throttled = await _throttle("fetch", total)
+            if throttled:
+                endpoints = endpoints or pb.FetchResponse()
+                endpoints.throttle_time_ms = throttled
+        return encode_fetch_response(topics, endpoints)
+
+    async def _fetch_once(
+        self, request: pb.FetchRequest
+    ) -> tuple[list[FetchTopicOut], int, bool, set[int]]:
+        """One pass over the requested partitions: (answer, record bytes, answer now?, hints)."""
+        replica_id = request.replica_id
+        follower = replica_id >= 0
+        read_committed = (
+            not follower and request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
+        )
+        budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        out: list[FetchTopicOut] = []
+        hints: set[int] = set()
+        total = 0
+        answer_now = False
+        for ft in request.topics:
+            topic = ft.topic
+            tout = FetchTopicOut(topic)
+            out.append(tout)
+            for fp in ft.partitions:
+                pr = pb.FetchPartitionResponse(partition=fp.partition, preferred_read_replica=-1)
+                pout = FetchPartitionOut(pr)
+                tout.partitions.append(pout)
+                try:
+                    part = self._leader(topic, fp.partition, fp.current_leader_epoch, hints)
+                    if ft.topic_id and part.topic_id and ft.topic_id != part.topic_id:
+                        raise _Refusal(
+                            E.INCONSISTENT_TOPIC_ID,
+                            f"topic {topic} now has id {part.topic_id}, not {ft.topic_id}",
+                        )
+                    if follower and not self._follower_position(part, replica_id, fp, pr):
+                        answer_now = True
+                        continue
+                    n = await self._read(
+                        part, fp, follower, budget - total, total == 0, pout, read_committed
+                    )
+                except Exception as exc:
+                    r = _fail_partition(pr, "fetch from", topic, fp.partition, exc)
+                    if r.code != E.OFFSET_OUT_OF_RANGE:
+                        pr.high_watermark = pr.last_stable_offset = pr.log_start_offset = -1
+                    if r.hint is not None:
+                        pr.current_leader.CopyFrom(r.hint)
+                    answer_now = True
+                    continue
+                total += n
+        return out, total, answer_now, hints
+
+    async def _read(
+        self,
+        part: Partition,
+        fp: pb.FetchPartition,
+        follower: bool,
+        budget: int,
+        first: bool,
+        pout: FetchPartitionOut,
+        read_committed: bool = False,
+    ) -> int:
+        """Read one partition into ``pout``; returns the record bytes added.
+
+        read_committed reads stop at the last stable offset, and the answer lists the
+        aborted transactions that may have batches in what was read (the consumer drops
+        them batch by batch; nothing here looks inside a batch).
+
+        The read is one pread of page-cache data and runs on the loop, unless a worker
+        thread holds the log's lock (an append being written, a flush snapshot, a cleaner
+        swap): then it runs in a thread instead of stalling every other request behind it.
+        """
+        pr = pout.message
+        hw = part.high_watermark
+        lso = part.last_stable_offset
+        pr.high_watermark = hw
+        pr.last_stable_offset = lso
+        pr.log_start_offset = part.log_start_offset
+        limit = fp.partition_max_bytes if fp.partition_max_bytes > 0 else budget
+        limit = min(limit, budget)
+        if limit <= 0 and not first:
+            return 0
+        lg = part.log
+        # Kafka semantics: the first partition with data returns at least one whole batch
+        # even when it exceeds max_bytes / partition_max_bytes, so consumers progress.
+        read = functools.partial(
+            lg.read,
+            fp.fetch_offset,
+            max(limit, 0),
+            max_offset=None if follower else lso if read_committed else hw,
+            min_one=first,
+        )
+        try:
+            if lg.lock.acquire(blocking=False):
+                try:
+                    result = read()
+                finally:
+                    lg.lock.release()
+            else:
+                result = await asyncio.to_thread(read)
+        except OffsetOutOfRangeError as exc:
+            raise _Refusal(
+                E.OFFSET_OUT_OF_RANGE,
+                f"fetch offset {exc.offset} is outside the log of {part.topic}-{part.index}: "
+                f"log start offset {exc.log_start_offset}, high watermark {hw}, "
+                f"log end offset {exc.log_end_offset}",
+            ) from None
+        n = len(result.data)
+        if n and read_committed and lg.aborted:
+            for a in lg.aborted_transactions(fp.fetch_offset, result.next_offset):
+                pr.aborted_transactions.add(producer_id=a.producer_id, first_offset=a.first_offset)
+        if n:
+            pout.records = result.data
+            if follower:
+                metrics.REPLICATION_BYTES_OUT.inc(n)
+            else:
+                m = self.manager.metrics.get(part.tp)
+                if m is not None:
+                    m.bytes_out.inc(n)
+                    # Offsets sent: from the first batch's base offset (header bytes 0-8).
+                    m.records_out.inc(result.next_offset - int.from_bytes(result.data[:8], "big"))
+        return n
+
+    def _follower_position(
+        self,
+        part: Partition,
+        replica_id: int,
+        fp: pb.FetchPartition,
+        pr: pb.FetchPartitionResponse,
+    ) -> bool:
+        """Leader side of a follower fetch: check the follower's log against our epoch
+        history and record its position (which may advance the high watermark). Returns
+        False when the answer is a diverging epoch instead of data."""
+        if replica_id not in part.replicas:
+            raise _Refusal(
+                E.NOT_LEADER_OR_FOLLOWER,
+                f"node {replica_id} is not a replica of {part.topic}-{part.index}",
+            )
+        if fp.last_fetched_epoch >= 0:
+            epoch, end = part.log.epochs.end_offset_for(
+                fp.last_fetched_epoch, part.log.log_end_offset
+            )
+            if epoch != fp.last_fetched_epoch or end < fp.fetch_offset:
+                pr.diverging_epoch.epoch = epoch
+                pr.diverging_epoch.end_offset = end
+                pr.high_watermark = part.high_watermark
+                pr.last_stable_offset = part.last_stable_offset
+                pr.log_start_offset = part.log_start_offset
+                return False
+        if part.record_follower_end_offset(replica_id, fp.fetch_offset):
+            self.manager.committed.notify(part.tp, 1 << 30)
+        if replica_id not in part.isr and self.on_out_of_sync_fetch is not None:
+            self.on_out_of_sync_fetch()
+        return True
+
+
+def _fetch_keys(request: pb.FetchRequest) -> list[tuple[str, int]]:
+    return [(ft.topic, fp.partition) for ft in request.topics for fp in ft.partitions]

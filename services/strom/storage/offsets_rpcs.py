@@ -1,0 +1,124 @@
+"""Offset RPCs of a partition's log: ListOffsets (by timestamp, earliest, latest),
+OffsetForLeaderEpoch (where an epoch ended, for a follower's or consumer's truncation) and
+DeleteRecords (advance the log start offset) (DESIGN §5, §8).
+
+All are answered by the partition's leader, one error code per partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from strom.api import storage_pb2
+from strom.errors import ErrorCode
+from strom.storage.rpc_base import StorageCore, _fail_partition, _Refusal, _timed, per_partition
+
+pb = storage_pb2
+E = ErrorCode
+
+#: ListOffsets sentinels.
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+
+class OffsetRpcs(StorageCore):
+    """ListOffsets, OffsetForLeaderEpoch, DeleteRecords."""
+
+    @_timed("ListOffsets")
+    async def ListOffsets(
+        self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListOffsetsResponse:
+        resp = pb.ListOffsetsResponse()
+        hints: set[int] = set()
+        read_committed = request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
+        parts = per_partition(request.topics, resp.topics, timestamp=-1, offset=-1, leader_epoch=-1)
+        for topic, lp, pr in parts:
+            try:
+                await self._list_offset(topic, lp, request.replica_id, pr, hints, read_committed)
+            except Exception as exc:
+                _fail_partition(pr, "list offsets of", topic, lp.partition, exc)
+                pr.timestamp = pr.offset = -1
+                pr.leader_epoch = -1
+        return resp
+
+    async def _list_offset(
+        self,
+        topic: str,
+        lp: pb.ListOffsetsPartition,
+        replica_id: int,
+        pr: pb.ListOffsetsPartitionResponse,
+        hints: set[int],
+        read_committed: bool = False,
+    ) -> None:
+        part = self._leader(topic, lp.partition, lp.current_leader_epoch, hints)
+        lg = part.log
+        ts = lp.timestamp
+        if ts == LATEST:
+            if replica_id >= 0:
+                pr.offset = lg.log_end_offset
+            elif read_committed:
+                pr.offset = part.last_stable_offset
+            else:
+                pr.offset = part.high_watermark
+            pr.leader_epoch = part.leader_epoch
+        elif ts == EARLIEST:
+            pr.offset = lg.log_start_offset
+            pr.leader_epoch = lg.epochs.epoch_for(pr.offset)
+        elif ts == MAX_TIMESTAMP:
+            found = lg.max_timestamp_offset()
+            if found is not None and (replica_id >= 0 or found[0] < part.high_watermark):
+                pr.offset, pr.timestamp = found
+                pr.leader_epoch = lg.epochs.epoch_for(found[0])
+        elif ts >= 0:
+            # Decodes (at most) the batch holding the match: a worker thread, not the loop.
+            hit = await asyncio.to_thread(lg.offset_for_timestamp, ts)
+            if hit is not None and (replica_id >= 0 or hit[0] < part.high_watermark):
+                pr.offset, pr.timestamp, pr.leader_epoch = hit
+        else:
+            raise _Refusal(E.INVALID_REQUEST, f"timestamp {ts} is not -1, -2, -3 or >= 0")
+
+    @_timed("OffsetForLeaderEpoch")
+    async def OffsetForLeaderEpoch(
+        self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OffsetForLeaderEpochResponse:
+        resp = pb.OffsetForLeaderEpochResponse()
+        hints: set[int] = set()
+        for topic, op, pr in per_partition(
+            request.topics, resp.topics, leader_epoch=-1, end_offset=-1
+        ):
+            try:
+                part = self._leader(topic, op.partition, op.current_leader_epoch, hints)
+                epoch, end = part.log.epochs.end_offset_for(
+                    op.leader_epoch, part.log.log_end_offset
+                )
+                pr.leader_epoch, pr.end_offset = epoch, end
+            except Exception as exc:
+                _fail_partition(pr, "epoch lookup of", topic, op.partition, exc)
+        return resp
+
+    @_timed("DeleteRecords")
+    async def DeleteRecords(
+        self, request: pb.DeleteRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteRecordsResponse:
+        resp = pb.DeleteRecordsResponse()
+        hints: set[int] = set()
+        for topic, dp, pr in per_partition(request.topics, resp.topics, low_watermark=-1):
+            try:
+                part = self._leader(topic, dp.partition, -1, hints)
+                hw = part.high_watermark
+                offset = hw if dp.offset == -1 else dp.offset
+                if offset < 0 or offset > hw:
+                    raise _Refusal(
+                        E.OFFSET_OUT_OF_RANGE,
+                        f"cannot delete below offset {dp.offset} of {topic}-"
+                        f"{dp.partition}: it must be -1 or in [0, {hw}] (high watermark)",
+                    )
+                # Unlinks whole segments below the new start: a worker thread.
+                pr.low_watermark = await asyncio.to_thread(part.log.delete_records, offset)
+                part.maybe_advance_high_watermark()
+                self.manager.refresh_gauges(part)
+            except Exception as exc:
+                _fail_partition(pr, "delete records of", topic, dp.partition, exc)
+                pr.low_watermark = -1
+        return resp

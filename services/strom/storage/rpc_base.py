@@ -1,0 +1,230 @@
+"""What every StorageService handler shares: per-partition refusals, finding the partition
+a request names (and the leader hints a refusal carries), request latency and quota
+throttling (DESIGN §8).
+
+Every request covers many topic-partitions and every partition gets its own error code: a
+failure of one (unknown, not leader, corrupt batch, disk error, a bug) is caught and
+answered for that partition alone, as a :class:`_Refusal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from strom.api import common_pb2, metadata_pb2
+from strom.errors import ErrorCode, error_name
+from strom.log import CorruptLogError
+from strom.metadata import ClusterView
+from strom.security import CURRENT_PRINCIPAL, QUOTAS
+from strom.service.limits import Admission
+from strom.service.metrics import result_code
+from strom.storage import metrics
+from strom.storage.manager import PartitionManager
+from strom.storage.partition import Partition
+from strom.storage.producer_ids import ProducerIdAllocator
+from strom.storage.writer import AppendWriter
+
+log = logging.getLogger("strom.storage.servicer")
+
+E = ErrorCode
+R = TypeVar("R")
+
+
+#: The first partition error of the Fetch being answered (its answer is bytes, so the
+#: latency wrapper cannot read it from the response).
+_FETCH_RESULT: contextvars.ContextVar[int] = contextvars.ContextVar("fetch_result", default=0)
+
+
+def _timed(rpc: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+    """Record the RPC's latency in strom_storage_request_latency_seconds{rpc, result}: the
+    result is the whole-request error, else the first partition's error (NONE = success)."""
+    children: dict[str, Any] = {}
+
+    def observe(result: str, seconds: float) -> None:
+        child = children.get(result)
+        if child is None:
+            child = children[result] = metrics.REQUEST_LATENCY.labels(rpc, result)
+        child.observe(seconds)
+
+    def deco(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+        @functools.wraps(fn)
+        async def wrapper(self: Any, request: Any, context: Any) -> R:
+            t0 = time.perf_counter()
+            result = "NONE"
+            try:
+                resp = await fn(self, request, context)
+                code = _FETCH_RESULT.get() if isinstance(resp, bytes) else result_code(resp)
+                if code:
+                    result = error_name(code)
+                return resp
+            except BaseException as exc:
+                result = type(exc).__name__
+                raise
+            finally:
+                observe(result, time.perf_counter() - t0)
+
+        return wrapper
+
+    return deco
+
+
+class _Refusal(Exception):
+    """A per-partition error answer, raised from the lookup helpers."""
+
+    def __init__(self, code: int, message: str, hint: common_pb2.LeaderAndEpoch | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+
+def _unexpected(what: str, topic: str, partition: int, exc: BaseException) -> _Refusal:
+    """Map an exception escaping a partition's work to its error code (and log it)."""
+    if isinstance(exc, _Refusal):
+        return exc
+    if isinstance(exc, CorruptLogError):
+        log.error("%s %s-%d: log data failed a check: %s", what, topic, partition, exc)
+        return _Refusal(E.STORAGE_ERROR, f"stored data failed a check: {exc}")
+    if isinstance(exc, OSError):
+        log.error("%s %s-%d: disk error: %s", what, topic, partition, exc)
+        return _Refusal(E.STORAGE_ERROR, f"disk error: {exc}")
+    log.error("%s %s-%d failed", what, topic, partition, exc_info=exc)
+    return _Refusal(E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _fail_partition(pr: Any, what: str, topic: str, partition: int, exc: BaseException) -> _Refusal:
+    """Answer one partition of a response with the error ``exc`` maps to; the refusal."""
+    r = _unexpected(what, topic, partition, exc)
+    pr.error_code = r.code
+    pr.error_message = r.message
+    return r
+
+
+async def _throttle(kind: str, nbytes: int) -> int:
+    """Hold the answer back while the caller is over its quota (Kafka's throttling: delay,
+    never drop); the ms it was held, for ``throttle_time_ms``."""
+    delay = QUOTAS.throttle(CURRENT_PRINCIPAL.get(), kind, nbytes)
+    if delay <= 0:
+        return 0
+    metrics.THROTTLED.labels(kind).inc()
+    await asyncio.sleep(delay)
+    return int(delay * 1000)
+
+
+def _node(reg: metadata_pb2.NodeRegistration) -> common_pb2.Node:
+    node = common_pb2.Node(node_id=reg.node_id, host=reg.host, port=reg.port)
+    if reg.HasField("rack"):
+        node.rack = reg.rack
+    return node
+
+
+def per_partition(
+    request_topics: Iterable[Any], response_topics: Any, **initial: Any
+) -> Iterator[tuple[str, Any, Any]]:
+    """Walk a request's topics and partitions, adding each to the response in the same order
+    with the ``initial`` fields set: yields (topic, request partition, response partition)."""
+    for rt in request_topics:
+        tr = response_topics.add(topic=rt.topic)
+        for rp in rt.partitions:
+            yield rt.topic, rp, tr.partitions.add(partition=rp.partition, **initial)
+
+
+def add_handlers(server: grpc.aio.Server, service: Any, handlers: dict[str, Any]) -> None:
+    """Register ``handlers`` (method name -> RpcMethodHandler) for ``service`` (a service
+    descriptor), refusing to start with a method left unhandled."""
+    missing = {m.name for m in service.methods} - set(handlers)
+    assert not missing, f"{service.name} methods without a handler: {missing}"
+    generic = grpc.method_handlers_generic_handler(service.full_name, handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+class StorageCore:
+    """State and partition lookups every handler mixin uses; the attributes are set in
+    :meth:`strom.storage.servicer.StorageServicer.__init__`."""
+
+    node_id: int
+    manager: PartitionManager
+    view: ClusterView
+    writer: AppendWriter
+    shutting_down: bool
+    #: Called when a follower outside the ISR fetches (the ISR manager checks soon).
+    on_out_of_sync_fetch: Callable[[], None] | None
+    #: Where InitProducerId gets new ids (the node wires it to the controller).
+    producer_ids: ProducerIdAllocator | None
+    #: Produce admission (in-flight bytes, memory mark); None admits everything.
+    admission: Admission | None
+
+    def _hint(self, leader: int, epoch: int, hints: set[int]) -> common_pb2.LeaderAndEpoch:
+        if leader >= 0:
+            hints.add(leader)
+        return common_pb2.LeaderAndEpoch(leader_id=leader, leader_epoch=epoch)
+
+    def _endpoints(self, hints: set[int]) -> list[common_pb2.Node]:
+        if not hints:
+            return []
+        nodes = self.view.live_nodes()
+        out = []
+        for node_id in sorted(hints):
+            reg = nodes.get(node_id)
+            if reg is not None:
+                out.append(_node(reg))
+        return out
+
+    def _partition(
+        self, topic: str, index: int, current_leader_epoch: int, hints: set[int]
+    ) -> Partition:
+        """The hosted partition, or a refusal: unknown, not hosted here, wrong epoch."""
+        part = self.manager.partitions.get((topic, index))
+        if part is None:
+            state = self.view.partition(topic, index)
+            meta = self.view.topic(topic)
+            if state is None or meta is None or meta.deleting:
+                raise _Refusal(
+                    E.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"unknown topic or partition {topic}-{index}",
+                )
+            s = state.value
+            if self.node_id in s.replicas:
+                # Assigned here, but the reconcile has not opened the log yet.
+                raise _Refusal(
+                    E.REPLICA_NOT_AVAILABLE,
+                    f"the replica of {topic}-{index} on node {self.node_id} is still being created",
+                    self._hint(s.leader, s.leader_epoch, hints),
+                )
+            raise _Refusal(
+                E.NOT_LEADER_OR_FOLLOWER,
+                f"node {self.node_id} does not host {topic}-{index}; its leader is {s.leader}",
+                self._hint(s.leader, s.leader_epoch, hints),
+            )
+        bad = part.check_epoch(current_leader_epoch)
+        if bad is not None:
+            raise _Refusal(bad.code, bad.message, self._hint(part.leader, part.leader_epoch, hints))
+        return part
+
+    def _leader(
+        self, topic: str, index: int, current_leader_epoch: int, hints: set[int]
+    ) -> Partition:
+        part = self._partition(topic, index, current_leader_epoch, hints)
+        if part.leader < 0:
+            raise _Refusal(
+                E.LEADER_NOT_AVAILABLE,
+                f"{topic}-{index} has no leader at epoch {part.leader_epoch}",
+                self._hint(part.leader, part.leader_epoch, hints),
+            )
+        if not part.is_leader:
+            raise _Refusal(
+                E.NOT_LEADER_OR_FOLLOWER,
+                f"node {self.node_id} is not the leader of {topic}-{index} "
+                f"(leader {part.leader}, epoch {part.leader_epoch})",
+                self._hint(part.leader, part.leader_epoch, hints),
+            )
+        return part
