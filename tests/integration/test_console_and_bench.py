@@ -132,6 +132,41 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
         )
 
 
+def test_bench_transactional_interleaves_rounds_and_reports_medians(local: LocalCluster) -> None:
+    """``strom bench produce --transactional --rounds 2``: the baseline and each transaction
+    size run twice, interleaved; each phase reports its median round, commit latencies and
+    the rounds' rates."""
+    out = strom(
+        "bench",
+        "produce",
+        "-b",
+        local.bootstrap,
+        "--topic",
+        "bench-txn",
+        "--records",
+        "2000",
+        "--transactional",
+        "--transaction-size",
+        "500",
+        "--rounds",
+        "2",
+        "--json",
+        timeout=180,
+        env={"STROM_DEV_DIR": str(local.root / "absent")},
+    )
+    report = json.loads(out.stdout)
+    base, txn = report["results"]
+    assert base["name"] == "idempotent" and txn["name"] == "txn of 500 (commit)"
+    assert base["records"] == txn["records"] == 2000
+    assert txn["batches"] == 4 and txn["p50_ms"] > 0  # four commits, their latencies
+    rounds = report["context"]["round_records_per_s"]
+    assert set(rounds) == {"idempotent", "txn of 500 (commit)"}
+    assert all(len(r) == 2 and min(r) > 0 for r in rounds.values())
+    # The reported phase is one of its rounds (the median; the lower of two).
+    lower = min(rounds["txn of 500 (commit)"])
+    assert abs(txn["records_per_s"] - lower) <= 1
+
+
 def test_consume_as_a_group_resumes_after_its_commits(bootstrap: str) -> None:
     with Admin(bootstrap) as admin:
         admin.create_topic("grouped", partitions=2, replication_factor=1)

@@ -314,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
                 action="append",
                 help="records per transaction; repeatable (default: 1000 and 100000)",
             )
+            cb.add_argument(
+                "--rounds",
+                type=_positive,
+                default=1,
+                help="--transactional: run the phases this many times, interleaved, and "
+                "report each phase's median round (default: %(default)s)",
+            )
         if mode == "e2e":
             cb.add_argument(
                 "--duration",
@@ -392,7 +399,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
     )
     clients.ensure_topic(args.bootstrap, args.topic, args.partitions, args.replication_factor)
     if args.bench_mode == "produce" and args.transactional:
-        from strom.bench.transactions import bench_transactions, summary
+        from strom.bench.transactions import ROUND_RATES, bench_transactions, summary
 
         options.pop("acks")
         options.pop("enable_idempotence")
@@ -402,6 +409,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             records=args.records,
             record_size=args.record_size,
             sizes=args.transaction_size or (1_000, 100_000),
+            rounds=args.rounds,
             progress=progress,
             **options,
         )
@@ -409,8 +417,11 @@ def _bench_clients(args: argparse.Namespace) -> int:
             "mode": "produce --transactional",
             "topic": args.topic,
             "records": args.records,
+            "rounds": args.rounds,
             "server_cpu": cpu.server_source(),
         }
+        if args.rounds > 1:
+            ctx["round_records_per_s"] = {k: [round(x) for x in v] for k, v in ROUND_RATES.items()}
         if args.json:
             print(report(results, as_json=True, context=ctx))
         else:
