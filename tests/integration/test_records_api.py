@@ -409,9 +409,11 @@ def test_a_reader_that_stops_holds_back_the_stream(
             polled = last[0][0] - before[0]
             fetched_mb = (last[0][1] - before[1]) / 1e6
             # The outbox (4 messages of 100 kB), the poll the pump holds and the Consumer's
-            # buffer (2-3 fetches of 1 MiB, refilled once while the pump waits): a few MB of
-            # the 20 MB, however long the reader waits.
-            assert 0 < polled <= 600, f"the node polled {polled} of {total} records ahead"
+            # buffer (2-3 fetches of 1 MiB, refilled while the pump waits): a few MB of the
+            # 20 MB, however long the reader waits (6 MB on a quiet machine, up to 9 MB seen
+            # on a loaded one, where the pump polls again before its outbox fills); an
+            # unbounded stream would poll all of it.
+            assert 0 < polled <= total // 2, f"the node polled {polled} of {total} records ahead"
             assert fetched_mb <= 10, f"the node fetched {fetched_mb:.1f} of 20 MB ahead"
             got = next_records(stream, total - first)  # reading again: everything arrives
             assert sum(len(v) for v in got.values()) == total - first

@@ -136,6 +136,7 @@ class StorageIO(CoordinatorCore):
 
         Raises:
             ShardLost: the leader fenced this producer (a newer owner exists).
+            StromError: OUT_OF_ORDER_SEQUENCE, this producer's sequence is off (reload).
             RequestTimedOutError: no leader took the batch within WRITE_RETRY_S.
         """
         deadline = time.monotonic() + WRITE_RETRY_S
@@ -153,8 +154,18 @@ class StorageIO(CoordinatorCore):
                 if pr.error_code == E.NONE:
                     metrics.WRITES.inc()
                     return pr.base_offset
-                if pr.error_code in (E.INVALID_PRODUCER_EPOCH, E.OUT_OF_ORDER_SEQUENCE):
+                if pr.error_code == E.INVALID_PRODUCER_EPOCH:
                     raise ShardLost(f"{error_name(pr.error_code)}: {pr.error_message}")
+                if pr.error_code == E.OUT_OF_ORDER_SEQUENCE:
+                    # Our own sequence is off (the log holds batches of this producer we
+                    # did not count, e.g. an append whose answer was lost): nobody fenced us.
+                    # Not retriable with these bytes; the caller reloads the shard, which
+                    # replays the log and starts a new epoch.
+                    raise StromError(
+                        f"append to {topic}-{partition}: {error_name(pr.error_code)} "
+                        f"{pr.error_message}",
+                        retriable=False,
+                    )
                 last = f"{error_name(pr.error_code)} {pr.error_message}"
                 if pr.error_code not in (
                     E.NOT_LEADER_OR_FOLLOWER,
