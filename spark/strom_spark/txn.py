@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 
-from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from strom.client.cluster import ClusterClient
 from strom.client.transactions import (
     GroupMetadata,
@@ -161,7 +161,7 @@ def committed_batch(client: ClusterClient, slot: Slot, timeout_s: float) -> Comm
     while time.monotonic() < deadline:
         try:
             if coordinator is None:
-                coordinator = _find_group_coordinator(client, slot.group)
+                coordinator = client.find_coordinator(slot.group)
             stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(coordinator))
             resp = stub.OffsetFetch(req, timeout=min(client.timeout_s, 10.0))
         except grpc.RpcError as exc:
@@ -197,24 +197,6 @@ def committed_batch(client: ClusterClient, slot: Slot, timeout_s: float) -> Comm
         f"strom: the sink's bookkeeping (group {slot.group!r}) could not be read within "
         f"{timeout_s:.0f} s: {last}"
     )
-
-
-def _find_group_coordinator(client: ClusterClient, group: str) -> str:
-    req = storage_pb2.FindCoordinatorRequest(
-        key_type=storage_pb2.COORDINATOR_TYPE_GROUP, keys=[group]
-    )
-    last = "no node answered"
-    for addr in client.bootstrap:
-        try:
-            resp = client.storage(addr).FindCoordinator(req, timeout=5.0)
-        except grpc.RpcError as exc:
-            last = f"{addr}: {exc.code().name}"
-            continue
-        c = resp.coordinators[0]
-        if c.error_code == E.NONE:
-            return f"{c.node.host}:{c.node.port}"
-        last = c.error_message or E.Name(c.error_code)
-    raise StromError(f"no coordinator for group {group!r}: {last}", retriable=True)
 
 
 def _rows(metadata: str) -> int:
