@@ -1,0 +1,65 @@
+"""Client ids reach the storage node's per-client byte counters (``strom-client-id``
+gRPC metadata): from the Producer as from the Consumer, named or defaulted."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from strom.client.consumer import Consumer
+from strom.client.producer import Producer
+from strom.client.types import TopicPartition
+from strom.devcluster.cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+def _by_client(cluster: LocalCluster, name: str) -> dict[str, float]:
+    """``name`` per client_id label, summed over the cluster's storage nodes."""
+    out: dict[str, float] = {}
+    for node in cluster.nodes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics") as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name:
+                    cid = s.labels["client_id"]
+                    out[cid] = out.get(cid, 0.0) + s.value
+    return out
+
+
+def test_produce_and_fetch_bytes_are_counted_per_client_id(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    cluster = one_node_cluster
+    topic = new_topic(cluster)
+    value = b"v" * 1000
+    before_in = _by_client(cluster, "strom_storage_client_bytes_in_total")
+    with Producer(cluster.bootstrap, client_id="billing-writer", acks="all") as p:
+        for _ in range(20):
+            p.send(topic, value)
+        p.flush()
+    with Producer(cluster.bootstrap, acks="all") as p:
+        assert re.fullmatch(r"strom-producer-\d+", p.client_id)
+        default_id = p.client_id
+        p.send(topic, value).result(timeout=30)
+    after_in = _by_client(cluster, "strom_storage_client_bytes_in_total")
+    # Record bytes of a batch: at least the values (headers and Arrow framing add more).
+    assert after_in["billing-writer"] - before_in.get("billing-writer", 0) >= 20 * len(value)
+    assert after_in[default_id] - before_in.get(default_id, 0) >= len(value)
+
+    before_out = _by_client(cluster, "strom_storage_client_bytes_out_total")
+    with Consumer(cluster.bootstrap, client_id="billing-reader") as c:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        c.seek_to_beginning([tp])
+        got, deadline = 0, time.monotonic() + 30
+        while got < 21 and time.monotonic() < deadline:
+            got += len(c.poll(timeout_ms=1000, max_records=100))
+        assert got == 21
+    after_out = _by_client(cluster, "strom_storage_client_bytes_out_total")
+    assert after_out["billing-reader"] - before_out.get("billing-reader", 0) >= 21 * len(value)
