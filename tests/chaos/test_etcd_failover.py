@@ -44,8 +44,8 @@ def test_a_short_lease_outlives_each_etcd_member_going_silent(
     lease = store.grant_lease(4)
     keepalive = store.keep_alive(lease, lambda: lost.append(time.monotonic()))
     try:
-        # An established keepalive (its first refresh also sets up the connection, with the
-        # store's longer timeout): what must survive is a member going silent afterwards.
+        # An established keepalive (its first refresh also sets up the connection, with a
+        # longer timeout): what must survive is a member going silent afterwards.
         wait_for(
             lambda: keepalive.refreshes > 0 or lost,
             timeout=20,
@@ -64,5 +64,31 @@ def test_a_short_lease_outlives_each_etcd_member_going_silent(
         remaining = store.client.get_lease_info(lease.id).TTL
         assert remaining > 0
     finally:
+        keepalive.stop()
+        store.close()
+
+
+def test_a_lease_survives_its_first_etcd_member_being_silent_from_the_start(
+    etcd_cluster: ChaosCluster,
+) -> None:
+    """The keepalive's first refresh (which also sets up its connection) had the store's 5 s
+    timeout: a member silent from the start held it past a shorter TTL. Bounded by half the
+    TTL, it fails over to the next member in time."""
+    store = MetadataStore(etcd_cluster.etcd_endpoints, "failover-first")
+    lost: list[float] = []
+    lease = store.grant_lease(7)
+    first = etcd_cluster.etcd[0]  # the keepalive's client tries the members in order
+    etcd_cluster.proxy.command(
+        cmd="rules", rules=[{"kind": "stall", "from": ["*"], "to": [first.name]}]
+    )
+    keepalive = store.keep_alive(lease, lambda: lost.append(time.monotonic()))
+    try:
+        deadline = time.monotonic() + 14.0  # two TTLs with the first member silent
+        while time.monotonic() < deadline and not lost:
+            time.sleep(0.2)
+        assert not lost, f"the lease expired while {first.name} was silent from the start"
+        assert keepalive.refreshes > 0
+    finally:
+        etcd_cluster.proxy.command(cmd="rules", rules=[])
         keepalive.stop()
         store.close()

@@ -316,7 +316,9 @@ class KeepAlive:
         self.refreshes = 0
         self._short_timeout = max(self.ttl / 3.0, 0.5)
         # The first refresh also sets up the connection, which can be slow on a loaded
-        # machine: it gets the store's timeout, the following ones the short one.
+        # machine, but not so slow that it may outlast the lease: it runs a third of the TTL
+        # after the grant and gets half the TTL, so a silent first member still leaves time
+        # to fail over to the next one; the following refreshes get the short timeout.
         self._client = MultiEndpointEtcd3Client(
             [
                 Endpoint(
@@ -331,7 +333,7 @@ class KeepAlive:
                 )
                 for h, p in store.endpoints
             ],
-            timeout=store.timeout,
+            timeout=min(store.timeout, max(self.ttl / 2.0, self._short_timeout)),
             failover=True,
         )
         self._thread = threading.Thread(target=self._run, name=f"lease-{lease.id}", daemon=True)
