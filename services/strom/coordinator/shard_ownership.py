@@ -204,6 +204,24 @@ class ShardOwnership(StorageIO):
             ):
                 log.warning("%s shard %d is no longer ours; dropping it", kind.name, s)
                 self._unload(shard)
+        # Ours in etcd but not served (dropped from memory after a fenced write or a failed
+        # load while the key stayed ours): nobody else may take it until our lease ends, so
+        # load it again (the load fences with a new epoch and re-checks the key).
+        for s, owner in sorted(owners.items()):
+            if owner.incarnation_id == self.incarnation_id and s not in owned and s < shards:
+                if self._stopping or self._lease is None:
+                    return
+                shard = Shard(s, kind, acquired_ms=wall_ms())
+                with view.lock:
+                    entry = kind.owners(view).get(s)
+                if entry is None or entry.value.incarnation_id != self.incarnation_id:
+                    continue
+                shard.create_revision = entry.create_revision
+                owned[s] = shard
+                log.warning(
+                    "%s shard %d is ours in etcd but was not served; loading it", kind.name, s
+                )
+                self._start_load(shard)
         # Spread shards: take free ones, but no more than a fair share of the coordinators
         # seen owning shards (a lone coordinator takes them all; nothing is moved later).
         owners_seen = {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
