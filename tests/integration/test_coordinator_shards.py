@@ -7,11 +7,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import grpc
 import pytest
 
+from strom.api import coordinator_pb2, coordinator_pb2_grpc
 from strom.coordinator.service import CoordinatorService
 from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import free_port, wait_for
+from strom.errors import ErrorCode as E
+from tests.conftest import create_topic
+from tests.integration.grpc_proxy import GrpcProxy
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +72,94 @@ def test_a_shard_dropped_from_memory_while_its_key_stays_ours_is_served_again(
             await svc.stop()
 
     asyncio.run(main())
+
+
+PRODUCE = "/strom.v1.StorageService/Produce"
+RETRIABLE = {E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR}
+
+
+def _commit_request(topic: str, offset: int) -> coordinator_pb2.OffsetCommitRequest:
+    req = coordinator_pb2.OffsetCommitRequest(group_id="g-cancelled", member_epoch=-1)
+    req.topics.add(topic=topic).partitions.add(partition=0, committed_offset=offset)
+    return req
+
+
+def _commit(stub: coordinator_pb2_grpc.CoordinatorServiceStub, topic: str, offset: int) -> None:
+    """Commit until the coordinator answers NONE (retrying its retriable refusals)."""
+
+    def done() -> bool:
+        try:
+            resp = stub.OffsetCommit(_commit_request(topic, offset), timeout=10)
+        except grpc.RpcError:
+            return False
+        code = resp.topics[0].partitions[0].error_code if resp.topics else resp.error_code
+        assert code == E.NONE or code in RETRIABLE, resp
+        return code == E.NONE
+
+    wait_for(done, timeout=30, what=f"a commit of offset {offset}")
+
+
+def _committed(stub: coordinator_pb2_grpc.CoordinatorServiceStub, topic: str) -> int:
+    def fetch() -> int | None:
+        req = coordinator_pb2.OffsetFetchRequest(group_id="g-cancelled", member_epoch=-1)
+        req.topics.add(topic=topic, partitions=[0])
+        try:
+            resp = stub.OffsetFetch(req, timeout=10)
+        except grpc.RpcError:
+            return None
+        if resp.error_code in RETRIABLE:
+            return None
+        p = resp.topics[0].partitions[0]
+        return None if p.error_code in RETRIABLE else p.committed_offset
+
+    return wait_for(fetch, timeout=30, what="the committed offset")
+
+
+def test_a_commit_cancelled_during_its_write_does_not_swallow_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """A coordinator RPC whose caller gives up (deadline passed) is cancelled while its shard
+    write is in flight; the append still lands. The coordinator did not count it, so its next
+    write reused the same sequence numbers and the node took it for a retry of that append:
+    acknowledged, never written, and gone after a coordinator restart (found as a shard
+    writing sequence 78 when its log ended at 81, issue 17's note)."""
+    proxy_port = free_port()
+    cluster = LocalCluster(
+        tmp_path / "c",
+        nodes=1,
+        controllers=1,
+        coordinators=1,
+        node_args=["--advertise", f"127.0.0.1:{proxy_port}"],  # the coordinator's appends
+        coordinator_args=["--offsets-partitions", "1", "--transaction-state-partitions", "1"],
+    )
+    proxy = GrpcProxy(f"127.0.0.1:{cluster.nodes[0].port}", proxy_port)
+    try:
+        cluster.start()
+        cluster.wait_coordinators_ready()
+        topic = create_topic(cluster, "cancelled-writes")
+        coord = cluster.coordinators[0]
+        channel = grpc.insecure_channel(coord.address)
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        _commit(stub, topic, 10)
+
+        hold = proxy.hold(PRODUCE, nth=1, after=1_000_000)  # until the test lets it go
+        with pytest.raises(grpc.RpcError) as cancelled:
+            stub.OffsetCommit(_commit_request(topic, 20), timeout=1.0)
+        assert cancelled.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert hold.held.is_set(), "the commit's append never reached the node"
+        hold.released.set()  # the append of offset 20 lands now
+
+        _commit(stub, topic, 30)
+        assert _committed(stub, topic) == 30
+        channel.close()
+
+        coord.process.kill()  # SIGKILL: the next owner knows only what the log holds
+        coord.start()
+        cluster.wait_serving(coord)
+        cluster.wait_coordinators_ready()
+        with grpc.insecure_channel(coord.address) as channel2:
+            stub2 = coordinator_pb2_grpc.CoordinatorServiceStub(channel2)
+            assert _committed(stub2, topic) == 30
+    finally:
+        proxy.close()
+        cluster.kill()

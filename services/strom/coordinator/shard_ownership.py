@@ -362,8 +362,12 @@ class ShardOwnership(StorageIO):
             producer_epoch=shard.producer_epoch,
             base_sequence=shard.next_sequence,
         )
+        append = asyncio.ensure_future(self._produce(shard.index, batch, shard.topic))
         try:
-            await self._produce(shard.index, batch, shard.topic)
+            await asyncio.shield(append)
+        except asyncio.CancelledError:
+            await self._after_cancelled_write(shard, append)
+            raise
         except ShardLost as exc:
             log.warning("shard %d fenced (%s); dropping it", shard.index, exc)
             self._unload(shard)
@@ -377,3 +381,27 @@ class ShardOwnership(StorageIO):
         shard.next_sequence = (shard.next_sequence + len(records)) & 0x7FFFFFFF
         shard.durable.apply_records(records)
         self._update_gauges()
+
+    async def _after_cancelled_write(self, shard: Shard, append: asyncio.Future[int]) -> None:
+        """The caller of a shard write was cancelled (its RPC's deadline passed, its client
+        went away) while the append was in flight. The append may still land; uncounted, the
+        next write would reuse its sequence numbers and the node would take that write for a
+        retry of this one: acknowledged, never appended. So the append is let finish here,
+        still under the shard lock, and the shard reloads: the log decides what the state and
+        the next sequence are. Not while stopping: the shard is being dropped anyway."""
+        if self._stopping:
+            return
+        while not append.done():
+            try:
+                await asyncio.shield(append)
+            except asyncio.CancelledError:
+                continue  # cancelled again: the append still has to end first
+            except Exception:
+                break  # its failure is the reload's business
+        log.warning(
+            "a write to %s shard %d was abandoned by its caller; reloading the shard",
+            shard.topic,
+            shard.index,
+        )
+        if shard.kind is not None and shard.kind.shards.get(shard.index) is shard:
+            self._start_load(shard)
