@@ -44,7 +44,22 @@ NODE_DIR = Path(__file__).resolve().parents[3] / "tests" / "node"
 _OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
+    # Calls spread over every node of the target (docs/grpc-clients.md, "Spreading calls"):
+    # any node takes any call, and one node parsing every call is the bottleneck otherwise.
+    ("grpc.lb_policy_name", "round_robin"),
 ]
+
+
+def grpc_target(bootstrap: str) -> str:
+    """A gRPC target naming every node of ``bootstrap`` (``ipv4:a:p,b:p``) for round-robin
+    calls; a single address (or host names, which ``ipv4:`` cannot take) as it is."""
+    addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
+    hosts = [a.rsplit(":", 1)[0] for a in addresses]
+    if len(addresses) > 1 and all(
+        h.count(".") == 3 and h.replace(".", "").isdigit() for h in hosts
+    ):
+        return "ipv4:" + ",".join(addresses)
+    return addresses[0]
 
 
 def _records(start: int, n: int, keys: int, size: int) -> tuple[list[bytes], list[bytes]]:
@@ -212,23 +227,24 @@ def bench_grpc_e2e(address: str, topic: str, *, records: int, size: int, rate: f
     return Result("end-to-end gRPC (Py)", 0, got[0], got[0] * size, seconds, latencies, usage)
 
 
-def _wait_known(address: str, topics: list[str], timeout_s: float = 30.0) -> None:
-    """Until the node the gRPC callers use knows every topic and its leaders (its etcd view
-    may lag a topic just created)."""
+def _wait_known(target: str, topics: list[str], timeout_s: float = 30.0) -> None:
+    """Until every node the gRPC callers use knows every topic and its leaders (a node's
+    etcd view may lag a topic just created)."""
     from strom.api import storage_pb2, storage_pb2_grpc
     from strom.devcluster.procs import wait_for
 
-    with grpc.insecure_channel(address) as ch:
-        stub = storage_pb2_grpc.StorageServiceStub(ch)
+    for address in target.removeprefix("ipv4:").split(","):
+        with grpc.insecure_channel(address) as ch:
+            stub = storage_pb2_grpc.StorageServiceStub(ch)
 
-        def known() -> bool:
-            md = stub.Metadata(storage_pb2.MetadataRequest(topics=topics), timeout=5)
-            return all(
-                t.error_code == 0 and t.partitions and all(p.leader >= 0 for p in t.partitions)
-                for t in md.topics
-            )
+            def known(stub: storage_pb2_grpc.StorageServiceStub = stub) -> bool:
+                md = stub.Metadata(storage_pb2.MetadataRequest(topics=topics), timeout=5)
+                return all(
+                    t.error_code == 0 and t.partitions and all(p.leader >= 0 for p in t.partitions)
+                    for t in md.topics
+                )
 
-        wait_for(known, timeout=timeout_s, what=f"{address} to know the bench topics")
+            wait_for(known, timeout=timeout_s, what=f"{address} to know the bench topics")
 
 
 def node_available() -> bool:
@@ -314,7 +330,7 @@ def bench_grpc_records(
     progress: bool | None = None,
 ) -> tuple[list[Result], dict[str, Any]]:
     """Every phase (see the module docstring); returns the results and the ratios."""
-    address = address or bootstrap.split(",")[0]
+    address = address or grpc_target(bootstrap)
     use_node = node_available() if node is None else node
     if use_node and not node_available():
         raise RuntimeError(f"node or {NODE_DIR}/node_modules missing: run scripts/bootstrap.sh")

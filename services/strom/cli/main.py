@@ -166,7 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="RecordService (ProduceRecords/Subscribe, Python and Node.js) beside the batch API",
     )
     gr.add_argument("--topic", default="strom-bench-records", help="prefix of the topics made")
-    gr.add_argument("--address", default=None, help="node the gRPC callers use (default: first)")
+    gr.add_argument(
+        "--address",
+        default=None,
+        help="gRPC target of the callers (default: every bootstrap node, calls spread round-robin)",
+    )
     gr.add_argument("--records", type=_positive, default=200_000)
     gr.add_argument("--record-size", type=_positive, default=100, help="value bytes")
     gr.add_argument("--keys", type=_positive, default=1000, help="distinct record keys")

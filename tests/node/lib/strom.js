@@ -38,6 +38,9 @@ const api = loadApi();
 const CHANNEL_OPTIONS = {
   'grpc.max_receive_message_length': 64 * 1024 * 1024,
   'grpc.max_send_message_length': 64 * 1024 * 1024,
+  // An address list (`ipv4:a:p,b:p`, or a DNS name with several addresses) spreads calls over
+  // the nodes: any node takes any call (docs/grpc-clients.md, "Spreading calls").
+  'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ round_robin: {} }] }),
 };
 
 function recordClient(address) {
