@@ -23,7 +23,11 @@ const definition = protoLoader.loadSync('strom/v1/records.proto', {
   oneofs: true,
 });
 const strom = grpc.loadPackageDefinition(definition).strom.v1;
-const client = new strom.RecordService(address, grpc.credentials.createInsecure());
+// `address` may list every node (`ipv4:10.0.0.11:9092,10.0.0.12:9092`, or a DNS name with
+// several addresses): round_robin then spreads the calls over them, as any node takes any call.
+const client = new strom.RecordService(address, grpc.credentials.createInsecure(), {
+  'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ round_robin: {} }] }),
+});
 
 function call(method, request) {
   return new Promise((resolve, reject) => {

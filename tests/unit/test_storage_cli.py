@@ -9,6 +9,7 @@ import pytest
 
 from strom import security as security_flags
 from strom.controller import cli as controller_cli
+from strom.service.config import parse_with_sources
 from strom.storage import cli
 
 BASE = ["--node-id", "3", "--data-dir", "DATA", "--etcd", "127.0.0.1:2379"]
@@ -42,13 +43,13 @@ def test_environment_and_yaml_sources(tmp_path: Path, monkeypatch: pytest.Monkey
     conf.write_text("node-id: 7\ndata-dir: /tmp/x\netcd: e:1\nlog-cleanup-interval-ms: 50\n")
     monkeypatch.setenv("STROM_LOG_CLEANUP_INTERVAL_MS", "60")
     monkeypatch.setenv("STROM_LOG_LEVEL", "DEBUG")
-    args = cli.parse_with_sources(cli.build_parser(), ["--config", str(conf)])
+    args = parse_with_sources(cli.build_parser(), ["--config", str(conf)])
     cfg = cli.node_config(args)
     assert (cfg.node_id, cfg.etcd, cfg.log_cleanup_interval_ms) == (7, "e:1", 60)
     assert args.log_level == "debug"
     monkeypatch.setenv("STROM_LOG_LEVEL", "loud")
     with pytest.raises(ValueError, match="--log-level"):
-        cli.node_config(cli.parse_with_sources(cli.build_parser(), ["--config", str(conf)]))
+        cli.node_config(parse_with_sources(cli.build_parser(), ["--config", str(conf)]))
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -183,7 +184,7 @@ def test_every_flag_has_its_environment_variable(
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    args = cli.parse_with_sources(cli.build_parser(), [])
+    args = parse_with_sources(cli.build_parser(), [])
     cfg = cli.node_config(args)
     assert (cfg.node_id, cfg.data_dir, cfg.etcd, cfg.listen) == (
         4,
@@ -198,7 +199,7 @@ def test_every_flag_has_its_environment_variable(
     assert (cfg.max_inflight_produce_bytes, cfg.max_memory_bytes) == (4096, 0)
     assert args.log_level == "warning"
     # A flag beats its environment variable.
-    cfg = cli.node_config(cli.parse_with_sources(cli.build_parser(), ["--node-id", "9"]))
+    cfg = cli.node_config(parse_with_sources(cli.build_parser(), ["--node-id", "9"]))
     assert cfg.node_id == 9
 
 

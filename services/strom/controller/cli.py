@@ -12,12 +12,10 @@ process with one plain line on stderr and a non-zero exit code, never a tracebac
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from collections.abc import Sequence
 
-from strom.service import flags, runtime
-from strom.service.config import ConfigFileError, parse_with_sources
+from strom.service import flags
 
 PROG = "strom controller"
 
@@ -80,22 +78,16 @@ def run(args: argparse.Namespace) -> int:
     """Build the controller from parsed flags and serve until SIGTERM; the exit code."""
     from strom.controller.service import ControllerService, ControllerStartupError
 
-    failed = flags.configure_security(PROG, args)
-    if failed is not None:
-        return failed
-    host, port = flags.advertised(args.listen, args.advertise)
-    controller_id = (
-        args.controller_id if args.controller_id is not None else random.randrange(1 << 31)
-    )
-    metrics_port = args.metrics_port if args.metrics_port >= 0 else None
-    runtime.setup_logging(args.log_level, "controller")
+    proc = flags.start_process(PROG, args, "controller", args.controller_id)
+    if isinstance(proc, int):
+        return proc
     service = ControllerService(
         etcd=args.etcd,
         cluster=args.cluster,
-        controller_id=controller_id,
-        advertise_host=host,
-        advertise_port=port,
-        metrics_port=metrics_port or 0,
+        controller_id=proc.ident,
+        advertise_host=proc.host,
+        advertise_port=proc.port,
+        metrics_port=proc.metrics_port or 0,
         session_timeout_s=args.session_timeout_s,
         default_partitions=args.default_partitions,
         default_replication_factor=args.default_replication_factor,
@@ -105,7 +97,12 @@ def run(args: argparse.Namespace) -> int:
         fast_failure_detection=args.fast_failure_detection,
     )
     return flags.serve(
-        PROG, service, args.listen, metrics_port, (ControllerStartupError,), args.max_connections
+        PROG,
+        service,
+        args.listen,
+        proc.metrics_port,
+        (ControllerStartupError,),
+        args.max_connections,
     )
 
 
@@ -113,11 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``strom controller`` as a standalone program (flags > STROM_* env > YAML)."""
     parser = argparse.ArgumentParser(prog=PROG, description="run a strom controller")
     add_arguments(parser)
-    try:
-        args = parse_with_sources(parser, argv)
-    except ConfigFileError as exc:
-        return flags.fail(PROG, str(exc), 2)
-    return run(args)
+    return flags.standalone(PROG, parser, run, argv)
 
 
 if __name__ == "__main__":

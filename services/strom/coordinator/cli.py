@@ -7,12 +7,10 @@ start-up problems an operator can fix end with one line on stderr, never a trace
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from collections.abc import Sequence
 
-from strom.service import flags, runtime
-from strom.service.config import ConfigFileError, parse_with_sources
+from strom.service import flags
 
 PROG = "strom coordinator"
 
@@ -106,22 +104,16 @@ def run(args: argparse.Namespace) -> int:
     from strom.coordinator.group import GroupConfig
     from strom.coordinator.service import CoordinatorService, CoordinatorStartupError
 
-    failed = flags.configure_security(PROG, args)
-    if failed is not None:
-        return failed
-    host, port = flags.advertised(args.listen, args.advertise)
-    coordinator_id = (
-        args.coordinator_id if args.coordinator_id is not None else random.randrange(1 << 31)
-    )
-    metrics_port = args.metrics_port if args.metrics_port >= 0 else None
-    runtime.setup_logging(args.log_level, "coordinator")
+    proc = flags.start_process(PROG, args, "coordinator", args.coordinator_id)
+    if isinstance(proc, int):
+        return proc
     service = CoordinatorService(
         etcd=args.etcd,
         cluster=args.cluster,
-        coordinator_id=coordinator_id,
-        advertise_host=host,
-        advertise_port=port,
-        metrics_port=metrics_port or 0,
+        coordinator_id=proc.ident,
+        advertise_host=proc.host,
+        advertise_port=proc.port,
+        metrics_port=proc.metrics_port or 0,
         offsets_partitions=args.offsets_partitions,
         offsets_replication_factor=args.offsets_replication_factor,
         lease_ttl_s=args.session_timeout_s,
@@ -137,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
     )
     service.txn_id_expiration_ms = args.transactional_id_expiration_ms
     return flags.serve(
-        PROG, service, args.listen, metrics_port, (CoordinatorStartupError,), args.max_connections
+        PROG,
+        service,
+        args.listen,
+        proc.metrics_port,
+        (CoordinatorStartupError,),
+        args.max_connections,
     )
 
 
@@ -145,11 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``strom coordinator`` as a standalone program (flags > STROM_* env > YAML)."""
     parser = argparse.ArgumentParser(prog=PROG, description="run a strom group coordinator")
     add_arguments(parser)
-    try:
-        args = parse_with_sources(parser, argv)
-    except ConfigFileError as exc:
-        return flags.fail(PROG, str(exc), 2)
-    return run(args)
+    return flags.standalone(PROG, parser, run, argv)
 
 
 if __name__ == "__main__":

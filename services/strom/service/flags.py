@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
 from strom import security
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import runtime
-from strom.service.config import split_host_port
+from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
 from strom.service.limits import ServerLimits
 
 
@@ -203,3 +205,51 @@ def configure_security(prog: str, args: argparse.Namespace) -> int | None:
     except ValueError as exc:
         return fail(prog, str(exc), 2)
     return None
+
+
+@dataclass(frozen=True)
+class Process:
+    """Where a controller or coordinator process listens and who it is, from its flags."""
+
+    #: The address others dial (see :func:`advertised`).
+    host: str
+    port: int
+    #: ``--controller-id`` / ``--coordinator-id``, or a random one when not given.
+    ident: int
+    #: The /metrics port; None when disabled (``--metrics-port -1``).
+    metrics_port: int | None
+
+
+def start_process(
+    prog: str, args: argparse.Namespace, role: str, ident: int | None
+) -> Process | int:
+    """The common first steps of a service's ``run``: the security flags, the advertised
+    address, the process id and the log setup; an exit code when the flags are bad."""
+    failed = configure_security(prog, args)
+    if failed is not None:
+        return failed
+    host, port = advertised(args.listen, args.advertise)
+    runtime.setup_logging(args.log_level, role)
+    return Process(
+        host,
+        port,
+        ident if ident is not None else random.randrange(1 << 31),
+        args.metrics_port if args.metrics_port >= 0 else None,
+    )
+
+
+def standalone(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], int],
+    argv: Sequence[str] | None,
+    *,
+    config_error_code: int = 2,
+) -> int:
+    """A service as a program of its own: flags > STROM_* environment > ``--config`` YAML,
+    then ``run``; a bad config file is one stderr line and ``config_error_code``."""
+    try:
+        args = parse_with_sources(parser, argv)
+    except ConfigFileError as exc:
+        return fail(prog, str(exc), config_error_code)
+    return run(args)

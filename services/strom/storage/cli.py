@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import flags
-from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
+from strom.service.config import split_host_port
 
 if TYPE_CHECKING:
     from strom.storage.node import NodeConfig
@@ -196,12 +196,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``strom storage-node`` as a standalone program (flags > STROM_* env > YAML)."""
-    parser = build_parser()
-    try:
-        args = parse_with_sources(parser, argv)
-    except ConfigFileError as exc:
-        return flags.fail(PROG, str(exc))
-    return run(args)
+    return flags.standalone(PROG, build_parser(), run, argv, config_error_code=1)
 
 
 if __name__ == "__main__":
