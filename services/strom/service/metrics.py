@@ -141,6 +141,13 @@ def timed_rpcs(
     return cls
 
 
+def timed(
+    rpc: str, histogram: Histogram, result_of: Callable[[Any], int] = result_code
+) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+    """:func:`timed_rpcs` as a decorator of one handler (``@timed("Produce", HIST)``)."""
+    return lambda fn: _timed(rpc, fn, histogram, result_of)
+
+
 def _timed(
     rpc: str,
     fn: Callable[..., Awaitable[R]],

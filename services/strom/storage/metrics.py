@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from strom.service.metrics import LATENCY_BUCKETS
+
 if TYPE_CHECKING:
     from strom.metadata import ClusterView
 
@@ -72,23 +74,7 @@ REQUEST_LATENCY = Histogram(
     "Time to answer a StorageService RPC (Fetch includes its long-poll wait), by RPC and "
     "result (the whole-request error, else the first partition's error; NONE = success)",
     ["rpc", "result"],
-    buckets=(
-        0.0005,
-        0.001,
-        0.0025,
-        0.005,
-        0.01,
-        0.025,
-        0.05,
-        0.1,
-        0.25,
-        0.5,
-        1.0,
-        2.5,
-        5.0,
-        10.0,
-        30.0,
-    ),
+    buckets=LATENCY_BUCKETS,
 )
 PARTITIONS = Gauge("strom_storage_partitions", "Hosted partition replicas by role", ["role"])
 LOG_END_OFFSET = Gauge(

@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import grpc
 
 from strom.api import common_pb2, metadata_pb2
-from strom.errors import ErrorCode, error_name
+from strom.errors import ErrorCode
 from strom.log import CorruptLogError
 from strom.metadata import ClusterView
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.service.limits import Admission
-from strom.service.metrics import result_code
+from strom.service.metrics import result_code, timed
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
@@ -43,37 +41,16 @@ R = TypeVar("R")
 _FETCH_RESULT: contextvars.ContextVar[int] = contextvars.ContextVar("fetch_result", default=0)
 
 
+def _result(resp: Any) -> int:
+    """The whole-request error, else the first partition's (a Fetch answers bytes: its
+    result comes through :data:`_FETCH_RESULT`)."""
+    return _FETCH_RESULT.get() if isinstance(resp, bytes) else result_code(resp)
+
+
 def _timed(rpc: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
     """Record the RPC's latency in strom_storage_request_latency_seconds{rpc, result}: the
     result is the whole-request error, else the first partition's error (NONE = success)."""
-    children: dict[str, Any] = {}
-
-    def observe(result: str, seconds: float) -> None:
-        child = children.get(result)
-        if child is None:
-            child = children[result] = metrics.REQUEST_LATENCY.labels(rpc, result)
-        child.observe(seconds)
-
-    def deco(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-        @functools.wraps(fn)
-        async def wrapper(self: Any, request: Any, context: Any) -> R:
-            t0 = time.perf_counter()
-            result = "NONE"
-            try:
-                resp = await fn(self, request, context)
-                code = _FETCH_RESULT.get() if isinstance(resp, bytes) else result_code(resp)
-                if code:
-                    result = error_name(code)
-                return resp
-            except BaseException as exc:
-                result = type(exc).__name__
-                raise
-            finally:
-                observe(result, time.perf_counter() - t0)
-
-        return wrapper
-
-    return deco
+    return timed(rpc, metrics.REQUEST_LATENCY, _result)
 
 
 class _Refusal(Exception):
