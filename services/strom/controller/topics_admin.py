@@ -50,13 +50,10 @@ from strom.errors import (
     UnknownTopicOrPartitionError,
 )
 from strom.metadata import Versioned
+from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
 log = logging.getLogger("strom.controller")
 E = ErrorCode
-
-#: gRPC metadata key that lets a caller create topics in the internal ``__`` namespace (the
-#: group coordinator creating ``__consumer_offsets``). CreatableTopic has no field for it yet.
-INTERNAL_TOPICS_METADATA_KEY = "strom-internal-topics"
 
 
 def placement_nodes(nodes: dict[int, md.NodeRegistration]) -> list[PlacementNode]:

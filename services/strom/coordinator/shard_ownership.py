@@ -46,6 +46,7 @@ from strom.errors import (
     error_name,
 )
 from strom.metadata import MetadataUnavailableError
+from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
 log = logging.getLogger("strom.coordinator")
 E = ErrorCode
@@ -55,9 +56,6 @@ E = ErrorCode
 #: compaction keeps just the latest one. (A documented oneof kind would be nicer: see the
 #: issue note.)
 FENCE_KEY = b"\x7a\x00"
-#: Metadata key that lets CreateTopics create an internal (``__``) topic
-#: (controller/topics_admin.py).
-INTERNAL_TOPICS_METADATA_KEY = "strom-internal-topics"
 
 
 class ShardOwnership(StorageIO):

@@ -93,16 +93,6 @@ def _now_ms() -> int:
     return wall_ms()
 
 
-def _fill_error(resp: Any, exc: BaseException) -> None:
-    if isinstance(exc, StromError):
-        resp.error_code = exc.code if exc.code is not None else E.UNKNOWN_SERVER_ERROR
-        resp.error_message = exc.message
-    else:
-        log.exception("transaction request failed", exc_info=exc)
-        resp.error_code = E.UNKNOWN_SERVER_ERROR
-        resp.error_message = f"{type(exc).__name__}: {exc}"
-
-
 class TransactionRpcs(_Base):
     """Transaction coordinator and transactional-offset RPCs (see the module docstring)."""
 
@@ -253,7 +243,7 @@ class TransactionRpcs(_Base):
                 resp.producer_epoch,
             )
         except Exception as exc:
-            _fill_error(resp, exc)
+            self._fail("InitProducerId", resp, exc)
         return resp
 
     async def AddPartitionsToTxn(
@@ -281,7 +271,7 @@ class TransactionRpcs(_Base):
                     wait_s=COMPLETION_WAIT_S,
                 )
         except Exception as exc:
-            _fill_error(resp, exc)
+            self._fail("AddPartitionsToTxn", resp, exc)
             return resp
         for tp in request.topics:
             tr = resp.topics.add(topic=tp.topic)
@@ -308,7 +298,7 @@ class TransactionRpcs(_Base):
                 wait_s=COMPLETION_WAIT_S,
             )
         except Exception as exc:
-            _fill_error(resp, exc)
+            self._fail("AddOffsetsToTxn", resp, exc)
         return resp
 
     async def EndTxn(
@@ -326,7 +316,7 @@ class TransactionRpcs(_Base):
             if changed:
                 self._spawn(self._finish(shard, meta, by="client"))
         except Exception as exc:
-            _fill_error(resp, exc)
+            self._fail("EndTxn", resp, exc)
         return resp
 
     async def DescribeTransactions(
@@ -341,7 +331,7 @@ class TransactionRpcs(_Base):
             try:
                 shard = self._txn_shard(tid)
             except Exception as exc:
-                _fill_error(d, exc)
+                self._fail("DescribeTransactions", d, exc)
                 continue
             d.shard = shard.index
             meta = shard.transactions.get(tid)
@@ -668,7 +658,7 @@ class TransactionRpcs(_Base):
             resp.error_message = f"group {request.group_id!r} has no member {request.member_id!r}"
             return resp
         except Exception as exc:
-            _fill_error(resp, exc)
+            self._fail("TxnOffsetCommit", resp, exc)
             return resp
         _partition_results(resp, request.topics, result.errors)
         return resp
@@ -692,7 +682,7 @@ class TransactionRpcs(_Base):
         except GroupIdNotFoundError:
             pass  # nothing pending there
         except Exception as exc:
-            _fill_error(resp, exc)
+            self._fail("CompleteTxnOffsets", resp, exc)
         return resp
 
 
