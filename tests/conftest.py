@@ -97,11 +97,28 @@ SHARED_CLUSTERS = ("one_node_cluster", "three_node_cluster")
 
 @pytest.fixture(autouse=True)
 def _heal_shared_clusters(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a test that used a shared cluster, restart what it left dead."""
+    """After a test that used a shared cluster (the session's, or a module's own listed in
+    the module's ``HEALED_CLUSTERS``), restart what it left dead."""
     yield
-    for name in SHARED_CLUSTERS:
+    for name in (*SHARED_CLUSTERS, *getattr(request.module, "HEALED_CLUSTERS", ())):
         if name in request.fixturenames:
             heal(request.getfixturevalue(name))
+
+
+def module_cluster(**kwargs: Any) -> Any:
+    """A module-scoped cluster fixture (LocalCluster's arguments) for a module whose tests
+    need settings no session cluster has: ``cluster = module_cluster(nodes=3, ...)``. Name it
+    in the module's ``HEALED_CLUSTERS`` so that members a test left dead are restarted."""
+
+    @pytest.fixture(scope="module")
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+        cluster = start_cluster(tmp_path_factory.mktemp("module") / "c", **kwargs)
+        try:
+            yield cluster
+        finally:
+            cluster.kill()
+
+    return fixture
 
 
 @pytest.fixture

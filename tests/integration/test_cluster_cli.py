@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from strom.client.cluster import ClusterClient
 from strom.client.partitioner import partition_for_key
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from tests.conftest import module_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +41,11 @@ def strom(
     return proc
 
 
-@pytest.fixture
-def cluster(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
-    # No group coordinator: __consumer_offsets' leaders would skew the leader spread below.
-    return make_cluster(nodes=3, controllers=2, coordinators=0)
+# One cluster for the module (each test uses topics of its own names); members a test kills
+# are restarted after it. No group coordinator: __consumer_offsets' leaders would skew the
+# leader spread of the first test.
+cluster = module_cluster(nodes=3, controllers=2, coordinators=0)
+HEALED_CLUSTERS = ("cluster",)
 
 
 def _pids(c: LocalCluster) -> list[int]:

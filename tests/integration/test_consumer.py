@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -40,14 +39,10 @@ NONE = common_pb2.ErrorCode.NONE
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root: Path = tmp_path_factory.mktemp("consumer")
-    c = LocalCluster(root / "c", nodes=3, controllers=1)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.kill()
+def cluster(three_node_cluster: LocalCluster) -> LocalCluster:
+    # The session's three-node cluster (topics here are named "c-..."; the failover test's
+    # killed leader is restarted after it).
+    return three_node_cluster
 
 
 @pytest.fixture(scope="module")

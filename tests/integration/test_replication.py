@@ -4,7 +4,6 @@ three storage nodes as processes; replication factor 3, min.insync.replicas=2, a
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,33 +15,42 @@ from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import is_retriable
 from strom.record import decode_records, encode_batch
+from tests.conftest import TopicFactory, module_cluster
 
 pytestmark = pytest.mark.integration
 NONE = common_pb2.ErrorCode.NONE
+#: The topic of the test with a cluster of its own.
 TOPIC = "replicated"
 
 
+# One cluster for the module, each test on a topic of its own; members a test killed are
+# restarted after it.
+cluster = module_cluster(nodes=3, controllers=2, node_args=["--replica-lag-time-max-ms", "1500"])
+HEALED_CLUSTERS = ("cluster",)
+
+
 @pytest.fixture
-def cluster(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
-    c = make_cluster(nodes=3, controllers=2, node_args=["--replica-lag-time-max-ms", "1500"])
-    with ClusterClient(c.bootstrap) as client:
-        Admin(cluster_client=client).create_topic(
-            TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
-        )
-    wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
-    return c
+def topic(cluster: LocalCluster, new_topic: TopicFactory) -> str:
+    """A fresh replicated partition (RF 3, min.insync.replicas=2) with its full ISR."""
+    name = new_topic(cluster, 1, 3, {"min.insync.replicas": "2"})
+    wait_for(lambda: len(_state(cluster, name)[2]) == 3, timeout=20, what="a full ISR")
+    return name
 
 
-def _state(c: LocalCluster) -> tuple[int, int, list[int]]:
+def _state(c: LocalCluster, topic: str) -> tuple[int, int, list[int]]:
     """(leader, leader_epoch, isr) of partition 0 as the cluster reports it."""
     with ClusterClient(c.bootstrap, retry_s=5) as client:
-        md = client.metadata([TOPIC])
+        md = client.metadata([topic])
     p = md.topics[0].partitions[0]
     return p.leader, p.leader_epoch, sorted(p.isr)
 
 
 def _produce(
-    client: ClusterClient, values: list[bytes], acks: int = -1, address: str | None = None
+    client: ClusterClient,
+    topic: str,
+    values: list[bytes],
+    acks: int = -1,
+    address: str | None = None,
 ) -> tuple[int, int]:
     """One batch; returns (error_code, base_offset). Routed to the leader unless ``address``."""
     req = storage_pb2.ProduceRequest(
@@ -50,7 +58,7 @@ def _produce(
         timeout_ms=5000,
         topics=[
             storage_pb2.ProduceTopicData(
-                topic=TOPIC,
+                topic=topic,
                 partitions=[
                     storage_pb2.ProducePartitionData(
                         partition=0, records=encode_batch(values), current_leader_epoch=-1
@@ -64,7 +72,7 @@ def _produce(
     else:
         r = (
             client.with_leader(
-                TOPIC,
+                topic,
                 0,
                 lambda s: s.Produce(req, timeout=10),
                 lambda resp: (
@@ -78,7 +86,7 @@ def _produce(
     return r.error_code, r.base_offset
 
 
-def _read_all(client: ClusterClient) -> list[tuple[int, bytes]]:
+def _read_all(client: ClusterClient, topic: str) -> list[tuple[int, bytes]]:
     out: list[tuple[int, bytes]] = []
     offset = 0
     while True:
@@ -88,7 +96,7 @@ def _read_all(client: ClusterClient) -> list[tuple[int, bytes]]:
             max_bytes=8 << 20,
             topics=[
                 storage_pb2.FetchTopic(
-                    topic=TOPIC,
+                    topic=topic,
                     partitions=[
                         storage_pb2.FetchPartition(
                             partition=0,
@@ -102,7 +110,7 @@ def _read_all(client: ClusterClient) -> list[tuple[int, bytes]]:
         )
         r = (
             client.with_leader(
-                TOPIC,
+                topic,
                 0,
                 lambda s, req=req: s.Fetch(req, timeout=10),
                 lambda resp: resp.topics[0].partitions[0].error_code != NONE,
@@ -122,7 +130,7 @@ def _member(c: LocalCluster, node_id: int) -> Member:
     return c.node(node_id)
 
 
-def test_acknowledged_records_survive_leader_sigkill(cluster: LocalCluster) -> None:
+def test_acknowledged_records_survive_leader_sigkill(cluster: LocalCluster, topic: str) -> None:
     acked: dict[bytes, int] = {}
     with ClusterClient(cluster.bootstrap, retry_s=20) as client:
         i = 0
@@ -131,19 +139,19 @@ def test_acknowledged_records_survive_leader_sigkill(cluster: LocalCluster) -> N
             nonlocal i
             for _ in range(n):
                 values = [b"v%d-%d" % (i, j) for j in range(10)]
-                code, base = _produce(client, values)
+                code, base = _produce(client, topic, values)
                 if code == NONE:
                     for j, v in enumerate(values):
                         acked[v] = base + j
                 i += 1
 
         send(30)
-        leader, epoch, _ = _state(cluster)
+        leader, epoch, _ = _state(cluster, topic)
         _member(cluster, leader).process.kill()  # SIGKILL the leader mid-stream
         send(30)
-        new_leader, new_epoch, _ = _state(cluster)
+        new_leader, new_epoch, _ = _state(cluster, topic)
         assert new_leader != leader and new_epoch > epoch
-        log = _read_all(client)
+        log = _read_all(client, topic)
     offsets = [o for o, _ in log]
     assert offsets == list(range(len(offsets)))  # in order, no gap
     where = {v: o for o, v in log}
@@ -152,65 +160,69 @@ def test_acknowledged_records_survive_leader_sigkill(cluster: LocalCluster) -> N
         assert where.get(v) == o
 
 
-def test_restarted_follower_catches_up_and_rejoins_the_isr(cluster: LocalCluster) -> None:
-    leader, _, _ = _state(cluster)
+def test_restarted_follower_catches_up_and_rejoins_the_isr(
+    cluster: LocalCluster, topic: str
+) -> None:
+    leader, _, _ = _state(cluster, topic)
     follower = next(n for n in cluster.nodes if n.ident != leader)
     follower.process.kill()
     wait_for(
-        lambda: follower.ident not in _state(cluster)[2],
+        lambda: follower.ident not in _state(cluster, topic)[2],
         timeout=20,
         what="the dead follower to leave the ISR",
     )
     with ClusterClient(cluster.bootstrap) as client:
         for k in range(20):
-            assert _produce(client, [b"missed-%d" % k])[0] == NONE
+            assert _produce(client, topic, [b"missed-%d" % k])[0] == NONE
     cluster.restart(follower)
     wait_for(
-        lambda: follower.ident in _state(cluster)[2],
+        lambda: follower.ident in _state(cluster, topic)[2],
         timeout=30,
         what="the restarted follower to rejoin the ISR",
     )
 
 
-def test_paused_follower_shrinks_isr_and_produce_continues(cluster: LocalCluster) -> None:
-    leader, _, _ = _state(cluster)
+def test_paused_follower_shrinks_isr_and_produce_continues(
+    cluster: LocalCluster, topic: str
+) -> None:
+    leader, _, _ = _state(cluster, topic)
     follower = next(n for n in cluster.nodes if n.ident != leader)
     follower.process.signal(signal.SIGSTOP)
     try:
         with ClusterClient(cluster.bootstrap) as client:
             wait_for(
-                lambda: follower.ident not in _state(cluster)[2],
+                lambda: follower.ident not in _state(cluster, topic)[2],
                 timeout=20,
                 what="the paused follower to leave the ISR",
             )
             for k in range(20):  # ISR of 2 still satisfies min.insync.replicas=2
-                assert _produce(client, [b"during-%d" % k])[0] == NONE
+                assert _produce(client, topic, [b"during-%d" % k])[0] == NONE
     finally:
         follower.process.signal(signal.SIGCONT)
     wait_for(
-        lambda: follower.ident in _state(cluster)[2],
+        lambda: follower.ident in _state(cluster, topic)[2],
         timeout=30,
         what="the resumed follower to rejoin the ISR",
     )
 
 
-def test_paused_old_leader_is_fenced_when_it_wakes_up(cluster: LocalCluster) -> None:
-    leader, _, _ = _state(cluster)
+def test_paused_old_leader_is_fenced_when_it_wakes_up(cluster: LocalCluster, topic: str) -> None:
+    leader, _, _ = _state(cluster, topic)
     old = _member(cluster, leader)
     old.process.signal(signal.SIGSTOP)
     try:
         wait_for(
-            lambda: _state(cluster)[0] not in (leader, -1),
+            lambda: _state(cluster, topic)[0] not in (leader, -1),
             timeout=20,
             what="a new leader after the old one stopped",
         )
     finally:
         old.process.signal(signal.SIGCONT)
     with ClusterClient(cluster.bootstrap) as client:
-        code, _ = _produce(client, [b"zombie-write"], acks=-1, address=old.address)
+        code, _ = _produce(client, topic, [b"zombie-write"], acks=-1, address=old.address)
         assert code != NONE  # refused: not leader any more, fenced, or never committed
-        assert _produce(client, [b"after"])[0] == NONE
-        values = [v for _, v in _read_all(client)]
+        assert _produce(client, topic, [b"after"])[0] == NONE
+        values = [v for _, v in _read_all(client, topic)]
     assert b"zombie-write" not in values and b"after" in values
 
 
@@ -227,16 +239,16 @@ def test_controller_fences_a_killed_node_before_its_lease_expires(tmp_path: Path
             Admin(cluster_client=client).create_topic(
                 TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
             )
-            wait_for(lambda: len(_state(c)[2]) == 3, timeout=20, what="a full ISR")
-            leader, epoch, _ = _state(c)
+            wait_for(lambda: len(_state(c, TOPIC)[2]) == 3, timeout=20, what="a full ISR")
+            leader, epoch, _ = _state(c, TOPIC)
             _member(c, leader).process.kill()
             wait_for(
-                lambda: _state(c)[0] not in (leader, -1),
+                lambda: _state(c, TOPIC)[0] not in (leader, -1),
                 timeout=15,
                 what="a new leader long before the 60 s lease expires",
             )
-            assert _state(c)[1] > epoch
+            assert _state(c, TOPIC)[1] > epoch
             assert leader not in {n.node_id for n in client.metadata().nodes}
-            assert _produce(client, [b"after"])[0] == NONE
+            assert _produce(client, TOPIC, [b"after"])[0] == NONE
     finally:
         c.kill()
