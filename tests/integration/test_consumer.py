@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 import pytest
 
-from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.api import common_pb2, storage_pb2
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import (
     CONSUMER_SCHEMA,
@@ -33,6 +33,7 @@ from strom.errors import (
     is_retriable,
 )
 from strom.record import Record, encode_batch
+from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 NONE = common_pb2.ErrorCode.NONE
@@ -49,24 +50,6 @@ def cluster(three_node_cluster: LocalCluster) -> LocalCluster:
 def admin(cluster: LocalCluster) -> Iterator[ClusterClient]:
     with ClusterClient(cluster.bootstrap, retry_s=20) as client:
         yield client
-
-
-def create_topic(
-    client: ClusterClient, name: str, partitions: int = 1, rf: int = 1, **configs: str
-) -> None:
-    client.controller_call(
-        "CreateTopics",
-        controller_pb2.CreateTopicsRequest(
-            topics=[
-                controller_pb2.CreatableTopic(
-                    name=name,
-                    num_partitions=partitions,
-                    replication_factor=rf,
-                    configs={k.replace("_", "."): v for k, v in configs.items()},
-                )
-            ]
-        ),
-    )
 
 
 def produce(
@@ -151,7 +134,7 @@ def values(prefix: str, n: int) -> list[bytes]:
 def test_assign_and_poll_read_everything_in_order(
     admin: ClusterClient, cluster: LocalCluster
 ) -> None:
-    create_topic(admin, "c-order", partitions=2)
+    create_topic(cluster, "c-order", partitions=2)
     expected: dict[int, list[Record]] = {0: [], 1: []}
     for p, batches in ((0, 3), (1, 2)):
         for b in range(batches):
@@ -187,7 +170,7 @@ def test_assign_and_poll_read_everything_in_order(
 def test_iteration_blocks_for_records_and_stops_on_close(
     admin: ClusterClient, cluster: LocalCluster
 ) -> None:
-    create_topic(admin, "c-iter")
+    create_topic(cluster, "c-iter")
     produce(admin, "c-iter", 0, values("a", 30))
     tp = TopicPartition("c-iter", 0)
     consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest")
@@ -228,7 +211,7 @@ def test_iteration_blocks_for_records_and_stops_on_close(
 
 
 def test_poll_arrow_equals_poll(admin: ClusterClient, cluster: LocalCluster) -> None:
-    create_topic(admin, "c-arrow", partitions=2)
+    create_topic(cluster, "c-arrow", partitions=2)
     for p in (0, 1):
         for b in range(3):
             produce(
@@ -290,7 +273,7 @@ def test_poll_arrow_equals_poll(admin: ClusterClient, cluster: LocalCluster) -> 
 
 
 def test_seek_and_positions(admin: ClusterClient, cluster: LocalCluster) -> None:
-    create_topic(admin, "c-seek")
+    create_topic(cluster, "c-seek")
     for b in range(4):
         produce(admin, "c-seek", 0, values(f"b{b}", 25))
     tp = TopicPartition("c-seek", 0)
@@ -317,7 +300,7 @@ def test_seek_and_positions(admin: ClusterClient, cluster: LocalCluster) -> None
 def test_beginning_and_end_offsets_after_delete_records(
     admin: ClusterClient, cluster: LocalCluster
 ) -> None:
-    create_topic(admin, "c-delete")
+    create_topic(cluster, "c-delete")
     for b in range(3):
         produce(admin, "c-delete", 0, values(f"b{b}", 20))
     tp = TopicPartition("c-delete", 0)
@@ -333,7 +316,7 @@ def test_beginning_and_end_offsets_after_delete_records(
 
 
 def test_offsets_for_times(admin: ClusterClient, cluster: LocalCluster) -> None:
-    create_topic(admin, "c-times")
+    create_topic(cluster, "c-times")
     base = 1_700_000_000_000
     for b in range(3):
         produce(admin, "c-times", 0, values(f"b{b}", 10), timestamps=[base + 1000 * b] * 10)
@@ -349,7 +332,7 @@ def test_offsets_for_times(admin: ClusterClient, cluster: LocalCluster) -> None:
 
 
 def test_pause_and_resume(admin: ClusterClient, cluster: LocalCluster) -> None:
-    create_topic(admin, "c-pause", partitions=2)
+    create_topic(cluster, "c-pause", partitions=2)
     for p in (0, 1):
         produce(admin, "c-pause", p, values(f"p{p}", 20))
     p0, p1 = TopicPartition("c-pause", 0), TopicPartition("c-pause", 1)
@@ -368,7 +351,7 @@ def test_pause_and_resume(admin: ClusterClient, cluster: LocalCluster) -> None:
 
 
 def test_auto_offset_reset(admin: ClusterClient, cluster: LocalCluster) -> None:
-    create_topic(admin, "c-reset")
+    create_topic(cluster, "c-reset")
     produce(admin, "c-reset", 0, values("old", 30))
     tp = TopicPartition("c-reset", 0)
     with (
@@ -410,7 +393,7 @@ def test_auto_offset_reset(admin: ClusterClient, cluster: LocalCluster) -> None:
 
 
 def test_clear_errors_for_bad_arguments(admin: ClusterClient, cluster: LocalCluster) -> None:
-    create_topic(admin, "c-args", partitions=2)
+    create_topic(cluster, "c-args", partitions=2)
     tp = TopicPartition("c-args", 0)
     with pytest.raises(ValueError, match="auto_offset_reset"):
         Consumer(cluster.bootstrap, auto_offset_reset="smallest")
@@ -464,7 +447,7 @@ def test_clear_errors_for_bad_arguments(admin: ClusterClient, cluster: LocalClus
 
 
 def test_consuming_across_a_leader_failover(admin: ClusterClient, cluster: LocalCluster) -> None:
-    create_topic(admin, "c-failover", rf=3, min_insync_replicas="2")
+    create_topic(cluster, "c-failover", replication_factor=3, config={"min.insync.replicas": "2"})
     tp = TopicPartition("c-failover", 0)
 
     def state() -> tuple[int, list[int]]:

@@ -20,7 +20,6 @@ import pytest
 
 from strom.api import (
     common_pb2,
-    controller_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
     storage_pb2,
@@ -33,6 +32,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import is_retriable
 from strom.record import encode_batch
+from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 E = common_pb2.ErrorCode
@@ -75,24 +75,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
     with ClusterClient(cluster.bootstrap, retry_s=20) as c:
         yield c
-
-
-def create_topic(client: ClusterClient, name: str, partitions: int) -> None:
-    client.controller_call(
-        "CreateTopics",
-        controller_pb2.CreateTopicsRequest(
-            topics=[
-                controller_pb2.CreatableTopic(
-                    name=name, num_partitions=partitions, replication_factor=1
-                )
-            ]
-        ),
-    )
-    wait_for(
-        lambda: len(client.topic_metadata(name).partitions) == partitions,
-        timeout=10,
-        what=f"topic {name}",
-    )
 
 
 def produce(client: ClusterClient, topic: str, partition: int, n: int) -> None:
@@ -168,7 +150,7 @@ def balanced(members: list[Member], partitions: int) -> bool:
 def test_members_split_partitions_and_take_over_when_one_leaves(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:
-    create_topic(client, "split", 6)
+    create_topic(cluster, "split", 6)
     members = [Member(cluster, "g-split", ["split"]) for _ in range(3)]
     try:
         wait_for(lambda: balanced(members, 6), timeout=20, what="3 members with 2 partitions each")
@@ -191,8 +173,8 @@ def test_members_split_partitions_and_take_over_when_one_leaves(
 def test_pattern_subscription_and_the_rebalance_listener(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:
-    create_topic(client, "rx-a", 1)
-    create_topic(client, "rx-b", 2)
+    create_topic(cluster, "rx-a", 1)
+    create_topic(cluster, "rx-b", 2)
     calls: list[tuple[str, list[TopicPartition]]] = []
 
     class Listener:
@@ -223,7 +205,7 @@ def test_new_partitions_are_picked_up_and_a_static_member_gets_its_own_back(
 ) -> None:
     from strom.client import Admin
 
-    create_topic(client, "grow", 2)
+    create_topic(cluster, "grow", 2)
     a = Member(cluster, "g-grow", ["grow"], group_instance_id="a")
     b = Member(cluster, "g-grow", ["grow"], group_instance_id="b")
     try:
@@ -243,7 +225,7 @@ def test_new_partitions_are_picked_up_and_a_static_member_gets_its_own_back(
 
 
 def test_two_groups_each_see_every_record(cluster: LocalCluster, client: ClusterClient) -> None:
-    create_topic(client, "fanout", 3)
+    create_topic(cluster, "fanout", 3)
     for p in range(3):
         produce(client, "fanout", p, 40)
     everything = sorted(f"fanout-{p}-{i}".encode() for p in range(3) for i in range(40))
@@ -286,7 +268,7 @@ def test_two_groups_each_see_every_record(cluster: LocalCluster, client: Cluster
 def test_a_zombie_with_a_stale_epoch_cannot_commit(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:
-    create_topic(client, "zombie", 2)
+    create_topic(cluster, "zombie", 2)
     stub = coordinator_stub(cluster, client, "g-zombie")
 
     def beat(
@@ -360,7 +342,7 @@ def strom(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def test_the_groups_cli_lists_describes_resets_and_deletes(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:
-    create_topic(client, "cli", 2)
+    create_topic(cluster, "cli", 2)
     for p in range(2):
         produce(client, "cli", p, 10)
     b = ("-b", cluster.bootstrap)
@@ -406,7 +388,7 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
 def test_committed_offsets_survive_a_coordinator_sigkill(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:
-    create_topic(client, "durable", 2)
+    create_topic(cluster, "durable", 2)
     # No auto-commit: only the commits below may change the group's offsets.
     member = Member(cluster, "g-durable", ["durable"], enable_auto_commit=False)
     tp0, tp1 = TopicPartition("durable", 0), TopicPartition("durable", 1)
