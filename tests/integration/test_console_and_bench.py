@@ -4,6 +4,8 @@ as processes against a real one-node cluster."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,21 @@ def test_console_errors_are_clear(bootstrap: str) -> None:
     assert bad.returncode != 0 and b"bad --format" in bad.stderr
     bad = strom("produce", "lines", "-b", bootstrap, "--header", "novalue", check=False)
     assert bad.returncode != 0 and b"NAME=VALUE" in bad.stderr
+
+
+def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> None:
+    """`strom topics describe t | head -1`: the reader goes away before the command writes;
+    the command stops without an error line (it printed "[Errno 32] Broken pipe")."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strom.cli.main", "topics", "describe", "lines", "-b", bootstrap],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has connected, let alone written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0
+    assert err == b""
 
 
 @pytest.mark.parametrize(

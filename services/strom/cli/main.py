@@ -782,6 +782,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`strom topics describe t | head -3`): stop quietly, as Unix
+        # tools do, with stdout on /dev/null so the interpreter's last flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (StromError, ValueError, OSError) as exc:
         name = type(exc).__name__
         print(f"strom {args.command}: error: {exc} ({name})", file=sys.stderr)
