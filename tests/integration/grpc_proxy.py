@@ -9,12 +9,18 @@ so that every client and peer reaches the node through it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import grpc
+
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import free_port
 
 #: Methods the proxy forwards as server streams (every other one is unary).
 _UNARY_STREAM = {"/grpc.health.v1.Health/Watch"}
@@ -155,3 +161,20 @@ class _Forwarder(grpc.GenericRpcHandler):
         if method in _UNARY_STREAM:
             return grpc.unary_stream_rpc_method_handler(self.proxy.server_stream(method))
         return grpc.unary_unary_rpc_method_handler(self.proxy.unary(method))
+
+
+@contextlib.contextmanager
+def cluster_behind_proxy(root: Path, **kwargs: Any) -> Iterator[tuple[LocalCluster, GrpcProxy]]:
+    """A started one-node LocalCluster (``kwargs``: its other arguments) whose node every
+    client and service reaches through a :class:`GrpcProxy` (the node advertises the proxy's
+    port); both are stopped on exit."""
+    proxy_port = free_port()
+    node_args = [*kwargs.pop("node_args", []), "--advertise", f"127.0.0.1:{proxy_port}"]
+    cluster = LocalCluster(root, nodes=1, node_args=node_args, **kwargs)
+    proxy = GrpcProxy(f"127.0.0.1:{cluster.nodes[0].port}", proxy_port)
+    try:
+        cluster.start()
+        yield cluster, proxy
+    finally:
+        proxy.close()
+        cluster.kill()

@@ -15,10 +15,10 @@ import pytest
 from strom.api import coordinator_pb2, coordinator_pb2_grpc
 from strom.coordinator.service import CoordinatorService
 from strom.devcluster.cluster import LocalCluster
-from strom.devcluster.procs import free_port, wait_for
+from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode as E
 from tests.conftest import create_topic
-from tests.integration.grpc_proxy import GrpcProxy
+from tests.integration.grpc_proxy import cluster_behind_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -122,19 +122,13 @@ def test_a_commit_cancelled_during_its_write_does_not_swallow_the_next_one(
     write is in flight; the append still lands. The coordinator did not count it, so its next
     write reused the same sequence numbers and the node took it for a retry of that append:
     acknowledged, never written, and gone after a coordinator restart (found as a shard
-    writing sequence 78 when its log ended at 81, issue 17's note)."""
-    proxy_port = free_port()
-    cluster = LocalCluster(
+    writing sequence 78 when its log ended at 81)."""
+    with cluster_behind_proxy(
         tmp_path / "c",
-        nodes=1,
         controllers=1,
         coordinators=1,
-        node_args=["--advertise", f"127.0.0.1:{proxy_port}"],  # the coordinator's appends
         coordinator_args=["--offsets-partitions", "1", "--transaction-state-partitions", "1"],
-    )
-    proxy = GrpcProxy(f"127.0.0.1:{cluster.nodes[0].port}", proxy_port)
-    try:
-        cluster.start()
+    ) as (cluster, proxy):
         cluster.wait_coordinators_ready()
         topic = create_topic(cluster, "cancelled-writes")
         coord = cluster.coordinators[0]
@@ -160,6 +154,3 @@ def test_a_commit_cancelled_during_its_write_does_not_swallow_the_next_one(
         with grpc.insecure_channel(coord.address) as channel2:
             stub2 = coordinator_pb2_grpc.CoordinatorServiceStub(channel2)
             assert _committed(stub2, topic) == 30
-    finally:
-        proxy.close()
-        cluster.kill()

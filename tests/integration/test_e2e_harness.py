@@ -20,10 +20,8 @@ import pytest
 
 from strom.bench.e2e import bench_e2e
 from strom.client.admin import Admin
-from strom.devcluster.cluster import LocalCluster
-from strom.devcluster.procs import free_port
 
-from .grpc_proxy import GrpcProxy
+from .grpc_proxy import cluster_behind_proxy
 from .test_produce_order import PRODUCE, Env
 
 pytestmark = pytest.mark.integration
@@ -32,22 +30,13 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root: Path = tmp_path_factory.mktemp("e2e-harness")
-    proxy_port = free_port()
-    cluster = LocalCluster(
+    with cluster_behind_proxy(
         root / "c",
-        nodes=1,
         controllers=1,
         coordinators=1,
-        node_args=["--advertise", f"127.0.0.1:{proxy_port}"],
         coordinator_args=["--group-heartbeat-interval-ms", "200", "--offsets-partitions", "1"],
-    )
-    proxy = GrpcProxy(f"127.0.0.1:{cluster.nodes[0].port}", proxy_port)
-    try:
-        cluster.start()
+    ) as (cluster, proxy):
         yield Env(cluster, proxy)
-    finally:
-        proxy.close()
-        cluster.kill()
 
 
 def test_every_record_arrives_once_with_produce_calls_overtaken_under_load(env: Env) -> None:

@@ -26,9 +26,8 @@ from strom.client.consumer import Consumer
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
-from strom.devcluster.procs import free_port
 
-from .grpc_proxy import GrpcProxy, Hold
+from .grpc_proxy import GrpcProxy, Hold, cluster_behind_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -76,21 +75,8 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root: Path = tmp_path_factory.mktemp("produce-order")
-    proxy_port = free_port()
-    cluster = LocalCluster(
-        root / "c",
-        nodes=1,
-        controllers=1,
-        coordinators=0,
-        node_args=["--advertise", f"127.0.0.1:{proxy_port}"],
-    )
-    proxy = GrpcProxy(f"127.0.0.1:{cluster.nodes[0].port}", proxy_port)
-    try:
-        cluster.start()
+    with cluster_behind_proxy(root / "c", controllers=1, coordinators=0) as (cluster, proxy):
         yield Env(cluster, proxy)
-    finally:
-        proxy.close()
-        cluster.kill()
 
 
 def _send_until_released(p: Producer, topic: str, hold: Hold, start: int = 0) -> list:
