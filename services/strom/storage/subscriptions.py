@@ -57,11 +57,9 @@ SUBSCRIPTIONS = Gauge(
 )
 SUBSCRIBE_RECORDS = Counter(
     "strom_storage_records_subscribe_records",
-    "Records of Subscribe streams: polled from the cluster, and written to streams",
-    ["stage"],
+    "Records of Subscribe streams by topic: polled from the cluster, and written to streams",
+    ["stage", "topic"],
 )
-_POLLED = SUBSCRIBE_RECORDS.labels("polled")
-_SENT = SUBSCRIBE_RECORDS.labels("sent")
 
 #: How long one poll of the Consumer may wait for records.
 POLL_MS = 200
@@ -274,7 +272,6 @@ class Subscription:
                     timeout_ms=POLL_MS, max_records=spec.max_records * 8
                 )
                 if table.num_rows:
-                    _POLLED.inc(table.num_rows)
                     self._emit_records(table)
                 self._maybe_auto_commit()
         except SubscriptionError as exc:
@@ -388,6 +385,7 @@ class Subscription:
     def _emit_records(self, table: pa.Table) -> None:
         owned = self.owned()
         for tp, part in _by_partition(table):
+            SUBSCRIBE_RECORDS.labels("polled", tp.topic).inc(part.num_rows)
             if tp not in owned:  # revoked during the poll that returned it
                 continue
             hw = self.consumer.highwater(tp)
@@ -405,7 +403,7 @@ class Subscription:
         """The handler wrote ``item`` to the stream (event loop)."""
         if item.tp is None:
             return
-        _SENT.inc(item.records)
+        SUBSCRIBE_RECORDS.labels("sent", item.tp.topic).inc(item.records)
         with self._lock:
             self._delivered[item.tp] = item.next_offset
             self._delivered_since_commit = True
