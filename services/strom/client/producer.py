@@ -49,6 +49,7 @@ from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBa
 from strom.client.cluster import ClusterClient, refused
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
+from strom.client.spin import SpinKeeper
 from strom.client.transactions import (
     GroupMetadata,
     PreparedTxnState,
@@ -249,6 +250,7 @@ class Producer:
         self._leaders = self._metadata.leaders  # (topic, partition) -> PartitionLeader
         self._in_flight: dict[str, int] = {}
         self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
+        self._spin = SpinKeeper()  # gRPC's completion thread stays up between requests
         self._flushing = 0
         self._closing = False
         self._closed = False
@@ -585,6 +587,7 @@ class Producer:
         self._sender.join(timeout)
         self._closed = True
         self._fail_all(ProducerClosedError("the producer was closed before the record was sent"))
+        self._spin.close()
         self._client.close()
 
     def partitions_for(self, topic: str) -> list[int]:
@@ -831,9 +834,11 @@ class Producer:
             self._complete(addr, entries, None, err)
             return
         try:
+            channel = self._client.channel(addr)
+            self._spin.keep(channel)
             call = self._produce_calls.get(addr)
             if call is None:
-                call = self._produce_calls[addr] = self._client.channel(addr).unary_unary(
+                call = self._produce_calls[addr] = channel.unary_unary(
                     PRODUCE_METHOD,
                     request_serializer=None,
                     response_deserializer=storage_pb2.ProduceResponse.FromString,
