@@ -253,3 +253,117 @@ def test_the_callers_sequence_is_sent_as_given_and_retried() -> None:
     assert asyncio.run(main()) == 0
     assert leader.values == [b"x", b"y"]
     assert leader.requests == [[(42, 3, 0, 2)], [(42, 3, 0, 2)]]
+
+
+# -- LeaderRoute: what goes to one leader in one event-loop pass is one request -------------
+
+
+class _View:
+    """The etcd view's two questions LeaderRoute asks: every partition is led by node 1 (this
+    node) at leader epoch 3."""
+
+    def partition(self, topic: str, partition: int) -> Any:
+        return type("S", (), {"value": type("V", (), {"leader": 1, "leader_epoch": 3})})()
+
+    def live_nodes(self) -> dict[int, Any]:
+        return {}
+
+
+def _route(answer: Callable[[storage_pb2.ProduceRequest], Any]) -> tuple[Any, list[Any]]:
+    requests: list[storage_pb2.ProduceRequest] = []
+
+    async def local(req: storage_pb2.ProduceRequest) -> Any:
+        requests.append(req)
+        await asyncio.sleep(0)
+        return answer(req)
+
+    return record_producers.LeaderRoute(1, _View(), local), requests  # type: ignore[arg-type]
+
+
+def _echo(req: storage_pb2.ProduceRequest) -> storage_pb2.ProduceResponse:
+    """A leader that appends each partition's data at offset 100 * partition."""
+    resp = storage_pb2.ProduceResponse()
+    for t in req.topics:
+        rt = resp.topics.add(topic=t.topic)
+        for p in t.partitions:
+            rt.partitions.add(partition=p.partition, base_offset=100 * p.partition)
+    return resp
+
+
+def test_partitions_for_one_leader_in_one_pass_share_a_request() -> None:
+    async def main() -> None:
+        route, requests = _route(_echo)
+        results = await asyncio.gather(
+            route.produce("t", 0, b"a", 1, 5.0),
+            route.produce("t", 2, b"b", 1, 5.0),
+            route.produce("u", 1, b"c", 1, 2.0),
+        )
+        assert [(r.partition, r.base_offset) for r in results] == [(0, 0), (2, 200), (1, 100)]
+        assert len(requests) == 1
+        req = requests[0]
+        sent = {
+            (t.topic, p.partition, p.records, p.current_leader_epoch)
+            for t in req.topics
+            for p in t.partitions
+        }
+        assert sent == {("t", 0, b"a", 3), ("t", 2, b"b", 3), ("u", 1, b"c", 3)}
+        assert req.timeout_ms == 5000  # the longest of the parts
+        # A later pass is a request of its own.
+        await route.produce("t", 0, b"d", 1, 5.0)
+        assert len(requests) == 2
+
+    asyncio.run(main())
+
+
+def test_the_same_partition_twice_in_a_pass_and_other_acks_go_apart() -> None:
+    async def main() -> None:
+        route, requests = _route(_echo)
+        await asyncio.gather(
+            route.produce("t", 0, b"a", 1, 5.0),
+            route.produce("t", 0, b"b", 1, 5.0),
+            route.produce("t", 1, b"c", -1, 5.0),
+        )
+        shapes = sorted(
+            (r.acks, [(t.topic, p.partition, p.records) for t in r.topics for p in t.partitions])
+            for r in requests
+        )
+        assert shapes == [(-1, [("t", 1, b"c")]), (1, [("t", 0, b"a")]), (1, [("t", 0, b"b")])]
+
+    asyncio.run(main())
+
+
+def test_a_part_without_a_result_fails_as_a_lost_answer_and_acks_0_gets_none() -> None:
+    async def main() -> None:
+        def only_partition_0(req: storage_pb2.ProduceRequest) -> storage_pb2.ProduceResponse:
+            resp = storage_pb2.ProduceResponse()
+            resp.topics.add(topic="t").partitions.add(partition=0, base_offset=5)
+            return resp
+
+        route, _ = _route(only_partition_0)
+        ok, lost = await asyncio.gather(
+            route.produce("t", 0, b"a", 1, 5.0),
+            route.produce("t", 1, b"b", 1, 5.0),
+            return_exceptions=True,
+        )
+        assert ok.base_offset == 5
+        assert isinstance(lost, TransportError) and "t-1" in str(lost)
+        none = await route.produce("t", 0, b"c", 0, 5.0)
+        assert (none.error_code, none.base_offset) == (E.NONE, -1)
+
+    asyncio.run(main())
+
+
+def test_a_failed_request_fails_each_of_its_parts() -> None:
+    async def main() -> None:
+        def refuse(req: storage_pb2.ProduceRequest) -> Any:
+            raise record_producers.ProduceShed("queue full")
+
+        route, _ = _route(refuse)
+        results = await asyncio.gather(
+            route.produce("t", 0, b"a", 1, 5.0),
+            route.produce("t", 1, b"b", 1, 5.0),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, TransportError) for r in results)
+
+    asyncio.run(main())
