@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from strom.client import Admin
+from strom.client.consumer import Consumer
+from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 
 from .test_cluster_cli import strom
@@ -147,6 +149,49 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
             0,
             0,
         )
+
+
+@pytest.mark.parametrize("commit", ["sync", "async"])
+def test_bench_consume_as_a_group_commits_after_every_poll(
+    local: LocalCluster, commit: str
+) -> None:
+    """`--group G --commit sync|async --poll-records N`: a commit per poll, each timed, and the
+    group's committed offsets end at what was consumed."""
+    bootstrap = local.bootstrap
+    topic, group = f"bench-commit-{commit}", f"bench-commit-{commit}-g"
+    strom("bench", "produce", "-b", bootstrap, "--topic", topic, "--records", "3000", timeout=120)
+    out = strom(
+        "bench",
+        "consume",
+        "-b",
+        bootstrap,
+        "--topic",
+        topic,
+        "--records",
+        "3000",
+        "--poll-records",
+        "500",
+        "--group",
+        group,
+        "--commit",
+        commit,
+        "--json",
+        timeout=120,
+    )
+    report = json.loads(out.stdout)
+    consumed, commits = report["results"]
+    assert consumed["records"] == 3000
+    assert commits["name"] == f"commit ({commit})"
+    # One commit per poll of at most 500 records: at least 6 (async ones merge in the client's
+    # queue but each is timed to its callback).
+    assert commits["batches"] == consumed["batches"] >= 6
+    assert commits["p50_ms"] > 0
+    assert (report["context"]["group"], report["context"]["commit"]) == (group, commit)
+    with Admin(bootstrap) as admin:
+        count = len(admin.describe_topic(topic).partitions)
+    with Consumer(bootstrap, group_id=group) as c:
+        committed = c.committed([TopicPartition(topic, p) for p in range(count)])
+    assert sum(o.offset for o in committed.values() if o is not None) == 3000
 
 
 def test_bench_transactional_interleaves_rounds_and_reports_medians(local: LocalCluster) -> None:

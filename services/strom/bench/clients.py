@@ -126,9 +126,16 @@ def bench_consume(
     *,
     records: int,
     api: str = "poll",
+    poll_records: int = 10_000,
+    group: str | None = None,
+    commit: str = "none",
     progress: bool | None = None,
     **consumer_options: Any,
-) -> Result:
+) -> list[Result]:
+    """Consume ``records`` from the earliest offset, ``poll_records`` at most per poll. With
+    ``group``, as a member of that (new) group, committing the position after every poll
+    (``commit`` sync or async): the second result is the commits, one latency each (a
+    synchronous commit's call; an asynchronous one's time to its callback)."""
     from strom.client.consumer import Consumer
 
     bar = Progress(records, "consume", enabled=progress)
@@ -138,20 +145,38 @@ def bench_consume(
     got = 0
     nbytes = 0
     latencies: list[float] = []
-    with Consumer(bootstrap, auto_offset_reset="earliest", **consumer_options) as c:
-        c.assign(tps)
+    commits: list[float] = []
+    failed: list[BaseException] = []
+
+    def committed(t0: float) -> Any:
+        def callback(_offsets: Any, err: BaseException | None) -> None:
+            if err is not None:
+                failed.append(err)
+            commits.append(time.perf_counter() - t0)
+
+        return callback
+
+    options = dict(consumer_options)
+    if group:
+        options.update(group_id=group, enable_auto_commit=False)
+    with Consumer(bootstrap, auto_offset_reset="earliest", **options) as c:
+        if group:
+            c.subscribe([topic])
+        else:
+            c.assign(tps)
         meter = cpu.start()
         start = time.perf_counter()
         idle_since = None
         while got < records:
             t0 = time.perf_counter()
+            want = min(records - got, poll_records)
             if api == "arrow":
-                table = c.poll_arrow(timeout_ms=1000, max_records=records - got)
+                table = c.poll_arrow(timeout_ms=1000, max_records=want)
                 n = table.num_rows
                 if n:
                     nbytes += table.column("value").nbytes
             else:
-                batch = c.poll(timeout_ms=1000, max_records=min(records - got, 10_000))
+                batch = c.poll(timeout_ms=1000, max_records=want)
                 n = 0
                 for rec in batch:
                     n += 1
@@ -161,11 +186,24 @@ def bench_consume(
                 got += n
                 idle_since = None
                 bar.update(got)
+                if group and commit == "sync":
+                    t1 = time.perf_counter()
+                    c.commit()
+                    commits.append(time.perf_counter() - t1)
+                elif group and commit == "async":
+                    c.commit_async(callback=committed(time.perf_counter()))
             elif idle_since is None:
                 idle_since = time.perf_counter()
             elif time.perf_counter() - idle_since > 10:
                 break  # the topic holds fewer records than asked for
+        if group and commit == "async":
+            c.commit()  # the last position, after every asynchronous one
         seconds = time.perf_counter() - start
         usage = meter.stop()
     bar.finish()
-    return Result(f"consume ({api})", len(latencies), got, nbytes, seconds, latencies, usage)
+    if failed:
+        raise RuntimeError(f"{len(failed)} commits failed, the first: {failed[0]}")
+    results = [Result(f"consume ({api})", len(latencies), got, nbytes, seconds, latencies, usage)]
+    if group and commit != "none":
+        results.append(Result(f"commit ({commit})", len(commits), 0, 0, seconds, commits))
+    return results

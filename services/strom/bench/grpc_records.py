@@ -348,7 +348,7 @@ def bench_grpc_records(
             address, names["grpc-py"], in_flight=in_flight, progress=progress, **shape
         )
     )
-    results.append(bench_consume(bootstrap, names["batch"], records=records + 1, api="arrow"))
+    results.append(bench_consume(bootstrap, names["batch"], records=records + 1, api="arrow")[0])
     results[-1].name = "batch API consume (Py)"
     results.append(bench_subscribe(address, names["grpc-py"], records=records + 1))
     node_results: list[Result] = []

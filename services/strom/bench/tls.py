@@ -104,7 +104,7 @@ def bench_tls(
                                 **options,
                             )
                         elif phase == "fetch":
-                            r = bench_consume(None, topic, records=records, progress=progress)
+                            r = bench_consume(None, topic, records=records, progress=progress)[0]
                         else:
                             e2e_topic = f"{topic}-e2e"
                             ensure_topic(None, e2e_topic, partitions, replication_factor)

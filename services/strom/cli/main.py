@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # gRPC's C core logs failed TLS handshakes at INFO to stderr; the command reports the failure
 # itself, in one line. Set before grpc is first imported (an explicit setting wins).
@@ -325,23 +326,31 @@ def build_parser() -> argparse.ArgumentParser:
                 help="--transactional: run the phases this many times, interleaved, and "
                 "report each phase's median round (default: %(default)s)",
             )
+        if mode == "consume":
+            cb.add_argument(
+                "--poll-records",
+                type=_positive,
+                default=10_000,
+                help="most records one poll returns (default: %(default)s)",
+            )
+        if mode in ("consume", "e2e"):
+            cb.add_argument(
+                "--group",
+                default=None,
+                help="consume as a member of this consumer group (default: assigned partitions)",
+            )
+            cb.add_argument(
+                "--commit",
+                default="async" if mode == "e2e" else "none",
+                choices=["async", "sync", "none"],
+                help="with --group: commit after every poll this way (default: %(default)s)",
+            )
         if mode == "e2e":
             cb.add_argument(
                 "--duration",
                 type=float,
                 default=None,
                 help="seconds to run at --rate (sets --records to rate x duration): a soak",
-            )
-            cb.add_argument(
-                "--group",
-                default=None,
-                help="receive as a member of this consumer group (default: assigned partitions)",
-            )
-            cb.add_argument(
-                "--commit",
-                default="async",
-                choices=["async", "sync", "none"],
-                help="with --group: commit after every poll this way (default: async)",
             )
             cb.add_argument(
                 "--cpu-hog",
@@ -432,6 +441,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             print(report([], as_json=False, context=ctx))
             print(summary(results))
         return 0
+    consumed: list[Any] = []
     if args.bench_mode == "produce":
         result = clients.bench_produce(
             args.bootstrap,
@@ -444,9 +454,17 @@ def _bench_clients(args: argparse.Namespace) -> int:
             **options,
         )
     elif args.bench_mode == "consume":
-        result = clients.bench_consume(
-            args.bootstrap, args.topic, records=args.records, api=args.api, progress=progress
+        consumed = clients.bench_consume(
+            args.bootstrap,
+            args.topic,
+            records=args.records,
+            api=args.api,
+            poll_records=args.poll_records,
+            group=args.group,
+            commit=args.commit,
+            progress=progress,
         )
+        result = consumed[0]
     else:
         from strom.bench.e2e import bench_e2e
 
@@ -476,8 +494,11 @@ def _bench_clients(args: argparse.Namespace) -> int:
     }
     if args.bench_mode == "e2e":
         ctx.update(group=args.group or "-", cpu_hog=args.cpu_hog)
+    if args.bench_mode == "consume":
+        ctx.update(poll_records=args.poll_records, group=args.group or "-", commit=args.commit)
     ctx["server_cpu"] = cpu.server_source()
-    print(report([result], as_json=args.json, context=ctx))
+    shown = consumed or [result]
+    print(report(shown, as_json=args.json, context=ctx))
     if args.bench_mode == "e2e" and not result.clean:  # type: ignore[attr-defined]
         print("strom bench e2e: records were failed, lost or duplicated", file=sys.stderr)
         return 1
