@@ -104,6 +104,7 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> N
         ("consume", ["--api", "poll"]),
         ("consume", ["--api", "arrow"]),
         ("e2e", ["--rate", "5000"]),
+        ("e2e", ["--rate", "5000", "--trace"]),
     ],
 )
 def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str]) -> None:
@@ -149,6 +150,16 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
             0,
             0,
         )
+    if "--trace" in extra:  # each leg of the way, in order, within the total
+        budget = result["budget_ms"]
+        assert len(budget) == 5
+        total = budget["send() -> poll() returns it (total)"]
+        for leg, q in budget.items():
+            assert 0 <= q["p50"] <= q["p99"] <= q["p99.9"], leg
+            assert q["p50"] <= total["p99.9"], leg
+        assert total["p50"] > 0
+    else:
+        assert "budget_ms" not in result
 
 
 @pytest.mark.parametrize("commit", ["sync", "async"])

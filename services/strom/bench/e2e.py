@@ -55,6 +55,8 @@ class E2EResult(Result):
     commits: int = 0
     commit_errors: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: With ``trace``: each leg's latency percentiles (ms), see :func:`latency_budget`.
+    budget: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -76,6 +78,8 @@ class E2EResult(Result):
         )
         if self.first_error:
             out["first_error"] = self.first_error
+        if self.budget:
+            out["budget_ms"] = self.budget  # type: ignore[assignment]
         return out
 
     def line(self) -> str:
@@ -91,6 +95,10 @@ class E2EResult(Result):
             text += f"  commits {self.commits:,} (errors {self.commit_errors:,})"
         if self.first_error:
             text += f"\n{'first error':<24} {self.first_error}"
+        if self.budget:
+            text += f"\n{'latency budget (ms)':<44} {'p50':>8} {'p99':>8} {'p99.9':>8}"
+            for leg, q in self.budget.items():
+                text += f"\n  {leg:<42} {q['p50']:>8.3f} {q['p99']:>8.3f} {q['p99.9']:>8.3f}"
         return text
 
 
@@ -127,12 +135,13 @@ def bench_e2e(
     commit: str = "async",
     cpu_hogs: int = 0,
     grace_s: float = 30.0,
+    trace: bool = False,
     **producer_options: Any,
 ) -> E2EResult:
     """Send ``records`` at ``rate``; receive them with an assigned consumer, or as a member of
     ``group`` committing after every poll (``commit`` = async, sync or none). Returns when
     every acknowledged record arrived, or when nothing arrived for ``grace_s`` after the last
-    send was answered."""
+    send was answered. ``trace``: also time each leg of every record's way (the budget)."""
     from strom.client.consumer import Consumer
     from strom.client.producer import Producer
 
@@ -165,11 +174,13 @@ def bench_e2e(
         if err is not None:
             commit_errors.append(err)
 
+    tracer = _Tracer(nonce, records) if trace else None
     consumer_options: dict[str, Any] = {"fetch_max_wait_ms": 100, "fetch_min_bytes": 1}
     if group is not None:
         consumer_options.update(group_id=group, enable_auto_commit=False)
     with (
         cpu_hog(cpu_hogs),
+        _tracing(tracer),
         Consumer(bootstrap, auto_offset_reset="latest", **consumer_options) as c,
     ):
         if group is None:
@@ -214,6 +225,8 @@ def bench_e2e(
                     continue
                 seen[i] += 1
                 latencies.append((now - ns) / 1e9)
+                if tracer is not None:
+                    tracer.polled(rec.topic, rec.partition, rec.offset, i, ns, now)
             if batch:
                 got += len(batch)
                 last_progress = time.monotonic()
@@ -256,4 +269,91 @@ def bench_e2e(
         commits=commits[0],
         commit_errors=len(commit_errors),
         extra={"foreign": foreign[0]} if foreign[0] else {},
+        budget=tracer.budget() if tracer is not None else {},
     )
+
+
+@contextlib.contextmanager
+def _tracing(tracer: _Tracer | None) -> Iterator[None]:
+    from strom.client import trace
+
+    if tracer is None:
+        yield
+        return
+    trace.sink = tracer.event
+    try:
+        yield
+    finally:
+        trace.sink = None
+
+
+class _Tracer:
+    """Collects the clients' hand-off stamps (strom.client.trace) and, after the run, each
+    record's legs: send() -> Produce issued -> answer handled / Fetch answer parsed -> poll().
+    All stamps are perf_counter_ns of this one process."""
+
+    LEGS = (
+        ("send() -> Produce issued (sender thread)", "send", "issued"),
+        ("Produce issued -> answer handled", "issued", "acked"),
+        ("Produce issued -> Fetch answer parsed", "issued", "fetched"),
+        ("Fetch answer parsed -> poll() returns it", "fetched", "polled"),
+        ("send() -> poll() returns it (total)", "send", "polled"),
+    )
+
+    def __init__(self, nonce: int, records: int) -> None:
+        self._nonce = nonce
+        self._records = records
+        self._lock = threading.Lock()
+        self._stamps = {k: np.zeros(records, dtype=np.int64) for k in ("issued", "acked")}
+        self._fetched: list[tuple[int, list[tuple[str, int, int, int]]]] = []
+        self._polled: list[tuple[str, int, int, int, int, int]] = []
+
+    def event(self, point: str, t: int, payload: Any) -> None:
+        """The sink: runs on the client threads, so it keeps only what the batches say."""
+        if point == "fetch.received":
+            ranges = [
+                (a.topic, a.info.partition, b.base_offset, b.last_offset)
+                for a, batches in payload
+                if isinstance(batches, list)
+                for b in batches
+            ]
+            with self._lock:
+                self._fetched.append((t, ranges))
+            return
+        column = self._stamps["issued" if point == "produce.sent" else "acked"]
+        for shipment in payload:
+            for b in shipment.batches:
+                for v in b.values:
+                    run, i, _ = STAMP.unpack_from(v)
+                    if run == self._nonce and 0 <= i < self._records and not column[i]:
+                        column[i] = t
+
+    def polled(self, topic: str, partition: int, offset: int, i: int, sent: int, t: int) -> None:
+        self._polled.append((topic, partition, offset, i, sent, t))
+
+    def budget(self) -> dict[str, dict[str, float]]:
+        """Each leg's p50 / p99 / p99.9 in ms, over the records every stamp was taken for."""
+        fetched: dict[tuple[str, int, int], int] = {}
+        for t, ranges in self._fetched:
+            for topic, partition, first, last in ranges:
+                for o in range(first, last + 1):
+                    fetched.setdefault((topic, partition, o), t)
+        rows = []
+        for topic, partition, offset, i, sent, t in self._polled:
+            f = fetched.get((topic, partition, offset))
+            issued, acked = self._stamps["issued"][i], self._stamps["acked"][i]
+            if f and issued and acked:
+                rows.append((sent, issued, acked, f, t))
+        if not rows:
+            return {}
+        names = ("send", "issued", "acked", "fetched", "polled")
+        cols = dict(zip(names, np.array(rows).T, strict=True))
+        out = {}
+        for name, a, b in self.LEGS:
+            ms = (cols[b] - cols[a]) / 1e6
+            out[name] = {
+                "p50": round(float(np.percentile(ms, 50)), 3),
+                "p99": round(float(np.percentile(ms, 99)), 3),
+                "p99.9": round(float(np.percentile(ms, 99.9)), 3),
+            }
+        return out

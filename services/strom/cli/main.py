@@ -353,6 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
                 help="seconds to run at --rate (sets --records to rate x duration): a soak",
             )
             cb.add_argument(
+                "--trace",
+                action="store_true",
+                help="also time each leg of every record's way (send, Produce, Fetch, poll): "
+                "the latency budget",
+            )
+            cb.add_argument(
                 "--cpu-hog",
                 type=int,
                 default=0,
@@ -481,6 +487,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             group=args.group,
             commit=args.commit,
             cpu_hogs=args.cpu_hog,
+            trace=args.trace,
             **options,
         )
     ctx = {

@@ -58,6 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
+from strom.client import trace
 from strom.client.cluster import ClusterClient, refused
 from strom.client.metadata import MetadataCache
 from strom.client.offsets import TRANSPORT_RETRY
@@ -1033,6 +1034,8 @@ class Fetcher:
                 except InvalidBatchError as exc:
                     batches = exc
             decoded.append((a, batches))
+        if trace.sink is not None:
+            trace.emit("fetch.received", decoded)
         now = time.monotonic()
         with self._lock:
             for c in claims:

@@ -45,6 +45,7 @@ import grpc
 import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
+from strom.client import trace
 from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBatch
 from strom.client.cluster import ClusterClient, refused
 from strom.client.futures import FutureRecordMetadata
@@ -848,6 +849,9 @@ class Producer:
             self._complete(addr, entries, None, exc)
             return
 
+        if trace.sink is not None:
+            trace.emit("produce.sent", entries)
+
         def done(f: grpc.Future) -> None:
             self._completions.put((addr, entries, f, None))
             self._wake.set()
@@ -861,6 +865,8 @@ class Producer:
         fut: grpc.Future | None,
         error: BaseException | None,
     ) -> None:
+        if trace.sink is not None:
+            trace.emit("produce.acked", entries)
         with self._lock:
             self._in_flight[addr] = max(self._in_flight.get(addr, 0) - 1, 0)
         results: dict[tuple[str, int], Any] = {}
