@@ -70,15 +70,20 @@ def bench_produce(
     record_size: int,
     api: str = "send",
     rate: float | None = None,
+    keys: int | None = None,
     progress: bool | None = None,
     **producer_options: Any,
 ) -> Result:
+    """Produce ``records`` values of ``record_size`` bytes; with ``keys``, each record has one
+    of that many distinct keys (made beforehand, as an application would have them)."""
     from strom.client.producer import Producer
 
     value = b"x" * record_size
+    key_list = [b"key-%d" % k for k in range(keys)] if keys else None
     latencies: list[float] = []
     sample_every = max(records // 20_000, 1)
     bar = Progress(records, "produce", enabled=progress)
+    caller_s: float | None = None
     with Producer(bootstrap, **producer_options) as p:
         p.send(topic, value).result(30)  # metadata and connections warm
         meter = cpu.start()
@@ -87,11 +92,15 @@ def bench_produce(
             chunk = 100_000
             futures = []
             values = [value] * chunk
+            chunk_keys = None
+            if key_list:
+                chunk_keys = [key_list[i % len(key_list)] for i in range(chunk)]
             sent = 0
             while sent < records:
                 n = min(chunk, records - sent)
                 t0 = time.perf_counter()
-                f = p.send_batch(topic, values if n == chunk else values[:n])
+                ks = chunk_keys if chunk_keys is None or n == chunk else chunk_keys[:n]
+                f = p.send_batch(topic, values if n == chunk else values[:n], ks)
                 f.add_done_callback(lambda _f, t0=t0: latencies.append(time.perf_counter() - t0))
                 futures.append(f)
                 sent += n
@@ -101,23 +110,32 @@ def bench_produce(
                 f.result()
         else:
             send = p.send
+            nkeys = len(key_list) if key_list else 0
+            key = None
+            caller = time.thread_time()
             for i in range(records):
+                if nkeys:
+                    key = key_list[i % nkeys]  # type: ignore[index]
                 if i % sample_every == 0:
                     t0 = time.perf_counter()
-                    send(topic, value).add_done_callback(
+                    send(topic, value, key).add_done_callback(
                         lambda _f, t0=t0: latencies.append(time.perf_counter() - t0)
                     )
                     if i % 10_000 == 0:
                         bar.update(i)
                         _pace(rate, start, i)
                 else:
-                    send(topic, value)
+                    send(topic, value, key)
+            caller_s = time.thread_time() - caller
             p.flush()
         seconds = time.perf_counter() - start
         usage = meter.stop()
     bar.update(records)
     bar.finish()
-    return Result(f"produce ({api})", 0, records, records * record_size, seconds, latencies, usage)
+    name = f"produce ({api})"
+    result = Result(name, 0, records, records * record_size, seconds, latencies, usage)
+    result.caller_cpu_s = caller_s
+    return result
 
 
 def bench_consume(

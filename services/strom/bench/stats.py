@@ -22,6 +22,9 @@ class Result:
     latencies: list[float] = field(default_factory=list, repr=False)
     #: CPU seconds the phase cost the bench process and the servers (see strom.bench.cpu).
     cpu: CpuUsage | None = field(default=None, repr=False)
+    #: CPU seconds of the calling thread alone (produce with send(): the cost send() puts on
+    #: the application's thread, the sender thread's work excluded).
+    caller_cpu_s: float | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, float | int | str]:
         s = max(self.seconds, 1e-12)
@@ -41,6 +44,8 @@ class Result:
                 out[f"p{p}_ms"] = round(float(np.percentile(lat, p)), 3)
         if self.cpu is not None:
             out.update(self.cpu.per_million(self.records))  # type: ignore[arg-type]
+        if self.caller_cpu_s is not None and self.records:
+            out["caller_cpu_us_per_record"] = round(self.caller_cpu_s / self.records * 1e6, 3)
         return out
 
     def line(self) -> str:
@@ -60,6 +65,8 @@ class Result:
                 f"   CPU s per M records: client {d['client_cpu_s_per_M_records']}"
                 f" server {'n/a' if server is None else server}"
             )
+        if "caller_cpu_us_per_record" in d:
+            text += f"   caller thread {d['caller_cpu_us_per_record']} µs/record"
         return text
 
 

@@ -308,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
         cb.add_argument("--no-idempotence", action="store_true", help="enable_idempotence=False")
         if mode == "produce":
             cb.add_argument(
+                "--keys",
+                type=_positive,
+                default=None,
+                metavar="N",
+                help="keyed records with N distinct keys (partition by key hash; default: keyless)",
+            )
+            cb.add_argument(
                 "--transactional",
                 action="store_true",
                 help="compare the idempotent producer with transactions of --transaction-size "
@@ -456,6 +463,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             record_size=args.record_size,
             api=args.api,
             rate=args.rate,
+            keys=args.keys,
             progress=progress,
             **options,
         )
