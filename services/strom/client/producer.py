@@ -322,7 +322,9 @@ class Producer:
         if timestamp_ms is None:
             timestamp_ms = _time_ns() // 1_000_000
         wake = False
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: half the cost, paid per record
+        try:
             if self._buffered + size > self.buffer_memory:
                 self._wait_for_space(size)
             self._buffered += size
@@ -345,6 +347,8 @@ class Producer:
                 wake = True
                 if key is None and partition == self._sticky.get(topic) and n > 1:
                     self._sticky[topic] = (partition + random.randrange(1, n)) % n
+        finally:
+            lock.release()
         if wake:
             self._wake.set()
         if callback is not None:
