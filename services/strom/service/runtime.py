@@ -18,13 +18,14 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from strom import security
 from strom.metadata import metrics as metadata_metrics
 from strom.service import metrics
+from strom.service.health import HealthServicer
 from strom.service.limits import ServerLimits
 
 log = logging.getLogger("strom.service")
@@ -98,7 +99,7 @@ async def serve(
         interceptors=security.interceptors(sec),
     )
     names = service.register(server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     # FIX: grpc's HealthServicer starts with "" = SERVING; until service.start() has finished
     # (etcd registration, recovery, ...) the process must not look ready to probes and tests.
     for name in ["", *names]:
@@ -145,6 +146,7 @@ async def serve(
     log.info("%s shutting down", service.name)
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_servicer.close_watches()  # else server.stop waits the grace out for them
     try:
         await asyncio.wait_for(service.stop(), timeout=grace_s)
     except TimeoutError:

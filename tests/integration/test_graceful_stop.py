@@ -1,0 +1,63 @@
+"""A service asked to stop (SIGTERM) ends its health Watch streams instead of waiting them out.
+
+Watch streams last until the client leaves (the active controller holds one to every node,
+producers one per node), and gRPC's graceful stop waits for open calls: a node kept every
+graceful stop waiting for its whole grace period, then cut the streams. Now each stream gets
+the NOT_SERVING status and ends normally, and a Watch opened during the shutdown ends at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strom.devcluster.cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _follow(address: str) -> tuple[list[Any], list[Any], threading.Thread, grpc.Channel]:
+    """Watch ``address`` on a thread: the statuses seen, and how the stream ended."""
+    channel = grpc.insecure_channel(address)
+    stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+    statuses: list[Any] = []
+    ended: list[Any] = []
+
+    def run() -> None:
+        try:
+            for msg in stream:
+                statuses.append(msg.status)
+            ended.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            ended.append(exc.code())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return statuses, ended, t, channel
+
+
+@pytest.mark.parametrize("kind", ["storage-node", "controller"])
+def test_watch_streams_end_with_not_serving_when_a_service_stops(
+    make_cluster: Callable[..., LocalCluster], kind: str
+) -> None:
+    cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
+    member = cluster.nodes[0] if kind == "storage-node" else cluster.controllers[0]
+    statuses, ended, reader, channel = _follow(member.address)
+    try:
+        cluster.wait_serving(member)
+        assert member.process is not None
+        assert member.process.stop() == 0  # SIGTERM: a clean exit
+        reader.join(30)
+        assert not reader.is_alive(), "the Watch stream did not end"
+        assert ended == [grpc.StatusCode.OK]  # ended by the service, not cut (UNAVAILABLE)
+        assert statuses[0] == SERVING and statuses[-1] == NOT_SERVING
+    finally:
+        channel.close()
