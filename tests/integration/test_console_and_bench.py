@@ -321,3 +321,27 @@ def test_bench_tls_measures_both_clusters_in_one_run(tmp_path: Path) -> None:
     for phase in ("produce", "fetch", "e2e"):
         assert ctx[f"{phase}_tls_share"] > 0
         assert ctx[f"{phase}_tls_p99_ms"] >= ctx[f"{phase}_tls_p50_ms"] > 0
+
+
+def test_bench_startup_restarts_a_node_holding_its_log(tmp_path: Path) -> None:
+    """`strom bench startup`: a node holding the written log restarted after SIGKILL and after
+    SIGTERM, each timed to serving and to leading its partitions again."""
+    out = strom(
+        "bench",
+        "startup",
+        "--gib",
+        "0.02",
+        "--partitions",
+        "2",
+        "--dir",
+        str(tmp_path),
+        "--json",
+        timeout=180,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = report["restarts"]
+    assert [r["stop"] for r in rows] == ["SIGKILL", "SIGTERM"]
+    for r in rows:
+        assert r["partitions"] == 2 and r["gib"] >= 0.02
+        assert 0 < r["serving_s"] <= r["leading_s"]
+    assert report["context"] == {"mode": "startup", "gib": 0.02, "partitions": 2}

@@ -206,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--json", action="store_true", help="print one JSON object")
     fo.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
 
+    su = bsub.add_parser(
+        "startup",
+        help="a storage node's restart (after SIGKILL and after SIGTERM) against GiB of log",
+    )
+    su.add_argument("--gib", type=float, default=2.0, help="GiB of log to write first")
+    su.add_argument("--partitions", type=_positive, default=4, help="they are spread over")
+    su.add_argument("--trials", type=_positive, default=1, help="restarts of each kind")
+    su.add_argument("--json", action="store_true", help="print one JSON object")
+    su.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+
     sc = bsub.add_parser(
         "scale",
         help="cost curves on a local cluster: topic creation, etcd bytes, node memory and "
@@ -596,6 +606,18 @@ def _run(args: argparse.Namespace) -> int:
                 print(json.dumps({"context": ctx, "seconds": times}), file=out)
             else:
                 print(failover.summary(times, what), file=out)
+            return 0
+        if args.bench_mode == "startup":
+            import json
+
+            from strom.bench import startup
+
+            if args.gib <= 0:
+                raise ValueError(f"--gib must be > 0, not {args.gib}")
+            rows = startup.bench_startup(args.gib, args.partitions, args.trials, args.dir)
+            if args.json:
+                ctx = {"mode": "startup", "gib": args.gib, "partitions": args.partitions}
+                print(json.dumps({"context": ctx, "restarts": rows}), file=out)
             return 0
         if args.bench_mode == "tls":
             from pathlib import Path
