@@ -83,7 +83,7 @@ class Kubelet:
             files = self.root / "client"
             files.mkdir(exist_ok=True)
             for fname, data in self.secrets["tls"].items():
-                (files / fname).write_bytes(data)
+                _place(files / fname, data)
             self.client = {
                 "ssl_cafile": str(files / "ca.crt"),
                 "ssl_certfile": str(files / "tls.crt"),
@@ -210,7 +210,7 @@ class Kubelet:
             local = self.root / pod.name / m["name"]
             local.mkdir(parents=True, exist_ok=True)
             for fname, data in self.volume_files(pod, m["name"]).items():
-                (local / fname).write_bytes(data)
+                _place(local / fname, data)
             mounts[m["mountPath"]] = local
         expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), s)  # noqa: E731
         raw = [expand(a) for a in [*container["command"], *container.get("args", [])]]
@@ -263,6 +263,17 @@ class Kubelet:
         for pod in reversed(self.pods):
             if pod.process is not None:
                 pod.process.stop()
+
+
+def _place(path: Path, data: bytes) -> None:
+    """Write a mounted file as a kubelet updates a volume: whole or not at all. A readiness
+    probe rebuilds the pod's mounts while its process may be reading them at start-up (a key
+    read half-written made a controller exit with "Invalid private key")."""
+    if path.exists() and path.read_bytes() == data:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 #: The chart with TLS + mTLS on every strom listener and ACLs on (the bundled etcd stays
