@@ -45,3 +45,37 @@ def test_dev_cert_needs_the_dev_ca_and_a_plain_name(
     assert "principal  User:CN=alice" in out
     assert f"export STROM_SSL_CERTFILE={tmp_path / 'tls' / 'alice.crt'}" in out
     assert (tmp_path / "tls" / "alice.key").exists()
+
+
+@pytest.mark.parametrize("service", ["controller", "coordinator", "storage-node"])
+def test_a_service_names_a_bad_certificate_or_key_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], service: str
+) -> None:
+    """gRPC itself only says "Failed to bind to address" for an unusable key (read as a taken
+    port); the service checks its TLS files first and names the flag and the file."""
+    ca = CertificateAuthority(tmp_path / "ca")
+    mine, other = ca.issue("strom"), ca.issue("other")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a pem file\n")
+    base = [service, "--etcd", "127.0.0.1:1"]
+    if service == "storage-node":
+        base += ["--node-id", "1", "--data-dir", str(tmp_path / "data")]
+
+    def refused(*flags: str) -> str:
+        code, _, err = run(capsys, *base, *flags)
+        assert code == 2 and "Traceback" not in err
+        return err
+
+    tls = ["--tls-cert", str(mine.cert)]
+    err = refused(*tls, "--tls-key", str(garbage))
+    assert f"--tls-key {garbage}: no PEM private key in it" in err
+    err = refused(*tls, "--tls-key", str(other.key))
+    assert f"--tls-key {other.key} is not the key of --tls-cert {mine.cert}" in err
+    err = refused("--tls-cert", str(garbage), "--tls-key", str(mine.key))
+    assert f"--tls-cert {garbage}: no PEM certificate in it" in err
+    err = refused(*tls, "--tls-key", str(mine.key), "--tls-ca", str(garbage))
+    assert f"--tls-ca {garbage}: no PEM certificate in it" in err
+    err = refused(
+        "--etcd-ca", str(ca.ca_file), "--etcd-cert", str(mine.cert), "--etcd-key", str(garbage)
+    )
+    assert f"--etcd-key {garbage}: no PEM private key in it" in err

@@ -46,6 +46,43 @@ def _read(path: str | Path | None, what: str) -> bytes | None:
         raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 
 
+def _check_pem(
+    cert: bytes | None,
+    key: bytes | None,
+    ca: bytes | None,
+    flags: tuple[str, str, str],
+    paths: tuple[Any, Any, Any],
+) -> None:
+    """Fail with the flag and file named when a certificate, key or CA bundle is not what it
+    should be. gRPC only says "Failed to bind to address" when it cannot use them (its own
+    reason goes to stderr), which reads like a taken port."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    cert_flag, key_flag, ca_flag = flags
+    cert_path, key_path, ca_path = paths
+    first = None
+    for data, flag, path in ((cert, cert_flag, cert_path), (ca, ca_flag, ca_path)):
+        if data is None:
+            continue
+        try:
+            certs = x509.load_pem_x509_certificates(data)
+        except ValueError:
+            raise ValueError(f"{flag} {path}: no PEM certificate in it") from None
+        if flag == cert_flag:
+            first = certs[0]
+    if key is not None:
+        try:
+            private = serialization.load_pem_private_key(key, password=None)
+        except (ValueError, TypeError) as exc:
+            why = "it is encrypted" if isinstance(exc, TypeError) else "no PEM private key in it"
+            raise ValueError(f"{key_flag} {key_path}: {why}") from None
+        if first is not None:
+            raw = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+            if private.public_key().public_bytes(*raw) != first.public_key().public_bytes(*raw):
+                raise ValueError(f"{key_flag} {key_path} is not the key of {cert_flag} {cert_path}")
+
+
 class _TokenInterceptor(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
@@ -349,6 +386,17 @@ def configure(args: argparse.Namespace) -> None:
     client_auth = getattr(args, "tls_client_auth", "none") or "none"
     if (cert is None) != (key is None):
         raise ValueError("--tls-cert and --tls-key go together")
+    _check_pem(
+        cert,
+        key,
+        ca,
+        ("--tls-cert", "--tls-key", "--tls-ca"),
+        (
+            getattr(args, "tls_cert", None),
+            getattr(args, "tls_key", None),
+            getattr(args, "tls_ca", None),
+        ),
+    )
     if client_auth != "none" and (cert is None or ca is None):
         raise ValueError(
             f"--tls-client-auth {client_auth} needs --tls-cert, --tls-key and --tls-ca"
@@ -390,4 +438,12 @@ def configure(args: argparse.Namespace) -> None:
     etcd_key = _read(getattr(args, "etcd_key", None), "--etcd-key")
     if (etcd_cert is None) != (etcd_key is None):
         raise ValueError("--etcd-cert and --etcd-key go together")
+    etcd_ca = getattr(args, "etcd_ca", None)
+    _check_pem(
+        etcd_cert,
+        etcd_key,
+        _read(etcd_ca, "--etcd-ca"),
+        ("--etcd-cert", "--etcd-key", "--etcd-ca"),
+        (getattr(args, "etcd_cert", None), getattr(args, "etcd_key", None), etcd_ca),
+    )
     _ETCD = EtcdSecurity(_read(getattr(args, "etcd_ca", None), "--etcd-ca"), etcd_cert, etcd_key)
