@@ -12,24 +12,15 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from strom.bench.scale import wait_hosted
 from strom.client.admin import Admin
 from strom.client.producer import Producer
-from strom.devcluster.cluster import LocalCluster, Member
-from strom.devcluster.procs import wait_for
+from strom.devcluster.cluster import LocalCluster
 
 RECORD = b"v" * 1024
 CHUNK = 8192  # records per send_batch
-
-
-def _leading(node: Member) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith('strom_storage_partitions{role="leader"}'):
-                return float(line.split()[-1])
-    return 0.0
 
 
 def bench_startup(
@@ -52,7 +43,7 @@ def bench_startup(
                     sent += CHUNK * len(RECORD)
             p.flush()
         node = cluster.nodes[0]
-        wait_for(lambda: _leading(node) >= partitions, timeout=60, what="the node leading all")
+        wait_hosted(cluster, partitions, 60, "the node leading all")
         data = root / "c" / f"node-{node.ident}"  # the node's data dir: its segments
         on_disk = sum(f.stat().st_size for f in data.rglob("*.log")) / (1 << 30)
         for _ in range(trials):
@@ -66,7 +57,7 @@ def bench_startup(
                 node.start()
                 cluster.wait_serving(node, timeout=1800)
                 serving = time.monotonic() - t0
-                wait_for(lambda: _leading(node) >= partitions, timeout=1800, what="all led")
+                wait_hosted(cluster, partitions, 1800, "all led")
                 rows.append(
                     {
                         "stop": how,
