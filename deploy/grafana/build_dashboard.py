@@ -474,6 +474,19 @@ PANELS: list[tuple[str, list[P]]] = [
                 ],
                 unit="s",
             ),
+            P(
+                "timeseries",
+                "Garbage-collection pauses",
+                "Share of time each role's processes stood still in Python's garbage collector, by "
+                "generation (2 = full); the event loop answers nothing meanwhile.",
+                [
+                    (
+                        rate_by("strom_service_gc_pause_seconds_sum", "service, generation"),
+                        "{{service}} gen {{generation}}",
+                    ),
+                ],
+                unit="percentunit",
+            ),
         ],
     ),
     (

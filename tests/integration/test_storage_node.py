@@ -587,6 +587,26 @@ def test_metadata_is_the_same_from_any_node(cluster: Cluster) -> None:
     assert not bare.topics and {1, 2} <= {n.node_id for n in bare.nodes}
 
 
+def test_a_started_node_keeps_its_state_out_of_full_collections(cluster: Cluster) -> None:
+    """The runtime freezes what a started service holds (strom.service.gc_pauses): a full
+    collection would otherwise walk all of it and stall the event loop for ~20 ms; and every
+    collection's pause is a metric."""
+    n1 = cluster.node(1)
+    frozen = n1.metric("strom_service_gc_frozen_objects", service="storage")
+    assert frozen > 20_000  # modules, descriptors, clients: a started node's whole heap
+    cluster.create_topic("gcp", {0: [1]})
+    wait_hosted(n1, "gcp", [0])
+    for _ in range(20):  # requests allocate: young collections happen and are timed
+        assert produce_one(n1, "gcp", 0, batch([b"x"] * 200)).error_code == E.NONE
+    wait_for(
+        lambda: (
+            n1.metric("strom_service_gc_pause_seconds_count", generation="0", service="storage") > 0
+        ),
+        timeout=10,
+        what="a timed young collection",
+    )
+
+
 def test_deleting_a_topic_deletes_its_replicas(cluster: Cluster) -> None:
     n1 = cluster.node(1)
     cluster.create_topic("gone", {0: [1], 1: [1]})

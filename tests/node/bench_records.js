@@ -43,7 +43,7 @@ async function produce() {
       next += n;
       const resp = await unary(client, 'ProduceRecords', request(start, n));
       const bad = resp.error_code !== 'NONE' || resp.results.some((r) => r.error_code !== 'NONE');
-      if (bad) throw new Error(`ProduceRecords failed: ${JSON.stringify(resp.results)}`);
+      if (bad) throw new Error(`ProduceRecords failed: ${JSON.stringify(resp)}`);
       done += n;
     }
   }

@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from strom import security
 from strom.metadata import metrics as metadata_metrics
 from strom.service import metrics
+from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
 from strom.service.limits import ServerLimits
 
@@ -92,6 +93,7 @@ async def serve(
     """Serve until SIGTERM/SIGINT, then shut down in order."""
     metrics.set_service(service.name)
     metadata_metrics.init_service()
+    observe_gc_pauses()
     sec = security.server_security()
     server_limits = limits or ServerLimits()
     server = grpc.aio.server(
@@ -137,9 +139,11 @@ async def serve(
     view = getattr(service, "view", None)
     if view is not None:
         security.follow(view, sec)  # ACLs and quotas from etcd, kept current
+    frozen = freeze_started_heap()  # the started state lives as long as the process
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("%s serving on %s (%s)", service.name, listen, sec.describe())
+    log.debug("%d objects of the started service frozen out of garbage collection", frozen)
     lag_sampler = asyncio.create_task(metrics.sample_loop_lag(stop), name="loop-lag")
     await stop.wait()
     await lag_sampler
