@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from strom.api import common_pb2
 from strom.api import controller_pb2 as pb
@@ -417,3 +418,48 @@ def test_failover_on_lease_expiry(
     took = time.monotonic() - started
     print(f"\nfailover after the last lease renewal (TTL 2 s): {took * 1000:.0f} ms")
     assert took < 5.0
+
+
+def test_a_partition_change_is_reconciled_by_a_pass_over_its_topic_only(
+    etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
+) -> None:
+    """After changes of partition states (not of nodes), a pass reads just their topics
+    (strom.controller.reconcile), and decides what a full pass would."""
+    for n in (1, 2):
+        nodes.add(n)
+    ctl = _start(controllers, etcd, tmp_path, cluster, 1)
+    ctl.wait_active()
+    _create(ctl, "narrow-a", [1, 2])
+    _create(ctl, "narrow-b", [1, 2])
+
+    def passes(scope: str) -> float:
+        name = "strom_controller_reconcile_passes_total"
+        return sum(
+            s.value
+            for fam in text_string_to_metric_families(ctl.metrics())
+            for s in fam.samples
+            if s.name == name and s.labels.get("scope") == scope
+        )
+
+    wait_for(lambda: passes("topics") >= 1, timeout=10, what="a pass over the new topics")
+    full = passes("all")
+    narrow = passes("topics")
+    # A state whose leader (3) is not a live node: a leader must be elected from the ISR.
+    key = nodes.store.keys.partition("narrow-b", 0)
+    current = nodes.store.get(key, md.PartitionState)
+    assert current is not None
+    broken = md.PartitionState()
+    broken.CopyFrom(current.value)
+    broken.leader = 3
+    broken.leader_epoch += 1
+    del broken.isr[:]
+    broken.isr.extend([3, 2])
+    nodes.store.put(key, broken)
+    wait_for(
+        lambda: _etcd_state(nodes, "narrow-b").leader == 2, timeout=10, what="narrow-b led by 2"
+    )
+    fixed = _etcd_state(nodes, "narrow-b")
+    assert list(fixed.isr) == [2] and fixed.leader_epoch > broken.leader_epoch
+    assert passes("topics") > narrow
+    assert passes("all") == full  # no node changed: nothing read every partition
+    assert _etcd_state(nodes, "narrow-a").leader == 1  # the other topic is as it was

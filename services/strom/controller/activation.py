@@ -30,6 +30,7 @@ from strom.controller.prober import NodeProber
 from strom.controller.reconcile import Reconciler
 from strom.metadata import (
     Election,
+    Keys,
     MetadataUnavailableError,
     Versioned,
     WatchEvent,
@@ -328,6 +329,7 @@ class ActiveRole(Reconciler):
         assert self.store is not None
         keys = self.store.keys
         node_gone = any(ev.key.startswith(keys.nodes_prefix) and ev.value is None for ev in events)
+        nodes_changed = any(ev.key.startswith(keys.nodes_prefix) for ev in events)
         if self._prober is not None and any(ev.key.startswith(keys.nodes_prefix) for ev in events):
             loop = self._loop
             if loop is not None and not loop.is_closed():
@@ -340,9 +342,12 @@ class ActiveRole(Reconciler):
             loop = self._loop
             if loop is not None and not loop.is_closed():
                 now = time.monotonic()
+                # Nodes changed: every partition may be concerned; else only the topics whose
+                # metadata or partition states changed (see strom.controller.reconcile).
+                topics = None if nodes_changed else _changed_topics(keys, events)
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(
-                        self._reconcile_wanted_now, now if node_gone else None
+                        self._reconcile_wanted_now, now if node_gone else None, topics
                     )
         if any(ev.key == self.store.keys.controller for ev in events):
             self._from_thread(self._check_election_key)
@@ -406,3 +411,17 @@ class ActiveRole(Reconciler):
             self._txn(lead, [], deletes=orphans[i : i + self.max_txn_ops])
         if orphans:
             log.info("deleted %d orphaned partition keys", len(orphans))
+
+
+def _changed_topics(keys: Keys, events: list[WatchEvent]) -> set[str]:
+    """Topics whose metadata or partition states ``events`` changed (deletes included: a
+    deleted partition state needs nothing, its topic's pass finds it gone)."""
+    out: set[str] = set()
+    for ev in events:
+        if ev.key.startswith(keys.topics_prefix):
+            out.add(ev.key[len(keys.topics_prefix) :])
+        else:
+            tp = keys.parse_partition(ev.key)
+            if tp is not None:
+                out.add(tp[0])
+    return out

@@ -7,6 +7,7 @@ reports the cluster-wide gauges; dashboards and alerts take ``max()`` over them.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -17,6 +18,7 @@ from strom.log.config import CONFIG_KEYS
 from strom.service.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
+    from strom.api import metadata_pb2 as md
     from strom.metadata import ClusterView
 
 #: Every RPC the controller serves (the generated servicer's methods).
@@ -76,6 +78,12 @@ FAILOVER_SECONDS = Histogram(
     "From a storage node's registration disappearing to the new partition states committed",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
 )
+RECONCILE_PASSES = Counter(
+    "strom_controller_reconcile_passes",
+    "Reconciliation passes by what they read: every partition (scope=all: nodes changed, "
+    "activation, a failed pass) or only the topics that changed (scope=topics)",
+    ["scope"],
+)
 NODES_FENCED = Counter(
     "strom_controller_nodes_fenced",
     "Storage nodes whose lease this controller revoked because they refused connections",
@@ -94,29 +102,57 @@ for _reason in ("failure", "preferred", "controlled_shutdown", "unclean", "reass
 DEFAULT_MIN_ISR = int(CONFIG_KEYS["min.insync.replicas"].default)
 
 
+_Flags = dict[tuple[str, int], tuple[int, int, tuple[int, int, int, int]]]
+#: Per view: (topic, partition) -> (state mod_revision, topic mod_revision, its gauge flags).
+_FLAGS: weakref.WeakKeyDictionary[ClusterView, _Flags] = weakref.WeakKeyDictionary()
+
+
+def _flags(st: md.PartitionState, meta: md.TopicMetadata) -> tuple[int, int, int, int]:
+    """(offline, under-replicated, under min ISR, not led by its preferred replica)."""
+    wanted = leadership.targets(st)
+    try:
+        min_isr = int(meta.configs.get("min.insync.replicas", DEFAULT_MIN_ISR))
+    except ValueError:
+        min_isr = DEFAULT_MIN_ISR
+    return (
+        int(st.leader < 0),
+        int(any(r not in st.isr for r in wanted)),
+        int(len(st.isr) < min_isr),
+        int(bool(wanted) and st.leader >= 0 and st.leader != wanted[0]),
+    )
+
+
 def update_gauges(view: ClusterView) -> None:
-    """Recompute the view-derived gauges (watch thread, after every batch of changes)."""
+    """Recompute the view-derived gauges (watch thread, after every batch of changes).
+
+    A partition's flags are recomputed only when its state or its topic changed (by
+    mod_revision): reading the protobuf fields of every partition on every batch cost ~20 ms
+    at 5,000 partitions, and a topic creation delivers several batches."""
     offline = under = under_min = imbalance = 0
+    cache = _FLAGS.setdefault(view, {})
+    seen: _Flags = {}
     with view.lock:
-        topics = {n: v.value for n, v in view.topics.items() if not v.value.deleting}
+        topics = {n: v for n, v in view.topics.items() if not v.value.deleting}
         LIVE_NODES.set(len(view.nodes))
-        for (name, p), v in view.partitions.items():
-            meta = topics.get(name)
-            if meta is None or p >= meta.partition_count:
+        for tp, v in view.partitions.items():
+            t = topics.get(tp[0])
+            if t is None or tp[1] >= t.value.partition_count:
                 continue
-            st = v.value
-            wanted = leadership.targets(st)
-            offline += st.leader < 0
-            under += any(r not in st.isr for r in wanted)
-            try:
-                min_isr = int(meta.configs.get("min.insync.replicas", DEFAULT_MIN_ISR))
-            except ValueError:
-                min_isr = DEFAULT_MIN_ISR
-            under_min += len(st.isr) < min_isr
-            imbalance += bool(wanted) and st.leader >= 0 and st.leader != wanted[0]
+            hit = cache.get(tp)
+            if hit is not None and hit[0] == v.mod_revision and hit[1] == t.mod_revision:
+                flags = hit[2]
+            else:
+                flags = _flags(v.value, t.value)
+            seen[tp] = (v.mod_revision, t.mod_revision, flags)
+            offline += flags[0]
+            under += flags[1]
+            under_min += flags[2]
+            imbalance += flags[3]
+    cache.clear()
+    cache.update(seen)
     OFFLINE_PARTITIONS.set(offline)
     UNDER_REPLICATED.set(under)
     TOPICS.set(len(topics))
-    PARTITIONS.set(sum(t.partition_count for t in topics.values()))
+    PARTITIONS.set(sum(t.value.partition_count for t in topics.values()))
     UNDER_MIN_ISR.set(under_min)
     PREFERRED_IMBALANCE.set(imbalance)

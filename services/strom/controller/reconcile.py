@@ -9,6 +9,15 @@ preferred replica back in the ISR leads again. Wake-ups are coalesced; a pass re
 nodes, topics and partitions from etcd and commits the changed states
 (:meth:`PartitionStates._decide_and_commit`); a failed compare re-runs the pass. Nothing
 sleeps on this path.
+
+What a pass reads: after a change of nodes (or on activation, or after a failed pass) every
+partition, since liveness concerns them all; after changes of topics or partition states
+only, just those topics (up to :data:`MAX_NARROW_TOPICS` of them). A partition's decision
+depends only on its own state, its topic's configs and node liveness, so the narrow pass
+decides exactly what a full one would for what changed, and the rest is unchanged since the
+last pass. Why: a full pass reads and compares every partition, so at 5,000 partitions each
+change cost the controller ~87 ms of CPU and building N partitions one change at a time was
+O(N^2) work.
 """
 
 from __future__ import annotations
@@ -24,6 +33,9 @@ from strom.controller.partition_states import PartitionDecision, PartitionStates
 from strom.metadata import MetadataUnavailableError
 
 log = logging.getLogger("strom.controller")
+#: A wake-up for more changed topics than this reads everything (one read of the whole
+#: prefix beats two reads per topic).
+MAX_NARROW_TOPICS = 32
 
 
 class Reconciler(PartitionStates):
@@ -33,12 +45,26 @@ class Reconciler(PartitionStates):
     #: runs a pass for each wake-up. _node_gone_at = monotonic time a node key vanished.
     _reconcile_wanted: asyncio.Event | None
     _node_gone_at: float | None
+    #: What the next pass reads: these topics only, or everything (None). Changed on the
+    #: event loop only.
+    _reconcile_topics: set[str] | None = None
 
-    def _reconcile_wanted_now(self, gone_at: float | None = None) -> None:
+    def _reconcile_wanted_now(
+        self, gone_at: float | None = None, topics: Iterable[str] | None = None
+    ) -> None:
+        """Ask for a pass over ``topics`` (their partitions changed), or over everything
+        (None: nodes changed, activation, a failed pass). Event loop only."""
         if gone_at is not None and self._node_gone_at is None:
             self._node_gone_at = gone_at
-        if self._reconcile_wanted is not None:
-            self._reconcile_wanted.set()
+        wanted = self._reconcile_wanted
+        if topics is None or self._reconcile_topics is None:
+            self._reconcile_topics = None
+        else:
+            self._reconcile_topics.update(topics)
+            if len(self._reconcile_topics) > MAX_NARROW_TOPICS:
+                self._reconcile_topics = None
+        if wanted is not None:
+            wanted.set()
 
     async def _reconcile_loop(self, lead: Leadership) -> None:
         """While ``lead`` is ours: one reconciliation pass per wake-up (coalesced), no sleeps."""
@@ -50,12 +76,15 @@ class Reconciler(PartitionStates):
                 return  # leave the wake-up to the loop of a later leadership
             wanted.clear()
             gone_at, self._node_gone_at = self._node_gone_at, None
+            topics, self._reconcile_topics = self._reconcile_topics, set()
             try:
                 async with self._locked():
                     if self._leadership is not lead:
-                        self._reconcile_wanted_now(gone_at)
+                        self._reconcile_wanted_now(gone_at, topics)
                         return
-                    changed = await asyncio.to_thread(self._reconcile_sync, lead)
+                    changed = await asyncio.to_thread(
+                        self._reconcile_sync, lead, (), None if topics is None else sorted(topics)
+                    )
                 if gone_at is not None:
                     elapsed = time.monotonic() - gone_at
                     metrics.FAILOVER_SECONDS.observe(elapsed)
@@ -74,18 +103,27 @@ class Reconciler(PartitionStates):
                 return
             except MetadataUnavailableError as exc:
                 log.warning("reconciliation failed, retrying on the next change: %s", exc)
-                self._reconcile_wanted_now(gone_at)
+                self._reconcile_wanted_now(gone_at)  # everything: what failed is unknown
                 await asyncio.sleep(0.2)  # etcd unreachable: do not spin
             except Exception:
                 log.exception("reconciliation failed")
+                self._reconcile_topics = None  # the next pass (on the next change) reads all
 
-    def _reconcile_sync(self, lead: Leadership, exclude: Iterable[int] = ()) -> int:
-        """Bring every partition in line with node liveness (blocking); states written."""
+    def _reconcile_sync(
+        self, lead: Leadership, exclude: Iterable[int] = (), topics: Iterable[str] | None = None
+    ) -> int:
+        """Bring every partition (or those of ``topics``) in line with node liveness
+        (blocking); states written."""
+        names = None if topics is None else list(topics)
+        if names == []:
+            return 0
+        metrics.RECONCILE_PASSES.labels("all" if names is None else "topics").inc()
 
         def decide() -> list[PartitionDecision]:
             _, alive, eligible = self._liveness(exclude)
+            parts = self._partitions_sync() if names is None else self._topic_partitions_sync(names)
             decisions = []
-            for tp, (key, v, topic) in self._partitions_sync().items():
+            for tp, (key, v, topic) in parts.items():
                 d = leadership.reconcile(
                     v.value,
                     alive,

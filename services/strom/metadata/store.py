@@ -168,15 +168,16 @@ class MetadataStore:
         return resp.header.revision, out
 
     def get_prefix_cached(
-        self, prefix: str, cls: type[M], cache: dict[str, tuple[int, M]]
+        self, prefix: str, cls: type[M], cache: dict[str, tuple[int, M]], *, whole: bool = True
     ) -> tuple[int, dict[str, Versioned]]:
         """:meth:`get_prefix`, decoding only values whose mod_revision ``cache`` does not hold.
 
         Decoding the stored JSON costs far more than the read (about 0.1 ms a partition state
         on a busy machine): a controller that re-reads every partition on each change spent
         most of a 1,000-partition failover parsing states that had not changed. ``cache``
-        (key -> (mod_revision, message)) is replaced by what this read saw; callers get copies,
-        so they may change them."""
+        (key -> (mod_revision, message)) is replaced by what this read saw (``whole``: the
+        cache holds this prefix only), or, with ``whole=False`` (a narrower prefix of what the
+        cache holds), updated with it; callers get copies, so they may change them."""
         resp = self._call(self.client.get_prefix_response, prefix)
         out: dict[str, Versioned] = {}
         seen: dict[str, tuple[int, M]] = {}
@@ -189,7 +190,11 @@ class MetadataStore:
             value = cls()
             value.CopyFrom(msg)
             out[key] = Versioned(key, value, kv.mod_revision, kv.create_revision)
-        cache.clear()
+        if whole:
+            cache.clear()
+        else:  # keys under the prefix that are gone
+            for key in [k for k in cache if k.startswith(prefix) and k not in seen]:
+                del cache[key]
         cache.update(seen)
         return resp.header.revision, out
 
