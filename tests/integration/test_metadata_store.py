@@ -113,3 +113,56 @@ def test_election_moves_to_standby_when_leader_resigns_or_dies(etcd: EtcdServer)
     assert elected[1] == 1 - first
     for e in elections:
         e.resign()
+
+
+def test_a_resign_during_a_campaign_leaves_no_key_behind(etcd: EtcdServer) -> None:
+    """resign() while the candidate is creating the key (its lease had just expired, say):
+    the key must not outlive the resignation, or no candidate could ever win again (a
+    controller that lost its lease while paused stayed inactive for good)."""
+    store = MetadataStore(etcd.endpoint, "c-resign")
+    elected: list[int] = []
+    election = Election(
+        store,
+        store.keys.controller,
+        md.ControllerInfo(controller_id=1),
+        ttl_s=2,
+        on_elected=elected.append,
+        on_lost=lambda: None,
+    )
+    create = store.create
+    resigner = threading.Thread(target=election.resign)
+
+    def create_while_resigning(*args: object, **kwargs: object) -> bool:
+        # resign() starts now; give it the chance to finish before the key is created
+        # (it cannot while a campaign is under way: then it waits for the campaign).
+        resigner.start()
+        resigner.join(timeout=0.5)
+        return create(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.create = create_while_resigning  # type: ignore[method-assign]
+    try:
+        election.start()
+        wait_for(lambda: resigner.ident is not None, timeout=10, what="a campaign")
+        resigner.join(timeout=10)
+        assert not resigner.is_alive()
+        assert not election.leader
+        assert store.get(store.keys.controller, md.ControllerInfo) is None
+        # And the next candidate wins.
+        store.create = create  # type: ignore[method-assign]
+        won: list[int] = []
+        successor = Election(
+            store,
+            store.keys.controller,
+            md.ControllerInfo(controller_id=2),
+            ttl_s=2,
+            on_elected=won.append,
+            on_lost=lambda: None,
+        )
+        successor.start()
+        wait_for(lambda: bool(won), timeout=10, what="the next candidate elected")
+        info = store.get(store.keys.controller, md.ControllerInfo)
+        assert info is not None and info.value.controller_id == 2
+        successor.resign()
+    finally:
+        store.create = create  # type: ignore[method-assign]
+        store.close()

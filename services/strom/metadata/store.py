@@ -503,6 +503,11 @@ class Election:
         self._keepalive: KeepAlive | None = None
         self._thread = threading.Thread(target=self._run, name="election", daemon=True)
         self._watch: Watch | None = None
+        #: A campaign (create the key, keep its lease alive) and resign() exclude each other:
+        #: a campaign that created the key after resign() deleted it would leave a key no
+        #: one will ever give up, held by a candidate its owner has dropped, and no candidate
+        #: (the owner's next one included) could win until the process exits.
+        self._campaign_lock = threading.Lock()
 
     def start(self) -> None:
         self._thread.start()
@@ -539,11 +544,14 @@ class Election:
 
     def _campaign_once(self) -> None:
         lease = self.store.grant_lease(self.ttl_s)
-        if self.store.create(self.key, self.value, lease=lease):
-            current = self.store.get(self.key, type(self.value))
-            self.create_revision = current.create_revision if current else 0
-            self._keepalive = self.store.keep_alive(lease, self._lease_lost)
-            self.leader = True
+        won = False
+        with self._campaign_lock:
+            if not self._stop.is_set() and self.store.create(self.key, self.value, lease=lease):
+                current = self.store.get(self.key, type(self.value))
+                self.create_revision = current.create_revision if current else 0
+                self._keepalive = self.store.keep_alive(lease, self._lease_lost)
+                self.leader = won = True
+        if won:
             self._on_elected(self.create_revision)
         else:
             with contextlib.suppress(MetadataUnavailableError):
@@ -553,11 +561,12 @@ class Election:
         """Stop campaigning; if leading, delete the key so a standby takes over at once."""
         self._stop.set()
         self._changed.set()
-        if self._watch is not None:
-            self._watch.cancel()
-        if self.leader:
-            self.leader = False
-            with contextlib.suppress(MetadataUnavailableError):
-                self.store.delete_if_owner(self.key, self.create_revision)
-        if self._keepalive is not None:
-            self._keepalive.stop(revoke=True)
+        with self._campaign_lock:  # a campaign running now either finished or will not start
+            if self._watch is not None:
+                self._watch.cancel()
+            if self.leader:
+                self.leader = False
+                with contextlib.suppress(MetadataUnavailableError):
+                    self.store.delete_if_owner(self.key, self.create_revision)
+            if self._keepalive is not None:
+                self._keepalive.stop(revoke=True)
