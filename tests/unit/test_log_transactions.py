@@ -6,6 +6,7 @@ retention, because it is rebuilt from the batches themselves."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import crc32c
 import pytest
@@ -363,3 +364,22 @@ def test_compaction_removes_markers_of_emptied_transactions_after_delete_retenti
     log = rebuilt
     txn(b"c", b"c0")  # the producer's sequence carries on after the rebuild
     assert lso(log) == log.log_end_offset - 1
+
+
+def test_an_aborted_index_without_aborts_writes_no_file(tmp_path: Path) -> None:
+    """A new partition's log writes no empty abort index (a missing file loads as empty);
+    one abort is written, and saving an emptied index keeps the file consistent."""
+    from strom.log.transactions import AbortedIndex, AbortedTxn
+
+    idx = AbortedIndex(tmp_path)
+    idx.save()
+    assert not idx.path.exists()
+    idx.add(AbortedTxn(10, 7, 3))
+    again = AbortedIndex(tmp_path)
+    again.load(below=100)
+    assert again.entries == [AbortedTxn(10, 7, 3)]
+    again.entries = []
+    again.save()  # the file exists: rewritten empty, not left stale
+    third = AbortedIndex(tmp_path)
+    third.load(below=100)
+    assert third.entries == []

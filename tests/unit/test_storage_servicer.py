@@ -282,3 +282,22 @@ def test_follower_fetch_moves_the_high_watermark_and_detects_divergence(tmp_path
         assert stranger.error_code == E.NOT_LEADER_OR_FOLLOWER
 
     with_harness(tmp_path, body)
+
+
+def test_a_new_empty_log_records_its_topic_id_and_the_checkpoint_makes_it_durable(
+    tmp_path: Path,
+) -> None:
+    """Creating a partition writes partition.metadata without fsync (the log is empty, so a
+    lost file hides nothing); the node's checkpoint (and a clean stop) syncs it later."""
+
+    async def body(h: Harness) -> None:
+        h.manager.fsync = True
+        h.topic("a", {0: leader_state(), 1: leader_state()})
+        await h.settle()
+        d = h.manager.partitions[("a", 0)].log.directory
+        assert (d / PARTITION_METADATA).read_text().endswith("topic_id: id-a\n")
+        assert h.manager._unsynced_ids == {("a", 0), ("a", 1)}
+        assert h.manager.sync_topic_ids() == 2
+        assert h.manager.sync_topic_ids() == 0 and not h.manager._unsynced_ids
+
+    with_harness(tmp_path, body)

@@ -127,7 +127,11 @@ class AbortedIndex:
             f.write(_ENTRY.pack(txn.producer_id, txn.first_offset, txn.last_offset))
 
     def save(self) -> None:
-        """Rewrite the file from memory (atomically)."""
+        """Rewrite the file from memory (atomically). No aborts and no file is already what
+        the file would say (a missing file loads as empty): nothing is written, which saves
+        a new partition's log two file operations."""
+        if not self.entries and not self.path.exists():
+            return
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
             f.write(

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from strom.api import metadata_pb2 as md
 from strom.log import Log, LogConfig, LogManager
-from strom.log.checkpoint import write_atomic
+from strom.log.checkpoint import fsync_dir, write_atomic
 from strom.metadata import ClusterView, WatchEvent
 from strom.storage import metrics
 from strom.storage.assignment import (
@@ -80,6 +81,9 @@ class PartitionManager:
         self.metrics: dict[TopicPartition, metrics.PartitionMetrics] = {}
         self._assignments: dict[TopicPartition, Assignment] = {}
         self._topic_ids: dict[TopicPartition, str | None] = {}
+        #: Logs whose partition.metadata was written without fsync (they were empty): made
+        #: durable by the next checkpoint, as Kafka flushes it with the log.
+        self._unsynced_ids: set[TopicPartition] = set()
         # Consumers wait for the high watermark, followers for appends (DESIGN §6).
         self.committed = WaiterRegistry()
         self.appended = WaiterRegistry()
@@ -221,7 +225,13 @@ class PartitionManager:
                     # Written (with its fsyncs) only when the directory does not record it yet:
                     # at start-up every partition passes here.
                     if read_topic_id(lg.directory) != a.topic_id:
-                        write_topic_id(lg.directory, a.topic_id, fsync=self.fsync)
+                        # An empty log needs no fsync: if a crash loses the file, nothing is
+                        # there to be mistaken for another topic's data, and the next start
+                        # writes it again (half of a new partition's creation time).
+                        durable = self.fsync and lg.log_end_offset > 0
+                        write_topic_id(lg.directory, a.topic_id, fsync=durable)
+                        if self.fsync and not durable:
+                            self._unsynced_ids.add(a.tp)
                     self._topic_ids[a.tp] = a.topic_id
             except Exception:
                 log.exception("could not open the log of %s-%d", a.topic, a.partition)
@@ -322,6 +332,30 @@ class PartitionManager:
 
     def assignments(self) -> Mapping[TopicPartition, Assignment]:
         return dict(self._assignments)
+
+    def sync_topic_ids(self) -> int:
+        """fsync the partition.metadata files written without it (blocking; the node's
+        periodic checkpoint). Returns how many were synced."""
+        done = 0
+        for tp in list(self._unsynced_ids):
+            self._unsynced_ids.discard(tp)
+            part = self.partitions.get(tp)
+            if part is None or part.deleted:
+                continue
+            try:
+                fd = os.open(part.log.directory / PARTITION_METADATA, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                fsync_dir(part.log.directory)
+                done += 1
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+            except OSError:
+                log.exception("could not sync the partition.metadata of %s-%d", *tp)
+                self._unsynced_ids.add(tp)
+        return done
 
     async def flush(self, part: Partition, *, force: bool = False) -> None:
         """fsync a partition's log in a worker thread if its flush settings (or ``force``)

@@ -365,6 +365,7 @@ class StorageNode:
         await self.fetchers.stop()
         await self.controller.close()
         await asyncio.to_thread(self.servicer.writer.close)
+        await asyncio.to_thread(self.manager.sync_topic_ids)
         await self.manager.stop()
         self.view.stop()
         if self.manager.logs is not None:
@@ -510,6 +511,7 @@ class StorageNode:
                     await self.manager.flush(part, force=True)
                 except Exception:
                     log.exception("flushing %s-%d failed", part.topic, part.index)
+        await asyncio.to_thread(self.manager.sync_topic_ids)
         await asyncio.to_thread(logs.checkpoint)
 
     async def _flush_ms_loop(self) -> None:
