@@ -40,6 +40,7 @@ def test_bench_scale_reports_curves_and_draws_plots(tmp_path: Path) -> None:
     assert row["node_rss_bytes"] > 0 and row["node_startup_s"] > 0 and row["change_led_s"] > 0
     c = result["connections"]
     assert (c["producers"], c["consumers"], c["errors"]) == (2, 2, 0)
+    assert (c["unanswered"], c["failed_workers"]) == (0, 0)
     assert c["acknowledged"] > 0 and c["p99_ms"] > 0 and c["node_rss_peak_bytes"] > 0
     plots = [Path(p) for p in result["context"]["plots"]]
     assert {p.name for p in plots} == {

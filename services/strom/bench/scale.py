@@ -25,7 +25,9 @@ Results are printed as tables (or one JSON object) and drawn as PNG plots into `
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import queue
 import shutil
 import statistics
 import tempfile
@@ -40,6 +42,7 @@ import numpy as np
 from strom.bench import cpu
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from strom.errors import StromError
 
 PARTITION_STEPS = (10, 100, 1_000, 10_000)
 SPREAD_STEPS = (1, 6, 60, 600)
@@ -248,10 +251,12 @@ def _connections_worker(
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     end = time.monotonic() + seconds
+    sends = 0
     while time.monotonic() < end:
         t0 = time.monotonic()
         for p in ps:
             sent = time.perf_counter()
+            sends += 1
 
             def done(_md: object, exc: BaseException | None, sent: float = sent) -> None:
                 with lock:
@@ -262,15 +267,22 @@ def _connections_worker(
 
             p.send(topic, value, callback=done)
         time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+    deadline = time.monotonic() + 60
     for p in ps:
-        p.flush(timeout=60)
+        # A node that cannot keep up leaves sends unanswered: counted below, not a crash
+        # (the parent would otherwise wait for this worker's result for ten minutes).
+        with contextlib.suppress(StromError):
+            p.flush(timeout=max(deadline - time.monotonic(), 0.1))
     stop.set()
     reader.join(10)
+    with lock:
+        unanswered = sends - len(latencies) - errors[0]
     for p in ps:
-        p.close(timeout=10)
+        with contextlib.suppress(StromError):
+            p.close(timeout=10)
     for c in cs:
         c.close()
-    q.put({"latencies": latencies, "errors": errors[0]})
+    q.put({"latencies": latencies, "errors": errors[0], "unanswered": unanswered})
 
 
 def bench_connections(
@@ -327,7 +339,14 @@ def bench_connections(
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         go.set()
-        results = [q.get(timeout=seconds + 600) for _ in procs]
+        results: list[dict[str, Any]] = []
+        deadline = time.monotonic() + seconds + 600
+        while len(results) < len(procs) and time.monotonic() < deadline:
+            try:
+                results.append(q.get(timeout=1.0))
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs) and q.empty():
+                    break  # a worker died without a result: report what came
         stop.set()
         sampler.join()
     finally:
@@ -343,6 +362,8 @@ def bench_connections(
         "seconds": seconds,
         "acknowledged": int(lat.size),
         "errors": sum(r["errors"] for r in results),
+        "unanswered": sum(r.get("unanswered", 0) for r in results),
+        "failed_workers": len(procs) - len(results),
         "node_rss_before_bytes": before,
         "node_rss_connected_bytes": connected,
         "node_rss_peak_bytes": peak[0],
@@ -450,7 +471,9 @@ def tables(result: dict[str, Any]) -> str:
             f"for {c['seconds']} s: node RSS {_mib(c['node_rss_before_bytes'])} -> "
             f"{_mib(c['node_rss_peak_bytes'])} MiB peak "
             f"({c['node_rss_per_connection_bytes'] / 1024:.0f} KiB per connection), "
-            f"{c['acknowledged']:,} acks, {c['errors']} errors, ack latency ms "
+            f"{c['acknowledged']:,} acks, {c['errors']} errors, "
+            f"{c.get('unanswered', 0):,} unanswered after 60 s, "
+            f"{c.get('failed_workers', 0)} client processes failed, ack latency ms "
             f"p50 {c.get('p50_ms')} p99 {c.get('p99_ms')} p99.9 {c.get('p99.9_ms')}"
         )
     return "\n".join(lines)
