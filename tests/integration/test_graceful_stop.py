@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -53,6 +54,9 @@ def test_watch_streams_end_with_not_serving_when_a_service_stops(
     statuses, ended, reader, channel = _follow(member.address)
     try:
         cluster.wait_serving(member)
+        # The stream must be open (its first status in) before the stop, or the service may
+        # already be NOT_SERVING when the Watch arrives.
+        wait_for(lambda: bool(statuses), timeout=10, what="the Watch's first status")
         assert member.process is not None
         assert member.process.stop() == 0  # SIGTERM: a clean exit
         reader.join(30)
