@@ -4,6 +4,7 @@ elections."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -115,20 +116,24 @@ def test_election_moves_to_standby_when_leader_resigns_or_dies(etcd: EtcdServer)
         e.resign()
 
 
+def _candidate(store: MetadataStore, cid: int, on_elected: Callable[[int], None]) -> Election:
+    return Election(
+        store,
+        store.keys.controller,
+        md.ControllerInfo(controller_id=cid),
+        ttl_s=2,
+        on_elected=on_elected,
+        on_lost=lambda: None,
+    )
+
+
 def test_a_resign_during_a_campaign_leaves_no_key_behind(etcd: EtcdServer) -> None:
     """resign() while the candidate is creating the key (its lease had just expired, say):
     the key must not outlive the resignation, or no candidate could ever win again (a
     controller that lost its lease while paused stayed inactive for good)."""
     store = MetadataStore(etcd.endpoint, "c-resign")
     elected: list[int] = []
-    election = Election(
-        store,
-        store.keys.controller,
-        md.ControllerInfo(controller_id=1),
-        ttl_s=2,
-        on_elected=elected.append,
-        on_lost=lambda: None,
-    )
+    election = _candidate(store, 1, elected.append)
     create = store.create
     resigner = threading.Thread(target=election.resign)
 
@@ -150,14 +155,7 @@ def test_a_resign_during_a_campaign_leaves_no_key_behind(etcd: EtcdServer) -> No
         # And the next candidate wins.
         store.create = create  # type: ignore[method-assign]
         won: list[int] = []
-        successor = Election(
-            store,
-            store.keys.controller,
-            md.ControllerInfo(controller_id=2),
-            ttl_s=2,
-            on_elected=won.append,
-            on_lost=lambda: None,
-        )
+        successor = _candidate(store, 2, won.append)
         successor.start()
         wait_for(lambda: bool(won), timeout=10, what="the next candidate elected")
         info = store.get(store.keys.controller, md.ControllerInfo)

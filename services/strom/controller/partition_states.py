@@ -89,14 +89,8 @@ class PartitionStates(ControllerCore):
             if tp is None or (wanted is not None and tp not in wanted):
                 continue
             topic = by_name.get(tp[0])
-            if (
-                topic is None
-                or topic.deleting
-                or tp[1] >= topic.partition_count
-                or (v.value.topic_id and v.value.topic_id != topic.topic_id)
-            ):
-                continue
-            out[tp] = (key, v, topic)
+            if topic is not None and _live(tp, v, topic):
+                out[tp] = (key, v, topic)
         return out
 
     def _topic_partitions_sync(
@@ -118,14 +112,8 @@ class PartitionStates(ControllerCore):
             )
             for key, v in parts.items():
                 tp = keys.parse_partition(key)
-                if (
-                    tp is None
-                    or tp[0] != name
-                    or tp[1] >= topic.partition_count
-                    or (v.value.topic_id and v.value.topic_id != topic.topic_id)
-                ):
-                    continue
-                out[tp] = (key, v, topic)
+                if tp is not None and tp[0] == name and _live(tp, v, topic):
+                    out[tp] = (key, v, topic)
         return out
 
     @staticmethod
@@ -181,3 +169,13 @@ class PartitionStates(ControllerCore):
 
         decisions = commit_with_retry(decide, commit, attempts=ATTEMPTS, gave_up=gave_up)
         return Settled({pd.tp: pd.decision.state.partition_epoch for pd in decisions}, written)
+
+
+def _live(tp: tuple[str, int], v: Versioned, topic: md.TopicMetadata) -> bool:
+    """Whether the state ``v`` of ``tp`` belongs to ``topic`` as it is now (not deleting, a
+    partition it has, not a leftover of an earlier topic of that name)."""
+    return (
+        not topic.deleting
+        and tp[1] < topic.partition_count
+        and not (v.value.topic_id and v.value.topic_id != topic.topic_id)
+    )
