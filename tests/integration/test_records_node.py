@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,51 @@ def test_100k_keyed_records_round_trip_through_node(
     assert count == total and len(seen) == keys
 
 
+def _routed(cluster: LocalCluster, route: str) -> float:
+    """strom_storage_records_routed_partitions_total{route} summed over the nodes."""
+    total = 0.0
+    prefix = f'strom_storage_records_routed_partitions_total{{route="{route}"}} '
+    for member in cluster.nodes:
+        url = f"http://127.0.0.1:{member.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(prefix):
+                    total += float(line.split()[-1])
+    return total
+
+
+def test_a_caller_that_routes_by_leader_is_never_forwarded(
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
+) -> None:
+    """docs/grpc-clients.md, "Sending to the leader": the Node.js LeaderRouter learns the leaders
+    from Metadata and splits each call by leader; every record lands where its key says, and
+    no node forwards a single partition's records (while a call sent to one node is forwarded
+    for the partitions it does not lead)."""
+    new_topic(cluster, 6, 3, {"min.insync.replicas": "2"}, name="node-routed")
+    new_topic(cluster, 6, 3, {"min.insync.replicas": "2"}, name="node-unrouted")
+    total = 20_000
+
+    def run(topic: str, route: str) -> dict[str, Any]:
+        address = cluster.nodes[1].address  # the routed run's bootstrap, the other's target
+        args = ["--address", address, "--topic", topic, "--records", str(total)]
+        args += ["--keys", "100", "--partitions", "6", "--route", route]
+        with _node("produce_and_read.js", *args, tmp_path=tmp_path) as prog:
+            res = prog.result(timeout=240)
+        assert "error" not in res, res
+        assert res["produced"] == total and res["read"] == total, res
+        assert res["bad_partitions"] == 0 and res["wrong_offset"] == 0, res
+        assert res["out_of_order"] == res["bad_contents"] == res["duplicates"] == 0, res
+        assert res["missing"] == 0, res
+        return res
+
+    local, forwarded = _routed(cluster, "local"), _routed(cluster, "forwarded")
+    run("node-routed", "leaders")
+    assert _routed(cluster, "forwarded") == forwarded  # nothing went through another node
+    assert _routed(cluster, "local") >= local + total / 1000  # one batch per call at least
+    run("node-unrouted", "any")  # the same records through one node: forwarded
+    assert _routed(cluster, "forwarded") > forwarded
+
+
 def test_the_documented_node_example_runs(
     cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
 ) -> None:
@@ -145,12 +191,24 @@ def test_bench_grpc_records_runs_every_phase(cluster: LocalCluster) -> None:
         "Subscribe (Py)",
         "ProduceRecords (Node)",
         "Subscribe (Node)",
+        "ProduceRecords (Node, to leaders)",
     ):
         assert by[name]["records"] >= 3000, (name, by[name])
-    for name in ("end-to-end client (Py)", "end-to-end gRPC (Py)", "end-to-end gRPC (Node)"):
+    for name in (
+        "end-to-end client (Py)",
+        "end-to-end gRPC (Py)",
+        "end-to-end gRPC (Node)",
+        "end-to-end gRPC (Node, to leaders)",
+    ):
         assert by[name]["records"] == 40 and by[name]["p50_ms"] > 0, (name, by[name])
     ctx = out["context"]
-    assert {"produce_py_vs_batch", "subscribe_node_vs_batch", "e2e_node_p50_vs_client"} <= set(ctx)
+    assert {
+        "produce_py_vs_batch",
+        "subscribe_node_vs_batch",
+        "e2e_node_p50_vs_client",
+        "produce_node_leaders_vs_batch",
+        "e2e_node_leaders_p99_vs_client",
+    } <= set(ctx)
 
 
 def _assigned(prog: NodeProgram) -> list[int]:

@@ -10,7 +10,9 @@
 // Prints one JSON line: {"produce": {...}, "subscribe": {...}, "latency_ms": [...]}.
 'use strict';
 
-const { recordClient, unary, emit, args, sleep } = require('./lib/strom');
+const {
+  recordClient, unary, emit, args, sleep, LeaderRouter, partitionForKey,
+} = require('./lib/strom');
 
 const a = args();
 const client = recordClient(a.address);
@@ -19,6 +21,10 @@ const batch = Number(a.batch || 1000);
 const inFlight = Number(a['in-flight'] || 4);
 const size = Number(a['record-size'] || 100);
 const nkeys = Number(a.keys || 1000);
+// --route any: every call to the address given (round_robin over a list), the node forwards
+// what it does not lead; --route leaders: each key to its partition's leader (LeaderRouter).
+const routeLeaders = (a.route || 'any') === 'leaders';
+const router = routeLeaders ? new LeaderRouter(a.address) : null;
 
 function request(start, n) {
   const keys = [];
@@ -31,7 +37,49 @@ function request(start, n) {
   return { topic: a.topic, records: { keys, values } };
 }
 
+function check(resp) {
+  const bad = resp.error_code !== 'NONE' || resp.results.some((r) => r.error_code !== 'NONE');
+  if (bad) throw new Error(`ProduceRecords failed: ${JSON.stringify(resp)}`);
+}
+
+// --route leaders: the records, in order, gathered per leader; a call goes out when a leader
+// has --batch records (so calls still carry --batch records each), --in-flight at most.
+async function produceToLeaders() {
+  const leaders = await router.leaders(a.topic);
+  const pad = Buffer.alloc(size, 'x');
+  for (const addr of new Set(leaders)) {
+    await unary(router.client(addr), 'ProduceRecords', { topic: a.topic, records: { values: [pad] } });
+  }
+  const pending = new Set();
+  const buffers = new Map();
+  let done = leaders.length ? new Set(leaders).size : 0;
+  async function send(addr, keys, values) {
+    while (pending.size >= inFlight) await Promise.race(pending);
+    const p = unary(router.client(addr), 'ProduceRecords', { topic: a.topic, records: { keys, values } })
+      .then((resp) => { check(resp); done += keys.length; })
+      .finally(() => pending.delete(p));
+    pending.add(p);
+  }
+  const t0 = process.hrtime.bigint();
+  for (let i = 0; i < total; i++) {
+    const key = Buffer.from(`key-${i % nkeys}`);
+    const addr = leaders[partitionForKey(key, leaders.length)];
+    let buf = buffers.get(addr);
+    if (!buf) buffers.set(addr, (buf = { keys: [], values: [] }));
+    buf.keys.push(key);
+    buf.values.push(pad);
+    if (buf.keys.length >= batch) {
+      buffers.delete(addr);
+      await send(addr, buf.keys, buf.values);
+    }
+  }
+  for (const [addr, buf] of buffers) await send(addr, buf.keys, buf.values);
+  await Promise.all(pending);
+  return { records: done, seconds: Number(process.hrtime.bigint() - t0) / 1e9 };
+}
+
 async function produce() {
+  if (routeLeaders) return produceToLeaders();
   await unary(client, 'ProduceRecords', request(0, 1)); // warm: connection and metadata
   let next = 0;
   let done = 0;
@@ -100,6 +148,8 @@ async function latency() {
     if (err.code !== 1) finished();
   });
   await ready; // the first message comes once "latest" is resolved: records from now on
+  // --route leaders: keyless records spread over the partitions, each to its leader.
+  const leaders = routeLeaders ? await router.leaders(a['latency-topic']) : null;
   const t0 = Date.now();
   const pending = [];
   for (let i = 0; i < n; i++) {
@@ -107,9 +157,13 @@ async function latency() {
     const wait = due - Date.now();
     if (wait > 0) await sleep(wait);
     const value = Buffer.from(`${i}|${process.hrtime.bigint()}|`.padEnd(size, 'x'));
-    pending.push(unary(client, 'ProduceRecords', {
-      topic: a['latency-topic'], records: { values: [value] },
-    }));
+    const req = { topic: a['latency-topic'], records: { values: [value] } };
+    if (leaders) {
+      req.partition = i % leaders.length;
+      pending.push(unary(router.client(leaders[req.partition]), 'ProduceRecords', req));
+    } else {
+      pending.push(unary(client, 'ProduceRecords', req));
+    }
   }
   await Promise.all(pending);
   await Promise.race([all, sleep(30000)]);

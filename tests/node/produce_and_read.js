@@ -1,12 +1,14 @@
 // Produces --records keyed records with ProduceRecords (--batch records per call, one call in
-// flight, so every key's records are written in the order they were made), then reads the
+// flight, so every key's records are written in the order they were made; with --route leaders
+// each call is split by partition leader and sent to the leaders themselves), then reads the
 // topic back with Subscribe and checks every record: the partition (murmur2 of the key, as
 // computed here in JavaScript), the offset the produce call reported, the order per key, and
 // the exact key, value, timestamp and headers. Prints one JSON summary line.
 'use strict';
 
 const {
-  recordClient, produceRecords, partitionForKey, emit, args, recordsOf,
+  recordClient, produceRecords, partitionForKey, emit, args, recordsOf, LeaderRouter,
+  splitByLeader,
 } = require('./lib/strom');
 
 const a = args();
@@ -17,6 +19,7 @@ const nkeys = Number(a.keys);
 const batch = Number(a.batch || 1000);
 const numPartitions = Number(a.partitions);
 const BASE_TS = 1_700_000_000_000;
+const router = (a.route || 'any') === 'leaders' ? new LeaderRouter(a.address) : null;
 
 // Record i: key k = i % nkeys, its seq-th record with seq = floor(i / nkeys).
 const keyOf = (i) => Buffer.from(`key-${i % nkeys}`);
@@ -27,40 +30,60 @@ const valueOf = (i) => {
 // Every 7th record carries two headers (null keys and values are covered by the Python tests).
 const headersOf = (i) => (i % 7 === 0 ? [['i', Buffer.from(String(i))], ['src', Buffer.from('node')]] : []);
 
+// One ProduceRecords call of records `idx` through `cl`; their offsets into `offsets`.
+async function produceCall(cl, idx, offsets) {
+  const keys = [];
+  const values = [];
+  const timestamps = [];
+  const headerCounts = [];
+  const headerKeys = [];
+  const headerValues = [];
+  for (const i of idx) {
+    keys.push(keyOf(i));
+    values.push(valueOf(i));
+    timestamps.push(BASE_TS + i);
+    const hs = headersOf(i);
+    headerCounts.push(hs.length);
+    for (const [k, v] of hs) {
+      headerKeys.push(k);
+      headerValues.push(v);
+    }
+  }
+  const resp = await produceRecords(cl, {
+    topic,
+    records: {
+      keys, values, timestamps,
+      header_counts: headerCounts, header_keys: headerKeys, header_values: headerValues,
+    },
+    acks: 'ACKS_ALL',
+  });
+  let badPartitions = 0;
+  for (let j = 0; j < idx.length; j++) {
+    offsets[idx[j]] = resp.offsets[j];
+    if (resp.partitions[j] !== partitionForKey(keys[j], numPartitions)) badPartitions++;
+  }
+  return badPartitions;
+}
+
+// --route any: each call to --address (the node forwards what it does not lead);
+// --route leaders: each call's records split by their partition's leader (LeaderRouter), one
+// call per leader, so no node forwards anything.
 async function produce() {
   const offsets = new Float64Array(total);
   let badPartitions = 0;
   const t0 = Date.now();
   for (let start = 0; start < total; start += batch) {
-    const end = Math.min(start + batch, total);
-    const keys = [];
-    const values = [];
-    const timestamps = [];
-    const headerCounts = [];
-    const headerKeys = [];
-    const headerValues = [];
-    for (let i = start; i < end; i++) {
-      keys.push(keyOf(i));
-      values.push(valueOf(i));
-      timestamps.push(BASE_TS + i);
-      const hs = headersOf(i);
-      headerCounts.push(hs.length);
-      for (const [k, v] of hs) {
-        headerKeys.push(k);
-        headerValues.push(v);
-      }
+    const idx = [];
+    for (let i = start; i < Math.min(start + batch, total); i++) idx.push(i);
+    if (!router) {
+      badPartitions += await produceCall(client, idx, offsets);
+      continue;
     }
-    const resp = await produceRecords(client, {
-      topic,
-      records: {
-        keys, values, timestamps,
-        header_counts: headerCounts, header_keys: headerKeys, header_values: headerValues,
-      },
-      acks: 'ACKS_ALL',
-    });
-    for (let j = 0; j < end - start; j++) {
-      offsets[start + j] = resp.offsets[j];
-      if (resp.partitions[j] !== partitionForKey(keys[j], numPartitions)) badPartitions++;
+    const leaders = await router.leaders(topic);
+    const byLeader = splitByLeader(leaders, idx.map(keyOf));
+    for (const [addr, positions] of byLeader) {
+      const part = positions.map((j) => idx[j]);
+      badPartitions += await produceCall(router.client(addr), part, offsets);
     }
   }
   return { offsets, badPartitions, seconds: (Date.now() - t0) / 1000 };

@@ -15,10 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "grpc-clients.md").read_text()
 
 
-def test_the_node_example_in_the_docs_is_the_tested_file() -> None:
+def test_the_node_code_in_the_docs_is_the_tested_code() -> None:
+    """The complete example is tests/node/example.js; the leader-routing fragment is a
+    function of tests/node/lib/strom.js, word for word."""
     blocks = re.findall(r"```js\n(.*?)```", DOC, flags=re.S)
-    assert len(blocks) == 1
+    assert len(blocks) == 2
     assert blocks[0] == (ROOT / "tests" / "node" / "example.js").read_text()
+    assert "function splitByLeader" in blocks[1]
+    assert blocks[1] in (ROOT / "tests" / "node" / "lib" / "strom.js").read_text()
 
 
 GRPCURL = re.findall(

@@ -8,7 +8,10 @@ what its write phase wrote:
   builds the record batches itself), then the Python ``Consumer.poll_arrow``;
 * **ProduceRecords** with ``--batch`` records per call and ``--in-flight`` calls outstanding,
   then **Subscribe**, from Python (generated stubs) and from Node.js (@grpc/grpc-js, the
-  tests/node client) when ``node`` and ``tests/node/node_modules`` are there;
+  tests/node client) when ``node`` and ``tests/node/node_modules`` are there; the Node.js
+  caller twice by default (``--node-route both``): calls spread over the nodes, which forward
+  what they do not lead, and calls sent to each key's partition leader (the LeaderRouter of
+  tests/node/lib/strom.js, docs/grpc-clients.md "Sending to the leader");
 * **end-to-end latency** at ``--rate`` records/s, one record at a time: the Python client
   (``strom bench e2e``'s loop: Producer with linger 0, an assigned Consumer) against
   ProduceRecords (one record per call) + a Subscribe stream, from Python and from Node.js.
@@ -263,8 +266,12 @@ def bench_node(
     latency_topic: str | None,
     latency_records: int,
     rate: float,
+    route: str = "any",
 ) -> list[Result]:
-    """Run tests/node/bench_records.js and turn its JSON line into Results."""
+    """Run tests/node/bench_records.js and turn its JSON line into Results. ``route``:
+    ``any`` (calls to ``address``; the nodes forward what they do not lead) or ``leaders``
+    (each record to its partition's leader, the script's LeaderRouter; results named
+    "(Node, to leaders)")."""
     argv = [
         "node",
         str(NODE_DIR / "bench_records.js"),
@@ -280,6 +287,8 @@ def bench_node(
         str(batch),
         "--in-flight",
         str(in_flight),
+        "--route",
+        route,
     ]
     if topic:
         argv += ["--topic", topic]
@@ -297,17 +306,19 @@ def bench_node(
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"the Node.js bench failed: {proc.stdout[-1000:]} {proc.stderr[-1000:]}")
     out = json.loads(lines[-1])
+    who = "Node" if route == "any" else "Node, to leaders"
     results = []
     if "produce" in out:
         p, s = out["produce"], out["subscribe"]
         results.append(
-            Result("ProduceRecords (Node)", 0, p["records"], p["records"] * size, p["seconds"])
+            Result(f"ProduceRecords ({who})", 0, p["records"], p["records"] * size, p["seconds"])
         )
-        results.append(Result("Subscribe (Node)", 0, s["records"], s["bytes"], s["seconds"]))
+        if route == "any":  # Subscribe is not routed: measured once
+            results.append(Result("Subscribe (Node)", 0, s["records"], s["bytes"], s["seconds"]))
     if "latency_ms" in out:
         lat = [x / 1e3 for x in out["latency_ms"]]
         results.append(
-            Result("end-to-end gRPC (Node)", 0, len(lat), len(lat) * size, len(lat) / rate, lat)
+            Result(f"end-to-end gRPC ({who})", 0, len(lat), len(lat) * size, len(lat) / rate, lat)
         )
     return results
 
@@ -327,6 +338,7 @@ def bench_grpc_records(
     rate: float = 200.0,
     latency_records: int = 2000,
     node: bool | None = None,
+    node_route: str = "both",
     progress: bool | None = None,
 ) -> tuple[list[Result], dict[str, Any]]:
     """Every phase (see the module docstring); returns the results and the ratios."""
@@ -334,8 +346,11 @@ def bench_grpc_records(
     use_node = node_available() if node is None else node
     if use_node and not node_available():
         raise RuntimeError(f"node or {NODE_DIR}/node_modules missing: run scripts/bootstrap.sh")
-    names = {k: f"{topic}-{k}" for k in ("batch", "grpc-py", "grpc-node")}
-    lat_names = {k: f"{topic}-lat-{k}" for k in ("py", "grpc-py", "grpc-node")}
+    if node_route not in ("any", "leaders", "both"):
+        raise ValueError(f"node_route must be any, leaders or both, not {node_route!r}")
+    routes = ["any", "leaders"] if node_route == "both" else [node_route]
+    names = {k: f"{topic}-{k}" for k in ("batch", "grpc-py", "grpc-node", "grpc-node-leaders")}
+    lat_names = {k: f"{topic}-lat-{k}" for k in ("py", "grpc-py", "grpc-node", "grpc-node-leaders")}
     for name in names.values():
         ensure_topic(bootstrap, name, partitions, replication_factor)
     for name in lat_names.values():
@@ -353,15 +368,18 @@ def bench_grpc_records(
     results.append(bench_subscribe(address, names["grpc-py"], records=records + 1))
     node_results: list[Result] = []
     if use_node:
-        node_results = bench_node(
-            address,
-            names["grpc-node"],
-            in_flight=in_flight,
-            latency_topic=lat_names["grpc-node"],
-            latency_records=latency_records,
-            rate=rate,
-            **shape,
-        )
+        for route in routes:
+            suffix = "" if route == "any" else "-leaders"
+            node_results += bench_node(
+                address,
+                names["grpc-node" + suffix],
+                in_flight=in_flight,
+                latency_topic=lat_names["grpc-node" + suffix],
+                latency_records=latency_records,
+                rate=rate,
+                route=route,
+                **shape,
+            )
         results += [r for r in node_results if not r.name.startswith("end-to-end")]
     py_e2e = bench_e2e(
         bootstrap,
@@ -391,21 +409,31 @@ def ratios(results: list[Result]) -> dict[str, Any]:
         return r.records / max(r.seconds, 1e-9)
 
     out: dict[str, Any] = {}
-    for caller in ("Py", "Node"):
+    for caller in CALLERS:
         if f"ProduceRecords ({caller})" in by:
-            out[f"produce_{caller.lower()}_vs_batch"] = round(
+            out[f"produce_{_slug(caller)}_vs_batch"] = round(
                 rate(f"ProduceRecords ({caller})") / rate("batch API produce (Py)"), 2
             )
-            out[f"subscribe_{caller.lower()}_vs_batch"] = round(
+        if f"Subscribe ({caller})" in by:
+            out[f"subscribe_{_slug(caller)}_vs_batch"] = round(
                 rate(f"Subscribe ({caller})") / rate("batch API consume (Py)"), 2
             )
     base = by.get("end-to-end client (Py)")
     if base is not None and base.latencies:
         b50, b99 = np.percentile(np.asarray(base.latencies), [50, 99])
-        for caller in ("Py", "Node"):
+        for caller in CALLERS:
             r = by.get(f"end-to-end gRPC ({caller})")
             if r is not None and r.latencies:
                 p50, p99 = np.percentile(np.asarray(r.latencies), [50, 99])
-                out[f"e2e_{caller.lower()}_p50_vs_client"] = round(float(p50 / b50), 2)
-                out[f"e2e_{caller.lower()}_p99_vs_client"] = round(float(p99 / b99), 2)
+                out[f"e2e_{_slug(caller)}_p50_vs_client"] = round(float(p50 / b50), 2)
+                out[f"e2e_{_slug(caller)}_p99_vs_client"] = round(float(p99 / b99), 2)
     return out
+
+
+#: The gRPC callers of a run, as their results name them.
+CALLERS = ("Py", "Node", "Node, to leaders")
+
+
+def _slug(caller: str) -> str:
+    """ "Node, to leaders" -> "node_leaders" (the ratio keys)."""
+    return caller.lower().replace(", to ", "_")

@@ -182,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--rate", type=float, default=200.0, help="records/s of the latency phase")
     gr.add_argument("--latency-records", type=_positive, default=2000)
     gr.add_argument("--no-node", action="store_true", help="skip the Node.js caller")
+    gr.add_argument(
+        "--node-route",
+        choices=("any", "leaders", "both"),
+        default="both",
+        help="Node.js calls to any node (forwarded), to each partition's leader, or both runs",
+    )
     gr.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
     gr.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -551,6 +557,7 @@ def _bench_grpc_records(args: argparse.Namespace) -> int:
         rate=args.rate,
         latency_records=args.latency_records,
         node=False if args.no_node else None,
+        node_route=args.node_route,
         progress=True if args.progress else None,
     )
     ctx = {
@@ -560,6 +567,7 @@ def _bench_grpc_records(args: argparse.Namespace) -> int:
         "keys": args.keys,
         "batch": args.batch,
         "in_flight": args.in_flight,
+        "node_route": args.node_route,
         "partitions": args.partitions,
         "replication_factor": args.replication_factor,
         "latency_rate": args.rate,

@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
+from prometheus_client import Counter
 
 from strom.api import storage_pb2, storage_pb2_grpc
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, is_retriable
@@ -68,6 +69,14 @@ _SEQUENCE = frozenset({E.OUT_OF_ORDER_SEQUENCE, E.UNKNOWN_PRODUCER_ID, E.INVALID
 MAX_REQUEST_BYTES = 4 << 20
 SEQUENCE_LIMIT = 1 << 31
 BACKOFF_S = 0.05
+
+ROUTED_PARTITIONS = Counter(
+    "strom_storage_records_routed_partitions",
+    "Partition batches of ProduceRecords calls by where the node sent them: appended here "
+    "(local: this node leads the partition) or forwarded to the leader (a caller that routes "
+    "by leader, docs/grpc-clients.md, keeps this at zero)",
+    ["route"],
+)
 
 
 class TransportError(StromError):
@@ -154,6 +163,7 @@ class LeaderRoute:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, addr: str | None, acks: int, parts: list[_Part]) -> None:
+        ROUTED_PARTITIONS.labels("local" if addr is None else "forwarded").inc(len(parts))
         timeout_s = max(p.timeout_s for p in parts)
         req = storage_pb2.ProduceRequest(acks=acks, timeout_ms=max(int(timeout_s * 1000), 1))
         topics: dict[str, Any] = {}

@@ -137,6 +137,74 @@ function partitionForKey(key, numPartitions) {
   return (murmur2(key) & 0x7fffffff) % numPartitions;
 }
 
+// Sending each record to its partition's leader, as Kafka clients do (docs/grpc-clients.md,
+// "Sending to the leader"). Any node takes any ProduceRecords call and forwards what it does not
+// lead; a caller that sends each key to the leader of its partition saves that forward (about
+// half of a small call's latency and a quarter of the nodes' CPU). The routes come from
+// StorageService.Metadata; a stale route costs a forward, never a record, and is refreshed after
+// a failed call or when `maxAgeMs` passed.
+class LeaderRouter {
+  constructor(bootstrap, { maxAgeMs = 30000 } = {}) {
+    this.bootstrap = storageClient(bootstrap);
+    this.maxAgeMs = maxAgeMs;
+    this.clients = new Map(); // address -> RecordService client of that node alone
+    this.routes = new Map(); // topic -> { leaders: [address], at }
+  }
+
+  // The address of each partition's leader (index = partition), from a Metadata call.
+  async leaders(topic, { refresh = false } = {}) {
+    const known = this.routes.get(topic);
+    if (known && !refresh && Date.now() - known.at < this.maxAgeMs) return known.leaders;
+    const md = await unary(this.bootstrap, 'Metadata', { topics: [topic] });
+    const nodes = new Map(md.nodes.map((n) => [n.node_id, `${n.host}:${n.port}`]));
+    const t = md.topics.find((x) => x.name === topic);
+    if (!t || t.error_code !== 'NONE') {
+      throw new Error(`Metadata for ${topic}: ${t ? `${t.error_code} ${t.error_message}` : 'missing'}`);
+    }
+    // A partition without a live leader goes to any node, which answers or forwards.
+    const any = md.nodes.length ? `${md.nodes[0].host}:${md.nodes[0].port}` : null;
+    const leaders = t.partitions.map((p) => nodes.get(p.leader) || any);
+    this.routes.set(topic, { leaders, at: Date.now() });
+    return leaders;
+  }
+
+  // The RecordService client of one node (no load balancing: the call goes where it is sent).
+  client(address) {
+    let c = this.clients.get(address);
+    if (!c) {
+      c = new api.RecordService(address, grpc.credentials.createInsecure(), {
+        'grpc.max_receive_message_length': CHANNEL_OPTIONS['grpc.max_receive_message_length'],
+        'grpc.max_send_message_length': CHANNEL_OPTIONS['grpc.max_send_message_length'],
+      });
+      this.clients.set(address, c);
+    }
+    return c;
+  }
+
+  // The leader's address for a key of `topic` (murmur2, as the node itself would choose).
+  async addressForKey(topic, key) {
+    const leaders = await this.leaders(topic);
+    return leaders[partitionForKey(key, leaders.length)];
+  }
+
+  close() {
+    this.bootstrap.close();
+    for (const c of this.clients.values()) c.close();
+  }
+}
+
+// Which records go to which leader: `leaders` from LeaderRouter.leaders(topic), `keys` the
+// records' keys; a Map of leader address -> the indexes of its records, in their order.
+function splitByLeader(leaders, keys) {
+  const byLeader = new Map();
+  for (let i = 0; i < keys.length; i++) {
+    const addr = leaders[partitionForKey(keys[i], leaders.length)];
+    if (!byLeader.has(addr)) byLeader.set(addr, []);
+    byLeader.get(addr).push(i);
+  }
+  return byLeader;
+}
+
 // One JSON object per line on stdout: the test reads these.
 function emit(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
@@ -196,6 +264,8 @@ module.exports = {
   produceRecords,
   murmur2,
   partitionForKey,
+  LeaderRouter,
+  splitByLeader,
   emit,
   onCommand,
   args,
