@@ -141,8 +141,8 @@ function partitionForKey(key, numPartitions) {
 // "Sending to the leader"). Any node takes any ProduceRecords call and forwards what it does not
 // lead; a caller that sends each key to the leader of its partition saves that forward (about
 // half of a small call's latency and a quarter of the nodes' CPU). The routes come from
-// StorageService.Metadata; a stale route costs a forward, never a record, and is refreshed after
-// a failed call or when `maxAgeMs` passed.
+// StorageService.Metadata; a stale route costs a forward, never a record, and is refreshed when
+// `maxAgeMs` passed or when asked (`leaders(topic, { refresh: true })`, e.g. after a failed call).
 class LeaderRouter {
   constructor(bootstrap, { maxAgeMs = 30000 } = {}) {
     this.bootstrap = storageClient(bootstrap);
