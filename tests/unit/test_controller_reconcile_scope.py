@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from strom.controller.activation import _changed_topics
 from strom.controller.reconcile import MAX_NARROW_TOPICS, Reconciler
-from strom.metadata import Keys, WatchEvent
+from strom.metadata import Keys, WatchEvent, changed_topics
 
 
 def _reconciler() -> Reconciler:
@@ -26,7 +25,8 @@ def test_changed_topics_come_from_topic_and_partition_keys() -> None:
         WatchEvent(keys.partition("gone", 0), None, 7),  # a deleted state: its topic is read
         WatchEvent(keys.node(1), b"{}", 8),  # not a topic (nodes widen the pass elsewhere)
     ]
-    assert _changed_topics(keys, events) == {"orders", "clicks", "gone"}
+    assert changed_topics(keys, events) == ({"orders", "clicks", "gone"}, True)
+    assert changed_topics(keys, events[:3]) == ({"orders", "clicks", "gone"}, False)
 
 
 def test_wake_ups_accumulate_topics_until_one_asks_for_everything() -> None:

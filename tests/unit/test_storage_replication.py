@@ -272,7 +272,7 @@ class _Manager:
         self.metrics: dict = {}
         self.committed = WaiterRegistry()
 
-    def request_reconcile(self) -> None:
+    def request_reconcile(self, topics: set[str] | None = None) -> None:
         pass
 
 

@@ -301,3 +301,92 @@ def test_a_new_empty_log_records_its_topic_id_and_the_checkpoint_makes_it_durabl
         assert h.manager.sync_topic_ids() == 0 and not h.manager._unsynced_ids
 
     with_harness(tmp_path, body)
+
+
+def test_topic_changes_are_reconciled_by_passes_over_those_topics_only(tmp_path: Path) -> None:
+    """Events that only change topics and partition states make a pass over those topics
+    (it plans what a full pass would for them); any other event (here the cluster key) makes
+    a full pass, the only kind that deletes stray logs."""
+
+    async def body(h: Harness) -> None:
+        h.topic("a", {0: leader_state(), 1: leader_state(leader=2)})
+        h.topic("b", {0: leader_state()})
+        await h.settle()
+        assert set(h.manager.partitions) == {("a", 0), ("a", 1), ("b", 0)}
+        before = dict(h.manager.passes)
+
+        h.put(h.keys.partition("a", 1), leader_state(epoch=4))  # this node leads a-1 now
+        await h.settle()
+        assert h.manager.partitions[("a", 1)].is_leader
+        assert h.manager.partitions[("a", 1)].leader_epoch == 4
+        assert h.manager.passes["all"] == before["all"]
+        assert h.manager.passes["topics"] > before["topics"]
+
+        # A stray on disk (a log this process never hosted): a narrow pass leaves it alone
+        # even in an initialised cluster; the full pass the cluster key brings deletes it.
+        assert h.manager.logs is not None
+        h.manager.logs.get_or_create("stray", 0, {})
+        h.put(h.keys.cluster, md.ClusterInfo(cluster_id="unit"))
+        await h.settle()
+        assert h.manager.passes["all"] == before["all"] + 1
+        assert ("stray", 0) not in {tp for tp, _ in h.manager.logs}
+
+        h.manager.logs.get_or_create("stray", 1, {})
+        h.events(
+            [WatchEvent(h.keys.topic("b"), None, 0), WatchEvent(h.keys.partition("b", 0), None, 0)]
+        )
+        await h.settle()
+        assert set(h.manager.partitions) == {("a", 0), ("a", 1)}  # b deleted by a narrow pass
+        assert ("stray", 1) in {tp for tp, _ in h.manager.logs}  # not b's: left for a full pass
+        assert h.manager.passes["all"] == before["all"] + 1
+
+    with_harness(tmp_path, body)
+
+
+def test_narrow_passes_host_exactly_what_full_passes_would(tmp_path: Path) -> None:
+    """Random topic creations, state changes and deletions, each reconciled by a narrow pass:
+    after every step the hosted replicas and their states are what the whole view asks for."""
+    import random
+
+    from strom.storage.assignment import desired_assignments
+
+    rng = random.Random(20261127)
+
+    async def body(h: Harness) -> None:
+        h.put(h.keys.cluster, md.ClusterInfo(cluster_id="unit"))
+        await h.settle()
+        live: dict[str, int] = {}
+        for step in range(60):
+            name = f"t{rng.randrange(8)}"
+            if name in live and rng.random() < 0.3:
+                h.events(
+                    [WatchEvent(h.keys.topic(name), None, 0)]
+                    + [WatchEvent(h.keys.partition(name, p), None, 0) for p in range(live[name])]
+                )
+                del live[name]
+            else:
+                n = live.get(name) or rng.randrange(1, 4)
+                live[name] = n
+                h.topic(
+                    name,
+                    {
+                        p: md.PartitionState(
+                            replicas=rng.sample([1, 2, 3], 2),
+                            leader=rng.choice([1, 2]),
+                            leader_epoch=step,
+                            isr=[1, 2],
+                        )
+                        for p in range(n)
+                    },
+                )
+            await h.settle()
+            with h.view.lock:
+                topics = {k: v.value for k, v in h.view.topics.items()}
+                parts = {k: v.value for k, v in h.view.partitions.items()}
+            want = desired_assignments(1, topics, parts)
+            assert h.manager._assignments == want, step
+            assert set(h.manager.partitions) == set(want), step
+            assert {tp for tp, _ in h.manager.logs or ()} == set(want), step
+        assert h.manager.passes["topics"] >= 60 and h.manager.passes["all"] == 1
+
+    with_harness(tmp_path, body)

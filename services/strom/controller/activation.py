@@ -30,10 +30,10 @@ from strom.controller.prober import NodeProber
 from strom.controller.reconcile import Reconciler
 from strom.metadata import (
     Election,
-    Keys,
     MetadataUnavailableError,
     Versioned,
     WatchEvent,
+    changed_topics,
     decode,
     encode,
 )
@@ -344,7 +344,7 @@ class ActiveRole(Reconciler):
                 now = time.monotonic()
                 # Nodes changed: every partition may be concerned; else only the topics whose
                 # metadata or partition states changed (see strom.controller.reconcile).
-                topics = None if nodes_changed else _changed_topics(keys, events)
+                topics = None if nodes_changed else changed_topics(keys, events)[0]
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(
                         self._reconcile_wanted_now, now if node_gone else None, topics
@@ -411,17 +411,3 @@ class ActiveRole(Reconciler):
             self._txn(lead, [], deletes=orphans[i : i + self.max_txn_ops])
         if orphans:
             log.info("deleted %d orphaned partition keys", len(orphans))
-
-
-def _changed_topics(keys: Keys, events: list[WatchEvent]) -> set[str]:
-    """Topics whose metadata or partition states ``events`` changed (deletes included: a
-    deleted partition state needs nothing, its topic's pass finds it gone)."""
-    out: set[str] = set()
-    for ev in events:
-        if ev.key.startswith(keys.topics_prefix):
-            out.add(ev.key[len(keys.topics_prefix) :])
-        else:
-            tp = keys.parse_partition(ev.key)
-            if tp is not None:
-                out.add(tp[0])
-    return out

@@ -12,7 +12,7 @@ from strom.metadata.store import (
     encode,
     parse_endpoints,
 )
-from strom.metadata.view import ClusterView
+from strom.metadata.view import ClusterView, changed_topics
 
 __all__ = [
     "ClusterView",
@@ -23,6 +23,7 @@ __all__ = [
     "MetadataUnavailableError",
     "Versioned",
     "WatchEvent",
+    "changed_topics",
     "decode",
     "encode",
     "parse_endpoints",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from strom.api import metadata_pb2 as md
+from strom.metadata.keys import Keys
 from strom.metadata.store import MetadataStore, Versioned, Watch, WatchEvent, decode
 
 log = logging.getLogger("strom.metadata.view")
@@ -36,6 +37,9 @@ class ClusterView:
         self.nodes: dict[int, Versioned] = {}
         self.topics: dict[str, Versioned] = {}
         self.partitions: dict[tuple[str, int], Versioned] = {}
+        #: The same partition states by topic: one topic's partitions without a scan of
+        #: every partition (Metadata for a topic, a reconcile of the topics that changed).
+        self._by_topic: dict[str, dict[int, Versioned]] = {}
         self.controller: Versioned | None = None
         self.coordinators: dict[int, Versioned] = {}
         #: Owners of the shards of __transaction_state (transaction coordinators).
@@ -70,6 +74,7 @@ class ClusterView:
             self.nodes.clear()
             self.topics.clear()
             self.partitions.clear()
+            self._by_topic.clear()
             self.coordinators.clear()
             self.txn_coordinators.clear()
             self.acls.clear()
@@ -107,6 +112,15 @@ class ClusterView:
                 tp = k.parse_partition(key)
                 if tp is not None:
                     self._set(self.partitions, tp, ev, md.PartitionState)
+                    v = self.partitions.get(tp)
+                    if v is not None:
+                        self._by_topic.setdefault(tp[0], {})[tp[1]] = v
+                    else:
+                        of_topic = self._by_topic.get(tp[0])
+                        if of_topic is not None:
+                            of_topic.pop(tp[1], None)
+                            if not of_topic:
+                                del self._by_topic[tp[0]]
             elif key.startswith(k.topics_prefix):
                 self._set(self.topics, key[len(k.topics_prefix) :], ev, md.TopicMetadata)
             elif key.startswith(k.nodes_prefix):
@@ -164,9 +178,33 @@ class ClusterView:
             return self.partitions.get((topic, partition))
 
     def partitions_of(self, topic: str) -> dict[int, Versioned]:
+        """The topic's partition states by index (a copy; costs the topic's partitions, not
+        the cluster's)."""
         with self.lock:
-            return {p: v for (t, p), v in self.partitions.items() if t == topic}
+            return dict(self._by_topic.get(topic, ()))
+
+    def topic_partitions_locked(self, topic: str) -> Mapping[int, Versioned]:
+        """The same without a copy: call with :attr:`lock` held and do not keep it."""
+        return self._by_topic.get(topic, {})
 
     def controller_info(self) -> md.ControllerInfo | None:
         with self.lock:
             return self.controller.value if self.controller else None
+
+
+def changed_topics(keys: Keys, events: Iterable[WatchEvent]) -> tuple[set[str], bool]:
+    """The topics whose metadata or partition states ``events`` changed (deletes included),
+    and whether any event was of another kind (nodes, the cluster key, a resync's listing):
+    what a listener needs to redo only the work of the topics that changed."""
+    out: set[str] = set()
+    other = False
+    for ev in events:
+        if ev.key.startswith(keys.topics_prefix):
+            out.add(ev.key[len(keys.topics_prefix) :])
+            continue
+        tp = keys.parse_partition(ev.key) if ev.key.startswith(keys.partitions_prefix) else None
+        if tp is None:
+            other = True
+        else:
+            out.add(tp[0])
+    return out, other

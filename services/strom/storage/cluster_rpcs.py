@@ -38,9 +38,18 @@ class ClusterRpcs(StorageCore):
             nodes = {i: v.value for i, v in view.nodes.items()}
             controller = view.controller.value if view.controller else None
             topics = {} if request.skip_topics else {n: v.value for n, v in view.topics.items()}
-            states = (
-                {} if request.skip_topics else {tp: v.value for tp, v in view.partitions.items()}
-            )
+            # Named topics: their partitions only (a client asking for one topic must not pay
+            # for a scan of every partition in the cluster); none named: all of them.
+            by_topic: dict[str, list[tuple[int, metadata_pb2.PartitionState]]] = {}
+            if request.skip_topics:
+                pass
+            elif request.topics:
+                for name in set(request.topics):
+                    of_topic = view.topic_partitions_locked(name)
+                    by_topic[name] = [(p, v.value) for p, v in of_topic.items()]
+            else:
+                for (t, p), v in view.partitions.items():
+                    by_topic.setdefault(t, []).append((p, v.value))
         resp = pb.MetadataResponse(cluster_id=cluster.cluster_id if cluster else "")
         resp.nodes.extend(_node(nodes[i]) for i in sorted(nodes))
         if controller is not None:
@@ -53,9 +62,6 @@ class ClusterRpcs(StorageCore):
             resp.controller.node_id = -1
         if request.skip_topics:
             return resp
-        by_topic: dict[str, list[tuple[int, metadata_pb2.PartitionState]]] = {}
-        for (t, p), s in states.items():
-            by_topic.setdefault(t, []).append((p, s))
         names = sorted(set(request.topics)) if request.topics else sorted(topics)
         for name in names:
             meta = topics.get(name)

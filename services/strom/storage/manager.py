@@ -1,8 +1,15 @@
 """The partition manager: turns the cluster view into open logs and partition states.
 
 The ClusterView calls :meth:`PartitionManager.on_view_events` on its watch thread; the
-manager hops to the event loop (``call_soon_threadsafe``) and runs one reconcile at a time
-over the view's *full* state, however many events arrived meanwhile (coalesced). A reconcile
+manager hops to the event loop (``call_soon_threadsafe``) and runs one reconcile at a time,
+however many events arrived meanwhile (coalesced). When the events only changed topics and
+partition states, the reconcile looks at those topics only (up to :data:`MAX_NARROW_TOPICS`);
+any other event (the cluster key, nodes, a watch resync), the first pass and a failed pass
+look at everything. A replica's plan depends only on its own partition state, its topic and
+its local log, so a narrow pass plans exactly what a full one would for what changed. Why:
+at 10,000 partitions a full pass spent ~35 ms of the node's event loop building and
+comparing every assignment, for each created topic or leader change (O(N^2) to create N
+single-partition topics one at a time). A reconcile
 deletes replicas that are no longer assigned (deleting a directory runs in a worker thread),
 creates new ones, and applies leadership and config changes to the rest. Partitions are
 installed and updated only on the loop, so request handlers read them without locks.
@@ -24,7 +31,7 @@ from typing import Any
 from strom.api import metadata_pb2 as md
 from strom.log import Log, LogConfig, LogManager
 from strom.log.checkpoint import fsync_dir, write_atomic
-from strom.metadata import ClusterView, WatchEvent
+from strom.metadata import ClusterView, WatchEvent, changed_topics
 from strom.storage import metrics
 from strom.storage.assignment import (
     Assignment,
@@ -40,6 +47,8 @@ from strom.storage.partition import Partition
 log = logging.getLogger("strom.storage.manager")
 
 PARTITION_METADATA = "partition.metadata"
+#: A wake-up for more changed topics than this looks at everything.
+MAX_NARROW_TOPICS = 32
 
 
 def read_topic_id(directory: Path) -> str | None:
@@ -80,6 +89,8 @@ class PartitionManager:
         self.partitions: dict[TopicPartition, Partition] = {}
         self.metrics: dict[TopicPartition, metrics.PartitionMetrics] = {}
         self._assignments: dict[TopicPartition, Assignment] = {}
+        #: The partitions of ``_assignments`` by topic (what a narrow reconcile compares).
+        self._installed_by_topic: dict[str, set[int]] = {}
         self._topic_ids: dict[TopicPartition, str | None] = {}
         #: Logs whose partition.metadata was written without fsync (they were empty): made
         #: durable by the next checkpoint, as Kafka flushes it with the log.
@@ -88,11 +99,15 @@ class PartitionManager:
         self.committed = WaiterRegistry()
         self.appended = WaiterRegistry()
         self._dirty = False
+        #: What the next reconcile looks at: these topics, or everything (None). Loop only.
+        self._pending_topics: set[str] | None = None
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = False
         self.reconciles = 0
+        #: Passes by scope ("all", "topics"), plans or not: what the narrowing saves.
+        self.passes = {"all": 0, "topics": 0}
         #: Extra hook run (on the loop) after each reconcile; the node refreshes gauges.
         self.after_reconcile: Callable[[], None] | None = None
 
@@ -123,12 +138,26 @@ class PartitionManager:
     # -- triggering ------------------------------------------------------------------------
 
     def on_view_events(self, events: list[WatchEvent]) -> None:
-        """ClusterView listener (watch thread): schedule a reconcile on the loop."""
+        """ClusterView listener (watch thread): schedule a reconcile on the loop, over the
+        topics the events changed when that is all they changed."""
         if not self._stopped and self.loop is not None:
-            self.loop.call_soon_threadsafe(self.request_reconcile)
+            self.loop.call_soon_threadsafe(self.request_reconcile, self._topics_of(events))
 
-    def request_reconcile(self) -> None:
-        """Mark the state dirty; start the reconcile task unless one is running (loop only)."""
+    def _topics_of(self, events: list[WatchEvent]) -> set[str] | None:
+        """The topics ``events`` changed; None (everything) when any event is of another
+        kind (the cluster key, nodes, a resync's full listing)."""
+        topics, other = changed_topics(self.view.keys, events)
+        return None if other else topics
+
+    def request_reconcile(self, topics: set[str] | None = None) -> None:
+        """Mark ``topics`` (None: everything) dirty; start the reconcile task unless one is
+        running (loop only)."""
+        if topics is None or self._pending_topics is None:
+            self._pending_topics = None
+        else:
+            self._pending_topics |= topics
+            if len(self._pending_topics) > MAX_NARROW_TOPICS:
+                self._pending_topics = None
         if self._stopped or self.logs is None:
             self._dirty = True
             return
@@ -149,10 +178,12 @@ class PartitionManager:
         try:
             while self._dirty and not self._stopped:
                 self._dirty = False
+                topics, self._pending_topics = self._pending_topics, set()
                 try:
-                    await self._reconcile_once()
+                    await self._reconcile_once(topics)
                 except Exception:
                     log.exception("reconcile failed; retrying on the next change or in 1s")
+                    self._pending_topics = None  # what the failed pass left undone is unknown
                     self._ev().call_later(1.0, self.request_reconcile)
                     break
         finally:
@@ -161,24 +192,52 @@ class PartitionManager:
     # -- reconciling -----------------------------------------------------------------------
 
     def _snapshot(
-        self,
+        self, only: set[str] | None = None
     ) -> tuple[dict[str, md.TopicMetadata], dict[TopicPartition, md.PartitionState], bool]:
+        """The view's topics and partition states (of the ``only`` topics, when given)."""
         with self.view.lock:
-            topics = {name: v.value for name, v in self.view.topics.items()}
-            parts = {tp: v.value for tp, v in self.view.partitions.items()}
+            if only is None:
+                topics = {name: v.value for name, v in self.view.topics.items()}
+                parts = {tp: v.value for tp, v in self.view.partitions.items()}
+            else:
+                topics = {n: v.value for n in only if (v := self.view.topics.get(n)) is not None}
+                parts = {
+                    (n, p): v.value
+                    for n in only
+                    for p, v in self.view.topic_partitions_locked(n).items()
+                }
             initialised = self.view.cluster is not None
         return topics, parts, initialised
 
-    async def _reconcile_once(self) -> None:
+    async def _reconcile_once(self, only: set[str] | None = None) -> None:
+        """One pass over everything, or over the ``only`` topics (see the module docstring)."""
         assert self.logs is not None
         logs = self.logs
-        topics, parts, initialised = self._snapshot()
+        scope = "all" if only is None else "topics"
+        self.passes[scope] += 1
+        metrics.RECONCILE_PASSES.labels(scope).inc()
+        topics, parts, initialised = self._snapshot(only)
         desired = desired_assignments(self.node_id, topics, parts)
-        local = {tp: self._topic_ids.get(tp) for tp, _ in logs}
+        installed: Mapping[TopicPartition, Assignment] = self._assignments
+        if only is None:
+            local = {tp: self._topic_ids.get(tp) for tp, _ in logs}
+        else:
+            # The topics' installed and desired replicas (a stray log of theirs that is
+            # neither waits for the next full pass, as strays of other topics do).
+            installed = {
+                (n, p): self._assignments[(n, p)]
+                for n in only
+                for p in self._installed_by_topic.get(n, ())
+            }
+            local = {
+                tp: self._topic_ids.get(tp)
+                for tp in {*installed, *desired}
+                if logs.get(*tp) is not None
+            }
         # Strays (logs on disk this process never hosted) are only deleted once the view is
         # known to describe an initialised cluster: a node pointed at the wrong --cluster or
         # at an empty etcd must not wipe its disk.
-        plan = plan_changes(desired, self._assignments, local, delete_strays=initialised)
+        plan = plan_changes(desired, installed, local, delete_strays=initialised)
         if not plan:
             return
         self.reconciles += 1
@@ -258,6 +317,7 @@ class PartitionManager:
         )
         self.partitions[a.tp] = part
         self._assignments[a.tp] = a
+        self._installed_by_topic.setdefault(a.topic, set()).add(a.partition)
         self.refresh_gauges(part)
         log.info(
             "hosting %s-%d (%s, leader epoch %d, log end offset %d)",
@@ -293,7 +353,12 @@ class PartitionManager:
 
     def _uninstall(self, tp: TopicPartition) -> Partition | None:
         part = self.partitions.pop(tp, None)
-        self._assignments.pop(tp, None)
+        if self._assignments.pop(tp, None) is not None:
+            of_topic = self._installed_by_topic.get(tp[0])
+            if of_topic is not None:
+                of_topic.discard(tp[1])
+                if not of_topic:
+                    del self._installed_by_topic[tp[0]]
         if part is not None:
             part.close()
         m = self.metrics.pop(tp, None)
@@ -324,8 +389,11 @@ class PartitionManager:
         m.log_size.set(lg.size_bytes)
 
     def role_counts(self) -> tuple[int, int]:
-        leaders = sum(1 for p in self.partitions.values() if p.is_leader)
-        return leaders, len(self.partitions) - leaders
+        """(leaders, followers) among the hosted replicas; safe from any thread (the
+        metrics scrape calls it)."""
+        parts = list(self.partitions.values())
+        leaders = sum(1 for p in parts if p.is_leader)
+        return leaders, len(parts) - leaders
 
     def get(self, topic: str, partition: int) -> Partition | None:
         return self.partitions.get((topic, partition))

@@ -125,10 +125,11 @@ class StorageNode:
             rack=config.rack,
             session_timeout_s=config.session_timeout_s,
         )
-        self.view.add_listener(lambda _events: metrics.refresh_cluster_gauges(self.view))
+        self.view.add_listener(metrics.OfflinePartitions(self.view).on_events)
         metrics.watch_data_dir(config.data_dir)
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
+        metrics.count_partitions_with(self.manager.role_counts)
         self.servicer = StorageServicer(config.node_id, self.manager, self.view)
         self.controller = ControllerClient(self.view)
         incarnation = lambda: self.registration.incarnation_id or ""  # noqa: E731
@@ -541,7 +542,5 @@ class StorageNode:
                 return
 
     def _after_reconcile(self) -> None:
-        leaders, followers = self.manager.role_counts()
-        metrics.set_partition_counts(leaders, followers)
         if self._tasks:  # running: (re)start replica fetchers for the new roles
             self.fetchers.refresh()

@@ -468,7 +468,7 @@ class IsrManager:
         changed = part.apply_state(state)
         if changed:
             log.info("%s-%d: leadership changed by an AlterPartition answer", *part.tp)
-            self.manager.request_reconcile()
+            self.manager.request_reconcile({part.topic})
         if part.partition_epoch != epoch:
             log.info(
                 "%s-%d: ISR now %s (partition epoch %d)",
