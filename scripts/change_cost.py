@@ -56,9 +56,14 @@ def main() -> None:
 
     big = f"{args.prefix}-big"
     with Admin(info["bootstrap"]) as admin:
+        cpu0, t0 = _cpu_s(node["pid"]), time.perf_counter()
         admin.create_topic(big, partitions=args.partitions, replication_factor=1)
         while leading() < args.partitions:
             time.sleep(0.5)
+        print(
+            f"the {args.partitions}-partition topic: led after {time.perf_counter() - t0:.1f} s, "
+            f"node CPU {_cpu_s(node['pid']) - cpu0:.1f} s (the waiting scrapes included)"
+        )
         while True:  # idle: under 2 % of a core for a second
             before = _cpu_s(node["pid"])
             time.sleep(1)
