@@ -136,12 +136,14 @@ def bench_e2e(
     cpu_hogs: int = 0,
     grace_s: float = 30.0,
     trace: bool = False,
+    warmup_records: int = 1000,
     **producer_options: Any,
 ) -> E2EResult:
     """Send ``records`` at ``rate``; receive them with an assigned consumer, or as a member of
     ``group`` committing after every poll (``commit`` = async, sync or none). Returns when
     every acknowledged record arrived, or when nothing arrived for ``grace_s`` after the last
-    send was answered. ``trace``: also time each leg of every record's way (the budget)."""
+    send was answered. ``trace``: also time each leg of every record's way (the budget).
+    ``warmup_records`` go first, outside the measurement (see :func:`_warm_up`)."""
     from strom.client.consumer import Consumer
     from strom.client.producer import Producer
 
@@ -180,8 +182,8 @@ def bench_e2e(
         consumer_options.update(group_id=group, enable_auto_commit=False)
     with (
         cpu_hog(cpu_hogs),
-        _tracing(tracer),
         Consumer(bootstrap, auto_offset_reset="latest", **consumer_options) as c,
+        Producer(bootstrap, **producer_options) as p,
     ):
         if group is None:
             c.assign(tps)
@@ -194,11 +196,12 @@ def bench_e2e(
                 c.poll(timeout_ms=100)
             for tp in c.assignment():
                 c.position(tp)
-        done = threading.Event()
+        _warm_up(p, c, topic, nonce ^ 0xFFFFFFFF, pad, warmup_records)
+        with _tracing(tracer):
+            done = threading.Event()
 
-        def produce() -> None:
-            try:
-                with Producer(bootstrap, **producer_options) as p:
+            def produce() -> None:
+                try:
                     start = time.perf_counter()
                     for i in range(records):
                         value = STAMP.pack(nonce, i, time.perf_counter_ns()) + pad
@@ -206,49 +209,49 @@ def bench_e2e(
                         if i % 10 == 0:
                             _pace(rate, start, i)
                     p.flush()
-            finally:
-                done.set()
+                finally:
+                    done.set()
 
-        t = threading.Thread(target=produce, name="e2e-producer", daemon=True)
-        meter = cpu.start()
-        start = time.perf_counter()
-        t.start()
-        got = 0
-        last_progress = time.monotonic()
-        while True:
-            batch = c.poll(timeout_ms=200)
-            now = time.perf_counter_ns()
-            for rec in batch:
-                run, i, ns = STAMP.unpack_from(rec.value)
-                if run != nonce or not 0 <= i < records:
-                    foreign[0] += 1
-                    continue
-                seen[i] += 1
-                latencies.append((now - ns) / 1e9)
-                if tracer is not None:
-                    tracer.polled(rec.topic, rec.partition, rec.offset, i, ns, now)
-            if batch:
-                got += len(batch)
-                last_progress = time.monotonic()
-                bar.update(got)
-                if group is not None and commit == "async":
-                    c.commit_async(callback=committed)
-                elif group is not None and commit == "sync":
-                    try:
-                        c.commit()
-                        commits[0] += 1
-                    except Exception as exc:
-                        commit_errors.append(exc)
-            if done.is_set():
-                with lock:
-                    expected = acked[0]
-                if int(np.count_nonzero(seen)) >= expected:
-                    break
-                if time.monotonic() - last_progress > grace_s:
-                    break
-        seconds = time.perf_counter() - start
-        t.join()
-        usage = meter.stop()
+            t = threading.Thread(target=produce, name="e2e-producer", daemon=True)
+            meter = cpu.start()
+            start = time.perf_counter()
+            t.start()
+            got = 0
+            last_progress = time.monotonic()
+            while True:
+                batch = c.poll(timeout_ms=200)
+                now = time.perf_counter_ns()
+                for rec in batch:
+                    run, i, ns = STAMP.unpack_from(rec.value)
+                    if run != nonce or not 0 <= i < records:
+                        foreign[0] += 1
+                        continue
+                    seen[i] += 1
+                    latencies.append((now - ns) / 1e9)
+                    if tracer is not None:
+                        tracer.polled(rec.topic, rec.partition, rec.offset, i, ns, now)
+                if batch:
+                    got += len(batch)
+                    last_progress = time.monotonic()
+                    bar.update(got)
+                    if group is not None and commit == "async":
+                        c.commit_async(callback=committed)
+                    elif group is not None and commit == "sync":
+                        try:
+                            c.commit()
+                            commits[0] += 1
+                        except Exception as exc:
+                            commit_errors.append(exc)
+                if done.is_set():
+                    with lock:
+                        expected = acked[0]
+                    if int(np.count_nonzero(seen)) >= expected:
+                        break
+                    if time.monotonic() - last_progress > grace_s:
+                        break
+            seconds = time.perf_counter() - start
+            t.join()
+            usage = meter.stop()
     bar.finish()
     unique = int(np.count_nonzero(seen))
     lat = np.asarray(latencies)
@@ -271,6 +274,25 @@ def bench_e2e(
         extra={"foreign": foreign[0]} if foreign[0] else {},
         budget=tracer.budget() if tracer is not None else {},
     )
+
+
+def _warm_up(p: Any, c: Any, topic: str, nonce: int, pad: bytes, n: int) -> None:
+    """Send ``n`` records and read them back before the clock starts: a new producer's
+    connection and producer id, the consumer's first fetches and, on a new replicated topic,
+    the followers' first fetches (an acks=all produce waits for them) are one-time costs of
+    the first second, not the steady state the run measures. A warm-up that fails raises."""
+    if n <= 0:
+        return
+    futures = [p.send(topic, STAMP.pack(nonce, i, time.perf_counter_ns()) + pad) for i in range(n)]
+    p.flush(60)
+    for f in futures:
+        f.result(60)
+    got = 0
+    deadline = time.monotonic() + 60
+    while got < n and time.monotonic() < deadline:
+        got += sum(1 for r in c.poll(timeout_ms=100) if STAMP.unpack_from(r.value)[0] == nonce)
+    if got < n:
+        raise RuntimeError(f"the warm-up read {got} of its {n} records back within 60 s")
 
 
 @contextlib.contextmanager

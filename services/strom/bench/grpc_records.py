@@ -389,6 +389,7 @@ def bench_grpc_records(
         rate=rate,
         acks="all",
         linger_ms=0,
+        warmup_records=0,  # as the gRPC callers: their first records count too
     )
     py_e2e.name = "end-to-end client (Py)"
     results.append(py_e2e)

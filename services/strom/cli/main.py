@@ -68,6 +68,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from strom.cli.acls import add_acls_parser
     from strom.cli.admin import add_cluster_parser, add_topics_parser
@@ -376,6 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help="seconds to run at --rate (sets --records to rate x duration): a soak",
             )
             cb.add_argument(
+                "--warmup-records",
+                type=_non_negative,
+                default=1000,
+                help="records sent and read back before the clock starts (connections, "
+                "producer id, a new topic's followers starting to fetch): default %(default)s",
+            )
+            cb.add_argument(
                 "--trace",
                 action="store_true",
                 help="also time each leg of every record's way (send, Produce, Fetch, poll): "
@@ -512,6 +529,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             commit=args.commit,
             cpu_hogs=args.cpu_hog,
             trace=args.trace,
+            warmup_records=args.warmup_records,
             **options,
         )
     ctx = {
@@ -524,7 +542,9 @@ def _bench_clients(args: argparse.Namespace) -> int:
         **{k: v for k, v in options.items() if args.bench_mode != "consume"},
     }
     if args.bench_mode == "e2e":
-        ctx.update(group=args.group or "-", cpu_hog=args.cpu_hog)
+        ctx.update(
+            group=args.group or "-", cpu_hog=args.cpu_hog, warmup_records=args.warmup_records
+        )
     if args.bench_mode == "consume":
         ctx.update(poll_records=args.poll_records, group=args.group or "-", commit=args.commit)
     ctx["server_cpu"] = cpu.server_source()
