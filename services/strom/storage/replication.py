@@ -39,6 +39,7 @@ from strom.service.runtime import GRPC_OPTIONS
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
+from strom.storage.writer import INLINE_MAX_BYTES
 
 log = logging.getLogger("strom.storage.replication")
 
@@ -297,7 +298,10 @@ class ReplicaFetchers:
         if pr.records:
             if part.log.log_end_offset != fetch_offset:
                 return  # our log changed meanwhile; fetch again from the new end
-            info = await self._locked(part, part.log.append_as_follower, pr.records)
+            # A small append runs inline, as the leader's do (strom.storage.writer): two thread
+            # hops cost more than writing a few KiB, and every acks=all produce waits for it.
+            inline = len(pr.records) <= INLINE_MAX_BYTES
+            info = await self._locked(part, part.log.append_as_follower, pr.records, inline=inline)
             if part.is_leader or part.leader_epoch != epoch:
                 return
             if info is not None:
@@ -312,12 +316,17 @@ class ReplicaFetchers:
         if m is not None:
             m.replica_lag.set(max(pr.high_watermark - part.log.log_end_offset, 0))
 
-    async def _locked(self, part: Partition, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a log change in a thread under the partition's flush lock. A cancelled fetcher
-        (role change, shutdown) still waits for the thread, so the lock covers all of it."""
+    async def _locked(
+        self, part: Partition, fn: Callable[..., Any], *args: Any, inline: bool = False
+    ) -> Any:
+        """Run a log change in a thread (``inline``: on the loop) under the partition's flush
+        lock. A cancelled fetcher (role change, shutdown) still waits for the thread, so the
+        lock covers all of it."""
         async with part.flush_lock:
             if part.deleted:
                 return None
+            if inline:
+                return fn(*args)
             fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
             try:
                 return await asyncio.shield(fut)
