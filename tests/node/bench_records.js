@@ -2,7 +2,8 @@
 //
 // 1. ProduceRecords: --records keyed records of --record-size bytes in calls of --batch, with
 //    --in-flight calls outstanding (records/s);
-// 2. Subscribe: reads those records back from the earliest offset (records/s);
+// 2. Subscribe: reads those records back from the earliest offset (records/s), up to
+//    --max-records-per-message records per stream message;
 // 3. with --latency-topic: end-to-end latency, one record per ProduceRecords call at --rate
 //    records/s for --latency-records records, received on a Subscribe stream opened first
 //    (latest); latency = receive time - send time, in ms.
@@ -104,7 +105,11 @@ function subscribe(want) {
     let got = 0;
     let bytes = 0;
     let t0 = null;
-    const call = client.Subscribe({ topics: [a.topic], start: 'START_POSITION_EARLIEST' });
+    const req = { topics: [a.topic], start: 'START_POSITION_EARLIEST' };
+    if (a['max-records-per-message']) {
+      req.max_records_per_message = Number(a['max-records-per-message']);
+    }
+    const call = client.Subscribe(req);
     call.on('data', (msg) => {
       if (msg.event !== 'records') return;
       if (t0 === null) t0 = process.hrtime.bigint();

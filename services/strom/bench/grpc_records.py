@@ -5,7 +5,9 @@ bytes, ``--keys`` distinct keys), each on its own topic so every read phase read
 what its write phase wrote:
 
 * **batch API**: the Python ``Producer.send_batch`` in chunks of ``--batch`` records (it
-  builds the record batches itself), then the Python ``Consumer.poll_arrow``;
+  builds the record batches itself), then the Python ``Consumer.poll_arrow`` of up to
+  ``--records-per-message`` records per poll (10,000), the size the Subscribe streams'
+  messages get too, so both deliver records in pieces of the same size;
 * **ProduceRecords** with ``--batch`` records per call and ``--in-flight`` calls outstanding,
   then **Subscribe**, from Python (generated stubs) and from Node.js (@grpc/grpc-js, the
   tests/node client) when ``node`` and ``tests/node/node_modules`` are there; the Node.js
@@ -154,13 +156,19 @@ def bench_produce_records(
     )
 
 
-def bench_subscribe(address: str, topic: str, *, records: int) -> Result:
-    """Subscribe from the earliest offset with the Python stubs until ``records`` arrived."""
+def bench_subscribe(address: str, topic: str, *, records: int, per_message: int = 1000) -> Result:
+    """Subscribe from the earliest offset with the Python stubs until ``records`` arrived,
+    up to ``per_message`` records per stream message."""
     got = nbytes = messages = 0
     meter = cpu.start()  # from the call: the node's work starts before the first message
     with grpc.insecure_channel(address, options=_OPTIONS) as ch:
         stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
-            rp.SubscribeRequest(topics=[topic], start=rp.START_POSITION_EARLIEST), timeout=600
+            rp.SubscribeRequest(
+                topics=[topic],
+                start=rp.START_POSITION_EARLIEST,
+                max_records_per_message=per_message,
+            ),
+            timeout=600,
         )
         start = None
         try:
@@ -267,6 +275,7 @@ def bench_node(
     latency_records: int,
     rate: float,
     route: str = "any",
+    per_message: int = 1000,
 ) -> list[Result]:
     """Run tests/node/bench_records.js and turn its JSON line into Results. ``route``:
     ``any`` (calls to ``address``; the nodes forward what they do not lead) or ``leaders``
@@ -289,6 +298,8 @@ def bench_node(
         str(in_flight),
         "--route",
         route,
+        "--max-records-per-message",
+        str(per_message),
     ]
     if topic:
         argv += ["--topic", topic]
@@ -339,6 +350,7 @@ def bench_grpc_records(
     latency_records: int = 2000,
     node: bool | None = None,
     node_route: str = "both",
+    per_message: int = 10_000,
     progress: bool | None = None,
 ) -> tuple[list[Result], dict[str, Any]]:
     """Every phase (see the module docstring); returns the results and the ratios."""
@@ -363,9 +375,15 @@ def bench_grpc_records(
             address, names["grpc-py"], in_flight=in_flight, progress=progress, **shape
         )
     )
-    results.append(bench_consume(bootstrap, names["batch"], records=records + 1, api="arrow")[0])
+    results.append(
+        bench_consume(
+            bootstrap, names["batch"], records=records + 1, api="arrow", poll_records=per_message
+        )[0]
+    )
     results[-1].name = "batch API consume (Py)"
-    results.append(bench_subscribe(address, names["grpc-py"], records=records + 1))
+    results.append(
+        bench_subscribe(address, names["grpc-py"], records=records + 1, per_message=per_message)
+    )
     node_results: list[Result] = []
     if use_node:
         for route in routes:
@@ -378,6 +396,7 @@ def bench_grpc_records(
                 latency_records=latency_records,
                 rate=rate,
                 route=route,
+                per_message=per_message,
                 **shape,
             )
         results += [r for r in node_results if not r.name.startswith("end-to-end")]

@@ -191,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--replication-factor", type=_positive, default=1)
     gr.add_argument("--rate", type=float, default=200.0, help="records/s of the latency phase")
     gr.add_argument("--latency-records", type=_positive, default=2000)
+    gr.add_argument(
+        "--records-per-message",
+        type=_positive,
+        default=10_000,
+        help="records per Subscribe message and per batch-API poll (the same for both)",
+    )
     gr.add_argument("--no-node", action="store_true", help="skip the Node.js caller")
     gr.add_argument(
         "--node-route",
@@ -578,6 +584,7 @@ def _bench_grpc_records(args: argparse.Namespace) -> int:
         latency_records=args.latency_records,
         node=False if args.no_node else None,
         node_route=args.node_route,
+        per_message=args.records_per_message,
         progress=True if args.progress else None,
     )
     ctx = {
@@ -588,6 +595,7 @@ def _bench_grpc_records(args: argparse.Namespace) -> int:
         "batch": args.batch,
         "in_flight": args.in_flight,
         "node_route": args.node_route,
+        "records_per_message": args.records_per_message,
         "partitions": args.partitions,
         "replication_factor": args.replication_factor,
         "latency_rate": args.rate,
