@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from strom.controller.reconcile import MAX_NARROW_TOPICS, Reconciler
-from strom.metadata import Keys, WatchEvent, changed_topics
+from strom.metadata import RESYNC, Keys, WatchEvent, changed_topics
 
 
 def _reconciler() -> Reconciler:
@@ -25,8 +25,8 @@ def test_changed_topics_come_from_topic_and_partition_keys() -> None:
         WatchEvent(keys.partition("gone", 0), None, 7),  # a deleted state: its topic is read
         WatchEvent(keys.node(1), b"{}", 8),  # not a topic (nodes widen the pass elsewhere)
     ]
-    assert changed_topics(keys, events) == ({"orders", "clicks", "gone"}, True)
-    assert changed_topics(keys, events[:3]) == ({"orders", "clicks", "gone"}, False)
+    assert changed_topics(keys, events) == {"orders", "clicks", "gone"}
+    assert changed_topics(keys, [RESYNC, *events]) is None  # a resync: everything
 
 
 def test_wake_ups_accumulate_topics_until_one_asks_for_everything() -> None:

@@ -390,3 +390,33 @@ def test_narrow_passes_host_exactly_what_full_passes_would(tmp_path: Path) -> No
         assert h.manager.passes["topics"] >= 60 and h.manager.passes["all"] == 1
 
     with_harness(tmp_path, body)
+
+
+def test_a_resync_makes_a_full_pass_and_keys_a_reconcile_does_not_read_make_none(
+    tmp_path: Path,
+) -> None:
+    """A watch resync lists what exists, not what was deleted meanwhile: it makes a full pass
+    (here the listing is empty, so every replica goes). A node key makes no pass at all."""
+
+    async def body(h: Harness) -> None:
+        h.put(h.keys.cluster, md.ClusterInfo(cluster_id="unit"))
+        h.topic("a", {0: leader_state()})
+        await h.settle()
+        assert set(h.manager.partitions) == {("a", 0)}
+        passes = dict(h.manager.passes)
+
+        h.put(h.keys.node(7), md.NodeRegistration(node_id=7, host="h", port=1))
+        await h.settle()
+        assert h.manager.passes == passes
+
+        store = h.view.store
+        store.get_prefix_raw = lambda _root: (h.rev + 1, [])  # type: ignore[attr-defined]
+        store.retry = lambda fn, deadline_s: fn()  # type: ignore[attr-defined]
+        t = threading.Thread(target=h.view._resync)  # on a thread, as the watch does it
+        t.start()
+        t.join()
+        await h.settle()
+        assert h.manager.passes["all"] == passes["all"] + 1
+        assert not h.manager.partitions  # "a" was deleted while the watch was away
+
+    with_harness(tmp_path, body)

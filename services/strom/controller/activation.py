@@ -344,7 +344,7 @@ class ActiveRole(Reconciler):
                 now = time.monotonic()
                 # Nodes changed: every partition may be concerned; else only the topics whose
                 # metadata or partition states changed (see strom.controller.reconcile).
-                topics = None if nodes_changed else changed_topics(keys, events)[0]
+                topics = None if nodes_changed else changed_topics(keys, events)
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(
                         self._reconcile_wanted_now, now if node_gone else None, topics

@@ -12,9 +12,10 @@ from strom.metadata.store import (
     encode,
     parse_endpoints,
 )
-from strom.metadata.view import ClusterView, changed_topics
+from strom.metadata.view import RESYNC, ClusterView, changed_topics
 
 __all__ = [
+    "RESYNC",
     "ClusterView",
     "Election",
     "KeepAlive",

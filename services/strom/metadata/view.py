@@ -85,7 +85,7 @@ class ClusterView:
             self.revision = rev
             self._changed.notify_all()
         for fn in list(self._listeners):
-            fn(items)
+            fn([RESYNC, *items])
 
     def _on_events(self, events: list[WatchEvent], revision: int) -> None:
         with self.lock:
@@ -192,19 +192,24 @@ class ClusterView:
             return self.controller.value if self.controller else None
 
 
-def changed_topics(keys: Keys, events: Iterable[WatchEvent]) -> tuple[set[str], bool]:
+#: The first event a resync hands its listeners, before the listing of every key: a listing
+#: shows what exists, not what was deleted meanwhile, so what was derived from the view must be
+#: rebuilt from all of it (``changed_topics`` answers None).
+RESYNC = WatchEvent("", None, 0)
+
+
+def changed_topics(keys: Keys, events: Iterable[WatchEvent]) -> set[str] | None:
     """The topics whose metadata or partition states ``events`` changed (deletes included),
-    and whether any event was of another kind (nodes, the cluster key, a resync's listing):
-    what a listener needs to redo only the work of the topics that changed."""
+    or None after a resync (anything may have changed): what a listener needs to redo only the
+    work of the topics that changed. Other keys (nodes, the cluster, ACLs ...) are left out."""
     out: set[str] = set()
-    other = False
     for ev in events:
+        if ev is RESYNC:
+            return None
         if ev.key.startswith(keys.topics_prefix):
             out.add(ev.key[len(keys.topics_prefix) :])
             continue
         tp = keys.parse_partition(ev.key) if ev.key.startswith(keys.partitions_prefix) else None
-        if tp is None:
-            other = True
-        else:
+        if tp is not None:
             out.add(tp[0])
-    return out, other
+    return out

@@ -2,16 +2,17 @@
 
 The ClusterView calls :meth:`PartitionManager.on_view_events` on its watch thread; the
 manager hops to the event loop (``call_soon_threadsafe``) and runs one reconcile at a time,
-however many events arrived meanwhile (coalesced). When the events only changed topics and
-partition states, the reconcile looks at those topics only (up to :data:`MAX_NARROW_TOPICS`);
-any other event (the cluster key, nodes, a watch resync), the first pass and a failed pass
-look at everything. A replica's plan depends only on its own partition state, its topic and
-its local log, so a narrow pass plans exactly what a full one would for what changed. Why:
-at 10,000 partitions a full pass spent ~35 ms of the node's event loop building and
-comparing every assignment, for each created topic or leader change (O(N^2) to create N
-single-partition topics one at a time). A reconcile
-deletes replicas that are no longer assigned (deleting a directory runs in a worker thread),
-creates new ones, and applies leadership and config changes to the rest. Partitions are
+however many events arrived meanwhile (coalesced). A change of topics and partition states
+makes a pass over those topics only (up to :data:`MAX_NARROW_TOPICS`); the first pass, a watch
+resync, a change of the cluster key and a failed pass look at everything; other keys (nodes,
+ACLs, coordinators) make none. A replica's plan depends only on its own partition state, its
+topic and its local log, so a narrow pass plans exactly what a full one would for what
+changed (except stray logs on disk, which only full passes delete). Why: at 10,000
+partitions a full pass spent ~35 ms of the node's event loop building and comparing every
+assignment, for each created topic or leader change (O(N^2) to create N single-partition
+topics one at a time). A reconcile deletes replicas that are no longer assigned (deleting a
+directory runs in a worker thread), creates new ones, and applies leadership and config
+changes to the rest. Partitions are
 installed and updated only on the loop, so request handlers read them without locks.
 
 Each log directory carries a ``partition.metadata`` file with the topic id it belongs to (as
@@ -138,16 +139,16 @@ class PartitionManager:
     # -- triggering ------------------------------------------------------------------------
 
     def on_view_events(self, events: list[WatchEvent]) -> None:
-        """ClusterView listener (watch thread): schedule a reconcile on the loop, over the
-        topics the events changed when that is all they changed."""
-        if not self._stopped and self.loop is not None:
-            self.loop.call_soon_threadsafe(self.request_reconcile, self._topics_of(events))
-
-    def _topics_of(self, events: list[WatchEvent]) -> set[str] | None:
-        """The topics ``events`` changed; None (everything) when any event is of another
-        kind (the cluster key, nodes, a resync's full listing)."""
-        topics, other = changed_topics(self.view.keys, events)
-        return None if other else topics
+        """ClusterView listener (watch thread): schedule a reconcile on the loop over the
+        topics the events changed (everything after a resync or a change of the cluster key;
+        nothing for keys a reconcile does not read, such as nodes or ACLs)."""
+        if self._stopped or self.loop is None:
+            return
+        topics = changed_topics(self.view.keys, events)
+        if topics is not None and any(ev.key == self.view.keys.cluster for ev in events):
+            topics = None  # "initialised" may have flipped: strays are deleted by full passes
+        if topics is None or topics:
+            self.loop.call_soon_threadsafe(self.request_reconcile, topics)
 
     def request_reconcile(self, topics: set[str] | None = None) -> None:
         """Mark ``topics`` (None: everything) dirty; start the reconcile task unless one is

@@ -40,7 +40,7 @@ RECORDS_OUT = Counter(
 RECONCILE_PASSES = Counter(
     "strom_storage_reconcile_passes",
     "Passes of the node's partition manager by what they looked at: every partition of the "
-    "view (scope=all: start, the cluster key, nodes, a resync, a failed pass) or only the "
+    "view (scope=all: start, the cluster key, a resync, a failed pass) or only the "
     "topics that changed (scope=topics)",
     ["scope"],
 )
@@ -278,17 +278,17 @@ def client_id_of(context: Any) -> str:
 
 class OfflinePartitions:
     """``strom_storage_offline_partitions`` as this node's cluster view shows it, kept per
-    topic: a view change recounts the topics it touched (every topic after any other kind of
-    change), so a change costs its topics' partitions, not the cluster's (watch thread)."""
+    topic: a view change recounts the topics it touched (every topic after a resync), so a
+    change costs its topics' partitions, not the cluster's (watch thread)."""
 
     def __init__(self, view: ClusterView) -> None:
         self.view = view
         self._by_topic: dict[str, int] = {}
 
     def on_events(self, events: list[WatchEvent]) -> None:
-        topics, other = changed_topics(self.view.keys, events)
+        topics = changed_topics(self.view.keys, events)
         with self.view.lock:
-            if other:
+            if topics is None:  # a resync: recount everything
                 self._by_topic = {}
                 topics = set(self.view.topics)
             for name in topics:

@@ -72,9 +72,9 @@ BACKOFF_S = 0.05
 
 ROUTED_PARTITIONS = Counter(
     "strom_storage_records_routed_partitions",
-    "Partition batches of ProduceRecords calls by where the node sent them: appended here "
-    "(local: this node leads the partition) or forwarded to the leader (a caller that routes "
-    "by leader, docs/grpc-clients.md, keeps this at zero)",
+    "Partition batches of ProduceRecords calls by where the node sent them, retries "
+    "included: appended here (local: this node leads the partition) or forwarded to the "
+    "leader (a caller that routes by leader, docs/grpc-clients.md, keeps this near zero)",
     ["route"],
 )
 

@@ -195,6 +195,7 @@ class ReplicaFetchers:
                     backoff = min(backoff * 2, 2.0)
                     continue
                 backoff = 0.1
+                inline_budget = [INLINE_MAX_BYTES]  # what this answer may append on the loop
                 for tr in resp.topics:
                     for pr in tr.partitions:
                         entry = sent.get((tr.topic, pr.partition))
@@ -202,7 +203,7 @@ class ReplicaFetchers:
                             continue
                         part, fetch_offset, epoch = entry
                         try:
-                            await self._handle(part, fetch_offset, epoch, pr)
+                            await self._handle(part, fetch_offset, epoch, pr, inline_budget)
                         except Exception:
                             log.exception(
                                 "replicating %s-%d from node %d failed",
@@ -250,7 +251,12 @@ class ReplicaFetchers:
         return req, sent
 
     async def _handle(
-        self, part: Partition, fetch_offset: int, epoch: int, pr: pb.FetchPartitionResponse
+        self,
+        part: Partition,
+        fetch_offset: int,
+        epoch: int,
+        pr: pb.FetchPartitionResponse,
+        inline_budget: list[int] | None = None,
     ) -> None:
         if part.deleted or part.is_leader or part.leader_epoch != epoch:
             return  # the state changed while the fetch was in flight
@@ -298,9 +304,19 @@ class ReplicaFetchers:
         if pr.records:
             if part.log.log_end_offset != fetch_offset:
                 return  # our log changed meanwhile; fetch again from the new end
-            # A small append runs inline, as the leader's do (strom.storage.writer): two thread
+            # Small appends run inline, as the leader's do (strom.storage.writer): two thread
             # hops cost more than writing a few KiB, and every acks=all produce waits for it.
-            inline = len(pr.records) <= INLINE_MAX_BYTES
+            # At most INLINE_MAX_BYTES per fetch answer (an answer may carry many partitions),
+            # and not when the batches may start a new leader epoch: recording it fsyncs.
+            size = len(pr.records)
+            inline = (
+                inline_budget is not None
+                and size <= inline_budget[0]
+                and part.log.epochs.latest_epoch >= epoch
+            )
+            if inline:
+                assert inline_budget is not None
+                inline_budget[0] -= size
             info = await self._locked(part, part.log.append_as_follower, pr.records, inline=inline)
             if part.is_leader or part.leader_epoch != epoch:
                 return
@@ -325,8 +341,13 @@ class ReplicaFetchers:
         async with part.flush_lock:
             if part.deleted:
                 return None
-            if inline:
-                return fn(*args)
+            # Inline only if no maintenance thread (retention, compaction) holds the log:
+            # the loop must not wait for one.
+            if inline and part.log.lock.acquire(blocking=False):
+                try:
+                    return fn(*args)
+                finally:
+                    part.log.lock.release()
             fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
             try:
                 return await asyncio.shield(fut)

@@ -161,9 +161,12 @@ class LeaderRouter {
     if (!t || t.error_code !== 'NONE') {
       throw new Error(`Metadata for ${topic}: ${t ? `${t.error_code} ${t.error_message}` : 'missing'}`);
     }
-    // A partition without a live leader goes to any node, which answers or forwards.
+    // Indexed by partition number; a partition without a live leader (or missing from the
+    // answer) goes to any node, which answers or forwards.
     const any = md.nodes.length ? `${md.nodes[0].host}:${md.nodes[0].port}` : null;
-    const leaders = t.partitions.map((p) => nodes.get(p.leader) || any);
+    const count = t.partitions.reduce((n, p) => Math.max(n, p.partition + 1), 0);
+    const leaders = new Array(count).fill(any);
+    for (const p of t.partitions) leaders[p.partition] = nodes.get(p.leader) || any;
     this.routes.set(topic, { leaders, at: Date.now() });
     return leaders;
   }
