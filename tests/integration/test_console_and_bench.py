@@ -104,6 +104,7 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> N
         ("produce", ["--api", "send", "--keys", "10"]),
         ("consume", ["--api", "poll"]),
         ("consume", ["--api", "arrow"]),
+        ("consume", ["--api", "arrow", "--max-partition-fetch-bytes", "4MiB"]),
         ("e2e", ["--rate", "5000"]),
         ("e2e", ["--rate", "5000", "--trace"]),
     ],
@@ -144,6 +145,8 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
     assert result["records_per_s"] > 0 and result["mb_per_s"] > 0
     assert {"p50_ms", "p99_ms", "p99.9_ms"} <= set(result)
     assert report["context"]["mode"] == mode
+    if "--max-partition-fetch-bytes" in extra:
+        assert report["context"]["max_partition_fetch_bytes"] == 4 << 20
     if mode == "e2e":  # every record accounted for
         assert (result["sent"], result["failed"], result["lost"], result["duplicates"]) == (
             3000,

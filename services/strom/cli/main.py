@@ -372,6 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
                 default=10_000,
                 help="most records one poll returns (default: %(default)s)",
             )
+            cb.add_argument(
+                "--max-partition-fetch-bytes",
+                type=_size,
+                default=1 << 20,
+                help="the consumer's most bytes per partition per fetch (default 1MiB, as "
+                "Kafka's; larger pieces cost fewer calls per record, and more memory)",
+            )
         if mode in ("consume", "e2e"):
             cb.add_argument(
                 "--group",
@@ -516,6 +523,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             group=args.group,
             commit=args.commit,
             progress=progress,
+            max_partition_fetch_bytes=args.max_partition_fetch_bytes,
         )
         result = consumed[0]
     else:
@@ -552,7 +560,12 @@ def _bench_clients(args: argparse.Namespace) -> int:
             group=args.group or "-", cpu_hog=args.cpu_hog, warmup_records=args.warmup_records
         )
     if args.bench_mode == "consume":
-        ctx.update(poll_records=args.poll_records, group=args.group or "-", commit=args.commit)
+        ctx.update(
+            poll_records=args.poll_records,
+            group=args.group or "-",
+            commit=args.commit,
+            max_partition_fetch_bytes=args.max_partition_fetch_bytes,
+        )
     ctx["server_cpu"] = cpu.server_source()
     shown = consumed or [result]
     print(report(shown, as_json=args.json, context=ctx))
