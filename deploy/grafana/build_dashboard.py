@@ -476,6 +476,21 @@ PANELS: list[tuple[str, list[P]]] = [
             ),
             P(
                 "timeseries",
+                "ProduceRecords: appended here or forwarded",
+                "Partition batches of RecordService ProduceRecords calls by where the receiving "
+                "node sent them: appended in-process (it leads the partition) or forwarded to "
+                "the leader. Callers that route by leader (docs/grpc-clients.md) keep "
+                "'forwarded' near zero; a forward costs both nodes a gRPC call.",
+                [
+                    (
+                        rate_by("strom_storage_records_routed_partitions_total", "route"),
+                        "{{route}}",
+                    ),
+                ],
+                unit="ops",
+            ),
+            P(
+                "timeseries",
                 "Garbage-collection pauses",
                 "Share of time each role's processes stood still in Python's garbage collector, by "
                 "generation (2 = full); the event loop answers nothing meanwhile.",

@@ -77,6 +77,8 @@ ROUTED_PARTITIONS = Counter(
     "leader (a caller that routes by leader, docs/grpc-clients.md, keeps this near zero)",
     ["route"],
 )
+for _route in ("local", "forwarded"):  # exported from the start (0), so dashboards have a line
+    ROUTED_PARTITIONS.labels(_route)
 
 
 class TransportError(StromError):
