@@ -41,13 +41,11 @@ class ClusterRpcs(StorageCore):
             # Named topics: their partitions only (a client asking for one topic must not pay
             # for a scan of every partition in the cluster); none named: all of them.
             by_topic: dict[str, list[tuple[int, metadata_pb2.PartitionState]]] = {}
-            if request.skip_topics:
-                pass
-            elif request.topics:
+            if request.topics and not request.skip_topics:
                 for name in set(request.topics):
                     of_topic = view.topic_partitions_locked(name)
                     by_topic[name] = [(p, v.value) for p, v in of_topic.items()]
-            else:
+            elif not request.skip_topics:
                 for (t, p), v in view.partitions.items():
                     by_topic.setdefault(t, []).append((p, v.value))
         resp = pb.MetadataResponse(cluster_id=cluster.cluster_id if cluster else "")

@@ -309,14 +309,10 @@ class ReplicaFetchers:
             # At most INLINE_MAX_BYTES per fetch answer (an answer may carry many partitions),
             # and not when the batches may start a new leader epoch: recording it fsyncs.
             size = len(pr.records)
-            inline = (
-                inline_budget is not None
-                and size <= inline_budget[0]
-                and part.log.epochs.latest_epoch >= epoch
-            )
+            budget = inline_budget or [0]  # none given: in a thread
+            inline = size <= budget[0] and part.log.epochs.latest_epoch >= epoch
             if inline:
-                assert inline_budget is not None
-                inline_budget[0] -= size
+                budget[0] -= size
             info = await self._locked(part, part.log.append_as_follower, pr.records, inline=inline)
             if part.is_leader or part.leader_epoch != epoch:
                 return
