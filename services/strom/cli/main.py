@@ -11,7 +11,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 # gRPC's C core logs failed TLS handshakes at INFO to stderr; the command reports the failure
@@ -19,6 +19,7 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from strom import __version__
+from strom.service.flags import int_at_least
 
 #: Service subcommands and the module whose ``main(argv)`` runs them.
 SERVICES = {
@@ -58,23 +59,9 @@ def _size(text: str) -> int:
     return value
 
 
-def _at_least(minimum: int, rule: str) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``minimum``; ``rule`` says so in the error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{rule}: {text!r}")
-        return value
-
-    return parse
-
-
-_positive = _at_least(1, "must be positive")
-_non_negative = _at_least(0, "must be 0 or more")
+#: Whole-number argument types (the services' own, strom.service.flags).
+_positive = int_at_least(1)
+_non_negative = int_at_least(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
