@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -154,3 +155,91 @@ def test_a_commit_cancelled_during_its_write_does_not_swallow_the_next_one(
         with grpc.insecure_channel(coord.address) as channel2:
             stub2 = coordinator_pb2_grpc.CoordinatorServiceStub(channel2)
             assert _committed(stub2, topic) == 30
+
+
+def _group_commit(group: str, topic: str, offset: int) -> coordinator_pb2.OffsetCommitRequest:
+    req = coordinator_pb2.OffsetCommitRequest(group_id=group, member_epoch=-1)
+    req.topics.add(topic=topic).partitions.add(partition=0, committed_offset=offset)
+    return req
+
+
+def _group_fetch(group: str, topic: str) -> coordinator_pb2.OffsetFetchRequest:
+    req = coordinator_pb2.OffsetFetchRequest(group_id=group, member_epoch=-1)
+    req.topics.add(topic=topic, partitions=[0])
+    return req
+
+
+def test_commits_that_arrive_during_an_append_share_the_next_one_and_survive_a_new_owner(
+    tmp_path: Path,
+) -> None:
+    """Group commit: while one append to a shard is in flight, the commits of 49 other groups
+    queue; they go to the log as one append, each is answered only once it is durable (an
+    OffsetFetch made meanwhile waits too), and the next owner of the shard, which knows only
+    the log, reads every one of them back."""
+    with cluster_behind_proxy(tmp_path / "c", controllers=1, coordinators=0) as (cluster, proxy):
+        topic = create_topic(cluster, "group-commit")
+
+        def service(coordinator_id: int) -> CoordinatorService:
+            return CoordinatorService(
+                etcd=cluster.etcd.endpoint,
+                cluster=cluster.cluster_name,
+                coordinator_id=coordinator_id,
+                advertise_host="127.0.0.1",
+                advertise_port=1,  # nobody calls it over the network here
+                offsets_partitions=1,
+                offsets_replication_factor=1,
+                txn_partitions=1,
+            )
+
+        async def loaded(svc: CoordinatorService) -> Any:
+            kind = svc.group_kind
+            await _until(lambda: 0 in kind.shards and kind.shards[0].loaded, 60, "shard loaded")
+            return kind.shards[0]
+
+        async def first_owner() -> None:
+            svc = service(7)
+            await svc.start()
+            try:
+                shard = await loaded(svc)
+                warm = await svc.OffsetCommit(_group_commit("g-warm", topic, 1), None)
+                assert warm.topics[0].partitions[0].error_code == E.NONE, warm
+
+                before = proxy.calls.get(PRODUCE, 0)
+                hold = proxy.hold(PRODUCE, nth=1, after=1_000_000)  # until released below
+                first = asyncio.ensure_future(
+                    svc.OffsetCommit(_group_commit("g-0", topic, 100), None)
+                )
+                await _until(hold.held.is_set, 30, "the first commit's append at the node")
+                rest = [
+                    asyncio.ensure_future(
+                        svc.OffsetCommit(_group_commit(f"g-{i}", topic, 100 + i), None)
+                    )
+                    for i in range(1, 50)
+                ]
+                await _until(lambda: len(shard.writes) == 49, 30, "49 commits queued")
+                read = asyncio.ensure_future(svc.OffsetFetch(_group_fetch("g-7", topic), None))
+                await _until(lambda: shard.write_tail is not None, 5, "a write tail")
+                assert not any(f.done() for f in [first, *rest]), "answered before durable"
+                assert not read.done(), "an OffsetFetch answered before the commits were durable"
+
+                hold.released.set()
+                answers = await asyncio.gather(first, *rest)
+                assert [a.topics[0].partitions[0].error_code for a in answers] == [E.NONE] * 50
+                assert (await read).topics[0].partitions[0].committed_offset == 107
+                assert proxy.calls[PRODUCE] - before == 2, "the 49 queued commits took more appends"
+            finally:
+                await svc.stop()
+
+        async def next_owner() -> None:
+            svc = service(8)
+            await svc.start()
+            try:
+                await loaded(svc)
+                for i in range(50):
+                    resp = await svc.OffsetFetch(_group_fetch(f"g-{i}", topic), None)
+                    assert resp.topics[0].partitions[0].committed_offset == 100 + i, (i, resp)
+            finally:
+                await svc.stop()
+
+        asyncio.run(first_owner())
+        asyncio.run(next_owner())

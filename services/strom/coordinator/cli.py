@@ -91,6 +91,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="most members a group may have (default: no limit)",
     )
     parser.add_argument(
+        "--max-write-batch-records",
+        default=4096,
+        type=flags.int_at_least(1),
+        help="most records one append to a shard's log carries: the commits and group changes "
+        "that queued while the previous append was in flight go out together up to this many "
+        "(1: one operation per append; default: %(default)s)",
+    )
+    parser.add_argument(
         "--lag-metrics-interval-s",
         default=10.0,
         type=float,
@@ -126,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         lag_interval_s=max(args.lag_metrics_interval_s, 0.1),
         txn_partitions=args.transaction_state_partitions,
         txn_max_timeout_ms=args.transaction_max_timeout_ms,
+        max_write_batch_records=args.max_write_batch_records,
     )
     service.txn_id_expiration_ms = args.transactional_id_expiration_ms
     return flags.serve(

@@ -5,12 +5,14 @@ The concern modules (shard_ownership, storage_io, group_rpcs, offset_rpcs, timer
 transaction RPCs of txn_service) are mixins over :class:`CoordinatorCore`, joined into one
 servicer in :mod:`strom.coordinator.service`.
 
-Writes. Every change the engines return (:class:`ConsumerGroup` ``records``) is appended as one
-batch, acks=all, with the owner's producer id, epoch and the next sequence, *before* the RPC is
-answered; operations of one shard are serialised by a lock, so sequences are consecutive. A
-write that cannot be completed (fenced, leader gone for too long) leaves the in-memory state
-possibly ahead of the log, so the shard is reloaded from the log (which also re-fences), and
-the caller gets a retriable error.
+Writes. Every change the engines return (:class:`ConsumerGroup` ``records``) is made durable,
+acks=all, with the owner's producer id, epoch and the next sequence, *before* the RPC is
+answered. Engine steps of one shard are serialised by a lock; their records go through the
+shard's write queue, one append in flight, what queued meanwhile appended together as the next
+batch (:mod:`strom.coordinator.shard_writes`), so sequences are consecutive. A write that
+cannot be completed (fenced, leader gone for too long) leaves the in-memory state possibly
+ahead of the log, so the shard is reloaded from the log (which also re-fences), and the callers
+of it and of every write queued after it get a retriable error.
 """
 
 from __future__ import annotations
@@ -97,11 +99,23 @@ class CoordinatorCore:
     _stopping: bool
     _topics_cache: tuple[int, dict[str, int]]
 
-    # Implemented by the mixins (shard_ownership, storage_io); declared for the others.
+    # Implemented by the mixins (shard_ownership, shard_writes); declared for the others.
     def _unload(self, shard: Shard) -> None:
         raise NotImplementedError
 
+    def _start_load(self, shard: Shard) -> None:
+        raise NotImplementedError
+
+    def _update_gauges(self) -> None:
+        raise NotImplementedError
+
+    def _queue_write(self, shard: Shard, records: list[GroupRecord]) -> asyncio.Future[None]:
+        raise NotImplementedError
+
     async def _write(self, shard: Shard, records: list[GroupRecord]) -> None:
+        raise NotImplementedError
+
+    async def _durable(self, shard: Shard) -> None:
         raise NotImplementedError
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -158,10 +172,15 @@ class CoordinatorCore:
         *,
         create: bool = True,
     ) -> T:
-        """Run an engine call on the group and make its records durable before returning.
+        """Run an engine call on the group and return once its records are durable.
 
-        The engine raises (changing nothing) for protocol errors. If the write fails, the
-        in-memory state may be ahead of the log: the shard is reloaded from the log.
+        The engine step runs under the shard lock; its records join the shard's write queue
+        and the lock is let go, so the commits and changes of many members go to the log
+        together (:mod:`strom.coordinator.shard_writes`). A call that changes nothing still
+        waits for the writes queued before it: it may have read what they changed. The engine
+        raises (changing nothing) for protocol errors. If a write fails, the in-memory state
+        may be ahead of the log: the shard is reloaded from the log and the call fails with a
+        retriable error.
         """
         shard = self._shard_of(group_id)
         async with shard.lock:
@@ -175,13 +194,16 @@ class CoordinatorCore:
                 group = ConsumerGroup(group_id, config=self.group_config, now_ms=wall_ms())
             result = fn(group)
             records = records_of(result)
-            if records:
-                await self._write(shard, records)
+            written = self._queue_write(shard, records) if records else None
             if fresh and records:
                 shard.groups[group_id] = group
             if group.state is GroupState.DEAD:
                 shard.groups.pop(group_id, None)
-            return result
+        if written is None:
+            await self._durable(shard)
+        else:
+            await asyncio.shield(written)
+        return result
 
     def _topics(self) -> dict[str, int]:
         """The cluster's live topics → partition counts (cached per view revision)."""

@@ -66,7 +66,24 @@ MEMBERS = Gauge("strom_coordinator_members", "Members of the groups in the loade
 EXPIRED = Counter(
     "strom_coordinator_members_expired_total", "Members removed by a timer, by reason", ["reason"]
 )
-WRITES = Counter("strom_coordinator_writes_total", "Batches appended to __consumer_offsets")
+WRITES = Counter(
+    "strom_coordinator_writes_total",
+    "Batches appended to the shards' logs (__consumer_offsets, __transaction_state), by shard "
+    "kind and cause: operations (queued commits, group changes, transaction steps, several per "
+    "batch when they queued behind one in flight) or fence (a shard being loaded)",
+    ["kind", "cause"],
+)
+WRITE_OPERATIONS = Counter(
+    "strom_coordinator_write_operations_total",
+    "Operations (commits, group changes, transaction steps) made durable, by shard kind; "
+    'divided by strom_coordinator_writes_total{cause="operations"} it is how many shared '
+    "one append",
+    ["kind"],
+)
+for _kind in ("group", "transaction"):
+    WRITE_OPERATIONS.labels(_kind)
+    for _cause in ("operations", "fence"):
+        WRITES.labels(_kind, _cause)
 SUPERSEDED_COMMITS = Counter(
     "strom_coordinator_superseded_commits_total",
     "Partition offsets an OffsetCommit left alone because a newer commit of the same committer "

@@ -76,6 +76,7 @@ class OffsetRpcs(CoordinatorCore):
     ) -> None:
         try:
             shard = self._shard_of(request.group_id)
+            await self._durable(shard)  # commits still being written are not committed yet
             group = shard.groups.get(request.group_id)
             if group is not None:
                 group.validate_fetch(request.member_id, request.member_epoch)

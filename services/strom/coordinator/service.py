@@ -34,6 +34,7 @@ from strom.coordinator.lookup import find_coordinator
 from strom.coordinator.offset_rpcs import OffsetRpcs
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
 from strom.coordinator.shard_ownership import ShardOwnership
+from strom.coordinator.shard_writes import MAX_BATCH_RECORDS
 from strom.coordinator.shards import Shard, ShardKind
 from strom.coordinator.timers import Timers
 from strom.coordinator.txn_service import TransactionRpcs
@@ -83,6 +84,7 @@ class CoordinatorService(
         lag_interval_s: float = LAG_INTERVAL_S,
         txn_partitions: int = 8,
         txn_max_timeout_ms: int = MAX_TIMEOUT_MS,
+        max_write_batch_records: int = MAX_BATCH_RECORDS,
     ) -> None:
         self.etcd = etcd
         self.cluster = cluster
@@ -97,6 +99,7 @@ class CoordinatorService(
         self.connect_timeout_s = connect_timeout_s
         self.lag_interval_s = lag_interval_s
         self.txn_max_timeout_ms = txn_max_timeout_ms
+        self.max_write_batch_records = max_write_batch_records
         self.incarnation_id = str(uuid.uuid4())
         self.store: MetadataStore | None = None
         self.view: ClusterView | None = None

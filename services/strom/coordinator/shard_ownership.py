@@ -36,13 +36,11 @@ from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup
 from strom.coordinator.lookup import shard_count
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
+from strom.coordinator.shard_writes import ShardWrites
 from strom.coordinator.shards import Shard, ShardKind
-from strom.coordinator.storage_io import ShardLost, StorageIO
+from strom.coordinator.storage_io import ShardLost
 from strom.errors import (
     ErrorCode,
-    NotCoordinatorError,
-    RequestTimedOutError,
-    StromError,
     error_name,
 )
 from strom.metadata import MetadataUnavailableError
@@ -58,8 +56,8 @@ E = ErrorCode
 FENCE_KEY = b"\x7a\x00"
 
 
-class ShardOwnership(StorageIO):
-    """The ownership loop, shard loading and unloading, and durable shard writes."""
+class ShardOwnership(ShardWrites):
+    """The ownership loop, shard loading and unloading (writes: :class:`ShardWrites`)."""
 
     _waiting_logged: dict[str, bool]
 
@@ -312,6 +310,7 @@ class ShardOwnership(StorageIO):
             [GroupRecord(FENCE_KEY, fence)], producer_id=pid, producer_epoch=epoch, base_sequence=0
         )
         fence_offset = await self._produce(shard.index, batch, kind.topic)
+        metrics.WRITES.labels(kind.name, "fence").inc()
         # What the previous owner appended between our replay and the fence is state too.
         await self._replay(shard.index, state, position, until=fence_offset + 1, topic=kind.topic)
         self._check_generation(shard, generation)
@@ -352,54 +351,3 @@ class ShardOwnership(StorageIO):
     def _check_generation(shard: Shard, generation: int) -> None:
         if shard.generation != generation:
             raise asyncio.CancelledError()
-
-    async def _write(self, shard: Shard, records: list[GroupRecord]) -> None:
-        batch = encode_group_batch(
-            records,
-            producer_id=shard.producer_id,
-            producer_epoch=shard.producer_epoch,
-            base_sequence=shard.next_sequence,
-        )
-        append = asyncio.ensure_future(self._produce(shard.index, batch, shard.topic))
-        try:
-            await asyncio.shield(append)
-        except asyncio.CancelledError:
-            await self._after_cancelled_write(shard, append)
-            raise
-        except ShardLost as exc:
-            log.warning("shard %d fenced (%s); dropping it", shard.index, exc)
-            self._unload(shard)
-            raise NotCoordinatorError(f"shard {shard.index} moved to another coordinator") from None
-        except Exception as exc:
-            log.warning("write to shard %d failed (%s); reloading it", shard.index, exc)
-            self._start_load(shard)
-            if isinstance(exc, StromError):
-                raise RequestTimedOutError(exc.message) from None
-            raise RequestTimedOutError(f"write failed: {exc}") from None
-        shard.next_sequence = (shard.next_sequence + len(records)) & 0x7FFFFFFF
-        shard.durable.apply_records(records)
-        self._update_gauges()
-
-    async def _after_cancelled_write(self, shard: Shard, append: asyncio.Future[int]) -> None:
-        """The caller of a shard write was cancelled (its RPC's deadline passed, its client
-        went away) while the append was in flight. The append may still land; uncounted, the
-        next write would reuse its sequence numbers and the node would take that write for a
-        retry of this one: acknowledged, never appended. So the append is let finish here,
-        still under the shard lock, and the shard reloads: the log decides what the state and
-        the next sequence are. Not while stopping: the shard is being dropped anyway."""
-        if self._stopping:
-            return
-        while not append.done():
-            try:
-                await asyncio.shield(append)
-            except asyncio.CancelledError:
-                continue  # cancelled again: the append still has to end first
-            except Exception:
-                break  # its failure is the reload's business
-        log.warning(
-            "a write to %s shard %d was abandoned by its caller; reloading the shard",
-            shard.topic,
-            shard.index,
-        )
-        if shard.kind is not None and shard.kind.shards.get(shard.index) is shard:
-            self._start_load(shard)

@@ -66,6 +66,12 @@ class Shard:
     #: Transactional ids whose transaction is completing -> set when it has completed
     #: (requests that would start the next transaction wait on it instead of failing).
     completing: dict[str, asyncio.Event] = field(default_factory=dict)
+    #: Writes waiting for the shard's writer, in order (:mod:`strom.coordinator.shard_writes`).
+    writes: list[Any] = field(default_factory=list)
+    #: The writer task appending them (None or done: nobody is writing).
+    writer: asyncio.Task[None] | None = None
+    #: Done when the last write queued so far is durable (or failed).
+    write_tail: asyncio.Future[None] | None = None
 
     @property
     def topic(self) -> str:

@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 
 from strom.api import storage_pb2, storage_pb2_grpc
-from strom.coordinator import metrics
 from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
 from strom.coordinator.replay import ReplayState
@@ -152,7 +151,6 @@ class StorageIO(CoordinatorCore):
                 resp = await stub.Produce(req, timeout=10.0)
                 pr = resp.topics[0].partitions[0]
                 if pr.error_code == E.NONE:
-                    metrics.WRITES.inc()
                     return pr.base_offset
                 if pr.error_code == E.INVALID_PRODUCER_EPOCH:
                     raise ShardLost(f"{error_name(pr.error_code)}: {pr.error_message}")

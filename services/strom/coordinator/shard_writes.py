@@ -1,0 +1,170 @@
+"""Durable shard writes, batched: one append in flight per shard, and everything that queued
+behind it goes out together as the next one (group commit, DESIGN §7).
+
+Why. Every group change and offset commit must be in the shard's log (acks=all) before its RPC
+is answered. Holding the shard lock across each append made a busy shard pay one Produce round
+trip per commit, one after another: a hundred members committing at once cost a hundred
+appends in a row. Now an operation runs its engine step under the shard lock, queues its
+records and lets the lock go; the shard's writer appends whatever has queued while the
+previous append was in flight as one batch. A thousand commits arriving together cost a few
+appends, and each is answered when the batch holding its records is durable.
+
+What stays true:
+
+- Order. Records reach the log in the order the engine produced them (one queue, one writer,
+  one append in flight), so the idempotent producer's sequences stay consecutive.
+- All or nothing, in order. If an append fails, it and everything queued after it fail with
+  the same retriable error (their engine steps saw state that now may never be durable), and
+  the shard reloads from the log, which decides what is true.
+- Nothing is answered from state that is not durable. An operation that changes nothing
+  (a heartbeat, an OffsetFetch) still waits for the writes queued before it (:meth:`_durable`),
+  so it never reports a join or a commit that a failed append then takes back.
+- A caller that gives up (deadline, cancelled RPC) does not abandon its append: the writer
+  owns it and counts its sequences whatever the caller does.
+- A write queued in one generation of the shard is never appended in another (after a reload
+  the producer epoch and the state are new): it fails with NOT_COORDINATOR instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from strom.coordinator import metrics
+from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
+from strom.coordinator.shards import Shard
+from strom.coordinator.storage_io import ShardLost, StorageIO
+from strom.errors import NotCoordinatorError, RequestTimedOutError, StromError
+
+log = logging.getLogger("strom.coordinator")
+
+#: Most records one append carries by default (``--max-write-batch-records``; a batch is far
+#: below the node's message limit at this size: an offset commit record is ~100 bytes).
+MAX_BATCH_RECORDS = 4096
+
+
+@dataclass
+class QueuedWrite:
+    """One operation's records, waiting for (or in) an append."""
+
+    records: list[GroupRecord]
+    generation: int
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class ShardWrites(StorageIO):
+    """Queue a shard's writes and append them in batches (see the module docstring)."""
+
+    max_write_batch_records: int = MAX_BATCH_RECORDS
+
+    def _queue_write(self, shard: Shard, records: list[GroupRecord]) -> asyncio.Future[None]:
+        """Queue ``records`` (call with the shard lock held, right after the engine step that
+        made them); the future is done when they are durable, or failed."""
+        w = QueuedWrite(list(records), shard.generation)
+        shard.writes.append(w)
+        shard.write_tail = w.done
+        if shard.writer is None or shard.writer.done():
+            shard.writer = self._spawn(self._drain(shard))
+        return w.done
+
+    async def _write(self, shard: Shard, records: list[GroupRecord]) -> None:
+        """Queue ``records`` and wait until they are durable (raises the write's error)."""
+        await _wait(self._queue_write(shard, records))
+
+    @staticmethod
+    async def _durable(shard: Shard) -> None:
+        """Wait until every write queued so far on ``shard`` is durable (raises its error)."""
+        tail = shard.write_tail
+        if tail is not None:
+            await _wait(tail)
+
+    async def _drain(self, shard: Shard) -> None:
+        """The shard's writer: append what is queued, a batch at a time, until nothing is."""
+        while shard.writes:
+            batch = _take(shard, self.max_write_batch_records)
+            generation = batch[0].generation
+            if generation != shard.generation or self._stopping:
+                _fail(batch, NotCoordinatorError(f"shard {shard.index} was reloaded or moved"))
+                continue
+            records = [r for w in batch for r in w.records]
+            try:
+                await self._append(shard, records)
+            except BaseException as exc:
+                self._after_failed_append(shard, generation, batch, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            if shard.generation == generation:
+                shard.next_sequence = (shard.next_sequence + len(records)) & 0x7FFFFFFF
+                shard.durable.apply_records(records)
+                self._update_gauges()
+            kind = shard.kind.name if shard.kind is not None else "group"
+            metrics.WRITES.labels(kind, "operations").inc()
+            metrics.WRITE_OPERATIONS.labels(kind).inc(len(batch))
+            for w in batch:
+                if not w.done.done():
+                    w.done.set_result(None)
+
+    async def _append(self, shard: Shard, records: list[GroupRecord]) -> None:
+        batch = encode_group_batch(
+            records,
+            producer_id=shard.producer_id,
+            producer_epoch=shard.producer_epoch,
+            base_sequence=shard.next_sequence,
+        )
+        await self._produce(shard.index, batch, shard.topic)
+
+    def _after_failed_append(
+        self, shard: Shard, generation: int, batch: list[QueuedWrite], exc: BaseException
+    ) -> None:
+        """Fail the batch and everything queued behind it; drop or reload the shard."""
+        later, shard.writes = shard.writes, []
+        err: StromError
+        if isinstance(exc, ShardLost):
+            err = NotCoordinatorError(f"shard {shard.index} moved to another coordinator")
+        elif isinstance(exc, asyncio.CancelledError):
+            err = NotCoordinatorError(f"coordinator {self.coordinator_id} is stopping")
+        elif isinstance(exc, StromError):
+            err = RequestTimedOutError(exc.message)
+        else:
+            err = RequestTimedOutError(f"write failed: {exc}")
+        _fail(batch + later, err)
+        if shard.generation != generation or self._stopping:
+            return  # already reloading or dropped: that is the log's business now
+        if isinstance(exc, ShardLost):
+            log.warning("shard %d fenced (%s); dropping it", shard.index, exc)
+            self._unload(shard)
+        elif not isinstance(exc, asyncio.CancelledError):
+            log.warning("write to shard %d failed (%s); reloading it", shard.index, exc)
+            if shard.kind is not None and shard.kind.shards.get(shard.index) is shard:
+                self._start_load(shard)
+
+
+def _take(shard: Shard, most: int) -> list[QueuedWrite]:
+    """The next batch: queued writes of one generation, up to ``most`` records (at least one
+    write, however large)."""
+    first = shard.writes[0]
+    n, count = 1, len(first.records)
+    while n < len(shard.writes):
+        w = shard.writes[n]
+        if w.generation != first.generation or count + len(w.records) > most:
+            break
+        count += len(w.records)
+        n += 1
+    batch, shard.writes = shard.writes[:n], shard.writes[n:]
+    return batch
+
+
+def _fail(writes: list[QueuedWrite], err: BaseException) -> None:
+    for w in writes:
+        if not w.done.done():
+            w.done.set_exception(err)
+            w.done.exception()  # retrieved: a waiter that gave up is not an unhandled error
+
+
+async def _wait(done: asyncio.Future[None]) -> None:
+    """Wait for a write; a cancelled waiter leaves the write to the writer."""
+    await asyncio.shield(done)
