@@ -348,3 +348,36 @@ def test_bench_startup_restarts_a_node_holding_its_log(tmp_path: Path) -> None:
         assert r["partitions"] == 2 and r["gib"] >= 0.02
         assert 0 < r["serving_s"] <= r["leading_s"]
     assert report["context"] == {"mode": "startup", "gib": 0.02, "partitions": 2}
+
+
+def test_bench_commits_counts_appends_per_commit_in_both_modes(tmp_path: Path) -> None:
+    """`strom bench commits --compare`: each mode on its own cluster; with one append per
+    commit the coordinator's appends equal the commits, batched they are never more."""
+    out = strom(
+        "bench",
+        "commits",
+        "--committers",
+        "8",
+        "--seconds",
+        "1",
+        "--partitions",
+        "2",
+        "--compare",
+        "--dir",
+        str(tmp_path),
+        "--json",
+        timeout=300,
+    )
+    report = json.loads(out.stdout)
+    by_name = {r["name"]: r for r in report["results"]}
+    assert sorted(by_name) == ["batched, 8 committers", "one-per-append, 8 committers"]
+    ctx = report["context"]
+    assert ctx["batched_failed_commits"] == 0 and ctx["one-per-append_failed_commits"] == 0
+    single = by_name["one-per-append, 8 committers"]
+    assert single["records"] > 0 and single["batches"] == single["records"]
+    assert ctx["one-per-append_commits_per_append"] == 1.0
+    batched = by_name["batched, 8 committers"]
+    assert 0 < batched["batches"] <= batched["records"]
+    assert batched["p99_ms"] >= batched["p50_ms"] > 0
+    assert batched["client_cpu_s_per_M_records"] > 0
+    assert list(tmp_path.iterdir()) == [], "the clusters' directories were left behind"

@@ -275,6 +275,28 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
     tl.add_argument("--json", action="store_true", help="print one JSON object")
 
+    cm = bsub.add_parser(
+        "commits",
+        help="offset commits/s from many committers at once, appends per commit, latency, CPU "
+        "(local cluster; --compare: also with one append per commit)",
+    )
+    cm.add_argument("--committers", type=_positive, default=64, help="concurrent committers")
+    cm.add_argument("--seconds", type=float, default=10.0, help="length of each run")
+    cm.add_argument("--partitions", type=_positive, default=1, help="partitions per commit")
+    cm.add_argument(
+        "--nodes",
+        type=_positive,
+        default=1,
+        help="storage nodes (__consumer_offsets is replicated to min(3, nodes), acks=all)",
+    )
+    cm.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the coordinator with --max-write-batch-records 1 (one append per commit)",
+    )
+    cm.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
+    cm.add_argument("--json", action="store_true", help="print one JSON object")
+
     rb = bsub.add_parser(
         "rebalance", help="group of 3, one leaves: time to rebalance, consumption gaps"
     )
@@ -765,6 +787,27 @@ def _run(args: argparse.Namespace) -> int:
                 *(["--no-echo"] if args.no_echo else []),
             ]
             return grpc_bench.main([*argv, "--json"] if args.json else argv)
+        if args.bench_mode == "commits":
+            from strom.bench.commits import bench_commits
+
+            results, extra = bench_commits(
+                committers=args.committers,
+                seconds=args.seconds,
+                partitions=args.partitions,
+                nodes=args.nodes,
+                compare=args.compare,
+                directory=args.dir,
+            )
+            ctx = {
+                "mode": "commits",
+                "committers": args.committers,
+                "seconds": args.seconds,
+                "partitions_per_commit": args.partitions,
+                "nodes": args.nodes,
+                **extra,
+            }
+            print(report(results, as_json=args.json, context=ctx), file=out)
+            return 0
         if args.bench_mode in ("produce", "consume", "e2e"):
             return _bench_clients(args)
         if args.bench_mode == "grpc-records":
