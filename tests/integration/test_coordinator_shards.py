@@ -218,14 +218,27 @@ def test_commits_that_arrive_during_an_append_share_the_next_one_and_survive_a_n
                 ]
                 await _until(lambda: len(shard.writes) == 49, 30, "49 commits queued")
                 read = asyncio.ensure_future(svc.OffsetFetch(_group_fetch("g-7", topic), None))
-                await _until(lambda: shard.write_tail is not None, 5, "a write tail")
+                # A commit of a group unknown to the shard, refused by the engine while a
+                # delete or a commit it depends on might still fail: it waits too.
+                refused = asyncio.ensure_future(
+                    svc.OffsetCommit(
+                        coordinator_pb2.OffsetCommitRequest(
+                            group_id="g-none", member_id="m", member_epoch=3
+                        ),
+                        None,
+                    )
+                )
+                for _ in range(100):  # let both run as far as they can (no clock involved)
+                    await asyncio.sleep(0)
                 assert not any(f.done() for f in [first, *rest]), "answered before durable"
                 assert not read.done(), "an OffsetFetch answered before the commits were durable"
+                assert not refused.done(), "a refusal answered before earlier writes were durable"
 
                 hold.released.set()
                 answers = await asyncio.gather(first, *rest)
                 assert [a.topics[0].partitions[0].error_code for a in answers] == [E.NONE] * 50
                 assert (await read).topics[0].partitions[0].committed_offset == 107
+                assert (await refused).error_code == E.UNKNOWN_MEMBER_ID
                 assert proxy.calls[PRODUCE] - before == 2, "the 49 queued commits took more appends"
             finally:
                 await svc.stop()

@@ -18,7 +18,7 @@ from strom.coordinator.offsets_log import (
     ShardState,
     offset_commit_record,
 )
-from strom.coordinator.shard_writes import MAX_BATCH_RECORDS, ShardWrites
+from strom.coordinator.shard_writes import MAX_BATCH_BYTES, MAX_BATCH_RECORDS, ShardWrites
 from strom.coordinator.shards import Shard, ShardKind
 from strom.coordinator.storage_io import ShardLost
 from strom.errors import NotCoordinatorError, RequestTimedOutError, StromError
@@ -72,9 +72,6 @@ class Writes(ShardWrites):
         shard.loaded = False
         shard.generation += 1
         self.unloads.append(shard.index)
-
-    def _update_gauges(self) -> None:
-        pass
 
 
 def _shard() -> Shard:
@@ -273,5 +270,47 @@ def test_one_record_batches_append_each_operation_alone_in_order() -> None:
             (3, 1),
             (4, 1),
         ]
+
+    asyncio.run(main())
+
+
+def test_a_writer_cancelled_before_it_ran_fails_what_was_queued() -> None:
+    """The coordinator stopping cancels every task, the writer perhaps before its first step:
+    nothing queued may wait for ever."""
+
+    async def main() -> None:
+        node = FakeNode()
+        w, shard = Writes(node), _shard()
+        queued = w._queue_write(shard, _commit("g0", 10))
+        w._stopping = True
+        assert shard.writer is not None
+        shard.writer.cancel()
+        with pytest.raises(NotCoordinatorError):
+            await queued
+        assert node.arrived() == 0
+
+    asyncio.run(main())
+
+
+def test_a_batch_stops_at_max_batch_bytes() -> None:
+    async def main() -> None:
+        node = FakeNode()
+        w, shard = Writes(node), _shard()
+        first = w._queue_write(shard, _commit("g", 0))
+        await _until(lambda: node.arrived() == 1)
+        meta = "m" * (MAX_BATCH_BYTES // 3)
+        big = [
+            offset_commit_record(f"g{i}", "t", 0, OffsetAndMetadata(offset=i, metadata=meta))
+            for i in range(4)
+        ]
+        many = [w._queue_write(shard, [r]) for r in big]
+        node.answer(0)
+        await first
+        await _until(lambda: node.arrived() == 2)
+        node.answer(1)
+        await _until(lambda: node.arrived() == 3)
+        node.answer(2)
+        await asyncio.gather(*many)
+        assert [read_header(b).record_count for b in node.batches] == [1, 2, 2]
 
     asyncio.run(main())

@@ -106,9 +106,6 @@ class CoordinatorCore:
     def _start_load(self, shard: Shard) -> None:
         raise NotImplementedError
 
-    def _update_gauges(self) -> None:
-        raise NotImplementedError
-
     def _queue_write(self, shard: Shard, records: list[GroupRecord]) -> asyncio.Future[None]:
         raise NotImplementedError
 
@@ -183,26 +180,37 @@ class CoordinatorCore:
         retriable error.
         """
         shard = self._shard_of(group_id)
+        refused: Exception | None = None
+        written: asyncio.Future[None] | None = None
         async with shard.lock:
             if not shard.loaded or self.shards.get(shard.index) is not shard:
                 raise NotCoordinatorError(f"shard {shard.index} moved")
-            group = shard.groups.get(group_id)
-            fresh = group is None
-            if group is None:
-                if not create:
-                    raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
-                group = ConsumerGroup(group_id, config=self.group_config, now_ms=wall_ms())
-            result = fn(group)
-            records = records_of(result)
-            written = self._queue_write(shard, records) if records else None
-            if fresh and records:
-                shard.groups[group_id] = group
-            if group.state is GroupState.DEAD:
-                shard.groups.pop(group_id, None)
-        if written is None:
-            await self._durable(shard)
-        else:
+            try:
+                group = shard.groups.get(group_id)
+                fresh = group is None
+                if group is None:
+                    if not create:
+                        raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
+                    group = ConsumerGroup(group_id, config=self.group_config, now_ms=wall_ms())
+                result = fn(group)
+            except Exception as exc:
+                refused = exc  # answered once what it was decided from is durable (below)
+            else:
+                records = records_of(result)
+                written = self._queue_write(shard, records) if records else None
+                if fresh and records:
+                    shard.groups[group_id] = group
+                if group.state is GroupState.DEAD:
+                    shard.groups.pop(group_id, None)
+            if refused is not None or written is None:
+                # A refusal or an answer that changes nothing was decided from state that
+                # writes still in flight made (a group being deleted, a member leaving): if
+                # they fail, the answer would be wrong, so it waits for them, and fails too.
+                written = shard.write_tail
+        if written is not None:
             await asyncio.shield(written)
+        if refused is not None:
+            raise refused
         return result
 
     def _topics(self) -> dict[str, int]:

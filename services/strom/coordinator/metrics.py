@@ -138,16 +138,6 @@ class RebalanceTracker:
             self.epochs.pop(gid, None)
 
 
-def set_group_states(groups: Iterable[ConsumerGroup]) -> None:
-    counts = dict.fromkeys(_STATES, 0)
-    for g in groups:
-        state = g.state
-        if state in counts:
-            counts[state] += 1
-    for state, n in counts.items():
-        GROUPS.labels(state.name.lower()).set(n)
-
-
 def instrument(cls: type) -> type:
     """Attach the metrics above to the coordinator service class (once, at import)."""
     timed_rpcs(cls, REQUEST_LATENCY, RPCS)
@@ -216,11 +206,49 @@ TXN_COMPLETION_SECONDS = Histogram(
 )
 
 
-def set_transaction_states(transactions: Iterable[Any]) -> None:
-    """Count transactional ids by state (``TxnMetadata.state``)."""
-    counts = dict.fromkeys((s for s in TxnState if s is not TxnState.DEAD), 0)
-    for t in transactions:
-        if t.state in counts:
-            counts[t.state] += 1
-    for state, n in counts.items():
-        TRANSACTIONS.labels(state.name.lower()).set(n)
+def _at_scrape(count: Callable[[], float]) -> Callable[[], float]:
+    """``count`` for a scrape-time gauge. Scrapes run on the metrics server's thread while the
+    event loop changes the shards; a walk that met a dict changing size is walked again."""
+
+    def read() -> float:
+        for _ in range(5):
+            try:
+                return count()
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
+        return float("nan")
+
+    return read
+
+
+def count_at_scrape(group_shards: dict[int, Any], txn_shards: dict[int, Any]) -> None:
+    """Shards owned, members, groups and transactional ids by state, counted when Prometheus
+    scrapes, not after every write: a pass over every group per commit made each commit cost
+    what all the groups of the coordinator cost (``group_shards`` and ``txn_shards`` are the
+    coordinator's live tables of loaded :class:`~strom.coordinator.shards.Shard`)."""
+
+    def loaded(shards: dict[int, Any]) -> list[Any]:
+        return [s for s in list(shards.values()) if s.loaded]
+
+    def groups() -> list[ConsumerGroup]:
+        return [g for s in loaded(group_shards) for g in list(s.groups.values())]
+
+    SHARDS_OWNED.set_function(_at_scrape(lambda: len(loaded(group_shards))))
+    MEMBERS.set_function(_at_scrape(lambda: sum(len(g.members) for g in groups())))
+    for state in _STATES:
+        GROUPS.labels(state.name.lower()).set_function(
+            _at_scrape(lambda st=state: sum(1 for g in groups() if g.state is st))
+        )
+    for tstate in TxnState:
+        if tstate is TxnState.DEAD:
+            continue
+        TRANSACTIONS.labels(tstate.name.lower()).set_function(
+            _at_scrape(
+                lambda st=tstate: sum(
+                    1
+                    for s in loaded(txn_shards)
+                    for t in list(s.transactions.values())
+                    if t.state is st
+                )
+            )
+        )

@@ -16,7 +16,7 @@ from strom.coordinator import metrics
 from strom.coordinator.core import CoordinatorCore, rpc
 from strom.coordinator.group import ConsumerGroup
 from strom.coordinator.offsets_log import OffsetAndMetadata
-from strom.errors import ErrorCode, GroupIdNotFoundError, error_name
+from strom.errors import ErrorCode, GroupIdNotFoundError, NotCoordinatorError, error_name
 
 E = ErrorCode
 
@@ -76,14 +76,19 @@ class OffsetRpcs(CoordinatorCore):
     ) -> None:
         try:
             shard = self._shard_of(request.group_id)
-            await self._durable(shard)  # commits still being written are not committed yet
             group = shard.groups.get(request.group_id)
             if group is not None:
                 group.validate_fetch(request.member_id, request.member_epoch)
+            committed = dict(group.offsets) if group is not None else {}
+            # What was read may hold commits still being written: answer once they are
+            # durable, and only if the shard was not reloaded or dropped meanwhile.
+            generation = shard.generation
+            await self._durable(shard)
+            if not shard.loaded or shard.generation != generation:
+                raise NotCoordinatorError(f"shard {shard.index} was reloaded or moved")
         except Exception as exc:
             self._fail("OffsetFetch", resp, exc)
             return
-        committed = dict(group.offsets) if group is not None else {}
         wanted: dict[str, list[int]] = {}
         if request.topics:
             for tp in request.topics:

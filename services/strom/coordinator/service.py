@@ -134,6 +134,7 @@ class CoordinatorService(
         self._topics_cache: tuple[int, dict[str, int]] = (-1, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
         self._waiting_logged: dict[str, bool] = {}
+        metrics.count_at_scrape(self.group_kind.shards, self.txn_kind.shards)
 
     # -- Service protocol --------------------------------------------------------------------
 

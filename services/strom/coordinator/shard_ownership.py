@@ -98,15 +98,6 @@ class ShardOwnership(ShardWrites):
     def _all_shards(self) -> list[Shard]:
         return [s for kind in self.kinds for s in kind.shards.values()]
 
-    def _update_gauges(self) -> None:
-        loaded = [s for s in self.shards.values() if s.loaded]
-        metrics.SHARDS_OWNED.set(len(loaded))
-        metrics.set_transaction_states(
-            t for s in self.txn_kind.shards.values() if s.loaded for t in s.transactions.values()
-        )
-        metrics.set_group_states(g for s in loaded for g in s.groups.values())
-        metrics.MEMBERS.set(sum(len(g.members) for s in loaded for g in s.groups.values()))
-
     async def _ownership_loop(self) -> None:
         """Create ``__consumer_offsets`` and ``__transaction_state`` if needed, claim free
         shards, drop lost ones; woken by every etcd change, with a slow tick as a safety net."""
@@ -261,7 +252,6 @@ class ShardOwnership(ShardWrites):
         if shard.loader is not None and not shard.loader.done():
             shard.loader.cancel()
         shard.loader = self._spawn(self._load_until_done(shard, shard.generation))
-        self._update_gauges()
 
     def _unload(self, shard: Shard) -> None:
         shard.loaded = False
@@ -276,7 +266,6 @@ class ShardOwnership(ShardWrites):
         assert shard.kind is not None
         if shard.kind.shards.get(shard.index) is shard:
             del shard.kind.shards[shard.index]
-        self._update_gauges()
 
     async def _load_until_done(self, shard: Shard, generation: int) -> None:
         delay = 0.1
@@ -330,9 +319,11 @@ class ShardOwnership(ShardWrites):
         shard.transactions = dict(getattr(state, "transactions", {}))
         shard.durable = state
         shard.producer_id, shard.producer_epoch, shard.next_sequence = pid, epoch, 1
+        # Writes of the previous generation are not this state's: nothing waits on them now
+        # (the writer still fails any left queued).
+        shard.write_tail = None
         shard.loaded = True
         metrics.SHARD_LOADS.inc()
-        self._update_gauges()
         if shard.transactions:
             self._resume_transactions(shard)
         log.info(

@@ -28,6 +28,7 @@ What stays true:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -39,9 +40,11 @@ from strom.errors import NotCoordinatorError, RequestTimedOutError, StromError
 
 log = logging.getLogger("strom.coordinator")
 
-#: Most records one append carries by default (``--max-write-batch-records``; a batch is far
-#: below the node's message limit at this size: an offset commit record is ~100 bytes).
+#: Most records one append carries by default (``--max-write-batch-records``).
 MAX_BATCH_RECORDS = 4096
+#: Most key and value bytes one append carries (at least one write, however large): far below
+#: the node's message limit, whatever the records are.
+MAX_BATCH_BYTES = 1 << 20
 
 
 @dataclass
@@ -50,6 +53,7 @@ class QueuedWrite:
 
     records: list[GroupRecord]
     generation: int
+    size: int
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -63,11 +67,13 @@ class ShardWrites(StorageIO):
     def _queue_write(self, shard: Shard, records: list[GroupRecord]) -> asyncio.Future[None]:
         """Queue ``records`` (call with the shard lock held, right after the engine step that
         made them); the future is done when they are durable, or failed."""
-        w = QueuedWrite(list(records), shard.generation)
+        size = sum(len(k or b"") + len(v or b"") for k, v in records)
+        w = QueuedWrite(list(records), shard.generation, size)
         shard.writes.append(w)
         shard.write_tail = w.done
         if shard.writer is None or shard.writer.done():
             shard.writer = self._spawn(self._drain(shard))
+            shard.writer.add_done_callback(functools.partial(_writer_ended, shard))
         return w.done
 
     async def _write(self, shard: Shard, records: list[GroupRecord]) -> None:
@@ -84,23 +90,22 @@ class ShardWrites(StorageIO):
     async def _drain(self, shard: Shard) -> None:
         """The shard's writer: append what is queued, a batch at a time, until nothing is."""
         while shard.writes:
-            batch = _take(shard, self.max_write_batch_records)
+            batch = _take(shard, self.max_write_batch_records, MAX_BATCH_BYTES)
             generation = batch[0].generation
             if generation != shard.generation or self._stopping:
-                _fail(batch, NotCoordinatorError(f"shard {shard.index} was reloaded or moved"))
+                _fail(batch, NotCoordinatorError, f"shard {shard.index} was reloaded or moved")
                 continue
             records = [r for w in batch for r in w.records]
             try:
                 await self._append(shard, records)
+                if shard.generation == generation:
+                    shard.next_sequence = (shard.next_sequence + len(records)) & 0x7FFFFFFF
+                    shard.durable.apply_records(records)
             except BaseException as exc:
                 self._after_failed_append(shard, generation, batch, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
-            if shard.generation == generation:
-                shard.next_sequence = (shard.next_sequence + len(records)) & 0x7FFFFFFF
-                shard.durable.apply_records(records)
-                self._update_gauges()
             kind = shard.kind.name if shard.kind is not None else "group"
             metrics.WRITES.labels(kind, "operations").inc()
             metrics.WRITE_OPERATIONS.labels(kind).inc(len(batch))
@@ -122,16 +127,13 @@ class ShardWrites(StorageIO):
     ) -> None:
         """Fail the batch and everything queued behind it; drop or reload the shard."""
         later, shard.writes = shard.writes, []
-        err: StromError
         if isinstance(exc, ShardLost):
-            err = NotCoordinatorError(f"shard {shard.index} moved to another coordinator")
+            _fail(batch + later, NotCoordinatorError, f"shard {shard.index} moved elsewhere")
         elif isinstance(exc, asyncio.CancelledError):
-            err = NotCoordinatorError(f"coordinator {self.coordinator_id} is stopping")
-        elif isinstance(exc, StromError):
-            err = RequestTimedOutError(exc.message)
+            _fail(batch + later, NotCoordinatorError, f"coordinator {self.coordinator_id} stops")
         else:
-            err = RequestTimedOutError(f"write failed: {exc}")
-        _fail(batch + later, err)
+            message = exc.message if isinstance(exc, StromError) else f"write failed: {exc}"
+            _fail(batch + later, RequestTimedOutError, message)
         if shard.generation != generation or self._stopping:
             return  # already reloading or dropped: that is the log's business now
         if isinstance(exc, ShardLost):
@@ -143,28 +145,56 @@ class ShardWrites(StorageIO):
                 self._start_load(shard)
 
 
-def _take(shard: Shard, most: int) -> list[QueuedWrite]:
-    """The next batch: queued writes of one generation, up to ``most`` records (at least one
-    write, however large)."""
+def _take(shard: Shard, most: int, most_bytes: int) -> list[QueuedWrite]:
+    """The next batch: queued writes of one generation, up to ``most`` records and
+    ``most_bytes`` bytes (at least one write, however large)."""
     first = shard.writes[0]
-    n, count = 1, len(first.records)
+    n, count, size = 1, len(first.records), first.size
     while n < len(shard.writes):
         w = shard.writes[n]
-        if w.generation != first.generation or count + len(w.records) > most:
+        if (
+            w.generation != first.generation
+            or count + len(w.records) > most
+            or size + w.size > most_bytes
+        ):
             break
         count += len(w.records)
+        size += w.size
         n += 1
     batch, shard.writes = shard.writes[:n], shard.writes[n:]
     return batch
 
 
-def _fail(writes: list[QueuedWrite], err: BaseException) -> None:
+def _fail(writes: list[QueuedWrite], error: type[StromError], message: str) -> None:
+    """Fail each write with an error of its own (one exception object raised in many waiters
+    would gather all their tracebacks)."""
     for w in writes:
         if not w.done.done():
-            w.done.set_exception(err)
+            w.done.set_exception(error(message))
             w.done.exception()  # retrieved: a waiter that gave up is not an unhandled error
+
+
+def _writer_ended(shard: Shard, task: asyncio.Task[None]) -> None:
+    """A writer cancelled (the coordinator stopping; perhaps before it ever ran) or crashed
+    leaves no write waiting for ever: what is still queued fails."""
+    if not task.cancelled() and task.exception() is None:
+        return
+    left, shard.writes = shard.writes, []
+    _fail(left, NotCoordinatorError, f"shard {shard.index}'s writer stopped")
 
 
 async def _wait(done: asyncio.Future[None]) -> None:
     """Wait for a write; a cancelled waiter leaves the write to the writer."""
     await asyncio.shield(done)
+
+
+async def settled(done: asyncio.Future[None]) -> None:
+    """Wait until a write has ended, however often the waiter is cancelled meanwhile (its
+    outcome is then ``done``'s to tell)."""
+    while not done.done():
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            continue
+        except Exception:
+            return

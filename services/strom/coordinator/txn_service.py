@@ -47,6 +47,7 @@ from strom.clock import wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
+from strom.coordinator.shard_writes import settled
 from strom.coordinator.shards import Shard
 from strom.coordinator.txn_state import (
     MAX_EPOCH,
@@ -120,14 +121,41 @@ class TransactionRpcs(_Base):
         return shard
 
     async def _txn_write(self, shard: Shard, meta: TxnMetadata) -> None:
-        """Make ``meta`` durable, then the in-memory state (shard lock held)."""
+        """Make ``meta`` durable, then the in-memory state (shard lock held, so every read of
+        the id's state under the lock sees only what the log has)."""
         if (
             not shard.loaded
             or shard.kind is None
             or shard.kind.shards.get(shard.index) is not shard
         ):
             raise NotCoordinatorError(f"{shard.topic} shard {shard.index} moved")
-        await self._write(shard, [GroupRecord(txn_log_key(meta.transactional_id), meta.to_value())])
+        written = self._queue_write(
+            shard, [GroupRecord(txn_log_key(meta.transactional_id), meta.to_value())]
+        )
+        try:
+            await asyncio.shield(written)
+        except asyncio.CancelledError:
+            # The caller gave up (deadline, stop); the append did not. Still holding the
+            # shard lock (nobody may read the old state once the log has the new one: a
+            # logged commit decision must not be overwritten by a timeout's abort), wait for
+            # it to end, then reload the shard: the log decides, and the reload resumes the
+            # completion of a transaction whose decision it holds.
+            generation = shard.generation
+            await settled(written)
+            ours = shard.kind is not None and shard.kind.shards.get(shard.index) is shard
+            if ours and shard.generation == generation and not self._stopping:
+                log.warning(
+                    "a write to %s shard %d was abandoned by its caller; reloading the shard",
+                    shard.topic,
+                    shard.index,
+                )
+                self._start_load(shard)
+            raise
+        self._adopt(shard, meta)
+
+    @staticmethod
+    def _adopt(shard: Shard, meta: TxnMetadata) -> None:
+        """``meta`` is durable: make it the in-memory state."""
         shard.transactions[meta.transactional_id] = meta
         tid = meta.transactional_id
         if meta.state.preparing:
