@@ -256,3 +256,62 @@ def test_commits_that_arrive_during_an_append_share_the_next_one_and_survive_a_n
 
         asyncio.run(first_owner())
         asyncio.run(next_owner())
+
+
+def test_an_end_txn_abandoned_during_its_write_still_completes_the_transaction(
+    tmp_path: Path,
+) -> None:
+    """EndTxn(commit) whose caller gives up while the PREPARE_COMMIT record is being written:
+    the record lands, so the decision is in the log. The coordinator must not keep the old
+    state in memory (a timeout would then abort a transaction the log says is committed):
+    it waits for the append, reloads the shard from the log, and the reload completes the
+    commit: its records become readable with read_committed."""
+    from strom.client.consumer import Consumer
+    from strom.client.producer import Producer
+    from strom.client.types import TopicPartition
+
+    with cluster_behind_proxy(
+        tmp_path / "c",
+        controllers=1,
+        coordinators=1,
+        coordinator_args=["--offsets-partitions", "1", "--transaction-state-partitions", "1"],
+    ) as (cluster, proxy):
+        cluster.wait_coordinators_ready()
+        topic = create_topic(cluster, "abandoned-end")
+        with Producer(
+            cluster.bootstrap, transactional_id="t-abandoned", transaction_timeout_ms=600_000
+        ) as p:
+            p.init_transactions()
+            p.begin_transaction()
+            p.send(topic, b"decided")
+            state = p.prepare_transaction()
+
+        hold = proxy.hold(PRODUCE, nth=1, after=1_000_000)  # the PREPARE_COMMIT append
+        with grpc.insecure_channel(cluster.coordinators[0].address) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as gave_up:
+                stub.EndTxn(
+                    coordinator_pb2.EndTxnRequest(
+                        transactional_id="t-abandoned",
+                        producer_id=state.producer_id,
+                        producer_epoch=state.producer_epoch,
+                        committed=True,
+                    ),
+                    timeout=1.0,
+                )
+        assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert hold.held.is_set(), "EndTxn's append never reached the node"
+        hold.released.set()
+
+        tp = TopicPartition(topic, 0)
+        with Consumer(
+            cluster.bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
+        ) as c:
+            c.assign([tp])
+            got: list[bytes | None] = []
+
+            def committed() -> bool:
+                got.extend(r.value for r in c.poll(timeout_ms=200))
+                return got == [b"decided"]
+
+            wait_for(committed, timeout=60, what="the committed transaction's record")

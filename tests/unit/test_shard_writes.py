@@ -314,3 +314,26 @@ def test_a_batch_stops_at_max_batch_bytes() -> None:
         assert [read_header(b).record_count for b in node.batches] == [1, 2, 2]
 
     asyncio.run(main())
+
+
+def test_after_a_failed_append_the_reloaded_shard_answers_reads_again() -> None:
+    """A heartbeat or an OffsetFetch after the reload writes nothing and waits for the writes
+    queued before it: the failed ones are not among them."""
+
+    async def main() -> None:
+        node = FakeNode()
+        w, shard = Writes(node), _shard()
+        failed = w._queue_write(shard, _commit("g0", 10))
+        await _until(lambda: node.arrived() == 1)
+        node.answer(0, StromError("leader gone", retriable=True))
+        with pytest.raises(RequestTimedOutError):
+            await failed
+        assert w.loads == [0]
+        shard.loaded = True  # the reload finished
+        await asyncio.wait_for(w._durable(shard), 1.0)  # returns: nothing of this generation
+        nxt = w._queue_write(shard, _commit("g0", 11))
+        await _until(lambda: node.arrived() == 2)
+        node.answer(1)
+        await nxt
+
+    asyncio.run(main())

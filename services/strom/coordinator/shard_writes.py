@@ -127,6 +127,9 @@ class ShardWrites(StorageIO):
     ) -> None:
         """Fail the batch and everything queued behind it; drop or reload the shard."""
         later, shard.writes = shard.writes, []
+        # Whoever waits on these failures holds them already; the next generation's
+        # operations must not (they would fail until something is written again).
+        shard.write_tail = None
         if isinstance(exc, ShardLost):
             _fail(batch + later, NotCoordinatorError, f"shard {shard.index} moved elsewhere")
         elif isinstance(exc, asyncio.CancelledError):
