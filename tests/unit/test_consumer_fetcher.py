@@ -4,6 +4,7 @@ batches to records and Arrow, and the fetch workers against a scripted in-proces
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -463,4 +464,74 @@ def test_fetch_ahead_never_loses_or_repeats_records(sizes: list[int]) -> None:
         assert any(o < 0 for claims in fetched for o in claims), "no fetch-ahead happened"
         assert f.position(TP) == base
     finally:
+        stop(f, leader)
+
+
+# -- the cyclic garbage collector and polls of many records ------------------------------------
+
+
+def _collections_inside(
+    f: Fetcher, monkeypatch: pytest.MonkeyPatch, *, records: int
+) -> tuple[list[int], int]:
+    """Drain ``records`` as Python records with the collector set to run on nearly every
+    allocation; the generations of the collections that started while records were built."""
+    building = False
+    during: list[int] = []
+    take = CompletedFetch.take_records
+
+    def traced(self: CompletedFetch, position: int, limit: int) -> Any:
+        nonlocal building
+        building = True
+        try:
+            return take(self, position, limit)
+        finally:
+            building = False
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and building:
+            during.append(info["generation"])
+
+    monkeypatch.setattr(CompletedFetch, "take_records", traced)
+    got = 0
+    threshold = gc.get_threshold()
+    gc.callbacks.append(seen)
+    gc.set_threshold(1)
+    try:
+        deadline = time.monotonic() + 10
+        while got < records and time.monotonic() < deadline:
+            got += f.collect(records, arrow=False)[1]
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(seen)
+    return during, got
+
+
+def test_a_poll_builds_its_records_without_collector_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll's records are all alive until it returns: collector passes meanwhile promoted
+    them, and every few polls of 10,000 that set off a full collection of the process (21 per
+    2 M records halved poll()). They make no cycles, so none runs while they are built."""
+    leader = FakeLeader([(i * 500, 500) for i in range(8)])
+    f, _, _ = make_fetcher({"n1": leader})
+    try:
+        assert f.set_position(TP, 0, f.needing_positions()[0][2])
+        during, got = _collections_inside(f, monkeypatch, records=4000)
+        assert got == 4000
+        assert during == [], f"collections ran while a poll built its records: {during}"
+        assert gc.isenabled()
+    finally:
+        stop(f, leader)
+
+
+def test_an_application_that_turned_the_collector_off_finds_it_off() -> None:
+    leader = FakeLeader([(0, 100)])
+    f, _, _ = make_fetcher({"n1": leader})
+    gc.disable()
+    try:
+        assert f.set_position(TP, 0, f.needing_positions()[0][2])
+        assert drain(f, 100) == list(range(100))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
         stop(f, leader)
