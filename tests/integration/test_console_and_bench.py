@@ -77,6 +77,7 @@ def test_console_errors_are_clear(bootstrap: str) -> None:
     assert b"Traceback" not in bad.stderr
     bad = strom("consume", "lines", "-b", bootstrap, "--format", "{nope}", check=False)
     assert bad.returncode != 0 and b"bad --format" in bad.stderr
+    assert b"(ValueError)" not in bad.stderr  # the message says what was wrong; no type name
     bad = strom("produce", "lines", "-b", bootstrap, "--header", "novalue", check=False)
     assert bad.returncode != 0 and b"NAME=VALUE" in bad.stderr
 

@@ -19,7 +19,7 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from strom import __version__
-from strom.service.flags import int_at_least
+from strom.service.flags import int_at_least, number_above
 
 #: Service subcommands and the module whose ``main(argv)`` runs them.
 SERVICES = {
@@ -59,9 +59,11 @@ def _size(text: str) -> int:
     return value
 
 
-#: Whole-number argument types (the services' own, strom.service.flags).
+#: Argument types for whole and other numbers (the services' own, strom.service.flags).
 _positive = int_at_least(1)
 _non_negative = int_at_least(0)
+_above_zero = number_above(0.0)
+_zero_or_more = number_above(0.0, inclusive=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--in-flight", type=_positive, default=4, help="ProduceRecords outstanding")
     gr.add_argument("--partitions", type=_positive, default=6)
     gr.add_argument("--replication-factor", type=_positive, default=1)
-    gr.add_argument("--rate", type=float, default=200.0, help="records/s of the latency phase")
+    gr.add_argument(
+        "--rate", type=_above_zero, default=200.0, help="records/s of the latency phase"
+    )
     gr.add_argument("--latency-records", type=_positive, default=2000)
     gr.add_argument(
         "--records-per-message",
@@ -218,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         "startup",
         help="a storage node's restart (after SIGKILL and after SIGTERM) against GiB of log",
     )
-    su.add_argument("--gib", type=float, default=2.0, help="GiB of log to write first")
+    su.add_argument("--gib", type=_above_zero, default=2.0, help="GiB of log to write first")
     su.add_argument("--partitions", type=_positive, default=4, help="they are spread over")
     su.add_argument("--trials", type=_positive, default=1, help="restarts of each kind")
     su.add_argument("--json", action="store_true", help="print one JSON object")
@@ -246,8 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="concurrent clients on the node, half producers, half consumers (0: skip)",
     )
     sc.add_argument("--workers", type=_positive, default=10, help="processes they run in")
-    sc.add_argument("--seconds", type=float, default=20.0, help="connections phase length")
-    sc.add_argument("--interval-ms", type=float, default=500.0, help="between a producer's records")
+    sc.add_argument("--seconds", type=_above_zero, default=20.0, help="connections phase length")
+    sc.add_argument(
+        "--interval-ms", type=_above_zero, default=500.0, help="between a producer's records"
+    )
     sc.add_argument("--changes", type=_positive, default=3, help="changes timed per size")
     sc.add_argument(
         "--out", default="strom-bench-scale", help="directory for the PNG plots and scale.json"
@@ -267,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument("--partitions", type=_positive, default=3)
     tl.add_argument("--acks", default="all", choices=["0", "1", "all"])
     tl.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
-    tl.add_argument("--linger-ms", type=float, default=5.0, help="produce phase linger")
-    tl.add_argument("--rate", type=float, default=5_000.0, help="records/s of the e2e phase")
+    tl.add_argument("--linger-ms", type=_zero_or_more, default=5.0, help="produce phase linger")
+    tl.add_argument("--rate", type=_above_zero, default=5_000.0, help="records/s of the e2e phase")
     tl.add_argument("--e2e-records", type=_positive, default=20_000)
     tl.add_argument("--rounds", type=_positive, default=1, help="alternate the phases N times")
     tl.add_argument("--dir", default=None, help="where the clusters live (default tmp)")
@@ -281,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(local cluster; --compare: also with one append per commit)",
     )
     cm.add_argument("--committers", type=_positive, default=64, help="concurrent committers")
-    cm.add_argument("--seconds", type=float, default=10.0, help="length of each run")
+    cm.add_argument("--seconds", type=_above_zero, default=10.0, help="length of each run")
     cm.add_argument("--partitions", type=_positive, default=1, help="partitions per commit")
     cm.add_argument(
         "--nodes",
@@ -301,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rebalance", help="group of 3, one leaves: time to rebalance, consumption gaps"
     )
     rb.add_argument("--trials", type=_positive, default=5)
-    rb.add_argument("--rate", type=float, default=5000.0, help="records/s produced")
+    rb.add_argument("--rate", type=_above_zero, default=5000.0, help="records/s produced")
     rb.add_argument("--dir", default=None, help="where the local cluster lives (default tmp)")
     rb.add_argument(
         "--heartbeat-interval-ms",
@@ -326,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         cb.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
         cb.add_argument(
             "--linger-ms",
-            type=float,
+            type=_zero_or_more,
             default=0.0 if mode == "e2e" else 5.0,
             help="producer linger (default: 5; e2e: 0, latency first)",
         )
@@ -335,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         cb.add_argument(
             "--rate",
-            type=float,
+            type=_above_zero,
             default=10_000.0 if mode == "e2e" else None,
             help="records/s to aim for (default: as fast as possible; e2e: 10000)",
         )
@@ -402,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
         if mode == "e2e":
             cb.add_argument(
                 "--duration",
-                type=float,
+                type=_above_zero,
                 default=None,
                 help="seconds to run at --rate (sets --records to rate x duration): a soak",
             )
@@ -460,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--events", type=_positive, default=100_000, help="Spark demo: first page views"
     )
     demo.add_argument(
-        "--seconds", type=float, default=10.0, help="Spark demo: how long the service streams"
+        "--seconds", type=_above_zero, default=10.0, help="Spark demo: how long the service streams"
     )
     return parser
 
@@ -924,8 +930,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (StromError, ValueError, OSError) as exc:
-        name = type(exc).__name__
-        print(f"strom {args.command}: error: {exc} ({name})", file=sys.stderr)
+        # A strom error's class names its kind (AuthorizationError, ...); "ValueError" or
+        # "OSError" would add nothing to a message that already says what was wrong.
+        kind = f" ({type(exc).__name__})" if isinstance(exc, StromError) else ""
+        print(f"strom {args.command}: error: {exc}{kind}", file=sys.stderr)
         return 1
     except Exception as exc:  # the cluster tools talk to processes that may not exist
         from strom.cli.spark import SparkMissingError

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -54,6 +55,25 @@ def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
         return value
 
     parse.__name__ = "int"
+    return parse
+
+
+def number_above(minimum: float, *, inclusive: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number above ``minimum`` (or equal, with ``inclusive``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
+        if value < minimum or (value == minimum and not inclusive):
+            bound = "at least" if inclusive else "more than"
+            raise argparse.ArgumentTypeError(f"must be {bound} {minimum:g}, not {text}")
+        return value
+
+    parse.__name__ = "number"
     return parse
 
 
