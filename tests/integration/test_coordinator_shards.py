@@ -5,8 +5,9 @@ services are processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode as E
 from tests.conftest import create_topic
-from tests.integration.grpc_proxy import cluster_behind_proxy
+from tests.integration.grpc_proxy import GrpcProxy, cluster_behind_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +77,22 @@ def test_a_shard_dropped_from_memory_while_its_key_stays_ours_is_served_again(
 
 
 PRODUCE = "/strom.v1.StorageService/Produce"
+
+
+@contextlib.contextmanager
+def _one_shard_each(tmp_path: Path) -> Iterator[tuple[LocalCluster, GrpcProxy]]:
+    """A one-node cluster behind a proxy with one coordinator owning one group shard and one
+    transaction shard (every write goes through the same proxied node), ready to serve."""
+    with cluster_behind_proxy(
+        tmp_path / "c",
+        controllers=1,
+        coordinators=1,
+        coordinator_args=["--offsets-partitions", "1", "--transaction-state-partitions", "1"],
+    ) as (cluster, proxy):
+        cluster.wait_coordinators_ready()
+        yield cluster, proxy
+
+
 RETRIABLE = {E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR}
 
 
@@ -124,13 +141,7 @@ def test_a_commit_cancelled_during_its_write_does_not_swallow_the_next_one(
     write reused the same sequence numbers and the node took it for a retry of that append:
     acknowledged, never written, and gone after a coordinator restart (found as a shard
     writing sequence 78 when its log ended at 81)."""
-    with cluster_behind_proxy(
-        tmp_path / "c",
-        controllers=1,
-        coordinators=1,
-        coordinator_args=["--offsets-partitions", "1", "--transaction-state-partitions", "1"],
-    ) as (cluster, proxy):
-        cluster.wait_coordinators_ready()
+    with _one_shard_each(tmp_path) as (cluster, proxy):
         topic = create_topic(cluster, "cancelled-writes")
         coord = cluster.coordinators[0]
         channel = grpc.insecure_channel(coord.address)
@@ -270,13 +281,7 @@ def test_an_end_txn_abandoned_during_its_write_still_completes_the_transaction(
     from strom.client.producer import Producer
     from strom.client.types import TopicPartition
 
-    with cluster_behind_proxy(
-        tmp_path / "c",
-        controllers=1,
-        coordinators=1,
-        coordinator_args=["--offsets-partitions", "1", "--transaction-state-partitions", "1"],
-    ) as (cluster, proxy):
-        cluster.wait_coordinators_ready()
+    with _one_shard_each(tmp_path) as (cluster, proxy):
         topic = create_topic(cluster, "abandoned-end")
         with Producer(
             cluster.bootstrap, transactional_id="t-abandoned", transaction_timeout_ms=600_000

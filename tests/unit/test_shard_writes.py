@@ -102,12 +102,18 @@ async def _until(cond: Any) -> None:
     raise AssertionError("condition never held")
 
 
+async def _one_in_flight() -> tuple[FakeNode, Writes, Shard, asyncio.Future[None]]:
+    """A shard whose first write (g0 at 10) is at the node, unanswered."""
+    node = FakeNode()
+    w, shard = Writes(node), _shard()
+    first = w._queue_write(shard, _commit("g0", 10))
+    await _until(lambda: node.arrived() == 1)
+    return node, w, shard, first
+
+
 def test_writes_queued_behind_an_append_go_out_together_in_order() -> None:
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        first = w._queue_write(shard, _commit("g0", 10))
-        await _until(lambda: node.arrived() == 1)
+        node, w, shard, first = await _one_in_flight()
         later = [w._queue_write(shard, _commit(f"g{i}", 10 + i)) for i in range(1, 30)]
         later.append(w._queue_write(shard, _commit("g1", 99)))  # the same key again, later
         barrier = asyncio.ensure_future(w._durable(shard))
@@ -135,10 +141,7 @@ def test_writes_queued_behind_an_append_go_out_together_in_order() -> None:
 
 def test_a_failed_append_fails_every_write_behind_it_and_reloads_the_shard() -> None:
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        first = w._queue_write(shard, _commit("g0", 10))
-        await _until(lambda: node.arrived() == 1)
+        node, w, shard, first = await _one_in_flight()
         behind = [w._queue_write(shard, _commit(f"g{i}", i)) for i in range(1, 5)]
         barrier = asyncio.ensure_future(w._durable(shard))
 
@@ -156,10 +159,7 @@ def test_a_failed_append_fails_every_write_behind_it_and_reloads_the_shard() -> 
 
 def test_a_fenced_append_drops_the_shard_and_answers_not_coordinator() -> None:
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        first = w._queue_write(shard, _commit("g0", 10))
-        await _until(lambda: node.arrived() == 1)
+        node, w, shard, first = await _one_in_flight()
         second = w._queue_write(shard, _commit("g1", 10))
         node.answer(0, ShardLost("INVALID_PRODUCER_EPOCH"))
         for f in (first, second):
@@ -175,10 +175,7 @@ def test_a_write_of_an_older_generation_is_never_appended() -> None:
     sequences for state the reload threw away."""
 
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        first = w._queue_write(shard, _commit("g0", 10))
-        await _until(lambda: node.arrived() == 1)
+        node, w, shard, first = await _one_in_flight()
         stale = w._queue_write(shard, _commit("g1", 10))
         shard.generation += 1  # reloaded meanwhile (by the ownership loop, say)
         node.answer(0)
@@ -216,10 +213,7 @@ def test_a_waiter_that_gives_up_leaves_its_append_counted() -> None:
 
 def test_a_batch_holds_at_most_max_batch_records() -> None:
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        first = w._queue_write(shard, _commit("g", 0))
-        await _until(lambda: node.arrived() == 1)
+        node, w, shard, first = await _one_in_flight()
         many = [w._queue_write(shard, _commit(f"g{i}", i)) for i in range(MAX_BATCH_RECORDS + 5)]
         node.answer(0)
         await first
@@ -236,10 +230,7 @@ def test_a_batch_holds_at_most_max_batch_records() -> None:
 
 def test_stopping_fails_the_queue_with_not_coordinator() -> None:
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        first = w._queue_write(shard, _commit("g0", 10))
-        await _until(lambda: node.arrived() == 1)
+        _, w, shard, first = await _one_in_flight()
         second = w._queue_write(shard, _commit("g1", 10))
         w._stopping = True
         assert shard.writer is not None
@@ -294,10 +285,7 @@ def test_a_writer_cancelled_before_it_ran_fails_what_was_queued() -> None:
 
 def test_a_batch_stops_at_max_batch_bytes() -> None:
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        first = w._queue_write(shard, _commit("g", 0))
-        await _until(lambda: node.arrived() == 1)
+        node, w, shard, first = await _one_in_flight()
         meta = "m" * (MAX_BATCH_BYTES // 3)
         big = [
             offset_commit_record(f"g{i}", "t", 0, OffsetAndMetadata(offset=i, metadata=meta))
@@ -321,10 +309,7 @@ def test_after_a_failed_append_the_reloaded_shard_answers_reads_again() -> None:
     queued before it: the failed ones are not among them."""
 
     async def main() -> None:
-        node = FakeNode()
-        w, shard = Writes(node), _shard()
-        failed = w._queue_write(shard, _commit("g0", 10))
-        await _until(lambda: node.arrived() == 1)
+        node, w, shard, failed = await _one_in_flight()
         node.answer(0, StromError("leader gone", retriable=True))
         with pytest.raises(RequestTimedOutError):
             await failed

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
 import shutil
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,13 +44,11 @@ MODES = {"batched": [], "one-per-append": ["--max-write-batch-records", "1"]}
 APPENDS = 'strom_coordinator_writes_total{cause="operations",kind="group"}'
 
 
-def _counter(url: str, series: str) -> float:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        body = resp.read().decode()
-    m = re.search(rf"^{re.escape(series)}\s+([0-9.eE+-]+)$", body, re.M)
-    if m is None:
-        raise RuntimeError(f"{url} has no {series}")
-    return float(m.group(1))
+def _appends(url: str) -> float:
+    value = cpu.scrape_sample(url, APPENDS)
+    if value is None:
+        raise RuntimeError(f"{url} has no {APPENDS}")
+    return value
 
 
 async def _drive(
@@ -143,14 +139,14 @@ def _one_mode(
         start: dict[str, Any] = {}
 
         def at_start() -> None:
-            start["appends"] = _counter(url, APPENDS)
+            start["appends"] = _appends(url)
             start["meter"] = cpu.start(cpu.ServerCpu.of_cluster(cluster))
 
         latencies, failed, elapsed = asyncio.run(
             _drive(coordinator.address, committers, seconds, partitions, at_start)
         )
         usage = start["meter"].stop()
-        appends = int(_counter(url, APPENDS) - start["appends"])
+        appends = int(_appends(url) - start["appends"])
     finally:
         cluster.kill()
         shutil.rmtree(root, ignore_errors=True)

@@ -60,6 +60,18 @@ def scrape_cpu_seconds(url: str, timeout: float = 5.0) -> float:
     return float(m.group(1))
 
 
+def scrape_sample(url: str, series: str, timeout: float = 5.0) -> float | None:
+    """The value of one series of the Prometheus endpoint ``url``, named as it is exposed
+    (``name{label="value",...}``); None when the endpoint is unreachable or lacks it."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read().decode()
+    except OSError:
+        return None
+    m = re.search(rf"^{re.escape(series)}\s+(\S+)$", body, re.M)
+    return float(m.group(1)) if m else None
+
+
 @dataclass(frozen=True)
 class ServerCpu:
     """The service processes whose CPU a phase adds up: local PIDs and/or metrics URLs."""

@@ -33,7 +33,6 @@ import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +83,8 @@ def node_leads(metrics_port: int) -> int:
     ``strom_storage_partitions{role="leader"}`` gauge. Metadata alone is not enough: it
     shows the controller's decision before the node has created or recovered the log."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            body = resp.read().decode()
-    except OSError:
-        return -1  # restarting
-    for line in body.splitlines():
-        if line.startswith('strom_storage_partitions{role="leader"}'):
-            return int(float(line.split()[-1]))
-    return -1
+    led = cpu.scrape_sample(url, 'strom_storage_partitions{role="leader"}')
+    return -1 if led is None else int(led)  # None: restarting
 
 
 def wait_hosted(cluster: LocalCluster, total: int, timeout: float, what: str) -> None:

@@ -812,13 +812,11 @@ def _run(args: argparse.Namespace) -> int:
                 "nodes": args.nodes,
                 **extra,
             }
-            print(report(results, as_json=args.json, context=ctx), file=out)
-            return 0
-        if args.bench_mode in ("produce", "consume", "e2e"):
+        elif args.bench_mode in ("produce", "consume", "e2e"):
             return _bench_clients(args)
-        if args.bench_mode == "grpc-records":
+        elif args.bench_mode == "grpc-records":
             return _bench_grpc_records(args)
-        if args.bench_mode == "record":
+        elif args.bench_mode == "record":
             results = bench_record(
                 records=args.records,
                 record_size=args.record_size,

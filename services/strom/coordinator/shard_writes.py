@@ -77,15 +77,16 @@ class ShardWrites(StorageIO):
         return w.done
 
     async def _write(self, shard: Shard, records: list[GroupRecord]) -> None:
-        """Queue ``records`` and wait until they are durable (raises the write's error)."""
-        await _wait(self._queue_write(shard, records))
+        """Queue ``records`` and wait until they are durable (raises the write's error); a
+        cancelled waiter leaves the write to the writer."""
+        await asyncio.shield(self._queue_write(shard, records))
 
     @staticmethod
     async def _durable(shard: Shard) -> None:
         """Wait until every write queued so far on ``shard`` is durable (raises its error)."""
         tail = shard.write_tail
         if tail is not None:
-            await _wait(tail)
+            await asyncio.shield(tail)
 
     async def _drain(self, shard: Shard) -> None:
         """The shard's writer: append what is queued, a batch at a time, until nothing is."""
@@ -184,11 +185,6 @@ def _writer_ended(shard: Shard, task: asyncio.Task[None]) -> None:
         return
     left, shard.writes = shard.writes, []
     _fail(left, NotCoordinatorError, f"shard {shard.index}'s writer stopped")
-
-
-async def _wait(done: asyncio.Future[None]) -> None:
-    """Wait for a write; a cancelled waiter leaves the write to the writer."""
-    await asyncio.shield(done)
 
 
 async def settled(done: asyncio.Future[None]) -> None:
