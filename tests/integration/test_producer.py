@@ -13,9 +13,10 @@ import pytest
 
 from strom.api import common_pb2, controller_pb2, storage_pb2
 from strom.client.cluster import ClusterClient
+from strom.client.consumer import Consumer
 from strom.client.partitioner import partition_for_key
 from strom.client.producer import Producer, ProducerClosedError
-from strom.client.types import RecordMetadata
+from strom.client.types import RecordMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import free_port, wait_for
 from strom.errors import (
@@ -277,6 +278,34 @@ def test_clear_errors_for_bad_arguments(env: Env) -> None:
         assert p.send(t, b"ok", partition=1).result(10).offset == 0
     with pytest.raises(ProducerClosedError):
         p.send(t, b"late")
+
+
+def test_partitions_added_while_the_producer_runs_take_records(env: Env) -> None:
+    # The producer learnt "1 partition"; partitions added since are waited for (the nodes
+    # learn them through their etcd watches), one beyond the new count fails at once.
+    t = env.topic(partitions=1)
+    with Producer(env.bootstrap) as p, Consumer(env.bootstrap) as c:
+        assert p.send(t, b"first", partition=0).result(10).offset == 0
+        assert p.partitions_for(t) == [0]
+        resp = env.client.controller_call(
+            "CreatePartitions",
+            controller_pb2.CreatePartitionsRequest(
+                topics=[controller_pb2.CreatePartitionsTopic(name=t, count=3)]
+            ),
+        )
+        assert resp.topics[0].error_code == NONE, resp.topics[0].error_message
+        assert p.send(t, b"new", partition=2).result(10).offset == 0
+        [meta] = p.send_batch(t, [b"a", b"b"], partition=1).result(10)
+        assert (meta.partition, meta.base_offset) == (1, 0)
+        start = time.monotonic()
+        with pytest.raises(UnknownTopicOrPartitionError, match="no partition 3 \\(it has 3\\)"):
+            p.send(t, b"x", partition=3)
+        assert time.monotonic() - start < 5
+        c.assign([TopicPartition(t, 2)])
+        c.seek(TopicPartition(t, 2), 0)
+        got = []
+        wait_for(lambda: got.extend(c.poll(200)) or got, timeout=10, what="the new partition")
+        assert [r.value for r in got] == [b"new"]
 
 
 def test_a_producer_the_leader_forgot_starts_its_sequence_again(env: Env) -> None:

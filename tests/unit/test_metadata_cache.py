@@ -49,7 +49,8 @@ class Source:
         self.reply = reply
         self.calls: list[tuple[list[str], float | None]] = []
         self.retry_s = 0.5
-        self.controller_topics: set[str] = set()
+        #: What the controller has in etcd: topic -> partition count.
+        self.controller_topics: dict[str, int] = {}
 
     def metadata(
         self, topics: Sequence[str] | None = None, *, retry_s: float | None = None, **_: Any
@@ -61,12 +62,14 @@ class Source:
         assert method == "DescribeTopics"
         resp = controller_pb2.DescribeTopicsResponse()
         for name in request.topics:
-            code = (
-                common_pb2.ErrorCode.NONE
-                if name in self.controller_topics
-                else common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            )
-            resp.topics.add(name=name, error_code=code)
+            if name in self.controller_topics:
+                t = resp.topics.add(name=name, error_code=common_pb2.ErrorCode.NONE)
+                for p in range(self.controller_topics[name]):
+                    t.partitions.add(partition=p)
+            else:
+                resp.topics.add(
+                    name=name, error_code=common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                )
         return resp
 
 
@@ -235,7 +238,7 @@ def test_failed_stale_refresh_keeps_the_topic_stale() -> None:
 def test_topic_waits_for_nodes_to_learn_a_topic_the_controller_has() -> None:
     replies = [answer({}, unknown=["new"]), answer({}, unknown=["new"]), answer({"new": [(1, 0)]})]
     src = Source(lambda _: replies.pop(0))
-    src.controller_topics = {"new"}
+    src.controller_topics = {"new": 1}
     cache = MetadataCache(src)
     entry = cache.topic("new")
     assert entry.name == "new" and len(entry.partitions) == 1
@@ -253,6 +256,43 @@ def test_unknown_topic_fails_at_once_when_the_controller_lacks_it() -> None:
         cache.topic("nope")
     assert not info.value.retriable
     assert len(src.calls) == 1
+
+
+def test_new_partitions_are_waited_for_when_the_controller_has_them() -> None:
+    # create_partitions(t, 3) committed; the nodes' watches bring the news a moment later.
+    replies = [answer({"t": [(1, 0)]}), answer({"t": [(1, 0)]}), answer({"t": [(1, 0)] * 3})]
+    src = Source(lambda _: replies.pop(0))
+    src.controller_topics = {"t": 3}
+    cache = MetadataCache(src)
+    assert cache.count_covering("t", 2) == 3
+    assert not replies  # asked the nodes until they knew
+    assert cache.counts["t"] == 3
+    assert cache.get(TopicPartition("t", 2)) == PartitionLeader(1, "h1:9001", 0)
+
+
+def test_a_partition_beyond_the_controllers_count_fails_at_once() -> None:
+    src = Source(lambda _: answer({"t": [(1, 0)]}))
+    src.controller_topics = {"t": 3}
+    cache = MetadataCache(src)
+    with pytest.raises(
+        UnknownTopicOrPartitionError, match="has no partition 5 \\(it has 3\\)"
+    ) as info:
+        cache.count_covering("t", 5)
+    assert not info.value.retriable
+    assert len(src.calls) == 1  # no waiting for what cannot come
+    with pytest.raises(UnknownTopicOrPartitionError, match="has no partition -1"):
+        cache.count_covering("t", -1)
+
+
+def test_new_partitions_the_nodes_never_learn_fail_retriably_naming_it() -> None:
+    src = Source(lambda _: answer({"t": [(1, 0)]}))
+    src.controller_topics = {"t": 2}
+    src.retry_s = 0.3
+    cache = MetadataCache(src)
+    with pytest.raises(UnknownTopicOrPartitionError, match="nodes have not learnt it yet") as info:
+        cache.count_covering("t", 1)
+    assert info.value.retriable
+    assert len(src.calls) > 1
 
 
 def test_leader_of_names_the_problem() -> None:

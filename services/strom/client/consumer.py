@@ -41,7 +41,7 @@ from strom.client.membership import GroupMembership
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
-from strom.errors import InvalidGroupIdError, StromError, UnknownTopicOrPartitionError
+from strom.errors import InvalidGroupIdError, StromError
 from strom.record import Record
 from strom.security.config import client_security
 
@@ -383,11 +383,8 @@ class Consumer:
             counts[topic] = len(self._client.topic_metadata(topic).partitions)
         for tp in tps:
             if tp.partition >= counts[tp.topic]:
-                raise UnknownTopicOrPartitionError(
-                    f"topic {tp.topic!r} has no partition {tp.partition} "
-                    f"(it has {counts[tp.topic]})",
-                    retriable=False,
-                )
+                # Partitions just added, or none: waits for the nodes to learn them, or raises.
+                counts[tp.topic] = self._client.cache.count_covering(tp.topic, tp.partition)
         # topic_metadata() also filled the metadata cache with the topics' leaders.
 
     def _assigned(self, tps: Any, what: str) -> list[TopicPartition]:

@@ -318,7 +318,7 @@ class MetadataCache:
         entry = self._fetch_topic(source, topic)
         if entry is not None:
             return entry
-        if self._controller_knows(source, topic):
+        if self._controller_count(source, topic) is not None:
             deadline = time.monotonic() + source.retry_s
             while time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -345,24 +345,58 @@ class MetadataCache:
         return None
 
     @staticmethod
-    def _controller_knows(source: MetadataSource, topic: str) -> bool:
-        """Whether the active controller (which reads etcd directly) has the topic."""
+    def _controller_count(source: MetadataSource, topic: str) -> int | None:
+        """The topic's partition count as the active controller (which reads etcd directly)
+        has it, or None when it does not have the topic or cannot be asked."""
         try:
             resp = source.controller_call(
                 "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=[topic])
             )
         except StromError:
-            return False
-        return any(t.name == topic and t.error_code == NONE for t in resp.topics)
+            return None
+        for t in resp.topics:
+            if t.name == topic and t.error_code == NONE:
+                return len(t.partitions)
+        return None
+
+    def count_covering(self, topic: str, partition: int) -> int:
+        """The topic's partition count once the nodes know ``partition`` of it.
+
+        Partitions added by ``create_partitions`` reach the nodes through their etcd
+        watches a moment after the controller committed them, as a new topic does: a client
+        told "the topic has 3 partitions now" may still hear 1 from a node. When the nodes'
+        count does not cover ``partition`` but the controller's does, wait for the nodes
+        (up to the source's ``retry_s``); when the controller's does not either, the
+        partition does not exist and waiting cannot help.
+        """
+        count = len(self.topic(topic).partitions)
+        if 0 <= partition < count:
+            return count
+        if partition >= 0:
+            source = self._require_source()
+            known = self._controller_count(source, topic)
+            if known is not None and partition < known:
+                deadline = time.monotonic() + source.retry_s
+                while time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    entry = self._fetch_topic(source, topic)
+                    if entry is not None and partition < len(entry.partitions):
+                        return len(entry.partitions)
+                raise error_for(
+                    common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"partition {partition} of topic {topic!r} exists (the topic has {known}) "
+                    "but the nodes have not learnt it yet",
+                )
+            count = max(count, known or 0)
+        raise UnknownTopicOrPartitionError(
+            f"topic {topic!r} has no partition {partition} (it has {count})", retriable=False
+        )
 
     def leader_of(self, topic: str, partition: int, *, refresh: bool = False) -> str:
         """Address of the partition's leader; raises a StromError naming the problem."""
         count = len(self.topic(topic, refresh=refresh).partitions)
         if not 0 <= partition < count:
-            raise UnknownTopicOrPartitionError(
-                f"topic {topic!r} has no partition {partition} (it has {count})",
-                retriable=False,
-            )
+            self.count_covering(topic, partition)  # waits for new partitions, or raises
         leader = self._leaders.get(TopicPartition(topic, partition))
         if leader is None or leader.address is None:
             if not refresh:

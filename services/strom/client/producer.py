@@ -67,7 +67,6 @@ from strom.errors import (
     ProducerFencedError,
     RequestTimedOutError,
     StromError,
-    UnknownTopicOrPartitionError,
     error_for,
     is_retriable,
 )
@@ -304,9 +303,9 @@ class Producer:
                 if partition is None or partition >= n:
                     partition = self._sticky[topic] = random.randrange(n)
         elif type(partition) is not int or not 0 <= partition < n:
-            raise UnknownTopicOrPartitionError(
-                f"topic {topic!r} has no partition {partition!r} (it has {n})", retriable=False
-            )
+            if type(partition) is not int:
+                raise InvalidRequestError(f"partition must be an int, got {partition!r}")
+            n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
         size = 16 if value is None else len(value) + 16  # RECORD_OVERHEAD
         if key is not None:
             size += len(key)
@@ -412,9 +411,7 @@ class Producer:
             return done
         n = self._counts.get(topic) or self._topic_partitions(topic)
         if partition is not None and not 0 <= partition < n:
-            raise UnknownTopicOrPartitionError(
-                f"topic {topic!r} has no partition {partition} (it has {n})", retriable=False
-            )
+            n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
         groups: list[tuple[int, pa.Table]]
         if partition is not None:
             groups = [(partition, table)]
