@@ -171,6 +171,47 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
         assert "budget_ms" not in result
 
 
+def test_bench_grpc_puts_the_node_beside_bare_calls_and_stream_messages(
+    local: LocalCluster,
+) -> None:
+    """`strom bench grpc`: the node's Produce/Fetch and the bare echo server's calls, with
+    the upload also as messages on open streams (what a call costs beyond a message)."""
+    bootstrap = local.bootstrap
+    strom(
+        "bench", "produce", "-b", bootstrap, "--topic", "grpc-bench", "--records", "10", timeout=60
+    )
+    out = strom(
+        "bench",
+        "grpc",
+        "-b",
+        bootstrap,
+        "--topic",
+        "grpc-bench",
+        "--batch-size",
+        "64KiB",
+        "--total",
+        "4MiB",
+        "--concurrency",
+        "2",
+        "--json",
+        timeout=120,
+    )
+    report = json.loads(out.stdout)
+    rows = {r["name"]: r for r in report["results"]}
+    assert set(rows) >= {
+        "echo upload",
+        "echo upload (stream)",
+        "echo download",
+        "echo upload + write",
+    }
+    for name in ("echo upload", "echo upload (stream)", "echo upload + write"):
+        assert rows[name]["batches"] == 64, name  # 4 MiB in 64 KiB messages
+        assert rows[name]["bytes"] == 4 << 20, name
+        assert rows[name]["p50_ms"] > 0, name
+    node_rows = [r for name, r in rows.items() if not name.startswith("echo")]
+    assert len(node_rows) == 2 and all(r["bytes"] > 0 for r in node_rows)
+
+
 @pytest.mark.parametrize("commit", ["sync", "async"])
 def test_bench_consume_as_a_group_commits_after_every_poll(
     local: LocalCluster, commit: str

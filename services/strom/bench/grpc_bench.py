@@ -4,7 +4,10 @@ payload sizes (DESIGN §11: per-request work must be amortised over large batche
 ``bench_echo`` starts a bare grpc.aio server in a separate process (like a storage node is)
 whose generic handlers take and return raw bytes, and measures the transport alone:
 *echo upload* sends ``batch_bytes`` and gets two bytes back, *echo download* sends a few
-bytes and gets ``batch_bytes`` back. ``bench_produce_fetch`` does the same traffic through
+bytes and gets ``batch_bytes`` back, *echo upload (stream)* is the upload as messages on
+``concurrency`` open two-way streams (one message in flight on each) instead of a call each:
+what a call costs beyond a message is their difference (small ``batch_bytes`` show it).
+``bench_produce_fetch`` does the same traffic through
 a storage node: Produce of a pre-built batch of about ``batch_bytes`` (acks=1), then Fetch of
 the same batches. Both sides use the same client: requests serialized once up front, raw
 bytes on the wire calls (no client-side protobuf parsing in the timed loop), ``concurrency``
@@ -27,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -87,6 +91,12 @@ async def serve_echo(port: int, host: str = "127.0.0.1", spool_dir: str | None =
         spool.write(request)
         return b"ok"
 
+    async def upload_stream(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        async for _ in requests:
+            yield b"ok"
+
     async def download(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         (size,) = _SIZE.unpack(request)
         data = cache.get(size)
@@ -102,6 +112,7 @@ async def serve_echo(port: int, host: str = "127.0.0.1", spool_dir: str | None =
                 {
                     "Upload": grpc.unary_unary_rpc_method_handler(upload),
                     "UploadWrite": grpc.unary_unary_rpc_method_handler(upload_write),
+                    "UploadStream": grpc.stream_stream_rpc_method_handler(upload_stream),
                     "Download": grpc.unary_unary_rpc_method_handler(download),
                 },
             )
@@ -174,11 +185,27 @@ async def _echo(
         async def one_down(i: int) -> int:
             return len(await down(size_req, timeout=60))
 
+        streams: asyncio.Queue[Any] = asyncio.Queue()
+        for _ in range(concurrency):
+            streams.put_nowait(ch.stream_stream(f"/{ECHO_SERVICE}/UploadStream")())
+
+        async def one_up_stream(i: int) -> int:
+            stream = await streams.get()  # one message in flight per stream
+            await stream.write(payload)
+            if await stream.read() is grpc.aio.EOF:
+                raise RuntimeError("the echo server ended an upload stream")
+            streams.put_nowait(stream)
+            return batch_bytes
+
         s_up, l_up, b_up, c_up = await _drive(one_up, n, concurrency, server)
+        s_st, l_st, b_st, c_st = await _drive(one_up_stream, n, concurrency, server)
         s_down, l_down, b_down, c_down = await _drive(one_down, n, concurrency, server)
         s_w, l_w, b_w, c_w = await _drive(one_up_write, n, concurrency, server)
+        while not streams.empty():
+            streams.get_nowait().cancel()
     return [
         Result("echo upload", n, 0, b_up, s_up, l_up, c_up),
+        Result("echo upload (stream)", n, 0, b_st, s_st, l_st, c_st),
         Result("echo download", n, 0, b_down, s_down, l_down, c_down),
         Result("echo upload + write", n, 0, b_w, s_w, l_w, c_w),
     ]
@@ -410,10 +437,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         def rate(r: Result) -> float:
             return r.bytes / r.seconds
 
+        base = {r.name: r for r in echo}
         print(
-            f"produce / echo upload = {rate(node[0]) / rate(echo[0]):.0%}   "
-            f"produce / echo upload + write = {rate(node[0]) / rate(echo[2]):.0%}   "
-            f"fetch / echo download = {rate(node[1]) / rate(echo[1]):.0%}"
+            f"produce / echo upload = {rate(node[0]) / rate(base['echo upload']):.0%}   "
+            f"produce / echo upload + write = "
+            f"{rate(node[0]) / rate(base['echo upload + write']):.0%}   "
+            f"fetch / echo download = {rate(node[1]) / rate(base['echo download']):.0%}"
         )
     return 0
 
