@@ -278,7 +278,9 @@ class Producer:
 
         ``callback(metadata, exception)`` (one of them None) runs on the producer's thread
         when the record is acknowledged or failed. Blocks up to ``max_block_ms`` when the
-        topic's metadata is not known yet or the buffer is full.
+        topic's metadata is not known yet, when ``partition`` was added so recently that the
+        nodes have not learnt it yet (a partition the controller does not have either fails
+        at once), or when the buffer is full.
         """
         # The hot path: every line here is paid once per record (see the module docstring).
         if self._closing:
