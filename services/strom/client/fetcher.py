@@ -16,18 +16,17 @@ once, one wake-up per fetch. The work on those threads is small and never drops 
 (CRC checks and body decoding happen when the consumer drains a batch, on the application's
 thread).
 
-A partition is in at most one regular request at a time (plus, for Arrow draining that waits
-on the network, one fetch-ahead: see ``Fetcher._ahead_claimable``), and a node may have several
-requests in flight: each node keeps one idle worker in reserve (more are started on demand, up to
-``MAX_WORKERS_PER_NODE``, and retire after a while without work). So when workers are parked in
-long polls at the end of some partitions' logs (up to ``fetch_max_wait_ms``, perhaps for a
-position the application has since sought away from), a partition that becomes fetchable
-meanwhile (drained, sought, resumed) is fetched at once instead of waiting for those polls.
+A partition is in at most one request at a time (no speculative fetch-ahead: see
+``Fetcher._fetchable``), and a node may have several requests in flight: each node keeps one
+idle worker in reserve (more are started on demand, up to ``MAX_WORKERS_PER_NODE``, and retire
+after a while without work). So when workers are parked in long polls at the end of some
+partitions' logs (up to ``fetch_max_wait_ms``, perhaps for a position the application has
+since sought away from), a partition that becomes fetchable meanwhile (drained, sought,
+resumed) is fetched at once instead of waiting for those polls.
 
 Buffering is bounded per partition: a partition is fetched again only while fewer than
-``max_buffered`` (2) completed responses wait for the application (one more with fetch-ahead),
-so memory stays within a few times ``max_partition_fetch_bytes`` per partition however slow
-the application is.
+``max_buffered`` (2) completed responses wait for the application, so memory stays within a
+few times ``max_partition_fetch_bytes`` per partition however slow the application is.
 
 Every partition has a *generation* that is bumped whenever its position moves behind the
 fetcher's back (seek, reset, pause, re-assignment). Requests remember the generation and fetch
@@ -479,7 +478,6 @@ class PartitionState:
     """
 
     __slots__ = (
-        "ahead",
         "backoff_until",
         "completed",
         "error",
@@ -493,8 +491,6 @@ class PartitionState:
         "paused",
         "position",
         "reset",
-        "span",
-        "stash",
         "tp",
     )
 
@@ -517,20 +513,12 @@ class PartitionState:
         #: A sticky error is raised by every poll until the application seeks (Kafka's rule
         #: for OFFSET_OUT_OF_RANGE without a reset policy, and for corrupt data).
         self.error_sticky = False
-        #: Fetch-ahead (see Fetcher._ahead_claimable): where the speculative request in flight
-        #: starts (-1: none), its answer while the data before it is still missing, and how
-        #: many offsets the last full answer covered (0: at the end of the log, no guessing).
-        self.ahead = -1
-        self.stash: list[RecordBatch] | None = None
-        self.span = 0
 
     def drop_buffered(self) -> None:
         """Forget buffered data and in-flight answers (they are for an old position)."""
         self.generation += 1
         self.completed.clear()
         self.inflight = False
-        self.ahead = -1
-        self.stash = None
         self.fetch_offset = self.position if self.position is not None else -1
 
 
@@ -542,7 +530,6 @@ class _Claim:
     generation: int
     fetch_offset: int
     leader_epoch: int
-    ahead: bool = False  # a fetch-ahead: starts where the request in flight is expected to end
 
 
 class Fetcher:
@@ -605,9 +592,6 @@ class Fetcher:
         self._fatal: BaseException | None = None
         self._claim_rr = 0
         self._drain_rr = 0
-        #: Whether the application's last collect() found nothing to turn into Arrow (it
-        #: waits for the network, so fetching ahead pays; see collect()).
-        self._hungry = False
         #: (generation, position) after the last collect() of each partition it drew from.
         self.last_marks: dict[TopicPartition, tuple[int, int | None]] = {}
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
@@ -827,55 +811,24 @@ class Fetcher:
                     progressed = True
             if not progressed:
                 break
-        # Fetch ahead only for Arrow draining that found nothing (the application waits for
-        # the network). Draining to Python records is bound by the application's thread
-        # (building records): there the extra worker wake-ups cost more GIL time than the
-        # overlap gains (measured: ~9 % fewer records/s with it, Arrow ~10-15 % more).
-        hungry = arrow and count == 0
-        with self._lock:
-            if hungry and not self._hungry:
-                self._hungry = True
-                for part in self.parts.values():
-                    if self._ahead_claimable(part):
-                        leader = self._leaders.get(part.tp)
-                        if leader is not None and leader.address is not None:
-                            self._ensure_worker(leader.address).notify()
-            self._hungry = hungry
         return out, count
 
     # -- helpers (lock held) --------------------------------------------------------------
 
     def _fetchable(self, part: PartitionState) -> bool:
+        """Whether ``part`` can go into a request now: one request per partition at a time.
+
+        A second, speculative request per partition (starting where the one in flight was
+        expected to end) was tried and removed: answers hold whole batches, so the guess
+        missed by a batch or more and a third of the bytes came twice; one-partition
+        ``poll_arrow`` ran 15-25 % faster without it and four partitions the same
+        (docs/benchmarks.md, 2026-11-27)."""
         return (
             part.position is not None
             and not part.paused
             and not part.inflight
             and part.error is None
             and len(part.completed) < self._max_buffered
-            # A fetch-ahead in flight from here on will bring this data: wait for it.
-            and (part.ahead < 0 or part.fetch_offset < part.ahead)
-        )
-
-    def _ahead_claimable(self, part: PartitionState) -> bool:
-        """Fetch-ahead: one partition's fetches are a chain (the next offset is known only
-        when an answer arrives), so a lone partition would get one request in flight at a
-        time and the node and this process would take turns idling. While a fetch is in
-        flight, the buffer has room and the log is known to hold more (the last answer ended
-        below the high watermark), a second request asks for the range after the expected
-        end of the first (its start plus the offsets the last answer covered). Its answer is
-        used only once the data before it has arrived and it is contiguous; a wrong guess
-        costs a wasted fetch, never a gap or a duplicate. Only while the application is
-        starved: when it is the bottleneck, the extra wake-ups would just slow it down."""
-        return (
-            self._hungry
-            and part.inflight
-            and part.ahead < 0
-            and part.stash is None
-            and part.span > 0
-            and len(part.completed) < self._max_buffered
-            and not part.paused
-            and part.error is None
-            and part.fetch_offset + part.span < part.high_watermark
         )
 
     def _kick(self, part: PartitionState) -> None:
@@ -939,9 +892,6 @@ class Fetcher:
                     continue
                 part.inflight = True
                 claims.append(_Claim(part, part.generation, part.fetch_offset, leader.epoch))
-            elif self._ahead_claimable(part):
-                part.ahead = part.fetch_offset + part.span
-                claims.append(_Claim(part, part.generation, part.ahead, leader.epoch, True))
         return claims, due, leads
 
     # -- node workers ---------------------------------------------------------------------
@@ -978,8 +928,6 @@ class Fetcher:
                     if idle:
                         idle = False
                         self._idle[address] -= 1
-                    if any(not c.ahead and self._ahead_claimable(c.part) for c in claims):
-                        self._ensure_worker(address).notify()  # another worker fetches ahead
                 self._fetch(address, claims)
         except BaseException as exc:  # a bug: surface it from poll() instead of hanging
             with self._lock:
@@ -1071,16 +1019,11 @@ class Fetcher:
         with self._lock:
             for c in claims:
                 if c.part.generation == c.generation:
-                    if c.ahead:
-                        c.part.ahead = -1
-                    else:
-                        c.part.inflight = False
+                    c.part.inflight = False
             if self._closed:
                 return
             if failure is not None:
-                # A failed fetch-ahead is simply forgotten: the regular fetch meets the same
-                # problem and handles it.
-                self._request_failed([c for c in claims if not c.ahead], failure, transport, now)
+                self._request_failed(claims, failure, transport, now)
                 return
             endpoints = {n.node_id: f"{n.host}:{n.port}" for n in nodes}
             by_tp = {c.part.tp: c for c in claims}
@@ -1091,33 +1034,9 @@ class Fetcher:
                 part = c.part
                 if self.parts.get(part.tp) is not part or part.generation != c.generation:
                     continue  # unassigned, sought or reset since the request left
-                if c.ahead:
-                    if a.info.error_code == ErrorCode.NONE and isinstance(batches, list):
-                        part.high_watermark = max(part.high_watermark, a.info.high_watermark)
-                        part.stash = batches or None
-                        self._absorb_stash(part)
-                    continue
                 if part.fetch_offset != c.fetch_offset:
                     continue
                 self._apply(part, a.info, batches, endpoints, now)
-                self._absorb_stash(part)
-
-    def _absorb_stash(self, part: PartitionState) -> None:
-        """Buffer a fetch-ahead answer once the data before it is there and it follows on
-        without a gap; drop what the regular fetches have overtaken."""
-        stash = part.stash
-        if stash is None:
-            return
-        keep = [b for b in stash if b.header.next_offset > part.fetch_offset]
-        if not keep:
-            part.stash = None
-        elif keep[0].header.base_offset <= part.fetch_offset and part.error is None:
-            part.stash = None
-            part.completed.append(CompletedFetch(part.tp, keep, check_crcs=self._check_crcs))
-            part.fetch_offset = keep[-1].header.next_offset
-            self.data_ready.notify_all()
-        else:
-            part.stash = keep  # a gap before it: the regular fetch fills that first
 
     def _request_failed(
         self, claims: list[_Claim], failure: StromError, transport: bool, now: float
@@ -1174,9 +1093,6 @@ class Fetcher:
                 )
                 part.fetch_offset = keep[-1].header.next_offset
                 self.data_ready.notify_all()
-            # Expect the next answer to cover as much, while the log holds more than that.
-            more = part.fetch_offset < info.high_watermark
-            part.span = part.fetch_offset - start if keep and more else 0
             return
         if code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if info.log_start_offset >= 0:
