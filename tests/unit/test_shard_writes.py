@@ -111,6 +111,14 @@ async def _one_in_flight() -> tuple[FakeNode, Writes, Shard, asyncio.Future[None
     return node, w, shard, first
 
 
+async def _answer_in_turn(node: FakeNode, appends: int) -> None:
+    """Answer the appends 0 .. ``appends``-1 (the first already at the node), each once it
+    has arrived: the writer sends the next one only after the last was answered."""
+    for n in range(appends):
+        await _until(lambda n=n: node.arrived() == n + 1)
+        node.answer(n)
+
+
 def test_writes_queued_behind_an_append_go_out_together_in_order() -> None:
     async def main() -> None:
         node, w, shard, first = await _one_in_flight()
@@ -215,13 +223,8 @@ def test_a_batch_holds_at_most_max_batch_records() -> None:
     async def main() -> None:
         node, w, shard, first = await _one_in_flight()
         many = [w._queue_write(shard, _commit(f"g{i}", i)) for i in range(MAX_BATCH_RECORDS + 5)]
-        node.answer(0)
-        await first
-        await _until(lambda: node.arrived() == 2)
-        node.answer(1)
-        await _until(lambda: node.arrived() == 3)
-        node.answer(2)
-        await asyncio.gather(*many)
+        await _answer_in_turn(node, 3)
+        await asyncio.gather(first, *many)
         counts = [read_header(b).record_count for b in node.batches]
         assert counts == [1, MAX_BATCH_RECORDS, 5]
 
@@ -251,9 +254,7 @@ def test_one_record_batches_append_each_operation_alone_in_order() -> None:
         w, shard = Writes(node), _shard()
         w.max_write_batch_records = 1
         writes = [w._queue_write(shard, _commit(f"g{i}", i)) for i in range(4)]
-        for n in range(4):
-            await _until(lambda n=n: node.arrived() == n + 1)
-            node.answer(n)
+        await _answer_in_turn(node, 4)
         await asyncio.gather(*writes)
         assert [(h.base_sequence, h.record_count) for h in map(read_header, node.batches)] == [
             (1, 1),
@@ -292,13 +293,8 @@ def test_a_batch_stops_at_max_batch_bytes() -> None:
             for i in range(4)
         ]
         many = [w._queue_write(shard, [r]) for r in big]
-        node.answer(0)
-        await first
-        await _until(lambda: node.arrived() == 2)
-        node.answer(1)
-        await _until(lambda: node.arrived() == 3)
-        node.answer(2)
-        await asyncio.gather(*many)
+        await _answer_in_turn(node, 3)
+        await asyncio.gather(first, *many)
         assert [read_header(b).record_count for b in node.batches] == [1, 2, 2]
 
     asyncio.run(main())

@@ -821,7 +821,7 @@ class Fetcher:
         A second, speculative request per partition (starting where the one in flight was
         expected to end) was tried and removed: answers hold whole batches, so the guess
         missed by a batch or more and a third of the bytes came twice; one-partition
-        ``poll_arrow`` ran 15-25 % faster without it and four partitions the same
+        ``poll_arrow`` ran 13-22 % faster without it and four partitions the same
         (docs/benchmarks.md, 2026-11-27)."""
         return (
             part.position is not None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -319,18 +319,31 @@ class MetadataCache:
         if entry is not None:
             return entry
         if self._controller_count(source, topic) is not None:
-            deadline = time.monotonic() + source.retry_s
-            while time.monotonic() < deadline:
-                time.sleep(0.1)
-                entry = self._fetch_topic(source, topic)
-                if entry is not None:
-                    return entry
+            entry = self._await_nodes(source, topic, lambda e: True)
+            if entry is not None:
+                return entry
             raise error_for(
                 common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 f"topic {topic!r} exists but the nodes have not learnt it yet",
             )
         # The controller does not have it either: retrying cannot help.
         raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}", retriable=False)
+
+    def _await_nodes(
+        self,
+        source: MetadataSource,
+        topic: str,
+        learnt: Callable[[storage_pb2.MetadataTopic], bool],
+    ) -> storage_pb2.MetadataTopic | None:
+        """Ask the nodes again (up to the source's ``retry_s``) until their entry for
+        ``topic`` is ``learnt``; None if it never was."""
+        deadline = time.monotonic() + source.retry_s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            entry = self._fetch_topic(source, topic)
+            if entry is not None and learnt(entry):
+                return entry
+        return None
 
     def _fetch_topic(self, source: MetadataSource, topic: str) -> storage_pb2.MetadataTopic | None:
         md = source.metadata([topic])
@@ -376,12 +389,9 @@ class MetadataCache:
             source = self._require_source()
             known = self._controller_count(source, topic)
             if known is not None and partition < known:
-                deadline = time.monotonic() + source.retry_s
-                while time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    entry = self._fetch_topic(source, topic)
-                    if entry is not None and partition < len(entry.partitions):
-                        return len(entry.partitions)
+                entry = self._await_nodes(source, topic, lambda e: partition < len(e.partitions))
+                if entry is not None:
+                    return len(entry.partitions)
                 raise error_for(
                     common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                     f"partition {partition} of topic {topic!r} exists (the topic has {known}) "
