@@ -187,20 +187,28 @@ def test_compacted_topics_are_cleaned_by_dirty_ratio(cluster: LocalCluster) -> N
     wait_for(lambda: len(values("cfg-low")) < 150, timeout=60, what="cfg-low cleaned")
     first = cleanings(cluster)
     assert first > before
-    write(2, 20)  # every key gets newer values: the round-1 records become obsolete
+    # Round 2 is 40 records (~3.5 kB at segment.bytes=2048), so at least one segment rolls
+    # inside it: some round-2 records sit in a closed segment with newer values for their key
+    # behind them, and a cleaning at the low ratio removes them too. (With only 20, all of
+    # round 2 could sit in the active segment, which is never cleaned.)
+    write(2, 40)  # every key gets newer values: the round-1 records become obsolete
+
+    def cleaned_again() -> bool:
+        if cleanings(cluster) <= first:
+            return False
+        now = values("cfg-low")
+        return len(now) < 40 and not any(v.startswith(b"r1-") for v in now if v)
+
     wait_for(
-        lambda: (
-            cleanings(cluster) > first
-            and not any(v.startswith(b"r1-") for v in values("cfg-low") if v)
-        ),
+        cleaned_again,
         timeout=60,
         what="cfg-low cleaned again at a low dirty ratio",
     )
     low, never = read_all(b, "cfg-low"), read_all(b, "cfg-never")
-    assert len(never) == 170  # never cleaned: every record is there
-    assert len(low) < 20
+    assert len(never) == 190  # never cleaned: every record is there
+    assert len(low) < 40
     for got in (low, never):
         latest = {k: v for _, k, v in got}
-        assert latest == {keys[i % 5]: b"r2-%d" % i for i in range(15, 20)}
+        assert latest == {keys[i % 5]: b"r2-%d" % i for i in range(35, 40)}
         offsets = [o for o, _, _ in got]
-        assert offsets == sorted(offsets) and offsets[-1] == 169
+        assert offsets == sorted(offsets) and offsets[-1] == 189
