@@ -150,3 +150,32 @@ def test_a_commit_from_a_callback_does_not_wait_on_itself() -> None:
     assert fake.committed[A] == 7
     assert [seq for _, seq in fake.requests] == [1, 2]
     q.close(5)
+
+
+def test_async_commits_linger_until_a_sync_commit_sends_them_merged() -> None:
+    """With a linger the first commit goes at once; later asynchronous ones wait (here: a
+    minute) and a synchronous commit sends them with itself, in one request, in order."""
+    fake = FakeCoordinator()
+    q = CommitQueue(fake.send, linger_s=60)
+    q.commit_async(_om(1)).result(5)  # nothing before it: not held back by the linger
+    events: list[Any] = []
+    held = [q.commit_async(_om(i), lambda o, e: events.append(o[A].offset)) for i in range(2, 12)]
+    assert q.queued == 10 and not any(f.done() for f in held)
+    q.commit(_om(50), 5)  # returns well before the minute is up
+    assert events == list(range(2, 12))
+    assert [(r[A], seq) for r, seq in fake.requests] == [(1, 1), (50, 2)]
+    q.close(5)
+
+
+def test_flush_and_close_do_not_wait_for_the_linger() -> None:
+    fake = FakeCoordinator()
+    q = CommitQueue(fake.send, linger_s=60)
+    q.commit_async(_om(1)).result(5)
+    q.commit_async(_om(2))
+    q.commit_async(_om(3))
+    assert q.flush(5)
+    assert [r[A] for r, _ in fake.requests] == [1, 3]
+    last = q.commit_async(_om(4))
+    q.close(5)
+    assert last.done() and last.exception() is None
+    assert [r[A] for r, _ in fake.requests] == [1, 3, 4]

@@ -107,7 +107,8 @@ class Consumer:
     """Reads records from the partitions it is assigned, pulling them from their leaders.
 
     Arguments follow Kafka's consumer configs with underscores (``auto_offset_reset``,
-    ``fetch_max_wait_ms``, ...). The consumer is meant for one application thread; ``close()``
+    ``fetch_max_wait_ms``, ...); ``commit_linger_ms`` is strom's own (see
+    :meth:`commit_async`). The consumer is meant for one application thread; ``close()``
     may be called from another thread to stop a blocking ``poll()`` or iteration.
     """
 
@@ -120,6 +121,7 @@ class Consumer:
         auto_offset_reset: str = "latest",
         enable_auto_commit: bool = True,
         auto_commit_interval_ms: int = 5000,
+        commit_linger_ms: int = 20,
         fetch_min_bytes: int = 1,
         fetch_max_wait_ms: int = 500,
         fetch_max_bytes: int = 50 * MiB,
@@ -161,6 +163,7 @@ class Consumer:
         _int_arg("retry_backoff_ms", retry_backoff_ms, 0)
         _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms)
         _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1)
+        _int_arg("commit_linger_ms", commit_linger_ms, 0)
         _int_arg("session_timeout_ms", session_timeout_ms, 1)
         _int_arg("heartbeat_interval_ms", heartbeat_interval_ms, 1)
         if consumer_timeout_ms is not None:
@@ -174,6 +177,7 @@ class Consumer:
             "auto_offset_reset": auto_offset_reset,
             "enable_auto_commit": bool(enable_auto_commit) and group_id is not None,
             "auto_commit_interval_ms": auto_commit_interval_ms,
+            "commit_linger_ms": commit_linger_ms,
             "fetch_min_bytes": fetch_min_bytes,
             "fetch_max_wait_ms": fetch_max_wait_ms,
             "fetch_max_bytes": fetch_max_bytes,
@@ -317,8 +321,11 @@ class Consumer:
         """Commit without waiting; ``callback(offsets, error)`` runs when the answer comes.
 
         Commits are sent in the order made, on one thread; those made while an earlier one is
-        in flight go out together as one request (each still gets its own callback, in
-        order). ``close()`` sends what is still queued before leaving the group."""
+        in flight, or less than ``commit_linger_ms`` (default 20) after the last request began,
+        go out together as one request (each still gets its own callback, in order): calling
+        this after every poll costs the coordinator at most one request per linger. The first
+        commit after a pause goes at once; ``commit()`` and ``close()`` send what waits at
+        once. ``commit_linger_ms=0`` sends whenever no request is in flight."""
         group = self._require_group("commit_async()")
         group.commit_async(self._commit_offsets(offsets), callback)
 

@@ -101,6 +101,7 @@ class GroupMember:
         cfg = consumer.config
         self._auto_commit = bool(cfg["enable_auto_commit"])
         self._auto_commit_interval_s = cfg["auto_commit_interval_ms"] / 1000.0
+        self._commit_linger_s = cfg.get("commit_linger_ms", 0) / 1000.0
         self._instance_id: str | None = cfg.get("group_instance_id")
         self._assignor: str | None = cfg.get("group_remote_assignor")
         self._timeout_s = max(consumer._timeout_s, 0.001)
@@ -249,7 +250,7 @@ class GroupMember:
     def _commits(self) -> CommitQueue:
         with self._lock:
             if self._commit_queue is None:
-                self._commit_queue = CommitQueue(self._send_commit)
+                self._commit_queue = CommitQueue(self._send_commit, linger_s=self._commit_linger_s)
             return self._commit_queue
 
     def _send_commit(

@@ -34,7 +34,7 @@ class GroupHost(Protocol):
     group_id: str | None
     client_id: str
     #: The consumer's settings: enable_auto_commit, auto_commit_interval_ms,
-    #: heartbeat_interval_ms, group_instance_id, group_remote_assignor.
+    #: commit_linger_ms, heartbeat_interval_ms, group_instance_id, group_remote_assignor.
     config: dict[str, Any]
     _client: ClusterClient
     _fetcher: PositionSource
