@@ -3,7 +3,7 @@
 An earlier note recorded an ``e2e`` bench run in which "records arrived only after more than
 60 s under heavy load". The harness (:mod:`strom.bench.e2e`) now accounts for every record,
 and this test runs it the way that stall happened, made certain instead of rare: a producer
-with ``linger_ms=0`` pipelining to one partition, a consumer-group member receiving and
+with ``linger_ms=0`` and small batches pipelining to one partition, a consumer-group member receiving and
 committing asynchronously, a CPU hog beside them, and a gRPC proxy in front of the node that
 lets every 25th Produce call be overtaken by the next one. Before the producer resent such
 batches in order, the overtaking batches failed with OUT_OF_ORDER_SEQUENCE and were never
@@ -56,6 +56,10 @@ def test_every_record_arrives_once_with_produce_calls_overtaken_under_load(env: 
         grace_s=20,
         acks=1,
         linger_ms=0,
+        # Batches of ~4 records: the bench sends bursts of 10, so most batches are full when
+        # the sender sees them, and full batches are pipelined beside the calls in flight (a
+        # batch still filling waits for the answer: Nagle's rule in strom.client.producer).
+        batch_size=512,
     )
     summary = result.summary()
     assert result.clean, summary

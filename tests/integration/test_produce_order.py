@@ -81,7 +81,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 def _send_until_released(p: Producer, topic: str, hold: Hold, start: int = 0) -> list:
     """Send numbered records one by one until the held call was let through (so several
-    requests were in flight beside it), then a few more; returns the futures."""
+    requests were in flight beside it), then a few more; returns the futures.
+
+    The producers here have ``batch_size=1``: every record is a full batch of its own, and
+    only full batches go out while a request for the partition is in flight (a batch still
+    filling waits for the answer), so this is what makes several calls overtake the held one."""
     futures = []
     i = start
     deadline = time.monotonic() + 30
@@ -113,7 +117,7 @@ def test_a_fresh_producers_first_batch_overtaken_by_the_next_is_resent_in_order(
             warm.send(t, b"warm").result(timeout=30)
         unknown_before = env.refusals("UNKNOWN_PRODUCER_ID")
         hold = env.proxy.hold(PRODUCE, nth=1, after=1)
-        with Producer(env.bootstrap, acks=1, linger_ms=0, max_in_flight=5) as p:
+        with Producer(env.bootstrap, acks=1, linger_ms=0, batch_size=1, max_in_flight=5) as p:
             futures = _send_until_released(p, t, hold)
             p.flush(30)
         # Whatever the interleaving, nothing failed, moved or repeated.
@@ -135,7 +139,7 @@ def test_a_batch_overtaken_mid_stream_is_resent_and_nothing_fails_or_repeats(env
     for _ in range(ATTEMPTS):
         t = env.topic()
         gaps_before = env.refusals("OUT_OF_ORDER_SEQUENCE")
-        with Producer(env.bootstrap, acks=1, linger_ms=0, max_in_flight=5) as p:
+        with Producer(env.bootstrap, acks=1, linger_ms=0, batch_size=1, max_in_flight=5) as p:
             first = [p.send(t, b"%d" % i) for i in range(10)]
             p.flush(30)
             # Three later calls overtake the held one: a cascade of refusals behind a gap.

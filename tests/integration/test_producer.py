@@ -4,6 +4,7 @@ processes). The node advertises a TCP proxy, so tests can lose a response on the
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from strom.errors import (
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
-from strom.record import Record, decode_records
+from strom.record import Record, RecordBatch, decode_batches, decode_records
 
 from .tcp_proxy import TcpProxy
 
@@ -64,6 +65,14 @@ class Env:
         """Every record of the partition from ``start``, straight from the node (not through
         the proxy)."""
         out: list[Record] = []
+        for batch in self.batches(topic, partition, start):
+            out.extend(x for x in decode_records(batch.raw) if x.offset >= start)
+        return out
+
+    def batches(self, topic: str, partition: int = 0, start: int = 0) -> list[RecordBatch]:
+        """Every batch of the partition holding offsets from ``start``, as the node stored
+        them, straight from the node."""
+        out: list[RecordBatch] = []
         offset = start
         addr = self.cluster.bootstrap.split(",")[0]
         while True:
@@ -87,11 +96,11 @@ class Env:
             )
             r = self.client.storage(addr).Fetch(req, timeout=10).topics[0].partitions[0]
             assert r.error_code == NONE, r.error_message
-            recs = [x for x in decode_records(r.records) if x.offset >= offset]
-            if not recs:
+            got = [b for b in decode_batches(r.records) if b.last_offset >= offset]
+            if not got:
                 return out
-            out.extend(recs)
-            offset = recs[-1].offset + 1
+            out.extend(got)
+            offset = got[-1].last_offset + 1
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +230,30 @@ def test_idempotent_retry_after_a_lost_response_writes_once(env: Env) -> None:
         assert f.result(20).offset == 1
         assert p.send(t, b"third").result(10).offset == 2
     assert [r.value for r in env.read(t)] == [b"first", b"second", b"third"]
+
+
+def test_a_batch_still_filling_waits_for_the_answer_in_flight(env: Env) -> None:
+    """Nagle's rule for batches: while a partition has a request in flight, records sent with
+    ``linger_ms=0`` gather in one batch that goes out when the answer comes (only full batches
+    are pipelined), so a steady trickle costs one call per round trip, not one per record."""
+    t = env.topic()
+    with Producer(env.bootstrap, acks=1, linger_ms=0, retry_backoff_ms=50) as p:
+        assert p.send(t, b"warm").result(10).offset == 0  # connection through the proxy is up
+        env.proxy.hold()  # the node's answers vanish from here on
+        first = p.send(t, b"a")
+        wait_for(lambda: len(env.read(t)) == 2, timeout=10, what="the append on the node")
+        pace = threading.Event()
+        rest = []
+        for i in range(50):
+            rest.append(p.send(t, b"b%d" % i))
+            pace.wait(0.0005)  # let the sender thread run between sends, as a trickle would
+        # Nothing more reached the node while "a" was unanswered (pipelining sent them).
+        assert [r.value for r in env.read(t)] == [b"warm", b"a"]
+        env.proxy.cut()  # "a" is retried (the node knows it: no duplicate), then the rest
+        assert first.result(20).offset == 1
+        assert [f.result(20).offset for f in rest] == list(range(2, 52))
+    assert [len(b) for b in env.batches(t)] == [1, 1, 50]
+    assert [r.value for r in env.read(t)][2:] == [b"b%d" % i for i in range(50)]
 
 
 def test_without_idempotence_the_same_retry_duplicates(env: Env) -> None:
