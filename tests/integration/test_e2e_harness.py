@@ -1,14 +1,14 @@
 """The end-to-end harness under reordering and load (issue 9, defect 3).
 
-An earlier note recorded an ``e2e`` bench run in which "records arrived only after more than
-60 s under heavy load". The harness (:mod:`strom.bench.e2e`) now accounts for every record,
-and this test runs it the way that stall happened, made certain instead of rare: a producer
-with ``linger_ms=0`` and small batches pipelining to one partition, a consumer-group member receiving and
-committing asynchronously, a CPU hog beside them, and a gRPC proxy in front of the node that
-lets every 25th Produce call be overtaken by the next one. Before the producer resent such
-batches in order, the overtaking batches failed with OUT_OF_ORDER_SEQUENCE and were never
-written; an unchecked bench could only wait for them until its 60 s give-up, which is what
-the note saw. Now every record must arrive exactly once.
+An earlier note recorded an ``e2e`` bench run in which "records arrived only after more than 60
+s under heavy load". The harness (:mod:`strom.bench.e2e`) now accounts for every record, and
+this test runs it the way that stall happened, made certain instead of rare: a producer with
+``linger_ms=0`` and small batches pipelining to one partition, a consumer-group member
+receiving and committing asynchronously, a CPU hog beside them, and a gRPC proxy in front of
+the node that lets every 25th Produce call be overtaken by the next one. Before the producer
+resent such batches in order, the overtaking batches failed with OUT_OF_ORDER_SEQUENCE and were
+never written; an unchecked bench could only wait for them until its 60 s give-up, which is
+what the note saw. Now every record must arrive exactly once.
 """
 
 from __future__ import annotations
