@@ -108,6 +108,8 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> N
         ("consume", ["--api", "arrow", "--max-partition-fetch-bytes", "4MiB"]),
         ("e2e", ["--rate", "5000"]),
         ("e2e", ["--rate", "5000", "--trace"]),
+        ("e2e", ["--rate", "5000", "--consumer-process"]),
+        ("e2e", ["--rate", "5000", "--consumer-process", "--group", "bench-proc"]),
     ],
 )
 def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str]) -> None:
@@ -155,6 +157,10 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
             0,
             0,
         )
+        proc = "--consumer-process" in extra
+        assert report["context"]["consumer"] == ("process" if proc else "thread")
+        if "--group" in extra:  # the receiving process committed as it went
+            assert result["commits"] > 0 and result["commit_errors"] == 0
     if mode == "produce" and "send" in extra:  # what send() costs the caller's own thread
         assert result["caller_cpu_us_per_record"] > 0
     else:

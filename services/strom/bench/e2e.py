@@ -12,11 +12,17 @@ gave up.
 
 ``cpu_hog`` starts that many busy-looping processes for the run (the machine under load);
 ``reorder_every`` is for tests that put a reordering gRPC proxy in front of the node.
+
+``consumer_process`` receives in a process of its own, as two services would: in one process
+the producer's and the consumer's threads share one interpreter lock, which on 2 cores costs
+the records ~0.5 ms of p50 (docs/benchmarks.md). Send times are ``perf_counter_ns``, the
+system's monotonic clock, so the two processes' stamps compare.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import struct
@@ -137,14 +143,16 @@ def bench_e2e(
     grace_s: float = 30.0,
     trace: bool = False,
     warmup_records: int = 1000,
+    consumer_process: bool = False,
     **producer_options: Any,
 ) -> E2EResult:
     """Send ``records`` at ``rate``; receive them with an assigned consumer, or as a member of
     ``group`` committing after every poll (``commit`` = async, sync or none). Returns when
     every acknowledged record arrived, or when nothing arrived for ``grace_s`` after the last
     send was answered. ``trace``: also time each leg of every record's way (the budget).
-    ``warmup_records`` go first, outside the measurement (see :func:`_warm_up`)."""
-    from strom.client.consumer import Consumer
+    ``warmup_records`` go first, outside the measurement (see :func:`_send_warm_up`).
+    ``consumer_process``: receive in a process of its own (see the module docstring); the
+    client CPU is then both processes'."""
     from strom.client.producer import Producer
 
     if commit not in ("async", "sync", "none"):
@@ -153,15 +161,11 @@ def bench_e2e(
         parts = admin.describe_topic(topic).partitions
     tps = [TopicPartition(topic, p.partition) for p in parts]
     pad = b"x" * max(record_size - STAMP.size, 0)
-    latencies: list[float] = []
-    seen = np.zeros(records, dtype=np.uint8)
     lock = threading.Lock()
     acked = [0]
     failures: list[BaseException] = []
-    commit_errors: list[BaseException] = []
-    commits = [0]
-    foreign = [0]
     nonce = int.from_bytes(os.urandom(4), "big")
+    warm_nonce = nonce ^ 0xFFFFFFFF
     bar = Progress(records, "e2e", enabled=progress)
 
     def sent(_md: object, err: BaseException | None) -> None:
@@ -171,122 +175,265 @@ def bench_e2e(
             else:
                 failures.append(err)
 
-    def committed(_offsets: object, err: BaseException | None) -> None:
-        commits[0] += 1
-        if err is not None:
-            commit_errors.append(err)
+    def produce(p: Any, done: threading.Event) -> None:
+        try:
+            start = time.perf_counter()
+            for i in range(records):
+                value = STAMP.pack(nonce, i, time.perf_counter_ns()) + pad
+                p.send(topic, value, callback=sent)
+                if i % 10 == 0:
+                    _pace(rate, start, i)
+            p.flush()
+        finally:
+            done.set()
+
+    def expected() -> int:
+        with lock:
+            return acked[0]
 
     tracer = _Tracer(nonce, records) if trace else None
     consumer_options: dict[str, Any] = {"fetch_max_wait_ms": 100, "fetch_min_bytes": 1}
     if group is not None:
         consumer_options.update(group_id=group, enable_auto_commit=False)
-    with (
-        cpu_hog(cpu_hogs),
-        Consumer(bootstrap, auto_offset_reset="latest", **consumer_options) as c,
-        Producer(bootstrap, **producer_options) as p,
-    ):
-        if group is None:
-            c.assign(tps)
-            for tp in tps:
-                c.position(tp)  # resolve "latest" now, before anything is sent
-        else:
-            c.subscribe([topic])
-            deadline = time.monotonic() + 30
-            while c.assignment() != set(tps) and time.monotonic() < deadline:
-                c.poll(timeout_ms=100)
-            for tp in c.assignment():
-                c.position(tp)
-        _warm_up(p, c, topic, nonce ^ 0xFFFFFFFF, pad, warmup_records)
-        with _tracing(tracer):
-            done = threading.Event()
-
-            def produce() -> None:
-                try:
-                    start = time.perf_counter()
-                    for i in range(records):
-                        value = STAMP.pack(nonce, i, time.perf_counter_ns()) + pad
-                        p.send(topic, value, callback=sent)
-                        if i % 10 == 0:
-                            _pace(rate, start, i)
-                    p.flush()
-                finally:
-                    done.set()
-
-            t = threading.Thread(target=produce, name="e2e-producer", daemon=True)
+    job = _ReceiveJob(bootstrap, topic, tps, group, commit, consumer_options, nonce, records)
+    done = threading.Event()
+    if consumer_process:
+        if trace:
+            raise ValueError("trace needs the consumer in the bench's process (one clock)")
+        with (
+            cpu_hog(cpu_hogs),
+            _ReceiverProcess(job) as child,
+            Producer(bootstrap, **producer_options) as p,
+        ):
+            _send_warm_up(p, topic, warm_nonce, pad, warmup_records)
+            child.warm(warm_nonce, warmup_records)
             meter = cpu.start()
             start = time.perf_counter()
-            t.start()
-            got = 0
-            last_progress = time.monotonic()
-            while True:
-                batch = c.poll(timeout_ms=200)
-                now = time.perf_counter_ns()
-                for rec in batch:
-                    run, i, ns = STAMP.unpack_from(rec.value)
-                    if run != nonce or not 0 <= i < records:
-                        foreign[0] += 1
-                        continue
-                    seen[i] += 1
-                    latencies.append((now - ns) / 1e9)
-                    if tracer is not None:
-                        tracer.polled(rec.topic, rec.partition, rec.offset, i, ns, now)
-                if batch:
-                    got += len(batch)
-                    last_progress = time.monotonic()
-                    bar.update(got)
-                    if group is not None and commit == "async":
-                        c.commit_async(callback=committed)
-                    elif group is not None and commit == "sync":
-                        try:
-                            c.commit()
-                            commits[0] += 1
-                        except Exception as exc:
-                            commit_errors.append(exc)
-                if done.is_set():
-                    with lock:
-                        expected = acked[0]
-                    if int(np.count_nonzero(seen)) >= expected:
-                        break
-                    if time.monotonic() - last_progress > grace_s:
-                        break
+            produce(p, done)
+            rx = child.finish(expected(), grace_s)
             seconds = time.perf_counter() - start
-            t.join()
             usage = meter.stop()
+            usage.client_s += rx.cpu_s
+        bar.update(rx.got)
+    else:
+        with (
+            cpu_hog(cpu_hogs),
+            job.consumer() as c,
+            Producer(bootstrap, **producer_options) as p,
+        ):
+            _send_warm_up(p, topic, warm_nonce, pad, warmup_records)
+            _read_warm_up(c, warm_nonce, warmup_records)
+            rx = _Receiver(c, job, bar)
+            with _tracing(tracer):
+                t = threading.Thread(target=produce, args=(p, done), name="e2e-producer")
+                t.daemon = True
+                meter = cpu.start()
+                start = time.perf_counter()
+                t.start()
+                while True:
+                    rx.poll_once(tracer)
+                    if done.is_set() and rx.finished(expected(), grace_s):
+                        break
+                seconds = time.perf_counter() - start
+                t.join()
+                usage = meter.stop()
     bar.finish()
-    unique = int(np.count_nonzero(seen))
-    lat = np.asarray(latencies)
+    unique = int(np.count_nonzero(rx.seen))
+    lat = np.asarray(rx.latencies)
     return E2EResult(
         "end-to-end",
         0,
-        got,
-        got * record_size,
+        rx.got,
+        rx.got * record_size,
         seconds,
-        latencies,
+        list(rx.latencies),
         usage,
         sent=records,
         failed=len(failures),
         first_error=repr(failures[0]) if failures else "",
         lost=max(acked[0] - unique, 0),
-        duplicates=int(np.sum(seen[seen > 1] - 1)),
+        duplicates=int(np.sum(rx.seen[rx.seen > 1] - 1)),
         slow=int(np.count_nonzero(lat > 1.0)),
-        commits=commits[0],
-        commit_errors=len(commit_errors),
-        extra={"foreign": foreign[0]} if foreign[0] else {},
+        commits=rx.commits,
+        commit_errors=rx.commit_errors,
+        extra={"foreign": rx.foreign} if rx.foreign else {},
         budget=tracer.budget() if tracer is not None else {},
     )
 
 
-def _warm_up(p: Any, c: Any, topic: str, nonce: int, pad: bytes, n: int) -> None:
-    """Send ``n`` records and read them back before the clock starts: a new producer's
-    connection and producer id, the consumer's first fetches and, on a new replicated topic,
-    the followers' first fetches (an acks=all produce waits for them) are one-time costs of
-    the first second, not the steady state the run measures. A warm-up that fails raises."""
+@dataclass
+class _ReceiveJob:
+    """What the receiving side needs (picklable: it crosses to the consumer process)."""
+
+    bootstrap: str | None
+    topic: str
+    tps: list[TopicPartition]
+    group: str | None
+    commit: str
+    consumer_options: dict[str, Any]
+    nonce: int
+    records: int
+
+    @contextlib.contextmanager
+    def consumer(self) -> Iterator[Any]:
+        """A consumer at the partitions' ends: assigned, or a member of ``group`` once it
+        owns them all ("latest" resolved now, before anything is sent)."""
+        from strom.client.consumer import Consumer
+
+        with Consumer(self.bootstrap, auto_offset_reset="latest", **self.consumer_options) as c:
+            if self.group is None:
+                c.assign(self.tps)
+                for tp in self.tps:
+                    c.position(tp)
+            else:
+                c.subscribe([self.topic])
+                deadline = time.monotonic() + 30
+                while c.assignment() != set(self.tps) and time.monotonic() < deadline:
+                    c.poll(timeout_ms=100)
+                for tp in c.assignment():
+                    c.position(tp)
+            yield c
+
+
+class _Receiver:
+    """The receiving side's bookkeeping: which records came, how late, and the commits."""
+
+    def __init__(self, c: Any, job: _ReceiveJob, bar: Progress | None = None) -> None:
+        self._c = c
+        self._job = job
+        self._bar = bar
+        self.latencies: list[float] = []
+        self.seen = np.zeros(job.records, dtype=np.uint8)
+        self.got = 0
+        self.commits = 0
+        self.commit_errors = 0
+        self.foreign = 0
+        self.cpu_s = 0.0
+        self.last_progress = time.monotonic()
+
+    def _committed(self, _offsets: object, err: BaseException | None) -> None:
+        self.commits += 1
+        if err is not None:
+            self.commit_errors += 1
+
+    def poll_once(self, tracer: _Tracer | None = None) -> None:
+        """One poll: stamp what came, then commit after it as the job says."""
+        c, job = self._c, self._job
+        batch = c.poll(timeout_ms=200)
+        now = time.perf_counter_ns()
+        for rec in batch:
+            run, i, ns = STAMP.unpack_from(rec.value)
+            if run != job.nonce or not 0 <= i < job.records:
+                self.foreign += 1
+                continue
+            self.seen[i] += 1
+            self.latencies.append((now - ns) / 1e9)
+            if tracer is not None:
+                tracer.polled(rec.topic, rec.partition, rec.offset, i, ns, now)
+        if not batch:
+            return
+        self.got += len(batch)
+        self.last_progress = time.monotonic()
+        if self._bar is not None:
+            self._bar.update(self.got)
+        if job.group is not None and job.commit == "async":
+            c.commit_async(callback=self._committed)
+        elif job.group is not None and job.commit == "sync":
+            try:
+                c.commit()
+                self.commits += 1
+            except Exception:
+                self.commit_errors += 1
+
+    def finished(self, expected: int, grace_s: float) -> bool:
+        """Every acknowledged record came, or nothing came for ``grace_s``."""
+        if int(np.count_nonzero(self.seen)) >= expected:
+            return True
+        return time.monotonic() - self.last_progress > grace_s
+
+
+def _receive_in_child(conn: Any, job: _ReceiveJob) -> None:
+    """The consumer process: join, read the warm-up back, then receive until the parent's
+    count of acknowledged records came (or nothing came for its grace); sends the receiver's
+    bookkeeping back, or ("error", text)."""
+    try:
+        with job.consumer() as c:
+            conn.send("ready")
+            warm_nonce, warmup = conn.recv()
+            _read_warm_up(c, warm_nonce, warmup)
+            conn.send("warm")
+            rx = _Receiver(c, job)
+            cpu0 = time.process_time()
+            end: tuple[int, float] | None = None
+            while True:
+                rx.poll_once()
+                if end is None and conn.poll():
+                    end = conn.recv()
+                if end is not None and rx.finished(*end):
+                    break
+            rx.cpu_s = time.process_time() - cpu0
+            rx._c = rx._bar = None
+        conn.send(rx)
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class _ReceiverProcess:
+    """The consumer process, driven over a pipe (see :func:`_receive_in_child`)."""
+
+    def __init__(self, job: _ReceiveJob) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=_receive_in_child, args=(child_conn, job), daemon=True)
+
+    def __enter__(self) -> _ReceiverProcess:
+        self._proc.start()
+        self._expect("ready", 120)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(10)
+
+    def _expect(self, what: str, timeout: float) -> Any:
+        if not self._conn.poll(timeout):
+            raise RuntimeError(f"the consumer process did not answer ({what}) in {timeout:.0f} s")
+        got = self._conn.recv()
+        if isinstance(got, tuple) and got and got[0] == "error":
+            raise RuntimeError(f"the consumer process failed: {got[1]}")
+        return got
+
+    def warm(self, nonce: int, records: int) -> None:
+        """The child reads the warm-up's ``records`` back."""
+        self._conn.send((nonce, records))
+        self._expect("warm-up", 90)
+
+    def finish(self, expected: int, grace_s: float) -> _Receiver:
+        """Tell the child how many records were acknowledged; its bookkeeping once they came."""
+        self._conn.send((expected, grace_s))
+        rx = self._expect("results", grace_s + 600)
+        assert isinstance(rx, _Receiver)
+        return rx
+
+
+def _send_warm_up(p: Any, topic: str, nonce: int, pad: bytes, n: int) -> None:
+    """Send ``n`` records before the clock starts (read back by :func:`_read_warm_up`): a new
+    producer's connection and producer id, the consumer's first fetches and, on a new
+    replicated topic, the followers' first fetches (an acks=all produce waits for them) are
+    one-time costs of the first second, not the steady state the run measures. A warm-up that
+    fails raises."""
     if n <= 0:
         return
     futures = [p.send(topic, STAMP.pack(nonce, i, time.perf_counter_ns()) + pad) for i in range(n)]
     p.flush(60)
     for f in futures:
         f.result(60)
+
+
+def _read_warm_up(c: Any, nonce: int, n: int) -> None:
+    """Read the ``n`` warm-up records back."""
     got = 0
     deadline = time.monotonic() + 60
     while got < n and time.monotonic() < deadline:

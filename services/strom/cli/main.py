@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     for mode, text in (
         ("produce", "Producer throughput and ack latency (Kafka's producer perf tool)"),
         ("consume", "Consumer throughput from the earliest offset"),
-        ("e2e", "end-to-end latency: produce at --rate, consume in the same process"),
+        ("e2e", "end-to-end latency: produce at --rate, consume in the same process or another"),
     ):
         cb = bsub.add_parser(mode, parents=[common, metered], help=text)
         cb.add_argument("--topic", default="strom-bench", help="created if missing")
@@ -424,6 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="also time each leg of every record's way (send, Produce, Fetch, poll): "
                 "the latency budget",
+            )
+            cb.add_argument(
+                "--consumer-process",
+                action="store_true",
+                help="consume in a process of its own, as two services would (default: a "
+                "thread of the bench's process, sharing its interpreter lock); not with --trace",
             )
             cb.add_argument(
                 "--cpu-hog",
@@ -558,6 +564,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             cpu_hogs=args.cpu_hog,
             trace=args.trace,
             warmup_records=args.warmup_records,
+            consumer_process=args.consumer_process,
             **options,
         )
     ctx = {
@@ -571,7 +578,10 @@ def _bench_clients(args: argparse.Namespace) -> int:
     }
     if args.bench_mode == "e2e":
         ctx.update(
-            group=args.group or "-", cpu_hog=args.cpu_hog, warmup_records=args.warmup_records
+            group=args.group or "-",
+            cpu_hog=args.cpu_hog,
+            warmup_records=args.warmup_records,
+            consumer="process" if args.consumer_process else "thread",
         )
     if args.bench_mode == "consume":
         ctx.update(
