@@ -90,7 +90,11 @@ class CommitQueue:
             self._pending.append(c)
             if c.sync:
                 self._urgent = True
-            self._cond.notify()
+                self._cond.notify()
+            elif len(self._pending) == 1:
+                # Only an idle thread needs waking: one lingering or sending finds this one
+                # when it looks (a wake-up per commit_async cost a thread switch per poll).
+                self._cond.notify()
         return c.done
 
     def commit(self, offsets: Offsets, timeout_s: float) -> None:
