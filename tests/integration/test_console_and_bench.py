@@ -157,6 +157,10 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
             0,
             0,
         )
+        # Latency counts from each record's scheduled time, and a record is never sent
+        # before it: so never less than the latency from its send() call.
+        for q in ("p50", "p99", "p99.9"):
+            assert result[f"{q}_ms"] >= result[f"from_send_{q}_ms"] > 0
         proc = "--consumer-process" in extra
         assert report["context"]["consumer"] == ("process" if proc else "thread")
         if "--group" in extra:  # the receiving process committed as it went
