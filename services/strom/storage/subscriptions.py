@@ -261,6 +261,9 @@ class Subscription:
                 client_id=self._client_id,
                 auto_offset_reset="earliest" if spec.earliest else "latest",
                 enable_auto_commit=False,
+                # A CommitOffsets call waits for its commit: no lingering (they still merge
+                # while one is in flight).
+                commit_linger_ms=0,
             )
             if spec.group_id:
                 self.consumer.subscribe(spec.topics, listener=self)
