@@ -42,7 +42,7 @@ import numpy as np
 
 from strom.bench import cpu
 from strom.bench.clients import Progress
-from strom.bench.stats import Result
+from strom.bench.stats import Result, percentiles_ms
 from strom.client.admin import Admin
 from strom.client.types import TopicPartition
 
@@ -52,9 +52,6 @@ STAMP = struct.Struct(">Iqq")
 #: The e2e bench's prefix: STAMP's fields with the scheduled time in place of the send time,
 #: then the time ``send()`` was called.
 E2E_STAMP = struct.Struct(">Iqqq")
-
-
-_QS = ("p50", "p99", "p99.9")
 
 
 @dataclass
@@ -86,10 +83,8 @@ class E2EResult(Result):
         if self.latencies:
             out["max_ms"] = round(max(self.latencies) * 1e3, 3)
         if self.from_send:
-            q = np.percentile(np.asarray(self.from_send) * 1e3, [50, 99, 99.9])
-            out.update(
-                {f"from_send_{k}_ms": round(float(v), 3) for k, v in zip(_QS, q, strict=True)}
-            )
+            q = percentiles_ms(self.from_send, (50, 99, 99.9))
+            out.update({f"from_send_{k}_ms": v for k, v in q.items()})
         out.update(
             sent=self.sent,
             failed=self.failed,
@@ -112,7 +107,7 @@ class E2EResult(Result):
             text += f" max {d['max_ms']}"
         if self.from_send:
             text += f"\n{'from send()':<24} latency ms" + "".join(
-                f" {k} {d[f'from_send_{k}_ms']}" for k in _QS
+                f" {k} {d[f'from_send_{k}_ms']}" for k in ("p50", "p99", "p99.9")
             )
         text += (
             f"\n{'delivery':<24} sent {self.sent:,}  failed {self.failed:,}  lost {self.lost:,}"
@@ -270,7 +265,7 @@ def bench_e2e(
         rx.got,
         rx.got * record_size,
         seconds,
-        list(rx.latencies),
+        rx.latencies,
         usage,
         sent=records,
         failed=len(failures),
@@ -280,7 +275,7 @@ def bench_e2e(
         slow=int(np.count_nonzero(lat > 1.0)),
         commits=rx.commits,
         commit_errors=rx.commit_errors,
-        from_send=list(rx.from_send),
+        from_send=rx.from_send,
         extra={"foreign": rx.foreign} if rx.foreign else {},
         budget=tracer.budget() if tracer is not None else {},
     )
@@ -337,6 +332,10 @@ class _Receiver:
         self.foreign = 0
         self.cpu_s = 0.0
         self.last_progress = time.monotonic()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The bookkeeping only: the consumer and the progress bar stay in the child."""
+        return {**self.__dict__, "_c": None, "_bar": None}
 
     def _committed(self, _offsets: object, err: BaseException | None) -> None:
         self.commits += 1
@@ -400,7 +399,6 @@ def _receive_in_child(conn: Any, job: _ReceiveJob) -> None:
                 if end is not None and rx.finished(*end):
                     break
             rx.cpu_s = time.process_time() - cpu0
-            rx._c = rx._bar = None
         conn.send(rx)
     except Exception as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))

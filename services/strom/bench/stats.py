@@ -39,9 +39,7 @@ class Result:
             "mb_per_s": round(self.bytes / s / 1e6, 1),
         }
         if self.latencies:
-            lat = np.asarray(self.latencies) * 1e3
-            for p in (50, 95, 99, 99.9):
-                out[f"p{p}_ms"] = round(float(np.percentile(lat, p)), 3)
+            out.update({f"{k}_ms": v for k, v in percentiles_ms(self.latencies).items()})
         if self.cpu is not None:
             out.update(self.cpu.per_million(self.records))  # type: ignore[arg-type]
         if self.caller_cpu_s is not None and self.records:
@@ -68,6 +66,14 @@ class Result:
         if "caller_cpu_us_per_record" in d:
             text += f"   caller thread {d['caller_cpu_us_per_record']} µs/record"
         return text
+
+
+def percentiles_ms(
+    latencies_s: list[float], ps: tuple[float, ...] = (50, 95, 99, 99.9)
+) -> dict[str, float]:
+    """``{"p50": ms, ...}`` of latencies given in seconds, rounded to µs."""
+    lat = np.asarray(latencies_s) * 1e3
+    return {f"p{p}": round(float(v), 3) for p, v in zip(ps, np.percentile(lat, ps), strict=True)}
 
 
 def report(results: list[Result], *, as_json: bool, context: dict[str, object]) -> str:
