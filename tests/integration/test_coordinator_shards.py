@@ -203,9 +203,13 @@ def test_commits_that_arrive_during_an_append_share_the_next_one_and_survive_a_n
             )
 
         async def loaded(svc: CoordinatorService) -> Any:
-            kind = svc.group_kind
-            await _until(lambda: 0 in kind.shards and kind.shards[0].loaded, 60, "shard loaded")
-            return kind.shards[0]
+            # Both kinds' shards: loading one appends a fence batch, and the transaction
+            # shard's must not land among the Produce calls counted below.
+            for kind in (svc.txn_kind, svc.group_kind):
+                await _until(
+                    lambda k=kind: 0 in k.shards and k.shards[0].loaded, 60, "shards loaded"
+                )
+            return svc.group_kind.shards[0]
 
         async def first_owner() -> None:
             svc = service(7)
