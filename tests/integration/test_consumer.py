@@ -167,6 +167,98 @@ def test_assign_and_poll_read_everything_in_order(
         assert (late.partition, late.offset, late.value) == (1, 100, b"late")
 
 
+def _fetch_threads(consumer: Consumer) -> list[str]:
+    """Record the name of the thread making each of ``consumer``'s Fetch calls."""
+    names: list[str] = []
+    fetcher = consumer._fetcher
+    fetch = fetcher._fetch
+
+    def recording(*args: object, **kwargs: object) -> None:
+        names.append(threading.current_thread().name)
+        fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+    fetcher._fetch = recording  # type: ignore[method-assign]
+    return names
+
+
+def test_a_waiting_poll_fetches_on_its_own_thread(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    # Caught up, a poll that waits long-polls the leader itself (no hand-off from a fetch
+    # thread); records produced one at a time meanwhile all arrive, once, in order.
+    create_topic(cluster, "c-inline")
+    tp = TopicPartition("c-inline", 0)
+    produce(admin, "c-inline", 0, values("a", 5))
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        threads = _fetch_threads(consumer)
+        assert [r.offset for r in drain(consumer, 5)] == list(range(5))
+        assert consumer.poll(timeout_ms=100) == []  # caught up: the partition is held
+        before = len(threads)
+        got: list[Record] = []
+        for i in range(20):
+            produce(admin, "c-inline", 0, [f"b-{i}".encode()])
+            got.extend(drain(consumer, 1))
+        assert [r.value for r in got] == values("b", 20)
+        assert [r.offset for r in got] == list(range(5, 25))
+        after = threads[before:]
+        assert after, "no fetch was made"
+        me = threading.current_thread().name
+        assert all(name == me for name in after), f"fetched by workers: {set(after) - {me}}"
+
+
+def test_a_poll_that_never_waits_still_gets_caught_up_partitions(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    # A partition held for the application's own fetch must not starve a consumer that
+    # then only polls with timeout 0: such a poll hands it back to the fetch threads.
+    create_topic(cluster, "c-nowait")
+    tp = TopicPartition("c-nowait", 0)
+    produce(admin, "c-nowait", 0, values("a", 3))
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        drain(consumer, 3)
+        assert consumer.poll(timeout_ms=100) == []  # caught up and held
+        produce(admin, "c-nowait", 0, values("b", 4))
+        got: list[Record] = []
+        wait_for(
+            lambda: bool(got.extend(consumer.poll(timeout_ms=0))) or len(got) >= 4,
+            timeout=10,
+            what="poll(0) to return the records produced after catching up",
+        )
+        assert [r.offset for r in got] == list(range(3, 7))
+        assert [r.value for r in got] == values("b", 4)
+
+
+def test_close_ends_a_poll_blocked_in_its_own_fetch(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    create_topic(cluster, "c-closeinline")
+    tp = TopicPartition("c-closeinline", 0)
+    consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=60_000)
+    consumer.assign([tp])
+    # The first fetch is a fetch thread's (parked for up to a minute); a record ends it, and
+    # from then on the caught-up partition is left to the polling thread.
+    assert consumer.poll(timeout_ms=100) == []
+    produce(admin, "c-closeinline", 0, [b"first"])
+    assert [r.value for r in drain(consumer, 1)] == [b"first"]
+    threads = _fetch_threads(consumer)
+    result: list[list[Record]] = []
+
+    def poll() -> None:
+        result.append(consumer.poll(timeout_ms=60_000))
+
+    t = threading.Thread(target=poll, name="long-poller", daemon=True)
+    t.start()
+    wait_for(lambda: "long-poller" in threads, timeout=10, what="the poll to fetch itself")
+    started = time.monotonic()
+    consumer.close()
+    t.join(10)
+    assert not t.is_alive(), "close() did not end the poll blocked in its own Fetch"
+    assert time.monotonic() - started < 10
+    assert result == [[]]
+
+
 def test_iteration_blocks_for_records_and_stops_on_close(
     admin: ClusterClient, cluster: LocalCluster
 ) -> None:

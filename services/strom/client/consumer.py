@@ -48,6 +48,9 @@ from strom.security.config import client_security
 MiB = 1024 * 1024
 AUTO_OFFSET_RESET = ("latest", "earliest", "none")
 _client_ids = itertools.count(1)
+#: Longest a group member's poll() blocks in a Fetch of its own: a new assignment waits for
+#: the call to end (a poll waiting on a condition is woken at once).
+GROUP_INLINE_WAIT_S = 0.2
 
 __all__ = [
     "CONSUMER_SCHEMA",
@@ -622,6 +625,7 @@ class Consumer:
                 "the consumer has no partitions: assign() some (or subscribe() with a group)"
             )
         deadline = time.monotonic() + timeout_ms / 1000.0
+        waited = False
         while True:
             if self._group is not None:
                 self._group.on_poll(self)
@@ -634,8 +638,15 @@ class Consumer:
                 return items, n
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if not waited:
+                    self._fetcher.release_holds()  # a poll that never waits fetches nothing
                 return items, 0
-            self._fetcher.wait(remaining)
+            waited = True
+            # Long-poll on this thread when it can (no thread hop for the answer); a group
+            # member's wait is shorter there, since a rebalance cannot wake a blocking call.
+            inline_s = remaining if self._group is None else min(remaining, GROUP_INLINE_WAIT_S)
+            if not self._fetcher.fetch_inline(inline_s):
+                self._fetcher.wait(remaining)
 
     def __iter__(self) -> Iterator[Record]:
         """Records one by one, blocking until there are some; ends when the consumer is

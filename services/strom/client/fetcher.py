@@ -16,6 +16,10 @@ once, one wake-up per fetch. The work on those threads is small and never drops 
 (CRC checks and body decoding happen when the consumer drains a batch, on the application's
 thread).
 
+One hand-off is avoided altogether: a ``poll()`` that would wait for a caught-up partition
+makes the (long-poll) Fetch itself, on the application's thread, when all it waits for has
+one leader (``Fetcher.fetch_inline``): the answer lands on the thread that wants it.
+
 A partition is in at most one request at a time (no speculative fetch-ahead: see
 ``Fetcher._fetchable``), and a node may have several requests in flight: each node keeps one
 idle worker in reserve (more are started on demand, up to ``MAX_WORKERS_PER_NODE``, and retire
@@ -485,6 +489,7 @@ class PartitionState:
         "failures",
         "fetch_offset",
         "generation",
+        "held",
         "high_watermark",
         "inflight",
         "log_start_offset",
@@ -504,6 +509,10 @@ class PartitionState:
         self.reset: str | None = None
         self.paused = False
         self.inflight = False
+        #: Caught up (its last answer ended at the high watermark) and left to the
+        #: application's own fetch in ``poll()`` (see ``Fetcher.fetch_inline``): the workers
+        #: do not long-poll it.
+        self.held = False
         self.completed: deque[CompletedFetch] = deque()
         self.high_watermark = -1
         self.log_start_offset = -1
@@ -519,6 +528,7 @@ class PartitionState:
         self.generation += 1
         self.completed.clear()
         self.inflight = False
+        self.held = False
         self.fetch_offset = self.position if self.position is not None else -1
 
 
@@ -592,6 +602,9 @@ class Fetcher:
         self._fatal: BaseException | None = None
         self._claim_rr = 0
         self._drain_rr = 0
+        #: Whether the application waits in poll() on partitions of one leader, so that
+        #: caught-up partitions are held for its own fetch (``fetch_inline``).
+        self._app_fetches = False
         #: (generation, position) after the last collect() of each partition it drew from.
         self.last_marks: dict[TopicPartition, tuple[int, int | None]] = {}
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
@@ -736,6 +749,74 @@ class Fetcher:
                     return exc
         return None
 
+    def fetch_inline(self, timeout_s: float) -> bool:
+        """Fetch on the calling (application's) thread instead of waiting for a worker.
+
+        Why: a worker's answer reaches a waiting ``poll()`` through a thread wake-up and a GIL
+        hand-off, ~0.4 ms of a record's end-to-end latency on this VM while the worker goes on
+        to create its next call. A blocking call made by the thread that waits anyway lands
+        the answer where it is needed. So a partition whose answer ended at the high
+        watermark is *held* (the workers do not long-poll it) and the next ``poll()`` that
+        would wait long-polls it itself, for at most ``timeout_s``. Partitions with more
+        data on the node are still prefetched by the workers while the application works.
+
+        Only when every partition to wait for has the same leader and none is in a worker's
+        request (a poll cannot wait on two nodes, or on a worker's answer, from one blocking
+        call); otherwise the holds are released to the workers and False is returned: the
+        caller waits with :meth:`wait`. True means a fetch was made (or something is ready):
+        collect again."""
+        with self._lock:
+            if self._closed or self._fatal is not None:
+                return True
+            now = time.monotonic()
+            address: str | None = None
+            claims: list[_Claim] = []
+            busy = False
+            for part in self.parts.values():
+                if part.paused:
+                    continue
+                if part.completed or part.error is not None or part.position is None:
+                    return True  # something for the application already
+                leader = self._leaders.get(part.tp)
+                if (
+                    leader is None
+                    or leader.address is None
+                    or (address is not None and leader.address != address)
+                ):
+                    self._app_fetches = False  # several leaders (or one unknown): workers
+                    self._release_holds()
+                    return False
+                address = leader.address
+                if part.inflight or part.backoff_until > now:
+                    busy = True
+                elif self._open(part):
+                    claims.append(_Claim(part, part.generation, part.fetch_offset, leader.epoch))
+            self._app_fetches = True  # caught-up answers are held for this thread from now on
+            if busy or not claims or address is None:
+                self._release_holds()
+                return False
+            for c in claims:
+                c.part.inflight = True
+                c.part.held = False
+        wait_ms = max(0, min(self._max_wait_ms, int(timeout_s * 1000.0)))
+        self._fetch(address, claims, wait_ms)
+        return True
+
+    def release_holds(self) -> None:
+        """The application polls without waiting: let the workers fetch every partition
+        again (nobody would fetch a held one)."""
+        if not self._app_fetches:
+            return  # nothing is held (holds are only made while it is set)
+        with self._lock:
+            self._app_fetches = False
+            self._release_holds()
+
+    def _release_holds(self) -> None:
+        for part in self.parts.values():
+            if part.held:
+                part.held = False
+                self._kick(part)
+
     def wait(self, timeout_s: float) -> None:
         """Sleep until data, an error or a reset is waiting (or ``timeout_s`` passes)."""
         with self._lock:
@@ -743,7 +824,10 @@ class Fetcher:
                 return
             for part in self.parts.values():
                 if not part.paused and (
-                    part.completed or part.error is not None or part.position is None
+                    part.completed
+                    or part.error is not None
+                    or part.position is None
+                    or part.held  # for the caller's own fetch_inline
                 ):
                     return
             self.data_ready.wait(timeout_s)
@@ -823,6 +907,10 @@ class Fetcher:
         missed by a batch or more and a third of the bytes came twice; one-partition
         ``poll_arrow`` ran 13-22 % faster without it and four partitions the same
         (docs/benchmarks.md, 2026-11-27)."""
+        return self._open(part) and not part.held
+
+    def _open(self, part: PartitionState) -> bool:
+        """Whether ``part`` could go into a request now, held for the application or not."""
         return (
             part.position is not None
             and not part.paused
@@ -953,7 +1041,7 @@ class Fetcher:
             self._calls[address] = call
         return call
 
-    def _request(self, claims: list[_Claim]) -> storage_pb2.FetchRequest:
+    def _request(self, claims: list[_Claim], max_wait_ms: int) -> storage_pb2.FetchRequest:
         topics: dict[str, list[storage_pb2.FetchPartition]] = {}
         for c in claims:
             topics.setdefault(c.part.tp.topic, []).append(
@@ -968,22 +1056,25 @@ class Fetcher:
             )
         return storage_pb2.FetchRequest(
             replica_id=-1,
-            max_wait_ms=self._max_wait_ms,
+            max_wait_ms=max_wait_ms,
             min_bytes=self._min_bytes,
             max_bytes=self._max_bytes,
             isolation_level=self._isolation,
             topics=[storage_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in topics.items()],
         )
 
-    def _fetch(self, address: str, claims: list[_Claim]) -> None:
-        """One Fetch round trip for ``claims`` and filing its answer."""
+    def _fetch(self, address: str, claims: list[_Claim], max_wait_ms: int | None = None) -> None:
+        """One Fetch round trip for ``claims`` and filing its answer (on a worker, or on the
+        application's thread from ``fetch_inline``)."""
         failure: StromError | None = None
         transport = False
         answers: list[PartitionAnswer] = []
         nodes: list[common_pb2.Node] = []
         try:
             raw = self._call(address)(
-                self._request(claims), timeout=self._timeout_s, metadata=self._client_md
+                self._request(claims, self._max_wait_ms if max_wait_ms is None else max_wait_ms),
+                timeout=self._timeout_s,
+                metadata=self._client_md,
             )
         except grpc.RpcError as exc:
             code = exc.code()
@@ -1093,6 +1184,11 @@ class Fetcher:
                 )
                 part.fetch_offset = keep[-1].header.next_offset
                 self.data_ready.notify_all()
+            if self._app_fetches and part.fetch_offset >= part.high_watermark:
+                part.held = True
+                self.data_ready.notify_all()  # a waiting poll() fetches it itself now
+            else:
+                part.held = False
             return
         if code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if info.log_start_offset >= 0:
