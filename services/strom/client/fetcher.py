@@ -448,7 +448,7 @@ class CompletedFetch:
             n = len(deltas) - start
             k = min(n, limit)
             if k > 0:
-                piece = b.to_arrow().to_batches()[0].slice(start, k)
+                piece = b.to_arrow_batch().slice(start, k)
                 out.append(
                     pa.RecordBatch.from_arrays(
                         [

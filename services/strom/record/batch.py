@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from strom.record import codecs
 from strom.record.errors import InvalidBatchError
@@ -365,18 +364,32 @@ class RecordBatch:
 
     def to_arrow(self) -> pa.Table:
         """Records as a table with absolute ``offset`` and ``timestamp`` columns."""
-        return pa.Table.from_batches([self._absolute()], schema=RECORDS_SCHEMA)
+        return pa.Table.from_batches([self.to_arrow_batch()], schema=RECORDS_SCHEMA)
 
-    def _absolute(self) -> pa.RecordBatch:
+    def to_arrow_batch(self) -> pa.RecordBatch:
+        """The records as one Arrow batch in ``RECORDS_SCHEMA`` (absolute offsets and
+        timestamps; key, value and headers are the body's own buffers, not copied).
+
+        The two absolute columns are computed in numpy and the timestamps reinterpreted
+        (``view``) rather than cast: Arrow's compute kernels cost ~5 µs per call whatever the
+        length, a third of ``poll_arrow()``'s time per batch (measured, 2,300-record batches:
+        25 µs -> 10 µs for this method)."""
         h = self.header
         body = self.body()
-        offsets = pc.add(body.column(0).cast(pa.int64()), pa.scalar(h.base_offset, pa.int64()))
+        offsets = body.column(0).to_numpy().astype(np.int64)
+        offsets += h.base_offset
         if h.timestamp_type == TIMESTAMP_LOG_APPEND:
-            ts = pa.array(np.full(len(body), h.max_timestamp, dtype=np.int64))
+            ts = np.full(len(body), h.max_timestamp, dtype=np.int64)
         else:
-            ts = pc.add(body.column(1), pa.scalar(h.base_timestamp, pa.int64()))
+            ts = body.column(1).to_numpy() + h.base_timestamp
         return pa.RecordBatch.from_arrays(
-            [offsets, ts.cast(TIMESTAMP_TYPE), body.column(2), body.column(3), body.column(4)],
+            [
+                pa.array(offsets),
+                pa.array(ts).view(TIMESTAMP_TYPE),
+                body.column(2),
+                body.column(3),
+                body.column(4),
+            ],
             schema=RECORDS_SCHEMA,
         )
 
@@ -474,7 +487,7 @@ def decode_batches(
 
 def batches_to_arrow(batches: Sequence[RecordBatch]) -> pa.Table:
     """Concatenate decoded batches into one table (no per-record work)."""
-    return pa.Table.from_batches([b._absolute() for b in batches], schema=RECORDS_SCHEMA)
+    return pa.Table.from_batches([b.to_arrow_batch() for b in batches], schema=RECORDS_SCHEMA)
 
 
 def decode_to_arrow(buf: Any, *, verify_crc: bool = True) -> pa.Table:
