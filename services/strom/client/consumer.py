@@ -124,7 +124,7 @@ class Consumer:
         auto_offset_reset: str = "latest",
         enable_auto_commit: bool = True,
         auto_commit_interval_ms: int = 5000,
-        commit_linger_ms: int = 20,
+        commit_linger_ms: int = 100,
         fetch_min_bytes: int = 1,
         fetch_max_wait_ms: int = 500,
         fetch_max_bytes: int = 50 * MiB,
@@ -324,7 +324,7 @@ class Consumer:
         """Commit without waiting; ``callback(offsets, error)`` runs when the answer comes.
 
         Commits are sent in the order made, on one thread; those made while an earlier one is
-        in flight, or less than ``commit_linger_ms`` (default 20) after the last request began,
+        in flight, or less than ``commit_linger_ms`` (default 100) after the last request began,
         go out together as one request (each still gets its own callback, in order): calling
         this after every poll costs the coordinator at most one request per linger. The first
         commit after a pause goes at once; ``commit()`` and ``close()`` send what waits at
