@@ -230,6 +230,32 @@ def test_a_poll_that_never_waits_still_gets_caught_up_partitions(
         assert [r.value for r in got] == values("b", 4)
 
 
+def test_an_exception_in_a_polls_own_fetch_leaves_the_partition_fetchable(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    # A KeyboardInterrupt (or any exception) raised inside the Fetch a poll makes itself
+    # reaches the caller; the partition is not left "in flight" for ever: polling goes on.
+    create_topic(cluster, "c-inlineexc")
+    tp = TopicPartition("c-inlineexc", 0)
+    produce(admin, "c-inlineexc", 0, values("a", 2))
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        drain(consumer, 2)
+        assert consumer.poll(timeout_ms=100) == []  # caught up: the next wait fetches itself
+        fetcher = consumer._fetcher
+        real = fetcher._call
+
+        def interrupted(address: str) -> object:
+            fetcher._call = real  # type: ignore[method-assign]  # once
+            raise KeyboardInterrupt
+
+        fetcher._call = interrupted  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            consumer.poll(timeout_ms=5000)
+        produce(admin, "c-inlineexc", 0, values("b", 3))
+        assert [r.value for r in drain(consumer, 3)] == values("b", 3)
+
+
 def test_close_ends_a_poll_blocked_in_its_own_fetch(
     admin: ClusterClient, cluster: LocalCluster
 ) -> None:

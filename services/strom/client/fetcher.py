@@ -799,7 +799,17 @@ class Fetcher:
                 c.part.inflight = True
                 c.part.held = False
         wait_ms = max(0, min(self._max_wait_ms, int(timeout_s * 1000.0)))
-        self._fetch(address, claims, wait_ms)
+        try:
+            self._fetch(address, claims, wait_ms)
+        except BaseException:
+            # Raised into the application's thread (a KeyboardInterrupt in the call, a bug):
+            # the partitions must not stay "in flight" for ever, or nothing fetches them again.
+            with self._lock:
+                for c in claims:
+                    if c.part.generation == c.generation and c.part.inflight:
+                        c.part.inflight = False
+                        self._kick(c.part)
+            raise
         return True
 
     def release_holds(self) -> None:
