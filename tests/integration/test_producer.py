@@ -256,6 +256,48 @@ def test_a_batch_still_filling_waits_for_the_answer_in_flight(env: Env) -> None:
     assert [r.value for r in env.read(t)][2:] == [b"b%d" % i for i in range(50)]
 
 
+def test_a_poll_keeps_its_timeout_when_the_leader_stops_answering(env: Env) -> None:
+    """(The consumer, here for the proxy.) A caught-up poll long-polls the leader itself; when
+    the answers vanish on the wire, poll(timeout_ms) still returns about on time (not after
+    the minute-long request timeout), and once the network is back the records come."""
+    t = env.topic()
+    tp = TopicPartition(t, 0)
+    with Producer(env.bootstrap, acks=1) as p:
+        assert p.send(t, b"a").result(10).offset == 0
+    with Consumer(
+        env.bootstrap,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=100,
+        request_timeout_ms=60_000,
+    ) as c:
+        c.assign([tp])
+        got: list[Record] = []
+        wait_for(
+            lambda: bool(got.extend(c.poll(timeout_ms=200))) or bool(got),
+            timeout=10,
+            what="the first record",
+        )
+        assert [r.value for r in got] == [b"a"]
+        assert c.poll(timeout_ms=150) == []  # caught up: the next poll fetches itself
+        env.proxy.hold()  # the node's answers vanish from here on
+        try:
+            started = time.monotonic()
+            assert c.poll(timeout_ms=300) == []
+            took = time.monotonic() - started
+        finally:
+            env.proxy.cut()
+        assert took < 10, f"poll(timeout_ms=300) took {took:.1f} s"
+        with Producer(env.bootstrap, acks=1) as p:
+            assert p.send(t, b"b").result(20).offset == 1
+        got = []
+        wait_for(
+            lambda: bool(got.extend(c.poll(timeout_ms=200))) or bool(got),
+            timeout=20,
+            what="the record produced after the network came back",
+        )
+        assert [(r.offset, r.value) for r in got] == [(1, b"b")]
+
+
 def test_without_idempotence_the_same_retry_duplicates(env: Env) -> None:
     """The control experiment for the test above: it shows the retry really happened."""
     t = env.topic()

@@ -120,6 +120,10 @@ _new = tuple.__new__
 MAX_WORKERS_PER_NODE = 4
 #: A worker beyond the first that found nothing to do for this long retires.
 WORKER_IDLE_S = 30.0
+#: How long past its long-poll wait a poll's own Fetch may take: a leader that stops answering
+#: must not hold ``poll(timeout_ms)`` for the whole request timeout (the partition then backs
+#: off and goes to the fetch threads).
+INLINE_GRACE_S = 0.5
 
 
 # -- the FetchResponse wire format -----------------------------------------------------------
@@ -800,7 +804,7 @@ class Fetcher:
                 c.part.held = False
         wait_ms = max(0, min(self._max_wait_ms, int(timeout_s * 1000.0)))
         try:
-            self._fetch(address, claims, wait_ms)
+            self._fetch(address, claims, wait_ms, wait_ms / 1000.0 + INLINE_GRACE_S)
         except BaseException:
             # Raised into the application's thread (a KeyboardInterrupt in the call, a bug):
             # the partitions must not stay "in flight" for ever, or nothing fetches them again.
@@ -1073,7 +1077,13 @@ class Fetcher:
             topics=[storage_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in topics.items()],
         )
 
-    def _fetch(self, address: str, claims: list[_Claim], max_wait_ms: int | None = None) -> None:
+    def _fetch(
+        self,
+        address: str,
+        claims: list[_Claim],
+        max_wait_ms: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
         """One Fetch round trip for ``claims`` and filing its answer (on a worker, or on the
         application's thread from ``fetch_inline``)."""
         failure: StromError | None = None
@@ -1083,7 +1093,7 @@ class Fetcher:
         try:
             raw = self._call(address)(
                 self._request(claims, self._max_wait_ms if max_wait_ms is None else max_wait_ms),
-                timeout=self._timeout_s,
+                timeout=self._timeout_s if timeout_s is None else timeout_s,
                 metadata=self._client_md,
             )
         except grpc.RpcError as exc:
