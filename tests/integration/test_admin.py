@@ -476,6 +476,16 @@ def test_cli_commands_over_the_admin_client(
     assert "created topic adm-cli (2 partitions" in strom(
         "topics", "create", "adm-cli", "--partitions", "2", "--replication-factor", "1"
     )
+    assert "would create topic adm-one (1 partition, replication factor 1)" in strom(
+        "topics",
+        "create",
+        "adm-one",
+        "--partitions",
+        "1",
+        "--replication-factor",
+        "1",
+        "--validate-only",
+    )
     base = int(time.time() * 1000) - 1000
     _produce(client, "adm-cli", 0, [b"a", b"b", b"c"], [base, base + 1, base + 2])
     out = strom("topics", "offsets", "adm-cli")

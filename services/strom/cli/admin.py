@@ -17,6 +17,7 @@ from typing import Any, Literal
 from google.protobuf import json_format
 
 from strom.api import controller_pb2
+from strom.cli import counted
 from strom.client.admin import Admin, OffsetSpec, TopicDescription
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
@@ -201,7 +202,7 @@ def _create(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: 
     )
     verb = "would create" if args.validate_only else "created"
     print(
-        f"{verb} topic {t.name} ({t.partitions} partitions, replication factor "
+        f"{verb} topic {t.name} ({counted(t.partitions, 'partition')}, replication factor "
         f"{t.replication_factor})",
         file=out,
     )
@@ -254,7 +255,7 @@ def _alter(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: A
         print(f"altered configs of topic {args.topic}", file=out)
     if args.partitions is not None:
         admin.create_partitions(args.topic, args.partitions)
-        print(f"topic {args.topic} now has {args.partitions} partitions", file=out)
+        print(f"topic {args.topic} now has {counted(args.partitions, 'partition')}", file=out)
 
 
 def _add_partitions(
@@ -262,9 +263,9 @@ def _add_partitions(
 ) -> None:
     admin.create_partitions(args.topic, args.partitions, validate_only=args.validate_only)
     if args.validate_only:
-        print(f"topic {args.topic} can grow to {args.partitions} partitions", file=out)
+        print(f"topic {args.topic} can grow to {counted(args.partitions, 'partition')}", file=out)
     else:
-        print(f"topic {args.topic} now has {args.partitions} partitions", file=out)
+        print(f"topic {args.topic} now has {counted(args.partitions, 'partition')}", file=out)
 
 
 def _configs(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:

@@ -12,6 +12,7 @@ import time
 from typing import Any, BinaryIO
 
 from strom.api import common_pb2
+from strom.cli import counted
 from strom.errors import error_for
 
 NONE = common_pb2.ErrorCode.NONE
@@ -125,7 +126,7 @@ def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
         producer.flush()
     if failures:
         raise failures[0]
-    print(f"produced {sent} records to {args.topic}", file=sys.stderr)
+    print(f"produced {counted(sent, 'record')} to {args.topic}", file=sys.stderr)
     return 0
 
 
