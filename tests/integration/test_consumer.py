@@ -8,6 +8,7 @@ runs last.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -181,30 +182,37 @@ def _fetch_threads(consumer: Consumer) -> list[str]:
     return names
 
 
+@contextlib.contextmanager
+def _caught_up(
+    cluster: LocalCluster, admin: ClusterClient, topic: str, n: int
+) -> Iterator[Consumer]:
+    """A consumer of ``topic``-0 (made with ``n`` records) that has read them all and whose
+    partition is therefore held for its own fetch in the next poll that waits."""
+    create_topic(cluster, topic)
+    produce(admin, topic, 0, values("a", n))
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        assert [r.offset for r in drain(consumer, n)] == list(range(n))
+        assert consumer.poll(timeout_ms=100) == []  # caught up: the partition is held
+        yield consumer
+
+
 def test_a_waiting_poll_fetches_on_its_own_thread(
     admin: ClusterClient, cluster: LocalCluster
 ) -> None:
     # Caught up, a poll that waits long-polls the leader itself (no hand-off from a fetch
     # thread); records produced one at a time meanwhile all arrive, once, in order.
-    create_topic(cluster, "c-inline")
-    tp = TopicPartition("c-inline", 0)
-    produce(admin, "c-inline", 0, values("a", 5))
-    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
-        consumer.assign([tp])
+    with _caught_up(cluster, admin, "c-inline", 5) as consumer:
         threads = _fetch_threads(consumer)
-        assert [r.offset for r in drain(consumer, 5)] == list(range(5))
-        assert consumer.poll(timeout_ms=100) == []  # caught up: the partition is held
-        before = len(threads)
         got: list[Record] = []
         for i in range(20):
             produce(admin, "c-inline", 0, [f"b-{i}".encode()])
             got.extend(drain(consumer, 1))
         assert [r.value for r in got] == values("b", 20)
         assert [r.offset for r in got] == list(range(5, 25))
-        after = threads[before:]
-        assert after, "no fetch was made"
+        assert threads, "no fetch was made"
         me = threading.current_thread().name
-        assert all(name == me for name in after), f"fetched by workers: {set(after) - {me}}"
+        assert all(name == me for name in threads), f"fetched by workers: {set(threads) - {me}}"
 
 
 def test_a_poll_that_never_waits_still_gets_caught_up_partitions(
@@ -212,13 +220,7 @@ def test_a_poll_that_never_waits_still_gets_caught_up_partitions(
 ) -> None:
     # A partition held for the application's own fetch must not starve a consumer that
     # then only polls with timeout 0: such a poll hands it back to the fetch threads.
-    create_topic(cluster, "c-nowait")
-    tp = TopicPartition("c-nowait", 0)
-    produce(admin, "c-nowait", 0, values("a", 3))
-    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
-        consumer.assign([tp])
-        drain(consumer, 3)
-        assert consumer.poll(timeout_ms=100) == []  # caught up and held
+    with _caught_up(cluster, admin, "c-nowait", 3) as consumer:
         produce(admin, "c-nowait", 0, values("b", 4))
         got: list[Record] = []
         wait_for(
@@ -235,13 +237,7 @@ def test_an_exception_in_a_polls_own_fetch_leaves_the_partition_fetchable(
 ) -> None:
     # A KeyboardInterrupt (or any exception) raised inside the Fetch a poll makes itself
     # reaches the caller; the partition is not left "in flight" for ever: polling goes on.
-    create_topic(cluster, "c-inlineexc")
-    tp = TopicPartition("c-inlineexc", 0)
-    produce(admin, "c-inlineexc", 0, values("a", 2))
-    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
-        consumer.assign([tp])
-        drain(consumer, 2)
-        assert consumer.poll(timeout_ms=100) == []  # caught up: the next wait fetches itself
+    with _caught_up(cluster, admin, "c-inlineexc", 2) as consumer:
         fetcher = consumer._fetcher
         real = fetcher._call
 
