@@ -54,16 +54,19 @@ def start_cluster(root: Path, **kwargs: Any) -> LocalCluster:
 
 
 def heal(cluster: LocalCluster) -> None:
-    """Restart every member a test left dead and wait until the cluster is whole again."""
+    """Restart every member a test left dead and wait until the cluster is whole again.
+
+    Whole means every live node registered too, even when nothing died: a node a test paused
+    (SIGSTOP) and resumed is alive but may have lost its registration meanwhile, and the next
+    test's replication-factor-3 topic would find two live nodes (one metadata call, ~2 ms)."""
     dead = [m for m in cluster.members if not m.alive()]
     for member in dead:
         member.start()
     for member in dead:
         cluster.wait_serving(member)
-    if dead:
-        cluster.wait_cluster_ready()
-        if cluster.coordinators:
-            cluster.wait_coordinators_ready()
+    cluster.wait_cluster_ready()
+    if dead and cluster.coordinators:
+        cluster.wait_coordinators_ready()
 
 
 @pytest.fixture(scope="session")
