@@ -374,24 +374,30 @@ class RecordBatch:
         (``view``) rather than cast: Arrow's compute kernels cost ~5 µs per call whatever the
         length, a third of ``poll_arrow()``'s time per batch (measured, 2,300-record batches:
         25 µs -> 10 µs for this method)."""
+        return pa.RecordBatch.from_arrays(self.arrow_columns(), schema=RECORDS_SCHEMA)
+
+    def arrow_columns(self, start: int = 0, length: int | None = None) -> list[pa.Array]:
+        """The columns of :meth:`to_arrow_batch` for records ``start`` .. ``start+length``
+        (all by default): what a caller adding its own columns (the consumer's topic and
+        partition) builds one batch from, without an intermediate batch and its slice."""
         h = self.header
         body = self.body()
-        offsets = body.column(0).to_numpy().astype(np.int64)
+        n = len(body)
+        if length is None or length > n - start:
+            length = n - start
+        whole = start == 0 and length == n
+        deltas = body.column(0).to_numpy()
+        offsets = (deltas if whole else deltas[start : start + length]).astype(np.int64)
         offsets += h.base_offset
         if h.timestamp_type == TIMESTAMP_LOG_APPEND:
-            ts = np.full(len(body), h.max_timestamp, dtype=np.int64)
+            ts = np.full(length, h.max_timestamp, dtype=np.int64)
         else:
-            ts = body.column(1).to_numpy() + h.base_timestamp
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array(offsets),
-                pa.array(ts).view(TIMESTAMP_TYPE),
-                body.column(2),
-                body.column(3),
-                body.column(4),
-            ],
-            schema=RECORDS_SCHEMA,
-        )
+            tsd = body.column(1).to_numpy()
+            ts = (tsd if whole else tsd[start : start + length]) + h.base_timestamp
+        rest = [body.column(2), body.column(3), body.column(4)]
+        if not whole:
+            rest = [c.slice(start, length) for c in rest]
+        return [pa.array(offsets), pa.array(ts).view(TIMESTAMP_TYPE), *rest]
 
     def records(self, topic: str | None = None, partition: int = -1) -> list[Record]:
         """Records as Python objects: columns convert in C, then one tuple per record."""
@@ -453,7 +459,9 @@ def _decode_body(h: BatchHeader, raw: memoryview) -> pa.RecordBatch:
             f"batch at byte {pos}: null offset or timestamp delta in the body", position=pos
         )
     od = rb.column(0).to_numpy()
-    if len(od) and (od[0] < 0 or od[-1] > h.last_offset_delta or bool(np.any(np.diff(od) <= 0))):
+    # Increasing deltas are what lets a consumer bisect a batch for its position. Compared
+    # as two views (one ufunc, no np.diff/np.any wrappers): half the cost per batch.
+    if len(od) and (od[0] < 0 or od[-1] > h.last_offset_delta or (od[1:] <= od[:-1]).any()):
         raise InvalidBatchError(
             f"batch at byte {pos}: offset deltas are not increasing within "
             f"0..last_offset_delta {h.last_offset_delta}",
