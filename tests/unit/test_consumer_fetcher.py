@@ -16,16 +16,18 @@ import pytest
 from strom.api import common_pb2, storage_pb2
 from strom.client.fetcher import (
     CONSUMER_SCHEMA,
+    SPLIT_REQUEST_BYTES,
     CompletedFetch,
     Fetcher,
     FetchWireError,
     _Constants,
+    corrupt_batches,
     parse_fetch_response,
 )
 from strom.client.offsets import LeaderMap, PartitionLeader
 from strom.client.types import TopicPartition
 from strom.devcluster.procs import wait_for
-from strom.errors import ErrorCode, NotLeaderError, OffsetOutOfRangeError
+from strom.errors import CorruptMessageError, ErrorCode, NotLeaderError, OffsetOutOfRangeError
 from strom.record import InvalidBatchError, Record, decode_batches, encode_batch
 from strom.storage.wire import FetchPartitionOut, FetchTopicOut, encode_fetch_response
 
@@ -200,6 +202,30 @@ def test_a_corrupt_batch_is_caught_when_drained() -> None:
         cf.take_records(pos, 5)
     with pytest.raises(InvalidBatchError, match="CRC"):
         cf.take_arrow(pos, 5, _Constants())
+
+
+def test_a_corrupt_batch_found_on_arrival_is_raised_only_when_drained() -> None:
+    """The fetch thread checks CRCs when the answer arrives; the application still gets the
+    intact batches before the bad one, then the error, as when the check ran on draining."""
+    raw = bytearray(batches((0, 5), (5, 5), (10, 5)))
+    raw[len(raw) // 2] ^= 0xFF  # inside the second batch
+    bs = decode_batches(bytes(raw), verify_crc=False)
+    assert corrupt_batches(bs) == {5}
+    assert corrupt_batches(decode_batches(batches((0, 5), (5, 5)))) == set()
+    for take in ("records", "arrow"):
+        cf = CompletedFetch(TP, bs, corrupt=corrupt_batches(bs))
+        if take == "records":
+            recs, pos = cf.take_records(0, 100)
+            assert [r.offset for r in recs] == list(range(5)) and pos == 5
+            with pytest.raises(InvalidBatchError, match="CRC"):
+                cf.take_records(pos, 5)
+        else:
+            pieces, pos, n = cf.take_arrow(0, 100, _Constants())
+            assert n == 5 and pos == 5
+            offsets = pa.Table.from_batches(pieces).column("offset").to_pylist()
+            assert offsets == list(range(5))
+            with pytest.raises(InvalidBatchError, match="CRC"):
+                cf.take_arrow(pos, 5, _Constants())
 
 
 # -- the fetch workers against a scripted leader ----------------------------------------------
@@ -538,3 +564,129 @@ def test_an_application_that_turned_the_collector_off_finds_it_off() -> None:
     finally:
         gc.enable()
         stop(f, leader)
+
+
+# -- answers checked on the fetch thread, lagging partitions fetched side by side --------------
+
+
+def test_the_fetch_thread_checks_crcs_and_the_poll_raises_after_the_good_records() -> None:
+    leader = FakeLeader([(0, 10), (10, 10)])
+    bad = bytearray(leader.batches[1][2])
+    bad[len(bad) // 2] ^= 0xFF
+    leader.batches[1] = (10, 10, bytes(bad))
+    f, _, _fetched = make_fetcher({"n1": leader})
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        part = f.parts[TP]
+        wait_for(lambda: len(part.completed) == 2, timeout=5, what="both answers")
+        with f._lock:  # checked when it arrived, before anything drained it
+            assert [cf._corrupt for cf in part.completed] == [set(), {10}]
+        assert drain(f, 10) == list(range(10))
+        wait_for(lambda: part.error is not None, timeout=5, what="the CRC error")
+        exc = f.take_error()
+        assert isinstance(exc, CorruptMessageError) and "CRC" in str(exc)
+        assert f.position(TP) == 10  # nothing of the bad batch was returned
+    finally:
+        stop(f, leader)
+
+
+class MultiLeader:
+    """A leader of several partitions: each answer brings one 10-record batch per requested
+    partition from its fetch offset (the log holds ``end`` records per partition) and reports
+    how many requests were on it at once."""
+
+    def __init__(self, end: int, latency_s: float) -> None:
+        self.end = end
+        self.latency_s = latency_s
+        self.requests: list[list[tuple[int, int]]] = []  # (partition, fetch offset) each
+        self.inflight = 0
+        self.max_inflight = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, req: storage_pb2.FetchRequest, **_: Any) -> bytes:
+        fps = list(req.topics[0].partitions)
+        with self.lock:
+            self.requests.append(sorted((fp.partition, fp.fetch_offset) for fp in fps))
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+        try:
+            time.sleep(self.latency_s)
+            outs = []
+            for fp in fps:
+                pr = storage_pb2.FetchPartitionResponse(
+                    partition=fp.partition,
+                    high_watermark=self.end,
+                    last_stable_offset=self.end,
+                    log_start_offset=0,
+                )
+                data = batches((fp.fetch_offset, 10)) if fp.fetch_offset < self.end else b""
+                outs.append(FetchPartitionOut(pr, data))
+            return encode_fetch_response([FetchTopicOut(req.topics[0].topic, outs)])
+        finally:
+            with self.lock:
+                self.inflight -= 1
+
+
+def _multi_fetcher(
+    leader: MultiLeader, tps: list[TopicPartition], partition_max_bytes: int
+) -> Fetcher:
+    lm = FixedLeaders({tp: PartitionLeader(1, "n1", 5) for tp in tps})
+    f = Fetcher(
+        FakeClient({"n1": leader}),  # type: ignore[arg-type]
+        lm,
+        client_id="test",
+        reset_policy="earliest",
+        min_bytes=1,
+        max_wait_ms=0,
+        max_bytes=1 << 30,
+        partition_max_bytes=partition_max_bytes,
+        check_crcs=True,
+        request_timeout_s=5,
+        backoff_s=0.01,
+        backoff_max_s=0.05,
+    )
+    f.start()
+    f.assign(set(tps))
+    with f._lock:  # all positioned before a worker can claim any
+        for tp, _strategy, gen in f.needing_positions():
+            f.set_position(tp, 0, gen)
+    return f
+
+
+@pytest.mark.parametrize("big", [True, False])
+def test_partitions_that_are_behind_are_fetched_side_by_side_when_their_answers_are_big(
+    big: bool,
+) -> None:
+    """A partition whose last answer ended below the high watermark has a full answer
+    waiting. With ``max_partition_fetch_bytes`` of SPLIT_REQUEST_BYTES, each such partition
+    goes in a request of its own, on its own fetch thread, so the node reads one while
+    another travels; with small ones they share requests as before. Every record still comes
+    once, in order per partition."""
+    tps = [TopicPartition("t", p) for p in range(4)]
+    leader = MultiLeader(end=200, latency_s=0.005)
+    f = _multi_fetcher(leader, tps, SPLIT_REQUEST_BYTES if big else 1024)
+    try:
+        got: dict[int, list[int]] = {tp.partition: [] for tp in tps}
+
+        def more() -> bool:
+            items, _ = f.collect(1000, arrow=False)
+            for r in items:
+                got[r.partition].append(r.offset)
+            return all(len(v) >= 200 for v in got.values())
+
+        wait_for(more, timeout=20, what="every partition read to its end")
+        assert all(v == list(range(200)) for v in got.values())
+        with leader.lock:
+            requests = list(leader.requests)
+        # Nothing known to be behind yet: one request for all four.
+        assert requests[0] == [(p, 0) for p in range(4)]
+        # Per request, the partitions known to be behind (answered before, not at the end).
+        behind = [sum(1 for _p, o in r if 0 < o < 200) for r in requests]
+        if big:
+            assert max(behind) == 1
+            assert leader.max_inflight >= 2
+        else:
+            assert max(behind) >= 2  # small answers still share a request
+    finally:
+        f.close()
+        f.join(5)

@@ -38,7 +38,9 @@ offset they were built with; an answer for an older generation is dropped, so da
 a seek can never be returned after it.
 
 Nothing here loops over records in Python: a response is split into batches by header when it
-arrives; bodies are CRC-checked and decoded only when the consumer drains them, to Python
+arrives (and CRC-checked there, on the fetch thread, with the interpreter lock released); a
+failed check is raised only when the consumer drains that batch. Bodies are decoded only when
+drained, to Python
 records (``take_records``: columns convert in C, one tuple per record) or straight to Arrow
 (``take_arrow``: no per-record work at all).
 """
@@ -118,6 +120,7 @@ _new = tuple.__new__
 
 #: Most requests in flight to one node (each on its own worker thread).
 MAX_WORKERS_PER_NODE = 4
+SPLIT_REQUEST_BYTES = 4 * 1024 * 1024
 #: A worker beyond the first that found nothing to do for this long retires.
 WORKER_IDLE_S = 30.0
 #: How long past its long-poll wait a poll's own Fetch may take: a leader that stops answering
@@ -303,6 +306,20 @@ def _py_columns(b: RecordBatch, topic: str, partition: int) -> tuple[list[int], 
     return offsets, rows
 
 
+def _crc_matches(b: RecordBatch) -> bool:
+    return len(b.raw) >= HEADER_SIZE and crc32c.crc32c(b.raw[CRC_START:]) == b.header.crc
+
+
+def corrupt_batches(batches: list[RecordBatch]) -> frozenset[int]:
+    """Base offsets of the batches whose CRC-32C does not match their header (empty when
+    all do: the common case allocates nothing new)."""
+    bad = [b.header.base_offset for b in batches if not _crc_matches(b)]
+    return frozenset(bad) if bad else _NONE
+
+
+_NONE: frozenset[int] = frozenset()
+
+
 class _Constants:
     """Constant topic / partition columns for poll_arrow, built once per value and sliced
     (zero-copy) to each batch's length."""
@@ -329,11 +346,14 @@ class CompletedFetch:
     ``take_records`` and ``take_arrow`` both start at the position they are given (records
     below it, e.g. the head of a batch that starts before the fetch offset, are skipped) and
     return the position after what they took, so the two may be mixed freely. A batch's CRC is
-    checked when it is first drained (InvalidBatchError, before anything of it is returned).
+    checked when the answer arrives (``corrupt``, on the fetch thread) or else when it is
+    first drained; a mismatch is raised (InvalidBatchError) when the batch is reached, after
+    the records of the intact batches before it have been returned, none of its own.
     """
 
     __slots__ = (
         "_check_crcs",
+        "_corrupt",
         "_cursor",
         "_offsets",
         "_rows",
@@ -351,6 +371,7 @@ class CompletedFetch:
         *,
         check_crcs: bool = True,
         skip: frozenset[int] | None = None,
+        corrupt: frozenset[int] | None = None,
     ) -> None:
         self.tp = tp
         self.batches = batches
@@ -361,6 +382,9 @@ class CompletedFetch:
         self._offsets: list[int] = []
         self._cursor = 0
         self._check_crcs = check_crcs
+        #: Base offsets of the batches whose CRC was checked on arrival and did not match;
+        #: None: not checked yet, so each is checked when first drained.
+        self._corrupt = corrupt
         self._verified = -1
 
     @property
@@ -397,7 +421,7 @@ class CompletedFetch:
         b = self.batches[self.index]
         if self._check_crcs and self._verified < self.index:
             h = b.header
-            if len(b.raw) < HEADER_SIZE or crc32c.crc32c(b.raw[CRC_START:]) != h.crc:
+            if h.base_offset in self._corrupt if self._corrupt is not None else not _crc_matches(b):
                 raise InvalidBatchError(
                     f"batch at offset {h.base_offset}: CRC-32C mismatch", position=h.position
                 )
@@ -408,7 +432,12 @@ class CompletedFetch:
         out: list[Record] = []
         topic, partition = self.tp
         while limit > 0:
-            b, position = self._next_live(position)
+            try:
+                b, position = self._next_live(position)
+            except InvalidBatchError:
+                if out:  # return the good records first; the next call raises
+                    break
+                raise
             if b is None:
                 break
             if self._rows is None:
@@ -441,7 +470,12 @@ class CompletedFetch:
         taken = 0
         topic, partition = self.tp
         while limit > 0:
-            b, position = self._next_live(position)
+            try:
+                b, position = self._next_live(position)
+            except InvalidBatchError:
+                if out:  # return the good records first; the next call raises
+                    break
+                raise
             if b is None:
                 break
             h = b.header
@@ -452,13 +486,12 @@ class CompletedFetch:
             n = len(deltas) - start
             k = min(n, limit)
             if k > 0:
-                piece = b.to_arrow_batch().slice(start, k)
                 out.append(
                     pa.RecordBatch.from_arrays(
                         [
                             constants.get(topic, pa.string(), k),
                             constants.get(partition, pa.int32(), k),
-                            *piece.columns,
+                            *b.arrow_columns(start, k),
                         ],
                         schema=CONSUMER_SCHEMA,
                     )
@@ -983,6 +1016,9 @@ class Fetcher:
             self._claim_rr += 1
             k = self._claim_rr % len(parts)
             parts = parts[k:] + parts[:k]
+        budget = max(self._partition_max_bytes, SPLIT_REQUEST_BYTES)
+        behind_bytes = 0
+        left_over = False
         for part in parts:
             leader = self._leaders.get(part.tp)
             if leader is None or leader.address != address:
@@ -992,8 +1028,16 @@ class Fetcher:
                 if part.backoff_until > now:
                     due = part.backoff_until if due is None else min(due, part.backoff_until)
                     continue
+                behind = 0 <= part.fetch_offset < part.high_watermark
+                if behind:
+                    if behind_bytes >= budget:
+                        left_over = True
+                        continue
+                    behind_bytes += self._partition_max_bytes
                 part.inflight = True
                 claims.append(_Claim(part, part.generation, part.fetch_offset, leader.epoch))
+        if left_over:
+            self._ensure_worker(address).notify()
         return claims, due, leads
 
     # -- node workers ---------------------------------------------------------------------
@@ -1114,16 +1158,25 @@ class Fetcher:
                 answers, nodes = parse_fetch_response(raw)
             except FetchWireError as exc:
                 failure = StromError(f"Fetch from {address}: {exc}")
-        # Split into batches by header only (no CRC: that runs when the batch is drained).
+        # Split into batches by header, and check their CRCs here: crc32c releases the
+        # interpreter lock, so on a fetch thread the check runs beside the application's
+        # draining instead of inside it (a mismatch is still raised only when that batch is
+        # drained, after the good batches before it).
         decoded: list[tuple[PartitionAnswer, list[RecordBatch] | InvalidBatchError]] = []
+        corrupt: list[frozenset[int] | None] = []
         for a in answers:
             batches: list[RecordBatch] | InvalidBatchError = []
+            bad: frozenset[int] | None = None
             if a.info.error_code == ErrorCode.NONE and len(a.records):
                 try:
                     batches = decode_batches(a.records, verify_crc=False)
                 except InvalidBatchError as exc:
                     batches = exc
+                else:
+                    if self._check_crcs:
+                        bad = corrupt_batches(batches)
             decoded.append((a, batches))
+            corrupt.append(bad)
         if trace.sink is not None:
             trace.emit("fetch.received", decoded)
         now = time.monotonic()
@@ -1138,7 +1191,7 @@ class Fetcher:
                 return
             endpoints = {n.node_id: f"{n.host}:{n.port}" for n in nodes}
             by_tp = {c.part.tp: c for c in claims}
-            for a, batches in decoded:
+            for (a, batches), bad in zip(decoded, corrupt, strict=True):
                 c = by_tp.get(TopicPartition(a.topic, a.info.partition))
                 if c is None:
                     continue
@@ -1147,7 +1200,7 @@ class Fetcher:
                     continue  # unassigned, sought or reset since the request left
                 if part.fetch_offset != c.fetch_offset:
                     continue
-                self._apply(part, a.info, batches, endpoints, now)
+                self._apply(part, a.info, batches, endpoints, now, bad)
 
     def _request_failed(
         self, claims: list[_Claim], failure: StromError, transport: bool, now: float
@@ -1176,6 +1229,7 @@ class Fetcher:
         batches: list[RecordBatch] | InvalidBatchError,
         endpoints: dict[int, str],
         now: float,
+        corrupt: frozenset[int] | None = None,
     ) -> None:
         tp = part.tp
         code = info.error_code
@@ -1200,7 +1254,9 @@ class Fetcher:
                     else None
                 )
                 part.completed.append(
-                    CompletedFetch(tp, keep, check_crcs=self._check_crcs, skip=aborted)
+                    CompletedFetch(
+                        tp, keep, check_crcs=self._check_crcs, skip=aborted, corrupt=corrupt
+                    )
                 )
                 part.fetch_offset = keep[-1].header.next_offset
                 self.data_ready.notify_all()
