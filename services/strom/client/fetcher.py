@@ -120,6 +120,11 @@ _new = tuple.__new__
 
 #: Most requests in flight to one node (each on its own worker thread).
 MAX_WORKERS_PER_NODE = 4
+#: Partitions known to be behind (a full answer waits for each) share a request only up to
+#: this many bytes of ``max_partition_fetch_bytes``: past it they go side by side on other
+#: workers, so the node reads one answer while another travels and the application drains a
+#: third (at 4 MiB per partition: 8-9 -> 11 M records/s into poll_arrow, docs/benchmarks.md).
+#: Below it, fewer calls win (splitting at 1 MiB made poll() slower).
 SPLIT_REQUEST_BYTES = 4 * 1024 * 1024
 #: A worker beyond the first that found nothing to do for this long retires.
 WORKER_IDLE_S = 30.0
@@ -1003,10 +1008,13 @@ class Fetcher:
             t.start()
         return cv
 
-    def _claim(self, address: str) -> tuple[list[_Claim], float | None, bool]:
-        """Take every fetchable partition ``address`` leads into a new request. Returns the
-        claims, when a backoff ends (so the worker knows when to look again), and whether the
-        node leads any assigned partition at all (if not, the worker retires)."""
+    def _claim(self, address: str) -> tuple[list[_Claim], float | None, bool, bool]:
+        """Take the fetchable partitions ``address`` leads into a new request: all of them,
+        except that partitions known to be behind count ``max_partition_fetch_bytes`` each
+        and a request takes them up to SPLIT_REQUEST_BYTES. Returns the claims, when a
+        backoff ends (so the worker knows when to look again), whether the node leads any
+        assigned partition at all (if not, the worker retires), and whether fetchable
+        partitions were left for another worker."""
         now = time.monotonic()
         claims: list[_Claim] = []
         due: float | None = None
@@ -1036,9 +1044,7 @@ class Fetcher:
                     behind_bytes += self._partition_max_bytes
                 part.inflight = True
                 claims.append(_Claim(part, part.generation, part.fetch_offset, leader.epoch))
-        if left_over:
-            self._ensure_worker(address).notify()
-        return claims, due, leads
+        return claims, due, leads, left_over
 
     # -- node workers ---------------------------------------------------------------------
 
@@ -1052,7 +1058,7 @@ class Fetcher:
                     while True:
                         if self._closed:
                             return
-                        claims, due, leads = self._claim(address)
+                        claims, due, leads, left_over = self._claim(address)
                         if claims:
                             break
                         now = time.monotonic()
@@ -1074,6 +1080,8 @@ class Fetcher:
                     if idle:
                         idle = False
                         self._idle[address] -= 1
+                    if left_over:  # big answers for another worker (this one is busy now)
+                        self._ensure_worker(address).notify()
                 self._fetch(address, claims)
         except BaseException as exc:  # a bug: surface it from poll() instead of hanging
             with self._lock:
