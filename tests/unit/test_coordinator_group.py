@@ -244,6 +244,35 @@ def test_reconciliation_steps_follow_kip_848() -> None:
     assert h.group.state is GroupState.STABLE
 
 
+def test_partitions_a_member_has_not_installed_yet_are_not_freed_by_its_report() -> None:
+    """A member's heartbeat reports what its application holds *now*; it may have been sent
+    partitions it is about to install (its application thread reconciles between
+    heartbeats). A report without them, made before it learnt they were revoked, must not
+    free them: the other member would consume them while this one does (a transactional
+    pipeline transformed records twice, chaos seed 202611211)."""
+    h = Harness({"t": 4})
+    a, b = Consumer(h), Consumer(h)
+    a.join()
+    assert a.owned == {"t": {0, 1, 2, 3}}  # sent; its application has not installed them
+    b.join()
+    # a's heartbeat, built before it installed anything: owns nothing yet.
+    r = a.heartbeat(owned={})
+    assert h.group.members[a.member_id].state is MemberState.UNREVOKED_PARTITIONS
+    kept = set(r.assignment["t"]) if r.assignment is not None else set()
+    moved = {0, 1, 2, 3} - kept
+    # b gets nothing while a may still be installing them.
+    r = b.heartbeat()
+    assert not (b.owned.get("t", set()) & moved)
+    # a's next heartbeat (after it learnt of the revocation) without them frees them...
+    a.owned = {"t": kept}
+    r = a.heartbeat()
+    assert h.group.members[a.member_id].state is MemberState.STABLE
+    # ...and b picks them up.
+    b.heartbeat()
+    assert b.owned == {"t": moved}
+    assert_exclusive([a, b])
+
+
 def test_fourth_and_fifth_member_on_four_partitions_one_stays_idle() -> None:
     h = Harness({"t": 4})
     consumers = [Consumer(h) for _ in range(3)]

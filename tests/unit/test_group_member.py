@@ -113,6 +113,30 @@ def test_join_then_reconcile_growth_and_shrink_on_the_application_thread(member:
     assert m.member_epoch == 2
 
 
+def test_a_heartbeat_during_installation_reports_what_is_being_installed(member: Any) -> None:
+    """The heartbeat thread may report while the application thread installs a new
+    assignment: it reports those partitions as owned, so the coordinator cannot free them
+    for another member while this one is about to consume them."""
+    m, consumer, _listener, stub, _ = member
+    stub.responses = [_resp(1, [0, 1, 2]), _resp(1), _resp(1), _resp(1)]
+    m._heartbeat_once()
+    m._heartbeat_once()  # before the application looks: nothing is held yet
+    assert not stub.requests[1].owned_topic_partitions
+    during: list[Any] = []
+
+    def apply(parts: Iterable[TopicPartition]) -> None:
+        m._heartbeat_once()  # the heartbeat thread runs in the middle of the installation
+        during.append(stub.requests[-1])
+        FakeConsumer._apply_assignment(consumer, parts)
+
+    consumer._apply_assignment = apply  # type: ignore[method-assign]
+    m.on_poll(consumer)
+    assert [list(tp.partitions) for tp in during[0].owned_topic_partitions] == [[0, 1, 2]]
+    m._heartbeat_once()
+    assert [list(tp.partitions) for tp in stub.requests[-1].owned_topic_partitions] == [[0, 1, 2]]
+    assert m._installing is None
+
+
 def test_fenced_member_drops_everything_before_rejoining(member: Any) -> None:
     m, consumer, listener, stub, _ = member
     stub.responses = [_resp(3, [0]), _resp(-1, code=E.FENCED_MEMBER_EPOCH), _resp(4, [1])]

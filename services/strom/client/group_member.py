@@ -118,6 +118,10 @@ class GroupMember:
         self._target: set[TopicPartition] | None = None
         #: What the application thread has installed in the consumer.
         self._owned: set[TopicPartition] = set()
+        #: The assignment the application thread is installing right now (None when it is
+        #: not): reported as owned too, so the coordinator never frees a partition that a
+        #: reconciliation in progress is about to consume.
+        self._installing: set[TopicPartition] | None = None
         #: Set by the heartbeat thread after fencing; cleared by on_poll once dropped.
         self._fenced = False
         self._error: BaseException | None = None
@@ -163,6 +167,8 @@ class GroupMember:
             fenced = self._fenced
             target = None if self._target is None else set(self._target)
             owned = set(self._owned)
+            if not fenced and target is not None and target != owned:
+                self._installing = target
         if fenced:
             self._revoke_all(commit=False, lost=True)
             with self._lock:
@@ -170,7 +176,11 @@ class GroupMember:
             self._wake.set()
             return
         if target is not None and target != owned:
-            self._reconcile(consumer, owned, target)
+            try:
+                self._reconcile(consumer, owned, target)
+            finally:
+                with self._lock:
+                    self._installing = None
         if self._auto_commit and time.monotonic() >= self._next_auto_commit:
             self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
             # Manual assign() with a group_id auto-commits too, as a "simple" consumer.
@@ -421,7 +431,9 @@ class GroupMember:
                 member_id=self.member_id,
                 member_epoch=self.member_epoch if epoch is None else epoch,
                 subscribed_topic_names=list(self._topics),
-                owned_topic_partitions=_topic_partitions(self._owned),
+                owned_topic_partitions=_topic_partitions(
+                    self._owned | self._installing if self._installing else self._owned
+                ),
             )
             if self._pattern is not None:
                 req.subscribed_topic_regex = self._pattern

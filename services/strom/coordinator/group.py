@@ -788,9 +788,11 @@ class ConsumerGroup:
             and member.member_epoch == self.assignment_epoch
         ):
             return
-        self._compute_next(member, owned, now_ms)
+        self._compute_next(member, owned, now_ms, joining=force)
 
-    def _compute_next(self, member: Member, owned: Mapping[str, set[int]], now_ms: int) -> None:
+    def _compute_next(
+        self, member: Member, owned: Mapping[str, set[int]], now_ms: int, *, joining: bool
+    ) -> None:
         target = self.target.get(member.member_id, {})
         keep: dict[str, set[int]] = {}
         revoke: dict[str, set[int]] = {}
@@ -810,7 +812,13 @@ class ConsumerGroup:
                 else:
                     unreleased = True
         if revoke:
-            if _intersects(owned, revoke):
+            # A report from a member that is not joining may predate the assignment that gave
+            # it these partitions: it can be installing them right now (on its application
+            # thread, between its heartbeats) and consume them. Only a heartbeat sent after it
+            # learnt of the revocation can say they are gone, so revoke first unless it joins
+            # (then it holds nothing). Freeing them at once let two members consume the same
+            # partition: a transactional pipeline transformed records twice (chaos).
+            if not joining or _intersects(owned, revoke):
                 # Revoke first, in the current epoch; new partitions come after.
                 member.assigned = keep
                 member.pending_revocation = revoke
@@ -819,7 +827,7 @@ class ConsumerGroup:
                     0, member.metadata.rebalance_timeout_ms
                 )
                 return
-            # The member already dropped them (e.g. it rejoined): free them right away.
+            # A join: the member holds nothing yet, free them right away.
             self._release(member, revoke)
         for t, ps in gained.items():
             keep.setdefault(t, set()).update(ps)
