@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
+from types import SimpleNamespace
 
+from strom.api import controller_pb2
 from strom.api import metadata_pb2 as md
 from strom.api import storage_pb2 as pb
 from strom.errors import ErrorCode as E
@@ -12,7 +15,11 @@ from strom.log import Log, LogConfig
 from strom.record import encode_batch
 from strom.storage.longpoll import WaiterRegistry
 from strom.storage.partition import Partition, decide_isr, follower_high_watermark
-from strom.storage.replication import ReplicaFetchers, divergence_truncation_offset
+from strom.storage.replication import (
+    ControllerClient,
+    ReplicaFetchers,
+    divergence_truncation_offset,
+)
 
 
 def _state(leader: int, epoch: int, isr: list[int], pepoch: int = 0) -> md.PartitionState:
@@ -295,3 +302,31 @@ def test_isr_manager_resends_a_proposal_whose_call_failed(tmp_path: Path) -> Non
         assert part.pending_isr is None and part.isr == (1, 2, 3)
 
     asyncio.run(main())
+
+
+def test_controller_calls_that_get_no_answer_say_why() -> None:
+    """A restarting node that gives up waiting for the controller to fence its previous
+    life logs why its last call got no answer (a chaos run waited 60 s with no clue)."""
+
+    class View:
+        def __init__(self, info: object) -> None:
+            self.info = info
+
+        def controller_info(self) -> object:
+            return self.info
+
+    async def call(view: View) -> tuple[object, str]:
+        client = ControllerClient(view)  # type: ignore[arg-type]
+        try:
+            req = controller_pb2.ControlledShutdownRequest(node_id=1)
+            resp = await client.call("ControlledShutdown", req, timeout=2.0)
+            return resp, client.last_failure
+        finally:
+            await client.close()
+
+    assert asyncio.run(call(View(None))) == (None, "no active controller in the cluster view")
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    resp, why = asyncio.run(call(View(SimpleNamespace(host="127.0.0.1", port=port))))
+    assert resp is None and why == f"UNAVAILABLE from 127.0.0.1:{port}"

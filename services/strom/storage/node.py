@@ -281,10 +281,11 @@ class StorageNode:
                 log.info("fencing the previous life refused, retrying: %s", resp.error_message)
             await asyncio.sleep(0.5)
         log.warning(
-            "no controller fenced node %d's previous life within %.0f s; taking the roles "
-            "etcd gives it",
+            "no controller fenced node %d's previous life within %.0f s (last call: %s); "
+            "taking the roles etcd gives it",
             self.config.node_id,
             self.config.startup_fence_timeout_s,
+            self.controller.last_failure or "refused",
         )
 
     async def _abort_start(self) -> None:

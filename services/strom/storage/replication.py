@@ -59,6 +59,8 @@ class ControllerClient:
     def __init__(self, view: ClusterView) -> None:
         self.view = view
         self._channels: dict[str, grpc.aio.Channel] = {}
+        #: Why the last call got no answer (for the logs of callers that give up).
+        self.last_failure = ""
 
     def _stub(self, host: str, port: int) -> controller_pb2_grpc.ControllerServiceStub:
         target = f"{host}:{port}"
@@ -72,6 +74,7 @@ class ControllerClient:
         answers. gRPC UNIMPLEMENTED propagates (callers decide)."""
         info = self.view.controller_info()
         if info is None:
+            self.last_failure = "no active controller in the cluster view"
             return None
         host, port = info.host, info.port
         for _ in range(3):
@@ -82,6 +85,7 @@ class ControllerClient:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 log.debug("%s to controller %s:%d failed: %s", method, host, port, exc.code())
+                self.last_failure = f"{exc.code().name} from {host}:{port}"
                 return None
             if resp.error_code == E.NOT_CONTROLLER and resp.controller.node_id >= 0:
                 if (resp.controller.host, resp.controller.port) == (host, port):
@@ -89,6 +93,7 @@ class ControllerClient:
                 host, port = resp.controller.host, resp.controller.port
                 continue
             return resp
+        self.last_failure = "redirected by NOT_CONTROLLER three times"
         return None
 
     async def close(self) -> None:
