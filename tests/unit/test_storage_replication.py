@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +17,7 @@ from strom.errors import ErrorCode as E
 from strom.log import Log, LogConfig
 from strom.record import encode_batch
 from strom.storage.longpoll import WaiterRegistry
+from strom.storage.node import StorageNode
 from strom.storage.partition import Partition, decide_isr, follower_high_watermark
 from strom.storage.replication import (
     ControllerClient,
@@ -330,3 +334,45 @@ def test_controller_calls_that_get_no_answer_say_why() -> None:
         port = sock.getsockname()[1]
     resp, why = asyncio.run(call(View(SimpleNamespace(host="127.0.0.1", port=port))))
     assert resp is None and why == f"UNAVAILABLE from 127.0.0.1:{port}"
+
+
+def test_a_restarting_node_sees_its_fencing_in_etcd_when_the_answer_never_comes() -> None:
+    """The controller fenced the previous life (etcd no longer names the node leader or
+    in-sync) but its answer never reached the node: the node goes on at once instead of
+    waiting out ``startup_fence_timeout_s``."""
+    me = 2
+    states = {("t", 0): _state(leader=me, epoch=3, isr=[me, 1])}
+    calls: list[float] = []
+
+    async def call(method: str, request: object, timeout: float) -> None:
+        calls.append(timeout)
+        # The controller commits the fencing; the answer is lost on the way back.
+        states[("t", 0)] = _state(leader=1, epoch=4, isr=[1])
+        return None
+
+    node = SimpleNamespace(
+        config=SimpleNamespace(node_id=me, startup_fence_timeout_s=30.0),
+        controller=SimpleNamespace(call=call, last_failure="DEADLINE_EXCEEDED from x:1"),
+        registration=SimpleNamespace(incarnation_id="i-2"),
+        view=SimpleNamespace(
+            lock=threading.Lock(),
+            partitions=_Values(states),
+        ),
+    )
+    node._roles_from_a_previous_life = types.MethodType(  # type: ignore[attr-defined]
+        StorageNode._roles_from_a_previous_life, node
+    )
+    start = time.monotonic()
+    asyncio.run(StorageNode._fence_previous_life(node))  # type: ignore[arg-type]
+    assert time.monotonic() - start < 5 and len(calls) == 1
+    assert calls[0] > 10  # longer than the controller's own wait for its view
+
+
+class _Values:
+    """A view's partitions map: values with ``.value`` as ClusterView keeps them."""
+
+    def __init__(self, states: dict[tuple[str, int], md.PartitionState]) -> None:
+        self.states = states
+
+    def values(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(value=v) for v in self.states.values()]

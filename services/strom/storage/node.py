@@ -52,6 +52,9 @@ from strom.storage.servicer import StorageServicer, add_to_server
 log = logging.getLogger("strom.storage")
 
 SERVICE_NAME = storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name
+#: Timeout of one ControlledShutdown call that fences a previous life: longer than the
+#: controller's wait for its own view (10 s, strom.controller.core._await_view).
+CONTROLLED_SHUTDOWN_CALL_S = 15.0
 
 
 def tune_malloc(trim_threshold: int = 256 << 20, mmap_threshold: int = 64 << 20) -> bool:
@@ -262,9 +265,20 @@ class StorageNode:
         )
         while loop.time() < deadline:
             try:
-                resp = await self.controller.call("ControlledShutdown", req, timeout=5.0)
+                # The controller answers once its own view shows what it committed (up to
+                # ~10 s when that view lags): a shorter timeout would never see a slow success.
+                resp = await self.controller.call(
+                    "ControlledShutdown",
+                    req,
+                    timeout=max(min(CONTROLLED_SHUTDOWN_CALL_S, deadline - loop.time()), 0.5),
+                )
             except grpc.aio.AioRpcError:
                 log.warning("controller does not implement ControlledShutdown; not fenced")
+                return
+            if resp is None and self._roles_from_a_previous_life() == 0:
+                # No answer, but etcd (our view of it) no longer names this node anywhere:
+                # the fencing happened (the answer was lost or is still on its way).
+                log.info("previous life fenced (seen in the cluster view)")
                 return
             if resp is not None and resp.error_code == 0:
                 # The controller waited for its own view; make ours at least as new.
