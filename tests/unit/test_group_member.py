@@ -115,13 +115,13 @@ def test_join_then_reconcile_growth_and_shrink_on_the_application_thread(member:
 
 def test_a_heartbeat_during_installation_reports_what_is_being_installed(member: Any) -> None:
     """The heartbeat thread may report while the application thread installs a new
-    assignment: it reports those partitions as owned, so the coordinator cannot free them
-    for another member while this one is about to consume them."""
+    assignment, or before it has looked at it: it reports those partitions as owned, so the
+    coordinator cannot free them for another member while this one may still consume them."""
     m, consumer, _listener, stub, _ = member
     stub.responses = [_resp(1, [0, 1, 2]), _resp(1), _resp(1), _resp(1)]
     m._heartbeat_once()
-    m._heartbeat_once()  # before the application looks: nothing is held yet
-    assert not stub.requests[1].owned_topic_partitions
+    m._heartbeat_once()  # before the application looks: the next poll will take them
+    assert [list(tp.partitions) for tp in stub.requests[1].owned_topic_partitions] == [[0, 1, 2]]
     during: list[Any] = []
 
     def apply(parts: Iterable[TopicPartition]) -> None:

@@ -431,9 +431,7 @@ class GroupMember:
                 member_id=self.member_id,
                 member_epoch=self.member_epoch if epoch is None else epoch,
                 subscribed_topic_names=list(self._topics),
-                owned_topic_partitions=_topic_partitions(
-                    self._owned | self._installing if self._installing else self._owned
-                ),
+                owned_topic_partitions=_topic_partitions(self._may_hold()),
             )
             if self._pattern is not None:
                 req.subscribed_topic_regex = self._pattern
@@ -442,6 +440,19 @@ class GroupMember:
         if self._assignor is not None:
             req.server_assignor = self._assignor
         return req
+
+    def _may_hold(self) -> set[TopicPartition]:
+        """With the lock held: what the application holds or may take before it learns
+        anything newer — what it installed, what it is installing, and the last assignment
+        received (the next poll installs it). Reported as owned, so the coordinator frees a
+        revoked partition only once this member cannot consume it any more, even when the
+        answer that revoked it was lost."""
+        held = set(self._owned)
+        if self._installing:
+            held |= self._installing
+        if self._target:
+            held |= self._target
+        return held
 
     def _heartbeat_once(self) -> float:
         """One heartbeat; returns how long to wait before the next one."""
