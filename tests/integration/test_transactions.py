@@ -315,7 +315,7 @@ def test_idle_transactional_ids_expire(
         controllers=1,
         coordinator_args=[
             "--transactional-id-expiration-ms",
-            "1500",
+            "4000",  # long enough that both ids are listed before it, even on a loaded box
             "--transaction-state-partitions",
             "1",
         ],
