@@ -422,6 +422,16 @@ class CompletedFetch:
             self._next_batch()
         return None, position
 
+    def _next_drainable(self, position: int, taken: bool) -> tuple[RecordBatch | None, int]:
+        """:meth:`_next_live`, except that a corrupt batch after records already ``taken``
+        ends the take (None) so those are returned first; the next take raises."""
+        try:
+            return self._next_live(position)
+        except InvalidBatchError:
+            if taken:
+                return None, position
+            raise
+
     def _current(self) -> RecordBatch:
         b = self.batches[self.index]
         if self._check_crcs and self._verified < self.index:
@@ -437,12 +447,7 @@ class CompletedFetch:
         out: list[Record] = []
         topic, partition = self.tp
         while limit > 0:
-            try:
-                b, position = self._next_live(position)
-            except InvalidBatchError:
-                if out:  # return the good records first; the next call raises
-                    break
-                raise
+            b, position = self._next_drainable(position, bool(out))
             if b is None:
                 break
             if self._rows is None:
@@ -475,12 +480,7 @@ class CompletedFetch:
         taken = 0
         topic, partition = self.tp
         while limit > 0:
-            try:
-                b, position = self._next_live(position)
-            except InvalidBatchError:
-                if out:  # return the good records first; the next call raises
-                    break
-                raise
+            b, position = self._next_drainable(position, bool(out))
             if b is None:
                 break
             h = b.header
