@@ -8,11 +8,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from strom.api import common_pb2, controller_pb2, storage_pb2
+from strom.client import trace
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.partitioner import partition_for_key
@@ -21,6 +24,7 @@ from strom.client.types import RecordMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import free_port, wait_for
 from strom.errors import (
+    InvalidRequestError,
     MessageTooLargeError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
@@ -256,6 +260,68 @@ def test_a_batch_still_filling_waits_for_the_answer_in_flight(env: Env) -> None:
     assert [r.value for r in env.read(t)][2:] == [b"b%d" % i for i in range(50)]
 
 
+def test_requests_holding_many_partitions_leave_the_node_free_for_more(env: Env) -> None:
+    """A request carries the due batches of every partition the node leads; it takes one of
+    the node's ``max_in_flight`` slots and gives it back when answered. (The slots used to be
+    taken per partition and given back per request: a producer that once sent several
+    partitions in one request was left with one slot and one partition per request for good.)"""
+    t = env.topic(partitions=6)
+    keys = {}
+    for i in range(1000):  # one key per partition
+        keys.setdefault(partition_for_key(b"k%d" % i, 6), b"k%d" % i)
+    requests: list[list[int]] = []  # the partitions of each Produce the producer issued
+
+    def sink(point: str, _ns: int, entries: Any) -> None:
+        if point == "produce.sent":
+            requests.append(sorted(e.pq.partition for e in entries if e.pq.topic == t))
+
+    trace.sink = sink
+    try:
+        with Producer(env.bootstrap, linger_ms=60_000, max_in_flight=2) as p:
+            for round_ in range(5):  # the first may retry while the partitions get leaders
+                del requests[:]
+                futures = [p.send(t, b"%d" % round_, key=keys[q]) for q in range(6)]
+                p.flush(timeout=20)  # all six partitions are due at once
+                assert [f.result(0).partition for f in futures] == list(range(6))
+                assert [f.result(0).offset for f in futures] == [round_] * 6
+                if round_:
+                    assert requests == [list(range(6))]  # one request, every round
+    finally:
+        trace.sink = None
+
+
+def test_a_partition_filling_slowly_rides_along_with_a_due_one(env: Env) -> None:
+    """As Kafka's accumulator drains a ready node: when one partition's batch is due, the
+    records waiting in the node's other partitions go in the same request, instead of each
+    partition costing a call of its own when its linger expires."""
+    t = env.topic(partitions=2)
+    keys = {}
+    for i in range(100):
+        keys.setdefault(partition_for_key(b"k%d" % i, 2), b"k%d" % i)
+    requests: list[list[tuple[int, int]]] = []
+
+    def sink(point: str, _ns: int, entries: Any) -> None:
+        if point == "produce.sent":
+            requests.append(
+                sorted((e.pq.partition, sum(b.count for b in e.batches)) for e in entries)
+            )
+
+    trace.sink = sink
+    try:
+        with Producer(env.bootstrap, linger_ms=60_000, batch_size=1000) as p:
+            p.send(t, b"warm", key=keys[0])
+            p.send(t, b"warm", key=keys[1])
+            p.flush(timeout=20)
+            del requests[:]
+            slow = p.send(t, b"slow", key=keys[1])  # partition 1: 60 s of linger left
+            full = [p.send(t, b"x" * 100, key=keys[0]) for _ in range(8)]  # closes a batch
+            assert full[-1].result(20).partition == 0
+            assert slow.result(20).partition == 1  # long before its linger
+            assert requests == [[(0, 8), (1, 1)]]
+    finally:
+        trace.sink = None
+
+
 def test_a_poll_keeps_its_timeout_when_the_leader_stops_answering(env: Env) -> None:
     """(The consumer, here for the proxy.) A caught-up poll long-polls the leader itself; when
     the answers vanish on the wire, poll(timeout_ms) still returns about on time (not after
@@ -331,6 +397,42 @@ def test_max_block_ms_when_the_cluster_does_not_answer(env: Env) -> None:
         with pytest.raises(RequestTimedOutError, match="max_block_ms"):
             p.send("anything", b"x")
         assert time.monotonic() - start < 5
+
+
+def test_a_full_buffer_sends_batches_that_would_still_linger(env: Env) -> None:
+    """``buffer_memory`` is reserved per batch, in chunks; a caller waiting for it makes every
+    batch due (as Kafka's accumulator does when its pool is exhausted), so a long
+    ``linger_ms`` cannot hold the memory the caller waits for until ``max_block_ms``."""
+    t = env.topic(partitions=6)
+    with Producer(
+        env.bootstrap, linger_ms=60_000, buffer_memory=64 * 1024, max_block_ms=5_000
+    ) as p:
+        # ~600 KiB through a 64 KiB buffer: each send that finds it full waits for batches
+        # the sender ships at once (not after 60 s, nor RequestTimedOutError after 5 s)
+        futures = [p.send(t, b"%04d" % i + b"x" * 1000, partition=i % 6) for i in range(600)]
+        assert futures[500].result(10).partition == 2  # shipped without a flush
+        p.flush(timeout=20)  # the last ones would linger
+        got = [f.result(0) for f in futures]
+    assert sorted(md.offset for md in got if md.partition == 0) == list(range(100))
+    for q in range(6):
+        assert [r.value[:4] for r in env.read(t, q)] == [b"%04d" % i for i in range(q, 600, 6)]
+
+
+def test_timestamps_from_the_clock_and_given(env: Env) -> None:
+    t = env.topic()
+    with Producer(env.bootstrap) as p:
+        before = time.time_ns() // 1_000_000
+        stamped = p.send(t, b"now").result(10).timestamp
+        after = time.time_ns() // 1_000_000
+        assert before <= stamped <= after  # ms, floored like the clock
+        given = [p.send(t, b"g", timestamp_ms=ts) for ts in (0, 1_795_000_000_123)]
+        assert [f.result(10).timestamp for f in given] == [0, 1_795_000_000_123]
+        assert p.send(t, b"np", timestamp_ms=np.int64(7)).result(10).timestamp == 7
+        for bad in (-1, 2**53, 1.5, "12", True):  # (2**53: kept exactly as a float below it)
+            with pytest.raises(InvalidRequestError, match="timestamp_ms"):
+                p.send(t, b"bad", timestamp_ms=bad)
+    stamps = [r.timestamp for r in env.read(t)]
+    assert stamps == [stamped, 0, 1_795_000_000_123, 7]
 
 
 def test_clear_errors_for_bad_arguments(env: Env) -> None:

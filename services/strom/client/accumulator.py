@@ -40,6 +40,7 @@ class ProducerBatch:
         "has_keys",
         "headers",
         "keys",
+        "limit",
         "partition",
         "result",
         "sent",
@@ -55,9 +56,12 @@ class ProducerBatch:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.headers: list[Any] | None = None
-        self.timestamps: list[int] = []
+        #: Create times in ms: ints, or floats from the clock (floored when encoded).
+        self.timestamps: list[float | int] = []
         self.has_keys = False
         self.size = 0
+        #: Bytes of ``buffer_memory`` reserved for this batch (>= size; see Producer._make_room).
+        self.limit = 0
         self.created = time.monotonic()
         self.closed = False
         self.arrow = arrow
@@ -72,7 +76,7 @@ class ProducerBatch:
         self.sent = False
         if arrow is not None:
             self.count = arrow.num_rows
-            self.size = arrow.nbytes + RECORD_OVERHEAD * arrow.num_rows
+            self.size = self.limit = arrow.nbytes + RECORD_OVERHEAD * arrow.num_rows
             self.closed = True
             stamps: Any
             if "timestamp" in arrow.schema.names:
@@ -119,7 +123,9 @@ class ProducerBatch:
                 self.values,
                 keys=self.keys if self.has_keys else None,
                 headers=self.headers,
-                timestamps=self.timestamps,
+                # floats from the clock and ints given to send(), all below 2**53: exact in
+                # float64, floored by the cast (faster than numpy's int64 from Python floats)
+                timestamps=np.asarray(self.timestamps, dtype=np.float64).astype(np.int64),
                 **options,
             )
         self.encoded_sequence = identity
