@@ -780,8 +780,8 @@ class Producer:
         # the memory it waits for until they expire.
         force = self._flushing > 0 or self._closing or self._space_waiters > 0
         depth = self.max_in_flight if self.idempotent else 1
-        per_node: dict[str, list[_Shipment]] = {}
-        #: leader address -> [any partition due?, (queue, unsent batches, leader epoch) ...]
+        requests: list[tuple[str, list[_Shipment]]] = []
+        #: leader address -> [any partition due?, (queue, unsent batches, epoch, due) ...]
         candidates: dict[str, list[Any]] = {}
         txn_adds: set[tuple[str, int]] = set()
         with self._lock:
@@ -823,46 +823,58 @@ class Producer:
                 if node is None:
                     node = candidates[leader.address] = [False]
                 node[0] = node[0] or due
-                node.append((pq, queued, leader.epoch))
+                node.append((pq, queued, leader.epoch, due))
             for addr, node in candidates.items():
-                # A node with a due partition gets one request holding every partition of it
-                # that has records (as Kafka's drain): partitions filling at different paces
-                # share calls instead of each costing its own when its linger expires.
-                if not node[0] or self._in_flight.get(addr, 0) >= self.max_in_flight:
-                    continue  # nothing due there yet, or a completion wakes us
-                entries = per_node[addr] = []
-                total = 0
-                for pq, queued, epoch in node[1:]:
-                    if total >= REQUEST_BYTES_CAP:
-                        break  # the rest go in the next request
-                    first = queued[0]
-                    take: list[ProducerBatch] = []
-                    size = 0
-                    behind = pq.batches[0] is not first  # an older batch is in flight
-                    for b in queued:
-                        if take and (
-                            first.attempts or b.attempts or size + b.size > self.max_request_size
-                        ):
-                            break
-                        if b is pq.open:
-                            pq.close_open()
-                            self._open.pop((pq.topic, pq.partition), None)
-                        take.append(b)
-                        size += b.size
-                        b.sent = True
-                        if b.base_sequence < 0 and self.idempotent:
-                            b.base_sequence = pq.next_sequence
-                            pq.next_sequence = (pq.next_sequence + b.count) & 0x7FFFFFFF
-                    total += size
-                    pq.in_flight += 1
-                    entries.append(_Shipment(pq, take, epoch, behind))
-                # One request: one of the node's max_in_flight slots (_complete gives it back).
-                self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
-        for addr, entries in per_node.items():
+                # A node with a due partition gets a request holding every partition of it
+                # that has records (as Kafka's drain), up to max_request_size in all:
+                # partitions filling at different paces share calls instead of each costing
+                # its own when its linger expires. What does not fit goes in a further
+                # request while the node has a free slot and something due is left.
+                pending = node[1:]
+                while node[0] and self._in_flight.get(addr, 0) < self.max_in_flight:
+                    entries, pending = self._drain(pending)
+                    requests.append((addr, entries))
+                    # One request: one of the node's max_in_flight slots (_complete gives
+                    # it back).
+                    self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
+                    node[0] = any(due for *_, due in pending)
+        for addr, entries in requests:
             self._send_request(addr, entries)
         if txn_adds:
             return self._add_to_transaction(txn_adds, next_wake)
         return next_wake
+
+    def _drain(self, pending: list[Any]) -> tuple[list[_Shipment], list[Any]]:
+        """With the lock held: one request's shipments from ``pending`` partitions (queue,
+        unsent batches, leader epoch, due), up to ``max_request_size`` in all (a first batch
+        always goes); returns them and the partitions left for another request."""
+        entries: list[_Shipment] = []
+        rest: list[Any] = []
+        total = 0
+        limit = self.max_request_size
+        for item in pending:
+            pq, queued, epoch, _ = item
+            first = queued[0]
+            if entries and total + first.size > limit:
+                rest.append(item)
+                continue
+            take: list[ProducerBatch] = []
+            behind = pq.batches[0] is not first  # an older batch is in flight
+            for b in queued:
+                if take and (first.attempts or b.attempts or total + b.size > limit):
+                    break  # (a retry goes alone, as it went the first time)
+                if b is pq.open:
+                    pq.close_open()
+                    self._open.pop((pq.topic, pq.partition), None)
+                take.append(b)
+                total += b.size
+                b.sent = True
+                if b.base_sequence < 0 and self.idempotent:
+                    b.base_sequence = pq.next_sequence
+                    pq.next_sequence = (pq.next_sequence + b.count) & 0x7FFFFFFF
+            pq.in_flight += 1
+            entries.append(_Shipment(pq, take, epoch, behind))
+        return entries, rest
 
     def _add_to_transaction(
         self, parts: set[tuple[str, int]], next_wake: float | None
@@ -1199,10 +1211,6 @@ class Producer:
 
 _time = time.time
 _new_object = object.__new__
-
-#: A Produce request stops taking further partitions at this size (each partition still
-#: sends up to ``max_request_size``); well below the node's message limit.
-REQUEST_BYTES_CAP = 64 * 1024 * 1024
 
 #: Largest bytes ``send`` reserves for an open batch at a time (see ``_make_room``).
 RESERVE_CHUNK = 32 * 1024
