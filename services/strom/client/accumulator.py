@@ -11,6 +11,7 @@ retries, so a retry of an appended batch is recognised by the leader as a duplic
 
 from __future__ import annotations
 
+import array
 import time
 from collections import deque
 from typing import Any
@@ -56,8 +57,10 @@ class ProducerBatch:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.headers: list[Any] | None = None
-        #: Create times in ms: ints, or floats from the clock (floored when encoded).
-        self.timestamps: list[float | int] = []
+        #: Create times in ms, as raw doubles: floats from the clock (floored when encoded)
+        #: or ints given to send() (exact below 2**53). An array, not a list: no float
+        #: object per record for the sender to read back from cold memory.
+        self.timestamps: Any = array.array("d")
         self.has_keys = False
         self.size = 0
         #: Bytes of ``buffer_memory`` reserved for this batch (>= size; see Producer._make_room).
@@ -123,9 +126,7 @@ class ProducerBatch:
                 self.values,
                 keys=self.keys if self.has_keys else None,
                 headers=self.headers,
-                # floats from the clock and ints given to send(), all below 2**53: exact in
-                # float64, floored by the cast (faster than numpy's int64 from Python floats)
-                timestamps=np.asarray(self.timestamps, dtype=np.float64).astype(np.int64),
+                timestamps=np.frombuffer(self.timestamps, dtype=np.float64).astype(np.int64),
                 **options,
             )
         self.encoded_sequence = identity
