@@ -283,7 +283,6 @@ def test_old_leader_truncates_its_divergent_tail(rc: ReplCluster) -> None:
         wait_for(lambda: list(rc.state("r-div").isr) == [1], timeout=20, what="ISR [1]")
         r = produce_one(n1, "r-div", 0, batch([b"lost-1", b"lost-2"]), acks=1)
         assert r.error_code == E.NONE
-        divergent_leo = n1.leo("r-div")
         # Leadership moves to node 2 (as a controller failover would do).
         rc.set_state("r-div", bump_epoch=True, leader=2, isr=[2, 3])
         # The old leader learns it from the watch and refuses writes from now on.
@@ -303,7 +302,8 @@ def test_old_leader_truncates_its_divergent_tail(rc: ReplCluster) -> None:
     # controller may then give it its preferred leadership back: ask etcd who leads).
     wait_for(lambda: list(rc.state("r-div").isr) == [1, 2, 3], timeout=20, what="node 1 in the ISR")
     _converged(rc, "r-div", leader=rc.state("r-div").leader)
-    assert n1.leo("r-div") != divergent_leo
+    # (Not "node 1's end offset moved": the new leader's log can reach the divergent length,
+    # e.g. when a produce above was retried after a timeout. The content is checked below.)
     leader_values = _values(rc.leader("r-div"), "r-div")
     assert b"lost-1" not in leader_values and b"new" in leader_values
     # Leadership on node 1 (if not there already): it serves exactly the converged log.
