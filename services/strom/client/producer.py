@@ -775,10 +775,12 @@ class Producer:
         if not self._ensure_producer_id():
             return self.retry_backoff_s
         next_wake: float | None = None
+        force = self._flushing > 0 or self._closing
         # A caller waiting for buffer_memory makes every batch due (as Kafka's accumulator
         # when its pool is exhausted): batches waiting out linger_ms would otherwise hold
-        # the memory it waits for until they expire.
-        force = self._flushing > 0 or self._closing or self._space_waiters > 0
+        # the memory it waits for until they expire. (Nagle's rule still holds: the answer
+        # in flight frees memory too.)
+        hurry = force or self._space_waiters > 0
         depth = self.max_in_flight if self.idempotent else 1
         requests: list[tuple[str, list[_Shipment]]] = []
         #: leader address -> [any partition due?, (queue, unsent batches, epoch, due) ...]
@@ -803,7 +805,7 @@ class Producer:
                 if not queued:
                     continue
                 first = queued[0]
-                due = first.closed or force or now - first.created >= self.linger_s
+                due = first.closed or hurry or now - first.created >= self.linger_s
                 if pq.in_flight and not (first.closed or force):
                     continue  # Nagle: a batch still filling waits for the answer in flight
                 if not due:  # it may still ride along with a request to its leader (below)
