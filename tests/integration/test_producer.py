@@ -399,6 +399,68 @@ def test_max_block_ms_when_the_cluster_does_not_answer(env: Env) -> None:
         assert time.monotonic() - start < 5
 
 
+def test_a_due_partition_goes_first_when_a_request_cannot_hold_all(env: Env) -> None:
+    """A request that cannot hold every partition of the node takes the due ones first (and
+    each round starts one partition further), so a partition with a full batch is not kept
+    waiting behind partitions that are merely riding along."""
+    t = env.topic(partitions=2)
+    keys = {}
+    for i in range(100):
+        keys.setdefault(partition_for_key(b"k%d" % i, 2), b"k%d" % i)
+    requests: list[list[tuple[int, int]]] = []
+
+    def sink(point: str, _ns: int, entries: Any) -> None:
+        if point == "produce.sent":
+            requests.append(
+                sorted((e.pq.partition, sum(b.count for b in e.batches)) for e in entries)
+            )
+
+    trace.sink = sink
+    try:
+        with Producer(
+            env.bootstrap, linger_ms=60_000, batch_size=1000, max_request_size=1500, max_in_flight=1
+        ) as p:
+            p.send(t, b"warm", key=keys[0])
+            p.send(t, b"warm", key=keys[1])
+            p.flush(timeout=20)
+            del requests[:]
+            waiting = p.send(t, b"w" * 900, key=keys[0])  # 60 s of linger left
+            full = [p.send(t, b"x" * 100, key=keys[1]) for _ in range(8)]  # a full batch
+            assert full[-1].result(20).partition == 1
+            assert requests[0] == [(1, 8)]  # 916 + 928 bytes do not fit in 1,500
+            assert not waiting.done()  # it was not due, and did not fit beside
+            p.flush(timeout=20)
+            assert waiting.result(0).partition == 0
+    finally:
+        trace.sink = None
+
+
+def test_reservations_do_not_crowd_out_many_partitions(env: Env) -> None:
+    """``buffer_memory`` is reserved per batch in chunks; with more partitions open than the
+    buffer has chunks, the reservations nobody filled go back before anyone waits, so the
+    records still travel in batches (not one or two per request, as when empty
+    reservations filled the buffer and every send made all batches due)."""
+    t = env.topic(partitions=64)
+    requests: list[int] = []
+
+    def sink(point: str, _ns: int, entries: Any) -> None:
+        if point == "produce.sent":
+            requests.append(sum(b.count for e in entries for b in e.batches))
+
+    trace.sink = sink
+    try:
+        with Producer(env.bootstrap, linger_ms=50, buffer_memory=1 << 20) as p:
+            p.send(t, b"warm", partition=0).result(20)
+            del requests[:]
+            futures = [p.send(t, b"%05d" % i + b"v" * 295, partition=i % 64) for i in range(16_000)]
+            p.flush(timeout=60)
+        assert [f.result(0).partition for f in futures[:64]] == list(range(64))
+        assert sum(requests) == 16_000
+        assert len(requests) < 16_000 / 50  # batched: at least 50 records a request on average
+    finally:
+        trace.sink = None
+
+
 def test_a_full_buffer_sends_batches_that_would_still_linger(env: Env) -> None:
     """``buffer_memory`` is reserved per batch, in chunks; a caller waiting for it makes every
     batch due (as Kafka's accumulator does when its pool is exhausted), so a long

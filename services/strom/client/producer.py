@@ -271,6 +271,7 @@ class Producer:
         self._counts = self._metadata.counts  # topic -> partition count
         self._leaders = self._metadata.leaders  # (topic, partition) -> PartitionLeader
         self._in_flight: dict[str, int] = {}
+        self._drain_start: dict[str, int] = {}  # address -> where its next drain starts
         self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
         self._spin = SpinKeeper()  # gRPC's completion thread stays up between requests
         self._flushing = 0
@@ -400,6 +401,7 @@ class Producer:
         buffer pool hands out memory per batch), not per record: a record that fits in its
         batch's reservation costs ``send`` one comparison. Blocks while the buffer is full.
         """
+        end = None
         while True:
             b = self._open.get((topic, partition))
             if b is not None and b.count and b.size + size > self.batch_size:
@@ -407,8 +409,16 @@ class Producer:
                 b = None
             need = size if b is None else b.size + size - b.limit
             if self._buffered + need > self.buffer_memory and self._buffered:
-                self._wait_for_space(need)
-                continue  # the sender may have taken the open batch meanwhile
+                # Reservations other batches have not filled yet go back first: with many
+                # partitions open they could fill the pool with nothing in it.
+                slack = [o for o in self._open.values() if o.limit > o.size]
+                for other in slack:
+                    self._trim(other)
+                if not slack:
+                    if end is None:
+                        end = time.monotonic() + self.max_block_s
+                    self._wait_for_space(need, end)
+                continue  # (the sender may also have taken the open batch meanwhile)
             if b is None:
                 b = self._new_batch(topic, partition)
             used = b.size + size
@@ -445,6 +455,8 @@ class Producer:
         self._open.pop(tp, None)
         pq = self._queues.get(tp)
         if pq is not None:
+            if pq.open is not None:
+                self._trim(pq.open)
             pq.close_open()
 
     def send_batch(
@@ -685,9 +697,11 @@ class Producer:
             ) from None
         return len(entry.partitions)
 
-    def _wait_for_space(self, size: int) -> None:
-        """Called with the lock held: block until ``size`` bytes fit or max_block_ms passes."""
-        end = time.monotonic() + self.max_block_s
+    def _wait_for_space(self, size: int, end: float | None = None) -> None:
+        """Called with the lock held: block until ``size`` bytes fit or max_block_ms passes
+        (or the monotonic time ``end``, for a caller that waits more than once)."""
+        if end is None:
+            end = time.monotonic() + self.max_block_s
         self._space_waiters += 1
         try:
             while self._buffered + size > self.buffer_memory and self._buffered:
@@ -833,6 +847,13 @@ class Producer:
                 # its own when its linger expires. What does not fit goes in a further
                 # request while the node has a free slot and something due is left.
                 pending = node[1:]
+                # Due partitions first, and each round starting one partition further (as
+                # Kafka's drain index): a node whose slots free one at a time under load
+                # would otherwise always fill its requests from the same first partitions.
+                start = self._drain_start.get(addr, 0) % len(pending)
+                self._drain_start[addr] = start + 1
+                pending = pending[start:] + pending[:start]
+                pending.sort(key=lambda item: not item[3])  # stable: keeps the rotation
                 while node[0] and self._in_flight.get(addr, 0) < self.max_in_flight:
                     entries, pending = self._drain(pending)
                     requests.append((addr, entries))
@@ -866,8 +887,7 @@ class Producer:
                 if take and (first.attempts or b.attempts or total + b.size > limit):
                     break  # (a retry goes alone, as it went the first time)
                 if b is pq.open:
-                    pq.close_open()
-                    self._open.pop((pq.topic, pq.partition), None)
+                    self._close_open(pq.topic, pq.partition)
                 take.append(b)
                 total += b.size
                 b.sent = True
@@ -1108,8 +1128,10 @@ class Producer:
                 if pq.batches and pq.batches[0] is b:
                     pq.batches.popleft()
                 else:
-                    with contextlib.suppress(ValueError):
+                    try:
                         pq.batches.remove(b)
+                    except ValueError:
+                        continue  # already dropped, and its memory freed, by _fail_all
                 self._buffered -= b.limit
             pq.in_flight = max(pq.in_flight - 1, 0)
             if self._space_waiters:
