@@ -850,10 +850,11 @@ class Producer:
                 # Due partitions first, and each round starting one partition further (as
                 # Kafka's drain index): a node whose slots free one at a time under load
                 # would otherwise always fill its requests from the same first partitions.
-                start = self._drain_start.get(addr, 0) % len(pending)
-                self._drain_start[addr] = start + 1
-                pending = pending[start:] + pending[:start]
-                pending.sort(key=lambda item: not item[3])  # stable: keeps the rotation
+                if len(pending) > 1:
+                    start = self._drain_start.get(addr, 0) % len(pending)
+                    self._drain_start[addr] = start + 1
+                    pending = pending[start:] + pending[:start]
+                    pending.sort(key=lambda item: not item[3])  # stable: keeps the rotation
                 while node[0] and self._in_flight.get(addr, 0) < self.max_in_flight:
                     entries, pending = self._drain(pending)
                     requests.append((addr, entries))
