@@ -4,6 +4,7 @@ processes). The node advertises a TCP proxy, so tests can lose a response on the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -290,14 +291,18 @@ def test_requests_holding_many_partitions_leave_the_node_free_for_more(env: Env)
         trace.sink = None
 
 
-def test_a_partition_filling_slowly_rides_along_with_a_due_one(env: Env) -> None:
-    """As Kafka's accumulator drains a ready node: when one partition's batch is due, the
-    records waiting in the node's other partitions go in the same request, instead of each
-    partition costing a call of its own when its linger expires."""
-    t = env.topic(partitions=2)
-    keys = {}
-    for i in range(100):
-        keys.setdefault(partition_for_key(b"k%d" % i, 2), b"k%d" % i)
+def key_per_partition(partitions: int) -> dict[int, bytes]:
+    """partition -> a key Kafka's partitioner sends there."""
+    keys: dict[int, bytes] = {}
+    for i in range(1000):
+        keys.setdefault(partition_for_key(b"k%d" % i, partitions), b"k%d" % i)
+    return keys
+
+
+@contextlib.contextmanager
+def produce_requests() -> Iterator[list[list[tuple[int, int]]]]:
+    """The Produce requests producers issue meanwhile, as sorted (partition, records) lists
+    (from ``strom.client.trace``'s ``produce.sent`` point)."""
     requests: list[list[tuple[int, int]]] = []
 
     def sink(point: str, _ns: int, entries: Any) -> None:
@@ -308,18 +313,30 @@ def test_a_partition_filling_slowly_rides_along_with_a_due_one(env: Env) -> None
 
     trace.sink = sink
     try:
-        with Producer(env.bootstrap, linger_ms=60_000, batch_size=1000) as p:
-            p.send(t, b"warm", key=keys[0])
-            p.send(t, b"warm", key=keys[1])
-            p.flush(timeout=20)
-            del requests[:]
-            slow = p.send(t, b"slow", key=keys[1])  # partition 1: 60 s of linger left
-            full = [p.send(t, b"x" * 100, key=keys[0]) for _ in range(8)]  # closes a batch
-            assert full[-1].result(20).partition == 0
-            assert slow.result(20).partition == 1  # long before its linger
-            assert requests == [[(0, 8), (1, 1)]]
+        yield requests
     finally:
         trace.sink = None
+
+
+def test_a_partition_filling_slowly_rides_along_with_a_due_one(env: Env) -> None:
+    """As Kafka's accumulator drains a ready node: when one partition's batch is due, the
+    records waiting in the node's other partitions go in the same request, instead of each
+    partition costing a call of its own when its linger expires."""
+    t = env.topic(partitions=2)
+    keys = key_per_partition(2)
+    with (
+        produce_requests() as requests,
+        Producer(env.bootstrap, linger_ms=60_000, batch_size=1000) as p,
+    ):
+        p.send(t, b"warm", key=keys[0])
+        p.send(t, b"warm", key=keys[1])
+        p.flush(timeout=20)
+        del requests[:]
+        slow = p.send(t, b"slow", key=keys[1])  # partition 1: 60 s of linger left
+        full = [p.send(t, b"x" * 100, key=keys[0]) for _ in range(8)]  # closes a batch
+        assert full[-1].result(20).partition == 0
+        assert slow.result(20).partition == 1  # long before its linger
+        assert requests == [[(0, 8), (1, 1)]]
 
 
 def test_a_poll_keeps_its_timeout_when_the_leader_stops_answering(env: Env) -> None:
@@ -404,35 +421,24 @@ def test_a_due_partition_goes_first_when_a_request_cannot_hold_all(env: Env) -> 
     each round starts one partition further), so a partition with a full batch is not kept
     waiting behind partitions that are merely riding along."""
     t = env.topic(partitions=2)
-    keys = {}
-    for i in range(100):
-        keys.setdefault(partition_for_key(b"k%d" % i, 2), b"k%d" % i)
-    requests: list[list[tuple[int, int]]] = []
-
-    def sink(point: str, _ns: int, entries: Any) -> None:
-        if point == "produce.sent":
-            requests.append(
-                sorted((e.pq.partition, sum(b.count for b in e.batches)) for e in entries)
-            )
-
-    trace.sink = sink
-    try:
-        with Producer(
+    keys = key_per_partition(2)
+    with (
+        produce_requests() as requests,
+        Producer(
             env.bootstrap, linger_ms=60_000, batch_size=1000, max_request_size=1500, max_in_flight=1
-        ) as p:
-            p.send(t, b"warm", key=keys[0])
-            p.send(t, b"warm", key=keys[1])
-            p.flush(timeout=20)
-            del requests[:]
-            waiting = p.send(t, b"w" * 900, key=keys[0])  # 60 s of linger left
-            full = [p.send(t, b"x" * 100, key=keys[1]) for _ in range(8)]  # a full batch
-            assert full[-1].result(20).partition == 1
-            assert requests[0] == [(1, 8)]  # 916 + 928 bytes do not fit in 1,500
-            assert not waiting.done()  # it was not due, and did not fit beside
-            p.flush(timeout=20)
-            assert waiting.result(0).partition == 0
-    finally:
-        trace.sink = None
+        ) as p,
+    ):
+        p.send(t, b"warm", key=keys[0])
+        p.send(t, b"warm", key=keys[1])
+        p.flush(timeout=20)
+        del requests[:]
+        waiting = p.send(t, b"w" * 900, key=keys[0])  # 60 s of linger left
+        full = [p.send(t, b"x" * 100, key=keys[1]) for _ in range(8)]  # a full batch
+        assert full[-1].result(20).partition == 1
+        assert requests[0] == [(1, 8)]  # 916 + 928 bytes do not fit in 1,500
+        assert not waiting.done()  # it was not due, and did not fit beside
+        p.flush(timeout=20)
+        assert waiting.result(0).partition == 0
 
 
 def test_reservations_do_not_crowd_out_many_partitions(env: Env) -> None:
