@@ -24,6 +24,9 @@ from strom.devcluster.procs import free_port
 
 #: Methods the proxy forwards as server streams (every other one is unary).
 _UNARY_STREAM = {"/grpc.health.v1.Health/Watch"}
+#: Methods the proxy does not know (answered UNIMPLEMENTED, as a node of an older version
+#: would): clients then make Produce and Fetch unary calls, whose order the proxy can change.
+_UNKNOWN = {"/strom.v1.StorageService/ProduceStream", "/strom.v1.StorageService/FetchStream"}
 
 
 @dataclass
@@ -156,8 +159,12 @@ class _Forwarder(grpc.GenericRpcHandler):
     def __init__(self, proxy: GrpcProxy) -> None:
         self.proxy = proxy
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
+        if method in _UNKNOWN:
+            return None
         if method in _UNARY_STREAM:
             return grpc.unary_stream_rpc_method_handler(self.proxy.server_stream(method))
         return grpc.unary_unary_rpc_method_handler(self.proxy.unary(method))

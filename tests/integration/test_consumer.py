@@ -239,13 +239,13 @@ def test_an_exception_in_a_polls_own_fetch_leaves_the_partition_fetchable(
     # reaches the caller; the partition is not left "in flight" for ever: polling goes on.
     with _caught_up(cluster, admin, "c-inlineexc", 2) as consumer:
         fetcher = consumer._fetcher
-        real = fetcher._call
+        real = fetcher._ask
 
-        def interrupted(address: str) -> object:
-            fetcher._call = real  # type: ignore[method-assign]  # once
+        def interrupted(address: str, request: object, timeout_s: float) -> bytes:
+            fetcher._ask = real  # type: ignore[method-assign]  # once
             raise KeyboardInterrupt
 
-        fetcher._call = interrupted  # type: ignore[method-assign]
+        fetcher._ask = interrupted  # type: ignore[method-assign]
         with pytest.raises(KeyboardInterrupt):
             consumer.poll(timeout_ms=5000)
         produce(admin, "c-inlineexc", 0, values("b", 3))

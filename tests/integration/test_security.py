@@ -360,3 +360,45 @@ def test_a_produce_quota_throttles_instead_of_dropping(env: Env) -> None:
                 quotas=[md.ClientQuota(principal="User:CN=alice")]
             ),
         )
+
+
+def test_a_refused_request_ends_a_stream_after_the_answers_before_it(env: Env) -> None:
+    """On ProduceStream each request is authorized: the first one refused ends the stream
+    with PERMISSION_DENIED once the requests before it are answered, and the node applies
+    nothing sent after it (storage.proto)."""
+    from strom.record import encode_batch
+
+    env.acls(allow("User:CN=alice", WRITE, TOPIC, "orders"))
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("secret", partitions=1, replication_factor=1)
+
+    def request(topic: str, value: bytes) -> storage_pb2.ProduceRequest:
+        req = storage_pb2.ProduceRequest(acks=1, timeout_ms=5000)
+        req.topics.add(topic=topic).partitions.add(
+            partition=0, records=encode_batch([value]), current_leader_epoch=-1
+        )
+        return req
+
+    tp = TopicPartition("orders", 0)
+    with Consumer(env.bootstrap, **env.client(env.admin)) as c:  # type: ignore[arg-type]
+        end_before = c.end_offsets([tp])[tp]
+    with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
+        stream = c.storage(env.bootstrap).ProduceStream(
+            iter(
+                [
+                    request("orders", b"allowed"),
+                    request("secret", b"x"),
+                    request("orders", b"after"),
+                ]
+            ),
+            timeout=30,
+        )
+        first = next(stream)
+        assert first.topics[0].partitions[0].error_code == 0
+        assert first.topics[0].partitions[0].base_offset == end_before
+        with pytest.raises(grpc.RpcError) as refused:
+            next(stream)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "User:CN=alice is not allowed WRITE on topic 'secret'" in (refused.value.details() or "")
+    with Consumer(env.bootstrap, **env.client(env.admin)) as c:  # type: ignore[arg-type]
+        assert c.end_offsets([tp])[tp] == end_before + 1  # "after" was not appended

@@ -289,7 +289,32 @@ class FakeClient:
             def unary_unary(self, method: str, **_: Any) -> FakeLeader:
                 return leader
 
+            def stream_stream(self, method: str, **_: Any) -> Any:
+                return lambda requests, **_kw: FakeStreamCall(leader, requests)
+
         return Channel()
+
+
+class FakeStreamCall:
+    """A FetchStream to a fake leader: each request pulled is answered on the caller's
+    thread, as the leader answers a unary call."""
+
+    def __init__(self, leader: Callable[..., bytes], requests: Any) -> None:
+        self._leader = leader
+        self._requests = iter(requests)
+        self._done = False
+
+    def __iter__(self) -> FakeStreamCall:
+        return self
+
+    def __next__(self) -> bytes:
+        return self._leader(next(self._requests))
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> None:
+        self._done = True
 
 
 class FixedLeaders(LeaderMap):

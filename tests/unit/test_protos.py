@@ -392,6 +392,8 @@ def test_services_expose_the_designed_rpcs() -> None:
     assert rpcs(storage_pb2, "StorageService") == {
         "Produce",
         "Fetch",
+        "ProduceStream",
+        "FetchStream",
         "ListOffsets",
         "OffsetForLeaderEpoch",
         "DeleteRecords",

@@ -47,6 +47,16 @@ class StorageServiceStub:
                 request_serializer=strom_dot_v1_dot_storage__pb2.FetchRequest.SerializeToString,
                 response_deserializer=strom_dot_v1_dot_storage__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/strom.v1.StorageService/ProduceStream',
+                request_serializer=strom_dot_v1_dot_storage__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_storage__pb2.ProduceResponse.FromString,
+                _registered_method=True)
+        self.FetchStream = channel.stream_stream(
+                '/strom.v1.StorageService/FetchStream',
+                request_serializer=strom_dot_v1_dot_storage__pb2.FetchRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_storage__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/strom.v1.StorageService/ListOffsets',
                 request_serializer=strom_dot_v1_dot_storage__pb2.ListOffsetsRequest.SerializeToString,
@@ -100,6 +110,29 @@ class StorageServiceServicer:
     def Fetch(self, request, context):
         """Reads record batches from partitions this node leads (consumers and followers) or, with a
         preferred read replica, follows. A long poll: waits up to max_wait_ms for min_bytes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Produce and Fetch on one long-lived bidirectional stream: the same requests and answers,
+        at about half the node's CPU per request of a unary call (no call set-up per request).
+        Rules: a stream carries one kind of request; the node starts requests in the order they
+        arrive (a Produce's appends keep the stream's order) and answers them in that same order,
+        one answer per request. A request the node refuses as a whole (authorization,
+        RESOURCE_EXHAUSTED load shedding) ends the stream with that status once every request
+        before it is answered; the node reads no request after it, so those were not applied and
+        may be sent again. Any other end of the stream (a node going away, a cancelled call)
+        leaves the unanswered requests in doubt, as a failed unary call does.
+        Produce requests on a stream are pipelined (many may wait for their answers at once).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchStream(self, request_iterator, context):
+        """Fetch requests on a stream are served one after another (each a long poll, as Fetch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -166,6 +199,16 @@ def add_StorageServiceServicer_to_server(servicer, server):
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
+                    request_deserializer=strom_dot_v1_dot_storage__pb2.FetchRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_storage__pb2.FetchResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
+                    request_deserializer=strom_dot_v1_dot_storage__pb2.ProduceRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_storage__pb2.ProduceResponse.SerializeToString,
+            ),
+            'FetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.FetchStream,
                     request_deserializer=strom_dot_v1_dot_storage__pb2.FetchRequest.FromString,
                     response_serializer=strom_dot_v1_dot_storage__pb2.FetchResponse.SerializeToString,
             ),
@@ -260,6 +303,60 @@ class StorageService:
             request,
             target,
             '/strom.v1.StorageService/Fetch',
+            strom_dot_v1_dot_storage__pb2.FetchRequest.SerializeToString,
+            strom_dot_v1_dot_storage__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/strom.v1.StorageService/ProduceStream',
+            strom_dot_v1_dot_storage__pb2.ProduceRequest.SerializeToString,
+            strom_dot_v1_dot_storage__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/strom.v1.StorageService/FetchStream',
             strom_dot_v1_dot_storage__pb2.FetchRequest.SerializeToString,
             strom_dot_v1_dot_storage__pb2.FetchResponse.FromString,
             options,

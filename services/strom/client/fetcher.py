@@ -20,6 +20,12 @@ One hand-off is avoided altogether: a ``poll()`` that would wait for a caught-up
 makes the (long-poll) Fetch itself, on the application's thread, when all it waits for has
 one leader (``Fetcher.fetch_inline``): the answer lands on the thread that wants it.
 
+Requests go on ``FetchStream`` streams lent to one thread at a time
+(:class:`strom.client.streams.FetchStreams`) rather than unary calls: the asking thread still
+blocks for its own answer, and the node spends about half the CPU per request (gRPC pulls the
+request off the stream on a thread of its own, so the client's CPU is about the same). A node
+without the streams (an older version) gets unary calls.
+
 A partition is in at most one request at a time (no speculative fetch-ahead: see
 ``Fetcher._fetchable``), and a node may have several requests in flight: each node keeps one
 idle worker in reserve (more are started on demand, up to ``MAX_WORKERS_PER_NODE``, and retire
@@ -69,6 +75,7 @@ from strom.client import trace
 from strom.client.cluster import ClusterClient, refused
 from strom.client.metadata import MetadataCache
 from strom.client.offsets import TRANSPORT_RETRY
+from strom.client.streams import FetchStreams
 from strom.client.types import TopicPartition
 from strom.errors import (
     CorruptMessageError,
@@ -650,6 +657,9 @@ class Fetcher:
         #: (generation, position) after the last collect() of each partition it drew from.
         self.last_marks: dict[TopicPartition, tuple[int, int | None]] = {}
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
+        #: Fetches go on streams (strom.client.streams) except to nodes that lack them.
+        self._streams = FetchStreams(storage_pb2.FetchRequest.SerializeToString, self._client_md)
+        self._unary_only: set[str] = set()
         self._constants = _Constants()
         self._refresher = threading.Thread(
             target=self._refresh_loop, name=f"strom-metadata-{client_id}", daemon=True
@@ -671,6 +681,7 @@ class Fetcher:
             self._md_wake.notify_all()
             for cv in self._node_wake.values():
                 cv.notify_all()
+        self._streams.close()  # ends the long polls in flight
 
     def join(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -1096,6 +1107,20 @@ class Fetcher:
                     if idle:
                         self._idle[address] -= 1
 
+    def _ask(self, address: str, request: storage_pb2.FetchRequest, timeout_s: float) -> bytes:
+        """One Fetch's answer bytes: on a stream, or a unary call to a node without streams
+        (an older version); raises ``grpc.RpcError`` as the unary call does."""
+        if address not in self._unary_only:
+            try:
+                return self._streams.ask(self._client.channel(address), address, request, timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.info("node %s has no FetchStream; fetching with unary calls", address)
+                self._unary_only.add(address)
+        raw: bytes = self._call(address)(request, timeout=timeout_s, metadata=self._client_md)
+        return raw
+
     def _call(self, address: str) -> grpc.UnaryUnaryMultiCallable:
         call = self._calls.get(address)
         if call is None:
@@ -1143,10 +1168,10 @@ class Fetcher:
         answers: list[PartitionAnswer] = []
         nodes: list[common_pb2.Node] = []
         try:
-            raw = self._call(address)(
+            raw = self._ask(
+                address,
                 self._request(claims, self._max_wait_ms if max_wait_ms is None else max_wait_ms),
-                timeout=self._timeout_s if timeout_s is None else timeout_s,
-                metadata=self._client_md,
+                self._timeout_s if timeout_s is None else timeout_s,
             )
         except grpc.RpcError as exc:
             code = exc.code()

@@ -11,7 +11,9 @@ works, and why:
   ``flush``; encodes each batch once (Arrow, one call per batch); sends one Produce request
   per node that has a ready partition, holding every partition of that node with records
   waiting (up to ``max_in_flight`` requests per node); and completes the batch's futures
-  from the response.
+  from the response. Requests go on one ``ProduceStream`` per node
+  (:mod:`strom.client.streams`: about half the node's CPU of a unary call per request, and
+  answers in request order), or as unary calls to a node without it (an older version).
 - Nagle's rule, for batches: while a partition has a request in flight, only *full* batches
   are sent beside it; a batch still filling waits for the answer (or ``flush``). A gRPC call
   costs a node ~0.4 ms of CPU whatever it carries (docs/benchmarks.md), so at ``linger_ms=0``
@@ -60,6 +62,7 @@ from strom.client.cluster import ClusterClient, refused
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
+from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
 from strom.client.transactions import (
     GroupMetadata,
     PreparedTxnState,
@@ -273,6 +276,9 @@ class Producer:
         self._in_flight: dict[str, int] = {}
         self._drain_start: dict[str, int] = {}  # address -> where its next drain starts
         self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
+        #: address -> its ProduceStream (strom.client.streams); nodes without: unary calls.
+        self._streams: dict[str, RequestStream] = {}
+        self._unary_only: set[str] = set()
         self._spin = SpinKeeper()  # gRPC's completion thread stays up between requests
         self._flushing = 0
         self._closing = False
@@ -668,6 +674,8 @@ class Producer:
         self._sender.join(timeout)
         self._closed = True
         self._fail_all(ProducerClosedError("the producer was closed before the record was sent"))
+        for stream in list(self._streams.values()):
+            stream.cancel()
         self._spin.close()
         self._client.close()
 
@@ -964,11 +972,38 @@ class Producer:
                 topics.setdefault(pq.topic, []).append((pq.partition, epoch, data))
             req = encode_produce_request(self.acks, int(self.request_timeout_s * 1000), topics)
         except Exception as exc:  # bad input that escaped send()'s checks: fail, don't loop
-            err = InvalidRequestError(f"could not encode a batch: {exc}")
-            self._complete(addr, entries, None, err)
+            self._failed_to_send(
+                addr, entries, InvalidRequestError(f"could not encode a batch: {exc}")
+            )
             return
+
+        def done(f: Any) -> None:  # a finished unary future, or a stream's answer
+            self._completions.put((addr, entries, f, None))
+            self._wake.set()
+
+        timeout_s = self.request_timeout_s + 5
         try:
             channel = self._client.channel(addr)
+            if addr not in self._unary_only:
+                if trace.sink is not None:
+                    trace.emit("produce.sent", entries)
+                for _ in range(2):  # a stream that just ended is replaced once
+                    stream = self._streams.get(addr)
+                    if stream is None or stream.closed:
+                        stream = self._streams[addr] = RequestStream(
+                            channel,
+                            PRODUCE_STREAM_METHOD,
+                            storage_pb2.ProduceResponse.FromString,
+                            self._client_md,
+                            f"strom-produce-stream-{self.client_id}",
+                        )
+                    if stream.send(req, timeout_s, done):
+                        return
+                    if stream.ended_with == grpc.StatusCode.UNIMPLEMENTED:
+                        self._no_streams(addr)
+                        break
+                else:
+                    raise StreamError(grpc.StatusCode.UNAVAILABLE, f"no stream to {addr}")
             self._spin.keep(channel)
             call = self._produce_calls.get(addr)
             if call is None:
@@ -977,19 +1012,26 @@ class Producer:
                     request_serializer=None,
                     response_deserializer=storage_pb2.ProduceResponse.FromString,
                 )
-            fut = call.future(req, timeout=self.request_timeout_s + 5, metadata=self._client_md)
+            fut = call.future(req, timeout=timeout_s, metadata=self._client_md)
         except Exception as exc:  # channel closed under us
-            self._complete(addr, entries, None, exc)
+            self._failed_to_send(addr, entries, exc)
             return
 
         if trace.sink is not None:
             trace.emit("produce.sent", entries)
-
-        def done(f: grpc.Future) -> None:
-            self._completions.put((addr, entries, f, None))
-            self._wake.set()
-
         fut.add_done_callback(done)
+
+    def _failed_to_send(self, addr: str, entries: list[_Shipment], error: BaseException) -> None:
+        """A request that never left: handled as an answer is, by the sender loop (which
+        then sees the retry time it sets; handled here, inside _send_ready, the loop would
+        sleep on the wake time it had computed before)."""
+        self._completions.put((addr, entries, None, error))
+        self._wake.set()
+
+    def _no_streams(self, addr: str) -> None:
+        if addr not in self._unary_only:
+            log.info("node %s has no ProduceStream (an older version): unary calls", addr)
+            self._unary_only.add(addr)
 
     def _complete(
         self,
@@ -1008,6 +1050,11 @@ class Producer:
                 resp = fut.result()
             except grpc.RpcError as exc:
                 error = exc
+                if isinstance(exc, StreamError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # A node without ProduceStream (an older version): nothing was appended;
+                    # send again with unary calls.
+                    self._no_streams(addr)
+                    error = StreamError(grpc.StatusCode.UNAVAILABLE, "no ProduceStream")
             else:
                 for t in resp.topics:
                     for r in t.partitions:

@@ -63,7 +63,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self, method: str, metadata: tuple[Any, ...], request: Any, context: Any
     ) -> str:
         """The caller's principal once authenticated and authorized; aborts the call
-        otherwise."""
+        otherwise. A request stream (``request`` None) is only authenticated here: its
+        requests are authorized one by one (:meth:`_wrap`)."""
         sec = self.security
         principal = None
         try:
@@ -91,15 +92,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED, f"{method} has no authorization rule"
                 )
-            assert rule is not None
-            for op, res, name in rule(request):
-                if not sec.authorizer.allowed(principal, op, res, name):
-                    what = _RES_NAMES[res] + ("" if res is Res.CLUSTER else f" {name!r}")
-                    await context.abort(
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        f"{principal} is not allowed {op.name} on {what}",
-                    )
+            if request is not None:
+                denied = self._denied(method, principal, request)
+                if denied is not None:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied)
         return principal
+
+    def _denied(self, method: str, principal: str, request: Any) -> str | None:
+        """Why ``principal`` may not make ``request`` to ``method`` (None: it may)."""
+        for op, res, name in RULES[method](request):
+            if not self.security.authorizer.allowed(principal, op, res, name):
+                what = _RES_NAMES[res] + ("" if res is Res.CLUSTER else f" {name!r}")
+                return f"{principal} is not allowed {op.name} on {what}"
+        return None
 
     def _filter(self, method: str, principal: str, request: Any, response: Any) -> None:
         f = FILTERS.get(method)
@@ -147,11 +152,29 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.stream_unary_rpc_method_handler(stream_unary, **ser)
         inner_ss = handler.stream_stream
+        denied_of = self._denied
+        check = self.security.acls
 
         async def stream_stream(requests: Any, context: Any) -> Any:
-            CURRENT_PRINCIPAL.set(await admit(method, metadata, None, context))
-            async for item in inner_ss(requests, context):
+            principal = await admit(method, metadata, None, context)
+            CURRENT_PRINCIPAL.set(principal)
+            denied: list[str] = []
+
+            async def authorized() -> Any:
+                # Each request as it arrives; the first one refused ends the requests the
+                # handler sees, and, once it has answered those before it, the stream
+                # (storage.proto: a refused request ends the stream with its status).
+                async for request in requests:
+                    why = denied_of(method, principal, request)
+                    if why is not None:
+                        denied.append(why)
+                        return
+                    yield request
+
+            async for item in inner_ss(authorized() if check else requests, context):
                 yield item
+            if denied:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied[0])
 
         return grpc.stream_stream_rpc_method_handler(stream_stream, **ser)
 

@@ -122,6 +122,9 @@ RULES: dict[str, Rule] = {
     # StorageService
     S + "Produce": _topics(Op.WRITE),
     S + "Fetch": _fetch,
+    # The streams: checked per request on the stream (strom.security.interceptor).
+    S + "ProduceStream": _topics(Op.WRITE),
+    S + "FetchStream": _fetch,
     S + "ListOffsets": _topics(Op.DESCRIBE),
     S + "OffsetForLeaderEpoch": _topics(Op.DESCRIBE),
     S + "DeleteRecords": _topics(Op.DELETE),

@@ -73,6 +73,11 @@ PRODUCE_SHED = Counter(
     "strom_storage_produce_shed",
     "Produce requests refused with RESOURCE_EXHAUSTED (in-flight byte budget or memory limit)",
 )
+OPEN_STREAMS = Gauge(
+    "strom_storage_open_streams",
+    "Open ProduceStream and FetchStream calls (clients holding a stream to this node)",
+    ["method"],
+)
 FETCH_REQUESTS = Counter(
     "strom_storage_fetch_requests",
     "Fetch requests by kind of fetcher (consumer or follower replica)",

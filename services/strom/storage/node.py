@@ -365,6 +365,7 @@ class StorageNode:
         # cluster still serves their requests.
         await self.records.close(cfg.shutdown_grace_s)
         self.servicer.shutting_down = True
+        self.servicer.end_streams()  # clients' streams end now, not at the grace period's end
         self._stopping.set()
         self.manager.release_waiters()
         try:

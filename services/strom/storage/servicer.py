@@ -4,6 +4,7 @@ The handlers are grouped by concern, mixed into :class:`StorageServicer` here:
 
 - this module: Produce and WriteTxnMarkers (the append paths) and the server wiring;
 - :mod:`~strom.storage.fetch_rpcs`: Fetch (consumers and followers, long polling);
+- :mod:`~strom.storage.stream_rpcs`: ProduceStream and FetchStream (the same on streams);
 - :mod:`~strom.storage.offsets_rpcs`: ListOffsets, OffsetForLeaderEpoch, DeleteRecords;
 - :mod:`~strom.storage.cluster_rpcs`: Metadata, InitProducerId, FindCoordinator;
 - :mod:`~strom.storage.rpc_base`: per-partition refusals and lookups they all share.
@@ -59,6 +60,7 @@ from strom.storage.offsets_rpcs import OffsetRpcs
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator
 from strom.storage.rpc_base import _Refusal, _throttle, _timed, _unexpected, add_handlers
+from strom.storage.stream_rpcs import StreamRpcs
 from strom.storage.wire import ProduceRequestView, parse_produce_request
 from strom.storage.writer import AppendWriter
 
@@ -77,7 +79,9 @@ def _count_produce(code: int) -> None:
     child.inc()
 
 
-class StorageServicer(FetchRpcs, OffsetRpcs, ClusterRpcs, storage_pb2_grpc.StorageServiceServicer):
+class StorageServicer(
+    FetchRpcs, OffsetRpcs, ClusterRpcs, StreamRpcs, storage_pb2_grpc.StorageServiceServicer
+):
     """The data plane of one node (see the module docstring)."""
 
     def __init__(self, node_id: int, manager: PartitionManager, view: ClusterView) -> None:
@@ -86,6 +90,7 @@ class StorageServicer(FetchRpcs, OffsetRpcs, ClusterRpcs, storage_pb2_grpc.Stora
         self.view = view
         self.writer = AppendWriter()
         self.shutting_down = False
+        self.stream_readers = set()
         #: Called when a follower outside the ISR fetches (the ISR manager checks soon).
         self.on_out_of_sync_fetch: Callable[[], None] | None = None
         #: Where InitProducerId gets new ids (the node wires it to the controller).
@@ -352,6 +357,14 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
             response_serializer=pb.ProduceResponse.SerializeToString,
         ),
         "Fetch": unary(servicer.fetch_raw, request_deserializer=pb.FetchRequest.FromString),
+        "ProduceStream": grpc.stream_stream_rpc_method_handler(
+            servicer.produce_stream,
+            request_deserializer=parse_produce_request,
+            response_serializer=pb.ProduceResponse.SerializeToString,
+        ),
+        "FetchStream": grpc.stream_stream_rpc_method_handler(
+            servicer.fetch_stream, request_deserializer=pb.FetchRequest.FromString
+        ),
         "ListOffsets": std(servicer.ListOffsets, pb.ListOffsetsRequest, pb.ListOffsetsResponse),
         "OffsetForLeaderEpoch": std(
             servicer.OffsetForLeaderEpoch,

@@ -1,0 +1,337 @@
+"""Produce and Fetch on long-lived bidirectional streams (``ProduceStream``, ``FetchStream``).
+
+Why: a unary gRPC call costs the node about twice the CPU of a message on an open stream, and
+adds a call set-up to every round trip (docs/benchmarks.md, "Produce and Fetch on streams").
+The node answers a stream's requests in the order they were sent (storage.proto), so a
+client matches each answer to its request by position, with no id on the wire.
+
+- :class:`RequestStream`: many requests in flight (the producer pipelines up to
+  ``max_in_flight`` per node). One thread per stream reads the answers and hands each to the
+  callback given with its request.
+- :class:`FetchStreams`: a pool of streams per node, each used for one request at a time by
+  whichever thread fetches (a consumer has at most a few fetches in flight per node).
+
+A request's deadline (the unary call's ``timeout``) is kept by one watchdog thread for all
+streams of the process: a stream whose oldest unanswered request is past its deadline is
+cancelled, and its requests fail with DEADLINE_EXCEEDED, as a unary call's would.
+
+When a stream ends, the first unanswered request gets the stream's status (a refused request
+ends the stream with its status, after the answers before it) and the ones after it get
+UNAVAILABLE: the node read none of them after a refusal, and after a transport failure they
+are in doubt exactly as a failed unary call is. A node that does not know the streams (an
+older version, during a rolling upgrade) answers UNIMPLEMENTED: callers then use the unary
+calls for that node (:attr:`Unsupported`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+PRODUCE_STREAM_METHOD = "/strom.v1.StorageService/ProduceStream"
+FETCH_STREAM_METHOD = "/strom.v1.StorageService/FetchStream"
+
+_END = object()
+
+
+class StreamError(grpc.RpcError):
+    """A request's failure on a stream, shaped like a unary call's ``grpc.RpcError``."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def _status(exc: BaseException | None) -> StreamError:
+    """The stream's end as a StreamError (a status, else UNAVAILABLE)."""
+    if isinstance(exc, StreamError):
+        return exc
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        code = exc.code()
+        details = exc.details() if hasattr(exc, "details") else ""
+        if isinstance(code, grpc.StatusCode):
+            return StreamError(code, details or "")
+    return StreamError(grpc.StatusCode.UNAVAILABLE, f"the stream ended: {exc or 'no answer'}")
+
+
+class _Watchdog:
+    """Cancels streams whose oldest unanswered request is past its deadline."""
+
+    PERIOD_S = 0.25
+
+    def __init__(self) -> None:
+        self._streams: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, stream: Any) -> None:
+        with self._lock:
+            self._streams.add(stream)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="strom-stream-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.PERIOD_S)
+            now = time.monotonic()
+            with self._lock:
+                streams = list(self._streams)
+            for s in streams:
+                s.check_deadline(now)
+
+
+_WATCHDOG = _Watchdog()
+
+
+class _Requests:
+    """The request side of one call: an iterator gRPC's own thread pulls from."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def put(self, request: Any) -> None:
+        self._q.put(request)
+
+    def end(self) -> None:
+        self._q.put(_END)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._q.get, _END)
+
+
+class RequestStream:
+    """One ProduceStream to a node, with many requests in flight (see the module docstring).
+
+    ``send`` never blocks; the answer (or the request's failure) goes to its callback, on the
+    stream's reader thread, as an object whose ``result()`` returns the answer or raises a
+    ``grpc.RpcError``, like a unary call's future.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        method: str,
+        deserializer: Callable[[bytes], Any],
+        metadata: Any,
+        name: str,
+    ) -> None:
+        self._requests = _Requests()
+        #: (deadline, callback) of each unanswered request, oldest first.
+        self._waiting: deque[tuple[float, Callable[[Any], None]]] = deque()
+        self._lock = threading.Lock()
+        self.closed = False
+        #: The status the stream ended with (None while open, or after a clean end).
+        self.ended_with: grpc.StatusCode | None = None
+        self._expired = False
+        self._call = channel.stream_stream(
+            method, request_serializer=None, response_deserializer=deserializer
+        )(iter(self._requests), metadata=metadata)
+        threading.Thread(target=self._read, name=name, daemon=True).start()
+        _WATCHDOG.watch(self)
+
+    def send(self, request: bytes, timeout_s: float, done: Callable[[Any], None]) -> bool:
+        """Queue ``request``; False when the stream has ended (open another)."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._waiting.append((time.monotonic() + timeout_s, done))
+            self._requests.put(request)
+        return True
+
+    def check_deadline(self, now: float) -> None:
+        with self._lock:
+            late = not self.closed and bool(self._waiting) and self._waiting[0][0] < now
+            if late:
+                self._expired = True
+        if late:
+            self._call.cancel()
+
+    def close(self) -> None:
+        """Half-close: the node answers what it has, then the stream ends."""
+        with self._lock:
+            self.closed = True
+            self._requests.end()
+
+    def cancel(self) -> None:
+        self.close()
+        self._call.cancel()
+
+    def _read(self) -> None:
+        error: BaseException | None = None
+        try:
+            for answer in self._call:
+                with self._lock:
+                    _, done = self._waiting.popleft()
+                done(_Answer(answer, None))
+        except grpc.RpcError as exc:
+            error = exc
+        except Exception as exc:  # an answer that does not parse
+            error = StreamError(grpc.StatusCode.INTERNAL, f"bad answer: {exc}")
+        with self._lock:
+            if self._expired:
+                first = StreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "no answer within the timeout"
+                )
+            else:
+                first = _status(error)
+            if error is not None:
+                self.ended_with = first.code()
+            self.closed = True
+            self._requests.end()  # frees gRPC's thread pulling the requests
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        rest = StreamError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"not answered: the stream ended before ({first.code().name})",
+        )
+        for i, (_, done) in enumerate(waiting):
+            done(_Answer(None, first if i == 0 else rest))
+
+
+class _Answer:
+    """A request's outcome, read like a finished unary future."""
+
+    __slots__ = ("_error", "_value")
+
+    def __init__(self, value: Any, error: BaseException | None) -> None:
+        self._value = value
+        self._error = error
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _PingPong:
+    """One FetchStream used for one request at a time."""
+
+    def __init__(self, channel: grpc.Channel, method: str, serializer: Any, metadata: Any) -> None:
+        self._requests = _Requests()
+        self._deadline: float | None = None
+        self._expired = False
+        self.broken = False
+        self._call = channel.stream_stream(method, request_serializer=serializer)(
+            iter(self._requests), metadata=metadata
+        )
+        _WATCHDOG.watch(self)
+
+    def ask(self, request: Any, timeout_s: float) -> Any:
+        self._deadline = time.monotonic() + timeout_s
+        self._requests.put(request)
+        try:
+            return next(self._call)
+        except StopIteration:
+            self._break()
+            raise StreamError(grpc.StatusCode.UNAVAILABLE, "the stream ended") from None
+        except grpc.RpcError as exc:
+            self._break()
+            if self._expired:
+                raise StreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "no answer within the timeout"
+                ) from None
+            raise _status(exc) from None
+        finally:
+            self._deadline = None
+
+    def usable(self) -> bool:
+        """Whether the stream is still open (it may end while idle: a node stopping)."""
+        return not self.broken and not self._call.done()
+
+    def check_deadline(self, now: float) -> None:
+        deadline = self._deadline
+        if deadline is not None and deadline < now and not self.broken:
+            self._expired = True
+            self._call.cancel()
+
+    def _break(self) -> None:
+        self.broken = True
+        self._requests.end()
+
+    def close(self) -> None:
+        self._break()
+        self._call.cancel()
+
+
+class FetchStreams:
+    """FetchStreams per node, lent to one fetching thread at a time."""
+
+    def __init__(self, serializer: Callable[[Any], bytes], metadata: Any) -> None:
+        self._serializer = serializer
+        self._metadata = metadata
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[_PingPong]] = {}
+        self._all: set[_PingPong] = set()
+        self._closed = False
+
+    def ask(self, channel: grpc.Channel, address: str, request: Any, timeout_s: float) -> Any:
+        """Send ``request`` to the node at ``address`` on a free stream; its answer bytes.
+        Raises ``grpc.RpcError`` as a unary call would."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("the consumer is closed")
+            idle = self._idle.get(address, [])
+            stream = None
+            ended: list[_PingPong] = []
+            while idle and stream is None:
+                candidate = idle.pop()
+                if candidate.usable():
+                    stream = candidate
+                else:  # ended while idle (the node stopped or restarted)
+                    self._all.discard(candidate)
+                    ended.append(candidate)
+        for s in ended:
+            s.close()
+        if stream is None:
+            stream = _PingPong(channel, FETCH_STREAM_METHOD, self._serializer, self._metadata)
+            with self._lock:
+                self._all.add(stream)
+        answered = False
+        try:
+            answer = stream.ask(request, timeout_s)
+            answered = True
+            return answer
+        finally:
+            with self._lock:
+                # A stream left with a request unanswered (an exception such as
+                # KeyboardInterrupt while waiting) would hand its answer to the next caller.
+                if not answered or stream.broken or self._closed:
+                    self._all.discard(stream)
+                    stream.close()
+                else:
+                    self._idle.setdefault(address, []).append(stream)
+
+    def forget(self, address: str) -> None:
+        """Close the idle streams to ``address`` (its channel is going away)."""
+        with self._lock:
+            streams = self._idle.pop(address, [])
+            for s in streams:
+                self._all.discard(s)
+        for s in streams:
+            s.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            streams = list(self._all)
+            self._all.clear()
+            self._idle.clear()
+        for s in streams:
+            s.close()

@@ -1,0 +1,155 @@
+"""ProduceStream and FetchStream: Produce and Fetch on long-lived bidirectional streams.
+
+Why: on this stack most of a node's CPU for a small Produce or Fetch is gRPC's per-call work
+(set-up, metadata, status), not strom's. A message on an open stream costs the node about half
+of a unary call (docs/benchmarks.md, "Produce and Fetch on streams"), and a producer or
+consumer at 10,000 records/s makes a few thousand such requests a second.
+
+The rules (storage.proto): requests are started in arrival order and answered in that order,
+one answer each, so a client matches answers to requests by position. Produce requests are
+pipelined: each is started as soon as it is read (its appends are queued behind the
+previous request's, so they keep the stream's order), and up to :data:`PIPELINE` wait for
+their answers at once; Fetch requests are served one after another (a consumer has one in
+flight per stream). A request refused as a whole ends the stream with that status after the
+answers of the requests before it, and nothing after it is read:
+
+- authorization: :mod:`strom.security.interceptor` checks each request and ends the request
+  stream the handler sees at the first refused one (PERMISSION_DENIED);
+- load shedding: a Produce the node's admission refuses (RESOURCE_EXHAUSTED), as the unary
+  call is refused.
+
+Every request is timed under its unary name (``strom_storage_request_latency_seconds{rpc=
+"Produce"}`` ...), so the dashboards and alerts see one kind of request either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from strom.api import storage_pb2
+from strom.storage import metrics
+from strom.storage.rpc_base import StorageCore, _timed
+from strom.storage.wire import ProduceRequestView
+
+pb = storage_pb2
+
+#: Produce requests of one stream started and not yet answered, at most; past it the node
+#: stops reading the stream (HTTP/2 flow control then holds the client back).
+PIPELINE = 32
+
+
+class StreamRpcs(StorageCore):
+    """The two stream handlers, mixed into :class:`~strom.storage.servicer.StorageServicer`."""
+
+    #: Tasks of open streams waiting for their next request (ended by :meth:`end_streams`).
+    stream_readers: set[asyncio.Task[Any]]
+
+    if TYPE_CHECKING:  # provided by the servicer and by FetchRpcs
+
+        async def _produce(self, request: Any, context: Any) -> pb.ProduceResponse: ...
+
+        async def fetch_raw(self, request: pb.FetchRequest, context: Any) -> bytes: ...
+
+    def _release(self, admitted: int, _task: object) -> None:
+        if self.admission is not None:
+            self.admission.release(admitted)
+
+    @_timed("Produce")
+    async def _produce_streamed(self, request: Any, context: Any) -> pb.ProduceResponse:
+        return await self._produce(request, context)
+
+    def end_streams(self) -> None:
+        """Node shutdown: every open stream stops reading requests, answers those it has and
+        ends (status OK), so the server's grace period is not spent waiting for clients that
+        keep their streams open. Called after ``shutting_down`` is set."""
+        for reading in list(self.stream_readers):
+            reading.cancel()
+
+    async def _next_request(self, requests: AsyncIterator[Any]) -> Any | None:
+        """The stream's next request; None at its end, or when the node is shutting down."""
+        if self.shutting_down:
+            return None
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = self.stream_readers
+        waiting.add(task)
+        try:
+            return await anext(requests)
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            if self.shutting_down:  # end_streams(): end this stream cleanly
+                task.uncancel()
+                return None
+            raise
+        finally:
+            waiting.discard(task)
+
+    async def produce_stream(
+        self, requests: AsyncIterator[ProduceRequestView], context: Any
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        """Answers a stream of Produce requests in order (see the module docstring)."""
+        started: asyncio.Queue[asyncio.Future[pb.ProduceResponse] | str | None] = asyncio.Queue(
+            PIPELINE
+        )
+        failed: list[BaseException] = []
+        requests = aiter(requests)
+
+        async def read() -> None:
+            end: str | None = None
+            try:
+                while (request := await self._next_request(requests)) is not None:
+                    admitted = 0
+                    if self.admission is not None:
+                        admitted = sum(
+                            len(pd.records) for td in request.topics for pd in td.partitions
+                        )
+                        refusal = self.admission.try_admit(admitted)
+                        if refusal is not None:
+                            metrics.PRODUCE_SHED.inc()
+                            end = refusal
+                            break
+                    task = asyncio.ensure_future(self._produce_streamed(request, context))
+                    if admitted:
+                        task.add_done_callback(functools.partial(self._release, admitted))
+                    await started.put(task)
+            except Exception as exc:  # the stream broke, or a request did not parse
+                failed.append(exc)
+            await started.put(end)  # (not reached when cancelled: nobody reads it then)
+
+        reader = asyncio.ensure_future(read())
+        metrics.OPEN_STREAMS.labels("ProduceStream").inc()
+        try:
+            while True:
+                item = await started.get()
+                if item is None:
+                    break
+                if isinstance(item, str):
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, item)
+                yield await item
+            if failed:
+                raise failed[0]
+        finally:
+            metrics.OPEN_STREAMS.labels("ProduceStream").dec()
+            if not reader.done():
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+
+    async def fetch_stream(
+        self, requests: AsyncIterator[pb.FetchRequest], context: Any
+    ) -> AsyncIterator[bytes]:
+        """Answers a stream of Fetch requests one after another (long polls, as unary)."""
+        metrics.OPEN_STREAMS.labels("FetchStream").inc()
+        requests = aiter(requests)
+        try:
+            while (request := await self._next_request(requests)) is not None:
+                yield await self.fetch_raw(request, context)
+        finally:
+            metrics.OPEN_STREAMS.labels("FetchStream").dec()

@@ -1,0 +1,327 @@
+"""Produce and Fetch on streams (storage.proto's ProduceStream and FetchStream) against a
+real node, and the clients' use of them (strom.client.streams):
+
+- pipelined Produce requests on one stream are answered in order and appended in that order;
+- Fetch requests on one stream are answered in order, a long poll included;
+- the Producer and the Consumer hold streams (the node's open-streams gauge) and let them go
+  when closed;
+- a node without the streams (an older version: a proxy that does not know the methods)
+  is reached with unary calls, and nothing is lost;
+- a stream whose node does not answer fails its request with DEADLINE_EXCEEDED (the unary
+  call's timeout) and the requests behind it with UNAVAILABLE; a fetch stream left with a
+  request unanswered is never lent again.
+
+The authorization of each request on a stream is in tests/integration/test_security.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from strom.api import storage_pb2
+from strom.client import streams as streams_mod
+from strom.client.cluster import ClusterClient
+from strom.client.consumer import Consumer
+from strom.client.producer import Producer
+from strom.client.streams import FetchStreams, RequestStream
+from strom.client.types import TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from strom.record import encode_batch
+from tests.conftest import create_topic, module_cluster
+
+from .grpc_proxy import cluster_behind_proxy
+
+pytestmark = pytest.mark.integration
+
+cluster = module_cluster(nodes=1, controllers=1, coordinators=0)
+HEALED_CLUSTERS = ("cluster",)
+
+
+def produce_request(topic: str, value: bytes) -> storage_pb2.ProduceRequest:
+    req = storage_pb2.ProduceRequest(acks=1, timeout_ms=10_000)
+    req.topics.add(topic=topic).partitions.add(
+        partition=0, records=encode_batch([value]), current_leader_epoch=-1
+    )
+    return req
+
+
+def fetch_request(topic: str, offset: int, max_wait_ms: int = 0) -> storage_pb2.FetchRequest:
+    req = storage_pb2.FetchRequest(
+        replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20
+    )
+    req.topics.add(topic=topic).partitions.add(
+        partition=0,
+        fetch_offset=offset,
+        current_leader_epoch=-1,
+        last_fetched_epoch=-1,
+        log_start_offset=-1,
+        partition_max_bytes=1 << 20,
+    )
+    return req
+
+
+def read_all(bootstrap: str, topic: str, n: int) -> list[bytes | None]:
+    with Consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition(topic, 0)])
+        got: list[bytes | None] = []
+        wait_for(
+            lambda: bool(got.extend(r.value for r in c.poll(timeout_ms=200))) or len(got) >= n,
+            timeout=20,
+            what=f"{n} records of {topic}",
+        )
+        return got
+
+
+def open_streams(cluster: LocalCluster) -> dict[str, float]:
+    """The node's strom_storage_open_streams gauge, by method."""
+    node = cluster.nodes[0]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics").read()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        if family.name == "strom_storage_open_streams":
+            for s in family.samples:
+                out[s.labels["method"]] = s.value
+    return out
+
+
+def test_pipelined_produce_requests_are_answered_and_appended_in_order(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(cluster, "s-order")
+    values = [f"v{i}".encode() for i in range(40)]
+    with ClusterClient(cluster.bootstrap) as client:
+        stub = client.storage(cluster.nodes[0].address)
+        # Every request is written before any answer is read: the node has many in flight.
+        answers = list(stub.ProduceStream(iter([produce_request(topic, v) for v in values])))
+    assert len(answers) == len(values)
+    parts = [a.topics[0].partitions[0] for a in answers]
+    assert [p.error_code for p in parts] == [0] * len(values)
+    assert [p.base_offset for p in parts] == list(range(len(values)))
+    assert read_all(cluster.bootstrap, topic, len(values)) == values
+
+
+def test_fetch_requests_on_one_stream_are_answered_in_order_long_polls_included(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(cluster, "s-fetch")
+    with ClusterClient(cluster.bootstrap) as client:
+        stub = client.storage(cluster.nodes[0].address)
+        list(stub.ProduceStream(iter([produce_request(topic, f"r{i}".encode()) for i in range(3)])))
+        requests: Any = _Feed()
+        answers = stub.FetchStream(iter(requests))
+        for offset in (2, 0, 1):
+            requests.put(fetch_request(topic, offset))
+            batch = next(answers).topics[0].partitions[0]
+            assert batch.error_code == 0
+            assert _first_offset(batch.records) == offset
+        # A long poll at the end of the log is answered when a record arrives.
+        requests.put(fetch_request(topic, 3, max_wait_ms=20_000))
+        t0 = time.monotonic()
+        threading.Timer(
+            0.3, lambda: list(stub.ProduceStream(iter([produce_request(topic, b"late")])))
+        ).start()
+        batch = next(answers).topics[0].partitions[0]
+        assert _first_offset(batch.records) == 3
+        assert time.monotonic() - t0 < 15  # answered by the append, not by max_wait_ms
+        requests.close()
+        assert list(answers) == []  # the node ends the stream when the requests end
+
+
+def test_clients_hold_streams_while_open_and_let_them_go_when_closed(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(cluster, "s-clients")
+    before = open_streams(cluster)
+    producer = Producer(cluster.bootstrap, linger_ms=0)
+    consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest")
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        for i in range(20):
+            producer.send(topic, f"c{i}".encode(), partition=0)
+        producer.flush(10)
+        got: list[bytes | None] = []
+        wait_for(
+            lambda: (
+                bool(got.extend(r.value for r in consumer.poll(timeout_ms=200))) or len(got) >= 20
+            ),
+            timeout=20,
+            what="the records back",
+        )
+        assert got == [f"c{i}".encode() for i in range(20)]
+        during = open_streams(cluster)
+        assert during.get("ProduceStream", 0) >= before.get("ProduceStream", 0) + 1
+        assert during.get("FetchStream", 0) >= before.get("FetchStream", 0) + 1
+    finally:
+        producer.close(10)
+        consumer.close()
+    wait_for(
+        lambda: open_streams(cluster) == before,
+        timeout=10,
+        what="the node to see the clients' streams closed",
+    )
+
+
+def test_a_node_without_streams_is_reached_with_unary_calls(tmp_path: Path) -> None:
+    with cluster_behind_proxy(tmp_path / "c", controllers=1, coordinators=0) as (c, proxy):
+        topic = create_topic(c, "s-unary")
+        values = [f"u{i}".encode() for i in range(50)]
+        with Producer(c.bootstrap, linger_ms=0) as p:
+            futures = [p.send(topic, v, partition=0) for v in values]
+            assert [f.result(20).offset for f in futures] == list(range(50))
+        assert read_all(c.bootstrap, topic, 50) == values
+        assert proxy.calls.get("/strom.v1.StorageService/Produce", 0) >= 1
+        assert proxy.calls.get("/strom.v1.StorageService/Fetch", 0) >= 1
+
+
+# -- the client's streams against a server that never answers ------------------------------
+
+
+class _Feed:
+    """A request iterator fed by the test."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._items: list[Any] = []
+        self._closed = False
+
+    def put(self, item: Any) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._items or self._closed)
+                if self._items:
+                    item = self._items.pop(0)
+                else:
+                    return
+            yield item
+
+
+def _first_offset(records: bytes) -> int:
+    from strom.record import decode_batches
+
+    return decode_batches(records)[0].base_offset
+
+
+@pytest.fixture
+def silent_server() -> Iterator[tuple[str, threading.Event]]:
+    """A gRPC server whose stream methods read requests and answer none, until released;
+    ``Echo`` answers each request with itself."""
+    release = threading.Event()
+
+    def silent(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        for _ in requests:
+            pass
+        release.wait(30)
+        return iter(())
+
+    def echo(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield from requests
+
+    handler = grpc.method_handlers_generic_handler(
+        "test.Streams",
+        {
+            "Silent": grpc.stream_stream_rpc_method_handler(silent),
+            "Echo": grpc.stream_stream_rpc_method_handler(echo),
+        },
+    )
+    server = grpc.server(ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", release
+    finally:
+        release.set()
+        server.stop(0)
+
+
+def test_a_silent_stream_fails_its_requests_at_the_deadline(
+    silent_server: tuple[str, threading.Event],
+) -> None:
+    address, _ = silent_server
+    with grpc.insecure_channel(address) as channel:
+        stream = RequestStream(channel, "/test.Streams/Silent", bytes, (), "test-stream")
+        outcomes: list[grpc.StatusCode] = []
+        done = threading.Event()
+
+        def record(answer: Any) -> None:
+            try:
+                answer.result()
+            except grpc.RpcError as exc:
+                outcomes.append(exc.code())
+            if len(outcomes) == 2:
+                done.set()
+
+        t0 = time.monotonic()
+        assert stream.send(b"first", 0.5, record)
+        assert stream.send(b"second", 30, record)
+        assert done.wait(10), "the watchdog never ended the stream"
+        assert time.monotonic() - t0 >= 0.5
+        assert outcomes == [grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE]
+        assert stream.closed
+        assert not stream.send(b"third", 1, record)  # a closed stream takes nothing more
+
+
+def test_a_fetch_stream_left_with_an_unanswered_request_is_not_lent_again(
+    silent_server: tuple[str, threading.Event], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, _ = silent_server
+    monkeypatch.setattr(streams_mod, "FETCH_STREAM_METHOD", "/test.Streams/Echo")
+    pool = FetchStreams(lambda b: b, ())
+    real_ask = streams_mod._PingPong.ask
+
+    def interrupted(self: Any, request: Any, timeout_s: float) -> Any:
+        self._requests.put(request)  # sent, and then the caller is interrupted
+        raise KeyboardInterrupt
+
+    with grpc.insecure_channel(address) as channel:
+        monkeypatch.setattr(streams_mod._PingPong, "ask", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pool.ask(channel, address, b"stale", 5)
+        monkeypatch.setattr(streams_mod._PingPong, "ask", real_ask)
+        assert pool.ask(channel, address, b"fresh", 5) == b"fresh"
+        assert pool.ask(channel, address, b"again", 5) == b"again"
+        pool.close()
+
+
+def test_a_stopping_node_ends_its_streams_cleanly(cluster: LocalCluster) -> None:
+    """On SIGTERM the node answers what its streams carry and ends them with status OK
+    (instead of holding them through its grace period until they are cancelled)."""
+    topic = create_topic(cluster, "s-stop")
+    node = cluster.nodes[0]
+    with ClusterClient(cluster.bootstrap) as client:
+        stub = client.storage(node.address)
+        requests: Any = _Feed()
+        answers = stub.FetchStream(iter(requests))
+        requests.put(fetch_request(topic, 0))
+        assert next(answers).topics[0].partitions[0].error_code == 0  # open, and now idle
+        produce_requests: Any = _Feed()
+        produced = stub.ProduceStream(iter(produce_requests))
+        produce_requests.put(produce_request(topic, b"before the stop"))
+        assert next(produced).topics[0].partitions[0].error_code == 0
+        assert node.process is not None
+        node.process.stop()  # SIGTERM, and waits for the exit
+        assert list(answers) == []  # ended with OK: a cancelled stream would raise
+        assert list(produced) == []
+        requests.close()
+        produce_requests.close()
