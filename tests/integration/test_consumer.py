@@ -241,7 +241,7 @@ def test_an_exception_in_a_polls_own_fetch_leaves_the_partition_fetchable(
         fetcher = consumer._fetcher
         real = fetcher._ask
 
-        def interrupted(address: str, request: object, timeout_s: float) -> bytes:
+        def interrupted(address: str, request: object, timeout_s: float, stream: bool) -> bytes:
             fetcher._ask = real  # type: ignore[method-assign]  # once
             raise KeyboardInterrupt
 

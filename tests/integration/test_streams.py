@@ -159,9 +159,17 @@ def test_clients_hold_streams_while_open_and_let_them_go_when_closed(
             what="the records back",
         )
         assert got == [f"c{i}".encode() for i in range(20)]
-        during = open_streams(cluster)
-        assert during.get("ProduceStream", 0) >= before.get("ProduceStream", 0) + 1
-        assert during.get("FetchStream", 0) >= before.get("FetchStream", 0) + 1
+        # Caught up, the consumer long-polls on a stream (a lagging one makes unary calls).
+        consumer.poll(timeout_ms=100)
+        wait_for(
+            lambda: (
+                (during := open_streams(cluster)).get("ProduceStream", 0)
+                >= before.get("ProduceStream", 0) + 1
+                and during.get("FetchStream", 0) >= before.get("FetchStream", 0) + 1
+            ),
+            timeout=10,
+            what="the node to count the producer's and the consumer's streams",
+        )
     finally:
         producer.close(10)
         consumer.close()

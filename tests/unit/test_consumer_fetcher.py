@@ -281,16 +281,26 @@ class FakeLeader:
 class FakeClient:
     def __init__(self, leaders: dict[str, FakeLeader]) -> None:
         self.leaders = leaders
+        #: The fetch offset of every request, by how it went: "unary" or "stream".
+        self.sent: list[tuple[str, int]] = []
 
     def channel(self, address: str) -> Any:
         leader = self.leaders[address]
+        sent = self.sent
+
+        def via(kind: str) -> Callable[..., bytes]:
+            def call(req: storage_pb2.FetchRequest, **kw: Any) -> bytes:
+                sent.append((kind, req.topics[0].partitions[0].fetch_offset))
+                return leader(req, **kw)
+
+            return call
 
         class Channel:
-            def unary_unary(self, method: str, **_: Any) -> FakeLeader:
-                return leader
+            def unary_unary(self, method: str, **_: Any) -> Callable[..., bytes]:
+                return via("unary")
 
             def stream_stream(self, method: str, **_: Any) -> Any:
-                return lambda requests, **_kw: FakeStreamCall(leader, requests)
+                return lambda requests, **_kw: FakeStreamCall(via("stream"), requests)
 
         return Channel()
 
@@ -715,3 +725,25 @@ def test_partitions_that_are_behind_are_fetched_side_by_side_when_their_answers_
     finally:
         f.close()
         f.join(5)
+
+
+def test_lagging_partitions_are_fetched_with_unary_calls_and_caught_up_ones_on_streams() -> None:
+    """Few big fetches of a lagging consumer stay unary calls; the long polls of a caught-up
+    one go on a stream (strom.client.streams)."""
+    leader = FakeLeader([(0, 10), (10, 10), (20, 10)])
+    f, _, _ = make_fetcher({"n1": leader})
+    client: FakeClient = f._client  # type: ignore[assignment]
+    try:
+        gen = f.needing_positions()[0][2]
+        assert f.set_position(TP, 0, gen)
+        assert drain(f, 30) == list(range(30))
+        wait_for(
+            lambda: ("stream", 30) in client.sent,
+            timeout=5,
+            what="a long poll at the end of the log",
+        )
+        offsets = {kind: [o for k, o in client.sent if k == kind] for kind in ("unary", "stream")}
+        assert offsets["unary"] == [0, 10, 20]  # the first knew no high watermark yet
+        assert set(offsets["stream"]) == {30}
+    finally:
+        stop(f, leader)
