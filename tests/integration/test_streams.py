@@ -333,3 +333,26 @@ def test_a_stopping_node_ends_its_streams_cleanly(cluster: LocalCluster) -> None
         assert list(produced) == []
         requests.close()
         produce_requests.close()
+
+
+def test_followers_replicate_on_streams(three_node_cluster: LocalCluster) -> None:
+    """A follower long-polls its leader on a FetchStream: the leader of an RF=3 partition
+    counts at least its two followers' streams, and what is produced is replicated."""
+    cluster3 = three_node_cluster
+    topic = create_topic(cluster3, "s-followers", replication_factor=3)
+    with ClusterClient(cluster3.bootstrap) as client:
+        leader_id = client.topic_metadata(topic).partitions[0].leader
+        leader = next(n for n in cluster3.nodes if n.ident == leader_id)
+        with Producer(cluster3.bootstrap, acks="all") as p:
+            assert p.send(topic, b"replicated", partition=0).result(20).offset == 0
+
+    def leader_streams() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{leader.metrics_port}/metrics").read()
+        for family in text_string_to_metric_families(text.decode()):
+            if family.name == "strom_storage_open_streams":
+                for s in family.samples:
+                    if s.labels["method"] == "FetchStream":
+                        return s.value
+        return 0.0
+
+    wait_for(lambda: leader_streams() >= 2, timeout=10, what="the followers' fetch streams")
