@@ -180,16 +180,36 @@ def test_clients_hold_streams_while_open_and_let_them_go_when_closed(
     )
 
 
+def produce_results(cluster: LocalCluster) -> dict[str, float]:
+    """The node's strom_storage_produce_requests_total by error name."""
+    node = cluster.nodes[0]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics").read()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        if family.name == "strom_storage_produce_requests":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    out[s.labels["error"]] = s.value
+    return out
+
+
 def test_a_node_without_streams_is_reached_with_unary_calls(tmp_path: Path) -> None:
+    """The producer learns that the node has no ProduceStream from the stream's headers,
+    before it sends anything on it: its requests then go as unary calls, in order (the node
+    refuses none for a sequence gap)."""
     with cluster_behind_proxy(tmp_path / "c", controllers=1, coordinators=0) as (c, proxy):
         topic = create_topic(c, "s-unary")
-        values = [f"u{i}".encode() for i in range(50)]
-        with Producer(c.bootstrap, linger_ms=0) as p:
+        values = [f"u{i}".encode() for i in range(2000)]
+        # Small requests (about 10 one-record batches each), up to 5 in flight.
+        with Producer(c.bootstrap, linger_ms=0, batch_size=1, max_request_size=8192) as p:
             futures = [p.send(topic, v, partition=0) for v in values]
-            assert [f.result(20).offset for f in futures] == list(range(50))
-        assert read_all(c.bootstrap, topic, 50) == values
-        assert proxy.calls.get("/strom.v1.StorageService/Produce", 0) >= 1
+            assert [f.result(20).offset for f in futures] == list(range(len(values)))
+        assert read_all(c.bootstrap, topic, len(values)) == values
+        assert proxy.calls.get("/strom.v1.StorageService/Produce", 0) >= 50
         assert proxy.calls.get("/strom.v1.StorageService/Fetch", 0) >= 1
+        results = produce_results(c)
+        assert results.get("NONE", 0) >= 50
+        assert results.get("OUT_OF_ORDER_SEQUENCE", 0) == 0, results
 
 
 # -- the client's streams against a server that never answers ------------------------------

@@ -26,6 +26,9 @@ class FakeContext:
     def __init__(self) -> None:
         self.status: tuple[grpc.StatusCode, str] | None = None
 
+    async def send_initial_metadata(self, metadata: tuple[()]) -> None:
+        pass
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.status = (code, details)
         raise Aborted(details)

@@ -24,6 +24,11 @@ from strom.record import encode_arrow, encode_batch
 
 #: Bytes counted per record beyond key and value (offset/timestamp deltas, validity, framing).
 RECORD_OVERHEAD = 16
+#: Bytes of an encoded batch beyond its records (the 61-byte header and the Arrow framing: a
+#: one-record batch encodes to ~670 bytes), with a margin for the request's own framing;
+#: counted when batches fill a request, so that many tiny batches cannot make a request ten
+#: times ``max_request_size`` (which a gRPC server with default limits refuses above 4 MiB).
+BATCH_OVERHEAD = 704
 
 
 class ProducerBatch:

@@ -57,7 +57,12 @@ import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
 from strom.client import trace
-from strom.client.accumulator import RECORD_OVERHEAD, PartitionQueue, ProducerBatch
+from strom.client.accumulator import (
+    BATCH_OVERHEAD,
+    RECORD_OVERHEAD,
+    PartitionQueue,
+    ProducerBatch,
+)
 from strom.client.cluster import ClusterClient, refused
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import murmur2, partition_for_key
@@ -92,6 +97,9 @@ OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
 DUPLICATE = common_pb2.ErrorCode.DUPLICATE_SEQUENCE
 UNKNOWN_PRODUCER = common_pb2.ErrorCode.UNKNOWN_PRODUCER_ID
 _ACKS = {"all": -1, "-1": -1, -1: -1, 1: 1, "1": 1, 0: 0, "0": 0}
+#: How long the sender waits for a new stream's headers before sending on it anyway.
+STREAM_HANDSHAKE_S = 1.0
+
 _TRANSPORT_RETRIABLE = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -887,18 +895,20 @@ class Producer:
         for item in pending:
             pq, queued, epoch, _ = item
             first = queued[0]
-            if entries and total + first.size > limit:
+            if entries and total + first.size + BATCH_OVERHEAD > limit:
                 rest.append(item)
                 continue
             take: list[ProducerBatch] = []
             behind = pq.batches[0] is not first  # an older batch is in flight
             for b in queued:
-                if take and (first.attempts or b.attempts or total + b.size > limit):
+                if take and (
+                    first.attempts or b.attempts or total + b.size + BATCH_OVERHEAD > limit
+                ):
                     break  # (a retry goes alone, as it went the first time)
                 if b is pq.open:
                     self._close_open(pq.topic, pq.partition)
                 take.append(b)
-                total += b.size
+                total += b.size + BATCH_OVERHEAD
                 b.sent = True
                 if b.base_sequence < 0 and self.idempotent:
                     b.base_sequence = pq.next_sequence
@@ -997,6 +1007,12 @@ class Producer:
                             self._client_md,
                             f"strom-produce-stream-{self.client_id}",
                         )
+                        # A node that does not know the stream says so before anything is
+                        # sent on it: its requests then go as unary calls in their order (one
+                        # round trip once per node; a node slow to answer is not waited for).
+                        if stream.wait_ready(STREAM_HANDSHAKE_S) == grpc.StatusCode.UNIMPLEMENTED:
+                            self._no_streams(addr)
+                            break
                     if stream.send(req, timeout_s, done):
                         return
                     if stream.ended_with == grpc.StatusCode.UNIMPLEMENTED:
@@ -1050,11 +1066,17 @@ class Producer:
                 resp = fut.result()
             except grpc.RpcError as exc:
                 error = exc
-                if isinstance(exc, StreamError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    # A node without ProduceStream (an older version): nothing was appended;
-                    # send again with unary calls.
-                    self._no_streams(addr)
-                    error = StreamError(grpc.StatusCode.UNAVAILABLE, "no ProduceStream")
+                if isinstance(exc, StreamError) and exc.unsent:
+                    # The node read none of this request (a stream it does not know: an
+                    # older version, so unary calls from now on; or a request before it on the
+                    # stream was refused): nothing was appended, nothing was tried. Send it
+                    # again, in order, without counting an attempt or backing off.
+                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        self._no_streams(addr)
+                    now = time.monotonic()
+                    for pq, batches, _, _ in entries:
+                        self._requeue(pq, batches, now)
+                    return
             else:
                 for t in resp.topics:
                     for r in t.partitions:

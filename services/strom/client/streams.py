@@ -41,13 +41,30 @@ FETCH_STREAM_METHOD = "/strom.v1.StorageService/FetchStream"
 _END = object()
 
 
-class StreamError(grpc.RpcError):
-    """A request's failure on a stream, shaped like a unary call's ``grpc.RpcError``."""
+#: Statuses a node ends a stream with for a request it refused as a whole, or for a method
+#: it does not know: it read no request after that one (storage.proto).
+_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+
+class StreamError(grpc.RpcError):
+    """A request's failure on a stream, shaped like a unary call's ``grpc.RpcError``.
+
+    ``unsent``: the node certainly did not apply the request (it does not know the stream's
+    method, or it refused a request before this one and read nothing after it), so it may be
+    sent again as it is."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, unsent: bool = False) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self.unsent = unsent
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -140,11 +157,22 @@ class RequestStream:
         #: The status the stream ended with (None while open, or after a clean end).
         self.ended_with: grpc.StatusCode | None = None
         self._expired = False
+        #: Set once the node answered the call's headers (it knows the method) or the call
+        #: ended: a node of an older version answers UNIMPLEMENTED before any request is
+        #: sent, like Kafka's ApiVersions hand-shake (see :meth:`wait_ready`).
+        self._ready = threading.Event()
         self._call = channel.stream_stream(
             method, request_serializer=None, response_deserializer=deserializer
         )(iter(self._requests), metadata=metadata)
         threading.Thread(target=self._read, name=name, daemon=True).start()
         _WATCHDOG.watch(self)
+
+    def wait_ready(self, timeout_s: float) -> grpc.StatusCode | None:
+        """Wait (up to ``timeout_s``) for the node's headers; the status the stream already
+        ended with, if it did (UNIMPLEMENTED: the node has no such stream)."""
+        self._ready.wait(timeout_s)
+        with self._lock:
+            return self.ended_with
 
     def send(self, request: bytes, timeout_s: float, done: Callable[[Any], None]) -> bool:
         """Queue ``request``; False when the stream has ended (open another)."""
@@ -176,6 +204,8 @@ class RequestStream:
     def _read(self) -> None:
         error: BaseException | None = None
         try:
+            self._call.initial_metadata()  # returns when the headers came or the call ended
+            self._ready.set()
             for answer in self._call:
                 with self._lock:
                     _, done = self._waiting.popleft()
@@ -197,9 +227,13 @@ class RequestStream:
             self._requests.end()  # frees gRPC's thread pulling the requests
             waiting = list(self._waiting)
             self._waiting.clear()
+        self._ready.set()
+        if first.code() == grpc.StatusCode.UNIMPLEMENTED:
+            first.unsent = True
         rest = StreamError(
             grpc.StatusCode.UNAVAILABLE,
             f"not answered: the stream ended before ({first.code().name})",
+            unsent=first.code() in _REFUSALS,
         )
         for i, (_, done) in enumerate(waiting):
             done(_Answer(None, first if i == 0 else rest))

@@ -123,6 +123,9 @@ class StreamRpcs(StorageCore):
                 failed.append(exc)
             await started.put(end)  # (not reached when cancelled: nobody reads it then)
 
+        # Headers at once: the client waits for them before its first request (a node
+        # without this method answers UNIMPLEMENTED instead, and the client uses unary calls).
+        await context.send_initial_metadata(())
         reader = asyncio.ensure_future(read())
         metrics.OPEN_STREAMS.labels("ProduceStream").inc()
         try:
