@@ -97,8 +97,10 @@ OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
 DUPLICATE = common_pb2.ErrorCode.DUPLICATE_SEQUENCE
 UNKNOWN_PRODUCER = common_pb2.ErrorCode.UNKNOWN_PRODUCER_ID
 _ACKS = {"all": -1, "-1": -1, -1: -1, 1: 1, "1": 1, 0: 0, "0": 0}
-#: How long the sender waits for a new stream's headers before sending on it anyway.
-STREAM_HANDSHAKE_S = 1.0
+#: How long the sender waits for a new stream's headers before sending on it anyway (a
+#: healthy node answers them in well under a millisecond; a paused one must not hold the
+#: sender, which serves every node, for long).
+STREAM_HANDSHAKE_S = 0.25
 
 _TRANSPORT_RETRIABLE = (
     grpc.StatusCode.UNAVAILABLE,
