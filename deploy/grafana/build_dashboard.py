@@ -288,6 +288,19 @@ PANELS: list[tuple[str, list[P]]] = [
             ),
             P(
                 "timeseries",
+                "Open streams by node",
+                "ProduceStream and FetchStream calls held open on each node: producers (one per "
+                "node they write to), caught-up consumers and followers. A drop to zero on a node "
+                "its clients still use means they fell back to unary calls.",
+                [
+                    (
+                        f"sum by (instance, method) (strom_storage_open_streams{{{C}}})",
+                        "{{instance}} {{method}}",
+                    )
+                ],
+            ),
+            P(
+                "timeseries",
                 "Replication bytes out",
                 "Bytes leaders sent to followers.",
                 [
