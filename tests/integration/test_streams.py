@@ -195,8 +195,9 @@ def produce_results(cluster: LocalCluster) -> dict[str, float]:
 
 def test_a_node_without_streams_is_reached_with_unary_calls(tmp_path: Path) -> None:
     """The producer learns that the node has no ProduceStream from the stream's headers,
-    before it sends anything on it: its requests then go as unary calls, in order (the node
-    refuses none for a sequence gap)."""
+    before it sends anything on it: its requests go as unary calls (pipelined ones may reach
+    the node out of order and be resent: DESIGN "Order on the wire"), and every record lands
+    once, in order."""
     with cluster_behind_proxy(tmp_path / "c", controllers=1, coordinators=0) as (c, proxy):
         topic = create_topic(c, "s-unary")
         values = [f"u{i}".encode() for i in range(2000)]
@@ -207,9 +208,7 @@ def test_a_node_without_streams_is_reached_with_unary_calls(tmp_path: Path) -> N
         assert read_all(c.bootstrap, topic, len(values)) == values
         assert proxy.calls.get("/strom.v1.StorageService/Produce", 0) >= 50
         assert proxy.calls.get("/strom.v1.StorageService/Fetch", 0) >= 1
-        results = produce_results(c)
-        assert results.get("NONE", 0) >= 50
-        assert results.get("OUT_OF_ORDER_SEQUENCE", 0) == 0, results
+        assert produce_results(c).get("NONE", 0) >= 50
 
 
 # -- the client's streams against a server that never answers ------------------------------
