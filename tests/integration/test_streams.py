@@ -83,16 +83,21 @@ def read_all(bootstrap: str, topic: str, n: int) -> list[bytes | None]:
         return got
 
 
-def open_streams(cluster: LocalCluster) -> dict[str, float]:
-    """The node's strom_storage_open_streams gauge, by method."""
-    node = cluster.nodes[0]
+def node_metric(node: Any, family_name: str, label: str) -> dict[str, float]:
+    """One metric family of a node's /metrics (counters' ``_total`` samples), by ``label``."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics").read()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text.decode()):
-        if family.name == "strom_storage_open_streams":
+        if family.name == family_name:
             for s in family.samples:
-                out[s.labels["method"]] = s.value
+                if family.type != "counter" or s.name.endswith("_total"):
+                    out[s.labels[label]] = s.value
     return out
+
+
+def open_streams(cluster: LocalCluster) -> dict[str, float]:
+    """The node's strom_storage_open_streams gauge, by method."""
+    return node_metric(cluster.nodes[0], "strom_storage_open_streams", "method")
 
 
 def test_pipelined_produce_requests_are_answered_and_appended_in_order(
@@ -180,19 +185,6 @@ def test_clients_hold_streams_while_open_and_let_them_go_when_closed(
     )
 
 
-def produce_results(cluster: LocalCluster) -> dict[str, float]:
-    """The node's strom_storage_produce_requests_total by error name."""
-    node = cluster.nodes[0]
-    text = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics").read()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text.decode()):
-        if family.name == "strom_storage_produce_requests":
-            for s in family.samples:
-                if s.name.endswith("_total"):
-                    out[s.labels["error"]] = s.value
-    return out
-
-
 def test_a_node_without_streams_is_reached_with_unary_calls(tmp_path: Path) -> None:
     """The producer learns that the node has no ProduceStream from the stream's headers,
     before it sends anything on it: its requests go as unary calls (pipelined ones may reach
@@ -208,7 +200,8 @@ def test_a_node_without_streams_is_reached_with_unary_calls(tmp_path: Path) -> N
         assert read_all(c.bootstrap, topic, len(values)) == values
         assert proxy.calls.get("/strom.v1.StorageService/Produce", 0) >= 50
         assert proxy.calls.get("/strom.v1.StorageService/Fetch", 0) >= 1
-        assert produce_results(c).get("NONE", 0) >= 50
+        results = node_metric(c.nodes[0], "strom_storage_produce_requests", "error")
+        assert results.get("NONE", 0) >= 50
 
 
 # -- the client's streams against a server that never answers ------------------------------
@@ -366,12 +359,6 @@ def test_followers_replicate_on_streams(three_node_cluster: LocalCluster) -> Non
             assert p.send(topic, b"replicated", partition=0).result(20).offset == 0
 
     def leader_streams() -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{leader.metrics_port}/metrics").read()
-        for family in text_string_to_metric_families(text.decode()):
-            if family.name == "strom_storage_open_streams":
-                for s in family.samples:
-                    if s.labels["method"] == "FetchStream":
-                        return s.value
-        return 0.0
+        return node_metric(leader, "strom_storage_open_streams", "method").get("FetchStream", 0)
 
     wait_for(lambda: leader_streams() >= 2, timeout=10, what="the followers' fetch streams")
