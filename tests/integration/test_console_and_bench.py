@@ -161,6 +161,10 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
         # before it: so never less than the latency from its send() call.
         for q in ("p50", "p99", "p99.9"):
             assert result[f"{q}_ms"] >= result[f"from_send_{q}_ms"] > 0
+        # The machine's prices, measured before the run, travel with the result.
+        machine = result["machine"]
+        for k in ("grpc_round_trip", "thread_handoff"):
+            assert 0 < machine[f"{k}_p50_us"] <= machine[f"{k}_p99_us"]
         proc = "--consumer-process" in extra
         assert report["context"]["consumer"] == ("process" if proc else "thread")
         if "--group" in extra:  # the receiving process committed as it went

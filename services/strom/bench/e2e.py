@@ -42,6 +42,8 @@ import numpy as np
 
 from strom.bench import cpu
 from strom.bench.clients import Progress
+from strom.bench.machine import calibrate
+from strom.bench.machine import describe as describe_machine
 from strom.bench.stats import Result, percentiles_ms
 from strom.client.admin import Admin
 from strom.client.types import TopicPartition
@@ -72,6 +74,9 @@ class E2EResult(Result):
     extra: dict[str, Any] = field(default_factory=dict)
     #: With ``trace``: each leg's latency percentiles (ms), see :func:`latency_budget`.
     budget: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The machine's prices for a gRPC round trip and a thread hand-off, measured before the
+    #: run (:mod:`strom.bench.machine`): latencies compare across machines only with these.
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -98,6 +103,8 @@ class E2EResult(Result):
             out["first_error"] = self.first_error
         if self.budget:
             out["budget_ms"] = self.budget  # type: ignore[assignment]
+        if self.machine:
+            out["machine"] = self.machine  # type: ignore[assignment]
         return out
 
     def line(self) -> str:
@@ -117,6 +124,8 @@ class E2EResult(Result):
             text += f"  commits {self.commits:,} (errors {self.commit_errors:,})"
         if self.first_error:
             text += f"\n{'first error':<24} {self.first_error}"
+        if self.machine:
+            text += "\n" + describe_machine(self.machine)
         if self.budget:
             text += f"\n{'latency budget (ms)':<44} {'p50':>8} {'p99':>8} {'p99.9':>8}"
             for leg, q in self.budget.items():
@@ -175,6 +184,11 @@ def bench_e2e(
         raise ValueError(f"commit must be async, sync or none, got {commit!r}")
     with Admin(bootstrap) as admin:
         parts = admin.describe_topic(topic).partitions
+        nodes = {n.node_id: n.address for n in admin.describe_cluster().nodes}
+        leader = nodes.get(parts[0].leader) if parts and parts[0].leader is not None else None
+        # Before anything is sent: the idle cluster's price of the steps a record's way is
+        # made of, printed beside the result (strom.bench.machine).
+        machine = calibrate(admin._client.channel(leader)) if leader is not None else {}
     tps = [TopicPartition(topic, p.partition) for p in parts]
     pad = b"x" * max(record_size - E2E_STAMP.size, 0)
     lock = threading.Lock()
@@ -278,6 +292,7 @@ def bench_e2e(
         from_send=rx.from_send,
         extra={"foreign": rx.foreign} if rx.foreign else {},
         budget=tracer.budget() if tracer is not None else {},
+        machine=machine,
     )
 
 
