@@ -3,13 +3,15 @@
 A record's end-to-end latency is mostly hand-offs: gRPC calls between processes and wake-ups
 of threads that waited for a lock or a socket. Their price is the machine's, not strom's, and
 it varies more than the code's effect. The same commit of strom, on two instances of the
-same 2-core VM type a day apart, gave ``strom bench e2e --consumer-process`` at 10,000/s a
-p50 of 1.7-2.1 ms on the first and 3.1-5.5 ms on the second, where a bare gRPC health check
-took 0.85-1.0 ms and a thread hand-off 15-65 µs (its virtual CPUs halt when idle and the
-host must wake them: with ``/sys/module/haltpoll/parameters/guest_halt_poll_ns`` raised from
-0 to 200000 the check took 0.56 ms and the hand-off 6 µs). So the bench measures both
-before it sends, on the idle cluster, and prints them beside its result: latencies from two
-machines compare only through these.
+same 2-core VM type hours apart, gave ``strom bench e2e --consumer-process`` at 10,000/s a
+p50 of 1.7-2.1 ms on the first and 3.1-5.6 ms on the second. A bare unary gRPC call from
+Python to a ``grpc.aio`` server took 0.35-0.38 ms on the first and 0.85-1.0 ms on the
+second, where a thread hand-off took 15-65 µs and a call 340 µs of the client's CPU (its
+virtual CPUs halt when idle and the host must wake them: with
+``/sys/module/haltpoll/parameters/guest_halt_poll_ns`` raised from 0 to 200000 the call took
+0.56 ms and the hand-off 6 µs). So the bench measures both before it sends, on the idle
+cluster, and prints them beside its result: latencies from two machines compare only
+through these.
 """
 
 from __future__ import annotations

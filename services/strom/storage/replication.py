@@ -70,11 +70,23 @@ class _LeaderFetches:
         if self._unary:
             resp: pb.FetchResponse = await self._stub.Fetch(request, timeout=timeout_s)
             return resp
+        if self._call is not None and self._call.done():
+            self.close()  # ended since its last answer (below)
+        reused = self._call is not None
         if self._call is None:
             self._call = self._stub.FetchStream()
         call = self._call
         try:
-            await call.write(request)
+            try:
+                await call.write(request)
+            except grpc.aio.AioRpcError as exc:
+                if not reused or exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                # The leader ended the stream after its last answer (it is stopping): the
+                # request never left (gRPC reports the write as INTERNAL), so it goes on a
+                # new stream, once (a stopping leader refuses that one).
+                self.close()
+                return await self.fetch(request, timeout_s)
             answer = await asyncio.wait_for(call.read(), timeout_s)
         except BaseException as exc:
             self.close()
