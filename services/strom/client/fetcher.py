@@ -90,7 +90,6 @@ from strom.errors import (
 from strom.record import (
     HEADER_SIZE,
     RECORDS_SCHEMA,
-    TIMESTAMP_LOG_APPEND,
     InvalidBatchError,
     Record,
     RecordBatch,
@@ -291,29 +290,12 @@ def aborted_batches(
 
 
 def _py_columns(b: RecordBatch, topic: str, partition: int) -> tuple[list[int], Iterator[Any]]:
-    """A batch's record offsets and an iterator of Record field tuples, built column by column
-    in C (the same conversion as ``RecordBatch.records``, but lazy: Record tuples are created
-    per poll, so the ones the application drops are freed before the garbage collector sees
-    a large young generation)."""
-    h = b.header
-    body = b.body()
-    n = body.num_rows
-    offsets: list[int] = (body.column(0).to_numpy().astype(np.int64) + h.base_offset).tolist()
-    stamps: Any
-    if h.timestamp_type == TIMESTAMP_LOG_APPEND:
-        stamps = repeat(h.max_timestamp, n)
-    else:
-        stamps = (body.column(1).to_numpy() + h.base_timestamp).tolist()
-    kc, vc, hc = body.column(2), body.column(3), body.column(4)
-    keys: Any = repeat(None, n) if kc.null_count == n else kc.to_pylist()
-    values: Any = repeat(None, n) if vc.null_count == n else vc.to_pylist()
-    headers: Any
-    if hc.null_count == n:
-        headers = repeat((), n)
-    else:
-        headers = [
-            tuple((d["key"], d["value"]) for d in row) if row else () for row in hc.to_pylist()
-        ]
+    """A batch's record offsets and an iterator of Record field tuples (columns converted
+    at once, see :meth:`RecordBatch.py_columns`, but Record tuples created lazily, per poll,
+    so the ones the application drops are freed before the garbage collector sees a large
+    young generation)."""
+    offsets, stamps, keys, values, headers = b.py_columns()
+    n = len(offsets)
     rows = zip(
         keys, values, headers, stamps, offsets, repeat(topic, n), repeat(partition, n), strict=True
     )

@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
+from itertools import pairwise, repeat
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from strom.record import codecs
+from strom.record import codecs, small_body
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
     ATTR_CONTROL,
@@ -170,6 +170,29 @@ def encode_batch(
     exists for the log cleaner, which rewrites batches with gaps; producers leave it out.
     """
     codec = codecs.codec_id(compression)
+    attributes = codec
+    if log_append_time:
+        attributes |= ATTR_LOG_APPEND_TIME
+    if transactional:
+        attributes |= ATTR_TRANSACTIONAL
+    if control:
+        attributes |= ATTR_CONTROL
+    ids = dict(
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+    if (
+        headers is None
+        and offset_deltas is None
+        and type(values) is list
+        and (keys is None or type(keys) is list)
+    ):
+        small = _encode_small(values, keys, timestamps, now_ms, codec, attributes, ids)
+        if small is not None:
+            return small
     value_arr = _binary_array(values, "values", None)
     n = len(value_arr)
     if n == 0:
@@ -211,25 +234,64 @@ def encode_batch(
     rb = pa.RecordBatch.from_arrays(
         [od, ts_delta, key_arr, value_arr, headers_arr], schema=BODY_SCHEMA_V1
     )
-    attributes = codec
-    if log_append_time:
-        attributes |= ATTR_LOG_APPEND_TIME
-    if transactional:
-        attributes |= ATTR_TRANSACTIONAL
-    if control:
-        attributes |= ATTR_CONTROL
     return encode_body(
         rb,
         attributes=attributes,
-        base_offset=base_offset,
         last_offset_delta=last_delta,
         base_timestamp=base_ts,
         max_timestamp=max_ts,
-        partition_leader_epoch=partition_leader_epoch,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
+        **ids,
     )
+
+
+def _encode_small(
+    values: list[Any],
+    keys: list[Any] | None,
+    timestamps: Any,
+    now_ms: int | None,
+    codec: int,
+    attributes: int,
+    ids: dict[str, int],
+) -> bytes | None:
+    """A small batch whose body :mod:`strom.record.small_body` writes without pyarrow; None
+    for anything it does not take (the pyarrow path then encodes it, or names the error)."""
+    n = len(values)
+    if not 0 < n <= small_body.MAX_RECORDS:
+        return None
+    if timestamps is None:
+        base_ts = max_ts = _now_ms() if now_ms is None else now_ms
+        deltas = _small_np_zeros(n)
+    elif isinstance(timestamps, (np.ndarray, list)):
+        ts = np.asarray(timestamps, dtype=np.int64)
+        if ts.shape != (n,):
+            return None
+        stamps = ts.tolist()  # min/max of a few Python ints: cheaper than two ufunc calls
+        if min(stamps) < 0:
+            return None
+        base_ts = stamps[0]
+        max_ts = max(stamps)
+        deltas = ts - base_ts
+    else:
+        return None
+    body = small_body.serialize(values, keys, deltas)
+    if body is None:
+        return None
+    return _frame(
+        codecs.compress(codec, body),
+        attributes=attributes,
+        last_offset_delta=n - 1,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        record_count=n,
+        **ids,
+    )
+
+
+@functools.lru_cache(maxsize=_SMALL)
+def _small_np_zeros(n: int) -> np.ndarray:
+    zeros = np.zeros(n, dtype=np.int64)
+    zeros.flags.writeable = False
+    return zeros
 
 
 def encode_body(
@@ -254,20 +316,24 @@ def encode_body(
     if not body.schema.equals(BODY_SCHEMA_V1):
         raise ValueError("body does not have the v1 body schema")
     codec = attributes & 0x07
-    payload = codecs.compress(codec, body.serialize())
-    fields = dict(
-        base_offset=base_offset,
-        body_length=len(memoryview(payload)),
-        partition_leader_epoch=partition_leader_epoch,
+    return _frame(
+        codecs.compress(codec, body.serialize()),
         attributes=attributes,
+        base_offset=base_offset,
         last_offset_delta=last_offset_delta,
         base_timestamp=base_timestamp,
         max_timestamp=max_timestamp,
+        partition_leader_epoch=partition_leader_epoch,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
         record_count=body.num_rows,
     )
+
+
+def _frame(payload: Any, **header: int) -> bytes:
+    """The header (CRC included) and the (compressed) body ``payload``: one batch's bytes."""
+    fields = dict(body_length=len(memoryview(payload)), **header)
     provisional = pack_header(crc=0, **fields)
     crc = crc_of(provisional[CRC_START:], payload)
     return b"".join((pack_header(crc=crc, **fields), payload))
@@ -399,27 +465,57 @@ class RecordBatch:
             rest = [c.slice(start, length) for c in rest]
         return [pa.array(offsets), pa.array(ts).view(TIMESTAMP_TYPE), *rest]
 
-    def records(self, topic: str | None = None, partition: int = -1) -> list[Record]:
-        """Records as Python objects: columns convert in C, then one tuple per record."""
+    def py_columns(self) -> tuple[list[int], Any, Any, Any, Any]:
+        """The records' offsets, timestamps, keys, values and headers as Python columns
+        (iterables of ``len(self)`` items). A small body in the layout
+        :mod:`strom.record.small_body` writes is read without pyarrow (a fixed cost of tens of
+        µs per batch, most of a trickle consumer's work); any other through pyarrow, in C."""
         h = self.header
+        n = h.record_count
+        small = None
+        if self._body is None and 0 < n <= small_body.MAX_RECORDS:
+            payload = codecs.decompress(h.codec, self.raw[HEADER_SIZE:], position=h.position)
+            small = small_body.columns(payload, n)
+        if small is not None:
+            deltas, stamp_deltas, keys, values = small
+            _check_deltas(h, deltas[0], deltas[-1], any(b <= a for a, b in pairwise(deltas)))
+            base = h.base_offset
+            offsets = [base + d for d in deltas]
+            if h.timestamp_type == TIMESTAMP_LOG_APPEND:
+                stamps: Any = repeat(h.max_timestamp, n)
+            else:
+                base_ts = h.base_timestamp
+                stamps = [base_ts + t for t in stamp_deltas]
+            return (
+                offsets,
+                stamps,
+                repeat(None, n) if keys is None else keys,
+                repeat(None, n) if values is None else values,
+                repeat((), n),
+            )
         body = self.body()
         n = len(body)
         offsets = (body.column(0).to_numpy().astype(np.int64) + h.base_offset).tolist()
         if h.timestamp_type == TIMESTAMP_LOG_APPEND:
-            stamps: Any = repeat(h.max_timestamp, n)
+            stamps = repeat(h.max_timestamp, n)
         else:
             stamps = (body.column(1).to_numpy() + h.base_timestamp).tolist()
-        keys = body.column(2).to_pylist()
-        values = body.column(3).to_pylist()
-        hcol = body.column(4)
+        kc, vc, hc = body.column(2), body.column(3), body.column(4)
+        keys = repeat(None, n) if kc.null_count == n else kc.to_pylist()
+        values = repeat(None, n) if vc.null_count == n else vc.to_pylist()
         headers: Any
-        if hcol.null_count == n:
+        if hc.null_count == n:
             headers = repeat((), n)
         else:
             headers = [
-                tuple((d["key"], d["value"]) for d in row) if row else ()
-                for row in hcol.to_pylist()
+                tuple((d["key"], d["value"]) for d in row) if row else () for row in hc.to_pylist()
             ]
+        return offsets, stamps, keys, values, headers
+
+    def records(self, topic: str | None = None, partition: int = -1) -> list[Record]:
+        """Records as Python objects: columns convert in C, then one tuple per record."""
+        offsets, stamps, keys, values, headers = self.py_columns()
+        n = len(offsets)
         new = tuple.__new__
         return [
             new(Record, row)
@@ -461,13 +557,18 @@ def _decode_body(h: BatchHeader, raw: memoryview) -> pa.RecordBatch:
     od = rb.column(0).to_numpy()
     # Increasing deltas are what lets a consumer bisect a batch for its position. Compared
     # as two views (one ufunc, no np.diff/np.any wrappers): half the cost per batch.
-    if len(od) and (od[0] < 0 or od[-1] > h.last_offset_delta or (od[1:] <= od[:-1]).any()):
-        raise InvalidBatchError(
-            f"batch at byte {pos}: offset deltas are not increasing within "
-            f"0..last_offset_delta {h.last_offset_delta}",
-            position=pos,
-        )
+    if len(od):
+        _check_deltas(h, od[0], od[-1], bool((od[1:] <= od[:-1]).any()))
     return rb
+
+
+def _check_deltas(h: BatchHeader, first: int, last: int, not_increasing: bool) -> None:
+    if first < 0 or last > h.last_offset_delta or not_increasing:
+        raise InvalidBatchError(
+            f"batch at byte {h.position}: offset deltas are not increasing within "
+            f"0..last_offset_delta {h.last_offset_delta}",
+            position=h.position,
+        )
 
 
 def decode_batches(
