@@ -165,10 +165,13 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
         machine = result["machine"]
         for k in ("grpc_round_trip", "thread_handoff"):
             assert 0 < machine[f"{k}_p50_us"] <= machine[f"{k}_p99_us"]
+        assert machine["python_loop_ms"] > 0
         proc = "--consumer-process" in extra
         assert report["context"]["consumer"] == ("process" if proc else "thread")
         if "--group" in extra:  # the receiving process committed as it went
             assert result["commits"] > 0 and result["commit_errors"] == 0
+    else:  # produce and consume: the machine's prices in the context line
+        assert report["context"]["machine"].startswith("gRPC ")
     if mode == "produce" and "send" in extra:  # what send() costs the caller's own thread
         assert result["caller_cpu_us_per_record"] > 0
     else:

@@ -42,7 +42,7 @@ import numpy as np
 
 from strom.bench import cpu
 from strom.bench.clients import Progress
-from strom.bench.machine import calibrate
+from strom.bench.machine import calibrate_cluster
 from strom.bench.machine import describe as describe_machine
 from strom.bench.stats import Result, percentiles_ms
 from strom.client.admin import Admin
@@ -184,11 +184,9 @@ def bench_e2e(
         raise ValueError(f"commit must be async, sync or none, got {commit!r}")
     with Admin(bootstrap) as admin:
         parts = admin.describe_topic(topic).partitions
-        nodes = {n.node_id: n.address for n in admin.describe_cluster().nodes}
-        leader = nodes.get(parts[0].leader) if parts and parts[0].leader is not None else None
-        # Before anything is sent: the idle cluster's price of the steps a record's way is
-        # made of, printed beside the result (strom.bench.machine).
-        machine = calibrate(admin._client.channel(leader)) if leader is not None else {}
+    # Before anything is sent: the idle cluster's price of the steps a record's way is made
+    # of, printed beside the result (strom.bench.machine).
+    machine = calibrate_cluster(bootstrap, topic)
     tps = [TopicPartition(topic, p.partition) for p in parts]
     pad = b"x" * max(record_size - E2E_STAMP.size, 0)
     lock = threading.Lock()

@@ -9,9 +9,10 @@ Python to a ``grpc.aio`` server took 0.35-0.38 ms on the first and 0.85-1.0 ms o
 second, where a thread hand-off took 15-65 µs and a call 340 µs of the client's CPU (its
 virtual CPUs halt when idle and the host must wake them: with
 ``/sys/module/haltpoll/parameters/guest_halt_poll_ns`` raised from 0 to 200000 the call took
-0.56 ms and the hand-off 6 µs). So the bench measures both before it sends, on the idle
-cluster, and prints them beside its result: latencies from two machines compare only
-through these.
+0.56 ms and the hand-off 6 µs). So ``strom bench e2e`` measures both before it sends, on
+the idle cluster, and prints them beside its result, with the time of a fixed pure-Python
+loop (``strom bench produce`` and ``consume`` put all three in their report's context line):
+latencies and rates from two machines compare only through these.
 """
 
 from __future__ import annotations
@@ -65,9 +66,22 @@ def thread_handoffs(round_trips: int = 1000) -> list[float]:
     return out
 
 
+def python_loop_s(repeat: int = 3) -> float:
+    """Seconds of a fixed pure-Python loop (the best of ``repeat``): the interpreter's speed
+    on this machine, which throughput in records/s follows."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i & 7
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def calibrate(channel: grpc.Channel) -> dict[str, Any]:
     """The machine's prices (µs, p50 and p99) for a gRPC round trip to the node behind
-    ``channel`` and for a hand-off between two threads."""
+    ``channel`` and for a hand-off between two threads, and its fixed Python loop (ms)."""
     rtt = np.asarray(grpc_round_trips(channel)) * 1e6
     hand = np.asarray(thread_handoffs()) * 1e6
     return {
@@ -75,7 +89,26 @@ def calibrate(channel: grpc.Channel) -> dict[str, Any]:
         "grpc_round_trip_p99_us": round(float(np.percentile(rtt, 99)), 1),
         "thread_handoff_p50_us": round(float(np.percentile(hand, 50)), 1),
         "thread_handoff_p99_us": round(float(np.percentile(hand, 99)), 1),
+        "python_loop_ms": round(python_loop_s() * 1e3, 1),
     }
+
+
+def calibrate_cluster(bootstrap: str | None, topic: str | None = None) -> dict[str, Any]:
+    """:func:`calibrate` against the leader of ``topic``'s first partition (or, without one,
+    the first live node); {} if the cluster has no live node."""
+    from strom.client.admin import Admin
+
+    with Admin(bootstrap) as admin:
+        nodes = {n.node_id: n.address for n in admin.describe_cluster().nodes}
+        address = next(iter(nodes.values()), None)
+        if topic is not None:
+            try:
+                parts = admin.describe_topic(topic).partitions
+            except Exception:  # no such topic (yet): any node will do
+                parts = []
+            if parts and parts[0].leader in nodes:
+                address = nodes[parts[0].leader]
+        return calibrate(admin._client.channel(address)) if address is not None else {}
 
 
 def describe(machine: dict[str, Any]) -> str:
@@ -84,4 +117,16 @@ def describe(machine: dict[str, Any]) -> str:
         f"{'machine':<24} gRPC round trip to the node µs p50 {machine['grpc_round_trip_p50_us']}"
         f" p99 {machine['grpc_round_trip_p99_us']}  thread hand-off µs p50 "
         f"{machine['thread_handoff_p50_us']} p99 {machine['thread_handoff_p99_us']}"
+        f"  Python loop ms {machine['python_loop_ms']}"
+    )
+
+
+def brief(machine: dict[str, Any]) -> str:
+    """The same for a report's context line."""
+    if not machine:
+        return "-"
+    return (
+        f"gRPC {machine['grpc_round_trip_p50_us']:.0f}/{machine['grpc_round_trip_p99_us']:.0f}"
+        f" µs, hand-off {machine['thread_handoff_p50_us']:.0f}/"
+        f"{machine['thread_handoff_p99_us']:.0f} µs (p50/p99), loop {machine['python_loop_ms']} ms"
     )

@@ -521,6 +521,11 @@ def _bench_clients(args: argparse.Namespace) -> int:
             print(summary(results))
         return 0
     consumed: list[Any] = []
+    machine: dict[str, Any] = {}
+    if args.bench_mode in ("produce", "consume"):
+        from strom.bench.machine import calibrate_cluster
+
+        machine = calibrate_cluster(args.bootstrap, args.topic)  # the idle cluster, first
     if args.bench_mode == "produce":
         result = clients.bench_produce(
             args.bootstrap,
@@ -591,6 +596,10 @@ def _bench_clients(args: argparse.Namespace) -> int:
             max_partition_fetch_bytes=args.max_partition_fetch_bytes,
         )
     ctx["server_cpu"] = cpu.server_source()
+    if machine:
+        from strom.bench.machine import brief
+
+        ctx["machine"] = brief(machine)
     shown = consumed or [result]
     print(report(shown, as_json=args.json, context=ctx))
     if args.bench_mode == "e2e" and not result.clean:  # type: ignore[attr-defined]
