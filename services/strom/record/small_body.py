@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import struct
 import sys
+import threading
 from array import array
 from itertools import accumulate, pairwise
 from typing import Any
@@ -154,8 +155,13 @@ def serialize(values: list[Any], keys: list[Any] | None, deltas: np.ndarray) -> 
     """The Arrow IPC body of a batch of ``values`` (and ``keys``, or all-null keys), no
     headers, offset deltas 0..n-1 and timestamp ``deltas`` (int64 array); None when this
     module does not write such a batch (see the module docstring)."""
+    return _serialize(_layout(), values, keys, deltas)
+
+
+def _serialize(
+    layout: _Layout | None, values: list[Any], keys: list[Any] | None, deltas: np.ndarray
+) -> bytes | None:
     n = len(values)
-    layout = _LAYOUT
     if layout is None or not 0 < n <= MAX_RECORDS or (keys is not None and len(keys) != n):
         return None
     vcol = _binary(values, n)
@@ -219,7 +225,10 @@ def columns(payload: Any, n: int) -> Columns | None:
     deltas, timestamp deltas, keys and values (None for a column of nulls only). None for any
     other body (headers, another writer's layout, anything that does not add up): pyarrow
     then reads it and names what is wrong with it."""
-    layout = _LAYOUT
+    return _columns(_layout(), payload, n)
+
+
+def _columns(layout: _Layout | None, payload: Any, n: int) -> Columns | None:
     mv = memoryview(payload)
     size = len(mv)
     start = len(layout.prefix) if layout is not None else 0
@@ -294,12 +303,12 @@ def _read_binary(
 
 
 def _self_check() -> _Layout | None:
-    """The layout, if this pyarrow's bytes are reproduced exactly; else None (logged)."""
-    global _LAYOUT
+    """The layout, if this pyarrow's bytes are reproduced and read back exactly; else None
+    (logged)."""
     try:
         if sys.byteorder != "little":  # Arrow's IPC buffers are little-endian
             raise ValueError("a big-endian machine")
-        _LAYOUT = _Layout(_pyarrow_body([b"x"], None, np.zeros(1, dtype=np.int64)))
+        layout = _Layout(_pyarrow_body([b"x"], None, np.zeros(1, dtype=np.int64)))
         samples: list[tuple[list[Any], list[Any] | None]] = [
             ([b"a" * 13, None, b"xy"], None),
             ([b"v"] * 9, [b"k", None, b"", b"kk", None, b"k", b"k", b"k", b"k"]),
@@ -309,12 +318,12 @@ def _self_check() -> _Layout | None:
         for values, keys in samples:
             deltas = np.arange(len(values), dtype=np.int64) * 7 - 3
             body = _pyarrow_body(values, keys, deltas)
-            if serialize(values, keys, deltas) != body:
+            if _serialize(layout, values, keys, deltas) != body:
                 raise ValueError("bytes differ from pyarrow's")
             expected = (list(range(len(values))), deltas.tolist(), _nulls_as_none(keys))
-            if columns(body, len(values)) != (*expected, _nulls_as_none(values)):
+            if _columns(layout, body, len(values)) != (*expected, _nulls_as_none(values)):
                 raise ValueError("read back differently from what pyarrow wrote")
-        return _LAYOUT
+        return layout
     except Exception as exc:  # any surprise: pyarrow writes every batch, as before
         log.warning("small batches are encoded with pyarrow (%s)", exc)
         return None
@@ -324,5 +333,20 @@ def _nulls_as_none(column: list[Any] | None) -> list[Any] | None:
     return None if column is None or all(x is None for x in column) else column
 
 
-_LAYOUT: _Layout | None = None
-_LAYOUT = _self_check()
+_UNSET: Any = object()
+_LAYOUT: Any = _UNSET
+_CHECK = threading.Lock()
+
+
+def _layout() -> _Layout | None:
+    """The layout, checked on first use rather than at import: the check has pyarrow
+    allocate (its memory pool reserves address space), which a process that only reads
+    bodies, or none, should not pay for importing strom.record."""
+    global _LAYOUT
+    layout = _LAYOUT
+    if layout is _UNSET:
+        with _CHECK:
+            if _LAYOUT is _UNSET:
+                _LAYOUT = _self_check()
+            layout = _LAYOUT
+    return layout  # type: ignore[no-any-return]
