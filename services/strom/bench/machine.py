@@ -97,8 +97,10 @@ def calibrate_cluster(bootstrap: str | None, topic: str | None = None) -> dict[s
     """:func:`calibrate` against the leader of ``topic``'s first partition (or, without one,
     the first live node); {} if the cluster has no live node."""
     from strom.client.admin import Admin
+    from strom.client.cluster import ClusterClient
 
-    with Admin(bootstrap) as admin:
+    with ClusterClient(bootstrap) as client:
+        admin = Admin(cluster_client=client)
         nodes = {n.node_id: n.address for n in admin.describe_cluster().nodes}
         address = next(iter(nodes.values()), None)
         if topic is not None:
@@ -108,7 +110,7 @@ def calibrate_cluster(bootstrap: str | None, topic: str | None = None) -> dict[s
                 parts = []
             if parts and parts[0].leader in nodes:
                 address = nodes[parts[0].leader]
-        return calibrate(admin._client.channel(address)) if address is not None else {}
+        return calibrate(client.channel(address)) if address is not None else {}
 
 
 def describe(machine: dict[str, Any]) -> str:

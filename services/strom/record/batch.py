@@ -474,8 +474,10 @@ class RecordBatch:
         n = h.record_count
         small = None
         if self._body is None and 0 < n <= small_body.MAX_RECORDS:
-            payload = codecs.decompress(h.codec, self.raw[HEADER_SIZE:], position=h.position)
+            payload = _payload(h, self.raw)
             small = small_body.columns(payload, n)
+            if small is None:  # another layout: pyarrow reads the payload already here
+                self._body = _decode_payload(h, payload)
         if small is not None:
             deltas, stamp_deltas, keys, values = small
             _check_deltas(h, deltas[0], deltas[-1], any(b <= a for a, b in pairwise(deltas)))
@@ -536,8 +538,16 @@ class RecordBatch:
 
 
 def _decode_body(h: BatchHeader, raw: memoryview) -> pa.RecordBatch:
+    return _decode_payload(h, _payload(h, raw))
+
+
+def _payload(h: BatchHeader, raw: memoryview) -> Any:
+    """The batch's body, decompressed (bounded: see :func:`codecs.decompress`)."""
+    return codecs.decompress(h.codec, raw[HEADER_SIZE:], position=h.position)
+
+
+def _decode_payload(h: BatchHeader, payload: Any) -> pa.RecordBatch:
     pos = h.position
-    payload = codecs.decompress(h.codec, raw[HEADER_SIZE:], position=pos)
     try:
         rb = pa.ipc.read_record_batch(pa.py_buffer(payload), BODY_SCHEMA_V1)
         rb.validate(full=True)
