@@ -239,15 +239,19 @@ def test_an_exception_in_a_polls_own_fetch_leaves_the_partition_fetchable(
     # reaches the caller; the partition is not left "in flight" for ever: polling goes on.
     with _caught_up(cluster, admin, "c-inlineexc", 2) as consumer:
         fetcher = consumer._fetcher
-        real = fetcher._ask
+        real_ask, real_follow = fetcher._ask, fetcher._follow_answer
 
-        def interrupted(address: str, request: object, timeout_s: float, stream: bool) -> bytes:
-            fetcher._ask = real  # type: ignore[method-assign]  # once
+        def interrupted(*args: object) -> bytes:
+            fetcher._ask = real_ask  # type: ignore[method-assign]  # once
+            fetcher._follow_answer = real_follow  # type: ignore[method-assign]
             raise KeyboardInterrupt
 
+        # (The poll's own fetch follows: storage.proto, FetchRequest.follow.)
         fetcher._ask = interrupted  # type: ignore[method-assign]
+        fetcher._follow_answer = interrupted  # type: ignore[method-assign]
         with pytest.raises(KeyboardInterrupt):
             consumer.poll(timeout_ms=5000)
+        assert fetcher._follow is None  # ended: its answer may have been taken
         produce(admin, "c-inlineexc", 0, values("b", 3))
         assert [r.value for r in drain(consumer, 3)] == values("b", 3)
 

@@ -402,3 +402,48 @@ def test_a_refused_request_ends_a_stream_after_the_answers_before_it(env: Env) -
     assert "User:CN=alice is not allowed WRITE on topic 'secret'" in (refused.value.details() or "")
     with Consumer(env.bootstrap, **env.client(env.admin)) as c:  # type: ignore[arg-type]
         assert c.end_offsets([tp])[tp] == end_before + 1  # "after" was not appended
+
+
+def test_a_followed_fetch_ends_when_its_read_acl_is_removed(env: Env) -> None:
+    """A followed Fetch (storage.proto, FetchRequest.follow) is answered without new
+    requests, so the node authorizes each of its continuations as it would a request: once
+    the READ ACL is gone, the stream ends with PERMISSION_DENIED."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("followed", partitions=1, replication_factor=1)
+    env.acls(allow("User:CN=alice", READ, TOPIC, "followed"))
+    req = storage_pb2.FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, follow=True)
+    req.topics.add(topic="followed").partitions.add(
+        partition=0, fetch_offset=0, current_leader_epoch=-1, partition_max_bytes=1 << 20
+    )
+    once = storage_pb2.FetchRequest()
+    once.CopyFrom(req)
+    once.follow = False
+    with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
+        node = c.storage(env.bootstrap)
+        wait_for(
+            lambda: _code(lambda: node.Fetch(once, timeout=5)) == grpc.StatusCode.OK,
+            timeout=5,
+            what="alice's READ applied by the node",
+        )
+        answers = node.FetchStream(iter([req]), timeout=30)
+        assert next(answers).topics[0].partitions[0].error_code == 0
+        assert next(answers).topics[0].partitions[0].error_code == 0  # a continuation
+        with ClusterClient(env.bootstrap, security=env.security(env.admin)) as admin_client:
+            admin_client.controller_call(
+                "DeleteAcls",
+                controller_pb2.DeleteAclsRequest(
+                    filters=[
+                        controller_pb2.AclBindingFilter(
+                            principal="User:CN=alice", resource_name="followed"
+                        )
+                    ]
+                ),
+            )
+        deadline = time.monotonic() + 10  # (the node applies an ACL change within 1 s)
+        with pytest.raises(grpc.RpcError) as refused:
+            while time.monotonic() < deadline:
+                assert next(answers).topics[0].partitions[0].error_code == 0
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "User:CN=alice is not allowed READ on topic 'followed'" in (
+        refused.value.details() or ""
+    )

@@ -3,6 +3,8 @@ real node, and the clients' use of them (strom.client.streams):
 
 - pipelined Produce requests on one stream are answered in order and appended in that order;
 - Fetch requests on one stream are answered in order, a long poll included;
+- a followed Fetch (FetchRequest.follow) is answered again from where each answer ended,
+  until an error; the consumer's own long poll follows, and seeks and pauses end it;
 - the Producer and the Consumer hold streams (the node's open-streams gauge) and let them go
   when closed;
 - a node without the streams (an older version: a proxy that does not know the methods)
@@ -37,6 +39,7 @@ from strom.client.streams import FetchStreams, RequestStream
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from strom.errors import ErrorCode
 from strom.record import encode_batch
 from tests.conftest import create_topic, module_cluster
 
@@ -91,7 +94,7 @@ def node_metric(node: Any, family_name: str, label: str) -> dict[str, float]:
         if family.name == family_name:
             for s in family.samples:
                 if family.type != "counter" or s.name.endswith("_total"):
-                    out[s.labels[label]] = s.value
+                    out[s.labels.get(label, "")] = s.value
     return out
 
 
@@ -141,6 +144,126 @@ def test_fetch_requests_on_one_stream_are_answered_in_order_long_polls_included(
         assert time.monotonic() - t0 < 15  # answered by the append, not by max_wait_ms
         requests.close()
         assert list(answers) == []  # the node ends the stream when the requests end
+
+
+def _followed(cluster: LocalCluster) -> float:
+    """The node's count of fetches it started without a request (followed requests)."""
+    return node_metric(cluster.nodes[0], "strom_storage_fetch_followed", "x").get("", 0.0)
+
+
+def _records_of(answer: storage_pb2.FetchResponse) -> list[tuple[int, bytes | None]]:
+    from strom.record import decode_batches
+
+    p = answer.topics[0].partitions[0]
+    assert p.error_code == 0, p.error_message
+    return [(r.offset, r.value) for b in decode_batches(p.records) for r in b.records()]
+
+
+def test_a_followed_fetch_is_answered_again_from_where_each_answer_ended(
+    cluster: LocalCluster,
+) -> None:
+    """FetchRequest.follow: one request, then an answer for each append as it lands (and an
+    empty one after each long-poll wait), every answer starting where the last ended; an
+    answer with a partition error ends the follow and the stream takes requests again."""
+    topic = create_topic(cluster, "s-follow")
+    before = _followed(cluster)
+    with ClusterClient(cluster.bootstrap) as client:
+        stub = client.storage(cluster.nodes[0].address)
+
+        def produce(*values: bytes) -> None:
+            list(stub.ProduceStream(iter([produce_request(topic, v) for v in values])))
+
+        produce(b"a0", b"a1")  # two batches before the follow starts
+        requests: Any = _Feed()
+        answers = stub.FetchStream(iter(requests))
+        follow = fetch_request(topic, 0, max_wait_ms=300)
+        follow.follow = True
+        requests.put(follow)
+        assert _records_of(next(answers)) == [(0, b"a0"), (1, b"a1")]
+        assert ("strom-fetch-follow", "1") in tuple(answers.initial_metadata())
+        got: list[tuple[int, bytes | None]] = []
+        for i in range(2, 8):  # each append is answered without a request
+            produce(f"a{i}".encode())
+            while len(got) < i - 1:
+                got.extend(_records_of(next(answers)))
+        assert got == [(i, f"a{i}".encode()) for i in range(2, 8)]
+        # Caught up and nothing appended: an empty answer after the wait, and the follow
+        # goes on from the same place.
+        t0 = time.monotonic()
+        assert _records_of(next(answers)) == []
+        assert time.monotonic() - t0 >= 0.2
+        produce(b"a8")
+        later: list[tuple[int, bytes | None]] = []
+        while not later:
+            later.extend(_records_of(next(answers)))
+        assert later == [(8, b"a8")]
+        requests.close()  # ends nothing: a follow reads no requests
+        answers.cancel()
+        # An error ends a follow: the stream then answers the next request.
+        requests = _Feed()
+        answers = stub.FetchStream(iter(requests))
+        out_of_range = fetch_request(topic, 1000, max_wait_ms=300)
+        out_of_range.follow = True
+        requests.put(out_of_range)
+        failed = next(answers).topics[0].partitions[0]
+        assert failed.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+        requests.put(fetch_request(topic, 8))
+        assert _records_of(next(answers)) == [(8, b"a8")]
+        requests.close()
+        assert list(answers) == []
+    assert _followed(cluster) >= before + 7
+
+
+def test_a_caught_up_consumer_follows_and_seeks_and_pauses_end_the_follow(
+    cluster: LocalCluster,
+) -> None:
+    """The consumer's own long poll follows (the node answers appends without a new
+    request); a seek backwards or forwards, a pause and a resume each end the follow, and
+    every poll returns exactly the records from the position on, in order."""
+    topic = create_topic(cluster, "s-consumer-follow")
+    tp = TopicPartition(topic, 0)
+    before = _followed(cluster)
+    with (
+        Producer(cluster.bootstrap, linger_ms=0) as producer,
+        Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer,
+    ):
+        consumer.assign([tp])
+
+        def send(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                producer.send(topic, f"f{i}".encode(), partition=0).result(10)
+
+        def take(n: int) -> list[int]:
+            got: list[int] = []
+            wait_for(
+                lambda: (
+                    bool(got.extend(r.offset for r in consumer.poll(timeout_ms=200)))
+                    or len(got) >= n
+                ),
+                timeout=20,
+                what=f"{n} records",
+            )
+            return got
+
+        send(0, 5)
+        assert take(5) == list(range(5))
+        # Caught up: one record at a time, each answered on the follow.
+        for i in range(5, 25):
+            send(i, i + 1)
+            assert take(1) == [i]
+        assert _followed(cluster) >= before + 10
+        consumer.seek(tp, 3)  # back, mid-follow
+        assert take(22) == list(range(3, 25))
+        send(25, 30)
+        consumer.seek(tp, 28)  # forward
+        assert take(2) == [28, 29]
+        consumer.pause([tp])
+        send(30, 33)
+        assert consumer.poll(timeout_ms=300) == []
+        consumer.resume([tp])
+        assert take(3) == [30, 31, 32]
+        send(33, 35)
+        assert take(2) == [33, 34]
 
 
 def test_clients_hold_streams_while_open_and_let_them_go_when_closed(

@@ -8,6 +8,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -747,3 +748,118 @@ def test_lagging_partitions_are_fetched_with_unary_calls_and_caught_up_ones_on_s
         assert set(offsets["stream"]) == {30}
     finally:
         stop(f, leader)
+
+
+# -- the application's followed fetch against a node that does not follow -------------------
+
+
+class AppendingLeader:
+    """A partition leader with an appendable log, answering Fetch requests as a node of the
+    version before FetchRequest.follow: one answer per request, no follow header."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.log: list[tuple[int, bytes]] = []  # (base offset, one-record batch)
+        self.follow_requests = 0
+        self.requests = 0
+
+    @property
+    def end(self) -> int:
+        return len(self.log)
+
+    def append(self) -> None:
+        with self.cond:
+            self.log.append((self.end, batches((self.end, 1))))
+            self.cond.notify_all()
+
+    def answer(self, req: storage_pb2.FetchRequest) -> bytes:
+        fp = req.topics[0].partitions[0]
+        with self.cond:
+            self.requests += 1
+            self.follow_requests += req.follow
+            self.cond.wait_for(lambda: self.end > fp.fetch_offset, req.max_wait_ms / 1000.0)
+            data = b"".join(raw for base, raw in self.log if base >= fp.fetch_offset)
+            pr = storage_pb2.FetchPartitionResponse(
+                partition=0, high_watermark=self.end, last_stable_offset=self.end
+            )
+        return encode_fetch_response(
+            [FetchTopicOut(req.topics[0].topic, [FetchPartitionOut(pr, data)])]
+        )
+
+
+def test_a_node_that_does_not_follow_gets_a_request_per_answer_and_nothing_is_missed() -> None:
+    """A node of an older version ignores ``follow`` and answers once: the consumer sees no
+    follow header after the first answer, stops following that node and fetches as before
+    (a request per answer), in order, without waiting out a long poll."""
+    import grpc
+
+    leader = AppendingLeader()
+
+    def fetch_stream(requests: Any, context: grpc.ServicerContext) -> Any:
+        for req in requests:
+            yield leader.answer(req)
+
+    def fetch(req: storage_pb2.FetchRequest, context: grpc.ServicerContext) -> bytes:
+        return leader.answer(req)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "strom.v1.StorageService",
+                {
+                    "FetchStream": grpc.stream_stream_rpc_method_handler(
+                        fetch_stream, request_deserializer=storage_pb2.FetchRequest.FromString
+                    ),
+                    "Fetch": grpc.unary_unary_rpc_method_handler(
+                        fetch, request_deserializer=storage_pb2.FetchRequest.FromString
+                    ),
+                },
+            ),
+        )
+    )
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    channel = grpc.insecure_channel(address)
+
+    class Client:
+        def channel(self, _address: str) -> grpc.Channel:
+            return channel
+
+    f = Fetcher(
+        Client(),  # type: ignore[arg-type]
+        FixedLeaders({TP: PartitionLeader(1, address, 5)}),
+        client_id="test",
+        reset_policy="earliest",
+        min_bytes=1,
+        max_wait_ms=5_000,
+        max_bytes=1 << 20,
+        partition_max_bytes=1 << 20,
+        check_crcs=True,
+        request_timeout_s=5,
+        backoff_s=0.01,
+        backoff_max_s=0.05,
+    )
+    f.start()
+    f.assign({TP})
+    got: list[int] = []
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        for i in range(12):
+            threading.Timer(0.05, leader.append).start()
+            t0 = time.monotonic()
+            while len(got) <= i:  # what poll() does
+                items, _ = f.collect(1000, arrow=False)
+                got.extend(r.offset for r in items)
+                if not items and not f.fetch_inline(5.0):
+                    f.wait(5.0)
+            assert time.monotonic() - t0 < 4  # never a long poll waited out
+        assert got == list(range(12))
+        assert address in f._no_follow
+        assert leader.follow_requests == 1  # tried once, then not again
+        assert leader.requests >= 12
+    finally:
+        f.close()
+        f.join(5)
+        channel.close()
+        server.stop(0)

@@ -133,6 +133,8 @@ class StorageServiceServicer:
 
     def FetchStream(self, request_iterator, context):
         """Fetch requests on a stream are served one after another (each a long poll, as Fetch).
+        A consumer's request with `follow` set is answered, then continued: see
+        FetchRequest.follow.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

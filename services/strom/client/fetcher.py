@@ -77,7 +77,7 @@ from strom.client import trace
 from strom.client.cluster import ClusterClient, refused
 from strom.client.metadata import MetadataCache
 from strom.client.offsets import TRANSPORT_RETRY
-from strom.client.streams import FetchStreams
+from strom.client.streams import FetchStreams, FollowStream
 from strom.client.types import TopicPartition
 from strom.errors import (
     CorruptMessageError,
@@ -140,6 +140,12 @@ WORKER_IDLE_S = 30.0
 #: must not hold ``poll(timeout_ms)`` for the whole request timeout (the partition then backs
 #: off and goes to the fetch threads).
 INLINE_GRACE_S = 0.5
+#: A poll's own Fetch follows (storage.proto, ``FetchRequest.follow``) when it may wait at
+#: least this long: each answer of a follow comes within its wait, so a follow started for a
+#: shorter wait would have the node answer an idle consumer that often.
+FOLLOW_MIN_WAIT_MS = 20
+#: Header a node that follows FetchStream requests sends (older nodes ignore ``follow``).
+FOLLOW_HEADER = "strom-fetch-follow"
 
 
 # -- the FetchResponse wire format -----------------------------------------------------------
@@ -521,6 +527,7 @@ class PartitionState:
         "error_sticky",
         "failures",
         "fetch_offset",
+        "following",
         "generation",
         "held",
         "high_watermark",
@@ -546,6 +553,9 @@ class PartitionState:
         #: application's own fetch in ``poll()`` (see ``Fetcher.fetch_inline``): the workers
         #: do not long-poll it.
         self.held = False
+        #: In the application's followed request (``Fetcher.fetch_inline``): the node sends
+        #: its appends on that stream, and the workers leave it alone.
+        self.following = False
         self.completed: deque[CompletedFetch] = deque()
         self.high_watermark = -1
         self.log_start_offset = -1
@@ -563,6 +573,20 @@ class PartitionState:
         self.inflight = False
         self.held = False
         self.fetch_offset = self.position if self.position is not None else -1
+
+
+@dataclass(slots=True)
+class _Follow:
+    """The application's followed Fetch (``Fetcher.fetch_inline``): its stream, its node,
+    the partitions it reads as they were when it started, and where the node's next answer
+    starts for each (the end of the last answer's last batch, as the node computes it)."""
+
+    stream: FollowStream
+    address: str
+    parts: dict[TopicPartition, tuple[PartitionState, int]]
+    offsets: dict[TopicPartition, int]
+    #: The node said it follows (its header); checked once, after the first answer.
+    confirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -644,6 +668,9 @@ class Fetcher:
         #: Fetches go on streams (strom.client.streams) except to nodes that lack them.
         self._streams = FetchStreams(storage_pb2.FetchRequest.SerializeToString, self._client_md)
         self._unary_only: set[str] = set()
+        #: Nodes that answered a followed request once only (an older version).
+        self._no_follow: set[str] = set()
+        self._follow: _Follow | None = None
         self._constants = _Constants()
         self._refresher = threading.Thread(
             target=self._refresh_loop, name=f"strom-metadata-{client_id}", daemon=True
@@ -665,6 +692,7 @@ class Fetcher:
             self._md_wake.notify_all()
             for cv in self._node_wake.values():
                 cv.notify_all()
+            self._end_follow()
         self._streams.close()  # ends the long polls in flight
 
     def join(self, timeout_s: float) -> None:
@@ -801,7 +829,15 @@ class Fetcher:
         request (a poll cannot wait on two nodes, or on a worker's answer, from one blocking
         call); otherwise the holds are released to the workers and False is returned: the
         caller waits with :meth:`wait`. True means a fetch was made (or something is ready):
-        collect again."""
+        collect again.
+
+        The request *follows* (storage.proto, ``FetchRequest.follow``): the node goes on
+        answering it from where each answer ended, so the next call here reads the answer the
+        node sent when the next append landed, with no request in between (an append that
+        landed while a new request travelled waited for it). The follow lasts while the
+        same partitions, at the generations and offsets it expects, are read with waits it
+        can keep; anything else (a seek, a pause, a new assignment, a poll that will not
+        wait as long, an error) ends it (its stream is cancelled) and a new one starts."""
         with self._lock:
             if self._closed or self._fatal is not None:
                 return True
@@ -832,16 +868,33 @@ class Fetcher:
             if busy or not claims or address is None:
                 self._release_holds()
                 return False
+            wait_ms = max(0, min(self._max_wait_ms, int(timeout_s * 1000.0)))
+            follow = self._follow
+            if follow is not None and not self._follow_fits(
+                follow, address, claims, now, timeout_s, wait_ms
+            ):
+                self._end_follow(kick=False)
+                follow = None
+            if (
+                follow is None
+                and wait_ms >= FOLLOW_MIN_WAIT_MS
+                and address not in self._no_follow
+                and address not in self._unary_only
+            ):
+                follow = self._start_follow(address, claims, wait_ms)
             for c in claims:
                 c.part.inflight = True
                 c.part.held = False
-        wait_ms = max(0, min(self._max_wait_ms, int(timeout_s * 1000.0)))
         try:
-            self._fetch(address, claims, wait_ms, wait_ms / 1000.0 + INLINE_GRACE_S)
+            self._fetch(address, claims, wait_ms, wait_ms / 1000.0 + INLINE_GRACE_S, follow)
         except BaseException:
             # Raised into the application's thread (a KeyboardInterrupt in the call, a bug):
             # the partitions must not stay "in flight" for ever, or nothing fetches them again.
             with self._lock:
+                # The follow too: its answer may have been taken and not filed, and the next
+                # one would then start after records nobody has seen.
+                if follow is not None and self._follow is follow:
+                    self._end_follow(kick=False)
                 for c in claims:
                     if c.part.generation == c.generation and c.part.inflight:
                         c.part.inflight = False
@@ -859,10 +912,102 @@ class Fetcher:
             self._release_holds()
 
     def _release_holds(self) -> None:
+        self._end_follow()
         for part in self.parts.values():
             if part.held:
                 part.held = False
                 self._kick(part)
+
+    # -- the application's followed fetch (lock held) -------------------------------------
+
+    def _start_follow(self, address: str, claims: list[_Claim], wait_ms: int) -> _Follow:
+        request = self._request(claims, wait_ms)
+        request.follow = True
+        stream = FollowStream(
+            self._client.channel(address),
+            storage_pb2.FetchRequest.SerializeToString,
+            self._client_md,
+            request,
+            wait_ms / 1000.0,
+        )
+        follow = _Follow(
+            stream,
+            address,
+            {c.part.tp: (c.part, c.generation) for c in claims},
+            {c.part.tp: c.fetch_offset for c in claims},
+        )
+        for c in claims:
+            c.part.following = True
+        self._follow = follow
+        return follow
+
+    def _follow_fits(
+        self,
+        follow: _Follow,
+        address: str,
+        claims: list[_Claim],
+        now: float,
+        timeout_s: float,
+        wait_ms: int,
+    ) -> bool:
+        """Whether the follow's next answer is the one ``claims`` ask for, in time."""
+        stream = follow.stream
+        if (
+            follow.address != address
+            or not stream.usable()
+            or len(claims) != len(follow.parts)
+            # Its next answer is due by then: data, or an empty answer after its wait.
+            or stream.last_answer + stream.wait_s > now + timeout_s
+            # Not much shorter a wait than asked for (an idle consumer answered that often).
+            or stream.wait_s * 2000.0 < wait_ms
+        ):
+            return False
+        for c in claims:
+            tp = c.part.tp
+            if (
+                follow.parts.get(tp) != (c.part, c.generation)
+                or follow.offsets[tp] != c.fetch_offset
+            ):
+                return False
+        return True
+
+    def _end_follow(self, kick: bool = True) -> None:
+        follow = self._follow
+        if follow is None:
+            return
+        self._follow = None
+        follow.stream.close()
+        for part, _ in follow.parts.values():
+            part.following = False
+            if kick:
+                self._kick(part)
+
+    def _followed(self, follow: _Follow, decoded: list[Any], failure: bool) -> None:
+        """After an answer of ``follow``: where the node goes on, or the follow's end (the
+        node ends it after an answer with an error; a bad answer ends it here)."""
+        if self._follow is not follow:
+            return
+        if not follow.confirmed:
+            follow.confirmed = True
+            if not failure and follow.stream.header(FOLLOW_HEADER) is None:
+                # An older node answered once and waits for a request: fetch as before.
+                self._no_follow.add(follow.address)
+                failure = True
+        if failure:
+            self._end_follow(kick=False)
+            return
+        offsets = follow.offsets
+        for a, batches in decoded:
+            tp = TopicPartition(a.topic, a.info.partition)
+            if (
+                a.info.error_code != ErrorCode.NONE
+                or tp not in offsets
+                or isinstance(batches, InvalidBatchError)
+            ):
+                self._end_follow(kick=False)
+                return
+            if batches:
+                offsets[tp] = batches[-1].header.next_offset
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until data, an error or a reset is waiting (or ``timeout_s`` passes)."""
@@ -875,6 +1020,7 @@ class Fetcher:
                     or part.error is not None
                     or part.position is None
                     or part.held  # for the caller's own fetch_inline
+                    or part.following  # (the same)
                 ):
                     return
             self.data_ready.wait(timeout_s)
@@ -954,7 +1100,7 @@ class Fetcher:
         missed by a batch or more and a third of the bytes came twice; one-partition
         ``poll_arrow`` ran 13-22 % faster without it and four partitions the same
         (docs/benchmarks.md, 2026-11-27)."""
-        return self._open(part) and not part.held
+        return self._open(part) and not part.held and not part.following
 
     def _open(self, part: PartitionState) -> bool:
         """Whether ``part`` could go into a request now, held for the application or not."""
@@ -1111,6 +1257,29 @@ class Fetcher:
         raw: bytes = self._call(address)(request, timeout=timeout_s, metadata=self._client_md)
         return raw
 
+    def _follow_answer(
+        self,
+        address: str,
+        claims: list[_Claim],
+        follow: _Follow,
+        max_wait_ms: int | None,
+        timeout_s: float,
+    ) -> bytes:
+        """The next answer of ``follow`` (a node without FetchStream: a unary Fetch)."""
+        try:
+            answer: bytes = follow.stream.answer(timeout_s)
+            return answer
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+        log.info("node %s has no FetchStream; fetching with unary calls", address)
+        with self._lock:
+            self._unary_only.add(address)
+            if self._follow is follow:
+                self._end_follow(kick=False)
+        wait_ms = self._max_wait_ms if max_wait_ms is None else max_wait_ms
+        return self._ask(address, self._request(claims, wait_ms), timeout_s, False)
+
     def _call(self, address: str) -> grpc.UnaryUnaryMultiCallable:
         call = self._calls.get(address)
         if call is None:
@@ -1150,9 +1319,11 @@ class Fetcher:
         claims: list[_Claim],
         max_wait_ms: int | None = None,
         timeout_s: float | None = None,
+        follow: _Follow | None = None,
     ) -> None:
         """One Fetch round trip for ``claims`` and filing its answer (on a worker, or on the
-        application's thread from ``fetch_inline``)."""
+        application's thread from ``fetch_inline``); with ``follow``, the next answer of
+        that followed request instead."""
         failure: StromError | None = None
         transport = False
         answers: list[PartitionAnswer] = []
@@ -1164,12 +1335,18 @@ class Fetcher:
             # own thread: one more wait for the interpreter lock per fetch while the
             # application's thread converts records (poll_arrow() 7-14 % slower, measured).
             caught_up = all(0 <= c.part.high_watermark <= c.fetch_offset for c in claims)
-            raw = self._ask(
-                address,
-                self._request(claims, self._max_wait_ms if max_wait_ms is None else max_wait_ms),
-                self._timeout_s if timeout_s is None else timeout_s,
-                caught_up,
-            )
+            timeout_s = self._timeout_s if timeout_s is None else timeout_s
+            if follow is not None:
+                raw = self._follow_answer(address, claims, follow, max_wait_ms, timeout_s)
+            else:
+                raw = self._ask(
+                    address,
+                    self._request(
+                        claims, self._max_wait_ms if max_wait_ms is None else max_wait_ms
+                    ),
+                    timeout_s,
+                    caught_up,
+                )
         except grpc.RpcError as exc:
             code = exc.code()
             transport = code in TRANSPORT_RETRY
@@ -1214,6 +1391,8 @@ class Fetcher:
             for c in claims:
                 if c.part.generation == c.generation:
                     c.part.inflight = False
+            if follow is not None:
+                self._followed(follow, decoded, failure is not None)
             if self._closed:
                 return
             if failure is not None:

@@ -268,8 +268,13 @@ class _PingPong:
         _WATCHDOG.watch(self)
 
     def ask(self, request: Any, timeout_s: float) -> Any:
-        self._deadline = time.monotonic() + timeout_s
         self._requests.put(request)
+        return self.answer(timeout_s)
+
+    def answer(self, timeout_s: float) -> Any:
+        """The next answer on the stream, within ``timeout_s`` (else the stream is cancelled
+        and DEADLINE_EXCEEDED raised)."""
+        self._deadline = time.monotonic() + timeout_s
         try:
             return next(self._call)
         except StopIteration:
@@ -302,6 +307,45 @@ class _PingPong:
     def close(self) -> None:
         self._break()
         self._call.cancel()
+
+
+class FollowStream(_PingPong):
+    """A FetchStream carrying one followed request (storage.proto, ``FetchRequest.follow``):
+    the node answers it, then goes on answering from where each answer ended, and each
+    :meth:`answer` takes the next of those. Read by one thread at a time; closing it (a
+    cancel) is the only way to end the follow early."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        serializer: Any,
+        metadata: Any,
+        request: Any,
+        wait_s: float,
+    ) -> None:
+        super().__init__(channel, FETCH_STREAM_METHOD, serializer, metadata)
+        self._requests.put(request)
+        #: The request's long-poll wait: the node's next answer comes at most this long
+        #: after the last one (plus the trip), data or not.
+        self.wait_s = wait_s
+        self.last_answer = time.monotonic()
+
+    def answer(self, timeout_s: float) -> Any:
+        try:
+            return super().answer(timeout_s)
+        finally:
+            self.last_answer = time.monotonic()
+
+    def header(self, name: str) -> str | None:
+        """A header the node sent with the call (call it once an answer came: the headers
+        came first, so this does not wait)."""
+        try:
+            for key, value in self._call.initial_metadata() or ():
+                if key == name:
+                    return str(value)
+        except grpc.RpcError:
+            pass
+        return None
 
 
 class FetchStreams:

@@ -33,6 +33,13 @@ CURRENT_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
     "strom_principal", default=ANONYMOUS
 )
 
+#: On a request stream with ACLs on: why the call's principal may not make a request now
+#: (None: it may). For requests a handler makes up itself, which no interceptor sees: a
+#: followed Fetch's continuations (storage.proto, FetchRequest.follow) are checked with it.
+STREAM_REQUEST_DENIED: contextvars.ContextVar[Callable[[Any], str | None] | None] = (
+    contextvars.ContextVar("strom_stream_request_denied", default=None)
+)
+
 _RES_NAMES = {
     Res.TOPIC: "topic",
     Res.GROUP: "group",
@@ -158,6 +165,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         async def stream_stream(requests: Any, context: Any) -> Any:
             principal = await admit(method, metadata, None, context)
             CURRENT_PRINCIPAL.set(principal)
+            if check:
+                STREAM_REQUEST_DENIED.set(lambda request: denied_of(method, principal, request))
             denied: list[str] = []
 
             async def authorized() -> Any:

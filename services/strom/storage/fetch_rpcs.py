@@ -50,6 +50,19 @@ class FetchRpcs(StorageCore):
 
     @_timed("Fetch")
     async def fetch_raw(self, request: pb.FetchRequest, context: Any) -> bytes:
+        """Fetch, answered as serialized FetchResponse bytes (records spliced in uncopied)."""
+        return await self._fetch_answer(request, context, None)
+
+    @_timed("Fetch")
+    async def fetch_followed(self, step: FollowStep, context: Any) -> bytes:
+        """One answer of a followed FetchStream request (storage.proto, FetchRequest.follow):
+        ``step.request`` read as :meth:`fetch_raw` reads it; ``step.next_offsets`` gets each
+        partition's continuation, in request order (-1: the follow ends)."""
+        return await self._fetch_answer(step.request, context, step.next_offsets)
+
+    async def _fetch_answer(
+        self, request: pb.FetchRequest, context: Any, next_offsets: list[int] | None
+    ) -> bytes:
         """Fetch, answered as serialized FetchResponse bytes (records spliced in uncopied).
 
         Long poll: the waiter is parked *before* each read pass (wake on any byte), so an
@@ -59,6 +72,7 @@ class FetchRpcs(StorageCore):
         arrive, a state change wakes it, or max_wait_ms passes.
         """
         follower = request.replica_id >= 0
+        _FETCH_RESULT.set(0)  # (a stream's answers share one context: no earlier error)
         metrics.FETCH_REQUESTS.labels("follower" if follower else "consumer").inc()
         registry = self.manager.appended if follower else self.manager.committed
         keys = _fetch_keys(request)
@@ -91,6 +105,12 @@ class FetchRpcs(StorageCore):
                 if pout.message.error_code:
                     _FETCH_RESULT.set(pout.message.error_code)
                     break
+        if next_offsets is not None:
+            next_offsets.extend(
+                -1 if pout.message.error_code else pout.next_offset
+                for tout in topics
+                for pout in tout.partitions
+            )
         if total and not follower:
             metrics.client_counter(metrics.CLIENT_BYTES_OUT, metrics.client_id_of(context)).inc(
                 total
@@ -176,6 +196,7 @@ class FetchRpcs(StorageCore):
         pr.log_start_offset = part.log_start_offset
         limit = fp.partition_max_bytes if fp.partition_max_bytes > 0 else budget
         limit = min(limit, budget)
+        pout.next_offset = fp.fetch_offset
         if limit <= 0 and not first:
             return 0
         lg = part.log
@@ -209,6 +230,7 @@ class FetchRpcs(StorageCore):
                 pr.aborted_transactions.add(producer_id=a.producer_id, first_offset=a.first_offset)
         if n:
             pout.records = result.data
+            pout.next_offset = result.next_offset
             if follower:
                 metrics.REPLICATION_BYTES_OUT.inc(n)
             else:
@@ -250,6 +272,29 @@ class FetchRpcs(StorageCore):
         if replica_id not in part.isr and self.on_out_of_sync_fetch is not None:
             self.on_out_of_sync_fetch()
         return True
+
+
+class FollowStep:
+    """One answer of a followed request: what to read, and where each partition goes on."""
+
+    __slots__ = ("next_offsets", "request")
+
+    def __init__(self, request: pb.FetchRequest) -> None:
+        self.request = request
+        self.next_offsets: list[int] = []
+
+    def following(self) -> FollowStep | None:
+        """The next step, reading from where this one's answer ended; None when a partition
+        failed (the follow ends there)."""
+        if not self.next_offsets or min(self.next_offsets) < 0:
+            return None
+        request = pb.FetchRequest()
+        request.CopyFrom(self.request)
+        it = iter(self.next_offsets)
+        for ft in request.topics:
+            for fp in ft.partitions:
+                fp.fetch_offset = next(it)
+        return FollowStep(request)
 
 
 def _fetch_keys(request: pb.FetchRequest) -> list[tuple[str, int]]:

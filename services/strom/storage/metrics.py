@@ -83,6 +83,11 @@ FETCH_REQUESTS = Counter(
     "Fetch requests by kind of fetcher (consumer or follower replica)",
     ["kind"],
 )
+FETCH_FOLLOWED = Counter(
+    "strom_storage_fetch_followed",
+    "Consumer fetches a node started without a request: the continuations of followed "
+    "FetchStream requests (FetchRequest.follow), each answered as a Fetch",
+)
 REQUEST_LATENCY = Histogram(
     "strom_storage_request_latency_seconds",
     "Time to answer a StorageService RPC (Fetch includes its long-poll wait), by RPC and "

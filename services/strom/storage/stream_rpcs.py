@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from strom.api import storage_pb2
+from strom.security.interceptor import STREAM_REQUEST_DENIED
 from strom.storage import metrics
+from strom.storage.fetch_rpcs import FollowStep
 from strom.storage.rpc_base import StorageCore, _timed
 from strom.storage.wire import ProduceRequestView
 
@@ -42,6 +44,8 @@ pb = storage_pb2
 #: Produce requests of one stream started and not yet answered, at most; past it the node
 #: stops reading the stream (HTTP/2 flow control then holds the client back).
 PIPELINE = 32
+#: Sent with every FetchStream's headers: this node follows requests (FetchRequest.follow).
+FOLLOW_HEADER = "strom-fetch-follow"
 
 
 class StreamRpcs(StorageCore):
@@ -55,6 +59,8 @@ class StreamRpcs(StorageCore):
         async def _produce(self, request: Any, context: Any) -> pb.ProduceResponse: ...
 
         async def fetch_raw(self, request: pb.FetchRequest, context: Any) -> bytes: ...
+
+        async def fetch_followed(self, step: FollowStep, context: Any) -> bytes: ...
 
     def _release(self, admitted: int, _task: object) -> None:
         if self.admission is not None:
@@ -148,11 +154,39 @@ class StreamRpcs(StorageCore):
     async def fetch_stream(
         self, requests: AsyncIterator[pb.FetchRequest], context: Any
     ) -> AsyncIterator[bytes]:
-        """Answers a stream of Fetch requests one after another (long polls, as unary)."""
+        """Answers a stream of Fetch requests one after another (long polls, as unary).
+
+        A consumer's request with ``follow`` set is answered again and again, each time from
+        where the last answer ended (storage.proto, FetchRequest.follow), until an answer
+        has a partition error (then the next request is read) or the call ends. Why: a
+        consumer that keeps up otherwise sends a request after every answer, and an append
+        that lands while that request is on its way waits for it; followed, the node answers
+        the append as it lands and the consumer sends nothing. No request is read while a
+        follow goes on: the client ends a follow by cancelling the call. The node's shutdown
+        wakes the long poll; the stream then ends."""
+        # The header tells clients that this node follows (an older one ignores ``follow``).
+        await context.send_initial_metadata(((FOLLOW_HEADER, "1"),))
         metrics.OPEN_STREAMS.labels("FetchStream").inc()
         requests = aiter(requests)
         try:
             while (request := await self._next_request(requests)) is not None:
-                yield await self.fetch_raw(request, context)
+                if not request.follow or request.replica_id >= 0:
+                    yield await self.fetch_raw(request, context)
+                    continue
+                step: FollowStep | None = FollowStep(request)
+                while step is not None:
+                    yield await self.fetch_followed(step, context)
+                    if self.shutting_down:
+                        return
+                    step = step.following()
+                    if step is None:
+                        break
+                    metrics.FETCH_FOLLOWED.inc()
+                    # Authorized again each time, as a request would be: an ACL removed
+                    # during a follow ends it (as it refuses the next request).
+                    denied = STREAM_REQUEST_DENIED.get()
+                    why = denied(step.request) if denied is not None else None
+                    if why is not None:
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         finally:
             metrics.OPEN_STREAMS.labels("FetchStream").dec()

@@ -164,6 +164,10 @@ class FetchPartitionOut:
 
     message: pb.FetchPartitionResponse
     records: bytes | memoryview = b""
+    #: Where a read of this partition would go on after this answer (the end of the last
+    #: batch in ``records``; the fetch offset when there are none): a followed FetchStream
+    #: request continues from it. -1 when the partition failed or answered a divergence.
+    next_offset: int = -1
 
 
 @dataclass(slots=True)
