@@ -197,8 +197,24 @@ def test_a_followed_fetch_is_answered_again_from_where_each_answer_ended(
         while not later:
             later.extend(_records_of(next(answers)))
         assert later == [(8, b"a8")]
-        requests.close()  # ends nothing: a follow reads no requests
+        requests.close()  # ends nothing: a follow unbounded by follow_answers reads none
         answers.cancel()
+        # A bounded follow answers no more than it was granted: what lands meanwhile waits
+        # and goes out in one answer with the next grant.
+        requests = _Feed()
+        answers = stub.FetchStream(iter(requests))
+        bounded = fetch_request(topic, 9, max_wait_ms=20_000)
+        bounded.follow = True
+        bounded.follow_answers = 1
+        requests.put(bounded)
+        produce(b"a9")
+        assert _records_of(next(answers)) == [(9, b"a9")]
+        produce(b"a10")
+        produce(b"a11")  # both appended (acks=1) before the grant: one answer for both
+        requests.put(storage_pb2.FetchRequest(follow_answers=1))
+        assert _records_of(next(answers)) == [(10, b"a10"), (11, b"a11")]
+        requests.close()  # the grants end: so does the stream, once it needs one
+        assert list(answers) == []
         # An error ends a follow: the stream then answers the next request.
         requests = _Feed()
         answers = stub.FetchStream(iter(requests))
@@ -207,8 +223,8 @@ def test_a_followed_fetch_is_answered_again_from_where_each_answer_ended(
         requests.put(out_of_range)
         failed = next(answers).topics[0].partitions[0]
         assert failed.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
-        requests.put(fetch_request(topic, 8))
-        assert _records_of(next(answers)) == [(8, b"a8")]
+        requests.put(fetch_request(topic, 8, max_wait_ms=300))
+        assert _records_of(next(answers))[0] == (8, b"a8")
         requests.close()
         assert list(answers) == []
     assert _followed(cluster) >= before + 7

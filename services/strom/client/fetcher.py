@@ -146,6 +146,13 @@ INLINE_GRACE_S = 0.5
 FOLLOW_MIN_WAIT_MS = 20
 #: Header a node that follows FetchStream requests sends (older nodes ignore ``follow``).
 FOLLOW_HEADER = "strom-fetch-follow"
+#: Answers of a follow the node may send ahead of the application (``follow_answers``), and
+#: how many each grant adds back once that many were taken. A consumer that falls behind
+#: stops granting: the node holds what lands and sends it in one answer at the next grant,
+#: instead of queueing many small answers (each with its own cost) in front of it.
+FOLLOW_WINDOW = 4
+FOLLOW_GRANT = 2
+_GRANT = storage_pb2.FetchRequest(follow_answers=FOLLOW_GRANT)
 
 
 # -- the FetchResponse wire format -----------------------------------------------------------
@@ -587,6 +594,8 @@ class _Follow:
     offsets: dict[TopicPartition, int]
     #: The node said it follows (its header); checked once, after the first answer.
     confirmed: bool = False
+    #: Answers granted to the node and not taken yet.
+    granted: int = FOLLOW_WINDOW
 
 
 @dataclass(frozen=True, slots=True)
@@ -923,6 +932,7 @@ class Fetcher:
     def _start_follow(self, address: str, claims: list[_Claim], wait_ms: int) -> _Follow:
         request = self._request(claims, wait_ms)
         request.follow = True
+        request.follow_answers = FOLLOW_WINDOW
         stream = FollowStream(
             self._client.channel(address),
             storage_pb2.FetchRequest.SerializeToString,
@@ -1008,6 +1018,10 @@ class Fetcher:
                 return
             if batches:
                 offsets[tp] = batches[-1].header.next_offset
+        follow.granted -= 1
+        if follow.granted <= FOLLOW_WINDOW - FOLLOW_GRANT:
+            follow.granted += FOLLOW_GRANT
+            follow.stream.grant(_GRANT)
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until data, an error or a reset is waiting (or ``timeout_s`` passes)."""

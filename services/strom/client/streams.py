@@ -336,6 +336,10 @@ class FollowStream(_PingPong):
         finally:
             self.last_answer = time.monotonic()
 
+    def grant(self, request: Any) -> None:
+        """Send ``request`` on the stream: during a follow, a grant of more answers."""
+        self._requests.put(request)
+
     def header(self, name: str) -> str | None:
         """A header the node sent with the call (call it once an answer came: the headers
         came first, so this does not wait)."""

@@ -161,9 +161,11 @@ class StreamRpcs(StorageCore):
         has a partition error (then the next request is read) or the call ends. Why: a
         consumer that keeps up otherwise sends a request after every answer, and an append
         that lands while that request is on its way waits for it; followed, the node answers
-        the append as it lands and the consumer sends nothing. No request is read while a
-        follow goes on: the client ends a follow by cancelling the call. The node's shutdown
-        wakes the long poll; the stream then ends."""
+        the append as it lands and the consumer sends nothing but a grant now and then
+        (``follow_answers``: a consumer that falls behind stops granting, and what lands
+        meanwhile goes out in one answer instead of many queued small ones). Requests during
+        a follow are grants only: the client ends a follow by cancelling the call. The
+        node's shutdown wakes the long poll; the stream then ends."""
         # The header tells clients that this node follows (an older one ignores ``follow``).
         await context.send_initial_metadata(((FOLLOW_HEADER, "1"),))
         metrics.OPEN_STREAMS.labels("FetchStream").inc()
@@ -173,8 +175,18 @@ class StreamRpcs(StorageCore):
                 if not request.follow or request.replica_id >= 0:
                     yield await self.fetch_raw(request, context)
                     continue
+                # Answers the client still grants (None: no bound). A grant is read only
+                # when none is left: the stream's requests wait in gRPC's buffers till then.
+                granted = request.follow_answers if request.follow_answers > 0 else None
                 step: FollowStep | None = FollowStep(request)
                 while step is not None:
+                    if granted is not None:
+                        while granted <= 0:
+                            grant = await self._next_request(requests)
+                            if grant is None:
+                                return
+                            granted += max(grant.follow_answers, 1)
+                        granted -= 1
                     yield await self.fetch_followed(step, context)
                     if self.shutting_down:
                         return
