@@ -282,6 +282,36 @@ def test_a_caught_up_consumer_follows_and_seeks_and_pauses_end_the_follow(
         assert take(2) == [33, 34]
 
 
+def test_a_follow_of_several_partitions_keeps_each_one_in_order(cluster: LocalCluster) -> None:
+    """One followed request reads every caught-up partition of the node: records produced
+    to them in turn all come back, each partition's in order, none twice."""
+    topic = create_topic(cluster, "s-follow-many", partitions=3)
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    before = _followed(cluster)
+    with (
+        Producer(cluster.bootstrap, linger_ms=0) as producer,
+        Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer,
+    ):
+        consumer.assign(tps)
+        got: dict[int, list[bytes | None]] = {0: [], 1: [], 2: []}
+
+        def take(n: int) -> None:
+            want = sum(map(len, got.values())) + n
+
+            def more() -> bool:
+                for r in consumer.poll(timeout_ms=200):
+                    got[r.partition].append(r.value)
+                return sum(map(len, got.values())) >= want
+
+            wait_for(more, timeout=20, what=f"{n} more records")
+
+        for i in range(30):
+            producer.send(topic, f"m{i}".encode(), partition=i % 3).result(10)
+            take(1)
+        assert got == {p: [f"m{i}".encode() for i in range(p, 30, 3)] for p in range(3)}
+        assert _followed(cluster) >= before + 10
+
+
 def test_clients_hold_streams_while_open_and_let_them_go_when_closed(
     cluster: LocalCluster,
 ) -> None:
