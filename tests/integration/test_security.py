@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -447,3 +448,53 @@ def test_a_followed_fetch_ends_when_its_read_acl_is_removed(env: Env) -> None:
     assert "User:CN=alice is not allowed READ on topic 'followed'" in (
         refused.value.details() or ""
     )
+
+
+def test_a_consumer_that_is_no_super_user_follows_past_its_first_grants(env: Env) -> None:
+    """A consumer's followed fetch is granted more answers as it takes them (storage.proto,
+    FetchRequest.follow_answers); a grant reads nothing and needs no permission, so a
+    principal with READ on the topic only polls on, one record per answer, well past the
+    first window of answers."""
+    import re
+    import urllib.request
+
+    assert env.cluster is not None
+    node = env.cluster.nodes[0]
+
+    def followed() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics").read()
+        m = re.search(rb"^strom_storage_fetch_followed_total ([0-9.e+]+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("followed-on", partitions=1, replication_factor=1)
+    env.acls(allow("User:CN=alice", READ, TOPIC, "followed-on"))
+    tp = TopicPartition("followed-on", 0)
+    before = followed()
+    with (
+        Producer(env.bootstrap, linger_ms=0, **env.client(env.admin)) as producer,  # type: ignore[arg-type]
+        Consumer(env.bootstrap, auto_offset_reset="earliest", **env.client(env.alice)) as c,  # type: ignore[arg-type]
+    ):
+        c.assign([tp])
+        eventually(lambda: c.poll(timeout_ms=100))  # (the ACL may still be on its way)
+        fetcher = c._fetcher
+        starts: list[object] = []
+        real_start = fetcher._start_follow
+
+        def start(*args: Any) -> Any:
+            starts.append(args)
+            return real_start(*args)
+
+        fetcher._start_follow = start  # type: ignore[method-assign]
+        for i in range(24):
+            producer.send("followed-on", f"f{i}".encode(), partition=0).result(10)
+            got: list[bytes | None] = []
+            deadline = time.monotonic() + 20
+            while not got:  # every poll's error is raised here, none is retried away
+                assert time.monotonic() < deadline, f"record {i} never came"
+                got.extend(r.value for r in c.poll(timeout_ms=200))
+            assert got == [f"f{i}".encode()]
+    assert followed() >= before + 16  # past two windows of 8 answers: grants went through
+    # ... on one stream: a refused grant ends the stream after the window, and the consumer
+    # then has to start its follow again.
+    assert len(starts) <= 1

@@ -220,7 +220,10 @@ def test_a_followed_fetch_is_answered_again_from_where_each_answer_ended(
         answers = stub.FetchStream(iter(requests))
         out_of_range = fetch_request(topic, 1000, max_wait_ms=300)
         out_of_range.follow = True
+        out_of_range.follow_answers = 1
         requests.put(out_of_range)
+        # A grant sent before the client saw the error: skipped, not answered.
+        requests.put(storage_pb2.FetchRequest(replica_id=-1, follow_answers=1))
         failed = next(answers).topics[0].partitions[0]
         assert failed.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
         requests.put(fetch_request(topic, 8, max_wait_ms=300))

@@ -115,6 +115,13 @@ def test_rules_name_what_the_request_names() -> None:
     assert list(RULES["/strom.v1.StorageService/Fetch"](fetch)) == [
         (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)
     ]
+    # A grant to a followed fetch reads nothing, whatever its replica_id says.
+    grant = storage_pb2.FetchRequest(replica_id=0, follow_answers=4)
+    assert list(RULES["/strom.v1.StorageService/FetchStream"](grant)) == []
+    grant.follow = True  # (not a grant: a follow of nothing, by a "follower")
+    assert list(RULES["/strom.v1.StorageService/FetchStream"](grant)) == [
+        (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)
+    ]
     txn = coordinator_pb2.TxnOffsetCommitRequest(transactional_id="tx", group_id="g")
     txn.topics.add(topic="t")
     sub = records_pb2.SubscribeRequest(group_id="g", topics=["t"])

@@ -154,7 +154,11 @@ FOLLOW_HEADER = "strom-fetch-follow"
 #: 4/2 (6 pairs, docs/benchmarks.md 2026-11-28).
 FOLLOW_WINDOW = 8
 FOLLOW_GRANT = 4
-_GRANT = storage_pb2.FetchRequest(follow_answers=FOLLOW_GRANT)
+_GRANT = storage_pb2.FetchRequest(replica_id=-1, follow_answers=FOLLOW_GRANT)
+#: How much later than a poll's deadline a follow's next answer may be due and the follow
+#: still be kept: without it the second long poll of a ``poll(1000)`` at the default 500 ms
+#: wait missed by a few ms and the stream was cancelled and opened again.
+FOLLOW_SLACK_S = 0.02
 
 
 # -- the FetchResponse wire format -----------------------------------------------------------
@@ -969,7 +973,7 @@ class Fetcher:
             or not stream.usable()
             or len(claims) != len(follow.parts)
             # Its next answer is due by then: data, or an empty answer after its wait.
-            or stream.last_answer + stream.wait_s > now + timeout_s
+            or stream.last_answer + stream.wait_s > now + timeout_s + FOLLOW_SLACK_S
             # Not much shorter a wait than asked for (an idle consumer answered that often).
             or stream.wait_s * 2000.0 < wait_ms
         ):

@@ -53,6 +53,8 @@ def _anyone(req: Any) -> Iterable[Check]:
 
 
 def _fetch(req: Any) -> Iterable[Check]:
+    if not req.topics and req.follow_answers > 0 and not req.follow:
+        return []  # a grant to a followed fetch: reads nothing (storage.proto)
     if req.replica_id >= 0:  # a follower replicating: strom's own nodes only
         return [(Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)]
     return [(Op.READ, Res.TOPIC, t.topic) for t in req.topics]

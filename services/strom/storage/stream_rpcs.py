@@ -46,6 +46,13 @@ pb = storage_pb2
 PIPELINE = 32
 #: Sent with every FetchStream's headers: this node follows requests (FetchRequest.follow).
 FOLLOW_HEADER = "strom-fetch-follow"
+#: The shortest long poll of a followed request's continuations (storage.proto).
+FOLLOW_MIN_WAIT_MS = 20
+
+
+def _is_grant(request: pb.FetchRequest) -> bool:
+    """A grant of more answers to a follow (storage.proto, FetchRequest.follow_answers)."""
+    return not request.topics and request.follow_answers > 0 and not request.follow
 
 
 class StreamRpcs(StorageCore):
@@ -172,13 +179,20 @@ class StreamRpcs(StorageCore):
         requests = aiter(requests)
         try:
             while (request := await self._next_request(requests)) is not None:
+                if _is_grant(request):
+                    continue  # for a follow that has ended (on an error): nothing to answer
                 if not request.follow or request.replica_id >= 0:
                     yield await self.fetch_raw(request, context)
                     continue
+                if request.max_wait_ms < FOLLOW_MIN_WAIT_MS:
+                    # Every continuation is a long poll of at least this: a follow must not
+                    # have the node answer an idle partition in a tight loop.
+                    request.max_wait_ms = FOLLOW_MIN_WAIT_MS
                 # Answers the client still grants (None: no bound). A grant is read only
                 # when none is left: the stream's requests wait in gRPC's buffers till then.
                 granted = request.follow_answers if request.follow_answers > 0 else None
                 step: FollowStep | None = FollowStep(request)
+                first = True
                 while step is not None:
                     if granted is not None:
                         while granted <= 0:
@@ -187,18 +201,19 @@ class StreamRpcs(StorageCore):
                                 return
                             granted += max(grant.follow_answers, 1)
                         granted -= 1
+                    if not first:
+                        # Authorized again each time, as a request would be, and after any
+                        # wait for a grant: an ACL removed during a follow ends it (as it
+                        # refuses the next request).
+                        denied = STREAM_REQUEST_DENIED.get()
+                        why = denied(step.request) if denied is not None else None
+                        if why is not None:
+                            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                        metrics.FETCH_FOLLOWED.inc()
+                    first = False
                     yield await self.fetch_followed(step, context)
                     if self.shutting_down:
                         return
                     step = step.following()
-                    if step is None:
-                        break
-                    metrics.FETCH_FOLLOWED.inc()
-                    # Authorized again each time, as a request would be: an ACL removed
-                    # during a follow ends it (as it refuses the next request).
-                    denied = STREAM_REQUEST_DENIED.get()
-                    why = denied(step.request) if denied is not None else None
-                    if why is not None:
-                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         finally:
             metrics.OPEN_STREAMS.labels("FetchStream").dec()
