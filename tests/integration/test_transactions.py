@@ -397,3 +397,61 @@ def test_a_prepared_transaction_is_completed_by_another_process(cluster: LocalCl
             again.init_transactions()  # aborts what the prepared instance left open
         wait_for(lambda: rc.end_offsets([tp])[tp] == 6, timeout=30, what="every marker")
     assert [v for _, v in _read(cluster, "prepared", "read_committed")] == [b"committed"]
+
+
+def test_a_caught_up_read_committed_consumer_follows_commits_and_skips_aborts(
+    cluster: LocalCluster,
+) -> None:
+    """A read_committed consumer that keeps up follows its long poll (storage.proto,
+    FetchRequest.follow): each continuation reads up to the last stable offset and goes on
+    from the end of what it returned, aborted batches and markers included, so every
+    committed record arrives once, in order, and no aborted one."""
+    import re
+    import urllib.request
+
+    def followed() -> float:
+        total = 0.0
+        for node in cluster.nodes:
+            try:
+                text = urllib.request.urlopen(
+                    f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5
+                ).read()
+            except OSError:
+                continue  # (a node another test stopped)
+            m = re.search(rb"^strom_storage_fetch_followed_total ([0-9.e+]+)$", text, re.M)
+            total += float(m.group(1)) if m else 0.0
+        return total
+
+    _topic(cluster, "followed-txn", partitions=1)
+    tp = TopicPartition("followed-txn", 0)
+    before = followed()
+    committed: list[bytes] = []
+    got: list[bytes | None] = []
+    with (
+        Consumer(
+            cluster.bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
+        ) as c,
+        Producer(cluster.bootstrap, transactional_id="followed-tx") as p,
+    ):
+        c.assign([tp])
+        assert c.poll(timeout_ms=300) == []  # caught up (the topic is empty)
+        p.init_transactions()
+        for t in range(8):
+            values = [f"t{t}-{k}".encode() for k in range(3)]
+            p.begin_transaction()
+            for v in values:
+                p.send("followed-txn", v, partition=0)
+            if t % 2:
+                p.abort_transaction()
+                continue
+            p.commit_transaction()
+            committed.extend(values)
+
+            def more() -> bool:
+                got.extend(r.value for r in c.poll(timeout_ms=200))
+                return len(got) >= len(committed)
+
+            wait_for(more, timeout=20, what=f"transaction {t}'s records")
+        assert c.poll(timeout_ms=300) == []
+    assert got == committed
+    assert followed() >= before + 3
