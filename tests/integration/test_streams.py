@@ -136,12 +136,14 @@ def test_fetch_requests_on_one_stream_are_answered_in_order_long_polls_included(
         # A long poll at the end of the log is answered when a record arrives.
         requests.put(fetch_request(topic, 3, max_wait_ms=20_000))
         t0 = time.monotonic()
-        threading.Timer(
+        late = threading.Timer(
             0.3, lambda: list(stub.ProduceStream(iter([produce_request(topic, b"late")])))
-        ).start()
+        )
+        late.start()
         batch = next(answers).topics[0].partitions[0]
         assert _first_offset(batch.records) == 3
         assert time.monotonic() - t0 < 15  # answered by the append, not by max_wait_ms
+        late.join(10)  # (its stream ends after the answer: not cancelled by the client's close)
         requests.close()
         assert list(answers) == []  # the node ends the stream when the requests end
 
