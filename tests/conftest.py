@@ -19,6 +19,8 @@ settings, start their own with ``make_cluster``. Topic names are unique per test
 from __future__ import annotations
 
 import itertools
+import re
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -142,6 +144,16 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
 
 
 TopicFactory = Callable[..., str]
+
+
+def member_metric(member: Any, name: str, **labels: str) -> float:
+    """One sample of a cluster member's /metrics (a counter by its exposed ``_total`` name);
+    0 when it has none yet."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{member.metrics_port}/metrics", timeout=5)
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "")
+    found = re.search(r"^" + pattern + r" (\S+)$", text.read().decode(), re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def create_topic(

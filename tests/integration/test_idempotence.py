@@ -5,8 +5,6 @@ was killed), gaps and fenced epochs are refused. Waits are on conditions, never 
 
 from __future__ import annotations
 
-import re
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -14,10 +12,11 @@ import pytest
 from strom.api import common_pb2, storage_pb2
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
-from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import is_retriable
 from strom.record import decode_records, encode_batch
+from tests.conftest import member_metric
 
 pytestmark = pytest.mark.integration
 E = common_pb2.ErrorCode
@@ -129,14 +128,6 @@ def _values(client: ClusterClient) -> list[bytes]:
         offset = recs[-1].offset + 1
 
 
-def _metric(m: Member, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{m.metrics_port}/metrics").read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "")
-    found = re.search(r"^" + pattern + r" (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
-
-
 def test_ids_retries_gaps_and_fencing(cluster: LocalCluster) -> None:
     n1, n2 = cluster.node(1), cluster.node(2)
     with ClusterClient(cluster.bootstrap, retry_s=20) as client:
@@ -157,9 +148,9 @@ def test_ids_retries_gaps_and_fencing(cluster: LocalCluster) -> None:
         gap = _produce(client, _batch(pid, 0, 4))
         assert gap.error_code == E.OUT_OF_ORDER_SEQUENCE and gap.base_offset == -1
         leader = cluster.node(_state(cluster)[0])
-        assert _metric(leader, "strom_storage_producer_duplicate_batches_total") >= 1
+        assert member_metric(leader, "strom_storage_producer_duplicate_batches_total") >= 1
         assert (
-            _metric(
+            member_metric(
                 leader,
                 "strom_storage_producer_rejected_batches_total",
                 error="OUT_OF_ORDER_SEQUENCE",

@@ -39,6 +39,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import AuthorizationError, StromError
 from strom.security import ChannelSecurity
+from tests.conftest import member_metric
 
 pytestmark = pytest.mark.integration
 
@@ -455,16 +456,11 @@ def test_a_consumer_that_is_no_super_user_follows_past_its_first_grants(env: Env
     FetchRequest.follow_answers); a grant reads nothing and needs no permission, so a
     principal with READ on the topic only polls on, one record per answer, well past the
     first window of answers."""
-    import re
-    import urllib.request
-
     assert env.cluster is not None
     node = env.cluster.nodes[0]
 
     def followed() -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics").read()
-        m = re.search(rb"^strom_storage_fetch_followed_total ([0-9.e+]+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+        return member_metric(node, "strom_storage_fetch_followed_total")
 
     with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
         admin.create_topic("followed-on", partitions=1, replication_factor=1)

@@ -41,7 +41,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
 from strom.record import encode_batch
-from tests.conftest import create_topic, module_cluster
+from tests.conftest import create_topic, member_metric, module_cluster
 
 from .grpc_proxy import cluster_behind_proxy
 
@@ -94,7 +94,7 @@ def node_metric(node: Any, family_name: str, label: str) -> dict[str, float]:
         if family.name == family_name:
             for s in family.samples:
                 if family.type != "counter" or s.name.endswith("_total"):
-                    out[s.labels.get(label, "")] = s.value
+                    out[s.labels[label]] = s.value
     return out
 
 
@@ -150,7 +150,7 @@ def test_fetch_requests_on_one_stream_are_answered_in_order_long_polls_included(
 
 def _followed(cluster: LocalCluster) -> float:
     """The node's count of fetches it started without a request (followed requests)."""
-    return node_metric(cluster.nodes[0], "strom_storage_fetch_followed", "x").get("", 0.0)
+    return member_metric(cluster.nodes[0], "strom_storage_fetch_followed_total")
 
 
 def _records_of(answer: storage_pb2.FetchResponse) -> list[tuple[int, bytes | None]]:
@@ -175,12 +175,17 @@ def test_a_followed_fetch_is_answered_again_from_where_each_answer_ended(
         def produce(*values: bytes) -> None:
             list(stub.ProduceStream(iter([produce_request(topic, v) for v in values])))
 
+        def follow(offset: int, max_wait_ms: int, answers: int = 0) -> tuple[Any, Any]:
+            """A new FetchStream carrying a followed request: (its request feed, answers)."""
+            request = fetch_request(topic, offset, max_wait_ms)
+            request.follow = True
+            request.follow_answers = answers
+            feed = _Feed()
+            feed.put(request)
+            return feed, stub.FetchStream(iter(feed))
+
         produce(b"a0", b"a1")  # two batches before the follow starts
-        requests: Any = _Feed()
-        answers = stub.FetchStream(iter(requests))
-        follow = fetch_request(topic, 0, max_wait_ms=300)
-        follow.follow = True
-        requests.put(follow)
+        requests, answers = follow(0, max_wait_ms=300)
         assert _records_of(next(answers)) == [(0, b"a0"), (1, b"a1")]
         assert ("strom-fetch-follow", "1") in tuple(answers.initial_metadata())
         got: list[tuple[int, bytes | None]] = []
@@ -203,27 +208,17 @@ def test_a_followed_fetch_is_answered_again_from_where_each_answer_ended(
         answers.cancel()
         # A bounded follow answers no more than it was granted: what lands meanwhile waits
         # and goes out in one answer with the next grant.
-        requests = _Feed()
-        answers = stub.FetchStream(iter(requests))
-        bounded = fetch_request(topic, 9, max_wait_ms=20_000)
-        bounded.follow = True
-        bounded.follow_answers = 1
-        requests.put(bounded)
+        requests, answers = follow(9, max_wait_ms=20_000, answers=1)
         produce(b"a9")
         assert _records_of(next(answers)) == [(9, b"a9")]
         produce(b"a10")
         produce(b"a11")  # both appended (acks=1) before the grant: one answer for both
-        requests.put(storage_pb2.FetchRequest(follow_answers=1))
+        requests.put(storage_pb2.FetchRequest(replica_id=-1, follow_answers=1))
         assert _records_of(next(answers)) == [(10, b"a10"), (11, b"a11")]
         requests.close()  # the grants end: so does the stream, once it needs one
         assert list(answers) == []
         # An error ends a follow: the stream then answers the next request.
-        requests = _Feed()
-        answers = stub.FetchStream(iter(requests))
-        out_of_range = fetch_request(topic, 1000, max_wait_ms=300)
-        out_of_range.follow = True
-        out_of_range.follow_answers = 1
-        requests.put(out_of_range)
+        requests, answers = follow(1000, max_wait_ms=300, answers=1)
         # A grant sent before the client saw the error: skipped, not answered.
         requests.put(storage_pb2.FetchRequest(replica_id=-1, follow_answers=1))
         failed = next(answers).topics[0].partitions[0]

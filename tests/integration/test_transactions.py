@@ -15,6 +15,7 @@ min.insync.replicas=2.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -32,7 +33,7 @@ from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import ProducerFencedError, StromError
-from tests.conftest import create_topic
+from tests.conftest import create_topic, member_metric
 
 pytestmark = pytest.mark.integration
 PIPELINE = Path(__file__).with_name("txn_pipeline_proc.py")
@@ -406,20 +407,12 @@ def test_a_caught_up_read_committed_consumer_follows_commits_and_skips_aborts(
     FetchRequest.follow): each continuation reads up to the last stable offset and goes on
     from the end of what it returned, aborted batches and markers included, so every
     committed record arrives once, in order, and no aborted one."""
-    import re
-    import urllib.request
 
     def followed() -> float:
         total = 0.0
         for node in cluster.nodes:
-            try:
-                text = urllib.request.urlopen(
-                    f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5
-                ).read()
-            except OSError:
-                continue  # (a node another test stopped)
-            m = re.search(rb"^strom_storage_fetch_followed_total ([0-9.e+]+)$", text, re.M)
-            total += float(m.group(1)) if m else 0.0
+            with contextlib.suppress(OSError):  # (a node another test stopped)
+                total += member_metric(node, "strom_storage_fetch_followed_total")
         return total
 
     _topic(cluster, "followed-txn", partitions=1)

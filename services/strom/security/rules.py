@@ -52,9 +52,15 @@ def _anyone(req: Any) -> Iterable[Check]:
     return ()
 
 
+def is_fetch_grant(req: Any) -> bool:
+    """A FetchStream request that only grants a followed fetch more answers (storage.proto,
+    FetchRequest.follow_answers): no topics, so it reads nothing and needs no permission."""
+    return not req.topics and req.follow_answers > 0 and not req.follow
+
+
 def _fetch(req: Any) -> Iterable[Check]:
-    if not req.topics and req.follow_answers > 0 and not req.follow:
-        return []  # a grant to a followed fetch: reads nothing (storage.proto)
+    if is_fetch_grant(req):
+        return []
     if req.replica_id >= 0:  # a follower replicating: strom's own nodes only
         return [(Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)]
     return [(Op.READ, Res.TOPIC, t.topic) for t in req.topics]

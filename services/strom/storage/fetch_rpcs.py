@@ -275,7 +275,7 @@ class FetchRpcs(StorageCore):
 
 
 class FollowStep:
-    """One answer of a followed request: what to read, and where each partition goes on."""
+    """A followed request: what its next answer reads, and where the last one ended."""
 
     __slots__ = ("next_offsets", "request")
 
@@ -283,18 +283,18 @@ class FollowStep:
         self.request = request
         self.next_offsets: list[int] = []
 
-    def following(self) -> FollowStep | None:
-        """The next step, reading from where this one's answer ended; None when a partition
-        failed (the follow ends there)."""
-        if not self.next_offsets or min(self.next_offsets) < 0:
-            return None
-        request = pb.FetchRequest()
-        request.CopyFrom(self.request)
-        it = iter(self.next_offsets)
-        for ft in request.topics:
+    def advance(self) -> bool:
+        """Move the request on to where the last answer ended; False when a partition failed
+        (the follow ends there)."""
+        offsets = self.next_offsets
+        if not offsets or min(offsets) < 0:
+            return False
+        it = iter(offsets)
+        for ft in self.request.topics:
             for fp in ft.partitions:
                 fp.fetch_offset = next(it)
-        return FollowStep(request)
+        self.next_offsets = []
+        return True
 
 
 def _fetch_keys(request: pb.FetchRequest) -> list[tuple[str, int]]:

@@ -34,6 +34,7 @@ import grpc
 
 from strom.api import storage_pb2
 from strom.security.interceptor import STREAM_REQUEST_DENIED
+from strom.security.rules import is_fetch_grant
 from strom.storage import metrics
 from strom.storage.fetch_rpcs import FollowStep
 from strom.storage.rpc_base import StorageCore, _timed
@@ -48,11 +49,6 @@ PIPELINE = 32
 FOLLOW_HEADER = "strom-fetch-follow"
 #: The shortest long poll of a followed request's continuations (storage.proto).
 FOLLOW_MIN_WAIT_MS = 20
-
-
-def _is_grant(request: pb.FetchRequest) -> bool:
-    """A grant of more answers to a follow (storage.proto, FetchRequest.follow_answers)."""
-    return not request.topics and request.follow_answers > 0 and not request.follow
 
 
 class StreamRpcs(StorageCore):
@@ -179,7 +175,7 @@ class StreamRpcs(StorageCore):
         requests = aiter(requests)
         try:
             while (request := await self._next_request(requests)) is not None:
-                if _is_grant(request):
+                if is_fetch_grant(request):
                     continue  # for a follow that has ended (on an error): nothing to answer
                 if not request.follow or request.replica_id >= 0:
                     yield await self.fetch_raw(request, context)
@@ -191,9 +187,9 @@ class StreamRpcs(StorageCore):
                 # Answers the client still grants (None: no bound). A grant is read only
                 # when none is left: the stream's requests wait in gRPC's buffers till then.
                 granted = request.follow_answers if request.follow_answers > 0 else None
-                step: FollowStep | None = FollowStep(request)
+                step = FollowStep(request)
                 first = True
-                while step is not None:
+                while True:
                     if granted is not None:
                         while granted <= 0:
                             grant = await self._next_request(requests)
@@ -214,6 +210,7 @@ class StreamRpcs(StorageCore):
                     yield await self.fetch_followed(step, context)
                     if self.shutting_down:
                         return
-                    step = step.following()
+                    if not step.advance():
+                        break
         finally:
             metrics.OPEN_STREAMS.labels("FetchStream").dec()
