@@ -10,11 +10,13 @@ served.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import dataclasses
 import mmap
 import os
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,6 +35,9 @@ _IOV_MAX = 1024
 #: Suffix of segment files waiting for their ``file.delete.delay.ms`` before the unlink.
 DELETED_SUFFIX = ".deleted"
 _FALLOC_FL_KEEP_SIZE = 1
+#: At most this many of the newest batches keep their exact position in memory (see
+#: :meth:`LogSegment.locate`); when full, the older half is dropped.
+TAIL_BATCHES = 128
 
 
 def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
@@ -80,6 +85,10 @@ class LogSegment:
         self.roll_jitter_ms = 0  # segment.jitter.ms: this segment rolls this much earlier
         self.preallocated = False
         self._bytes_since_index = 0
+        # The newest batches in file order (base offsets, positions): a suffix of the
+        # segment's batches, restarted at each offset-index entry, at most TAIL_BATCHES.
+        self._tail_bases = array("q")
+        self._tail_positions = array("q")
         self.closed = False
 
     # -- preallocation (the preallocate config) ---------------------------------------------
@@ -146,6 +155,8 @@ class LogSegment:
         if not self.index.rel or self._bytes_since_index >= self.index_interval_bytes:
             self.index.append(h.base_offset, position)
             self._bytes_since_index = 0
+            self._set_tail(())
+        self._add_tail(h.base_offset, position)
         self._bytes_since_index += h.size
         self.time_index.maybe_append(h.max_timestamp, h.base_offset)
         if self.first_batch_timestamp < 0:
@@ -196,12 +207,32 @@ class LogSegment:
         for p in (self.log_path, self.index.path, self.time_index.path):
             p.unlink(missing_ok=True)
 
+    # -- the newest batches' positions ------------------------------------------------------
+
+    def _add_tail(self, base: int, position: int) -> None:
+        if len(self._tail_bases) >= TAIL_BATCHES:
+            half = TAIL_BATCHES // 2
+            del self._tail_bases[:half], self._tail_positions[:half]
+        self._tail_bases.append(base)
+        self._tail_positions.append(position)
+
+    def _set_tail(self, headers: Sequence[BatchHeader]) -> None:
+        """The newest batches are ``headers`` (file positions, in file order, ending at EOF)."""
+        self._tail_bases = array("q")
+        self._tail_positions = array("q")
+        for h in headers[-TAIL_BATCHES:]:
+            self._add_tail(h.base_offset, h.position)
+
     # -- reading ---------------------------------------------------------------------------
 
     def _header_at(self, position: int) -> BatchHeader:
+        return dataclasses.replace(self._read_header_at(position), position=position)
+
+    def _read_header_at(self, position: int) -> BatchHeader:
+        """The header of the batch at file ``position`` (its ``position`` field left at 0)."""
         raw = os.pread(self.fd, HEADER_SIZE, position)
         try:
-            return dataclasses.replace(read_header(raw, 0), position=position)
+            return read_header(raw, 0)
         except InvalidBatchError as exc:
             raise CorruptLogError(f"{self.log_path}: {exc} at position {position}") from None
 
@@ -210,9 +241,16 @@ class LogSegment:
         it; None when the segment holds nothing at or after ``offset``."""
         if offset >= self.next_offset:
             return None
+        bases = self._tail_bases
+        if bases and offset >= bases[0]:
+            # A caught-up reader asks for one of the newest batches: its position is known,
+            # where the offset index would leave a walk over up to index.interval.bytes of
+            # headers (a pread each). The read that follows checks the base offset found.
+            i = bisect.bisect_right(bases, offset) - 1
+            return self._tail_positions[i], bases[i]
         expected, pos = self.index.lookup(offset)
         while pos < self.size:
-            h = self._header_at(pos)
+            h = self._read_header_at(pos)
             if h.base_offset != expected:
                 raise CorruptLogError(
                     f"{self.log_path}: batch at position {pos} has base offset "
@@ -248,6 +286,11 @@ class LogSegment:
             if len(view) - pos < HEADER_SIZE:
                 break
             h = read_header(view, pos)
+            if h.base_offset != expected:  # before the bound: a bad offset must not end a read
+                raise CorruptLogError(
+                    f"{self.log_path} position {position + pos}: batch base offset "
+                    f"{h.base_offset} breaks the offset sequence (expected {expected})"
+                )
             if h.base_offset >= max_offset:
                 break
             if h.size > len(view) - pos:
@@ -325,6 +368,7 @@ class LogSegment:
         self.max_timestamp = -1
         self.first_batch_timestamp = -1
         self._bytes_since_index = 0
+        self._set_tail(())
         valid = 0
         if self.size:
             with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mm:
@@ -395,6 +439,7 @@ class LogSegment:
             self.created_ms = self.first_batch_timestamp
         for h in tail:
             self._bytes_since_index += h.size
+        self._set_tail(tail)
         return True
 
     def truncate_to(self, offset: int) -> int:
@@ -413,9 +458,11 @@ class LogSegment:
             self.next_offset = self.base_offset
             self.max_timestamp = -1
             self.first_batch_timestamp = -1
+            self._set_tail(())
         else:
             last_base, ipos = self.index.last()
             tail = self.batch_headers(ipos)
+            self._set_tail(tail)
             self.next_offset = tail[-1].next_offset if tail else last_base
             self.max_timestamp = max(
                 [self.time_index.max_timestamp] + [h.max_timestamp for h in tail]
