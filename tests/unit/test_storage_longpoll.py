@@ -87,3 +87,49 @@ def test_needed_is_at_least_one_byte() -> None:
         assert w.woken
 
     run(main())
+
+
+def test_a_wake_up_reaches_the_parked_fetch_in_one_pass_of_the_loop() -> None:
+    """An append's notification resumes the waiting fetch at the loop's next pass, not after
+    further callbacks queued behind whatever else the loop has to do."""
+
+    async def main() -> None:
+        reg = WaiterRegistry()
+        w = reg.park([("t", 0)], needed=1)
+        waiting = asyncio.ensure_future(reg.wait(w, 10.0))
+        await asyncio.sleep(0)  # the fetch is now parked on its future
+        assert not waiting.done()
+        reg.notify(("t", 0), 1)
+        await asyncio.sleep(0)  # one pass: the fetch ran before this task resumed
+        assert waiting.done() and waiting.result() is True
+        reg.unpark(w)
+
+    run(main())
+
+
+def test_a_cancelled_wait_leaves_nothing_behind() -> None:
+    """A fetch cancelled while parked (its stream ended) is not woken later, its timer is
+    gone, and a notification afterwards harms nothing."""
+
+    async def main() -> None:
+        reg = WaiterRegistry()
+        w = reg.park([("t", 0)], needed=1)
+        loop = asyncio.get_running_loop()
+
+        def live_timers() -> int:
+            return sum(not h.cancelled() for h in loop._scheduled)  # type: ignore[attr-defined]
+
+        timers = live_timers()
+        waiting = asyncio.ensure_future(reg.wait(w, 10.0))
+        await asyncio.sleep(0)
+        assert live_timers() == timers + 1  # the wait's timeout
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert waiting.cancelled() and not w.woken
+        assert live_timers() == timers
+        reg.notify(("t", 0), 5)
+        assert not w.woken
+        reg.unpark(w)
+        assert reg.waiting() == 0
+
+    run(main())

@@ -17,11 +17,12 @@ from collections.abc import Hashable, Iterable
 
 
 class Waiter:
-    """One parked fetch."""
+    """One parked fetch. Its future's result says how the wait ended: True woken, False
+    timed out (see :meth:`WaiterRegistry.wait`)."""
 
     __slots__ = ("future", "keys", "remaining")
 
-    def __init__(self, future: asyncio.Future[None], keys: tuple[Hashable, ...], needed: int):
+    def __init__(self, future: asyncio.Future[bool], keys: tuple[Hashable, ...], needed: int):
         self.future = future
         self.keys = keys
         self.remaining = max(needed, 1)
@@ -34,11 +35,17 @@ class Waiter:
 
     def wake(self) -> None:
         if not self.future.done():
-            self.future.set_result(None)
+            self.future.set_result(True)
 
     @property
     def woken(self) -> bool:
-        return self.future.done()
+        f = self.future
+        return f.done() and not f.cancelled() and f.result()
+
+
+def _time_out(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
 
 
 class WaiterRegistry:
@@ -103,14 +110,19 @@ class WaiterRegistry:
 
     @staticmethod
     async def wait(waiter: Waiter, timeout: float) -> bool:
-        """Wait until woken or ``timeout`` seconds pass; True if woken."""
-        if waiter.woken:
-            return True
+        """Wait until woken or ``timeout`` seconds pass; True if woken.
+
+        The fetch awaits the waiter's own future, which the timeout resolves with False:
+        an append's wake-up reaches the parked fetch in one pass of the event loop (with a
+        shielded future under ``asyncio.timeout``, two more callbacks stood between the
+        append and the fetch, behind whatever else the loop had queued meanwhile).
+        """
+        if waiter.future.done():
+            return waiter.woken
         if timeout <= 0:
             return False
+        timer = asyncio.get_running_loop().call_later(timeout, _time_out, waiter.future)
         try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(waiter.future)
-        except TimeoutError:
-            return waiter.woken
-        return True
+            return await waiter.future
+        finally:
+            timer.cancel()
