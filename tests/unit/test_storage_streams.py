@@ -116,3 +116,42 @@ def test_a_shed_request_ends_the_stream_after_the_answers_before_it() -> None:
         assert admission.inflight_bytes == 0  # "a"'s bytes given back
 
     asyncio.run(main())
+
+
+def test_the_fetches_an_append_woke_answer_before_its_produce_answer() -> None:
+    """A long poll the append woke (here: a task waiting on an event the append sets, as
+    the node's waiter registry does) runs before the stream hands the Produce answer out."""
+
+    async def main() -> None:
+        order: list[str] = []
+        woken = asyncio.Event()
+        arrived = asyncio.Event()
+
+        class Waking(Node):
+            async def _produce(self, request: Any, context: Any) -> storage_pb2.ProduceResponse:
+                woken.set()  # an append that lands: parked fetches wake, nothing suspends
+                resp = storage_pb2.ProduceResponse()
+                resp.topics.add(topic=request.name)
+                return resp
+
+        async def parked_fetch() -> None:
+            await woken.wait()
+            order.append("fetch answer")
+
+        async def requests() -> AsyncIterator[Any]:
+            await arrived.wait()  # the stream is idle, waiting for its next request
+            yield request("r0", 10)
+
+        async def answers() -> None:
+            async for _ in Waking().produce_stream(requests(), FakeContext()):
+                order.append("produce answer")
+
+        fetch = asyncio.ensure_future(parked_fetch())
+        stream = asyncio.ensure_future(answers())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        arrived.set()
+        await asyncio.wait_for(asyncio.gather(fetch, stream), 5)
+        assert order == ["fetch answer", "produce answer"]
+
+    asyncio.run(main())
