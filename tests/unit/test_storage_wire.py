@@ -11,9 +11,11 @@ import pytest
 from strom.api import common_pb2
 from strom.api import storage_pb2 as pb
 from strom.storage.wire import (
+    SMALL_REQUEST_BYTES,
     FetchPartitionOut,
     FetchTopicOut,
     WireError,
+    decode_produce_request,
     encode_fetch_response,
     parse_produce_request,
 )
@@ -45,6 +47,36 @@ def test_produce_request_parses_like_protobuf_without_copying_records() -> None:
     assert (p7.partition, p7.current_leader_epoch, bytes(p7.records)) == (7, 3, b"x")
     assert isinstance(p0.records, memoryview) and p0.records.obj is raw  # a view, not a copy
     assert view.topics[1].partitions == []
+
+
+@pytest.mark.parametrize("size", [1, SMALL_REQUEST_BYTES - 100, SMALL_REQUEST_BYTES + 1, 1 << 20])
+def test_the_servers_produce_decoder_reads_small_and_large_requests_alike(size: int) -> None:
+    """Small requests go to the generated parser, large ones to the zero-copy view; what the
+    servicer reads of them is the same."""
+    records = bytes(range(256)) * (size // 256) + b"r" * (size % 256)
+    req = pb.ProduceRequest(
+        acks=1,
+        timeout_ms=700,
+        topics=[
+            pb.ProduceTopicData(
+                topic="t",
+                partitions=[
+                    pb.ProducePartitionData(partition=2, records=records, current_leader_epoch=4)
+                ],
+            )
+        ],
+    )
+    raw = req.SerializeToString()
+    got = decode_produce_request(raw)
+    small = len(raw) <= SMALL_REQUEST_BYTES
+    assert isinstance(got, pb.ProduceRequest) is small
+    assert (got.acks, got.timeout_ms) == (1, 700)
+    ((topic, parts),) = [(t.topic, list(t.partitions)) for t in got.topics]
+    (p,) = parts
+    assert (topic, p.partition, p.current_leader_epoch) == ("t", 2, 4)
+    assert bytes(p.records) == records
+    if not small:
+        assert isinstance(p.records, memoryview) and p.records.obj is raw
 
 
 def test_unknown_fields_are_skipped_and_garbage_refused() -> None:

@@ -61,7 +61,7 @@ from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator
 from strom.storage.rpc_base import _Refusal, _throttle, _timed, _unexpected, add_handlers
 from strom.storage.stream_rpcs import StreamRpcs
-from strom.storage.wire import ProduceRequestView, parse_produce_request
+from strom.storage.wire import ProduceRequestView, decode_produce_request
 from strom.storage.writer import AppendWriter
 
 log = logging.getLogger("strom.storage.servicer")
@@ -340,8 +340,9 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
     """Register the servicer under ``strom.v1.StorageService``.
 
     Like the generated ``add_StorageServiceServicer_to_server``, except for the two bulk
-    methods: Produce requests are parsed by :func:`parse_produce_request` (record bytes not
-    copied) and Fetch answers are pre-serialized bytes from :meth:`StorageServicer.fetch_raw`.
+    methods: Produce requests are parsed by :func:`decode_produce_request` (a large one's
+    record bytes not copied) and Fetch answers are pre-serialized bytes from
+    :meth:`StorageServicer.fetch_raw`.
     """
     unary = grpc.unary_unary_rpc_method_handler
 
@@ -353,13 +354,13 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
     handlers = {
         "Produce": unary(
             servicer.Produce,
-            request_deserializer=parse_produce_request,
+            request_deserializer=decode_produce_request,
             response_serializer=pb.ProduceResponse.SerializeToString,
         ),
         "Fetch": unary(servicer.fetch_raw, request_deserializer=pb.FetchRequest.FromString),
         "ProduceStream": grpc.stream_stream_rpc_method_handler(
             servicer.produce_stream,
-            request_deserializer=parse_produce_request,
+            request_deserializer=decode_produce_request,
             response_serializer=pb.ProduceResponse.SerializeToString,
         ),
         "FetchStream": grpc.stream_stream_rpc_method_handler(

@@ -102,6 +102,21 @@ class ProduceRequestView:
     topics: list[ProduceTopicView] = field(default_factory=list)
 
 
+#: Produce requests up to this size are parsed by the generated (C) parser instead.
+SMALL_REQUEST_BYTES = 16 * 1024
+
+
+def decode_produce_request(data: bytes) -> pb.ProduceRequest | ProduceRequestView:
+    """The server's deserializer for Produce: a small request by the generated parser (the
+    C one: 1-3 µs, where walking the fields in Python takes 13-16 µs; each read of a small
+    request's ``records`` copies it, well under a µs), a large one by
+    :func:`parse_produce_request` (its record bytes never copied). The servicer reads both
+    alike."""
+    if len(data) <= SMALL_REQUEST_BYTES:
+        return pb.ProduceRequest.FromString(data)
+    return parse_produce_request(data)
+
+
 def parse_produce_request(data: bytes) -> ProduceRequestView:
     """Parse a serialized ProduceRequest; record bytes stay in ``data`` (memoryviews)."""
     buf = memoryview(data)
