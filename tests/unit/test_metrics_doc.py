@@ -10,8 +10,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from strom.api import controller_pb2, coordinator_pb2
+from strom.api import controller_pb2, coordinator_pb2, storage_pb2
 from strom.coordinator import metrics as coord_metrics
 from strom.coordinator.group import GroupState
 from strom.service.metrics import result_code
@@ -86,6 +87,20 @@ def test_result_code_is_the_request_error_else_the_first_item_error() -> None:
     nested = coordinator_pb2.OffsetCommitResponse()
     nested.topics.add(topic="t").partitions.add(partition=0, error_code=25)
     assert result_code(nested) == 25
+
+
+def test_result_code_reads_each_object_by_its_own_fields() -> None:
+    """Protobuf types are looked up once per type; other objects are asked each time, so
+    two objects of one plain type with different fields are both read right."""
+    produce = storage_pb2.ProduceResponse()
+    produce.topics.add(topic="t").partitions.add(partition=0)
+    assert result_code(produce) == 0
+    produce.topics.add(topic="u").partitions.add(partition=1, error_code=6)
+    assert result_code(produce) == 6
+    assert result_code(SimpleNamespace()) == 0
+    assert result_code(SimpleNamespace(error_code=7)) == 7
+    nested = SimpleNamespace(topics=[SimpleNamespace(partitions=[SimpleNamespace(error_code=3)])])
+    assert result_code(nested) == 3
 
 
 def test_rebalance_tracker_counts_and_times_each_rebalance_once() -> None:

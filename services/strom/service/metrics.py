@@ -106,21 +106,42 @@ def result_code(
     """The outcome of an RPC: its whole-request error, else the first item's error (NONE = 0).
 
     Nested items (``topics[].partitions[]``) are looked at one level deep, as the answers
-    of strom's admin and group RPCs are shaped.
+    of strom's admin and group RPCs are shaped. Runs once per request on the node's hot
+    path: which fields a message type has is looked up once per type (a ``getattr`` of a
+    field a protobuf message does not have raises inside, ~13 µs per Produce answer).
     """
-    code = int(getattr(resp, "error_code", 0) or 0)
+    code = int(getattr(resp, "error_code", 0) or 0) if _has(resp, "error_code") else 0
     if code:
         return code
     for name in fields:
-        for item in getattr(resp, name, ()):
-            code = int(getattr(item, "error_code", 0) or 0)
+        if not _has(resp, name):
+            continue
+        for item in getattr(resp, name):
+            code = int(getattr(item, "error_code", 0) or 0) if _has(item, "error_code") else 0
             if code:
                 return code
-            for sub in getattr(item, "partitions", ()):
-                code = int(getattr(sub, "error_code", 0) or 0)
-                if code:
-                    return code
+            if _has(item, "partitions"):
+                for sub in item.partitions:
+                    code = int(getattr(sub, "error_code", 0) or 0) if _has(sub, "error_code") else 0
+                    if code:
+                        return code
     return 0
+
+
+_HAS: dict[tuple[type, str], bool] = {}
+
+
+def _has(obj: Any, name: str) -> bool:
+    """Whether ``obj`` has the field ``name``: for a protobuf message, its type's descriptor
+    says (cached per type); anything else is asked each time."""
+    key = (type(obj), name)
+    known = _HAS.get(key)
+    if known is None:
+        fields = getattr(getattr(type(obj), "DESCRIPTOR", None), "fields_by_name", None)
+        if fields is None:
+            return hasattr(obj, name)
+        known = _HAS[key] = name in fields
+    return known
 
 
 def timed_rpcs(
