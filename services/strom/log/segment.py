@@ -286,7 +286,9 @@ class LogSegment:
             if len(view) - pos < HEADER_SIZE:
                 break
             h = read_header(view, pos)
-            if h.base_offset != expected:  # before the bound: a bad offset must not end a read
+            # The offset sequence is checked before the bound (the rest in _verify): a
+            # damaged base offset must raise, not end the read early.
+            if h.base_offset != expected:
                 raise CorruptLogError(
                     f"{self.log_path} position {position + pos}: batch base offset "
                     f"{h.base_offset} breaks the offset sequence (expected {expected})"
@@ -302,7 +304,7 @@ class LogSegment:
                     h = read_header(view, 0)
                 else:
                     break
-            self._verify(h, view, expected, epoch_for, position)
+            self._verify(h, view, epoch_for, position)
             expected = h.next_offset
             pos += h.size
             if pos >= max_bytes:
@@ -315,7 +317,6 @@ class LogSegment:
         self,
         h: BatchHeader,
         view: memoryview,
-        expected: int,
         epoch_for: EpochLookup,
         file_position: int,
     ) -> None:
@@ -324,11 +325,6 @@ class LogSegment:
             check_header(h, view, max_batch_bytes=self.max_batch_bytes)
         except InvalidBatchError as exc:
             raise CorruptLogError(f"{where}: {exc}") from None
-        if h.base_offset != expected:
-            raise CorruptLogError(
-                f"{where}: batch base offset {h.base_offset} breaks the offset sequence "
-                f"(expected {expected})"
-            )
         if h.partition_leader_epoch != epoch_for(h.base_offset):
             raise CorruptLogError(
                 f"{where}: batch leader epoch {h.partition_leader_epoch} does not match the "

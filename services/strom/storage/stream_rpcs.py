@@ -101,7 +101,7 @@ class StreamRpcs(StorageCore):
             waiting.discard(task)
 
     async def produce_stream(
-        self, requests: AsyncIterator[ProduceRequestView], context: Any
+        self, requests: AsyncIterator[storage_pb2.ProduceRequest | ProduceRequestView], context: Any
     ) -> AsyncIterator[pb.ProduceResponse]:
         """Answers a stream of Produce requests in order (see the module docstring)."""
         started: asyncio.Queue[asyncio.Future[pb.ProduceResponse] | str | None] = asyncio.Queue(
