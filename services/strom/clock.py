@@ -7,10 +7,17 @@ without touching the machine's clock: when ``STROM_TEST_CLOCK_OFFSET_FILE`` name
 process start, :func:`wall_ms` adds the whole number of milliseconds written in it (re-read
 at most every 100 ms, so a jump shows within that; a missing or unreadable file counts as 0).
 Without the variable, :func:`wall_ms` is ``time.time_ns() // 1_000_000`` and costs nothing
-more. Timeouts inside one process mostly use ``time.monotonic()``; those that follow this clock
-(group members' session deadlines and transaction timeouts in the coordinator, whose start
-times are persisted and read by the next owner, as in Kafka) move with a jump: a jump forward
-expires sessions early, one backward delays expiry by the jump.
+more.
+
+Timeouts must not move when the wall clock is stepped (NTP, an operator, a VM resumed): a jump
+forward would expire every session and transaction at once, one backward would keep a dead
+member's partitions or an abandoned transaction's open offsets for as long as the jump (a
+transaction begun 7 minutes "in the future" blocks read_committed readers for 7 minutes).
+Timeouts inside one process use ``time.monotonic()``; those whose times the coordinator writes
+down (members' session deadlines, transaction start times, read by the next owner after a
+failover) use :func:`steady_ms`: it reads like the wall clock, but it is the wall clock as seen
+once, when the process first asked, advanced by the monotonic clock since, so it never jumps
+within a process. Kafka reads the wall clock there and has exactly the stalls above.
 """
 
 from __future__ import annotations
@@ -51,3 +58,18 @@ else:
     def wall_ms() -> int:
         """Milliseconds since the Unix epoch, plus the test offset (see the module docstring)."""
         return time.time_ns() // 1_000_000 + _read_offset()
+
+
+_steady_base_ms: int | None = None
+
+
+def steady_ms() -> int:
+    """Wall-clock-like milliseconds that never jump within this process: :func:`wall_ms` as
+    read at the first call, advanced by ``time.monotonic_ns()`` since (see the module
+    docstring). Deadlines and durations compare these; timestamps meant for people and for
+    retention (commit times, record times) stay on :func:`wall_ms`."""
+    global _steady_base_ms
+    mono = time.monotonic_ns() // 1_000_000
+    if _steady_base_ms is None:
+        _steady_base_ms = wall_ms() - mono
+    return _steady_base_ms + mono

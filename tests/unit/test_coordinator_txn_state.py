@@ -103,6 +103,22 @@ def test_timeouts_and_bad_requests() -> None:
     assert m.end(pid, 0, False, 5) is None  # abort with nothing open: nothing to do
 
 
+def test_a_loader_counts_times_ahead_of_its_clock_from_the_load() -> None:
+    """A transaction whose start lies ahead of the loading coordinator's clock (the previous
+    owner's clock ran ahead) times out its timeout after the load, not after the clocks meet;
+    times behind the clock stay (an old transaction is still old)."""
+    m = fresh(timeout_ms=100)
+    pid = m.producer_id
+    ahead = m.add(pid, 0, 600_000, partitions=[("t", 0)])
+    assert ahead is not None
+    loaded = ahead.seen_at(1000)
+    assert (loaded.start_ms, loaded.last_update_ms) == (1000, 1000)
+    assert not loaded.expired(1100) and loaded.expired(1101)
+    assert not ahead.expired(1101)  # what the unclamped start would have done: wait 10 minutes
+    behind = m.add(pid, 0, 500, partitions=[("t", 0)])
+    assert behind is not None and behind.seen_at(1000) is behind and behind.expired(1000)
+
+
 def test_replay_keeps_the_latest_state_per_id_and_skips_fences() -> None:
     a = fresh("a")
     b = fresh("b")

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from strom.api import coordinator_pb2 as pb
-from strom.clock import wall_ms
+from strom.clock import steady_ms
 from strom.coordinator.core import rpc
 from strom.coordinator.group import ConsumerGroup, GroupState
 from strom.coordinator.storage_io import StorageIO
@@ -62,7 +62,7 @@ class GroupRpcs(StorageIO):
             return group.heartbeat(
                 member_id=request.member_id,
                 member_epoch=request.member_epoch,
-                now_ms=wall_ms(),
+                now_ms=steady_ms(),  # session deadlines: never moved by a wall-clock step
                 topics=self._topics(),
                 instance_id=request.instance_id if request.HasField("instance_id") else None,
                 rack_id=request.rack_id if request.HasField("rack_id") else None,

@@ -31,7 +31,7 @@ import grpc
 
 from strom.api import controller_pb2, controller_pb2_grpc
 from strom.api import metadata_pb2 as md
-from strom.clock import wall_ms
+from strom.clock import steady_ms, wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup
 from strom.coordinator.lookup import shard_count
@@ -303,7 +303,7 @@ class ShardOwnership(ShardWrites):
         # What the previous owner appended between our replay and the fence is state too.
         await self._replay(shard.index, state, position, until=fence_offset + 1, topic=kind.topic)
         self._check_generation(shard, generation)
-        now = wall_ms()
+        now = steady_ms()  # session deadlines and transaction timeouts count on this clock
         groups = {
             gid: ConsumerGroup.from_snapshot(snap, now_ms=now, config=self.group_config)
             for gid, snap in getattr(state, "groups", {}).items()
@@ -316,7 +316,9 @@ class ShardOwnership(ShardWrites):
         await asyncio.to_thread(store.put, key, self._owner(shard, epoch, pid), lease=self._lease)
         self._check_generation(shard, generation)
         shard.groups = groups
-        shard.transactions = dict(getattr(state, "transactions", {}))
+        shard.transactions = {
+            tid: meta.seen_at(now) for tid, meta in getattr(state, "transactions", {}).items()
+        }
         shard.durable = state
         shard.producer_id, shard.producer_epoch, shard.next_sequence = pid, epoch, 1
         # Writes of the previous generation are not this state's: nothing waits on them now

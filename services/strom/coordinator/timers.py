@@ -3,6 +3,8 @@
 the consumer-lag gauges are refreshed (DESIGN §7).
 
 One loop serves them all, sleeping until the earliest group deadline (at most a second).
+Deadlines are on :func:`strom.clock.steady_ms`, so a step of the wall clock neither expires
+every member at once nor keeps a dead one.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import logging
 import time
 
-from strom.clock import wall_ms
+from strom.clock import steady_ms
 from strom.coordinator import metrics
 from strom.coordinator.storage_io import StorageIO
 from strom.errors import StromError
@@ -33,7 +35,7 @@ class Timers(StorageIO):
         past their timeout, refresh lag gauges."""
         next_lag = time.monotonic() + self.lag_interval_s
         while not self._stopping:
-            now = wall_ms()
+            now = steady_ms()
             wake_at = now + 1000
             for shard in list(self.shards.values()):
                 if not shard.loaded:
@@ -51,12 +53,12 @@ class Timers(StorageIO):
                 next_lag = time.monotonic() + self.lag_interval_s
                 with contextlib.suppress(Exception):
                     await self._refresh_lag()
-            await asyncio.sleep(max(0.02, (wake_at - wall_ms()) / 1000.0))
+            await asyncio.sleep(max(0.02, (wake_at - steady_ms()) / 1000.0))
 
     async def _expire(self, group_id: str) -> None:
         try:
             result = await self._mutate(
-                group_id, lambda g: g.expire(wall_ms()), lambda r: r.records, create=False
+                group_id, lambda g: g.expire(steady_ms()), lambda r: r.records, create=False
             )
         except StromError as exc:
             log.info("expiring members of %s failed: %s", group_id, exc)

@@ -43,7 +43,7 @@ from strom.api import (
     storage_pb2,
     storage_pb2_grpc,
 )
-from strom.clock import wall_ms
+from strom.clock import steady_ms, wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
@@ -91,7 +91,10 @@ _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
 
 
 def _now_ms() -> int:
-    return wall_ms()
+    """Transaction start and update times: :func:`strom.clock.steady_ms`, so a step of the wall
+    clock neither aborts every open transaction nor leaves an abandoned one open for as long
+    as the step (its timeout is measured on this clock)."""
+    return steady_ms()
 
 
 class TransactionRpcs(_Base):
@@ -665,7 +668,7 @@ class TransactionRpcs(_Base):
             for t in request.topics
             for p in t.partitions
         }
-        now = _now_ms()
+        now = wall_ms()  # the commit timestamp (offset retention)
         try:
             result = await self._mutate(
                 request.group_id,
@@ -697,7 +700,7 @@ class TransactionRpcs(_Base):
         context: grpc.aio.ServicerContext,
     ) -> coordinator_pb2.CompleteTxnOffsetsResponse:
         resp = coordinator_pb2.CompleteTxnOffsetsResponse()
-        now = _now_ms()
+        now = wall_ms()  # the commit timestamp (offset retention)
         try:
             await self._mutate(
                 request.group_id,

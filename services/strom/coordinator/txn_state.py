@@ -226,6 +226,17 @@ class TxnMetadata:
             last_update_ms=now_ms,
         )
 
+    def seen_at(self, now_ms: int) -> TxnMetadata:
+        """The state as a coordinator that loads it at ``now_ms`` keeps it: times ahead of its
+        clock (the previous owner's clock ran ahead, or was stepped back since) count from
+        ``now_ms``, so an open transaction times out at most its timeout after the load instead
+        of waiting for the loader's clock to catch up."""
+        start = min(self.start_ms, now_ms)
+        update = min(self.last_update_ms, now_ms)
+        if (start, update) == (self.start_ms, self.last_update_ms):
+            return self
+        return replace(self, start_ms=start, last_update_ms=update)
+
     def expired(self, now_ms: int) -> bool:
         """An open transaction older than its timeout."""
         return self.state is TxnState.ONGOING and now_ms - self.start_ms > self.timeout_ms

@@ -54,13 +54,17 @@ class Member:
     log_path: Path
     process: ManagedProcess | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    #: Environment variables of this process only (on top of this one's).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = ManagedProcess(f"{self.kind}-{self.ident}", self.argv, self.log_path).start()
+        self.process = ManagedProcess(
+            f"{self.kind}-{self.ident}", self.argv, self.log_path, env=self.env or None
+        ).start()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
@@ -83,6 +87,7 @@ class LocalCluster:
         python: str = sys.executable,
         coordinators: int = 1,
         coordinator_args: list[str] | None = None,
+        coordinator_env: dict[str, str] | None = None,
         security: ChannelSecurity | None = None,
         etcd_tls: tuple[Path, Path, Path] | None = None,
         tls: bool = False,
@@ -103,6 +108,8 @@ class LocalCluster:
         self.node_args = [*common, *(node_args or [])]
         self.controller_args = [*common, *(controller_args or [])]
         self.coordinator_args = [*common, *(coordinator_args or [])]
+        #: Environment variables of the coordinator processes only (tests: a clock offset).
+        self.coordinator_env = dict(coordinator_env or {})
         self.coordinators: list[Member] = []
         for i in range(controllers):
             self.controllers.append(self._controller(i))
@@ -195,7 +202,15 @@ class LocalCluster:
             str(max(1, min(3, len(self.nodes)))),
             *self.coordinator_args,
         )
-        return Member("coordinator", i, port, mport, argv, self.root / f"coordinator-{i}.log")
+        return Member(
+            "coordinator",
+            i,
+            port,
+            mport,
+            argv,
+            self.root / f"coordinator-{i}.log",
+            env=self.coordinator_env,
+        )
 
     def _node(self, node_id: int, rack: str | None) -> Member:
         port, mport = free_port(), free_port()
