@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from strom import Admin, Consumer, Producer, TopicPartition
+from strom import Admin, Consumer, GroupMetadata, OffsetAndMetadata, Producer, TopicPartition
 from strom.api import controller_pb2
 from strom.cli.main import main as cli_main
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
-from strom.errors import ProducerFencedError, StromError
+from strom.errors import ProducerFencedError, StromError, UnstableOffsetCommitError
 from tests.conftest import create_topic, member_metric
 
 pytestmark = pytest.mark.integration
@@ -302,6 +302,34 @@ def test_an_open_transaction_holds_the_lso_until_its_timeout_aborts_it(
     )
     assert consumed.returncode == 0 and consumed.stdout == "", consumed
     assert _read(cluster, "slow", "read_committed") == []
+
+
+def test_offsets_pending_in_an_open_transaction_are_unstable_until_it_commits(
+    cluster: LocalCluster,
+) -> None:
+    """A read_committed consumer asking for the group's offsets while a transaction holds
+    some gets UnstableOffsetCommitError when its timeout passes (not a DEADLINE_EXCEEDED of
+    one last call made with no time left), and the offsets once the transaction commits."""
+    _topic(cluster, "pending-in", partitions=1)
+    tp = TopicPartition("pending-in", 0)
+    p = Producer(cluster.bootstrap, transactional_id="pending-tx")
+    try:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send_offsets_to_transaction({tp: OffsetAndMetadata(7)}, GroupMetadata("pending-g"))
+        with Consumer(
+            cluster.bootstrap,
+            group_id="pending-g",
+            isolation_level="read_committed",
+            request_timeout_ms=1500,
+        ) as c:
+            with pytest.raises(UnstableOffsetCommitError, match="pending-g"):
+                c.committed([tp])
+            p.commit_transaction()
+            got = c.committed([tp])[tp]
+            assert got is not None and got.offset == 7
+    finally:
+        p.close()
 
 
 def test_idle_transactional_ids_expire(

@@ -214,7 +214,9 @@ class GroupMember:
             )
             if not unstable:
                 break
-            if time.monotonic() >= deadline:
+            # Give up while time is left rather than ask once more with none (that answer
+            # would be DEADLINE_EXCEEDED, hiding that the offsets were simply still unstable).
+            if time.monotonic() + self._backoff_s >= deadline:
                 raise error_for(
                     E.UNSTABLE_OFFSET_COMMIT,
                     f"group {self.group_id}: a transaction's offsets are still being completed",
