@@ -18,7 +18,7 @@ from typing import Any
 import crc32c
 
 from strom import Consumer, TopicPartition
-from strom.errors import UnstableOffsetCommitError
+from strom.errors import StromError, UnstableOffsetCommitError
 from strom.record.errors import InvalidBatchError
 from strom.record.header import check_header, read_header
 from tests.chaos.workload import GROUP, INPUT, OUTPUT, TXN_GROUP
@@ -97,6 +97,9 @@ def final_reads(bootstrap: str) -> dict[str, Any]:
             offsets = committed_offsets(bootstrap, group, INPUT)
         except UnstableOffsetCommitError as exc:
             problems.append(f"txn_hanging: {exc} after {STABLE_WAIT_S:.0f} s")
+            offsets = {}
+        except StromError as exc:  # reported with everything else the checker finds
+            problems.append(f"final_offsets: group {group}'s committed offsets unreadable: {exc}")
             offsets = {}
         committed[group] = {str(p): o for p, o in offsets.items()}
     return {

@@ -365,6 +365,7 @@ class Runner:
         caught_up = self._wait_caught_up(timeout=240)
         if not caught_up:
             self.problems.append("liveness: the groups did not consume everything within 240s")
+            self._diagnose("not_caught_up")
         for role in ("member", "pipeline", "monitor"):
             killed = workload.stop_role(role, timeout=60)
             if killed:
@@ -408,6 +409,30 @@ class Runner:
         if not report.ok:
             self.log(f"FAILED: history, logs, data dirs and seed kept in {self.out}")
         return 0 if report.ok else 1
+
+    def _diagnose(self, what: str) -> None:
+        """Keep what the groups and transactions look like now (``strom groups describe``,
+        ``strom transactions list``) beside the history: a liveness failure then says which
+        member, partition or transaction held things up."""
+        cluster = self.cluster
+        assert cluster is not None
+        path = self.out / f"{what}.txt"
+        commands = [
+            ["groups", "describe", GROUP],
+            ["groups", "describe", TXN_GROUP],
+            ["transactions", "list"],
+        ]
+        with path.open("w") as f:
+            for cmd in commands:
+                argv = [sys.executable, "-m", "strom.cli.main", *cmd, "-b", cluster.bootstrap]
+                f.write(f"$ strom {' '.join(cmd)}\n")
+                f.flush()
+                try:
+                    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+                    f.write(done.stdout + done.stderr + "\n")
+                except subprocess.TimeoutExpired:
+                    f.write("(no answer within 60 s)\n")
+        self.log(f"state of the groups and transactions kept in {path}")
 
     def _wait_caught_up(self, timeout: float) -> bool:
         cluster = self.cluster
