@@ -20,6 +20,7 @@ DOC = ROOT / "docs" / "metrics.md"
 #: Modules whose import defines every strom metric (one per service, plus the shared parts).
 MODULES = (
     "strom.service.metrics",
+    "strom.service.gc_pauses",
     "strom.metadata.metrics",
     "strom.storage.metrics",
     "strom.storage.node",

@@ -40,8 +40,8 @@ from strom.bench import cpu
 from strom.bench.stats import Result, report
 from strom.devcluster.procs import free_port, port_open, wait_for
 from strom.errors import ErrorCode, error_for
+from strom.grpc_options import GRPC_OPTIONS
 from strom.record import encode_batch
-from strom.service.runtime import GRPC_OPTIONS
 
 ECHO_SERVICE = "strom.bench.Echo"
 _SIZE = struct.Struct(">Q")

@@ -61,7 +61,7 @@ from strom.errors import (
     error_for,
     is_retriable,
 )
-from strom.security.config import client_security
+from strom.security.channel import client_security
 
 __all__ = [
     "Admin",

@@ -29,9 +29,8 @@ from strom.errors import (
     error_for,
     is_retriable,
 )
-from strom.security import ChannelSecurity
-from strom.security.config import client_security
-from strom.service.runtime import GRPC_OPTIONS
+from strom.grpc_options import GRPC_OPTIONS
+from strom.security.channel import ChannelSecurity, client_security
 
 T = TypeVar("T")
 NONE = common_pb2.ErrorCode.NONE

@@ -43,7 +43,7 @@ from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from strom.errors import InvalidGroupIdError, StromError
 from strom.record import Record
-from strom.security.config import client_security
+from strom.security.channel import client_security
 
 MiB = 1024 * 1024
 AUTO_OFFSET_RESET = ("latest", "earliest", "none")

@@ -88,7 +88,7 @@ from strom.errors import (
     is_retriable,
 )
 from strom.record import codecs
-from strom.security.config import client_security
+from strom.security.channel import client_security
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from strom.grpc_options import GRPC_OPTIONS
 from strom.security import default_channel
-from strom.service.runtime import GRPC_OPTIONS
 
 log = logging.getLogger(__name__)
 

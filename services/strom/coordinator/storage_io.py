@@ -20,8 +20,8 @@ from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
 from strom.coordinator.replay import ReplayState
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, UnknownServerError, error_name
+from strom.grpc_options import GRPC_OPTIONS
 from strom.security import default_channel
-from strom.service.runtime import GRPC_OPTIONS
 
 E = ErrorCode
 

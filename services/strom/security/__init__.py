@@ -8,24 +8,50 @@ quotas current from the service's etcd view.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from strom.security.acl import Acl
-from strom.security.config import (
-    ChannelSecurity,
-    EtcdSecurity,
-    ServerSecurity,
-    add_arguments,
-    configure,
-    default_channel,
-    etcd,
-)
-from strom.security.config import server as server_security
-from strom.security.interceptor import CURRENT_PRINCIPAL, interceptors
-from strom.security.quotas import QUOTAS, QuotaManager
+import importlib
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from strom.metadata import ClusterView, WatchEvent
+    from strom.security.channel import ChannelSecurity, default_channel
+    from strom.security.config import (
+        EtcdSecurity,
+        ServerSecurity,
+        add_arguments,
+        configure,
+        etcd,
+    )
+    from strom.security.config import server as server_security
+    from strom.security.interceptor import CURRENT_PRINCIPAL, interceptors
+    from strom.security.quotas import QUOTAS, QuotaManager
+
+#: Where each name lives: loaded on first use (PEP 562), so that a client importing
+#: :mod:`strom.security.channel` does not load the serving side (cryptography, ACLs, quotas).
+_LAZY = {
+    "Acl": ("strom.security.acl", "Acl"),
+    "ChannelSecurity": ("strom.security.channel", "ChannelSecurity"),
+    "default_channel": ("strom.security.channel", "default_channel"),
+    "EtcdSecurity": ("strom.security.config", "EtcdSecurity"),
+    "ServerSecurity": ("strom.security.config", "ServerSecurity"),
+    "add_arguments": ("strom.security.config", "add_arguments"),
+    "configure": ("strom.security.config", "configure"),
+    "etcd": ("strom.security.config", "etcd"),
+    "server_security": ("strom.security.config", "server"),
+    "CURRENT_PRINCIPAL": ("strom.security.interceptor", "CURRENT_PRINCIPAL"),
+    "interceptors": ("strom.security.interceptor", "interceptors"),
+    "QUOTAS": ("strom.security.quotas", "QUOTAS"),
+    "QuotaManager": ("strom.security.quotas", "QuotaManager"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where[0]), where[1])
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CURRENT_PRINCIPAL",
@@ -44,16 +70,21 @@ __all__ = [
 ]
 
 
-def follow(view: ClusterView, security: ServerSecurity, quotas: QuotaManager = QUOTAS) -> None:
-    """Keep ``security``'s ACLs and ``quotas`` equal to what etcd holds: now, and after every
-    change under ``acls/`` or ``quotas/`` (the view's watch delivers it, within a second)."""
+def follow(view: ClusterView, security: ServerSecurity, quotas: QuotaManager | None = None) -> None:
+    """Keep ``security``'s ACLs and ``quotas`` (default: the process's :data:`QUOTAS`) equal
+    to what etcd holds: now, and after every change under ``acls/`` or ``quotas/`` (the view's
+    watch delivers it, within a second)."""
+    from strom.security.acl import Acl
+    from strom.security.quotas import QUOTAS
+
+    manager = QUOTAS if quotas is None else quotas
 
     def load() -> None:
         with view.lock:
             acls = [Acl.from_proto(v.value) for v in view.acls.values()]
             qs = {v.value.principal: v.value for v in view.quotas.values()}
         security.authorizer.replace(acls)
-        quotas.replace(qs)
+        manager.replace(qs)
 
     def on_events(events: list[WatchEvent]) -> None:
         # Rebuilt from the view's tables on every change: a resync reports what exists, not

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from cryptography import x509
 
+from strom.security.channel import TOKEN_METADATA
+
 ANONYMOUS = "User:ANONYMOUS"
-TOKEN_METADATA = "authorization"
 
 Verifier = Callable[[str], "str | None"]
 

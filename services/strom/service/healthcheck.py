@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from strom.security import ChannelSecurity
-from strom.security.config import client_security
+from strom.security.channel import ChannelSecurity, client_security
 
 DEFAULT_ADDRESSES = ("127.0.0.1:9092", "127.0.0.1:9093", "127.0.0.1:9094")
 

@@ -14,8 +14,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from strom import security
+from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import metrics as metadata_metrics
 from strom.service import metrics
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
@@ -30,14 +30,6 @@ from strom.service.health import HealthServicer
 from strom.service.limits import ServerLimits
 
 log = logging.getLogger("strom.service")
-
-#: Large enough for several 1 MiB batches per partition in one request.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-GRPC_OPTIONS: Sequence[tuple[str, Any]] = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
-)
 
 
 class Service(Protocol):

@@ -42,11 +42,11 @@ from prometheus_client import Counter
 
 from strom.api import storage_pb2, storage_pb2_grpc
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, is_retriable
+from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import ClusterView
 from strom.record import encode_arrow
 from strom.security import default_channel
 from strom.service.limits import ProduceShed
-from strom.service.runtime import GRPC_OPTIONS
 
 log = logging.getLogger("strom.storage.record_producers")
 E = ErrorCode

@@ -33,10 +33,10 @@ import grpc
 
 from strom.api import controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
 from strom.errors import ErrorCode
+from strom.grpc_options import GRPC_OPTIONS
 from strom.log import LogManager
 from strom.metadata import ClusterView
 from strom.security import default_channel
-from strom.service.runtime import GRPC_OPTIONS
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition

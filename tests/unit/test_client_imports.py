@@ -1,0 +1,48 @@
+"""What a client process loads: the Producer, Consumer and Admin need gRPC, protobuf and
+Arrow, not the serving side (etcd, Prometheus, cryptography, the service runtime). Every
+object those add is walked by each of Python's full garbage collections, which pause every
+thread of the process (docs/benchmarks.md, "A client's heap")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SERVING_SIDE = (
+    "etcd3",
+    "cryptography",
+    "prometheus_client",
+    "grpc_reflection.v1alpha.reflection",
+    "strom.service.runtime",
+    "strom.metadata.store",
+    "strom.security.config",
+    "strom.security.acl",
+    "strom.security.quotas",
+)
+
+
+def _loaded(code: str) -> list[str]:
+    script = f"{code}\nimport sys\nprint(' '.join(m for m in {SERVING_SIDE!r} if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_the_clients_do_not_load_the_serving_side() -> None:
+    assert _loaded("from strom import Admin, Consumer, Producer") == []
+    assert _loaded("import strom.client.producer, strom.client.consumer, strom.client.admin") == []
+
+
+def test_the_serving_side_is_still_there_when_asked_for() -> None:
+    # strom.security's names load their module on first use.
+    assert "strom.security.config" in _loaded("from strom.security import configure")
+    assert "strom.security.quotas" in _loaded("from strom.security import QUOTAS")
+    import strom.security
+
+    assert strom.security.server_security().tls is False
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        strom.security.nothing  # noqa: B018
