@@ -110,6 +110,7 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> N
         ("e2e", ["--rate", "5000", "--trace"]),
         ("e2e", ["--rate", "5000", "--consumer-process"]),
         ("e2e", ["--rate", "5000", "--consumer-process", "--group", "bench-proc"]),
+        ("e2e", ["--rate", "5000", "--lead-in", "0"]),
     ],
 )
 def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str]) -> None:
@@ -168,6 +169,9 @@ def test_bench_modes_report_json(local: LocalCluster, mode: str, extra: list[str
         assert machine["python_loop_ms"] > 0
         proc = "--consumer-process" in extra
         assert report["context"]["consumer"] == ("process" if proc else "thread")
+        # The lead-in (records sent at the rate before the measured ones) is neither counted
+        # nor measured: "records" above is the measured 3,000 either way.
+        assert report["context"]["lead_in_s"] == (0 if "--lead-in" in extra else 0.3)
         if "--group" in extra:  # the receiving process committed as it went
             assert result["commits"] > 0 and result["commit_errors"] == 0
     else:  # produce and consume: the machine's prices in the context line

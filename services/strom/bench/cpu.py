@@ -185,6 +185,13 @@ class CpuUsage:
     client_s: float
     server_s: float | None = None
 
+    def scaled(self, share: float) -> CpuUsage:
+        """The part of this usage that ``share`` (0..1) of the phase's records take (a phase
+        that also sent records it does not count, such as the e2e bench's lead-in)."""
+        return CpuUsage(
+            self.client_s * share, None if self.server_s is None else self.server_s * share
+        )
+
     def per_million(self, records: int) -> dict[str, float | None]:
         scale = 1e6 / records if records else None
         return {

@@ -48,6 +48,13 @@ from strom.bench.stats import Result, percentiles_ms
 from strom.client.admin import Admin
 from strom.client.types import TopicPartition
 
+#: Records sent at the rate before the measured ones (the same stream, stamped as warm-up), in
+#: seconds of the schedule. Why: the clock used to start right after the CPU meter's first
+#: reading (a scrape of every service's /metrics, ~5 ms of the node's interpreter lock) and an
+#: idle pause, and ``perf sched`` showed the first 150-250 records of every run late by
+#: 12-28 ms while the node, the producer and the consumer caught up: 0.5-0.8 % of a 30,000-record
+#: run, enough to set p99 (docs/benchmarks.md, "The start of a run").
+LEAD_IN_S = 0.3
 #: Value prefix: run nonce, record number, send time (perf_counter ns). The nonce tells this
 #: run's records from a group's leftovers of an earlier run.
 STAMP = struct.Struct(">Iqq")
@@ -168,6 +175,7 @@ def bench_e2e(
     grace_s: float = 30.0,
     trace: bool = False,
     warmup_records: int = 1000,
+    lead_in_s: float = LEAD_IN_S,
     consumer_process: bool = False,
     **producer_options: Any,
 ) -> E2EResult:
@@ -175,7 +183,8 @@ def bench_e2e(
     ``group`` committing after every poll (``commit`` = async, sync or none). Returns when
     every acknowledged record arrived, or when nothing arrived for ``grace_s`` after the last
     send was answered. ``trace``: also time each leg of every record's way (the budget).
-    ``warmup_records`` go first, outside the measurement (see :func:`_send_warm_up`).
+    ``warmup_records`` go first, outside the measurement (see :func:`_send_warm_up`);
+    then ``lead_in_s`` of records at ``rate``, not measured either (see :data:`LEAD_IN_S`).
     ``consumer_process``: receive in a process of its own (see the module docstring); the
     client CPU is then both processes'."""
     from strom.client.producer import Producer
@@ -203,16 +212,25 @@ def bench_e2e(
             else:
                 failures.append(err)
 
+    lead_in = max(int(lead_in_s * rate), 0)
+    #: perf_counter_ns of the first measured record's scheduled time (set by produce()).
+    measured_from = [0]
+
     def produce(p: Any, done: threading.Event) -> None:
         try:
             step = 1e9 / rate
             t0 = time.perf_counter_ns()
-            for i in range(records):
-                due = t0 + int(i * step)
+            measured_from[0] = t0 + int(lead_in * step)
+            for j in range(lead_in + records):
+                due = t0 + int(j * step)
                 ahead = due - time.perf_counter_ns()
                 if ahead > 0:
                     time.sleep(ahead / 1e9)
-                value = E2E_STAMP.pack(nonce, i, due, time.perf_counter_ns()) + pad
+                if j < lead_in:  # the same stream, stamped as warm-up: not measured
+                    value = E2E_STAMP.pack(warm_nonce, j, due, time.perf_counter_ns()) + pad
+                    p.send(topic, value)
+                    continue
+                value = E2E_STAMP.pack(nonce, j - lead_in, due, time.perf_counter_ns()) + pad
                 p.send(topic, value, callback=sent)
             p.flush()
         finally:
@@ -239,10 +257,9 @@ def bench_e2e(
             _send_warm_up(p, topic, warm_nonce, pad, warmup_records)
             child.warm(warm_nonce, warmup_records)
             meter = cpu.start()
-            start = time.perf_counter()
             produce(p, done)
             rx = child.finish(expected(), grace_s)
-            seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - measured_from[0] / 1e9
             usage = meter.stop()
             usage.client_s += rx.cpu_s
         bar.update(rx.got)
@@ -259,16 +276,17 @@ def bench_e2e(
                 t = threading.Thread(target=produce, args=(p, done), name="e2e-producer")
                 t.daemon = True
                 meter = cpu.start()
-                start = time.perf_counter()
                 t.start()
                 while True:
                     rx.poll_once(tracer)
                     if done.is_set() and rx.finished(expected(), grace_s):
                         break
-                seconds = time.perf_counter() - start
+                seconds = time.perf_counter() - measured_from[0] / 1e9
                 t.join()
                 usage = meter.stop()
     bar.finish()
+    # The CPU meter ran through the lead-in too: its records take their share.
+    usage = usage.scaled(records / (records + lead_in))
     unique = int(np.count_nonzero(rx.seen))
     lat = np.asarray(rx.latencies)
     return E2EResult(
@@ -360,11 +378,15 @@ class _Receiver:
         c, job = self._c, self._job
         batch = c.poll(timeout_ms=200)
         now = time.perf_counter_ns()
+        measured = 0
         for rec in batch:
             run, i, due, ns = E2E_STAMP.unpack_from(rec.value)
+            if run == job.nonce ^ 0xFFFFFFFF:
+                continue  # the lead-in
             if run != job.nonce or not 0 <= i < job.records:
                 self.foreign += 1
                 continue
+            measured += 1
             self.seen[i] += 1
             self.latencies.append((now - due) / 1e9)
             self.from_send.append((now - ns) / 1e9)
@@ -372,7 +394,7 @@ class _Receiver:
                 tracer.polled(rec.topic, rec.partition, rec.offset, i, ns, now)
         if not batch:
             return
-        self.got += len(batch)
+        self.got += measured
         self.last_progress = time.monotonic()
         if self._bar is not None:
             self._bar.update(self.got)

@@ -420,6 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "producer id, a new topic's followers starting to fetch): default %(default)s",
             )
             cb.add_argument(
+                "--lead-in",
+                type=_zero_or_more,
+                default=None,
+                metavar="SECONDS",
+                help="seconds of records sent at --rate before the measured ones and not "
+                "measured: the start of the schedule is not the steady state (default 0.3)",
+            )
+            cb.add_argument(
                 "--trace",
                 action="store_true",
                 help="also time each leg of every record's way (send, Produce, Fetch, poll): "
@@ -569,6 +577,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
             cpu_hogs=args.cpu_hog,
             trace=args.trace,
             warmup_records=args.warmup_records,
+            **({} if args.lead_in is None else {"lead_in_s": args.lead_in}),
             consumer_process=args.consumer_process,
             **options,
         )
@@ -582,10 +591,13 @@ def _bench_clients(args: argparse.Namespace) -> int:
         **{k: v for k, v in options.items() if args.bench_mode != "consume"},
     }
     if args.bench_mode == "e2e":
+        from strom.bench.e2e import LEAD_IN_S
+
         ctx.update(
             group=args.group or "-",
             cpu_hog=args.cpu_hog,
             warmup_records=args.warmup_records,
+            lead_in_s=LEAD_IN_S if args.lead_in is None else args.lead_in,
             consumer="process" if args.consumer_process else "thread",
         )
     if args.bench_mode == "consume":
