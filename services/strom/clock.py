@@ -1,7 +1,7 @@
 """The wall clock every strom service reads, with a test-only offset for clock-jump tests.
 
 Services read the wall clock for record timestamps (LogAppendTime), retention, segment age,
-producer-id expiry, transaction start times and timeouts, and the times they publish in etcd.
+producer-id expiry, offset commit times, and the times they publish in etcd.
 The reliability suite (tests/chaos) jumps that clock forwards and backwards in one process
 without touching the machine's clock: when ``STROM_TEST_CLOCK_OFFSET_FILE`` names a file at
 process start, :func:`wall_ms` adds the whole number of milliseconds written in it (re-read
@@ -15,14 +15,18 @@ member's partitions or an abandoned transaction's open offsets for as long as th
 transaction begun 7 minutes "in the future" blocks read_committed readers for 7 minutes).
 Timeouts inside one process use ``time.monotonic()``; those whose times the coordinator writes
 down (members' session deadlines, transaction start times, read by the next owner after a
-failover) use :func:`steady_ms`: it reads like the wall clock, but it is the wall clock as seen
-once, when the process first asked, advanced by the monotonic clock since, so it never jumps
-within a process. Kafka reads the wall clock there and has exactly the stalls above.
+failover) use :func:`steady_ms`: the wall clock *slewed*, never stepped. It advances with the
+monotonic clock, at most :data:`SLEW` (5 %) faster or slower, towards the wall clock: a
+7-minute step is absorbed over about 2.3 hours instead of in an instant, a deadline of 45 s
+moves by at most 2.25 s meanwhile, and what it writes down stays the wall clock's time once
+they agree (as NTP's slewing does for the whole machine). Kafka reads the wall clock there
+and has exactly the stalls above.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 #: The environment variable naming the offset file (tests only; never set it in production).
@@ -60,16 +64,32 @@ else:
         return time.time_ns() // 1_000_000 + _read_offset()
 
 
-_steady_base_ms: int | None = None
+#: How much faster or slower than the monotonic clock :func:`steady_ms` may run while it
+#: catches up with a step of the wall clock.
+SLEW = 0.05
+
+_steady_lock = threading.Lock()
+#: (monotonic ns, steady ms) of the last reading; None before the first.
+_steady_last: tuple[int, float] | None = None
 
 
 def steady_ms() -> int:
-    """Wall-clock-like milliseconds that never jump within this process: :func:`wall_ms` as
-    read at the first call, advanced by ``time.monotonic_ns()`` since (see the module
-    docstring). Deadlines and durations compare these; timestamps meant for people and for
-    retention (commit times, record times) stay on :func:`wall_ms`."""
-    global _steady_base_ms
-    mono = time.monotonic_ns() // 1_000_000
-    if _steady_base_ms is None:
-        _steady_base_ms = wall_ms() - mono
-    return _steady_base_ms + mono
+    """Wall-clock-like milliseconds that never jump: the last reading advanced by the
+    monotonic clock, moved towards :func:`wall_ms` by at most :data:`SLEW` of the time that
+    passed (see the module docstring). Never decreases. Deadlines and durations compare
+    these; timestamps meant for people and for retention (commit and record times) stay on
+    :func:`wall_ms`."""
+    global _steady_last
+    mono = time.monotonic_ns()
+    wall = wall_ms()
+    with _steady_lock:
+        last = _steady_last
+        if last is None:
+            value = float(wall)
+        else:
+            elapsed = (mono - last[0]) / 1e6
+            drift = wall - (last[1] + elapsed)
+            bound = SLEW * elapsed
+            value = last[1] + elapsed + max(-bound, min(bound, drift))
+        _steady_last = (mono, value)
+    return int(value)

@@ -432,6 +432,8 @@ class Runner:
                     f.write(done.stdout + done.stderr + "\n")
                 except subprocess.TimeoutExpired:
                     f.write("(no answer within 60 s)\n")
+                except OSError as exc:  # the report matters more than this diagnosis
+                    f.write(f"(could not run it: {exc})\n")
         self.log(f"state of the groups and transactions kept in {path}")
 
     def _wait_caught_up(self, timeout: float) -> bool:

@@ -409,6 +409,7 @@ def bench_grpc_records(
         acks="all",
         linger_ms=0,
         warmup_records=0,  # as the gRPC callers: their first records count too
+        lead_in_s=0,
     )
     py_e2e.name = "end-to-end client (Py)"
     results.append(py_e2e)

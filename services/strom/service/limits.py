@@ -10,7 +10,7 @@ Two layers:
   ``idle_timeout_ms`` is closed, and every connection is recycled after
   ``max_connection_age_ms`` (clients reconnect transparently; a call still running gets
   ``max_connection_age_grace_ms``), which bounds how long a client stalling mid-request
-  holds a stream. Requests and answers are limited to ``runtime.MAX_MESSAGE_BYTES``.
+  holds a stream. Requests and answers are limited to ``strom.grpc_options.MAX_MESSAGE_BYTES``.
 - **Admission** (:class:`Admission`, used by the storage node's Produce): bytes of produce
   requests being worked on (appended, waiting for acks=all) stay under a budget, and while the
   process's resident memory is above a high-water mark new produce requests are shed. Both
