@@ -8,8 +8,8 @@ import argparse
 
 import pytest
 
+from strom.argtypes import number_above
 from strom.cli.main import main
-from strom.service.flags import number_above
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,8 @@ def _loaded(code: str) -> list[str]:
 def test_the_clients_do_not_load_the_serving_side() -> None:
     assert _loaded("from strom import Admin, Consumer, Producer") == []
     assert _loaded("import strom.client.producer, strom.client.consumer, strom.client.admin") == []
+    # The CLI's module too: the benchmarks' consumer process is spawned through it.
+    assert _loaded("import strom.cli.main") == []
 
 
 def test_the_serving_side_is_still_there_when_asked_for() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from strom import __version__
-from strom.service.flags import int_at_least, number_above
+from strom.argtypes import int_at_least, number_above
 
 #: Service subcommands and the module whose ``main(argv)`` runs them.
 SERVICES = {

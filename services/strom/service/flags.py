@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from strom import security
+from strom.argtypes import int_at_least
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import runtime
 from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
@@ -42,39 +42,6 @@ def endpoints(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, not {value}")
-        return value
-
-    parse.__name__ = "int"
-    return parse
-
-
-def number_above(minimum: float, *, inclusive: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number above ``minimum`` (or equal, with ``inclusive``)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
-        if value < minimum or (value == minimum and not inclusive):
-            bound = "at least" if inclusive else "more than"
-            raise argparse.ArgumentTypeError(f"must be {bound} {minimum:g}, not {text}")
-        return value
-
-    parse.__name__ = "number"
-    return parse
 
 
 def port_or_disabled(text: str) -> int:
