@@ -445,7 +445,7 @@ def _receive_in_child(conn: Any, job: _ReceiveJob) -> None:
             conn.send("ready")
             warm_nonce, warmup = conn.recv()
             _read_warm_up(c, warm_nonce, warmup)
-            gc.collect()  # see _settle_heap
+            _settle_heap()
             conn.send("warm")
             rx = _Receiver(c, job)
             cpu0 = time.process_time()

@@ -27,21 +27,18 @@ if TYPE_CHECKING:
 
 #: Where each name lives: loaded on first use (PEP 562), so that a client importing
 #: :mod:`strom.security.channel` does not load the serving side (cryptography, ACLs, quotas).
-_LAZY = {
-    "Acl": ("strom.security.acl", "Acl"),
-    "ChannelSecurity": ("strom.security.channel", "ChannelSecurity"),
-    "default_channel": ("strom.security.channel", "default_channel"),
-    "EtcdSecurity": ("strom.security.config", "EtcdSecurity"),
-    "ServerSecurity": ("strom.security.config", "ServerSecurity"),
-    "add_arguments": ("strom.security.config", "add_arguments"),
-    "configure": ("strom.security.config", "configure"),
-    "etcd": ("strom.security.config", "etcd"),
-    "server_security": ("strom.security.config", "server"),
-    "CURRENT_PRINCIPAL": ("strom.security.interceptor", "CURRENT_PRINCIPAL"),
-    "interceptors": ("strom.security.interceptor", "interceptors"),
-    "QUOTAS": ("strom.security.quotas", "QUOTAS"),
-    "QuotaManager": ("strom.security.quotas", "QuotaManager"),
+_LAZY: dict[str, tuple[str, str]] = {
+    name: (f"strom.security.{module}", name)
+    for module, names in (
+        ("acl", ("Acl",)),
+        ("channel", ("ChannelSecurity", "default_channel")),
+        ("config", ("EtcdSecurity", "ServerSecurity", "add_arguments", "configure", "etcd")),
+        ("interceptor", ("CURRENT_PRINCIPAL", "interceptors")),
+        ("quotas", ("QUOTAS", "QuotaManager")),
+    )
+    for name in names
 }
+_LAZY["server_security"] = ("strom.security.config", "server")
 
 
 def __getattr__(name: str) -> Any:
