@@ -1,5 +1,5 @@
-"""Small batches' bodies written without pyarrow (strom.record.small_body) are the very bytes
-pyarrow writes: encode_batch with lists (the fast path) against the same data as tuples (which
+"""Batches' bodies written without pyarrow's writer (strom.record.small_body) are the very
+bytes pyarrow writes: encode_batch with lists (the fast path) against the same data as tuples (which
 always go through pyarrow), byte for byte, and back through decode_batches."""
 
 from __future__ import annotations
@@ -71,7 +71,6 @@ def test_the_layout_checked_itself_against_pyarrow_at_import() -> None:
     [
         ([b"a", bytearray(b"b")], None),  # not bytes: pyarrow takes it
         ([b"a"], [memoryview(b"k")]),
-        ([b"a"] * (small_body.MAX_RECORDS + 1), None),  # too many records
         ([b"a", b"b"], [b"k"]),  # a length mismatch: pyarrow's path names it
     ],
 )
@@ -85,6 +84,34 @@ def test_what_the_fast_path_does_not_take_goes_through_pyarrow(
     else:
         (batch,) = decode_batches(encode_batch(values, keys=keys))
         assert [r.value for r in batch.records()] == [bytes(v) for v in values]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(small_body.MAX_RECORDS + 1, 1200),
+    st.sampled_from(["bytes", "some none", "all none", "no keys"]),
+    st.randoms(use_true_random=False),
+)
+def test_big_batches_are_the_bytes_pyarrow_writes(n: int, keys_kind: str, rnd: Any) -> None:
+    """Batches over MAX_RECORDS (pyarrow's columns, this module's IPC message around them),
+    with numpy's 500-item slices crossed (strom.record.held)."""
+    values = [rnd.randbytes(rnd.randint(0, 40)) if rnd.random() < 0.9 else None for _ in range(n)]
+    keys: list[Any] | None = {
+        "bytes": lambda: [str(i % 97).encode() for i in range(n)],
+        "some none": lambda: [None if i % 3 else b"k%d" % i for i in range(n)],
+        "all none": lambda: [None] * n,
+        "no keys": lambda: None,
+    }[keys_kind]()
+    stamps = np.array([1_700_000_000_000 + rnd.randint(-5000, 5000) for _ in range(n)])
+    b = dict(values=values, keys=keys, timestamps=stamps, producer_id=7, base_sequence=3)
+    fast = encode_batch(**b)
+    slow = dict(b, values=tuple(values), keys=None if keys is None else tuple(keys))
+    assert fast == encode_batch(**slow)
+    (batch,) = decode_batches(fast)
+    got = batch.records()
+    assert [r.value for r in got] == values
+    assert [r.key for r in got] == (keys or [None] * n)
+    assert [r.timestamp for r in got] == stamps.tolist()
 
 
 def test_bad_input_is_refused_as_before() -> None:

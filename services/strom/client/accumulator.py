@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from strom.client.futures import BatchResult
-from strom.record import encode_arrow, encode_batch
+from strom.record import encode_arrow, encode_batch, held
 
 #: Bytes counted per record beyond key and value (offset/timestamp deltas, validity, framing).
 RECORD_OVERHEAD = 16
@@ -131,7 +131,7 @@ class ProducerBatch:
                 self.values,
                 keys=self.keys if self.has_keys else None,
                 headers=self.headers,
-                timestamps=np.frombuffer(self.timestamps, dtype=np.float64).astype(np.int64),
+                timestamps=held.as_int64(np.frombuffer(self.timestamps, dtype=np.float64)),
                 **options,
             )
         self.encoded_sequence = identity

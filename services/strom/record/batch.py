@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from strom.record import codecs, small_body
+from strom.record import codecs, held, small_body
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
     ATTR_CONTROL,
@@ -29,7 +29,6 @@ from strom.record.header import (
     TIMESTAMP_LOG_APPEND,
     BatchHeader,
     check_header,
-    crc_of,
     pack_header,
     read_header,
 )
@@ -190,9 +189,9 @@ def encode_batch(
         and type(values) is list
         and (keys is None or type(keys) is list)
     ):
-        small = _encode_small(values, keys, timestamps, now_ms, codec, attributes, ids)
-        if small is not None:
-            return small
+        direct = _encode_direct(values, keys, timestamps, now_ms, codec, attributes, ids)
+        if direct is not None:
+            return direct
     value_arr = _binary_array(values, "values", None)
     n = len(value_arr)
     if n == 0:
@@ -244,7 +243,7 @@ def encode_batch(
     )
 
 
-def _encode_small(
+def _encode_direct(
     values: list[Any],
     keys: list[Any] | None,
     timestamps: Any,
@@ -253,31 +252,36 @@ def _encode_small(
     attributes: int,
     ids: dict[str, int],
 ) -> bytes | None:
-    """A small batch whose body :mod:`strom.record.small_body` writes without pyarrow; None
-    for anything it does not take (the pyarrow path then encodes it, or names the error)."""
+    """A batch whose body :mod:`strom.record.small_body` writes without pyarrow's writer,
+    with the interpreter lock held throughout (:mod:`strom.record.held`); None for anything
+    it does not take (the pyarrow path then encodes it, or names the error)."""
     n = len(values)
-    if not 0 < n <= small_body.MAX_RECORDS:
+    if n <= 0:
         return None
     if timestamps is None:
         base_ts = max_ts = _now_ms() if now_ms is None else now_ms
-        deltas = _small_np_zeros(n)
+        deltas = _small_np_zeros(n) if n <= _SMALL else np.zeros(n, dtype=np.int64)
     elif isinstance(timestamps, (np.ndarray, list)):
-        ts = np.asarray(timestamps, dtype=np.int64)
-        if ts.shape != (n,):
+        ts = np.asarray(timestamps)
+        if ts.shape != (n,) or ts.dtype.kind not in "iu":
             return None
-        stamps = ts.tolist()  # min/max of a few Python ints: cheaper than two ufunc calls
-        if min(stamps) < 0:
+        ts = held.as_int64(ts)
+        if n <= _SMALL:
+            stamps = ts.tolist()  # min/max of a few Python ints: cheaper than two ufunc calls
+            min_ts, max_ts = min(stamps), max(stamps)
+        else:
+            min_ts, max_ts = held.min_max(ts)
+        if min_ts < 0:
             return None
-        base_ts = stamps[0]
-        max_ts = max(stamps)
-        deltas = ts - base_ts
+        base_ts = int(ts[0])
+        deltas = held.minus(ts, base_ts)
     else:
         return None
-    body = small_body.serialize(values, keys, deltas)
-    if body is None:
+    parts = small_body.serialize_parts(values, keys, deltas)
+    if parts is None:
         return None
     return _frame(
-        codecs.compress(codec, body),
+        parts if codec == codecs.NONE else codecs.compress(codec, held.join(parts)),
         attributes=attributes,
         last_offset_delta=n - 1,
         base_timestamp=base_ts,
@@ -331,12 +335,23 @@ def encode_body(
     )
 
 
+#: A body in parts smaller than this is joined before its CRC is taken.
+_JOIN_FIRST = 64 * 1024
+
+
 def _frame(payload: Any, **header: int) -> bytes:
-    """The header (CRC included) and the (compressed) body ``payload``: one batch's bytes."""
-    fields = dict(body_length=len(memoryview(payload)), **header)
+    """The header (CRC included) and the (compressed) body ``payload``: one batch's bytes.
+    ``payload`` is a buffer, or a list of the byte strings the body is made of (joined here
+    once, behind the header). The interpreter lock is held throughout (strom.record.held)."""
+    parts = payload if isinstance(payload, list) else [payload]
+    if len(parts) > 1 and sum(map(len, parts)) < _JOIN_FIRST:
+        parts = [b"".join(parts)]  # one CRC call instead of one per small buffer
+    fields = dict(body_length=sum(len(memoryview(p)) for p in parts), **header)
     provisional = pack_header(crc=0, **fields)
-    crc = crc_of(provisional[CRC_START:], payload)
-    return b"".join((pack_header(crc=crc, **fields), payload))
+    crc = held.crc32c(provisional[CRC_START:])  # crc_of, over the parts in turn
+    for p in parts:
+        crc = held.crc32c(p, crc)
+    return held.join([pack_header(crc=crc, **fields), *parts])
 
 
 def encode_records(records: Iterable[Record | tuple[Any, ...]], **options: Any) -> bytes:

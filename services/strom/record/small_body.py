@@ -17,9 +17,14 @@ itself off if anything differs (another pyarrow version with another layout then
 speed, never correctness). The tests compare random batches byte for byte with pyarrow's
 serialization, and read random (and damaged) bodies both ways.
 
-Scope: values and keys that are lists of ``bytes`` or None, no headers, up to
-:data:`MAX_RECORDS` records. Anything else (and, when reading, any body not in exactly this
-layout) returns None and goes through pyarrow, which also names what is wrong with a bad one.
+Scope: values and keys that are lists of ``bytes`` or None, no headers; read up to
+:data:`MAX_RECORDS` records, written at any size. A bigger batch's binary columns are built
+by pyarrow (``pa.array``: cheaper per record than Python for more than a few dozen) and only
+the IPC message around them is written here: pyarrow's writer lets go of the interpreter
+lock, which costs a producer's sender up to a switch interval per batch beside a busy
+application thread (:mod:`strom.record.held`). Anything else (and, when reading, any body
+not in exactly this layout) returns None and goes through pyarrow, which also names what is
+wrong with a bad one.
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from strom.record import held
 from strom.record.schema import BODY_SCHEMA_V1, HEADERS_TYPE
 
 log = logging.getLogger(__name__)
 
-#: Batches of up to this many records are written and read here.
+#: Batches of up to this many records are read here (and written with Python's own columns).
 MAX_RECORDS = 64
 
 _I32 = struct.Struct("<i")
@@ -151,34 +157,78 @@ def _binary(items: list[Any], n: int) -> tuple[int, list[bytes]] | None:
     return nulls, [bytes(bits), offsets.tobytes(), b"".join(present)]
 
 
+def _arrow_binary(items: list[Any], n: int) -> tuple[int, list[Any]] | None:
+    """:func:`_binary` of a big column, from the buffers of pyarrow's array of it (sliced as
+    pyarrow's IPC writer slices them); None if pyarrow does not take the items."""
+    try:
+        arr = pa.array(items, type=pa.binary())
+    except (pa.ArrowException, TypeError, OverflowError):
+        return None
+    if not isinstance(arr, pa.BinaryArray) or len(arr) != n or arr.offset:
+        return None  # e.g. chunked: more than int32 offsets hold
+    validity, offsets_buf, data = arr.buffers()
+    offsets = memoryview(offsets_buf)[: 4 * (n + 1)]  # type: ignore[arg-type]
+    end = _I32.unpack_from(offsets, 4 * n)[0]
+    nulls = arr.null_count
+    bits: Any = memoryview(validity)[: (n + 7) >> 3] if nulls and validity is not None else b""
+    blob: Any = memoryview(data)[:end] if data is not None else b""
+    return nulls, [bits, offsets, blob]
+
+
+def _zeros(size: int) -> bytes:
+    return _ZEROS[:size] if size <= len(_ZEROS) else bytes(size)
+
+
+_offset_deltas = array("i", range(MAX_RECORDS)).tobytes()
+
+
+def _deltas_bytes(n: int) -> Any:
+    """Offset deltas 0..n-1 as int32 bytes (kept for the biggest batch so far)."""
+    global _offset_deltas
+    have = _offset_deltas
+    if 4 * n > len(have):
+        have = _offset_deltas = array("i", range(max(n, 2 * len(have) // 4))).tobytes()
+    return memoryview(have)[: 4 * n]
+
+
 def serialize(values: list[Any], keys: list[Any] | None, deltas: np.ndarray) -> bytes | None:
     """The Arrow IPC body of a batch of ``values`` (and ``keys``, or all-null keys), no
     headers, offset deltas 0..n-1 and timestamp ``deltas`` (int64 array); None when this
     module does not write such a batch (see the module docstring)."""
+    parts = _serialize(_layout(), values, keys, deltas)
+    return None if parts is None else held.join(parts)
+
+
+def serialize_parts(
+    values: list[Any], keys: list[Any] | None, deltas: np.ndarray
+) -> list[Any] | None:
+    """:func:`serialize`'s body as the byte strings it is made of, in order, unjoined: the
+    caller frames them and joins once (a big batch's bytes are then copied once, not twice)."""
     return _serialize(_layout(), values, keys, deltas)
 
 
 def _serialize(
     layout: _Layout | None, values: list[Any], keys: list[Any] | None, deltas: np.ndarray
-) -> bytes | None:
+) -> list[Any] | None:
     n = len(values)
-    if layout is None or not 0 < n <= MAX_RECORDS or (keys is not None and len(keys) != n):
+    if layout is None or n <= 0 or (keys is not None and len(keys) != n):
         return None
-    vcol = _binary(values, n)
+    column = _binary if n <= MAX_RECORDS else _arrow_binary
+    vcol = column(values, n)
     if keys is None:
-        kcol: tuple[int, list[bytes]] | None = (
+        kcol: tuple[int, list[Any]] | None = (
             n,
-            [_ZEROS[: (n + 7) >> 3], _ZEROS[: 4 * (n + 1)], b""],
+            [_zeros((n + 7) >> 3), _zeros(4 * (n + 1)), b""],
         )
     else:
-        kcol = _binary(keys, n)
+        kcol = column(keys, n)
     if vcol is None or kcol is None:
         return None
-    bitmap = _ZEROS[: (n + 7) >> 3]
-    list_offsets = _ZEROS[: 4 * (n + 1)]
+    bitmap = _zeros((n + 7) >> 3)
+    list_offsets = _zeros(4 * (n + 1))
     buffers = (
         b"",
-        _DELTAS[: 4 * n],
+        _deltas_bytes(n),
         b"",
         deltas.astype("<i8", copy=False).tobytes(),
         *kcol[1],
@@ -195,7 +245,7 @@ def _serialize(
     )
     places: list[int] = []
     prefix = bytearray(layout.prefix)
-    parts: list[bytes | bytearray] = [prefix]
+    parts: list[Any] = [prefix]
     pos = 0
     for buf in buffers:
         size = len(buf)
@@ -212,10 +262,8 @@ def _serialize(
     )
     _I64.pack_into(prefix, layout.length, n)
     _I64.pack_into(prefix, layout.body_length, pos)
-    return b"".join(parts)
+    return parts
 
-
-_DELTAS = array("i", range(MAX_RECORDS)).tobytes()
 
 Columns = tuple[list[int], list[int], "list[bytes | None] | None", "list[bytes | None] | None"]
 
@@ -318,7 +366,7 @@ def _self_check() -> _Layout | None:
         for values, keys in samples:
             deltas = np.arange(len(values), dtype=np.int64) * 7 - 3
             body = _pyarrow_body(values, keys, deltas)
-            if _serialize(layout, values, keys, deltas) != body:
+            if b"".join(_serialize(layout, values, keys, deltas) or ()) != body:
                 raise ValueError("bytes differ from pyarrow's")
             expected = (list(range(len(values))), deltas.tolist(), _nulls_as_none(keys))
             if _columns(layout, body, len(values)) != (*expected, _nulls_as_none(values)):
