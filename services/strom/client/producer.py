@@ -338,8 +338,10 @@ class Producer:
             if self.partitioner is not None:
                 partition = self.partitioner(key, n)
             elif key is not None:
-                h = _key_hashes.get(key)
-                partition = (_hash_key(key) if h is None else h) % n
+                try:
+                    partition = _key_hashes[key] % n
+                except KeyError:
+                    partition = _hash_key(key) % n
             else:
                 partition = self._sticky.get(topic)
                 if partition is None or partition >= n:
