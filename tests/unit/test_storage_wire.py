@@ -4,6 +4,7 @@ and the append writer keeps arrival order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -140,6 +141,52 @@ def test_writer_keeps_arrival_order_across_inline_and_threaded_jobs() -> None:
         assert await first == "big" and await second == "small"
         assert order == ["big", "small"]
         assert await writer.run(small, 10) == "small" and writer.pending == 0  # idle: inline
+        writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_callers_append_is_still_written_in_order_and_published() -> None:
+    """A client that goes away (its call cancelled) while its append waits on the writer
+    thread: the append still counts as pending until written, so a later small append queues
+    behind it instead of running inline beside it, and what follows the append (``then``:
+    the high watermark, woken fetches) still runs."""
+
+    async def main() -> None:
+        writer = AppendWriter(inline_max_bytes=100)
+        order: list[str] = []
+        release = threading.Event()
+        published = asyncio.Event()
+
+        def big() -> str:
+            release.wait(5)
+            order.append("big")
+            return "big"
+
+        def small() -> str:
+            order.append("small")
+            return "small"
+
+        def publish(result: str) -> str:
+            order.append(f"published {result}")
+            published.set()
+            return result
+
+        gone = asyncio.create_task(writer.run(big, 1000, publish))
+        await asyncio.sleep(0)  # submitted to the thread, blocked there
+        gone.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+        assert writer.pending == 1  # still on the thread
+        later = asyncio.create_task(writer.run(small, 10))  # must not run inline now
+        await asyncio.sleep(0)
+        assert order == []
+        release.set()
+        await published.wait()
+        assert await later == "small"
+        assert [x for x in order if not x.startswith("published")] == ["big", "small"]
+        assert order.index("published big") > order.index("big")
+        assert writer.pending == 0
         writer.close()
 
     asyncio.run(main())

@@ -204,7 +204,32 @@ class StorageServicer(
         Returns the record bytes written."""
         jobs = [(part.log, records, part.leader_epoch) for _, part, records in pending]
         size = sum(len(records) for _, _, records in pending)
-        outcomes = await self.writer.run(functools.partial(_append_jobs, jobs), size)
+        # Published as soon as the appends are done, even if the client has gone meanwhile
+        # (strom.storage.writer): what is in the log must reach the watermark and the fetches.
+        appended, flushes, commits = await self.writer.run(
+            functools.partial(_append_jobs, jobs),
+            size,
+            functools.partial(self._publish, pending, acks),
+        )
+        if flushes:
+            await asyncio.gather(*(self._flush(pr, part) for pr, part in flushes))
+        if commits:
+            timeout = max(timeout_ms, 0) / 1000.0
+            await asyncio.gather(*(self._await_commit(pr, p, o, timeout) for pr, p, o in commits))
+        return appended
+
+    def _publish(
+        self,
+        pending: list[tuple[pb.ProducePartitionResponse, Partition, Any]],
+        acks: int,
+        outcomes: list[Any],
+    ) -> tuple[
+        int,
+        list[tuple[pb.ProducePartitionResponse, Partition]],
+        list[tuple[pb.ProducePartitionResponse, Partition, int]],
+    ]:
+        """Back on the loop after the appends: answers, metrics, watermarks, woken fetches;
+        returns the bytes appended and the partitions still to flush and to wait for."""
         flushes: list[tuple[pb.ProducePartitionResponse, Partition]] = []
         commits: list[tuple[pb.ProducePartitionResponse, Partition, int]] = []
         appended = 0
@@ -237,12 +262,7 @@ class StorageServicer(
             if acks == -1:
                 # A duplicate too: the first attempt may not be committed yet.
                 commits.append((pr, part, info.last_offset))
-        if flushes:
-            await asyncio.gather(*(self._flush(pr, part) for pr, part in flushes))
-        if commits:
-            timeout = max(timeout_ms, 0) / 1000.0
-            await asyncio.gather(*(self._await_commit(pr, p, o, timeout) for pr, p, o in commits))
-        return appended
+        return appended, flushes, commits
 
     async def _flush(self, pr: pb.ProducePartitionResponse, part: Partition) -> None:
         """fsync in a thread when flush.messages / flush.ms ask for it; the answer waits so
@@ -303,19 +323,25 @@ class StorageServicer(
                         leader_epoch=part.leader_epoch,
                     )
                     try:
-                        info: AppendInfo = await self.writer.run(job, 128)
+                        info: AppendInfo = await self.writer.run(
+                            job, 128, functools.partial(self._marker_written, m.committed, part)
+                        )
                     except Exception as exc:
                         self._marker_failed(pr, _append_error(part, exc))
                         continue
-                    metrics.TXN_MARKERS.labels("COMMIT" if m.committed else "ABORT").inc()
-                    self.manager.appended.notify(part.tp, info.bytes)
-                    if part.maybe_advance_high_watermark():
-                        self.manager.committed.notify(part.tp, info.bytes)
-                    self.manager.refresh_gauges(part)
                     waits.append(self._marker_committed(pr, part, info.last_offset, timeout))
         if waits:
             await asyncio.gather(*waits)
         return resp
+
+    def _marker_written(self, committed: bool, part: Partition, info: AppendInfo) -> AppendInfo:
+        """Back on the loop after a marker's append (even if the caller has gone meanwhile)."""
+        metrics.TXN_MARKERS.labels("COMMIT" if committed else "ABORT").inc()
+        self.manager.appended.notify(part.tp, info.bytes)
+        if part.maybe_advance_high_watermark():
+            self.manager.committed.notify(part.tp, info.bytes)
+        self.manager.refresh_gauges(part)
+        return info
 
     @staticmethod
     def _marker_failed(pr: pb.TxnMarkerPartitionResult, r: _Refusal) -> None:
