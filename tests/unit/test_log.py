@@ -478,6 +478,28 @@ def test_truncate_to_follower_truncation(tmp_path: Path) -> None:
     assert log.epochs.entries() == []
 
 
+def test_truncation_leaves_the_offset_index_as_if_the_cut_batches_never_came(
+    tmp_path: Path,
+) -> None:
+    """The index's next entry after a truncation is placed as in a log that never had the
+    removed batches (the bytes since the last entry are the surviving tail's, not counting
+    what was cut)."""
+    cut = make_log(tmp_path / "cut-0", index_interval_bytes=1000)
+    plain = make_log(tmp_path / "plain-0", index_interval_bytes=1000)
+    for i in range(12):
+        cut.append(batch(3, tag=f"a{i}-", size=60), leader_epoch=0)
+    cut.truncate_to(9)  # keeps 3 batches (offsets 0..8)
+    for i in range(3):
+        plain.append(batch(3, tag=f"a{i}-", size=60), leader_epoch=0)
+    for log in (cut, plain):
+        for i in range(12):
+            log.append(batch(3, tag=f"b{i}-", size=60), leader_epoch=1)
+    (a,), (b,) = cut.segments, plain.segments
+    assert list(a.index.rel) == list(b.index.rel)
+    assert list(a.index.pos) == list(b.index.pos)
+    assert offsets(read_all(cut)) == offsets(read_all(plain)) == list(range(45))
+
+
 def test_truncate_to_segment_boundary(tmp_path: Path) -> None:
     log = make_log(tmp_path / "t-0", segment_bytes=1024)
     for _ in range(5):

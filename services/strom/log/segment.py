@@ -454,11 +454,15 @@ class LogSegment:
             self.next_offset = self.base_offset
             self.max_timestamp = -1
             self.first_batch_timestamp = -1
+            self._bytes_since_index = 0
             self._set_tail(())
         else:
             last_base, ipos = self.index.last()
             tail = self.batch_headers(ipos)
             self._set_tail(tail)
+            # What the next index entry counts from: the surviving batches after the last
+            # entry (the removed ones must not bring it forward).
+            self._bytes_since_index = sum(h.size for h in tail)
             self.next_offset = tail[-1].next_offset if tail else last_base
             self.max_timestamp = max(
                 [self.time_index.max_timestamp] + [h.max_timestamp for h in tail]
