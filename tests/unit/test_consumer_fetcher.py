@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from strom.api import common_pb2, storage_pb2
+from strom.client import downgrades
 from strom.client.fetcher import (
     CONSUMER_SCHEMA,
     SPLIT_REQUEST_BYTES,
@@ -787,7 +788,10 @@ class AppendingLeader:
         )
 
 
-def test_a_node_that_does_not_follow_gets_a_request_per_answer_and_nothing_is_missed() -> None:
+def test_a_node_that_does_not_follow_gets_a_request_per_answer_and_nothing_is_missed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(downgrades, "RECHECK_S", 1.0)
     """A node of an older version ignores ``follow`` and answers once: the consumer sees no
     follow header after the first answer, stops following that node and fetches as before
     (a request per answer), in order, without waiting out a long poll."""
@@ -858,6 +862,19 @@ def test_a_node_that_does_not_follow_gets_a_request_per_answer_and_nothing_is_mi
         assert address in f._no_follow
         assert leader.follow_requests == 1  # tried once, then not again
         assert leader.requests >= 12
+        # Once the re-check time has passed, the node is tried again (it may have been
+        # upgraded at the same address).
+        deadline = time.monotonic() + 30
+        while leader.follow_requests < 2:
+            assert time.monotonic() < deadline, "the follow was never tried again"
+            threading.Timer(0.05, leader.append).start()
+            n = len(got)
+            while len(got) == n:
+                items, _ = f.collect(1000, arrow=False)
+                got.extend(r.offset for r in items)
+                if not items and not f.fetch_inline(5.0):
+                    f.wait(5.0)
+        assert got == list(range(len(got)))
     finally:
         f.close()
         f.join(5)

@@ -75,6 +75,7 @@ import pyarrow as pa
 from strom.api import common_pb2, storage_pb2
 from strom.client import trace
 from strom.client.cluster import ClusterClient, refused
+from strom.client.downgrades import Downgrades
 from strom.client.metadata import MetadataCache
 from strom.client.offsets import TRANSPORT_RETRY
 from strom.client.streams import FetchStreams, FollowStream
@@ -682,9 +683,9 @@ class Fetcher:
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         #: Fetches go on streams (strom.client.streams) except to nodes that lack them.
         self._streams = FetchStreams(storage_pb2.FetchRequest.SerializeToString, self._client_md)
-        self._unary_only: set[str] = set()
+        self._unary_only = Downgrades()
         #: Nodes that answered a followed request once only (an older version).
-        self._no_follow: set[str] = set()
+        self._no_follow = Downgrades()
         self._follow: _Follow | None = None
         self._constants = _Constants()
         self._refresher = threading.Thread(

@@ -64,6 +64,7 @@ from strom.client.accumulator import (
     ProducerBatch,
 )
 from strom.client.cluster import ClusterClient, refused
+from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
@@ -288,7 +289,7 @@ class Producer:
         self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
         #: address -> its ProduceStream (strom.client.streams); nodes without: unary calls.
         self._streams: dict[str, RequestStream] = {}
-        self._unary_only: set[str] = set()
+        self._unary_only = Downgrades()
         self._spin = SpinKeeper()  # gRPC's completion thread stays up between requests
         self._flushing = 0
         self._closing = False
