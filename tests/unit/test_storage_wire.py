@@ -190,3 +190,15 @@ def test_a_cancelled_callers_append_is_still_written_in_order_and_published() ->
         writer.close()
 
     asyncio.run(main())
+
+
+def test_an_append_the_closed_writer_refuses_leaves_nothing_pending() -> None:
+    async def main() -> None:
+        writer = AppendWriter(inline_max_bytes=100)
+        writer.close()
+        with pytest.raises(RuntimeError):
+            await writer.run(lambda: "big", 1000)
+        assert writer.pending == 0
+        assert await writer.run(lambda: "small", 10) == "small"  # still inline
+
+    asyncio.run(main())

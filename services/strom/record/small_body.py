@@ -362,12 +362,21 @@ def _self_check() -> _Layout | None:
             ([b"v"] * 9, [b"k", None, b"", b"kk", None, b"k", b"k", b"k", b"k"]),
             ([b""] * MAX_RECORDS, [b"k" * 3] * MAX_RECORDS),
             ([None], [None]),
+            # Bigger batches: pyarrow's columns inside this module's message (its writer's
+            # trimming of validity, offsets and data buffers reproduced).
+            (
+                [b"v%d" % i if i % 7 else None for i in range(3 * MAX_RECORDS + 5)],
+                [b"" if i % 5 else None for i in range(3 * MAX_RECORDS + 5)],
+            ),
+            ([b"x" * 9] * (2 * MAX_RECORDS), None),
         ]
         for values, keys in samples:
             deltas = np.arange(len(values), dtype=np.int64) * 7 - 3
             body = _pyarrow_body(values, keys, deltas)
             if b"".join(_serialize(layout, values, keys, deltas) or ()) != body:
                 raise ValueError("bytes differ from pyarrow's")
+            if len(values) > MAX_RECORDS:
+                continue  # read by pyarrow
             expected = (list(range(len(values))), deltas.tolist(), _nulls_as_none(keys))
             if _columns(layout, body, len(values)) != (*expected, _nulls_as_none(values)):
                 raise ValueError("read back differently from what pyarrow wrote")

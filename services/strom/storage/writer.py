@@ -81,7 +81,12 @@ class AppendWriter:
             if not answer.cancelled():
                 answer.set_result(out)
 
-        loop.run_in_executor(self._executor, timed).add_done_callback(finished)
+        try:
+            ran = loop.run_in_executor(self._executor, timed)
+        except BaseException:  # not submitted (the writer is closed): nothing is pending
+            self.pending -= 1
+            raise
+        ran.add_done_callback(finished)
         return await answer
 
     def close(self) -> None:
