@@ -268,13 +268,16 @@ def _encode_direct(
         ts = held.as_int64(ts)
         if n <= _SMALL:
             stamps = ts.tolist()  # min/max of a few Python ints: cheaper than two ufunc calls
-            min_ts, max_ts = min(stamps), max(stamps)
+            if min(stamps) < 0:
+                return None
+            base_ts, max_ts = stamps[0], max(stamps)
+            deltas = ts - base_ts
         else:
             min_ts, max_ts = held.min_max(ts)
-        if min_ts < 0:
-            return None
-        base_ts = int(ts[0])
-        deltas = held.minus(ts, base_ts)
+            if min_ts < 0:
+                return None
+            base_ts = int(ts[0])
+            deltas = held.minus(ts, base_ts)
     else:
         return None
     parts = small_body.serialize_parts(values, keys, deltas)
@@ -341,14 +344,27 @@ _JOIN_FIRST = 64 * 1024
 
 def _frame(payload: Any, **header: int) -> bytes:
     """The header (CRC included) and the (compressed) body ``payload``: one batch's bytes.
-    ``payload`` is a buffer, or a list of the byte strings the body is made of (joined here
-    once, behind the header). The interpreter lock is held throughout (strom.record.held)."""
-    parts = payload if isinstance(payload, list) else [payload]
-    if len(parts) > 1 and sum(map(len, parts)) < _JOIN_FIRST:
-        parts = [b"".join(parts)]  # one CRC call instead of one per small buffer
+    ``payload`` is a buffer, or a list of the byte strings the body is made of (a big one is
+    joined once, behind the header). The interpreter lock is held throughout
+    (strom.record.held)."""
+    if isinstance(payload, list):
+        if sum(map(len, payload)) >= _JOIN_FIRST:
+            return _frame_parts(payload, header)
+        payload = b"".join(payload)
+    fields = dict(body_length=len(memoryview(payload)), **header)
+    provisional = pack_header(crc=0, **fields)
+    crc = held.crc32c(payload, held.crc32c(provisional[CRC_START:]))  # crc_of, lock held
+    head = pack_header(crc=crc, **fields)
+    if fields["body_length"] < held.JOIN_THRESHOLD:
+        return b"".join((head, payload))
+    return held.join((head, payload))
+
+
+def _frame_parts(parts: list[Any], header: dict[str, int]) -> bytes:
+    """:func:`_frame` of a big body in parts: its CRC taken part by part, one join."""
     fields = dict(body_length=sum(len(memoryview(p)) for p in parts), **header)
     provisional = pack_header(crc=0, **fields)
-    crc = held.crc32c(provisional[CRC_START:])  # crc_of, over the parts in turn
+    crc = held.crc32c(provisional[CRC_START:])
     for p in parts:
         crc = held.crc32c(p, crc)
     return held.join([pack_header(crc=crc, **fields), *parts])
