@@ -216,3 +216,65 @@ def test_compacted_topics_are_cleaned_by_dirty_ratio(cluster: LocalCluster) -> N
         assert latest == {keys[i % 5]: b"r2-%d" % i for i in range(35, 40)}
         offsets = [o for o, _, _ in got]
         assert offsets == sorted(offsets) and offsets[-1] == 189
+
+
+def followed_fetches(c: LocalCluster) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{c.nodes[0].metrics_port}/metrics").read()
+    found = re.findall(
+        r"^strom_storage_fetch_followed_total(?:\{[^}]*\})? (\S+)$", text.decode(), re.M
+    )
+    return sum(float(v) for v in found)
+
+
+def test_a_followed_consumer_of_a_compacted_topic_misses_nothing_while_it_is_cleaned(
+    cluster: LocalCluster,
+) -> None:
+    """A consumer caught up on a compacted topic (its fetches followed by the node) while the
+    cleaner rewrites the segments behind it: it gets every record in offset order, each with
+    the value written at that offset, and the log it leaves behind is compacted."""
+    b = cluster.bootstrap
+    topic, tp = "cfg-follow", TopicPartition("cfg-follow", 0)
+    with Admin(b) as admin:
+        admin.create_topic(
+            topic,
+            1,
+            1,
+            config={
+                "cleanup.policy": "compact",
+                "segment.bytes": "2048",
+                "min.cleanable.dirty.ratio": "0.01",
+            },
+        )
+    keys = [b"k%d" % i for i in range(5)]
+    written: dict[int, tuple[bytes, bytes]] = {}
+    seen: list[tuple[int, bytes | None, bytes | None]] = []
+    followed_before = followed_fetches(cluster)
+    with (
+        Producer(b, linger_ms=0) as producer,
+        Consumer(b, auto_offset_reset="earliest", fetch_max_wait_ms=500) as consumer,
+    ):
+        consumer.assign([tp])
+        for round_ in range(4):
+            cleaned_before = cleanings(cluster)
+            for i in range(60):  # one batch each, so that segments roll within a round
+                key, value = keys[i % 5], b"r%d-%d" % (round_, i)
+                future = producer.send(topic, value, key=key)
+                producer.flush()
+                written[future.result(10).offset] = (key, value)
+            end = max(written) + 1
+            deadline = time.monotonic() + 30
+            while consumer.position(tp) < end:
+                assert time.monotonic() < deadline, "the consumer did not catch up"
+                seen.extend((r.offset, r.key, r.value) for r in consumer.poll(timeout_ms=500))
+            # The cleaner rewrites the closed segments behind the (caught-up) consumer.
+            wait_for(
+                lambda before=cleaned_before: cleanings(cluster) > before,
+                timeout=60,
+                what="a cleaning after this round",
+            )
+    assert followed_fetches(cluster) > followed_before  # the node followed this consumer
+    assert [o for o, _, _ in seen] == sorted(written)  # all of them, in order, once each
+    assert all(written[o] == (k, v) for o, k, v in seen)
+    left = read_all(b, topic)
+    assert len(left) < len(written)  # compacted
+    assert {k: v for _, k, v in left} == {keys[i % 5]: b"r3-%d" % i for i in range(55, 60)}
