@@ -99,7 +99,7 @@ class AppendInfo:
 class ReadResult:
     """Batches read from the log and the offset right after them."""
 
-    data: bytes
+    data: bytes | memoryview
     next_offset: int
     log_start_offset: int
     log_end_offset: int

@@ -270,10 +270,11 @@ class LogSegment:
         max_offset: int,
         epoch_for: EpochLookup,
         min_one: bool,
-    ) -> tuple[bytes, int]:
+    ) -> tuple[bytes | memoryview, int]:
         """Read whole batches from ``position`` up to ``max_bytes`` and below ``max_offset``.
 
-        Returns (data, next offset after the returned batches). Every returned batch is
+        Returns (data, next offset after the returned batches): data is a view of the one
+        read buffer when the read ends before it (no copy). Every returned batch is
         checked (CRC, contiguity from ``expected_base``, leader epoch); a failure raises
         :class:`CorruptLogError` instead of serving bad bytes.
         """
@@ -311,7 +312,9 @@ class LogSegment:
                 break
         if pos == len(chunk):
             return chunk, expected
-        return bytes(view[:pos]), expected
+        # A view, not a copy: the fetch answer is joined once around it anyway (a copy of
+        # every byte served here was 8 % of a node's CPU serving a lagging consumer).
+        return view[:pos], expected
 
     def _verify(
         self,
