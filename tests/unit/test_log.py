@@ -1068,6 +1068,62 @@ def test_corruption_before_recovery_point_is_detected_on_read(
     assert later == [before[o] for o in range(bad_batch.next_offset, max(before) + 1)]
 
 
+def test_a_batch_s_crc_is_taken_once_per_process(tmp_path: Path) -> None:
+    """A read checks the CRC of a batch this process has not checked yet (a segment opened
+    from disk: its first reads) and remembers what it checked; an appended batch was checked
+    on the way in. A byte that goes bad after that is served as it is, as by Kafka's
+    brokers, and refused by the reader's own CRC check; a restarted node checks again."""
+    mgr = _manager(tmp_path, segment_bytes=1 << 20, index_interval_bytes=0)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, 12)
+    mgr.flush_all()
+    mgr.close()  # a clean shutdown: the segment is trusted, none of it read yet
+    victim = seg_files(tmp_path / "t-0")[0]
+    pos = positions(victim)
+
+    # Opened from disk: damage in a batch nothing has read yet is refused by the log itself.
+    flip_byte(victim, pos[4] + HEADER_SIZE + 3)
+    mgr = _manager(tmp_path, segment_bytes=1 << 20, index_interval_bytes=0)
+    log = mgr.get("t", 0)
+    bad = read_header(victim.read_bytes(), pos[4])
+    good = log.read(0, max_bytes=pos[4])  # the batches before it: checked and served
+    assert [b.base_offset for b in decode_batches(good.data)] == [
+        read_header(victim.read_bytes(), p).base_offset for p in pos[:4]
+    ]
+    with pytest.raises(CorruptLogError):
+        log.read(bad.base_offset)
+    flip_byte(victim, pos[4] + HEADER_SIZE + 3)  # mended
+
+    # The first four were checked by that read: damage to one of them now is left to the
+    # reader, whose check refuses it.
+    flip_byte(victim, pos[2] + HEADER_SIZE + 3)
+    served = log.read(0, max_bytes=pos[4])
+    with pytest.raises(InvalidBatchError, match="CRC"):
+        decode_batches(served.data)
+    # Past what was checked (the mended batch and later) every CRC is still taken on read.
+    flip_byte(victim, pos[6] + HEADER_SIZE + 3)
+    with pytest.raises(CorruptLogError):
+        log.read(read_header(victim.read_bytes(), pos[5]).base_offset, max_bytes=1 << 20)
+
+    # Batches appended by this process (here to a new segment) were checked on the way in.
+    log.roll()
+    end = log.log_end_offset
+    log.append(batch(3, tag="new"), leader_epoch=log.latest_epoch())
+    fresh = seg_files(tmp_path / "t-0")[-1]
+    assert fresh != victim
+    flip_byte(fresh, HEADER_SIZE + 3)
+    with pytest.raises(InvalidBatchError, match="CRC"):
+        decode_batches(log.read(end).data)
+    mgr.close()
+
+    # A restarted node takes every CRC again.
+    log = _manager(tmp_path, segment_bytes=1 << 20, index_interval_bytes=0).get("t", 0)
+    with pytest.raises(CorruptLogError):
+        log.read(read_header(victim.read_bytes(), pos[2]).base_offset)
+    with pytest.raises(CorruptLogError):
+        log.read(end)
+
+
 def test_corruption_after_recovery_point_is_cut_on_recovery(tmp_path: Path) -> None:
     mgr = _manager(tmp_path, segment_bytes=4096)
     log = mgr.get_or_create("t", 0)

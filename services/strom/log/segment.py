@@ -89,6 +89,11 @@ class LogSegment:
         # segment's batches, restarted at each offset-index entry, at most TAIL_BATCHES.
         self._tail_bases = array("q")
         self._tail_positions = array("q")
+        #: File position below which every batch's CRC-32C was checked by this process (its
+        #: appends, whose batches were checked on the way in, a recovery scan, or a read
+        #: that went through them from here): reads check the CRC of batches past it only.
+        #: A segment opened from disk starts at 0, so its first reads check every batch.
+        self.crc_checked_to = 0
         self.closed = False
 
     # -- preallocation (the preallocate config) ---------------------------------------------
@@ -150,6 +155,8 @@ class LogSegment:
         for h in headers:
             self._index_batch(h, position + h.position)
         self.size += length
+        if self.crc_checked_to == position:  # every caller checked these batches' CRCs
+            self.crc_checked_to = self.size
 
     def _index_batch(self, h: BatchHeader, position: int) -> None:
         if not self.index.rel or self._bytes_since_index >= self.index_interval_bytes:
@@ -275,8 +282,11 @@ class LogSegment:
 
         Returns (data, next offset after the returned batches): data is a view of the one
         read buffer when the read ends before it (no copy). Every returned batch is
-        checked (CRC, contiguity from ``expected_base``, leader epoch); a failure raises
-        :class:`CorruptLogError` instead of serving bad bytes.
+        checked (contiguity from ``expected_base``, leader epoch, header sanity, and its
+        CRC unless this process checked it already: see ``crc_checked_to``); a failure
+        raises :class:`CorruptLogError` instead of serving bad bytes. A CRC is taken once
+        per process, as Kafka's brokers take it on the way in only: a byte that goes bad on
+        disk after that is caught by the consumer's own CRC check (and a follower's).
         """
         want = min(max_bytes, self.size - position)
         chunk = os.pread(self.fd, max(want, HEADER_SIZE if min_one else 0), position)
@@ -305,7 +315,10 @@ class LogSegment:
                     h = read_header(view, 0)
                 else:
                     break
-            self._verify(h, view, epoch_for, position)
+            at = position + pos
+            self._verify(h, view, epoch_for, position, at + h.size > self.crc_checked_to)
+            if at == self.crc_checked_to:
+                self.crc_checked_to = at + h.size
             expected = h.next_offset
             pos += h.size
             if pos >= max_bytes:
@@ -322,10 +335,11 @@ class LogSegment:
         view: memoryview,
         epoch_for: EpochLookup,
         file_position: int,
+        crc: bool = True,
     ) -> None:
         where = f"{self.log_path} position {file_position + h.position}"
         try:
-            check_header(h, view, max_batch_bytes=self.max_batch_bytes)
+            check_header(h, view, verify_crc=crc, max_batch_bytes=self.max_batch_bytes)
         except InvalidBatchError as exc:
             raise CorruptLogError(f"{where}: {exc}") from None
         if h.partition_leader_epoch != epoch_for(h.base_offset):
@@ -397,6 +411,7 @@ class LogSegment:
         if truncated:
             os.ftruncate(self.fd, valid)
             self.size = valid
+        self.crc_checked_to = valid
         self.index.rewrite()
         self.time_index.rewrite()
         self.record_count = 0
@@ -450,6 +465,7 @@ class LogSegment:
         removed = self.size - pos
         os.ftruncate(self.fd, pos)
         self.size = pos
+        self.crc_checked_to = min(self.crc_checked_to, pos)
         self.index.truncate_to_position(pos)
         # Rebuild the in-memory tail state (next offset, max timestamp) from the indexes.
         self.time_index.truncate_to_offset(batch_base)
