@@ -495,7 +495,7 @@ class CompletedFetch:
             if b is None:
                 break
             h = b.header
-            deltas = b.body().column(0).to_numpy()
+            deltas = b.offset_deltas()
             start = 0
             if position > h.base_offset:
                 start = int(np.searchsorted(deltas, position - h.base_offset, side="left"))
