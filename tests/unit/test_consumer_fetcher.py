@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import crc32c
 import pyarrow as pa
 import pytest
 
@@ -24,13 +25,24 @@ from strom.client.fetcher import (
     FetchWireError,
     _Constants,
     corrupt_batches,
+    decode_bodies,
     parse_fetch_response,
 )
 from strom.client.offsets import LeaderMap, PartitionLeader
 from strom.client.types import TopicPartition
 from strom.devcluster.procs import wait_for
 from strom.errors import CorruptMessageError, ErrorCode, NotLeaderError, OffsetOutOfRangeError
-from strom.record import InvalidBatchError, Record, decode_batches, encode_batch
+from strom.record import (
+    BODY_SCHEMA_V1,
+    HEADER_SIZE,
+    InvalidBatchError,
+    Record,
+    decode_batches,
+    encode_batch,
+    read_header,
+    small_body,
+)
+from strom.record.header import CRC_START, pack_header
 from strom.storage.wire import FetchPartitionOut, FetchTopicOut, encode_fetch_response
 
 TP = TopicPartition("t", 0)
@@ -228,6 +240,62 @@ def test_a_corrupt_batch_found_on_arrival_is_raised_only_when_drained() -> None:
             assert offsets == list(range(5))
             with pytest.raises(InvalidBatchError, match="CRC"):
                 cf.take_arrow(pos, 5, _Constants())
+
+
+def _backwards(base: int, n: int) -> bytes:
+    """A batch of ``n`` records with a right CRC whose Arrow body does not pass the reader's
+    checks (its offset deltas go backwards)."""
+    good = encode_batch([b"v%d" % (base + i) for i in range(n)], base_offset=base)
+    h = read_header(good)
+    rb = pa.ipc.read_record_batch(pa.py_buffer(good[HEADER_SIZE:]), BODY_SCHEMA_V1)
+    deltas = pa.array(list(range(n))[::-1], pa.int32())
+    body = (
+        pa.RecordBatch.from_arrays([deltas, *rb.columns[1:]], schema=BODY_SCHEMA_V1)
+        .serialize()
+        .to_pybytes()
+    )
+    fields = dict(
+        base_offset=h.base_offset,
+        body_length=len(body),
+        partition_leader_epoch=h.partition_leader_epoch,
+        attributes=h.attributes,
+        last_offset_delta=h.last_offset_delta,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=h.max_timestamp,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
+        record_count=h.record_count,
+    )
+    crc = crc32c.crc32c(body, crc32c.crc32c(pack_header(crc=0, **fields)[CRC_START:]))
+    return pack_header(crc=crc, **fields) + body
+
+
+def test_big_bodies_are_decoded_on_arrival_and_a_bad_one_is_raised_when_drained() -> None:
+    """The fetch thread decodes the Arrow bodies of batches over ``small_body.MAX_RECORDS``
+    records (pyarrow's releases of the interpreter lock then cost the application's thread
+    nothing); small ones are left to the drain's own reader, and a body that does not decode
+    is left too and raised when drained, after the records before it."""
+    big = small_body.MAX_RECORDS + 36
+    raw = batches((0, big), (big, 10)) + _backwards(big + 10, big) + batches((2 * big + 10, big))
+    bs = decode_batches(raw, verify_crc=False)
+    bad = corrupt_batches(bs)
+    assert bad == set()  # every CRC is right
+    decode_bodies(bs, bad)
+    assert [b._body is not None for b in bs] == [True, False, False, True]
+    for take in ("records", "arrow"):
+        cf = CompletedFetch(TP, bs, corrupt=bad)
+        if take == "records":
+            recs, pos = cf.take_records(0, 10_000)
+            assert [r.offset for r in recs] == list(range(big + 10))
+            with pytest.raises(InvalidBatchError, match="increasing"):
+                cf.take_records(pos, 10)
+        else:
+            pieces, pos, n = cf.take_arrow(0, 10_000, _Constants())
+            offsets = pa.Table.from_batches(pieces).column("offset").to_pylist()
+            assert offsets == list(range(big + 10)) and n == pos == big + 10
+            with pytest.raises(InvalidBatchError, match="increasing"):
+                cf.take_arrow(pos, 10, _Constants())
 
 
 # -- the fetch workers against a scripted leader ----------------------------------------------
@@ -623,6 +691,21 @@ def test_the_fetch_thread_checks_crcs_and_the_poll_raises_after_the_good_records
         exc = f.take_error()
         assert isinstance(exc, CorruptMessageError) and "CRC" in str(exc)
         assert f.position(TP) == 10  # nothing of the bad batch was returned
+    finally:
+        stop(f, leader)
+
+
+def test_the_fetch_thread_decodes_a_big_batch_before_the_poll_drains_it() -> None:
+    big = small_body.MAX_RECORDS + 36
+    leader = FakeLeader([(0, big), (big, 10)])
+    f, _, _fetched = make_fetcher({"n1": leader})
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        part = f.parts[TP]
+        wait_for(lambda: len(part.completed) == 2, timeout=5, what="both answers")
+        with f._lock:  # decoded when it arrived, before anything drained it
+            assert [cf.batches[0]._body is not None for cf in part.completed] == [True, False]
+        assert drain(f, big + 10) == list(range(big + 10))
     finally:
         stop(f, leader)
 
