@@ -47,8 +47,8 @@ a seek can never be returned after it.
 
 Nothing here loops over records in Python: a response is split into batches by header when it
 arrives (and CRC-checked there, on the fetch thread, with the interpreter lock released); a
-failed check is raised only when the consumer drains that batch. Bodies are decoded only when
-drained, to Python
+failed check is raised only when the consumer drains that batch. Uncompressed bodies of over
+64 records are decoded there too (:func:`decode_bodies`); the others when drained, to Python
 records (``take_records``: columns convert in C, one tuple per record) or straight to Arrow
 (``take_arrow``: no per-record work at all).
 """
@@ -343,15 +343,18 @@ def decode_bodies(batches: list[RecordBatch], corrupt: frozenset[int] | None) ->
     pyarrow lets go of the interpreter lock inside each of its calls (reading the IPC
     message, the full validation), and on the application's thread each such call could
     hand the lock to a fetch thread and then wait to get it back: measured in a poll_arrow
-    loop, ~110 µs of wall time per 2,300-record batch against ~17 µs of work. Batches of up
-    to ``small_body.MAX_RECORDS`` records are left alone (a drain reads those without
-    pyarrow), and so are control and corrupt batches. A body that does not decode is left
-    for the drain too, which raises when it reaches that batch, after the good ones.
+    loop, ~110 µs of wall time per 2,300-record batch against ~17 µs of work. Left for the
+    drain: batches of up to ``small_body.MAX_RECORDS`` records (``take_records`` reads those
+    without pyarrow), compressed ones (decompressed, a buffered answer would hold several
+    times its bytes: the buffering bound is in compressed bytes), control and corrupt ones,
+    and a body that does not decode, which the drain raises when it reaches that batch,
+    after the good ones.
     """
     for b in batches:
         h = b.header
         if (
             h.record_count > small_body.MAX_RECORDS
+            and not h.codec
             and not h.is_control
             and (corrupt is None or h.base_offset not in corrupt)
         ):

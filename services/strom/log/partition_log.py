@@ -972,8 +972,8 @@ class Log:
             return out
 
 
-def _decode(data: bytes) -> list[RecordBatch]:
+def _decode(data: bytes | memoryview) -> list[RecordBatch]:
     try:
         return decode_batches(data)
-    except InvalidBatchError as exc:  # the read path checked CRCs; a body fault is corruption
+    except InvalidBatchError as exc:  # a CRC or body fault in what the log holds: corruption
         raise CorruptLogError(str(exc)) from exc

@@ -4,8 +4,10 @@ A segment's batches tile its offset range: the first batch may start at or after
 segment's base offset, and each later batch starts exactly where the previous one ended.
 That rule, and the leader epoch each batch must carry (from the epoch cache), are checked on
 every read and during recovery. They cover the two header fields the CRC leaves out (base
-offset and leader epoch), so a corrupted byte anywhere in a batch is caught before it is
-served.
+offset and leader epoch), so with the CRC a corrupted byte anywhere in a batch is caught. The
+CRC itself is taken once per batch and process (on the way in, by a recovery scan, or by the
+first read that walks through it: ``crc_checked_to``), as Kafka's brokers take it on the way
+in only; a byte that goes bad on disk after that is left to the reader's own CRC check.
 """
 
 from __future__ import annotations
@@ -92,7 +94,9 @@ class LogSegment:
         #: File position below which every batch's CRC-32C was checked by this process (its
         #: appends, whose batches were checked on the way in, a recovery scan, or a read
         #: that went through them from here): reads check the CRC of batches past it only.
-        #: A segment opened from disk starts at 0, so its first reads check every batch.
+        #: A segment opened from disk starts at 0, so its first reads check every batch; it
+        #: moves only from where it is, so reads that start further in keep checking until
+        #: one walks on from the checked prefix (a cost, not a gap).
         self.crc_checked_to = 0
         self.closed = False
 
@@ -325,6 +329,10 @@ class LogSegment:
                 break
         if pos == len(chunk):
             return chunk, expected
+        if pos * 2 < len(chunk):
+            # Mostly unused (the read stopped at the high watermark): a view would keep the
+            # whole buffer alive while the answer waits, so the small part is copied.
+            return bytes(view[:pos]), expected
         # A view, not a copy: the fetch answer is joined once around it anyway (a copy of
         # every byte served here was 8 % of a node's CPU serving a lagging consumer).
         return view[:pos], expected

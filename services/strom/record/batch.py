@@ -461,7 +461,8 @@ class RecordBatch:
     def body(self) -> pa.RecordBatch:
         """The Arrow body in the v1 body schema (offset/timestamp deltas)."""
         if self._body is None:
-            self._body, self._columns, self._deltas = _decode_body(self.header, self.raw)
+            body, self._columns, self._deltas = _decode_body(self.header, self.raw)
+            self._body = body  # last: it is what says the others are set
         return self._body
 
     def offset_deltas(self) -> np.ndarray:
@@ -524,7 +525,8 @@ class RecordBatch:
             payload = _payload(h, self.raw)
             small = small_body.columns(payload, n)
             if small is None:  # another layout: pyarrow reads the payload already here
-                self._body, self._columns, self._deltas = _decode_payload(h, payload)
+                body, self._columns, self._deltas = _decode_payload(h, payload)
+                self._body = body  # last, as in body()
         if small is not None:
             deltas, stamp_deltas, keys, values = small
             _check_deltas(h, deltas[0], deltas[-1], any(b <= a for a, b in pairwise(deltas)))
