@@ -4,10 +4,9 @@ compute what the plain numpy / bytes / crc32c calls compute."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import crc32c
@@ -16,54 +15,95 @@ import pytest
 
 from strom.record import decode_batches, encode_batch, held
 
+# The probe runs in a fresh interpreter: threads that earlier tests of this process left
+# behind would take the lock when a call lets go of it (the spinner then does not move) or
+# hold it past the switch interval (the spinner then moves with no release at all).
+_PROBE = r"""
+import json, sys, threading, time
+import crc32c
+import numpy as np
+from strom.record import encode_batch, held
 
-class _Spinner:
-    """A thread counting in Python: it advances only while it holds the interpreter lock.
 
-    With a long switch interval, the main thread loses the lock only where it lets go of it
-    itself, so a count that did not move across a call means the call kept the lock."""
-
-    def __init__(self) -> None:
+class Spinner:
+    # A thread counting in Python: it advances only while it holds the interpreter lock.
+    # With a long switch interval the main thread loses the lock only where it lets go of
+    # it itself, so a count that did not move across a call means the call kept the lock.
+    def __init__(self):
         self.count = 0
-        self._stop = False
-        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self.stop = False
+        self.thread = threading.Thread(target=self.spin, daemon=True)
 
-    def _spin(self) -> None:
-        while not self._stop:
+    def spin(self):
+        while not self.stop:
             self.count += 1
 
-    def __enter__(self) -> _Spinner:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while self.count == 0:  # let go (sleep) until the spinner has run
-            assert time.monotonic() < deadline, "the spinner thread never ran"
-            time.sleep(0.001)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop = True
-        self._thread.join()
-
-    def moved_during(self, call: Callable[[], Any]) -> bool:
+    def moved_during(self, call):
         time.sleep(0)  # take the lock back from the spinner first (a fresh interval)
         before = self.count
         call()
         return self.count != before
 
 
-@pytest.fixture
-def spinner() -> Iterator[_Spinner]:
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.2)  # far longer than any call below takes (~1-5 ms)
-    try:
-        with _Spinner() as s:
-            yield s
-    finally:
-        sys.setswitchinterval(old)
+n = 3000  # over numpy's 500-item threshold, several slices
+big = dict(
+    values=[b"v" * 100] * n,
+    keys=[str(i % 100).encode() for i in range(n)],
+    timestamps=held.as_int64(np.arange(n, dtype=np.float64) * 0.37 + 1.7e12),
+    producer_id=5,
+    base_sequence=0,
+)
+blob = bytes(4 << 20)
+floats = np.arange(20_000, dtype=np.float64) * 1.5
+ints = np.arange(20_000, dtype=np.int64)
+calls = {
+    "probe: sleep": lambda: time.sleep(0.01),
+    "probe: crc32c.crc32c": lambda: crc32c.crc32c(blob),
+    "crc32c": lambda: held.crc32c(blob),
+    "join": lambda: held.join([blob, blob]),
+    "as_int64": lambda: held.as_int64(floats),
+    "min_max": lambda: held.min_max(ints),
+    "minus": lambda: held.minus(ints, 3),
+    "encode_batch": lambda: encode_batch(**big),
+}
+for call in calls.values():  # first uses paid before the spinner runs
+    call()
+sys.setswitchinterval(0.2)  # far longer than any call here takes (~1-5 ms)
+s = Spinner()
+s.thread.start()
+while s.count == 0:
+    time.sleep(0.001)
+# Moved in each of 3 calls: a call that lets go does so every time; a stall of the whole
+# process past the switch interval on a loaded machine moves it at most once in a while.
+print(json.dumps({k: all(s.moved_during(c) for _ in range(3)) for k, c in calls.items()}))
+s.stop = True
+"""
+
+
+@pytest.fixture(scope="module")
+def moved() -> dict[str, bool]:
+    """For each call: whether a spinning thread moved during it (in 3 of 3 tries)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=True
+    )
+    result: dict[str, bool] = json.loads(out.stdout)
+    return result
+
+
+def test_the_probe_sees_calls_that_let_go(moved: dict[str, bool]) -> None:
+    assert moved["probe: sleep"] and moved["probe: crc32c.crc32c"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["crc32c", "join", "as_int64", "min_max", "minus", "encode_batch"],
+)
+def test_the_senders_encode_steps_keep_the_lock(moved: dict[str, bool], name: str) -> None:
+    assert moved[name] is False
 
 
 def _big_batch() -> dict[str, Any]:
-    n = 3000  # over numpy's 500-item threshold, several slices
+    n = 3000
     return dict(
         values=[b"v" * 100] * n,
         keys=[str(i % 100).encode() for i in range(n)],
@@ -71,41 +111,6 @@ def _big_batch() -> dict[str, Any]:
         producer_id=5,
         base_sequence=0,
     )
-
-
-def test_the_probe_sees_a_call_that_lets_go(spinner: _Spinner) -> None:
-    assert spinner.moved_during(lambda: time.sleep(0.01))
-
-
-@pytest.fixture(scope="module")
-def steps() -> dict[str, Callable[[], Any]]:
-    """The calls, with their inputs built (and first uses paid) before the spinner runs: with
-    the long switch interval every release of the lock costs the main thread 0.2 s."""
-    blob = bytes(4 << 20)
-    floats = np.arange(20_000, dtype=np.float64) * 1.5
-    ints = np.arange(20_000, dtype=np.int64)
-    big = _big_batch()
-    calls: dict[str, Callable[[], Any]] = {
-        "crc32c": lambda: held.crc32c(blob),
-        "join": lambda: held.join([blob, blob]),
-        "as_int64": lambda: held.as_int64(floats),
-        "min_max": lambda: held.min_max(ints),
-        "minus": lambda: held.minus(ints, 3),
-        "encode_batch": lambda: encode_batch(**big),
-    }
-    for call in calls.values():
-        call()
-    return calls
-
-
-@pytest.mark.parametrize(
-    "name",
-    ["crc32c", "join", "as_int64", "min_max", "minus", "encode_batch"],
-)
-def test_the_senders_encode_steps_keep_the_lock(
-    steps: dict[str, Callable[[], Any]], spinner: _Spinner, name: str
-) -> None:
-    assert not spinner.moved_during(steps[name])
 
 
 def test_held_steps_compute_what_the_plain_calls_do() -> None:
