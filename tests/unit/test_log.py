@@ -1109,7 +1109,25 @@ def test_a_batch_s_crc_is_taken_once_per_process(tmp_path: Path) -> None:
     with pytest.raises(CorruptLogError):
         log.read(read_header(victim.read_bytes(), pos[5]).base_offset, max_bytes=1 << 20)
 
-    # Batches appended by this process (here to a new segment) were checked on the way in.
+    # A read that starts in the middle (as a restarted node's consumers resume) takes the
+    # CRCs of what it reads once too.
+    mid = read_header(victim.read_bytes(), pos[8]).base_offset
+    assert (
+        log.read(mid, max_bytes=pos[11] - pos[8]).next_offset
+        == read_header(victim.read_bytes(), pos[11]).base_offset
+    )
+    flip_byte(victim, pos[9] + HEADER_SIZE + 3)
+    with pytest.raises(InvalidBatchError, match="CRC"):
+        decode_batches(log.read(mid, max_bytes=pos[11] - pos[8]).data)
+
+    # Batches appended by this process were checked on the way in: at the end of the segment
+    # it opened from disk, and in a new one.
+    end = log.log_end_offset
+    log.append(batch(3, tag="tail"), leader_epoch=log.latest_epoch())
+    size = victim.stat().st_size
+    flip_byte(victim, size - len(batch(3, tag="tail")) + HEADER_SIZE + 3)
+    with pytest.raises(InvalidBatchError, match="CRC"):
+        decode_batches(log.read(end).data)
     log.roll()
     end = log.log_end_offset
     log.append(batch(3, tag="new"), leader_epoch=log.latest_epoch())

@@ -6,7 +6,7 @@ That rule, and the leader epoch each batch must carry (from the epoch cache), ar
 every read and during recovery. They cover the two header fields the CRC leaves out (base
 offset and leader epoch), so with the CRC a corrupted byte anywhere in a batch is caught. The
 CRC itself is taken once per batch and process (on the way in, by a recovery scan, or by the
-first read that walks through it: ``crc_checked_to``), as Kafka's brokers take it on the way
+first read that meets it: :mod:`strom.log.checked`), as Kafka's brokers take it on the way
 in only; a byte that goes bad on disk after that is left to the reader's own CRC check.
 """
 
@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from strom.log.checked import CheckedRanges
 from strom.log.errors import CorruptLogError
 from strom.log.index import OffsetIndex, TimeIndex
 from strom.record.errors import InvalidBatchError
@@ -91,13 +92,10 @@ class LogSegment:
         # segment's batches, restarted at each offset-index entry, at most TAIL_BATCHES.
         self._tail_bases = array("q")
         self._tail_positions = array("q")
-        #: File position below which every batch's CRC-32C was checked by this process (its
-        #: appends, whose batches were checked on the way in, a recovery scan, or a read
-        #: that went through them from here): reads check the CRC of batches past it only.
-        #: A segment opened from disk starts at 0, so its first reads check every batch; it
-        #: moves only from where it is, so reads that start further in keep checking until
-        #: one walks on from the checked prefix (a cost, not a gap).
-        self.crc_checked_to = 0
+        #: Where this process has taken the batches' CRC-32C (its appends, whose batches
+        #: were checked on the way in, a recovery scan, its reads): reads take it elsewhere
+        #: only. A segment opened from disk starts with none, so its first reads check all.
+        self.crc_checked = CheckedRanges()
         self.closed = False
 
     # -- preallocation (the preallocate config) ---------------------------------------------
@@ -159,8 +157,7 @@ class LogSegment:
         for h in headers:
             self._index_batch(h, position + h.position)
         self.size += length
-        if self.crc_checked_to == position:  # every caller checked these batches' CRCs
-            self.crc_checked_to = self.size
+        self.crc_checked.add(position, self.size)  # every caller checked these batches' CRCs
 
     def _index_batch(self, h: BatchHeader, position: int) -> None:
         if not self.index.rel or self._bytes_since_index >= self.index_interval_bytes:
@@ -287,7 +284,7 @@ class LogSegment:
         Returns (data, next offset after the returned batches): data is a view of the one
         read buffer when the read ends before it (no copy). Every returned batch is
         checked (contiguity from ``expected_base``, leader epoch, header sanity, and its
-        CRC unless this process checked it already: see ``crc_checked_to``); a failure
+        CRC unless this process took it already: ``crc_checked``); a failure
         raises :class:`CorruptLogError` instead of serving bad bytes. A CRC is taken once
         per process, as Kafka's brokers take it on the way in only: a byte that goes bad on
         disk after that is caught by the consumer's own CRC check (and a follower's).
@@ -297,6 +294,7 @@ class LogSegment:
         view = memoryview(chunk)
         pos = 0
         expected = expected_base
+        checked = self.crc_checked.until(position)
         while pos < len(view):
             if len(view) - pos < HEADER_SIZE:
                 break
@@ -319,14 +317,12 @@ class LogSegment:
                     h = read_header(view, 0)
                 else:
                     break
-            at = position + pos
-            self._verify(h, view, epoch_for, position, at + h.size > self.crc_checked_to)
-            if at == self.crc_checked_to:
-                self.crc_checked_to = at + h.size
+            self._verify(h, view, epoch_for, position, position + pos + h.size > checked)
             expected = h.next_offset
             pos += h.size
             if pos >= max_bytes:
                 break
+        self.crc_checked.add(position, position + pos)
         if pos == len(chunk):
             return chunk, expected
         if pos * 2 < len(chunk):
@@ -419,7 +415,8 @@ class LogSegment:
         if truncated:
             os.ftruncate(self.fd, valid)
             self.size = valid
-        self.crc_checked_to = valid
+        self.crc_checked = CheckedRanges()
+        self.crc_checked.add(0, valid)
         self.index.rewrite()
         self.time_index.rewrite()
         self.record_count = 0
@@ -473,7 +470,7 @@ class LogSegment:
         removed = self.size - pos
         os.ftruncate(self.fd, pos)
         self.size = pos
-        self.crc_checked_to = min(self.crc_checked_to, pos)
+        self.crc_checked.cut(pos)
         self.index.truncate_to_position(pos)
         # Rebuild the in-memory tail state (next offset, max timestamp) from the indexes.
         self.time_index.truncate_to_offset(batch_base)
