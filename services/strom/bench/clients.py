@@ -184,6 +184,7 @@ def bench_consume(
             c.assign(tps)
         meter = cpu.start()
         start = time.perf_counter()
+        caller = time.thread_time()  # the application's thread: poll() and its own loop
         idle_since = None
         while got < records:
             t0 = time.perf_counter()
@@ -216,12 +217,14 @@ def bench_consume(
                 break  # the topic holds fewer records than asked for
         if group and commit == "async":
             c.commit()  # the last position, after every asynchronous one
+        caller_s = time.thread_time() - caller
         seconds = time.perf_counter() - start
         usage = meter.stop()
     bar.finish()
     if failed:
         raise RuntimeError(f"{len(failed)} commits failed, the first: {failed[0]}")
     results = [Result(f"consume ({api})", len(latencies), got, nbytes, seconds, latencies, usage)]
+    results[0].caller_cpu_s = caller_s
     if group and commit != "none":
         results.append(Result(f"commit ({commit})", len(commits), 0, 0, seconds, commits))
     return results
