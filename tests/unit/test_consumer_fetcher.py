@@ -11,7 +11,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import crc32c
 import pyarrow as pa
 import pytest
 
@@ -39,11 +38,10 @@ from strom.record import (
     Record,
     decode_batches,
     encode_batch,
-    read_header,
     small_body,
 )
-from strom.record.header import CRC_START, pack_header
 from strom.storage.wire import FetchPartitionOut, FetchTopicOut, encode_fetch_response
+from tests.unit.reframe import rebuild
 
 TP = TopicPartition("t", 0)
 
@@ -246,7 +244,6 @@ def _backwards(base: int, n: int) -> bytes:
     """A batch of ``n`` records with a right CRC whose Arrow body does not pass the reader's
     checks (its offset deltas go backwards)."""
     good = encode_batch([b"v%d" % (base + i) for i in range(n)], base_offset=base)
-    h = read_header(good)
     rb = pa.ipc.read_record_batch(pa.py_buffer(good[HEADER_SIZE:]), BODY_SCHEMA_V1)
     deltas = pa.array(list(range(n))[::-1], pa.int32())
     body = (
@@ -254,21 +251,7 @@ def _backwards(base: int, n: int) -> bytes:
         .serialize()
         .to_pybytes()
     )
-    fields = dict(
-        base_offset=h.base_offset,
-        body_length=len(body),
-        partition_leader_epoch=h.partition_leader_epoch,
-        attributes=h.attributes,
-        last_offset_delta=h.last_offset_delta,
-        base_timestamp=h.base_timestamp,
-        max_timestamp=h.max_timestamp,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
-        record_count=h.record_count,
-    )
-    crc = crc32c.crc32c(body, crc32c.crc32c(pack_header(crc=0, **fields)[CRC_START:]))
-    return pack_header(crc=crc, **fields) + body
+    return rebuild(good, body)
 
 
 def test_big_bodies_are_decoded_on_arrival_and_a_bad_one_is_raised_when_drained() -> None:

@@ -39,8 +39,9 @@ from strom.record import (
     set_log_append_time,
 )
 from strom.record import codecs as codecs_mod
-from strom.record.header import CRC_START, pack_header
+from strom.record.header import CRC_START
 from strom.record.schema import BODY_SCHEMA_V1, HEADERS_TYPE, TIMESTAMP_TYPE
+from tests.unit.reframe import rebuild
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 T0 = 1_700_000_000_000  # a plausible ms timestamp
@@ -55,30 +56,6 @@ SAMPLE = [
 
 
 # --------------------------------------------------------------------------------- helpers
-
-
-def rebuild(batch: bytes, body: bytes | None = None, **overrides: int) -> bytes:
-    """Re-pack a batch's header (optionally with a new body / fields) with a *valid* CRC."""
-    h = read_header(batch)
-    if body is None:
-        body = bytes(batch[HEADER_SIZE : h.size])
-    fields = dict(
-        base_offset=h.base_offset,
-        body_length=len(body),
-        partition_leader_epoch=h.partition_leader_epoch,
-        attributes=h.attributes,
-        last_offset_delta=h.last_offset_delta,
-        base_timestamp=h.base_timestamp,
-        max_timestamp=h.max_timestamp,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
-        record_count=h.record_count,
-    )
-    fields.update(overrides)
-    provisional = pack_header(crc=0, **fields)
-    crc = crc32c.crc32c(body, crc32c.crc32c(provisional[CRC_START:]))
-    return pack_header(crc=crc, **fields) + bytes(body)
 
 
 def body_batch(*arrays: pa.Array) -> bytes:

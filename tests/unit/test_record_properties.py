@@ -25,7 +25,8 @@ from strom.record import (
     read_header,
     scan_batches,
 )
-from strom.record.header import CRC_START, pack_header
+from strom.record.header import CRC_START
+from tests.unit.reframe import rebuild
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 MAX_TS = 2**42  # ~ year 2109 in ms; a sane upper bound
@@ -203,25 +204,6 @@ def test_corruption_in_a_later_batch_is_detected(
         raise AssertionError(f"corruption at byte {pos} went undetected")
 
 
-def _with_body(batch: bytes, body: bytes) -> bytes:
-    h = read_header(batch)
-    fields = dict(
-        base_offset=h.base_offset,
-        body_length=len(body),
-        partition_leader_epoch=h.partition_leader_epoch,
-        attributes=h.attributes,
-        last_offset_delta=h.last_offset_delta,
-        base_timestamp=h.base_timestamp,
-        max_timestamp=h.max_timestamp,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
-        record_count=h.record_count,
-    )
-    crc = crc32c.crc32c(body, crc32c.crc32c(pack_header(crc=0, **fields)[CRC_START:]))
-    return pack_header(crc=crc, **fields) + body
-
-
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=record_lists, data=st.data())
 def test_corrupt_body_behind_valid_crc_only_raises_invalid_batch(
@@ -237,6 +219,6 @@ def test_corrupt_body_behind_valid_crc_only_raises_invalid_batch(
     cut = data.draw(st.none() | st.integers(0, len(body)), label="cut")
     if cut is not None:
         del body[cut:]
-    bad = _with_body(batch, bytes(body))
+    bad = rebuild(batch, bytes(body))
     with contextlib.suppress(InvalidBatchError):
         _decode_fully(bad)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -117,21 +118,29 @@ def test_fetch_response_encodes_like_protobuf() -> None:
     assert pb.FetchResponse.FromString(raw) == expect
 
 
+def _big_and_small_jobs() -> tuple[
+    list[str], threading.Event, Callable[[], str], Callable[[], str]
+]:
+    """Two writer jobs noting the order they ran in: ``big`` blocks until ``release`` is set."""
+    order: list[str] = []
+    release = threading.Event()
+
+    def big() -> str:
+        release.wait(5)
+        order.append("big")
+        return "big"
+
+    def small() -> str:
+        order.append("small")
+        return "small"
+
+    return order, release, big, small
+
+
 def test_writer_keeps_arrival_order_across_inline_and_threaded_jobs() -> None:
     async def main() -> None:
         writer = AppendWriter(inline_max_bytes=100)
-        order: list[str] = []
-        release = threading.Event()
-
-        def big() -> str:
-            release.wait(5)
-            order.append("big")
-            return "big"
-
-        def small() -> str:
-            order.append("small")
-            return "small"
-
+        order, release, big, small = _big_and_small_jobs()
         first = asyncio.create_task(writer.run(big, 1000))
         await asyncio.sleep(0)  # submitted to the thread, blocked there
         second = asyncio.create_task(writer.run(small, 10))  # must queue behind, not run inline
@@ -154,18 +163,8 @@ def test_a_cancelled_callers_append_is_still_written_in_order_and_published() ->
 
     async def main() -> None:
         writer = AppendWriter(inline_max_bytes=100)
-        order: list[str] = []
-        release = threading.Event()
+        order, release, big, small = _big_and_small_jobs()
         published = asyncio.Event()
-
-        def big() -> str:
-            release.wait(5)
-            order.append("big")
-            return "big"
-
-        def small() -> str:
-            order.append("small")
-            return "small"
 
         def publish(result: str) -> str:
             order.append(f"published {result}")
