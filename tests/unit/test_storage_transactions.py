@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from strom.api import common_pb2
 from strom.api import storage_pb2 as pb
 from strom.errors import ErrorCode as E
@@ -142,5 +144,40 @@ def test_markers_of_an_older_coordinator_epoch_are_refused(tmp_path: Path) -> No
         resp = await s.WriteTxnMarkers(markers(7, True, coordinator_epoch=4, t=[0]), None)
         assert resp.markers[0].topics[0].partitions[0].error_code == E.NONE
         assert (await fetch(h, 0, RC)).last_stable_offset == 4
+
+    with_harness(tmp_path, body)
+
+
+def test_a_failure_announcing_a_written_append_does_not_answer_it_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The records are in the log once the append returns: a failure in what follows it
+    (metrics, watermark, woken fetches) is logged, and Produce and WriteTxnMarkers still
+    answer success; a producer told "failed" would retry what was written, a coordinator
+    would think a durable marker missing."""
+
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        s = h.servicer
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("gauge backend gone")
+
+        class BrokenMetrics(dict):  # type: ignore[type-arg]
+            get = broken
+
+        gauges, per_partition = h.manager.refresh_gauges, h.manager.metrics
+        h.manager.refresh_gauges = broken  # type: ignore[method-assign]
+        h.manager.metrics = BrokenMetrics()  # type: ignore[assignment]
+        resp = await s.Produce(produce_req({("t", 0): txn_batch(7, 0, [b"a"])}), None)
+        assert results(resp)[("t", 0)].error_code == E.NONE
+        resp = await s.WriteTxnMarkers(markers(7, committed=True, t=[0]), None)
+        assert resp.markers[0].topics[0].partitions[0].error_code == E.NONE
+        assert caplog.text.count("announcing them failed") == 2  # the records, the marker
+        h.manager.refresh_gauges, h.manager.metrics = gauges, per_partition  # type: ignore
+        r = await fetch(h, 0, RC)
+        assert r.last_stable_offset == r.high_watermark == 2
+        assert [(o, control) for o, _, control in values(r)] == [(0, False), (1, True)]
 
     with_harness(tmp_path, body)

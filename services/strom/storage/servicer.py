@@ -248,15 +248,7 @@ class StorageServicer(
                 metrics.PRODUCER_DUPLICATE_BATCHES.inc(info.duplicates)
             if info.bytes:
                 appended += info.bytes
-                m = self.manager.metrics.get(part.tp)
-                if m is not None:
-                    m.bytes_in.inc(info.bytes)
-                    m.records_in.inc(info.record_count)
-                    m.log_end_offset.set(lg.log_end_offset)
-                    m.log_size.inc(info.bytes)
-                self.manager.appended.notify(part.tp, info.bytes)
-                if part.maybe_advance_high_watermark():
-                    self.manager.committed.notify(part.tp, info.bytes)
+                self._announce(part, info, produced=True)
                 if lg.needs_flush():
                     flushes.append((pr, part))
             if acks == -1:
@@ -337,11 +329,39 @@ class StorageServicer(
     def _marker_written(self, committed: bool, part: Partition, info: AppendInfo) -> AppendInfo:
         """Back on the loop after a marker's append (even if the caller has gone meanwhile)."""
         metrics.TXN_MARKERS.labels("COMMIT" if committed else "ABORT").inc()
-        self.manager.appended.notify(part.tp, info.bytes)
-        if part.maybe_advance_high_watermark():
-            self.manager.committed.notify(part.tp, info.bytes)
-        self.manager.refresh_gauges(part)
+        self._announce(part, info, produced=False)
         return info
+
+    def _announce(self, part: Partition, info: AppendInfo, produced: bool) -> None:
+        """Make a written append known: metrics, the high watermark, woken fetches.
+
+        Never raises: the records are in the log whatever happens here, and an exception
+        would answer the writer "failed" (a producer would retry what was written, a
+        coordinator would think a durable marker missing). A failure is logged; a
+        parked fetch it did not wake still answers at its max wait, and the next append
+        or follower fetch advances the watermark (metrics come last: the least needed).
+        """
+        try:
+            self.manager.appended.notify(part.tp, info.bytes)
+            if part.maybe_advance_high_watermark():
+                self.manager.committed.notify(part.tp, info.bytes)
+            if not produced:
+                self.manager.refresh_gauges(part)
+                return
+            m = self.manager.metrics.get(part.tp)
+            if m is not None:
+                m.bytes_in.inc(info.bytes)
+                m.records_in.inc(info.record_count)
+                m.log_end_offset.set(part.log.log_end_offset)
+                m.log_size.inc(info.bytes)
+        except Exception:
+            log.exception(
+                "%s-%d: records written at %d-%d but announcing them failed",
+                part.topic,
+                part.index,
+                info.first_offset,
+                info.last_offset,
+            )
 
     @staticmethod
     def _marker_failed(pr: pb.TxnMarkerPartitionResult, r: _Refusal) -> None:
