@@ -31,6 +31,7 @@ def test_futures_resolve_from_their_batch() -> None:
         f0.result(timeout=0.01)
     result.complete(40)
     assert f0.result() == RecordMetadata("t", 3, 40, 100)
+    assert f0.get(timeout=1) == f0.result()  # kafka-python's name
     assert seen == [RecordMetadata("t", 3, 41, 200)]
     assert f1.exception() is None
 
@@ -44,6 +45,8 @@ def test_log_append_time_and_failures() -> None:
     f = FutureRecordMetadata(bad, 0)
     with pytest.raises(NotLeaderError):
         f.result()
+    with pytest.raises(NotLeaderError):
+        f.get(timeout=1)
     assert isinstance(f.exception(), NotLeaderError)
     with pytest.raises(RuntimeError):
         f.set_result(None)

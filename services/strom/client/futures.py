@@ -156,6 +156,11 @@ class FutureRecordMetadata(Future):  # type: ignore[type-arg]
             raise self._batch.error
         return self._batch.metadata(self._index)
 
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """:meth:`result` under kafka-python's name (``producer.send(...).get(timeout=10)``),
+        so code written against that client runs unchanged."""
+        return self.result(timeout)
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._batch.wait(timeout):
             raise FutureTimeoutError()
