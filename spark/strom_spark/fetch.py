@@ -33,6 +33,7 @@ from strom.client.fetcher import (
     aborted_batches,
     parse_fetch_response,
 )
+from strom.client.memory import keep_freed_buffers
 from strom.client.metadata import MetadataCache
 from strom.client.offsets import TRANSPORT_RETRY
 from strom.client.types import TopicPartition
@@ -113,6 +114,7 @@ class RangeReader:
         self, opts: ReadOptions, client: ClusterClient | None = None, leaders: Any = None
     ) -> None:
         self.opts = opts
+        keep_freed_buffers()  # answers of up to maxBytesPerFetch: see strom.client.memory
         if client is None:
             client, leaders = cluster_for(opts)
         self.client = client

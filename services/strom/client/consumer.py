@@ -38,6 +38,7 @@ from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
 from strom.client.membership import GroupMembership
+from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
@@ -225,6 +226,7 @@ class Consumer:
             retry_backoff_max_s=retry_backoff_max_ms / 1000.0,
         )
         self._leaders = self._client.cache
+        keep_freed_buffers()  # big Fetch answers without page faults: strom.client.memory
         self._fetcher = Fetcher(
             self._client,
             self._leaders,
