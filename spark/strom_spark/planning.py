@@ -158,7 +158,14 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushed, list[Any]]:
         elif col == "timestamp":
             ms = _ms_floor(value)
             lower = isinstance(f, (EqualTo, EqualNullSafe, GreaterThan, GreaterThanOrEqual))
-            if lower and ms is not None and (p.timestamp_lo_ms is None or ms > p.timestamp_lo_ms):
+            # A bound before 1970 narrows nothing (record timestamps are >= 0), and negative
+            # times are ListOffsets' sentinels (-1 latest, -2 earliest): never sent as one.
+            if (
+                lower
+                and ms is not None
+                and ms > 0
+                and (p.timestamp_lo_ms is None or ms > p.timestamp_lo_ms)
+            ):
                 p = replace(p, timestamp_lo_ms=ms)
             # never taken: Spark re-checks timestamps on the rows
         if not taken:

@@ -211,6 +211,21 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         earliest = view.earliest(tps)
         latest = view.latest(tps)
         starts = view.resolve(self.opts.starting, tps, start=True, earliest=earliest, latest=latest)
+        for tp in sorted(starts):
+            if starts[tp] <= latest[tp]:
+                continue
+            # As Spark's Kafka source: an offset past the end is reported like lost data
+            # (a checkpoint of an older incarnation of the topic, a typo), not waited for.
+            message = (
+                f"strom: startingOffsets asks for offset {starts[tp]} of {tp.topic}-"
+                f"{tp.partition}, which ends at {latest[tp]}"
+            )
+            if self.opts.fail_on_data_loss:
+                raise DataLossError(
+                    f"{message}. Set failOnDataLoss=false to start at its end instead."
+                )
+            log.warning("%s; starting at its end (failOnDataLoss=false)", message)
+            starts[tp] = latest[tp]
         return offsets_json(starts)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -227,15 +242,16 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = view.partitions(self.opts.subscription)
         # Partitions without a leader right now (just created, mid-election) sit this
         # trigger out: new ones join later, known ones keep their offsets until then.
-        latest = view.latest(view.ready(tps))
+        latest = self._latest_checked(begin, view.latest(view.ready(tps)))
         self._latest = dict(latest)
         end = dict(latest)
         if self._target is not None:  # Trigger.AvailableNow: nothing newer than the target
             end = {tp: min(off, self._target[tp]) for tp, off in end.items() if tp in self._target}
         for tp, off in begin.items():
-            # Never move backwards (a partition gone from metadata, a log truncated below what
-            # was read): partitions() reports such losses; the offsets only grow.
-            end[tp] = max(end.get(tp, off), off)
+            # A partition gone from metadata (or without a leader now) keeps its offset; one
+            # whose log shrank below what was read goes on from its new end (reported by
+            # _latest_checked), as Spark's Kafka source does.
+            end.setdefault(tp, off)
         if not isinstance(limit, ReadAllAvailable):
             minimum = self.opts.min_offsets_per_trigger
             if minimum is not None and self._target is None:
@@ -250,6 +266,40 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end != begin:
             self._last_trigger = time.monotonic()
         return offsets_json(end)
+
+    def _latest_checked(
+        self, begin: dict[TopicPartition, int], latest: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """``latest``, after making sure no partition ends below what the query has read.
+
+        A log end that falls below a checkpointed offset means records were lost to the
+        query: the topic was deleted and re-created, or an unclean leader election cut the
+        log. Asked again first (``fetchOffset.numRetries`` times, ``retryIntervalMs`` apart,
+        as Spark's Kafka source does): a watermark may lag for a moment after a leader
+        change. Then a DataLossError, or with failOnDataLoss=false a warning, and the
+        partition goes on from its new end."""
+        opts = self.opts
+        for _ in range(opts.offset_retries):
+            shrunk = [tp for tp, off in latest.items() if tp in begin and off < begin[tp]]
+            if not shrunk:
+                return latest
+            time.sleep(opts.offset_retry_interval_ms / 1000.0)
+            latest.update(self.view.latest(shrunk))
+        for tp, off in sorted(latest.items()):
+            if tp not in begin or off >= begin[tp]:
+                continue
+            message = (
+                f"strom: data loss in {tp.topic}-{tp.partition}: the query has read it up to "
+                f"offset {begin[tp]}, but it ends at {off} now (the topic was deleted and "
+                "re-created, or its log was truncated): records written there since may be "
+                "missed"
+            )
+            if opts.fail_on_data_loss:
+                raise DataLossError(
+                    f"{message}. Set failOnDataLoss=false to go on from offset {off}."
+                )
+            log.warning("%s; going on from offset %d (failOnDataLoss=false)", message, off)
+        return latest
 
     def reportLatestOffset(self) -> dict | None:
         """The partitions' high watermarks at the last latestOffset call: Spark puts them in

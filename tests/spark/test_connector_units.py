@@ -410,6 +410,41 @@ def test_stream_skips_partitions_without_a_leader_for_a_trigger() -> None:
     assert reader.latestOffset({"t": {"0": 100}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 50}}
 
 
+def test_stream_asks_again_before_calling_a_shrunk_log_data_loss() -> None:
+    """A watermark that lags for a moment (a new leader) is asked again, and is no loss;
+    one that stays below what was read is, or with failOnDataLoss=false the partition goes
+    on from its new end."""
+
+    class Lagging(FakeView):
+        def __init__(self, answers: list[int]) -> None:
+            super().__init__({T0: answers[0], T1: 50})
+            self.answers = answers[1:]
+
+        def latest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+            got = super().latest(tps)
+            if self.answers and T0 in got:
+                self.latest_offsets[T0] = self.answers.pop(0)
+            return got
+
+    start = {"t": {"0": 100, "1": 50}}
+    view = Lagging([90, 95, 120])  # low twice, then past what was read
+    reader = _stream(view, **{"fetchOffset.retryIntervalMs": "1"})
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 120, "1": 50}}
+    assert not view.answers
+
+    reader = _stream(FakeView({T0: 30, T1: 50}), **{"fetchOffset.retryIntervalMs": "1"})
+    with pytest.raises(DataLossError, match="read it up to offset 100, but it ends at 30 now"):
+        reader.latestOffset(start, ReadAllAvailable())
+    lenient = _stream(
+        FakeView({T0: 30, T1: 50}),
+        failOnDataLoss="false",
+        **{"fetchOffset.retryIntervalMs": "1"},
+    )
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 30, "1": 50}}
+    assert lenient.partitions(start, end) == []  # nothing to read; the next batch starts at 30
+
+
 def test_stream_min_offsets_wait_for_data_or_the_delay() -> None:
     view = FakeView({T0: 10})
     reader = _stream(view, minOffsetsPerTrigger="50", maxTriggerDelay="1h")
@@ -473,6 +508,23 @@ def test_batch_ranges_check_data_loss_and_bad_bounds() -> None:
 def test_naive_timestamps_are_not_used_to_narrow() -> None:
     pushed, rest = push_filters([GreaterThan(("timestamp",), dt.datetime(2024, 1, 1))])
     assert pushed.timestamp_lo_ms is None and len(rest) == 1
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC),  # -1 ms: "latest"
+        dt.datetime(1969, 12, 31, 23, 59, 59, 998000, tzinfo=dt.UTC),  # -2 ms: "earliest"
+        dt.datetime(1960, 1, 1, tzinfo=dt.UTC),
+        dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
+    ],
+)
+def test_bounds_before_1970_narrow_nothing(when: dt.datetime) -> None:
+    """Records' timestamps are >= 0, and ListOffsets reads -1/-2/-3 as sentinels: such a
+    bound (once sent as -1, "latest", so the read found nothing) is left to Spark."""
+    for f in (GreaterThanOrEqual, GreaterThan, EqualTo):
+        pushed, rest = push_filters([f(("timestamp",), when)])
+        assert pushed.timestamp_lo_ms is None and len(rest) == 1
 
 
 def test_lag_from_a_progress_report() -> None:

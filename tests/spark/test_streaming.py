@@ -203,6 +203,85 @@ def test_data_loss_fails_with_a_clear_message_or_skips(
     assert got == list(range(100)) + list(range(150, 200))
 
 
+def test_a_log_that_ends_below_the_checkpoint_is_reported_not_skipped(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    """A topic deleted and re-created under a checkpointed query: its log ends below what
+    the query read. That is data loss (records written there are never offered), reported
+    as Spark's Kafka source reports it, and with failOnDataLoss=false the query goes on
+    from the new end. Offsets past the end in startingOffsets are reported the same way."""
+    topic = "st-shrunk"
+    create_topic(bootstrap, topic, 1)
+    fill(bootstrap, topic, 0, 0, 100)
+    out, cp = tmp_path / "out", tmp_path / "cp"
+
+    def run(**options: str) -> Any:
+        options.setdefault("fetchOffset.retryIntervalMs", "10")
+        q = (
+            stream(spark, bootstrap, topic, **options)
+            .select("partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(cp))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            q.awaitTermination(300)
+        except Exception as exc:
+            return exc
+        return None
+
+    assert run() is None
+    with Admin(bootstrap) as admin:
+        admin.delete_topic(topic)
+
+    def recreated() -> bool:
+        create_topic(bootstrap, topic, 1)
+        return True
+
+    wait_for(recreated, timeout=60, what="the topic created again")
+    fill(bootstrap, topic, 0, 0, 30)
+    error = run()
+    assert error is not None
+    message = str(error)
+    assert "data loss in st-shrunk-0: the query has read it up to offset 100" in message
+    assert "ends at 30 now" in message and "failOnDataLoss=false" in message
+    assert run(failOnDataLoss="false") is None  # goes on from 30
+    fill(bootstrap, topic, 0, 30, 45)
+    assert run(failOnDataLoss="false") is None
+    got = [(o, v) for _, o, v in parquet_rows(spark, out)]
+    old = [(i, f"0:{i}".encode()) for i in range(100)]
+    assert got == sorted(old + [(i, f"0:{i}".encode()) for i in range(30, 45)])
+
+    def start_past_end(**options: str) -> Any:
+        q = (
+            stream(
+                spark,
+                bootstrap,
+                topic,
+                startingOffsets=f'{{"{topic}": {{"0": 99999}}}}',
+                **options,
+            )
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / f"cp-{len(options)}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            q.awaitTermination(300)
+        except Exception as exc:
+            return exc
+        return q.lastProgress
+
+    error = start_past_end()
+    assert isinstance(error, Exception)
+    assert "startingOffsets asks for offset 99999 of st-shrunk-0, which ends at 45" in str(error)
+    progress = start_past_end(failOnDataLoss="false")
+    assert not isinstance(progress, Exception)
+    assert progress is None or progress["numInputRows"] == 0
+
+
 def test_min_offsets_per_trigger_waits_for_data_or_the_delay(
     spark: Any, bootstrap: str, tmp_path: Path
 ) -> None:
