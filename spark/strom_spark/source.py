@@ -421,6 +421,13 @@ class StromBatchWriter(DataSourceArrowWriter):
         rows, _ = _summary(messages)
         if self.opts.exactly_once:
             txn.complete(self.opts, _prepared(messages), commit=False)
+            # A task that failed or that Spark killed sent no message, but may have left its
+            # transaction open: read_committed readers would wait at it until its timeout.
+            # No later attempt reuses this write's ids, so fence them here.
+            assert self.write_id is not None
+            txn.fence_slots(
+                self.opts, self.write_id, [i for i, m in enumerate(messages) if m is None]
+            )
             log.warning(
                 "strom: write aborted; the transactions of its tasks (%d rows) were aborted",
                 rows,

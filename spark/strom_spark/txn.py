@@ -53,6 +53,7 @@ import grpc
 import pyarrow as pa
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.transactions import (
     GroupMetadata,
@@ -276,3 +277,22 @@ def complete(opts: WriteOptions, prepared: list[PreparedTxnState], commit: bool)
         )
     for f in failed:
         log.warning("strom: aborting a task transaction failed (its timeout aborts it): %s", f)
+
+
+def fence_slots(opts: WriteOptions, run: str, slots: list[int]) -> None:
+    """The driver's side of an aborted batch write: fence the transactional ids of the tasks
+    that sent no commit message (failed, or killed by Spark mid-write), which aborts any
+    transaction they left open (:meth:`strom.Admin.fence_producers`). Best effort: what
+    cannot be fenced is aborted by its transaction timeout, and a warning says so."""
+    if not slots:
+        return
+    ids = [Slot.make(opts, run, i).transactional_id for i in slots]
+    try:
+        with Admin(list(opts.bootstrap), client_id=opts.client_id) as admin:
+            admin.fence_producers(ids, timeout=LOOKUP_TIMEOUT_S)
+    except StromError as exc:
+        log.warning(
+            "strom: fencing the transactions of failed tasks failed (their timeout, "
+            "kafka.transaction.timeout.ms, aborts them): %s",
+            exc,
+        )

@@ -243,6 +243,41 @@ def test_a_zombie_is_fenced_and_aborted_records_stay_invisible(cluster: LocalClu
     ]
 
 
+def test_fencing_aborts_what_a_gone_producer_left_open(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A producer that went away mid-transaction (a killed Spark task) holds read_committed
+    readers at its first record until its timeout; fencing its id (Admin.fence_producers,
+    `strom transactions fence`) aborts the transaction now and refuses the old producer."""
+    _topic(cluster, "fence", partitions=1)
+    tp = TopicPartition("fence", 0)
+    gone = [Producer(cluster.bootstrap, transactional_id=f"gone-{i}") for i in range(2)]
+    try:
+        for i, p in enumerate(gone):
+            p.init_transactions()
+            p.begin_transaction()
+            p.send("fence", b"left open %d" % i).result(10)
+        with Consumer(cluster.bootstrap, isolation_level="read_committed") as rc:
+            assert rc.end_offsets([tp])[tp] == 0  # held at the first open record
+            with Admin(cluster.bootstrap) as admin:
+                fenced = admin.fence_producers(["gone-0"])
+            assert set(fenced) == {"gone-0"} and fenced["gone-0"][1] >= 1
+            assert cli_main(["transactions", "fence", "gone-1", "-b", cluster.bootstrap]) == 0
+            assert "fenced gone-1: producer id" in capsys.readouterr().out
+            # Both aborted: two records, two abort markers, and the offset is stable.
+            wait_for(lambda: rc.end_offsets([tp])[tp] == 4, timeout=30, what="both aborted")
+        for p in gone:
+            with pytest.raises(ProducerFencedError):
+                p.send("fence", b"late").result(10)
+                p.commit_transaction()
+    finally:
+        for p in gone:
+            p.close()
+    assert _read(cluster, "fence", "read_committed") == []
+    with Admin(cluster.bootstrap) as admin, pytest.raises(StromError, match="non-empty"):
+        admin.fence_producers(["ok", ""])
+
+
 def test_an_open_transaction_holds_the_lso_until_its_timeout_aborts_it(
     cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,7 @@ from pyspark.errors import StreamingQueryException
 from strom.client.admin import Admin
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
+from strom.devcluster.procs import wait_for
 from tests.spark.conftest import create_topic
 from tests.spark.test_errors import check_clear
 
@@ -82,6 +83,50 @@ def test_batch_write_commits_once_and_a_failed_task_leaves_nothing_committed(
     uncommitted = read_values(spark, bootstrap, "eo-abort", "read_uncommitted")
     assert len(uncommitted) >= 65_536  # the records were sent ...
     assert read_values(spark, bootstrap, "eo-abort", "read_committed") == []  # ... and aborted
+
+
+def test_an_aborted_batch_write_fences_the_tasks_that_sent_no_message(bootstrap: str) -> None:
+    """A task Spark killed mid-write (a sibling failed) sends no commit message but may
+    leave its transaction open; no later attempt reuses a batch write's ids, so the driver's
+    abort fences them: read_committed readers are not held until the transaction timeout."""
+    from strom_spark.options import parse_write_options
+    from strom_spark.source import StromBatchWriter
+    from strom_spark.txn import Slot
+
+    create_topic(bootstrap, "eo-killed", 1)
+    tp = TopicPartition("eo-killed", 0)
+    opts = parse_write_options(
+        {"bootstrap": bootstrap, "topic": "eo-killed", "exactlyOnce": "true"}
+    )
+    writer = StromBatchWriter(opts, {})
+    assert writer.write_id is not None
+    # Slot 1 was killed with its transaction open (slot 0 never started one).
+    killed = Producer(
+        bootstrap,
+        transactional_id=Slot.make(opts, writer.write_id, 1).transactional_id,
+        transaction_timeout_ms=900_000,  # Spark's kafka.transaction.timeout.ms default
+    )
+    try:
+        killed.init_transactions()
+        killed.begin_transaction()
+        killed.send("eo-killed", b"from the killed task").result(10)
+        with Admin(bootstrap) as admin:
+            assert (
+                admin.list_offsets({tp: "latest"}, isolation_level="read_committed")[tp].offset == 0
+            )
+            writer.abort([None, None])
+            # Aborted, not left to its 15-minute timeout: the record and its abort marker
+            # are below the stable offset.
+            wait_for(
+                lambda: (
+                    admin.list_offsets({tp: "latest"}, isolation_level="read_committed")[tp].offset
+                    == 2
+                ),
+                timeout=30,
+                what="the killed task's transaction aborted",
+            )
+    finally:
+        killed.close()
 
 
 def test_stream_failed_and_rerun_micro_batches_write_every_row_once(

@@ -18,6 +18,7 @@ from google.protobuf import json_format
 
 from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.cli.groups import _table
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -61,12 +62,29 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     d = tsub.add_parser("describe", parents=[common], help="one transactional id in detail")
     d.add_argument("transactional_id")
     d.add_argument("--json", action="store_true")
+    f = tsub.add_parser(
+        "fence",
+        parents=[common],
+        help="bump the epoch of transactional ids: aborts what they left open (a killed "
+        "producer's transaction holding read_committed readers back), refuses their old "
+        "producers from then on",
+    )
+    f.add_argument("transactional_ids", nargs="+", metavar="TRANSACTIONAL_ID")
 
 
 def run_transactions(args: argparse.Namespace, out: Any) -> int:
     with ClusterClient(args.bootstrap) as client:
         if args.txn_cmd == "list":
             return _list(client, args, out)
+        if args.txn_cmd == "fence":
+            with Admin(cluster_client=client) as admin:
+                fenced = admin.fence_producers(args.transactional_ids)
+            for tid, (pid, epoch) in fenced.items():
+                if epoch == 0:  # InitProducerId registered it just now
+                    print(f"{tid} had no producer (now producer id {pid}, epoch 0)", file=out)
+                else:
+                    print(f"fenced {tid}: producer id {pid}, epoch {epoch}", file=out)
+            return 0
         return _describe(client, args, out)
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -46,6 +47,7 @@ import grpc
 
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
 from strom.client.cluster import ClusterClient
+from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.errors import (
     BrokerNotAvailableError,
@@ -62,6 +64,9 @@ from strom.errors import (
     is_retriable,
 )
 from strom.security.channel import client_security
+
+#: The transaction timeout a fenced id keeps until its next producer sets its own.
+FENCE_TRANSACTION_TIMEOUT_MS = 60_000
 
 __all__ = [
     "Admin",
@@ -1147,6 +1152,50 @@ class Admin:
                 time.sleep(0.1)
         _raise_first([(f"{tp.topic}-{tp.partition}", failed[tp]) for tp in wanted if tp in failed])
         return {tp: done[tp] for tp in wanted}
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def fence_producers(
+        self, transactional_ids: Iterable[str], *, timeout: float | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Fence the producers of ``transactional_ids``, as Kafka's ``Admin.fenceProducers``.
+
+        Each id's epoch is bumped (InitProducerId, what a new producer instance with that id
+        does): a transaction it left open is aborted, so read_committed readers stop waiting
+        at it, and a producer still running with the old epoch is refused from then on. For
+        a transaction left by a killed process (a Spark task, a crashed service) that would
+        otherwise hold the last stable offset back until ``transaction_timeout_ms`` passes.
+        Returns ``{id: (producer id, new epoch)}``; raises the first failure (the other ids
+        are fenced anyway).
+        """
+        if self._closed:
+            raise StromError("the Admin client is closed")
+        ids = list(dict.fromkeys(transactional_ids))
+        for tid in ids:
+            if not isinstance(tid, str) or not tid:
+                raise InvalidRequestError(f"a transactional id must be a non-empty string: {tid!r}")
+        timeout_s = self.request_timeout_ms / 1000 if timeout is None else timeout
+
+        def fence(tid: str) -> tuple[int, int]:
+            mgr = TransactionManager(
+                self._client,
+                tid,
+                FENCE_TRANSACTION_TIMEOUT_MS,
+                request_timeout_s=timeout_s,
+                retry_backoff_s=0.05,
+            )
+            return mgr.init(timeout_s)
+
+        out: dict[str, tuple[int, int]] = {}
+        failures: list[tuple[str, StromError]] = []
+        with ThreadPoolExecutor(max(1, min(8, len(ids))), "strom-admin-fence") as pool:
+            for tid, future in [(tid, pool.submit(fence, tid)) for tid in ids]:
+                try:
+                    out[tid] = future.result()
+                except StromError as exc:
+                    failures.append((tid, exc))
+        _raise_first(failures)
+        return out
 
     # -- leaders and reassignments -----------------------------------------------------------
 
