@@ -107,11 +107,25 @@ class StromDataSource(DataSource):
 
     @user_facing
     def reader(self, schema: StructType) -> DataSourceReader:
+        self._fixed_schema(schema)
         return StromBatchReader(parse_read_options(self.options, streaming=False))
 
     @user_facing
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._fixed_schema(schema)
         return StromStreamReader(parse_read_options(self.options, streaming=True))
+
+    def _fixed_schema(self, schema: StructType) -> None:
+        """A schema given with ``.schema(...)`` must be the source's own (as Spark's Kafka
+        source refuses one): else every task would fail on Spark's own row check."""
+        own = self.schema()
+        if schema != own:
+            raise OptionError(
+                "strom: the source's schema is fixed; do not set one with .schema(...) "
+                f"(got {schema.simpleString()}, the source reads {own.simpleString()}; "
+                "select or cast columns after load(), and use includeHeaders=true for "
+                "the headers column)"
+            )
 
     @user_facing
     def writer(self, schema: StructType, overwrite: bool) -> StromBatchWriter:

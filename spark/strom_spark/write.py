@@ -31,7 +31,11 @@ import pyarrow.compute as pc
 
 from strom.client.cluster import ClusterClient
 from strom.client.keyhash import partitions_for_keys
-from strom.errors import BrokerNotAvailableError, UnknownTopicOrPartitionError
+from strom.errors import (
+    BrokerNotAvailableError,
+    MessageTooLargeError,
+    UnknownTopicOrPartitionError,
+)
 from strom.record.schema import HEADERS_TYPE
 from strom_spark.errors import ClusterUnavailableError, StromSparkError
 from strom_spark.options import WriteOptions
@@ -275,7 +279,10 @@ class TaskWriter:
             # ~125 ns per row with the key hashing, 70,000 rows of 100 bytes, 6 partitions).
             groups = ((int(p), table.take(np.flatnonzero(parts == p))) for p in present.tolist())
         for p, piece in groups:
-            self.futures.append(self.producer.send_batch(topic, piece, partition=p))
+            try:
+                self.futures.append(self.producer.send_batch(topic, piece, partition=p))
+            except MessageTooLargeError as exc:
+                raise self._too_large(topic, exc) from None
             self.result.rows += piece.num_rows
             k = (topic, p)
             self.result.per_partition[k] = self.result.per_partition.get(k, 0) + piece.num_rows
@@ -286,8 +293,21 @@ class TaskWriter:
         self._flush_pending()
         self.producer.flush()
         for f in self.futures:
-            f.result()
+            try:
+                f.result()
+            except MessageTooLargeError as exc:
+                raise self._too_large(None, exc) from None
         return self.result
+
+    def _too_large(self, topic: str | None, exc: MessageTooLargeError) -> StromSparkError:
+        """The producer's refusal in the Spark option's words (it names the client's
+        ``max_request_size``, which a Spark user sets as ``kafka.max.request.size``)."""
+        where = f" for topic {topic!r}" if topic else ""
+        return StromSparkError(
+            f"strom: a row is too large{where}: {exc.message}. Raise the option "
+            f"kafka.max.request.size (now {self.opts.max_request_size} bytes); the topic's "
+            "max.message.bytes bounds a batch too"
+        )
 
     def close(self) -> WriteResult:
         """Flush and wait for every batch's acknowledgement; raises the first failure."""

@@ -115,6 +115,21 @@ def test_write_mistakes(spark: Any, bootstrap: str, err_topic: str) -> None:
     with pytest.raises(Exception) as info:
         base().option("topic", "err-t").mode("overwrite").save()
     check_clear(info.value, "append-only log and cannot be overwritten")
+    with pytest.raises(Exception) as info:  # a 2 MB row, the sink's requests 1 MiB
+        spark.range(1).selectExpr("repeat('x', 2000000) AS value").write.format("strom").option(
+            "bootstrap", bootstrap
+        ).option("topic", "err-t").mode("append").save()
+    check_clear(info.value, "a row is too large", "kafka.max.request.size (now 1048576 bytes)")
+
+
+def test_a_schema_of_ones_own_is_refused(spark: Any, bootstrap: str, err_topic: str) -> None:
+    reader = spark.read.format("strom").option("bootstrap", bootstrap).option("subscribe", "err-t")
+    with pytest.raises(Exception) as info:
+        reader.schema("value binary").load().count()
+    check_clear(info.value, "the source's schema is fixed", "got struct<value:binary>")
+    # The source's own schema, given explicitly, is accepted.
+    own = spark.read.format("strom").option("bootstrap", bootstrap).option("subscribe", "err-t")
+    assert reader.schema(own.load().schema).load().count() == own.load().count()
 
 
 def test_streaming_unknown_topic(spark: Any, bootstrap: str, tmp_path: Any) -> None:
