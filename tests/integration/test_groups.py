@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,6 +169,60 @@ def test_members_split_partitions_and_take_over_when_one_leaves(
     finally:
         for m in members:
             m.close()
+
+
+def test_an_auto_commit_due_at_a_rebalance_commits_what_the_member_kept(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """A member busy past its auto-commit interval while another joins: its next poll
+    revokes some partitions and auto-commits the others. The auto-commit used the partitions
+    owned before the revocation and poll() raised KeyError (found from outside)."""
+    create_topic(cluster, "busy", 4)
+    for p in range(4):
+        produce(client, "busy", p, 3)
+    c1 = GroupConsumer(
+        cluster.bootstrap,
+        group_id="g-busy",
+        auto_offset_reset="earliest",
+        auto_commit_interval_ms=100,
+    )
+    other: Member | None = None
+    try:
+        c1.subscribe(["busy"])
+        got: list[bytes] = []
+
+        def owns_all_and_read_all() -> bool:
+            got.extend(r.value for r in c1.poll(50) if r.value is not None)
+            return len(c1.assignment()) == 4 and len(got) == 12
+
+        wait_for(owns_all_and_read_all, timeout=20, what="c1 owning and reading 4 partitions")
+        other = Member(cluster, "g-busy", ["busy"])  # joins while c1 is not polling
+        member = c1._group
+        wait_for(
+            lambda: member._target is not None and member._target != member._owned,
+            timeout=20,
+            what="c1's new, smaller assignment",
+        )
+        wait_for(
+            lambda: time.monotonic() >= member._next_auto_commit,
+            timeout=5,
+            what="an auto-commit due",
+        )
+        assert c1.poll(50) == []  # revokes two, auto-commits the two kept: no KeyError
+        kept = c1.assignment()
+        assert len(kept) == 2
+        wait_for(
+            lambda: all(
+                (m := c1.committed({tp}).get(tp)) is not None and m.offset == 3 for tp in kept
+            ),
+            timeout=20,
+            what="the kept partitions' positions committed",
+        )
+        wait_for(lambda: len(other.owned) == 2, timeout=20, what="the other member's two")
+    finally:
+        if other is not None:
+            other.close()
+        c1.close()
 
 
 def test_pattern_subscription_and_the_rebalance_listener(

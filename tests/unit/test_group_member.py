@@ -35,7 +35,12 @@ class FakeConsumer:
         }
         self.closed = False
         self.applied: list[set[TopicPartition]] = []
-        self._fetcher = SimpleNamespace(position=lambda tp: 100 + tp.partition)
+        self._fetcher = SimpleNamespace(marks=self._marks)
+
+    def _marks(self, tps: set[TopicPartition]) -> dict[TopicPartition, tuple[int, int | None]]:
+        """(generation, position) of the assigned ones, as the Fetcher answers."""
+        assigned = self.applied[-1] if self.applied else set()
+        return {tp: (0, 100 + tp.partition) for tp in tps if tp in assigned}
 
     def _apply_assignment(self, parts: Iterable[TopicPartition]) -> None:
         self.applied.append(set(parts))

@@ -183,6 +183,8 @@ class GroupMember:
                     self._installing = None
         if self._auto_commit and time.monotonic() >= self._next_auto_commit:
             self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+            with self._lock:
+                owned = set(self._owned)  # what the reconcile above kept, not what it revoked
             # Manual assign() with a group_id auto-commits too, as a "simple" consumer.
             offsets = self._positions(owned if self._subscribed else consumer.assignment())
             if offsets:
@@ -380,13 +382,8 @@ class GroupMember:
     def _positions(
         self, parts: Iterable[TopicPartition]
     ) -> dict[TopicPartition, OffsetAndMetadata]:
-        fetcher = self._consumer._fetcher
-        out = {}
-        for tp in parts:
-            pos = fetcher.position(tp)
-            if pos is not None:
-                out[tp] = OffsetAndMetadata(pos)
-        return out
+        marks = self._consumer._fetcher.marks(set(parts))  # assigned ones only
+        return {tp: OffsetAndMetadata(pos) for tp, (_, pos) in marks.items() if pos is not None}
 
     def _commit_quietly(
         self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_s: float
