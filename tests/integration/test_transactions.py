@@ -243,6 +243,39 @@ def test_a_zombie_is_fenced_and_aborted_records_stay_invisible(cluster: LocalClu
     ]
 
 
+def test_a_transaction_that_sent_nothing_ends_at_once_whatever_came_before(
+    cluster: LocalCluster,
+) -> None:
+    """An empty transaction right after one committed (its markers maybe still being
+    written) or aborted ends without asking the coordinator, as Kafka's producer does; it
+    used to be refused (the previous one's PREPARE_/COMPLETE_ state) and leave the producer
+    stuck "aborting" for good. Found from outside, as `with p.transaction(): raise ...`."""
+    _topic(cluster, "empty-tx", partitions=1)
+    p = Producer(cluster.bootstrap, transactional_id="empty-tx")
+    try:
+        p.init_transactions()
+        with p.transaction():
+            p.send("empty-tx", b"one", partition=0)
+        p.begin_transaction()
+        p.abort_transaction()  # nothing sent: ends here
+        with pytest.raises(ValueError, match="application"), p.transaction():
+            raise ValueError("the application's own error")
+        p.begin_transaction()
+        p.commit_transaction()  # an empty commit after an abort
+        with p.transaction():
+            p.send("empty-tx", b"two", partition=0)
+            p.send_offsets_to_transaction(
+                {TopicPartition("empty-tx", 0): OffsetAndMetadata(2)}, "empty-tx-group"
+            )
+        with pytest.raises(TypeError, match="group_metadata"):
+            p.send_offsets_to_transaction({}, 42)  # type: ignore[arg-type]
+    finally:
+        p.close()
+    with pytest.raises(StromError, match="closed"):
+        p.begin_transaction()
+    assert [v for _, v in _read(cluster, "empty-tx", "read_committed")] == [b"one", b"two"]
+
+
 def test_fencing_aborts_what_a_gone_producer_left_open(
     cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -580,13 +580,21 @@ class Producer:
     def send_offsets_to_transaction(
         self,
         offsets: Mapping[TopicPartition, OffsetAndMetadata],
-        group_metadata: GroupMetadata,
+        group_metadata: GroupMetadata | str,
         timeout: float | None = None,
     ) -> None:
         """Commit a consumer group's offsets as part of the transaction (the
         consume-transform-produce pattern): they become the group's committed offsets only
         if the transaction commits. ``group_metadata`` is ``consumer.group_metadata()``, so
-        a consumer that was fenced out of its group cannot commit."""
+        a consumer that was fenced out of its group cannot commit. A group id string is
+        taken too (Kafka's older form; without the member's epoch, nothing is fenced)."""
+        if isinstance(group_metadata, str):
+            group_metadata = GroupMetadata(group_metadata)
+        elif not isinstance(group_metadata, GroupMetadata):
+            raise TypeError(
+                "group_metadata must be consumer.group_metadata() or a group id, not "
+                f"{type(group_metadata).__name__}"
+            )
         self._require_txn().send_offsets(
             offsets, group_metadata, self.max_block_s if timeout is None else timeout
         )
@@ -669,6 +677,8 @@ class Producer:
     def _require_txn(self) -> TransactionManager:
         if self._txn is None:
             raise InvalidTxnStateError("this producer has no transactional_id")
+        if self._closing:
+            raise ProducerClosedError("the producer is closed")
         return self._txn
 
     def close(self, timeout: float | None = None) -> None:

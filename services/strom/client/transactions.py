@@ -143,6 +143,10 @@ class TransactionManager:
         self.producer_epoch = -1
         #: Partitions registered with the coordinator in the current transaction.
         self.added: set[tuple[str, int]] = set()
+        #: Whether the coordinator may know of the current transaction (a partition or a
+        #: group was being added): if not, it ends without EndTxn, as Kafka's producer ends
+        #: a transaction that added nothing.
+        self.started = False
         self.error: StromError | None = None
         self._coordinator: str | None = None
 
@@ -184,7 +188,8 @@ class TransactionManager:
                     if isinstance(error, ProducerFencedError)
                     else ProducerFencedError(f"producer fenced: {error.message}")
                 )
-            elif self.phase in (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING):
+            elif self.phase in (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING, TxnPhase.ABORTING):
+                # (an abort that failed can be tried again: not left ABORTING for good)
                 self.phase = TxnPhase.ABORTABLE_ERROR
                 self.error = error
 
@@ -216,6 +221,7 @@ class TransactionManager:
         with self.lock:
             self.phase = TxnPhase.IN_TRANSACTION
             self.added.clear()
+            self.started = False
 
     def add_partitions(self, parts: Iterable[tuple[str, int]], timeout_s: float) -> None:
         """AddPartitionsToTxn for partitions about to get their first batch."""
@@ -230,6 +236,7 @@ class TransactionManager:
                 common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
             ],
         )
+        self.started = True  # set before the call: a lost answer may have added them
         resp = self._call("AddPartitionsToTxn", req, timeout_s)
         for tr in resp.topics:
             for pr in tr.partitions:
@@ -246,6 +253,7 @@ class TransactionManager:
     ) -> None:
         """AddOffsetsToTxn, then TxnOffsetCommit to the group's coordinator."""
         self.require(TxnPhase.IN_TRANSACTION, action="send_offsets_to_transaction()")
+        self.started = True
         try:
             self._call(
                 "AddOffsetsToTxn",
@@ -284,7 +292,15 @@ class TransactionManager:
             raise
 
     def end(self, commit: bool, timeout_s: float) -> None:
-        """EndTxn; back to READY once the coordinator has the decision."""
+        """EndTxn; back to READY once the coordinator has the decision. A transaction that
+        registered nothing with the coordinator ends here (the coordinator may still be
+        completing the previous one, which an EndTxn would be refused for)."""
+        if not self.started and self.phase is not TxnPhase.PREPARED:
+            with self.lock:
+                self.phase = TxnPhase.READY
+                self.added.clear()
+                self.error = None
+            return
         req = coordinator_pb2.EndTxnRequest(
             transactional_id=self.transactional_id,
             producer_id=self.producer_id,
