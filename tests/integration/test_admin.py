@@ -38,6 +38,7 @@ from strom.errors import (
     InvalidTopicError,
     NoReassignmentInProgressError,
     OffsetOutOfRangeError,
+    PolicyViolationError,
     StromError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -300,6 +301,14 @@ def test_node_configs_and_cluster(cluster: LocalCluster, admin: Admin) -> None:
     assert coordinators and {n.address for n in coordinators.values()} == {
         cluster.coordinators[0].address
     }
+    # Its partition count maps groups to shards and its records are the groups' offsets:
+    # neither may be changed by hand (found from outside: both were accepted).
+    offsets = admin.describe_topic("__consumer_offsets")
+    with pytest.raises(PolicyViolationError, match="internal: its partition count"):
+        admin.create_partitions("__consumer_offsets", offsets.partition_count + 1)
+    with pytest.raises(InvalidTopicError, match="cannot delete records of __consumer_offsets-0"):
+        admin.delete_records({TopicPartition("__consumer_offsets", 0): "latest"})
+    assert admin.describe_topic("__consumer_offsets").partition_count == offsets.partition_count
 
 
 # ---------------------------------------------------------------------------------------------

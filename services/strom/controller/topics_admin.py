@@ -281,6 +281,12 @@ class TopicRpcs(ControllerCore):
                 if current is None or current.value.deleting:
                     raise UnknownTopicOrPartitionError(f"topic {item.name!r} does not exist")
                 meta: md.TopicMetadata = current.value
+                if meta.internal or is_internal_topic(item.name):
+                    raise PolicyViolationError(
+                        f"topic {item.name!r} is internal: its partition count decides which "
+                        "coordinator shard keeps each group and transactional id, so it "
+                        "cannot change (groups and transactions would be lost)"
+                    )
                 validate_partition_increase(item.name, meta.partition_count, item.count)
                 self._check_no_reassignment(item.name)
                 new = item.count - meta.partition_count

@@ -105,6 +105,12 @@ class OffsetRpcs(StorageCore):
         hints: set[int] = set()
         for topic, dp, pr in per_partition(request.topics, resp.topics, low_watermark=-1):
             try:
+                if topic.startswith("__"):  # strom's internal namespace, as Kafka refuses
+                    raise _Refusal(
+                        E.INVALID_TOPIC,
+                        f"cannot delete records of {topic}-{dp.partition}: the topic is "
+                        "internal (committed offsets, transaction state)",
+                    )
                 part = self._leader(topic, dp.partition, -1, hints)
                 hw = part.high_watermark
                 offset = hw if dp.offset == -1 else dp.offset
