@@ -151,6 +151,27 @@ def test_send_returns_futures_and_runs_callbacks(env: Env) -> None:
     assert list(recs[1].headers) == [("h", b"1"), ("s", b"x")] and recs[1].timestamp == 12345
 
 
+def test_batches_stay_under_the_topics_max_message_bytes(env: Env) -> None:
+    """A topic whose max.message.bytes is below batch_size: the producer keeps its batches
+    under it, so only a record too large on its own is refused (found from outside: 500
+    records of 100 bytes all failed in batches of 60 KB, and a large line cost the small
+    ones around it)."""
+    t = env.topic(**{"max.message.bytes": "10000"})
+    with Producer(env.bootstrap, linger_ms=50) as p:
+        small = [p.send(t, b"%05d" % i + b"x" * 95) for i in range(500)]
+        big = p.send(t, b"y" * 12_000)
+        after = p.send(t, b"after")
+        p.send_batch(t, [b"z" * 100] * 1000).result(10)  # the bulk path too
+        p.flush()
+    assert all(f.exception(0) is None for f in small)
+    assert isinstance(big.exception(0), MessageTooLargeError)
+    assert after.result(0).offset == 500
+    got = env.read(t)
+    assert len(got) == 1501 and [r.value for r in got[:500]] == [
+        b"%05d" % i + b"x" * 95 for i in range(500)
+    ]
+
+
 def test_keys_keep_their_order_on_the_kafka_partition(env: Env) -> None:
     t = env.topic(partitions=4)
     keys = [b"user-%d" % i for i in range(6)]

@@ -371,20 +371,22 @@ class MetadataResponse(_message.Message):
     def __init__(self, cluster_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.Node, _Mapping]]] = ..., controller: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[MetadataTopic, _Mapping]]] = ...) -> None: ...
 
 class MetadataTopic(_message.Message):
-    __slots__ = ("error_code", "error_message", "name", "topic_id", "is_internal", "partitions")
+    __slots__ = ("error_code", "error_message", "name", "topic_id", "is_internal", "partitions", "max_message_bytes")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     IS_INTERNAL_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     name: str
     topic_id: str
     is_internal: bool
     partitions: _containers.RepeatedCompositeFieldContainer[MetadataPartition]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., name: _Optional[str] = ..., topic_id: _Optional[str] = ..., is_internal: _Optional[bool] = ..., partitions: _Optional[_Iterable[_Union[MetadataPartition, _Mapping]]] = ...) -> None: ...
+    max_message_bytes: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., name: _Optional[str] = ..., topic_id: _Optional[str] = ..., is_internal: _Optional[bool] = ..., partitions: _Optional[_Iterable[_Union[MetadataPartition, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class MetadataPartition(_message.Message):
     __slots__ = ("error_code", "error_message", "partition", "leader", "leader_epoch", "replicas", "isr", "offline_replicas")

@@ -47,6 +47,7 @@ class ProducerBatch:
         "headers",
         "keys",
         "limit",
+        "max_size",
         "partition",
         "result",
         "sent",
@@ -70,6 +71,9 @@ class ProducerBatch:
         self.size = 0
         #: Bytes of ``buffer_memory`` reserved for this batch (>= size; see Producer._make_room).
         self.limit = 0
+        #: The batch closes before ``size`` passes this (the producer's batch_size, or less
+        #: for a topic with a small max.message.bytes: Producer._batch_bytes).
+        self.max_size = 1 << 62
         self.created = time.monotonic()
         self.closed = False
         self.arrow = arrow

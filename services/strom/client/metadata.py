@@ -134,6 +134,11 @@ class MetadataCache:
     def partition_count(self, topic: str) -> int | None:
         return self._partition_counts.get(topic)
 
+    def max_message_bytes(self, topic: str) -> int:
+        """The topic's max.message.bytes if it overrides the default (else 0)."""
+        entry = self._entries.get(topic)
+        return entry.max_message_bytes if entry is not None else 0
+
     def has_leaders(self, topic: str) -> bool:
         """Whether every partition of ``topic`` has a leader on a registered node."""
         with self._lock:

@@ -385,7 +385,7 @@ class Producer:
             if headers is not None or b.headers is not None:
                 b.add_headers(index, headers)
             b.size += size
-            if b.size + size > self.batch_size:  # full: the next record like this won't fit
+            if b.size + size > b.max_size:  # full: the next record like this won't fit
                 self._close_open(topic, partition)
                 wake = True
                 if key is None and partition == self._sticky.get(topic) and n > 1:
@@ -423,7 +423,7 @@ class Producer:
         end = None
         while True:
             b = self._open.get((topic, partition))
-            if b is not None and b.count and b.size + size > self.batch_size:
+            if b is not None and b.count and b.size + size > b.max_size:
                 self._trim(b)  # full: what it did not use goes back to the pool
                 b = None
             need = size if b is None else b.size + size - b.limit
@@ -443,7 +443,7 @@ class Producer:
             used = b.size + size
             extra = min(
                 RESERVE_CHUNK,
-                max(self.batch_size, used) - used,
+                max(b.max_size, used) - used,
                 self.buffer_memory - self._buffered - need,
             )
             grant = need + max(extra, 0)
@@ -465,8 +465,19 @@ class Producer:
         if pq is None:
             pq = self._queues[tp] = PartitionQueue(topic, partition)
         b = pq.new_batch()
+        b.max_size = self._batch_bytes(topic)
         self._open[tp] = b
         return b
+
+    def _batch_bytes(self, topic: str) -> int:
+        """``batch_size``, or less for a topic whose ``max.message.bytes`` is smaller, so that
+        records are not refused (MESSAGE_TOO_LARGE) for the batch they were put in: half the
+        limit, as ``size`` counts 16 bytes a record where an encoded batch spends up to ~24,
+        plus a frame of about a kilobyte. Only a record too large on its own then fails."""
+        limit = self._metadata.max_message_bytes(topic)
+        if limit <= 0:
+            return self.batch_size
+        return max(min(self.batch_size, limit // 2), 1)
 
     def _close_open(self, topic: str, partition: int) -> None:
         """With the lock held: the partition's open batch takes no more records."""
@@ -517,7 +528,7 @@ class Producer:
             groups = [(-1, table)]
         chunks: list[ProducerBatch] = []
         for p, t in groups:
-            for chunk in _chunks(t, self.batch_size, self.max_request_size):
+            for chunk in _chunks(t, self._batch_bytes(topic), self.max_request_size):
                 if p < 0:
                     part = self._sticky.get(topic)
                     if part is None or part >= n:
@@ -1175,6 +1186,10 @@ class Producer:
                 self._requeue(pq, batches, now)
             else:
                 err = error_for(r.error_code, r.error_message or f"{pq.topic}-{pq.partition}")
+                if r.error_code == common_pb2.ErrorCode.MESSAGE_TOO_LARGE:
+                    # The topic's limit may have been lowered: batches opened from now on
+                    # learn it (_batch_bytes).
+                    self._metadata.mark_stale(pq.topic)
                 if r.error_code == common_pb2.ErrorCode.INVALID_PRODUCER_EPOCH:
                     if self._txn is not None:  # Kafka's ProducerFencedException
                         err = ProducerFencedError(f"producer fenced: {err.message}")

@@ -8,6 +8,7 @@ the coordinator shard owners (:mod:`strom.coordinator.lookup`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -70,6 +71,10 @@ class ClusterRpcs(StorageCore):
                 continue
             mt.topic_id = meta.topic_id
             mt.is_internal = meta.internal
+            limit = meta.configs.get("max.message.bytes")
+            if limit:
+                with contextlib.suppress(ValueError):  # (validated when it was set)
+                    mt.max_message_bytes = min(int(limit), 2**31 - 1)
             for p, s in sorted(by_topic.get(name, ()), key=lambda x: x[0]):
                 if s.topic_id and meta.topic_id and s.topic_id != meta.topic_id:
                     continue  # a leftover of an earlier topic with this name
