@@ -8,8 +8,11 @@ import argparse
 import math
 from collections.abc import Callable
 
+#: The largest value of a protobuf int32 field (partition counts, replication factors).
+INT32_MAX = 2**31 - 1
 
-def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+
+def int_at_least(minimum: int, why: str = "", maximum: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -17,6 +20,8 @@ def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, not {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, not {value}")
         return value
 
     parse.__name__ = "int"

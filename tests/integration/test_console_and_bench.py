@@ -26,6 +26,7 @@ def local(one_node_cluster: LocalCluster) -> LocalCluster:
     one_node_cluster.save_state()
     with Admin(one_node_cluster.bootstrap) as admin:
         admin.create_topic("lines", partitions=2, replication_factor=1)
+        admin.create_topic("keyed", partitions=1, replication_factor=1)
     return one_node_cluster
 
 
@@ -80,6 +81,40 @@ def test_console_errors_are_clear(bootstrap: str) -> None:
     assert b"(ValueError)" not in bad.stderr  # the message says what was wrong; no type name
     bad = strom("produce", "lines", "-b", bootstrap, "--header", "novalue", check=False)
     assert bad.returncode != 0 and b"NAME=VALUE" in bad.stderr
+    # A line without the key separator stops the command naming it, as Kafka's console
+    # producer does (it became a record with no key); the lines before it are sent.
+    bad = strom(
+        "produce",
+        "keyed",
+        "-b",
+        bootstrap,
+        "--key-separator",
+        ":",
+        stdin=b"k1:one\nno separator\nk3:three\n",
+        check=False,
+    )
+    assert bad.returncode != 0 and b"line 2 has no key separator ':'" in bad.stderr
+    assert b"the 1 record before it were sent" in bad.stderr
+    printed = strom(
+        "consume",
+        "keyed",
+        "-b",
+        bootstrap,
+        "--from-beginning",
+        "--timeout-ms",
+        "1500",
+        "--print-key",
+        "--key-separator",
+        "=",
+    ).stdout
+    assert printed == b"k1=one\n"
+    for flags, message in [
+        (["--max-messages", "0"], b"--max-messages: must be at least 1"),
+        (["--timeout-ms", "-1"], b"--timeout-ms: must be at least 0"),
+        (["--key-separator", ""], b"--key-separator: must not be empty"),
+    ]:
+        bad = strom("consume", "keyed", "-b", bootstrap, *flags, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 
 
 def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> None:

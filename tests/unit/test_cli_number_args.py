@@ -27,6 +27,19 @@ from strom.cli.main import main
         (["bench", "scale", "--interval-ms", "0"], "argument --interval-ms: must be more than 0"),
         (["bench", "startup", "--gib", "-0.5"], "argument --gib: must be more than 0"),
         (["demo", "--seconds", "inf"], "argument --seconds: must be a finite number"),
+        # -1 used to mean "the default" here while -5 was refused (found from outside)
+        (
+            ["topics", "create", "t", "--partitions", "-1"],
+            "argument --partitions: must be at least 1, not -1",
+        ),
+        (
+            ["topics", "create", "t", "--replication-factor", "0"],
+            "argument --replication-factor: must be at least 1, not 0",
+        ),
+        (
+            ["topics", "add-partitions", "t", "--partitions", "99999999999999999999"],
+            "argument --partitions: must be at most 2147483647",
+        ),
     ],
 )
 def test_bad_numbers_are_one_line_usage_errors(

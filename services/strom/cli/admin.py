@@ -17,6 +17,7 @@ from typing import Any, Literal
 from google.protobuf import json_format
 
 from strom.api import controller_pb2
+from strom.argtypes import INT32_MAX, int_at_least
 from strom.cli import counted
 from strom.client.admin import Admin, OffsetSpec, TopicDescription
 from strom.client.cluster import ClusterClient
@@ -78,12 +79,15 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     tsub.required = True
     c = tsub.add_parser("create", parents=[common], help="create a topic")
     c.add_argument("topic")
-    c.add_argument("--partitions", type=int, default=-1, help="default: cluster default (1)")
+    c.add_argument(
+        "--partitions",
+        type=int_at_least(1, maximum=INT32_MAX),
+        help="default: the controller's --default-partitions (1 unless set)",
+    )
     c.add_argument(
         "--replication-factor",
-        type=int,
-        default=-1,
-        help="default: cluster default (min(3, nodes))",
+        type=int_at_least(1, maximum=INT32_MAX),
+        help="default: the controller's --default-replication-factor (1 unless set)",
     )
     c.add_argument(
         "--config",
@@ -108,12 +112,19 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("topic")
     a.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config")
     a.add_argument("--delete", action="append", metavar="KEY", help="reset a config")
-    a.add_argument("--partitions", type=int, help="new (larger) partition count")
+    a.add_argument(
+        "--partitions", type=int_at_least(1, maximum=INT32_MAX), help="new (larger) partition count"
+    )
     ap = tsub.add_parser(
         "add-partitions", parents=[common], help="grow a topic to a larger partition count"
     )
     ap.add_argument("topic")
-    ap.add_argument("--partitions", type=int, required=True, help="the new total (larger than now)")
+    ap.add_argument(
+        "--partitions",
+        type=int_at_least(1, maximum=INT32_MAX),
+        required=True,
+        help="the new total (larger than now)",
+    )
     ap.add_argument("--validate-only", action="store_true")
     cf = tsub.add_parser(
         "configs", parents=[common], help="a topic's effective configs and where they come from"
@@ -195,8 +206,8 @@ def run_topics(args: argparse.Namespace, out: Any) -> int:
 def _create(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
     t = admin.create_topic(
         args.topic,
-        partitions=None if args.partitions == -1 else args.partitions,
-        replication_factor=None if args.replication_factor == -1 else args.replication_factor,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
         config=_kv(args.config, "config"),
         validate_only=args.validate_only,
     )

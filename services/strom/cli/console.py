@@ -12,8 +12,9 @@ import time
 from typing import Any, BinaryIO
 
 from strom.api import common_pb2
+from strom.argtypes import int_at_least
 from strom.cli import counted
-from strom.errors import error_for
+from strom.errors import InvalidRequestError, error_for
 
 NONE = common_pb2.ErrorCode.NONE
 ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
@@ -22,7 +23,12 @@ ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("produce", parents=[common], help="send stdin lines as records")
     p.add_argument("topic")
-    p.add_argument("--key-separator", help="split each line into KEY<sep>VALUE")
+    p.add_argument(
+        "--key-separator",
+        type=_separator,
+        help="split each line into KEY<sep>VALUE (a line without it is an error, as in "
+        "Kafka's console producer)",
+    )
     p.add_argument("--partition", type=int, help="send everything to this partition")
     p.add_argument("--acks", default="1", choices=sorted(ACKS), help="0, 1 or all")
     p.add_argument(
@@ -45,10 +51,10 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     c.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
     c.add_argument("--partition", type=int, help="only this partition")
     c.add_argument("--offset", type=int, help="start offset (needs --partition)")
-    c.add_argument("--max-messages", type=int, help="exit after this many records")
+    c.add_argument("--max-messages", type=int_at_least(1), help="exit after this many records")
     c.add_argument(
         "--timeout-ms",
-        type=int,
+        type=int_at_least(0),
         help="exit when no record arrived for this long (default: wait forever)",
     )
     c.add_argument("--print-key", action="store_true", help="print KEY<sep>VALUE")
@@ -65,7 +71,13 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="how to print each record, e.g. '{partition}:{offset} {key}={value} [{headers}]' "
         "(fields: topic, partition, offset, timestamp, key, value, headers)",
     )
-    c.add_argument("--key-separator", default="\t")
+    c.add_argument("--key-separator", type=_separator, default="\t")
+
+
+def _separator(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def _header(text: str) -> tuple[str, bytes]:
@@ -106,12 +118,18 @@ def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
                 f"topic {args.topic!r} has no partition {args.partition} "
                 f"(it has {len(partitions)})",
             )
-        for raw in iter(stdin.readline, b""):
+        for number, raw in enumerate(iter(stdin.readline, b""), 1):
             line = raw.rstrip(b"\r\n")
             key: bytes | None = None
             if sep is not None:
                 k, found, v = line.partition(sep)
-                key, line = (k, v) if found else (None, line)
+                if not found:
+                    producer.flush()
+                    raise InvalidRequestError(
+                        f"line {number} has no key separator {args.key_separator!r} "
+                        f"(the {counted(sent, 'record')} before it were sent)"
+                    )
+                key, line = k, v
             fut = producer.send(
                 args.topic,
                 line,
