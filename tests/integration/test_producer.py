@@ -574,6 +574,34 @@ def test_partitions_added_while_the_producer_runs_take_records(env: Env) -> None
         assert [r.value for r in got] == [b"new"]
 
 
+def test_keyed_records_reach_partitions_added_later(env: Env) -> None:
+    """metadata_max_age_ms (Kafka's metadata.max.age.ms): a long-running producer learns a
+    topic's new partition count, so keys map over all partitions (found from outside: the
+    producer never looked again, and keyed records never reached added partitions)."""
+    t = env.topic(partitions=2)
+    keys = [b"k%d" % i for i in range(50)]
+    with Producer(env.bootstrap, metadata_max_age_ms=200) as p:
+        for k in keys:
+            p.send(t, b"before", key=k)
+        p.flush()
+        resp = env.client.controller_call(
+            "CreatePartitions",
+            controller_pb2.CreatePartitionsRequest(
+                topics=[controller_pb2.CreatePartitionsTopic(name=t, count=6)]
+            ),
+        )
+        assert resp.topics[0].error_code == NONE, resp.topics[0].error_message
+        wait_for(lambda: len(p.partitions_for(t)) == 6, timeout=20, what="6 partitions learnt")
+        futures = {k: p.send(t, b"after", key=k) for k in keys}
+        p.flush()
+    assert {k: f.result(0).partition for k, f in futures.items()} == {
+        k: partition_for_key(k, 6) for k in keys
+    }
+    assert max(f.result(0).partition for f in futures.values()) >= 2
+    with pytest.raises(ValueError, match="metadata_max_age_ms"):
+        Producer(env.bootstrap, metadata_max_age_ms=0)
+
+
 def test_a_producer_the_leader_forgot_starts_its_sequence_again(env: Env) -> None:
     """DeleteRecords past every batch of a producer drops its state on the leader; the next
     batch (sequence > 0) is refused UNKNOWN_PRODUCER_ID and the producer restarts at 0."""

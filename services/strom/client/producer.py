@@ -194,6 +194,7 @@ class Producer:
         max_request_size: int = 4 * 1024 * 1024,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 1000,
+        metadata_max_age_ms: int = 300_000,
         partitioner: Partitioner | None = None,
         key_serializer: Callable[[Any], bytes] | None = None,
         value_serializer: Callable[[Any], bytes] | None = None,
@@ -227,6 +228,7 @@ class Producer:
             ("max_request_size", max_request_size),
             ("delivery_timeout_ms", delivery_timeout_ms),
             ("request_timeout_ms", request_timeout_ms),
+            ("metadata_max_age_ms", metadata_max_age_ms),
         ):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -246,6 +248,10 @@ class Producer:
         self.max_request_size = max_request_size
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        #: Every topic's metadata is looked up again this often (Kafka's metadata.max.age.ms),
+        #: so partitions added to a topic get keyed records without a restart.
+        self.metadata_max_age_s = metadata_max_age_ms / 1000
+        self._metadata_due = time.monotonic() + self.metadata_max_age_s
         self.partitioner = partitioner
         self.key_serializer = key_serializer
         self.value_serializer = value_serializer
@@ -774,8 +780,14 @@ class Producer:
                 if self._closing and (not self._has_pending() or self._closed):
                     return
                 self._expire(now)
+                if now >= self._metadata_due:
+                    self._metadata_due = now + self.metadata_max_age_s
+                    for topic in list(self._counts):
+                        self._metadata.mark_stale(topic)
                 self._metadata.refresh_stale(now)
                 timeout = self._send_ready(now)
+                due_in = self._metadata_due - now
+                timeout = due_in if timeout is None else min(timeout, due_in)
             except Exception:  # never let the sender die silently
                 log.exception("producer sender loop failed")
                 timeout = self.retry_backoff_s
