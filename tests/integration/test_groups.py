@@ -415,6 +415,17 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
     rows = [line.split() for line in desc.splitlines() if line.startswith("cli ")]
     assert rows == [["cli", "0", "7", "10", "3", "-"], ["cli", "1", "10", "10", "0", "-"]]
     assert "g-cli\tEmpty" in strom("groups", "list", *b).stdout
+    # Bad input names the flag (found from outside: int() and fromisoformat() messages, and
+    # an empty list after the colon meant every partition).
+    for args, message in [
+        (["--topic", "cli:x", "--to-latest"], "after the colon comes a list of partition"),
+        (["--topic", "cli:", "--to-latest"], "after the colon comes a list of partition"),
+        (["--topic", "cli:0,,1", "--to-latest"], "after the colon comes a list of partition"),
+        (["--topic", "cli", "--to-datetime", "garbage"], "--to-datetime 'garbage' is not an"),
+    ]:
+        bad = strom("groups", "reset-offsets", "g-cli", *args, *b, check=False)
+        assert bad.returncode != 0 and message in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
 
     member = Member(cluster, "g-cli", ["cli"])
     try:

@@ -54,6 +54,8 @@ def _time_spec(text: str) -> OffsetSpec:
     if t in _TIME_ALIASES:
         return _TIME_ALIASES[t]
     if t.isdigit():
+        if int(t) >= 2**63:
+            raise argparse.ArgumentTypeError(f"not a time: {text!r} (too large)")
         return int(t)
     try:
         return datetime.fromisoformat(text.strip())
@@ -70,6 +72,8 @@ def _offset(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an offset: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"an offset is >= 0, not {value}")
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"an offset is below 2**63, not {value}")
     return value
 
 
@@ -380,6 +384,8 @@ def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
             replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"--replicas {args.replicas!r} is not a list of node ids") from None
+        if not all(0 <= r < 2**31 for r in replicas):
+            raise ValueError(f"--replicas {args.replicas!r}: node ids are 0 to 2147483647")
     tp = TopicPartition(args.topic, args.partition)
     admin.alter_partition_reassignments({tp: None if args.cancel else replicas})
     if args.cancel:

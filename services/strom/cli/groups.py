@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -203,9 +204,18 @@ def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
 def _topic_partitions(client: ClusterClient, specs: list[str]) -> list[TopicPartition]:
     out: list[TopicPartition] = []
     for spec in specs:
-        topic, _, parts = spec.partition(":")
+        topic, colon, parts = spec.partition(":")
         count = client.partition_count(topic)
-        wanted = [int(p) for p in parts.split(",") if p.strip()] if parts else range(count)
+        if not colon:
+            wanted: Sequence[int] = range(count)
+        else:
+            items = [p.strip() for p in parts.split(",")]
+            if not all(p.isdigit() for p in items):
+                raise ValueError(
+                    f"--topic {spec!r}: after the colon comes a list of partition numbers, "
+                    "e.g. orders:0,2 (or just the topic for all its partitions)"
+                )
+            wanted = [int(p) for p in items]
         for p in wanted:
             if not 0 <= p < count:
                 raise ValueError(f"topic {topic!r} has no partition {p} (it has {count})")
@@ -214,7 +224,12 @@ def _topic_partitions(client: ClusterClient, specs: list[str]) -> list[TopicPart
 
 
 def _datetime_ms(text: str) -> int:
-    dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"--to-datetime {text!r} is not an ISO 8601 time, e.g. 2024-05-01T12:00:00Z"
+        ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
