@@ -517,6 +517,9 @@ def test_cli_commands_over_the_admin_client(
     assert "rack=rack-a" in strom("cluster", "describe")
     assert "node.id=1\t(node read-only)" in strom("cluster", "configs", "1")
     assert "0 reassignment(s) in progress" in strom("topics", "reassignments")
+    assert "0 reassignment(s) in progress" in strom("topics", "reassignments", "adm-cli")
+    assert strom_main(["topics", "reassignments", "adm-nosuch", "-b", b]) == 1
+    assert "unknown topic 'adm-nosuch'" in capsys.readouterr().err
 
     assert strom_main(["topics", "add-partitions", "adm-cli", "--partitions", "2", "-b", b]) == 1
     assert "'adm-cli' has 3 partitions" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from google.protobuf import json_format
 
-from strom.api import controller_pb2
+from strom.api import common_pb2, controller_pb2
 from strom.argtypes import INT32_MAX, int_at_least
 from strom.cli import counted
 from strom.client.admin import Admin, OffsetSpec, TopicDescription
@@ -399,6 +399,13 @@ def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
 
 def _reassignments(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
     wanted = set(args.topics)
+    known = set(admin.list_topics(internal=True)) if wanted else set()
+    missing = sorted(wanted - known)
+    if missing:
+        raise error_for(
+            common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            f"unknown topic {', '.join(repr(t) for t in missing)}",
+        )
     moving = {
         tp: r
         for tp, r in admin.list_partition_reassignments().items()

@@ -17,11 +17,10 @@ Offset lookups (``position`` of a new assignment, ``seek_to_*``, ``*_offsets``,
 ``offsets_for_times``) go to the partition leaders with ListOffsets
 (:mod:`strom.client.offsets`).
 
-Consumer groups (``subscribe``, ``commit``, ``committed``) arrive with the group coordinator:
-the methods exist so code can be written against the final API, and say clearly what is
-missing. The group code plugs in as ``Consumer._group`` (see :class:`GroupMembership`); the
-consumer already calls it at the points where a group needs a say (each poll, initial
-positions, commit, close), so it can drive a heartbeat thread without reshaping this class.
+Consumer groups (``subscribe``, ``commit``, ``committed``) are served by the group
+coordinator through :mod:`strom.client.group_member`, plugged in as ``Consumer._group`` (see
+:class:`GroupMembership`): the consumer calls it where a group needs a say (each poll, initial
+positions, commit, close), and its heartbeat thread runs beside the application's.
 """
 
 from __future__ import annotations
