@@ -236,12 +236,16 @@ class TransactionManager:
                 common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
             ],
         )
-        self.started = True  # set before the call: a lost answer may have added them
-        resp = self._call("AddPartitionsToTxn", req, timeout_s)
-        for tr in resp.topics:
-            for pr in tr.partitions:
-                if pr.error_code != E.NONE:
-                    raise error_for(pr.error_code, pr.error_message)
+        try:
+            resp = self._call("AddPartitionsToTxn", req, timeout_s)
+        except StromError as exc:
+            self._maybe_started(exc)
+            raise
+        failed = [pr for tr in resp.topics for pr in tr.partitions if pr.error_code != E.NONE]
+        if len(failed) < sum(len(tr.partitions) for tr in resp.topics):
+            self.started = True  # some were added: EndTxn must end them
+        if failed:
+            raise error_for(failed[0].error_code, failed[0].error_message)
         with self.lock:
             self.added.update((t, p) for t, ps in by_topic.items() for p in ps)
 
@@ -253,18 +257,22 @@ class TransactionManager:
     ) -> None:
         """AddOffsetsToTxn, then TxnOffsetCommit to the group's coordinator."""
         self.require(TxnPhase.IN_TRANSACTION, action="send_offsets_to_transaction()")
-        self.started = True
         try:
-            self._call(
-                "AddOffsetsToTxn",
-                coordinator_pb2.AddOffsetsToTxnRequest(
-                    transactional_id=self.transactional_id,
-                    producer_id=self.producer_id,
-                    producer_epoch=self.producer_epoch,
-                    group_id=group.group_id,
-                ),
-                timeout_s,
-            )
+            try:
+                self._call(
+                    "AddOffsetsToTxn",
+                    coordinator_pb2.AddOffsetsToTxnRequest(
+                        transactional_id=self.transactional_id,
+                        producer_id=self.producer_id,
+                        producer_epoch=self.producer_epoch,
+                        group_id=group.group_id,
+                    ),
+                    timeout_s,
+                )
+            except StromError as exc:
+                self._maybe_started(exc)
+                raise
+            self.started = True
             req = coordinator_pb2.TxnOffsetCommitRequest(
                 transactional_id=self.transactional_id,
                 group_id=group.group_id,
@@ -290,6 +298,12 @@ class TransactionManager:
         except StromError as exc:
             self.fail(exc)
             raise
+
+    def _maybe_started(self, exc: StromError) -> None:
+        """After a failed Add*ToTxn: a refusal the coordinator answered added nothing; a call
+        that got no answer (timed out, broke) may have, and then EndTxn must end it."""
+        if not getattr(exc, "answered", False):
+            self.started = True
 
     def end(self, commit: bool, timeout_s: float) -> None:
         """EndTxn; back to READY once the coordinator has the decision. A transaction that
@@ -366,6 +380,7 @@ class TransactionManager:
                     self._coordinator = None
                 elif not is_retriable(code):
                     err = error_for(code, resp.error_message or last)
+                    err.answered = True  # type: ignore[attr-defined]  # (see _maybe_started)
                     if code in _FATAL:
                         self.fail(err)
                         with self.lock:
