@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from strom.record import TIMESTAMP_LOG_APPEND, RecordBatch
 from strom_spark.schema import (
@@ -122,6 +123,18 @@ def to_spark_batch(
         ts_type,
     ]
     if include_headers:
-        columns.append(body.column(4).slice(i0, k).cast(ARROW_HEADERS_TYPE))
+        columns.append(_null_when_empty(body.column(4).slice(i0, k).cast(ARROW_HEADERS_TYPE)))
     schema = ARROW_SCHEMA_WITH_HEADERS if include_headers else ARROW_SCHEMA
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _null_when_empty(headers: pa.Array) -> pa.Array:
+    """A record without headers reads as null, as Spark's Kafka source gives it, whether it
+    was written with none or with an empty list (the wire keeps the difference; Kafka's has
+    none)."""
+    if headers.null_count == len(headers):
+        return headers
+    empty = pc.equal(pc.list_value_length(headers), 0)
+    if not pc.any(empty).as_py():
+        return headers
+    return pc.if_else(empty, pa.scalar(None, type=headers.type), headers)

@@ -25,6 +25,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 from strom.client.types import TopicPartition
 from strom.record import decode_batches, encode_batch
+from strom.record.schema import HEADERS_TYPE
 from strom_spark.arrow import to_spark_batch
 from strom_spark.errors import DataLossError, OptionError
 from strom_spark.options import (
@@ -309,7 +310,8 @@ def test_to_spark_batch_builds_exact_columns_without_python_rows() -> None:
     b1 = encode_batch(
         [b"v0", b"v1", None],
         keys=[b"k0", None, b"k2"],
-        headers=[[("h", b"x")], None, [("a", None), ("b", b"y")]],
+        # an empty list (as the Spark sink writes an empty array) reads as null
+        headers=pa.array([[("h", b"x")], [], [("a", None), ("b", b"y")]], type=HEADERS_TYPE),
         timestamps=[1_000, 999, 1_002],
         base_offset=10,
         compression="zstd",
@@ -329,7 +331,8 @@ def test_to_spark_batch_builds_exact_columns_without_python_rows() -> None:
     assert [int((u - epoch).total_seconds() * 1000) for u in us] == [1000, 999, 1002, 2, 2]
     assert [r["timestampType"] for r in rows] == [0, 0, 0, 1, 1]
     assert rows[0]["headers"] == [{"key": "h", "value": b"x"}]
-    assert rows[1]["headers"] is None
+    assert rows[1]["headers"] is None  # as Spark's Kafka source: no headers is null
+    assert rows[3]["headers"] is None and rows[4]["headers"] is None
     assert rows[2]["headers"] == [{"key": "a", "value": None}, {"key": "b", "value": b"y"}]
     # the range cuts rows exactly, across batch edges
     cut = to_spark_batch(_batches(b1, b2), "t", 3, 11, 14)
