@@ -126,11 +126,16 @@ def test_rules_name_what_the_request_names() -> None:
     txn.topics.add(topic="t")
     sub = records_pb2.SubscribeRequest(group_id="g", topics=["t"])
     sub.partitions.add(topic="u", partition=0)
-    assert set(RULES["/strom.v1.RecordService/Subscribe"](sub)) == {
-        (Op.READ, Res.TOPIC, "t"),
-        (Op.READ, Res.TOPIC, "u"),
-        (Op.READ, Res.GROUP, "g"),
-    }
+    want = {(Op.READ, Res.TOPIC, "t"), (Op.READ, Res.TOPIC, "u"), (Op.READ, Res.GROUP, "g")}
+    assert set(RULES["/strom.v1.RecordService/Subscribe"](sub)) == want
+    # RecordService's handlers take the raw bytes, and so does the interceptor's check.
+    assert set(RULES["/strom.v1.RecordService/Subscribe"](sub.SerializeToString())) == want
+    produce = records_pb2.ProduceRecordsRequest(topic="t").SerializeToString()
+    assert list(RULES["/strom.v1.RecordService/ProduceRecords"](produce)) == [
+        (Op.WRITE, Res.TOPIC, "t")
+    ]
+    # Bytes that do not parse: no check here; the handler refuses them (INVALID_ARGUMENT).
+    assert list(RULES["/strom.v1.RecordService/ProduceRecords"](b"\xff\xff")) == []
     assert set(RULES["/strom.v1.CoordinatorService/TxnOffsetCommit"](txn)) == {
         (Op.WRITE, Res.TRANSACTIONAL_ID, "tx"),
         (Op.READ, Res.GROUP, "g"),

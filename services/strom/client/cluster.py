@@ -257,6 +257,11 @@ class ClusterClient:
                     req, timeout=min(self.timeout_s if timeout_s is None else timeout_s, 5.0)
                 )
             except grpc.RpcError as exc:
+                if exc.code() in (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ):
+                    raise refused(exc) from None  # not "no coordinator yet": never retried
                 last = f"{addr}: {exc.code().name}"
                 continue
             c = resp.coordinators[0]

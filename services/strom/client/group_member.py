@@ -47,6 +47,8 @@ from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
+    AuthenticationError,
+    AuthorizationError,
     CoordinatorNotAvailableError,
     ErrorCode,
     StromError,
@@ -461,6 +463,11 @@ class GroupMember:
             resp = stub.ConsumerGroupHeartbeat(
                 req, timeout=self._timeout_s, metadata=self._metadata
             )
+        except (AuthenticationError, AuthorizationError) as exc:
+            # Not allowed on the group (or not authenticated): the next poll raises it,
+            # rather than waiting silently for a coordinator that will never answer.
+            self._error = exc
+            return self._interval_s
         except StromError as exc:
             log.debug("group %s: no coordinator yet: %s", self.group_id, exc)
             return self._backoff_s

@@ -15,6 +15,7 @@ checks wrap the method's handler and run with the call's context.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -143,6 +144,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(unary_unary, **ser)
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
+            if not inspect.isasyncgenfunction(inner_us):
+                # A handler that writes its answers with context.write (RecordService's
+                # Subscribe) is a coroutine: awaited, not iterated.
+
+                async def unary_stream_writes(request: Any, context: Any) -> Any:
+                    CURRENT_PRINCIPAL.set(await admit(method, metadata, request, context))
+                    return await inner_us(request, context)
+
+                return grpc.unary_stream_rpc_method_handler(unary_stream_writes, **ser)
 
             async def unary_stream(request: Any, context: Any) -> Any:
                 CURRENT_PRINCIPAL.set(await admit(method, metadata, request, context))

@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
+from strom.api import records_pb2
 from strom.errors import ErrorCode
 from strom.security.acl import CLUSTER, Authorizer, Op, Res
 
@@ -114,15 +117,31 @@ def _create_topics(req: Any) -> Iterable[Check]:
     return [(Op.CREATE, Res.TOPIC, t.name) for t in req.topics]
 
 
+def _parsed(message: type[Any], req: Any) -> Any:
+    """A RecordService request as a message: its handlers take the raw bytes (they parse
+    them to name what is malformed), so the interceptor gets bytes. One that does not parse
+    is None: the handler refuses it (INVALID_ARGUMENT) without acting on it."""
+    if not isinstance(req, (bytes, bytearray, memoryview)):
+        return req
+    try:
+        return message.FromString(bytes(req))
+    except DecodeError:
+        return None
+
+
+def _produce_records(req: Any) -> Iterable[Check]:
+    msg = _parsed(records_pb2.ProduceRecordsRequest, req)
+    return () if msg is None else [(Op.WRITE, Res.TOPIC, msg.topic)]
+
+
 def _subscribe(req: Any) -> Iterable[Check]:
-    out: list[Check] = []
-    for field in ("topics", "partitions"):
-        for t in getattr(req, field, ()):
-            name = t if isinstance(t, str) else getattr(t, "topic", "")
-            if name:
-                out.append((Op.READ, Res.TOPIC, name))
-    if getattr(req, "group_id", ""):
-        out.append((Op.READ, Res.GROUP, req.group_id))
+    msg = _parsed(records_pb2.SubscribeRequest, req)
+    if msg is None:
+        return ()
+    out: list[Check] = [(Op.READ, Res.TOPIC, t) for t in msg.topics]
+    out += [(Op.READ, Res.TOPIC, p.topic) for p in msg.partitions]
+    if msg.group_id:
+        out.append((Op.READ, Res.GROUP, msg.group_id))
     return out
 
 
@@ -186,7 +205,7 @@ RULES: dict[str, Rule] = {
     K + "CompleteTxnOffsets": _cluster(Op.CLUSTER_ACTION),
     # RecordService (record-level gRPC for every language): the node acts for the caller with
     # its own identity, so the caller's rights are checked here, at the door.
-    R + "ProduceRecords": lambda req: [(Op.WRITE, Res.TOPIC, req.topic)],
+    R + "ProduceRecords": _produce_records,
     R + "Subscribe": _subscribe,
     # The subscription id (a random UUID the Subscribe stream handed out) is the capability.
     R + "CommitOffsets": _anyone,
