@@ -333,7 +333,8 @@ class MessageTooLargeError(StromError):
 
 
 class InvalidRecordError(StromError):
-    """INVALID_RECORD: a batch breaks a topic rule (e.g. null key on a compacted topic)."""
+    """INVALID_RECORD: a batch breaks a rule of the log (a producer's control batch, a
+    transactional batch without a producer id)."""
 
     default_code = ErrorCode.INVALID_RECORD
 
