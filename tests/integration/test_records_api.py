@@ -467,6 +467,10 @@ def test_commit_offsets_rules(
         # A partition the stream does not own.
         other = commit(("rec-two", 0, 1))
         assert other.results[0].error_code == E.STALE_MEMBER_EPOCH
+        # One that does not exist says so (it was STALE_MEMBER_EPOCH, "moved to another member").
+        missing = commit(("rec-nope", 0, 1), (topic, 77, 1))
+        assert [r.error_code for r in missing.results] == [E.UNKNOWN_TOPIC_OR_PARTITION] * 2
+        assert missing.results[1].error_message == f"there is no partition {topic}-77"
         with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
             got_offsets = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)])
         assert {tp.partition: om.offset for tp, om in got_offsets.items()} == {0: 20, 1: 15}

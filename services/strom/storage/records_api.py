@@ -446,7 +446,13 @@ class RecordService:
             r = resp.results.add(topic=po.topic, partition=po.partition)
             if tp in decided:
                 r.error_code = decided[tp]  # type: ignore[assignment]
-                if decided[tp] != E.NONE:
+                meta = self.view.topic(tp.topic)
+                if decided[tp] != E.NONE and (
+                    meta is None or not 0 <= tp.partition < meta.partition_count
+                ):
+                    r.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
+                    r.error_message = f"there is no partition {tp.topic}-{tp.partition}"
+                elif decided[tp] != E.NONE:
                     r.error_message = (
                         f"{tp.topic}-{tp.partition} is not assigned to this subscription "
                         "(the group moved it to another member): drop the commit"
