@@ -344,6 +344,11 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             grpc.StatusCode.NOT_FOUND,
             "has no partition 9",
         ),
+        (  # a malformed request, as ProduceRecords answers it (was NOT_FOUND, "retriable")
+            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=-1)]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "rec-two--1: a partition number is >= 0",
+        ),
     ]
     for req, status, needle in cases:
         with pytest.raises(grpc.RpcError) as info:

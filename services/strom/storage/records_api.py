@@ -363,8 +363,10 @@ class RecordService:
                 spec.starts[TopicPartition(t, p)] = default
         for ps in req.partitions:
             tp = TopicPartition(ps.topic, ps.partition)
+            if ps.partition < 0:
+                raise BadRequest(f"{tp.topic}-{ps.partition}: a partition number is >= 0")
             count = self._partition_count(ps.topic)
-            if not 0 <= ps.partition < count:
+            if ps.partition >= count:
                 raise BadRequest(
                     f"topic {ps.topic!r} has no partition {ps.partition} (it has {count})",
                     grpc.StatusCode.NOT_FOUND,
