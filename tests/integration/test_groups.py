@@ -352,6 +352,19 @@ def test_a_zombie_with_a_stale_epoch_cannot_commit(
     z_epoch = z.member_epoch
     assert sorted(z.assignment.topic_partitions[0].partitions) == [0, 1]
     assert commit("zombie", z_epoch, 10) == E.NONE
+    # Refused partitions say why in words (found from outside: just the code's name).
+    req = coordinator_pb2.OffsetCommitRequest(
+        group_id="g-zombie", member_id="zombie", member_epoch=z_epoch
+    )
+    req.topics.add(topic="zombie").partitions.add(
+        partition=1, committed_offset=1, metadata="m" * 5000
+    )
+    req.topics.add(topic="zombie").partitions.add(partition=7, committed_offset=1)
+    refused = stub.OffsetCommit(req, timeout=5)
+    assert [r.partitions[0].error_message for r in refused.topics] == [
+        "zombie-1: the commit's metadata is 5000 bytes, more than the 4096 kept",
+        "there is no partition zombie-7",
+    ]
     y = beat("other", 0, [])  # a second member: the zombie must give a partition up
     z = beat("zombie", z_epoch, [0, 1])
     kept = list(z.assignment.topic_partitions[0].partitions)

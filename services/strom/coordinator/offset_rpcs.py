@@ -68,7 +68,9 @@ class OffsetRpcs(CoordinatorCore):
                 code = result.errors.get((t.topic, p.partition), E.NONE)
                 pr = tr.partitions.add(partition=p.partition, error_code=code)
                 if code != E.NONE:
-                    pr.error_message = error_name(code)
+                    pr.error_message = commit_error(
+                        code, t.topic, p, self.group_config.offset_metadata_max_bytes
+                    )
 
     @rpc()
     async def OffsetFetch(
@@ -131,3 +133,15 @@ class OffsetRpcs(CoordinatorCore):
             for p in tp.partitions:
                 code = result.errors.get((tp.topic, p), E.NONE)
                 tr.partitions.add(partition=p, error_code=code)
+
+
+def commit_error(code: int, topic: str, p: Any, limit: int) -> str:
+    """A refused partition of a commit, in words (``p`` its OffsetCommitPartition): the
+    name alone ("OFFSET_METADATA_TOO_LARGE") said neither the size nor the limit."""
+    where = f"{topic}-{p.partition}"
+    if code == E.OFFSET_METADATA_TOO_LARGE:
+        size = len(p.metadata.encode())
+        return f"{where}: the commit's metadata is {size} bytes, more than the {limit} kept"
+    if code == E.UNKNOWN_TOPIC_OR_PARTITION:
+        return f"there is no partition {where}"
+    return f"{where}: {error_name(code)}"

@@ -46,6 +46,7 @@ from strom.api import (
 from strom.clock import steady_ms, wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.lookup import find_coordinator, shard_count
+from strom.coordinator.offset_rpcs import commit_error
 from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
 from strom.coordinator.shard_writes import settled
 from strom.coordinator.shards import Shard
@@ -691,7 +692,9 @@ class TransactionRpcs(_Base):
         except Exception as exc:
             self._fail("TxnOffsetCommit", resp, exc)
             return resp
-        _partition_results(resp, request.topics, result.errors)
+        _partition_results(
+            resp, request.topics, result.errors, self.group_config.offset_metadata_max_bytes
+        )
         return resp
 
     async def CompleteTxnOffsets(
@@ -752,6 +755,7 @@ def _partition_results(
     resp: coordinator_pb2.OffsetCommitResponse,
     topics: Iterable[coordinator_pb2.OffsetCommitTopic],
     errors: dict[tuple[str, int], int],
+    metadata_limit: int,
 ) -> None:
     for t in topics:
         tr = resp.topics.add(topic=t.topic)
@@ -759,4 +763,4 @@ def _partition_results(
             code = errors.get((t.topic, p.partition), E.NONE)
             pr = tr.partitions.add(partition=p.partition, error_code=code)
             if code != E.NONE:
-                pr.error_message = error_name(code)
+                pr.error_message = commit_error(code, t.topic, p, metadata_limit)
