@@ -161,6 +161,29 @@ def test_produce_limits_give_clear_errors(cluster: LocalCluster) -> None:
     assert [v for _, _, v in read_all(b, "cfg-limits")] == [b"small", b"after"]
 
 
+def test_retention_empties_a_quiet_topic(cluster: LocalCluster) -> None:
+    """retention.ms on a topic that stopped receiving records: its active segment expires
+    too (found from outside: the last records stayed readable forever, as segment.ms rolls
+    only on an append and retention skipped the active segment)."""
+    b = cluster.bootstrap
+    tp = TopicPartition("cfg-quiet", 0)
+    with Admin(b) as admin:
+        admin.create_topic(
+            "cfg-quiet", partitions=1, replication_factor=1, config={"retention.ms": "1000"}
+        )
+        with Producer(b) as producer:
+            for v in (b"a", b"b", b"c"):
+                producer.send("cfg-quiet", v)
+        wait_for(
+            lambda: admin.list_offsets({tp: "earliest"})[tp].offset == 3,  # type: ignore[union-attr]
+            timeout=30,
+            what="the expired records deleted",
+        )
+        assert admin.list_offsets({tp: "latest"})[tp].offset == 3  # type: ignore[union-attr]
+        with Producer(b) as producer:
+            assert producer.send("cfg-quiet", b"d").result(10).offset == 3
+
+
 def test_compacted_topics_are_cleaned_by_dirty_ratio(cluster: LocalCluster) -> None:
     """Two compacted topics get the same writes. The one with min.cleanable.dirty.ratio=0.01
     is cleaned, and cleaned again after a few more writes make it slightly dirty; the one with

@@ -873,12 +873,15 @@ class Log:
         self.producers.evict_below(self.log_start_offset)
         self.aborted.drop_below(self.log_start_offset)
 
-    def apply_retention(self, now: int | None = None) -> int:
-        """Delete whole non-active segments past ``retention.ms`` or ``retention.bytes``.
+    def apply_retention(self, now: int | None = None, high_watermark: int | None = None) -> int:
+        """Delete whole segments past ``retention.ms`` or ``retention.bytes``.
 
         Offsets are never reused: the log start offset moves up to the first kept segment.
-        Also forgets idempotent producers idle for ``producer.id.expiration.ms``.
-        Returns the number of segments deleted.
+        With ``high_watermark`` at the log end (everything committed), an active segment
+        whose newest record is past ``retention.ms`` goes too, as in Kafka: a new empty
+        segment takes over first (otherwise a quiet topic would keep its last records
+        forever, as segment.ms rolls only on an append). Also forgets idempotent producers
+        idle for ``producer.id.expiration.ms``. Returns the number of segments deleted.
         """
         with self.lock:
             self.producers.expire(
@@ -906,6 +909,19 @@ class Log:
                 if not (too_old or too_big):
                     break
                 total -= seg.size
+                self._delete_oldest()
+                deleted += 1
+            active = self.active
+            if (
+                high_watermark is not None
+                and len(self.segments) == 1
+                and active.size
+                and high_watermark >= self.log_end_offset
+                and self.config.retention_ms >= 0
+                and active.max_timestamp >= 0
+                and now - active.max_timestamp > self.config.retention_ms
+            ):
+                self._roll(self.log_end_offset)
                 self._delete_oldest()
                 deleted += 1
         return deleted

@@ -457,7 +457,7 @@ class StorageNode:
                 async with part.maintenance_lock:
                     if part.deleted:
                         continue
-                    deleted = await asyncio.to_thread(lg.apply_retention)
+                    deleted = await asyncio.to_thread(lg.apply_retention, None, part.high_watermark)
                     await asyncio.to_thread(lg.delete_expired_files)
                 if deleted:
                     log.info(
