@@ -3,6 +3,7 @@ storage nodes as separate processes (issue: cluster core, "Must show")."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -267,6 +268,43 @@ def test_dev_up_and_down_from_the_command_line(tmp_path: Path) -> None:
     assert state_gone
     missing = strom("dev", "down", "--dir", str(root), check=False)
     assert missing.returncode == 1 and b"no local cluster recorded" in missing.stderr
+
+
+def test_dev_down_leaves_a_reused_pid_alone_and_up_replaces_a_dead_record(tmp_path: Path) -> None:
+    """A state file outliving its processes (a reboot): its pids may now be other programs,
+    which `dev down` must not signal (found from outside: it killed them, as root), and
+    `dev up` starts afresh instead of asking for a `dev down` first."""
+    root = tmp_path / "dev"
+    root.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        state = {
+            "cluster": "strom",
+            "bootstrap": "127.0.0.1:1",
+            "etcd": {"endpoint": "127.0.0.1:2", "pid": None},
+            "members": [
+                {
+                    "kind": "storage-node",
+                    "id": 1,
+                    "address": "127.0.0.1:39999",
+                    "metrics_port": 1,
+                    "pid": other.pid,
+                    "log": "x",
+                },
+            ],
+        }
+        (root / "cluster.json").write_text(json.dumps(state))
+        down = strom("dev", "down", "--dir", str(root))
+        assert b"stopped" not in down.stdout
+        assert other.poll() is None  # still running
+        (root / "cluster.json").write_text(json.dumps(state))
+        up = strom("dev", "up", "--nodes", "1", "--dir", str(root), timeout=120)
+        assert b"bootstrap: " in up.stdout
+        strom("dev", "down", "--dir", str(root))
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_dev_up_without_etcd_says_how_to_install_it(tmp_path: Path) -> None:

@@ -10,7 +10,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from strom.devcluster.cluster import DEV_CA, STATE_FILE, LocalCluster, stop_from_state
+from strom.devcluster.cluster import (
+    DEV_CA,
+    STATE_FILE,
+    LocalCluster,
+    recorded_processes_alive,
+    stop_from_state,
+)
 
 DEFAULT_DIR = os.environ.get("STROM_DEV_DIR", "/tmp/strom-dev")
 
@@ -78,6 +84,9 @@ def run_dev(args: argparse.Namespace, out: Any) -> int:
             raise ValueError("--nodes and --controllers must be at least 1")
         if args.coordinators < 0:
             raise ValueError("--coordinators must be at least 0")
+        if (root / "cluster.json").exists() and not recorded_processes_alive(root):
+            # Left by a cluster whose processes are all gone (a reboot): nothing to stop.
+            (root / "cluster.json").unlink()
         if (root / "cluster.json").exists():
             raise ValueError(
                 f"a local cluster is already recorded in {root}; "

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -416,8 +417,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def stop_from_state(root: Path, timeout: float = 15.0) -> list[str]:
-    """Stop the processes listed in ``root/cluster.json`` (SIGTERM, then SIGKILL)."""
+def _recorded(root: Path) -> list[dict[str, Any]]:
+    """The processes ``root/cluster.json`` lists (stop order: coordinators, storage nodes,
+    controllers, etcd), each with the port its command line must name."""
     path = Path(root) / STATE_FILE
     if not path.exists():
         raise ClusterError(f"no local cluster recorded in {root} (no {STATE_FILE})")
@@ -427,11 +429,39 @@ def stop_from_state(root: Path, timeout: float = 15.0) -> list[str]:
     order += [m for m in members if m["kind"] == "storage-node"]
     order += [m for m in members if m["kind"] not in ("storage-node", "coordinator")]
     if state["etcd"].get("pid"):
-        order.append({"kind": "etcd", "id": 0, "pid": state["etcd"]["pid"]})
+        etcd = state["etcd"]
+        order.append({"kind": "etcd", "id": 0, "pid": etcd["pid"], "address": etcd["endpoint"]})
+    return order
+
+
+def _still_ours(m: dict[str, Any]) -> bool:
+    """Whether the recorded process still runs and is the one recorded: after a reboot (or
+    long after) its pid may belong to another program, which must not be signalled. A
+    member's command line names the port it listens on."""
+    pid = int(m["pid"])
+    if not _pid_alive(pid):
+        return False
+    port = str(m.get("address", "")).rsplit(":", 1)[-1]
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    return bool(port) and f":{port}" in cmdline
+
+
+def recorded_processes_alive(root: Path) -> bool:
+    """Whether any process of the cluster recorded in ``root`` still runs."""
+    return any(_still_ours(m) for m in _recorded(root))
+
+
+def stop_from_state(root: Path, timeout: float = 15.0) -> list[str]:
+    """Stop the processes listed in ``root/cluster.json`` (SIGTERM, then SIGKILL); a pid
+    now held by another program is left alone."""
+    path = Path(root) / STATE_FILE
     stopped = []
-    for m in order:
+    for m in _recorded(root):
         pid = int(m["pid"])
-        if not _pid_alive(pid):
+        if not _still_ours(m):
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
