@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from tests.conftest import member_metric
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +66,24 @@ def test_watch_streams_end_with_not_serving_when_a_service_stops(
         assert statuses[0] == SERVING and statuses[-1] == NOT_SERVING
     finally:
         channel.close()
+
+
+def test_a_node_stopping_cleanly_is_not_fenced_as_a_crash(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """SIGTERM: the node publishes SHUTTING_DOWN before its server stops, so the active
+    controller's prober, finding its connections refused, leaves the registration to the
+    node (found from outside: every clean stop was fenced as a crash, with warnings on both
+    sides). SIGKILL of another node is still fenced at once: the prober is at work."""
+    cluster = make_cluster(nodes=3, controllers=1, coordinators=0)
+    controller = cluster.controllers[0]
+    fenced = "strom_controller_nodes_fenced_total"
+    stopping, killed = cluster.nodes[1], cluster.nodes[2]
+    assert stopping.process is not None and killed.process is not None
+    assert member_metric(controller, fenced) == 0
+    assert stopping.process.stop() == 0  # SIGTERM: a clean exit
+    log_text = stopping.log_path.read_text()
+    assert "stopped cleanly" in log_text and "lease" not in log_text.split("controlled")[-1]
+    killed.process.kill()
+    wait_for(lambda: member_metric(controller, fenced) == 1, timeout=20, what="the kill fenced")
+    assert member_metric(controller, fenced) == 1  # the SIGTERM was not counted

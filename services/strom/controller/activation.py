@@ -173,23 +173,35 @@ class ActiveRole(Reconciler):
         if self._leadership is None or self.store is None:
             return
         if await self._revoke_if_incarnation(
-            self.store.keys.node(node_id), md.NodeRegistration, incarnation_id, f"node {node_id}"
+            self.store.keys.node(node_id),
+            md.NodeRegistration,
+            incarnation_id,
+            f"node {node_id}",
+            # A node that published SHUTTING_DOWN (before it stopped its server) is leaving
+            # cleanly and ends its registration itself: not a crash to fence.
+            also=lambda value: value.state != md.NODE_STATE_SHUTTING_DOWN,
         ):
             metrics.NODES_FENCED.inc()
             log.warning("revoked the lease of node %d, which refuses connections", node_id)
 
     async def _revoke_if_incarnation(
-        self, key: str, kind: type[Any], incarnation_id: str, what: str
+        self,
+        key: str,
+        kind: type[Any],
+        incarnation_id: str,
+        what: str,
+        also: Callable[[Any], bool] = lambda value: True,
     ) -> bool:
-        """Revoke the lease ``key`` is bound to while it still holds ``incarnation_id``
-        (deleting it as lease expiry would); False if it did not, or etcd did not answer."""
+        """Revoke the lease ``key`` is bound to while it still holds ``incarnation_id`` (and
+        the value passes ``also``), deleting it as lease expiry would; False if it did not,
+        or etcd did not answer."""
         assert self.store is not None
         try:
             return await asyncio.to_thread(
                 self.store.revoke_lease_if,
                 key,
                 kind,
-                lambda value: value.incarnation_id == incarnation_id,
+                lambda value: value.incarnation_id == incarnation_id and also(value),
             )
         except MetadataUnavailableError as exc:
             log.warning("could not revoke the lease of dead %s: %s", what, exc)

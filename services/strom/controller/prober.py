@@ -97,9 +97,9 @@ class NodeProber:
                 if streaming and self.on_reached is not None:
                     self.on_reached(node_id, False)
                 if reached and await self._refused(address):
-                    log.warning(
+                    log.info(
                         "%s %d (%s) refuses connections: fencing it without waiting for "
-                        "its lease to expire",
+                        "its lease to expire (unless it is shutting down)",
                         self.kind,
                         node_id,
                         address,
