@@ -73,16 +73,24 @@ def setup_logging(level: str = "info", service: str = "strom") -> None:
     logging.getLogger("strom").info("starting %s", service)
 
 
+#: How long a service's stop() may take unless it says otherwise (``stop_timeout_s``).
+DEFAULT_STOP_TIMEOUT_S = 10.0
+
+
 async def serve(
     service: Service,
     listen: str,
     metrics_port: int | None,
     *,
-    grace_s: float = 10.0,
+    grace_s: float | None = None,
     metrics_host: str = "0.0.0.0",
     limits: ServerLimits | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then shut down in order."""
+    """Serve until SIGTERM/SIGINT, then shut down in order. ``service.stop()`` gets
+    ``grace_s`` (default: the service's own ``stop_timeout_s``, else 10 s) before the process
+    gives up on it."""
+    if grace_s is None:
+        grace_s = float(getattr(service, "stop_timeout_s", DEFAULT_STOP_TIMEOUT_S))
     metrics.set_service(service.name)
     metadata_metrics.init_service()
     observe_gc_pauses()

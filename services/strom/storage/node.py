@@ -354,6 +354,16 @@ class StorageNode:
                 return
         log.info("controlled shutdown did not move every leadership in time; stopping anyway")
 
+    @property
+    def stop_timeout_s(self) -> float:
+        """What :meth:`stop` may take in the worst case: the controlled shutdown, three
+        waits of ``shutdown_grace_s`` (the record streams, in-flight RPCs, background tasks)
+        and the closing of the logs. The process waits that long for it (the runtime's 10 s
+        default cut a stop short when no controller answered, leaving the logs unclosed and
+        a recovery for the next start); the Helm chart's grace period (60 s) covers it."""
+        cfg = self.config
+        return cfg.controlled_shutdown_timeout_s + 3 * cfg.shutdown_grace_s + 20.0
+
     async def stop(self) -> None:
         cfg = self.config
         if self._registered and self.manager.logs is not None:
