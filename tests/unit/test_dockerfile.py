@@ -18,6 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from strom.devcluster.certs import CertificateAuthority
 from strom.devcluster.procs import free_port
 from strom.service import healthcheck
 
@@ -156,3 +157,43 @@ def test_healthcheck_reports_serving_and_not_serving() -> None:
         server.stop(0)
     assert healthcheck.addresses([], {"STROM_LISTEN": "0.0.0.0:9093"}) == ["127.0.0.1:9093"]
     assert healthcheck.addresses([], {}) == list(healthcheck.DEFAULT_ADDRESSES)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["strom-storage-0.strom-storage-headless.streaming.svc.cluster.local"],
+        ["*.strom-storage-headless.streaming.svc.cluster.local"],
+    ],
+)
+def test_the_tls_probe_verifies_a_pods_certificate_by_its_own_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]
+) -> None:
+    """The chart's TLS probes run the healthcheck with the pod's own files against
+    127.0.0.1: a certificate naming the pod's DNS names only (as one issued for Kubernetes
+    is) must pass (found from outside: "not serving", so pods never became Ready)."""
+    ca = CertificateAuthority(tmp_path / "ca")
+    pod = ca.issue("strom-storage-0", dns_names=names)
+    creds = grpc.ssl_server_credentials(
+        [(pod.key.read_bytes(), pod.cert.read_bytes())],
+        root_certificates=ca.ca_file.read_bytes(),
+        require_client_auth=True,
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+    try:
+        for var in ("STROM_SSL_CAFILE", "STROM_SSL_CERTFILE", "STROM_SSL_KEYFILE"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("STROM_TLS_CA", str(ca.ca_file))
+        monkeypatch.setenv("STROM_TLS_CERT", str(pod.cert))
+        monkeypatch.setenv("STROM_TLS_KEY", str(pod.key))
+        assert healthcheck.main([f"127.0.0.1:{port}"]) == 0
+        other = CertificateAuthority(tmp_path / "other")  # a server it must not trust
+        monkeypatch.setenv("STROM_TLS_CA", str(other.ca_file))
+        assert healthcheck.main([f"127.0.0.1:{port}"]) == 1
+    finally:
+        server.stop(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +87,16 @@ class CertificateAuthority:
     def ca_file(self) -> Path:
         return self.pem.cert
 
-    def issue(self, cn: str, *, expired: bool = False) -> Pem:
-        """A certificate for ``cn`` usable as server (127.0.0.1, localhost) and client."""
+    def issue(
+        self, cn: str, *, expired: bool = False, dns_names: Sequence[str] | None = None
+    ) -> Pem:
+        """A certificate for ``cn`` usable as server (127.0.0.1, localhost; or only
+        ``dns_names``, as a Kubernetes pod's certificate) and client."""
+        names: list[x509.GeneralName] = (
+            [x509.DNSName(n) for n in dns_names]
+            if dns_names is not None
+            else [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        )
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         start, end = (
@@ -103,12 +112,7 @@ class CertificateAuthority:
             .serial_number(x509.random_serial_number())
             .not_valid_before(start)
             .not_valid_after(end)
-            .add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(
                 x509.ExtendedKeyUsage(
                     [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -50,8 +51,37 @@ def security(env: dict[str, str]) -> ChannelSecurity:
     return ChannelSecurity()
 
 
-def serving(address: str, timeout: float = 2.0, sec: ChannelSecurity | None = None) -> bool:
-    with (sec or ChannelSecurity()).channel(address) as channel:
+def own_name(env: dict[str, str]) -> str | None:
+    """The name to verify the local service's certificate against: the first DNS name of
+    the service's own certificate (``STROM_TLS_CERT``, the one it serves), since a pod's
+    certificate names its DNS names, not 127.0.0.1 (found from outside: the chart's TLS
+    probes failed for such a certificate). A wildcard gets a label of ours. None without
+    one (the address itself is verified then)."""
+    path = env.get("STROM_TLS_CERT")
+    if not path or env.get("STROM_SSL_CAFILE"):
+        return None
+    try:
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(Path(path).read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = san.get_values_for_type(x509.DNSName)
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return None
+    plain = [n for n in names if not n.startswith("*.")]
+    if plain:
+        return plain[0]
+    return "probe" + names[0][1:] if names else None
+
+
+def serving(
+    address: str,
+    timeout: float = 2.0,
+    sec: ChannelSecurity | None = None,
+    server_name: str | None = None,
+) -> bool:
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    with (sec or ChannelSecurity()).channel(address, options) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout
@@ -65,8 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     targets = addresses(list(sys.argv[1:] if argv is None else argv), env)
     sec = security(env)
+    name = own_name(env) if sec.tls else None
     for address in targets:
-        if serving(address, sec=sec):
+        if serving(address, sec=sec, server_name=name):
             print(f"{address}: SERVING")
             return 0
     print(f"not serving: {', '.join(targets)}", file=sys.stderr)
