@@ -711,16 +711,19 @@ def test_retention_unlimited_and_compact_only(tmp_path: Path) -> None:
 
 
 def test_retention_keeps_the_active_segment_unless_it_is_all_committed(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "t-0", retention_ms=1000, retention_bytes=0)
-    log.append(batch(3, ts=T0))
+    clock = Clock(T0 + 500)
+    log = make_log(tmp_path / "t-0", clock, retention_ms=1000, retention_bytes=0)
+    log.append(batch(3, ts=T0))  # appended at T0 + 500
     assert log.apply_retention(now=T0 + 10**9) == 0  # no high watermark known
     assert log.apply_retention(now=T0 + 10**9, high_watermark=2) == 0  # not all committed
     assert log.apply_retention(now=T0 + 999, high_watermark=3) == 0  # not old enough
+    # Old records just written (a backfill): not before the segment has been idle as long.
+    assert log.apply_retention(now=T0 + 1200, high_watermark=3) == 0
     assert offsets(read_all(log)) == [0, 1, 2]
     # Found from outside: a quiet topic kept its last records forever (segment.ms rolls
     # only on an append). Kafka's rule: an expired active segment goes once committed, a
     # new empty one taking over.
-    assert log.apply_retention(now=T0 + 1001, high_watermark=3) == 1
+    assert log.apply_retention(now=T0 + 1501, high_watermark=3) == 1
     assert (log.log_start_offset, log.log_end_offset) == (3, 3)
     assert [s.base_offset for s in log.segments] == [3] and log.active.size == 0
     assert log.apply_retention(now=T0 + 10**9, high_watermark=3) == 0  # empty: stays

@@ -671,6 +671,7 @@ class Log:
         if seg.size and self._should_roll(seg, length, len(headers)):
             seg = self._roll(self.log_end_offset)
         seg.append(pieces, length, headers)
+        seg.last_append_ms = self.clock()
         self._unflushed_records += sum(h.record_count for h in headers)
 
     def _should_roll(self, seg: LogSegment, length: int, batches: int) -> bool:
@@ -878,7 +879,8 @@ class Log:
 
         Offsets are never reused: the log start offset moves up to the first kept segment.
         With ``high_watermark`` at the log end (everything committed), an active segment
-        whose newest record is past ``retention.ms`` goes too, as in Kafka: a new empty
+        whose newest record is past ``retention.ms``, and that has taken no append for as
+        long, goes too, as in Kafka (which does not wait for the idle time): a new empty
         segment takes over first (otherwise a quiet topic would keep its last records
         forever, as segment.ms rolls only on an append). Also forgets idempotent producers
         idle for ``producer.id.expiration.ms``. Returns the number of segments deleted.
@@ -920,6 +922,9 @@ class Log:
                 and self.config.retention_ms >= 0
                 and active.max_timestamp >= 0
                 and now - active.max_timestamp > self.config.retention_ms
+                # and idle that long: records just written with old timestamps (a backfill)
+                # are not deleted the moment they land
+                and now - active.last_append_ms > self.config.retention_ms
             ):
                 self._roll(self.log_end_offset)
                 self._delete_oldest()

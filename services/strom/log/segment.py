@@ -85,6 +85,9 @@ class LogSegment:
         self.first_batch_timestamp = -1  # drives segment.ms rolling
         self.record_count = 0  # records appended since open (flush.messages)
         self.created_ms = 0  # wall-clock start of the segment, drives segment.ms rolling
+        #: Wall-clock ms of the last append (the file's mtime until one in this process):
+        #: retention deletes an active segment only once it has been idle that long too.
+        self.last_append_ms = int(os.fstat(self.fd).st_mtime * 1000)
         self.roll_jitter_ms = 0  # segment.jitter.ms: this segment rolls this much earlier
         self.preallocated = False
         self._bytes_since_index = 0
