@@ -42,6 +42,32 @@ def parquet_rows(spark: Any, path: Path) -> list[tuple[int, int, bytes]]:
     return sorted(tuple(r) for r in spark.read.parquet(str(path)).collect())
 
 
+def run_to_parquet(
+    spark: Any, bootstrap: str, topic: str, out: Path, cp: Path, **options: str
+) -> BaseException | None:
+    """One availableNow run of ``topic`` into parquet at ``out`` (checkpoint ``cp``);
+    the error that ended it, or None."""
+    q = (
+        stream(spark, bootstrap, topic, **options)
+        .select("partition", "offset", "value")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(cp))
+        .trigger(availableNow=True)
+        .start()
+    )
+    return ended(q)
+
+
+def ended(query: Any) -> BaseException | None:
+    """Wait for an availableNow query to end; the error that ended it, or None."""
+    try:
+        query.awaitTermination(300)
+    except Exception as exc:
+        return exc
+    return None
+
+
 def test_stop_and_restart_from_checkpoint_neither_loses_nor_repeats(
     spark: Any, bootstrap: str, tmp_path: Path
 ) -> None:
@@ -173,21 +199,8 @@ def test_data_loss_fails_with_a_clear_message_or_skips(
     fill(bootstrap, topic, 0, 0, 100)
     out, cp = tmp_path / "out", tmp_path / "cp"
 
-    def run(**options: str) -> Any:
-        q = (
-            stream(spark, bootstrap, topic, **options)
-            .select("partition", "offset", "value")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(cp))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            q.awaitTermination(300)
-        except Exception as exc:
-            return exc
-        return None
+    def run(**options: str) -> BaseException | None:
+        return run_to_parquet(spark, bootstrap, topic, out, cp, **options)
 
     assert run() is None
     fill(bootstrap, topic, 0, 100, 200)
@@ -215,22 +228,9 @@ def test_a_log_that_ends_below_the_checkpoint_is_reported_not_skipped(
     fill(bootstrap, topic, 0, 0, 100)
     out, cp = tmp_path / "out", tmp_path / "cp"
 
-    def run(**options: str) -> Any:
+    def run(**options: str) -> BaseException | None:
         options.setdefault("fetchOffset.retryIntervalMs", "10")
-        q = (
-            stream(spark, bootstrap, topic, **options)
-            .select("partition", "offset", "value")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(cp))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            q.awaitTermination(300)
-        except Exception as exc:
-            return exc
-        return None
+        return run_to_parquet(spark, bootstrap, topic, out, cp, **options)
 
     assert run() is None
     with Admin(bootstrap) as admin:
@@ -268,11 +268,8 @@ def test_a_log_that_ends_below_the_checkpoint_is_reported_not_skipped(
             .trigger(availableNow=True)
             .start()
         )
-        try:
-            q.awaitTermination(300)
-        except Exception as exc:
-            return exc
-        return q.lastProgress
+        error = ended(q)
+        return error if error is not None else q.lastProgress
 
     error = start_past_end()
     assert isinstance(error, Exception)
