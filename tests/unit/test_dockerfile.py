@@ -153,6 +153,12 @@ def test_healthcheck_reports_serving_and_not_serving() -> None:
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         assert healthcheck.main([address]) == 0
         assert healthcheck.main([f"127.0.0.1:{free_port()}"]) == 1  # nothing listening
+        # Readiness is its own name: started is not ready until the service says so.
+        servicer.set("strom.ready", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert healthcheck.main(["--service", "strom.ready", address]) == 1
+        servicer.set("strom.ready", health_pb2.HealthCheckResponse.SERVING)
+        assert healthcheck.main(["--service", "strom.ready", address]) == 0
+        assert healthcheck.main(["--service"]) == 2
     finally:
         server.stop(0)
     assert healthcheck.addresses([], {"STROM_LISTEN": "0.0.0.0:9093"}) == ["127.0.0.1:9093"]

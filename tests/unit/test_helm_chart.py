@@ -117,6 +117,9 @@ def test_default_install_has_what_an_operator_needs() -> None:
     )
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert node[probe]["grpc"]["port"] == 9092
+    # Ready = back in its partitions' ISRs (a rolling restart waits for it); alive = started.
+    assert node["readinessProbe"]["grpc"]["service"] == "strom.ready"
+    assert "service" not in node["livenessProbe"]["grpc"]
     pod = storage["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert node["securityContext"]["readOnlyRootFilesystem"] is True
@@ -202,7 +205,12 @@ def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
         ):
             assert flag in args, (obj["metadata"]["name"], flag)
         probe = container(obj)["readinessProbe"]
-        assert probe["exec"]["command"][:3] == ["python", "-m", "strom.service.healthcheck"]
+        assert probe["exec"]["command"][:5] == [
+            *("python", "-m", "strom.service.healthcheck"),
+            *("--service", "strom.ready"),
+        ]
+        port = container(obj)["ports"][0]["containerPort"]
+        assert container(obj)["livenessProbe"]["exec"]["command"][3:] == [f"127.0.0.1:{port}"]
     sm = next(iter(by_kind(docs, "ServiceMonitor").values()))
     assert sm["spec"]["jobLabel"] == "strom.io/job"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"

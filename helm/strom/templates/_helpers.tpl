@@ -204,16 +204,21 @@ are on. Empty when neither TLS nor a service token is configured. */}}
 "startup" 60). With TLS they run strom's health check in the pod (Kubernetes' gRPC probes
 cannot speak TLS). */}}
 {{- define "strom.grpcProbes" -}}
+{{- /* Started and alive: the health status "". Ready: "strom.ready", which a storage node
+       reports only once it is back in the ISR of every partition it replicates, so a rolling
+       restart (and a PodDisruptionBudget) waits for it before stopping the next node. */ -}}
 {{- $check := dict "grpc" (dict "port" .port) }}
+{{- $ready := dict "grpc" (dict "port" .port "service" "strom.ready") }}
 {{- if .ctx.Values.tls.enabled }}
 {{- $check = dict "exec" (dict "command" (list "python" "-m" "strom.service.healthcheck" (printf "127.0.0.1:%d" (int .port)))) }}
+{{- $ready = dict "exec" (dict "command" (list "python" "-m" "strom.service.healthcheck" "--service" "strom.ready" (printf "127.0.0.1:%d" (int .port)))) }}
 {{- end }}
 startupProbe:
   {{- toYaml $check | nindent 2 }}
   periodSeconds: 5
   failureThreshold: {{ .startup }}
 readinessProbe:
-  {{- toYaml $check | nindent 2 }}
+  {{- toYaml $ready | nindent 2 }}
   periodSeconds: 5
   failureThreshold: 2
 livenessProbe:

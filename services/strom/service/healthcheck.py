@@ -1,5 +1,7 @@
-"""``python -m strom.service.healthcheck [HOST:PORT ...]``: exit 0 when a strom service on
-this machine answers gRPC health checking (``grpc.health.v1``) with SERVING, else 1.
+"""``python -m strom.service.healthcheck [--service NAME] [HOST:PORT ...]``: exit 0 when a
+strom service on this machine answers gRPC health checking (``grpc.health.v1``) with SERVING,
+else 1. ``--service strom.ready`` asks for readiness instead of "started" (a storage node is
+ready once it is back in its partitions' ISRs): the chart's TLS readiness probes.
 
 The container image's HEALTHCHECK for ``docker run`` / Compose (Kubernetes ignores image
 health checks and uses the chart's gRPC probes instead). Without arguments it checks
@@ -79,12 +81,13 @@ def serving(
     timeout: float = 2.0,
     sec: ChannelSecurity | None = None,
     server_name: str | None = None,
+    service: str = "",
 ) -> bool:
     options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
     with (sec or ChannelSecurity()).channel(address, options) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
             )
         except grpc.RpcError:
             return False
@@ -93,11 +96,18 @@ def serving(
 
 def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
-    targets = addresses(list(sys.argv[1:] if argv is None else argv), env)
+    args = list(sys.argv[1:] if argv is None else argv)
+    service = ""
+    if args[:1] == ["--service"]:
+        if len(args) < 2:
+            print("--service needs a health service name (e.g. strom.ready)", file=sys.stderr)
+            return 2
+        service, args = args[1], args[2:]
+    targets = addresses(args, env)
     sec = security(env)
     name = own_name(env) if sec.tls else None
     for address in targets:
-        if serving(address, sec=sec, server_name=name):
+        if serving(address, sec=sec, server_name=name, service=service):
             print(f"{address}: SERVING")
             return 0
     print(f"not serving: {', '.join(targets)}", file=sys.stderr)

@@ -47,6 +47,12 @@ class Service(Protocol):
         """Hand over leadership/ownership and release leases (before in-flight RPCs end)."""
 
 
+#: The gRPC health service name of readiness (the chart's readiness probes ask it). A service
+#: may have a ``readiness`` object with ``async run(report, stop)`` that reports more than
+#: "started" (a storage node: back in its ISRs); for the others it follows the overall status.
+READY_SERVICE = "strom.ready"
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -104,7 +110,7 @@ async def serve(
     health_servicer = HealthServicer()
     # FIX: grpc's HealthServicer starts with "" = SERVING; until service.start() has finished
     # (etcd registration, recovery, ...) the process must not look ready to probes and tests.
-    for name in ["", *names]:
+    for name in ["", READY_SERVICE, *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -142,13 +148,31 @@ async def serve(
     frozen = freeze_started_heap()  # the started state lives as long as the process
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    readiness = getattr(service, "readiness", None)
+    ready_task: asyncio.Task[None] | None = None
+    if readiness is None:
+        await health_servicer.set(READY_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    else:
+
+        async def report(ready: bool) -> None:
+            if stop.is_set():
+                return
+            status = health_pb2.HealthCheckResponse
+            await health_servicer.set(
+                READY_SERVICE, status.SERVING if ready else status.NOT_SERVING
+            )
+            log.info("%s %s", service.name, "ready" if ready else "not ready: catching up")
+
+        ready_task = asyncio.create_task(readiness.run(report, stop), name="readiness")
     log.info("%s serving on %s (%s)", service.name, listen, sec.describe())
     log.debug("%d objects of the started service frozen out of garbage collection", frozen)
     lag_sampler = asyncio.create_task(metrics.sample_loop_lag(stop), name="loop-lag")
     await stop.wait()
     await lag_sampler
+    if ready_task is not None:
+        await ready_task
     log.info("%s shutting down", service.name)
-    for name in ["", *names]:
+    for name in ["", READY_SERVICE, *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_servicer.close_watches()  # else server.stop waits the grace out for them
     try:

@@ -45,6 +45,7 @@ from strom.storage import metrics, records_api
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
+from strom.storage.readiness import InSyncReadiness
 from strom.storage.registration import NodeIdInUseError, NodeRegistration
 from strom.storage.replication import ControllerClient, IsrManager, ReplicaFetchers
 from strom.storage.servicer import StorageServicer, add_to_server
@@ -129,6 +130,10 @@ class StorageNode:
             session_timeout_s=config.session_timeout_s,
         )
         self.view.add_listener(metrics.OfflinePartitions(self.view).on_events)
+        #: Readiness (health name ``strom.ready``): back in the ISR of every partition it
+        #: replicates, so a rolling restart waits for this node before stopping the next.
+        self.readiness = InSyncReadiness(config.node_id, self.view)
+        self.view.add_listener(self.readiness.on_view_events)
         metrics.watch_data_dir(config.data_dir)
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
