@@ -273,7 +273,9 @@ def test_a_transaction_that_sent_nothing_ends_at_once_whatever_came_before(
         p.close()
     with pytest.raises(StromError, match="closed"):
         p.begin_transaction()
-    assert [v for _, v in _read(cluster, "empty-tx", "read_committed")] == [b"one", b"two"]
+    # (expect: the commit's markers are written after commit_transaction() returns.)
+    got = _read(cluster, "empty-tx", "read_committed", expect=2)
+    assert [v for _, v in got] == [b"one", b"two"]
 
 
 def test_fencing_aborts_what_a_gone_producer_left_open(

@@ -62,6 +62,12 @@ RPC_ERRORS = Counter(
 )
 SHARDS_OWNED = Gauge("strom_coordinator_shards_owned", "Shards this coordinator owns (loaded)")
 SHARD_LOADS = Counter("strom_coordinator_shard_loads_total", "Shard (re)loads completed")
+SHARD_HAND_OVERS = Counter(
+    "strom_coordinator_shard_hand_overs_total",
+    "Shards this coordinator handed over to balance the live coordinators (another one loads "
+    "them), by shard kind",
+    ["kind"],
+)
 MEMBERS = Gauge("strom_coordinator_members", "Members of the groups in the loaded shards")
 EXPIRED = Counter(
     "strom_coordinator_members_expired_total", "Members removed by a timer, by reason", ["reason"]

@@ -134,6 +134,9 @@ class CoordinatorService(
         self._topics_cache: tuple[int, dict[str, int]] = (-1, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
         self._waiting_logged: dict[str, bool] = {}
+        self._free_since: dict[tuple[str, int], float] = {}
+        self._handed_over: set[tuple[str, int]] = set()
+        self._next_hand_over = 0.0
         metrics.count_at_scrape(self.group_kind.shards, self.txn_kind.shards)
 
     # -- Service protocol --------------------------------------------------------------------

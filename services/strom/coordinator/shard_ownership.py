@@ -17,6 +17,16 @@ batch with that epoch (acks=all). From then on the leader refuses the previous o
 too; then the owner checks its etcd key is still its own, publishes the epoch in it and only
 then serves. Until then requests are answered COORDINATOR_LOAD_IN_PROGRESS; requests for shards
 owned elsewhere NOT_COORDINATOR.
+
+Balance. Every coordinator process also keeps a lease-bound ``coordinator_members/<incarnation>``
+key, so coordinators that own nothing are counted. A coordinator takes free shards up to its
+fair share (the shard count over the live coordinators, rounded up); a free shard beyond that
+only once it stayed free for ``FREE_GRACE_S`` (a coordinator below its share goes first, yet
+no shard stays unowned because that one does not claim). A coordinator holding more than the
+rounded-down share while another holds less hands one shard over per ``HAND_OVER_INTERVAL_S``:
+it lets the shard's queued writes finish, stops serving it and deletes its key; the other
+takes it and loads it as after a failover. Before, nothing was ever moved: after a rolling
+restart one coordinator served every group and the others idled (found from outside).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 
 import grpc
 
@@ -36,7 +47,7 @@ from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup
 from strom.coordinator.lookup import shard_count
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
-from strom.coordinator.shard_writes import ShardWrites
+from strom.coordinator.shard_writes import ShardWrites, settled
 from strom.coordinator.shards import Shard, ShardKind
 from strom.coordinator.storage_io import ShardLost
 from strom.errors import (
@@ -54,12 +65,26 @@ E = ErrorCode
 #: compaction keeps just the latest one. (A documented oneof kind would be nicer: see the
 #: issue note.)
 FENCE_KEY = b"\x7a\x00"
+#: How long a free shard beyond this coordinator's fair share waits for a coordinator below
+#: its share before this one takes it anyway (also: a shard just handed over is not taken
+#: back sooner).
+FREE_GRACE_S = 5.0
+#: At most one shard handed over per this many seconds: each move reloads the shard on its
+#: new owner and sends its clients to look their coordinator up again.
+HAND_OVER_INTERVAL_S = 1.0
+#: Handing over pauses this long when a shard handed over was not taken by anyone.
+HAND_OVER_BACKOFF_S = 60.0
 
 
 class ShardOwnership(ShardWrites):
     """The ownership loop, shard loading and unloading (writes: :class:`ShardWrites`)."""
 
     _waiting_logged: dict[str, bool]
+    #: (kind, shard) -> when this process first saw it free, or handed it over.
+    _free_since: dict[tuple[str, int], float]
+    #: (kind, shard) handed over by this process and not yet seen owned by another.
+    _handed_over: set[tuple[str, int]]
+    _next_hand_over: float
 
     async def _new_lease(self) -> None:
         assert self.store is not None
@@ -69,6 +94,18 @@ class ShardOwnership(ShardWrites):
         )
         self._lease = lease
         self._keepalive = store.keep_alive(lease, lambda: self._from_thread(self._lease_lost))
+        member = md.CoordinatorShardOwner(
+            shard=-1,
+            coordinator_id=self.coordinator_id,
+            host=self.advertise_host,
+            port=self.advertise_port,
+            incarnation_id=self.incarnation_id,
+            metrics_port=self.metrics_port,
+        )
+        key = store.keys.coordinator_member(self.incarnation_id)
+        await asyncio.to_thread(
+            store.retry, lambda: store.put(key, member, lease=lease), deadline_s=60
+        )
 
     async def _lease_lost(self) -> None:
         """etcd dropped our lease (we could not refresh it in time): every shard key is gone,
@@ -209,17 +246,37 @@ class ShardOwnership(ShardWrites):
                     "%s shard %d is ours in etcd but was not served; loading it", kind.name, s
                 )
                 self._start_load(shard)
-        # Spread shards: take free ones, but no more than a fair share of the coordinators
-        # seen owning shards (a lone coordinator takes them all; nothing is moved later).
-        owners_seen = {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
-        fair = math.ceil(shards / max(1, len(owners_seen)))
+        # Spread shards: take free ones up to a fair share of the live coordinators (a lone
+        # coordinator takes them all); beyond it only shards that stayed free a while.
+        live = self._live_coordinators(owners)
+        fair = math.ceil(shards / len(live))
         free = [s for s in range(shards) if s not in owners and s not in owned]
+        now = time.monotonic()
+        for s in free:
+            self._free_since.setdefault((kind.name, s), now)
+        for key in [k for k in self._free_since if k[0] == kind.name and k[1] not in free]:
+            del self._free_since[key]
+            if key in self._handed_over:  # taken by another coordinator: the move worked
+                self._handed_over.discard(key)
         mine = len(owned)
         for s in free:
             if self._stopping or self._lease is None:
                 return
-            if len(owners_seen) > 1 and mine >= fair:
-                break
+            since = self._free_since.get((kind.name, s), now)
+            if (kind.name, s) in self._handed_over:
+                if now - since < FREE_GRACE_S:
+                    continue  # handed over just now: for another coordinator to take
+                log.warning(
+                    "%s shard %d handed over was taken by nobody; taking it back and "
+                    "pausing hand-overs for %.0f s",
+                    kind.name,
+                    s,
+                    HAND_OVER_BACKOFF_S,
+                )
+                self._handed_over.discard((kind.name, s))
+                self._next_hand_over = now + HAND_OVER_BACKOFF_S
+            elif len(live) > 1 and mine >= fair and now - since < FREE_GRACE_S:
+                continue
             if s in owners:
                 continue
             shard = Shard(s, kind, acquired_ms=wall_ms())
@@ -243,8 +300,74 @@ class ShardOwnership(ShardWrites):
             await asyncio.sleep(0.02)
             with view.lock:
                 owners = {s2: v.value for s2, v in kind.owners(view).items()}
-            owners_seen = {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
-            fair = math.ceil(shards / max(1, len(owners_seen)))
+            live = self._live_coordinators(owners)
+            fair = math.ceil(shards / len(live))
+        await self._balance(kind, shards)
+
+    def _live_coordinators(self, owners: dict[int, md.CoordinatorShardOwner]) -> set[str]:
+        """Incarnations of the live coordinators: the registered ones and any still owning
+        a shard (a dead one until its lease ends), this process included."""
+        assert self.view is not None
+        with self.view.lock:
+            members = {v.value.incarnation_id for v in self.view.coordinator_members.values()}
+        return members | {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
+
+    async def _balance(self, kind: ShardKind, shards: int) -> None:
+        """Hand one shard over when this coordinator holds more than the rounded-down share
+        of the live coordinators and a registered one holds less (see the module doc)."""
+        assert self.view is not None and self.store is not None
+        now = time.monotonic()
+        if self._stopping or now < self._next_hand_over:
+            return
+        view = self.view
+        with view.lock:
+            owners = {s: v.value for s, v in kind.owners(view).items()}
+            members = {v.value.incarnation_id for v in view.coordinator_members.values()}
+        others = members - {self.incarnation_id}
+        if not others or self.incarnation_id not in members:
+            return
+        counts = Counter(o.incarnation_id for o in owners.values())
+        share = shards // len(self._live_coordinators(owners))
+        owned = kind.shards
+        if len(owned) <= share or min(counts.get(m, 0) for m in others) >= share:
+            return
+        loaded = [sh for sh in owned.values() if sh.loaded]
+        if not loaded:
+            return
+        shard = max(loaded, key=lambda sh: sh.index)
+        self._next_hand_over = now + HAND_OVER_INTERVAL_S
+        await self._hand_over(kind, shard)
+
+    async def _hand_over(self, kind: ShardKind, shard: Shard) -> None:
+        """Stop serving ``shard`` once its queued writes are durable, then free its key."""
+        assert self.store is not None
+        async with shard.lock:
+            if not shard.loaded or kind.shards.get(shard.index) is not shard:
+                return
+            shard.loaded = False  # from here on: LOAD_IN_PROGRESS, then NOT_COORDINATOR
+            tail = shard.write_tail
+        if tail is not None:
+            await settled(tail)
+        if kind.shards.get(shard.index) is not shard:
+            return  # lost or reloaded meanwhile: not ours to hand over any more
+        self._unload(shard)
+        key = (kind.name, shard.index)
+        self._handed_over.add(key)
+        self._free_since[key] = time.monotonic()
+        store = self.store
+        deleted = await asyncio.to_thread(
+            store.retry,
+            lambda: store.delete_if_owner(kind.key(store.keys, shard.index), shard.create_revision),
+            deadline_s=10,
+        )
+        metrics.SHARD_HAND_OVERS.labels(kind.name).inc()
+        log.info(
+            "handed %s shard %d over to balance the coordinators%s",
+            kind.name,
+            shard.index,
+            "" if deleted else " (its key was already gone)",
+            extra={"fields": {"shard": shard.index}},
+        )
 
     def _start_load(self, shard: Shard) -> None:
         shard.loaded = False

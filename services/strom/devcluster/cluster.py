@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,16 +317,23 @@ class LocalCluster:
 
     def wait_coordinators_ready(self, timeout: float = 30.0) -> dict[int, tuple[str, int]]:
         """Every shard of ``__consumer_offsets`` is owned by a live coordinator and loaded
-        (its published epoch is >= 0)."""
+        (its published epoch is >= 0), and spread over the live coordinators as they spread
+        them (none holds more than the rounded-down share while another holds less), so no
+        shard moves right after this returns."""
         live = {m.address for m in self.coordinators if m.alive()}
 
         def ready() -> dict[int, tuple[str, int]] | None:
             shards = self.coordinator_shards()
             if not shards:
                 return None
-            if all(addr in live and epoch >= 0 for addr, epoch in shards.values()):
-                return shards
-            return None
+            if not all(addr in live and epoch >= 0 for addr, epoch in shards.values()):
+                return None
+            counts = Counter(addr for addr, _ in shards.values())
+            share = len(shards) // max(1, len(live))
+            held = [counts.get(addr, 0) for addr in live]
+            if max(held) > share and min(held) < share:
+                return None
+            return shards
 
         return wait_for(ready, timeout=timeout, what="every coordinator shard owned and loaded")
 

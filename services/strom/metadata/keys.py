@@ -76,6 +76,15 @@ class Keys:
         return f"{self.quotas_prefix}{quote(principal, safe='')}"
 
     @property
+    def coordinator_members_prefix(self) -> str:
+        """Live coordinator processes, one lease-bound key per incarnation (shards are
+        spread over them: a coordinator owning no shard is still counted)."""
+        return self.root + "coordinator_members/"
+
+    def coordinator_member(self, incarnation_id: str) -> str:
+        return f"{self.coordinator_members_prefix}{incarnation_id}"
+
+    @property
     def txn_coordinators_prefix(self) -> str:
         return self.root + "txn_coordinators/"
 

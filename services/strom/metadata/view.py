@@ -44,6 +44,8 @@ class ClusterView:
         self.coordinators: dict[int, Versioned] = {}
         #: Owners of the shards of __transaction_state (transaction coordinators).
         self.txn_coordinators: dict[int, Versioned] = {}
+        #: Live coordinator processes by incarnation (``coordinator_members/``).
+        self.coordinator_members: dict[str, Versioned] = {}
         #: ACL bindings (by id) and client quotas (by principal), for strom.security.
         self.acls: dict[str, Versioned] = {}
         self.quotas: dict[str, Versioned] = {}
@@ -77,6 +79,7 @@ class ClusterView:
             self._by_topic.clear()
             self.coordinators.clear()
             self.txn_coordinators.clear()
+            self.coordinator_members.clear()
             self.acls.clear()
             self.quotas.clear()
             self.controller = None
@@ -135,6 +138,9 @@ class ClusterView:
                 rest = key[len(k.txn_coordinators_prefix) :]
                 if rest.isdigit():
                     self._set(self.txn_coordinators, int(rest), ev, md.CoordinatorShardOwner)
+            elif key.startswith(k.coordinator_members_prefix):
+                rest = key[len(k.coordinator_members_prefix) :]
+                self._set(self.coordinator_members, rest, ev, md.CoordinatorShardOwner)
             elif key.startswith(k.coordinators_prefix):
                 rest = key[len(k.coordinators_prefix) :]
                 if rest.isdigit():

@@ -1,0 +1,75 @@
+"""Coordinators spread the shards between them again after one restarts.
+
+Found from outside: a coordinator took free shards only up to a share of the coordinators it
+saw *owning* shards, and nothing was ever moved. When one of two coordinators restarted, the
+other took every shard, and the restarted one, seeing no free shard, owned nothing for good:
+after a rolling restart one coordinator served every group. Coordinators now register
+themselves (``coordinator_members/``) and one holding more than its share hands shards over.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from strom import Consumer, OffsetAndMetadata, TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from tests.conftest import create_topic, member_metric
+
+pytestmark = pytest.mark.integration
+
+SHARDS = 6
+
+
+def _loaded_per_owner(cluster: LocalCluster) -> Counter[str]:
+    shards = cluster.coordinator_shards() or {}
+    return Counter(addr for addr, epoch in shards.values() if addr and epoch >= 0)
+
+
+def _balanced(cluster: LocalCluster) -> bool:
+    per = _loaded_per_owner(cluster)
+    want = {m.address: SHARDS // 2 for m in cluster.coordinators}
+    return dict(per) == want
+
+
+def test_a_restarted_coordinator_gets_its_share_of_the_shards_back(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=2,
+        coordinator_args=[
+            "--offsets-partitions",
+            str(SHARDS),
+            "--transaction-state-partitions",
+            "2",
+        ],
+    )
+    wait_for(lambda: _balanced(cluster), timeout=60, what="the shards spread over both")
+    create_topic(cluster, "bal", 1, 1)
+    tp = TopicPartition("bal", 0)
+    groups = [f"g{i}" for i in range(12)]  # spread over the shards by their hash
+    for n, group in enumerate(groups):
+        with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
+            c.commit({tp: OffsetAndMetadata(100 + n, "")})
+
+    first, second = cluster.coordinators
+    assert first.process is not None
+    first.process.stop()
+    wait_for(
+        lambda: _loaded_per_owner(cluster) == {second.address: SHARDS},
+        timeout=60,
+        what="the other coordinator to take every shard",
+    )
+    first.start()
+    cluster.wait_serving(first)
+    # Back, it gets half of them again (before, it owned nothing for good).
+    wait_for(lambda: _balanced(cluster), timeout=60, what="the shards spread over both again")
+    assert member_metric(second, "strom_coordinator_shard_hand_overs_total", kind="group") >= 1
+    for n, group in enumerate(groups):  # nothing committed was lost on the way
+        with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
+            assert c.committed(tp).offset == 100 + n, group
