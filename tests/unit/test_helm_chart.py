@@ -129,6 +129,11 @@ def test_default_install_has_what_an_operator_needs() -> None:
     assert deps["strom-controller"]["spec"]["replicas"] >= 2
     assert "strom-coordinator" in deps
     assert sts["strom-etcd"]["spec"]["replicas"] == 3
+    etcd_args = container(sts["strom-etcd"])["args"]
+    # Without compaction etcd keeps every revision until its quota makes it read-only.
+    assert "--auto-compaction-mode=periodic" in etcd_args
+    assert "--auto-compaction-retention=1h" in etcd_args
+    assert "--quota-backend-bytes=1073741824" in etcd_args
     assert set(by_kind(docs, "PodDisruptionBudget")) == {
         "strom-storage",
         "strom-controller",

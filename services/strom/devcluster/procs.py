@@ -207,6 +207,11 @@ class EtcdServer:
             f"strom-etcd={peer}",
             "--log-level",
             "warn",
+            # As the chart's etcd: old revisions are compacted away, not kept for ever.
+            "--auto-compaction-mode",
+            "periodic",
+            "--auto-compaction-retention",
+            "1h",
         ]
         if self.tls:
             cert, key, ca = self.tls
