@@ -54,11 +54,14 @@ big = dict(
     base_sequence=0,
 )
 blob = bytes(4 << 20)
+# The positive control lets go for long enough that the spinner gets a core even on a busy
+# machine (4 MiB take ~0.3 ms: beside other work the spinner was not scheduled in time).
+long_blob = bytes(64 << 20)
 floats = np.arange(20_000, dtype=np.float64) * 1.5
 ints = np.arange(20_000, dtype=np.int64)
 calls = {
     "probe: sleep": lambda: time.sleep(0.01),
-    "probe: crc32c.crc32c": lambda: crc32c.crc32c(blob),
+    "probe: crc32c.crc32c": lambda: crc32c.crc32c(long_blob),
     "crc32c": lambda: held.crc32c(blob),
     "join": lambda: held.join([blob, blob]),
     "as_int64": lambda: held.as_int64(floats),
