@@ -67,3 +67,47 @@ def test_a_temp_file_left_by_a_crash_is_removed_on_open(tmp_path: Path) -> None:
     stray.write_bytes(b"half")
     LogManager(tmp_path, fsync=False).close()
     assert not stray.exists()
+
+
+def test_deletes_and_closes_beside_checkpoints_do_not_deadlock(tmp_path: Path) -> None:
+    """delete() held the manager's lock while it checkpointed (checkpoint lock second), the
+    periodic checkpoint took them the other way round: a node deleting a topic froze for
+    good (found from outside). Threads that do both must all finish."""
+    mgr = LogManager(tmp_path, fsync=False)
+    errors: list[BaseException] = []
+
+    def checkpoints() -> None:
+        try:
+            for _ in range(300):
+                mgr.checkpoint()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def deletes(base: int) -> None:
+        try:
+            for i in range(150):
+                mgr.get_or_create("x", base + i)
+                assert mgr.delete("x", base + i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=checkpoints, daemon=True),
+        threading.Thread(target=checkpoints, daemon=True),
+        threading.Thread(target=deletes, args=(0,), daemon=True),
+        threading.Thread(target=deletes, args=(1000,), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
+    assert errors == []
+    closer = threading.Thread(target=mgr.close, daemon=True)
+    busy = threading.Thread(target=checkpoints, daemon=True)
+    busy.start()
+    closer.start()
+    closer.join(timeout=60)
+    busy.join(timeout=60)
+    assert not closer.is_alive() and not busy.is_alive(), "deadlocked"
+    assert not list(tmp_path.glob("*.deleted"))

@@ -125,22 +125,29 @@ class LogManager:
             log.close()
             gone = log.directory.with_name(log.directory.name + ".deleted")
             log.directory.rename(gone)
-            shutil.rmtree(gone, ignore_errors=True)
-            self.checkpoint()
-            return True
+        shutil.rmtree(gone, ignore_errors=True)
+        # Outside the lock: checkpoint() takes its own lock first, then this one; taking them
+        # the other way round here deadlocked the node against its periodic checkpoint
+        # (found from outside: a topic deleted while the node was busy froze its manager).
+        self.checkpoint()
+        return True
 
     def checkpoint(self) -> None:
         """Write the recovery-point and log-start-offset checkpoints of every log."""
         with self._checkpoint_lock:
-            with self.lock:
-                items = list(self.logs.items())
-            recovery = {log_dir_name(*tp): log.recovery_point for tp, log in items}
-            starts = {log_dir_name(*tp): log.log_start_offset for tp, log in items}
-            dirty = {log_dir_name(*tp): log.first_dirty_offset for tp, log in items}
-            fsync = self.fsync
-            checkpoint.write_offsets(self.data_dir / RECOVERY_POINTS, recovery, fsync=fsync)
-            checkpoint.write_offsets(self.data_dir / LOG_START_OFFSETS, starts, fsync=fsync)
-            checkpoint.write_offsets(self.data_dir / CLEANER_OFFSETS, dirty, fsync=fsync)
+            self._write_checkpoints()
+
+    def _write_checkpoints(self) -> None:
+        """(With ``_checkpoint_lock`` held; lock order: ``_checkpoint_lock``, then ``lock``.)"""
+        with self.lock:
+            items = list(self.logs.items())
+        recovery = {log_dir_name(*tp): log.recovery_point for tp, log in items}
+        starts = {log_dir_name(*tp): log.log_start_offset for tp, log in items}
+        dirty = {log_dir_name(*tp): log.first_dirty_offset for tp, log in items}
+        fsync = self.fsync
+        checkpoint.write_offsets(self.data_dir / RECOVERY_POINTS, recovery, fsync=fsync)
+        checkpoint.write_offsets(self.data_dir / LOG_START_OFFSETS, starts, fsync=fsync)
+        checkpoint.write_offsets(self.data_dir / CLEANER_OFFSETS, dirty, fsync=fsync)
 
     def flush_all(self) -> None:
         for _, log in self:
@@ -149,10 +156,10 @@ class LogManager:
 
     def close(self) -> None:
         """Flush, checkpoint, close every log and leave the clean-shutdown marker."""
-        with self.lock:
+        with self._checkpoint_lock, self.lock:  # the order checkpoint() takes them in
             for _, log in self:
                 log.flush()
-            self.checkpoint()
+            self._write_checkpoints()
             for _, log in self:
                 log.close()
             marker = self.data_dir / CLEAN_SHUTDOWN
