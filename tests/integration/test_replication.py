@@ -40,7 +40,9 @@ def topic(cluster: LocalCluster, new_topic: TopicFactory) -> str:
 def _state(c: LocalCluster, topic: str) -> tuple[int, int, list[int]]:
     """(leader, leader_epoch, isr) of partition 0 as the cluster reports it."""
     with ClusterClient(c.bootstrap, retry_s=5) as client:
-        md = client.metadata([topic])
+        # A short timeout per node: a node a test paused (SIGSTOP) accepts the connection
+        # but never answers, and the next bootstrap node must be asked soon enough.
+        md = client.metadata([topic], timeout_s=2)
     p = md.topics[0].partitions[0]
     return p.leader, p.leader_epoch, sorted(p.isr)
 
@@ -180,6 +182,50 @@ def test_restarted_follower_catches_up_and_rejoins_the_isr(
         timeout=30,
         what="the restarted follower to rejoin the ISR",
     )
+
+
+def test_acks_all_is_not_acknowledged_when_the_isr_fell_below_min_insync_meanwhile(
+    cluster: LocalCluster, topic: str
+) -> None:
+    """Both followers stop after the request's check and before they fetch the batch: the
+    ISR shrinks to the leader alone, the high watermark jumps to the leader's log end, and
+    the records, held by one replica, must not be acknowledged (found from outside: they
+    were, with min.insync.replicas=2). Kafka answers NOT_ENOUGH_REPLICAS_AFTER_APPEND."""
+    leader, _, _ = _state(cluster, topic)
+    followers = [n for n in cluster.nodes if n.ident != leader]
+    with ClusterClient(cluster.bootstrap) as client:
+        assert _produce(client, topic, [b"warm"])[0] == NONE
+        for f in followers:
+            f.process.signal(signal.SIGSTOP)
+        try:
+            req = storage_pb2.ProduceRequest(
+                acks=-1,
+                timeout_ms=60_000,  # the shrink, not the timeout, must end the wait
+                topics=[
+                    storage_pb2.ProduceTopicData(
+                        topic=topic,
+                        partitions=[
+                            storage_pb2.ProducePartitionData(
+                                partition=0,
+                                records=encode_batch([b"only on the leader"]),
+                                current_leader_epoch=-1,
+                            )
+                        ],
+                    )
+                ],
+            )
+            address = next(n.address for n in cluster.nodes if n.ident == leader)
+            r = client.storage(address).Produce(req, timeout=70).topics[0].partitions[0]
+            assert r.error_code == common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, r
+            assert "min.insync.replicas=2" in r.error_message
+            # And what comes next is refused before it is appended.
+            assert _produce(client, topic, [b"next"], address=address)[0] == (
+                common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS
+            )
+        finally:
+            for f in followers:
+                f.process.signal(signal.SIGCONT)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
 
 
 def test_paused_follower_shrinks_isr_and_produce_continues(

@@ -64,11 +64,19 @@ def test_acks_all_waits_resolve_on_commit_timeout_or_lost_leadership(tmp_path: P
         await asyncio.sleep(0)
         assert not waiter.done()
         part.record_follower_end_offset(2, 3)
-        assert await waiter
-        assert not await part.wait_for_high_watermark(5, 0.01)  # nothing there: times out
-        lost = asyncio.create_task(part.wait_for_high_watermark(5, 10.0))
+        assert await waiter == 2  # committed with 2 replicas in sync
+        assert await part.wait_for_high_watermark(5, 0.01) is None  # nothing there: times out
+        # The ISR shrinks to the leader alone: the HW jumps to the log end, and the waiter
+        # learns that only one replica was in sync when its records were committed.
+        lg.append(encode_batch([b"y"] * 2), leader_epoch=0)
+        shrunk = asyncio.create_task(part.wait_for_high_watermark(4, 10.0))
+        await asyncio.sleep(0)
+        assert not shrunk.done()
+        part.apply_state(_state(1, 0, [1], replicas=[1, 2]))
+        assert await shrunk == 1
+        lost = asyncio.create_task(part.wait_for_high_watermark(9, 10.0))
         await asyncio.sleep(0)
         part.apply_state(_state(2, 1, [2]))
-        assert not await lost
+        assert await lost is None
 
     asyncio.run(main())

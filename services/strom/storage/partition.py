@@ -84,7 +84,7 @@ class Partition:
         self.maintenance_lock = asyncio.Lock()
         self.deleted = False
         self.stopping = False
-        self._hw_waiters: list[tuple[int, asyncio.Future[bool]]] = []
+        self._hw_waiters: list[tuple[int, asyncio.Future[int | None]]] = []
         self._on_high_watermark = on_high_watermark
         self.apply_state(state)
 
@@ -258,21 +258,28 @@ class Partition:
             lag_time_max_s=lag_time_max_s,
         )
 
-    async def wait_for_high_watermark(self, offset: int, timeout: float) -> bool:
-        """Wait until the HW is above ``offset`` (acks=-1). False on timeout or lost
-        leadership; the caller answers REQUEST_TIMED_OUT or NOT_LEADER_OR_FOLLOWER."""
+    async def wait_for_high_watermark(self, offset: int, timeout: float) -> int | None:
+        """Wait until the HW is above ``offset`` (acks=-1): the number of in-sync replicas
+        when it passed, or None on timeout or lost leadership (the caller answers
+        REQUEST_TIMED_OUT or NOT_LEADER_OR_FOLLOWER).
+
+        The ISR size is taken when the HW moves past the records, not when the waiter
+        resumes: an ISR that shrank to fewer than ``min.insync.replicas`` lets the HW jump
+        to the leader's log end, and records only the leader holds must then be answered
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND, not acknowledged (Kafka's rule; found from
+        outside: both followers paused, the ack came once the controller dropped them)."""
         if self.high_watermark > offset:
-            return True
+            return len(self.isr)
         if self.stopping:
-            return False
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            return None
+        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         entry = (offset, fut)
         self._hw_waiters.append(entry)
         try:
             async with asyncio.timeout(max(timeout, 0.0)):
                 return await fut
         except TimeoutError:
-            return False
+            return None
         finally:
             if entry in self._hw_waiters:
                 self._hw_waiters.remove(entry)
@@ -281,11 +288,12 @@ class Partition:
         if not self._hw_waiters:
             return
         hw = self.high_watermark
+        in_sync = len(self.isr)
         keep = []
         for offset, fut in self._hw_waiters:
             if hw > offset:
                 if not fut.done():
-                    fut.set_result(True)
+                    fut.set_result(in_sync)
             else:
                 keep.append((offset, fut))
         self._hw_waiters[:] = keep
@@ -293,7 +301,7 @@ class Partition:
     def _fail_hw_waiters(self) -> None:
         for _, fut in self._hw_waiters:
             if not fut.done():
-                fut.set_result(False)
+                fut.set_result(None)
         self._hw_waiters.clear()
 
     def release_waiters(self) -> None:

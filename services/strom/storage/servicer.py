@@ -269,10 +269,19 @@ class StorageServicer(
     async def _await_commit(
         self, pr: pb.ProducePartitionResponse, part: Partition, last_offset: int, timeout: float
     ) -> None:
-        """acks=-1: wait until the high watermark passes the appended records."""
+        """acks=-1: wait until the high watermark passes the appended records, with at least
+        ``min.insync.replicas`` in sync at that moment."""
         if pr.error_code:
             return
-        if await part.wait_for_high_watermark(last_offset, timeout):
+        in_sync = await part.wait_for_high_watermark(last_offset, timeout)
+        if in_sync is not None:
+            min_isr = part.log.config.min_insync_replicas
+            if in_sync < min_isr:
+                pr.error_code = E.NOT_ENOUGH_REPLICAS_AFTER_APPEND  # type: ignore[assignment]
+                pr.error_message = (
+                    f"appended, but {part.topic}-{part.index} had {in_sync} in-sync replicas "
+                    f"when the records were committed, fewer than min.insync.replicas={min_isr}"
+                )
             return
         if part.is_leader and not part.deleted and not part.stopping:
             pr.error_code = E.REQUEST_TIMED_OUT  # type: ignore[assignment]
@@ -372,7 +381,7 @@ class StorageServicer(
     async def _marker_committed(
         self, pr: pb.TxnMarkerPartitionResult, part: Partition, offset: int, timeout: float
     ) -> None:
-        if await part.wait_for_high_watermark(offset, timeout):
+        if await part.wait_for_high_watermark(offset, timeout) is not None:
             return
         if part.is_leader and not part.deleted and not part.stopping:
             pr.error_code = E.REQUEST_TIMED_OUT  # type: ignore[assignment]
