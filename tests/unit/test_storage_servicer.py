@@ -420,3 +420,45 @@ def test_a_resync_makes_a_full_pass_and_keys_a_reconcile_does_not_read_make_none
         assert not h.manager.partitions  # "a" was deleted while the watch was away
 
     with_harness(tmp_path, body)
+
+
+def test_a_new_leader_answers_offset_not_available_until_its_high_watermark_catches_up(
+    tmp_path: Path,
+) -> None:
+    """A leader's high watermark starts from what it knew as a follower: answering "latest"
+    from it took the end of the log back (found from outside: 5311 -> 5300 after a leader
+    move). As Kafka (KIP-207), lookups other than earliest wait until the HW has reached the
+    offset where this leadership started."""
+
+    def lookup(ts: int) -> pb.ListOffsetsRequest:
+        part = pb.ListOffsetsPartition(partition=0, timestamp=ts, current_leader_epoch=-1)
+        return pb.ListOffsetsRequest(
+            replica_id=-1, topics=[pb.ListOffsetsTopic(topic="t", partitions=[part])]
+        )
+
+    async def answer(h: Harness, ts: int) -> Any:
+        return results(await h.servicer.ListOffsets(lookup(ts), None))[("t", 0)]
+
+    async def body(h: Harness) -> None:
+        state = lambda leader, epoch: md.PartitionState(  # noqa: E731
+            replicas=[1, 2], leader=leader, leader_epoch=epoch, isr=[1, 2]
+        )
+        h.topic("t", {0: state(1, 0)})
+        await h.settle()
+        s = h.servicer
+        await s.Produce(produce_req({("t", 0): encode_batch([b"a", b"b", b"c"])}), None)
+        assert (await answer(h, -1)).offset == 0  # follower 2 has nothing yet: HW 0
+        h.put(h.keys.partition("t", 0), state(2, 1))  # leadership moves away and back
+        await h.settle()
+        h.put(h.keys.partition("t", 0), state(1, 2))
+        await h.settle()
+        for ts in (-1, -3, 0):
+            assert (await answer(h, ts)).error_code == E.OFFSET_NOT_AVAILABLE, ts
+        earliest = await answer(h, -2)
+        assert earliest.error_code == E.NONE and earliest.offset == 0
+        # The follower reports it holds everything: the HW reaches the start, answers resume.
+        await s.Fetch(fetch_req("t", 0, 3, replica_id=2, last_fetched_epoch=0), None)
+        latest = await answer(h, -1)
+        assert latest.error_code == E.NONE and latest.offset == 3
+
+    with_harness(tmp_path, body)

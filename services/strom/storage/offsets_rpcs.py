@@ -54,6 +54,20 @@ class OffsetRpcs(StorageCore):
         part = self._leader(topic, lp.partition, lp.current_leader_epoch, hints)
         lg = part.log
         ts = lp.timestamp
+        if (
+            replica_id < 0
+            and ts != EARLIEST
+            and part.high_watermark < part.leader_epoch_start_offset
+        ):
+            # A new leader's high watermark is its old follower one until the followers report
+            # (Kafka's KIP-207): answering from it would take the end of the log back a few
+            # offsets (found from outside: "latest" went 5311 -> 5300 after a leader move).
+            raise _Refusal(
+                E.OFFSET_NOT_AVAILABLE,
+                f"{topic}-{lp.partition} has a new leader whose high watermark "
+                f"({part.high_watermark}) has not reached the start of its leadership "
+                f"({part.leader_epoch_start_offset}) yet; retry",
+            )
         if ts == LATEST:
             if replica_id >= 0:
                 pr.offset = lg.log_end_offset
