@@ -44,6 +44,12 @@ Names follow Prometheus conventions: `strom_<part>_...`, base units (`_seconds`,
 runtime) and `metadata` (the etcd client), whose series carry a `service` label with the
 role of the process. Histograms also expose `_bucket{le}`, `_sum` and `_count`.
 
+A storage node exports its per-partition series (`topic`, `partition`) while it hosts the
+replica, and a topic's counters (`topic` alone) while it hosts any replica of the topic: they
+disappear when the replicas are deleted or move away, and start again from zero if they come
+back (a re-created topic does not add to the deleted one's totals). Leader-only series exist
+only on the partition's current leader.
+
 Labels added by the scraper, not by strom: `cluster` (the strom cluster name), `job`
 (`strom-storage`, `strom-controller`, `strom-coordinator`) and `instance`. The Helm chart's
 ServiceMonitor and the example `deploy/prometheus/prometheus.yml` set them that way; the
