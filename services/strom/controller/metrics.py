@@ -29,7 +29,7 @@ RPCS = tuple(
 REQUEST_LATENCY = Histogram(
     "strom_controller_request_latency_seconds",
     "Time to answer a ControllerService RPC, by RPC and result (the whole-request error, else "
-    "the first item's error; NONE = success)",
+    "the first item's error; NONE = success, CANCELLED = the client cancelled the call)",
     ["rpc", "result"],
     buckets=LATENCY_BUCKETS,
 )

@@ -35,7 +35,7 @@ RPCS = tuple(
 REQUEST_LATENCY = Histogram(
     "strom_coordinator_request_latency_seconds",
     "Time to answer a CoordinatorService RPC, by RPC and result (the whole-request error, "
-    "else the first item's error; NONE = success)",
+    "else the first item's error; NONE = success, CANCELLED = the client cancelled the call)",
     ["rpc", "result"],
     buckets=LATENCY_BUCKETS,
 )

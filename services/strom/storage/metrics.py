@@ -91,7 +91,8 @@ FETCH_FOLLOWED = Counter(
 REQUEST_LATENCY = Histogram(
     "strom_storage_request_latency_seconds",
     "Time to answer a StorageService RPC (Fetch includes its long-poll wait), by RPC and "
-    "result (the whole-request error, else the first partition's error; NONE = success)",
+    "result (the whole-request error, else the first partition's error; NONE = success, "
+    "CANCELLED = the client cancelled the call)",
     ["rpc", "result"],
     buckets=LATENCY_BUCKETS,
 )
