@@ -44,6 +44,21 @@ Names follow Prometheus conventions: `strom_<part>_...`, base units (`_seconds`,
 runtime) and `metadata` (the etcd client), whose series carry a `service` label with the
 role of the process. Histograms also expose `_bucket{le}`, `_sum` and `_count`.
 
+The `result` label of the `*_request_latency_seconds` histograms is an error code name
+(`NONE` = success) when the RPC answered, and otherwise one of a fixed few: `CANCELLED` when
+the client cancelled the call or went away (a consumer closing during a long-poll Fetch), the
+gRPC status a refused call ended with (`RESOURCE_EXHAUSTED`: a shed Produce), or
+`UNKNOWN_SERVER_ERROR` when the handler failed unexpectedly. Cancelled calls are counted but
+their time is how long the client waited, not how long the service took to answer, so the
+dashboard's latency heatmaps and quantiles leave out `result="CANCELLED"` (a cancelled
+long poll would otherwise show as a Fetch near its max wait).
+
+A storage node exports its per-partition series (`topic`, `partition`) while it hosts the
+replica, and a topic's counters (`topic` alone) while it hosts any replica of the topic: they
+disappear when the replicas are deleted or move away, and start again from zero if they come
+back (a re-created topic does not add to the deleted one's totals). Leader-only series exist
+only on the partition's current leader.
+
 Labels added by the scraper, not by strom: `cluster` (the strom cluster name), `job`
 (`strom-storage`, `strom-controller`, `strom-coordinator`) and `instance`. The Helm chart's
 ServiceMonitor and the example `deploy/prometheus/prometheus.yml` set them that way; the

@@ -57,6 +57,10 @@ class P:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+#: Latency panels leave out cancelled calls: their time is the client's wait, not ours.
+ANSWERED = f'{C}, result!="CANCELLED"'
+
+
 def quantile(q: float, metric: str, by: str, where: str = C) -> str:
     return f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{where}}}[{RI}])))"
 
@@ -384,21 +388,31 @@ PANELS: list[tuple[str, list[P]]] = [
                 "heatmap",
                 "Produce latency",
                 "StorageService Produce handling time.",
-                [(heat("strom_storage_request_latency_seconds", f'{C}, rpc="Produce"'), "{{le}}")],
+                [
+                    (
+                        heat("strom_storage_request_latency_seconds", f'{ANSWERED}, rpc="Produce"'),
+                        "{{le}}",
+                    )
+                ],
                 unit="s",
             ),
             P(
                 "heatmap",
                 "Fetch latency",
                 "StorageService Fetch (consumers and followers; includes the long-poll wait).",
-                [(heat("strom_storage_request_latency_seconds", f'{C}, rpc="Fetch"'), "{{le}}")],
+                [
+                    (
+                        heat("strom_storage_request_latency_seconds", f'{ANSWERED}, rpc="Fetch"'),
+                        "{{le}}",
+                    )
+                ],
                 unit="s",
             ),
             P(
                 "heatmap",
                 "Controller RPC latency",
                 "Every ControllerService RPC.",
-                [(heat("strom_controller_request_latency_seconds", C), "{{le}}")],
+                [(heat("strom_controller_request_latency_seconds", ANSWERED), "{{le}}")],
                 unit="s",
             ),
             P(
@@ -409,7 +423,7 @@ PANELS: list[tuple[str, list[P]]] = [
                     (
                         heat(
                             "strom_coordinator_request_latency_seconds",
-                            f'{C}, rpc="ConsumerGroupHeartbeat"',
+                            f'{ANSWERED}, rpc="ConsumerGroupHeartbeat"',
                         ),
                         "{{le}}",
                     )
@@ -423,7 +437,8 @@ PANELS: list[tuple[str, list[P]]] = [
                 [
                     (
                         heat(
-                            "strom_coordinator_request_latency_seconds", f'{C}, rpc="OffsetCommit"'
+                            "strom_coordinator_request_latency_seconds",
+                            f'{ANSWERED}, rpc="OffsetCommit"',
                         ),
                         "{{le}}",
                     )
@@ -436,15 +451,17 @@ PANELS: list[tuple[str, list[P]]] = [
                 "Every service's RPCs.",
                 [
                     (
-                        quantile(0.99, "strom_storage_request_latency_seconds", "rpc"),
+                        quantile(0.99, "strom_storage_request_latency_seconds", "rpc", ANSWERED),
                         "storage {{rpc}}",
                     ),
                     (
-                        quantile(0.99, "strom_controller_request_latency_seconds", "rpc"),
+                        quantile(0.99, "strom_controller_request_latency_seconds", "rpc", ANSWERED),
                         "controller {{rpc}}",
                     ),
                     (
-                        quantile(0.99, "strom_coordinator_request_latency_seconds", "rpc"),
+                        quantile(
+                            0.99, "strom_coordinator_request_latency_seconds", "rpc", ANSWERED
+                        ),
                         "coordinator {{rpc}}",
                     ),
                 ],
@@ -453,7 +470,7 @@ PANELS: list[tuple[str, list[P]]] = [
             P(
                 "timeseries",
                 "Requests by result",
-                "RPC answers by RPC and result (NONE = success).",
+                "RPC answers by RPC and result (NONE = success, CANCELLED = the client cancelled).",
                 [
                     (
                         rate_by("strom_storage_request_latency_seconds_count", "rpc, result"),

@@ -78,6 +78,13 @@ def test_topic_admin_through_the_cli(cluster: LocalCluster) -> None:
     ]
     assert len(leaders) == 6 and sorted(set(leaders)) == ["1", "2", "3"]
     assert all(leaders.count(x) == 2 for x in ("1", "2", "3"))  # spread evenly
+    # --json prints every field, zeros included, with integers as numbers (found from
+    # outside: partition 0 had no "partition" key and leader epoch 0 none at all).
+    [topic] = json.loads(strom("topics", "describe", "orders", "--json", "-b", b).stdout)
+    parts = sorted(topic["partitions"], key=lambda p: p["partition"])
+    assert [p["partition"] for p in parts] == list(range(6))
+    assert [p["state"]["leader_epoch"] for p in parts] == [0] * 6
+    assert all(p["offline_replicas"] == [] for p in parts)
 
     dup = strom("topics", "create", "orders", "--partitions", "1", "-b", b, check=False)
     assert dup.returncode == 1 and b"already exists" in dup.stderr.lower()

@@ -4,8 +4,10 @@ as processes against a real one-node cluster."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from strom.client import Admin
 from strom.client.consumer import Consumer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
 
 from .test_cluster_cli import strom
 
@@ -130,6 +133,64 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> N
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 0
     assert err == b""
+
+
+def test_sigterm_makes_the_group_consumer_leave_its_group(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """`strom consume --group` stopped with SIGTERM (a container stop, a supervisor) leaves
+    its group as Ctrl-C makes it do, instead of dying in place and staying a member until the
+    session timeout (found from outside). The coordinator's session timeout is 10 minutes
+    here, so only a leave can empty the group within the test."""
+    c = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=[
+            "--group-session-timeout-ms",
+            "600000",
+            "--group-heartbeat-interval-ms",
+            "200",
+            "--offsets-partitions",
+            "1",
+        ],
+    )
+    with Admin(c.bootstrap) as admin:
+        admin.create_topic("termed", partitions=2, replication_factor=1)
+
+    def members() -> list[dict]:
+        got = strom("groups", "describe", "g-term", "--json", "-b", c.bootstrap, check=False)
+        return json.loads(got.stdout)["members"] if got.returncode == 0 else [{"unknown": 1}]
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "strom.cli.main",
+            "consume",
+            "termed",
+            "--group",
+            "g-term",
+            "-b",
+            c.bootstrap,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(
+            lambda: [m["member_epoch"] > 0 for m in members()] == [True],
+            timeout=60,
+            what="the console consumer joining its group",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+        wait_for(lambda: members() == [], timeout=20, what="the member leaving the group")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ second; every wait is on a condition, never a fixed sleep. The SIGKILL test runs
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -427,6 +428,15 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
     desc = strom("groups", "describe", "g-cli", *b).stdout
     rows = [line.split() for line in desc.splitlines() if line.startswith("cli ")]
     assert rows == [["cli", "0", "7", "10", "3", "-"], ["cli", "1", "10", "10", "0", "-"]]
+    # --json prints every field, zeros included, and offsets as numbers (found from
+    # outside: partition 0 had no "partition" key, lag 0 none at all, offsets were strings).
+    got = json.loads(strom("groups", "describe", "g-cli", "--json", *b).stdout)
+    offsets = sorted(got["offsets"], key=lambda o: o["partition"])
+    assert [(o["partition"], o["committed_offset"], o["lag"]) for o in offsets] == [
+        (0, 7, 3),
+        (1, 10, 0),
+    ]
+    assert got["members"] == [] and isinstance(got["group_epoch"], int)
     assert "g-cli\tEmpty" in strom("groups", "list", *b).stdout
     # Bad input names the flag (found from outside: int() and fromisoformat() messages, and
     # an empty list after the colon meant every partition).

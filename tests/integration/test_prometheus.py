@@ -3,7 +3,8 @@
 * Every query of every dashboard panel (deploy/grafana/strom-dashboard.json), with the
   template variables filled in as Grafana would, parses and returns at least one number.
 * Stopping a storage node (a follower of the other nodes' partitions) fires
-  StromUnderReplicatedPartitions and StromNodeDown; starting it again clears both.
+  StromUnderReplicatedPartitions, StromNodeDown and StromNodeMissing; starting it again
+  clears them.
 
 Alert rules: the test loads deploy/prometheus/strom-alerts.yml and changes only each rule's
 ``for:`` (to 2 s), writing a test-only copy. The expressions are exactly the shipped ones, so
@@ -235,7 +236,8 @@ def test_alerts_fire_when_a_follower_stops_and_clear_when_it_returns(
     instance = f"127.0.0.1:{node.metrics_port}"
     wait_for(
         lambda: (
-            not {a for a, _ in prom.firing()} & {"StromUnderReplicatedPartitions", "StromNodeDown"}
+            not {a for a, _ in prom.firing()}
+            & {"StromUnderReplicatedPartitions", "StromNodeDown", "StromNodeMissing"}
         ),
         timeout=60,
         what="no replication alert before the test",
@@ -248,20 +250,22 @@ def test_alerts_fire_when_a_follower_stops_and_clear_when_it_returns(
                 {
                     ("StromUnderReplicatedPartitions", ""),
                     ("StromNodeDown", instance),
+                    ("StromNodeMissing", ""),  # the controllers' view: no registration
                 }
                 <= prom.firing()
             ),
             timeout=90,
-            what="StromUnderReplicatedPartitions and StromNodeDown to fire",
+            what="StromUnderReplicatedPartitions, StromNodeDown and StromNodeMissing to fire",
         )
     finally:
         cluster.restart(node)
     wait_for(
         lambda: (
-            not {a for a, _ in prom.firing()} & {"StromUnderReplicatedPartitions", "StromNodeDown"}
+            not {a for a, _ in prom.firing()}
+            & {"StromUnderReplicatedPartitions", "StromNodeDown", "StromNodeMissing"}
         ),
         timeout=120,
-        what="both alerts to clear after the node is back in the ISR",
+        what="the alerts to clear after the node is back in the ISR",
     )
     assert (
         max(

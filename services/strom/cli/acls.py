@@ -19,21 +19,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
 from strom.api import controller_pb2
 from strom.api import metadata_pb2 as md
 from strom.cli.groups import _table
+from strom.cli.jsonout import message_dict
 from strom.client.cluster import ClusterClient
 from strom.errors import StromError, error_for
 from strom.security.acl import CLUSTER, Acl
 from strom.security.acl_file import AclFileError, parse_acl_file
 
 _OPS = {o.removeprefix("ACL_OPERATION_").lower(): v for o, v in md.AclOperation.items() if v}
-
-
-def _dict(msg: Any) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
 def _resource_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -164,12 +159,7 @@ def run_acls(args: argparse.Namespace, out: Any) -> int:
             )
             if args.json:
                 print(
-                    json.dumps(
-                        [
-                            json_format.MessageToDict(b, preserving_proto_field_name=True)
-                            for b in resp.acls
-                        ]
-                    ),
+                    json.dumps([message_dict(b) for b in resp.acls]),
                     file=out,
                 )
                 return 0
@@ -225,12 +215,7 @@ def run_quotas(args: argparse.Namespace, out: Any) -> int:
         )
         if args.json:
             print(
-                json.dumps(
-                    [
-                        json_format.MessageToDict(q, preserving_proto_field_name=True)
-                        for q in resp.quotas
-                    ]
-                ),
+                json.dumps([message_dict(q) for q in resp.quotas]),
                 file=out,
             )
             return 0

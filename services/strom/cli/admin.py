@@ -14,11 +14,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from google.protobuf import json_format
-
 from strom.api import common_pb2, controller_pb2
 from strom.argtypes import INT32_MAX, int_at_least
 from strom.cli import counted
+from strom.cli.jsonout import message_dict, message_json
 from strom.client.admin import Admin, OffsetSpec, TopicDescription
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
@@ -239,7 +238,7 @@ def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
             raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
         topics = []
         for t in resp.topics:
-            d = json_format.MessageToDict(t, preserving_proto_field_name=True)
+            d = message_dict(t)
             # Every effective config with where its value comes from (default or topic).
             d["config_entries"] = [
                 {"name": e.name, "value": e.value, "source": str(e.source)}
@@ -481,7 +480,7 @@ def run_cluster(args: argparse.Namespace, out: Any) -> int:
             resp = client.controller_call(
                 "DescribeCluster", controller_pb2.DescribeClusterRequest()
             )
-            print(json_format.MessageToJson(resp, preserving_proto_field_name=True), file=out)
+            print(message_json(resp), file=out)
             return 0
         cluster = admin.describe_cluster()
         c = cluster.controller

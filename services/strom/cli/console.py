@@ -7,8 +7,11 @@ partition); consume fetches from partition leaders and prints each record's valu
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from strom.api import common_pb2
@@ -183,6 +186,30 @@ def _formatter(args: argparse.Namespace) -> Any:
     return fmt
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Make SIGTERM end the command as Ctrl-C does: by unwinding, so that ``with Consumer``
+    closes the consumer (commits when auto-committing, leaves its group). Python's default
+    for SIGTERM ends the process on the spot, and the member stayed in its group until the
+    session timeout (found from outside), holding up the rebalance that gives its
+    partitions to the others. A second SIGTERM during the close ends the process at once.
+    """
+
+    def stop(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (run by a caller embedding the CLI)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
     """Print records through the Consumer: a group member with ``--group`` (committing as it
     goes), else the chosen partitions assigned directly."""
@@ -194,13 +221,16 @@ def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
     if args.group and (args.partition is not None or args.offset is not None):
         raise ValueError("--group cannot be combined with --partition/--offset")
     fmt = _formatter(args)
-    with Consumer(
-        args.bootstrap,
-        group_id=args.group,
-        auto_offset_reset="earliest" if args.from_beginning else "latest",
-        client_id="strom-console-consumer",
-        isolation_level=args.isolation_level,
-    ) as consumer:
+    with (
+        _sigterm_unwinds(),
+        Consumer(
+            args.bootstrap,
+            group_id=args.group,
+            auto_offset_reset="earliest" if args.from_beginning else "latest",
+            client_id="strom-console-consumer",
+            isolation_level=args.isolation_level,
+        ) as consumer,
+    ):
         if args.group:
             consumer.subscribe([args.topic])
         else:

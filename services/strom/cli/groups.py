@@ -159,9 +159,9 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> None
     if d.error_code != E.NONE:
         raise error_for(d.error_code, d.error_message)
     if args.json:
-        from google.protobuf import json_format
+        from strom.cli.jsonout import message_json
 
-        print(json_format.MessageToJson(d, preserving_proto_field_name=True), file=out)
+        print(message_json(d), file=out)
         return
     print(
         f"group {d.group_id}: {_STATES.get(d.state, '?')}, epoch {d.group_epoch}, "

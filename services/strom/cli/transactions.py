@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.cli.groups import _table
+from strom.cli.jsonout import message_json
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.errors import (
@@ -161,7 +161,7 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     if d.error_code != E.NONE:
         raise error_for(d.error_code, d.error_message)
     if args.json:
-        print(json_format.MessageToJson(d, preserving_proto_field_name=True), file=out)
+        print(message_json(d), file=out)
         return 0
     started = (
         datetime.fromtimestamp(d.transaction_start_ms / 1000, UTC).isoformat(timespec="seconds")

@@ -7,6 +7,7 @@ reports the cluster-wide gauges; dashboards and alerts take ``max()`` over them.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ RPCS = tuple(
 REQUEST_LATENCY = Histogram(
     "strom_controller_request_latency_seconds",
     "Time to answer a ControllerService RPC, by RPC and result (the whole-request error, else "
-    "the first item's error; NONE = success)",
+    "the first item's error; NONE = success, CANCELLED = the client cancelled the call)",
     ["rpc", "result"],
     buckets=LATENCY_BUCKETS,
 )
@@ -59,6 +60,13 @@ PARTITIONS = Gauge(
 LIVE_NODES = Gauge(
     "strom_controller_live_nodes",
     "Registered storage nodes (every controller reports; use max())",
+)
+MISSING_NODE_REPLICAS = Gauge(
+    "strom_controller_missing_node_replicas",
+    "Replicas assigned to a storage node that is not registered (down, fenced, its pod deleted "
+    "or pending), by node id; a series exists only while its node is missing (every "
+    "controller reports; use max())",
+    ["node"],
 )
 OFFLINE_PARTITIONS = Gauge(
     "strom_controller_offline_partitions",
@@ -102,9 +110,12 @@ for _reason in ("failure", "preferred", "controlled_shutdown", "unclean", "reass
 DEFAULT_MIN_ISR = int(CONFIG_KEYS["min.insync.replicas"].default)
 
 
-_Flags = dict[tuple[str, int], tuple[int, int, tuple[int, int, int, int]]]
-#: Per view: (topic, partition) -> (state mod_revision, topic mod_revision, its gauge flags).
+_Flags = dict[tuple[str, int], tuple[int, int, tuple[int, int, int, int], tuple[int, ...]]]
+#: Per view: (topic, partition) -> (state mod_revision, topic mod_revision, its gauge flags,
+#: its replicas).
 _FLAGS: weakref.WeakKeyDictionary[ClusterView, _Flags] = weakref.WeakKeyDictionary()
+#: The node ids MISSING_NODE_REPLICAS has a series for (dropped when the node is back).
+_MISSING: set[int] = set()
 
 
 def _flags(st: md.PartitionState, meta: md.TopicMetadata) -> tuple[int, int, int, int]:
@@ -131,19 +142,24 @@ def update_gauges(view: ClusterView) -> None:
     offline = under = under_min = imbalance = 0
     cache = _FLAGS.setdefault(view, {})
     seen: _Flags = {}
+    missing: dict[int, int] = {}
     with view.lock:
         topics = {n: v for n, v in view.topics.items() if not v.value.deleting}
-        LIVE_NODES.set(len(view.nodes))
+        live = view.nodes
+        LIVE_NODES.set(len(live))
         for tp, v in view.partitions.items():
             t = topics.get(tp[0])
             if t is None or tp[1] >= t.value.partition_count:
                 continue
             hit = cache.get(tp)
             if hit is not None and hit[0] == v.mod_revision and hit[1] == t.mod_revision:
-                flags = hit[2]
+                flags, replicas = hit[2], hit[3]
             else:
-                flags = _flags(v.value, t.value)
-            seen[tp] = (v.mod_revision, t.mod_revision, flags)
+                flags, replicas = _flags(v.value, t.value), tuple(v.value.replicas)
+            seen[tp] = (v.mod_revision, t.mod_revision, flags, replicas)
+            for r in replicas:
+                if r not in live:
+                    missing[r] = missing.get(r, 0) + 1
             offline += flags[0]
             under += flags[1]
             under_min += flags[2]
@@ -156,3 +172,18 @@ def update_gauges(view: ClusterView) -> None:
     PARTITIONS.set(sum(t.value.partition_count for t in topics.values()))
     UNDER_MIN_ISR.set(under_min)
     PREFERRED_IMBALANCE.set(imbalance)
+    _export_missing(missing)
+
+
+def _export_missing(missing: dict[int, int]) -> None:
+    """One series per storage node that holds replicas but is not registered. Why from the
+    controller's view: Prometheus' ``up`` only covers targets it still discovers, and a
+    storage pod that is deleted or stuck Pending drops out of the ServiceMonitor's endpoints,
+    so no ``up == 0`` series exists to alert on."""
+    for node in _MISSING - missing.keys():
+        with contextlib.suppress(KeyError):
+            MISSING_NODE_REPLICAS.remove(str(node))
+    for node, count in missing.items():
+        MISSING_NODE_REPLICAS.labels(str(node)).set(count)
+    _MISSING.clear()
+    _MISSING.update(missing)

@@ -35,7 +35,7 @@ RPCS = tuple(
 REQUEST_LATENCY = Histogram(
     "strom_coordinator_request_latency_seconds",
     "Time to answer a CoordinatorService RPC, by RPC and result (the whole-request error, "
-    "else the first item's error; NONE = success)",
+    "else the first item's error; NONE = success, CANCELLED = the client cancelled the call)",
     ["rpc", "result"],
     buckets=LATENCY_BUCKETS,
 )
@@ -60,7 +60,11 @@ RPC_ERRORS = Counter(
     "Coordinator RPC answers with a group-level error, by RPC and error",
     ["rpc", "error"],
 )
-SHARDS_OWNED = Gauge("strom_coordinator_shards_owned", "Shards this coordinator owns (loaded)")
+SHARDS_OWNED = Gauge(
+    "strom_coordinator_shards_owned",
+    "Group shards (__consumer_offsets partitions) this coordinator owns and has loaded; "
+    "transaction shards are not counted",
+)
 SHARD_LOADS = Counter("strom_coordinator_shard_loads_total", "Shard (re)loads completed")
 SHARD_HAND_OVERS = Counter(
     "strom_coordinator_shard_hand_overs_total",

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+import grpc
 from prometheus_client import Gauge, Histogram
 
 import strom
@@ -148,6 +149,22 @@ def _has(obj: Any, name: str) -> bool:
     return known
 
 
+def failure_result(exc: BaseException, context: Any) -> str:
+    """The ``result`` label of a handler that raised: ``CANCELLED`` when the call was
+    cancelled (the client went away or gave up, e.g. during a long-poll Fetch), the gRPC
+    status a handler ended the call with (``context.abort``, e.g. ``RESOURCE_EXHAUSTED`` for a
+    shed Produce), else ``UNKNOWN_SERVER_ERROR``. A fixed set, not the exception's class name,
+    so the label's values stay few and mean the same as the error codes of answers."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELLED"
+    code = None
+    with contextlib.suppress(Exception):
+        code = context.code() if context is not None else None
+    if isinstance(code, grpc.StatusCode) and code is not grpc.StatusCode.OK:
+        return str(code.name)
+    return "UNKNOWN_SERVER_ERROR"
+
+
 def timed_rpcs(
     cls: type,
     histogram: Histogram,
@@ -156,7 +173,7 @@ def timed_rpcs(
 ) -> type:
     """Wrap the ``rpcs`` methods of servicer class ``cls`` so that each call observes its
     handling time in ``histogram{rpc, result}``, result being the error name of the answer
-    (``NONE`` on success, the exception's class name if the handler raised).
+    (``NONE`` on success; :func:`failure_result` if the handler raised).
 
     Applied to the class once at import; the servicer code itself stays unchanged.
     """
@@ -196,7 +213,7 @@ def _timed(
             result = error_name(result_of(resp))
             return resp
         except BaseException as exc:
-            result = type(exc).__name__
+            result = failure_result(exc, context)
             raise
         finally:
             child(result).observe(time.perf_counter() - t0)

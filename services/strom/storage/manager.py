@@ -348,6 +348,8 @@ class PartitionManager:
                 part.leader_epoch,
             )
         self._assignments[a.tp] = a
+        # Leadership may also have come from an AlterPartition answer before this pass.
+        self._refresh_leader_gauges(part)
         # Parked fetches re-evaluate (they may now have to answer NOT_LEADER_OR_FOLLOWER).
         self.committed.wake(a.tp)
         self.appended.wake(a.tp)
@@ -365,6 +367,8 @@ class PartitionManager:
         m = self.metrics.pop(tp, None)
         if m is not None:
             m.remove()
+            if tp[0] not in self._installed_by_topic:
+                metrics.remove_topic(tp[0])
         self.committed.wake(tp)
         self.appended.wake(tp)
         return part
@@ -376,7 +380,16 @@ class PartitionManager:
         if m is not None:
             m.high_watermark.set(new)
             if part.is_leader:
-                metrics.LAST_STABLE_OFFSET_LAG.labels(*m.labels).set(new - part.last_stable_offset)
+                m.set_leading(True, new - part.last_stable_offset)
+            elif m.lso_lag is not None:
+                m.set_leading(False)
+
+    def _refresh_leader_gauges(self, part: Partition) -> None:
+        """Add or drop the leader-only series to match the replica's current role."""
+        m = self.metrics.get(part.tp)
+        if m is not None:
+            leading = part.is_leader and not part.deleted
+            m.set_leading(leading, part.high_watermark - part.last_stable_offset if leading else 0)
 
     def refresh_gauges(self, part: Partition) -> None:
         """Set all of a partition's gauges from its log (after structural changes)."""
@@ -388,6 +401,7 @@ class PartitionManager:
         m.log_start_offset.set(lg.log_start_offset)
         m.high_watermark.set(part.high_watermark)
         m.log_size.set(lg.size_bytes)
+        self._refresh_leader_gauges(part)
 
     def role_counts(self) -> tuple[int, int]:
         """(leaders, followers) among the hosted replicas; safe from any thread (the

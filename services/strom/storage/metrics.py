@@ -91,7 +91,8 @@ FETCH_FOLLOWED = Counter(
 REQUEST_LATENCY = Histogram(
     "strom_storage_request_latency_seconds",
     "Time to answer a StorageService RPC (Fetch includes its long-poll wait), by RPC and "
-    "result (the whole-request error, else the first partition's error; NONE = success)",
+    "result (the whole-request error, else the first partition's error; NONE = success, "
+    "CANCELLED = the client cancelled the call)",
     ["rpc", "result"],
     buckets=LATENCY_BUCKETS,
 )
@@ -203,6 +204,8 @@ _PARTITION_GAUGES = (
     REPLICA_LAG,
     LAST_STABLE_OFFSET_LAG,
 )
+#: The per-topic counters: exported while the node hosts a replica of the topic.
+_TOPIC_COUNTERS = (BYTES_IN, BYTES_OUT, RECORDS_IN, RECORDS_OUT)
 
 
 class PartitionMetrics:
@@ -216,6 +219,7 @@ class PartitionMetrics:
         "log_end_offset",
         "log_size",
         "log_start_offset",
+        "lso_lag",
         "records_in",
         "records_out",
         "replica_lag",
@@ -232,12 +236,37 @@ class PartitionMetrics:
         self.bytes_out = BYTES_OUT.labels(topic)
         self.records_in = RECORDS_IN.labels(topic)
         self.records_out = RECORDS_OUT.labels(topic)
+        #: The leader-only last-stable-offset lag; None (no series) while not leading.
+        self.lso_lag: Any = None
+
+    def set_leading(self, leading: bool, lso_lag: int = 0) -> None:
+        """Export the leader-only series while this replica leads, and drop it when it
+        stops leading: a former leader would otherwise keep reporting its last value and a
+        new leader would have no series until its high watermark moved."""
+        if leading:
+            if self.lso_lag is None:
+                self.lso_lag = LAST_STABLE_OFFSET_LAG.labels(*self.labels)
+            self.lso_lag.set(lso_lag)
+        elif self.lso_lag is not None:
+            self.lso_lag = None
+            with contextlib.suppress(KeyError):
+                LAST_STABLE_OFFSET_LAG.remove(*self.labels)
 
     def remove(self) -> None:
         """Drop the partition's series (replica deleted) so dashboards do not show ghosts."""
+        self.lso_lag = None
         for g in _PARTITION_GAUGES:
             with contextlib.suppress(KeyError):
                 g.remove(*self.labels)
+
+
+def remove_topic(topic: str) -> None:
+    """Drop a topic's counters once the node hosts none of its replicas (topic deleted or
+    moved away): otherwise deleted topics stay listed forever, and a topic re-created under
+    the same name would add to the old one's totals."""
+    for c in _TOPIC_COUNTERS:
+        with contextlib.suppress(KeyError):
+            c.remove(topic)
 
 
 def count_partitions_with(role_counts: Callable[[], tuple[int, int]]) -> None:
