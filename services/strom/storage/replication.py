@@ -9,8 +9,9 @@ sequences from the batch headers (so that, as a new leader, this node still answ
 of batches appended under the old one with their original offsets); the HW is the leader's
 bounded by our LEO; a diverging epoch truncates the log there (then checkpoints recovery
 points; the log rebuilds its producer state for the shorter log) before the next fetch;
-OFFSET_OUT_OF_RANGE below the leader's log start restarts the log there; epoch or leadership
-errors wait for new metadata (a short back-off: the reconcile resets it).
+OFFSET_OUT_OF_RANGE below the leader's log start restarts the log there; the leader's log
+start in every answer moves ours up (DeleteRecords, retention); epoch or leadership errors
+wait for new metadata (a short back-off: the reconcile resets it).
 
 Leaders: :class:`IsrManager` periodically (and right after follower fetches) asks each led
 partition whether its ISR should change (:func:`strom.storage.partition.decide_isr`) and
@@ -340,6 +341,7 @@ class ReplicaFetchers:
                 await self._locked(part, part.log.truncate_fully_and_start_at, pr.log_start_offset)
                 part.set_follower_high_watermark(pr.high_watermark)
                 self.manager.refresh_gauges(part)
+                await self._checkpoint()  # the new log start, before anything is served
             elif pr.high_watermark >= 0:
                 await self._truncate(part, max(pr.high_watermark, part.log.log_start_offset))
             return
@@ -390,9 +392,31 @@ class ReplicaFetchers:
                     m.log_size.inc(info.bytes)
         if part.set_follower_high_watermark(pr.high_watermark):
             self.manager.committed.notify(part.tp, 1 << 30)
+        if pr.log_start_offset > part.log.log_start_offset:
+            await self._follow_log_start(part, pr.log_start_offset)
         m = self.manager.metrics.get(part.tp)
         if m is not None:
             m.replica_lag.set(max(pr.high_watermark - part.log.log_end_offset, 0))
+
+    async def _follow_log_start(self, part: Partition, leader_log_start: int) -> None:
+        """Move our log start up to the leader's (DeleteRecords, retention), as Kafka's
+        followers do on every fetch answer (maybeIncrementLogStartOffset). Otherwise the
+        deleted records come back, readable, as soon as this replica leads. Bounded by our
+        high watermark: only offsets the leader committed, which our log shares with it.
+        Made durable at once, as the leader's DeleteRecords is: a crash must not bring them
+        back either."""
+        new = min(leader_log_start, part.high_watermark)
+        if new <= part.log.log_start_offset:
+            return
+        await self._locked(part, part.log.delete_records, new)
+        self.manager.refresh_gauges(part)
+        await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        """Write the data dir's checkpoints (recovery points, log starts) in a thread."""
+        logs: LogManager | None = self.manager.logs
+        if logs is not None:
+            await asyncio.to_thread(logs.checkpoint)
 
     async def _locked(
         self, part: Partition, fn: Callable[..., Any], *args: Any, inline: bool = False
@@ -422,10 +446,8 @@ class ReplicaFetchers:
         await self._locked(part, part.log.truncate_to, offset)
         part.set_follower_high_watermark(part.high_watermark)
         self.manager.refresh_gauges(part)
-        logs: LogManager | None = self.manager.logs
-        if logs is not None:
-            # The recovery point may have moved down: make that durable before going on.
-            await asyncio.to_thread(logs.checkpoint)
+        # The recovery point may have moved down: make that durable before going on.
+        await self._checkpoint()
 
 
 def divergence_truncation_offset(
