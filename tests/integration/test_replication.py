@@ -314,3 +314,35 @@ def test_deleted_records_stay_deleted_after_the_leader_dies(
         assert earliest is not None and earliest.offset == 10
         assert _fetch_code(client, topic, 0) == OFFSET_OUT_OF_RANGE
         assert [o for o, _ in _read_all(client, topic, 10)] == list(range(10, 20))
+
+
+def test_reassignment_completes_after_delete_records_inside_a_batch(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """Found from outside: after DeleteRecords before offset 5 of a batch holding 0..9, a
+    replica added by a reassignment restarted its log at 5, then refused the leader's batch
+    (base offset 0, below its end) forever, and the reassignment never finished. It now
+    restarts its log at the batch keeping the leader's log start (Kafka's rule)."""
+    topic = new_topic(cluster, 1, 1)
+    tp = TopicPartition(topic, 0)
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        code, base = _produce(client, topic, [b"v%d" % j for j in range(10)])  # one batch
+        assert (code, base) == (NONE, 0)
+        admin = Admin(cluster_client=client)
+        assert admin.delete_records({tp: 5}) == {tp: 5}
+        leader = _state(cluster, topic)[0]
+        other = next(n.ident for n in cluster.nodes if n.ident != leader)
+        admin.alter_partition_reassignments({tp: [other, leader]})
+
+        def done() -> bool:
+            p = admin.describe_topic(topic).partitions[0]
+            return not p.reassigning and set(p.isr) == {leader, other}
+
+        wait_for(done, timeout=30, what="the reassignment to complete")
+        assert _log_start_on_disk(cluster, other, topic) == 5
+        admin.elect_leaders([tp])  # the new replica (first in the list) leads
+        wait_for(lambda: _state(cluster, topic)[0] == other, timeout=20, what="node to lead")
+        offsets = admin.list_offsets({tp: "earliest"})[tp], admin.list_offsets({tp: "latest"})[tp]
+        assert [o.offset if o else None for o in offsets] == [5, 10]
+        assert _fetch_code(client, topic, 4) == OFFSET_OUT_OF_RANGE
+        assert _read_all(client, topic, 5) == [(j, b"v%d" % j) for j in range(5, 10)]

@@ -432,3 +432,32 @@ def test_follower_moves_its_log_start_to_the_leaders_and_checkpoints_it(tmp_path
         )
     )
     assert part.log.log_start_offset == 15
+
+
+def test_new_replica_copies_a_batch_holding_the_leaders_log_start(tmp_path: Path) -> None:
+    """Found from outside: DeleteRecords before offset 5 of a batch 0..9, then a new replica:
+    it restarted at 5 and refused the leader's batch (base 0) forever. It now restarts its
+    log at the batch, keeps the leader's start, and has that start checkpointed."""
+    part, fetchers, logs = _follower_with_logs(tmp_path)
+    oor = pb.FetchPartitionResponse(
+        partition=0, error_code=E.OFFSET_OUT_OF_RANGE, log_start_offset=5, high_watermark=10
+    )
+    asyncio.run(fetchers._handle(part, 0, 3, oor))
+    assert (part.log.log_start_offset, part.log.log_end_offset) == (5, 5)
+    assert _checkpointed_start(logs) == 5
+    req, _ = fetchers._request([part])
+    assert req.topics[0].partitions[0].fetch_offset == 5
+    pr = pb.FetchPartitionResponse(
+        partition=0,
+        high_watermark=10,
+        log_start_offset=5,
+        records=_leader_batch([b"x"] * 10, 0, 3),
+    )
+    asyncio.run(fetchers._handle(part, 5, 3, pr))
+    assert (part.log.log_start_offset, part.log.log_end_offset) == (5, 10)
+    assert part.high_watermark == 10
+    assert _checkpointed_start(logs) == 5
+    with pytest.raises(OffsetOutOfRangeError):
+        part.log.read(4)
+    req, _ = fetchers._request([part])
+    assert req.topics[0].partitions[0].fetch_offset == 10

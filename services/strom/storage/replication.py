@@ -384,6 +384,10 @@ class ReplicaFetchers:
             info = await self._locked(part, part.log.append_as_follower, pr.records, inline=inline)
             if part.is_leader or part.leader_epoch != epoch:
                 return
+            if info is not None and info.first_offset < fetch_offset:
+                # The log restarted at a batch holding its log start (append_as_follower):
+                # the checkpoint must keep that start, not the first segment's base below it.
+                await self._checkpoint()
             if info is not None:
                 self.manager.appended.notify(part.tp, info.bytes)
                 m = self.manager.metrics.get(part.tp)
