@@ -26,6 +26,7 @@ from strom.storage.replication import (
     ControllerClient,
     ReplicaFetchers,
     divergence_truncation_offset,
+    refresh_replication_gauges,
 )
 
 
@@ -461,3 +462,34 @@ def test_new_replica_copies_a_batch_holding_the_leaders_log_start(tmp_path: Path
         part.log.read(4)
     req, _ = fetchers._request([part])
     assert req.topics[0].partitions[0].fetch_offset == 10
+
+
+# -- the leader's replica lag gauge (found from outside) --------------------------------------
+
+
+class _Gauge:
+    def __init__(self) -> None:
+        self.value: float | None = None
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+def test_new_leader_reports_lag_only_for_followers_that_fetched(tmp_path: Path) -> None:
+    """A newly elected leader knows no follower position: the gauge showed its whole log
+    end offset as lag at every failover. Followers count once they fetched from it."""
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(2, 4, [1, 2, 3]))
+    lg.append(encode_batch([b"x"] * 1000), leader_epoch=4)
+    part.apply_state(_state(1, 5, [1, 2, 3]))  # elected: follower positions unknown
+    manager = _Manager(part)
+    gauge = _Gauge()
+    manager.metrics[part.tp] = SimpleNamespace(replica_lag=gauge)
+    refresh_replication_gauges(manager)  # type: ignore[arg-type]
+    assert gauge.value == 0
+    part.record_follower_end_offset(2, 990)
+    refresh_replication_gauges(manager)  # type: ignore[arg-type]
+    assert gauge.value == 10  # node 3 is still unknown: not counted
+    part.record_follower_end_offset(3, 400)
+    refresh_replication_gauges(manager)  # type: ignore[arg-type]
+    assert gauge.value == 600

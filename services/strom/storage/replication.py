@@ -609,11 +609,18 @@ def refresh_replication_gauges(manager: PartitionManager) -> None:
                 under_min += 1
             m = manager.metrics.get(part.tp)
             if m is not None:
-                lag = [
-                    part.log.log_end_offset - part.replica_end_offsets.get(r, 0)
-                    for r in part.replicas
-                    if r != part.node_id
-                ]
-                m.replica_lag.set(max(lag, default=0))
+                m.replica_lag.set(leader_replica_lag(part))
     metrics.UNDER_REPLICATED.set(under)
     metrics.UNDER_MIN_ISR.set(under_min)
+
+
+def leader_replica_lag(part: Partition) -> int:
+    """A leader's replica lag: the largest lag behind its LEO of a follower whose position
+    it knows. A new leadership knows none until they fetch (apply_state clears them);
+    counting those as at offset 0 showed every failover as a lag of the whole log (found
+    from outside). A follower that never fetches leaves the ISR: under-replicated
+    partitions report it."""
+    leo = part.log.log_end_offset
+    ends = part.replica_end_offsets
+    lag = [leo - ends[r] for r in part.replicas if r != part.node_id and r in ends]
+    return max(max(lag, default=0), 0)
