@@ -261,6 +261,9 @@ class ReplicaFetchers:
                     continue
                 backoff = 0.1
                 inline_budget = [INLINE_MAX_BYTES]  # what this answer may append on the loop
+                # Log starts this answer moved: one checkpoint for all of them, after it (a
+                # retention pass on the leader moves many partitions' starts at once).
+                moved_starts: list[Partition] = []
                 for tr in resp.topics:
                     for pr in tr.partitions:
                         entry = sent.get((tr.topic, pr.partition))
@@ -268,7 +271,9 @@ class ReplicaFetchers:
                             continue
                         part, fetch_offset, epoch = entry
                         try:
-                            await self._handle(part, fetch_offset, epoch, pr, inline_budget)
+                            await self._handle(
+                                part, fetch_offset, epoch, pr, inline_budget, moved_starts
+                            )
                         except Exception:
                             log.exception(
                                 "replicating %s-%d from node %d failed",
@@ -279,6 +284,11 @@ class ReplicaFetchers:
                             part.fetch_retry_at = (
                                 asyncio.get_running_loop().time() + PARTITION_BACKOFF_S * 5
                             )
+                if moved_starts:
+                    try:
+                        await self._checkpoint()
+                    except Exception:  # the periodic checkpoint tries again
+                        log.exception("checkpointing log starts moved by node %d failed", leader)
         except asyncio.CancelledError:
             pass
         finally:
@@ -324,7 +334,11 @@ class ReplicaFetchers:
         epoch: int,
         pr: pb.FetchPartitionResponse,
         inline_budget: list[int] | None = None,
+        moved_starts: list[Partition] | None = None,
     ) -> None:
+        """Apply one partition's part of a fetch answer. A moved log start is checkpointed
+        by the caller after the whole answer when it passes ``moved_starts`` (it is added
+        there), else here."""
         if part.deleted or part.is_leader or part.leader_epoch != epoch:
             return  # the state changed while the fetch was in flight
         code = pr.error_code
@@ -341,7 +355,7 @@ class ReplicaFetchers:
                 await self._locked(part, part.log.truncate_fully_and_start_at, pr.log_start_offset)
                 part.set_follower_high_watermark(pr.high_watermark)
                 self.manager.refresh_gauges(part)
-                await self._checkpoint()  # the new log start, before anything is served
+                await self._log_start_moved(part, moved_starts)
             elif pr.high_watermark >= 0:
                 await self._truncate(part, max(pr.high_watermark, part.log.log_start_offset))
             return
@@ -387,7 +401,7 @@ class ReplicaFetchers:
             if info is not None and info.first_offset < fetch_offset:
                 # The log restarted at a batch holding its log start (append_as_follower):
                 # the checkpoint must keep that start, not the first segment's base below it.
-                await self._checkpoint()
+                await self._log_start_moved(part, moved_starts)
             if info is not None:
                 self.manager.appended.notify(part.tp, info.bytes)
                 m = self.manager.metrics.get(part.tp)
@@ -397,12 +411,14 @@ class ReplicaFetchers:
         if part.set_follower_high_watermark(pr.high_watermark):
             self.manager.committed.notify(part.tp, 1 << 30)
         if pr.log_start_offset > part.log.log_start_offset:
-            await self._follow_log_start(part, pr.log_start_offset)
+            await self._follow_log_start(part, pr.log_start_offset, moved_starts)
         m = self.manager.metrics.get(part.tp)
         if m is not None:
             m.replica_lag.set(max(pr.high_watermark - part.log.log_end_offset, 0))
 
-    async def _follow_log_start(self, part: Partition, leader_log_start: int) -> None:
+    async def _follow_log_start(
+        self, part: Partition, leader_log_start: int, moved_starts: list[Partition] | None
+    ) -> None:
         """Move our log start up to the leader's (DeleteRecords, retention), as Kafka's
         followers do on every fetch answer (maybeIncrementLogStartOffset). Otherwise the
         deleted records come back, readable, as soon as this replica leads. Bounded by our
@@ -414,7 +430,15 @@ class ReplicaFetchers:
             return
         await self._locked(part, part.log.delete_records, new)
         self.manager.refresh_gauges(part)
-        await self._checkpoint()
+        await self._log_start_moved(part, moved_starts)
+
+    async def _log_start_moved(self, part: Partition, moved_starts: list[Partition] | None) -> None:
+        """A log start to make durable: checkpoint it now, or leave that to the caller
+        (``moved_starts``)."""
+        if moved_starts is None:
+            await self._checkpoint()
+        else:
+            moved_starts.append(part)
 
     async def _checkpoint(self) -> None:
         """Write the data dir's checkpoints (recovery points, log starts) in a thread."""
