@@ -11,14 +11,18 @@ import pytest
 from strom.api import common_pb2, storage_pb2
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
+from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import is_retriable
+from strom.log import checkpoint
+from strom.log.manager import LOG_START_OFFSETS
 from strom.record import decode_records, encode_batch
 from tests.conftest import TopicFactory, module_cluster
 
 pytestmark = pytest.mark.integration
 NONE = common_pb2.ErrorCode.NONE
+OFFSET_OUT_OF_RANGE = common_pb2.ErrorCode.OFFSET_OUT_OF_RANGE
 #: The topic of the test with a cluster of its own.
 TOPIC = "replicated"
 
@@ -88,28 +92,31 @@ def _produce(
     return r.error_code, r.base_offset
 
 
-def _read_all(client: ClusterClient, topic: str) -> list[tuple[int, bytes]]:
+def _fetch_request(topic: str, offset: int) -> storage_pb2.FetchRequest:
+    return storage_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=0,
+        max_bytes=8 << 20,
+        topics=[
+            storage_pb2.FetchTopic(
+                topic=topic,
+                partitions=[
+                    storage_pb2.FetchPartition(
+                        partition=0,
+                        fetch_offset=offset,
+                        current_leader_epoch=-1,
+                        partition_max_bytes=4 << 20,
+                    )
+                ],
+            )
+        ],
+    )
+
+
+def _read_all(client: ClusterClient, topic: str, offset: int = 0) -> list[tuple[int, bytes]]:
     out: list[tuple[int, bytes]] = []
-    offset = 0
     while True:
-        req = storage_pb2.FetchRequest(
-            replica_id=-1,
-            max_wait_ms=0,
-            max_bytes=8 << 20,
-            topics=[
-                storage_pb2.FetchTopic(
-                    topic=topic,
-                    partitions=[
-                        storage_pb2.FetchPartition(
-                            partition=0,
-                            fetch_offset=offset,
-                            current_leader_epoch=-1,
-                            partition_max_bytes=4 << 20,
-                        )
-                    ],
-                )
-            ],
-        )
+        req = _fetch_request(topic, offset)
         r = (
             client.with_leader(
                 topic,
@@ -298,3 +305,90 @@ def test_controller_fences_a_killed_node_before_its_lease_expires(tmp_path: Path
             assert _produce(client, TOPIC, [b"after"])[0] == NONE
     finally:
         c.kill()
+
+
+def _log_start_on_disk(c: LocalCluster, node_id: int, topic: str) -> int:
+    """The log start offset of partition 0 in a node's log-start-offset-checkpoint (what the
+    node starts from after a crash); -1 when it lists none."""
+    path = c.root / f"node-{node_id}" / LOG_START_OFFSETS
+    return checkpoint.read_offsets(path).get(f"{topic}-0", -1)
+
+
+def _fetch_code(client: ClusterClient, topic: str, offset: int) -> int:
+    """The leader's error code for a consumer fetch of partition 0 at ``offset``."""
+    req = _fetch_request(topic, offset)
+    resp = client.with_leader(
+        topic,
+        0,
+        lambda s: s.Fetch(req, timeout=10),
+        lambda resp: resp.topics[0].partitions[0].error_code not in (NONE, OFFSET_OUT_OF_RANGE),
+    )
+    return int(resp.topics[0].partitions[0].error_code)
+
+
+def test_deleted_records_stay_deleted_after_the_leader_dies(
+    cluster: LocalCluster, topic: str
+) -> None:
+    """Found from outside: DeleteRecords reached no follower (their log start stayed 0) and
+    the leader's new log start reached its checkpoint only every --checkpoint-interval-ms
+    (60 s). After the leader was SIGKILLed, Earliest was 0 again and consumers read the
+    deleted records. Now the leader checkpoints before answering and followers take the
+    leader's log start from every fetch answer (and checkpoint it)."""
+    tp = TopicPartition(topic, 0)
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        for k in range(2):
+            assert _produce(client, topic, [b"r%d-%d" % (k, j) for j in range(10)])[0] == NONE
+        admin = Admin(cluster_client=client)
+        assert admin.delete_records({tp: 10}) == {tp: 10}
+        leader, epoch, _ = _state(cluster, topic)
+        # Durable before the answer: a leader killed now comes back with it.
+        assert _log_start_on_disk(cluster, leader, topic) == 10
+        for n in cluster.nodes:
+            wait_for(
+                lambda n=n: _log_start_on_disk(cluster, n.ident, topic) == 10,
+                timeout=20,
+                what=f"node {n.ident} to checkpoint the leader's new log start",
+            )
+        _member(cluster, leader).process.kill()
+        wait_for(
+            lambda: _state(cluster, topic)[0] not in (leader, -1),
+            timeout=20,
+            what="a new leader after the old one was killed",
+        )
+        assert _state(cluster, topic)[1] > epoch
+        earliest = admin.list_offsets({tp: "earliest"})[tp]
+        assert earliest is not None and earliest.offset == 10
+        assert _fetch_code(client, topic, 0) == OFFSET_OUT_OF_RANGE
+        assert [o for o, _ in _read_all(client, topic, 10)] == list(range(10, 20))
+
+
+def test_reassignment_completes_after_delete_records_inside_a_batch(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """Found from outside: after DeleteRecords before offset 5 of a batch holding 0..9, a
+    replica added by a reassignment restarted its log at 5, then refused the leader's batch
+    (base offset 0, below its end) forever, and the reassignment never finished. It now
+    restarts its log at the batch keeping the leader's log start (Kafka's rule)."""
+    topic = new_topic(cluster, 1, 1)
+    tp = TopicPartition(topic, 0)
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        code, base = _produce(client, topic, [b"v%d" % j for j in range(10)])  # one batch
+        assert (code, base) == (NONE, 0)
+        admin = Admin(cluster_client=client)
+        assert admin.delete_records({tp: 5}) == {tp: 5}
+        leader = _state(cluster, topic)[0]
+        other = next(n.ident for n in cluster.nodes if n.ident != leader)
+        admin.alter_partition_reassignments({tp: [other, leader]})
+
+        def done() -> bool:
+            p = admin.describe_topic(topic).partitions[0]
+            return not p.reassigning and set(p.isr) == {leader, other}
+
+        wait_for(done, timeout=30, what="the reassignment to complete")
+        assert _log_start_on_disk(cluster, other, topic) == 5
+        admin.elect_leaders([tp])  # the new replica (first in the list) leads
+        wait_for(lambda: _state(cluster, topic)[0] == other, timeout=20, what="node to lead")
+        offsets = admin.list_offsets({tp: "earliest"})[tp], admin.list_offsets({tp: "latest"})[tp]
+        assert [o.offset if o else None for o in offsets] == [5, 10]
+        assert _fetch_code(client, topic, 4) == OFFSET_OUT_OF_RANGE
+        assert _read_all(client, topic, 5) == [(j, b"v%d" % j) for j in range(5, 10)]

@@ -614,6 +614,52 @@ def test_append_as_follower_gap_on_empty_log(tmp_path: Path) -> None:
     assert [p.name for p in seg_files(log.directory)] == [segment_name(50) + ".log"]
 
 
+def test_append_as_follower_restarts_at_a_batch_holding_the_log_start(tmp_path: Path) -> None:
+    """Found from outside: after DeleteRecords in the middle of a batch, a new replica
+    restarted its log at the leader's start (5) and then refused, forever, the batch the
+    leader answered with (offsets 0..9, below its end): the reassignment never finished.
+    As Kafka does, the empty log restarts at the batch's base offset; its log start stays
+    the leader's, so records below it are never served."""
+    leader = make_log(tmp_path / "leader")
+    leader.append(batch(10), leader_epoch=2)
+    assert leader.delete_records(5) == 5
+    follower = make_log(tmp_path / "follower")
+    follower.truncate_fully_and_start_at(5)  # its fetch at 0 was below the leader's start
+    data = leader.read(5).data
+    info = follower.append_as_follower(data)
+    assert info is not None and (info.first_offset, info.log_end_offset) == (0, 10)
+    assert (follower.log_start_offset, follower.log_end_offset) == (5, 10)
+    assert [s.base_offset for s in follower.segments] == [0]
+    assert follower.read(5).data == data  # the whole batch, as the leader serves it
+    assert offsets(read_all(follower)) == [5, 6, 7, 8, 9]
+    with pytest.raises(OffsetOutOfRangeError):
+        follower.read(4)
+    assert follower.epochs.entries() == [(2, 0)]
+    assert follower.recovery_point == 0 and follower.first_dirty_offset == 5
+    follower.append_as_follower(batch(2, base_offset=10, epoch=3))
+    check_tiling(follower)
+    assert offsets(read_all(follower)) == list(range(5, 12))
+    # Reopened with its checkpointed log start (the replication code writes it at once).
+    crash(follower)
+    again = Log(follower.directory, follower.config, log_start_offset=5, fsync=False)
+    assert again.truncated_bytes_on_recovery == 0
+    assert offsets(read_all(again)) == list(range(5, 12))
+
+
+def test_append_as_follower_restarts_only_an_empty_log_at_a_batch_holding_its_end(
+    tmp_path: Path,
+) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.truncate_fully_and_start_at(10)
+    with pytest.raises(InvalidAppendError):  # wholly below the end: not the leader's start
+        log.append_as_follower(batch(10, base_offset=0, epoch=1))
+    log.append_as_follower(batch(2, base_offset=10, epoch=1))
+    with pytest.raises(InvalidAppendError):  # the log holds records: a real overlap
+        log.append_as_follower(batch(4, base_offset=9, epoch=1))
+    assert (log.log_start_offset, log.log_end_offset) == (10, 12)
+    assert offsets(read_all(log)) == [10, 11]
+
+
 @pytest.mark.parametrize(
     "request_batches",
     [

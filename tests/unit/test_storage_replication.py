@@ -10,11 +10,14 @@ import types
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from strom.api import controller_pb2
 from strom.api import metadata_pb2 as md
 from strom.api import storage_pb2 as pb
 from strom.errors import ErrorCode as E
-from strom.log import Log, LogConfig
+from strom.log import Log, LogConfig, LogManager, OffsetOutOfRangeError, checkpoint
+from strom.log.manager import LOG_START_OFFSETS
 from strom.record import encode_batch
 from strom.storage.longpoll import WaiterRegistry
 from strom.storage.node import StorageNode
@@ -23,6 +26,7 @@ from strom.storage.replication import (
     ControllerClient,
     ReplicaFetchers,
     divergence_truncation_offset,
+    refresh_replication_gauges,
 )
 
 
@@ -376,3 +380,116 @@ class _Values:
 
     def values(self) -> list[SimpleNamespace]:
         return [SimpleNamespace(value=v) for v in self.states.values()]
+
+
+# -- the leader's log start (found from outside) ----------------------------------------------
+
+
+def _follower_with_logs(tmp_path: Path) -> tuple[Partition, ReplicaFetchers, LogManager]:
+    """A follower whose log lives in a real LogManager (the checkpoints are on disk)."""
+    logs = LogManager(tmp_path / "data", fsync=False)
+    part = Partition(2, "t", 0, "id", logs.get_or_create("t", 0), _state(1, 3, [1, 2, 3]))
+    manager = _FakeManager(part)
+    manager.logs = logs
+    return part, ReplicaFetchers(2, manager, None, lambda: "inc"), logs  # type: ignore[arg-type]
+
+
+def _checkpointed_start(logs: LogManager) -> int:
+    return checkpoint.read_offsets(logs.data_dir / LOG_START_OFFSETS)["t-0"]
+
+
+def test_follower_moves_its_log_start_to_the_leaders_and_checkpoints_it(tmp_path: Path) -> None:
+    """The leader's DeleteRecords reached no follower: a follower elected later served the
+    deleted records again. Every answer's log start now moves the follower's up, bounded by
+    its high watermark, and is on disk before the next fetch."""
+    part, fetchers, logs = _follower_with_logs(tmp_path)
+    pr = pb.FetchPartitionResponse(
+        partition=0,
+        high_watermark=12,
+        log_start_offset=0,
+        records=_leader_batch([b"a"] * 10, 0, 3) + _leader_batch([b"b"] * 10, 10, 3),
+    )
+    asyncio.run(fetchers._handle(part, 0, 3, pr))
+    assert (part.log.log_start_offset, part.high_watermark) == (0, 12)
+    # Never past our high watermark (Kafka's guard): only offsets known to be committed.
+    asyncio.run(
+        fetchers._handle(
+            part, 20, 3, pb.FetchPartitionResponse(high_watermark=12, log_start_offset=15)
+        )
+    )
+    assert part.log.log_start_offset == 12 and _checkpointed_start(logs) == 12
+    asyncio.run(
+        fetchers._handle(
+            part, 20, 3, pb.FetchPartitionResponse(high_watermark=20, log_start_offset=15)
+        )
+    )
+    assert part.log.log_start_offset == 15 and _checkpointed_start(logs) == 15
+    with pytest.raises(OffsetOutOfRangeError):
+        part.log.read(14)
+    # Never back down (a stale answer, or a leader without the change yet).
+    asyncio.run(
+        fetchers._handle(
+            part, 20, 3, pb.FetchPartitionResponse(high_watermark=20, log_start_offset=10)
+        )
+    )
+    assert part.log.log_start_offset == 15
+
+
+def test_new_replica_copies_a_batch_holding_the_leaders_log_start(tmp_path: Path) -> None:
+    """Found from outside: DeleteRecords before offset 5 of a batch 0..9, then a new replica:
+    it restarted at 5 and refused the leader's batch (base 0) forever. It now restarts its
+    log at the batch, keeps the leader's start, and has that start checkpointed."""
+    part, fetchers, logs = _follower_with_logs(tmp_path)
+    oor = pb.FetchPartitionResponse(
+        partition=0, error_code=E.OFFSET_OUT_OF_RANGE, log_start_offset=5, high_watermark=10
+    )
+    asyncio.run(fetchers._handle(part, 0, 3, oor))
+    assert (part.log.log_start_offset, part.log.log_end_offset) == (5, 5)
+    assert _checkpointed_start(logs) == 5
+    req, _ = fetchers._request([part])
+    assert req.topics[0].partitions[0].fetch_offset == 5
+    pr = pb.FetchPartitionResponse(
+        partition=0,
+        high_watermark=10,
+        log_start_offset=5,
+        records=_leader_batch([b"x"] * 10, 0, 3),
+    )
+    asyncio.run(fetchers._handle(part, 5, 3, pr))
+    assert (part.log.log_start_offset, part.log.log_end_offset) == (5, 10)
+    assert part.high_watermark == 10
+    assert _checkpointed_start(logs) == 5
+    with pytest.raises(OffsetOutOfRangeError):
+        part.log.read(4)
+    req, _ = fetchers._request([part])
+    assert req.topics[0].partitions[0].fetch_offset == 10
+
+
+# -- the leader's replica lag gauge (found from outside) --------------------------------------
+
+
+class _Gauge:
+    def __init__(self) -> None:
+        self.value: float | None = None
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+def test_new_leader_reports_lag_only_for_followers_that_fetched(tmp_path: Path) -> None:
+    """A newly elected leader knows no follower position: the gauge showed its whole log
+    end offset as lag at every failover. Followers count once they fetched from it."""
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(2, 4, [1, 2, 3]))
+    lg.append(encode_batch([b"x"] * 1000), leader_epoch=4)
+    part.apply_state(_state(1, 5, [1, 2, 3]))  # elected: follower positions unknown
+    manager = _Manager(part)
+    gauge = _Gauge()
+    manager.metrics[part.tp] = SimpleNamespace(replica_lag=gauge)
+    refresh_replication_gauges(manager)  # type: ignore[arg-type]
+    assert gauge.value == 0
+    part.record_follower_end_offset(2, 990)
+    refresh_replication_gauges(manager)  # type: ignore[arg-type]
+    assert gauge.value == 10  # node 3 is still unknown: not counted
+    part.record_follower_end_offset(3, 400)
+    refresh_replication_gauges(manager)  # type: ignore[arg-type]
+    assert gauge.value == 600

@@ -590,6 +590,15 @@ class Log:
 
         Batches must start at or after the log end offset; a gap (the leader compacted a
         whole range away) starts a new segment so that batches keep tiling each segment.
+
+        One exception, Kafka's (UnexpectedAppendOffsetException in
+        Partition.appendRecordsToFollowerOrFutureReplica): a log holding nothing readable
+        (its log end offset is its log start offset, e.g. just restarted at the leader's
+        log start) takes a first batch that starts below its end but holds it. The leader's
+        log start then lies inside that batch (DeleteRecords in the middle of a batch), and
+        the leader only ever answers with whole batches, so refusing it would refuse every
+        fetch for good. The log restarts at the batch's base offset and keeps its log start,
+        so the records below it are still never served.
         """
         headers = scan_batches(data, max_batch_bytes=self.config.max_message_bytes * 2)
         if not headers:
@@ -597,11 +606,14 @@ class Log:
         view = memoryview(data)
         with self.lock:
             first = self.log_end_offset
+            restart = False
             if headers[0].base_offset < first:
-                raise InvalidAppendError(
-                    f"replicated batch at offset {headers[0].base_offset} is below the log end "
-                    f"offset {first}"
-                )
+                restart = first == self.log_start_offset and headers[0].next_offset > first
+                if not restart:
+                    raise InvalidAppendError(
+                        f"replicated batch at offset {headers[0].base_offset} is below the log "
+                        f"end offset {first}"
+                    )
             run_start = 0
             records = 0
             for i, h in enumerate(headers):
@@ -609,7 +621,7 @@ class Log:
                 # going back inside one request failed half-way through writing it (earlier
                 # runs written, the newer epoch already in the history).
                 floor = max(
-                    self.epochs.latest_epoch,
+                    -1 if restart else self.epochs.latest_epoch,
                     headers[i - 1].partition_leader_epoch if i else -1,
                 )
                 if h.partition_leader_epoch < floor:
@@ -622,6 +634,10 @@ class Log:
                         f"replicated batches overlap at offset {h.base_offset}"
                     )
                 records += h.record_count
+            if restart:
+                # Checked first: a refused request leaves the log as it was.
+                self.truncate_fully_and_start_at(headers[0].base_offset, log_start_offset=first)
+                first = self.log_end_offset
             expected = first
             for i, h in enumerate(headers):
                 if h.base_offset != expected and i > run_start:
@@ -819,9 +835,10 @@ class Log:
             # snapshot below the new end (snapshots above it are deleted) and the headers.
             self._rebuild_producer_state()
 
-    def truncate_fully_and_start_at(self, offset: int) -> None:
+    def truncate_fully_and_start_at(self, offset: int, *, log_start_offset: int = -1) -> None:
         """Drop all data and restart the log at ``offset`` (a follower far behind the
-        leader's log start)."""
+        leader's log start). ``log_start_offset``, when above ``offset``, is the log start
+        to keep: the leader's, inside the first batch to come (see append_as_follower)."""
         with self.lock:
             for seg in self.segments:
                 self._retire(seg)
@@ -829,9 +846,9 @@ class Log:
             self.segments = [seg]
             self._bases = [offset]
             self.epochs.clear()
-            self.log_start_offset = offset
+            self.log_start_offset = max(offset, log_start_offset)
             self.recovery_point = offset
-            self.first_dirty_offset = offset
+            self.first_dirty_offset = self.log_start_offset
             self.truncations += 1
             delete_snapshots(self.directory, list_snapshots(self.directory))
             self.producers.clear()

@@ -117,6 +117,7 @@ class OffsetRpcs(StorageCore):
     ) -> pb.DeleteRecordsResponse:
         resp = pb.DeleteRecordsResponse()
         hints: set[int] = set()
+        deleted: list[pb.DeleteRecordsPartitionResult] = []
         for topic, dp, pr in per_partition(request.topics, resp.topics, low_watermark=-1):
             try:
                 if topic.startswith("__"):  # strom's internal namespace, as Kafka refuses
@@ -138,7 +139,20 @@ class OffsetRpcs(StorageCore):
                 pr.low_watermark = await asyncio.to_thread(part.log.delete_records, offset)
                 part.maybe_advance_high_watermark()
                 self.manager.refresh_gauges(part)
+                deleted.append(pr)
             except Exception as exc:
                 _fail_partition(pr, "delete records of", topic, dp.partition, exc)
                 pr.low_watermark = -1
+        logs = self.manager.logs
+        if deleted and logs is not None:
+            # The new log starts are durable before the answer (found from outside): they
+            # reached the checkpoint file only every --checkpoint-interval-ms, and a leader
+            # killed before that came back with the deleted records readable again.
+            try:
+                await asyncio.to_thread(logs.checkpoint)
+            except Exception as exc:
+                for pr in deleted:
+                    pr.error_code = E.STORAGE_ERROR
+                    pr.error_message = f"the new log start could not be made durable: {exc}"
+                    pr.low_watermark = -1
         return resp

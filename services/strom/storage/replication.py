@@ -9,8 +9,9 @@ sequences from the batch headers (so that, as a new leader, this node still answ
 of batches appended under the old one with their original offsets); the HW is the leader's
 bounded by our LEO; a diverging epoch truncates the log there (then checkpoints recovery
 points; the log rebuilds its producer state for the shorter log) before the next fetch;
-OFFSET_OUT_OF_RANGE below the leader's log start restarts the log there; epoch or leadership
-errors wait for new metadata (a short back-off: the reconcile resets it).
+OFFSET_OUT_OF_RANGE below the leader's log start restarts the log there; the leader's log
+start in every answer moves ours up (DeleteRecords, retention); epoch or leadership errors
+wait for new metadata (a short back-off: the reconcile resets it).
 
 Leaders: :class:`IsrManager` periodically (and right after follower fetches) asks each led
 partition whether its ISR should change (:func:`strom.storage.partition.decide_isr`) and
@@ -260,6 +261,9 @@ class ReplicaFetchers:
                     continue
                 backoff = 0.1
                 inline_budget = [INLINE_MAX_BYTES]  # what this answer may append on the loop
+                # Log starts this answer moved: one checkpoint for all of them, after it (a
+                # retention pass on the leader moves many partitions' starts at once).
+                moved_starts: list[Partition] = []
                 for tr in resp.topics:
                     for pr in tr.partitions:
                         entry = sent.get((tr.topic, pr.partition))
@@ -267,7 +271,9 @@ class ReplicaFetchers:
                             continue
                         part, fetch_offset, epoch = entry
                         try:
-                            await self._handle(part, fetch_offset, epoch, pr, inline_budget)
+                            await self._handle(
+                                part, fetch_offset, epoch, pr, inline_budget, moved_starts
+                            )
                         except Exception:
                             log.exception(
                                 "replicating %s-%d from node %d failed",
@@ -278,6 +284,11 @@ class ReplicaFetchers:
                             part.fetch_retry_at = (
                                 asyncio.get_running_loop().time() + PARTITION_BACKOFF_S * 5
                             )
+                if moved_starts:
+                    try:
+                        await self._checkpoint()
+                    except Exception:  # the periodic checkpoint tries again
+                        log.exception("checkpointing log starts moved by node %d failed", leader)
         except asyncio.CancelledError:
             pass
         finally:
@@ -323,7 +334,11 @@ class ReplicaFetchers:
         epoch: int,
         pr: pb.FetchPartitionResponse,
         inline_budget: list[int] | None = None,
+        moved_starts: list[Partition] | None = None,
     ) -> None:
+        """Apply one partition's part of a fetch answer. A moved log start is checkpointed
+        by the caller after the whole answer when it passes ``moved_starts`` (it is added
+        there), else here."""
         if part.deleted or part.is_leader or part.leader_epoch != epoch:
             return  # the state changed while the fetch was in flight
         code = pr.error_code
@@ -340,6 +355,7 @@ class ReplicaFetchers:
                 await self._locked(part, part.log.truncate_fully_and_start_at, pr.log_start_offset)
                 part.set_follower_high_watermark(pr.high_watermark)
                 self.manager.refresh_gauges(part)
+                await self._log_start_moved(part, moved_starts)
             elif pr.high_watermark >= 0:
                 await self._truncate(part, max(pr.high_watermark, part.log.log_start_offset))
             return
@@ -382,6 +398,10 @@ class ReplicaFetchers:
             info = await self._locked(part, part.log.append_as_follower, pr.records, inline=inline)
             if part.is_leader or part.leader_epoch != epoch:
                 return
+            if info is not None and info.first_offset < fetch_offset:
+                # The log restarted at a batch holding its log start (append_as_follower):
+                # the checkpoint must keep that start, not the first segment's base below it.
+                await self._log_start_moved(part, moved_starts)
             if info is not None:
                 self.manager.appended.notify(part.tp, info.bytes)
                 m = self.manager.metrics.get(part.tp)
@@ -390,9 +410,41 @@ class ReplicaFetchers:
                     m.log_size.inc(info.bytes)
         if part.set_follower_high_watermark(pr.high_watermark):
             self.manager.committed.notify(part.tp, 1 << 30)
+        if pr.log_start_offset > part.log.log_start_offset:
+            await self._follow_log_start(part, pr.log_start_offset, moved_starts)
         m = self.manager.metrics.get(part.tp)
         if m is not None:
             m.replica_lag.set(max(pr.high_watermark - part.log.log_end_offset, 0))
+
+    async def _follow_log_start(
+        self, part: Partition, leader_log_start: int, moved_starts: list[Partition] | None
+    ) -> None:
+        """Move our log start up to the leader's (DeleteRecords, retention), as Kafka's
+        followers do on every fetch answer (maybeIncrementLogStartOffset). Otherwise the
+        deleted records come back, readable, as soon as this replica leads. Bounded by our
+        high watermark: only offsets the leader committed, which our log shares with it.
+        Made durable at once, as the leader's DeleteRecords is: a crash must not bring them
+        back either."""
+        new = min(leader_log_start, part.high_watermark)
+        if new <= part.log.log_start_offset:
+            return
+        await self._locked(part, part.log.delete_records, new)
+        self.manager.refresh_gauges(part)
+        await self._log_start_moved(part, moved_starts)
+
+    async def _log_start_moved(self, part: Partition, moved_starts: list[Partition] | None) -> None:
+        """A log start to make durable: checkpoint it now, or leave that to the caller
+        (``moved_starts``)."""
+        if moved_starts is None:
+            await self._checkpoint()
+        else:
+            moved_starts.append(part)
+
+    async def _checkpoint(self) -> None:
+        """Write the data dir's checkpoints (recovery points, log starts) in a thread."""
+        logs: LogManager | None = self.manager.logs
+        if logs is not None:
+            await asyncio.to_thread(logs.checkpoint)
 
     async def _locked(
         self, part: Partition, fn: Callable[..., Any], *args: Any, inline: bool = False
@@ -422,10 +474,8 @@ class ReplicaFetchers:
         await self._locked(part, part.log.truncate_to, offset)
         part.set_follower_high_watermark(part.high_watermark)
         self.manager.refresh_gauges(part)
-        logs: LogManager | None = self.manager.logs
-        if logs is not None:
-            # The recovery point may have moved down: make that durable before going on.
-            await asyncio.to_thread(logs.checkpoint)
+        # The recovery point may have moved down: make that durable before going on.
+        await self._checkpoint()
 
 
 def divergence_truncation_offset(
@@ -583,11 +633,18 @@ def refresh_replication_gauges(manager: PartitionManager) -> None:
                 under_min += 1
             m = manager.metrics.get(part.tp)
             if m is not None:
-                lag = [
-                    part.log.log_end_offset - part.replica_end_offsets.get(r, 0)
-                    for r in part.replicas
-                    if r != part.node_id
-                ]
-                m.replica_lag.set(max(lag, default=0))
+                m.replica_lag.set(leader_replica_lag(part))
     metrics.UNDER_REPLICATED.set(under)
     metrics.UNDER_MIN_ISR.set(under_min)
+
+
+def leader_replica_lag(part: Partition) -> int:
+    """A leader's replica lag: the largest lag behind its LEO of a follower whose position
+    it knows. A new leadership knows none until they fetch (apply_state clears them);
+    counting those as at offset 0 showed every failover as a lag of the whole log (found
+    from outside). A follower that never fetches leaves the ISR: under-replicated
+    partitions report it."""
+    leo = part.log.log_end_offset
+    ends = part.replica_end_offsets
+    lag = [leo - ends[r] for r in part.replicas if r != part.node_id and r in ends]
+    return max(max(lag, default=0), 0)
