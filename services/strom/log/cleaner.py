@@ -19,7 +19,12 @@ the records that survive. Offsets are kept (each record's offset delta is explic
 keep their base offset, epoch and producer fields, and a batch left with no records stays as
 an empty batch covering its range (runs of non-idempotent ones in one epoch are merged; an
 idempotent producer's batch keeps its own header, which the producer state is rebuilt from),
-so every segment still tiles its offsets and every read-time check still holds. Tombstones
+so every segment still tiles its offsets and the log's read-time checks (tiling, epochs,
+CRCs) still hold. A batch with records keeps exactly its original offset range. A merged run
+does not: it covers batch boundaries a lagging follower may have copied, so a follower's log
+end can fall inside it (a follower appends only whole batches from its log end);
+``Log.read`` therefore serves such a filler cut to start at the offset asked for (see
+``partition_log._trim_filler``), never from below a follower's end. Tombstones
 (null value) are removed once older than ``delete.retention.ms``. The new segment is written
 beside the old one as ``.cleaned``, fsynced, renamed to ``.swap`` and then over the original,
 so a crash at any point leaves either the old or the new segment (``Log`` finishes or
@@ -421,8 +426,11 @@ def _rewrite(
 
     Consecutive batches left empty are merged into one empty batch covering their offsets
     (an Arrow body costs about 600 bytes even without rows, so unmerged they would keep most
-    of a compacted log of small batches on disk), unless a batch's header is needed: the
-    last BATCHES_KEPT batches of each idempotent producer (base offsets in ``headers``)."""
+    of a compacted log of small batches on disk, growing with every batch ever written),
+    unless a batch's header is needed: the last BATCHES_KEPT batches of each idempotent
+    producer (base offsets in ``headers``). A merged run has no records, producer fields or
+    transaction bits, so a read from inside it gets it cut at the offset read (a lagging
+    follower's log end may lie inside it)."""
     out: list[bytes] = []
     pending: RecordBatch | None = None  # first of a run of now-empty batches
     pending_last = pending_max_ts = -1

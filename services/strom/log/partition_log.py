@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from strom.clock import wall_ms
 from strom.log.config import LONG_MAX, LogConfig
@@ -53,9 +54,11 @@ from strom.log.transactions import (
     decode_marker,
     encode_marker,
 )
-from strom.record.batch import RecordBatch, decode_batches
+from strom.record.batch import RecordBatch, decode_batches, encode_body
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
     BatchHeader,
     patch_base_offset,
     patch_leader_epoch,
@@ -63,11 +66,14 @@ from strom.record.header import (
     scan_batches,
     set_log_append_time,
 )
+from strom.record.schema import BODY_SCHEMA_V1
 
 _LEADER_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 #: Producer-state snapshots kept beside the segments (the newest, and one to fall back on).
 _SNAPSHOTS_KEPT = 2
+#: The body of a batch without records (see _trim_filler).
+_EMPTY_BODY = pa.RecordBatch.from_pylist([], schema=BODY_SCHEMA_V1)
 
 
 _log = logging.getLogger("strom.log")
@@ -746,6 +752,8 @@ class Log:
                 if base >= hi:
                     break
                 data, nxt = seg.read(pos, base, max_bytes, hi, self.epochs.epoch_for, min_one)
+                if base < offset and data:
+                    data = _trim_filler(data, offset)
                 return ReadResult(data, nxt, start, leo)
             return ReadResult(b"", offset, start, leo)
 
@@ -991,6 +999,34 @@ class Log:
             for seg in self.segments:
                 out.extend(seg.batch_headers())
             return out
+
+
+def _trim_filler(data: bytes | memoryview, offset: int) -> bytes | memoryview:
+    """``data`` (whole batches, the first holding ``offset`` but starting below it) with that
+    first batch cut to start at ``offset`` when it is a filler: a batch without records,
+    producer fields or transaction bits, such as the cleaner's merged runs of emptied batches
+    (strom.log.cleaner).
+
+    A follower appends only batches starting at its log end, which is always the end of a
+    batch it copied. A filler on the leader may cover several original batches (the cleaner
+    merged them after the follower had copied some), so the follower's end can fall inside
+    it; served whole, it could never be appended and the follower would stay stuck for good.
+    A filler carries nothing but its offset range and epoch, so any tail of it is as valid.
+    Only a read starting inside a batch gets here, and only a filler is re-encoded (one
+    small batch, a copy of what follows it)."""
+    h = read_header(data, 0)
+    if h.record_count or h.producer_id >= 0 or h.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
+        return data
+    head = encode_body(
+        _EMPTY_BODY,
+        attributes=h.attributes,
+        base_offset=offset,
+        last_offset_delta=h.last_offset - offset,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=h.max_timestamp,
+        partition_leader_epoch=h.partition_leader_epoch,
+    )
+    return head + bytes(memoryview(data)[h.size :])
 
 
 def _decode(data: bytes | memoryview) -> list[RecordBatch]:
