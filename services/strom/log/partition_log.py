@@ -558,9 +558,16 @@ class Log:
 
     def last_stable_offset(self, high_watermark: int) -> int:
         """The LSO for a high watermark: below the first offset of the oldest open
-        transaction, never above the high watermark."""
+        transaction, never above the high watermark.
+
+        The open transaction's first offset counts from the log start at least, as Kafka's
+        updateFirstUnstableOffset floors it: DeleteRecords (or retention) may move the start
+        past a transaction that is still open, and an LSO below the log start would send a
+        read_committed consumer positioned at "latest" out of range."""
         first = self.producers.first_unstable_offset
-        return high_watermark if first is None else min(first, high_watermark)
+        if first is None:
+            return high_watermark
+        return min(max(first, self.log_start_offset), high_watermark)
 
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
         """Aborted transactions that may have batches in ``[start, end)`` (read_committed)."""
