@@ -227,11 +227,17 @@ def test_compaction_does_nothing_for_a_single_segment(tmp_path: Path) -> None:
 
 
 def test_tombstones_kept_until_delete_retention(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "c-0", segment_bytes=1024, delete_retention_ms=1000)
-    log.append(kv_batch([(b"a", b"1"), (b"b", b"1")], ts=T0))
-    log.append(kv_batch([(b"a", None)], ts=T0 + 100))  # tombstone for a
-    log.append(kv_batch([(b"c", b"1")], ts=T0 + 200))
-    log.append(kv_batch([(b"d", b"1")], ts=T0 + 300))  # active
+    clock = Clock()
+    log = make_log(tmp_path / "c-0", clock, segment_bytes=1024, delete_retention_ms=1000)
+    for ts, pairs in [
+        (T0, [(b"a", b"1"), (b"b", b"1")]),
+        (T0 + 100, [(b"a", None)]),  # tombstone for a, alone in its segment
+        (T0 + 200, [(b"c", b"1")]),
+        (T0 + 300, [(b"d", b"1")]),  # active
+    ]:
+        clock.now = ts  # written at its timestamp: its segment's time
+        log.append(kv_batch(pairs, ts=ts))
+    assert [s.base_offset for s in log.segments] == [0, 2, 3, 4]
     compact(log, now=T0 + 1000)  # tombstone is 900 ms old: kept, but the old value goes
     assert kv(read_all(log)) == [
         (1, b"b", b"1"),
@@ -246,6 +252,37 @@ def test_tombstones_kept_until_delete_retention(tmp_path: Path) -> None:
     check_tiling(log)
     # The offset of the tombstone is not reused: the range is covered by an empty batch.
     assert log.append(kv_batch([(b"e", b"1")])).first_offset == 5
+
+
+def test_tombstones_age_by_their_segment_not_their_record_timestamp(tmp_path: Path) -> None:
+    """Found from outside: tombstones were judged by their record timestamp (CreateTime, the
+    producer's), so a tombstone stamped two days ago went on the first cleaning, whatever
+    delete.retention.ms (1 day by default) said. They now go once their segment has taken no
+    append for longer than delete.retention.ms, on the broker's clock, and a cleaning (or a
+    restart after one) does not make the segment look new."""
+    day = 24 * HOUR
+    clock = Clock(T0)
+    d = tmp_path / "c-0"
+    log = Log(d, LogConfig.from_dict({"cleanup.policy": "compact"}), fsync=False, clock=clock)
+    assert log.config.delete_retention_ms == day  # the default
+    log.append(kv_batch([(b"a", b"1")], ts=T0 - 3 * day))
+    log.append(kv_batch([(b"a", None)], ts=T0 - 2 * day))  # a tombstone, CreateTime 2 days old
+    log.append(kv_batch([(b"b", b"1")], ts=T0))
+    log.roll()
+    clock.now += HOUR
+    log.append(kv_batch([(b"c", b"1")], ts=clock.now))  # active
+    compact(log)
+    assert kv(read_all(log)) == [(1, b"a", None), (2, b"b", b"1"), (3, b"c", b"1")]
+    log.close()
+    clock.now = T0 + day  # the segment was written at T0: exactly a day old
+    log = Log(d, LogConfig.from_dict({"cleanup.policy": "compact"}), fsync=False, clock=clock)
+    assert log.segments[0].last_append_ms == T0  # kept by the cleaning's rewrite
+    compact(log)
+    assert (1, b"a", None) in kv(read_all(log))
+    clock.now += 1
+    compact(log)
+    assert kv(read_all(log)) == [(2, b"b", b"1"), (3, b"c", b"1")]
+    check_tiling(log)
 
 
 def test_tombstone_followed_by_new_value(tmp_path: Path) -> None:
