@@ -798,13 +798,32 @@ class Log:
         return None
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the batch with the largest timestamp (ListOffsets -3)."""
+        """(offset, timestamp) of the first record with the largest timestamp (ListOffsets
+        -3), as Kafka 3.8+ answers.
+
+        The time indexes find the first batch whose max timestamp is the log's largest; that
+        one batch's timestamp column then gives the record (an admin lookup, off the produce
+        and fetch paths). A batch without such a record (compacted away, or below the log
+        start) answers with its own offset."""
         with self.lock:
             best: tuple[int, int] | None = None
             for seg in self.segments:
                 if seg.time_index.ts and (best is None or seg.time_index.ts[-1] > best[1]):
                     best = (seg.base_offset + seg.time_index.rel[-1], seg.time_index.ts[-1])
+            start = self.log_start_offset
+        if best is None:
+            return None
+        offset, top = best
+        try:
+            data = self.read(max(offset, start), 1).data
+        except OffsetOutOfRangeError:  # retention or a truncation meanwhile
             return best
+        batches = _decode(data)
+        if not batches or batches[0].header.base_offset > offset:
+            return best
+        offs, ts = (col.to_numpy() for col in batches[0].arrow_columns()[:2])
+        hits = np.nonzero((ts.astype(np.int64) == top) & (offs >= start))[0]
+        return (int(offs[hits[0]]), top) if hits.size else best
 
     # -- truncation, retention, deletion ---------------------------------------------------
 

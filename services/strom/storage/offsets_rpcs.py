@@ -66,7 +66,8 @@ class OffsetRpcs(StorageCore):
             pr.offset = lg.log_start_offset
             pr.leader_epoch = lg.epochs.epoch_for(pr.offset)
         elif ts == MAX_TIMESTAMP:
-            found = lg.max_timestamp_offset()
+            # Decodes the batch holding the maximum: a worker thread, not the loop.
+            found = await asyncio.to_thread(lg.max_timestamp_offset)
             # As Kafka: a match a consumer of this isolation could not read yet is no match
             # (read_committed reads stop at the last stable offset).
             limit = part.last_stable_offset if read_committed else part.high_watermark
