@@ -4,6 +4,7 @@ three storage nodes as processes; replication factor 3, min.insync.replicas=2, a
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from strom.errors import is_retriable
 from strom.log import checkpoint
 from strom.log.manager import LOG_START_OFFSETS
 from strom.record import decode_records, encode_batch
-from tests.conftest import TopicFactory, module_cluster
+from tests.conftest import TopicFactory, create_topic, member_metric, module_cluster
 
 pytestmark = pytest.mark.integration
 NONE = common_pb2.ErrorCode.NONE
@@ -57,6 +58,7 @@ def _produce(
     values: list[bytes],
     acks: int = -1,
     address: str | None = None,
+    keys: list[bytes] | None = None,
 ) -> tuple[int, int]:
     """One batch; returns (error_code, base_offset). Routed to the leader unless ``address``."""
     req = storage_pb2.ProduceRequest(
@@ -67,7 +69,9 @@ def _produce(
                 topic=topic,
                 partitions=[
                     storage_pb2.ProducePartitionData(
-                        partition=0, records=encode_batch(values), current_leader_epoch=-1
+                        partition=0,
+                        records=encode_batch(values, keys=keys),
+                        current_leader_epoch=-1,
                     )
                 ],
             )
@@ -392,3 +396,61 @@ def test_reassignment_completes_after_delete_records_inside_a_batch(
         assert [o.offset if o else None for o in offsets] == [5, 10]
         assert _fetch_code(client, topic, 4) == OFFSET_OUT_OF_RANGE
         assert _read_all(client, topic, 5) == [(j, b"v%d" % j) for j in range(5, 10)]
+
+
+def test_a_follower_behind_a_compaction_catches_up(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: the leader's cleaner merged emptied batches 0..22 into one while a
+    killed follower held the batches 0..9; restarted, the follower fetched at 10, was served
+    the merged batch starting at 0, refused it as below its log end, and stayed out of the
+    ISR for good. Now the leader serves that batch cut at the fetch offset."""
+    c = make_cluster(
+        nodes=3,
+        controllers=1,
+        node_args=["--replica-lag-time-max-ms", "1500", "--log-cleanup-interval-ms", "200"],
+    )
+    config = {
+        "cleanup.policy": "compact",
+        "segment.bytes": "16384",
+        "min.cleanable.dirty.ratio": "0.01",
+    }
+    topic = create_topic(c, "compacted-lag", 1, 3, config)
+    wait_for(lambda: len(_state(c, topic)[2]) == 3, timeout=20, what="a full ISR")
+    leader, _, _ = _state(c, topic)
+    follower = next(n for n in c.nodes if n.ident != leader)
+    with ClusterClient(c.bootstrap) as client:
+
+        def put(i: int) -> None:
+            assert _produce(client, topic, [b"v%d" % i], keys=[b"k%d" % (i % 3)])[0] == NONE
+
+        for i in range(10):  # acks=all with the full ISR: the follower has all ten
+            put(i)
+        follower.process.kill()
+        wait_for(
+            lambda: follower.ident not in _state(c, topic)[2],
+            timeout=20,
+            what="the dead follower to leave the ISR",
+        )
+
+        def cleanings() -> float:
+            return member_metric(
+                _member(c, leader), "strom_storage_cleaner_cleanings_total", reason="dirty_ratio"
+            )
+
+        before = cleanings()
+        for i in range(10, 70):
+            put(i)
+        wait_for(
+            lambda: cleanings() > before,
+            timeout=30,
+            what="the leader's cleaner",
+        )
+        c.restart(follower)
+        wait_for(
+            lambda: follower.ident in _state(c, topic)[2],
+            timeout=30,
+            what="the restarted follower to rejoin the ISR",
+        )
+    end = member_metric(follower, "strom_storage_log_end_offset", topic=topic, partition="0")
+    assert end == 70

@@ -374,6 +374,50 @@ def test_an_open_transaction_holds_the_lso_until_its_timeout_aborts_it(
     assert _read(cluster, "slow", "read_committed") == []
 
 
+def test_read_committed_lookups_stop_at_the_lso_and_the_lso_at_the_log_start(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside. A transaction open at offset 0, five plain records, DeleteRecords
+    up to 3: "latest" for read_committed answered 0, below earliest (3), and a read_committed
+    consumer there went out of range; it is now the log start. And a lookup by time (or
+    "max_timestamp") for read_committed found records above the LSO, which such a consumer
+    cannot read yet: no match now, as in Kafka."""
+    _topic(cluster, "lso-start", partitions=1)
+    tp = TopicPartition("lso-start", 0)
+    base = int(time.time() * 1000) - 60_000
+    txn = Producer(cluster.bootstrap, transactional_id="lso-start-tx")
+    try:
+        txn.init_transactions()
+        txn.begin_transaction()
+        txn.send("lso-start", b"open", partition=0, timestamp_ms=base).get(timeout=30)  # 0
+        with Producer(cluster.bootstrap, acks="all") as plain:
+            for i in range(5):  # 1..5
+                plain.send("lso-start", b"plain%d" % i, partition=0, timestamp_ms=base + 10 + i)
+            plain.flush()
+        with Admin(cluster.bootstrap) as admin:
+            assert admin.delete_records({tp: 3}) == {tp: 3}
+
+            def lookup(spec: object, isolation: str) -> object:
+                return admin.list_offsets({tp: spec}, isolation_level=isolation)[tp]
+
+            assert lookup("earliest", "read_committed").offset == 3
+            assert lookup("latest", "read_committed").offset == 3  # was 0
+            assert lookup("latest", "read_uncommitted").offset == 6
+            assert lookup(base + 11, "read_uncommitted").offset == 3
+            assert lookup(base + 11, "read_committed") is None  # at or above the LSO
+            assert lookup("max_timestamp", "read_uncommitted").offset == 5
+            assert lookup("max_timestamp", "read_committed") is None
+            txn.commit_transaction()
+            wait_for(
+                lambda: lookup("latest", "read_committed").offset == 7,
+                timeout=30,
+                what="the commit marker",
+            )
+            assert lookup(base + 11, "read_committed").offset == 3
+    finally:
+        txn.close()
+
+
 def test_offsets_pending_in_an_open_transaction_are_unstable_until_it_commits(
     cluster: LocalCluster,
 ) -> None:

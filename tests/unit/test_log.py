@@ -459,13 +459,16 @@ def test_offset_for_timestamp_respects_log_start(tmp_path: Path) -> None:
 
 
 def test_max_timestamp_offset(tmp_path: Path) -> None:
+    """The record with the largest timestamp, not the first of its batch (found from outside:
+    the lookup answered the batch's base offset with the record's timestamp; Kafka 3.8+
+    answers the record's own offset)."""
     log = make_log(tmp_path / "t-0", segment_bytes=1024)
     log.append(batch(1, ts=T0 + 5))
-    log.append(batch(2, ts=[T0 + 1, T0 + 50]))  # offsets 1, 2: max in batch at base 1
+    log.append(batch(3, ts=[T0 + 1, T0 + 50, T0 + 3]))  # offsets 1..3: the max at 2
     log.append(batch(1, ts=T0 + 7))
     log.append(batch(1, ts=T0 + 50))  # equal, later: the first stays
     assert len(log.segments) == 4
-    assert log.max_timestamp_offset() == (1, T0 + 50)
+    assert log.max_timestamp_offset() == (2, T0 + 50)
 
 
 # ----------------------------------------------------------------------------- truncation

@@ -227,11 +227,17 @@ def test_compaction_does_nothing_for_a_single_segment(tmp_path: Path) -> None:
 
 
 def test_tombstones_kept_until_delete_retention(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "c-0", segment_bytes=1024, delete_retention_ms=1000)
-    log.append(kv_batch([(b"a", b"1"), (b"b", b"1")], ts=T0))
-    log.append(kv_batch([(b"a", None)], ts=T0 + 100))  # tombstone for a
-    log.append(kv_batch([(b"c", b"1")], ts=T0 + 200))
-    log.append(kv_batch([(b"d", b"1")], ts=T0 + 300))  # active
+    clock = Clock()
+    log = make_log(tmp_path / "c-0", clock, segment_bytes=1024, delete_retention_ms=1000)
+    for ts, pairs in [
+        (T0, [(b"a", b"1"), (b"b", b"1")]),
+        (T0 + 100, [(b"a", None)]),  # tombstone for a, alone in its segment
+        (T0 + 200, [(b"c", b"1")]),
+        (T0 + 300, [(b"d", b"1")]),  # active
+    ]:
+        clock.now = ts  # written at its timestamp: its segment's time
+        log.append(kv_batch(pairs, ts=ts))
+    assert [s.base_offset for s in log.segments] == [0, 2, 3, 4]
     compact(log, now=T0 + 1000)  # tombstone is 900 ms old: kept, but the old value goes
     assert kv(read_all(log)) == [
         (1, b"b", b"1"),
@@ -246,6 +252,37 @@ def test_tombstones_kept_until_delete_retention(tmp_path: Path) -> None:
     check_tiling(log)
     # The offset of the tombstone is not reused: the range is covered by an empty batch.
     assert log.append(kv_batch([(b"e", b"1")])).first_offset == 5
+
+
+def test_tombstones_age_by_their_segment_not_their_record_timestamp(tmp_path: Path) -> None:
+    """Found from outside: tombstones were judged by their record timestamp (CreateTime, the
+    producer's), so a tombstone stamped two days ago went on the first cleaning, whatever
+    delete.retention.ms (1 day by default) said. They now go once their segment has taken no
+    append for longer than delete.retention.ms, on the broker's clock, and a cleaning (or a
+    restart after one) does not make the segment look new."""
+    day = 24 * HOUR
+    clock = Clock(T0)
+    d = tmp_path / "c-0"
+    log = Log(d, LogConfig.from_dict({"cleanup.policy": "compact"}), fsync=False, clock=clock)
+    assert log.config.delete_retention_ms == day  # the default
+    log.append(kv_batch([(b"a", b"1")], ts=T0 - 3 * day))
+    log.append(kv_batch([(b"a", None)], ts=T0 - 2 * day))  # a tombstone, CreateTime 2 days old
+    log.append(kv_batch([(b"b", b"1")], ts=T0))
+    log.roll()
+    clock.now += HOUR
+    log.append(kv_batch([(b"c", b"1")], ts=clock.now))  # active
+    compact(log)
+    assert kv(read_all(log)) == [(1, b"a", None), (2, b"b", b"1"), (3, b"c", b"1")]
+    log.close()
+    clock.now = T0 + day  # the segment was written at T0: exactly a day old
+    log = Log(d, LogConfig.from_dict({"cleanup.policy": "compact"}), fsync=False, clock=clock)
+    assert log.segments[0].last_append_ms == T0  # kept by the cleaning's rewrite
+    compact(log)
+    assert (1, b"a", None) in kv(read_all(log))
+    clock.now += 1
+    compact(log)
+    assert kv(read_all(log)) == [(2, b"b", b"1"), (3, b"c", b"1")]
+    check_tiling(log)
 
 
 def test_tombstone_followed_by_new_value(tmp_path: Path) -> None:
@@ -563,3 +600,61 @@ def test_reads_after_compaction_pass_all_checks(tmp_path: Path) -> None:
     for offset in range(log.log_end_offset):
         res = log.read(offset, max_bytes=1)
         assert res.data
+
+
+# ------------------------------------------------------------------------------- replicas
+
+
+def catch_up(follower: Log, leader: Log, max_bytes: int = 1 << 20) -> int:
+    """Replicate as the storage node's fetcher does: read the leader from the follower's log
+    end, append what it returns as follower; returns the number of fetches."""
+    fetches = 0
+    while follower.log_end_offset < leader.log_end_offset:
+        res = leader.read(follower.log_end_offset, max_bytes)
+        assert res.data
+        follower.append_as_follower(res.data)
+        fetches += 1
+    return fetches
+
+
+@pytest.mark.parametrize("max_bytes", [1, 1 << 20])
+def test_lagging_follower_catches_up_with_a_compacted_leader(
+    tmp_path: Path, max_bytes: int
+) -> None:
+    """Found from outside: the cleaner merges runs of emptied batches into one, so the leader
+    could hold one batch for offsets 0..23 while a follower that fell behind held the single
+    batches 0..9. The leader served the whole merged batch for a fetch at 10, which the
+    follower refused ("below the log end offset") on every fetch: never back in the ISR. The
+    leader now serves such a filler cut to start at the fetch offset."""
+    leader = make_log(tmp_path / "leader" / "c-0", segment_bytes=16384)
+    follower = make_log(tmp_path / "follower" / "c-0", segment_bytes=16384)
+    for i in range(10):
+        leader.append(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]))
+    catch_up(follower, leader)
+    assert follower.log_end_offset == 10  # then the follower stops (killed)
+    for i in range(10, 70):
+        leader.append(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]))
+    compact(leader, now=T0 + HOUR)
+    straddling = [h for h in leader.batch_headers() if h.base_offset < 10 <= h.last_offset]
+    assert straddling and straddling[0].record_count == 0  # the case the reviewer hit
+    catch_up(follower, leader, max_bytes)
+    assert follower.log_end_offset == leader.log_end_offset
+    # What the follower copied is the leader's log from 10 on (below, its own uncompacted
+    # copy, which its own cleaner will compact).
+    copied = [r for r in kv(read_all(follower)) if r[0] >= 10]
+    assert copied == [r for r in kv(read_all(leader)) if r[0] >= 10]
+    assert copied[-3:] == [(67, b"k1", b"v67"), (68, b"k2", b"v68"), (69, b"k0", b"v69")]
+    check_tiling(follower)
+    # The follower's copy survives a restart (recovery re-checks every batch).
+    follower.close()
+    again = make_log(tmp_path / "follower" / "c-0", segment_bytes=16384)
+    assert [r for r in kv(read_all(again)) if r[0] >= 10] == copied
+
+
+def test_a_read_inside_a_batch_with_records_is_not_cut(tmp_path: Path) -> None:
+    """Only fillers are cut: a batch with records is served whole from its base offset (a
+    consumer skips the records below its position)."""
+    log = make_log(tmp_path / "c-0")
+    log.append(kv_batch([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]))
+    res = log.read(1)
+    assert [h.base_offset for h in (b.header for b in decode_batches(res.data))] == [0]

@@ -80,6 +80,23 @@ def test_an_open_transaction_holds_the_lso_until_its_marker(tmp_path) -> None:
     assert log.append(tbatch(1, 3, 1)).first_offset == 7 and lso(log) == 7
 
 
+def test_the_lso_never_falls_below_the_log_start(tmp_path) -> None:
+    """Found from outside: a transaction open at offset 0, five plain records, then
+    DeleteRecords up to 3: the LSO stayed at 0, below the log start, so ListOffsets(latest,
+    read_committed) answered 0 while earliest was 3, and a read_committed consumer at
+    "latest" looped out of range. The LSO counts from the log start, as in Kafka."""
+    log = make_log(tmp_path / "t-0")
+    log.append(tbatch(1, 0, 1))  # 0: the transaction's first record
+    for i in range(5):
+        log.append(encode_batch([b"plain%d" % i], timestamps=[T0]))  # 1..5
+    assert lso(log) == 0
+    assert log.delete_records(3) == 3
+    assert lso(log) == 3  # the transaction is still open: no further than the log start
+    assert log.last_stable_offset(2) == 2  # and never above the high watermark
+    log.append_marker(1, 0, committed=True, coordinator_epoch=0)
+    assert lso(log) == log.log_end_offset == 7
+
+
 def test_aborted_transactions_for_a_fetch_range(tmp_path) -> None:
     log = make_log(tmp_path / "t-0")
     log.append(tbatch(1, 0, 3))  # 0..2

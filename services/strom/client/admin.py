@@ -974,10 +974,10 @@ class Admin:
 
         "earliest" is the log start offset, "latest" the offset the next committed record will
         get (the high watermark), both with timestamp -1. A time gives the first record at or
-        after it and that record's timestamp, "max_timestamp" the largest timestamp and where
-        it is (the log indexes whole batches, so the offset may be that of the first record of
-        the batch holding it); when no record matches, the partition maps to None (as Kafka's
-        ``offsets_for_times``).
+        after it and that record's timestamp, "max_timestamp" the largest timestamp and the
+        offset of the first record holding it (as Kafka 3.8+); when no record matches, the
+        partition maps to None (as Kafka's ``offsets_for_times``). With "read_committed", a
+        record at or after the last stable offset does not match yet.
         """
         if isolation_level not in _ISOLATION:
             raise InvalidRequestError(

@@ -19,11 +19,17 @@ the records that survive. Offsets are kept (each record's offset delta is explic
 keep their base offset, epoch and producer fields, and a batch left with no records stays as
 an empty batch covering its range (runs of non-idempotent ones in one epoch are merged; an
 idempotent producer's batch keeps its own header, which the producer state is rebuilt from),
-so every segment still tiles its offsets and every read-time check still holds. Tombstones
-(null value) are removed once older than ``delete.retention.ms``. The new segment is written
-beside the old one as ``.cleaned``, fsynced, renamed to ``.swap`` and then over the original,
-so a crash at any point leaves either the old or the new segment (``Log`` finishes or
-discards the swap).
+so every segment still tiles its offsets and the log's read-time checks (tiling, epochs,
+CRCs) still hold. A batch with records keeps exactly its original offset range. A merged run
+does not: it covers batch boundaries a lagging follower may have copied, so a follower's log
+end can fall inside it (a follower appends only whole batches from its log end);
+``Log.read`` therefore serves such a filler cut to start at the offset asked for (see
+``partition_log._trim_filler``), never from below a follower's end. Tombstones
+(null value) and transaction markers are removed once the segment holding them has taken no
+append for longer than ``delete.retention.ms`` (:func:`_tombstones_expired`). The new
+segment is written beside the old one as ``.cleaned``, fsynced, renamed to ``.swap`` and then
+over the original, so a crash at any point leaves either the old or the new segment (``Log``
+finishes or discards the swap).
 """
 
 from __future__ import annotations
@@ -35,7 +41,6 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TypeVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -284,13 +289,16 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     dropped = _aborted_batches(everything, aborted)
     latest = _latest_offsets(everything, upto, dropped)
     recent = _recent_producer_batches(everything)
-    tombstone_horizon = now - cfg.delete_retention_ms
-    removable = _removable_transactions(everything, end, latest, tombstone_horizon, dropped, recent)
+    expired = {
+        s.base_offset for s in sealed if _tombstones_expired(s, now, cfg.delete_retention_ms)
+    }
+    in_expired = {b.header.base_offset for base in expired for b in per_segment[base]}
+    removable = _removable_transactions(everything, end, latest, in_expired, dropped, recent)
     void = False
     for seg in sealed:
         batches = per_segment[seg.base_offset]
         new_data, before, after = _rewrite(
-            batches, latest, tombstone_horizon, recent, dropped, removable
+            batches, latest, seg.base_offset in expired, recent, dropped, removable
         )
         stats.records_before += before
         stats.records_after += after
@@ -311,6 +319,20 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     return stats
 
 
+def _tombstones_expired(seg: LogSegment, now: int, delete_retention_ms: int) -> bool:
+    """Whether the tombstones and transaction markers of sealed segment ``seg`` may go: the
+    segment has taken no append for longer than ``delete.retention.ms``.
+
+    The time is the broker's, never a record's: a producer's CreateTime may be days old (a
+    replay, a backfill, a skewed clock), and tombstones judged by it went on the first
+    cleaning, before a consumer that had read the deleted value could see the delete. A
+    segment's last append is at or after every record it holds was written, so a tombstone
+    stays readable at least ``delete.retention.ms`` after this replica wrote it (Kafka before
+    3.1 also counts from the cleaned segment's last-modified time). ``_swap`` keeps that time
+    (and the file's mtime, which a restart reads it from) across cleanings."""
+    return now - seg.last_append_ms > delete_retention_ms
+
+
 def _recent_producer_batches(batches: list[RecordBatch]) -> set[int]:
     """Base offsets of each idempotent producer's last BATCHES_KEPT batches (``batches`` in
     offset order): the headers a producer-state rebuild needs (DESIGN §6), so an emptied one
@@ -328,14 +350,16 @@ def _removable_transactions(
     batches: list[RecordBatch],
     end: int,
     latest: pa.Array,
-    tombstone_horizon: int,
+    expired: set[int],
     aborted: set[int],
     headers: set[int],
 ) -> set[int]:
     """Base offsets of the batches (data and marker) of the transactions whose marker may go.
 
     Kafka's rule: a marker is removed once every record of its transaction has been removed
-    and the marker is older than ``delete.retention.ms``, so a consumer that read the
+    and the marker is older than ``delete.retention.ms`` (its segment's, see
+    :func:`_tombstones_expired`; ``expired`` holds the base offsets of the batches in such
+    segments), so a consumer that read the
     transaction's records before they were cleaned still finds its outcome. strom adds what
     its header-based producer state needs: the transaction's batches must not be among the
     producer's last BATCHES_KEPT (``headers``) and the marker must not be the producer's last
@@ -361,9 +385,12 @@ def _removable_transactions(
         if (
             m.base_offset >= end
             or m.base_offset == last_marker[m.producer_id]
-            or m.max_timestamp >= tombstone_horizon
+            or m.base_offset not in expired
             or any(d.header.base_offset in headers for d in data)
-            or any(_kept_body(d, latest, tombstone_horizon, aborted).num_rows for d in data)
+            or any(
+                _kept_body(d, latest, d.header.base_offset in expired, aborted).num_rows
+                for d in data
+            )
         ):
             continue
         out.add(m.base_offset)
@@ -372,9 +399,10 @@ def _removable_transactions(
 
 
 def _kept_body(
-    b: RecordBatch, latest: pa.Array, tombstone_horizon: int, aborted: set[int]
+    b: RecordBatch, latest: pa.Array, drop_tombstones: bool, aborted: set[int]
 ) -> pa.RecordBatch:
-    """The records of data batch ``b`` that compaction keeps."""
+    """The records of data batch ``b`` that compaction keeps (tombstones only while
+    ``drop_tombstones`` is false: see :func:`_tombstones_expired`)."""
     h = b.header
     body = b.body()
     if body.num_rows == 0:
@@ -383,15 +411,10 @@ def _kept_body(
         return body.slice(0, 0)
     offsets = pc.add(body.column(0).cast(pa.int64()), h.base_offset)
     keep = pc.or_(pc.is_in(offsets, value_set=latest), pc.is_null(body.column(2)))
-    if h.attributes & ATTR_LOG_APPEND_TIME:
-        stamps = pa.array(np.full(body.num_rows, h.max_timestamp, dtype=np.int64))
-    else:
-        stamps = pc.add(body.column(1), h.base_timestamp)
-    expired_tombstone = pc.and_(
-        pc.is_null(body.column(3)),
-        pc.and_(pc.is_valid(body.column(2)), pc.less(stamps, tombstone_horizon)),
-    )
-    return body.filter(pc.and_(keep, pc.invert(expired_tombstone)))
+    if drop_tombstones:
+        tombstone = pc.and_(pc.is_null(body.column(3)), pc.is_valid(body.column(2)))
+        keep = pc.and_(keep, pc.invert(tombstone))
+    return body.filter(keep)
 
 
 def _mergeable(h: BatchHeader, headers: set[int], removable: AbstractSet[int]) -> bool:
@@ -406,12 +429,13 @@ def _mergeable(h: BatchHeader, headers: set[int], removable: AbstractSet[int]) -
 def _rewrite(
     batches: list[RecordBatch],
     latest: pa.Array,
-    tombstone_horizon: int,
+    drop_tombstones: bool,
     headers: set[int],
     aborted: set[int],
     removable: AbstractSet[int] = frozenset(),
 ) -> tuple[bytes | None, int, int]:
-    """Rewrite one segment's batches; None when nothing would be removed.
+    """Rewrite one segment's batches; None when nothing would be removed. Tombstones go
+    when ``drop_tombstones`` (the segment's time is past delete.retention.ms).
 
     Transactions: markers (control batches) are kept whole; every record of an aborted
     transaction's batch (base offsets in ``aborted``) is dropped, its header kept, so the
@@ -421,8 +445,11 @@ def _rewrite(
 
     Consecutive batches left empty are merged into one empty batch covering their offsets
     (an Arrow body costs about 600 bytes even without rows, so unmerged they would keep most
-    of a compacted log of small batches on disk), unless a batch's header is needed: the
-    last BATCHES_KEPT batches of each idempotent producer (base offsets in ``headers``)."""
+    of a compacted log of small batches on disk, growing with every batch ever written),
+    unless a batch's header is needed: the last BATCHES_KEPT batches of each idempotent
+    producer (base offsets in ``headers``). A merged run has no records, producer fields or
+    transaction bits, so a read from inside it gets it cut at the offset read (a lagging
+    follower's log end may lie inside it)."""
     out: list[bytes] = []
     pending: RecordBatch | None = None  # first of a run of now-empty batches
     pending_last = pending_max_ts = -1
@@ -448,7 +475,7 @@ def _rewrite(
             body = kept = b.body().slice(0, 0)  # the marker record is not a data record
         else:
             body = b.body()
-            kept = _kept_body(b, latest, tombstone_horizon, aborted)
+            kept = _kept_body(b, latest, drop_tombstones, aborted)
         before += body.num_rows
         after += kept.num_rows
         if kept.num_rows != body.num_rows or removed:
@@ -536,6 +563,10 @@ def _swap(log: Log, seg: LogSegment, data: bytes, truncations: int) -> bool:
     with open(cleaned, "wb") as f:
         f.write(data)
         f.flush()
+        # The segment's last-append time decides when its tombstones go; a restart reads it
+        # from the mtime, so the rewrite must not make the segment look freshly written.
+        ns = seg.last_append_ms * 1_000_000
+        os.utime(f.fileno(), ns=(ns, ns))
         os.fsync(f.fileno())
     swap = seg.log_path.with_name(seg.log_path.name + ".swap")
     os.replace(cleaned, swap)
@@ -561,5 +592,6 @@ def _swap(log: Log, seg: LogSegment, data: bytes, truncations: int) -> bool:
         fresh = log._new_segment(seg.base_offset)
         fresh.recover(log.epochs.epoch_for)
         fresh.created_ms = seg.created_ms
+        fresh.last_append_ms = seg.last_append_ms
         log.segments[i] = fresh
         return True

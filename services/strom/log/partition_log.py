@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from strom.clock import wall_ms
 from strom.log.config import LONG_MAX, LogConfig
@@ -53,9 +54,11 @@ from strom.log.transactions import (
     decode_marker,
     encode_marker,
 )
-from strom.record.batch import RecordBatch, decode_batches
+from strom.record.batch import RecordBatch, decode_batches, encode_body
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
     BatchHeader,
     patch_base_offset,
     patch_leader_epoch,
@@ -63,11 +66,14 @@ from strom.record.header import (
     scan_batches,
     set_log_append_time,
 )
+from strom.record.schema import BODY_SCHEMA_V1
 
 _LEADER_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 #: Producer-state snapshots kept beside the segments (the newest, and one to fall back on).
 _SNAPSHOTS_KEPT = 2
+#: The body of a batch without records (see _trim_filler).
+_EMPTY_BODY = pa.RecordBatch.from_pylist([], schema=BODY_SCHEMA_V1)
 
 
 _log = logging.getLogger("strom.log")
@@ -552,9 +558,16 @@ class Log:
 
     def last_stable_offset(self, high_watermark: int) -> int:
         """The LSO for a high watermark: below the first offset of the oldest open
-        transaction, never above the high watermark."""
+        transaction, never above the high watermark.
+
+        The open transaction's first offset counts from the log start at least, as Kafka's
+        updateFirstUnstableOffset floors it: DeleteRecords (or retention) may move the start
+        past a transaction that is still open, and an LSO below the log start would send a
+        read_committed consumer positioned at "latest" out of range."""
         first = self.producers.first_unstable_offset
-        return high_watermark if first is None else min(first, high_watermark)
+        if first is None:
+            return high_watermark
+        return min(max(first, self.log_start_offset), high_watermark)
 
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
         """Aborted transactions that may have batches in ``[start, end)`` (read_committed)."""
@@ -762,6 +775,8 @@ class Log:
                 if base >= hi:
                     break
                 data, nxt = seg.read(pos, base, max_bytes, hi, self.epochs.epoch_for, min_one)
+                if base < offset and data:
+                    data = _trim_filler(data, offset)
                 return ReadResult(data, nxt, start, leo)
             return ReadResult(b"", offset, start, leo)
 
@@ -799,13 +814,32 @@ class Log:
         return None
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the batch with the largest timestamp (ListOffsets -3)."""
+        """(offset, timestamp) of the first record with the largest timestamp (ListOffsets
+        -3), as Kafka 3.8+ answers.
+
+        The time indexes find the first batch whose max timestamp is the log's largest; that
+        one batch's timestamp column then gives the record (an admin lookup, off the produce
+        and fetch paths). A batch without such a record (compacted away, or below the log
+        start) answers with its own offset."""
         with self.lock:
             best: tuple[int, int] | None = None
             for seg in self.segments:
                 if seg.time_index.ts and (best is None or seg.time_index.ts[-1] > best[1]):
                     best = (seg.base_offset + seg.time_index.rel[-1], seg.time_index.ts[-1])
+            start = self.log_start_offset
+        if best is None:
+            return None
+        offset, top = best
+        try:
+            data = self.read(max(offset, start), 1).data
+        except OffsetOutOfRangeError:  # retention or a truncation meanwhile
             return best
+        batches = _decode(data)
+        if not batches or batches[0].header.base_offset > offset:
+            return best
+        offs, ts = (col.to_numpy() for col in batches[0].arrow_columns()[:2])
+        hits = np.nonzero((ts.astype(np.int64) == top) & (offs >= start))[0]
+        return (int(offs[hits[0]]), top) if hits.size else best
 
     # -- truncation, retention, deletion ---------------------------------------------------
 
@@ -1008,6 +1042,34 @@ class Log:
             for seg in self.segments:
                 out.extend(seg.batch_headers())
             return out
+
+
+def _trim_filler(data: bytes | memoryview, offset: int) -> bytes | memoryview:
+    """``data`` (whole batches, the first holding ``offset`` but starting below it) with that
+    first batch cut to start at ``offset`` when it is a filler: a batch without records,
+    producer fields or transaction bits, such as the cleaner's merged runs of emptied batches
+    (strom.log.cleaner).
+
+    A follower appends only batches starting at its log end, which is always the end of a
+    batch it copied. A filler on the leader may cover several original batches (the cleaner
+    merged them after the follower had copied some), so the follower's end can fall inside
+    it; served whole, it could never be appended and the follower would stay stuck for good.
+    A filler carries nothing but its offset range and epoch, so any tail of it is as valid.
+    Only a read starting inside a batch gets here, and only a filler is re-encoded (one
+    small batch, a copy of what follows it)."""
+    h = read_header(data, 0)
+    if h.record_count or h.producer_id >= 0 or h.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
+        return data
+    head = encode_body(
+        _EMPTY_BODY,
+        attributes=h.attributes,
+        base_offset=offset,
+        last_offset_delta=h.last_offset - offset,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=h.max_timestamp,
+        partition_leader_epoch=h.partition_leader_epoch,
+    )
+    return head + bytes(memoryview(data)[h.size :])
 
 
 def _decode(data: bytes | memoryview) -> list[RecordBatch]:

@@ -80,14 +80,19 @@ class OffsetRpcs(StorageCore):
             pr.offset = lg.log_start_offset
             pr.leader_epoch = lg.epochs.epoch_for(pr.offset)
         elif ts == MAX_TIMESTAMP:
-            found = lg.max_timestamp_offset()
-            if found is not None and (replica_id >= 0 or found[0] < part.high_watermark):
+            # Decodes the batch holding the maximum: a worker thread, not the loop.
+            found = await asyncio.to_thread(lg.max_timestamp_offset)
+            # As Kafka: a match a consumer of this isolation could not read yet is no match
+            # (read_committed reads stop at the last stable offset).
+            limit = part.last_stable_offset if read_committed else part.high_watermark
+            if found is not None and (replica_id >= 0 or found[0] < limit):
                 pr.offset, pr.timestamp = found
                 pr.leader_epoch = lg.epochs.epoch_for(found[0])
         elif ts >= 0:
             # Decodes (at most) the batch holding the match: a worker thread, not the loop.
             hit = await asyncio.to_thread(lg.offset_for_timestamp, ts)
-            if hit is not None and (replica_id >= 0 or hit[0] < part.high_watermark):
+            limit = part.last_stable_offset if read_committed else part.high_watermark
+            if hit is not None and (replica_id >= 0 or hit[0] < limit):
                 pr.offset, pr.timestamp, pr.leader_epoch = hit
         else:
             raise _Refusal(E.INVALID_REQUEST, f"timestamp {ts} is not -1, -2, -3 or >= 0")
