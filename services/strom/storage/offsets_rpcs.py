@@ -138,7 +138,8 @@ class OffsetRpcs(StorageCore):
                     raise _Refusal(
                         E.OFFSET_OUT_OF_RANGE,
                         f"cannot delete below offset {dp.offset} of {topic}-"
-                        f"{dp.partition}: it must be -1 or in [0, {hw}] (high watermark)",
+                        f"{dp.partition}: it must be in [0, {hw}] (the high watermark; "
+                        '"latest" or -1 means the high watermark)',
                     )
                 # Unlinks whole segments below the new start: a worker thread.
                 pr.low_watermark = await asyncio.to_thread(part.log.delete_records, offset)
