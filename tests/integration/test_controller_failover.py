@@ -321,6 +321,12 @@ def test_elect_leaders_and_reassignment(
     assert r.partitions[0].error_code == E.NONE
     st = _etcd_state(nodes, "t")
     assert list(st.replicas) == [2] and not st.adding_replicas and st.leader == 2
+    # t was created with 2 replicas and now has 1: new partitions get 1, as describe shows.
+    grown = ctl.stub.CreatePartitions(
+        pb.CreatePartitionsRequest(topics=[pb.CreatePartitionsTopic(name="t", count=2)])
+    )
+    assert grown.topics[0].error_code == E.NONE, grown.topics[0].error_message
+    assert len(_etcd_state(nodes, "t", 1).replicas) == 1
 
     # Found from outside: a cancel put the replicas back in another order (the removed ones
     # last), so the preferred leader changed and auto-rebalance moved leadership.

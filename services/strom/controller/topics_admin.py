@@ -303,7 +303,7 @@ class TopicRpcs(ControllerCore):
                 validate_partition_increase(item.name, meta.partition_count, item.count)
                 self._check_no_reassignment(item.name)
                 new = item.count - meta.partition_count
-                rf = meta.replication_factor
+                rf = self._replication_factor(meta)
                 if item.assignments:
                     replicas = validate_assignments(
                         [(a.partition, list(a.replicas)) for a in item.assignments],
@@ -352,6 +352,18 @@ class TopicRpcs(ControllerCore):
                 ),
                 f"new partitions of {sorted(grown)}",
             )
+
+    def _replication_factor(self, meta: md.TopicMetadata) -> int:
+        """Replicas for a topic's new partitions: as many as its first partition has (Kafka's
+        rule, and what describe shows), since a reassignment may have changed it since the
+        topic was created; the count stored at creation if that partition is not known."""
+        assert self.view is not None
+        with self.view.lock:
+            v = self.view.partitions.get((meta.name, 0))
+        if v is None or v.value.topic_id != meta.topic_id or not v.value.replicas:
+            return meta.replication_factor
+        removing = set(v.value.removing_replicas)
+        return sum(1 for r in v.value.replicas if r not in removing)
 
     def _check_no_reassignment(self, name: str) -> None:
         assert self.view is not None
