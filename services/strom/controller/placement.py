@@ -148,17 +148,26 @@ def assign_replicas(
     for x in by_claim[:extra]:
         need[x] += 1
 
-    def can_follow(x: int, leader: int) -> bool:
-        # On the leader's rack only once every rack has a replica (some racks hold two).
-        return x != leader and (rack_of[x] != rack_of[leader] or replication_factor > num_racks)
-
-    # How many of the partitions still to place each node can follow.
-    chances = {x: sum(can_follow(x, leader) for leader in leaders) for x in arranged}
-    racks = sorted(set(rack_of.values()))
-    # With no more replicas than racks a partition puts at most one replica on a rack, so a
-    # rack's nodes share its slots: one in each partition still to place led elsewhere.
+    # Room left: of the partitions still to place (the current one included), how many a
+    # node can follow beyond the replicas it still needs. With no more replicas than racks a
+    # partition has at most one replica per rack: a node cannot follow partitions led from
+    # its own rack, and a rack's nodes share one slot in each of the others, so a rack has a
+    # room left too. With more replicas than racks only the node's own partitions are out.
     one_per_rack = replication_factor <= num_racks
-    rack_chances = {r: sum(rack_of[leader] != r for leader in leaders) for r in racks}
+    left = num_partitions
+    led_left = dict(led)
+    rack_led_left = dict.fromkeys(rack_of.values(), 0)
+    rack_need = dict.fromkeys(rack_of.values(), 0)
+    for x in arranged:
+        rack_led_left[rack_of[x]] += led[x]
+        rack_need[rack_of[x]] += max(need[x], 0)
+
+    def room(x: int) -> tuple[int, int]:
+        if not one_per_rack:
+            return 0, left - led_left[x] - need[x]
+        out_of_reach = left - rack_led_left[rack_of[x]]
+        return out_of_reach - rack_need[rack_of[x]], out_of_reach - need[x]
+
     held_total = {x: replica_load.get(x, 0) + led[x] for x in arranged}
     pairs: dict[tuple[int, int], int] = {}
     out: list[list[int]] = []
@@ -168,12 +177,6 @@ def assign_replicas(
         first = index[leader] + 1 + shift
         while len(replicas) < replication_factor:
             new_rack = len(racks_used) < num_racks  # another rack still has no replica
-            rack_slack = dict.fromkeys(racks, 0)  # a rack's room left, like a node's
-            if one_per_rack:
-                for x in arranged:
-                    rack_slack[rack_of[x]] -= max(need[x], 0)
-                for r in racks:
-                    rack_slack[r] += rack_chances[r]
             follower = min(
                 (
                     x
@@ -182,8 +185,7 @@ def assign_replicas(
                 ),
                 key=lambda x: (
                     need[x] <= 0,
-                    rack_slack[rack_of[x]],
-                    chances[x] - need[x],
+                    room(x),
                     pairs.get((leader, x), 0),
                     held_total[x],
                     (index[x] - first) % n,
@@ -192,12 +194,13 @@ def assign_replicas(
             replicas.append(follower)
             racks_used.add(rack_of[follower])
             pairs[leader, follower] = pairs.get((leader, follower), 0) + 1
+            if need[follower] > 0:
+                rack_need[rack_of[follower]] -= 1
             need[follower] -= 1
             held_total[follower] += 1
-        for x in arranged:
-            chances[x] -= can_follow(x, leader)
-        for r in racks:
-            rack_chances[r] -= rack_of[leader] != r
+        left -= 1
+        led_left[leader] -= 1
+        rack_led_left[rack_of[leader]] -= 1
         out.append(replicas)
     _vary_followers(out, rack_of)
     return out

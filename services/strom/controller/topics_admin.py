@@ -83,6 +83,28 @@ class Load:
                 self.replicas[node] = self.replicas.get(node, 0) + 1
 
 
+async def _place(
+    eligible: list[PlacementNode],
+    partitions: int,
+    replication_factor: int,
+    load: Load,
+    *,
+    shift: int,
+) -> list[list[int]]:
+    """:func:`assign_replicas` off the event loop: it takes about a second for the largest
+    topic (10,000 partitions) over 100 nodes, and the loop serves AlterPartition meanwhile."""
+    return await asyncio.to_thread(
+        assign_replicas,
+        eligible,
+        partitions,
+        replication_factor,
+        start_index=sum(load.leaders.values()),
+        shift=shift,
+        leader_load=dict(load.leaders),
+        replica_load=dict(load.replicas),
+    )
+
+
 class TopicRpcs(ControllerCore):
     """CreateTopics, DeleteTopics and CreatePartitions."""
 
@@ -131,14 +153,12 @@ class TopicRpcs(ControllerCore):
                         f"topic {plan.name!r} collides with existing topic {other!r} "
                         "(names may not differ only by '.' versus '_')"
                     )
-                replicas = plan.assignments or assign_replicas(
+                replicas = plan.assignments or await _place(
                     eligible,
                     plan.num_partitions,
                     plan.replication_factor,
-                    start_index=sum(load.leaders.values()),
+                    load,
                     shift=len(names),
-                    leader_load=load.leaders,
-                    replica_load=load.replicas,
                 )
                 result.num_partitions = plan.num_partitions
                 result.replication_factor = plan.replication_factor
@@ -313,15 +333,7 @@ class TopicRpcs(ControllerCore):
                         replication_factor=rf,
                     )
                 else:
-                    replicas = assign_replicas(
-                        eligible,
-                        new,
-                        rf,
-                        start_index=sum(load.leaders.values()),
-                        shift=meta.partition_count,
-                        leader_load=load.leaders,
-                        replica_load=load.replicas,
-                    )
+                    replicas = await _place(eligible, new, rf, load, shift=meta.partition_count)
                 if request.validate_only:
                     continue
                 updated = md.TopicMetadata()
