@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -527,3 +527,30 @@ def test_cli_commands_over_the_admin_client(
     err = capsys.readouterr().err
     assert "OffsetOutOfRangeError" in err and "adm-cli-0" in err
     strom("topics", "delete", "adm-cli")
+
+
+def test_admin_reads_without_a_controller_say_why(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: with every controller killed, describe failed with "no active
+    controller answered: " and no reason, while the nodes went on serving."""
+    c = make_cluster(nodes=1, controllers=1, coordinators=0)
+    with Admin(c.bootstrap, request_timeout_ms=15_000) as a:
+        a.create_topic("adm-orphan", partitions=1, replication_factor=1)
+    for member in c.controllers:
+        assert member.process is not None
+        member.process.kill()
+    with ClusterClient(c.bootstrap, retry_s=5) as client:
+        # Once the dead controller's lease is gone the nodes name no controller, and still
+        # answer metadata (producing and consuming need no controller).
+        wait_for(
+            lambda: not client.metadata().controller.port,
+            timeout=20,
+            what="the nodes know of no controller",
+        )
+        assert [t.name for t in client.metadata(["adm-orphan"]).topics] == ["adm-orphan"]
+    with Admin(c.bootstrap, request_timeout_ms=1_000) as a:
+        for call in (lambda: a.describe_topics(["adm-orphan"]), a.describe_cluster):
+            with pytest.raises(BrokerNotAvailableError) as info:
+                call()
+            assert "know of no active controller (every controller is down" in str(info.value)

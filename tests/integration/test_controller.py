@@ -538,6 +538,42 @@ def test_topic_admin_rpcs(
     )
 
 
+def test_placement_counts_preferred_leaders_not_current_ones(
+    etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
+) -> None:
+    """Found from outside: placement counted the current leaders, so a failover (which lasts
+    until the node is back in sync) turned into a lasting skew of preferred leaders."""
+    nodes.add(1)
+    nodes.add(2)
+    ctl = _start(controllers, etcd, tmp_path, cluster, 1)
+    ctl.wait_active()
+    stub = ctl.stub
+    placed = [[1, 2], [1, 2], [2, 1]]  # node 1 is preferred leader of two, node 2 of one
+    manual = pb.CreatableTopic(
+        name="a",
+        num_partitions=-1,
+        replication_factor=-1,
+        assignments=[pb.ReplicaAssignment(partition=p, replicas=r) for p, r in enumerate(placed)],
+    )
+    _results(stub.CreateTopics(pb.CreateTopicsRequest(topics=[manual])))
+    nodes.kill(1)
+    wait_for(
+        lambda: all(p.state.leader == 2 for p in _describe(stub, "a").partitions),
+        timeout=10,
+        what="node 2 leads every partition of a",
+    )
+    # Node 1 is back but out of sync (nothing replicates here), so node 2 keeps leading.
+    nodes.add(1)
+    wait_for(
+        lambda: 1 in [n.node_id for n in stub.DescribeCluster(pb.DescribeClusterRequest()).nodes],
+        timeout=10,
+        what="node 1 registered again",
+    )
+    _results(stub.CreateTopics(pb.CreateTopicsRequest(topics=[_topic("b")])))
+    assert list(_describe(stub, "b").partitions[0].state.replicas) == [2]
+    assert all(p.state.leader == 2 for p in _describe(stub, "a").partitions)
+
+
 def test_standby_failover_and_resign(
     etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
 ) -> None:

@@ -321,6 +321,34 @@ def test_elect_leaders_and_reassignment(
     assert r.partitions[0].error_code == E.NONE
     st = _etcd_state(nodes, "t")
     assert list(st.replicas) == [2] and not st.adding_replicas and st.leader == 2
+    # t was created with 2 replicas and now has 1: new partitions get 1, as describe shows.
+    grown = ctl.stub.CreatePartitions(
+        pb.CreatePartitionsRequest(topics=[pb.CreatePartitionsTopic(name="t", count=2)])
+    )
+    assert grown.topics[0].error_code == E.NONE, grown.topics[0].error_message
+    assert len(_etcd_state(nodes, "t", 1).replicas) == 1
+
+    # Found from outside: a cancel put the replicas back in another order (the removed ones
+    # last), so the preferred leader changed and auto-rebalance moved leadership.
+    nodes.add(5)
+    _create(ctl, "v", [2, 4])
+    r = ctl.stub.AlterPartitionReassignments(
+        pb.AlterPartitionReassignmentsRequest(
+            partitions=[pb.PartitionReassignment(topic="v", partition=0, replicas=[5, 4])]
+        )
+    )
+    assert r.partitions[0].error_code == E.NONE
+    before = _etcd_state(nodes, "v")
+    assert list(before.replicas) == [5, 4, 2] and before.leader == 2  # 5 is not in sync
+    r = ctl.stub.AlterPartitionReassignments(
+        pb.AlterPartitionReassignmentsRequest(
+            partitions=[pb.PartitionReassignment(topic="v", partition=0, cancel=True)]
+        )
+    )
+    assert r.partitions[0].error_code == E.NONE
+    st = _etcd_state(nodes, "v")
+    assert list(st.replicas) == [2, 4] and list(st.isr) == [2, 4]
+    assert st.leader == 2 and st.leader_epoch == before.leader_epoch
 
 
 def test_standby_reconciles_a_node_that_died_meanwhile(

@@ -134,6 +134,36 @@ def test_reassignment_cancel():
     assert L.cancel_reassignment(st_, {1, 2}) == (None, E.NO_REASSIGNMENT_IN_PROGRESS)
 
 
+def test_cancel_restores_the_original_order_and_leader():
+    # Found from outside: 1,2,3 -> 4,2,3 cancelled gave 2,3,1 and moved leadership to 2.
+    st_ = ps([1, 2, 3], 1, [1, 2, 3])
+    s = L.start_reassignment(st_, [4, 2, 3], {1, 2, 3, 4}).state
+    assert list(s.replicas) == [4, 2, 3, 1] and list(s.original_replicas) == [1, 2, 3]
+    d, code = L.cancel_reassignment(s, {1, 2, 3, 4})
+    assert code == E.NONE and d.election is None
+    assert list(d.state.replicas) == [1, 2, 3] and list(d.state.isr) == [1, 2, 3]
+    assert d.state.leader == 1 and d.state.leader_epoch == st_.leader_epoch
+    assert not d.state.original_replicas
+    # A move replacing another still cancels back to the first one's order.
+    s2 = L.start_reassignment(s, [2, 5, 3], {1, 2, 3, 4, 5}).state
+    assert list(s2.original_replicas) == [1, 2, 3]
+    d, _ = L.cancel_reassignment(s2, {1, 2, 3, 4, 5})
+    assert list(d.state.replicas) == [1, 2, 3] and d.state.leader == 1
+    # A state written before original_replicas existed: the old order, replicas kept.
+    old = ps([4, 2, 3, 1], 1, [2, 3, 1], adding=[4], removing=[1])
+    d, _ = L.cancel_reassignment(old, {1, 2, 3, 4})
+    assert list(d.state.replicas) == [2, 3, 1]
+
+
+def test_finished_reassignment_forgets_the_original_order():
+    s = L.start_reassignment(ps([1, 2], 1, [1, 2]), [3, 2], {1, 2, 3}).state
+    s.isr.append(3)
+    done = L.complete_reassignment(s, {1, 2, 3})
+    assert done is not None and list(done.state.replicas) == [3, 2]
+    assert not done.state.original_replicas
+    L.check_invariants(done.state)
+
+
 def test_reassignment_to_same_set_is_a_noop():
     assert L.start_reassignment(ps([1, 2], 1, [1, 2]), [1, 2], {1, 2}) is None
 
@@ -213,3 +243,16 @@ def test_chained_reassignments_keep_invariants(s, first, second, eligible):
         if d is not None:
             L.check_invariants(d.state)
             assert d.state.partition_epoch == cur.partition_epoch + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(states(), st.lists(nodes, min_size=1, max_size=3, unique=True), st.sets(nodes))
+def test_cancel_undoes_a_started_reassignment(s, target, eligible):
+    d = L.start_reassignment(s, target, eligible)
+    if d is None or not (d.state.adding_replicas or d.state.removing_replicas):
+        return  # nothing to move, or finished at once
+    undone, code = L.cancel_reassignment(d.state, eligible)
+    assert code == E.NONE
+    assert list(undone.state.replicas) == list(s.replicas)
+    if s.leader >= 0 and d.state.leader == s.leader:
+        assert undone.state.leader == s.leader  # an in-sync leader is not moved

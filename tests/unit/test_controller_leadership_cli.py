@@ -96,6 +96,25 @@ def test_describe_marks_partitions(fake: type[FakeClient]) -> None:
     assert "under-replicated" in lines[2]  # target [4, 3]: 4 not in the ISR yet
 
 
+def test_describe_shows_the_replication_factor_the_partitions_have(
+    fake: type[FakeClient],
+) -> None:
+    """Found from outside: after a reassignment to 4 replicas describe still said 3 (the
+    count stored at creation); it shows the first partition's, as Kafka does."""
+    resp = _describe()
+    first = resp.topics[0].partitions[0].state
+    first.replicas.append(4)
+    first.isr.append(4)
+    fake.answers["DescribeTopics"] = resp
+    fake.answers["DescribeConfigs"] = _describe_configs()
+    assert "ReplicationFactor: 4\t" in _run("describe", "t")
+    # During a move the replicas being added do not count yet.
+    resp = _describe()
+    resp.topics[0].partitions[0].state.CopyFrom(resp.topics[0].partitions[2].state)
+    fake.answers["DescribeTopics"] = resp
+    assert "ReplicationFactor: 2\t" in _run("describe", "t")
+
+
 def test_describe_shows_every_config_with_its_source(fake: type[FakeClient]) -> None:
     """Regression (issue 9): ``topics describe`` showed only overrides; it lists every
     effective config and whether it is the topic's override or strom's default."""

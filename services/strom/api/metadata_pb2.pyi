@@ -155,7 +155,7 @@ class TopicMetadata(_message.Message):
     def __init__(self, topic_id: _Optional[str] = ..., name: _Optional[str] = ..., partition_count: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ..., created_ms: _Optional[int] = ..., deleting: _Optional[bool] = ..., internal: _Optional[bool] = ...) -> None: ...
 
 class PartitionState(_message.Message):
-    __slots__ = ("replicas", "leader", "leader_epoch", "isr", "partition_epoch", "adding_replicas", "removing_replicas", "leader_recovery_state", "topic_id")
+    __slots__ = ("replicas", "leader", "leader_epoch", "isr", "partition_epoch", "adding_replicas", "removing_replicas", "leader_recovery_state", "topic_id", "original_replicas")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class PartitionState(_message.Message):
     REMOVING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEADER_RECOVERY_STATE_FIELD_NUMBER: _ClassVar[int]
     TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedScalarFieldContainer[int]
     leader: int
     leader_epoch: int
@@ -174,7 +175,8 @@ class PartitionState(_message.Message):
     removing_replicas: _containers.RepeatedScalarFieldContainer[int]
     leader_recovery_state: LeaderRecoveryState
     topic_id: str
-    def __init__(self, replicas: _Optional[_Iterable[int]] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., leader_recovery_state: _Optional[_Union[LeaderRecoveryState, str]] = ..., topic_id: _Optional[str] = ...) -> None: ...
+    original_replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replicas: _Optional[_Iterable[int]] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., leader_recovery_state: _Optional[_Union[LeaderRecoveryState, str]] = ..., topic_id: _Optional[str] = ..., original_replicas: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CoordinatorShardOwner(_message.Message):
     __slots__ = ("shard", "coordinator_id", "host", "port", "epoch", "producer_id", "acquired_ms", "incarnation_id", "metrics_port")

@@ -194,7 +194,9 @@ class PartitionInfo:
 @dataclass(frozen=True)
 class TopicDescription:
     """A topic as stored in etcd. ``configs`` holds the topic's overrides only; the effective
-    values (defaults included) come from :meth:`Admin.describe_configs`."""
+    values (defaults included) come from :meth:`Admin.describe_configs`. ``replication_factor``
+    is the first partition's replica count (Kafka's rule; a reassignment may change it, and
+    each partition's ``replicas`` say what it has)."""
 
     name: str
     topic_id: str
@@ -531,16 +533,26 @@ def _partition_info(p: controller_pb2.PartitionDescription) -> PartitionInfo:
     )
 
 
+def _replication_factor(configured: int, partitions: tuple[PartitionInfo, ...]) -> int:
+    """The first partition's replica count, as Kafka's describe shows it: reassignments change
+    it while the topic keeps the count chosen at creation. During a move the replicas being
+    added do not count yet. ``configured`` when no partition state is known."""
+    for p in partitions:
+        if p.replicas:
+            adding = set(p.adding_replicas)
+            return sum(1 for r in p.replicas if r not in adding)
+    return configured
+
+
 def _topic_description(t: controller_pb2.TopicDescription) -> TopicDescription:
     m = t.metadata
+    partitions = tuple(_partition_info(p) for p in sorted(t.partitions, key=lambda p: p.partition))
     return TopicDescription(
         name=t.name,
         topic_id=m.topic_id,
         internal=m.internal or t.name.startswith("__"),
-        replication_factor=m.replication_factor,
-        partitions=tuple(
-            _partition_info(p) for p in sorted(t.partitions, key=lambda p: p.partition)
-        ),
+        replication_factor=_replication_factor(m.replication_factor, partitions),
+        partitions=partitions,
         configs=dict(sorted(m.configs.items())),
         created_ms=m.created_ms,
     )

@@ -104,6 +104,12 @@ def connection_hint(security: ChannelSecurity) -> str:
 
 _addr = node_address
 
+#: Why an admin call failed when the storage nodes answer but name no active controller.
+NO_CONTROLLER = (
+    "the storage nodes know of no active controller (every controller is down, or one is "
+    "being elected); producing and consuming go on, but admin requests need a controller"
+)
+
 
 class ClusterClient:
     """Channels to the cluster's nodes and controller, shared by one process's clients."""
@@ -304,6 +310,8 @@ class ClusterClient:
                 except StromError as exc:
                     last, unreached = str(exc), exc
                 addr = self._controller_addr
+                if addr is None and unreached is None:
+                    last = NO_CONTROLLER
             if addr is not None:
                 stub = controller_pb2_grpc.ControllerServiceStub(self.channel(addr))
                 try:
@@ -329,7 +337,10 @@ class ClusterClient:
             if time.monotonic() >= deadline:
                 if unreached is not None:
                     raise unreached
-                raise BrokerNotAvailableError(f"no active controller answered: {last}")
+                raise BrokerNotAvailableError(
+                    f"no active controller answered within {self.retry_s:g} s: "
+                    + (last or NO_CONTROLLER)
+                )
             time.sleep(0.1)
 
     def with_leader(

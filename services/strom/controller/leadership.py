@@ -172,11 +172,30 @@ def controlled_shutdown(
     return reconcile(st, alive, set(eligible) - {node})
 
 
+def original_replicas(st: md.PartitionState) -> list[int]:
+    """The replicas a cancel returns to (those not being added), in their order before the
+    reassignment started.
+
+    ``replicas`` holds the target's order during a move, so the order comes from
+    ``original_replicas``; a replica missing there (a leader kept while a move replaced the
+    one adding it; any replica of a state written before the field existed) keeps its place
+    relative to the others, after them.
+    """
+    adding = set(st.adding_replicas)
+    kept = [r for r in st.replicas if r not in adding]
+    order = {r: i for i, r in enumerate(st.original_replicas)}
+    return sorted(kept, key=lambda r: order.get(r, len(order)))
+
+
 def start_reassignment(
     st: md.PartitionState, target: Sequence[int], eligible: Collection[int]
 ) -> Decision | None:
-    """Begin moving to ``target`` (KIP-455): replicas = target + the removed originals."""
-    original = [r for r in st.replicas if r not in set(st.adding_replicas)]
+    """Begin moving to ``target`` (KIP-455): replicas = target + the removed originals.
+
+    The originals' order is kept in ``original_replicas`` for a cancel (a move replacing
+    another keeps the first one's originals).
+    """
+    original = original_replicas(st)
     new = _copy(st)
     adding = [r for r in target if r not in original]
     removing = [r for r in original if r not in target]
@@ -191,6 +210,10 @@ def start_reassignment(
         _set(new.replicas, [*target, *removing])
         _set(new.removing_replicas, removing)
         _set(new.isr, _ordered(new, set(st.isr)))
+    if new.adding_replicas or new.removing_replicas:
+        _set(new.original_replicas, original)
+    else:
+        new.ClearField("original_replicas")
     first = _finish(st, new, REASSIGNMENT)
     current = first.state if first else st
     done = complete_reassignment(current, eligible)
@@ -202,16 +225,16 @@ def start_reassignment(
 def cancel_reassignment(
     st: md.PartitionState, eligible: Collection[int]
 ) -> tuple[Decision | None, int]:
-    """Revert to the original replicas (those not being added)."""
+    """Revert to the original replicas (those not being added), in their original order: the
+    preferred leader is the one before the move, and an in-sync leader keeps leading."""
     if not st.adding_replicas and not st.removing_replicas:
         return None, E.NO_REASSIGNMENT_IN_PROGRESS
-    adding = set(st.adding_replicas)
-    original = [r for r in st.replicas if r not in adding]
-    # Original order: the removed ones were moved to the end; keep relative order otherwise.
+    original = original_replicas(st)
     new = _copy(st)
     _set(new.replicas, original)
     new.ClearField("adding_replicas")
     new.ClearField("removing_replicas")
+    new.ClearField("original_replicas")
     isr = [r for r in st.isr if r in set(original)]
     leader = st.leader if st.leader in isr else -1
     if leader < 0:
@@ -242,6 +265,7 @@ def complete_reassignment(st: md.PartitionState, eligible: Collection[int]) -> D
     _set(new.replicas, wanted)
     new.ClearField("adding_replicas")
     new.ClearField("removing_replicas")
+    new.ClearField("original_replicas")
     _set(new.isr, [r for r in wanted if r in set(st.isr)])
     new.leader = leader
     return _finish(st, new, REASSIGNMENT)
@@ -255,3 +279,6 @@ def check_invariants(st: md.PartitionState) -> None:
     assert st.leader == -1 or st.leader in st.isr, (st.leader, list(st.isr))
     assert set(st.adding_replicas) <= set(replicas)
     assert set(st.removing_replicas) <= set(replicas)
+    assert set(st.original_replicas) <= set(replicas)
+    if not st.adding_replicas and not st.removing_replicas:
+        assert not st.original_replicas, list(st.original_replicas)
