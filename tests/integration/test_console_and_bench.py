@@ -3,10 +3,13 @@ as processes against a real one-node cluster."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import signal
 import subprocess
 import sys
+import termios
 from collections.abc import Callable
 from pathlib import Path
 
@@ -191,6 +194,58 @@ def test_sigterm_makes_the_group_consumer_leave_its_group(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _blocked_reading_stdin(proc: subprocess.Popen[bytes]) -> bool:
+    """The command consumed every line written to its stdin pipe and waits in read() for
+    more: Python's buffered readline calls read() only once the lines it holds are used up,
+    so every line written so far has been handed to send()."""
+    assert proc.stdin is not None
+    pending = array.array("i", [0])
+    fcntl.ioctl(proc.stdin.fileno(), termios.FIONREAD, pending)  # bytes still in the pipe
+    wchan = Path(f"/proc/{proc.pid}/wchan").read_text()
+    return pending[0] == 0 and wchan.endswith("pipe_read")  # (anon_)pipe_read by kernel
+
+
+def test_sigterm_makes_the_console_producer_send_what_it_read(local: LocalCluster) -> None:
+    """`strom produce` stopped with SIGTERM while records wait in its buffer (a long linger,
+    stdin still open) sends them before it ends, as at end of input; they were dropped
+    (found while fixing the consumer's SIGTERM)."""
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic("termed-produce", partitions=1, replication_factor=1)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "strom.cli.main", "produce", "termed-produce"),
+            *("--linger-ms", "600000", "-b", local.bootstrap),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"".join(b"line-%d\n" % i for i in range(50)))
+        proc.stdin.flush()
+        wait_for(lambda: _blocked_reading_stdin(proc), timeout=30, what="all lines read")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    tp = TopicPartition("termed-produce", 0)
+    with Consumer(local.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        values: list[bytes] = []
+        wait_for(
+            lambda: (
+                values.extend(r.value for r in consumer.poll(timeout_ms=200)) or len(values) >= 50
+            ),
+            timeout=30,
+            what="the 50 records",
+        )
+    assert values == [b"line-%d" % i for i in range(50)]
 
 
 @pytest.mark.parametrize(

@@ -105,14 +105,19 @@ def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
         if err is not None and len(failures) < 10:
             failures.append(err)
 
-    with Producer(
-        args.bootstrap,
-        acks=ACKS[args.acks] if args.acks != "all" else "all",
-        compression=args.compression,
-        linger_ms=0 if interactive else args.linger_ms,
-        batch_size=args.batch_size,
-        enable_idempotence=args.acks != "0",
-    ) as producer:
+    with (
+        # SIGTERM closes the producer as EOF does: what was read is sent and acknowledged
+        # (Kafka's console producer flushes in its shutdown hook); it used to be dropped.
+        _sigterm_unwinds(),
+        Producer(
+            args.bootstrap,
+            acks=ACKS[args.acks] if args.acks != "all" else "all",
+            compression=args.compression,
+            linger_ms=0 if interactive else args.linger_ms,
+            batch_size=args.batch_size,
+            enable_idempotence=args.acks == "all",  # Kafka's rule: only with acks=all
+        ) as producer,
+    ):
         # Fail fast on an unknown topic or partition before reading any input.
         partitions = producer.partitions_for(args.topic)
         if args.partition is not None and args.partition not in partitions:
