@@ -1,5 +1,6 @@
-"""Writes from Spark: each task sends its rows through one idempotent :class:`strom.Producer`,
-whole Arrow batches at a time (``send_batch``), never a row at a time in Python.
+"""Writes from Spark: each task sends its rows through one :class:`strom.Producer` (idempotent
+with ``kafka.acks=all``, the default), whole Arrow batches at a time (``send_batch``), never a
+row at a time in Python.
 
 Columns, as Spark's Kafka sink: ``value`` (required, binary or string), ``key`` (binary or
 string), ``headers`` (``array<struct<key string, value binary>>``), ``topic`` (string; the
@@ -11,8 +12,10 @@ round the partitions batch by batch, as Kafka's producer does). Rows of one task
 order within each partition.
 
 Delivery guarantee: **at least once** by default. The idempotent producer never duplicates a
-batch it retries itself, but when Spark re-runs a failed task (or a micro-batch after a crash)
-the rows of that task are sent again by a new producer, and the topic holds them twice. With
+batch it retries itself (with ``kafka.acks=1`` the producer is not idempotent, as in Kafka: a
+retry may write a batch twice and a leader change may lose acknowledged rows), but when Spark
+re-runs a failed task (or a micro-batch after a crash) the rows of that task are sent again by
+a new producer, and the topic holds them twice. With
 ``exactlyOnce=true`` each task writes in one transaction instead (:mod:`strom_spark.txn`), and
 read_committed readers see every row once.
 """

@@ -56,7 +56,7 @@ def test_every_record_arrives_once_with_produce_calls_overtaken_under_load(env: 
         commit="async",
         cpu_hogs=1,
         grace_s=20,
-        acks=1,
+        acks="all",
         linger_ms=0,
         # Batches of ~4 records: the bench sends bursts of 10, so most batches are full when
         # the sender sees them, and full batches are pipelined beside the calls in flight (a

@@ -113,11 +113,11 @@ def test_a_fresh_producers_first_batch_overtaken_by_the_next_is_resent_in_order(
         # Another producer writes first, so the partition has a serving leader before the
         # held call: on a loaded machine a brand-new partition can answer the overtaking call
         # with NOT_LEADER_OR_FOLLOWER instead, and the reordering under test never happens.
-        with Producer(env.bootstrap, acks=1) as warm:
+        with Producer(env.bootstrap, acks="all") as warm:
             warm.send(t, b"warm").result(timeout=30)
         unknown_before = env.refusals("UNKNOWN_PRODUCER_ID")
         hold = env.proxy.hold(PRODUCE, nth=1, after=1)
-        with Producer(env.bootstrap, acks=1, linger_ms=0, batch_size=1, max_in_flight=5) as p:
+        with Producer(env.bootstrap, acks="all", linger_ms=0, batch_size=1, max_in_flight=5) as p:
             futures = _send_until_released(p, t, hold)
             p.flush(30)
         # Whatever the interleaving, nothing failed, moved or repeated.
@@ -139,7 +139,7 @@ def test_a_batch_overtaken_mid_stream_is_resent_and_nothing_fails_or_repeats(env
     for _ in range(ATTEMPTS):
         t = env.topic()
         gaps_before = env.refusals("OUT_OF_ORDER_SEQUENCE")
-        with Producer(env.bootstrap, acks=1, linger_ms=0, batch_size=1, max_in_flight=5) as p:
+        with Producer(env.bootstrap, acks="all", linger_ms=0, batch_size=1, max_in_flight=5) as p:
             first = [p.send(t, b"%d" % i) for i in range(10)]
             p.flush(30)
             # Three later calls overtake the held one: a cascade of refusals behind a gap.

@@ -245,7 +245,7 @@ def test_acks_levels(env: Env, acks: int | str) -> None:
 
 def test_idempotent_retry_after_a_lost_response_writes_once(env: Env) -> None:
     t = env.topic()
-    with Producer(env.bootstrap, acks=1, retry_backoff_ms=50) as p:
+    with Producer(env.bootstrap, acks="all", retry_backoff_ms=50) as p:
         assert p.send(t, b"first").result(10).offset == 0  # connection through the proxy is up
         env.proxy.hold()  # the node's answers vanish from here on
         f = p.send(t, b"second")
@@ -263,7 +263,7 @@ def test_a_batch_still_filling_waits_for_the_answer_in_flight(env: Env) -> None:
     ``linger_ms=0`` gather in one batch that goes out when the answer comes (only full batches
     are pipelined), so a steady trickle costs one call per round trip, not one per record."""
     t = env.topic()
-    with Producer(env.bootstrap, acks=1, linger_ms=0, retry_backoff_ms=50) as p:
+    with Producer(env.bootstrap, acks="all", linger_ms=0, retry_backoff_ms=50) as p:
         assert p.send(t, b"warm").result(10).offset == 0  # connection through the proxy is up
         env.proxy.hold()  # the node's answers vanish from here on
         first = p.send(t, b"a")

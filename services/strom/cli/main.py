@@ -328,7 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
         cb.add_argument("--record-size", type=_positive, default=100, help="value bytes")
         cb.add_argument("--partitions", type=_positive, default=1, help="for a new topic")
         cb.add_argument("--replication-factor", type=_positive, default=1, help="new topic")
-        cb.add_argument("--acks", default="1", choices=["0", "1", "all"])
+        cb.add_argument(
+            "--acks",
+            default="all",
+            choices=["0", "1", "all"],
+            help="all (the default, as Kafka's) keeps the producer idempotent; 1 and 0 turn "
+            "idempotence off",
+        )
         cb.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
         cb.add_argument(
             "--linger-ms",
@@ -495,7 +501,7 @@ def _bench_clients(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         linger_ms=args.linger_ms,
         compression=args.compression,
-        enable_idempotence=not args.no_idempotence,
+        enable_idempotence=False if args.no_idempotence else None,  # None: with acks=all
     )
     clients.ensure_topic(args.bootstrap, args.topic, args.partitions, args.replication_factor)
     if args.bench_mode == "produce" and args.transactional:

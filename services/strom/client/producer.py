@@ -185,7 +185,7 @@ class Producer:
         batch_size: int = 256 * 1024,
         buffer_memory: int = 64 * 1024 * 1024,
         compression: str | None = "none",
-        enable_idempotence: bool = True,
+        enable_idempotence: bool | None = None,
         retries: int = 2**31 - 1,
         delivery_timeout_ms: int = 120_000,
         request_timeout_ms: int = 30_000,
@@ -209,9 +209,20 @@ class Producer:
         if acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
         self.acks = _ACKS[acks]
-        if transactional_id is not None and (self.acks != -1 or not enable_idempotence):
+        if transactional_id is not None and (self.acks != -1 or enable_idempotence is False):
             raise ValueError(
                 "a transactional producer needs acks='all' and enable_idempotence=True"
+            )
+        # Kafka's rule: idempotence needs acks='all'. With acks=1 a record the leader
+        # acknowledged can be lost in a leader change, and the partition's sequence numbers
+        # cannot go on after such a gap: every later batch was refused OUT_OF_ORDER_SEQUENCE
+        # for good (found from outside). By default it is on exactly when acks='all'.
+        if enable_idempotence and self.acks != -1:
+            raise ValueError(
+                f"enable_idempotence=True needs acks='all' (got acks={acks!r}): with fewer "
+                "acknowledgements a leader change can lose acknowledged records and the "
+                "producer's sequence numbers could not continue; leave enable_idempotence "
+                "unset (it is then on with acks='all' only) or set it to False"
             )
         if compression is None:
             compression = "none"
@@ -238,8 +249,7 @@ class Producer:
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
         self.buffer_memory = buffer_memory
-        # acks=0 never sees a response, so sequence numbers could not be confirmed.
-        self.idempotent = bool(enable_idempotence) and self.acks != 0
+        self.idempotent = self.acks == -1 and enable_idempotence is not False
         self.retries = retries
         self.delivery_timeout_s = delivery_timeout_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
