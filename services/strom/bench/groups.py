@@ -64,7 +64,7 @@ class _Member:
 
 def _producer_loop(bootstrap: str, rate: float, stop: threading.Event) -> None:
     """Send ``rate`` records/s round-robin over the partitions, paced in 10 ms slices."""
-    with Producer(bootstrap, acks=1, linger_ms=5) as producer:
+    with Producer(bootstrap, acks="all", linger_ms=5) as producer:
         start, sent = time.monotonic(), 0
         while not stop.is_set():
             due = int((time.monotonic() - start) * rate)

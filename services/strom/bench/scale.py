@@ -15,7 +15,7 @@ replication factor 1, so every partition is on the measured node) goes through:
   every partition led again: log recovery and re-registration), and the controller's cost of
   one more change (a 1-partition topic created: time until led, controller CPU).
 - **connections**: ``--connections`` concurrent clients on the node, half producers (one
-  record every ``--interval-ms``, acks=1, each with its own connection) and half consumers
+  record every ``--interval-ms``, acks=all, each with its own connection) and half consumers
   (each its own connection, long-polling), in ``--workers`` processes: node memory before and
   at the peak, produce acknowledgement latency percentiles over all producers.
 
@@ -109,7 +109,7 @@ def bench_spread(
         admin.create_topic(topic, partitions=parts, replication_factor=1)
         wait_for(lambda t=topic, p=parts: _led(client, t, p), timeout=300, what=f"{topic} led")
         keys = [b"key-%d" % i for i in range(10 * parts)]
-        with Producer(cluster.bootstrap, acks=1, linger_ms=5) as p:
+        with Producer(cluster.bootstrap, acks="all", linger_ms=5) as p:
             for k in keys[:: max(len(keys) // 50, 1)]:
                 p.send(topic, value, key=k)
             p.flush()  # metadata and connections warm
@@ -218,7 +218,7 @@ def _connections_worker(
     # Own connection per client, as separate client processes would have (gRPC otherwise
     # shares one connection between channels of a process with the same target).
     cluster_mod.GRPC_OPTIONS = (*cluster_mod.GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
-    ps = [Producer(bootstrap, acks=1, linger_ms=0) for _ in range(producers)]
+    ps = [Producer(bootstrap, acks="all", linger_ms=0) for _ in range(producers)]
     cs = []
     for _ in range(consumers):
         c = Consumer(bootstrap, auto_offset_reset="latest")
@@ -433,7 +433,7 @@ def _mib(n: float) -> float:
 
 def tables(result: dict[str, Any]) -> str:
     """The results as aligned text tables."""
-    lines = ["produce spread (keyed, 100 B records, acks=1, linger 5 ms)"]
+    lines = ["produce spread (keyed, 100 B records, acks=all (idempotent), linger 5 ms)"]
     lines.append(
         f"  {'partitions':>10} {'records/s':>12} {'client CPU s/M':>15} {'server CPU s/M':>15}"
     )

@@ -36,7 +36,7 @@ def bench_startup(
             admin.create_topic("startup", partitions=partitions, replication_factor=1)
         total, sent = int(gib * (1 << 30)), 0
         chunk = [RECORD] * CHUNK
-        with Producer(cluster.bootstrap, acks=1, batch_size=1 << 20) as p:
+        with Producer(cluster.bootstrap, acks="all", batch_size=1 << 20) as p:
             while sent < total:
                 for q in range(partitions):
                     p.send_batch("startup", chunk, partition=q)
