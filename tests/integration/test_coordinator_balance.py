@@ -9,15 +9,18 @@ themselves (``coordinator_members/``) and one holding more than its share hands 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
 
 from strom import Consumer, OffsetAndMetadata, TopicPartition
+from strom.cli.admin import _ranges
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from tests.conftest import create_topic, member_metric
+from tests.integration.test_cluster_cli import strom
 
 pytestmark = pytest.mark.integration
 
@@ -73,3 +76,17 @@ def test_a_restarted_coordinator_gets_its_share_of_the_shards_back(
     for n, group in enumerate(groups):  # nothing committed was lost on the way
         with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
             assert c.committed(tp).offset == 100 + n, group
+    # The CLI shows who owns what (its --json listed no shard at all before).
+    text = strom("cluster", "describe", "-b", cluster.bootstrap).stdout.decode()
+    lines = [line for line in text.splitlines() if line.startswith("Coordinator ")]
+    assert len(lines) == 2 and all("group shards=" in line for line in lines), text
+    described = json.loads(strom("cluster", "describe", "--json", "-b", cluster.bootstrap).stdout)
+    assert len(described["coordinator_shards"]) == SHARDS
+    assert len(described["transaction_shards"]) == 2
+
+
+def test_shard_lists_print_as_ranges() -> None:
+    assert _ranges([]) == "-"
+    assert _ranges([0, 1, 2, 5]) == "0-2,5"
+    assert _ranges([3]) == "3"
+    assert _ranges([1, 3, 4]) == "1,3-4"

@@ -477,8 +477,9 @@ def run_cluster(args: argparse.Namespace, out: Any) -> int:
             _print_configs(admin.describe_configs(node=args.node), args.json, out)
             return 0
         if args.json:
+            # With the coordinators' shards (found from outside: always empty before).
             resp = client.controller_call(
-                "DescribeCluster", controller_pb2.DescribeClusterRequest()
+                "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
             )
             print(message_json(resp), file=out)
             return 0
@@ -494,4 +495,43 @@ def run_cluster(args: argparse.Namespace, out: Any) -> int:
                 f"Node {n.node_id}\t{n.host}:{n.port}\track={n.rack or '-'}\tstate={n.state}",
                 file=out,
             )
+        shards = client.controller_call(
+            "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
+        )
+        for line in _coordinator_lines(shards):
+            print(line, file=out)
     return 0
+
+
+def _coordinator_lines(resp: Any) -> list[str]:
+    """One line per coordinator: the group and transaction shards it owns (an operator sees
+    at a glance whether the shards are spread)."""
+    owned: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
+    for kind, entries in ((0, resp.coordinator_shards), (1, resp.transaction_shards)):
+        for s in entries:
+            owned.setdefault((s.coordinator_id, f"{s.host}:{s.port}"), ([], []))[kind].append(
+                s.shard
+            )
+    lines = []
+    for (ident, address), (groups, txns) in sorted(owned.items()):
+        lines.append(
+            f"Coordinator {ident}\t{address}\tgroup shards={_ranges(sorted(groups))}"
+            f"\ttransaction shards={_ranges(sorted(txns))}"
+        )
+    return lines
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" ("-" when empty)."""
+    if not numbers:
+        return "-"
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(parts)
