@@ -98,6 +98,7 @@ def test_topic_admin_through_the_cli(cluster: LocalCluster) -> None:
     cluster_out = strom("cluster", "describe", "-b", b).stdout.decode()
     assert cluster_out.count("Node ") == 3 and "Controller:" in cluster_out
 
+    assert "orders" in json.loads(strom("topics", "list", "--json", "-b", b).stdout)
     strom("topics", "delete", "orders", "-b", b)
     assert "orders" not in strom("topics", "list", "-b", b).stdout.decode().split()
 

@@ -99,9 +99,9 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="topic config, with Kafka's names (docs/topic-configs.md)",
     )
     c.add_argument("--validate-only", action="store_true")
-    tsub.add_parser("list", parents=[common], help="list topics").add_argument(
-        "--internal", action="store_true", help="include internal topics"
-    )
+    tl = tsub.add_parser("list", parents=[common], help="list topics")
+    tl.add_argument("--internal", action="store_true", help="include internal topics")
+    tl.add_argument("--json", action="store_true", help="a JSON list of names")
     d = tsub.add_parser(
         "describe",
         parents=[common],
@@ -223,7 +223,11 @@ def _create(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: 
 
 
 def _list(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
-    for name in admin.list_topics(internal=args.internal):
+    names = admin.list_topics(internal=args.internal)
+    if args.json:  # as the other list commands take it (found from outside)
+        print(json.dumps(sorted(names)), file=out)
+        return
+    for name in names:
         print(name, file=out)
 
 
