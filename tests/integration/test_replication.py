@@ -239,6 +239,44 @@ def test_acks_all_is_not_acknowledged_when_the_isr_fell_below_min_insync_meanwhi
     wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
 
 
+def test_a_leader_elected_uncleanly_reports_recovered(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """The only in-sync replica dies while the other is out of the ISR; with unclean leader
+    election on, the other leads, RECOVERING (no follower may join until its leader reports
+    it has recovered). It reports RECOVERED at once: before, the partition stayed
+    "recovering" for as long as no follower rejoined (found from outside)."""
+    topic = new_topic(cluster, 1, 2, {"unclean.leader.election.enable": "true"})
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 2, timeout=20, what="a full ISR")
+    leader_id, _, _ = _state(cluster, topic)
+    leader = _member(cluster, leader_id)
+    with Admin(cluster.bootstrap) as admin:
+        replicas = admin.describe_topics([topic])[topic].partitions[0].replicas
+    follower = _member(cluster, next(r for r in replicas if r != leader_id))
+    follower.process.signal(signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: _state(cluster, topic)[2] == [leader_id],
+            timeout=20,
+            what="the paused follower to leave the ISR",
+        )
+        leader.process.kill()  # the only in-sync replica: only an unclean election helps
+    finally:
+        follower.process.signal(signal.SIGCONT)
+    wait_for(
+        lambda: _state(cluster, topic)[0] == follower.ident,
+        timeout=30,
+        what="the out-of-sync replica elected uncleanly",
+    )
+
+    def recovered() -> bool:
+        with Admin(cluster.bootstrap) as admin:
+            p = admin.describe_topics([topic])[topic].partitions[0]
+        return p.leader == follower.ident and not p.recovering
+
+    wait_for(recovered, timeout=20, what="the unclean leader to report RECOVERED")
+
+
 def test_paused_follower_shrinks_isr_and_produce_continues(
     cluster: LocalCluster, topic: str
 ) -> None:

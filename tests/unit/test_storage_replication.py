@@ -312,6 +312,50 @@ def test_isr_manager_resends_a_proposal_whose_call_failed(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
+class _RecordingController:
+    """Commits every AlterPartition proposal as asked (ISR and recovery state)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[list[int], int]] = []
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        from strom.api import controller_pb2
+
+        resp = controller_pb2.AlterPartitionResponse()
+        for p in request.partitions:
+            self.items.append((list(p.new_isr), p.leader_recovery_state))
+            st = _state(1, p.leader_epoch, list(p.new_isr), pepoch=p.partition_epoch + 1)
+            st.leader_recovery_state = p.leader_recovery_state
+            resp.partitions.add(topic=p.topic, partition=p.partition).state.CopyFrom(st)
+        return resp
+
+
+def test_a_leader_elected_uncleanly_reports_recovered_before_followers_join(
+    tmp_path: Path,
+) -> None:
+    """After an unclean election the partition is RECOVERING, and no follower may join the
+    ISR until its leader reports RECOVERED (KIP-704). Nothing reported it (found from
+    outside: "recovering" until a follower happened to rejoin); the leader now does at
+    once, with its ISR unchanged."""
+    from strom.storage.replication import IsrManager
+
+    part = _leader_with_lagging_candidate(tmp_path)
+    unclean = _state(1, 1, [1], pepoch=7)
+    unclean.leader_recovery_state = md.LEADER_RECOVERY_STATE_RECOVERING
+    part.apply_state(unclean)
+    assert part.recovering and part.isr == (1,)
+    controller = _RecordingController()
+    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await isr.check()
+        recovered = md.LEADER_RECOVERY_STATE_RECOVERED
+        assert controller.items == [([1], recovered)]
+        assert not part.recovering and part.isr == (1,)
+
+    asyncio.run(main())
+
+
 def test_controller_calls_that_get_no_answer_say_why() -> None:
     """A restarting node that gives up waiting for the controller to fence its previous
     life logs why its last call got no answer (a chaos run waited 60 s with no clue)."""

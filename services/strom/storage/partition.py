@@ -60,6 +60,8 @@ class Partition:
         self.partition_epoch = -1
         self.replicas: tuple[int, ...] = ()
         self.isr: tuple[int, ...] = ()
+        #: Leader after an unclean election, not yet reported RECOVERED (KIP-704).
+        self.recovering = False
         # Follower node id -> its log end offset as of its last fetch (replication issue).
         self.replica_end_offsets: dict[int, int] = {}
         self.high_watermark = log.log_start_offset
@@ -120,6 +122,7 @@ class Partition:
         self.partition_epoch = state.partition_epoch
         self.replicas = tuple(state.replicas)
         self.isr = tuple(state.isr)
+        self.recovering = state.leader_recovery_state == md.LEADER_RECOVERY_STATE_RECOVERING
         if changed:
             # A new leadership starts without follower positions: followers report theirs
             # with their next fetch (Kafka resets them on becoming leader as well).

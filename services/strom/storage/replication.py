@@ -548,6 +548,15 @@ class IsrManager:
                 # same proposal goes again (the controller answers with the state either way).
                 proposals.append((part, part.pending_isr))
                 continue
+            if part.recovering:
+                # Elected uncleanly: the partition stays RECOVERING (no follower may join) until
+                # its leader says it has recovered (KIP-704). This node has nothing more to
+                # recover (its producer state was rebuilt when the log opened), so it reports
+                # RECOVERED at once, with the ISR unchanged: a proposal carries RECOVERED
+                # unless it says otherwise. Before, nothing reported it, and the partition
+                # showed "recovering" until a follower happened to rejoin.
+                proposals.append((part, part.isr))
+                continue
             new = part.isr_change(self.lag_time_max_s)
             if new is not None:
                 proposals.append((part, new))
@@ -567,13 +576,14 @@ class IsrManager:
                 new_isr=new,
             )
             log.info(
-                "%s-%d: proposing ISR %s -> %s (leader epoch %d, partition epoch %d)",
+                "%s-%d: proposing ISR %s -> %s (leader epoch %d, partition epoch %d)%s",
                 part.topic,
                 part.index,
                 list(part.isr),
                 list(new),
                 part.leader_epoch,
                 part.partition_epoch,
+                ", reporting RECOVERED after an unclean election" if part.recovering else "",
             )
         try:
             resp = await self.controller.call("AlterPartition", req)
