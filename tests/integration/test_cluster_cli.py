@@ -266,6 +266,12 @@ def test_dev_up_and_down_from_the_command_line(tmp_path: Path) -> None:
             if line.startswith("bootstrap: ")
         )
         strom("topics", "create", "t", "-b", bootstrap)
+        # Each member's command line is recorded, to restart one by hand as it was started.
+        recorded = json.loads((root / "cluster.json").read_text())["members"]
+        node = next(m for m in recorded if m["kind"] == "storage-node")
+        assert "storage-node" in node["argv"] and node["address"].split(":")[1] in " ".join(
+            node["argv"]
+        )
         again = strom("dev", "up", "--dir", str(root), check=False)
         assert again.returncode == 1 and b"already recorded" in again.stderr
     finally:

@@ -401,6 +401,8 @@ class LocalCluster:
                     "metrics_port": m.metrics_port,
                     "pid": m.process.pid if m.process else None,
                     "log": str(m.log_path),
+                    # To restart a member by hand as `dev up` started it (its flags included).
+                    "argv": list(m.argv),
                 }
                 for m in self.members
             ],
