@@ -433,6 +433,72 @@ def test_a_produce_quota_throttles_instead_of_dropping(env: Env) -> None:
         )
 
 
+def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:
+    """A Subscribe stream's Consumer fetches as the node, so the caller's fetch quota never
+    applied to what it read through the record API (and a ProduceRecords' inner Produce was
+    charged to whichever caller it happened to run for). The node now charges the caller
+    where its call arrives and holds its next message while it is over."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("rec-quota", partitions=1, replication_factor=1)
+    env.acls(
+        allow("User:CN=alice", WRITE, TOPIC, "rec-quota"),
+        allow("User:CN=alice", READ, TOPIC, "rec-quota"),
+    )
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        c.controller_call(
+            "AlterClientQuotas",
+            controller_pb2.AlterClientQuotasRequest(
+                quotas=[
+                    md.ClientQuota(
+                        principal="User:CN=alice",
+                        produce_bytes_per_second=20_000,
+                        fetch_bytes_per_second=20_000,
+                    )
+                ]
+            ),
+        )
+    node = env.cluster.nodes[0]  # type: ignore[union-attr]
+
+    def throttled(kind: str) -> float:
+        return member_metric(node, "strom_storage_throttled_requests_total", kind=kind)
+
+    produced_before, fetched_before = throttled("produce"), throttled("fetch")
+    values = [b"v" * 1000] * 30
+    try:
+        with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
+            stub = records_pb2_grpc.RecordServiceStub(c.channel(env.bootstrap))
+            for _ in range(3):  # 90 KB against 20 KB/s with one second of burst
+                resp = stub.ProduceRecords(
+                    records_pb2.ProduceRecordsRequest(
+                        topic="rec-quota", records=records_pb2.RecordColumns(values=values)
+                    ),
+                    timeout=30,
+                )
+                assert resp.error_code == 0  # appended, not dropped
+            assert throttled("produce") > produced_before
+            got = 0
+            subscribe = records_pb2.SubscribeRequest(
+                topics=["rec-quota"],
+                start=records_pb2.START_POSITION_EARLIEST,
+                max_records_per_message=30,
+            )
+            for message in stub.Subscribe(subscribe, timeout=60):
+                if message.HasField("records"):
+                    got += len(message.records.records.values)
+                if got >= 90:
+                    break
+        assert got >= 90  # everything read, only later
+        assert throttled("fetch") > fetched_before
+    finally:
+        with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+            c.controller_call(
+                "AlterClientQuotas",
+                controller_pb2.AlterClientQuotasRequest(
+                    quotas=[md.ClientQuota(principal="User:CN=alice")]
+                ),
+            )
+
+
 def test_a_refused_request_ends_a_stream_after_the_answers_before_it(env: Env) -> None:
     """On ProduceStream each request is authorized: the first one refused ends the stream
     with PERMISSION_DENIED once the requests before it are answered, and the node applies

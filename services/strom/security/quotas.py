@@ -11,6 +11,7 @@ its rate by that much, which is the delay. Quotas come from etcd (``quotas/<prin
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -89,3 +90,10 @@ class QuotaManager:
 
 #: The node's quotas (kept current from etcd by :func:`strom.security.follow`).
 QUOTAS = QuotaManager()
+
+#: Set while a handler calls the node's own Produce on a caller's behalf (RecordService): the
+#: caller was charged where its request arrived, and the gathered call mixes callers, so the
+#: inner call is not charged again (to whichever caller's context it happened to run in).
+CHARGED_BY_CALLER: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "strom_quota_charged_by_caller", default=False
+)

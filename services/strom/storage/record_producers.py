@@ -46,6 +46,7 @@ from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import ClusterView
 from strom.record import encode_arrow
 from strom.security import default_channel
+from strom.security.quotas import CHARGED_BY_CALLER
 from strom.service.limits import ProduceShed
 
 log = logging.getLogger("strom.storage.record_producers")
@@ -209,10 +210,15 @@ class LeaderRoute:
         self, addr: str | None, req: storage_pb2.ProduceRequest, timeout_s: float
     ) -> Any:
         if addr is None:
+            # Gathered from several callers, each charged its quota where it called
+            # (RecordService): not charged again here.
+            token = CHARGED_BY_CALLER.set(True)
             try:
                 return await self._local(req)
             except ProduceShed as exc:
                 raise TransportError(f"this node: RESOURCE_EXHAUSTED {exc}") from None
+            finally:
+                CHARGED_BY_CALLER.reset(token)
         ch = self._channels.get(addr)
         if ch is None:
             ch = self._channels[addr] = default_channel().aio_channel(addr, GRPC_OPTIONS)

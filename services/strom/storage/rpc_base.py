@@ -22,6 +22,7 @@ from strom.errors import ErrorCode
 from strom.log import CorruptLogError
 from strom.metadata import ClusterView
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
+from strom.security.quotas import CHARGED_BY_CALLER
 from strom.service.limits import Admission
 from strom.service.metrics import result_code, timed
 from strom.storage import metrics
@@ -88,6 +89,8 @@ def _fail_partition(pr: Any, what: str, topic: str, partition: int, exc: BaseExc
 async def _throttle(kind: str, nbytes: int) -> int:
     """Hold the answer back while the caller is over its quota (Kafka's throttling: delay,
     never drop); the ms it was held, for ``throttle_time_ms``."""
+    if CHARGED_BY_CALLER.get():
+        return 0
     delay = QUOTAS.throttle(CURRENT_PRINCIPAL.get(), kind, nbytes)
     if delay <= 0:
         return 0
