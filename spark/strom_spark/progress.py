@@ -37,7 +37,10 @@ def _offsets(value: Any) -> dict[TopicPartition, int]:
 
 def lag(progress: Any, source: int = 0) -> dict[TopicPartition, int]:
     """Latest offset minus processed offset, per partition, for the ``source``-th source of a
-    streaming progress (empty before the first micro-batch)."""
+    streaming progress (empty before the first micro-batch, when ``query.lastProgress`` is
+    still None: found from outside, the README's example raised AttributeError there)."""
+    if progress is None:
+        return {}
     sources = progress["sources"] if isinstance(progress, Mapping) else progress.sources
     if len(sources) <= source:
         return {}
@@ -49,7 +52,10 @@ def lag(progress: Any, source: int = 0) -> dict[TopicPartition, int]:
 
 
 def end_offsets(progress: Any, source: int = 0) -> dict[TopicPartition, int]:
-    """The offsets the progress' micro-batch read up to (its ``endOffset``), per partition."""
+    """The offsets the progress' micro-batch read up to (its ``endOffset``), per partition
+    (empty for no progress yet)."""
+    if progress is None:
+        return {}
     sources = progress["sources"] if isinstance(progress, Mapping) else progress.sources
     if len(sources) <= source:
         return {}

@@ -548,6 +548,8 @@ def test_lag_from_a_progress_report() -> None:
     assert end_offsets(progress) == {T0: 40, T1: 10}
     assert lag({"sources": []}) == {}
     assert lag({"sources": [{"endOffset": None, "latestOffset": None}]}) == {}
+    # query.lastProgress before the first micro-batch (the README's example called it there)
+    assert lag(None) == {} and total_lag(None) == 0 and end_offsets(None) == {}
 
 
 def test_subscriptions_describe_themselves() -> None:
