@@ -16,6 +16,8 @@ certificate a super user.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -497,6 +499,29 @@ def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:
                     quotas=[md.ClientQuota(principal="User:CN=alice")]
                 ),
             )
+
+
+def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
+    """`strom quotas remove` (the README named it; it did not exist: found from outside)."""
+    tls = [
+        *("--ssl-cafile", str(env.ca.ca_file)),
+        *("--ssl-certfile", str(env.admin.cert), "--ssl-keyfile", str(env.admin.key)),
+        *("-b", env.bootstrap),
+    ]
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "strom.cli.main", "quotas", *args, *tls],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.decode()
+
+    cli("set", "User:CN=zed", "--produce-bytes-per-second", "5000")
+    assert "User:CN=zed" in cli("list")
+    assert "quota of User:CN=zed removed" in cli("remove", "User:CN=zed")
+    assert "User:CN=zed" not in cli("list")
 
 
 def test_a_refused_request_ends_a_stream_after_the_answers_before_it(env: Env) -> None:

@@ -66,7 +66,7 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     rm.add_argument("--operation", choices=sorted(_OPS))
     _resource_args(rm, required=False)
 
-    quotas = sub.add_parser("quotas", help="set and list client quotas (per principal)")
+    quotas = sub.add_parser("quotas", help="set, list and remove client quotas (per principal)")
     qsub = quotas.add_subparsers(dest="quotas_cmd", metavar="ACTION")
     qsub.required = True
     qs = qsub.add_parser("set", parents=[common], help="set a principal's rates (0 = no limit)")
@@ -76,6 +76,8 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     qs.add_argument("--requests-per-second", type=float, default=0.0)
     ql = qsub.add_parser("list", parents=[common], help="every quota")
     ql.add_argument("--json", action="store_true")
+    qr = qsub.add_parser("remove", parents=[common], help="remove a principal's quota")
+    qr.add_argument("principal", help="User:<name>, or User:* (the default)")
 
 
 def _resource(args: argparse.Namespace) -> tuple[int, str, int] | None:
@@ -198,6 +200,16 @@ def _rate(value: float) -> str:
 
 def run_quotas(args: argparse.Namespace, out: Any) -> int:
     with ClusterClient(args.bootstrap) as client:
+        if args.quotas_cmd == "remove":
+            # A quota without rates is deleted (AlterClientQuotas), as `set` with no rates.
+            client.controller_call(
+                "AlterClientQuotas",
+                controller_pb2.AlterClientQuotasRequest(
+                    quotas=[md.ClientQuota(principal=args.principal)]
+                ),
+            )
+            print(f"quota of {args.principal} removed", file=out)
+            return 0
         if args.quotas_cmd == "set":
             q = md.ClientQuota(
                 principal=args.principal,
