@@ -225,6 +225,7 @@ def run_spark_demo(
     cluster = LocalCluster(root / "cluster", nodes=3, controllers=1, coordinators=0)
     spark = None
     service: PageViewService | None = None
+    passed = False
     try:
         # The cluster and Spark start side by side (Spark's JVM takes the longest); the
         # cluster's lines are printed once Spark is up, with the times they happened at.
@@ -447,6 +448,7 @@ def run_spark_demo(
             f"check: the streamed counts {'equal' if ok else 'DIFFER FROM'} a batch recount of "
             f"all {sum(recount.values()):,} page views"
         )
+        passed = ok
         return 0 if ok else 1
     finally:
         if service is not None and service.is_alive():
@@ -459,7 +461,11 @@ def run_spark_demo(
         cluster.stop()
         say("stopped the cluster (each node handed its partitions over first)")
         say.flush()
-        if data_dir is None:
+        if data_dir is None and passed:
             shutil.rmtree(root, ignore_errors=True)
+        elif data_dir is None:
+            # A failed run keeps its logs (Spark's, the services'): the first line named them
+            # (found from outside: they were deleted even when the run failed).
+            say(f"the run did not pass: its data and logs are kept in {root}")
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

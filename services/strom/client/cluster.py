@@ -54,7 +54,8 @@ def parse_bootstrap(spec: str | Sequence[str] | None) -> list[str]:
         out.append(item)
     if not out:
         raise ValueError(
-            f"no bootstrap address: pass --bootstrap HOST:PORT[,HOST:PORT] or set {BOOTSTRAP_ENV}"
+            "no bootstrap address: pass one (HOST:PORT[,HOST:PORT]: the clients' first argument, "
+            f"the CLI's --bootstrap) or set {BOOTSTRAP_ENV}"
         )
     return out
 
