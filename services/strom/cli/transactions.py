@@ -48,7 +48,7 @@ _STATES = {
 
 
 def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    txn = sub.add_parser("transactions", help="list and describe transactional ids")
+    txn = sub.add_parser("transactions", help="list, describe and fence transactional ids")
     tsub = txn.add_subparsers(dest="txn_cmd", metavar="ACTION")
     tsub.required = True
     ls = tsub.add_parser("list", parents=[common], help="every transactional id and its state")
