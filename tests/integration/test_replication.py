@@ -143,6 +143,14 @@ def _member(c: LocalCluster, node_id: int) -> Member:
     return c.node(node_id)
 
 
+def _kill_leader(c: LocalCluster, topic: str, what: str, timeout: float = 20) -> tuple[int, int]:
+    """SIGKILL partition 0's leader and wait for another one; (old leader, old epoch)."""
+    leader, epoch, _ = _state(c, topic)
+    _member(c, leader).process.kill()
+    wait_for(lambda: _state(c, topic)[0] not in (leader, -1), timeout=timeout, what=what)
+    return leader, epoch
+
+
 def test_acknowledged_records_survive_leader_sigkill(cluster: LocalCluster, topic: str) -> None:
     acked: dict[bytes, int] = {}
     with ClusterClient(cluster.bootstrap, retry_s=20) as client:
@@ -335,12 +343,8 @@ def test_controller_fences_a_killed_node_before_its_lease_expires(tmp_path: Path
                 TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": "2"}
             )
             wait_for(lambda: len(_state(c, TOPIC)[2]) == 3, timeout=20, what="a full ISR")
-            leader, epoch, _ = _state(c, TOPIC)
-            _member(c, leader).process.kill()
-            wait_for(
-                lambda: _state(c, TOPIC)[0] not in (leader, -1),
-                timeout=15,
-                what="a new leader long before the 60 s lease expires",
+            leader, epoch = _kill_leader(
+                c, TOPIC, "a new leader long before the 60 s lease expires", timeout=15
             )
             assert _state(c, TOPIC)[1] > epoch
             assert leader not in {n.node_id for n in client.metadata().nodes}
@@ -391,12 +395,7 @@ def test_deleted_records_stay_deleted_after_the_leader_dies(
                 timeout=20,
                 what=f"node {n.ident} to checkpoint the leader's new log start",
             )
-        _member(cluster, leader).process.kill()
-        wait_for(
-            lambda: _state(cluster, topic)[0] not in (leader, -1),
-            timeout=20,
-            what="a new leader after the old one was killed",
-        )
+        _kill_leader(cluster, topic, "a new leader after the old one was killed")
         assert _state(cluster, topic)[1] > epoch
         earliest = admin.list_offsets({tp: "earliest"})[tp]
         assert earliest is not None and earliest.offset == 10

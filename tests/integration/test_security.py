@@ -87,6 +87,16 @@ class Env:
             resp = c.controller_call("CreateAcls", controller_pb2.CreateAclsRequest(acls=bindings))
         assert all(r.code == 0 for r in resp.results), resp
 
+    def quota(self, principal: str, **rates: float) -> None:
+        """Set ``principal``'s quota (as the admin); no rates removes it."""
+        with ClusterClient(self.bootstrap, security=self.security(self.admin)) as c:
+            c.controller_call(
+                "AlterClientQuotas",
+                controller_pb2.AlterClientQuotasRequest(
+                    quotas=[md.ClientQuota(principal=principal, **rates)]
+                ),
+            )
+
 
 def eventually(fn, timeout: float = 5.0):  # type: ignore[no-untyped-def]
     """``fn()`` once the services have applied a new ACL (each within a second of the
@@ -405,13 +415,7 @@ def _message_class(descriptor):  # type: ignore[no-untyped-def]
 
 def test_a_produce_quota_throttles_instead_of_dropping(env: Env) -> None:
     env.acls(allow("User:CN=alice", WRITE, TOPIC, "orders"))
-    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
-        c.controller_call(
-            "AlterClientQuotas",
-            controller_pb2.AlterClientQuotasRequest(
-                quotas=[md.ClientQuota(principal="User:CN=alice", produce_bytes_per_second=20_000)]
-            ),
-        )
+    env.quota("User:CN=alice", produce_bytes_per_second=20_000)
     from strom.record import encode_batch
 
     with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
@@ -426,13 +430,7 @@ def test_a_produce_quota_throttles_instead_of_dropping(env: Env) -> None:
             assert resp.topics[0].partitions[0].error_code == 0  # appended, not dropped
             throttled.append(resp.throttle_time_ms)
     assert max(throttled) > 0
-    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
-        c.controller_call(
-            "AlterClientQuotas",
-            controller_pb2.AlterClientQuotasRequest(
-                quotas=[md.ClientQuota(principal="User:CN=alice")]
-            ),
-        )
+    env.quota("User:CN=alice")
 
 
 def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:
@@ -446,19 +444,7 @@ def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:
         allow("User:CN=alice", WRITE, TOPIC, "rec-quota"),
         allow("User:CN=alice", READ, TOPIC, "rec-quota"),
     )
-    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
-        c.controller_call(
-            "AlterClientQuotas",
-            controller_pb2.AlterClientQuotasRequest(
-                quotas=[
-                    md.ClientQuota(
-                        principal="User:CN=alice",
-                        produce_bytes_per_second=20_000,
-                        fetch_bytes_per_second=20_000,
-                    )
-                ]
-            ),
-        )
+    env.quota("User:CN=alice", produce_bytes_per_second=20_000, fetch_bytes_per_second=20_000)
     node = env.cluster.nodes[0]  # type: ignore[union-attr]
 
     def throttled(kind: str) -> float:
@@ -492,13 +478,7 @@ def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:
         assert got >= 90  # everything read, only later
         assert throttled("fetch") > fetched_before
     finally:
-        with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
-            c.controller_call(
-                "AlterClientQuotas",
-                controller_pb2.AlterClientQuotasRequest(
-                    quotas=[md.ClientQuota(principal="User:CN=alice")]
-                ),
-            )
+        env.quota("User:CN=alice")
 
 
 def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
