@@ -45,11 +45,9 @@ from strom.client.types import TopicPartition
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
 from strom.metadata import ClusterView
 from strom.record.codecs import CODEC_NAMES
-from strom.security import CURRENT_PRINCIPAL, QUOTAS
-from strom.storage.metrics import THROTTLED
 from strom.storage.record_columns import ColumnsError, columns_to_table
 from strom.storage.record_producers import LeaderRoute, NodeProducer, SequencedSender
-from strom.storage.rpc_base import add_handlers
+from strom.storage.rpc_base import _throttle, add_handlers
 from strom.storage.subscriptions import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
@@ -140,21 +138,6 @@ def group_by_partition(parts: np.ndarray) -> list[tuple[int, np.ndarray]]:
     return [(int(ranked[s]), order[s:e]) for s, e in itertools.pairwise(bounds)]
 
 
-async def _hold_for_quota(kind: str, nbytes: int) -> None:
-    """Charge the caller's quota (produce or fetch bytes, and one request) and hold its
-    answer or next message while it is over (Kafka's throttling: delay, never drop).
-
-    The record API's callers are charged here, by their own principal: what this node does
-    for them runs as the node (forwards to other leaders, a Subscribe's Consumer) or gathers
-    several callers in one inner Produce, which is not charged again. Before, a caller's
-    quota applied only by accident (to whichever caller's context a gathered local Produce
-    ran in) and never to Subscribe."""
-    delay = QUOTAS.throttle(CURRENT_PRINCIPAL.get(), kind, nbytes)
-    if delay > 0:
-        THROTTLED.labels(kind).inc()
-        await asyncio.sleep(delay)
-
-
 class RecordService:
     """The servicer (see the module docstring). ``local_produce`` and ``local_init_ids`` are
     this node's in-process StorageService Produce and InitProducerId; ``bootstrap`` returns
@@ -199,7 +182,10 @@ class RecordService:
             resp = await self._produce(_parse(rp.ProduceRecordsRequest, raw, "the request"))
         except BadRequest as exc:
             await _abort(context, exc.status, exc.message, exc.code)
-        await _hold_for_quota("produce", len(raw))
+        # The record API's callers are charged here, by their own principal: what this node
+        # does for them runs as the node (forwards, a Subscribe's Consumer) or gathers several
+        # callers in one inner Produce, which is not charged again (CHARGED_BY_CALLER).
+        await _throttle("produce", len(raw))
         return resp
 
     async def _produce(self, req: rp.ProduceRecordsRequest) -> rp.ProduceRecordsResponse:
@@ -346,7 +332,7 @@ class RecordService:
                 await context.write(item.data)
                 sub.delivered(item)
                 # The caller's fetch quota: the stream's Consumer fetches as this node.
-                await _hold_for_quota("fetch", len(item.data))
+                await _throttle("fetch", len(item.data))
         finally:
             sub.stop()
             self.subscriptions.pop(sub.id, None)
