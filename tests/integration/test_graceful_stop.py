@@ -101,6 +101,13 @@ def test_a_node_stops_cleanly_when_no_controller_answers(
     create_topic(cluster, "led", partitions=4, replication_factor=2)  # leaders on both
     node, controller = cluster.nodes[0], cluster.controllers[0]
     assert node.process is not None and controller.process is not None
+    # The metadata names leaders before the node has applied the role: a node leading nothing
+    # has no leadership to move and stops without asking the controller at all.
+    wait_for(
+        lambda: member_metric(node, "strom_storage_partitions", role="leader") >= 1,
+        timeout=20,
+        what="node 0 leading a partition",
+    )
     controller_pid = controller.process.pid
     os.kill(controller_pid, signal.SIGSTOP)
     try:
