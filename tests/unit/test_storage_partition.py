@@ -80,3 +80,39 @@ def test_acks_all_waits_resolve_on_commit_timeout_or_lost_leadership(tmp_path: P
         assert await lost is None
 
     asyncio.run(main())
+
+
+def test_low_watermark_waits_for_every_in_sync_replica(tmp_path: Path) -> None:
+    """DeleteRecords answers once every in-sync follower reported the new log start (Kafka's
+    low watermark); a follower leaving the ISR stops holding it back, a lost leadership or
+    a timeout ends the wait with None."""
+
+    async def main() -> None:
+        lg = _log(tmp_path)
+        part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3]))
+        lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
+        for f in (2, 3):
+            part.record_follower_end_offset(f, 10)
+        assert part.low_watermark() == -1  # no follower has told its log start yet
+        lg.delete_records(6)
+        waiter = asyncio.ensure_future(part.wait_for_low_watermark(6, 10.0))
+        part.record_follower_log_start(2, 0)
+        part.record_follower_log_start(3, 0)
+        await asyncio.sleep(0)
+        assert not waiter.done() and part.low_watermark() == 0
+        part.record_follower_log_start(2, 6)
+        await asyncio.sleep(0)
+        assert not waiter.done()  # follower 3 still has the records
+        part.apply_state(_state(1, 0, [1, 2], [1, 2, 3]))  # 3 leaves the ISR
+        assert await waiter == 6
+        # A follower joining the ISR before it moved its start holds it back again.
+        part.apply_state(md.PartitionState(replicas=[1, 2, 3], leader=1, isr=[1, 2, 3]))
+        assert part.low_watermark() == 0
+        assert await part.wait_for_low_watermark(6, 0.01) is None  # timeout
+        lost = asyncio.ensure_future(part.wait_for_low_watermark(6, 10.0))
+        await asyncio.sleep(0)
+        part.apply_state(_state(2, 1, [2, 3], [1, 2, 3]))  # leadership moves away
+        assert await lost is None
+        assert await part.wait_for_low_watermark(6, 10.0) is None  # not the leader
+
+    asyncio.run(main())

@@ -151,9 +151,12 @@ class FetchRpcs(StorageCore):
                             E.INCONSISTENT_TOPIC_ID,
                             f"topic {topic} now has id {part.topic_id}, not {ft.topic_id}",
                         )
-                    if follower and not self._follower_position(part, replica_id, fp, pr):
-                        answer_now = True
-                        continue
+                    if follower:
+                        if not self._follower_position(part, replica_id, fp, pr):
+                            answer_now = True
+                            continue
+                        if self._follower_start_behind(part, fp):
+                            answer_now = True
                     n = await self._read(
                         part, fp, follower, budget - total, total == 0, pout, read_committed
                     )
@@ -269,9 +272,23 @@ class FetchRpcs(StorageCore):
                 return False
         if part.record_follower_end_offset(replica_id, fp.fetch_offset):
             self.manager.committed.notify(part.tp, 1 << 30)
+        if fp.log_start_offset >= 0:
+            part.record_follower_log_start(replica_id, fp.log_start_offset)
         if replica_id not in part.isr and self.on_out_of_sync_fetch is not None:
             self.on_out_of_sync_fetch()
         return True
+
+    @staticmethod
+    def _follower_start_behind(part: Partition, fp: pb.FetchPartition) -> bool:
+        """A follower's log start is below what it would adopt from an answer now (the
+        leader's start, bounded by the high watermark and the follower's log end, as the
+        follower bounds it): answer at once rather than park, so that a DeleteRecords
+        waiting for the low watermark is not held up by a long poll. Once adopted, the
+        follower's next request reports it and this is False again."""
+        if fp.log_start_offset < 0:
+            return False
+        target = min(part.log_start_offset, part.high_watermark, fp.fetch_offset)
+        return fp.log_start_offset < target
 
 
 class FollowStep:

@@ -13,6 +13,7 @@ import grpc
 
 from strom.api import storage_pb2
 from strom.errors import ErrorCode
+from strom.storage.partition import Partition
 from strom.storage.rpc_base import StorageCore, _fail_partition, _Refusal, _timed, per_partition
 
 pb = storage_pb2
@@ -20,6 +21,8 @@ E = ErrorCode
 
 #: ListOffsets sentinels.
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+#: How long DeleteRecords waits for the followers when the request names no timeout.
+DELETE_RECORDS_DEFAULT_TIMEOUT_S = 30.0
 
 
 class OffsetRpcs(StorageCore):
@@ -122,7 +125,7 @@ class OffsetRpcs(StorageCore):
     ) -> pb.DeleteRecordsResponse:
         resp = pb.DeleteRecordsResponse()
         hints: set[int] = set()
-        deleted: list[pb.DeleteRecordsPartitionResult] = []
+        deleted: list[tuple[Partition, int, pb.DeleteRecordsPartitionResult]] = []
         for topic, dp, pr in per_partition(request.topics, resp.topics, low_watermark=-1):
             try:
                 if topic.startswith("__"):  # strom's internal namespace, as Kafka refuses
@@ -145,7 +148,9 @@ class OffsetRpcs(StorageCore):
                 pr.low_watermark = await asyncio.to_thread(part.log.delete_records, offset)
                 part.maybe_advance_high_watermark()
                 self.manager.refresh_gauges(part)
-                deleted.append(pr)
+                # Parked follower fetches answer now, with the new start to adopt.
+                self.manager.appended.notify(part.tp, 1 << 30)
+                deleted.append((part, offset, pr))
             except Exception as exc:
                 _fail_partition(pr, "delete records of", topic, dp.partition, exc)
                 pr.low_watermark = -1
@@ -157,8 +162,41 @@ class OffsetRpcs(StorageCore):
             try:
                 await asyncio.to_thread(logs.checkpoint)
             except Exception as exc:
-                for pr in deleted:
+                for _, _, pr in deleted:
                     pr.error_code = E.STORAGE_ERROR
                     pr.error_message = f"the new log start could not be made durable: {exc}"
                     pr.low_watermark = -1
+                return resp
+        if deleted:
+            await self._wait_for_low_watermarks(deleted, request.timeout_ms, context)
         return resp
+
+    @staticmethod
+    async def _wait_for_low_watermarks(
+        deleted: list[tuple[Partition, int, pb.DeleteRecordsPartitionResult]],
+        timeout_ms: int,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Answer once every in-sync follower moved its log start too (Kafka's
+        DelayedDeleteRecords; found from outside: the answer came when only the leader had
+        deleted, and a leader killed at once left a new leader with the records readable).
+        Past ``timeout_ms`` (30 s when unset), or the call's deadline, the partition answers
+        REQUEST_TIMED_OUT: the deletion stands and reaches the followers; retrying is safe."""
+        timeout = timeout_ms / 1000 if timeout_ms > 0 else DELETE_RECORDS_DEFAULT_TIMEOUT_S
+        left = context.time_remaining()
+        if left is not None:
+            timeout = min(timeout, max(left - 0.05, 0.0))
+        lows = await asyncio.gather(
+            *(part.wait_for_low_watermark(offset, timeout) for part, offset, _ in deleted)
+        )
+        for (part, offset, pr), low in zip(deleted, lows, strict=True):
+            if low is not None:
+                pr.low_watermark = low
+                continue
+            pr.error_code = E.REQUEST_TIMED_OUT if part.is_leader else E.NOT_LEADER_OR_FOLLOWER
+            pr.error_message = (
+                f"{part.topic}-{part.index}: records below {offset} are deleted on the leader, "
+                f"but not every in-sync replica had moved its log start (low watermark "
+                f"{part.low_watermark() if part.is_leader else -1}) within {timeout:.1f} s"
+            )
+            pr.low_watermark = -1

@@ -64,6 +64,9 @@ class Partition:
         self.recovering = False
         # Follower node id -> its log end offset as of its last fetch (replication issue).
         self.replica_end_offsets: dict[int, int] = {}
+        #: Follower node id -> its log start offset as of its last fetch: DeleteRecords is
+        #: answered once every in-sync replica moved its start (Kafka's low watermark).
+        self.replica_log_starts: dict[int, int] = {}
         self.high_watermark = log.log_start_offset
         # Leader side ISR bookkeeping (DESIGN §6): per follower, when it was last caught up
         # with our LEO, and our LEO/time at its previous fetch (Kafka's lastCaughtUpTime).
@@ -87,6 +90,7 @@ class Partition:
         self.deleted = False
         self.stopping = False
         self._hw_waiters: list[tuple[int, asyncio.Future[int | None]]] = []
+        self._lw_waiters: list[tuple[int, asyncio.Future[int | None]]] = []
         self._on_high_watermark = on_high_watermark
         self.apply_state(state)
 
@@ -127,6 +131,7 @@ class Partition:
             # A new leadership starts without follower positions: followers report theirs
             # with their next fetch (Kafka resets them on becoming leader as well).
             self.replica_end_offsets.clear()
+            self.replica_log_starts.clear()
             self._last_fetch.clear()
             self.pending_isr = None
             self.fetch_retry_at = 0.0
@@ -139,6 +144,7 @@ class Partition:
                 self.caught_up_at.clear()
                 self._fail_hw_waiters()
         self.maybe_advance_high_watermark()
+        self._release_lw_waiters()  # a shrunk ISR, or a lost leadership, decides them
         return changed
 
     def check_epoch(self, current_leader_epoch: int) -> EpochCheck | None:
@@ -231,6 +237,57 @@ class Partition:
         self.replica_end_offsets[replica] = end_offset
         return self.maybe_advance_high_watermark()
 
+    def record_follower_log_start(self, replica: int, log_start: int) -> None:
+        """A follower fetched with ``log_start`` as its log start offset."""
+        if self.replica_log_starts.get(replica) != log_start:
+            self.replica_log_starts[replica] = log_start
+            self._release_lw_waiters()
+
+    def low_watermark(self) -> int:
+        """Leader: the lowest log start offset among this replica and the followers of the
+        (maximal) ISR, -1 while one of them has not fetched in this leadership. Records below
+        it are gone from every replica a clean election can choose; an out-of-sync replica
+        adopts the leader's start from its fetch answers before it can rejoin the ISR."""
+        low = self.log.log_start_offset
+        for replica in self.maximal_isr():
+            if replica != self.node_id:
+                low = min(low, self.replica_log_starts.get(replica, -1))
+        return low
+
+    async def wait_for_low_watermark(self, offset: int, timeout: float) -> int | None:
+        """Wait until the low watermark reaches ``offset`` (DeleteRecords): the low
+        watermark, or None on timeout, lost leadership or shutdown."""
+        low = self.low_watermark()
+        if low >= offset:
+            return low
+        if self.stopping or not self.is_leader:
+            return None
+        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        entry = (offset, fut)
+        self._lw_waiters.append(entry)
+        try:
+            async with asyncio.timeout(max(timeout, 0.0)):
+                return await fut
+        except TimeoutError:
+            return None
+        finally:
+            if entry in self._lw_waiters:
+                self._lw_waiters.remove(entry)
+
+    def _release_lw_waiters(self) -> None:
+        if not self._lw_waiters:
+            return
+        lost = self.stopping or not self.is_leader
+        low = -1 if lost else self.low_watermark()
+        keep = []
+        for offset, fut in self._lw_waiters:
+            if lost or low >= offset:
+                if not fut.done():
+                    fut.set_result(None if lost else low)
+            else:
+                keep.append((offset, fut))
+        self._lw_waiters[:] = keep
+
     def set_follower_high_watermark(self, leader_hw: int) -> bool:
         """Follower: adopt the leader's HW, bounded by our own LEO. True if it moved."""
         new = max(
@@ -312,6 +369,7 @@ class Partition:
         shutdown is not held up by replication that will not come."""
         self.stopping = True
         self._fail_hw_waiters()
+        self._release_lw_waiters()
 
     def close(self) -> None:
         """The replica is being deleted: release every waiter."""
