@@ -27,12 +27,13 @@ from typing import Any
 import pytest
 
 from strom import Admin, Consumer, GroupMetadata, OffsetAndMetadata, Producer, TopicPartition
-from strom.api import controller_pb2
+from strom.api import controller_pb2, storage_pb2
 from strom.cli.main import main as cli_main
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import ProducerFencedError, StromError, UnstableOffsetCommitError
+from strom.record import encode_batch
 from tests.conftest import create_topic, member_metric
 
 pytestmark = pytest.mark.integration
@@ -590,3 +591,82 @@ def test_a_caught_up_read_committed_consumer_follows_commits_and_skips_aborts(
         assert c.poll(timeout_ms=300) == []
     assert got == committed
     assert followed() >= before + 3
+
+
+def test_a_hanging_transaction_is_found_and_aborted(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A transaction no coordinator knows of (transactional batches written straight to a
+    partition with an idempotent producer id; found from outside: read_committed readers
+    stayed at its first record for good, and `transactions fence` cannot reach it without a
+    transactional id) is found with `strom transactions producers` / Admin.describe_producers
+    and ended with `strom transactions abort` (Kafka's KIP-664)."""
+    _topic(cluster, "hang", partitions=1)
+    tp = TopicPartition("hang", 0)
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        init = client.with_leader(
+            "hang",
+            0,
+            lambda s: s.InitProducerId(storage_pb2.InitProducerIdRequest(), timeout=10),
+            lambda r: r.error_code != 0,
+        )
+        pid, epoch = init.producer_id, init.producer_epoch
+        batch = encode_batch(
+            [b"hanging"], producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
+        )
+        req = storage_pb2.ProduceRequest(
+            acks=-1,
+            timeout_ms=10_000,
+            topics=[
+                storage_pb2.ProduceTopicData(
+                    topic="hang",
+                    partitions=[storage_pb2.ProducePartitionData(partition=0, records=batch)],
+                )
+            ],
+        )
+        resp = client.with_leader(
+            "hang",
+            0,
+            lambda s: s.Produce(req, timeout=10),
+            lambda r: r.topics[0].partitions[0].error_code != 0,
+        )
+        assert resp.topics[0].partitions[0].error_code == 0
+    with Producer(cluster.bootstrap) as p:
+        for i in range(3):
+            p.send("hang", b"after %d" % i)
+    with Consumer(cluster.bootstrap, isolation_level="read_committed") as rc:
+        assert rc.end_offsets([tp])[tp] == 0  # held at the hanging record
+        with Admin(cluster.bootstrap) as admin:
+            (state,) = [s for s in admin.describe_producers([tp])[tp] if s.producer_id == pid]
+            assert state.current_transaction_start_offset == 0
+            assert (state.producer_epoch, state.last_sequence) == (epoch, 0)
+        b = ["-b", cluster.bootstrap]
+        assert cli_main(["transactions", "producers", "hang", *b]) == 0
+        shown = capsys.readouterr().out
+        assert str(pid) in shown and "OPEN-TXN-AT" in shown, shown
+        # A wrong start offset names the open ones and writes nothing.
+        assert (
+            cli_main(
+                ["transactions", "abort", "hang", "--partition", "0", "--start-offset", "2", *b]
+            )
+            == 1
+        )
+        assert "open transactions start at: 0" in capsys.readouterr().err
+        assert (
+            cli_main(
+                ["transactions", "abort", "hang", "--partition", "0", "--start-offset", "0", *b]
+            )
+            == 0
+        )
+        assert f"producer id {pid}" in capsys.readouterr().out
+        # The abort marker follows the three records: the LSO is the high watermark now.
+        wait_for(lambda: rc.end_offsets([tp])[tp] == 5, timeout=30, what="the abort marker")
+    assert [v for _, v in _read(cluster, "hang", "read_committed")] == [
+        b"after 0",
+        b"after 1",
+        b"after 2",
+    ]
+    with Admin(cluster.bootstrap) as admin:
+        assert all(
+            s.current_transaction_start_offset is None for s in admin.describe_producers([tp])[tp]
+        )

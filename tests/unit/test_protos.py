@@ -401,6 +401,7 @@ def test_services_expose_the_designed_rpcs() -> None:
         "InitProducerId",
         "FindCoordinator",
         "WriteTxnMarkers",
+        "DescribeProducers",
     }
     assert {
         "CreateTopics",

@@ -92,6 +92,11 @@ class StorageServiceStub:
                 request_serializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersRequest.SerializeToString,
                 response_deserializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
+        self.DescribeProducers = channel.unary_unary(
+                '/strom.v1.StorageService/DescribeProducers',
+                request_serializer=strom_dot_v1_dot_storage__pb2.DescribeProducersRequest.SerializeToString,
+                response_deserializer=strom_dot_v1_dot_storage__pb2.DescribeProducersResponse.FromString,
+                _registered_method=True)
 
 
 class StorageServiceServicer:
@@ -191,6 +196,15 @@ class StorageServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeProducers(self, request, context):
+        """The producers with state in partitions this node leads: epoch, last sequence, open
+        transaction (Kafka's DescribeProducers). `strom transactions producers` shows them and
+        `strom transactions abort` ends a hanging transaction with it (Kafka's KIP-664).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StorageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -248,6 +262,11 @@ def add_StorageServiceServicer_to_server(servicer, server):
                     servicer.WriteTxnMarkers,
                     request_deserializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersRequest.FromString,
                     response_serializer=strom_dot_v1_dot_storage__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'DescribeProducers': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeProducers,
+                    request_deserializer=strom_dot_v1_dot_storage__pb2.DescribeProducersRequest.FromString,
+                    response_serializer=strom_dot_v1_dot_storage__pb2.DescribeProducersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -550,6 +569,33 @@ class StorageService:
             '/strom.v1.StorageService/WriteTxnMarkers',
             strom_dot_v1_dot_storage__pb2.WriteTxnMarkersRequest.SerializeToString,
             strom_dot_v1_dot_storage__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeProducers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strom.v1.StorageService/DescribeProducers',
+            strom_dot_v1_dot_storage__pb2.DescribeProducersRequest.SerializeToString,
+            strom_dot_v1_dot_storage__pb2.DescribeProducersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,8 +1,10 @@
-"""``strom transactions list|describe``: transactional ids from the shell, as Kafka's
-``kafka-transactions.sh`` shows them.
+"""``strom transactions list|describe|fence|producers|abort``: transactions from the shell, as
+Kafka's ``kafka-transactions.sh`` shows and handles them.
 
 ``list`` asks every coordinator that owns a shard of ``__transaction_state`` (from the
 controller's DescribeCluster); ``describe`` asks the id's own coordinator (FindCoordinator).
+``producers`` and ``abort`` ask partition leaders (DescribeProducers, WriteTxnMarkers): they
+find and end a hanging transaction, one no coordinator will end (Kafka's KIP-664).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from strom.cli.groups import _table
 from strom.cli.jsonout import message_json
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
+from strom.client.types import TopicPartition
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
     CoordinatorNotAvailableError,
@@ -48,7 +51,10 @@ _STATES = {
 
 
 def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    txn = sub.add_parser("transactions", help="list, describe and fence transactional ids")
+    txn = sub.add_parser(
+        "transactions",
+        help="list, describe and fence transactional ids; find and abort hanging transactions",
+    )
     tsub = txn.add_subparsers(dest="txn_cmd", metavar="ACTION")
     tsub.required = True
     ls = tsub.add_parser("list", parents=[common], help="every transactional id and its state")
@@ -70,6 +76,28 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "producers from then on",
     )
     f.add_argument("transactional_ids", nargs="+", metavar="TRANSACTIONAL_ID")
+    pr = tsub.add_parser(
+        "producers",
+        parents=[common],
+        help="the producers a partition's leader keeps state for, and their open "
+        "transactions (what holds read_committed readers back)",
+    )
+    pr.add_argument("topic")
+    pr.add_argument("--partition", type=int, action="append", help="repeatable; default: all")
+    pr.add_argument("--json", action="store_true")
+    ab = tsub.add_parser(
+        "abort",
+        parents=[common],
+        help="write an abort marker for a hanging transaction of one partition (one no "
+        "coordinator will end): find it with `strom transactions producers`",
+    )
+    ab.add_argument("topic")
+    ab.add_argument("--partition", type=int, required=True)
+    which = ab.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--start-offset", type=int, help="the open transaction's first offset in the partition"
+    )
+    which.add_argument("--producer-id", type=int, help="the producer whose transaction to abort")
 
 
 def run_transactions(args: argparse.Namespace, out: Any) -> int:
@@ -85,7 +113,81 @@ def run_transactions(args: argparse.Namespace, out: Any) -> int:
                 else:
                     print(f"fenced {tid}: producer id {pid}, epoch {epoch}", file=out)
             return 0
+        if args.txn_cmd == "producers":
+            return _producers(client, args, out)
+        if args.txn_cmd == "abort":
+            return _abort(client, args, out)
         return _describe(client, args, out)
+
+
+def _producers(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    with Admin(cluster_client=client) as admin:
+        count = admin.describe_topic(args.topic).partition_count
+        parts = args.partition or list(range(count))
+        for p in parts:
+            if not 0 <= p < count:
+                raise StromError(f"{args.topic} has partitions 0-{count - 1}, not {p}")
+        states = admin.describe_producers([TopicPartition(args.topic, p) for p in parts])
+    if args.json:
+        rows = [
+            {"topic": tp.topic, "partition": tp.partition, **s._asdict()}
+            for tp, ss in states.items()
+            for s in ss
+        ]
+        print(json.dumps(rows), file=out)
+        return 0
+    now_ms = time.time() * 1000
+    table = [("PARTITION", "PRODUCER-ID", "EPOCH", "LAST-SEQUENCE", "LAST-WRITE", "OPEN-TXN-AT")]
+    for tp, ss in states.items():
+        for s in ss:
+            age = max(now_ms - s.last_timestamp_ms, 0) / 1000
+            start = s.current_transaction_start_offset
+            table.append(
+                (
+                    str(tp.partition),
+                    str(s.producer_id),
+                    str(s.producer_epoch),
+                    str(s.last_sequence),
+                    f"{age:.0f}s ago",
+                    "-" if start is None else str(start),
+                )
+            )
+    _table(table, out)
+    return 0
+
+
+def _abort(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    tp = TopicPartition(args.topic, args.partition)
+    with Admin(cluster_client=client) as admin:
+        states = admin.describe_producers([tp])[tp]
+        if args.start_offset is not None:
+            found = [s for s in states if s.current_transaction_start_offset == args.start_offset]
+            what = f"no transaction open at offset {args.start_offset}"
+        else:
+            found = [s for s in states if s.producer_id == args.producer_id]
+            what = f"producer id {args.producer_id} has no state"
+            if found and found[0].current_transaction_start_offset is None:
+                what = f"producer id {args.producer_id} has no transaction open"
+                found = []
+        if not found:
+            open_at = sorted(
+                s.current_transaction_start_offset
+                for s in states
+                if s.current_transaction_start_offset is not None
+            )
+            raise StromError(
+                f"{args.topic}-{args.partition}: {what} (open transactions start at: "
+                f"{', '.join(map(str, open_at)) or 'none'})"
+            )
+        s = found[0]
+        admin.abort_transaction(tp, s.producer_id, s.producer_epoch, s.coordinator_epoch)
+    print(
+        f"aborted the transaction of producer id {s.producer_id} (epoch {s.producer_epoch}) "
+        f"open in {args.topic}-{args.partition} since offset "
+        f"{s.current_transaction_start_offset}",
+        file=out,
+    )
+    return 0
 
 
 def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:

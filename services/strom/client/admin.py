@@ -326,6 +326,21 @@ class ElectionResult(NamedTuple):
         return self.error is None
 
 
+class ProducerState(NamedTuple):
+    """What a partition's leader knows of one producer (Kafka's ``ProducerState``)."""
+
+    producer_id: int
+    producer_epoch: int
+    #: Sequence number of its last record in the partition; -1 if it wrote only markers.
+    last_sequence: int
+    #: When it last wrote to the partition, ms since the epoch.
+    last_timestamp_ms: int
+    #: Coordinator epoch of the newest marker written for it there; -1 = none.
+    coordinator_epoch: int
+    #: First offset of its open transaction in the partition; None when none is open.
+    current_transaction_start_offset: int | None
+
+
 class Reassignment(NamedTuple):
     """A reassignment in progress: ``replicas`` is the union of old and new."""
 
@@ -386,6 +401,12 @@ def _tp(item: object) -> TopicPartition:
     ):
         return TopicPartition(item[0], item[1])
     raise InvalidRequestError(f"expected a TopicPartition(topic, partition >= 0), not {item!r}")
+
+
+def _tp_list(items: Iterable[Any], what: str) -> list[TopicPartition]:
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise InvalidRequestError(f"{what} takes TopicPartitions, not {items!r}")
+    return list(dict.fromkeys(_tp(item) for item in items))
 
 
 def _tp_map(items: Mapping[Any, V], what: str) -> dict[TopicPartition, V]:
@@ -1208,6 +1229,90 @@ class Admin:
                     failures.append((tid, exc))
         _raise_first(failures)
         return out
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, list[ProducerState]]:
+        """The producers each partition's leader keeps state for, by producer id (Kafka's
+        ``Admin.describeProducers``): a producer with ``current_transaction_start_offset``
+        set has a transaction open there, holding read_committed readers at that offset."""
+        wanted = {tp: 0 for tp in _tp_list(partitions, "describe_producers")}
+
+        def request(group: Mapping[TopicPartition, int]) -> storage_pb2.DescribeProducersRequest:
+            return storage_pb2.DescribeProducersRequest(
+                topics=[
+                    common_pb2.TopicPartitions(topic=t, partitions=[p for p, _ in parts])
+                    for t, parts in _by_topic(group).items()
+                ]
+            )
+
+        def results(
+            resp: storage_pb2.DescribeProducersResponse,
+        ) -> Iterable[tuple[TopicPartition, int, str, list[ProducerState]]]:
+            for t in resp.topics:
+                for p in t.partitions:
+                    states = [
+                        ProducerState(
+                            e.producer_id,
+                            e.producer_epoch,
+                            e.last_sequence,
+                            e.last_timestamp_ms,
+                            e.coordinator_epoch,
+                            None if e.current_txn_start_offset < 0 else e.current_txn_start_offset,
+                        )
+                        for e in p.producers
+                    ]
+                    yield (
+                        TopicPartition(t.topic, p.partition),
+                        p.error_code,
+                        p.error_message,
+                        states,
+                    )
+
+        return self._per_leader(wanted, "DescribeProducers", request, results)
+
+    def abort_transaction(
+        self, tp: TopicPartition, producer_id: int, producer_epoch: int, coordinator_epoch: int
+    ) -> None:
+        """Write an abort marker for ``producer_id`` to ``tp`` (Kafka's
+        ``Admin.abortTransaction``, KIP-664): ends a hanging transaction — one no transaction
+        coordinator will end — that holds every read_committed reader of the partition. Take
+        the producer's epoch and coordinator epoch from :meth:`describe_producers`; aborting a
+        transaction its coordinator still tracks makes it fail at commit. Needs the
+        cluster-action permission when ACLs are on (it is the coordinator's own call)."""
+        (tp,) = _tp_list([tp], "abort_transaction")
+        for name, value in (("producer_id", producer_id), ("producer_epoch", producer_epoch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidRequestError(f"abort_transaction: {name} must be an int >= 0")
+
+        def request(group: Mapping[TopicPartition, int]) -> storage_pb2.WriteTxnMarkersRequest:
+            req = storage_pb2.WriteTxnMarkersRequest(timeout_ms=self._server_wait_ms)
+            req.markers.add(
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                committed=False,
+                coordinator_epoch=max(coordinator_epoch, 0),
+                topics=[
+                    common_pb2.TopicPartitions(topic=t, partitions=[p for p, _ in parts])
+                    for t, parts in _by_topic(group).items()
+                ],
+            )
+            return req
+
+        def results(
+            resp: storage_pb2.WriteTxnMarkersResponse,
+        ) -> Iterable[tuple[TopicPartition, int, str, None]]:
+            for m in resp.markers:
+                for t in m.topics:
+                    for p in t.partitions:
+                        yield (
+                            TopicPartition(t.topic, p.partition),
+                            p.error_code,
+                            p.error_message,
+                            None,
+                        )
+
+        self._per_leader({tp: 0}, "WriteTxnMarkers", request, results)
 
     # -- leaders and reassignments -----------------------------------------------------------
 

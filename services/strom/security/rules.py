@@ -159,6 +159,7 @@ RULES: dict[str, Rule] = {
     S + "InitProducerId": _init_producer_id,
     S + "FindCoordinator": _find_coordinator,
     S + "WriteTxnMarkers": _cluster(Op.CLUSTER_ACTION),
+    S + "DescribeProducers": _topics(Op.READ),  # as Kafka
     # ControllerService
     C + "CreateTopics": _create_topics,
     C + "DeleteTopics": _names(Op.DELETE, Res.TOPIC, "topics"),

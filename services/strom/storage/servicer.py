@@ -59,6 +59,7 @@ from strom.storage.manager import PartitionManager
 from strom.storage.offsets_rpcs import OffsetRpcs
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator
+from strom.storage.producers_rpcs import ProducerRpcs
 from strom.storage.rpc_base import _Refusal, _throttle, _timed, _unexpected, add_handlers
 from strom.storage.stream_rpcs import StreamRpcs
 from strom.storage.wire import ProduceRequestView, decode_produce_request
@@ -80,7 +81,12 @@ def _count_produce(code: int) -> None:
 
 
 class StorageServicer(
-    FetchRpcs, OffsetRpcs, ClusterRpcs, StreamRpcs, storage_pb2_grpc.StorageServiceServicer
+    FetchRpcs,
+    OffsetRpcs,
+    ProducerRpcs,
+    ClusterRpcs,
+    StreamRpcs,
+    storage_pb2_grpc.StorageServiceServicer,
 ):
     """The data plane of one node (see the module docstring)."""
 
@@ -439,6 +445,9 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
         ),
         "WriteTxnMarkers": std(
             servicer.WriteTxnMarkers, pb.WriteTxnMarkersRequest, pb.WriteTxnMarkersResponse
+        ),
+        "DescribeProducers": std(
+            servicer.DescribeProducers, pb.DescribeProducersRequest, pb.DescribeProducersResponse
         ),
     }
     add_handlers(server, pb.DESCRIPTOR.services_by_name["StorageService"], handlers)
