@@ -7,7 +7,8 @@
   file (``--auth-tokens``: lines ``<token> <principal>``, re-read when it changes, so a
   Kubernetes Secret update applies without a restart; a bad version fails closed, see
   :class:`TokenFile`) and/or a pluggable verifier (``--auth-token-verifier
-  module:function``, called with the token, returning the principal or None).
+  module:function``, called with the token, returning the principal or None; one that
+  raises refuses the token too, see :mod:`strom.security.interceptor`).
 """
 
 from __future__ import annotations
