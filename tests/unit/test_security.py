@@ -15,6 +15,8 @@ from strom.api import (
 )
 from strom.api import metadata_pb2 as md
 from strom.security.acl import CLUSTER, Acl, Authorizer, Op, Res, matches_filter, validate
+from strom.security.config import ServerSecurity
+from strom.security.interceptor import AuthInterceptor
 from strom.security.principal import TOKEN_FILE_ERRORS, TokenFile, bearer_token, load_verifier
 from strom.security.quotas import QuotaManager
 from strom.security.rules import RULES
@@ -207,6 +209,23 @@ def test_a_bad_token_file_version_still_revokes_and_is_logged_once(
     with pytest.raises(ValueError, match=r"tokens:1: expected .* found 3 words") as refused:
         TokenFile(f)
     assert "t-x" not in str(refused.value)
+
+
+def test_a_verifier_that_raises_refuses_and_is_logged_without_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def verifier(token: str) -> str | None:
+        raise ValueError(f"Signature verification failed for token {token}")
+
+    auth = AuthInterceptor(ServerSecurity(tokens=verifier))
+    with caplog.at_level("WARNING", logger="strom.security"):
+        assert auth._verify("bad-secret-token") is None
+        assert auth._verify("bad-secret-token") is None  # within the minute: not logged
+    [record] = caplog.records
+    assert record.getMessage().startswith(
+        "the bearer token verifier raised ValueError: Signature verification failed for "
+        "token <token>; refused as UNAUTHENTICATED"
+    )
 
 
 def test_token_files_and_verifiers(tmp_path: Path) -> None:
