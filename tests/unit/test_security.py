@@ -3,6 +3,7 @@ covering every method of every service, client quotas as token buckets, token fi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,20 @@ def test_a_bad_token_file_version_still_revokes_and_is_logged_once(
     with pytest.raises(ValueError, match=r"tokens:1: expected .* found 3 words") as refused:
         TokenFile(f)
     assert "t-x" not in str(refused.value)
+
+
+def test_a_token_file_rewritten_in_place_with_its_old_size_and_time_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """The change time tells it (as it tells a chmod that makes an unreadable file readable
+    again, which nothing else would show)."""
+    f = tmp_path / "tokens"
+    f.write_text("t-old alice\n")
+    tokens = TokenFile(f)
+    st = f.stat()
+    f.write_text("t-new alice\n")  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # same modification time
+    assert tokens("t-old") is None and tokens("t-new") == "User:alice"
 
 
 def test_a_verifier_that_raises_refuses_and_is_logged_without_the_token(

@@ -139,10 +139,11 @@ class TokenFile:
         return None
 
 
-def _stamp(st: os.stat_result) -> tuple[int, int, int]:
-    """What tells a new version of a file (the inode too: an atomic rename, as a Kubernetes
-    Secret update makes, can keep the size and the second)."""
-    return st.st_mtime_ns, st.st_size, st.st_ino
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a new version of a file: the inode too (an atomic rename, as a Kubernetes
+    Secret update makes, can keep the size and the second), and the change time (a chmod
+    that makes an unreadable file readable again changes nothing else)."""
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
 
 
 def _parse(text: str) -> tuple[dict[str, str], list[str]]:
