@@ -18,7 +18,9 @@ from strom.client.cluster import ClusterClient
 from strom.devcluster.certs import CertificateAuthority
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from strom.errors import AuthenticationError
 from strom.security import ChannelSecurity
+from tests.conftest import member_metric
 
 from .test_security import _code, allow, eventually
 
@@ -44,6 +46,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster
         str(tokens),
         "--client-token-file",
         str(root / "service.token"),
+        # A verifier that raises on a bad token, the token in its message, as PyJWT-style
+        # verifiers do (ip_address("bad-token") raises ValueError naming it).
+        "--auth-token-verifier",
+        "ipaddress:ip_address",
         "--acls",
         "--super-users",
         "User:strom-service,User:admin",
@@ -110,3 +116,68 @@ def test_a_changed_token_file_applies_without_a_restart(
         assert code() == grpc.StatusCode.UNAUTHENTICATED
         tokens.write_text(tokens.read_text() + "dave-token dave\n")
         wait_for(lambda: code() == grpc.StatusCode.OK, timeout=5, what="the new token accepted")
+
+
+def test_a_verifier_that_raises_refuses_the_token_without_showing_it(
+    env: tuple[LocalCluster, Path, Path],
+) -> None:
+    """Found from outside: the verifier's exception ended the call UNKNOWN, its message (the
+    token in it) sent back to the client."""
+    cluster, ca, _ = env
+    secret = "bad-secret-token"
+    with ClusterClient(
+        cluster.bootstrap, security=ChannelSecurity.from_files(ca, token=secret), retry_s=0
+    ) as c:
+        req = storage_pb2.MetadataRequest()
+        with pytest.raises(grpc.RpcError) as raw:
+            c.storage(cluster.bootstrap).Metadata(req, timeout=5)
+        assert raw.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert secret not in (raw.value.details() or "")
+        with pytest.raises(AuthenticationError) as refused:
+            c.metadata()
+        assert secret not in str(refused.value)
+    log = cluster.nodes[0].log_path
+    wait_for(
+        lambda: "the bearer token verifier raised ValueError" in log.read_text(),
+        timeout=5,
+        what="the verifier's failure logged",
+    )
+    assert secret not in log.read_text()
+
+
+def test_a_bad_token_file_version_still_revokes_removed_tokens(
+    env: tuple[LocalCluster, Path, Path],
+) -> None:
+    """Found from outside: a rewrite that removed a token but had one bad line kept the old
+    table in force, so the removed token went on authenticating, and nothing said so."""
+    cluster, ca, tokens = env
+    node = cluster.nodes[0]
+    sec = ChannelSecurity.from_files(ca, token="carol-token")
+    with ClusterClient(cluster.bootstrap, security=sec) as c:
+        req = storage_pb2.MetadataRequest()
+
+        def code() -> grpc.StatusCode:
+            return _code(lambda: c.storage(cluster.bootstrap).Metadata(req, timeout=5))
+
+        assert code() == grpc.StatusCode.OK
+        errors = member_metric(
+            node, "strom_service_auth_token_file_errors_total", service="storage"
+        )
+        good = tokens.read_text()
+        # carol removed; erin added with a space in her principal, which makes the line bad.
+        tokens.write_text(
+            "".join(line for line in good.splitlines(True) if "carol" not in line)
+            + "erin-token User:CN=erin, O=acme\n"
+        )
+        try:
+            assert code() == grpc.StatusCode.UNAUTHENTICATED  # the removal applies
+            assert (
+                member_metric(node, "strom_service_auth_token_file_errors_total", service="storage")
+                == errors + 1
+            )
+            text = node.log_path.read_text()
+            assert f"bearer tokens file {tokens}: line " in text and "found 3 words" in text
+            assert "erin-token" not in text
+        finally:
+            tokens.write_text(good)
+        wait_for(lambda: code() == grpc.StatusCode.OK, timeout=5, what="carol's token back")

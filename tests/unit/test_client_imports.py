@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,18 @@ def test_the_clients_do_not_load_the_serving_side() -> None:
     assert _loaded("import strom.client.producer, strom.client.consumer, strom.client.admin") == []
     # The CLI's module too: the benchmarks' consumer process is spawned through it.
     assert _loaded("import strom.cli.main") == []
+
+
+def test_checking_a_client_certificate_loads_no_serving_side(tmp_path: Path) -> None:
+    # The client checks its TLS files with the standard library's ssl, not cryptography.
+    from strom.devcluster.certs import CertificateAuthority
+
+    ca = CertificateAuthority(tmp_path / "ca")
+    alice = ca.issue("alice")
+    files = f"{str(ca.ca_file)!r}, {str(alice.cert)!r}, {str(alice.key)!r}"
+    check = "from strom import Producer\nfrom strom.security.channel import ChannelSecurity\n"
+    check += f"assert ChannelSecurity.from_files({files}).cert"
+    assert _loaded(check) == []
 
 
 def test_the_serving_side_is_still_there_when_asked_for() -> None:

@@ -3,6 +3,7 @@ covering every method of every service, client quotas as token buckets, token fi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,12 @@ from strom.api import (
 )
 from strom.api import metadata_pb2 as md
 from strom.security.acl import CLUSTER, Acl, Authorizer, Op, Res, matches_filter, validate
-from strom.security.principal import TokenFile, bearer_token, load_verifier
+from strom.security.config import ServerSecurity
+from strom.security.interceptor import AuthInterceptor
+from strom.security.principal import TOKEN_FILE_ERRORS, TokenFile, bearer_token, load_verifier
 from strom.security.quotas import QuotaManager
 from strom.security.rules import RULES
+from strom.service import metrics as service_metrics
 
 ALICE = "User:CN=alice"
 
@@ -162,6 +166,83 @@ def test_quotas_throttle_to_the_rate_and_fall_back_to_the_default() -> None:
     assert [q.throttle(bob, "fetch", 1) for _ in range(3)] == [0, 0, pytest.approx(0.5)]
 
 
+def test_a_bad_token_file_version_still_revokes_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside: after a rewrite with one bad line the old table stayed in force,
+    so a removed token kept authenticating, silently, and the file was read and parsed again
+    on every call while it stayed bad."""
+    f = tmp_path / "tokens"
+    f.write_text("t-alice alice\nt-bob User:bob\n")
+    tokens = TokenFile(f)
+    assert tokens("t-bob") == "User:bob"
+    reads = []
+    read_text = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self: reads.append(self) or read_text(self))
+    errors = TOKEN_FILE_ERRORS.labels(service_metrics.SERVICE)
+    before = errors._value.get()
+    # bob removed, carol added with a space in her principal (the reviewer's file).
+    f.write_text("t-alice alice\nt-carol User:CN=carol, O=acme\n")
+    with caplog.at_level("ERROR", logger="strom.security"):
+        for _ in range(3):
+            assert tokens("t-bob") is None  # the removal applies
+            assert tokens("t-carol") is None  # the bad line's token does not authenticate
+            assert tokens("t-alice") == "User:alice"  # the good lines do
+    assert len(reads) == 1  # read once for the version, not on every call
+    assert errors._value.get() == before + 1
+    [record] = caplog.records
+    message = record.getMessage()
+    assert str(f) in message and "line 2: expected '<token> <principal>', found 3 words" in message
+    assert "t-carol" not in message  # the log never shows a token
+    # A file that cannot be read (here: not UTF-8) authenticates no token, and is counted.
+    caplog.clear()
+    f.write_bytes(b"t-alice alice\n\xff\n")
+    with caplog.at_level("ERROR", logger="strom.security"):
+        assert tokens("t-alice") is None and tokens("t-alice") is None
+    assert errors._value.get() == before + 2 and len(caplog.records) == 1
+    assert "no bearer token authenticates" in caplog.records[0].getMessage()
+    f.unlink()
+    assert tokens("t-alice") is None  # gone: still nothing
+    f.write_text("t-alice alice\n")
+    assert tokens("t-alice") == "User:alice"  # fixed: applies at once
+    # At start, a bad file is refused, naming the line (not showing it).
+    f.write_text("t-x one two\n")
+    with pytest.raises(ValueError, match=r"tokens:1: expected .* found 3 words") as refused:
+        TokenFile(f)
+    assert "t-x" not in str(refused.value)
+
+
+def test_a_token_file_rewritten_in_place_with_its_old_size_and_time_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """The change time tells it (as it tells a chmod that makes an unreadable file readable
+    again, which nothing else would show)."""
+    f = tmp_path / "tokens"
+    f.write_text("t-old alice\n")
+    tokens = TokenFile(f)
+    st = f.stat()
+    f.write_text("t-new alice\n")  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # same modification time
+    assert tokens("t-old") is None and tokens("t-new") == "User:alice"
+
+
+def test_a_verifier_that_raises_refuses_and_is_logged_without_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def verifier(token: str) -> str | None:
+        raise ValueError(f"Signature verification failed for token {token}")
+
+    auth = AuthInterceptor(ServerSecurity(tokens=verifier))
+    with caplog.at_level("WARNING", logger="strom.security"):
+        assert auth._verify("bad-secret-token") is None
+        assert auth._verify("bad-secret-token") is None  # within the minute: not logged
+    [record] = caplog.records
+    assert record.getMessage().startswith(
+        "the bearer token verifier raised ValueError: Signature verification failed for "
+        "token <token>; refused as UNAUTHENTICATED"
+    )
+
+
 def test_token_files_and_verifiers(tmp_path: Path) -> None:
     f = tmp_path / "tokens"
     f.write_text("# comment\nt1 alice\nt2 User:bob\n")
@@ -169,8 +250,6 @@ def test_token_files_and_verifiers(tmp_path: Path) -> None:
     assert (tokens("t1"), tokens("t2"), tokens("nope")) == ("User:alice", "User:bob", None)
     f.write_text("t3 carol\n")
     assert tokens("t3") == "User:carol" and tokens("t1") is None  # re-read on change
-    f.write_text("broken line with three\n")
-    assert tokens("t3") == "User:carol"  # a bad rewrite keeps the last good tokens
     assert bearer_token([("authorization", "Bearer abc")]) == "abc"
     assert bearer_token([("authorization", "Basic abc")]) is None
     assert load_verifier("os.path:basename")("/a/b") == "b"

@@ -89,7 +89,10 @@ def tls_handshake_failed(exc: grpc.RpcError) -> bool:
 
 def connection_hint(security: ChannelSecurity) -> str:
     """What to check when every node closes the connection at once, as a TLS listener does
-    to a plaintext client or (with mTLS) to one without a certificate."""
+    to a plaintext client or (with mTLS) to one without a certificate, or with one it does
+    not accept. That last one said nothing (found from outside): the client checks its
+    certificate's dates and key itself (:meth:`ChannelSecurity.from_files`), but not who
+    signed it, and the server does not say why it closed the connection."""
     if not security.tls:
         return (
             "; if the cluster requires TLS, pass --ssl-cafile (or set STROM_SSL_CAFILE, or "
@@ -100,7 +103,11 @@ def connection_hint(security: ChannelSecurity) -> str:
             "; if the cluster requires client certificates (mTLS), pass --ssl-certfile and "
             "--ssl-keyfile (or set STROM_SSL_CERTFILE and STROM_SSL_KEYFILE)"
         )
-    return ""
+    return (
+        "; if the cluster requires client certificates (mTLS), it refused this one: check "
+        "that it is signed by a CA the servers trust (their --tls-ca) and valid by their "
+        "clock (not expired)"
+    )
 
 
 _addr = node_address

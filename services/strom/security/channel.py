@@ -11,9 +11,13 @@ of the process (docs/benchmarks.md, "A client's heap").
 
 from __future__ import annotations
 
+import base64
 import os
+import re
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,122 @@ import grpc
 
 #: The gRPC metadata key of a bearer token.
 TOKEN_METADATA = "authorization"
+
+
+_PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.S)
+
+
+class _Encrypted(Exception):
+    """Raised by the password callback: OpenSSL would otherwise ask on the terminal."""
+
+
+def _no_password() -> bytes:
+    raise _Encrypted
+
+
+def _check_client_files(
+    cert: bytes | None,
+    ca: bytes | None,
+    paths: tuple[str | Path | None, str | Path | None, str | Path | None],
+) -> None:
+    """Fail with the file named when the client certificate, its key or the CA bundle cannot
+    work: gRPC says only "Failed to create security handshaker" for a key that is not the
+    certificate's (its reason goes to stderr), and a server requiring client certificates
+    closes the connection on an expired one, which the client sees as "Socket closed", and
+    retries until it gives up (found from outside).
+
+    With the standard library's ``ssl``, which every client loads anyway, rather than
+    ``cryptography`` as the services' check does: that would add ~6,000 objects to each
+    client process for its full garbage collections to walk (docs/benchmarks.md, "A client's
+    heap"). A certificate signed by a CA the servers do not trust cannot be told here."""
+    ca_path, cert_path, key_path = paths
+    if cert is not None:
+        blocks = _PEM_CERT.findall(cert)
+        if not blocks:
+            raise ValueError(f"ssl_certfile {cert_path}: no PEM certificate in it")
+        now = datetime.now(UTC)
+        for n, block in enumerate(blocks, 1):
+            which = "the certificate" if n == 1 else f"certificate {n} in it (of the chain)"
+            try:
+                not_before, not_after = _validity(base64.b64decode(block))
+            except (ValueError, IndexError):
+                raise ValueError(f"ssl_certfile {cert_path}: {which} does not parse") from None
+            if now > not_after:
+                raise ValueError(
+                    f"ssl_certfile {cert_path}: {which} expired on {not_after:%Y-%m-%d %H:%M:%S}"
+                    " UTC; servers refuse it: renew it"
+                )
+            if now < not_before:
+                raise ValueError(
+                    f"ssl_certfile {cert_path}: {which} is not valid before "
+                    f"{not_before:%Y-%m-%d %H:%M:%S} UTC (is this machine's clock right?)"
+                )
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            context.load_cert_chain(cert_path, key_path, password=_no_password)  # type: ignore[arg-type]
+        except _Encrypted:
+            raise ValueError(
+                f"ssl_keyfile {key_path}: it is encrypted (give the key without a passphrase)"
+            ) from None
+        except ssl.SSLError as exc:
+            if exc.reason in ("KEY_VALUES_MISMATCH", "KEY_TYPE_MISMATCH"):
+                raise ValueError(
+                    f"ssl_keyfile {key_path} is not the key of ssl_certfile {cert_path}"
+                ) from None
+            if "PEM lib" in str(exc):  # what OpenSSL says of a file without a key
+                raise ValueError(f"ssl_keyfile {key_path}: no PEM private key in it") from None
+            raise ValueError(
+                f"ssl_keyfile {key_path} with ssl_certfile {cert_path}: {exc.reason or exc}"
+            ) from None
+        except OSError as exc:  # the files changed since they were read
+            raise ValueError(f"cannot read {exc.filename}: {exc.strerror or exc}") from None
+    if ca is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(
+                cadata=ca.decode("latin-1")
+            )
+        except ssl.SSLError:
+            raise ValueError(f"ssl_cafile {ca_path}: no PEM certificate in it") from None
+
+
+def _validity(der: bytes) -> tuple[datetime, datetime]:
+    """notBefore and notAfter of a DER certificate. RFC 5280, 4.1: Certificate ::= SEQUENCE
+    { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber INTEGER, signature
+    SEQUENCE, issuer SEQUENCE, validity SEQUENCE { notBefore Time, notAfter Time }, ... },
+    ... }. ValueError (or IndexError) when it is not shaped so."""
+
+    def tlv(i: int, *tags: int) -> tuple[int, int, int]:
+        """(tag, start, end) of the DER element at ``i``, whose tag must be one of ``tags``."""
+        tag, size = der[i], der[i + 1]
+        i += 2
+        if size & 0x80:
+            width = size & 0x7F
+            if not 0 < width <= 4:
+                raise ValueError("bad length")
+            size, i = int.from_bytes(der[i : i + width], "big"), i + width
+        if tag not in tags or i + size > len(der):
+            raise ValueError("not a certificate")
+        return tag, i, i + size
+
+    _, i, _ = tlv(0, 0x30)  # Certificate
+    _, i, _ = tlv(i, 0x30)  # tbsCertificate
+    tag, start, end = tlv(i, 0xA0, 0x02)  # version, or the serial number
+    if tag == 0xA0:
+        _, start, end = tlv(end, 0x02)
+    _, _, end = tlv(end, 0x30)  # signature algorithm
+    _, _, end = tlv(end, 0x30)  # issuer
+    _, start, _ = tlv(end, 0x30)  # validity
+    tag1, s1, e1 = tlv(start, 0x17, 0x18)
+    tag2, s2, e2 = tlv(e1, 0x17, 0x18)
+    return _time(tag1, der[s1:e1]), _time(tag2, der[s2:e2])
+
+
+def _time(tag: int, raw: bytes) -> datetime:
+    """A UTCTime (0x17, two-digit year: 50-99 are 19xx) or GeneralizedTime, in UTC."""
+    text = raw.decode("ascii")
+    if tag == 0x17:
+        text = ("19" if int(text[:2]) >= 50 else "20") + text
+    return datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=UTC)
 
 
 def _read(path: str | Path | None, what: str) -> bytes | None:
@@ -117,15 +237,16 @@ class ChannelSecurity:
         ssl_keyfile: str | Path | None = None,
         token: str | None = None,
     ) -> ChannelSecurity:
-        """The client settings (kafka-python's names); a bad file gives a clear ValueError."""
+        """The client settings (kafka-python's names). A file that cannot work gives a
+        ValueError naming it and the problem (unreadable, not PEM, an expired certificate, a
+        key that is not the certificate's), before anything is dialled."""
         if (ssl_certfile is None) != (ssl_keyfile is None):
             raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate)")
-        return cls(
-            _read(ssl_cafile, "ssl_cafile"),
-            _read(ssl_certfile, "ssl_certfile"),
-            _read(ssl_keyfile, "ssl_keyfile"),
-            token or None,
-        )
+        ca = _read(ssl_cafile, "ssl_cafile")
+        cert = _read(ssl_certfile, "ssl_certfile")
+        key = _read(ssl_keyfile, "ssl_keyfile")
+        _check_client_files(cert, ca, (ssl_cafile, ssl_certfile, ssl_keyfile))
+        return cls(ca, cert, key, token or None)
 
     @property
     def tls(self) -> bool:

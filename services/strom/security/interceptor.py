@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -54,6 +56,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, security: ServerSecurity) -> None:
         self.security = security
+        self._verifier_errors = 0  # verifier exceptions since the last one logged
+        self._verifier_logged = -math.inf
 
     async def intercept_service(
         self,
@@ -82,7 +86,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if principal is None and sec.tokens is not None:
             token = bearer_token(metadata)
             if token is not None:
-                principal = sec.tokens(token)
+                principal = self._verify(token)
                 if principal is None:
                     await context.abort(
                         grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid"
@@ -105,6 +109,30 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 if denied is not None:
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied)
         return principal
+
+    def _verify(self, token: str) -> str | None:
+        """The token's principal, or None. A verifier that raises on a bad token (as PyJWT's
+        do) refuses it too: the exception used to end the call UNKNOWN with its message,
+        token included, sent back to the client (found from outside). The log names the
+        exception without the token, at most once a minute (a client sending bad tokens
+        must not flood it)."""
+        assert self.security.tokens is not None
+        try:
+            return self.security.tokens(token)
+        except Exception as exc:
+            self._verifier_errors += 1
+            now = time.monotonic()
+            if now >= self._verifier_logged + 60:
+                why = str(exc).replace(token, "<token>")
+                log.warning(
+                    "the bearer token verifier raised %s: %s; refused as UNAUTHENTICATED "
+                    "(%d calls refused so since the last such message)",
+                    type(exc).__name__,
+                    why,
+                    self._verifier_errors,
+                )
+                self._verifier_logged, self._verifier_errors = now, 0
+            return None
 
     def _denied(self, method: str, principal: str, request: Any) -> str | None:
         """Why ``principal`` may not make ``request`` to ``method`` (None: it may)."""

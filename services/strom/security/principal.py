@@ -5,24 +5,37 @@
   4514 order, as Kafka's default principal builder gives it).
 - **Bearer tokens** (``authorization: Bearer <token>`` in the call metadata): a static token
   file (``--auth-tokens``: lines ``<token> <principal>``, re-read when it changes, so a
-  Kubernetes Secret update applies without a restart) and/or a pluggable verifier
-  (``--auth-token-verifier module:function``, called with the token, returning the principal
-  or None).
+  Kubernetes Secret update applies without a restart; a bad version fails closed, see
+  :class:`TokenFile`) and/or a pluggable verifier (``--auth-token-verifier
+  module:function``, called with the token, returning the principal or None; one that
+  raises refuses the token too, see :mod:`strom.security.interceptor`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import importlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from cryptography import x509
+from prometheus_client import Counter
 
 from strom.security.channel import TOKEN_METADATA
+from strom.service import metrics as service_metrics
+
+log = logging.getLogger("strom.security")
+
+TOKEN_FILE_ERRORS = Counter(
+    "strom_service_auth_token_file_errors",
+    "Versions of the --auth-tokens file that were bad when re-read, each counted once: a "
+    "line that is not '<token> <principal>' (its token does not authenticate) or a file that "
+    "cannot be read (no token authenticates); the log names the line and why",
+    ["service"],
+)
 
 ANONYMOUS = "User:ANONYMOUS"
 
@@ -59,40 +72,96 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
 
 
 class TokenFile:
-    """Static bearer tokens from a file, re-read when the file changes."""
+    """Static bearer tokens from a file, re-read when the file changes.
+
+    A bad file fails the start. A later version that is bad must not keep the old table: that
+    kept a revoked token working for as long as any other line of the file was wrong (found
+    from outside). So a reload fails closed, as far as the file is bad: a line that is not
+    ``<token> <principal>`` is left out (its token does not authenticate; the good lines,
+    removals included, apply), and a file that cannot be read or decoded authenticates no
+    token at all. Either is logged at ERROR and counted in
+    ``strom_service_auth_token_file_errors_total`` once per version of the file, naming the
+    line and why but never the token. A failed version's stamp is remembered like a good
+    one's, so it is not read and parsed again on every call while it stays bad.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
-        self._tokens: dict[str, str] = {}
-        self._load()  # a missing or bad file fails the start, with its name
+        # A missing or bad file fails the start, with its name (OSError, ValueError).
+        self._stamp: object = _stamp(os.stat(self.path))
+        self._tokens, problems = _parse(self.path.read_text())
+        if problems:
+            raise ValueError(f"{self.path}:{problems[0]}")
+        self._bad = False  # whether the version in force failed (logged as such)
 
-    def _load(self) -> None:
-        st = os.stat(self.path)
-        stamp = (st.st_mtime_ns, st.st_size)
+    def _reload(self) -> None:
+        """Re-read the file if its stamp changed (the lock held)."""
+        try:
+            stamp: object = _stamp(os.stat(self.path))
+        except OSError as exc:
+            stamp = ("unreadable", exc.errno)
         if stamp == self._stamp:
             return
-        tokens: dict[str, str] = {}
-        for n, line in enumerate(self.path.read_text().splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise ValueError(f"{self.path}:{n}: expected '<token> <principal>', got {line!r}")
-            tokens[parts[0]] = user(parts[1])
-        self._tokens, self._stamp = tokens, stamp
+        self._stamp = stamp
+        try:
+            text = self.path.read_text()
+        except (OSError, ValueError) as exc:  # gone, not permitted, not UTF-8
+            self._tokens = {}
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._failed(f"cannot read it ({why}); no bearer token authenticates until it can")
+            return
+        tokens, problems = _parse(text)
+        self._tokens = tokens
+        if problems:
+            shown = "; ".join(f"line {p}" for p in problems[:5])
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            self._failed(
+                f"{shown}{more}; the tokens of those lines do not authenticate until they "
+                f"are fixed, the {len(tokens)} good lines apply"
+            )
+        elif self._bad:
+            self._bad = False
+            log.warning("bearer tokens file %s: good again, %d tokens", self.path, len(tokens))
+
+    def _failed(self, why: str) -> None:
+        self._bad = True
+        TOKEN_FILE_ERRORS.labels(service_metrics.SERVICE).inc()
+        log.error("bearer tokens file %s: %s", self.path, why)
 
     def __call__(self, token: str) -> str | None:
         with self._lock:
-            with contextlib.suppress(OSError, ValueError):
-                self._load()  # on failure keep the last good tokens (file being replaced)
+            self._reload()
             tokens = self._tokens
         for known, principal in tokens.items():
             if hmac.compare_digest(known, token):
                 return principal
         return None
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a new version of a file: the inode too (an atomic rename, as a Kubernetes
+    Secret update makes, can keep the size and the second), and the change time (a chmod
+    that makes an unreadable file readable again changes nothing else)."""
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
+
+
+def _parse(text: str) -> tuple[dict[str, str], list[str]]:
+    """The tokens of a token file's good lines, and what is wrong with each other line
+    (``"<n>: ..."``; never the line itself, which holds a token)."""
+    tokens: dict[str, str] = {}
+    problems: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            hint = " (a space in the principal?)" if len(parts) > 2 else ""
+            problems.append(f"{n}: expected '<token> <principal>', found {len(parts)} words{hint}")
+            continue
+        tokens[parts[0]] = user(parts[1])
+    return tokens, problems
 
 
 def load_verifier(spec: str) -> Verifier:
