@@ -247,6 +247,64 @@ def test_acks_all_is_not_acknowledged_when_the_isr_fell_below_min_insync_meanwhi
     wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
 
 
+def test_transaction_markers_follow_min_insync_replicas(cluster: LocalCluster, topic: str) -> None:
+    """A transaction marker is written like an acks=-1 batch (Kafka's rule): held by the
+    leader alone it is not confirmed (NOT_ENOUGH_REPLICAS_AFTER_APPEND), below
+    min.insync.replicas it is refused before the append (NOT_ENOUGH_REPLICAS), and the
+    coordinator retries; found from outside: markers were confirmed with the followers gone,
+    and lost with the leader the transaction would stay open on the partition for good."""
+    leader, _, _ = _state(cluster, topic)
+    followers = [n for n in cluster.nodes if n.ident != leader]
+    address = next(n.address for n in cluster.nodes if n.ident == leader)
+    with ClusterClient(cluster.bootstrap) as client:
+        stub = client.storage(address)
+        init = stub.InitProducerId(storage_pb2.InitProducerIdRequest(), timeout=10)
+        pid, epoch = init.producer_id, init.producer_epoch
+        batch = encode_batch(
+            [b"in a transaction"],
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=0,
+            transactional=True,
+        )
+        req = storage_pb2.ProduceRequest(
+            acks=-1,
+            timeout_ms=10_000,
+            topics=[
+                storage_pb2.ProduceTopicData(
+                    topic=topic,
+                    partitions=[storage_pb2.ProducePartitionData(partition=0, records=batch)],
+                )
+            ],
+        )
+        assert stub.Produce(req, timeout=15).topics[0].partitions[0].error_code == NONE
+
+        def marker(timeout_ms: int) -> storage_pb2.TxnMarkerPartitionResult:
+            req = storage_pb2.WriteTxnMarkersRequest(timeout_ms=timeout_ms)
+            req.markers.add(
+                producer_id=pid,
+                producer_epoch=epoch,
+                committed=True,
+                topics=[common_pb2.TopicPartitions(topic=topic, partitions=[0])],
+            )
+            resp = stub.WriteTxnMarkers(req, timeout=timeout_ms / 1000 + 10)
+            return resp.markers[0].topics[0].partitions[0]
+
+        for f in followers:
+            f.process.signal(signal.SIGSTOP)
+        try:
+            r = marker(60_000)  # the shrink, not the timeout, ends the wait
+            assert r.error_code == common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, r
+            r = marker(10_000)
+            assert r.error_code == common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS, r
+            assert "min.insync.replicas=2" in r.error_message
+        finally:
+            for f in followers:
+                f.process.signal(signal.SIGCONT)
+        wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
+        assert marker(10_000).error_code == NONE
+
+
 def test_a_leader_elected_uncleanly_reports_recovered(
     cluster: LocalCluster, new_topic: TopicFactory
 ) -> None:

@@ -321,6 +321,20 @@ class StorageServicer(
                     except Exception as exc:
                         self._marker_failed(pr, _unexpected("marker to", tp.topic, index, exc))
                         continue
+                    min_isr = part.log.config.min_insync_replicas
+                    if len(part.isr) < min_isr:
+                        # As acks=-1 Produce (Kafka's rule for markers too): a marker only
+                        # the leader holds is lost with it, and the transaction then stays
+                        # open on the partition for good. The coordinator retries.
+                        self._marker_failed(
+                            pr,
+                            _Refusal(
+                                E.NOT_ENOUGH_REPLICAS,
+                                f"{tp.topic}-{index} has {len(part.isr)} in-sync replicas, "
+                                f"fewer than min.insync.replicas={min_isr}",
+                            ),
+                        )
+                        continue
                     job = functools.partial(
                         part.log.append_marker,
                         m.producer_id,
@@ -387,7 +401,15 @@ class StorageServicer(
     async def _marker_committed(
         self, pr: pb.TxnMarkerPartitionResult, part: Partition, offset: int, timeout: float
     ) -> None:
-        if await part.wait_for_high_watermark(offset, timeout) is not None:
+        in_sync = await part.wait_for_high_watermark(offset, timeout)
+        if in_sync is not None:
+            min_isr = part.log.config.min_insync_replicas
+            if in_sync < min_isr:
+                pr.error_code = E.NOT_ENOUGH_REPLICAS_AFTER_APPEND  # type: ignore[assignment]
+                pr.error_message = (
+                    f"appended, but {part.topic}-{part.index} had {in_sync} in-sync replicas "
+                    f"when the marker was committed, fewer than min.insync.replicas={min_isr}"
+                )
             return
         if part.is_leader and not part.deleted and not part.stopping:
             pr.error_code = E.REQUEST_TIMED_OUT  # type: ignore[assignment]
