@@ -203,3 +203,15 @@ def test_the_tls_probe_verifies_a_pods_certificate_by_its_own_name(
         assert healthcheck.main([f"127.0.0.1:{port}"]) == 1
     finally:
         server.stop(0)
+
+
+def test_the_probe_reports_unusable_tls_files_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A missing (or expired) TLS file fails the probe with one line naming it."""
+    for var in ("STROM_SSL_CAFILE", "STROM_SSL_CERTFILE", "STROM_SSL_KEYFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("STROM_TLS_CA", str(tmp_path / "missing-ca.crt"))
+    assert healthcheck.main([f"127.0.0.1:{free_port()}"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot use the TLS files" in err and "missing-ca.crt" in err, err

@@ -104,7 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         service, args = args[1], args[2:]
     targets = addresses(args, env)
-    sec = security(env)
+    try:
+        sec = security(env)
+    except (OSError, ValueError) as exc:  # a missing, unreadable or expired TLS file
+        print(f"not serving: cannot use the TLS files: {exc}", file=sys.stderr)
+        return 1
     name = own_name(env) if sec.tls else None
     for address in targets:
         if serving(address, sec=sec, server_name=name, service=service):
