@@ -16,6 +16,8 @@ min.insync.replicas=2.
 from __future__ import annotations
 
 import contextlib
+import json
+import signal
 import subprocess
 import sys
 import threading
@@ -670,3 +672,31 @@ def test_a_hanging_transaction_is_found_and_aborted(
         assert all(
             s.current_transaction_start_offset is None for s in admin.describe_producers([tp])[tp]
         )
+
+
+def test_a_partial_transactions_list_says_so_on_stderr_and_in_its_exit_code(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found from outside: with a coordinator down, `strom transactions list --json` printed
+    the "incomplete" line after the JSON (no longer JSON) and exited 0."""
+    with Producer(cluster.bootstrap, transactional_id="listed") as p:
+        p.init_transactions()
+    stopped = cluster.coordinators[0]
+    assert stopped.process is not None
+    stopped.process.signal(signal.SIGSTOP)
+    try:
+        assert cli_main(["transactions", "list", "--json", "-b", cluster.bootstrap]) == 2
+        out, err = capsys.readouterr()
+    finally:
+        stopped.process.signal(signal.SIGCONT)
+    assert isinstance(json.loads(out), list)
+    assert "incomplete" in err and "incomplete" not in out
+    listed: list[Any] = []
+
+    def whole() -> bool:
+        code = cli_main(["transactions", "list", "--json", "-b", cluster.bootstrap])
+        listed[:] = json.loads(capsys.readouterr().out)
+        return code == 0
+
+    wait_for(whole, timeout=30, what="every coordinator answering again")
+    assert "listed" in {t["transactional_id"] for t in listed}

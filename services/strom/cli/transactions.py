@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -57,7 +58,12 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     tsub = txn.add_subparsers(dest="txn_cmd", metavar="ACTION")
     tsub.required = True
-    ls = tsub.add_parser("list", parents=[common], help="every transactional id and its state")
+    ls = tsub.add_parser(
+        "list",
+        parents=[common],
+        help="every transactional id and its state (exit 2: some coordinator did not answer, "
+        "the list is partial)",
+    )
     ls.add_argument(
         "--state",
         action="append",
@@ -233,7 +239,14 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
         ]
         _table(table, out)
     if unloaded or not addresses:
-        print("(incomplete: some transaction coordinator shards are not available)", file=out)
+        # On stderr, so that --json output stays JSON; exit 2 tells a script the list is
+        # partial (found from outside: the line followed the JSON, and the exit was 0).
+        print(
+            "strom transactions list: incomplete: some transaction coordinator shards are not "
+            "available",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 
