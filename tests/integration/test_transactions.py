@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from strom import Admin, Consumer, GroupMetadata, OffsetAndMetadata, Producer, TopicPartition
-from strom.api import controller_pb2, storage_pb2
+from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.cli.main import main as cli_main
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
@@ -700,3 +700,94 @@ def test_a_partial_transactions_list_says_so_on_stderr_and_in_its_exit_code(
 
     wait_for(whole, timeout=30, what="every coordinator answering again")
     assert "listed" in {t["transactional_id"] for t in listed}
+
+
+def _coordinator_of(cluster: LocalCluster, transactional_id: str) -> Member:
+    with ClusterClient(cluster.bootstrap) as client:
+        addr = client.find_coordinator(transactional_id, storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+    return next(c for c in cluster.coordinators if c.address == addr)
+
+
+def _state_of(cluster: LocalCluster, transactional_id: str) -> str:
+    with ClusterClient(cluster.bootstrap) as client:
+        addr = client.find_coordinator(transactional_id, storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
+        resp = stub.DescribeTransactions(
+            coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
+            timeout=10,
+        )
+    return coordinator_pb2.TransactionState.Name(resp.transactions[0].state)
+
+
+def test_a_commit_that_got_no_answer_is_asked_again_not_aborted(cluster: LocalCluster) -> None:
+    """Found from outside: commit_transaction() timed out while the coordinator was writing
+    the decision; the producer went to abortable error, the coordinator committed, and every
+    call after (abort, begin, init) was refused: only a new producer worked. Now the commit
+    is pending: abort is refused, and commit_transaction() again asks once more (Kafka)."""
+    _topic(cluster, "asked", partitions=1)
+    tp = TopicPartition("asked", 0)
+    with Producer(cluster.bootstrap, transactional_id="asked-again") as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("asked", b"committed once").result(10)
+        coordinator = _coordinator_of(cluster, "asked-again")
+        assert coordinator.process is not None
+        coordinator.process.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(StromError):
+                p.commit_transaction(timeout=1.0)
+            with pytest.raises(StromError, match="call commit_transaction\\(\\) again"):
+                p.abort_transaction()
+            with pytest.raises(StromError, match="call commit_transaction\\(\\) again"):
+                p.begin_transaction()
+        finally:
+            coordinator.process.signal(signal.SIGCONT)
+        p.commit_transaction(timeout=30)
+        with p.transaction():  # the producer goes on
+            p.send("asked", b"and the next one")
+    assert [v for _, v in _read(cluster, "asked", "read_committed", expect=2)] == [
+        b"committed once",
+        b"and the next one",
+    ]
+    with Consumer(cluster.bootstrap, isolation_level="read_committed") as rc:
+        assert rc.end_offsets([tp])[tp] == 4  # two records, two commit markers
+
+
+@pytest.mark.parametrize("how", ["with", "close"])
+def test_a_failed_transaction_is_aborted_by_the_block_and_by_close(
+    cluster: LocalCluster, how: str
+) -> None:
+    """Found from outside: a send that failed surfaced at commit_transaction(), after the
+    `with producer.transaction()` block's own handler, and close() aborted only a transaction
+    in progress, not a failed one: either way the transaction stayed open and held
+    read_committed readers until its timeout (60 s)."""
+    ok, small = f"ok-{how}", f"small-{how}"
+    _topic(cluster, ok, partitions=1)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(
+            small, partitions=1, replication_factor=3, config={**RF3, "max.message.bytes": "2000"}
+        )
+    tid = f"failed-{how}"
+    p = Producer(cluster.bootstrap, transactional_id=tid)
+    try:
+        p.init_transactions()
+        if how == "with":
+            with pytest.raises(StromError), p.transaction():
+                p.send(ok, b"in the failed transaction")
+                p.send(small, b"x" * 5000)
+        else:
+            p.begin_transaction()
+            p.send(ok, b"in the failed transaction")
+            p.send(small, b"x" * 5000)
+            with pytest.raises(StromError):
+                p.commit_transaction()
+    finally:
+        p.close()
+    assert _state_of(cluster, tid) in (
+        "TRANSACTION_STATE_COMPLETE_ABORT",
+        "TRANSACTION_STATE_PREPARE_ABORT",
+    )
+    tp = TopicPartition(ok, 0)
+    with Consumer(cluster.bootstrap, isolation_level="read_committed") as rc:
+        wait_for(lambda: rc.end_offsets([tp])[tp] == 2, timeout=20, what="the abort marker")
+    assert _read(cluster, ok, "read_committed") == []

@@ -15,7 +15,12 @@ import pytest
 from strom.api import common_pb2, coordinator_pb2
 from strom.client.transactions import GroupMetadata, TransactionManager, TxnPhase
 from strom.client.types import OffsetAndMetadata, TopicPartition
-from strom.errors import RequestTimedOutError, StromError, TopicAuthorizationFailedError
+from strom.errors import (
+    InvalidTxnStateError,
+    RequestTimedOutError,
+    StromError,
+    TopicAuthorizationFailedError,
+)
 
 E = common_pb2.ErrorCode
 
@@ -101,6 +106,20 @@ def test_an_abort_that_failed_can_be_tried_again() -> None:
     m.phase = TxnPhase.ABORTING  # as Producer.abort_transaction sets it
     with pytest.raises(RequestTimedOutError):
         m.end(False, 1)
-    assert m.phase is TxnPhase.ABORTABLE_ERROR  # not stuck ABORTING
+    # No answer: the abort may be in, so it is pending and only an abort may follow.
+    assert m.phase is TxnPhase.ABORTING and m.pending_end is False
+    with pytest.raises(InvalidTxnStateError, match="call abort_transaction"):
+        m.require(TxnPhase.READY, action="begin_transaction()")
     m.end(False, 1)
-    assert m.phase is TxnPhase.READY
+    assert m.phase is TxnPhase.READY and m.pending_end is None
+
+
+def test_a_refused_end_makes_the_transaction_abortable() -> None:
+    """An answered refusal (not a missing answer) decided nothing: abort is the way on."""
+    m = Scripted(added(E.NONE), refused())
+    m.begin()
+    m.add_partitions([("t", 0)], 1)
+    m.phase = TxnPhase.COMMITTING
+    with pytest.raises(StromError):
+        m.end(True, 1)
+    assert m.phase is TxnPhase.ABORTABLE_ERROR and m.pending_end is None

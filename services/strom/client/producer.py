@@ -632,7 +632,13 @@ class Producer:
 
         Raises the error that made the transaction fail (call :meth:`abort_transaction`), or
         :class:`~strom.errors.ProducerFencedError` when a newer instance took over (close
-        this producer)."""
+        this producer). When the commit got no answer in time (:class:`~strom.errors.
+        RequestTimedOutError`, a broken connection) it may still be committed: call
+        ``commit_transaction()`` again, which asks once more (an abort is refused then)."""
+        txn = self._require_txn()
+        if txn.pending_end is True:
+            txn.end(True, self.max_block_s if timeout is None else timeout)
+            return
         txn, end = self._flush_transaction("commit_transaction()", timeout)
         txn.end(True, max(end - time.monotonic(), 0.001))
 
@@ -675,6 +681,14 @@ class Producer:
         and its offsets are dropped. Records still queued are sent first (they are part of
         the aborted transaction either way)."""
         txn = self._require_txn()
+        if txn.pending_end is True:
+            raise InvalidTxnStateError(
+                "cannot abort_transaction(): the previous commit_transaction() got no answer "
+                "and may have committed; call commit_transaction() again"
+            )
+        if txn.pending_end is False:  # the previous abort got no answer: ask again
+            txn.end(False, self.max_block_s if timeout is None else timeout)
+            return
         txn.require(
             TxnPhase.IN_TRANSACTION,
             TxnPhase.ABORTABLE_ERROR,
@@ -691,7 +705,9 @@ class Producer:
     @contextlib.contextmanager
     def transaction(self, timeout: float | None = None) -> Iterator[Producer]:
         """``with producer.transaction(): ...`` begins a transaction, commits it when the
-        block ends, and aborts it (re-raising) when the block raises."""
+        block ends, and aborts it (re-raising) when the block raises or the commit fails (a
+        send that failed surfaces at the commit). A commit that got no answer is not aborted:
+        it may have committed; ``commit_transaction()`` asks again."""
         self.begin_transaction()
         try:
             yield self
@@ -699,7 +715,15 @@ class Producer:
             with contextlib.suppress(StromError):
                 self.abort_transaction(timeout)
             raise
-        self.commit_transaction(timeout)
+        try:
+            self.commit_transaction(timeout)
+        except StromError:
+            # (found from outside: the failed transaction stayed open, holding read_committed
+            # readers until its timeout)
+            if self._txn is not None and self._txn.phase is TxnPhase.ABORTABLE_ERROR:
+                with contextlib.suppress(StromError):
+                    self.abort_transaction(timeout)
+            raise
 
     def _require_txn(self) -> TransactionManager:
         if self._txn is None:
@@ -711,10 +735,16 @@ class Producer:
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the sender and release connections. Records still unsent after
         ``timeout`` seconds fail with :class:`ProducerClosedError`. An open transaction is
-        aborted first."""
+        aborted first, as is one that failed (abortable error); a commit that got no answer
+        is left to its coordinator."""
         if self._closed:
             return
-        if self._txn is not None and self._txn.in_transaction:
+        txn = self._txn
+        if (
+            txn is not None
+            and txn.pending_end is not True
+            and (txn.in_transaction or txn.phase is TxnPhase.ABORTABLE_ERROR)
+        ):
             with contextlib.suppress(StromError):
                 self.abort_transaction(timeout)
         with contextlib.suppress(StromError):

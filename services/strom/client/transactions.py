@@ -148,6 +148,10 @@ class TransactionManager:
         #: a transaction that added nothing.
         self.started = False
         self.error: StromError | None = None
+        #: The outcome of an EndTxn that got no answer (True: commit): it may have reached
+        #: the coordinator, so only the same call may follow (Kafka's rule: a timed-out
+        #: commit_transaction() is retried, never turned into an abort).
+        self.pending_end: bool | None = None
         self._coordinator: str | None = None
 
     # -- state ---------------------------------------------------------------------------------
@@ -168,6 +172,9 @@ class TransactionManager:
                 hint = ": call begin_transaction() first"
             elif phase is TxnPhase.IN_TRANSACTION:
                 hint = ": a transaction is already open"
+            elif self.pending_end is not None:
+                again = "commit_transaction()" if self.pending_end else "abort_transaction()"
+                hint = f": the previous {again} got no answer; call {again} again"
             elif phase is TxnPhase.PREPARED:
                 hint = (
                     ": the transaction was prepared and handed over "
@@ -192,6 +199,7 @@ class TransactionManager:
                 # (an abort that failed can be tried again: not left ABORTING for good)
                 self.phase = TxnPhase.ABORTABLE_ERROR
                 self.error = error
+                self.pending_end = None
 
     @property
     def in_transaction(self) -> bool:
@@ -214,6 +222,7 @@ class TransactionManager:
             self.phase = TxnPhase.READY
             self.added.clear()
             self.error = None
+            self.pending_end = None
         return resp.producer_id, resp.producer_epoch
 
     def begin(self) -> None:
@@ -324,12 +333,21 @@ class TransactionManager:
         try:
             self._call("EndTxn", req, timeout_s)
         except StromError as exc:
+            if self.phase is not TxnPhase.FATAL_ERROR and not getattr(exc, "answered", False):
+                # No answer (a timeout, a broken connection): the decision may be in. The
+                # coordinator answers the same EndTxn again with NONE once it has it (found
+                # from outside: the producer went to abortable error, the coordinator
+                # committed, and the abort it asked for was refused for good).
+                with self.lock:
+                    self.pending_end = commit
+                raise
             self.fail(exc)
             raise
         with self.lock:
             self.phase = TxnPhase.READY
             self.added.clear()
             self.error = None
+            self.pending_end = None
 
     # -- plumbing ------------------------------------------------------------------------------
 
