@@ -8,7 +8,9 @@ tests/integration/test_helm_processes.py. No Kubernetes cluster runs here.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -125,9 +127,9 @@ def test_default_install_has_what_an_operator_needs() -> None:
     assert node["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["terminationGracePeriodSeconds"] >= 30
     assert "podAntiAffinity" in pod["affinity"]
-    deps = by_kind(docs, "Deployment")
-    assert deps["strom-controller"]["spec"]["replicas"] >= 2
-    assert "strom-coordinator" in deps
+    assert sts["strom-controller"]["spec"]["replicas"] >= 2
+    assert "strom-coordinator" in sts
+    assert not by_kind(docs, "Deployment")
     assert sts["strom-etcd"]["spec"]["replicas"] == 3
     etcd_args = container(sts["strom-etcd"])["args"]
     # Without compaction etcd keeps every revision until its quota makes it read-only.
@@ -183,13 +185,14 @@ def test_zones_become_racks_of_five_nodes() -> None:
     role = by_kind(docs, "ClusterRole")
     assert [r["resources"] for r in next(iter(role.values()))["rules"]] == [["nodes"]]
     # Only storage pods get an API token; the others never need one.
-    for dep in by_kind(docs, "Deployment").values():
-        assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    for name in ("strom-controller", "strom-coordinator"):
+        pod = by_kind(docs, "StatefulSet")[name]["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
 
 
 def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
     docs = render(VALUE_SETS["tls-and-monitoring"])
-    for obj in [*by_kind(docs, "StatefulSet").values(), *by_kind(docs, "Deployment").values()]:
+    for obj in by_kind(docs, "StatefulSet").values():
         if obj["metadata"]["name"].endswith("-etcd"):
             continue
         mounts = {m["name"]: m for m in container(obj)["volumeMounts"]}
@@ -236,6 +239,70 @@ def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert rule["spec"] == yaml.safe_load((ROOT / "deploy/prometheus/strom-alerts.yml").read_text())
+
+
+def notes(*args: str) -> str:
+    """The install notes (NOTES.txt) of a release named strom in namespace streaming."""
+    proc = helm("install", "strom", str(CHART), "--dry-run=client", "-n", "streaming", *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+def san_covers(san: str, host: str) -> bool:
+    """Whether a certificate's DNS name ``san`` matches ``host`` as TLS clients check it: a
+    wildcard stands for exactly one leftmost label."""
+    if san.startswith("*."):
+        label, _, rest = host.partition(".")
+        return bool(label) and rest == san[2:]
+    return san == host
+
+
+def test_every_advertised_host_is_a_dns_name_the_documented_sans_cover() -> None:
+    """Under TLS a client verifies the server's certificate against the host it dials, which
+    for a storage node, the active controller or a shard's coordinator is the address the
+    pod advertises in etcd. The controllers and coordinators used to advertise $(POD_IP),
+    which no certificate issued before the pods exist can name (found from outside). Every
+    strom pod now advertises its StatefulSet DNS name, and the names the notes and the chart
+    README tell you to put in tls.crt cover each of them and the bootstrap address."""
+    sets = ["clusterDomain=corp.example", "tls.enabled=true", "tls.secretName=strom-tls"]
+    docs = render([], namespace="streaming", sets=sets)
+    text = notes(*(a for s in sets for a in ("--set", s)))
+    listed = text.split("subject alternative names):", 1)[1].split("\n\n", 1)[0]
+    sans = [line.strip() for line in listed.strip().splitlines()]
+    assert "*.strom-controller-headless.streaming.svc.corp.example" in sans
+    # The chart README's table says the same, with the release's names filled in.
+    readme = (CHART / "README.md").read_text()
+    documented = {
+        m.replace("<fullname>", "strom")
+        .replace("<namespace>", "streaming")
+        .replace("<clusterDomain>", "corp.example")
+        for m in re.findall(r"^\| `([^`]+)` \|", readme, re.MULTILINE)
+    }
+    assert documented <= set(sans) and len(documented) == 4
+    advertised = []
+    for sts in by_kind(docs, "StatefulSet").values():
+        if sts["metadata"]["name"].endswith("-etcd"):
+            continue
+        (arg,) = [a for a in container(sts)["args"] if a.startswith("--advertise=")]
+        env = {e["name"]: e for e in container(sts)["env"]}
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        assert sts["spec"]["serviceName"] in arg
+        for i in range(sts["spec"]["replicas"]):
+            pod = f"{sts['metadata']['name']}-{i}"
+            host = arg.removeprefix("--advertise=").replace("$(POD_NAME)", pod).rsplit(":", 1)[0]
+            advertised.append(host)
+    assert len(advertised) == 3 + 2 + 2
+    bootstrap = "strom-storage.streaming.svc.corp.example"
+    for host in [*advertised, bootstrap]:
+        with pytest.raises(ValueError):
+            ipaddress.ip_address(host)
+        assert any(san_covers(s, host) for s in sans), (host, sans)
+        assert any(san_covers(s, host) for s in documented), host
+    # Each advertised name resolves: its headless Service exists and publishes pods at once.
+    services = by_kind(docs, "Service")
+    for role in ("storage", "controller", "coordinator"):
+        svc = services[f"strom-{role}-headless"]["spec"]
+        assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
 
 
 def test_chart_copies_of_deploy_files_are_identical() -> None:

@@ -56,6 +56,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-storage-headless" (include "strom.fullname" .) }}
 {{- end }}
 
+{{/* The headless Service of a role; call with (dict "ctx" $ "component" "controller"). */}}
+{{- define "strom.roleHeadless" -}}
+{{- printf "%s-%s-headless" (include "strom.fullname" .ctx) .component }}
+{{- end }}
+
+{{/* The DNS names tls.crt must hold (its subject alternative names), one a line: a
+wildcard for each role's pods (they advertise <pod>.<headless Service>), and the bootstrap
+Service clients dial first, in its short and full forms. NOTES.txt prints them. */}}
+{{- define "strom.tlsDnsNames" -}}
+{{- $suffix := printf "%s.svc.%s" .Release.Namespace .Values.clusterDomain }}
+{{- $full := include "strom.fullname" . }}
+{{- range $c := list "storage" "controller" "coordinator" }}
+{{ printf "*.%s.%s" (include "strom.roleHeadless" (dict "ctx" $ "component" $c)) $suffix }}
+{{- end }}
+{{ printf "%s-storage.%s" $full $suffix }}
+{{ printf "%s-storage.%s.svc" $full $.Release.Namespace }}
+{{ printf "%s-storage.%s" $full $.Release.Namespace }}
+{{ printf "%s-storage" $full }}
+{{- end }}
+
 {{/* The etcd client endpoints the services use: every bundled member, or the external list. */}}
 {{- define "strom.etcdEndpoints" -}}
 {{- if .Values.etcd.enabled }}
