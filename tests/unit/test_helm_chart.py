@@ -305,6 +305,48 @@ def test_every_advertised_host_is_a_dns_name_the_documented_sans_cover() -> None
         assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
 
 
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions with In) on labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In", e
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+def test_bundled_etcd_admits_only_stroms_own_pods() -> None:
+    """The bundled etcd serves plaintext without authentication and holds the ACLs, so any
+    pod that reached it could rewrite them (found from outside). A NetworkPolicy (on by
+    default) admits its client port only from the release's strom and etcd pods, its peer
+    port only from etcd members; an external etcd or networkPolicy.enabled=false: none."""
+    docs = render([])
+    (policy,) = by_kind(docs, "NetworkPolicy").values()
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    pods = {
+        name: sts["spec"]["template"]["metadata"]["labels"]
+        for name, sts in by_kind(docs, "StatefulSet").items()
+    }
+    assert selects(spec["podSelector"], pods["strom-etcd"])
+    assert not any(selects(spec["podSelector"], pods[n]) for n in pods if n != "strom-etcd")
+    rules = {r["ports"][0]["port"]: r.get("from") for r in spec["ingress"]}
+    assert set(rules) == {2379, 2380, 2381}
+    assert rules[2381] is None  # /health and /metrics: probes and Prometheus
+    for port, allowed in ((2379, set(pods)), (2380, {"strom-etcd"})):
+        (peer,) = rules[port]
+        assert {n for n in pods if selects(peer["podSelector"], pods[n])} == allowed, port
+        assert "namespaceSelector" not in peer and "ipBlock" not in peer
+        # Not the helm test pod or the ACL Job, nor another release's strom pods.
+        other = {**pods["strom-storage"], "app.kubernetes.io/instance": "other"}
+        assert not selects(peer["podSelector"], other)
+        test_pod = by_kind(docs, "Pod")["strom-test-produce-consume"]["metadata"]["labels"]
+        assert not selects(peer["podSelector"], test_pod)
+    assert not by_kind(render(VALUE_SETS["external-etcd"]), "NetworkPolicy")
+    assert not by_kind(render([], sets=["etcd.networkPolicy.enabled=false"]), "NetworkPolicy")
+
+
 def test_chart_copies_of_deploy_files_are_identical() -> None:
     assert (CHART / "files" / "strom-alerts.yml").read_text() == (
         ROOT / "deploy" / "prometheus" / "strom-alerts.yml"
