@@ -103,6 +103,30 @@ def test_schema_refuses_bad_values() -> None:
     assert proc.returncode != 0 and "externalEndpoints" in proc.stderr
 
 
+def test_chart_refuses_acls_the_services_could_not_pass() -> None:
+    """acls.enabled rendered `--super-users=` with no super users, and services that could
+    not authenticate to each other (no mTLS, no service token) ran as User:ANONYMOUS with
+    every internal call denied (found from outside): helm now fails with the reason."""
+    acls = "acls.enabled=true,acls.superUsers={User:CN=strom}"
+    tls = "tls.enabled=true,tls.secretName=strom-tls"
+    tokens = "auth.tokens.secretName=strom-tokens"
+    for bad, reason in (
+        ("acls.enabled=true", "acls.enabled needs acls.superUsers"),
+        (acls, "acls.enabled needs the services to authenticate to each other"),
+        (f"{acls},{tls}", "tls.clientAuth=required"),  # TLS, but no client certificates
+        (f"{acls},{tokens}", "auth.tokens.serviceTokenKey"),  # tokens, none for the services
+        ("auth.tokens.serviceTokenKey=svc", "set the Secret too"),
+    ):
+        proc = helm("template", "s", str(CHART), "--set", bad)
+        assert proc.returncode != 0 and reason in proc.stderr, (bad, proc.stderr)
+    for good in (
+        f"{acls},{tls},tls.clientAuth=required",
+        f"{acls},{tokens},auth.tokens.serviceTokenKey=svc",
+    ):
+        args = container(by_kind(render([], sets=[good]), "StatefulSet")["strom-storage"])["args"]
+        assert "--acls" in args and "--super-users=User:CN=strom" in args
+
+
 def test_default_install_has_what_an_operator_needs() -> None:
     docs = render([])
     sts = by_kind(docs, "StatefulSet")

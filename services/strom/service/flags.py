@@ -188,10 +188,31 @@ def serve(
 def configure_security(prog: str, args: argparse.Namespace) -> int | None:
     """Install the security flags; an exit code (after one stderr line) when they are bad."""
     try:
+        check_acls_authenticated(args)
         security.configure(args)
     except ValueError as exc:
         return fail(prog, str(exc), 2)
     return None
+
+
+def check_acls_authenticated(args: argparse.Namespace) -> None:
+    """ValueError when ``--acls`` is on but the services could not authenticate to each
+    other: they would call each other as User:ANONYMOUS and every internal call (a node's
+    fetches from a leader, the controller's LeaderAndIsr, a coordinator's writes) would be
+    denied, a cluster that starts and never works (found from outside). A service
+    authenticates with its certificate under mTLS (``--tls-client-auth required``: without
+    it the listeners do not ask for one) or with ``--client-token-file``."""
+    if not getattr(args, "acls", False):
+        return
+    mtls = (getattr(args, "tls_client_auth", None) or "none") == "required"
+    if mtls or getattr(args, "client_token_file", None):
+        return
+    raise ValueError(
+        "--acls needs the services to authenticate to each other, else their own calls run "
+        "as User:ANONYMOUS and are denied: use mTLS (--tls-cert, --tls-key, --tls-ca and "
+        "--tls-client-auth required) or a service token (--client-token-file, its principal "
+        "in --auth-tokens), and put that principal in --super-users"
+    )
 
 
 @dataclass(frozen=True)
