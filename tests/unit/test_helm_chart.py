@@ -177,6 +177,22 @@ def test_default_install_has_what_an_operator_needs() -> None:
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ClusterRole")
 
 
+@pytest.mark.parametrize("name", ["default", "tls-and-monitoring"])
+def test_every_probe_has_a_timeout_above_kubernetes_default_second(name: str) -> None:
+    """Without timeoutSeconds a probe gets 1 s; the TLS exec probe (a Python health check)
+    took up to 0.5 s on a loaded 2-core machine, close enough to restart healthy pods
+    (found from outside)."""
+    docs = render(VALUE_SETS[name])
+    probes = 0
+    for sts in by_kind(docs, "StatefulSet").values():
+        c = container(sts)
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if kind in c:
+                assert c[kind].get("timeoutSeconds", 1) >= 5, (sts["metadata"]["name"], kind)
+                probes += 1
+    assert probes == 3 * 3 + (2 if name == "default" else 0)  # 3 strom roles (+ etcd)
+
+
 def test_notes_give_the_bootstrap_address_and_first_commands() -> None:
     proc = helm("install", "strom", str(CHART), "--dry-run=client", "--namespace", "streaming")
     assert proc.returncode == 0, proc.stderr

@@ -244,13 +244,19 @@ cannot speak TLS). */}}
 {{- $check = dict "exec" (dict "command" (list "python" "-m" "strom.service.healthcheck" (printf "127.0.0.1:%d" (int .port)))) }}
 {{- $ready = dict "exec" (dict "command" (list "python" "-m" "strom.service.healthcheck" "--service" "strom.ready" (printf "127.0.0.1:%d" (int .port)))) }}
 {{- end }}
+{{- /* timeoutSeconds on every probe: Kubernetes' default is 1 s, and the TLS exec probe
+       (a Python process that imports grpc and does a handshake) took up to 0.5 s on a loaded
+       2-core machine; a slow probe must not restart or unready a healthy pod (found from
+       outside). */ -}}
 startupProbe:
   {{- toYaml $check | nindent 2 }}
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: {{ .startup }}
 readinessProbe:
   {{- toYaml $ready | nindent 2 }}
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: 2
 livenessProbe:
   {{- toYaml $check | nindent 2 }}
