@@ -106,7 +106,8 @@ def test_schema_refuses_bad_values() -> None:
 def test_chart_refuses_acls_the_services_could_not_pass() -> None:
     """acls.enabled rendered `--super-users=` with no super users, and services that could
     not authenticate to each other (no mTLS, no service token) ran as User:ANONYMOUS with
-    every internal call denied (found from outside): helm now fails with the reason."""
+    every internal call denied, or refused as unauthenticated under tokens (found from
+    outside): helm now fails with the reason."""
     acls = "acls.enabled=true,acls.superUsers={User:CN=strom}"
     tls = "tls.enabled=true,tls.secretName=strom-tls"
     tokens = "auth.tokens.secretName=strom-tokens"
@@ -115,6 +116,7 @@ def test_chart_refuses_acls_the_services_could_not_pass() -> None:
         (acls, "acls.enabled needs the services to authenticate to each other"),
         (f"{acls},{tls}", "tls.clientAuth=required"),  # TLS, but no client certificates
         (f"{acls},{tokens}", "auth.tokens.serviceTokenKey"),  # tokens, none for the services
+        (tokens, "auth.tokens.serviceTokenKey"),  # no ACLs, but callers must authenticate
         ("auth.tokens.serviceTokenKey=svc", "set the Secret too"),
     ):
         proc = helm("template", "s", str(CHART), "--set", bad)

@@ -177,16 +177,20 @@ bearer tokens and etcd's TLS. */}}
 - --client-token-file=/etc/strom/auth/{{ .Values.auth.tokens.serviceTokenKey }}
 {{- end }}
 {{- end }}
+{{- /* Settings that render but cannot work: the services' own calls to each other would
+       be refused (found from outside). The services (strom.service.flags) refuse them too. */ -}}
+{{- $mtls := and $t.enabled (eq $t.clientAuth "required") }}
 {{- if and .Values.auth.tokens.serviceTokenKey (not .Values.auth.tokens.secretName) }}
 {{- fail "auth.tokens.serviceTokenKey names a key of auth.tokens.secretName: set the Secret too" }}
 {{- end }}
+{{- if and .Values.auth.tokens.secretName (not .Values.auth.tokens.serviceTokenKey) (not $mtls) }}
+{{- fail "auth.tokens.secretName makes every caller authenticate, the services' calls to each other too: set auth.tokens.serviceTokenKey (a service token), or tls.clientAuth=required (mTLS)" }}
+{{- end }}
 {{- if .Values.acls.enabled }}
-{{- /* Settings that render but cannot work: the services' own calls to each other would
-       be denied (found from outside). The services (strom.service.flags) refuse them too. */ -}}
 {{- if not .Values.acls.superUsers }}
 {{- fail "acls.enabled needs acls.superUsers: at least the services' own principal (tls.crt's subject, e.g. User:CN=strom, or the service token's principal), else their calls to each other are denied" }}
 {{- end }}
-{{- if not (or (and $t.enabled (eq $t.clientAuth "required")) .Values.auth.tokens.serviceTokenKey) }}
+{{- if not (or $mtls .Values.auth.tokens.serviceTokenKey) }}
 {{- fail "acls.enabled needs the services to authenticate to each other, else they call each other as User:ANONYMOUS and are denied: set tls.enabled=true with tls.clientAuth=required (mTLS), or auth.tokens.secretName and auth.tokens.serviceTokenKey (a service token)" }}
 {{- end }}
 - --acls

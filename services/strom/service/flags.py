@@ -188,31 +188,42 @@ def serve(
 def configure_security(prog: str, args: argparse.Namespace) -> int | None:
     """Install the security flags; an exit code (after one stderr line) when they are bad."""
     try:
-        check_acls_authenticated(args)
+        check_services_authenticate(args)
         security.configure(args)
     except ValueError as exc:
         return fail(prog, str(exc), 2)
     return None
 
 
-def check_acls_authenticated(args: argparse.Namespace) -> None:
-    """ValueError when ``--acls`` is on but the services could not authenticate to each
-    other: they would call each other as User:ANONYMOUS and every internal call (a node's
-    fetches from a leader, the controller's LeaderAndIsr, a coordinator's writes) would be
-    denied, a cluster that starts and never works (found from outside). A service
-    authenticates with its certificate under mTLS (``--tls-client-auth required``: without
-    it the listeners do not ask for one) or with ``--client-token-file``."""
-    if not getattr(args, "acls", False):
-        return
+def check_services_authenticate(args: argparse.Namespace) -> None:
+    """ValueError when the services could not pass each other's checks. A service
+    authenticates to another with its certificate under mTLS (``--tls-client-auth
+    required``: without it the listeners do not ask for one) or with
+    ``--client-token-file``. Without either it calls the others as User:ANONYMOUS, so with
+    ``--acls`` every internal call (a follower's fetches, the controller's LeaderAndIsr, a
+    coordinator's writes) is denied, and with ``--auth-tokens`` / ``--auth-token-verifier``
+    it is refused as unauthenticated: a cluster that starts and never works (found from
+    outside)."""
     mtls = (getattr(args, "tls_client_auth", None) or "none") == "required"
     if mtls or getattr(args, "client_token_file", None):
         return
-    raise ValueError(
-        "--acls needs the services to authenticate to each other, else their own calls run "
-        "as User:ANONYMOUS and are denied: use mTLS (--tls-cert, --tls-key, --tls-ca and "
-        "--tls-client-auth required) or a service token (--client-token-file, its principal "
-        "in --auth-tokens), and put that principal in --super-users"
+    how = (
+        "use mTLS (--tls-cert, --tls-key, --tls-ca and --tls-client-auth required) or a "
+        "service token (--client-token-file, its principal in --auth-tokens)"
     )
+    if getattr(args, "acls", False):
+        raise ValueError(
+            "--acls needs the services to authenticate to each other, else their own calls "
+            f"run as User:ANONYMOUS and are denied: {how}, and put that principal in "
+            "--super-users"
+        )
+    tokens = [f for f in ("auth_tokens", "auth_token_verifier") if getattr(args, f, None)]
+    if tokens:
+        flag = "--" + tokens[0].replace("_", "-")
+        raise ValueError(
+            f"{flag} makes every caller authenticate, the services' calls to each other "
+            f"too, and they present nothing: {how}"
+        )
 
 
 @dataclass(frozen=True)
