@@ -202,6 +202,15 @@ def test_notes_give_the_bootstrap_address_and_first_commands() -> None:
     assert "strom-storage.streaming.svc.cluster.local:9092" in notes
     assert "topics create" in notes and "produce hello" in notes and "consume hello" in notes
     assert "helm test strom" in notes
+    # Under TLS (tls-values: mTLS, ACLs) the commands carry the CA and the certificate.
+    proc = helm(
+        *("install", "strom", str(CHART), "--dry-run=client", "--namespace", "streaming"),
+        *("-f", str(VALUE_SETS["tls-and-monitoring"][0])),
+    )
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "plaintext" not in notes
+    flags = "--ssl-cafile /etc/strom/tls/ca.crt --ssl-certfile /etc/strom/tls/tls.crt"
+    assert notes.count(flags) == 3 and "kubectl run" not in notes
 
 
 def test_external_etcd_replaces_the_bundled_one() -> None:

@@ -235,6 +235,19 @@ are on. Empty when neither TLS nor a service token is configured. */}}
 {{- end }}
 {{- end }}
 
+{{/* The same as command-line flags of the strom CLI, each after a space (NOTES.txt). */}}
+{{- define "strom.clientFlags" -}}
+{{- if .Values.tls.enabled }}
+{{- printf " --ssl-cafile %s/ca.crt" .Values.tls.mountPath }}
+{{- if eq .Values.tls.clientAuth "required" }}
+{{- printf " --ssl-certfile %s/tls.crt --ssl-keyfile %s/tls.key" .Values.tls.mountPath .Values.tls.mountPath }}
+{{- end }}
+{{- end }}
+{{- if and .Values.auth.tokens.secretName .Values.auth.tokens.serviceTokenKey }}
+{{- printf " --token-file /etc/strom/auth/%s" .Values.auth.tokens.serviceTokenKey }}
+{{- end }}
+{{- end }}
+
 {{/* Health probes (grpc.health.v1) on a port; call with (dict "ctx" $ "port" 9092
 "startup" 60). With TLS they run strom's health check in the pod (Kubernetes' gRPC probes
 cannot speak TLS). */}}
