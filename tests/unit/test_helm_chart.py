@@ -129,6 +129,27 @@ def test_chart_refuses_acls_the_services_could_not_pass() -> None:
         assert "--acls" in args and "--super-users=User:CN=strom" in args
 
 
+def test_chart_refuses_ephemeral_etcd_members_unless_told() -> None:
+    """With etcd.persistence.enabled=false a member rescheduled with an empty data dir
+    cannot rejoin (--initial-cluster-state=new: "member ... has already been bootstrapped",
+    a crash loop; found from outside). More than one such member is refused unless
+    etcd.allowEphemeral is set (a test install); persistent members get a claim each."""
+    proc = helm("template", "s", str(CHART), "--set", "etcd.persistence.enabled=false")
+    assert proc.returncode != 0
+    assert "etcd.allowEphemeral=true" in proc.stderr and "already been bootstrapped" in proc.stderr
+    for sets in (
+        ["etcd.persistence.enabled=false", "etcd.allowEphemeral=true"],
+        ["etcd.persistence.enabled=false", "etcd.replicas=1"],
+    ):
+        etcd = by_kind(render([], sets=sets), "StatefulSet")["strom-etcd"]
+        volumes = etcd["spec"]["template"]["spec"]["volumes"]
+        assert volumes == [{"name": "data", "emptyDir": {}}]
+    etcd = by_kind(render([]), "StatefulSet")["strom-etcd"]
+    assert etcd["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    values = (CHART / "values.yaml").read_text()
+    assert "for testing only" in values and "for testing" in (CHART / "README.md").read_text()
+
+
 def test_default_install_has_what_an_operator_needs() -> None:
     docs = render([])
     sts = by_kind(docs, "StatefulSet")
