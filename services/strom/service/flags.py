@@ -92,7 +92,8 @@ def add_endpoint_arguments(
         "--metrics-port",
         default=metrics_port,
         type=port_or_disabled,
-        help="Prometheus /metrics HTTP port; -1 disables it (default: %(default)s)",
+        help="Prometheus /metrics HTTP port, on the --listen host; -1 disables it "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--cluster", default="strom", help="cluster name: the etcd prefix /strom/<name>/"
@@ -151,6 +152,14 @@ def fail(prog: str, message: str, code: int = 1) -> int:
     return code
 
 
+def metrics_host(listen: str) -> str:
+    """The address /metrics binds: the host of ``--listen``, so a service that listens on
+    loopback only (``strom dev up``) does not serve its metrics to the whole network (found
+    from outside: they were bound to 0.0.0.0 regardless); no host means every interface."""
+    host = listen.rpartition(":")[0].strip("[]")
+    return host or "0.0.0.0"
+
+
 def serve(
     prog: str,
     service: runtime.Service,
@@ -168,7 +177,11 @@ def serve(
     """
     limits = ServerLimits(max_connections=max_connections)
     try:
-        asyncio.run(runtime.serve(service, listen, metrics_port, limits=limits))
+        asyncio.run(
+            runtime.serve(
+                service, listen, metrics_port, metrics_host=metrics_host(listen), limits=limits
+            )
+        )
     except startup_errors as exc:
         return fail(prog, str(exc))
     except MetadataUnavailableError as exc:
