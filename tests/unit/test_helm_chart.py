@@ -8,6 +8,7 @@ tests/integration/test_helm_processes.py. No Kubernetes cluster runs here.
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import re
@@ -148,6 +149,42 @@ def test_chart_refuses_ephemeral_etcd_members_unless_told() -> None:
     assert etcd["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     values = (CHART / "values.yaml").read_text()
     assert "for testing only" in values and "for testing" in (CHART / "README.md").read_text()
+
+
+def test_values_name_the_services_principal_as_the_server_derives_it(tmp_path: Path) -> None:
+    """acls.superUsers' comment said User:CN=<tls.crt subject CN>; the principal is the full
+    RFC 4514 subject (found from outside): the example the comment gives is what a
+    certificate of that subject authenticates as."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from strom.security.principal import principal_of_certificate
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "acme"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "strom"),
+        ]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    principal = principal_of_certificate(cert.public_bytes(serialization.Encoding.PEM))
+    values = (CHART / "values.yaml").read_text()
+    comment = values.split("superUsers:", 1)[0].rsplit("# --", 1)[1]
+    assert principal == "User:CN=strom,O=acme" and principal in comment
+    assert "subject CN" not in comment and "RFC 4514" in comment
 
 
 def test_default_install_has_what_an_operator_needs() -> None:
