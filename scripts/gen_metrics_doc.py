@@ -34,7 +34,8 @@ HEADER = """\
 # strom metrics
 
 Every service serves Prometheus metrics over HTTP on its `--metrics-port` (`/metrics`;
-storage node 9102, controller 9103, coordinator 9104 by default). This table is generated
+storage node 9102, controller 9103, coordinator 9104 by default), on the host of its
+`--listen` address (every interface for `0.0.0.0`, the default). This table is generated
 from the code by `scripts/gen_metrics_doc.py`; `tests/unit/test_metrics_doc.py` fails when it
 is stale.
 

@@ -3,6 +3,7 @@ storage nodes as separate processes (issue: cluster core, "Must show")."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -253,6 +254,30 @@ def test_every_service_answers_health_and_reflection(cluster: LocalCluster) -> N
         with grpc.insecure_channel(m.address) as ch:
             services = set(ProtoReflectionDescriptorDatabase(ch).get_services())
         assert expected[m.kind] in services and "grpc.health.v1.Health" in services
+
+
+def listening(port: int) -> set[str]:
+    """The local IPv4/IPv6 addresses with a TCP socket listening on ``port`` (/proc/net)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, _, hexport = local.rpartition(":")
+                if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(addr)
+                    # /proc prints each 32-bit word in host (little-endian) order
+                    words = [raw[i : i + 4][::-1] for i in range(0, len(raw), 4)]
+                    found.add(str(ipaddress.ip_address(b"".join(words))))
+    return found
+
+
+def test_metrics_listen_on_the_grpc_listeners_host(cluster: LocalCluster) -> None:
+    """The dev cluster's services listen on 127.0.0.1; their /metrics did on 0.0.0.0, open
+    to the network (found from outside). Metrics now bind the --listen host."""
+    for m in [*cluster.controllers, *cluster.nodes]:
+        assert m.address.startswith("127.0.0.1:")
+        assert listening(m.metrics_port) == {"127.0.0.1"}, m.kind
 
 
 def test_dev_up_and_down_from_the_command_line(tmp_path: Path) -> None:

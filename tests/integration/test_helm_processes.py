@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,7 @@ from strom.devcluster.certs import CertificateAuthority
 from strom.devcluster.cluster import grpc_serving
 from strom.devcluster.procs import ManagedProcess, free_port, port_open, wait_for
 from strom.errors import AuthorizationError
-from tests.unit.helm_chart import render
+from tests.unit.helm_chart import CHART, helm, render
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,6 +80,8 @@ class Kubelet:
         self.ca: CertificateAuthority | None = None
         #: the client settings of a test outside the pods (TLS files), if the chart uses TLS
         self.client: dict[str, str] = {}
+        #: the values files the manifests were rendered with
+        self.values: list[Path] = []
         if "tls" in self.secrets:
             files = self.root / "client"
             files.mkdir(exist_ok=True)
@@ -314,6 +317,7 @@ def kubelet(
     docs = render(values, namespace=NAMESPACE)
     k = Kubelet(docs, root, secrets)
     k.ca = ca
+    k.values = values
     try:
         for pod in k.pods:  # all at once, as a fresh install starts them
             k.start(pod)
@@ -409,3 +413,60 @@ def test_chart_acl_bootstrap_job_applies_its_acls(kubelet: Kubelet) -> None:
         pytest.raises(AuthorizationError, match="nobody is not allowed"),
     ):
         p.send("orders", b"refused").result(30)
+
+
+def notes_commands(kubelet: Kubelet, values: list[Path]) -> list[tuple[str, list[str]]]:
+    """The client commands the install notes print, as (stdin, the kubectl command's words),
+    continuation lines joined."""
+    args = ["install", "strom", str(CHART), "--dry-run=client", "--namespace", NAMESPACE]
+    for v in values:
+        args += ["-f", str(v)]
+    proc = helm(*args)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout.split("NOTES:", 1)[1].replace(" \\\n", " ")
+    out = []
+    for line in text.splitlines():
+        if not line.strip().startswith(("kubectl ", "echo ")):
+            continue
+        words = shlex.split(line)
+        if not {"run", "exec"} & set(words):
+            continue
+        stdin = ""
+        if words[0] == "echo":
+            stdin, words = words[1] + "\n", words[words.index("|") + 1 :]
+        out.append((stdin, words))
+    return out
+
+
+def test_the_notes_client_commands_work(kubelet: Kubelet) -> None:
+    """NOTES.txt's first topic, produce and consume, run as the notes say: plaintext with
+    ``kubectl run`` of the image; with TLS (mTLS, ACLs) ``kubectl exec`` in a storage pod
+    with the credentials mounted there. The notes used to say strom served plaintext under
+    TLS and gave commands without CA, certificate or token (found from outside)."""
+    commands = notes_commands(kubelet, kubelet.values)
+    assert len(commands) == 3
+    storage0 = next(p for p in kubelet.pods if p.name == "strom-storage-0")
+    outputs = []
+    for stdin, words in commands:
+        rest = words[words.index("--") + 1 :]
+        if "exec" in words:  # in the pod named there: its env and mounts
+            assert words[words.index("exec") + 2] == storage0.name
+            (container,) = storage0.spec["containers"]
+            argv, env = kubelet.argv(storage0, {**container, "command": rest, "args": []})
+        else:  # a pod of the image (entrypoint strom) with the --env given
+            env_list = [
+                {"name": k, "value": v}
+                for w in words
+                if w.startswith("--env=")
+                for k, v in [w.removeprefix("--env=").split("=", 1)]
+            ]
+            client = Pod("strom-client", {"kind": "Pod"}, {}, {})
+            argv, env = kubelet.argv(client, {"command": ["strom", *rest], "env": env_list})
+        base = {k: v for k, v in os.environ.items() if not k.startswith("STROM_")}
+        proc = subprocess.run(
+            argv, input=stdin, env={**base, **env}, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, (words, proc.stdout + proc.stderr)
+        outputs.append(proc.stdout)
+    assert "created topic hello" in outputs[0]
+    assert "hello strom" in outputs[2]

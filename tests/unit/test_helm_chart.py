@@ -8,7 +8,10 @@ tests/integration/test_helm_processes.py. No Kubernetes cluster runs here.
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +104,89 @@ def test_schema_refuses_bad_values() -> None:
     assert proc.returncode != 0 and "externalEndpoints" in proc.stderr
 
 
+def test_chart_refuses_acls_the_services_could_not_pass() -> None:
+    """acls.enabled rendered `--super-users=` with no super users, and services that could
+    not authenticate to each other (no mTLS, no service token) ran as User:ANONYMOUS with
+    every internal call denied, or refused as unauthenticated under tokens (found from
+    outside): helm now fails with the reason."""
+    acls = "acls.enabled=true,acls.superUsers={User:CN=strom}"
+    tls = "tls.enabled=true,tls.secretName=strom-tls"
+    tokens = "auth.tokens.secretName=strom-tokens"
+    for bad, reason in (
+        ("acls.enabled=true", "acls.enabled needs acls.superUsers"),
+        (acls, "acls.enabled needs the services to authenticate to each other"),
+        (f"{acls},{tls}", "tls.clientAuth=required"),  # TLS, but no client certificates
+        (f"{acls},{tokens}", "auth.tokens.serviceTokenKey"),  # tokens, none for the services
+        (tokens, "auth.tokens.serviceTokenKey"),  # no ACLs, but callers must authenticate
+        ("auth.tokens.serviceTokenKey=svc", "set the Secret too"),
+    ):
+        proc = helm("template", "s", str(CHART), "--set", bad)
+        assert proc.returncode != 0 and reason in proc.stderr, (bad, proc.stderr)
+    for good in (
+        f"{acls},{tls},tls.clientAuth=required",
+        f"{acls},{tokens},auth.tokens.serviceTokenKey=svc",
+    ):
+        args = container(by_kind(render([], sets=[good]), "StatefulSet")["strom-storage"])["args"]
+        assert "--acls" in args and "--super-users=User:CN=strom" in args
+
+
+def test_chart_refuses_ephemeral_etcd_members_unless_told() -> None:
+    """With etcd.persistence.enabled=false a member rescheduled with an empty data dir
+    cannot rejoin (--initial-cluster-state=new: "member ... has already been bootstrapped",
+    a crash loop; found from outside). More than one such member is refused unless
+    etcd.allowEphemeral is set (a test install); persistent members get a claim each."""
+    proc = helm("template", "s", str(CHART), "--set", "etcd.persistence.enabled=false")
+    assert proc.returncode != 0
+    assert "etcd.allowEphemeral=true" in proc.stderr and "already been bootstrapped" in proc.stderr
+    for sets in (
+        ["etcd.persistence.enabled=false", "etcd.allowEphemeral=true"],
+        ["etcd.persistence.enabled=false", "etcd.replicas=1"],
+    ):
+        etcd = by_kind(render([], sets=sets), "StatefulSet")["strom-etcd"]
+        volumes = etcd["spec"]["template"]["spec"]["volumes"]
+        assert volumes == [{"name": "data", "emptyDir": {}}]
+    etcd = by_kind(render([]), "StatefulSet")["strom-etcd"]
+    assert etcd["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    values = (CHART / "values.yaml").read_text()
+    assert "for testing only" in values and "for testing" in (CHART / "README.md").read_text()
+
+
+def test_values_name_the_services_principal_as_the_server_derives_it(tmp_path: Path) -> None:
+    """acls.superUsers' comment said User:CN=<tls.crt subject CN>; the principal is the full
+    RFC 4514 subject (found from outside): the example the comment gives is what a
+    certificate of that subject authenticates as."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from strom.security.principal import principal_of_certificate
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "acme"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "strom"),
+        ]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    principal = principal_of_certificate(cert.public_bytes(serialization.Encoding.PEM))
+    values = (CHART / "values.yaml").read_text()
+    comment = values.split("superUsers:", 1)[0].rsplit("# --", 1)[1]
+    assert principal == "User:CN=strom,O=acme" and principal in comment
+    assert "subject CN" not in comment and "RFC 4514" in comment
+
+
 def test_default_install_has_what_an_operator_needs() -> None:
     docs = render([])
     sts = by_kind(docs, "StatefulSet")
@@ -125,9 +211,9 @@ def test_default_install_has_what_an_operator_needs() -> None:
     assert node["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["terminationGracePeriodSeconds"] >= 30
     assert "podAntiAffinity" in pod["affinity"]
-    deps = by_kind(docs, "Deployment")
-    assert deps["strom-controller"]["spec"]["replicas"] >= 2
-    assert "strom-coordinator" in deps
+    assert sts["strom-controller"]["spec"]["replicas"] >= 2
+    assert "strom-coordinator" in sts
+    assert not by_kind(docs, "Deployment")
     assert sts["strom-etcd"]["spec"]["replicas"] == 3
     etcd_args = container(sts["strom-etcd"])["args"]
     # Without compaction etcd keeps every revision until its quota makes it read-only.
@@ -151,6 +237,22 @@ def test_default_install_has_what_an_operator_needs() -> None:
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ClusterRole")
 
 
+@pytest.mark.parametrize("name", ["default", "tls-and-monitoring"])
+def test_every_probe_has_a_timeout_above_kubernetes_default_second(name: str) -> None:
+    """Without timeoutSeconds a probe gets 1 s; the TLS exec probe (a Python health check)
+    took up to 0.5 s on a loaded 2-core machine, close enough to restart healthy pods
+    (found from outside)."""
+    docs = render(VALUE_SETS[name])
+    probes = 0
+    for sts in by_kind(docs, "StatefulSet").values():
+        c = container(sts)
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if kind in c:
+                assert c[kind].get("timeoutSeconds", 1) >= 5, (sts["metadata"]["name"], kind)
+                probes += 1
+    assert probes == 3 * 3 + (2 if name == "default" else 0)  # 3 strom roles (+ etcd)
+
+
 def test_notes_give_the_bootstrap_address_and_first_commands() -> None:
     proc = helm("install", "strom", str(CHART), "--dry-run=client", "--namespace", "streaming")
     assert proc.returncode == 0, proc.stderr
@@ -158,6 +260,15 @@ def test_notes_give_the_bootstrap_address_and_first_commands() -> None:
     assert "strom-storage.streaming.svc.cluster.local:9092" in notes
     assert "topics create" in notes and "produce hello" in notes and "consume hello" in notes
     assert "helm test strom" in notes
+    # Under TLS (tls-values: mTLS, ACLs) the commands carry the CA and the certificate.
+    proc = helm(
+        *("install", "strom", str(CHART), "--dry-run=client", "--namespace", "streaming"),
+        *("-f", str(VALUE_SETS["tls-and-monitoring"][0])),
+    )
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "plaintext" not in notes
+    flags = "--ssl-cafile /etc/strom/tls/ca.crt --ssl-certfile /etc/strom/tls/tls.crt"
+    assert notes.count(flags) == 3 and "kubectl run" not in notes
 
 
 def test_external_etcd_replaces_the_bundled_one() -> None:
@@ -183,13 +294,14 @@ def test_zones_become_racks_of_five_nodes() -> None:
     role = by_kind(docs, "ClusterRole")
     assert [r["resources"] for r in next(iter(role.values()))["rules"]] == [["nodes"]]
     # Only storage pods get an API token; the others never need one.
-    for dep in by_kind(docs, "Deployment").values():
-        assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    for name in ("strom-controller", "strom-coordinator"):
+        pod = by_kind(docs, "StatefulSet")[name]["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
 
 
 def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
     docs = render(VALUE_SETS["tls-and-monitoring"])
-    for obj in [*by_kind(docs, "StatefulSet").values(), *by_kind(docs, "Deployment").values()]:
+    for obj in by_kind(docs, "StatefulSet").values():
         if obj["metadata"]["name"].endswith("-etcd"):
             continue
         mounts = {m["name"]: m for m in container(obj)["volumeMounts"]}
@@ -236,6 +348,112 @@ def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert rule["spec"] == yaml.safe_load((ROOT / "deploy/prometheus/strom-alerts.yml").read_text())
+
+
+def notes(*args: str) -> str:
+    """The install notes (NOTES.txt) of a release named strom in namespace streaming."""
+    proc = helm("install", "strom", str(CHART), "--dry-run=client", "-n", "streaming", *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+def san_covers(san: str, host: str) -> bool:
+    """Whether a certificate's DNS name ``san`` matches ``host`` as TLS clients check it: a
+    wildcard stands for exactly one leftmost label."""
+    if san.startswith("*."):
+        label, _, rest = host.partition(".")
+        return bool(label) and rest == san[2:]
+    return san == host
+
+
+def test_every_advertised_host_is_a_dns_name_the_documented_sans_cover() -> None:
+    """Under TLS a client verifies the server's certificate against the host it dials, which
+    for a storage node, the active controller or a shard's coordinator is the address the
+    pod advertises in etcd. The controllers and coordinators used to advertise $(POD_IP),
+    which no certificate issued before the pods exist can name (found from outside). Every
+    strom pod now advertises its StatefulSet DNS name, and the names the notes and the chart
+    README tell you to put in tls.crt cover each of them and the bootstrap address."""
+    sets = ["clusterDomain=corp.example", "tls.enabled=true", "tls.secretName=strom-tls"]
+    docs = render([], namespace="streaming", sets=sets)
+    text = notes(*(a for s in sets for a in ("--set", s)))
+    listed = text.split("subject alternative names):", 1)[1].split("\n\n", 1)[0]
+    sans = [line.strip() for line in listed.strip().splitlines()]
+    assert "*.strom-controller-headless.streaming.svc.corp.example" in sans
+    # The chart README's table says the same, with the release's names filled in.
+    readme = (CHART / "README.md").read_text()
+    documented = {
+        m.replace("<fullname>", "strom")
+        .replace("<namespace>", "streaming")
+        .replace("<clusterDomain>", "corp.example")
+        for m in re.findall(r"^\| `([^`]+)` \|", readme, re.MULTILINE)
+    }
+    assert documented <= set(sans) and len(documented) == 4
+    advertised = []
+    for sts in by_kind(docs, "StatefulSet").values():
+        if sts["metadata"]["name"].endswith("-etcd"):
+            continue
+        (arg,) = [a for a in container(sts)["args"] if a.startswith("--advertise=")]
+        env = {e["name"]: e for e in container(sts)["env"]}
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        assert sts["spec"]["serviceName"] in arg
+        for i in range(sts["spec"]["replicas"]):
+            pod = f"{sts['metadata']['name']}-{i}"
+            host = arg.removeprefix("--advertise=").replace("$(POD_NAME)", pod).rsplit(":", 1)[0]
+            advertised.append(host)
+    assert len(advertised) == 3 + 2 + 2
+    bootstrap = "strom-storage.streaming.svc.corp.example"
+    for host in [*advertised, bootstrap]:
+        with pytest.raises(ValueError):
+            ipaddress.ip_address(host)
+        assert any(san_covers(s, host) for s in sans), (host, sans)
+        assert any(san_covers(s, host) for s in documented), host
+    # Each advertised name resolves: its headless Service exists and publishes pods at once.
+    services = by_kind(docs, "Service")
+    for role in ("storage", "controller", "coordinator"):
+        svc = services[f"strom-{role}-headless"]["spec"]
+        assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions with In) on labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In", e
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+def test_bundled_etcd_admits_only_stroms_own_pods() -> None:
+    """The bundled etcd serves plaintext without authentication and holds the ACLs, so any
+    pod that reached it could rewrite them (found from outside). A NetworkPolicy (on by
+    default) admits its client port only from the release's strom and etcd pods, its peer
+    port only from etcd members; an external etcd or networkPolicy.enabled=false: none."""
+    docs = render([])
+    (policy,) = by_kind(docs, "NetworkPolicy").values()
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    pods = {
+        name: sts["spec"]["template"]["metadata"]["labels"]
+        for name, sts in by_kind(docs, "StatefulSet").items()
+    }
+    assert selects(spec["podSelector"], pods["strom-etcd"])
+    assert not any(selects(spec["podSelector"], pods[n]) for n in pods if n != "strom-etcd")
+    rules = {r["ports"][0]["port"]: r.get("from") for r in spec["ingress"]}
+    assert set(rules) == {2379, 2380, 2381}
+    assert rules[2381] is None  # /health and /metrics: probes and Prometheus
+    for port, allowed in ((2379, set(pods)), (2380, {"strom-etcd"})):
+        (peer,) = rules[port]
+        assert {n for n in pods if selects(peer["podSelector"], pods[n])} == allowed, port
+        assert "namespaceSelector" not in peer and "ipBlock" not in peer
+        # Not the helm test pod or the ACL Job, nor another release's strom pods.
+        other = {**pods["strom-storage"], "app.kubernetes.io/instance": "other"}
+        assert not selects(peer["podSelector"], other)
+        test_pod = by_kind(docs, "Pod")["strom-test-produce-consume"]["metadata"]["labels"]
+        assert not selects(peer["podSelector"], test_pod)
+    assert not by_kind(render(VALUE_SETS["external-etcd"]), "NetworkPolicy")
+    assert not by_kind(render([], sets=["etcd.networkPolicy.enabled=false"]), "NetworkPolicy")
 
 
 def test_chart_copies_of_deploy_files_are_identical() -> None:

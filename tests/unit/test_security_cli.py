@@ -3,6 +3,7 @@ no traceback, and nothing sent (no cluster runs here)."""
 
 from __future__ import annotations
 
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from strom.cli.main import main
 from strom.devcluster.certs import CertificateAuthority
 from strom.devcluster.cluster import DEV_CA
+from strom.service.flags import check_services_authenticate
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -79,3 +81,40 @@ def test_a_service_names_a_bad_certificate_or_key_before_it_starts(
         "--etcd-ca", str(ca.ca_file), "--etcd-cert", str(mine.cert), "--etcd-key", str(garbage)
     )
     assert f"--etcd-key {garbage}: no PEM private key in it" in err
+
+
+@pytest.mark.parametrize("service", ["controller", "coordinator", "storage-node"])
+def test_a_service_refuses_checks_its_peers_could_not_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], service: str
+) -> None:
+    """--acls or --auth-tokens without mTLS or a service token: the services would call each
+    other as User:ANONYMOUS and be denied (or refused as unauthenticated) every internal
+    call; refused at start-up, one line, exit 2 (found from outside: such a cluster started
+    and never worked). With mTLS or a token the flags pass the check."""
+    ca = CertificateAuthority(tmp_path / "ca")
+    mine = ca.issue("strom")
+    base = [service, "--etcd", "127.0.0.1:1"]
+    if service == "storage-node":
+        base += ["--node-id", "1", "--data-dir", str(tmp_path / "data")]
+    acls = ["--acls", "--super-users", "User:CN=strom"]
+    tls = ["--tls-cert", str(mine.cert), "--tls-key", str(mine.key), "--tls-ca", str(ca.ca_file)]
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t1 strom\n")
+    for flags in (acls, [*acls, *tls], [*acls, *tls, "--tls-client-auth", "none"]):
+        code, _, err = run(capsys, *base, *flags, "--auth-tokens", str(tokens))
+        assert code == 2, err
+        assert "--acls needs the services to authenticate to each other" in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    for flags in ([*tls, "--tls-client-auth", "none"], []):
+        code, _, err = run(capsys, *base, *flags, "--auth-tokens", str(tokens))
+        assert code == 2, err
+        assert "--auth-tokens makes every caller authenticate" in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    for ok in (
+        Namespace(acls=True, tls_client_auth="required"),
+        Namespace(acls=True, client_token_file="service.token", auth_tokens="tokens"),
+        Namespace(auth_tokens="tokens", tls_client_auth="required"),
+        Namespace(acls=False, auth_tokens=None),
+        Namespace(tls_cert="c", tls_key="k", tls_client_auth="none"),  # TLS only: anonymous
+    ):
+        check_services_authenticate(ok)

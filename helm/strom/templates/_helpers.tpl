@@ -56,6 +56,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-storage-headless" (include "strom.fullname" .) }}
 {{- end }}
 
+{{/* The headless Service of a role; call with (dict "ctx" $ "component" "controller"). */}}
+{{- define "strom.roleHeadless" -}}
+{{- printf "%s-%s-headless" (include "strom.fullname" .ctx) .component }}
+{{- end }}
+
+{{/* The DNS names tls.crt must hold (its subject alternative names), one a line: a
+wildcard for each role's pods (they advertise <pod>.<headless Service>), and the bootstrap
+Service clients dial first, in its short and full forms. NOTES.txt prints them. */}}
+{{- define "strom.tlsDnsNames" -}}
+{{- $suffix := printf "%s.svc.%s" .Release.Namespace .Values.clusterDomain }}
+{{- $full := include "strom.fullname" . }}
+{{- range $c := list "storage" "controller" "coordinator" }}
+{{ printf "*.%s.%s" (include "strom.roleHeadless" (dict "ctx" $ "component" $c)) $suffix }}
+{{- end }}
+{{ printf "%s-storage.%s" $full $suffix }}
+{{ printf "%s-storage.%s.svc" $full $.Release.Namespace }}
+{{ printf "%s-storage.%s" $full $.Release.Namespace }}
+{{ printf "%s-storage" $full }}
+{{- end }}
+
 {{/* The etcd client endpoints the services use: every bundled member, or the external list. */}}
 {{- define "strom.etcdEndpoints" -}}
 {{- if .Values.etcd.enabled }}
@@ -157,7 +177,22 @@ bearer tokens and etcd's TLS. */}}
 - --client-token-file=/etc/strom/auth/{{ .Values.auth.tokens.serviceTokenKey }}
 {{- end }}
 {{- end }}
+{{- /* Settings that render but cannot work: the services' own calls to each other would
+       be refused (found from outside). The services (strom.service.flags) refuse them too. */ -}}
+{{- $mtls := and $t.enabled (eq $t.clientAuth "required") }}
+{{- if and .Values.auth.tokens.serviceTokenKey (not .Values.auth.tokens.secretName) }}
+{{- fail "auth.tokens.serviceTokenKey names a key of auth.tokens.secretName: set the Secret too" }}
+{{- end }}
+{{- if and .Values.auth.tokens.secretName (not .Values.auth.tokens.serviceTokenKey) (not $mtls) }}
+{{- fail "auth.tokens.secretName makes every caller authenticate, the services' calls to each other too: set auth.tokens.serviceTokenKey (a service token), or tls.clientAuth=required (mTLS)" }}
+{{- end }}
 {{- if .Values.acls.enabled }}
+{{- if not .Values.acls.superUsers }}
+{{- fail "acls.enabled needs acls.superUsers: at least the services' own principal (tls.crt's subject, e.g. User:CN=strom, or the service token's principal), else their calls to each other are denied" }}
+{{- end }}
+{{- if not (or $mtls .Values.auth.tokens.serviceTokenKey) }}
+{{- fail "acls.enabled needs the services to authenticate to each other, else they call each other as User:ANONYMOUS and are denied: set tls.enabled=true with tls.clientAuth=required (mTLS), or auth.tokens.secretName and auth.tokens.serviceTokenKey (a service token)" }}
+{{- end }}
 - --acls
 - --super-users={{ join "," .Values.acls.superUsers }}
 {{- end }}
@@ -200,6 +235,19 @@ are on. Empty when neither TLS nor a service token is configured. */}}
 {{- end }}
 {{- end }}
 
+{{/* The same as command-line flags of the strom CLI, each after a space (NOTES.txt). */}}
+{{- define "strom.clientFlags" -}}
+{{- if .Values.tls.enabled }}
+{{- printf " --ssl-cafile %s/ca.crt" .Values.tls.mountPath }}
+{{- if eq .Values.tls.clientAuth "required" }}
+{{- printf " --ssl-certfile %s/tls.crt --ssl-keyfile %s/tls.key" .Values.tls.mountPath .Values.tls.mountPath }}
+{{- end }}
+{{- end }}
+{{- if and .Values.auth.tokens.secretName .Values.auth.tokens.serviceTokenKey }}
+{{- printf " --token-file /etc/strom/auth/%s" .Values.auth.tokens.serviceTokenKey }}
+{{- end }}
+{{- end }}
+
 {{/* Health probes (grpc.health.v1) on a port; call with (dict "ctx" $ "port" 9092
 "startup" 60). With TLS they run strom's health check in the pod (Kubernetes' gRPC probes
 cannot speak TLS). */}}
@@ -213,13 +261,19 @@ cannot speak TLS). */}}
 {{- $check = dict "exec" (dict "command" (list "python" "-m" "strom.service.healthcheck" (printf "127.0.0.1:%d" (int .port)))) }}
 {{- $ready = dict "exec" (dict "command" (list "python" "-m" "strom.service.healthcheck" "--service" "strom.ready" (printf "127.0.0.1:%d" (int .port)))) }}
 {{- end }}
+{{- /* timeoutSeconds on every probe: Kubernetes' default is 1 s, and the TLS exec probe
+       (a Python process that imports grpc and does a handshake) took up to 0.5 s on a loaded
+       2-core machine; a slow probe must not restart or unready a healthy pod (found from
+       outside). */ -}}
 startupProbe:
   {{- toYaml $check | nindent 2 }}
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: {{ .startup }}
 readinessProbe:
   {{- toYaml $ready | nindent 2 }}
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: 2
 livenessProbe:
   {{- toYaml $check | nindent 2 }}

@@ -1,13 +1,37 @@
 {{/*
-A stateless strom role (controller, coordinator): Service, Deployment and PodDisruptionBudget.
+A strom role without data (controller, coordinator): a headless Service, a Service, a
+StatefulSet and a PodDisruptionBudget.
 Call with (dict "ctx" $ "component" "controller" "v" .Values.controller "args" (list ...)).
-The pod advertises its own IP: clients are sent to the active controller or the shard's
-coordinator by address, so each pod must be reachable as itself.
+Clients are sent to the active controller or the shard's coordinator by the address it
+advertises, so each pod must be reachable as itself, and under TLS that address must be a
+name its certificate can hold: a StatefulSet pod has a stable DNS name under the headless
+Service, <pod>.<headless>.<namespace>.svc.<clusterDomain>, which the wildcard
+*.<headless>.<namespace>.svc.<clusterDomain> covers (a Deployment pod has only its IP,
+unknowable when the certificate is issued; found from outside).
 */}}
 {{- define "strom.role" -}}
 {{- $ := .ctx }}
 {{- $v := .v }}
 {{- $full := include "strom.fullname" $ }}
+{{- $headless := include "strom.roleHeadless" (dict "ctx" $ "component" .component) }}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $headless }}
+  namespace: {{ $.Release.Namespace }}
+  labels:
+    {{- include "strom.labels" (dict "ctx" $ "component" .component) | nindent 4 }}
+spec:
+  clusterIP: None
+  # A pod registers its name in etcd before it is ready; the name must resolve at once.
+  publishNotReadyAddresses: true
+  selector:
+    {{- include "strom.selectorLabels" (dict "ctx" $ "component" .component) | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ $v.ports.grpc }}
+      targetPort: grpc
+---
 apiVersion: v1
 kind: Service
 metadata:
@@ -30,19 +54,19 @@ spec:
       targetPort: metrics
 ---
 apiVersion: apps/v1
-kind: Deployment
+kind: StatefulSet
 metadata:
   name: {{ $full }}-{{ .component }}
   namespace: {{ $.Release.Namespace }}
   labels:
     {{- include "strom.labels" (dict "ctx" $ "component" .component) | nindent 4 }}
 spec:
+  serviceName: {{ $headless }}
   replicas: {{ $v.replicas }}
-  strategy:
+  # No ordering between the pods: start and replace them all at once.
+  podManagementPolicy: Parallel
+  updateStrategy:
     type: RollingUpdate
-    rollingUpdate:
-      maxUnavailable: 1
-      maxSurge: 1
   selector:
     matchLabels:
       {{- include "strom.selectorLabels" (dict "ctx" $ "component" .component) | nindent 6 }}
@@ -82,7 +106,7 @@ spec:
           args:
             - {{ .component }}
             - --listen=0.0.0.0:{{ $v.ports.grpc }}
-            - --advertise=$(POD_IP):{{ $v.ports.grpc }}
+            - --advertise=$(POD_NAME).{{ $headless }}.{{ $.Release.Namespace }}.svc.{{ $.Values.clusterDomain }}:{{ $v.ports.grpc }}
             - --metrics-port={{ $v.ports.metrics }}
             - --etcd={{ include "strom.etcdEndpoints" $ }}
             - --cluster={{ $.Values.clusterName }}
@@ -95,10 +119,10 @@ spec:
             {{- end }}
           env:
             {{- include "strom.securityEnv" $ | nindent 12 }}
-            - name: POD_IP
+            - name: POD_NAME
               valueFrom:
                 fieldRef:
-                  fieldPath: status.podIP
+                  fieldPath: metadata.name
             {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}

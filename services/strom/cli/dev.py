@@ -37,7 +37,8 @@ def add_dev_parser(sub: Any) -> None:
         "--tls",
         action="store_true",
         help="TLS on every listener and to etcd, client certificates required (mTLS) and "
-        "ACLs on; a dev CA in DIR/tls signs the services' and an admin's certificate",
+        "ACLs on; a dev CA in DIR/tls signs the services' and an admin's certificate, "
+        "etcd trusts only a CA of its own in DIR/etcd-tls",
     )
     down = dsub.add_parser("down", help="stop the local cluster started with `dev up`")
     down.add_argument("--dir", default=DEFAULT_DIR)

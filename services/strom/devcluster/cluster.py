@@ -28,6 +28,9 @@ from strom.security import ChannelSecurity
 STATE_FILE = "cluster.json"
 #: Name of the certificate authority ``strom dev up --tls`` makes (``<dir>/tls/<name>.crt``).
 DEV_CA = "strom-dev-ca"
+#: The separate CA of etcd's server and client certificates (``<dir>/etcd-tls/<name>.crt``):
+#: etcd trusts only it, so a certificate from ``strom dev cert`` cannot reach etcd.
+DEV_ETCD_CA = "strom-dev-etcd-ca"
 
 
 def grpc_serving(
@@ -123,14 +126,19 @@ class LocalCluster:
 
     def _secure(self) -> tuple[list[str], tuple[Path, Path, Path]]:
         """TLS everywhere, as a production cluster would run: a dev CA under ``root/tls``
-        signs the services' certificate (CN=strom, also etcd's server and client
-        certificate) and an admin client's (CN=admin); listeners require client
-        certificates (mTLS) and ACLs are on with both as super users. Returns the services'
-        flags and etcd's (cert, key, CA)."""
+        signs the services' certificate (CN=strom) and an admin client's (CN=admin);
+        listeners require client certificates (mTLS) and ACLs are on with both as super
+        users. etcd gets a CA of its own under ``root/etcd-tls`` (its server certificate
+        and the services' etcd client certificate) and trusts only that one: with the dev
+        CA, any application certificate from ``strom dev cert`` could write the ACLs in
+        etcd directly and bypass them (found from outside). Returns the services' flags
+        and etcd's (cert, key, CA)."""
         from strom.devcluster.certs import CertificateAuthority
 
         ca = CertificateAuthority(self.root / "tls", DEV_CA)
         service, admin = ca.issue("strom"), ca.issue("admin")
+        etcd_ca = CertificateAuthority(self.root / "etcd-tls", DEV_ETCD_CA)
+        etcd_server, etcd_client = etcd_ca.issue("etcd"), etcd_ca.issue("strom")
         self.tls_files = {
             "ca": str(ca.ca_file),
             "cert": str(admin.cert),
@@ -145,11 +153,11 @@ class LocalCluster:
             "--tls-client-auth=required",
             "--acls",
             "--super-users=User:CN=strom,User:CN=admin",
-            f"--etcd-ca={ca.ca_file}",
-            f"--etcd-cert={service.cert}",
-            f"--etcd-key={service.key}",
+            f"--etcd-ca={etcd_ca.ca_file}",
+            f"--etcd-cert={etcd_client.cert}",
+            f"--etcd-key={etcd_client.key}",
         ]
-        return flags, (service.cert, service.key, ca.ca_file)
+        return flags, (etcd_server.cert, etcd_server.key, etcd_ca.ca_file)
 
     def client_env(self) -> dict[str, str]:
         """``STROM_*`` settings a client (the CLI, Producer, Consumer, Admin) needs to reach

@@ -92,7 +92,8 @@ def add_endpoint_arguments(
         "--metrics-port",
         default=metrics_port,
         type=port_or_disabled,
-        help="Prometheus /metrics HTTP port; -1 disables it (default: %(default)s)",
+        help="Prometheus /metrics HTTP port, on the --listen host; -1 disables it "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--cluster", default="strom", help="cluster name: the etcd prefix /strom/<name>/"
@@ -151,6 +152,14 @@ def fail(prog: str, message: str, code: int = 1) -> int:
     return code
 
 
+def metrics_host(listen: str) -> str:
+    """The address /metrics binds: the host of ``--listen``, so a service that listens on
+    loopback only (``strom dev up``) does not serve its metrics to the whole network (found
+    from outside: they were bound to 0.0.0.0 regardless); no host means every interface."""
+    host = listen.rpartition(":")[0].strip("[]")
+    return host or "0.0.0.0"
+
+
 def serve(
     prog: str,
     service: runtime.Service,
@@ -168,7 +177,11 @@ def serve(
     """
     limits = ServerLimits(max_connections=max_connections)
     try:
-        asyncio.run(runtime.serve(service, listen, metrics_port, limits=limits))
+        asyncio.run(
+            runtime.serve(
+                service, listen, metrics_port, metrics_host=metrics_host(listen), limits=limits
+            )
+        )
     except startup_errors as exc:
         return fail(prog, str(exc))
     except MetadataUnavailableError as exc:
@@ -188,10 +201,42 @@ def serve(
 def configure_security(prog: str, args: argparse.Namespace) -> int | None:
     """Install the security flags; an exit code (after one stderr line) when they are bad."""
     try:
+        check_services_authenticate(args)
         security.configure(args)
     except ValueError as exc:
         return fail(prog, str(exc), 2)
     return None
+
+
+def check_services_authenticate(args: argparse.Namespace) -> None:
+    """ValueError when the services could not pass each other's checks. A service
+    authenticates to another with its certificate under mTLS (``--tls-client-auth
+    required``: without it the listeners do not ask for one) or with
+    ``--client-token-file``. Without either it calls the others as User:ANONYMOUS, so with
+    ``--acls`` every internal call (a follower's fetches, the controller's LeaderAndIsr, a
+    coordinator's writes) is denied, and with ``--auth-tokens`` / ``--auth-token-verifier``
+    it is refused as unauthenticated: a cluster that starts and never works (found from
+    outside)."""
+    mtls = (getattr(args, "tls_client_auth", None) or "none") == "required"
+    if mtls or getattr(args, "client_token_file", None):
+        return
+    how = (
+        "use mTLS (--tls-cert, --tls-key, --tls-ca and --tls-client-auth required) or a "
+        "service token (--client-token-file, its principal in --auth-tokens)"
+    )
+    if getattr(args, "acls", False):
+        raise ValueError(
+            "--acls needs the services to authenticate to each other, else their own calls "
+            f"run as User:ANONYMOUS and are denied: {how}, and put that principal in "
+            "--super-users"
+        )
+    tokens = [f for f in ("auth_tokens", "auth_token_verifier") if getattr(args, f, None)]
+    if tokens:
+        flag = "--" + tokens[0].replace("_", "-")
+        raise ValueError(
+            f"{flag} makes every caller authenticate, the services' calls to each other "
+            f"too, and they present nothing: {how}"
+        )
 
 
 @dataclass(frozen=True)
