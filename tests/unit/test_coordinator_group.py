@@ -823,7 +823,7 @@ def test_transactional_offsets_wait_for_their_transaction() -> None:
     r = g.complete_txn(9, 0, True, now_ms=h.now)
     h.persist(r.records)
     assert {tp: om.offset for tp, om in g.offsets.items()} == {("t", 0): 10, ("t", 1): 20}
-    assert not g.pending and not g.unstable("t", 0)
+    assert not g.pending[9].offsets and not g.unstable("t", 0)  # only the ended epoch stays
     assert g.complete_txn(9, 0, True, now_ms=h.now).records == []  # a retry changes nothing
 
     txn_commit(9, 1, {("t", 0): OffsetAndMetadata(99)})
@@ -832,6 +832,34 @@ def test_transactional_offsets_wait_for_their_transaction() -> None:
             a.member_id, a.epoch, 9, 0, {("t", 0): OffsetAndMetadata(1)}, now_ms=h.now
         )
     h.persist(g.complete_txn(9, 1, False, now_ms=h.now).records)  # aborted: dropped
-    assert g.offsets[("t", 0)].offset == 10 and not g.pending
+    assert g.offsets[("t", 0)].offset == 10 and not g.pending[9].offsets
     h.rebuild()
-    assert h.group.offsets[("t", 0)].offset == 10 and not h.group.pending
+    assert h.group.offsets[("t", 0)].offset == 10 and not h.group.pending[9].offsets
+
+
+def test_offsets_of_a_transaction_that_ended_meanwhile_are_refused() -> None:
+    """Found from outside: a producer paused between AddOffsetsToTxn and TxnOffsetCommit
+    while its transaction timed out and was aborted (with a bumped epoch); its late
+    TxnOffsetCommit was taken and stayed pending for good, so every read_committed member
+    of the group got UNSTABLE_OFFSET_COMMIT. The ended epoch now refuses it, also after a
+    takeover; the producer's next epoch commits as before."""
+    h = Harness({"t": 1})
+    a = Consumer(h)
+    a.join()
+    converge(h, [a])
+    g = h.group
+    h.persist(g.complete_txn(9, 1, False, now_ms=h.now).records)  # aborted at the bump
+    h.rebuild()
+    g = h.group
+    with pytest.raises(ProducerFencedError):
+        g.txn_commit_offsets(
+            a.member_id, a.epoch, 9, 0, {("t", 0): OffsetAndMetadata(7)}, now_ms=h.now
+        )
+    assert not g.unstable("t", 0)
+    r = g.txn_commit_offsets(
+        a.member_id, a.epoch, 9, 1, {("t", 0): OffsetAndMetadata(8)}, now_ms=h.now
+    )
+    h.persist(r.records)
+    assert g.unstable("t", 0)
+    h.persist(g.complete_txn(9, 1, True, now_ms=h.now).records)
+    assert g.offsets[("t", 0)].offset == 8 and not g.unstable("t", 0)

@@ -1040,21 +1040,30 @@ class ConsumerGroup:
         self, producer_id: int, producer_epoch: int, committed: bool, *, now_ms: int
     ) -> OffsetsResult:
         """The transaction of ``producer_id`` ended: its pending offsets become the group's
-        committed offsets (``committed``) or are dropped. Idempotent: nothing pending (a
-        retry, or a transaction that committed no offsets here) changes nothing."""
+        committed offsets (``committed``) or are dropped. Idempotent: a retry changes nothing.
+
+        The epoch it ended with stays, as a pending entry without offsets: an offset commit
+        of an older epoch arriving afterwards is refused (found from outside: a producer
+        paused between AddOffsetsToTxn and TxnOffsetCommit while its transaction timed out
+        and was aborted with a bumped epoch; its late offsets were taken, pending for good,
+        and every read_committed member of the group was refused UNSTABLE_OFFSET_COMMIT)."""
         pending = self.pending.get(producer_id)
-        if pending is None or pending.producer_epoch > producer_epoch:
-            return OffsetsResult({}, [])
-        del self.pending[producer_id]
+        if pending is not None and (
+            pending.producer_epoch > producer_epoch
+            or (pending.producer_epoch == producer_epoch and not pending.offsets)
+        ):
+            return OffsetsResult({}, [])  # stale, or ended already
         records: list[GroupRecord] = []
         errors: dict[TopicPartition, int] = {}
-        if committed:
+        if committed and pending is not None:
             for (t, p), om in sorted(pending.offsets.items()):
                 om = replace(om, commit_timestamp_ms=now_ms)
                 self.offsets[(t, p)] = om
                 records.append(offset_commit_record(self.group_id, t, p, om))
                 errors[(t, p)] = ErrorCode.NONE
-        records.append(pending_txn_offsets_tombstone(self.group_id, producer_id))
+        ended = PendingTxnOffsets(producer_epoch, {})
+        self.pending[producer_id] = ended
+        records.append(pending_txn_offsets_record(self.group_id, producer_id, ended))
         return OffsetsResult(errors, records)
 
     def unstable(self, topic: str, partition: int) -> bool:

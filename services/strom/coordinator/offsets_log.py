@@ -209,7 +209,8 @@ class GroupSnapshot:
             and not self.targets
             and not self.current
             and not self.offsets
-            and not self.pending
+            # (an ended transaction's epoch, kept to refuse its late offsets, is not enough)
+            and not any(p.offsets for p in self.pending.values())
             and self.assignment_epoch == 0
         )
 
