@@ -791,3 +791,43 @@ def test_a_failed_transaction_is_aborted_by_the_block_and_by_close(
     with Consumer(cluster.bootstrap, isolation_level="read_committed") as rc:
         wait_for(lambda: rc.end_offsets([tp])[tp] == 2, timeout=20, what="the abort marker")
     assert _read(cluster, ok, "read_committed") == []
+
+
+def test_a_read_committed_poll_waits_out_pending_offsets_without_raising(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: a read_committed group member whose group had offsets pending in
+    another transaction (a killed instance's, open until its timeout: the normal failover)
+    blocked in poll() for the request timeout, then raised UnstableOffsetCommitError out of
+    the README's loop. Now poll() returns without those partitions' records and asks again
+    (Kafka's behaviour); once the transaction commits, the member starts at its offset."""
+    _topic(cluster, "steady", partitions=1)
+    tp = TopicPartition("steady", 0)
+    with Producer(cluster.bootstrap) as plain:
+        for i in range(10):
+            plain.send("steady", b"r%d" % i)
+    p = Producer(cluster.bootstrap, transactional_id="steady-tx")
+    try:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send_offsets_to_transaction({tp: OffsetAndMetadata(7)}, GroupMetadata("steady-g"))
+        with Consumer(
+            cluster.bootstrap, group_id="steady-g", isolation_level="read_committed"
+        ) as c:
+            c.subscribe(["steady"])
+            wait_for(
+                lambda: bool(c.poll(200) == [] and c.assignment()),
+                timeout=30,
+                what="the assignment, with the offsets still pending",
+            )
+            assert c.poll(500) == []  # no UnstableOffsetCommitError
+            p.commit_transaction()
+            got: list[bytes | None] = []
+            wait_for(
+                lambda: bool(got.extend(r.value for r in c.poll(500))) or len(got) >= 3,
+                timeout=30,
+                what="the records after the committed offset",
+            )
+            assert got == [b"r7", b"r8", b"r9"]
+    finally:
+        p.close()

@@ -41,7 +41,7 @@ from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
-from strom.errors import InvalidGroupIdError, StromError
+from strom.errors import InvalidGroupIdError, StromError, UnstableOffsetCommitError
 from strom.record import Record
 from strom.security.channel import client_security
 
@@ -462,16 +462,33 @@ class Consumer:
         (tp,) = self._assigned([partition], "highwater()")
         return self._fetcher.high_watermark(tp)
 
-    def _update_positions(self, only: set[TopicPartition] | None = None) -> None:
+    def _update_positions(
+        self, only: set[TopicPartition] | None = None, *, poll_timeout_s: float | None = None
+    ) -> None:
         """Look up positions for partitions that need one: committed offset (groups, later),
-        else the reset strategy (seek_to_*, or auto_offset_reset)."""
+        else the reset strategy (seek_to_*, or auto_offset_reset).
+
+        From poll() (``poll_timeout_s``: the time the poll has left), a group's offsets that
+        an open transaction is still completing (read_committed) leave their partitions
+        without a position: the poll returns without their records and the next one asks
+        again, as Kafka's does (found from outside: poll(1000) blocked for the 30 s request
+        timeout, then raised UnstableOffsetCommitError out of an ordinary failover)."""
         need = [n for n in self._fetcher.needing_positions() if only is None or n[0] in only]
         if not need:
             return
         committed: dict[TopicPartition, OffsetAndMetadata | None] = {}
         initial = [tp for tp, reset, _ in need if reset is None]
         if initial and self._group is not None:
-            committed = self._group.committed(initial, self._timeout_s)
+            if poll_timeout_s is None:
+                committed = self._group.committed(initial, self._timeout_s)
+            else:
+                try:
+                    committed = self._group.committed(
+                        initial, min(self._timeout_s, max(poll_timeout_s, 1.0))
+                    )
+                except UnstableOffsetCommitError:
+                    waiting = set(initial)
+                    need = [n for n in need if n[0] not in waiting]
         query: dict[TopicPartition, int] = {}
         missing: list[TopicPartition] = []
         for tp, reset, gen in need:
@@ -633,7 +650,7 @@ class Consumer:
             exc = self._fetcher.take_error()
             if exc is not None:
                 raise exc
-            self._update_positions()
+            self._update_positions(poll_timeout_s=deadline - time.monotonic())
             items, n = self._fetcher.collect(limit, arrow=arrow)
             if n or self._closed:
                 return items, n
