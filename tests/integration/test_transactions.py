@@ -543,6 +543,16 @@ def test_a_prepared_transaction_is_completed_by_another_process(cluster: LocalCl
             again.init_transactions()  # aborts what the prepared instance left open
         wait_for(lambda: rc.end_offsets([tp])[tp] == 6, timeout=30, what="every marker")
     assert [v for _, v in _read(cluster, "prepared", "read_committed")] == [b"committed"]
+    # A prepared transaction that sent nothing completes at once, either way (found from
+    # outside: INVALID_TXN_STATE, the coordinator's state being Empty).
+    with Producer(cluster.bootstrap, transactional_id="prep-empty") as p:
+        p.init_transactions()
+        p.begin_transaction()
+        empty = p.prepare_transaction()
+    assert empty.empty
+    with ClusterClient(cluster.bootstrap) as client:
+        complete_prepared_transaction(client, empty, True)
+        complete_prepared_transaction(client, empty, False)
 
 
 def test_a_caught_up_read_committed_consumer_follows_commits_and_skips_aborts(

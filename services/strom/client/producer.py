@@ -614,7 +614,8 @@ class Producer:
         consume-transform-produce pattern): they become the group's committed offsets only
         if the transaction commits. ``group_metadata`` is ``consumer.group_metadata()``, so
         a consumer that was fenced out of its group cannot commit. A group id string is
-        taken too (Kafka's older form; without the member's epoch, nothing is fenced)."""
+        taken too (Kafka's older form): the coordinator takes it only while the group has no
+        members (NON_EMPTY_GROUP otherwise), since it cannot tell a fenced member apart."""
         if isinstance(group_metadata, str):
             group_metadata = GroupMetadata(group_metadata)
         elif not isinstance(group_metadata, GroupMetadata):
@@ -655,7 +656,9 @@ class Producer:
         txn, _ = self._flush_transaction("prepare_transaction()", timeout)
         with txn.lock:
             txn.phase = TxnPhase.PREPARED
-        return PreparedTxnState(txn.transactional_id, txn.producer_id, txn.producer_epoch)
+        return PreparedTxnState(
+            txn.transactional_id, txn.producer_id, txn.producer_epoch, empty=not txn.started
+        )
 
     def _flush_transaction(
         self, action: str, timeout: float | None

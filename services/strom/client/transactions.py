@@ -84,6 +84,9 @@ class PreparedTxnState:
     transactional_id: str
     producer_id: int
     producer_epoch: int
+    #: Nothing was registered with the coordinator (no record sent, no offsets): there is
+    #: nothing to complete, and an EndTxn would be refused (the coordinator's state is Empty).
+    empty: bool = False
 
 
 def complete_prepared_transaction(
@@ -99,7 +102,10 @@ def complete_prepared_transaction(
     retriable errors until ``timeout_s``. The second phase of a two-phase commit run by a
     coordinator outside strom (Spark's driver commits what its tasks prepared). Raises
     :class:`~strom.errors.ProducerFencedError` when a newer instance of the transactional id
-    took over, or the transaction was aborted (its timeout passed) in the meantime."""
+    took over, or the transaction was aborted (its timeout passed) in the meantime. A
+    transaction that sent nothing completes at once (found from outside: INVALID_TXN_STATE)."""
+    if state.empty:
+        return
     mgr = TransactionManager(
         client,
         state.transactional_id,

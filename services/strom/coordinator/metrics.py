@@ -201,7 +201,8 @@ TRANSACTIONS_ENDED = Counter(
     "strom_coordinator_transactions_ended",
     "Transactions completed (markers written everywhere), by outcome (commit, abort) and "
     "who ended them (client; timeout: transaction.timeout.ms passed; fenced: a new producer "
-    "instance initialised the transactional id)",
+    "instance initialised the transactional id; recovered: a decided transaction a "
+    "coordinator found unfinished when it took over the shard, and finished)",
     ["outcome", "by"],
 )
 TRANSACTION_SECONDS = Histogram(
