@@ -41,8 +41,10 @@ from strom.client.cluster import ClusterClient
 from strom.devcluster.certs import CertificateAuthority, Pem
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import AuthorizationError, StromError
+from strom.errors import AuthorizationError, ErrorCode, StromError
+from strom.record import encode_batch
 from strom.security import ChannelSecurity
+from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 from tests.conftest import member_metric
 
 pytestmark = pytest.mark.integration
@@ -56,6 +58,7 @@ class Env:
         self.alice = self.ca.issue("alice")
         self.bob = self.ca.issue("bob")
         self.nobody = self.ca.issue("nobody")  # never gets an ACL
+        self.writer = self.ca.issue("writer")  # WRITE on every topic, nothing else
         self.expired = self.ca.issue("alice", expired=True)
         self.other_ca = CertificateAuthority(root / "other", "other-ca")
         self.stranger = self.other_ca.issue("alice")
@@ -217,6 +220,37 @@ def test_write_needs_write_and_a_deny_beats_an_allow(env: Env) -> None:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 c.poll(timeout_ms=200)
+
+
+def test_only_the_coordinators_write_the_internal_topics(env: Env) -> None:
+    """Found from outside: a Produce to __consumer_offsets needed only WRITE on it, and one
+    record there whose key was no group record kept its shard from loading for good. A
+    super user is refused (INVALID_TOPIC, as Kafka refuses it); the coordinators' header
+    does not let in a client that has WRITE on every topic but not CLUSTER_ACTION."""
+    req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
+    req.topics.add(topic="__consumer_offsets").partitions.add(
+        partition=0, records=encode_batch([b"y"], keys=[b"x"]), current_leader_epoch=-1
+    )
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        pr = c.storage(env.bootstrap).Produce(req, timeout=10).topics[0].partitions[0]
+    assert pr.error_code == ErrorCode.INVALID_TOPIC
+    assert "topic '__consumer_offsets' is internal" in pr.error_message
+    env.acls(allow("User:CN=writer", WRITE, TOPIC, "*"))
+    internal = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
+    with ClusterClient(env.bootstrap, security=env.security(env.writer)) as c:
+        node = c.storage(env.bootstrap)
+
+        def answer() -> str | None:
+            """How the node answers; None while it has not applied the WRITE grant yet."""
+            try:
+                pr = node.Produce(req, timeout=10, metadata=internal).topics[0].partitions[0]
+            except grpc.RpcError as exc:
+                details = f"{exc.code().name}: {exc.details()}"
+                return None if "WRITE on topic" in details else details
+            return f"answered {pr.error_code}"
+
+        got = wait_for(answer, timeout=10, what="the WRITE grant applied by the node")
+    assert got == ("PERMISSION_DENIED: User:CN=writer is not allowed CLUSTER_ACTION on the cluster")
 
 
 def test_the_record_api_checks_the_callers_rights(env: Env) -> None:

@@ -61,6 +61,16 @@ def is_fetch_grant(req: Any) -> bool:
     return not req.topics and req.follow_answers > 0 and not req.follow
 
 
+def _produce(req: Any) -> Iterable[Check]:
+    """WRITE on each topic; an internal ``__`` topic also needs CLUSTER_ACTION: only strom's
+    own coordinators write those (service.headers.INTERNAL_TOPICS_METADATA_KEY), and with ACLs
+    on the header alone must not let a client with WRITE on ``*`` in."""
+    out: list[Check] = [(Op.WRITE, Res.TOPIC, t.topic) for t in req.topics]
+    if any(t.topic.startswith("__") for t in req.topics):
+        out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
+    return out
+
+
 def _fetch(req: Any) -> Iterable[Check]:
     if is_fetch_grant(req):
         return []
@@ -100,6 +110,8 @@ def _configs(op: Op) -> Rule:
         for r in req.resources:
             if r.resource_type == 1:  # a topic
                 out.append((op, Res.TOPIC, r.resource_name))
+                if op is Op.ALTER and r.resource_name.startswith("__"):  # as _produce
+                    out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
             else:  # a node's static config
                 out.append((op, Res.CLUSTER, CLUSTER))
         return out
@@ -147,10 +159,10 @@ def _subscribe(req: Any) -> Iterable[Check]:
 
 RULES: dict[str, Rule] = {
     # StorageService
-    S + "Produce": _topics(Op.WRITE),
+    S + "Produce": _produce,
     S + "Fetch": _fetch,
     # The streams: checked per request on the stream (strom.security.interceptor).
-    S + "ProduceStream": _topics(Op.WRITE),
+    S + "ProduceStream": _produce,
     S + "FetchStream": _fetch,
     S + "ListOffsets": _topics(Op.DESCRIBE),
     S + "OffsetForLeaderEpoch": _topics(Op.DESCRIBE),
