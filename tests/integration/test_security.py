@@ -59,6 +59,7 @@ class Env:
         self.bob = self.ca.issue("bob")
         self.nobody = self.ca.issue("nobody")  # never gets an ACL
         self.writer = self.ca.issue("writer")  # WRITE on every topic, nothing else
+        self.viewer = self.ca.issue("viewer")  # DESCRIBE on orders, nothing else
         self.expired = self.ca.issue("alice", expired=True)
         self.other_ca = CertificateAuthority(root / "other", "other-ca")
         self.stranger = self.other_ca.issue("alice")
@@ -418,6 +419,24 @@ def test_every_admin_rpc_is_checked(env: Env, module: object, service: str) -> N
             assert _code(lambda call=call, req=req: call(req, timeout=5)) == (
                 grpc.StatusCode.PERMISSION_DENIED
             ), method.name
+
+
+def test_describing_every_topic_shows_only_what_the_principal_may_describe(env: Env) -> None:
+    """DescribeTopics naming no topic (every topic; `strom topics describe`) is a listing:
+    found from outside, it gave a principal with no grants every topic with its configs,
+    replicas and ids."""
+    with Admin(env.bootstrap, **env.client(env.nobody)) as nobody:  # type: ignore[arg-type]
+        assert nobody.describe_topics() == {}
+    env.acls(allow("User:CN=viewer", md.ACL_OPERATION_DESCRIBE, TOPIC, "orders"))
+    with Admin(env.bootstrap, **env.client(env.viewer)) as viewer:  # type: ignore[arg-type]
+        wait_for(
+            lambda: list(viewer.describe_topics()) == ["orders"],
+            timeout=10,
+            what="the viewer's DESCRIBE on orders applied by the controller",
+        )
+        assert viewer.describe_topics()["orders"].topic_id
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        assert {"orders", "__consumer_offsets"} <= set(admin.describe_topics())
 
 
 def _fill(msg, depth: int = 0) -> None:  # type: ignore[no-untyped-def]

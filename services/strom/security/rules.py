@@ -3,10 +3,10 @@ strom service, and the responses that are filtered instead of refused.
 
 Kafka's table, applied to strom's RPCs. A request naming several topics (or groups) needs the
 permission on each; a missing one refuses the whole request with PERMISSION_DENIED naming it.
-Listing calls (Metadata, ListTopics, ListGroups, ListTransactions) are answered with what the
-principal may DESCRIBE. Calls strom's own services make to each other (follower fetches,
-AlterPartition, markers, ...) need CLUSTER_ACTION, which their principals get by being super
-users.
+Listing calls (Metadata, ListTopics, ListGroups, ListTransactions, DescribeTopics naming no
+topic) are answered with what the principal may DESCRIBE. Calls strom's own services make to
+each other (follower fetches, AlterPartition, markers, ...) need CLUSTER_ACTION, which their
+principals get by being super users.
 
 :data:`RULES` must name every method of every service: the interceptor refuses a method it
 has no rule for, and a unit test walks the service descriptors, so a new RPC cannot slip in
@@ -179,6 +179,7 @@ RULES: dict[str, Rule] = {
     C + "AlterConfigs": _configs(Op.ALTER),
     C + "DescribeCluster": _cluster(Op.DESCRIBE),
     C + "ListTopics": _anyone,  # filtered
+    # Named topics: DESCRIBE on each; none named (every topic): filtered, see FILTERS.
     C + "DescribeTopics": _names(Op.DESCRIBE, Res.TOPIC, "topics"),
     C + "AlterPartition": _cluster(Op.CLUSTER_ACTION),
     C + "ElectLeaders": _cluster(Op.ALTER),
@@ -249,6 +250,14 @@ def _filter_list_topics(auth: Authorizer, principal: str, req: Any, resp: Any) -
     resp.topics.extend(keep)
 
 
+def _filter_describe_topics(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    """Every topic (no names in the request): only those the principal may DESCRIBE, as
+    ListTopics answers (found from outside: a principal with no grants got every topic's
+    configs, replicas and ids). Named topics were each checked before the call."""
+    if not req.topics:
+        _filter_list_topics(auth, principal, req, resp)
+
+
 def _filter_groups(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
     keep = [g for g in resp.groups if auth.allowed(principal, Op.DESCRIBE, Res.GROUP, g.group_id)]
     del resp.groups[:]
@@ -268,6 +277,7 @@ def _filter_transactions(auth: Authorizer, principal: str, req: Any, resp: Any) 
 FILTERS: dict[str, Filter] = {
     S + "Metadata": _filter_metadata,
     C + "ListTopics": _filter_list_topics,
+    C + "DescribeTopics": _filter_describe_topics,
     K + "ListGroups": _filter_groups,
     K + "ListTransactions": _filter_transactions,
 }
