@@ -644,6 +644,65 @@ def test_a_followed_fetch_ends_when_its_read_acl_is_removed(env: Env) -> None:
     )
 
 
+def test_a_record_api_subscription_ends_when_its_read_acl_is_removed(env: Env) -> None:
+    """A Subscribe stream's Consumer reads as the node, so the stream was authorized only
+    when it opened (found from outside: records kept coming after the READ ACL was
+    removed). It checks its caller's rights again as it delivers: a revoke ends it with
+    PERMISSION_DENIED, as it ends a followed Fetch."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("subscribed", partitions=1, replication_factor=1)
+    env.acls(allow("User:CN=alice", READ, TOPIC, "subscribed"))
+    subscribe = records_pb2.SubscribeRequest(
+        topics=["subscribed"], start=records_pb2.START_POSITION_EARLIEST
+    )
+    with (
+        Producer(env.bootstrap, linger_ms=0, **env.client(env.admin)) as producer,  # type: ignore[arg-type]
+        ClusterClient(env.bootstrap, security=env.security(env.alice)) as c,
+    ):
+        stub = records_pb2_grpc.RecordServiceStub(c.channel(env.bootstrap))
+
+        def records(stream: Any) -> list[bytes]:
+            """The values of the stream's next records message."""
+            for message in stream:
+                if message.HasField("records"):
+                    return list(message.records.records.values)
+            return []
+
+        producer.send("subscribed", b"before").result(10)
+
+        def opened() -> Any:
+            stream = stub.Subscribe(subscribe, timeout=60)
+            try:
+                assert records(stream) == [b"before"]
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.PERMISSION_DENIED:
+                    raise
+                return None  # the READ ACL has not reached the node yet
+            return stream
+
+        stream = wait_for(opened, timeout=10, what="alice's READ applied by the node")
+        with ClusterClient(env.bootstrap, security=env.security(env.admin)) as admin_client:
+            admin_client.controller_call(
+                "DeleteAcls",
+                controller_pb2.DeleteAclsRequest(
+                    filters=[
+                        controller_pb2.AclBindingFilter(
+                            principal="User:CN=alice", resource_name="subscribed"
+                        )
+                    ]
+                ),
+            )
+        deadline = time.monotonic() + 10  # (the node applies an ACL change within 1 s)
+        with pytest.raises(grpc.RpcError) as refused:
+            while time.monotonic() < deadline:
+                producer.send("subscribed", b"after").result(10)
+                assert records(stream) == [b"after"]
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "User:CN=alice is not allowed READ on topic 'subscribed'" in (
+        refused.value.details() or ""
+    )
+
+
 def test_a_consumer_that_is_no_super_user_follows_past_its_first_grants(env: Env) -> None:
     """A consumer's followed fetch is granted more answers as it takes them (storage.proto,
     FetchRequest.follow_answers); a grant reads nothing and needs no permission, so a
