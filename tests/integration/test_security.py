@@ -60,6 +60,7 @@ class Env:
         self.nobody = self.ca.issue("nobody")  # never gets an ACL
         self.writer = self.ca.issue("writer")  # WRITE on every topic, nothing else
         self.viewer = self.ca.issue("viewer")  # DESCRIBE on orders, nothing else
+        self.patterned = self.ca.issue("patterned")  # READ on pat-orders and groups pat-*
         self.expired = self.ca.issue("alice", expired=True)
         self.other_ca = CertificateAuthority(root / "other", "other-ca")
         self.stranger = self.other_ca.issue("alice")
@@ -701,6 +702,46 @@ def test_a_record_api_subscription_ends_when_its_read_acl_is_removed(env: Env) -
     assert "User:CN=alice is not allowed READ on topic 'subscribed'" in (
         refused.value.details() or ""
     )
+
+
+def test_a_pattern_subscription_gets_only_topics_the_member_may_describe(env: Env) -> None:
+    """Found from outside: a member subscribed by regex was assigned a topic its principal
+    may not describe, and its consumer failed (LeaderNotAvailableError) instead of reading
+    the topic it may. The coordinator resolves the regex to what the member may describe;
+    a topic named in the subscription needs DESCRIBE, as in Kafka."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("pat-orders", partitions=1, replication_factor=1)
+        admin.create_topic("pat-secret", partitions=1, replication_factor=1)
+    env.acls(
+        allow("User:CN=patterned", READ, TOPIC, "pat-orders"),
+        allow("User:CN=patterned", READ, GROUP, "pat-", prefixed=True),
+    )
+    with Producer(env.bootstrap, **env.client(env.admin)) as p:  # type: ignore[arg-type]
+        p.send("pat-orders", b"o").result(10)
+        p.send("pat-secret", b"s").result(10)
+    with Consumer(
+        env.bootstrap,
+        **env.client(env.patterned, group_id="pat-g", auto_offset_reset="earliest"),  # type: ignore[arg-type]
+    ) as c:
+        c.subscribe(pattern="pat-.*")
+        got: list[bytes | None] = []
+        deadline = time.monotonic() + 20
+        while not got:
+            assert time.monotonic() < deadline, "nothing read from pat-orders"
+            got.extend(r.value for r in eventually(lambda: c.poll(timeout_ms=200)))
+        assert got == [b"o"]
+        assert c.assignment() == {TopicPartition("pat-orders", 0)}
+    with (
+        Consumer(
+            env.bootstrap,
+            **env.client(env.patterned, group_id="pat-named", auto_offset_reset="earliest"),  # type: ignore[arg-type]
+        ) as c,
+        pytest.raises(AuthorizationError, match="DESCRIBE on topic 'pat-secret'"),
+    ):
+        c.subscribe(["pat-orders", "pat-secret"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            c.poll(timeout_ms=200)
 
 
 def test_a_consumer_that_is_no_super_user_follows_past_its_first_grants(env: Env) -> None:

@@ -193,7 +193,11 @@ RULES: dict[str, Rule] = {
     C + "AlterClientQuotas": _cluster(Op.ALTER),
     C + "DescribeClientQuotas": _cluster(Op.DESCRIBE),
     # CoordinatorService
-    K + "ConsumerGroupHeartbeat": _group(Op.READ),
+    # A regex is resolved to the topics the member may DESCRIBE by the coordinator
+    # (ConsumerGroup.subscribed_topics); named topics need DESCRIBE here, as Kafka checks.
+    K + "ConsumerGroupHeartbeat": _group(
+        Op.READ, _names(Op.DESCRIBE, Res.TOPIC, "subscribed_topic_names")
+    ),
     K + "OffsetCommit": _group(Op.READ, _topics(Op.READ)),
     K + "OffsetFetch": _group(Op.DESCRIBE),
     K + "ListGroups": _anyone,  # filtered
