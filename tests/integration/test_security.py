@@ -41,8 +41,10 @@ from strom.client.cluster import ClusterClient
 from strom.devcluster.certs import CertificateAuthority, Pem
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import AuthorizationError, StromError
+from strom.errors import AuthorizationError, ErrorCode, StromError
+from strom.record import encode_batch
 from strom.security import ChannelSecurity
+from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 from tests.conftest import member_metric
 
 pytestmark = pytest.mark.integration
@@ -56,6 +58,9 @@ class Env:
         self.alice = self.ca.issue("alice")
         self.bob = self.ca.issue("bob")
         self.nobody = self.ca.issue("nobody")  # never gets an ACL
+        self.writer = self.ca.issue("writer")  # WRITE on every topic, nothing else
+        self.viewer = self.ca.issue("viewer")  # DESCRIBE on orders, nothing else
+        self.patterned = self.ca.issue("patterned")  # READ on pat-orders and groups pat-*
         self.expired = self.ca.issue("alice", expired=True)
         self.other_ca = CertificateAuthority(root / "other", "other-ca")
         self.stranger = self.other_ca.issue("alice")
@@ -224,6 +229,37 @@ def test_write_needs_write_and_a_deny_beats_an_allow(env: Env) -> None:
                 c.poll(timeout_ms=200)
 
 
+def test_only_the_coordinators_write_the_internal_topics(env: Env) -> None:
+    """Found from outside: a Produce to __consumer_offsets needed only WRITE on it, and one
+    record there whose key was no group record kept its shard from loading for good. A
+    super user is refused (INVALID_TOPIC, as Kafka refuses it); the coordinators' header
+    does not let in a client that has WRITE on every topic but not CLUSTER_ACTION."""
+    req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
+    req.topics.add(topic="__consumer_offsets").partitions.add(
+        partition=0, records=encode_batch([b"y"], keys=[b"x"]), current_leader_epoch=-1
+    )
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        pr = c.storage(env.bootstrap).Produce(req, timeout=10).topics[0].partitions[0]
+    assert pr.error_code == ErrorCode.INVALID_TOPIC
+    assert "topic '__consumer_offsets' is internal" in pr.error_message
+    env.acls(allow("User:CN=writer", WRITE, TOPIC, "*"))
+    internal = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
+    with ClusterClient(env.bootstrap, security=env.security(env.writer)) as c:
+        node = c.storage(env.bootstrap)
+
+        def answer() -> str | None:
+            """How the node answers; None while it has not applied the WRITE grant yet."""
+            try:
+                pr = node.Produce(req, timeout=10, metadata=internal).topics[0].partitions[0]
+            except grpc.RpcError as exc:
+                details = f"{exc.code().name}: {exc.details()}"
+                return None if "WRITE on topic" in details else details
+            return f"answered {pr.error_code}"
+
+        got = wait_for(answer, timeout=10, what="the WRITE grant applied by the node")
+    assert got == ("PERMISSION_DENIED: User:CN=writer is not allowed CLUSTER_ACTION on the cluster")
+
+
 def test_the_record_api_checks_the_callers_rights(env: Env) -> None:
     """RecordService with ACLs on (found from outside: every ProduceRecords and Subscribe
     failed with UNKNOWN, the super user's too: the rules got the raw request bytes, and
@@ -389,6 +425,24 @@ def test_every_admin_rpc_is_checked(env: Env, module: object, service: str) -> N
             assert _code(lambda call=call, req=req: call(req, timeout=5)) == (
                 grpc.StatusCode.PERMISSION_DENIED
             ), method.name
+
+
+def test_describing_every_topic_shows_only_what_the_principal_may_describe(env: Env) -> None:
+    """DescribeTopics naming no topic (every topic; `strom topics describe`) is a listing:
+    found from outside, it gave a principal with no grants every topic with its configs,
+    replicas and ids."""
+    with Admin(env.bootstrap, **env.client(env.nobody)) as nobody:  # type: ignore[arg-type]
+        assert nobody.describe_topics() == {}
+    env.acls(allow("User:CN=viewer", md.ACL_OPERATION_DESCRIBE, TOPIC, "orders"))
+    with Admin(env.bootstrap, **env.client(env.viewer)) as viewer:  # type: ignore[arg-type]
+        wait_for(
+            lambda: list(viewer.describe_topics()) == ["orders"],
+            timeout=10,
+            what="the viewer's DESCRIBE on orders applied by the controller",
+        )
+        assert viewer.describe_topics()["orders"].topic_id
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        assert {"orders", "__consumer_offsets"} <= set(admin.describe_topics())
 
 
 def _fill(msg, depth: int = 0) -> None:  # type: ignore[no-untyped-def]
@@ -594,6 +648,105 @@ def test_a_followed_fetch_ends_when_its_read_acl_is_removed(env: Env) -> None:
     assert "User:CN=alice is not allowed READ on topic 'followed'" in (
         refused.value.details() or ""
     )
+
+
+def test_a_record_api_subscription_ends_when_its_read_acl_is_removed(env: Env) -> None:
+    """A Subscribe stream's Consumer reads as the node, so the stream was authorized only
+    when it opened (found from outside: records kept coming after the READ ACL was
+    removed). It checks its caller's rights again as it delivers: a revoke ends it with
+    PERMISSION_DENIED, as it ends a followed Fetch."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("subscribed", partitions=1, replication_factor=1)
+    env.acls(allow("User:CN=alice", READ, TOPIC, "subscribed"))
+    subscribe = records_pb2.SubscribeRequest(
+        topics=["subscribed"], start=records_pb2.START_POSITION_EARLIEST
+    )
+    with (
+        Producer(env.bootstrap, linger_ms=0, **env.client(env.admin)) as producer,  # type: ignore[arg-type]
+        ClusterClient(env.bootstrap, security=env.security(env.alice)) as c,
+    ):
+        stub = records_pb2_grpc.RecordServiceStub(c.channel(env.bootstrap))
+
+        def records(stream: Any) -> list[bytes]:
+            """The values of the stream's next records message."""
+            for message in stream:
+                if message.HasField("records"):
+                    return list(message.records.records.values)
+            return []
+
+        producer.send("subscribed", b"before").result(10)
+
+        def opened() -> Any:
+            stream = stub.Subscribe(subscribe, timeout=60)
+            try:
+                assert records(stream) == [b"before"]
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.PERMISSION_DENIED:
+                    raise
+                return None  # the READ ACL has not reached the node yet
+            return stream
+
+        stream = wait_for(opened, timeout=10, what="alice's READ applied by the node")
+        with ClusterClient(env.bootstrap, security=env.security(env.admin)) as admin_client:
+            admin_client.controller_call(
+                "DeleteAcls",
+                controller_pb2.DeleteAclsRequest(
+                    filters=[
+                        controller_pb2.AclBindingFilter(
+                            principal="User:CN=alice", resource_name="subscribed"
+                        )
+                    ]
+                ),
+            )
+        deadline = time.monotonic() + 10  # (the node applies an ACL change within 1 s)
+        with pytest.raises(grpc.RpcError) as refused:
+            while time.monotonic() < deadline:
+                producer.send("subscribed", b"after").result(10)
+                assert records(stream) == [b"after"]
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "User:CN=alice is not allowed READ on topic 'subscribed'" in (
+        refused.value.details() or ""
+    )
+
+
+def test_a_pattern_subscription_gets_only_topics_the_member_may_describe(env: Env) -> None:
+    """Found from outside: a member subscribed by regex was assigned a topic its principal
+    may not describe, and its consumer failed (LeaderNotAvailableError) instead of reading
+    the topic it may. The coordinator resolves the regex to what the member may describe;
+    a topic named in the subscription needs DESCRIBE, as in Kafka."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("pat-orders", partitions=1, replication_factor=1)
+        admin.create_topic("pat-secret", partitions=1, replication_factor=1)
+    env.acls(
+        allow("User:CN=patterned", READ, TOPIC, "pat-orders"),
+        allow("User:CN=patterned", READ, GROUP, "pat-", prefixed=True),
+    )
+    with Producer(env.bootstrap, **env.client(env.admin)) as p:  # type: ignore[arg-type]
+        p.send("pat-orders", b"o").result(10)
+        p.send("pat-secret", b"s").result(10)
+    with Consumer(
+        env.bootstrap,
+        **env.client(env.patterned, group_id="pat-g", auto_offset_reset="earliest"),  # type: ignore[arg-type]
+    ) as c:
+        c.subscribe(pattern="pat-.*")
+        got: list[bytes | None] = []
+        deadline = time.monotonic() + 20
+        while not got:
+            assert time.monotonic() < deadline, "nothing read from pat-orders"
+            got.extend(r.value for r in eventually(lambda: c.poll(timeout_ms=200)))
+        assert got == [b"o"]
+        assert c.assignment() == {TopicPartition("pat-orders", 0)}
+    with (
+        Consumer(
+            env.bootstrap,
+            **env.client(env.patterned, group_id="pat-named", auto_offset_reset="earliest"),  # type: ignore[arg-type]
+        ) as c,
+        pytest.raises(AuthorizationError, match="DESCRIBE on topic 'pat-secret'"),
+    ):
+        c.subscribe(["pat-orders", "pat-secret"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            c.poll(timeout_ms=200)
 
 
 def test_a_consumer_that_is_no_super_user_follows_past_its_first_grants(env: Env) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import pytest
 
@@ -127,6 +127,8 @@ class Consumer:
         self.assignor = assignor
         self.epoch = 0
         self.owned: dict[str, set[int]] = {}
+        #: The topics the member's principal may describe (None: ACLs off).
+        self.may_describe: Callable[[str], bool] | None = None
 
     def heartbeat(self, epoch: int | None = None, owned: Mapping[str, set[int]] | None = None):
         h = self.h
@@ -141,6 +143,7 @@ class Consumer:
             server_assignor=self.assignor,
             owned_partitions=self.owned if owned is None else owned,
             rebalance_timeout_ms=5_000,
+            topic_filter=self.may_describe,
         )
         h.persist(r.records)
         self.member_id = r.member_id
@@ -541,6 +544,43 @@ def test_heartbeat_epoch_fencing_and_lost_response() -> None:
     mine = a.owned
     r = a.join()
     assert r.member_id == "m1" and a.owned == mine and r.member_epoch == 2
+
+
+def test_a_regex_resolves_only_to_topics_the_member_may_describe() -> None:
+    """Found from outside: a member subscribed with ".*" was assigned a topic its principal
+    may not describe (and its consumer failed instead of reading what it may). What the
+    regex resolves to follows the ACLs at each heartbeat, and after a takeover."""
+    h = Harness({"orders": 2, "secret-payroll": 2})
+    allowed = {"orders"}
+    c = Consumer(h, regex=".*")
+    c.may_describe = allowed.__contains__
+    c.join()
+    converge(h, [c])
+    assert c.owned == {"orders": {0, 1}}
+    allowed.add("secret-payroll")  # an ACL granted: the member's next heartbeat rebalances
+    epoch = h.group.group_epoch
+    h.tick()
+    c.heartbeat()
+    assert h.group.group_epoch == epoch + 1
+    converge(h, [c])
+    assert c.owned == {"orders": {0, 1}, "secret-payroll": {0, 1}}
+    allowed.discard("secret-payroll")  # and revoked
+    h.tick()
+    c.heartbeat()
+    converge(h, [c])
+    assert c.owned == {"orders": {0, 1}}
+    # A new owner does not know the member's principal until its next heartbeat brings it.
+    h.rebuild()
+    h.tick()
+    c.heartbeat()
+    converge(h, [c])
+    assert c.owned == {"orders": {0, 1}}
+    # Without ACLs (no filter) the regex matches every topic, as before.
+    c.may_describe = None
+    h.tick()
+    c.heartbeat()
+    converge(h, [c])
+    assert c.owned == {"orders": {0, 1}, "secret-payroll": {0, 1}}
 
 
 def test_request_validation() -> None:

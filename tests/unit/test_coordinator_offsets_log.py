@@ -196,6 +196,27 @@ def test_unknown_kinds_and_keyless_records_are_skipped() -> None:
     assert shard.groups == {} and shard.skipped == 2
 
 
+def test_records_that_do_not_decode_are_skipped_and_counted() -> None:
+    """Found from outside: a client's record in __consumer_offsets (key b"x") raised
+    DecodeError on every load of its shard, whose groups then stayed unavailable for good.
+    Such a record is skipped and counted; the records around it still apply, and a value
+    that does not decode leaves no empty group behind."""
+    shard = ShardState()
+    buf = (
+        encode_group_batch(_group_records("g1"), now_ms=1)
+        + encode_batch([b"y"], keys=[b"x"], base_offset=7)
+        + encode_batch([b"\xff"], keys=[offset_commit_key("ghost", "a", 0)], base_offset=8)
+        + encode_batch([b"\xff"], keys=[offset_commit_key("g1", "a", 0)], base_offset=9)
+        + encode_group_batch(_group_records("g2"), now_ms=2)
+    )
+    assert shard.apply_batches(buf) == 14
+    assert set(shard.groups) == {"g1", "g2"}
+    assert shard.groups["g1"].offsets[("a", 0)] == OffsetAndMetadata(10)  # the bad one skipped
+    assert shard.undecodable == 3
+    assert shard.first_undecodable is not None
+    assert shard.first_undecodable.startswith("offset 7: DecodeError")
+
+
 def test_control_batches_are_skipped_and_corruption_detected() -> None:
     shard = ShardState()
     control = encode_batch([b"\x00"], keys=[b"\x00"], control=True, producer_id=4, producer_epoch=1)

@@ -136,3 +136,15 @@ def test_replay_keeps_the_latest_state_per_id_and_skips_fences() -> None:
     assert state.transactions == {"a": a1} and state.skipped == 1
     assert (state.producer_id, state.producer_epoch) == (3, 2)
     assert decode_txn_log_key(txn_log_key("a")) == "a" and decode_txn_log_key(b"\x7a\x00") is None
+
+
+def test_a_transaction_value_that_does_not_decode_is_skipped() -> None:
+    """A record no coordinator wrote must not fail every load of its shard (found from
+    outside, on __consumer_offsets): it is skipped and counted."""
+    a = fresh("a")
+    buf = encode_group_batch([GroupRecord(txn_log_key("bad"), b"\xff")]) + encode_group_batch(
+        [GroupRecord(txn_log_key("a"), a.to_value())]
+    )
+    state = TxnShardState()
+    assert state.apply_batches(buf) == 1
+    assert state.transactions == {"a": a} and state.undecodable == 1

@@ -115,6 +115,18 @@ def test_rules_name_what_the_request_names() -> None:
         (Op.WRITE, Res.TOPIC, "a"),
         (Op.WRITE, Res.TOPIC, "b"),
     ]
+    # An internal topic is the coordinators' alone: also CLUSTER_ACTION (found from outside).
+    req.topics.add(topic="__consumer_offsets")
+    for method in ("Produce", "ProduceStream"):
+        assert (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER) in list(
+            RULES[f"/strom.v1.StorageService/{method}"](req)
+        )
+    alter = controller_pb2.AlterConfigsRequest()
+    alter.resources.add(resource_type=1, resource_name="__transaction_state")
+    assert list(RULES["/strom.v1.ControllerService/AlterConfigs"](alter)) == [
+        (Op.ALTER, Res.TOPIC, "__transaction_state"),
+        (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER),
+    ]
     fetch = storage_pb2.FetchRequest(replica_id=3)
     assert list(RULES["/strom.v1.StorageService/Fetch"](fetch)) == [
         (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)

@@ -41,6 +41,7 @@ from typing import Any
 import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from strom.client.cluster import refused
 from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
 from strom.client.membership import GroupHost
 from strom.client.transactions import GroupMetadata
@@ -475,6 +476,11 @@ class GroupMember:
             if exc.code() in _TRANSPORT:
                 self._coordinator = None
                 return self._backoff_s
+            if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                # E.g. a subscribed topic the principal may not describe: raised as what it
+                # is (AuthorizationError), which the caller does not retry.
+                self._error = refused(exc)
+                return self._interval_s
             self._error = StromError(f"heartbeat failed: {exc.code().name} {exc.details()}")
             return self._interval_s
         code = resp.error_code

@@ -11,19 +11,24 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc
+
 from strom.api import controller_pb2 as pb
 from strom.api import metadata_pb2 as md
 from strom.controller.cas import commit_with_retry
 from strom.controller.configs import apply_config_ops, describe_topic_configs
 from strom.controller.core import ControllerCore, Leadership, item_error, rack_of, rpc
+from strom.controller.validation import is_internal_topic
 from strom.errors import (
     BrokerNotAvailableError,
     ErrorCode,
     InvalidRequestError,
+    InvalidTopicError,
     StromError,
     UnknownTopicOrPartitionError,
 )
 from strom.metadata import Versioned
+from strom.service.headers import is_internal_call
 
 log = logging.getLogger("strom.controller")
 E = ErrorCode
@@ -104,10 +109,15 @@ class ConfigRpcs(ControllerCore):
             out.append(entry)
         return out
 
-    @rpc(write=True)
+    @rpc(write=True, with_context=True)
     async def AlterConfigs(
-        self, lead: Leadership, request: pb.AlterConfigsRequest, response: pb.AlterConfigsResponse
+        self,
+        lead: Leadership,
+        request: pb.AlterConfigsRequest,
+        response: pb.AlterConfigsResponse,
+        context: grpc.aio.ServicerContext,
     ) -> None:
+        internal_ok = is_internal_call(context)
         view = self._live_view
         changed: dict[str, dict[str, str]] = {}
         for res in request.resources:
@@ -115,6 +125,17 @@ class ConfigRpcs(ControllerCore):
                 resource_type=res.resource_type, resource_name=res.resource_name
             )
             try:
+                internal = res.resource_type == pb.RESOURCE_TYPE_TOPIC and is_internal_topic(
+                    res.resource_name
+                )
+                if internal and not internal_ok:
+                    # Its compaction and size settings are what the coordinators' state
+                    # relies on (cleanup.policy=delete would drop committed offsets), as
+                    # DeleteRecords is refused on it.
+                    raise InvalidTopicError(
+                        f"topic {res.resource_name!r} is internal: its configs are strom's "
+                        "coordinators' to set"
+                    )
                 new = await asyncio.to_thread(
                     self._alter_topic_configs, lead, res, request.validate_only
                 )

@@ -166,6 +166,14 @@ class Member:
     pending_revocation: dict[str, set[int]] = field(default_factory=dict)
     session_deadline_ms: int = 0
     revocation_deadline_ms: int | None = None
+    #: Which topics the member's principal may DESCRIBE (None: any, ACLs off or not known
+    #: yet): a regex subscription resolves only to those, as Kafka's does. Set by every
+    #: heartbeat (the caller's principal is not persisted; after a reload the member's next
+    #: heartbeat sets it again).
+    topic_filter: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
+    #: What the member's regex resolved to at its last heartbeat with ACLs on (None: no
+    #: regex, ACLs off, or no heartbeat since the group was loaded).
+    resolved: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def instance_id(self) -> str | None:
@@ -351,16 +359,21 @@ class ConsumerGroup:
         """The member's subscription resolved against the known topics (regex expanded).
 
         Named topics are kept even if they do not exist yet (they are assigned once they
-        appear); a regex only matches existing, non-internal topics.
+        appear); a regex only matches existing, non-internal topics the member may describe
+        (:attr:`Member.topic_filter`; found from outside: a member was assigned topics its
+        principal may not see).
         """
         md = member.metadata
         names = set(md.subscribed_topic_names)
         if md.subscribed_topic_regex is not None:
             rx = compile_subscription_regex(md.subscribed_topic_regex)
+            may = member.topic_filter
             names.update(
                 t
                 for t in self._known_topics()
-                if not t.startswith(INTERNAL_TOPIC_PREFIX) and rx.fullmatch(t)
+                if not t.startswith(INTERNAL_TOPIC_PREFIX)
+                and rx.fullmatch(t)
+                and (may is None or may(t))
             )
         return frozenset(names)
 
@@ -403,6 +416,7 @@ class ConsumerGroup:
         rebalance_timeout_ms: int = 0,
         client_id: str = "",
         client_host: str = "",
+        topic_filter: Callable[[str], bool] | None = None,
     ) -> HeartbeatResult:
         """Handle one ConsumerGroupHeartbeat (join, heartbeat, leave) and answer it.
 
@@ -411,6 +425,9 @@ class ConsumerGroup:
         ``owned_partitions`` is what the member reports owning now (empty on a join).
         ``rebalance_timeout_ms`` <= 0 means "not sent": the config's default applies.
         ``client_id`` / ``client_host`` are what DescribeGroups shows (from gRPC metadata).
+        ``topic_filter``: the topics the caller's principal may DESCRIBE (None: any); a regex
+        resolves only to those (:meth:`subscribed_topics`), and a change of what it resolves
+        to (an ACL changed, or the first heartbeat after a reload) rebalances the group.
 
         Raises (nothing is changed then):
             InvalidRequestError: inconsistent request (names and regex both set, -2 without
@@ -458,6 +475,16 @@ class ConsumerGroup:
         else:
             member = self._existing_member(member_id, member_epoch, instance_id, owned)
 
+        # A member whose rights are not known yet (the first heartbeat after a reload): what
+        # the group resolves its regex to now, without them (compared below).
+        unfiltered: frozenset[str] | None = None
+        if (
+            member is not None
+            and topic_filter is not None
+            and member.resolved is None
+            and member.metadata.subscribed_topic_regex is not None
+        ):
+            unfiltered = self.subscribed_topics(member)
         records: list[GroupRecord] = []
         new_metadata = MemberMetadata(
             instance_id=instance_id,
@@ -492,10 +519,23 @@ class ConsumerGroup:
             records.append(member_metadata_record(self.group_id, member.member_id, new_metadata))
         if instance_id is not None:
             self._static[instance_id] = member.member_id
+        member.topic_filter = topic_filter
 
         topics_changed = topics is not None and topics != self._topics
         if topics_changed:
             self._topics = dict(topics or {})
+        if topic_filter is not None or member.resolved is not None:
+            # With ACLs on, what the regex resolves to also follows the member's rights: a
+            # change since its last heartbeat (an ACL added or removed) rebalances the group.
+            resolved = (
+                self.subscribed_topics(member)
+                if member.metadata.subscribed_topic_regex is not None
+                else None
+            )
+            previous = member.resolved if member.resolved is not None else unfiltered
+            if previous is not None and resolved != previous:
+                membership_changed = True
+            member.resolved = resolved
         if membership_changed or topics_changed or not self._persisted:
             self._maybe_bump_epoch(records, force=membership_changed)
         if self.group_epoch > self.assignment_epoch:

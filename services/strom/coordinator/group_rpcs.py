@@ -8,7 +8,7 @@ handlers find the group's shard, run the engine call durably
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -19,6 +19,9 @@ from strom.coordinator.core import rpc
 from strom.coordinator.group import ConsumerGroup, GroupState
 from strom.coordinator.storage_io import StorageIO
 from strom.errors import ErrorCode, GroupIdNotFoundError
+from strom.security.acl import Op, Res
+from strom.security.config import server as server_security
+from strom.security.interceptor import CURRENT_PRINCIPAL
 
 E = ErrorCode
 
@@ -41,6 +44,17 @@ def _assignment_pb(parts: Mapping[str, Iterable[int]]) -> pb.Assignment:
     return a
 
 
+def _describable_topics() -> Callable[[str], bool] | None:
+    """With ACLs on: whether the calling principal (the interceptor's CURRENT_PRINCIPAL) may
+    DESCRIBE a topic, as the ACLs stand when asked; a member's regex resolves only to such
+    topics. None with ACLs off (every topic)."""
+    sec = server_security()
+    if not sec.acls:
+        return None
+    principal, authorizer = CURRENT_PRINCIPAL.get(), sec.authorizer
+    return lambda topic: authorizer.allowed(principal, Op.DESCRIBE, Res.TOPIC, topic)
+
+
 class GroupRpcs(StorageIO):
     """ConsumerGroupHeartbeat, ListGroups, DescribeGroups, DeleteGroups."""
 
@@ -57,6 +71,7 @@ class GroupRpcs(StorageIO):
         client_id = str(meta.get("strom-client-id", ""))
         client_host = _client_host(context.peer())
         owned = {tp.topic: list(tp.partitions) for tp in request.owned_topic_partitions}
+        topic_filter = _describable_topics()
 
         def beat(group: ConsumerGroup) -> Any:
             return group.heartbeat(
@@ -79,6 +94,7 @@ class GroupRpcs(StorageIO):
                 rebalance_timeout_ms=request.rebalance_timeout_ms,
                 client_id=client_id,
                 client_host=client_host,
+                topic_filter=topic_filter,
             )
 
         try:

@@ -66,6 +66,12 @@ SHARDS_OWNED = Gauge(
     "transaction shards are not counted",
 )
 SHARD_LOADS = Counter("strom_coordinator_shard_loads_total", "Shard (re)loads completed")
+UNDECODABLE_RECORDS = Counter(
+    "strom_coordinator_undecodable_records_total",
+    "Records a shard load skipped because their key or value did not decode (no coordinator "
+    "wrote them, or they are damaged), by shard kind; counted again at each load of the shard",
+    ["kind"],
+)
 SHARD_HAND_OVERS = Counter(
     "strom_coordinator_shard_hand_overs_total",
     "Shards this coordinator handed over to balance the live coordinators (another one loads "

@@ -36,7 +36,7 @@ the group logic.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -549,6 +549,18 @@ def encode_group_batch(
     )
 
 
+#: Each record kind's value decoder.
+_VALUE_DECODERS: dict[RecordKind, Callable[[bytes], Any]] = {
+    RecordKind.OFFSET_COMMIT: decode_offset,
+    RecordKind.GROUP_METADATA: decode_group_metadata,
+    RecordKind.MEMBER_METADATA: decode_member_metadata,
+    RecordKind.TARGET_ASSIGNMENT_METADATA: decode_assignment_epoch,
+    RecordKind.TARGET_ASSIGNMENT_MEMBER: decode_target_assignment,
+    RecordKind.PENDING_TXN_OFFSETS: decode_pending_txn_offsets,
+    RecordKind.CURRENT_MEMBER_ASSIGNMENT: decode_current_assignment,
+}
+
+
 class ShardState(ReplayState):
     """A shard's groups and offsets rebuilt from its records, latest record per key wins.
 
@@ -581,23 +593,26 @@ class ShardState(ReplayState):
             if snap.is_blank() or decoded.kind is RecordKind.GROUP_METADATA:
                 del self.groups[gid]
             return
+        kind = decoded.kind
+        # Decoded before the group is touched: a value that does not decode raises with the
+        # state as it was (ReplayState.apply_batches skips the record).
+        v: Any = _VALUE_DECODERS[kind](value)
         if snap is None:
             snap = self.groups[gid] = GroupSnapshot(gid)
-        kind = decoded.kind
         if kind is RecordKind.OFFSET_COMMIT:
-            snap.offsets[(decoded.topic, decoded.partition)] = decode_offset(value)
+            snap.offsets[(decoded.topic, decoded.partition)] = v
         elif kind is RecordKind.GROUP_METADATA:
-            snap.metadata = decode_group_metadata(value)
+            snap.metadata = v
         elif kind is RecordKind.MEMBER_METADATA:
-            snap.members[decoded.member_id] = decode_member_metadata(value)
+            snap.members[decoded.member_id] = v
         elif kind is RecordKind.TARGET_ASSIGNMENT_METADATA:
-            snap.assignment_epoch = decode_assignment_epoch(value)
+            snap.assignment_epoch = v
         elif kind is RecordKind.TARGET_ASSIGNMENT_MEMBER:
-            snap.targets[decoded.member_id] = decode_target_assignment(value)
+            snap.targets[decoded.member_id] = v
         elif kind is RecordKind.PENDING_TXN_OFFSETS:
-            snap.pending[decoded.producer_id] = decode_pending_txn_offsets(value)
+            snap.pending[decoded.producer_id] = v
         else:
-            snap.current[decoded.member_id] = decode_current_assignment(value)
+            snap.current[decoded.member_id] = v
 
     @staticmethod
     def _delete(snap: GroupSnapshot, key: RecordKey) -> None:

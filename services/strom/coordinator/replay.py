@@ -24,6 +24,8 @@ class ReplayState:
             a new owner writes with a higher one, which fences the previous owner.
         next_offset: the offset after the last batch replayed (where the owner's writes go).
         skipped: records skipped because their key was missing or of an unknown kind.
+        undecodable: records skipped because their key or value did not decode (a record
+            no coordinator wrote, or a damaged one); ``first_undecodable`` says which and why.
     """
 
     def __init__(self) -> None:
@@ -31,6 +33,8 @@ class ReplayState:
         self.producer_epoch: int = -1
         self.next_offset: int = 0
         self.skipped: int = 0
+        self.undecodable: int = 0
+        self.first_undecodable: str | None = None
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         """Apply one record (``value`` None = tombstone)."""
@@ -45,7 +49,11 @@ class ReplayState:
         """Apply every record of a buffer of concatenated batches; returns records applied.
 
         Control batches carry no shard state and are skipped; producer id/epoch and
-        :attr:`next_offset` are tracked from the headers.
+        :attr:`next_offset` are tracked from the headers. A record whose key or value does
+        not decode is skipped and counted (:attr:`undecodable`): found from outside, one
+        such record (a client's write to ``__consumer_offsets``) failed every load of its
+        shard, and the shard's groups stayed unavailable for good. Applying a record
+        changes nothing until it has decoded, so a skipped one leaves no trace.
 
         Raises:
             strom.record.InvalidBatchError: a batch is corrupt.
@@ -63,6 +71,12 @@ class ReplayState:
             if h.is_control:
                 continue
             for rec in batch.records():
-                self.apply(rec.key, rec.value)
+                try:
+                    self.apply(rec.key, rec.value)
+                except Exception as exc:
+                    self.undecodable += 1
+                    if self.first_undecodable is None:
+                        self.first_undecodable = f"offset {rec.offset}: {type(exc).__name__}: {exc}"
+                    continue
                 applied += 1
         return applied

@@ -449,6 +449,15 @@ class ShardOwnership(ShardWrites):
         shard.write_tail = None
         shard.loaded = True
         metrics.SHARD_LOADS.inc()
+        if state.undecodable:
+            metrics.UNDECODABLE_RECORDS.labels(kind.name).inc(state.undecodable)
+            log.warning(
+                "%s shard %d: skipped %d records that do not decode (first at %s)",
+                kind.name,
+                shard.index,
+                state.undecodable,
+                state.first_undecodable,
+            )
         if shard.transactions:
             self._resume_transactions(shard)
         log.info(

@@ -22,8 +22,13 @@ from strom.coordinator.replay import ReplayState
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, UnknownServerError, error_name
 from strom.grpc_options import GRPC_OPTIONS
 from strom.security import default_channel
+from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
 E = ErrorCode
+
+#: The header that lets the storage nodes take this coordinator's appends to the internal
+#: topics, which they refuse to clients (service.headers.INTERNAL_TOPICS_METADATA_KEY).
+_INTERNAL_WRITER = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
 
 #: How long a write keeps retrying leader moves before the shard is reloaded.
 WRITE_RETRY_S = 10.0
@@ -148,7 +153,7 @@ class StorageIO(CoordinatorCore):
                 req.topics.add(topic=topic).partitions.add(
                     partition=partition, records=batch, current_leader_epoch=leader_epoch
                 )
-                resp = await stub.Produce(req, timeout=10.0)
+                resp = await stub.Produce(req, timeout=10.0, metadata=_INTERNAL_WRITER)
                 pr = resp.topics[0].partitions[0]
                 if pr.error_code == E.NONE:
                     return pr.base_offset

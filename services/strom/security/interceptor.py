@@ -39,6 +39,8 @@ CURRENT_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
 #: On a request stream with ACLs on: why the call's principal may not make a request now
 #: (None: it may). For requests a handler makes up itself, which no interceptor sees: a
 #: followed Fetch's continuations (storage.proto, FetchRequest.follow) are checked with it.
+#: Also set for a RecordService Subscribe stream, which checks its one request again while
+#: it delivers, so a revoked ACL ends it as it ends a followed Fetch.
 STREAM_REQUEST_DENIED: contextvars.ContextVar[Callable[[Any], str | None] | None] = (
     contextvars.ContextVar("strom_stream_request_denied", default=None)
 )
@@ -152,6 +154,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         """The handler with the checks in front (and, for unary answers, the filter after)."""
         admit, filt = self._admit, self._filter
+        denied_of = self._denied
+        check = self.security.acls
         ser = {
             "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,
@@ -177,7 +181,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 # Subscribe) is a coroutine: awaited, not iterated.
 
                 async def unary_stream_writes(request: Any, context: Any) -> Any:
-                    CURRENT_PRINCIPAL.set(await admit(method, metadata, request, context))
+                    principal = await admit(method, metadata, request, context)
+                    CURRENT_PRINCIPAL.set(principal)
+                    if check:  # the handler authorizes its request again as ACLs change
+                        STREAM_REQUEST_DENIED.set(
+                            lambda request: denied_of(method, principal, request)
+                        )
                     return await inner_us(request, context)
 
                 return grpc.unary_stream_rpc_method_handler(unary_stream_writes, **ser)
@@ -197,8 +206,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.stream_unary_rpc_method_handler(stream_unary, **ser)
         inner_ss = handler.stream_stream
-        denied_of = self._denied
-        check = self.security.acls
 
         async def stream_stream(requests: Any, context: Any) -> Any:
             principal = await admit(method, metadata, None, context)

@@ -3,10 +3,10 @@ strom service, and the responses that are filtered instead of refused.
 
 Kafka's table, applied to strom's RPCs. A request naming several topics (or groups) needs the
 permission on each; a missing one refuses the whole request with PERMISSION_DENIED naming it.
-Listing calls (Metadata, ListTopics, ListGroups, ListTransactions) are answered with what the
-principal may DESCRIBE. Calls strom's own services make to each other (follower fetches,
-AlterPartition, markers, ...) need CLUSTER_ACTION, which their principals get by being super
-users.
+Listing calls (Metadata, ListTopics, ListGroups, ListTransactions, DescribeTopics naming no
+topic) are answered with what the principal may DESCRIBE. Calls strom's own services make to
+each other (follower fetches, AlterPartition, markers, ...) need CLUSTER_ACTION, which their
+principals get by being super users.
 
 :data:`RULES` must name every method of every service: the interceptor refuses a method it
 has no rule for, and a unit test walks the service descriptors, so a new RPC cannot slip in
@@ -61,6 +61,16 @@ def is_fetch_grant(req: Any) -> bool:
     return not req.topics and req.follow_answers > 0 and not req.follow
 
 
+def _produce(req: Any) -> Iterable[Check]:
+    """WRITE on each topic; an internal ``__`` topic also needs CLUSTER_ACTION: only strom's
+    own coordinators write those (service.headers.INTERNAL_TOPICS_METADATA_KEY), and with ACLs
+    on the header alone must not let a client with WRITE on ``*`` in."""
+    out: list[Check] = [(Op.WRITE, Res.TOPIC, t.topic) for t in req.topics]
+    if any(t.topic.startswith("__") for t in req.topics):
+        out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
+    return out
+
+
 def _fetch(req: Any) -> Iterable[Check]:
     if is_fetch_grant(req):
         return []
@@ -100,6 +110,8 @@ def _configs(op: Op) -> Rule:
         for r in req.resources:
             if r.resource_type == 1:  # a topic
                 out.append((op, Res.TOPIC, r.resource_name))
+                if op is Op.ALTER and r.resource_name.startswith("__"):  # as _produce
+                    out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
             else:  # a node's static config
                 out.append((op, Res.CLUSTER, CLUSTER))
         return out
@@ -147,10 +159,10 @@ def _subscribe(req: Any) -> Iterable[Check]:
 
 RULES: dict[str, Rule] = {
     # StorageService
-    S + "Produce": _topics(Op.WRITE),
+    S + "Produce": _produce,
     S + "Fetch": _fetch,
     # The streams: checked per request on the stream (strom.security.interceptor).
-    S + "ProduceStream": _topics(Op.WRITE),
+    S + "ProduceStream": _produce,
     S + "FetchStream": _fetch,
     S + "ListOffsets": _topics(Op.DESCRIBE),
     S + "OffsetForLeaderEpoch": _topics(Op.DESCRIBE),
@@ -168,6 +180,7 @@ RULES: dict[str, Rule] = {
     C + "AlterConfigs": _configs(Op.ALTER),
     C + "DescribeCluster": _cluster(Op.DESCRIBE),
     C + "ListTopics": _anyone,  # filtered
+    # Named topics: DESCRIBE on each; none named (every topic): filtered, see FILTERS.
     C + "DescribeTopics": _names(Op.DESCRIBE, Res.TOPIC, "topics"),
     C + "AlterPartition": _cluster(Op.CLUSTER_ACTION),
     C + "ElectLeaders": _cluster(Op.ALTER),
@@ -181,7 +194,11 @@ RULES: dict[str, Rule] = {
     C + "AlterClientQuotas": _cluster(Op.ALTER),
     C + "DescribeClientQuotas": _cluster(Op.DESCRIBE),
     # CoordinatorService
-    K + "ConsumerGroupHeartbeat": _group(Op.READ),
+    # A regex is resolved to the topics the member may DESCRIBE by the coordinator
+    # (ConsumerGroup.subscribed_topics); named topics need DESCRIBE here, as Kafka checks.
+    K + "ConsumerGroupHeartbeat": _group(
+        Op.READ, _names(Op.DESCRIBE, Res.TOPIC, "subscribed_topic_names")
+    ),
     K + "OffsetCommit": _group(Op.READ, _topics(Op.READ)),
     K + "OffsetFetch": _group(Op.DESCRIBE),
     K + "ListGroups": _anyone,  # filtered
@@ -238,6 +255,14 @@ def _filter_list_topics(auth: Authorizer, principal: str, req: Any, resp: Any) -
     resp.topics.extend(keep)
 
 
+def _filter_describe_topics(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    """Every topic (no names in the request): only those the principal may DESCRIBE, as
+    ListTopics answers (found from outside: a principal with no grants got every topic's
+    configs, replicas and ids). Named topics were each checked before the call."""
+    if not req.topics:
+        _filter_list_topics(auth, principal, req, resp)
+
+
 def _filter_groups(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
     keep = [g for g in resp.groups if auth.allowed(principal, Op.DESCRIBE, Res.GROUP, g.group_id)]
     del resp.groups[:]
@@ -257,6 +282,7 @@ def _filter_transactions(auth: Authorizer, principal: str, req: Any, resp: Any) 
 FILTERS: dict[str, Filter] = {
     S + "Metadata": _filter_metadata,
     C + "ListTopics": _filter_list_topics,
+    C + "DescribeTopics": _filter_describe_topics,
     K + "ListGroups": _filter_groups,
     K + "ListTransactions": _filter_transactions,
 }

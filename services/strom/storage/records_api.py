@@ -45,6 +45,7 @@ from strom.client.types import TopicPartition
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
 from strom.metadata import ClusterView
 from strom.record.codecs import CODEC_NAMES
+from strom.security.interceptor import STREAM_REQUEST_DENIED
 from strom.storage.record_columns import ColumnsError, columns_to_table
 from strom.storage.record_producers import LeaderRoute, NodeProducer, SequencedSender
 from strom.storage.rpc_base import _throttle, add_handlers
@@ -61,6 +62,11 @@ rp = records_pb2
 R = TypeVar("R")
 
 SERVICE_NAME = rp.DESCRIPTOR.services_by_name["RecordService"].full_name
+#: How often an idle Subscribe stream checks that its caller may still read (with ACLs on;
+#: the services apply an ACL change within a second, so a revoke ends it within ~2 s).
+ACL_RECHECK_S = 1.0
+#: What the Subscribe loop has when the outbox had nothing within ACL_RECHECK_S.
+_NOTHING_YET: Any = object()
 #: records.proto's Acks -> the acks of a Produce request.
 ACKS = {rp.ACKS_ALL: -1, rp.ACKS_LEADER: 1, rp.ACKS_NONE: 0}
 DEFAULT_TIMEOUT_MS = 30_000
@@ -309,9 +315,16 @@ class RecordService:
         try:
             if self.shutting_down:
                 raise BadRequest("the node is shutting down", grpc.StatusCode.UNAVAILABLE)
-            spec = self._spec(_parse(rp.SubscribeRequest, raw, "the request"))
+            req = _parse(rp.SubscribeRequest, raw, "the request")
+            spec = self._spec(req)
         except BadRequest as exc:
             await _abort(context, exc.status, exc.message, exc.code)
+        # With ACLs on: why the caller may no longer read what it subscribed to. The stream's
+        # Consumer reads as this node, so the caller's rights are checked again before each
+        # message and at least every ACL_RECHECK_S (found from outside: records kept coming
+        # after the READ ACL was removed), and a revoke ends the stream as it ends a
+        # followed Fetch (PERMISSION_DENIED).
+        denied = STREAM_REQUEST_DENIED.get()
         self._subscribers += 1
         sub = Subscription(
             spec,
@@ -323,9 +336,16 @@ class RecordService:
         sub.start()
         try:
             while True:
-                item = await sub.outbox.get()
+                try:
+                    item = await sub.outbox.get(None if denied is None else ACL_RECHECK_S)
+                except TimeoutError:
+                    item = _NOTHING_YET
                 if item is None:
                     return
+                if denied is not None and (why := denied(req)) is not None:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                if item is _NOTHING_YET:
+                    continue
                 if item.error is not None:
                     status = getattr(grpc.StatusCode, item.error.status)
                     await _abort(context, status, item.error.message, item.error.code)

@@ -51,6 +51,7 @@ from strom.log import (
 from strom.metadata import ClusterView
 from strom.record import InvalidBatchError
 from strom.security import QUOTAS
+from strom.service.headers import is_internal_call
 from strom.service.limits import Admission, ProduceShed
 from strom.storage import metrics
 from strom.storage.cluster_rpcs import ClusterRpcs
@@ -71,6 +72,20 @@ pb = storage_pb2
 E = ErrorCode
 
 _PRODUCE_RESULTS: dict[int, Any] = {}
+
+
+def _internal_topic_refusal(topic: str, context: Any) -> _Refusal | None:
+    """INVALID_TOPIC for a write to an internal ``__`` topic by anyone but strom's own
+    coordinators (service.headers.is_internal_call), as Kafka refuses it even to super users.
+    Found from outside: one client record in ``__consumer_offsets`` whose key was not a group
+    record kept its shard from loading, and every group on it unavailable, for good."""
+    if not topic.startswith("__") or is_internal_call(context):
+        return None
+    return _Refusal(
+        E.INVALID_TOPIC,
+        f"topic {topic!r} is internal: only strom's coordinators write to it (committed "
+        "offsets, transaction state); clients cannot, super users included",
+    )
 
 
 def _count_produce(code: int) -> None:
@@ -137,11 +152,14 @@ class StorageServicer(
         for td in request.topics:
             topic = td.topic
             tr = resp.topics.add(topic=topic)
+            refused = _internal_topic_refusal(topic, context)
             for pd in td.partitions:
                 pr = tr.partitions.add(partition=pd.partition, base_offset=-1)
                 pr.log_append_time_ms = -1
                 pr.log_start_offset = -1
                 try:
+                    if refused is not None:
+                        raise refused
                     part = self._produce_target(topic, pd, acks, hints)
                 except Exception as exc:
                     self._produce_failed(pr, _unexpected("produce to", topic, pd.partition, exc))

@@ -154,8 +154,13 @@ class Outbox:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
             self._loop.call_soon_threadsafe(self._ready.set)
 
-    async def get(self) -> Item | None:
-        """The next item (event loop); None when closed and drained."""
+    async def get(self, timeout: float | None = None) -> Item | None:
+        """The next item (event loop); None when closed and drained.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed with nothing to hand over (nothing is
+                lost: a later call gets what comes).
+        """
         while True:
             with self._cond:
                 if self._items:
@@ -165,7 +170,10 @@ class Outbox:
                 if self._closed:
                     return None
                 self._ready.clear()
-            await self._ready.wait()
+            if timeout is None:
+                await self._ready.wait()
+            else:
+                await asyncio.wait_for(self._ready.wait(), timeout)
 
 
 @dataclass
