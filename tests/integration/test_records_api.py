@@ -325,6 +325,58 @@ def test_subscribe_from_offset_timestamp_earliest_latest(
         stream.cancel()
 
 
+def test_subscribe_read_committed_skips_aborted_and_open_transactions(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: Subscribe had no isolation level and streamed aborted and still
+    open transactions' records to every other-language reader. READ_COMMITTED streams what
+    a read_committed consumer reads; the default stays READ_UNCOMMITTED (as Kafka's)."""
+    topic = new_topic(cluster, 1, 1)
+    with Producer(cluster.bootstrap, transactional_id=f"{topic}-tx") as p:
+        p.init_transactions()
+        for value, commit in ((b"aborted", False), (b"committed", True)):
+            p.begin_transaction()
+            p.send(topic, value, partition=0)
+            p.commit_transaction() if commit else p.abort_transaction()
+        p.begin_transaction()
+        p.send(topic, b"open", partition=0)
+        p.flush()
+
+        def values(isolation: int, want: int) -> list[bytes]:
+            req = rp.SubscribeRequest(
+                partitions=[
+                    rp.PartitionStart(topic=topic, partition=0, position=rp.START_POSITION_EARLIEST)
+                ],
+                isolation_level=isolation,  # type: ignore[arg-type]
+            )
+            stream = stub.Subscribe(req, timeout=60)
+            got: list[bytes] = []
+            try:
+                for msg in stream:
+                    if msg.WhichOneof("event") == "records":
+                        got.extend(msg.records.records.values)
+                    if len(got) >= want:
+                        return got
+            finally:
+                stream.cancel()
+            return got
+
+        assert values(storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, 3) == [
+            b"aborted",
+            b"committed",
+            b"open",
+        ]
+        assert values(storage_pb2.ISOLATION_LEVEL_READ_COMMITTED, 1) == [b"committed"]
+        p.commit_transaction()
+        # The open transaction committed: a read_committed stream gets it now, and still
+        # never the aborted record.
+        assert values(storage_pb2.ISOLATION_LEVEL_READ_COMMITTED, 2) == [b"committed", b"open"]
+    with pytest.raises(grpc.RpcError) as info:
+        next(stub.Subscribe(rp.SubscribeRequest(topics=[topic], isolation_level=7), timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "isolation_level 7" in info.value.details()  # type: ignore[attr-defined]
+
+
 def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
     cases = [
         (rp.SubscribeRequest(topics=["nope"]), grpc.StatusCode.NOT_FOUND, "unknown topic"),

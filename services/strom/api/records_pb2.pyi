@@ -1,4 +1,5 @@
 from strom.api import common_pb2 as _common_pb2
+from strom.api import storage_pb2 as _storage_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -114,7 +115,7 @@ class ProduceRecordsPartitionResult(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., record_count: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("group_id", "topics", "partitions", "start", "auto_commit", "max_records_per_message", "max_bytes_per_message")
+    __slots__ = ("group_id", "topics", "partitions", "start", "auto_commit", "max_records_per_message", "max_bytes_per_message", "isolation_level")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +123,7 @@ class SubscribeRequest(_message.Message):
     AUTO_COMMIT_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     topics: _containers.RepeatedScalarFieldContainer[str]
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStart]
@@ -129,7 +131,8 @@ class SubscribeRequest(_message.Message):
     auto_commit: bool
     max_records_per_message: int
     max_bytes_per_message: int
-    def __init__(self, group_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionStart, _Mapping]]] = ..., start: _Optional[_Union[StartPosition, str]] = ..., auto_commit: _Optional[bool] = ..., max_records_per_message: _Optional[int] = ..., max_bytes_per_message: _Optional[int] = ...) -> None: ...
+    isolation_level: _storage_pb2.IsolationLevel
+    def __init__(self, group_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionStart, _Mapping]]] = ..., start: _Optional[_Union[StartPosition, str]] = ..., auto_commit: _Optional[bool] = ..., max_records_per_message: _Optional[int] = ..., max_bytes_per_message: _Optional[int] = ..., isolation_level: _Optional[_Union[_storage_pb2.IsolationLevel, str]] = ...) -> None: ...
 
 class PartitionStart(_message.Message):
     __slots__ = ("topic", "partition", "offset", "timestamp_ms", "position")

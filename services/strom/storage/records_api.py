@@ -362,6 +362,11 @@ class RecordService:
             raise BadRequest(f"start {req.start} is not a StartPosition value")
         if req.max_records_per_message < 0 or req.max_bytes_per_message < 0:
             raise BadRequest("max_records_per_message and max_bytes_per_message must be >= 0")
+        if req.isolation_level not in (
+            storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
+            storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
+        ):
+            raise BadRequest(f"isolation_level {req.isolation_level} is not an IsolationLevel")
         spec = SubscriptionSpec(
             group_id=req.group_id or None,
             topics=list(dict.fromkeys(req.topics)),
@@ -369,6 +374,7 @@ class RecordService:
             auto_commit=req.auto_commit,
             max_records=req.max_records_per_message or DEFAULT_MAX_RECORDS,
             max_bytes=req.max_bytes_per_message or DEFAULT_MAX_BYTES,
+            read_committed=req.isolation_level == storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
         )
         for t in spec.topics:
             self._partition_count(t)

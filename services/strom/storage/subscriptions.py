@@ -188,6 +188,7 @@ class SubscriptionSpec:
     auto_commit: bool = False
     max_records: int = DEFAULT_MAX_RECORDS
     max_bytes: int = DEFAULT_MAX_BYTES
+    read_committed: bool = False
 
     @property
     def kind(self) -> str:
@@ -268,6 +269,7 @@ class Subscription:
                 group_id=spec.group_id,
                 client_id=self._client_id,
                 auto_offset_reset="earliest" if spec.earliest else "latest",
+                isolation_level="read_committed" if spec.read_committed else "read_uncommitted",
                 enable_auto_commit=False,
                 # A CommitOffsets call waits for its commit: no lingering (they still merge
                 # while one is in flight).
