@@ -270,6 +270,7 @@ def test_transaction_markers_follow_min_insync_replicas(cluster: LocalCluster, t
         req = storage_pb2.ProduceRequest(
             acks=-1,
             timeout_ms=10_000,
+            transactional_id="markers-direct",  # unknown to any coordinator
             topics=[
                 storage_pb2.ProduceTopicData(
                     topic=topic,

@@ -629,6 +629,7 @@ def test_a_hanging_transaction_is_found_and_aborted(
         req = storage_pb2.ProduceRequest(
             acks=-1,
             timeout_ms=10_000,
+            transactional_id="hang-unknown",  # one no coordinator knows: the batch goes straight in
             topics=[
                 storage_pb2.ProduceTopicData(
                     topic="hang",

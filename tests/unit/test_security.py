@@ -22,6 +22,7 @@ from strom.security.principal import TOKEN_FILE_ERRORS, TokenFile, bearer_token,
 from strom.security.quotas import QuotaManager
 from strom.security.rules import RULES
 from strom.service import metrics as service_metrics
+from strom.storage.wire import parse_produce_request
 
 ALICE = "User:CN=alice"
 
@@ -121,6 +122,16 @@ def test_rules_name_what_the_request_names() -> None:
         assert (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER) in list(
             RULES[f"/strom.v1.StorageService/{method}"](req)
         )
+    # A transactional producer's request also needs WRITE on its transactional id (Kafka's
+    # rule; found from outside), in the C-parsed and the large-request forms alike.
+    txn = storage_pb2.ProduceRequest(transactional_id="orders-tx")
+    txn.topics.add(topic="a")
+    big = parse_produce_request(txn.SerializeToString())
+    for r in (txn, big):
+        assert list(RULES["/strom.v1.StorageService/Produce"](r)) == [
+            (Op.WRITE, Res.TOPIC, "a"),
+            (Op.WRITE, Res.TRANSACTIONAL_ID, "orders-tx"),
+        ]
     alter = controller_pb2.AlterConfigsRequest()
     alter.resources.add(resource_type=1, resource_name="__transaction_state")
     assert list(RULES["/strom.v1.ControllerService/AlterConfigs"](alter)) == [

@@ -98,10 +98,13 @@ def with_harness(tmp_path: Path, body: Callable[[Harness], Awaitable[None]]) -> 
     asyncio.run(main())
 
 
-def produce_req(parts: dict[tuple[str, int], bytes], acks: int = 1) -> pb.ProduceRequest:
+def produce_req(
+    parts: dict[tuple[str, int], bytes], acks: int = 1, transactional_id: str = ""
+) -> pb.ProduceRequest:
     return pb.ProduceRequest(
         acks=acks,
         timeout_ms=1000,
+        transactional_id=transactional_id,
         topics=[
             pb.ProduceTopicData(
                 topic=t,

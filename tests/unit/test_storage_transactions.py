@@ -77,7 +77,7 @@ def test_read_committed_stops_at_open_transactions_and_lists_aborted_ones(tmp_pa
             txn_batch(7, 0, [b"a0", b"a1"]),  # 1..2: producer 7's transaction (will abort)
             txn_batch(8, 0, [b"c0"]),  # 3: producer 8's transaction (will commit)
         ):
-            resp = await s.Produce(produce_req({("t", 0): data}), None)
+            resp = await s.Produce(produce_req({("t", 0): data}, transactional_id="tx"), None)
             assert results(resp)[("t", 0)].error_code == E.NONE
         # Both transactions open: read_committed sees only offset 0.
         r = await fetch(h, 0, RC)
@@ -111,7 +111,9 @@ def test_markers_are_refused_for_fenced_epochs_and_non_leaders(tmp_path: Path) -
         h.topic("u", {0: leader_state(leader=2, isr=[2, 1])})
         await h.settle()
         s = h.servicer
-        await s.Produce(produce_req({("t", 0): txn_batch(7, 0, [b"x"], epoch=2)}), None)
+        await s.Produce(
+            produce_req({("t", 0): txn_batch(7, 0, [b"x"], epoch=2)}, transactional_id="tx"), None
+        )
         resp = await s.WriteTxnMarkers(markers(7, committed=True, epoch=1, t=[0], u=[0]), None)
         got = {(t.topic, p.partition): p for t in resp.markers[0].topics for p in t.partitions}
         assert got[("t", 0)].error_code == E.INVALID_PRODUCER_EPOCH
@@ -132,10 +134,14 @@ def test_markers_of_an_older_coordinator_epoch_are_refused(tmp_path: Path) -> No
         h.topic("t", {0: leader_state()})
         await h.settle()
         s = h.servicer
-        await s.Produce(produce_req({("t", 0): txn_batch(7, 0, [b"x"])}), None)  # 0
+        await s.Produce(
+            produce_req({("t", 0): txn_batch(7, 0, [b"x"])}, transactional_id="tx"), None
+        )  # 0
         resp = await s.WriteTxnMarkers(markers(7, False, coordinator_epoch=4, t=[0]), None)  # 1
         assert resp.markers[0].topics[0].partitions[0].error_code == E.NONE
-        await s.Produce(produce_req({("t", 0): txn_batch(7, 1, [b"y"])}), None)  # 2
+        await s.Produce(
+            produce_req({("t", 0): txn_batch(7, 1, [b"y"])}, transactional_id="tx"), None
+        )  # 2
         resp = await s.WriteTxnMarkers(markers(7, True, coordinator_epoch=3, t=[0]), None)
         p = resp.markers[0].topics[0].partitions[0]
         assert p.error_code == E.TRANSACTION_COORDINATOR_FENCED and "epoch 4" in p.error_message
@@ -170,7 +176,9 @@ def test_a_failure_announcing_a_written_append_does_not_answer_it_failed(
         gauges, per_partition = h.manager.refresh_gauges, h.manager.metrics
         h.manager.refresh_gauges = broken  # type: ignore[method-assign]
         h.manager.metrics = BrokenMetrics()  # type: ignore[assignment]
-        resp = await s.Produce(produce_req({("t", 0): txn_batch(7, 0, [b"a"])}), None)
+        resp = await s.Produce(
+            produce_req({("t", 0): txn_batch(7, 0, [b"a"])}, transactional_id="tx"), None
+        )
         assert results(resp)[("t", 0)].error_code == E.NONE
         resp = await s.WriteTxnMarkers(markers(7, committed=True, t=[0]), None)
         assert resp.markers[0].topics[0].partitions[0].error_code == E.NONE
@@ -179,5 +187,26 @@ def test_a_failure_announcing_a_written_append_does_not_answer_it_failed(
         r = await fetch(h, 0, RC)
         assert r.last_stable_offset == r.high_watermark == 2
         assert [(o, control) for o, _, control in values(r)] == [(0, False), (1, True)]
+
+    with_harness(tmp_path, body)
+
+
+def test_transactional_batches_need_the_requests_transactional_id(tmp_path: Path) -> None:
+    """Found from outside: with topic WRITE alone, anyone could open a transaction no
+    coordinator knew of (a hanging transaction). Transactional batches now need the
+    request's transactional_id (and, with ACLs, WRITE on it); nothing is appended without."""
+
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        s = h.servicer
+        resp = await s.Produce(produce_req({("t", 0): txn_batch(7, 0, [b"x"])}), None)
+        r = results(resp)[("t", 0)]
+        assert r.error_code == E.INVALID_RECORD and "transactional_id" in r.error_message
+        assert await latest(h, pb.ISOLATION_LEVEL_READ_UNCOMMITTED) == 0
+        resp = await s.Produce(
+            produce_req({("t", 0): txn_batch(7, 0, [b"x"])}, transactional_id="tx"), None
+        )
+        assert results(resp)[("t", 0)].error_code == E.NONE
 
     with_harness(tmp_path, body)

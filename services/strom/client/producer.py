@@ -1061,7 +1061,12 @@ class Producer:
                     for b in batches
                 ]
                 topics.setdefault(pq.topic, []).append((pq.partition, epoch, data))
-            req = encode_produce_request(self.acks, int(self.request_timeout_s * 1000), topics)
+            req = encode_produce_request(
+                self.acks,
+                int(self.request_timeout_s * 1000),
+                topics,
+                self._txn.transactional_id if self._txn is not None else "",
+            )
         except Exception as exc:  # bad input that escaped send()'s checks: fail, don't loop
             self._failed_to_send(
                 addr, entries, InvalidRequestError(f"could not encode a batch: {exc}")

@@ -39,10 +39,13 @@ def encode_produce_request(
     acks: int,
     timeout_ms: int,
     topics: dict[str, Sequence[tuple[int, int, Sequence[bytes]]]],
+    transactional_id: str = "",
 ) -> bytes:
     """``topics``: name -> [(partition, current_leader_epoch, [batch bytes, ...])]."""
     parts: list[bytes] = [
-        storage_pb2.ProduceRequest(acks=acks, timeout_ms=timeout_ms).SerializeToString()
+        storage_pb2.ProduceRequest(
+            acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id
+        ).SerializeToString()
     ]
     for name, partitions in topics.items():
         raw_name = name.encode()

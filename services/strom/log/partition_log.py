@@ -392,8 +392,16 @@ class Log:
 
     # -- appends ---------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview, *, leader_epoch: int = 0) -> AppendInfo:
+    def append(
+        self,
+        data: bytes | bytearray | memoryview,
+        *,
+        leader_epoch: int = 0,
+        transactional: bool = True,
+    ) -> AppendInfo:
         """Append producer batches as leader: validate, assign offsets and epoch, write.
+        ``transactional=False`` refuses transactional batches (the producer named no
+        transactional id: ProduceRequest.transactional_id).
 
         Raises :class:`strom.record.InvalidBatchError` (nothing appended) for bad batches and
         :class:`ProducerStateError` (nothing appended) for idempotent batches out of sequence
@@ -422,6 +430,13 @@ class Log:
                     INVALID_RECORD,
                     f"batch at byte {h.position} is a control batch: transaction markers are "
                     "written by the transaction coordinator, not by producers",
+                    h.producer_id,
+                )
+            if h.is_transactional and not transactional:
+                raise ProducerStateError(
+                    INVALID_RECORD,
+                    f"batch at byte {h.position} is transactional but the request names no "
+                    "transactional_id (transactional producers send theirs)",
                     h.producer_id,
                 )
             if h.is_transactional and (h.producer_id < 0 or h.base_sequence < 0):

@@ -62,12 +62,19 @@ def is_fetch_grant(req: Any) -> bool:
 
 
 def _produce(req: Any) -> Iterable[Check]:
-    """WRITE on each topic; an internal ``__`` topic also needs CLUSTER_ACTION: only strom's
-    own coordinators write those (service.headers.INTERNAL_TOPICS_METADATA_KEY), and with ACLs
-    on the header alone must not let a client with WRITE on ``*`` in."""
+    """WRITE on each topic (and on the transactional id when one is named); an internal
+    ``__`` topic also needs CLUSTER_ACTION: only strom's own coordinators write those
+    (service.headers.INTERNAL_TOPICS_METADATA_KEY), and with ACLs on the header alone must
+    not let a client with WRITE on ``*`` in."""
     out: list[Check] = [(Op.WRITE, Res.TOPIC, t.topic) for t in req.topics]
     if any(t.topic.startswith("__") for t in req.topics):
         out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
+    # A transactional producer's batches: WRITE on its transactional id too (Kafka's rule;
+    # found from outside: topic WRITE alone opened a transaction no coordinator knew of,
+    # holding read_committed readers for good). Transactional batches without an id are
+    # refused by the log (strom.log: Log.append).
+    if req.transactional_id:
+        out.append((Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id))
     return out
 
 

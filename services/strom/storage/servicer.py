@@ -167,7 +167,9 @@ class StorageServicer(
                 pending.append((pr, part, pd.records))
         appended = 0
         if pending:
-            appended = await self._append_all(pending, acks, request.timeout_ms)
+            appended = await self._append_all(
+                pending, acks, request.timeout_ms, bool(request.transactional_id)
+            )
             if appended:
                 metrics.client_counter(metrics.CLIENT_BYTES_IN, metrics.client_id_of(context)).inc(
                     appended
@@ -222,11 +224,15 @@ class StorageServicer(
         pending: list[tuple[pb.ProducePartitionResponse, Partition, Any]],
         acks: int,
         timeout_ms: int,
+        transactional: bool = False,
     ) -> int:
         """Append every accepted partition's batches (one writer-thread hop per request),
         then, back on the loop, publish offsets, advance watermarks and wake fetches.
-        Returns the record bytes written."""
-        jobs = [(part.log, records, part.leader_epoch) for _, part, records in pending]
+        Returns the record bytes written. ``transactional``: the request names a
+        transactional id (transactional batches are refused without one)."""
+        jobs = [
+            (part.log, records, part.leader_epoch, transactional) for _, part, records in pending
+        ]
         size = sum(len(records) for _, _, records in pending)
         # Published as soon as the appends are done, even if the client has gone meanwhile
         # (strom.storage.writer): what is in the log must reach the watermark and the fetches.
@@ -493,12 +499,13 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
     add_handlers(server, pb.DESCRIPTOR.services_by_name["StorageService"], handlers)
 
 
-def _append_jobs(jobs: list[tuple[Log, Any, int]]) -> list[AppendInfo | BaseException]:
-    """Append each (log, records, leader epoch); an exception is that partition's result."""
+def _append_jobs(jobs: list[tuple[Log, Any, int, bool]]) -> list[AppendInfo | BaseException]:
+    """Append each (log, records, leader epoch, transactional id given); an exception is that
+    partition's result."""
     out: list[AppendInfo | BaseException] = []
-    for lg, records, epoch in jobs:
+    for lg, records, epoch, transactional in jobs:
         try:
-            out.append(lg.append(records, leader_epoch=epoch))
+            out.append(lg.append(records, leader_epoch=epoch, transactional=transactional))
         except Exception as exc:
             out.append(exc)
     return out

@@ -100,6 +100,7 @@ class ProduceRequestView:
     acks: int = 0
     timeout_ms: int = 0
     topics: list[ProduceTopicView] = field(default_factory=list)
+    transactional_id: str = ""
 
 
 #: Produce requests up to this size are parsed by the generated (C) parser instead.
@@ -128,6 +129,11 @@ def parse_produce_request(data: bytes) -> ProduceRequestView:
             req.timeout_ms = _int32(v)
         elif num == 3 and wt == _LEN:
             req.topics.append(_topic(buf, *v))
+        elif num == 4 and wt == _LEN:
+            try:
+                req.transactional_id = bytes(buf[v[0] : v[1]]).decode()
+            except UnicodeDecodeError:
+                raise WireError("transactional_id is not UTF-8") from None
     return req
 
 
