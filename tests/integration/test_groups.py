@@ -26,13 +26,14 @@ from strom.api import (
     coordinator_pb2_grpc,
     storage_pb2,
 )
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.group_member import make_group
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import is_retriable
+from strom.errors import TopicDeletionInProgressError, is_retriable
 from strom.record import encode_batch
 from tests.conftest import create_topic
 
@@ -472,6 +473,44 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
         member.close()
     assert "deleted group g-cli" in strom("groups", "delete", "g-cli", *b).stdout
     assert "g-cli" not in strom("groups", "list", *b).stdout
+
+
+def test_a_topic_deleted_and_created_again_does_not_inherit_the_groups_offsets(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """Found from outside: the committed offsets outlived `strom topics delete`, so a group
+    resumed a new topic of the same name at the old offset (50 of 80 records skipped) and
+    describe listed the deleted topic for good. Kafka drops a deleted topic's offsets."""
+    create_topic(cluster, "recreated", 1)
+    produce(client, "recreated", 0, 50)
+    b = ("-b", cluster.bootstrap)
+    strom("groups", "reset-offsets", "g-recreated", "--topic", "recreated", "--to-latest",
+          "--execute", *b)  # fmt: skip
+
+    def offsets() -> list[tuple[str, int]]:
+        got = json.loads(strom("groups", "describe", "g-recreated", "--json", *b).stdout)
+        return [(o["topic"], o["committed_offset"]) for o in got["offsets"]]
+
+    assert offsets() == [("recreated", 50)]
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic("recreated")
+    wait_for(lambda: offsets() == [], timeout=15, what="the deleted topic's offsets dropped")
+
+    def created() -> bool:
+        try:
+            create_topic(cluster, "recreated", 1)
+        except TopicDeletionInProgressError:
+            return False
+        return True
+
+    wait_for(created, timeout=30, what="the topic created again")
+    produce(client, "recreated", 0, 80)
+    member = Member(cluster, "g-recreated", ["recreated"])
+    try:
+        wait_for(lambda: len(member.values) >= 80, timeout=20, what="all 80 records")
+        assert member.values[0] == b"recreated-0-0"
+    finally:
+        member.close()
 
 
 def test_committed_offsets_survive_a_coordinator_sigkill(
