@@ -453,12 +453,13 @@ def test_commit_offsets_rules(
         got = next_records(stream, 40)
         assert got == {0: list(range(20)), 1: list(range(20))}
 
-        def commit(*offsets: tuple[str, int, int]) -> rp.CommitOffsetsResponse:
+        def commit(*offsets: tuple[str, int, int], metadata: str = "") -> rp.CommitOffsetsResponse:
             return stub.CommitOffsets(
                 rp.CommitOffsetsRequest(
                     subscription_id=sid,
                     offsets=[
-                        rp.PartitionOffset(topic=t, partition=p, offset=o) for t, p, o in offsets
+                        rp.PartitionOffset(topic=t, partition=p, offset=o, metadata=metadata)
+                        for t, p, o in offsets
                     ],
                 ),
                 timeout=30,
@@ -469,6 +470,14 @@ def test_commit_offsets_rules(
         # Forward only: an older offset is answered NONE and not applied.
         older = commit((topic, 0, 3))
         assert older.error_code == E.NONE and older.results[0].error_code == E.NONE
+        # A refused commit does not lower the floor (found from outside: after one, an
+        # older offset overwrote the committed 20), and its message names the partition once.
+        big = commit((topic, 0, 25), metadata="m" * 5000)
+        assert big.results[0].error_code == E.OFFSET_METADATA_TOO_LARGE
+        assert big.results[0].error_message.startswith(f"{topic}-0: the commit's metadata")
+        assert big.results[0].error_message.count(f"{topic}-0") == 1
+        after = commit((topic, 0, 7))
+        assert after.error_code == E.NONE and after.results[0].error_code == E.NONE
         # A partition the stream does not own.
         other = commit(("rec-two", 0, 1))
         assert other.results[0].error_code == E.STALE_MEMBER_EPOCH
@@ -486,6 +495,15 @@ def test_commit_offsets_rules(
             ),
         )
         assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        # A negative partition is malformed too (it was UNKNOWN_TOPIC_OR_PARTITION).
+        exc = bad_request(
+            stub.CommitOffsets,
+            rp.CommitOffsetsRequest(
+                subscription_id=sid, offsets=[rp.PartitionOffset(topic=topic, partition=-1)]
+            ),
+        )
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert "partition must be >= 0" in exc.details()  # type: ignore[attr-defined]
     finally:
         stream.cancel()
     gone = stub.CommitOffsets(rp.CommitOffsetsRequest(subscription_id=sid), timeout=30)

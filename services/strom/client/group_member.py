@@ -305,8 +305,7 @@ class GroupMember:
                 raise error_for(resp.error_code, resp.error_message)
             return {
                 TopicPartition(tr.topic, pr.partition): error_for(
-                    pr.error_code,
-                    f"{tr.topic}-{pr.partition}: {pr.error_message or 'commit failed'}",
+                    pr.error_code, _naming(f"{tr.topic}-{pr.partition}", pr.error_message)
                 )
                 for tr in resp.topics
                 for pr in tr.partitions
@@ -585,3 +584,11 @@ class GroupMember:
                 if time.monotonic() >= deadline:
                     raise error_for(code, resp.error_message)
             time.sleep(self._backoff_s)
+
+
+def _naming(where: str, message: str) -> str:
+    """A partition's commit error naming the partition once: the coordinator's messages
+    already name it (found from outside: "clicks-0: clicks-0: the commit's metadata ...")."""
+    if not message:
+        return f"{where}: commit failed"
+    return message if where in message else f"{where}: {message}"

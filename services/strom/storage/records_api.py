@@ -405,6 +405,10 @@ class RecordService:
         try:
             req = _parse(rp.CommitOffsetsRequest, raw, "the request")
             for po in req.offsets:
+                if po.partition < 0:  # malformed, like a negative offset (was "no partition")
+                    raise BadRequest(
+                        f"{po.topic}-{po.partition}: partition must be >= 0, got {po.partition}"
+                    )
                 if po.offset < 0:
                     raise BadRequest(
                         f"{po.topic}-{po.partition}: offset must be >= 0, got {po.offset}"

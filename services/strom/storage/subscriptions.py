@@ -207,6 +207,9 @@ class Subscription:
         self._owned: set[TopicPartition] = set()
         #: Highest offset this subscription has committed (or queued) per partition.
         self._committed: dict[TopicPartition, int] = {}
+        #: Highest offset the coordinator confirmed per partition: what ``_committed`` goes
+        #: back to when a later commit fails, so an older offset still cannot overwrite it.
+        self._acked: dict[TopicPartition, int] = {}
         #: Offset after the last record written to the stream, per partition.
         self._delivered: dict[TopicPartition, int] = {}
         self._delivered_since_commit = False
@@ -355,6 +358,7 @@ class Subscription:
             for tp in parts:
                 self._delivered.pop(tp, None)
                 self._committed.pop(tp, None)
+                self._acked.pop(tp, None)
         log.info(
             "subscription %s: %s %d partitions (%d unsent messages dropped)",
             self.id,
@@ -462,11 +466,20 @@ class Subscription:
         finished = threading.Event()
 
         def callback(_offsets: Any, err: BaseException | None) -> None:
-            if err is not None:
-                with self._lock:  # let a later commit send these offsets again
-                    for tp, off in sent.items():
-                        if self._committed.get(tp) == off:
+            with self._lock:
+                for tp, off in sent.items():
+                    if err is None:
+                        if tp in self._owned and off > self._acked.get(tp, -1):
+                            self._acked[tp] = off
+                    elif self._committed.get(tp) == off:
+                        # Let a later commit send this offset again, but keep the last one
+                        # the coordinator confirmed as the floor: forgetting it (found from
+                        # outside) let an older offset overwrite it after a refused commit.
+                        acked = self._acked.get(tp)
+                        if acked is None:
                             self._committed.pop(tp, None)
+                        else:
+                            self._committed[tp] = acked
             try:
                 if done is not None:
                     done(err, sent)
