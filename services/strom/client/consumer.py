@@ -111,8 +111,11 @@ class Consumer:
 
     Arguments follow Kafka's consumer configs with underscores (``auto_offset_reset``,
     ``fetch_max_wait_ms``, ...); ``commit_linger_ms`` is strom's own (see
-    :meth:`commit_async`). The consumer is meant for one application thread; ``close()``
-    may be called from another thread to stop a blocking ``poll()`` or iteration.
+    :meth:`commit_async`). ``session_timeout_ms`` and ``heartbeat_interval_ms`` are refused
+    (ValueError), as Kafka's KIP-848 consumer refuses them: the coordinator sets both for
+    the whole group (``--group-session-timeout-ms``, ``--group-heartbeat-interval-ms``).
+    The consumer is meant for one application thread; ``close()`` may be called from another
+    thread to stop a blocking ``poll()`` or iteration.
     """
 
     def __init__(
@@ -136,8 +139,8 @@ class Consumer:
         retry_backoff_max_ms: int = 1000,
         check_crcs: bool = True,
         consumer_timeout_ms: int | None = None,
-        session_timeout_ms: int = 45_000,
-        heartbeat_interval_ms: int = 3000,
+        session_timeout_ms: int | None = None,
+        heartbeat_interval_ms: int | None = None,
         group_instance_id: str | None = None,
         group_remote_assignor: str | None = None,
         ssl_cafile: str | None = None,
@@ -167,8 +170,17 @@ class Consumer:
         _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms)
         _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1)
         _int_arg("commit_linger_ms", commit_linger_ms, 0)
-        _int_arg("session_timeout_ms", session_timeout_ms, 1)
-        _int_arg("heartbeat_interval_ms", heartbeat_interval_ms, 1)
+        for name, value, flag in (
+            ("session_timeout_ms", session_timeout_ms, "--group-session-timeout-ms"),
+            ("heartbeat_interval_ms", heartbeat_interval_ms, "--group-heartbeat-interval-ms"),
+        ):
+            if value is not None:
+                # Accepted and ignored, they misled (found from outside); Kafka's KIP-848
+                # consumer refuses them the same way.
+                raise ValueError(
+                    f"{name} is not a client setting: the group coordinator decides it for "
+                    f"every member (strom coordinator {flag}); leave it out"
+                )
         if consumer_timeout_ms is not None:
             _int_arg("consumer_timeout_ms", consumer_timeout_ms, 0)
         if fetch_max_bytes > (1 << 31) - 1 or max_partition_fetch_bytes > (1 << 31) - 1:
@@ -192,8 +204,6 @@ class Consumer:
             "retry_backoff_max_ms": retry_backoff_max_ms,
             "check_crcs": bool(check_crcs),
             "consumer_timeout_ms": consumer_timeout_ms,
-            "session_timeout_ms": session_timeout_ms,
-            "heartbeat_interval_ms": heartbeat_interval_ms,
             "group_instance_id": group_instance_id,
             "group_remote_assignor": group_remote_assignor,
         }

@@ -57,6 +57,9 @@ from strom.errors import (
 
 log = logging.getLogger("strom.client.group")
 E = ErrorCode
+#: Heartbeat interval until the coordinator's first answer gives its own (the first
+#: heartbeat goes at once; the client has no say in the interval, KIP-848).
+INITIAL_HEARTBEAT_S = 3.0
 #: gRPC statuses after which the coordinator is looked up again.
 _TRANSPORT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -128,7 +131,8 @@ class GroupMember:
         self._fenced = False
         self._error: BaseException | None = None
         self._coordinator: str | None = None
-        self._interval_s = max(cfg["heartbeat_interval_ms"] / 1000.0, 0.01)
+        #: The coordinator's heartbeat interval; its first answer says what it is.
+        self._interval_s = INITIAL_HEARTBEAT_S
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
