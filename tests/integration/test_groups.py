@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -480,6 +480,58 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
         member.close()
     assert "deleted group g-cli" in strom("groups", "delete", "g-cli", *b).stdout
     assert "g-cli" not in strom("groups", "list", *b).stdout
+
+
+def test_a_member_that_stops_polling_leaves_and_rejoins_on_its_next_poll(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """Found from outside: heartbeats run on their own thread, so an application that stopped
+    calling poll() kept its partitions for good. Past max_poll_interval_ms the member leaves
+    (its partitions move to the members that read) and its next poll rejoins (Kafka)."""
+    create_topic(cluster, "stalled", 2)
+    lost: list[list[TopicPartition]] = []
+
+    class Listener:
+        def on_partitions_lost(self, parts: list[TopicPartition]) -> None:
+            lost.append(parts)
+
+    stalled = GroupConsumer(
+        cluster.bootstrap,
+        group_id="g-stalled",
+        auto_offset_reset="earliest",
+        max_poll_interval_ms=1000,
+    )
+    stalled.subscribe(["stalled"], listener=Listener())
+
+    def polled_until(cond: Callable[[], bool]) -> Callable[[], bool]:
+        def check() -> bool:
+            stalled.poll(50)
+            return cond()
+
+        return check
+
+    reader: Member | None = None
+    try:
+        wait_for(polled_until(lambda: len(stalled.assignment()) == 2), timeout=15, what="join")
+        reader = Member(cluster, "g-stalled", ["stalled"])
+        wait_for(
+            polled_until(lambda: len(stalled.assignment()) == 1 and len(reader.owned) == 1),
+            timeout=15,
+            what="the partitions split between the two",
+        )
+        # The application stops polling: the reader gets both partitions.
+        wait_for(lambda: len(reader.owned) == 2, timeout=15, what="the stalled member's share")
+        # Its next poll reports its partition lost and rejoins: the two split them again.
+        wait_for(
+            polled_until(lambda: len(stalled.assignment()) == 1 and len(reader.owned) == 1),
+            timeout=15,
+            what="the stalled member back in the group",
+        )
+        assert len(lost) == 1 and len(lost[0]) == 1
+    finally:
+        if reader is not None:
+            reader.close()
+        stalled.close()
 
 
 def test_a_topic_deleted_and_created_again_does_not_inherit_the_groups_offsets(

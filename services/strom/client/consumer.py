@@ -115,7 +115,10 @@ class Consumer:
     (ValueError), as Kafka's KIP-848 consumer refuses them: the coordinator sets both for
     the whole group (``--group-session-timeout-ms``, ``--group-heartbeat-interval-ms``).
     The consumer is meant for one application thread; ``close()`` may be called from another
-    thread to stop a blocking ``poll()`` or iteration.
+    thread to stop a blocking ``poll()`` or iteration. A group member whose application does
+    not call ``poll()`` for ``max_poll_interval_ms`` (default 5 minutes; time blocked inside
+    a poll does not count) leaves the group, so its partitions move to members that read;
+    the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class Consumer:
         fetch_max_bytes: int = 50 * MiB,
         max_partition_fetch_bytes: int = 1 * MiB,
         max_poll_records: int = 500,
+        max_poll_interval_ms: int = 300_000,
         isolation_level: str = "read_uncommitted",
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
@@ -165,6 +169,7 @@ class Consumer:
         _int_arg("fetch_max_bytes", fetch_max_bytes, 1)
         _int_arg("max_partition_fetch_bytes", max_partition_fetch_bytes, 1)
         _int_arg("max_poll_records", max_poll_records, 1)
+        _int_arg("max_poll_interval_ms", max_poll_interval_ms, 1)
         _int_arg("request_timeout_ms", request_timeout_ms, 1)
         _int_arg("retry_backoff_ms", retry_backoff_ms, 0)
         _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms)
@@ -198,6 +203,7 @@ class Consumer:
             "fetch_max_bytes": fetch_max_bytes,
             "max_partition_fetch_bytes": max_partition_fetch_bytes,
             "max_poll_records": max_poll_records,
+            "max_poll_interval_ms": max_poll_interval_ms,
             "isolation_level": isolation_level,
             "request_timeout_ms": request_timeout_ms,
             "retry_backoff_ms": retry_backoff_ms,
@@ -623,12 +629,18 @@ class Consumer:
 
     def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
         self._ensure_open()
+        group = self._group
+        if group is not None:
+            group.polling(True)
         try:
             return self._poll_once(timeout_ms, limit, arrow=arrow)
         except Exception:
             if self._closed:  # closed from another thread mid-call: end quietly
                 return [], 0
             raise
+        finally:
+            if group is not None:
+                group.polling(False)
 
     def _poll_once(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
         if not self._fetcher.parts and self._subscription is None:
