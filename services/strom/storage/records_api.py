@@ -51,6 +51,7 @@ from strom.storage.rpc_base import _throttle, add_handlers
 from strom.storage.subscriptions import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
+    MAX_STALL_S,
     Subscription,
     SubscriptionSpec,
 )
@@ -150,8 +151,11 @@ class RecordService:
         local_produce: Callable[[storage_pb2.ProduceRequest], Awaitable[Any]],
         local_init_ids: Callable[[storage_pb2.InitProducerIdRequest], Awaitable[Any]],
         bootstrap: Callable[[], list[str]],
+        *,
+        subscribe_max_stall_s: float = MAX_STALL_S,
     ) -> None:
         self.node_id = node_id
+        self.subscribe_max_stall_s = subscribe_max_stall_s
         self.view = view
         self._bootstrap = bootstrap
         self._local_init_ids = local_init_ids
@@ -318,6 +322,7 @@ class RecordService:
             self._bootstrap(),
             asyncio.get_running_loop(),
             client_id=f"strom-node-{self.node_id}-subscribe-{self._subscribers}",
+            max_stall_s=self.subscribe_max_stall_s,
         )
         self.subscriptions[sub.id] = sub
         sub.start()
