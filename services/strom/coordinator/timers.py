@@ -123,10 +123,15 @@ class Timers(StorageIO):
         ends = await self._end_offsets({(t, p) for _, t, p in committed})
         labels = set()
         for (gid, t, p), off in committed.items():
+            key = (gid, t, str(p))
             end = ends.get((t, p))
             if end is None:
+                # No answer (the leader is moving or down): the last value stays, so a lag
+                # alert does not go quiet exactly while the partition is in trouble (found
+                # from outside: the series was removed).
+                if key in self._lag_labels:
+                    labels.add(key)
                 continue
-            key = (gid, t, str(p))
             labels.add(key)
             metrics.LAG.labels(*key).set(max(0, end - off))
         for key in self._lag_labels - labels:
