@@ -117,8 +117,6 @@ def run_member(args: argparse.Namespace) -> int:
         group_id=GROUP,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        session_timeout_ms=args.session_timeout_ms,
-        heartbeat_interval_ms=500,
         request_timeout_ms=8_000,
         client_id=member,
     )
@@ -206,8 +204,6 @@ def run_pipeline(args: argparse.Namespace) -> int:
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         isolation_level="read_committed",
-        session_timeout_ms=args.session_timeout_ms,
-        heartbeat_interval_ms=500,
         request_timeout_ms=8_000,
         client_id=name,
     )
@@ -329,7 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", default="0")
     ap.add_argument("--rate", type=float, default=50.0, help="producer: records per second")
     ap.add_argument("--lifetime-s", type=float, default=60.0, help="member: how long it stays")
-    ap.add_argument("--session-timeout-ms", type=int, default=10_000)
     ap.add_argument("--transaction-timeout-ms", type=int, default=20_000)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_term)

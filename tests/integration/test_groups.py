@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +26,14 @@ from strom.api import (
     coordinator_pb2_grpc,
     storage_pb2,
 )
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.group_member import make_group
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import is_retriable
+from strom.errors import TopicDeletionInProgressError, is_retriable
 from strom.record import encode_batch
 from tests.conftest import create_topic
 
@@ -438,6 +439,13 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
     ]
     assert got["members"] == [] and isinstance(got["group_epoch"], int)
     assert "g-cli\tEmpty" in strom("groups", "list", *b).stdout
+    # One spelling of the state everywhere (describe --json said "GROUP_STATE_EMPTY").
+    listed = json.loads(strom("groups", "list", "--json", *b).stdout)
+    assert {"group": "g-cli", "state": "Empty", "members": 0} in listed
+    assert got["state"] == "Empty"
+    # A partition named twice is one row (it was printed twice).
+    twice = strom("groups", "reset-offsets", "g-cli", "--topic", "cli:0,0", "--to-latest", *b)
+    assert [line.split()[:2] for line in twice.stdout.splitlines()].count(["cli", "0"]) == 1
     # Bad input names the flag (found from outside: int() and fromisoformat() messages, and
     # an empty list after the colon meant every partition).
     for args, message in [
@@ -474,6 +482,96 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
     assert "g-cli" not in strom("groups", "list", *b).stdout
 
 
+def test_a_member_that_stops_polling_leaves_and_rejoins_on_its_next_poll(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """Found from outside: heartbeats run on their own thread, so an application that stopped
+    calling poll() kept its partitions for good. Past max_poll_interval_ms the member leaves
+    (its partitions move to the members that read) and its next poll rejoins (Kafka)."""
+    create_topic(cluster, "stalled", 2)
+    lost: list[list[TopicPartition]] = []
+
+    class Listener:
+        def on_partitions_lost(self, parts: list[TopicPartition]) -> None:
+            lost.append(parts)
+
+    stalled = GroupConsumer(
+        cluster.bootstrap,
+        group_id="g-stalled",
+        auto_offset_reset="earliest",
+        max_poll_interval_ms=1000,
+    )
+    stalled.subscribe(["stalled"], listener=Listener())
+
+    def polled_until(cond: Callable[[], bool]) -> Callable[[], bool]:
+        def check() -> bool:
+            stalled.poll(50)
+            return cond()
+
+        return check
+
+    reader: Member | None = None
+    try:
+        wait_for(polled_until(lambda: len(stalled.assignment()) == 2), timeout=15, what="join")
+        reader = Member(cluster, "g-stalled", ["stalled"])
+        wait_for(
+            polled_until(lambda: len(stalled.assignment()) == 1 and len(reader.owned) == 1),
+            timeout=15,
+            what="the partitions split between the two",
+        )
+        # The application stops polling: the reader gets both partitions.
+        wait_for(lambda: len(reader.owned) == 2, timeout=15, what="the stalled member's share")
+        # Its next poll reports its partition lost and rejoins: the two split them again.
+        wait_for(
+            polled_until(lambda: len(stalled.assignment()) == 1 and len(reader.owned) == 1),
+            timeout=15,
+            what="the stalled member back in the group",
+        )
+        assert len(lost) == 1 and len(lost[0]) == 1
+    finally:
+        if reader is not None:
+            reader.close()
+        stalled.close()
+
+
+def test_a_topic_deleted_and_created_again_does_not_inherit_the_groups_offsets(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """Found from outside: the committed offsets outlived `strom topics delete`, so a group
+    resumed a new topic of the same name at the old offset (50 of 80 records skipped) and
+    describe listed the deleted topic for good. Kafka drops a deleted topic's offsets."""
+    create_topic(cluster, "recreated", 1)
+    produce(client, "recreated", 0, 50)
+    b = ("-b", cluster.bootstrap)
+    strom("groups", "reset-offsets", "g-recreated", "--topic", "recreated", "--to-latest",
+          "--execute", *b)  # fmt: skip
+
+    def offsets() -> list[tuple[str, int]]:
+        got = json.loads(strom("groups", "describe", "g-recreated", "--json", *b).stdout)
+        return [(o["topic"], o["committed_offset"]) for o in got["offsets"]]
+
+    assert offsets() == [("recreated", 50)]
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic("recreated")
+    wait_for(lambda: offsets() == [], timeout=15, what="the deleted topic's offsets dropped")
+
+    def created() -> bool:
+        try:
+            create_topic(cluster, "recreated", 1)
+        except TopicDeletionInProgressError:
+            return False
+        return True
+
+    wait_for(created, timeout=30, what="the topic created again")
+    produce(client, "recreated", 0, 80)
+    member = Member(cluster, "g-recreated", ["recreated"])
+    try:
+        wait_for(lambda: len(member.values) >= 80, timeout=20, what="all 80 records")
+        assert member.values[0] == b"recreated-0-0"
+    finally:
+        member.close()
+
+
 def test_committed_offsets_survive_a_coordinator_sigkill(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:
@@ -490,6 +588,13 @@ def test_committed_offsets_survive_a_coordinator_sigkill(
         coord = cluster.coordinators[0]
         assert coord.process is not None
         coord.process.kill()
+        # Its shards' keys outlive it until its lease expires: `groups list` cannot reach
+        # them, says so on stderr and exits 2, and --json stays valid JSON (found from
+        # outside: the warning followed the JSON array on stdout, exit status 0).
+        down = strom("groups", "list", "--json", "-b", cluster.bootstrap, check=False)
+        assert down.returncode == 2, down.stderr
+        assert "incomplete" in down.stderr and "incomplete" not in down.stdout
+        assert isinstance(json.loads(down.stdout), list)
         coord.start()
         cluster.wait_serving(coord)
 

@@ -29,6 +29,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
 from strom.record import decode_batches
+from tests.conftest import FAST_GROUPS, create_topic
 
 pytestmark = pytest.mark.integration
 rp = records_pb2
@@ -483,6 +484,57 @@ def test_a_reader_that_stops_holds_back_the_stream(
             stream.cancel()
 
 
+def test_a_group_stream_whose_reader_stops_ends_and_its_partitions_move(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: a group stream whose reader stopped reading kept its partitions
+    for good (the pump waited on its full outbox forever, the member heartbeating). Past
+    --subscribe-max-stall-ms the stream leaves the group, the partition moves to a member
+    that reads, and the reader, when it reads again, gets ABORTED saying why."""
+    cluster = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=FAST_GROUPS,
+        node_args=["--subscribe-max-stall-ms", "1500"],
+    )
+    create_topic(cluster, "stall", 1)
+    with Producer(cluster.bootstrap, linger_ms=0) as p:
+        for _ in range(5):
+            p.send_batch("stall", [b"s" * 10_000] * 100, partition=0)  # 5 MB
+        p.flush()
+    # No window growth: the stream's HTTP/2 window stays at 64 KiB, so the outbox fills.
+    with grpc.insecure_channel(cluster.nodes[0].address, [("grpc.http2.bdp_probe", 0)]) as ch:
+        stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
+            rp.SubscribeRequest(
+                group_id="g-stall",
+                topics=["stall"],
+                start=rp.START_POSITION_EARLIEST,
+                max_bytes_per_message=100_000,
+            ),
+            timeout=120,
+        )
+        try:
+            next_records(stream, 1)  # then stop reading
+            with Consumer(
+                cluster.bootstrap, group_id="g-stall", auto_offset_reset="earliest"
+            ) as other:
+                other.subscribe(["stall"])
+
+                def moved() -> bool:
+                    other.poll(100)
+                    return other.assignment() == {TopicPartition("stall", 0)}
+
+                wait_for(moved, timeout=30, what="the stalled stream's partition to move")
+            with pytest.raises(grpc.RpcError) as info:
+                for _ in stream:  # what was already on its way, then the end
+                    pass
+            assert info.value.code() == grpc.StatusCode.ABORTED  # type: ignore[attr-defined]
+            assert "read nothing for 1500 ms" in info.value.details()  # type: ignore[attr-defined]
+        finally:
+            stream.cancel()
+
+
 def _subscribe_group(stub: Any, topic: str, group: str, **kw: Any) -> tuple[Any, str]:
     stream = stub.Subscribe(
         rp.SubscribeRequest(group_id=group, topics=[topic], start=rp.START_POSITION_EARLIEST, **kw),
@@ -505,12 +557,13 @@ def test_commit_offsets_rules(
         got = next_records(stream, 40)
         assert got == {0: list(range(20)), 1: list(range(20))}
 
-        def commit(*offsets: tuple[str, int, int]) -> rp.CommitOffsetsResponse:
+        def commit(*offsets: tuple[str, int, int], metadata: str = "") -> rp.CommitOffsetsResponse:
             return stub.CommitOffsets(
                 rp.CommitOffsetsRequest(
                     subscription_id=sid,
                     offsets=[
-                        rp.PartitionOffset(topic=t, partition=p, offset=o) for t, p, o in offsets
+                        rp.PartitionOffset(topic=t, partition=p, offset=o, metadata=metadata)
+                        for t, p, o in offsets
                     ],
                 ),
                 timeout=30,
@@ -521,6 +574,14 @@ def test_commit_offsets_rules(
         # Forward only: an older offset is answered NONE and not applied.
         older = commit((topic, 0, 3))
         assert older.error_code == E.NONE and older.results[0].error_code == E.NONE
+        # A refused commit does not lower the floor (found from outside: after one, an
+        # older offset overwrote the committed 20), and its message names the partition once.
+        big = commit((topic, 0, 25), metadata="m" * 5000)
+        assert big.results[0].error_code == E.OFFSET_METADATA_TOO_LARGE
+        assert big.results[0].error_message.startswith(f"{topic}-0: the commit's metadata")
+        assert big.results[0].error_message.count(f"{topic}-0") == 1
+        after = commit((topic, 0, 7))
+        assert after.error_code == E.NONE and after.results[0].error_code == E.NONE
         # A partition the stream does not own.
         other = commit(("rec-two", 0, 1))
         assert other.results[0].error_code == E.STALE_MEMBER_EPOCH
@@ -538,6 +599,15 @@ def test_commit_offsets_rules(
             ),
         )
         assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        # A negative partition is malformed too (it was UNKNOWN_TOPIC_OR_PARTITION).
+        exc = bad_request(
+            stub.CommitOffsets,
+            rp.CommitOffsetsRequest(
+                subscription_id=sid, offsets=[rp.PartitionOffset(topic=topic, partition=-1)]
+            ),
+        )
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert "partition must be >= 0" in exc.details()  # type: ignore[attr-defined]
     finally:
         stream.cancel()
     gone = stub.CommitOffsets(rp.CommitOffsetsRequest(subscription_id=sid), timeout=30)

@@ -24,12 +24,19 @@ const definition = protoLoader.loadSync('strom/v1/records.proto', {
 });
 const strom = grpc.loadPackageDefinition(definition).strom.v1;
 // `address` may list every node (`ipv4:10.0.0.11:9092,10.0.0.12:9092`, or a DNS name with
-// several addresses): round_robin then spreads the calls over them, as any node takes any call.
-const client = new strom.RecordService(address, grpc.credentials.createInsecure(), {
+// several addresses). Two channels over them:
+// - `spread` (round_robin): each ProduceRecords goes to the next node, as any node takes it;
+// - `member` (pick_first: one node for every call): a subscription lives in the node serving
+//   its Subscribe stream, so its CommitOffsets must reach that same node.
+const credentials = grpc.credentials.createInsecure();
+const spread = new strom.RecordService(address, credentials, {
   'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ round_robin: {} }] }),
 });
+const member = new strom.RecordService(address, credentials, {
+  'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ pick_first: {} }] }),
+});
 
-function call(method, request) {
+function call(client, method, request) {
   return new Promise((resolve, reject) => {
     client[method](request, { deadline: Date.now() + 30000 }, (err, resp) =>
       (err ? reject(err) : resolve(resp)));
@@ -46,7 +53,7 @@ async function produce() {
     values.push(Buffer.from(JSON.stringify({ click: i })));
   }
   for (;;) {
-    const resp = await call('ProduceRecords', { topic, records: { keys, values } });
+    const resp = await call(spread, 'ProduceRecords', { topic, records: { keys, values } });
     if (resp.error_code === 'UNKNOWN_TOPIC_OR_PARTITION') {
       await new Promise((r) => setTimeout(r, 200)); // retriable: a topic just created
       continue;
@@ -63,7 +70,7 @@ function consume(expected) {
   return new Promise((resolve, reject) => {
     let subscription = null;
     let seen = 0;
-    const stream = client.Subscribe({
+    const stream = member.Subscribe({
       group_id: 'example-group',
       topics: [topic],
       start: 'START_POSITION_EARLIEST', // where partitions without a committed offset start
@@ -78,12 +85,15 @@ function consume(expected) {
         console.log(`consumed ${partition}@${offset} ${records.keys[i]} ${records.values[i]}`);
       });
       seen += offsets.length;
-      // Processed: commit the next offset to read, on the same channel as the stream.
-      const resp = await call('CommitOffsets', {
+      // Processed: commit the next offset to read, on the stream's channel (its node).
+      const resp = await call(member, 'CommitOffsets', {
         subscription_id: subscription,
         offsets: [{ topic, partition, offset: offsets[offsets.length - 1] + 1 }],
       });
-      if (resp.error_code !== 'NONE') console.log(`commit: ${resp.error_code}`);
+      const code = resp.error_code !== 'NONE' ? resp.error_code : resp.results[0].error_code;
+      // Not committed: these records will be read again after a restart or a rebalance
+      // (at-least-once). STALE_MEMBER_EPOCH: the group moved the partition; drop the commit.
+      if (code !== 'NONE') console.log(`commit ${partition}: ${code}`);
       if (seen >= expected) {
         stream.cancel(); // leaves the group: the partitions move to the other members
         resolve(seen);
@@ -99,7 +109,8 @@ produce()
   .then(consume)
   .then((n) => {
     console.log(`done: ${n} records`);
-    client.close();
+    spread.close();
+    member.close();
   })
   .catch((err) => {
     console.error(err);

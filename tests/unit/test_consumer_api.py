@@ -42,6 +42,10 @@ def consumer() -> Iterator[Consumer]:
         ({"retry_backoff_ms": 500, "retry_backoff_max_ms": 100}, ValueError, "backoff_max"),
         ({"group_id": ""}, ValueError, "group_id"),
         ({"bootstrap": "no-port"}, ValueError, "HOST:PORT"),
+        # Found from outside: accepted, validated and ignored (the coordinator's flags
+        # decide); refused like Kafka's KIP-848 consumer refuses them.
+        ({"session_timeout_ms": 10_000}, ValueError, "--group-session-timeout-ms"),
+        ({"heartbeat_interval_ms": 500}, ValueError, "--group-heartbeat-interval-ms"),
     ],
 )
 def test_bad_configuration_is_refused(kwargs: dict[str, Any], exc: type, match: str) -> None:

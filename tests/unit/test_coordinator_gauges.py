@@ -4,13 +4,16 @@ follows the shards without any write updating it."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import REGISTRY
 
 from strom.coordinator import metrics
-from strom.coordinator.group import GroupState
+from strom.coordinator.group import ConsumerGroup, GroupConfig, GroupState
+from strom.coordinator.offsets_log import OffsetAndMetadata
+from strom.coordinator.timers import Timers
 from strom.coordinator.txn_state import TxnState
 
 
@@ -66,3 +69,38 @@ def test_gauges_follow_the_shard_tables_at_each_scrape() -> None:
     assert _value("strom_coordinator_members") == 2
     assert _value("strom_coordinator_groups", state="stable") == 0
     assert _value("strom_coordinator_groups", state="reconciling") == 1
+
+
+class _LagTimers(Timers):
+    """The lag refresh of the timer loop over a real group, with the cluster's answers
+    (live topics, ListOffsets) given by the test."""
+
+    def __init__(self, group: ConsumerGroup) -> None:
+        self.shards = {0: _Shard(groups={group.group_id: group})}  # type: ignore[dict-item]
+        self._lag_labels = set()
+        self.ids = {"lag-t": "id-1"}
+        self.ends: dict[tuple[str, int], int] = {}
+
+    def _topic_ids(self) -> dict[str, str]:
+        return self.ids
+
+    async def _end_offsets(self, parts: Any) -> dict[tuple[str, int], int]:
+        return {tp: end for tp, end in self.ends.items() if tp in set(parts)}
+
+
+def test_lag_keeps_its_last_value_while_the_end_offset_is_unknown() -> None:
+    """Found from outside: a failed ListOffsets removed the lag series, so lag alerts went
+    quiet exactly during leader trouble. A deleted topic's series does go."""
+    group = ConsumerGroup("lag-g", config=GroupConfig(), now_ms=0)
+    group.commit_offsets("", -1, {("lag-t", 0): OffsetAndMetadata(5, topic_id="id-1")}, now_ms=0)
+    timers = _LagTimers(group)
+    labels = {"group": "lag-g", "topic": "lag-t", "partition": "0"}
+    timers.ends = {("lag-t", 0): 12}
+    asyncio.run(timers._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **labels) == 7
+    timers.ends = {}  # the leader did not answer
+    asyncio.run(timers._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **labels) == 7
+    timers.ids = {}  # the topic was deleted
+    asyncio.run(timers._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **labels) is None

@@ -732,6 +732,56 @@ def test_delete_offsets_and_group() -> None:
     assert "g" not in h.shard.groups
 
 
+def test_offsets_of_a_deleted_or_recreated_topic_are_not_answered_and_are_dropped() -> None:
+    """Found from outside: a topic deleted and created again under the same name resumed at
+    the old topic's committed offsets (skipping the new topic's first records), and describe
+    listed a deleted topic for good. An offset belongs to the topic id it was committed with;
+    one committed before ids were stored ("") stays valid while a topic of its name lives."""
+    h = Harness({"t": 1, "gone": 1, "legacy": 1})
+    g = h.group
+    res = g.commit_offsets(
+        "",
+        -1,
+        {
+            ("t", 0): OffsetAndMetadata(50, topic_id="id-1"),
+            ("gone", 0): OffsetAndMetadata(3, topic_id="id-g"),
+            ("legacy", 0): OffsetAndMetadata(7),
+        },
+        now_ms=h.now,
+    )
+    h.persist(res.records)
+    unchanged = {"t": "id-1", "gone": "id-g", "legacy": "id-l"}
+    assert set(g.live_offsets(unchanged)) == {("t", 0), ("gone", 0), ("legacy", 0)}
+    assert g.drop_stale_offsets(unchanged).records == []
+    # "gone" was deleted, "t" deleted and created again (a new id).
+    now = {"t": "id-2", "legacy": "id-l"}
+    assert set(g.live_offsets(now)) == {("legacy", 0)}
+    res = g.drop_stale_offsets(now)
+    h.persist(res.records)
+    assert set(g.offsets) == {("legacy", 0)}
+    h.rebuild()  # the tombstones are durable: a new owner does not bring them back
+    assert set(h.group.offsets) == {("legacy", 0)}
+    # A commit of the new topic is not "superseded" by the old topic's later-numbered one.
+    g = h.group
+    g.commit_offsets(
+        "",
+        -1,
+        {("t", 0): OffsetAndMetadata(9, topic_id="id-1")},
+        now_ms=0,
+        committer_id="c",
+        commit_sequence=5,
+    )
+    g.commit_offsets(
+        "",
+        -1,
+        {("t", 0): OffsetAndMetadata(2, topic_id="id-2")},
+        now_ms=0,
+        committer_id="c",
+        commit_sequence=1,
+    )
+    assert g.offsets[("t", 0)].offset == 2
+
+
 def test_random_membership_churn_keeps_invariants() -> None:
     """Joins, leaves, static restarts, silent members and metadata changes in random order:
     no partition is ever owned by two live consumers, replay always equals the live group,

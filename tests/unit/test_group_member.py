@@ -29,7 +29,7 @@ class FakeConsumer:
         self.config: dict[str, Any] = {
             "enable_auto_commit": True,
             "auto_commit_interval_ms": 60_000,
-            "heartbeat_interval_ms": 3000,
+            "max_poll_interval_ms": 300_000,
             "group_instance_id": None,
             "group_remote_assignor": None,
         }

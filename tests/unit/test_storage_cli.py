@@ -116,6 +116,7 @@ FLAGS = {
     "--max-connections",
     "--max-inflight-produce-bytes",
     "--max-memory-bytes",
+    "--subscribe-max-stall-ms",
     "--log-level",
     "--config",
 }

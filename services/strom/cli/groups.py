@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -43,11 +44,22 @@ _STATES = {
 }
 
 
+#: Exit status of ``groups list`` when some coordinator shards did not answer.
+INCOMPLETE = 2
+
+
 def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     groups = sub.add_parser("groups", help="list, describe, delete consumer groups, reset offsets")
     gsub = groups.add_subparsers(dest="groups_cmd", metavar="ACTION")
     gsub.required = True
-    ls = gsub.add_parser("list", parents=[common], help="every group, from every coordinator")
+    ls = gsub.add_parser(
+        "list",
+        parents=[common],
+        help="every group, from every coordinator",
+        description="Every group, from every coordinator. When some coordinator shards do not "
+        "answer, the groups found are printed, a warning goes to stderr and the exit status is "
+        f"{INCOMPLETE} (stdout stays plain rows or, with --json, one JSON array).",
+    )
     ls.add_argument("--json", action="store_true")
     d = gsub.add_parser("describe", parents=[common], help="members, offsets and lag")
     d.add_argument("group")
@@ -124,7 +136,7 @@ def _describe_group(client: ClusterClient, group: str) -> coordinator_pb2.Descri
 # -- commands ----------------------------------------------------------------------------------
 
 
-def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     desc = client.controller_call(
         "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
     )
@@ -151,7 +163,17 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
         for gid, g in sorted(groups.items()):
             print(f"{gid}\t{_STATES.get(g.state, '?')}\t{g.member_count} members", file=out)
     if owned - shards or not addresses:
-        print("(incomplete: some coordinator shards are not available)", file=out)
+        # On stderr with its own exit status: on stdout it made the --json output invalid
+        # JSON, and a script could not tell a partial list from a whole one (found from
+        # outside).
+        missing = sorted(owned - shards)
+        print(
+            "strom groups list: incomplete: some coordinator shards are not available"
+            + (f" (shards {missing})" if missing else ""),
+            file=sys.stderr,
+        )
+        return INCOMPLETE
+    return 0
 
 
 def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
@@ -159,9 +181,11 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> None
     if d.error_code != E.NONE:
         raise error_for(d.error_code, d.error_message)
     if args.json:
-        from strom.cli.jsonout import message_json
+        from strom.cli.jsonout import message_dict
 
-        print(message_json(d), file=out)
+        got = message_dict(d)
+        got["state"] = _STATES.get(d.state, "?")  # as `list` and the text say it ("Empty")
+        print(json.dumps(got, indent=2), file=out)
         return
     print(
         f"group {d.group_id}: {_STATES.get(d.state, '?')}, epoch {d.group_epoch}, "
@@ -220,7 +244,7 @@ def _topic_partitions(client: ClusterClient, specs: list[str]) -> list[TopicPart
             if not 0 <= p < count:
                 raise ValueError(f"topic {topic!r} has no partition {p} (it has {count})")
             out.append(TopicPartition(topic, p))
-    return out
+    return list(dict.fromkeys(out))  # "orders:0,0" once, not two rows for one partition
 
 
 def _datetime_ms(text: str) -> int:

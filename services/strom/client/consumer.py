@@ -111,8 +111,14 @@ class Consumer:
 
     Arguments follow Kafka's consumer configs with underscores (``auto_offset_reset``,
     ``fetch_max_wait_ms``, ...); ``commit_linger_ms`` is strom's own (see
-    :meth:`commit_async`). The consumer is meant for one application thread; ``close()``
-    may be called from another thread to stop a blocking ``poll()`` or iteration.
+    :meth:`commit_async`). ``session_timeout_ms`` and ``heartbeat_interval_ms`` are refused
+    (ValueError), as Kafka's KIP-848 consumer refuses them: the coordinator sets both for
+    the whole group (``--group-session-timeout-ms``, ``--group-heartbeat-interval-ms``).
+    The consumer is meant for one application thread; ``close()`` may be called from another
+    thread to stop a blocking ``poll()`` or iteration. A group member whose application does
+    not call ``poll()`` for ``max_poll_interval_ms`` (default 5 minutes; time blocked inside
+    a poll does not count) leaves the group, so its partitions move to members that read;
+    the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
     """
 
     def __init__(
@@ -130,14 +136,15 @@ class Consumer:
         fetch_max_bytes: int = 50 * MiB,
         max_partition_fetch_bytes: int = 1 * MiB,
         max_poll_records: int = 500,
+        max_poll_interval_ms: int = 300_000,
         isolation_level: str = "read_uncommitted",
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 1000,
         check_crcs: bool = True,
         consumer_timeout_ms: int | None = None,
-        session_timeout_ms: int = 45_000,
-        heartbeat_interval_ms: int = 3000,
+        session_timeout_ms: int | None = None,
+        heartbeat_interval_ms: int | None = None,
         group_instance_id: str | None = None,
         group_remote_assignor: str | None = None,
         ssl_cafile: str | None = None,
@@ -162,13 +169,23 @@ class Consumer:
         _int_arg("fetch_max_bytes", fetch_max_bytes, 1)
         _int_arg("max_partition_fetch_bytes", max_partition_fetch_bytes, 1)
         _int_arg("max_poll_records", max_poll_records, 1)
+        _int_arg("max_poll_interval_ms", max_poll_interval_ms, 1)
         _int_arg("request_timeout_ms", request_timeout_ms, 1)
         _int_arg("retry_backoff_ms", retry_backoff_ms, 0)
         _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms)
         _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1)
         _int_arg("commit_linger_ms", commit_linger_ms, 0)
-        _int_arg("session_timeout_ms", session_timeout_ms, 1)
-        _int_arg("heartbeat_interval_ms", heartbeat_interval_ms, 1)
+        for name, value, flag in (
+            ("session_timeout_ms", session_timeout_ms, "--group-session-timeout-ms"),
+            ("heartbeat_interval_ms", heartbeat_interval_ms, "--group-heartbeat-interval-ms"),
+        ):
+            if value is not None:
+                # Accepted and ignored, they misled (found from outside); Kafka's KIP-848
+                # consumer refuses them the same way.
+                raise ValueError(
+                    f"{name} is not a client setting: the group coordinator decides it for "
+                    f"every member (strom coordinator {flag}); leave it out"
+                )
         if consumer_timeout_ms is not None:
             _int_arg("consumer_timeout_ms", consumer_timeout_ms, 0)
         if fetch_max_bytes > (1 << 31) - 1 or max_partition_fetch_bytes > (1 << 31) - 1:
@@ -186,14 +203,13 @@ class Consumer:
             "fetch_max_bytes": fetch_max_bytes,
             "max_partition_fetch_bytes": max_partition_fetch_bytes,
             "max_poll_records": max_poll_records,
+            "max_poll_interval_ms": max_poll_interval_ms,
             "isolation_level": isolation_level,
             "request_timeout_ms": request_timeout_ms,
             "retry_backoff_ms": retry_backoff_ms,
             "retry_backoff_max_ms": retry_backoff_max_ms,
             "check_crcs": bool(check_crcs),
             "consumer_timeout_ms": consumer_timeout_ms,
-            "session_timeout_ms": session_timeout_ms,
-            "heartbeat_interval_ms": heartbeat_interval_ms,
             "group_instance_id": group_instance_id,
             "group_remote_assignor": group_remote_assignor,
         }
@@ -630,12 +646,18 @@ class Consumer:
 
     def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
         self._ensure_open()
+        group = self._group
+        if group is not None:
+            group.polling(True)
         try:
             return self._poll_once(timeout_ms, limit, arrow=arrow)
         except Exception:
             if self._closed:  # closed from another thread mid-call: end quietly
                 return [], 0
             raise
+        finally:
+            if group is not None:
+                group.polling(False)
 
     def _poll_once(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
         if not self._fetcher.parts and self._subscription is None:

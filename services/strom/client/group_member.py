@@ -58,6 +58,9 @@ from strom.errors import (
 
 log = logging.getLogger("strom.client.group")
 E = ErrorCode
+#: Heartbeat interval until the coordinator's first answer gives its own (the first
+#: heartbeat goes at once; the client has no say in the interval, KIP-848).
+INITIAL_HEARTBEAT_S = 3.0
 #: gRPC statuses after which the coordinator is looked up again.
 _TRANSPORT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -129,7 +132,17 @@ class GroupMember:
         self._fenced = False
         self._error: BaseException | None = None
         self._coordinator: str | None = None
-        self._interval_s = max(cfg["heartbeat_interval_ms"] / 1000.0, 0.01)
+        #: The coordinator's heartbeat interval; its first answer says what it is.
+        self._interval_s = INITIAL_HEARTBEAT_S
+        #: max_poll_interval_ms: how long the application may stay out of poll() before
+        #: the heartbeat thread leaves the group for it (Kafka's max.poll.interval.ms).
+        self._max_poll_s = cfg["max_poll_interval_ms"] / 1000.0
+        #: Whether the application thread is inside poll(), and when it last entered or left.
+        self._polling = False
+        self._last_poll = time.monotonic()
+        #: Set by the heartbeat thread when it left the group for a stalled application;
+        #: the next poll drops the partitions (lost) and rejoins.
+        self._poll_expired = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -147,6 +160,7 @@ class GroupMember:
             self._pattern = pattern if topics is None else None
             self._listener = listener
             self._subscribed = True
+            self._last_poll = time.monotonic()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name=f"strom-heartbeat-{self.group_id}", daemon=True
@@ -161,11 +175,31 @@ class GroupMember:
             self._subscribed = False
         self._leave()
 
+    def polling(self, active: bool) -> None:
+        """The application thread enters (True) or leaves (False) poll(): the time between
+        two polls is what ``max_poll_interval_ms`` bounds (time blocked inside a poll does
+        not count, as in Kafka)."""
+        with self._lock:
+            self._polling = active
+            self._last_poll = time.monotonic()
+
     def on_poll(self, consumer: GroupHost) -> None:
         """Reconcile a new assignment, surface heartbeat errors, auto-commit when due."""
         err, self._error = self._error, None
         if err is not None:
             raise err
+        with self._lock:
+            expired = self._poll_expired
+        if expired:
+            # The heartbeat thread left the group while the application did not poll: the
+            # partitions may be another member's by now. Drop them (lost, no commit) and
+            # rejoin, as Kafka's consumer does on the poll after max.poll.interval.ms.
+            self._revoke_all(commit=False, lost=True)
+            with self._lock:
+                self._poll_expired = False
+                self._last_poll = time.monotonic()
+            self._wake.set()
+            return
         with self._lock:
             fenced = self._fenced
             target = None if self._target is None else set(self._target)
@@ -306,8 +340,7 @@ class GroupMember:
                 raise error_for(resp.error_code, resp.error_message)
             return {
                 TopicPartition(tr.topic, pr.partition): error_for(
-                    pr.error_code,
-                    f"{tr.topic}-{pr.partition}: {pr.error_message or 'commit failed'}",
+                    pr.error_code, _naming(f"{tr.topic}-{pr.partition}", pr.error_message)
                 )
                 for tr in resp.topics
                 for pr in tr.partitions
@@ -415,7 +448,28 @@ class GroupMember:
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                active = self._subscribed and not self._fenced
+                active = self._subscribed and not self._fenced and not self._poll_expired
+                stalled = (
+                    active
+                    and not self._polling
+                    and self.member_epoch > 0
+                    and time.monotonic() - self._last_poll > self._max_poll_s
+                )
+                if stalled:
+                    self._poll_expired = True
+            if stalled:
+                # Heartbeats alone would keep the partitions of an application that stopped
+                # polling for good (found from outside): leave, so they move to members that
+                # read; the next poll rejoins.
+                log.warning(
+                    "group %s member %s: poll() not called for more than max_poll_interval_ms "
+                    "(%.0f ms): leaving the group; the next poll rejoins",
+                    self.group_id,
+                    self.member_id,
+                    self._max_poll_s * 1000,
+                )
+                self._leave()
+                continue
             if not active:
                 self._wake.wait(0.2)
                 self._wake.clear()
@@ -591,3 +645,11 @@ class GroupMember:
                 if time.monotonic() >= deadline:
                     raise error_for(code, resp.error_message)
             time.sleep(self._backoff_s)
+
+
+def _naming(where: str, message: str) -> str:
+    """A partition's commit error naming the partition once: the coordinator's messages
+    already name it (found from outside: "clicks-0: clicks-0: the commit's metadata ...")."""
+    if not message:
+        return f"{where}: commit failed"
+    return message if where in message else f"{where}: {message}"

@@ -34,7 +34,7 @@ class GroupHost(Protocol):
     group_id: str | None
     client_id: str
     #: The consumer's settings: enable_auto_commit, auto_commit_interval_ms,
-    #: commit_linger_ms, heartbeat_interval_ms, group_instance_id, group_remote_assignor.
+    #: commit_linger_ms, max_poll_interval_ms, group_instance_id, group_remote_assignor.
     config: dict[str, Any]
     _client: ClusterClient
     _fetcher: PositionSource
@@ -65,6 +65,10 @@ class GroupMembership(Protocol):
     ) -> None: ...
 
     def unsubscribe(self) -> None: ...
+
+    def polling(self, active: bool) -> None:
+        """The application thread enters (True) or leaves (False) a poll; a member whose
+        application stays out of poll() past ``max_poll_interval_ms`` leaves the group."""
 
     def on_poll(self, consumer: GroupHost) -> None:
         """Each poll: reconcile a pending assignment, auto-commit when due, surface fencing."""

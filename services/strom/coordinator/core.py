@@ -97,7 +97,7 @@ class CoordinatorCore:
     _tasks: set[asyncio.Task[Any]]
     _channels: dict[str, grpc.aio.Channel]
     _stopping: bool
-    _topics_cache: tuple[int, dict[str, int]]
+    _topics_cache: tuple[int, dict[str, int], dict[str, str]]
 
     # Implemented by the mixins (shard_ownership, shard_writes); declared for the others.
     def _unload(self, shard: Shard) -> None:
@@ -215,18 +215,24 @@ class CoordinatorCore:
 
     def _topics(self) -> dict[str, int]:
         """The cluster's live topics → partition counts (cached per view revision)."""
+        return self._live_topics()[0]
+
+    def _topic_ids(self) -> dict[str, str]:
+        """The cluster's live topics → topic ids: a committed offset belongs to the topic
+        whose id it was committed with, not to a later topic of the same name."""
+        return self._live_topics()[1]
+
+    def _live_topics(self) -> tuple[dict[str, int], dict[str, str]]:
         view = self._started_view()
         with view.lock:
             rev = view.revision
             if self._topics_cache[0] == rev:
-                return self._topics_cache[1]
-            topics = {
-                name: v.value.partition_count
-                for name, v in view.topics.items()
-                if not v.value.deleting
-            }
-        self._topics_cache = (rev, topics)
-        return topics
+                return self._topics_cache[1], self._topics_cache[2]
+            live = [(n, v.value) for n, v in view.topics.items() if not v.value.deleting]
+        topics = {n: t.partition_count for n, t in live}
+        ids = {n: t.topic_id for n, t in live}
+        self._topics_cache = (rev, topics, ids)
+        return topics, ids
 
     @staticmethod
     def _fail(rpc: str, resp: Any, exc: BaseException) -> None:

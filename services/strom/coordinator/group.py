@@ -237,6 +237,14 @@ class OffsetsResult:
     superseded: int = 0
 
 
+def _stale_offset(om: OffsetAndMetadata, live_topic_id: str | None) -> bool:
+    """Whether a committed offset outlived its topic: no topic of that name is live, or the
+    live one has another id (deleted and created again)."""
+    if live_topic_id is None:
+        return True
+    return om.topic_id != "" and live_topic_id != "" and om.topic_id != live_topic_id
+
+
 def _freeze(parts: Mapping[str, Iterable[int]]) -> Assignment:
     return {t: sorted(ps) for t, ps in sorted(parts.items()) if ps}
 
@@ -1015,7 +1023,11 @@ class ConsumerGroup:
                 continue
             errors[(t, p)] = ErrorCode.NONE
             current = self.offsets.get((t, p))
-            if current is not None and current.supersedes(committer_id, commit_sequence):
+            if (
+                current is not None
+                and current.topic_id == om.topic_id
+                and current.supersedes(committer_id, commit_sequence)
+            ):
                 superseded += 1
                 continue
             om = replace(
@@ -1110,6 +1122,26 @@ class ConsumerGroup:
         """Whether an open transaction has an offset pending for the partition (OffsetFetch
         with require_stable answers UNSTABLE_OFFSET_COMMIT for it)."""
         return any((topic, partition) in p.offsets for p in self.pending.values())
+
+    def live_offsets(self, topic_ids: Mapping[str, str]) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The committed offsets that still belong to a live topic (``topic_ids``: the
+        cluster's live topics → ids). An offset of a deleted topic, or of an earlier topic of
+        the same name (committed with another id), is not the current topic's position: a
+        consumer resuming there would skip the new topic's first records. Offsets committed
+        without an id (before ids were stored) count as the live topic's."""
+        return {
+            tp: om for tp, om in self.offsets.items() if not _stale_offset(om, topic_ids.get(tp[0]))
+        }
+
+    def drop_stale_offsets(self, topic_ids: Mapping[str, str]) -> OffsetsResult:
+        """Delete (tombstone) the offsets :meth:`live_offsets` leaves out, as Kafka drops a
+        deleted topic's offsets; no subscription check (the topic is gone)."""
+        records: list[GroupRecord] = []
+        for (t, p), om in sorted(self.offsets.items()):
+            if _stale_offset(om, topic_ids.get(t)):
+                del self.offsets[(t, p)]
+                records.append(offset_commit_tombstone(self.group_id, t, p))
+        return OffsetsResult({}, records)
 
     def delete_offsets(self, partitions: Iterable[TopicPartition]) -> OffsetsResult:
         """DeleteOffsets: GROUP_SUBSCRIBED_TO_TOPIC for topics a member is subscribed to,

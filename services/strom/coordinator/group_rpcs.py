@@ -170,13 +170,14 @@ class GroupRpcs(StorageIO):
                 await self._describe_offsets(group, d)
 
     async def _describe_offsets(self, group: ConsumerGroup, d: pb.DescribedGroup) -> None:
-        parts = set(group.offsets)
+        offsets = group.live_offsets(self._topic_ids())
+        parts = set(offsets)
         for m in group.members.values():
             for t, ps in m.assigned.items():
                 parts.update((t, p) for p in ps)
         ends = await self._end_offsets(parts)
         for t, p in sorted(parts):
-            om = group.offsets.get((t, p))
+            om = offsets.get((t, p))
             end = ends.get((t, p), -1)
             committed = om.offset if om is not None else -1
             if end < 0:

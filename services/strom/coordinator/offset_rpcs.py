@@ -29,12 +29,20 @@ class OffsetRpcs(CoordinatorCore):
         self, request: pb.OffsetCommitRequest, resp: pb.OffsetCommitResponse
     ) -> None:
         offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
+        try:
+            # The topic's id goes with the offset: a topic deleted and created again under
+            # the same name must not resume at the old topic's offsets.
+            ids = self._topic_ids()
+        except Exception as exc:
+            self._fail("OffsetCommit", resp, exc)
+            return
         for t in request.topics:
             for p in t.partitions:
                 offsets[(t.topic, p.partition)] = OffsetAndMetadata(
                     offset=p.committed_offset,
                     leader_epoch=p.committed_leader_epoch,
                     metadata=p.metadata,
+                    topic_id=ids.get(t.topic, ""),
                 )
 
         def commit(group: ConsumerGroup) -> Any:
@@ -81,7 +89,9 @@ class OffsetRpcs(CoordinatorCore):
             group = shard.groups.get(request.group_id)
             if group is not None:
                 group.validate_fetch(request.member_id, request.member_epoch)
-            committed = dict(group.offsets) if group is not None else {}
+            # Offsets of a deleted (or deleted and re-created) topic are not answered; the
+            # timer loop tombstones them (Timers._drop_stale_offsets).
+            committed = group.live_offsets(self._topic_ids()) if group is not None else {}
             # What was read may hold commits still being written: answer once they are
             # durable, and only if the shard was not reloaded or dropped meanwhile.
             generation = shard.generation

@@ -131,8 +131,9 @@ class CoordinatorService(
         self._tasks: set[asyncio.Task[Any]] = set()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stopping = False
-        self._topics_cache: tuple[int, dict[str, int]] = (-1, {})
+        self._topics_cache: tuple[int, dict[str, int], dict[str, str]] = (-1, {}, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
+        self._swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None = None
         self._waiting_logged: dict[str, bool] = {}
         self._free_since: dict[tuple[str, int], float] = {}
         self._handed_over: set[tuple[str, int]] = set()

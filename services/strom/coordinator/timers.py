@@ -1,6 +1,7 @@
 """The coordinator's timers: members past their session or rebalance deadline are expired
 (the removal persisted like any change), transactions past their timeout are aborted, and
-the consumer-lag gauges are refreshed (DESIGN §7).
+the consumer-lag gauges are refreshed, and the offsets of deleted topics are dropped
+(DESIGN §7).
 
 One loop serves them all, sleeping until the earliest group deadline (at most a second).
 Deadlines are on :func:`strom.clock.steady_ms`, so a step of the wall clock neither expires
@@ -26,6 +27,8 @@ class Timers(StorageIO):
     """The timer loop: member expiry, transaction timeouts, lag gauges."""
 
     _lag_labels: set[tuple[str, str, str]]
+    #: What the last sweep of deleted topics' offsets saw: live topic ids, loaded shards.
+    _swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None
 
     async def _abort_expired(self) -> None:
         raise NotImplementedError  # strom.coordinator.txn_service.TransactionRpcs
@@ -49,6 +52,7 @@ class Timers(StorageIO):
                     else:
                         wake_at = min(wake_at, deadline)
             await self._abort_expired()
+            await self._drop_stale_offsets()
             if time.monotonic() >= next_lag:
                 next_lag = time.monotonic() + self.lag_interval_s
                 with contextlib.suppress(Exception):
@@ -73,20 +77,61 @@ class Timers(StorageIO):
                 extra={"fields": {"group": group_id, "member": m.member_id}},
             )
 
+    async def _drop_stale_offsets(self) -> None:
+        """Tombstone the committed offsets of deleted topics, as Kafka does when a topic is
+        deleted: kept, a topic created again under the same name would resume at the old
+        topic's offsets and skip its first records, and describe would list the dead topic
+        for good. Swept when the live topics change and when a shard (re)loads (its log may
+        hold offsets of topics deleted while nobody owned it); a sweep that failed (a write
+        refused) is tried again on the next tick."""
+        ids = self._topic_ids()
+        loaded = frozenset((s.index, s.generation) for s in self.shards.values() if s.loaded)
+        if self._swept == (ids, loaded):
+            return
+        complete = True
+        for shard in list(self.shards.values()):
+            if not shard.loaded:
+                continue
+            for gid, group in list(shard.groups.items()):
+                if len(group.live_offsets(ids)) == len(group.offsets):
+                    continue
+                try:
+                    result = await self._mutate(
+                        gid, lambda g: g.drop_stale_offsets(ids), lambda r: r.records, create=False
+                    )
+                except StromError as exc:
+                    log.info("dropping deleted topics' offsets of %s failed: %s", gid, exc)
+                    complete = False
+                    continue
+                log.info(
+                    "dropped %d committed offsets of deleted topics from group %s",
+                    len(result.records),
+                    gid,
+                    extra={"fields": {"group": gid}},
+                )
+        if complete:
+            self._swept = (ids, loaded)
+
     async def _refresh_lag(self) -> None:
         committed: dict[tuple[str, str, int], int] = {}
+        ids = self._topic_ids()
         for shard in list(self.shards.values()):
             if shard.loaded:
                 for gid, g in shard.groups.items():
-                    for (t, p), om in g.offsets.items():
+                    for (t, p), om in g.live_offsets(ids).items():
                         committed[(gid, t, p)] = om.offset
         ends = await self._end_offsets({(t, p) for _, t, p in committed})
         labels = set()
         for (gid, t, p), off in committed.items():
+            key = (gid, t, str(p))
             end = ends.get((t, p))
             if end is None:
+                # No answer (the leader is moving or down): the last value stays, so a lag
+                # alert does not go quiet exactly while the partition is in trouble (found
+                # from outside: the series was removed).
+                if key in self._lag_labels:
+                    labels.add(key)
                 continue
-            key = (gid, t, str(p))
             labels.add(key)
             metrics.LAG.labels(*key).set(max(0, end - off))
         for key in self._lag_labels - labels:

@@ -660,11 +660,17 @@ class TransactionRpcs(_Base):
         self, request: coordinator_pb2.TxnOffsetCommitRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.OffsetCommitResponse:
         resp = coordinator_pb2.OffsetCommitResponse()
+        try:
+            ids = self._topic_ids()  # stored with the offsets (OffsetRpcs.OffsetCommit)
+        except Exception as exc:
+            self._fail("TxnOffsetCommit", resp, exc)
+            return resp
         offsets = {
             (t.topic, p.partition): OffsetAndMetadata(
                 offset=p.committed_offset,
                 leader_epoch=p.committed_leader_epoch,
                 metadata=p.metadata,
+                topic_id=ids.get(t.topic, ""),
             )
             for t in request.topics
             for p in t.partitions

@@ -85,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="resident memory above which new produce requests are refused with "
         "RESOURCE_EXHAUSTED (-1: 80%% of the cgroup or machine memory; 0: no limit)",
     )
+    parser.add_argument(
+        "--subscribe-max-stall-ms",
+        type=flags.int_at_least(1),
+        default=300_000,
+        help="a group Subscribe stream whose reader reads nothing this long while records "
+        "wait ends (ABORTED) and leaves the group, so its partitions move to members that "
+        "read (Kafka's max.poll.interval.ms) (300000)",
+    )
     # The node retries etcd until it answers (a restart must not fail while etcd is
     # electing), so it has no --etcd-connect-timeout-s.
     flags.add_process_arguments(parser, etcd_connect_timeout=False)
@@ -137,6 +145,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         raise ValueError(f"--max-connections must be >= 0, not {args.max_connections}")
     if args.max_inflight_produce_bytes <= 0:
         raise ValueError("--max-inflight-produce-bytes must be > 0")
+    if args.subscribe_max_stall_ms <= 0:
+        raise ValueError("--subscribe-max-stall-ms must be > 0")
     if args.max_memory_bytes < -1:
         raise ValueError("--max-memory-bytes must be -1 (automatic), 0 (off) or a size")
     data_dir = Path(args.data_dir)
@@ -160,6 +170,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         max_connections=args.max_connections,
         max_inflight_produce_bytes=args.max_inflight_produce_bytes,
         max_memory_bytes=args.max_memory_bytes,
+        subscribe_max_stall_ms=args.subscribe_max_stall_ms,
     )
 
 

@@ -109,6 +109,8 @@ class NodeConfig:
     max_connections: int = 0  # 0: strom.service.limits.default_max_connections()
     max_inflight_produce_bytes: int = 256 * 1024 * 1024
     max_memory_bytes: int = -1  # -1: strom.service.limits.default_memory_limit(); 0: none
+    #: How long a group Subscribe stream's reader may read nothing while records wait.
+    subscribe_max_stall_ms: int = 300_000
 
 
 class StorageNode:
@@ -161,6 +163,7 @@ class StorageNode:
             lambda req: self.servicer.Produce(req, None),
             lambda req: self.servicer.InitProducerId(req, None),
             self._client_bootstrap,
+            subscribe_max_stall_s=config.subscribe_max_stall_ms / 1000.0,
         )
         memory = config.max_memory_bytes
         self.admission = Admission(

@@ -52,6 +52,7 @@ from strom.storage.rpc_base import _throttle, add_handlers
 from strom.storage.subscriptions import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
+    MAX_STALL_S,
     Subscription,
     SubscriptionSpec,
 )
@@ -156,8 +157,11 @@ class RecordService:
         local_produce: Callable[[storage_pb2.ProduceRequest], Awaitable[Any]],
         local_init_ids: Callable[[storage_pb2.InitProducerIdRequest], Awaitable[Any]],
         bootstrap: Callable[[], list[str]],
+        *,
+        subscribe_max_stall_s: float = MAX_STALL_S,
     ) -> None:
         self.node_id = node_id
+        self.subscribe_max_stall_s = subscribe_max_stall_s
         self.view = view
         self._bootstrap = bootstrap
         self._local_init_ids = local_init_ids
@@ -331,6 +335,7 @@ class RecordService:
             self._bootstrap(),
             asyncio.get_running_loop(),
             client_id=f"strom-node-{self.node_id}-subscribe-{self._subscribers}",
+            max_stall_s=self.subscribe_max_stall_s,
         )
         self.subscriptions[sub.id] = sub
         sub.start()
@@ -431,6 +436,10 @@ class RecordService:
         try:
             req = _parse(rp.CommitOffsetsRequest, raw, "the request")
             for po in req.offsets:
+                if po.partition < 0:  # malformed, like a negative offset (was "no partition")
+                    raise BadRequest(
+                        f"{po.topic}-{po.partition}: partition must be >= 0, got {po.partition}"
+                    )
                 if po.offset < 0:
                     raise BadRequest(
                         f"{po.topic}-{po.partition}: offset must be >= 0, got {po.offset}"

@@ -22,7 +22,10 @@ which the node needs for disk work.
 A rebalance is reconciled when the Consumer polls. While the pump waits for outbox room it
 still lets the group reconcile every ``RECONCILE_S``: revoked partitions' unsent messages are
 dropped from the outbox (the new owner reads them from the committed offset), so a slow
-reader cannot hold partitions that the group moved elsewhere.
+reader cannot hold partitions that the group moved elsewhere. A group stream whose reader
+reads nothing for ``max_stall_s`` while records wait (the node's ``--subscribe-max-stall-ms``,
+Kafka's max.poll.interval.ms) ends with ABORTED and leaves the group, so a reader that stopped
+for good does not keep its partitions.
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ DEFAULT_MAX_RECORDS = 1000
 DEFAULT_MAX_BYTES = 1 << 20
 #: Auto-commit interval of auto_commit subscriptions.
 AUTO_COMMIT_S = 2.0
+#: How long a group stream's outbox may stay full before the stream ends (the node's
+#: --subscribe-max-stall-ms; Kafka's max.poll.interval.ms default).
+MAX_STALL_S = 300.0
 
 
 class SubscriptionError(Exception):
@@ -82,6 +88,11 @@ class SubscriptionError(Exception):
         self.status = status
         self.message = message
         self.code = code
+
+
+class StalledReaderError(SubscriptionError):
+    """The reader read nothing for too long while records waited: the stream ends and its
+    member leaves the group (what it had queued is dropped: the partitions move on)."""
 
 
 @dataclass(slots=True)
@@ -106,11 +117,26 @@ class Outbox:
         self._ready = asyncio.Event()
         self._closed = False
 
-    def put(self, item: Item, idle: Callable[[], None] | None = None) -> bool:
+    def put(
+        self,
+        item: Item,
+        idle: Callable[[], None] | None = None,
+        max_wait_s: float | None = None,
+    ) -> bool:
         """Append (pump thread), waiting while full; ``idle`` runs every RECONCILE_S of
-        waiting. False once the outbox is closed (the item is dropped)."""
+        waiting. False once the outbox is closed (the item is dropped). Raises
+        StalledReaderError when still full after ``max_wait_s``."""
+        started = time.monotonic()
         with self._cond:
             while len(self._items) >= self._capacity and not self._closed:
+                if max_wait_s is not None and time.monotonic() - started > max_wait_s:
+                    raise StalledReaderError(
+                        "ABORTED",
+                        f"the reader read nothing for {max_wait_s * 1000:.0f} ms while records "
+                        "waited (the node's --subscribe-max-stall-ms): the stream left the group "
+                        "and its partitions moved to other members; subscribe again",
+                        E.UNKNOWN_MEMBER_ID,
+                    )
                 if not self._cond.wait(RECONCILE_S) and idle is not None:
                     self._cond.release()
                     try:
@@ -141,9 +167,12 @@ class Outbox:
             self._cond.notify_all()
         return n
 
-    def close(self, final: Item | None = None) -> None:
-        """No more puts; ``final`` (an error) is delivered after what is queued."""
+    def close(self, final: Item | None = None, *, drop_queued: bool = False) -> None:
+        """No more puts; ``final`` (an error) is delivered after what is queued (or instead
+        of it, with ``drop_queued``)."""
         with self._cond:
+            if drop_queued and not self._closed:
+                self._items.clear()
             if not self._closed and final is not None:
                 self._items.append(final)
             self._closed = True
@@ -206,8 +235,11 @@ class Subscription:
         *,
         client_id: str,
         consumer_factory: Callable[..., Consumer] = Consumer,
+        max_stall_s: float = MAX_STALL_S,
     ) -> None:
         self.spec = spec
+        #: How long a group stream's outbox may stay full (see the module docstring).
+        self._max_stall_s = max_stall_s
         self.id = uuid.uuid4().hex
         self.outbox = Outbox(loop)
         self._stop = threading.Event()
@@ -216,6 +248,9 @@ class Subscription:
         self._owned: set[TopicPartition] = set()
         #: Highest offset this subscription has committed (or queued) per partition.
         self._committed: dict[TopicPartition, int] = {}
+        #: Highest offset the coordinator confirmed per partition: what ``_committed`` goes
+        #: back to when a later commit fails, so an older offset still cannot overwrite it.
+        self._acked: dict[TopicPartition, int] = {}
         #: Offset after the last record written to the stream, per partition.
         self._delivered: dict[TopicPartition, int] = {}
         self._delivered_since_commit = False
@@ -274,6 +309,9 @@ class Subscription:
                 # A CommitOffsets call waits for its commit: no lingering (they still merge
                 # while one is in flight).
                 commit_linger_ms=0,
+                # The pump waiting on a full outbox is out of poll(): the stall bound below
+                # ends the stream first; this is the Consumer's own backstop.
+                max_poll_interval_ms=max(1, int(self._max_stall_s * 2000)),
             )
             if spec.group_id:
                 self.consumer.subscribe(spec.topics, listener=self)
@@ -288,7 +326,9 @@ class Subscription:
                     self._emit_records(table)
                 self._maybe_auto_commit()
         except SubscriptionError as exc:
-            self.outbox.close(Item(error=exc))
+            self.outbox.close(Item(error=exc), drop_queued=isinstance(exc, StalledReaderError))
+            if isinstance(exc, StalledReaderError):
+                log.warning("subscription %s: %s", self.id, exc.message)
         except StromError as exc:
             if not self._stop.is_set():
                 log.warning("subscription %s failed: %s", self.id, exc)
@@ -365,6 +405,7 @@ class Subscription:
             for tp in parts:
                 self._delivered.pop(tp, None)
                 self._committed.pop(tp, None)
+                self._acked.pop(tp, None)
         log.info(
             "subscription %s: %s %d partitions (%d unsent messages dropped)",
             self.id,
@@ -407,7 +448,8 @@ class Subscription:
                 encode_partition_records(msg.records, tp, chunk, -1 if hw is None else hw)
                 last = int(chunk.column("offset")[-1].as_py())
                 item = Item(msg.SerializeToString(), tp, last + 1, chunk.num_rows)
-                if not self.outbox.put(item, self._reconcile_while_waiting):
+                stall = self._max_stall_s if self.spec.group_id else None
+                if not self.outbox.put(item, self._reconcile_while_waiting, stall):
                     return
 
     # -- delivery and commits ---------------------------------------------------------------
@@ -472,11 +514,20 @@ class Subscription:
         finished = threading.Event()
 
         def callback(_offsets: Any, err: BaseException | None) -> None:
-            if err is not None:
-                with self._lock:  # let a later commit send these offsets again
-                    for tp, off in sent.items():
-                        if self._committed.get(tp) == off:
+            with self._lock:
+                for tp, off in sent.items():
+                    if err is None:
+                        if tp in self._owned and off > self._acked.get(tp, -1):
+                            self._acked[tp] = off
+                    elif self._committed.get(tp) == off:
+                        # Let a later commit send this offset again, but keep the last one
+                        # the coordinator confirmed as the floor: forgetting it (found from
+                        # outside) let an older offset overwrite it after a refused commit.
+                        acked = self._acked.get(tp)
+                        if acked is None:
                             self._committed.pop(tp, None)
+                        else:
+                            self._committed[tp] = acked
             try:
                 if done is not None:
                     done(err, sent)
