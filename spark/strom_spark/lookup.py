@@ -56,8 +56,10 @@ class ClusterView:
 
     # -- partitions ---------------------------------------------------------------------------
 
-    def partitions(self, sub: Subscription) -> list[TopicPartition]:
-        """The partitions ``sub`` covers now, sorted."""
+    def partitions(self, sub: Subscription, *, missing_ok: bool = False) -> list[TopicPartition]:
+        """The partitions ``sub`` covers now, sorted. A subscribed topic or assigned partition
+        the cluster lacks is an error, or with ``missing_ok`` left out: a running stream
+        reports partitions that went away as data loss (their topic was deleted) instead."""
         try:
             if sub.kind == "subscribePattern":
                 md = self.client.metadata()
@@ -72,25 +74,31 @@ class ClusterView:
             if sub.kind == "subscribe":
                 out = []
                 for topic in sub.topics:
-                    out.extend(TopicPartition(topic, p) for p in self._topic_partitions(topic, sub))
+                    found = self._topic_partitions(topic, sub, missing_ok=missing_ok)
+                    out.extend(TopicPartition(topic, p) for p in found)
                 return sorted(out)
             have: dict[str, set[int]] = {}
+            out = []
             for tp in sub.partitions:
                 if tp.topic not in have:
-                    have[tp.topic] = self._topic_partitions(tp.topic, sub)
-                if tp.partition not in have[tp.topic]:
+                    have[tp.topic] = self._topic_partitions(tp.topic, sub, missing_ok=missing_ok)
+                if tp.partition in have[tp.topic]:
+                    out.append(tp)
+                elif not missing_ok:
                     raise OptionError(
                         f"option assign names {tp.topic}-{tp.partition}, but topic "
                         f"{tp.topic!r} has partitions 0..{max(have[tp.topic], default=-1)}"
                     )
-            return sorted(sub.partitions)
+            return sorted(out)
         except BrokerNotAvailableError as exc:
             raise self._unreachable(exc) from None
 
-    def _topic_partitions(self, topic: str, sub: Subscription) -> set[int]:
+    def _topic_partitions(self, topic: str, sub: Subscription, *, missing_ok: bool) -> set[int]:
         try:
             md = self.client.topic_metadata(topic)
         except UnknownTopicOrPartitionError:
+            if missing_ok:
+                return set()
             raise StromSparkError(
                 f"strom: unknown topic {topic!r} ({sub.describe()}); create it first, e.g. "
                 f"`strom topics create {topic} --partitions 6`"
@@ -142,6 +150,16 @@ class ClusterView:
             if leader is not None and leader.address is not None:
                 out.append(tp)
         return out
+
+    def known(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Those of ``tps`` the cluster's metadata has now (with a live leader or not); the
+        others are gone: their topic was deleted."""
+        tps = list(tps)
+        try:
+            self.leaders.refresh({tp.topic for tp in tps})
+        except BrokerNotAvailableError as exc:
+            raise self._unreachable(exc) from None
+        return [tp for tp in tps if self.leaders.get(tp) is not None]
 
     def for_times(self, query: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
         """The first offset whose record timestamp is >= the given one (None: every record is

@@ -23,11 +23,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
+from strom.api import storage_pb2
 from strom.client.types import TopicPartition
+from strom.errors import UnknownTopicOrPartitionError
 from strom.record import decode_batches, encode_batch
 from strom.record.schema import HEADERS_TYPE
 from strom_spark.arrow import to_spark_batch
-from strom_spark.errors import DataLossError, OptionError
+from strom_spark.errors import DataLossError, OptionError, StromSparkError
+from strom_spark.lookup import ClusterView
 from strom_spark.options import (
     offsets_from_json,
     offsets_json,
@@ -351,23 +354,42 @@ def test_timestamps_are_microseconds_for_spark() -> None:
 
 
 class FakeView:
-    """Stands in for ClusterView: partitions and offsets the test sets."""
+    """Stands in for ClusterView: partitions and offsets the test sets. Like the real one, an
+    offset lookup fails on a partition without a leader (``leaderless``) or gone from the
+    cluster's metadata (``gone``: its topic was deleted)."""
 
     def __init__(self, latest: dict[TopicPartition, int], earliest: dict | None = None) -> None:
         self.latest_offsets = dict(latest)
         self.earliest_offsets = dict(earliest or {})
         self.leaderless: set[TopicPartition] = set()
+        self.gone: set[TopicPartition] = set()
 
-    def partitions(self, sub: object) -> list[TopicPartition]:
-        return sorted(self.latest_offsets)
+    def partitions(self, sub: object, *, missing_ok: bool = False) -> list[TopicPartition]:
+        if self.gone and not missing_ok:
+            raise StromSparkError("strom: unknown topic")
+        return sorted(set(self.latest_offsets) - self.gone)
+
+    def known(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [tp for tp in tps if tp not in self.gone]
 
     def ready(self, tps: list[TopicPartition]) -> list[TopicPartition]:
-        return [tp for tp in tps if tp not in self.leaderless]
+        return [tp for tp in tps if tp not in self.leaderless | self.gone]
+
+    def _check(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            if tp in self.gone:
+                raise StromSparkError(f"LEADER_NOT_AVAILABLE: {tp} is not in the metadata")
+            if tp in self.leaderless:
+                raise StromSparkError(
+                    f"LEADER_NOT_AVAILABLE: {tp.topic}-{tp.partition} has no live leader"
+                )
 
     def latest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._check(tps)
         return {tp: self.latest_offsets[tp] for tp in tps}
 
     def earliest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._check(tps)
         return {tp: self.earliest_offsets.get(tp, 0) for tp in tps}
 
     def close(self) -> None:
@@ -409,8 +431,58 @@ def test_stream_skips_partitions_without_a_leader_for_a_trigger() -> None:
     # a known partition keeps its offset, a new one waits for a later trigger
     assert reader.latestOffset({"t": {"1": 20}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 20}}
     assert reader.latestOffset({"t": {"0": 0}}, ReadAllAvailable()) == {"t": {"0": 100}}
+    # the planned batch reads t-0 without looking t-1 up (it would fail, as it used to)
+    parts = reader.partitions({"t": {"0": 40, "1": 20}}, {"t": {"0": 100, "1": 20}})
+    assert [(p.value.partition, p.value.start, p.value.end) for p in parts] == [(0, 40, 100)]
     view.leaderless = set()
     assert reader.latestOffset({"t": {"0": 100}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 50}}
+
+
+U0 = TopicPartition("u", 0)
+
+
+def test_stream_drops_partitions_whose_topic_is_gone() -> None:
+    """A deleted topic (subscribePattern or subscribe) is data loss, reported through
+    failOnDataLoss; with false the stream goes on without it. Kept in the offsets, it failed
+    every later batch and every restart from the checkpoint."""
+    view = FakeView({T0: 100, U0: 9})
+    view.gone = {U0}
+    start = {"t": {"0": 40}, "u": {"0": 7}}
+    strict = _stream(view, **{"fetchOffset.retryIntervalMs": "1"})
+    with pytest.raises(DataLossError, match=r"u-0 \(read up to 7\) is gone from the cluster"):
+        strict.latestOffset(start, ReadAllAvailable())
+    lenient = _stream(view, failOnDataLoss="false", **{"fetchOffset.retryIntervalMs": "1"})
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 100}}
+    parts = lenient.partitions(start, end)
+    assert [(p.value.topic, p.value.start, p.value.end) for p in parts] == [("t", 40, 100)]
+    # a batch planned before the topic went (its offsets log keeps u-0 at its offset, as
+    # older versions planned it) is replayed without looking u-0 up
+    for reader in (strict, lenient):
+        parts = reader.partitions(start, {"t": {"0": 100}, "u": {"0": 7}})
+        assert [(p.value.topic, p.value.start, p.value.end) for p in parts] == [("t", 40, 100)]
+    # one planned with a range of u-0 to read: that range is lost
+    planned = {"t": {"0": 100}, "u": {"0": 9}}
+    with pytest.raises(DataLossError, match="u-0: the query needs offsets 7 to 8, but the"):
+        strict.partitions(start, planned)
+    parts = lenient.partitions(start, planned)
+    assert [(p.value.topic, p.value.start, p.value.end) for p in parts] == [("t", 40, 100)]
+
+
+def test_stream_asks_metadata_again_before_calling_a_topic_gone() -> None:
+    """A node may not know a topic for a moment: asked again, it is no loss."""
+
+    class Forgetful(FakeView):
+        def partitions(self, sub: object, *, missing_ok: bool = False) -> list[TopicPartition]:
+            got = super().partitions(sub, missing_ok=missing_ok)
+            self.gone = set()
+            return got
+
+    view = Forgetful({T0: 100, U0: 9})
+    view.gone = {U0}
+    reader = _stream(view, **{"fetchOffset.retryIntervalMs": "1"})
+    end = reader.latestOffset({"t": {"0": 40}, "u": {"0": 7}}, ReadAllAvailable())
+    assert end == {"t": {"0": 100}, "u": {"0": 9}}
 
 
 def test_stream_asks_again_before_calling_a_shrunk_log_data_loss() -> None:
@@ -555,3 +627,27 @@ def test_lag_from_a_progress_report() -> None:
 def test_subscriptions_describe_themselves() -> None:
     o = parse_read_options({**BOOT, "assign": '{"t": [0, 2], "u": [1]}'}, streaming=False)
     assert o.subscription.describe() == 'assign={"t": [0, 2], "u": [1]}'
+
+
+def test_a_stream_looks_past_a_deleted_subscribed_topic() -> None:
+    """subscribe=t,u with u deleted: a running stream leaves u out (and reports what it had
+    read of it as data loss); starting a query on it is still an error."""
+
+    class Client:
+        def topic_metadata(self, topic: str) -> object:
+            if topic == "u":
+                raise UnknownTopicOrPartitionError("u")
+            return storage_pb2.MetadataTopic(
+                name=topic, partitions=[storage_pb2.MetadataPartition(partition=0)]
+            )
+
+    view = ClusterView.__new__(ClusterView)
+    view.client = Client()  # type: ignore[assignment]
+    sub = parse_read_options({**BOOT, "subscribe": "t,u"}, streaming=True).subscription
+    assert view.partitions(sub, missing_ok=True) == [T0]
+    with pytest.raises(StromSparkError, match="unknown topic 'u'"):
+        view.partitions(sub)
+    assigned = parse_read_options({**BOOT, "assign": '{"t": [0, 1], "u": [0]}'}, streaming=True)
+    assert view.partitions(assigned.subscription, missing_ok=True) == [T0]
+    with pytest.raises(OptionError, match="assign names t-1"):
+        view.partitions(assigned.subscription)
