@@ -24,7 +24,12 @@ from strom_spark.options import EARLIEST, LATEST, OffsetBound, ReadOptions, Subs
 from strom_spark.planning import OffsetRange
 
 #: The least time offset lookups keep retrying leader moves before giving up.
-LOOKUP_TIMEOUT_S = 15.0
+LOOKUP_TIMEOUT_S = 30.0
+#: The most one ListOffsets request may wait. Well below LOOKUP_TIMEOUT_S: a leader that hangs
+#: (a stopped process) then costs one try, and there is time left to refresh metadata and ask
+#: the partition's new leader once the controller has moved it (as Spark's Kafka source
+#: retries fetchOffset.numRetries times with a metadata refresh in between).
+CALL_TIMEOUT_S = 5.0
 
 
 class ClusterView:
@@ -39,6 +44,10 @@ class ClusterView:
             client_id=opts.client_id,
         )
         self.leaders = self.client.cache  # strom.client.metadata, as the Consumer uses
+
+    @property
+    def _call_timeout_s(self) -> float:
+        return min(self.opts.request_timeout_ms / 1000.0, CALL_TIMEOUT_S)
 
     def close(self) -> None:
         self.client.close()
@@ -62,7 +71,7 @@ class ClusterView:
         reports partitions that went away as data loss (their topic was deleted) instead."""
         try:
             if sub.kind == "subscribePattern":
-                md = self.client.metadata()
+                md = self.client.metadata(timeout_s=self._call_timeout_s)
                 pattern = re.compile(sub.pattern or "")
                 out = [
                     TopicPartition(t.name, p.partition)
@@ -119,6 +128,7 @@ class ClusterView:
                 self.leaders,
                 query,
                 timeout_s=max(self.opts.metadata_retry_s, LOOKUP_TIMEOUT_S),
+                call_timeout_s=self._call_timeout_s,
                 backoff_s=0.1,
                 client_metadata=(("strom-client-id", self.opts.client_id),),
                 read_committed=self.opts.read_committed,

@@ -651,3 +651,21 @@ def test_a_stream_looks_past_a_deleted_subscribed_topic() -> None:
     assert view.partitions(assigned.subscription, missing_ok=True) == [T0]
     with pytest.raises(OptionError, match="assign names t-1"):
         view.partitions(assigned.subscription)
+
+
+def test_offset_lookups_outlast_a_hung_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader that hangs (a stopped process) while leadership moves: each ListOffsets gives
+    up well within the lookup budget, so the new leader is asked in time. Each call used to
+    wait the whole request timeout (30 s), longer than the budget (15 s), and fail."""
+    from strom.client import offsets
+    from strom.client.metadata import MetadataCache
+    from tests.unit.test_list_offsets import Clock, HungLeaderCluster
+
+    clock = Clock()
+    monkeypatch.setattr(offsets, "time", clock)
+    view = ClusterView(parse_read_options({**BOOT, "subscribe": "t"}, streaming=True))
+    cluster = HungLeaderCluster(clock, moves_after=2, timeout_s=view.client.timeout_s)
+    view.client.close()
+    view.client = cluster  # type: ignore[assignment]
+    view.leaders = MetadataCache(cluster)
+    assert view.earliest([T0]) == {T0: 7}
