@@ -184,15 +184,18 @@ class ClusterView:
         start: bool,
         earliest: Mapping[TopicPartition, int],
         latest: Mapping[TopicPartition, int],
+        covered: list[TopicPartition] | None = None,
     ) -> dict[TopicPartition, int]:
-        """Concrete offsets for ``bound`` on every partition of ``tps``."""
+        """Concrete offsets for ``bound`` on every partition of ``tps``. A JSON bound may also
+        name the other partitions in ``covered`` (those the subscription has but a filter
+        leaves out: the same options work with and without the filter)."""
         if bound.kind == "earliest":
             return {tp: earliest[tp] for tp in tps}
         if bound.kind == "latest":
             return {tp: latest[tp] for tp in tps}
         if bound.kind == "offsets":
             given = bound.mapping
-            _check_covers(bound.option, given, tps)
+            _check_covers(bound.option, given, tps, covered)
             out = {}
             for tp in tps:
                 off = given[tp]
@@ -202,7 +205,7 @@ class ClusterView:
             query = dict.fromkeys(tps, int(bound.timestamp or 0))
         else:
             given = bound.mapping
-            _check_covers(bound.option, given, tps)
+            _check_covers(bound.option, given, tps, covered)
             query = {tp: given[tp] for tp in tps}
         found = self.for_times(query)
         out = {}
@@ -222,10 +225,14 @@ class ClusterView:
 
 
 def _check_covers(
-    option: str, given: Mapping[TopicPartition, int], tps: list[TopicPartition]
+    option: str,
+    given: Mapping[TopicPartition, int],
+    tps: list[TopicPartition],
+    covered: list[TopicPartition] | None = None,
 ) -> None:
     missing = [tp for tp in tps if tp not in given]
-    extra = [tp for tp in given if tp not in set(tps)]
+    allowed = set(tps) | set(covered or ())
+    extra = [tp for tp in given if tp not in allowed]
     if missing:
         names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in missing[:10])
         raise OptionError(

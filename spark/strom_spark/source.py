@@ -165,20 +165,17 @@ class StromBatchReader(DataSourceReader):
         opts = self.opts
         with ClusterView(opts) as view:
             tps = view.partitions(opts.subscription)
-            if not tps:
-                return []
-            earliest = view.earliest(tps)
-            latest = view.latest(tps)
-            starts = view.resolve(opts.starting, tps, start=True, earliest=earliest, latest=latest)
-            ends = view.resolve(opts.ending, tps, start=False, earliest=earliest, latest=latest)
+            # Only the partitions the pushed-down filters keep are looked up: one the query
+            # filters out must not fail it (its leader may be down).
             kept = [tp for tp in tps if self.pushed.keeps(tp)]
-            ranges = check_ranges(
-                opts,
-                {tp: starts[tp] for tp in kept},
-                {tp: ends[tp] for tp in kept},
-                earliest,
-                latest,
-            )
+            if not kept:
+                return []
+            earliest = view.earliest(kept)
+            latest = view.latest(kept)
+            bounds = {"earliest": earliest, "latest": latest, "covered": tps}
+            starts = view.resolve(opts.starting, kept, start=True, **bounds)
+            ends = view.resolve(opts.ending, kept, start=False, **bounds)
+            ranges = check_ranges(opts, starts, ends, earliest, latest)
             ranges = [self.pushed.narrow(r) for r in ranges]
             ranges = [r for r in ranges if r.size > 0]
             if self.pushed.timestamp_lo_ms is not None and ranges:

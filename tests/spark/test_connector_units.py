@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import time
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pytest
@@ -28,10 +29,12 @@ from strom.client.types import TopicPartition
 from strom.errors import UnknownTopicOrPartitionError
 from strom.record import decode_batches, encode_batch
 from strom.record.schema import HEADERS_TYPE
+from strom_spark import source
 from strom_spark.arrow import to_spark_batch
 from strom_spark.errors import DataLossError, OptionError, StromSparkError
 from strom_spark.lookup import ClusterView
 from strom_spark.options import (
+    ReadOptions,
     offsets_from_json,
     offsets_json,
     parse_duration_ms,
@@ -40,7 +43,7 @@ from strom_spark.options import (
 )
 from strom_spark.planning import OffsetRange, push_filters, rate_limit, split_ranges
 from strom_spark.schema import arrow_schema, spark_schema
-from strom_spark.source import RangePartition, StromStreamReader
+from strom_spark.source import RangePartition, StromBatchReader, StromStreamReader
 from strom_spark.txn import Slot
 
 T0 = TopicPartition("t", 0)
@@ -669,3 +672,57 @@ def test_offset_lookups_outlast_a_hung_leader(monkeypatch: pytest.MonkeyPatch) -
     view.client = cluster  # type: ignore[assignment]
     view.leaders = MetadataCache(cluster)
     assert view.earliest([T0]) == {T0: 7}
+
+
+class FakeCluster(ClusterView):
+    """A ClusterView (its own bound resolution and checks) over fixed offsets, without I/O.
+    An offset lookup of a partition in ``down`` fails as the real one does when the
+    partition's leader is down."""
+
+    def __init__(self, opts: ReadOptions, latest: dict[TopicPartition, int], down: set) -> None:
+        self.opts = opts
+        self.latest_offsets = latest
+        self.down = down
+
+    def partitions(self, sub: object, *, missing_ok: bool = False) -> list[TopicPartition]:
+        return sorted(self.latest_offsets)
+
+    def _list(self, query: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
+        for tp in query:
+            if tp in self.down:
+                raise StromSparkError(
+                    f"strom: LEADER_NOT_AVAILABLE: {tp.topic}-{tp.partition} has no live leader"
+                )
+        return {tp: (0 if q == -2 else self.latest_offsets[tp], -1) for tp, q in query.items()}
+
+    def close(self) -> None:
+        pass
+
+
+def _batch(monkeypatch: pytest.MonkeyPatch, filters: list, **options: str) -> list:
+    opts = parse_read_options({**BOOT, "subscribe": "t", **options}, streaming=False)
+    monkeypatch.setattr(source, "ClusterView", lambda o: FakeCluster(o, {T0: 10, T1: 20}, {T1}))
+    reader = StromBatchReader(opts)
+    reader.pushFilters(filters)
+    return [(p.value.partition, p.value.start, p.value.end) for p in reader.partitions()]
+
+
+def test_batch_read_looks_up_only_the_partitions_its_filters_keep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """t-1's leader is down: a read filtered to t-0 must not look it up (it failed)."""
+    only_0 = [EqualTo(("partition",), 0)]
+    assert _batch(monkeypatch, only_0) == [(0, 0, 10)]
+    # JSON bounds may name partitions the filter leaves out: the same options work either way
+    both = {
+        "startingOffsets": '{"t": {"0": 2, "1": 5}}',
+        "endingOffsets": '{"t": {"0": -1, "1": 6}}',
+    }
+    assert _batch(monkeypatch, only_0, **both) == [(0, 2, 10)]
+    # but must still cover what is read, and name only partitions the subscription has
+    with pytest.raises(OptionError, match="has no entry for t-0"):
+        _batch(monkeypatch, only_0, startingOffsets='{"t": {"1": 5}}')
+    with pytest.raises(OptionError, match="names t-2, which the query does not read"):
+        _batch(monkeypatch, only_0, startingOffsets='{"t": {"0": 2, "2": 5}}')
+    with pytest.raises(StromSparkError, match=r"t-1.*has no live leader"):
+        _batch(monkeypatch, [])
