@@ -260,7 +260,9 @@ def check_ranges(
         if e > latest[tp]:
             raise OptionError(
                 f"option {opts.ending.option} asks for {tp.topic}-{tp.partition} up to offset "
-                f"{e}, but it ends at {latest[tp]} (its high watermark)"
+                f"{e}, but it ends at {latest[tp]} ("
+                + ("its last stable offset" if opts.read_committed else "its high watermark")
+                + ")"
             )
         if s > e:
             raise OptionError(

@@ -726,3 +726,14 @@ def test_batch_read_looks_up_only_the_partitions_its_filters_keep(
         _batch(monkeypatch, only_0, startingOffsets='{"t": {"0": 2, "2": 5}}')
     with pytest.raises(StromSparkError, match=r"t-1.*has no live leader"):
         _batch(monkeypatch, [])
+
+
+def test_batch_range_errors_name_the_last_stable_offset_for_read_committed() -> None:
+    from strom_spark.lookup import check_ranges
+
+    opts = parse_read_options(
+        {**BOOT, "subscribe": "t", "kafka.isolation.level": "read_committed"}, streaming=False
+    )
+    assert opts.read_committed
+    with pytest.raises(OptionError, match=r"ends at 22 \(its last stable offset\)"):
+        check_ranges(opts, {T0: 0}, {T0: 30}, {T0: 0}, {T0: 22})
