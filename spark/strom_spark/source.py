@@ -289,7 +289,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.opts
         tps = self.view.partitions(opts.subscription, missing_ok=True)
         for _ in range(opts.offset_retries):
-            if all(tp in set(tps) for tp in begin):
+            if set(begin) <= set(tps):
                 return tps
             time.sleep(opts.offset_retry_interval_ms / 1000.0)
             tps = self.view.partitions(opts.subscription, missing_ok=True)
