@@ -24,7 +24,12 @@ from strom_spark.options import EARLIEST, LATEST, OffsetBound, ReadOptions, Subs
 from strom_spark.planning import OffsetRange
 
 #: The least time offset lookups keep retrying leader moves before giving up.
-LOOKUP_TIMEOUT_S = 15.0
+LOOKUP_TIMEOUT_S = 30.0
+#: The most one ListOffsets request may wait. Well below LOOKUP_TIMEOUT_S: a leader that hangs
+#: (a stopped process) then costs one try, and there is time left to refresh metadata and ask
+#: the partition's new leader once the controller has moved it (as Spark's Kafka source
+#: retries fetchOffset.numRetries times with a metadata refresh in between).
+CALL_TIMEOUT_S = 5.0
 
 
 class ClusterView:
@@ -39,6 +44,10 @@ class ClusterView:
             client_id=opts.client_id,
         )
         self.leaders = self.client.cache  # strom.client.metadata, as the Consumer uses
+
+    @property
+    def _call_timeout_s(self) -> float:
+        return min(self.opts.request_timeout_ms / 1000.0, CALL_TIMEOUT_S)
 
     def close(self) -> None:
         self.client.close()
@@ -56,11 +65,13 @@ class ClusterView:
 
     # -- partitions ---------------------------------------------------------------------------
 
-    def partitions(self, sub: Subscription) -> list[TopicPartition]:
-        """The partitions ``sub`` covers now, sorted."""
+    def partitions(self, sub: Subscription, *, missing_ok: bool = False) -> list[TopicPartition]:
+        """The partitions ``sub`` covers now, sorted. A subscribed topic or assigned partition
+        the cluster lacks is an error, or with ``missing_ok`` left out: a running stream
+        reports partitions that went away as data loss (their topic was deleted) instead."""
         try:
             if sub.kind == "subscribePattern":
-                md = self.client.metadata()
+                md = self.client.metadata(timeout_s=self._call_timeout_s)
                 pattern = re.compile(sub.pattern or "")
                 out = [
                     TopicPartition(t.name, p.partition)
@@ -72,25 +83,31 @@ class ClusterView:
             if sub.kind == "subscribe":
                 out = []
                 for topic in sub.topics:
-                    out.extend(TopicPartition(topic, p) for p in self._topic_partitions(topic, sub))
+                    found = self._topic_partitions(topic, sub, missing_ok=missing_ok)
+                    out.extend(TopicPartition(topic, p) for p in found)
                 return sorted(out)
             have: dict[str, set[int]] = {}
+            out = []
             for tp in sub.partitions:
                 if tp.topic not in have:
-                    have[tp.topic] = self._topic_partitions(tp.topic, sub)
-                if tp.partition not in have[tp.topic]:
+                    have[tp.topic] = self._topic_partitions(tp.topic, sub, missing_ok=missing_ok)
+                if tp.partition in have[tp.topic]:
+                    out.append(tp)
+                elif not missing_ok:
                     raise OptionError(
                         f"option assign names {tp.topic}-{tp.partition}, but topic "
                         f"{tp.topic!r} has partitions 0..{max(have[tp.topic], default=-1)}"
                     )
-            return sorted(sub.partitions)
+            return sorted(out)
         except BrokerNotAvailableError as exc:
             raise self._unreachable(exc) from None
 
-    def _topic_partitions(self, topic: str, sub: Subscription) -> set[int]:
+    def _topic_partitions(self, topic: str, sub: Subscription, *, missing_ok: bool) -> set[int]:
         try:
             md = self.client.topic_metadata(topic)
         except UnknownTopicOrPartitionError:
+            if missing_ok:
+                return set()
             raise StromSparkError(
                 f"strom: unknown topic {topic!r} ({sub.describe()}); create it first, e.g. "
                 f"`strom topics create {topic} --partitions 6`"
@@ -111,6 +128,7 @@ class ClusterView:
                 self.leaders,
                 query,
                 timeout_s=max(self.opts.metadata_retry_s, LOOKUP_TIMEOUT_S),
+                call_timeout_s=self._call_timeout_s,
                 backoff_s=0.1,
                 client_metadata=(("strom-client-id", self.opts.client_id),),
                 read_committed=self.opts.read_committed,
@@ -143,6 +161,16 @@ class ClusterView:
                 out.append(tp)
         return out
 
+    def known(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Those of ``tps`` the cluster's metadata has now (with a live leader or not); the
+        others are gone: their topic was deleted."""
+        tps = list(tps)
+        try:
+            self.leaders.refresh({tp.topic for tp in tps})
+        except BrokerNotAvailableError as exc:
+            raise self._unreachable(exc) from None
+        return [tp for tp in tps if self.leaders.get(tp) is not None]
+
     def for_times(self, query: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
         """The first offset whose record timestamp is >= the given one (None: every record is
         older)."""
@@ -156,15 +184,18 @@ class ClusterView:
         start: bool,
         earliest: Mapping[TopicPartition, int],
         latest: Mapping[TopicPartition, int],
+        covered: list[TopicPartition] | None = None,
     ) -> dict[TopicPartition, int]:
-        """Concrete offsets for ``bound`` on every partition of ``tps``."""
+        """Concrete offsets for ``bound`` on every partition of ``tps``. A JSON bound may also
+        name the other partitions in ``covered`` (those the subscription has but a filter
+        leaves out: the same options work with and without the filter)."""
         if bound.kind == "earliest":
             return {tp: earliest[tp] for tp in tps}
         if bound.kind == "latest":
             return {tp: latest[tp] for tp in tps}
         if bound.kind == "offsets":
             given = bound.mapping
-            _check_covers(bound.option, given, tps)
+            _check_covers(bound.option, given, tps, covered)
             out = {}
             for tp in tps:
                 off = given[tp]
@@ -174,7 +205,7 @@ class ClusterView:
             query = dict.fromkeys(tps, int(bound.timestamp or 0))
         else:
             given = bound.mapping
-            _check_covers(bound.option, given, tps)
+            _check_covers(bound.option, given, tps, covered)
             query = {tp: given[tp] for tp in tps}
         found = self.for_times(query)
         out = {}
@@ -194,10 +225,14 @@ class ClusterView:
 
 
 def _check_covers(
-    option: str, given: Mapping[TopicPartition, int], tps: list[TopicPartition]
+    option: str,
+    given: Mapping[TopicPartition, int],
+    tps: list[TopicPartition],
+    covered: list[TopicPartition] | None = None,
 ) -> None:
     missing = [tp for tp in tps if tp not in given]
-    extra = [tp for tp in given if tp not in set(tps)]
+    allowed = set(tps) | set(covered or ())
+    extra = [tp for tp in given if tp not in allowed]
     if missing:
         names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in missing[:10])
         raise OptionError(
@@ -225,7 +260,9 @@ def check_ranges(
         if e > latest[tp]:
             raise OptionError(
                 f"option {opts.ending.option} asks for {tp.topic}-{tp.partition} up to offset "
-                f"{e}, but it ends at {latest[tp]} (its high watermark)"
+                f"{e}, but it ends at {latest[tp]} ("
+                + ("its last stable offset" if opts.read_committed else "its high watermark")
+                + ")"
             )
         if s > e:
             raise OptionError(

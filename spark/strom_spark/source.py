@@ -165,20 +165,17 @@ class StromBatchReader(DataSourceReader):
         opts = self.opts
         with ClusterView(opts) as view:
             tps = view.partitions(opts.subscription)
-            if not tps:
-                return []
-            earliest = view.earliest(tps)
-            latest = view.latest(tps)
-            starts = view.resolve(opts.starting, tps, start=True, earliest=earliest, latest=latest)
-            ends = view.resolve(opts.ending, tps, start=False, earliest=earliest, latest=latest)
+            # Only the partitions the pushed-down filters keep are looked up: one the query
+            # filters out must not fail it (its leader may be down).
             kept = [tp for tp in tps if self.pushed.keeps(tp)]
-            ranges = check_ranges(
-                opts,
-                {tp: starts[tp] for tp in kept},
-                {tp: ends[tp] for tp in kept},
-                earliest,
-                latest,
-            )
+            if not kept:
+                return []
+            earliest = view.earliest(kept)
+            latest = view.latest(kept)
+            bounds = {"earliest": earliest, "latest": latest, "covered": tps}
+            starts = view.resolve(opts.starting, kept, start=True, **bounds)
+            ends = view.resolve(opts.ending, kept, start=False, **bounds)
+            ranges = check_ranges(opts, starts, ends, earliest, latest)
             ranges = [self.pushed.narrow(r) for r in ranges]
             ranges = [r for r in ranges if r.size > 0]
             if self.pushed.timestamp_lo_ms is not None and ranges:
@@ -253,7 +250,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         view = self.view
         begin = offsets_from_json(start)
-        tps = view.partitions(self.opts.subscription)
+        tps = self._partitions_checked(begin)
         # Partitions without a leader right now (just created, mid-election) sit this
         # trigger out: new ones join later, known ones keep their offsets until then.
         latest = self._latest_checked(begin, view.latest(view.ready(tps)))
@@ -261,11 +258,13 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = dict(latest)
         if self._target is not None:  # Trigger.AvailableNow: nothing newer than the target
             end = {tp: min(off, self._target[tp]) for tp, off in end.items() if tp in self._target}
+        present = set(tps)
         for tp, off in begin.items():
-            # A partition gone from metadata (or without a leader now) keeps its offset; one
-            # whose log shrank below what was read goes on from its new end (reported by
-            # _latest_checked), as Spark's Kafka source does.
-            end.setdefault(tp, off)
+            # A partition without a leader now keeps its offset; one whose log shrank below
+            # what was read goes on from its new end (reported by _latest_checked), as Spark's
+            # Kafka source does. One gone from the cluster is dropped (_partitions_checked).
+            if tp in present:
+                end.setdefault(tp, off)
         if not isinstance(limit, ReadAllAvailable):
             minimum = self.opts.min_offsets_per_trigger
             if minimum is not None and self._target is None:
@@ -280,6 +279,33 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end != begin:
             self._last_trigger = time.monotonic()
         return offsets_json(end)
+
+    def _partitions_checked(self, begin: dict[TopicPartition, int]) -> list[TopicPartition]:
+        """The partitions the subscription covers now. Ones the query has read that are gone
+        (their topic was deleted, or no longer subscribed) are dropped from its offsets, as
+        Spark's Kafka source does: kept, every later batch would look them up and fail, the
+        checkpoint included. Metadata is asked again first (a node may not know a topic for a
+        moment); then a DataLossError, or with failOnDataLoss=false a warning."""
+        opts = self.opts
+        tps = self.view.partitions(opts.subscription, missing_ok=True)
+        for _ in range(opts.offset_retries):
+            if set(begin) <= set(tps):
+                return tps
+            time.sleep(opts.offset_retry_interval_ms / 1000.0)
+            tps = self.view.partitions(opts.subscription, missing_ok=True)
+        gone = sorted(set(begin) - set(tps))
+        if not gone:
+            return tps
+        names = ", ".join(f"{tp.topic}-{tp.partition} (read up to {begin[tp]})" for tp in gone)
+        message = (
+            f"strom: data loss: {names} {'is' if len(gone) == 1 else 'are'} gone from the "
+            "cluster (the topic was deleted) or from the subscription: records written there "
+            "since may have been missed"
+        )
+        if opts.fail_on_data_loss:
+            raise DataLossError(f"{message}. Set failOnDataLoss=false to go on without them.")
+        log.warning("%s; going on without them (failOnDataLoss=false)", message)
+        return tps
 
     def _latest_checked(
         self, begin: dict[TopicPartition, int], latest: dict[TopicPartition, int]
@@ -324,18 +350,36 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @user_facing
     def prepareForTriggerAvailableNow(self) -> None:
         view = self.view
-        self._target = view.latest(view.ready(view.partitions(self.opts.subscription)))
+        tps = view.partitions(self.opts.subscription, missing_ok=True)
+        self._target = view.latest(view.ready(tps))
 
     @user_facing
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin = offsets_from_json(start)
         stop = offsets_from_json(end)
         opts = self.opts
-        earliest = self.view.earliest(list(stop)) if stop else {}
+        # Only partitions with something to read are looked up: one whose leader is down or
+        # whose topic is gone sits at its offset in a planned batch (latestOffset), and must
+        # not fail it, nor every restart that replays it from the checkpoint.
+        wanted = [tp for tp in sorted(stop) if stop[tp] > begin.get(tp, 0)]
+        present = set(self.view.known(wanted)) if wanted else set()
+        earliest = self.view.earliest([tp for tp in wanted if tp in present])
         ranges: list[OffsetRange] = []
-        for tp in sorted(stop):
+        for tp in wanted:
             s, e = begin.get(tp, 0), stop[tp]
-            first = earliest.get(tp, 0)
+            if tp not in present:
+                message = (
+                    f"strom: data loss in {tp.topic}-{tp.partition}: the query needs offsets "
+                    f"{s} to {e - 1}, but the partition is gone from the cluster (its topic "
+                    "was deleted)"
+                )
+                if opts.fail_on_data_loss:
+                    raise DataLossError(
+                        message + ". Set failOnDataLoss=false to skip lost records and go on."
+                    )
+                log.warning("%s; skipped (failOnDataLoss=false)", message)
+                continue
+            first = earliest[tp]
             if s < first:
                 what = "is new and starts" if tp not in begin else "starts"
                 message = (

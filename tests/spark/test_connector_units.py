@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import time
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pytest
@@ -23,12 +24,17 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
+from strom.api import storage_pb2
 from strom.client.types import TopicPartition
+from strom.errors import UnknownTopicOrPartitionError
 from strom.record import decode_batches, encode_batch
 from strom.record.schema import HEADERS_TYPE
+from strom_spark import source
 from strom_spark.arrow import to_spark_batch
-from strom_spark.errors import DataLossError, OptionError
+from strom_spark.errors import DataLossError, OptionError, StromSparkError
+from strom_spark.lookup import ClusterView
 from strom_spark.options import (
+    ReadOptions,
     offsets_from_json,
     offsets_json,
     parse_duration_ms,
@@ -37,7 +43,7 @@ from strom_spark.options import (
 )
 from strom_spark.planning import OffsetRange, push_filters, rate_limit, split_ranges
 from strom_spark.schema import arrow_schema, spark_schema
-from strom_spark.source import RangePartition, StromStreamReader
+from strom_spark.source import RangePartition, StromBatchReader, StromStreamReader
 from strom_spark.txn import Slot
 
 T0 = TopicPartition("t", 0)
@@ -351,23 +357,42 @@ def test_timestamps_are_microseconds_for_spark() -> None:
 
 
 class FakeView:
-    """Stands in for ClusterView: partitions and offsets the test sets."""
+    """Stands in for ClusterView: partitions and offsets the test sets. Like the real one, an
+    offset lookup fails on a partition without a leader (``leaderless``) or gone from the
+    cluster's metadata (``gone``: its topic was deleted)."""
 
     def __init__(self, latest: dict[TopicPartition, int], earliest: dict | None = None) -> None:
         self.latest_offsets = dict(latest)
         self.earliest_offsets = dict(earliest or {})
         self.leaderless: set[TopicPartition] = set()
+        self.gone: set[TopicPartition] = set()
 
-    def partitions(self, sub: object) -> list[TopicPartition]:
-        return sorted(self.latest_offsets)
+    def partitions(self, sub: object, *, missing_ok: bool = False) -> list[TopicPartition]:
+        if self.gone and not missing_ok:
+            raise StromSparkError("strom: unknown topic")
+        return sorted(set(self.latest_offsets) - self.gone)
+
+    def known(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [tp for tp in tps if tp not in self.gone]
 
     def ready(self, tps: list[TopicPartition]) -> list[TopicPartition]:
-        return [tp for tp in tps if tp not in self.leaderless]
+        return [tp for tp in tps if tp not in self.leaderless | self.gone]
+
+    def _check(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            if tp in self.gone:
+                raise StromSparkError(f"LEADER_NOT_AVAILABLE: {tp} is not in the metadata")
+            if tp in self.leaderless:
+                raise StromSparkError(
+                    f"LEADER_NOT_AVAILABLE: {tp.topic}-{tp.partition} has no live leader"
+                )
 
     def latest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._check(tps)
         return {tp: self.latest_offsets[tp] for tp in tps}
 
     def earliest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._check(tps)
         return {tp: self.earliest_offsets.get(tp, 0) for tp in tps}
 
     def close(self) -> None:
@@ -409,8 +434,58 @@ def test_stream_skips_partitions_without_a_leader_for_a_trigger() -> None:
     # a known partition keeps its offset, a new one waits for a later trigger
     assert reader.latestOffset({"t": {"1": 20}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 20}}
     assert reader.latestOffset({"t": {"0": 0}}, ReadAllAvailable()) == {"t": {"0": 100}}
+    # the planned batch reads t-0 without looking t-1 up (it would fail, as it used to)
+    parts = reader.partitions({"t": {"0": 40, "1": 20}}, {"t": {"0": 100, "1": 20}})
+    assert [(p.value.partition, p.value.start, p.value.end) for p in parts] == [(0, 40, 100)]
     view.leaderless = set()
     assert reader.latestOffset({"t": {"0": 100}}, ReadAllAvailable()) == {"t": {"0": 100, "1": 50}}
+
+
+U0 = TopicPartition("u", 0)
+
+
+def test_stream_drops_partitions_whose_topic_is_gone() -> None:
+    """A deleted topic (subscribePattern or subscribe) is data loss, reported through
+    failOnDataLoss; with false the stream goes on without it. Kept in the offsets, it failed
+    every later batch and every restart from the checkpoint."""
+    view = FakeView({T0: 100, U0: 9})
+    view.gone = {U0}
+    start = {"t": {"0": 40}, "u": {"0": 7}}
+    strict = _stream(view, **{"fetchOffset.retryIntervalMs": "1"})
+    with pytest.raises(DataLossError, match=r"u-0 \(read up to 7\) is gone from the cluster"):
+        strict.latestOffset(start, ReadAllAvailable())
+    lenient = _stream(view, failOnDataLoss="false", **{"fetchOffset.retryIntervalMs": "1"})
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 100}}
+    parts = lenient.partitions(start, end)
+    assert [(p.value.topic, p.value.start, p.value.end) for p in parts] == [("t", 40, 100)]
+    # a batch planned before the topic went (its offsets log keeps u-0 at its offset, as
+    # older versions planned it) is replayed without looking u-0 up
+    for reader in (strict, lenient):
+        parts = reader.partitions(start, {"t": {"0": 100}, "u": {"0": 7}})
+        assert [(p.value.topic, p.value.start, p.value.end) for p in parts] == [("t", 40, 100)]
+    # one planned with a range of u-0 to read: that range is lost
+    planned = {"t": {"0": 100}, "u": {"0": 9}}
+    with pytest.raises(DataLossError, match="u-0: the query needs offsets 7 to 8, but the"):
+        strict.partitions(start, planned)
+    parts = lenient.partitions(start, planned)
+    assert [(p.value.topic, p.value.start, p.value.end) for p in parts] == [("t", 40, 100)]
+
+
+def test_stream_asks_metadata_again_before_calling_a_topic_gone() -> None:
+    """A node may not know a topic for a moment: asked again, it is no loss."""
+
+    class Forgetful(FakeView):
+        def partitions(self, sub: object, *, missing_ok: bool = False) -> list[TopicPartition]:
+            got = super().partitions(sub, missing_ok=missing_ok)
+            self.gone = set()
+            return got
+
+    view = Forgetful({T0: 100, U0: 9})
+    view.gone = {U0}
+    reader = _stream(view, **{"fetchOffset.retryIntervalMs": "1"})
+    end = reader.latestOffset({"t": {"0": 40}, "u": {"0": 7}}, ReadAllAvailable())
+    assert end == {"t": {"0": 100}, "u": {"0": 9}}
 
 
 def test_stream_asks_again_before_calling_a_shrunk_log_data_loss() -> None:
@@ -555,3 +630,110 @@ def test_lag_from_a_progress_report() -> None:
 def test_subscriptions_describe_themselves() -> None:
     o = parse_read_options({**BOOT, "assign": '{"t": [0, 2], "u": [1]}'}, streaming=False)
     assert o.subscription.describe() == 'assign={"t": [0, 2], "u": [1]}'
+
+
+def test_a_stream_looks_past_a_deleted_subscribed_topic() -> None:
+    """subscribe=t,u with u deleted: a running stream leaves u out (and reports what it had
+    read of it as data loss); starting a query on it is still an error."""
+
+    class Client:
+        def topic_metadata(self, topic: str) -> object:
+            if topic == "u":
+                raise UnknownTopicOrPartitionError("u")
+            return storage_pb2.MetadataTopic(
+                name=topic, partitions=[storage_pb2.MetadataPartition(partition=0)]
+            )
+
+    view = ClusterView.__new__(ClusterView)
+    view.client = Client()  # type: ignore[assignment]
+    sub = parse_read_options({**BOOT, "subscribe": "t,u"}, streaming=True).subscription
+    assert view.partitions(sub, missing_ok=True) == [T0]
+    with pytest.raises(StromSparkError, match="unknown topic 'u'"):
+        view.partitions(sub)
+    assigned = parse_read_options({**BOOT, "assign": '{"t": [0, 1], "u": [0]}'}, streaming=True)
+    assert view.partitions(assigned.subscription, missing_ok=True) == [T0]
+    with pytest.raises(OptionError, match="assign names t-1"):
+        view.partitions(assigned.subscription)
+
+
+def test_offset_lookups_outlast_a_hung_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader that hangs (a stopped process) while leadership moves: each ListOffsets gives
+    up well within the lookup budget, so the new leader is asked in time. Each call used to
+    wait the whole request timeout (30 s), longer than the budget (15 s), and fail."""
+    from strom.client import offsets
+    from strom.client.metadata import MetadataCache
+    from tests.unit.test_list_offsets import Clock, HungLeaderCluster
+
+    clock = Clock()
+    monkeypatch.setattr(offsets, "time", clock)
+    view = ClusterView(parse_read_options({**BOOT, "subscribe": "t"}, streaming=True))
+    cluster = HungLeaderCluster(clock, moves_after=2, timeout_s=view.client.timeout_s)
+    view.client.close()
+    view.client = cluster  # type: ignore[assignment]
+    view.leaders = MetadataCache(cluster)
+    assert view.earliest([T0]) == {T0: 7}
+
+
+class FakeCluster(ClusterView):
+    """A ClusterView (its own bound resolution and checks) over fixed offsets, without I/O.
+    An offset lookup of a partition in ``down`` fails as the real one does when the
+    partition's leader is down."""
+
+    def __init__(self, opts: ReadOptions, latest: dict[TopicPartition, int], down: set) -> None:
+        self.opts = opts
+        self.latest_offsets = latest
+        self.down = down
+
+    def partitions(self, sub: object, *, missing_ok: bool = False) -> list[TopicPartition]:
+        return sorted(self.latest_offsets)
+
+    def _list(self, query: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
+        for tp in query:
+            if tp in self.down:
+                raise StromSparkError(
+                    f"strom: LEADER_NOT_AVAILABLE: {tp.topic}-{tp.partition} has no live leader"
+                )
+        return {tp: (0 if q == -2 else self.latest_offsets[tp], -1) for tp, q in query.items()}
+
+    def close(self) -> None:
+        pass
+
+
+def _batch(monkeypatch: pytest.MonkeyPatch, filters: list, **options: str) -> list:
+    opts = parse_read_options({**BOOT, "subscribe": "t", **options}, streaming=False)
+    monkeypatch.setattr(source, "ClusterView", lambda o: FakeCluster(o, {T0: 10, T1: 20}, {T1}))
+    reader = StromBatchReader(opts)
+    reader.pushFilters(filters)
+    return [(p.value.partition, p.value.start, p.value.end) for p in reader.partitions()]
+
+
+def test_batch_read_looks_up_only_the_partitions_its_filters_keep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """t-1's leader is down: a read filtered to t-0 must not look it up (it failed)."""
+    only_0 = [EqualTo(("partition",), 0)]
+    assert _batch(monkeypatch, only_0) == [(0, 0, 10)]
+    # JSON bounds may name partitions the filter leaves out: the same options work either way
+    both = {
+        "startingOffsets": '{"t": {"0": 2, "1": 5}}',
+        "endingOffsets": '{"t": {"0": -1, "1": 6}}',
+    }
+    assert _batch(monkeypatch, only_0, **both) == [(0, 2, 10)]
+    # but must still cover what is read, and name only partitions the subscription has
+    with pytest.raises(OptionError, match="has no entry for t-0"):
+        _batch(monkeypatch, only_0, startingOffsets='{"t": {"1": 5}}')
+    with pytest.raises(OptionError, match="names t-2, which the query does not read"):
+        _batch(monkeypatch, only_0, startingOffsets='{"t": {"0": 2, "2": 5}}')
+    with pytest.raises(StromSparkError, match=r"t-1.*has no live leader"):
+        _batch(monkeypatch, [])
+
+
+def test_batch_range_errors_name_the_last_stable_offset_for_read_committed() -> None:
+    from strom_spark.lookup import check_ranges
+
+    opts = parse_read_options(
+        {**BOOT, "subscribe": "t", "kafka.isolation.level": "read_committed"}, streaming=False
+    )
+    assert opts.read_committed
+    with pytest.raises(OptionError, match=r"ends at 22 \(its last stable offset\)"):
+        check_ranges(opts, {T0: 0}, {T0: 30}, {T0: 0}, {T0: 22})

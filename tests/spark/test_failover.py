@@ -1,5 +1,6 @@
 """A partition leader SIGKILLed in the middle of a batch read: the read follows the new leader
-and still returns every record exactly once. Its own cluster (a node dies here)."""
+and still returns every record exactly once; an RF=1 partition whose node is down fails
+neither a read filtered to other partitions nor a stream. Its own cluster (nodes die here)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,53 @@ def test_leader_killed_during_a_batch_read(spark: Any, rf3: LocalCluster) -> Non
         for r in rows
     )
     assert got == [(p, N, N, 0, N - 1, 0) for p in range(3)]
+
+
+def test_a_partition_without_a_leader_fails_neither_a_filtered_read_nor_a_stream(
+    spark: Any, rf3: LocalCluster, tmp_path: Path
+) -> None:
+    """An RF=1 partition whose node is down: a batch read filtered to the other partition
+    reads it, and a stream sits the leaderless partition out and goes on with the other.
+    Both used to look up every partition's offsets and fail ("r1-1 has no live leader"); the
+    stream's planned batch then failed every restart too."""
+    topic = "fo-down"
+    live = [n.ident for n in rf3.nodes if n.alive()]
+    assert len(live) >= 2
+    with Admin(rf3.bootstrap) as admin:
+        admin.create_topic(topic, replica_assignment=[[live[0]], [live[1]]])
+    bootstrap = rf3.bootstrap
+    for p in range(2):
+        produce(bootstrap, topic, p, [f"{p}:{i}".encode() for i in range(10)])
+    out, cp = tmp_path / "out", tmp_path / "cp"
+
+    def run_stream() -> None:
+        q = (
+            spark.readStream.format("strom")
+            .option("bootstrap", bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .load()
+            .select("partition", "offset")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(cp))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert q.awaitTermination(300)
+        assert q.exception() is None
+
+    run_stream()
+    rf3.node(live[1]).process.kill()
+
+    def leaderless() -> bool:
+        with Admin(bootstrap) as admin:
+            return admin.describe_topic(topic).partitions[1].leader is None
+
+    wait_for(leaderless, timeout=60, what=f"{topic}-1 to lose its leader")
+    produce(bootstrap, topic, 0, [f"0:{i}".encode() for i in range(10, 15)])
+    df = spark.read.format("strom").option("bootstrap", bootstrap).option("subscribe", topic)
+    assert df.load().filter("partition = 0").count() == 15
+    run_stream()
+    got = sorted(tuple(r) for r in spark.read.parquet(str(out)).collect())
+    assert got == sorted([(0, i) for i in range(15)] + [(1, i) for i in range(10)])

@@ -279,6 +279,51 @@ def test_a_log_that_ends_below_the_checkpoint_is_reported_not_skipped(
     assert progress is None or progress["numInputRows"] == 0
 
 
+def test_a_deleted_topic_is_data_loss_and_the_stream_goes_on_without_it(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    """subscribePattern over two topics, one deleted between runs: reported as data loss
+    (failOnDataLoss), and with false the stream goes on with the other. It used to keep the
+    deleted topic's offsets, so every later batch (and restart) failed looking them up."""
+    for name in ("st-pat-a", "st-pat-b"):
+        create_topic(bootstrap, name, 1)
+        fill(bootstrap, name, 0, 0, 20)
+    out, cp = tmp_path / "out", tmp_path / "cp"
+
+    def run(**options: str) -> BaseException | None:
+        q = (
+            spark.readStream.format("strom")
+            .option("bootstrap", bootstrap)
+            .option("subscribePattern", "st-pat-.*")
+            .option("startingOffsets", "earliest")
+            .option("fetchOffset.retryIntervalMs", "10")
+            .options(**options)
+            .load()
+            .select("topic", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(cp))
+            .trigger(availableNow=True)
+            .start()
+        )
+        return ended(q)
+
+    assert run() is None
+    with Admin(bootstrap) as admin:
+        admin.delete_topic("st-pat-b")
+    fill(bootstrap, "st-pat-a", 0, 20, 30)
+    error = run()
+    assert error is not None
+    assert "st-pat-b-0 (read up to 20) is gone from the cluster" in str(error)
+    assert run(failOnDataLoss="false") is None
+    fill(bootstrap, "st-pat-a", 0, 30, 35)
+    assert run(failOnDataLoss="false") is None
+    got = sorted((t, o) for t, o, _ in (tuple(r) for r in spark.read.parquet(str(out)).collect()))
+    assert got == sorted(
+        [("st-pat-a", i) for i in range(35)] + [("st-pat-b", i) for i in range(20)]
+    )
+
+
 def test_min_offsets_per_trigger_waits_for_data_or_the_delay(
     spark: Any, bootstrap: str, tmp_path: Path
 ) -> None:

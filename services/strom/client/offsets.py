@@ -59,6 +59,7 @@ def list_offsets(
     backoff_s: float,
     client_metadata: tuple[tuple[str, str], ...] = (),
     read_committed: bool = False,
+    call_timeout_s: float | None = None,
 ) -> dict[TopicPartition, OffsetResult]:
     """ListOffsets for every partition in ``query`` (value: a timestamp in ms, or LATEST /
     EARLIEST / MAX_TIMESTAMP), one request per leader node.
@@ -66,6 +67,11 @@ def list_offsets(
     Leader moves, unreachable nodes and a new leader that cannot answer yet
     (OFFSET_NOT_AVAILABLE) are retried after a metadata refresh until ``timeout_s``; then the
     last such error is raised. Errors that retrying cannot fix are raised at once.
+
+    Each request waits the client's request timeout, or with ``call_timeout_s`` at most that
+    long and never past ``timeout_s``: a caller with a short budget (the Spark connector's
+    planning) sets it well below the budget, so that a hung leader costs one try and the
+    lookup still has time to refresh metadata and ask the partition's new leader.
     """
     remaining = dict(query)
     out: dict[TopicPartition, OffsetResult] = {}
@@ -89,9 +95,12 @@ def list_offsets(
             by_node.setdefault(leader.address, []).append(tp)
         for address, tps in by_node.items():
             req = _list_offsets_request(tps, remaining, leaders, read_committed)
+            timeout = client.timeout_s
+            if call_timeout_s is not None:
+                timeout = max(min(timeout, call_timeout_s, deadline - time.monotonic()), 0.05)
             try:
                 resp = client.storage(address).ListOffsets(
-                    req, timeout=client.timeout_s, metadata=client_metadata
+                    req, timeout=timeout, metadata=client_metadata
                 )
             except grpc.RpcError as exc:
                 if exc.code() not in TRANSPORT_RETRY:
