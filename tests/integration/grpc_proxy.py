@@ -131,7 +131,11 @@ class GrpcProxy:
                 hold.gave_up = True
                 hold.released.set()
             try:
-                return call(request, timeout=context.time_remaining())
+                return call(
+                    request,
+                    timeout=context.time_remaining(),
+                    metadata=_forwarded(context.invocation_metadata()),
+                )
             except grpc.RpcError as exc:
                 context.abort(exc.code(), exc.details() or "")
             finally:
@@ -144,7 +148,7 @@ class GrpcProxy:
         call = self._channel.unary_stream(method)
 
         def handle(request: bytes, context: grpc.ServicerContext) -> object:
-            responses = call(request)
+            responses = call(request, metadata=_forwarded(context.invocation_metadata()))
             context.add_callback(responses.cancel)
             try:
                 yield from responses
@@ -153,6 +157,16 @@ class GrpcProxy:
                     context.abort(exc.code(), exc.details() or "")
 
         return handle
+
+
+def _forwarded(metadata: Any) -> list[tuple[str, Any]]:
+    """The caller's own metadata (e.g. the coordinators' internal-topics header), without
+    the transport's (pseudo-headers, user-agent, grpc-*), which the proxy's call sets."""
+    return [
+        (m.key, m.value)
+        for m in metadata or ()
+        if not m.key.startswith((":", "grpc-")) and m.key != "user-agent"
+    ]
 
 
 class _Forwarder(grpc.GenericRpcHandler):
