@@ -842,3 +842,40 @@ def test_a_read_committed_poll_waits_out_pending_offsets_without_raising(
             assert got == [b"r7", b"r8", b"r9"]
     finally:
         p.close()
+
+
+def test_a_zombies_late_offsets_are_refused_even_for_a_new_group(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside (twice): a producer paused between AddOffsetsToTxn and
+    TxnOffsetCommit while its transaction timed out; the abort found no group to record its
+    epoch in (the group did not exist yet), the late TxnOffsetCommit created it and stayed
+    pending for good: every read_committed member of the group polled nothing, forever."""
+    from strom.client.transactions import TransactionManager
+
+    _topic(cluster, "late-in", partitions=1)
+    tp = TopicPartition("late-in", 0)
+    tid = "late-zombie"
+    original = TransactionManager._call
+
+    def paused(self: Any, method: str, req: Any, timeout_s: float, **kw: Any) -> Any:
+        if method == "TxnOffsetCommit":  # the pause: until the coordinator aborted it
+            wait_for(
+                lambda: _state_of(cluster, tid) == "TRANSACTION_STATE_COMPLETE_ABORT",
+                timeout=30,
+                what="the timeout abort",
+            )
+        return original(self, method, req, timeout_s, **kw)
+
+    monkeypatch.setattr(TransactionManager, "_call", paused)
+    with Producer(cluster.bootstrap, transactional_id=tid, transaction_timeout_ms=2000) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("late-in", b"x").result(10)
+        with pytest.raises(ProducerFencedError, match="ended its transaction"):
+            p.send_offsets_to_transaction({tp: OffsetAndMetadata(3)}, "late-new-group")
+    monkeypatch.undo()
+    with Consumer(
+        cluster.bootstrap, group_id="late-new-group", isolation_level="read_committed"
+    ) as c:
+        assert c.committed([tp]) == {tp: None}  # not UNSTABLE_OFFSET_COMMIT, not 3

@@ -1063,7 +1063,8 @@ class ConsumerGroup:
         if current is not None and current.producer_epoch > producer_epoch:
             raise ProducerFencedError(
                 f"producer {producer_id} epoch {producer_epoch} is fenced in group "
-                f"{self.group_id!r}: epoch {current.producer_epoch} has offsets pending"
+                f"{self.group_id!r}: epoch {current.producer_epoch} "
+                + ("has offsets pending" if current.offsets else "ended its transaction here")
             )
         merged: dict[TopicPartition, OffsetAndMetadata] = (
             dict(current.offsets)
@@ -1106,6 +1107,8 @@ class ConsumerGroup:
         ):
             return OffsetsResult({}, [])  # stale, or ended already
         records: list[GroupRecord] = []
+        if not self._persisted:  # a group created for this record (see CompleteTxnOffsets)
+            records.append(self._metadata_record())
         errors: dict[TopicPartition, int] = {}
         if committed and pending is not None:
             for (t, p), om in sorted(pending.offsets.items()):
