@@ -17,6 +17,7 @@ from strom.client.transactions import GroupMetadata, TransactionManager, TxnPhas
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.errors import (
     InvalidTxnStateError,
+    ProducerFencedError,
     RequestTimedOutError,
     StromError,
     TopicAuthorizationFailedError,
@@ -123,3 +124,19 @@ def test_a_refused_end_makes_the_transaction_abortable() -> None:
     with pytest.raises(StromError):
         m.end(True, 1)
     assert m.phase is TxnPhase.ABORTABLE_ERROR and m.pending_end is None
+
+
+def test_a_fatal_error_ends_a_pending_end() -> None:
+    """Found from outside: a pending commit asked again was fenced (the coordinator had
+    aborted it at its timeout); abort_transaction() then advised calling commit again."""
+    m = Scripted(added(E.NONE), RequestTimedOutError("EndTxn"))
+    m.begin()
+    m.add_partitions([("t", 0)], 1)
+    m.phase = TxnPhase.COMMITTING
+    with pytest.raises(RequestTimedOutError):
+        m.end(True, 1)
+    assert m.pending_end is True
+    m.fail(ProducerFencedError("aborted after transaction.timeout.ms"))
+    assert m.phase is TxnPhase.FATAL_ERROR and m.pending_end is None
+    with pytest.raises(ProducerFencedError):
+        m.require(TxnPhase.IN_TRANSACTION, action="abort_transaction()")

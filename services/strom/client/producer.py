@@ -684,6 +684,8 @@ class Producer:
         and its offsets are dropped. Records still queued are sent first (they are part of
         the aborted transaction either way)."""
         txn = self._require_txn()
+        if txn.phase is TxnPhase.FATAL_ERROR:
+            txn.require(TxnPhase.IN_TRANSACTION, action="abort_transaction()")  # raises it
         if txn.pending_end is True:
             raise InvalidTxnStateError(
                 "cannot abort_transaction(): the previous commit_transaction() got no answer "

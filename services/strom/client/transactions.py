@@ -195,6 +195,7 @@ class TransactionManager:
             if self.phase is TxnPhase.FATAL_ERROR:
                 return
             if fatal:
+                self.pending_end = None  # nothing to ask again: the producer is done
                 self.phase = TxnPhase.FATAL_ERROR
                 self.error = (
                     error
