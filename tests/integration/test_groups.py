@@ -33,7 +33,7 @@ from strom.client.group_member import make_group
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import TopicDeletionInProgressError, is_retriable
+from strom.errors import StromError, TopicDeletionInProgressError, is_retriable
 from strom.record import encode_batch
 from tests.conftest import create_topic
 
@@ -480,6 +480,53 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
         member.close()
     assert "deleted group g-cli" in strom("groups", "delete", "g-cli", *b).stdout
     assert "g-cli" not in strom("groups", "list", *b).stdout
+
+
+def test_a_member_out_of_the_group_cannot_commit_as_an_anonymous_consumer(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """Found from outside: a member that left after max_poll_interval_ms (or was fenced)
+    committed with epoch -1 and no member id, which a group without members takes from
+    anyone: its stale offsets rewound the group after its successor had left, and its
+    group_metadata() let a zombie's transactional offsets in. It now carries its last
+    identity, which the coordinator refuses (Kafka's CommitFailedException)."""
+    create_topic(cluster, "expelled", 1)
+    tp = TopicPartition("expelled", 0)
+    stalled = GroupConsumer(
+        cluster.bootstrap,
+        group_id="g-expelled",
+        auto_offset_reset="earliest",
+        max_poll_interval_ms=1000,
+    )
+    stalled.subscribe(["expelled"])
+    reader: Member | None = None
+    try:
+
+        def joined() -> bool:
+            stalled.poll(50)
+            return len(stalled.assignment()) == 1
+
+        wait_for(joined, timeout=15, what="join")
+        member = stalled.group_metadata()
+        assert member.member_id and member.member_epoch > 0
+        reader = Member(cluster, "g-expelled", ["expelled"])
+        wait_for(lambda: len(reader.owned) == 1, timeout=15, what="the stalled member's share")
+        reader.close()
+        reader = None
+        # The group has no members now; its offset is 7, committed by its last reader.
+        with GroupConsumer(cluster.bootstrap, group_id="g-expelled") as simple:
+            simple.commit({tp: OffsetAndMetadata(7)})
+        out = stalled.group_metadata()
+        assert out.member_id == member.member_id and out.member_epoch >= member.member_epoch
+        with pytest.raises(StromError):
+            stalled.commit({tp: OffsetAndMetadata(0)})
+        with GroupConsumer(cluster.bootstrap, group_id="g-expelled") as check:
+            got = check.committed([tp])[tp]
+            assert got is not None and got.offset == 7
+    finally:
+        if reader is not None:
+            reader.close()
+        stalled.close()
 
 
 def test_a_member_that_stops_polling_leaves_and_rejoins_on_its_next_poll(

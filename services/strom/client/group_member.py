@@ -116,6 +116,9 @@ class GroupMember:
         self._lock = threading.Lock()
         self.member_id = str(uuid.uuid4())
         self.member_epoch = 0
+        #: The last epoch this consumer held as a member (0: never joined): what its commits
+        #: carry while it is out of the group (see _commit_identity).
+        self._last_epoch = 0
         self._topics: tuple[str, ...] = ()
         self._pattern: str | None = None
         self._listener: Any = None
@@ -288,15 +291,29 @@ class GroupMember:
             self._commits().commit_async(offsets, callback)
 
     def group_metadata(self) -> GroupMetadata:
-        """Group id, member id and epoch for transactional offset commits (epoch -1 and no
-        member id when not subscribed: a "simple" consumer)."""
+        """Group id, member id and epoch for transactional offset commits (see
+        :meth:`_commit_identity`)."""
+        member_id, epoch = self._commit_identity()
+        return GroupMetadata(self.group_id, member_id, epoch)
+
+    def _commit_identity(self) -> tuple[str, int]:
+        """The (member id, epoch) a commit or a transaction's offsets carry.
+
+        A subscribed consumer out of the group right now (it left after max_poll_interval_ms,
+        was fenced, or is rejoining) sends its last identity, which the coordinator refuses
+        (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH: Kafka's CommitFailedException), not -1,
+        which a group without members accepts from anyone (found from outside: an expelled
+        member's commit rewound the group's offsets after its successor had left, and a
+        zombie's transactional offsets were taken). Not subscribed (assign()), or never
+        joined yet: -1 and no member id, a "simple" consumer."""
         with self._lock:
-            member = self._subscribed and self.member_epoch > 0
-            return GroupMetadata(
-                self.group_id,
-                self.member_id if member else "",
-                self.member_epoch if member else -1,
-            )
+            if not self._subscribed:
+                return "", -1
+            if self.member_epoch > 0:
+                return self.member_id, self.member_epoch
+            if self._last_epoch > 0:
+                return self.member_id, self._last_epoch
+            return "", -1
 
     def _commits(self) -> CommitQueue:
         with self._lock:
@@ -308,7 +325,7 @@ class GroupMember:
         self, offsets: dict[TopicPartition, OffsetAndMetadata], sequence: int
     ) -> dict[TopicPartition, StromError]:
         """One OffsetCommit (request number ``sequence``) with this member's id and epoch
-        (epoch -1 when not subscribed); the per-partition errors.
+        (:meth:`_commit_identity`); the per-partition errors.
 
         Raises the group-level error. A STALE_MEMBER_EPOCH after a heartbeat bumped the epoch
         is retried with the new one; nothing is retried that could commit under an epoch the
@@ -316,10 +333,7 @@ class GroupMember:
         """
         deadline = time.monotonic() + self._timeout_s
         while True:
-            with self._lock:
-                member = self._subscribed and self.member_epoch > 0
-                member_id = self.member_id if member else ""
-                epoch = self.member_epoch if member else -1
+            member_id, epoch = self._commit_identity()
             req = coordinator_pb2.OffsetCommitRequest(
                 group_id=self.group_id,
                 member_id=member_id,
@@ -333,7 +347,7 @@ class GroupMember:
                 # A heartbeat bumped the epoch meanwhile: retry with the new one (the
                 # coordinator still checks the partitions are ours to commit).
                 with self._lock:
-                    moved = self.member_epoch != epoch
+                    moved = self.member_epoch > 0 and self.member_epoch != epoch
                 if moved:
                     continue
             if resp.error_code != E.NONE:
@@ -542,6 +556,8 @@ class GroupMember:
             with self._lock:
                 self.member_id = resp.member_id or self.member_id
                 self.member_epoch = resp.member_epoch
+                if resp.member_epoch > 0:
+                    self._last_epoch = resp.member_epoch
                 if resp.heartbeat_interval_ms > 0:
                     self._interval_s = resp.heartbeat_interval_ms / 1000.0
                 changed = resp.HasField("assignment") and (
