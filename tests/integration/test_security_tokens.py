@@ -5,6 +5,7 @@ bad token, or none, is UNAUTHENTICATED; the services reach each other with their
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,6 +161,12 @@ def test_a_bad_token_file_version_still_revokes_removed_tokens(
             return _code(lambda: c.storage(cluster.bootstrap).Metadata(req, timeout=5))
 
         assert code() == grpc.StatusCode.OK
+        # The series exists at 0 before any error (born at 1, its alert's increase() would
+        # stay 0: found from outside).
+        page = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5)
+        assert 'strom_service_auth_token_file_errors_total{service="storage"} 0.0' in (
+            page.read().decode()
+        )
         errors = member_metric(
             node, "strom_service_auth_token_file_errors_total", service="storage"
         )

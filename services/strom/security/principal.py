@@ -37,6 +37,18 @@ TOKEN_FILE_ERRORS = Counter(
     ["service"],
 )
 
+#: Whether this process serves with an --auth-tokens file (its error series then exists).
+_token_files = False
+
+
+def init_service_metrics() -> None:
+    """Create the token file's error series at 0 once the service's name is known: a counter
+    born at 1 on its first bad version has no increase, and its alert could never fire
+    (found from outside)."""
+    if _token_files and service_metrics.SERVICE:
+        TOKEN_FILE_ERRORS.labels(service_metrics.SERVICE)
+
+
 ANONYMOUS = "User:ANONYMOUS"
 
 Verifier = Callable[[str], "str | None"]
@@ -94,6 +106,9 @@ class TokenFile:
         if problems:
             raise ValueError(f"{self.path}:{problems[0]}")
         self._bad = False  # whether the version in force failed (logged as such)
+        global _token_files
+        _token_files = True
+        init_service_metrics()
 
     def _reload(self) -> None:
         """Re-read the file if its stamp changed (the lock held)."""

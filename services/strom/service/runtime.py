@@ -24,6 +24,7 @@ from prometheus_client import start_http_server
 from strom import security
 from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import metrics as metadata_metrics
+from strom.security import principal
 from strom.service import metrics
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
@@ -99,6 +100,7 @@ async def serve(
         grace_s = float(getattr(service, "stop_timeout_s", DEFAULT_STOP_TIMEOUT_S))
     metrics.set_service(service.name)
     metadata_metrics.init_service()
+    principal.init_service_metrics()
     observe_gc_pauses()
     sec = security.server_security()
     server_limits = limits or ServerLimits()
