@@ -142,5 +142,11 @@ def test_init_producer_id_hands_out_unique_ids_and_bumps_epochs(tmp_path: Path) 
         ctl.fail = None
         r = await s.InitProducerId(req, None)
         assert r.error_code == E.NONE and r.producer_id == 1012
+        # Nothing set (what grpcurl's {} sends): a new id each time, not a bump of producer 0
+        # (found from outside: two such callers got (0, 1) and wrote as one producer).
+        empty = [await s.InitProducerId(pb.InitProducerIdRequest(), None) for _ in range(2)]
+        assert [(e.producer_id, e.producer_epoch) for e in empty] == [(1013, 0), (1014, 0)]
+        bump0 = await s.InitProducerId(pb.InitProducerIdRequest(producer_id=0), None)
+        assert bump0.error_code == E.INVALID_REQUEST  # an id to bump needs its epoch
 
     with_harness(tmp_path, body)

@@ -115,7 +115,13 @@ class ClusterRpcs(StorageCore):
         if self.producer_ids is None:
             return fail(E.UNKNOWN_SERVER_ERROR, "this node does not hand out producer ids")
         try:
-            got = await self.producer_ids.init(request.producer_id, request.producer_epoch)
+            # Unset means a new id: proto3's default 0 would bump producer 0 for every caller
+            # that left them out (found from outside: two callers got the same id and epoch,
+            # and the second one's records were dropped as the first one's retries).
+            got = await self.producer_ids.init(
+                request.producer_id if request.HasField("producer_id") else -1,
+                request.producer_epoch if request.HasField("producer_epoch") else -1,
+            )
         except ValueError as exc:
             return fail(E.INVALID_REQUEST, str(exc))
         except ProducerIdUnavailableError as exc:
