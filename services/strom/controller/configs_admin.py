@@ -34,6 +34,11 @@ log = logging.getLogger("strom.controller")
 E = ErrorCode
 
 
+#: Configs of an internal topic (``__consumer_offsets``, ``__transaction_state``) that only
+#: strom's coordinators set: everything else in them is compacted state.
+INTERNAL_TOPIC_FIXED_CONFIGS = frozenset({"cleanup.policy"})
+
+
 class ConfigRpcs(ControllerCore):
     """DescribeConfigs and AlterConfigs."""
 
@@ -128,13 +133,16 @@ class ConfigRpcs(ControllerCore):
                 internal = res.resource_type == pb.RESOURCE_TYPE_TOPIC and is_internal_topic(
                     res.resource_name
                 )
-                if internal and not internal_ok:
-                    # Its compaction and size settings are what the coordinators' state
-                    # relies on (cleanup.policy=delete would drop committed offsets), as
-                    # DeleteRecords is refused on it.
+                fixed = sorted({c.name for c in res.configs} & INTERNAL_TOPIC_FIXED_CONFIGS)
+                if internal and not internal_ok and fixed:
+                    # The coordinators' state relies on compaction (cleanup.policy=delete
+                    # would drop committed offsets and transaction states), as DeleteRecords
+                    # is refused on it. Other settings (min.insync.replicas, segment.bytes,
+                    # ...) are an operator's to tune, as in Kafka (found from outside: every
+                    # config of an internal topic was refused, even to super users).
                     raise InvalidTopicError(
-                        f"topic {res.resource_name!r} is internal: its configs are strom's "
-                        "coordinators' to set"
+                        f"topic {res.resource_name!r} is internal: {', '.join(fixed)} is "
+                        "strom's coordinators' to set (other configs may be changed)"
                     )
                 new = await asyncio.to_thread(
                     self._alter_topic_configs, lead, res, request.validate_only
