@@ -119,6 +119,9 @@ def test_chart_refuses_acls_the_services_could_not_pass() -> None:
         (f"{acls},{tokens}", "auth.tokens.serviceTokenKey"),  # tokens, none for the services
         (tokens, "auth.tokens.serviceTokenKey"),  # no ACLs, but callers must authenticate
         ("auth.tokens.serviceTokenKey=svc", "set the Secret too"),
+        # Found from outside on the re-check: rendered, and silently did nothing.
+        ("tls.clientAuth=required", "only TLS carries: set tls.enabled=true"),
+        ("etcd.externalTls.secretName=etcd-tls", "the bundled etcd does not use it"),
     ):
         proc = helm("template", "s", str(CHART), "--set", bad)
         assert proc.returncode != 0 and reason in proc.stderr, (bad, proc.stderr)
