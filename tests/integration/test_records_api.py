@@ -400,7 +400,7 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
         (  # a malformed request, as ProduceRecords answers it (was NOT_FOUND, "retriable")
             rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=-1)]),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "rec-two--1: a partition number is >= 0",
+            "topic 'rec-two': partition must be >= 0, got -1",
         ),
     ]
     for req, status, needle in cases:

@@ -402,7 +402,7 @@ class RecordService:
         for ps in req.partitions:
             tp = TopicPartition(ps.topic, ps.partition)
             if ps.partition < 0:
-                raise BadRequest(f"{tp.topic}-{ps.partition}: a partition number is >= 0")
+                raise BadRequest(f"topic {tp.topic!r}: partition must be >= 0, got {ps.partition}")
             count = self._partition_count(ps.topic)
             if ps.partition >= count:
                 raise BadRequest(
@@ -438,7 +438,7 @@ class RecordService:
             for po in req.offsets:
                 if po.partition < 0:  # malformed, like a negative offset (was "no partition")
                     raise BadRequest(
-                        f"{po.topic}-{po.partition}: partition must be >= 0, got {po.partition}"
+                        f"topic {po.topic!r}: partition must be >= 0, got {po.partition}"
                     )
                 if po.offset < 0:
                     raise BadRequest(
