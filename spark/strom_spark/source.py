@@ -349,9 +349,13 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @user_facing
     def prepareForTriggerAvailableNow(self) -> None:
+        """The run's target: every partition's end now. A partition without a leader is
+        waited for within the lookup budget, then the run fails naming it (as Kafka's
+        endOffsets lookup would); found from outside: it was left out, and the run reported
+        success without reading it."""
         view = self.view
         tps = view.partitions(self.opts.subscription, missing_ok=True)
-        self._target = view.latest(view.ready(tps))
+        self._target = view.latest(tps)
 
     @user_facing
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:

@@ -548,6 +548,16 @@ def test_stream_available_now_stops_at_the_target() -> None:
     assert reader.latestOffset({"t": {"0": 50}}, ReadMaxRows(30)) == {"t": {"0": 50}}
 
 
+def test_stream_available_now_does_not_leave_a_partition_without_a_leader_out() -> None:
+    """Found from outside: a partition whose leader was down was left out of the run's
+    target, and the run succeeded without reading it. Its lookup now fails the run."""
+    view = FakeView({T0: 50, T1: 20})
+    view.leaderless.add(T1)
+    reader = _stream(view)
+    with pytest.raises(StromSparkError, match="t-1 has no live leader"):
+        reader.prepareForTriggerAvailableNow()
+
+
 def test_stream_partitions_report_data_loss() -> None:
     view = FakeView({T0: 100, T1: 100}, earliest={T0: 40, T1: 0})
     reader = _stream(view)
