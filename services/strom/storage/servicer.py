@@ -297,12 +297,18 @@ class StorageServicer(
             pr.error_message = f"appended at offset {pr.base_offset} but not flushed: {r.message}"
 
     async def _await_commit(
-        self, pr: pb.ProducePartitionResponse, part: Partition, last_offset: int, timeout: float
+        self,
+        pr: pb.ProducePartitionResponse | pb.TxnMarkerPartitionResult,
+        part: Partition,
+        last_offset: int,
+        timeout: float,
+        what: str = "records",
     ) -> None:
-        """acks=-1: wait until the high watermark passes the appended records, with at least
-        ``min.insync.replicas`` in sync at that moment."""
+        """acks=-1 (and every transaction marker): wait until the high watermark passes the
+        appended ``what``, with at least ``min.insync.replicas`` in sync at that moment."""
         if pr.error_code:
             return
+        be = "were" if what.endswith("s") else "was"
         in_sync = await part.wait_for_high_watermark(last_offset, timeout)
         if in_sync is not None:
             min_isr = part.log.config.min_insync_replicas
@@ -310,15 +316,15 @@ class StorageServicer(
                 pr.error_code = E.NOT_ENOUGH_REPLICAS_AFTER_APPEND  # type: ignore[assignment]
                 pr.error_message = (
                     f"appended, but {part.topic}-{part.index} had {in_sync} in-sync replicas "
-                    f"when the records were committed, fewer than min.insync.replicas={min_isr}"
+                    f"when the {what} {be} committed, fewer than min.insync.replicas={min_isr}"
                 )
             return
         if part.is_leader and not part.deleted and not part.stopping:
             pr.error_code = E.REQUEST_TIMED_OUT  # type: ignore[assignment]
-            pr.error_message = "the in-sync replicas did not confirm the records in time"
+            pr.error_message = f"the in-sync replicas did not confirm the {what} in time"
         else:
             pr.error_code = E.NOT_LEADER_OR_FOLLOWER  # type: ignore[assignment]
-            pr.error_message = "leadership moved before the records were committed"
+            pr.error_message = f"leadership moved before the {what} {be} committed"
 
     # -- WriteTxnMarkers --------------------------------------------------------------------
 
@@ -374,7 +380,7 @@ class StorageServicer(
                     except Exception as exc:
                         self._marker_failed(pr, _append_error(part, exc))
                         continue
-                    waits.append(self._marker_committed(pr, part, info.last_offset, timeout))
+                    waits.append(self._await_commit(pr, part, info.last_offset, timeout, "marker"))
         if waits:
             await asyncio.gather(*waits)
         return resp
@@ -421,26 +427,6 @@ class StorageServicer(
         pr.error_code = r.code  # type: ignore[assignment]
         pr.error_message = r.message
         metrics.TXN_MARKERS.labels(error_name(r.code)).inc()
-
-    async def _marker_committed(
-        self, pr: pb.TxnMarkerPartitionResult, part: Partition, offset: int, timeout: float
-    ) -> None:
-        in_sync = await part.wait_for_high_watermark(offset, timeout)
-        if in_sync is not None:
-            min_isr = part.log.config.min_insync_replicas
-            if in_sync < min_isr:
-                pr.error_code = E.NOT_ENOUGH_REPLICAS_AFTER_APPEND  # type: ignore[assignment]
-                pr.error_message = (
-                    f"appended, but {part.topic}-{part.index} had {in_sync} in-sync replicas "
-                    f"when the marker was committed, fewer than min.insync.replicas={min_isr}"
-                )
-            return
-        if part.is_leader and not part.deleted and not part.stopping:
-            pr.error_code = E.REQUEST_TIMED_OUT  # type: ignore[assignment]
-            pr.error_message = "the in-sync replicas did not confirm the marker in time"
-        else:
-            pr.error_code = E.NOT_LEADER_OR_FOLLOWER  # type: ignore[assignment]
-            pr.error_message = "leadership moved before the marker was committed"
 
 
 def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
