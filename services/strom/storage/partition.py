@@ -24,6 +24,7 @@ from strom.api import metadata_pb2 as md
 from strom.errors import ErrorCode
 from strom.log import Log
 from strom.storage import metrics
+from strom.storage.waiters import OffsetWaiters
 
 TopicPartition = tuple[str, int]
 
@@ -89,8 +90,8 @@ class Partition:
         self.maintenance_lock = asyncio.Lock()
         self.deleted = False
         self.stopping = False
-        self._hw_waiters: list[tuple[int, asyncio.Future[int | None]]] = []
-        self._lw_waiters: list[tuple[int, asyncio.Future[int | None]]] = []
+        self._hw_waiters = OffsetWaiters()
+        self._lw_waiters = OffsetWaiters()
         self._on_high_watermark = on_high_watermark
         self.apply_state(state)
 
@@ -262,31 +263,16 @@ class Partition:
             return low
         if self.stopping or not self.is_leader:
             return None
-        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        entry = (offset, fut)
-        self._lw_waiters.append(entry)
-        try:
-            async with asyncio.timeout(max(timeout, 0.0)):
-                return await fut
-        except TimeoutError:
-            return None
-        finally:
-            if entry in self._lw_waiters:
-                self._lw_waiters.remove(entry)
+        return await self._lw_waiters.wait(offset, timeout)
 
     def _release_lw_waiters(self) -> None:
         if not self._lw_waiters:
             return
-        lost = self.stopping or not self.is_leader
-        low = -1 if lost else self.low_watermark()
-        keep = []
-        for offset, fut in self._lw_waiters:
-            if lost or low >= offset:
-                if not fut.done():
-                    fut.set_result(None if lost else low)
-            else:
-                keep.append((offset, fut))
-        self._lw_waiters[:] = keep
+        if self.stopping or not self.is_leader:
+            self._lw_waiters.release_all(None)
+        else:
+            low = self.low_watermark()
+            self._lw_waiters.release_below(low + 1, low)
 
     def set_follower_high_watermark(self, leader_hw: int) -> bool:
         """Follower: adopt the leader's HW, bounded by our own LEO. True if it moved."""
@@ -332,37 +318,13 @@ class Partition:
             return len(self.isr)
         if self.stopping:
             return None
-        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        entry = (offset, fut)
-        self._hw_waiters.append(entry)
-        try:
-            async with asyncio.timeout(max(timeout, 0.0)):
-                return await fut
-        except TimeoutError:
-            return None
-        finally:
-            if entry in self._hw_waiters:
-                self._hw_waiters.remove(entry)
+        return await self._hw_waiters.wait(offset, timeout)
 
     def _release_hw_waiters(self) -> None:
-        if not self._hw_waiters:
-            return
-        hw = self.high_watermark
-        in_sync = len(self.isr)
-        keep = []
-        for offset, fut in self._hw_waiters:
-            if hw > offset:
-                if not fut.done():
-                    fut.set_result(in_sync)
-            else:
-                keep.append((offset, fut))
-        self._hw_waiters[:] = keep
+        self._hw_waiters.release_below(self.high_watermark, len(self.isr))
 
     def _fail_hw_waiters(self) -> None:
-        for _, fut in self._hw_waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self._hw_waiters.clear()
+        self._hw_waiters.release_all(None)
 
     def release_waiters(self) -> None:
         """The node is stopping: acks=-1 waits end now (and new ones do not start), so that
