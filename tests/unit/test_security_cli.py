@@ -77,6 +77,10 @@ def test_a_service_names_a_bad_certificate_or_key_before_it_starts(
     assert f"--tls-cert {garbage}: no PEM certificate in it" in err
     err = refused(*tls, "--tls-key", str(mine.key), "--tls-ca", str(garbage))
     assert f"--tls-ca {garbage}: no PEM certificate in it" in err
+    # Every client would refuse an expired certificate: named at start, not served.
+    expired = ca.issue("strom", expired=True)
+    err = refused("--tls-cert", str(expired.cert), "--tls-key", str(expired.key))
+    assert f"--tls-cert {expired.cert}: the certificate expired on" in err
     err = refused(
         "--etcd-ca", str(ca.ca_file), "--etcd-cert", str(mine.cert), "--etcd-key", str(garbage)
     )

@@ -24,7 +24,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
 from google.protobuf.message import Message
 
 from strom.api import coordinator_pb2
@@ -45,6 +44,7 @@ from strom.errors import (
     error_name,
 )
 from strom.metadata import ClusterView, KeepAlive, MetadataStore, WatchEvent
+from strom.security.channel import ChannelCache
 
 log = logging.getLogger("strom.coordinator")
 E = ErrorCode
@@ -95,7 +95,7 @@ class CoordinatorCore:
     _loop: asyncio.AbstractEventLoop | None
     _wake: asyncio.Event | None
     _tasks: set[asyncio.Task[Any]]
-    _channels: dict[str, grpc.aio.Channel]
+    _channels: ChannelCache
     _stopping: bool
     _topics_cache: tuple[int, dict[str, int], dict[str, str]]
 

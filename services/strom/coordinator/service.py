@@ -18,7 +18,6 @@ FindCoordinator (the lookup itself is :mod:`strom.coordinator.lookup`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from typing import Any
@@ -40,7 +39,9 @@ from strom.coordinator.timers import Timers
 from strom.coordinator.txn_service import TransactionRpcs
 from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC, TxnShardState
 from strom.errors import ErrorCode
+from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import ClusterView, KeepAlive, Keys, MetadataStore, MetadataUnavailableError
+from strom.security.channel import ChannelCache
 
 log = logging.getLogger("strom.coordinator")
 E = ErrorCode
@@ -129,7 +130,7 @@ class CoordinatorService(
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelCache(GRPC_OPTIONS)
         self._stopping = False
         self._topics_cache: tuple[int, dict[str, int], dict[str, str]] = (-1, {}, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
@@ -192,10 +193,7 @@ class CoordinatorService(
             await asyncio.to_thread(self.view.stop)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
-        for ch in list(self._channels.values()):
-            with contextlib.suppress(Exception):
-                await ch.close()
-        self._channels.clear()
+        await self._channels.close()
 
     async def FindCoordinator(
         self, request: storage_pb2.FindCoordinatorRequest, context: grpc.aio.ServicerContext

@@ -20,8 +20,6 @@ from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
 from strom.coordinator.replay import ReplayState
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, UnknownServerError, error_name
-from strom.grpc_options import GRPC_OPTIONS
-from strom.security import default_channel
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
 E = ErrorCode
@@ -42,10 +40,7 @@ class StorageIO(CoordinatorCore):
     """Fetch, Produce, InitProducerId and ListOffsets calls to the storage nodes."""
 
     def _channel(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = default_channel().aio_channel(address, GRPC_OPTIONS)
-        return ch
+        return self._channels.get(address)
 
     def _leader(self, partition: int, topic: str = CONSUMER_OFFSETS_TOPIC) -> tuple[str, int]:
         """(address, leader epoch) of a partition's leader from the view; raises if none."""

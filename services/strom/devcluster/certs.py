@@ -88,10 +88,17 @@ class CertificateAuthority:
         return self.pem.cert
 
     def issue(
-        self, cn: str, *, expired: bool = False, dns_names: Sequence[str] | None = None
+        self,
+        cn: str,
+        *,
+        expired: bool = False,
+        dns_names: Sequence[str] | None = None,
+        days: int = 30,
+        stem: str | None = None,
     ) -> Pem:
         """A certificate for ``cn`` usable as server (127.0.0.1, localhost; or only
-        ``dns_names``, as a Kubernetes pod's certificate) and client."""
+        ``dns_names``, as a Kubernetes pod's certificate) and client, valid for ``days``
+        from now, written as ``<stem>.crt`` / ``<stem>.key`` (default: after ``cn``)."""
         names: list[x509.GeneralName] = (
             [x509.DNSName(n) for n in dns_names]
             if dns_names is not None
@@ -102,7 +109,7 @@ class CertificateAuthority:
         start, end = (
             (now - dt.timedelta(days=10), now - dt.timedelta(days=1))
             if expired
-            else (now - dt.timedelta(days=1), now + dt.timedelta(days=30))
+            else (now - dt.timedelta(days=1), now + dt.timedelta(days=days))
         )
         cert = (
             x509.CertificateBuilder()
@@ -121,4 +128,4 @@ class CertificateAuthority:
             )
             .sign(self.key, hashes.SHA256())
         )
-        return _write(self.dir, cn + ("-expired" if expired else ""), cert, key)
+        return _write(self.dir, stem or cn + ("-expired" if expired else ""), cert, key)

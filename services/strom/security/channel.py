@@ -11,11 +11,14 @@ of the process (docs/benchmarks.md, "A client's heap").
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import dataclasses
 import os
 import re
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -284,14 +287,79 @@ class ChannelSecurity:
 _DEFAULT_CHANNEL = ChannelSecurity()
 
 
+#: A service's check for changed TLS files (:mod:`strom.security.tls_reload`); None in
+#: clients, which read their files once.
+_RELOAD: Callable[[], object] | None = None
+
+
 def default_channel() -> ChannelSecurity:
+    """The settings to dial with now: a service's TLS files are looked at first (at most once
+    a second), so that a renewed certificate is used from the next channel on."""
+    if _RELOAD is not None:
+        _RELOAD()
     return _DEFAULT_CHANNEL
 
 
-def set_default_channel(security: ChannelSecurity) -> None:
-    """Install the process's own channel settings (a service's certificate and token)."""
-    global _DEFAULT_CHANNEL
+def set_default_channel(
+    security: ChannelSecurity, reload: Callable[[], object] | None = None
+) -> None:
+    """Install the process's own channel settings (a service's certificate and token), and
+    how to look for changed TLS files (``reload``), if they can change."""
+    global _DEFAULT_CHANNEL, _RELOAD
     _DEFAULT_CHANNEL = security
+    if reload is not None:
+        _RELOAD = reload
+
+
+def replace_default_channel(ca: bytes | None, cert: bytes | None, key: bytes | None) -> None:
+    """New TLS files for the default settings (the token stays): channels made from now on
+    use them, and :class:`ChannelCache` makes its channels again."""
+    global _DEFAULT_CHANNEL
+    _DEFAULT_CHANNEL = dataclasses.replace(_DEFAULT_CHANNEL, ca=ca, cert=cert, key=key)
+
+
+class ChannelCache:
+    """A service's asyncio channels to other strom services, one per address, made with
+    :func:`default_channel`'s settings and made again when those changed (a renewed
+    certificate): a channel keeps the credentials it was made with for every reconnect, so
+    a cached one would present an expired certificate after the next restart of its peer.
+
+    A replaced channel is closed after a grace period (calls in flight on it finish)."""
+
+    #: How long a replaced channel's calls in flight may go on (seconds).
+    CLOSE_GRACE_S = 60.0
+
+    def __init__(self, options: Sequence[tuple[str, Any]] = ()) -> None:
+        self._options = list(options)
+        self._channels: dict[str, tuple[ChannelSecurity, grpc.aio.Channel]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        """The channel to ``address`` (made now if there is none, or the settings changed)."""
+        security = default_channel()
+        entry = self._channels.get(address)
+        if entry is not None and entry[0] is security:
+            return entry[1]
+        channel = security.aio_channel(address, self._options)
+        self._channels[address] = (security, channel)
+        if entry is not None:
+            task = asyncio.get_running_loop().create_task(entry[1].close(self.CLOSE_GRACE_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return channel
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    async def close(self) -> None:
+        """Close every channel (calls in flight are cancelled)."""
+        channels = [ch for _, ch in self._channels.values()]
+        self._channels.clear()
+        for task in list(self._closing):
+            task.cancel()
+        for ch in channels:
+            with contextlib.suppress(Exception):
+                await ch.close()
 
 
 #: Environment variables a client reads when no setting is passed (the CLI's flags set them).

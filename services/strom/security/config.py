@@ -29,6 +29,7 @@ from strom.security.channel import (
     _read,
     client_security,
     default_channel,
+    replace_default_channel,
     set_default_channel,
 )
 from strom.security.principal import (
@@ -37,6 +38,7 @@ from strom.security.principal import (
     load_verifier,
     user,
 )
+from strom.security.tls_reload import TlsFiles
 
 __all__ = [
     "CLIENT_AUTH",
@@ -62,10 +64,12 @@ def _check_pem(
     ca: bytes | None,
     flags: tuple[str, str, str],
     paths: tuple[Any, Any, Any],
+    check_validity: bool = False,
 ) -> None:
     """Fail with the flag and file named when a certificate, key or CA bundle is not what it
     should be. gRPC only says "Failed to bind to address" when it cannot use them (its own
-    reason goes to stderr), which reads like a taken port."""
+    reason goes to stderr), which reads like a taken port. ``check_validity``: the
+    certificate must also be valid now (a served one: clients refuse it otherwise)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
@@ -81,6 +85,12 @@ def _check_pem(
             raise ValueError(f"{flag} {path}: no PEM certificate in it") from None
         if flag == cert_flag:
             first = certs[0]
+            if check_validity:
+                from strom.security.tls_reload import expiry_problem
+
+                problem = expiry_problem(data)
+                if problem:
+                    raise ValueError(f"{flag} {path}: {problem}")
     if key is not None:
         try:
             private = serialization.load_pem_private_key(key, password=None)
@@ -104,6 +114,8 @@ class ServerSecurity:
     tokens: Callable[[str], str | None] | None = None
     acls: bool = False
     super_users: frozenset[str] = frozenset()
+    #: Where ``cert``, ``key`` and ``ca`` are read again when they change (None: never).
+    files: TlsFiles | None = None
     #: The ACLs in force (kept current from etcd by :func:`strom.security.follow_acls`).
     authorizer: Authorizer = field(init=False)
 
@@ -139,7 +151,16 @@ class ServerSecurity:
         return ", ".join(parts)
 
     def credentials(self) -> grpc.ServerCredentials:
+        """The listener's credentials: with ``files``, gRPC asks them before each new
+        connection whether the certificate changed (a renewed one is served without a
+        restart)."""
         assert self.cert is not None and self.key is not None
+        if self.files is not None:
+            return grpc.dynamic_ssl_server_credentials(
+                self.files.server_configuration(),
+                self.files.server_config,
+                require_client_authentication=self.client_auth == "required",
+            )
         return grpc.ssl_server_credentials(
             [(self.key, self.cert)],
             root_certificates=self.ca if self.client_auth == "required" else None,
@@ -237,17 +258,19 @@ def configure(args: argparse.Namespace) -> None:
     client_auth = getattr(args, "tls_client_auth", "none") or "none"
     if (cert is None) != (key is None):
         raise ValueError("--tls-cert and --tls-key go together")
-    _check_pem(
-        cert,
-        key,
-        ca,
-        ("--tls-cert", "--tls-key", "--tls-ca"),
-        (
-            getattr(args, "tls_cert", None),
-            getattr(args, "tls_key", None),
-            getattr(args, "tls_ca", None),
-        ),
+    paths = (
+        getattr(args, "tls_cert", None),
+        getattr(args, "tls_key", None),
+        getattr(args, "tls_ca", None),
     )
+
+    def check(cert: bytes | None, key: bytes | None, ca: bytes | None) -> None:
+        _check_pem(cert, key, ca, ("--tls-cert", "--tls-key", "--tls-ca"), paths, True)
+
+    check(cert, key, ca)
+    files = None
+    if cert is not None and key is not None:
+        files = TlsFiles(paths, (cert, key, ca), check)
     if client_auth != "none" and (cert is None or ca is None):
         raise ValueError(
             f"--tls-client-auth {client_auth} needs --tls-cert, --tls-key and --tls-ca"
@@ -283,8 +306,13 @@ def configure(args: argparse.Namespace) -> None:
         tokens,
         bool(getattr(args, "acls", False)),
         supers,
+        files,
     )
-    set_default_channel(ChannelSecurity(ca, cert, key, client_token))
+    if files is None:
+        set_default_channel(ChannelSecurity(ca, cert, key, client_token))
+    else:
+        set_default_channel(ChannelSecurity(ca, cert, key, client_token), files.maybe_reload)
+        files.on_change(lambda new: replace_default_channel(new[2], new[0], new[1]))
     etcd_cert = _read(getattr(args, "etcd_cert", None), "--etcd-cert")
     etcd_key = _read(getattr(args, "etcd_key", None), "--etcd-key")
     if (etcd_cert is None) != (etcd_key is None):

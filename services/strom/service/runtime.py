@@ -103,6 +103,8 @@ async def serve(
     principal.init_service_metrics()
     observe_gc_pauses()
     sec = security.server_security()
+    if sec.files is not None:
+        sec.files.init_metrics()
     server_limits = limits or ServerLimits()
     server = grpc.aio.server(
         options=[*GRPC_OPTIONS, *server_limits.grpc_options()],

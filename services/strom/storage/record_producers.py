@@ -29,7 +29,6 @@ Both talk to leaders through :class:`LeaderRoute`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -45,7 +44,7 @@ from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for,
 from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import ClusterView
 from strom.record import encode_arrow
-from strom.security import default_channel
+from strom.security.channel import ChannelCache
 from strom.security.quotas import CHARGED_BY_CALLER
 from strom.service.limits import ProduceShed
 
@@ -118,7 +117,7 @@ class LeaderRoute:
         self.node_id = node_id
         self.view = view
         self._local = local_produce
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelCache(GRPC_OPTIONS)
         #: (leader address, or None for this node; acks) -> the parts gathered this pass.
         self._gathering: dict[tuple[str | None, int], list[_Part]] = {}
         self._sending: set[asyncio.Task[None]] = set()
@@ -220,8 +219,6 @@ class LeaderRoute:
             finally:
                 CHARGED_BY_CALLER.reset(token)
         ch = self._channels.get(addr)
-        if ch is None:
-            ch = self._channels[addr] = default_channel().aio_channel(addr, GRPC_OPTIONS)
         try:
             return await storage_pb2_grpc.StorageServiceStub(ch).Produce(
                 req, timeout=timeout_s + 1.0
@@ -232,10 +229,7 @@ class LeaderRoute:
             raise StromError(f"produce to {addr}: {exc.code().name} {exc.details()}") from None
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for ch in channels:
-            with contextlib.suppress(Exception):
-                await ch.close()
+        await self._channels.close()
 
 
 #: ``ids(producer_id, epoch)``: a new producer id (-1, -1) or the next epoch of one.

@@ -38,6 +38,7 @@ from strom.grpc_options import GRPC_OPTIONS
 from strom.log import LogManager
 from strom.metadata import ClusterView
 from strom.security import default_channel
+from strom.security.channel import ChannelCache
 from strom.storage import metrics
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
@@ -115,16 +116,12 @@ class ControllerClient:
 
     def __init__(self, view: ClusterView) -> None:
         self.view = view
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelCache(GRPC_OPTIONS)
         #: Why the last call got no answer (for the logs of callers that give up).
         self.last_failure = ""
 
     def _stub(self, host: str, port: int) -> controller_pb2_grpc.ControllerServiceStub:
-        target = f"{host}:{port}"
-        ch = self._channels.get(target)
-        if ch is None:
-            ch = self._channels[target] = default_channel().aio_channel(target, GRPC_OPTIONS)
-        return controller_pb2_grpc.ControllerServiceStub(ch)
+        return controller_pb2_grpc.ControllerServiceStub(self._channels.get(f"{host}:{port}"))
 
     async def call(self, method: str, request: Any, timeout: float = 5.0) -> Any | None:
         """Send to the active controller, following NOT_CONTROLLER once; None if none
@@ -154,9 +151,7 @@ class ControllerClient:
         return None
 
     async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
+        await self._channels.close()
 
 
 class ReplicaFetchers:
