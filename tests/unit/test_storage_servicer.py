@@ -21,6 +21,7 @@ from strom.errors import ErrorCode as E
 from strom.log import CorruptLogError
 from strom.metadata import ClusterView, Keys, WatchEvent, encode
 from strom.record import decode_batches, encode_batch
+from strom.storage.identity import DataDirIdentity, Identity, read_identity, write_identity
 from strom.storage.manager import PARTITION_METADATA, PartitionManager
 from strom.storage.servicer import StorageServicer
 
@@ -342,6 +343,62 @@ def test_topic_changes_are_reconciled_by_passes_over_those_topics_only(tmp_path:
         assert set(h.manager.partitions) == {("a", 0), ("a", 1)}  # b deleted by a narrow pass
         assert ("stray", 1) in {tp for tp, _ in h.manager.logs}  # not b's: left for a full pass
         assert h.manager.passes["all"] == before["all"] + 1
+
+    with_harness(tmp_path, body)
+
+
+def _with_identity(h: Harness, *, recorded: str | None) -> DataDirIdentity:
+    """The node's data dir identity on the harness's manager, as a start leaves it: recorded
+    for cluster id ``recorded`` before this start, or (None) adopted from the flags now."""
+    assert h.manager.logs is not None
+    data = h.manager.logs.data_dir
+    if recorded is not None:
+        write_identity(data, Identity(1, "unit", recorded), fsync=False)
+    ident = DataDirIdentity(data, 1, "unit", fsync=False)
+    ident.check_flags()
+    ident.settle("")
+    h.manager.identity = ident
+    return ident
+
+
+@pytest.mark.parametrize(("recorded", "deleted"), [("cid", True), (None, False)])
+def test_strays_are_deleted_only_from_a_data_dir_confirmed_to_be_this_node_s(
+    tmp_path: Path, recorded: str | None, deleted: bool
+) -> None:
+    """Stray logs (never hosted by this process) go only when meta.properties recorded this
+    node in this cluster before the start; a data dir without one (an older strom's) takes
+    the flags' identity but keeps its strays on that start (a wrong --node-id would otherwise
+    delete every replica, found from outside)."""
+
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None
+        h.manager.logs.get_or_create("stray", 0, {})
+        ident = _with_identity(h, recorded=recorded)
+        assert ident.adopted is (recorded is None)
+        h.put(h.keys.cluster, md.ClusterInfo(cluster_id="cid"))
+        await h.settle()
+        assert (("stray", 0) in {tp for tp, _ in h.manager.logs}) is not deleted
+        assert read_identity(h.manager.logs.data_dir) == Identity(1, "unit", "cid")
+
+    with_harness(tmp_path, body)
+
+
+def test_a_cluster_id_changed_under_a_running_node_stops_it_changing_anything(
+    tmp_path: Path,
+) -> None:
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None
+        h.manager.logs.get_or_create("stray", 0, {})
+        _with_identity(h, recorded="cid")
+        stops: list[str] = []
+        h.manager.on_foreign_cluster = stops.append
+        h.put(h.keys.cluster, md.ClusterInfo(cluster_id="another"))
+        h.topic("a", {0: leader_state()})
+        await h.settle()
+        assert len(stops) == 1 and "now has id another" in stops[0]
+        assert {tp for tp, _ in h.manager.logs} == {("stray", 0)}  # nothing deleted or made
+        assert not h.manager.partitions
+        assert read_identity(h.manager.logs.data_dir) == Identity(1, "unit", "cid")
 
     with_harness(tmp_path, body)
 

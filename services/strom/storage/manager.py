@@ -7,7 +7,8 @@ makes a pass over those topics only (up to :data:`MAX_NARROW_TOPICS`); the first
 resync, a change of the cluster key and a failed pass look at everything; other keys (nodes,
 ACLs, coordinators) make none. A replica's plan depends only on its own partition state, its
 topic and its local log, so a narrow pass plans exactly what a full one would for what
-changed (except stray logs on disk, which only full passes delete). Why: at 10,000
+changed (except stray logs on disk, which only full passes delete, and only once the data
+dir's identity is confirmed: :mod:`strom.storage.identity`). Why: at 10,000
 partitions a full pass spent ~35 ms of the node's event loop building and comparing every
 assignment, for each created topic or leader change (O(N^2) to create N single-partition
 topics one at a time). A reconcile deletes replicas that are no longer assigned (deleting a
@@ -42,6 +43,7 @@ from strom.storage.assignment import (
     plan_changes,
     usable_configs,
 )
+from strom.storage.identity import DataDirIdentity, IdentityError
 from strom.storage.longpoll import WaiterRegistry
 from strom.storage.partition import Partition
 
@@ -111,6 +113,13 @@ class PartitionManager:
         self.passes = {"all": 0, "topics": 0}
         #: Extra hook run (on the loop) after each reconcile; the node refreshes gauges.
         self.after_reconcile: Callable[[], None] | None = None
+        #: The data dir's identity (set by the node): strays are deleted only once it is
+        #: confirmed; None (tests of the manager alone): once the cluster is initialised.
+        self.identity: DataDirIdentity | None = None
+        #: Called (on the loop, once) with the one-line reason when etcd's cluster id is not
+        #: the one the data dir records; reconciles change nothing from then on.
+        self.on_foreign_cluster: Callable[[str], None] | None = None
+        self._foreign: str | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -194,8 +203,9 @@ class PartitionManager:
 
     def _snapshot(
         self, only: set[str] | None = None
-    ) -> tuple[dict[str, md.TopicMetadata], dict[TopicPartition, md.PartitionState], bool]:
-        """The view's topics and partition states (of the ``only`` topics, when given)."""
+    ) -> tuple[dict[str, md.TopicMetadata], dict[TopicPartition, md.PartitionState], str | None]:
+        """The view's topics and partition states (of the ``only`` topics, when given) and
+        the cluster id (None while the cluster key is absent: not initialised)."""
         with self.view.lock:
             if only is None:
                 topics = {name: v.value for name, v in self.view.topics.items()}
@@ -207,8 +217,30 @@ class PartitionManager:
                     for n in only
                     for p, v in self.view.topic_partitions_locked(n).items()
                 }
-            initialised = self.view.cluster is not None
-        return topics, parts, initialised
+            cluster = self.view.cluster
+        return topics, parts, cluster.cluster_id if cluster is not None else None
+
+    async def _may_delete_strays(self, cluster_id: str | None) -> bool:
+        """Whether this pass may delete logs this process never hosted: the view describes
+        an initialised cluster and the data dir is confirmed to be this node's in it. Records
+        the cluster id in the data dir when it learns it; False (and :attr:`_foreign` set)
+        when the data dir records another cluster id."""
+        if cluster_id is None:
+            return False
+        ident = self.identity
+        if ident is None:
+            return True
+        try:
+            if cluster_id and not ident.check_cluster_id(cluster_id):
+                await asyncio.to_thread(ident.settle, cluster_id)
+        except IdentityError as exc:
+            self._foreign = str(exc)
+            if self.on_foreign_cluster is not None:
+                self.on_foreign_cluster(self._foreign)
+            else:
+                log.error("%s", exc)
+            return False
+        return ident.may_delete_strays(cluster_id)
 
     async def _reconcile_once(self, only: set[str] | None = None) -> None:
         """One pass over everything, or over the ``only`` topics (see the module docstring)."""
@@ -217,7 +249,12 @@ class PartitionManager:
         scope = "all" if only is None else "topics"
         self.passes[scope] += 1
         metrics.RECONCILE_PASSES.labels(scope).inc()
-        topics, parts, initialised = self._snapshot(only)
+        if self._foreign is not None:
+            return  # this data dir is another cluster's: change nothing, the node stops
+        topics, parts, cluster_id = self._snapshot(only)
+        delete_strays = await self._may_delete_strays(cluster_id)
+        if self._foreign is not None:
+            return
         desired = desired_assignments(self.node_id, topics, parts)
         installed: Mapping[TopicPartition, Assignment] = self._assignments
         if only is None:
@@ -236,9 +273,10 @@ class PartitionManager:
                 if logs.get(*tp) is not None
             }
         # Strays (logs on disk this process never hosted) are only deleted once the view is
-        # known to describe an initialised cluster: a node pointed at the wrong --cluster or
-        # at an empty etcd must not wipe its disk.
-        plan = plan_changes(desired, installed, local, delete_strays=initialised)
+        # known to describe an initialised cluster and the data dir's meta.properties names
+        # this node in it: a node pointed at the wrong --cluster, at an empty etcd or started
+        # with another node's --node-id must not wipe its disk.
+        plan = plan_changes(desired, installed, local, delete_strays=delete_strays)
         if not plan:
             return
         self.reconciles += 1

@@ -3,9 +3,12 @@
 :class:`StorageNode` is the :class:`strom.service.runtime.Service` that ``serve()`` runs.
 Start-up order matters and is:
 
+0. read the data dir's ``meta.properties`` (:mod:`strom.storage.identity`): a dir that
+   records another node id or cluster name refuses the start before anything touches it;
 1. register ``nodes/<id>`` (STARTING) under a lease: refuses a node id held by a live
    process *before* touching the data dir, so two processes never write one log;
 2. start the cluster view (snapshot + watch), so logs open with their topics' configs;
+   refuse a data dir recorded for another cluster id, record the identity if it is new;
 3. open the data dir (recovery after a crash) in a worker thread;
 4. reconcile once (create/delete/update replicas), then publish RUNNING.
 
@@ -42,6 +45,7 @@ from strom.log import compact, dirtiest_first, measure_logs
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 from strom.service.limits import Admission, default_memory_limit
 from strom.storage import metrics, records_api
+from strom.storage.identity import DataDirIdentity, IdentityError
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
@@ -139,6 +143,12 @@ class StorageNode:
         metrics.watch_data_dir(config.data_dir)
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
+        #: Whose data the data dir holds; the manager deletes strays only once it matches.
+        self.identity = DataDirIdentity(
+            config.data_dir, config.node_id, config.cluster, fsync=config.fsync
+        )
+        self.manager.identity = self.identity
+        self.manager.on_foreign_cluster = self._on_foreign_cluster
         metrics.count_partitions_with(self.manager.role_counts)
         self.servicer = StorageServicer(config.node_id, self.manager, self.view)
         self.controller = ControllerClient(self.view)
@@ -191,6 +201,8 @@ class StorageNode:
         self.manager.loop = loop
         cfg = self.config
         try:
+            # Read only: a start refused for another reason leaves the data dir as it was.
+            await self._check_identity(self.identity.check_flags)
             try:
                 await asyncio.to_thread(self.registration.register, self._on_lease_lost)
             except NodeIdInUseError as exc:
@@ -200,6 +212,8 @@ class StorageNode:
             self._registered = True
             self.view.add_listener(self.manager.on_view_events)
             await asyncio.to_thread(self.view.start)
+            cluster = self.view.cluster
+            await self._check_identity(self.identity.settle, cluster.cluster_id if cluster else "")
             try:
                 await asyncio.to_thread(self.manager.open, cfg.data_dir)
             except OSError as exc:
@@ -235,6 +249,22 @@ class StorageNode:
             cfg.advertise_port,
             self.registration.incarnation_id,
         )
+
+    async def _check_identity(self, step: Callable[..., None], *args: str) -> None:
+        """Run one step of the data dir's identity check (strom.storage.identity) in a
+        thread; its refusal is the start's one line."""
+        try:
+            await asyncio.to_thread(step, *args)
+        except IdentityError as exc:
+            raise StartupError(str(exc)) from None
+        except OSError as exc:
+            raise StartupError(f"cannot open data dir {self.config.data_dir}: {exc}") from None
+
+    def _on_foreign_cluster(self, message: str) -> None:
+        """The partition manager found the cluster id in etcd changed while running (the
+        cluster created again under the same name): stop, as a start would refuse."""
+        log.error("%s; shutting down", message)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _roles_from_a_previous_life(self) -> int:
         """Partitions whose state in etcd still names this node leader or in-sync replica."""
