@@ -268,6 +268,67 @@ def test_too_large_batch_is_rejected(tmp_path: Path) -> None:
     assert log.log_end_offset == 0 and log.size_bytes == 0
 
 
+# Found from outside: the topic's current max.message.bytes bounded every re-read of stored
+# data, so lowering it made batches accepted under the older, larger limit look corrupt.
+# Kafka checks it on the leader's produce only; these batches must stay.
+_BIG = 3 << 20  # above what the old bound (twice max.message.bytes, at least 2 MiB) allowed
+_LOWERED = {"max_message_bytes": 1 << 20}
+
+
+def _log_with_a_big_batch(path: Path, **configs: object) -> tuple[Log, list[Record]]:
+    """A log holding small batches around one ``_BIG`` batch accepted under an 8 MiB
+    max.message.bytes (the big one in the middle: a cut there loses what follows)."""
+    log = make_log(path, max_message_bytes=8 << 20, **configs)
+    log.append(batch(1, tag="before"), leader_epoch=1)
+    log.append(batch(1, tag="big", size=_BIG), leader_epoch=1)
+    for i in range(5):
+        log.append(batch(2, tag=f"after{i}-"), leader_epoch=2)
+    return log, read_all(log)
+
+
+def test_lowering_max_message_bytes_keeps_bigger_batches_over_a_crash(tmp_path: Path) -> None:
+    log, before = _log_with_a_big_batch(tmp_path / "t-0")
+    crash(log)
+    log2 = make_log(tmp_path / "t-0", **_LOWERED)  # recovery point 0: every batch re-read
+    assert log2.truncated_bytes_on_recovery == 0
+    assert read_all(log2) == before
+    check_tiling(log2)
+
+
+def test_lowering_max_message_bytes_keeps_bigger_batches_readable(tmp_path: Path) -> None:
+    log, before = _log_with_a_big_batch(tmp_path / "t-0")
+    log.close()
+    # A clean restart under the lowered limit (the segments trusted, not re-scanned) ...
+    cfg = LogConfig.from_dict({"max.message.bytes": 1 << 20})
+    log2 = Log(tmp_path / "t-0", cfg, fsync=False, clock=Clock(), clean_shutdown=True)
+    assert read_all(log2) == before
+    # ... and the running log once the change reaches it.
+    log3, before3 = _log_with_a_big_batch(tmp_path / "u-0")
+    log3.update_config(cfg)
+    log3.roll()
+    assert read_all(log3) == before3
+    # The leader's produce check is where the lowered limit applies.
+    with pytest.raises(InvalidBatchError, match=r"max\.message\.bytes=1048576") as err:
+        log3.append(batch(1, size=_BIG), leader_epoch=2)
+    assert err.value.too_large
+
+
+def test_a_follower_copies_batches_bigger_than_its_lowered_max_message_bytes(
+    tmp_path: Path,
+) -> None:
+    leader, before = _log_with_a_big_batch(tmp_path / "leader")
+    follower = make_log(tmp_path / "follower", **_LOWERED)
+    offset = 0
+    while offset < leader.log_end_offset:
+        res = leader.read(offset, 1 << 20)
+        info = follower.append_as_follower(res.data)
+        assert info is not None and info.log_end_offset == res.next_offset
+        offset = res.next_offset
+    assert read_all(follower) == before
+    assert follower.epochs.entries() == leader.epochs.entries()
+    check_tiling(follower)
+
+
 # ----------------------------------------------------------------------------------- reads
 
 

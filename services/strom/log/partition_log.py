@@ -46,7 +46,7 @@ from strom.log.producer_state import (
     snapshot_path,
     write_snapshot,
 )
-from strom.log.segment import LogSegment
+from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment
 from strom.log.transactions import (
     AbortedIndex,
     AbortedTxn,
@@ -170,12 +170,7 @@ class Log:
 
     def _new_segment(self, base: int) -> LogSegment:
         cfg = self.config
-        seg = LogSegment(
-            self.directory,
-            base,
-            cfg.index_interval_bytes,
-            max(cfg.max_message_bytes, 1 << 20) * 2,
-        )
+        seg = LogSegment(self.directory, base, cfg.index_interval_bytes)
         seg.created_ms = self.clock()
         if cfg.segment_jitter_ms > 0:
             # Kafka's randomSegmentJitter: a fresh draw per segment, below segment.ms.
@@ -378,16 +373,14 @@ class Log:
     def update_config(self, config: LogConfig) -> None:
         """Apply changed topic configs to the open log (storage nodes, on a config change).
 
-        Segments capture the batch-size ceiling and index interval when they are created; a
-        raised ``max.message.bytes`` must reach them too, or a batch accepted under the new
-        limit would fail the read-time check as "too large" (served as corrupt). The ceiling
-        never shrinks, so batches stored under an older, larger limit stay readable.
+        Segments capture the index interval when they are created, so a change must reach
+        them too. ``max.message.bytes`` needs nothing here: it is checked on the leader's
+        appends only, never when stored batches are read again (see
+        :data:`strom.log.segment.MAX_STORED_BATCH_BYTES`).
         """
         with self.lock:
             self.config = config
-            ceiling = max(config.max_message_bytes, 1 << 20) * 2
             for seg in self.segments:
-                seg.max_batch_bytes = max(seg.max_batch_bytes, ceiling)
                 seg.index_interval_bytes = config.index_interval_bytes
 
     # -- appends ---------------------------------------------------------------------------
@@ -628,7 +621,9 @@ class Log:
         fetch for good. The log restarts at the batch's base offset and keeps its log start,
         so the records below it are still never served.
         """
-        headers = scan_batches(data, max_batch_bytes=self.config.max_message_bytes * 2)
+        # Not max.message.bytes: the leader took these batches under the limit in force
+        # then, which may have been larger than today's (Kafka checks it on produce only).
+        headers = scan_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
         if not headers:
             return None
         view = memoryview(data)
@@ -1089,6 +1084,6 @@ def _trim_filler(data: bytes | memoryview, offset: int) -> bytes | memoryview:
 
 def _decode(data: bytes | memoryview) -> list[RecordBatch]:
     try:
-        return decode_batches(data)
+        return decode_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
     except InvalidBatchError as exc:  # a CRC or body fault in what the log holds: corruption
         raise CorruptLogError(str(exc)) from exc
