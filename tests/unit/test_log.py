@@ -806,6 +806,36 @@ def test_retention_by_size(tmp_path: Path) -> None:
     assert log.apply_retention(now=T0) == 0
 
 
+def test_retention_deletes_only_segments_below_the_high_watermark(tmp_path: Path) -> None:
+    """Found from outside: retention by size deleted segments holding uncommitted records
+    (log start 17 with the high watermark at 3). As in Kafka, a segment goes only when all
+    its records are below the high watermark (the next segment starts at or below it)."""
+    log = make_log(tmp_path / "t-0", segment_bytes=1024, retention_bytes=3 * len(batch(1)))
+    for _ in range(20):
+        log.append(batch(1, size=200))
+    assert len(log.segments) == 20
+    assert log.apply_retention(now=T0, high_watermark=3) == 3
+    assert [s.base_offset for s in log.segments[:2]] == [3, 4]
+    assert log.log_start_offset == 3
+    assert offsets(read_all(log)) == list(range(3, 20))
+    # A high watermark inside a segment keeps that segment.
+    log2 = make_log(tmp_path / "u-0", segment_bytes=1024, retention_bytes=0)
+    for _ in range(3):
+        log2.append(batch(4))
+    assert [s.base_offset for s in log2.segments] == [0, 4, 8]
+    assert log2.apply_retention(now=T0, high_watermark=7) == 1
+    assert log2.log_start_offset == 4
+    assert log2.apply_retention(now=T0, high_watermark=8) == 1
+    assert log2.log_start_offset == 8
+    # Time-based retention is bounded the same way.
+    clock = Clock(T0 + 10_000)
+    log3 = make_log(tmp_path / "v-0", clock, segment_bytes=1024, retention_ms=1000)
+    for _ in range(4):
+        log3.append(batch(1))
+    assert log3.apply_retention(high_watermark=2) == 2
+    assert log3.log_start_offset == 2
+
+
 def test_retention_unlimited_and_compact_only(tmp_path: Path) -> None:
     log = make_log(tmp_path / "t-0", segment_bytes=1024, retention_ms=-1)
     for i in range(3):

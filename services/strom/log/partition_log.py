@@ -939,7 +939,11 @@ class Log:
         """Delete whole segments past ``retention.ms`` or ``retention.bytes``.
 
         Offsets are never reused: the log start offset moves up to the first kept segment.
-        With ``high_watermark`` at the log end (everything committed), an active segment
+        Only segments wholly below ``high_watermark`` go, as in Kafka (the next segment's base
+        offset at or below it): records not yet committed may still be needed (a follower
+        that has not copied them, a leader change) and the log start never passes the high
+        watermark. None (the engine on its own, no replication) bounds nothing for sealed
+        segments. With ``high_watermark`` at the log end (everything committed), an active segment
         whose newest record is past ``retention.ms``, and that has taken no append for as
         long, goes too, as in Kafka (which does not wait for the idle time): a new empty
         segment takes over first (otherwise a quiet topic would keep its last records
@@ -960,6 +964,8 @@ class Log:
             total = self.size_bytes
             while len(self.segments) > 1:
                 seg = self.segments[0]
+                if high_watermark is not None and self.segments[1].base_offset > high_watermark:
+                    break  # found from outside: uncommitted records were deleted
                 too_old = (
                     self.config.retention_ms >= 0
                     and seg.max_timestamp >= 0
