@@ -497,8 +497,9 @@ class Log:
                 records += h.record_count
             length = len(view) - skip
             self.epochs.assign(leader_epoch, first)
-            self._write(pieces, length, placed)
-            self.producers.update(placed, self.clock())
+            self._write(
+                pieces, length, placed, lambda part: self.producers.update(part, self.clock())
+            )
             if dups:
                 return AppendInfo(
                     dups[0].base_offset,
@@ -685,33 +686,121 @@ class Log:
             self._roll(run[0].base_offset)
         for h in run:
             self.epochs.assign(h.partition_leader_epoch, h.base_offset)
+
+        def written(part: list[BatchHeader]) -> None:
+            # Followers keep the producer state too, so that as a new leader they still
+            # recognise retries of batches appended under the old one (and open
+            # transactions). Positions in ``part`` count from ``start``.
+            markers = {
+                h.base_offset: decode_marker(view[start + h.position : start + h.position + h.size])
+                for h in part
+                if h.is_control
+            }
+            for pid, first, last in self.producers.update(part, self.clock(), markers):
+                self.aborted.add(AbortedTxn(last, pid, first))
+
         self._write(
             [view[start:end]],
             end - start,
             [dataclasses.replace(h, position=h.position - start) for h in run],
+            written,
         )
-        # Followers keep the producer state too, so that as a new leader they still
-        # recognise retries of batches appended under the old one (and open transactions).
-        markers = {
-            h.base_offset: decode_marker(view[h.position : h.position + h.size])
-            for h in run
-            if h.is_control
-        }
-        for pid, first, last in self.producers.update(run, self.clock(), markers):
-            self.aborted.add(AbortedTxn(last, pid, first))
 
     def _write(
         self,
         pieces: list[bytes | bytearray | memoryview],
         length: int,
         headers: list[BatchHeader],
+        after: Callable[[list[BatchHeader]], None] | None = None,
     ) -> None:
+        """Write consecutive batches (``headers``, positions relative to the start of
+        ``pieces``) at the log end, rolling first when the segment is due to.
+
+        A request that does not fit one segment (segment.bytes, or the index entries) is
+        split between batches, each part in a new segment (found from outside: a request
+        went whole into one segment, 4.4 MB segments at segment.bytes=65536). A single
+        batch larger than a segment still gets one of its own. ``after`` is called with the
+        headers of each part once it is written, before the next roll: the producer-state
+        snapshot a roll writes must include the parts before it. A failure after a part was
+        written truncates the log back to the request's start, so the request still fails
+        whole."""
         seg = self.active
         if seg.size and self._should_roll(seg, length, len(headers)):
             seg = self._roll(self.log_end_offset)
+        if len(headers) == 1 or not self._too_full(seg, length, len(headers)):
+            # The common case, in one write.
+            self._write_part(seg, pieces, length, headers)
+            if after is not None:
+                after(headers)
+            return
+        start = self.log_end_offset
+        try:
+            for i, (part, group) in enumerate(self._split(pieces, headers)):
+                if i:
+                    seg = self._roll(self.log_end_offset)
+                base = group[0].position
+                self._write_part(
+                    seg,
+                    part,
+                    group[-1].position + group[-1].size - base,
+                    [dataclasses.replace(h, position=h.position - base) for h in group],
+                )
+                if after is not None:
+                    after(group)
+        except BaseException:
+            if self.log_end_offset > start:
+                self.truncate_to(start)
+            raise
+
+    def _write_part(
+        self,
+        seg: LogSegment,
+        pieces: list[bytes | bytearray | memoryview],
+        length: int,
+        headers: list[BatchHeader],
+    ) -> None:
         seg.append(pieces, length, headers)
         seg.last_append_ms = self.clock()
         self._unflushed_records += sum(h.record_count for h in headers)
+
+    def _split(
+        self, pieces: list[bytes | bytearray | memoryview], headers: list[BatchHeader]
+    ) -> list[tuple[list[bytes | bytearray | memoryview], list[BatchHeader]]]:
+        """``headers`` in runs that each fit an empty segment (at least one batch each),
+        with the part of ``pieces`` each run covers. Per batch (header fields only) and per
+        piece; pieces are cut with memoryviews, never copied."""
+        cfg = self.config
+        most = min(cfg.max_index_entries, cfg.max_time_index_entries)
+        groups: list[list[BatchHeader]] = []
+        size = 0
+        for h in headers:
+            if groups and size + h.size <= cfg.segment_bytes and len(groups[-1]) < most:
+                groups[-1].append(h)
+                size += h.size
+            else:
+                groups.append([h])
+                size = h.size
+        parts: list[list[bytes | bytearray | memoryview]] = []
+        bounds = [g[0].position for g in groups[1:]]
+        k = 0
+        pos = 0
+        current: list[bytes | bytearray | memoryview] = []
+        for p in pieces:
+            n = memoryview(p).nbytes
+            cut_from = 0
+            while k < len(bounds) and bounds[k] < pos + n:
+                cut = bounds[k] - pos
+                if cut > cut_from:
+                    current.append(memoryview(p)[cut_from:cut])
+                parts.append(current)
+                current = []
+                cut_from = cut
+                k += 1
+            if cut_from < n:
+                current.append(memoryview(p)[cut_from:] if cut_from else p)
+            pos += n
+        parts.append(current)
+        return list(zip(parts, groups, strict=True))
 
     def _should_roll(self, seg: LogSegment, length: int, batches: int) -> bool:
         """Whether ``batches`` more batches of ``length`` bytes go to a new segment: the
@@ -720,10 +809,18 @@ class Log:
         segment.index.bytes (each batch can add one entry to each index)."""
         cfg = self.config
         return (
-            seg.size + length > cfg.segment_bytes
+            self._too_full(seg, length, batches)
             # The jitter never brings the age limit below 1 ms (it is drawn below segment.ms,
             # which max.compaction.lag.ms may undercut).
             or self.clock() - seg.created_ms >= max(cfg.max_segment_ms - seg.roll_jitter_ms, 1)
+        )
+
+    def _too_full(self, seg: LogSegment, length: int, batches: int) -> bool:
+        """Whether ``batches`` more batches of ``length`` bytes would pass segment.bytes or
+        might overflow segment.index.bytes in ``seg``."""
+        cfg = self.config
+        return (
+            seg.size + length > cfg.segment_bytes
             or len(seg.index.rel) + batches > cfg.max_index_entries
             or len(seg.time_index.ts) + batches > cfg.max_time_index_entries
         )
