@@ -241,6 +241,64 @@ def test_compacted_topics_are_cleaned_by_dirty_ratio(cluster: LocalCluster) -> N
         assert offsets == sorted(offsets) and offsets[-1] == 189
 
 
+def test_lowering_max_message_bytes_does_not_let_the_cleaner_cut_bigger_batches(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: after max.message.bytes was lowered, the cleaner's swap re-read
+    the rewritten segment under the new limit, took an older 3 MiB batch for corruption and
+    cut the segment there: every key after it was gone, silently. Only the leader's produce
+    check applies the limit (as in Kafka)."""
+    b = cluster.bootstrap
+    topic = "cfg-mmb-compact"
+    with Admin(b) as admin:
+        admin.create_topic(
+            topic,
+            1,
+            1,
+            config={
+                "cleanup.policy": "compact",
+                "max.message.bytes": str(8 << 20),
+                "segment.bytes": str(16 << 20),
+                "min.cleanable.dirty.ratio": "1",  # not cleaned before the change
+            },
+        )
+    big = os.urandom(3 << 20)
+    with Producer(b, linger_ms=0, max_request_size=8 << 20, batch_size=8 << 20) as producer:
+        producer.send(topic, b"old", key=b"a").result(timeout=30)
+        producer.send(topic, big, key=b"big").result(timeout=30)
+        for i in range(5):
+            producer.send(topic, b"v%d" % i, key=b"k%d" % i).result(timeout=30)
+        producer.send(topic, b"new", key=b"a").result(timeout=30)
+    with Admin(b) as admin:
+        admin.alter_configs(
+            topic,
+            set={
+                "max.message.bytes": str(1 << 20),
+                "segment.bytes": "1024",  # the next append rolls: the segment is cleanable
+                "min.cleanable.dirty.ratio": "0.01",
+            },
+        )
+    before = cleanings(cluster)
+    with Producer(b, linger_ms=0) as producer:
+        sent = [0]
+
+        def cleaned() -> bool:
+            # Until the change reaches the node, an append does not roll: write again.
+            producer.send(topic, b"z%d" % sent[0], key=b"z").result(timeout=30)
+            sent[0] += 1
+            values = [v for _, k, v in read_all(b, topic) if k == b"a"]
+            return cleanings(cluster) > before and b"old" not in values
+
+        wait_for(cleaned, timeout=60, interval=0.2, what="the topic compacted after the change")
+    latest = {k: v for _, k, v in read_all(b, topic)}
+    assert latest == {
+        b"a": b"new",
+        b"big": big,
+        **{b"k%d" % i: b"v%d" % i for i in range(5)},
+        b"z": b"z%d" % (sent[0] - 1),
+    }
+
+
 def followed_fetches(c: LocalCluster) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{c.nodes[0].metrics_port}/metrics").read()
     found = re.findall(

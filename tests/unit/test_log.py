@@ -5,6 +5,7 @@ recovery."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from strom.log import (
     OffsetOutOfRangeError,
 )
 from strom.log.manager import CLEAN_SHUTDOWN, LOG_START_OFFSETS, RECOVERY_POINTS
-from strom.log.segment import segment_name
+from strom.log.producer_state import list_snapshots
+from strom.log.segment import LogSegment, segment_name
 from strom.record import (
     HEADER_SIZE,
     TIMESTAMP_LOG_APPEND,
@@ -268,6 +270,67 @@ def test_too_large_batch_is_rejected(tmp_path: Path) -> None:
     assert log.log_end_offset == 0 and log.size_bytes == 0
 
 
+# Found from outside: the topic's current max.message.bytes bounded every re-read of stored
+# data, so lowering it made batches accepted under the older, larger limit look corrupt.
+# Kafka checks it on the leader's produce only; these batches must stay.
+_BIG = 3 << 20  # above what the old bound (twice max.message.bytes, at least 2 MiB) allowed
+_LOWERED = {"max_message_bytes": 1 << 20}
+
+
+def _log_with_a_big_batch(path: Path, **configs: object) -> tuple[Log, list[Record]]:
+    """A log holding small batches around one ``_BIG`` batch accepted under an 8 MiB
+    max.message.bytes (the big one in the middle: a cut there loses what follows)."""
+    log = make_log(path, max_message_bytes=8 << 20, **configs)
+    log.append(batch(1, tag="before"), leader_epoch=1)
+    log.append(batch(1, tag="big", size=_BIG), leader_epoch=1)
+    for i in range(5):
+        log.append(batch(2, tag=f"after{i}-"), leader_epoch=2)
+    return log, read_all(log)
+
+
+def test_lowering_max_message_bytes_keeps_bigger_batches_over_a_crash(tmp_path: Path) -> None:
+    log, before = _log_with_a_big_batch(tmp_path / "t-0")
+    crash(log)
+    log2 = make_log(tmp_path / "t-0", **_LOWERED)  # recovery point 0: every batch re-read
+    assert log2.truncated_bytes_on_recovery == 0
+    assert read_all(log2) == before
+    check_tiling(log2)
+
+
+def test_lowering_max_message_bytes_keeps_bigger_batches_readable(tmp_path: Path) -> None:
+    log, before = _log_with_a_big_batch(tmp_path / "t-0")
+    log.close()
+    # A clean restart under the lowered limit (the segments trusted, not re-scanned) ...
+    cfg = LogConfig.from_dict({"max.message.bytes": 1 << 20})
+    log2 = Log(tmp_path / "t-0", cfg, fsync=False, clock=Clock(), clean_shutdown=True)
+    assert read_all(log2) == before
+    # ... and the running log once the change reaches it.
+    log3, before3 = _log_with_a_big_batch(tmp_path / "u-0")
+    log3.update_config(cfg)
+    log3.roll()
+    assert read_all(log3) == before3
+    # The leader's produce check is where the lowered limit applies.
+    with pytest.raises(InvalidBatchError, match=r"max\.message\.bytes=1048576") as err:
+        log3.append(batch(1, size=_BIG), leader_epoch=2)
+    assert err.value.too_large
+
+
+def test_a_follower_copies_batches_bigger_than_its_lowered_max_message_bytes(
+    tmp_path: Path,
+) -> None:
+    leader, before = _log_with_a_big_batch(tmp_path / "leader")
+    follower = make_log(tmp_path / "follower", **_LOWERED)
+    offset = 0
+    while offset < leader.log_end_offset:
+        res = leader.read(offset, 1 << 20)
+        info = follower.append_as_follower(res.data)
+        assert info is not None and info.log_end_offset == res.next_offset
+        offset = res.next_offset
+    assert read_all(follower) == before
+    assert follower.epochs.entries() == leader.epochs.entries()
+    check_tiling(follower)
+
+
 # ----------------------------------------------------------------------------------- reads
 
 
@@ -390,15 +453,150 @@ def test_roll_by_segment_bytes(tmp_path: Path) -> None:
     assert offsets(read_all(log, max_bytes=1)) == list(range(40))
 
 
-def test_request_larger_than_a_segment_goes_into_one_segment(tmp_path: Path) -> None:
+def _pbatch(pid: int, seq: int, tag: str) -> bytes:
+    """An idempotent producer's one-record batch at sequence ``seq``."""
+    return encode_batch(
+        [tag.encode().ljust(100, b".")],
+        timestamps=[T0 + seq],
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+    )
+
+
+def _segments_hold_at_most(log: Log, limit: int) -> None:
+    """Every segment stays within ``limit`` bytes unless it holds a single batch."""
+    for seg in log.segments:
+        assert seg.size <= limit or len(seg.batch_headers()) == 1, (seg.base_offset, seg.size)
+
+
+def test_a_request_larger_than_a_segment_is_split_between_batches(tmp_path: Path) -> None:
+    """Found from outside: a request went whole into one segment (4.4 MB segments at
+    segment.bytes=65536). It is split between batches now, each part in a new segment
+    with its own indexes; a single batch larger than a segment gets one of its own."""
+    clock = Clock()
+    log = make_log(tmp_path / "t-0", clock, segment_bytes=2048, index_interval_bytes=1)
+    log.append(batch(1))
+    one = len(_pbatch(7, 0, "x"))
+    assert 2 * one <= 2048 < 3 * one
+    req = b"".join(_pbatch(7, i, f"r{i}-") for i in range(9))
+    info = log.append(req, leader_epoch=1)
+    assert (info.first_offset, info.log_end_offset, info.record_count) == (1, 10, 9)
+    assert [s.base_offset for s in log.segments] == [0, 1, 3, 5, 7, 9]
+    _segments_hold_at_most(log, 2048)
+    # The files as a crash would leave them now, with the snapshots the rolls inside the
+    # request wrote (each must hold the parts before it).
+    shutil.copytree(log.directory, tmp_path / "crashed-0")
+    big = batch(1, tag="big", size=3000)
+    log.append(batch(1) + big + batch(1), leader_epoch=1)
+    assert [s.base_offset for s in log.segments][-3:] == [10, 11, 12]
+    _segments_hold_at_most(log, 2048)
+    check_tiling(log)
+    want = read_all(log)
+    assert offsets(want) == list(range(13))
+    # Every offset is found through its segment's offset index, and by time.
+    assert offsets(read_all(log, max_bytes=1)) == list(range(13))
+    for seg in log.segments:
+        assert seg.index.rel and seg.index.pos[0] == 0
+    assert log.offset_for_timestamp(T0 + 4)[0] == 5
+    # The producer state holds the whole request: a retry of its last batches (the state
+    # keeps an idempotent producer's last 5) is answered, not written.
+    tail = b"".join(_pbatch(7, i, f"r{i}-") for i in range(4, 9))
+    retry = log.append(tail, leader_epoch=1)
+    assert (retry.first_offset, retry.duplicates, retry.bytes) == (5, 5, 0)
+    assert log.log_end_offset == 13
+    # Restarts see the same.
+    log.close()
+    cfg = LogConfig.from_dict({"segment.bytes": 2048, "index.interval.bytes": 1})
+    again = Log(tmp_path / "t-0", cfg, fsync=False, clock=clock, clean_shutdown=True)
+    assert read_all(again) == want
+    assert again.append(tail, leader_epoch=1).duplicates == 5
+    crashed = Log(tmp_path / "crashed-0", cfg, fsync=False, clock=clock)
+    assert list_snapshots(crashed.directory) == [7, 9]  # the newest two are kept
+    assert crashed.producer_batches_scanned == 1  # from the snapshot at 9: the batch at 9
+    assert crashed.truncated_bytes_on_recovery == 0 and crashed.log_end_offset == 10
+    assert crashed.append(tail, leader_epoch=1).duplicates == 5
+    check_tiling(crashed)
+
+
+def test_log_append_time_requests_are_split_too(tmp_path: Path) -> None:
+    clock = Clock(T0 + 5)
+    log = make_log(
+        tmp_path / "t-0", clock, segment_bytes=1024, message_timestamp_type="LogAppendTime"
+    )
+    info = log.append(b"".join(batch(1, tag=f"m{i}-", size=300) for i in range(5)))
+    assert info.log_append_time_ms == T0 + 5
+    assert len(log.segments) > 1
+    _segments_hold_at_most(log, 1024)
+    check_tiling(log)
+    got = read_all(log)
+    assert offsets(got) == list(range(5)) and {r.timestamp for r in got} == {T0 + 5}
+
+
+def test_a_follower_request_larger_than_a_segment_is_split_between_batches(
+    tmp_path: Path,
+) -> None:
+    """The follower's copy of a leader's batches (here one fetch answer of many batches,
+    transactional ones and their marker among them) is split the same way, and ends with
+    the leader's producer state and aborted transactions."""
+    leader = make_log(tmp_path / "leader")
+    txn = encode_batch(
+        [b"t".ljust(400, b".")],
+        timestamps=[T0],
+        producer_id=3,
+        producer_epoch=0,
+        base_sequence=0,
+        transactional=True,
+    )
+    leader.append(txn, leader_epoch=1)
+    for i in range(6):
+        leader.append(_pbatch(7, i, f"r{i}-"), leader_epoch=1)
+    leader.append_marker(3, 0, committed=False, coordinator_epoch=0, leader_epoch=2)
+    leader.append(_pbatch(7, 6, "r6-"), leader_epoch=2)
+    data = leader.read(0, 1 << 20).data
+    follower = make_log(tmp_path / "follower", segment_bytes=1024)
+    info = follower.append_as_follower(data)
+    assert info is not None and info.log_end_offset == leader.log_end_offset == 9
+    assert len(follower.segments) > 2
+    _segments_hold_at_most(follower, 1024)
+    check_tiling(follower)
+    assert read_all(follower) == read_all(leader)
+    assert follower.epochs.entries() == leader.epochs.entries()
+    assert follower.aborted.entries == leader.aborted.entries
+    assert follower.last_stable_offset(9) == leader.last_stable_offset(9) == 9
+    # As the new leader it recognises the old leader's producer's retry.
+    assert follower.append(_pbatch(7, 6, "r6-"), leader_epoch=3).duplicates == 1
+
+
+def test_a_split_request_that_fails_part_way_is_not_appended_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request split between segments still succeeds or fails whole: a failed write of
+    a later part removes the parts written before it."""
     log = make_log(tmp_path / "t-0", segment_bytes=1024)
     log.append(batch(1))
-    big = b"".join(batch(1) for _ in range(4))
-    log.append(big)
-    assert [s.base_offset for s in log.segments] == [0, 1]
-    assert log.segments[1].size == len(big)
-    log.append(batch(1))
-    assert [s.base_offset for s in log.segments] == [0, 1, 5]
+    before = read_all(log)
+    req = b"".join(_pbatch(7, i, f"r{i}-") for i in range(6))
+    real_append = LogSegment.append
+    parts = []
+
+    def fail_the_second_part(seg: LogSegment, *args: object, **kwargs: object) -> None:
+        parts.append(seg.base_offset)
+        if len(parts) == 2:
+            raise OSError(28, "No space left on device")
+        real_append(seg, *args, **kwargs)
+
+    monkeypatch.setattr(LogSegment, "append", fail_the_second_part)
+    with pytest.raises(OSError):
+        log.append(req, leader_epoch=1)
+    monkeypatch.undo()
+    assert log.log_end_offset == 1
+    assert read_all(log) == before
+    check_tiling(log)
+    # Nothing of it counts for the producer either: the retry is new, not a duplicate.
+    info = log.append(req, leader_epoch=1)
+    assert (info.first_offset, info.duplicates, info.record_count) == (1, 0, 6)
+    assert offsets(read_all(log)) == list(range(7))
 
 
 def test_roll_by_segment_ms(tmp_path: Path) -> None:
@@ -743,6 +941,36 @@ def test_retention_by_size(tmp_path: Path) -> None:
     assert [s.base_offset for s in log.segments] == [3, 4, 5]
     assert log.log_start_offset == 3
     assert log.apply_retention(now=T0) == 0
+
+
+def test_retention_deletes_only_segments_below_the_high_watermark(tmp_path: Path) -> None:
+    """Found from outside: retention by size deleted segments holding uncommitted records
+    (log start 17 with the high watermark at 3). As in Kafka, a segment goes only when all
+    its records are below the high watermark (the next segment starts at or below it)."""
+    log = make_log(tmp_path / "t-0", segment_bytes=1024, retention_bytes=3 * len(batch(1)))
+    for _ in range(20):
+        log.append(batch(1, size=200))
+    assert len(log.segments) == 20
+    assert log.apply_retention(now=T0, high_watermark=3) == 3
+    assert [s.base_offset for s in log.segments[:2]] == [3, 4]
+    assert log.log_start_offset == 3
+    assert offsets(read_all(log)) == list(range(3, 20))
+    # A high watermark inside a segment keeps that segment.
+    log2 = make_log(tmp_path / "u-0", segment_bytes=1024, retention_bytes=0)
+    for _ in range(3):
+        log2.append(batch(4))
+    assert [s.base_offset for s in log2.segments] == [0, 4, 8]
+    assert log2.apply_retention(now=T0, high_watermark=7) == 1
+    assert log2.log_start_offset == 4
+    assert log2.apply_retention(now=T0, high_watermark=8) == 1
+    assert log2.log_start_offset == 8
+    # Time-based retention is bounded the same way.
+    clock = Clock(T0 + 10_000)
+    log3 = make_log(tmp_path / "v-0", clock, segment_bytes=1024, retention_ms=1000)
+    for _ in range(4):
+        log3.append(batch(1))
+    assert log3.apply_retention(high_watermark=2) == 2
+    assert log3.log_start_offset == 2
 
 
 def test_retention_unlimited_and_compact_only(tmp_path: Path) -> None:

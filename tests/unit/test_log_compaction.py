@@ -586,6 +586,63 @@ def test_compaction_refuses_corrupt_segments(tmp_path: Path) -> None:
         assert victim in log.segments
 
 
+def test_compaction_after_lowering_max_message_bytes_keeps_every_latest_value(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: the swap re-read the rewritten segment under the topic's current
+    max.message.bytes, so a batch accepted under a larger, older limit counted as corrupt:
+    the segment was cut there and every key after it was gone (on every replica at once)."""
+    log = make_log(tmp_path / "c-0", max_message_bytes=8 << 20, segment_bytes=16 << 20)
+    log.append(kv_batch([(b"a", b"old")]))
+    log.append(kv_batch([(b"big", b"x" * (3 << 20))]))  # above the old bound of 2 MiB
+    for i in range(5):
+        log.append(kv_batch([(b"k%d" % i, b"v%d" % i)]))
+    log.append(kv_batch([(b"a", b"new")]))
+    log.roll()
+    log.append(kv_batch([(b"z", b"active")]))
+    log.update_config(cfg(max_message_bytes=1 << 20, segment_bytes=16 << 20))
+    stats = compact(log, now=T0 + HOUR)
+    assert stats.segments_cleaned == 1
+    got = {k: v for _, k, v in kv(read_all(log))}
+    assert got == {
+        b"a": b"new",
+        b"big": b"x" * (3 << 20),
+        **{b"k%d" % i: b"v%d" % i for i in range(5)},
+        b"z": b"active",
+    }
+    check_tiling(log)
+
+
+def test_a_rewritten_segment_that_would_not_recover_whole_is_not_swapped_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swap's safety net: a rewrite that the swap's recovery would cut (here a torn last
+    batch stands in for any rule the two disagree on) keeps the old segment, fails the pass
+    loudly and leaves no files behind, instead of dropping the cut records silently."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1024)
+    for i in range(6):
+        log.append(kv_batch([(b"a", b"%d" % i), (b"b%d" % i, b"x")]))
+    before = kv(read_all(log))
+    old_segments = list(log.segments)
+    real_rewrite = cleaner_mod._rewrite
+
+    def torn_rewrite(*args: object, **kwargs: object) -> object:
+        data, kept_before, kept_after = real_rewrite(*args, **kwargs)
+        return (data[:-1] if data else data), kept_before, kept_after
+
+    monkeypatch.setattr(cleaner_mod, "_rewrite", torn_rewrite)
+    with pytest.raises(CorruptLogError, match="swap refused"):
+        compact(log, now=T0 + HOUR)
+    monkeypatch.undo()
+    assert log.segments == old_segments
+    assert kv(read_all(log)) == before
+    assert not [p for p in log.directory.iterdir() if p.suffix in (".swap", ".cleaned")]
+    assert log.first_dirty_offset == 0  # the pass did not count
+    compact(log, now=T0 + HOUR)
+    assert kv(read_all(log)) == [r for r in before if r[1] != b"a" or r[2] == b"5"]
+    check_tiling(log)
+
+
 def test_reads_after_compaction_pass_all_checks(tmp_path: Path) -> None:
     log = make_log(tmp_path / "c-0", segment_bytes=1024, delete_retention_ms=0)
     for i in range(30):

@@ -34,11 +34,14 @@ finishes or discards the swap).
 
 from __future__ import annotations
 
+import logging
+import mmap
 import os
 from collections import deque
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
@@ -48,7 +51,13 @@ from strom.log.checkpoint import fsync_dir
 from strom.log.errors import CorruptLogError
 from strom.log.partition_log import Log
 from strom.log.producer_state import BATCHES_KEPT
-from strom.log.segment import DELETED_SUFFIX, EpochLookup, LogSegment
+from strom.log.segment import (
+    DELETED_SUFFIX,
+    MAX_STORED_BATCH_BYTES,
+    EpochLookup,
+    LogSegment,
+    valid_batches,
+)
 from strom.log.transactions import AbortedTxn
 from strom.record.batch import RecordBatch, decode_batches, encode_body
 from strom.record.errors import InvalidBatchError
@@ -60,6 +69,8 @@ from strom.record.header import (
     set_log_append_time,
 )
 from strom.record.schema import BODY_SCHEMA_V1
+
+_log = logging.getLogger("strom.log.cleaner")
 
 
 @dataclass
@@ -206,7 +217,7 @@ def _segment_batches(seg: LogSegment, epoch_for: EpochLookup) -> list[RecordBatc
     # epoch). The cleaner re-frames batches with a fresh CRC, so it must refuse corrupt input
     # rather than turn it into valid-looking data (or have the swap's recover() cut it).
     try:
-        batches = decode_batches(data)
+        batches = decode_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
     except InvalidBatchError as exc:
         raise CorruptLogError(f"{seg.log_path}: {exc}") from None
     expected = seg.base_offset
@@ -558,7 +569,8 @@ def _swap(log: Log, seg: LogSegment, data: bytes, truncations: int) -> bool:
     """Replace ``seg``'s file with ``data`` atomically and rebuild its indexes.
 
     Returns False (and changes nothing) when the log was truncated or the segment deleted
-    since the cleaner read it."""
+    since the cleaner read it. Raises :class:`CorruptLogError` (and changes nothing) when
+    the new file would not recover whole: see :func:`_check_rewritten`."""
     cleaned = seg.log_path.with_name(seg.log_path.name + ".cleaned")
     with open(cleaned, "wb") as f:
         f.write(data)
@@ -568,6 +580,16 @@ def _swap(log: Log, seg: LogSegment, data: bytes, truncations: int) -> bool:
         ns = seg.last_append_ms * 1_000_000
         os.utime(f.fileno(), ns=(ns, ns))
         os.fsync(f.fileno())
+    try:
+        _check_rewritten(cleaned, seg.base_offset, len(data), log.epochs.epoch_for)
+    except CorruptLogError:
+        cleaned.unlink(missing_ok=True)
+        with log.lock:
+            # Checked outside the lock: a truncation or deletion meanwhile may have moved the
+            # epoch history under it. Then the pass is void, as below, not an error.
+            if log.truncations != truncations or seg not in log.segments:
+                return False
+        raise
     swap = seg.log_path.with_name(seg.log_path.name + ".swap")
     os.replace(cleaned, swap)
     fsync_dir(seg.directory)
@@ -590,8 +612,36 @@ def _swap(log: Log, seg: LogSegment, data: bytes, truncations: int) -> bool:
         os.replace(swap, seg.log_path)
         fsync_dir(seg.directory)
         fresh = log._new_segment(seg.base_offset)
-        fresh.recover(log.epochs.epoch_for)
+        cut = fresh.recover(log.epochs.epoch_for)
+        if cut:  # checked above: only the disk can have changed the file since
+            _log.error("%s: the compacted segment lost %d bytes on reopening", fresh.log_path, cut)
         fresh.created_ms = seg.created_ms
         fresh.last_append_ms = seg.last_append_ms
         log.segments[i] = fresh
         return True
+
+
+def _check_rewritten(path: Path, base_offset: int, length: int, epoch_for: EpochLookup) -> None:
+    """Raise :class:`CorruptLogError` unless the rewritten segment file at ``path`` recovers
+    to all of its ``length`` bytes, by the rule recovery applies after the swap
+    (:func:`strom.log.segment.valid_batches`).
+
+    A safety net (found from outside): a batch the rule refuses would be cut there by the
+    swap's own recovery, with everything after it, on every replica at once, and the pass
+    would still count the segment as cleaned. The old segment is kept instead, and the
+    error reaches the storage node's log ("compacting <partition> failed") on every pass
+    until the cause is fixed; the pass stops there, so what it cleaned is a prefix of the
+    log, as a void pass leaves it."""
+    if length == 0:
+        return
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ) as mm:
+        view = memoryview(mm)
+        try:
+            valid = sum(h.size for h in valid_batches(view, base_offset, epoch_for))
+        finally:
+            view.release()
+    if valid != length:
+        raise CorruptLogError(
+            f"{path}: the compacted segment would recover to {valid} of its {length} bytes "
+            "(swap refused, the segment is kept as it was)"
+        )

@@ -46,7 +46,7 @@ from strom.log.producer_state import (
     snapshot_path,
     write_snapshot,
 )
-from strom.log.segment import LogSegment
+from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment
 from strom.log.transactions import (
     AbortedIndex,
     AbortedTxn,
@@ -170,12 +170,7 @@ class Log:
 
     def _new_segment(self, base: int) -> LogSegment:
         cfg = self.config
-        seg = LogSegment(
-            self.directory,
-            base,
-            cfg.index_interval_bytes,
-            max(cfg.max_message_bytes, 1 << 20) * 2,
-        )
+        seg = LogSegment(self.directory, base, cfg.index_interval_bytes)
         seg.created_ms = self.clock()
         if cfg.segment_jitter_ms > 0:
             # Kafka's randomSegmentJitter: a fresh draw per segment, below segment.ms.
@@ -378,16 +373,14 @@ class Log:
     def update_config(self, config: LogConfig) -> None:
         """Apply changed topic configs to the open log (storage nodes, on a config change).
 
-        Segments capture the batch-size ceiling and index interval when they are created; a
-        raised ``max.message.bytes`` must reach them too, or a batch accepted under the new
-        limit would fail the read-time check as "too large" (served as corrupt). The ceiling
-        never shrinks, so batches stored under an older, larger limit stay readable.
+        Segments capture the index interval when they are created, so a change must reach
+        them too. ``max.message.bytes`` needs nothing here: it is checked on the leader's
+        appends only, never when stored batches are read again (see
+        :data:`strom.log.segment.MAX_STORED_BATCH_BYTES`).
         """
         with self.lock:
             self.config = config
-            ceiling = max(config.max_message_bytes, 1 << 20) * 2
             for seg in self.segments:
-                seg.max_batch_bytes = max(seg.max_batch_bytes, ceiling)
                 seg.index_interval_bytes = config.index_interval_bytes
 
     # -- appends ---------------------------------------------------------------------------
@@ -504,8 +497,9 @@ class Log:
                 records += h.record_count
             length = len(view) - skip
             self.epochs.assign(leader_epoch, first)
-            self._write(pieces, length, placed)
-            self.producers.update(placed, self.clock())
+            self._write(
+                pieces, length, placed, lambda part: self.producers.update(part, self.clock())
+            )
             if dups:
                 return AppendInfo(
                     dups[0].base_offset,
@@ -628,7 +622,9 @@ class Log:
         fetch for good. The log restarts at the batch's base offset and keeps its log start,
         so the records below it are still never served.
         """
-        headers = scan_batches(data, max_batch_bytes=self.config.max_message_bytes * 2)
+        # Not max.message.bytes: the leader took these batches under the limit in force
+        # then, which may have been larger than today's (Kafka checks it on produce only).
+        headers = scan_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
         if not headers:
             return None
         view = memoryview(data)
@@ -690,33 +686,121 @@ class Log:
             self._roll(run[0].base_offset)
         for h in run:
             self.epochs.assign(h.partition_leader_epoch, h.base_offset)
+
+        def written(part: list[BatchHeader]) -> None:
+            # Followers keep the producer state too, so that as a new leader they still
+            # recognise retries of batches appended under the old one (and open
+            # transactions). Positions in ``part`` count from ``start``.
+            markers = {
+                h.base_offset: decode_marker(view[start + h.position : start + h.position + h.size])
+                for h in part
+                if h.is_control
+            }
+            for pid, first, last in self.producers.update(part, self.clock(), markers):
+                self.aborted.add(AbortedTxn(last, pid, first))
+
         self._write(
             [view[start:end]],
             end - start,
             [dataclasses.replace(h, position=h.position - start) for h in run],
+            written,
         )
-        # Followers keep the producer state too, so that as a new leader they still
-        # recognise retries of batches appended under the old one (and open transactions).
-        markers = {
-            h.base_offset: decode_marker(view[h.position : h.position + h.size])
-            for h in run
-            if h.is_control
-        }
-        for pid, first, last in self.producers.update(run, self.clock(), markers):
-            self.aborted.add(AbortedTxn(last, pid, first))
 
     def _write(
         self,
         pieces: list[bytes | bytearray | memoryview],
         length: int,
         headers: list[BatchHeader],
+        after: Callable[[list[BatchHeader]], None] | None = None,
     ) -> None:
+        """Write consecutive batches (``headers``, positions relative to the start of
+        ``pieces``) at the log end, rolling first when the segment is due to.
+
+        A request that does not fit one segment (segment.bytes, or the index entries) is
+        split between batches, each part in a new segment (found from outside: a request
+        went whole into one segment, 4.4 MB segments at segment.bytes=65536). A single
+        batch larger than a segment still gets one of its own. ``after`` is called with the
+        headers of each part once it is written, before the next roll: the producer-state
+        snapshot a roll writes must include the parts before it. A failure after a part was
+        written truncates the log back to the request's start, so the request still fails
+        whole."""
         seg = self.active
         if seg.size and self._should_roll(seg, length, len(headers)):
             seg = self._roll(self.log_end_offset)
+        if len(headers) == 1 or not self._too_full(seg, length, len(headers)):
+            # The common case, in one write.
+            self._write_part(seg, pieces, length, headers)
+            if after is not None:
+                after(headers)
+            return
+        start = self.log_end_offset
+        try:
+            for i, (part, group) in enumerate(self._split(pieces, headers)):
+                if i:
+                    seg = self._roll(self.log_end_offset)
+                base = group[0].position
+                self._write_part(
+                    seg,
+                    part,
+                    group[-1].position + group[-1].size - base,
+                    [dataclasses.replace(h, position=h.position - base) for h in group],
+                )
+                if after is not None:
+                    after(group)
+        except BaseException:
+            if self.log_end_offset > start:
+                self.truncate_to(start)
+            raise
+
+    def _write_part(
+        self,
+        seg: LogSegment,
+        pieces: list[bytes | bytearray | memoryview],
+        length: int,
+        headers: list[BatchHeader],
+    ) -> None:
         seg.append(pieces, length, headers)
         seg.last_append_ms = self.clock()
         self._unflushed_records += sum(h.record_count for h in headers)
+
+    def _split(
+        self, pieces: list[bytes | bytearray | memoryview], headers: list[BatchHeader]
+    ) -> list[tuple[list[bytes | bytearray | memoryview], list[BatchHeader]]]:
+        """``headers`` in runs that each fit an empty segment (at least one batch each),
+        with the part of ``pieces`` each run covers. Per batch (header fields only) and per
+        piece; pieces are cut with memoryviews, never copied."""
+        cfg = self.config
+        most = min(cfg.max_index_entries, cfg.max_time_index_entries)
+        groups: list[list[BatchHeader]] = []
+        size = 0
+        for h in headers:
+            if groups and size + h.size <= cfg.segment_bytes and len(groups[-1]) < most:
+                groups[-1].append(h)
+                size += h.size
+            else:
+                groups.append([h])
+                size = h.size
+        parts: list[list[bytes | bytearray | memoryview]] = []
+        bounds = [g[0].position for g in groups[1:]]
+        k = 0
+        pos = 0
+        current: list[bytes | bytearray | memoryview] = []
+        for p in pieces:
+            n = memoryview(p).nbytes
+            cut_from = 0
+            while k < len(bounds) and bounds[k] < pos + n:
+                cut = bounds[k] - pos
+                if cut > cut_from:
+                    current.append(memoryview(p)[cut_from:cut])
+                parts.append(current)
+                current = []
+                cut_from = cut
+                k += 1
+            if cut_from < n:
+                current.append(memoryview(p)[cut_from:] if cut_from else p)
+            pos += n
+        parts.append(current)
+        return list(zip(parts, groups, strict=True))
 
     def _should_roll(self, seg: LogSegment, length: int, batches: int) -> bool:
         """Whether ``batches`` more batches of ``length`` bytes go to a new segment: the
@@ -725,10 +809,18 @@ class Log:
         segment.index.bytes (each batch can add one entry to each index)."""
         cfg = self.config
         return (
-            seg.size + length > cfg.segment_bytes
+            self._too_full(seg, length, batches)
             # The jitter never brings the age limit below 1 ms (it is drawn below segment.ms,
             # which max.compaction.lag.ms may undercut).
             or self.clock() - seg.created_ms >= max(cfg.max_segment_ms - seg.roll_jitter_ms, 1)
+        )
+
+    def _too_full(self, seg: LogSegment, length: int, batches: int) -> bool:
+        """Whether ``batches`` more batches of ``length`` bytes would pass segment.bytes or
+        might overflow segment.index.bytes in ``seg``."""
+        cfg = self.config
+        return (
+            seg.size + length > cfg.segment_bytes
             or len(seg.index.rel) + batches > cfg.max_index_entries
             or len(seg.time_index.ts) + batches > cfg.max_time_index_entries
         )
@@ -944,7 +1036,11 @@ class Log:
         """Delete whole segments past ``retention.ms`` or ``retention.bytes``.
 
         Offsets are never reused: the log start offset moves up to the first kept segment.
-        With ``high_watermark`` at the log end (everything committed), an active segment
+        Only segments wholly below ``high_watermark`` go, as in Kafka (the next segment's base
+        offset at or below it): records not yet committed may still be needed (a follower
+        that has not copied them, a leader change) and the log start never passes the high
+        watermark. None (the engine on its own, no replication) bounds nothing for sealed
+        segments. With ``high_watermark`` at the log end (everything committed), an active segment
         whose newest record is past ``retention.ms``, and that has taken no append for as
         long, goes too, as in Kafka (which does not wait for the idle time): a new empty
         segment takes over first (otherwise a quiet topic would keep its last records
@@ -965,6 +1061,8 @@ class Log:
             total = self.size_bytes
             while len(self.segments) > 1:
                 seg = self.segments[0]
+                if high_watermark is not None and self.segments[1].base_offset > high_watermark:
+                    break  # found from outside: uncommitted records were deleted
                 too_old = (
                     self.config.retention_ms >= 0
                     and seg.max_timestamp >= 0
@@ -1089,6 +1187,6 @@ def _trim_filler(data: bytes | memoryview, offset: int) -> bytes | memoryview:
 
 def _decode(data: bytes | memoryview) -> list[RecordBatch]:
     try:
-        return decode_batches(data)
+        return decode_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
     except InvalidBatchError as exc:  # a CRC or body fault in what the log holds: corruption
         raise CorruptLogError(str(exc)) from exc

@@ -19,9 +19,10 @@ import dataclasses
 import mmap
 import os
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from strom.grpc_options import MAX_MESSAGE_BYTES
 from strom.log.checked import CheckedRanges
 from strom.log.errors import CorruptLogError
 from strom.log.index import OffsetIndex, TimeIndex
@@ -41,6 +42,15 @@ _FALLOC_FL_KEEP_SIZE = 1
 #: At most this many of the newest batches keep their exact position in memory (see
 #: :meth:`LogSegment.locate`); when full, the older half is dropped.
 TAIL_BATCHES = 128
+#: The largest batch stored data may hold, checked on every re-read (reads, recovery, the
+#: cleaner, follower appends). Fixed, not the topic's ``max.message.bytes``: that limit is
+#: the leader's produce check only (as in Kafka), and lowering it must not make batches
+#: accepted under an older, larger limit look corrupt (recovery cut them and everything
+#: after, reads failed for good, followers could not copy them). Every batch in a log
+#: arrived whole in one gRPC message (a Produce request or a follower's fetch answer), so
+#: none is larger than the wire limit; a length above it is garbage (a torn or damaged
+#: header), refused without reading hundreds of MiB behind it.
+MAX_STORED_BATCH_BYTES = MAX_MESSAGE_BYTES
 
 
 def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
@@ -64,12 +74,37 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+def valid_batches(
+    view: memoryview, base_offset: int, epoch_for: EpochLookup | None
+) -> Iterator[BatchHeader]:
+    """The headers of the batches of segment data ``view`` (a segment starting at
+    ``base_offset``) up to the first one recovery would cut: a torn or damaged batch (header,
+    length, CRC), one breaking the offset sequence, or one whose leader epoch the history
+    (``epoch_for``; None skips that check) does not give its offset. Recovery and the
+    cleaner's check of a rewritten segment use the same rule, so what the cleaner swaps in
+    is exactly what a later recovery keeps. Lazy: a caller rebuilding the epoch history
+    from the batches sees each before the next is checked."""
+    pos = 0
+    expected = base_offset
+    while pos < len(view):
+        try:
+            h = read_header(view, pos)
+            check_header(h, view, max_batch_bytes=MAX_STORED_BATCH_BYTES)
+        except InvalidBatchError:
+            return
+        if h.base_offset != expected:
+            return
+        if epoch_for is not None and h.partition_leader_epoch != epoch_for(h.base_offset):
+            return
+        yield h
+        expected = h.next_offset
+        pos += h.size
+
+
 class LogSegment:
     """A segment file and its indexes. Not thread-safe on its own: :class:`Log` serialises."""
 
-    def __init__(
-        self, directory: Path, base_offset: int, index_interval_bytes: int, max_batch_bytes: int
-    ) -> None:
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
         self.directory = directory
         self.base_offset = base_offset
         stem = segment_name(base_offset)
@@ -77,7 +112,6 @@ class LogSegment:
         self.index = OffsetIndex(directory / f"{stem}.index", base_offset)
         self.time_index = TimeIndex(directory / f"{stem}.timeindex", base_offset)
         self.index_interval_bytes = index_interval_bytes
-        self.max_batch_bytes = max_batch_bytes
         self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self.size = os.fstat(self.fd).st_size
         self.next_offset = base_offset
@@ -346,7 +380,7 @@ class LogSegment:
     ) -> None:
         where = f"{self.log_path} position {file_position + h.position}"
         try:
-            check_header(h, view, verify_crc=crc, max_batch_bytes=self.max_batch_bytes)
+            check_header(h, view, verify_crc=crc, max_batch_bytes=MAX_STORED_BATCH_BYTES)
         except InvalidBatchError as exc:
             raise CorruptLogError(f"{where}: {exc}") from None
         if h.partition_leader_epoch != epoch_for(h.base_offset):
@@ -394,23 +428,10 @@ class LogSegment:
             with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as mm:
                 view = memoryview(mm)
                 try:
-                    expected = self.base_offset
-                    while valid < self.size:
-                        try:
-                            h = read_header(view, valid)
-                            check_header(h, view, max_batch_bytes=self.max_batch_bytes)
-                        except InvalidBatchError:
-                            break
-                        if h.base_offset != expected:
-                            break
-                        if epoch_for is not None and h.partition_leader_epoch != epoch_for(
-                            h.base_offset
-                        ):
-                            break
+                    for h in valid_batches(view, self.base_offset, epoch_for):
                         if on_batch is not None:
                             on_batch(h)
                         self._index_batch(h, valid)
-                        expected = h.next_offset
                         valid += h.size
                 finally:
                     view.release()

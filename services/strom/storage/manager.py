@@ -131,8 +131,8 @@ class PartitionManager:
     def open(self, data_dir: Path) -> LogManager:
         """Open (and if needed recover) every log in ``data_dir``; blocking, run in a thread.
 
-        The view must be started first so each log opens with its topic's configs:
-        ``max.message.bytes`` decides how large a batch recovery accepts as valid.
+        The view must be started first so each log opens with its topic's configs (segment
+        rolling, retention, the index interval).
         """
         logs = LogManager(data_dir, fsync=self.fsync, configs=self.topic_configs)
         self._topic_ids = {tp: read_topic_id(lg.directory) for tp, lg in logs}
