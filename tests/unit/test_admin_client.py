@@ -225,8 +225,8 @@ def test_timeouts_default_to_a_shared_clients_and_are_checked(fake: FakeCluster)
     with pytest.raises(InvalidRequestError, match="default_api_timeout_ms"):
         Admin(cluster_client=fake, default_api_timeout_ms=0)
     with Admin("127.0.0.1:1") as own:
-        assert (own.request_timeout_ms, own.default_api_timeout_ms) == (15_000, 60_000)
-        assert (own._client.timeout_s, own._client.retry_s) == (15.0, 60.0)
+        assert (own.request_timeout_ms, own.default_api_timeout_ms) == (30_000, 60_000)
+        assert (own._client.timeout_s, own._client.retry_s) == (30.0, 60.0)
 
 
 def test_a_partition_still_failing_at_the_deadline_raises_with_its_name(

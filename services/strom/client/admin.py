@@ -70,7 +70,7 @@ from strom.security.channel import client_security
 #: The transaction timeout a fenced id keeps until its next producer sets its own.
 FENCE_TRANSACTION_TIMEOUT_MS = 60_000
 #: Admin's per-attempt and overall call timeouts (see :class:`Admin`).
-DEFAULT_REQUEST_TIMEOUT_MS = 15_000
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 DEFAULT_API_TIMEOUT_MS = 60_000
 
 __all__ = [
@@ -602,11 +602,13 @@ class Admin:
             ``$STROM_BOOTSTRAP``.
         request_timeout_ms: how long one attempt of a call may take (Kafka's
             ``request.timeout.ms``): the deadline of each RPC to the controller or to a
-            partition leader. Default 15000, or the ``cluster_client``'s ``timeout_s``. Short
-            enough that an attempt against a controller or leader that hangs (a stopped
-            process, a long GC pause, a network partition) gives up while the call still has
-            time to retry against the one that took over; long enough for the longest wait
-            the servers do on their own (the controller's 10 s for its cluster view).
+            partition leader. Default 30000 (Kafka's), or the ``cluster_client``'s
+            ``timeout_s``. Half the default overall timeout, so that an attempt against a
+            controller or leader that hangs (a stopped process, a long GC pause, a network
+            partition) gives up while the call still has time to retry against the one that
+            took over (within seconds: the services' session timeout); far above the longest
+            wait the servers do on their own (the controller's 10 s for its cluster view), so
+            that a slow but working controller is not asked twice (see below).
         default_api_timeout_ms: how long one call may take overall, retries included
             (Kafka's ``default.api.timeout.ms``): waiting for a controller election or a
             leader move counts. Default 60000, or the ``cluster_client``'s ``retry_s``, and
@@ -620,7 +622,8 @@ class Admin:
     records) that is harmless; ``create_topics`` and ``create_partitions`` retried after
     their first attempt created the topic or partitions raise TopicAlreadyExistsError or
     InvalidPartitionsError for what the call itself did (Kafka's admin client has the same
-    limit); a ``request_timeout_ms`` well above the controller's waits keeps that rare.
+    limit); a ``request_timeout_ms`` well above the controller's waits keeps that rare (a
+    single attempt of the same length would have failed anyway).
     """
 
     def __init__(
