@@ -138,9 +138,10 @@ NO_CONTROLLER = (
 class ClusterClient:
     """Channels to the cluster's nodes and controller, shared by one process's clients.
 
-    ``timeout_s`` bounds one attempt of an RPC and ``retry_s`` a call overall, its retries
-    included (Kafka's ``request.timeout.ms`` and ``default.api.timeout.ms``): an attempt gets
-    ``timeout_s`` or what is left of ``retry_s``, whichever is less.
+    ``timeout_s`` bounds one attempt of an RPC and ``retry_s`` how long a call goes on
+    retrying (Kafka's ``request.timeout.ms`` and ``default.api.timeout.ms``); in
+    :meth:`controller_call` an attempt gets ``timeout_s`` or what is left of ``retry_s``,
+    whichever is less, so the call ends by ``retry_s``.
     """
 
     def __init__(
