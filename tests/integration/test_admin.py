@@ -466,7 +466,7 @@ def test_client_lifecycle_errors(cluster: LocalCluster) -> None:
         Admin("no-port")
     start = time.monotonic()
     with (
-        Admin("127.0.0.1:1", request_timeout_ms=500) as dead,
+        Admin("127.0.0.1:1", request_timeout_ms=500, default_api_timeout_ms=500) as dead,
         pytest.raises(BrokerNotAvailableError),
     ):
         dead.list_topics()
@@ -549,7 +549,7 @@ def test_admin_reads_without_a_controller_say_why(
             what="the nodes know of no controller",
         )
         assert [t.name for t in client.metadata(["adm-orphan"]).topics] == ["adm-orphan"]
-    with Admin(c.bootstrap, request_timeout_ms=1_000) as a:
+    with Admin(c.bootstrap, request_timeout_ms=1_000, default_api_timeout_ms=1_000) as a:
         for call in (lambda: a.describe_topics(["adm-orphan"]), a.describe_cluster):
             with pytest.raises(BrokerNotAvailableError) as info:
                 call()

@@ -491,3 +491,51 @@ def test_a_partition_change_is_reconciled_by_a_pass_over_its_topic_only(
     assert passes("topics") > narrow
     assert passes("all") == full  # no node changed: nothing read every partition
     assert _etcd_state(nodes, "narrow-a").leader == 1  # the other topic is as it was
+
+
+def test_a_starting_node_does_not_lead_a_new_partition(
+    etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
+) -> None:
+    """Found from outside: at `strom dev up` topics were created with node 1, still STARTING,
+    as leader; reconciliation moved leadership away at once and dropped node 1 from the ISR,
+    counted as controlled_shutdown elections on a cluster where nothing shut down."""
+    for n in (1, 2, 3):
+        nodes.add(n)
+    nodes.set_state(1, md.NODE_STATE_STARTING)
+    ctl = _start(controllers, etcd, tmp_path, cluster, 1)
+    ctl.wait_active()
+    _create(ctl, "young", [1, 2, 3])
+    st = _etcd_state(nodes, "young")
+    assert (list(st.replicas), st.leader, list(st.isr)) == ([1, 2, 3], 2, [2, 3])
+    assert st.leader_epoch == 0
+    grown = ctl.stub.CreatePartitions(
+        pb.CreatePartitionsRequest(
+            topics=[
+                pb.CreatePartitionsTopic(
+                    name="young",
+                    count=2,
+                    assignments=[pb.ReplicaAssignment(partition=1, replicas=[1, 3, 2])],
+                )
+            ]
+        )
+    )
+    assert grown.topics[0].error_code == E.NONE, grown.topics[0].error_message
+    st = _etcd_state(nodes, "young", 1)
+    assert (list(st.replicas), st.leader, list(st.isr)) == ([1, 3, 2], 3, [3, 2])
+
+    # A leader registered again as STARTING (a restart within its lease) hands over as after
+    # a failure, not as a controlled shutdown.
+    nodes.set_state(1, md.NODE_STATE_RUNNING)
+    _alter_isr(ctl, nodes, "young", [1, 2, 3])
+    elected = ctl.stub.ElectLeaders(
+        pb.ElectLeadersRequest(
+            election_type=pb.ELECTION_TYPE_PREFERRED,
+            partitions=[common_pb2.TopicPartition(topic="young", partition=0)],
+        )
+    )
+    assert elected.partitions[0].leader == 1, elected.partitions[0].error_message
+    nodes.set_state(1, md.NODE_STATE_STARTING)
+    wait_for(lambda: _etcd_state(nodes, "young").leader == 2, timeout=10, what="node 2 leads")
+    text = ctl.metrics()
+    assert 'strom_controller_leader_elections_total{reason="controlled_shutdown"} 0.0' in text
+    assert 'strom_controller_leader_elections_total{reason="failure"} 1.0' in text

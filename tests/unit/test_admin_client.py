@@ -68,17 +68,19 @@ class FakeCluster:
     """Leaders per partition, scripted storage answers and canned controller answers."""
 
     timeout_s = 1.0
+    retry_s = 2.0
 
     def __init__(self) -> None:
         self.leaders: dict[TopicPartition, str] = {}
         self.after_refresh: dict[TopicPartition, str] = {}
         self.storage_calls: list[tuple[str, str, Any]] = []
+        self.attempt_timeouts: list[float] = []
         self.answer: Callable[[str, str, Any], Any] = lambda addr, method, req: None
         self.controller: dict[str, Any] = {}
         self.controller_calls: list[tuple[str, Any]] = []
         self.closed = False
 
-    def controller_call(self, method: str, request: Any) -> Any:
+    def controller_call(self, method: str, request: Any, **timeouts: float) -> Any:
         self.controller_calls.append((method, request))
         return self.controller[method]
 
@@ -100,6 +102,7 @@ class FakeCluster:
 
             def future(self, request: Any, timeout: float) -> _Call:
                 cluster.storage_calls.append((addr, self.name, request))
+                cluster.attempt_timeouts.append(timeout)
                 return _Call(cluster.answer(addr, self.name, request))
 
         class Stub:
@@ -119,7 +122,7 @@ def fake() -> FakeCluster:
 
 @pytest.fixture
 def admin(fake: FakeCluster) -> Admin:
-    return Admin(cluster_client=fake, request_timeout_ms=300)
+    return Admin(cluster_client=fake, request_timeout_ms=300, default_api_timeout_ms=300)
 
 
 def _asked(request: storage_pb2.ListOffsetsRequest) -> list[tuple[str, int, int]]:
@@ -181,6 +184,49 @@ def test_list_offsets_one_request_per_leader_and_retry_after_leader_moves(
     assert [(addr, _asked(req)) for addr, _, req in fake.storage_calls[2:]] == [
         ("B", [("t", 2, 5)])
     ]
+
+
+class _DeadlineExceeded(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "Deadline Exceeded"
+
+
+def test_a_hung_leader_costs_one_attempt_not_the_whole_call(fake: FakeCluster) -> None:
+    """Found from outside: each request to a leader was given the whole call's budget, so a
+    leader that hung (SIGSTOP) used it up and the retry at the new leader never ran. An
+    attempt now gets request_timeout_ms; the call retries within default_api_timeout_ms."""
+    admin = Admin(cluster_client=fake, request_timeout_ms=200, default_api_timeout_ms=10_000)
+    fake.leaders = {TP("t", 0): "A"}
+    fake.after_refresh = {TP("t", 0): "B"}
+
+    def answer(addr: str, method: str, req: Any) -> Any:
+        if addr == "A":
+            return _DeadlineExceeded()
+        return _offsets_answer({})(addr, method, req)
+
+    fake.answer = answer
+    assert admin.list_offsets({TP("t", 0): "latest"}) == {TP("t", 0): OffsetAndTimestamp(100, -1)}
+    assert [addr for addr, _, _ in fake.storage_calls] == ["A", "B"]
+    assert all(t <= 0.2 for t in fake.attempt_timeouts), fake.attempt_timeouts
+
+
+def test_timeouts_default_to_a_shared_clients_and_are_checked(fake: FakeCluster) -> None:
+    """A shared ClusterClient (the CLI's) keeps its per-call timeout and overall budget;
+    an overall timeout below the per-attempt one is refused, as Kafka refuses it."""
+    a = Admin(cluster_client=fake)
+    assert (a.request_timeout_ms, a.default_api_timeout_ms) == (1000, 2000)
+    a = Admin(cluster_client=fake, request_timeout_ms=5000)
+    assert a.default_api_timeout_ms == 5000
+    with pytest.raises(InvalidRequestError, match="default_api_timeout_ms"):
+        Admin(cluster_client=fake, request_timeout_ms=5000, default_api_timeout_ms=4000)
+    with pytest.raises(InvalidRequestError, match="default_api_timeout_ms"):
+        Admin(cluster_client=fake, default_api_timeout_ms=0)
+    with Admin("127.0.0.1:1") as own:
+        assert (own.request_timeout_ms, own.default_api_timeout_ms) == (30_000, 60_000)
+        assert (own._client.timeout_s, own._client.retry_s) == (30.0, 60.0)
 
 
 def test_a_partition_still_failing_at_the_deadline_raises_with_its_name(

@@ -256,3 +256,64 @@ def test_cancel_undoes_a_started_reassignment(s, target, eligible):
     assert list(undone.state.replicas) == list(s.replicas)
     if s.leader >= 0 and d.state.leader == s.leader:
         assert undone.state.leader == s.leader  # an in-sync leader is not moved
+
+
+def _reg(node_id: int, state: int, incarnation: str = "i") -> md.NodeRegistration:
+    return md.NodeRegistration(node_id=node_id, state=state, incarnation_id=incarnation)
+
+
+def test_a_new_partition_is_led_by_its_first_running_replica():
+    """Found from outside: at `strom dev up` topics were created with node 1, still STARTING,
+    as leader; the next reconciliation moved leadership away and dropped node 1 from the ISR.
+    Now the first RUNNING replica leads and the RUNNING ones are the ISR; the replica order,
+    the preferred leader first, is kept."""
+    st = L.initial_state([1, 2, 3], {2, 3}, "tid")
+    assert list(st.replicas) == [1, 2, 3] and st.leader == 2 and list(st.isr) == [2, 3]
+    assert (st.leader_epoch, st.partition_epoch, st.topic_id) == (0, 0, "tid")
+    L.check_invariants(st)
+    # Nothing for the next reconciliation to move while node 1 is still starting ...
+    assert L.reconcile(st, {1, 2, 3}, {2, 3}, starting={1}) is None
+    # ... and once it runs (and has joined the ISR), a preferred election makes it lead.
+    joined = md.PartitionState()
+    joined.CopyFrom(st)
+    joined.isr[:] = [1, 2, 3]
+    d, code = L.preferred(joined, {1, 2, 3})
+    assert code == E.NONE and d is not None and d.state.leader == 1
+    # Every replica eligible: as before, the first one leads with all in the ISR.
+    st = L.initial_state([3, 1, 2], {1, 2, 3}, "tid")
+    assert st.leader == 3 and list(st.isr) == [3, 1, 2]
+
+
+def test_a_new_partition_with_no_running_replica_is_led_by_its_first():
+    """Every node still starting: the first replica leads (a partition without a leader
+    would wait for its last ISR member); the first replica to run takes over."""
+    st = L.initial_state([1, 2], set(), "tid")
+    assert st.leader == 1 and list(st.isr) == [1, 2]
+    L.check_invariants(st)
+    d = L.reconcile(st, {1, 2}, {2}, starting={1})
+    assert d is not None and d.state.leader == 2 and d.election == L.FAILURE
+
+
+def test_moving_away_from_a_starting_leader_is_no_controlled_shutdown():
+    """A leader registered again but STARTING (its previous process is gone) hands over as
+    after a failure; only a node shutting down counts as a controlled shutdown (found from
+    outside: 6 "controlled_shutdown" elections on a cluster where nothing shut down)."""
+    d = L.reconcile(ps([1, 2, 3], 1, [1, 2, 3]), {1, 2, 3}, {2, 3}, starting={1})
+    assert d is not None and d.state.leader == 2 and d.election == L.FAILURE
+    d = L.reconcile(ps([1, 2, 3], 1, [1, 2, 3]), {1, 2, 3}, {2, 3})
+    assert d is not None and d.state.leader == 2 and d.election == L.CONTROLLED_SHUTDOWN
+
+
+def test_eligible_and_starting_nodes():
+    nodes = {
+        1: _reg(1, md.NODE_STATE_STARTING),
+        2: _reg(2, md.NODE_STATE_RUNNING),
+        3: _reg(3, md.NODE_STATE_SHUTTING_DOWN),
+        4: _reg(4, md.NODE_STATE_RUNNING, "new"),
+        5: _reg(5, md.NODE_STATE_RUNNING, "asked"),
+    }
+    # 5's incarnation asked for a controlled shutdown; 4's previous one did, not this one.
+    stopping = {4: "old", 5: "asked"}
+    assert L.eligible_nodes(nodes, stopping) == {2, 4}
+    assert L.eligible_nodes(nodes) == {2, 4, 5}
+    assert L.starting_nodes(nodes) == {1}

@@ -18,6 +18,8 @@ E = common_pb2.ErrorCode
 class FakeClient:
     calls: list[tuple[str, Any]] = []
     answers: dict[str, Any] = {}
+    timeout_s = 10.0
+    retry_s = 15.0
 
     def __init__(self, bootstrap: Any) -> None:
         pass
@@ -28,7 +30,7 @@ class FakeClient:
     def __exit__(self, *exc: Any) -> None:
         pass
 
-    def controller_call(self, method: str, request: Any) -> Any:
+    def controller_call(self, method: str, request: Any, **timeouts: float) -> Any:
         FakeClient.calls.append((method, request))
         return FakeClient.answers[method]
 

@@ -70,7 +70,7 @@ class HungLeaderCluster:
             ],
         )
 
-    def controller_call(self, method: str, request: Any) -> Any:
+    def controller_call(self, method: str, request: Any, **timeouts: float) -> Any:
         raise AssertionError("not used")
 
     def storage(self, address: str) -> Any:

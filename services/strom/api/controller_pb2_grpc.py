@@ -138,14 +138,18 @@ class ControllerServiceServicer:
 
     def CreateTopics(self, request, context):
         """Creates topics: places replicas across nodes and racks and writes the topic and partition
-        keys in one etcd transaction per topic.
+        keys in one etcd transaction per topic (a topic too large for one: partition keys first,
+        the topic key last). Each partition starts with its first RUNNING replica as leader.
+        Answers once the controller's own view shows the topics (see CreateTopicsRequest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteTopics(self, request, context):
-        """Marks topics deleting; storage nodes delete replicas; the controller removes the keys.
+        """Deletes topics: removes each topic key and its partition keys in one etcd transaction and
+        answers once the controller's own view shows them gone. Storage nodes delete their replicas
+        afterwards, when their own view shows it (the answer does not wait for that).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -15,7 +15,9 @@ offers, with plain return values instead of futures and typed results instead of
 
 Controller RPCs go to the active controller (``ClusterClient.controller_call`` follows
 NOT_CONTROLLER redirects and waits out an election); ListOffsets and DeleteRecords go to each
-partition's leader, one request per leader, retried on the leader-moved errors.
+partition's leader, one request per leader, retried on the leader-moved errors. Each attempt
+has its own deadline (``request_timeout_ms``) inside the call's (``default_api_timeout_ms``),
+so a controller or leader that hangs is retried around once another has taken over.
 
 Errors: every failure raises a :class:`strom.errors.StromError` subclass whose class matches
 the server's error code (``TopicAlreadyExistsError``, ``InvalidConfigError``,
@@ -46,7 +48,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import grpc
 
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
-from strom.client.cluster import ClusterClient
+from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient
 from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.errors import (
@@ -67,6 +69,9 @@ from strom.security.channel import client_security
 
 #: The transaction timeout a fenced id keeps until its next producer sets its own.
 FENCE_TRANSACTION_TIMEOUT_MS = 60_000
+#: Admin's per-attempt and overall call timeouts (see :class:`Admin`).
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+DEFAULT_API_TIMEOUT_MS = 60_000
 
 __all__ = [
     "Admin",
@@ -595,18 +600,38 @@ class Admin:
     Args:
         bootstrap: ``"host:port,host:port"`` or a list of storage node addresses; None reads
             ``$STROM_BOOTSTRAP``.
-        request_timeout_ms: how long one call may take overall, retries included (waiting for
-            a controller election or a leader move counts).
+        request_timeout_ms: how long one attempt of a call may take (Kafka's
+            ``request.timeout.ms``): the deadline of each RPC to the controller or to a
+            partition leader. Default 30000 (Kafka's), or the ``cluster_client``'s
+            ``timeout_s``. Half the default overall timeout, so that an attempt against a
+            controller or leader that hangs (a stopped process, a long GC pause, a network
+            partition) gives up while the call still has time to retry against the one that
+            took over (within seconds: the services' session timeout); far above the longest
+            wait the servers do on their own (the controller's 10 s for its cluster view), so
+            that a slow but working controller is not asked twice (see below).
+        default_api_timeout_ms: how long one call may take overall, retries included
+            (Kafka's ``default.api.timeout.ms``): waiting for a controller election or a
+            leader move counts. Default 60000, or the ``cluster_client``'s ``retry_s``, and
+            never less than ``request_timeout_ms`` unless given.
         client_id: the name the servers see for this client (sent as the gRPC user agent).
         cluster_client: share an existing :class:`ClusterClient` (its channels and metadata)
             instead of opening one; ``close()`` then leaves it open.
+
+    A call that a server ran but whose answer did not arrive in time is retried like one
+    that never arrived. For reads and for idempotent writes (configs, elections, deleting
+    records) that is harmless; ``create_topics`` and ``create_partitions`` retried after
+    their first attempt created the topic or partitions raise TopicAlreadyExistsError or
+    InvalidPartitionsError for what the call itself did (Kafka's admin client has the same
+    limit); a ``request_timeout_ms`` well above the controller's waits keeps that rare (a
+    single attempt of the same length would have failed anyway).
     """
 
     def __init__(
         self,
         bootstrap: str | Sequence[str] | None = None,
         *,
-        request_timeout_ms: int = 30_000,
+        request_timeout_ms: int | None = None,
+        default_api_timeout_ms: int | None = None,
         client_id: str = "strom-admin",
         cluster_client: ClusterClient | None = None,
         ssl_cafile: str | None = None,
@@ -614,11 +639,33 @@ class Admin:
         ssl_keyfile: str | None = None,
         token: str | None = None,
     ) -> None:
-        if not _is_int(request_timeout_ms) or request_timeout_ms <= 0:
+        for name, value in (
+            ("request_timeout_ms", request_timeout_ms),
+            ("default_api_timeout_ms", default_api_timeout_ms),
+        ):
+            if value is not None and (not _is_int(value) or value <= 0):
+                raise InvalidRequestError(f"{name} must be a positive integer, not {value!r}")
+        if request_timeout_ms is None:
+            request_timeout_ms = (
+                DEFAULT_REQUEST_TIMEOUT_MS
+                if cluster_client is None
+                else max(1, round(cluster_client.timeout_s * 1000))
+            )
+        if default_api_timeout_ms is None:
+            # As Kafka: a per-attempt timeout above the default overall one raises the latter.
+            default_api_timeout_ms = max(
+                request_timeout_ms,
+                DEFAULT_API_TIMEOUT_MS
+                if cluster_client is None
+                else max(1, round(cluster_client.retry_s * 1000)),
+            )
+        elif default_api_timeout_ms < request_timeout_ms:
             raise InvalidRequestError(
-                f"request_timeout_ms must be a positive integer, not {request_timeout_ms!r}"
+                f"default_api_timeout_ms ({default_api_timeout_ms}) must be at least "
+                f"request_timeout_ms ({request_timeout_ms}): it bounds every attempt of a call"
             )
         self.request_timeout_ms = request_timeout_ms
+        self.default_api_timeout_ms = default_api_timeout_ms
         self.client_id = client_id
         self._owned = cluster_client is None
         if cluster_client is None:
@@ -626,7 +673,7 @@ class Admin:
                 cluster_client = ClusterClient(
                     bootstrap,
                     timeout_s=request_timeout_ms / 1000,
-                    retry_s=request_timeout_ms / 1000,
+                    retry_s=default_api_timeout_ms / 1000,
                     client_id=client_id,
                     security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
                 )
@@ -635,8 +682,8 @@ class Admin:
         self._client = cluster_client
         self._closed = False
 
-    # The servers' own waits (e.g. for a deletion to reach every replica) get part of the
-    # budget, so they answer before this client's deadline cuts the call.
+    # The servers' own waits (e.g. for a deletion to reach every replica) get part of an
+    # attempt's budget, so they answer before this client's deadline cuts the attempt.
     @property
     def _server_wait_ms(self) -> int:
         return max(1, self.request_timeout_ms * 4 // 5)
@@ -657,7 +704,12 @@ class Admin:
     def _controller(self, method: str, request: Any) -> Any:
         if self._closed:
             raise StromError("the Admin client is closed")
-        return self._client.controller_call(method, request)
+        return self._client.controller_call(
+            method,
+            request,
+            timeout_s=self.request_timeout_ms / 1000,
+            retry_s=self.default_api_timeout_ms / 1000,
+        )
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -1097,12 +1149,17 @@ class Admin:
         results: Callable[[Any], Iterable[tuple[TopicPartition, int, str, T]]],
     ) -> dict[TopicPartition, T]:
         """Send one request per partition leader (concurrently), and retry the partitions
-        whose leader moved or is not known yet until the request timeout; raise the first
-        partition that still failed, in the caller's order."""
+        whose leader moved, is not known yet or did not answer, until the call's overall
+        timeout; raise the first partition that still failed, in the caller's order.
+
+        Each attempt gets ``request_timeout_ms`` (or what is left of the overall timeout): a
+        leader that hangs is given up on in time to ask the metadata again and retry at the
+        replica that took over (found from outside: one attempt used to take it all)."""
         if self._closed:
             raise StromError("the Admin client is closed")
         client = self._client
-        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        attempt_s = self.request_timeout_ms / 1000
+        deadline = time.monotonic() + self.default_api_timeout_ms / 1000
         done: dict[TopicPartition, T] = {}
         failed: dict[TopicPartition, StromError] = {}
         pending = dict(wanted)
@@ -1134,10 +1191,9 @@ class Admin:
                     retry[tp] = err
                 else:
                     failed[tp] = err
+            timeout = max(MIN_ATTEMPT_S, min(attempt_s, deadline - time.monotonic()))
             calls = {
-                addr: getattr(client.storage(addr), method).future(
-                    request(group), timeout=client.timeout_s
-                )
+                addr: getattr(client.storage(addr), method).future(request(group), timeout=timeout)
                 for addr, group in groups.items()
             }
             for addr, call in calls.items():
@@ -1207,14 +1263,14 @@ class Admin:
         for tid in ids:
             if not isinstance(tid, str) or not tid:
                 raise InvalidRequestError(f"a transactional id must be a non-empty string: {tid!r}")
-        timeout_s = self.request_timeout_ms / 1000 if timeout is None else timeout
+        timeout_s = self.default_api_timeout_ms / 1000 if timeout is None else timeout
 
         def fence(tid: str) -> tuple[int, int]:
             mgr = TransactionManager(
                 self._client,
                 tid,
                 FENCE_TRANSACTION_TIMEOUT_MS,
-                request_timeout_s=timeout_s,
+                request_timeout_s=min(self.request_timeout_ms / 1000, timeout_s),
                 retry_backoff_s=0.05,
             )
             return mgr.init(timeout_s)

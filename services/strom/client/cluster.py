@@ -112,6 +112,22 @@ def connection_hint(security: ChannelSecurity) -> str:
 
 _addr = node_address
 
+#: The longest one Metadata call may take while looking for the active controller between
+#: attempts: the answer is small (nodes and controller only), so a node that takes longer is
+#: hung, and the next one is asked instead.
+DISCOVERY_TIMEOUT_S = 5.0
+
+#: The shortest deadline an attempt is given, so that the last attempt before the overall
+#: deadline still has time to reach a server that answers at once.
+MIN_ATTEMPT_S = 0.05
+
+
+def _attempt(timeout_s: float, deadline: float) -> float:
+    """An attempt's deadline: ``timeout_s`` or what is left until ``deadline``, whichever is
+    less (never below :data:`MIN_ATTEMPT_S`)."""
+    return max(MIN_ATTEMPT_S, min(timeout_s, deadline - time.monotonic()))
+
+
 #: Why an admin call failed when the storage nodes answer but name no active controller.
 NO_CONTROLLER = (
     "the storage nodes know of no active controller (every controller is down, or one is "
@@ -120,7 +136,13 @@ NO_CONTROLLER = (
 
 
 class ClusterClient:
-    """Channels to the cluster's nodes and controller, shared by one process's clients."""
+    """Channels to the cluster's nodes and controller, shared by one process's clients.
+
+    ``timeout_s`` bounds one attempt of an RPC and ``retry_s`` how long a call goes on
+    retrying (Kafka's ``request.timeout.ms`` and ``default.api.timeout.ms``); in
+    :meth:`controller_call` an attempt gets ``timeout_s`` or what is left of ``retry_s``,
+    whichever is less, so the call ends by ``retry_s``.
+    """
 
     def __init__(
         self,
@@ -207,12 +229,14 @@ class ClusterClient:
         refresh: bool = True,
         retry_s: float | None = None,
         timeout_s: float | None = None,
+        skip_topics: bool = False,
     ) -> storage_pb2.MetadataResponse:
         """Cluster metadata from the first node that answers (known nodes, then bootstrap),
-        trying them again for ``retry_s`` (default: the client's; 0 = one pass)."""
-        if not refresh and self._metadata is not None and topics is None:
+        trying them again for ``retry_s`` (default: the client's; 0 = one pass).
+        ``skip_topics`` asks for the nodes and the controller only (a cheap lookup)."""
+        if not refresh and self._metadata is not None and topics is None and not skip_topics:
             return self._metadata
-        req = storage_pb2.MetadataRequest(topics=list(topics or []))
+        req = storage_pb2.MetadataRequest(topics=list(topics or []), skip_topics=skip_topics)
         errors: list[str] = []
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         while True:
@@ -232,7 +256,7 @@ class ClusterClient:
                         ) from None
                     errors.append(f"{addr}: {unreachable(exc)}")
                     continue
-                if not topics:
+                if not topics and not skip_topics:
                     self._metadata = resp
                 if resp.nodes:
                     self._known = [_addr(n) for n in resp.nodes]
@@ -301,17 +325,40 @@ class ClusterClient:
 
     # -- controller ------------------------------------------------------------------------
 
-    def controller_call(self, method: str, request: Any) -> Any:
+    def controller_call(
+        self,
+        method: str,
+        request: Any,
+        *,
+        timeout_s: float | None = None,
+        retry_s: float | None = None,
+    ) -> Any:
         """Call a ControllerService RPC on the active controller, following NOT_CONTROLLER
-        redirects and retrying while no controller is active."""
-        deadline = time.monotonic() + self.retry_s
+        redirects and retrying while no controller is active, for up to ``retry_s`` overall
+        (default: the client's), each attempt for up to ``timeout_s`` (default: the
+        client's) or what is left of ``retry_s``.
+
+        Why two budgets: a controller that hangs (SIGSTOP, a long GC pause, a network
+        partition) answers nothing, so only an attempt's deadline ends the call to it; by
+        then a standby has usually taken over (the election key's lease is a few seconds).
+        An attempt that took the whole budget left no time to ask the new one (found from
+        outside). Between attempts the nodes are asked which controller is active, each
+        lookup for at most :data:`DISCOVERY_TIMEOUT_S`, so a hung node costs little.
+        """
+        attempt_s = self.timeout_s if timeout_s is None else timeout_s
+        budget_s = self.retry_s if retry_s is None else retry_s
+        deadline = time.monotonic() + budget_s
         last = ""
         unreached: StromError | None = None  # no node answered Metadata at all
         while True:
             addr = self._controller_addr
             if addr is None:
                 try:
-                    self.metadata()
+                    self.metadata(
+                        skip_topics=True,
+                        retry_s=0.0,
+                        timeout_s=_attempt(min(attempt_s, DISCOVERY_TIMEOUT_S), deadline),
+                    )
                     unreached = None
                 except (AuthenticationError, AuthorizationError):
                     raise
@@ -323,7 +370,7 @@ class ClusterClient:
             if addr is not None:
                 stub = controller_pb2_grpc.ControllerServiceStub(self.channel(addr))
                 try:
-                    resp = getattr(stub, method)(request, timeout=self.timeout_s)
+                    resp = getattr(stub, method)(request, timeout=_attempt(attempt_s, deadline))
                 except grpc.RpcError as exc:
                     if exc.code() in _REFUSED:
                         raise refused(exc) from None
@@ -346,7 +393,7 @@ class ClusterClient:
                 if unreached is not None:
                     raise unreached
                 raise BrokerNotAvailableError(
-                    f"no active controller answered within {self.retry_s:g} s: "
+                    f"no active controller answered within {budget_s:g} s: "
                     + (last or NO_CONTROLLER)
                 )
             time.sleep(0.1)

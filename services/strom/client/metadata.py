@@ -351,7 +351,10 @@ class MetadataCache:
         return None
 
     def _fetch_topic(self, source: MetadataSource, topic: str) -> storage_pb2.MetadataTopic | None:
-        md = source.metadata([topic])
+        # Each call bounded as a refresh is: a hung node listed first (the leader that
+        # stopped answering, before its lease ran out) must not hold the lookup for a whole
+        # request timeout before the next node is asked.
+        md = source.metadata([topic], timeout_s=self._metadata_timeout_s)
         self.absorb(md, [topic])
         for t in md.topics:
             if t.name == topic:

@@ -12,7 +12,7 @@ change, leader_epoch on every leader change; an unclean election only when asked
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from strom.api import metadata_pb2 as md
@@ -70,6 +70,52 @@ def targets(st: md.PartitionState) -> list[int]:
     return [r for r in st.replicas if r not in removing]
 
 
+def eligible_nodes(
+    nodes: Mapping[int, md.NodeRegistration], stopping: Mapping[int, str] | None = None
+) -> set[int]:
+    """The nodes that may lead or join an ISR: registered and RUNNING, and not in a
+    controlled shutdown (``stopping``: node id -> the incarnation that asked for it; a later
+    incarnation of the node is not stopping)."""
+    stopping = stopping or {}
+    return {
+        n
+        for n, reg in nodes.items()
+        if reg.state == md.NODE_STATE_RUNNING and stopping.get(n) != reg.incarnation_id
+    }
+
+
+def starting_nodes(nodes: Mapping[int, md.NodeRegistration]) -> set[int]:
+    """Registered nodes still STARTING (not eligible yet, and not shutting down)."""
+    return {n for n, reg in nodes.items() if reg.state == md.NODE_STATE_STARTING}
+
+
+def initial_state(
+    replicas: Sequence[int], eligible: Collection[int], topic_id: str
+) -> md.PartitionState:
+    """A new partition's state: the first eligible replica leads, the eligible ones are the
+    ISR; ``replicas`` keeps its order, so the first one stays the preferred leader that a
+    preferred election moves leadership back to.
+
+    Why not simply the first replica: a node still STARTING (or shutting down) may be placed
+    on but not elected, and a leader the next reconciliation has to move away cost a leader
+    change and an under-replicated start (found from outside at ``strom dev up``). The others
+    join the ISR once caught up, as after any restart. With no replica eligible (every one
+    still starting) the first replica leads with all of them in the ISR, as before: a
+    partition without a leader would wait for its last ISR member (:func:`reconcile`'s
+    offline rule), and the first of them to be RUNNING takes over anyway.
+    """
+    isr = [r for r in replicas if r in eligible] or list(replicas)
+    return md.PartitionState(
+        replicas=replicas,
+        leader=isr[0],
+        leader_epoch=0,
+        isr=isr,
+        partition_epoch=0,
+        leader_recovery_state=RECOVERED,
+        topic_id=topic_id,
+    )
+
+
 def reconcile(
     st: md.PartitionState,
     alive: Collection[int],
@@ -77,11 +123,14 @@ def reconcile(
     *,
     unclean: bool = False,
     auto_preferred: bool = False,
+    starting: Collection[int] = (),
 ) -> Decision | None:
     """React to node liveness: dead nodes leave the ISR, a dead or stopping leader is replaced.
 
     A leader that is SHUTTING_DOWN (alive, not eligible) hands over to the next eligible ISR
-    member; if there is none it keeps leading (it still serves). A dead leader with no eligible
+    member; if there is none it keeps leading (it still serves). A leader in ``starting``
+    (registered again but still STARTING: its previous process is gone) hands over the same
+    way, counted as a failure, not a controlled shutdown. A dead leader with no eligible
     ISR member leaves the partition offline (leader -1, the ISR keeps its last member) unless
     ``unclean``: then the first eligible replica leads alone, RECOVERING. Followers that are
     dead or stopping leave the ISR. Then a finished reassignment completes and, with
@@ -96,7 +145,8 @@ def reconcile(
         # Stopping leader: hand over to an eligible in-sync member if one exists.
         other = next((r for r in _ordered(st, isr) if r in eligible and r != leader), -1)
         if other >= 0:
-            leader, reason = other, CONTROLLED_SHUTDOWN
+            leader = other
+            reason = FAILURE if old_leader in starting else CONTROLLED_SHUTDOWN
     if leader < 0:
         leader = next((r for r in _ordered(st, isr) if r in eligible), -1)
     if leader >= 0:

@@ -78,7 +78,9 @@ UNDER_REPLICATED = Gauge(
 )
 LEADER_ELECTIONS = Counter(
     "strom_controller_leader_elections",
-    "Leader changes committed by this controller, by reason",
+    "Leader changes committed by this controller, by reason: failure (the leader died, or "
+    "registered again and is still starting), controlled_shutdown (it is shutting down), "
+    "preferred, unclean, reassignment",
     ["reason"],
 )
 FAILOVER_SECONDS = Histogram(

@@ -60,16 +60,7 @@ class PartitionStates(ControllerCore):
         _, items = self.store.get_prefix(self.store.keys.nodes_prefix, md.NodeRegistration)
         nodes = {v.value.node_id: v.value for v in items.values()}
         alive = set(nodes)
-        stopping = {
-            n
-            for n, inc in self._shutting_down.items()
-            if n in nodes and nodes[n].incarnation_id == inc
-        }
-        eligible = {
-            n
-            for n, reg in nodes.items()
-            if reg.state == md.NODE_STATE_RUNNING and n not in stopping
-        } - set(exclude)
+        eligible = leadership.eligible_nodes(nodes, self._shutting_down) - set(exclude)
         return nodes, alive, eligible
 
     def _partitions_sync(

@@ -120,7 +120,9 @@ class Reconciler(PartitionStates):
         metrics.RECONCILE_PASSES.labels("all" if names is None else "topics").inc()
 
         def decide() -> list[PartitionDecision]:
-            _, alive, eligible = self._liveness(exclude)
+            nodes, alive, eligible = self._liveness(exclude)
+            # A node excluded here is being shut down, whatever state it registered.
+            starting = leadership.starting_nodes(nodes) - set(exclude)
             parts = self._partitions_sync() if names is None else self._topic_partitions_sync(names)
             decisions = []
             for tp, (key, v, topic) in parts.items():
@@ -130,6 +132,7 @@ class Reconciler(PartitionStates):
                     eligible,
                     unclean=self._unclean(topic),
                     auto_preferred=self.auto_leader_rebalance,
+                    starting=starting,
                 )
                 if d is not None:
                     decisions.append(PartitionDecision(tp, key, v.mod_revision, d))

@@ -30,6 +30,7 @@ from strom.api import metadata_pb2 as md
 from strom.clock import wall_ms
 from strom.controller.cas import commit_with_retry
 from strom.controller.core import ControllerCore, Leadership, item_error, rack_of, rpc
+from strom.controller.leadership import eligible_nodes, initial_state
 from strom.controller.placement import PlacementNode, assign_replicas
 from strom.controller.validation import (
     colliding_topic,
@@ -121,7 +122,8 @@ class TopicRpcs(ControllerCore):
         assert self.store is not None and self.view is not None
         store, view = self.store, self.view
         counts = Counter(t.name for t in request.topics)
-        nodes, eligible, load = await self._placement_inputs()
+        nodes, placeable, load = await self._placement_inputs()
+        eligible = eligible_nodes(nodes, self._shutting_down)
         with view.lock:
             names = {n for n, v in view.topics.items() if not v.value.deleting}
         created: dict[str, str] = {}
@@ -154,7 +156,7 @@ class TopicRpcs(ControllerCore):
                         "(names may not differ only by '.' versus '_')"
                     )
                 replicas = plan.assignments or await _place(
-                    eligible,
+                    placeable,
                     plan.num_partitions,
                     plan.replication_factor,
                     load,
@@ -173,7 +175,7 @@ class TopicRpcs(ControllerCore):
                     created_ms=wall_ms(),
                     internal=plan.internal,
                 )
-                states = [self._initial_state(r, meta.topic_id) for r in replicas]
+                states = [initial_state(r, eligible, meta.topic_id) for r in replicas]
                 ok = await asyncio.to_thread(self._write_new_topic, lead, meta, states)
                 if not ok:
                     existing = await asyncio.to_thread(
@@ -212,18 +214,6 @@ class TopicRpcs(ControllerCore):
         if existing.value.deleting:
             raise TopicDeletionInProgressError(f"topic {name!r} is still being deleted")
         raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-
-    @staticmethod
-    def _initial_state(replicas: list[int], topic_id: str) -> md.PartitionState:
-        return md.PartitionState(
-            replicas=replicas,
-            leader=replicas[0],
-            leader_epoch=0,
-            isr=replicas,
-            partition_epoch=0,
-            leader_recovery_state=md.LEADER_RECOVERY_STATE_RECOVERED,
-            topic_id=topic_id,
-        )
 
     def _write_new_topic(
         self, lead: Leadership, meta: md.TopicMetadata, states: list[md.PartitionState]
@@ -301,7 +291,8 @@ class TopicRpcs(ControllerCore):
         assert self.store is not None and self.view is not None
         store, view = self.store, self.view
         counts = Counter(t.name for t in request.topics)
-        nodes, eligible, load = await self._placement_inputs()
+        nodes, placeable, load = await self._placement_inputs()
+        eligible = eligible_nodes(nodes, self._shutting_down)
         grown: dict[str, int] = {}
         for item in request.topics:
             result = response.topics.add(name=item.name)
@@ -333,13 +324,13 @@ class TopicRpcs(ControllerCore):
                         replication_factor=rf,
                     )
                 else:
-                    replicas = await _place(eligible, new, rf, load, shift=meta.partition_count)
+                    replicas = await _place(placeable, new, rf, load, shift=meta.partition_count)
                 if request.validate_only:
                     continue
                 updated = md.TopicMetadata()
                 updated.CopyFrom(meta)
                 updated.partition_count = item.count
-                states = [self._initial_state(r, meta.topic_id) for r in replicas]
+                states = [initial_state(r, eligible, meta.topic_id) for r in replicas]
                 ok = await asyncio.to_thread(self._write_partitions, lead, current, updated, states)
                 if not ok:
                     raise RequestTimedOutError(
