@@ -548,3 +548,80 @@ def test_a_follower_behind_a_compaction_catches_up(
         )
     end = member_metric(follower, "strom_storage_log_end_offset", topic=topic, partition="0")
     assert end == 70
+
+
+def _records_on_disk(c: LocalCluster, node_id: int, topic: str, start: int) -> list[bytes]:
+    """Values of partition 0's records from ``start`` on, as a node's segment files hold
+    them (followers serve no consumer fetches: this is how their copies are compared)."""
+    out: list[bytes] = []
+    for path in sorted((c.root / f"node-{node_id}" / f"{topic}-0").glob("*.log")):
+        out.extend(r.value for r in decode_records(path.read_bytes()) if r.offset >= start)
+    return out
+
+
+def test_records_of_an_unclean_leader_survive_replicas_whose_log_start_is_above_its_end(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """Found from outside: replica B missed offsets 50..99 and DeleteRecords moved the other
+    replicas' log start to 80; B, elected uncleanly with its log ending at 50, acknowledged
+    50..79. The old replicas came back diverging at 50, below their log start: the
+    truncation stopped at their log start, so they kept their own 50..79, reached B's log end
+    and joined the ISR; the preferred election then made one of them leader and B's
+    acknowledged records were gone everywhere. A replica now truncates fully and restarts its
+    log at the divergence point (Kafka's truncateFullyAndStartAt) and fetches 50.. from B."""
+    topic = new_topic(
+        cluster, 1, 3, {"unclean.leader.election.enable": "true", "min.insync.replicas": "1"}
+    )
+    tp = TopicPartition(topic, 0)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=20, what="a full ISR")
+    with Admin(cluster.bootstrap) as admin:
+        replicas = admin.describe_topics([topic])[topic].partitions[0].replicas
+    a, b, c = (_member(cluster, r) for r in replicas)  # a: the preferred leader
+    assert _state(cluster, topic)[0] == a.ident
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        for k in range(5):  # 0..49 everywhere, batches of ten
+            assert _produce(client, topic, [b"old-%d-%d" % (k, j) for j in range(10)])[0] == NONE
+        b.process.kill()
+        wait_for(
+            lambda: b.ident not in _state(cluster, topic)[2],
+            timeout=20,
+            what="the killed replica to leave the ISR",
+        )
+        for k in range(5, 10):  # 50..99 on a and c only
+            assert _produce(client, topic, [b"old-%d-%d" % (k, j) for j in range(10)])[0] == NONE
+        assert Admin(cluster_client=client).delete_records({tp: 80}) == {tp: 80}
+    a.process.kill()
+    c.process.kill()
+    b.start()
+    cluster.wait_serving(b)
+    wait_for(
+        lambda: _state(cluster, topic)[0] == b.ident,
+        timeout=30,
+        what="the replica without 50..99 elected uncleanly",
+    )
+    acked = [b"new-%d-%d" % (k, j) for k in range(3) for j in range(10)]
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        for k in range(3):
+            assert _produce(client, topic, acked[10 * k : 10 * k + 10]) == (NONE, 50 + 10 * k)
+    a.start()
+    c.start()
+    cluster.wait_serving(a)
+    cluster.wait_serving(c)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
+    with Admin(cluster.bootstrap) as admin:
+        admin.elect_leaders([tp])  # the preferred replica, one that had its own 50..79
+    wait_for(lambda: _state(cluster, topic)[0] == a.ident, timeout=20, what="a to lead")
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        assert _read_all(client, topic, 50) == [(50 + i, v) for i, v in enumerate(acked)]
+        # The followers' copies agree once they reached the leader's end.
+        for m in (b, c):
+            wait_for(
+                lambda m=m: (
+                    member_metric(m, "strom_storage_log_end_offset", topic=topic, partition="0")
+                    == 80
+                ),
+                timeout=20,
+                what=f"node {m.ident} at the leader's end",
+            )
+    for m in (a, b, c):
+        assert _records_on_disk(cluster, m.ident, topic, 50) == acked, m.ident

@@ -352,7 +352,9 @@ class ReplicaFetchers:
                 self.manager.refresh_gauges(part)
                 await self._log_start_moved(part, moved_starts)
             elif pr.high_watermark >= 0:
-                await self._truncate(part, max(pr.high_watermark, part.log.log_start_offset))
+                # Our log end is above the leader's: keep what it committed. Below our log
+                # start, the log restarts empty there (Log.truncate_to).
+                await self._truncate(part, pr.high_watermark)
             return
         if code != E.NONE:
             # FENCED/UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...: metadata is about to
@@ -366,17 +368,24 @@ class ReplicaFetchers:
                 pr.diverging_epoch.epoch,
                 pr.diverging_epoch.end_offset,
                 part.log.log_start_offset,
+                leader_log_start=pr.log_start_offset,
             )
+            # The leader knows no epoch as old as our newest: every batch it holds is newer
+            # than all of ours, so nothing of ours is its. Truncating only to our log start
+            # kept the epoch history of the batches below it, and the next fetch diverged the
+            # same way, for good (found from outside, after an unclean election).
+            fully = pr.diverging_epoch.epoch < 0 or pr.diverging_epoch.end_offset < 0
             log.info(
-                "%s-%d: log diverges from leader %d at epoch %d (end %d); truncating to %d",
+                "%s-%d: log diverges from leader %d at epoch %d (end %d); truncating %sto %d",
                 part.topic,
                 part.index,
                 part.leader,
                 pr.diverging_epoch.epoch,
                 pr.diverging_epoch.end_offset,
+                "fully, restarting the log empty, " if fully else "",
                 target,
             )
-            await self._truncate(part, target)
+            await self._truncate(part, target, fully=fully)
             return
         if pr.records:
             if part.log.log_end_offset != fetch_offset:
@@ -465,8 +474,13 @@ class ReplicaFetchers:
                     await fut
                 raise
 
-    async def _truncate(self, part: Partition, offset: int) -> None:
-        await self._locked(part, part.log.truncate_to, offset)
+    async def _truncate(self, part: Partition, offset: int, *, fully: bool = False) -> None:
+        """Truncate our log to ``offset`` (``fully``: drop all of it and restart it empty
+        there, epoch history included)."""
+        if fully:
+            await self._locked(part, part.log.truncate_fully_and_start_at, offset)
+        else:
+            await self._locked(part, part.log.truncate_to, offset)
         part.set_follower_high_watermark(part.high_watermark)
         self.manager.refresh_gauges(part)
         # The recovery point may have moved down: make that durable before going on.
@@ -479,19 +493,30 @@ def divergence_truncation_offset(
     leader_epoch: int,
     leader_end_offset: int,
     log_start_offset: int,
+    *,
+    leader_log_start: int = -1,
 ) -> int:
     """Where a follower truncates when the leader answers diverging_epoch (epoch, end).
 
     Kafka's rule: the leader's end offset for that epoch, or our own end of that epoch if it
     is earlier; if the leader knows no such epoch (-1) we keep nothing of ours above our
-    start. Never above our LEO, never below our log start."""
+    start, nor above the leader's log start (``leader_log_start``, when known): the records
+    from there on are the leader's to give us. Never above our LEO.
+
+    It may be below our log start: a leader elected uncleanly that missed a DeleteRecords
+    can end below it, and what it appended from there on is not what we hold. Clamping to our
+    log start kept our own records there, and once our log reached the leader's end they
+    passed for its records (found from outside): the log now restarts empty at the target
+    (Log.truncate_to) and fetches the leader's."""
     if leader_epoch < 0 or leader_end_offset < 0:
+        if leader_log_start >= 0:
+            return min(log_start_offset, leader_log_start)
         return log_start_offset
     own_epoch, own_end = own_end_offset_for(leader_epoch, log_end_offset)
     target = leader_end_offset
     if own_epoch >= 0 and own_end >= 0:
         target = min(target, own_end)
-    return max(min(target, log_end_offset), log_start_offset)
+    return min(target, log_end_offset)
 
 
 class IsrManager:
