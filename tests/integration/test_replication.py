@@ -625,3 +625,66 @@ def test_records_of_an_unclean_leader_survive_replicas_whose_log_start_is_above_
             )
     for m in (a, b, c):
         assert _records_on_disk(cluster, m.ident, topic, 50) == acked, m.ident
+
+
+def _flip_byte_in_first_segment(c: LocalCluster, node_id: int, topic: str, at: int) -> Path:
+    """Damage partition 0's first segment on a stopped node: XOR one byte at ``at``."""
+    seg = sorted((c.root / f"node-{node_id}" / f"{topic}-0").glob("*.log"))[0]
+    data = bytearray(seg.read_bytes())
+    data[at] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    return seg
+
+
+def test_a_damaged_batch_on_the_leader_is_counted_logged_and_raised_to_consumers(
+    cluster: LocalCluster, topic: str
+) -> None:
+    """Found from outside: a byte flipped in the leader's segment while it was stopped
+    cleanly (no recovery scan at start) answered every fetch with STORAGE_ERROR; the
+    consumer looked the leader up again forever, poll() returned nothing, `strom consume`
+    printed nothing and exited 0, and the node showed no sign of it but a log line per
+    fetch. Now the node counts it (strom_storage_corrupt_reads_total) and logs it at most
+    once a minute, naming the segment file and offset, and poll() raises after the same
+    leader failed three times in a row."""
+    from strom import Consumer
+    from strom.errors import CorruptMessageError
+
+    from .test_cluster_cli import strom
+
+    tp = TopicPartition(topic, 0)
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        assert _produce(client, topic, [b"r%d" % i for i in range(40)]) == (NONE, 0)
+    leader_id = _state(cluster, topic)[0]
+    leader = _member(cluster, leader_id)
+    leader.process.stop()  # SIGTERM: a clean shutdown, so no recovery scan at start
+    seg = _flip_byte_in_first_segment(cluster, leader_id, topic, 300)
+    leader.start()
+    cluster.wait_serving(leader)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR")
+
+    def leads() -> bool:
+        if _state(cluster, topic)[0] != leader_id:
+            with Admin(cluster.bootstrap) as admin:
+                admin.elect_leaders([tp])
+        return _state(cluster, topic)[0] == leader_id
+
+    wait_for(leads, timeout=30, what="the damaged replica to lead again")
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+
+        def raised() -> CorruptMessageError | None:
+            try:
+                assert consumer.poll(timeout_ms=200) == []
+            except CorruptMessageError as exc:
+                return exc
+            return None
+
+        exc = wait_for(raised, timeout=30, what="poll() to raise")
+    assert f"{topic}-0 at offset 0" in str(exc) and "CRC-32C" in str(exc), exc
+    count = member_metric(leader, "strom_storage_corrupt_reads_total", topic=topic, partition="0")
+    assert count >= 3
+    lines = [ln for ln in leader.log_path.read_text().splitlines() if "failed a check" in ln]
+    assert len(lines) == 1 and seg.name in lines[0] and "at offset 0" in lines[0], lines
+    out = strom("consume", topic, "-b", cluster.bootstrap, "--from-beginning", check=False)
+    assert out.returncode != 0 and out.stdout == b"", out
+    assert len(out.stderr.splitlines()) == 1 and f"{topic}-0 at offset 0".encode() in out.stderr
