@@ -636,39 +636,91 @@ def _flip_byte_in_first_segment(c: LocalCluster, node_id: int, topic: str, at: i
     return seg
 
 
-def test_a_damaged_batch_on_the_leader_is_counted_logged_and_raised_to_consumers(
+def _restart_with_a_flipped_byte(c: LocalCluster, topic: str) -> tuple[Member, Path]:
+    """Stop partition 0's leader cleanly (SIGTERM: no recovery scan at start), flip a byte
+    inside its first batch's body and start it again; (that node, the damaged segment)."""
+    leader = _member(c, _state(c, topic)[0])
+    leader.process.stop()  # type: ignore[union-attr]
+    seg = _flip_byte_in_first_segment(c, leader.ident, topic, 300)
+    leader.start()
+    c.wait_serving(leader)
+    return leader, seg
+
+
+def _damage_lines(m: Member, topic: str) -> list[str]:
+    """A node's log lines about damaged data of ``topic`` (other tests' topics share it)."""
+    return [
+        ln
+        for ln in m.log_path.read_text().splitlines()
+        if "failed a check, refused" in ln and f"{topic}-0" in ln
+    ]
+
+
+def test_a_leader_whose_stored_data_fails_its_check_hands_leadership_over_and_refetches(
     cluster: LocalCluster, topic: str
 ) -> None:
     """Found from outside: a byte flipped in the leader's segment while it was stopped
-    cleanly (no recovery scan at start) answered every fetch with STORAGE_ERROR; the
-    consumer looked the leader up again forever, poll() returned nothing, `strom consume`
-    printed nothing and exited 0, and the node showed no sign of it but a log line per
-    fetch. Now the node counts it (strom_storage_corrupt_reads_total) and logs it at most
-    once a minute, naming the segment file and offset, and poll() raises after the same
-    leader failed three times in a row."""
+    cleanly (no recovery scan at start) answered every fetch with STORAGE_ERROR, forever:
+    consumers read nothing while two good replicas held the records, the leader kept its
+    leadership and ISR, and nothing but a log line per fetch showed it. Now the first damaged
+    read is counted (strom_storage_corrupt_reads_total) and logged (at most once a minute,
+    naming the segment file and offset), the node resigns (AlterPartition with an ISR
+    without itself: the controller elects another in-sync replica), truncates at the damage
+    as a follower, fetches the records again and rejoins the ISR; consumers read them all."""
+    from strom import Consumer
+
+    tp = TopicPartition(topic, 0)
+    values = [b"r%d" % i for i in range(40)]
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        assert _produce(client, topic, values) == (NONE, 0)
+    damaged, seg = _restart_with_a_flipped_byte(cluster, topic)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR")
+
+    def leads() -> bool:
+        if _state(cluster, topic)[0] != damaged.ident:
+            with Admin(cluster.bootstrap) as admin:
+                admin.elect_leaders([tp])
+        return _state(cluster, topic)[0] == damaged.ident
+
+    wait_for(leads, timeout=30, what="the damaged replica to lead again")
+    got: list[bytes] = []
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+
+        def read_all() -> bool:
+            got.extend(r.value for r in consumer.poll(timeout_ms=200))
+            return len(got) >= len(values)
+
+        wait_for(read_all, timeout=60, what="every record, from another leader")
+    assert got == values
+    count = member_metric(damaged, "strom_storage_corrupt_reads_total", topic=topic, partition="0")
+    assert count >= 1
+    lines = _damage_lines(damaged, topic)
+    assert len(lines) == 1 and seg.name in lines[0] and "at offset 0" in lines[0], lines
+    # The damaged copy is replaced by the leader's: back in the ISR with the same records.
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
+    assert _records_on_disk(cluster, damaged.ident, topic, 0) == values
+
+
+def test_a_damaged_batch_nobody_else_holds_is_raised_to_consumers(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """The only replica's stored data fails its check: it keeps leading (nobody else has
+    the records), and the consumer, which used to look the leader up again forever while
+    poll() returned nothing (`strom consume` printed nothing and exited 0), raises
+    CorruptMessageError from poll() after three such answers in a row from the same leader;
+    `strom consume` stops with one line and a non-zero exit (found from outside)."""
     from strom import Consumer
     from strom.errors import CorruptMessageError
 
     from .test_cluster_cli import strom
 
+    topic = new_topic(cluster, 1, 1)
     tp = TopicPartition(topic, 0)
     with ClusterClient(cluster.bootstrap, retry_s=20) as client:
         assert _produce(client, topic, [b"r%d" % i for i in range(40)]) == (NONE, 0)
-    leader_id = _state(cluster, topic)[0]
-    leader = _member(cluster, leader_id)
-    leader.process.stop()  # SIGTERM: a clean shutdown, so no recovery scan at start
-    seg = _flip_byte_in_first_segment(cluster, leader_id, topic, 300)
-    leader.start()
-    cluster.wait_serving(leader)
-    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR")
-
-    def leads() -> bool:
-        if _state(cluster, topic)[0] != leader_id:
-            with Admin(cluster.bootstrap) as admin:
-                admin.elect_leaders([tp])
-        return _state(cluster, topic)[0] == leader_id
-
-    wait_for(leads, timeout=30, what="the damaged replica to lead again")
+    damaged, seg = _restart_with_a_flipped_byte(cluster, topic)
+    wait_for(lambda: _state(cluster, topic)[0] == damaged.ident, timeout=30, what="a leader")
     with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign([tp])
 
@@ -681,9 +733,9 @@ def test_a_damaged_batch_on_the_leader_is_counted_logged_and_raised_to_consumers
 
         exc = wait_for(raised, timeout=30, what="poll() to raise")
     assert f"{topic}-0 at offset 0" in str(exc) and "CRC-32C" in str(exc), exc
-    count = member_metric(leader, "strom_storage_corrupt_reads_total", topic=topic, partition="0")
+    count = member_metric(damaged, "strom_storage_corrupt_reads_total", topic=topic, partition="0")
     assert count >= 3
-    lines = [ln for ln in leader.log_path.read_text().splitlines() if "failed a check" in ln]
+    lines = _damage_lines(damaged, topic)
     assert len(lines) == 1 and seg.name in lines[0] and "at offset 0" in lines[0], lines
     out = strom("consume", topic, "-b", cluster.bootstrap, "--from-beginning", check=False)
     assert out.returncode != 0 and out.stdout == b"", out

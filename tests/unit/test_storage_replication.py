@@ -390,6 +390,63 @@ class _RecordingController:
         return resp
 
 
+class _ResignController:
+    """Commits a resignation as the controller does (leadership.resign): node 3 leads."""
+
+    def __init__(self) -> None:
+        self.proposals: list[list[int]] = []
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        from strom.api import controller_pb2
+
+        resp = controller_pb2.AlterPartitionResponse()
+        for p in request.partitions:
+            self.proposals.append(list(p.new_isr))
+            st = _state(3, p.leader_epoch + 1, list(p.new_isr), pepoch=p.partition_epoch + 1)
+            resp.partitions.add(topic=p.topic, partition=p.partition).state.CopyFrom(st)
+        return resp
+
+
+def test_a_leader_with_damaged_data_resigns_and_truncates_there_as_follower(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a leader whose stored data failed its check kept leading and
+    answered every fetch with STORAGE_ERROR. A damaged read now makes it propose an ISR
+    without itself (the controller hands leadership over); as a follower it truncates at the
+    damage before it fetches again, so the new leader's copy replaces it."""
+    from strom.storage.replication import IsrManager
+
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3], pepoch=4))
+    lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
+    lg.append(encode_batch([b"y"] * 10), leader_epoch=0)
+    part.note_damage(10)
+    part.note_damage(15)  # the lowest damaged offset counts
+    controller = _ResignController()
+    manager = _Manager(part)
+    isr = IsrManager(1, manager, controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    asyncio.run(isr.check())
+    assert controller.proposals == [[2, 3]]
+    assert not part.is_leader and part.leader == 3 and part.isr == (2, 3)
+    fetchers = ReplicaFetchers(1, _FakeManager(part), None, lambda: "inc")  # type: ignore[arg-type]
+    asyncio.run(fetchers._drop_damaged(part))
+    assert (lg.log_end_offset, part.damaged_at) == (10, -1)
+    assert fetchers._request([part])[0].topics[0].partitions[0].fetch_offset == 10
+
+
+def test_the_only_in_sync_replica_keeps_leading_with_damaged_data(tmp_path: Path) -> None:
+    from strom.storage.replication import IsrManager
+
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1], pepoch=4))
+    lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
+    part.note_damage(0)
+    controller = _ResignController()
+    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    asyncio.run(isr.check())
+    assert controller.proposals == [] and part.is_leader
+
+
 def test_a_leader_elected_uncleanly_reports_recovered_before_followers_join(
     tmp_path: Path,
 ) -> None:

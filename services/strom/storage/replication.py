@@ -35,7 +35,7 @@ import grpc
 from strom.api import controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
 from strom.errors import ErrorCode
 from strom.grpc_options import GRPC_OPTIONS
-from strom.log import LogManager
+from strom.log import CorruptLogError, LogManager
 from strom.metadata import ClusterView
 from strom.security import default_channel
 from strom.security.channel import ChannelCache
@@ -246,6 +246,13 @@ class ReplicaFetchers:
                     fetches = _LeaderFetches(channel)
                     target = addr
                 assert fetches is not None
+                for part in ready:
+                    if part.damaged_at >= 0:
+                        await self._drop_damaged(part)
+                ready = [p for p in ready if p.damaged_at < 0]
+                if not ready:
+                    await self._sleep(leader, PARTITION_BACKOFF_S)
+                    continue
                 request, sent = self._request(ready)
                 try:
                     resp = await fetches.fetch(request, FETCH_MAX_WAIT_MS / 1000.0 + 5.0)
@@ -474,6 +481,31 @@ class ReplicaFetchers:
                     await fut
                 raise
 
+    async def _drop_damaged(self, part: Partition) -> None:
+        """Truncate at the damaged data found while we led (Partition.damaged_at), so that
+        the leader's copy replaces it. If the damage is in the batch headers the truncation
+        walks, the whole log goes (and is fetched again)."""
+        offset, part.damaged_at = part.damaged_at, -1
+        log.warning(
+            "%s-%d: truncating to %d, where stored data failed a check, to fetch it again "
+            "from leader %d",
+            part.topic,
+            part.index,
+            offset,
+            part.leader,
+        )
+        try:
+            try:
+                await self._truncate(part, offset)
+            except CorruptLogError:
+                log.exception("%s-%d: truncating the damaged log failed; restarting it", *part.tp)
+                await self._truncate(part, part.log.log_start_offset, fully=True)
+        except Exception:
+            # Not fetched until the damage is gone (a disk error, say): try again later.
+            log.exception("%s-%d: truncating the damaged log failed", *part.tp)
+            part.note_damage(offset)
+            part.fetch_retry_at = asyncio.get_running_loop().time() + PARTITION_BACKOFF_S * 5
+
     async def _truncate(self, part: Partition, offset: int, *, fully: bool = False) -> None:
         """Truncate our log to ``offset`` (``fully``: drop all of it and restart it empty
         there, epoch history included)."""
@@ -537,6 +569,8 @@ class IsrManager:
         self.lag_time_max_s = lag_time_max_ms / 1000.0
         self._kick = asyncio.Event()
         self._retry_at: dict[tuple[str, int], float] = {}
+        #: Damaged partitions this node leads with nobody to hand them to (logged once).
+        self._alone_damaged: set[tuple[str, int]] = set()
 
     def kick(self) -> None:
         """Check soon (a follower fetched; something may have caught up)."""
@@ -568,6 +602,24 @@ class IsrManager:
                 # same proposal goes again (the controller answers with the state either way).
                 proposals.append((part, part.pending_isr))
                 continue
+            if part.damaged_at >= 0:
+                if len(part.isr) > 1:
+                    # Stored data failed its check here: hand leadership to another in-sync
+                    # replica (an ISR without us: leadership.resign on the controller), then
+                    # truncate at the damage and fetch the rest as a follower. Before, this
+                    # node kept leading and answered every fetch with STORAGE_ERROR while
+                    # good replicas stood by (found from outside).
+                    proposals.append((part, tuple(r for r in part.isr if r != self.node_id)))
+                    continue
+                if part.tp not in self._alone_damaged:
+                    self._alone_damaged.add(part.tp)
+                    log.error(
+                        "%s-%d: stored data from offset %d failed a check, and no other "
+                        "replica is in sync to take over: still leading",
+                        part.topic,
+                        part.index,
+                        part.damaged_at,
+                    )
             if part.recovering:
                 # Elected uncleanly: the partition stays RECOVERING (no follower may join) until
                 # its leader says it has recovered (KIP-704). This node has nothing more to
@@ -595,6 +647,12 @@ class IsrManager:
                 partition_epoch=part.partition_epoch,
                 new_isr=new,
             )
+            if self.node_id not in new:
+                why = f", resigning: stored data from offset {part.damaged_at} failed a check"
+            elif part.recovering:
+                why = ", reporting RECOVERED after an unclean election"
+            else:
+                why = ""
             log.info(
                 "%s-%d: proposing ISR %s -> %s (leader epoch %d, partition epoch %d)%s",
                 part.topic,
@@ -603,7 +661,7 @@ class IsrManager:
                 list(new),
                 part.leader_epoch,
                 part.partition_epoch,
-                ", reporting RECOVERED after an unclean election" if part.recovering else "",
+                why,
             )
         try:
             resp = await self.controller.call("AlterPartition", req)
