@@ -625,6 +625,9 @@ def test_records_of_an_unclean_leader_survive_replicas_whose_log_start_is_above_
             )
     for m in (a, b, c):
         assert _records_on_disk(cluster, m.ident, topic, 50) == acked, m.ident
+    # The restarted logs' start went down to 50 on disk too: after a crash they still serve
+    # the records from 50 (a start of 80 would hide 50..79 again).
+    assert [_log_start_on_disk(cluster, m.ident, topic) for m in (a, c)] == [50, 50]
 
 
 def _flip_byte_in_first_segment(c: LocalCluster, node_id: int, topic: str, at: int) -> Path:
