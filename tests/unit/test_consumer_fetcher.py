@@ -31,7 +31,13 @@ from strom.client.fetcher import (
 from strom.client.offsets import LeaderMap, PartitionLeader
 from strom.client.types import TopicPartition
 from strom.devcluster.procs import wait_for
-from strom.errors import CorruptMessageError, ErrorCode, NotLeaderError, OffsetOutOfRangeError
+from strom.errors import (
+    CorruptMessageError,
+    ErrorCode,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
 from strom.record import (
     BODY_SCHEMA_V1,
     HEADER_SIZE,
@@ -586,6 +592,19 @@ def test_a_leader_failing_its_stored_data_check_again_and_again_surfaces_from_po
         assert isinstance(exc, CorruptMessageError)
         assert f"{TP.topic}-{TP.partition} at offset 0" in str(exc) and "CRC-32C" in str(exc)
         assert lm.refreshes >= 1  # still looked up again: a new leader would cure it
+    finally:
+        stop(f, leader)
+    # A disk error, not damaged data: the same, as a StorageError.
+    leader = FakeLeader([(0, 10)])
+    leader.answer = lambda fp: storage_pb2.FetchPartitionResponse(
+        partition=fp.partition, error_code=ErrorCode.STORAGE_ERROR, error_message="disk error: EIO"
+    )
+    f, lm, _fetched = make_fetcher({"n1": leader})
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        wait_for(lambda: f.parts[TP].error is not None, timeout=5, what="the error")
+        exc = f.take_error()
+        assert isinstance(exc, StorageError) and "EIO" in str(exc)
     finally:
         stop(f, leader)
 

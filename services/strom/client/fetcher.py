@@ -84,6 +84,7 @@ from strom.errors import (
     CorruptMessageError,
     ErrorCode,
     OffsetOutOfRangeError,
+    StorageError,
     StromError,
     error_for,
     is_retriable,
@@ -1508,7 +1509,11 @@ class Fetcher:
         count = count + 1 if (node, epoch) == (last_node, last_epoch) else 1
         part.storage_errors = (node, epoch, count)
         if count >= STORAGE_ERRORS_RAISED_AFTER:
-            part.error = CorruptMessageError(
+            # Damaged data (the node's "stored data ... failed a check") is Kafka's
+            # CorruptRecordException; anything else (a disk error) stays a StorageError.
+            damaged = "failed a check" in info.error_message
+            cls = CorruptMessageError if damaged else StorageError
+            part.error = cls(
                 f"{tp.topic}-{tp.partition} at offset {part.fetch_offset}: the leader (node "
                 f"{node}) failed to read its stored data {count} times in a row: "
                 f"{info.error_message}"
