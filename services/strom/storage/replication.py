@@ -610,6 +610,7 @@ class IsrManager:
                     # node kept leading and answered every fetch with STORAGE_ERROR while
                     # good replicas stood by (found from outside).
                     proposals.append((part, tuple(r for r in part.isr if r != self.node_id)))
+                    self._alone_damaged.discard(part.tp)
                     continue
                 if part.tp not in self._alone_damaged:
                     self._alone_damaged.add(part.tp)
