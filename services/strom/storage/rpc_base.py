@@ -168,7 +168,8 @@ class StorageCore:
     view: ClusterView
     writer: AppendWriter
     shutting_down: bool
-    #: Called when a follower outside the ISR fetches (the ISR manager checks soon).
+    #: Called when a follower outside the ISR fetches, or a read of a led partition finds
+    #: damaged data (the ISR manager checks soon: an expansion, or a resignation).
     on_out_of_sync_fetch: Callable[[], None] | None
     #: Where InitProducerId gets new ids (the node wires it to the controller).
     producer_ids: ProducerIdAllocator | None
