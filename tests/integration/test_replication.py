@@ -548,3 +548,198 @@ def test_a_follower_behind_a_compaction_catches_up(
         )
     end = member_metric(follower, "strom_storage_log_end_offset", topic=topic, partition="0")
     assert end == 70
+
+
+def _records_on_disk(c: LocalCluster, node_id: int, topic: str, start: int) -> list[bytes]:
+    """Values of partition 0's records from ``start`` on, as a node's segment files hold
+    them (followers serve no consumer fetches: this is how their copies are compared)."""
+    out: list[bytes] = []
+    for path in sorted((c.root / f"node-{node_id}" / f"{topic}-0").glob("*.log")):
+        out.extend(r.value for r in decode_records(path.read_bytes()) if r.offset >= start)
+    return out
+
+
+def test_records_of_an_unclean_leader_survive_replicas_whose_log_start_is_above_its_end(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """Found from outside: replica B missed offsets 50..99 and DeleteRecords moved the other
+    replicas' log start to 80; B, elected uncleanly with its log ending at 50, acknowledged
+    50..79. The old replicas came back diverging at 50, below their log start: the
+    truncation stopped at their log start, so they kept their own 50..79, reached B's log end
+    and joined the ISR; the preferred election then made one of them leader and B's
+    acknowledged records were gone everywhere. A replica now truncates fully and restarts its
+    log at the divergence point (Kafka's truncateFullyAndStartAt) and fetches 50.. from B."""
+    topic = new_topic(
+        cluster, 1, 3, {"unclean.leader.election.enable": "true", "min.insync.replicas": "1"}
+    )
+    tp = TopicPartition(topic, 0)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=20, what="a full ISR")
+    with Admin(cluster.bootstrap) as admin:
+        replicas = admin.describe_topics([topic])[topic].partitions[0].replicas
+    a, b, c = (_member(cluster, r) for r in replicas)  # a: the preferred leader
+    assert _state(cluster, topic)[0] == a.ident
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        for k in range(5):  # 0..49 everywhere, batches of ten
+            assert _produce(client, topic, [b"old-%d-%d" % (k, j) for j in range(10)])[0] == NONE
+        b.process.kill()
+        wait_for(
+            lambda: b.ident not in _state(cluster, topic)[2],
+            timeout=20,
+            what="the killed replica to leave the ISR",
+        )
+        for k in range(5, 10):  # 50..99 on a and c only
+            assert _produce(client, topic, [b"old-%d-%d" % (k, j) for j in range(10)])[0] == NONE
+        assert Admin(cluster_client=client).delete_records({tp: 80}) == {tp: 80}
+    a.process.kill()
+    c.process.kill()
+    b.start()
+    cluster.wait_serving(b)
+    wait_for(
+        lambda: _state(cluster, topic)[0] == b.ident,
+        timeout=30,
+        what="the replica without 50..99 elected uncleanly",
+    )
+    acked = [b"new-%d-%d" % (k, j) for k in range(3) for j in range(10)]
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        for k in range(3):
+            assert _produce(client, topic, acked[10 * k : 10 * k + 10]) == (NONE, 50 + 10 * k)
+    a.start()
+    c.start()
+    cluster.wait_serving(a)
+    cluster.wait_serving(c)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
+    with Admin(cluster.bootstrap) as admin:
+        admin.elect_leaders([tp])  # the preferred replica, one that had its own 50..79
+    wait_for(lambda: _state(cluster, topic)[0] == a.ident, timeout=20, what="a to lead")
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        assert _read_all(client, topic, 50) == [(50 + i, v) for i, v in enumerate(acked)]
+        # The followers' copies agree once they reached the leader's end.
+        for m in (b, c):
+            wait_for(
+                lambda m=m: (
+                    member_metric(m, "strom_storage_log_end_offset", topic=topic, partition="0")
+                    == 80
+                ),
+                timeout=20,
+                what=f"node {m.ident} at the leader's end",
+            )
+    for m in (a, b, c):
+        assert _records_on_disk(cluster, m.ident, topic, 50) == acked, m.ident
+    # The restarted logs' start went down to 50 on disk too: after a crash they still serve
+    # the records from 50 (a start of 80 would hide 50..79 again).
+    assert [_log_start_on_disk(cluster, m.ident, topic) for m in (a, c)] == [50, 50]
+
+
+def _flip_byte_in_first_segment(c: LocalCluster, node_id: int, topic: str, at: int) -> Path:
+    """Damage partition 0's first segment on a stopped node: XOR one byte at ``at``."""
+    seg = sorted((c.root / f"node-{node_id}" / f"{topic}-0").glob("*.log"))[0]
+    data = bytearray(seg.read_bytes())
+    data[at] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    return seg
+
+
+def _restart_with_a_flipped_byte(c: LocalCluster, topic: str) -> tuple[Member, Path]:
+    """Stop partition 0's leader cleanly (SIGTERM: no recovery scan at start), flip a byte
+    inside its first batch's body and start it again; (that node, the damaged segment)."""
+    leader = _member(c, _state(c, topic)[0])
+    leader.process.stop()  # type: ignore[union-attr]
+    seg = _flip_byte_in_first_segment(c, leader.ident, topic, 300)
+    leader.start()
+    c.wait_serving(leader)
+    return leader, seg
+
+
+def _damage_lines(m: Member, topic: str) -> list[str]:
+    """A node's log lines about damaged data of ``topic`` (other tests' topics share it)."""
+    return [
+        ln
+        for ln in m.log_path.read_text().splitlines()
+        if "failed a check, refused" in ln and f"{topic}-0" in ln
+    ]
+
+
+def test_a_leader_whose_stored_data_fails_its_check_hands_leadership_over_and_refetches(
+    cluster: LocalCluster, topic: str
+) -> None:
+    """Found from outside: a byte flipped in the leader's segment while it was stopped
+    cleanly (no recovery scan at start) answered every fetch with STORAGE_ERROR, forever:
+    consumers read nothing while two good replicas held the records, the leader kept its
+    leadership and ISR, and nothing but a log line per fetch showed it. Now the first damaged
+    read is counted (strom_storage_corrupt_reads_total) and logged (at most once a minute,
+    naming the segment file and offset), the node resigns (AlterPartition with an ISR
+    without itself: the controller elects another in-sync replica), truncates at the damage
+    as a follower, fetches the records again and rejoins the ISR; consumers read them all."""
+    from strom import Consumer
+
+    tp = TopicPartition(topic, 0)
+    values = [b"r%d" % i for i in range(40)]
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        assert _produce(client, topic, values) == (NONE, 0)
+    damaged, seg = _restart_with_a_flipped_byte(cluster, topic)
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR")
+
+    def leads() -> bool:
+        if _state(cluster, topic)[0] != damaged.ident:
+            with Admin(cluster.bootstrap) as admin:
+                admin.elect_leaders([tp])
+        return _state(cluster, topic)[0] == damaged.ident
+
+    wait_for(leads, timeout=30, what="the damaged replica to lead again")
+    got: list[bytes] = []
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+
+        def read_all() -> bool:
+            got.extend(r.value for r in consumer.poll(timeout_ms=200))
+            return len(got) >= len(values)
+
+        wait_for(read_all, timeout=60, what="every record, from another leader")
+    assert got == values
+    count = member_metric(damaged, "strom_storage_corrupt_reads_total", topic=topic, partition="0")
+    assert count >= 1
+    lines = _damage_lines(damaged, topic)
+    assert len(lines) == 1 and seg.name in lines[0] and "at offset 0" in lines[0], lines
+    # The damaged copy is replaced by the leader's: back in the ISR with the same records.
+    wait_for(lambda: len(_state(cluster, topic)[2]) == 3, timeout=30, what="a full ISR again")
+    assert _records_on_disk(cluster, damaged.ident, topic, 0) == values
+
+
+def test_a_damaged_batch_nobody_else_holds_is_raised_to_consumers(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """The only replica's stored data fails its check: it keeps leading (nobody else has
+    the records), and the consumer, which used to look the leader up again forever while
+    poll() returned nothing (`strom consume` printed nothing and exited 0), raises
+    CorruptMessageError from poll() after three such answers in a row from the same leader;
+    `strom consume` stops with one line and a non-zero exit (found from outside)."""
+    from strom import Consumer
+    from strom.errors import CorruptMessageError
+
+    from .test_cluster_cli import strom
+
+    topic = new_topic(cluster, 1, 1)
+    tp = TopicPartition(topic, 0)
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        assert _produce(client, topic, [b"r%d" % i for i in range(40)]) == (NONE, 0)
+    damaged, seg = _restart_with_a_flipped_byte(cluster, topic)
+    wait_for(lambda: _state(cluster, topic)[0] == damaged.ident, timeout=30, what="a leader")
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+
+        def raised() -> CorruptMessageError | None:
+            try:
+                assert consumer.poll(timeout_ms=200) == []
+            except CorruptMessageError as exc:
+                return exc
+            return None
+
+        exc = wait_for(raised, timeout=30, what="poll() to raise")
+    assert f"{topic}-0 at offset 0" in str(exc) and "CRC-32C" in str(exc), exc
+    count = member_metric(damaged, "strom_storage_corrupt_reads_total", topic=topic, partition="0")
+    assert count >= 3
+    lines = _damage_lines(damaged, topic)
+    assert len(lines) == 1 and seg.name in lines[0] and "at offset 0" in lines[0], lines
+    out = strom("consume", topic, "-b", cluster.bootstrap, "--from-beginning", check=False)
+    assert out.returncode != 0 and out.stdout == b"", out
+    assert len(out.stderr.splitlines()) == 1 and f"{topic}-0 at offset 0".encode() in out.stderr

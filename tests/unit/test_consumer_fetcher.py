@@ -19,6 +19,7 @@ from strom.client import downgrades
 from strom.client.fetcher import (
     CONSUMER_SCHEMA,
     SPLIT_REQUEST_BYTES,
+    STORAGE_ERRORS_RAISED_AFTER,
     CompletedFetch,
     Fetcher,
     FetchWireError,
@@ -30,7 +31,13 @@ from strom.client.fetcher import (
 from strom.client.offsets import LeaderMap, PartitionLeader
 from strom.client.types import TopicPartition
 from strom.devcluster.procs import wait_for
-from strom.errors import CorruptMessageError, ErrorCode, NotLeaderError, OffsetOutOfRangeError
+from strom.errors import (
+    CorruptMessageError,
+    ErrorCode,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
 from strom.record import (
     BODY_SCHEMA_V1,
     HEADER_SIZE,
@@ -561,6 +568,65 @@ def test_non_retriable_errors_surface_from_poll() -> None:
         wait_for(lambda: f.parts[TP].error is not None, timeout=5, what="the error")
         exc = f.take_error()
         assert exc is not None and "boom" in str(exc) and not isinstance(exc, NotLeaderError)
+    finally:
+        stop(f, leader)
+
+
+def test_a_leader_failing_its_stored_data_check_again_and_again_surfaces_from_poll() -> None:
+    """Found from outside: one damaged batch on the leader's disk answered every fetch with
+    STORAGE_ERROR, which the consumer retried (looking the leader up again) forever while
+    poll() returned nothing. From the same leader in the same epoch, the third in a row now
+    reaches the application, naming the partition and offset."""
+    leader = FakeLeader([(0, 10)])
+    leader.answer = lambda fp: storage_pb2.FetchPartitionResponse(
+        partition=fp.partition,
+        error_code=ErrorCode.STORAGE_ERROR,
+        error_message="stored data at offset 0 failed a check: CRC-32C mismatch",
+    )
+    f, lm, _fetched = make_fetcher({"n1": leader})
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        wait_for(lambda: f.parts[TP].error is not None, timeout=5, what="the error")
+        assert len(leader.requests) >= STORAGE_ERRORS_RAISED_AFTER
+        exc = f.take_error()
+        assert isinstance(exc, CorruptMessageError)
+        assert f"{TP.topic}-{TP.partition} at offset 0" in str(exc) and "CRC-32C" in str(exc)
+        assert lm.refreshes >= 1  # still looked up again: a new leader would cure it
+    finally:
+        stop(f, leader)
+    # A disk error, not damaged data: the same, as a StorageError.
+    leader = FakeLeader([(0, 10)])
+    leader.answer = lambda fp: storage_pb2.FetchPartitionResponse(
+        partition=fp.partition, error_code=ErrorCode.STORAGE_ERROR, error_message="disk error: EIO"
+    )
+    f, lm, _fetched = make_fetcher({"n1": leader})
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        wait_for(lambda: f.parts[TP].error is not None, timeout=5, what="the error")
+        exc = f.take_error()
+        assert isinstance(exc, StorageError) and "EIO" in str(exc)
+    finally:
+        stop(f, leader)
+
+
+def test_a_storage_error_that_a_retry_cures_is_not_surfaced() -> None:
+    leader = FakeLeader([(0, 10)])
+    calls = {"n": 0}
+
+    def flaky(fp: storage_pb2.FetchPartition) -> storage_pb2.FetchPartitionResponse | None:
+        calls["n"] += 1
+        if calls["n"] < STORAGE_ERRORS_RAISED_AFTER:
+            return storage_pb2.FetchPartitionResponse(
+                partition=fp.partition, error_code=ErrorCode.STORAGE_ERROR
+            )
+        return None
+
+    leader.answer = flaky
+    f, _, _fetched = make_fetcher({"n1": leader})
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        assert drain(f, 10) == list(range(10))
+        assert f.take_error() is None
     finally:
         stop(f, leader)
 

@@ -66,6 +66,18 @@ def test_unclean_election_only_when_enabled():
     assert L.reconcile(st_, {3}, {3}).state.leader == -1
 
 
+def test_a_leader_resigning_hands_over_to_the_next_eligible_in_sync_replica():
+    """A leader whose stored data failed a check resigns (AlterPartition with an ISR without
+    itself): another in-sync, running replica leads and the old leader leaves the ISR."""
+    d = L.resign(ps([1, 2, 3], 1, [1, 2, 3]), {1, 3})
+    assert d is not None and d.election == L.DAMAGED_REPLICA
+    assert d.state.leader == 3 and list(d.state.isr) == [2, 3]
+    assert (d.state.leader_epoch, d.state.partition_epoch) == (6, 10)
+    # Nobody else in sync and running: it keeps leading (no decision).
+    assert L.resign(ps([1, 2, 3], 1, [1, 2]), {1, 3}) is None
+    assert L.resign(ps([1, 2], 1, [1]), {1, 2}) is None
+
+
 def test_shutting_down_leader_hands_over_or_keeps_leading():
     d = L.reconcile(ps([1, 2, 3], 1, [1, 2, 3]), {1, 2, 3}, {2, 3})
     assert d is not None and d.election == L.CONTROLLED_SHUTDOWN

@@ -733,15 +733,25 @@ def test_truncate_to_segment_boundary(tmp_path: Path) -> None:
     ]
 
 
-def test_truncate_below_log_start_is_rejected(tmp_path: Path) -> None:
+def test_truncate_below_log_start_restarts_the_log_there(tmp_path: Path) -> None:
+    """Kafka's truncateTo below the log start (truncateFullyAndStartAt): a leader elected
+    uncleanly can end below our log start, and our records from its end on are not its. The
+    truncation used to be refused (the caller stopped at the log start and kept them)."""
     log = make_log(tmp_path / "t-0", segment_bytes=1024)
-    for _ in range(4):
-        log.append(batch(1))
-    log.delete_records(2)
+    for _ in range(8):
+        log.append(batch(1), leader_epoch=1)
+    log.delete_records(6)
+    log.truncate_to(4)
+    assert (log.log_start_offset, log.log_end_offset, log.recovery_point) == (4, 4, 4)
+    assert [p.name for p in seg_files(log.directory)] == [segment_name(4) + ".log"]
+    assert log.epochs.entries() == [] and log.producers.producers == {}
+    assert log.read(4).data == b""
+    # The leader's records from there on are what the log then holds.
+    log.append_as_follower(batch(2, base_offset=4, epoch=3))
+    assert offsets(read_all(log)) == [4, 5]
+    assert log.epochs.entries() == [(3, 4)]
     with pytest.raises(InvalidAppendError):
-        log.truncate_to(1)
-    log.truncate_to(2)
-    assert log.log_end_offset == 2
+        log.truncate_to(-1)
 
 
 def test_truncate_into_the_batch_holding_log_start(tmp_path: Path) -> None:

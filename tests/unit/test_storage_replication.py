@@ -18,7 +18,7 @@ from strom.api import storage_pb2 as pb
 from strom.errors import ErrorCode as E
 from strom.log import Log, LogConfig, LogManager, OffsetOutOfRangeError, checkpoint
 from strom.log.manager import LOG_START_OFFSETS
-from strom.record import encode_batch
+from strom.record import decode_records, encode_batch
 from strom.storage.longpoll import WaiterRegistry
 from strom.storage.node import StorageNode
 from strom.storage.partition import Partition, decide_isr, follower_high_watermark
@@ -141,6 +141,21 @@ def test_divergence_truncation_offset(tmp_path: Path) -> None:
     assert lg.log_end_offset == 5 and lg.epochs.latest_epoch == 1
 
 
+def test_divergence_below_the_log_start_restarts_the_log_at_the_leaders_end(
+    tmp_path: Path,
+) -> None:
+    """A leader elected uncleanly ended its epoch 1 at 5 while our log start is 8 (it missed a
+    DeleteRecords): we truncate to 5, below our start, not to our start (which kept our own
+    records 8.. and let them pass for the leader's, found from outside)."""
+    lg = _log(tmp_path)
+    lg.append(encode_batch([b"a"] * 10), leader_epoch=1)  # epoch 1: [0, 10)
+    lg.delete_records(8)
+    target = divergence_truncation_offset(lg.epochs.end_offset_for, 10, 1, 5, 8)
+    assert target == 5
+    lg.truncate_to(target)
+    assert (lg.log_start_offset, lg.log_end_offset, lg.epochs.latest_epoch) == (5, 5, -1)
+
+
 class _FakeManager:
     """What ReplicaFetchers needs of a PartitionManager."""
 
@@ -212,6 +227,51 @@ def test_fetcher_truncates_on_divergence_and_restarts_below_the_leader_start(
     stale = pb.FetchPartitionResponse(partition=0, records=_leader_batch([b"x"], 100, 3))
     asyncio.run(fetchers._handle(part, 100, 2, stale))
     assert part.log.log_end_offset == 100
+
+
+def test_fetcher_restarts_its_log_when_an_unclean_leader_ends_below_its_log_start(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: replicas that had 0..9 (epoch 1) and a log start of 8 came back to
+    a leader elected uncleanly whose epoch 1 ended at 5 (it then appended its own 5.. at
+    epoch 4). Truncating stopped at our log start: we kept our own 8..9 as if they were the
+    leader's. Now the log restarts empty at 5 and the next fetch asks from there."""
+    part, fetchers = _follower(tmp_path)
+    part.log.append_as_follower(_leader_batch([b"a"] * 8, 0, 1))
+    part.log.append_as_follower(_leader_batch([b"a"] * 2, 8, 1))
+    part.log.delete_records(8)
+    pr = pb.FetchPartitionResponse(partition=0, high_watermark=10, log_start_offset=0)
+    pr.diverging_epoch.epoch = 1
+    pr.diverging_epoch.end_offset = 5
+    asyncio.run(fetchers._handle(part, 10, 3, pr))
+    lg = part.log
+    assert (lg.log_start_offset, lg.log_end_offset, lg.epochs.latest_epoch) == (5, 5, -1)
+    req, _ = fetchers._request([part])
+    fp = req.topics[0].partitions[0]
+    assert (fp.fetch_offset, fp.last_fetched_epoch, fp.log_start_offset) == (5, -1, 5)
+    data = _leader_batch([b"new"] * 5, 5, 4)
+    asyncio.run(fetchers._handle(part, 5, 3, pb.FetchPartitionResponse(partition=0, records=data)))
+    assert [r.value for r in decode_records(lg.read(5).data)] == [b"new"] * 5
+
+
+def test_fetcher_drops_its_whole_log_when_the_leader_knows_none_of_its_epochs(
+    tmp_path: Path,
+) -> None:
+    """A leader whose every batch is of a newer epoch than all of ours answers the divergence
+    with epoch -1: nothing of ours is its. Truncating to our log start kept the history of
+    the batches below it (epoch 1), and every later fetch diverged the same way (found from
+    outside, the follower never rejoined). The log now restarts empty, at the leader's log
+    start when that is below ours."""
+    part, fetchers = _follower(tmp_path)
+    part.log.append_as_follower(_leader_batch([b"a"] * 10, 0, 1))
+    part.log.delete_records(8)
+    pr = pb.FetchPartitionResponse(partition=0, high_watermark=10, log_start_offset=5)
+    pr.diverging_epoch.epoch = -1
+    pr.diverging_epoch.end_offset = -1
+    asyncio.run(fetchers._handle(part, 10, 3, pr))
+    lg = part.log
+    assert (lg.log_start_offset, lg.log_end_offset, lg.epochs.latest_epoch) == (5, 5, -1)
+    assert fetchers._request([part])[0].topics[0].partitions[0].last_fetched_epoch == -1
 
 
 # -- the maximal ISR (chaos suite, issue 13) -------------------------------------------------
@@ -328,6 +388,63 @@ class _RecordingController:
             st.leader_recovery_state = p.leader_recovery_state
             resp.partitions.add(topic=p.topic, partition=p.partition).state.CopyFrom(st)
         return resp
+
+
+class _ResignController:
+    """Commits a resignation as the controller does (leadership.resign): node 3 leads."""
+
+    def __init__(self) -> None:
+        self.proposals: list[list[int]] = []
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        from strom.api import controller_pb2
+
+        resp = controller_pb2.AlterPartitionResponse()
+        for p in request.partitions:
+            self.proposals.append(list(p.new_isr))
+            st = _state(3, p.leader_epoch + 1, list(p.new_isr), pepoch=p.partition_epoch + 1)
+            resp.partitions.add(topic=p.topic, partition=p.partition).state.CopyFrom(st)
+        return resp
+
+
+def test_a_leader_with_damaged_data_resigns_and_truncates_there_as_follower(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a leader whose stored data failed its check kept leading and
+    answered every fetch with STORAGE_ERROR. A damaged read now makes it propose an ISR
+    without itself (the controller hands leadership over); as a follower it truncates at the
+    damage before it fetches again, so the new leader's copy replaces it."""
+    from strom.storage.replication import IsrManager
+
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3], pepoch=4))
+    lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
+    lg.append(encode_batch([b"y"] * 10), leader_epoch=0)
+    part.note_damage(10)
+    part.note_damage(15)  # the lowest damaged offset counts
+    controller = _ResignController()
+    manager = _Manager(part)
+    isr = IsrManager(1, manager, controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    asyncio.run(isr.check())
+    assert controller.proposals == [[2, 3]]
+    assert not part.is_leader and part.leader == 3 and part.isr == (2, 3)
+    fetchers = ReplicaFetchers(1, _FakeManager(part), None, lambda: "inc")  # type: ignore[arg-type]
+    asyncio.run(fetchers._drop_damaged(part))
+    assert (lg.log_end_offset, part.damaged_at) == (10, -1)
+    assert fetchers._request([part])[0].topics[0].partitions[0].fetch_offset == 10
+
+
+def test_the_only_in_sync_replica_keeps_leading_with_damaged_data(tmp_path: Path) -> None:
+    from strom.storage.replication import IsrManager
+
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1], pepoch=4))
+    lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
+    part.note_damage(0)
+    controller = _ResignController()
+    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    asyncio.run(isr.check())
+    assert controller.proposals == [] and part.is_leader
 
 
 def test_a_leader_elected_uncleanly_reports_recovered_before_followers_join(

@@ -522,3 +522,30 @@ def test_a_new_leader_answers_offset_not_available_until_its_high_watermark_catc
         assert latest.error_code == E.NONE and latest.offset == 3
 
     with_harness(tmp_path, body)
+
+
+def test_damaged_reads_are_counted_each_and_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer or follower stuck at a damaged batch fails the same way many times a
+    second: each is counted (strom_storage_corrupt_reads_total), one line a minute is logged
+    (found from outside: a line per fetch, and no metric)."""
+    from strom.storage import metrics, rpc_base
+
+    clock = [1000.0]
+    monkeypatch.setattr(rpc_base.time, "monotonic", lambda: clock[0])
+    counter = metrics.CORRUPT_READS.labels("dmg", "0")
+    before = counter._value.get()
+    exc = CorruptLogError(
+        "/d/dmg-0/00000000000000000000.log position 0: CRC-32C mismatch", offset=7
+    )
+    with caplog.at_level("ERROR", logger="strom.storage.servicer"):
+        for _ in range(5):
+            r = rpc_base._unexpected("fetch from", "dmg", 0, exc)
+        clock[0] += rpc_base.CORRUPT_LOG_INTERVAL_S
+        rpc_base._unexpected("fetch from", "dmg", 0, exc)
+    assert r.code == E.STORAGE_ERROR and r.message.startswith("stored data at offset 7 failed")
+    assert counter._value.get() - before == 6
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 2 and "00000000000000000000.log" in lines[0], lines
+    assert "at offset 7" in lines[0] and "4 more refusals" in lines[1], lines

@@ -84,6 +84,7 @@ from strom.errors import (
     CorruptMessageError,
     ErrorCode,
     OffsetOutOfRangeError,
+    StorageError,
     StromError,
     error_for,
     is_retriable,
@@ -125,6 +126,11 @@ _LEADER_ERRORS = frozenset(
         ErrorCode.BROKER_NOT_AVAILABLE,
     }
 )
+
+#: STORAGE_ERROR answers in a row from the same leader (in the same leader epoch) after
+#: which ``poll()`` raises: the leader's stored data failed its check, and a leader lookup does
+#: not help while it keeps leading (Kafka's consumer raises CorruptRecordException from poll).
+STORAGE_ERRORS_RAISED_AFTER = 3
 
 _new = tuple.__new__
 
@@ -588,6 +594,7 @@ class PartitionState:
         "paused",
         "position",
         "reset",
+        "storage_errors",
         "tp",
     )
 
@@ -617,6 +624,8 @@ class PartitionState:
         #: A sticky error is raised by every poll until the application seeks (Kafka's rule
         #: for OFFSET_OUT_OF_RANGE without a reset policy, and for corrupt data).
         self.error_sticky = False
+        #: STORAGE_ERROR answers in a row: (leader node id, leader epoch, how many).
+        self.storage_errors = (-1, -1, 0)
 
     def drop_buffered(self) -> None:
         """Forget buffered data and in-flight answers (they are for an old position)."""
@@ -1486,6 +1495,31 @@ class Fetcher:
                 part.error = failure
                 self.data_ready.notify_all()
 
+    def _storage_error(self, part: PartitionState, info: Any) -> None:
+        """(Lock held.) The leader could not serve the partition from its disk. Retried, as
+        a leader change may cure it; but from the same leader, in the same leader epoch,
+        ``STORAGE_ERRORS_RAISED_AFTER`` times in a row, ``poll()`` raises it (every further
+        one too) with the partition and offset: before, the consumer looked the leader up
+        again forever and ``poll()`` returned nothing, with no sign of why (found from
+        outside: one damaged batch on the leader's disk, two good replicas standing by)."""
+        tp = part.tp
+        leader = self._leaders.get(tp)
+        node, epoch = (leader.node_id, leader.epoch) if leader is not None else (-1, -1)
+        last_node, last_epoch, count = part.storage_errors
+        count = count + 1 if (node, epoch) == (last_node, last_epoch) else 1
+        part.storage_errors = (node, epoch, count)
+        if count >= STORAGE_ERRORS_RAISED_AFTER:
+            # Damaged data (the node's "stored data ... failed a check") is Kafka's
+            # CorruptRecordException; anything else (a disk error) stays a StorageError.
+            damaged = "failed a check" in info.error_message
+            cls = CorruptMessageError if damaged else StorageError
+            part.error = cls(
+                f"{tp.topic}-{tp.partition} at offset {part.fetch_offset}: the leader (node "
+                f"{node}) failed to read its stored data {count} times in a row: "
+                f"{info.error_message}"
+            )
+            self.data_ready.notify_all()
+
     def _back_off(self, part: PartitionState, now: float) -> None:
         delay = min(self._backoff_s * (2 ** min(part.failures, 10)), self._backoff_max_s)
         part.failures += 1
@@ -1502,6 +1536,12 @@ class Fetcher:
     ) -> None:
         tp = part.tp
         code = info.error_code
+        if code == ErrorCode.STORAGE_ERROR:
+            self._storage_error(part, info)
+        elif part.storage_errors[2]:
+            if part.storage_errors[2] >= STORAGE_ERRORS_RAISED_AFTER and not part.error_sticky:
+                part.error = None  # not raised yet, and served again meanwhile: moot
+            part.storage_errors = (-1, -1, 0)
         if code == ErrorCode.NONE:
             part.failures = 0
             part.high_watermark = info.high_watermark

@@ -13,6 +13,7 @@ import logging
 
 from strom.api import controller_pb2 as pb
 from strom.api import metadata_pb2 as md
+from strom.controller import leadership, metrics
 from strom.controller.core import ControllerCore, Leadership, rpc
 from strom.errors import ErrorCode
 
@@ -91,16 +92,34 @@ class IsrRpcs(ControllerCore):
             if code != E.INVALID_REQUEST:
                 result.state.CopyFrom(st)
             return None
-        order = {r: i for i, r in enumerate(st.replicas)}
-        new = md.PartitionState()
-        new.CopyFrom(st)
-        new.ClearField("isr")
-        new.isr.extend(sorted(set(item.new_isr), key=order.__getitem__))
-        new.leader_recovery_state = item.leader_recovery_state
-        if list(new.isr) == list(st.isr) and new.leader_recovery_state == st.leader_recovery_state:
-            result.state.CopyFrom(st)  # nothing changes: already committed
-            return None
-        new.partition_epoch = st.partition_epoch + 1
+        election = None
+        if leader_id not in item.new_isr:
+            # The leader resigns: its replica's data failed a check (leadership.resign).
+            eligible = {n for n, reg in nodes.items() if reg.state == md.NODE_STATE_RUNNING}
+            decision = leadership.resign(st, eligible)
+            if decision is None:
+                result.error_code = E.ELIGIBLE_LEADERS_NOT_AVAILABLE
+                result.error_message = (
+                    f"node {leader_id} cannot hand {item.topic}-{item.partition} over: no "
+                    f"other in-sync replica of ISR {list(st.isr)} is running"
+                )
+                result.state.CopyFrom(st)
+                return None
+            new, election = decision.state, decision.election
+        else:
+            order = {r: i for i, r in enumerate(st.replicas)}
+            new = md.PartitionState()
+            new.CopyFrom(st)
+            new.ClearField("isr")
+            new.isr.extend(sorted(set(item.new_isr), key=order.__getitem__))
+            new.leader_recovery_state = item.leader_recovery_state
+            if (
+                list(new.isr) == list(st.isr)
+                and new.leader_recovery_state == st.leader_recovery_state
+            ):
+                result.state.CopyFrom(st)  # nothing changes: already committed
+                return None
+            new.partition_epoch = st.partition_epoch + 1
         key = keys.partition(item.topic, item.partition)
         if not self._txn(lead, [(key, current.mod_revision)], puts=[(key, new)]):
             latest = self.store.get(key, md.PartitionState)
@@ -110,13 +129,18 @@ class IsrRpcs(ControllerCore):
                 result.state.CopyFrom(latest.value)
             return None
         result.state.CopyFrom(new)
+        if election is not None:
+            metrics.LEADER_ELECTIONS.labels(election).inc()
         log.info(
-            "partition %s-%d ISR %s -> %s (partition epoch %d)",
+            "partition %s-%d ISR %s -> %s (partition epoch %d)%s",
             item.topic,
             item.partition,
             list(st.isr),
             list(new.isr),
             new.partition_epoch,
+            f"; node {leader_id} resigned, node {new.leader} leads in epoch {new.leader_epoch}"
+            if election is not None
+            else "",
         )
         return new
 
@@ -145,8 +169,14 @@ class IsrRpcs(ControllerCore):
                 E.INVALID_REQUEST,
                 f"proposed ISR {isr} must be distinct replicas of {list(st.replicas)}",
             )
-        if leader_id not in isr:
-            return E.INVALID_REQUEST, f"proposed ISR {isr} does not contain the leader {leader_id}"
+        if leader_id not in isr and not set(isr) < set(st.isr):
+            # Without the leader, an ISR is its resignation (leadership.resign): it may only
+            # drop the leader, never add anyone.
+            return (
+                E.INVALID_REQUEST,
+                f"proposed ISR {isr} without the leader {leader_id} must be the committed ISR "
+                f"{list(st.isr)} without it",
+            )
         recovering = md.LEADER_RECOVERY_STATE_RECOVERING
         if st.leader_recovery_state != recovering and item.leader_recovery_state == recovering:
             return E.INVALID_REQUEST, "a RECOVERED partition cannot go back to RECOVERING"

@@ -28,6 +28,7 @@ PREFERRED = "preferred"
 CONTROLLED_SHUTDOWN = "controlled_shutdown"
 UNCLEAN = "unclean"
 REASSIGNMENT = "reassignment"
+DAMAGED_REPLICA = "damaged_replica"
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,22 @@ def controlled_shutdown(
 ) -> Decision | None:
     """Node ``node`` is stopping: move its leadership away and take it out of the ISR."""
     return reconcile(st, alive, set(eligible) - {node})
+
+
+def resign(st: md.PartitionState, eligible: Collection[int]) -> Decision | None:
+    """The leader gives up leading (AlterPartition with an ISR without itself): data of its
+    replica failed a check on read, so it serves errors where the other replicas hold the
+    records (Kafka takes such a log dir offline and moves its leaderships). The next eligible
+    in-sync replica, in replica order, leads; the old leader leaves the ISR (it truncates at
+    the damage and fetches the rest as a follower, then rejoins). None when no other eligible
+    replica is in sync: nobody else has every committed record, so it keeps leading."""
+    other = next((r for r in _ordered(st, st.isr) if r in eligible and r != st.leader), -1)
+    if st.leader < 0 or other < 0:
+        return None
+    new = _copy(st)
+    new.leader = other
+    _set(new.isr, [r for r in _ordered(st, st.isr) if r != st.leader])
+    return _finish(st, new, DAMAGED_REPLICA)
 
 
 def original_replicas(st: md.PartitionState) -> list[int]:

@@ -106,7 +106,14 @@ CONTROLLERS_FENCED = Counter(
     "strom_controller_active_fenced",
     "Active controllers whose election lease this standby revoked because they refused connections",
 )
-for _reason in ("failure", "preferred", "controlled_shutdown", "unclean", "reassignment"):
+for _reason in (
+    "failure",
+    "preferred",
+    "controlled_shutdown",
+    "unclean",
+    "reassignment",
+    "damaged_replica",
+):
     LEADER_ELECTIONS.labels(_reason)
 #: min.insync.replicas of a topic that does not override it.
 DEFAULT_MIN_ISR = int(CONFIG_KEYS["min.insync.replicas"].default)

@@ -18,7 +18,14 @@ class OffsetOutOfRangeError(LogError):
 
 
 class CorruptLogError(LogError):
-    """Data on disk failed a check on read (CRC, offsets, epochs): never returned to a reader."""
+    """Data on disk failed a check on read (CRC, offsets, epochs): never returned to a reader.
+
+    ``offset`` is the offset of the batch that failed (where the log's offsets say it
+    starts), -1 when unknown: operators and consumers are told where the damage is."""
+
+    def __init__(self, message: str, *, offset: int = -1) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 class InvalidAppendError(LogError):

@@ -951,14 +951,29 @@ class Log:
     # -- truncation, retention, deletion ---------------------------------------------------
 
     def truncate_to(self, offset: int) -> None:
-        """Remove every batch holding an offset >= ``offset`` (follower truncation)."""
+        """Remove every batch holding an offset >= ``offset`` (follower truncation).
+
+        An ``offset`` below the log start (Kafka's UnifiedLog.truncateTo) empties the log and
+        restarts it there (truncate_fully_and_start_at): every readable record lies above the
+        point where this replica's log stopped being the leader's. This happens after an
+        unclean election to a replica that missed a DeleteRecords: its log ends below our
+        log start, and its records from there on are not ours. Refusing (or stopping at our
+        log start) kept our own records above the divergence point, which then passed for
+        the leader's once our log reached its end (found from outside)."""
         with self.lock:
             if offset >= self.log_end_offset:
                 return
+            if offset < 0:
+                raise InvalidAppendError(f"cannot truncate to a negative offset ({offset})")
             if offset < self.log_start_offset:
-                raise InvalidAppendError(
-                    f"cannot truncate to {offset}, below the log start {self.log_start_offset}"
+                _log.warning(
+                    "%s: truncating to %d, below the log start %d: the log restarts empty there",
+                    self.directory,
+                    offset,
+                    self.log_start_offset,
                 )
+                self.truncate_fully_and_start_at(offset)
+                return
             while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
                 self._retire(self.segments.pop())
                 self._bases.pop()

@@ -341,14 +341,17 @@ class LogSegment:
             if h.base_offset != expected:
                 raise CorruptLogError(
                     f"{self.log_path} position {position + pos}: batch base offset "
-                    f"{h.base_offset} breaks the offset sequence (expected {expected})"
+                    f"{h.base_offset} breaks the offset sequence (expected {expected})",
+                    offset=expected,
                 )
             if h.base_offset >= max_offset:
                 break
             if h.size > len(view) - pos:
                 if pos == 0 and min_one:
                     if position + h.size > self.size:
-                        raise CorruptLogError(f"{self.log_path}: batch at {position} runs past EOF")
+                        raise CorruptLogError(
+                            f"{self.log_path}: batch at {position} runs past EOF", offset=expected
+                        )
                     chunk = os.pread(self.fd, h.size, position)
                     view = memoryview(chunk)
                     h = read_header(view, 0)
@@ -382,11 +385,12 @@ class LogSegment:
         try:
             check_header(h, view, verify_crc=crc, max_batch_bytes=MAX_STORED_BATCH_BYTES)
         except InvalidBatchError as exc:
-            raise CorruptLogError(f"{where}: {exc}") from None
+            raise CorruptLogError(f"{where}: {exc}", offset=h.base_offset) from None
         if h.partition_leader_epoch != epoch_for(h.base_offset):
             raise CorruptLogError(
                 f"{where}: batch leader epoch {h.partition_leader_epoch} does not match the "
-                f"epoch history ({epoch_for(h.base_offset)} at offset {h.base_offset})"
+                f"epoch history ({epoch_for(h.base_offset)} at offset {h.base_offset})",
+                offset=h.base_offset,
             )
 
     def batch_headers(self, start_position: int = 0) -> list[BatchHeader]:

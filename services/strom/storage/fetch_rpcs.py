@@ -15,7 +15,7 @@ from typing import Any
 
 from strom.api import storage_pb2
 from strom.errors import ErrorCode
-from strom.log import OffsetOutOfRangeError
+from strom.log import CorruptLogError, OffsetOutOfRangeError
 from strom.security import QUOTAS
 from strom.storage import metrics
 from strom.storage.partition import Partition
@@ -144,6 +144,7 @@ class FetchRpcs(StorageCore):
                 pr = pb.FetchPartitionResponse(partition=fp.partition, preferred_read_replica=-1)
                 pout = FetchPartitionOut(pr)
                 tout.partitions.append(pout)
+                part = None
                 try:
                     part = self._leader(topic, fp.partition, fp.current_leader_epoch, hints)
                     if ft.topic_id and part.topic_id and ft.topic_id != part.topic_id:
@@ -161,6 +162,11 @@ class FetchRpcs(StorageCore):
                         part, fp, follower, budget - total, total == 0, pout, read_committed
                     )
                 except Exception as exc:
+                    if isinstance(exc, CorruptLogError) and part is not None and part.is_leader:
+                        # Our copy is damaged: hand leadership to a replica that can serve it.
+                        part.note_damage(exc.offset if exc.offset >= 0 else fp.fetch_offset)
+                        if self.on_out_of_sync_fetch is not None:
+                            self.on_out_of_sync_fetch()  # the ISR manager acts on it now
                     r = _fail_partition(pr, "fetch from", topic, fp.partition, exc)
                     if r.code != E.OFFSET_OUT_OF_RANGE:
                         pr.high_watermark = pr.last_stable_offset = pr.log_start_offset = -1

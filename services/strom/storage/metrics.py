@@ -196,6 +196,12 @@ LAST_STABLE_OFFSET_LAG = Gauge(
     "back from read_committed consumers by open transactions",
     ["topic", "partition"],
 )
+CORRUPT_READS = Counter(
+    "strom_storage_corrupt_reads",
+    "Requests refused because data this node stored failed a check when read (CRC-32C, "
+    "offset sequence, leader epoch): the partition's replica here is damaged, by partition",
+    ["topic", "partition"],
+)
 _PARTITION_GAUGES = (
     LOG_END_OFFSET,
     LOG_START_OFFSET,
@@ -255,7 +261,7 @@ class PartitionMetrics:
     def remove(self) -> None:
         """Drop the partition's series (replica deleted) so dashboards do not show ghosts."""
         self.lso_lag = None
-        for g in _PARTITION_GAUGES:
+        for g in (*_PARTITION_GAUGES, CORRUPT_READS):
             with contextlib.suppress(KeyError):
                 g.remove(*self.labels)
 

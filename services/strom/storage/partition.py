@@ -83,6 +83,10 @@ class Partition:
         self.pending_isr_epoch = -1
         #: Follower side: do not fetch before this monotonic time (leader errors back off).
         self.fetch_retry_at = 0.0
+        #: The first offset whose stored data failed a check on read here (-1: none found).
+        #: As leader this node then resigns (IsrManager); as follower it truncates there and
+        #: fetches the rest from the new leader (ReplicaFetchers).
+        self.damaged_at = -1
         self.clock: Callable[[], float] = time.monotonic
         # Held while a worker thread fsyncs / cleans the log, so that deleting the replica
         # waits for that work instead of pulling the files from under it.
@@ -147,6 +151,12 @@ class Partition:
         self.maybe_advance_high_watermark()
         self._release_lw_waiters()  # a shrunk ISR, or a lost leadership, decides them
         return changed
+
+    def note_damage(self, offset: int) -> None:
+        """A read found stored data from ``offset`` on failing its check (CRC, offsets,
+        epochs): remember the lowest such offset."""
+        if offset >= 0 and (self.damaged_at < 0 or offset < self.damaged_at):
+            self.damaged_at = offset
 
     def check_epoch(self, current_leader_epoch: int) -> EpochCheck | None:
         """Compare a request's current_leader_epoch (-1 = not checked) with ours."""

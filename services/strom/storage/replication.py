@@ -35,7 +35,7 @@ import grpc
 from strom.api import controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
 from strom.errors import ErrorCode
 from strom.grpc_options import GRPC_OPTIONS
-from strom.log import LogManager
+from strom.log import CorruptLogError, LogManager
 from strom.metadata import ClusterView
 from strom.security import default_channel
 from strom.security.channel import ChannelCache
@@ -246,6 +246,13 @@ class ReplicaFetchers:
                     fetches = _LeaderFetches(channel)
                     target = addr
                 assert fetches is not None
+                for part in ready:
+                    if part.damaged_at >= 0:
+                        await self._drop_damaged(part)
+                ready = [p for p in ready if p.damaged_at < 0]
+                if not ready:
+                    await self._sleep(leader, PARTITION_BACKOFF_S)
+                    continue
                 request, sent = self._request(ready)
                 try:
                     resp = await fetches.fetch(request, FETCH_MAX_WAIT_MS / 1000.0 + 5.0)
@@ -352,7 +359,9 @@ class ReplicaFetchers:
                 self.manager.refresh_gauges(part)
                 await self._log_start_moved(part, moved_starts)
             elif pr.high_watermark >= 0:
-                await self._truncate(part, max(pr.high_watermark, part.log.log_start_offset))
+                # Our log end is above the leader's: keep what it committed. Below our log
+                # start, the log restarts empty there (Log.truncate_to).
+                await self._truncate(part, pr.high_watermark)
             return
         if code != E.NONE:
             # FENCED/UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, ...: metadata is about to
@@ -366,17 +375,24 @@ class ReplicaFetchers:
                 pr.diverging_epoch.epoch,
                 pr.diverging_epoch.end_offset,
                 part.log.log_start_offset,
+                leader_log_start=pr.log_start_offset,
             )
+            # The leader knows no epoch as old as our newest: every batch it holds is newer
+            # than all of ours, so nothing of ours is its. Truncating only to our log start
+            # kept the epoch history of the batches below it, and the next fetch diverged the
+            # same way, for good (found from outside, after an unclean election).
+            fully = pr.diverging_epoch.epoch < 0 or pr.diverging_epoch.end_offset < 0
             log.info(
-                "%s-%d: log diverges from leader %d at epoch %d (end %d); truncating to %d",
+                "%s-%d: log diverges from leader %d at epoch %d (end %d); truncating %sto %d",
                 part.topic,
                 part.index,
                 part.leader,
                 pr.diverging_epoch.epoch,
                 pr.diverging_epoch.end_offset,
+                "fully, restarting the log empty, " if fully else "",
                 target,
             )
-            await self._truncate(part, target)
+            await self._truncate(part, target, fully=fully)
             return
         if pr.records:
             if part.log.log_end_offset != fetch_offset:
@@ -465,8 +481,38 @@ class ReplicaFetchers:
                     await fut
                 raise
 
-    async def _truncate(self, part: Partition, offset: int) -> None:
-        await self._locked(part, part.log.truncate_to, offset)
+    async def _drop_damaged(self, part: Partition) -> None:
+        """Truncate at the damaged data found while we led (Partition.damaged_at), so that
+        the leader's copy replaces it. If the damage is in the batch headers the truncation
+        walks, the whole log goes (and is fetched again)."""
+        offset, part.damaged_at = part.damaged_at, -1
+        log.warning(
+            "%s-%d: truncating to %d, where stored data failed a check, to fetch it again "
+            "from leader %d",
+            part.topic,
+            part.index,
+            offset,
+            part.leader,
+        )
+        try:
+            try:
+                await self._truncate(part, offset)
+            except CorruptLogError:
+                log.exception("%s-%d: truncating the damaged log failed; restarting it", *part.tp)
+                await self._truncate(part, part.log.log_start_offset, fully=True)
+        except Exception:
+            # Not fetched until the damage is gone (a disk error, say): try again later.
+            log.exception("%s-%d: truncating the damaged log failed", *part.tp)
+            part.note_damage(offset)
+            part.fetch_retry_at = asyncio.get_running_loop().time() + PARTITION_BACKOFF_S * 5
+
+    async def _truncate(self, part: Partition, offset: int, *, fully: bool = False) -> None:
+        """Truncate our log to ``offset`` (``fully``: drop all of it and restart it empty
+        there, epoch history included)."""
+        if fully:
+            await self._locked(part, part.log.truncate_fully_and_start_at, offset)
+        else:
+            await self._locked(part, part.log.truncate_to, offset)
         part.set_follower_high_watermark(part.high_watermark)
         self.manager.refresh_gauges(part)
         # The recovery point may have moved down: make that durable before going on.
@@ -479,19 +525,30 @@ def divergence_truncation_offset(
     leader_epoch: int,
     leader_end_offset: int,
     log_start_offset: int,
+    *,
+    leader_log_start: int = -1,
 ) -> int:
     """Where a follower truncates when the leader answers diverging_epoch (epoch, end).
 
     Kafka's rule: the leader's end offset for that epoch, or our own end of that epoch if it
     is earlier; if the leader knows no such epoch (-1) we keep nothing of ours above our
-    start. Never above our LEO, never below our log start."""
+    start, nor above the leader's log start (``leader_log_start``, when known): the records
+    from there on are the leader's to give us. Never above our LEO.
+
+    It may be below our log start: a leader elected uncleanly that missed a DeleteRecords
+    can end below it, and what it appended from there on is not what we hold. Clamping to our
+    log start kept our own records there, and once our log reached the leader's end they
+    passed for its records (found from outside): the log now restarts empty at the target
+    (Log.truncate_to) and fetches the leader's."""
     if leader_epoch < 0 or leader_end_offset < 0:
+        if leader_log_start >= 0:
+            return min(log_start_offset, leader_log_start)
         return log_start_offset
     own_epoch, own_end = own_end_offset_for(leader_epoch, log_end_offset)
     target = leader_end_offset
     if own_epoch >= 0 and own_end >= 0:
         target = min(target, own_end)
-    return max(min(target, log_end_offset), log_start_offset)
+    return min(target, log_end_offset)
 
 
 class IsrManager:
@@ -512,6 +569,8 @@ class IsrManager:
         self.lag_time_max_s = lag_time_max_ms / 1000.0
         self._kick = asyncio.Event()
         self._retry_at: dict[tuple[str, int], float] = {}
+        #: Damaged partitions this node leads with nobody to hand them to (logged once).
+        self._alone_damaged: set[tuple[str, int]] = set()
 
     def kick(self) -> None:
         """Check soon (a follower fetched; something may have caught up)."""
@@ -543,6 +602,25 @@ class IsrManager:
                 # same proposal goes again (the controller answers with the state either way).
                 proposals.append((part, part.pending_isr))
                 continue
+            if part.damaged_at >= 0:
+                if len(part.isr) > 1:
+                    # Stored data failed its check here: hand leadership to another in-sync
+                    # replica (an ISR without us: leadership.resign on the controller), then
+                    # truncate at the damage and fetch the rest as a follower. Before, this
+                    # node kept leading and answered every fetch with STORAGE_ERROR while
+                    # good replicas stood by (found from outside).
+                    proposals.append((part, tuple(r for r in part.isr if r != self.node_id)))
+                    self._alone_damaged.discard(part.tp)
+                    continue
+                if part.tp not in self._alone_damaged:
+                    self._alone_damaged.add(part.tp)
+                    log.error(
+                        "%s-%d: stored data from offset %d failed a check, and no other "
+                        "replica is in sync to take over: still leading",
+                        part.topic,
+                        part.index,
+                        part.damaged_at,
+                    )
             if part.recovering:
                 # Elected uncleanly: the partition stays RECOVERING (no follower may join) until
                 # its leader says it has recovered (KIP-704). This node has nothing more to
@@ -570,6 +648,12 @@ class IsrManager:
                 partition_epoch=part.partition_epoch,
                 new_isr=new,
             )
+            if self.node_id not in new:
+                why = f", resigning: stored data from offset {part.damaged_at} failed a check"
+            elif part.recovering:
+                why = ", reporting RECOVERED after an unclean election"
+            else:
+                why = ""
             log.info(
                 "%s-%d: proposing ISR %s -> %s (leader epoch %d, partition epoch %d)%s",
                 part.topic,
@@ -578,7 +662,7 @@ class IsrManager:
                 list(new),
                 part.leader_epoch,
                 part.partition_epoch,
-                ", reporting RECOVERED after an unclean election" if part.recovering else "",
+                why,
             )
         try:
             resp = await self.controller.call("AlterPartition", req)

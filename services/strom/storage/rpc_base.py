@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -64,13 +65,44 @@ class _Refusal(Exception):
         self.hint = hint
 
 
+#: Seconds between two log lines about the same damaged partition.
+CORRUPT_LOG_INTERVAL_S = 60.0
+#: (topic, partition) -> (when its last line was logged, refusals since then not logged).
+_corrupt_logged: dict[tuple[str, int], tuple[float, int]] = {}
+
+
+def _corrupt(what: str, topic: str, partition: int, exc: CorruptLogError) -> _Refusal:
+    """A read found damaged data: count it (strom_storage_corrupt_reads_total) and log it,
+    at most once a minute per partition. Every fetch of a consumer or follower stuck at the
+    damaged batch fails the same way, many times a second: one line each buried the logs,
+    and without a metric nothing showed that a replica was damaged (found from outside)."""
+    metrics.CORRUPT_READS.labels(topic, str(partition)).inc()
+    at = f" at offset {exc.offset}" if exc.offset >= 0 else ""
+    now = time.monotonic()
+    last, suppressed = _corrupt_logged.get((topic, partition), (-CORRUPT_LOG_INTERVAL_S, 0))
+    if now - last >= CORRUPT_LOG_INTERVAL_S:
+        _corrupt_logged[(topic, partition)] = (now, 0)
+        more = f" ({suppressed} more refusals since the last report)" if suppressed else ""
+        log.error(
+            "%s %s-%d: stored data%s failed a check, refused: %s%s",
+            what,
+            topic,
+            partition,
+            at,
+            exc,
+            more,
+        )
+    else:
+        _corrupt_logged[(topic, partition)] = (last, suppressed + 1)
+    return _Refusal(E.STORAGE_ERROR, f"stored data{at} failed a check: {exc}")
+
+
 def _unexpected(what: str, topic: str, partition: int, exc: BaseException) -> _Refusal:
     """Map an exception escaping a partition's work to its error code (and log it)."""
     if isinstance(exc, _Refusal):
         return exc
     if isinstance(exc, CorruptLogError):
-        log.error("%s %s-%d: log data failed a check: %s", what, topic, partition, exc)
-        return _Refusal(E.STORAGE_ERROR, f"stored data failed a check: {exc}")
+        return _corrupt(what, topic, partition, exc)
     if isinstance(exc, OSError):
         log.error("%s %s-%d: disk error: %s", what, topic, partition, exc)
         return _Refusal(E.STORAGE_ERROR, f"disk error: {exc}")
@@ -136,7 +168,8 @@ class StorageCore:
     view: ClusterView
     writer: AppendWriter
     shutting_down: bool
-    #: Called when a follower outside the ISR fetches (the ISR manager checks soon).
+    #: Called when a follower outside the ISR fetches, or a read of a led partition finds
+    #: damaged data (the ISR manager checks soon: an expansion, or a resignation).
     on_out_of_sync_fetch: Callable[[], None] | None
     #: Where InitProducerId gets new ids (the node wires it to the controller).
     producer_ids: ProducerIdAllocator | None

@@ -112,7 +112,8 @@ class StorageServicer(
         self.writer = AppendWriter()
         self.shutting_down = False
         self.stream_readers = set()
-        #: Called when a follower outside the ISR fetches (the ISR manager checks soon).
+        #: Called when a follower outside the ISR fetches, or a read of a led partition finds
+        #: damaged data (the ISR manager checks soon: an expansion, or a resignation).
         self.on_out_of_sync_fetch: Callable[[], None] | None = None
         #: Where InitProducerId gets new ids (the node wires it to the controller).
         self.producer_ids: ProducerIdAllocator | None = None
