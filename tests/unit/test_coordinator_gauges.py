@@ -104,3 +104,53 @@ def test_lag_keeps_its_last_value_while_the_end_offset_is_unknown() -> None:
     timers.ids = {}  # the topic was deleted
     asyncio.run(timers._refresh_lag())
     assert _value("strom_coordinator_consumer_lag", **labels) is None
+
+
+def _service_with_lag(end: int) -> tuple[Any, Any]:
+    """A real coordinator service (not started) owning one loaded group shard whose group
+    committed offset 5 of ``lag-t``/0, with ListOffsets answering ``end``."""
+    from strom.coordinator.service import CoordinatorService
+    from strom.coordinator.shards import Shard
+
+    svc = CoordinatorService(
+        etcd="127.0.0.1:1", cluster="c", coordinator_id=1, advertise_host="h", advertise_port=1
+    )
+    group = ConsumerGroup("unload-g", config=GroupConfig(), now_ms=0)
+    group.commit_offsets("", -1, {("lag-t", 0): OffsetAndMetadata(5, topic_id="id-1")}, now_ms=0)
+    shard = Shard(0, svc.group_kind, loaded=True, groups={group.group_id: group})
+    svc.group_kind.shards[0] = shard
+    svc._topic_ids = lambda: {"lag-t": "id-1"}
+
+    async def ends(parts: Any) -> dict[tuple[str, int], int]:
+        return {("lag-t", 0): end}
+
+    svc._end_offsets = ends
+    return svc, shard
+
+
+_UNLOAD_LABELS = {"group": "unload-g", "topic": "lag-t", "partition": "0"}
+
+
+def test_an_unloaded_shards_lag_and_shard_count_go_at_once() -> None:
+    """Found from outside: a coordinator that lost its shards kept exporting their lag until
+    its next lag refresh (10 s), while the new owner exported it too, so sums over the
+    coordinators (the lag alert, the dashboard) counted those groups twice."""
+    svc, shard = _service_with_lag(12)
+    asyncio.run(svc._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **_UNLOAD_LABELS) == 7
+    assert _value("strom_coordinator_shards_owned") == 1
+    svc._unload(shard)  # lost, handed over, or stopping: every path unloads
+    assert _value("strom_coordinator_consumer_lag", **_UNLOAD_LABELS) is None
+    assert _value("strom_coordinator_shards_owned") == 0
+
+
+def test_a_shard_unloaded_during_the_lag_refresh_is_not_exported_again() -> None:
+    svc, shard = _service_with_lag(12)
+
+    async def unload_meanwhile(parts: Any) -> dict[tuple[str, int], int]:
+        svc._unload(shard)  # the shard is lost while ListOffsets is in flight
+        return {("lag-t", 0): 12}
+
+    svc._end_offsets = unload_meanwhile
+    asyncio.run(svc._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **_UNLOAD_LABELS) is None

@@ -379,6 +379,10 @@ class ShardOwnership(ShardWrites):
     def _unload(self, shard: Shard) -> None:
         shard.loaded = False
         shard.generation += 1
+        # The shard's lag series go now, not at the next lag refresh: its new owner exports
+        # them too, and sums over coordinators counted those groups twice for up to the
+        # refresh interval (found from outside).
+        self._forget_lag(shard.groups)
         shard.groups = {}
         shard.transactions = {}
         for done in shard.completing.values():  # waiters look again (and find it moved)
