@@ -154,3 +154,20 @@ def test_a_shard_unloaded_during_the_lag_refresh_is_not_exported_again() -> None
     svc._end_offsets = unload_meanwhile
     asyncio.run(svc._refresh_lag())
     assert _value("strom_coordinator_consumer_lag", **_UNLOAD_LABELS) is None
+
+
+def test_the_clusters_group_shard_count_is_exported_beside_the_shards_owned() -> None:
+    """StromCoordinatorShardsUnowned compares the two: shards nobody serves."""
+    groups: dict[int, Any] = {0: _Shard(), 1: _Shard(loaded=False)}
+    total = [0]
+    metrics.count_at_scrape(groups, {}, lambda: total[0])
+    assert _value("strom_coordinator_group_shards") == 0  # __consumer_offsets not created yet
+    total[0] = 8
+    assert _value("strom_coordinator_group_shards") == 8
+    assert _value("strom_coordinator_shards_owned") == 1
+
+
+def test_a_coordinator_before_its_view_started_reports_no_group_shards() -> None:
+    svc, _ = _service_with_lag(12)
+    assert svc.view is None
+    assert _value("strom_coordinator_group_shards") == 0
