@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from strom.api import metadata_pb2 as md
-from strom.devcluster.procs import EtcdServer, wait_for
+from strom.devcluster.procs import EtcdServer, free_port, wait_for
 from strom.metadata import (
     Election,
     LeaseLostError,
@@ -241,3 +241,19 @@ def test_an_election_lease_lost_before_its_keeper_saw_it_is_counted(etcd: EtcdSe
     election.resign()  # what the controller does when its key vanished
     assert _lost() == lost + 1
     store.close()
+
+
+def test_a_keeper_that_cannot_reach_etcd_knows_when_its_lease_has_surely_expired() -> None:
+    """What a coordinator cut off from etcd (or back from a pause) uses to stop counting the
+    shards on that lease as its own before it can hear that the lease is gone."""
+    from types import SimpleNamespace
+
+    store = MetadataStore(f"127.0.0.1:{free_port()}", "c-cut-off")  # nothing listens there
+    keeper = store.keep_alive(SimpleNamespace(id=1, ttl=1), lambda: None)
+    try:
+        assert not keeper.surely_expired()  # just granted
+        wait_for(keeper.surely_expired, timeout=10, what="the TTL to pass without a refresh")
+        assert not keeper.lost  # etcd never said so: it cannot be reached
+    finally:
+        keeper.stop(revoke=False)
+        store.close()

@@ -171,3 +171,35 @@ def test_a_coordinator_before_its_view_started_reports_no_group_shards() -> None
     svc, _ = _service_with_lag(12)
     assert svc.view is None
     assert _value("strom_coordinator_group_shards") == 0
+
+
+def test_nothing_counts_as_owned_once_the_lease_has_surely_expired() -> None:
+    """Found from outside: a coordinator back from a pause (or cut off from etcd) still
+    counted the shards whose keys expired with its lease while others had taken them: the
+    sum over coordinators read 10 of 8 shards owned."""
+    groups: dict[int, Any] = {0: _Shard(groups={"a": _Group(GroupState.STABLE, {"m": 1})})}
+    live = [True]
+    metrics.count_at_scrape(groups, {}, lambda: 8, lambda: live[0])
+    assert _value("strom_coordinator_shards_owned") == 1
+    assert _value("strom_coordinator_members") == 1
+    live[0] = False  # no refresh for longer than the TTL: etcd has ended the lease
+    assert _value("strom_coordinator_shards_owned") == 0
+    assert _value("strom_coordinator_members") == 0
+    assert _value("strom_coordinator_groups", state="stable") == 0
+    assert _value("strom_coordinator_group_shards") == 8
+
+
+def test_a_coordinator_follows_its_keepers_view_of_the_lease() -> None:
+    svc, _ = _service_with_lag(12)
+
+    class _Keeper:
+        expired = False
+
+        def surely_expired(self) -> bool:
+            return self.expired
+
+    keeper = _Keeper()
+    svc._keepalive = keeper
+    assert _value("strom_coordinator_shards_owned") == 1
+    keeper.expired = True
+    assert _value("strom_coordinator_shards_owned") == 0

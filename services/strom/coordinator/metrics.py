@@ -248,14 +248,22 @@ def count_at_scrape(
     group_shards: dict[int, Any],
     txn_shards: dict[int, Any],
     cluster_group_shards: Callable[[], int] = lambda: 0,
+    lease_live: Callable[[], bool] = lambda: True,
 ) -> None:
     """Shards owned, members, groups and transactional ids by state, counted when Prometheus
     scrapes, not after every write: a pass over every group per commit made each commit cost
     what all the groups of the coordinator cost (``group_shards`` and ``txn_shards`` are the
     coordinator's live tables of loaded :class:`~strom.coordinator.shards.Shard`;
-    ``cluster_group_shards`` reads the cluster's group shard count)."""
+    ``cluster_group_shards`` reads the cluster's group shard count).
+
+    While ``lease_live()`` is false (the shard keys' lease has surely expired, the process
+    not having noticed yet: it was paused, or cannot reach etcd) nothing is counted as
+    owned: other coordinators own those shards by then, and the sum over coordinators read
+    10 of 8 shards owned (found from outside)."""
 
     def loaded(shards: dict[int, Any]) -> list[Any]:
+        if not lease_live():
+            return []
         return [s for s in list(shards.values()) if s.loaded]
 
     def groups() -> list[ConsumerGroup]:

@@ -140,8 +140,17 @@ class CoordinatorService(
         self._handed_over: set[tuple[str, int]] = set()
         self._next_hand_over = 0.0
         metrics.count_at_scrape(
-            self.group_kind.shards, self.txn_kind.shards, self._cluster_group_shards
+            self.group_kind.shards,
+            self.txn_kind.shards,
+            self._cluster_group_shards,
+            self._lease_live,
         )
+
+    def _lease_live(self) -> bool:
+        """False once the lease of our shard keys has surely expired (see
+        :meth:`KeepAlive.surely_expired`), before the keeper reports the loss."""
+        keepalive = self._keepalive
+        return keepalive is None or not keepalive.surely_expired()
 
     def _cluster_group_shards(self) -> int:
         """Partitions of ``__consumer_offsets`` as the view sees them (0 before it exists or

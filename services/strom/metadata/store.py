@@ -359,6 +359,9 @@ class KeepAlive:
         self.lost = False
         #: Successful refreshes so far (the first one also sets up the connection).
         self.refreshes = 0
+        #: Monotonic time of the last answer that the lease lives (at first: now, after the
+        #: grant). etcd ends the lease at most ``ttl`` after it.
+        self.alive_at = time.monotonic()
         self._short_timeout = max(self.ttl / 3.0, 0.5)
         # The first refresh also sets up the connection, which can be slow on a loaded
         # machine, but not so slow that it may outlast the lease: it runs a third of the TTL
@@ -410,6 +413,7 @@ class KeepAlive:
             interval = max(self.ttl / 3.0, 0.2)
             if resps and resps[0].TTL > 0:
                 self.refreshes += 1
+                self.alive_at = time.monotonic()
             if not resps or resps[0].TTL <= 0:
                 self.lost = True
                 metrics.lease_lost(_lease_id(self.lease))
@@ -417,6 +421,13 @@ class KeepAlive:
                 with contextlib.suppress(Exception):
                     self._on_lost()
                 return
+
+    def surely_expired(self) -> bool:
+        """The lease is lost, or no refresh has succeeded for longer than its TTL, so etcd
+        has ended it (unless an etcd leader change renewed it) even though this process has
+        not heard so yet: it was paused (SIGSTOP, a long GC) or cannot reach etcd. Its keys
+        are gone and others may own what they stood for."""
+        return self.lost or time.monotonic() - self.alive_at > self.ttl
 
     def stop(self, *, revoke: bool = True) -> None:
         self._stop.set()
