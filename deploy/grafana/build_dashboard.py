@@ -330,10 +330,16 @@ PANELS: list[tuple[str, list[P]]] = [
             P(
                 "timeseries",
                 "Consumer lag by group and topic",
-                "High watermark minus committed offset, summed over partitions.",
+                "High watermark minus committed offset, summed over partitions. Each "
+                "partition counts once while its group moves between coordinators (both "
+                "may export it for a moment).",
                 [
                     (
-                        f"sum by (group, topic) (strom_coordinator_consumer_lag{{{CT}}})",
+                        # max, not the sum over coordinators: a shard hand-over doubled it
+                        # (found from outside). Inline rather than the alert rules'
+                        # strom:consumer_lag:max, so the dashboard works without them.
+                        "sum by (group, topic) (max by (cluster, group, topic, partition) "
+                        f"(strom_coordinator_consumer_lag{{{CT}}}))",
                         "{{group}} {{topic}}",
                     )
                 ],

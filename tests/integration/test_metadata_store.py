@@ -9,8 +9,14 @@ from collections.abc import Callable
 import pytest
 
 from strom.api import metadata_pb2 as md
-from strom.devcluster.procs import EtcdServer, wait_for
-from strom.metadata import Election, MetadataStore, MetadataUnavailableError, parse_endpoints
+from strom.devcluster.procs import EtcdServer, free_port, wait_for
+from strom.metadata import (
+    Election,
+    LeaseLostError,
+    MetadataStore,
+    MetadataUnavailableError,
+    parse_endpoints,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -163,4 +169,91 @@ def test_a_resign_during_a_campaign_leaves_no_key_behind(etcd: EtcdServer) -> No
         successor.resign()
     finally:
         store.create = create  # type: ignore[method-assign]
+        store.close()
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    from strom.service import metrics as service_metrics
+
+    return REGISTRY.get_sample_value(name, {"service": service_metrics.SERVICE, **labels}) or 0.0
+
+
+def _lost() -> float:
+    return _sample("strom_metadata_leases_lost_total")
+
+
+def test_a_write_on_an_expired_lease_is_a_lost_lease_not_an_etcd_error(etcd: EtcdServer) -> None:
+    """Found from outside: a coordinator's writes on its expired lease (NOT_FOUND "requested
+    lease not found") were counted as etcd errors (feeding StromEtcdErrors) and logged as
+    the gRPC error's multi-line dump."""
+    store = MetadataStore(etcd.endpoint, "c-lease-gone")
+    lease = store.grant_lease(30)
+    store.client.revoke_lease(lease.id)  # gone, as after an expiry
+    errors = _sample("strom_metadata_etcd_errors_total", op="put") + _sample(
+        "strom_metadata_etcd_errors_total", op="txn"
+    )
+    lost = _lost()
+    key = store.keys.node(9)
+    value = md.NodeRegistration(node_id=9, host="h", port=1)
+    with pytest.raises(LeaseLostError) as put_error:
+        store.put(key, value, lease=lease)
+    assert str(put_error.value) == (
+        "etcd lease expired: NOT_FOUND: etcdserver: requested lease not found"
+    )
+    with pytest.raises(LeaseLostError):
+        store.create(key, value, lease=lease)
+    assert _lost() == lost + 1  # one lease, counted once
+    assert (
+        _sample("strom_metadata_etcd_errors_total", op="put")
+        + _sample("strom_metadata_etcd_errors_total", op="txn")
+        == errors
+    )
+    assert store.get(key, md.NodeRegistration) is None
+    store.close()
+
+
+def test_an_election_lease_lost_before_its_keeper_saw_it_is_counted(etcd: EtcdServer) -> None:
+    """Found from outside: an active controller sees its election key vanish (the lease
+    expired) before the lease keeper does, and resigns, which stops the keeper: the loss
+    was never counted in strom_metadata_leases_lost_total."""
+    store = MetadataStore(etcd.endpoint, "c-election-lost")
+    elected: list[int] = []
+    election = Election(
+        store,
+        store.keys.controller,
+        md.ControllerInfo(controller_id=1),
+        ttl_s=30,  # the keeper refreshes every 10 s: it does not see the loss first
+        on_elected=elected.append,
+        on_lost=lambda: None,
+    )
+    election.start()
+    wait_for(lambda: elected, timeout=10, what="the candidate to win")
+    current = store.client.get(store.keys.controller)[1]
+    lost = _lost()
+    store.client.revoke_lease(current.lease_id)  # the lease ends as an expiry would
+    wait_for(
+        lambda: store.get(store.keys.controller, md.ControllerInfo) is None,
+        timeout=10,
+        what="the election key to vanish",
+    )
+    election.resign()  # what the controller does when its key vanished
+    assert _lost() == lost + 1
+    store.close()
+
+
+def test_a_keeper_that_cannot_reach_etcd_knows_when_its_lease_has_surely_expired() -> None:
+    """What a coordinator cut off from etcd (or back from a pause) uses to stop counting the
+    shards on that lease as its own before it can hear that the lease is gone."""
+    from types import SimpleNamespace
+
+    store = MetadataStore(f"127.0.0.1:{free_port()}", "c-cut-off")  # nothing listens there
+    keeper = store.keep_alive(SimpleNamespace(id=1, ttl=1), lambda: None)
+    try:
+        assert not keeper.surely_expired()  # just granted
+        wait_for(keeper.surely_expired, timeout=10, what="the TTL to pass without a refresh")
+        assert not keeper.lost  # etcd never said so: it cannot be reached
+    finally:
+        keeper.stop(revoke=False)
         store.close()

@@ -104,3 +104,102 @@ def test_lag_keeps_its_last_value_while_the_end_offset_is_unknown() -> None:
     timers.ids = {}  # the topic was deleted
     asyncio.run(timers._refresh_lag())
     assert _value("strom_coordinator_consumer_lag", **labels) is None
+
+
+def _service_with_lag(end: int) -> tuple[Any, Any]:
+    """A real coordinator service (not started) owning one loaded group shard whose group
+    committed offset 5 of ``lag-t``/0, with ListOffsets answering ``end``."""
+    from strom.coordinator.service import CoordinatorService
+    from strom.coordinator.shards import Shard
+
+    svc = CoordinatorService(
+        etcd="127.0.0.1:1", cluster="c", coordinator_id=1, advertise_host="h", advertise_port=1
+    )
+    group = ConsumerGroup("unload-g", config=GroupConfig(), now_ms=0)
+    group.commit_offsets("", -1, {("lag-t", 0): OffsetAndMetadata(5, topic_id="id-1")}, now_ms=0)
+    shard = Shard(0, svc.group_kind, loaded=True, groups={group.group_id: group})
+    svc.group_kind.shards[0] = shard
+    svc._topic_ids = lambda: {"lag-t": "id-1"}
+
+    async def ends(parts: Any) -> dict[tuple[str, int], int]:
+        return {("lag-t", 0): end}
+
+    svc._end_offsets = ends
+    return svc, shard
+
+
+_UNLOAD_LABELS = {"group": "unload-g", "topic": "lag-t", "partition": "0"}
+
+
+def test_an_unloaded_shards_lag_and_shard_count_go_at_once() -> None:
+    """Found from outside: a coordinator that lost its shards kept exporting their lag until
+    its next lag refresh (10 s), while the new owner exported it too, so sums over the
+    coordinators (the lag alert, the dashboard) counted those groups twice."""
+    svc, shard = _service_with_lag(12)
+    asyncio.run(svc._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **_UNLOAD_LABELS) == 7
+    assert _value("strom_coordinator_shards_owned") == 1
+    svc._unload(shard)  # lost, handed over, or stopping: every path unloads
+    assert _value("strom_coordinator_consumer_lag", **_UNLOAD_LABELS) is None
+    assert _value("strom_coordinator_shards_owned") == 0
+
+
+def test_a_shard_unloaded_during_the_lag_refresh_is_not_exported_again() -> None:
+    svc, shard = _service_with_lag(12)
+
+    async def unload_meanwhile(parts: Any) -> dict[tuple[str, int], int]:
+        svc._unload(shard)  # the shard is lost while ListOffsets is in flight
+        return {("lag-t", 0): 12}
+
+    svc._end_offsets = unload_meanwhile
+    asyncio.run(svc._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **_UNLOAD_LABELS) is None
+
+
+def test_the_clusters_group_shard_count_is_exported_beside_the_shards_owned() -> None:
+    """StromCoordinatorShardsUnowned compares the two: shards nobody serves."""
+    groups: dict[int, Any] = {0: _Shard(), 1: _Shard(loaded=False)}
+    total = [0]
+    metrics.count_at_scrape(groups, {}, lambda: total[0])
+    assert _value("strom_coordinator_group_shards") == 0  # __consumer_offsets not created yet
+    total[0] = 8
+    assert _value("strom_coordinator_group_shards") == 8
+    assert _value("strom_coordinator_shards_owned") == 1
+
+
+def test_a_coordinator_before_its_view_started_reports_no_group_shards() -> None:
+    svc, _ = _service_with_lag(12)
+    assert svc.view is None
+    assert _value("strom_coordinator_group_shards") == 0
+
+
+def test_nothing_counts_as_owned_once_the_lease_has_surely_expired() -> None:
+    """Found from outside: a coordinator back from a pause (or cut off from etcd) still
+    counted the shards whose keys expired with its lease while others had taken them: the
+    sum over coordinators read 10 of 8 shards owned."""
+    groups: dict[int, Any] = {0: _Shard(groups={"a": _Group(GroupState.STABLE, {"m": 1})})}
+    live = [True]
+    metrics.count_at_scrape(groups, {}, lambda: 8, lambda: live[0])
+    assert _value("strom_coordinator_shards_owned") == 1
+    assert _value("strom_coordinator_members") == 1
+    live[0] = False  # no refresh for longer than the TTL: etcd has ended the lease
+    assert _value("strom_coordinator_shards_owned") == 0
+    assert _value("strom_coordinator_members") == 0
+    assert _value("strom_coordinator_groups", state="stable") == 0
+    assert _value("strom_coordinator_group_shards") == 8
+
+
+def test_a_coordinator_follows_its_keepers_view_of_the_lease() -> None:
+    svc, _ = _service_with_lag(12)
+
+    class _Keeper:
+        expired = False
+
+        def surely_expired(self) -> bool:
+            return self.expired
+
+    keeper = _Keeper()
+    svc._keepalive = keeper
+    assert _value("strom_coordinator_shards_owned") == 1
+    keeper.expired = True
+    assert _value("strom_coordinator_shards_owned") == 0

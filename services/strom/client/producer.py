@@ -1316,8 +1316,9 @@ class Producer:
         self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError, now: float
     ) -> None:
         first = batches[0]
-        if now - first.created >= self.delivery_timeout_s or first.attempts >= self.retries:
-            self._fail_appended_maybe(pq, batches, err)
+        timed_out = now - first.created >= self.delivery_timeout_s
+        if timed_out or first.attempts >= self.retries:
+            self._fail_appended_maybe(pq, batches, err, timed_out=timed_out)
             return
         for b in batches:
             b.attempts += 1
@@ -1333,18 +1334,30 @@ class Producer:
         log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
 
     def _fail_appended_maybe(
-        self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError
+        self,
+        pq: PartitionQueue,
+        batches: list[ProducerBatch],
+        err: StromError,
+        *,
+        timed_out: bool = True,
     ) -> None:
         """Give up on batches whose outcome is unknown (they may have been appended): their
-        sequence numbers stay used, so later batches keep theirs."""
-        timeout = RequestTimedOutError(
-            f"{pq.topic}-{pq.partition}: not acknowledged within delivery_timeout_ms="
-            f"{self.delivery_timeout_s * 1000:.0f} (last error: {err})"
-        )
+        sequence numbers stay used, so later batches keep theirs.
+
+        Past delivery_timeout_ms they fail with a timeout naming the last error; when the
+        retries ran out first, with the error the leader gave, as Kafka does (a
+        ``retries=0`` send to a partition under min.insync.replicas raised a 5 s timeout at
+        its first answer instead of NotEnoughReplicasError; found from outside)."""
+        failure: StromError = err
+        if timed_out:
+            failure = RequestTimedOutError(
+                f"{pq.topic}-{pq.partition}: not acknowledged within delivery_timeout_ms="
+                f"{self.delivery_timeout_s * 1000:.0f} (last error: {err})"
+            )
         if self._txn is not None:
-            self._txn.fail(timeout)
+            self._txn.fail(failure)
         for b in batches:
-            b.result.fail(timeout)
+            b.result.fail(failure)
         self._done(pq, batches)
 
     def _expire(self, now: float) -> None:

@@ -132,6 +132,7 @@ class ActiveRole(Reconciler):
             if not self._still_elected(election, create_revision):
                 return  # the lease was lost meanwhile; a later on_elected will come
             self._leadership = lead
+            self._new_term()
             metrics.ACTIVE.set(1)
             self._stop_following_active()
             self._start_prober()
@@ -317,6 +318,7 @@ class ActiveRole(Reconciler):
         if self._leadership is not None:
             log.warning("controller %d is no longer active: %s", self.controller_id, reason)
         self._leadership = None
+        self._new_term()
         metrics.ACTIVE.set(0)
         self._stop_prober()
         self._follow_active()

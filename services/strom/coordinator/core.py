@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -105,6 +105,9 @@ class CoordinatorCore:
 
     def _start_load(self, shard: Shard) -> None:
         raise NotImplementedError
+
+    def _forget_lag(self, group_ids: Iterable[str]) -> None:
+        raise NotImplementedError  # strom.coordinator.timers.Timers
 
     def _queue_write(self, shard: Shard, records: list[GroupRecord]) -> asyncio.Future[None]:
         raise NotImplementedError

@@ -65,6 +65,12 @@ SHARDS_OWNED = Gauge(
     "Group shards (__consumer_offsets partitions) this coordinator owns and has loaded; "
     "transaction shards are not counted",
 )
+GROUP_SHARDS = Gauge(
+    "strom_coordinator_group_shards",
+    "Group shards of the cluster (partitions of __consumer_offsets; 0 before it exists), as "
+    "this coordinator sees them: compared with the sum of strom_coordinator_shards_owned it "
+    "shows shards nobody serves (every coordinator reports; use max())",
+)
 SHARD_LOADS = Counter("strom_coordinator_shard_loads_total", "Shard (re)loads completed")
 UNDECODABLE_RECORDS = Counter(
     "strom_coordinator_undecodable_records_total",
@@ -238,19 +244,33 @@ def _at_scrape(count: Callable[[], float]) -> Callable[[], float]:
     return read
 
 
-def count_at_scrape(group_shards: dict[int, Any], txn_shards: dict[int, Any]) -> None:
+def count_at_scrape(
+    group_shards: dict[int, Any],
+    txn_shards: dict[int, Any],
+    cluster_group_shards: Callable[[], int] = lambda: 0,
+    lease_live: Callable[[], bool] = lambda: True,
+) -> None:
     """Shards owned, members, groups and transactional ids by state, counted when Prometheus
     scrapes, not after every write: a pass over every group per commit made each commit cost
     what all the groups of the coordinator cost (``group_shards`` and ``txn_shards`` are the
-    coordinator's live tables of loaded :class:`~strom.coordinator.shards.Shard`)."""
+    coordinator's live tables of loaded :class:`~strom.coordinator.shards.Shard`;
+    ``cluster_group_shards`` reads the cluster's group shard count).
+
+    While ``lease_live()`` is false (the shard keys' lease has surely expired, the process
+    not having noticed yet: it was paused, or cannot reach etcd) nothing is counted as
+    owned: other coordinators own those shards by then, and the sum over coordinators read
+    10 of 8 shards owned (found from outside)."""
 
     def loaded(shards: dict[int, Any]) -> list[Any]:
+        if not lease_live():
+            return []
         return [s for s in list(shards.values()) if s.loaded]
 
     def groups() -> list[ConsumerGroup]:
         return [g for s in loaded(group_shards) for g in list(s.groups.values())]
 
     SHARDS_OWNED.set_function(_at_scrape(lambda: len(loaded(group_shards))))
+    GROUP_SHARDS.set_function(_at_scrape(cluster_group_shards))
     MEMBERS.set_function(_at_scrape(lambda: sum(len(g.members) for g in groups())))
     for state in _STATES:
         GROUPS.labels(state.name.lower()).set_function(

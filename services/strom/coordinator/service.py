@@ -29,7 +29,7 @@ from strom.coordinator import metrics
 from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.group import GroupConfig
 from strom.coordinator.group_rpcs import GroupRpcs
-from strom.coordinator.lookup import find_coordinator
+from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offset_rpcs import OffsetRpcs
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
 from strom.coordinator.shard_ownership import ShardOwnership
@@ -139,7 +139,24 @@ class CoordinatorService(
         self._free_since: dict[tuple[str, int], float] = {}
         self._handed_over: set[tuple[str, int]] = set()
         self._next_hand_over = 0.0
-        metrics.count_at_scrape(self.group_kind.shards, self.txn_kind.shards)
+        metrics.count_at_scrape(
+            self.group_kind.shards,
+            self.txn_kind.shards,
+            self._cluster_group_shards,
+            self._lease_live,
+        )
+
+    def _lease_live(self) -> bool:
+        """False once the lease of our shard keys has surely expired (see
+        :meth:`KeepAlive.surely_expired`), before the keeper reports the loss."""
+        keepalive = self._keepalive
+        return keepalive is None or not keepalive.surely_expired()
+
+    def _cluster_group_shards(self) -> int:
+        """Partitions of ``__consumer_offsets`` as the view sees them (0 before it exists or
+        before the view started): the shards the coordinators together should serve."""
+        view = self.view
+        return 0 if view is None else shard_count(view, 0) or 0
 
     # -- Service protocol --------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections import Counter
+from typing import Any
 
 import grpc
 
@@ -54,7 +55,7 @@ from strom.errors import (
     ErrorCode,
     error_name,
 )
-from strom.metadata import MetadataUnavailableError
+from strom.metadata import LeaseLostError, MetadataUnavailableError
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
 log = logging.getLogger("strom.coordinator")
@@ -139,6 +140,7 @@ class ShardOwnership(ShardWrites):
         """Create ``__consumer_offsets`` and ``__transaction_state`` if needed, claim free
         shards, drop lost ones; woken by every etcd change, with a slow tick as a safety net."""
         assert self._wake is not None
+        noted_lease: Any = None
         while not self._stopping:
             self._wake.clear()
             for kind in self.kinds:
@@ -147,7 +149,17 @@ class ShardOwnership(ShardWrites):
                         await self._claim_shards(kind)
                 except asyncio.CancelledError:
                     raise
-                except MetadataUnavailableError as exc:  # etcd away or our lease just expired
+                except LeaseLostError as exc:
+                    # Our lease expired: every pass fails so until the keeper notices and
+                    # _lease_lost takes a new one (which wakes this loop). Said once, not
+                    # once per wake-up (26 lines in 0.25 s; found from outside).
+                    if noted_lease is not self._lease:
+                        noted_lease = self._lease
+                        log.warning(
+                            "%s shard ownership pass: %s; waiting for a new lease", kind.name, exc
+                        )
+                    break
+                except MetadataUnavailableError as exc:  # etcd away
                     log.warning("%s shard ownership pass: %s; retrying", kind.name, exc)
                 except Exception:
                     log.exception("%s shard ownership pass failed", kind.name)
@@ -379,6 +391,10 @@ class ShardOwnership(ShardWrites):
     def _unload(self, shard: Shard) -> None:
         shard.loaded = False
         shard.generation += 1
+        # The shard's lag series go now, not at the next lag refresh: its new owner exports
+        # them too, and sums over coordinators counted those groups twice for up to the
+        # refresh interval (found from outside).
+        self._forget_lag(shard.groups)
         shard.groups = {}
         shard.transactions = {}
         for done in shard.completing.values():  # waiters look again (and find it moved)

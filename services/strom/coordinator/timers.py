@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 
 from strom.clock import steady_ms
 from strom.coordinator import metrics
@@ -121,8 +122,13 @@ class Timers(StorageIO):
                     for (t, p), om in g.live_offsets(ids).items():
                         committed[(gid, t, p)] = om.offset
         ends = await self._end_offsets({(t, p) for _, t, p in committed})
+        # A shard unloaded while ListOffsets was in flight has had its series dropped
+        # (_forget_lag): its groups are not exported again.
+        live = {gid for s in list(self.shards.values()) if s.loaded for gid in s.groups}
         labels = set()
         for (gid, t, p), off in committed.items():
+            if gid not in live:
+                continue
             key = (gid, t, str(p))
             end = ends.get((t, p))
             if end is None:
@@ -138,3 +144,12 @@ class Timers(StorageIO):
             with contextlib.suppress(KeyError):
                 metrics.LAG.remove(*key)
         self._lag_labels = labels
+
+    def _forget_lag(self, group_ids: Iterable[str]) -> None:
+        """Drop the lag series of groups this coordinator stopped serving (their shard was
+        unloaded: lost, handed over, or the process is stopping)."""
+        gone = set(group_ids)
+        for key in [k for k in self._lag_labels if k[0] in gone]:
+            self._lag_labels.discard(key)
+            with contextlib.suppress(KeyError):
+                metrics.LAG.remove(*key)

@@ -4,6 +4,7 @@ from strom.metadata.keys import Keys
 from strom.metadata.store import (
     Election,
     KeepAlive,
+    LeaseLostError,
     MetadataStore,
     MetadataUnavailableError,
     Versioned,
@@ -20,6 +21,7 @@ __all__ = [
     "Election",
     "KeepAlive",
     "Keys",
+    "LeaseLostError",
     "MetadataStore",
     "MetadataUnavailableError",
     "Versioned",

@@ -7,6 +7,7 @@ only (registrations, watches, admin writes), so a timer per call costs nothing t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +34,8 @@ KEEPALIVE_FAILURES = Counter(
 )
 LEASES_LOST = Counter(
     "strom_metadata_leases_lost",
-    "Leases etcd reported expired: the registration, election or shard keys on them are gone",
+    "Leases etcd reported expired (to a refresh, a write on the lease or its revocation; "
+    "each lease once): the registration, election or shard keys on them are gone",
     ["service"],
 )
 
@@ -81,7 +83,21 @@ def keepalive_failed() -> None:
     KEEPALIVE_FAILURES.labels(service_metrics.SERVICE).inc()
 
 
-def lease_lost() -> None:
+#: Lease ids already counted lost (several places can learn of one loss: the keeper's
+#: refresh, a write on the lease, revoking it), oldest first.
+_lost_ids: dict[int, None] = {}
+_lost_lock = threading.Lock()
+
+
+def lease_lost(lease_id: int | None = None) -> None:
+    """Count a lost lease, once per lease id (None: count it)."""
+    if lease_id is not None:
+        with _lost_lock:
+            if lease_id in _lost_ids:
+                return
+            _lost_ids[lease_id] = None
+            if len(_lost_ids) > 1000:
+                del _lost_ids[next(iter(_lost_ids))]
     LEASES_LOST.labels(service_metrics.SERVICE).inc()
 
 

@@ -43,6 +43,37 @@ class MetadataUnavailableError(Exception):
     """etcd could not be reached or did not answer in time (retriable)."""
 
 
+class LeaseLostError(MetadataUnavailableError):
+    """etcd answered that the lease a request names does not exist (NOT_FOUND "requested
+    lease not found"): it expired or was revoked, and the keys on it are gone.
+
+    Not an etcd fault: it is counted in ``strom_metadata_leases_lost_total``, not in
+    ``strom_metadata_etcd_errors_total`` (a coordinator's writes on its expired lease were
+    counted as etcd errors and fed StromEtcdErrors; found from outside). A subclass, so code
+    that handles etcd trouble in general handles it too, and :meth:`MetadataStore.retry`
+    still retries it: a retried call may read a lease renewed meanwhile (a storage node's
+    state write takes the lease of its re-registration)."""
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a client error: a gRPC error's status code and details (its ``str`` is
+    a multi-line dump of the call's debug string), else the exception's name and text."""
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        code = exc.code()
+        return f"{getattr(code, 'name', code)}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _is_lease_not_found(exc: BaseException) -> bool:
+    if not isinstance(exc, grpc.RpcError) or not callable(getattr(exc, "code", None)):
+        return False
+    return exc.code() == grpc.StatusCode.NOT_FOUND and "lease not found" in (exc.details() or "")
+
+
+def _lease_id(lease: Any) -> int | None:
+    return None if lease is None else int(getattr(lease, "id", lease))
+
+
 def parse_endpoints(spec: str | Sequence[str]) -> list[tuple[str, int]]:
     """``"host:port,host2:port2"`` (or a list of them) → [(host, port), ...]."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
@@ -130,10 +161,11 @@ class MetadataStore:
         try:
             result = fn(*args, **kwargs)
         except _CLIENT_ERRORS as exc:
+            if _is_lease_not_found(exc):  # etcd answered: the lease is gone
+                metrics.observe(metrics.op_name(fn), started, failed=False)
+                raise LeaseLostError(f"etcd lease expired: {_describe(exc)}") from None
             metrics.observe(metrics.op_name(fn), started, failed=True)
-            raise MetadataUnavailableError(
-                f"etcd unavailable: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise MetadataUnavailableError(f"etcd unavailable: {_describe(exc)}") from exc
         metrics.observe(metrics.op_name(fn), started, failed=False)
         return result
 
@@ -211,17 +243,25 @@ class MetadataStore:
     # -- writes ----------------------------------------------------------------------------
 
     def put(self, key: str, msg: Message, *, lease: Any = None) -> None:
-        self._call(self.client.put, key, encode(msg), lease=lease)
+        try:
+            self._call(self.client.put, key, encode(msg), lease=lease)
+        except LeaseLostError:
+            metrics.lease_lost(_lease_id(lease))
+            raise
 
     def create(self, key: str, msg: Message, *, lease: Any = None) -> bool:
         """Write ``key`` only if it does not exist; True if this call created it."""
         t = self.client.transactions
-        ok, _ = self._call(
-            self.client.transaction,
-            compare=[t.create(key) == 0],
-            success=[t.put(key, encode(msg), lease=lease)],
-            failure=[],
-        )
+        try:
+            ok, _ = self._call(
+                self.client.transaction,
+                compare=[t.create(key) == 0],
+                success=[t.put(key, encode(msg), lease=lease)],
+                failure=[],
+            )
+        except LeaseLostError:
+            metrics.lease_lost(_lease_id(lease))
+            raise
         return bool(ok)
 
     def cas(self, key: str, msg: Message, expected_mod_revision: int) -> bool:
@@ -319,6 +359,9 @@ class KeepAlive:
         self.lost = False
         #: Successful refreshes so far (the first one also sets up the connection).
         self.refreshes = 0
+        #: Monotonic time of the last answer that the lease lives (at first: now, after the
+        #: grant). etcd ends the lease at most ``ttl`` after it.
+        self.alive_at = time.monotonic()
         self._short_timeout = max(self.ttl / 3.0, 0.5)
         # The first refresh also sets up the connection, which can be slow on a loaded
         # machine, but not so slow that it may outlast the lease: it runs a third of the TTL
@@ -370,19 +413,36 @@ class KeepAlive:
             interval = max(self.ttl / 3.0, 0.2)
             if resps and resps[0].TTL > 0:
                 self.refreshes += 1
+                self.alive_at = time.monotonic()
             if not resps or resps[0].TTL <= 0:
                 self.lost = True
-                metrics.lease_lost()
+                metrics.lease_lost(_lease_id(self.lease))
                 log.warning("lease %x lost", self.lease.id)
                 with contextlib.suppress(Exception):
                     self._on_lost()
                 return
 
+    def surely_expired(self) -> bool:
+        """The lease is lost, or no refresh has succeeded for longer than its TTL, so etcd
+        has ended it (unless an etcd leader change renewed it) even though this process has
+        not heard so yet: it was paused (SIGSTOP, a long GC) or cannot reach etcd. Its keys
+        are gone and others may own what they stood for."""
+        return self.lost or time.monotonic() - self.alive_at > self.ttl
+
     def stop(self, *, revoke: bool = True) -> None:
         self._stop.set()
         if revoke and not self.lost:
-            with contextlib.suppress(Exception):
+            try:
                 self.store._call(self.lease.revoke)
+            except LeaseLostError:
+                # It expired before this keeper saw it: an active controller sees its
+                # election key vanish first and resigns, stopping the keeper. Its loss went
+                # uncounted (found from outside).
+                self.lost = True
+                metrics.lease_lost(_lease_id(self.lease))
+                log.warning("lease %x lost (found when revoking it)", self.lease.id)
+            except Exception:
+                pass
 
 
 class Watch:

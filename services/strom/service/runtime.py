@@ -135,7 +135,15 @@ async def serve(
     if bound == 0:
         raise OSError(f"cannot listen on {listen}")
     if metrics_port is not None and metrics_port >= 0:
-        start_http_server(metrics_port, addr=metrics_host)
+        try:
+            start_http_server(metrics_port, addr=metrics_host)
+        except OSError as exc:
+            # Named like a gRPC port in use (the bare "[Errno 98] Address already in use"
+            # did not say which port; found from outside).
+            where = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
+            raise OSError(
+                f"cannot serve metrics on {where}:{metrics_port}: {exc.strerror or exc}"
+            ) from None
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -33,6 +33,7 @@ import ctypes
 import logging
 import os
 import signal
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,7 +181,12 @@ class StorageNode:
             config.max_inflight_produce_bytes, default_memory_limit() if memory < 0 else memory
         )
         self.servicer.admission = self.admission
-        self._server: grpc.aio.Server | None = None
+        #: The gRPC server serving this node, while it exists. A weak reference: the node
+        #: outlives serve() (metrics callbacks hold it), and a server still alive at exit
+        #: keeps gRPC's poller thread running into interpreter shutdown, which printed
+        #: "Error in sys.excepthook: / Original exception was:" after every failed start
+        #: (found from outside).
+        self._server: weakref.ref[grpc.aio.Server] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -190,7 +196,7 @@ class StorageNode:
     # -- Service protocol ------------------------------------------------------------------
 
     def register(self, server: grpc.aio.Server) -> list[str]:
-        self._server = server
+        self._server = weakref.ref(server)
         add_to_server(self.servicer, server)
         records_api.add_to_server(self.records, server)
         return [SERVICE_NAME, records_api.SERVICE_NAME]
@@ -420,9 +426,10 @@ class StorageNode:
             await asyncio.to_thread(self.registration.set_state, md.NODE_STATE_SHUTTING_DOWN)
         except MetadataUnavailableError as exc:
             log.warning("could not publish SHUTTING_DOWN: %s", exc)
-        if self._server is not None:
+        server = self._server() if self._server is not None else None
+        if server is not None:
             # No new RPCs from here; in-flight ones (parked fetches were just woken) finish.
-            await self._server.stop(cfg.shutdown_grace_s)
+            await server.stop(cfg.shutdown_grace_s)
         if self._reregister is not None:
             self._reregister.cancel()
         if self._tasks:

@@ -1,0 +1,50 @@
+"""A batch whose retries ran out fails with the leader's error, as in Kafka; one past
+delivery_timeout_ms fails with a timeout naming that error.
+
+Found from outside: ``Producer(retries=0)`` sending to a partition under min.insync.replicas
+raised ``RequestTimedOutError: not acknowledged within delivery_timeout_ms=5000 (last error:
+NOT_ENOUGH_REPLICAS ...)`` at the first answer, where Kafka raises NotEnoughReplicasException.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+
+from strom import Producer
+from strom.client.accumulator import PartitionQueue, ProducerBatch
+from strom.client.futures import FutureRecordMetadata
+from strom.errors import NotEnoughReplicasError, RequestTimedOutError
+
+NOWHERE = "127.0.0.1:1"  # nothing is sent: the leader's answer is handed to the producer
+
+
+def _answered_not_enough_replicas(retries: int, age_s: float) -> FutureRecordMetadata:
+    """One batch, ``age_s`` old, that the leader refused with NOT_ENOUGH_REPLICAS."""
+    p = Producer(NOWHERE, retries=retries, delivery_timeout_ms=5000)
+    try:
+        pq = PartitionQueue("t", 0)
+        batch = ProducerBatch("t", 0, pa.table({"value": pa.array([b"v"], pa.binary())}))
+        pq.add_closed(batch)
+        batch.created = time.monotonic() - age_s
+        batch.sent = True
+        pq.in_flight = 1
+        err = NotEnoughReplicasError("t-0: ISR [1] below min.insync.replicas=2")
+        p._retry(pq, [batch], err, time.monotonic())
+        return FutureRecordMetadata(batch.result, 0)
+    finally:
+        p.close(timeout=1)
+
+
+def test_retries_run_out_fails_with_the_leaders_error() -> None:
+    future = _answered_not_enough_replicas(retries=0, age_s=0)
+    with pytest.raises(NotEnoughReplicasError, match=r"min\.insync\.replicas"):
+        future.result(timeout=1)
+
+
+def test_past_the_delivery_timeout_fails_with_a_timeout_naming_the_last_error() -> None:
+    future = _answered_not_enough_replicas(retries=5, age_s=10)
+    with pytest.raises(RequestTimedOutError, match=r"last error: .*min\.insync\.replicas"):
+        future.result(timeout=1)
