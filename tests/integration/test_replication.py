@@ -203,6 +203,59 @@ def test_restarted_follower_catches_up_and_rejoins_the_isr(
     )
 
 
+def test_a_stopped_follower_is_not_proposed_back_until_it_returns(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: once a node stopped (even cleanly, so on every rolling restart),
+    each leader of an idle partition it replicated proposed it back to the ISR about once a
+    second, forever (its last fetch position sat at the HW), refused INELIGIBLE_REPLICA by
+    the controller and logged twice each time. Now only a follower that fetches and whose
+    node is RUNNING is proposed: none while it is away, and it rejoins when it is back."""
+    # A cluster of its own, so that the stop and restart do not unsettle the module's
+    # cluster (leaderships, ISRs) for the tests after this one.
+    cluster = make_cluster(nodes=3, controllers=1, node_args=["--replica-lag-time-max-ms", "1500"])
+    name = create_topic(cluster, "idle-rf3", 3, 3)
+    isrs = lambda: _isrs(cluster, name)  # noqa: E731
+    wait_for(lambda: all(len(i) == 3 for i in isrs()), timeout=20, what="full ISRs")
+    gone = cluster.nodes[-1]
+    others = [n for n in cluster.nodes if n is not gone]
+    controller = cluster.active_controller()
+    assert controller is not None
+    gone.process.stop()  # SIGTERM: a clean stop
+    wait_for(
+        lambda: all(gone.ident not in i for i in isrs()), timeout=30, what="the ISRs to shrink"
+    )
+
+    def refused() -> float:
+        return member_metric(
+            controller,
+            "strom_controller_request_latency_seconds_count",
+            rpc="AlterPartition",
+            result="INELIGIBLE_REPLICA",
+        )
+
+    def follower_fetches() -> float:
+        return sum(
+            member_metric(n, "strom_storage_fetch_requests_total", kind="follower") for n in others
+        )
+
+    # A window measured in the leaders' own work: the remaining followers long-poll them
+    # (on idle partitions an answer per FETCH_MAX_WAIT_MS each), and the leaders check their
+    # ISRs several times per answer. Before, every check proposed the stopped node.
+    before, start = refused(), follower_fetches()
+    wait_for(lambda: follower_fetches() >= start + 40, timeout=60, what="follower fetches")
+    assert refused() - before <= 1
+    cluster.restart(gone)
+    wait_for(lambda: all(gone.ident in i for i in isrs()), timeout=30, what="the node to rejoin")
+
+
+def _isrs(c: LocalCluster, topic: str) -> list[list[int]]:
+    """The ISR of each partition of ``topic`` as the cluster reports it."""
+    with ClusterClient(c.bootstrap, retry_s=5) as client:
+        md = client.metadata([topic], timeout_s=2)
+    return [sorted(p.isr) for p in md.topics[0].partitions]
+
+
 def test_acks_all_is_not_acknowledged_when_the_isr_fell_below_min_insync_meanwhile(
     cluster: LocalCluster, topic: str
 ) -> None:

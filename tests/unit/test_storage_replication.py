@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import socket
 import threading
 import time
 import types
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -48,13 +51,21 @@ class Clock:
         return self.t
 
 
-def _decide(isr, ends, caught, *, leo=10, hw=10, start=0, now=100.0, lag=1.0):
+#: Every node registered and RUNNING.
+ALL = frozenset({1, 2, 3})
+
+
+def _decide(
+    isr, ends, caught, *, leo=10, hw=10, start=0, now=100.0, lag=1.0, fetched=None, joinable=ALL
+):
     return decide_isr(
         1,
         (1, 2, 3),
         tuple(isr),
         ends,
         caught,
+        fetched_at={r: now for r in ends} if fetched is None else fetched,
+        joinable=joinable,
         leo=leo,
         hw=hw,
         epoch_start=start,
@@ -100,9 +111,9 @@ def test_partition_tracks_lag_and_proposes_a_shrink(tmp_path: Path) -> None:
     lg.append(encode_batch([b"y"] * 2), leader_epoch=1)
     clock.t += 0.5
     part.record_follower_end_offset(2, 6)  # 2 keeps up; 3 stops fetching
-    assert part.isr_change(1.0) is None
+    assert part.isr_change(1.0, ALL) is None
     clock.t += 1.0
-    assert part.isr_change(1.0) == (1, 2)
+    assert part.isr_change(1.0, ALL) == (1, 2)
     # Nothing is applied before the commit: HW still waits for 3.
     assert part.isr == (1, 2, 3) and part.high_watermark == 4
     part.apply_state(_state(1, 1, [1, 2], pepoch=1))
@@ -111,7 +122,7 @@ def test_partition_tracks_lag_and_proposes_a_shrink(tmp_path: Path) -> None:
     assert not part.apply_state(_state(1, 1, [1, 2, 3], pepoch=0)) and part.isr == (1, 2)
     # 3 catches up: proposed back.
     part.record_follower_end_offset(3, 6)
-    assert part.isr_change(1.0) == (1, 2, 3)
+    assert part.isr_change(1.0, ALL) == (1, 2, 3)
 
 
 def test_follower_adopts_leader_high_watermark(tmp_path: Path) -> None:
@@ -120,7 +131,7 @@ def test_follower_adopts_leader_high_watermark(tmp_path: Path) -> None:
     lg.append_as_follower(encode_batch([b"x"] * 3))
     assert part.set_follower_high_watermark(10) and part.high_watermark == 3
     assert not part.set_follower_high_watermark(10)
-    assert part.isr_change(1.0) is None  # followers never propose
+    assert part.isr_change(1.0, ALL) is None  # followers never propose
 
 
 def test_divergence_truncation_offset(tmp_path: Path) -> None:
@@ -297,7 +308,7 @@ def test_high_watermark_waits_for_a_replica_whose_isr_expansion_is_pending(
     tmp_path: Path,
 ) -> None:
     part = _leader_with_lagging_candidate(tmp_path)
-    new = part.isr_change(10.0)
+    new = part.isr_change(10.0, ALL)
     assert new == (1, 2, 3)
     part.propose_isr(new)
     part.log.append(encode_batch([b"y"] * 5), leader_epoch=0)
@@ -356,7 +367,14 @@ def test_isr_manager_resends_a_proposal_whose_call_failed(tmp_path: Path) -> Non
 
     part = _leader_with_lagging_candidate(tmp_path)
     controller = _FlakyController()
-    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    isr = IsrManager(
+        1,
+        _Manager(part),  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "inc",
+        10_000,
+        running=lambda: ALL,
+    )
 
     async def main() -> None:
         await isr.check()
@@ -368,6 +386,190 @@ def test_isr_manager_resends_a_proposal_whose_call_failed(tmp_path: Path) -> Non
         await isr.check()
         assert controller.calls == [[1, 2, 3], [1, 2, 3]]
         assert part.pending_isr is None and part.isr == (1, 2, 3)
+
+    asyncio.run(main())
+
+
+# -- followers that are gone do not rejoin (found from outside) -------------------------------
+#
+# A follower's last fetch position stays with the leader after the follower stops; on an idle
+# partition it is at the HW. Once the controller had dropped a stopped node from the ISR, the
+# leader of every partition it replicated proposed it back about once a second, forever: each
+# proposal refused INELIGIBLE_REPLICA ("it is not registered"), logged twice, and the HW waited
+# for the dead replica while the proposal was in flight.
+
+
+def test_decide_isr_adds_only_followers_that_fetch_and_are_running() -> None:
+    ends = {2: 10, 3: 10}
+    assert _decide([1, 2], ends, {}, fetched={2: 100.0, 3: 99.5}) == (1, 2, 3)
+    # 3's last fetch is older than the lag time: a stale position, not proposed.
+    assert _decide([1, 2], ends, {}, fetched={2: 100.0, 3: 98.5}) is None
+    assert _decide([1, 2], ends, {}, fetched={2: 100.0}) is None
+    # 3 fetches but its node is not registered and RUNNING (gone, STARTING, SHUTTING_DOWN).
+    assert _decide([1, 2], ends, {}, joinable={1, 2}) is None
+    # Shrinks depend on neither.
+    assert _decide([1, 2, 3], {2: 10, 3: 5}, {2: 99.5, 3: 98.0}, fetched={}, joinable={1}) == (
+        1,
+        2,
+    )
+
+
+def test_a_follower_that_stopped_fetching_is_proposed_again_only_when_it_fetches(
+    tmp_path: Path,
+) -> None:
+    lg = _log(tmp_path)
+    clock = Clock()
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3]))
+    part.clock = clock
+    part.apply_state(_state(1, 1, [1, 2, 3]))
+    lg.append(encode_batch([b"x"] * 4), leader_epoch=1)
+    part.record_follower_end_offset(2, 4)
+    part.record_follower_end_offset(3, 4)
+    # Node 3 stops; the controller drops it from the ISR (its registration went away).
+    part.apply_state(_state(1, 1, [1, 2], pepoch=1))
+    clock.t += 5.0
+    part.record_follower_end_offset(2, 4)  # an idle partition: 2 keeps polling at the HW
+    assert part.isr_change(1.0, ALL) is None  # 3 is at the HW too, but has not fetched for 5 s
+    assert part.maximal_isr() == {1, 2}
+    # It is back and fetches: proposed at once, once its node is RUNNING.
+    part.record_follower_end_offset(3, 4)
+    assert part.isr_change(1.0, {1, 2}) is None
+    assert part.isr_change(1.0, ALL) == (1, 2, 3)
+
+
+class _RefusingController:
+    """Refuses each proposal that adds node 2 as the controller refuses a node it does not
+    see RUNNING (INELIGIBLE_REPLICA, with the unchanged state); commits the others."""
+
+    def __init__(self, part: Partition, clock: Clock) -> None:
+        self.part = part
+        self.clock = clock
+        self.calls: list[tuple[float, list[int]]] = []
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        resp = controller_pb2.AlterPartitionResponse()
+        for p in request.partitions:
+            self.calls.append((self.clock.t, list(p.new_isr)))
+            r = resp.partitions.add(topic=p.topic, partition=p.partition)
+            if 2 in p.new_isr and 2 not in self.part.isr:
+                r.error_code = E.INELIGIBLE_REPLICA
+                r.error_message = "replica 2 cannot join the ISR: it is not registered"
+                r.state.CopyFrom(_state(1, p.leader_epoch, list(self.part.isr), p.partition_epoch))
+            else:
+                new = _state(1, p.leader_epoch, list(p.new_isr), pepoch=p.partition_epoch + 1)
+                r.state.CopyFrom(new)
+        return resp
+
+
+def _refused_candidate(tmp_path: Path) -> tuple[Partition, Clock, _RefusingController, Any]:
+    """A leader with ISR [1, 3] and node 2 caught up (lag time 10 s), an IsrManager on a
+    clock of the test's and a controller that will not take node 2."""
+    from strom.storage.replication import IsrManager
+
+    part = _leader_with_lagging_candidate(tmp_path)
+    clock = Clock()
+    part.clock = clock
+    part.record_follower_end_offset(2, 10)
+    part.record_follower_end_offset(3, 10)
+    controller = _RefusingController(part, clock)
+    isr = IsrManager(
+        1,
+        _Manager(part),  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "inc",
+        10_000,
+        running=lambda: ALL,
+    )
+    isr.clock = clock
+    return part, clock, controller, isr
+
+
+def test_a_refused_isr_expansion_backs_off_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    part, clock, controller, isr = _refused_candidate(tmp_path)
+    caplog.set_level(logging.DEBUG, logger="strom.storage.replication")
+
+    async def main() -> None:
+        for _ in range(400):  # 100 s, the partition idle, both followers polling
+            part.record_follower_end_offset(2, 10)
+            part.record_follower_end_offset(3, 10)
+            await isr.check()
+            clock.t += 0.25
+
+    asyncio.run(main())
+    times = [t for t, _ in controller.calls]
+    assert [b - a for a, b in itertools.pairwise(times)] == [
+        0.5,
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        30.0,
+        30.0,
+    ]
+    infos = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(infos) == 2, infos  # one proposal, one refusal; the repeats at DEBUG
+    assert "proposing ISR [1, 3] -> [1, 2, 3]" in infos[0]
+    assert "replica 2 cannot join the ISR" in infos[1]
+    assert part.pending_isr is None and part.maximal_isr() == {1, 3}
+
+
+async def _refuse_until_backing_off_16s(part: Partition, clock: Clock, isr: Any) -> None:
+    """Refused at 100, 100.5, 101.5, 103.5, 107.5 and 115.5, each time as soon as the
+    back-off allowed: the next try is due at 131.5."""
+    for i in range(6):
+        if i:
+            clock.t = isr._refused[part.tp].retry_at
+        part.record_follower_end_offset(2, 10)
+        part.record_follower_end_offset(3, 10)
+        await isr.check()
+    assert clock.t == 115.5 and isr._refused[part.tp].retry_at == 131.5
+
+
+def test_isr_shrinks_while_an_expansion_backs_off_and_a_new_state_ends_the_back_off(
+    tmp_path: Path,
+) -> None:
+    part, clock, controller, isr = _refused_candidate(tmp_path)
+
+    async def main() -> None:
+        await _refuse_until_backing_off_16s(part, clock, isr)
+        n = len(controller.calls)
+        # Node 3 falls behind for longer than the lag time (10 s) while 2 waits out its
+        # back-off: the shrink is proposed alone (with node 2 it would be refused as well).
+        for _ in range(4):
+            clock.t += 3.0
+            part.log.append(encode_batch([b"y"]), leader_epoch=0)
+            part.record_follower_end_offset(2, part.log.log_end_offset)
+            await isr.check()
+        assert controller.calls[n:] == [(127.5, [1])]
+        assert part.isr == (1,)
+        # A new partition state: node 2 is proposed again at once.
+        await isr.check()
+        assert controller.calls[n + 1 :] == [(127.5, [1, 2])]
+
+    asyncio.run(main())
+
+
+def test_a_refused_follower_that_stops_and_comes_back_is_proposed_at_once(
+    tmp_path: Path,
+) -> None:
+    part, clock, controller, isr = _refused_candidate(tmp_path)
+
+    async def main() -> None:
+        await _refuse_until_backing_off_16s(part, clock, isr)
+        n = len(controller.calls)
+        # Node 2 stops fetching: nothing to propose once its last fetch is older than the
+        # lag time, and its back-off is forgotten.
+        clock.t += 11.0
+        part.record_follower_end_offset(3, 10)
+        await isr.check()
+        assert len(controller.calls) == n and not isr._refused
+        # It is back: proposed at its first fetch, not after the back-off (due at 131.5).
+        part.record_follower_end_offset(2, 10)
+        await isr.check()
+        assert controller.calls[n:] == [(126.5, [1, 2, 3])]
 
     asyncio.run(main())
 
@@ -424,7 +626,7 @@ def test_a_leader_with_damaged_data_resigns_and_truncates_there_as_follower(
     part.note_damage(15)  # the lowest damaged offset counts
     controller = _ResignController()
     manager = _Manager(part)
-    isr = IsrManager(1, manager, controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    isr = IsrManager(1, manager, controller, lambda: "inc", 10_000, running=lambda: {1, 2, 3})  # type: ignore[arg-type]
     asyncio.run(isr.check())
     assert controller.proposals == [[2, 3]]
     assert not part.is_leader and part.leader == 3 and part.isr == (2, 3)
@@ -442,7 +644,7 @@ def test_the_only_in_sync_replica_keeps_leading_with_damaged_data(tmp_path: Path
     lg.append(encode_batch([b"x"] * 10), leader_epoch=0)
     part.note_damage(0)
     controller = _ResignController()
-    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000, running=lambda: {1})  # type: ignore[arg-type]
     asyncio.run(isr.check())
     assert controller.proposals == [] and part.is_leader
 
@@ -462,7 +664,14 @@ def test_a_leader_elected_uncleanly_reports_recovered_before_followers_join(
     part.apply_state(unclean)
     assert part.recovering and part.isr == (1,)
     controller = _RecordingController()
-    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000)  # type: ignore[arg-type]
+    isr = IsrManager(
+        1,
+        _Manager(part),  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "inc",
+        10_000,
+        running=lambda: ALL,
+    )
 
     async def main() -> None:
         await isr.check()

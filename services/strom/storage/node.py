@@ -52,7 +52,12 @@ from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
 from strom.storage.readiness import InSyncReadiness
 from strom.storage.registration import NodeIdInUseError, NodeRegistration
-from strom.storage.replication import ControllerClient, IsrManager, ReplicaFetchers
+from strom.storage.replication import (
+    ControllerClient,
+    IsrManager,
+    ReplicaFetchers,
+    running_nodes,
+)
 from strom.storage.servicer import StorageServicer, add_to_server
 
 log = logging.getLogger("strom.storage")
@@ -165,6 +170,7 @@ class StorageNode:
             self.controller,
             incarnation,
             config.replica_lag_time_max_ms,
+            running=lambda: running_nodes(self.view),
         )
         self.servicer.on_out_of_sync_fetch = self.isr.kick
         # RecordService (records.proto): record-level produce/subscribe for any language.

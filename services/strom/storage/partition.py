@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from strom.api import metadata_pb2 as md
@@ -297,8 +297,11 @@ class Partition:
             self._on_high_watermark(self, old, new)
         return True
 
-    def isr_change(self, lag_time_max_s: float) -> tuple[int, ...] | None:
-        """Leader: the ISR to propose now (shrink laggards, add caught-up), or None."""
+    def isr_change(
+        self, lag_time_max_s: float, joinable: Collection[int]
+    ) -> tuple[int, ...] | None:
+        """Leader: the ISR to propose now (shrink laggards, add caught-up followers among
+        ``joinable``, the nodes registered and RUNNING), or None."""
         if not self.is_leader or self.pending_isr is not None:
             return None
         return decide_isr(
@@ -307,6 +310,8 @@ class Partition:
             self.isr,
             self.replica_end_offsets,
             self.caught_up_at,
+            fetched_at={r: at for r, (_, at) in self._last_fetch.items()},
+            joinable=joinable,
             leo=self.log.log_end_offset,
             hw=self.high_watermark,
             epoch_start=self.leader_epoch_start_offset,
@@ -361,6 +366,8 @@ def decide_isr(
     end_offsets: dict[int, int],
     caught_up_at: dict[int, float],
     *,
+    fetched_at: Mapping[int, float],
+    joinable: Collection[int],
     leo: int,
     hw: int,
     epoch_start: int,
@@ -371,7 +378,14 @@ def decide_isr(
 
     A follower in the ISR that has not been caught up with the leader's LEO for
     ``lag_time_max_s`` leaves; one outside whose LEO reached both the HW and the leader's
-    LEO at the start of its epoch joins. The leader always stays."""
+    LEO at the start of its epoch joins. The leader always stays.
+
+    Only a follower that is fetching may join: its last fetch (``fetched_at``) within
+    ``lag_time_max_s``, and its node among ``joinable`` (registered and RUNNING: the nodes
+    the controller lets join, as Kafka's KIP-841). Its fetch position is kept after it stops,
+    and on an idle partition the position of a dead follower stays at the HW: without
+    these checks the leader asked to add it back about once a second, forever, and the
+    HW waited for it while each proposal was in flight (found from outside)."""
     members = set(isr) | {leader}
     for r in isr:
         if r == leader:
@@ -379,7 +393,9 @@ def decide_isr(
         if now - caught_up_at.get(r, now) > lag_time_max_s and end_offsets.get(r, -1) < leo:
             members.discard(r)
     for r in replicas:
-        if r in members or r in isr or r not in end_offsets:
+        if r in members or r in isr or r not in end_offsets or r not in joinable:
+            continue
+        if now - fetched_at.get(r, float("-inf")) > lag_time_max_s:
             continue
         end = end_offsets[r]
         if end >= hw and end >= epoch_start:

@@ -27,12 +27,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from strom.api import controller_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
+from strom.api import metadata_pb2 as md
 from strom.errors import ErrorCode
 from strom.grpc_options import GRPC_OPTIONS
 from strom.log import CorruptLogError, LogManager
@@ -54,6 +57,10 @@ FETCH_MAX_WAIT_MS = 500
 FETCH_MAX_BYTES = 8 * 1024 * 1024
 #: Back-off after a leader-side error for one partition (metadata is expected to change).
 PARTITION_BACKOFF_S = 0.2
+#: Back-off of a partition's refused ISR proposal: doubles with each refusal in the same
+#: partition state, up to the cap.
+ISR_REFUSED_BACKOFF_S = 0.5
+ISR_REFUSED_BACKOFF_MAX_S = 30.0
 
 
 class _LeaderFetches:
@@ -551,8 +558,34 @@ def divergence_truncation_offset(
     return min(target, log_end_offset)
 
 
+def running_nodes(view: ClusterView) -> set[int]:
+    """The nodes registered and RUNNING in ``view``: the only ones the controller lets
+    join an ISR."""
+    return {i for i, reg in view.live_nodes().items() if reg.state == md.NODE_STATE_RUNNING}
+
+
+@dataclass(slots=True)
+class _Refused:
+    """A partition's refused ISR proposal: what was refused, and when to ask again."""
+
+    #: (leader epoch, partition epoch) it was refused in: a new partition state starts afresh.
+    epochs: tuple[int, int]
+    proposal: tuple[int, ...]
+    message: str
+    delay: float
+    retry_at: float
+    #: Replicas not to add before ``retry_at`` (INELIGIBLE_REPLICA: a shrink still goes);
+    #: None: no proposal for the partition before then.
+    held: frozenset[int] | None
+
+
 class IsrManager:
-    """Leader side: proposes ISR shrinks/expansions through AlterPartition."""
+    """Leader side: proposes ISR shrinks/expansions through AlterPartition.
+
+    A refused proposal is not asked again at once: a partition backs off (doubling, up to
+    ``ISR_REFUSED_BACKOFF_MAX_S``) while its state stays the same, and a repeated refusal
+    is logged at DEBUG, so that a proposal the controller will not take (a replica it does
+    not see as RUNNING) is neither a stream of calls nor a stream of log lines."""
 
     def __init__(
         self,
@@ -561,16 +594,25 @@ class IsrManager:
         controller: ControllerClient,
         incarnation: Callable[[], str],
         lag_time_max_ms: int,
+        *,
+        running: Callable[[], Collection[int]],
     ) -> None:
         self.node_id = node_id
         self.manager = manager
         self.controller = controller
         self.incarnation = incarnation
         self.lag_time_max_s = lag_time_max_ms / 1000.0
+        #: The nodes registered and RUNNING (:func:`running_nodes` of the node's view).
+        self.running = running
+        #: Monotonic seconds for back-offs (a test sets its own).
+        self.clock: Callable[[], float] = time.monotonic
         self._kick = asyncio.Event()
+        #: Resend time of a proposal whose call got no answer (it stays pending).
         self._retry_at: dict[tuple[str, int], float] = {}
         #: Damaged partitions this node leads with nobody to hand them to (logged once).
         self._alone_damaged: set[tuple[str, int]] = set()
+        self._refused: dict[tuple[str, int], _Refused] = {}
+        self._last_call_refusal = ""
 
     def kick(self) -> None:
         """Check soon (a follower fetched; something may have caught up)."""
@@ -589,11 +631,15 @@ class IsrManager:
             refresh_replication_gauges(self.manager)
 
     async def check(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = self.clock()
         proposals: list[tuple[Partition, tuple[int, ...]]] = []
+        running: set[int] | None = None
+        if self._refused:
+            for tp in [tp for tp in self._refused if tp not in self.manager.partitions]:
+                del self._refused[tp]
         for part in list(self.manager.partitions.values()):
             if part.deleted or not part.is_leader:
+                self._refused.pop(part.tp, None)
                 continue
             if self._retry_at.get(part.tp, 0.0) > now:
                 continue
@@ -601,6 +647,12 @@ class IsrManager:
                 # An earlier call failed without an answer: it may have committed, so the
                 # same proposal goes again (the controller answers with the state either way).
                 proposals.append((part, part.pending_isr))
+                continue
+            refused = self._refused.get(part.tp)
+            if refused is not None and refused.epochs != (part.leader_epoch, part.partition_epoch):
+                del self._refused[part.tp]  # a new partition state: start afresh
+                refused = None
+            if refused is not None and refused.held is None and now < refused.retry_at:
                 continue
             if part.damaged_at >= 0:
                 if len(part.isr) > 1:
@@ -630,7 +682,17 @@ class IsrManager:
                 # showed "recovering" until a follower happened to rejoin.
                 proposals.append((part, part.isr))
                 continue
-            new = part.isr_change(self.lag_time_max_s)
+            if running is None:
+                running = set(self.running())
+            new = part.isr_change(self.lag_time_max_s, running)
+            if refused is not None:
+                if new is None:
+                    # Nothing to propose any more (the follower stopped fetching, say): a
+                    # follower that comes back is proposed at once, without the back-off.
+                    del self._refused[part.tp]
+                    continue
+                if refused.held is not None and now < refused.retry_at:
+                    new = part.isr_change(self.lag_time_max_s, running - refused.held)
             if new is not None:
                 proposals.append((part, new))
         if not proposals:
@@ -638,7 +700,13 @@ class IsrManager:
         req = controller_pb2.AlterPartitionRequest(
             leader_id=self.node_id, leader_incarnation=self.incarnation()
         )
+        # The state each proposal was made in: a refusal backs off in that state only.
+        epochs = {part.tp: (part.leader_epoch, part.partition_epoch) for part, _ in proposals}
         for part, new in proposals:
+            refused = self._refused.get(part.tp)
+            # A resend (no answer to the last call) or a retry of a refused proposal was
+            # logged when first made.
+            again = part.pending_isr == new or (refused is not None and refused.proposal == new)
             part.propose_isr(new)
             req.partitions.add(
                 topic=part.topic,
@@ -654,7 +722,8 @@ class IsrManager:
                 why = ", reporting RECOVERED after an unclean election"
             else:
                 why = ""
-            log.info(
+            log.log(
+                logging.DEBUG if again else logging.INFO,
                 "%s-%d: proposing ISR %s -> %s (leader epoch %d, partition epoch %d)%s",
                 part.topic,
                 part.index,
@@ -668,29 +737,72 @@ class IsrManager:
             resp = await self.controller.call("AlterPartition", req)
         except grpc.aio.AioRpcError:
             resp = None  # no answer: the proposals stay pending and are sent again
-        if resp is None or resp.error_code != E.NONE:
+        if resp is None:
             for part, _ in proposals:
                 self._retry_at[part.tp] = now + 0.5
-                if resp is not None:  # refused as a whole: nothing was committed
-                    part.pending_isr = None
-            if resp is not None:
-                log.info("AlterPartition refused: %s", resp.error_message)
             return
+        if resp.error_code != E.NONE:
+            # Refused as a whole: nothing was committed.
+            for part, new in proposals:
+                part.pending_isr = None
+                self._refuse(part, new, epochs[part.tp], resp.error_message, None, now)
+            repeat = resp.error_message == self._last_call_refusal
+            self._last_call_refusal = resp.error_message
+            log.log(
+                logging.DEBUG if repeat else logging.INFO,
+                "AlterPartition refused: %s",
+                resp.error_message,
+            )
+            return
+        self._last_call_refusal = ""
         results = {(r.topic, r.partition): r for r in resp.partitions}
-        for part, _ in proposals:
+        for part, new in proposals:
             r = results.get(part.tp)
             if r is None:
                 part.pending_isr = None
                 continue
             if r.error_code != E.NONE:
-                log.info("%s-%d: ISR proposal refused: %s", part.topic, part.index, r.error_message)
-                self._retry_at[part.tp] = now + 0.5
+                held = None
+                if r.error_code == E.INELIGIBLE_REPLICA:
+                    held = frozenset(new) - frozenset(part.isr)
+                repeat = self._refuse(part, new, epochs[part.tp], r.error_message, held, now)
+                log.log(
+                    logging.DEBUG if repeat else logging.INFO,
+                    "%s-%d: ISR proposal refused: %s (backing off %.1f s)",
+                    part.topic,
+                    part.index,
+                    r.error_message,
+                    self._refused[part.tp].delay,
+                )
+            else:
+                self._refused.pop(part.tp, None)
             if r.HasField("state") and not part.deleted:
                 self.apply_committed(part, r.state)
             # Answered: committed (the state applied above) or refused.
             part.pending_isr = None
             part.maybe_advance_high_watermark()
         refresh_replication_gauges(self.manager)
+
+    def _refuse(
+        self,
+        part: Partition,
+        proposal: tuple[int, ...],
+        epochs: tuple[int, int],
+        message: str,
+        held: frozenset[int] | None,
+        now: float,
+    ) -> bool:
+        """Back off after a refused proposal; True if it is a repeat (the same proposal
+        refused the same way in the same partition state: logged at DEBUG)."""
+        prev = self._refused.get(part.tp)
+        same_state = prev is not None and prev.epochs == epochs
+        delay = ISR_REFUSED_BACKOFF_S
+        if prev is not None and same_state:
+            delay = min(prev.delay * 2, ISR_REFUSED_BACKOFF_MAX_S)
+        self._refused[part.tp] = _Refused(epochs, proposal, message, delay, now + delay, held)
+        if prev is None or not same_state:
+            return False
+        return prev.proposal == proposal and prev.message == message
 
     def apply_committed(self, part: Partition, state: Any) -> None:
         """Adopt a committed state from the controller's answer (apply_state counts ISR
