@@ -13,23 +13,32 @@ cleanable). :func:`select_logs` orders the due logs dirtiest first; the storage 
 them in that order. :func:`compact` cleans one log from its start to the first uncleanable
 offset and moves the first dirty offset there.
 
-The cleaner works a segment at a time on sealed segments only. It builds the key → latest
-offset map with Arrow's group-by (C++, no per-record Python), then rewrites each batch with
-the records that survive. Offsets are kept (each record's offset delta is explicit), batches
-keep their base offset, epoch and producer fields, and a batch left with no records stays as
-an empty batch covering its range (runs of non-idempotent ones in one epoch are merged; an
-idempotent producer's batch keeps its own header, which the producer state is rebuilt from),
-so every segment still tiles its offsets and the log's read-time checks (tiling, epochs,
-CRCs) still hold. A batch with records keeps exactly its original offset range. A merged run
-does not: it covers batch boundaries a lagging follower may have copied, so a follower's log
-end can fall inside it (a follower appends only whole batches from its log end);
-``Log.read`` therefore serves such a filler cut to start at the offset asked for (see
-``partition_log._trim_filler``), never from below a follower's end. Tombstones
-(null value) and transaction markers are removed once the segment holding them has taken no
-append for longer than ``delete.retention.ms`` (:func:`_tombstones_expired`). The new
-segment is written beside the old one as ``.cleaned``, fsynced, renamed to ``.swap`` and then
-over the original, so a crash at any point leaves either the old or the new segment (``Log``
-finishes or discards the swap).
+The cleaner works a segment at a time on sealed segments only, and holds one segment in
+memory at a time plus the key map, never the whole log (a multi-GB compacted topic would
+otherwise take that much memory at every pass). A first read of every segment below the
+high watermark builds the key → latest offset map with Arrow's group-by (C++, no per-record
+Python; each segment's map is merged into the log's as the pass goes) and keeps from the
+headers what the producer state and the transactions need (:class:`_LogScan`); then each
+sealed segment is read again and each batch rewritten with the records that survive. Unlike
+Kafka's (``log.cleaner.dedupe.buffer.size``), the map is not bounded: it holds every
+distinct key of the log with its latest offset, because it is built from the whole log, the
+clean part and the active segment included, not from the dirty part alone.
+
+Offsets are kept (each record's offset delta is explicit), batches keep their base offset,
+epoch and producer fields, and a batch left with no records stays as an empty batch covering
+its range (runs of non-idempotent ones in one epoch are merged; an idempotent producer's
+batch keeps its own header, which the producer state is rebuilt from), so every segment
+still tiles its offsets and the log's read-time checks (tiling, epochs, CRCs) still hold. A
+batch with records keeps exactly its original offset range. A merged run does not: it covers
+batch boundaries a lagging follower may have copied, so a follower's log end can fall inside
+it (a follower appends only whole batches from its log end); ``Log.read`` therefore serves
+such a filler cut to start at the offset asked for (see ``partition_log._trim_filler``),
+never from below a follower's end. Tombstones (null value) and transaction markers are
+removed once the segment holding them has taken no append for longer than
+``delete.retention.ms`` (:func:`_tombstones_expired`). The new segment is written beside the
+old one as ``.cleaned``, fsynced, renamed to ``.swap`` and then over the original, so a
+crash at any point leaves either the old or the new segment (``Log`` finishes or discards
+the swap).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
@@ -247,9 +257,19 @@ def _aborted_batches(batches: list[RecordBatch], aborted: list[AbortedTxn]) -> s
     return out
 
 
-def _latest_offsets(batches: list[RecordBatch], upto: int, skip: set[int]) -> pa.Array:
-    """The offset of each key's latest record below ``upto``, leaving out transaction
-    markers and the batches of aborted transactions (base offsets in ``skip``)."""
+#: Rows of per-segment key maps the cleaner collects before merging them into its key map
+#: (see :class:`_KeyMap`): merging after every segment would group the whole map again for
+#: each segment of a log with few keys per segment.
+KEY_MAP_MERGE_ROWS = 1 << 16
+
+
+def _segment_latest(batches: list[RecordBatch], upto: int, skip: set[int]) -> pa.Table | None:
+    """The offset of each key's latest record among one segment's ``batches`` below
+    ``upto``, leaving out transaction markers and the batches of aborted transactions (base
+    offsets in ``skip``), as a table (key, offset); None when the segment has no such record.
+
+    The group-by copies the keys out of the segment's buffers, so the segment can go once
+    its map is taken."""
     keys: list[pa.Array] = []
     offsets: list[pa.Array] = []
     for b in batches:
@@ -260,19 +280,136 @@ def _latest_offsets(batches: list[RecordBatch], upto: int, skip: set[int]) -> pa
             keys.append(body.column(2))
             offsets.append(pc.add(body.column(0).cast(pa.int64()), b.header.base_offset))
     if not keys:
-        return pa.array([], pa.int64())
+        return None
     table = pa.table({"key": pa.concat_arrays(keys), "offset": pa.concat_arrays(offsets)})
     table = table.filter(
         pc.and_(pc.is_valid(table.column("key")), pc.less(table.column("offset"), upto))
     )
-    latest = table.group_by("key").aggregate([("offset", "max")])
-    return latest.column("offset_max").combine_chunks()
+    return _group_latest(table)
+
+
+def _group_latest(table: pa.Table) -> pa.Table:
+    grouped = table.group_by("key").aggregate([("offset", "max")])
+    return pa.table({"key": grouped.column("key"), "offset": grouped.column("offset_max")})
+
+
+class _KeyMap:
+    """Each key's latest offset, built from the segments' own maps (:func:`_segment_latest`)
+    as they are read, so the cleaner never holds every record's key of the log at once: the
+    maps of the segments read since the last merge are merged (max per key) once they hold
+    more rows than the merged map (plus :data:`KEY_MAP_MERGE_ROWS`), which keeps the map
+    within about twice its final size and merges a row only a few times over."""
+
+    def __init__(self) -> None:
+        self._tables: list[pa.Table] = []
+        self._rows = 0
+        self._merged_rows = 0
+
+    def add(self, table: pa.Table | None) -> None:
+        if table is None or table.num_rows == 0:
+            return
+        self._tables.append(table)
+        self._rows += table.num_rows
+        if self._rows > 2 * self._merged_rows + KEY_MAP_MERGE_ROWS:
+            self._merge()
+
+    def _merge(self) -> None:
+        if len(self._tables) > 1:
+            self._tables = [_group_latest(pa.concat_tables(self._tables))]
+        self._rows = self._merged_rows = self._tables[0].num_rows if self._tables else 0
+
+    def latest_offsets(self) -> pa.Array:
+        """The offset of each key's latest record (the records compaction keeps)."""
+        self._merge()
+        if not self._tables:
+            return pa.array([], pa.int64())
+        return self._tables[0].column("offset").combine_chunks()
+
+
+class _LogScan:
+    """What a cleaning pass keeps of the log between reading it and rewriting it.
+
+    ``compact`` reads the segments one at a time and hands each to :meth:`add`, which keeps
+    only the segment's key map, the base offsets of its aborted transactions' batches, and
+    from the headers what the producer state and the transactions need. So a pass holds the
+    key map and one segment, not the log (a multi-GB compacted topic used to take that much
+    memory at every pass); the sealed segments are read again, one at a time, to rewrite
+    them."""
+
+    def __init__(
+        self, upto: int, end: int, aborted: list[AbortedTxn], expired: AbstractSet[int]
+    ) -> None:
+        self.upto = upto
+        self.end = end
+        self.aborted = aborted
+        #: Base offsets of the sealed segments whose tombstones and markers may go.
+        self.expired = expired
+        #: Each segment's size when it was read (base offset -> bytes).
+        self.sizes: dict[int, int] = {}
+        #: Base offsets of the batches of aborted transactions (see _aborted_batches).
+        self.dropped: set[int] = set()
+        self.keys = _KeyMap()
+        self._recent: dict[int, deque[int]] = {}
+        self._open_txns: dict[int, list[int]] = {}
+        self._last_marker: dict[int, int] = {}
+        #: Finished transactions whose marker lies in an expired cleaned segment:
+        #: (producer id, marker base offset, base offsets of its data batches).
+        self._done: list[tuple[int, int, list[int]]] = []
+
+    def add(self, seg: LogSegment, batches: list[RecordBatch]) -> None:
+        """Take what the pass needs from ``seg``'s ``batches`` (segments in offset order)."""
+        self.sizes[seg.base_offset] = seg.size
+        dropped = _aborted_batches(batches, self.aborted)
+        self.dropped |= dropped
+        self.keys.add(_segment_latest(batches, self.upto, dropped))
+        expired = seg.base_offset in self.expired
+        for b in batches:
+            h = b.header
+            if h.producer_id < 0:
+                continue
+            if h.base_sequence >= 0:
+                self._recent.setdefault(h.producer_id, deque(maxlen=BATCHES_KEPT)).append(
+                    h.base_offset
+                )
+            if not h.is_transactional:
+                continue
+            if h.is_control:
+                self._last_marker[h.producer_id] = h.base_offset
+                data = self._open_txns.pop(h.producer_id, [])
+                # Only a marker in an expired cleaned segment may go: the others' data
+                # batches need not be remembered.
+                if expired and h.base_offset < self.end:
+                    self._done.append((h.producer_id, h.base_offset, data))
+            else:
+                self._open_txns.setdefault(h.producer_id, []).append(h.base_offset)
+
+    def recent_producer_batches(self) -> set[int]:
+        """Base offsets of each idempotent producer's last BATCHES_KEPT batches: the headers
+        a producer-state rebuild needs (DESIGN §6), so an emptied one keeps its own header.
+        Older emptied batches of a producer may merge into a run, as Kafka keeps only a
+        producer's last batch."""
+        return {off for offsets in self._recent.values() for off in offsets}
+
+    def transactions_to_check(self, headers: set[int]) -> list[tuple[int, list[int]]]:
+        """The finished transactions whose marker may go if none of their data batches keeps
+        a record (see :func:`_removable_transactions`), as (marker base offset, base offsets
+        of the data batches): the marker lies in an expired cleaned segment and is not its
+        producer's last one, and none of the batches is among ``headers``."""
+        return [
+            (marker, data)
+            for producer_id, marker, data in self._done
+            if marker != self._last_marker[producer_id] and not any(d in headers for d in data)
+        ]
 
 
 def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> CleanerStats:
     """Clean ``log`` now, whatever its dirty ratio: every segment from the log start to the
     first uncleanable offset (see :func:`cleanable_range`), then move the log's first dirty
-    offset there. ``max_offset`` is the high watermark (None: the log end)."""
+    offset there. ``max_offset`` is the high watermark (None: the log end).
+
+    A pass holds the key map and one segment at a time, never the whole log: it reads the
+    segments once, one by one, for the key map and the headers the transactions need
+    (:class:`_LogScan`), then reads each sealed segment again to rewrite it."""
     cfg = log.config
     now = log.clock() if now is None else now
     with log.lock:
@@ -289,28 +426,32 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
         # included, so a key rewritten recently makes its old records in sealed segments
         # obsolete; records above it may still be truncated, so they decide nothing.
         upto = log.log_end_offset if max_offset is None else min(max_offset, log.log_end_offset)
-        per_segment = {
-            s.base_offset: _segment_batches(s, log.epochs.epoch_for)
-            for s in log.segments
-            if s.base_offset < upto
+        expired = {
+            s.base_offset for s in sealed if _tombstones_expired(s, now, cfg.delete_retention_ms)
         }
+        scan = _LogScan(upto, end, list(log.aborted.entries), expired)
+        for seg in log.segments:
+            if seg.base_offset < upto:
+                # One segment's batches at a time: only what the scan takes of them stays.
+                scan.add(seg, _segment_batches(seg, log.epochs.epoch_for))
         truncations = log.truncations
-        aborted = list(log.aborted.entries)
-    everything = [b for batches in per_segment.values() for b in batches]
-    dropped = _aborted_batches(everything, aborted)
-    latest = _latest_offsets(everything, upto, dropped)
-    recent = _recent_producer_batches(everything)
-    expired = {
-        s.base_offset for s in sealed if _tombstones_expired(s, now, cfg.delete_retention_ms)
-    }
-    in_expired = {b.header.base_offset for base in expired for b in per_segment[base]}
-    removable = _removable_transactions(everything, end, latest, in_expired, dropped, recent)
+    latest = scan.keys.latest_offsets()
+    recent = scan.recent_producer_batches()
+    removable = _removable_transactions(
+        log, sealed, scan, scan.transactions_to_check(recent), latest, truncations
+    )
+    if removable is None:
+        return stats  # the log changed under the cleaner: this pass is void
     void = False
     for seg in sealed:
-        batches = per_segment[seg.base_offset]
+        batches = _reread(log, seg, scan.sizes[seg.base_offset], truncations)
+        if batches is None:
+            void = True
+            break  # the log changed under the cleaner: this pass is void
         new_data, before, after = _rewrite(
-            batches, latest, seg.base_offset in expired, recent, dropped, removable
+            batches, latest, seg.base_offset in expired, recent, scan.dropped, removable
         )
+        del batches  # the old segment's bytes need not outlive its rewrite
         stats.records_before += before
         stats.records_after += after
         stats.bytes_before += seg.size
@@ -344,69 +485,67 @@ def _tombstones_expired(seg: LogSegment, now: int, delete_retention_ms: int) -> 
     return now - seg.last_append_ms > delete_retention_ms
 
 
-def _recent_producer_batches(batches: list[RecordBatch]) -> set[int]:
-    """Base offsets of each idempotent producer's last BATCHES_KEPT batches (``batches`` in
-    offset order): the headers a producer-state rebuild needs (DESIGN §6), so an emptied one
-    keeps its own header. Older emptied batches of a producer may merge into a run, as Kafka
-    keeps only a producer's last batch."""
-    recent: dict[int, deque[int]] = {}
-    for b in batches:
-        h = b.header
-        if h.producer_id >= 0 and h.base_sequence >= 0:
-            recent.setdefault(h.producer_id, deque(maxlen=BATCHES_KEPT)).append(h.base_offset)
-    return {off for offsets in recent.values() for off in offsets}
-
-
 def _removable_transactions(
-    batches: list[RecordBatch],
-    end: int,
+    log: Log,
+    sealed: list[LogSegment],
+    scan: _LogScan,
+    candidates: list[tuple[int, list[int]]],
     latest: pa.Array,
-    expired: set[int],
-    aborted: set[int],
-    headers: set[int],
-) -> set[int]:
-    """Base offsets of the batches (data and marker) of the transactions whose marker may go.
+    truncations: int,
+) -> set[int] | None:
+    """Base offsets of the batches (data and marker) of the transactions whose marker may go;
+    None when the log changed since it was read (the pass is then void).
 
     Kafka's rule: a marker is removed once every record of its transaction has been removed
     and the marker is older than ``delete.retention.ms`` (its segment's, see
-    :func:`_tombstones_expired`; ``expired`` holds the base offsets of the batches in such
-    segments), so a consumer that read the
-    transaction's records before they were cleaned still finds its outcome. strom adds what
-    its header-based producer state needs: the transaction's batches must not be among the
-    producer's last BATCHES_KEPT (``headers``) and the marker must not be the producer's last
-    one (it carries the producer's epoch and coordinator epoch for a rebuild from the log).
-    The marker must lie below ``end`` (the cleaned segments). The transaction's emptied
-    batches then lose their producer fields too, so a rebuild opens no transaction for them;
-    aborted transactions stay in the aborted-transactions index until retention drops them,
-    which costs nothing once their batches are empty."""
-    open_txns: dict[int, list[RecordBatch]] = {}
-    last_marker: dict[int, int] = {}
-    done: list[tuple[list[RecordBatch], BatchHeader]] = []
-    for b in batches:
-        h = b.header
-        if h.producer_id < 0 or not h.is_transactional:
+    :func:`_tombstones_expired`), so a consumer that read the transaction's records before
+    they were cleaned still finds its outcome. strom adds what its header-based producer
+    state needs: the transaction's batches must not be among the producer's last
+    BATCHES_KEPT and the marker must not be the producer's last one (it carries the
+    producer's epoch and coordinator epoch for a rebuild from the log). The marker must lie
+    below the end of the cleaned segments. ``candidates``
+    (:meth:`_LogScan.transactions_to_check`) meet every rule but the first, which needs the
+    whole key map: the sealed segments holding their data batches are read again (one at a
+    time) to see whether any of those keeps a record. The transaction's emptied batches then
+    lose their producer fields too, so a rebuild opens no transaction for them; aborted
+    transactions stay in the aborted-transactions index until retention drops them, which
+    costs nothing once their batches are empty."""
+    needed = sorted({d for _, data in candidates for d in data})
+    keeping: set[int] = set()  # data batches of the candidates that keep a record
+    for seg in sealed:
+        i = bisect_left(needed, seg.base_offset)
+        if i == len(needed) or needed[i] >= seg.next_offset:
             continue
-        if h.is_control:
-            last_marker[h.producer_id] = h.base_offset
-            done.append((open_txns.pop(h.producer_id, []), h))
-        else:
-            open_txns.setdefault(h.producer_id, []).append(b)
+        batches = _reread(log, seg, scan.sizes[seg.base_offset], truncations)
+        if batches is None:
+            return None
+        drop_tombstones = seg.base_offset in scan.expired
+        wanted = set(needed[i : bisect_left(needed, seg.next_offset)])
+        for b in batches:
+            off = b.header.base_offset
+            if off in wanted and _kept_body(b, latest, drop_tombstones, scan.dropped).num_rows:
+                keeping.add(off)
     out: set[int] = set()
-    for data, m in done:
-        if (
-            m.base_offset >= end
-            or m.base_offset == last_marker[m.producer_id]
-            or m.base_offset not in expired
-            or any(d.header.base_offset in headers for d in data)
-            or any(
-                _kept_body(d, latest, d.header.base_offset in expired, aborted).num_rows
-                for d in data
-            )
-        ):
-            continue
-        out.add(m.base_offset)
-        out.update(d.header.base_offset for d in data)
+    for marker, data in candidates:
+        if not any(d in keeping for d in data):
+            out.add(marker)
+            out.update(data)
     return out
+
+
+def _reread(log: Log, seg: LogSegment, size: int, truncations: int) -> list[RecordBatch] | None:
+    """``seg``'s batches read again (checked as the first read); None when the log was
+    truncated, or the segment deleted or closed, since the pass first read it: the key map
+    may then be wrong, and a deleted segment's descriptor may be closed or reused."""
+    with log.lock:
+        if (
+            log.truncations != truncations
+            or seg.closed
+            or seg not in log.segments
+            or seg.size != size
+        ):
+            return None
+        return _segment_batches(seg, log.epochs.epoch_for)
 
 
 def _kept_body(
