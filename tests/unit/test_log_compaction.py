@@ -813,3 +813,34 @@ def test_a_segment_deleted_before_the_cleaner_reads_it_again_voids_the_pass(
     assert [s.base_offset for s in log.segments] == [3]
     assert kv(read_all(log)) == [(3, b"c", b"3")]
     check_tiling(log)
+
+
+def test_a_high_watermark_below_the_first_dirty_offset_cleans_nothing_above_it(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: with the checkpointed first dirty offset above the high watermark
+    (a high watermark read back lower after a restart, or lowered by a new leader), the
+    cleaner rewrote sealed segments up to the first dirty offset and dropped their records
+    at or above the high watermark, whose keys were not in its key map."""
+    log = make_log(tmp_path / "c-0", segment_bytes=8192)
+    log.append(kv_batch([(b"a", b"0")]))
+    log.roll()  # [0]
+    log.append(kv_batch([(b"b", b"1")]))
+    log.append(kv_batch([(b"c", b"2")]))
+    log.roll()  # [1, 2]
+    log.append(kv_batch([(b"z", b"3")]))
+    compact(log, now=T0 + HOUR)
+    assert log.first_dirty_offset == 3
+    log.append(kv_batch([(b"a", b"4")]))
+    log.roll()
+    log.append(kv_batch([(b"y", b"5")]))
+    stats = compact(log, now=T0 + HOUR, max_offset=2)
+    assert [(o, k, v) for o, k, v in kv(read_all(log))] == [
+        (0, b"a", b"0"),
+        (1, b"b", b"1"),
+        (2, b"c", b"2"),
+        (3, b"z", b"3"),
+        (4, b"a", b"4"),
+        (5, b"y", b"5"),
+    ]
+    assert log.first_dirty_offset == 3 and stats.first_dirty_offset == 3

@@ -415,17 +415,21 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     with log.lock:
         rng = cleanable_range(log, now, max_offset)
         stats = CleanerStats(first_dirty_offset=rng.first_dirty_offset)
-        end = rng.first_uncleanable_offset
+        # Keys are judged against everything below the high watermark, active segment
+        # included, so a key rewritten recently makes its old records in sealed segments
+        # obsolete; records above it may still be truncated, so they decide nothing.
+        upto = log.log_end_offset if max_offset is None else min(max_offset, log.log_end_offset)
+        # FIX: never past the high watermark, even when the checkpointed first dirty offset
+        # is above it (a high watermark read back lower after a restart, or lowered by a new
+        # leader): a segment holding records at or above it would lose them, as their keys
+        # are not in the key map (found from outside).
+        end = min(rng.first_uncleanable_offset, upto)
         # FIX: clean only a prefix of the log (up to Kafka's first uncleanable offset).
         # Picking eligible segments one by one could drop an expired tombstone while an older
         # segment, held back by one young record, still has the value it deleted.
         sealed = [s for s in log.segments[:-1] if s.next_offset <= end]
         if not sealed:
             return stats
-        # Keys are judged against everything below the high watermark, active segment
-        # included, so a key rewritten recently makes its old records in sealed segments
-        # obsolete; records above it may still be truncated, so they decide nothing.
-        upto = log.log_end_offset if max_offset is None else min(max_offset, log.log_end_offset)
         expired = {
             s.base_offset for s in sealed if _tombstones_expired(s, now, cfg.delete_retention_ms)
         }
@@ -466,7 +470,7 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     if not void:
         with log.lock:
             if log.truncations == truncations:
-                log.first_dirty_offset = end
+                log.first_dirty_offset = max(end, rng.first_dirty_offset)
             stats.first_dirty_offset = log.first_dirty_offset
     return stats
 
