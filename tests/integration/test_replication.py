@@ -327,7 +327,13 @@ def test_transaction_markers_follow_min_insync_replicas(cluster: LocalCluster, t
             topics=[
                 storage_pb2.ProduceTopicData(
                     topic=topic,
-                    partitions=[storage_pb2.ProducePartitionData(partition=0, records=batch)],
+                    # -1: no leader epoch check (the module's topic may have changed
+                    # leaders before this test; 0 was refused FENCED_LEADER_EPOCH then).
+                    partitions=[
+                        storage_pb2.ProducePartitionData(
+                            partition=0, records=batch, current_leader_epoch=-1
+                        )
+                    ],
                 )
             ],
         )
