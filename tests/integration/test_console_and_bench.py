@@ -429,6 +429,42 @@ def test_bench_consume_as_a_group_commits_after_every_poll(
     assert sum(o.offset for o in committed.values() if o is not None) == 3000
 
 
+def test_bench_says_what_it_did_not_measure(local: LocalCluster) -> None:
+    """Found from outside: `bench produce` printed a made-up "0 batches/s"; `bench consume` on
+    a missing topic created it and reported 0 records/s, and on a topic holding fewer records
+    than --records it waited, reported what there was and exited 0; --partitions for an
+    existing topic was ignored without a word."""
+    b, topic = local.bootstrap, "bench-truth"
+    made = strom("bench", "produce", "-b", b, "--topic", topic, "--partitions", "2",
+                 "--records", "200", timeout=120)  # fmt: skip
+    line = next(x for x in made.stdout.decode().splitlines() if x.startswith("produce"))
+    assert " - batches/s" in line and " 0 batches/s" not in line
+    again = strom("bench", "produce", "-b", b, "--topic", topic, "--partitions", "3",
+                  "--records", "100", "--json", timeout=120)  # fmt: skip
+    assert json.loads(again.stdout)["results"][0]["batches"] is None
+    assert b"already exists with 2 partitions: --partitions 3 applies to a new topic" in (
+        again.stderr
+    )
+    missing = strom("bench", "consume", "-b", b, "--topic", "bench-nosuch", "--records", "100",
+                    check=False)  # fmt: skip
+    assert missing.returncode == 1 and b"topic 'bench-nosuch' does not exist" in missing.stderr
+    with Admin(b) as admin:
+        assert "bench-nosuch" not in admin.list_topics()
+    # Each produce run sends one warm-up record before the measured ones: 302 in all.
+    short = strom("bench", "consume", "-b", b, "--topic", topic, "--records", "303",
+                  check=False)  # fmt: skip
+    assert short.returncode == 1, short.stderr
+    assert b"holds 302 records, fewer than --records 303" in short.stderr
+    # A group that committed everything finds nothing to read: it says so after its 10 s.
+    group = ["--group", "bench-truth-g", "--commit", "sync"]
+    strom("bench", "consume", "-b", b, "--topic", topic, "--records", "302", *group,
+          timeout=120)  # fmt: skip
+    drained = strom("bench", "consume", "-b", b, "--topic", topic, "--records", "10", *group,
+                    check=False, timeout=120)  # fmt: skip
+    assert drained.returncode == 1
+    assert b"read 0 of the 10 records asked for" in drained.stderr
+
+
 def test_bench_transactional_interleaves_rounds_and_reports_medians(local: LocalCluster) -> None:
     """``strom bench produce --transactional --rounds 2``: the baseline and each transaction
     size run twice, interleaved; each phase reports its median round, commit latencies and
