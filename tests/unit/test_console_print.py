@@ -91,3 +91,33 @@ def test_a_closed_pipe_goes_back_to_the_last_flush() -> None:
             console._print_records(consumer, records(), fmt, out)
     assert out.flushed.count(b"\n") == 4
     assert consumer.seeks == {TopicPartition("t", 0): 12, TopicPartition("t", 1): 12}
+
+
+def fmt_args(template: str) -> object:
+    from argparse import Namespace
+
+    return Namespace(format=template, print_key=False, key_separator="\t")
+
+
+@dataclass
+class Full:
+    topic: str = "t"
+    partition: int = 1
+    offset: int = 255
+    timestamp: int = 1700000000000
+    key: bytes | None = b"k"
+    value: bytes | None = b"v"
+    headers: tuple = ()
+
+
+def test_format_takes_number_specs_for_the_number_fields() -> None:
+    """`--format '{offset:x}'` was refused: the template was tried with every field a
+    string (found from outside)."""
+    f = console._formatter(fmt_args("{partition:02d}@{offset:x} {timestamp:,} {value:>3}"))
+    assert f(Full()) == b"01@ff 1,700,000,000,000   v\n"
+
+
+@pytest.mark.parametrize("bad", ["{value:x}", "{nope}", "{offset.nope}", "{0}", "{offset"])
+def test_a_format_that_cannot_print_a_record_is_refused_up_front(bad: str) -> None:
+    with pytest.raises(ValueError, match="bad --format"):
+        console._formatter(fmt_args(bad))

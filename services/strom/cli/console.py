@@ -167,9 +167,13 @@ def _formatter(args: argparse.Namespace) -> Any:
             return lambda r: (r.value or b"") + b"\n"
         sep = args.key_separator.encode()
         return lambda r: (r.key or b"") + sep + (r.value or b"") + b"\n"
+    # Tried on values of the types the records give (numbers for partition, offset and
+    # timestamp): '{offset:x}' was refused when every field was tried as a string (found
+    # from outside).
+    sample = {f: 0 if f in ("partition", "offset", "timestamp") else "" for f in _FIELDS}
     try:
-        template.format(**dict.fromkeys(_FIELDS, ""))
-    except (KeyError, IndexError, ValueError) as exc:
+        template.format(**sample)
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         raise ValueError(
             f"bad --format {template!r} ({exc}); fields: " + ", ".join(_FIELDS)
         ) from None
