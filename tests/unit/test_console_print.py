@@ -79,6 +79,18 @@ def test_a_stop_signal_ends_after_the_record_being_written(signum: int) -> None:
     assert consumer.seeks == {TopicPartition("t", 0): 12, TopicPartition("t", 1): 12}
 
 
+def test_an_ignored_signal_stays_ignored() -> None:
+    """A command started with SIGINT ignored (`strom consume ... &` from a script) goes on."""
+    consumer, out = FakeConsumer(), Output({3: lambda: signal.raise_signal(signal.SIGINT)})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        console._print_records(consumer, records(), fmt, out)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert out.flushed.count(b"\n") == 8 and consumer.seeks == {}
+
+
 def test_a_closed_pipe_goes_back_to_the_last_flush() -> None:
     """What the output's buffer held when the reader went away may never have reached it:
     the next run starts at the last record a flush got through (a duplicate rather than a

@@ -321,8 +321,8 @@ def _print_records(consumer: Any, records: list[Any], fmt: Any, out: BinaryIO) -
 def _stop_signals_noted() -> Iterator[list[int]]:
     """Note SIGINT and SIGTERM in the yielded list instead of raising; a second one raises
     at once (KeyboardInterrupt, or SystemExit as _sigterm_unwinds does), so that a reader
-    that never reads cannot keep the command from ending. Signals the process ignores stay
-    ignored."""
+    that never reads cannot keep the command from ending. Signals the process ignores, or
+    whose handler was not set from Python (it could not be put back), are left alone."""
     noted: list[int] = []
 
     def note(signum: int, _frame: Any) -> None:
@@ -335,7 +335,7 @@ def _stop_signals_noted() -> Iterator[list[int]]:
     previous: dict[int, Any] = {}
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(signum) != signal.SIG_IGN:
+            if signal.getsignal(signum) not in (None, signal.SIG_IGN):
                 previous[signum] = signal.signal(signum, note)
     except ValueError:  # not the main thread (run by a caller embedding the CLI)
         pass
