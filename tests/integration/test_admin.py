@@ -529,6 +529,24 @@ def test_cli_commands_over_the_admin_client(
     strom("topics", "delete", "adm-cli")
 
 
+def test_cli_topics_delete_says_what_became_of_each_topic(
+    cluster: LocalCluster, admin: Admin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`strom topics delete nosuch t1` printed only "topic 'nosuch' does not exist" and
+    exited 1, while t1 was deleted without a word (found from outside): each deleted topic
+    is now on stdout and each failure on stderr."""
+    for name in ("adm-del-1", "adm-del-2"):
+        admin.create_topic(name, partitions=1, replication_factor=1)
+    b = cluster.bootstrap
+    code = strom_main(["topics", "delete", "adm-del-nosuch", "adm-del-1", "adm-del-2", "-b", b])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert out == "deleted topic adm-del-1\ndeleted topic adm-del-2\n"
+    assert err.count("\n") == 1 and "'adm-del-nosuch'" in err
+    assert "UnknownTopicOrPartitionError" in err
+    assert not {"adm-del-1", "adm-del-2"} & set(admin.list_topics())
+
+
 def test_admin_reads_without_a_controller_say_why(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:

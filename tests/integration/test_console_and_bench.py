@@ -17,6 +17,7 @@ import pytest
 
 from strom.client import Admin
 from strom.client.consumer import Consumer
+from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
@@ -428,6 +429,42 @@ def test_bench_consume_as_a_group_commits_after_every_poll(
     assert sum(o.offset for o in committed.values() if o is not None) == 3000
 
 
+def test_bench_says_what_it_did_not_measure(local: LocalCluster) -> None:
+    """Found from outside: `bench produce` printed a made-up "0 batches/s"; `bench consume` on
+    a missing topic created it and reported 0 records/s, and on a topic holding fewer records
+    than --records it waited, reported what there was and exited 0; --partitions for an
+    existing topic was ignored without a word."""
+    b, topic = local.bootstrap, "bench-truth"
+    made = strom("bench", "produce", "-b", b, "--topic", topic, "--partitions", "2",
+                 "--records", "200", timeout=120)  # fmt: skip
+    line = next(x for x in made.stdout.decode().splitlines() if x.startswith("produce"))
+    assert " - batches/s" in line and " 0 batches/s" not in line
+    again = strom("bench", "produce", "-b", b, "--topic", topic, "--partitions", "3",
+                  "--records", "100", "--json", timeout=120)  # fmt: skip
+    assert json.loads(again.stdout)["results"][0]["batches"] is None
+    assert b"already exists with 2 partitions: --partitions 3 applies to a new topic" in (
+        again.stderr
+    )
+    missing = strom("bench", "consume", "-b", b, "--topic", "bench-nosuch", "--records", "100",
+                    check=False)  # fmt: skip
+    assert missing.returncode == 1 and b"topic 'bench-nosuch' does not exist" in missing.stderr
+    with Admin(b) as admin:
+        assert "bench-nosuch" not in admin.list_topics()
+    # Each produce run sends one warm-up record before the measured ones: 302 in all.
+    short = strom("bench", "consume", "-b", b, "--topic", topic, "--records", "303",
+                  check=False)  # fmt: skip
+    assert short.returncode == 1, short.stderr
+    assert b"holds 302 records, fewer than --records 303" in short.stderr
+    # A group that committed everything finds nothing to read: it says so after its 10 s.
+    group = ["--group", "bench-truth-g", "--commit", "sync"]
+    strom("bench", "consume", "-b", b, "--topic", topic, "--records", "302", *group,
+          timeout=120)  # fmt: skip
+    drained = strom("bench", "consume", "-b", b, "--topic", topic, "--records", "10", *group,
+                    check=False, timeout=120)  # fmt: skip
+    assert drained.returncode == 1
+    assert b"read 0 of the 10 records asked for" in drained.stderr
+
+
 def test_bench_transactional_interleaves_rounds_and_reports_medians(local: LocalCluster) -> None:
     """``strom bench produce --transactional --rounds 2``: the baseline and each transaction
     size run twice, interleaved; each phase reports its median round, commit latencies and
@@ -596,3 +633,51 @@ def test_bench_commits_counts_appends_per_commit_in_both_modes(tmp_path: Path) -
     assert batched["p99_ms"] >= batched["p50_ms"] > 0
     assert batched["client_cpu_s_per_M_records"] > 0
     assert list(tmp_path.iterdir()) == [], "the clusters' directories were left behind"
+
+
+def _blocked_writing_stdout(proc: subprocess.Popen[bytes]) -> bool:
+    """The command's main thread waits in write() because the pipe to its reader is full."""
+    return Path(f"/proc/{proc.pid}/wchan").read_text().endswith("pipe_write")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_stopped_group_consumer_commits_only_what_it_printed(
+    local: LocalCluster, stop: signal.Signals
+) -> None:
+    """`strom consume --group` stopped (Ctrl-C, SIGTERM) while its reader is slow and the
+    pipe full: the group's next run starts at the first record the stopped one did not
+    print. The records poll() had returned but the command had not yet written were
+    committed as consumed on close, and the next run started after them (found from
+    outside: hundreds of records missing per stop)."""
+    topic = f"stopped-{stop.name.lower()}"
+    per_partition = 2000
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(topic, partitions=2, replication_factor=1)
+    value = b"v" * 100  # long lines: a poll's records fill the stdout buffer many times over
+    with Producer(local.bootstrap) as producer:
+        for _ in range(per_partition):
+            for p in (0, 1):
+                producer.send(topic, value, partition=p)
+        producer.flush()
+    command = [
+        *(sys.executable, "-m", "strom.cli.main", "consume", topic, "-b", local.bootstrap),
+        *("--group", f"g-{topic}", "--from-beginning", "--format", "{partition}:{offset}:{value}"),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        # Nobody reads yet: the command stops in write() once the pipe is full, mid-poll.
+        wait_for(lambda: _blocked_writing_stdout(proc), timeout=60, what="a full stdout pipe")
+        proc.send_signal(stop)
+        first, err = proc.communicate(timeout=60)  # the reader catches up after the signal
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == (130 if stop == signal.SIGINT else 128 + stop), err
+    assert b"Traceback" not in err
+    assert first.endswith(b"\n")  # whole lines only
+    again = strom(*command[3:], "--timeout-ms", "3000", timeout=90).stdout
+    printed = [line.rsplit(b":", 1)[0] for line in (first + again).splitlines()]
+    expected = [b"%d:%d" % (p, o) for p in (0, 1) for o in range(per_partition)]
+    assert 0 < len(first.splitlines()) < len(expected)  # stopped mid-stream
+    assert sorted(printed) == sorted(expected)  # none missing, none twice

@@ -480,6 +480,10 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
         member.close()
     assert "deleted group g-cli" in strom("groups", "delete", "g-cli", *b).stdout
     assert "g-cli" not in strom("groups", "list", *b).stdout
+    # A failure goes to stderr (it was printed on stdout, among the deleted groups).
+    gone = strom("groups", "delete", "g-cli", *b, check=False)
+    assert gone.returncode == 1 and gone.stdout == ""
+    assert gone.stderr.startswith("strom groups: error: group g-cli: ")
 
 
 def test_a_member_out_of_the_group_cannot_commit_as_an_anonymous_consumer(

@@ -16,6 +16,7 @@ certificate a super user.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -561,6 +562,41 @@ def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
     assert "User:CN=zed" in cli("list")
     assert "quota of User:CN=zed removed" in cli("remove", "User:CN=zed")
     assert "User:CN=zed" not in cli("list")
+
+
+def test_acls_remove_refuses_an_empty_resource_name_and_removes_nothing(env: Env) -> None:
+    """`strom acls remove --principal P --topic ''` took the empty name for "no resource" and
+    removed every entry of P, on groups too; `add --topic ''` died with a traceback (found
+    from outside). An empty name is now refused before anything is sent."""
+    tls = [
+        *("--ssl-cafile", str(env.ca.ca_file)),
+        *("--ssl-certfile", str(env.admin.cert), "--ssl-keyfile", str(env.admin.key)),
+        *("-b", env.bootstrap),
+    ]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "strom.cli.main", "acls", *args, *tls],
+            capture_output=True,
+            timeout=60,
+        )
+
+    who = "User:CN=empty-names"
+    for resource in (["--topic", "t-empty"], ["--group", "g-empty"]):
+        added = cli("add", "--allow", who, "--operation", "write", *resource)
+        assert added.returncode == 0, added.stderr
+    for refused in (
+        ["remove", "--principal", who, "--topic", ""],
+        ["remove", "--operation", "write", "--group-prefix", ""],
+        ["add", "--allow", who, "--operation", "read", "--topic", ""],
+        ["remove", "--principal", "", "--topic", "t-empty"],
+    ):
+        done = cli(*refused)
+        assert done.returncode == 2, (refused, done.stdout, done.stderr)
+        assert b"must not be empty" in done.stderr and b"Traceback" not in done.stderr
+    listed = json.loads(cli("list", "--principal", who, "--json").stdout)
+    assert sorted(a["resource_name"] for a in listed) == ["g-empty", "t-empty"]
+    assert cli("remove", "--principal", who).returncode == 0
 
 
 def test_a_refused_request_ends_a_stream_after_the_answers_before_it(env: Env) -> None:

@@ -53,3 +53,12 @@ def test_result_reports_cpu_per_million_records_and_unknown_server() -> None:
     assert "client 1.0 server n/a" in r.line()
     gone = cpu.start(cpu.ServerCpu(pids=(2**22 + 1,))).stop()  # a process that is not there
     assert gone.server_s is None and gone.client_s >= 0
+
+
+def test_a_result_without_a_batch_count_shows_none_rather_than_zero() -> None:
+    """`bench produce` cannot know the producer's batches: it printed "0 batches/s" (found
+    from outside); an unknown count is "-" on the line and null in the JSON."""
+    r = Result("produce (send)", None, 1_000, 100_000, 0.5)
+    assert r.summary()["batches"] is None and r.summary()["batches_per_s"] is None
+    assert " - batches/s" in r.line() and " 0 batches/s" not in r.line()
+    assert "4 batches/s" in Result("consume (poll)", 2, 1_000, 1, 0.5).line()

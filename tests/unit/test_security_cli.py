@@ -122,3 +122,38 @@ def test_a_service_refuses_checks_its_peers_could_not_pass(
         Namespace(tls_cert="c", tls_key="k", tls_client_auth="none"),  # TLS only: anonymous
     ):
         check_services_authenticate(ok)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["remove", "--principal", "User:alice", "--topic", ""],
+        ["remove", "--operation", "write", "--group-prefix", ""],
+        ["list", "--transactional-id", ""],
+        ["add", "--allow", "User:alice", "--operation", "read", "--topic", ""],
+        ["add", "--allow", "", "--operation", "read", "--topic", "t"],
+        ["remove", "--principal", "", "--topic", "t"],
+    ],
+)
+def test_acls_refuse_an_empty_name_before_connecting(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty resource name or principal counted as "none given": `acls remove --topic ''`
+    removed the principal's entries on every resource, `acls add --topic ''` failed with a
+    traceback (found from outside). Refused as a usage error, nothing sent."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["acls", *argv, "--bootstrap", "127.0.0.1:1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "must not be empty" in err and "Traceback" not in err
+
+
+def test_an_acl_filter_takes_a_given_resource_flag_even_if_empty() -> None:
+    """The filter of `acls list/remove` names the resource of any flag given: an empty name
+    that got past the parser is an error, never a filter without a resource."""
+    from strom.cli.acls import _resource
+
+    base = dict(topic=None, topic_prefix=None, group=None, group_prefix=None, cluster=False)
+    with pytest.raises(ValueError, match="--group-prefix must not be empty"):
+        _resource(Namespace(**{**base, "group_prefix": ""}, transactional_id=None))
+    assert _resource(Namespace(**base, transactional_id=None)) is None

@@ -15,8 +15,10 @@ from typing import Any
 
 from strom.bench import cpu
 from strom.bench.stats import Result
+from strom.cli import counted
 from strom.client.admin import Admin
 from strom.client.types import TopicPartition
+from strom.errors import UnknownTopicOrPartitionError
 
 
 class Progress:
@@ -48,11 +50,47 @@ class Progress:
             sys.stderr.flush()
 
 
-def ensure_topic(bootstrap: str | None, topic: str, partitions: int, rf: int = 1) -> None:
-    """Create the topic if it does not exist (what perf tools' users expect)."""
+def ensure_topic(
+    bootstrap: str | None,
+    topic: str,
+    partitions: int | None,
+    rf: int = 1,
+    *,
+    create: bool = True,
+) -> None:
+    """Create the topic if it does not exist (what perf tools' users expect), with
+    ``partitions`` (default 1). An existing topic is used as it is: a ``partitions`` given
+    that differs from its count is named on stderr, since the run measures the topic's
+    count, not the one asked for (it was silently ignored). With ``create=False`` (a bench
+    that only reads) a missing topic is an error: creating it made an empty topic and a
+    report of 0 records/s (found from outside)."""
     with Admin(bootstrap) as admin:
-        if topic not in admin.list_topics():
-            admin.create_topic(topic, partitions=partitions, replication_factor=rf)
+        listing = admin.list_topics().get(topic)
+        if listing is None:
+            if not create:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} does not exist (fill it first, e.g. with "
+                    f"`strom bench produce --topic {topic}`)"
+                )
+            admin.create_topic(topic, partitions=partitions or 1, replication_factor=rf)
+        elif partitions is not None and listing.partitions != partitions:
+            print(
+                f"strom bench: topic {topic!r} already exists with "
+                f"{counted(listing.partitions, 'partition')}: --partitions {partitions} "
+                "applies to a new topic only; measuring the topic as it is",
+                file=sys.stderr,
+            )
+
+
+def records_held(bootstrap: str | None, topic: str) -> int:
+    """How many offsets the topic's partitions hold (high watermark minus log start, summed):
+    at least the records a consumer from the earliest offset can read (transaction markers
+    take offsets too)."""
+    with Admin(bootstrap) as admin:
+        tps = [TopicPartition(topic, p.partition) for p in admin.describe_topic(topic).partitions]
+        start = admin.list_offsets(dict.fromkeys(tps, "earliest"))
+        end = admin.list_offsets(dict.fromkeys(tps, "latest"))
+    return sum(e.offset - s.offset for tp in tps if (s := start[tp]) and (e := end[tp]))
 
 
 def _pace(rate: float | None, start: float, sent: int) -> None:
@@ -133,7 +171,8 @@ def bench_produce(
     bar.update(records)
     bar.finish()
     name = f"produce ({api})"
-    result = Result(name, 0, records, records * record_size, seconds, latencies, usage)
+    # The producer's own batching decides the batches: not known here, so not made up.
+    result = Result(name, None, records, records * record_size, seconds, latencies, usage)
     result.caller_cpu_s = caller_s
     return result
 

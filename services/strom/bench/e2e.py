@@ -91,7 +91,7 @@ class E2EResult(Result):
         """Every record sent was acknowledged and received exactly once."""
         return not (self.failed or self.lost or self.duplicates or self.commit_errors)
 
-    def summary(self) -> dict[str, float | int | str]:
+    def summary(self) -> dict[str, float | int | str | None]:
         out = super().summary()
         if self.latencies:
             out["max_ms"] = round(max(self.latencies) * 1e3, 3)
@@ -294,7 +294,7 @@ def bench_e2e(
     lat = np.asarray(rx.latencies)
     return E2EResult(
         "end-to-end",
-        0,
+        None,
         rx.got,
         rx.got * record_size,
         seconds,

@@ -235,7 +235,7 @@ def bench_grpc_e2e(address: str, topic: str, *, records: int, size: int, rate: f
         usage = meter.stop()
         stream.cancel()
         reader.join(10)
-    return Result("end-to-end gRPC (Py)", 0, got[0], got[0] * size, seconds, latencies, usage)
+    return Result("end-to-end gRPC (Py)", None, got[0], got[0] * size, seconds, latencies, usage)
 
 
 def _wait_known(target: str, topics: list[str], timeout_s: float = 30.0) -> None:
@@ -322,14 +322,16 @@ def bench_node(
     if "produce" in out:
         p, s = out["produce"], out["subscribe"]
         results.append(
-            Result(f"ProduceRecords ({who})", 0, p["records"], p["records"] * size, p["seconds"])
+            Result(f"ProduceRecords ({who})", None, p["records"], p["records"] * size, p["seconds"])
         )
         if route == "any":  # Subscribe is not routed: measured once
-            results.append(Result("Subscribe (Node)", 0, s["records"], s["bytes"], s["seconds"]))
+            results.append(Result("Subscribe (Node)", None, s["records"], s["bytes"], s["seconds"]))
     if "latency_ms" in out:
         lat = [x / 1e3 for x in out["latency_ms"]]
         results.append(
-            Result(f"end-to-end gRPC ({who})", 0, len(lat), len(lat) * size, len(lat) / rate, lat)
+            Result(
+                f"end-to-end gRPC ({who})", None, len(lat), len(lat) * size, len(lat) / rate, lat
+            )
         )
     return results
 

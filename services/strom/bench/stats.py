@@ -15,7 +15,9 @@ class Result:
     """One measured phase: counts, elapsed time and per-operation latencies (seconds)."""
 
     name: str
-    batches: int
+    #: Requests, calls or batches of the phase; None when the bench cannot know it (the
+    #: producer's own batching), shown as "-" rather than a made-up 0 batches/s.
+    batches: int | None
     records: int
     bytes: int
     seconds: float
@@ -26,15 +28,15 @@ class Result:
     #: the application's thread, the sender thread's work excluded).
     caller_cpu_s: float | None = field(default=None, repr=False)
 
-    def summary(self) -> dict[str, float | int | str]:
+    def summary(self) -> dict[str, float | int | str | None]:
         s = max(self.seconds, 1e-12)
-        out: dict[str, float | int | str] = {
+        out: dict[str, float | int | str | None] = {
             "name": self.name,
             "batches": self.batches,
             "records": self.records,
             "bytes": self.bytes,
             "seconds": round(self.seconds, 4),
-            "batches_per_s": round(self.batches / s, 1),
+            "batches_per_s": None if self.batches is None else round(self.batches / s, 1),
             "records_per_s": round(self.records / s, 1),
             "mb_per_s": round(self.bytes / s / 1e6, 1),
         }
@@ -48,9 +50,11 @@ class Result:
 
     def line(self) -> str:
         d = self.summary()
+        per_s = d["batches_per_s"]
+        batches = "-" if per_s is None else f"{per_s:,.0f}"
         text = (
             f"{self.name:<24} {d['records_per_s']:>14,.0f} records/s "
-            f"{d['batches_per_s']:>10,.0f} batches/s {d['mb_per_s']:>9,.1f} MB/s"
+            f"{batches:>10} batches/s {d['mb_per_s']:>9,.1f} MB/s"
         )
         if self.latencies:
             text += (

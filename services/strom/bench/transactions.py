@@ -48,7 +48,7 @@ def _idempotent(
         seconds = time.perf_counter() - start
         usage = meter.stop()
         bar.finish()
-    return Result("idempotent", 0, records, records * len(value), seconds, [], usage)
+    return Result("idempotent", None, records, records * len(value), seconds, [], usage)
 
 
 def _transactional(

@@ -31,13 +31,39 @@ from strom.security.acl_file import AclFileError, parse_acl_file
 _OPS = {o.removeprefix("ACL_OPERATION_").lower(): v for o, v in md.AclOperation.items() if v}
 
 
+def _name(text: str) -> str:
+    """A resource name or prefix: an empty one is refused, as the controller refuses to store
+    it. It used to count as no resource at all, so `acls remove --topic ''` removed the
+    principal's entries on every resource and `acls add` failed with a traceback (found
+    from outside)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty ('*' for any name)")
+    return text
+
+
+def _principal(text: str) -> str:
+    """A principal: an empty one is refused. As a filter it meant "any principal", and with
+    --allow it turned the entry into a DENY."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty (User:<name>, or User:* for any)")
+    return text
+
+
 def _resource_args(p: argparse.ArgumentParser, required: bool) -> None:
     r = p.add_mutually_exclusive_group(required=required)
-    r.add_argument("--topic", metavar="NAME", help="a topic ('*' for every topic)")
-    r.add_argument("--topic-prefix", metavar="PREFIX", help="every topic starting with PREFIX")
-    r.add_argument("--group", metavar="NAME", help="a consumer group ('*' for every group)")
-    r.add_argument("--group-prefix", metavar="PREFIX", help="every group starting with PREFIX")
-    r.add_argument("--transactional-id", metavar="ID", help="a transactional id ('*' for all)")
+    r.add_argument("--topic", type=_name, metavar="NAME", help="a topic ('*' for every topic)")
+    r.add_argument(
+        "--topic-prefix", type=_name, metavar="PREFIX", help="every topic starting with PREFIX"
+    )
+    r.add_argument(
+        "--group", type=_name, metavar="NAME", help="a consumer group ('*' for every group)"
+    )
+    r.add_argument(
+        "--group-prefix", type=_name, metavar="PREFIX", help="every group starting with PREFIX"
+    )
+    r.add_argument(
+        "--transactional-id", type=_name, metavar="ID", help="a transactional id ('*' for all)"
+    )
     r.add_argument("--cluster", action="store_true", help="the cluster itself")
 
 
@@ -47,8 +73,12 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     asub.required = True
     add = asub.add_parser("add", parents=[common], help="allow or deny an operation")
     who = add.add_mutually_exclusive_group(required=True)
-    who.add_argument("--allow", metavar="PRINCIPAL", help="e.g. User:alice, User:CN=app, User:*")
-    who.add_argument("--deny", metavar="PRINCIPAL", help="a DENY wins over every ALLOW")
+    who.add_argument(
+        "--allow", type=_principal, metavar="PRINCIPAL", help="e.g. User:alice, User:CN=app, User:*"
+    )
+    who.add_argument(
+        "--deny", type=_principal, metavar="PRINCIPAL", help="a DENY wins over every ALLOW"
+    )
     add.add_argument("--operation", required=True, action="append", choices=sorted(_OPS))
     _resource_args(add, required=True)
     ap = asub.add_parser(
@@ -58,11 +88,11 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("file", help="the YAML file, '-' for stdin")
     ls = asub.add_parser("list", parents=[common], help="entries (all, or matching)")
-    ls.add_argument("--principal")
+    ls.add_argument("--principal", type=_principal)
     _resource_args(ls, required=False)
     ls.add_argument("--json", action="store_true")
     rm = asub.add_parser("remove", parents=[common], help="remove the matching entries")
-    rm.add_argument("--principal")
+    rm.add_argument("--principal", type=_principal)
     rm.add_argument("--operation", choices=sorted(_OPS))
     _resource_args(rm, required=False)
 
@@ -81,17 +111,21 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _resource(args: argparse.Namespace) -> tuple[int, str, int] | None:
-    """(resource type, name, pattern type) from the resource flags; None when none given."""
-    if getattr(args, "topic", None):
-        return md.ACL_RESOURCE_TYPE_TOPIC, args.topic, md.PATTERN_TYPE_LITERAL
-    if getattr(args, "topic_prefix", None):
-        return md.ACL_RESOURCE_TYPE_TOPIC, args.topic_prefix, md.PATTERN_TYPE_PREFIXED
-    if getattr(args, "group", None):
-        return md.ACL_RESOURCE_TYPE_GROUP, args.group, md.PATTERN_TYPE_LITERAL
-    if getattr(args, "group_prefix", None):
-        return md.ACL_RESOURCE_TYPE_GROUP, args.group_prefix, md.PATTERN_TYPE_PREFIXED
-    if getattr(args, "transactional_id", None):
-        return md.ACL_RESOURCE_TYPE_TRANSACTIONAL_ID, args.transactional_id, md.PATTERN_TYPE_LITERAL
+    """(resource type, name, pattern type) from the resource flags; None when none given.
+    A flag counts when it is given (``is not None``), whatever its value: an empty name
+    that slipped through must not widen a filter to every resource."""
+    for flag, rtype, pattern in (
+        ("topic", md.ACL_RESOURCE_TYPE_TOPIC, md.PATTERN_TYPE_LITERAL),
+        ("topic_prefix", md.ACL_RESOURCE_TYPE_TOPIC, md.PATTERN_TYPE_PREFIXED),
+        ("group", md.ACL_RESOURCE_TYPE_GROUP, md.PATTERN_TYPE_LITERAL),
+        ("group_prefix", md.ACL_RESOURCE_TYPE_GROUP, md.PATTERN_TYPE_PREFIXED),
+        ("transactional_id", md.ACL_RESOURCE_TYPE_TRANSACTIONAL_ID, md.PATTERN_TYPE_LITERAL),
+    ):
+        name = getattr(args, flag, None)
+        if name is not None:
+            if not name:
+                raise ValueError(f"--{flag.replace('_', '-')} must not be empty")
+            return rtype, name, pattern
     if getattr(args, "cluster", False):
         return md.ACL_RESOURCE_TYPE_CLUSTER, CLUSTER, md.PATTERN_TYPE_LITERAL
     return None
@@ -138,13 +172,17 @@ def run_acls(args: argparse.Namespace, out: Any) -> int:
         if args.acls_cmd == "add":
             res = _resource(args)
             assert res is not None
-            principal = args.allow or args.deny
+            principal = args.allow if args.allow is not None else args.deny
             req = controller_pb2.CreateAclsRequest()
             for op in args.operation:
                 req.acls.add(
                     principal=principal,
                     operation=_OPS[op],  # type: ignore[arg-type]
-                    permission=md.ACL_PERMISSION_ALLOW if args.allow else md.ACL_PERMISSION_DENY,
+                    permission=(
+                        md.ACL_PERMISSION_ALLOW
+                        if args.allow is not None
+                        else md.ACL_PERMISSION_DENY
+                    ),
                     resource_type=res[0],  # type: ignore[arg-type]
                     resource_name=res[1],
                     pattern_type=res[2],  # type: ignore[arg-type]

@@ -167,9 +167,13 @@ def _formatter(args: argparse.Namespace) -> Any:
             return lambda r: (r.value or b"") + b"\n"
         sep = args.key_separator.encode()
         return lambda r: (r.key or b"") + sep + (r.value or b"") + b"\n"
+    # Tried on values of the types the records give (numbers for partition, offset and
+    # timestamp): '{offset:x}' was refused when every field was tried as a string (found
+    # from outside).
+    sample = {f: 0 if f in ("partition", "offset", "timestamp") else "" for f in _FIELDS}
     try:
-        template.format(**dict.fromkeys(_FIELDS, ""))
-    except (KeyError, IndexError, ValueError) as exc:
+        template.format(**sample)
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         raise ValueError(
             f"bad --format {template!r} ({exc}); fields: " + ", ".join(_FIELDS)
         ) from None
@@ -257,10 +261,8 @@ def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
         while args.max_messages is None or printed < args.max_messages:
             left = None if args.max_messages is None else args.max_messages - printed
             records = consumer.poll(timeout_ms=200, max_records=left)
-            for rec in records:
-                out.write(fmt(rec))
+            _print_records(consumer, records, fmt, out)
             printed += len(records)
-            out.flush()
             if records:
                 last_data = time.monotonic()
             elif (
@@ -269,3 +271,87 @@ def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
             ):
                 break
     return 0
+
+
+# How many bytes may sit in the output's buffer before a flush: after each flush the records
+# written so far have reached the reader's pipe, and a reader that goes away costs at most
+# the records since then being printed again on the group's next run.
+_FLUSH_BYTES = 4096
+
+
+def _print_records(consumer: Any, records: list[Any], fmt: Any, out: BinaryIO) -> None:
+    """Write ``records`` to ``out`` and flush. When that is cut short (Ctrl-C, SIGTERM, the
+    reader going away, a failing write), each partition's position goes back to its first
+    record that did not reach the output, so the commit made when the consumer closes covers
+    only what was printed and the group's next run prints the rest. The records of a poll had
+    all counted as consumed, and hundreds of them were skipped per stop (found from outside).
+
+    A stop signal is noted and acted on between two records: raised at once, it could land
+    after a write took a line but before the line was counted, and that line would be
+    printed again by the next run. What was written is flushed, then the signal is raised
+    again, with the command's own handlers back, to end it as before."""
+    taken = 0  # records[:taken] were accepted by out.write (maybe still in its buffer)
+    flushed = 0  # records[:flushed] reached the stream underneath: a flush after them returned
+    pending = 0
+    try:
+        with _stop_signals_noted() as stops:
+            for rec in records:
+                if stops:
+                    break
+                line = fmt(rec)
+                out.write(line)
+                taken += 1
+                pending += len(line)
+                if pending >= _FLUSH_BYTES:
+                    out.flush()
+                    flushed, pending = taken, 0
+            out.flush()
+            flushed = taken
+    except BaseException:
+        # A closed pipe, a second stop signal, a failing record: what the buffer still held
+        # may never reach the reader, so the next run starts at the last flush.
+        _rewind(consumer, records[flushed:])
+        raise
+    if stops:
+        _rewind(consumer, records[taken:])
+        signal.raise_signal(stops[0])
+
+
+@contextlib.contextmanager
+def _stop_signals_noted() -> Iterator[list[int]]:
+    """Note SIGINT and SIGTERM in the yielded list instead of raising; a second one raises
+    at once (KeyboardInterrupt, or SystemExit as _sigterm_unwinds does), so that a reader
+    that never reads cannot keep the command from ending. Signals the process ignores, or
+    whose handler was not set from Python (it could not be put back), are left alone."""
+    noted: list[int] = []
+
+    def note(signum: int, _frame: Any) -> None:
+        if noted:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        noted.append(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) not in (None, signal.SIG_IGN):
+                previous[signum] = signal.signal(signum, note)
+    except ValueError:  # not the main thread (run by a caller embedding the CLI)
+        pass
+    try:
+        yield noted
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _rewind(consumer: Any, unprinted: list[Any]) -> None:
+    """Seek each partition of ``unprinted`` back to its first record there."""
+    from strom.client.types import TopicPartition
+
+    first: dict[Any, int] = {}
+    for rec in unprinted:
+        first.setdefault(TopicPartition(rec.topic, rec.partition), rec.offset)
+    for tp, offset in first.items():
+        consumer.seek(tp, offset)

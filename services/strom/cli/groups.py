@@ -221,7 +221,13 @@ def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
             print(f"deleted group {gid}", file=out)
         else:
             failed += 1
-            print(f"group {gid}: {ErrorCode.Name(r.error_code)} {r.error_message}", file=out)
+            # On stderr, as every failure of the CLI: they were on stdout among the deleted
+            # groups (found from outside).
+            print(
+                f"strom groups: error: group {gid}: {ErrorCode.Name(r.error_code)} "
+                f"{r.error_message}".rstrip(),
+                file=sys.stderr,
+            )
     return 1 if failed else 0
 
 

@@ -323,10 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("e2e", "end-to-end latency: produce at --rate, consume in the same process or another"),
     ):
         cb = bsub.add_parser(mode, parents=[common, metered], help=text)
-        cb.add_argument("--topic", default="strom-bench", help="created if missing")
+        cb.add_argument(
+            "--topic",
+            default="strom-bench",
+            help="an existing topic holding --records"
+            if mode == "consume"
+            else "created if missing",
+        )
         cb.add_argument("--records", type=_positive, default=1_000_000)
         cb.add_argument("--record-size", type=_positive, default=100, help="value bytes")
-        cb.add_argument("--partitions", type=_positive, default=1, help="for a new topic")
+        cb.add_argument(
+            "--partitions",
+            type=_positive,
+            help="for a new topic (default 1); an existing topic with another count is used as "
+            "it is, with a warning",
+        )
         cb.add_argument("--replication-factor", type=_positive, default=1, help="new topic")
         cb.add_argument(
             "--acks",
@@ -503,7 +514,22 @@ def _bench_clients(args: argparse.Namespace) -> int:
         compression=args.compression,
         enable_idempotence=False if args.no_idempotence else None,  # None: with acks=all
     )
-    clients.ensure_topic(args.bootstrap, args.topic, args.partitions, args.replication_factor)
+    clients.ensure_topic(
+        args.bootstrap,
+        args.topic,
+        args.partitions,
+        args.replication_factor,
+        create=args.bench_mode != "consume",  # consume reads a topic; an empty new one is no run
+    )
+    if args.bench_mode == "consume":
+        # A topic holding fewer records than asked for used to be read to its end, 10 s of
+        # waiting, and reported as a run of what it held, exit 0 (found from outside).
+        held = clients.records_held(args.bootstrap, args.topic)
+        if held < args.records:
+            raise ValueError(
+                f"topic {args.topic!r} holds {held:,} records, fewer than --records "
+                f"{args.records:,} (produce more first, or ask for fewer)"
+            )
     if args.bench_mode == "produce" and args.transactional:
         from strom.bench.transactions import ROUND_RATES, bench_transactions, summary
 
@@ -620,6 +646,13 @@ def _bench_clients(args: argparse.Namespace) -> int:
         ctx["machine"] = brief(machine)
     shown = consumed or [result]
     print(report(shown, as_json=args.json, context=ctx))
+    if consumed and result.records < args.records:  # a group's commits, markers: fewer
+        print(
+            f"strom bench consume: read {result.records:,} of the {args.records:,} records "
+            "asked for (nothing more arrived for 10 s)",
+            file=sys.stderr,
+        )
+        return 1
     if args.bench_mode == "e2e" and not result.clean:  # type: ignore[attr-defined]
         print("strom bench e2e: records were failed, lost or duplicated", file=sys.stderr)
         return 1
