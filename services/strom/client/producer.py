@@ -738,12 +738,20 @@ class Producer:
         return self._txn
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush, stop the sender and release connections. Records still unsent after
-        ``timeout`` seconds fail with :class:`ProducerClosedError`. An open transaction is
-        aborted first, as is one that failed (abortable error); a commit that got no answer
-        is left to its coordinator."""
+        """Flush, stop the sender and release connections, within ``timeout`` seconds in all.
+        Records still unsent then fail with :class:`ProducerClosedError`; records sent but
+        not yet acknowledged fail with :class:`RequestTimedOutError`: they may have been
+        written (retrying them may duplicate). An open transaction is aborted first, as is
+        one that failed (abortable error); a commit that got no answer is left to its
+        coordinator."""
         if self._closed:
             return
+        # One deadline for every step (found from outside: close(timeout=2) took 4 s).
+        end = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if end is None else max(end - time.monotonic(), 0.0)
+
         txn = self._txn
         if (
             txn is not None
@@ -751,14 +759,22 @@ class Producer:
             and (txn.in_transaction or txn.phase is TxnPhase.ABORTABLE_ERROR)
         ):
             with contextlib.suppress(StromError):
-                self.abort_transaction(timeout)
+                self.abort_transaction(left())
         with contextlib.suppress(StromError):
-            self.flush(timeout)
+            self.flush(left())
         self._closing = True
         self._wake.set()
-        self._sender.join(timeout)
+        self._sender.join(left())
         self._closed = True
-        self._fail_all(ProducerClosedError("the producer was closed before the record was sent"))
+        # Found from outside: records in flight were reported "never sent", then appended
+        # once the leader answered again; a user retrying them wrote them twice.
+        self._fail_all(
+            ProducerClosedError("the producer was closed before the record was sent"),
+            in_flight=RequestTimedOutError(
+                "the producer was closed while the record was in flight, before any answer: "
+                "it may have been written"
+            ),
+        )
         for stream in list(self._streams.values()):
             stream.cancel()
         self._spin.close()
@@ -1377,12 +1393,19 @@ class Producer:
                 ),
             )
 
-    def _fail_all(self, err: StromError) -> None:
+    def _fail_all(self, err: StromError, in_flight: StromError | None = None) -> None:
+        """Fail every queued batch with ``err``; with ``in_flight``, the batches sent at least
+        once (in flight now, or waiting to be retried) fail with that instead."""
         with self._lock:
-            victims = [(pq, list(pq.batches)) for pq in self._queues.values() if pq.batches]
-        for pq, batches in victims:
-            for b in batches:
-                b.result.fail(err)
+            victims = [
+                (pq, [(b, b.sent or b.attempts > 0) for b in pq.batches])
+                for pq in self._queues.values()
+                if pq.batches
+            ]
+        for pq, marked in victims:
+            batches = [b for b, _ in marked]
+            for b, was_sent in marked:
+                b.result.fail(in_flight if was_sent and in_flight is not None else err)
             with self._lock:
                 for b in batches:
                     if b in pq.batches:
