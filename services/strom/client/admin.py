@@ -46,6 +46,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import grpc
 
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
+from strom.argtypes import datetime_ms
 from strom.client.cluster import ClusterClient
 from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndTimestamp, TopicPartition
@@ -481,7 +482,10 @@ def _offset_spec(tp: TopicPartition, spec: object) -> int:
         except KeyError:
             pass
     elif isinstance(spec, datetime):
-        return int(spec.timestamp() * 1000)
+        try:
+            return datetime_ms(spec)  # naive: local time
+        except ValueError as exc:
+            raise InvalidRequestError(f"{tp.topic}-{tp.partition}: {exc}") from None
     elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
         return spec
     raise InvalidRequestError(
