@@ -48,6 +48,7 @@ import grpc
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
 from strom.argtypes import datetime_ms
 from strom.client.cluster import ClusterClient
+from strom.client.kwnames import kafka_keywords
 from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.errors import (
@@ -124,6 +125,9 @@ class NewTopic:
     replication_factor: int | None = None
     config: Mapping[str, ConfigValue] = field(default_factory=dict)
     replica_assignment: Assignment | None = None
+
+
+NewTopic.__init__ = kafka_keywords(NewTopic.__init__)  # type: ignore[method-assign]
 
 
 class CreateTopicResult(NamedTuple):
@@ -606,6 +610,7 @@ class Admin:
             instead of opening one; ``close()`` then leaves it open.
     """
 
+    @kafka_keywords
     def __init__(
         self,
         bootstrap: str | Sequence[str] | None = None,

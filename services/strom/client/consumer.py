@@ -36,6 +36,7 @@ import pyarrow as pa
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
+from strom.client.kwnames import kafka_keywords
 from strom.client.membership import GroupMembership
 from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
@@ -121,6 +122,7 @@ class Consumer:
     the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
     """
 
+    @kafka_keywords
     def __init__(
         self,
         bootstrap: str | Sequence[str] | None = None,

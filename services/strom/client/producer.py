@@ -43,6 +43,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import operator
 import queue
 import random
@@ -66,6 +67,7 @@ from strom.client.accumulator import (
 from strom.client.cluster import ClusterClient, refused
 from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
+from strom.client.kwnames import kafka_keywords
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
 from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
@@ -176,6 +178,7 @@ def _to_bytes(x: Any, what: str, serializer: Callable[[Any], bytes] | None) -> b
 class Producer:
     """Sends records to strom topics; thread-safe; use as a context manager or ``close()``."""
 
+    @kafka_keywords
     def __init__(
         self,
         bootstrap: str | Sequence[str] | None = None,
@@ -232,19 +235,30 @@ class Producer:
             raise ValueError(
                 f"unknown compression {compression!r}: use none, gzip, snappy, lz4 or zstd"
             ) from exc
-        for name, v in (
-            ("batch_size", batch_size),
-            ("buffer_memory", buffer_memory),
-            ("max_in_flight", max_in_flight),
-            ("max_request_size", max_request_size),
-            ("delivery_timeout_ms", delivery_timeout_ms),
-            ("request_timeout_ms", request_timeout_ms),
-            ("metadata_max_age_ms", metadata_max_age_ms),
+        # Types are checked here, once, so that send() need not (found from outside:
+        # linger_ms="5" failed with a bare "'<' not supported", batch_size=True was taken).
+        for name, v, minimum in (
+            ("batch_size", batch_size, 1),
+            ("buffer_memory", buffer_memory, 1),
+            ("max_in_flight", max_in_flight, 1),
+            ("max_request_size", max_request_size, 1),
+            ("delivery_timeout_ms", delivery_timeout_ms, 1),
+            ("request_timeout_ms", request_timeout_ms, 1),
+            ("metadata_max_age_ms", metadata_max_age_ms, 1),
+            ("transaction_timeout_ms", transaction_timeout_ms, 1),
+            ("max_block_ms", max_block_ms, 0),
+            ("retries", retries, 0),
+            ("retry_backoff_ms", retry_backoff_ms, 0),
+            ("retry_backoff_max_ms", retry_backoff_max_ms, 0),
         ):
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if linger_ms < 0 or max_block_ms < 0 or retries < 0:
-            raise ValueError("linger_ms, max_block_ms and retries must be >= 0")
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {v!r}")
+            if v < minimum:
+                raise ValueError(f"{name} must be >= {minimum}, got {v}")
+        if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float):
+            raise TypeError(f"linger_ms must be a number (ms), got {linger_ms!r}")
+        if not 0 <= linger_ms < math.inf:
+            raise ValueError(f"linger_ms must be >= 0 and finite, got {linger_ms}")
         self.compression = compression
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
