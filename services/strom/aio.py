@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -137,13 +138,20 @@ class Consumer:
             return table
         return await asyncio.to_thread(self._sync.poll_arrow, timeout_ms, max_records)
 
-    async def close(self, autocommit: bool = True, timeout_ms: int | None = None) -> None:
+    async def close(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
         await asyncio.to_thread(self._close, autocommit, timeout_ms)
 
-    def _close(self, autocommit: bool, timeout_ms: int | None) -> None:
+    def _close(self, autocommit: bool, timeout_ms: float | None) -> None:
         # A loop's poll still running in a worker thread (its task was cancelled) must put
-        # its records back before the close commits the positions, or they are lost.
-        self._poll_done.wait(self._sync._timeout_s)
+        # its records back before the close commits the positions, or they are lost. The
+        # wait counts in close's timeout_ms (a bad one is left to the sync close to refuse).
+        if isinstance(timeout_ms, int | float) and not isinstance(timeout_ms, bool):
+            end = time.monotonic() + max(timeout_ms, 0) / 1000
+            self._poll_done.wait(max(timeout_ms, 0) / 1000)
+            if timeout_ms >= 0:
+                timeout_ms = max(end - time.monotonic(), 0.0) * 1000
+        else:
+            self._poll_done.wait(self._sync._timeout_s)
         self._sync.close(autocommit, timeout_ms)
 
     def __aiter__(self) -> AsyncIterator[Record]:

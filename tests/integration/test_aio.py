@@ -140,3 +140,22 @@ def test_async_for_cancelled_in_its_body_commits_only_what_it_handed_out(
     asyncio.run(main())
     # The 10th record was being handled, not done: at-least-once reads it again.
     assert _committed(one_node_cluster.bootstrap, "aio-cancel", tp) == 10
+
+
+def test_close_takes_the_sync_close_s_arguments(one_node_cluster: LocalCluster) -> None:
+    """``await consumer.close(autocommit=False, timeout_ms=...)`` as the sync consumer's."""
+    tp = _hundred_records(one_node_cluster, "aio-close-args")
+
+    async def main() -> None:
+        consumer = aio.Consumer(
+            one_node_cluster.bootstrap, group_id="aio-close-args", auto_offset_reset="earliest"
+        )
+        await consumer.subscribe(["aio-close-args"])
+        async with asyncio.timeout(60):  # (only so that a regression fails, not hangs)
+            async for _ in consumer:
+                break
+        await consumer.close(autocommit=False, timeout_ms=5000)
+        assert consumer.closed
+
+    asyncio.run(main())
+    assert _committed(one_node_cluster.bootstrap, "aio-close-args", tp) is None
