@@ -11,7 +11,9 @@ asyncio layer only has to never block the event loop:
   topic is known and the buffer has room, and moves to a worker thread only when ``send`` may
   have to wait (metadata, ``max_block_ms``).
 - ``Consumer.poll`` / ``poll_arrow`` answer at once from prefetched data when there is some
-  and otherwise wait in a worker thread; ``async for record in consumer`` works.
+  and otherwise wait in a worker thread; ``async for record in consumer`` works, and a
+  loop left early (``break``, an exception, a cancellation) puts back the records it did not
+  hand out, as the sync consumer's loop does.
 - every ``Admin`` method is a coroutine; so are the producer's transaction calls but
   ``begin_transaction``.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -112,6 +116,9 @@ class Consumer:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = _consumer.Consumer(*args, **kwargs)
+        #: Clear while an ``async for`` loop's poll runs in a worker thread.
+        self._poll_done = threading.Event()
+        self._poll_done.set()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._sync, name)
@@ -131,22 +138,114 @@ class Consumer:
             return table
         return await asyncio.to_thread(self._sync.poll_arrow, timeout_ms, max_records)
 
-    async def close(self) -> None:
-        await asyncio.to_thread(self._sync.close)
+    async def close(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
+        await asyncio.to_thread(self._close, autocommit, timeout_ms)
+
+    def _close(self, autocommit: bool, timeout_ms: float | None) -> None:
+        # A loop's poll still running in a worker thread (its task was cancelled) must put
+        # its records back before the close commits the positions, or they are lost. The
+        # wait counts in close's timeout_ms (a bad one is left to the sync close to refuse).
+        if isinstance(timeout_ms, int | float) and not isinstance(timeout_ms, bool):
+            end = time.monotonic() + max(timeout_ms, 0) / 1000
+            self._poll_done.wait(max(timeout_ms, 0) / 1000)
+            if timeout_ms >= 0:
+                timeout_ms = max(end - time.monotonic(), 0.0) * 1000
+        else:
+            self._poll_done.wait(self._sync._timeout_s)
+        self._sync.close(autocommit, timeout_ms)
 
     def __aiter__(self) -> AsyncIterator[Record]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Record]:
-        while not self._sync._closed:
-            for record in await self.poll(500):
-                yield record
+        self._sync._ensure_open()
+        return _Records(self)
 
     async def __aenter__(self) -> Consumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _Records:
+    """The iterator of ``async for record in consumer``: one polled record at a time.
+
+    An object rather than an async generator so that leaving the loop early puts back what
+    it did not hand out at once, as ``for record in consumer`` does: a loop left by
+    ``break``, an exception or a cancellation drops its iterator, which CPython finalizes
+    right there, while an async generator's ``finally`` is only scheduled on the event loop,
+    after ``async with``'s close has committed the whole poll (found from outside: a break
+    after 10 of 100 records committed 100). The records not handed out go back through the
+    sync consumer's ``_rewind`` (a seek made meanwhile wins).
+    """
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self._sync = consumer._sync
+        self._records: list[Record] = []
+        self._next = 0
+        self._marks: dict[TopicPartition, tuple[int, int | None]] = {}
+        #: Guards the buffer between a poll in a worker thread and a cancelled loop.
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def __aiter__(self) -> _Records:
+        return self
+
+    async def __anext__(self) -> Record:
+        while True:
+            if self._next < len(self._records):
+                if not self._sync._moved:
+                    record = self._records[self._next]
+                    self._next += 1
+                    return record
+                self.rewind()  # seek, pause or a new assignment inside the loop: poll afresh
+            if self._sync._closed:
+                raise StopAsyncIteration
+            try:
+                if not self._poll(0):
+                    await self._poll_in_thread()
+            except _consumer.IllegalStateError:
+                if self._sync._closed:  # closed from elsewhere: the loop ends
+                    raise StopAsyncIteration from None
+                raise
+
+    def _poll(self, timeout_ms: int) -> bool:
+        records = self._sync.poll(timeout_ms)
+        marks = self._sync._fetcher.last_marks
+        with self._lock:
+            self._sync._moved = False
+            self._records, self._next, self._marks = records, 0, marks
+            if self._abandoned:  # the loop was cancelled while this poll ran
+                self.rewind()
+        return bool(records)
+
+    async def _poll_in_thread(self) -> None:
+        done = self._consumer._poll_done
+        done.clear()
+
+        def run() -> None:
+            try:
+                self._poll(500)
+            finally:
+                done.set()
+
+        try:
+            await asyncio.to_thread(run)
+        except asyncio.CancelledError:
+            # The thread goes on; whatever its poll returns goes back (see _poll).
+            with self._lock:
+                self._abandoned = True
+                self.rewind()
+            raise
+
+    def rewind(self) -> None:
+        """Put the polled records not handed out back (their partitions seek to the first)."""
+        unseen = self._records[self._next :]
+        self._records, self._next = [], 0
+        if unseen:
+            self._sync._rewind(unseen, self._marks)
+
+    def __del__(self) -> None:
+        self.rewind()
 
 
 class Admin:

@@ -1,12 +1,13 @@
-"""argparse types for numbers, shared by the services' flags and the ``strom`` CLI: a module
-of its own so the CLI (and the processes the benchmarks spawn through it) need not import the
-services' runtime to check a number."""
+"""argparse types for numbers and times, shared by the services' flags, the ``strom`` CLI and
+the clients: a module of its own so the CLI (and the processes the benchmarks spawn through
+it) need not import the services' runtime to check a number."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 #: The largest value of a protobuf int32 field (partition counts, replication factors).
 INT32_MAX = 2**31 - 1
@@ -45,3 +46,39 @@ def number_above(minimum: float, *, inclusive: bool = False) -> Callable[[str], 
 
     parse.__name__ = "number"
     return parse
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def datetime_ms(dt: datetime) -> int:
+    """``dt`` in ms since the epoch. Without a timezone it is local time: Python's rule for a
+    naive datetime and Kafka's tools' (found from outside: ``topics offsets --time`` read
+    local time while ``groups reset-offsets --to-datetime`` read UTC). Integer arithmetic,
+    since ``timestamp() * 1000`` can land a millisecond early.
+
+    ValueError before 1970: offset lookups read -1 and -2 as "latest" and "earliest", so
+    1969-12-31T23:59:59.999Z had meant the end of the log (found from outside)."""
+    try:
+        ms = (dt.astimezone(UTC) - _EPOCH) // _MS
+    except (OverflowError, OSError):  # far outside what the platform's clock can convert
+        ms = -1
+    if ms < 0:
+        raise ValueError(
+            f"{dt.isoformat()} is before 1970-01-01T00:00:00Z: times are ms since the epoch"
+        )
+    return ms
+
+
+def iso_time_ms(text: str) -> int:
+    """An ISO 8601 time (``2024-05-01T12:00:00Z``, ``...+02:00``, or without a timezone:
+    local time) in ms since the epoch; ValueError naming the expected form."""
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an ISO 8601 time, e.g. 2024-05-01T12:00:00Z (UTC) or "
+            "2024-05-01T14:00:00 (local time)"
+        ) from None
+    return datetime_ms(dt)

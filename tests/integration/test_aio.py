@@ -7,8 +7,11 @@ import asyncio
 import pytest
 
 from strom import aio
+from strom.client.consumer import Consumer
+from strom.client.producer import Producer
 from strom.client.types import RecordMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
+from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +65,97 @@ def test_admin_producer_and_consumer_never_block_the_loop(bootstrap: str) -> Non
         assert ticks > 0
 
     asyncio.run(main())
+
+
+def _hundred_records(cluster: LocalCluster, topic: str) -> TopicPartition:
+    create_topic(cluster, topic)
+    with Producer(cluster.bootstrap) as producer:
+        producer.send_batch(topic, [b"r%d" % i for i in range(100)], partition=0).result(10)
+    return TopicPartition(topic, 0)
+
+
+def _committed(bootstrap: str, group: str, tp: TopicPartition) -> int | None:
+    with Consumer(bootstrap, group_id=group) as consumer:
+        om = consumer.committed(tp)
+        return None if om is None else om.offset
+
+
+def test_async_for_left_early_commits_only_what_it_handed_out(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """A ``break`` after 10 of 100 polled records, then ``async with``'s close: the group
+    commits 10, as the sync consumer does (found from outside: it committed 100, and the 90
+    records were never read by anyone)."""
+    tp = _hundred_records(one_node_cluster, "aio-break")
+
+    async def main() -> list[int]:
+        seen = []
+        async with aio.Consumer(
+            one_node_cluster.bootstrap, group_id="aio-break", auto_offset_reset="earliest"
+        ) as consumer:
+            await consumer.subscribe(["aio-break"])
+            async for record in consumer:
+                seen.append(record.offset)
+                if len(seen) == 10:
+                    break
+            async with asyncio.timeout(60):  # (only so that a regression fails, not hangs)
+                async for record in consumer:  # a new loop starts where the last one stopped
+                    seen.append(record.offset)
+                    if len(seen) == 15:
+                        break
+        return seen
+
+    assert asyncio.run(main()) == list(range(15))
+    assert _committed(one_node_cluster.bootstrap, "aio-break", tp) == 15
+
+
+def test_async_for_cancelled_in_its_body_commits_only_what_it_handed_out(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """A task cancelled while handling its 10th record leaves 10 committed, not the poll."""
+    tp = _hundred_records(one_node_cluster, "aio-cancel")
+
+    async def main() -> None:
+        handled = asyncio.Event()
+        seen = []
+
+        async def read(consumer: aio.Consumer) -> None:
+            async for record in consumer:
+                seen.append(record.offset)
+                if len(seen) == 10:
+                    handled.set()
+                    await asyncio.Event().wait()  # handling the record: cancelled here
+
+        async with aio.Consumer(
+            one_node_cluster.bootstrap, group_id="aio-cancel", auto_offset_reset="earliest"
+        ) as consumer:
+            await consumer.subscribe(["aio-cancel"])
+            task = asyncio.create_task(read(consumer))
+            await handled.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert seen == list(range(10))
+
+    asyncio.run(main())
+    # The 10th record was being handled, not done: at-least-once reads it again.
+    assert _committed(one_node_cluster.bootstrap, "aio-cancel", tp) == 10
+
+
+def test_close_takes_the_sync_close_s_arguments(one_node_cluster: LocalCluster) -> None:
+    """``await consumer.close(autocommit=False, timeout_ms=...)`` as the sync consumer's."""
+    tp = _hundred_records(one_node_cluster, "aio-close-args")
+
+    async def main() -> None:
+        consumer = aio.Consumer(
+            one_node_cluster.bootstrap, group_id="aio-close-args", auto_offset_reset="earliest"
+        )
+        await consumer.subscribe(["aio-close-args"])
+        async with asyncio.timeout(60):  # (only so that a regression fails, not hangs)
+            async for _ in consumer:
+                break
+        await consumer.close(autocommit=False, timeout_ms=5000)
+        assert consumer.closed
+
+    asyncio.run(main())
+    assert _committed(one_node_cluster.bootstrap, "aio-close-args", tp) is None

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from strom.client.consumer import Consumer
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from tests.conftest import create_topic as conftest_create_topic
 from tests.integration.test_groups import create_topic, produce
 
 pytestmark = pytest.mark.integration
@@ -274,6 +275,48 @@ def test_a_sigkilled_member_is_replaced_within_the_session_timeout_and_nothing_i
             proc.wait(10)
         for m in survivors:
             m.close()
+
+
+def test_close_timeout_bounds_the_whole_close_when_the_coordinator_is_stopped(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """close(timeout_ms) is the bound on the whole close, as Kafka's: with the coordinator
+    SIGSTOPped (so the commit and the leave get no answer) the close returns while it is
+    still stopped; the coordinator is resumed only after several times the timeout (found
+    from outside: each of five steps waited the full timeout, close(timeout_ms=2000) took
+    10 s). Its own cluster: a coordinator stopped this long disturbs the module's groups."""
+    timeout_s = 1.5
+    cluster = make_cluster(nodes=1, controllers=1, coordinators=1)
+    conftest_create_topic(cluster, "close-bound")
+    with Producer(cluster.bootstrap) as producer:
+        producer.send_batch("close-bound", [b"x"] * 10, partition=0).result(10)
+    consumer = Consumer(cluster.bootstrap, group_id="close-bound", auto_offset_reset="earliest")
+    consumer.subscribe(["close-bound"])
+    wait_for(lambda: bool(consumer.poll(200)), timeout=30, what="the member's first records")
+    coordinator = cluster.coordinators[0].process
+    assert coordinator is not None
+    resumed = threading.Event()
+
+    def resume() -> None:
+        resumed.set()
+        coordinator.signal(signal.SIGCONT)
+
+    coordinator.signal(signal.SIGSTOP)
+    timer = threading.Timer(4 * timeout_s, resume)
+    timer.start()
+    try:
+        consumer.close(timeout_ms=int(timeout_s * 1000))  # commits (auto-commit) and leaves
+        returned_while_stopped = not resumed.is_set()
+    finally:
+        timer.cancel()
+        coordinator.signal(signal.SIGCONT)
+    assert consumer.closed
+    assert returned_while_stopped
+    # The group goes on once the coordinator answers: the close's commit, which got no
+    # answer, either landed when it woke or not at all.
+    with Consumer(cluster.bootstrap, group_id="close-bound") as again:
+        committed = again.committed(TopicPartition("close-bound", 0))
+        assert committed is None or committed.offset == 10
 
 
 def test_committed_offsets_survive_a_full_cluster_restart(

@@ -616,3 +616,34 @@ def test_a_producer_the_leader_forgot_starts_its_sequence_again(env: Env) -> Non
         assert p.send(t, b"again").result(20).offset == 3
         assert p.send(t, b"and again").result(20).offset == 4
     assert [r.value for r in env.read(t, start=3)] == [b"again", b"and again"]
+
+
+def test_close_tells_records_in_flight_from_records_never_sent(env: Env) -> None:
+    """close(timeout) with the leader's answers lost: the record it had sent fails with
+    RequestTimedOutError (it may have been written; here it was), those still queued behind
+    it with ProducerClosedError (found from outside: all of them were reported never sent,
+    and a user retrying them wrote them twice)."""
+    t = env.topic()
+    p = Producer(env.bootstrap, acks=1, max_in_flight=1)
+    try:
+        p.send(t, b"warm").result(10)
+        env.proxy.hold()
+        sent = p.send(t, b"sent")
+        wait_for(lambda: len(env.read(t)) == 2, timeout=10, what="the append on the node")
+        queued = [p.send(t, b"queued%d" % i) for i in range(5)]  # behind it: max_in_flight=1
+        joins: list[float | None] = []
+        join = p._sender.join
+        p._sender.join = lambda timeout=None: (joins.append(timeout), join(timeout))[1]  # type: ignore[method-assign]
+        p.close(timeout=0.5)
+    finally:
+        env.proxy.cut()
+        p.close()
+    with pytest.raises(RequestTimedOutError, match="may have been written"):
+        sent.result(0)
+    for f in queued:
+        with pytest.raises(ProducerClosedError, match="before the record was sent"):
+            f.result(0)
+    assert [r.value for r in env.read(t)] == [b"warm", b"sent"]
+    # One deadline for the whole close: the flush used it up, the sender got no more (found
+    # from outside: flush and join each had the full timeout, close(timeout=2) took 4 s).
+    assert joins == [0.0]

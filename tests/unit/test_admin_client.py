@@ -516,6 +516,8 @@ def test_close_is_idempotent_and_leaves_a_shared_client_open(fake: FakeCluster) 
 def test_cli_time_specs() -> None:
     assert _time_spec("earliest") == "earliest" and _time_spec("-1") == "latest"
     assert _time_spec("MAX") == "max_timestamp" and _time_spec("1700000000000") == 1700000000000
-    assert _time_spec("2024-01-02T03:04:05+00:00") == datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert _time_spec("2024-01-02T03:04:05+00:00") == int(
+        datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp() * 1000
+    )
     with pytest.raises(argparse.ArgumentTypeError, match="not a time"):
         _time_spec("soon")

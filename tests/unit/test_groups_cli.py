@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
 import pytest
 
+from strom.cli.admin import _time_spec
 from strom.cli.groups import _datetime_ms, plan_reset
 from strom.cli.main import build_parser
+from strom.client.admin import _offset_spec
 from strom.client.types import TopicPartition
+from strom.errors import InvalidRequestError
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 LO = {A: 5, B: 0}
@@ -27,9 +35,44 @@ def test_each_strategy_clamped_to_the_log() -> None:
     assert _plan(by_time={A: 12, B: -1}) == {A: 12, B: 10}  # -1: no record that late
 
 
-def test_datetimes_default_to_utc() -> None:
-    assert _datetime_ms("1970-01-01T00:00:01Z") == 1000
-    assert _datetime_ms("1970-01-01T00:00:02") == 2000
+@pytest.fixture
+def five_hours_behind_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Local time is UTC-5 (a POSIX TZ rule: no time zone database needed)."""
+    monkeypatch.setenv("TZ", "XST+5")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_time_without_a_timezone_is_local_time_in_every_command(
+    five_hours_behind_utc: None,
+) -> None:
+    """One rule for both commands, Kafka's: local time (found from outside: ``topics offsets
+    --time`` read local time, ``groups reset-offsets --to-datetime`` UTC)."""
+    utc = 1_700_000_010_000  # 2023-11-14T22:13:30Z
+    assert _datetime_ms("2023-11-14T22:13:30Z") == utc
+    assert _datetime_ms("2023-11-14T17:13:30-05:00") == utc
+    assert _datetime_ms("2023-11-14T22:13:30") == utc + 5 * 3600 * 1000
+    assert _time_spec("2023-11-14T22:13:30") == utc + 5 * 3600 * 1000
+    assert _time_spec("2023-11-14T22:13:30Z") == utc
+    t = TopicPartition("t", 0)
+    assert _offset_spec(t, datetime(2023, 11, 14, 22, 13, 30)) == utc + 5 * 3600 * 1000
+    assert _datetime_ms("2023-11-14T22:13:30.123Z") == utc + 123  # exact, not a float's
+
+
+def test_times_before_1970_are_refused() -> None:
+    """They used to become -1 ("latest") or -2 ("earliest") in the offset lookup."""
+    assert _datetime_ms("1970-01-01T00:00:00Z") == 0
+    for text in ("1969-12-31T23:59:59.999Z", "1969-12-31T23:59:59.998Z", "1900-01-01T00:00:00Z"):
+        with pytest.raises(ValueError, match=r"--to-datetime 19[0-9]{2}-.* is before 1970"):
+            _datetime_ms(text)
+        with pytest.raises(argparse.ArgumentTypeError, match="before 1970"):
+            _time_spec(text)
+    with pytest.raises(InvalidRequestError, match=r"t-0: .*before 1970"):
+        _offset_spec(TopicPartition("t", 0), datetime(1969, 12, 31, 23, 59, 59, 999000, UTC))
+    with pytest.raises(ValueError, match="not an ISO 8601 time"):
+        _datetime_ms("yesterday")
 
 
 def test_reset_needs_exactly_one_strategy() -> None:

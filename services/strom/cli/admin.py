@@ -12,11 +12,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, Literal
 
 from strom.api import common_pb2, controller_pb2
-from strom.argtypes import INT32_MAX, int_at_least
+from strom.argtypes import INT32_MAX, int_at_least, iso_time_ms
 from strom.cli import counted
 from strom.cli.jsonout import message_dict, message_json
 from strom.client.admin import Admin, OffsetSpec, TopicDescription
@@ -58,10 +57,10 @@ def _time_spec(text: str) -> OffsetSpec:
             raise argparse.ArgumentTypeError(f"not a time: {text!r} (too large)")
         return int(t)
     try:
-        return datetime.fromisoformat(text.strip())
-    except ValueError:
+        return iso_time_ms(text)  # without a timezone: local time, as --to-datetime
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(
-            f"not a time: {text!r} (earliest, latest, max, ms since the epoch or ISO 8601)"
+            f"not a time: {exc}; or earliest, latest, max, ms since the epoch"
         ) from None
 
 
@@ -147,8 +146,9 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--time",
         type=_time_spec,
-        help="earliest, latest, max (largest timestamp), ms since the epoch or ISO 8601: "
-        "the first offset at or after it",
+        help="earliest, latest, max (largest timestamp), ms since the epoch or ISO 8601 "
+        "(2024-05-01T12:00:00Z; without a timezone: local time): the first offset at or "
+        "after it",
     )
     o.add_argument("--json", action="store_true")
     dr = tsub.add_parser(

@@ -15,12 +15,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
 from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
+from strom.argtypes import iso_time_ms
 from strom.client.cluster import ClusterClient
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
@@ -83,7 +83,11 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     how.add_argument("--to-earliest", action="store_true")
     how.add_argument("--to-latest", action="store_true")
     how.add_argument("--to-offset", type=int, metavar="OFFSET")
-    how.add_argument("--to-datetime", metavar="ISO8601", help="e.g. 2024-05-01T12:00:00Z")
+    how.add_argument(
+        "--to-datetime",
+        metavar="ISO8601",
+        help="e.g. 2024-05-01T12:00:00Z; without a timezone it is local time, as in Kafka",
+    )
     how.add_argument("--shift-by", type=int, metavar="N", help="from the committed offset")
     r.add_argument("--execute", action="store_true", help="apply (default: dry run)")
 
@@ -254,15 +258,12 @@ def _topic_partitions(client: ClusterClient, specs: list[str]) -> list[TopicPart
 
 
 def _datetime_ms(text: str) -> int:
+    """--to-datetime in ms: without a timezone, local time (Kafka's reset tool's rule, and
+    ``topics offsets --time``'s)."""
     try:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(
-            f"--to-datetime {text!r} is not an ISO 8601 time, e.g. 2024-05-01T12:00:00Z"
-        ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+        return iso_time_ms(text)
+    except ValueError as exc:
+        raise ValueError(f"--to-datetime {exc}") from None
 
 
 def plan_reset(

@@ -48,7 +48,9 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import grpc
 
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
+from strom.argtypes import datetime_ms
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient
+from strom.client.kwnames import kafka_keywords
 from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.errors import (
@@ -128,6 +130,9 @@ class NewTopic:
     replication_factor: int | None = None
     config: Mapping[str, ConfigValue] = field(default_factory=dict)
     replica_assignment: Assignment | None = None
+
+
+NewTopic.__init__ = kafka_keywords(NewTopic.__init__)  # type: ignore[method-assign]
 
 
 class CreateTopicResult(NamedTuple):
@@ -486,7 +491,10 @@ def _offset_spec(tp: TopicPartition, spec: object) -> int:
         except KeyError:
             pass
     elif isinstance(spec, datetime):
-        return int(spec.timestamp() * 1000)
+        try:
+            return datetime_ms(spec)  # naive: local time
+        except ValueError as exc:
+            raise InvalidRequestError(f"{tp.topic}-{tp.partition}: {exc}") from None
     elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
         return spec
     raise InvalidRequestError(
@@ -626,6 +634,7 @@ class Admin:
     single attempt of the same length would have failed anyway).
     """
 
+    @kafka_keywords
     def __init__(
         self,
         bootstrap: str | Sequence[str] | None = None,

@@ -36,6 +36,7 @@ import pyarrow as pa
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
+from strom.client.kwnames import kafka_keywords
 from strom.client.membership import GroupMembership
 from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
@@ -121,6 +122,7 @@ class Consumer:
     the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
     """
 
+    @kafka_keywords
     def __init__(
         self,
         bootstrap: str | Sequence[str] | None = None,
@@ -764,11 +766,20 @@ class Consumer:
     def close(self, autocommit: bool = True, timeout_ms: int | None = None) -> None:
         """Stop fetching and release connections. Safe to call twice, and from another thread
         to end a blocking poll() or iteration. With a group it will also commit (when
-        auto-commit is on and ``autocommit``) and leave the group."""
+        auto-commit is on and ``autocommit``) and leave the group. ``timeout_ms`` (default
+        ``request_timeout_ms``) bounds the whole close, as Kafka's does: a step that finds
+        no time left is skipped (an unsent commit is lost, an unsent leave lets the group
+        wait for the session timeout)."""
         if self._closed:
             return
+        if timeout_ms is not None:
+            if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+                raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
+            if timeout_ms < 0:
+                raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
         self._closed = True
         timeout_s = self._timeout_s if timeout_ms is None else timeout_ms / 1000.0
+        end = time.monotonic() + timeout_s
         try:
             if self._group is not None:
                 self._group.close(
@@ -778,7 +789,7 @@ class Consumer:
         finally:
             self._fetcher.close()
             self._client.close()  # also cancels fetches parked in a long poll
-            self._fetcher.join(min(timeout_s, 5.0))
+            self._fetcher.join(min(max(end - time.monotonic(), 0.0), 5.0))
 
     def __enter__(self) -> Consumer:
         return self

@@ -362,21 +362,29 @@ class GroupMember:
             }
 
     def close(self, *, autocommit: bool, timeout_s: float) -> None:
-        """Commit (if asked) and give up the partitions, leave the group, stop the threads."""
+        """Commit (if asked) and give up the partitions, leave the group, stop the threads,
+        all within ``timeout_s``: each step gets the time the earlier ones left, as Kafka's
+        close(timeout) is a bound on the whole close (found from outside: with the
+        coordinator stopped, each of five steps waited the full timeout)."""
+        end = time.monotonic() + timeout_s
+
+        def left() -> float:
+            return max(end - time.monotonic(), 0.0)
+
         try:
             if self._subscribed:
-                self._revoke_all(commit=autocommit, lost=False, timeout_s=timeout_s)
+                self._revoke_all(commit=autocommit, lost=False, timeout_s=left())
             elif autocommit:
-                self._commit_quietly(self._positions(self._consumer.assignment()), timeout_s)
+                self._commit_quietly(self._positions(self._consumer.assignment()), left())
         finally:
             self._stop.set()
             self._wake.set()
             if self._thread is not None:
-                self._thread.join(timeout=max(timeout_s, 0.1))
+                self._thread.join(timeout=left())
             if self._commit_queue is not None:  # before leaving: a member's commits need it
-                self._commit_queue.close(timeout_s)
+                self._commit_queue.close(left())
             if self._subscribed:
-                self._leave(timeout_s)
+                self._leave(left())
 
     # -- reconciliation (application thread) -------------------------------------------------
 
@@ -420,7 +428,9 @@ class GroupMember:
             else:
                 self._call_listener("on_partitions_revoked", owned)
                 if commit:
-                    self._commit_quietly(self._positions(owned), timeout_s or self._timeout_s)
+                    self._commit_quietly(
+                        self._positions(owned), self._timeout_s if timeout_s is None else timeout_s
+                    )
         consumer = self._consumer
         if not consumer.closed:
             consumer._apply_assignment(set())
@@ -607,11 +617,11 @@ class GroupMember:
         epoch = -2 if self._instance_id is not None else -1
         req = self._heartbeat_request(epoch)
         req.ClearField("owned_topic_partitions")
-        with contextlib.suppress(StromError, grpc.RpcError):
-            stub, _ = self._stub(timeout_s or self._timeout_s)
-            stub.ConsumerGroupHeartbeat(
-                req, timeout=timeout_s or self._timeout_s, metadata=self._metadata
-            )
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        if timeout_s > 0:  # a close out of time does not wait on the coordinator once more
+            with contextlib.suppress(StromError, grpc.RpcError):
+                stub, _ = self._stub(timeout_s)
+                stub.ConsumerGroupHeartbeat(req, timeout=timeout_s, metadata=self._metadata)
         with self._lock:
             self.member_epoch = 0
             self._target = None

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import operator
 import queue
 import random
@@ -66,6 +67,7 @@ from strom.client.accumulator import (
 from strom.client.cluster import ClusterClient, refused
 from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
+from strom.client.kwnames import kafka_keywords
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
 from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
@@ -176,6 +178,7 @@ def _to_bytes(x: Any, what: str, serializer: Callable[[Any], bytes] | None) -> b
 class Producer:
     """Sends records to strom topics; thread-safe; use as a context manager or ``close()``."""
 
+    @kafka_keywords
     def __init__(
         self,
         bootstrap: str | Sequence[str] | None = None,
@@ -232,19 +235,30 @@ class Producer:
             raise ValueError(
                 f"unknown compression {compression!r}: use none, gzip, snappy, lz4 or zstd"
             ) from exc
-        for name, v in (
-            ("batch_size", batch_size),
-            ("buffer_memory", buffer_memory),
-            ("max_in_flight", max_in_flight),
-            ("max_request_size", max_request_size),
-            ("delivery_timeout_ms", delivery_timeout_ms),
-            ("request_timeout_ms", request_timeout_ms),
-            ("metadata_max_age_ms", metadata_max_age_ms),
+        # Types are checked here, once, so that send() need not (found from outside:
+        # linger_ms="5" failed with a bare "'<' not supported", batch_size=True was taken).
+        for name, v, minimum in (
+            ("batch_size", batch_size, 1),
+            ("buffer_memory", buffer_memory, 1),
+            ("max_in_flight", max_in_flight, 1),
+            ("max_request_size", max_request_size, 1),
+            ("delivery_timeout_ms", delivery_timeout_ms, 1),
+            ("request_timeout_ms", request_timeout_ms, 1),
+            ("metadata_max_age_ms", metadata_max_age_ms, 1),
+            ("transaction_timeout_ms", transaction_timeout_ms, 1),
+            ("max_block_ms", max_block_ms, 0),
+            ("retries", retries, 0),
+            ("retry_backoff_ms", retry_backoff_ms, 0),
+            ("retry_backoff_max_ms", retry_backoff_max_ms, 0),
         ):
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if linger_ms < 0 or max_block_ms < 0 or retries < 0:
-            raise ValueError("linger_ms, max_block_ms and retries must be >= 0")
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, got {v!r}")
+            if v < minimum:
+                raise ValueError(f"{name} must be >= {minimum}, got {v}")
+        if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float):
+            raise TypeError(f"linger_ms must be a number (ms), got {linger_ms!r}")
+        if not 0 <= linger_ms < math.inf:
+            raise ValueError(f"linger_ms must be >= 0 and finite, got {linger_ms}")
         self.compression = compression
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
@@ -738,12 +752,20 @@ class Producer:
         return self._txn
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush, stop the sender and release connections. Records still unsent after
-        ``timeout`` seconds fail with :class:`ProducerClosedError`. An open transaction is
-        aborted first, as is one that failed (abortable error); a commit that got no answer
-        is left to its coordinator."""
+        """Flush, stop the sender and release connections, within ``timeout`` seconds in all.
+        Records still unsent then fail with :class:`ProducerClosedError`; records sent but
+        not yet acknowledged fail with :class:`RequestTimedOutError`: they may have been
+        written (retrying them may duplicate). An open transaction is aborted first, as is
+        one that failed (abortable error); a commit that got no answer is left to its
+        coordinator."""
         if self._closed:
             return
+        # One deadline for every step (found from outside: close(timeout=2) took 4 s).
+        end = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if end is None else max(end - time.monotonic(), 0.0)
+
         txn = self._txn
         if (
             txn is not None
@@ -751,14 +773,22 @@ class Producer:
             and (txn.in_transaction or txn.phase is TxnPhase.ABORTABLE_ERROR)
         ):
             with contextlib.suppress(StromError):
-                self.abort_transaction(timeout)
+                self.abort_transaction(left())
         with contextlib.suppress(StromError):
-            self.flush(timeout)
+            self.flush(left())
         self._closing = True
         self._wake.set()
-        self._sender.join(timeout)
+        self._sender.join(left())
         self._closed = True
-        self._fail_all(ProducerClosedError("the producer was closed before the record was sent"))
+        # Found from outside: records in flight were reported "never sent", then appended
+        # once the leader answered again; a user retrying them wrote them twice.
+        self._fail_all(
+            ProducerClosedError("the producer was closed before the record was sent"),
+            in_flight=RequestTimedOutError(
+                "the producer was closed while the record was in flight, before any answer: "
+                "it may have been written"
+            ),
+        )
         for stream in list(self._streams.values()):
             stream.cancel()
         self._spin.close()
@@ -1390,12 +1420,19 @@ class Producer:
                 ),
             )
 
-    def _fail_all(self, err: StromError) -> None:
+    def _fail_all(self, err: StromError, in_flight: StromError | None = None) -> None:
+        """Fail every queued batch with ``err``; with ``in_flight``, the batches sent at least
+        once (in flight now, or waiting to be retried) fail with that instead."""
         with self._lock:
-            victims = [(pq, list(pq.batches)) for pq in self._queues.values() if pq.batches]
-        for pq, batches in victims:
-            for b in batches:
-                b.result.fail(err)
+            victims = [
+                (pq, [(b, b.sent or b.attempts > 0) for b in pq.batches])
+                for pq in self._queues.values()
+                if pq.batches
+            ]
+        for pq, marked in victims:
+            batches = [b for b, _ in marked]
+            for b, was_sent in marked:
+                b.result.fail(in_flight if was_sent and in_flight is not None else err)
             with self._lock:
                 for b in batches:
                     if b in pq.batches:

@@ -1,0 +1,75 @@
+"""Clear errors for keyword arguments the clients do not take, Kafka's names first of all.
+
+Habits from kafka-python and confluent-kafka are meant to carry over (DESIGN §1), and where
+a name differs a bare "unexpected keyword argument" left users guessing (found from outside:
+``compression_type``, ``max_in_flight_requests_per_connection``,
+``NewTopic(num_partitions=...)``). :func:`kafka_keywords` wraps a constructor: a Kafka name
+gets strom's name in the error, a typo gets a "did you mean", and ``bootstrap_servers``
+(kafka-python's name) is taken as ``bootstrap``. The check costs the constructor a dict
+lookup per keyword, and nothing after.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: kafka-python / confluent-kafka keyword -> strom's name for the same setting.
+KAFKA_NAMES = {
+    "compression_type": "compression",
+    "max_in_flight_requests_per_connection": "max_in_flight",
+    "num_partitions": "partitions",
+    "replica_assignments": "replica_assignment",
+    "topic_configs": "config",
+    "configs": "config",
+    "topic": "name",
+}
+
+
+def kafka_keywords(init: F) -> F:
+    """Wrap ``init`` (a constructor) with the checks described in the module docstring."""
+    params = inspect.signature(init).parameters
+    names = [n for n, p in params.items() if n != "self" and p.kind is not p.VAR_KEYWORD]
+    known = frozenset(names)
+    takes_bootstrap = "bootstrap" in known
+    what = init.__qualname__.split(".")[0]
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if takes_bootstrap and "bootstrap_servers" in kwargs:
+            servers = kwargs.pop("bootstrap_servers")
+            if args or "bootstrap" in kwargs:
+                given = args[0] if args else kwargs["bootstrap"]
+                raise TypeError(
+                    f"{what}() got the bootstrap servers twice: {given!r} and "
+                    f"bootstrap_servers={servers!r}"
+                    + (
+                        " (the first argument is the bootstrap servers; topics go to "
+                        "subscribe() or assign())"
+                        if what == "Consumer"
+                        else ""
+                    )
+                )
+            kwargs["bootstrap"] = servers
+        for key in kwargs:
+            if key not in known:
+                raise TypeError(_unknown(what, key, names))
+        return init(self, *args, **kwargs)
+
+    return checked  # type: ignore[return-value]
+
+
+def _unknown(what: str, key: str, names: list[str]) -> str:
+    message = f"{what}() got an unexpected keyword argument {key!r}"
+    strom_name = KAFKA_NAMES.get(key)
+    if strom_name in names:
+        return f"{message}: strom calls it {strom_name!r}"
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    if close:
+        return f"{message}: did you mean {close[0]!r}?"
+    return message
