@@ -38,7 +38,16 @@ HEALED_CLUSTERS = ("cluster",)
 def topic(cluster: LocalCluster, new_topic: TopicFactory) -> str:
     """A fresh replicated partition (RF 3, min.insync.replicas=2) with its full ISR."""
     name = new_topic(cluster, 1, 3, {"min.insync.replicas": "2"})
-    wait_for(lambda: len(_state(cluster, name)[2]) == 3, timeout=20, what="a full ISR")
+
+    def settled() -> bool:
+        # A full ISR, led by its preferred replica: a partition created while that node was
+        # still starting is led by another first and moved back soon after, and a test that
+        # took the first leader then saw "leadership moved" (CI).
+        with ClusterClient(cluster.bootstrap, retry_s=5) as client:
+            p = client.metadata([name], timeout_s=2).topics[0].partitions[0]
+        return len(p.isr) == 3 and p.leader == p.replicas[0]
+
+    wait_for(settled, timeout=30, what="a full ISR led by the preferred replica")
     return name
 
 
