@@ -20,6 +20,7 @@ command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)  # tests drop a TCP connection with ss -K
 if [ "$want_spark" = 1 ] && ! command -v java >/dev/null 2>&1; then
   need_apt+=(openjdk-17-jre-headless)  # PySpark runs Spark on a JVM (17 is what we test)
 fi

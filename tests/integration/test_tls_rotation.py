@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
-from strom.client import Admin
+from strom.client import Admin, Producer
 from strom.client.cluster import ClusterClient
 from strom.devcluster.certs import CertificateAuthority, Pem
 from strom.devcluster.cluster import LocalCluster, grpc_serving
@@ -165,6 +166,34 @@ def test_a_renewed_certificate_is_served_and_dialled_with_without_a_restart(rota
         assert member_metric(m, EXPIRY, service=service) == pytest.approx(not_after(f["new"]))  # type: ignore[arg-type]
         assert member_metric(m, "strom_service_tls_reload_errors_total", service=service) == 0
     assert {m.ident: m.process.pid for m in cluster.nodes} == pids  # type: ignore[union-attr]
+
+    # The follower's fetch channel to the leader was made with the old certificate: when its
+    # connection drops (a network blip, here the kernel's socket kill), it must come back with
+    # the new one, which the leader now requires (found from outside: the follower kept the
+    # old one and never fetched again).
+    subprocess.run(
+        ["ss", "-K", "dst", "127.0.0.1", "dport", "=", f":{cluster.node(leader).port}"],
+        capture_output=True,
+        check=False,
+    )
+    new_ca: CertificateAuthority = f["new_ca"]  # type: ignore[assignment]
+    admin: Pem = f["admin"]  # type: ignore[assignment]
+    with Producer(
+        cluster.bootstrap,
+        ssl_cafile=str(new_ca.ca_file),
+        ssl_certfile=str(admin.cert),
+        ssl_keyfile=str(admin.key),
+        linger_ms=0,
+    ) as producer:
+        for i in range(5):
+            producer.send("rot", b"after %d" % i).result(timeout=30)
+
+    def follower_caught_up() -> bool:
+        labels = {"topic": "rot", "partition": "0"}
+        end = member_metric(cluster.node(leader), "strom_storage_log_end_offset", **labels)
+        return end >= 5 and member_metric(follower, "strom_storage_log_end_offset", **labels) == end
+
+    wait_for(follower_caught_up, timeout=30, what="the follower fetching with the new certificate")
 
     # A restarted controller trusts only the new CA: the leader's channel to it must be made
     # again with the new certificate for its next ISR change (the follower back in sync,

@@ -57,6 +57,10 @@ FETCH_MAX_WAIT_MS = 500
 FETCH_MAX_BYTES = 8 * 1024 * 1024
 #: Back-off after a leader-side error for one partition (metadata is expected to change).
 PARTITION_BACKOFF_S = 0.2
+#: A follower's fetches from a leader failing this many times in a row (~15 s with the
+#: back-off) are logged at WARNING, once, and again when they work: a leader that cannot be
+#: reached (or refuses this node's certificate) showed only as an ISR shrink before.
+FETCH_FAILURES_LOGGED = 10
 #: Back-off of a partition's refused ISR proposal: doubles with each refusal in the same
 #: partition state, up to the cap.
 ISR_REFUSED_BACKOFF_S = 0.5
@@ -231,7 +235,13 @@ class ReplicaFetchers:
         channel: grpc.aio.Channel | None = None
         fetches: _LeaderFetches | None = None
         target = None
+        #: The settings ``channel`` was made with: a renewed certificate makes it again (a
+        #: channel presents its first certificate at every reconnect, so after that one
+        #: expired the follower could not fetch again until restarted; found from outside).
+        made_with = None
         backoff = 0.1
+        #: Fetches failed in a row (logged once they look like more than a blip).
+        failures = 0
         try:
             while not self._stopped:
                 parts = self.followed().get(leader, [])
@@ -244,14 +254,15 @@ class ReplicaFetchers:
                     await self._sleep(leader, PARTITION_BACKOFF_S)
                     continue
                 addr = f"{reg.host}:{reg.port}"
-                if addr != target:
+                security = default_channel()
+                if addr != target or security is not made_with:
                     if fetches is not None:
                         fetches.close()
                     if channel is not None:
                         await channel.close()
-                    channel = default_channel().aio_channel(addr, GRPC_OPTIONS)
+                    channel = security.aio_channel(addr, GRPC_OPTIONS)
                     fetches = _LeaderFetches(channel)
-                    target = addr
+                    target, made_with = addr, security
                 assert fetches is not None
                 for part in ready:
                     if part.damaged_at >= 0:
@@ -264,11 +275,21 @@ class ReplicaFetchers:
                 try:
                     resp = await fetches.fetch(request, FETCH_MAX_WAIT_MS / 1000.0 + 5.0)
                 except (grpc.aio.AioRpcError, TimeoutError, ConnectionResetError) as exc:
-                    log.debug("fetch from node %d failed: %r", leader, exc)
+                    failures += 1
+                    log.log(
+                        logging.WARNING if failures == FETCH_FAILURES_LOGGED else logging.DEBUG,
+                        "fetch from node %d failed %d times in a row: %s",
+                        leader,
+                        failures,
+                        exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc),
+                    )
                     await self._sleep(leader, backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
                 backoff = 0.1
+                if failures >= FETCH_FAILURES_LOGGED:
+                    log.warning("fetching from node %d again after %d failures", leader, failures)
+                failures = 0
                 inline_budget = [INLINE_MAX_BYTES]  # what this answer may append on the loop
                 # Log starts this answer moved: one checkpoint for all of them, after it (a
                 # retention pass on the leader moves many partitions' starts at once).
