@@ -198,8 +198,9 @@ LAST_STABLE_OFFSET_LAG = Gauge(
 )
 CORRUPT_READS = Counter(
     "strom_storage_corrupt_reads",
-    "Requests refused because data this node stored failed a check when read (CRC-32C, "
-    "offset sequence, leader epoch): the partition's replica here is damaged, by partition",
+    "Requests refused because data this node stored failed a check when read (offset "
+    "sequence, leader epoch, length; the CRC-32C at the first read after a restart, not "
+    "again later: consumers check it): the partition's replica here is damaged, by partition",
     ["topic", "partition"],
 )
 _PARTITION_GAUGES = (
