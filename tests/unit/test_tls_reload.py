@@ -120,3 +120,83 @@ def test_the_channel_cache_makes_its_channels_again_with_new_files(
         return same, b is not a, len(cache)
 
     assert asyncio.run(run()) == (True, True, 0)
+
+
+def test_a_certificate_of_a_ca_the_bundle_lacks_is_not_taken(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Found from outside: a renewed certificate from another CA was taken ("serving and
+    dialling with the new certificate") and made the service unreachable; it is refused like
+    any set that cannot be served, and so is such a certificate at start."""
+    files, clock, (cert, key), first, _, _ = setup
+    stranger = CertificateAuthority(tmp_path / "other", "other-ca").issue("one")
+    cert.write_bytes(stranger.cert.read_bytes())
+    key.write_bytes(stranger.key.read_bytes())
+    for _ in range(2):
+        clock.now += 1.0
+        assert files.maybe_reload() is False
+    assert files.refusals == 1 and files.files[0] == first.cert.read_bytes()
+    with pytest.raises(ValueError, match="not signed by a CA of --tls-ca"):
+        check(stranger.cert.read_bytes(), stranger.key.read_bytes(), files.files[2])
+
+
+def test_a_chain_through_an_intermediate_in_the_certificate_file_is_taken(
+    tmp_path: Path,
+) -> None:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from strom.security.config import _chains_to
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def make(cn: str, issuer: x509.Name, key, signer, ca: bool) -> x509.Certificate:  # type: ignore[no-untyped-def]
+        now = dt.datetime.now(dt.UTC)
+        return (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+            .sign(signer, hashes.SHA256())
+        )
+
+    root = CertificateAuthority(tmp_path / "root", "root-ca")
+    other = CertificateAuthority(tmp_path / "other", "other-ca")
+    mid_key, leaf_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    mid = make("mid", root.cert.subject, mid_key, root.key, True)
+    leaf = make("leaf", name("mid"), leaf_key, mid_key, False)
+    assert _chains_to([leaf, mid], [root.cert])
+    assert not _chains_to([leaf], [root.cert])  # the intermediate is missing
+    assert not _chains_to([leaf, mid], [other.cert])
+
+
+def test_an_idle_service_looks_at_its_files_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside: only traffic made a service look at its TLS files, so an idle one
+    (a standby controller) kept the old certificate's end in its gauge after a renewal."""
+    from strom.service import runtime
+
+    monkeypatch.setattr(runtime, "TLS_FILES_LOOK_S", 0.0)
+
+    class Files:
+        looks = 0
+
+        def maybe_reload(self) -> bool:
+            self.looks += 1
+            if self.looks == 3:
+                stop.set()
+            return False
+
+    stop = asyncio.Event()
+    files = Files()
+    asyncio.run(runtime._watch_tls_files(files, stop))  # type: ignore[arg-type]
+    assert files.looks == 3

@@ -76,11 +76,12 @@ def _check_pem(
     cert_flag, key_flag, ca_flag = flags
     cert_path, key_path, ca_path = paths
     first = None
+    loaded: dict[str, list[x509.Certificate]] = {}
     for data, flag, path in ((cert, cert_flag, cert_path), (ca, ca_flag, ca_path)):
         if data is None:
             continue
         try:
-            certs = x509.load_pem_x509_certificates(data)
+            certs = loaded[flag] = x509.load_pem_x509_certificates(data)
         except ValueError:
             raise ValueError(f"{flag} {path}: no PEM certificate in it") from None
         if flag == cert_flag:
@@ -91,6 +92,15 @@ def _check_pem(
                 problem = expiry_problem(data)
                 if problem:
                     raise ValueError(f"{flag} {path}: {problem}")
+    # The other services verify this certificate with their own --tls-ca (the same bundle):
+    # one from another CA, renewed by mistake, made the service unreachable while its reload
+    # said it was serving it (found from outside).
+    chained = cert_flag not in loaded or ca_flag not in loaded
+    if check_validity and not chained and not _chains_to(loaded[cert_flag], loaded[ca_flag]):
+        raise ValueError(
+            f"{cert_flag} {cert_path}: the certificate is not signed by a CA of "
+            f"{ca_flag} {ca_path}; the other services and the clients would refuse it"
+        )
     if key is not None:
         try:
             private = serialization.load_pem_private_key(key, password=None)
@@ -101,6 +111,31 @@ def _check_pem(
             raw = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
             if private.public_key().public_bytes(*raw) != first.public_key().public_bytes(*raw):
                 raise ValueError(f"{key_flag} {key_path} is not the key of {cert_flag} {cert_path}")
+
+
+def _issued_by(cert: Any, issuer: Any) -> bool:
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _chains_to(chain: list[Any], roots: list[Any]) -> bool:
+    """Whether the first certificate of ``chain`` (a certificate file: the leaf, then any
+    intermediates) leads to one of ``roots`` (a CA bundle) through that file's certificates."""
+    current, rest = chain[0], list(chain[1:])
+    for _ in range(len(chain)):
+        if any(_issued_by(current, root) for root in roots):
+            return True
+        issuer = next((c for c in rest if _issued_by(current, c)), None)
+        if issuer is None:
+            return False
+        rest.remove(issuer)
+        current = issuer
+    return False
 
 
 @dataclass

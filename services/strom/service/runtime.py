@@ -9,12 +9,13 @@ leadership and release leases, then finish in-flight RPCs within the grace perio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -29,6 +30,9 @@ from strom.service import metrics
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
 from strom.service.limits import ServerLimits
+
+if TYPE_CHECKING:
+    from strom.security.tls_reload import TlsFiles
 
 log = logging.getLogger("strom.service")
 
@@ -82,6 +86,23 @@ def setup_logging(level: str = "info", service: str = "strom") -> None:
 
 #: How long a service's stop() may take unless it says otherwise (``stop_timeout_s``).
 DEFAULT_STOP_TIMEOUT_S = 10.0
+
+
+#: How often an idle service looks at its TLS files (a busy one looks at each connection).
+TLS_FILES_LOOK_S = 10.0
+
+
+async def _watch_tls_files(files: TlsFiles, stop: asyncio.Event) -> None:
+    """Look at the TLS files now and then even without traffic: an idle service (a standby
+    controller) kept an expired certificate's end in its gauge after a renewal, and a bad new
+    set was never reported (found from outside)."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=TLS_FILES_LOOK_S)
+        try:
+            files.maybe_reload()
+        except Exception:  # the next look tries again
+            log.exception("looking at the TLS files failed")
 
 
 async def serve(
@@ -179,8 +200,13 @@ async def serve(
     log.info("%s serving on %s (%s)", service.name, listen, sec.describe())
     log.debug("%d objects of the started service frozen out of garbage collection", frozen)
     lag_sampler = asyncio.create_task(metrics.sample_loop_lag(stop), name="loop-lag")
+    tls_watch = None
+    if sec.files is not None:
+        tls_watch = asyncio.create_task(_watch_tls_files(sec.files, stop), name="tls-files")
     await stop.wait()
     await lag_sampler
+    if tls_watch is not None:
+        await tls_watch
     if ready_task is not None:
         await ready_task
     log.info("%s shutting down", service.name)
