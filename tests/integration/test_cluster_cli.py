@@ -346,6 +346,39 @@ def test_dev_down_leaves_a_reused_pid_alone_and_up_replaces_a_dead_record(tmp_pa
         other.wait()
 
 
+def test_dev_up_on_another_cluster_s_dir_stops_at_once_with_the_node_s_reason(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: `dev up --cluster other` on a dir made with `--cluster strom`
+    waited 60 s after the node had exited, then printed one 7 KB line ("timed out ... last
+    error: ClusterError('storage-node 1 exited ...\\n...')") with 40 escaped lines of earlier
+    runs before the reason. Now it stops when the node exits and shows the end of that run's
+    log, line by line."""
+    root = tmp_path / "dev"
+    strom("dev", "up", "--nodes", "1", "--controllers", "1", "--dir", str(root), timeout=120)
+    strom("dev", "down", "--dir", str(root))
+    out = strom(
+        "dev",
+        "up",
+        "--nodes",
+        "1",
+        "--controllers",
+        "1",
+        "--dir",
+        str(root),
+        "--cluster",
+        "other",
+        check=False,
+        timeout=120,
+    )
+    err = out.stderr.decode()
+    assert out.returncode == 1, out
+    assert err.startswith("strom dev: error: storage-node 1 exited with status 1 during start")
+    assert "belongs to node 1 of cluster 'strom'" in err.splitlines()[-1], err
+    assert "timed out" not in err and "\\n" not in err and len(err.splitlines()) <= 10, err
+    assert not (root / "cluster.json").exists()
+
+
 def test_dev_up_without_etcd_says_how_to_install_it(tmp_path: Path) -> None:
     env = {"PATH": str(Path(sys.executable).parent)}  # python only, no etcd on PATH
     out = strom("dev", "up", "--dir", str(tmp_path / "d"), env=env, check=False)

@@ -811,3 +811,59 @@ def test_a_damaged_batch_nobody_else_holds_is_raised_to_consumers(
     out = strom("consume", topic, "-b", cluster.bootstrap, "--from-beginning", check=False)
     assert out.returncode != 0 and out.stdout == b"", out
     assert len(out.stderr.splitlines()) == 1 and f"{topic}-0 at offset 0".encode() in out.stderr
+
+
+def test_a_consumer_gets_every_record_before_a_damaged_batch_then_the_error(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """Found from outside: a damaged batch failed the whole read, so with no other in-sync
+    replica a consumer starting anywhere before the damage got nothing at all (`strom
+    consume --offset 0` printed nothing and exited 1) while the intact records before it sat
+    on disk. Now a read serves the good batches before the damaged one, as Kafka's consumer
+    returns the records before a corrupt batch and raises only at its offset; the read that
+    starts at the damage is refused (and counted) as before."""
+    from strom import Consumer
+    from strom.errors import CorruptMessageError
+    from strom.record.header import read_header
+
+    from .test_cluster_cli import strom
+
+    topic = new_topic(cluster, 1, 1)
+    tp = TopicPartition(topic, 0)
+    values = [b"r%d" % i for i in range(60)]
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        for base in (0, 20, 40):  # three batches: the third is damaged
+            assert _produce(client, topic, values[base : base + 20]) == (NONE, base)
+    leader = _member(cluster, _state(cluster, topic)[0])
+    leader.process.stop()  # type: ignore[union-attr]  # cleanly: no recovery scan at start
+    seg = sorted((cluster.root / f"node-{leader.ident}" / f"{topic}-0").glob("*.log"))[0]
+    data = seg.read_bytes()
+    pos = read_header(data, 0).size
+    pos += read_header(data, pos).size
+    third = read_header(data, pos)
+    assert third.base_offset == 40
+    _flip_byte_in_first_segment(cluster, leader.ident, topic, pos + third.size // 2)
+    leader.start()
+    cluster.wait_serving(leader)
+    wait_for(lambda: _state(cluster, topic)[0] == leader.ident, timeout=30, what="a leader")
+
+    got: list[bytes] = []
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+
+        def raised() -> CorruptMessageError | None:
+            try:
+                got.extend(r.value for r in consumer.poll(timeout_ms=200))
+            except CorruptMessageError as exc:
+                return exc
+            return None
+
+        exc = wait_for(raised, timeout=30, what="poll() to raise")
+    assert got == values[:40]
+    assert f"{topic}-0 at offset 40" in str(exc), exc
+    assert member_metric(leader, "strom_storage_corrupt_reads_total", topic=topic, partition="0")
+    out = strom(
+        "consume", topic, "-b", cluster.bootstrap, "--partition", "0", "--offset", "30", check=False
+    )
+    assert out.returncode != 0 and out.stdout.splitlines() == values[30:40], out
+    assert f"{topic}-0 at offset 40".encode() in out.stderr

@@ -62,6 +62,8 @@ def test_an_empty_file_is_no_entries(text: str) -> None:
         ("- {principal: User:a, allow: [read]}", "exactly one resource"),
         ("- {principal: User:a, allow: [read], topic: t, group: g}", "exactly one resource"),
         ("- {principal: User:a, allow: [read], topic: ''}", "'topic' must be a non-empty"),
+        ("- {principal: User:a, allow: [read], group: ' '}", "'group' must be a non-empty"),
+        ("- {principal: 'User: ', allow: [read], topic: t}", "entry 1: principal must be"),
         ("- {principal: User:a, allow: [read], cluster: yes-please}", "'cluster' must be true"),
         ("- {principal: User:a, allow: [read], topic-prefix: '*'}", "PREFIXED pattern"),
         ("- {principal: User:a, allow: [read], topc: t}", "unknown key(s) topc"),

@@ -1363,13 +1363,14 @@ def test_corruption_before_recovery_point_is_detected_on_read(
     for offset in range(bad_batch.base_offset, bad_batch.next_offset):
         with pytest.raises(CorruptLogError):
             log2.read(offset)
-    # A larger read from the start stops before the bad batch or raises; it never serves it.
-    try:
-        res = log2.read(0)
-        served = decode_records(res.data)
-        assert all(r.offset < bad_batch.base_offset for r in served)
-    except CorruptLogError:
-        pass
+    # A larger read from anywhere before it serves exactly the records before it and stops
+    # there, as Kafka's consumer gets them and an error only at the bad batch (found from
+    # outside: the whole read raised, so nothing before the damage was ever served).
+    for start in range(bad_batch.base_offset):
+        res = log2.read(start)
+        assert res.next_offset == bad_batch.base_offset
+        served = [r.offset for r in decode_records(res.data) if r.offset >= start]
+        assert served == list(range(start, bad_batch.base_offset))
     # Data after the bad batch is still served.
     later = read_all(log2, start=bad_batch.next_offset)
     assert later == [before[o] for o in range(bad_batch.next_offset, max(before) + 1)]
@@ -1407,10 +1408,13 @@ def test_a_batch_s_crc_is_taken_once_per_process(tmp_path: Path) -> None:
     served = log.read(0, max_bytes=pos[4])
     with pytest.raises(InvalidBatchError, match="CRC"):
         decode_batches(served.data)
-    # Past what was checked (the mended batch and later) every CRC is still taken on read.
+    # Past what was checked (the mended batch and later) every CRC is still taken on read:
+    # the read serves the good batch before the damage and the next one raises.
     flip_byte(victim, pos[6] + HEADER_SIZE + 3)
+    fifth = read_header(victim.read_bytes(), pos[5])
+    assert log.read(fifth.base_offset, max_bytes=1 << 20).next_offset == fifth.next_offset
     with pytest.raises(CorruptLogError):
-        log.read(read_header(victim.read_bytes(), pos[5]).base_offset, max_bytes=1 << 20)
+        log.read(fifth.next_offset, max_bytes=1 << 20)
 
     # A read that starts in the middle (as a restarted node's consumers resume) takes the
     # CRCs of what it reads once too.

@@ -133,6 +133,12 @@ def test_a_service_refuses_checks_its_peers_could_not_pass(
         ["add", "--allow", "User:alice", "--operation", "read", "--topic", ""],
         ["add", "--allow", "", "--operation", "read", "--topic", "t"],
         ["remove", "--principal", "", "--topic", "t"],
+        # Blank is empty too (found from outside: these were taken).
+        ["add", "--allow", "User: ", "--operation", "read", "--topic", "t"],
+        ["add", "--deny", "User:", "--operation", "read", "--topic", "t"],
+        ["list", "--principal", "  "],
+        ["remove", "--topic", " "],
+        ["add", "--allow", "User:alice", "--operation", "read", "--group-prefix", "\t"],
     ],
 )
 def test_acls_refuse_an_empty_name_before_connecting(

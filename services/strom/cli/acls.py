@@ -35,16 +35,18 @@ def _name(text: str) -> str:
     """A resource name or prefix: an empty one is refused, as the controller refuses to store
     it. It used to count as no resource at all, so `acls remove --topic ''` removed the
     principal's entries on every resource and `acls add` failed with a traceback (found
-    from outside)."""
-    if not text:
+    from outside). A blank one (spaces only) is as empty: `remove --topic ' '` was taken."""
+    if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty ('*' for any name)")
     return text
 
 
 def _principal(text: str) -> str:
     """A principal: an empty one is refused. As a filter it meant "any principal", and with
-    --allow it turned the entry into a DENY."""
-    if not text:
+    --allow it turned the entry into a DENY. So is one whose name is blank: `add --allow
+    'User: '` stored an entry for nobody, listed as `User:` (found from outside)."""
+    _, colon, name = text.partition(":")
+    if not text.strip() or (colon and not name.strip()):
         raise argparse.ArgumentTypeError("must not be empty (User:<name>, or User:* for any)")
     return text
 

@@ -22,7 +22,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from strom.devcluster.procs import ClusterError, EtcdServer, ManagedProcess, free_port, wait_for
+from strom.devcluster.procs import (
+    ClusterError,
+    EtcdServer,
+    ManagedProcess,
+    ProcessExited,
+    free_port,
+    wait_for,
+)
 from strom.security import ChannelSecurity
 
 STATE_FILE = "cluster.json"
@@ -277,9 +284,10 @@ class LocalCluster:
 
     def wait_serving(self, m: Member, timeout: float = 30.0) -> None:
         def ready() -> bool:
+            if m.process is None:
+                raise ProcessExited(f"{m.kind} {m.ident} was not started")
             if not m.alive():
-                tail = m.process.log_tail() if m.process else ""
-                raise ClusterError(f"{m.kind} {m.ident} exited during start:\n{tail}")
+                raise m.process.exited(f"{m.kind} {m.ident}")
             return grpc_serving(m.address, security=self.security)
 
         wait_for(ready, timeout=timeout, what=f"{m.kind} {m.ident} on {m.address} to serve")

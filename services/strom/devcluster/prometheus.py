@@ -19,7 +19,13 @@ from typing import Any
 
 import yaml
 
-from strom.devcluster.procs import ClusterError, ManagedProcess, free_port, wait_for
+from strom.devcluster.procs import (
+    ClusterError,
+    ManagedProcess,
+    ProcessExited,
+    free_port,
+    wait_for,
+)
 
 #: Job name of each member kind (LocalCluster's ``Member.kind``).
 JOBS = {
@@ -94,9 +100,10 @@ class PrometheusServer:
         return self
 
     def _ready(self) -> bool:
-        if self.process is None or not self.process.alive():
-            tail = self.process.log_tail() if self.process else ""
-            raise ClusterError(f"prometheus exited during start:\n{tail}")
+        if self.process is None:
+            raise ProcessExited("prometheus was not started")
+        if not self.process.alive():
+            raise self.process.exited("prometheus")
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
                 return r.status == 200

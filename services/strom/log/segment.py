@@ -322,7 +322,9 @@ class LogSegment:
         read buffer when the read ends before it (no copy). Every returned batch is
         checked (contiguity from ``expected_base``, leader epoch, header sanity, and its
         CRC unless this process took it already: ``crc_checked``); a failure
-        raises :class:`CorruptLogError` instead of serving bad bytes. A CRC is taken once
+        raises :class:`CorruptLogError` instead of serving bad bytes when it is the first
+        batch of the read, and otherwise ends the read before it (the batches before the
+        damage are served; the read that starts at it raises). A CRC is taken once
         per process, as Kafka's brokers take it on the way in only: a byte that goes bad on
         disk after that is caught by the consumer's own CRC check (and a follower's).
         """
@@ -336,28 +338,38 @@ class LogSegment:
             if len(view) - pos < HEADER_SIZE:
                 break
             h = read_header(view, pos)
-            # The offset sequence is checked before the bound (the rest in _verify): a
-            # damaged base offset must raise, not end the read early.
-            if h.base_offset != expected:
-                raise CorruptLogError(
-                    f"{self.log_path} position {position + pos}: batch base offset "
-                    f"{h.base_offset} breaks the offset sequence (expected {expected})",
-                    offset=expected,
-                )
-            if h.base_offset >= max_offset:
-                break
-            if h.size > len(view) - pos:
-                if pos == 0 and min_one:
-                    if position + h.size > self.size:
-                        raise CorruptLogError(
-                            f"{self.log_path}: batch at {position} runs past EOF", offset=expected
-                        )
-                    chunk = os.pread(self.fd, h.size, position)
-                    view = memoryview(chunk)
-                    h = read_header(view, 0)
-                else:
+            try:
+                # The offset sequence is checked before the bound (the rest in _verify): a
+                # damaged base offset must raise, not end the read early.
+                if h.base_offset != expected:
+                    raise CorruptLogError(
+                        f"{self.log_path} position {position + pos}: batch base offset "
+                        f"{h.base_offset} breaks the offset sequence (expected {expected})",
+                        offset=expected,
+                    )
+                if h.base_offset >= max_offset:
                     break
-            self._verify(h, view, epoch_for, position, position + pos + h.size > checked)
+                if h.size > len(view) - pos:
+                    if pos == 0 and min_one:
+                        if position + h.size > self.size:
+                            raise CorruptLogError(
+                                f"{self.log_path}: batch at {position} runs past EOF",
+                                offset=expected,
+                            )
+                        chunk = os.pread(self.fd, h.size, position)
+                        view = memoryview(chunk)
+                        h = read_header(view, 0)
+                    else:
+                        break
+                self._verify(h, view, epoch_for, position, position + pos + h.size > checked)
+            except CorruptLogError:
+                if pos == 0:
+                    raise
+                # Good batches came before the bad one: serve them, as Kafka's broker
+                # serves the bytes and its consumer returns the records before the damage.
+                # The next read starts at the bad batch and raises there (counted, and the
+                # leader hands over), so a consumer gets everything up to the damage.
+                break
             expected = h.next_offset
             pos += h.size
             if pos >= max_bytes:

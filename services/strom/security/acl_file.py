@@ -59,7 +59,8 @@ def _entry(i: int, e: Any) -> list[md.AclBinding]:
     principal = e.get("principal")
     if not isinstance(principal, str):
         raise AclFileError(f"{where}: 'principal' (User:<name> or User:*) is required")
-    if not principal.startswith("User:") or principal == "User:":
+    # A blank name ('User: ') is none: an entry for nobody, as `acls add` refuses it too.
+    if not principal.startswith("User:") or not principal.removeprefix("User:").strip():
         raise AclFileError(
             f"{where}: principal must be 'User:<name>' or 'User:*', got {principal!r}"
         )
@@ -82,7 +83,7 @@ def _entry(i: int, e: Any) -> list[md.AclBinding]:
         name = CLUSTER
     else:
         name = e[key]
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name.strip():
             raise AclFileError(f"{where}: '{key}' must be a non-empty name ('*' for any)")
     out = []
     for op in ops:
