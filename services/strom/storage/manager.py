@@ -43,7 +43,7 @@ from strom.storage.assignment import (
     plan_changes,
     usable_configs,
 )
-from strom.storage.identity import DataDirIdentity, IdentityError
+from strom.storage.identity import DataDirIdentity, IdentityError, cluster_agreement
 from strom.storage.longpoll import WaiterRegistry
 from strom.storage.partition import Partition
 
@@ -117,7 +117,8 @@ class PartitionManager:
         #: confirmed; None (tests of the manager alone): once the cluster is initialised.
         self.identity: DataDirIdentity | None = None
         #: Called (on the loop, once) with the one-line reason when etcd's cluster id is not
-        #: the one the data dir records; reconciles change nothing from then on.
+        #: the one the data dir records, or the cluster contradicts an identity the data dir
+        #: adopted from the flags; reconciles change nothing from then on.
         self.on_foreign_cluster: Callable[[str], None] | None = None
         self._foreign: str | None = None
 
@@ -220,19 +221,33 @@ class PartitionManager:
             cluster = self.view.cluster
         return topics, parts, cluster.cluster_id if cluster is not None else None
 
-    async def _may_delete_strays(self, cluster_id: str | None) -> bool:
+    async def _may_delete_strays(
+        self,
+        cluster_id: str | None,
+        full: tuple[
+            dict[str, md.TopicMetadata],
+            dict[TopicPartition, md.PartitionState],
+            Mapping[TopicPartition, str | None],
+        ]
+        | None,
+    ) -> bool:
         """Whether this pass may delete logs this process never hosted: the view describes
         an initialised cluster and the data dir is confirmed to be this node's in it. Records
-        the cluster id in the data dir when it learns it; False (and :attr:`_foreign` set)
-        when the data dir records another cluster id."""
+        the cluster id in the data dir when it learns it; on a full pass (``full``: its
+        topics, partition states and local logs) checks an identity adopted from the flags
+        against the cluster. False (and :attr:`_foreign` set) when the data dir records
+        another cluster id or the cluster assigns this node none of its logs."""
         if cluster_id is None:
             return False
         ident = self.identity
         if ident is None:
             return True
         try:
-            if cluster_id and not ident.check_cluster_id(cluster_id):
-                await asyncio.to_thread(ident.settle, cluster_id)
+            agreement = None
+            if full is not None and cluster_id and not ident.confirmed:
+                agreement = cluster_agreement(self.node_id, full[2], full[0], full[1])
+            if agreement is not None or (cluster_id and not ident.check_cluster_id(cluster_id)):
+                await asyncio.to_thread(ident.settle, cluster_id, agreement)
         except IdentityError as exc:
             self._foreign = str(exc)
             if self.on_foreign_cluster is not None:
@@ -252,9 +267,6 @@ class PartitionManager:
         if self._foreign is not None:
             return  # this data dir is another cluster's: change nothing, the node stops
         topics, parts, cluster_id = self._snapshot(only)
-        delete_strays = await self._may_delete_strays(cluster_id)
-        if self._foreign is not None:
-            return
         desired = desired_assignments(self.node_id, topics, parts)
         installed: Mapping[TopicPartition, Assignment] = self._assignments
         if only is None:
@@ -274,8 +286,12 @@ class PartitionManager:
             }
         # Strays (logs on disk this process never hosted) are only deleted once the view is
         # known to describe an initialised cluster and the data dir's meta.properties names
-        # this node in it: a node pointed at the wrong --cluster, at an empty etcd or started
-        # with another node's --node-id must not wipe its disk.
+        # this node in it, confirmed: a node pointed at the wrong --cluster, at an empty etcd
+        # or started with another node's --node-id must not wipe its disk.
+        full = (topics, parts, local) if only is None else None
+        delete_strays = await self._may_delete_strays(cluster_id, full)
+        if self._foreign is not None:
+            return
         plan = plan_changes(desired, installed, local, delete_strays=delete_strays)
         if not plan:
             return
