@@ -143,8 +143,8 @@ def read_identity(data_dir: Path) -> Identity | None:
 
 
 _UNREADABLE = (
-    "restore it, or remove it to have the node take its flags as the dir's identity "
-    "(no replica is deleted on that start)"
+    "restore it, or remove it to have the node take its flags as the dir's identity if the "
+    "cluster's assignment of its logs agrees (no replica is deleted on that start)"
 )
 
 
