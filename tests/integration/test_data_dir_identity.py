@@ -28,6 +28,7 @@ from tests.conftest import create_topic
 pytestmark = pytest.mark.integration
 TOPIC = "precious"
 RECORDS = 50
+SEGMENT = "00000000000000000000.log"
 
 
 def _files(data_dir: Path) -> dict[str, int]:
@@ -130,8 +131,8 @@ def test_an_older_strom_s_data_dir_is_adopted_and_its_strays_wait_for_the_next_s
 ) -> None:
     """A data dir without meta.properties (written before it existed) takes the flags'
     identity, confirmed by the cluster (it assigns the node the dir's log and nobody else the
-    stray), but its stray logs are deleted only from the next start on, once the recorded
-    identity matched."""
+    stray), but its stray logs are set aside (renamed, kept for an operator to remove) only
+    from the next start on, once the recorded identity matched."""
     cluster: LocalCluster = make_cluster(nodes=1, controllers=1, coordinators=0)
     node: Member = cluster.nodes[0]
     data_dir = Path(node.argv[node.argv.index("--data-dir") + 1])
@@ -145,6 +146,7 @@ def test_an_older_strom_s_data_dir_is_adopted_and_its_strays_wait_for_the_next_s
     assert node.process.stop() == 0
     (data_dir / IDENTITY_FILE).unlink()
     shutil.copytree(data_dir / f"{TOPIC}-0", data_dir / "ghost-0")  # no such topic: a stray
+    ghost = (data_dir / "ghost-0" / SEGMENT).read_bytes()
 
     node.start()
     cluster.wait_serving(node)  # after the start's first (full) reconcile
@@ -154,7 +156,9 @@ def test_an_older_strom_s_data_dir_is_adopted_and_its_strays_wait_for_the_next_s
     assert "no meta.properties (written by an older strom)" in node.log_path.read_text()
 
     cluster.restart(node)
-    wait_for(lambda: not (data_dir / "ghost-0").exists(), timeout=20, what="the stray deleted")
+    wait_for(lambda: not (data_dir / "ghost-0").exists(), timeout=20, what="the stray set aside")
+    (aside,) = data_dir.glob("ghost-0-stray-*")
+    assert (aside / SEGMENT).read_bytes() == ghost  # its records kept
     assert sorted(_read_all(cluster.bootstrap, 1)) == sorted(sent)
 
 

@@ -52,11 +52,11 @@ def test_a_new_data_dir_records_the_node_and_cluster(tmp_path: Path) -> None:
     data = tmp_path / "data"
     ident = started(data)
     assert read_identity(data) == Identity(1, "strom", CID)
-    assert ident.may_delete_strays(CID) and not ident.adopted
+    assert ident.may_set_aside_strays(CID) and not ident.adopted
     assert [p.name for p in data.iterdir()] == [IDENTITY_FILE]  # no temp file left
     # The next start finds the same identity and goes on.
     again = started(data)
-    assert again.may_delete_strays(CID)
+    assert again.may_set_aside_strays(CID)
 
 
 def test_the_flags_are_checked_without_touching_the_dir(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_changed_cluster_id_is_refused(tmp_path: Path) -> None:
     ident.check_flags()
     with pytest.raises(IdentityError, match=r"now has id other-id .*created again"):
         ident.settle("other-id")
-    assert not ident.may_delete_strays("other-id")
+    assert not ident.may_set_aside_strays("other-id")
     assert read_identity(data) == Identity(1, "strom", CID)
 
 
@@ -107,11 +107,11 @@ def test_the_cluster_id_is_recorded_once_known(tmp_path: Path) -> None:
     data = tmp_path / "data"
     ident = started(data, cid="")
     assert read_identity(data) == Identity(1, "strom", "")
-    assert not ident.may_delete_strays("")
+    assert not ident.may_set_aside_strays("")
     assert not ident.check_cluster_id(CID)  # nothing to compare with yet
     ident.settle(CID)
     assert read_identity(data) == Identity(1, "strom", CID)
-    assert ident.check_cluster_id(CID) and ident.may_delete_strays(CID)
+    assert ident.check_cluster_id(CID) and ident.may_set_aside_strays(CID)
     # An unknown id later (the cluster key gone) does not erase the recorded one.
     ident.settle("")
     assert read_identity(data) == Identity(1, "strom", CID)
@@ -127,8 +127,8 @@ def test_an_older_strom_s_data_dir_is_adopted_but_keeps_its_strays_on_that_start
     ident = started(data, agreement=AGREES)
     assert ident.adopted
     assert read_identity(data) == Identity(1, "strom", CID)
-    assert not ident.may_delete_strays(CID)  # confirmed during this start: from the next
-    assert started(data).may_delete_strays(CID)
+    assert not ident.may_set_aside_strays(CID)  # confirmed during this start: from the next
+    assert started(data).may_set_aside_strays(CID)
 
 
 def test_an_adoption_the_cluster_cannot_confirm_yet_is_recorded_as_unconfirmed(
@@ -144,17 +144,17 @@ def test_an_adoption_the_cluster_cannot_confirm_yet_is_recorded_as_unconfirmed(
     rec = read_identity(data)
     assert rec is not None and rec.adopted and (rec.node_id, rec.cluster_id) == (1, "")
     assert "adopted=" in (data / IDENTITY_FILE).read_text()
-    assert not ident.confirmed and not ident.may_delete_strays(CID)
+    assert not ident.confirmed and not ident.may_set_aside_strays(CID)
 
     again = started(data, agreement=CONTESTED)  # recorded the cluster id, still unconfirmed
     assert read_identity(data) == Identity(1, "strom", CID, rec.adopted)
-    assert again.adopted and not again.may_delete_strays(CID)
-    assert not started(data, agreement=CONTESTED).may_delete_strays(CID)
+    assert again.adopted and not again.may_set_aside_strays(CID)
+    assert not started(data, agreement=CONTESTED).may_set_aside_strays(CID)
 
     confirming = started(data, agreement=AGREES)
     assert read_identity(data) == Identity(1, "strom", CID)
-    assert not confirming.may_delete_strays(CID)  # it started unconfirmed
-    assert started(data).may_delete_strays(CID)
+    assert not confirming.may_set_aside_strays(CID)  # it started unconfirmed
+    assert started(data).may_set_aside_strays(CID)
 
 
 def test_an_adoption_the_cluster_contradicts_is_refused(tmp_path: Path) -> None:

@@ -362,14 +362,14 @@ def _with_identity(h: Harness, *, recorded: str | None) -> DataDirIdentity:
 
 
 @pytest.mark.parametrize(("recorded", "deleted"), [("cid", True), (None, False)])
-def test_strays_are_deleted_only_from_a_data_dir_confirmed_to_be_this_node_s(
+def test_strays_are_set_aside_only_from_a_data_dir_confirmed_to_be_this_node_s(
     tmp_path: Path, recorded: str | None, deleted: bool
 ) -> None:
-    """Stray logs (never hosted by this process) go only when meta.properties recorded this
-    node in this cluster before the start; a data dir without one (an older strom's) takes
-    the flags' identity, which the cluster confirms once it is initialised (it assigns the
-    node a log of the dir), but keeps its strays on that start (a wrong --node-id would
-    otherwise delete every replica, found from outside)."""
+    """Stray logs (never hosted by this process) are set aside (renamed, not deleted) only
+    when meta.properties recorded this node in this cluster before the start; a data dir
+    without one (an older strom's) takes the flags' identity, which the cluster confirms once
+    it is initialised (it assigns the node a log of the dir), but keeps its strays on that
+    start (a wrong --node-id would otherwise delete every replica, found from outside)."""
 
     async def body(h: Harness) -> None:
         assert h.manager.logs is not None
@@ -381,6 +381,10 @@ def test_strays_are_deleted_only_from_a_data_dir_confirmed_to_be_this_node_s(
         h.put(h.keys.cluster, md.ClusterInfo(cluster_id="cid"))
         await h.settle()
         assert (("stray", 0) in {tp for tp, _ in h.manager.logs}) is not deleted
+        # Taken out of service, its files kept under a name no start opens as a log.
+        data = h.manager.logs.data_dir
+        aside = [p.name for p in data.iterdir() if p.name.startswith("stray-0-stray-")]
+        assert (data / "stray-0").is_dir() is not deleted and len(aside) == int(deleted)
         assert h.manager.get("a", 0) is not None
         assert read_identity(h.manager.logs.data_dir) == Identity(1, "unit", "cid")
 

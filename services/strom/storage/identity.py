@@ -1,9 +1,11 @@
 """Whose data a storage node's data dir holds: its node id, cluster name and cluster id.
 
-A node deletes the replicas in its data dir that the cluster does not assign to it (strays:
-a topic deleted, a partition moved while it was down). Started on an existing data dir with
-the wrong ``--node-id`` or ``--cluster``, every replica there looked like a stray and was
-deleted within seconds (found from outside). So the data dir records whose it is in
+A node takes the replicas in its data dir that the cluster does not assign to it out of the
+way (strays: a topic deleted, a partition moved while it was down). Started on an existing
+data dir with the wrong ``--node-id`` or ``--cluster``, every replica there looked like a
+stray and was deleted within seconds (found from outside; strays are now renamed aside,
+``<name>-stray-<time>``, not deleted, but a node must still not take its own data out of
+service). So the data dir records whose it is in
 ``meta.properties``, as Kafka does (``node.id``, ``cluster.id``): written once when a node
 first starts on it, and compared on every start with the flags (before anything else touches
 the dir) and with the cluster id of the etcd ``cluster`` key (before the logs are opened). A
@@ -33,8 +35,8 @@ first full reconcile that sees it):
   replicated to that id too, as with mixed replication factors): the identity stays
   adopted, "unconfirmed", and ``meta.properties`` records that (``adopted=<when>``).
 
-No stray is deleted in a process life that started on an unconfirmed identity; once a start
-finds the file confirmed, strays are deleted as usual. A start with other flags on an
+No stray is set aside in a process life that started on an unconfirmed identity; once a
+start finds the file confirmed, strays are set aside as usual. A start with other flags on an
 unconfirmed dir is refused with advice that says the identity was only adopted, so the
 operator is not sent to the wrong id blindly.
 """
@@ -82,7 +84,7 @@ class Identity:
                 raise IdentityError(f"the {what} {value!r} cannot be recorded (a line break)")
         adopted = (
             "# Taken from the flags of a start (the dir had no meta.properties), not yet\n"
-            "# confirmed by the cluster: no log here is deleted as a stray until it is.\n"
+            "# confirmed by the cluster: no log here is set aside as a stray until it is.\n"
             f"adopted={self.adopted}\n"
             if self.adopted
             else ""
@@ -144,7 +146,7 @@ def read_identity(data_dir: Path) -> Identity | None:
 
 _UNREADABLE = (
     "restore it, or remove it to have the node take its flags as the dir's identity if the "
-    "cluster's assignment of its logs agrees (no replica is deleted on that start)"
+    "cluster's assignment of its logs agrees (no replica is set aside on that start)"
 )
 
 
@@ -258,7 +260,7 @@ class DataDirIdentity:
     as a node id in use, must leave the dir as it found it); :meth:`settle` runs once the
     cluster view is known, refuses a changed cluster id or an adoption the cluster
     contradicts, and writes the file when it is new, learns the cluster id or is confirmed;
-    :meth:`may_delete_strays` is what the partition manager asks before deleting logs it
+    :meth:`may_set_aside_strays` is what the partition manager asks before deleting logs it
     never hosted.
     """
 
@@ -270,7 +272,7 @@ class DataDirIdentity:
         self.fsync = fsync
         self.recorded: Identity | None = None
         #: This process started on a dir whose identity was adopted from the flags (no
-        #: file, or one recording an unconfirmed adoption): no stray is deleted in this
+        #: file, or one recording an unconfirmed adoption): no stray is set aside in this
         #: process life, even once the cluster confirms it.
         self.adopted = False
         self._warned_unconfirmed = False
@@ -298,7 +300,7 @@ class DataDirIdentity:
                 f"but that was adopted from the flags of a start on {rec.adopted} (the dir "
                 "had no meta.properties) and the cluster has not confirmed it; this node "
                 f"was started with {self._flags()}; nothing was changed: if these flags are "
-                f"the right ones, remove {self.path} and start again (nothing is deleted "
+                f"the right ones, remove {self.path} and start again (nothing is set aside "
                 f"while the identity is unconfirmed), else start it with --node-id "
                 f"{rec.node_id} --cluster {rec.cluster}"
             )
@@ -386,7 +388,7 @@ class DataDirIdentity:
             log.warning(
                 "data dir %s%s, confirmed by the cluster (it assigns this node %d of its %s "
                 "and no other node the rest); logs it does not assign to this "
-                "node are kept on this start and deleted from the next one on",
+                "node are kept on this start and set aside from the next one on",
                 self.data_dir,
                 what,
                 agreement.mine,
@@ -414,7 +416,7 @@ class DataDirIdentity:
             )
         log.warning(
             "data dir %s has partition logs and its identity, %s, was adopted from the flags "
-            "on %s (it had no %s) and is not confirmed: %s; no log is deleted as a stray "
+            "on %s (it had no %s) and is not confirmed: %s; no log is set aside as a stray "
             "until it is",
             self.data_dir,
             rec.describe(),
@@ -423,8 +425,8 @@ class DataDirIdentity:
             why,
         )
 
-    def may_delete_strays(self, cluster_id: str) -> bool:
-        """Whether logs this process never hosted may be deleted: the data dir is confirmed
+    def may_set_aside_strays(self, cluster_id: str) -> bool:
+        """Whether logs this process never hosted may be set aside: the data dir is confirmed
         to be this node's in the cluster ``cluster_id`` (recorded and confirmed before this
         start, not adopted from the flags)."""
         rec = self.recorded

@@ -157,7 +157,7 @@ class StorageNode:
         metrics.watch_data_dir(config.data_dir)
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
-        #: Whose data the data dir holds; the manager deletes strays only once it matches.
+        #: Whose data the data dir holds; the manager sets strays aside only once it matches.
         self.identity = DataDirIdentity(
             config.data_dir, config.node_id, config.cluster, fsync=config.fsync
         )
