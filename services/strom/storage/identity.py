@@ -260,7 +260,7 @@ class DataDirIdentity:
     as a node id in use, must leave the dir as it found it); :meth:`settle` runs once the
     cluster view is known, refuses a changed cluster id or an adoption the cluster
     contradicts, and writes the file when it is new, learns the cluster id or is confirmed;
-    :meth:`may_set_aside_strays` is what the partition manager asks before deleting logs it
+    :meth:`may_set_aside_strays` is what the partition manager asks before setting aside logs it
     never hosted.
     """
 
