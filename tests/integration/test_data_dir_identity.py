@@ -20,7 +20,7 @@ from strom.client.consumer import Consumer
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster, Member
-from strom.devcluster.procs import wait_for
+from strom.devcluster.procs import ManagedProcess, wait_for
 from strom.metadata import MetadataStore
 from strom.storage.identity import IDENTITY_FILE, Identity, read_identity
 from tests.conftest import create_topic
@@ -28,6 +28,7 @@ from tests.conftest import create_topic
 pytestmark = pytest.mark.integration
 TOPIC = "precious"
 RECORDS = 50
+SEGMENT = "00000000000000000000.log"
 
 
 def _files(data_dir: Path) -> dict[str, int]:
@@ -129,8 +130,9 @@ def test_an_older_strom_s_data_dir_is_adopted_and_its_strays_wait_for_the_next_s
     make_cluster,
 ) -> None:
     """A data dir without meta.properties (written before it existed) takes the flags'
-    identity, but nothing confirmed those flags: its stray logs are deleted only from the
-    next start on, once the recorded identity matched."""
+    identity, confirmed by the cluster (it assigns the node the dir's log and nobody else the
+    stray), but its stray logs are set aside (renamed, kept for an operator to remove) only
+    from the next start on, once the recorded identity matched."""
     cluster: LocalCluster = make_cluster(nodes=1, controllers=1, coordinators=0)
     node: Member = cluster.nodes[0]
     data_dir = Path(node.argv[node.argv.index("--data-dir") + 1])
@@ -144,13 +146,82 @@ def test_an_older_strom_s_data_dir_is_adopted_and_its_strays_wait_for_the_next_s
     assert node.process.stop() == 0
     (data_dir / IDENTITY_FILE).unlink()
     shutil.copytree(data_dir / f"{TOPIC}-0", data_dir / "ghost-0")  # no such topic: a stray
+    ghost = (data_dir / "ghost-0" / SEGMENT).read_bytes()
 
     node.start()
     cluster.wait_serving(node)  # after the start's first (full) reconcile
     assert (data_dir / "ghost-0").is_dir()
-    assert read_identity(data_dir) is not None
+    rec = read_identity(data_dir)
+    assert rec is not None and not rec.adopted
     assert "no meta.properties (written by an older strom)" in node.log_path.read_text()
 
     cluster.restart(node)
-    wait_for(lambda: not (data_dir / "ghost-0").exists(), timeout=20, what="the stray deleted")
+    wait_for(lambda: not (data_dir / "ghost-0").exists(), timeout=20, what="the stray set aside")
+    (aside,) = data_dir.glob("ghost-0-stray-*")
+    assert (aside / SEGMENT).read_bytes() == ghost  # its records kept
     assert sorted(_read_all(cluster.bootstrap, 1)) == sorted(sent)
+
+
+def test_an_older_strom_s_data_dir_started_with_a_wrong_node_id_locks_nothing_in(
+    make_cluster, tmp_path: Path
+) -> None:
+    """Found from outside: an older strom's data dir (no meta.properties) started once with a
+    wrong --node-id recorded that id as its own, the right id was refused (and told to use
+    the wrong one), and the next start with the wrong id deleted every replica, an RF=1
+    topic's records with them. Now a wrong id the cluster contradicts is refused without
+    recording anything; one adopted while the cluster cannot tell (here another, empty
+    --cluster) is recorded as unconfirmed, deletes nothing, and the right flags are told how
+    to undo it; the right id then serves every record."""
+    cluster: LocalCluster = make_cluster(nodes=1, controllers=1, coordinators=0)
+    node: Member = cluster.nodes[0]
+    data_dir = Path(node.argv[node.argv.index("--data-dir") + 1])
+    create_topic(cluster, TOPIC, partitions=2)
+    sent = [b"v%d" % i for i in range(RECORDS)]
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for v in sent:
+            p.send(TOPIC, value=v, partition=int(v[1:]) % 2)
+        p.flush()
+    assert node.process is not None
+    assert node.process.stop() == 0
+    (data_dir / IDENTITY_FILE).unlink()  # as an older strom left it
+    before = _files(data_dir)
+    segments = {k: v for k, v in before.items() if k.endswith(".log")}
+    assert len(segments) == 2
+
+    # A wrong id: the cluster assigns none of the dir's logs to node 7. Refused, nothing
+    # recorded, so the next try is refused the same way.
+    wrong = _with(node.argv, "--node-id", "7")
+    for _ in range(2):
+        line = _refused(wrong)
+        assert str(data_dir) in line and "no meta.properties" in line
+        assert "assigns none of them to node 7" in line
+        assert f"(it assigns {TOPIC}-0, {TOPIC}-1 to node {node.ident})" in line
+        assert _files(data_dir) == before
+
+    # A wrong id and a --cluster nothing is known of: adopted, unconfirmed, nothing deleted.
+    stranger = ManagedProcess("wrong-node", _with(wrong, "--cluster", "fresh"), tmp_path / "w.log")
+    stranger.start()
+    try:
+        wait_for(
+            lambda: "node 7 running" in stranger.log_tail(200) or not stranger.alive(),
+            timeout=30,
+            what="the node started with the wrong flags running",
+        )
+        assert "is not confirmed: the cluster is not initialised yet" in stranger.log_tail(200)
+    finally:
+        assert stranger.stop() == 0, stranger.log_tail()
+    adopted = read_identity(data_dir)
+    assert adopted is not None and adopted.adopted and adopted.node_id == 7
+    assert {k: v for k, v in _files(data_dir).items() if k.endswith(".log")} == segments
+
+    # The right flags are not sent to node 7: told it was adopted and how to undo it.
+    line = _refused(node.argv)
+    assert "node 7 of cluster 'fresh'" in line and f"on {adopted.adopted}" in line
+    assert f"remove {data_dir / IDENTITY_FILE} and start again" in line
+    (data_dir / IDENTITY_FILE).unlink()
+
+    node.start()
+    cluster.wait_serving(node)
+    assert sorted(_read_all(cluster.bootstrap, 2)) == sorted(sent)
+    rec = read_identity(data_dir)
+    assert rec is not None and (rec.node_id, rec.adopted) == (node.ident, "")  # confirmed

@@ -657,7 +657,10 @@ def test_crash_restart_recovers_and_sigterm_shuts_down_cleanly(cluster: Cluster)
     assert r.high_watermark == 6
     assert [v for _, v in values_of(r.records)] == [b"k0", b"K0", b"k1", b"K1", b"k2", b"K2"]
     assert produce_one(node, "kr", 0, batch([b"after"])).base_offset == 6
-    wait_for(lambda: not (node.data_dir / "stray-0").exists(), timeout=10, what="stray log deleted")
+    wait_for(
+        lambda: not (node.data_dir / "stray-0").exists(), timeout=10, what="stray log set aside"
+    )
+    assert len(list(node.data_dir.glob("stray-0-stray-*"))) == 1  # kept for an operator
 
     key = cluster.store.keys.node(5)
     reg = cluster.store.get(key, md.NodeRegistration)

@@ -1192,6 +1192,24 @@ def test_manager_removes_deleted_dirs_and_ignores_strays(tmp_path: Path) -> None
     assert (tmp_path / "not_a_log_dir").exists()
 
 
+def test_a_log_set_aside_keeps_its_files_and_is_not_opened_again(tmp_path: Path) -> None:
+    """How a storage node takes a stray out of service: renamed, never deleted, and a
+    name the next start does not open as a log (one ending in digits would be)."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    _fill(mgr.get_or_create("t", 0), 4)
+    segment = segment_name(0) + ".log"
+    before = (tmp_path / "t-0" / segment).read_bytes()
+    with pytest.raises(ValueError, match="would be opened as a log"):
+        mgr.set_aside("t", 0, "-stray-20261129")
+    aside = mgr.set_aside("t", 0, "-stray-20261129T035000.000Z")
+    assert aside == tmp_path / "t-0-stray-20261129T035000.000Z"
+    assert (aside / segment).read_bytes() == before
+    assert mgr.get("t", 0) is None and mgr.set_aside("t", 0, "-x") is None
+    mgr.close()
+    assert list(_manager(tmp_path)) == []
+    assert aside.is_dir()
+
+
 def test_clean_restart_keeps_everything(tmp_path: Path) -> None:
     mgr = _manager(tmp_path, segment_bytes=4096)
     log = mgr.get_or_create("t", 0)

@@ -362,23 +362,56 @@ def _with_identity(h: Harness, *, recorded: str | None) -> DataDirIdentity:
 
 
 @pytest.mark.parametrize(("recorded", "deleted"), [("cid", True), (None, False)])
-def test_strays_are_deleted_only_from_a_data_dir_confirmed_to_be_this_node_s(
+def test_strays_are_set_aside_only_from_a_data_dir_confirmed_to_be_this_node_s(
     tmp_path: Path, recorded: str | None, deleted: bool
 ) -> None:
-    """Stray logs (never hosted by this process) go only when meta.properties recorded this
-    node in this cluster before the start; a data dir without one (an older strom's) takes
-    the flags' identity but keeps its strays on that start (a wrong --node-id would otherwise
-    delete every replica, found from outside)."""
+    """Stray logs (never hosted by this process) are set aside (renamed, not deleted) only
+    when meta.properties recorded this node in this cluster before the start; a data dir
+    without one (an older strom's) takes the flags' identity, which the cluster confirms once
+    it is initialised (it assigns the node a log of the dir), but keeps its strays on that
+    start (a wrong --node-id would otherwise delete every replica, found from outside)."""
 
     async def body(h: Harness) -> None:
         assert h.manager.logs is not None
         h.manager.logs.get_or_create("stray", 0, {})
+        h.manager.logs.get_or_create("a", 0, {})
         ident = _with_identity(h, recorded=recorded)
         assert ident.adopted is (recorded is None)
+        h.topic("a", {0: leader_state()})
         h.put(h.keys.cluster, md.ClusterInfo(cluster_id="cid"))
         await h.settle()
         assert (("stray", 0) in {tp for tp, _ in h.manager.logs}) is not deleted
+        # Taken out of service, its files kept under a name no start opens as a log.
+        data = h.manager.logs.data_dir
+        aside = [p.name for p in data.iterdir() if p.name.startswith("stray-0-stray-")]
+        assert (data / "stray-0").is_dir() is not deleted and len(aside) == int(deleted)
+        assert h.manager.get("a", 0) is not None
         assert read_identity(h.manager.logs.data_dir) == Identity(1, "unit", "cid")
+
+    with_harness(tmp_path, body)
+
+
+def test_an_adopted_identity_the_cluster_contradicts_once_initialised_stops_the_node(
+    tmp_path: Path,
+) -> None:
+    """An older strom's dir started with a wrong --node-id before the cluster was known:
+    adopted unconfirmed; when the cluster key arrives and the cluster assigns none of the
+    dir's logs to this node id (only to node 3), the node stops and deletes nothing."""
+
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None
+        h.manager.logs.get_or_create("a", 0, {})
+        _with_identity(h, recorded=None)
+        stops: list[str] = []
+        h.manager.on_foreign_cluster = stops.append
+        h.topic("a", {0: md.PartitionState(replicas=[3], leader=3, isr=[3])})
+        h.put(h.keys.cluster, md.ClusterInfo(cluster_id="cid"))
+        await h.settle()
+        assert len(stops) == 1, stops
+        assert "assigns none of them to node 1 (it assigns a-0 to node 3)" in stops[0]
+        assert {tp for tp, _ in h.manager.logs} == {("a", 0)}
+        rec = read_identity(h.manager.logs.data_dir)
+        assert rec is not None and rec.adopted  # still unconfirmed: the right id may come
 
     with_harness(tmp_path, body)
 

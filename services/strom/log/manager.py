@@ -132,6 +132,26 @@ class LogManager:
         self.checkpoint()
         return True
 
+    def set_aside(self, topic: str, partition: int, suffix: str) -> Path | None:
+        """Stop hosting a replica but keep its files: rename its folder to its name plus
+        ``suffix``, which must leave a name no start opens as a log (not ending in digits).
+        The storage node does this to strays, whose deletion cannot be undone if the cluster
+        view or the node's identity was wrong; an operator removes them."""
+        with self.lock:
+            log = self.logs.pop((topic, partition), None)
+            if log is None:
+                return None
+            aside = log.directory.with_name(log.directory.name + suffix)
+            if parse_log_dir_name(aside.name) is not None:
+                self.logs[(topic, partition)] = log
+                raise ValueError(f"{aside.name} would be opened as a log")
+            log.close()
+            log.directory.rename(aside)
+        if self.fsync:
+            checkpoint.fsync_dir(self.data_dir)
+        self.checkpoint()  # outside the lock, as in delete()
+        return aside
+
     def checkpoint(self) -> None:
         """Write the recovery-point and log-start-offset checkpoints of every log."""
         with self._checkpoint_lock:

@@ -98,14 +98,18 @@ def desired_assignments(
 
 @dataclass
 class Plan:
-    """What one reconcile does, in this order: delete, then create, then update."""
+    """What one reconcile does, in this order: delete (and set strays aside), then create,
+    then update."""
 
     delete: list[TopicPartition] = field(default_factory=list)
     create: list[Assignment] = field(default_factory=list)
     update: list[Assignment] = field(default_factory=list)
+    #: Logs found on disk that this process never hosted and the cluster does not assign to
+    #: this node: renamed aside, not deleted (see :func:`plan_changes`).
+    strays: list[TopicPartition] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.delete or self.create or self.update)
+        return bool(self.delete or self.create or self.update or self.strays)
 
 
 def plan_changes(
@@ -113,7 +117,7 @@ def plan_changes(
     installed: Mapping[TopicPartition, Assignment],
     local: Mapping[TopicPartition, str | None],
     *,
-    delete_strays: bool,
+    set_aside_strays: bool,
 ) -> Plan:
     """Diff the desired replicas against what the node has.
 
@@ -122,16 +126,21 @@ def plan_changes(
     it (None when unknown). A local log is deleted when it is no longer desired, or when it
     belongs to an earlier topic of the same name (ids differ: deleted and re-created while
     this node was away); in that case it is created afresh. Logs that were never installed in
-    this process life ("strays" found on disk at start) are only deleted when
-    ``delete_strays`` is set, i.e. once the view is known to describe this cluster.
+    this process life ("strays" found on disk at start) are only touched when
+    ``set_aside_strays`` is set, i.e. once the view is known to describe this cluster and the
+    data dir to be this node's, and then set aside (:attr:`Plan.strays`) rather than deleted,
+    as Kafka does since 3.7: a wrong view or identity then costs nothing that cannot be
+    renamed back.
     """
     plan = Plan()
     recreate: set[TopicPartition] = set()
     for tp, local_id in local.items():
         want = desired.get(tp)
         if want is None:
-            if tp in installed or delete_strays:
+            if tp in installed:
                 plan.delete.append(tp)
+            elif set_aside_strays:
+                plan.strays.append(tp)
         elif local_id and want.topic_id and local_id != want.topic_id:
             plan.delete.append(tp)
             recreate.add(tp)
@@ -145,6 +154,7 @@ def plan_changes(
         elif have != want:
             plan.update.append(want)
     plan.delete.sort()
+    plan.strays.sort()
     plan.create.sort(key=lambda a: a.tp)
     plan.update.sort(key=lambda a: a.tp)
     return plan

@@ -6,9 +6,10 @@ order of precedence. The flags every service has (``--etcd``, ``--listen``, ``--
 ``--metrics-port``, ``--cluster``, ``--max-connections``, ``--log-level``, the security flags,
 ``--config``) and their checks come from :mod:`strom.service.flags`, as for the controller and
 the coordinator. Bad input and start-up refusals (node id in use, etcd unreachable, data dir
-unusable or recorded as another node's or cluster's in its ``meta.properties``) print one line
-and exit non-zero, never a traceback: a malformed flag exits 2 (a usage error), a setting the
-node refuses or a start-up failure exits 1.
+unusable, recorded as another node's or cluster's in its ``meta.properties``, or without one
+and holding none of the logs the cluster assigns this node id) print one line and exit
+non-zero, never a traceback: a malformed flag exits 2 (a usage error), a setting the node
+refuses or a start-up failure exits 1.
 """
 
 from __future__ import annotations

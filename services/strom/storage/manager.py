@@ -7,8 +7,9 @@ makes a pass over those topics only (up to :data:`MAX_NARROW_TOPICS`); the first
 resync, a change of the cluster key and a failed pass look at everything; other keys (nodes,
 ACLs, coordinators) make none. A replica's plan depends only on its own partition state, its
 topic and its local log, so a narrow pass plans exactly what a full one would for what
-changed (except stray logs on disk, which only full passes delete, and only once the data
-dir's identity is confirmed: :mod:`strom.storage.identity`). Why: at 10,000
+changed (except stray logs on disk, which only full passes set aside, renamed
+``<name>-stray-<time>`` for an operator to remove, and only once the data dir's identity is
+confirmed: :mod:`strom.storage.identity`). Why: at 10,000
 partitions a full pass spent ~35 ms of the node's event loop building and comparing every
 assignment, for each created topic or leader change (O(N^2) to create N single-partition
 topics one at a time). A reconcile deletes replicas that are no longer assigned (deleting a
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ from strom.storage.assignment import (
     plan_changes,
     usable_configs,
 )
-from strom.storage.identity import DataDirIdentity, IdentityError
+from strom.storage.identity import DataDirIdentity, IdentityError, cluster_agreement
 from strom.storage.longpoll import WaiterRegistry
 from strom.storage.partition import Partition
 
@@ -113,11 +115,12 @@ class PartitionManager:
         self.passes = {"all": 0, "topics": 0}
         #: Extra hook run (on the loop) after each reconcile; the node refreshes gauges.
         self.after_reconcile: Callable[[], None] | None = None
-        #: The data dir's identity (set by the node): strays are deleted only once it is
+        #: The data dir's identity (set by the node): strays are set aside only once it is
         #: confirmed; None (tests of the manager alone): once the cluster is initialised.
         self.identity: DataDirIdentity | None = None
         #: Called (on the loop, once) with the one-line reason when etcd's cluster id is not
-        #: the one the data dir records; reconciles change nothing from then on.
+        #: the one the data dir records, or the cluster contradicts an identity the data dir
+        #: adopted from the flags; reconciles change nothing from then on.
         self.on_foreign_cluster: Callable[[str], None] | None = None
         self._foreign: str | None = None
 
@@ -155,7 +158,7 @@ class PartitionManager:
             return
         topics = changed_topics(self.view.keys, events)
         if topics is not None and any(ev.key == self.view.keys.cluster for ev in events):
-            topics = None  # "initialised" may have flipped: strays are deleted by full passes
+            topics = None  # "initialised" may have flipped: full passes handle strays
         if topics is None or topics:
             self.loop.call_soon_threadsafe(self.request_reconcile, topics)
 
@@ -220,19 +223,33 @@ class PartitionManager:
             cluster = self.view.cluster
         return topics, parts, cluster.cluster_id if cluster is not None else None
 
-    async def _may_delete_strays(self, cluster_id: str | None) -> bool:
-        """Whether this pass may delete logs this process never hosted: the view describes
+    async def _may_set_aside_strays(
+        self,
+        cluster_id: str | None,
+        full: tuple[
+            dict[str, md.TopicMetadata],
+            dict[TopicPartition, md.PartitionState],
+            Mapping[TopicPartition, str | None],
+        ]
+        | None,
+    ) -> bool:
+        """Whether this pass may set aside logs this process never hosted: the view describes
         an initialised cluster and the data dir is confirmed to be this node's in it. Records
-        the cluster id in the data dir when it learns it; False (and :attr:`_foreign` set)
-        when the data dir records another cluster id."""
+        the cluster id in the data dir when it learns it; on a full pass (``full``: its
+        topics, partition states and local logs) checks an identity adopted from the flags
+        against the cluster. False (and :attr:`_foreign` set) when the data dir records
+        another cluster id or the cluster assigns this node none of its logs."""
         if cluster_id is None:
             return False
         ident = self.identity
         if ident is None:
             return True
         try:
-            if cluster_id and not ident.check_cluster_id(cluster_id):
-                await asyncio.to_thread(ident.settle, cluster_id)
+            agreement = None
+            if full is not None and cluster_id and not ident.confirmed:
+                agreement = cluster_agreement(self.node_id, full[2], full[0], full[1])
+            if agreement is not None or (cluster_id and not ident.check_cluster_id(cluster_id)):
+                await asyncio.to_thread(ident.settle, cluster_id, agreement)
         except IdentityError as exc:
             self._foreign = str(exc)
             if self.on_foreign_cluster is not None:
@@ -240,7 +257,7 @@ class PartitionManager:
             else:
                 log.error("%s", exc)
             return False
-        return ident.may_delete_strays(cluster_id)
+        return ident.may_set_aside_strays(cluster_id)
 
     async def _reconcile_once(self, only: set[str] | None = None) -> None:
         """One pass over everything, or over the ``only`` topics (see the module docstring)."""
@@ -252,9 +269,6 @@ class PartitionManager:
         if self._foreign is not None:
             return  # this data dir is another cluster's: change nothing, the node stops
         topics, parts, cluster_id = self._snapshot(only)
-        delete_strays = await self._may_delete_strays(cluster_id)
-        if self._foreign is not None:
-            return
         desired = desired_assignments(self.node_id, topics, parts)
         installed: Mapping[TopicPartition, Assignment] = self._assignments
         if only is None:
@@ -272,11 +286,15 @@ class PartitionManager:
                 for tp in {*installed, *desired}
                 if logs.get(*tp) is not None
             }
-        # Strays (logs on disk this process never hosted) are only deleted once the view is
+        # Strays (logs on disk this process never hosted) are only set aside once the view is
         # known to describe an initialised cluster and the data dir's meta.properties names
-        # this node in it: a node pointed at the wrong --cluster, at an empty etcd or started
-        # with another node's --node-id must not wipe its disk.
-        plan = plan_changes(desired, installed, local, delete_strays=delete_strays)
+        # this node in it, confirmed: a node pointed at the wrong --cluster, at an empty etcd
+        # or started with another node's --node-id must not take its data out of service.
+        full = (topics, parts, local) if only is None else None
+        set_aside_strays = await self._may_set_aside_strays(cluster_id, full)
+        if self._foreign is not None:
+            return
+        plan = plan_changes(desired, installed, local, set_aside_strays=set_aside_strays)
         if not plan:
             return
         self.reconciles += 1
@@ -289,6 +307,8 @@ class PartitionManager:
                 async with part.flush_lock, part.maintenance_lock:
                     pass
             await asyncio.to_thread(self._delete_logs, list(plan.delete))
+        if plan.strays:
+            await asyncio.to_thread(self._set_aside_logs, list(plan.strays))
         if plan.create:
             created = await asyncio.to_thread(self._create_logs, list(plan.create))
             for a, lg in created:
@@ -306,6 +326,29 @@ class PartitionManager:
             except OSError:
                 log.exception("could not delete the log of %s-%d", *tp)
             self._topic_ids.pop(tp, None)
+
+    def _set_aside_logs(self, tps: list[TopicPartition]) -> None:
+        """Rename stray logs aside (``<topic>-<partition>-stray-<UTC time>``) instead of
+        deleting them: a stray is only judged so from the cluster view and the data dir's
+        identity, and a mistake in either (found from outside: a wrong --node-id) deleted
+        every replica of a dir. An operator removes them once sure they are not needed."""
+        assert self.logs is not None
+        ms = time.time_ns() // 10**6
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+        for tp in tps:
+            try:
+                aside = self.logs.set_aside(*tp, f"-stray-{stamp}")
+            except (OSError, ValueError):
+                log.exception("could not set aside the stray log of %s-%d", *tp)
+                continue
+            self._topic_ids.pop(tp, None)
+            if aside is not None:
+                log.warning(
+                    "stray replica %s-%d (on disk, not assigned to this node) set aside as %s; "
+                    "remove it once it is not needed",
+                    *tp,
+                    aside,
+                )
 
     def _create_logs(self, wanted: list[Assignment]) -> list[tuple[Assignment, Log]]:
         assert self.logs is not None

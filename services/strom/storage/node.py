@@ -8,7 +8,9 @@ Start-up order matters and is:
 1. register ``nodes/<id>`` (STARTING) under a lease: refuses a node id held by a live
    process *before* touching the data dir, so two processes never write one log;
 2. start the cluster view (snapshot + watch), so logs open with their topics' configs;
-   refuse a data dir recorded for another cluster id, record the identity if it is new;
+   refuse a data dir recorded for another cluster id, or one whose identity was adopted
+   from the flags (no meta.properties) and whose logs the cluster assigns to other nodes;
+   record the identity if it is new;
 3. open the data dir (recovery after a crash) in a worker thread;
 4. reconcile once (create/delete/update replicas), then publish RUNNING.
 
@@ -46,8 +48,14 @@ from strom.log import compact, dirtiest_first, measure_logs
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 from strom.service.limits import Admission, default_memory_limit
 from strom.storage import metrics, records_api
-from strom.storage.identity import DataDirIdentity, IdentityError
-from strom.storage.manager import PartitionManager
+from strom.storage.identity import (
+    Agreement,
+    DataDirIdentity,
+    IdentityError,
+    cluster_agreement,
+    partition_dirs,
+)
+from strom.storage.manager import PartitionManager, read_topic_id
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
 from strom.storage.readiness import InSyncReadiness
@@ -149,7 +157,7 @@ class StorageNode:
         metrics.watch_data_dir(config.data_dir)
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
-        #: Whose data the data dir holds; the manager deletes strays only once it matches.
+        #: Whose data the data dir holds; the manager sets strays aside only once it matches.
         self.identity = DataDirIdentity(
             config.data_dir, config.node_id, config.cluster, fsync=config.fsync
         )
@@ -224,8 +232,7 @@ class StorageNode:
             self._registered = True
             self.view.add_listener(self.manager.on_view_events)
             await asyncio.to_thread(self.view.start)
-            cluster = self.view.cluster
-            await self._check_identity(self.identity.settle, cluster.cluster_id if cluster else "")
+            await self._settle_identity()
             try:
                 await asyncio.to_thread(self.manager.open, cfg.data_dir)
             except OSError as exc:
@@ -262,7 +269,30 @@ class StorageNode:
             self.registration.incarnation_id,
         )
 
-    async def _check_identity(self, step: Callable[..., None], *args: str) -> None:
+    async def _settle_identity(self) -> None:
+        """Step 2's check of the data dir against the cluster: a changed cluster id, and an
+        identity adopted from the flags (an older strom's dir) that the cluster's assignment
+        does not confirm, which a wrong --node-id would otherwise lock in (found from
+        outside). Before the logs are opened, so a refusal leaves every file as it was."""
+        cluster = self.view.cluster
+        cluster_id = cluster.cluster_id if cluster else ""
+        agreement = None
+        if cluster_id and not self.identity.confirmed:
+            agreement = await asyncio.to_thread(self._agreement_on_disk)
+        await self._check_identity(self.identity.settle, cluster_id, agreement)
+
+    def _agreement_on_disk(self) -> Agreement:
+        """How the cluster's assignment agrees with this node id owning the data dir's logs
+        (blocking: reads each log's partition.metadata)."""
+        local = {
+            tp: read_topic_id(path) for tp, path in partition_dirs(self.config.data_dir).items()
+        }
+        with self.view.lock:
+            topics = {name: v.value for name, v in self.view.topics.items()}
+            parts = {tp: v.value for tp, v in self.view.partitions.items()}
+        return cluster_agreement(self.config.node_id, local, topics, parts)
+
+    async def _check_identity(self, step: Callable[..., None], *args: object) -> None:
         """Run one step of the data dir's identity check (strom.storage.identity) in a
         thread; its refusal is the start's one line."""
         try:
@@ -273,8 +303,10 @@ class StorageNode:
             raise StartupError(f"cannot open data dir {self.config.data_dir}: {exc}") from None
 
     def _on_foreign_cluster(self, message: str) -> None:
-        """The partition manager found the cluster id in etcd changed while running (the
-        cluster created again under the same name): stop, as a start would refuse."""
+        """The partition manager found the data dir is not this node's in this cluster while
+        running (the cluster id in etcd changed: created again under the same name; or the
+        cluster, once initialised, assigns none of the logs of a dir whose identity was
+        adopted from the flags): stop, as a start would refuse."""
         log.error("%s; shutting down", message)
         os.kill(os.getpid(), signal.SIGTERM)
 
