@@ -55,6 +55,20 @@ def _refused(argv: list[str]) -> str:
     return errors[0]
 
 
+def _fill_and_stop(cluster: LocalCluster, node: Member, partitions: int) -> list[bytes]:
+    """Create TOPIC, write RECORDS values spread over its partitions, stop the node
+    cleanly; the values sent."""
+    create_topic(cluster, TOPIC, partitions=partitions)
+    sent = [b"v%d" % i for i in range(RECORDS)]
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i, v in enumerate(sent):
+            p.send(TOPIC, value=v, partition=i % partitions)
+        p.flush()
+    assert node.process is not None
+    assert node.process.stop() == 0
+    return sent
+
+
 def _read_all(bootstrap: str, partitions: int) -> list[bytes]:
     tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
     out: list[bytes] = []
@@ -83,14 +97,7 @@ def test_a_node_restarted_with_another_identity_refuses_and_keeps_its_replicas(
         cid = info.value.cluster_id
         assert read_identity(data_dir) == Identity(node.ident, cluster.cluster_name, cid)
 
-        create_topic(cluster, TOPIC, partitions=2)
-        sent = [b"v%d" % i for i in range(RECORDS)]
-        with Producer(cluster.bootstrap, acks="all") as p:
-            for v in sent:
-                p.send(TOPIC, value=v, partition=int(v[1:]) % 2)
-            p.flush()
-        assert node.process is not None
-        assert node.process.stop() == 0
+        sent = _fill_and_stop(cluster, node, 2)
         before = _files(data_dir)
         assert f"{TOPIC}-0/00000000000000000000.log" in before
 
@@ -136,14 +143,7 @@ def test_an_older_strom_s_data_dir_is_adopted_and_its_strays_wait_for_the_next_s
     cluster: LocalCluster = make_cluster(nodes=1, controllers=1, coordinators=0)
     node: Member = cluster.nodes[0]
     data_dir = Path(node.argv[node.argv.index("--data-dir") + 1])
-    create_topic(cluster, TOPIC)
-    sent = [b"v%d" % i for i in range(RECORDS)]
-    with Producer(cluster.bootstrap, acks="all") as p:
-        for v in sent:
-            p.send(TOPIC, value=v)
-        p.flush()
-    assert node.process is not None
-    assert node.process.stop() == 0
+    sent = _fill_and_stop(cluster, node, 1)
     (data_dir / IDENTITY_FILE).unlink()
     shutil.copytree(data_dir / f"{TOPIC}-0", data_dir / "ghost-0")  # no such topic: a stray
     ghost = (data_dir / "ghost-0" / SEGMENT).read_bytes()
@@ -175,14 +175,7 @@ def test_an_older_strom_s_data_dir_started_with_a_wrong_node_id_locks_nothing_in
     cluster: LocalCluster = make_cluster(nodes=1, controllers=1, coordinators=0)
     node: Member = cluster.nodes[0]
     data_dir = Path(node.argv[node.argv.index("--data-dir") + 1])
-    create_topic(cluster, TOPIC, partitions=2)
-    sent = [b"v%d" % i for i in range(RECORDS)]
-    with Producer(cluster.bootstrap, acks="all") as p:
-        for v in sent:
-            p.send(TOPIC, value=v, partition=int(v[1:]) % 2)
-        p.flush()
-    assert node.process is not None
-    assert node.process.stop() == 0
+    sent = _fill_and_stop(cluster, node, 2)
     (data_dir / IDENTITY_FILE).unlink()  # as an older strom left it
     before = _files(data_dir)
     segments = {k: v for k, v in before.items() if k.endswith(".log")}

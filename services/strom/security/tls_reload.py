@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import Counter, Gauge
 
+from strom.security.channel import _read
 from strom.service import metrics as service_metrics
 
 log = logging.getLogger("strom.security")
@@ -172,20 +173,9 @@ class TlsFiles:
 
     def _read(self) -> Files:
         cert_path, key_path, ca_path = self.paths
-        out: list[bytes | None] = []
-        for path, flag in (
-            (cert_path, "--tls-cert"),
-            (key_path, "--tls-key"),
-            (ca_path, "--tls-ca"),
-        ):
-            if path is None:
-                out.append(None)
-                continue
-            try:
-                out.append(Path(path).read_bytes())
-            except OSError as exc:
-                raise ValueError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
-        cert, key, ca = out
+        cert = _read(cert_path, "--tls-cert")
+        key = _read(key_path, "--tls-key")
+        ca = _read(ca_path, "--tls-ca")
         assert cert is not None and key is not None
         return cert, key, ca
 
