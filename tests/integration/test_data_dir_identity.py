@@ -92,9 +92,19 @@ def test_a_node_restarted_with_another_identity_refuses_and_keeps_its_replicas(
     data_dir = Path(node.argv[node.argv.index("--data-dir") + 1])
     store = MetadataStore(cluster.etcd.endpoint, cluster.cluster_name)
     try:
-        info = store.get(store.keys.cluster, md.ClusterInfo)
-        assert info is not None
+        # The controller writes the cluster key once active, which may be after the node
+        # started; the node records the cluster id when it first sees it.
+        info = wait_for(
+            lambda: store.get(store.keys.cluster, md.ClusterInfo),
+            timeout=30,
+            what="the cluster key",
+        )
         cid = info.value.cluster_id
+        wait_for(
+            lambda: getattr(read_identity(data_dir), "cluster_id", None) == cid,
+            timeout=30,
+            what="the node recording the cluster id",
+        )
         assert read_identity(data_dir) == Identity(node.ident, cluster.cluster_name, cid)
 
         sent = _fill_and_stop(cluster, node, 2)
