@@ -26,8 +26,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from strom.api import storage_pb2
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
@@ -163,7 +165,11 @@ def create_topic(
     replication_factor: int = 1,
     config: dict[str, str] | None = None,
 ) -> str:
-    """Create ``name`` on ``cluster`` and wait until every partition has a leader."""
+    """Create ``name`` on ``cluster`` and wait until every partition's leader serves it.
+
+    A leader named in the metadata may not have opened its replica yet (it answers
+    REPLICA_NOT_AVAILABLE until its reconcile has: CI saw a test's first produce refused so),
+    so the wait ends only when each leader answers a ListOffsets for its partitions."""
     with Admin(cluster.bootstrap) as admin:
         admin.create_topic(
             name, partitions=partitions, replication_factor=replication_factor, config=config
@@ -173,11 +179,39 @@ def create_topic(
             lambda: (
                 len(parts := client.topic_metadata(name).partitions) == partitions
                 and all(p.leader >= 0 for p in parts)
+                and _leaders_serve(client, name, partitions)
             ),
             timeout=20,
-            what=f"leaders of {name}",
+            what=f"leaders of {name} serving it",
         )
     return name
+
+
+def _leaders_serve(client: ClusterClient, topic: str, partitions: int) -> bool:
+    """Whether the leader of each of ``topic``'s partitions (by the client's fresh metadata)
+    answers a ListOffsets for it without an error."""
+    by_leader: dict[str, list[int]] = {}
+    for p in range(partitions):
+        by_leader.setdefault(client.leader_of(topic, p), []).append(p)
+    for address, indexes in by_leader.items():
+        req = storage_pb2.ListOffsetsRequest(
+            replica_id=-1,
+            topics=[
+                storage_pb2.ListOffsetsTopic(
+                    topic=topic,
+                    partitions=[
+                        storage_pb2.ListOffsetsPartition(partition=i, timestamp=-2) for i in indexes
+                    ],
+                )
+            ],
+        )
+        try:
+            resp = client.storage(address).ListOffsets(req, timeout=5)
+        except grpc.RpcError:
+            return False
+        if any(pr.error_code != 0 for t in resp.topics for pr in t.partitions):
+            return False
+    return True
 
 
 @pytest.fixture
