@@ -4,6 +4,8 @@ offsets kept, tiling kept, atomic swap and restarts after compaction."""
 from __future__ import annotations
 
 import os
+import random
+import threading
 import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
@@ -563,6 +565,70 @@ def test_retention_during_compaction(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert kv(read_all(log)) == [(2, b"a", b"2"), (3, b"a", b"3")]
     compact(log, now=T0 + HOUR)  # the next pass does the work
     assert kv(read_all(log)) == [(3, b"a", b"3")]
+    check_tiling(log)
+
+
+def test_appends_go_on_while_a_cleaning_pass_decodes_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads, checks and groups the segments outside the log's lock (only each file's
+    read holds it): it used to hold the lock over the whole first read of the log, and every
+    append and read of the partition waited for it."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1024)
+    for i in range(4):
+        log.append(kv_batch([(b"a", b"%d" % i)]))
+    decoding = threading.Event()
+    release = threading.Event()
+    real = cleaner_mod._segment_batches
+
+    def held_decode(*args: object) -> object:
+        decoding.set()
+        assert release.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(cleaner_mod, "_segment_batches", held_decode)
+    stats: list[cleaner_mod.CleanerStats] = []
+    cleaner = threading.Thread(target=lambda: stats.append(compact(log, now=T0 + HOUR)))
+    cleaner.start()
+    appended = threading.Event()
+    try:
+        assert decoding.wait(30)
+        writer = threading.Thread(
+            target=lambda: (log.append(kv_batch([(b"b", b"x")])), appended.set()), daemon=True
+        )
+        writer.start()
+        assert appended.wait(10), "the append waited for the cleaner's decode"
+        assert log.read(0, 1 << 20).data  # so did reads
+    finally:
+        release.set()
+        cleaner.join(30)
+    assert stats and stats[0].segments_cleaned > 0
+    assert kv(read_all(log)) == [(3, b"a", b"3"), (4, b"b", b"x")]
+    check_tiling(log)
+
+
+def test_compaction_keeps_each_keys_latest_record_among_many_keys(tmp_path: Path) -> None:
+    """The records kept are found by a binary search in the sorted key map: every key's
+    latest record (and each record without a key) stays, every older one goes."""
+    log = make_log(tmp_path / "c-0", segment_bytes=64 * 1024)
+    rng = random.Random(7)
+    latest: dict[bytes, int] = {}
+    offset = 0
+    for _ in range(300):
+        pairs: list[tuple[bytes | None, bytes | None]] = []
+        for _ in range(rng.randrange(1, 40)):
+            key = None if rng.random() < 0.05 else b"k%d" % rng.randrange(2000)
+            pairs.append((key, b"v%d" % offset))
+            if key is not None:
+                latest[key] = offset
+            offset += 1
+        log.append(kv_batch(pairs))
+    before = {r.offset: r for r in read_all(log)}
+    log.roll()
+    compact(log, now=T0 + HOUR)
+    kept = {r.offset for r in read_all(log)}
+    expected = set(latest.values()) | {o for o, r in before.items() if r.key is None}
+    assert kept == expected
     check_tiling(log)
 
 

@@ -22,7 +22,11 @@ headers what the producer state and the transactions need (:class:`_LogScan`); t
 sealed segment is read again and each batch rewritten with the records that survive. Unlike
 Kafka's (``log.cleaner.dedupe.buffer.size``), the map is not bounded: it holds every
 distinct key of the log with its latest offset, because it is built from the whole log, the
-clean part and the active segment included, not from the dirty part alone.
+clean part and the active segment included, not from the dirty part alone. The rewrite finds
+each record's key among the map's offsets, sorted once, by binary search, so a pass costs
+about its records times log(keys). The log's lock is held only while a segment's bytes are
+read (and to swap one in): decoding, grouping and rewriting run beside the partition's
+appends and reads, and a truncation or deletion meanwhile makes the pass void.
 
 Offsets are kept (each record's offset delta is explicit), batches keep their base offset,
 epoch and producer fields, and a batch left with no records stays as an empty batch covering
@@ -54,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -221,8 +226,8 @@ def select_logs(
     return dirtiest_first(measure_logs(candidates, now))
 
 
-def _segment_batches(seg: LogSegment, epoch_for: EpochLookup) -> list[RecordBatch]:
-    data = os.pread(seg.fd, seg.size, 0)
+def _segment_batches(seg: LogSegment, data: bytes, epoch_for: EpochLookup) -> list[RecordBatch]:
+    """``data`` (the first bytes of ``seg``'s file) as checked batches."""
     # FIX: check every batch as a read does (CRC, tiling from the segment base, leader
     # epoch). The cleaner re-frames batches with a fresh CRC, so it must refuse corrupt input
     # rather than turn it into valid-looking data (or have the swap's recover() cut it).
@@ -318,12 +323,14 @@ class _KeyMap:
             self._tables = [_group_latest(pa.concat_tables(self._tables))]
         self._rows = self._merged_rows = self._tables[0].num_rows if self._tables else 0
 
-    def latest_offsets(self) -> pa.Array:
-        """The offset of each key's latest record (the records compaction keeps)."""
+    def latest_offsets(self) -> np.ndarray:
+        """The offset of each key's latest record (the records compaction keeps), sorted, so
+        that a batch finds its own among them by binary search (see :func:`_kept_body`)."""
         self._merge()
         if not self._tables:
-            return pa.array([], pa.int64())
-        return self._tables[0].column("offset").combine_chunks()
+            return np.empty(0, np.int64)
+        offsets = self._tables[0].column("offset").combine_chunks()
+        return np.sort(offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
 
 
 class _LogScan:
@@ -356,9 +363,10 @@ class _LogScan:
         #: (producer id, marker base offset, base offsets of its data batches).
         self._done: list[tuple[int, int, list[int]]] = []
 
-    def add(self, seg: LogSegment, batches: list[RecordBatch]) -> None:
-        """Take what the pass needs from ``seg``'s ``batches`` (segments in offset order)."""
-        self.sizes[seg.base_offset] = seg.size
+    def add(self, seg: LogSegment, size: int, batches: list[RecordBatch]) -> None:
+        """Take what the pass needs from ``seg``'s ``batches`` (segments in offset order),
+        read from its first ``size`` bytes."""
+        self.sizes[seg.base_offset] = size
         dropped = _aborted_batches(batches, self.aborted)
         self.dropped |= dropped
         self.keys.add(_segment_latest(batches, self.upto, dropped))
@@ -434,11 +442,19 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
             s.base_offset for s in sealed if _tombstones_expired(s, now, cfg.delete_retention_ms)
         }
         scan = _LogScan(upto, end, list(log.aborted.entries), expired)
-        for seg in log.segments:
-            if seg.base_offset < upto:
-                # One segment's batches at a time: only what the scan takes of them stays.
-                scan.add(seg, _segment_batches(seg, log.epochs.epoch_for))
+        # FIX: the segments are read, checked and grouped outside the log's lock (only each
+        # file's read holds it): a pass over a large log held it for seconds, and every
+        # append and read of the partition waited (a truncation or deletion meanwhile makes
+        # the pass void, as in the rewrite below).
+        reading = [(seg, seg.size) for seg in log.segments if seg.base_offset < upto]
         truncations = log.truncations
+    for seg, size in reading:
+        # One segment's batches at a time: only what the scan takes of them stays.
+        batches = _read_checked(log, seg, size, truncations, sealed=False)
+        if batches is None:
+            return stats  # the log changed under the cleaner: this pass is void
+        scan.add(seg, size, batches)
+        del batches
     latest = scan.keys.latest_offsets()
     recent = scan.recent_producer_batches()
     removable = _removable_transactions(
@@ -448,7 +464,7 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
         return stats  # the log changed under the cleaner: this pass is void
     void = False
     for seg in sealed:
-        batches = _reread(log, seg, scan.sizes[seg.base_offset], truncations)
+        batches = _read_checked(log, seg, scan.sizes[seg.base_offset], truncations)
         if batches is None:
             void = True
             break  # the log changed under the cleaner: this pass is void
@@ -494,7 +510,7 @@ def _removable_transactions(
     sealed: list[LogSegment],
     scan: _LogScan,
     candidates: list[tuple[int, list[int]]],
-    latest: pa.Array,
+    latest: np.ndarray,
     truncations: int,
 ) -> set[int] | None:
     """Base offsets of the batches (data and marker) of the transactions whose marker may go;
@@ -520,7 +536,7 @@ def _removable_transactions(
         i = bisect_left(needed, seg.base_offset)
         if i == len(needed) or needed[i] >= seg.next_offset:
             continue
-        batches = _reread(log, seg, scan.sizes[seg.base_offset], truncations)
+        batches = _read_checked(log, seg, scan.sizes[seg.base_offset], truncations)
         if batches is None:
             return None
         drop_tombstones = seg.base_offset in scan.expired
@@ -537,34 +553,57 @@ def _removable_transactions(
     return out
 
 
-def _reread(log: Log, seg: LogSegment, size: int, truncations: int) -> list[RecordBatch] | None:
-    """``seg``'s batches read again (checked as the first read); None when the log was
-    truncated, or the segment deleted or closed, since the pass first read it: the key map
-    may then be wrong, and a deleted segment's descriptor may be closed or reused."""
+def _read_checked(
+    log: Log, seg: LogSegment, size: int, truncations: int, *, sealed: bool = True
+) -> list[RecordBatch] | None:
+    """The checked batches of ``seg``'s first ``size`` bytes; None when the log was
+    truncated, or the segment deleted or closed, since the pass measured it (the key map may
+    then be wrong, and a deleted segment's descriptor may be closed or reused), or when a
+    ``sealed`` segment's size changed.
+
+    Only the file's read holds the log's lock; the decode and checks run outside it, so
+    appends and reads of the partition wait for one ``pread``, not for a segment's decode.
+    A check failing while the log changed under it is a void pass, not damage."""
     with log.lock:
         if (
             log.truncations != truncations
             or seg.closed
             or seg not in log.segments
-            or seg.size != size
+            or (seg.size != size if sealed else seg.size < size)
         ):
             return None
-        return _segment_batches(seg, log.epochs.epoch_for)
+        data = os.pread(seg.fd, size, 0)
+    try:
+        return _segment_batches(seg, data, log.epochs.epoch_for)
+    except CorruptLogError:
+        with log.lock:
+            if log.truncations != truncations or seg not in log.segments:
+                return None
+        raise
 
 
 def _kept_body(
-    b: RecordBatch, latest: pa.Array, drop_tombstones: bool, aborted: set[int]
+    b: RecordBatch, latest: np.ndarray, drop_tombstones: bool, aborted: set[int]
 ) -> pa.RecordBatch:
     """The records of data batch ``b`` that compaction keeps (tombstones only while
-    ``drop_tombstones`` is false: see :func:`_tombstones_expired`)."""
+    ``drop_tombstones`` is false: see :func:`_tombstones_expired`). ``latest`` is the sorted
+    array of each key's latest offset (:meth:`_KeyMap.latest_offsets`)."""
     h = b.header
     body = b.body()
     if body.num_rows == 0:
         return body
     if h.base_offset in aborted:
         return body.slice(0, 0)
-    offsets = pc.add(body.column(0).cast(pa.int64()), h.base_offset)
-    keep = pc.or_(pc.is_in(offsets, value_set=latest), pc.is_null(body.column(2)))
+    offsets = body.column(0).to_numpy(zero_copy_only=False).astype(np.int64) + h.base_offset
+    # FIX: a binary search in the sorted map, not ``pc.is_in(offsets, value_set=latest)``,
+    # which hashed the whole map again for every batch: a pass cost batches x keys (100,000
+    # keys in 4,000 batches: 29 s of CPU; twice both: 126 s), now batches x log(keys).
+    if len(latest):
+        found = latest[np.minimum(np.searchsorted(latest, offsets), len(latest) - 1)]
+        latest_here = found == offsets
+    else:
+        latest_here = np.zeros(len(offsets), bool)
+    keep = pc.or_(pa.array(latest_here), pc.is_null(body.column(2)))
     if drop_tombstones:
         tombstone = pc.and_(pc.is_null(body.column(3)), pc.is_valid(body.column(2)))
         keep = pc.and_(keep, pc.invert(tombstone))
@@ -582,7 +621,7 @@ def _mergeable(h: BatchHeader, headers: set[int], removable: AbstractSet[int]) -
 
 def _rewrite(
     batches: list[RecordBatch],
-    latest: pa.Array,
+    latest: np.ndarray,
     drop_tombstones: bool,
     headers: set[int],
     aborted: set[int],
