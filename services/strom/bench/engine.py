@@ -1,7 +1,9 @@
-"""``strom bench record`` and ``strom bench log``: the engines alone, no network.
+"""``strom bench record``, ``strom bench log`` and ``strom bench compaction``: the engines
+alone, no network.
 
 These measure what the brokers' hot paths are built from: encoding/decoding batches (the
-client side) and appending/reading whole batches in a partition log (the broker side).
+client side) and appending/reading whole batches in a partition log (the broker side), and
+what one compaction pass of a log costs as its keys grow (the cleaner runs beside both).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pyarrow as pa
 
 from strom.bench import cpu
 from strom.bench.stats import Result
-from strom.log import Log, LogConfig
+from strom.log import Log, LogConfig, compact
 from strom.record import decode_batches, encode_arrow, encode_batch
 
 
@@ -172,5 +174,45 @@ def bench_log(
         read = Result("log read (sequential)", batches, leo, got, seconds, lat, meter.stop())
         log.close()
         return [*results, append, read]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_compaction(
+    *,
+    records: int,
+    keys: int,
+    batch_records: int,
+    record_size: int,
+    segment_bytes: int,
+    directory: str | None,
+) -> list[Result]:
+    """One compaction pass over a fresh log of ``records`` keyed records (keys written round
+    robin over ``keys`` distinct ones, in batches of ``batch_records``): what the cleaner's
+    time does as the distinct keys grow (it must stay about linear in the log's size)."""
+    value = os.urandom(max(record_size, 1))
+    tmp = Path(tempfile.mkdtemp(prefix="strom-bench-", dir=directory))
+    cfg = LogConfig.from_dict({"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)})
+    try:
+        log = Log(tmp / "bench-0", cfg, fsync=False)
+        written = 0
+        while written < records:
+            n = min(batch_records, records - written)
+            ks = [b"key-%d" % ((written + j) % keys) for j in range(n)]
+            log.append(encode_batch([value] * n, keys=ks), leader_epoch=0)
+            written += n
+        log.roll()
+        size = log.size_bytes
+        t0 = time.perf_counter()
+        meter = cpu.start()
+        stats = compact(log, now=int(time.time() * 1000) + 1)
+        seconds = time.perf_counter() - t0
+        usage = meter.stop()
+        log.close()
+        name = (
+            f"compaction pass ({keys:,} keys, "
+            f"{stats.records_before:,} -> {stats.records_after:,} records)"
+        )
+        return [Result(name, None, records, size, seconds, [], usage)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -144,6 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lg.add_argument("--json", action="store_true", help="print one JSON object")
 
+    cp = bsub.add_parser(
+        "compaction", help="one compaction pass of a log on local disk, as its keys grow"
+    )
+    cp.add_argument("--records", type=_positive, default=1_000_000)
+    cp.add_argument("--keys", type=_positive, default=100_000, help="distinct keys")
+    cp.add_argument("--batch-records", type=_positive, default=50)
+    cp.add_argument("--record-size", type=_positive, default=20)
+    cp.add_argument("--segment-bytes", type=_size, default=4 << 20, help="segment.bytes (4MiB)")
+    cp.add_argument("--dir", default=None, help="where to put the log (default: system tmp)")
+    cp.add_argument("--json", action="store_true", help="print one JSON object")
+
     gb = bsub.add_parser(
         "grpc",
         parents=[common, metered],
@@ -707,7 +718,7 @@ def _run(args: argparse.Namespace) -> int:
     out = sys.stdout
     if args.command == "bench":
         from strom.bench import cpu
-        from strom.bench.engine import bench_log, bench_record
+        from strom.bench.engine import bench_compaction, bench_log, bench_record
         from strom.bench.stats import report
 
         if hasattr(args, "metrics"):  # a bench against a running cluster
@@ -899,6 +910,23 @@ def _run(args: argparse.Namespace) -> int:
                 "record_size": args.record_size,
                 "batch_records": args.batch_records,
                 "compression": args.compression,
+            }
+        elif args.bench_mode == "compaction":
+            results = bench_compaction(
+                records=args.records,
+                keys=args.keys,
+                batch_records=args.batch_records,
+                record_size=args.record_size,
+                segment_bytes=args.segment_bytes,
+                directory=args.dir,
+            )
+            ctx = {
+                "mode": "compaction",
+                "records": args.records,
+                "keys": args.keys,
+                "batch_records": args.batch_records,
+                "record_size": args.record_size,
+                "segment_bytes": args.segment_bytes,
             }
         else:
             results = bench_log(
