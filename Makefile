@@ -51,6 +51,7 @@ generate: setup
 bench: setup
 	$(VENV)/bin/strom bench record
 	$(VENV)/bin/strom bench log --warm
+	$(VENV)/bin/strom bench compaction
 
 ## Spark connector throughput on local[2] beside an in-memory Arrow source (docs/benchmarks.md).
 bench-spark: setup
