@@ -12,7 +12,9 @@ import threading
 
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to ``upstream``; ``hold()`` swallows upstream->client bytes
-    from then on; ``cut()`` closes every connection (and stops swallowing)."""
+    from then on; ``partition()`` swallows the bytes of both ways (a network partition: the
+    connections stay open, nothing gets through); ``cut()`` closes every connection (and
+    stops swallowing)."""
 
     def __init__(self, upstream_port: int, port: int = 0) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
@@ -21,6 +23,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._holding = False
+        self._dropping = False
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -28,10 +31,14 @@ class TcpProxy:
         with self._lock:
             self._holding = True
 
+    def partition(self) -> None:
+        with self._lock:
+            self._dropping = True
+
     def cut(self) -> None:
         with self._lock:
             conns, self._conns = self._conns, []
-            self._holding = False
+            self._holding = self._dropping = False
         for s in conns:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
@@ -66,10 +73,9 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                if answers:
-                    with self._lock:
-                        if self._holding:
-                            continue
+                with self._lock:
+                    if self._dropping or (answers and self._holding):
+                        continue
                 dst.sendall(data)
         except OSError:
             pass

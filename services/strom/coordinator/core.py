@@ -149,6 +149,28 @@ class CoordinatorCore:
             )
         return self.view
 
+    def _lease_live(self) -> bool:
+        """False once the lease of our shard keys has surely expired (see
+        :meth:`KeepAlive.surely_expired`), before the keeper reports the loss."""
+        keepalive = self._keepalive
+        return keepalive is None or not keepalive.surely_expired()
+
+    def _check_lease(self, shard: int, topic: str = CONSUMER_OFFSETS_TOPIC) -> None:
+        """Raise NOT_COORDINATOR while our lease has surely expired.
+
+        FIX (found from outside): a coordinator paused (SIGSTOP, a long GC, a frozen VM)
+        past its lease's TTL kept answering from memory when it woke, before its keeper
+        heard of the loss: OffsetFetch returned offsets another coordinator had since moved
+        on, and a consumer resumed from them (re-reading, or skipping what the other
+        coordinator's members had not committed). Kafka's old coordinator answers
+        NOT_COORDINATOR once it is no longer the offsets partition's leader; here the lease
+        is that leadership, so nothing is answered from a shard once it has surely lapsed."""
+        if not self._lease_live():
+            raise NotCoordinatorError(
+                f"coordinator {self.coordinator_id} cannot renew its lease on {topic} shard "
+                f"{shard} (it was paused or cannot reach etcd); ask the cluster again"
+            )
+
     def _shard_of(self, group_id: str) -> Shard:
         """The loaded shard holding ``group_id``; raises the group-level errors."""
         if not group_id:
@@ -160,6 +182,7 @@ class CoordinatorCore:
         shard = self.shards.get(s)
         if shard is None or self._stopping:
             raise NotCoordinatorError(f"coordinator {self.coordinator_id} does not own shard {s}")
+        self._check_lease(s)
         if not shard.loaded:
             raise CoordinatorLoadInProgressError(f"shard {s} is still loading")
         return shard

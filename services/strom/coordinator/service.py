@@ -146,12 +146,6 @@ class CoordinatorService(
             self._lease_live,
         )
 
-    def _lease_live(self) -> bool:
-        """False once the lease of our shard keys has surely expired (see
-        :meth:`KeepAlive.surely_expired`), before the keeper reports the loss."""
-        keepalive = self._keepalive
-        return keepalive is None or not keepalive.surely_expired()
-
     def _cluster_group_shards(self) -> int:
         """Partitions of ``__consumer_offsets`` as the view sees them (0 before it exists or
         before the view started): the shards the coordinators together should serve."""

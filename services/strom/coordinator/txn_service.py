@@ -120,6 +120,7 @@ class TransactionRpcs(_Base):
             raise NotCoordinatorError(
                 f"coordinator {self.coordinator_id} does not own {kind.topic} shard {s}"
             )
+        self._check_lease(s, kind.topic)
         if not shard.loaded:
             raise CoordinatorLoadInProgressError(f"{kind.topic} shard {s} is still loading")
         return shard
