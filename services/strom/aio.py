@@ -196,6 +196,9 @@ class _Records:
                 if not self._sync._moved:
                     record = self._records[self._next]
                     self._next += 1
+                    # A commit made in the loop's body covers this record, not the rest of
+                    # the poll (the sync consumer's _consumed_positions).
+                    self._sync._handed = self._next
                     return record
                 self.rewind()  # seek, pause or a new assignment inside the loop: poll afresh
             if self._sync._closed:
@@ -214,6 +217,7 @@ class _Records:
         with self._lock:
             self._sync._moved = False
             self._records, self._next, self._marks = records, 0, marks
+            self._sync._handing, self._sync._handed = (records, marks), 0
             if self._abandoned:  # the loop was cancelled while this poll ran
                 self.rewind()
         return bool(records)
@@ -241,6 +245,7 @@ class _Records:
         """Put the polled records not handed out back (their partitions seek to the first)."""
         unseen = self._records[self._next :]
         self._records, self._next = [], 0
+        self._sync._handing = None
         if unseen:
             self._sync._rewind(unseen, self._marks)
 

@@ -109,6 +109,34 @@ def test_async_for_left_early_commits_only_what_it_handed_out(
     assert _committed(one_node_cluster.bootstrap, "aio-break", tp) == 15
 
 
+def test_a_commit_in_the_body_of_async_for_covers_the_records_handed_out(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """``await consumer.commit()`` inside ``async for`` commits through the record in hand,
+    not through the rest of the poll (as the sync iterator and kafka-python do)."""
+    tp = _hundred_records(one_node_cluster, "aio-commit")
+
+    async def main() -> list[tuple[int, int | None]]:
+        pairs = []
+        async with aio.Consumer(
+            one_node_cluster.bootstrap,
+            group_id="aio-commit",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        ) as consumer:
+            await consumer.subscribe(["aio-commit"])
+            async for record in consumer:
+                await consumer.commit()
+                om = await consumer.committed(tp)
+                pairs.append((record.offset, None if om is None else om.offset))
+                if len(pairs) == 3:
+                    break
+        return pairs
+
+    assert asyncio.run(main()) == [(0, 1), (1, 2), (2, 3)]
+    assert _committed(one_node_cluster.bootstrap, "aio-commit", tp) == 3
+
+
 def test_async_for_cancelled_in_its_body_commits_only_what_it_handed_out(
     one_node_cluster: LocalCluster,
 ) -> None:

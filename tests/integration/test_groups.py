@@ -702,3 +702,30 @@ def test_a_stopping_coordinator_hands_its_shards_over(
         assert again.committed(tp0) == OffsetAndMetadata(6, "six")
     finally:
         again.close()
+
+
+def test_commits_made_while_iterating_cover_only_the_records_handed_out(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """``for r in consumer: process(r); consumer.commit()`` commits through ``r``, not through
+    the rest of the poll behind it (found from outside: the commit covered the whole poll, so
+    a crash after the first record lost up to max_poll_records of them); a close after some
+    ``next(consumer)`` auto-commits what they returned. kafka-python's iterator does so."""
+    create_topic(cluster, "iter-commit", 1)
+    produce(client, "iter-commit", 0, 50)
+    tp = TopicPartition("iter-commit", 0)
+    kw = {"auto_offset_reset": "earliest"}
+    with Consumer(cluster.bootstrap, group_id="iter-c", enable_auto_commit=False, **kw) as c:
+        c.subscribe(["iter-commit"])
+        for n, rec in enumerate(c, 1):
+            c.commit()
+            assert c.committed(tp).offset == rec.offset + 1
+            if n == 3:
+                break
+        # The loop left early: the next one starts after what it handed out.
+        assert next(iter(c)).offset == 3
+    with Consumer(cluster.bootstrap, group_id="iter-n", **kw) as c:  # auto-commit on close
+        c.subscribe(["iter-commit"])
+        assert [next(c).offset for _ in range(5)] == [0, 1, 2, 3, 4]
+    with Consumer(cluster.bootstrap, group_id="iter-n", enable_auto_commit=False) as c:
+        assert c.committed(tp).offset == 5

@@ -45,6 +45,9 @@ class FakeConsumer:
     def _apply_assignment(self, parts: Iterable[TopicPartition]) -> None:
         self.applied.append(set(parts))
 
+    def _consumed_positions(self, parts: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: pos for tp, (_, pos) in self._marks(set(parts)).items() if pos is not None}
+
 
 class Listener:
     def __init__(self) -> None:

@@ -226,6 +226,11 @@ class Consumer:
         self._closed = False
         self._subscription: frozenset[str] | None = None
         self._iterator: Iterator[Record] | None = None
+        #: The records of the poll the iteration (``for r in consumer`` / ``next()``) is
+        #: handing out, the fetcher's marks when they were polled, and the index of the first
+        #: one not handed out yet: commits count only what was handed out.
+        self._handing: tuple[list[Record], dict[TopicPartition, Any]] | None = None
+        self._handed = 0
         #: Set by every call that moves positions, so an iteration in progress stops handing
         #: out records polled before the move.
         self._moved = False
@@ -374,8 +379,7 @@ class Consumer:
         if offsets is None:
             return {
                 tp: OffsetAndMetadata(pos)
-                for tp in self.assignment()
-                if (pos := self._fetcher.position(tp)) is not None
+                for tp, pos in self._consumed_positions(self.assignment()).items()
             }
         out = {}
         for tp, om in offsets.items():
@@ -719,22 +723,53 @@ class Consumer:
             if records:
                 marks = self._fetcher.last_marks
                 self._moved = False
-                it = iter(records)
+                self._handing = (records, marks)
                 try:
-                    for rec in it:
+                    for i, rec in enumerate(records):
+                        # Handed out (kafka-python's rule): a commit from the loop's body
+                        # covers this record and the ones before it, not the rest of the poll.
+                        self._handed = i + 1
                         yield rec
                         if self._moved:  # seek/pause/assign inside the loop: poll afresh
                             break
                 finally:
+                    self._handing = None
                     # Whatever poll() returned but the loop never handed out (break, an
                     # exception, a seek) must be read again: move those partitions back.
-                    self._rewind(list(it), marks)
+                    self._rewind(records[self._handed :], marks)
                 idle_since = time.monotonic()
             elif (
                 self._consumer_timeout_s is not None
                 and time.monotonic() - idle_since >= self._consumer_timeout_s
             ):
                 return
+
+    def _consumed_positions(self, parts: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The positions to commit for ``parts`` (the assigned ones with a known position):
+        the fetcher's, except that a partition with records the iteration has not handed out
+        yet is at its first such record.
+
+        FIX (found from outside): ``for r in consumer: process(r); consumer.commit()``
+        committed the position after the whole poll (up to ``max_poll_records`` records),
+        so a crash after the first record lost the rest of the poll; so did ``close()``
+        after some ``next(consumer)`` calls. kafka-python commits what its iterator handed
+        out, and so does this now (auto-commit and the commits of a rebalance or close
+        too)."""
+        marks = self._fetcher.marks(set(parts))  # assigned ones only
+        out = {tp: pos for tp, (_, pos) in marks.items() if pos is not None}
+        handing = self._handing
+        if handing is not None:
+            records, polled = handing
+            seen: set[TopicPartition] = set()
+            for r in records[self._handed :]:
+                tp = TopicPartition(r.topic, r.partition)  # type: ignore[arg-type]
+                if tp in seen:
+                    continue
+                seen.add(tp)
+                # Unless the application moved the partition since (a seek wins).
+                if tp in out and marks[tp] == polled.get(tp):
+                    out[tp] = r.offset
+        return out
 
     def _rewind(
         self, unseen: list[Record], marks: dict[TopicPartition, tuple[int, int | None]]

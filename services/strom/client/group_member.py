@@ -442,8 +442,8 @@ class GroupMember:
     def _positions(
         self, parts: Iterable[TopicPartition]
     ) -> dict[TopicPartition, OffsetAndMetadata]:
-        marks = self._consumer._fetcher.marks(set(parts))  # assigned ones only
-        return {tp: OffsetAndMetadata(pos) for tp, (_, pos) in marks.items() if pos is not None}
+        positions = self._consumer._consumed_positions(parts)
+        return {tp: OffsetAndMetadata(pos) for tp, pos in positions.items()}
 
     def _commit_quietly(
         self, offsets: Mapping[TopicPartition, OffsetAndMetadata], timeout_s: float

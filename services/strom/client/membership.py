@@ -50,6 +50,9 @@ class GroupHost(Protocol):
     def _apply_assignment(self, partitions: Iterable[TopicPartition]) -> None:
         """Install a (reconciled) assignment: positions of partitions kept are kept."""
 
+    def _consumed_positions(self, parts: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The positions a commit of ``parts`` covers: what the application was handed."""
+
 
 class GroupMembership(Protocol):
     """What the consumer-group code plugs in as ``Consumer._group`` (DESIGN §7).
