@@ -353,6 +353,64 @@ def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
     assert rule["spec"] == yaml.safe_load((ROOT / "deploy/prometheus/strom-alerts.yml").read_text())
 
 
+def operator_series_labels(
+    sm: dict[str, Any], service: dict[str, Any], scraped: dict[str, str]
+) -> dict[str, str]:
+    """The labels prometheus-operator's scrape configuration gives a series ``scraped`` of a
+    target behind ``service``: job from the Service's ``jobLabel`` label (else the Service's
+    name), namespace, service = the Service's name, endpoint, then the endpoint's
+    relabelings; a scraped label clashing with a target label wins under honorLabels, and is
+    otherwise renamed exported_<name> (Prometheus' honor_labels)."""
+    meta = service["metadata"]
+    endpoint = sm["spec"]["endpoints"][0]
+    target = {
+        "job": meta["labels"].get(sm["spec"].get("jobLabel", ""), meta["name"]),
+        "namespace": meta["namespace"],
+        "service": meta["name"],
+        "endpoint": endpoint["port"],
+    }
+    for r in endpoint.get("relabelings", []):
+        target[r["targetLabel"]] = r["replacement"]
+    out = dict(target)
+    for name, value in scraped.items():
+        if name in target and not endpoint.get("honorLabels"):
+            out[f"exported_{name}"] = value
+        else:
+            out[name] = value
+    return out
+
+
+def test_service_monitor_keeps_the_labels_the_alerts_and_dashboard_use() -> None:
+    """prometheus-operator gives every target service=<the Service's name>: without
+    honorLabels strom's own `service` label (the role, docs/metrics.md) became
+    exported_service, and `{service="controller"}`, the alerts' and the dashboard's
+    `by (service)` broke on Kubernetes (found from outside). The job names are the ones the
+    alert rules and the dashboard select."""
+    docs = render(VALUE_SETS["tls-and-monitoring"])
+    sm = next(iter(by_kind(docs, "ServiceMonitor").values()))
+    assert all(e.get("honorLabels") is True for e in sm["spec"]["endpoints"])
+    selected = [
+        s
+        for s in by_kind(docs, "Service").values()
+        if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
+    jobs = set()
+    for s in selected:
+        role = s["metadata"]["labels"]["app.kubernetes.io/component"]
+        labels = operator_series_labels(sm, s, {"service": role, "version": "1"})
+        assert labels["service"] == role and "exported_service" not in labels, labels
+        assert labels["cluster"] == "strom"
+        jobs.add(labels["job"])
+    assert jobs == {"strom-storage", "strom-controller", "strom-coordinator"}
+    rules = (ROOT / "deploy/prometheus/strom-alerts.yml").read_text()
+    named = {j for m in re.findall(r'job=~?"([^"]+)"', rules) for j in m.split("|")}
+    assert named == jobs
+    panels = json.loads((ROOT / "deploy/grafana/strom-dashboard.json").read_text())["panels"]
+    exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
+    patterns = re.findall(r'job=~"([^"]+)"', exprs)
+    assert patterns and all(re.fullmatch(pat, j) for pat in patterns for j in jobs), patterns
+
+
 def notes(*args: str) -> str:
     """The install notes (NOTES.txt) of a release named strom in namespace streaming."""
     proc = helm("install", "strom", str(CHART), "--dry-run=client", "-n", "streaming", *args)
