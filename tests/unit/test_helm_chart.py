@@ -93,6 +93,7 @@ def test_kubernetes_validate_rejects_an_unknown_field(tmp_path: Path) -> None:
 def test_schema_refuses_bad_values() -> None:
     for bad in (
         "controller.replicas=1",
+        "storage.sessionTimeoutSeconds=1",  # below etcd's minimum lease TTL, as controllers'
         "etcd.replicas=2",
         "storage.podAntiAffinity=always",
         "clusterName=a/b",
