@@ -285,6 +285,22 @@ def test_external_etcd_replaces_the_bundled_one() -> None:
     )
 
 
+def test_external_etcd_tls_values_are_named_as_they_are() -> None:
+    """The chart's refusal named etcd.endpoints, a value that does not exist (it is
+    etcd.externalEndpoints), and values.yaml read as if tls.crt/tls.key were optional while
+    every service is passed --etcd-cert and --etcd-key (found from outside)."""
+    proc = helm("template", "s", str(CHART), "--set", "etcd.externalTls.secretName=etcd-tls")
+    assert proc.returncode != 0
+    assert "etcd.externalEndpoints" in proc.stderr and "etcd.endpoints" not in proc.stderr
+    docs = render(VALUE_SETS["tls-and-monitoring"])
+    for name in ("strom-storage", "strom-controller", "strom-coordinator"):
+        args = container(by_kind(docs, "StatefulSet")[name])["args"]
+        assert "--etcd-cert=/etc/strom/etcd-tls/tls.crt" in args, name
+    values = (CHART / "values.yaml").read_text()
+    comment = values.split("  externalTls:")[0].rsplit("# -- TLS to an external etcd", 1)[1]
+    assert "client certificate, which is required" in comment
+
+
 def test_zones_become_racks_of_five_nodes() -> None:
     docs = render(VALUE_SETS["zones-5-nodes"])
     storage = by_kind(docs, "StatefulSet")["strom-storage"]
