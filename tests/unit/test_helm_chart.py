@@ -503,6 +503,23 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
+def test_zones_spread_counts_only_this_releases_storage_pods() -> None:
+    """ci/zones-values.yaml's spread constraint selected every strom storage pod of the
+    namespace, another release's too (no app.kubernetes.io/instance; found from outside).
+    The selector the scheduler applies (matchLabels, plus matchLabelKeys' values from the
+    pod itself) is the release's storage pods, whatever the release is called."""
+    for release, statefulset in (("strom", "strom-storage"), ("billing", "billing-strom-storage")):
+        docs = render(VALUE_SETS["zones-5-nodes"], release=release)
+        pod = by_kind(docs, "StatefulSet")[statefulset]["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        for c in pod["spec"]["topologySpreadConstraints"]:
+            selector = dict(c["labelSelector"]["matchLabels"])
+            selector.update({k: labels[k] for k in c.get("matchLabelKeys", [])})
+            assert selector.items() <= labels.items()
+            assert selector["app.kubernetes.io/instance"] == release
+            assert selector["app.kubernetes.io/component"] == "storage"
+
+
 def test_bundled_etcd_admits_only_stroms_own_pods() -> None:
     """The bundled etcd serves plaintext without authentication and holds the ACLs, so any
     pod that reached it could rewrite them (found from outside). A NetworkPolicy (on by
