@@ -155,6 +155,25 @@ def test_chart_refuses_ephemeral_etcd_members_unless_told() -> None:
     assert "for testing only" in values and "for testing" in (CHART / "README.md").read_text()
 
 
+def test_chart_refuses_ephemeral_storage_unless_told() -> None:
+    """storage.persistence.enabled=false rendered an emptyDir without a word: every pod
+    re-created (rescheduled, evicted, each one of an upgrade) starts a node with an empty
+    data dir, which copies all its replicas again and loses records no other replica holds
+    (found from outside). Refused unless storage.allowEphemeral is set, as etcd's."""
+    proc = helm("template", "s", str(CHART), "--set", "storage.persistence.enabled=false")
+    assert proc.returncode != 0
+    assert "storage.allowEphemeral=true" in proc.stderr and "empty data directory" in proc.stderr
+    sets = ["storage.persistence.enabled=false", "storage.allowEphemeral=true"]
+    storage = by_kind(render([], sets=sets), "StatefulSet")["strom-storage"]
+    assert {"name": "data", "emptyDir": {}} in storage["spec"]["template"]["spec"]["volumes"]
+    assert "volumeClaimTemplates" not in storage["spec"]
+    storage = by_kind(render([]), "StatefulSet")["strom-storage"]
+    assert storage["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    values = (CHART / "values.yaml").read_text()
+    assert "storage.persistence.enabled" in (CHART / "README.md").read_text()
+    assert values.count("for testing only") >= 2 and "allowEphemeral: false" in values
+
+
 def test_values_name_the_services_principal_as_the_server_derives_it(tmp_path: Path) -> None:
     """acls.superUsers' comment said User:CN=<tls.crt subject CN>; the principal is the full
     RFC 4514 subject (found from outside): the example the comment gives is what a
