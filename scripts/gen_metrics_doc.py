@@ -64,7 +64,10 @@ Labels added by the scraper, not by strom: `cluster` (the strom cluster name), `
 (`strom-storage`, `strom-controller`, `strom-coordinator`) and `instance`. The Helm chart's
 ServiceMonitor and the example `deploy/prometheus/prometheus.yml` set them that way; the
 dashboard (`deploy/grafana/`) and the alert rules (`deploy/prometheus/strom-alerts.yml`)
-rely on them.
+rely on them. prometheus-operator also gives every target `service` (the Kubernetes
+Service's name), `namespace`, `pod`, `container` and `endpoint`: the chart's ServiceMonitor
+sets `honorLabels`, so strom's own `service` label (the role) is kept rather than renamed
+`exported_service`; series without it carry the Kubernetes Service's name there.
 
 Besides these, every process exports prometheus_client's standard `process_*`
 (CPU seconds, resident memory, open file descriptors, start time) and `python_gc_*` /

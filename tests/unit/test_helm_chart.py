@@ -93,6 +93,7 @@ def test_kubernetes_validate_rejects_an_unknown_field(tmp_path: Path) -> None:
 def test_schema_refuses_bad_values() -> None:
     for bad in (
         "controller.replicas=1",
+        "storage.sessionTimeoutSeconds=1",  # below etcd's minimum lease TTL, as controllers'
         "etcd.replicas=2",
         "storage.podAntiAffinity=always",
         "clusterName=a/b",
@@ -152,6 +153,25 @@ def test_chart_refuses_ephemeral_etcd_members_unless_told() -> None:
     assert etcd["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     values = (CHART / "values.yaml").read_text()
     assert "for testing only" in values and "for testing" in (CHART / "README.md").read_text()
+
+
+def test_chart_refuses_ephemeral_storage_unless_told() -> None:
+    """storage.persistence.enabled=false rendered an emptyDir without a word: every pod
+    re-created (rescheduled, evicted, each one of an upgrade) starts a node with an empty
+    data dir, which copies all its replicas again and loses records no other replica holds
+    (found from outside). Refused unless storage.allowEphemeral is set, as etcd's."""
+    proc = helm("template", "s", str(CHART), "--set", "storage.persistence.enabled=false")
+    assert proc.returncode != 0
+    assert "storage.allowEphemeral=true" in proc.stderr and "empty data directory" in proc.stderr
+    sets = ["storage.persistence.enabled=false", "storage.allowEphemeral=true"]
+    storage = by_kind(render([], sets=sets), "StatefulSet")["strom-storage"]
+    assert {"name": "data", "emptyDir": {}} in storage["spec"]["template"]["spec"]["volumes"]
+    assert "volumeClaimTemplates" not in storage["spec"]
+    storage = by_kind(render([]), "StatefulSet")["strom-storage"]
+    assert storage["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    values = (CHART / "values.yaml").read_text()
+    assert "storage.persistence.enabled" in (CHART / "README.md").read_text()
+    assert values.count("for testing only") >= 2 and "allowEphemeral: false" in values
 
 
 def test_values_name_the_services_principal_as_the_server_derives_it(tmp_path: Path) -> None:
@@ -284,6 +304,22 @@ def test_external_etcd_replaces_the_bundled_one() -> None:
     )
 
 
+def test_external_etcd_tls_values_are_named_as_they_are() -> None:
+    """The chart's refusal named etcd.endpoints, a value that does not exist (it is
+    etcd.externalEndpoints), and values.yaml read as if tls.crt/tls.key were optional while
+    every service is passed --etcd-cert and --etcd-key (found from outside)."""
+    proc = helm("template", "s", str(CHART), "--set", "etcd.externalTls.secretName=etcd-tls")
+    assert proc.returncode != 0
+    assert "etcd.externalEndpoints" in proc.stderr and "etcd.endpoints" not in proc.stderr
+    docs = render(VALUE_SETS["tls-and-monitoring"])
+    for name in ("strom-storage", "strom-controller", "strom-coordinator"):
+        args = container(by_kind(docs, "StatefulSet")[name])["args"]
+        assert "--etcd-cert=/etc/strom/etcd-tls/tls.crt" in args, name
+    values = (CHART / "values.yaml").read_text()
+    comment = values.split("  externalTls:")[0].rsplit("# -- TLS to an external etcd", 1)[1]
+    assert "client certificate, which is required" in comment
+
+
 def test_zones_become_racks_of_five_nodes() -> None:
     docs = render(VALUE_SETS["zones-5-nodes"])
     storage = by_kind(docs, "StatefulSet")["strom-storage"]
@@ -351,6 +387,64 @@ def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert rule["spec"] == yaml.safe_load((ROOT / "deploy/prometheus/strom-alerts.yml").read_text())
+
+
+def operator_series_labels(
+    sm: dict[str, Any], service: dict[str, Any], scraped: dict[str, str]
+) -> dict[str, str]:
+    """The labels prometheus-operator's scrape configuration gives a series ``scraped`` of a
+    target behind ``service``: job from the Service's ``jobLabel`` label (else the Service's
+    name), namespace, service = the Service's name, endpoint, then the endpoint's
+    relabelings; a scraped label clashing with a target label wins under honorLabels, and is
+    otherwise renamed exported_<name> (Prometheus' honor_labels)."""
+    meta = service["metadata"]
+    endpoint = sm["spec"]["endpoints"][0]
+    target = {
+        "job": meta["labels"].get(sm["spec"].get("jobLabel", ""), meta["name"]),
+        "namespace": meta["namespace"],
+        "service": meta["name"],
+        "endpoint": endpoint["port"],
+    }
+    for r in endpoint.get("relabelings", []):
+        target[r["targetLabel"]] = r["replacement"]
+    out = dict(target)
+    for name, value in scraped.items():
+        if name in target and not endpoint.get("honorLabels"):
+            out[f"exported_{name}"] = value
+        else:
+            out[name] = value
+    return out
+
+
+def test_service_monitor_keeps_the_labels_the_alerts_and_dashboard_use() -> None:
+    """prometheus-operator gives every target service=<the Service's name>: without
+    honorLabels strom's own `service` label (the role, docs/metrics.md) became
+    exported_service, and `{service="controller"}`, the alerts' and the dashboard's
+    `by (service)` broke on Kubernetes (found from outside). The job names are the ones the
+    alert rules and the dashboard select."""
+    docs = render(VALUE_SETS["tls-and-monitoring"])
+    sm = next(iter(by_kind(docs, "ServiceMonitor").values()))
+    assert all(e.get("honorLabels") is True for e in sm["spec"]["endpoints"])
+    selected = [
+        s
+        for s in by_kind(docs, "Service").values()
+        if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
+    jobs = set()
+    for s in selected:
+        role = s["metadata"]["labels"]["app.kubernetes.io/component"]
+        labels = operator_series_labels(sm, s, {"service": role, "version": "1"})
+        assert labels["service"] == role and "exported_service" not in labels, labels
+        assert labels["cluster"] == "strom"
+        jobs.add(labels["job"])
+    assert jobs == {"strom-storage", "strom-controller", "strom-coordinator"}
+    rules = (ROOT / "deploy/prometheus/strom-alerts.yml").read_text()
+    named = {j for m in re.findall(r'job=~?"([^"]+)"', rules) for j in m.split("|")}
+    assert named == jobs
+    panels = json.loads((ROOT / "deploy/grafana/strom-dashboard.json").read_text())["panels"]
+    exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
+    patterns = re.findall(r'job=~"([^"]+)"', exprs)
+    assert patterns and all(re.fullmatch(pat, j) for pat in patterns for j in jobs), patterns
 
 
 def notes(*args: str) -> str:
@@ -426,6 +520,23 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         if labels.get(e["key"]) not in e["values"]:
             return False
     return True
+
+
+def test_zones_spread_counts_only_this_releases_storage_pods() -> None:
+    """ci/zones-values.yaml's spread constraint selected every strom storage pod of the
+    namespace, another release's too (no app.kubernetes.io/instance; found from outside).
+    The selector the scheduler applies (matchLabels, plus matchLabelKeys' values from the
+    pod itself) is the release's storage pods, whatever the release is called."""
+    for release, statefulset in (("strom", "strom-storage"), ("billing", "billing-strom-storage")):
+        docs = render(VALUE_SETS["zones-5-nodes"], release=release)
+        pod = by_kind(docs, "StatefulSet")[statefulset]["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        for c in pod["spec"]["topologySpreadConstraints"]:
+            selector = dict(c["labelSelector"]["matchLabels"])
+            selector.update({k: labels[k] for k in c.get("matchLabelKeys", [])})
+            assert selector.items() <= labels.items()
+            assert selector["app.kubernetes.io/instance"] == release
+            assert selector["app.kubernetes.io/component"] == "storage"
 
 
 def test_bundled_etcd_admits_only_stroms_own_pods() -> None:

@@ -73,7 +73,30 @@ def test_every_metric_follows_the_naming_rules() -> None:
         assert wanted in names, wanted
 
 
-def test_result_code_is_the_request_error_else_the_first_item_error() -> None:
+def test_every_leader_election_reason_is_documented_and_counted_from_zero() -> None:
+    """docs/metrics.md listed five reasons of strom_controller_leader_elections_total and
+    left out damaged_replica (found from outside): every reason the decisions use is in
+    leadership.REASONS, named in the help text (so in the table) and has a series at 0."""
+    from strom.controller import leadership
+    from strom.controller import metrics as ctl_metrics
+
+    used = {v for k, v in vars(leadership).items() if k.isupper() and isinstance(v, str)}
+    assert used == set(leadership.REASONS)
+    row = next(
+        line
+        for line in (ROOT / "docs" / "metrics.md").read_text().splitlines()
+        if line.startswith("| `strom_controller_leader_elections_total`")
+    )
+    counted = {
+        s.labels["reason"]
+        for m in ctl_metrics.LEADER_ELECTIONS.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+    for reason in leadership.REASONS:
+        assert re.search(rf"\b{reason}\b", row), reason
+        assert reason in counted, reason
+
     ok = controller_pb2.CreateTopicsResponse()
     ok.topics.add(name="a")
     assert result_code(ok) == 0

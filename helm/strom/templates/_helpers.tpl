@@ -184,7 +184,7 @@ bearer tokens and etcd's TLS. */}}
 {{- fail "tls.clientAuth=required asks for client certificates, which only TLS carries: set tls.enabled=true (and tls.secretName), or leave tls.clientAuth at none" }}
 {{- end }}
 {{- if and .Values.etcd.enabled .Values.etcd.externalTls.secretName }}
-{{- fail "etcd.externalTls is for an external etcd (etcd.enabled=false with etcd.endpoints); the bundled etcd does not use it: unset etcd.externalTls.secretName" }}
+{{- fail "etcd.externalTls is for an external etcd (etcd.enabled=false with etcd.externalEndpoints); the bundled etcd does not use it: unset etcd.externalTls.secretName" }}
 {{- end }}
 {{- if and .Values.auth.tokens.serviceTokenKey (not .Values.auth.tokens.secretName) }}
 {{- fail "auth.tokens.serviceTokenKey names a key of auth.tokens.secretName: set the Secret too" }}

@@ -29,6 +29,8 @@ CONTROLLED_SHUTDOWN = "controlled_shutdown"
 UNCLEAN = "unclean"
 REASSIGNMENT = "reassignment"
 DAMAGED_REPLICA = "damaged_replica"
+#: Every reason (the metric's label values, each named in its help text).
+REASONS = (FAILURE, PREFERRED, CONTROLLED_SHUTDOWN, UNCLEAN, REASSIGNMENT, DAMAGED_REPLICA)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,8 @@ LEADER_ELECTIONS = Counter(
     "strom_controller_leader_elections",
     "Leader changes committed by this controller, by reason: failure (the leader died, or "
     "registered again and is still starting), controlled_shutdown (it is shutting down), "
-    "preferred, unclean, reassignment",
+    "preferred, unclean, reassignment, damaged_replica (the leader's data failed a check on "
+    "read and it handed the partition to another in-sync replica)",
     ["reason"],
 )
 FAILOVER_SECONDS = Histogram(
@@ -106,14 +107,7 @@ CONTROLLERS_FENCED = Counter(
     "strom_controller_active_fenced",
     "Active controllers whose election lease this standby revoked because they refused connections",
 )
-for _reason in (
-    "failure",
-    "preferred",
-    "controlled_shutdown",
-    "unclean",
-    "reassignment",
-    "damaged_replica",
-):
+for _reason in leadership.REASONS:
     LEADER_ELECTIONS.labels(_reason)
 #: min.insync.replicas of a topic that does not override it.
 DEFAULT_MIN_ISR = int(CONFIG_KEYS["min.insync.replicas"].default)
