@@ -322,10 +322,24 @@ def configure(args: argparse.Namespace) -> None:
     if verifiers:
 
         def tokens(token: str) -> str | None:
+            """The first principal the token file or the verifier gives, in that order.
+
+            FIX (found from outside): the docs promise the file and/or the verifier, but one
+            that raised ended the search, so a token file that raised on every call (a
+            non-ASCII token in it) kept a configured verifier from ever being asked. Each is
+            asked whatever the one before did; when none accepts, the first exception is
+            raised again, for the interceptor to log and refuse the token with."""
+            error: Exception | None = None
             for v in verifiers:
-                p = v(token)
+                try:
+                    p = v(token)
+                except Exception as exc:
+                    error = error or exc
+                    continue
                 if p:
                     return user(p)
+            if error is not None:
+                raise error
             return None
 
     client_token = None
