@@ -53,6 +53,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster
         "ipaddress:ip_address",
         "--acls",
         "--super-users",
+        # The comma form of earlier versions, still read so (each part has its User:).
         "User:strom-service,User:admin",
     ]
     cluster = LocalCluster(

@@ -373,3 +373,65 @@ def test_the_verifier_is_asked_when_the_token_file_does_not_answer(
     assert tokens("v-token") == "User:from-verifier"
     with pytest.raises(TypeError, match="the file broke"):
         tokens("nope")
+
+
+def test_super_users_are_separated_by_semicolons_and_keep_their_subjects_commas() -> None:
+    """Found from outside: --super-users was split on every comma, so
+    'User:CN=strom,O=acme,User:CN=admin' made User:O=acme a super user (any certificate with
+    just that subject) and not the service's certificate. Principals are separated by ';'
+    (the flag may repeat); a value without ';' keeps its old meaning only where that cannot
+    be misread, and is refused otherwise."""
+    from strom.security.config import parse_super_users
+
+    assert parse_super_users(["User:CN=strom,O=acme;User:CN=admin"]) == {
+        "User:CN=strom,O=acme",
+        "User:CN=admin",
+    }
+    assert parse_super_users(["User:CN=strom,O=acme", "admin"]) == {
+        "User:CN=strom,O=acme",  # one certificate's subject: the parts after commas are RDNs
+        "User:admin",
+    }
+    assert parse_super_users(["User:CN=strom,2.5.4.10=acme"]) == {"User:CN=strom,2.5.4.10=acme"}
+    # The old comma-separated list of whole principals, each with its type: as before.
+    assert parse_super_users(["User:CN=strom,User:CN=admin"]) == {
+        "User:CN=strom",
+        "User:CN=admin",
+    }
+    # RFC 4514 escapes are kept and do not separate.
+    assert parse_super_users([r"User:CN=a\,b\;c,O=x;User:bob"]) == {
+        r"User:CN=a\,b\;c,O=x",
+        "User:bob",
+    }
+    # A single principal with a comma that is no RDN: end it with ';'.
+    assert parse_super_users(["User:svc,eu;"]) == {"User:svc,eu"}
+    assert parse_super_users([]) == frozenset() and parse_super_users([" ; "]) == frozenset()
+    for ambiguous in (
+        "User:CN=strom,O=acme,User:CN=admin",  # the reviewer's value
+        "admin,bob",
+        "User:svc,eu",
+        "User:a;User:b,User:c",
+    ):
+        with pytest.raises(ValueError, match="separate principals with ';'"):
+            parse_super_users([ambiguous])
+
+
+def test_the_super_users_flag_repeats_and_refuses_a_value_it_cannot_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from strom.security import config
+
+    monkeypatch.setattr(config, "_SERVER", config._SERVER)
+    monkeypatch.setattr(config, "_ETCD", config._ETCD)
+    monkeypatch.setattr(config, "set_default_channel", lambda *a: None)
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    argv = ["--super-users", "User:CN=strom,O=acme;User:CN=admin", "--super-users", "User:ops"]
+    config.configure(parser.parse_args(argv))
+    assert config.server().super_users == {"User:CN=strom,O=acme", "User:CN=admin", "User:ops"}
+    assert config.server().authorizer.allowed(
+        "User:CN=strom,O=acme", Op.ALTER, Res.CLUSTER, CLUSTER
+    )
+    assert not config.server().authorizer.allowed("User:O=acme", Op.ALTER, Res.CLUSTER, CLUSTER)
+    bad = parser.parse_args(["--super-users", "User:CN=strom,O=acme,User:CN=admin"])
+    with pytest.raises(ValueError, match="--super-users 'User:CN=strom,O=acme,User:CN=admin'"):
+        config.configure(bad)
