@@ -149,7 +149,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         "required",
         "--acls",
         "--super-users",
-        "User:CN=strom-node,User:CN=admin",
+        "User:CN=strom-node;User:CN=admin",
         "--etcd-ca",
         str(e.ca.ca_file),
         "--etcd-cert",

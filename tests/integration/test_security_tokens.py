@@ -53,6 +53,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster
         "ipaddress:ip_address",
         "--acls",
         "--super-users",
+        # The comma form of earlier versions, still read so (each part has its User:).
         "User:strom-service,User:admin",
     ]
     cluster = LocalCluster(
@@ -188,3 +189,41 @@ def test_a_bad_token_file_version_still_revokes_removed_tokens(
         finally:
             tokens.write_text(good)
         wait_for(lambda: code() == grpc.StatusCode.OK, timeout=5, what="carol's token back")
+
+
+def test_a_byte_order_mark_or_a_non_ascii_token_shuts_out_no_other_token(
+    env: tuple[LocalCluster, Path, Path],
+) -> None:
+    """Found from outside: a token file starting with a UTF-8 byte order mark, or holding a
+    non-ASCII token, refused every bearer token (hmac.compare_digest raised TypeError on each
+    call) and counted no error. Now the mark is dropped, the non-ASCII token's line is a bad
+    line (counted), and so is a token given a second principal; the other tokens work."""
+    cluster, ca, tokens = env
+    node = cluster.nodes[0]
+
+    def code(token: str) -> grpc.StatusCode:
+        sec = ChannelSecurity.from_files(ca, token=token)
+        with ClusterClient(cluster.bootstrap, security=sec, retry_s=0) as c:
+            req = storage_pb2.MetadataRequest()
+            return _code(lambda: c.storage(cluster.bootstrap).Metadata(req, timeout=5))
+
+    good = tokens.read_text()
+    errors = member_metric(node, "strom_service_auth_token_file_errors_total", service="storage")
+    tokens.write_text(
+        "\ufeff" + "café-token User:carol\n" + good + "dup-token alice\ndup-token admin\n",
+        encoding="utf-8",
+    )
+    try:
+        assert code("carol-token") == grpc.StatusCode.OK
+        assert code("dup-token") == grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            member_metric(node, "strom_service_auth_token_file_errors_total", service="storage")
+            == errors + 1
+        )
+        text = node.log_path.read_text()
+        assert "line 1: the token has a character that is not printable ASCII" in text
+        dup = len(good.splitlines()) + 2  # the first dup-token line
+        assert f"line {dup + 1}: the token of line {dup} again, with another principal" in text
+        assert "café-token" not in text and "dup-token" not in text
+    finally:
+        tokens.write_text(good)

@@ -131,7 +131,28 @@ def test_chart_refuses_acls_the_services_could_not_pass() -> None:
         f"{acls},{tokens},auth.tokens.serviceTokenKey=svc",
     ):
         args = container(by_kind(render([], sets=[good]), "StatefulSet")["strom-storage"])["args"]
-        assert "--acls" in args and "--super-users=User:CN=strom" in args
+        assert "--acls" in args and "--super-users=User:CN=strom;" in args
+
+
+def test_super_users_with_commas_in_their_subject_stay_whole(tmp_path: Path) -> None:
+    """The chart joined acls.superUsers with ',' and the services split the flag on every
+    comma, so a certificate subject with several attributes (User:CN=strom,O=acme) became
+    User:CN=strom and User:O=acme (found from outside). The chart now joins with ';' and
+    ends with one, so each item is one principal; an item with a ';' is refused."""
+    from strom.security.config import parse_super_users
+
+    tls = "tls.enabled=true,tls.secretName=strom-tls,tls.clientAuth=required,acls.enabled=true"
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({"acls": {"superUsers": ["User:CN=strom,O=acme", "User:CN=admin"]}})
+    )
+    args = container(by_kind(render([values], sets=[tls]), "StatefulSet")["strom-storage"])["args"]
+    [flag] = [a for a in args if a.startswith("--super-users=")]
+    assert flag == "--super-users=User:CN=strom,O=acme;User:CN=admin;"
+    assert parse_super_users([flag.split("=", 1)[1]]) == {"User:CN=strom,O=acme", "User:CN=admin"}
+    values.write_text(yaml.safe_dump({"acls": {"superUsers": ["User:CN=strom;User:CN=x"]}}))
+    proc = helm("template", "s", str(CHART), "-f", str(values), "--set", tls)
+    assert proc.returncode != 0 and "superUsers" in proc.stderr
 
 
 def test_chart_refuses_ephemeral_etcd_members_unless_told() -> None:
@@ -354,7 +375,7 @@ def test_tls_and_monitoring_objects(tmp_path: Path) -> None:
             "--tls-client-auth=required",
             "--auth-tokens=/etc/strom/auth/tokens",
             "--acls",
-            "--super-users=User:CN=strom",
+            "--super-users=User:CN=strom;",
             "--etcd-ca=/etc/strom/etcd-tls/ca.crt",
             "--etcd-cert=/etc/strom/etcd-tls/tls.crt",
             "--etcd-key=/etc/strom/etcd-tls/tls.key",

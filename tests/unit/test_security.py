@@ -3,6 +3,7 @@ covering every method of every service, client quotas as token buckets, token fi
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -201,7 +202,9 @@ def test_a_bad_token_file_version_still_revokes_and_is_logged_once(
     assert tokens("t-bob") == "User:bob"
     reads = []
     read_text = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self: reads.append(self) or read_text(self))
+    monkeypatch.setattr(
+        Path, "read_text", lambda self, **kw: reads.append(self) or read_text(self, **kw)
+    )
     errors = TOKEN_FILE_ERRORS.labels(service_metrics.SERVICE)
     before = errors._value.get()
     # bob removed, carol added with a space in her principal (the reviewer's file).
@@ -280,3 +283,155 @@ def test_token_files_and_verifiers(tmp_path: Path) -> None:
         load_verifier("nope")
     with pytest.raises(ValueError, match="cannot load"):
         load_verifier("no_such_module_x:f")
+
+
+def test_a_token_file_with_a_byte_order_mark_or_a_non_ascii_token_still_authenticates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: a UTF-8 byte order mark before the first token, or a token with a
+    non-ASCII letter, made hmac.compare_digest raise TypeError on every call: no token
+    authenticated, the good ones included, and the errors counter stayed at 0."""
+    f = tmp_path / "tokens"
+    f.write_bytes(b"\xef\xbb\xbfsvc-token User:svc\nalice-token User:alice\n")
+    tokens = TokenFile(f)  # the mark is dropped: a good file
+    assert tokens("svc-token") == "User:svc" and tokens("alice-token") == "User:alice"
+    assert tokens("\ufeffsvc-token") is None and tokens("caf\xe9") is None
+    assert tokens("\ud800") is None  # any str is compared, none raises
+    errors = TOKEN_FILE_ERRORS.labels(service_metrics.SERVICE)
+    before = errors._value.get()
+    f.write_text("caf\xe9-token User:carol\nalice-token User:alice\n", encoding="utf-8")
+    with caplog.at_level("ERROR", logger="strom.security"):
+        assert tokens("alice-token") == "User:alice"  # the good line applies
+        assert tokens("caf\xe9-token") is None  # the bad line's token does not
+    assert errors._value.get() == before + 1
+    [record] = caplog.records
+    assert "line 1: the token has a character that is not printable ASCII" in (record.getMessage())
+    assert "caf" not in record.getMessage()
+    # At start such a file is refused, naming the line.
+    with pytest.raises(ValueError, match=r"tokens:1: the token has a character that is not"):
+        TokenFile(f)
+
+
+def test_a_token_given_two_principals_is_a_bad_line_and_authenticates_neither(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: the last of two lines with the same token silently won. Which
+    principal was meant cannot be told, so neither applies and the version is counted bad; the
+    same token with the same principal twice is harmless."""
+    f = tmp_path / "tokens"
+    f.write_text("t-a alice\nt-a User:alice\nt-b bob\n")
+    tokens = TokenFile(f)
+    assert tokens("t-a") == "User:alice"
+    errors = TOKEN_FILE_ERRORS.labels(service_metrics.SERVICE)
+    before = errors._value.get()
+    f.write_text("t-a alice\nt-b bob\nt-a admin\nt-a alice\n")
+    with caplog.at_level("ERROR", logger="strom.security"):
+        assert tokens("t-a") is None
+        assert tokens("t-b") == "User:bob"
+    assert errors._value.get() == before + 1
+    message = caplog.records[0].getMessage()
+    assert "line 3: the token of line 1 again, with another principal" in message
+    assert "line 4: the token of line 1 again" in message and "t-a" not in message
+    with pytest.raises(ValueError, match=r"tokens:3: the token of line 1 again"):
+        TokenFile(f)
+
+
+def known_verifier(token: str) -> str | None:
+    """A verifier for the test below: it knows one token."""
+    return "User:from-verifier" if token == "v-token" else None
+
+
+def test_the_verifier_is_asked_when_the_token_file_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside: with --auth-tokens and --auth-token-verifier (documented as
+    and/or), a token file that raised ended the search, so the verifier was never asked. Each
+    is asked whatever the other did; with none accepting, the first error is raised for the
+    interceptor to log and refuse with."""
+    from strom.security import config
+
+    monkeypatch.setattr(config, "_SERVER", config._SERVER)
+    monkeypatch.setattr(config, "_ETCD", config._ETCD)
+    monkeypatch.setattr(config, "set_default_channel", lambda *a: None)
+    f = tmp_path / "tokens"
+    f.write_text("t-alice alice\n")
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    verifier = f"{__name__}:known_verifier"
+    config.configure(
+        parser.parse_args(["--auth-tokens", str(f), "--auth-token-verifier", verifier])
+    )
+    tokens = config.server().tokens
+    assert tokens is not None
+    assert tokens("t-alice") == "User:alice" and tokens("v-token") == "User:from-verifier"
+    assert tokens("nope") is None
+
+    def broken(self: TokenFile, token: str) -> str | None:
+        raise TypeError("the file broke")
+
+    monkeypatch.setattr(TokenFile, "__call__", broken)
+    assert tokens("v-token") == "User:from-verifier"
+    with pytest.raises(TypeError, match="the file broke"):
+        tokens("nope")
+
+
+def test_super_users_are_separated_by_semicolons_and_keep_their_subjects_commas() -> None:
+    """Found from outside: --super-users was split on every comma, so
+    'User:CN=strom,O=acme,User:CN=admin' made User:O=acme a super user (any certificate with
+    just that subject) and not the service's certificate. Principals are separated by ';'
+    (the flag may repeat); a value without ';' keeps its old meaning only where that cannot
+    be misread, and is refused otherwise."""
+    from strom.security.config import parse_super_users
+
+    assert parse_super_users(["User:CN=strom,O=acme;User:CN=admin"]) == {
+        "User:CN=strom,O=acme",
+        "User:CN=admin",
+    }
+    assert parse_super_users(["User:CN=strom,O=acme", "admin"]) == {
+        "User:CN=strom,O=acme",  # one certificate's subject: the parts after commas are RDNs
+        "User:admin",
+    }
+    assert parse_super_users(["User:CN=strom,2.5.4.10=acme"]) == {"User:CN=strom,2.5.4.10=acme"}
+    # The old comma-separated list of whole principals, each with its type: as before.
+    assert parse_super_users(["User:CN=strom,User:CN=admin"]) == {
+        "User:CN=strom",
+        "User:CN=admin",
+    }
+    # RFC 4514 escapes are kept and do not separate.
+    assert parse_super_users([r"User:CN=a\,b\;c,O=x;User:bob"]) == {
+        r"User:CN=a\,b\;c,O=x",
+        "User:bob",
+    }
+    # A single principal with a comma that is no RDN: end it with ';'.
+    assert parse_super_users(["User:svc,eu;"]) == {"User:svc,eu"}
+    assert parse_super_users([]) == frozenset() and parse_super_users([" ; "]) == frozenset()
+    for ambiguous in (
+        "User:CN=strom,O=acme,User:CN=admin",  # the reviewer's value
+        "admin,bob",
+        "User:svc,eu",
+        "User:a;User:b,User:c",
+    ):
+        with pytest.raises(ValueError, match="separate principals with ';'"):
+            parse_super_users([ambiguous])
+
+
+def test_the_super_users_flag_repeats_and_refuses_a_value_it_cannot_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from strom.security import config
+
+    monkeypatch.setattr(config, "_SERVER", config._SERVER)
+    monkeypatch.setattr(config, "_ETCD", config._ETCD)
+    monkeypatch.setattr(config, "set_default_channel", lambda *a: None)
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    argv = ["--super-users", "User:CN=strom,O=acme;User:CN=admin", "--super-users", "User:ops"]
+    config.configure(parser.parse_args(argv))
+    assert config.server().super_users == {"User:CN=strom,O=acme", "User:CN=admin", "User:ops"}
+    assert config.server().authorizer.allowed(
+        "User:CN=strom,O=acme", Op.ALTER, Res.CLUSTER, CLUSTER
+    )
+    assert not config.server().authorizer.allowed("User:O=acme", Op.ALTER, Res.CLUSTER, CLUSTER)
+    bad = parser.parse_args(["--super-users", "User:CN=strom,O=acme,User:CN=admin"])
+    with pytest.raises(ValueError, match="--super-users 'User:CN=strom,O=acme,User:CN=admin'"):
+        config.configure(bad)

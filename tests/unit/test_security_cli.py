@@ -3,6 +3,8 @@ no traceback, and nothing sent (no cluster runs here)."""
 
 from __future__ import annotations
 
+import os
+import stat
 from argparse import Namespace
 from pathlib import Path
 
@@ -163,3 +165,28 @@ def test_an_acl_filter_takes_a_given_resource_flag_even_if_empty() -> None:
     with pytest.raises(ValueError, match="--group-prefix must not be empty"):
         _resource(Namespace(**{**base, "group_prefix": ""}, transactional_id=None))
     assert _resource(Namespace(**base, transactional_id=None)) is None
+
+
+def test_dev_keys_are_readable_by_their_owner_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dev CA's key and every key `strom dev cert` issues were written 0644 (the umask),
+    so any local user could mint an admin certificate (found from outside). They are created
+    0600 whatever the umask, and a key issued again over an old 0644 file is 0600 too."""
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    (tls / "alice.key").write_text("an old key\n")
+    (tls / "alice.key").chmod(0o644)
+    old = os.umask(0)  # the widest umask: the mode must not come from it
+    try:
+        ca = CertificateAuthority(tls, DEV_CA)
+        code, _, _ = run(capsys, "dev", "cert", "alice", "--dir", str(tmp_path))
+    finally:
+        os.umask(old)
+    assert code == 0
+    for key in (ca.pem.key, tls / "alice.key"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+    assert b"PRIVATE KEY" in (tls / "alice.key").read_bytes()
+    assert sorted(p.name for p in tls.iterdir()) == sorted(
+        [f"{DEV_CA}.crt", f"{DEV_CA}.key", "alice.crt", "alice.key"]
+    )

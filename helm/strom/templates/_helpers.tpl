@@ -200,7 +200,10 @@ bearer tokens and etcd's TLS. */}}
 {{- fail "acls.enabled needs the services to authenticate to each other, else they call each other as User:ANONYMOUS and are denied: set tls.enabled=true with tls.clientAuth=required (mTLS), or auth.tokens.secretName and auth.tokens.serviceTokenKey (a service token)" }}
 {{- end }}
 - --acls
-- --super-users={{ join "," .Values.acls.superUsers }}
+{{- /* ';' between principals, as Kafka's super.users: a certificate's principal has commas
+(User:CN=strom,O=acme), which a ',' join cut into several (found from outside). The trailing
+';' makes every item one principal as it stands, whatever commas it has. */}}
+- {{ printf "--super-users=%s;" (join ";" .Values.acls.superUsers) | quote }}
 {{- end }}
 {{- if and (not .Values.etcd.enabled) .Values.etcd.externalTls.secretName }}
 - --etcd-ca=/etc/strom/etcd-tls/ca.crt

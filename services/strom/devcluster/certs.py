@@ -4,13 +4,15 @@
 the user for OpenSSL incantations: a CA, and certificates it signs that serve as server
 (valid for ``localhost`` and ``127.0.0.1``) and as client (the subject CN is the principal,
 ``User:CN=<name>``). Made with the ``cryptography`` library; keys are P-256. Not for
-production: the CA key sits next to the certificates, unencrypted.
+production: the CA key sits next to the certificates, unencrypted (each key file is
+readable by its owner only, 0600).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +38,35 @@ def _name(cn: str) -> x509.Name:
 def _write(dir_: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Pem:
     c, k = dir_ / f"{stem}.crt", dir_ / f"{stem}.key"
     c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(
+    _write_private(
+        k,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
-        )
+        ),
     )
     return Pem(c, k)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a private key readable by its owner only.
+
+    FIX (found from outside): keys were written with the umask's mode (0644 as a rule), so any
+    local user could read the dev CA's key and mint an admin certificate. The file is created
+    0600 under a temporary name and renamed over ``path``: there is no moment when the key is
+    on disk with a wider mode (as a chmod after writing leaves), and a key issued again over
+    an old, wider file gets a new file rather than the old mode.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class CertificateAuthority:

@@ -159,7 +159,7 @@ class LocalCluster:
             f"--tls-ca={ca.ca_file}",
             "--tls-client-auth=required",
             "--acls",
-            "--super-users=User:CN=strom,User:CN=admin",
+            "--super-users=User:CN=strom;User:CN=admin",
             f"--etcd-ca={etcd_ca.ca_file}",
             f"--etcd-cert={etcd_client.cert}",
             f"--etcd-key={etcd_client.key}",

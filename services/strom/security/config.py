@@ -16,6 +16,7 @@ and, if given, its ``--client-token-file`` token.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -275,13 +276,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--super-users",
-        default="",
+        action="append",
+        default=[],
         metavar="PRINCIPALS",
-        help="comma-separated principals allowed everything, e.g. 'User:CN=strom-node,User:admin'",
+        help="principals allowed everything, separated by ';' (a certificate's subject has "
+        "commas: 'User:CN=strom,O=acme;User:admin'); may be given more than once",
     )
     g.add_argument("--etcd-ca", metavar="FILE", help="PEM CA bundle of etcd's TLS certificate")
     g.add_argument("--etcd-cert", metavar="FILE", help="PEM client certificate for etcd")
     g.add_argument("--etcd-key", metavar="FILE", help="PEM private key of --etcd-cert")
+
+
+#: A principal type, as in ``User:``: what a part after a comma of a ``--super-users`` value
+#: cannot start with if it is an attribute of a certificate's subject (an RFC 4514 attribute
+#: type has no ``:``).
+_TYPED = re.compile(r"[A-Za-z][A-Za-z0-9_-]*:")
+#: An RFC 4514 attribute, ``O=acme`` or ``2.5.4.10=acme``.
+_RDN = re.compile(r"([A-Za-z][A-Za-z0-9-]*|[0-9]+(\.[0-9]+)*)=")
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    r"""``text`` split on ``sep`` where it is not escaped by a backslash (RFC 4514 writes a
+    ``,`` or ``;`` inside an attribute value as ``\,`` / ``\;``; the escape is kept)."""
+    parts, start, i = [], 0, 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == sep:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_super_users(values: str | list[str]) -> frozenset[str]:
+    """The principals of ``--super-users`` values (the flag may be given more than once).
+
+    FIX (found from outside): the value was split on every comma, but a certificate's
+    principal has one per attribute of its subject: ``User:CN=strom,O=acme,User:CN=admin``
+    made ``User:CN=strom``, ``User:O=acme`` and ``User:CN=admin`` super users, so a real
+    PKI's service certificate was not one, and any certificate whose subject is just
+    ``O=acme`` was. Principals are separated by ``;``, as Kafka's ``super.users`` does; a
+    comma belongs to the principal. A value without ``;`` is read as before only when that
+    cannot be misread: if every comma-separated part starts with a principal type
+    (``User:a,User:b``) it is a list; if none after the first does and each of those is
+    an attribute (``User:CN=strom,O=acme``), one principal. Anything else is refused (end
+    a single principal with ``;`` to take it as it stands), and so is a ``;``-separated
+    principal with a principal type after a comma (``User:a;User:b,User:c``).
+    """
+    out: set[str] = set()
+    for value in [values] if isinstance(values, str) else values:
+        pieces = [p.strip() for p in _split_unescaped(value, ";")]
+        separated = len(pieces) > 1
+        for piece in pieces:
+            if not piece:
+                continue
+            parts = [p.strip() for p in _split_unescaped(piece, ",") if p.strip()]
+            typed = [bool(_TYPED.match(p)) for p in parts]
+            if len(parts) == 1:
+                out.add(user(parts[0]))
+            elif separated and not any(typed[1:]):
+                out.add(user(piece))
+            elif not separated and all(typed):
+                out.update(parts)  # the old comma-separated list of whole principals
+            elif not separated and not any(typed[1:]) and all(_RDN.match(p) for p in parts[1:]):
+                out.add(user(piece))  # one certificate's subject
+            else:
+                raise ValueError(
+                    f"--super-users {value!r}: cannot tell where one principal ends: separate "
+                    "principals with ';' (a certificate's subject keeps its commas: "
+                    "'User:CN=strom,O=acme;User:admin'), and end a single principal that has "
+                    "a comma with ';'"
+                )
+    return frozenset(out)
 
 
 def configure(args: argparse.Namespace) -> None:
@@ -322,17 +391,31 @@ def configure(args: argparse.Namespace) -> None:
     if verifiers:
 
         def tokens(token: str) -> str | None:
+            """The first principal the token file or the verifier gives, in that order.
+
+            FIX (found from outside): the docs promise the file and/or the verifier, but one
+            that raised ended the search, so a token file that raised on every call (a
+            non-ASCII token in it) kept a configured verifier from ever being asked. Each is
+            asked whatever the one before did; when none accepts, the first exception is
+            raised again, for the interceptor to log and refuse the token with."""
+            error: Exception | None = None
             for v in verifiers:
-                p = v(token)
+                try:
+                    p = v(token)
+                except Exception as exc:
+                    error = error or exc
+                    continue
                 if p:
                     return user(p)
+            if error is not None:
+                raise error
             return None
 
     client_token = None
     if getattr(args, "client_token_file", None):
         raw = _read(args.client_token_file, "--client-token-file")
         client_token = (raw or b"").decode().strip() or None
-    supers = frozenset(user(s.strip()) for s in (args.super_users or "").split(",") if s.strip())
+    supers = parse_super_users(getattr(args, "super_users", None) or [])
     _SERVER = ServerSecurity(
         cert,
         key,

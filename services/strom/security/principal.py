@@ -32,8 +32,9 @@ log = logging.getLogger("strom.security")
 TOKEN_FILE_ERRORS = Counter(
     "strom_service_auth_token_file_errors",
     "Versions of the --auth-tokens file that were bad when re-read, each counted once: a "
-    "line that is not '<token> <principal>' (its token does not authenticate) or a file that "
-    "cannot be read (no token authenticates); the log names the line and why",
+    "bad line (not '<token> <principal>', a token not printable ASCII, a token given two "
+    "principals; its token does not authenticate) or a file that cannot be read (no token "
+    "authenticates); the log names the line and why",
     ["service"],
 )
 
@@ -88,9 +89,9 @@ class TokenFile:
 
     A bad file fails the start. A later version that is bad must not keep the old table: that
     kept a revoked token working for as long as any other line of the file was wrong (found
-    from outside). So a reload fails closed, as far as the file is bad: a line that is not
-    ``<token> <principal>`` is left out (its token does not authenticate; the good lines,
-    removals included, apply), and a file that cannot be read or decoded authenticates no
+    from outside). So a reload fails closed, as far as the file is bad: a bad line (see
+    :func:`_parse`) is left out (its token does not authenticate; the good lines, removals
+    included, apply), and a file that cannot be read or decoded as UTF-8 authenticates no
     token at all. Either is logged at ERROR and counted in
     ``strom_service_auth_token_file_errors_total`` once per version of the file, naming the
     line and why but never the token. A failed version's stamp is remembered like a good
@@ -102,7 +103,7 @@ class TokenFile:
         self._lock = threading.Lock()
         # A missing or bad file fails the start, with its name (OSError, ValueError).
         self._stamp: object = _stamp(os.stat(self.path))
-        self._tokens, problems = _parse(self.path.read_text())
+        self._tokens, problems = _parse(self.path.read_text(encoding="utf-8"))
         if problems:
             raise ValueError(f"{self.path}:{problems[0]}")
         self._bad = False  # whether the version in force failed (logged as such)
@@ -120,7 +121,7 @@ class TokenFile:
             return
         self._stamp = stamp
         try:
-            text = self.path.read_text()
+            text = self.path.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:  # gone, not permitted, not UTF-8
             self._tokens = {}
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -145,11 +146,16 @@ class TokenFile:
         log.error("bearer tokens file %s: %s", self.path, why)
 
     def __call__(self, token: str) -> str | None:
+        """The token's principal, or None. Compared as UTF-8 bytes: ``hmac.compare_digest``
+        raises TypeError on a str with a non-ASCII character, and a file holding one (a
+        UTF-8 byte order mark before its first token was enough) refused every token, the
+        good ones too (found from outside). ``surrogatepass``: any str encodes."""
         with self._lock:
             self._reload()
             tokens = self._tokens
+        presented = token.encode("utf-8", "surrogatepass")
         for known, principal in tokens.items():
-            if hmac.compare_digest(known, token):
+            if hmac.compare_digest(known, presented):
                 return principal
         return None
 
@@ -161,12 +167,30 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
 
 
-def _parse(text: str) -> tuple[dict[str, str], list[str]]:
-    """The tokens of a token file's good lines, and what is wrong with each other line
-    (``"<n>: ..."``; never the line itself, which holds a token)."""
-    tokens: dict[str, str] = {}
+def _printable_ascii(token: str) -> bool:
+    """Whether a token can be sent at all: a gRPC metadata value (``authorization``) carries
+    printable ASCII only, so a token with another character can never match (RFC 6750's
+    b64token is a subset of these)."""
+    return all("!" <= c <= "~" for c in token)
+
+
+def _parse(text: str) -> tuple[dict[bytes, str], list[str]]:
+    """The tokens (UTF-8 bytes, as :class:`TokenFile` compares them) of a token file's good
+    lines, and what is wrong with each other line (``"<n>: ..."``; never the line itself,
+    which holds a token).
+
+    FIX (found from outside): a UTF-8 byte order mark (as Windows editors write) was read as
+    part of the first token, and a non-ASCII token was taken as it stood: either made every
+    comparison raise, no token authenticated and nothing counted an error. A leading byte
+    order mark is dropped; a token that is not printable ASCII is a bad line. So is a token
+    given a second, different principal: the last line used to win, silently, and which one
+    was meant cannot be told, so neither applies (fail closed, as for any bad line).
+    """
+    tokens: dict[bytes, str] = {}
     problems: list[str] = []
-    for n, line in enumerate(text.splitlines(), 1):
+    first_line: dict[str, int] = {}  # token -> the line that gave it first
+    conflicted: set[str] = set()
+    for n, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -175,7 +199,25 @@ def _parse(text: str) -> tuple[dict[str, str], list[str]]:
             hint = " (a space in the principal?)" if len(parts) > 2 else ""
             problems.append(f"{n}: expected '<token> <principal>', found {len(parts)} words{hint}")
             continue
-        tokens[parts[0]] = user(parts[1])
+        token, principal = parts[0], user(parts[1])
+        if not _printable_ascii(token):
+            problems.append(
+                f"{n}: the token has a character that is not printable ASCII (a gRPC call "
+                "cannot send it; tokens are ASCII letters, digits and punctuation)"
+            )
+            continue
+        key = token.encode()
+        if token in first_line and (token in conflicted or tokens.get(key) != principal):
+            problems.append(
+                f"{n}: the token of line {first_line[token]} again, with another principal; "
+                "neither line's principal applies"
+            )
+            conflicted.add(token)
+            continue
+        first_line.setdefault(token, n)
+        tokens[key] = principal
+    for token in conflicted:
+        tokens.pop(token.encode(), None)
     return tokens, problems
 
 
