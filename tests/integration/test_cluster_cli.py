@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -280,6 +281,14 @@ def test_metrics_listen_on_the_grpc_listeners_host(cluster: LocalCluster) -> Non
         assert listening(m.metrics_port) == {"127.0.0.1"}, m.kind
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (not gone, not a zombie waiting for its parent)."""
+    try:
+        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())
+    except OSError:
+        return False
+
+
 def test_dev_up_and_down_from_the_command_line(tmp_path: Path) -> None:
     root = tmp_path / "dev"
     up = strom("dev", "up", "--nodes", "1", "--controllers", "1", "--dir", str(root), timeout=120)
@@ -299,10 +308,22 @@ def test_dev_up_and_down_from_the_command_line(tmp_path: Path) -> None:
         )
         again = strom("dev", "up", "--dir", str(root), check=False)
         assert again.returncode == 1 and b"already recorded" in again.stderr
+        # The node restarted by hand from that command (the recorded pid is gone)...
+        os.kill(node["pid"], signal.SIGKILL)
+        wait_for(lambda: not _running(node["pid"]), timeout=10, what="the node to die")
+        by_hand = subprocess.Popen(
+            node["argv"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     finally:
         down = strom("dev", "down", "--dir", str(root))
+    # ...is stopped by `dev down` too (found from outside: it kept running, unrecorded).
+    assert by_hand.wait(timeout=30) is not None
     stopped = down.stdout.decode()
     assert stopped.count("stopped ") == 4  # etcd, a controller, a node and a coordinator
+    assert "restarted by hand" in stopped
     state_gone = not (root / "cluster.json").exists()
     assert state_gone
     missing = strom("dev", "down", "--dir", str(root), check=False)

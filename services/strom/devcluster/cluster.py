@@ -9,6 +9,7 @@ free ports and can kill, pause and restart any member.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -480,23 +481,57 @@ def recorded_processes_alive(root: Path) -> bool:
     return any(_still_ours(m) for m in _recorded(root))
 
 
+def _restarted_as(m: dict[str, Any]) -> list[int]:
+    """Pids of running processes that serve as member ``m`` without being the recorded one:
+    a member restarted by hand from its recorded command (docs tell testers to), whose pid
+    ``cluster.json`` does not know. A member's command line has ``--listen <its address>``
+    (etcd's names its client port); nothing else on the machine can hold that port."""
+    address = str(m.get("address", ""))
+    port = address.rsplit(":", 1)[-1]
+    if not port:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), int(m["pid"])):
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if m["kind"] == "etcd":
+            ours = Path(args[0]).name == "etcd" and any(f":{port}" in a for a in args)
+        else:
+            ours = any(a == "--listen" and b == address for a, b in itertools.pairwise(args))
+        if ours and _pid_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def _stop_pid(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def stop_from_state(root: Path, timeout: float = 15.0) -> list[str]:
-    """Stop the processes listed in ``root/cluster.json`` (SIGTERM, then SIGKILL); a pid
-    now held by another program is left alone."""
+    """Stop the processes listed in ``root/cluster.json`` (SIGTERM, then SIGKILL), and the
+    members restarted by hand from their recorded commands (found from outside: they kept
+    running after ``strom dev down``, and nothing recorded them any more); a pid now held
+    by another program is left alone."""
     path = Path(root) / STATE_FILE
     stopped = []
     for m in _recorded(root):
         pid = int(m["pid"])
-        if not _still_ours(m):
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        stopped.append(f"{m['kind']} {m['id']} (pid {pid})")
+        if _still_ours(m):
+            _stop_pid(pid, timeout)
+            stopped.append(f"{m['kind']} {m['id']} (pid {pid})")
+        for other in _restarted_as(m):
+            _stop_pid(other, timeout)
+            stopped.append(f"{m['kind']} {m['id']} (pid {other}, restarted by hand)")
     path.unlink()
     return stopped
