@@ -15,12 +15,13 @@ from strom.api import (
     storage_pb2,
 )
 from strom.api import metadata_pb2 as md
+from strom.errors import ErrorCode
 from strom.security.acl import CLUSTER, Acl, Authorizer, Op, Res, matches_filter, validate
 from strom.security.config import ServerSecurity
 from strom.security.interceptor import AuthInterceptor
 from strom.security.principal import TOKEN_FILE_ERRORS, TokenFile, bearer_token, load_verifier
 from strom.security.quotas import QuotaManager
-from strom.security.rules import RULES
+from strom.security.rules import FILTERS, RULES
 from strom.service import metrics as service_metrics
 from strom.storage.wire import parse_produce_request
 
@@ -280,3 +281,67 @@ def test_token_files_and_verifiers(tmp_path: Path) -> None:
         load_verifier("nope")
     with pytest.raises(ValueError, match="cannot load"):
         load_verifier("no_such_module_x:f")
+
+
+def test_coordinator_answers_leave_out_topics_the_principal_may_not_describe() -> None:
+    """Found from outside: DESCRIBE on a group (or a transactional id) showed the names,
+    committed offsets and log ends of every topic it touched, and DELETE on a group deleted
+    the offsets of any topic. Kafka's rules: OffsetFetch answers TOPIC_AUTHORIZATION_FAILED
+    for a topic named (and leaves topics out of the every-offset form); the descriptions
+    leave them out; OffsetDelete needs READ on each topic."""
+    a = Authorizer()
+    a.replace([acl(Op.DESCRIBE, Res.GROUP, "shared"), acl(Op.DESCRIBE, Res.TOPIC, "orders")])
+    method = "/strom.v1.CoordinatorService/"
+
+    def fetch_answer() -> coordinator_pb2.OffsetFetchResponse:
+        resp = coordinator_pb2.OffsetFetchResponse()
+        for topic in ("hr-salaries", "orders"):
+            resp.topics.add(topic=topic).partitions.add(
+                partition=0, committed_offset=2, committed_leader_epoch=1, metadata="m"
+            )
+        return resp
+
+    every = fetch_answer()
+    FILTERS[method + "OffsetFetch"](a, ALICE, coordinator_pb2.OffsetFetchRequest(), every)
+    assert [t.topic for t in every.topics] == ["orders"]
+    named = fetch_answer()
+    req = coordinator_pb2.OffsetFetchRequest(group_id="shared")
+    req.topics.add(topic="hr-salaries")
+    req.topics.add(topic="orders")
+    FILTERS[method + "OffsetFetch"](a, ALICE, req, named)
+    hidden, shown = named.topics[0].partitions[0], named.topics[1].partitions[0]
+    assert hidden.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert (hidden.partition, hidden.committed_offset, hidden.metadata) == (0, -1, "")
+    assert "DESCRIBE on topic 'hr-salaries'" in hidden.error_message
+    assert (shown.error_code, shown.committed_offset) == (ErrorCode.NONE, 2)
+
+    groups = coordinator_pb2.DescribeGroupsResponse()
+    g = groups.groups.add(group_id="shared")
+    m = g.members.add(member_id="m1", subscribed_topic_names=["hr-salaries", "orders"])
+    for assignment in (m.assignment, m.target_assignment):
+        assignment.topic_partitions.add(topic="hr-salaries", partitions=[0])
+        assignment.topic_partitions.add(topic="orders", partitions=[0])
+    g.offsets.add(topic="hr-salaries", partition=0, committed_offset=2, end_offset=2)
+    g.offsets.add(topic="orders", partition=0, committed_offset=1, end_offset=3)
+    FILTERS[method + "DescribeGroups"](a, ALICE, coordinator_pb2.DescribeGroupsRequest(), groups)
+    assert "hr-salaries" not in str(groups)
+    assert list(m.subscribed_topic_names) == ["orders"]
+    assert [tp.topic for tp in m.assignment.topic_partitions] == ["orders"]
+    assert [tp.topic for tp in m.target_assignment.topic_partitions] == ["orders"]
+    assert [(o.topic, o.committed_offset) for o in g.offsets] == [("orders", 1)]
+
+    txns = coordinator_pb2.DescribeTransactionsResponse()
+    t = txns.transactions.add(transactional_id="tx-a")
+    t.topics.add(topic="hr-salaries", partitions=[0])
+    t.topics.add(topic="orders", partitions=[0])
+    FILTERS[method + "DescribeTransactions"](
+        a, ALICE, coordinator_pb2.DescribeTransactionsRequest(), txns
+    )
+    assert [tp.topic for tp in t.topics] == ["orders"]
+
+    delete = coordinator_pb2.DeleteOffsetsRequest(group_id="shared")
+    delete.topics.add(topic="hr-salaries", partitions=[0])
+    assert list(RULES[method + "DeleteOffsets"](delete)) == [
+        (Op.DELETE, Res.GROUP, "shared"),
+        (Op.READ, Res.TOPIC, "hr-salaries"),
+    ]
