@@ -933,3 +933,43 @@ def test_a_group_or_transaction_shows_only_topics_the_principal_may_describe(env
     assert done.returncode == 0, done.stderr
     out = done.stdout.decode()
     assert "orders" in out and "hr-salaries" not in out, out
+
+
+def test_only_the_services_create_internal_topics_and_stray_ones_can_be_deleted(env: Env) -> None:
+    """Found from outside: a principal with only CREATE on every topic sent CreateTopics of
+    `__junk2` with the coordinators' header and got a topic no client could write and even
+    the admin could not delete ("internal and cannot be deleted"). Creating a `__` topic now
+    needs CLUSTER_ACTION, as writing one does; one made anyway (by a super user here) can be
+    deleted; the coordinators' own topics still cannot."""
+    env.acls(allow("User:CN=carol", CREATE, TOPIC, "*"))
+    carol = env.ca.issue("carol")
+    internal = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
+    controller = env.cluster.controllers[0].address  # type: ignore[union-attr]
+    req = controller_pb2.CreateTopicsRequest()
+    req.topics.add(name="__junk2", num_partitions=1, replication_factor=1)
+    with ClusterClient(env.bootstrap, security=env.security(carol)) as c:
+        stub = controller_pb2_grpc.ControllerServiceStub(c.channel(controller))
+
+        def answer() -> str | None:
+            """How the controller answers; None while it has not applied the CREATE grant."""
+            try:
+                resp = stub.CreateTopics(req, timeout=10, metadata=internal)
+            except grpc.RpcError as exc:
+                details = f"{exc.code().name}: {exc.details()}"
+                return None if "CREATE on topic" in details else details
+            return f"answered {ErrorCode.Name(resp.topics[0].error_code)}"
+
+        got = wait_for(answer, timeout=10, what="the CREATE grant applied by the controller")
+    assert got == "PERMISSION_DENIED: User:CN=carol is not allowed CLUSTER_ACTION on the cluster"
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        stub = controller_pb2_grpc.ControllerServiceStub(c.channel(controller))
+        made = stub.CreateTopics(req, timeout=10, metadata=internal)
+        assert made.topics[0].error_code == ErrorCode.NONE, made
+        deleted = stub.DeleteTopics(
+            controller_pb2.DeleteTopicsRequest(topics=["__junk2", "__consumer_offsets"]),
+            timeout=30,
+        )
+    assert [(t.name, ErrorCode.Name(t.error_code)) for t in deleted.topics] == [
+        ("__junk2", "NONE"),
+        ("__consumer_offsets", "POLICY_VIOLATION"),
+    ]

@@ -345,3 +345,24 @@ def test_coordinator_answers_leave_out_topics_the_principal_may_not_describe() -
         (Op.DELETE, Res.GROUP, "shared"),
         (Op.READ, Res.TOPIC, "hr-salaries"),
     ]
+
+
+def test_creating_an_internal_topic_needs_cluster_action() -> None:
+    """Found from outside: CREATE on ``*`` and the coordinators' header made ``__`` topics no
+    client could write and nobody could delete. The topics the coordinators really keep
+    their state in stay undeletable; the controller names them as the coordinators do."""
+    from strom.controller.validation import COORDINATOR_TOPICS
+    from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
+    from strom.coordinator.txn_state import TRANSACTION_STATE_TOPIC
+
+    create = RULES["/strom.v1.ControllerService/CreateTopics"]
+    req = controller_pb2.CreateTopicsRequest()
+    req.topics.add(name="orders")
+    assert list(create(req)) == [(Op.CREATE, Res.TOPIC, "orders")]
+    req.topics.add(name="__junk")
+    assert list(create(req)) == [
+        (Op.CREATE, Res.TOPIC, "orders"),
+        (Op.CREATE, Res.TOPIC, "__junk"),
+        (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER),
+    ]
+    assert {CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC} == COORDINATOR_TOPICS

@@ -135,7 +135,14 @@ def _init_producer_id(req: Any) -> Iterable[Check]:
 
 
 def _create_topics(req: Any) -> Iterable[Check]:
-    return [(Op.CREATE, Res.TOPIC, t.name) for t in req.topics]
+    """CREATE on each topic; an internal ``__`` name also needs CLUSTER_ACTION, as
+    :func:`_produce`: only strom's coordinators create those (with the header
+    service.headers.INTERNAL_TOPICS_METADATA_KEY). Found from outside: CREATE on ``*`` and
+    the header made ``__`` topics that no client could write and nobody could delete."""
+    out: list[Check] = [(Op.CREATE, Res.TOPIC, t.name) for t in req.topics]
+    if any(t.name.startswith("__") for t in req.topics):
+        out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
+    return out
 
 
 def _parsed(message: type[Any], req: Any) -> Any:
