@@ -973,3 +973,61 @@ def test_only_the_services_create_internal_topics_and_stray_ones_can_be_deleted(
         ("__junk2", "NONE"),
         ("__consumer_offsets", "POLICY_VIOLATION"),
     ]
+
+
+def test_listing_groups_and_transactions_needs_describe_only_on_them(env: Env) -> None:
+    """Found from outside: `strom groups list` and `strom transactions list` refused every
+    principal without DESCRIBE on the cluster (they asked DescribeCluster where the
+    coordinators are), though ListGroups and ListTransactions answer with what the caller
+    may describe, as the docs' table says. They find the coordinators with FindCoordinator
+    now, and list only what the principal may see."""
+    coordinator = env.cluster.coordinators[0].address  # type: ignore[union-attr]
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(c.channel(coordinator))
+        for group in ("listed-g", "hidden-g"):
+            commit = coordinator_pb2.OffsetCommitRequest(group_id=group, member_epoch=-1)
+            commit.topics.add(topic="orders").partitions.add(
+                partition=0, committed_offset=0, committed_leader_epoch=-1
+            )
+            assert stub.OffsetCommit(commit, timeout=10).error_code == ErrorCode.NONE
+    for tid in ("listed-tx", "hidden-tx"):
+        with Producer(env.bootstrap, **env.client(env.admin, transactional_id=tid)) as p:  # type: ignore[arg-type]
+            p.init_transactions(10)
+    who = env.ca.issue("lister")
+    principal = "User:CN=lister"
+    env.acls(
+        allow(principal, md.ACL_OPERATION_DESCRIBE, GROUP, "listed-g"),
+        allow(
+            principal, md.ACL_OPERATION_DESCRIBE, md.ACL_RESOURCE_TYPE_TRANSACTIONAL_ID, "listed-tx"
+        ),
+    )
+    with ClusterClient(env.bootstrap, security=env.security(who)) as c:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(c.channel(coordinator))
+        wait_for(
+            lambda: (
+                [
+                    g.group_id
+                    for g in stub.ListGroups(coordinator_pb2.ListGroupsRequest(), timeout=10).groups
+                ]
+                == ["listed-g"]
+            ),
+            timeout=10,
+            what="the lister's grants applied by the coordinator",
+        )
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "strom.cli.main", *args),
+                *("--ssl-cafile", str(env.ca.ca_file), "-b", env.bootstrap),
+                *("--ssl-certfile", str(who.cert), "--ssl-keyfile", str(who.key)),
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout.decode()
+
+    assert [g["group"] for g in json.loads(cli("groups", "list", "--json"))] == ["listed-g"]
+    listed = json.loads(cli("transactions", "list", "--json"))
+    assert [t["transactional_id"] for t in listed] == ["listed-tx"]

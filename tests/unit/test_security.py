@@ -366,3 +366,15 @@ def test_creating_an_internal_topic_needs_cluster_action() -> None:
         (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER),
     ]
     assert {CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC} == COORDINATOR_TOPICS
+
+
+def test_finding_every_coordinator_needs_no_cluster_describe() -> None:
+    """FindCoordinator(all_shards) tells only where the coordinators are, as Metadata tells
+    where the nodes are: listing groups or transactions needs DESCRIBE only on what is
+    listed (found from outside: `strom groups list` needed DESCRIBE on the cluster). Keys
+    named with it are still checked."""
+    for service in ("StorageService", "CoordinatorService"):
+        rule = RULES[f"/strom.v1.{service}/FindCoordinator"]
+        assert list(rule(storage_pb2.FindCoordinatorRequest(all_shards=True))) == []
+        named = storage_pb2.FindCoordinatorRequest(all_shards=True, keys=["g"])
+        assert list(rule(named)) == [(Op.DESCRIBE, Res.GROUP, "g")]

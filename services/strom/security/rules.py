@@ -89,6 +89,9 @@ def _fetch(req: Any) -> Iterable[Check]:
 
 
 def _find_coordinator(req: Any) -> Iterable[Check]:
+    """DESCRIBE on each key. ``all_shards`` (no keys) needs nothing more than being
+    authenticated: it tells only where the coordinators are, as Metadata tells where the
+    storage nodes are, and listing groups or transactions is filtered per group or id."""
     res = Res.TRANSACTIONAL_ID if req.key_type == 1 else Res.GROUP
     return [(Op.DESCRIBE, res, k) for k in req.keys]
 
