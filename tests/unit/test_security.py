@@ -334,10 +334,12 @@ def test_coordinator_answers_leave_out_topics_the_principal_may_not_describe() -
     t = txns.transactions.add(transactional_id="tx-a")
     t.topics.add(topic="hr-salaries", partitions=[0])
     t.topics.add(topic="orders", partitions=[0])
+    t.groups.extend(["hr-payroll", "shared"])
     FILTERS[method + "DescribeTransactions"](
         a, ALICE, coordinator_pb2.DescribeTransactionsRequest(), txns
     )
     assert [tp.topic for tp in t.topics] == ["orders"]
+    assert list(t.groups) == ["shared"]  # nor the groups it may not describe
 
     delete = coordinator_pb2.DeleteOffsetsRequest(group_id="shared")
     delete.topics.add(topic="hr-salaries", partitions=[0])

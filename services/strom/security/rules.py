@@ -372,10 +372,15 @@ def _filter_describe_groups(auth: Authorizer, principal: str, req: Any, resp: An
 def _filter_describe_transactions(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
     """A transaction's partitions without the topics the principal may not DESCRIBE, as
     Kafka's DescribeTransactions answers (found from outside: DESCRIBE on the transactional
-    id showed every topic the transaction wrote to)."""
+    id showed every topic the transaction wrote to), and its groups without those the
+    principal may not DESCRIBE (Kafka's answer has no groups at all)."""
     ok = _Describable(auth, principal)
     for t in resp.transactions:
         _keep_topics(t.topics, ok)
+        groups = [g for g in t.groups if auth.allowed(principal, Op.DESCRIBE, Res.GROUP, g)]
+        if len(groups) != len(t.groups):
+            del t.groups[:]
+            t.groups.extend(groups)
 
 
 FILTERS: dict[str, Filter] = {
