@@ -42,7 +42,7 @@ from strom.client.cluster import ClusterClient
 from strom.devcluster.certs import CertificateAuthority, Pem
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import AuthorizationError, ErrorCode, StromError
+from strom.errors import AuthorizationError, ErrorCode, StromError, TopicAuthorizationFailedError
 from strom.record import encode_batch
 from strom.security import ChannelSecurity
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
@@ -828,3 +828,206 @@ def test_a_consumer_that_is_no_super_user_follows_past_its_first_grants(env: Env
     # ... on one stream: a refused grant ends the stream after the window, and the consumer
     # then has to start its follow again.
     assert len(starts) <= 1
+
+
+def test_a_group_or_transaction_shows_only_topics_the_principal_may_describe(env: Env) -> None:
+    """Found from outside: a principal with only DESCRIBE on group `shared` saw, in `strom
+    groups describe shared`, the name, committed offset and log end of `hr-salaries`, which
+    it may not describe; OffsetFetch and DescribeTransactions told the same, and DELETE on
+    the group alone deleted that topic's offset. Now those topics are left out (OffsetFetch
+    naming one answers TOPIC_AUTHORIZATION_FAILED) and DeleteOffsets needs READ on it."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("hr-salaries", partitions=1, replication_factor=1)
+    with Producer(
+        env.bootstrap,
+        **env.client(env.admin, transactional_id="tx-a"),  # type: ignore[arg-type]
+    ) as p:
+        p.init_transactions(10)
+        p.begin_transaction()
+        p.send("hr-salaries", b"open").result(10)  # left open: DescribeTransactions names it
+        coordinator = env.cluster.coordinators[0].address  # type: ignore[union-attr]
+        commit = coordinator_pb2.OffsetCommitRequest(group_id="shared", member_epoch=-1)
+        for topic, offset in (("hr-salaries", 2), ("orders", 0)):
+            commit.topics.add(topic=topic).partitions.add(
+                partition=0, committed_offset=offset, committed_leader_epoch=-1
+            )
+        with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(c.channel(coordinator))
+            assert stub.OffsetCommit(commit, timeout=10).error_code == ErrorCode.NONE
+        who = env.ca.issue("group-viewer")
+        principal = "User:CN=group-viewer"
+        DESCRIBE, TXN = md.ACL_OPERATION_DESCRIBE, md.ACL_RESOURCE_TYPE_TRANSACTIONAL_ID
+        env.acls(
+            allow(principal, DESCRIBE, GROUP, "shared"),
+            allow(principal, md.ACL_OPERATION_DELETE, GROUP, "shared"),
+            allow(principal, DESCRIBE, TOPIC, "orders"),
+            allow(principal, DESCRIBE, TXN, "tx-a"),
+        )
+        with ClusterClient(env.bootstrap, security=env.security(who)) as c:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(c.channel(coordinator))
+
+            def granted(call):  # type: ignore[no-untyped-def]
+                """``call()`` once the coordinator has applied the grants; None before."""
+                try:
+                    return call()
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.PERMISSION_DENIED:
+                        raise
+                    return None
+
+            every = wait_for(
+                lambda: granted(
+                    lambda: stub.OffsetFetch(
+                        coordinator_pb2.OffsetFetchRequest(group_id="shared", member_epoch=-1),
+                        timeout=10,
+                    )
+                ),
+                timeout=10,
+                what="the grants applied by the coordinator",
+            )
+            assert [t.topic for t in every.topics] == ["orders"]
+            named = coordinator_pb2.OffsetFetchRequest(group_id="shared", member_epoch=-1)
+            named.topics.add(topic="hr-salaries")
+            pr = stub.OffsetFetch(named, timeout=10).topics[0].partitions[0]
+            assert pr.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            assert pr.committed_offset == -1
+            d = stub.DescribeGroups(
+                coordinator_pb2.DescribeGroupsRequest(group_ids=["shared"], include_offsets=True),
+                timeout=10,
+            )
+            assert "hr-salaries" not in str(d) and [o.topic for o in d.groups[0].offsets] == [
+                "orders"
+            ]
+            txns = stub.DescribeTransactions(
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=["tx-a"]),
+                timeout=10,
+            )
+            assert txns.transactions[0].error_code == ErrorCode.NONE
+            assert not txns.transactions[0].topics
+            delete = coordinator_pb2.DeleteOffsetsRequest(group_id="shared")
+            delete.topics.add(topic="hr-salaries", partitions=[0])
+            assert _code(lambda: stub.DeleteOffsets(delete, timeout=10)) == (
+                grpc.StatusCode.PERMISSION_DENIED
+            )
+        # A consumer asking for it is told why, not given "nothing committed".
+        with (
+            Consumer(env.bootstrap, **env.client(who, group_id="shared")) as consumer,  # type: ignore[arg-type]
+            pytest.raises(TopicAuthorizationFailedError, match="DESCRIBE on topic 'hr-salaries'"),
+        ):
+            consumer.committed(TopicPartition("hr-salaries", 0))
+        p.abort_transaction(10)
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:  # still there
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(c.channel(coordinator))
+        named.topics[0].partitions.append(0)
+        assert stub.OffsetFetch(named, timeout=10).topics[0].partitions[0].committed_offset == 2
+    # The CLI, with the principal's rights: what it may see, nothing of the rest.
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "strom.cli.main", "groups", "describe", "shared"),
+            *("--ssl-cafile", str(env.ca.ca_file), "-b", env.bootstrap),
+            *("--ssl-certfile", str(who.cert), "--ssl-keyfile", str(who.key)),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    assert "orders" in out and "hr-salaries" not in out, out
+
+
+def test_only_the_services_create_internal_topics_and_stray_ones_can_be_deleted(env: Env) -> None:
+    """Found from outside: a principal with only CREATE on every topic sent CreateTopics of
+    `__junk2` with the coordinators' header and got a topic no client could write and even
+    the admin could not delete ("internal and cannot be deleted"). Creating a `__` topic now
+    needs CLUSTER_ACTION, as writing one does; one made anyway (by a super user here) can be
+    deleted; the coordinators' own topics still cannot."""
+    env.acls(allow("User:CN=carol", CREATE, TOPIC, "*"))
+    carol = env.ca.issue("carol")
+    internal = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
+    controller = env.cluster.controllers[0].address  # type: ignore[union-attr]
+    req = controller_pb2.CreateTopicsRequest()
+    req.topics.add(name="__junk2", num_partitions=1, replication_factor=1)
+    with ClusterClient(env.bootstrap, security=env.security(carol)) as c:
+        stub = controller_pb2_grpc.ControllerServiceStub(c.channel(controller))
+
+        def answer() -> str | None:
+            """How the controller answers; None while it has not applied the CREATE grant."""
+            try:
+                resp = stub.CreateTopics(req, timeout=10, metadata=internal)
+            except grpc.RpcError as exc:
+                details = f"{exc.code().name}: {exc.details()}"
+                return None if "CREATE on topic" in details else details
+            return f"answered {ErrorCode.Name(resp.topics[0].error_code)}"
+
+        got = wait_for(answer, timeout=10, what="the CREATE grant applied by the controller")
+    assert got == "PERMISSION_DENIED: User:CN=carol is not allowed CLUSTER_ACTION on the cluster"
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        stub = controller_pb2_grpc.ControllerServiceStub(c.channel(controller))
+        made = stub.CreateTopics(req, timeout=10, metadata=internal)
+        assert made.topics[0].error_code == ErrorCode.NONE, made
+        deleted = stub.DeleteTopics(
+            controller_pb2.DeleteTopicsRequest(topics=["__junk2", "__consumer_offsets"]),
+            timeout=30,
+        )
+    assert [(t.name, ErrorCode.Name(t.error_code)) for t in deleted.topics] == [
+        ("__junk2", "NONE"),
+        ("__consumer_offsets", "POLICY_VIOLATION"),
+    ]
+
+
+def test_listing_groups_and_transactions_needs_describe_only_on_them(env: Env) -> None:
+    """Found from outside: `strom groups list` and `strom transactions list` refused every
+    principal without DESCRIBE on the cluster (they asked DescribeCluster where the
+    coordinators are), though ListGroups and ListTransactions answer with what the caller
+    may describe, as the docs' table says. They find the coordinators with FindCoordinator
+    now, and list only what the principal may see."""
+    coordinator = env.cluster.coordinators[0].address  # type: ignore[union-attr]
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(c.channel(coordinator))
+        for group in ("listed-g", "hidden-g"):
+            commit = coordinator_pb2.OffsetCommitRequest(group_id=group, member_epoch=-1)
+            commit.topics.add(topic="orders").partitions.add(
+                partition=0, committed_offset=0, committed_leader_epoch=-1
+            )
+            assert stub.OffsetCommit(commit, timeout=10).error_code == ErrorCode.NONE
+    for tid in ("listed-tx", "hidden-tx"):
+        with Producer(env.bootstrap, **env.client(env.admin, transactional_id=tid)) as p:  # type: ignore[arg-type]
+            p.init_transactions(10)
+    who = env.ca.issue("lister")
+    principal = "User:CN=lister"
+    env.acls(
+        allow(principal, md.ACL_OPERATION_DESCRIBE, GROUP, "listed-g"),
+        allow(
+            principal, md.ACL_OPERATION_DESCRIBE, md.ACL_RESOURCE_TYPE_TRANSACTIONAL_ID, "listed-tx"
+        ),
+    )
+    with ClusterClient(env.bootstrap, security=env.security(who)) as c:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(c.channel(coordinator))
+        wait_for(
+            lambda: (
+                [
+                    g.group_id
+                    for g in stub.ListGroups(coordinator_pb2.ListGroupsRequest(), timeout=10).groups
+                ]
+                == ["listed-g"]
+            ),
+            timeout=10,
+            what="the lister's grants applied by the coordinator",
+        )
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "strom.cli.main", *args),
+                *("--ssl-cafile", str(env.ca.ca_file), "-b", env.bootstrap),
+                *("--ssl-certfile", str(who.cert), "--ssl-keyfile", str(who.key)),
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout.decode()
+
+    assert [g["group"] for g in json.loads(cli("groups", "list", "--json"))] == ["listed-g"]
+    listed = json.loads(cli("transactions", "list", "--json"))
+    assert [t["transactional_id"] for t in listed] == ["listed-tx"]

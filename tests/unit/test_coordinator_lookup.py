@@ -55,6 +55,25 @@ def test_unowned_shards_and_a_missing_topic_are_not_available() -> None:
     assert shard_count(_view(None, {}), 8) == 8 and shard_count(view) == 4
 
 
+def test_all_shards_answers_every_shard_with_its_owner_or_none() -> None:
+    """What `strom groups list` fans out to without DescribeCluster (found from outside: that
+    needed DESCRIBE on the cluster, though ListGroups answers per group)."""
+    view = _view(3, {0: "h:1", 2: "h:2"})
+    every = storage_pb2.FindCoordinatorRequest(all_shards=True)
+    resp = find_coordinator(view, every)
+    assert [(c.shard, c.error_code, c.node.port) for c in resp.coordinators] == [
+        (0, E.NONE, 1),
+        (1, E.COORDINATOR_NOT_AVAILABLE, 0),
+        (2, E.NONE, 2),
+    ]
+    assert resp.coordinators[1].node.node_id == -1
+    assert not find_coordinator(_view(None, {}), every).coordinators  # no coordinator ran yet
+    # Keys with it: a clear refusal per key, not a silent choice of one of the two.
+    mixed = find_coordinator(view, storage_pb2.FindCoordinatorRequest(all_shards=True, keys=["g"]))
+    assert [(c.key, c.error_code) for c in mixed.coordinators] == [("g", E.INVALID_REQUEST)]
+    assert "name no keys" in mixed.coordinators[0].error_message
+
+
 def test_bad_keys_are_refused_per_key() -> None:
     view = _view(2, {0: "h:1", 1: "h:1"})
     resp = _ask(view, "", "ok")

@@ -16,12 +16,13 @@ from strom.api import (
     storage_pb2,
 )
 from strom.api import metadata_pb2 as md
+from strom.errors import ErrorCode
 from strom.security.acl import CLUSTER, Acl, Authorizer, Op, Res, matches_filter, validate
 from strom.security.config import ServerSecurity
 from strom.security.interceptor import AuthInterceptor
 from strom.security.principal import TOKEN_FILE_ERRORS, TokenFile, bearer_token, load_verifier
 from strom.security.quotas import QuotaManager
-from strom.security.rules import RULES
+from strom.security.rules import FILTERS, RULES
 from strom.service import metrics as service_metrics
 from strom.storage.wire import parse_produce_request
 
@@ -435,3 +436,102 @@ def test_the_super_users_flag_repeats_and_refuses_a_value_it_cannot_split(
     bad = parser.parse_args(["--super-users", "User:CN=strom,O=acme,User:CN=admin"])
     with pytest.raises(ValueError, match="--super-users 'User:CN=strom,O=acme,User:CN=admin'"):
         config.configure(bad)
+
+
+def test_coordinator_answers_leave_out_topics_the_principal_may_not_describe() -> None:
+    """Found from outside: DESCRIBE on a group (or a transactional id) showed the names,
+    committed offsets and log ends of every topic it touched, and DELETE on a group deleted
+    the offsets of any topic. Kafka's rules: OffsetFetch answers TOPIC_AUTHORIZATION_FAILED
+    for a topic named (and leaves topics out of the every-offset form); the descriptions
+    leave them out; OffsetDelete needs READ on each topic."""
+    a = Authorizer()
+    a.replace([acl(Op.DESCRIBE, Res.GROUP, "shared"), acl(Op.DESCRIBE, Res.TOPIC, "orders")])
+    method = "/strom.v1.CoordinatorService/"
+
+    def fetch_answer() -> coordinator_pb2.OffsetFetchResponse:
+        resp = coordinator_pb2.OffsetFetchResponse()
+        for topic in ("hr-salaries", "orders"):
+            resp.topics.add(topic=topic).partitions.add(
+                partition=0, committed_offset=2, committed_leader_epoch=1, metadata="m"
+            )
+        return resp
+
+    every = fetch_answer()
+    FILTERS[method + "OffsetFetch"](a, ALICE, coordinator_pb2.OffsetFetchRequest(), every)
+    assert [t.topic for t in every.topics] == ["orders"]
+    named = fetch_answer()
+    req = coordinator_pb2.OffsetFetchRequest(group_id="shared")
+    req.topics.add(topic="hr-salaries")
+    req.topics.add(topic="orders")
+    FILTERS[method + "OffsetFetch"](a, ALICE, req, named)
+    hidden, shown = named.topics[0].partitions[0], named.topics[1].partitions[0]
+    assert hidden.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert (hidden.partition, hidden.committed_offset, hidden.metadata) == (0, -1, "")
+    assert "DESCRIBE on topic 'hr-salaries'" in hidden.error_message
+    assert (shown.error_code, shown.committed_offset) == (ErrorCode.NONE, 2)
+
+    groups = coordinator_pb2.DescribeGroupsResponse()
+    g = groups.groups.add(group_id="shared")
+    m = g.members.add(member_id="m1", subscribed_topic_names=["hr-salaries", "orders"])
+    for assignment in (m.assignment, m.target_assignment):
+        assignment.topic_partitions.add(topic="hr-salaries", partitions=[0])
+        assignment.topic_partitions.add(topic="orders", partitions=[0])
+    g.offsets.add(topic="hr-salaries", partition=0, committed_offset=2, end_offset=2)
+    g.offsets.add(topic="orders", partition=0, committed_offset=1, end_offset=3)
+    FILTERS[method + "DescribeGroups"](a, ALICE, coordinator_pb2.DescribeGroupsRequest(), groups)
+    assert "hr-salaries" not in str(groups)
+    assert list(m.subscribed_topic_names) == ["orders"]
+    assert [tp.topic for tp in m.assignment.topic_partitions] == ["orders"]
+    assert [tp.topic for tp in m.target_assignment.topic_partitions] == ["orders"]
+    assert [(o.topic, o.committed_offset) for o in g.offsets] == [("orders", 1)]
+
+    txns = coordinator_pb2.DescribeTransactionsResponse()
+    t = txns.transactions.add(transactional_id="tx-a")
+    t.topics.add(topic="hr-salaries", partitions=[0])
+    t.topics.add(topic="orders", partitions=[0])
+    t.groups.extend(["hr-payroll", "shared"])
+    FILTERS[method + "DescribeTransactions"](
+        a, ALICE, coordinator_pb2.DescribeTransactionsRequest(), txns
+    )
+    assert [tp.topic for tp in t.topics] == ["orders"]
+    assert list(t.groups) == ["shared"]  # nor the groups it may not describe
+
+    delete = coordinator_pb2.DeleteOffsetsRequest(group_id="shared")
+    delete.topics.add(topic="hr-salaries", partitions=[0])
+    assert list(RULES[method + "DeleteOffsets"](delete)) == [
+        (Op.DELETE, Res.GROUP, "shared"),
+        (Op.READ, Res.TOPIC, "hr-salaries"),
+    ]
+
+
+def test_creating_an_internal_topic_needs_cluster_action() -> None:
+    """Found from outside: CREATE on ``*`` and the coordinators' header made ``__`` topics no
+    client could write and nobody could delete. The topics the coordinators really keep
+    their state in stay undeletable; the controller names them as the coordinators do."""
+    from strom.controller.validation import COORDINATOR_TOPICS
+    from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
+    from strom.coordinator.txn_state import TRANSACTION_STATE_TOPIC
+
+    create = RULES["/strom.v1.ControllerService/CreateTopics"]
+    req = controller_pb2.CreateTopicsRequest()
+    req.topics.add(name="orders")
+    assert list(create(req)) == [(Op.CREATE, Res.TOPIC, "orders")]
+    req.topics.add(name="__junk")
+    assert list(create(req)) == [
+        (Op.CREATE, Res.TOPIC, "orders"),
+        (Op.CREATE, Res.TOPIC, "__junk"),
+        (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER),
+    ]
+    assert {CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC} == COORDINATOR_TOPICS
+
+
+def test_finding_every_coordinator_needs_no_cluster_describe() -> None:
+    """FindCoordinator(all_shards) tells only where the coordinators are, as Metadata tells
+    where the nodes are: listing groups or transactions needs DESCRIBE only on what is
+    listed (found from outside: `strom groups list` needed DESCRIBE on the cluster). Keys
+    named with it are still checked."""
+    for service in ("StorageService", "CoordinatorService"):
+        rule = RULES[f"/strom.v1.{service}/FindCoordinator"]
+        assert list(rule(storage_pb2.FindCoordinatorRequest(all_shards=True))) == []
+        named = storage_pb2.FindCoordinatorRequest(all_shards=True, keys=["g"])
+        assert list(rule(named)) == [(Op.DESCRIBE, Res.GROUP, "g")]

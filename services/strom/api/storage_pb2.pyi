@@ -435,12 +435,14 @@ class InitProducerIdResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class FindCoordinatorRequest(_message.Message):
-    __slots__ = ("key_type", "keys")
+    __slots__ = ("key_type", "keys", "all_shards")
     KEY_TYPE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    ALL_SHARDS_FIELD_NUMBER: _ClassVar[int]
     key_type: CoordinatorType
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key_type: _Optional[_Union[CoordinatorType, str]] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    all_shards: bool
+    def __init__(self, key_type: _Optional[_Union[CoordinatorType, str]] = ..., keys: _Optional[_Iterable[str]] = ..., all_shards: _Optional[bool] = ...) -> None: ...
 
 class FindCoordinatorResponse(_message.Message):
     __slots__ = ("coordinators",)

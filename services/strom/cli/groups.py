@@ -2,7 +2,7 @@
 Kafka's ``kafka-consumer-groups.sh`` does it.
 
 The commands talk to the group coordinators directly (FindCoordinator on a storage node for
-one group; every coordinator in the controller's DescribeCluster for ``list``). Offsets are
+one group; every shard's owner, FindCoordinator with ``all_shards``, for ``list``). Offsets are
 reset with an admin OffsetCommit (member epoch -1), which the coordinator accepts only while
 the group has no members, so a reset never races consumers; without ``--execute`` the command
 only prints what it would do (a dry run, like Kafka's tool).
@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
+from strom.api import coordinator_pb2, coordinator_pb2_grpc
 from strom.argtypes import iso_time_ms
 from strom.client.cluster import ClusterClient
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
@@ -141,10 +141,10 @@ def _describe_group(client: ClusterClient, group: str) -> coordinator_pb2.Descri
 
 
 def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
-    desc = client.controller_call(
-        "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
-    )
-    addresses = sorted({f"{o.host}:{o.port}" for o in desc.coordinator_shards})
+    # Every shard's owner from FindCoordinator, not DescribeCluster: that needs DESCRIBE on
+    # the cluster, and listing only DESCRIBE on the groups listed (found from outside).
+    owners = client.coordinator_shards()
+    addresses = sorted({a for a in owners.values() if a is not None})
     groups: dict[str, coordinator_pb2.ListedGroup] = {}
     shards: set[int] = set()
     for addr in addresses:
@@ -156,7 +156,7 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
         shards.update(resp.shards)
         for g in resp.groups:
             groups[g.group_id] = g
-    owned = {o.shard for o in desc.coordinator_shards}
+    owned = set(owners)  # a shard with no owner right now is missing from the list too
     if args.json:
         rows = [
             {"group": g.group_id, "state": _STATES.get(g.state, "?"), "members": g.member_count}

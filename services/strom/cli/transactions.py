@@ -1,10 +1,11 @@
 """``strom transactions list|describe|fence|producers|abort``: transactions from the shell, as
 Kafka's ``kafka-transactions.sh`` shows and handles them.
 
-``list`` asks every coordinator that owns a shard of ``__transaction_state`` (from the
-controller's DescribeCluster); ``describe`` asks the id's own coordinator (FindCoordinator).
-``producers`` and ``abort`` ask partition leaders (DescribeProducers, WriteTxnMarkers): they
-find and end a hanging transaction, one no coordinator will end (Kafka's KIP-664).
+``list`` asks every coordinator that owns a shard of ``__transaction_state`` (from a storage
+node's FindCoordinator with ``all_shards``); ``describe`` asks the id's own coordinator
+(FindCoordinator). ``producers`` and ``abort`` ask partition leaders (DescribeProducers,
+WriteTxnMarkers): they find and end a hanging transaction, one no coordinator will end
+(Kafka's KIP-664).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from strom.api import controller_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.api import coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.cli.groups import _table
 from strom.cli.jsonout import message_json
 from strom.client.admin import Admin
@@ -216,13 +217,13 @@ def _abort(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
 
 
 def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
-    desc = client.controller_call(
-        "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
-    )
-    addresses = sorted({f"{o.host}:{o.port}" for o in desc.transaction_shards})
+    # Every shard's owner from FindCoordinator, not DescribeCluster: that needs DESCRIBE on
+    # the cluster, and listing only DESCRIBE on the ids listed (found from outside).
+    owners = client.coordinator_shards(storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+    addresses = sorted({a for a in owners.values() if a is not None})
     wanted = {_STATES[s] for s in args.state or ()}
     rows: dict[str, coordinator_pb2.TransactionListing] = {}
-    unloaded = False
+    unloaded = None in owners.values()  # a shard with no owner right now
     for addr in addresses:
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
         try:

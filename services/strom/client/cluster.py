@@ -312,6 +312,30 @@ class ClusterClient:
         what = "group" if key_type == storage_pb2.COORDINATOR_TYPE_GROUP else "transactional id"
         raise CoordinatorNotAvailableError(f"no coordinator for {what} {key!r}: {last}")
 
+    def coordinator_shards(
+        self, key_type: int = storage_pb2.COORDINATOR_TYPE_GROUP
+    ) -> dict[int, str | None]:
+        """Every shard of the group (or transaction) coordinators and its owner's address,
+        None for a shard without one right now: FindCoordinator(all_shards) on the first node
+        that answers (one pass), for listings that fan out to every coordinator. Unlike
+        DescribeCluster it needs no DESCRIBE on the cluster (found from outside: `strom groups
+        list` refused principals the ListGroups filter would have answered). Empty while no
+        coordinator has run; BrokerNotAvailableError when no node answers."""
+        req = storage_pb2.FindCoordinatorRequest(key_type=key_type, all_shards=True)  # type: ignore[arg-type]
+        last = "no node answered"
+        for addr in self._candidates():
+            try:
+                resp = self.storage(addr).FindCoordinator(req, timeout=min(self.timeout_s, 5.0))
+            except grpc.RpcError as exc:
+                if exc.code() in _REFUSED:
+                    raise refused(exc) from None
+                last = f"{addr}: {exc.code().name}"
+                continue
+            return {
+                c.shard: _addr(c.node) if c.error_code == NONE else None for c in resp.coordinators
+            }
+        raise BrokerNotAvailableError(f"no strom node answered FindCoordinator ({last})")
+
     def topic_metadata(self, topic: str, *, refresh: bool = True) -> Any:
         """The topic's entry in the nodes' metadata (see :meth:`MetadataCache.topic`)."""
         return self.cache.topic(topic, refresh=refresh)

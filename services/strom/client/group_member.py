@@ -267,6 +267,9 @@ class GroupMember:
         found: dict[TopicPartition, OffsetAndMetadata] = {}
         for tr in resp.topics:
             for pr in tr.partitions:
+                if pr.error_code == E.TOPIC_AUTHORIZATION_FAILED:
+                    # Not "nothing committed": the ACLs hide the topic's offsets.
+                    raise error_for(pr.error_code, pr.error_message)
                 if pr.error_code == E.NONE and pr.committed_offset >= 0:
                     found[TopicPartition(tr.topic, pr.partition)] = OffsetAndMetadata(
                         pr.committed_offset, pr.metadata, pr.committed_leader_epoch

@@ -33,6 +33,7 @@ from strom.controller.core import ControllerCore, Leadership, item_error, rack_o
 from strom.controller.leadership import eligible_nodes, initial_state
 from strom.controller.placement import PlacementNode, assign_replicas
 from strom.controller.validation import (
+    COORDINATOR_TOPICS,
     colliding_topic,
     is_internal_topic,
     validate_assignments,
@@ -264,8 +265,13 @@ class TopicRpcs(ControllerCore):
             current = store.get(key, md.TopicMetadata)
             if current is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-            if current.value.internal or is_internal_topic(name):
-                raise PolicyViolationError(f"topic {name!r} is internal and cannot be deleted")
+            # Only the coordinators' own topics: another ``__`` topic (one a client with
+            # CREATE could make before CreateTopics of such names needed CLUSTER_ACTION, found
+            # from outside) could otherwise never be removed.
+            if name in COORDINATOR_TOPICS:
+                raise PolicyViolationError(
+                    f"topic {name!r} holds strom's coordinators' state and cannot be deleted"
+                )
             return current
 
         def commit(current: Versioned) -> bool:

@@ -33,6 +33,11 @@ MAX_PARTITIONS = 10_000
 MAX_REPLICATION_FACTOR = 32
 #: Prefix reserved for strom's own topics (``__consumer_offsets``).
 INTERNAL_PREFIX = "__"
+#: The internal topics strom's coordinators keep their state in (coordinator.offsets_log and
+#: coordinator.txn_state name them too; a unit test checks they agree): never deleted. Other
+#: ``__`` names are still internal (clients cannot produce to them) but may be deleted, so an
+#: operator can remove one created by mistake.
+COORDINATOR_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 _ILLEGAL_CHAR = re.compile(r"[^a-zA-Z0-9._-]")

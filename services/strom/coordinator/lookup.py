@@ -53,6 +53,8 @@ def find_coordinator(
         table = view.txn_coordinators if txn else view.coordinators
         owners = {s: v.value for s, v in table.items()}
     what = "transactional id" if txn else "group id"
+    if request.all_shards:
+        return _every_shard(request, resp, topic, shards, owners)
     for key in request.keys:
         c = resp.coordinators.add(key=key, shard=-1)
         c.node.node_id = -1
@@ -81,4 +83,33 @@ def find_coordinator(
             c.error_message = f"no coordinator owns {topic} shard {shard} right now"
             continue
         c.node.CopyFrom(owner_node(owner))
+    return resp
+
+
+def _every_shard(
+    request: storage_pb2.FindCoordinatorRequest,
+    resp: storage_pb2.FindCoordinatorResponse,
+    topic: str,
+    shards: int | None,
+    owners: dict[int, md.CoordinatorShardOwner],
+) -> storage_pb2.FindCoordinatorResponse:
+    """``all_shards``: one entry per shard, so that listing groups or transactions needs no
+    DESCRIBE on the cluster (DescribeCluster's), only on what is listed. None while the
+    topic does not exist yet; with keys, one INVALID_REQUEST entry per key."""
+    if request.keys:
+        for key in request.keys:
+            c = resp.coordinators.add(key=key, shard=-1)
+            c.node.node_id = -1
+            c.error_code = ErrorCode.INVALID_REQUEST  # type: ignore[assignment]
+            c.error_message = "all_shards asks for every shard: name no keys with it"
+        return resp
+    for shard in range(shards or 0):
+        c = resp.coordinators.add(shard=shard)
+        owner = owners.get(shard)
+        if owner is None:
+            c.node.node_id = -1
+            c.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE  # type: ignore[assignment]
+            c.error_message = f"no coordinator owns {topic} shard {shard} right now"
+        else:
+            c.node.CopyFrom(owner_node(owner))
     return resp

@@ -4,7 +4,9 @@ strom service, and the responses that are filtered instead of refused.
 Kafka's table, applied to strom's RPCs. A request naming several topics (or groups) needs the
 permission on each; a missing one refuses the whole request with PERMISSION_DENIED naming it.
 Listing calls (Metadata, ListTopics, ListGroups, ListTransactions, DescribeTopics naming no
-topic) are answered with what the principal may DESCRIBE. Calls strom's own services make to
+topic) are answered with what the principal may DESCRIBE; answers that name topics in passing
+(OffsetFetch, DescribeGroups, DescribeTransactions) leave out, or mark, those it may not
+DESCRIBE. Calls strom's own services make to
 each other (follower fetches, AlterPartition, markers, ...) need CLUSTER_ACTION, which their
 principals get by being super users.
 
@@ -87,6 +89,9 @@ def _fetch(req: Any) -> Iterable[Check]:
 
 
 def _find_coordinator(req: Any) -> Iterable[Check]:
+    """DESCRIBE on each key. ``all_shards`` (no keys) needs nothing more than being
+    authenticated: it tells only where the coordinators are, as Metadata tells where the
+    storage nodes are, and listing groups or transactions is filtered per group or id."""
     res = Res.TRANSACTIONAL_ID if req.key_type == 1 else Res.GROUP
     return [(Op.DESCRIBE, res, k) for k in req.keys]
 
@@ -133,7 +138,14 @@ def _init_producer_id(req: Any) -> Iterable[Check]:
 
 
 def _create_topics(req: Any) -> Iterable[Check]:
-    return [(Op.CREATE, Res.TOPIC, t.name) for t in req.topics]
+    """CREATE on each topic; an internal ``__`` name also needs CLUSTER_ACTION, as
+    :func:`_produce`: only strom's coordinators create those (with the header
+    service.headers.INTERNAL_TOPICS_METADATA_KEY). Found from outside: CREATE on ``*`` and
+    the header made ``__`` topics that no client could write and nobody could delete."""
+    out: list[Check] = [(Op.CREATE, Res.TOPIC, t.name) for t in req.topics]
+    if any(t.name.startswith("__") for t in req.topics):
+        out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
+    return out
 
 
 def _parsed(message: type[Any], req: Any) -> Any:
@@ -207,11 +219,15 @@ RULES: dict[str, Rule] = {
         Op.READ, _names(Op.DESCRIBE, Res.TOPIC, "subscribed_topic_names")
     ),
     K + "OffsetCommit": _group(Op.READ, _topics(Op.READ)),
+    # Offsets, members' assignments and transactions name topics: those the principal may
+    # not DESCRIBE are taken out of the answers (FILTERS; found from outside).
     K + "OffsetFetch": _group(Op.DESCRIBE),
     K + "ListGroups": _anyone,  # filtered
     K + "DescribeGroups": _names(Op.DESCRIBE, Res.GROUP, "group_ids"),
     K + "DeleteGroups": _names(Op.DELETE, Res.GROUP, "group_ids"),
-    K + "DeleteOffsets": _group(Op.DELETE),
+    # READ on each topic too, as Kafka's OffsetDelete (found from outside: DELETE on the
+    # group alone deleted the offsets of topics the principal could not even describe).
+    K + "DeleteOffsets": _group(Op.DELETE, _topics(Op.READ)),
     K + "FindCoordinator": _find_coordinator,
     K + "InitProducerId": _init_producer_id,
     K + "AddPartitionsToTxn": _txn(Op.WRITE, _topics(Op.WRITE)),
@@ -286,12 +302,96 @@ def _filter_transactions(auth: Authorizer, principal: str, req: Any, resp: Any) 
     resp.transactions.extend(keep)
 
 
+class _Describable:
+    """Whether the principal may DESCRIBE a topic, asked once per name: one answer names a
+    topic in many places (every member's assignment, every partition's offset)."""
+
+    def __init__(self, auth: Authorizer, principal: str) -> None:
+        self.auth, self.principal, self.known = auth, principal, {}
+
+    def __call__(self, topic: str) -> bool:
+        ok = self.known.get(topic)
+        if ok is None:
+            ok = self.known[topic] = self.auth.allowed(
+                self.principal, Op.DESCRIBE, Res.TOPIC, topic
+            )
+        return ok
+
+
+def _keep_topics(items: Any, ok: Callable[[str], bool], field: str = "topic") -> None:
+    """Remove the entries of a repeated field whose topic the principal may not DESCRIBE."""
+    keep = [x for x in items if ok(getattr(x, field))]
+    if len(keep) != len(items):
+        del items[:]
+        items.extend(keep)
+
+
+def _filter_offset_fetch(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    """Committed offsets of topics the principal may not DESCRIBE (Kafka's OffsetFetch): a
+    topic asked for by name answers TOPIC_AUTHORIZATION_FAILED on each partition, without
+    its offset; the every-offset form (no topics named) leaves such topics out. Found from
+    outside: DESCRIBE on the group showed every topic's name and committed offset."""
+    ok = _Describable(auth, principal)
+    if not req.topics:
+        _keep_topics(resp.topics, ok)
+        return
+    for t in resp.topics:
+        if ok(t.topic):
+            continue
+        for p in t.partitions:
+            p.CopyFrom(  # nothing of the answer kept: offset, epoch, metadata
+                type(p)(
+                    partition=p.partition,
+                    error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    error_message=f"{principal} is not allowed DESCRIBE on topic {t.topic!r}",
+                    committed_offset=-1,
+                    committed_leader_epoch=-1,
+                )
+            )
+
+
+def _filter_describe_groups(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    """A group's description without the topics the principal may not DESCRIBE: out of every
+    member's subscribed names, assignment and target assignment, and out of the offsets.
+    Found from outside: DESCRIBE on a group showed the names, offsets and log ends of every
+    topic it consumed. (Kafka answers such a group with TOPIC_AUTHORIZATION_FAILED as a whole,
+    KAFKA-18813; leaving the topics out keeps `strom groups describe` useful for what the
+    principal may see.)"""
+    ok = _Describable(auth, principal)
+    for g in resp.groups:
+        for m in g.members:
+            names = [n for n in m.subscribed_topic_names if ok(n)]
+            if len(names) != len(m.subscribed_topic_names):
+                del m.subscribed_topic_names[:]
+                m.subscribed_topic_names.extend(names)
+            _keep_topics(m.assignment.topic_partitions, ok)
+            _keep_topics(m.target_assignment.topic_partitions, ok)
+        _keep_topics(g.offsets, ok)
+
+
+def _filter_describe_transactions(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
+    """A transaction's partitions without the topics the principal may not DESCRIBE, as
+    Kafka's DescribeTransactions answers (found from outside: DESCRIBE on the transactional
+    id showed every topic the transaction wrote to), and its groups without those the
+    principal may not DESCRIBE (Kafka's answer has no groups at all)."""
+    ok = _Describable(auth, principal)
+    for t in resp.transactions:
+        _keep_topics(t.topics, ok)
+        groups = [g for g in t.groups if auth.allowed(principal, Op.DESCRIBE, Res.GROUP, g)]
+        if len(groups) != len(t.groups):
+            del t.groups[:]
+            t.groups.extend(groups)
+
+
 FILTERS: dict[str, Filter] = {
     S + "Metadata": _filter_metadata,
     C + "ListTopics": _filter_list_topics,
     C + "DescribeTopics": _filter_describe_topics,
     K + "ListGroups": _filter_groups,
     K + "ListTransactions": _filter_transactions,
+    K + "OffsetFetch": _filter_offset_fetch,
+    K + "DescribeGroups": _filter_describe_groups,
+    K + "DescribeTransactions": _filter_describe_transactions,
 }
 
 #: Services served without authentication (Kubernetes probes; the API's shape).
