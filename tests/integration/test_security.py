@@ -542,24 +542,50 @@ def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:
 
 
 def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
-    """`strom quotas remove` (the README named it; it did not exist: found from outside)."""
+    """`strom quotas remove` (the README named it; it did not exist: found from outside);
+    `set` changes only the rates it is given, 0 removing one, and refuses to run with none."""
     tls = [
         *("--ssl-cafile", str(env.ca.ca_file)),
         *("--ssl-certfile", str(env.admin.cert), "--ssl-keyfile", str(env.admin.key)),
         *("-b", env.bootstrap),
     ]
 
-    def cli(*args: str) -> str:
-        done = subprocess.run(
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
             [sys.executable, "-m", "strom.cli.main", "quotas", *args, *tls],
             capture_output=True,
             timeout=60,
-            check=True,
         )
+
+    def cli(*args: str) -> str:
+        done = run(*args)
+        assert done.returncode == 0, done.stderr
         return done.stdout.decode()
+
+    def zed() -> dict[str, float]:
+        rows = [q for q in json.loads(cli("list", "--json")) if q["principal"] == "User:CN=zed"]
+        return {k: v for k, v in (rows[0] if rows else {}).items() if k != "principal" and v}
 
     cli("set", "User:CN=zed", "--produce-bytes-per-second", "5000")
     assert "User:CN=zed" in cli("list")
+    # Found from outside: a set replaced the whole quota (the produce rate was dropped) ...
+    cli("set", "User:CN=zed", "--fetch-bytes-per-second", "200")
+    assert zed() == {"produce_bytes_per_second": 5000, "fetch_bytes_per_second": 200}
+    # ... and a set without rates said "set" and deleted it: now refused, in one line.
+    refused = run("set", "User:CN=zed")
+    assert refused.returncode == 2
+    assert len(refused.stderr.decode().strip().splitlines()) == 1, refused.stderr
+    assert "at least one of" in refused.stderr.decode()
+    assert zed() == {"produce_bytes_per_second": 5000, "fetch_bytes_per_second": 200}
+    assert "quota of User:CN=zed set" in cli(
+        "set", "User:CN=zed", "--produce-bytes-per-second", "0"
+    )
+    assert zed() == {"fetch_bytes_per_second": 200}  # 0 removed the produce rate only
+    assert "quota of User:CN=zed removed" in cli(
+        "set", "User:CN=zed", "--fetch-bytes-per-second", "0"
+    )
+    assert zed() == {}
+    cli("set", "User:CN=zed", "--requests-per-second", "7")
     assert "quota of User:CN=zed removed" in cli("remove", "User:CN=zed")
     assert "User:CN=zed" not in cli("list")
 
