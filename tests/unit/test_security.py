@@ -358,3 +358,69 @@ def test_token_files_and_verifiers(tmp_path: Path) -> None:
         load_verifier("nope")
     with pytest.raises(ValueError, match="cannot load"):
         load_verifier("no_such_module_x:f")
+
+
+def test_a_capped_hold_forgives_nothing_and_a_fetch_is_bounded_by_its_quota() -> None:
+    """Found from outside: an answer is held at most MAX_THROTTLE_S and nothing else
+    remembered the rest, so a request of any size passed at its size per 30 s. What the
+    hold does not cover stays owed (the principal's next requests wait it out), and a fetch
+    reads at most FETCH_WINDOW_S of its principal's fetch rate."""
+    from strom.security.quotas import FETCH_WINDOW_S, MAX_THROTTLE_S
+
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    assert q.fetch_limit(ALICE) == 0 and q.owed(ALICE, "produce") == 0  # no quotas
+    q.replace(
+        {
+            ALICE: md.ClientQuota(principal=ALICE, produce_bytes_per_second=1000),
+            "User:*": md.ClientQuota(principal="User:*", fetch_bytes_per_second=10_000),
+        }
+    )
+    assert q.throttle(ALICE, "produce", 100_000) == MAX_THROTTLE_S  # 99 s ahead, held 30
+    now[0] += MAX_THROTTLE_S
+    assert q.owed(ALICE, "produce") == pytest.approx(99 - MAX_THROTTLE_S)
+    assert q.owed(ALICE, "fetch") == 0
+    assert q.fetch_limit(ALICE) == 10_000 * FETCH_WINDOW_S  # the default's fetch rate
+
+
+def test_requests_of_a_principal_that_owes_wait_in_order_until_it_has_paid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node's side of the above: a request of a principal still ahead of its quota is
+    served only once it is not (before anything is done for it), and its requests waiting
+    together are served in the order they came (a producer's batches in flight must not be
+    reordered). A principal that owes nothing does not wait."""
+    import asyncio
+
+    from strom.security import CURRENT_PRINCIPAL
+    from strom.storage import rpc_base
+
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    q.replace({ALICE: md.ClientQuota(principal=ALICE, produce_bytes_per_second=1000)})
+    monkeypatch.setattr(rpc_base, "QUOTAS", q)
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:  # the fake clock's time passes at once
+        now[0] += seconds
+        await real_sleep(0)
+
+    monkeypatch.setattr(rpc_base.asyncio, "sleep", sleep)
+    served: list[tuple[str, float]] = []
+
+    async def request(name: str, principal: str = ALICE) -> None:
+        CURRENT_PRINCIPAL.set(principal)
+        await rpc_base._wait_out_debt("produce")
+        served.append((name, now[0]))
+        q.throttle(principal, "produce", 1000)  # what serving it costs
+
+    async def main() -> None:
+        CURRENT_PRINCIPAL.set(ALICE)
+        q.throttle(ALICE, "produce", 100_000)  # an answer held 30 s, 99 s ahead
+        await asyncio.gather(*(request(n) for n in ("a", "b", "c")), request("bob", "User:bob"))
+
+    asyncio.run(main())
+    assert served[0][0] == "bob"  # first: it did not wait (the fake clock is shared)
+    assert [n for n, _ in served[1:]] == ["a", "b", "c"]
+    assert [t for _, t in served[1:]] == [pytest.approx(t) for t in (99.0, 100.0, 101.0)]
+    assert not rpc_base._GATES  # nothing left behind
