@@ -541,25 +541,96 @@ def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:
         env.quota("User:CN=alice")
 
 
+def test_a_fetch_reads_at_most_its_quota_window(env: Env) -> None:
+    """Found from outside: nothing bounded a throttled principal's fetch, and an answer is
+    held at most 30 s, so Fetch(max_bytes=50 MiB) at 10,000 B/s moved a 1.9 MB partition
+    per 30 s (6.4x the quota). A principal with a fetch quota now reads at most
+    FETCH_WINDOW_S of its rate per fetch (as Kafka does), whatever max_bytes asks."""
+    from strom.security.quotas import FETCH_WINDOW_S
+
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("fetch-quota", partitions=1, replication_factor=1)
+    env.acls(allow("User:CN=alice", READ, TOPIC, "fetch-quota"))
+    rate = 10_000
+    limit = int(rate * FETCH_WINDOW_S)
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        node = c.storage(env.bootstrap)
+        req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
+        req.topics.add(topic="fetch-quota").partitions.add(
+            partition=0, records=encode_batch([b"f" * 1000] * 50), current_leader_epoch=-1
+        )
+        for _ in range(6):  # 6 x 50 KB, three times the bound (the new topic's leader may
+            # not have opened its replica yet: retried until it takes the batch)
+            wait_for(
+                lambda: node.Produce(req, timeout=30).topics[0].partitions[0].error_code == 0,
+                timeout=30,
+                what="the batch appended",
+            )
+    env.quota("User:CN=alice", fetch_bytes_per_second=rate)
+    try:
+        with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
+            node = c.storage(env.bootstrap)
+            req = storage_pb2.FetchRequest(replica_id=-1, max_bytes=50 << 20, max_wait_ms=0)
+            req.topics.add(topic="fetch-quota").partitions.add(
+                partition=0, fetch_offset=0, partition_max_bytes=50 << 20, current_leader_epoch=-1
+            )
+
+            def fetched() -> storage_pb2.FetchResponse | None:
+                resp = node.Fetch(req, timeout=60)
+                return resp if resp.throttle_time_ms else None  # the quota has reached it
+
+            resp = wait_for(fetched, timeout=30, what="a throttled fetch answer")
+        records = resp.topics[0].partitions[0].records
+        assert 0 < len(records) <= limit, len(records)  # not the 300 KB asked for
+    finally:
+        env.quota("User:CN=alice")
+
+
 def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
-    """`strom quotas remove` (the README named it; it did not exist: found from outside)."""
+    """`strom quotas remove` (the README named it; it did not exist: found from outside);
+    `set` changes only the rates it is given, 0 removing one, and refuses to run with none."""
     tls = [
         *("--ssl-cafile", str(env.ca.ca_file)),
         *("--ssl-certfile", str(env.admin.cert), "--ssl-keyfile", str(env.admin.key)),
         *("-b", env.bootstrap),
     ]
 
-    def cli(*args: str) -> str:
-        done = subprocess.run(
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
             [sys.executable, "-m", "strom.cli.main", "quotas", *args, *tls],
             capture_output=True,
             timeout=60,
-            check=True,
         )
+
+    def cli(*args: str) -> str:
+        done = run(*args)
+        assert done.returncode == 0, done.stderr
         return done.stdout.decode()
+
+    def zed() -> dict[str, float]:
+        rows = [q for q in json.loads(cli("list", "--json")) if q["principal"] == "User:CN=zed"]
+        return {k: v for k, v in (rows[0] if rows else {}).items() if k != "principal" and v}
 
     cli("set", "User:CN=zed", "--produce-bytes-per-second", "5000")
     assert "User:CN=zed" in cli("list")
+    # Found from outside: a set replaced the whole quota (the produce rate was dropped) ...
+    cli("set", "User:CN=zed", "--fetch-bytes-per-second", "200")
+    assert zed() == {"produce_bytes_per_second": 5000, "fetch_bytes_per_second": 200}
+    # ... and a set without rates said "set" and deleted it: now refused, in one line.
+    refused = run("set", "User:CN=zed")
+    assert refused.returncode == 2
+    assert len(refused.stderr.decode().strip().splitlines()) == 1, refused.stderr
+    assert "at least one of" in refused.stderr.decode()
+    assert zed() == {"produce_bytes_per_second": 5000, "fetch_bytes_per_second": 200}
+    assert "quota of User:CN=zed set" in cli(
+        "set", "User:CN=zed", "--produce-bytes-per-second", "0"
+    )
+    assert zed() == {"fetch_bytes_per_second": 200}  # 0 removed the produce rate only
+    assert "quota of User:CN=zed removed" in cli(
+        "set", "User:CN=zed", "--fetch-bytes-per-second", "0"
+    )
+    assert zed() == {}
+    cli("set", "User:CN=zed", "--requests-per-second", "7")
     assert "quota of User:CN=zed removed" in cli("remove", "User:CN=zed")
     assert "User:CN=zed" not in cli("list")
 

@@ -186,9 +186,87 @@ def test_quotas_throttle_to_the_rate_and_fall_back_to_the_default() -> None:
     assert q.throttle(ALICE, "produce", 500) == pytest.approx(0.5)  # 500 B ahead of 1000 B/s
     now[0] += 0.5
     assert q.throttle(ALICE, "produce", 0) == 0  # caught up
+    now[0] += 10  # (the default's 2 requests per second apply to alice too)
     assert q.throttle(ALICE, "fetch", 10**9) == 0  # fetch is not limited for alice
     bob = "User:CN=bob"  # the default: 2 requests per second
     assert [q.throttle(bob, "fetch", 1) for _ in range(3)] == [0, 0, pytest.approx(0.5)]
+
+
+def test_each_kind_of_quota_falls_back_to_the_default_on_its_own() -> None:
+    """Found from outside: a principal's own entry was taken as a whole, so alice, given
+    only a produce rate, fetched unthrottled past the ``User:*`` fetch rate (Kafka resolves
+    each kind separately)."""
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    q.replace(
+        {
+            "User:*": md.ClientQuota(principal="User:*", fetch_bytes_per_second=1000),
+            ALICE: md.ClientQuota(principal=ALICE, produce_bytes_per_second=1_000_000),
+        }
+    )
+    assert q.throttle(ALICE, "fetch", 3000) == pytest.approx(2.0)  # the default's fetch rate
+    assert q.throttle(ALICE, "produce", 1_000_000) == 0  # her own produce rate
+
+
+def test_a_quota_change_keeps_the_debt_of_every_principal() -> None:
+    """Found from outside: every change of the quotas cleared every bucket, forgiving the
+    debt of principals whose rates had not changed (and any etcd change reloaded them)."""
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    bob = "User:CN=bob"
+    quotas = {ALICE: md.ClientQuota(principal=ALICE, fetch_bytes_per_second=1000)}
+    q.replace(quotas)
+    assert q.throttle(ALICE, "fetch", 5000) == pytest.approx(4.0)
+    now[0] += 1
+    q.replace({**quotas, bob: md.ClientQuota(principal=bob, fetch_bytes_per_second=1)})
+    assert q.throttle(ALICE, "fetch", 0) == pytest.approx(3.0)  # still 3000 B ahead
+    # A changed rate: the debt so far stays, paid at the new rate.
+    q.replace({ALICE: md.ClientQuota(principal=ALICE, fetch_bytes_per_second=500)})
+    assert q.throttle(ALICE, "fetch", 0) == pytest.approx(6.0)
+    q.replace({})  # no limit any more: nothing held
+    assert q.throttle(ALICE, "fetch", 10**9) == 0
+
+
+def test_only_acl_and_quota_changes_reload_them() -> None:
+    """Found from outside: every etcd event under the cluster's root (a topic config, a
+    producer-id block any principal's InitProducerId causes) reloaded the quotas, which
+    forgave every debt."""
+    import threading
+
+    from strom.metadata.keys import Keys
+    from strom.metadata.store import Versioned, WatchEvent
+    from strom.metadata.view import RESYNC
+    from strom.security import follow
+
+    class View:  # the part of ClusterView follow() reads
+        keys = Keys("c")
+        lock = threading.RLock()
+        acls: dict[str, Versioned] = {}
+        quotas = {
+            ALICE: Versioned(
+                "k", md.ClientQuota(principal=ALICE, fetch_bytes_per_second=1000), 1, 1
+            )
+        }
+        listeners: list = []
+
+        def add_listener(self, fn) -> None:  # type: ignore[no-untyped-def]
+            self.listeners.append(fn)
+
+    view, now = View(), [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    sec = ServerSecurity(acls=True)
+    follow(view, sec, q)  # type: ignore[arg-type]
+    assert q.throttle(ALICE, "fetch", 3000) == pytest.approx(2.0)
+    (notify,) = view.listeners
+    notify([WatchEvent(view.keys.root + "producer_ids", b"", 2)])
+    notify([WatchEvent(view.keys.topics_prefix + "orders", b"", 3)])
+    assert q.throttle(ALICE, "fetch", 0) == pytest.approx(2.0)  # the debt stands
+    view.acls["x"] = Versioned("x", acl(Op.READ, Res.TOPIC, "t").to_proto(), 4, 4)
+    notify([WatchEvent(view.keys.acls_prefix + "x", b"", 4)])
+    assert sec.authorizer.allowed(ALICE, Op.READ, Res.TOPIC, "t")
+    view.quotas.clear()
+    notify([RESYNC])
+    assert q.throttle(ALICE, "fetch", 10**6) == 0
 
 
 def test_a_bad_token_file_version_still_revokes_and_is_logged_once(
@@ -535,3 +613,69 @@ def test_finding_every_coordinator_needs_no_cluster_describe() -> None:
         assert list(rule(storage_pb2.FindCoordinatorRequest(all_shards=True))) == []
         named = storage_pb2.FindCoordinatorRequest(all_shards=True, keys=["g"])
         assert list(rule(named)) == [(Op.DESCRIBE, Res.GROUP, "g")]
+
+
+def test_a_capped_hold_forgives_nothing_and_a_fetch_is_bounded_by_its_quota() -> None:
+    """Found from outside: an answer is held at most MAX_THROTTLE_S and nothing else
+    remembered the rest, so a request of any size passed at its size per 30 s. What the
+    hold does not cover stays owed (the principal's next requests wait it out), and a fetch
+    reads at most FETCH_WINDOW_S of its principal's fetch rate."""
+    from strom.security.quotas import FETCH_WINDOW_S, MAX_THROTTLE_S
+
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    assert q.fetch_limit(ALICE) == 0 and q.owed(ALICE, "produce") == 0  # no quotas
+    q.replace(
+        {
+            ALICE: md.ClientQuota(principal=ALICE, produce_bytes_per_second=1000),
+            "User:*": md.ClientQuota(principal="User:*", fetch_bytes_per_second=10_000),
+        }
+    )
+    assert q.throttle(ALICE, "produce", 100_000) == MAX_THROTTLE_S  # 99 s ahead, held 30
+    now[0] += MAX_THROTTLE_S
+    assert q.owed(ALICE, "produce") == pytest.approx(99 - MAX_THROTTLE_S)
+    assert q.owed(ALICE, "fetch") == 0
+    assert q.fetch_limit(ALICE) == 10_000 * FETCH_WINDOW_S  # the default's fetch rate
+
+
+def test_requests_of_a_principal_that_owes_wait_in_order_until_it_has_paid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node's side of the above: a request of a principal still ahead of its quota is
+    served only once it is not (before anything is done for it), and its requests waiting
+    together are served in the order they came (a producer's batches in flight must not be
+    reordered). A principal that owes nothing does not wait."""
+    import asyncio
+
+    from strom.security import CURRENT_PRINCIPAL
+    from strom.storage import rpc_base
+
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    q.replace({ALICE: md.ClientQuota(principal=ALICE, produce_bytes_per_second=1000)})
+    monkeypatch.setattr(rpc_base, "QUOTAS", q)
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:  # the fake clock's time passes at once
+        now[0] += seconds
+        await real_sleep(0)
+
+    monkeypatch.setattr(rpc_base.asyncio, "sleep", sleep)
+    served: list[tuple[str, float]] = []
+
+    async def request(name: str, principal: str = ALICE) -> None:
+        CURRENT_PRINCIPAL.set(principal)
+        await rpc_base._wait_out_debt("produce")
+        served.append((name, now[0]))
+        q.throttle(principal, "produce", 1000)  # what serving it costs
+
+    async def main() -> None:
+        CURRENT_PRINCIPAL.set(ALICE)
+        q.throttle(ALICE, "produce", 100_000)  # an answer held 30 s, 99 s ahead
+        await asyncio.gather(*(request(n) for n in ("a", "b", "c")), request("bob", "User:bob"))
+
+    asyncio.run(main())
+    assert served[0][0] == "bob"  # first: it did not wait (the fake clock is shared)
+    assert [n for n, _ in served[1:]] == ["a", "b", "c"]
+    assert [t for _, t in served[1:]] == [pytest.approx(t) for t in (99.0, 100.0, 101.0)]
+    assert not rpc_base._GATES  # nothing left behind

@@ -8,13 +8,15 @@ within a second.
     strom acls apply acls.yaml             # a file of entries (strom.security.acl_file)
     strom acls list [--principal User:alice]
     strom acls remove --principal User:alice --topic orders
-    strom quotas set User:alice --produce-bytes-per-second 1048576
+    strom quotas set User:alice --produce-bytes-per-second 1048576   # the other rates stay
+    strom quotas set User:alice --fetch-bytes-per-second 0           # 0 removes one rate
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,11 +103,14 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     quotas = sub.add_parser("quotas", help="set, list and remove client quotas (per principal)")
     qsub = quotas.add_subparsers(dest="quotas_cmd", metavar="ACTION")
     qsub.required = True
-    qs = qsub.add_parser("set", parents=[common], help="set a principal's rates (0 = no limit)")
+    qs = qsub.add_parser(
+        "set",
+        parents=[common],
+        help="set some of a principal's rates (the others stay; 0 removes one)",
+    )
     qs.add_argument("principal", help="User:<name>, or User:* for everyone's default")
-    qs.add_argument("--produce-bytes-per-second", type=float, default=0.0)
-    qs.add_argument("--fetch-bytes-per-second", type=float, default=0.0)
-    qs.add_argument("--requests-per-second", type=float, default=0.0)
+    for flag in _RATE_FLAGS:
+        qs.add_argument(f"--{flag.replace('_', '-')}", type=_rate_arg, default=None)
     ql = qsub.add_parser("list", parents=[common], help="every quota")
     ql.add_argument("--json", action="store_true")
     qr = qsub.add_parser("remove", parents=[common], help="remove a principal's quota")
@@ -238,10 +243,33 @@ def _rate(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.3f}"
 
 
+#: The rates of a quota: its ``ClientQuota`` fields, and ``strom quotas set``'s flags.
+_RATE_FLAGS = ("produce_bytes_per_second", "fetch_bytes_per_second", "requests_per_second")
+
+
+def _rate_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"a rate must be a finite number >= 0, not {text!r}")
+    return value
+
+
 def run_quotas(args: argparse.Namespace, out: Any) -> int:
+    if args.quotas_cmd == "set" and all(getattr(args, f) is None for f in _RATE_FLAGS):
+        # Found from outside: a set without rates printed "set" and deleted the quota.
+        print(
+            "strom quotas: error: set needs at least one of --produce-bytes-per-second, "
+            "--fetch-bytes-per-second, --requests-per-second (to delete a quota: "
+            f"strom quotas remove {args.principal})",
+            file=sys.stderr,
+        )
+        return 2
     with ClusterClient(args.bootstrap) as client:
         if args.quotas_cmd == "remove":
-            # A quota without rates is deleted (AlterClientQuotas), as `set` with no rates.
+            # A quota without rates is deleted (AlterClientQuotas).
             client.controller_call(
                 "AlterClientQuotas",
                 controller_pb2.AlterClientQuotasRequest(
@@ -251,16 +279,26 @@ def run_quotas(args: argparse.Namespace, out: Any) -> int:
             print(f"quota of {args.principal} removed", file=out)
             return 0
         if args.quotas_cmd == "set":
-            q = md.ClientQuota(
-                principal=args.principal,
-                produce_bytes_per_second=args.produce_bytes_per_second,
-                fetch_bytes_per_second=args.fetch_bytes_per_second,
-                requests_per_second=args.requests_per_second,
+            # The rates given change, the others stay, as kafka-configs --alter --add-config
+            # does (found from outside: a set replaced the whole quota, so setting a fetch
+            # rate silently dropped the produce rate). 0 removes one rate; a quota left
+            # with none is deleted. (Read, then written: two admins setting the same
+            # principal at once may lose one's change.)
+            current = client.controller_call(
+                "DescribeClientQuotas", controller_pb2.DescribeClientQuotasRequest()
             )
+            q = md.ClientQuota(principal=args.principal)
+            for old in current.quotas:
+                if old.principal == args.principal:
+                    q.CopyFrom(old)
+            for flag in _RATE_FLAGS:
+                if getattr(args, flag) is not None:
+                    setattr(q, flag, getattr(args, flag))
             client.controller_call(
                 "AlterClientQuotas", controller_pb2.AlterClientQuotasRequest(quotas=[q])
             )
-            print(f"quota of {args.principal} set", file=out)
+            left = any(getattr(q, f) for f in _RATE_FLAGS)
+            print(f"quota of {args.principal} {'set' if left else 'removed'}", file=out)
             return 0
         resp = client.controller_call(
             "DescribeClientQuotas", controller_pb2.DescribeClientQuotasRequest()

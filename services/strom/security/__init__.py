@@ -70,23 +70,39 @@ __all__ = [
 def follow(view: ClusterView, security: ServerSecurity, quotas: QuotaManager | None = None) -> None:
     """Keep ``security``'s ACLs and ``quotas`` (default: the process's :data:`QUOTAS`) equal
     to what etcd holds: now, and after every change under ``acls/`` or ``quotas/`` (the view's
-    watch delivers it, within a second)."""
+    watch delivers it, within a second).
+
+    Each is rebuilt only when its own keys changed, or after a resync (which reports what
+    exists, not what was deleted). FIX (found from outside): both were rebuilt on every
+    event under the cluster's root, and the rebuild cleared every quota's debt; any
+    principal can cause such events (a topic config change, InitProducerId's producer-id
+    blocks), so a throttled principal could have its debt forgiven at will."""
+    from strom.metadata.view import RESYNC
     from strom.security.acl import Acl
     from strom.security.quotas import QUOTAS
 
     manager = QUOTAS if quotas is None else quotas
+    acls_prefix, quotas_prefix = view.keys.acls_prefix, view.keys.quotas_prefix
 
-    def load() -> None:
+    def load(acls: bool = True, quota: bool = True) -> None:
         with view.lock:
-            acls = [Acl.from_proto(v.value) for v in view.acls.values()]
-            qs = {v.value.principal: v.value for v in view.quotas.values()}
-        security.authorizer.replace(acls)
-        manager.replace(qs)
+            bindings = [Acl.from_proto(v.value) for v in view.acls.values()] if acls else None
+            qs = {v.value.principal: v.value for v in view.quotas.values()} if quota else None
+        if bindings is not None:
+            security.authorizer.replace(bindings)
+        if qs is not None:
+            manager.replace(qs)
 
     def on_events(events: list[WatchEvent]) -> None:
-        # Rebuilt from the view's tables on every change: a resync reports what exists, not
-        # what was deleted, and the tables are small.
-        load()
+        acls = quota = False
+        for ev in events:
+            if ev is RESYNC:
+                acls = quota = True
+                break
+            acls = acls or ev.key.startswith(acls_prefix)
+            quota = quota or ev.key.startswith(quotas_prefix)
+        if acls or quota:
+            load(acls, quota)
 
     view.add_listener(on_events)
     load()

@@ -16,7 +16,7 @@ from typing import Any
 from strom.api import storage_pb2
 from strom.errors import ErrorCode
 from strom.log import CorruptLogError, OffsetOutOfRangeError
-from strom.security import QUOTAS
+from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.storage import metrics
 from strom.storage.partition import Partition
 from strom.storage.rpc_base import (
@@ -26,6 +26,7 @@ from strom.storage.rpc_base import (
     _Refusal,
     _throttle,
     _timed,
+    _wait_out_debt,
 )
 from strom.storage.wire import (
     FetchPartitionOut,
@@ -76,14 +77,22 @@ class FetchRpcs(StorageCore):
         metrics.FETCH_REQUESTS.labels("follower" if follower else "consumer").inc()
         registry = self.manager.appended if follower else self.manager.committed
         keys = _fetch_keys(request)
+        waited = quota_bytes = 0
+        if QUOTAS.active and not follower:
+            # A consumer still ahead of its fetch quota waits before it reads; one with a
+            # fetch quota reads at most its quota window's worth (QuotaManager.fetch_limit).
+            waited = await _wait_out_debt("fetch")
+            quota_bytes = QUOTAS.fetch_limit(CURRENT_PRINCIPAL.get())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(request.max_wait_ms, 0) / 1000.0
         min_bytes = max(request.min_bytes, 1)
+        if quota_bytes:
+            min_bytes = min(min_bytes, quota_bytes)  # (more could never be read at once)
         last_pass = False
         while True:
             waiter = registry.park(keys, 1)
             try:
-                topics, total, done, hints = await self._fetch_once(request)
+                topics, total, done, hints = await self._fetch_once(request, quota_bytes)
                 if done or total >= min_bytes or last_pass or self.shutting_down:
                     break
                 if registry.closed:
@@ -115,23 +124,27 @@ class FetchRpcs(StorageCore):
             metrics.client_counter(metrics.CLIENT_BYTES_OUT, metrics.client_id_of(context)).inc(
                 total
             )
-        if QUOTAS.active and not follower:
-            throttled = await _throttle("fetch", total)
+        if (QUOTAS.active or waited) and not follower:
+            throttled = await _throttle("fetch", total, waited)
             if throttled:
                 endpoints = endpoints or pb.FetchResponse()
                 endpoints.throttle_time_ms = throttled
         return encode_fetch_response(topics, endpoints)
 
     async def _fetch_once(
-        self, request: pb.FetchRequest
+        self, request: pb.FetchRequest, quota_bytes: int = 0
     ) -> tuple[list[FetchTopicOut], int, bool, set[int]]:
-        """One pass over the requested partitions: (answer, record bytes, answer now?, hints)."""
+        """One pass over the requested partitions: (answer, record bytes, answer now?, hints).
+        ``quota_bytes`` (0: none) bounds the answer as max_bytes does (and so each
+        partition's share), below what the request asked for."""
         replica_id = request.replica_id
         follower = replica_id >= 0
         read_committed = (
             not follower and request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
         )
         budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        if quota_bytes:
+            budget = min(budget, quota_bytes)
         out: list[FetchTopicOut] = []
         hints: set[int] = set()
         total = 0

@@ -48,7 +48,7 @@ from strom.record.codecs import CODEC_NAMES
 from strom.security.interceptor import STREAM_REQUEST_DENIED
 from strom.storage.record_columns import ColumnsError, columns_to_table
 from strom.storage.record_producers import LeaderRoute, NodeProducer, SequencedSender
-from strom.storage.rpc_base import _throttle, add_handlers
+from strom.storage.rpc_base import _throttle, _wait_out_debt, add_handlers
 from strom.storage.subscriptions import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_RECORDS,
@@ -189,13 +189,15 @@ class RecordService:
         try:
             if self.shutting_down:
                 raise BadRequest("the node is shutting down", grpc.StatusCode.UNAVAILABLE)
+            # A caller still ahead of its produce quota waits before it is served.
+            waited = await _wait_out_debt("produce")
             resp = await self._produce(_parse(rp.ProduceRecordsRequest, raw, "the request"))
         except BadRequest as exc:
             await _abort(context, exc.status, exc.message, exc.code)
         # The record API's callers are charged here, by their own principal: what this node
         # does for them runs as the node (forwards, a Subscribe's Consumer) or gathers several
         # callers in one inner Produce, which is not charged again (CHARGED_BY_CALLER).
-        await _throttle("produce", len(raw))
+        await _throttle("produce", len(raw), waited)
         return resp
 
     async def _produce(self, req: rp.ProduceRecordsRequest) -> rp.ProduceRecordsResponse:
@@ -354,10 +356,12 @@ class RecordService:
                 if item.error is not None:
                     status = getattr(grpc.StatusCode, item.error.status)
                     await _abort(context, status, item.error.message, item.error.code)
+                # The caller's fetch quota: the stream's Consumer fetches as this node. What
+                # one message's capped hold did not cover is waited out before the next.
+                waited = await _wait_out_debt("fetch")
                 await context.write(item.data)
                 sub.delivered(item)
-                # The caller's fetch quota: the stream's Consumer fetches as this node.
-                await _throttle("fetch", len(item.data))
+                await _throttle("fetch", len(item.data), waited)
         finally:
             sub.stop()
             self.subscriptions.pop(sub.id, None)

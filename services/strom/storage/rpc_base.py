@@ -118,17 +118,67 @@ def _fail_partition(pr: Any, what: str, topic: str, partition: int, exc: BaseExc
     return r
 
 
-async def _throttle(kind: str, nbytes: int) -> int:
+async def _throttle(kind: str, nbytes: int, waited_ms: int = 0) -> int:
     """Hold the answer back while the caller is over its quota (Kafka's throttling: delay,
-    never drop); the ms it was held, for ``throttle_time_ms``."""
+    never drop); the ms it was held, with the ``waited_ms`` it waited before it was served
+    (:func:`_wait_out_debt`), for ``throttle_time_ms``."""
     if CHARGED_BY_CALLER.get():
         return 0
     delay = QUOTAS.throttle(CURRENT_PRINCIPAL.get(), kind, nbytes)
-    if delay <= 0:
+    if delay <= 0 and not waited_ms:
         return 0
     metrics.THROTTLED.labels(kind).inc()
-    await asyncio.sleep(delay)
-    return int(delay * 1000)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return waited_ms + int(delay * 1000)
+
+
+class _Gate:
+    """The requests of one principal and kind waiting for it to pay what it owes."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()  # FIFO: the waiters go on in the order they came
+        self.users = 0
+
+
+#: (principal, kind) -> the gate its requests wait at while it owes (none: it owes nothing).
+_GATES: dict[tuple[str, str], _Gate] = {}
+
+
+async def _wait_out_debt(kind: str) -> int:
+    """Before a request of ``kind`` is served: wait while its caller is still ahead of its
+    quota (what earlier answers' capped holds did not cover, or what requests in flight
+    together put it ahead); the ms waited, for ``throttle_time_ms``.
+
+    The cap of an answer's hold (quotas.MAX_THROTTLE_S, below a client's timeout) then
+    forgives nothing: the work of a principal that owes waits until it has paid. Its
+    requests wait one after another, in the order they came, and each is served at once
+    after the one before it (nothing yields between leaving the gate and the append), so a
+    producer's batches in flight keep their order. A caller that gives up while it waits
+    has had nothing done."""
+    if not QUOTAS.active or CHARGED_BY_CALLER.get():
+        return 0
+    principal = CURRENT_PRINCIPAL.get()
+    key = (principal, kind)
+    gate = _GATES.get(key)
+    if gate is None:
+        if QUOTAS.owed(principal, kind) <= 0:
+            return 0
+        gate = _GATES[key] = _Gate()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    gate.users += 1
+    try:
+        async with gate.lock:
+            while (owed := QUOTAS.owed(principal, kind)) > 0.001:
+                await asyncio.sleep(owed)
+    finally:
+        gate.users -= 1
+        if gate.users == 0 and _GATES.get(key) is gate:
+            del _GATES[key]
+    return int((loop.time() - start) * 1000)
 
 
 def _node(reg: metadata_pb2.NodeRegistration) -> common_pb2.Node:

@@ -61,7 +61,14 @@ from strom.storage.offsets_rpcs import OffsetRpcs
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator
 from strom.storage.producers_rpcs import ProducerRpcs
-from strom.storage.rpc_base import _Refusal, _throttle, _timed, _unexpected, add_handlers
+from strom.storage.rpc_base import (
+    _Refusal,
+    _throttle,
+    _timed,
+    _unexpected,
+    _wait_out_debt,
+    add_handlers,
+)
 from strom.storage.stream_rpcs import StreamRpcs
 from strom.storage.wire import ProduceRequestView, decode_produce_request
 from strom.storage.writer import AppendWriter
@@ -146,6 +153,9 @@ class StorageServicer(
     async def _produce(
         self, request: pb.ProduceRequest | ProduceRequestView, context: Any
     ) -> pb.ProduceResponse:
+        # First, before anything is appended: a caller still ahead of its produce quota
+        # waits until it is not (nothing yields from here to the append: order is kept).
+        waited = await _wait_out_debt("produce") if QUOTAS.active else 0
         acks = request.acks
         resp = pb.ProduceResponse()
         hints: set[int] = set()
@@ -175,8 +185,8 @@ class StorageServicer(
                 metrics.client_counter(metrics.CLIENT_BYTES_IN, metrics.client_id_of(context)).inc(
                     appended
                 )
-        if QUOTAS.active:
-            resp.throttle_time_ms = await _throttle("produce", appended)
+        if QUOTAS.active or waited:
+            resp.throttle_time_ms = await _throttle("produce", appended, waited)
         if acks == 0:
             return pb.ProduceResponse()
         if hints:
