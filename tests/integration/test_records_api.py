@@ -250,6 +250,40 @@ def test_malformed_produce_is_invalid_argument_naming_the_problem(
     assert strom_error(exc).code == E.INVALID_REQUEST
 
 
+def test_a_call_above_the_request_limit_is_refused_before_it_is_parsed(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: a 200 MB call was parsed and encoded on the node's event loop (and
+    under its GIL) until the node lost its etcd lease, to end in MESSAGE_TOO_LARGE anyway. A
+    call above the node's limit is refused at once, naming the limit; one above the size
+    that is parsed and encoded off the event loop (OFFLOAD_BYTES) works."""
+    from strom.storage.records_api import MAX_PRODUCE_REQUEST_BYTES, OFFLOAD_BYTES
+
+    topic = "rec-limit"
+    new_topic(cluster, 1, 1, name=topic)
+    value = b"y" * (1 << 20)
+    huge = rp.ProduceRecordsRequest(
+        topic=topic,
+        partition=0,
+        records=rp.RecordColumns(values=[value] * (MAX_PRODUCE_REQUEST_BYTES // len(value) + 1)),
+    )
+    options = [("grpc.max_send_message_length", MAX_PRODUCE_REQUEST_BYTES * 2)]
+    with grpc.insecure_channel(cluster.nodes[1].address, options=options) as ch:
+        big_stub = records_pb2_grpc.RecordServiceStub(ch)
+        exc = bad_request(big_stub.ProduceRecords, huge)
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert f"limit of {MAX_PRODUCE_REQUEST_BYTES} bytes" in exc.details()  # type: ignore[attr-defined]
+        assert strom_error(exc).code == E.MESSAGE_TOO_LARGE
+        # Large but within the limits: parsed, converted and encoded in worker threads.
+        n = 2 * OFFLOAD_BYTES // len(value) + 1
+        ok = produce(
+            big_stub, topic=topic, partition=0, records=rp.RecordColumns(values=[value] * n)
+        )
+    assert ok.error_code == E.NONE and ok.results[0].error_code == E.NONE
+    assert list(ok.offsets) == list(range(n))
+    assert [r.value for r in read_all(cluster, topic, 1, n)] == [value] * n
+
+
 def test_topic_level_errors(
     cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
