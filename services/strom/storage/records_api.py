@@ -274,9 +274,12 @@ class RecordService:
             return resp
         count = meta.partition_count
         if explicit is not None and explicit >= count:
-            resp.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
-            resp.error_message = f"topic {req.topic!r} has no partition {explicit} (it has {count})"
-            return resp
+            # A mistake in the call, not a retriable unknown (FIX (found from outside): it was
+            # the topic-level UNKNOWN_TOPIC_OR_PARTITION, which the docs call retriable, so
+            # their example retried partition 99 forever); Kafka's producer fails at once too.
+            raise BadRequest(
+                f"topic {req.topic!r} has no partition {explicit} (it has {count}: 0..{count - 1})"
+            )
 
         n = table.num_rows
         parts = self._partitions(req.topic, table, explicit, count)
