@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from strom.api import common_pb2, records_pb2, records_pb2_grpc, storage_pb2
 from strom.client import Producer
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.partitioner import partition_for_key
@@ -444,6 +445,30 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             next(stub.Subscribe(req, timeout=30))
         assert info.value.code() == status, req  # type: ignore[attr-defined]
         assert needle in info.value.details(), req  # type: ignore[attr-defined]
+
+
+def test_an_explicit_stream_ends_not_found_when_its_topic_is_deleted(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: a stream of explicit partitions whose topic was deleted stayed
+    open, silent, until the caller's deadline. It ends NOT_FOUND naming the topic."""
+    topic = new_topic(cluster, 2, 1)
+    produce(stub, topic=topic, partition=1, records=rp.RecordColumns(values=[b"before"]))
+    stream = stub.Subscribe(
+        rp.SubscribeRequest(
+            topics=[topic], start=rp.START_POSITION_EARLIEST, max_records_per_message=1
+        ),
+        timeout=120,
+    )
+    assert next_records(stream, 1) == {1: [0]}
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic(topic)
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in stream:  # an assignment may still come; then the end
+            pass
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+    assert info.value.details() == f"topic {topic!r} was deleted while the stream read it"  # type: ignore[attr-defined]
+    assert strom_error(info.value).code == E.UNKNOWN_TOPIC_OR_PARTITION
 
 
 def _metric(member: Any, name: str, labels: str) -> float:

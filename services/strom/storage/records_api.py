@@ -66,7 +66,8 @@ R = TypeVar("R")
 
 SERVICE_NAME = rp.DESCRIPTOR.services_by_name["RecordService"].full_name
 #: How often an idle Subscribe stream checks that its caller may still read (with ACLs on;
-#: the services apply an ACL change within a second, so a revoke ends it within ~2 s).
+#: the services apply an ACL change within a second, so a revoke ends it within ~2 s), and
+#: that the topics of its explicit partitions still exist.
 ACL_RECHECK_S = 1.0
 #: What the Subscribe loop has when the outbox had nothing within ACL_RECHECK_S.
 _NOTHING_YET: Any = object()
@@ -371,6 +372,15 @@ class RecordService:
         # after the READ ACL was removed), and a revoke ends the stream as it ends a
         # followed Fetch (PERMISSION_DENIED).
         denied = STREAM_REQUEST_DENIED.get()
+        # Explicit partitions: the topics as they were at the start, checked as often as the
+        # ACLs. FIX (found from outside): a topic deleted mid-stream left the stream open and
+        # silent until the caller's deadline (the Consumer just finds no leader); a group
+        # stream learns it from its assignment. A topic re-created under the same name is
+        # another topic (a new id): the offsets read so far mean nothing in it.
+        topic_ids = {} if spec.group_id else self._topic_ids(spec.topics)
+        recheck_s = ACL_RECHECK_S if denied is not None or topic_ids else None
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + ACL_RECHECK_S
         self._subscribers += 1
         sub = Subscription(
             spec,
@@ -384,13 +394,22 @@ class RecordService:
         try:
             while True:
                 try:
-                    item = await sub.outbox.get(None if denied is None else ACL_RECHECK_S)
+                    item = await sub.outbox.get(recheck_s)
                 except TimeoutError:
                     item = _NOTHING_YET
                 if item is None:
                     return
                 if denied is not None and (why := denied(req)) is not None:
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                if topic_ids and (item is _NOTHING_YET or loop.time() >= next_check):
+                    next_check = loop.time() + ACL_RECHECK_S
+                    if (gone := self._gone_topic(topic_ids)) is not None:
+                        await _abort(
+                            context,
+                            grpc.StatusCode.NOT_FOUND,
+                            f"topic {gone!r} was deleted while the stream read it",
+                            E.UNKNOWN_TOPIC_OR_PARTITION,
+                        )
                 if item is _NOTHING_YET:
                     continue
                 if item.error is not None:
@@ -464,6 +483,17 @@ class RecordService:
             spec.starts[tp] = default if how is None else (kind, int(value))  # type: ignore[arg-type]
         spec.topics = sorted({tp.topic for tp in spec.starts})
         return spec
+
+    def _topic_ids(self, topics: list[str]) -> dict[str, str]:
+        return {t: meta.topic_id for t in topics if (meta := self.view.topic(t)) is not None}
+
+    def _gone_topic(self, topic_ids: dict[str, str]) -> str | None:
+        """The first of the stream's topics that was deleted (or re-created) since it began."""
+        for t, topic_id in topic_ids.items():
+            meta = self.view.topic(t)
+            if meta is None or meta.deleting or meta.topic_id != topic_id:
+                return t
+        return None
 
     def _partition_count(self, topic: str) -> int:
         meta = self.view.topic(topic) if topic else None
