@@ -205,6 +205,36 @@ def test_acks_none_and_compression(
     assert read_all(cluster, topic, 1, 51)[-1].value == b"a"
 
 
+def test_acks_none_records_are_counted_as_unknown_not_written(
+    cluster: LocalCluster, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: an ACKS_NONE call whose batch the leader refused (too large) was
+    counted as written (error="NONE"). With acks=0 the leader answers nothing, so the call
+    answers NONE with offsets -1, as documented, and its records count as UNKNOWN."""
+    topic = new_topic(cluster, 1, 1, {"max.message.bytes": "1000"})
+    node = cluster.nodes[2]
+    name = "strom_storage_records_produced_records_total"
+
+    def counts() -> tuple[float, float, float]:
+        return tuple(  # type: ignore[return-value]
+            _metric(node, name, f'error="{e}"') for e in ("NONE", "UNKNOWN", "MESSAGE_TOO_LARGE")
+        )
+
+    cols = rp.RecordColumns(values=[b"v" * 100] * 20)  # a batch above 1000 bytes
+    with grpc.insecure_channel(node.address) as ch:
+        node_stub = records_pb2_grpc.RecordServiceStub(ch)
+        produce(node_stub, topic=topic, partition=0, records=rp.RecordColumns(values=[b"ok"]))
+        before = counts()
+        none = produce(node_stub, topic=topic, partition=0, acks=rp.ACKS_NONE, records=cols)
+        assert none.results[0].error_code == E.NONE and set(none.offsets) == {-1}
+        refused = produce(node_stub, topic=topic, partition=0, records=cols)
+        assert refused.results[0].error_code == E.MESSAGE_TOO_LARGE
+    assert counts() == (before[0], before[1] + 20, before[2] + 20)
+    with Consumer(cluster.bootstrap) as c:  # neither call wrote anything
+        tp = TopicPartition(topic, 0)
+        assert c.end_offsets([tp])[tp] == 1
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "needle"),
     [
