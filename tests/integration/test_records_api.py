@@ -464,6 +464,16 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             grpc.StatusCode.NOT_FOUND,
             "has no partition 9",
         ),
+        (  # found from outside: the last start silently won
+            rp.SubscribeRequest(
+                partitions=[
+                    rp.PartitionStart(topic="rec-two", partition=1, offset=3),
+                    rp.PartitionStart(topic="rec-two", partition=1, offset=0),
+                ]
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "rec-two-1 is listed twice in partitions",
+        ),
         (  # a malformed request, as ProduceRecords answers it (was NOT_FOUND, "retriable")
             rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=-1)]),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -699,6 +709,22 @@ def test_commit_offsets_rules(
         )
         assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
         assert "partition must be >= 0" in exc.details()  # type: ignore[attr-defined]
+        # A partition twice in one call (found from outside: [3, 2] answered NONE for both
+        # and committed 2, the last one) is malformed: nothing is committed.
+        exc = bad_request(
+            stub.CommitOffsets,
+            rp.CommitOffsetsRequest(
+                subscription_id=sid,
+                offsets=[
+                    rp.PartitionOffset(topic=topic, partition=1, offset=18),
+                    rp.PartitionOffset(topic=topic, partition=1, offset=16),
+                ],
+            ),
+        )
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert f"{topic}-1 is listed twice in offsets" in exc.details()  # type: ignore[attr-defined]
+        with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
+            assert c.committed([TopicPartition(topic, 1)])[TopicPartition(topic, 1)].offset == 15
     finally:
         stream.cancel()
     gone = stub.CommitOffsets(rp.CommitOffsetsRequest(subscription_id=sid), timeout=30)

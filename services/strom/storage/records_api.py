@@ -463,10 +463,17 @@ class RecordService:
         for t in spec.topics:
             for p in range(self._partition_count(t)):
                 spec.starts[TopicPartition(t, p)] = default
+        listed: set[TopicPartition] = set()
         for ps in req.partitions:
             tp = TopicPartition(ps.topic, ps.partition)
             if ps.partition < 0:
                 raise BadRequest(f"topic {tp.topic!r}: partition must be >= 0, got {ps.partition}")
+            if tp in listed:  # FIX (found from outside): the last start silently won
+                raise BadRequest(
+                    f"{tp.topic}-{tp.partition} is listed twice in partitions: give each "
+                    "partition one start"
+                )
+            listed.add(tp)
             count = self._partition_count(ps.topic)
             if ps.partition >= count:
                 raise BadRequest(
@@ -510,6 +517,7 @@ class RecordService:
     async def CommitOffsets(self, raw: bytes, context: Any) -> rp.CommitOffsetsResponse:
         try:
             req = _parse(rp.CommitOffsetsRequest, raw, "the request")
+            seen: set[tuple[str, int]] = set()
             for po in req.offsets:
                 if po.partition < 0:  # malformed, like a negative offset (was "no partition")
                     raise BadRequest(
@@ -519,6 +527,14 @@ class RecordService:
                     raise BadRequest(
                         f"{po.topic}-{po.partition}: offset must be >= 0, got {po.offset}"
                     )
+                # FIX (found from outside): [p1:3, p1:2] answered NONE twice and committed 2,
+                # the last one winning (moving the offset back, which commits never do).
+                if (po.topic, po.partition) in seen:
+                    raise BadRequest(
+                        f"{po.topic}-{po.partition} is listed twice in offsets: commit one "
+                        "offset per partition"
+                    )
+                seen.add((po.topic, po.partition))
         except BadRequest as exc:
             await _abort(context, exc.status, exc.message, exc.code)
         return await self._commit(req)
