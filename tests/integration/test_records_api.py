@@ -334,6 +334,16 @@ def test_topic_level_errors(
     assert strom_error(beyond).code == E.INVALID_REQUEST
     internal = produce(stub, topic="__consumer_offsets", records=cols)
     assert internal.error_code == E.INVALID_TOPIC
+    # A timestamp beyond message.timestamp.after.max.ms (1 h by default) from the leader's
+    # clock: the partition's result, as docs/grpc-clients.md lists it (it did not).
+    future = int(time.time() * 1000) + 2 * 3600 * 1000
+    late = produce(
+        stub,
+        topic="rec-two",
+        partition=0,
+        records=rp.RecordColumns(values=[b"a"], timestamps=[future]),
+    )
+    assert late.error_code == E.NONE and late.results[0].error_code == E.INVALID_TIMESTAMP
 
 
 # -- Subscribe -----------------------------------------------------------------------------------
@@ -463,6 +473,16 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=9)]),
             grpc.StatusCode.NOT_FOUND,
             "has no partition 9",
+        ),
+        (  # found from outside: an empty name was NOT_FOUND ("retriable, briefly")
+            rp.SubscribeRequest(topics=[""]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "a topic name is empty",
+        ),
+        (
+            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="", partition=0)]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "a topic name is empty",
         ),
         (  # found from outside: the last start silently won
             rp.SubscribeRequest(

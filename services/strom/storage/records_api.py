@@ -506,7 +506,9 @@ class RecordService:
         return None
 
     def _partition_count(self, topic: str) -> int:
-        meta = self.view.topic(topic) if topic else None
+        if not topic:  # malformed, not an unknown topic to retry (found from outside)
+            raise BadRequest("a topic name is empty (in topics or partitions)")
+        meta = self.view.topic(topic)
         if meta is None or meta.deleting:
             raise BadRequest(f"unknown topic {topic!r}", grpc.StatusCode.NOT_FOUND)
         return meta.partition_count
