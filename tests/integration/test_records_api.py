@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from strom.api import common_pb2, records_pb2, records_pb2_grpc, storage_pb2
 from strom.client import Producer
+from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.partitioner import partition_for_key
@@ -204,6 +205,36 @@ def test_acks_none_and_compression(
     assert read_all(cluster, topic, 1, 51)[-1].value == b"a"
 
 
+def test_acks_none_records_are_counted_as_unknown_not_written(
+    cluster: LocalCluster, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: an ACKS_NONE call whose batch the leader refused (too large) was
+    counted as written (error="NONE"). With acks=0 the leader answers nothing, so the call
+    answers NONE with offsets -1, as documented, and its records count as UNKNOWN."""
+    topic = new_topic(cluster, 1, 1, {"max.message.bytes": "1000"})
+    node = cluster.nodes[2]
+    name = "strom_storage_records_produced_records_total"
+
+    def counts() -> tuple[float, float, float]:
+        return tuple(  # type: ignore[return-value]
+            _metric(node, name, f'error="{e}"') for e in ("NONE", "UNKNOWN", "MESSAGE_TOO_LARGE")
+        )
+
+    cols = rp.RecordColumns(values=[b"v" * 100] * 20)  # a batch above 1000 bytes
+    with grpc.insecure_channel(node.address) as ch:
+        node_stub = records_pb2_grpc.RecordServiceStub(ch)
+        produce(node_stub, topic=topic, partition=0, records=rp.RecordColumns(values=[b"ok"]))
+        before = counts()
+        none = produce(node_stub, topic=topic, partition=0, acks=rp.ACKS_NONE, records=cols)
+        assert none.results[0].error_code == E.NONE and set(none.offsets) == {-1}
+        refused = produce(node_stub, topic=topic, partition=0, records=cols)
+        assert refused.results[0].error_code == E.MESSAGE_TOO_LARGE
+    assert counts() == (before[0], before[1] + 20, before[2] + 20)
+    with Consumer(cluster.bootstrap) as c:  # neither call wrote anything
+        tp = TopicPartition(topic, 0)
+        assert c.end_offsets([tp])[tp] == 1
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "needle"),
     [
@@ -250,6 +281,40 @@ def test_malformed_produce_is_invalid_argument_naming_the_problem(
     assert strom_error(exc).code == E.INVALID_REQUEST
 
 
+def test_a_call_above_the_request_limit_is_refused_before_it_is_parsed(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: a 200 MB call was parsed and encoded on the node's event loop (and
+    under its GIL) until the node lost its etcd lease, to end in MESSAGE_TOO_LARGE anyway. A
+    call above the node's limit is refused at once, naming the limit; one above the size
+    that is parsed and encoded off the event loop (OFFLOAD_BYTES) works."""
+    from strom.storage.records_api import MAX_PRODUCE_REQUEST_BYTES, OFFLOAD_BYTES
+
+    topic = "rec-limit"
+    new_topic(cluster, 1, 1, name=topic)
+    value = b"y" * (1 << 20)
+    huge = rp.ProduceRecordsRequest(
+        topic=topic,
+        partition=0,
+        records=rp.RecordColumns(values=[value] * (MAX_PRODUCE_REQUEST_BYTES // len(value) + 1)),
+    )
+    options = [("grpc.max_send_message_length", MAX_PRODUCE_REQUEST_BYTES * 2)]
+    with grpc.insecure_channel(cluster.nodes[1].address, options=options) as ch:
+        big_stub = records_pb2_grpc.RecordServiceStub(ch)
+        exc = bad_request(big_stub.ProduceRecords, huge)
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert f"limit of {MAX_PRODUCE_REQUEST_BYTES} bytes" in exc.details()  # type: ignore[attr-defined]
+        assert strom_error(exc).code == E.MESSAGE_TOO_LARGE
+        # Large but within the limits: parsed, converted and encoded in worker threads.
+        n = 2 * OFFLOAD_BYTES // len(value) + 1
+        ok = produce(
+            big_stub, topic=topic, partition=0, records=rp.RecordColumns(values=[value] * n)
+        )
+    assert ok.error_code == E.NONE and ok.results[0].error_code == E.NONE
+    assert list(ok.offsets) == list(range(n))
+    assert [r.value for r in read_all(cluster, topic, 1, n)] == [value] * n
+
+
 def test_topic_level_errors(
     cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
@@ -259,14 +324,26 @@ def test_topic_level_errors(
     assert not unknown.partitions and not unknown.results
     new_topic(cluster, 2, 1, name="rec-two")
     produce(stub, topic="rec-two", partition=1, records=cols)  # the node knows the topic now
-    beyond = stub.ProduceRecords(
-        rp.ProduceRecordsRequest(topic="rec-two", partition=5, records=cols), timeout=30
+    # A partition the topic does not have is a mistake, not worth retrying (found from
+    # outside: it was the retriable UNKNOWN_TOPIC_OR_PARTITION, and the docs' example looped).
+    beyond = bad_request(
+        stub.ProduceRecords, rp.ProduceRecordsRequest(topic="rec-two", partition=5, records=cols)
     )
-    assert beyond.error_code == E.UNKNOWN_TOPIC_OR_PARTITION and "has no partition 5" in (
-        beyond.error_message
-    )
+    assert beyond.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "'rec-two' has no partition 5 (it has 2: 0..1)" in beyond.details()  # type: ignore[attr-defined]
+    assert strom_error(beyond).code == E.INVALID_REQUEST
     internal = produce(stub, topic="__consumer_offsets", records=cols)
     assert internal.error_code == E.INVALID_TOPIC
+    # A timestamp beyond message.timestamp.after.max.ms (1 h by default) from the leader's
+    # clock: the partition's result, as docs/grpc-clients.md lists it (it did not).
+    future = int(time.time() * 1000) + 2 * 3600 * 1000
+    late = produce(
+        stub,
+        topic="rec-two",
+        partition=0,
+        records=rp.RecordColumns(values=[b"a"], timestamps=[future]),
+    )
+    assert late.error_code == E.NONE and late.results[0].error_code == E.INVALID_TIMESTAMP
 
 
 # -- Subscribe -----------------------------------------------------------------------------------
@@ -397,6 +474,26 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             grpc.StatusCode.NOT_FOUND,
             "has no partition 9",
         ),
+        (  # found from outside: an empty name was NOT_FOUND ("retriable, briefly")
+            rp.SubscribeRequest(topics=[""]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "a topic name is empty",
+        ),
+        (
+            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="", partition=0)]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "a topic name is empty",
+        ),
+        (  # found from outside: the last start silently won
+            rp.SubscribeRequest(
+                partitions=[
+                    rp.PartitionStart(topic="rec-two", partition=1, offset=3),
+                    rp.PartitionStart(topic="rec-two", partition=1, offset=0),
+                ]
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "rec-two-1 is listed twice in partitions",
+        ),
         (  # a malformed request, as ProduceRecords answers it (was NOT_FOUND, "retriable")
             rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=-1)]),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -408,6 +505,30 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             next(stub.Subscribe(req, timeout=30))
         assert info.value.code() == status, req  # type: ignore[attr-defined]
         assert needle in info.value.details(), req  # type: ignore[attr-defined]
+
+
+def test_an_explicit_stream_ends_not_found_when_its_topic_is_deleted(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: a stream of explicit partitions whose topic was deleted stayed
+    open, silent, until the caller's deadline. It ends NOT_FOUND naming the topic."""
+    topic = new_topic(cluster, 2, 1)
+    produce(stub, topic=topic, partition=1, records=rp.RecordColumns(values=[b"before"]))
+    stream = stub.Subscribe(
+        rp.SubscribeRequest(
+            topics=[topic], start=rp.START_POSITION_EARLIEST, max_records_per_message=1
+        ),
+        timeout=120,
+    )
+    assert next_records(stream, 1) == {1: [0]}
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic(topic)
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in stream:  # an assignment may still come; then the end
+            pass
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+    assert info.value.details() == f"topic {topic!r} was deleted while the stream read it"  # type: ignore[attr-defined]
+    assert strom_error(info.value).code == E.UNKNOWN_TOPIC_OR_PARTITION
 
 
 def _metric(member: Any, name: str, labels: str) -> float:
@@ -608,6 +729,22 @@ def test_commit_offsets_rules(
         )
         assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
         assert "partition must be >= 0" in exc.details()  # type: ignore[attr-defined]
+        # A partition twice in one call (found from outside: [3, 2] answered NONE for both
+        # and committed 2, the last one) is malformed: nothing is committed.
+        exc = bad_request(
+            stub.CommitOffsets,
+            rp.CommitOffsetsRequest(
+                subscription_id=sid,
+                offsets=[
+                    rp.PartitionOffset(topic=topic, partition=1, offset=18),
+                    rp.PartitionOffset(topic=topic, partition=1, offset=16),
+                ],
+            ),
+        )
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert f"{topic}-1 is listed twice in offsets" in exc.details()  # type: ignore[attr-defined]
+        with Consumer(cluster.bootstrap, group_id=group, enable_auto_commit=False) as c:
+            assert c.committed([TopicPartition(topic, 1)])[TopicPartition(topic, 1)].offset == 15
     finally:
         stream.cancel()
     gone = stub.CommitOffsets(rp.CommitOffsetsRequest(subscription_id=sid), timeout=30)

@@ -168,6 +168,23 @@ def test_the_documented_node_example_runs(
         assert int(where.split("@")[0]) == partition_for_key(key.encode(), 3)
 
 
+def test_the_documented_node_example_gives_up_on_an_unknown_topic(cluster: LocalCluster) -> None:
+    """Found from outside: the example retried UNKNOWN_TOPIC_OR_PARTITION (retriable, for a
+    topic created a moment ago) without end, so a misspelt topic printed nothing, forever.
+    It gives up after a few seconds now and says why (the subprocess timeout is the bound
+    the old example failed)."""
+    proc = subprocess.run(
+        [node_binary(), "example.js", cluster.nodes[0].address, str(PROTOS), "no-such-topic"],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "UNKNOWN_TOPIC_OR_PARTITION: unknown topic 'no-such-topic'" in proc.stderr
+    assert not proc.stdout
+
+
 def test_bench_grpc_records_runs_every_phase(cluster: LocalCluster) -> None:
     """`strom bench grpc-records` (small): every phase reports, both callers, all ratios."""
     proc = subprocess.run(

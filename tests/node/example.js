@@ -52,12 +52,15 @@ async function produce() {
     keys.push(Buffer.from(`user-${i % 3}`));
     values.push(Buffer.from(JSON.stringify({ click: i })));
   }
-  for (;;) {
+  for (let attempt = 1; ; attempt++) {
     const resp = await call(spread, 'ProduceRecords', { topic, records: { keys, values } });
-    if (resp.error_code === 'UNKNOWN_TOPIC_OR_PARTITION') {
-      await new Promise((r) => setTimeout(r, 200)); // retriable: a topic just created
+    // Retriable for a topic created a moment ago (not every node knows it yet), but a
+    // misspelt topic never appears: give up after a few seconds.
+    if (resp.error_code === 'UNKNOWN_TOPIC_OR_PARTITION' && attempt < 25) {
+      await new Promise((r) => setTimeout(r, 200));
       continue;
     }
+    if (resp.error_code !== 'NONE') throw new Error(`${resp.error_code}: ${resp.error_message}`);
     for (const r of resp.results) {
       if (r.error_code !== 'NONE') throw new Error(`${r.error_code}: ${r.error_message}`);
     }
