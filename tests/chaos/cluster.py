@@ -31,6 +31,7 @@ from strom.devcluster.procs import (
     ETCD_INSTALL_HINT,
     ClusterError,
     ManagedProcess,
+    ProcessExited,
     free_port,
     port_open,
     wait_for,
@@ -344,7 +345,9 @@ class ChaosCluster:
     def wait_serving(self, p: Proc, timeout: float = 60.0) -> None:
         def ready() -> bool:
             if not p.alive():
-                raise ClusterError(
+                # ProcessExited, not ClusterError: wait_for gives up at once on it, instead
+                # of retrying a dead process until its timeout.
+                raise ProcessExited(
                     f"{p.name} exited during start:\n{p.process and p.process.log_tail()}"
                 )
             return grpc_serving(p.direct)
