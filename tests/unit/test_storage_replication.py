@@ -536,7 +536,51 @@ def test_isr_manager_does_not_add_a_restarted_node_from_its_old_position(tmp_pat
         part.record_follower_end_offset(3, 10, "run-3b")
         await isr.check()
         assert [list(r.partitions[0].new_isr) for r in controller.requests] == [[1, 2, 3]]
+        # The controller checks the process it is proposed from against the registration.
+        assert dict(controller.requests[0].partitions[0].new_isr_incarnations) == {3: "run-3b"}
         assert part.isr == (1, 2, 3)
+
+    asyncio.run(main())
+
+
+def test_a_resent_isr_proposal_keeps_the_incarnation_it_was_made_for(tmp_path: Path) -> None:
+    """A proposal whose call got no answer is sent again; if the follower restarted in
+    between, the resend still names the process that caught up, which the controller then
+    refuses, not the new one, which may hold nothing."""
+    from strom.storage.replication import IsrManager
+
+    clock = Clock()
+    part = _leader_followed_by_two_runs(tmp_path, clock)
+    part.apply_state(_state(1, 1, [1, 2], pepoch=1))
+    part.record_follower_end_offset(3, 10, "run-3b")
+    controller = _FlakyController()
+    requests: list[Any] = []
+    call = controller.call
+
+    async def keep(method: str, request, timeout: float = 5.0):
+        requests.append(request)
+        return await call(method, request, timeout)
+
+    controller.call = keep  # type: ignore[method-assign]
+    registered = dict(RESTARTED)
+    isr = IsrManager(
+        1,
+        _Manager(part),  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "run-1",
+        10_000,
+        running=lambda: registered,
+    )
+
+    async def main() -> None:
+        await isr.check()  # no answer: pending
+        assert part.pending_isr == (1, 2, 3)
+        part.record_follower_end_offset(3, 0, "run-3c")  # restarted, empty
+        registered[3] = "run-3c"
+        isr._retry_at.clear()
+        await isr.check()
+        sent = [dict(r.partitions[0].new_isr_incarnations) for r in requests]
+        assert sent == [{3: "run-3b"}, {3: "run-3b"}]
 
     asyncio.run(main())
 

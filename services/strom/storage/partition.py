@@ -85,6 +85,10 @@ class Partition:
         self.pending_isr: tuple[int, ...] | None = None
         #: The partition epoch that proposal was made against.
         self.pending_isr_epoch = -1
+        #: For each replica the proposal adds, the incarnation whose fetches qualified it
+        #: (sent with the proposal, and with its resends: a follower restarting meanwhile
+        #: must not turn it into a proposal for its new, empty process).
+        self.pending_isr_incarnations: dict[int, str] = {}
         #: Follower side: do not fetch before this monotonic time (leader errors back off).
         self.fetch_retry_at = 0.0
         #: The first offset whose stored data failed a check on read here (-1: none found).
@@ -239,7 +243,12 @@ class Partition:
         return set(self.isr) | set(self.pending_isr)
 
     def propose_isr(self, new: tuple[int, ...]) -> None:
-        """Mark ``new`` as proposed (the HW now waits for the replicas it adds)."""
+        """Mark ``new`` as proposed (the HW now waits for the replicas it adds). A resend
+        of the pending proposal keeps the incarnations it was first made for."""
+        if self.pending_isr != new or self.pending_isr_epoch != self.partition_epoch:
+            self.pending_isr_incarnations = {
+                r: self.fetched_by.get(r, "") for r in new if r not in self.isr
+            }
         self.pending_isr = new
         self.pending_isr_epoch = self.partition_epoch
 

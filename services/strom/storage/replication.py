@@ -739,7 +739,7 @@ class IsrManager:
             # logged when first made.
             again = part.pending_isr == new or (refused is not None and refused.proposal == new)
             part.propose_isr(new)
-            req.partitions.add(
+            item = req.partitions.add(
                 topic=part.topic,
                 topic_id=part.topic_id,
                 partition=part.index,
@@ -747,6 +747,11 @@ class IsrManager:
                 partition_epoch=part.partition_epoch,
                 new_isr=new,
             )
+            # The process each added replica's fetches came from: the controller refuses one
+            # that is no longer the node's registered incarnation (it restarted meanwhile).
+            for r, incarnation in part.pending_isr_incarnations.items():
+                if incarnation:
+                    item.new_isr_incarnations[r] = incarnation
             if self.node_id not in new:
                 why = f", resigning: stored data from offset {part.damaged_at} failed a check"
             elif part.recovering:
