@@ -7,11 +7,18 @@ its leaders kept. The preferred-leader election then made it leader of its parti
 an empty log, and the other replicas truncated every acknowledged record to match it
 (acks=all, RF=3, min.insync.replicas=2). Now a leader counts only the fetches of the
 follower's current process (its registered incarnation) for its joining.
+
+Whether the old code lost the race depended on the new process's first fetch reaching its
+leaders before their next ISR check; the test pauses the process as it registers RUNNING
+(until its lease runs out), so the window is always there, and records the size of its log
+each time it is seen back in an ISR.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -24,7 +31,8 @@ from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.metadata import MetadataStore
-from tests.conftest import create_topic, member_metric
+from strom.metadata.store import WatchEvent, decode
+from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +55,12 @@ def _states(store: MetadataStore) -> dict[int, md.PartitionState]:
 def _registration(store: MetadataStore, node_id: int) -> md.NodeRegistration | None:
     _, items = store.get_prefix(store.keys.nodes_prefix, md.NodeRegistration)
     return next((v.value for v in items.values() if v.value.node_id == node_id), None)
+
+
+def _log_bytes(cluster: LocalCluster, node_id: int, partition: int) -> int:
+    """The bytes of a replica's log segments (0 while it has none)."""
+    path = cluster.root / f"node-{node_id}" / f"{TOPIC}-{partition}"
+    return sum(f.stat().st_size for f in path.glob("*.log")) if path.is_dir() else 0
 
 
 def _read_all(bootstrap: str) -> dict[int, list[bytes]]:
@@ -98,21 +112,63 @@ def test_a_node_restarted_on_an_empty_data_dir_loses_no_acknowledged_record(
         node = cluster.node(WIPED)
         old = _registration(store, WIPED)
         assert old is not None
-        # A graceful stop (SIGTERM), then the same node id on an empty data dir, at once:
-        # well within the 10 s lag time of its last fetches.
+        # A graceful stop (SIGTERM) takes the node out of every ISR ...
         node.process.stop()
+        wait_for(
+            lambda: all(WIPED not in s.isr for s in _states(store).values()),
+            timeout=30,
+            what="the stopped node out of every ISR",
+        )
+        # ... and each time it is seen back in one, the size of its log is taken then.
+        joined: dict[int, int] = {}
+
+        def on_events(events: list[WatchEvent], revision: int) -> None:
+            for ev in events:
+                tp = store.keys.parse_partition(ev.key)
+                if tp is None or tp[0] != TOPIC or ev.value is None or tp[1] in joined:
+                    continue
+                if WIPED in decode(ev.value, md.PartitionState).isr:
+                    joined[tp[1]] = _log_bytes(cluster, WIPED, tp[1])
+
+        # The new process is paused the moment it registers RUNNING, before its first
+        # fetches reach its leaders (it starts fetching right after): what a slow start
+        # looks like, and the window in which its leaders saw it RUNNING with only its
+        # previous run's positions.
+        paused = threading.Event()
+
+        def on_nodes(events: list[WatchEvent], revision: int) -> None:
+            for ev in events:
+                reg = None if ev.value is None else decode(ev.value, md.NodeRegistration)
+                if (
+                    reg is not None
+                    and reg.node_id == WIPED
+                    and reg.incarnation_id != old.incarnation_id
+                    and reg.state == md.NODE_STATE_RUNNING
+                    and not paused.is_set()
+                ):
+                    node.process.signal(signal.SIGSTOP)
+                    paused.set()
+
+        revision = store.revision() + 1
+        watches = [
+            store.watch_prefix(store.keys.partitions_prefix, revision, on_events),
+            store.watch_prefix(store.keys.nodes_prefix, revision, on_nodes),
+        ]
+        # The same node id on an empty data dir, at once: well within the 10 s lag time of
+        # its last fetches.
         shutil.rmtree(cluster.root / f"node-{WIPED}")
         (cluster.root / f"node-{WIPED}").mkdir()
         node.start()
-        wait_for(
-            lambda: (
-                (r := _registration(store, WIPED)) is not None
-                and r.incarnation_id != old.incarnation_id
-                and r.state == md.NODE_STATE_RUNNING
-            ),
-            timeout=60,
-            what="the restarted node running",
-        )
+        try:
+            wait_for(paused.is_set, timeout=60, what="the restarted node running (then paused)")
+            # Paused until its lease (2 s) runs out: its leaders check their ISRs meanwhile.
+            wait_for(
+                lambda: _registration(store, WIPED) is None,
+                timeout=30,
+                what="the paused node's registration to expire",
+            )
+        finally:
+            node.process.signal(signal.SIGCONT)
         # It rejoins every ISR, and leads its preferred partitions again (the controller's
         # automatic preferred-leader election).
         wait_for(
@@ -123,10 +179,13 @@ def test_a_node_restarted_on_an_empty_data_dir_loses_no_acknowledged_record(
             timeout=90,
             what="the wiped node back in every ISR and leading its preferred partitions",
         )
-        # It joined only with every record: its log holds them all.
-        for p in range(PARTITIONS):
-            end = member_metric(node, "strom_storage_log_end_offset", topic=TOPIC, partition=str(p))
-            assert end >= PER_PARTITION, f"partition {p}: the wiped node's log ends at {end}"
+        wait_for(lambda: len(joined) == PARTITIONS, timeout=30, what="every join seen")
+        for watch in watches:
+            watch.cancel()
+        # It joined each ISR only with every record: its log held them all by then (the
+        # batches a follower copies are the leader's bytes).
+        full = {p: _log_bytes(cluster, 2, p) for p in range(PARTITIONS)}
+        assert joined == full, f"bytes the wiped node held when back in each ISR: {joined}"
         got = _read_all(cluster.bootstrap)
         lost = {p: PER_PARTITION - len(set(got[p]) & set(vs)) for p, vs in values.items()}
         assert not any(lost.values()), f"acknowledged records lost per partition: {lost}"
