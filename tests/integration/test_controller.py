@@ -482,7 +482,7 @@ def test_topic_admin_rpcs(
     inc = nodes.regs[leader].incarnation_id
 
     def alter_partition(
-        leader_epoch: int, partition_epoch: int, isr: list[int]
+        leader_epoch: int, partition_epoch: int, isr: list[int], fetched_by: str = ""
     ) -> pb.AlterPartitionResult:
         resp = stub.AlterPartition(
             pb.AlterPartitionRequest(
@@ -496,6 +496,7 @@ def test_topic_admin_rpcs(
                         leader_epoch=leader_epoch,
                         partition_epoch=partition_epoch,
                         new_isr=isr,
+                        new_isr_incarnations={follower: fetched_by} if fetched_by else {},
                     )
                 ],
             )
@@ -509,7 +510,13 @@ def test_topic_admin_rpcs(
     assert alter_partition(0, 0, [leader, follower]).error_code == E.INVALID_PARTITION_EPOCH
     fenced = alter_partition(5, 1, [leader, follower])
     assert fenced.error_code == E.FENCED_LEADER_EPOCH and fenced.state.partition_epoch == 1
-    grown = alter_partition(0, 1, [follower, leader])
+    # The follower's fetches came from a process that is not its registered one (it
+    # restarted since, maybe on an empty data dir): not added (KIP-903).
+    old_run = alter_partition(0, 1, [follower, leader], fetched_by="a previous run")
+    assert old_run.error_code == E.INELIGIBLE_REPLICA, old_run.error_message
+    assert list(old_run.state.isr) == [leader] and old_run.state.partition_epoch == 1
+    follower_inc = nodes.regs[follower].incarnation_id
+    grown = alter_partition(0, 1, [follower, leader], fetched_by=follower_inc)
     assert grown.error_code == E.NONE and list(grown.state.isr) == [leader, follower]
     assert list(_describe(stub, "events").partitions[0].state.isr) == [leader, follower]
 

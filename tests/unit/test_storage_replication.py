@@ -76,9 +76,9 @@ def _decide(
 
 def test_decide_isr_shrinks_only_lagging_followers_past_the_lag_time() -> None:
     caught = {2: 99.5, 3: 98.0}
-    assert _decide([1, 2, 3], {2: 10, 3: 5}, caught) == (1, 2)
-    # Behind but within the lag time: stays.
-    assert _decide([1, 2, 3], {2: 10, 3: 5}, {2: 99.5, 3: 99.5}) is None
+    assert _decide([1, 2, 3], {2: 10, 3: 5}, caught, hw=5) == (1, 2)
+    # Behind but within the lag time: stays (the HW waits for it).
+    assert _decide([1, 2, 3], {2: 10, 3: 5}, {2: 99.5, 3: 99.5}, hw=5) is None
     # Not caught up for long, but has everything (idle partition): stays (Kafka's rule).
     assert _decide([1, 2, 3], {2: 10, 3: 10}, caught) is None
     # Never fetched at all since the leadership began and the lag time passed: leaves.
@@ -435,6 +435,154 @@ def test_a_follower_that_stopped_fetching_is_proposed_again_only_when_it_fetches
     part.record_follower_end_offset(3, 4)
     assert part.isr_change(1.0, {1, 2}) is None
     assert part.isr_change(1.0, ALL) == (1, 2, 3)
+
+
+# -- a follower's new process (found from outside) ---------------------------------------------
+#
+# A node restarted on an empty data dir (a Kubernetes emptyDir, a replaced volume) within the
+# lag time of its last fetch was proposed back into the ISR from its previous run's position,
+# before its new process had fetched; elected as preferred leader with an empty log, it had
+# the other replicas truncate every acknowledged record. A leader now counts only the fetches
+# of the follower's registered incarnation, and an in-sync follower fetching from below the
+# HW leaves the ISR at once without pulling the HW down.
+
+#: Node id -> registered incarnation, node 3 having restarted (run "3b" after "3a").
+RESTARTED = {1: "run-1", 2: "run-2", 3: "run-3b"}
+
+
+def _leader_followed_by_two_runs(tmp_path: Path, clock: Clock) -> Partition:
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3]))
+    part.clock = clock
+    part.apply_state(_state(1, 1, [1, 2, 3]))
+    lg.append(encode_batch([b"x"] * 10), leader_epoch=1)
+    part.record_follower_end_offset(2, 10, "run-2")
+    part.record_follower_end_offset(3, 10, "run-3a")
+    assert part.high_watermark == 10
+    return part
+
+
+def test_a_restarted_follower_joins_only_from_its_new_process_fetches(tmp_path: Path) -> None:
+    clock = Clock()
+    part = _leader_followed_by_two_runs(tmp_path, clock)
+    # Node 3 stops (the controlled shutdown drops it from the ISR) and is back at once, on an
+    # empty data dir: registered RUNNING as a new process before that process fetched.
+    part.apply_state(_state(1, 1, [1, 2], pepoch=1))
+    clock.t += 1.0
+    assert part.isr_change(10.0, RESTARTED) is None  # 10 is what run 3a had
+    # Its first fetch, from offset 0, replaces the old run's position.
+    part.record_follower_end_offset(3, 0, "run-3b")
+    assert part.replica_end_offsets[3] == 0 and part.high_watermark == 10
+    assert part.isr_change(10.0, RESTARTED) is None
+    part.record_follower_end_offset(3, 10, "run-3b")  # caught up
+    # A view that still has the old registration does not let the new process in yet.
+    assert part.isr_change(10.0, {**RESTARTED, 3: "run-3a"}) is None
+    assert part.isr_change(10.0, RESTARTED) == (1, 2, 3)
+
+
+def test_an_in_sync_follower_back_without_its_data_leaves_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    part = _leader_followed_by_two_runs(tmp_path, clock)
+    # Restarted with its data intact: it fetches from its log end, and stays.
+    part.record_follower_end_offset(3, 10, "run-3b")
+    assert part.isr_change(10.0, RESTARTED) is None and part.high_watermark == 10
+    # Restarted on an empty data dir before the controller dropped it from the ISR.
+    part.record_follower_end_offset(3, 0, "run-3c")
+    assert part.high_watermark == 10  # acknowledged records stay committed
+    part.log.append(encode_batch([b"y"] * 5), leader_epoch=1)
+    part.record_follower_end_offset(2, 15, "run-2")
+    assert part.high_watermark == 10  # the ISR in etcd still names 3: the HW waits
+    # It leaves now, not after the lag time.
+    assert part.isr_change(10.0, {**RESTARTED, 3: "run-3c"}) == (1, 2)
+    part.apply_state(_state(1, 1, [1, 2], pepoch=1))
+    assert part.high_watermark == 15
+
+
+class _CommittingController:
+    """Commits every proposal, keeping the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        self.requests.append(request)
+        resp = controller_pb2.AlterPartitionResponse()
+        for p in request.partitions:
+            r = resp.partitions.add(topic=p.topic, partition=p.partition)
+            r.state.CopyFrom(_state(1, p.leader_epoch, list(p.new_isr), p.partition_epoch + 1))
+        return resp
+
+
+def test_isr_manager_does_not_add_a_restarted_node_from_its_old_position(tmp_path: Path) -> None:
+    from strom.storage.replication import IsrManager
+
+    clock = Clock()
+    part = _leader_followed_by_two_runs(tmp_path, clock)
+    part.apply_state(_state(1, 1, [1, 2], pepoch=1))
+    controller = _CommittingController()
+    registered = dict(RESTARTED)
+    isr = IsrManager(
+        1,
+        _Manager(part),  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "run-1",
+        10_000,
+        running=lambda: registered,
+    )
+
+    async def main() -> None:
+        await isr.check()
+        assert controller.requests == []  # node 3's new process has not fetched yet
+        part.record_follower_end_offset(3, 10, "run-3b")
+        await isr.check()
+        assert [list(r.partitions[0].new_isr) for r in controller.requests] == [[1, 2, 3]]
+        # The controller checks the process it is proposed from against the registration.
+        assert dict(controller.requests[0].partitions[0].new_isr_incarnations) == {3: "run-3b"}
+        assert part.isr == (1, 2, 3)
+
+    asyncio.run(main())
+
+
+def test_a_resent_isr_proposal_keeps_the_incarnation_it_was_made_for(tmp_path: Path) -> None:
+    """A proposal whose call got no answer is sent again; if the follower restarted in
+    between, the resend still names the process that caught up, which the controller then
+    refuses, not the new one, which may hold nothing."""
+    from strom.storage.replication import IsrManager
+
+    clock = Clock()
+    part = _leader_followed_by_two_runs(tmp_path, clock)
+    part.apply_state(_state(1, 1, [1, 2], pepoch=1))
+    part.record_follower_end_offset(3, 10, "run-3b")
+    controller = _FlakyController()
+    requests: list[Any] = []
+    call = controller.call
+
+    async def keep(method: str, request, timeout: float = 5.0):
+        requests.append(request)
+        return await call(method, request, timeout)
+
+    controller.call = keep  # type: ignore[method-assign]
+    registered = dict(RESTARTED)
+    isr = IsrManager(
+        1,
+        _Manager(part),  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "run-1",
+        10_000,
+        running=lambda: registered,
+    )
+
+    async def main() -> None:
+        await isr.check()  # no answer: pending
+        assert part.pending_isr == (1, 2, 3)
+        part.record_follower_end_offset(3, 0, "run-3c")  # restarted, empty
+        registered[3] = "run-3c"
+        isr._retry_at.clear()
+        await isr.check()
+        sent = [dict(r.partitions[0].new_isr_incarnations) for r in requests]
+        assert sent == [{3: "run-3b"}, {3: "run-3b"}]
+
+    asyncio.run(main())
 
 
 class _RefusingController:

@@ -399,7 +399,14 @@ class DescribeTopicsResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[TopicDescription, _Mapping]]] = ...) -> None: ...
 
 class AlterPartitionItem(_message.Message):
-    __slots__ = ("topic", "topic_id", "partition", "leader_epoch", "partition_epoch", "new_isr", "leader_recovery_state")
+    __slots__ = ("topic", "topic_id", "partition", "leader_epoch", "partition_epoch", "new_isr", "leader_recovery_state", "new_isr_incarnations")
+    class NewIsrIncarnationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -407,6 +414,7 @@ class AlterPartitionItem(_message.Message):
     PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NEW_ISR_FIELD_NUMBER: _ClassVar[int]
     LEADER_RECOVERY_STATE_FIELD_NUMBER: _ClassVar[int]
+    NEW_ISR_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     topic_id: str
     partition: int
@@ -414,7 +422,8 @@ class AlterPartitionItem(_message.Message):
     partition_epoch: int
     new_isr: _containers.RepeatedScalarFieldContainer[int]
     leader_recovery_state: _metadata_pb2.LeaderRecoveryState
-    def __init__(self, topic: _Optional[str] = ..., topic_id: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[int]] = ..., leader_recovery_state: _Optional[_Union[_metadata_pb2.LeaderRecoveryState, str]] = ...) -> None: ...
+    new_isr_incarnations: _containers.ScalarMap[int, str]
+    def __init__(self, topic: _Optional[str] = ..., topic_id: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[int]] = ..., leader_recovery_state: _Optional[_Union[_metadata_pb2.LeaderRecoveryState, str]] = ..., new_isr_incarnations: _Optional[_Mapping[int, str]] = ...) -> None: ...
 
 class AlterPartitionRequest(_message.Message):
     __slots__ = ("leader_id", "leader_incarnation", "partitions")

@@ -166,7 +166,9 @@ class FetchRpcs(StorageCore):
                             f"topic {topic} now has id {part.topic_id}, not {ft.topic_id}",
                         )
                     if follower:
-                        if not self._follower_position(part, replica_id, fp, pr):
+                        if not self._follower_position(
+                            part, replica_id, fp, pr, request.replica_incarnation
+                        ):
                             answer_now = True
                             continue
                         if self._follower_start_behind(part, fp):
@@ -269,10 +271,12 @@ class FetchRpcs(StorageCore):
         replica_id: int,
         fp: pb.FetchPartition,
         pr: pb.FetchPartitionResponse,
+        incarnation: str = "",
     ) -> bool:
         """Leader side of a follower fetch: check the follower's log against our epoch
-        history and record its position (which may advance the high watermark). Returns
-        False when the answer is a diverging epoch instead of data."""
+        history and record its position, as of its process ``incarnation`` (which may
+        advance the high watermark). Returns False when the answer is a diverging epoch
+        instead of data."""
         if replica_id not in part.replicas:
             raise _Refusal(
                 E.NOT_LEADER_OR_FOLLOWER,
@@ -289,11 +293,14 @@ class FetchRpcs(StorageCore):
                 pr.last_stable_offset = part.last_stable_offset
                 pr.log_start_offset = part.log_start_offset
                 return False
-        if part.record_follower_end_offset(replica_id, fp.fetch_offset):
+        if part.record_follower_end_offset(replica_id, fp.fetch_offset, incarnation):
             self.manager.committed.notify(part.tp, 1 << 30)
         if fp.log_start_offset >= 0:
             part.record_follower_log_start(replica_id, fp.log_start_offset)
-        if replica_id not in part.isr and self.on_out_of_sync_fetch is not None:
+        # Out of the ISR (it may join), or in it but below the HW (it lost committed records,
+        # restarted without its data: it must leave now, not after the lag time).
+        out_of_sync = replica_id not in part.isr or fp.fetch_offset < part.high_watermark
+        if out_of_sync and self.on_out_of_sync_fetch is not None:
             self.on_out_of_sync_fetch()
         return True
 

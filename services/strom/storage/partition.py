@@ -73,6 +73,10 @@ class Partition:
         # with our LEO, and our LEO/time at its previous fetch (Kafka's lastCaughtUpTime).
         self.caught_up_at: dict[int, float] = {}
         self._last_fetch: dict[int, tuple[int, float]] = {}
+        #: Follower node id -> the incarnation (process run id) whose fetches the positions
+        #: above come from ("" from a follower that sends none): a follower process that
+        #: restarted holds only what its own fetches say, not what its previous run had.
+        self.fetched_by: dict[int, str] = {}
         #: Our LEO when this leadership started: a follower must reach it to join the ISR.
         self.leader_epoch_start_offset = log.log_end_offset
         #: An ISR proposal whose outcome is not known yet (never applied before the
@@ -81,6 +85,10 @@ class Partition:
         self.pending_isr: tuple[int, ...] | None = None
         #: The partition epoch that proposal was made against.
         self.pending_isr_epoch = -1
+        #: For each replica the proposal adds, the incarnation whose fetches qualified it
+        #: (sent with the proposal, and with its resends: a follower restarting meanwhile
+        #: must not turn it into a proposal for its new, empty process).
+        self.pending_isr_incarnations: dict[int, str] = {}
         #: Follower side: do not fetch before this monotonic time (leader errors back off).
         self.fetch_retry_at = 0.0
         #: The first offset whose stored data failed a check on read here (-1: none found).
@@ -138,6 +146,7 @@ class Partition:
             self.replica_end_offsets.clear()
             self.replica_log_starts.clear()
             self._last_fetch.clear()
+            self.fetched_by.clear()
             self.pending_isr = None
             self.fetch_retry_at = 0.0
             if self.is_leader:
@@ -195,6 +204,12 @@ class Partition:
 
         Followers adopt the leader's HW from fetch responses (replication issue), so here a
         non-leader only keeps its HW within its own log.
+
+        A leader's HW never moves back (Kafka's rule): records below it were acknowledged
+        and served as committed. An in-sync follower fetching from below it lost records
+        (it restarted on an empty data dir, say): it holds the HW where it is until it
+        leaves the ISR (:func:`decide_isr` drops it at once), instead of pulling it down to
+        its position.
         """
         leo = self.log.log_end_offset
         old = self.high_watermark
@@ -203,6 +218,7 @@ class Partition:
             for replica in self.maximal_isr():
                 if replica != self.node_id:
                     new = min(new, self.replica_end_offsets.get(replica, old))
+            new = max(new, min(old, leo))
         else:
             new = min(old, leo)
         new = max(new, self.log.log_start_offset)
@@ -227,15 +243,34 @@ class Partition:
         return set(self.isr) | set(self.pending_isr)
 
     def propose_isr(self, new: tuple[int, ...]) -> None:
-        """Mark ``new`` as proposed (the HW now waits for the replicas it adds)."""
+        """Mark ``new`` as proposed (the HW now waits for the replicas it adds). A resend
+        of the pending proposal keeps the incarnations it was first made for."""
+        if self.pending_isr != new or self.pending_isr_epoch != self.partition_epoch:
+            self.pending_isr_incarnations = {
+                r: self.fetched_by.get(r, "") for r in new if r not in self.isr
+            }
         self.pending_isr = new
         self.pending_isr_epoch = self.partition_epoch
 
-    def record_follower_end_offset(self, replica: int, end_offset: int) -> bool:
+    def record_follower_end_offset(
+        self, replica: int, end_offset: int, incarnation: str = ""
+    ) -> bool:
         """A follower fetched from ``end_offset``: it has everything below. True if HW moved.
 
         Also tracks when the follower was last caught up (Kafka's rule): caught up now if it
-        reached our LEO, else as of its previous fetch if it reached the LEO we had then."""
+        reached our LEO, else as of its previous fetch if it reached the LEO we had then.
+
+        ``incarnation`` is the follower process's run id. A fetch from another one than the
+        previous fetch's drops what that process reported first (Kafka keys it by broker
+        epoch, KIP-903). FIX (found from outside): a node restarted on an empty data dir
+        within ``replica.lag.time.max.ms`` of its last fetch was added back to the ISR at
+        once from its previous run's position, and, elected as preferred leader with an
+        empty log, had the other replicas truncate every acknowledged record."""
+        if self.fetched_by.get(replica, incarnation) != incarnation:
+            self.replica_end_offsets.pop(replica, None)
+            self.replica_log_starts.pop(replica, None)
+            self._last_fetch.pop(replica, None)
+        self.fetched_by[replica] = incarnation
         now = self.clock()
         leo = self.log.log_end_offset
         if end_offset >= leo:
@@ -298,10 +333,11 @@ class Partition:
         return True
 
     def isr_change(
-        self, lag_time_max_s: float, joinable: Collection[int]
+        self, lag_time_max_s: float, joinable: Collection[int] | Mapping[int, str]
     ) -> tuple[int, ...] | None:
         """Leader: the ISR to propose now (shrink laggards, add caught-up followers among
-        ``joinable``, the nodes registered and RUNNING), or None."""
+        ``joinable``, the nodes registered and RUNNING, with their registered incarnations
+        when a mapping), or None."""
         if not self.is_leader or self.pending_isr is not None:
             return None
         return decide_isr(
@@ -312,6 +348,7 @@ class Partition:
             self.caught_up_at,
             fetched_at={r: at for r, (_, at) in self._last_fetch.items()},
             joinable=joinable,
+            fetched_by=self.fetched_by,
             leo=self.log.log_end_offset,
             hw=self.high_watermark,
             epoch_start=self.leader_epoch_start_offset,
@@ -367,7 +404,8 @@ def decide_isr(
     caught_up_at: dict[int, float],
     *,
     fetched_at: Mapping[int, float],
-    joinable: Collection[int],
+    joinable: Collection[int] | Mapping[int, str],
+    fetched_by: Mapping[int, str] | None = None,
     leo: int,
     hw: int,
     epoch_start: int,
@@ -385,18 +423,32 @@ def decide_isr(
     the controller lets join, as Kafka's KIP-841). Its fetch position is kept after it stops,
     and on an idle partition the position of a dead follower stays at the HW: without
     these checks the leader asked to add it back about once a second, forever, and the
-    HW waited for it while each proposal was in flight (found from outside)."""
+    HW waited for it while each proposal was in flight (found from outside).
+
+    When ``joinable`` maps each node to its registered incarnation, the position must come
+    from that process's fetches (``fetched_by``; "" on either side is not checked): a node
+    that restarted has registered again before it first fetches, and the position its
+    previous run reported says nothing of what the new one holds (an emptied data dir).
+
+    An ISR member whose position is below the HW leaves at once: it no longer holds every
+    committed record (it came back without its data), and must not be elected."""
     members = set(isr) | {leader}
     for r in isr:
         if r == leader:
             continue
-        if now - caught_up_at.get(r, now) > lag_time_max_s and end_offsets.get(r, -1) < leo:
+        end = end_offsets.get(r, -1)
+        lagging = now - caught_up_at.get(r, now) > lag_time_max_s and end < leo
+        if lagging or (r in end_offsets and end < hw):  # below the HW: records lost
             members.discard(r)
     for r in replicas:
         if r in members or r in isr or r not in end_offsets or r not in joinable:
             continue
         if now - fetched_at.get(r, float("-inf")) > lag_time_max_s:
             continue
+        if isinstance(joinable, Mapping) and fetched_by is not None:
+            registered, fetched = joinable[r], fetched_by.get(r, "")
+            if registered and fetched and registered != fetched:
+                continue
         end = end_offsets[r]
         if end >= hw and end >= epoch_start:
             members.add(r)

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -579,10 +579,15 @@ def divergence_truncation_offset(
     return min(target, log_end_offset)
 
 
-def running_nodes(view: ClusterView) -> set[int]:
-    """The nodes registered and RUNNING in ``view``: the only ones the controller lets
-    join an ISR."""
-    return {i for i, reg in view.live_nodes().items() if reg.state == md.NODE_STATE_RUNNING}
+def running_nodes(view: ClusterView) -> dict[int, str]:
+    """The nodes registered and RUNNING in ``view`` (the only ones the controller lets join
+    an ISR), each with its registered incarnation: only that process's fetches count for
+    its joining (:func:`strom.storage.partition.decide_isr`)."""
+    return {
+        i: reg.incarnation_id
+        for i, reg in view.live_nodes().items()
+        if reg.state == md.NODE_STATE_RUNNING
+    }
 
 
 @dataclass(slots=True)
@@ -616,14 +621,15 @@ class IsrManager:
         incarnation: Callable[[], str],
         lag_time_max_ms: int,
         *,
-        running: Callable[[], Collection[int]],
+        running: Callable[[], Collection[int] | Mapping[int, str]],
     ) -> None:
         self.node_id = node_id
         self.manager = manager
         self.controller = controller
         self.incarnation = incarnation
         self.lag_time_max_s = lag_time_max_ms / 1000.0
-        #: The nodes registered and RUNNING (:func:`running_nodes` of the node's view).
+        #: The nodes registered and RUNNING (:func:`running_nodes` of the node's view), with
+        #: their registered incarnations when a mapping.
         self.running = running
         #: Monotonic seconds for back-offs (a test sets its own).
         self.clock: Callable[[], float] = time.monotonic
@@ -654,7 +660,7 @@ class IsrManager:
     async def check(self) -> None:
         now = self.clock()
         proposals: list[tuple[Partition, tuple[int, ...]]] = []
-        running: set[int] | None = None
+        running: dict[int, str] | None = None
         if self._refused:
             for tp in [tp for tp in self._refused if tp not in self.manager.partitions]:
                 del self._refused[tp]
@@ -704,7 +710,8 @@ class IsrManager:
                 proposals.append((part, part.isr))
                 continue
             if running is None:
-                running = set(self.running())
+                nodes = self.running()
+                running = dict(nodes) if isinstance(nodes, Mapping) else dict.fromkeys(nodes, "")
             new = part.isr_change(self.lag_time_max_s, running)
             if refused is not None:
                 if new is None:
@@ -713,7 +720,10 @@ class IsrManager:
                     del self._refused[part.tp]
                     continue
                 if refused.held is not None and now < refused.retry_at:
-                    new = part.isr_change(self.lag_time_max_s, running - refused.held)
+                    held = refused.held
+                    new = part.isr_change(
+                        self.lag_time_max_s, {n: i for n, i in running.items() if n not in held}
+                    )
             if new is not None:
                 proposals.append((part, new))
         if not proposals:
@@ -729,7 +739,7 @@ class IsrManager:
             # logged when first made.
             again = part.pending_isr == new or (refused is not None and refused.proposal == new)
             part.propose_isr(new)
-            req.partitions.add(
+            item = req.partitions.add(
                 topic=part.topic,
                 topic_id=part.topic_id,
                 partition=part.index,
@@ -737,6 +747,11 @@ class IsrManager:
                 partition_epoch=part.partition_epoch,
                 new_isr=new,
             )
+            # The process each added replica's fetches came from: the controller refuses one
+            # that is no longer the node's registered incarnation (it restarted meanwhile).
+            for r, incarnation in part.pending_isr_incarnations.items():
+                if incarnation:
+                    item.new_isr_incarnations[r] = incarnation
             if self.node_id not in new:
                 why = f", resigning: stored data from offset {part.damaged_at} failed a check"
             elif part.recovering:
