@@ -171,6 +171,47 @@ def test_caller_sequence_makes_retries_idempotent(
     assert end == first.offsets[0] + 20  # exactly two calls' records
 
 
+def test_caller_sequences_never_written_are_refused_not_answered_as_written(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """FIX (found from outside): after sequences 0-9 (a call each), calls at sequences the
+    producer never used (1,500,000,000; 2^31-1) or not matching any call (1 with two
+    records) were answered NONE with offsets -1 and written nowhere. Now a sequence after the
+    last one written is OUT_OF_ORDER_SEQUENCE, and one before the leader's last five calls
+    answers DUPLICATE_SEQUENCE, saying the records were taken for a retry (not NONE)."""
+    topic = "rec-seq-never"
+    new_topic(cluster, 1, 3, name=topic)
+    with grpc.insecure_channel(cluster.nodes[0].address) as ch:
+        init = ch.unary_unary(
+            "/strom.v1.StorageService/InitProducerId",
+            request_serializer=storage_pb2.InitProducerIdRequest.SerializeToString,
+            response_deserializer=storage_pb2.InitProducerIdResponse.FromString,
+        )(storage_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=30)
+    assert init.error_code == E.NONE
+
+    def call(base: int, *values: bytes) -> rp.ProduceRecordsPartitionResult:
+        seq = rp.ProducerSequence(
+            producer_id=init.producer_id, producer_epoch=init.producer_epoch, base_sequence=base
+        )
+        r = produce(
+            stub, topic=topic, partition=0, records=rp.RecordColumns(values=values), producer=seq
+        )
+        return r.results[0]
+
+    for s in range(10):
+        assert call(s, b"n%d" % s).error_code == E.NONE
+    for base in (1_500_000_000, 2**31 - 1, 11):
+        r = call(base, b"never")
+        assert (r.error_code, r.base_offset) == (E.OUT_OF_ORDER_SEQUENCE, -1), base
+    r = call(1, b"never-1", b"never-2")
+    assert (r.error_code, r.base_offset) == (E.DUPLICATE_SEQUENCE, -1)
+    assert "NOT written" in r.error_message
+    with Consumer(cluster.bootstrap) as c:
+        end = c.end_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)]
+    assert end == 10  # only the ten calls' records
+    assert call(10, b"n10").error_code == E.NONE  # the producer goes on where it was
+
+
 def test_acks_none_and_compression(
     cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:
