@@ -29,7 +29,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
 from strom.record import decode_batches
-from tests.conftest import FAST_GROUPS, create_topic
+from tests.conftest import FAST_GROUPS, create_topic, errors_since, until_settled
 
 pytestmark = pytest.mark.integration
 rp = records_pb2
@@ -458,6 +458,48 @@ def _metric(member: Any, name: str, labels: str) -> float:
         if line.startswith(f"{name}{{{labels}}} "):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_a_cancelled_subscribe_leaves_no_error_in_the_logs(
+    cluster: LocalCluster, new_topic: Callable[..., str]
+) -> None:
+    """FIX (found from outside): a Subscribe cancelled while its node was writing to it (a
+    reader that stopped, then cancelled) logged an ERROR with a traceback on the node
+    ("ExecuteBatchError raised in core by servicer method"), and its Consumer's cancelled
+    FetchStream at times one more on the leader. A write to a call the caller ended now ends
+    the stream quietly."""
+    topic = "rec-cancel"
+    new_topic(cluster, 1, 1, name=topic)
+    with Producer(cluster.bootstrap, linger_ms=0) as p:
+        for _ in range(10):
+            p.send_batch(topic, [b"x" * 1000] * 1000, partition=0)
+        p.flush()
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        leader = cluster.node(c.topic_metadata(topic).partitions[0].leader)
+    node = next(m for m in cluster.nodes if m.ident != leader.ident)  # its Consumer fetches
+    streams = ("strom_storage_open_streams", 'method="FetchStream"')
+    subscriptions = ("strom_storage_records_subscriptions", 'kind="partitions"')
+    polled = ("strom_storage_records_subscribe_records_total", f'stage="polled",topic="{topic}"')
+    fetch_streams, subs = _metric(leader, *streams), _metric(node, *subscriptions)
+    marks = {m.ident: m.log_path.stat().st_size for m in (node, leader)}
+    for _ in range(3):
+        with grpc.insecure_channel(node.address) as ch:
+            stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
+                rp.SubscribeRequest(topics=[topic], start=rp.START_POSITION_EARLIEST),
+                timeout=60,
+            )
+            next_records(stream, 2000)  # two messages of 1 MB; then the reader stops
+            until_settled(lambda: _metric(node, *polled), "the node to block on the reader")
+            stream.cancel()  # while the node waits to write the next message
+        wait_for(
+            lambda: (
+                _metric(node, *subscriptions) <= subs and _metric(leader, *streams) <= fetch_streams
+            ),
+            timeout=30,
+            what="the subscription and its Consumer's fetch stream to end",
+        )
+    for m in (node, leader):
+        assert errors_since(m, marks[m.ident]) == [], m.ident
 
 
 def test_a_reader_that_stops_holds_back_the_stream(

@@ -46,6 +46,7 @@ from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for,
 from strom.metadata import ClusterView
 from strom.record.codecs import CODEC_NAMES
 from strom.security.interceptor import STREAM_REQUEST_DENIED
+from strom.service import stream_writes
 from strom.storage.record_columns import ColumnsError, columns_to_table
 from strom.storage.record_producers import LeaderRoute, NodeProducer, SequencedSender
 from strom.storage.rpc_base import _throttle, add_handlers
@@ -359,7 +360,8 @@ class RecordService:
                 if item.error is not None:
                     status = getattr(grpc.StatusCode, item.error.status)
                     await _abort(context, status, item.error.message, item.error.code)
-                await context.write(item.data)
+                # A caller gone mid-stream ends it here, quietly (stream_writes).
+                await stream_writes.write(context, item.data)
                 sub.delivered(item)
                 # The caller's fetch quota: the stream's Consumer fetches as this node.
                 await _throttle("fetch", len(item.data))
