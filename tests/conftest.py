@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -156,6 +157,27 @@ def member_metric(member: Any, name: str, **labels: str) -> float:
     pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "")
     found = re.search(r"^" + pattern + r" (\S+)$", text.read().decode(), re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+def errors_since(member: Any, size: int) -> list[str]:
+    """Lines of the member's (JSON) log after byte ``size`` that are errors or tracebacks."""
+    with open(member.log_path, "rb") as f:
+        f.seek(size)
+        lines = f.read().decode(errors="replace").splitlines()
+    return [x for x in lines if '"level": "error"' in x.lower() or "Traceback" in x]
+
+
+def until_settled(read: Callable[[], Any], what: str) -> None:
+    """Wait until ``read()`` stays unchanged for a second (a stream blocked on flow control)."""
+    last = [read(), time.monotonic()]
+
+    def settled() -> bool:
+        now = read()
+        if now != last[0]:
+            last[:] = [now, time.monotonic()]
+        return time.monotonic() - last[1] >= 1.0
+
+    wait_for(settled, timeout=60, what=what)
 
 
 def create_topic(

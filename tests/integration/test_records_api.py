@@ -30,7 +30,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
 from strom.record import decode_batches
-from tests.conftest import FAST_GROUPS, create_topic
+from tests.conftest import FAST_GROUPS, create_topic, errors_since, until_settled
 
 pytestmark = pytest.mark.integration
 rp = records_pb2
@@ -170,6 +170,47 @@ def test_caller_sequence_makes_retries_idempotent(
     with Consumer(cluster.bootstrap) as c:
         end = c.end_offsets([TopicPartition(topic, 1)])[TopicPartition(topic, 1)]
     assert end == first.offsets[0] + 20  # exactly two calls' records
+
+
+def test_caller_sequences_never_written_are_refused_not_answered_as_written(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """FIX (found from outside): after sequences 0-9 (a call each), calls at sequences the
+    producer never used (1,500,000,000; 2^31-1) or not matching any call (1 with two
+    records) were answered NONE with offsets -1 and written nowhere. Now a sequence after the
+    last one written is OUT_OF_ORDER_SEQUENCE, and one before the leader's last five calls
+    answers DUPLICATE_SEQUENCE, saying the records were taken for a retry (not NONE)."""
+    topic = "rec-seq-never"
+    new_topic(cluster, 1, 3, name=topic)
+    with grpc.insecure_channel(cluster.nodes[0].address) as ch:
+        init = ch.unary_unary(
+            "/strom.v1.StorageService/InitProducerId",
+            request_serializer=storage_pb2.InitProducerIdRequest.SerializeToString,
+            response_deserializer=storage_pb2.InitProducerIdResponse.FromString,
+        )(storage_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=30)
+    assert init.error_code == E.NONE
+
+    def call(base: int, *values: bytes) -> rp.ProduceRecordsPartitionResult:
+        seq = rp.ProducerSequence(
+            producer_id=init.producer_id, producer_epoch=init.producer_epoch, base_sequence=base
+        )
+        r = produce(
+            stub, topic=topic, partition=0, records=rp.RecordColumns(values=values), producer=seq
+        )
+        return r.results[0]
+
+    for s in range(10):
+        assert call(s, b"n%d" % s).error_code == E.NONE
+    for base in (1_500_000_000, 2**31 - 1, 11):
+        r = call(base, b"never")
+        assert (r.error_code, r.base_offset) == (E.OUT_OF_ORDER_SEQUENCE, -1), base
+    r = call(1, b"never-1", b"never-2")
+    assert (r.error_code, r.base_offset) == (E.DUPLICATE_SEQUENCE, -1)
+    assert "NOT written" in r.error_message
+    with Consumer(cluster.bootstrap) as c:
+        end = c.end_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)]
+    assert end == 10  # only the ten calls' records
+    assert call(10, b"n10").error_code == E.NONE  # the producer goes on where it was
 
 
 def test_acks_none_and_compression(
@@ -538,6 +579,48 @@ def _metric(member: Any, name: str, labels: str) -> float:
         if line.startswith(f"{name}{{{labels}}} "):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_a_cancelled_subscribe_leaves_no_error_in_the_logs(
+    cluster: LocalCluster, new_topic: Callable[..., str]
+) -> None:
+    """FIX (found from outside): a Subscribe cancelled while its node was writing to it (a
+    reader that stopped, then cancelled) logged an ERROR with a traceback on the node
+    ("ExecuteBatchError raised in core by servicer method"), and its Consumer's cancelled
+    FetchStream at times one more on the leader. A write to a call the caller ended now ends
+    the stream quietly."""
+    topic = "rec-cancel"
+    new_topic(cluster, 1, 1, name=topic)
+    with Producer(cluster.bootstrap, linger_ms=0) as p:
+        for _ in range(10):
+            p.send_batch(topic, [b"x" * 1000] * 1000, partition=0)
+        p.flush()
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        leader = cluster.node(c.topic_metadata(topic).partitions[0].leader)
+    node = next(m for m in cluster.nodes if m.ident != leader.ident)  # its Consumer fetches
+    streams = ("strom_storage_open_streams", 'method="FetchStream"')
+    subscriptions = ("strom_storage_records_subscriptions", 'kind="partitions"')
+    polled = ("strom_storage_records_subscribe_records_total", f'stage="polled",topic="{topic}"')
+    fetch_streams, subs = _metric(leader, *streams), _metric(node, *subscriptions)
+    marks = {m.ident: m.log_path.stat().st_size for m in (node, leader)}
+    for _ in range(3):
+        with grpc.insecure_channel(node.address) as ch:
+            stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
+                rp.SubscribeRequest(topics=[topic], start=rp.START_POSITION_EARLIEST),
+                timeout=60,
+            )
+            next_records(stream, 2000)  # two messages of 1 MB; then the reader stops
+            until_settled(lambda: _metric(node, *polled), "the node to block on the reader")
+            stream.cancel()  # while the node waits to write the next message
+        wait_for(
+            lambda: (
+                _metric(node, *subscriptions) <= subs and _metric(leader, *streams) <= fetch_streams
+            ),
+            timeout=30,
+            what="the subscription and its Consumer's fetch stream to end",
+        )
+    for m in (node, leader):
+        assert errors_since(m, marks[m.ident]) == [], m.ident
 
 
 def test_a_reader_that_stops_holds_back_the_stream(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -350,6 +351,69 @@ def test_commits_survive_a_coordinator_restart(
         assert min(o for _, o in _read_ranges(m2)) == 200
     finally:
         m2.kill()
+
+
+def test_the_produce_helper_resends_only_the_partitions_that_failed(
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
+) -> None:
+    """FIX (found from outside): lib/strom.js's produceRecords resent the whole call when one
+    partition failed retriably, so with the only replica of partition 0 dead the other
+    partitions held every record once per attempt; and its error joined empty messages.
+    Now it resends only the failed partition's records (headers and null keys picked with
+    them) and names each failed partition."""
+    topic = "node-partial"
+    new_topic(cluster, 3, 1, name=topic)
+    with ClusterClient(cluster.bootstrap, retry_s=10) as c:
+        leaders = {p.partition: p.leader for p in c.topic_metadata(topic).partitions}
+    victim = cluster.node(leaders[0])
+    serving = next(m for m in cluster.nodes if m.ident != victim.ident)
+    n, attempts = 60, 5
+    assert victim.process is not None
+    victim.process.kill()  # SIGKILL: partition 0 has no replica left
+    try:
+        with _node(
+            "produce_partial.js",
+            "--address",
+            serving.address,
+            "--topic",
+            topic,
+            "--records",
+            str(n),
+            "--attempts",
+            str(attempts),
+            tmp_path=tmp_path,
+        ) as prog:
+            res = prog.result(timeout=120)
+    finally:
+        if not victim.alive():
+            victim.start()
+            cluster.wait_serving(victim)
+    assert res["error"] is not None and "partition 0: " in res["error"], res
+    assert "; ;" not in res["error"] and not res["error"].endswith(": "), res
+    dead = {p for p, leader in leaders.items() if leader == victim.ident}
+    pairs = zip(res["partitions"], res["offsets"], strict=True)
+    written = {i: (p, o) for i, (p, o) in enumerate(pairs) if o >= 0}
+    keyed_healthy = {
+        i for i in range(n) if i % 5 != 4 and partition_for_key(b"k%d" % i, 3) not in dead
+    }
+    assert keyed_healthy <= written.keys(), res  # every healthy partition's records written
+
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    found: dict[int, list[tuple[int, int]]] = {}
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + 60
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"not every record read: {ends}"
+            for r in consumer.poll(timeout_ms=500):
+                i = int(r.value[1:])
+                found.setdefault(i, []).append((r.partition, r.offset))
+                assert r.headers == ((("h", str(i).encode()),) if i % 3 == 0 else ()), r
+                assert r.key == (None if i % 5 == 4 else b"k%d" % i), r
+    dupes = {i: at for i, at in found.items() if len(at) > 1}
+    assert not dupes, dupes  # the old helper wrote these once per attempt
+    assert {i: at[0] for i, at in found.items()} == written
 
 
 def test_leader_sigkill_during_a_long_lived_subscription(

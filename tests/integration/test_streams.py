@@ -30,7 +30,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from strom.api import storage_pb2
+from strom.api import storage_pb2, storage_pb2_grpc
 from strom.client import streams as streams_mod
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
@@ -41,7 +41,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
 from strom.record import encode_batch
-from tests.conftest import create_topic, member_metric, module_cluster
+from tests.conftest import create_topic, errors_since, member_metric, module_cluster, until_settled
 
 from .grpc_proxy import cluster_behind_proxy
 
@@ -532,6 +532,45 @@ def test_a_fetch_stream_left_with_an_unanswered_request_is_not_lent_again(
         assert pool.ask(channel, address, b"fresh", 5) == b"fresh"
         assert pool.ask(channel, address, b"again", 5) == b"again"
         pool.close()
+
+
+def test_a_fetch_stream_cancelled_while_answered_leaves_no_error_in_the_log(
+    cluster: LocalCluster,
+) -> None:
+    """FIX (found from outside): a FetchStream cancelled while the node was writing to it (a
+    followed request whose reader stopped, then cancelled: a Subscribe's Consumer closing,
+    a consumer seeking) logged an ERROR with a traceback ("ExecuteBatchError raised in core
+    by servicer method [/strom.v1.StorageService/FetchStream]"). It now ends quietly."""
+    topic = create_topic(cluster, "s-cancel")
+    with Producer(cluster.bootstrap, linger_ms=0) as p:
+        for _ in range(8):
+            p.send_batch(topic, [b"x" * 1000] * 1000, partition=0)
+        p.flush()
+    node = cluster.nodes[0]
+    before = open_streams(cluster).get("FetchStream", 0)
+    mark = node.log_path.stat().st_size
+    # gRPC's 64 KiB window (no BDP probing): the node blocks on the reader at once.
+    with grpc.insecure_channel(node.address, options=[("grpc.http2.bdp_probe", 0)]) as ch:
+        stub = storage_pb2_grpc.StorageServiceStub(ch)
+        for _ in range(3):
+            request = fetch_request(topic, 0, max_wait_ms=500)
+            request.follow = True
+            requests: Any = _Feed()
+            requests.put(request)
+            answers = stub.FetchStream(iter(requests))
+            next(answers), next(answers)  # 1 MiB each; then the reader stops
+            until_settled(
+                lambda: node_metric(node, "strom_storage_bytes_out", "topic").get(topic),
+                "the node to block on the reader",
+            )
+            answers.cancel()  # while the node waits to write the next answer
+            requests.close()
+            wait_for(
+                lambda: open_streams(cluster).get("FetchStream", 0) <= before,
+                timeout=30,
+                what="the cancelled FetchStream to end",
+            )
+    assert errors_since(node, mark) == []
 
 
 def test_a_stopping_node_ends_its_streams_cleanly(cluster: LocalCluster) -> None:

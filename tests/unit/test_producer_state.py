@@ -129,6 +129,28 @@ def test_retries_of_the_last_five_batches_get_their_original_offsets() -> None:
     assert reason(log.append, hdr(3, 0, first, n + 1)) == OUT_OF_ORDER_SEQUENCE
 
 
+def test_a_sequence_after_the_last_one_written_is_never_a_duplicate() -> None:
+    """FIX (found from outside): a batch in the half of the sequence space before the oldest
+    kept batch was answered DUPLICATE_SEQUENCE (as written, offsets forgotten) even when no
+    record of the epoch ever had that sequence, so a caller's new records were acknowledged
+    and dropped."""
+    log = Log()
+    for s in range(10):  # sequences 0..9, one record each; 5..9 are kept
+        log.append(hdr(6, 0, s))
+    for first in (11, 1_500_000_000, 2**30 + 5, MAX_SEQUENCE):
+        assert reason(log.append, hdr(6, 0, first)) == OUT_OF_ORDER_SEQUENCE, first
+    # Before every kept batch: still taken as a retry of an older batch (the Python producer
+    # may have more than five batches of a partition unanswered; module docstring).
+    assert reason(log.append, hdr(6, 0, 1, 2)) == DUPLICATE_SEQUENCE
+    assert log.leo == 10
+    # An epoch that may have wrapped (its newest record's offset is 2**31 or more above its
+    # sequence): only half the space after the newest sequence is "after".
+    state = ProducerStateManager()
+    state.update([hdr(6, 0, 3, 1, base_offset=2**31 + 10)], 0)
+    assert reason(state.check, [hdr(6, 0, MAX_SEQUENCE - 5)]) == DUPLICATE_SEQUENCE
+    assert reason(state.check, [hdr(6, 0, 100)]) == OUT_OF_ORDER_SEQUENCE
+
+
 def test_epochs_fence_and_restart_sequences() -> None:
     log = Log()
     log.append(hdr(9, 0, 0, 3))
@@ -256,7 +278,9 @@ def test_every_kept_batch_is_a_duplicate_and_only_the_next_sequence_appends(
 ) -> None:
     state = ProducerStateManager()
     batches = []
-    seq, offset = start, 0
+    # A real log: an epoch's sequences start at 0 and each record took an offset, so a
+    # producer at sequence ``start`` is at least that far into the log.
+    seq, offset = start, start
     for n in sizes:
         h = hdr(11, 0, seq, n, base_offset=offset)
         if not batches and seq != 0:

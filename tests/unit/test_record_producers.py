@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from strom.api import storage_pb2
-from strom.errors import ErrorCode, RequestTimedOutError, StromError
+from strom.errors import DuplicateSequenceError, ErrorCode, RequestTimedOutError, StromError
 from strom.record import decode_batches
 from strom.storage import record_producers
 from strom.storage.record_producers import PartitionSender, SequencedSender, TransportError
@@ -253,6 +253,36 @@ def test_the_callers_sequence_is_sent_as_given_and_retried() -> None:
     assert asyncio.run(main()) == 0
     assert leader.values == [b"x", b"y"]
     assert leader.requests == [[(42, 3, 0, 2)], [(42, 3, 0, 2)]]
+
+
+def test_a_callers_sequence_taken_for_an_old_retry_is_not_answered_as_written() -> None:
+    """FIX (found from outside): a leader's DUPLICATE_SEQUENCE (the batch comes before its
+    last five of the producer: taken for a retry, not written) was returned as success with
+    offset -1, so ProduceRecords said NONE for records that a caller reusing sequences by
+    mistake never had written. It is now the call's error, saying what happened."""
+
+    class Leader:
+        async def produce(self, *args: Any) -> storage_pb2.ProducePartitionResponse:
+            return _answer(E.DUPLICATE_SEQUENCE)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        return await SequencedSender(Leader()).send(  # type: ignore[arg-type]
+            "t",
+            0,
+            _values("x"),
+            acks=-1,
+            compression="none",
+            producer_id=42,
+            producer_epoch=3,
+            base_sequence=1,
+            deadline=loop.time() + 10,
+        )
+
+    with pytest.raises(DuplicateSequenceError) as err:
+        asyncio.run(main())
+    assert err.value.code == E.DUPLICATE_SEQUENCE
+    assert "NOT written" in err.value.message
 
 
 # -- LeaderRoute: what goes to one leader in one event-loop pass is one request -------------

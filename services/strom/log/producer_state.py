@@ -16,9 +16,21 @@ newer epoch, base sequence 0                    appended (sequences restart with
 newer epoch, base sequence > 0                  ``OUT_OF_ORDER_SEQUENCE``
 same epoch, same range as a kept batch          duplicate: answered with its original offsets
 same epoch, base sequence = last sequence + 1   appended
+same epoch, after the last sequence written     ``OUT_OF_ORDER_SEQUENCE`` (never a duplicate)
 same epoch, wholly before every kept batch      ``DUPLICATE_SEQUENCE`` (offsets forgotten)
 anything else (a gap, an overlap)               ``OUT_OF_ORDER_SEQUENCE``
 ==============================================  ==============================================
+
+Why a batch before every kept one is taken as a retry rather than refused (Kafka refuses
+all but an exact match with a kept batch): strom's Python producer may have more than
+:data:`BATCHES_KEPT` batches of a partition unanswered (``max_in_flight`` requests, each
+with several batches of the partition), so after a lost answer or a leader change its retry
+of an older batch must still not be written twice. A batch *after* the newest sequence the
+epoch wrote, though, was never written (FIX (found from outside): it used to count as such a
+retry whenever it fell in the half of the sequence space before the oldest kept batch, so a
+caller's new records were answered as written and dropped). An epoch's sequences start at 0
+and each record takes an offset, so an epoch whose newest record's offset is less than
+2**31 above its sequence has not wrapped: every sequence above the newest was never written.
 
 Sequence numbers wrap from 2**31 - 1 to 0, as in Kafka. The refusal reasons are the names of
 the ``strom.v1.ErrorCode`` values the storage node answers with; this module itself knows
@@ -110,6 +122,16 @@ def next_sequence(seq: int, count: int = 1) -> int:
 def _precedes(a: int, b: int) -> bool:
     """Whether sequence ``a`` comes strictly before ``b`` (within half the wrapped space)."""
     return 0 < (b - a) & MAX_SEQUENCE < (1 << 30)
+
+
+def _never_written(entry: ProducerEntry, first_seq: int) -> bool:
+    """Whether ``first_seq`` comes after every sequence the entry's epoch has written (see
+    the module docstring): within half the wrapped space after the newest, or anywhere above
+    it while the epoch has not wrapped. Such a batch is never a retry."""
+    last = entry.last_seq
+    if _precedes(last, first_seq):
+        return True
+    return first_seq > last and entry.batches[-1].last_offset - last <= MAX_SEQUENCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +250,11 @@ def check_batch(
         return duplicate
     if first_seq == next_sequence(entry.last_seq):
         return None
-    if entry.batches and _precedes(last_seq, entry.batches[0].first_seq):
+    if (
+        entry.batches
+        and not _never_written(entry, first_seq)
+        and _precedes(last_seq, entry.batches[0].first_seq)
+    ):
         raise ProducerStateError(
             DUPLICATE_SEQUENCE,
             f"producer id {producer_id} epoch {epoch}: sequences {first_seq}..{last_seq} were "

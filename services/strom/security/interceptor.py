@@ -207,25 +207,46 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return grpc.stream_unary_rpc_method_handler(stream_unary, **ser)
         inner_ss = handler.stream_stream
 
-        async def stream_stream(requests: Any, context: Any) -> Any:
+        async def authorized(requests: Any, principal: Any, denied: list[str]) -> Any:
+            # Each request as it arrives; the first one refused ends the requests the
+            # handler sees, and, once it has answered those before it, the stream
+            # (storage.proto: a refused request ends the stream with its status).
+            async for request in requests:
+                why = denied_of(method, principal, request)
+                if why is not None:
+                    denied.append(why)
+                    return
+                yield request
+
+        async def start(context: Any) -> Any:
             principal = await admit(method, metadata, None, context)
             CURRENT_PRINCIPAL.set(principal)
             if check:
                 STREAM_REQUEST_DENIED.set(lambda request: denied_of(method, principal, request))
+            return principal
+
+        if not inspect.isasyncgenfunction(inner_ss):
+            # A handler that writes its answers with context.write (FetchStream, through
+            # strom.service.stream_writes) is a coroutine: awaited, not iterated.
+
+            async def stream_stream_writes(requests: Any, context: Any) -> None:
+                principal = await start(context)
+                denied: list[str] = []
+                await inner_ss(
+                    authorized(requests, principal, denied) if check else requests, context
+                )
+                if denied:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied[0])
+
+            return grpc.stream_stream_rpc_method_handler(stream_stream_writes, **ser)
+
+        async def stream_stream(requests: Any, context: Any) -> Any:
+            principal = await start(context)
             denied: list[str] = []
-
-            async def authorized() -> Any:
-                # Each request as it arrives; the first one refused ends the requests the
-                # handler sees, and, once it has answered those before it, the stream
-                # (storage.proto: a refused request ends the stream with its status).
-                async for request in requests:
-                    why = denied_of(method, principal, request)
-                    if why is not None:
-                        denied.append(why)
-                        return
-                    yield request
-
-            async for item in inner_ss(authorized() if check else requests, context):
+            answers = inner_ss(
+                authorized(requests, principal, denied) if check else requests, context
+            )
+            async for item in answers:
                 yield item
             if denied:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied[0])

@@ -462,8 +462,11 @@ class SequencedSender:
         base_sequence: int,
         deadline: float,
     ) -> int:
-        """Append as one batch; its base offset (-1 when unknown: a duplicate older than
-        the leader remembers). Raises StromError."""
+        """Append as one batch; its base offset. Raises StromError, DuplicateSequenceError
+        when the leader takes the batch for a retry of one written before its last five
+        batches of the producer (FIX (found from outside): that was answered as a success
+        with offsets -1, so a caller that reused sequences by mistake, whose records were
+        never written, was told nothing; now the result names it, docs/grpc-clients.md)."""
         encode = functools.partial(
             encode_arrow,
             table,
@@ -484,8 +487,17 @@ class SequencedSender:
             except TransportError as exc:
                 last = exc
             else:
-                if r.error_code in (E.NONE, E.DUPLICATE_SEQUENCE):
-                    return int(r.base_offset) if r.error_code == E.NONE else -1
+                if r.error_code == E.NONE:
+                    return int(r.base_offset)
+                if r.error_code == E.DUPLICATE_SEQUENCE:
+                    raise error_for(
+                        E.DUPLICATE_SEQUENCE,
+                        f"{topic}-{partition}: sequences {base_sequence}.. of producer "
+                        f"{producer_id} epoch {producer_epoch} come before the leader's last "
+                        "five batches of that producer: taken as a retry of a call written "
+                        "then, not written again (offsets unknown). If this call was not a "
+                        "retry, its base_sequence is wrong and its records were NOT written",
+                    )
                 last = error_for(r.error_code, r.error_message)
                 if not is_retriable(r.error_code):
                     raise last

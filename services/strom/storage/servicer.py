@@ -53,6 +53,7 @@ from strom.record import InvalidBatchError
 from strom.security import QUOTAS
 from strom.service.headers import is_internal_call
 from strom.service.limits import Admission, ProduceShed
+from strom.service.stream_writes import writes_answers
 from strom.storage import metrics
 from strom.storage.cluster_rpcs import ClusterRpcs
 from strom.storage.fetch_rpcs import FetchRpcs
@@ -467,8 +468,10 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
             request_deserializer=decode_produce_request,
             response_serializer=pb.ProduceResponse.SerializeToString,
         ),
+        # Written by stream_writes: a consumer or follower that cancels its stream (closing,
+        # seeking, a follow it ends) is no ERROR in the log.
         "FetchStream": grpc.stream_stream_rpc_method_handler(
-            servicer.fetch_stream, request_deserializer=pb.FetchRequest.FromString
+            writes_answers(servicer.fetch_stream), request_deserializer=pb.FetchRequest.FromString
         ),
         "ListOffsets": std(servicer.ListOffsets, pb.ListOffsetsRequest, pb.ListOffsetsResponse),
         "OffsetForLeaderEpoch": std(

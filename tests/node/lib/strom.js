@@ -80,26 +80,94 @@ const RETRIABLE_STATUS = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-// ProduceRecords, retried while the answer is retriable (the whole call: use it with the
-// caller's producer sequence, or accept that a retry after a timeout may duplicate).
+// The records at `idx` (indexes into `cols`, ascending) as columns of their own: keys,
+// values, timestamps, headers and null lists picked as RecordColumns lays them out.
+function pickColumns(cols, idx) {
+  const per = (a) => (a && a.length ? idx.map((i) => a[i]) : []);
+  const out = { keys: per(cols.keys), values: per(cols.values), timestamps: per(cols.timestamps) };
+  const counts = cols.header_counts || [];
+  if (counts.length) {
+    const starts = [];
+    for (let i = 0, h = 0; i < counts.length; h += counts[i], i++) starts.push(h);
+    out.header_counts = idx.map((i) => counts[i]);
+    out.header_keys = [];
+    out.header_values = [];
+    for (const i of idx) {
+      for (let h = starts[i]; h < starts[i] + counts[i]; h++) {
+        out.header_keys.push(cols.header_keys[h]);
+        out.header_values.push(cols.header_values[h]);
+      }
+    }
+  }
+  const where = new Map(idx.map((i, j) => [i, j]));
+  for (const name of ['null_keys', 'null_values']) {
+    const picked = (cols[name] || []).filter((i) => where.has(i)).map((i) => where.get(i));
+    if (picked.length) out[name] = picked;
+  }
+  return out;
+}
+
+// ProduceRecords, retrying what failed retriably (use it with the caller's producer sequence,
+// or accept that a retry after a timeout may duplicate). Only the records of the partitions
+// that failed are sent again (FIX (found from outside): the whole call was resent, so every
+// partition that had succeeded was written once more per attempt); the answer merges the
+// attempts, in request order. A failure that is not retriable, or the last attempt's, throws
+// an Error naming each failed partition; its `response` holds what was written.
 async function produceRecords(client, request, { attempts = 100, backoffMs = 100 } = {}) {
+  const n = request.records.values.length;
+  const merged = {
+    error_code: 'NONE',
+    error_message: '',
+    partitions: new Array(n).fill(-1),
+    offsets: new Array(n).fill(-1),
+    results: [],
+  };
+  const results = new Map(); // partition -> its latest result
+  let todo = null; // indexes of the records still to send (null: all of them)
+  let call = request;
   for (let i = 1; ; i++) {
     let resp;
     try {
-      resp = await unary(client, 'ProduceRecords', request);
+      resp = await unary(client, 'ProduceRecords', call);
     } catch (err) {
       if (!RETRIABLE_STATUS.has(err.code) || i >= attempts) throw err;
       await sleep(backoffMs);
       continue;
     }
-    const failed = resp.error_code !== 'NONE'
-      ? resp.error_code
-      : (resp.results.find((r) => r.error_code !== 'NONE') || {}).error_code;
-    if (!failed) return resp;
-    if (!RETRIABLE.has(failed) || i >= attempts) {
-      const detail = resp.error_message || resp.results.map((r) => r.error_message).join('; ');
-      throw new Error(`ProduceRecords failed: ${failed}: ${detail}`);
+    if (resp.error_code !== 'NONE') { // the whole call (nothing was written)
+      if (!RETRIABLE.has(resp.error_code) || i >= attempts) {
+        const err = new Error(`ProduceRecords failed: ${resp.error_code}: ${resp.error_message}`);
+        err.response = merged;
+        throw err;
+      }
+      await sleep(backoffMs);
+      continue;
     }
+    const failed = new Map();
+    for (const r of resp.results) {
+      results.set(r.partition, r);
+      if (r.error_code !== 'NONE') failed.set(r.partition, r);
+    }
+    const again = [];
+    for (let j = 0; j < resp.partitions.length; j++) {
+      const at = todo ? todo[j] : j;
+      merged.partitions[at] = resp.partitions[j];
+      merged.offsets[at] = resp.offsets[j];
+      if (failed.has(resp.partitions[j])) again.push(at);
+    }
+    merged.results = [...results.values()].sort((a, b) => a.partition - b.partition);
+    if (!failed.size) return merged;
+    const fatal = [...failed.values()].some((r) => !RETRIABLE.has(r.error_code));
+    if (fatal || i >= attempts) {
+      const detail = [...failed.values()]
+        .map((r) => `partition ${r.partition}: ${r.error_code}${r.error_message ? ` (${r.error_message})` : ''}`)
+        .join('; ');
+      const err = new Error(`ProduceRecords failed: ${detail}`);
+      err.response = merged;
+      throw err;
+    }
+    todo = again;
+    call = { ...request, records: pickColumns(request.records, again) };
     await sleep(backoffMs);
   }
 }
