@@ -9,6 +9,7 @@ failure cases.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import urllib.request
@@ -634,6 +635,169 @@ def test_auto_commit_commits_what_the_stream_delivered(
             )
     finally:
         stream.cancel()
+
+
+def _gauge(member: Any, name: str) -> float:
+    """An unlabelled metric of ``member`` (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{member.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_revoked_partition_moves_only_after_its_stream_carried_the_revocation(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: after a rebalance the old stream kept delivering a revoked
+    partition for seconds (its assignment message queued behind what was in flight) while
+    the new owner already read it. Stream A owns both partitions and its reader pauses with
+    the node's outbox and the HTTP/2 window full; stream B joins. B must get no record of
+    the partition that moves until A's stream has carried the assignment taking it away:
+    in the event log A shows the revocation before B's first record of it, and A gets no
+    record of it after. A commits after each message; nothing is lost (at-least-once).
+
+    The pause ends when B has a record of a moved partition (the old code: the test fails)
+    or when A's node reports a revocation waiting for its stream (the fix): conditions, not
+    a guessed time. A turns off window growth (BDP probing), so what its window holds ahead
+    of the assignment message is gRPC's 64 KiB (two messages), read long before B's node
+    can hear of the handover (a heartbeat round trip on each side)."""
+    topic, group, total = "rec-revoke", "rec-revoke-g", 60
+    new_topic(cluster, 2, 1, name=topic)
+    for p in range(2):
+        for _ in range(total // 20):
+            produce(
+                stub,
+                topic=topic,
+                partition=p,
+                records=rp.RecordColumns(values=[b"r" * 10_000] * 20),
+            )
+    events: list[tuple[str, Any]] = []  # (stream, message) in the order the readers got them
+    paused, resume = threading.Event(), threading.Event()
+    commits: dict[int, int] = {}  # A's highest commit answered NONE, per partition
+    req = rp.SubscribeRequest(
+        group_id=group,
+        topics=[topic],
+        start=rp.START_POSITION_EARLIEST,
+        max_bytes_per_message=30_000,
+    )
+
+    def read(name: str, address: str, gate: bool) -> None:
+        with grpc.insecure_channel(address, [("grpc.http2.bdp_probe", 0)]) as ch:
+            s = records_pb2_grpc.RecordServiceStub(ch)
+            stream = s.Subscribe(req, timeout=120)
+            streams.append(stream)
+            sid = ""
+            with contextlib.suppress(grpc.RpcError):  # cancelled at the end
+                for msg in stream:
+                    events.append((name, msg))
+                    if msg.WhichOneof("event") == "assignment":
+                        sid = msg.assignment.subscription_id
+                        continue
+                    if gate and not resume.is_set():
+                        paused.set()
+                        resume.wait(60)
+                    if gate:
+                        r = msg.records
+                        off = r.offsets[-1] + 1
+                        resp = s.CommitOffsets(
+                            rp.CommitOffsetsRequest(
+                                subscription_id=sid,
+                                offsets=[
+                                    rp.PartitionOffset(
+                                        topic=topic, partition=r.partition, offset=off
+                                    )
+                                ],
+                            ),
+                            timeout=30,
+                        )
+                        if resp.error_code == E.NONE and resp.results[0].error_code == E.NONE:
+                            commits[r.partition] = max(commits.get(r.partition, 0), off)
+
+    def offsets(name: str, p: int) -> list[int]:
+        return [
+            o
+            for n, m in list(events)
+            if n == name and m.WhichOneof("event") == "records" and m.records.partition == p
+            for o in m.records.offsets
+        ]
+
+    def owned(name: str) -> set[int] | None:
+        found = [m for n, m in list(events) if n == name and m.WhichOneof("event") == "assignment"]
+        return (
+            None
+            if not found
+            else {p for tp in found[-1].assignment.partitions for p in tp.partitions}
+        )
+
+    streams: list[Any] = []
+    a = threading.Thread(target=read, args=("A", cluster.nodes[0].address, True), daemon=True)
+    b = threading.Thread(target=read, args=("B", cluster.nodes[1].address, False), daemon=True)
+    try:
+        a.start()
+        wait_for(paused.is_set, timeout=30, what="stream A to deliver records and pause")
+        assert owned("A") == {0, 1}
+        b.start()
+        wait_for(
+            lambda: (
+                any(n == "B" and m.WhichOneof("event") == "records" for n, m in list(events))
+                or _gauge(cluster.nodes[0], "strom_storage_records_subscribe_revocations_waiting")
+                > 0
+            ),
+            timeout=30,
+            what="B to read a moved partition, or A's node to hold the revocation for its stream",
+        )
+        resume.set()
+        wait_for(
+            lambda: (
+                all(
+                    set(offsets("A", p)) | set(offsets("B", p)) >= set(range(total))
+                    for p in range(2)
+                )
+                and owned("B") is not None
+                and len(owned("B") or ()) == 1
+            ),
+            timeout=60,
+            what="every record read by A or B, and B owning one partition",
+        )
+    finally:
+        resume.set()
+        for stream in streams:
+            stream.cancel()
+        a.join(10)
+        b.join(10)
+    (moved,) = owned("B") or ()
+    log = [(n, m.WhichOneof("event"), m) for n, m in events]
+
+    def parts(m: Any) -> set[int]:
+        return {p for tp in m.assignment.partitions for p in tp.partitions}
+
+    held = next(
+        i for i, (n, k, m) in enumerate(log) if n == "A" and k == "assignment" and moved in parts(m)
+    )
+    revoked_at = next(
+        i
+        for i, (n, k, m) in enumerate(log)
+        if i > held and n == "A" and k == "assignment" and moved not in parts(m)
+    )
+    b_first = next(
+        i
+        for i, (n, kind, m) in enumerate(log)
+        if n == "B" and kind == "records" and m.records.partition == moved
+    )
+    assert revoked_at < b_first, (
+        f"B got partition {moved} (event {b_first}) before A's stream carried its revocation "
+        f"(event {revoked_at})"
+    )
+    late = [
+        m.records.offsets[0]
+        for n, kind, m in log[revoked_at:]
+        if n == "A" and kind == "records" and m.records.partition == moved
+    ]
+    assert not late, f"A got records of partition {moved} after its revocation: {late}"
+    # At-least-once: B starts at or before the last offset A committed for the partition.
+    assert offsets("B", moved)[0] <= commits.get(moved, 0)
 
 
 def test_reflection_lists_the_record_service(cluster: LocalCluster) -> None:
