@@ -515,13 +515,14 @@ class Subscription:
 
         def current(tp: TopicPartition) -> bool:
             # FIX (found from outside): a reconcile while waiting for room could revoke the
-            # partition of the message being queued (or of a later one of this poll), which
-            # then followed the assignment message that took the partition away.
+            # partition of the message being queued, which then followed the assignment
+            # message that took the partition away, or of a later one of this poll, whose
+            # highwater() then failed the stream (the partition no longer assigned).
             return self._revocations.get(tp, 0) == revocations.get(tp, 0)
 
         for tp, part in _by_partition(table):
             SUBSCRIBE_RECORDS.labels("polled", tp.topic).inc(part.num_rows)
-            if tp not in owned:  # revoked during the poll that returned it
+            if tp not in owned or not current(tp):  # revoked during the poll, or since
                 continue
             hw = self.consumer.highwater(tp)
             admit = functools.partial(current, tp)
