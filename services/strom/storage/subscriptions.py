@@ -21,8 +21,16 @@ which the node needs for disk work.
 
 A rebalance is reconciled when the Consumer polls. While the pump waits for outbox room it
 still lets the group reconcile every ``RECONCILE_S``: revoked partitions' unsent messages are
-dropped from the outbox (the new owner reads them from the committed offset), so a slow
-reader cannot hold partitions that the group moved elsewhere. A group stream whose reader
+dropped from the outbox (the new owner reads them from the committed offset), and so is a
+message of theirs the pump was about to queue. The revocation listener then queues the new
+``assignment`` message and returns (which lets the member report the partitions free to the
+coordinator) only once the handler's ``context.write`` of it returned: gRPC completes a
+write once the transport took it within HTTP/2 flow control, so every record of the revoked
+partitions the stream carries is ahead of it, and the new owner cannot start before this
+stream has told its reader. What the reader's own HTTP/2 window holds ahead of that message
+is the overlap left (docs/grpc-clients.md, "Subscribe"). A reader that reads nothing holds
+the handover up to ``max_stall_s``, as a Kafka member that does not poll holds a rebalance up
+to max.poll.interval.ms; then its stream ends (below). A group stream whose reader
 reads nothing for ``max_stall_s`` while records wait (the node's ``--subscribe-max-stall-ms``,
 Kafka's max.poll.interval.ms) ends with ABORTED and leaves the group, so a reader that stopped
 for good does not keep its partitions.
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -57,6 +66,11 @@ E = ErrorCode
 
 SUBSCRIPTIONS = Gauge(
     "strom_storage_records_subscriptions", "Open Subscribe streams by kind", ["kind"]
+)
+REVOCATIONS_WAITING = Gauge(
+    "strom_storage_records_subscribe_revocations_waiting",
+    "Group Subscribe streams holding revoked partitions until their reader's stream has taken "
+    "the assignment message that tells it",
 )
 SUBSCRIBE_RECORDS = Counter(
     "strom_storage_records_subscribe_records",
@@ -95,6 +109,16 @@ class StalledReaderError(SubscriptionError):
     member leaves the group (what it had queued is dropped: the partitions move on)."""
 
 
+def _stalled(max_wait_s: float) -> StalledReaderError:
+    return StalledReaderError(
+        "ABORTED",
+        f"the reader read nothing for {max_wait_s * 1000:.0f} ms while records "
+        "waited (the node's --subscribe-max-stall-ms): the stream left the group "
+        "and its partitions moved to other members; subscribe again",
+        E.UNKNOWN_MEMBER_ID,
+    )
+
+
 @dataclass(slots=True)
 class Item:
     """One outbox entry: a serialized SubscribeResponse, or the error ending the stream."""
@@ -104,6 +128,8 @@ class Item:
     next_offset: int = -1
     records: int = 0
     error: SubscriptionError | None = None
+    #: Set once the handler's context.write of ``data`` returned (revocation assignments).
+    written: threading.Event | None = None
 
 
 class Outbox:
@@ -122,21 +148,21 @@ class Outbox:
         item: Item,
         idle: Callable[[], None] | None = None,
         max_wait_s: float | None = None,
+        admit: Callable[[], bool] | None = None,
     ) -> bool:
         """Append (pump thread), waiting while full; ``idle`` runs every RECONCILE_S of
         waiting. False once the outbox is closed (the item is dropped). Raises
-        StalledReaderError when still full after ``max_wait_s``."""
+        StalledReaderError when still full after ``max_wait_s``. ``admit`` is asked again
+        before appending: an ``idle`` reconcile may have revoked the item's partition, and its
+        records must not follow the assignment message that took it away (the item is then
+        dropped, True)."""
         started = time.monotonic()
         with self._cond:
             while len(self._items) >= self._capacity and not self._closed:
+                if admit is not None and not admit():
+                    return True
                 if max_wait_s is not None and time.monotonic() - started > max_wait_s:
-                    raise StalledReaderError(
-                        "ABORTED",
-                        f"the reader read nothing for {max_wait_s * 1000:.0f} ms while records "
-                        "waited (the node's --subscribe-max-stall-ms): the stream left the group "
-                        "and its partitions moved to other members; subscribe again",
-                        E.UNKNOWN_MEMBER_ID,
-                    )
+                    raise _stalled(max_wait_s)
                 if not self._cond.wait(RECONCILE_S) and idle is not None:
                     self._cond.release()
                     try:
@@ -145,9 +171,15 @@ class Outbox:
                         self._cond.acquire()
             if self._closed:
                 return False
+            if admit is not None and not admit():
+                return True
             self._items.append(item)
         self._wake()
         return True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def put_now(self, item: Item) -> None:
         """Append without waiting for room (small control messages and errors)."""
@@ -253,6 +285,8 @@ class Subscription:
         self._acked: dict[TopicPartition, int] = {}
         #: Offset after the last record written to the stream, per partition.
         self._delivered: dict[TopicPartition, int] = {}
+        #: Revocations per partition so far: a message polled before one is not queued after.
+        self._revocations: dict[TopicPartition, int] = {}
         self._delivered_since_commit = False
         self._next_auto_commit = time.monotonic() + AUTO_COMMIT_S
         self._bootstrap = bootstrap
@@ -397,8 +431,21 @@ class Subscription:
         self._release(parts, lost=True)
 
     def _release(self, parts: list[TopicPartition], *, lost: bool = False) -> None:
+        """Give ``parts`` up (the member's listener, on the pump thread, before the member
+        reports them free). FIX (found from outside): the assignment message used to be only
+        queued, behind everything already in flight, and the partitions freed at once: the
+        new owner read them while this stream, its reader behind, kept delivering them for
+        seconds. Now the message is written before returning (see the module docstring);
+        commits of ``parts`` are still accepted meanwhile: the group has not moved them yet."""
+        with self._lock:
+            for tp in parts:
+                self._revocations[tp] = self._revocations.get(tp, 0) + 1
+            keep = self._owned - set(parts)
         dropped = self.outbox.purge(parts)
-        if not lost:
+        item = self._emit_assignment(keep)
+        waited = 0.0
+        if not lost:  # lost: the group already took them; nothing to hold
+            waited = self._await_written(item)
             self._commit_delivered(only=set(parts))
         with self._lock:
             self._owned -= set(parts)
@@ -407,25 +454,50 @@ class Subscription:
                 self._committed.pop(tp, None)
                 self._acked.pop(tp, None)
         log.info(
-            "subscription %s: %s %d partitions (%d unsent messages dropped)",
+            "subscription %s: %s %d partitions (%d unsent messages dropped; the stream took "
+            "the assignment after %.0f ms)",
             self.id,
             "lost" if lost else "gave up",
             len(parts),
             dropped,
+            waited * 1000,
         )
-        self._emit_assignment()
 
-    def _emit_assignment(self) -> None:
+    def _await_written(self, item: Item) -> float:
+        """Wait until the handler wrote ``item`` (or the stream ended); returns how long.
+        A reader that takes nothing for ``max_stall_s`` ends the stream as a stalled one, so
+        the member leaves and the partitions move anyway."""
+        assert item.written is not None
+        started = time.monotonic()
+        REVOCATIONS_WAITING.inc()
+        try:
+            while not item.written.is_set():
+                if self._stop.is_set() or self.outbox.closed:  # nobody will write it
+                    break
+                if time.monotonic() - started > self._max_stall_s:
+                    err = _stalled(self._max_stall_s)
+                    log.warning("subscription %s: %s", self.id, err.message)
+                    self.outbox.close(Item(error=err), drop_queued=True)
+                    self._stop.set()
+                    break
+                item.written.wait(RECONCILE_S)
+        finally:
+            REVOCATIONS_WAITING.dec()
+        return time.monotonic() - started
+
+    def _emit_assignment(self, owned: set[TopicPartition] | None = None) -> Item:
         msg = records_pb2.SubscribeResponse()
         a = msg.assignment
         a.subscription_id = self.id
         a.member_id = self.member_id
         by_topic: dict[str, list[int]] = {}
-        for tp in sorted(self.owned()):
+        for tp in sorted(self.owned() if owned is None else owned):
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         for topic, parts in by_topic.items():
             a.partitions.append(common_pb2.TopicPartitions(topic=topic, partitions=parts))
-        self.outbox.put_now(Item(data=msg.SerializeToString()))
+        item = Item(data=msg.SerializeToString(), written=threading.Event())
+        self.outbox.put_now(item)
+        return item
 
     def _reconcile_while_waiting(self) -> None:
         """Outbox full: let the group hand over revoked partitions without taking records."""
@@ -437,25 +509,40 @@ class Subscription:
                 log.warning("subscription %s: group error while waiting: %s", self.id, exc)
 
     def _emit_records(self, table: pa.Table) -> None:
-        owned = self.owned()
+        with self._lock:
+            owned = set(self._owned)
+            revocations = dict(self._revocations)
+
+        def current(tp: TopicPartition) -> bool:
+            # FIX (found from outside): a reconcile while waiting for room could revoke the
+            # partition of the message being queued, which then followed the assignment
+            # message that took the partition away, or of a later one of this poll, whose
+            # highwater() then failed the stream (the partition no longer assigned).
+            return self._revocations.get(tp, 0) == revocations.get(tp, 0)
+
         for tp, part in _by_partition(table):
             SUBSCRIBE_RECORDS.labels("polled", tp.topic).inc(part.num_rows)
-            if tp not in owned:  # revoked during the poll that returned it
+            if tp not in owned or not current(tp):  # revoked during the poll, or since
                 continue
             hw = self.consumer.highwater(tp)
+            admit = functools.partial(current, tp)
             for chunk in split_records(part, self.spec.max_records, self.spec.max_bytes):
+                if not admit():
+                    break
                 msg = records_pb2.SubscribeResponse()
                 encode_partition_records(msg.records, tp, chunk, -1 if hw is None else hw)
                 last = int(chunk.column("offset")[-1].as_py())
                 item = Item(msg.SerializeToString(), tp, last + 1, chunk.num_rows)
                 stall = self._max_stall_s if self.spec.group_id else None
-                if not self.outbox.put(item, self._reconcile_while_waiting, stall):
+                if not self.outbox.put(item, self._reconcile_while_waiting, stall, admit):
                     return
 
     # -- delivery and commits ---------------------------------------------------------------
 
     def delivered(self, item: Item) -> None:
         """The handler wrote ``item`` to the stream (event loop)."""
+        if item.written is not None:
+            item.written.set()
         if item.tp is None:
             return
         SUBSCRIBE_RECORDS.labels("sent", item.tp.topic).inc(item.records)
