@@ -1,0 +1,158 @@
+"""An idempotent producer whose batch failed while its followers were paused (SIGSTOP) goes
+on writing, and every record it reports written is at the offset it reports.
+
+Found from outside:
+
+- a batch the leader appended (answered NOT_ENOUGH_REPLICAS_AFTER_APPEND or timed out, then
+  refused NOT_ENOUGH_REPLICAS on its retries) expired and was reported "not sent"; its
+  sequence went to the next batch, which the leader took for a retry of it and answered
+  with its offset: that record was reported written and was nowhere in the log;
+- after a batch refused NOT_ENOUGH_REPLICAS failed, every later batch of the partition was
+  refused OUT_OF_ORDER_SEQUENCE for good.
+
+Real etcd, controller and storage nodes as processes; waits are on conditions.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from strom import Consumer, Producer, TopicPartition
+from strom.client.admin import Admin
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from strom.errors import NotEnoughReplicasError, StromError
+from tests.conftest import create_topic
+
+pytestmark = pytest.mark.integration
+
+
+def _isr(cluster: LocalCluster, topic: str) -> tuple[int, tuple[int, ...]]:
+    with Admin(cluster.bootstrap) as admin:
+        p = admin.describe_topic(topic).partitions[0]
+    return p.leader, tuple(sorted(p.isr))
+
+
+def _topic(cluster: LocalCluster, name: str) -> str:
+    create_topic(cluster, name, 1, 3, {"min.insync.replicas": "2"})
+    wait_for(lambda: len(_isr(cluster, name)[1]) == 3, timeout=30, what="a full ISR")
+    return name
+
+
+@contextmanager
+def _followers_paused(cluster: LocalCluster, topic: str) -> Iterator[list[int]]:
+    """Both followers stopped (SIGSTOP) for the block; after it, resumed and back in sync."""
+    leader, isr = _isr(cluster, topic)
+    followers = [n for n in isr if n != leader]
+    for n in followers:
+        cluster.node(n).process.signal(signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        yield followers
+    finally:
+        for n in followers:
+            cluster.node(n).process.signal(signal.SIGCONT)  # type: ignore[union-attr]
+    wait_for(lambda: len(_isr(cluster, topic)[1]) >= 2, timeout=60, what="the ISR back")
+
+
+def _log(cluster: LocalCluster, topic: str) -> dict[int, bytes | None]:
+    """Offset -> value of every record in the partition."""
+    tp = TopicPartition(topic, 0)
+    out: dict[int, bytes | None] = {}
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([tp])
+        c.seek_to_beginning([tp])
+        end = c.end_offsets([tp])[tp]
+
+        def read() -> bool:
+            out.update((r.offset, r.value) for r in c.poll(timeout_ms=200))
+            return c.position(tp) >= end
+
+        wait_for(read, timeout=30, what=f"{topic} read to {end}")
+    return out
+
+
+def _check(
+    log: dict[int, bytes | None], written: dict[bytes, int], failed: dict[bytes, BaseException]
+) -> None:
+    """Every record reported written is at its offset, once; one reported failed is absent
+    unless its error says it may have been written."""
+    values = list(log.values())
+    for value, offset in written.items():
+        assert log.get(offset) == value, (value, offset, log)
+        assert values.count(value) == 1, (value, log)
+    for value, err in failed.items():
+        if value in values:
+            assert "may have been written" in str(err), (value, err, log)
+            assert values.count(value) == 1, (value, log)
+
+
+def test_an_appended_batch_that_expires_never_gives_its_sequence_away(
+    three_node_cluster: LocalCluster,
+) -> None:
+    cluster = three_node_cluster
+    topic = _topic(cluster, "epoch-expired")
+    written: dict[bytes, int] = {}
+    failed: dict[bytes, BaseException] = {}
+    with Producer(
+        cluster.bootstrap,
+        acks="all",
+        linger_ms=0,
+        delivery_timeout_ms=5000,
+        request_timeout_ms=2000,
+    ) as p:
+        written[b"warm"] = p.send(topic, b"warm").result(timeout=30).offset
+        with _followers_paused(cluster, topic):
+            # The leader appends A, then cannot commit it: the answer is a timeout or
+            # NOT_ENOUGH_REPLICAS_AFTER_APPEND, its retries NOT_ENOUGH_REPLICAS, and it
+            # expires while waiting for the next one.
+            with pytest.raises(StromError) as a_failed:
+                p.send(topic, b"A").result(timeout=60)
+            failed[b"A"] = a_failed.value
+        for value in (b"B", b"C"):  # the producer goes on, each at its own offset
+            written[value] = p.send(topic, value).result(timeout=60).offset
+    log = _log(cluster, topic)
+    _check(log, written, failed)
+    assert b"A" in log.values()  # it was appended: the error must not say otherwise
+    assert "may have been written" in str(failed[b"A"])
+
+
+@pytest.mark.parametrize("retries", [0, None], ids=["retries=0", "default-retries"])
+def test_a_batch_refused_before_append_does_not_stop_the_partition(
+    three_node_cluster: LocalCluster, retries: int | None
+) -> None:
+    cluster = three_node_cluster
+    topic = _topic(cluster, f"epoch-refused-{retries}")
+    written: dict[bytes, int] = {}
+    failed: dict[bytes, BaseException] = {}
+    extra = {} if retries is None else {"retries": retries}
+    with Producer(
+        cluster.bootstrap,
+        acks="all",
+        linger_ms=0,
+        delivery_timeout_ms=3000,
+        request_timeout_ms=2000,
+        **extra,
+    ) as p:
+        written[b"warm"] = p.send(topic, b"warm").result(timeout=30).offset
+        with _followers_paused(cluster, topic) as followers:
+            wait_for(
+                lambda: not set(followers) & set(_isr(cluster, topic)[1]),
+                timeout=60,
+                what="the ISR below min.insync.replicas",
+            )
+            futures = {v: p.send(topic, v) for v in (b"A1", b"A2", b"A3")}
+            for value, future in futures.items():
+                with pytest.raises(StromError) as refused:
+                    future.result(timeout=60)
+                failed[value] = refused.value
+            if retries == 0:
+                assert isinstance(failed[b"A1"], NotEnoughReplicasError)
+        for value in (b"B", b"C", b"D"):
+            written[value] = p.send(topic, value).result(timeout=60).offset
+    log = _log(cluster, topic)
+    _check(log, written, failed)
+    assert not {b"A1", b"A2", b"A3"} & set(log.values())  # refused before any append
