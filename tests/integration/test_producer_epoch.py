@@ -15,13 +15,16 @@ Real etcd, controller and storage nodes as processes; waits are on conditions.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 
 import pytest
 
-from strom import Consumer, Producer, TopicPartition
+from strom import Consumer, Producer, RecordMetadata, TopicPartition
 from strom.client.admin import Admin
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
@@ -156,3 +159,54 @@ def test_a_batch_refused_before_append_does_not_stop_the_partition(
     log = _log(cluster, topic)
     _check(log, written, failed)
     assert not {b"A1", b"A2", b"A3"} & set(log.values())  # refused before any append
+
+
+def test_records_sent_through_an_outage_are_where_they_are_reported(
+    three_node_cluster: LocalCluster,
+) -> None:
+    """A steady stream, several small batches in flight, while both followers pause long
+    enough for batches to expire; then the stream goes on."""
+    cluster = three_node_cluster
+    topic = _topic(cluster, "epoch-stream")
+    sent: list[tuple[bytes, Future[RecordMetadata]]] = []
+    stop = threading.Event()
+    p = Producer(
+        cluster.bootstrap,
+        acks="all",
+        linger_ms=0,
+        batch_size=256,  # a few records a batch: several batches in flight
+        delivery_timeout_ms=4000,
+        request_timeout_ms=1500,
+    )
+
+    def pump() -> None:
+        i = 0
+        while not stop.is_set():
+            if len(sent) >= 100:  # at most 100 records unanswered
+                with contextlib.suppress(Exception):
+                    sent[-100][1].exception(timeout=30)
+            sent.append((b"r%06d" % i, p.send(topic, b"r%06d" % i)))
+            i += 1
+
+    def outcomes(start: int = 0) -> tuple[int, int]:
+        done = [f for _, f in sent[start:] if f.done()]
+        failed = sum(1 for f in done if f.exception() is not None)
+        return len(done) - failed, failed
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: outcomes()[0] >= 200, timeout=60, what="records acknowledged")
+        with _followers_paused(cluster, topic):
+            start = len(sent)
+            wait_for(lambda: outcomes(start)[1] >= 1, timeout=60, what="records failing")
+        resumed = len(sent)
+        wait_for(lambda: outcomes(resumed)[0] >= 200, timeout=60, what="records written again")
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        p.close(timeout=60)
+    written = {v: f.result().offset for v, f in sent if f.exception() is None}
+    failed = {v: f.exception() for v, f in sent if f.exception() is not None}
+    assert failed  # the outage did fail some
+    _check(_log(cluster, topic), written, failed)  # type: ignore[arg-type]
