@@ -210,3 +210,37 @@ def test_records_sent_through_an_outage_are_where_they_are_reported(
     failed = {v: f.exception() for v, f in sent if f.exception() is not None}
     assert failed  # the outage did fail some
     _check(_log(cluster, topic), written, failed)  # type: ignore[arg-type]
+
+
+def test_a_transactional_producer_never_reuses_the_sequence_of_an_aborted_batch(
+    three_node_cluster: LocalCluster,
+) -> None:
+    """A transaction's batch is appended, then expires (followers paused); the transaction
+    aborts; the next transaction's record must be in the log where it is reported."""
+    cluster = three_node_cluster
+    topic = _topic(cluster, "epoch-txn")
+    written: dict[bytes, int] = {}
+    failed: dict[bytes, BaseException] = {}
+    with Producer(
+        cluster.bootstrap,
+        transactional_id="epoch-txn",
+        linger_ms=0,
+        delivery_timeout_ms=5000,
+        request_timeout_ms=2000,
+    ) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        written[b"pre"] = p.send(topic, b"pre").result(timeout=30).offset  # partition added
+        with _followers_paused(cluster, topic):
+            with pytest.raises(StromError) as a_failed:
+                p.send(topic, b"A").result(timeout=60)
+            failed[b"A"] = a_failed.value
+        with pytest.raises(StromError):
+            p.commit_transaction()
+        p.abort_transaction()
+        with p.transaction():
+            b = p.send(topic, b"B")
+        written[b"B"] = b.result(timeout=30).offset
+    log = _log(cluster, topic)
+    _check(log, written, failed)
+    assert b"A" in log.values() and "may have been written" in str(failed[b"A"])
