@@ -347,6 +347,9 @@ class Producer:
         self._producer_epoch = -1
         #: A partition must renumber under a new epoch (an idempotent producer's; see _settle).
         self._bump_wanted = False
+        #: Asked first for the bump: the leader of a partition that wants it, which has just
+        #: answered (the sender waits for the call; a node that is paused would hold it).
+        self._bump_via: str | None = None
         #: (partition, batches) _settle failed while holding the lock (a transactional
         #: producer that needs a new epoch); failed right after.
         self._epoch_victims: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
@@ -916,7 +919,9 @@ class Producer:
         flight; the others keep theirs, so nothing else has to wait for the bump. A node that
         cannot bump (refuses the id) gives a new id instead, which serves as well: a new id
         also starts every partition at sequence 0."""
-        if self._init_producer_id(self._producer_id, self._producer_epoch, bump=True):
+        if self._init_producer_id(
+            self._producer_id, self._producer_epoch, bump=True, first=self._bump_via
+        ):
             self._bump_wanted = False
             log.info(
                 "producer %s: new epoch %d (producer id %d) for partitions whose sequences "
@@ -926,9 +931,14 @@ class Producer:
                 self._producer_id,
             )
 
-    def _init_producer_id(self, pid: int, epoch: int, *, bump: bool = False) -> bool:
+    def _init_producer_id(
+        self, pid: int, epoch: int, *, bump: bool = False, first: str | None = None
+    ) -> bool:
         req = storage_pb2.InitProducerIdRequest(producer_id=pid, producer_epoch=epoch)
-        for addr in self._client._candidates():
+        candidates = self._client._candidates()
+        if first is not None:
+            candidates = list(dict.fromkeys([first, *candidates]))
+        for addr in candidates:
             try:
                 resp = self._client.storage(addr).InitProducerId(
                     req, timeout=self.request_timeout_s
@@ -1162,6 +1172,9 @@ class Producer:
                 return True
             if self._txn is None:
                 self._bump_wanted = True
+                leader = self._leaders.get((pq.topic, pq.partition))  # tuple == TopicPartition
+                if leader is not None and leader.address is not None:
+                    self._bump_via = leader.address
                 self._wake.set()
                 return False
             self._fail_for_epoch(pq)
@@ -1388,11 +1401,13 @@ class Producer:
                 # Appended long ago (older than the leader remembers): success, offset unknown.
                 for b in batches:
                     b.result.complete(-1, r.log_append_time_ms)
-                self._acked(pq, batches)
+                if pq.unresolved:
+                    self._acked(pq, batches)
                 self._done(pq, batches)
             elif r.error_code == NONE:
                 pq.last_error = None
-                self._acked(pq, batches)
+                if pq.unresolved:
+                    self._acked(pq, batches)
                 base = r.base_offset
                 for b in batches:
                     b.result.complete(base, r.log_append_time_ms)
