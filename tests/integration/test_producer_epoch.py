@@ -34,16 +34,24 @@ from tests.conftest import create_topic
 pytestmark = pytest.mark.integration
 
 
-def _isr(cluster: LocalCluster, topic: str) -> tuple[int, tuple[int, ...]]:
+Where = tuple[int, int]  # (partition, offset)
+
+
+def _isr(cluster: LocalCluster, topic: str, partition: int = 0) -> tuple[int, tuple[int, ...]]:
     with Admin(cluster.bootstrap) as admin:
-        p = admin.describe_topic(topic).partitions[0]
+        p = admin.describe_topic(topic).partitions[partition]
     return p.leader, tuple(sorted(p.isr))
 
 
-def _topic(cluster: LocalCluster, name: str) -> str:
-    create_topic(cluster, name, 1, 3, {"min.insync.replicas": "2"})
-    wait_for(lambda: len(_isr(cluster, name)[1]) == 3, timeout=30, what="a full ISR")
+def _topic(cluster: LocalCluster, name: str, partitions: int = 1) -> str:
+    create_topic(cluster, name, partitions, 3, {"min.insync.replicas": "2"})
+    for p in range(partitions):
+        wait_for(lambda p=p: len(_isr(cluster, name, p)[1]) == 3, timeout=30, what="full ISRs")
     return name
+
+
+def _where(md: RecordMetadata) -> Where:
+    return md.partition, md.offset
 
 
 @contextmanager
@@ -61,25 +69,27 @@ def _followers_paused(cluster: LocalCluster, topic: str) -> Iterator[list[int]]:
     wait_for(lambda: len(_isr(cluster, topic)[1]) >= 2, timeout=60, what="the ISR back")
 
 
-def _log(cluster: LocalCluster, topic: str) -> dict[int, bytes | None]:
-    """Offset -> value of every record in the partition."""
-    tp = TopicPartition(topic, 0)
-    out: dict[int, bytes | None] = {}
+def _log(cluster: LocalCluster, topic: str, partitions: int = 1) -> dict[Where, bytes | None]:
+    """(partition, offset) -> value of every record of the topic."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    out: dict[Where, bytes | None] = {}
     with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as c:
-        c.assign([tp])
-        c.seek_to_beginning([tp])
-        end = c.end_offsets([tp])[tp]
+        c.assign(tps)
+        c.seek_to_beginning(tps)
+        ends = c.end_offsets(tps)
 
         def read() -> bool:
-            out.update((r.offset, r.value) for r in c.poll(timeout_ms=200))
-            return c.position(tp) >= end
+            out.update(((r.partition, r.offset), r.value) for r in c.poll(timeout_ms=200))
+            return all(c.position(tp) >= ends[tp] for tp in tps)
 
-        wait_for(read, timeout=30, what=f"{topic} read to {end}")
+        wait_for(read, timeout=30, what=f"{topic} read to {ends}")
     return out
 
 
 def _check(
-    log: dict[int, bytes | None], written: dict[bytes, int], failed: dict[bytes, BaseException]
+    log: dict[Where, bytes | None],
+    written: dict[bytes, Where],
+    failed: dict[bytes, BaseException],
 ) -> None:
     """Every record reported written is at its offset, once; one reported failed is absent
     unless its error says it may have been written."""
@@ -98,7 +108,7 @@ def test_an_appended_batch_that_expires_never_gives_its_sequence_away(
 ) -> None:
     cluster = three_node_cluster
     topic = _topic(cluster, "epoch-expired")
-    written: dict[bytes, int] = {}
+    written: dict[bytes, Where] = {}
     failed: dict[bytes, BaseException] = {}
     with Producer(
         cluster.bootstrap,
@@ -107,7 +117,7 @@ def test_an_appended_batch_that_expires_never_gives_its_sequence_away(
         delivery_timeout_ms=5000,
         request_timeout_ms=2000,
     ) as p:
-        written[b"warm"] = p.send(topic, b"warm").result(timeout=30).offset
+        written[b"warm"] = _where(p.send(topic, b"warm").result(timeout=30))
         with _followers_paused(cluster, topic):
             # The leader appends A, then cannot commit it: the answer is a timeout or
             # NOT_ENOUGH_REPLICAS_AFTER_APPEND, its retries NOT_ENOUGH_REPLICAS, and it
@@ -116,7 +126,7 @@ def test_an_appended_batch_that_expires_never_gives_its_sequence_away(
                 p.send(topic, b"A").result(timeout=60)
             failed[b"A"] = a_failed.value
         for value in (b"B", b"C"):  # the producer goes on, each at its own offset
-            written[value] = p.send(topic, value).result(timeout=60).offset
+            written[value] = _where(p.send(topic, value).result(timeout=60))
     log = _log(cluster, topic)
     _check(log, written, failed)
     assert b"A" in log.values()  # it was appended: the error must not say otherwise
@@ -129,7 +139,7 @@ def test_a_batch_refused_before_append_does_not_stop_the_partition(
 ) -> None:
     cluster = three_node_cluster
     topic = _topic(cluster, f"epoch-refused-{retries}")
-    written: dict[bytes, int] = {}
+    written: dict[bytes, Where] = {}
     failed: dict[bytes, BaseException] = {}
     extra = {} if retries is None else {"retries": retries}
     with Producer(
@@ -140,7 +150,7 @@ def test_a_batch_refused_before_append_does_not_stop_the_partition(
         request_timeout_ms=2000,
         **extra,
     ) as p:
-        written[b"warm"] = p.send(topic, b"warm").result(timeout=30).offset
+        written[b"warm"] = _where(p.send(topic, b"warm").result(timeout=30))
         with _followers_paused(cluster, topic) as followers:
             wait_for(
                 lambda: not set(followers) & set(_isr(cluster, topic)[1]),
@@ -155,19 +165,21 @@ def test_a_batch_refused_before_append_does_not_stop_the_partition(
             if retries == 0:
                 assert isinstance(failed[b"A1"], NotEnoughReplicasError)
         for value in (b"B", b"C", b"D"):
-            written[value] = p.send(topic, value).result(timeout=60).offset
+            written[value] = _where(p.send(topic, value).result(timeout=60))
     log = _log(cluster, topic)
     _check(log, written, failed)
     assert not {b"A1", b"A2", b"A3"} & set(log.values())  # refused before any append
 
 
+@pytest.mark.parametrize("partitions", [1, 3])
 def test_records_sent_through_an_outage_are_where_they_are_reported(
-    three_node_cluster: LocalCluster,
+    three_node_cluster: LocalCluster, partitions: int
 ) -> None:
-    """A steady stream, several small batches in flight, while both followers pause long
-    enough for batches to expire; then the stream goes on."""
+    """A steady stream, several small batches in flight, while both followers of partition
+    0 pause long enough for batches to expire (with 3 partitions they lead the others: those
+    move, or get no answer); then the stream goes on."""
     cluster = three_node_cluster
-    topic = _topic(cluster, "epoch-stream")
+    topic = _topic(cluster, f"epoch-stream-{partitions}", partitions)
     sent: list[tuple[bytes, Future[RecordMetadata]]] = []
     stop = threading.Event()
     p = Producer(
@@ -206,10 +218,10 @@ def test_records_sent_through_an_outage_are_where_they_are_reported(
         stop.set()
         thread.join(timeout=60)
         p.close(timeout=60)
-    written = {v: f.result().offset for v, f in sent if f.exception() is None}
+    written = {v: _where(f.result()) for v, f in sent if f.exception() is None}
     failed = {v: f.exception() for v, f in sent if f.exception() is not None}
     assert failed  # the outage did fail some
-    _check(_log(cluster, topic), written, failed)  # type: ignore[arg-type]
+    _check(_log(cluster, topic, partitions), written, failed)  # type: ignore[arg-type]
 
 
 def test_a_transactional_producer_never_reuses_the_sequence_of_an_aborted_batch(
@@ -219,7 +231,7 @@ def test_a_transactional_producer_never_reuses_the_sequence_of_an_aborted_batch(
     aborts; the next transaction's record must be in the log where it is reported."""
     cluster = three_node_cluster
     topic = _topic(cluster, "epoch-txn")
-    written: dict[bytes, int] = {}
+    written: dict[bytes, Where] = {}
     failed: dict[bytes, BaseException] = {}
     with Producer(
         cluster.bootstrap,
@@ -230,7 +242,7 @@ def test_a_transactional_producer_never_reuses_the_sequence_of_an_aborted_batch(
     ) as p:
         p.init_transactions()
         p.begin_transaction()
-        written[b"pre"] = p.send(topic, b"pre").result(timeout=30).offset  # partition added
+        written[b"pre"] = _where(p.send(topic, b"pre").result(timeout=30))  # partition added
         with _followers_paused(cluster, topic):
             with pytest.raises(StromError) as a_failed:
                 p.send(topic, b"A").result(timeout=60)
@@ -240,7 +252,7 @@ def test_a_transactional_producer_never_reuses_the_sequence_of_an_aborted_batch(
         p.abort_transaction()
         with p.transaction():
             b = p.send(topic, b"B")
-        written[b"B"] = b.result(timeout=30).offset
+        written[b"B"] = _where(b.result(timeout=30))
     log = _log(cluster, topic)
     _check(log, written, failed)
     assert b"A" in log.values() and "may have been written" in str(failed[b"A"])
