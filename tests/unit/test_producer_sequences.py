@@ -204,3 +204,23 @@ def test_a_transactional_producer_goes_on_only_if_the_failed_batch_is_in_the_log
     finally:
         p._txn.phase = TxnPhase.READY  # type: ignore[union-attr]
         p.close(timeout=1)
+
+
+def test_an_oldest_batch_refused_for_a_gap_fails_and_the_partition_goes_on(
+    producer: Producer,
+) -> None:
+    """The leader lacks what came before our oldest batch (records lost in an unclean
+    election): that batch fails, and the partition renumbers under a new epoch instead of
+    handing the refused sequence on to be refused again, batch after batch."""
+    pq = _queue()
+    pq.next_sequence = 3
+    b = _batch(pq)
+    c = _batch(pq)
+    producer._in_flight["leader"] = 1
+    _refused_out_of_order(producer, pq, b, 3)
+    with pytest.raises(OutOfOrderSequenceError):
+        FutureRecordMetadata(b.result, 0).result(timeout=1)
+    assert not _settle(producer, pq) and producer._bump_wanted
+    producer._producer_epoch = 1
+    assert _settle(producer, pq)
+    assert (pq.producer_epoch, c.base_sequence, pq.next_sequence) == (1, 0, 1)
