@@ -350,6 +350,7 @@ class Producer:
         #: Asked first for the bump: the leader of a partition that wants it, which has just
         #: answered (the sender waits for the call; a node that is paused would hold it).
         self._bump_via: str | None = None
+        self._bump_retry_at = 0.0
         #: (partition, batches) _settle failed while holding the lock (a transactional
         #: producer that needs a new epoch); failed right after.
         self._epoch_victims: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
@@ -919,9 +920,14 @@ class Producer:
         flight; the others keep theirs, so nothing else has to wait for the bump. A node that
         cannot bump (refuses the id) gives a new id instead, which serves as well: a new id
         also starts every partition at sequence 0."""
-        if self._init_producer_id(
+        now = time.monotonic()
+        if now < self._bump_retry_at:
+            return
+        if not self._init_producer_id(
             self._producer_id, self._producer_epoch, bump=True, first=self._bump_via
         ):
+            self._bump_retry_at = now + self.retry_backoff_s  # no node answered: not in a loop
+        else:
             self._bump_wanted = False
             log.info(
                 "producer %s: new epoch %d (producer id %d) for partitions whose sequences "
@@ -1171,11 +1177,12 @@ class Producer:
                 # keeps it there), the leader takes it and that settles the partition.
                 return True
             if self._txn is None:
-                self._bump_wanted = True
-                leader = self._leaders.get((pq.topic, pq.partition))  # tuple == TopicPartition
-                if leader is not None and leader.address is not None:
-                    self._bump_via = leader.address
-                self._wake.set()
+                if not self._bump_wanted:
+                    self._bump_wanted = True
+                    leader = self._leaders.get((pq.topic, pq.partition))  # == TopicPartition
+                    if leader is not None and leader.address is not None:
+                        self._bump_via = leader.address
+                    self._wake.set()
                 return False
             self._fail_for_epoch(pq)
             return False
