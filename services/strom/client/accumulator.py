@@ -48,6 +48,7 @@ class ProducerBatch:
         "keys",
         "limit",
         "max_size",
+        "maybe_written",
         "partition",
         "result",
         "sent",
@@ -86,6 +87,11 @@ class ProducerBatch:
         self.count = 0
         #: Part of a request in flight right now.
         self.sent = False
+        #: An attempt ended without proof that nothing was appended (no answer, an answer
+        #: after the append, a retriable error other than NOT_ENOUGH_REPLICAS): the batch may
+        #: be in the log. Such a batch fails as "may have been written" and its sequence is
+        #: never given to another batch (Producer._settle).
+        self.maybe_written = False
         if arrow is not None:
             self.count = arrow.num_rows
             self.size = self.limit = arrow.nbytes + RECORD_OVERHEAD * arrow.num_rows
@@ -152,10 +158,14 @@ class PartitionQueue:
         "next_sequence",
         "open",
         "partition",
+        "producer_epoch",
+        "producer_id",
         "reseq_from",
         "retry_at",
         "retrying",
         "topic",
+        "unresolved",
+        "unresolved_seq",
     )
 
     def __init__(self, topic: str, partition: int) -> None:
@@ -173,6 +183,19 @@ class PartitionQueue:
         self.next_sequence = 0
         #: After a batch failed for good: the sequence the batches behind it restart from.
         self.reseq_from: int | None = None
+        #: The producer id and epoch this partition's sequences belong to (-1: none yet). Each
+        #: partition keeps its own until it has to renumber under a new epoch (Kafka's
+        #: per-partition producer id and epoch): a bump for one partition leaves the others'
+        #: retries, which may be in the log, under the identity they were sent with.
+        self.producer_id = -1
+        self.producer_epoch = -1
+        #: A batch that may be in the log failed (or the leader refused our oldest batch for
+        #: a gap): the sequences sent so far must never be given to other batches. Settled
+        #: by an acknowledgement of a later sequence (the leader appends only in sequence, so
+        #: everything before it is in the log), else by renumbering under a new epoch.
+        self.unresolved = False
+        #: The last sequence of the newest such batch (-1: no acknowledgement settles it).
+        self.unresolved_seq = -1
 
     def new_batch(self) -> ProducerBatch:
         if self.open is not None:

@@ -35,6 +35,13 @@ works, and why:
 - Retriable errors (leader moved, not enough replicas, timeouts, node unreachable) refresh the
   metadata and retry with exponential backoff until ``delivery_timeout_ms``; other errors fail
   the batch's futures with a :class:`strom.errors.StromError`.
+- A batch that fails after an attempt that may have appended it (no answer, or an answer
+  given after the append) fails saying it "may have been written", and its sequence is never
+  given to another batch: the leader would take that batch for a retry and answer with the
+  old offset, reporting a record written that is nowhere in the log (found from outside).
+  The partition goes on once a later sequence is acknowledged, or renumbers from 0 under a
+  new epoch (Kafka's KIP-360 bump; ``Producer._settle``). Only batches refused before any
+  append (NOT_ENOUGH_REPLICAS) hand their sequences on.
 """
 
 from __future__ import annotations
@@ -84,6 +91,7 @@ from strom.errors import (
     InvalidRequestError,
     InvalidTxnStateError,
     MessageTooLargeError,
+    OutOfOrderSequenceError,
     ProducerFencedError,
     RequestTimedOutError,
     StromError,
@@ -99,6 +107,16 @@ NONE = common_pb2.ErrorCode.NONE
 OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
 DUPLICATE = common_pb2.ErrorCode.DUPLICATE_SEQUENCE
 UNKNOWN_PRODUCER = common_pb2.ErrorCode.UNKNOWN_PRODUCER_ID
+#: Answers that prove the attempt appended nothing: the leader refuses NOT_ENOUGH_REPLICAS
+#: before the append (DESIGN §6 "Acks"). Every other retriable answer may follow an append
+#: (NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT, NOT_LEADER_OR_FOLLOWER when
+#: leadership moved while the records waited for the ISR), as may no answer at all.
+_REFUSED_BEFORE_APPEND = frozenset({common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS})
+#: Non-retriable answers given after records were appended (a flush that failed).
+_FAILED_AFTER_APPEND = frozenset(
+    {common_pb2.ErrorCode.UNKNOWN_SERVER_ERROR, common_pb2.ErrorCode.STORAGE_ERROR}
+)
+_SEQ_MASK = 0x7FFFFFFF
 _ACKS = {"all": -1, "-1": -1, -1: -1, 1: 1, "1": 1, 0: 0, "0": 0}
 #: How long the sender waits for a new stream's headers before sending on it anyway (a
 #: healthy node answers them in well under a millisecond; a paused one must not hold the
@@ -327,6 +345,15 @@ class Producer:
         self._fatal: StromError | None = None
         self._producer_id = -1
         self._producer_epoch = -1
+        #: A partition must renumber under a new epoch (an idempotent producer's; see _settle).
+        self._bump_wanted = False
+        #: Asked first for the bump: the leader of a partition that wants it, which has just
+        #: answered (the sender waits for the call; a node that is paused would hold it).
+        self._bump_via: str | None = None
+        self._bump_retry_at = 0.0
+        #: (partition, batches) _settle failed while holding the lock (a transactional
+        #: producer that needs a new epoch); failed right after.
+        self._epoch_victims: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
         self._wake = threading.Event()
         self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._run, name="strom-producer", daemon=True)
@@ -612,6 +639,9 @@ class Producer:
             for pq in self._queues.values():  # a new epoch numbers from 0 again
                 pq.next_sequence = 0
                 pq.reseq_from = None
+                pq.producer_id, pq.producer_epoch = pid, epoch
+                pq.unresolved = False
+                pq.unresolved_seq = -1
 
     def begin_transaction(self) -> None:
         """Start a transaction: records sent until commit/abort belong to it."""
@@ -875,11 +905,46 @@ class Producer:
 
     def _ensure_producer_id(self) -> bool:
         if not self.idempotent or self._producer_id >= 0:
+            if self._bump_wanted:
+                self._bump_epoch()
             return True
         if self._txn is not None:
             return False  # init_transactions() sets it
-        req = storage_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
-        for addr in self._client._candidates():
+        return self._init_producer_id(-1, -1)
+
+    def _bump_epoch(self) -> None:
+        """A new epoch for a partition that must renumber (see :meth:`_settle`): InitProducerId
+        with the current id and epoch answers the same id with epoch + 1 (a new id when the
+        epoch space is used up; DESIGN §6 "Idempotent producers"), as Kafka's KIP-360 bump.
+        Only partitions that ask for it move to the new epoch, each once nothing of it is in
+        flight; the others keep theirs, so nothing else has to wait for the bump. A node that
+        cannot bump (refuses the id) gives a new id instead, which serves as well: a new id
+        also starts every partition at sequence 0."""
+        now = time.monotonic()
+        if now < self._bump_retry_at:
+            return
+        if not self._init_producer_id(
+            self._producer_id, self._producer_epoch, bump=True, first=self._bump_via
+        ):
+            self._bump_retry_at = now + self.retry_backoff_s  # no node answered: not in a loop
+        else:
+            self._bump_wanted = False
+            log.info(
+                "producer %s: new epoch %d (producer id %d) for partitions whose sequences "
+                "cannot continue",
+                self.client_id,
+                self._producer_epoch,
+                self._producer_id,
+            )
+
+    def _init_producer_id(
+        self, pid: int, epoch: int, *, bump: bool = False, first: str | None = None
+    ) -> bool:
+        req = storage_pb2.InitProducerIdRequest(producer_id=pid, producer_epoch=epoch)
+        candidates = self._client._candidates()
+        if first is not None:
+            candidates = list(dict.fromkeys([first, *candidates]))
+        for addr in candidates:
             try:
                 resp = self._client.storage(addr).InitProducerId(
                     req, timeout=self.request_timeout_s
@@ -896,6 +961,8 @@ class Producer:
             if resp.error_code == NONE:
                 self._producer_id, self._producer_epoch = resp.producer_id, resp.producer_epoch
                 return True
+            if bump and not is_retriable(resp.error_code):
+                return self._init_producer_id(-1, -1)
             if not is_retriable(resp.error_code):
                 self._fatal = error_for(resp.error_code, resp.error_message)
                 self._fail_all(self._fatal)
@@ -933,14 +1000,15 @@ class Producer:
             for pq in self._queues.values():
                 if not pq.batches:
                     continue
-                if pq.retrying or pq.reseq_from is not None:
+                if pq.retrying or pq.reseq_from is not None or pq.unresolved:
                     if pq.in_flight:
                         continue  # let every outstanding answer come back first
                     if pq.retry_at > now:
                         next_wake = _earlier(next_wake, pq.retry_at - now)
                         continue
-                    if pq.reseq_from is not None:
-                        self._resequence(pq)
+                    if (pq.reseq_from is not None or pq.unresolved) and not self._settle(pq):
+                        next_wake = _earlier(next_wake, self.retry_backoff_s)
+                        continue  # waits for a new epoch
                     pq.retrying = False
                 if pq.in_flight >= depth:
                     continue
@@ -993,6 +1061,8 @@ class Producer:
                     node[0] = any(due for *_, due in pending)
         for addr, entries in requests:
             self._send_request(addr, entries)
+        if self._epoch_victims:
+            self._fail_epoch_victims()
         if txn_adds:
             return self._add_to_transaction(txn_adds, next_wake)
         return next_wake
@@ -1024,6 +1094,8 @@ class Producer:
                 total += b.size + BATCH_OVERHEAD
                 b.sent = True
                 if b.base_sequence < 0 and self.idempotent:
+                    if pq.producer_id < 0:
+                        pq.producer_id, pq.producer_epoch = self._producer_id, self._producer_epoch
                     b.base_sequence = pq.next_sequence
                     pq.next_sequence = (pq.next_sequence + b.count) & 0x7FFFFFFF
             pq.in_flight += 1
@@ -1063,6 +1135,94 @@ class Producer:
             return next_wake
         return 0.0  # ship them now
 
+    def _settle(self, pq: PartitionQueue) -> bool:
+        """With the lock held and nothing of the partition in flight, after a batch failed for
+        good: decide how the batches behind it are numbered. Returns False while the
+        partition waits for a new epoch.
+
+        A sequence that may be in the log is never given to another batch (found from
+        outside: a batch that was appended, then expired while waiting for its retry, had its
+        sequence handed to the next batch; the leader took that for a retry and answered with
+        the old offset, so the new record was reported written and was nowhere in the log).
+        In order:
+
+        - the oldest batch may itself be in the log (an earlier attempt had no clear answer)
+          and nothing before it provably is not: it is resent as it was sent; its
+          acknowledgement settles everything before it (the leader appends only in
+          sequence), a refusal fails it as "may have been written";
+        - every batch that failed was refused before any append and none left may be in the
+          log: the batches behind take over the failed sequences (no stale copy of a later
+          sequence can land after them);
+        - otherwise the partition renumbers from 0 under a new epoch (Kafka's KIP-360), which
+          the leader takes (DESIGN §6): everything from the first batch that is provably not
+          in the log on can never be appended under the old epoch. A transactional producer
+          cannot bump on its own (its coordinator owns the epoch): it sends its next new
+          batch with the next sequence, which the leader takes if the failed batch is in the
+          log; when that is refused too, its batches fail until ``init_transactions()`` (a
+          new epoch).
+        """
+        head = pq.batches[0]
+        if head.maybe_written and (
+            pq.reseq_from is None or _seq_before(head.base_sequence, pq.reseq_from)
+        ):
+            return True
+        if not pq.unresolved and not any(b.maybe_written for b in pq.batches):
+            if pq.reseq_from is not None:
+                self._resequence(pq)
+            return True
+        if (pq.producer_id, pq.producer_epoch) == (self._producer_id, self._producer_epoch):
+            if self._txn is not None and head.base_sequence < 0 and pq.unresolved_seq >= 0:
+                # A transactional producer, which cannot bump, goes on with the next
+                # sequence: if the batch that failed is in the log (an aborted transaction
+                # keeps it there), the leader takes it and that settles the partition.
+                return True
+            if self._txn is None:
+                if not self._bump_wanted:
+                    self._bump_wanted = True
+                    leader = self._leaders.get((pq.topic, pq.partition))  # == TopicPartition
+                    if leader is not None and leader.address is not None:
+                        self._bump_via = leader.address
+                    self._wake.set()
+                return False
+            self._fail_for_epoch(pq)
+            return False
+        # The producer has a newer id or epoch than this partition's sequences: start over.
+        pq.producer_id, pq.producer_epoch = self._producer_id, self._producer_epoch
+        for b in pq.batches:
+            b.maybe_written = False  # (under the new epoch; the old can append none of them)
+        pq.reseq_from = 0
+        self._resequence(pq)
+        pq.unresolved = False
+        pq.unresolved_seq = -1
+        return True
+
+    def _fail_for_epoch(self, pq: PartitionQueue) -> None:
+        """With the lock held: a transactional producer's partition whose sequences cannot
+        continue under its epoch; its queued batches (none of which was appended: see
+        :meth:`_settle`) fail once the lock is released (the transaction can only abort)."""
+        batches = [b for b in pq.batches if not b.sent]
+        if not batches:
+            return
+        if pq.open in batches:
+            self._close_open(pq.topic, pq.partition)
+        for b in batches:
+            b.sent = True
+        pq.in_flight += 1  # _done counts one request per call
+        self._epoch_victims.append((pq, batches))
+
+    def _fail_epoch_victims(self) -> None:
+        while self._epoch_victims:
+            pq, batches = self._epoch_victims.pop()
+            self._fail(
+                pq,
+                batches,
+                OutOfOrderSequenceError(
+                    f"{pq.topic}-{pq.partition}: not written: a record sent before may or may "
+                    "not be in the log, so this producer epoch's sequence numbers cannot go "
+                    "on; abort the transaction and call init_transactions() to continue"
+                ),
+            )
+
     @staticmethod
     def _resequence(pq: PartitionQueue) -> None:
         """With the lock held and nothing in flight: after a batch failed for good, the ones
@@ -1085,8 +1245,8 @@ class Producer:
                 data = [
                     b.encode(
                         self.compression,
-                        self._producer_id if self.idempotent else -1,
-                        self._producer_epoch if self.idempotent else -1,
+                        pq.producer_id if self.idempotent else -1,
+                        pq.producer_epoch if self.idempotent else -1,
                         b.base_sequence if self.idempotent else -1,
                         self._txn is not None,
                     )
@@ -1204,7 +1364,8 @@ class Producer:
             if error is not None:
                 code = error.code() if isinstance(error, grpc.RpcError) else None
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    # The leader is shedding load (or the request was too large for it).
+                    # The leader is shedding load (or the request was too large for it): it
+                    # read none of the request.
                     detail = error.details() if isinstance(error, grpc.RpcError) else ""
                     self._retry(
                         pq,
@@ -1213,6 +1374,8 @@ class Producer:
                         now,
                     )
                 elif code in _TRANSPORT_RETRIABLE:
+                    for b in batches:  # no answer: the leader may have appended them
+                        b.maybe_written = True
                     self._retry(
                         pq,
                         batches,
@@ -1226,6 +1389,8 @@ class Producer:
                     self._fail(pq, batches, refused(error))
                 else:
                     detail = error.details() if isinstance(error, grpc.RpcError) else str(error)
+                    for b in batches:  # the call broke somewhere: it may have been appended
+                        b.maybe_written = True
                     self._fail(
                         pq, batches, InvalidRequestError(f"produce to {addr} failed: {detail}")
                     )
@@ -1243,9 +1408,13 @@ class Producer:
                 # Appended long ago (older than the leader remembers): success, offset unknown.
                 for b in batches:
                     b.result.complete(-1, r.log_append_time_ms)
+                if pq.unresolved:
+                    self._acked(pq, batches)
                 self._done(pq, batches)
             elif r.error_code == NONE:
                 pq.last_error = None
+                if pq.unresolved:
+                    self._acked(pq, batches)
                 base = r.base_offset
                 for b in batches:
                     b.result.complete(base, r.log_append_time_ms)
@@ -1270,6 +1439,9 @@ class Producer:
                     b.attempts += 1
                 self._requeue(pq, batches, now)
             elif is_retriable(r.error_code):
+                if r.error_code not in _REFUSED_BEFORE_APPEND:
+                    for b in batches:
+                        b.maybe_written = True
                 self._retry(pq, batches, error_for(r.error_code, r.error_message), now)
             elif len(batches) > 1:
                 # Find the batch at fault: resend them one by one (nothing was appended).
@@ -1282,6 +1454,15 @@ class Producer:
                     # The topic's limit may have been lowered: batches opened from now on
                     # learn it (_batch_bytes).
                     self._metadata.mark_stale(pq.topic)
+                if r.error_code in _FAILED_AFTER_APPEND:
+                    batches[0].maybe_written = True
+                elif r.error_code == OUT_OF_ORDER and self.idempotent:
+                    # Our oldest batch does not follow what the leader has (records lost in
+                    # an unclean election, or the leader's state disagrees): its sequence
+                    # cannot be reused; the partition goes on under a new epoch.
+                    with self._lock:
+                        pq.unresolved = True
+                        pq.unresolved_seq = -1
                 if r.error_code == common_pb2.ErrorCode.INVALID_PRODUCER_EPOCH:
                     if self._txn is not None:  # Kafka's ProducerFencedException
                         err = ProducerFencedError(f"producer fenced: {err.message}")
@@ -1292,11 +1473,26 @@ class Producer:
         if self._fatal is not None:
             self._fail_all(self._fatal)
 
+    def _acked(self, pq: PartitionQueue, batches: list[ProducerBatch]) -> None:
+        """Acknowledged: a batch that failed "may have been written" before these is in the
+        log (the leader appends in sequence only), so their sequences are settled."""
+        if pq.unresolved and pq.unresolved_seq >= 0 and batches[0].base_sequence >= 0:
+            with self._lock:
+                if pq.unresolved_seq >= 0 and _seq_before(
+                    pq.unresolved_seq, batches[0].base_sequence
+                ):
+                    pq.unresolved = False
+                    pq.unresolved_seq = -1
+
     def _behind_trouble(self, pq: PartitionQueue, batches: list[ProducerBatch]) -> bool:
         with self._lock:
-            if pq.retrying or pq.reseq_from is not None:
-                return True
             first = batches[0]
+            if pq.retrying:
+                return True
+            if pq.reseq_from is not None and _seq_before(pq.reseq_from, first.base_sequence):
+                return True
+            if pq.unresolved and not first.maybe_written and pq.batches[0] is not first:
+                return True  # behind a batch being settled: renumbered if need be
             for b in pq.batches:  # an older batch still unacknowledged and not in flight
                 if b is first:
                     return False
@@ -1330,17 +1526,47 @@ class Producer:
                 self._space.notify_all()
 
     def _fail(self, pq: PartitionQueue, batches: list[ProducerBatch], err: BaseException) -> None:
-        """Fail ``batches`` (none was appended); the batches behind them take over their
-        sequence numbers once nothing is in flight."""
+        """Fail ``batches`` for good. Those that may have been written (an attempt got no
+        clear answer: ``maybe_written``) fail saying so, and their sequences stay used: the
+        partition is unresolved until a later sequence is acknowledged or it renumbers under
+        a new epoch (:meth:`_settle`). The sequences of the others (refused before any
+        append) may be taken over by the batches behind them once nothing is in flight."""
+        maybe = [b for b in batches if b.maybe_written]
+        if self.idempotent and batches and batches[0].base_sequence >= 0:
+            with self._lock:
+                if maybe:
+                    last = maybe[-1]
+                    end = (last.base_sequence + last.count - 1) & _SEQ_MASK
+                    if not pq.unresolved:
+                        pq.unresolved, pq.unresolved_seq = True, end
+                    elif pq.unresolved_seq >= 0 and _seq_before(pq.unresolved_seq, end):
+                        pq.unresolved_seq = end
+                if len(maybe) < len(batches):
+                    seq = next(b for b in batches if not b.maybe_written).base_sequence
+                    if pq.reseq_from is None or _seq_before(seq, pq.reseq_from):
+                        pq.reseq_from = seq
+        failure = err
+        if maybe and isinstance(err, StromError):
+            failure = self._maybe_written_error(pq, err)
         if self._txn is not None and isinstance(err, StromError):
-            self._txn.fail(err)
-        with self._lock:
-            if self.idempotent and batches and batches[0].base_sequence >= 0:
-                seq = batches[0].base_sequence  # (sequence wrap-around ignored here)
-                pq.reseq_from = seq if pq.reseq_from is None else min(pq.reseq_from, seq)
+            self._txn.fail(failure if isinstance(failure, StromError) else err)
         for b in batches:
-            b.result.fail(err)
+            b.result.fail(failure if b.maybe_written else err)
         self._done(pq, batches)
+
+    def _maybe_written_error(self, pq: PartitionQueue, err: StromError) -> StromError:
+        """The error a batch that may be in the log fails with: a timeout, as for records in
+        flight at close(), saying that it may have been written (found from outside: a batch
+        appended and then expired was reported "not sent", and a user resending it wrote it
+        twice); the leader's error when it says the records were appended."""
+        if isinstance(err, RequestTimedOutError) and "may have been written" in err.message:
+            return err
+        if err.code == common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+            return error_for(err.code, f"{err.message}: the records may have been written")
+        return RequestTimedOutError(
+            f"{pq.topic}-{pq.partition}: no answer settled whether the records were "
+            f"written: they may have been written (last error: {err})"
+        )
 
     def _retry(
         self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError, now: float
@@ -1348,7 +1574,7 @@ class Producer:
         first = batches[0]
         timed_out = now - first.created >= self.delivery_timeout_s
         if timed_out or first.attempts >= self.retries:
-            self._fail_appended_maybe(pq, batches, err, timed_out=timed_out)
+            self._give_up(pq, batches, err, timed_out=timed_out)
             return
         for b in batches:
             b.attempts += 1
@@ -1363,7 +1589,7 @@ class Producer:
         self._metadata.mark_stale(pq.topic)
         log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
 
-    def _fail_appended_maybe(
+    def _give_up(
         self,
         pq: PartitionQueue,
         batches: list[ProducerBatch],
@@ -1371,8 +1597,8 @@ class Producer:
         *,
         timed_out: bool = True,
     ) -> None:
-        """Give up on batches whose outcome is unknown (they may have been appended): their
-        sequence numbers stay used, so later batches keep theirs.
+        """Stop retrying batches after a retriable error (:meth:`_fail` tells apart those that
+        may have been written).
 
         Past delivery_timeout_ms they fail with a timeout naming the last error; when the
         retries ran out first, with the error the leader gave, as Kafka does (a
@@ -1380,18 +1606,20 @@ class Producer:
         its first answer instead of NotEnoughReplicasError; found from outside)."""
         failure: StromError = err
         if timed_out:
+            maybe = any(b.maybe_written for b in batches)
             failure = RequestTimedOutError(
                 f"{pq.topic}-{pq.partition}: not acknowledged within delivery_timeout_ms="
-                f"{self.delivery_timeout_s * 1000:.0f} (last error: {err})"
+                f"{self.delivery_timeout_s * 1000:.0f}"
+                + (": the records may have been written" if maybe else ", not written")
+                + f" (last error: {err})"
             )
-        if self._txn is not None:
-            self._txn.fail(failure)
-        for b in batches:
-            b.result.fail(failure)
-        self._done(pq, batches)
+        self._fail(pq, batches, failure)
 
     def _expire(self, now: float) -> None:
-        """Fail batches that waited longer than delivery_timeout_ms without being sent."""
+        """Fail batches that waited longer than delivery_timeout_ms without an answer (nothing
+        of the partition in flight). Those sent before fail as "may have been written"
+        unless every attempt was refused before any append (found from outside: a batch
+        appended, then waiting for its retry, was reported "not sent")."""
         expired: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
         with self._lock:
             for pq in self._queues.values():
@@ -1406,17 +1634,19 @@ class Producer:
                     pq.in_flight += 1
                     expired.append((pq, old))
         for pq, old in expired:
+            last = f"(last error: {pq.last_error})" if pq.last_error else "(no reachable leader)"
+            timeout = f"{self.delivery_timeout_s * 1000:.0f}"
             self._fail(
                 pq,
                 old,
                 RequestTimedOutError(
-                    f"{pq.topic}-{pq.partition}: not sent within delivery_timeout_ms="
-                    f"{self.delivery_timeout_s * 1000:.0f} "
-                    + (
-                        f"(last error: {pq.last_error})"
-                        if pq.last_error
-                        else "(no reachable leader)"
-                    )
+                    f"{pq.topic}-{pq.partition}: not acknowledged within delivery_timeout_ms="
+                    f"{timeout}: the records may have been written {last}"
+                )
+                if any(b.maybe_written for b in old)
+                else RequestTimedOutError(
+                    f"{pq.topic}-{pq.partition}: not written within delivery_timeout_ms="
+                    f"{timeout} {last}"
                 ),
             )
 
@@ -1425,7 +1655,7 @@ class Producer:
         once (in flight now, or waiting to be retried) fail with that instead."""
         with self._lock:
             victims = [
-                (pq, [(b, b.sent or b.attempts > 0) for b in pq.batches])
+                (pq, [(b, b.sent or b.maybe_written) for b in pq.batches])
                 for pq in self._queues.values()
                 if pq.batches
             ]
@@ -1476,6 +1706,11 @@ def _headers(headers: Any) -> list[tuple[str, bytes | None]]:
         return [(str(h), v.encode() if isinstance(v, str) else v) for h, v in headers]
     except (TypeError, ValueError):
         raise TypeError(f"headers must be (str, bytes) pairs, got {headers!r}") from None
+
+
+def _seq_before(a: int, b: int) -> bool:
+    """Whether sequence ``a`` comes strictly before ``b`` (they wrap at 2**31 - 1)."""
+    return 0 < (b - a) & _SEQ_MASK < (1 << 30)
 
 
 def _earlier(a: float | None, b: float) -> float:

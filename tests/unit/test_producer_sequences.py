@@ -1,0 +1,226 @@
+"""How an idempotent producer numbers a partition's batches after one failed for good
+(``Producer._fail`` and ``Producer._settle``): a sequence that may be in the log is never
+given to another batch; the partition renumbers under a new epoch instead, unless an
+acknowledgement of a later sequence shows the failed batch is in the log, or every failed
+batch was refused before any append and none left may have been written.
+
+Found from outside: a batch appended, then expired while waiting for its retry, was reported
+"not sent", and its sequence went to the next batch: the leader took that one for a retry
+and answered with the first batch's offset, so its record was reported written and was
+nowhere in the log. And a batch refused NOT_ENOUGH_REPLICAS kept its sequence, so every
+later batch of the partition was refused OUT_OF_ORDER_SEQUENCE.
+
+The producer here reaches no node (nothing is sent): the answers are handed to it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import pyarrow as pa
+import pytest
+
+from strom import Producer
+from strom.api import common_pb2, storage_pb2
+from strom.client.accumulator import PartitionQueue, ProducerBatch
+from strom.client.futures import FutureRecordMetadata
+from strom.client.producer import _Shipment
+from strom.client.transactions import TxnPhase
+from strom.errors import (
+    NotEnoughReplicasError,
+    OutOfOrderSequenceError,
+    RequestTimedOutError,
+)
+
+NOWHERE = "127.0.0.1:1"
+PID = 7
+
+
+@pytest.fixture
+def producer() -> Iterator[Producer]:
+    p = Producer(NOWHERE, delivery_timeout_ms=5000, retries=0)
+    p._producer_id, p._producer_epoch = PID, 0
+    try:
+        yield p
+    finally:
+        p.close(timeout=1)
+
+
+def _queue() -> PartitionQueue:
+    pq = PartitionQueue("t", 0)
+    pq.producer_id, pq.producer_epoch = PID, 0
+    return pq
+
+
+def _batch(pq: PartitionQueue, seq: int = -1, *, maybe: bool = False) -> ProducerBatch:
+    """A one-record batch queued on ``pq``; with ``seq``, sent before with that sequence."""
+    b = ProducerBatch("t", 0, pa.table({"value": pa.array([b"v%d" % seq], pa.binary())}))
+    pq.add_closed(b)
+    b.base_sequence = seq
+    b.maybe_written = maybe
+    if seq >= 0:
+        b.attempts = 1
+        pq.next_sequence = seq + 1
+    return b
+
+
+def _fail(p: Producer, pq: PartitionQueue, b: ProducerBatch, err: Exception) -> Exception:
+    """Fail ``b`` as the sender would (it was in flight); returns what its record raised."""
+    b.sent = True
+    pq.in_flight += 1
+    p._fail(pq, [b], err)  # type: ignore[arg-type]
+    with pytest.raises(type(err) if not b.maybe_written else RequestTimedOutError) as failed:
+        FutureRecordMetadata(b.result, 0).result(timeout=1)
+    return failed.value
+
+
+def _settle(p: Producer, pq: PartitionQueue) -> bool:
+    with p._lock:
+        return p._settle(pq)
+
+
+def test_a_batch_that_may_be_in_the_log_fails_so_and_the_next_one_gets_a_new_epoch(
+    producer: Producer,
+) -> None:
+    pq = _queue()
+    a = _batch(pq, 1, maybe=True)  # appended, answer lost or NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    b = _batch(pq)  # never sent
+    err = _fail(producer, pq, a, RequestTimedOutError("t-0: not acknowledged in time"))
+    assert "may have been written" in str(err)
+
+    assert not _settle(producer, pq)  # sequence 1 is not given to b: a new epoch first
+    assert producer._bump_wanted and b.base_sequence == -1
+    producer._producer_epoch = 1  # what the bump (InitProducerId with id 7, epoch 0) gives
+    assert _settle(producer, pq)
+    assert (pq.producer_id, pq.producer_epoch, b.base_sequence, pq.next_sequence) == (
+        PID,
+        1,
+        0,
+        1,
+    )
+    assert not pq.unresolved
+
+
+def test_a_later_acknowledgement_shows_the_failed_batch_is_in_the_log(
+    producer: Producer,
+) -> None:
+    pq = _queue()
+    a = _batch(pq, 1, maybe=True)
+    b = _batch(pq, 2)
+    _fail(producer, pq, a, RequestTimedOutError("t-0: not acknowledged in time"))
+    assert pq.unresolved
+    producer._acked(pq, [b])  # the leader appends sequence 2 only after 1
+    assert not pq.unresolved and pq.reseq_from is None
+    assert (pq.producer_epoch, b.base_sequence) == (0, 2)
+
+
+def test_a_batch_that_may_be_in_the_log_is_resent_as_it_was(producer: Producer) -> None:
+    pq = _queue()
+    a = _batch(pq, 1, maybe=True)
+    c = _batch(pq, 2, maybe=True)  # timed out too, waiting for its retry
+    _fail(producer, pq, a, RequestTimedOutError("t-0: not acknowledged in time"))
+    assert _settle(producer, pq)  # c goes again unchanged: its answer settles both
+    assert (pq.producer_epoch, c.base_sequence) == (0, 2) and not producer._bump_wanted
+
+
+def test_a_batch_refused_before_append_gives_its_sequence_to_the_next(
+    producer: Producer,
+) -> None:
+    pq = _queue()
+    a = _batch(pq, 1)
+    b = _batch(pq)
+    a.sent = True
+    pq.in_flight += 1
+    producer._retry(pq, [a], NotEnoughReplicasError("t-0: ISR [1]"), time.monotonic())
+    with pytest.raises(NotEnoughReplicasError):
+        FutureRecordMetadata(a.result, 0).result(timeout=1)
+    assert _settle(producer, pq)
+    assert (pq.producer_epoch, b.base_sequence) == (0, 1) and not producer._bump_wanted
+
+
+def test_a_refused_batch_with_a_later_one_that_may_be_in_the_log_needs_a_new_epoch(
+    producer: Producer,
+) -> None:
+    pq = _queue()
+    a = _batch(pq, 1)
+    c = _batch(pq, 2, maybe=True)  # a stale copy of it may still reach the leader
+    _fail(producer, pq, a, NotEnoughReplicasError("t-0: ISR [1]"))
+    # Given sequence 1, c could be appended twice (its stale copy as 2 right behind it).
+    assert not _settle(producer, pq) and producer._bump_wanted
+    producer._producer_epoch = 1
+    assert _settle(producer, pq)
+    assert (pq.producer_epoch, c.base_sequence, c.maybe_written) == (1, 0, False)
+
+
+def _refused_out_of_order(p: Producer, pq: PartitionQueue, b: ProducerBatch, seq: int) -> None:
+    """Send ``b`` with ``seq`` (as the sender's drain would) and have the leader refuse it
+    OUT_OF_ORDER_SEQUENCE."""
+    b.sent, b.base_sequence = True, seq
+    pq.in_flight += 1
+    answer: Future[storage_pb2.ProduceResponse] = Future()
+    answer.set_result(
+        storage_pb2.ProduceResponse(
+            topics=[
+                storage_pb2.ProduceTopicResponse(
+                    topic="t",
+                    partitions=[
+                        storage_pb2.ProducePartitionResponse(
+                            partition=0,
+                            error_code=common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                            error_message="expected sequence 1",
+                        )
+                    ],
+                )
+            ]
+        )
+    )
+    p._complete("leader", [_Shipment(pq, [b], -1, False)], answer, None)  # type: ignore[arg-type]
+
+
+def test_a_transactional_producer_goes_on_only_if_the_failed_batch_is_in_the_log() -> None:
+    p = Producer(NOWHERE, transactional_id="seq-txn", delivery_timeout_ms=5000)
+    try:
+        assert p._txn is not None
+        p._producer_id, p._producer_epoch = PID, 0
+        p._txn.phase = TxnPhase.IN_TRANSACTION
+        pq = _queue()
+        a = _batch(pq, 1, maybe=True)
+        b = _batch(pq)
+        c = _batch(pq)
+        _fail(p, pq, a, RequestTimedOutError("t-0: not acknowledged in time"))
+        assert p._txn.phase is TxnPhase.ABORTABLE_ERROR
+        # It cannot bump (its coordinator owns the epoch): b goes with the next sequence,
+        # which the leader takes only if a is in the log.
+        assert _settle(p, pq) and not p._bump_wanted and b.base_sequence == -1
+        _refused_out_of_order(p, pq, b, 2)
+        with pytest.raises(OutOfOrderSequenceError):
+            FutureRecordMetadata(b.result, 0).result(timeout=1)
+        assert not _settle(p, pq) and not p._bump_wanted
+        p._fail_epoch_victims()
+        with pytest.raises(OutOfOrderSequenceError, match="init_transactions"):
+            FutureRecordMetadata(c.result, 0).result(timeout=1)
+    finally:
+        p._txn.phase = TxnPhase.READY  # type: ignore[union-attr]
+        p.close(timeout=1)
+
+
+def test_an_oldest_batch_refused_for_a_gap_fails_and_the_partition_goes_on(
+    producer: Producer,
+) -> None:
+    """The leader lacks what came before our oldest batch (records lost in an unclean
+    election): that batch fails, and the partition renumbers under a new epoch instead of
+    handing the refused sequence on to be refused again, batch after batch."""
+    pq = _queue()
+    pq.next_sequence = 3
+    b = _batch(pq)
+    c = _batch(pq)
+    producer._in_flight["leader"] = 1
+    _refused_out_of_order(producer, pq, b, 3)
+    with pytest.raises(OutOfOrderSequenceError):
+        FutureRecordMetadata(b.result, 0).result(timeout=1)
+    assert not _settle(producer, pq) and producer._bump_wanted
+    producer._producer_epoch = 1
+    assert _settle(producer, pq)
+    assert (pq.producer_epoch, c.base_sequence, pq.next_sequence) == (1, 0, 1)
