@@ -594,8 +594,21 @@ class Consumer:
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         """Stop fetching ``partitions`` (buffered data for them is dropped and fetched again
-        after resume(), from the position)."""
+        after resume(), from the position). Inside ``for record in consumer`` the position
+        of a paused partition is its first record the loop has not handed out yet, so those
+        records come again after resume(): a pause is not a seek.
+
+        FIX (found from outside): a pause inside the loop (of the record's own partition or
+        another one) dropped the rest of the poll for the paused partitions and left their
+        position after it: those records never came back, and a commit covered them. The
+        drop bumped the partition's generation, which the loop's rewind (and the commit's
+        ``_consumed_positions``) read as "the application sought, a seek wins". Now the
+        paused partitions are first put back to their first record not handed out."""
         tps = self._assigned(list(partitions), "pause()")
+        handing = self._handing
+        if handing is not None:
+            records, marks = handing
+            self._rewind(records[self._handed :], marks, only=set(tps))
         self._moved = True
         self._fetcher.pause(tps)
 
@@ -772,17 +785,30 @@ class Consumer:
         return out
 
     def _rewind(
-        self, unseen: list[Record], marks: dict[TopicPartition, tuple[int, int | None]]
+        self,
+        unseen: list[Record],
+        marks: dict[TopicPartition, tuple[int, int | None]],
+        only: set[TopicPartition] | None = None,
     ) -> None:
-        """Seek each partition of ``unseen`` back to its first unseen record, unless the
-        application moved that partition since (a seek wins over the rewind)."""
+        """Seek each partition of ``unseen`` (of ``only``, when given) back to its first
+        unseen record, unless the application moved that partition since (a seek wins over
+        the rewind)."""
         if not unseen or self._closed:
             return
         first: dict[TopicPartition, int] = {}
         for r in unseen:
             tp = TopicPartition(r.topic, r.partition)  # type: ignore[arg-type]
-            if tp not in first:
+            if tp not in first and (only is None or tp in only):
                 first[tp] = r.offset
+        self._rewind_to(first, marks)
+
+    def _rewind_to(
+        self, first: dict[TopicPartition, int], marks: dict[TopicPartition, tuple[int, int | None]]
+    ) -> None:
+        """Seek each partition of ``first`` to its offset there, unless it moved since
+        ``marks`` (the fetcher's marks when the records were polled)."""
+        if not first or self._closed:
+            return
         now = self._fetcher.marks(set(first))
         for tp, offset in first.items():
             if tp in now and now[tp] == marks.get(tp):

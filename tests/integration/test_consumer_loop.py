@@ -1,0 +1,100 @@
+"""The Consumer's iteration (``for record in consumer`` / ``next(consumer)``) mixed with the
+calls an application makes from the loop's body: pause/resume, position, poll, commit, and
+close with a rebalance listener. Real cluster (the session's one-node cluster, with its group
+coordinator); every test uses its own topic and group."""
+
+from __future__ import annotations
+
+import pytest
+
+from strom.client.consumer import Consumer
+from strom.client.producer import Producer
+from strom.client.types import TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
+from tests.conftest import create_topic
+
+pytestmark = pytest.mark.integration
+
+
+def _records(cluster: LocalCluster, topic: str, partitions: int, n: int) -> list[TopicPartition]:
+    """``topic`` with ``n`` records in each of its ``partitions``."""
+    create_topic(cluster, topic, partitions)
+    with Producer(cluster.bootstrap) as producer:
+        for p in range(partitions):
+            producer.send_batch(topic, [b"r%d" % i for i in range(n)], partition=p).result(10)
+    return [TopicPartition(topic, p) for p in range(partitions)]
+
+
+def _fetched(consumer: Consumer, tps: list[TopicPartition], n: int) -> None:
+    """Wait until the fetcher holds all ``n`` records of each partition, so the first poll
+    returns them all (the cases below need records behind the one in hand)."""
+    for tp in tps:
+        consumer.position(tp)
+    wait_for(
+        lambda: all(consumer.highwater(tp) == n for tp in tps),
+        timeout=10,
+        what="the records to be fetched",
+    )
+
+
+def _consumer(cluster: LocalCluster, group: str) -> Consumer:
+    # consumer_timeout_ms only so that a regression (records never coming back) ends the loop.
+    return Consumer(
+        cluster.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=10_000,
+    )
+
+
+def test_pausing_the_partition_in_hand_inside_the_loop_loses_nothing(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """pause() + resume() of the record's own partition in the loop's body: the records of
+    the poll behind it come again after resume, and neither position() nor a commit skips
+    them (found from outside: the loop got offsets 0-2 of 10, position() said 10)."""
+    (tp,) = _records(one_node_cluster, "loop-pause-self", 1, 10)
+    with _consumer(one_node_cluster, "loop-pause-self") as c:
+        c.assign([tp])
+        _fetched(c, [tp], 10)
+        seen, at_pause = [], None
+        for r in c:
+            seen.append(r.offset)
+            if r.offset == 2:
+                c.pause([tp])
+                c.commit()
+                at_pause = (c.position(tp), c.committed(tp).offset)
+                c.resume([tp])
+            if len(seen) == 10:
+                break
+        assert at_pause == (3, 3)
+        assert seen == list(range(10))
+
+
+def test_pausing_another_partition_inside_the_loop_loses_nothing(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Pausing the other partition at the first record: a commit then covers none of its
+    records (they were not handed out), and they all come after resume (found from outside:
+    its position jumped to 10 and the commit wrote 10: ten records lost and committed)."""
+    tps = _records(one_node_cluster, "loop-pause-other", 2, 10)
+    with _consumer(one_node_cluster, "loop-pause-other") as c:
+        c.assign(tps)
+        _fetched(c, tps, 10)
+        seen: list[tuple[int, int]] = []
+        committed = {}
+        for r in c:
+            seen.append((r.partition, r.offset))
+            if len(seen) == 1:
+                current, other = tps[r.partition], tps[1 - r.partition]
+                c.pause([other])
+                c.commit()
+                committed = {tp: om.offset for tp, om in c.committed(tps).items()}
+                assert c.position(other) == 0
+                c.resume([other])
+            if len(seen) == 20:
+                break
+        assert committed == {current: 1, other: 0}
+        assert sorted(seen) == [(p, o) for p in (0, 1) for o in range(10)]
