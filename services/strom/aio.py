@@ -283,13 +283,13 @@ class _Records:
                     self._sync._handed = self._next
                     return record
                 self.rewind()  # seek, pause or a new assignment inside the loop: poll afresh
-            if self._sync._closed:
+            if self._sync.closed:
                 raise StopAsyncIteration
             try:
                 if not self._poll(0):
                     await self._poll_in_thread()
             except _consumer.IllegalStateError:
-                if self._sync._closed:  # closed from elsewhere: the loop ends
+                if self._sync.closed:  # closed from elsewhere: the loop ends
                     raise StopAsyncIteration from None
                 raise
 

@@ -98,3 +98,32 @@ def test_pausing_another_partition_inside_the_loop_loses_nothing(
                 break
         assert committed == {current: 1, other: 0}
         assert sorted(seen) == [(p, o) for p in (0, 1) for o in range(10)]
+
+
+def test_a_listener_commits_in_on_partitions_revoked_during_close(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """close() (here ``with``'s exit) runs on_partitions_revoked before the consumer counts
+    as closed, as Kafka's does: the listener's commit(), position() and assignment() work
+    (found from outside: commit() raised "the consumer is closed", only logged, and nothing
+    was committed)."""
+    (tp,) = _records(one_node_cluster, "loop-close-listener", 1, 10)
+    seen: list[object] = []
+
+    class Listener:
+        def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+            try:
+                consumer.commit()
+                seen.append((parts, consumer.assignment(), consumer.position(tp)))
+            except Exception as exc:  # the listener wrapper only logs: keep it for the test
+                seen.append(exc)
+
+    with _consumer(one_node_cluster, "loop-close-listener") as consumer:
+        consumer.subscribe(["loop-close-listener"], listener=Listener())
+        for n, _ in enumerate(consumer, 1):
+            if n == 10:
+                break
+    assert consumer.closed
+    assert seen == [([tp], {tp}, 10)]
+    with _consumer(one_node_cluster, "loop-close-listener") as check:
+        assert check.committed(tp).offset == 10

@@ -224,6 +224,9 @@ class Consumer:
         )
         self._client_md = (("strom-client-id", self.client_id),)
         self._closed = False
+        #: Set when close() begins (``_closed`` when it has given up the group): the rebalance
+        #: listener that close() runs may still commit, read positions and the assignment.
+        self._closing = False
         self._subscription: frozenset[str] | None = None
         self._iterator: Iterator[Record] | None = None
         #: The records of the poll the iteration (``for r in consumer`` / ``next()``) is
@@ -671,7 +674,7 @@ class Consumer:
         try:
             return self._poll_once(timeout_ms, limit, arrow=arrow)
         except Exception:
-            if self._closed:  # closed from another thread mid-call: end quietly
+            if self._closing:  # closed from another thread mid-call: end quietly
                 return [], 0
             raise
         finally:
@@ -693,7 +696,7 @@ class Consumer:
                 raise exc
             self._update_positions(poll_timeout_s=deadline - time.monotonic())
             items, n = self._fetcher.collect(limit, arrow=arrow)
-            if n or self._closed:
+            if n or self._closing:
                 return items, n
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -726,11 +729,11 @@ class Consumer:
         wait_ms = 1000.0
         if self._consumer_timeout_s is not None:
             wait_ms = min(wait_ms, self._consumer_timeout_s * 1000.0)
-        while not self._closed:
+        while not self._closing:
             try:
                 records, _ = self._poll(wait_ms, limit, arrow=False)
             except IllegalStateError:
-                if self._closed:
+                if self._closing:
                     return
                 raise
             if records:
@@ -822,23 +825,33 @@ class Consumer:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Whether close() was called (True while it still runs, too)."""
+        return self._closing
 
     def close(self, autocommit: bool = True, timeout_ms: int | None = None) -> None:
         """Stop fetching and release connections. Safe to call twice, and from another thread
         to end a blocking poll() or iteration. With a group it will also commit (when
-        auto-commit is on and ``autocommit``) and leave the group. ``timeout_ms`` (default
-        ``request_timeout_ms``) bounds the whole close, as Kafka's does: a step that finds
-        no time left is skipped (an unsent commit is lost, an unsent leave lets the group
-        wait for the session timeout)."""
-        if self._closed:
+        auto-commit is on and ``autocommit``) and leave the group; a rebalance listener's
+        ``on_partitions_revoked`` runs first and may still commit (as in Kafka).
+        ``timeout_ms`` (default ``request_timeout_ms``) bounds the whole close, as Kafka's
+        does: a step that finds no time left is skipped (an unsent commit is lost, an unsent
+        leave lets the group wait for the session timeout)."""
+        if self._closing:
             return
         if timeout_ms is not None:
             if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
                 raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-        self._closed = True
+        # FIX (found from outside): ``_closed`` was set first, so a listener's commit() in
+        # on_partitions_revoked, which Kafka runs inside close() before the consumer counts
+        # as closed, raised "the consumer is closed" (only logged) and nothing was committed.
+        # Now the consumer is "closing" while the group lets go (the listener's calls work)
+        # and closed after; a poll or iteration blocked on another thread is woken at once
+        # and ends on seeing ``_closing``.
+        self._closing = True
+        with self._fetcher.data_ready:
+            self._fetcher.data_ready.notify_all()
         timeout_s = self._timeout_s if timeout_ms is None else timeout_ms / 1000.0
         end = time.monotonic() + timeout_s
         try:
@@ -848,6 +861,7 @@ class Consumer:
                     timeout_s=timeout_s,
                 )
         finally:
+            self._closed = True
             self._fetcher.close()
             self._client.close()  # also cancels fetches parked in a long poll
             self._fetcher.join(min(max(end - time.monotonic(), 0.0), 5.0))
