@@ -127,3 +127,38 @@ def test_a_listener_commits_in_on_partitions_revoked_during_close(
     assert seen == [([tp], {tp}, 10)]
     with _consumer(one_node_cluster, "loop-close-listener") as check:
         assert check.committed(tp).offset == 10
+
+
+def test_position_and_poll_inside_an_iteration_agree_with_commit(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """While an iteration hands out a poll's records, position() is after the record in
+    hand (what commit() commits), and a poll() made meanwhile starts with the records not
+    handed out, the iteration going on after it (found from outside: position() said 10 at
+    the first of 10 records, and next(), poll() then returned nothing at position 10 while
+    commit() committed 1 and the next next() returned 1)."""
+    (tp,) = _records(one_node_cluster, "loop-position", 1, 10)
+    with _consumer(one_node_cluster, "loop-position") as c:
+        c.assign([tp])
+        _fetched(c, [tp], 10)
+        assert next(c).offset == 0
+        assert c.position(tp) == 1
+        c.commit()
+        assert c.committed(tp).offset == 1
+        got: list[int] = []
+        wait_for(
+            lambda: got.extend(r.offset for r in c.poll(200)) or len(got) >= 9,
+            timeout=10,
+            what="the records the iteration had not handed out",
+        )
+        assert got == list(range(1, 10))
+        assert c.position(tp) == 10
+        with Producer(one_node_cluster.bootstrap) as producer:
+            producer.send("loop-position", b"r10", partition=0).get(10)
+        assert next(c).offset == 10  # the iteration goes on after what poll() returned
+    with _consumer(one_node_cluster, "loop-position-for") as c:  # the same in a for loop
+        c.assign([tp])
+        _fetched(c, [tp], 11)
+        for r in c:
+            assert (r.offset, c.position(tp)) == (0, 1)
+            break
