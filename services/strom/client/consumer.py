@@ -48,6 +48,10 @@ from strom.security.channel import client_security
 
 MiB = 1024 * 1024
 AUTO_OFFSET_RESET = ("latest", "earliest", "none")
+#: Offsets and timestamps travel as int64: larger ones are refused up front, naming the
+#: argument (found from outside: seek(tp, 2**63) was accepted and the next poll raised a
+#: bare ValueError from protobuf).
+INT64_MAX = (1 << 63) - 1
 _client_ids = itertools.count(1)
 #: Longest a group member's poll() blocks in a Fetch of its own: a new assignment waits for
 #: the call to end (a poll waiting on a condition is woken at once).
@@ -390,6 +394,10 @@ class Consumer:
                 om = OffsetAndMetadata(om)
             if not isinstance(om, OffsetAndMetadata) or om.offset < 0:
                 raise ValueError(f"commit offset for {tp} must be an offset >= 0, got {om!r}")
+            if om.offset > INT64_MAX:
+                raise ValueError(
+                    f"commit offset for {tp} must be <= 2**63 - 1 (an int64), got {om.offset}"
+                )
             out[_topic_partition(tp)] = om
         return out
 
@@ -408,7 +416,9 @@ class Consumer:
         self._fetcher.assign(set(tps))
 
     def assignment(self) -> set[TopicPartition]:
-        """The partitions currently assigned."""
+        """The partitions currently assigned. IllegalStateError once closed, like the other
+        calls (found from outside: it returned the partitions of before the close)."""
+        self._ensure_open()
         return set(self._fetcher.parts)
 
     def _check_exist(self, tps: Sequence[TopicPartition]) -> None:
@@ -451,6 +461,8 @@ class Consumer:
             raise TypeError(f"offset must be an int, got {offset!r}")
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
+        if offset > INT64_MAX:
+            raise ValueError(f"offset must be <= 2**63 - 1 (an int64), got {offset}")
         self._moved = True
         self._fetcher.seek(tp, offset)
 
@@ -508,7 +520,9 @@ class Consumer:
 
     def highwater(self, partition: TopicPartition) -> int | None:
         """The high watermark the last fetch of ``partition`` reported (None before any):
-        ``highwater - position`` is the consumer's lag, without a request."""
+        ``highwater - position`` is the consumer's lag, without a request. With
+        read_committed it is the last stable offset (as ``end_offsets()``): records of an
+        open transaction are not lag the consumer could read yet."""
         (tp,) = self._assigned([partition], "highwater()")
         return self._fetcher.high_watermark(tp)
 
@@ -587,6 +601,8 @@ class Consumer:
                 raise TypeError(f"timestamp for {tp} must be an int (ms), got {ts!r}")
             if ts < 0:
                 raise ValueError(f"timestamp for {tp} must be >= 0 (ms since the epoch), got {ts}")
+            if ts > INT64_MAX:
+                raise ValueError(f"timestamp for {tp} must be <= 2**63 - 1 (an int64), got {ts}")
             query[_topic_partition(tp)] = ts
         self._check_exist(list(query))
         found = self._list_offsets(query)
