@@ -11,7 +11,8 @@ asyncio layer only has to never block the event loop:
   topic is known and the buffer has room, and moves to a worker thread only when ``send`` may
   have to wait (metadata, ``max_block_ms``).
 - ``Consumer.poll`` / ``poll_arrow`` answer at once from prefetched data when there is some
-  and otherwise wait in a worker thread; ``async for record in consumer`` works, and a
+  and otherwise wait in a worker thread (cancelled, e.g. by ``asyncio.wait_for``, what that
+  thread's poll takes goes back for the next poll); ``async for record in consumer`` works, and a
   loop left early (``break``, an exception, a cancellation) puts back the records it did not
   hand out, as the sync consumer's loop does.
 - every ``Admin`` method is a coroutine; so are the producer's transaction calls but
@@ -116,7 +117,8 @@ class Consumer:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = _consumer.Consumer(*args, **kwargs)
-        #: Clear while an ``async for`` loop's poll runs in a worker thread.
+        #: Clear while a poll (``poll``, ``poll_arrow`` or an ``async for`` loop's) runs in a
+        #: worker thread.
         self._poll_done = threading.Event()
         self._poll_done.set()
 
@@ -127,22 +129,80 @@ class Consumer:
         return attr  # seek, pause, resume, assignment, paused … never wait
 
     async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+        """Records, as the sync ``poll()``. Cancelled while it waits (``asyncio.wait_for``),
+        what the poll's worker thread took goes back: the next poll returns it."""
+        await self._abandoned_poll_done()
         records = self._sync.poll(0, max_records)
         if records or timeout_ms <= 0:
             return records
-        return await asyncio.to_thread(self._sync.poll, timeout_ms, max_records)
+        return await self._poll_in_thread(
+            functools.partial(self._sync.poll, timeout_ms, max_records), _first_of_records
+        )
 
     async def poll_arrow(self, timeout_ms: int = 0, max_records: int | None = None) -> Any:
+        """An Arrow table, as the sync ``poll_arrow()``; cancellation as in :meth:`poll`."""
+        await self._abandoned_poll_done()
         table = self._sync.poll_arrow(0, max_records)
         if table.num_rows or timeout_ms <= 0:
             return table
-        return await asyncio.to_thread(self._sync.poll_arrow, timeout_ms, max_records)
+        return await self._poll_in_thread(
+            functools.partial(self._sync.poll_arrow, timeout_ms, max_records), _first_of_table
+        )
+
+    async def _abandoned_poll_done(self) -> None:
+        """Wait (off the loop) for the worker thread of a cancelled poll: two polls at once
+        would race over the positions, and its records must be put back first."""
+        if not self._poll_done.is_set():
+            await asyncio.to_thread(self._poll_done.wait, self._sync._timeout_s)
+
+    async def _poll_in_thread(
+        self, poll: Callable[[], Any], first_of: Callable[[Any], dict[TopicPartition, int]]
+    ) -> Any:
+        """Run ``poll`` in a worker thread; if the awaiting task is cancelled, what it
+        returns goes back (each partition seeks to its first offset in it, unless the
+        application sought meanwhile: the sync consumer's ``_rewind_to``).
+
+        FIX (found from outside): ``await asyncio.wait_for(consumer.poll(3000), 0.5)``
+        timing out left the poll running in its thread; the records it then took were handed
+        to nobody and the position moved past them (lost, and committed by the next commit).
+        ``async for`` already put them back (``_Records``); now poll and poll_arrow do."""
+        sync = self._sync
+        lock = threading.Lock()
+        #: [cancelled, (result, fetcher marks) once the thread has it and nobody took it]
+        state: list[Any] = [False, None]
+        done = self._poll_done
+        done.clear()
+
+        def give_back(result: Any, marks: dict[TopicPartition, Any]) -> None:
+            sync._rewind_to(first_of(result), marks)
+
+        def run() -> Any:
+            try:
+                result = poll()
+                marks = sync._fetcher.last_marks
+                with lock:
+                    if state[0]:
+                        give_back(result, marks)
+                    else:
+                        state[1] = (result, marks)
+                return result
+            finally:
+                done.set()
+
+        try:
+            return await asyncio.to_thread(run)
+        except asyncio.CancelledError:
+            with lock:
+                state[0] = True
+                if state[1] is not None:  # done, but the task was cancelled before it got it
+                    give_back(*state[1])
+            raise
 
     async def close(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
         await asyncio.to_thread(self._close, autocommit, timeout_ms)
 
     def _close(self, autocommit: bool, timeout_ms: float | None) -> None:
-        # A loop's poll still running in a worker thread (its task was cancelled) must put
+        # A poll still running in a worker thread (its task was cancelled) must put
         # its records back before the close commits the positions, or they are lost. The
         # wait counts in close's timeout_ms (a bad one is left to the sync close to refuse).
         if isinstance(timeout_ms, int | float) and not isinstance(timeout_ms, bool):
@@ -163,6 +223,28 @@ class Consumer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _first_of_records(records: list[Record]) -> dict[TopicPartition, int]:
+    first: dict[TopicPartition, int] = {}
+    for r in records:
+        first.setdefault(TopicPartition(r.topic, r.partition), r.offset)  # type: ignore[arg-type]
+    return first
+
+
+def _first_of_table(table: Any) -> dict[TopicPartition, int]:
+    if not table.num_rows:
+        return {}
+    firsts = table.group_by(["topic", "partition"]).aggregate([("offset", "min")])
+    return {
+        TopicPartition(t, p): o
+        for t, p, o in zip(
+            firsts["topic"].to_pylist(),
+            firsts["partition"].to_pylist(),
+            firsts["offset_min"].to_pylist(),
+            strict=True,
+        )
+    }
 
 
 class _Records:
@@ -201,13 +283,13 @@ class _Records:
                     self._sync._handed = self._next
                     return record
                 self.rewind()  # seek, pause or a new assignment inside the loop: poll afresh
-            if self._sync._closed:
+            if self._sync.closed:
                 raise StopAsyncIteration
             try:
                 if not self._poll(0):
                     await self._poll_in_thread()
             except _consumer.IllegalStateError:
-                if self._sync._closed:  # closed from elsewhere: the loop ends
+                if self._sync.closed:  # closed from elsewhere: the loop ends
                     raise StopAsyncIteration from None
                 raise
 

@@ -11,6 +11,7 @@ from strom.client.consumer import Consumer
 from strom.client.producer import Producer
 from strom.client.types import RecordMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
 from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
@@ -187,3 +188,73 @@ def test_close_takes_the_sync_close_s_arguments(one_node_cluster: LocalCluster) 
 
     asyncio.run(main())
     assert _committed(one_node_cluster.bootstrap, "aio-close-args", tp) is None
+
+
+def test_pause_inside_async_for_loses_nothing(one_node_cluster: LocalCluster) -> None:
+    """pause() + resume() of the record's own partition in the body of ``async for``: the
+    records of the poll behind it come again (found from outside: offsets 3-9 of 10 never
+    came back, as with the sync loop)."""
+    tp = _hundred_records(one_node_cluster, "aio-pause")
+
+    async def main() -> tuple[list[int], int | None]:
+        seen, at_pause = [], None
+        async with aio.Consumer(
+            one_node_cluster.bootstrap, group_id="aio-pause", auto_offset_reset="earliest"
+        ) as consumer:
+            await consumer.assign([tp])
+            await consumer.position(tp)
+            # All 100 fetched before the loop: its first poll holds records behind the pause.
+            fetched = lambda: consumer.highwater(tp) == 100  # noqa: E731
+            await asyncio.to_thread(lambda: wait_for(fetched, timeout=10, what="the fetch"))
+            async with asyncio.timeout(30):  # (only so that a regression fails, not hangs)
+                async for record in consumer:
+                    seen.append(record.offset)
+                    if record.offset == 2:
+                        consumer.pause([tp])
+                        at_pause = await consumer.position(tp)
+                        consumer.resume([tp])
+                    if len(seen) == 100:
+                        break
+        return seen, at_pause
+
+    assert asyncio.run(main()) == (list(range(100)), 3)
+
+
+@pytest.mark.parametrize("method", ["poll", "poll_arrow"])
+def test_a_cancelled_poll_loses_no_records(one_node_cluster: LocalCluster, method: str) -> None:
+    """``asyncio.wait_for(consumer.poll(...), ...)`` timing out while records are on their
+    way: the worker thread's poll still takes them, and they go back for the next poll
+    (found from outside: the next polls returned nothing and the position was past them)."""
+    topic = f"aio-cancel-{method.replace('_', '-')}"
+    create_topic(one_node_cluster, topic)
+    tp = TopicPartition(topic, 0)
+
+    async def main() -> list[int]:
+        async with aio.Consumer(
+            one_node_cluster.bootstrap, group_id=topic, auto_offset_reset="earliest"
+        ) as consumer:
+            await consumer.assign([tp])
+            assert await consumer.position(tp) == 0
+            poll = getattr(consumer, method)
+            task = asyncio.create_task(poll(60_000))
+            group = consumer._sync._group
+            async with asyncio.timeout(30):  # (only so that a regression fails, not hangs)
+                while not group._polling:  # the poll waits in its worker thread
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                async with aio.Producer(one_node_cluster.bootstrap) as producer:
+                    for i in range(5):
+                        await producer.send(topic, b"v%d" % i, partition=0)
+                while group._polling:  # the abandoned poll took them and returned
+                    await asyncio.sleep(0.01)
+                got: list[int] = []
+                while len(got) < 5:
+                    out = await poll(1000)
+                    got += (
+                        [r.offset for r in out] if method == "poll" else out["offset"].to_pylist()
+                    )
+            return got
+
+    assert asyncio.run(main()) == list(range(5))

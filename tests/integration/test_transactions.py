@@ -879,3 +879,37 @@ def test_a_zombies_late_offsets_are_refused_even_for_a_new_group(
         cluster.bootstrap, group_id="late-new-group", isolation_level="read_committed"
     ) as c:
         assert c.committed([tp]) == {tp: None}  # not UNSTABLE_OFFSET_COMMIT, not 3
+
+
+def test_highwater_of_a_read_committed_consumer_is_the_last_stable_offset(
+    cluster: LocalCluster,
+) -> None:
+    """With a transaction open, a read_committed consumer's highwater() stops where it can
+    read (the last stable offset, as end_offsets()), so ``highwater - position`` is its
+    lag (found from outside: it gave the high watermark, lag it could never read)."""
+    _topic(cluster, "hw-rc", partitions=1)
+    tp = TopicPartition("hw-rc", 0)
+    with Producer(cluster.bootstrap) as plain:
+        for i in range(5):
+            plain.send("hw-rc", b"plain-%d" % i, partition=0)
+    p = Producer(cluster.bootstrap, transactional_id="hw-rc-tx")
+    try:
+        p.init_transactions()
+        p.begin_transaction()
+        for i in range(3):
+            p.send("hw-rc", b"open-%d" % i, partition=0).result(10)
+        ends = {}
+        for level in ("read_committed", "read_uncommitted"):
+            with Consumer(
+                cluster.bootstrap, auto_offset_reset="earliest", isolation_level=level
+            ) as c:
+                c.assign([tp])
+                c.position(tp)
+                ends[level] = (
+                    wait_for(lambda c=c: c.highwater(tp), timeout=10, what="a fetch"),
+                    c.end_offsets([tp])[tp],
+                )
+        assert ends == {"read_committed": (5, 5), "read_uncommitted": (8, 8)}
+        p.abort_transaction()
+    finally:
+        p.close()

@@ -133,6 +133,7 @@ def test_close_is_idempotent_and_final() -> None:
         lambda: c.seek(TP, 0),
         lambda: iter(c),
         lambda: c.topics(),
+        lambda: c.assignment(),  # found from outside: gave the partitions of before the close
     ):
         with pytest.raises(IllegalStateError, match="closed"):
             call()
@@ -141,3 +142,14 @@ def test_close_is_idempotent_and_final() -> None:
 def test_no_offset_error_is_a_strom_error() -> None:
     assert issubclass(NoOffsetForPartitionError, StromError)
     assert issubclass(IllegalStateError, StromError)
+
+
+def test_offsets_and_timestamps_beyond_int64_are_refused_naming_the_argument() -> None:
+    """Found from outside: seek(tp, 2**63) was accepted and the next poll raised a bare
+    ValueError from protobuf; commit and offsets_for_times the same. (seek: the integration
+    test of bad arguments, it needs an assigned partition.)"""
+    with Consumer(NOWHERE, group_id="g") as c:
+        with pytest.raises(ValueError, match=r"commit offset for .* int64"):
+            c.commit({TP: 2**63})
+        with pytest.raises(ValueError, match=r"timestamp for .* int64"):
+            c.offsets_for_times({TP: 2**63})

@@ -48,6 +48,10 @@ from strom.security.channel import client_security
 
 MiB = 1024 * 1024
 AUTO_OFFSET_RESET = ("latest", "earliest", "none")
+#: Offsets and timestamps travel as int64: larger ones are refused up front, naming the
+#: argument (found from outside: seek(tp, 2**63) was accepted and the next poll raised a
+#: bare ValueError from protobuf).
+INT64_MAX = (1 << 63) - 1
 _client_ids = itertools.count(1)
 #: Longest a group member's poll() blocks in a Fetch of its own: a new assignment waits for
 #: the call to end (a poll waiting on a condition is woken at once).
@@ -224,6 +228,9 @@ class Consumer:
         )
         self._client_md = (("strom-client-id", self.client_id),)
         self._closed = False
+        #: Set when close() begins (``_closed`` when it has given up the group): the rebalance
+        #: listener that close() runs may still commit, read positions and the assignment.
+        self._closing = False
         self._subscription: frozenset[str] | None = None
         self._iterator: Iterator[Record] | None = None
         #: The records of the poll the iteration (``for r in consumer`` / ``next()``) is
@@ -387,6 +394,10 @@ class Consumer:
                 om = OffsetAndMetadata(om)
             if not isinstance(om, OffsetAndMetadata) or om.offset < 0:
                 raise ValueError(f"commit offset for {tp} must be an offset >= 0, got {om!r}")
+            if om.offset > INT64_MAX:
+                raise ValueError(
+                    f"commit offset for {tp} must be <= 2**63 - 1 (an int64), got {om.offset}"
+                )
             out[_topic_partition(tp)] = om
         return out
 
@@ -405,7 +416,9 @@ class Consumer:
         self._fetcher.assign(set(tps))
 
     def assignment(self) -> set[TopicPartition]:
-        """The partitions currently assigned."""
+        """The partitions currently assigned. IllegalStateError once closed, like the other
+        calls (found from outside: it returned the partitions of before the close)."""
+        self._ensure_open()
         return set(self._fetcher.parts)
 
     def _check_exist(self, tps: Sequence[TopicPartition]) -> None:
@@ -448,6 +461,8 @@ class Consumer:
             raise TypeError(f"offset must be an int, got {offset!r}")
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
+        if offset > INT64_MAX:
+            raise ValueError(f"offset must be <= 2**63 - 1 (an int64), got {offset}")
         self._moved = True
         self._fetcher.seek(tp, offset)
 
@@ -467,7 +482,13 @@ class Consumer:
 
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record ``poll()`` will return for ``partition``; looks it up
-        first if it is not known yet (new assignment, after seek_to_*)."""
+        first if it is not known yet (new assignment, after seek_to_*). While an iteration
+        (``for record in consumer``, ``next(consumer)``) is handing out a poll's records, the
+        offset of the first one it has not handed out: what ``commit()`` commits.
+
+        FIX (found from outside): in the loop it gave the end of the whole poll (10 at the
+        first record of a 10-record poll) while commit() committed 1, so offsets built from
+        position() for ``send_offsets_to_transaction`` covered records not processed yet."""
         (tp,) = self._assigned([partition], "position()")
         pos = self._fetcher.position(tp)
         deadline = time.monotonic() + self._timeout_s
@@ -476,11 +497,32 @@ class Consumer:
             pos = self._fetcher.position(tp)
             if pos is None and time.monotonic() >= deadline:
                 raise StromError(f"could not determine the position of {tp}", retriable=True)
+        if self._handing is not None:
+            first = self._first_unhanded(tp)
+            if first is not None:
+                return first
         return pos
+
+    def _first_unhanded(self, tp: TopicPartition) -> int | None:
+        """The offset of ``tp``'s first record the iteration has not handed out (None if it
+        has none, or the partition moved since the poll: then the fetcher's position holds)."""
+        handing = self._handing
+        if handing is None:
+            return None
+        records, polled = handing
+        for i in range(self._handed, len(records)):
+            r = records[i]
+            if r.partition == tp.partition and r.topic == tp.topic:
+                if self._fetcher.marks({tp}).get(tp) == polled.get(tp):
+                    return r.offset
+                return None
+        return None
 
     def highwater(self, partition: TopicPartition) -> int | None:
         """The high watermark the last fetch of ``partition`` reported (None before any):
-        ``highwater - position`` is the consumer's lag, without a request."""
+        ``highwater - position`` is the consumer's lag, without a request. With
+        read_committed it is the last stable offset (as ``end_offsets()``): records of an
+        open transaction are not lag the consumer could read yet."""
         (tp,) = self._assigned([partition], "highwater()")
         return self._fetcher.high_watermark(tp)
 
@@ -559,6 +601,8 @@ class Consumer:
                 raise TypeError(f"timestamp for {tp} must be an int (ms), got {ts!r}")
             if ts < 0:
                 raise ValueError(f"timestamp for {tp} must be >= 0 (ms since the epoch), got {ts}")
+            if ts > INT64_MAX:
+                raise ValueError(f"timestamp for {tp} must be <= 2**63 - 1 (an int64), got {ts}")
             query[_topic_partition(tp)] = ts
         self._check_exist(list(query))
         found = self._list_offsets(query)
@@ -594,8 +638,21 @@ class Consumer:
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         """Stop fetching ``partitions`` (buffered data for them is dropped and fetched again
-        after resume(), from the position)."""
+        after resume(), from the position). Inside ``for record in consumer`` the position
+        of a paused partition is its first record the loop has not handed out yet, so those
+        records come again after resume(): a pause is not a seek.
+
+        FIX (found from outside): a pause inside the loop (of the record's own partition or
+        another one) dropped the rest of the poll for the paused partitions and left their
+        position after it: those records never came back, and a commit covered them. The
+        drop bumped the partition's generation, which the loop's rewind (and the commit's
+        ``_consumed_positions``) read as "the application sought, a seek wins". Now the
+        paused partitions are first put back to their first record not handed out."""
         tps = self._assigned(list(partitions), "pause()")
+        handing = self._handing
+        if handing is not None:
+            records, marks = handing
+            self._rewind(records[self._handed :], marks, only=set(tps))
         self._moved = True
         self._fetcher.pause(tps)
 
@@ -627,7 +684,12 @@ class Consumer:
     def poll(self, timeout_ms: float = 0, max_records: int | None = None) -> list[Record]:
         """Records from the assigned partitions, in offset order per partition, with topic and
         partition filled in. Waits up to ``timeout_ms`` for the first record, then returns
-        what is buffered, at most ``max_records`` (default ``max_poll_records``)."""
+        what is buffered, at most ``max_records`` (default ``max_poll_records``).
+
+        Called while an iteration (``next(consumer)``, ``for record in consumer``) is in the
+        middle of a poll's records, it first puts back the ones the iteration has not handed
+        out (as leaving the loop does): this poll starts with them, and the iteration goes
+        on after what this poll returned."""
         limit = self._poll_args(timeout_ms, max_records, self._max_poll_records)
         items, _ = self._poll(timeout_ms, limit, arrow=False)
         return items
@@ -652,13 +714,15 @@ class Consumer:
 
     def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
         self._ensure_open()
+        if self._handing is not None:
+            self._give_back()
         group = self._group
         if group is not None:
             group.polling(True)
         try:
             return self._poll_once(timeout_ms, limit, arrow=arrow)
         except Exception:
-            if self._closed:  # closed from another thread mid-call: end quietly
+            if self._closing:  # closed from another thread mid-call: end quietly
                 return [], 0
             raise
         finally:
@@ -680,7 +744,7 @@ class Consumer:
                 raise exc
             self._update_positions(poll_timeout_s=deadline - time.monotonic())
             items, n = self._fetcher.collect(limit, arrow=arrow)
-            if n or self._closed:
+            if n or self._closing:
                 return items, n
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -698,7 +762,9 @@ class Consumer:
         """Records one by one, blocking until there are some; ends when the consumer is
         closed (from another thread) or after ``consumer_timeout_ms`` without records.
         Leaving the loop early (``break``) puts the positions back to the first record the
-        loop did not hand out, so the next poll or loop starts there."""
+        loop did not hand out, so the next poll or loop starts there; inside the loop,
+        ``position()`` and ``commit()`` count only the records handed out, and a ``poll()``
+        (or ``pause()``) puts the rest back the same way."""
         self._ensure_open()
         return self._records()
 
@@ -713,11 +779,11 @@ class Consumer:
         wait_ms = 1000.0
         if self._consumer_timeout_s is not None:
             wait_ms = min(wait_ms, self._consumer_timeout_s * 1000.0)
-        while not self._closed:
+        while not self._closing:
             try:
                 records, _ = self._poll(wait_ms, limit, arrow=False)
             except IllegalStateError:
-                if self._closed:
+                if self._closing:
                     return
                 raise
             if records:
@@ -743,6 +809,23 @@ class Consumer:
                 and time.monotonic() - idle_since >= self._consumer_timeout_s
             ):
                 return
+
+    def _give_back(self) -> None:
+        """A poll made while an iteration hands out records: put the records it has not
+        handed out back (their partitions seek to the first), and have the iteration poll
+        afresh when it resumes (its own rewind then finds the partitions moved and skips).
+
+        FIX (found from outside): ``next(consumer)`` returned offset 0, then ``poll()``
+        returned nothing with the position at 10 while ``commit()`` committed 1 and the next
+        ``next(consumer)`` returned 1: poll and the iteration disagreed on where they were."""
+        handing, self._handing = self._handing, None
+        if handing is None:
+            return
+        records, marks = handing
+        unseen = records[self._handed :]
+        if unseen:
+            self._moved = True
+            self._rewind(unseen, marks)
 
     def _consumed_positions(self, parts: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The positions to commit for ``parts`` (the assigned ones with a known position):
@@ -772,17 +855,30 @@ class Consumer:
         return out
 
     def _rewind(
-        self, unseen: list[Record], marks: dict[TopicPartition, tuple[int, int | None]]
+        self,
+        unseen: list[Record],
+        marks: dict[TopicPartition, tuple[int, int | None]],
+        only: set[TopicPartition] | None = None,
     ) -> None:
-        """Seek each partition of ``unseen`` back to its first unseen record, unless the
-        application moved that partition since (a seek wins over the rewind)."""
+        """Seek each partition of ``unseen`` (of ``only``, when given) back to its first
+        unseen record, unless the application moved that partition since (a seek wins over
+        the rewind)."""
         if not unseen or self._closed:
             return
         first: dict[TopicPartition, int] = {}
         for r in unseen:
             tp = TopicPartition(r.topic, r.partition)  # type: ignore[arg-type]
-            if tp not in first:
+            if tp not in first and (only is None or tp in only):
                 first[tp] = r.offset
+        self._rewind_to(first, marks)
+
+    def _rewind_to(
+        self, first: dict[TopicPartition, int], marks: dict[TopicPartition, tuple[int, int | None]]
+    ) -> None:
+        """Seek each partition of ``first`` to its offset there, unless it moved since
+        ``marks`` (the fetcher's marks when the records were polled)."""
+        if not first or self._closed:
+            return
         now = self._fetcher.marks(set(first))
         for tp, offset in first.items():
             if tp in now and now[tp] == marks.get(tp):
@@ -796,23 +892,33 @@ class Consumer:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Whether close() was called (True while it still runs, too)."""
+        return self._closing
 
     def close(self, autocommit: bool = True, timeout_ms: int | None = None) -> None:
         """Stop fetching and release connections. Safe to call twice, and from another thread
         to end a blocking poll() or iteration. With a group it will also commit (when
-        auto-commit is on and ``autocommit``) and leave the group. ``timeout_ms`` (default
-        ``request_timeout_ms``) bounds the whole close, as Kafka's does: a step that finds
-        no time left is skipped (an unsent commit is lost, an unsent leave lets the group
-        wait for the session timeout)."""
-        if self._closed:
+        auto-commit is on and ``autocommit``) and leave the group; a rebalance listener's
+        ``on_partitions_revoked`` runs first and may still commit (as in Kafka).
+        ``timeout_ms`` (default ``request_timeout_ms``) bounds the whole close, as Kafka's
+        does: a step that finds no time left is skipped (an unsent commit is lost, an unsent
+        leave lets the group wait for the session timeout)."""
+        if self._closing:
             return
         if timeout_ms is not None:
             if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
                 raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-        self._closed = True
+        # FIX (found from outside): ``_closed`` was set first, so a listener's commit() in
+        # on_partitions_revoked, which Kafka runs inside close() before the consumer counts
+        # as closed, raised "the consumer is closed" (only logged) and nothing was committed.
+        # Now the consumer is "closing" while the group lets go (the listener's calls work)
+        # and closed after; a poll or iteration blocked on another thread is woken at once
+        # and ends on seeing ``_closing``.
+        self._closing = True
+        with self._fetcher.data_ready:
+            self._fetcher.data_ready.notify_all()
         timeout_s = self._timeout_s if timeout_ms is None else timeout_ms / 1000.0
         end = time.monotonic() + timeout_s
         try:
@@ -822,6 +928,7 @@ class Consumer:
                     timeout_s=timeout_s,
                 )
         finally:
+            self._closed = True
             self._fetcher.close()
             self._client.close()  # also cancels fetches parked in a long poll
             self._fetcher.join(min(max(end - time.monotonic(), 0.0), 5.0))

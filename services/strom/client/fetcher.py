@@ -581,6 +581,7 @@ class PartitionState:
     __slots__ = (
         "backoff_until",
         "completed",
+        "end_offset",
         "error",
         "error_sticky",
         "failures",
@@ -617,6 +618,9 @@ class PartitionState:
         self.following = False
         self.completed: deque[CompletedFetch] = deque()
         self.high_watermark = -1
+        #: What the consumer can read up to, as the last fetch reported it: the high
+        #: watermark, or with read_committed the last stable offset (-1 before any fetch).
+        self.end_offset = -1
         self.log_start_offset = -1
         self.backoff_until = 0.0
         self.failures = 0
@@ -690,6 +694,7 @@ class Fetcher:
         read_committed: bool = False,
     ) -> None:
         self._client = client
+        self._read_committed = read_committed
         self._isolation = (
             storage_pb2.ISOLATION_LEVEL_READ_COMMITTED
             if read_committed
@@ -839,9 +844,11 @@ class Fetcher:
             }
 
     def high_watermark(self, tp: TopicPartition) -> int | None:
+        """The end the last fetch of ``tp`` reported (the last stable offset with
+        read_committed: see ``PartitionState.end_offset``); None before any."""
         with self._lock:
             part = self.parts.get(tp)
-            return part.high_watermark if part is not None and part.high_watermark >= 0 else None
+            return part.end_offset if part is not None and part.end_offset >= 0 else None
 
     def pause(self, tps: list[TopicPartition]) -> None:
         with self._lock:
@@ -1545,6 +1552,13 @@ class Fetcher:
         if code == ErrorCode.NONE:
             part.failures = 0
             part.high_watermark = info.high_watermark
+            # FIX (found from outside): highwater() gave the high watermark to read_committed
+            # consumers too, so an open transaction showed as lag they could never read.
+            part.end_offset = (
+                info.last_stable_offset
+                if self._read_committed and info.last_stable_offset >= 0
+                else info.high_watermark
+            )
             part.log_start_offset = info.log_start_offset
             if isinstance(batches, InvalidBatchError):
                 part.error = CorruptMessageError(
