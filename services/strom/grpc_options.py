@@ -14,3 +14,7 @@ GRPC_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 )
+
+#: The largest ProduceRecords request a node reads (RecordService; strom.storage.records_api
+#: says why). Here so that the security rules, which run before the handler, know it too.
+MAX_PRODUCE_RECORDS_REQUEST_BYTES = 64 << 20

@@ -358,6 +358,26 @@ def test_a_call_above_the_request_limit_is_refused_before_it_is_parsed(
     assert [r.value for r in read_all(cluster, topic, 1, n)] == [value] * n
 
 
+def test_a_call_of_more_records_than_the_limit_is_refused(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: 20 M one-byte values fit in 60 MB, and the answer's per-record
+    arrays made a 220 MB response (the caller saw only RESOURCE_EXHAUSTED) while the node
+    stalled until it lost its etcd lease. A call of more records than the node's limit is
+    refused, naming the limit; one at the limit is written."""
+    from strom.storage.records_api import MAX_PRODUCE_RECORDS
+
+    topic = "rec-count"
+    new_topic(cluster, 1, 1, name=topic)
+    over = rp.RecordColumns(values=[b"v"] * (MAX_PRODUCE_RECORDS + 1))
+    exc = bad_request(stub.ProduceRecords, rp.ProduceRecordsRequest(topic=topic, records=over))
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert f"limit of {MAX_PRODUCE_RECORDS} per ProduceRecords call" in exc.details()  # type: ignore[attr-defined]
+    assert strom_error(exc).code == E.MESSAGE_TOO_LARGE
+    ok = produce(stub, topic=topic, records=rp.RecordColumns(values=[b"v"] * MAX_PRODUCE_RECORDS))
+    assert ok.error_code == E.NONE and len(ok.offsets) == MAX_PRODUCE_RECORDS
+
+
 def test_topic_level_errors(
     cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
 ) -> None:

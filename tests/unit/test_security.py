@@ -679,3 +679,40 @@ def test_requests_of_a_principal_that_owes_wait_in_order_until_it_has_paid(
     assert [n for n, _ in served[1:]] == ["a", "b", "c"]
     assert [t for _, t in served[1:]] == [pytest.approx(t) for t in (99.0, 100.0, 101.0)]
     assert not rpc_base._GATES  # nothing left behind
+
+
+def test_the_produce_records_rule_reads_the_topic_without_parsing_the_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found from outside: with ACLs on, the rule parsed the whole ProduceRecords request on
+    the event loop before the handler's size limit, and a 120 MB call cost the node its etcd
+    lease. The topic is read from the wire format's top level (last occurrence wins, as
+    protobuf's parser does); a call above the limit is not read at all (the handler refuses
+    it before acting)."""
+    from strom.api import records_pb2 as rp
+    from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
+    from strom.security import rules
+
+    rule = RULES["/strom.v1.RecordService/ProduceRecords"]
+    cols = rp.RecordColumns(values=[b"x" * 100] * 50, keys=[b"k"] * 50)
+    plain = rp.ProduceRecordsRequest(
+        topic="orders", partition=3, records=cols, acks=rp.ACKS_ALL, timeout_ms=5
+    ).SerializeToString()
+    seq = rp.ProduceRecordsRequest(topic="pay", producer=rp.ProducerSequence(producer_id=7))
+    # A topic repeated: protobuf's parser keeps the last one, and so must the rule.
+    twice = plain + rp.ProduceRecordsRequest(topic="other").SerializeToString()
+    assert rp.ProduceRecordsRequest.FromString(twice).topic == "other"
+
+    def no_parse(_raw: bytes) -> None:
+        raise AssertionError("the request was parsed")
+
+    monkeypatch.setattr(rp.ProduceRecordsRequest, "FromString", no_parse)
+    assert list(rule(plain)) == [(Op.WRITE, Res.TOPIC, "orders")]
+    assert list(rule(seq.SerializeToString())) == [(Op.WRITE, Res.TOPIC, "pay")]
+    assert list(rule(twice)) == [(Op.WRITE, Res.TOPIC, "other")]
+    assert list(rule(b"\0" * (MAX_PRODUCE_RECORDS_REQUEST_BYTES + 1))) == []
+    # What the wire read cannot be sure of goes to the parser (which refuses garbage).
+    monkeypatch.undo()
+    assert rules._top_level_string(b"\x0b\x00", 1) is None  # a group (wire type 3)
+    assert rules._top_level_string(b"\x0a\x02\xff\xfe", 1) is None  # not UTF-8
+    assert list(rule(b"\x0a\x05ab")) == []  # truncated: not parsable, handler refuses

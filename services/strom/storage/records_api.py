@@ -45,6 +45,7 @@ from strom.api import common_pb2, records_pb2, storage_pb2
 from strom.client.partitioner import partitions_for_keys
 from strom.client.types import TopicPartition
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
+from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
 from strom.metadata import ClusterView
 from strom.record.codecs import CODEC_NAMES
 from strom.security.interceptor import STREAM_REQUEST_DENIED
@@ -84,7 +85,13 @@ DEFAULT_TIMEOUT_MS = 30_000
 #: anyway (max.message.bytes is 16 MiB by default). Checked on the raw size, before parsing,
 #: so such a call costs nothing; a topic whose max.message.bytes is raised above this takes
 #: its largest batches through the batch API (StorageService.Produce).
-MAX_PRODUCE_REQUEST_BYTES = 64 << 20
+MAX_PRODUCE_REQUEST_BYTES = MAX_PRODUCE_RECORDS_REQUEST_BYTES
+#: The most records one ProduceRecords call may carry. FIX (found from outside): 20 M
+#: one-byte values fit in 60 MB, and the answer's per-record partition and offset arrays,
+#: built on the event loop, made a 220 MB response (beyond any default client's 4 MiB
+#: receive limit, so the caller saw only RESOURCE_EXHAUSTED) while the node stalled for
+#: seconds and lost its etcd lease. 250,000 records answer in about 2.5 MB at most.
+MAX_PRODUCE_RECORDS = 250_000
 #: A ProduceRecords request at least this large is parsed and turned into Arrow in a worker
 #: thread (and its batches encoded in one, record_producers), so the event loop goes on
 #: serving other calls meanwhile; smaller calls stay on the loop (a thread hop costs more
@@ -256,6 +263,12 @@ class RecordService:
         seq = req.producer if req.HasField("producer") else None
         if seq is not None:
             _check_sequence(seq, explicit, acks)
+        if len(req.records.values) > MAX_PRODUCE_RECORDS:
+            raise BadRequest(
+                f"the call has {len(req.records.values)} records, above the node's limit of "
+                f"{MAX_PRODUCE_RECORDS} per ProduceRecords call: send fewer records per call",
+                code=E.MESSAGE_TOO_LARGE,
+            )
         try:
             if big:
                 table = await asyncio.to_thread(columns_to_table, req.records)
