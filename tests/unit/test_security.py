@@ -483,7 +483,7 @@ def test_super_users_are_separated_by_semicolons_and_keep_their_subjects_commas(
     }
     # A single principal with a comma that is no RDN: end it with ';'.
     assert parse_super_users(["User:svc,eu;"]) == {"User:svc,eu"}
-    assert parse_super_users([]) == frozenset() and parse_super_users([" ; "]) == frozenset()
+    assert parse_super_users([]) == frozenset()  # the flag not given (" ; " is refused: below)
     for ambiguous in (
         "User:CN=strom,O=acme,User:CN=admin",  # the reviewer's value
         "admin,bob",
@@ -716,3 +716,20 @@ def test_the_produce_records_rule_reads_the_topic_without_parsing_the_records(
     assert rules._top_level_string(b"\x0b\x00", 1) is None  # a group (wire type 3)
     assert rules._top_level_string(b"\x0a\x02\xff\xfe", 1) is None  # not UTF-8
     assert list(rule(b"\x0a\x05ab")) == []  # truncated: not parsable, handler refuses
+
+
+def test_super_users_are_written_as_rfc_4514_subjects_and_an_empty_value_is_refused() -> None:
+    """Found from outside on the re-check: ``User:CN=strom, O=acme`` kept its space and never
+    matched the certificate's principal (RFC 4514 writes none), and ``--super-users ';'``
+    silently named nobody."""
+    from strom.security.config import parse_super_users
+
+    assert parse_super_users("User:CN=strom, O=acme;User:CN=admin") == {
+        "User:CN=strom,O=acme",
+        "User:CN=admin",
+    }
+    assert parse_super_users("User:CN=strom, O=acme") == {"User:CN=strom,O=acme"}
+    assert parse_super_users(r"User:CN=x,O=Acme\, Inc;") == {r"User:CN=x,O=Acme\, Inc"}
+    for empty in (";", " ; ", ""):
+        with pytest.raises(ValueError, match="names no principal"):
+            parse_super_users(empty)

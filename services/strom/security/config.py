@@ -330,19 +330,25 @@ def parse_super_users(values: str | list[str]) -> frozenset[str]:
     for value in [values] if isinstance(values, str) else values:
         pieces = [p.strip() for p in _split_unescaped(value, ";")]
         separated = len(pieces) > 1
+        named = False
         for piece in pieces:
             if not piece:
                 continue
+            named = True
             parts = [p.strip() for p in _split_unescaped(piece, ",") if p.strip()]
             typed = [bool(_TYPED.match(p)) for p in parts]
+            # A subject's attributes joined as RFC 4514 writes them, with no space after the
+            # comma (an unescaped space there is not part of a value): "User:CN=a, O=b" was
+            # kept with its space and never matched a certificate (found from outside).
+            subject = ",".join(parts)
             if len(parts) == 1:
                 out.add(user(parts[0]))
             elif separated and not any(typed[1:]):
-                out.add(user(piece))
+                out.add(user(subject))
             elif not separated and all(typed):
                 out.update(parts)  # the old comma-separated list of whole principals
             elif not separated and not any(typed[1:]) and all(_RDN.match(p) for p in parts[1:]):
-                out.add(user(piece))  # one certificate's subject
+                out.add(user(subject))  # one certificate's subject
             else:
                 raise ValueError(
                     f"--super-users {value!r}: cannot tell where one principal ends: separate "
@@ -350,6 +356,8 @@ def parse_super_users(values: str | list[str]) -> frozenset[str]:
                     "'User:CN=strom,O=acme;User:admin'), and end a single principal that has "
                     "a comma with ';'"
                 )
+        if not named:
+            raise ValueError(f"--super-users {value!r} names no principal")
     return frozenset(out)
 
 
