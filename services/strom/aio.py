@@ -34,6 +34,11 @@ from strom.client import producer as _producer
 from strom.client.types import RecordMetadata, TopicPartition
 from strom.record import Record
 
+#: The longest sync poll an awaited ``poll``/``poll_arrow`` makes in its worker thread at a
+#: time (a longer timeout is several): what a cancelled poll's thread may still take before
+#: it stops, and so how long the next poll or ``close()`` waits for it.
+POLL_SLICE_MS = 200.0
+
 __all__ = ["Admin", "Consumer", "Producer", "RecordMetadata", "TopicPartition"]
 
 
@@ -136,7 +141,7 @@ class Consumer:
         if records or timeout_ms <= 0:
             return records
         return await self._poll_in_thread(
-            functools.partial(self._sync.poll, timeout_ms, max_records), _first_of_records
+            lambda ms: self._sync.poll(ms, max_records), timeout_ms, _first_of_records, bool
         )
 
     async def poll_arrow(self, timeout_ms: int = 0, max_records: int | None = None) -> Any:
@@ -146,7 +151,10 @@ class Consumer:
         if table.num_rows or timeout_ms <= 0:
             return table
         return await self._poll_in_thread(
-            functools.partial(self._sync.poll_arrow, timeout_ms, max_records), _first_of_table
+            lambda ms: self._sync.poll_arrow(ms, max_records),
+            timeout_ms,
+            _first_of_table,
+            lambda table: table.num_rows > 0,
         )
 
     async def _abandoned_poll_done(self) -> None:
@@ -156,11 +164,20 @@ class Consumer:
             await asyncio.to_thread(self._poll_done.wait, self._sync._timeout_s)
 
     async def _poll_in_thread(
-        self, poll: Callable[[], Any], first_of: Callable[[Any], dict[TopicPartition, int]]
+        self,
+        poll: Callable[[float], Any],
+        timeout_ms: float,
+        first_of: Callable[[Any], dict[TopicPartition, int]],
+        has_data: Callable[[Any], bool],
     ) -> Any:
-        """Run ``poll`` in a worker thread; if the awaiting task is cancelled, what it
-        returns goes back (each partition seeks to its first offset in it, unless the
-        application sought meanwhile: the sync consumer's ``_rewind_to``).
+        """Run ``poll(ms)`` in a worker thread for up to ``timeout_ms``, in slices of at most
+        :data:`POLL_SLICE_MS`; if the awaiting task is cancelled, the thread stops after its
+        slice and what it returns goes back (each partition seeks to its first offset in it,
+        unless the application sought meanwhile: the sync consumer's ``_rewind_to``).
+
+        Slices, because a cancelled poll's thread must end soon (found from outside on the
+        re-check): the next poll, even ``poll(0)``, and ``close()`` wait for it to put its
+        records back, and a single 20 s sync poll made them wait out the rest of its 20 s.
 
         FIX (found from outside): ``await asyncio.wait_for(consumer.poll(3000), 0.5)``
         timing out left the poll running in its thread; the records it then took were handed
@@ -178,7 +195,14 @@ class Consumer:
 
         def run() -> Any:
             try:
-                result = poll()
+                end = time.monotonic() + max(timeout_ms, 0) / 1000
+                while True:
+                    left_ms = max(end - time.monotonic(), 0.0) * 1000
+                    result = poll(min(left_ms, POLL_SLICE_MS))
+                    with lock:
+                        stop = state[0]
+                    if stop or has_data(result) or left_ms <= POLL_SLICE_MS:
+                        break
                 marks = sync._fetcher.last_marks
                 with lock:
                     if state[0]:

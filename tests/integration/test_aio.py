@@ -258,3 +258,34 @@ def test_a_cancelled_poll_loses_no_records(one_node_cluster: LocalCluster, metho
             return got
 
     assert asyncio.run(main()) == list(range(5))
+
+
+def test_after_a_cancelled_poll_the_next_poll_and_close_do_not_wait_it_out(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside on the re-check: after ``wait_for(consumer.poll(20000), 0.5)``
+    timed out, ``poll(0)`` and ``close()`` each waited for the abandoned 20 s poll (19.5 s),
+    since they must let its thread put its records back first. The thread now polls in short
+    slices and stops after the one it is in, so neither waits out the poll's timeout."""
+    topic = "aio-abandoned"
+    create_topic(one_node_cluster, topic)
+    tp = TopicPartition(topic, 0)
+
+    async def main() -> None:
+        consumer = aio.Consumer(
+            one_node_cluster.bootstrap, auto_offset_reset="earliest", request_timeout_ms=600_000
+        )
+        await consumer.assign([tp])
+        # The bounds below are far under the abandoned polls' 600 s (and the request timeout
+        # the old code waited for them), only so that a regression fails instead of hanging.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(consumer.poll(600_000), 0.3)
+        async with asyncio.timeout(60):
+            assert await consumer.poll(0) == []
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(consumer.poll(600_000), 0.3)
+        async with asyncio.timeout(60):
+            await consumer.close()
+        assert consumer.closed
+
+    asyncio.run(main())

@@ -134,6 +134,7 @@ def test_close_is_idempotent_and_final() -> None:
         lambda: iter(c),
         lambda: c.topics(),
         lambda: c.assignment(),  # found from outside: gave the partitions of before the close
+        lambda: c.paused(),  # (the same: an empty set)
     ):
         with pytest.raises(IllegalStateError, match="closed"):
             call()

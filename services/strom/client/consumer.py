@@ -662,6 +662,7 @@ class Consumer:
 
     def paused(self) -> set[TopicPartition]:
         """The partitions paused with pause()."""
+        self._ensure_open()  # as assignment(): a closed consumer has none (found from outside)
         return self._fetcher.paused()
 
     # -- metadata -------------------------------------------------------------------------
