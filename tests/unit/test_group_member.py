@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -176,3 +177,35 @@ def test_coordinator_moves_are_rediscovered(member: Any) -> None:
     stub.responses = [_resp(-1, code=E.NOT_COORDINATOR)]
     assert m._heartbeat_once() == pytest.approx(0.05)  # backoff, then FindCoordinator
     assert m._coordinator is None
+
+
+def test_a_commit_refused_for_a_stale_epoch_waits_for_the_heartbeat_that_brings_the_new_one(
+    member: Any,
+) -> None:
+    """Found from outside: a sync commit made while the coordinator had bumped the member's
+    epoch, before the heartbeat bringing it came back, failed with a non-retriable
+    StaleMemberEpochError. It asks for a heartbeat at once, and retries with the new epoch."""
+    m, *_ = member
+    with m._lock:
+        m.member_epoch = m._last_epoch = 1
+    sent: list[int] = []
+
+    def request(method: str, req: Any, timeout_s: float) -> Any:
+        sent.append(req.member_epoch)
+        code = E.STALE_MEMBER_EPOCH if req.member_epoch == 1 else E.NONE
+        return coordinator_pb2.OffsetCommitResponse(error_code=code)
+
+    def heartbeat() -> None:  # the heartbeat thread, asked to go now
+        assert m._wake.wait(30)
+        m._heartbeat_once()
+
+    m._request = request
+    m._stub = lambda timeout_s: (FakeStub(_resp(2)), "addr")
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    try:
+        assert m._send_commit({T0: OffsetAndMetadata(5)}, 1) == {}
+    finally:
+        m._wake.set()
+        beat.join(30)
+    assert sent == [1, 2]

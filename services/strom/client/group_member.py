@@ -114,6 +114,8 @@ class GroupMember:
         self._backoff_s = max(consumer._backoff_s, 0.05)
 
         self._lock = threading.Lock()
+        #: Notified (under _lock) when a heartbeat's answer sets the member epoch.
+        self._epoch_set = threading.Condition(self._lock)
         self.member_id = str(uuid.uuid4())
         self.member_epoch = 0
         #: The last epoch this consumer held as a member (0: never joined): what its commits
@@ -347,9 +349,16 @@ class GroupMember:
             add_offsets(req, offsets)
             resp = self._request("OffsetCommit", req, max(deadline - time.monotonic(), 0.001))
             if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
-                # A heartbeat bumped the epoch meanwhile: retry with the new one (the
-                # coordinator still checks the partitions are ours to commit).
+                # The coordinator bumped the epoch (a rebalance): retry with the new one (the
+                # coordinator still checks the partitions are ours to commit). FIX (found
+                # from outside): when the heartbeat bringing it had not come back yet, a
+                # sync commit failed with a non-retriable StaleMemberEpochError; it now asks
+                # for a heartbeat at once and waits briefly for the new epoch, as Kafka's
+                # consumer retries such a commit with the epoch its next heartbeat brings.
+                self._wake.set()
                 with self._lock:
+                    wait_s = min(deadline - time.monotonic(), max(2 * self._interval_s, 0.5))
+                    self._epoch_set.wait_for(lambda e=epoch: self.member_epoch != e, wait_s)
                     moved = self.member_epoch > 0 and self.member_epoch != epoch
                 if moved:
                     continue
@@ -569,6 +578,7 @@ class GroupMember:
             with self._lock:
                 self.member_id = resp.member_id or self.member_id
                 self.member_epoch = resp.member_epoch
+                self._epoch_set.notify_all()
                 if resp.member_epoch > 0:
                     self._last_epoch = resp.member_epoch
                 if resp.heartbeat_interval_ms > 0:
