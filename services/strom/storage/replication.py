@@ -537,14 +537,20 @@ class ReplicaFetchers:
     async def _truncate(self, part: Partition, offset: int, *, fully: bool = False) -> None:
         """Truncate our log to ``offset`` (``fully``: drop all of it and restart it empty
         there, epoch history included)."""
-        if fully:
-            await self._locked(part, part.log.truncate_fully_and_start_at, offset)
-        else:
-            await self._locked(part, part.log.truncate_to, offset)
-        part.set_follower_high_watermark(part.high_watermark)
-        self.manager.refresh_gauges(part)
-        # The recovery point may have moved down: make that durable before going on.
-        await self._checkpoint()
+        try:
+            if fully:
+                await self._locked(part, part.log.truncate_fully_and_start_at, offset)
+            else:
+                await self._locked(part, part.log.truncate_to, offset)
+        finally:
+            # FIX: also when this fetcher was cancelled meanwhile (a role change: the
+            # truncation still completes, see _locked). The checkpoint was skipped then, and
+            # a log restarted below its old start (at 50, start 80) kept 80 on disk until the
+            # periodic checkpoint: a crash meanwhile hid 50..79 (found by the clean-clone CI).
+            part.set_follower_high_watermark(part.high_watermark)
+            self.manager.refresh_gauges(part)
+            # The recovery point may have moved down: make that durable before going on.
+            await asyncio.shield(self._checkpoint())
 
 
 def divergence_truncation_offset(
