@@ -691,7 +691,7 @@ def test_the_produce_records_rule_reads_the_topic_without_parsing_the_records(
     it before acting)."""
     from strom.api import records_pb2 as rp
     from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
-    from strom.security import rules
+    from strom.storage.wire import top_level_string
 
     rule = RULES["/strom.v1.RecordService/ProduceRecords"]
     cols = rp.RecordColumns(values=[b"x" * 100] * 50, keys=[b"k"] * 50)
@@ -713,8 +713,8 @@ def test_the_produce_records_rule_reads_the_topic_without_parsing_the_records(
     assert list(rule(b"\0" * (MAX_PRODUCE_RECORDS_REQUEST_BYTES + 1))) == []
     # What the wire read cannot be sure of goes to the parser (which refuses garbage).
     monkeypatch.undo()
-    assert rules._top_level_string(b"\x0b\x00", 1) is None  # a group (wire type 3)
-    assert rules._top_level_string(b"\x0a\x02\xff\xfe", 1) is None  # not UTF-8
+    assert top_level_string(b"\x0b\x00", 1) is None  # a group (wire type 3)
+    assert top_level_string(b"\x0a\x02\xff\xfe", 1) is None  # not UTF-8
     assert list(rule(b"\x0a\x05ab")) == []  # truncated: not parsable, handler refuses
 
 

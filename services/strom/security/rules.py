@@ -26,6 +26,7 @@ from strom.api import records_pb2
 from strom.errors import ErrorCode
 from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
 from strom.security.acl import CLUSTER, Authorizer, Op, Res
+from strom.storage.wire import top_level_string
 
 Check = tuple[Op, Res, str]
 #: request -> the checks it needs (empty: any authenticated principal).
@@ -161,52 +162,6 @@ def _parsed(message: type[Any], req: Any) -> Any:
         return None
 
 
-def _top_level_string(raw: bytes | bytearray | memoryview, field: int) -> str | None:
-    """String ``field`` of the serialized message ``raw`` read from its wire format without
-    parsing the message: its last occurrence (protobuf's rule for a singular field), "" when
-    absent; None when the top level is not plain wire format of types 0, 1, 2 and 5 to its
-    end, or the string is not UTF-8 (the caller then parses the whole message)."""
-    view = memoryview(raw)
-    n, i = len(view), 0
-    found = ""
-
-    def varint() -> int:
-        nonlocal i
-        shift = value = 0
-        while True:
-            if i >= n or shift > 63:
-                raise ValueError
-            b = view[i]
-            i += 1
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                return value
-            shift += 7
-
-    try:
-        while i < n:
-            key = varint()
-            number, wire = key >> 3, key & 7
-            if wire == 0:
-                varint()
-            elif wire == 1:
-                i += 8
-            elif wire == 5:
-                i += 4
-            elif wire == 2:
-                size = varint()
-                if number == field:
-                    found = bytes(view[i : i + size]).decode()
-                i += size
-            else:
-                return None
-            if i > n:
-                return None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return found
-
-
 def _produce_records(req: Any) -> Iterable[Check]:
     """WRITE on the call's topic, read from the request's top level only.
 
@@ -219,7 +174,7 @@ def _produce_records(req: Any) -> Iterable[Check]:
     if isinstance(req, (bytes, bytearray, memoryview)):
         if len(req) > MAX_PRODUCE_RECORDS_REQUEST_BYTES:
             return ()
-        topic = _top_level_string(req, 1)
+        topic = top_level_string(req, 1)
         if topic is not None:
             return [(Op.WRITE, Res.TOPIC, topic)]
     msg = _parsed(records_pb2.ProduceRecordsRequest, req)

@@ -76,6 +76,22 @@ def _fields(buf: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, Any
         raise WireError("message runs past its end")
 
 
+def top_level_string(raw: bytes | bytearray | memoryview, number: int) -> str | None:
+    """String field ``number`` of the serialized message ``raw``, read from its top level
+    without parsing the rest: its last occurrence (protobuf's rule for a singular field), ""
+    when absent; None when the top level is not valid wire format or the string is not UTF-8
+    (the caller then parses the whole message)."""
+    buf = memoryview(raw)
+    found = ""
+    try:
+        for num, wt, value in _fields(buf, 0, len(buf)):
+            if num == number and wt == _LEN:
+                found = bytes(buf[value[0] : value[1]]).decode()
+    except (WireError, UnicodeDecodeError):
+        return None
+    return found
+
+
 @dataclass(slots=True)
 class ProducePartitionView:
     """Duck-types :class:`strom.v1.ProducePartitionData` with ``records`` not copied."""
