@@ -162,3 +162,27 @@ def test_position_and_poll_inside_an_iteration_agree_with_commit(
         for r in c:
             assert (r.offset, c.position(tp)) == (0, 1)
             break
+
+
+def test_position_and_commit_at_every_record_of_a_poll_over_several_partitions(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """At every record of a poll spanning three partitions, position() of each partition is
+    its count of records handed out so far (the offsets are contiguous from 0), and a
+    commit made there covers exactly those: the per-partition index position() and commit()
+    bisect (they scanned the rest of the poll on every call before, O(n^2) per poll) agrees
+    with the records handed out, whichever partition the record in hand belongs to."""
+    tps = _records(one_node_cluster, "loop-every", 3, 40)
+    with _consumer(one_node_cluster, "loop-every") as c:
+        c.assign(tps)
+        _fetched(c, tps, 40)
+        handed = dict.fromkeys(tps, 0)
+        for r in c:
+            handed[TopicPartition(r.topic, r.partition)] += 1
+            assert {tp: c.position(tp) for tp in tps} == handed
+            if sum(handed.values()) in (1, 41, 119):
+                c.commit()
+                assert {tp: c.committed(tp).offset for tp in tps} == handed
+            if sum(handed.values()) == 120:
+                break
+        assert handed == dict.fromkeys(tps, 40)

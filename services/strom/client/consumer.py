@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -238,6 +239,9 @@ class Consumer:
         #: one not handed out yet: commits count only what was handed out.
         self._handing: tuple[list[Record], dict[TopicPartition, Any]] | None = None
         self._handed = 0
+        #: The handed poll's record indexes per partition, built on first need by
+        #: ``_unhanded_firsts`` (for the records list it was built from).
+        self._handing_index: tuple[list[Record], dict[TopicPartition, list[int]]] | None = None
         #: Set by every call that moves positions, so an iteration in progress stops handing
         #: out records polled before the move.
         self._moved = False
@@ -497,26 +501,59 @@ class Consumer:
             pos = self._fetcher.position(tp)
             if pos is None and time.monotonic() >= deadline:
                 raise StromError(f"could not determine the position of {tp}", retriable=True)
-        if self._handing is not None:
-            first = self._first_unhanded(tp)
+        handing = self._handing
+        if handing is not None:
+            records, polled = handing
+            if self._handed < len(records):
+                r = records[self._handed]  # the common case: the next record is tp's
+                if r.partition == tp.partition and r.topic == tp.topic:
+                    if self._fetcher.marks({tp}).get(tp) == polled.get(tp):
+                        return r.offset
+                    return pos
+            first = self._unhanded_firsts({tp}).get(tp)
             if first is not None:
                 return first
         return pos
 
-    def _first_unhanded(self, tp: TopicPartition) -> int | None:
-        """The offset of ``tp``'s first record the iteration has not handed out (None if it
-        has none, or the partition moved since the poll: then the fetcher's position holds)."""
+    def _unhanded_firsts(
+        self, only: set[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
+        """For each partition (of ``only``, when given) with records the iteration has not
+        handed out yet, the offset of the first one, unless the application moved the
+        partition since the poll (a seek wins: the fetcher's position holds then).
+
+        FIX (item 5 of the performance issue: what grows faster than linearly): position()
+        and commit() in the loop's body scanned the rest of the poll on every call, so a
+        loop calling one per record cost O(n^2) per poll of n records. The poll's records
+        are indexed per partition once (on the first such call) and each call bisects."""
         handing = self._handing
         if handing is None:
-            return None
+            return {}
         records, polled = handing
-        for i in range(self._handed, len(records)):
-            r = records[i]
-            if r.partition == tp.partition and r.topic == tp.topic:
-                if self._fetcher.marks({tp}).get(tp) == polled.get(tp):
-                    return r.offset
-                return None
-        return None
+        built = self._handing_index
+        if built is None or built[0] is not records:
+            index: dict[TopicPartition, list[int]] = {}
+            for i, r in enumerate(records):
+                tp = TopicPartition(r.topic, r.partition)  # type: ignore[arg-type]
+                at = index.get(tp)
+                if at is None:
+                    index[tp] = [i]
+                else:
+                    at.append(i)
+            built = self._handing_index = (records, index)
+        index = built[1]
+        handed = self._handed
+        firsts: dict[TopicPartition, int] = {}
+        for tp, at in index.items():
+            if only is not None and tp not in only:
+                continue
+            j = bisect_left(at, handed)
+            if j < len(at):
+                firsts[tp] = records[at[j]].offset
+        if not firsts:
+            return firsts
+        now = self._fetcher.marks(set(firsts))
+        return {tp: off for tp, off in firsts.items() if tp in now and now[tp] == polled.get(tp)}
 
     def highwater(self, partition: TopicPartition) -> int | None:
         """The high watermark the last fetch of ``partition`` reported (None before any):
@@ -649,10 +686,9 @@ class Consumer:
         ``_consumed_positions``) read as "the application sought, a seek wins". Now the
         paused partitions are first put back to their first record not handed out."""
         tps = self._assigned(list(partitions), "pause()")
-        handing = self._handing
-        if handing is not None:
-            records, marks = handing
-            self._rewind(records[self._handed :], marks, only=set(tps))
+        if self._handing is not None:
+            for tp, offset in self._unhanded_firsts(set(tps)).items():
+                self._fetcher.seek(tp, offset)
         self._moved = True
         self._fetcher.pause(tps)
 
@@ -800,7 +836,7 @@ class Consumer:
                         if self._moved:  # seek/pause/assign inside the loop: poll afresh
                             break
                 finally:
-                    self._handing = None
+                    self._handing = self._handing_index = None
                     # Whatever poll() returned but the loop never handed out (break, an
                     # exception, a seek) must be read again: move those partitions back.
                     self._rewind(records[self._handed :], marks)
@@ -820,6 +856,7 @@ class Consumer:
         returned nothing with the position at 10 while ``commit()`` committed 1 and the next
         ``next(consumer)`` returned 1: poll and the iteration disagreed on where they were."""
         handing, self._handing = self._handing, None
+        self._handing_index = None
         if handing is None:
             return
         records, marks = handing
@@ -841,18 +878,9 @@ class Consumer:
         too)."""
         marks = self._fetcher.marks(set(parts))  # assigned ones only
         out = {tp: pos for tp, (_, pos) in marks.items() if pos is not None}
-        handing = self._handing
-        if handing is not None:
-            records, polled = handing
-            seen: set[TopicPartition] = set()
-            for r in records[self._handed :]:
-                tp = TopicPartition(r.topic, r.partition)  # type: ignore[arg-type]
-                if tp in seen:
-                    continue
-                seen.add(tp)
-                # Unless the application moved the partition since (a seek wins).
-                if tp in out and marks[tp] == polled.get(tp):
-                    out[tp] = r.offset
+        if self._handing is not None:
+            for tp, offset in self._unhanded_firsts(set(out)).items():
+                out[tp] = offset
         return out
 
     def _rewind(
