@@ -982,6 +982,41 @@ def test_new_replica_copies_a_batch_holding_the_leaders_log_start(tmp_path: Path
     assert req.topics[0].partitions[0].fetch_offset == 10
 
 
+def test_a_truncation_whose_fetcher_is_cancelled_meanwhile_still_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """A role change cancels the fetcher while its truncation thread runs; the truncation
+    completes (the flush lock covers it) and its checkpoint must be written too. It was
+    skipped: a log restarted below its old start (at 50, start 80) kept 80 on disk until
+    the periodic checkpoint, so a crash then hid 50..79 (found by the clean-clone CI, which
+    met the race 1 time in ~4; this makes it happen every time)."""
+    part, fetchers, logs = _follower_with_logs(tmp_path)
+    part.log.truncate_fully_and_start_at(80)
+    logs.checkpoint()
+    assert _checkpointed_start(logs) == 80
+    entered, release = threading.Event(), threading.Event()
+    restart = part.log.truncate_fully_and_start_at
+
+    def slow_restart(offset: int) -> None:
+        entered.set()
+        release.wait(10)
+        restart(offset)
+
+    part.log.truncate_fully_and_start_at = slow_restart  # type: ignore[method-assign]
+
+    async def run() -> None:
+        task = asyncio.create_task(fetchers._truncate(part, 50, fully=True))
+        await asyncio.to_thread(entered.wait, 10)
+        task.cancel()  # the role change, while the truncation thread runs
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert part.log.log_start_offset == 50
+    assert _checkpointed_start(logs) == 50
+
+
 # -- the leader's replica lag gauge (found from outside) --------------------------------------
 
 
