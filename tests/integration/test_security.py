@@ -209,12 +209,22 @@ def test_write_needs_write_and_a_deny_beats_an_allow(env: Env) -> None:
     ):
         bob.send("orders", b"nope").result(10)  # bob may not even see the topic
     env.acls(allow("User:CN=bob", md.ACL_OPERATION_DESCRIBE, TOPIC, "orders"))
+    # An idempotent producer (the default) needs WRITE on some topic for its producer id
+    # (Kafka's KIP-679; it needed nothing before): bob has none, and is told so at once.
     with Producer(env.bootstrap, **env.client(env.bob, max_block_ms=5000)) as bob:  # type: ignore[arg-type]
         future = eventually(lambda: bob.send("orders", b"nope"))  # bob sees the topic now
         with pytest.raises(
-            AuthorizationError, match=r"User:CN=bob is not allowed WRITE on topic 'orders'"
+            AuthorizationError, match=r"User:CN=bob is not allowed WRITE on any topic"
         ):
             future.result(10)
+    plain = env.client(env.bob, max_block_ms=5000, enable_idempotence=False)
+    with (
+        Producer(env.bootstrap, **plain) as bob,  # type: ignore[arg-type]
+        pytest.raises(
+            AuthorizationError, match=r"User:CN=bob is not allowed WRITE on topic 'orders'"
+        ),
+    ):
+        bob.send("orders", b"nope").result(10)
     env.acls(allow("User:CN=alice", WRITE, TOPIC, "orders"))
     with Producer(env.bootstrap, **env.client(env.alice)) as alice:  # type: ignore[arg-type]
         assert eventually(lambda: alice.send("orders", b"yes")).result(10).offset >= 0

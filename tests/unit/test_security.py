@@ -17,7 +17,16 @@ from strom.api import (
 )
 from strom.api import metadata_pb2 as md
 from strom.errors import ErrorCode
-from strom.security.acl import CLUSTER, Acl, Authorizer, Op, Res, matches_filter, validate
+from strom.security.acl import (
+    CLUSTER,
+    SOME,
+    Acl,
+    Authorizer,
+    Op,
+    Res,
+    matches_filter,
+    validate,
+)
 from strom.security.config import ServerSecurity
 from strom.security.interceptor import AuthInterceptor
 from strom.security.principal import TOKEN_FILE_ERRORS, TokenFile, bearer_token, load_verifier
@@ -76,6 +85,43 @@ def test_prefixes_wildcards_and_any_principal() -> None:
     assert not a.allowed(ALICE, Op.READ, Res.TOPIC, "team-b.clicks")
     assert a.allowed("User:anyone", Op.READ, Res.GROUP, "g")
     assert a.allowed(ALICE, Op.ALTER, Res.CLUSTER, "whatever-name")
+
+
+def test_an_idempotent_producer_id_needs_write_on_some_topic() -> None:
+    """KIP-679: InitProducerId without a transactional id needs WRITE on some topic (it
+    needed nothing: anyone authenticated could have producer ids handed out). WRITE on at
+    least one topic that no DENY takes back, by the principal or ``User:*``."""
+    rule = RULES["/strom.v1.StorageService/InitProducerId"]
+    assert list(rule(storage_pb2.InitProducerIdRequest())) == [(Op.WRITE, Res.TOPIC, SOME)]
+    assert list(rule(storage_pb2.InitProducerIdRequest(transactional_id="tx"))) == [
+        (Op.WRITE, Res.TRANSACTIONAL_ID, "tx")
+    ]
+    a = Authorizer(["User:admin"])
+
+    def some(*acls: Acl, who: str = ALICE) -> bool:
+        a.replace(acls)
+        return a.allowed(who, Op.WRITE, Res.TOPIC, SOME)
+
+    assert a.allowed("User:admin", Op.WRITE, Res.TOPIC, SOME)  # a super user
+    assert not some()  # nothing
+    assert not some(acl(Op.READ, Res.TOPIC, "t"), acl(Op.WRITE, Res.GROUP, "g"))
+    assert some(acl(Op.WRITE, Res.TOPIC, "t"))
+    assert some(acl(Op.ALL, Res.TOPIC, "team.", prefixed=True))
+    assert some(acl(Op.WRITE, Res.TOPIC, "*", who="User:*"))
+    assert not some(acl(Op.WRITE, Res.TOPIC, "t"), who="User:CN=bob")
+    # A DENY takes back what it covers entirely, for its own operation (or ALL).
+    assert not some(acl(Op.WRITE, Res.TOPIC, "t"), acl(Op.WRITE, Res.TOPIC, "t", allow=False))
+    assert not some(acl(Op.WRITE, Res.TOPIC, "t"), acl(Op.ALL, Res.TOPIC, "*", allow=False))
+    assert not some(
+        acl(Op.WRITE, Res.TOPIC, "team.a", prefixed=True),
+        acl(Op.WRITE, Res.TOPIC, "team.", prefixed=True, allow=False),
+    )
+    assert some(acl(Op.WRITE, Res.TOPIC, "t"), acl(Op.READ, Res.TOPIC, "*", allow=False))
+    assert some(acl(Op.WRITE, Res.TOPIC, "*"), acl(Op.WRITE, Res.TOPIC, "t", allow=False))
+    assert some(
+        acl(Op.WRITE, Res.TOPIC, "team.", prefixed=True),
+        acl(Op.WRITE, Res.TOPIC, "team.a", prefixed=True, allow=False),
+    )
 
 
 def test_bindings_round_trip_validate_and_filter() -> None:

@@ -957,6 +957,15 @@ class Producer:
                     )
                     self._fail_all(self._fatal)
                     return False
+                if exc.code() in (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ):
+                    # Fatal, as Kafka's ClusterAuthorizationException here: no node will
+                    # answer otherwise (an idempotent producer needs WRITE on some topic).
+                    self._fatal = refused(exc)
+                    self._fail_all(self._fatal)
+                    return False
                 continue
             if resp.error_code == NONE:
                 self._producer_id, self._producer_epoch = resp.producer_id, resp.producer_epoch

@@ -51,6 +51,9 @@ CLUSTER = "kafka-cluster"
 #: Operations that grant DESCRIBE too (Kafka's implied operations).
 _IMPLIES_DESCRIBE = {Op.READ, Op.WRITE, Op.DELETE, Op.ALTER}
 ANY_PRINCIPAL = "User:*"
+#: A check's name meaning "some resource of the type" (no real name holds a NUL): the
+#: permission on at least one, as Kafka's ``authorizeByResourceType`` (KIP-679).
+SOME = "\0some"
 
 
 @dataclass(frozen=True, order=True)
@@ -180,6 +183,8 @@ class Authorizer:
                 *self._by_principal.get(principal, ()),
                 *self._by_principal.get(ANY_PRINCIPAL, ()),
             ]
+        if name == SOME:
+            return _some_allowed(candidates, op, resource_type)
         allow = False
         for a in candidates:
             if not a.covers(resource_type, name):
@@ -192,3 +197,35 @@ class Authorizer:
             elif a.grants(op):
                 allow = True
         return allow
+
+
+def _some_allowed(candidates: list[Acl], op: Op, resource_type: Res) -> bool:
+    """Whether ``candidates`` (a principal's bindings and ``User:*``'s) allow ``op`` on at
+    least one resource of ``resource_type`` that no DENY takes back: Kafka's
+    ``authorizeByResourceType``. An ALLOW is taken back by a DENY of the operation (or ALL)
+    covering every name it covers: the literal ``*``, the same literal name, or a prefix of
+    its name or prefix."""
+    denies = [
+        a
+        for a in candidates
+        if not a.allow and a.resource_type is resource_type and a.operation in (op, Op.ALL)
+    ]
+    for a in candidates:
+        if not a.allow or a.resource_type is not resource_type or not a.grants(op):
+            continue
+        if not any(_denies_all_of(d, a) for d in denies):
+            return True
+    return False
+
+
+def _denies_all_of(deny: Acl, allow: Acl) -> bool:
+    if _on_every_name(deny):
+        return True
+    if deny.prefixed:
+        return allow.name.startswith(deny.name) and allow.name != "*"
+    return not allow.prefixed and deny.name == allow.name
+
+
+def _on_every_name(a: Acl) -> bool:
+    """A binding on every resource of its type (the cluster, or the literal ``*``)."""
+    return a.resource_type is Res.CLUSTER or (not a.prefixed and a.name == "*")

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from strom.security.acl import Res
+from strom.security.acl import SOME, Res
 from strom.security.config import ServerSecurity
 from strom.security.principal import ANONYMOUS, bearer_token, principal_of_auth_context
 from strom.security.rules import FILTERS, RULES, UNAUTHENTICATED_SERVICES
@@ -140,7 +140,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         """Why ``principal`` may not make ``request`` to ``method`` (None: it may)."""
         for op, res, name in RULES[method](request):
             if not self.security.authorizer.allowed(principal, op, res, name):
-                what = _RES_NAMES[res] + ("" if res is Res.CLUSTER else f" {name!r}")
+                if name == SOME:
+                    what = f"any {_RES_NAMES[res]}"
+                else:
+                    what = _RES_NAMES[res] + ("" if res is Res.CLUSTER else f" {name!r}")
                 return f"{principal} is not allowed {op.name} on {what}"
         return None
 

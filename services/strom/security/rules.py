@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 from strom.api import records_pb2
 from strom.errors import ErrorCode
 from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
-from strom.security.acl import CLUSTER, Authorizer, Op, Res
+from strom.security.acl import CLUSTER, SOME, Authorizer, Op, Res
 from strom.storage.wire import top_level_string
 
 Check = tuple[Op, Res, str]
@@ -134,9 +134,12 @@ def _configs(op: Op) -> Rule:
 
 
 def _init_producer_id(req: Any) -> Iterable[Check]:
+    """A transactional id needs WRITE on it; an idempotent producer id needs WRITE on some
+    topic (Kafka's KIP-679). FIX: it needed nothing, so any authenticated principal could
+    have producer ids handed out (and the active controller write etcd for each 1,000)."""
     if req.HasField("transactional_id"):
         return [(Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id)]
-    return ()  # an idempotent producer id: anyone who may produce somewhere
+    return [(Op.WRITE, Res.TOPIC, SOME)]
 
 
 def _create_topics(req: Any) -> Iterable[Check]:
