@@ -71,38 +71,43 @@ calls = {
 }
 for call in calls.values():  # first uses paid before the spinner runs
     call()
-sys.setswitchinterval(0.2)  # far longer than any call here takes (~1-5 ms)
+sys.setswitchinterval(0.5)  # far longer than any call here takes (~1-5 ms)
 s = Spinner()
 s.thread.start()
 while s.count == 0:
     time.sleep(0.001)
-# Moved in each of 3 calls: a call that lets go does so every time; a stall of the whole
-# process past the switch interval on a loaded machine moves it at most once in a while.
-print(json.dumps({k: all(s.moved_during(c) for _ in range(3)) for k, c in calls.items()}))
+# In how many of 3 calls it moved: a call that lets go does so every time; a stall of the
+# process past the switch interval on a loaded machine moves it once in a while.
+print(json.dumps({k: sum(s.moved_during(c) for _ in range(3)) for k, c in calls.items()}))
 s.stop = True
 """
 
 
 @pytest.fixture(scope="module")
-def moved() -> dict[str, bool]:
-    """For each call: whether a spinning thread moved during it (in 3 of 3 tries)."""
+def moved() -> dict[str, int]:
+    """For each call: in how many of 3 tries a spinning thread moved during it."""
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=180, check=True
     )
-    result: dict[str, bool] = json.loads(out.stdout)
+    result: dict[str, int] = json.loads(out.stdout)
     return result
 
 
-def test_the_probe_sees_calls_that_let_go(moved: dict[str, bool]) -> None:
-    assert moved["probe: sleep"] and moved["probe: crc32c.crc32c"]
+def test_the_probe_sees_calls_that_let_go(moved: dict[str, int]) -> None:
+    assert moved["probe: sleep"] == 3 and moved["probe: crc32c.crc32c"] == 3
 
 
 @pytest.mark.parametrize(
     "name",
     ["crc32c", "join", "as_int64", "min_max", "minus", "encode_batch"],
 )
-def test_the_senders_encode_steps_keep_the_lock(moved: dict[str, bool], name: str) -> None:
-    assert moved[name] is False
+def test_the_senders_encode_steps_keep_the_lock(moved: dict[str, int], name: str) -> None:
+    """A step that lets go moves the spinner every time (3 of 3, as the probes); one that
+    keeps the lock moves it only when the process stalled past the switch interval. On a
+    loaded machine (other clusters beside it, load 5-9 on 2 cores) encode_batch, the longest
+    step, moved it in 3 of 3 tries once with a 0.2 s interval (a unit run failed), and in
+    0-1 of 3 with 0.5 s (three probe runs)."""
+    assert moved[name] <= 1
 
 
 def _big_batch() -> dict[str, Any]:
