@@ -60,6 +60,7 @@ class Env:
         self.bob = self.ca.issue("bob")
         self.nobody = self.ca.issue("nobody")  # never gets an ACL
         self.writer = self.ca.issue("writer")  # WRITE on every topic, nothing else
+        self.hog = self.ca.issue("hog")  # far over a produce quota (its debt is never paid)
         self.viewer = self.ca.issue("viewer")  # DESCRIBE on orders, nothing else
         self.patterned = self.ca.issue("patterned")  # READ on pat-orders and groups pat-*
         self.expired = self.ca.issue("alice", expired=True)
@@ -131,6 +132,7 @@ def allow(
 
 
 TOPIC, GROUP = md.ACL_RESOURCE_TYPE_TOPIC, md.ACL_RESOURCE_TYPE_GROUP
+INFLIGHT_BUDGET = 2 << 20  # the node's --max-inflight-produce-bytes
 READ, WRITE, CREATE = md.ACL_OPERATION_READ, md.ACL_OPERATION_WRITE, md.ACL_OPERATION_CREATE
 
 
@@ -162,7 +164,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         nodes=1,
         controllers=1,
         coordinators=1,
-        node_args=tls,
+        # A small in-flight produce budget, so that a throttled principal could fill it.
+        node_args=[*tls, "--max-inflight-produce-bytes", str(INFLIGHT_BUDGET)],
         controller_args=tls,
         coordinator_args=[*tls, "--offsets-partitions", "1", "--transaction-state-partitions", "1"],
         security=e.security(e.admin),
@@ -501,6 +504,77 @@ def test_a_produce_quota_throttles_instead_of_dropping(env: Env) -> None:
             throttled.append(resp.throttle_time_ms)
     assert max(throttled) > 0
     env.quota("User:CN=alice")
+
+
+def test_a_principal_over_its_quota_cannot_fill_the_nodes_produce_budget(env: Env) -> None:
+    """Requests waiting out their principal's produce quota hold their bytes; they held
+    them against the node's whole in-flight budget, so one principal far over its quota
+    with requests in flight made every other principal's produce shed (RESOURCE_EXHAUSTED).
+    Such requests now get a quarter of the budget per principal (half in all): the hog's
+    extra requests are the ones shed, and another principal's produce goes through."""
+    env.acls(
+        allow("User:CN=hog", WRITE, TOPIC, "orders"),
+        allow("User:CN=writer", WRITE, TOPIC, "*"),
+    )
+    env.quota("User:CN=hog", produce_bytes_per_second=1_000)
+    chunk = INFLIGHT_BUDGET // 5  # 5 of them fill the budget
+
+    def request(tag: bytes) -> storage_pb2.ProduceRequest:
+        req = storage_pb2.ProduceRequest(acks=1, timeout_ms=5000)
+        req.topics.add(topic="orders").partitions.add(
+            partition=0,
+            records=encode_batch([tag * 1000] * (chunk // 1000)),
+            current_leader_epoch=-1,
+        )
+        return req
+
+    node_process = env.cluster.nodes[0]  # type: ignore[union-attr]
+
+    def throttled() -> float:
+        return member_metric(node_process, "strom_storage_throttled_requests_total", kind="produce")
+
+    with (
+        ClusterClient(env.bootstrap, security=env.security(env.hog)) as hog,
+        ClusterClient(env.bootstrap, security=env.security(env.writer)) as writer,
+    ):
+        node = hog.storage(env.bootstrap)
+        small = storage_pb2.ProduceRequest(acks=1, timeout_ms=5000)
+        small.topics.add(topic="orders").partitions.add(
+            partition=0, records=encode_batch([b"s" * 1000] * 2), current_leader_epoch=-1
+        )
+
+        def quota_applied() -> bool:
+            try:
+                return node.Produce(small, timeout=10).throttle_time_ms > 0
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.PERMISSION_DENIED:  # the ACL not there yet
+                    raise
+                return False
+
+        wait_for(quota_applied, timeout=10, what="the hog's ACL and quota applied")
+        before = throttled()
+        # Appended, then the hog owes ~400 s: its answer is held (at most 30 s).
+        held = [node.Produce.future(request(b"h"), timeout=60)]
+        try:
+            wait_for(lambda: throttled() > before, timeout=20, what="the big request appended")
+            later = [node.Produce.future(request(b"h"), timeout=60) for _ in range(4)]
+            held.extend(later)
+            # One of them waits (alone it passes: a quarter of the budget is 2.5 chunks);
+            # the others are shed at once. On the old code all 4 waited.
+            wait_for(
+                lambda: sum(f.done() for f in later) == 3,
+                timeout=10,
+                what="the hog's requests beyond its share to be shed",
+            )
+            shed = [f.exception() for f in later if f.done()]
+            assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in shed), shed
+            assert all("User:CN=hog is over its produce quota" in e.details() for e in shed)
+            other = writer.storage(env.bootstrap).Produce(request(b"w"), timeout=10)
+            assert other.topics[0].partitions[0].error_code == 0
+        finally:
+            for f in held:
+                f.cancel()
+            env.quota("User:CN=hog")
 
 
 def test_the_record_api_charges_the_callers_own_quota(env: Env) -> None:

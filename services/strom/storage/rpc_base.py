@@ -147,6 +147,16 @@ class _Gate:
 _GATES: dict[tuple[str, str], _Gate] = {}
 
 
+def _owing_principal(kind: str) -> str | None:
+    """The caller's principal when it is over its quota of ``kind`` now (its request will
+    wait before it is served: see :func:`_wait_out_debt`), else None. For admission's
+    per-principal share of the in-flight budget (strom.service.limits.Admission)."""
+    if not QUOTAS.active or CHARGED_BY_CALLER.get():
+        return None
+    principal = CURRENT_PRINCIPAL.get()
+    return principal if QUOTAS.owed(principal, kind) > 0.001 else None
+
+
 async def _wait_out_debt(kind: str) -> int:
     """Before a request of ``kind`` is served: wait while its caller is still ahead of its
     quota (what earlier answers' capped holds did not cover, or what requests in flight

@@ -63,6 +63,7 @@ from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator
 from strom.storage.producers_rpcs import ProducerRpcs
 from strom.storage.rpc_base import (
+    _owing_principal,
     _Refusal,
     _throttle,
     _timed,
@@ -137,9 +138,11 @@ class StorageServicer(
         """Works on a generated ProduceRequest (in-process callers) or on the zero-copy
         :class:`ProduceRequestView` the server's deserializer produces."""
         admitted = 0
+        owing = None
         if self.admission is not None:
             admitted = sum(len(pd.records) for td in request.topics for pd in td.partitions)
-            refusal = self.admission.try_admit(admitted)
+            owing = _owing_principal("produce")
+            refusal = self.admission.try_admit(admitted, owing)
             if refusal is not None:
                 metrics.PRODUCE_SHED.inc()
                 if context is None:  # an in-process caller (RecordService)
@@ -149,7 +152,7 @@ class StorageServicer(
             return await self._produce(request, context)
         finally:
             if self.admission is not None:
-                self.admission.release(admitted)
+                self.admission.release(admitted, owing)
 
     async def _produce(
         self, request: pb.ProduceRequest | ProduceRequestView, context: Any

@@ -37,7 +37,7 @@ from strom.security.interceptor import STREAM_REQUEST_DENIED
 from strom.security.rules import is_fetch_grant
 from strom.storage import metrics
 from strom.storage.fetch_rpcs import FollowStep
-from strom.storage.rpc_base import StorageCore, _timed
+from strom.storage.rpc_base import StorageCore, _owing_principal, _timed
 from strom.storage.wire import ProduceRequestView
 
 pb = storage_pb2
@@ -65,9 +65,9 @@ class StreamRpcs(StorageCore):
 
         async def fetch_followed(self, step: FollowStep, context: Any) -> bytes: ...
 
-    def _release(self, admitted: int, _task: object) -> None:
+    def _release(self, admitted: int, owing: str | None, _task: object) -> None:
         if self.admission is not None:
-            self.admission.release(admitted)
+            self.admission.release(admitted, owing)
 
     @_timed("Produce")
     async def _produce_streamed(self, request: Any, context: Any) -> pb.ProduceResponse:
@@ -115,18 +115,20 @@ class StreamRpcs(StorageCore):
             try:
                 while (request := await self._next_request(requests)) is not None:
                     admitted = 0
+                    owing = None
                     if self.admission is not None:
                         admitted = sum(
                             len(pd.records) for td in request.topics for pd in td.partitions
                         )
-                        refusal = self.admission.try_admit(admitted)
+                        owing = _owing_principal("produce")
+                        refusal = self.admission.try_admit(admitted, owing)
                         if refusal is not None:
                             metrics.PRODUCE_SHED.inc()
                             end = refusal
                             break
                     task = asyncio.ensure_future(self._produce_streamed(request, context))
                     if admitted:
-                        task.add_done_callback(functools.partial(self._release, admitted))
+                        task.add_done_callback(functools.partial(self._release, admitted, owing))
                     await started.put(task)
             except Exception as exc:  # the stream broke, or a request did not parse
                 failed.append(exc)
