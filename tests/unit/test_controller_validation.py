@@ -240,6 +240,17 @@ def test_alter_set_delete_append_subtract() -> None:
     assert apply_config_ops({}, [("retention.ms", D, None)]) == {}
 
 
+def test_alter_stores_cleanup_policy_without_repeats() -> None:
+    """Found from outside: AlterConfigs SET cleanup.policy=compact,compact stored the repeat."""
+    S, A = pb.ALTER_CONFIG_OP_SET, pb.ALTER_CONFIG_OP_APPEND
+    assert apply_config_ops({}, [("cleanup.policy", S, "compact,compact")]) == {
+        "cleanup.policy": "compact"
+    }
+    assert apply_config_ops({}, [("cleanup.policy", A, "compact,compact, delete")]) == {
+        "cleanup.policy": "delete,compact"
+    }
+
+
 def test_alter_errors() -> None:
     S, A = pb.ALTER_CONFIG_OP_SET, pb.ALTER_CONFIG_OP_APPEND
     code, message = _code(apply_config_ops, {}, [("retention.ms", S, "x")])

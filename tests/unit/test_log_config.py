@@ -79,6 +79,23 @@ def test_both_cleanup_policies(policy: str) -> None:
     assert cfg.compact and cfg.delete
 
 
+@pytest.mark.parametrize(
+    ("raw", "stored"),
+    [
+        ("compact,compact", "compact"),
+        ("delete, compact,delete", "delete,compact"),
+        (" compact , delete ", "compact,delete"),
+        ("compact,,delete,", "compact,delete"),
+        ("delete,compact", "delete,compact"),
+    ],
+)
+def test_cleanup_policy_is_stored_without_repeats(raw: str, stored: str) -> None:
+    """Found from outside: ``cleanup.policy=compact,compact`` was stored as written; the list
+    is now kept in one form (trimmed, repeats dropped, first-seen order kept)."""
+    assert validate_configs({"cleanup.policy": raw}) == {"cleanup.policy": stored}
+    assert LogConfig.from_dict({"cleanup.policy": raw}).cleanup_policy == stored
+
+
 def test_validate_configs_normalises_to_strings() -> None:
     out = validate_configs(
         {

@@ -34,7 +34,8 @@ class ConfigKey:
 
     ``kind`` is the Python type of the parsed value (``int``, ``float``, ``bool``, ``str``);
     ``max_value`` bounds integers to Kafka's INT or LONG range so that a value accepted here is
-    also one Kafka tools and clients can hold.
+    also one Kafka tools and clients can hold. ``normalise`` rewrites a parsed value into the
+    one form it is stored and shown in, so that equal settings compare equal.
     """
 
     name: str
@@ -44,6 +45,7 @@ class ConfigKey:
     check: Callable[[Any], str | None] = lambda v: None
     choices: tuple[str, ...] = ()
     max_value: int = LONG_MAX
+    normalise: Callable[[Any], Any] | None = None
 
 
 def _at_least(n: int | float) -> Callable[[Any], str | None]:
@@ -52,6 +54,16 @@ def _at_least(n: int | float) -> Callable[[Any], str | None]:
 
 def _between(lo: int | float, hi: int | float) -> Callable[[Any], str | None]:
     return lambda v: None if lo <= v <= hi else f"must be in [{lo}, {hi}]"
+
+
+def _list_items(v: str) -> str:
+    """A LIST value in one form: items trimmed, blanks and repeats dropped, the first
+    occurrence's order kept ("compact, compact,delete" -> "compact,delete").
+
+    FIX (found from outside): ``cleanup.policy=compact,compact`` was accepted and stored as
+    written, so describe showed the repeat and two equal settings differed as strings.
+    Kafka's APPEND keeps the items' order too, hence first-seen order rather than sorting."""
+    return ",".join(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
 
 
 def _cleanup_policy(v: str) -> str | None:
@@ -73,6 +85,7 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             "delete",
             "delete old segments, compact by key, or both",
             _cleanup_policy,
+            normalise=_list_items,
         ),
         ConfigKey(
             "retention.ms",
@@ -333,6 +346,8 @@ def parse_value(name: str, raw: Any) -> Any:
         raise ConfigError(
             f"config '{name}' has invalid value {raw!r}: expected {expected}"
         ) from None
+    if key.normalise is not None:
+        value = key.normalise(value)
     if key.choices and value not in key.choices:
         raise ConfigError(
             f"config '{name}' has invalid value {raw!r}: must be one of {', '.join(key.choices)}"
