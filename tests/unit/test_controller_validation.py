@@ -155,6 +155,23 @@ def test_assignments_invalid(assignments: list, fragment: str) -> None:
     assert fragment in message
 
 
+def test_assignments_of_new_partitions_say_keys_are_partition_numbers() -> None:
+    """Found from outside: growing a topic from 1 to 3 partitions with {0: [3], 1: [2]}
+    (0-based among the new ones) was refused with the range alone; the error now says the
+    keys are the new partitions' own numbers."""
+    code, message = _code(
+        validate_assignments,
+        [(0, [3]), (1, [2])],
+        first_partition=1,
+        count=2,
+        live_nodes={1, 2, 3},
+        replication_factor=1,
+    )
+    assert code == E.INVALID_REPLICA_ASSIGNMENT
+    assert "outside the expected range 1..2" in message
+    assert "already has partitions 0..0" in message and "by its partition number" in message
+
+
 def test_assignments_must_match_the_topic_rf() -> None:
     code, message = _code(
         validate_assignments,

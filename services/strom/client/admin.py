@@ -866,7 +866,9 @@ class Admin:
 
         Keys already written keep their partitions, so per-key order across the change is not
         kept for keyed records (as in Kafka). ``replica_assignment`` places the new partitions
-        only (index -> node ids).
+        only, keyed by their partition numbers, not by a 0-based index among the new ones:
+        growing from 1 to 3 partitions takes ``{1: [3, 1], 2: [1, 2]}`` (node ids, preferred
+        leader first; every new partition listed, each with the topic's replication factor).
         """
         topic = _topic_name(name)
         total = _count(
@@ -877,7 +879,8 @@ class Admin:
         )
         if replica_assignment is not None and not isinstance(replica_assignment, Mapping):
             raise InvalidReplicaAssignmentError(
-                f"topic {topic!r}: replica_assignment must map new partition index -> node ids"
+                f"topic {topic!r}: replica_assignment must map each new partition's number "
+                "-> node ids"
             )
         resp = self._controller(
             "CreatePartitions",
