@@ -115,6 +115,73 @@ def test_topic_admin_through_the_cli(cluster: LocalCluster) -> None:
     )
 
 
+def test_topics_alter_is_all_or_nothing(cluster: LocalCluster) -> None:
+    """`topics alter T --set ... --partitions N` with a partition count the controller
+    refuses exited 1 and yet applied the configs (found from outside); both are validated
+    before either is applied, so a refusal changes nothing and says what was wrong."""
+    b = cluster.bootstrap
+    strom("topics", "create", "half", "--partitions", "2", "--replication-factor", "1", "-b", b)
+
+    def state() -> tuple[dict[str, str], int]:
+        configs = json.loads(strom("topics", "configs", "half", "--json", "-b", b).stdout)
+        [topic] = json.loads(strom("topics", "describe", "half", "--json", "-b", b).stdout)
+        overrides = {c["name"]: c["value"] for c in configs if c["source"] == "topic"}
+        return overrides, len(topic["partitions"])
+
+    assert state() == ({}, 2)
+    same = strom(
+        "topics",
+        "alter",
+        "half",
+        "--set",
+        "retention.ms=4242",
+        "--partitions",
+        "2",
+        "-b",
+        b,
+        check=False,
+    )
+    assert same.returncode == 1 and b"InvalidPartitionsError" in same.stderr
+    assert b"'half' has 2 partitions" in same.stderr
+    assert same.stdout == b""
+    huge = strom(
+        "topics",
+        "alter",
+        "half",
+        "--set",
+        "segment.ms=77",
+        "--partitions",
+        "20000",
+        "-b",
+        b,
+        check=False,
+    )
+    assert huge.returncode == 1 and b"half" in huge.stderr and huge.stdout == b""
+    assert state() == ({}, 2)
+    # The other way round: a bad config leaves the partition count alone.
+    bad = strom(
+        "topics",
+        "alter",
+        "half",
+        "--set",
+        "retention.ms=soon",
+        "--partitions",
+        "3",
+        "-b",
+        b,
+        check=False,
+    )
+    assert bad.returncode == 1 and b"retention.ms" in bad.stderr
+    assert state() == ({}, 2)
+
+    both = strom(
+        "topics", "alter", "half", "--set", "retention.ms=4242", "--partitions", "3", "-b", b
+    ).stdout.decode()
+    assert both == "altered configs of topic half\ntopic half now has 3 partitions\n"
+    assert state() == ({"retention.ms": "4242"}, 3)
+    strom("topics", "delete", "half", "-b", b)
+
+
 def test_console_tools_round_trip_across_three_nodes(cluster: LocalCluster) -> None:
     b = cluster.bootstrap
     strom("topics", "create", "lines", "--partitions", "3", "--replication-factor", "1", "-b", b)
