@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from strom.client.admin import Admin, PartitionInfo
 from strom.client.cluster import ClusterClient
 from strom.client.partitioner import partition_for_key
 from strom.devcluster.cluster import LocalCluster
@@ -180,6 +182,50 @@ def test_topics_alter_is_all_or_nothing(cluster: LocalCluster) -> None:
     assert both == "altered configs of topic half\ntopic half now has 3 partitions\n"
     assert state() == ({"retention.ms": "4242"}, 3)
     strom("topics", "delete", "half", "-b", b)
+
+
+def test_elect_leaders_exits_1_when_an_election_failed(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """With the preferred replica's node stopped, `topics elect-leaders` printed
+    "PREFERRED_LEADER_NOT_AVAILABLE PREFERRED_LEADER_NOT_AVAILABLE" and "elected 0 leader(s)"
+    and exited 0 (found from outside); it exits 1 and says which replica and why, as Kafka's
+    kafka-leader-election fails. An election done or not needed exits 0. The controller
+    does not rebalance leaders on its own here, so leadership moves only when asked."""
+    c = make_cluster(
+        nodes=2, controllers=1, coordinators=0, controller_args=["--auto-leader-rebalance", "false"]
+    )
+    b = c.bootstrap
+    with Admin(c.bootstrap, request_timeout_ms=15_000) as admin:
+        admin.create_topic("ss", replica_assignment={0: [2, 1]})
+
+        def partition() -> PartitionInfo:
+            return admin.describe_topic("ss").partitions[0]
+
+        wait_for(lambda: partition().leader == 2, timeout=20, what="node 2 leading ss-0")
+        done = strom("topics", "elect-leaders", "ss", "-b", b)
+        assert done.stdout == b"elected 0 leader(s)\n" and done.stderr == b""
+
+        node2 = c.node(2)
+        assert node2.process is not None
+        node2.process.stop()
+        wait_for(lambda: partition().leader == 1, timeout=30, what="node 1 leading ss-0")
+        failed = strom("topics", "elect-leaders", "ss", "-b", b, check=False)
+        assert failed.returncode == 1
+        assert failed.stderr.decode() == (
+            "ss-0: PREFERRED_LEADER_NOT_AVAILABLE preferred replica 2 is not running "
+            "(down, starting or shutting down)\n"
+        )
+        assert failed.stdout == b"elected 0 leader(s); 1 election(s) failed\n"
+
+        node2.start()
+        c.wait_serving(node2)
+        wait_for(lambda: 2 in partition().isr, timeout=30, what="node 2 back in the ISR of ss-0")
+        assert partition().leader == 1
+        moved = strom("topics", "elect-leaders", "ss", "-b", b)
+        assert moved.stdout.decode().startswith("ss-0: leader 2 (epoch ")
+        assert moved.stdout.decode().endswith("elected 1 leader(s)\n") and moved.stderr == b""
+        assert partition().leader == 2
 
 
 def test_console_tools_round_trip_across_three_nodes(cluster: LocalCluster) -> None:

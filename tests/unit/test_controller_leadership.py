@@ -101,6 +101,21 @@ def test_preferred_election():
     assert L.preferred(st_, {2, 3}) == (None, E.PREFERRED_LEADER_NOT_AVAILABLE)
 
 
+def test_preferred_unavailable_reason_names_the_replica_and_why():
+    """Found from outside: ElectLeaders answered PREFERRED_LEADER_NOT_AVAILABLE with the
+    code's name as its message; it now says which replica and what keeps it from leading."""
+    assert L.preferred_unavailable_reason(ps([3, 1], 1, [1]), {1, 2}) == (
+        "preferred replica 3 is not running (down, starting or shutting down)"
+    )
+    assert L.preferred_unavailable_reason(ps([3, 1], 1, [1]), {1, 3}) == (
+        "preferred replica 3 is not in the ISR (it is still catching up)"
+    )
+    # A reassignment removing the first replica: the target's first one is preferred.
+    reason = L.preferred_unavailable_reason(ps([2, 3, 1], 1, [1, 2], removing=(2,)), {1, 2})
+    assert reason.startswith("preferred replica 3 ")
+    assert L.preferred_unavailable_reason(ps([], -1, []), {1}) == "the partition has no replicas"
+
+
 def test_auto_preferred_in_reconcile():
     d = L.reconcile(ps([1, 2], 2, [1, 2]), {1, 2}, {1, 2}, auto_preferred=True)
     assert d is not None and d.state.leader == 1 and d.election == L.PREFERRED

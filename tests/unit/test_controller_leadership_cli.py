@@ -43,7 +43,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeClient]:
     return FakeClient
 
 
-def _run(*argv: str) -> str:
+def _run(*argv: str, status: int = 0) -> str:
     parser = argparse.ArgumentParser()
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-b", "--bootstrap", default="x:1")
@@ -51,7 +51,7 @@ def _run(*argv: str) -> str:
     admin.add_topics_parser(sub, common)
     args = parser.parse_args(["topics", *argv])
     out = io.StringIO()
-    assert admin.run_topics(args, out) == 0
+    assert admin.run_topics(args, out) == status
     return out.getvalue()
 
 
@@ -136,23 +136,44 @@ def test_describe_shows_every_config_with_its_source(fake: type[FakeClient]) -> 
     ]
 
 
-def test_elect_leaders(fake: type[FakeClient]) -> None:
+def test_elect_leaders(fake: type[FakeClient], capsys: pytest.CaptureFixture[str]) -> None:
+    """A failed election exits 1 and is printed on stderr with its code once and the reason
+    (found from outside: "PREFERRED_LEADER_NOT_AVAILABLE PREFERRED_LEADER_NOT_AVAILABLE" and
+    exit 0); ELECTION_NOT_NEEDED is no failure."""
     fake.answers["DescribeTopics"] = _describe()
     resp = controller_pb2.ElectLeadersResponse()
     resp.partitions.add(topic="t", partition=0, error_code=E.ELECTION_NOT_NEEDED, leader=1)
     resp.partitions.add(topic="t", partition=1, leader=3, leader_epoch=5)
     resp.partitions.add(
-        topic="t", partition=2, error_code=E.PREFERRED_LEADER_NOT_AVAILABLE, leader=-1
+        topic="t",
+        partition=2,
+        error_code=E.PREFERRED_LEADER_NOT_AVAILABLE,
+        error_message="preferred replica 4 is not running (down, starting or shutting down)",
+        leader=-1,
     )
     fake.answers["ElectLeaders"] = resp
-    out = _run("elect-leaders", "t", "--unclean")
+    out = _run("elect-leaders", "t", "--unclean", status=1)
     method, req = fake.calls[-1]
     assert method == "ElectLeaders" and req.election_type == controller_pb2.ELECTION_TYPE_UNCLEAN
     assert [(p.topic, p.partition) for p in req.partitions] == [("t", 0), ("t", 1), ("t", 2)]
-    assert "t-1: leader 3 (epoch 5)" in out and "PREFERRED_LEADER_NOT_AVAILABLE" in out
-    assert "t-0" not in out and "elected 1 leader(s)" in out
-    _run("elect-leaders")
+    assert "t-1: leader 3 (epoch 5)" in out and "t-0" not in out and "t-2" not in out
+    assert "elected 1 leader(s); 1 election(s) failed" in out
+    assert capsys.readouterr().err == (
+        "t-2: PREFERRED_LEADER_NOT_AVAILABLE preferred replica 4 is not running "
+        "(down, starting or shutting down)\n"
+    )
+    # An older controller's message is the code's name: the code's description instead.
+    resp.partitions[2].error_message = "PREFERRED_LEADER_NOT_AVAILABLE"
+    _run("elect-leaders", "t", status=1)
+    assert capsys.readouterr().err == (
+        "t-2: PREFERRED_LEADER_NOT_AVAILABLE the preferred replica is not live or not in the ISR\n"
+    )
+    # Elected or not needed: exit 0.
+    del resp.partitions[2]
+    assert "elected 1 leader(s)\n" in _run("elect-leaders")
     assert not fake.calls[-1][1].partitions
+    del resp.partitions[1]
+    assert _run("elect-leaders", "t") == "elected 0 leader(s)\n"
 
 
 def test_reassign(fake: type[FakeClient]) -> None:

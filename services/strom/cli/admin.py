@@ -21,7 +21,7 @@ from strom.cli.jsonout import message_dict, message_json
 from strom.client.admin import Admin, OffsetSpec, TopicDescription
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
-from strom.errors import ElectionNotNeededError, error_for
+from strom.errors import ERRORS, ElectionNotNeededError, error_for
 
 _TIME_ALIASES: dict[str, OffsetSpec] = {
     "earliest": "earliest",
@@ -396,9 +396,17 @@ def _delete_records(
         print(f"{tp.topic}-{tp.partition}: low watermark {low[tp]}", file=out)
 
 
-def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """Run the elections; print each new leader on stdout and each failed election on stderr
+    (its code and why), and exit 1 if any failed, as Kafka's kafka-leader-election does.
+    ELECTION_NOT_NEEDED (the wanted leader already leads) is no failure.
+
+    FIX (found from outside): with the preferred replica down the command printed
+    "PREFERRED_LEADER_NOT_AVAILABLE PREFERRED_LEADER_NOT_AVAILABLE", then "elected 0
+    leader(s)", and exited 0, so scripts took the failed election for a success.
+    """
     results = admin.elect_leaders(args.topics or None, unclean=args.unclean)
-    elected = 0
+    elected = failed = 0
     for tp, r in results.items():
         if r.error is None:
             elected += 1
@@ -406,9 +414,17 @@ def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace
                 f"{tp.topic}-{tp.partition}: leader {r.leader} (epoch {r.leader_epoch})", file=out
             )
         elif not isinstance(r.error, ElectionNotNeededError):
+            failed += 1
             detail = r.error.message.removeprefix(f"{tp.topic}-{tp.partition}: ")
-            print(f"{tp.topic}-{tp.partition}: {r.error.name} {detail}".rstrip(), file=out)
-    print(f"elected {elected} leader(s)", file=out)
+            if detail == r.error.name:  # a controller that sends only the code's name
+                info = ERRORS.get(r.error.code) if r.error.code is not None else None
+                detail = info.description if info else ""
+            print(f"{tp.topic}-{tp.partition}: {r.error.name} {detail}".rstrip(), file=sys.stderr)
+    print(
+        f"elected {elected} leader(s)" + (f"; {failed} election(s) failed" if failed else ""),
+        file=out,
+    )
+    return 1 if failed else 0
 
 
 def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:

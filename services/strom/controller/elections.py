@@ -63,7 +63,12 @@ class ElectionRpcs(Reconciler):
                     d, code = leadership.preferred(v.value, eligible)
                 state = d.state if d is not None else v.value
                 result.leader, result.leader_epoch = state.leader, state.leader_epoch
-                if code != E.NONE:
+                if code == E.PREFERRED_LEADER_NOT_AVAILABLE:
+                    result.error_code = code
+                    result.error_message = leadership.preferred_unavailable_reason(
+                        v.value, eligible
+                    )
+                elif code != E.NONE:
                     result.error_code = code
                     result.error_message = error_name(code)
                 if d is not None:

@@ -206,6 +206,20 @@ def preferred(st: md.PartitionState, eligible: Collection[int]) -> tuple[Decisio
     return _finish(st, new, PREFERRED), E.NONE
 
 
+def preferred_unavailable_reason(st: md.PartitionState, eligible: Collection[int]) -> str:
+    """Why :func:`preferred` answered PREFERRED_LEADER_NOT_AVAILABLE for ``st``, for the
+    ElectLeaders result's message: the code alone names neither the replica nor what keeps it
+    from leading, which is what an operator has to act on (found from outside: the message
+    was the code's name again)."""
+    wanted = targets(st)
+    if not wanted:
+        return "the partition has no replicas"
+    first = wanted[0]
+    if first not in eligible:
+        return f"preferred replica {first} is not running (down, starting or shutting down)"
+    return f"preferred replica {first} is not in the ISR (it is still catching up)"
+
+
 def unclean_election(
     st: md.PartitionState, alive: Collection[int], eligible: Collection[int]
 ) -> tuple[Decision | None, int]:
