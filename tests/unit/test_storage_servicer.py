@@ -665,3 +665,28 @@ def test_a_log_found_at_start_with_another_topic_id_is_deleted_and_the_partition
         assert [p.name for p in data.iterdir() if p.is_dir()] == [f"{LONG}-0"]
 
     with_harness(tmp_path, body)
+
+
+def test_a_log_of_another_topic_id_that_cannot_be_deleted_is_not_hosted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever keeps the old folder from going (a delete that fails, faked here), the
+    partition is not hosted on it: the records of another topic id are never served as the
+    assigned topic's, and the folder keeps its own id for the next try."""
+
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None
+        old = h.manager.logs.get_or_create("t", 0, {})
+        old.append(encode_batch([b"o0"]), leader_epoch=0)
+        write_topic_id(old.directory, "id-old", fsync=False)
+        h.manager.logs.logs.pop(("t", 0)).close()  # out of the tables, as a failed delete left it
+        monkeypatch.setattr(h.manager.logs, "delete", lambda topic, partition: False)
+        with caplog.at_level("WARNING", logger="strom.storage.manager"):
+            h.topic("t", {0: leader_state()})
+            await h.settle()
+        assert ("t", 0) not in h.manager.partitions
+        warned = [r.getMessage() for r in caplog.records if "records topic id" in r.getMessage()]
+        assert warned and "id-old" in warned[0] and "id-t" in warned[0]
+        assert (old.directory / PARTITION_METADATA).read_text().endswith("topic_id: id-old\n")
+
+    with_harness(tmp_path, body)
