@@ -20,7 +20,15 @@ from strom.log import (
     LogManager,
     OffsetOutOfRangeError,
 )
-from strom.log.manager import CLEAN_SHUTDOWN, LOG_START_OFFSETS, RECOVERY_POINTS
+from strom.log.manager import (
+    CLEAN_SHUTDOWN,
+    LOG_START_OFFSETS,
+    MAX_NAME_BYTES,
+    PARTITION_METADATA,
+    RECOVERY_POINTS,
+    parse_log_dir_name,
+    renamed_dir_name,
+)
 from strom.log.producer_state import list_snapshots
 from strom.log.segment import LogSegment, segment_name
 from strom.record import (
@@ -1182,12 +1190,15 @@ def test_manager_get_or_create_and_checkpoints(tmp_path: Path) -> None:
 
 
 def test_manager_removes_deleted_dirs_and_ignores_strays(tmp_path: Path) -> None:
-    (tmp_path / "old-0.deleted").mkdir()
+    (tmp_path / "old-0.deleted").mkdir()  # an older strom's name
     (tmp_path / "old-0.deleted" / segment_name(0)).with_suffix(".log").write_bytes(b"x")
+    capped = tmp_path / renamed_dir_name("l" * 249, 0, ".0123456789ab.deleted")
+    capped.mkdir()
+    (capped / segment_name(0)).with_suffix(".log").write_bytes(b"x")
     (tmp_path / "not_a_log_dir").mkdir()
     (tmp_path / "stray-file-3").write_text("hello")
     mgr = _manager(tmp_path)
-    assert not (tmp_path / "old-0.deleted").exists()
+    assert not (tmp_path / "old-0.deleted").exists() and not capped.exists()
     assert list(mgr) == []
     assert (tmp_path / "not_a_log_dir").exists()
 
@@ -1208,6 +1219,105 @@ def test_a_log_set_aside_keeps_its_files_and_is_not_opened_again(tmp_path: Path)
     mgr.close()
     assert list(_manager(tmp_path)) == []
     assert aside.is_dir()
+
+
+#: The longest topic name Kafka (and strom) allow: ``<name>-<p>.deleted`` is 255+ bytes.
+LONG_TOPIC = "long" + "x" * 245
+
+
+@pytest.mark.parametrize("partition", [0, 99])
+def test_a_log_of_a_249_character_topic_is_deleted_and_its_name_starts_empty(
+    tmp_path: Path, partition: int
+) -> None:
+    """Found from outside: renaming ``<topic>-<p>`` to ``<topic>-<p>.deleted`` failed with
+    ENAMETOOLONG for names of 246+ characters; the log left the manager's tables but its
+    records stayed, and the name's next log opened them again."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    _fill(mgr.get_or_create(LONG_TOPIC, partition), 20)
+    assert mgr.delete(LONG_TOPIC, partition)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == []
+    assert mgr.get_or_create(LONG_TOPIC, partition).log_end_offset == 0
+    mgr.close()
+    again = _manager(tmp_path)
+    assert again.get(LONG_TOPIC, partition).log_end_offset == 0
+
+
+def test_a_log_of_a_249_character_topic_is_set_aside_under_a_name_that_fits(
+    tmp_path: Path,
+) -> None:
+    """The stray suffix (27 characters) made the name too long from 227 characters on, and
+    the stray stayed a log every start tried to set aside again. Two long topics cut to the
+    same prefix still get different names (the hash of the whole name)."""
+    other = LONG_TOPIC[:-1] + "y"
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    _fill(mgr.get_or_create(LONG_TOPIC, 7), 4)
+    _fill(mgr.get_or_create(other, 7), 2)
+    segment = segment_name(0) + ".log"
+    before = (tmp_path / f"{LONG_TOPIC}-7" / segment).read_bytes()
+    suffix = "-stray-20261129T035000.000Z"
+    aside = mgr.set_aside(LONG_TOPIC, 7, suffix)
+    aside_other = mgr.set_aside(other, 7, suffix)
+    assert aside is not None and aside_other is not None and aside != aside_other
+    for p in (aside, aside_other):
+        assert len(p.name.encode()) <= MAX_NAME_BYTES and p.name.endswith(f"-7{suffix}")
+        assert p.name.startswith(LONG_TOPIC[:200]) and parse_log_dir_name(p.name) is None
+    assert (aside / segment).read_bytes() == before
+    assert mgr.get_or_create(LONG_TOPIC, 7).log_end_offset == 0
+    mgr.close()
+    assert {tp for tp, _ in _manager(tmp_path)} == {(LONG_TOPIC, 7)}
+    assert aside.is_dir() and aside_other.is_dir()
+
+
+def test_renamed_dir_names_keep_short_names_and_fit_every_legal_one() -> None:
+    assert renamed_dir_name("t", 3, "-stray-x") == "t-3-stray-x"
+    for topic in ("a" * 200, "b" * 249):
+        for partition in (0, 99, 2**31 - 1):
+            name = renamed_dir_name(topic, partition, f".{'f' * 12}.deleted")
+            assert len(name.encode()) <= MAX_NAME_BYTES
+            assert name.endswith(f"-{partition}.{'f' * 12}.deleted")
+    with pytest.raises(ValueError, match="no room"):
+        renamed_dir_name("t", 0, "x" * 300)
+
+
+def test_a_failed_rename_deletes_the_log_in_place_and_a_set_aside_keeps_serving_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever else makes a rename fail (a fake here), the manager's tables must not say a
+    log is gone while its records stay under its live name: a delete removes the files in
+    place, a set-aside that cannot rename keeps the log open (a later pass tries again)."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    _fill(mgr.get_or_create("t", 0), 4)
+    _fill(mgr.get_or_create("t", 1), 4)
+    (tmp_path / "t-0" / PARTITION_METADATA).write_text("version: 0\ntopic_id: old\n")
+    real_rename = Path.rename
+
+    def refuse(self: Path, target: object) -> Path:
+        if self.parent == tmp_path:
+            raise OSError(36, "File name too long")
+        return real_rename(self, target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "rename", refuse)
+    assert mgr.delete("t", 0)
+    assert not (tmp_path / "t-0").exists() and mgr.get("t", 0) is None
+    with pytest.raises(OSError, match="too long"):
+        mgr.set_aside("t", 1, "-stray-20261129T035000.000Z")
+    kept = mgr.get("t", 1)
+    assert kept is not None and offsets(read_all(kept)) == list(range(kept.log_end_offset))
+    assert kept.log_end_offset > 0
+    monkeypatch.undo()
+    assert mgr.get_or_create("t", 0).log_end_offset == 0
+    mgr.close()
+
+
+def test_a_delete_removes_a_folder_the_manager_does_not_have_open(tmp_path: Path) -> None:
+    """What an older strom's failed delete left behind (the folder on disk, the log out of
+    the tables) is removed by the next delete of that partition."""
+    mgr = _manager(tmp_path)
+    _fill(mgr.get_or_create("t", 0), 3)
+    mgr.logs.pop(("t", 0)).close()
+    assert mgr.delete("t", 0) and not (tmp_path / "t-0").exists()
+    assert not mgr.delete("t", 0)
+    mgr.close()
 
 
 def test_clean_restart_keeps_everything(tmp_path: Path) -> None:

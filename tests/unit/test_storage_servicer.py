@@ -8,6 +8,7 @@ tested quickly and without timing guesses.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,11 +19,11 @@ import pytest
 from strom.api import metadata_pb2 as md
 from strom.api import storage_pb2 as pb
 from strom.errors import ErrorCode as E
-from strom.log import CorruptLogError
+from strom.log import CorruptLogError, LogManager
 from strom.metadata import ClusterView, Keys, WatchEvent, encode
 from strom.record import decode_batches, encode_batch
 from strom.storage.identity import DataDirIdentity, Identity, read_identity, write_identity
-from strom.storage.manager import PARTITION_METADATA, PartitionManager
+from strom.storage.manager import PARTITION_METADATA, PartitionManager, write_topic_id
 from strom.storage.servicer import StorageServicer
 
 
@@ -582,3 +583,110 @@ def test_damaged_reads_are_counted_each_and_logged_once_a_minute(
     lines = [rec.getMessage() for rec in caplog.records]
     assert len(lines) == 2 and "00000000000000000000.log" in lines[0], lines
     assert "at offset 7" in lines[0] and "4 more refusals" in lines[1], lines
+
+
+#: A legal topic name (249 characters) too long for ``<name>-<p>.deleted``, which older
+#: strom tried to rename a deleted replica to.
+LONG = "long" + "x" * 245
+
+
+def _put_topic(h: Harness, name: str, topic_id: str, parts: dict[int, md.PartitionState]) -> None:
+    """``name`` with the given topic id (Harness.topic always gives ``id-<name>``)."""
+    evs = [
+        WatchEvent(
+            h.keys.topic(name),
+            encode(
+                md.TopicMetadata(name=name, topic_id=topic_id, partition_count=len(parts))
+            ).encode(),
+            0,
+        )
+    ]
+    for p, s in parts.items():
+        s.topic_id = topic_id
+        evs.append(WatchEvent(h.keys.partition(name, p), encode(s).encode(), 0))
+    h.events(evs)
+
+
+def test_a_log_left_on_disk_by_a_deleted_topic_is_never_adopted_by_its_successor(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a delete that failed (the rename to ``.deleted`` too long) left the
+    replica's folder on disk, out of the node's tables; re-creating the name opened it,
+    relabelled its ``partition.metadata`` with the new id and served the deleted records
+    as the new topic's. A folder recording another topic id is now deleted first."""
+
+    async def body(h: Harness) -> None:
+        h.topic(LONG, {0: leader_state()})
+        await h.settle()
+        await h.servicer.Produce(produce_req({(LONG, 0): encode_batch([b"o0", b"o1"])}), None)
+        lg = h.manager.partitions[(LONG, 0)].log
+        assert lg.log_end_offset == 2
+        lg.flush()
+        shutil.copytree(lg.directory, tmp_path / "left")
+        h.events(
+            [
+                WatchEvent(h.keys.topic(LONG), None, 0),
+                WatchEvent(h.keys.partition(LONG, 0), None, 0),
+            ]
+        )
+        await h.settle()
+        assert not lg.directory.exists()
+        shutil.copytree(tmp_path / "left", lg.directory)  # what the failed delete left
+        _put_topic(h, LONG, "id-new", {0: leader_state()})
+        await h.settle()
+        new = h.manager.partitions[(LONG, 0)].log
+        assert new.log_end_offset == 0 and new.directory == lg.directory
+        assert (new.directory / PARTITION_METADATA).read_text().endswith("topic_id: id-new\n")
+        resp = await h.servicer.Produce(produce_req({(LONG, 0): encode_batch([b"n0"])}), None)
+        assert results(resp)[(LONG, 0)].base_offset == 0
+
+    with_harness(tmp_path, body)
+
+
+def test_a_log_found_at_start_with_another_topic_id_is_deleted_and_the_partition_starts_empty(
+    tmp_path: Path,
+) -> None:
+    """The restart path of the same defect: a node that was down while a 249-character topic
+    was deleted and re-created finds the old replica at start; deleting it (the ids differ)
+    failed on the name's length, and the new topic then adopted the old records."""
+    data = tmp_path / "data"
+    logs = LogManager(data, fsync=False)
+    old = logs.get_or_create(LONG, 0)
+    old.append(encode_batch([b"o0", b"o1", b"o2"]), leader_epoch=0)
+    write_topic_id(old.directory, "id-old", fsync=False)
+    logs.close()
+
+    async def body(h: Harness) -> None:
+        h.topic(LONG, {0: leader_state()})
+        await h.settle()
+        lg = h.manager.partitions[(LONG, 0)].log
+        assert lg.log_end_offset == 0
+        assert (lg.directory / PARTITION_METADATA).read_text().endswith(f"topic_id: id-{LONG}\n")
+        assert [p.name for p in data.iterdir() if p.is_dir()] == [f"{LONG}-0"]
+
+    with_harness(tmp_path, body)
+
+
+def test_a_log_of_another_topic_id_that_cannot_be_deleted_is_not_hosted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever keeps the old folder from going (a delete that fails, faked here), the
+    partition is not hosted on it: the records of another topic id are never served as the
+    assigned topic's, and the folder keeps its own id for the next try."""
+
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None
+        old = h.manager.logs.get_or_create("t", 0, {})
+        old.append(encode_batch([b"o0"]), leader_epoch=0)
+        write_topic_id(old.directory, "id-old", fsync=False)
+        h.manager.logs.logs.pop(("t", 0)).close()  # out of the tables, as a failed delete left it
+        monkeypatch.setattr(h.manager.logs, "delete", lambda topic, partition: False)
+        with caplog.at_level("WARNING", logger="strom.storage.manager"):
+            h.topic("t", {0: leader_state()})
+            await h.settle()
+        assert ("t", 0) not in h.manager.partitions
+        warned = [r.getMessage() for r in caplog.records if "records topic id" in r.getMessage()]
+        assert warned and "id-old" in warned[0] and "id-t" in warned[0]
+        assert (old.directory / PARTITION_METADATA).read_text().endswith("topic_id: id-old\n")
+
+    with_harness(tmp_path, body)

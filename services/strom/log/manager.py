@@ -5,13 +5,20 @@ The data dir holds one folder per replica (``<topic>-<partition>``), the
 ``cleaner-offset-checkpoint`` (each log's first dirty offset, see strom.log.cleaner) files, and a
 ``.strom-clean-shutdown`` marker written by :meth:`LogManager.close`. A start that finds the
 marker skips recovery scans; a start without it recovers every log from its recovery point.
+
+A replica being deleted is renamed ``<topic>-<partition>.<unique id>.deleted`` first, one set
+aside ``<topic>-<partition><suffix>``; both names keep within a file name's 255 bytes however
+long the topic name (:func:`renamed_dir_name`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
 import shutil
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +31,14 @@ RECOVERY_POINTS = "recovery-point-offset-checkpoint"
 LOG_START_OFFSETS = "log-start-offset-checkpoint"
 CLEANER_OFFSETS = "cleaner-offset-checkpoint"
 CLEAN_SHUTDOWN = ".strom-clean-shutdown"
+#: The file recording a log's topic id (written by the storage node, strom.storage.manager).
+PARTITION_METADATA = "partition.metadata"
+DELETED_SUFFIX = ".deleted"
+#: The longest file name most file systems (ext4, XFS, tmpfs) take, in bytes.
+MAX_NAME_BYTES = 255
 _DIR_RE = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+
+_log = logging.getLogger("strom.log.manager")
 
 TopicPartition = tuple[str, int]
 
@@ -38,6 +52,46 @@ def parse_log_dir_name(name: str) -> TopicPartition | None:
     if not m:
         return None
     return m.group("topic"), int(m.group("partition"))
+
+
+def renamed_dir_name(topic: str, partition: int, suffix: str) -> str:
+    """``<topic>-<partition><suffix>`` (a replica's folder renamed for deletion or set aside)
+    when it fits in a file name; otherwise the topic is cut to fit and ``~`` plus a hash of
+    the whole name follows what is left, so two long topics that share a prefix still get
+    different names.
+
+    FIX (found from outside): the rename appended the suffix to the folder's name, so a
+    legal topic name of 246+ characters (249 is allowed, as in Kafka) made a name over 255
+    bytes; the rename failed with ENAMETOOLONG, the delete was only logged, the data stayed
+    and a topic re-created under that name started with the deleted records. Kafka cuts
+    the topic part of its ``-delete`` and ``-stray`` names the same way.
+    """
+    name = f"{topic}-{partition}{suffix}"
+    if len(name.encode()) <= MAX_NAME_BYTES:
+        return name
+    tail = f"~{hashlib.sha256(topic.encode()).hexdigest()[:12]}-{partition}{suffix}"
+    room = MAX_NAME_BYTES - len(tail.encode())
+    if room < 1:
+        raise ValueError(f"suffix {suffix!r} leaves no room for the topic in a file name")
+    return topic.encode()[:room].decode(errors="ignore") + tail
+
+
+def _remove_in_place(directory: Path) -> None:
+    """Delete a closed replica's folder without renaming it first. ``partition.metadata``
+    goes last: a crash half way leaves a folder that still names its (old) topic id, which
+    the storage node never adopts for a topic with another id (without the file, a topic
+    re-created under the name would take the rest as its own)."""
+    last = []
+    for p in directory.iterdir():
+        if p.name == PARTITION_METADATA:
+            last.append(p)
+        elif p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    for p in last:
+        p.unlink()
+    directory.rmdir()
 
 
 class LogManager:
@@ -72,7 +126,7 @@ class LogManager:
                 if p.name.endswith(".tmp"):  # a checkpoint write a crash interrupted
                     p.unlink(missing_ok=True)
                 continue
-            if p.name.endswith(".deleted"):
+            if p.name.endswith(DELETED_SUFFIX):  # old and new (capped, unique) names alike
                 shutil.rmtree(p, ignore_errors=True)
                 continue
             tp = parse_log_dir_name(p.name)
@@ -116,16 +170,33 @@ class LogManager:
             return log
 
     def delete(self, topic: str, partition: int) -> bool:
-        """Remove a replica: rename its folder away first so a crash mid-delete finishes the
-        job on the next start instead of resurrecting half a log."""
+        """Remove a replica, open or only on disk: rename its folder away first
+        (:func:`renamed_dir_name`, with a unique id so an older leftover of the same name is
+        no obstacle) so a crash mid-delete finishes the job on the next start instead of
+        resurrecting half a log. False when there was nothing to remove.
+
+        FIX (found from outside): when the rename failed (a name too long), the log was
+        already dropped from :attr:`logs` while its folder and records stayed, and the next
+        ``get_or_create`` of that partition opened them again. A failed rename now deletes
+        the files in place; an error there is raised with the log out of service and its
+        folder left as it is, which the storage node never adopts for another topic id."""
         with self.lock:
             log = self.logs.pop((topic, partition), None)
-            if log is None:
-                return False
-            log.close()
-            gone = log.directory.with_name(log.directory.name + ".deleted")
-            log.directory.rename(gone)
-        shutil.rmtree(gone, ignore_errors=True)
+            if log is not None:
+                log.close()
+                directory = log.directory
+            else:
+                directory = self.data_dir / log_dir_name(topic, partition)
+                if not directory.is_dir():
+                    return False
+            suffix = f".{uuid.uuid4().hex[:12]}{DELETED_SUFFIX}"
+            gone = directory.with_name(renamed_dir_name(topic, partition, suffix))
+            try:
+                directory.rename(gone)
+            except OSError as exc:
+                _log.warning("could not rename %s (%s); deleting its files in place", gone, exc)
+                _remove_in_place(directory)
+        shutil.rmtree(gone, ignore_errors=True)  # nothing there after a removal in place
         # Outside the lock: checkpoint() takes its own lock first, then this one; taking them
         # the other way round here deadlocked the node against its periodic checkpoint
         # (found from outside: a topic deleted while the node was busy froze its manager).
@@ -134,23 +205,43 @@ class LogManager:
 
     def set_aside(self, topic: str, partition: int, suffix: str) -> Path | None:
         """Stop hosting a replica but keep its files: rename its folder to its name plus
-        ``suffix``, which must leave a name no start opens as a log (not ending in digits).
-        The storage node does this to strays, whose deletion cannot be undone if the cluster
-        view or the node's identity was wrong; an operator removes them."""
+        ``suffix`` (the topic cut for a name that would not fit, :func:`renamed_dir_name`),
+        which must leave a name no start opens as a log (not ending in digits). The storage
+        node does this to strays, whose deletion cannot be undone if the cluster view or the
+        node's identity was wrong; an operator removes them."""
         with self.lock:
             log = self.logs.pop((topic, partition), None)
             if log is None:
                 return None
-            aside = log.directory.with_name(log.directory.name + suffix)
+            aside = log.directory.with_name(renamed_dir_name(topic, partition, suffix))
             if parse_log_dir_name(aside.name) is not None:
                 self.logs[(topic, partition)] = log
                 raise ValueError(f"{aside.name} would be opened as a log")
             log.close()
-            log.directory.rename(aside)
+            try:
+                log.directory.rename(aside)
+            except OSError:
+                # Back in service, its files being where they were: the node must not forget
+                # a log it still has on disk under its live name (a later pass tries again).
+                self.logs[(topic, partition)] = self._reopen(log)
+                raise
         if self.fsync:
             checkpoint.fsync_dir(self.data_dir)
         self.checkpoint()  # outside the lock, as in delete()
         return aside
+
+    def _reopen(self, closed: Log) -> Log:
+        """``closed`` opened again as it was (it was closed cleanly a moment ago)."""
+        return Log(
+            closed.directory,
+            closed.config,
+            recovery_point=closed.recovery_point,
+            log_start_offset=closed.log_start_offset,
+            clean_shutdown=True,
+            fsync=self.fsync,
+            clock=self.clock,
+            first_dirty_offset=closed.first_dirty_offset,
+        )
 
     def checkpoint(self) -> None:
         """Write the recovery-point and log-start-offset checkpoints of every log."""

@@ -35,6 +35,7 @@ from typing import Any
 from strom.api import metadata_pb2 as md
 from strom.log import Log, LogConfig, LogManager
 from strom.log.checkpoint import fsync_dir, write_atomic
+from strom.log.manager import PARTITION_METADATA, log_dir_name
 from strom.metadata import ClusterView, WatchEvent, changed_topics
 from strom.storage import metrics
 from strom.storage.assignment import (
@@ -51,7 +52,8 @@ from strom.storage.partition import Partition
 
 log = logging.getLogger("strom.storage.manager")
 
-PARTITION_METADATA = "partition.metadata"
+__all__ = ["PARTITION_METADATA", "PartitionManager", "read_topic_id", "write_topic_id"]
+
 #: A wake-up for more changed topics than this looks at everything.
 MAX_NARROW_TOPICS = 32
 
@@ -328,10 +330,11 @@ class PartitionManager:
             self._topic_ids.pop(tp, None)
 
     def _set_aside_logs(self, tps: list[TopicPartition]) -> None:
-        """Rename stray logs aside (``<topic>-<partition>-stray-<UTC time>``) instead of
-        deleting them: a stray is only judged so from the cluster view and the data dir's
-        identity, and a mistake in either (found from outside: a wrong --node-id) deleted
-        every replica of a dir. An operator removes them once sure they are not needed."""
+        """Rename stray logs aside (``<topic>-<partition>-stray-<UTC time>``, the topic cut
+        and followed by ``~<hash>`` when the name would pass 255 bytes) instead of deleting
+        them: a stray is only judged so from the cluster view and the data dir's identity,
+        and a mistake in either (found from outside: a wrong --node-id) deleted every replica
+        of a dir. An operator removes them once sure they are not needed."""
         assert self.logs is not None
         ms = time.time_ns() // 10**6
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
@@ -357,6 +360,7 @@ class PartitionManager:
         for a in wanted:
             overrides = usable_configs(a.config_dict(), where=f"{a.topic}-{a.partition}: ")
             try:
+                self._drop_other_topics_log(a)
                 lg = self.logs.get_or_create(a.topic, a.partition, overrides)
                 cfg = LogConfig.from_dict(overrides)
                 if lg.config != cfg:
@@ -384,6 +388,42 @@ class PartitionManager:
             loop = self._ev()
             loop.call_soon_threadsafe(loop.call_later, 1.0, self.request_reconcile)
         return out
+
+    def _drop_other_topics_log(self, a: Assignment) -> None:
+        """Delete the log (open or only on disk) of ``a``'s partition when it records another
+        topic id than ``a``'s: it holds an earlier topic of the same name, and the partition
+        must start empty, never with that topic's records.
+
+        FIX (found from outside): a delete that failed (a topic name too long for the
+        ``.deleted`` rename) left the folder on disk, out of the node's tables; re-creating the
+        name opened it, rewrote its ``partition.metadata`` with the new id and served the
+        deleted records as the new topic's on every replica. Kafka refuses a log whose topic
+        id differs likewise (its stray check and ``InconsistentTopicIdException``). A log
+        without a recorded id (an older strom's) is still adopted. Raises when the delete
+        fails, so the partition is not hosted and the next reconcile tries again."""
+        assert self.logs is not None
+        if not a.topic_id:
+            return
+        if a.tp in self._topic_ids:
+            recorded = self._topic_ids[a.tp]
+        else:
+            recorded = read_topic_id(self.logs.data_dir / log_dir_name(a.topic, a.partition))
+        if recorded is None or recorded == a.topic_id:
+            return
+        log.warning(
+            "%s-%d: the log on disk records topic id %s, not the assigned topic's %s (an "
+            "earlier topic of that name): deleting it, the partition starts empty",
+            a.topic,
+            a.partition,
+            recorded,
+            a.topic_id,
+        )
+        self._topic_ids.pop(a.tp, None)
+        self.logs.delete(a.topic, a.partition)
+        if (self.logs.data_dir / log_dir_name(a.topic, a.partition)).exists():
+            raise OSError(
+                f"the log of {a.topic}-{a.partition} with topic id {recorded} is still there"
+            )
 
     def _install(self, a: Assignment, lg: Log) -> None:
         m = metrics.PartitionMetrics(a.topic, a.partition)
