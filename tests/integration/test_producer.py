@@ -25,6 +25,7 @@ from strom.client.types import RecordMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import free_port, wait_for
 from strom.errors import (
+    InconsistentTopicIdError,
     InvalidRequestError,
     MessageTooLargeError,
     RequestTimedOutError,
@@ -632,6 +633,26 @@ def test_records_for_a_partition_the_recreated_topic_lacks_fail_at_once(env: Env
         assert not info.value.retriable
         assert p.send(t, b"new", partition=0).result(10).offset == 0
     assert [r.value for r in env.read(t)] == [b"new"]
+
+
+def test_records_made_for_a_deleted_topic_never_land_in_its_successor(env: Env) -> None:
+    """Produce carries the topic id the producer made its batches for (Kafka's Produce v13):
+    a record sent with the metadata of a topic since deleted and re-created under the same
+    name is refused and fails as not written, and sends after the producer has learnt the
+    new topic go to it (found from outside: the stale record was appended to the new
+    topic)."""
+    t = env.topic(partitions=1)
+    with Producer(env.bootstrap) as p:
+        assert p.send(t, b"old").result(10).offset == 0
+        env.delete(t, 1)
+        env.topic(partitions=1, name=t)
+        wait_for(lambda: env.offset_error(t, 0) == NONE, timeout=20, what="the new topic served")
+        stale = p.send(t, b"stale")  # made with the deleted topic's id
+        with pytest.raises(InconsistentTopicIdError, match="not written: the topic was deleted"):
+            stale.result(30)
+        assert p.send(t, b"new").result(10).offset == 0
+        assert p.send_batch(t, [b"bulk"]).result(10)[0].base_offset == 1
+    assert [r.value for r in env.read(t)] == [b"new", b"bulk"]
 
 
 def test_keyed_records_reach_partitions_added_later(env: Env) -> None:

@@ -29,6 +29,7 @@ from strom.client.futures import FutureRecordMetadata
 from strom.client.producer import _Shipment
 from strom.client.transactions import TxnPhase
 from strom.errors import (
+    InconsistentTopicIdError,
     NotEnoughReplicasError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
@@ -281,5 +282,27 @@ def test_only_answers_given_after_an_append_leave_a_batch_maybe_written(
             FutureRecordMetadata(b.result, 0).result(timeout=1)
         assert ("may have been written" in str(failed.value)) is maybe
         assert pq.unresolved is maybe
+    finally:
+        p.close(timeout=1)
+
+
+def test_a_refusal_for_another_topic_id_fails_only_batches_made_for_a_replaced_topic() -> None:
+    """INCONSISTENT_TOPIC_ID appends nothing. Batches made for the id our metadata still has
+    are retried (our metadata or the leader's view lags a delete and re-create: the refresh
+    tells which); once our metadata has the topic's new id, they fail as not written."""
+    p = Producer(NOWHERE, delivery_timeout_ms=5000, retries=5)
+    p._producer_id, p._producer_epoch = PID, 0
+    try:
+        p._metadata._topic_ids["t"] = "id-old"
+        pq = _queue()
+        b = _batch(pq, 1)
+        b.attempts, b.topic_id = 0, "id-old"
+        _answered(p, pq, b, common_pb2.ErrorCode.INCONSISTENT_TOPIC_ID)
+        assert not b.result.done and not b.maybe_written and pq.retrying
+        p._metadata._topic_ids["t"] = "id-new"  # the refresh: the topic was re-created
+        _answered(p, pq, b, common_pb2.ErrorCode.INCONSISTENT_TOPIC_ID)
+        with pytest.raises(InconsistentTopicIdError, match="not written: the topic was deleted"):
+            FutureRecordMetadata(b.result, 0).result(timeout=1)
+        assert not pq.unresolved and not pq.batches
     finally:
         p.close(timeout=1)

@@ -43,7 +43,11 @@ works, and why:
   new epoch (Kafka's KIP-360 bump; ``Producer._settle``). Only batches refused before any
   append (``_REFUSED_BEFORE_APPEND``) hand their sequences on.
 - Batches made for a topic since deleted and re-created without their partition fail at once
-  as not written (``Producer._replaced``), as a ``send`` to a missing partition does.
+  as not written (``Producer._replaced``), as a ``send`` to a missing partition does. Every
+  request entry carries the topic id its batches were made for (``ProduceTopicData.topic_id``):
+  the leader refuses them (INCONSISTENT_TOPIC_ID) if the topic has another id now, and they
+  fail as not written once our metadata has the new id too, instead of landing in the new
+  topic of the same name (found from outside).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.client.wire import PRODUCE_METHOD, encode_produce_request
 from strom.errors import (
     BrokerNotAvailableError,
+    InconsistentTopicIdError,
     InvalidRequestError,
     InvalidTxnStateError,
     MessageTooLargeError,
@@ -110,11 +115,13 @@ NONE = common_pb2.ErrorCode.NONE
 OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
 DUPLICATE = common_pb2.ErrorCode.DUPLICATE_SEQUENCE
 UNKNOWN_PRODUCER = common_pb2.ErrorCode.UNKNOWN_PRODUCER_ID
+INCONSISTENT_TOPIC_ID = common_pb2.ErrorCode.INCONSISTENT_TOPIC_ID
 #: Answers that prove the attempt appended nothing. A strom node gives each of these only
 #: from its checks before the append (strom.storage.servicer ``_produce_target`` and
 #: strom.storage.rpc_base ``_partition`` / ``_leader``): NOT_ENOUGH_REPLICAS (acks=all with
 #: the ISR under min.insync.replicas, DESIGN §6 "Acks"), UNKNOWN_TOPIC_OR_PARTITION (no such
-#: partition in its view), REPLICA_NOT_AVAILABLE (its replica not open yet),
+#: partition in its view), REPLICA_NOT_AVAILABLE (its replica not open yet, or still a
+#: deleted topic's: the topic-id check in ``_produce``),
 #: LEADER_NOT_AVAILABLE, and FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
 #: (``Partition.check_epoch`` on the request's current_leader_epoch). Every other retriable
 #: answer may follow an append: NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT, and
@@ -1158,7 +1165,10 @@ class Producer:
             behind = pq.batches[0] is not first  # an older batch is in flight
             for b in queued:
                 if take and (
-                    first.attempts or b.attempts or total + b.size + BATCH_OVERHEAD > limit
+                    first.attempts
+                    or b.attempts
+                    or total + b.size + BATCH_OVERHEAD > limit
+                    or b.topic_id != first.topic_id  # (one topic id per request entry)
                 ):
                     break  # (a retry goes alone, as it went the first time)
                 if b is pq.open:
@@ -1312,7 +1322,9 @@ class Producer:
         pq.reseq_from = None
 
     def _send_request(self, addr: str, entries: list[_Shipment]) -> None:
-        topics: dict[str, list[tuple[int, int, list[bytes]]]] = {}
+        #: (topic, the id its batches were made for) -> partitions: the leader refuses them
+        #: if the topic has been deleted and re-created since (INCONSISTENT_TOPIC_ID).
+        topics: dict[str | tuple[str, str], list[tuple[int, int, list[bytes]]]] = {}
         try:
             for pq, batches, epoch, _ in entries:
                 data = [
@@ -1325,7 +1337,9 @@ class Producer:
                     )
                     for b in batches
                 ]
-                topics.setdefault(pq.topic, []).append((pq.partition, epoch, data))
+                topic_id = batches[0].topic_id
+                key = (pq.topic, topic_id) if topic_id else pq.topic
+                topics.setdefault(key, []).append((pq.partition, epoch, data))
             req = encode_produce_request(
                 self.acks,
                 int(self.request_timeout_s * 1000),
@@ -1511,6 +1525,26 @@ class Producer:
                 for b in batches:
                     b.attempts += 1
                 self._requeue(pq, batches, now)
+            elif r.error_code == INCONSISTENT_TOPIC_ID and batches[0].topic_id == (
+                self._metadata.topic_id(pq.topic)
+            ):
+                # The leader has another id for the topic than the one we have and made these
+                # batches for: our metadata or the leader's view lags a delete and re-create.
+                # Nothing was appended; retried after a refresh, which tells which.
+                self._retry(pq, batches, error_for(r.error_code, r.error_message), now)
+            elif r.error_code == INCONSISTENT_TOPIC_ID:
+                # FIX (found from outside): made for a topic since deleted and re-created
+                # under the same name (our metadata has its new id). The leader appended
+                # nothing; they fail, as not written, instead of landing in the new topic.
+                self._metadata.mark_stale(pq.topic)
+                self._fail(
+                    pq,
+                    batches,
+                    InconsistentTopicIdError(
+                        f"{pq.topic}-{pq.partition}: not written: the topic was deleted and "
+                        f"re-created since these records were sent ({r.error_message})"
+                    ),
+                )
             elif is_retriable(r.error_code):
                 if r.error_code not in _REFUSED_BEFORE_APPEND:
                     for b in batches:
