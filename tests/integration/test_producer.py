@@ -25,6 +25,7 @@ from strom.client.types import RecordMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import free_port, wait_for
 from strom.errors import (
+    InconsistentTopicIdError,
     InvalidRequestError,
     MessageTooLargeError,
     RequestTimedOutError,
@@ -46,9 +47,9 @@ class Env:
         self.client = ClusterClient(cluster.bootstrap)
         self._n = 0
 
-    def topic(self, partitions: int = 1, **configs: str) -> str:
+    def topic(self, partitions: int = 1, name: str | None = None, **configs: str) -> str:
         self._n += 1
-        name = f"p{self._n}"
+        name = name or f"p{self._n}"
         resp = self.client.controller_call(
             "CreateTopics",
             controller_pb2.CreateTopicsRequest(
@@ -65,6 +66,44 @@ class Env:
         assert resp.topics[0].error_code == NONE, resp.topics[0].error_message
         wait_for(lambda: self.client.partition_count(name) == partitions, timeout=10, what=name)
         return name
+
+    def delete(self, topic: str, partitions: int) -> None:
+        """Delete ``topic`` and wait until the node has dropped every one of its
+        ``partitions`` (a produce to one it still hosts would land in the deleted log)."""
+        resp = self.client.controller_call(
+            "DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=[topic])
+        )
+        assert resp.topics[0].error_code == NONE, resp.topics[0].error_message
+        wait_for(
+            lambda: all(
+                self.offset_error(topic, i) == common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                for i in range(partitions)
+            ),
+            timeout=20,
+            what=f"{topic} dropped by the node",
+        )
+
+    def offset_error(self, topic: str, partition: int) -> int:
+        """The node's error code for a ListOffsets of the partition (NONE: it serves it)."""
+        req = storage_pb2.ListOffsetsRequest(
+            replica_id=-1,
+            topics=[
+                storage_pb2.ListOffsetsTopic(
+                    topic=topic,
+                    partitions=[
+                        storage_pb2.ListOffsetsPartition(partition=partition, timestamp=-1)
+                    ],
+                )
+            ],
+        )
+        addr = self.cluster.bootstrap.split(",")[0]
+        return (
+            self.client.storage(addr)
+            .ListOffsets(req, timeout=10)
+            .topics[0]
+            .partitions[0]
+            .error_code
+        )
 
     def read(self, topic: str, partition: int = 0, start: int = 0) -> list[Record]:
         """Every record of the partition from ``start``, straight from the node (not through
@@ -572,6 +611,48 @@ def test_partitions_added_while_the_producer_runs_take_records(env: Env) -> None
         got = []
         wait_for(lambda: got.extend(c.poll(200)) or got, timeout=10, what="the new partition")
         assert [r.value for r in got] == [b"new"]
+
+
+def test_records_for_a_partition_the_recreated_topic_lacks_fail_at_once(env: Env) -> None:
+    """A topic deleted and re-created with fewer partitions: records a producer with the old
+    metadata queued for a partition the new topic lacks fail as soon as the producer learns
+    the new topic, as not written (found from outside: every answer was
+    UNKNOWN_TOPIC_OR_PARTITION, yet they were retried for delivery_timeout_ms and failed as
+    "may have been written")."""
+    t = env.topic(partitions=3)
+    with Producer(env.bootstrap) as p:  # delivery_timeout_ms: 120 s
+        assert p.send(t, b"old", partition=2).result(10).offset == 0
+        env.delete(t, 3)
+        env.topic(partitions=1, name=t)
+        wait_for(lambda: env.offset_error(t, 0) == NONE, timeout=20, what="the new topic served")
+        # The producer still has the old topic's 3 partitions: it takes the record.
+        stale = p.send(t, b"stale", partition=2)
+        with pytest.raises(UnknownTopicOrPartitionError, match="not written") as info:
+            stale.result(30)
+        assert "may have been written" not in str(info.value)
+        assert not info.value.retriable
+        assert p.send(t, b"new", partition=0).result(10).offset == 0
+    assert [r.value for r in env.read(t)] == [b"new"]
+
+
+def test_records_made_for_a_deleted_topic_never_land_in_its_successor(env: Env) -> None:
+    """Produce carries the topic id the producer made its batches for (Kafka's Produce v13):
+    a record sent with the metadata of a topic since deleted and re-created under the same
+    name is refused and fails as not written, and sends after the producer has learnt the
+    new topic go to it (found from outside: the stale record was appended to the new
+    topic)."""
+    t = env.topic(partitions=1)
+    with Producer(env.bootstrap) as p:
+        assert p.send(t, b"old").result(10).offset == 0
+        env.delete(t, 1)
+        env.topic(partitions=1, name=t)
+        wait_for(lambda: env.offset_error(t, 0) == NONE, timeout=20, what="the new topic served")
+        stale = p.send(t, b"stale")  # made with the deleted topic's id
+        with pytest.raises(InconsistentTopicIdError, match="not written: the topic was deleted"):
+            stale.result(30)
+        assert p.send(t, b"new").result(10).offset == 0
+        assert p.send_batch(t, [b"bulk"]).result(10)[0].base_offset == 1
+    assert [r.value for r in env.read(t)] == [b"new", b"bulk"]
 
 
 def test_keyed_records_reach_partitions_added_later(env: Env) -> None:

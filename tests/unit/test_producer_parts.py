@@ -117,14 +117,17 @@ def test_partition_queue_closes_the_open_batch_for_bulk() -> None:
         unique_by=lambda t: t[0],
     ),
     st.sampled_from([-1, 0, 1]),
+    st.sampled_from(["", "Zk3x-id"]),
 )
 def test_hand_built_produce_requests_parse_as_protobuf(
-    topics: list[tuple[str, list[tuple[int, int, list[bytes]]]]], acks: int
+    topics: list[tuple[str, list[tuple[int, int, list[bytes]]]]], acks: int, topic_id: str
 ) -> None:
-    raw = encode_produce_request(acks, 1234, dict(topics))
+    """Keyed by name, or by (name, topic id) for the leader to check the id."""
+    keyed = {(name, topic_id) if topic_id else name: parts for name, parts in topics}
+    raw = encode_produce_request(acks, 1234, keyed)
     req = storage_pb2.ProduceRequest.FromString(raw)
     assert (req.acks, req.timeout_ms) == (acks, 1234)
-    assert [t.topic for t in req.topics] == [name for name, _ in topics]
+    assert [(t.topic, t.topic_id) for t in req.topics] == [(name, topic_id) for name, _ in topics]
     for t, (_, parts) in zip(req.topics, topics, strict=True):
         assert [(p.partition, p.current_leader_epoch, p.records) for p in t.partitions] == [
             (p, e, b"".join(bs)) for p, e, bs in parts

@@ -29,9 +29,11 @@ from strom.client.futures import FutureRecordMetadata
 from strom.client.producer import _Shipment
 from strom.client.transactions import TxnPhase
 from strom.errors import (
+    InconsistentTopicIdError,
     NotEnoughReplicasError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
+    StromError,
 )
 
 NOWHERE = "127.0.0.1:1"
@@ -224,3 +226,83 @@ def test_an_oldest_batch_refused_for_a_gap_fails_and_the_partition_goes_on(
     producer._producer_epoch = 1
     assert _settle(producer, pq)
     assert (pq.producer_epoch, c.base_sequence, pq.next_sequence) == (1, 0, 1)
+
+
+def _answered(p: Producer, pq: PartitionQueue, b: ProducerBatch, code: int) -> None:
+    """Send ``b`` (as the sender's drain would) and have the leader answer ``code``."""
+    b.sent = True
+    pq.in_flight += 1
+    p._in_flight["leader"] = 1
+    answer: Future[storage_pb2.ProduceResponse] = Future()
+    answer.set_result(
+        storage_pb2.ProduceResponse(
+            topics=[
+                storage_pb2.ProduceTopicResponse(
+                    topic="t",
+                    partitions=[storage_pb2.ProducePartitionResponse(partition=0, error_code=code)],
+                )
+            ]
+        )
+    )
+    p._complete("leader", [_Shipment(pq, [b], -1, False)], answer, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("code", "maybe"),
+    [
+        # The node gives these only from its checks before the append.
+        ("UNKNOWN_TOPIC_OR_PARTITION", False),
+        ("FENCED_LEADER_EPOCH", False),
+        ("UNKNOWN_LEADER_EPOCH", False),
+        ("LEADER_NOT_AVAILABLE", False),
+        ("REPLICA_NOT_AVAILABLE", False),
+        ("NOT_ENOUGH_REPLICAS", False),
+        # These may follow an append (leadership moved while the records waited for the ISR).
+        ("NOT_LEADER_OR_FOLLOWER", True),
+        ("REQUEST_TIMED_OUT", True),
+        ("NOT_ENOUGH_REPLICAS_AFTER_APPEND", True),
+    ],
+)
+def test_only_answers_given_after_an_append_leave_a_batch_maybe_written(
+    code: str, maybe: bool
+) -> None:
+    """FIX (found from outside): records for a partition of a deleted topic, answered
+    UNKNOWN_TOPIC_OR_PARTITION at every attempt, failed as "may have been written" and had
+    the partition renumbered under a new epoch, though nothing had been appended."""
+    p = Producer(NOWHERE, delivery_timeout_ms=5000, retries=1)
+    p._producer_id, p._producer_epoch = PID, 0
+    try:
+        pq = _queue()
+        b = _batch(pq, 1)
+        b.attempts = 0
+        _answered(p, pq, b, common_pb2.ErrorCode.Value(code))  # retried
+        assert b.maybe_written is maybe and not b.result.done
+        _answered(p, pq, b, common_pb2.ErrorCode.Value(code))  # retries used up: fails
+        with pytest.raises(StromError) as failed:
+            FutureRecordMetadata(b.result, 0).result(timeout=1)
+        assert ("may have been written" in str(failed.value)) is maybe
+        assert pq.unresolved is maybe
+    finally:
+        p.close(timeout=1)
+
+
+def test_a_refusal_for_another_topic_id_fails_only_batches_made_for_a_replaced_topic() -> None:
+    """INCONSISTENT_TOPIC_ID appends nothing. Batches made for the id our metadata still has
+    are retried (our metadata or the leader's view lags a delete and re-create: the refresh
+    tells which); once our metadata has the topic's new id, they fail as not written."""
+    p = Producer(NOWHERE, delivery_timeout_ms=5000, retries=5)
+    p._producer_id, p._producer_epoch = PID, 0
+    try:
+        p._metadata._topic_ids["t"] = "id-old"
+        pq = _queue()
+        b = _batch(pq, 1)
+        b.attempts, b.topic_id = 0, "id-old"
+        _answered(p, pq, b, common_pb2.ErrorCode.INCONSISTENT_TOPIC_ID)
+        assert not b.result.done and not b.maybe_written and pq.retrying
+        p._metadata._topic_ids["t"] = "id-new"  # the refresh: the topic was re-created
+        _answered(p, pq, b, common_pb2.ErrorCode.INCONSISTENT_TOPIC_ID)
+        with pytest.raises(InconsistentTopicIdError, match="not written: the topic was deleted"):
+            FutureRecordMetadata(b.result, 0).result(timeout=1)
+        assert not pq.unresolved and not pq.batches
+    finally:
+        p.close(timeout=1)

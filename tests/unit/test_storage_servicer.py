@@ -254,6 +254,39 @@ def test_one_failing_partition_does_not_fail_the_request(
     with_harness(tmp_path, body)
 
 
+def test_produce_refuses_batches_made_for_another_topic_id(tmp_path: Path) -> None:
+    """ProduceTopicData.topic_id (Kafka's Produce v13): batches made for a topic since deleted
+    and re-created under the same name are refused INCONSISTENT_TOPIC_ID, nothing appended
+    (found from outside: they landed in the new topic); an empty id is not checked; a replica
+    still the deleted topic's while the view has the new one refuses the new id's batches
+    REPLICA_NOT_AVAILABLE (retriable) instead of taking them into the old log."""
+
+    def req(topic_id: str) -> pb.ProduceRequest:
+        r = produce_req({("t", 0): encode_batch([b"x"])})
+        r.topics[0].topic_id = topic_id
+        return r
+
+    async def code(h: Harness, topic_id: str) -> int:
+        return results(await h.servicer.Produce(req(topic_id), None))[("t", 0)].error_code
+
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        lg = h.manager.partitions[("t", 0)].log
+        assert await code(h, "id-t") == E.NONE
+        assert await code(h, "") == E.NONE
+        assert await code(h, "id-deleted") == E.INCONSISTENT_TOPIC_ID
+        assert lg.log_end_offset == 2
+        # Re-created: the view has the new id, the reconcile has not replaced the replica
+        # yet (nothing here yields to the loop, where it would run).
+        h.put(h.keys.topic("t"), md.TopicMetadata(name="t", topic_id="id-t2", partition_count=1))
+        assert await code(h, "id-t2") == E.REPLICA_NOT_AVAILABLE
+        assert await code(h, "id-t") == E.INCONSISTENT_TOPIC_ID
+        assert lg.log_end_offset == 2
+
+    with_harness(tmp_path, body)
+
+
 def test_flush_messages_fsyncs_before_answering(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         h.topic("t", {0: leader_state()}, **{"flush.messages": "1"})

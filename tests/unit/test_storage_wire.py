@@ -32,6 +32,7 @@ def test_produce_request_parses_like_protobuf_without_copying_records() -> None:
         topics=[
             pb.ProduceTopicData(
                 topic="tö",
+                topic_id="id-1",
                 partitions=[
                     pb.ProducePartitionData(partition=0, records=big, current_leader_epoch=-1),
                     pb.ProducePartitionData(partition=7, records=b"x", current_leader_epoch=3),
@@ -43,7 +44,7 @@ def test_produce_request_parses_like_protobuf_without_copying_records() -> None:
     raw = req.SerializeToString()
     view = parse_produce_request(raw)
     assert (view.acks, view.timeout_ms) == (-1, 1500)
-    assert [t.topic for t in view.topics] == ["tö", "empty"]
+    assert [(t.topic, t.topic_id) for t in view.topics] == [("tö", "id-1"), ("empty", "")]
     p0, p7 = view.topics[0].partitions
     assert (p0.partition, p0.current_leader_epoch, bytes(p0.records)) == (0, -1, big)
     assert (p7.partition, p7.current_leader_epoch, bytes(p7.records)) == (7, 3, b"x")
@@ -65,6 +66,7 @@ def test_the_servers_produce_decoder_reads_small_and_large_requests_alike(size: 
                 partitions=[
                     pb.ProducePartitionData(partition=2, records=records, current_leader_epoch=4)
                 ],
+                topic_id="tid",
             )
         ],
     )
@@ -73,9 +75,9 @@ def test_the_servers_produce_decoder_reads_small_and_large_requests_alike(size: 
     small = len(raw) <= SMALL_REQUEST_BYTES
     assert isinstance(got, pb.ProduceRequest) is small
     assert (got.acks, got.timeout_ms) == (1, 700)
-    ((topic, parts),) = [(t.topic, list(t.partitions)) for t in got.topics]
+    ((topic, topic_id, parts),) = [(t.topic, t.topic_id, list(t.partitions)) for t in got.topics]
     (p,) = parts
-    assert (topic, p.partition, p.current_leader_epoch) == ("t", 2, 4)
+    assert (topic, topic_id, p.partition, p.current_leader_epoch) == ("t", "tid", 2, 4)
     assert bytes(p.records) == records
     if not small:
         assert isinstance(p.records, memoryview) and p.records.obj is raw

@@ -55,12 +55,17 @@ class ProducerBatch:
         "size",
         "timestamps",
         "topic",
+        "topic_id",
         "values",
     )
 
     def __init__(self, topic: str, partition: int, arrow: pa.Table | None = None) -> None:
         self.topic = topic
         self.partition = partition
+        #: The id the topic had in the producer's metadata when the batch was made ("" when
+        #: unknown): a batch made for a topic since deleted and re-created under the same name
+        #: is not the new topic's (Producer._send_ready).
+        self.topic_id = ""
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.headers: list[Any] | None = None
@@ -88,7 +93,7 @@ class ProducerBatch:
         #: Part of a request in flight right now.
         self.sent = False
         #: An attempt ended without proof that nothing was appended (no answer, an answer
-        #: after the append, a retriable error other than NOT_ENOUGH_REPLICAS): the batch may
+        #: after the append, a retriable error not in producer._REFUSED_BEFORE_APPEND): it may
         #: be in the log. Such a batch fails as "may have been written" and its sequence is
         #: never given to another batch (Producer._settle).
         self.maybe_written = False

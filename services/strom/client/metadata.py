@@ -134,6 +134,11 @@ class MetadataCache:
     def partition_count(self, topic: str) -> int | None:
         return self._partition_counts.get(topic)
 
+    def topic_id(self, topic: str) -> str:
+        """The topic's id in the last answer that had it ("" when not known): a topic deleted
+        and re-created under the same name has a new one."""
+        return self._topic_ids.get(topic, "")
+
     def max_message_bytes(self, topic: str) -> int:
         """The topic's max.message.bytes if it overrides the default (else 0)."""
         entry = self._entries.get(topic)

@@ -41,7 +41,13 @@ works, and why:
   old offset, reporting a record written that is nowhere in the log (found from outside).
   The partition goes on once a later sequence is acknowledged, or renumbers from 0 under a
   new epoch (Kafka's KIP-360 bump; ``Producer._settle``). Only batches refused before any
-  append (NOT_ENOUGH_REPLICAS) hand their sequences on.
+  append (``_REFUSED_BEFORE_APPEND``) hand their sequences on.
+- Batches made for a topic since deleted and re-created without their partition fail at once
+  as not written (``Producer._replaced``), as a ``send`` to a missing partition does. Every
+  request entry carries the topic id its batches were made for (``ProduceTopicData.topic_id``):
+  the leader refuses them (INCONSISTENT_TOPIC_ID) if the topic has another id now, and they
+  fail as not written once our metadata has the new id too, instead of landing in the new
+  topic of the same name (found from outside).
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.client.wire import PRODUCE_METHOD, encode_produce_request
 from strom.errors import (
     BrokerNotAvailableError,
+    InconsistentTopicIdError,
     InvalidRequestError,
     InvalidTxnStateError,
     MessageTooLargeError,
@@ -95,6 +102,7 @@ from strom.errors import (
     ProducerFencedError,
     RequestTimedOutError,
     StromError,
+    UnknownTopicOrPartitionError,
     error_for,
     is_retriable,
 )
@@ -107,11 +115,32 @@ NONE = common_pb2.ErrorCode.NONE
 OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
 DUPLICATE = common_pb2.ErrorCode.DUPLICATE_SEQUENCE
 UNKNOWN_PRODUCER = common_pb2.ErrorCode.UNKNOWN_PRODUCER_ID
-#: Answers that prove the attempt appended nothing: the leader refuses NOT_ENOUGH_REPLICAS
-#: before the append (DESIGN §6 "Acks"). Every other retriable answer may follow an append
-#: (NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT, NOT_LEADER_OR_FOLLOWER when
-#: leadership moved while the records waited for the ISR), as may no answer at all.
-_REFUSED_BEFORE_APPEND = frozenset({common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS})
+INCONSISTENT_TOPIC_ID = common_pb2.ErrorCode.INCONSISTENT_TOPIC_ID
+#: Answers that prove the attempt appended nothing. A strom node gives each of these only
+#: from its checks before the append (strom.storage.servicer ``_produce_target`` and
+#: strom.storage.rpc_base ``_partition`` / ``_leader``): NOT_ENOUGH_REPLICAS (acks=all with
+#: the ISR under min.insync.replicas, DESIGN §6 "Acks"), UNKNOWN_TOPIC_OR_PARTITION (no such
+#: partition in its view), REPLICA_NOT_AVAILABLE (its replica not open yet, or still a
+#: deleted topic's: the topic-id check in ``_produce``),
+#: LEADER_NOT_AVAILABLE, and FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
+#: (``Partition.check_epoch`` on the request's current_leader_epoch). Every other retriable
+#: answer may follow an append: NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT, and
+#: NOT_LEADER_OR_FOLLOWER, which ``_await_commit`` answers when leadership moved while
+#: appended records waited for the ISR (and ``_append_error`` for a log whose epoch is
+#: ahead of the node's view), as may no answer at all. FIX (found from outside): records
+#: for a partition of a deleted topic, answered UNKNOWN_TOPIC_OR_PARTITION at every
+#: attempt, failed as "may have been written" though nothing was, and renumbered the
+#: partition under a new epoch.
+_REFUSED_BEFORE_APPEND = frozenset(
+    {
+        common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS,
+        common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        common_pb2.ErrorCode.REPLICA_NOT_AVAILABLE,
+        common_pb2.ErrorCode.LEADER_NOT_AVAILABLE,
+        common_pb2.ErrorCode.FENCED_LEADER_EPOCH,
+        common_pb2.ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
+)
 #: Non-retriable answers given after records were appended (a flush that failed).
 _FAILED_AFTER_APPEND = frozenset(
     {common_pb2.ErrorCode.UNKNOWN_SERVER_ERROR, common_pb2.ErrorCode.STORAGE_ERROR}
@@ -523,6 +552,7 @@ class Producer:
             pq = self._queues[tp] = PartitionQueue(topic, partition)
         b = pq.new_batch()
         b.max_size = self._batch_bytes(topic)
+        b.topic_id = self._metadata.topic_id(topic)
         self._open[tp] = b
         return b
 
@@ -584,6 +614,7 @@ class Producer:
         else:
             groups = [(-1, table)]
         chunks: list[ProducerBatch] = []
+        topic_id = self._metadata.topic_id(topic)
         for p, t in groups:
             for chunk in _chunks(t, self._batch_bytes(topic), self.max_request_size):
                 if p < 0:
@@ -593,7 +624,9 @@ class Producer:
                     self._sticky[topic] = (part + 1) % n
                 else:
                     part = p
-                chunks.append(ProducerBatch(topic, part, chunk))
+                b = ProducerBatch(topic, part, chunk)
+                b.topic_id = topic_id
+                chunks.append(b)
         with self._lock:
             for b in chunks:
                 if self._buffered + b.size > self.buffer_memory and self._buffered:
@@ -1005,6 +1038,8 @@ class Producer:
         #: leader address -> [any partition due?, (queue, unsent batches, epoch, due) ...]
         candidates: dict[str, list[Any]] = {}
         txn_adds: set[tuple[str, int]] = set()
+        #: Partitions of a topic since deleted and re-created without them (_replaced).
+        replaced: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
         with self._lock:
             for pq in self._queues.values():
                 if not pq.batches:
@@ -1033,6 +1068,14 @@ class Producer:
 
                 leader = self._leaders.get((pq.topic, pq.partition))  # tuple == TopicPartition
                 if leader is None or leader.address is None:
+                    if not pq.in_flight and (gone := self._replaced(pq)):
+                        if pq.open in gone:
+                            self._close_open(pq.topic, pq.partition)
+                        for b in gone:
+                            b.sent = True  # _done counts one request per call
+                        pq.in_flight += 1
+                        replaced.append((pq, gone))
+                        continue
                     if due:
                         self._metadata.mark_stale(pq.topic)
                         next_wake = _earlier(next_wake, self.retry_backoff_s)
@@ -1070,11 +1113,39 @@ class Producer:
                     node[0] = any(due for *_, due in pending)
         for addr, entries in requests:
             self._send_request(addr, entries)
+        for pq, gone in replaced:
+            count = self._counts.get(pq.topic, 0)
+            self._fail(
+                pq,
+                gone,
+                UnknownTopicOrPartitionError(
+                    f"{pq.topic}-{pq.partition}: not written: the topic was deleted and "
+                    f"re-created with {count} partition{'s' if count != 1 else ''}, and this "
+                    "partition no longer exists",
+                    retriable=False,
+                ),
+            )
         if self._epoch_victims:
             self._fail_epoch_victims()
         if txn_adds:
             return self._add_to_transaction(txn_adds, next_wake)
         return next_wake
+
+    def _replaced(self, pq: PartitionQueue) -> list[ProducerBatch]:
+        """With the lock held, for a partition without a known leader: its batches made for
+        a topic that has since been deleted and re-created without this partition (the
+        topic's id changed and its partition count no longer covers it), which can never be
+        delivered.
+
+        FIX (found from outside): they were retried until delivery_timeout_ms, though a new
+        ``send`` to a partition the topic does not have fails at once. Only a changed id
+        proves the partition gone: under one id partitions are only ever added, and a node
+        that has not learnt the added ones yet answers a smaller count for a while."""
+        count = self._counts.get(pq.topic)
+        current = self._metadata.topic_id(pq.topic)
+        if count is None or pq.partition < count or not current:
+            return []
+        return [b for b in pq.batches if b.topic_id and b.topic_id != current]
 
     def _drain(self, pending: list[Any]) -> tuple[list[_Shipment], list[Any]]:
         """With the lock held: one request's shipments from ``pending`` partitions (queue,
@@ -1094,7 +1165,10 @@ class Producer:
             behind = pq.batches[0] is not first  # an older batch is in flight
             for b in queued:
                 if take and (
-                    first.attempts or b.attempts or total + b.size + BATCH_OVERHEAD > limit
+                    first.attempts
+                    or b.attempts
+                    or total + b.size + BATCH_OVERHEAD > limit
+                    or b.topic_id != first.topic_id  # (one topic id per request entry)
                 ):
                     break  # (a retry goes alone, as it went the first time)
                 if b is pq.open:
@@ -1248,7 +1322,9 @@ class Producer:
         pq.reseq_from = None
 
     def _send_request(self, addr: str, entries: list[_Shipment]) -> None:
-        topics: dict[str, list[tuple[int, int, list[bytes]]]] = {}
+        #: (topic, the id its batches were made for) -> partitions: the leader refuses them
+        #: if the topic has been deleted and re-created since (INCONSISTENT_TOPIC_ID).
+        topics: dict[str | tuple[str, str], list[tuple[int, int, list[bytes]]]] = {}
         try:
             for pq, batches, epoch, _ in entries:
                 data = [
@@ -1261,7 +1337,9 @@ class Producer:
                     )
                     for b in batches
                 ]
-                topics.setdefault(pq.topic, []).append((pq.partition, epoch, data))
+                topic_id = batches[0].topic_id
+                key = (pq.topic, topic_id) if topic_id else pq.topic
+                topics.setdefault(key, []).append((pq.partition, epoch, data))
             req = encode_produce_request(
                 self.acks,
                 int(self.request_timeout_s * 1000),
@@ -1447,6 +1525,26 @@ class Producer:
                 for b in batches:
                     b.attempts += 1
                 self._requeue(pq, batches, now)
+            elif r.error_code == INCONSISTENT_TOPIC_ID and batches[0].topic_id == (
+                self._metadata.topic_id(pq.topic)
+            ):
+                # The leader has another id for the topic than the one we have and made these
+                # batches for: our metadata or the leader's view lags a delete and re-create.
+                # Nothing was appended; retried after a refresh, which tells which.
+                self._retry(pq, batches, error_for(r.error_code, r.error_message), now)
+            elif r.error_code == INCONSISTENT_TOPIC_ID:
+                # FIX (found from outside): made for a topic since deleted and re-created
+                # under the same name (our metadata has its new id). The leader appended
+                # nothing; they fail, as not written, instead of landing in the new topic.
+                self._metadata.mark_stale(pq.topic)
+                self._fail(
+                    pq,
+                    batches,
+                    InconsistentTopicIdError(
+                        f"{pq.topic}-{pq.partition}: not written: the topic was deleted and "
+                        f"re-created since these records were sent ({r.error_message})"
+                    ),
+                )
             elif is_retriable(r.error_code):
                 if r.error_code not in _REFUSED_BEFORE_APPEND:
                     for b in batches:

@@ -10,7 +10,7 @@ node parses it with the same generated schema (see ``strom.storage.wire``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from strom.api import storage_pb2
 
@@ -18,6 +18,7 @@ _LEN = 2
 _REQ_TOPICS = bytes(((3 << 3) | _LEN,))  # ProduceRequest.topics
 _TOPIC_NAME = bytes(((1 << 3) | _LEN,))  # ProduceTopicData.topic
 _TOPIC_PARTS = bytes(((2 << 3) | _LEN,))  # ProduceTopicData.partitions
+_TOPIC_ID = bytes(((3 << 3) | _LEN,))  # ProduceTopicData.topic_id
 _PART_RECORDS = bytes(((2 << 3) | _LEN,))  # ProducePartitionData.records
 
 PRODUCE_METHOD = "/strom.v1.StorageService/Produce"
@@ -38,18 +39,23 @@ def varint(n: int) -> bytes:
 def encode_produce_request(
     acks: int,
     timeout_ms: int,
-    topics: dict[str, Sequence[tuple[int, int, Sequence[bytes]]]],
+    topics: Mapping[str | tuple[str, str], Sequence[tuple[int, int, Sequence[bytes]]]],
     transactional_id: str = "",
 ) -> bytes:
-    """``topics``: name -> [(partition, current_leader_epoch, [batch bytes, ...])]."""
+    """``topics``: name, or (name, topic id) to have the leader check the id, ->
+    [(partition, current_leader_epoch, [batch bytes, ...])]."""
     parts: list[bytes] = [
         storage_pb2.ProduceRequest(
             acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id
         ).SerializeToString()
     ]
-    for name, partitions in topics.items():
+    for key, partitions in topics.items():
+        name, topic_id = (key, "") if isinstance(key, str) else key
         raw_name = name.encode()
         topic_parts: list[bytes] = [_TOPIC_NAME, varint(len(raw_name)), raw_name]
+        if topic_id:
+            raw_id = topic_id.encode()
+            topic_parts += [_TOPIC_ID, varint(len(raw_id)), raw_id]
         for partition, epoch, batches in partitions:
             head = storage_pb2.ProducePartitionData(
                 partition=partition, current_leader_epoch=epoch

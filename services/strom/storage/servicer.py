@@ -168,6 +168,9 @@ class StorageServicer(
             topic = td.topic
             tr = resp.topics.add(topic=topic)
             refused = _internal_topic_refusal(topic, context)
+            topic_id = td.topic_id
+            if refused is None and topic_id:
+                refused = self._topic_id_refusal(topic, topic_id)
             for pd in td.partitions:
                 pr = tr.partitions.add(partition=pd.partition, base_offset=-1)
                 pr.log_append_time_ms = -1
@@ -176,6 +179,15 @@ class StorageServicer(
                     if refused is not None:
                         raise refused
                     part = self._produce_target(topic, pd, acks, hints)
+                    if topic_id and part.topic_id and part.topic_id != topic_id:
+                        # The view has the new topic, but the replica hosted is still the
+                        # deleted one's (the reconcile replaces it in a moment).
+                        raise _Refusal(
+                            E.REPLICA_NOT_AVAILABLE,
+                            f"the replica of {topic}-{pd.partition} on node {self.node_id} is "
+                            f"still the deleted topic's (id {part.topic_id}), not the one of "
+                            f"id {topic_id}",
+                        )
                 except Exception as exc:
                     self._produce_failed(pr, _unexpected("produce to", topic, pd.partition, exc))
                     continue
@@ -196,6 +208,23 @@ class StorageServicer(
         if hints:
             resp.node_endpoints.extend(self._endpoints(hints))
         return resp
+
+    def _topic_id_refusal(self, topic: str, topic_id: str) -> _Refusal | None:
+        """INCONSISTENT_TOPIC_ID for a request entry whose ``topic_id`` is not the id the
+        topic of that name has now (checked once per topic of the request, before anything
+        is appended): the batches were made for a topic since deleted and re-created under
+        the same name (Kafka's Produce v13, KIP-516). FIX (found from outside): Produce
+        carried only the name, and a producer with stale metadata wrote records meant for the
+        deleted topic into the new one. A topic this node does not know is left to the
+        partition lookup (UNKNOWN_TOPIC_OR_PARTITION)."""
+        meta = self.view.topic(topic)
+        if meta is None or not meta.topic_id or meta.topic_id == topic_id:
+            return None
+        return _Refusal(
+            E.INCONSISTENT_TOPIC_ID,
+            f"topic {topic} now has id {meta.topic_id}, not {topic_id}: it was deleted and "
+            "re-created; nothing appended",
+        )
 
     def _produce_target(self, topic: str, pd: Any, acks: int, hints: set[int]) -> Partition:
         """Everything checked before an append: acks, leadership, epoch, ISR size, data."""

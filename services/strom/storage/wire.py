@@ -107,6 +107,7 @@ class ProduceTopicView:
 
     topic: str = ""
     partitions: list[ProducePartitionView] = field(default_factory=list)
+    topic_id: str = ""
 
 
 @dataclass(slots=True)
@@ -171,6 +172,11 @@ def _topic(buf: memoryview, start: int, end: int) -> ProduceTopicView:
                 elif n2 == 3 and w2 == _VARINT:
                     p.current_leader_epoch = _int32(v2)
             t.partitions.append(p)
+        elif num == 3 and wt == _LEN:
+            try:
+                t.topic_id = bytes(buf[v[0] : v[1]]).decode()
+            except UnicodeDecodeError:
+                raise WireError("topic_id is not UTF-8") from None
     return t
 
 
