@@ -36,6 +36,12 @@ log = logging.getLogger("strom.controller")
 R = TypeVar("R", bound=Message)
 E = ErrorCode
 
+#: How long a write waits for the controller's own view to show it before answering
+#: (read-your-writes). Clients must give an attempt well more than this (the CLI does, see
+#: strom.cli.admin.controller_client): an attempt cut off just before the answer is retried,
+#: and a retried CreateTopics then finds the topic it created.
+VIEW_WAIT_S = 10.0
+
 
 class Fenced(Exception):
     """This controller's election key changed under it: it is no longer the active one."""
@@ -252,8 +258,8 @@ class ControllerCore:
     async def _await_view(self, predicate: Callable[[], bool], what: str) -> None:
         """Wait until the view reflects a write we committed (read-your-writes)."""
         assert self.view is not None
-        if not await asyncio.to_thread(self.view.wait_for, predicate, 10.0):
-            log.warning("the cluster view did not show %s within 10s", what)
+        if not await asyncio.to_thread(self.view.wait_for, predicate, VIEW_WAIT_S):
+            log.warning("the cluster view did not show %s within %gs", what, VIEW_WAIT_S)
 
     async def _await_partition_epochs(
         self, committed: dict[tuple[str, int], int], what: str = "committed partition states"
