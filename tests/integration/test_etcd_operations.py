@@ -1,13 +1,20 @@
-"""etcd operations against a real etcd: what strom does when etcd was down for a while."""
+"""etcd operations against a real etcd: what strom does when etcd was down for a while, or
+is out of space."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
+from collections.abc import Callable
 
+import grpc
 import pytest
 
 from strom.api import metadata_pb2 as md
+from strom.client.admin import Admin
+from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import EtcdServer, wait_for
+from strom.errors import MetadataStoreFullError
 from strom.metadata import MetadataStore
 
 pytestmark = pytest.mark.integration
@@ -45,4 +52,70 @@ def test_a_lease_is_renewed_after_an_etcd_outage_of_twenty_seconds(etcd: EtcdSer
         assert store.get(key, md.NodeRegistration) is not None
     finally:
         keeper.stop(revoke=False)
+        store.close()
+
+
+def _fill(store: MetadataStore) -> None:
+    """Overwrite one key outside the cluster's keys with big values until etcd refuses a
+    write for lack of space: the history is kept, so every write adds to the database (as
+    configs altered over and over did, found from outside), and compacting frees it."""
+    value = b"x" * (256 * 1024)
+    for _ in range(1000):
+        try:
+            store.client.put("/fill", value)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+            return
+    raise AssertionError("etcd took 256 MB without running out of space")
+
+
+def _etcdctl(etcd: EtcdServer, *args: str) -> None:
+    subprocess.run(
+        ["etcdctl", "--endpoints", etcd.endpoint, *args],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def _log_lines(path: object, text: str) -> int:
+    with open(str(path), encoding="utf-8", errors="replace") as f:
+        return sum(text in line for line in f)
+
+
+def test_an_admin_request_fails_at_once_and_clearly_when_etcd_is_out_of_space(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: with etcd's NOSPACE alarm raised, every admin request was retried
+    for 60 s and failed as BROKER_NOT_AVAILABLE "no active controller answered ... etcd did
+    not answer: etcd unavailable: RESOURCE_EXHAUSTED: etcdserver: mvcc: database space
+    exceeded", and no service logged a line about it."""
+    cluster = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=0,
+        etcd_args=["--quota-backend-bytes", str(8 * 1024 * 1024)],
+    )
+    store = MetadataStore(cluster.etcd.endpoint, "fill")
+    controller = cluster.controllers[0]
+    try:
+        _fill(store)
+        with Admin(cluster.bootstrap) as admin:
+            for name in ("after-nospace", "after-nospace-2"):
+                with pytest.raises(MetadataStoreFullError) as raised:
+                    admin.create_topic(name, partitions=1, replication_factor=1)
+                message = str(raised.value)
+                assert "out of space" in message and "NOSPACE" in message, message
+                assert "etcdctl alarm disarm" in message and "etcdctl defrag" in message
+                assert not raised.value.retriable
+        # The controller said so in its log, once for both requests (once a minute at most).
+        assert _log_lines(controller.log_path, "etcd is out of space") == 1
+
+        # What the message says to do; then admin requests work again.
+        _etcdctl(cluster.etcd, "compact", str(store.revision()))
+        _etcdctl(cluster.etcd, "defrag", "--cluster")
+        _etcdctl(cluster.etcd, "alarm", "disarm")
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_topic("after-disarm", partitions=1, replication_factor=1)
+    finally:
         store.close()

@@ -30,7 +30,13 @@ from strom.api import metadata_pb2 as md
 from strom.controller.metrics import ADMIN_REQUESTS
 from strom.controller.prober import NodeProber
 from strom.errors import ErrorCode, StromError, error_name
-from strom.metadata import ClusterView, Election, MetadataStore, MetadataUnavailableError
+from strom.metadata import (
+    ClusterView,
+    Election,
+    EtcdNoSpaceError,
+    MetadataStore,
+    MetadataUnavailableError,
+)
 
 log = logging.getLogger("strom.controller")
 R = TypeVar("R", bound=Message)
@@ -202,6 +208,9 @@ class ControllerCore:
                 if active.node_id >= 0
                 else "; no active controller is known right now"
             )
+        except EtcdNoSpaceError as exc:  # only an operator ends it: no use retrying
+            resp.error_code = E.METADATA_STORE_FULL
+            resp.error_message = str(exc)
         except MetadataUnavailableError as exc:
             resp.error_code = E.REQUEST_TIMED_OUT
             resp.error_message = f"etcd did not answer: {exc}"

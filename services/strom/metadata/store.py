@@ -70,6 +70,56 @@ class LeaseLostError(MetadataUnavailableError):
     state write takes the lease of its re-registration)."""
 
 
+class EtcdNoSpaceError(MetadataUnavailableError):
+    """etcd refused a write because it is out of space: its NOSPACE alarm is raised
+    (RESOURCE_EXHAUSTED "etcdserver: mvcc: database space exceeded", the database reached
+    its --quota-backend-bytes), and it refuses every write until an operator frees space and
+    clears the alarm. Reads, deletes and lease keepalives still work.
+
+    FIX (found from outside): it was a plain MetadataUnavailableError, so the controller
+    answered REQUEST_TIMED_OUT, clients retried every admin request for their whole timeout
+    (60 s, then "no active controller answered") and no service said why. The controller
+    answers METADATA_STORE_FULL (not retriable) with this error's message, and the store logs
+    it at most once a minute. A subclass all the same, so that the services' background work
+    (registrations, elections, reconciles) goes on retrying as when etcd is down, and resumes
+    once the alarm is cleared."""
+
+
+#: Monotonic time of the last log line about etcd's NOSPACE alarm, and writes refused since.
+_no_space_logged_at: float | None = None
+_no_space_refused = 0
+_no_space_lock = threading.Lock()
+#: At most one such line a minute per process (a service), whatever the number of writes.
+NO_SPACE_LOG_INTERVAL_S = 60.0
+
+
+def _is_no_space(exc: BaseException) -> bool:
+    if not isinstance(exc, grpc.RpcError) or not callable(getattr(exc, "code", None)):
+        return False
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in (
+        exc.details() or ""
+    )
+
+
+def _no_space(exc: BaseException) -> EtcdNoSpaceError:
+    """The error for a write etcd refused for lack of space; logs one line a minute."""
+    global _no_space_logged_at, _no_space_refused
+    err = EtcdNoSpaceError(
+        f"etcd is out of space: its NOSPACE alarm is raised ({_describe(exc)}) and it "
+        "refuses every write until an operator frees space and clears the alarm: compact "
+        "its history (etcdctl compact <current revision>), defragment it (etcdctl defrag "
+        "--cluster), then etcdctl alarm disarm; or raise its --quota-backend-bytes"
+    )
+    with _no_space_lock:
+        _no_space_refused += 1
+        now = time.monotonic()
+        if _no_space_logged_at is not None and now - _no_space_logged_at < NO_SPACE_LOG_INTERVAL_S:
+            return err
+        refused, _no_space_logged_at, _no_space_refused = _no_space_refused, now, 0
+    log.error("%s (writes refused since the last such line: %d)", err, refused)
+    return err
+
+
 def _describe(exc: BaseException) -> str:
     """One line for a client error: a gRPC error's status code and details (its ``str`` is
     a multi-line dump of the call's debug string), else the exception's name and text."""
@@ -187,17 +237,23 @@ class MetadataStore:
                 metrics.observe(metrics.op_name(fn), started, failed=False)
                 raise LeaseLostError(f"etcd lease expired: {_describe(exc)}") from None
             metrics.observe(metrics.op_name(fn), started, failed=True)
+            if _is_no_space(exc):
+                raise _no_space(exc) from exc
             raise MetadataUnavailableError(f"etcd unavailable: {_describe(exc)}") from exc
         metrics.observe(metrics.op_name(fn), started, failed=False)
         return result
 
     def retry(self, fn: Callable[[], Any], *, deadline_s: float) -> Any:
-        """Call ``fn`` until it stops raising :class:`MetadataUnavailableError` or time runs out."""
+        """Call ``fn`` until it stops raising :class:`MetadataUnavailableError` or time runs out.
+
+        :class:`EtcdNoSpaceError` is raised at once: only an operator ends it."""
         end = time.monotonic() + deadline_s
         delay = 0.05
         while True:
             try:
                 return fn()
+            except EtcdNoSpaceError:
+                raise
             except MetadataUnavailableError:
                 if time.monotonic() + delay > end or self._closed:
                     raise
