@@ -42,6 +42,7 @@ ERRORS: dict[int, ErrorInfo] = {
     _E.POLICY_VIOLATION: ErrorInfo(False, "a server-side policy forbids the request"),
     _E.UNSUPPORTED_VERSION: ErrorInfo(False, "the server does not support this feature/format"),
     _E.BROKER_NOT_AVAILABLE: ErrorInfo(True, "a node the request refers to is not live"),
+    _E.METADATA_STORE_FULL: ErrorInfo(False, "etcd is out of space and refuses every write"),
     # topics, partitions, configs
     _E.UNKNOWN_TOPIC_OR_PARTITION: ErrorInfo(True, "the topic or partition does not exist"),
     _E.TOPIC_ALREADY_EXISTS: ErrorInfo(False, "a topic with this name already exists"),
@@ -252,6 +253,13 @@ class BrokerNotAvailableError(StromError):
     """BROKER_NOT_AVAILABLE: a node the request refers to is not live."""
 
     default_code = ErrorCode.BROKER_NOT_AVAILABLE
+
+
+class MetadataStoreFullError(StromError):
+    """METADATA_STORE_FULL: etcd is out of space (NOSPACE alarm) and refuses every write
+    until an operator frees space and disarms the alarm; the message says how."""
+
+    default_code = ErrorCode.METADATA_STORE_FULL
 
 
 # ---- topics, partitions, configs ----

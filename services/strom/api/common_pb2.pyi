@@ -16,6 +16,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POLICY_VIOLATION: _ClassVar[ErrorCode]
     UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
     BROKER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    METADATA_STORE_FULL: _ClassVar[ErrorCode]
     UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
     TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
     INVALID_TOPIC: _ClassVar[ErrorCode]
@@ -84,6 +85,7 @@ REQUEST_TIMED_OUT: ErrorCode
 POLICY_VIOLATION: ErrorCode
 UNSUPPORTED_VERSION: ErrorCode
 BROKER_NOT_AVAILABLE: ErrorCode
+METADATA_STORE_FULL: ErrorCode
 UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
 TOPIC_ALREADY_EXISTS: ErrorCode
 INVALID_TOPIC: ErrorCode

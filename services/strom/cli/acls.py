@@ -23,9 +23,9 @@ from typing import Any
 
 from strom.api import controller_pb2
 from strom.api import metadata_pb2 as md
+from strom.cli.admin import controller_client
 from strom.cli.groups import _table
 from strom.cli.jsonout import message_dict
-from strom.client.cluster import ClusterClient
 from strom.errors import StromError, error_for
 from strom.security.acl import CLUSTER, Acl
 from strom.security.acl_file import AclFileError, parse_acl_file
@@ -163,7 +163,7 @@ def run_acls(args: argparse.Namespace, out: Any) -> int:
             bindings = parse_acl_file(_read(args.file))
         except AclFileError as exc:
             raise ValueError(f"{args.file}: {exc}") from None
-    with ClusterClient(args.bootstrap) as client:
+    with controller_client(args.bootstrap) as client:
         if args.acls_cmd == "apply":
             if not bindings:
                 print(f"{args.file}: no entries", file=out)
@@ -267,7 +267,7 @@ def run_quotas(args: argparse.Namespace, out: Any) -> int:
             file=sys.stderr,
         )
         return 2
-    with ClusterClient(args.bootstrap) as client:
+    with controller_client(args.bootstrap) as client:
         if args.quotas_cmd == "remove":
             # A quota without rates is deleted (AlterClientQuotas).
             client.controller_call(

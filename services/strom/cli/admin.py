@@ -18,7 +18,13 @@ from strom.api import common_pb2, controller_pb2
 from strom.argtypes import INT32_MAX, int_at_least, iso_time_ms
 from strom.cli import counted
 from strom.cli.jsonout import message_dict, message_json
-from strom.client.admin import Admin, OffsetSpec, TopicDescription
+from strom.client.admin import (
+    DEFAULT_API_TIMEOUT_MS,
+    DEFAULT_REQUEST_TIMEOUT_MS,
+    Admin,
+    OffsetSpec,
+    TopicDescription,
+)
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
 from strom.errors import ERRORS, ElectionNotNeededError, error_for
@@ -200,8 +206,23 @@ def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     c.add_argument("--json", action="store_true")
 
 
+def controller_client(bootstrap: str | None) -> ClusterClient:
+    """The connection of a command that calls the controller, with the Admin client's own
+    default timeouts (30 s an attempt, 60 s a call).
+
+    FIX (found from outside): the commands used ClusterClient's defaults, 10 s an attempt,
+    no more than the controller's wait for its view to show a write (VIEW_WAIT_S): when the
+    view lagged, the attempt was cut off just before the answer and the retry of `strom topics
+    create` reported TOPIC_ALREADY_EXISTS for the topic the same command had just created."""
+    return ClusterClient(
+        bootstrap,
+        timeout_s=DEFAULT_REQUEST_TIMEOUT_MS / 1000,
+        retry_s=DEFAULT_API_TIMEOUT_MS / 1000,
+    )
+
+
 def run_topics(args: argparse.Namespace, out: Any) -> int:
-    with ClusterClient(args.bootstrap) as client:
+    with controller_client(args.bootstrap) as client:
         admin = Admin(cluster_client=client)
         return _TOPIC_COMMANDS[args.topics_cmd](admin, client, args, out) or 0
 
@@ -527,7 +548,7 @@ def _print_topic(t: TopicDescription, out: Any) -> None:
 
 
 def run_cluster(args: argparse.Namespace, out: Any) -> int:
-    with ClusterClient(args.bootstrap) as client:
+    with controller_client(args.bootstrap) as client:
         admin = Admin(cluster_client=client)
         if args.cluster_cmd == "configs":
             _print_configs(admin.describe_configs(node=args.node), args.json, out)

@@ -30,11 +30,23 @@ from strom.api import metadata_pb2 as md
 from strom.controller.metrics import ADMIN_REQUESTS
 from strom.controller.prober import NodeProber
 from strom.errors import ErrorCode, StromError, error_name
-from strom.metadata import ClusterView, Election, MetadataStore, MetadataUnavailableError
+from strom.metadata import (
+    ClusterView,
+    Election,
+    EtcdNoSpaceError,
+    MetadataStore,
+    MetadataUnavailableError,
+)
 
 log = logging.getLogger("strom.controller")
 R = TypeVar("R", bound=Message)
 E = ErrorCode
+
+#: How long a write waits for the controller's own view to show it before answering
+#: (read-your-writes). Clients must give an attempt well more than this (the CLI does, see
+#: strom.cli.admin.controller_client): an attempt cut off just before the answer is retried,
+#: and a retried CreateTopics then finds the topic it created.
+VIEW_WAIT_S = 10.0
 
 
 class Fenced(Exception):
@@ -196,6 +208,9 @@ class ControllerCore:
                 if active.node_id >= 0
                 else "; no active controller is known right now"
             )
+        except EtcdNoSpaceError as exc:  # only an operator ends it: no use retrying
+            resp.error_code = E.METADATA_STORE_FULL
+            resp.error_message = str(exc)
         except MetadataUnavailableError as exc:
             resp.error_code = E.REQUEST_TIMED_OUT
             resp.error_message = f"etcd did not answer: {exc}"
@@ -252,8 +267,8 @@ class ControllerCore:
     async def _await_view(self, predicate: Callable[[], bool], what: str) -> None:
         """Wait until the view reflects a write we committed (read-your-writes)."""
         assert self.view is not None
-        if not await asyncio.to_thread(self.view.wait_for, predicate, 10.0):
-            log.warning("the cluster view did not show %s within 10s", what)
+        if not await asyncio.to_thread(self.view.wait_for, predicate, VIEW_WAIT_S):
+            log.warning("the cluster view did not show %s within %gs", what, VIEW_WAIT_S)
 
     async def _await_partition_epochs(
         self, committed: dict[tuple[str, int], int], what: str = "committed partition states"

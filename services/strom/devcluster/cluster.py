@@ -104,6 +104,7 @@ class LocalCluster:
         security: ChannelSecurity | None = None,
         etcd_tls: tuple[Path, Path, Path] | None = None,
         tls: bool = False,
+        etcd_args: list[str] | None = None,
     ) -> None:
         self.root = Path(root)
         #: How this process reaches the services (TLS / tokens when they require them).
@@ -115,7 +116,7 @@ class LocalCluster:
         common: list[str] = []
         if tls:
             common, etcd_tls = self._secure()
-        self.etcd = EtcdServer(self.root, tls=etcd_tls)
+        self.etcd = EtcdServer(self.root, tls=etcd_tls, args=etcd_args or ())
         self.controllers: list[Member] = []
         self.nodes: list[Member] = []
         self.node_args = [*common, *(node_args or [])]

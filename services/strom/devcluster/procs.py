@@ -203,6 +203,7 @@ class EtcdServer:
         peer_port: int | None = None,
         host: str = "127.0.0.1",
         tls: tuple[Path, Path, Path] | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         binary = shutil.which("etcd")
         if binary is None:
@@ -214,6 +215,8 @@ class EtcdServer:
         self.peer_port = peer_port or free_port(host)
         #: (cert, key, CA): serve clients over TLS and require client certificates from them.
         self.tls = tls
+        #: More etcd flags, after ours (tests: a small --quota-backend-bytes).
+        self.args = list(args)
         self.process: ManagedProcess | None = None
 
     @property
@@ -259,6 +262,7 @@ class EtcdServer:
                 str(ca),
                 "--client-cert-auth",
             ]
+        argv += self.args
         self.process = ManagedProcess("etcd", argv, self.data_dir / "etcd.log").start()
         wait_for(self._healthy, timeout=timeout, what=f"etcd on {self.endpoint}")
         return self

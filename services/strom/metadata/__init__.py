@@ -3,6 +3,7 @@
 from strom.metadata.keys import Keys
 from strom.metadata.store import (
     Election,
+    EtcdNoSpaceError,
     KeepAlive,
     LeaseLostError,
     MetadataStore,
@@ -19,6 +20,7 @@ __all__ = [
     "RESYNC",
     "ClusterView",
     "Election",
+    "EtcdNoSpaceError",
     "KeepAlive",
     "Keys",
     "LeaseLostError",

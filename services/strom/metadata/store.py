@@ -39,6 +39,21 @@ _CLIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+#: gRPC options of every etcd channel strom makes. FIX (found from outside): gRPC's own
+#: defaults back a channel's reconnects off from 1 s by 1.6 times up to 120 s, so after an etcd
+#: outage of 20 s the lease keepalives' channel tried to connect again some 10 s after etcd was
+#: back, and etcd gives the leases it restores only their TTL (2 s) and about a second more:
+#: every lease expired and the controller took every partition offline. Here a channel retries
+#: within a second whatever the outage lasted (a handful of connection attempts a second to a
+#: dead member is nothing), and gives each attempt 2 s to complete (gRPC's
+#: ``min_reconnect_backoff_ms`` is that least connect timeout, 20 s by default).
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.min_reconnect_backoff_ms", 2000),
+)
+
+
 class MetadataUnavailableError(Exception):
     """etcd could not be reached or did not answer in time (retriable)."""
 
@@ -53,6 +68,56 @@ class LeaseLostError(MetadataUnavailableError):
     that handles etcd trouble in general handles it too, and :meth:`MetadataStore.retry`
     still retries it: a retried call may read a lease renewed meanwhile (a storage node's
     state write takes the lease of its re-registration)."""
+
+
+class EtcdNoSpaceError(MetadataUnavailableError):
+    """etcd refused a write because it is out of space: its NOSPACE alarm is raised
+    (RESOURCE_EXHAUSTED "etcdserver: mvcc: database space exceeded", the database reached
+    its --quota-backend-bytes), and it refuses every write until an operator frees space and
+    clears the alarm. Reads, deletes and lease keepalives still work.
+
+    FIX (found from outside): it was a plain MetadataUnavailableError, so the controller
+    answered REQUEST_TIMED_OUT, clients retried every admin request for their whole timeout
+    (60 s, then "no active controller answered") and no service said why. The controller
+    answers METADATA_STORE_FULL (not retriable) with this error's message, and the store logs
+    it at most once a minute. A subclass all the same, so that the services' background work
+    (registrations, elections, reconciles) goes on retrying as when etcd is down, and resumes
+    once the alarm is cleared."""
+
+
+#: Monotonic time of the last log line about etcd's NOSPACE alarm, and writes refused since.
+_no_space_logged_at: float | None = None
+_no_space_refused = 0
+_no_space_lock = threading.Lock()
+#: At most one such line a minute per process (a service), whatever the number of writes.
+NO_SPACE_LOG_INTERVAL_S = 60.0
+
+
+def _is_no_space(exc: BaseException) -> bool:
+    if not isinstance(exc, grpc.RpcError) or not callable(getattr(exc, "code", None)):
+        return False
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in (
+        exc.details() or ""
+    )
+
+
+def _no_space(exc: BaseException) -> EtcdNoSpaceError:
+    """The error for a write etcd refused for lack of space; logs one line a minute."""
+    global _no_space_logged_at, _no_space_refused
+    err = EtcdNoSpaceError(
+        f"etcd is out of space: its NOSPACE alarm is raised ({_describe(exc)}) and it "
+        "refuses every write until an operator frees space and clears the alarm: compact "
+        "its history (etcdctl compact <current revision>), defragment it (etcdctl defrag "
+        "--cluster), then etcdctl alarm disarm; or raise its --quota-backend-bytes"
+    )
+    with _no_space_lock:
+        _no_space_refused += 1
+        now = time.monotonic()
+        if _no_space_logged_at is not None and now - _no_space_logged_at < NO_SPACE_LOG_INTERVAL_S:
+            return err
+        refused, _no_space_logged_at, _no_space_refused = _no_space_refused, now, 0
+    log.error("%s (writes refused since the last such line: %d)", err, refused)
+    return err
 
 
 def _describe(exc: BaseException) -> str:
@@ -143,7 +208,14 @@ class MetadataStore:
         self.creds = creds
         self.client = MultiEndpointEtcd3Client(
             [
-                Endpoint(h, p, secure=creds is not None, creds=creds, time_retry=0.5)
+                Endpoint(
+                    h,
+                    p,
+                    secure=creds is not None,
+                    creds=creds,
+                    time_retry=0.5,
+                    opts=list(CHANNEL_OPTIONS),
+                )
                 for h, p in self.endpoints
             ],
             timeout=timeout,
@@ -165,17 +237,23 @@ class MetadataStore:
                 metrics.observe(metrics.op_name(fn), started, failed=False)
                 raise LeaseLostError(f"etcd lease expired: {_describe(exc)}") from None
             metrics.observe(metrics.op_name(fn), started, failed=True)
+            if _is_no_space(exc):
+                raise _no_space(exc) from exc
             raise MetadataUnavailableError(f"etcd unavailable: {_describe(exc)}") from exc
         metrics.observe(metrics.op_name(fn), started, failed=False)
         return result
 
     def retry(self, fn: Callable[[], Any], *, deadline_s: float) -> Any:
-        """Call ``fn`` until it stops raising :class:`MetadataUnavailableError` or time runs out."""
+        """Call ``fn`` until it stops raising :class:`MetadataUnavailableError` or time runs out.
+
+        :class:`EtcdNoSpaceError` is raised at once: only an operator ends it."""
         end = time.monotonic() + deadline_s
         delay = 0.05
         while True:
             try:
                 return fn()
+            except EtcdNoSpaceError:
+                raise
             except MetadataUnavailableError:
                 if time.monotonic() + delay > end or self._closed:
                     raise
@@ -359,6 +437,8 @@ class KeepAlive:
         self.lost = False
         #: Successful refreshes so far (the first one also sets up the connection).
         self.refreshes = 0
+        #: Refreshes that did not reach etcd so far.
+        self.failures = 0
         #: Monotonic time of the last answer that the lease lives (at first: now, after the
         #: grant). etcd ends the lease at most ``ttl`` after it.
         self.alive_at = time.monotonic()
@@ -377,7 +457,7 @@ class KeepAlive:
                     time_retry=0.5,
                     # A channel of its own: gRPC otherwise shares subchannels (and their
                     # reconnect backoff) with every channel of the process to that address.
-                    opts=[("grpc.use_local_subchannel_pool", 1)],
+                    opts=[("grpc.use_local_subchannel_pool", 1), *CHANNEL_OPTIONS],
                 )
                 for h, p in store.endpoints
             ],
@@ -389,10 +469,24 @@ class KeepAlive:
 
     def refresh(self) -> list[Any]:
         """One keepalive round trip (named like etcd3's Lease.refresh for the metrics)."""
+        self._retry_an_endpoint()
         try:
             return list(self._client.refresh_lease(self.lease.id))
         finally:
             self._client.timeout = self._short_timeout
+
+    def _retry_an_endpoint(self) -> None:
+        """When every endpoint failed recently, make the one that failed first usable again.
+
+        FIX (found from outside): the client marks an endpoint that failed as unusable for
+        its ``time_retry`` (0.5 s, so that the next call fails over to another member), and
+        with none left it raises NoServerAvailableError without trying any: every other
+        refresh of this keeper (retried every 250 ms) reached no etcd at all, halving its
+        chances to renew the lease in the second or so etcd leaves after it is back. The
+        keeper paces its retries itself; failover to a member that has not failed is kept."""
+        endpoints = list(self._client.endpoints.values())
+        if endpoints and all(ep.is_failed() for ep in endpoints):
+            min(endpoints, key=lambda ep: ep.last_failed).last_failed = 0
 
     def _run(self) -> None:
         interval = max(self.ttl / 3.0, 0.2)
@@ -408,6 +502,7 @@ class KeepAlive:
                 resps = self.store._call(self.refresh)
             except MetadataUnavailableError:
                 metrics.keepalive_failed()
+                self.failures += 1
                 interval = 0.25  # keep trying quickly until etcd is back
                 continue
             interval = max(self.ttl / 3.0, 0.2)
