@@ -21,7 +21,7 @@ class FakeClient:
     timeout_s = 10.0
     retry_s = 15.0
 
-    def __init__(self, bootstrap: Any) -> None:
+    def __init__(self, bootstrap: Any, **_timeouts: Any) -> None:
         pass
 
     def __enter__(self) -> FakeClient:
