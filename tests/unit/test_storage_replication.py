@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import socket
@@ -1046,3 +1047,31 @@ def test_new_leader_reports_lag_only_for_followers_that_fetched(tmp_path: Path) 
     part.record_follower_end_offset(3, 400)
     refresh_replication_gauges(manager)  # type: ignore[arg-type]
     assert gauge.value == 600
+
+
+def test_a_follower_drops_an_epoch_its_failed_append_left_at_its_log_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside (a leader on a full disk made leader again): its append in the new
+    epoch failed after the epoch was recorded, so its history ended with an epoch holding no
+    batch. As a follower it named that epoch in every fetch, the leader answered a
+    divergence at its log end, and it truncated to its own end in a loop, many times a
+    second, copying nothing. Truncating at (or past) the log end now drops such entries,
+    as Kafka's truncateTo does."""
+    from strom.log.segment import LogSegment
+
+    lg = _log(tmp_path)
+    lg.append(encode_batch([b"x"] * 3), leader_epoch=0)
+
+    def full(self: Any, *args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(LogSegment, "append", full)
+        with pytest.raises(OSError):
+            lg.append(encode_batch([b"y"]), leader_epoch=2)
+    assert lg.log_end_offset == 3 and lg.epochs.latest_epoch == 2  # an epoch with no batch
+    lg.truncate_to(3)
+    assert lg.epochs.latest_epoch == 0 and lg.log_end_offset == 3
+    lg.append(encode_batch([b"z"]), leader_epoch=0)  # still appends where it was
+    assert lg.log_end_offset == 4
