@@ -203,6 +203,13 @@ CORRUPT_READS = Counter(
     "again later: consumers check it): the partition's replica here is damaged, by partition",
     ["topic", "partition"],
 )
+APPEND_FAILURES = Counter(
+    "strom_storage_append_failures",
+    "Appends this node's disk refused (errno ENOSPC or EDQUOT: full; EIO or EROFS: failing), "
+    "as leader (Produce, transaction markers: the node then hands the partition's leadership "
+    "to another in-sync replica) or as follower (replication retries), by partition and errno",
+    ["topic", "partition", "errno"],
+)
 _PARTITION_GAUGES = (
     LOG_END_OFFSET,
     LOG_START_OFFSET,
