@@ -196,8 +196,9 @@ def test_a_leader_whose_disk_is_full_hands_leadership_over_and_catches_up_once_f
     it resign (reason storage_error): the producer's retries go to the new leader and every
     record is acknowledged; as a follower it copies nothing while its disk stays full (it
     would otherwise rejoin the ISR at once, the partition having taken no write since, and
-    lead again as the preferred replica); once space is freed it catches up, rejoins the
-    ISR and leads again."""
+    lead again as the preferred replica), and a partition it only follows fails its append
+    once, counted and logged in one line; once space is freed it catches up on both,
+    rejoins the ISRs and leads again."""
     c = third_node_on_small_disk
     node3 = c.node(3)
     data = c.root / "node-3"
@@ -208,9 +209,17 @@ def test_a_leader_whose_disk_is_full_hands_leadership_over_and_catches_up_once_f
             config={"min.insync.replicas": "2", "segment.bytes": str(1 << 20)},
             replica_assignment={0: [3, 1, 2]},
         )
+        # And one that node 3 only follows.
+        admin.create_topic("fullfollower", replica_assignment={0: [1, 2, 3]})
 
-        def partition() -> Any:
-            return admin.describe_topic(topic).partitions[0]
+        def partition(name: str = topic) -> Any:
+            return admin.describe_topic(name).partitions[0]
+
+        wait_for(
+            lambda: len(partition("fullfollower").isr) == 3,
+            timeout=30,
+            what="every replica of fullfollower in sync",
+        )
 
         wait_for(
             lambda: partition().leader == 3 and len(partition().isr) == 3,
@@ -240,8 +249,16 @@ def test_a_leader_whose_disk_is_full_hands_leadership_over_and_catches_up_once_f
         assert after.leader in (1, 2) and 3 not in after.isr, after
         failures = {"topic": topic, "partition": "0", "errno": "ENOSPC"}
         assert member_metric(node3, "strom_storage_append_failures_total", **failures) >= 1
-        text = node3.log_path.read_text()
-        assert f"replicating {topic}-0 from node" not in text  # no traceback per retry
+        # A follower's append that the full disk refuses: counted and logged in one line
+        # (not a traceback a second), and it copies nothing more until there is room.
+        with Producer(c.bootstrap, acks=1) as p:
+            p.send("fullfollower", b"x" * 1000, partition=0).result(timeout=60)
+        followed = {"topic": "fullfollower", "partition": "0", "errno": "ENOSPC"}
+        wait_for(
+            lambda: member_metric(node3, "strom_storage_append_failures_total", **followed) >= 1,
+            timeout=30,
+            what="node 3's append as follower to fail",
+        )
         # Space comes back: node 3 copies what it missed, rejoins the ISR and, as the
         # preferred replica, is given leadership back (auto leader rebalance).
         (data / "ballast").unlink()
@@ -250,6 +267,15 @@ def test_a_leader_whose_disk_is_full_hands_leadership_over_and_catches_up_once_f
             timeout=60,
             what="node 3 to catch up and lead again",
         )
+        wait_for(
+            lambda: len(partition("fullfollower").isr) == 3,
+            timeout=60,
+            what="node 3 back in fullfollower's ISR",
+        )
+        text = node3.log_path.read_text()
+        for name in (topic, "fullfollower"):
+            assert f"replicating {name}-0 from node" not in text  # no traceback per retry
+        assert text.count("fullfollower-0: replicating from node 1: the disk refused") == 1
         with Producer(c.bootstrap, acks="all") as p:
             assert p.send(topic, b"after", partition=0).result(timeout=60).offset == 302
     ndir = c.root / f"node-{after.leader}" / f"{topic}-0"
