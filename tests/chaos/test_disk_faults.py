@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -31,6 +32,7 @@ from strom.devcluster.procs import EtcdServer, free_port, wait_for
 from strom.errors import ErrorCode as E
 from strom.record import encode_batch
 from tests.chaos.final import scan_log_dir
+from tests.conftest import member_metric
 
 pytestmark = pytest.mark.integration
 
@@ -152,6 +154,136 @@ def test_full_disk_fails_produce_clearly_keeps_fetch_and_resumes(
     node.process.kill()  # type: ignore[union-attr]
     c.restart(node)
     assert _fetch_all(node.address, "full") == offsets
+
+
+# -- a leader whose disk is full --------------------------------------------------------------
+
+
+@pytest.fixture
+def third_node_on_small_disk(tmp_path: Path) -> Iterator[LocalCluster]:
+    if not _can_mount():
+        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
+    root = tmp_path / "c"
+    _mount_tmpfs(root / "node-3", "16m")
+    c = LocalCluster(root, nodes=3, controllers=1, coordinators=0)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.kill()
+        _umount(root / "node-3")
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the file system it is on has no space left."""
+    chunk = b"\0" * (256 << 10)
+    with open(path, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(chunk)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+
+
+def test_a_leader_whose_disk_is_full_hands_leadership_over_and_catches_up_once_freed(
+    third_node_on_small_disk: LocalCluster,
+) -> None:
+    """Found from outside: node 3, leading an RF=3 partition (min.insync.replicas=2) on a
+    full disk, refused every produce with STORAGE_ERROR and kept leading (the ISR stayed
+    3,2,1) until the producer's delivery timeout, while two in-sync replicas stood by; as a
+    follower on a full disk it logged a traceback a second. Its first failed append now has
+    it resign (reason storage_error): the producer's retries go to the new leader and every
+    record is acknowledged; as a follower it copies nothing while its disk stays full (it
+    would otherwise rejoin the ISR at once, the partition having taken no write since, and
+    lead again as the preferred replica), and a partition it only follows fails its append
+    once, counted and logged in one line; once space is freed it catches up on both,
+    rejoins the ISRs and leads again."""
+    c = third_node_on_small_disk
+    node3 = c.node(3)
+    data = c.root / "node-3"
+    topic = "fullleader"
+    with Admin(c.bootstrap) as admin:
+        admin.create_topic(
+            topic,
+            config={"min.insync.replicas": "2", "segment.bytes": str(1 << 20)},
+            replica_assignment={0: [3, 1, 2]},
+        )
+        # And one that node 3 only follows.
+        admin.create_topic("fullfollower", replica_assignment={0: [1, 2, 3]})
+
+        def partition(name: str = topic) -> Any:
+            return admin.describe_topic(name).partitions[0]
+
+        wait_for(
+            lambda: len(partition("fullfollower").isr) == 3,
+            timeout=30,
+            what="every replica of fullfollower in sync",
+        )
+
+        wait_for(
+            lambda: partition().leader == 3 and len(partition().isr) == 3,
+            timeout=30,
+            what="node 3 to lead with every replica in sync",
+        )
+        with Producer(c.bootstrap, acks="all", linger_ms=5, delivery_timeout_ms=60_000) as p:
+            p.send(topic, b"before", partition=0).result(timeout=60)
+            _fill(data / "ballast")
+            futures = [p.send(topic, b"%05d" % i + b"." * 1000, partition=0) for i in range(300)]
+            offsets = [f.result(timeout=90).offset for f in futures]
+        assert offsets == list(range(1, 301))
+        after = partition()
+        assert after.leader in (1, 2) and 3 not in after.isr, after
+        controller = c.controllers[0]
+        assert (
+            member_metric(
+                controller, "strom_controller_leader_elections_total", reason="storage_error"
+            )
+            >= 1
+        )
+        # While its disk stays full node 3 copies nothing (it holds its fetches back), so it
+        # neither rejoins the ISR nor is given leadership back as the preferred replica.
+        with Producer(c.bootstrap, acks="all") as p:
+            assert p.send(topic, b"while full", partition=0).result(timeout=60).offset == 301
+        after = partition()
+        assert after.leader in (1, 2) and 3 not in after.isr, after
+        failures = {"topic": topic, "partition": "0", "errno": "ENOSPC"}
+        assert member_metric(node3, "strom_storage_append_failures_total", **failures) >= 1
+        # A follower's append that the full disk refuses: counted and logged in one line
+        # (not a traceback a second), and it copies nothing more until there is room.
+        with Producer(c.bootstrap, acks=1) as p:
+            p.send("fullfollower", b"x" * 1000, partition=0).result(timeout=60)
+        followed = {"topic": "fullfollower", "partition": "0", "errno": "ENOSPC"}
+        wait_for(
+            lambda: member_metric(node3, "strom_storage_append_failures_total", **followed) >= 1,
+            timeout=30,
+            what="node 3's append as follower to fail",
+        )
+        # Space comes back: node 3 copies what it missed, rejoins the ISR and, as the
+        # preferred replica, is given leadership back (auto leader rebalance).
+        (data / "ballast").unlink()
+        wait_for(
+            lambda: partition().leader == 3 and len(partition().isr) == 3,
+            timeout=60,
+            what="node 3 to catch up and lead again",
+        )
+        wait_for(
+            lambda: len(partition("fullfollower").isr) == 3,
+            timeout=60,
+            what="node 3 back in fullfollower's ISR",
+        )
+        text = node3.log_path.read_text()
+        for name in (topic, "fullfollower"):
+            assert f"replicating {name}-0 from node" not in text  # no traceback per retry
+        assert text.count("fullfollower-0: replicating from node 1: the disk refused") == 1
+        with Producer(c.bootstrap, acks="all") as p:
+            assert p.send(topic, b"after", partition=0).result(timeout=60).offset == 302
+    ndir = c.root / f"node-{after.leader}" / f"{topic}-0"
+    wait_for(
+        lambda: scan_log_dir(data / f"{topic}-0")["batches"] == scan_log_dir(ndir)["batches"],
+        timeout=30,
+        what="node 3's copy to match the other replicas'",
+    )
 
 
 # -- a segment corrupted while the node was down ---------------------------------------------

@@ -78,6 +78,14 @@ def test_a_leader_resigning_hands_over_to_the_next_eligible_in_sync_replica():
     assert L.resign(ps([1, 2], 1, [1]), {1, 2}) is None
 
 
+def test_a_leader_whose_disk_refused_an_append_resigns_as_a_storage_error():
+    """Found from outside: a leader on a full disk kept leading. It now resigns the same way,
+    and the election is counted under its own reason."""
+    d = L.resign(ps([3, 1, 2], 3, [3, 1, 2]), {1, 2, 3}, L.STORAGE_ERROR)
+    assert d is not None and d.election == L.STORAGE_ERROR
+    assert d.state.leader == 1 and list(d.state.isr) == [1, 2]
+
+
 def test_shutting_down_leader_hands_over_or_keeps_leading():
     d = L.reconcile(ps([1, 2, 3], 1, [1, 2, 3]), {1, 2, 3}, {2, 3})
     assert d is not None and d.election == L.CONTROLLED_SHUTDOWN

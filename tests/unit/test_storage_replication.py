@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import socket
@@ -745,6 +746,7 @@ class _ResignController:
 
     def __init__(self) -> None:
         self.proposals: list[list[int]] = []
+        self.reasons: list[str] = []
 
     async def call(self, method: str, request, timeout: float = 5.0):
         from strom.api import controller_pb2
@@ -752,6 +754,7 @@ class _ResignController:
         resp = controller_pb2.AlterPartitionResponse()
         for p in request.partitions:
             self.proposals.append(list(p.new_isr))
+            self.reasons.append(p.resign_reason)
             st = _state(3, p.leader_epoch + 1, list(p.new_isr), pepoch=p.partition_epoch + 1)
             resp.partitions.add(topic=p.topic, partition=p.partition).state.CopyFrom(st)
         return resp
@@ -1046,3 +1049,127 @@ def test_new_leader_reports_lag_only_for_followers_that_fetched(tmp_path: Path) 
     part.record_follower_end_offset(3, 400)
     refresh_replication_gauges(manager)  # type: ignore[arg-type]
     assert gauge.value == 600
+
+
+ENOSPC_ERROR = OSError(errno.ENOSPC, "No space left on device (appending to t-0/0.log)")
+
+
+def test_a_leader_whose_disk_refused_an_append_resigns_as_a_storage_error(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a leader on a full disk refused every produce with STORAGE_ERROR
+    and kept leading while two in-sync replicas stood by. A failed append (a disk error) now
+    has it propose an ISR without itself, saying why (the controller counts the election as
+    storage_error); an append that succeeds first cancels it."""
+    from strom.storage.replication import IsrManager
+
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1, 2, 3], pepoch=4))
+    controller = _ResignController()
+    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000, running=lambda: ALL)  # type: ignore[arg-type]
+    part.note_append_failure(ENOSPC_ERROR)
+    part.note_append_ok()  # the disk took the next one: nothing to resign for
+    asyncio.run(isr.check())
+    assert controller.proposals == [] and part.is_leader
+    part.note_append_failure(ENOSPC_ERROR)
+    asyncio.run(isr.check())
+    assert controller.proposals == [[2, 3]] and controller.reasons == ["storage_error"]
+    assert not part.is_leader and part.isr == (2, 3)
+
+
+def test_the_only_in_sync_replica_keeps_leading_on_a_full_disk(tmp_path: Path) -> None:
+    from strom.storage.replication import IsrManager
+
+    lg = _log(tmp_path)
+    part = Partition(1, "t", 0, "id", lg, _state(1, 0, [1], pepoch=4))
+    part.note_append_failure(ENOSPC_ERROR)
+    controller = _ResignController()
+    isr = IsrManager(1, _Manager(part), controller, lambda: "inc", 10_000, running=lambda: ALL)  # type: ignore[arg-type]
+    asyncio.run(isr.check())
+    assert controller.proposals == [] and part.is_leader
+
+
+def test_a_follower_holds_its_fetches_back_while_its_disk_stays_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that resigned on a full disk was caught up whenever its partition took no
+    write since, so it rejoined the ISR at once and, as the preferred replica, was made
+    leader again only to fail its next append. A replica whose append failed on a full disk
+    now fetches again only once the disk has room; one that failed otherwise (EIO) after a
+    while."""
+    from strom.storage import disk_errors
+
+    free = [0]
+    monkeypatch.setattr(
+        disk_errors.shutil, "disk_usage", lambda path: SimpleNamespace(free=free[0])
+    )
+    clock = Clock()
+    part = Partition(1, "t", 0, "id", _log(tmp_path), _state(2, 1, [2, 3], pepoch=4))
+    part.clock = clock
+    assert ReplicaFetchers._disk_ready([part], 50.0) == [part]  # no failure: fetched
+    part.note_append_failure(ENOSPC_ERROR)
+    assert ReplicaFetchers._disk_ready([part], 50.0) == []
+    assert part.fetch_retry_at > 50.0  # looked at again later
+    free[0] = disk_errors.RESUME_FREE_BYTES
+    assert ReplicaFetchers._disk_ready([part], 51.0) == [part]
+    part.note_append_failure(OSError(errno.EIO, "Input/output error"))
+    assert ReplicaFetchers._disk_ready([part], 52.0) == []
+    clock.t += disk_errors.RETRY_AFTER_S
+    assert ReplicaFetchers._disk_ready([part], 62.0) == [part]
+    part.note_append_ok()
+    assert part.disk_error is None
+
+
+def test_disk_errors_of_appends_are_counted_each_and_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside: a follower on a full disk logged a full traceback about once a
+    second per partition. Each failure is counted (strom_storage_append_failures_total, by
+    errno) and one line a minute per partition is logged, saying how many were not."""
+    from strom.storage import disk_errors, metrics
+
+    clock = [5000.0]
+    monkeypatch.setattr(disk_errors.time, "monotonic", lambda: clock[0])
+    counter = metrics.APPEND_FAILURES.labels("full", "0", "ENOSPC")
+    before = counter._value.get()
+    assert disk_errors.is_disk_error(ENOSPC_ERROR)
+    assert not disk_errors.is_disk_error(OSError(errno.EMFILE, "Too many open files"))
+    assert not disk_errors.is_disk_error(ValueError("a bad batch"))
+    with caplog.at_level("ERROR", logger="strom.storage"):
+        for _ in range(5):
+            disk_errors.note_append_failure("replicating from node 2", "full", 0, ENOSPC_ERROR)
+        clock[0] += disk_errors.LOG_INTERVAL_S
+        disk_errors.note_append_failure("replicating from node 2", "full", 0, ENOSPC_ERROR)
+    assert counter._value.get() - before == 6
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 2 and all(not rec.exc_info for rec in caplog.records), lines
+    assert lines[0].startswith("full-0: replicating from node 2: the disk refused an append")
+    assert "No space left" in lines[0] and "4 more failures" in lines[1], lines
+
+
+def test_a_follower_drops_an_epoch_its_failed_append_left_at_its_log_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside (a leader on a full disk made leader again): its append in the new
+    epoch failed after the epoch was recorded, so its history ended with an epoch holding no
+    batch. As a follower it named that epoch in every fetch, the leader answered a
+    divergence at its log end, and it truncated to its own end in a loop, many times a
+    second, copying nothing. Truncating at (or past) the log end now drops such entries,
+    as Kafka's truncateTo does."""
+    from strom.log.segment import LogSegment
+
+    lg = _log(tmp_path)
+    lg.append(encode_batch([b"x"] * 3), leader_epoch=0)
+
+    def full(self: Any, *args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(LogSegment, "append", full)
+        with pytest.raises(OSError):
+            lg.append(encode_batch([b"y"]), leader_epoch=2)
+    assert lg.log_end_offset == 3 and lg.epochs.latest_epoch == 2  # an epoch with no batch
+    lg.truncate_to(3)
+    assert lg.epochs.latest_epoch == 0 and lg.log_end_offset == 3
+    lg.append(encode_batch([b"z"]), leader_epoch=0)  # still appends where it was
+    assert lg.log_end_offset == 4

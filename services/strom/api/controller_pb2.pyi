@@ -399,7 +399,7 @@ class DescribeTopicsResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[TopicDescription, _Mapping]]] = ...) -> None: ...
 
 class AlterPartitionItem(_message.Message):
-    __slots__ = ("topic", "topic_id", "partition", "leader_epoch", "partition_epoch", "new_isr", "leader_recovery_state", "new_isr_incarnations")
+    __slots__ = ("topic", "topic_id", "partition", "leader_epoch", "partition_epoch", "new_isr", "leader_recovery_state", "new_isr_incarnations", "resign_reason")
     class NewIsrIncarnationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -415,6 +415,7 @@ class AlterPartitionItem(_message.Message):
     NEW_ISR_FIELD_NUMBER: _ClassVar[int]
     LEADER_RECOVERY_STATE_FIELD_NUMBER: _ClassVar[int]
     NEW_ISR_INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESIGN_REASON_FIELD_NUMBER: _ClassVar[int]
     topic: str
     topic_id: str
     partition: int
@@ -423,7 +424,8 @@ class AlterPartitionItem(_message.Message):
     new_isr: _containers.RepeatedScalarFieldContainer[int]
     leader_recovery_state: _metadata_pb2.LeaderRecoveryState
     new_isr_incarnations: _containers.ScalarMap[int, str]
-    def __init__(self, topic: _Optional[str] = ..., topic_id: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[int]] = ..., leader_recovery_state: _Optional[_Union[_metadata_pb2.LeaderRecoveryState, str]] = ..., new_isr_incarnations: _Optional[_Mapping[int, str]] = ...) -> None: ...
+    resign_reason: str
+    def __init__(self, topic: _Optional[str] = ..., topic_id: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[int]] = ..., leader_recovery_state: _Optional[_Union[_metadata_pb2.LeaderRecoveryState, str]] = ..., new_isr_incarnations: _Optional[_Mapping[int, str]] = ..., resign_reason: _Optional[str] = ...) -> None: ...
 
 class AlterPartitionRequest(_message.Message):
     __slots__ = ("leader_id", "leader_incarnation", "partitions")

@@ -94,9 +94,15 @@ class IsrRpcs(ControllerCore):
             return None
         election = None
         if leader_id not in item.new_isr:
-            # The leader resigns: its replica's data failed a check (leadership.resign).
+            # The leader resigns: its replica's data failed a check, or its disk refused an
+            # append (leadership.resign).
             eligible = {n for n, reg in nodes.items() if reg.state == md.NODE_STATE_RUNNING}
-            decision = leadership.resign(st, eligible)
+            reason = (
+                leadership.STORAGE_ERROR
+                if item.resign_reason == leadership.STORAGE_ERROR
+                else leadership.DAMAGED_REPLICA
+            )
+            decision = leadership.resign(st, eligible, reason)
             if decision is None:
                 result.error_code = E.ELIGIBLE_LEADERS_NOT_AVAILABLE
                 result.error_message = (
@@ -138,7 +144,8 @@ class IsrRpcs(ControllerCore):
             list(st.isr),
             list(new.isr),
             new.partition_epoch,
-            f"; node {leader_id} resigned, node {new.leader} leads in epoch {new.leader_epoch}"
+            f"; node {leader_id} resigned ({election}), node {new.leader} leads in epoch "
+            f"{new.leader_epoch}"
             if election is not None
             else "",
         )

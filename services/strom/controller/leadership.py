@@ -29,8 +29,17 @@ CONTROLLED_SHUTDOWN = "controlled_shutdown"
 UNCLEAN = "unclean"
 REASSIGNMENT = "reassignment"
 DAMAGED_REPLICA = "damaged_replica"
+STORAGE_ERROR = "storage_error"
 #: Every reason (the metric's label values, each named in its help text).
-REASONS = (FAILURE, PREFERRED, CONTROLLED_SHUTDOWN, UNCLEAN, REASSIGNMENT, DAMAGED_REPLICA)
+REASONS = (
+    FAILURE,
+    PREFERRED,
+    CONTROLLED_SHUTDOWN,
+    UNCLEAN,
+    REASSIGNMENT,
+    DAMAGED_REPLICA,
+    STORAGE_ERROR,
+)
 
 
 @dataclass(frozen=True)
@@ -239,20 +248,25 @@ def controlled_shutdown(
     return reconcile(st, alive, set(eligible) - {node})
 
 
-def resign(st: md.PartitionState, eligible: Collection[int]) -> Decision | None:
+def resign(
+    st: md.PartitionState, eligible: Collection[int], reason: str = DAMAGED_REPLICA
+) -> Decision | None:
     """The leader gives up leading (AlterPartition with an ISR without itself): data of its
-    replica failed a check on read, so it serves errors where the other replicas hold the
-    records (Kafka takes such a log dir offline and moves its leaderships). The next eligible
-    in-sync replica, in replica order, leads; the old leader leaves the ISR (it truncates at
-    the damage and fetches the rest as a follower, then rejoins). None when no other eligible
-    replica is in sync: nobody else has every committed record, so it keeps leading."""
+    replica failed a check on read (``reason`` DAMAGED_REPLICA), so it serves errors where
+    the other replicas hold the records, or its disk refused an append (STORAGE_ERROR: full
+    or failing), so it refuses writes the others could take (Kafka takes such a log dir
+    offline and moves its leaderships). The next eligible in-sync replica, in replica order,
+    leads; the old leader leaves the ISR (it truncates at the damage, or waits for its
+    appends to succeed, as a follower, then rejoins once caught up). None when no other
+    eligible replica is in sync: nobody else has every committed record, so it keeps
+    leading."""
     other = next((r for r in _ordered(st, st.isr) if r in eligible and r != st.leader), -1)
     if st.leader < 0 or other < 0:
         return None
     new = _copy(st)
     new.leader = other
     _set(new.isr, [r for r in _ordered(st, st.isr) if r != st.leader])
-    return _finish(st, new, DAMAGED_REPLICA)
+    return _finish(st, new, reason)
 
 
 def original_replicas(st: md.PartitionState) -> list[int]:

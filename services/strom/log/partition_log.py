@@ -962,6 +962,14 @@ class Log:
         the leader's once our log reached its end (found from outside)."""
         with self.lock:
             if offset >= self.log_end_offset:
+                # FIX (found reproducing an outside report of a leader on a full disk): no
+                # batch to remove, but the epoch history may end with an epoch that holds
+                # none: this replica led in it and its append failed after the epoch was
+                # recorded. The leader does not know that epoch, answers every fetch naming
+                # it with a divergence at our log end, and the follower truncated to its own
+                # end in a loop, many times a second, never copying anything. Kafka's
+                # truncateTo drops such entries too.
+                self.epochs.truncate_from_end(self.log_end_offset)
                 return
             if offset < 0:
                 raise InvalidAppendError(f"cannot truncate to a negative offset ({offset})")

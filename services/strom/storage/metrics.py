@@ -203,6 +203,14 @@ CORRUPT_READS = Counter(
     "again later: consumers check it): the partition's replica here is damaged, by partition",
     ["topic", "partition"],
 )
+APPEND_FAILURES = Counter(
+    "strom_storage_append_failures",
+    "Appends this node's disk refused (errno ENOSPC or EDQUOT: full; EIO or EROFS: failing), "
+    "as leader (Produce, transaction markers: the node then hands the partition's leadership "
+    "to another in-sync replica) or as follower (replication), by partition and errno; the "
+    "replica then copies nothing for the partition until its disk has room again",
+    ["topic", "partition", "errno"],
+)
 _PARTITION_GAUGES = (
     LOG_END_OFFSET,
     LOG_START_OFFSET,

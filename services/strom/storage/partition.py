@@ -95,6 +95,18 @@ class Partition:
         #: As leader this node then resigns (IsrManager); as follower it truncates there and
         #: fetches the rest from the new leader (ReplicaFetchers).
         self.damaged_at = -1
+        #: The disk error (full, failing) the last append here failed with, as leader or
+        #: follower; None once one succeeds. As follower this node then holds its fetches
+        #: back until the disk may take them (ReplicaFetchers): a caught-up follower would
+        #: rejoin the ISR and be made leader again only to fail its next append.
+        self.disk_error: OSError | None = None
+        #: Monotonic time of that failure.
+        self.disk_error_at = 0.0
+        #: The leader epoch in which an append as leader failed so (-1: none since the last
+        #: append that succeeded). While it is the current epoch this node resigns
+        #: (IsrManager): its disk refuses every write while in-sync replicas on other disks
+        #: could take them.
+        self.append_failed_epoch = -1
         self.clock: Callable[[], float] = time.monotonic
         # Held while a worker thread fsyncs / cleans the log, so that deleting the replica
         # waits for that work instead of pulling the files from under it.
@@ -166,6 +178,25 @@ class Partition:
         epochs): remember the lowest such offset."""
         if offset >= 0 and (self.damaged_at < 0 or offset < self.damaged_at):
             self.damaged_at = offset
+
+    def note_append_failure(self, exc: OSError) -> None:
+        """An append failed with a disk error. As leader: resign while it is not followed by
+        one that succeeds (a leader whose disk is full kept leading and refused every
+        produce although two in-sync replicas stood by; found from outside)."""
+        self.disk_error = exc
+        self.disk_error_at = self.clock()
+        if self.is_leader:
+            self.append_failed_epoch = self.leader_epoch
+
+    def note_append_ok(self) -> None:
+        """An append succeeded: the disk takes writes again."""
+        self.disk_error = None
+        self.append_failed_epoch = -1
+
+    @property
+    def append_failing(self) -> bool:
+        """Leading with a disk that refused the last append of this leadership."""
+        return self.is_leader and self.append_failed_epoch == self.leader_epoch
 
     def check_epoch(self, current_leader_epoch: int) -> EpochCheck | None:
         """Compare a request's current_leader_epoch (-1 = not checked) with ours."""

@@ -43,6 +43,7 @@ from strom.metadata import ClusterView
 from strom.security import default_channel
 from strom.security.channel import ChannelCache
 from strom.storage import metrics
+from strom.storage.disk_errors import is_disk_error, may_take_writes, note_append_failure
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
 from strom.storage.writer import INLINE_MAX_BYTES
@@ -57,6 +58,8 @@ FETCH_MAX_WAIT_MS = 500
 FETCH_MAX_BYTES = 8 * 1024 * 1024
 #: Back-off after a leader-side error for one partition (metadata is expected to change).
 PARTITION_BACKOFF_S = 0.2
+#: Seconds between two looks at a disk that refused a follower's append (full, failing).
+DISK_RETRY_S = 1.0
 #: A follower's fetches from a leader failing this many times in a row (~15 s with the
 #: back-off) are logged at WARNING, once, and again when they work: a leader that cannot be
 #: reached (or refuses this node's certificate) showed only as an ISR shrink before.
@@ -247,6 +250,8 @@ class ReplicaFetchers:
                 parts = self.followed().get(leader, [])
                 now = asyncio.get_running_loop().time()
                 ready = [p for p in parts if p.fetch_retry_at <= now]
+                if any(p.disk_error is not None for p in ready):
+                    ready = self._disk_ready(ready, now)
                 if not parts:
                     return
                 reg = self.view.live_nodes().get(leader)
@@ -304,13 +309,23 @@ class ReplicaFetchers:
                             await self._handle(
                                 part, fetch_offset, epoch, pr, inline_budget, moved_starts
                             )
-                        except Exception:
-                            log.exception(
-                                "replicating %s-%d from node %d failed",
-                                part.topic,
-                                part.index,
-                                leader,
-                            )
+                        except Exception as exc:
+                            if is_disk_error(exc):
+                                # A full or failing disk fails every retry the same way: one
+                                # line a minute and a metric, not a traceback a second (found
+                                # from outside).
+                                assert isinstance(exc, OSError)
+                                note_append_failure(
+                                    f"replicating from node {leader}", *part.tp, exc
+                                )
+                                part.note_append_failure(exc)
+                            else:
+                                log.exception(
+                                    "replicating %s-%d from node %d failed",
+                                    part.topic,
+                                    part.index,
+                                    leader,
+                                )
                             part.fetch_retry_at = (
                                 asyncio.get_running_loop().time() + PARTITION_BACKOFF_S * 5
                             )
@@ -442,6 +457,7 @@ class ReplicaFetchers:
                 # the checkpoint must keep that start, not the first segment's base below it.
                 await self._log_start_moved(part, moved_starts)
             if info is not None:
+                part.note_append_ok()
                 self.manager.appended.notify(part.tp, info.bytes)
                 m = self.manager.metrics.get(part.tp)
                 if m is not None:
@@ -484,6 +500,24 @@ class ReplicaFetchers:
         logs: LogManager | None = self.manager.logs
         if logs is not None:
             await asyncio.to_thread(logs.checkpoint)
+
+    @staticmethod
+    def _disk_ready(parts: list[Partition], now: float) -> list[Partition]:
+        """``parts`` without those whose last append failed on a disk that still cannot take
+        it (strom.storage.disk_errors.may_take_writes): they are looked at again in a
+        second. A follower that fetched regardless was caught up whenever its partition took
+        no writes, rejoined the ISR and, as the preferred replica, was made leader again only
+        to fail its next append and resign again."""
+        out = []
+        for p in parts:
+            err = p.disk_error
+            if err is not None and not may_take_writes(
+                p.log.directory, err, p.disk_error_at, p.clock()
+            ):
+                p.fetch_retry_at = now + DISK_RETRY_S
+                continue
+            out.append(p)
+        return out
 
     async def _locked(
         self, part: Partition, fn: Callable[..., Any], *args: Any, inline: bool = False
@@ -644,6 +678,9 @@ class IsrManager:
         self._retry_at: dict[tuple[str, int], float] = {}
         #: Damaged partitions this node leads with nobody to hand them to (logged once).
         self._alone_damaged: set[tuple[str, int]] = set()
+        #: Partitions this node leads on a disk refusing appends, with nobody to hand them
+        #: to (logged once).
+        self._alone_failing: set[tuple[str, int]] = set()
         self._refused: dict[tuple[str, int], _Refused] = {}
         self._last_call_refusal = ""
 
@@ -706,6 +743,27 @@ class IsrManager:
                         part.index,
                         part.damaged_at,
                     )
+            elif not part.append_failing:
+                self._alone_failing.discard(part.tp)  # appends succeed again: log a new one
+            else:
+                if len(part.isr) > 1:
+                    # Our disk refused an append (full, failing): hand leadership to another
+                    # in-sync replica, whose disk may take the writes; as a follower this node
+                    # copies what it can and rejoins the ISR once its appends succeed again
+                    # (found from outside: a leader on a full disk kept leading and refused
+                    # every produce while two in-sync replicas stood by).
+                    proposals.append((part, tuple(r for r in part.isr if r != self.node_id)))
+                    self._alone_failing.discard(part.tp)
+                    continue
+                if part.tp not in self._alone_failing:
+                    self._alone_failing.add(part.tp)
+                    log.error(
+                        "%s-%d: the disk refused an append (%s), and no other replica is in "
+                        "sync to take over: still leading",
+                        part.topic,
+                        part.index,
+                        part.disk_error,
+                    )
             if part.recovering:
                 # Elected uncleanly: the partition stays RECOVERING (no follower may join) until
                 # its leader says it has recovered (KIP-704). This node has nothing more to
@@ -758,8 +816,11 @@ class IsrManager:
             for r, incarnation in part.pending_isr_incarnations.items():
                 if incarnation:
                     item.new_isr_incarnations[r] = incarnation
-            if self.node_id not in new:
+            if self.node_id not in new and part.damaged_at >= 0:
                 why = f", resigning: stored data from offset {part.damaged_at} failed a check"
+            elif self.node_id not in new:
+                item.resign_reason = "storage_error"
+                why = f", resigning: the disk refused an append ({part.disk_error})"
             elif part.recovering:
                 why = ", reporting RECOVERED after an unclean election"
             else:

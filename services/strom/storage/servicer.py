@@ -56,6 +56,7 @@ from strom.service.limits import Admission, ProduceShed
 from strom.service.stream_writes import writes_answers
 from strom.storage import metrics
 from strom.storage.cluster_rpcs import ClusterRpcs
+from strom.storage.disk_errors import is_disk_error, note_append_failure
 from strom.storage.fetch_rpcs import FetchRpcs
 from strom.storage.manager import PartitionManager
 from strom.storage.offsets_rpcs import OffsetRpcs
@@ -309,7 +310,7 @@ class StorageServicer(
         appended = 0
         for (pr, part, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                self._produce_failed(pr, _append_error(part, outcome))
+                self._produce_failed(pr, self._append_failed(part, outcome, "producing"))
                 continue
             info: AppendInfo = outcome
             _count_produce(E.NONE)
@@ -422,12 +423,28 @@ class StorageServicer(
                             job, 128, functools.partial(self._marker_written, m.committed, part)
                         )
                     except Exception as exc:
-                        self._marker_failed(pr, _append_error(part, exc))
+                        self._marker_failed(pr, self._append_failed(part, exc, "writing a marker"))
                         continue
                     waits.append(self._await_commit(pr, part, info.last_offset, timeout, "marker"))
         if waits:
             await asyncio.gather(*waits)
         return resp
+
+    def _append_failed(self, part: Partition, exc: BaseException, what: str) -> _Refusal:
+        """The refusal for an append that raised ``exc``. A disk error (full, failing) is
+        counted and logged at most once a minute (strom.storage.disk_errors), and has this
+        node hand the partition's leadership over at once (the ISR manager resigns it):
+        every later append would fail the same way, while in-sync replicas on other disks
+        could take them (found from outside: a leader on a full disk refused every produce
+        with STORAGE_ERROR and kept leading)."""
+        if not is_disk_error(exc):
+            return _append_error(part, exc)
+        assert isinstance(exc, OSError)
+        note_append_failure(what, part.topic, part.index, exc)
+        part.note_append_failure(exc)
+        if self.on_out_of_sync_fetch is not None:
+            self.on_out_of_sync_fetch()  # the ISR manager acts on it now
+        return _Refusal(E.STORAGE_ERROR, f"disk error: {exc}")
 
     def _marker_written(self, committed: bool, part: Partition, info: AppendInfo) -> AppendInfo:
         """Back on the loop after a marker's append (even if the caller has gone meanwhile)."""
@@ -445,6 +462,7 @@ class StorageServicer(
         or follower fetch advances the watermark (metrics come last: the least needed).
         """
         try:
+            part.note_append_ok()
             self.manager.appended.notify(part.tp, info.bytes)
             if part.maybe_advance_high_watermark():
                 self.manager.committed.notify(part.tp, info.bytes)
