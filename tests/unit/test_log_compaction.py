@@ -351,7 +351,10 @@ def test_min_compaction_lag(tmp_path: Path) -> None:
     # Only segment 0 is old enough at T0 + 1000; segment 1 at T0 + 1500.
     assert compact(log, now=T0 + 1000).segments_cleaned == 1
     assert kv(read_all(log)) == [(1, b"a", b"2"), (2, b"a", b"3")]
-    assert compact(log, now=T0 + 1500).segments_cleaned == 1
+    stats = compact(log, now=T0 + 1500)
+    # Segment 1, emptied, merges into segment 0's file (their empty batches into one).
+    assert (stats.segments_cleaned, stats.segments_merged) == (2, 1)
+    assert [s.base_offset for s in log.segments] == [0, 2]
     assert kv(read_all(log)) == [(2, b"a", b"3")]
 
 

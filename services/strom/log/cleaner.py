@@ -492,7 +492,7 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
             stats.records_after += after
             stats.bytes_before += seg.size
             stats.bytes_after += len(piece)
-            if not group.fits(seg, len(piece), count) and not group.finish(stats):
+            if not group.fits(seg, piece, count) and not group.finish(stats):
                 void = True
                 break  # the log changed under the cleaner: this pass is void
             group.add(seg, piece, changed, count)
@@ -816,47 +816,92 @@ class _Group:
     def _reset(self) -> None:
         self.segs: list[LogSegment] = []
         self.changed = False
-        self.length = 0  # the group's bytes (held ones included)
-        self._pieces = 0  # the members' rewritten bytes, before boundary merges
+        self.length = 0  # the group's bytes once written (boundary merges counted)
         self.batches = 0
-        self._first = b""
+        self._pieces = 0  # the members' rewritten bytes, before boundary merges
+        self._first: bytes | None = None  # the first member's bytes, not looked into yet
+        self._body: bytes | memoryview = b""  # ...or all of them but the last batch
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._written = 0
         self._tail = b""  # the last batch, held back (see the class docstring)
         self._tail_header: BatchHeader | None = None
 
-    def fits(self, seg: LogSegment, length: int, batches: int) -> bool:
-        """Whether ``seg``, rewritten to ``length`` bytes in ``batches`` batches, may join."""
+    def fits(self, seg: LogSegment, data: bytes, batches: int) -> bool:
+        """Whether ``seg``, rewritten to ``data`` (``batches`` batches), may join."""
         if not self.segs:
             return True
         cfg = self.log.config
         head, last = self.segs[0], self.segs[-1]
-        return (
+        if not (
             head.size > 0
             and seg.size > 0
             and last.next_offset == seg.base_offset
-            and self.length + length <= cfg.segment_bytes
             and self.batches + batches <= min(cfg.max_index_entries, cfg.max_time_index_entries)
             and seg.next_offset - 1 - head.base_offset <= _MAX_RELATIVE_OFFSET
-        )
+        ):
+            return False
+        self._split_first()
+        return self.length + self._joined(data)[0] <= cfg.segment_bytes
+
+    def _split_first(self) -> None:
+        """Hold the first member's last batch apart from the rest (a second one may join)."""
+        if self._first is None:
+            return
+        view = memoryview(self._first)
+        self._first = None
+        last = _last_batch(view)
+        self._body, self._tail = view[:last], bytes(view[last:])
+        self._tail_header = read_header(self._tail, 0)
+
+    def _joined(self, data: bytes) -> tuple[int, bytes | None, BatchHeader]:
+        """What ``data`` adds to the group's length, and the batch its first batch and the
+        held last one merge into (None when they do not: see :func:`_rewrite`)."""
+        first = read_header(data, 0)
+        t = self._tail_header
+        if (
+            t is None
+            or t.record_count
+            or first.record_count
+            or t.partition_leader_epoch != first.partition_leader_epoch
+            or not _mergeable(t, self.headers, self.removable)
+            or not _mergeable(first, self.headers, self.removable)
+        ):
+            return len(data), None, first
+        merged = _empty_batch(t, first.last_offset, max(t.max_timestamp, first.max_timestamp), True)
+        return len(data) - first.size - len(self._tail) + len(merged), merged, first
 
     def add(self, seg: LogSegment, data: bytes, changed: bool, batches: int) -> None:
         """Add ``seg``, rewritten to ``data`` (its own bytes when ``changed`` is false)."""
-        self.segs.append(seg)
-        self.changed = self.changed or changed
-        self.length += len(data)
         self._pieces += len(data)
         self.batches += batches
-        if len(self.segs) == 1:
+        self.changed = self.changed or changed
+        if not self.segs:
+            self.segs.append(seg)
+            self.length = len(data)
             self._first = data
             return
+        self.segs.append(seg)
         self.changed = True  # merging segments is a change, even of unchanged ones
+        self._split_first()
         if self._file is None:
-            first, self._first = self._first, b""
             self._open()
-            self._write(first)
-        self._write(data)
+            self._emit(self._body)
+            self._body = b""
+        added, merged, first = self._joined(data)
+        self.length += added
+        view = memoryview(data)
+        start = 0
+        if merged is not None:
+            self._tail, self._tail_header = merged, read_header(merged, 0)
+            start = first.size
+            if start == len(view):
+                return  # that batch was all of ``data``: the merged one stays held
+        last = _last_batch(view)
+        self._emit(self._tail)
+        self._emit(view[start:last])
+        self._tail = bytes(view[last:])
+        self._tail_header = read_header(self._tail, 0)
 
     def _open(self) -> None:
         head = self.segs[0]
@@ -868,40 +913,6 @@ class _Group:
         self._file.write(data)
         self._written += len(data)
 
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        last = pos = 0  # the position of the last batch
-        while pos < len(view):
-            last = pos
-            pos += read_header(view, pos).size
-        first = read_header(view, 0)
-        start = 0
-        t = self._tail_header
-        if t is not None and self._joins(t, first):
-            merged = _empty_batch(
-                t, first.last_offset, max(t.max_timestamp, first.max_timestamp), True
-            )
-            self.length -= len(self._tail) + first.size - len(merged)
-            self._tail = merged
-            self._tail_header = read_header(self._tail, 0)
-            start = first.size
-            if last == 0:
-                return  # that batch was all of ``data``: the merged one stays the tail
-        self._emit(self._tail)
-        self._emit(view[start:last])
-        self._tail = bytes(view[last:])
-        self._tail_header = read_header(self._tail, 0)
-
-    def _joins(self, a: BatchHeader, b: BatchHeader) -> bool:
-        """Whether empty batch ``a`` and the next, ``b``, merge into one (as in _rewrite)."""
-        return (
-            a.record_count == 0
-            and b.record_count == 0
-            and a.partition_leader_epoch == b.partition_leader_epoch
-            and _mergeable(a, self.headers, self.removable)
-            and _mergeable(b, self.headers, self.removable)
-        )
-
     def finish(self, stats: CleanerStats) -> bool:
         """Swap the group in (when it changed anything) and start a new one; False when the
         log changed under the pass (see :func:`_swap`)."""
@@ -911,7 +922,11 @@ class _Group:
             return True
         if self._file is None:
             self._open()  # one segment, rewritten: the common case, written in one go
-            self._emit(self._first)
+            if self._first is not None:
+                self._emit(self._first)
+            else:
+                self._emit(self._body)
+                self._emit(self._tail)
         else:
             self._emit(self._tail)
         assert self._file is not None and self._path is not None
@@ -944,6 +959,15 @@ class _Group:
         if self._path is not None:
             self._path.unlink(missing_ok=True)
         self._reset()
+
+
+def _last_batch(view: memoryview) -> int:
+    """The position of the last batch of the whole batches in ``view``."""
+    last = pos = 0
+    while pos < len(view):
+        last = pos
+        pos += read_header(view, pos).size
+    return last
 
 
 def _swap(log: Log, segs: list[LogSegment], cleaned: Path, length: int, truncations: int) -> bool:
