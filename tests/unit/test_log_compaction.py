@@ -1286,3 +1286,24 @@ def test_a_full_disk_while_writing_a_cleaned_segment_leaves_no_file(
     assert log.first_dirty_offset == 0
     compact(log, now=T0 + HOUR)
     assert kv(read_all(log)) == [r for r in before if r[1] != b"a" or r[2] == b"5"]
+
+
+def test_an_error_reading_back_a_cleaned_segment_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a failed write: a failure after the ``.cleaned`` file is complete but before it
+    becomes the ``.swap`` (the read-back check, the rename) removes it."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1024)
+    for i in range(6):
+        log.append(kv_batch([(b"a", b"%d" % i), (b"b%d" % i, b"x" * 200)]))
+    before = kv(read_all(log))
+
+    def failing_check(*args: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(cleaner_mod, "_check_rewritten", failing_check)
+    with pytest.raises(OSError, match="Input/output"):
+        compact(log, now=T0 + HOUR)
+    monkeypatch.undo()
+    assert not [p for p in log.directory.iterdir() if p.suffix in (".cleaned", ".swap")]
+    assert kv(read_all(log)) == before

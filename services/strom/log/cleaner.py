@@ -999,6 +999,9 @@ def _swap(log: Log, segs: list[LogSegment], cleaned: Path, length: int, truncati
             if log.truncations != truncations or not _still_held(log, segs):
                 return False
         raise
+    except Exception:
+        cleaned.unlink(missing_ok=True)  # no partial work left on disk (see _Group.discard)
+        raise
     with log.lock:
         # FIX: the rewrite ran outside the lock. A truncation meanwhile (follower, new leader)
         # makes the key map wrong (its "latest" records may be gone) and may have cut these
@@ -1009,7 +1012,11 @@ def _swap(log: Log, segs: list[LogSegment], cleaned: Path, length: int, truncati
             return False
         directory = head.directory
         swap = head.log_path.with_name(head.log_path.name + ".swap")
-        os.replace(cleaned, swap)
+        try:
+            os.replace(cleaned, swap)
+        except Exception:
+            cleaned.unlink(missing_ok=True)
+            raise
         fsync_dir(directory)
         i = log.segments.index(head)
         head.close()
