@@ -741,3 +741,37 @@ def test_compaction_runs_in_the_background(cluster: Cluster) -> None:
     # Offsets are kept: the survivors are the last two, and the log still starts at 0.
     assert [o for o, _ in read_all()] == [8, 9]
     assert list_offset(n1, "cmp", 0, -2).offset == 0
+
+
+def test_the_cleaner_merges_small_segments_on_a_running_node(cluster: Cluster) -> None:
+    """Found from outside: every compacted segment stayed a file of its own (and an open
+    descriptor), so a compacted topic of few keys gained a file per segment rolled,
+    without bound. The node's cleaner merges the cleaned segments into one file."""
+    n1 = cluster.node(1)
+    cluster.create_topic(
+        "cmpm",
+        {0: [1]},
+        {"cleanup.policy": "compact", "segment.bytes": "1024", "min.cleanable.dirty.ratio": "0"},
+    )
+    wait_hosted(n1, "cmpm", [0])
+    pad = b"v" * 400
+    for i in range(12):  # each batch fills a segment: twelve versions of k1 and k2
+        data = encode_batch([pad + b"%d" % i] * 2, keys=[b"k1", b"k2"])
+        assert produce_one(n1, "cmpm", 0, data).base_offset == 2 * i
+    directory = n1.data_dir / "cmpm-0"
+
+    def segment_files() -> list[str]:
+        return sorted(p.name for p in directory.glob("*.log"))
+
+    # The versions before the last sit in sealed segments that merge into the first one's
+    # file (the segment with the last versions is the active one, never cleaned).
+    wait_for(
+        lambda: len(segment_files()) == 2, timeout=20, what="the cleaner to merge the segments"
+    )
+    assert segment_files()[0] == "00000000000000000000.log"
+    offset, got = 0, []
+    while offset < 24:
+        records = fetch_one(n1, "cmpm", 0, offset).records
+        got += values_of(records)
+        offset = decode_batches(records)[-1].header.next_offset
+    assert [o for o, _ in got] == [22, 23]

@@ -3,11 +3,14 @@ offsets kept, tiling kept, atomic swap and restarts after compaction."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import itertools
 import os
 import random
 import threading
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -130,8 +133,11 @@ def test_latest_value_per_key_survives_with_its_offset(tmp_path: Path) -> None:
     active_base = log.active.base_offset
     active_bytes = log.active.log_path.read_bytes()
     leo = log.log_end_offset
+    segments = len(log.segments)
     stats = compact(log, now=T0 + HOUR)
-    assert stats.segments_cleaned == len(log.segments) - 1
+    # Every sealed segment was rewritten; the small rewritten ones merged into fewer files.
+    assert stats.segments_cleaned == segments - 1
+    assert stats.segments_merged > 0 and len(log.segments) == segments - stats.segments_merged
     assert stats.records_after < stats.records_before
     assert stats.bytes_after < stats.bytes_before
     got = kv(read_all(log))
@@ -345,7 +351,10 @@ def test_min_compaction_lag(tmp_path: Path) -> None:
     # Only segment 0 is old enough at T0 + 1000; segment 1 at T0 + 1500.
     assert compact(log, now=T0 + 1000).segments_cleaned == 1
     assert kv(read_all(log)) == [(1, b"a", b"2"), (2, b"a", b"3")]
-    assert compact(log, now=T0 + 1500).segments_cleaned == 1
+    stats = compact(log, now=T0 + 1500)
+    # Segment 1, emptied, merges into segment 0's file (their empty batches into one).
+    assert (stats.segments_cleaned, stats.segments_merged) == (2, 1)
+    assert [s.base_offset for s in log.segments] == [0, 2]
     assert kv(read_all(log)) == [(2, b"a", b"3")]
 
 
@@ -910,3 +919,391 @@ def test_a_high_watermark_below_the_first_dirty_offset_cleans_nothing_above_it(
         (5, b"y", b"5"),
     ]
     assert log.first_dirty_offset == 3 and stats.first_dirty_offset == 3
+
+
+# ------------------------------------------------------------------------ merging segments
+
+
+def _lookups(log: Log, stamps: Sequence[int]) -> list[tuple[int, int, int] | None]:
+    return [log.offset_for_timestamp(t) for t in stamps]
+
+
+def _producers(log: Log) -> dict[int, tuple[int, list[tuple[int, int, int, int]]]]:
+    """Each producer's epoch and recent batches (sequences and offsets)."""
+    return {
+        e.producer_id: (
+            e.epoch,
+            [(b.first_seq, b.last_seq, b.base_offset, b.last_offset) for b in e.batches],
+        )
+        for e in log.producers
+    }
+
+
+def _first_at_or_after(records: Sequence[Record], t: int) -> tuple[int, int] | None:
+    hits = [(r.offset, r.timestamp) for r in records if r.timestamp >= t]
+    return hits[0] if hits else None
+
+
+def test_compaction_merges_small_segments_into_few_files(tmp_path: Path) -> None:
+    """Found from outside: every sealed segment was rewritten into a file of its own, so a
+    compacted log kept one file and one open descriptor per segment ever rolled (60
+    segments compacted to 60 files of 621 bytes). Adjacent cleaned segments now merge while
+    they fit in segment.bytes, and the merged log reads, looks up timestamps and rebuilds
+    its producer state exactly as the unmerged one would."""
+    d = tmp_path / "c-0"
+    log = make_log(d, segment_bytes=16384)
+    appended = []
+    for i in range(60):
+        key = b"k%d" % (i % 3)
+        if i % 5 == 0:  # an idempotent producer's batch now and then
+            data = encode_batch(
+                [b"p%d" % i],
+                keys=[key],
+                timestamps=[T0 + i * 1000],
+                producer_id=7,
+                producer_epoch=0,
+                base_sequence=i // 5,
+            )
+        else:
+            data = kv_batch([(key, b"v%d" % i)], ts=T0 + i * 1000)
+        info = log.append(data, leader_epoch=i // 20)
+        appended.append((info.first_offset, key, b"p%d" % i if i % 5 == 0 else b"v%d" % i))
+        log.roll()
+    log.append(kv_batch([(b"z", b"active")], ts=T0 + 60_000), leader_epoch=3)
+    appended.append((60, b"z", b"active"))
+    assert len(log.segments) == 61
+    producers = _producers(log)
+    stats = compact(log, now=T0 + HOUR)
+    assert (stats.segments_cleaned, stats.segments_merged) == (60, 59)
+    assert len(log.segments) == 2  # one merged segment (all of it fits) and the active one
+    got = read_all(log)
+    expected = expected_compacted(appended, 60, drop_tombstones=False)
+    assert kv(got) == expected
+    assert kv(read_all(log, max_bytes=1)) == expected
+    check_tiling(log)
+    covered = []
+    for h in log.batch_headers():
+        covered.extend(range(h.base_offset, h.next_offset))
+    assert covered == list(range(61))
+    # Timestamp lookups find the first kept record at or after each time.
+    stamps = [T0 + t for t in range(-1, 61_000, 500)]
+    want = [_first_at_or_after(got, t) for t in stamps]
+    assert [r and r[:2] for r in _lookups(log, stamps)] == want
+    assert _producers(log) == producers
+    # Nothing left to do: a second pass neither rewrites nor merges.
+    assert compact(log, now=T0 + HOUR).segments_cleaned == 0
+    # Reopened (a producer state rebuilt from the headers alone), all still holds.
+    log.close()
+    for p in d.glob("*.snapshot"):
+        p.unlink()
+    log2 = make_log(d, segment_bytes=16384)
+    assert [s.base_offset for s in log2.segments] == [0, 60]
+    assert kv(read_all(log2)) == expected
+    check_tiling(log2)
+    assert [r and r[:2] for r in _lookups(log2, stamps)] == want
+    assert _producers(log2) == producers
+    assert (
+        log2.append(
+            encode_batch(
+                [b"p"],
+                keys=[b"k0"],
+                timestamps=[T0 + 61_000],
+                producer_id=7,
+                producer_epoch=0,
+                base_sequence=12,
+            ),
+            leader_epoch=3,
+        ).duplicates
+        == 0
+    )
+
+
+def test_a_one_key_topic_keeps_few_segments_over_many_passes(tmp_path: Path) -> None:
+    """Found from outside: with one key and a pass every max.compaction.lag.ms, every pass
+    left one more segment of one empty batch, without bound. Merged, the log stays at one
+    cleaned segment (a filler and the latest record) plus the active one."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1 << 20)
+    sizes = []
+    for i in range(40):
+        log.append(kv_batch([(b"k", b"v%d" % i)], ts=T0 + i))
+        log.roll()  # segment.ms (max.compaction.lag.ms) rolls it
+        log.append(kv_batch([(b"k", b"w%d" % i)], ts=T0 + i))
+        compact(log, now=T0 + HOUR)
+        assert len(log.segments) <= 2, i
+        sizes.append(log.size_bytes)
+        assert kv(read_all(log)) == [(2 * i + 1, b"k", b"w%d" % i)]
+        check_tiling(log)
+    assert max(sizes[2:]) == min(sizes[2:])  # no growth at all
+
+
+def test_merging_stops_at_the_index_limit(tmp_path: Path) -> None:
+    """A merged segment must stay indexable within segment.index.bytes, as an appended one
+    does: each batch can add an entry to each index (24 bytes: 3 offset entries, 2 time)."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1 << 20, segment_index_bytes=24)
+    for i in range(9):
+        log.append(kv_batch([(b"k%d" % i, b"v")], ts=T0 + i))  # distinct keys: all kept
+        log.roll()
+    log.append(kv_batch([(b"z", b"v")], ts=T0 + 9))
+    before = kv(read_all(log))
+    stats = compact(log, now=T0 + HOUR)
+    assert [len(s.batch_headers()) for s in log.segments] == [2, 2, 2, 2, 1, 1]
+    assert stats.segments_merged == 4
+    assert kv(read_all(log)) == before
+    check_tiling(log)
+
+
+def _merge_log(mgr: LogManager) -> tuple[Log, list, list]:
+    """A log of 8 small sealed segments that one pass merges (into one) and an active one;
+    returns it with what it reads before and after that pass."""
+    log = mgr.get_or_create("c", 0)
+    appended = []
+    for i in range(8):
+        info = log.append(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)], ts=T0 + i))
+        appended.append((info.first_offset, b"k%d" % (i % 3), b"v%d" % i))
+        log.roll()
+    log.append(kv_batch([(b"z", b"active")], ts=T0 + 8))
+    appended.append((8, b"z", b"active"))
+    mgr.flush_all()
+    return log, appended, expected_compacted(appended, 8, drop_tombstones=False)
+
+
+def _renames_of_a_pass(tmp_path: Path, delay: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    mgr = _manager(tmp_path, segment_bytes=1 << 20, file_delete_delay_ms=delay)
+    log, _, _ = _merge_log(mgr)
+    calls = []
+    real_replace = os.replace
+
+    def counting(src: object, dst: object) -> None:
+        calls.append((src, dst))
+        real_replace(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(cleaner_mod.os, "replace", counting)
+        assert compact(log, now=T0 + HOUR).segments_merged == 7
+    mgr.close()
+    return len(calls)
+
+
+def _killed_at_rename(n: int, *, after: bool = False) -> Callable[[object, object], None]:
+    """``os.replace`` for a process killed just before its ``n``-th rename (or after it)."""
+    real_replace = os.replace
+    done = []
+
+    def replace(src: object, dst: object) -> None:
+        if len(done) + 1 == n and not after:
+            raise SystemExit("crash")
+        real_replace(src, dst)  # type: ignore[arg-type]
+        done.append(dst)
+        if len(done) == n and after:
+            raise SystemExit("crash")
+
+    return replace
+
+
+@pytest.mark.parametrize("delay", [0, 60_000])
+def test_a_crash_at_any_rename_of_a_merge_loses_and_resurrects_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delay: int
+) -> None:
+    """The merge replaces 8 files by one: .cleaned -> .swap, each old segment's files ->
+    .deleted, .swap -> .log. A process killed after any of those renames (or before the
+    first) leaves a directory that opens to the log before the pass or after it, never a
+    mix (overlapping segments, a replaced segment back, records lost)."""
+    renames = _renames_of_a_pass(tmp_path / "count", delay, monkeypatch)
+    assert renames >= 1 + 7 + 1
+    outcomes = set()
+    # Killed before each rename, after the last one (before the indexes are rebuilt), and
+    # not at all.
+    kills = [(n, False) for n in range(1, renames + 2)] + [(renames, True)]
+    for n, after in kills:
+        data_dir = tmp_path / f"crash{n}{after}"
+        configs = {"segment_bytes": 1 << 20, "file_delete_delay_ms": delay}
+        mgr = _manager(data_dir, index_interval_bytes=0, **configs)
+        log, appended, model = _merge_log(mgr)
+        with monkeypatch.context() as m:
+            m.setattr(cleaner_mod.os, "replace", _killed_at_rename(n, after=after))
+            with contextlib.suppress(SystemExit):
+                compact(log, now=T0 + HOUR)
+        _crash(mgr)
+        log2 = _manager(data_dir, index_interval_bytes=0, **configs).get("c", 0)
+        got = kv(read_all(log2))
+        assert got in (appended, model), (n, after)
+        assert kv(read_all(log2, max_bytes=1)) == got
+        outcomes.add("after" if got == model else "before")
+        check_tiling(log2)
+        for seg in log2.segments:  # indexes of the segment's own batches (an entry each)
+            assert len(seg.index.rel) == len(seg.batch_headers())
+        segs = log2.segments
+        assert all(a.next_offset == b.base_offset for a, b in itertools.pairwise(segs))
+        names = [p.name for p in (data_dir / "c-0").iterdir()]
+        assert not [n for n in names if n.endswith((".swap", ".cleaned", ".deleted"))]
+        compact(log2, now=T0 + HOUR)
+        assert kv(read_all(log2)) == model
+        assert len(log2.segments) == 2
+    assert outcomes == {"before", "after"}
+
+
+@pytest.mark.parametrize("change", ["retention", "truncation"])
+def test_a_crash_right_after_the_log_changed_under_a_swap_brings_nothing_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """Found from outside (from reading): the .swap file was made before the check, under
+    the lock, that the segment was neither deleted nor truncated meanwhile. Killed in
+    between, the next start finished the swap and brought back the deleted segment or the
+    truncated records. The .swap is now made under the lock after the check: a change
+    meanwhile leaves no .swap to finish, whenever the process dies."""
+    mgr = _manager(tmp_path, segment_bytes=1024)
+    log = mgr.get_or_create("c", 0)
+    for i in range(4):
+        log.append(kv_batch([(b"a", b"%d" % i)]))
+        log.roll()
+    log.append(kv_batch([(b"b", b"x")]))
+    mgr.flush_all()
+    real_check = cleaner_mod._check_rewritten
+    real_fsync_dir = cleaner_mod.fsync_dir
+
+    def check_while_the_log_changes(*args: object) -> None:
+        real_check(*args)
+        if change == "retention":
+            log.delete_records(2)  # segments 0 and 1 go
+        else:
+            log.truncate_to(1)  # a new leader: offsets 1.. never happened here
+
+    def crash_with_a_swap_on_disk(directory: Path) -> None:
+        if list(directory.glob("*.swap")):
+            raise SystemExit("crash")
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(cleaner_mod, "_check_rewritten", check_while_the_log_changes)
+    monkeypatch.setattr(cleaner_mod, "fsync_dir", crash_with_a_swap_on_disk)
+    with contextlib.suppress(SystemExit):
+        compact(log, now=T0 + HOUR)
+    monkeypatch.undo()
+    expected = kv(read_all(log))
+    _crash(mgr)
+    log2 = _manager(tmp_path, segment_bytes=1024).get("c", 0)
+    if change == "retention":
+        assert expected == [(2, b"a", b"2"), (3, b"a", b"3"), (4, b"b", b"x")]
+        assert log2.log_start_offset == 2
+    else:
+        assert expected == [(0, b"a", b"0")]
+        assert log2.log_end_offset == 1
+    assert kv(read_all(log2)) == expected
+    check_tiling(log2)
+
+
+def test_reads_during_a_merging_pass_see_the_log_before_or_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers take the log's lock for each read and the swap replaces the merged segments
+    under it: a read during the pass gets the old segments or the merged one, whole. A read
+    result taken before the swap stays readable after it (its bytes are the reader's)."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1 << 20)
+    for i in range(30):
+        log.append(kv_batch([(b"k%d" % (i % 4), b"v%d" % i)], ts=T0 + i))
+        log.roll()
+    log.append(kv_batch([(b"z", b"active")]))
+    before = kv(read_all(log))
+    held = log.read(0, 1 << 20)
+    seen: list[list] = []
+    real_check = cleaner_mod._check_rewritten
+
+    def read_before_swap(*args: object) -> None:
+        seen.append(kv(read_all(log)))  # the merged file is written, not yet swapped in
+        real_check(*args)
+
+    monkeypatch.setattr(cleaner_mod, "_check_rewritten", read_before_swap)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    reads: list[list] = []
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                reads.append(kv(read_all(log, max_bytes=300)))
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        stats = compact(log, now=T0 + HOUR)
+    finally:
+        stop.set()
+        t.join(30)
+    after = kv(read_all(log))
+    assert stats.segments_merged == 29 and len(log.segments) == 2
+    assert seen == [before]
+    assert not errors
+    # A read spanning the swap may start in the old segments and end in the merged one:
+    # every record it got is one of the log's, in order, and none the pass kept is missing.
+    for got in reads:
+        assert set(after) <= set(got) <= set(before)
+        assert [o for o, _, _ in got] == sorted({o for o, _, _ in got})
+    assert kv(decode_records(held.data)) == before[:1]  # the old first segment's batch
+
+
+def test_a_full_disk_while_writing_a_cleaned_segment_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside: ENOSPC while writing ``.cleaned`` left the partial file behind,
+    holding the disk's last free space until the next pass or restart. It is removed and
+    the error raised; the log is as it was and the next pass does the work."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1024)
+    for i in range(6):
+        log.append(kv_batch([(b"a", b"%d" % i), (b"b%d" % i, b"x" * 200)]))
+    before = kv(read_all(log))
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, f: object) -> None:
+            self.f = f
+
+        def write(self, data: bytes) -> int:
+            self.f.write(bytes(data)[: len(data) // 2])  # type: ignore[attr-defined]
+            self.f.flush()  # type: ignore[attr-defined]
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.f, name)
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()  # type: ignore[attr-defined]
+
+    def full_disk_open(path: object, *args: object, **kwargs: object) -> object:
+        f = real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+        return FullDisk(f) if str(path).endswith(".cleaned") else f
+
+    monkeypatch.setattr(cleaner_mod, "open", full_disk_open, raising=False)
+    with pytest.raises(OSError) as err:
+        compact(log, now=T0 + HOUR)
+    monkeypatch.undo()
+    assert err.value.errno == errno.ENOSPC
+    assert not [p for p in log.directory.iterdir() if p.suffix in (".cleaned", ".swap")]
+    assert kv(read_all(log)) == before
+    assert log.first_dirty_offset == 0
+    compact(log, now=T0 + HOUR)
+    assert kv(read_all(log)) == [r for r in before if r[1] != b"a" or r[2] == b"5"]
+
+
+def test_an_error_reading_back_a_cleaned_segment_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a failed write: a failure after the ``.cleaned`` file is complete but before it
+    becomes the ``.swap`` (the read-back check, the rename) removes it."""
+    log = make_log(tmp_path / "c-0", segment_bytes=1024)
+    for i in range(6):
+        log.append(kv_batch([(b"a", b"%d" % i), (b"b%d" % i, b"x" * 200)]))
+    before = kv(read_all(log))
+
+    def failing_check(*args: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(cleaner_mod, "_check_rewritten", failing_check)
+    with pytest.raises(OSError, match="Input/output"):
+        compact(log, now=T0 + HOUR)
+    monkeypatch.undo()
+    assert not [p for p in log.directory.iterdir() if p.suffix in (".cleaned", ".swap")]
+    assert kv(read_all(log)) == before

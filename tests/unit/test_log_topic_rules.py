@@ -151,13 +151,18 @@ def test_compaction_keeps_the_replaced_file_for_the_delay(tmp_path: Path) -> Non
         log.append(encode_batch([v], keys=[b"k"], timestamps=[T0]))
         log.roll()
     log.append(encode_batch([b"x"], keys=[b"other"], timestamps=[T0]))
-    old = log.segments[0].log_path.read_bytes()
-    assert compact(log).segments_cleaned == 1
-    kept = log.directory / f"{segment_name(0)}.log.deleted"
-    assert kept.read_bytes() == old  # the replaced file, for readers that still had it
+    old = [s.log_path.read_bytes() for s in log.segments[:2]]
+    stats = compact(log)
+    assert (stats.segments_cleaned, stats.segments_merged) == (2, 1)  # one file now
+    kept = [log.directory / f"{segment_name(base)}.log.deleted" for base in (0, 1)]
+    # The replaced files, for readers that still had them.
+    assert [p.read_bytes() for p in kept] == old
     assert all_values(log) == [b"2", b"x"]
-    clock.now += 1000
-    assert log.delete_expired_files() == 1 and not kept.exists()
+    waiting = list(log.directory.glob("*.deleted"))  # with the merged segment's indexes
+    clock.now += 999
+    assert log.delete_expired_files() == 0
+    clock.now += 1
+    assert log.delete_expired_files() == len(waiting) and not list(log.directory.glob("*.deleted"))
 
 
 def test_deleted_files_are_removed_on_close_and_on_open(tmp_path: Path) -> None:

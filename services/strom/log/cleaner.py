@@ -13,13 +13,16 @@ cleanable). :func:`select_logs` orders the due logs dirtiest first; the storage 
 them in that order. :func:`compact` cleans one log from its start to the first uncleanable
 offset and moves the first dirty offset there.
 
-The cleaner works a segment at a time on sealed segments only, and holds one segment in
-memory at a time plus the key map, never the whole log (a multi-GB compacted topic would
-otherwise take that much memory at every pass). A first read of every segment below the
+The cleaner works a segment at a time on sealed segments only, and holds at most two
+segments in memory at a time plus the key map, never the whole log (a multi-GB compacted
+topic would otherwise take that much memory at every pass). A first read of every segment below the
 high watermark builds the key → latest offset map with Arrow's group-by (C++, no per-record
 Python; each segment's map is merged into the log's as the pass goes) and keeps from the
 headers what the producer state and the transactions need (:class:`_LogScan`); then each
-sealed segment is read again and each batch rewritten with the records that survive. Unlike
+sealed segment is read again and each batch rewritten with the records that survive, and
+runs of adjacent rewritten segments are merged into one file while they fit in
+``segment.bytes`` (:class:`_Group`; otherwise every segment ever rolled would stay a file
+and an open descriptor). Unlike
 Kafka's (``log.cleaner.dedupe.buffer.size``), the map is not bounded: it holds every
 distinct key of the log with its latest offset, because it is built from the whole log, the
 clean part and the active segment included, not from the dirty part alone. The rewrite finds
@@ -40,9 +43,10 @@ such a filler cut to start at the offset asked for (see ``partition_log._trim_fi
 never from below a follower's end. Tombstones (null value) and transaction markers are
 removed once the segment holding them has taken no append for longer than
 ``delete.retention.ms`` (:func:`_tombstones_expired`). The new segment is written beside the
-old one as ``.cleaned``, fsynced, renamed to ``.swap`` and then over the original, so a
-crash at any point leaves either the old or the new segment (``Log`` finishes or discards
-the swap).
+old ones as ``.cleaned`` and fsynced; under the log's lock, once no truncation or deletion
+voided the pass, it is renamed to ``.swap``, the segments it replaces to ``.deleted`` and the
+``.swap`` to ``.log`` (:func:`_swap`), so a crash at any point leaves either the old segments
+or the new one (``Log`` finishes a ``.swap`` and discards a ``.cleaned``).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -81,6 +85,7 @@ from strom.record.header import (
     ATTR_LOG_APPEND_TIME,
     ATTR_TRANSACTIONAL,
     BatchHeader,
+    read_header,
     set_log_append_time,
 )
 from strom.record.schema import BODY_SCHEMA_V1
@@ -92,7 +97,10 @@ _log = logging.getLogger("strom.log.cleaner")
 class CleanerStats:
     """What one compaction pass did."""
 
+    #: Segments replaced by a rewrite (each member of a merged group counts).
     segments_cleaned: int = 0
+    #: Segments merged into the file of the segment before them (see ``_Group``).
+    segments_merged: int = 0
     records_before: int = 0
     records_after: int = 0
     bytes_before: int = 0
@@ -415,9 +423,10 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     first uncleanable offset (see :func:`cleanable_range`), then move the log's first dirty
     offset there. ``max_offset`` is the high watermark (None: the log end).
 
-    A pass holds the key map and one segment at a time, never the whole log: it reads the
-    segments once, one by one, for the key map and the headers the transactions need
-    (:class:`_LogScan`), then reads each sealed segment again to rewrite it."""
+    A pass holds the key map and at most two segments at a time, never the whole log: it
+    reads the segments once, one by one, for the key map and the headers the transactions
+    need (:class:`_LogScan`), then reads each sealed segment again to rewrite it, merging
+    adjacent rewritten segments into one file while they fit (:class:`_Group`)."""
     cfg = log.config
     now = log.clock() if now is None else now
     with log.lock:
@@ -463,26 +472,37 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     if removable is None:
         return stats  # the log changed under the cleaner: this pass is void
     void = False
-    for seg in sealed:
-        batches = _read_checked(log, seg, scan.sizes[seg.base_offset], truncations)
-        if batches is None:
+    group = _Group(log, truncations, recent, removable)
+    try:
+        for seg in sealed:
+            read = _read_segment(log, seg, scan.sizes[seg.base_offset], truncations)
+            if read is None:
+                void = True
+                break  # the log changed under the cleaner: this pass is void
+            data, batches = read
+            new_data, before, after = _rewrite(
+                batches, latest, seg.base_offset in expired, recent, scan.dropped, removable
+            )
+            count = len(batches)
+            del batches  # the old segment's bytes need not outlive its rewrite...
+            changed = new_data is not None
+            piece = data if new_data is None else new_data
+            del data, new_data  # ...unless they are what the group takes of it
+            stats.records_before += before
+            stats.records_after += after
+            stats.bytes_before += seg.size
+            stats.bytes_after += len(piece)
+            if not group.fits(seg, piece, count) and not group.finish(stats):
+                void = True
+                break  # the log changed under the cleaner: this pass is void
+            group.add(seg, piece, changed, count)
+            del piece
+        if not void and not group.finish(stats):
             void = True
-            break  # the log changed under the cleaner: this pass is void
-        new_data, before, after = _rewrite(
-            batches, latest, seg.base_offset in expired, recent, scan.dropped, removable
-        )
-        del batches  # the old segment's bytes need not outlive its rewrite
-        stats.records_before += before
-        stats.records_after += after
-        stats.bytes_before += seg.size
-        if new_data is None:
-            stats.bytes_after += seg.size
-            continue
-        if not _swap(log, seg, new_data, truncations):
-            void = True
-            break  # the log changed under the cleaner: this pass is void
-        stats.segments_cleaned += 1
-        stats.bytes_after += len(new_data)
+    except Exception:
+        group.discard()
+        raise
+    group.discard()  # what a void pass had written
     if not void:
         with log.lock:
             if log.truncations == truncations:
@@ -501,7 +521,8 @@ def _tombstones_expired(seg: LogSegment, now: int, delete_retention_ms: int) -> 
     segment's last append is at or after every record it holds was written, so a tombstone
     stays readable at least ``delete.retention.ms`` after this replica wrote it (Kafka before
     3.1 also counts from the cleaned segment's last-modified time). ``_swap`` keeps that time
-    (and the file's mtime, which a restart reads it from) across cleanings."""
+    (and the file's mtime, which a restart reads it from) across cleanings; segments merged
+    into one take the newest one's, so no tombstone goes earlier than in its own segment."""
     return now - seg.last_append_ms > delete_retention_ms
 
 
@@ -559,7 +580,17 @@ def _read_checked(
     """The checked batches of ``seg``'s first ``size`` bytes; None when the log was
     truncated, or the segment deleted or closed, since the pass measured it (the key map may
     then be wrong, and a deleted segment's descriptor may be closed or reused), or when a
-    ``sealed`` segment's size changed.
+    ``sealed`` segment's size changed. See :func:`_read_segment`."""
+    read = _read_segment(log, seg, size, truncations, sealed=sealed)
+    return None if read is None else read[1]
+
+
+def _read_segment(
+    log: Log, seg: LogSegment, size: int, truncations: int, *, sealed: bool = True
+) -> tuple[bytes, list[RecordBatch]] | None:
+    """``seg``'s first ``size`` bytes and their checked batches (views of those bytes), or
+    None as :func:`_read_checked` says. The bytes are what a segment left unchanged by the
+    rewrite contributes to a merged file (see :class:`_Group`).
 
     Only the file's read holds the log's lock; the decode and checks run outside it, so
     appends and reads of the partition wait for one ``pread``, not for a segment's decode.
@@ -574,7 +605,7 @@ def _read_checked(
             return None
         data = os.pread(seg.fd, size, 0)
     try:
-        return _segment_batches(seg, data, log.epochs.epoch_for)
+        return data, _segment_batches(seg, data, log.epochs.epoch_for)
     except CorruptLogError:
         with log.lock:
             if log.truncations != truncations or seg not in log.segments:
@@ -654,7 +685,7 @@ def _rewrite(
         nonlocal pending
         if pending is not None:
             strip = pending_count > 1 or pending.header.base_offset in removable
-            out.append(_empty_batch(pending, pending_last, pending_max_ts, strip))
+            out.append(_empty_batch(pending.header, pending_last, pending_max_ts, strip))
             pending = None
 
     for b in batches:
@@ -726,12 +757,12 @@ def _kept_batch(b: RecordBatch, kept: pa.RecordBatch) -> bytes:
     return data
 
 
-def _empty_batch(first: RecordBatch, last_offset: int, max_ts: int, merged: bool) -> bytes:
-    """An empty batch covering ``first``'s base offset to ``last_offset``. A merged run keeps
-    the newest timestamp of its batches (retention by time and the time index see the same
-    segment maximum) and no producer fields (the sequences of several batches do not fit one
-    header), nor the transactional and control bits, which mean nothing without them."""
-    h = first.header
+def _empty_batch(h: BatchHeader, last_offset: int, max_ts: int, merged: bool) -> bytes:
+    """An empty batch covering the base offset of the batch with header ``h`` to
+    ``last_offset``. A merged run keeps the newest timestamp of its batches (retention by
+    time and the time index see the same segment maximum) and no producer fields (the
+    sequences of several batches do not fit one header), nor the transactional and control
+    bits, which mean nothing without them."""
     attributes = h.attributes & ~(ATTR_TRANSACTIONAL | ATTR_CONTROL) if merged else h.attributes
     return encode_body(
         pa.RecordBatch.from_pylist([], schema=BODY_SCHEMA_V1),
@@ -747,60 +778,288 @@ def _empty_batch(first: RecordBatch, last_offset: int, max_ts: int, merged: bool
     )
 
 
-def _swap(log: Log, seg: LogSegment, data: bytes, truncations: int) -> bool:
-    """Replace ``seg``'s file with ``data`` atomically and rebuild its indexes.
+#: Relative offsets in a segment's indexes are 32-bit (``strom.log.index``): no batch of a
+#: merged segment may start further than this above the segment's base offset.
+_MAX_RELATIVE_OFFSET = (1 << 31) - 1
 
-    Returns False (and changes nothing) when the log was truncated or the segment deleted
-    since the cleaner read it. Raises :class:`CorruptLogError` (and changes nothing) when
-    the new file would not recover whole: see :func:`_check_rewritten`."""
-    cleaned = seg.log_path.with_name(seg.log_path.name + ".cleaned")
-    with open(cleaned, "wb") as f:
-        f.write(data)
+
+class _Group:
+    """A run of adjacent sealed segments that a pass rewrites into one file, named by the
+    first one's base offset (Kafka's ``groupSegmentsBySize``).
+
+    FIX (found from outside): each segment used to be rewritten on its own, so a compacted
+    log kept one file, and one open descriptor, for every segment it ever rolled: a topic of
+    one key kept a segment of one 621-byte empty batch per max.compaction.lag.ms (1,440 a
+    day at a minute), until the node ran out of file descriptors. A segment now joins the
+    group before it while the group's rewritten bytes stay within segment.bytes, its batches
+    within what segment.index.bytes indexes (each batch can add an entry to each index),
+    and its offsets within the indexes' 32-bit relative offsets; segments that do not tile
+    (a gap between them) or are empty start a group of their own. An empty batch ending one
+    member and one starting the next merge as runs do inside a segment (:func:`_rewrite`),
+    so merged segments keep no filler per former boundary and a second pass finds nothing
+    to do.
+
+    The bytes go to ``<first>.log.cleaned`` as they come, so a pass holds at most two
+    segments, never the group: the first member's bytes are held until a second one joins
+    (a segment left alone and unchanged is not written again), and the last batch written
+    is held until the next member shows whether its first batch merges with it."""
+
+    def __init__(
+        self, log: Log, truncations: int, headers: set[int], removable: AbstractSet[int]
+    ) -> None:
+        self.log = log
+        self.truncations = truncations
+        self.headers = headers
+        self.removable = removable
+        self._reset()
+
+    def _reset(self) -> None:
+        self.segs: list[LogSegment] = []
+        self.changed = False
+        self.length = 0  # the group's bytes once written (boundary merges counted)
+        self.batches = 0
+        self._pieces = 0  # the members' rewritten bytes, before boundary merges
+        self._first: bytes | None = None  # the first member's bytes, not looked into yet
+        self._body: bytes | memoryview = b""  # ...or all of them but the last batch
+        self._file: BinaryIO | None = None
+        self._path: Path | None = None
+        self._written = 0
+        self._tail = b""  # the last batch, held back (see the class docstring)
+        self._tail_header: BatchHeader | None = None
+
+    def fits(self, seg: LogSegment, data: bytes, batches: int) -> bool:
+        """Whether ``seg``, rewritten to ``data`` (``batches`` batches), may join."""
+        if not self.segs:
+            return True
+        cfg = self.log.config
+        head, last = self.segs[0], self.segs[-1]
+        if not (
+            head.size > 0
+            and seg.size > 0
+            and last.next_offset == seg.base_offset
+            and self.batches + batches <= min(cfg.max_index_entries, cfg.max_time_index_entries)
+            and seg.next_offset - 1 - head.base_offset <= _MAX_RELATIVE_OFFSET
+        ):
+            return False
+        self._split_first()
+        return self.length + self._joined(data)[0] <= cfg.segment_bytes
+
+    def _split_first(self) -> None:
+        """Hold the first member's last batch apart from the rest (a second one may join)."""
+        if self._first is None:
+            return
+        view = memoryview(self._first)
+        self._first = None
+        last = _last_batch(view)
+        self._body, self._tail = view[:last], bytes(view[last:])
+        self._tail_header = read_header(self._tail, 0)
+
+    def _joined(self, data: bytes) -> tuple[int, bytes | None, BatchHeader]:
+        """What ``data`` adds to the group's length, and the batch its first batch and the
+        held last one merge into (None when they do not: see :func:`_rewrite`)."""
+        first = read_header(data, 0)
+        t = self._tail_header
+        if (
+            t is None
+            or t.record_count
+            or first.record_count
+            or t.partition_leader_epoch != first.partition_leader_epoch
+            or not _mergeable(t, self.headers, self.removable)
+            or not _mergeable(first, self.headers, self.removable)
+        ):
+            return len(data), None, first
+        merged = _empty_batch(t, first.last_offset, max(t.max_timestamp, first.max_timestamp), True)
+        return len(data) - first.size - len(self._tail) + len(merged), merged, first
+
+    def add(self, seg: LogSegment, data: bytes, changed: bool, batches: int) -> None:
+        """Add ``seg``, rewritten to ``data`` (its own bytes when ``changed`` is false)."""
+        self._pieces += len(data)
+        self.batches += batches
+        self.changed = self.changed or changed
+        if not self.segs:
+            self.segs.append(seg)
+            self.length = len(data)
+            self._first = data
+            return
+        self.segs.append(seg)
+        self.changed = True  # merging segments is a change, even of unchanged ones
+        self._split_first()
+        if self._file is None:
+            self._open()
+            self._emit(self._body)
+            self._body = b""
+        added, merged, first = self._joined(data)
+        self.length += added
+        view = memoryview(data)
+        start = 0
+        if merged is not None:
+            self._tail, self._tail_header = merged, read_header(merged, 0)
+            start = first.size
+            if start == len(view):
+                return  # that batch was all of ``data``: the merged one stays held
+        last = _last_batch(view)
+        self._emit(self._tail)
+        self._emit(view[start:last])
+        self._tail = bytes(view[last:])
+        self._tail_header = read_header(self._tail, 0)
+
+    def _open(self) -> None:
+        head = self.segs[0]
+        self._path = head.log_path.with_name(head.log_path.name + ".cleaned")
+        self._file = open(self._path, "wb")  # noqa: SIM115 (closed in finish or discard)
+
+    def _emit(self, data: bytes | memoryview) -> None:
+        assert self._file is not None
+        self._file.write(data)
+        self._written += len(data)
+
+    def finish(self, stats: CleanerStats) -> bool:
+        """Swap the group in (when it changed anything) and start a new one; False when the
+        log changed under the pass (see :func:`_swap`)."""
+        segs = self.segs
+        if not segs or not self.changed:
+            self._reset()
+            return True
+        if self._file is None:
+            self._open()  # one segment, rewritten: the common case, written in one go
+            if self._first is not None:
+                self._emit(self._first)
+            else:
+                self._emit(self._body)
+                self._emit(self._tail)
+        else:
+            self._emit(self._tail)
+        assert self._file is not None and self._path is not None
+        f = self._file
         f.flush()
         # The segment's last-append time decides when its tombstones go; a restart reads it
-        # from the mtime, so the rewrite must not make the segment look freshly written.
-        ns = seg.last_append_ms * 1_000_000
+        # from the mtime, so the rewrite must not make the segment look freshly written. A
+        # merged segment takes its newest member's: no tombstone goes before its own time.
+        ns = max(s.last_append_ms for s in segs) * 1_000_000
         os.utime(f.fileno(), ns=(ns, ns))
         os.fsync(f.fileno())
+        f.close()
+        self._file = None
+        path, written, pieces = self._path, self._written, self._pieces
+        self._path = None
+        self._reset()
+        if not _swap(self.log, segs, path, written, self.truncations):
+            return False
+        stats.segments_cleaned += len(segs)
+        stats.segments_merged += len(segs) - 1
+        stats.bytes_after -= pieces - written  # boundary merges
+        return True
+
+    def discard(self) -> None:
+        """Drop the group's unfinished file (a void pass, or an error such as a full disk:
+        a partial ``.cleaned`` file would hold the disk's last free space until the next
+        pass or restart)."""
+        if self._file is not None:
+            self._file.close()
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+        self._reset()
+
+
+def _last_batch(view: memoryview) -> int:
+    """The position of the last batch of the whole batches in ``view``."""
+    last = pos = 0
+    while pos < len(view):
+        last = pos
+        pos += read_header(view, pos).size
+    return last
+
+
+def _swap(log: Log, segs: list[LogSegment], cleaned: Path, length: int, truncations: int) -> bool:
+    """Replace the adjacent segments ``segs`` by the rewritten file ``cleaned`` (``length``
+    bytes, written and fsynced), named by the first one's base offset, atomically with
+    respect to a crash, and rebuild its indexes.
+
+    Returns False (and changes nothing) when the log was truncated or one of the segments
+    deleted since the cleaner read them. Raises :class:`CorruptLogError` (and changes
+    nothing) when the new file would not recover whole: see :func:`_check_rewritten`.
+
+    Kafka's order: ``.cleaned`` is renamed to ``.swap``, the replaced segments' files to
+    ``.deleted``, then ``.swap`` to ``.log``, with a directory fsync after each step. A
+    ``.swap`` on disk is the commitment: opening the log completes it, deleting every
+    segment in the swap's offset range (``Log._finish_swaps``); before it exists, opening
+    discards the ``.cleaned`` file. FIX (found from outside): the ``.swap`` used to be made
+    before the check below, outside the lock; a crash in between, while retention deleted
+    the segment or a follower truncated it, left a swap that the next start finished,
+    bringing back deleted records or truncated bytes. It is now made under the lock, after
+    the check, so every ``.swap`` a start finds belongs to segments the log still held."""
+    head = segs[0]
     try:
-        _check_rewritten(cleaned, seg.base_offset, len(data), log.epochs.epoch_for)
+        _check_rewritten(cleaned, head.base_offset, length, log.epochs.epoch_for)
     except CorruptLogError:
         cleaned.unlink(missing_ok=True)
         with log.lock:
             # Checked outside the lock: a truncation or deletion meanwhile may have moved the
             # epoch history under it. Then the pass is void, as below, not an error.
-            if log.truncations != truncations or seg not in log.segments:
+            if log.truncations != truncations or not _still_held(log, segs):
                 return False
         raise
-    swap = seg.log_path.with_name(seg.log_path.name + ".swap")
-    os.replace(cleaned, swap)
-    fsync_dir(seg.directory)
+    except Exception:
+        cleaned.unlink(missing_ok=True)  # no partial work left on disk (see _Group.discard)
+        raise
     with log.lock:
         # FIX: the rewrite ran outside the lock. A truncation meanwhile (follower, new leader)
-        # makes the key map wrong (its "latest" records may be gone) and may have cut this
-        # segment; retention may have deleted it. Swapping then would bring back removed data
-        # or drop values that are the latest again: discard the work instead.
-        if log.truncations != truncations or seg not in log.segments:
-            swap.unlink(missing_ok=True)
+        # makes the key map wrong (its "latest" records may be gone) and may have cut these
+        # segments; retention may have deleted them. Swapping then would bring back removed
+        # data or drop values that are the latest again: discard the work instead.
+        if log.truncations != truncations or not _still_held(log, segs):
+            cleaned.unlink(missing_ok=True)
             return False
-        i = log.segments.index(seg)
-        seg.close()
+        directory = head.directory
+        swap = head.log_path.with_name(head.log_path.name + ".swap")
+        try:
+            os.replace(cleaned, swap)
+        except Exception:
+            cleaned.unlink(missing_ok=True)
+            raise
+        fsync_dir(directory)
+        i = log.segments.index(head)
+        head.close()
+        # The old segment's index must not be found beside the new file by a start after the
+        # last rename: one that passed its sanity check would be trusted.
+        head.index.path.unlink(missing_ok=True)
+        retired: list[Path] = []
+        for seg in segs[1:]:
+            retired += seg.rename_for_delete()
         if log.config.file_delete_delay_ms > 0:
             # Keep the replaced file for file.delete.delay.ms, as Kafka does. A crash between
             # the two renames leaves the .swap without its .log: opening the log finishes it.
-            old = seg.log_path.with_name(seg.log_path.name + DELETED_SUFFIX)
-            os.replace(seg.log_path, old)
-            log._schedule_delete([old])
-        os.replace(swap, seg.log_path)
-        fsync_dir(seg.directory)
-        fresh = log._new_segment(seg.base_offset)
+            old = head.log_path.with_name(head.log_path.name + DELETED_SUFFIX)
+            os.replace(head.log_path, old)
+            retired.append(old)
+        if len(segs) > 1:
+            # The merged segment must not appear beside the segments it replaces, even after
+            # a power loss that kept the last rename but not the others.
+            fsync_dir(directory)
+        os.replace(swap, head.log_path)
+        fsync_dir(directory)
+        fresh = log._new_segment(head.base_offset)
         cut = fresh.recover(log.epochs.epoch_for)
         if cut:  # checked above: only the disk can have changed the file since
             _log.error("%s: the compacted segment lost %d bytes on reopening", fresh.log_path, cut)
-        fresh.created_ms = seg.created_ms
-        fresh.last_append_ms = seg.last_append_ms
-        log.segments[i] = fresh
+        fresh.created_ms = head.created_ms
+        fresh.last_append_ms = max(s.last_append_ms for s in segs)
+        log.segments[i : i + len(segs)] = [fresh]
+        log._bases[i : i + len(segs)] = [head.base_offset]
+        log._schedule_delete(retired)
         return True
+
+
+def _still_held(log: Log, segs: list[LogSegment]) -> bool:
+    """Whether ``segs`` are still adjacent segments of ``log`` (none deleted or closed)."""
+    try:
+        i = log.segments.index(segs[0])
+    except ValueError:
+        return False
+    held = log.segments[i : i + len(segs)]
+    return len(held) == len(segs) and all(
+        a is b and not a.closed for a, b in zip(held, segs, strict=True)
+    )
 
 
 def _check_rewritten(path: Path, base_offset: int, length: int, epoch_for: EpochLookup) -> None:

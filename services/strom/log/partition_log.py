@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+import mmap
 import os
 import random
 import re
@@ -25,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from strom.clock import wall_ms
+from strom.log.checkpoint import fsync_dir
 from strom.log.config import LONG_MAX, LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
 from strom.log.errors import (
@@ -46,7 +48,7 @@ from strom.log.producer_state import (
     snapshot_path,
     write_snapshot,
 )
-from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment
+from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment, valid_batches
 from strom.log.transactions import (
     AbortedIndex,
     AbortedTxn,
@@ -221,10 +223,7 @@ class Log:
         for p in self.directory.iterdir():
             if p.name.endswith((".cleaned", ".tmp", ".deleted")):
                 p.unlink(missing_ok=True)
-        for p in sorted(self.directory.glob("*.swap")):
-            # A compaction swap was interrupted after the new files were complete: finish it.
-            os.replace(p, p.with_suffix(""))
-            p.with_suffix("").with_suffix(".index").unlink(missing_ok=True)
+        self._finish_swaps()
         bases = sorted(
             int(m.group(1)) for p in self.directory.iterdir() if (m := _SEGMENT_RE.match(p.name))
         )
@@ -286,6 +285,36 @@ class Log:
                 leo,
             )
         self._rebuild_producer_state()
+
+    def _finish_swaps(self) -> None:
+        """Complete the compaction swaps a crash interrupted (``strom.log.cleaner._swap``).
+
+        A ``<base>.log.swap`` file is complete and was checked before it was made, under the
+        log's lock, so it replaces whatever it covers: every segment whose base offset lies
+        in its offset range goes (the cleaner merges adjacent segments into one file; some
+        may already be renamed ``.deleted``, which opening removes anyway), then the swap
+        takes the first one's name. Its old indexes go too, so it is recovered in full."""
+        for swap in sorted(self.directory.glob("*.swap")):
+            target = swap.with_suffix("")
+            m = _SEGMENT_RE.match(target.name)
+            if m is None:
+                continue
+            base = int(m.group(1))
+            end = _swap_end(swap, base)
+            covered = [
+                p
+                for p in self.directory.iterdir()
+                if (other := _SEGMENT_RE.match(p.name)) and base < int(other.group(1)) < end
+            ]
+            for p in covered:
+                for name in (p.name, f"{p.stem}.index", f"{p.stem}.timeindex"):
+                    (self.directory / name).unlink(missing_ok=True)
+            if covered and self._fsync:
+                fsync_dir(self.directory)  # gone before the swap shows, even on power loss
+            os.replace(swap, target)
+            target.with_suffix(".index").unlink(missing_ok=True)
+            if self._fsync:
+                fsync_dir(self.directory)
 
     def _rebuild_producer_state(self) -> None:
         """Producer state from the newest usable snapshot at or below the log end offset plus
@@ -1178,6 +1207,25 @@ class Log:
             for seg in self.segments:
                 out.extend(seg.batch_headers())
             return out
+
+
+def _swap_end(path: Path, base: int) -> int:
+    """The offset after the last batch of the compaction swap file ``path`` (a segment
+    starting at ``base``), by the rule recovery applies (a damaged tail ends it early: the
+    recovery that follows cuts the segment there and drops the segments after it)."""
+    end = base
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            return end
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for h in valid_batches(view, base, None):
+                    end = h.next_offset
+            finally:
+                view.release()
+    return end
 
 
 def _trim_filler(data: bytes | memoryview, offset: int) -> bytes | memoryview:

@@ -593,13 +593,14 @@ class StorageNode:
                 reason = "max_compaction_lag" if rng.needs_compaction_now else "dirty_ratio"
                 metrics.CLEANER_CLEANINGS.labels(reason).inc()
                 log.info(
-                    "compacted %s-%d (dirty ratio %.2f%s): %d segments, %d -> %d bytes; "
-                    "first dirty offset now %d",
+                    "compacted %s-%d (dirty ratio %.2f%s): %d segments (%d merged), "
+                    "%d -> %d bytes; first dirty offset now %d",
                     part.topic,
                     part.index,
                     rng.dirty_ratio,
                     ", past max.compaction.lag.ms" if rng.needs_compaction_now else "",
                     stats.segments_cleaned,
+                    stats.segments_merged,
                     stats.bytes_before,
                     stats.bytes_after,
                     stats.first_dirty_offset,
