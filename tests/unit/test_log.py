@@ -19,6 +19,7 @@ from strom.log import (
     LogConfig,
     LogManager,
     OffsetOutOfRangeError,
+    compact,
 )
 from strom.log.manager import CLEAN_SHUTDOWN, LOG_START_OFFSETS, RECOVERY_POINTS
 from strom.log.producer_state import list_snapshots
@@ -803,7 +804,7 @@ def test_append_as_follower_copies_offsets_and_epochs(tmp_path: Path) -> None:
 def test_append_as_follower_gap_starts_a_new_segment(tmp_path: Path) -> None:
     log = make_log(tmp_path / "t-0")
     log.append_as_follower(batch(2, base_offset=0, epoch=1))
-    # The leader compacted 2..9 away: the next batch starts at 10.
+    # The leader's log lost 2..9 (compaction never leaves a gap): the next batch is at 10.
     log.append_as_follower(batch(2, base_offset=10, epoch=1) + batch(1, base_offset=12, epoch=1))
     assert [s.base_offset for s in log.segments] == [0, 10]
     assert log.log_end_offset == 13
@@ -815,6 +816,10 @@ def test_append_as_follower_gap_starts_a_new_segment(tmp_path: Path) -> None:
     assert offsets(read_all(log)) == [0, 1, 10, 11, 12, 13, 20]
     assert log.epochs.entries() == [(1, 0), (2, 13)]
     check_tiling(log)
+    # A gap is lost data to the next start: the log is truncated at the first one.
+    log.close()
+    again = Log(log.directory, log.config, fsync=False, clean_shutdown=True)
+    assert again.lost_on_recovery == [(2, 10)] and again.log_end_offset == 2
 
 
 def test_append_as_follower_gap_on_empty_log(tmp_path: Path) -> None:
@@ -1612,3 +1617,123 @@ def test_torn_tail_of_a_trusted_segment_is_cut_on_open(tmp_path: Path) -> None:
     assert log.log_end_offset == cut
     assert read_all(log) == [r for r in before if r.offset < cut]
     assert log.append(batch(1), leader_epoch=9).first_offset == cut
+
+
+# ------------------------------------------------------- segments that lost data (recovery)
+
+
+def _closed_or_crashed(tmp_path: Path, clean: bool, n: int = 40) -> tuple[Path, list[Record]]:
+    """A log of several segments, closed cleanly (every segment then loads from its
+    indexes) or crashed after a flush (sealed segments below the recovery point too)."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, n)
+    before = read_all(log)
+    mgr.flush_all()
+    if clean:
+        mgr.close()
+    else:
+        crash_manager(mgr)
+    return tmp_path / "t-0", before
+
+
+@pytest.mark.parametrize("clean", [True, False])
+@pytest.mark.parametrize("damage", ["emptied", "cut_at_a_batch"])
+def test_a_middle_segment_that_lost_data_truncates_the_log_there(
+    tmp_path: Path, clean: bool, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: a non-last segment's .log emptied (or cut exactly between two
+    batches) has no torn batch to cut, so the log opened with a hole, said nothing, and
+    reads jumped over the missing offsets to the next segment. Now the log is truncated at
+    the hole (the later segments dropped, counted and logged): a follower fetches the rest
+    again from the leader instead of serving and leading with a hole."""
+    d, before = _closed_or_crashed(tmp_path, clean)
+    files = seg_files(d)
+    assert len(files) >= 4
+    victim = files[1]
+    if damage == "emptied":
+        victim.write_bytes(b"")
+        end = int(victim.stem)
+    else:
+        pos = positions(victim)
+        assert len(pos) >= 3
+        end = read_header(victim.read_bytes(), pos[0]).next_offset
+        os.truncate(victim, pos[1])
+    later = sum(f.stat().st_size for f in files[2:])
+    with caplog.at_level("WARNING", logger="strom.log"):
+        log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    assert log.log_end_offset == end
+    assert log.lost_on_recovery == [(end, int(files[2].stem))]
+    assert log.truncated_bytes_on_recovery == later
+    # An emptied segment goes too: the one before it takes the appends again.
+    kept = files[:1] if damage == "emptied" else files[:2]
+    assert [p.name for p in seg_files(d)] == [f.name for f in kept]
+    assert read_all(log) == [r for r in before if r.offset < end]
+    check_tiling(log)
+    said = caplog.text
+    assert victim.name in said and files[2].name in said and f"offsets {end}.." in said
+    # Appends (a follower's copy from the leader) go on at the hole.
+    assert log.append(batch(1), leader_epoch=99).first_offset == end
+
+
+def test_the_last_segment_cut_at_a_batch_after_a_clean_shutdown_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last segment has no next one to show a hole, but its index, written after the
+    data, listed batches the cut file no longer holds: the loss is logged and recorded."""
+    d, before = _closed_or_crashed(tmp_path, clean=True)
+    last = seg_files(d)[-1]
+    pos = positions(last)
+    assert len(pos) >= 3
+    end = read_header(last.read_bytes(), pos[0]).next_offset
+    os.truncate(last, pos[1])
+    with caplog.at_level("WARNING", logger="strom.log"):
+        log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    assert log.log_end_offset == end
+    assert len(log.lost_on_recovery) == 1 and log.lost_on_recovery[0][0] == end
+    assert log.lost_on_recovery[0][1] > end
+    assert last.name in caplog.text and "missing" in caplog.text
+    assert read_all(log) == [r for r in before if r.offset < end]
+
+
+def test_a_gap_wholly_below_the_log_start_is_no_damage(tmp_path: Path) -> None:
+    """Nothing below the log start is served, so a first segment that lost data there (a
+    crash before retention removed it) costs nothing and the log opens as it was."""
+    d, before = _closed_or_crashed(tmp_path, clean=True)
+    files = seg_files(d)
+    start = int(files[1].stem)
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    mgr.get("t", 0).delete_records(start)  # removes the first segment ...
+    mgr.close()
+    files[0].write_bytes(b"")  # ... which a crash had left behind, damaged
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    assert log.lost_on_recovery == [] and log.truncated_bytes_on_recovery == 0
+    assert log.log_start_offset == start
+    assert read_all(log) == [r for r in before if r.offset >= start]
+
+
+def test_logs_restarted_at_an_offset_or_compacted_reopen_unchanged(tmp_path: Path) -> None:
+    """The ways strom moves offsets without a hole between segments: a log restarted
+    further on (truncate_fully_and_start_at), DeleteRecords, and compaction emptying whole
+    segments (their emptied batches keep the offset range)."""
+    mgr = _manager(tmp_path, segment_bytes=4096, cleanup_policy="compact")
+    restarted = mgr.get_or_create("r", 0)
+    _fill(restarted, 10)
+    restarted.truncate_fully_and_start_at(500)
+    restarted.append_as_follower(batch(3, base_offset=500, epoch=4))
+    compacted = mgr.get_or_create("c", 0)
+    for i in range(60):
+        compacted.append(batch(2, tag=f"k{i}-", keys=[b"a", b"b"], ts=T0 + i), leader_epoch=1)
+    compacted.roll()
+    compacted.delete_records(7)
+    compact(compacted, now=T0 + 10**9)
+    assert len(compacted.segments) >= 3
+    before = {tp: read_all(log) for tp, log in mgr}
+    mgr.close()
+    mgr2 = _manager(tmp_path, segment_bytes=4096, cleanup_policy="compact")
+    for tp, log in mgr2:
+        assert log.lost_on_recovery == [] and log.truncated_bytes_on_recovery == 0
+        assert read_all(log) == before[tp]

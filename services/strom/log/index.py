@@ -49,10 +49,14 @@ class OffsetIndex:
         self.rel: array[int] = array("q")
         self.pos: array[int] = array("q")
         self._written = 0  # entries already on disk
+        #: Set by a failed :meth:`load`: the offset of a batch the file listed past the end
+        #: of the log file (see :attr:`TimeIndex.past_end`).
+        self.past_end: int | None = None
 
     def load(self, log_size: int) -> bool:
         """Load entries from disk; False (and empty) when the file is missing or insane."""
         self.rel, self.pos, self._written = array("q"), array("q"), 0
+        self.past_end = None
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -61,7 +65,12 @@ class OffsetIndex:
             return False
         rel, pos = array("q"), array("q")
         for r, p in _OFF_ENTRY.iter_unpack(data):
-            if (rel and (r <= rel[-1] or p <= pos[-1])) or r < 0 or p < 0 or p >= log_size:
+            if (rel and (r <= rel[-1] or p <= pos[-1])) or r < 0 or p < 0:
+                return False
+            if p >= log_size:
+                # A well-formed entry (in order after sane ones) for a batch the file no
+                # longer holds: the log file lost data after its index was written.
+                self.past_end = self.base_offset + r
                 return False
             rel.append(r)
             pos.append(p)
@@ -118,9 +127,15 @@ class TimeIndex:
         self.ts: array[int] = array("q")
         self.rel: array[int] = array("q")
         self._written = 0
+        #: Set by a failed :meth:`load`: the offset of a batch a well-formed entry listed at
+        #: or past ``next_offset``. Index files are written after the data they describe, so
+        #: below the recovery point (or after a clean shutdown) this is evidence that the
+        #: log file lost batches, not merely a stale index (``Log._load`` reports it).
+        self.past_end: int | None = None
 
     def load(self, next_offset: int) -> bool:
         self.ts, self.rel, self._written = array("q"), array("q"), 0
+        self.past_end = None
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -129,11 +144,10 @@ class TimeIndex:
             return False
         ts, rel = array("q"), array("q")
         for t, r in _TIME_ENTRY.iter_unpack(data):
-            if (
-                (ts and (t <= ts[-1] or r < rel[-1]))
-                or r < 0
-                or self.base_offset + r >= next_offset
-            ):
+            if (ts and (t <= ts[-1] or r < rel[-1])) or r < 0:
+                return False
+            if self.base_offset + r >= next_offset:
+                self.past_end = self.base_offset + r
                 return False
             ts.append(t)
             rel.append(r)

@@ -501,6 +501,14 @@ class LogSegment:
         self._set_tail(tail)
         return True
 
+    @property
+    def indexed_past_end(self) -> int | None:
+        """After a failed :meth:`load_trusted`: the largest batch offset its index files
+        listed beyond the data the ``.log`` file holds (evidence of lost data, see
+        ``Log._load``); None when they listed none."""
+        found = [o for o in (self.index.past_end, self.time_index.past_end) if o is not None]
+        return max(found) if found else None
+
     def truncate_to(self, offset: int) -> int:
         """Remove every batch holding an offset >= ``offset``; return the bytes removed."""
         found = self.locate(offset)
