@@ -213,6 +213,47 @@ def test_a_segment_corrupted_while_down_is_truncated_and_fetched_again(
     assert "truncat" in log_text.lower(), "recovery did not report the truncation"
 
 
+def test_a_segment_that_lost_batches_while_down_is_truncated_and_fetched_again(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: a middle segment's .log emptied while the node was down has no
+    torn batch to cut, so the replica started with a hole, said nothing, served reads that
+    jumped it and rejoined the ISR. It now truncates at the hole, says so and re-fetches."""
+    c = cluster
+    with Admin(c.bootstrap) as admin:
+        admin.create_topic(
+            "holed",
+            partitions=1,
+            replication_factor=3,
+            config={"min.insync.replicas": "2", "segment.bytes": "8192"},
+        )
+    with Producer(c.bootstrap, linger_ms=0, batch_size=4096) as p:
+        for i in range(400):
+            p.send("holed", b"record-%05d" % i + b"." * 200, partition=0)
+        p.flush()
+    leader, follower = _leader_and_follower(c, "holed")
+    fdir = c.root / f"node-{follower.ident}" / "holed-0"
+    wait_for(
+        lambda: scan_log_dir(fdir)["batches"][-1][1] == 399,
+        timeout=30,
+        what="the follower to have every record",
+    )
+    follower.process.kill()  # type: ignore[union-attr]
+    segs = sorted(fdir.glob("*.log"))
+    assert len(segs) >= 4
+    segs[1].write_bytes(b"")  # a middle segment lost all its batches
+    c.restart(follower)
+    lscan = c.root / f"node-{leader.ident}" / "holed-0"
+
+    def identical() -> bool:
+        f, lead = scan_log_dir(fdir), scan_log_dir(lscan)
+        return not f["problems"] and f["batches"] == lead["batches"]
+
+    wait_for(identical, timeout=60, what="the follower to re-fetch and match the leader")
+    log_text = follower.log_path.read_text()
+    assert f"{segs[1].name}: ends at offset" in log_text, "recovery did not report the hole"
+
+
 # -- a data dir the node cannot use -----------------------------------------------------------
 
 
