@@ -657,6 +657,45 @@ def test_offset_for_timestamp_respects_log_start(tmp_path: Path) -> None:
     assert log.offset_for_timestamp(T0 + 35)[:2] == (3, T0 + 40)
 
 
+@pytest.mark.parametrize("damage", ["emptied", "last_entries_cut"])
+def test_a_damaged_time_index_is_rebuilt_and_time_lookups_still_find_the_segment(
+    tmp_path: Path, damage: str
+) -> None:
+    """Found from outside: an emptied .timeindex (or one cut between entries) of a sealed
+    segment passed its sanity check after a clean shutdown, and offset-by-time lookups then
+    skipped the segment (the next segment's first offset was answered). A time index that
+    is empty for a non-empty segment, or whose last entry is below a tail batch's max
+    timestamp, is now rebuilt from the segment."""
+    d, before = _closed_or_crashed(tmp_path, clean=True)
+    victim = seg_files(d, ".timeindex")[1]
+    first, nxt = int(victim.stem), int(seg_files(d, ".timeindex")[2].stem)
+    cut = 0 if damage == "emptied" else victim.stat().st_size - 2 * 12
+    assert cut >= 0
+    os.truncate(victim, cut)
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    newest = max(r.timestamp for r in before if first <= r.offset < nxt)
+    for target in (before[first].timestamp, newest):
+        want = next(r for r in before if r.timestamp >= target)
+        assert log.offset_for_timestamp(target)[:2] == (want.offset, want.timestamp)
+        assert first <= want.offset < nxt
+    assert log.segments[1].time_index.ts[-1] == log.segments[1].max_timestamp
+    assert read_all(log) == before
+
+
+def test_offset_for_timestamp_scans_a_segment_its_time_index_misses(tmp_path: Path) -> None:
+    """A segment whose max timestamp reaches the target but whose time index lists nothing
+    that high is scanned from its base (Kafka's lookup falls back to the segment's start)
+    rather than skipped."""
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    for i in range(8):
+        log.append(batch(1, ts=T0 + 10 * i, size=300))
+    seg = log.segments[1]
+    first = seg.base_offset
+    del seg.time_index.ts[:], seg.time_index.rel[:]  # an index that lost its entries
+    assert log.offset_for_timestamp(T0 + 10 * first)[:2] == (first, T0 + 10 * first)
+
+
 def test_max_timestamp_offset(tmp_path: Path) -> None:
     """The record with the largest timestamp, not the first of its batch (found from outside:
     the lookup answered the batch's base offset with the record's timestamp; Kafka 3.8+

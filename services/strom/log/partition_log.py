@@ -956,7 +956,10 @@ class Log:
                 continue
             base = seg.time_index.lookup(timestamp)
             if base is None:
-                continue
+                # The segment holds such a record (its max timestamp says so) but its time
+                # index does not list it (found from outside: a damaged .timeindex made the
+                # lookup skip the segment): scan it from its base, as Kafka does.
+                base = seg.base_offset
             offset = max(base, start)
             while offset < seg.next_offset:
                 try:

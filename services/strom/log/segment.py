@@ -492,6 +492,15 @@ class LogSegment:
             self.next_offset = tail[-1].next_offset
         if not self.time_index.load(max(self.next_offset, self.base_offset + 1)):
             return False
+        # FIX (found from outside): an emptied or shortened .timeindex passed its sanity
+        # check, and offset-by-time lookups then skipped the segment (6200 instead of 6000).
+        # Every rise of the running max timestamp has an entry, the first batch's included,
+        # so a complete index is not empty for a non-empty segment and its last entry is at
+        # least every batch's max timestamp (the tail's are at hand).
+        if self.size and not self.time_index.ts:
+            return False
+        if any(h.max_timestamp > self.time_index.ts[-1] for h in tail):
+            return False
         self.max_timestamp = max([self.time_index.max_timestamp] + [h.max_timestamp for h in tail])
         if self.time_index.ts:
             self.first_batch_timestamp = self.time_index.ts[0]
