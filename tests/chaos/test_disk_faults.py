@@ -53,9 +53,14 @@ def _stub(address: str) -> storage_pb2_grpc.StorageServiceStub:
     return storage_pb2_grpc.StorageServiceStub(grpc.insecure_channel(address))
 
 
-def _produce(address: str, topic: str, payload: bytes) -> storage_pb2.ProducePartitionResponse:
+def _produce(
+    address: str, topic: str, payload: bytes, epoch: int = 0
+) -> storage_pb2.ProducePartitionResponse:
+    """Produce ``payload`` to partition 0 (``epoch``: the leader epoch believed, -1 none)."""
     req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=10_000)
-    req.topics.add(topic=topic).partitions.add(partition=0, records=encode_batch([payload]))
+    req.topics.add(topic=topic).partitions.add(
+        partition=0, records=encode_batch([payload]), current_leader_epoch=epoch
+    )
     return _stub(address).Produce(req, timeout=30).topics[0].partitions[0]
 
 
@@ -152,6 +157,59 @@ def test_full_disk_fails_produce_clearly_keeps_fetch_and_resumes(
     node.process.kill()  # type: ignore[union-attr]
     c.restart(node)
     assert _fetch_all(node.address, "full") == offsets
+
+
+def test_a_node_stopped_and_restarted_on_a_full_disk_names_the_file_and_starts(
+    full_disk_node: LocalCluster,
+) -> None:
+    """Found from outside: on a 100 % full disk, SIGTERM ended with ``[Errno 28] No space
+    left on device`` (no file, no clean-shutdown marker) and every restart exited with
+    ``cannot open data dir ...: [Errno 28]`` (rewriting recovered indexes). Now the stop
+    names the file and how to free space, and the node starts with its indexes in memory,
+    serves what it holds, and takes produce again once space is freed."""
+    c = full_disk_node
+    node = c.nodes[0]
+    data = c.root / "node-1"
+    with Admin(c.bootstrap) as admin:
+        admin.create_topic(
+            "fill", partitions=1, replication_factor=1, config={"segment.bytes": str(1 << 20)}
+        )
+    wait_for(
+        lambda: _produce(node.address, "fill", b"first").error_code == E.NONE,
+        timeout=30,
+        what="the node to take produce",
+    )
+    acked = [0]
+    for _ in range(200):
+        pr = _produce(node.address, "fill", os.urandom(100_000))
+        if pr.error_code != E.NONE:
+            break
+        acked.append(pr.base_offset)
+    assert pr.error_code == E.STORAGE_ERROR, pr
+    filler = data / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):  # the last pages: 100 % full
+        while True:
+            os.write(fd, b"\0" * 4096)
+    os.close(fd)
+    assert node.process is not None
+    assert node.process.stop(timeout=30) == 1
+    said = node.log_path.read_text()
+    assert "No space left on device (writing " + str(data) in said, said[-2000:]
+    assert "delete-records" in said
+    node.start()
+    c.wait_serving(node)
+    wait_for(
+        lambda: _fetch_all(node.address, "fill") == acked,
+        timeout=30,
+        what="the restarted node to serve every acknowledged record",
+    )
+    filler.unlink()
+    wait_for(  # the restart made a new leader epoch: produce without checking it
+        lambda: _produce(node.address, "fill", b"after", epoch=-1).error_code == E.NONE,
+        timeout=30,
+        what="produce to succeed once space was freed",
+    )
 
 
 # -- a segment corrupted while the node was down ---------------------------------------------

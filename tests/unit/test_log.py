@@ -4,6 +4,7 @@ recovery."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from strom.log import (
     LogConfig,
     LogManager,
     OffsetOutOfRangeError,
+    checkpoint,
     compact,
 )
 from strom.log.manager import CLEAN_SHUTDOWN, LOG_START_OFFSETS, RECOVERY_POINTS
@@ -1776,3 +1778,77 @@ def test_logs_restarted_at_an_offset_or_compacted_reopen_unchanged(tmp_path: Pat
     for tp, log in mgr2:
         assert log.lost_on_recovery == [] and log.truncated_bytes_on_recovery == 0
         assert read_all(log) == before[tp]
+
+
+# ------------------------------------------------------------------------------ a full disk
+
+
+def _enospc() -> OSError:
+    """What a write on a full disk raises: no file name."""
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_closing_on_a_full_disk_closes_every_log_and_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside: SIGTERM on a full disk ended with ``[Errno 28] No space left on
+    device`` (no file named) and the logs were never closed. Now every log is closed, no
+    clean-shutdown marker claims a shutdown that did not complete, and the error names the
+    file and how to free space."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    for p in range(2):
+        _fill(mgr.get_or_create("t", p), 30)
+    before = {tp: read_all(log) for tp, log in mgr}
+    real_open = open
+
+    def full_for_checkpoints(path: object, *args: object, **kwargs: object) -> object:
+        if RECOVERY_POINTS in str(path):
+            raise _enospc()
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(checkpoint, "open", full_for_checkpoints, raising=False)
+    with pytest.raises(OSError) as info:
+        mgr.close()
+    assert info.value.errno == errno.ENOSPC
+    said = str(info.value)
+    assert str(tmp_path / RECOVERY_POINTS) in said and "delete-records" in said
+    assert all(seg.closed for _, log in mgr for seg in log.segments)
+    assert not (tmp_path / CLEAN_SHUTDOWN).exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.undo()
+    again = _manager(tmp_path, segment_bytes=4096)
+    assert not again.clean_shutdown
+    assert {tp: read_all(log) for tp, log in again} == before
+
+
+def test_a_log_opens_when_its_rebuilt_indexes_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: after a crash on a full disk, the start rewrote the recovered
+    segments' indexes, failed with ENOSPC and exited, again at every restart. The index
+    files only save a scan: the log now opens with its indexes in memory (the files
+    removed), and writes them whole when it closes."""
+    d, before = _crashed_log(tmp_path)
+    real = Path.write_bytes
+
+    def full_for_indexes(self: Path, data: bytes) -> int:
+        if self.suffix in (".index", ".timeindex"):
+            raise _enospc()
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_for_indexes)
+    with caplog.at_level("WARNING", logger="strom.log"):
+        mgr = _manager(tmp_path, segment_bytes=4096)
+    monkeypatch.undo()
+    log = mgr.get("t", 0)
+    assert log is not None
+    assert read_all(log) == before and read_all(log, max_bytes=1) == before
+    assert "No space left on device (writing" in caplog.text and ".index" in caplog.text
+    assert not seg_files(d, ".index") and not seg_files(d, ".timeindex")
+    mgr.close()
+    assert len(seg_files(d, ".index")) == len(seg_files(d))
+    log2 = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log2 is not None and read_all(log2) == before
+    for seg in log2.segments:  # trusted from the files the close wrote
+        assert seg.index.rel and seg.time_index.ts[-1] == seg.max_timestamp
+    check_tiling(log2)

@@ -8,10 +8,13 @@ log, and a file that fails its sanity check on open is rebuilt rather than trust
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import struct
 from array import array
 from pathlib import Path
+
+from strom.log.errors import naming
 
 _OFF_ENTRY = struct.Struct(">ii")  # relative offset, position
 _TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset
@@ -24,17 +27,27 @@ def _append_entries(
     if written == len(a) and not fsync:
         return written
     data = b"".join(entry.pack(a[i], b[i]) for i in range(written, len(a)))
-    with open(path, "ab") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(path, "ab") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:
+        # Cut what part of the entries got written (it holds space on a full disk, and the
+        # next flush writes them all again).
+        with contextlib.suppress(OSError):
+            os.truncate(path, written * entry.size)
+        raise naming(exc, "writing", path) from exc
     return len(a)
 
 
 def _rewrite_entries(path: Path, entry: struct.Struct, a: array[int], b: array[int]) -> int:
     """Replace ``path`` with all entries (after a truncation); return the count written."""
-    path.write_bytes(b"".join(entry.pack(x, y) for x, y in zip(a, b, strict=True)))
+    try:
+        path.write_bytes(b"".join(entry.pack(x, y) for x, y in zip(a, b, strict=True)))
+    except OSError as exc:
+        raise naming(exc, "writing", path) from exc
     return len(a)
 
 
@@ -115,6 +128,10 @@ class OffsetIndex:
     def rewrite(self) -> None:
         self._written = _rewrite_entries(self.path, _OFF_ENTRY, self.rel, self.pos)
 
+    def forget_written(self) -> None:
+        """The file is gone: the next flush writes every entry."""
+        self._written = 0
+
 
 class TimeIndex:
     """Running max timestamp → relative offset of the batch that raised it."""
@@ -193,3 +210,7 @@ class TimeIndex:
 
     def rewrite(self) -> None:
         self._written = _rewrite_entries(self.path, _TIME_ENTRY, self.ts, self.rel)
+
+    def forget_written(self) -> None:
+        """The file is gone: the next flush writes every entry."""
+        self._written = 0

@@ -32,6 +32,7 @@ from strom.log.errors import (
     InvalidAppendError,
     InvalidTimestampError,
     OffsetOutOfRangeError,
+    naming,
 )
 from strom.log.producer_state import (
     INVALID_PRODUCER_EPOCH,
@@ -1207,14 +1208,25 @@ class Log:
             return self.recovery_point
 
     def close(self) -> None:
+        """Snapshot the producer state and close every segment. Every segment is closed
+        even when a write fails (a full disk); the first error is raised after."""
+        failed: OSError | None = None
         with self.lock:
             if self.segments and not self.active.closed and self.directory.is_dir():
                 # A restart then loads the producer state without scanning any batch.
-                self._snapshot_producers(fsync=self._fsync)
+                try:
+                    self._snapshot_producers(fsync=self._fsync)
+                except OSError as exc:
+                    failed = naming(exc, "writing the producer-state snapshot in", self.directory)
             for seg in self.segments:
-                seg.close()
+                try:
+                    seg.close()
+                except OSError as exc:
+                    failed = failed or exc
         # Nobody reads a closed log: files waiting for their delete delay can go now.
         self.delete_expired_files(now=LONG_MAX)
+        if failed is not None:
+            raise failed
 
     def delete(self) -> None:
         """Remove the whole replica from disk (topic deleted or replica moved away)."""
