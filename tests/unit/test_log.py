@@ -22,10 +22,13 @@ from strom.log import (
     OffsetOutOfRangeError,
     checkpoint,
     compact,
+    producer_state,
+    transactions,
 )
 from strom.log.manager import CLEAN_SHUTDOWN, LOG_START_OFFSETS, RECOVERY_POINTS
 from strom.log.producer_state import list_snapshots
 from strom.log.segment import LogSegment, segment_name
+from strom.log.transactions import AbortedTxn
 from strom.record import (
     HEADER_SIZE,
     TIMESTAMP_LOG_APPEND,
@@ -1852,3 +1855,30 @@ def test_a_log_opens_when_its_rebuilt_indexes_cannot_be_written(
     for seg in log2.segments:  # trusted from the files the close wrote
         assert seg.index.rel and seg.time_index.ts[-1] == seg.max_timestamp
     check_tiling(log2)
+
+
+def test_every_file_the_log_writes_on_a_full_disk_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write's ENOSPC names no file: each writer of the log's small files (producer-state
+    snapshots, the aborted-transactions index) adds it, and leaves no temp file behind."""
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(1))
+    log.aborted.add(AbortedTxn(0, 7, 0))
+    real_open = open
+
+    def full(path: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if "w" in mode:
+            raise _enospc()
+        return real_open(path, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    for module, write, name in (
+        (producer_state, lambda: log._snapshot_producers(), ".snapshot"),
+        (transactions, log.aborted.save, "aborted"),
+    ):
+        monkeypatch.setattr(module, "open", full, raising=False)
+        with pytest.raises(OSError) as info:
+            write()
+        assert info.value.errno == errno.ENOSPC and name in str(info.value)
+        assert str(log.directory) in str(info.value)
+        assert not list(log.directory.glob("*.tmp"))

@@ -32,7 +32,6 @@ from strom.log.errors import (
     InvalidAppendError,
     InvalidTimestampError,
     OffsetOutOfRangeError,
-    naming,
 )
 from strom.log.producer_state import (
     INVALID_PRODUCER_EPOCH,
@@ -1216,8 +1215,8 @@ class Log:
                 # A restart then loads the producer state without scanning any batch.
                 try:
                     self._snapshot_producers(fsync=self._fsync)
-                except OSError as exc:
-                    failed = naming(exc, "writing the producer-state snapshot in", self.directory)
+                except OSError as exc:  # it names its file
+                    failed = exc
             for seg in self.segments:
                 try:
                     seg.close()
