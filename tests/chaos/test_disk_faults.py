@@ -55,9 +55,14 @@ def _stub(address: str) -> storage_pb2_grpc.StorageServiceStub:
     return storage_pb2_grpc.StorageServiceStub(grpc.insecure_channel(address))
 
 
-def _produce(address: str, topic: str, payload: bytes) -> storage_pb2.ProducePartitionResponse:
+def _produce(
+    address: str, topic: str, payload: bytes, epoch: int = 0
+) -> storage_pb2.ProducePartitionResponse:
+    """Produce ``payload`` to partition 0 (``epoch``: the leader epoch believed, -1 none)."""
     req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=10_000)
-    req.topics.add(topic=topic).partitions.add(partition=0, records=encode_batch([payload]))
+    req.topics.add(topic=topic).partitions.add(
+        partition=0, records=encode_batch([payload]), current_leader_epoch=epoch
+    )
     return _stub(address).Produce(req, timeout=30).topics[0].partitions[0]
 
 
@@ -286,6 +291,59 @@ def test_a_leader_whose_disk_is_full_hands_leadership_over_and_catches_up_once_f
     )
 
 
+def test_a_node_stopped_and_restarted_on_a_full_disk_names_the_file_and_starts(
+    full_disk_node: LocalCluster,
+) -> None:
+    """Found from outside: on a 100 % full disk, SIGTERM ended with ``[Errno 28] No space
+    left on device`` (no file, no clean-shutdown marker) and every restart exited with
+    ``cannot open data dir ...: [Errno 28]`` (rewriting recovered indexes). Now the stop
+    names the file and how to free space, and the node starts with its indexes in memory,
+    serves what it holds, and takes produce again once space is freed."""
+    c = full_disk_node
+    node = c.nodes[0]
+    data = c.root / "node-1"
+    with Admin(c.bootstrap) as admin:
+        admin.create_topic(
+            "fill", partitions=1, replication_factor=1, config={"segment.bytes": str(1 << 20)}
+        )
+    wait_for(
+        lambda: _produce(node.address, "fill", b"first").error_code == E.NONE,
+        timeout=30,
+        what="the node to take produce",
+    )
+    acked = [0]
+    for _ in range(200):
+        pr = _produce(node.address, "fill", os.urandom(100_000))
+        if pr.error_code != E.NONE:
+            break
+        acked.append(pr.base_offset)
+    assert pr.error_code == E.STORAGE_ERROR, pr
+    filler = data / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):  # the last pages: 100 % full
+        while True:
+            os.write(fd, b"\0" * 4096)
+    os.close(fd)
+    assert node.process is not None
+    assert node.process.stop(timeout=30) == 1
+    said = node.log_path.read_text()
+    assert "No space left on device (writing " + str(data) in said, said[-2000:]
+    assert "delete-records" in said
+    node.start()
+    c.wait_serving(node)
+    wait_for(
+        lambda: _fetch_all(node.address, "fill") == acked,
+        timeout=30,
+        what="the restarted node to serve every acknowledged record",
+    )
+    filler.unlink()
+    wait_for(  # the restart made a new leader epoch: produce without checking it
+        lambda: _produce(node.address, "fill", b"after", epoch=-1).error_code == E.NONE,
+        timeout=30,
+        what="produce to succeed once space was freed",
+    )
+
+
 # -- a segment corrupted while the node was down ---------------------------------------------
 
 
@@ -343,6 +401,47 @@ def test_a_segment_corrupted_while_down_is_truncated_and_fetched_again(
     wait_for(identical, timeout=60, what="the follower to re-fetch and match the leader")
     log_text = follower.log_path.read_text()
     assert "truncat" in log_text.lower(), "recovery did not report the truncation"
+
+
+def test_a_segment_that_lost_batches_while_down_is_truncated_and_fetched_again(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: a middle segment's .log emptied while the node was down has no
+    torn batch to cut, so the replica started with a hole, said nothing, served reads that
+    jumped it and rejoined the ISR. It now truncates at the hole, says so and re-fetches."""
+    c = cluster
+    with Admin(c.bootstrap) as admin:
+        admin.create_topic(
+            "holed",
+            partitions=1,
+            replication_factor=3,
+            config={"min.insync.replicas": "2", "segment.bytes": "8192"},
+        )
+    with Producer(c.bootstrap, linger_ms=0, batch_size=4096) as p:
+        for i in range(400):
+            p.send("holed", b"record-%05d" % i + b"." * 200, partition=0)
+        p.flush()
+    leader, follower = _leader_and_follower(c, "holed")
+    fdir = c.root / f"node-{follower.ident}" / "holed-0"
+    wait_for(
+        lambda: scan_log_dir(fdir)["batches"][-1][1] == 399,
+        timeout=30,
+        what="the follower to have every record",
+    )
+    follower.process.kill()  # type: ignore[union-attr]
+    segs = sorted(fdir.glob("*.log"))
+    assert len(segs) >= 4
+    segs[1].write_bytes(b"")  # a middle segment lost all its batches
+    c.restart(follower)
+    lscan = c.root / f"node-{leader.ident}" / "holed-0"
+
+    def identical() -> bool:
+        f, lead = scan_log_dir(fdir), scan_log_dir(lscan)
+        return not f["problems"] and f["batches"] == lead["batches"]
+
+    wait_for(identical, timeout=60, what="the follower to re-fetch and match the leader")
+    log_text = follower.log_path.read_text()
+    assert f"{segs[1].name}: ends at offset" in log_text, "recovery did not report the hole"
 
 
 # -- a data dir the node cannot use -----------------------------------------------------------

@@ -4,6 +4,7 @@ recovery."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Sequence
@@ -19,6 +20,10 @@ from strom.log import (
     LogConfig,
     LogManager,
     OffsetOutOfRangeError,
+    checkpoint,
+    compact,
+    producer_state,
+    transactions,
 )
 from strom.log.manager import (
     CLEAN_SHUTDOWN,
@@ -31,6 +36,7 @@ from strom.log.manager import (
 )
 from strom.log.producer_state import list_snapshots
 from strom.log.segment import LogSegment, segment_name
+from strom.log.transactions import AbortedTxn
 from strom.record import (
     HEADER_SIZE,
     TIMESTAMP_LOG_APPEND,
@@ -664,6 +670,45 @@ def test_offset_for_timestamp_respects_log_start(tmp_path: Path) -> None:
     assert log.offset_for_timestamp(T0 + 35)[:2] == (3, T0 + 40)
 
 
+@pytest.mark.parametrize("damage", ["emptied", "last_entries_cut"])
+def test_a_damaged_time_index_is_rebuilt_and_time_lookups_still_find_the_segment(
+    tmp_path: Path, damage: str
+) -> None:
+    """Found from outside: an emptied .timeindex (or one cut between entries) of a sealed
+    segment passed its sanity check after a clean shutdown, and offset-by-time lookups then
+    skipped the segment (the next segment's first offset was answered). A time index that
+    is empty for a non-empty segment, or whose last entry is below a tail batch's max
+    timestamp, is now rebuilt from the segment."""
+    d, before = _closed_or_crashed(tmp_path, clean=True)
+    victim = seg_files(d, ".timeindex")[1]
+    first, nxt = int(victim.stem), int(seg_files(d, ".timeindex")[2].stem)
+    cut = 0 if damage == "emptied" else victim.stat().st_size - 2 * 12
+    assert cut >= 0
+    os.truncate(victim, cut)
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    newest = max(r.timestamp for r in before if first <= r.offset < nxt)
+    for target in (before[first].timestamp, newest):
+        want = next(r for r in before if r.timestamp >= target)
+        assert log.offset_for_timestamp(target)[:2] == (want.offset, want.timestamp)
+        assert first <= want.offset < nxt
+    assert log.segments[1].time_index.ts[-1] == log.segments[1].max_timestamp
+    assert read_all(log) == before
+
+
+def test_offset_for_timestamp_scans_a_segment_its_time_index_misses(tmp_path: Path) -> None:
+    """A segment whose max timestamp reaches the target but whose time index lists nothing
+    that high is scanned from its base (Kafka's lookup falls back to the segment's start)
+    rather than skipped."""
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    for i in range(8):
+        log.append(batch(1, ts=T0 + 10 * i, size=300))
+    seg = log.segments[1]
+    first = seg.base_offset
+    del seg.time_index.ts[:], seg.time_index.rel[:]  # an index that lost its entries
+    assert log.offset_for_timestamp(T0 + 10 * first)[:2] == (first, T0 + 10 * first)
+
+
 def test_max_timestamp_offset(tmp_path: Path) -> None:
     """The record with the largest timestamp, not the first of its batch (found from outside:
     the lookup answered the batch's base offset with the record's timestamp; Kafka 3.8+
@@ -811,7 +856,7 @@ def test_append_as_follower_copies_offsets_and_epochs(tmp_path: Path) -> None:
 def test_append_as_follower_gap_starts_a_new_segment(tmp_path: Path) -> None:
     log = make_log(tmp_path / "t-0")
     log.append_as_follower(batch(2, base_offset=0, epoch=1))
-    # The leader compacted 2..9 away: the next batch starts at 10.
+    # The leader's log lost 2..9 (compaction never leaves a gap): the next batch is at 10.
     log.append_as_follower(batch(2, base_offset=10, epoch=1) + batch(1, base_offset=12, epoch=1))
     assert [s.base_offset for s in log.segments] == [0, 10]
     assert log.log_end_offset == 13
@@ -823,6 +868,10 @@ def test_append_as_follower_gap_starts_a_new_segment(tmp_path: Path) -> None:
     assert offsets(read_all(log)) == [0, 1, 10, 11, 12, 13, 20]
     assert log.epochs.entries() == [(1, 0), (2, 13)]
     check_tiling(log)
+    # A gap is lost data to the next start: the log is truncated at the first one.
+    log.close()
+    again = Log(log.directory, log.config, fsync=False, clean_shutdown=True)
+    assert again.lost_on_recovery == [(2, 10)] and again.log_end_offset == 2
 
 
 def test_append_as_follower_gap_on_empty_log(tmp_path: Path) -> None:
@@ -1722,3 +1771,225 @@ def test_torn_tail_of_a_trusted_segment_is_cut_on_open(tmp_path: Path) -> None:
     assert log.log_end_offset == cut
     assert read_all(log) == [r for r in before if r.offset < cut]
     assert log.append(batch(1), leader_epoch=9).first_offset == cut
+
+
+# ------------------------------------------------------- segments that lost data (recovery)
+
+
+def _closed_or_crashed(tmp_path: Path, clean: bool, n: int = 40) -> tuple[Path, list[Record]]:
+    """A log of several segments, closed cleanly (every segment then loads from its
+    indexes) or crashed after a flush (sealed segments below the recovery point too)."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    log = mgr.get_or_create("t", 0)
+    _fill(log, n)
+    before = read_all(log)
+    mgr.flush_all()
+    if clean:
+        mgr.close()
+    else:
+        crash_manager(mgr)
+    return tmp_path / "t-0", before
+
+
+@pytest.mark.parametrize("clean", [True, False])
+@pytest.mark.parametrize("damage", ["emptied", "cut_at_a_batch"])
+def test_a_middle_segment_that_lost_data_truncates_the_log_there(
+    tmp_path: Path, clean: bool, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: a non-last segment's .log emptied (or cut exactly between two
+    batches) has no torn batch to cut, so the log opened with a hole, said nothing, and
+    reads jumped over the missing offsets to the next segment. Now the log is truncated at
+    the hole (the later segments dropped, counted and logged): a follower fetches the rest
+    again from the leader instead of serving and leading with a hole."""
+    d, before = _closed_or_crashed(tmp_path, clean)
+    files = seg_files(d)
+    assert len(files) >= 4
+    victim = files[1]
+    if damage == "emptied":
+        victim.write_bytes(b"")
+        end = int(victim.stem)
+    else:
+        pos = positions(victim)
+        assert len(pos) >= 3
+        end = read_header(victim.read_bytes(), pos[0]).next_offset
+        os.truncate(victim, pos[1])
+    later = sum(f.stat().st_size for f in files[2:])
+    with caplog.at_level("WARNING", logger="strom.log"):
+        log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    assert log.log_end_offset == end
+    assert log.lost_on_recovery == [(end, int(files[2].stem))]
+    assert log.truncated_bytes_on_recovery == later
+    # An emptied segment goes too: the one before it takes the appends again.
+    kept = files[:1] if damage == "emptied" else files[:2]
+    assert [p.name for p in seg_files(d)] == [f.name for f in kept]
+    assert read_all(log) == [r for r in before if r.offset < end]
+    check_tiling(log)
+    said = caplog.text
+    assert victim.name in said and files[2].name in said and f"offsets {end}.." in said
+    # Appends (a follower's copy from the leader) go on at the hole.
+    assert log.append(batch(1), leader_epoch=99).first_offset == end
+
+
+def test_the_last_segment_cut_at_a_batch_after_a_clean_shutdown_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last segment has no next one to show a hole, but its index, written after the
+    data, listed batches the cut file no longer holds: the loss is logged and recorded."""
+    d, before = _closed_or_crashed(tmp_path, clean=True)
+    last = seg_files(d)[-1]
+    pos = positions(last)
+    assert len(pos) >= 3
+    end = read_header(last.read_bytes(), pos[0]).next_offset
+    os.truncate(last, pos[1])
+    with caplog.at_level("WARNING", logger="strom.log"):
+        log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    assert log.log_end_offset == end
+    assert len(log.lost_on_recovery) == 1 and log.lost_on_recovery[0][0] == end
+    assert log.lost_on_recovery[0][1] > end
+    assert last.name in caplog.text and "missing" in caplog.text
+    assert read_all(log) == [r for r in before if r.offset < end]
+
+
+def test_a_gap_wholly_below_the_log_start_is_no_damage(tmp_path: Path) -> None:
+    """Nothing below the log start is served, so a first segment that lost data there (a
+    crash before retention removed it) costs nothing and the log opens as it was."""
+    d, before = _closed_or_crashed(tmp_path, clean=True)
+    files = seg_files(d)
+    start = int(files[1].stem)
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    mgr.get("t", 0).delete_records(start)  # removes the first segment ...
+    mgr.close()
+    files[0].write_bytes(b"")  # ... which a crash had left behind, damaged
+    log = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log is not None
+    assert log.lost_on_recovery == [] and log.truncated_bytes_on_recovery == 0
+    assert log.log_start_offset == start
+    assert read_all(log) == [r for r in before if r.offset >= start]
+
+
+def test_logs_restarted_at_an_offset_or_compacted_reopen_unchanged(tmp_path: Path) -> None:
+    """The ways strom moves offsets without a hole between segments: a log restarted
+    further on (truncate_fully_and_start_at), DeleteRecords, and compaction emptying whole
+    segments (their emptied batches keep the offset range) and merging them into one
+    file (a merged segment covers what its members covered)."""
+    mgr = _manager(tmp_path, segment_bytes=4096, cleanup_policy="compact")
+    restarted = mgr.get_or_create("r", 0)
+    _fill(restarted, 10)
+    restarted.truncate_fully_and_start_at(500)
+    restarted.append_as_follower(batch(3, base_offset=500, epoch=4))
+    compacted = mgr.get_or_create("c", 0)
+    for i in range(60):
+        compacted.append(batch(2, tag=f"k{i}-", keys=[b"a", b"b"], ts=T0 + i), leader_epoch=1)
+    compacted.roll()
+    compacted.delete_records(7)
+    compact(compacted, now=T0 + 10**9)
+    assert len(compacted.segments) >= 2  # the cleaned (merged) segment and the active one
+    before = {tp: read_all(log) for tp, log in mgr}
+    mgr.close()
+    mgr2 = _manager(tmp_path, segment_bytes=4096, cleanup_policy="compact")
+    for tp, log in mgr2:
+        assert log.lost_on_recovery == [] and log.truncated_bytes_on_recovery == 0
+        assert read_all(log) == before[tp]
+
+
+# ------------------------------------------------------------------------------ a full disk
+
+
+def _enospc() -> OSError:
+    """What a write on a full disk raises: no file name."""
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_closing_on_a_full_disk_closes_every_log_and_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside: SIGTERM on a full disk ended with ``[Errno 28] No space left on
+    device`` (no file named) and the logs were never closed. Now every log is closed, no
+    clean-shutdown marker claims a shutdown that did not complete, and the error names the
+    file and how to free space."""
+    mgr = _manager(tmp_path, segment_bytes=4096)
+    for p in range(2):
+        _fill(mgr.get_or_create("t", p), 30)
+    before = {tp: read_all(log) for tp, log in mgr}
+    real_open = open
+
+    def full_for_checkpoints(path: object, *args: object, **kwargs: object) -> object:
+        if RECOVERY_POINTS in str(path):
+            raise _enospc()
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(checkpoint, "open", full_for_checkpoints, raising=False)
+    with pytest.raises(OSError) as info:
+        mgr.close()
+    assert info.value.errno == errno.ENOSPC
+    said = str(info.value)
+    assert str(tmp_path / RECOVERY_POINTS) in said and "delete-records" in said
+    assert all(seg.closed for _, log in mgr for seg in log.segments)
+    assert not (tmp_path / CLEAN_SHUTDOWN).exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.undo()
+    again = _manager(tmp_path, segment_bytes=4096)
+    assert not again.clean_shutdown
+    assert {tp: read_all(log) for tp, log in again} == before
+
+
+def test_a_log_opens_when_its_rebuilt_indexes_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: after a crash on a full disk, the start rewrote the recovered
+    segments' indexes, failed with ENOSPC and exited, again at every restart. The index
+    files only save a scan: the log now opens with its indexes in memory (the files
+    removed), and writes them whole when it closes."""
+    d, before = _crashed_log(tmp_path)
+    real = Path.write_bytes
+
+    def full_for_indexes(self: Path, data: bytes) -> int:
+        if self.suffix in (".index", ".timeindex"):
+            raise _enospc()
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_for_indexes)
+    with caplog.at_level("WARNING", logger="strom.log"):
+        mgr = _manager(tmp_path, segment_bytes=4096)
+    monkeypatch.undo()
+    log = mgr.get("t", 0)
+    assert log is not None
+    assert read_all(log) == before and read_all(log, max_bytes=1) == before
+    assert "No space left on device (writing" in caplog.text and ".index" in caplog.text
+    assert not seg_files(d, ".index") and not seg_files(d, ".timeindex")
+    mgr.close()
+    assert len(seg_files(d, ".index")) == len(seg_files(d))
+    log2 = _manager(tmp_path, segment_bytes=4096).get("t", 0)
+    assert log2 is not None and read_all(log2) == before
+    for seg in log2.segments:  # trusted from the files the close wrote
+        assert seg.index.rel and seg.time_index.ts[-1] == seg.max_timestamp
+    check_tiling(log2)
+
+
+def test_every_file_the_log_writes_on_a_full_disk_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write's ENOSPC names no file: each writer of the log's small files (producer-state
+    snapshots, the aborted-transactions index) adds it, and leaves no temp file behind."""
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(1))
+    log.aborted.add(AbortedTxn(0, 7, 0))
+    real_open = open
+
+    def full(path: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if "w" in mode:
+            raise _enospc()
+        return real_open(path, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    for module, write, name in (
+        (producer_state, lambda: log._snapshot_producers(), ".snapshot"),
+        (transactions, log.aborted.save, "aborted"),
+    ):
+        monkeypatch.setattr(module, "open", full, raising=False)
+        with pytest.raises(OSError) as info:
+            write()
+        assert info.value.errno == errno.ENOSPC and name in str(info.value)
+        assert str(log.directory) in str(info.value)
+        assert not list(log.directory.glob("*.tmp"))

@@ -150,6 +150,12 @@ def test_unknown_key_is_named(fn: object) -> None:
         ("unclean.leader.election.enable", "yes", "expected bool"),
         ("unclean.leader.election.enable", 1, "expected bool"),
         ("segment.bytes", True, "expected int"),
+        # Found from outside: Python's int() took these, Kafka refuses them.
+        ("retention.ms", "1_000", "expected int (ASCII digits 0-9"),
+        ("retention.ms", "\u0661\u0660\u0660\u0660", "expected int (ASCII digits 0-9"),
+        ("segment.bytes", "1048576\n5", "expected int"),
+        ("min.cleanable.dirty.ratio", "0_5", "expected a number"),
+        ("min.cleanable.dirty.ratio", "\u0660.5", "expected a number"),
     ],
 )
 def test_bad_values_name_key_and_rule(name: str, raw: object, rule: str) -> None:

@@ -7,10 +7,13 @@ more conservatively), never as a reason to refuse to start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from strom.log.errors import naming
 
 VERSION = 0
 
@@ -19,11 +22,18 @@ def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or the new file, never half."""
     # A name of its own per writer: two threads replacing one file must not share a temp.
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:
+        # The old file stays whole; the half-written temp goes (on a full disk it holds
+        # space), and the error names the file (a write's own error names none).
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise naming(exc, "writing", path) from exc
     os.replace(tmp, path)
     if fsync:
         fsync_dir(path.parent)

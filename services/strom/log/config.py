@@ -15,12 +15,16 @@ name "unknown". ``docs/topic-configs.md`` is the user-facing table.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from strom.log.errors import ConfigError
+
+#: An integer config value: an optional sign and ASCII digits.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 DAY_MS = 24 * 3600 * 1000
 #: Kafka's LONG and INT config types (Java's signed 64- and 32-bit integers).
@@ -330,19 +334,28 @@ def parse_value(name: str, raw: Any) -> Any:
             else:
                 raise ValueError
         elif key.kind is int:
-            if isinstance(raw, bool):
+            # FIX (found from outside): Python's int() also takes digit-group underscores
+            # ('1_000'), which Kafka refuses, and non-ASCII (Arabic-Indic, ...) digits:
+            # only plain ASCII integers, which every tool reads the same way.
+            if isinstance(raw, bool) or not _INTEGER.fullmatch(str(raw).strip()):
                 raise ValueError
             value = int(str(raw).strip())
         elif key.kind is float:
-            if isinstance(raw, bool):
+            text = str(raw).strip()
+            # The same for float(): no digit-group underscores, ASCII only.
+            if isinstance(raw, bool) or "_" in text or not text.isascii():
                 raise ValueError
-            value = float(str(raw).strip())
+            value = float(text)
             if not math.isfinite(value):
                 raise ValueError
         else:
             value = str(raw).strip()
     except ValueError:
-        expected = {float: "a number", int: "int", bool: "bool"}.get(key.kind, key.kind.__name__)
+        expected = {
+            float: "a number",
+            int: "int (ASCII digits 0-9 with an optional sign)",
+            bool: "bool",
+        }.get(key.kind, key.kind.__name__)
         raise ConfigError(
             f"config '{name}' has invalid value {raw!r}: expected {expected}"
         ) from None

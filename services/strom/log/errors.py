@@ -2,6 +2,37 @@
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
+#: errnos of a volume without space (or a user past its quota).
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
+
+
+def naming(exc: OSError, doing: str, path: Path | str) -> OSError:
+    """``exc`` again with what was being done to which file in its message: an error from a
+    ``write`` carries no file name (found from outside: a node on a full disk exited with
+    ``[Errno 28] No space left on device`` and no path). Same class and errno."""
+    if getattr(exc, "named", False):
+        return exc
+    out = type(exc)(exc.errno, f"{exc.strerror or exc} ({doing} {path})")
+    out.named = True  # type: ignore[attr-defined]
+    return out
+
+
+def disk_full_hint(exc: BaseException) -> str:
+    """What an operator can do about ``exc`` when it says the disk is full, else ''."""
+    if not disk_full(exc):
+        return ""
+    return (
+        "; the volume is full: free space on it (delete records of a topic with strom topics "
+        "delete-records, lower its retention, or enlarge the volume)"
+    )
+
 
 class LogError(Exception):
     """Base class of storage-engine errors."""

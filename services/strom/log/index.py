@@ -8,10 +8,13 @@ log, and a file that fails its sanity check on open is rebuilt rather than trust
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import struct
 from array import array
 from pathlib import Path
+
+from strom.log.errors import naming
 
 _OFF_ENTRY = struct.Struct(">ii")  # relative offset, position
 _TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset
@@ -24,17 +27,27 @@ def _append_entries(
     if written == len(a) and not fsync:
         return written
     data = b"".join(entry.pack(a[i], b[i]) for i in range(written, len(a)))
-    with open(path, "ab") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(path, "ab") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:
+        # Cut what part of the entries got written (it holds space on a full disk, and the
+        # next flush writes them all again).
+        with contextlib.suppress(OSError):
+            os.truncate(path, written * entry.size)
+        raise naming(exc, "writing", path) from exc
     return len(a)
 
 
 def _rewrite_entries(path: Path, entry: struct.Struct, a: array[int], b: array[int]) -> int:
     """Replace ``path`` with all entries (after a truncation); return the count written."""
-    path.write_bytes(b"".join(entry.pack(x, y) for x, y in zip(a, b, strict=True)))
+    try:
+        path.write_bytes(b"".join(entry.pack(x, y) for x, y in zip(a, b, strict=True)))
+    except OSError as exc:
+        raise naming(exc, "writing", path) from exc
     return len(a)
 
 
@@ -49,10 +62,14 @@ class OffsetIndex:
         self.rel: array[int] = array("q")
         self.pos: array[int] = array("q")
         self._written = 0  # entries already on disk
+        #: Set by a failed :meth:`load`: the offset of a batch the file listed past the end
+        #: of the log file (see :attr:`TimeIndex.past_end`).
+        self.past_end: int | None = None
 
     def load(self, log_size: int) -> bool:
         """Load entries from disk; False (and empty) when the file is missing or insane."""
         self.rel, self.pos, self._written = array("q"), array("q"), 0
+        self.past_end = None
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -61,7 +78,12 @@ class OffsetIndex:
             return False
         rel, pos = array("q"), array("q")
         for r, p in _OFF_ENTRY.iter_unpack(data):
-            if (rel and (r <= rel[-1] or p <= pos[-1])) or r < 0 or p < 0 or p >= log_size:
+            if (rel and (r <= rel[-1] or p <= pos[-1])) or r < 0 or p < 0:
+                return False
+            if p >= log_size:
+                # A well-formed entry (in order after sane ones) for a batch the file no
+                # longer holds: the log file lost data after its index was written.
+                self.past_end = self.base_offset + r
                 return False
             rel.append(r)
             pos.append(p)
@@ -106,6 +128,10 @@ class OffsetIndex:
     def rewrite(self) -> None:
         self._written = _rewrite_entries(self.path, _OFF_ENTRY, self.rel, self.pos)
 
+    def forget_written(self) -> None:
+        """The file is gone: the next flush writes every entry."""
+        self._written = 0
+
 
 class TimeIndex:
     """Running max timestamp → relative offset of the batch that raised it."""
@@ -118,9 +144,15 @@ class TimeIndex:
         self.ts: array[int] = array("q")
         self.rel: array[int] = array("q")
         self._written = 0
+        #: Set by a failed :meth:`load`: the offset of a batch a well-formed entry listed at
+        #: or past ``next_offset``. Index files are written after the data they describe, so
+        #: below the recovery point (or after a clean shutdown) this is evidence that the
+        #: log file lost batches, not merely a stale index (``Log._load`` reports it).
+        self.past_end: int | None = None
 
     def load(self, next_offset: int) -> bool:
         self.ts, self.rel, self._written = array("q"), array("q"), 0
+        self.past_end = None
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -129,11 +161,10 @@ class TimeIndex:
             return False
         ts, rel = array("q"), array("q")
         for t, r in _TIME_ENTRY.iter_unpack(data):
-            if (
-                (ts and (t <= ts[-1] or r < rel[-1]))
-                or r < 0
-                or self.base_offset + r >= next_offset
-            ):
+            if (ts and (t <= ts[-1] or r < rel[-1])) or r < 0:
+                return False
+            if self.base_offset + r >= next_offset:
+                self.past_end = self.base_offset + r
                 return False
             ts.append(t)
             rel.append(r)
@@ -179,3 +210,7 @@ class TimeIndex:
 
     def rewrite(self) -> None:
         self._written = _rewrite_entries(self.path, _TIME_ENTRY, self.ts, self.rel)
+
+    def forget_written(self) -> None:
+        """The file is gone: the next flush writes every entry."""
+        self._written = 0

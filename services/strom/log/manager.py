@@ -25,6 +25,7 @@ from typing import Any
 
 from strom.log import checkpoint
 from strom.log.config import LogConfig
+from strom.log.errors import disk_full_hint
 from strom.log.partition_log import Log, now_ms
 
 RECOVERY_POINTS = "recovery-point-offset-checkpoint"
@@ -266,12 +267,37 @@ class LogManager:
         self.checkpoint()
 
     def close(self) -> None:
-        """Flush, checkpoint, close every log and leave the clean-shutdown marker."""
+        """Flush, checkpoint, close every log and leave the clean-shutdown marker.
+
+        FIX (found from outside): on a full disk the first failed write (a checkpoint, an
+        index) ended the shutdown with ``[Errno 28] No space left on device``: no file
+        named, the logs never closed. Now every step is tried and every log closed; the
+        marker is written only when all succeeded (without it the next start re-checks the
+        logs, the safe side), and the first failure is raised naming the file, what was
+        being written, and, for a full disk, how to free space."""
+        failures: list[OSError] = []
+
+        def attempt(step: Callable[[], None]) -> None:
+            try:
+                step()
+            except OSError as exc:
+                failures.append(exc)
+
         with self._checkpoint_lock, self.lock:  # the order checkpoint() takes them in
             for _, log in self:
-                log.flush()
-            self._write_checkpoints()
+                attempt(log.flush)
+            attempt(self._write_checkpoints)
             for _, log in self:
-                log.close()
-            marker = self.data_dir / CLEAN_SHUTDOWN
-            checkpoint.write_atomic(marker, b"", fsync=self.fsync)
+                attempt(log.close)
+            if not failures:
+                marker = self.data_dir / CLEAN_SHUTDOWN
+                attempt(lambda: checkpoint.write_atomic(marker, b"", fsync=self.fsync))
+        if failures:
+            first = failures[0]
+            more = f" ({len(failures) - 1} more writes failed)" if len(failures) > 1 else ""
+            raise type(first)(
+                first.errno,
+                f"closing the logs in {self.data_dir} failed: {first.strerror}{more}; no "
+                f"clean-shutdown marker was written, so the next start re-checks the logs"
+                f"{disk_full_hint(first)}",
+            ) from first

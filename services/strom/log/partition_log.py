@@ -150,6 +150,9 @@ class Log:
         self.last_flush_ms = clock()
         self._unflushed_records = 0
         self.truncated_bytes_on_recovery = 0
+        #: Offset ranges [first, end) recovery found missing from segment files (see
+        #: _lost_data); the log was truncated at the first.
+        self.lost_on_recovery: list[tuple[int, int]] = []
         # FIX: bumped by every truncation so the cleaner (which rewrites outside the lock) can
         # tell that its key map and segment copies went stale (see cleaner._swap).
         self.truncations = 0
@@ -246,18 +249,19 @@ class Log:
                     or (i + 1 < len(segs) and segs[i + 1].base_offset <= self.recovery_point)
                 )
             )
-            if trusted and seg.load_trusted():
-                kept.append(seg)
-                continue
-            recovering = True
-            cut = seg.recover(
-                epoch_check,
-                on_batch=None if self.epochs_trusted else self._rebuild_epoch,
-            )
-            self.truncated_bytes_on_recovery += cut
+            cut = 0
+            if not (trusted and seg.load_trusted()):
+                recovering = True
+                cut = seg.recover(
+                    epoch_check,
+                    on_batch=None if self.epochs_trusted else self._rebuild_epoch,
+                )
+                self.truncated_bytes_on_recovery += cut
             kept.append(seg)
-            if cut:
-                # Everything after a torn or corrupt batch is unreachable: drop later segments.
+            lost = self._lost_data(seg, segs[i + 1] if i + 1 < len(segs) else None, cut)
+            if cut or lost:
+                # Everything after a torn or corrupt batch, or after offsets the segment lost,
+                # is unreachable: drop later segments.
                 for later in segs[i + 1 :]:
                     self.truncated_bytes_on_recovery += later.size
                     later.delete()
@@ -274,12 +278,12 @@ class Log:
         first_base = self.segments[0].base_offset
         self.log_start_offset = min(max(self.log_start_offset, first_base), leo)
         self.recovery_point = min(self.recovery_point, leo) if not clean_shutdown else leo
-        if self.truncated_bytes_on_recovery:
+        if self.truncated_bytes_on_recovery or self.lost_on_recovery:
             # Operators must see it: the replica now holds less than before the crash (a
             # follower fetches the rest again; a leader had it replicated or never acked it).
             _log.warning(
-                "%s: recovery truncated %d bytes of torn or corrupt data; the log now ends "
-                "at offset %d",
+                "%s: recovery truncated %d bytes of torn, corrupt or unreachable data; the "
+                "log now ends at offset %d",
                 self.directory,
                 self.truncated_bytes_on_recovery,
                 leo,
@@ -315,6 +319,58 @@ class Log:
             target.with_suffix(".index").unlink(missing_ok=True)
             if self._fsync:
                 fsync_dir(self.directory)
+
+    def _lost_data(self, seg: LogSegment, nxt: LogSegment | None, cut: int) -> bool:
+        """Whether ``seg`` (just loaded or recovered) lost offsets that were in the log:
+        it ends below the next segment's base offset (``nxt``), or, for the last segment,
+        its index files listed a batch past the data its file still holds. Warns with the
+        files and offsets and records the range in ``lost_on_recovery``.
+
+        FIX (found from outside): a non-last segment's ``.log`` emptied or cut exactly at a
+        batch boundary recovers without a torn batch, so the log opened with a hole, silently:
+        reads jumped to the next segment, consumers skipped acknowledged records, and the
+        damaged replica (its log end unchanged) rejoined the ISR and led again. The rule:
+        strom never writes a gap between segments. Compaction keeps emptied batches (a
+        segment keeps its offset range), retention and DeleteRecords drop segments from the
+        front, truncations cut the end, and a follower starts a segment at a gap only when
+        its leader's log has one, which only lost data makes (that leader's own next start
+        then truncates it too). So a gap is lost data, except wholly below the log start,
+        where nothing is served anyway. The caller truncates the log there, as at a torn
+        batch, and a follower fetches the rest from the leader again."""
+        end = seg.next_offset if seg.size else seg.base_offset
+        if nxt is not None:
+            if end >= nxt.base_offset or nxt.base_offset <= self.log_start_offset:
+                return False
+            first, upto = max(end, self.log_start_offset), nxt.base_offset
+            self.lost_on_recovery.append((first, upto))
+            _log.warning(
+                "%s: ends at offset %d but the next segment, %s, starts at %d: offsets "
+                "%d..%d are missing (the file lost data); truncating the log at %d, dropping "
+                "the segments after it (a follower fetches them again from the leader)",
+                seg.log_path,
+                end,
+                nxt.log_path.name,
+                upto,
+                first,
+                upto - 1,
+                end,
+            )
+            return True
+        listed = seg.indexed_past_end
+        if cut or listed is None or listed < end:
+            return False
+        # The last segment: nothing after it to drop, the log simply ends earlier.
+        self.lost_on_recovery.append((end, listed + 1))
+        _log.warning(
+            "%s: its index listed a batch at offset %d but the file ends at offset %d: "
+            "offsets %d..%d at least are missing (the file lost data)",
+            seg.log_path,
+            listed,
+            end,
+            end,
+            listed,
+        )
+        return True
 
     def _rebuild_producer_state(self) -> None:
         """Producer state from the newest usable snapshot at or below the log end offset plus
@@ -639,8 +695,10 @@ class Log:
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
         """Append batches copied from the leader, offsets and epochs as they are.
 
-        Batches must start at or after the log end offset; a gap (the leader compacted a
-        whole range away) starts a new segment so that batches keep tiling each segment.
+        Batches must start at or after the log end offset; a gap starts a new segment so
+        that batches keep tiling each segment. A leader's log has a gap only when one of its
+        segments lost data (compaction keeps emptied batches, see _lost_data); its own next
+        start truncates there, and so does this log's, which then fetches again from there.
 
         One exception, Kafka's (UnexpectedAppendOffsetException in
         Partition.appendRecordsToFollowerOrFutureReplica): a log holding nothing readable
@@ -927,7 +985,10 @@ class Log:
                 continue
             base = seg.time_index.lookup(timestamp)
             if base is None:
-                continue
+                # The segment holds such a record (its max timestamp says so) but its time
+                # index does not list it (found from outside: a damaged .timeindex made the
+                # lookup skip the segment): scan it from its base, as Kafka does.
+                base = seg.base_offset
             offset = max(base, start)
             while offset < seg.next_offset:
                 try:
@@ -1183,14 +1244,25 @@ class Log:
             return self.recovery_point
 
     def close(self) -> None:
+        """Snapshot the producer state and close every segment. Every segment is closed
+        even when a write fails (a full disk); the first error is raised after."""
+        failed: OSError | None = None
         with self.lock:
             if self.segments and not self.active.closed and self.directory.is_dir():
                 # A restart then loads the producer state without scanning any batch.
-                self._snapshot_producers(fsync=self._fsync)
+                try:
+                    self._snapshot_producers(fsync=self._fsync)
+                except OSError as exc:  # it names its file
+                    failed = exc
             for seg in self.segments:
-                seg.close()
+                try:
+                    seg.close()
+                except OSError as exc:
+                    failed = failed or exc
         # Nobody reads a closed log: files waiting for their delete delay can go now.
         self.delete_expired_files(now=LONG_MAX)
+        if failed is not None:
+            raise failed
 
     def delete(self) -> None:
         """Remove the whole replica from disk (topic deleted or replica moved away)."""

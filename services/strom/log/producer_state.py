@@ -46,6 +46,7 @@ after the newest snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import crc32c
 
-from strom.log.errors import LogError
+from strom.log.errors import LogError, naming
 from strom.record.header import ATTR_CONTROL as _ATTR_CONTROL
 from strom.record.header import ATTR_TRANSACTIONAL as _ATTR_TRANSACTIONAL
 
@@ -550,11 +551,16 @@ def write_snapshot(
     may leave a damaged file: loading then fails its CRC and the log scans instead."""
     path = snapshot_path(directory, offset)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(state.to_bytes(offset))
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(state.to_bytes(offset))
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:  # a full disk: the error names the file, the temp goes
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise naming(exc, "writing", path) from exc
     os.replace(tmp, path)
     return path
 

@@ -16,6 +16,7 @@ import bisect
 import contextlib
 import ctypes
 import dataclasses
+import logging
 import mmap
 import os
 from array import array
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from strom.grpc_options import MAX_MESSAGE_BYTES
 from strom.log.checked import CheckedRanges
-from strom.log.errors import CorruptLogError
+from strom.log.errors import CorruptLogError, disk_full
 from strom.log.index import OffsetIndex, TimeIndex
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
@@ -35,6 +36,7 @@ from strom.record.header import (
 )
 
 EpochLookup = Callable[[int], int]
+_log = logging.getLogger("strom.log")
 _IOV_MAX = 1024
 #: Suffix of segment files waiting for their ``file.delete.delay.ms`` before the unlink.
 DELETED_SUFFIX = ".deleted"
@@ -219,12 +221,16 @@ class LogSegment:
         self.time_index.flush(fsync=True)
 
     def close(self) -> None:
+        """Flush the indexes and close the file; the file is closed even when an index
+        write fails (a full disk), and that error is raised after."""
         if not self.closed:
-            self.release_preallocation()
-            self.index.flush()
-            self.time_index.flush()
-            os.close(self.fd)
-            self.closed = True
+            try:
+                self.release_preallocation()
+                self.index.flush()
+                self.time_index.flush()
+            finally:
+                os.close(self.fd)
+                self.closed = True
 
     def rename_for_delete(self) -> list[Path]:
         """Close the segment and rename its files to ``<name>.deleted`` (Kafka's asynchronous
@@ -457,10 +463,28 @@ class LogSegment:
             self.size = valid
         self.crc_checked = CheckedRanges()
         self.crc_checked.add(0, valid)
-        self.index.rewrite()
-        self.time_index.rewrite()
+        self._rewrite_indexes()
         self.record_count = 0
         return truncated
+
+    def _rewrite_indexes(self) -> None:
+        """Write both rebuilt indexes to their files. On a full disk the segment goes on
+        with them in memory: the files only save the next start a scan, and refusing to
+        open the log kept a node that a full disk had stopped from starting again, in a
+        loop (found from outside). Both files are removed then (a removal needs no space,
+        and a half-written one must not be trusted later); the next flush writes them
+        whole."""
+        try:
+            self.index.rewrite()
+            self.time_index.rewrite()
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            for idx in (self.index, self.time_index):
+                with contextlib.suppress(OSError):
+                    idx.path.unlink(missing_ok=True)
+                idx.forget_written()
+            _log.warning("%s; keeping the segment's indexes in memory only", exc)
 
     def load_trusted(self) -> bool:
         """Open a segment below the recovery point from its indexes, reading only the tail.
@@ -492,6 +516,15 @@ class LogSegment:
             self.next_offset = tail[-1].next_offset
         if not self.time_index.load(max(self.next_offset, self.base_offset + 1)):
             return False
+        # FIX (found from outside): an emptied or shortened .timeindex passed its sanity
+        # check, and offset-by-time lookups then skipped the segment (6200 instead of 6000).
+        # Every rise of the running max timestamp has an entry, the first batch's included,
+        # so a complete index is not empty for a non-empty segment and its last entry is at
+        # least every batch's max timestamp (the tail's are at hand).
+        if self.size and not self.time_index.ts:
+            return False
+        if any(h.max_timestamp > self.time_index.ts[-1] for h in tail):
+            return False
         self.max_timestamp = max([self.time_index.max_timestamp] + [h.max_timestamp for h in tail])
         if self.time_index.ts:
             self.first_batch_timestamp = self.time_index.ts[0]
@@ -500,6 +533,14 @@ class LogSegment:
             self._bytes_since_index += h.size
         self._set_tail(tail)
         return True
+
+    @property
+    def indexed_past_end(self) -> int | None:
+        """After a failed :meth:`load_trusted`: the largest batch offset its index files
+        listed beyond the data the ``.log`` file holds (evidence of lost data, see
+        ``Log._load``); None when they listed none."""
+        found = [o for o in (self.index.past_end, self.time_index.past_end) if o is not None]
+        return max(found) if found else None
 
     def truncate_to(self, offset: int) -> int:
         """Remove every batch holding an offset >= ``offset``; return the bytes removed."""

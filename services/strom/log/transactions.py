@@ -22,11 +22,13 @@ recovering after a crash reach the same state from the same bytes:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from strom.log.errors import naming
 from strom.record.batch import decode_batches, encode_batch
 
 #: Control record types (Kafka's ControlRecordType).
@@ -133,12 +135,18 @@ class AbortedIndex:
         if not self.entries and not self.path.exists():
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(
-                b"".join(
-                    _ENTRY.pack(e.producer_id, e.first_offset, e.last_offset) for e in self.entries
+        try:
+            with open(tmp, "wb") as f:
+                f.write(
+                    b"".join(
+                        _ENTRY.pack(e.producer_id, e.first_offset, e.last_offset)
+                        for e in self.entries
+                    )
                 )
-            )
+        except OSError as exc:  # a full disk: the old file stays, the error names it
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise naming(exc, "writing", self.path) from exc
         os.replace(tmp, self.path)
 
     def truncate(self, offset: int) -> None:

@@ -45,6 +45,7 @@ import grpc
 from strom.api import controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
 from strom.log import compact, dirtiest_first, measure_logs
+from strom.log.errors import disk_full_hint
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 from strom.service.limits import Admission, default_memory_limit
 from strom.storage import metrics, records_api
@@ -236,7 +237,9 @@ class StorageNode:
             try:
                 await asyncio.to_thread(self.manager.open, cfg.data_dir)
             except OSError as exc:
-                raise StartupError(f"cannot open data dir {cfg.data_dir}: {exc}") from None
+                raise StartupError(
+                    f"cannot open data dir {cfg.data_dir}: {exc}{disk_full_hint(exc)}"
+                ) from None
             await self._fence_previous_life()
             self.manager.request_reconcile()
             await self.manager.wait_idle()
@@ -300,7 +303,9 @@ class StorageNode:
         except IdentityError as exc:
             raise StartupError(str(exc)) from None
         except OSError as exc:
-            raise StartupError(f"cannot open data dir {self.config.data_dir}: {exc}") from None
+            raise StartupError(
+                f"cannot open data dir {self.config.data_dir}: {exc}{disk_full_hint(exc)}"
+            ) from None
 
     def _on_foreign_cluster(self, message: str) -> None:
         """The partition manager found the data dir is not this node's in this cluster while
@@ -478,10 +483,14 @@ class StorageNode:
         await asyncio.to_thread(self.manager.sync_topic_ids)
         await self.manager.stop()
         self.view.stop()
-        if self.manager.logs is not None:
-            await asyncio.to_thread(self.manager.logs.close)
-        await asyncio.to_thread(self.registration.close)
-        self.store.close()
+        try:
+            if self.manager.logs is not None:
+                await asyncio.to_thread(self.manager.logs.close)
+        finally:
+            # Also when closing the logs failed (a full disk): the lease goes now, not when
+            # it expires, and the error (naming the file) ends the process after.
+            await asyncio.to_thread(self.registration.close)
+            self.store.close()
         log.info("node %d stopped cleanly", cfg.node_id)
 
     def _client_bootstrap(self) -> list[str]:
