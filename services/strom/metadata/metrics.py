@@ -52,7 +52,7 @@ _OPS = {
     "revoke_lease": "lease_revoke",
     "revoke": "lease_revoke",
     "refresh": "lease_keepalive",
-    "add_watch_prefix_callback": "watch",
+    "_create_watch": "watch",
 }
 
 _children: dict[tuple[str, str], tuple[Any, Any]] = {}

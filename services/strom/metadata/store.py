@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,7 +22,8 @@ from typing import Any, TypeVar
 import etcd3
 import etcd3.exceptions
 import grpc
-from etcd3 import Endpoint, MultiEndpointEtcd3Client
+from etcd3 import Endpoint, MultiEndpointEtcd3Client, etcdrpc
+from etcd3.etcdrpc import kv_pb2
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
@@ -445,8 +447,37 @@ class KeepAlive:
                 pass
 
 
+class _WatchStream:
+    """One gRPC Watch stream of etcd carrying one watch, and the means to end it."""
+
+    def __init__(self, client: MultiEndpointEtcd3Client, request: Any) -> None:
+        # The requests gRPC sends: the create request, then nothing until close() ends them
+        # (which also ends gRPC's thread that waits for the next request).
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._requests.put(request)
+        self.responses = etcdrpc.WatchStub(client.channel).Watch(
+            iter(self._requests.get, None),
+            credentials=client.call_credentials,
+            metadata=client.metadata,
+        )
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self.responses.cancel()
+
+
 class Watch:
-    """A prefix watch that survives etcd restarts by resuming after the last revision seen."""
+    """A prefix watch that survives etcd restarts by resuming after the last revision seen.
+
+    Each watch has a gRPC stream of its own, read by its own thread, and is cancelled by
+    ending that stream. FIX (found from outside): watches shared the etcd3 client's Watcher
+    and were cancelled by their watch id, but etcd numbers watches per stream from 0 and the
+    client starts a new Watcher (a new stream) whenever any request times out or finds etcd
+    unavailable. Two watches of one store then held the same id on different streams, and
+    cancelling one (the client sends the id to whichever Watcher is current) silently removed
+    the other: after a 60 s etcd outage a controller's election resign() cancelled its
+    cluster view's watch, and the view never changed again.
+    """
 
     def __init__(
         self,
@@ -462,23 +493,47 @@ class Watch:
         self._callback = callback
         self._on_reset = on_reset
         self._lock = threading.Lock()
-        self._watch_id: Any = None
-        self._stopped = False
-        self._broken = threading.Event()
+        self._stream: _WatchStream | None = None
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name=f"watch-{prefix}", daemon=True)
         self._thread.start()
 
-    def _deliver(self, resp: Any) -> None:
-        if self._stopped:
-            return
-        if not isinstance(resp, etcd3.watch.WatchResponse):
-            # The stream died (etcd down or restarted): the supervisor re-watches.
-            self._broken.set()
-            return
+    def _create_watch(self) -> tuple[_WatchStream, Any]:
+        """Open a stream and create the watch on it from ``next_revision``: the stream and
+        etcd's first answer (``created``; with ``compact_revision`` set if that revision is
+        compacted away)."""
+        key = etcd3.utils.to_bytes(self.prefix)
+        request = etcdrpc.WatchRequest(
+            create_request=etcdrpc.WatchCreateRequest(
+                key=key,
+                range_end=etcd3.utils.prefix_range_end(key),
+                start_revision=self.next_revision,
+            )
+        )
+        stream = _WatchStream(self.store.client, request)
+        # An etcd that holds the connection without answering (paused) must not hold the
+        # creation for ever: it is given the store's timeout, as other requests are.
+        timer = threading.Timer(self.store.timeout, stream.close)
+        timer.daemon = True
+        timer.start()
+        try:
+            return stream, next(stream.responses)
+        except grpc.RpcError as exc:
+            stream.close()
+            if exc.code() == grpc.StatusCode.CANCELLED and not self._stopped.is_set():
+                raise etcd3.exceptions.WatchTimedOut() from None
+            # As the client's own calls do: mark the endpoint failed, so that the next
+            # attempt fails over to another etcd member.
+            self.store.client._manage_grpc_errors(exc)
+            raise
+        finally:
+            timer.cancel()
+
+    def _deliver(self, raw_events: Iterable[Any]) -> None:
         events = []
-        for ev in resp.events:
-            value = None if isinstance(ev, etcd3.events.DeleteEvent) else ev.value
-            events.append(WatchEvent(ev.key.decode(), value, ev.mod_revision))
+        for ev in raw_events:
+            value = None if ev.type == kv_pb2.Event.DELETE else ev.kv.value
+            events.append(WatchEvent(ev.kv.key.decode(), value, ev.kv.mod_revision))
         with self._lock:
             fresh = [e for e in events if e.mod_revision >= self.next_revision]
             if fresh:
@@ -489,30 +544,51 @@ class Watch:
             except Exception:  # a bug in a callback must not kill the watch
                 log.exception("watch callback for %s failed", self.prefix)
 
+    def _follow(self, stream: _WatchStream, first: Any) -> bool:
+        """Deliver the stream's events until it ends; True if etcd answered that the revision
+        to resume from is compacted away.
+
+        etcd 3.4 answers a watch from a compacted revision with ``created`` and then a
+        separate cancel that names the compaction. FIX (found from outside): that cancel was
+        taken for a broken stream and the watch made again from the same revision, about five
+        times a second for ever, so the owner never resynced and saw no change again."""
+        resp = first
+        try:
+            while not self._stopped.is_set():
+                if resp.compact_revision:
+                    return True
+                if resp.canceled:
+                    return False
+                if resp.events:
+                    self._deliver(resp.events)
+                resp = next(stream.responses)
+        except (grpc.RpcError, StopIteration):
+            pass  # the stream died (etcd down or restarted, or cancel()): re-watch
+        return False
+
     def _supervise(self) -> None:
         delay = 0.1
-        while not self._stopped:
-            self._broken.clear()
+        while not self._stopped.is_set() and not self.store._closed:
             try:
-                self._watch_id = self.store._call(
-                    self.store.client.add_watch_prefix_callback,
-                    self.prefix,
-                    self._deliver,
-                    start_revision=self.next_revision,
-                )
-                delay = 0.1
-            except MetadataUnavailableError as exc:
-                if isinstance(exc.__cause__, etcd3.exceptions.RevisionCompactedError):
-                    self._reset()
-                    continue
-                time.sleep(delay)
+                stream, first = self.store._call(self._create_watch)
+            except MetadataUnavailableError:
+                self._stopped.wait(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            self._broken.wait()
-            with contextlib.suppress(Exception):
-                self.store.client.cancel_watch(self._watch_id)
-            if not self._stopped:
-                time.sleep(0.1)
+            with self._lock:
+                if self._stopped.is_set():
+                    stream.close()
+                    return
+                self._stream = stream
+            delay = 0.1
+            try:
+                compacted = self._follow(stream, first)
+            finally:
+                stream.close()
+            if compacted:
+                self._reset()
+            else:
+                self._stopped.wait(0.1)
 
     def _reset(self) -> None:
         # The revision we needed was compacted away: the owner must take a new snapshot.
@@ -526,10 +602,11 @@ class Watch:
                 self._on_reset()
 
     def cancel(self) -> None:
-        self._stopped = True
-        self._broken.set()
-        with contextlib.suppress(Exception):
-            self.store.client.cancel_watch(self._watch_id)
+        with self._lock:
+            self._stopped.set()
+            stream = self._stream
+        if stream is not None:
+            stream.close()
 
 
 class Election:
