@@ -332,9 +332,13 @@ class MetadataStore:
         prefix: str,
         start_revision: int,
         callback: Callable[[list[WatchEvent], int], None],
-        on_reset: Callable[[], None] | None = None,
+        on_reset: Callable[[], int | None] | None = None,
     ) -> Watch:
-        """Deliver every change under ``prefix`` from ``start_revision`` on, in order."""
+        """Deliver every change under ``prefix`` from ``start_revision`` on, in order.
+
+        When etcd no longer has the changes to resume from (compacted away), ``on_reset``
+        takes a new snapshot and may return its revision: the watch goes on after it (else
+        after etcd's revision read just before ``on_reset``)."""
         return Watch(self, prefix, start_revision, callback, on_reset)
 
 
@@ -485,7 +489,7 @@ class Watch:
         prefix: str,
         start_revision: int,
         callback: Callable[[list[WatchEvent], int], None],
-        on_reset: Callable[[], None] | None,
+        on_reset: Callable[[], int | None] | None,
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -586,20 +590,37 @@ class Watch:
             finally:
                 stream.close()
             if compacted:
-                self._reset()
+                self._reset("compacted")
             else:
                 self._stopped.wait(0.1)
 
-    def _reset(self) -> None:
-        # The revision we needed was compacted away: the owner must take a new snapshot.
-        try:
-            self.next_revision = self.store.revision() + 1
-        except MetadataUnavailableError:
-            time.sleep(0.2)
-            return
-        if self._on_reset is not None:
-            with contextlib.suppress(Exception):
-                self._on_reset()
+    def _reset(self, reason: str) -> None:
+        """The revision to resume from is gone: the owner takes a new snapshot (``on_reset``,
+        which may return the snapshot's revision) and the watch goes on after it.
+
+        ``next_revision`` moves only once the snapshot is taken, and a snapshot that fails is
+        retried until it succeeds (or the watch is cancelled). FIX (found from outside): it
+        moved first and a failed snapshot (the view retries for 60 s) was swallowed, so the
+        watch went on from a revision whose earlier changes its owner had never seen."""
+        metrics.watch_reset(reason)
+        log.warning("watch on %s lost its place (%s): resyncing", self.prefix, reason)
+        delay = 0.2
+        while not self._stopped.is_set() and not self.store._closed:
+            try:
+                # Read before the snapshot: without a revision from on_reset, the watch
+                # resumes after this one, which misses nothing (at worst repeats changes).
+                current = self.store.revision()
+                snapshot = self._on_reset() if self._on_reset is not None else None
+            except MetadataUnavailableError as exc:
+                log.warning("watch on %s cannot resync yet (retrying): %s", self.prefix, exc)
+            except Exception:
+                log.exception("resync of the watch on %s failed (retrying)", self.prefix)
+            else:
+                with self._lock:
+                    self.next_revision = (snapshot if isinstance(snapshot, int) else current) + 1
+                return
+            self._stopped.wait(delay)
+            delay = min(delay * 2, 5.0)
 
     def cancel(self) -> None:
         with self._lock:

@@ -68,7 +68,9 @@ class ClusterView:
         if self._watch is not None:
             self._watch.cancel()
 
-    def _resync(self) -> None:
+    def _resync(self) -> int:
+        """Take a snapshot of every key and tell the listeners; returns its revision (the
+        watch's reset goes on after it)."""
         rev, items = self.store.retry(
             lambda: self.store.get_prefix_raw(self.keys.root), deadline_s=60
         )
@@ -88,7 +90,13 @@ class ClusterView:
             self.revision = rev
             self._changed.notify_all()
         for fn in list(self._listeners):
-            fn([RESYNC, *items])
+            try:
+                # A listener's failure must not fail the snapshot: a watch's reset would
+                # take it again and again.
+                fn([RESYNC, *items])
+            except Exception:
+                log.exception("metadata listener failed")
+        return rev
 
     def _on_events(self, events: list[WatchEvent], revision: int) -> None:
         with self.lock:
