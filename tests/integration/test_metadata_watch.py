@@ -1,8 +1,12 @@
 """Watches against a real etcd: cancelling one watch leaves the others alone, a watch whose
-revision was compacted away resyncs once instead of re-creating itself for ever."""
+revision was compacted away resyncs once instead of re-creating itself for ever, and one on
+an etcd that came back without its data resyncs instead of waiting silently (and the
+controller then creates no new cluster in place of the one it served)."""
 
 from __future__ import annotations
 
+import logging
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -10,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from strom.api import metadata_pb2 as md
+from strom.controller.activation import ActiveRole
 from strom.devcluster.procs import EtcdServer, wait_for
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 
@@ -173,3 +178,76 @@ def test_a_failed_resync_is_retried_before_the_watch_goes_on(etcd: EtcdServer) -
     finally:
         watch.cancel()
     assert len(tries) == 2
+
+
+def test_a_view_resyncs_when_etcd_comes_back_without_its_data(etcd: EtcdServer) -> None:
+    """Found from outside: an etcd restarted on an empty data dir is at a revision below the
+    watches', accepts a watch from a future revision and stays silent, so running services
+    never saw the cluster key go (and a storage node never stopped on a changed id). The
+    view now resyncs: the cluster key, the nodes are gone, a new topic is there."""
+    store = MetadataStore(etcd.endpoint, "c-wipe")
+    store.put(store.keys.cluster, md.ClusterInfo(cluster_id="old"))
+    for i in range(20):  # a revision well above an empty etcd's
+        store.put(store.keys.node(1), md.NodeRegistration(node_id=1, port=i))
+    view = ClusterView(store)
+    view.start()
+    assert view.cluster is not None and view.cluster.cluster_id == "old"
+    resets = _sample("strom_metadata_watch_resets_total", reason="history_lost")
+    try:
+        etcd.kill()
+        shutil.rmtree(etcd.data_dir / "etcd")  # the operator's disaster
+        etcd.start()
+        store.retry(
+            lambda: store.put(store.keys.topic("t"), md.TopicMetadata(name="t")), deadline_s=20
+        )
+        wait_for(
+            lambda: view.cluster is None and view.topic("t") is not None and not view.nodes,
+            timeout=20,
+            what="the view to resync",
+        )
+    finally:
+        view.stop()
+    assert view.seen_cluster_id == "old"  # what the controller needs to not create a new one
+    assert _sample("strom_metadata_watch_resets_total", reason="history_lost") == resets + 1
+
+
+class _Activation(ActiveRole):
+    """The controller's activation steps, on a store and a view of their own."""
+
+    def __init__(self, store: MetadataStore, view: ClusterView) -> None:
+        self.store, self.view, self.cluster = store, view, "c-ctl"
+
+
+def test_a_controller_that_saw_the_cluster_id_does_not_create_a_new_one_after_a_wipe(
+    etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: the active controller created a fresh cluster id whenever the
+    cluster key was missing, so etcd coming back without its data became a new cluster
+    under the running services. A brand-new etcd still gets one."""
+    store = MetadataStore(etcd.endpoint, "c-ctl")
+    view = ClusterView(store)
+    view.start()
+    role = _Activation(store, view)
+    try:
+        role._ensure_cluster_key()  # a new cluster
+        first = store.get(store.keys.cluster, md.ClusterInfo)
+        assert first is not None and first.value.cluster_id
+        wait_for(lambda: view.seen_cluster_id, timeout=10, what="the view to see the id")
+        role._ensure_cluster_key()  # nothing to do
+        again = store.get(store.keys.cluster, md.ClusterInfo)
+        assert again is not None and again.mod_revision == first.mod_revision
+
+        etcd.kill()
+        shutil.rmtree(etcd.data_dir / "etcd")
+        etcd.start()
+        wait_for(
+            lambda: view.cluster is None and view.revision < first.mod_revision,
+            timeout=20,
+            what="the view to resync",
+        )
+        with caplog.at_level(logging.ERROR, logger="strom.controller"):
+            store.retry(role._ensure_cluster_key, deadline_s=20)
+        assert store.get(store.keys.cluster, md.ClusterInfo) is None
+        assert any("etcd lost its data" in r.getMessage() for r in caplog.records)
+    finally:
+        view.stop()

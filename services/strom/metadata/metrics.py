@@ -41,8 +41,9 @@ LEASES_LOST = Counter(
 WATCH_RESETS = Counter(
     "strom_metadata_watch_resets",
     "Watches whose next revision etcd no longer has (compacted: it fell behind etcd's "
-    "history), so their owner took a new snapshot (each reset counted once, however many "
-    "tries its snapshot takes)",
+    "history; history_lost: etcd's revision went back, its data wiped or restored from an "
+    "older backup), so their owner took a new snapshot (each reset counted once, however "
+    "many tries its snapshot takes)",
     ["service", "reason"],
 )
 
@@ -117,5 +118,5 @@ def init_service() -> None:
     anything fails."""
     KEEPALIVE_FAILURES.labels(service_metrics.SERVICE)
     LEASES_LOST.labels(service_metrics.SERVICE)
-    for reason in ("compacted",):
+    for reason in ("compacted", "history_lost"):
         WATCH_RESETS.labels(service_metrics.SERVICE, reason)

@@ -336,7 +336,8 @@ class MetadataStore:
     ) -> Watch:
         """Deliver every change under ``prefix`` from ``start_revision`` on, in order.
 
-        When etcd no longer has the changes to resume from (compacted away), ``on_reset``
+        When etcd no longer has the changes to resume from (compacted away, or its history
+        lost: its data wiped or restored from an older backup), ``on_reset``
         takes a new snapshot and may return its revision: the watch goes on after it (else
         after etcd's revision read just before ``on_reset``)."""
         return Watch(self, prefix, start_revision, callback, on_reset)
@@ -548,27 +549,37 @@ class Watch:
             except Exception:  # a bug in a callback must not kill the watch
                 log.exception("watch callback for %s failed", self.prefix)
 
-    def _follow(self, stream: _WatchStream, first: Any) -> bool:
-        """Deliver the stream's events until it ends; True if etcd answered that the revision
-        to resume from is compacted away.
+    def _follow(self, stream: _WatchStream, first: Any) -> str | None:
+        """Deliver the stream's events until it ends; the reason to reset if etcd no longer
+        has the revision to resume from: ``compacted``, or ``history_lost`` when etcd's
+        revision is below the last one delivered.
+
+        FIX (found from outside): an etcd restarted on an empty data dir (wiped, or restored
+        from an older backup) is at a revision below the watch's, accepts a watch from a
+        future revision and stays silent until it gets there, so a running service never
+        learnt that the cluster key had gone or changed. The ``created`` answer's header
+        holds etcd's current revision; one below the last revision delivered means etcd lost
+        history (it never goes back otherwise), and the owner resyncs.
 
         etcd 3.4 answers a watch from a compacted revision with ``created`` and then a
         separate cancel that names the compaction. FIX (found from outside): that cancel was
         taken for a broken stream and the watch made again from the same revision, about five
         times a second for ever, so the owner never resynced and saw no change again."""
+        if first.created and first.header.revision < self.next_revision - 1:
+            return "history_lost"
         resp = first
         try:
             while not self._stopped.is_set():
                 if resp.compact_revision:
-                    return True
+                    return "compacted"
                 if resp.canceled:
-                    return False
+                    return None
                 if resp.events:
                     self._deliver(resp.events)
                 resp = next(stream.responses)
         except (grpc.RpcError, StopIteration):
             pass  # the stream died (etcd down or restarted, or cancel()): re-watch
-        return False
+        return None
 
     def _supervise(self) -> None:
         delay = 0.1
@@ -586,11 +597,11 @@ class Watch:
                 self._stream = stream
             delay = 0.1
             try:
-                compacted = self._follow(stream, first)
+                lost = self._follow(stream, first)
             finally:
                 stream.close()
-            if compacted:
-                self._reset("compacted")
+            if lost is not None:
+                self._reset(lost)
             else:
                 self._stopped.wait(0.1)
 
