@@ -523,6 +523,9 @@ class Watch:
         timer.start()
         try:
             return stream, next(stream.responses)
+        except StopIteration:  # etcd ended the stream without a word: as if unreachable
+            stream.close()
+            raise etcd3.exceptions.ConnectionFailedError() from None
         except grpc.RpcError as exc:
             stream.close()
             if exc.code() == grpc.StatusCode.CANCELLED and not self._stopped.is_set():
@@ -579,6 +582,8 @@ class Watch:
                 resp = next(stream.responses)
         except (grpc.RpcError, StopIteration):
             pass  # the stream died (etcd down or restarted, or cancel()): re-watch
+        except Exception:  # the thread must live on: the stream is made again
+            log.exception("watch on %s failed", self.prefix)
         return None
 
     def _supervise(self) -> None:
