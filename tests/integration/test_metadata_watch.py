@@ -9,14 +9,17 @@ import logging
 import shutil
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from strom.api import metadata_pb2 as md
 from strom.controller.activation import ActiveRole
+from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import EtcdServer, wait_for
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
+from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -251,3 +254,32 @@ def test_a_controller_that_saw_the_cluster_id_does_not_create_a_new_one_after_a_
         assert any("etcd lost its data" in r.getMessage() for r in caplog.records)
     finally:
         view.stop()
+
+
+def test_a_running_cluster_whose_etcd_comes_back_empty_stops_its_nodes_and_keeps_their_data(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """The whole story with real processes: etcd restarted on an empty data dir under a
+    running cluster. The storage node stops (its log files kept), and the active controller
+    creates no new cluster id in place of the one the node's data belongs to."""
+    cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
+    create_topic(cluster, "kept")
+    node = cluster.nodes[0]
+    data = cluster.root / "node-1"
+    assert (data / "kept-0").is_dir()
+
+    cluster.etcd.kill()
+    shutil.rmtree(cluster.etcd.data_dir / "etcd")
+    cluster.etcd.start()
+    wait_for(lambda: not node.alive(), timeout=60, what="the storage node to stop")
+    assert (data / "kept-0").is_dir()
+    assert "etcd lost its data" in node.log_path.read_text()
+    store = MetadataStore(cluster.etcd.endpoint, cluster.cluster_name)
+    controller = cluster.controllers[0]
+    wait_for(
+        lambda: "not creating a new cluster" in controller.log_path.read_text(),
+        timeout=60,
+        what="the controller to refuse a new cluster id",
+    )
+    assert store.get(store.keys.cluster, md.ClusterInfo) is None
+    assert controller.alive()
