@@ -470,6 +470,43 @@ def test_a_cluster_id_changed_under_a_running_node_stops_it_changing_anything(
     with_harness(tmp_path, body)
 
 
+class _WipedEtcd(_FakeStore):
+    """What a view reads from an etcd restarted on an empty data dir: nothing."""
+
+    def retry(self, fn: Callable[[], Any], *, deadline_s: float) -> Any:
+        return fn()
+
+    def get_prefix_raw(self, prefix: str) -> tuple[int, list[WatchEvent]]:
+        return 1, []
+
+
+def test_a_cluster_key_gone_under_a_running_node_stops_it_deleting_nothing(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: when etcd came back without its data, the view (once its watch
+    noticed) resynced to no cluster key and no topics, and the pass that followed would
+    delete every replica the node served. The node stops instead, changing nothing."""
+
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None
+        _with_identity(h, recorded="cid")
+        stops: list[str] = []
+        h.manager.on_foreign_cluster = stops.append
+        h.put(h.keys.cluster, md.ClusterInfo(cluster_id="cid"))
+        h.topic("a", {0: leader_state()})
+        await h.settle()
+        assert h.manager.get("a", 0) is not None and not stops
+        h.view.store = _WipedEtcd()  # type: ignore[assignment]
+        t = threading.Thread(target=h.view._resync)  # as the watch's reset does
+        t.start()
+        t.join()
+        await h.settle()
+        assert len(stops) == 1 and "no cluster id any more (it had cid)" in stops[0]
+        assert {tp for tp, _ in h.manager.logs} == {("a", 0)}  # nothing deleted
+
+    with_harness(tmp_path, body)
+
+
 def test_narrow_passes_host_exactly_what_full_passes_would(tmp_path: Path) -> None:
     """Random topic creations, state changes and deletions, each reconciled by a narrow pass:
     after every step the hosted replicas and their states are what the whole view asks for."""
@@ -523,7 +560,8 @@ def test_a_resync_makes_a_full_pass_and_keys_a_reconcile_does_not_read_make_none
     tmp_path: Path,
 ) -> None:
     """A watch resync lists what exists, not what was deleted meanwhile: it makes a full pass
-    (here the listing is empty, so every replica goes). A node key makes no pass at all."""
+    (here the listing holds the cluster key alone, so every replica goes). A node key makes
+    no pass at all."""
 
     async def body(h: Harness) -> None:
         h.put(h.keys.cluster, md.ClusterInfo(cluster_id="unit"))
@@ -537,7 +575,8 @@ def test_a_resync_makes_a_full_pass_and_keys_a_reconcile_does_not_read_make_none
         assert h.manager.passes == passes
 
         store = h.view.store
-        store.get_prefix_raw = lambda _root: (h.rev + 1, [])  # type: ignore[attr-defined]
+        cluster = WatchEvent(h.keys.cluster, encode(md.ClusterInfo(cluster_id="unit")).encode(), 1)
+        store.get_prefix_raw = lambda _root: (h.rev + 1, [cluster])  # type: ignore[attr-defined]
         store.retry = lambda fn, deadline_s: fn()  # type: ignore[attr-defined]
         t = threading.Thread(target=h.view._resync)  # on a thread, as the watch does it
         t.start()

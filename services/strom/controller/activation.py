@@ -305,7 +305,27 @@ class ActiveRole(Reconciler):
         return current
 
     def _ensure_cluster_key(self) -> None:
+        """Create the cluster key (a new cluster id) if etcd has none, as the first active
+        controller of a new cluster does (blocking).
+
+        FIX (found from outside): it was created whenever it was missing, so a controller
+        that found it gone because etcd came back without its data (wiped, or restored from
+        before the cluster existed) made a new cluster in place of the one it served. A
+        controller whose view has seen a cluster id logs an error instead and creates none:
+        the storage nodes stop with their data untouched until etcd's data is restored (to
+        start a new cluster on purpose, restart the controllers)."""
         assert self.store is not None
+        seen = self.view.seen_cluster_id if self.view is not None else None
+        if seen is not None:
+            if self.store.get(self.store.keys.cluster, md.ClusterInfo) is None:
+                log.error(
+                    "cluster %r has no cluster key in etcd, but this controller saw its id %s: "
+                    "etcd lost its data; not creating a new cluster (restore etcd's data; "
+                    "restart the controllers to start a new cluster instead)",
+                    self.cluster,
+                    seen,
+                )
+            return
         info = md.ClusterInfo(
             cluster_id=str(uuid.uuid4()), created_ms=wall_ms(), metadata_version=METADATA_VERSION
         )

@@ -38,6 +38,14 @@ LEASES_LOST = Counter(
     "each lease once): the registration, election or shard keys on them are gone",
     ["service"],
 )
+WATCH_RESETS = Counter(
+    "strom_metadata_watch_resets",
+    "Watches whose next revision etcd no longer has (compacted: it fell behind etcd's "
+    "history; history_lost: etcd's revision went back, its data wiped or restored from an "
+    "older backup), so their owner took a new snapshot (each reset counted once, however "
+    "many tries its snapshot takes)",
+    ["service", "reason"],
+)
 
 #: etcd3 client method names -> the operation names used as label values.
 _OPS = {
@@ -52,7 +60,7 @@ _OPS = {
     "revoke_lease": "lease_revoke",
     "revoke": "lease_revoke",
     "refresh": "lease_keepalive",
-    "add_watch_prefix_callback": "watch",
+    "_create_watch": "watch",
 }
 
 _children: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -101,7 +109,14 @@ def lease_lost(lease_id: int | None = None) -> None:
     LEASES_LOST.labels(service_metrics.SERVICE).inc()
 
 
+def watch_reset(reason: str) -> None:
+    WATCH_RESETS.labels(service_metrics.SERVICE, reason).inc()
+
+
 def init_service() -> None:
-    """Create this role's lease series at 0, so dashboards show them before anything fails."""
+    """Create this role's lease and watch reset series at 0, so dashboards show them before
+    anything fails."""
     KEEPALIVE_FAILURES.labels(service_metrics.SERVICE)
     LEASES_LOST.labels(service_metrics.SERVICE)
+    for reason in ("compacted", "history_lost"):
+        WATCH_RESETS.labels(service_metrics.SERVICE, reason)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,7 +22,8 @@ from typing import Any, TypeVar
 import etcd3
 import etcd3.exceptions
 import grpc
-from etcd3 import Endpoint, MultiEndpointEtcd3Client
+from etcd3 import Endpoint, MultiEndpointEtcd3Client, etcdrpc
+from etcd3.etcdrpc import kv_pb2
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
@@ -408,9 +410,14 @@ class MetadataStore:
         prefix: str,
         start_revision: int,
         callback: Callable[[list[WatchEvent], int], None],
-        on_reset: Callable[[], None] | None = None,
+        on_reset: Callable[[], int | None] | None = None,
     ) -> Watch:
-        """Deliver every change under ``prefix`` from ``start_revision`` on, in order."""
+        """Deliver every change under ``prefix`` from ``start_revision`` on, in order.
+
+        When etcd no longer has the changes to resume from (compacted away, or its history
+        lost: its data wiped or restored from an older backup), ``on_reset``
+        takes a new snapshot and may return its revision: the watch goes on after it (else
+        after etcd's revision read just before ``on_reset``)."""
         return Watch(self, prefix, start_revision, callback, on_reset)
 
 
@@ -540,8 +547,37 @@ class KeepAlive:
                 pass
 
 
+class _WatchStream:
+    """One gRPC Watch stream of etcd carrying one watch, and the means to end it."""
+
+    def __init__(self, client: MultiEndpointEtcd3Client, request: Any) -> None:
+        # The requests gRPC sends: the create request, then nothing until close() ends them
+        # (which also ends gRPC's thread that waits for the next request).
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._requests.put(request)
+        self.responses = etcdrpc.WatchStub(client.channel).Watch(
+            iter(self._requests.get, None),
+            credentials=client.call_credentials,
+            metadata=client.metadata,
+        )
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self.responses.cancel()
+
+
 class Watch:
-    """A prefix watch that survives etcd restarts by resuming after the last revision seen."""
+    """A prefix watch that survives etcd restarts by resuming after the last revision seen.
+
+    Each watch has a gRPC stream of its own, read by its own thread, and is cancelled by
+    ending that stream. FIX (found from outside): watches shared the etcd3 client's Watcher
+    and were cancelled by their watch id, but etcd numbers watches per stream from 0 and the
+    client starts a new Watcher (a new stream) whenever any request times out or finds etcd
+    unavailable. Two watches of one store then held the same id on different streams, and
+    cancelling one (the client sends the id to whichever Watcher is current) silently removed
+    the other: after a 60 s etcd outage a controller's election resign() cancelled its
+    cluster view's watch, and the view never changed again.
+    """
 
     def __init__(
         self,
@@ -549,7 +585,7 @@ class Watch:
         prefix: str,
         start_revision: int,
         callback: Callable[[list[WatchEvent], int], None],
-        on_reset: Callable[[], None] | None,
+        on_reset: Callable[[], int | None] | None,
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -557,23 +593,50 @@ class Watch:
         self._callback = callback
         self._on_reset = on_reset
         self._lock = threading.Lock()
-        self._watch_id: Any = None
-        self._stopped = False
-        self._broken = threading.Event()
+        self._stream: _WatchStream | None = None
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name=f"watch-{prefix}", daemon=True)
         self._thread.start()
 
-    def _deliver(self, resp: Any) -> None:
-        if self._stopped:
-            return
-        if not isinstance(resp, etcd3.watch.WatchResponse):
-            # The stream died (etcd down or restarted): the supervisor re-watches.
-            self._broken.set()
-            return
+    def _create_watch(self) -> tuple[_WatchStream, Any]:
+        """Open a stream and create the watch on it from ``next_revision``: the stream and
+        etcd's first answer (``created``; with ``compact_revision`` set if that revision is
+        compacted away)."""
+        key = etcd3.utils.to_bytes(self.prefix)
+        request = etcdrpc.WatchRequest(
+            create_request=etcdrpc.WatchCreateRequest(
+                key=key,
+                range_end=etcd3.utils.prefix_range_end(key),
+                start_revision=self.next_revision,
+            )
+        )
+        stream = _WatchStream(self.store.client, request)
+        # An etcd that holds the connection without answering (paused) must not hold the
+        # creation for ever: it is given the store's timeout, as other requests are.
+        timer = threading.Timer(self.store.timeout, stream.close)
+        timer.daemon = True
+        timer.start()
+        try:
+            return stream, next(stream.responses)
+        except StopIteration:  # etcd ended the stream without a word: as if unreachable
+            stream.close()
+            raise etcd3.exceptions.ConnectionFailedError() from None
+        except grpc.RpcError as exc:
+            stream.close()
+            if exc.code() == grpc.StatusCode.CANCELLED and not self._stopped.is_set():
+                raise etcd3.exceptions.WatchTimedOut() from None
+            # As the client's own calls do: mark the endpoint failed, so that the next
+            # attempt fails over to another etcd member.
+            self.store.client._manage_grpc_errors(exc)
+            raise
+        finally:
+            timer.cancel()
+
+    def _deliver(self, raw_events: Iterable[Any]) -> None:
         events = []
-        for ev in resp.events:
-            value = None if isinstance(ev, etcd3.events.DeleteEvent) else ev.value
-            events.append(WatchEvent(ev.key.decode(), value, ev.mod_revision))
+        for ev in raw_events:
+            value = None if ev.type == kv_pb2.Event.DELETE else ev.kv.value
+            events.append(WatchEvent(ev.kv.key.decode(), value, ev.kv.mod_revision))
         with self._lock:
             fresh = [e for e in events if e.mod_revision >= self.next_revision]
             if fresh:
@@ -584,47 +647,98 @@ class Watch:
             except Exception:  # a bug in a callback must not kill the watch
                 log.exception("watch callback for %s failed", self.prefix)
 
+    def _follow(self, stream: _WatchStream, first: Any) -> str | None:
+        """Deliver the stream's events until it ends; the reason to reset if etcd no longer
+        has the revision to resume from: ``compacted``, or ``history_lost`` when etcd's
+        revision is below the last one delivered.
+
+        FIX (found from outside): an etcd restarted on an empty data dir (wiped, or restored
+        from an older backup) is at a revision below the watch's, accepts a watch from a
+        future revision and stays silent until it gets there, so a running service never
+        learnt that the cluster key had gone or changed. The ``created`` answer's header
+        holds etcd's current revision; one below the last revision delivered means etcd lost
+        history (it never goes back otherwise), and the owner resyncs.
+
+        etcd 3.4 answers a watch from a compacted revision with ``created`` and then a
+        separate cancel that names the compaction. FIX (found from outside): that cancel was
+        taken for a broken stream and the watch made again from the same revision, about five
+        times a second for ever, so the owner never resynced and saw no change again."""
+        if first.created and first.header.revision < self.next_revision - 1:
+            return "history_lost"
+        resp = first
+        try:
+            while not self._stopped.is_set():
+                if resp.compact_revision:
+                    return "compacted"
+                if resp.canceled:
+                    return None
+                if resp.events:
+                    self._deliver(resp.events)
+                resp = next(stream.responses)
+        except (grpc.RpcError, StopIteration):
+            pass  # the stream died (etcd down or restarted, or cancel()): re-watch
+        except Exception:  # the thread must live on: the stream is made again
+            log.exception("watch on %s failed", self.prefix)
+        return None
+
     def _supervise(self) -> None:
         delay = 0.1
-        while not self._stopped:
-            self._broken.clear()
+        while not self._stopped.is_set() and not self.store._closed:
             try:
-                self._watch_id = self.store._call(
-                    self.store.client.add_watch_prefix_callback,
-                    self.prefix,
-                    self._deliver,
-                    start_revision=self.next_revision,
-                )
-                delay = 0.1
-            except MetadataUnavailableError as exc:
-                if isinstance(exc.__cause__, etcd3.exceptions.RevisionCompactedError):
-                    self._reset()
-                    continue
-                time.sleep(delay)
+                stream, first = self.store._call(self._create_watch)
+            except MetadataUnavailableError:
+                self._stopped.wait(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            self._broken.wait()
-            with contextlib.suppress(Exception):
-                self.store.client.cancel_watch(self._watch_id)
-            if not self._stopped:
-                time.sleep(0.1)
+            with self._lock:
+                if self._stopped.is_set():
+                    stream.close()
+                    return
+                self._stream = stream
+            delay = 0.1
+            try:
+                lost = self._follow(stream, first)
+            finally:
+                stream.close()
+            if lost is not None:
+                self._reset(lost)
+            else:
+                self._stopped.wait(0.1)
 
-    def _reset(self) -> None:
-        # The revision we needed was compacted away: the owner must take a new snapshot.
-        try:
-            self.next_revision = self.store.revision() + 1
-        except MetadataUnavailableError:
-            time.sleep(0.2)
-            return
-        if self._on_reset is not None:
-            with contextlib.suppress(Exception):
-                self._on_reset()
+    def _reset(self, reason: str) -> None:
+        """The revision to resume from is gone: the owner takes a new snapshot (``on_reset``,
+        which may return the snapshot's revision) and the watch goes on after it.
+
+        ``next_revision`` moves only once the snapshot is taken, and a snapshot that fails is
+        retried until it succeeds (or the watch is cancelled). FIX (found from outside): it
+        moved first and a failed snapshot (the view retries for 60 s) was swallowed, so the
+        watch went on from a revision whose earlier changes its owner had never seen."""
+        metrics.watch_reset(reason)
+        log.warning("watch on %s lost its place (%s): resyncing", self.prefix, reason)
+        delay = 0.2
+        while not self._stopped.is_set() and not self.store._closed:
+            try:
+                # Read before the snapshot: without a revision from on_reset, the watch
+                # resumes after this one, which misses nothing (at worst repeats changes).
+                current = self.store.revision()
+                snapshot = self._on_reset() if self._on_reset is not None else None
+            except MetadataUnavailableError as exc:
+                log.warning("watch on %s cannot resync yet (retrying): %s", self.prefix, exc)
+            except Exception:
+                log.exception("resync of the watch on %s failed (retrying)", self.prefix)
+            else:
+                with self._lock:
+                    self.next_revision = (snapshot if isinstance(snapshot, int) else current) + 1
+                return
+            self._stopped.wait(delay)
+            delay = min(delay * 2, 5.0)
 
     def cancel(self) -> None:
-        self._stopped = True
-        self._broken.set()
-        with contextlib.suppress(Exception):
-            self.store.client.cancel_watch(self._watch_id)
+        with self._lock:
+            self._stopped.set()
+            stream = self._stream
+        if stream is not None:
+            stream.close()
 
 
 class Election:

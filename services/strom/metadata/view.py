@@ -34,6 +34,10 @@ class ClusterView:
         self.lock = threading.RLock()
         self.revision = 0
         self.cluster: md.ClusterInfo | None = None
+        #: The id of the last cluster key this view saw, kept when the key goes: a cluster
+        #: key that is missing after this view saw one means etcd lost its data, not a new
+        #: cluster (the controller then refuses to create one).
+        self.seen_cluster_id: str | None = None
         self.nodes: dict[int, Versioned] = {}
         self.topics: dict[str, Versioned] = {}
         self.partitions: dict[tuple[str, int], Versioned] = {}
@@ -68,7 +72,9 @@ class ClusterView:
         if self._watch is not None:
             self._watch.cancel()
 
-    def _resync(self) -> None:
+    def _resync(self) -> int:
+        """Take a snapshot of every key and tell the listeners; returns its revision (the
+        watch's reset goes on after it)."""
         rev, items = self.store.retry(
             lambda: self.store.get_prefix_raw(self.keys.root), deadline_s=60
         )
@@ -83,12 +89,22 @@ class ClusterView:
             self.acls.clear()
             self.quotas.clear()
             self.controller = None
+            # A snapshot without the cluster key (etcd's data wiped) must not leave the old
+            # one in place: storage nodes would take the now empty view for that cluster.
+            self.cluster = None
+            self.producer_ids = None
             for ev in items:
                 self._apply(ev)
             self.revision = rev
             self._changed.notify_all()
         for fn in list(self._listeners):
-            fn([RESYNC, *items])
+            try:
+                # A listener's failure must not fail the snapshot: a watch's reset would
+                # take it again and again.
+                fn([RESYNC, *items])
+            except Exception:
+                log.exception("metadata listener failed")
+        return rev
 
     def _on_events(self, events: list[WatchEvent], revision: int) -> None:
         with self.lock:
@@ -150,6 +166,8 @@ class ClusterView:
             elif key == k.cluster:
                 v = self._decode(ev, md.ClusterInfo)
                 self.cluster = v.value if v else None
+                if v is not None and v.value.cluster_id:
+                    self.seen_cluster_id = v.value.cluster_id
             elif key == k.producer_ids:
                 self.producer_ids = self._decode(ev, md.ProducerIdBlock)
         except (ValueError, DecodeError):

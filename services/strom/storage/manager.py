@@ -125,6 +125,8 @@ class PartitionManager:
         #: adopted from the flags; reconciles change nothing from then on.
         self.on_foreign_cluster: Callable[[str], None] | None = None
         self._foreign: str | None = None
+        #: The cluster id the view has shown in this process life (None: not yet known).
+        self._cluster_id: str | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -242,7 +244,19 @@ class PartitionManager:
         against the cluster. False (and :attr:`_foreign` set) when the data dir records
         another cluster id or the cluster assigns this node none of its logs."""
         if cluster_id is None:
+            if self._cluster_id is not None:
+                # FIX (found from outside): etcd restarted without its data (wiped, or
+                # restored from before the cluster existed): the view resyncs to no cluster
+                # key, no topics, and a pass would delete every replica this node serves.
+                self._stop_foreign(
+                    f"cluster {self.view.keys.cluster_name!r} in etcd has no cluster id any more "
+                    f"(it had {self._cluster_id}): etcd lost its data, so the cluster's "
+                    "topics are gone from it; nothing was changed: restore etcd's data, then "
+                    "start the node"
+                )
             return False
+        if cluster_id:
+            self._cluster_id = cluster_id
         ident = self.identity
         if ident is None:
             return True
@@ -253,13 +267,16 @@ class PartitionManager:
             if agreement is not None or (cluster_id and not ident.check_cluster_id(cluster_id)):
                 await asyncio.to_thread(ident.settle, cluster_id, agreement)
         except IdentityError as exc:
-            self._foreign = str(exc)
-            if self.on_foreign_cluster is not None:
-                self.on_foreign_cluster(self._foreign)
-            else:
-                log.error("%s", exc)
+            self._stop_foreign(str(exc))
             return False
         return ident.may_set_aside_strays(cluster_id)
+
+    def _stop_foreign(self, message: str) -> None:
+        self._foreign = message
+        if self.on_foreign_cluster is not None:
+            self.on_foreign_cluster(message)
+        else:
+            log.error("%s", message)
 
     async def _reconcile_once(self, only: set[str] | None = None) -> None:
         """One pass over everything, or over the ``only`` topics (see the module docstring)."""
