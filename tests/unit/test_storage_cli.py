@@ -48,8 +48,9 @@ def test_environment_and_yaml_sources(tmp_path: Path, monkeypatch: pytest.Monkey
     assert (cfg.node_id, cfg.etcd, cfg.log_cleanup_interval_ms) == (7, "e:1", 60)
     assert args.log_level == "debug"
     monkeypatch.setenv("STROM_LOG_LEVEL", "loud")
-    with pytest.raises(ValueError, match="--log-level"):
-        cli.node_config(parse_with_sources(cli.build_parser(), ["--config", str(conf)]))
+    with pytest.raises(SystemExit) as exit_:  # the flag's choices, checked as a usage error
+        parse_with_sources(cli.build_parser(), ["--config", str(conf)])
+    assert exit_.value.code == 2
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -90,12 +91,12 @@ def test_bad_settings_are_one_line(
 
 
 def test_yaml_values_are_checked_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """YAML gives typed values that bypass the flag types: the node checks them itself."""
+    """YAML values go through the flag types too (tests/unit/test_service_config_values.py)."""
     conf = tmp_path / "node.yaml"
     conf.write_text(f"node-id: -1\ndata-dir: {tmp_path / 'd'}\netcd: e:1\n")
-    assert cli.main(["--config", str(conf)]) == 1
+    assert _exit_code(["--config", str(conf)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--node-id must be >= 0" in err[0]
+    assert len(err) == 1 and "'node-id': must be at least 0, not -1" in err[0]
 
 
 #: The storage node's flags before they came from strom.service.flags: none renamed or lost.

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``strom controller`` as a standalone program (flags > STROM_* env > YAML)."""
-    parser = argparse.ArgumentParser(prog=PROG, description="run a strom controller")
+    parser = flags.OneLineParser(prog=PROG, description="run a strom controller")
     add_arguments(parser)
     return flags.standalone(PROG, parser, run, argv)
 

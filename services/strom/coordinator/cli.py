@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``strom coordinator`` as a standalone program (flags > STROM_* env > YAML)."""
-    parser = argparse.ArgumentParser(prog=PROG, description="run a strom group coordinator")
+    parser = flags.OneLineParser(prog=PROG, description="run a strom group coordinator")
     add_arguments(parser)
     return flags.standalone(PROG, parser, run, argv)
 

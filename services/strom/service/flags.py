@@ -23,6 +23,7 @@ from strom.argtypes import int_at_least
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import runtime
 from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
+from strom.service.config import boolean as boolean  # a flag type; YAML values use it too
 from strom.service.limits import ServerLimits
 
 
@@ -52,15 +53,6 @@ def port_or_disabled(text: str) -> int:
     if not -1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is out of range (-1 disables metrics)")
     return value
-
-
-def boolean(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
 
 
 def add_endpoint_arguments(

@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
 def node_config(args: argparse.Namespace) -> NodeConfig:
     """Validate parsed flags into a NodeConfig; ValueError names the bad setting.
 
-    The flag types check values given on the command line or in the environment; values
-    from the YAML file arrive already typed (argparse does not run them through the flag
-    types), so every bound is checked here again.
+    The flag types check values from the command line, the environment and the YAML file
+    (:func:`strom.service.config.parse_with_sources`); every bound is checked here again
+    for callers that build the namespace some other way.
     """
     from strom.storage.node import NodeConfig
 
