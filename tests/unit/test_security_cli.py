@@ -36,6 +36,28 @@ def test_acls_apply_refuses_a_bad_file_before_connecting(
     assert code == 1 and "cannot read" in err and "missing.yaml" in err
 
 
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        # Found from outside: the decoder's message, without the file's name.
+        (b"\xff\xfe", "cannot read {f}: not UTF-8"),
+        # Found from outside: PyYAML's message, over several lines.
+        (b"- {principal: User:a\n  allow: [read]: x\n", "{f}: not YAML at line 2, column"),
+    ],
+)
+def test_acls_apply_names_a_file_it_cannot_read_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, fragment: str
+) -> None:
+    f = tmp_path / "acls.yaml"
+    f.write_bytes(content)
+    code, _, err = run(capsys, "acls", "apply", str(f), "--bootstrap", "127.0.0.1:1")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0].startswith("strom acls: error: ") and fragment.format(f=f) in lines[0]
+    code, _, err = run(capsys, "acls", "apply", str(tmp_path), "--bootstrap", "127.0.0.1:1")
+    assert code == 1 and f"cannot read {tmp_path}: Is a directory" in err
+
+
 def test_dev_cert_needs_the_dev_ca_and_a_plain_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -149,12 +149,15 @@ def _filter(args: argparse.Namespace) -> controller_pb2.AclBindingFilter:
 
 
 def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+    """The ACL file's text; ValueError naming the file when it cannot be read (FIX (found
+    from outside): a file not in UTF-8 printed the decoder's message without the file's
+    name)."""
     try:
-        return Path(path).read_text()
+        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"cannot read {path}: not UTF-8 ({exc})") from None
 
 
 def run_acls(args: argparse.Namespace, out: Any) -> int:

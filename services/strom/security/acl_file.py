@@ -113,7 +113,11 @@ def parse_acl_file(text: str) -> list[md.AclBinding]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise AclFileError(f"not YAML: {exc}") from None
+        # One line (FIX (found from outside): PyYAML's text quotes the lines, over several).
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise AclFileError(f"not YAML{where}: {problem}") from None
     if data is None:
         return []
     if not isinstance(data, list):
