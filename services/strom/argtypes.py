@@ -9,6 +9,16 @@ import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+
+class UsageError(ValueError):
+    """Arguments argparse cannot check alone (a flag that needs another, one of two flags, a
+    value checked with others): the ``strom`` command prints it as argparse prints its own,
+    one line under the subcommand's name (``strom topics alter: error: ...``) and exit 2.
+
+    FIX (found from outside): such checks raised ValueError, printed as a failure (exit 1)
+    under the parent command's name (``strom topics: error:``)."""
+
+
 #: The largest value of a protobuf int32 field (partition counts, replication factors).
 INT32_MAX = 2**31 - 1
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from strom.api import common_pb2, controller_pb2
-from strom.argtypes import INT32_MAX, int_at_least, iso_time_ms
+from strom.argtypes import INT32_MAX, UsageError, int_at_least, iso_time_ms
 from strom.cli import counted
 from strom.cli.jsonout import message_dict, message_json
 from strom.client.admin import (
@@ -47,7 +47,7 @@ def _kv(items: list[str] | None, what: str) -> dict[str, str]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"{what} {item!r} is not KEY=VALUE")
+            raise UsageError(f"{what} {item!r} is not KEY=VALUE")
         out[key.strip()] = value.strip()
     return out
 
@@ -221,7 +221,20 @@ def controller_client(bootstrap: str | None) -> ClusterClient:
     )
 
 
+def _check_usage(args: argparse.Namespace) -> None:
+    """UsageError for arguments argparse cannot check alone, before any connection."""
+    if args.topics_cmd == "create":
+        _kv(args.config, "--config")
+    elif args.topics_cmd == "alter":
+        if args.partitions is None and not args.set and not args.delete:
+            raise UsageError("nothing to alter: give --set, --delete or --partitions")
+        _kv(args.set, "--set")
+    elif args.topics_cmd == "reassign":
+        _replicas(args)
+
+
 def run_topics(args: argparse.Namespace, out: Any) -> int:
+    _check_usage(args)
     with controller_client(args.bootstrap) as client:
         admin = Admin(cluster_client=client)
         return _TOPIC_COMMANDS[args.topics_cmd](admin, client, args, out) or 0
@@ -232,7 +245,7 @@ def _create(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: 
         args.topic,
         partitions=args.partitions,
         replication_factor=args.replication_factor,
-        config=_kv(args.config, "config"),
+        config=_kv(args.config, "--config"),
         validate_only=args.validate_only,
     )
     verb = "would create" if args.validate_only else "created"
@@ -314,8 +327,6 @@ def _alter(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: A
     between the check and the write can still fail the second step; the first one's line is
     then already printed.
     """
-    if args.partitions is None and not args.set and not args.delete:
-        raise ValueError("nothing to alter: give --set, --delete or --partitions")
     configs = bool(args.set or args.delete)
     settings = _kv(args.set, "--set")
     if configs:
@@ -448,17 +459,24 @@ def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace
     return 1 if failed else 0
 
 
-def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+def _replicas(args: argparse.Namespace) -> list[int]:
+    """The node ids of ``--replicas`` ([] with ``--cancel``); UsageError when not exactly one
+    of them is given or the list is not node ids."""
     if args.cancel == bool(args.replicas):
-        raise ValueError("give either --replicas ID,ID,... or --cancel")
+        raise UsageError("give either --replicas ID,ID,... or --cancel")
     replicas: list[int] = []
     if args.replicas:
         try:
             replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
         except ValueError:
-            raise ValueError(f"--replicas {args.replicas!r} is not a list of node ids") from None
+            raise UsageError(f"--replicas {args.replicas!r} is not a list of node ids") from None
         if not all(0 <= r < 2**31 for r in replicas):
-            raise ValueError(f"--replicas {args.replicas!r}: node ids are 0 to 2147483647")
+            raise UsageError(f"--replicas {args.replicas!r}: node ids are 0 to 2147483647")
+    return replicas
+
+
+def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    replicas = _replicas(args)
     tp = TopicPartition(args.topic, args.partition)
     admin.alter_partition_reassignments({tp: None if args.cancel else replicas})
     if args.cancel:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from strom.api import common_pb2
-from strom.argtypes import int_at_least
+from strom.argtypes import UsageError, int_at_least, number_above
 from strom.cli import counted
 from strom.errors import InvalidRequestError, error_for
 
@@ -37,10 +37,20 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
     )
+    # Checked here so a bad value names the flag (found from outside: the Producer's
+    # message named its keyword, batch_size, and exited 1).
     p.add_argument(
-        "--batch-size", type=int, default=256 * 1024, help="batch bytes (default: 256KiB)"
+        "--batch-size",
+        type=int_at_least(1),
+        default=256 * 1024,
+        help="batch bytes (default: 256KiB)",
     )
-    p.add_argument("--linger-ms", type=float, default=5.0, help="wait this long to fill batches")
+    p.add_argument(
+        "--linger-ms",
+        type=number_above(0.0, inclusive=True),
+        default=5.0,
+        help="wait this long to fill batches",
+    )
     p.add_argument(
         "--header",
         action="append",
@@ -226,9 +236,9 @@ def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
     from strom.client.types import TopicPartition
 
     if args.offset is not None and args.partition is None:
-        raise ValueError("--offset needs --partition")
+        raise UsageError("--offset needs --partition")
     if args.group and (args.partition is not None or args.offset is not None):
-        raise ValueError("--group cannot be combined with --partition/--offset")
+        raise UsageError("--group cannot be combined with --partition/--offset")
     fmt = _formatter(args)
     with (
         _sigterm_unwinds(),

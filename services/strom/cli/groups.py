@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from strom.api import coordinator_pb2, coordinator_pb2_grpc
-from strom.argtypes import iso_time_ms
+from strom.argtypes import UsageError, iso_time_ms
 from strom.client.cluster import ClusterClient
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
@@ -93,6 +93,11 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_groups(args: argparse.Namespace, out: Any) -> int:
+    if args.groups_cmd == "reset-offsets":  # bad arguments: a usage error, before connecting
+        for spec in args.topic:
+            _topic_spec(spec)
+        if args.to_datetime is not None:
+            _datetime_ms(args.to_datetime)
     with ClusterClient(args.bootstrap) as client:
         return int(_COMMANDS[args.groups_cmd](client, args, out) or 0)
 
@@ -235,21 +240,26 @@ def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     return 1 if failed else 0
 
 
+def _topic_spec(spec: str) -> tuple[str, list[int] | None]:
+    """``--topic TOPIC[:P,P...]`` as (topic, partitions or None for all); UsageError."""
+    topic, colon, parts = spec.partition(":")
+    if not colon:
+        return topic, None
+    items = [p.strip() for p in parts.split(",")]
+    if not all(p.isdigit() for p in items):
+        raise UsageError(
+            f"--topic {spec!r}: after the colon comes a list of partition numbers, "
+            "e.g. orders:0,2 (or just the topic for all its partitions)"
+        )
+    return topic, [int(p) for p in items]
+
+
 def _topic_partitions(client: ClusterClient, specs: list[str]) -> list[TopicPartition]:
     out: list[TopicPartition] = []
     for spec in specs:
-        topic, colon, parts = spec.partition(":")
+        topic, partitions = _topic_spec(spec)
         count = client.partition_count(topic)
-        if not colon:
-            wanted: Sequence[int] = range(count)
-        else:
-            items = [p.strip() for p in parts.split(",")]
-            if not all(p.isdigit() for p in items):
-                raise ValueError(
-                    f"--topic {spec!r}: after the colon comes a list of partition numbers, "
-                    "e.g. orders:0,2 (or just the topic for all its partitions)"
-                )
-            wanted = [int(p) for p in items]
+        wanted: Sequence[int] = range(count) if partitions is None else partitions
         for p in wanted:
             if not 0 <= p < count:
                 raise ValueError(f"topic {topic!r} has no partition {p} (it has {count})")
@@ -263,7 +273,7 @@ def _datetime_ms(text: str) -> int:
     try:
         return iso_time_ms(text)
     except ValueError as exc:
-        raise ValueError(f"--to-datetime {exc}") from None
+        raise UsageError(f"--to-datetime {exc}") from None
 
 
 def plan_reset(

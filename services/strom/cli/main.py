@@ -2,7 +2,9 @@
 
 Services run as ``strom controller ...``, ``strom storage-node ...`` and ``strom coordinator
 ...`` (each parses its own flags, YAML file and STROM_* environment); everything else is a
-client-side tool. User errors print one line naming the problem and exit 1, never a traceback.
+client-side tool. Errors print one line naming the problem, never a traceback: exit 2 for
+bad arguments (argparse's, and :class:`strom.argtypes.UsageError` for checks made after
+parsing), exit 1 for what failed on the way or in the cluster.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from strom import __version__
-from strom.argtypes import int_at_least, number_above
+from strom.argtypes import UsageError, int_at_least, number_above
 
 #: Service subcommands and the module whose ``main(argv)`` runs them.
 SERVICES = {
@@ -999,11 +1001,23 @@ def _run(args: argparse.Namespace) -> int:
     return 2
 
 
+def _prog(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The name of the subcommand ``args`` ran, ``strom topics alter``, as argparse names it
+    in its own usage errors: the subparsers followed by the names parsed into their dests."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if not subs or name not in subs[0].choices:
+            return parser.prog
+        parser = subs[0].choices[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SERVICES:
         return int(importlib.import_module(SERVICES[argv[0]]).main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from strom.errors import StromError
 
     # The security flags reach every client of the command through the environment they
@@ -1025,6 +1039,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # tools do, with stdout on /dev/null so the interpreter's last flush does not fail too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except UsageError as exc:
+        print(f"{_prog(parser, args)}: error: {exc}", file=sys.stderr)
+        return 2
     except (StromError, ValueError, OSError) as exc:
         # A strom error's class names its kind (AuthorizationError, ...); "ValueError" or
         # "OSError" would add nothing to a message that already says what was wrong.

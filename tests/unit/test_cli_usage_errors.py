@@ -1,0 +1,81 @@
+"""Arguments the ``strom`` command refuses are usage errors: exit 2 and one error line under
+the subcommand's name, naming the flag, before any connection (found from outside: checks
+made after parsing exited 1 as a failure, under the parent command's name, ``strom topics:
+error:``, and some named the client's keyword, ``batch_size``, not the flag)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from strom.cli.main import main
+from strom.client.cluster import ClusterClient
+from strom.client.consumer import Consumer
+from strom.client.producer import Producer
+from strom.devcluster.cluster import LocalCluster
+
+B = ["--bootstrap", "127.0.0.1:1"]
+
+
+@pytest.fixture
+def nothing_connects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way the commands reach a cluster (or start one) fails the test."""
+
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("the command went on to connect")
+
+    for cls in (ClusterClient, Producer, Consumer, LocalCluster):
+        monkeypatch.setattr(cls, "__init__", refuse)
+
+
+@pytest.mark.usefixtures("nothing_connects")
+@pytest.mark.parametrize(
+    ("argv", "prog", "flag"),
+    [
+        (["topics", "create", "x", "--config", "foo", *B], "strom topics create", "--config"),
+        (["topics", "alter", "clicks", *B], "strom topics alter", "--set"),
+        (["topics", "reassign", "t", "--partition", "0", *B], "strom topics reassign", "--cancel"),
+        (
+            ["topics", "reassign", "t", "--partition", "0", "--replicas", "a,b", *B],
+            "strom topics reassign",
+            "--replicas 'a,b'",
+        ),
+        (["consume", "t", "--offset", "5", *B], "strom consume", "--offset"),
+        (
+            ["consume", "t", "--group", "g", "--partition", "0", *B],
+            "strom consume",
+            "--group",
+        ),
+        (
+            ["groups", "reset-offsets", "g", "--topic", "t:x", "--to-latest", *B],
+            "strom groups reset-offsets",
+            "--topic 't:x'",
+        ),
+        (
+            ["groups", "reset-offsets", "g", "--topic", "t", "--to-datetime", "bad", *B],
+            "strom groups reset-offsets",
+            "--to-datetime 'bad'",
+        ),
+        (["dev", "up", "--nodes", "0"], "strom dev up", "--nodes"),
+        (["dev", "up", "--controllers", "0"], "strom dev up", "--controllers"),
+        (["dev", "up", "--coordinators", "-1"], "strom dev up", "--coordinators"),
+        (["produce", "t", "--batch-size", "0", *B], "strom produce", "--batch-size"),
+        (["produce", "t", "--linger-ms", "-1", *B], "strom produce", "--linger-ms"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_of_the_subcommand(
+    argv: list[str], prog: str, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # refused by argparse itself (a flag's type)
+        code = exit_.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    # One error line, the last (argparse's own errors print the usage above it).
+    errors = [line for line in err.splitlines() if ": error:" in line]
+    assert errors == [err.strip().splitlines()[-1]], err
+    assert errors[0].startswith(f"{prog}: error: ") and flag in errors[0], errors[0]
+    assert "batch_size" not in err and "linger_ms" not in err
