@@ -79,3 +79,40 @@ def test_bad_arguments_are_usage_errors_of_the_subcommand(
     assert errors == [err.strip().splitlines()[-1]], err
     assert errors[0].startswith(f"{prog}: error: ") and flag in errors[0], errors[0]
     assert "batch_size" not in err and "linger_ms" not in err
+
+
+@pytest.mark.usefixtures("nothing_connects")
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["dev", "up", "--cluster", "bad/name"], "strom dev up"),
+        (["dev", "up", "--cluster", ""], "strom dev up"),
+        (["controller", "--etcd", "127.0.0.1:1", "--cluster", "bad/name"], "strom controller"),
+        (["coordinator", "--etcd", "127.0.0.1:1", "--cluster", "bad/name"], "strom coordinator"),
+        (
+            [
+                "storage-node",
+                "--etcd",
+                "127.0.0.1:1",
+                "--node-id",
+                "0",
+                "--data-dir",
+                "/x",
+                "--cluster",
+                "bad/name",
+            ],
+            "strom storage-node",
+        ),
+    ],
+)
+def test_a_cluster_name_with_a_slash_is_refused_before_anything_starts(
+    argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found from outside: only the storage node checked it, so `strom dev up --cluster
+    bad/name` started etcd and the controllers, which created the cluster 'bad/name'."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"{prog}: error: argument --cluster: ")
+    assert "must be a non-empty name without '/'" in err[-1]

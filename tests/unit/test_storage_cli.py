@@ -72,10 +72,10 @@ def _exit_code(argv: list[str]) -> int:
         (["--session-timeout-s", "0"], 2, "argument --session-timeout-s"),
         (["--metrics-port", "70000"], 2, "out of range"),
         (["--max-connections", "-1"], 2, "argument --max-connections"),
+        (["--cluster", "a/b"], 2, "argument --cluster: 'a/b' must be a non-empty name"),
         # Settings the node refuses (exit 1).
         (["--listen", "127.0.0.1:0"], 1, "fixed port"),
         (["--data-dir", "/dev/null"], 1, "not a directory"),
-        (["--cluster", "a/b"], 1, "--cluster"),
     ],
 )
 def test_bad_settings_are_one_line(

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from strom.argtypes import int_at_least
+from strom.argtypes import cluster_name, int_at_least
 from strom.devcluster.cluster import (
     DEV_CA,
     STATE_FILE,
@@ -37,7 +37,9 @@ def add_dev_parser(sub: Any) -> None:
         "--coordinators", type=int_at_least(0), default=1, help="group coordinators (default 1)"
     )
     up.add_argument("--dir", default=DEFAULT_DIR, help=f"state and data (default {DEFAULT_DIR})")
-    up.add_argument("--cluster", default="strom")
+    up.add_argument(
+        "--cluster", default="strom", type=cluster_name, help="cluster name (default strom)"
+    )
     up.add_argument(
         "--tls",
         action="store_true",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from strom import security
-from strom.argtypes import int_at_least
+from strom.argtypes import cluster_name, int_at_least
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import runtime
 from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
@@ -88,7 +88,10 @@ def add_endpoint_arguments(
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--cluster", default="strom", help="cluster name: the etcd prefix /strom/<name>/"
+        "--cluster",
+        default="strom",
+        type=cluster_name,
+        help="cluster name: the etcd prefix /strom/<name>/",
     )
     parser.add_argument(
         "--max-connections",
