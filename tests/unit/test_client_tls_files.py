@@ -124,5 +124,36 @@ def test_the_clients_and_the_cli_refuse_an_expired_certificate_at_once(
     )
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
-    assert err.startswith(f"strom topics: error: ssl_certfile {expired.cert}: the certificate ")
+    # Named by the flag given (it said ssl_certfile, the client's keyword).
+    assert err.startswith(f"strom topics: error: --ssl-certfile {expired.cert}: the certificate ")
     assert "expired on" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "variable"),
+    [("--token-file", "STROM_TOKEN_FILE"), ("--ssl-cafile", "STROM_SSL_CAFILE")],
+)
+def test_a_file_is_named_by_the_flag_or_the_variable_it_came_from(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    flag: str,
+    variable: str,
+) -> None:
+    """Found from outside: ``--token-file /nonexistent`` said ``cannot read STROM_TOKEN_FILE
+    /nonexistent`` and ``--ssl-cafile`` was named ``ssl_cafile``."""
+    missing = tmp_path / "nonexistent"
+    for name in CLIENT_ENV:  # the CLI exports its flags: restore the environment after
+        monkeypatch.setenv(name, "")
+    assert main(["topics", "list", "--bootstrap", NOWHERE, flag, str(missing)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"strom topics: error: {flag} {missing}: cannot read it: No such file or directory"
+    )
+    # Set in the environment, not given as a flag: the variable is named.
+    monkeypatch.setenv(variable, str(missing))
+    assert main(["topics", "list", "--bootstrap", NOWHERE]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"strom topics: error: {variable} {missing}: cannot read it: No such file or directory"
+    )

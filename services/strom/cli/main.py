@@ -1021,7 +1021,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from strom.errors import StromError
 
     # The security flags reach every client of the command through the environment they
-    # also read (strom.security.config.client_security).
+    # also read (strom.security.channel.client_security), which is told the flags' names for
+    # its messages about their files.
+    copied: dict[str, str] = {}
     for flag, env in (
         ("ssl_cafile", "STROM_SSL_CAFILE"),
         ("ssl_certfile", "STROM_SSL_CERTFILE"),
@@ -1030,6 +1032,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         if getattr(args, flag, None):
             os.environ[env] = getattr(args, flag)
+            copied[env] = "--" + flag.replace("_", "-")
+    if copied or "strom.security.channel" in sys.modules:  # else nothing to name or reset
+        from strom.security.channel import name_env_settings
+
+        name_env_settings(copied)
     try:
         return _run(args)
     except KeyboardInterrupt:

@@ -45,6 +45,7 @@ def _check_client_files(
     cert: bytes | None,
     ca: bytes | None,
     paths: tuple[str | Path | None, str | Path | None, str | Path | None],
+    names: tuple[str, str, str] = ("ssl_cafile", "ssl_certfile", "ssl_keyfile"),
 ) -> None:
     """Fail with the file named when the client certificate, its key or the CA bundle cannot
     work: gRPC says only "Failed to create security handshaker" for a key that is not the
@@ -57,25 +58,26 @@ def _check_client_files(
     client process for its full garbage collections to walk (docs/benchmarks.md, "A client's
     heap"). A certificate signed by a CA the servers do not trust cannot be told here."""
     ca_path, cert_path, key_path = paths
+    ca_name, cert_name, key_name = names
     if cert is not None:
         blocks = _PEM_CERT.findall(cert)
         if not blocks:
-            raise ValueError(f"ssl_certfile {cert_path}: no PEM certificate in it")
+            raise ValueError(f"{cert_name} {cert_path}: no PEM certificate in it")
         now = datetime.now(UTC)
         for n, block in enumerate(blocks, 1):
             which = "the certificate" if n == 1 else f"certificate {n} in it (of the chain)"
             try:
                 not_before, not_after = _validity(base64.b64decode(block))
             except (ValueError, IndexError):
-                raise ValueError(f"ssl_certfile {cert_path}: {which} does not parse") from None
+                raise ValueError(f"{cert_name} {cert_path}: {which} does not parse") from None
             if now > not_after:
                 raise ValueError(
-                    f"ssl_certfile {cert_path}: {which} expired on {not_after:%Y-%m-%d %H:%M:%S}"
+                    f"{cert_name} {cert_path}: {which} expired on {not_after:%Y-%m-%d %H:%M:%S}"
                     " UTC; servers refuse it: renew it"
                 )
             if now < not_before:
                 raise ValueError(
-                    f"ssl_certfile {cert_path}: {which} is not valid before "
+                    f"{cert_name} {cert_path}: {which} is not valid before "
                     f"{not_before:%Y-%m-%d %H:%M:%S} UTC (is this machine's clock right?)"
                 )
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -83,17 +85,17 @@ def _check_client_files(
             context.load_cert_chain(cert_path, key_path, password=_no_password)  # type: ignore[arg-type]
         except _Encrypted:
             raise ValueError(
-                f"ssl_keyfile {key_path}: it is encrypted (give the key without a passphrase)"
+                f"{key_name} {key_path}: it is encrypted (give the key without a passphrase)"
             ) from None
         except ssl.SSLError as exc:
             if exc.reason in ("KEY_VALUES_MISMATCH", "KEY_TYPE_MISMATCH"):
                 raise ValueError(
-                    f"ssl_keyfile {key_path} is not the key of ssl_certfile {cert_path}"
+                    f"{key_name} {key_path} is not the key of {cert_name} {cert_path}"
                 ) from None
             if "PEM lib" in str(exc):  # what OpenSSL says of a file without a key
-                raise ValueError(f"ssl_keyfile {key_path}: no PEM private key in it") from None
+                raise ValueError(f"{key_name} {key_path}: no PEM private key in it") from None
             raise ValueError(
-                f"ssl_keyfile {key_path} with ssl_certfile {cert_path}: {exc.reason or exc}"
+                f"{key_name} {key_path} with {cert_name} {cert_path}: {exc.reason or exc}"
             ) from None
         except OSError as exc:  # the files changed since they were read
             raise ValueError(f"cannot read {exc.filename}: {exc.strerror or exc}") from None
@@ -103,7 +105,7 @@ def _check_client_files(
                 cadata=ca.decode("latin-1")
             )
         except ssl.SSLError:
-            raise ValueError(f"ssl_cafile {ca_path}: no PEM certificate in it") from None
+            raise ValueError(f"{ca_name} {ca_path}: no PEM certificate in it") from None
 
 
 def _validity(der: bytes) -> tuple[datetime, datetime]:
@@ -152,7 +154,7 @@ def _read(path: str | Path | None, what: str) -> bytes | None:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raise ValueError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from None
 
 
 class _TokenInterceptor(
@@ -239,16 +241,19 @@ class ChannelSecurity:
         ssl_certfile: str | Path | None = None,
         ssl_keyfile: str | Path | None = None,
         token: str | None = None,
+        *,
+        names: tuple[str, str, str] = ("ssl_cafile", "ssl_certfile", "ssl_keyfile"),
     ) -> ChannelSecurity:
         """The client settings (kafka-python's names). A file that cannot work gives a
         ValueError naming it and the problem (unreadable, not PEM, an expired certificate, a
-        key that is not the certificate's), before anything is dialled."""
+        key that is not the certificate's), before anything is dialled. ``names`` are the
+        settings' names in those messages: where the caller took each file from."""
         if (ssl_certfile is None) != (ssl_keyfile is None):
-            raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate)")
-        ca = _read(ssl_cafile, "ssl_cafile")
-        cert = _read(ssl_certfile, "ssl_certfile")
-        key = _read(ssl_keyfile, "ssl_keyfile")
-        _check_client_files(cert, ca, (ssl_cafile, ssl_certfile, ssl_keyfile))
+            raise ValueError(f"{names[1]} and {names[2]} go together (a client certificate)")
+        ca = _read(ssl_cafile, names[0])
+        cert = _read(ssl_certfile, names[1])
+        key = _read(ssl_keyfile, names[2])
+        _check_client_files(cert, ca, (ssl_cafile, ssl_certfile, ssl_keyfile), names)
         return cls(ca, cert, key, token or None)
 
     @property
@@ -374,7 +379,10 @@ def client_security(
 ) -> ChannelSecurity:
     """A client's channel settings: the arguments, else ``STROM_SSL_CAFILE``,
     ``STROM_SSL_CERTFILE``, ``STROM_SSL_KEYFILE`` and ``STROM_TOKEN`` / ``STROM_TOKEN_FILE``
-    from the environment, else the process's default (plaintext)."""
+    from the environment, else the process's default (plaintext).
+
+    A problem with a file names the setting it came from: the argument, else the environment
+    variable, or the flag a command copied into it (:func:`name_env_settings`)."""
     env = os.environ
     ca = ssl_cafile or env.get("STROM_SSL_CAFILE") or None
     cert = ssl_certfile or env.get("STROM_SSL_CERTFILE") or None
@@ -382,8 +390,30 @@ def client_security(
     if token is None:
         token = env.get("STROM_TOKEN") or None
         if token is None and env.get("STROM_TOKEN_FILE"):
-            raw = _read(env["STROM_TOKEN_FILE"], "STROM_TOKEN_FILE")
+            raw = _read(env["STROM_TOKEN_FILE"], _env_name("STROM_TOKEN_FILE"))
             token = (raw or b"").decode().strip() or None
     if ca is None and cert is None and key is None and token is None:
         return _DEFAULT_CHANNEL
-    return ChannelSecurity.from_files(ca, cert, key, token)
+    names = (
+        "ssl_cafile" if ssl_cafile else _env_name("STROM_SSL_CAFILE"),
+        "ssl_certfile" if ssl_certfile else _env_name("STROM_SSL_CERTFILE"),
+        "ssl_keyfile" if ssl_keyfile else _env_name("STROM_SSL_KEYFILE"),
+    )
+    return ChannelSecurity.from_files(ca, cert, key, token, names=names)
+
+
+#: The flag each of :data:`CLIENT_ENV` was copied from by the running command, if it was.
+_FROM_FLAGS: dict[str, str] = {}
+
+
+def name_env_settings(flags: dict[str, str]) -> None:
+    """Name the flags (``{"STROM_TOKEN_FILE": "--token-file"}``) a command copied into the
+    environment, for messages about their files: FIX (found from outside): ``strom topics
+    list --token-file /nonexistent`` said ``cannot read STROM_TOKEN_FILE /nonexistent``, a
+    variable the user never set, and ``--ssl-cafile`` was named ``ssl_cafile``."""
+    _FROM_FLAGS.clear()
+    _FROM_FLAGS.update(flags)
+
+
+def _env_name(variable: str) -> str:
+    return _FROM_FLAGS.get(variable, variable)
