@@ -169,6 +169,35 @@ def test_the_documented_node_example_runs(
         assert int(where.split("@")[0]) == partition_for_key(key.encode(), 3)
 
 
+def test_the_documented_node_example_on_a_topic_with_keyless_records(
+    cluster: LocalCluster, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: on a topic holding records without keys the example printed
+    ``undefined`` for their keys (a message whose records have no key has no ``keys``), and
+    after ``done:`` it went on committing for messages that arrived after it left the group
+    (``commit 0: UNKNOWN_MEMBER_ID``). One partition holding 1,000 keyless records, as many
+    as the first message holds: the example reads them (from the start of the topic) before
+    its own, and stops there."""
+    topic = new_topic(cluster, 1, 1)
+    with Producer(cluster.bootstrap, linger_ms=0) as p:
+        for i in range(1000):
+            p.send(topic, f"plain-{i}".encode())
+        p.flush()
+    proc = subprocess.run(
+        [node_binary(), "example.js", cluster.nodes[0].address, str(PROTOS), topic],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "undefined" not in proc.stdout
+    assert "consumed 0@0 plain-0" in lines
+    assert lines[-1].startswith("done: "), lines[-5:]
+    assert not [ln for ln in lines if ln.startswith("commit ")], proc.stdout
+
+
 def test_the_documented_node_example_gives_up_on_an_unknown_topic(cluster: LocalCluster) -> None:
     """Found from outside: the example retried UNKNOWN_TOPIC_OR_PARTITION (retriable, for a
     topic created a moment ago) without end, so a misspelt topic printed nothing, forever.

@@ -1,5 +1,7 @@
 // A complete Node.js client of strom's RecordService: produce keyed records, then read them
-// back as a member of a consumer group, committing after each message (at-least-once).
+// back as a member of a consumer group, committing after each message (at-least-once). It
+// reads from the start of the topic and stops after as many records as it produced: give it
+// a new topic to see its own records.
 // docs/grpc-clients.md shows this file; tests/integration/test_records_node.py runs it.
 //
 //   npm install @grpc/grpc-js @grpc/proto-loader
@@ -73,19 +75,23 @@ function consume(expected) {
   return new Promise((resolve, reject) => {
     let subscription = null;
     let seen = 0;
+    let done = false; // set on leaving: messages and commit answers after it are ignored
     const stream = member.Subscribe({
       group_id: 'example-group',
       topics: [topic],
       start: 'START_POSITION_EARLIEST', // where partitions without a committed offset start
     });
     stream.on('data', async (msg) => {
+      if (done) return;
       if (msg.event === 'assignment') {
         subscription = msg.assignment.subscription_id; // for CommitOffsets
         return;
       }
       const { partition, offsets, records } = msg.records;
       offsets.forEach((offset, i) => {
-        console.log(`consumed ${partition}@${offset} ${records.keys[i]} ${records.values[i]}`);
+        // `keys` is empty when no record of the message has a key.
+        const key = records.keys.length ? `${records.keys[i]} ` : '';
+        console.log(`consumed ${partition}@${offset} ${key}${records.values[i]}`);
       });
       seen += offsets.length;
       // Processed: commit the next offset to read, on the stream's channel (its node).
@@ -93,11 +99,13 @@ function consume(expected) {
         subscription_id: subscription,
         offsets: [{ topic, partition, offset: offsets[offsets.length - 1] + 1 }],
       });
+      if (done) return; // left the group meanwhile: a refused commit no longer matters
       const code = resp.error_code !== 'NONE' ? resp.error_code : resp.results[0].error_code;
       // Not committed: these records will be read again after a restart or a rebalance
       // (at-least-once). STALE_MEMBER_EPOCH: the group moved the partition; drop the commit.
       if (code !== 'NONE') console.log(`commit ${partition}: ${code}`);
       if (seen >= expected) {
+        done = true;
         stream.cancel(); // leaves the group: the partitions move to the other members
         resolve(seen);
       }
