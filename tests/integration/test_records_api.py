@@ -527,6 +527,19 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             "partitions cannot be given with a group_id",
         ),
+        (  # found from outside: it was told "a group subscription needs topics"
+            rp.SubscribeRequest(
+                group_id="g", partitions=[rp.PartitionStart(topic="rec-two", partition=0)]
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "partitions cannot be given with a group_id: the group assigns partitions (give "
+            "topics)",
+        ),
+        (
+            rp.SubscribeRequest(group_id="g"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "a group subscription needs topics",
+        ),
         (
             rp.SubscribeRequest(topics=["rec-two"], auto_commit=True),
             grpc.StatusCode.INVALID_ARGUMENT,
