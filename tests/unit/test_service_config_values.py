@@ -98,6 +98,11 @@ def test_a_boolean_flag_from_the_environment_is_read_as_one(
     parser = storage_cli.build_parser()
     args = parse_with_sources(parser, ["--node-id", "1", "--data-dir", "/x", "--etcd", "e:1"])
     assert args.acls is False
+    monkeypatch.setenv("STROM_ACLS", "")  # set empty: off, as before
+    assert (
+        parse_with_sources(parser, ["--node-id", "1", "--data-dir", "/x", "--etcd", "e:1"]).acls
+        is False
+    )
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))

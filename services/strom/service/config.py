@@ -134,7 +134,7 @@ def _convert_one(action: argparse.Action, value: Any) -> Any:
         what = _KINDS.get(name) or action.metavar or "a value"
         raise ValueError(f"expected {what}, not the boolean {str(value).lower()}")
     if action.nargs == 0:  # --acls (store_true): the setting is the flag's value
-        return boolean(str(value))
+        return boolean(str(value)) if str(value).strip() else False  # STROM_ACLS= : unset
     text = str(value).lower() if isinstance(value, bool) else str(value)
     converted = action.type(text) if action.type is not None else text
     if action.choices is not None and converted not in action.choices:
