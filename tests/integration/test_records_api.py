@@ -518,18 +518,19 @@ def test_subscribe_read_committed_skips_aborted_and_open_transactions(
     assert "isolation_level 7" in info.value.details()  # type: ignore[attr-defined]
 
 
-def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
+def test_subscribe_errors(cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]) -> None:
+    two = new_topic(cluster, 2, 1)  # its own topic: the cases ran on another test's before
     cases = [
         (rp.SubscribeRequest(topics=["nope"]), grpc.StatusCode.NOT_FOUND, "unknown topic"),
         (rp.SubscribeRequest(), grpc.StatusCode.INVALID_ARGUMENT, "nothing to read"),
         (
-            rp.SubscribeRequest(group_id="g", topics=["rec-two"], partitions=[rp.PartitionStart()]),
+            rp.SubscribeRequest(group_id="g", topics=[two], partitions=[rp.PartitionStart()]),
             grpc.StatusCode.INVALID_ARGUMENT,
             "partitions cannot be given with a group_id",
         ),
         (  # found from outside: it was told "a group subscription needs topics"
             rp.SubscribeRequest(
-                group_id="g", partitions=[rp.PartitionStart(topic="rec-two", partition=0)]
+                group_id="g", partitions=[rp.PartitionStart(topic=two, partition=0)]
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
             "partitions cannot be given with a group_id: the group assigns partitions (give "
@@ -541,12 +542,12 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
             "a group subscription needs topics",
         ),
         (
-            rp.SubscribeRequest(topics=["rec-two"], auto_commit=True),
+            rp.SubscribeRequest(topics=[two], auto_commit=True),
             grpc.StatusCode.INVALID_ARGUMENT,
             "auto_commit needs a group_id",
         ),
         (
-            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=9)]),
+            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic=two, partition=9)]),
             grpc.StatusCode.NOT_FOUND,
             "has no partition 9",
         ),
@@ -563,17 +564,17 @@ def test_subscribe_errors(cluster: LocalCluster, stub: Any) -> None:
         (  # found from outside: the last start silently won
             rp.SubscribeRequest(
                 partitions=[
-                    rp.PartitionStart(topic="rec-two", partition=1, offset=3),
-                    rp.PartitionStart(topic="rec-two", partition=1, offset=0),
+                    rp.PartitionStart(topic=two, partition=1, offset=3),
+                    rp.PartitionStart(topic=two, partition=1, offset=0),
                 ]
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "rec-two-1 is listed twice in partitions",
+            f"{two}-1 is listed twice in partitions",
         ),
         (  # a malformed request, as ProduceRecords answers it (was NOT_FOUND, "retriable")
-            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic="rec-two", partition=-1)]),
+            rp.SubscribeRequest(partitions=[rp.PartitionStart(topic=two, partition=-1)]),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "topic 'rec-two': partition must be >= 0, got -1",
+            f"topic {two!r}: partition must be >= 0, got -1",
         ),
     ]
     for req, status, needle in cases:
