@@ -89,19 +89,24 @@ def _fetch_all(address: str, topic: str) -> list[int]:
 # -- a full disk ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def full_disk_node(tmp_path: Path) -> Iterator[LocalCluster]:
+def _small_disk_cluster(tmp_path: Path, nodes: int, node: int, size: str) -> Iterator[LocalCluster]:
+    """A cluster of ``nodes`` whose node ``node`` keeps its data on a tmpfs of ``size``."""
     if not _can_mount():
         pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
     root = tmp_path / "c"
-    _mount_tmpfs(root / "node-1", "12m")
-    c = LocalCluster(root, nodes=1, controllers=1, coordinators=0)
+    _mount_tmpfs(root / f"node-{node}", size)
+    c = LocalCluster(root, nodes=nodes, controllers=1, coordinators=0)
     try:
         c.start()
         yield c
     finally:
         c.kill()
-        _umount(root / "node-1")
+        _umount(root / f"node-{node}")
+
+
+@pytest.fixture
+def full_disk_node(tmp_path: Path) -> Iterator[LocalCluster]:
+    yield from _small_disk_cluster(tmp_path, 1, 1, "12m")
 
 
 def test_full_disk_fails_produce_clearly_keeps_fetch_and_resumes(
@@ -166,17 +171,7 @@ def test_full_disk_fails_produce_clearly_keeps_fetch_and_resumes(
 
 @pytest.fixture
 def third_node_on_small_disk(tmp_path: Path) -> Iterator[LocalCluster]:
-    if not _can_mount():
-        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
-    root = tmp_path / "c"
-    _mount_tmpfs(root / "node-3", "16m")
-    c = LocalCluster(root, nodes=3, controllers=1, coordinators=0)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.kill()
-        _umount(root / "node-3")
+    yield from _small_disk_cluster(tmp_path, 3, 3, "16m")
 
 
 def _fill(path: Path) -> None:
@@ -319,11 +314,7 @@ def test_a_node_stopped_and_restarted_on_a_full_disk_names_the_file_and_starts(
         acked.append(pr.base_offset)
     assert pr.error_code == E.STORAGE_ERROR, pr
     filler = data / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    with contextlib.suppress(OSError):  # the last pages: 100 % full
-        while True:
-            os.write(fd, b"\0" * 4096)
-    os.close(fd)
+    _fill(filler)  # the last pages: 100 % full
     assert node.process is not None
     assert node.process.stop(timeout=30) == 1
     said = node.log_path.read_text()

@@ -131,54 +131,36 @@ def test_topics_alter_is_all_or_nothing(cluster: LocalCluster) -> None:
         return overrides, len(topic["partitions"])
 
     assert state() == ({}, 2)
-    same = strom(
-        "topics",
-        "alter",
-        "half",
-        "--set",
-        "retention.ms=4242",
-        "--partitions",
-        "2",
-        "-b",
-        b,
-        check=False,
-    )
+
+    def alter(
+        setting: str, partitions: str, check: bool = False
+    ) -> subprocess.CompletedProcess[bytes]:
+        return strom(
+            "topics",
+            "alter",
+            "half",
+            "--set",
+            setting,
+            "--partitions",
+            partitions,
+            "-b",
+            b,
+            check=check,
+        )
+
+    same = alter("retention.ms=4242", "2")
     assert same.returncode == 1 and b"InvalidPartitionsError" in same.stderr
     assert b"'half' has 2 partitions" in same.stderr
     assert same.stdout == b""
-    huge = strom(
-        "topics",
-        "alter",
-        "half",
-        "--set",
-        "segment.ms=77",
-        "--partitions",
-        "20000",
-        "-b",
-        b,
-        check=False,
-    )
+    huge = alter("segment.ms=77", "20000")
     assert huge.returncode == 1 and b"half" in huge.stderr and huge.stdout == b""
     assert state() == ({}, 2)
     # The other way round: a bad config leaves the partition count alone.
-    bad = strom(
-        "topics",
-        "alter",
-        "half",
-        "--set",
-        "retention.ms=soon",
-        "--partitions",
-        "3",
-        "-b",
-        b,
-        check=False,
-    )
+    bad = alter("retention.ms=soon", "3")
     assert bad.returncode == 1 and b"retention.ms" in bad.stderr
     assert state() == ({}, 2)
 
-    both = strom(
-        "topics", "alter", "half", "--set", "retention.ms=4242", "--partitions", "3", "-b", b
-    ).stdout.decode()
+    both = alter("retention.ms=4242", "3", check=True).stdout.decode()
     assert both == "altered configs of topic half\ntopic half now has 3 partitions\n"
     assert state() == ({"retention.ms": "4242"}, 3)
     strom("topics", "delete", "half", "-b", b)

@@ -134,6 +134,19 @@ def test_a_caller_that_routes_by_leader_is_never_forwarded(
     assert _routed(cluster, "forwarded") > forwarded
 
 
+def _run_example(address: str, topic: str) -> list[str]:
+    """Run docs/grpc-clients.md's example (tests/node/example.js) as a user does; its lines."""
+    proc = subprocess.run(
+        [node_binary(), "example.js", address, str(PROTOS), topic],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.splitlines()
+
+
 def test_the_documented_node_example_runs(
     cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
 ) -> None:
@@ -143,20 +156,12 @@ def test_the_documented_node_example_runs(
     (UNKNOWN_MEMBER_ID), so the group ended with no offsets."""
     new_topic(cluster, 3, 1, name="clicks")
     every_node = "ipv4:" + ",".join(n.address for n in cluster.nodes)
-    proc = subprocess.run(
-        [node_binary(), "example.js", every_node, str(PROTOS), "clicks"],
-        cwd=NODE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
+    lines = _run_example(every_node, "clicks")
     produced = [ln for ln in lines if ln.startswith("produced ")]
     consumed = {ln.split()[1] for ln in lines if ln.startswith("consumed ")}
     assert len(produced) == 10 and lines[-1] == "done: 10 records"
     assert consumed == {ln.split()[-1] for ln in produced}  # partition@offset, each once
-    assert not [ln for ln in lines if ln.startswith("commit ")], proc.stdout  # none refused
+    assert not [ln for ln in lines if ln.startswith("commit ")], lines  # none refused
     ends: dict[int, int] = {}
     for ln in produced:
         p, o = map(int, ln.split()[-1].split("@"))
@@ -183,19 +188,11 @@ def test_the_documented_node_example_on_a_topic_with_keyless_records(
         for i in range(1000):
             p.send(topic, f"plain-{i}".encode())
         p.flush()
-    proc = subprocess.run(
-        [node_binary(), "example.js", cluster.nodes[0].address, str(PROTOS), topic],
-        cwd=NODE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    assert "undefined" not in proc.stdout
+    lines = _run_example(cluster.nodes[0].address, topic)
+    assert not [ln for ln in lines if "undefined" in ln]
     assert "consumed 0@0 plain-0" in lines
     assert lines[-1].startswith("done: "), lines[-5:]
-    assert not [ln for ln in lines if ln.startswith("commit ")], proc.stdout
+    assert not [ln for ln in lines if ln.startswith("commit ")], lines
 
 
 def test_the_documented_node_example_gives_up_on_an_unknown_topic(cluster: LocalCluster) -> None:

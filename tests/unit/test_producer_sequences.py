@@ -159,26 +159,8 @@ def test_a_refused_batch_with_a_later_one_that_may_be_in_the_log_needs_a_new_epo
 def _refused_out_of_order(p: Producer, pq: PartitionQueue, b: ProducerBatch, seq: int) -> None:
     """Send ``b`` with ``seq`` (as the sender's drain would) and have the leader refuse it
     OUT_OF_ORDER_SEQUENCE."""
-    b.sent, b.base_sequence = True, seq
-    pq.in_flight += 1
-    answer: Future[storage_pb2.ProduceResponse] = Future()
-    answer.set_result(
-        storage_pb2.ProduceResponse(
-            topics=[
-                storage_pb2.ProduceTopicResponse(
-                    topic="t",
-                    partitions=[
-                        storage_pb2.ProducePartitionResponse(
-                            partition=0,
-                            error_code=common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE,
-                            error_message="expected sequence 1",
-                        )
-                    ],
-                )
-            ]
-        )
-    )
-    p._complete("leader", [_Shipment(pq, [b], -1, False)], answer, None)  # type: ignore[arg-type]
+    b.base_sequence = seq
+    _answered(p, pq, b, common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE, "expected sequence 1")
 
 
 def test_a_transactional_producer_goes_on_only_if_the_failed_batch_is_in_the_log() -> None:
@@ -228,7 +210,9 @@ def test_an_oldest_batch_refused_for_a_gap_fails_and_the_partition_goes_on(
     assert (pq.producer_epoch, c.base_sequence, pq.next_sequence) == (1, 0, 1)
 
 
-def _answered(p: Producer, pq: PartitionQueue, b: ProducerBatch, code: int) -> None:
+def _answered(
+    p: Producer, pq: PartitionQueue, b: ProducerBatch, code: int, message: str = ""
+) -> None:
     """Send ``b`` (as the sender's drain would) and have the leader answer ``code``."""
     b.sent = True
     pq.in_flight += 1
@@ -239,7 +223,11 @@ def _answered(p: Producer, pq: PartitionQueue, b: ProducerBatch, code: int) -> N
             topics=[
                 storage_pb2.ProduceTopicResponse(
                     topic="t",
-                    partitions=[storage_pb2.ProducePartitionResponse(partition=0, error_code=code)],
+                    partitions=[
+                        storage_pb2.ProducePartitionResponse(
+                            partition=0, error_code=code, error_message=message
+                        )
+                    ],
                 )
             ]
         )
