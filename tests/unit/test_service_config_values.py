@@ -111,7 +111,7 @@ def test_a_directory_is_one_line(
 ) -> None:
     main, _ = SERVICES[service]
     code = _exit(main, ["--config", str(tmp_path)])
-    assert code == (1 if service == "storage-node" else 2)
+    assert code == 2
     assert f"config file {tmp_path} cannot be read: Is a directory" in _one_line(capsys, service)
 
 
@@ -122,7 +122,7 @@ def test_a_file_not_in_utf8_is_one_line(
     main, _ = SERVICES[service]
     conf = tmp_path / "c.yaml"
     conf.write_bytes(b"\xff\xfe")
-    assert _exit(main, ["--config", str(conf)]) == (1 if service == "storage-node" else 2)
+    assert _exit(main, ["--config", str(conf)]) == 2
     line = _one_line(capsys, service)
     assert f"config file {conf} cannot be read: 'utf-8' codec can't decode" in line, line
 
@@ -134,6 +134,6 @@ def test_bad_yaml_is_one_line_with_its_place(
     main, _ = SERVICES[service]
     conf = tmp_path / "c.yaml"
     conf.write_text("etcd: e:1\nlisten: a\n  b: [\n")
-    assert _exit(main, ["--config", str(conf)]) == (1 if service == "storage-node" else 2)
+    assert _exit(main, ["--config", str(conf)]) == 2
     line = _one_line(capsys, service)
     assert f"config file {conf}:3:4: is not valid YAML: mapping values are not allowed" in line

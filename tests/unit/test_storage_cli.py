@@ -214,6 +214,6 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_missing_config_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["--config", "/nonexistent/node.yaml"]) == 1
+    assert cli.main(["--config", "/nonexistent/node.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]

@@ -270,13 +270,12 @@ def standalone(
     parser: argparse.ArgumentParser,
     run: Callable[[argparse.Namespace], int],
     argv: Sequence[str] | None,
-    *,
-    config_error_code: int = 2,
 ) -> int:
     """A service as a program of its own: flags > STROM_* environment > ``--config`` YAML,
-    then ``run``; a bad config file is one stderr line and ``config_error_code``."""
+    then ``run``; a config file that cannot be read or parsed is one stderr line and exit 2,
+    a usage error as a malformed flag is, the same for every service."""
     try:
         args = parse_with_sources(parser, argv)
     except ConfigFileError as exc:
-        return fail(prog, str(exc), config_error_code)
+        return fail(prog, str(exc), 2)
     return run(args)

@@ -8,8 +8,8 @@ order of precedence. The flags every service has (``--etcd``, ``--listen``, ``--
 the coordinator. Bad input and start-up refusals (node id in use, etcd unreachable, data dir
 unusable, recorded as another node's or cluster's in its ``meta.properties``, or without one
 and holding none of the logs the cluster assigns this node id) print one line and exit
-non-zero, never a traceback: a malformed flag exits 2 (a usage error), a setting the node
-refuses or a start-up failure exits 1.
+non-zero, never a traceback: a malformed flag or config file exits 2 (a usage error), a
+setting the node refuses or a start-up failure exits 1.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``strom storage-node`` as a standalone program (flags > STROM_* env > YAML)."""
-    return flags.standalone(PROG, build_parser(), run, argv, config_error_code=1)
+    return flags.standalone(PROG, build_parser(), run, argv)
 
 
 if __name__ == "__main__":
