@@ -584,6 +584,21 @@ PANELS: list[tuple[str, list[P]]] = [
                 ],
                 unit="ops",
             ),
+            P(
+                "timeseries",
+                "Metadata watch resets",
+                "Watches that re-read etcd from scratch, by role and reason: `compacted` (etcd "
+                "dropped the history a watch resumed from; it follows again after a resync), "
+                "`history_lost` (etcd's revision went below one already seen: etcd wiped or "
+                "restored from an older backup; alert StromEtcdHistoryLost).",
+                [
+                    (
+                        rate_by("strom_metadata_watch_resets_total", "service, reason"),
+                        "{{service}} {{reason}}",
+                    ),
+                ],
+                unit="ops",
+            ),
         ],
     ),
     (
