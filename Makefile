@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 STROM_EXTRAS ?= spark
 export STROM_EXTRAS
 
-.PHONY: all setup test test-unit lint format protos check-protos generate bench bench-spark demo demo-cluster lock clean chaos
+.PHONY: all setup test test-unit lint format protos check-protos generate bench bench-goals bench-spark demo demo-cluster lock clean chaos
 
 all: test
 
@@ -52,6 +52,11 @@ bench: setup
 	$(VENV)/bin/strom bench record
 	$(VENV)/bin/strom bench log --warm
 	$(VENV)/bin/strom bench compaction
+
+## Every goal of the performance issue, each by its documented command, on clusters of its own
+## (about 15 minutes; docs/benchmarks.md, "Where each goal stands").
+bench-goals: setup
+	$(VENV)/bin/strom bench goals
 
 ## Spark connector throughput on local[2] beside an in-memory Arrow source (docs/benchmarks.md).
 bench-spark: setup

@@ -294,6 +294,28 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument("--progress", action="store_true", help="progress bar even if not a tty")
     tl.add_argument("--json", action="store_true", help="print one JSON object")
 
+    go = bsub.add_parser(
+        "goals",
+        help="every goal of the performance issue, each by its documented command, on local "
+        "clusters of its own: runs, range and met or not, beside the machine's speed",
+    )
+    go.add_argument("--runs", type=_positive, default=3, help="runs of each goal")
+    go.add_argument(
+        "--scale",
+        type=_above_zero,
+        default=1.0,
+        help="multiply the record counts (and trials) by this: 0.1 for a quick look, whose "
+        "numbers are not the goals' (default: %(default)s)",
+    )
+    go.add_argument(
+        "--skip",
+        default="",
+        metavar="PHASE,...",
+        help="phases to leave out: latency, producer, consumer, commits, rf3, batching, failover",
+    )
+    go.add_argument("--dir", default=None, help="where the local clusters live (default tmp)")
+    go.add_argument("--json", action="store_true", help="print one JSON object")
+
     cm = bsub.add_parser(
         "commits",
         help="offset commits/s from many committers at once, appends per commit, latency, CPU "
@@ -876,6 +898,30 @@ def _run(args: argparse.Namespace) -> int:
                 *(["--no-echo"] if args.no_echo else []),
             ]
             return grpc_bench.main([*argv, "--json"] if args.json else argv)
+        if args.bench_mode == "goals":
+            import json
+
+            from strom.bench import goals
+
+            skip = [x.strip() for x in args.skip.split(",") if x.strip()]
+            unknown = sorted(set(skip) - set(goals.PHASES))
+            if unknown:
+                raise UsageError(
+                    f"--skip {','.join(unknown)}: not a phase (phases: {', '.join(goals.PHASES)})"
+                )
+            found, machine = goals.bench_goals(
+                runs=args.runs,
+                scale=args.scale,
+                skip=skip,
+                directory=args.dir,
+                log=lambda line: print(f"strom bench goals: {line}", file=sys.stderr, flush=True),
+            )
+            if args.json:
+                ctx = {"mode": "goals", "runs": args.runs, "scale": args.scale, "machine": machine}
+                print(json.dumps({"context": ctx, "goals": [g.as_dict() for g in found]}), file=out)
+            else:
+                print(goals.table(found, machine), file=out)
+            return 1 if any(g.error for g in found) else 0
         if args.bench_mode == "commits":
             from strom.bench.commits import bench_commits
 
