@@ -147,6 +147,14 @@ def test_init_producer_id_hands_out_unique_ids_and_bumps_epochs(tmp_path: Path) 
         empty = [await s.InitProducerId(pb.InitProducerIdRequest(), None) for _ in range(2)]
         assert [(e.producer_id, e.producer_epoch) for e in empty] == [(1013, 0), (1014, 0)]
         bump0 = await s.InitProducerId(pb.InitProducerIdRequest(producer_id=0), None)
-        assert bump0.error_code == E.INVALID_REQUEST  # an id to bump needs its epoch
+        assert (bump0.error_code, bump0.producer_id, bump0.producer_epoch) == (E.NONE, 0, 1)
+        # A sender from before the fields were optional (proto3 without presence: an old
+        # coordinator reloading a shard whose producer is at epoch 0) puts only the id on the
+        # wire: field 3, varint 1012. Found from outside during a rolling upgrade: it was
+        # refused INVALID_REQUEST (epoch -1), so old coordinators could not load the shard.
+        old_sender = pb.InitProducerIdRequest.FromString(b"\x18\xf4\x07")
+        assert not old_sender.HasField("producer_epoch")
+        r = await s.InitProducerId(old_sender, None)
+        assert (r.error_code, r.producer_id, r.producer_epoch) == (E.NONE, 1012, 1)
 
     with_harness(tmp_path, body)
