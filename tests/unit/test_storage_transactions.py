@@ -191,10 +191,16 @@ def test_a_failure_announcing_a_written_append_does_not_answer_it_failed(
     with_harness(tmp_path, body)
 
 
-def test_transactional_batches_need_the_requests_transactional_id(tmp_path: Path) -> None:
+def test_with_acls_transactional_batches_need_the_requests_transactional_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Found from outside: with topic WRITE alone, anyone could open a transaction no
-    coordinator knew of (a hanging transaction). Transactional batches now need the
-    request's transactional_id (and, with ACLs, WRITE on it); nothing is appended without."""
+    coordinator knew of (a hanging transaction). With ACLs on, transactional batches need the
+    request's transactional_id (WRITE on it is checked); nothing is appended without, and the
+    refusal tells the old client's user to upgrade it."""
+    from strom.security import config
+
+    monkeypatch.setattr(config, "_SERVER", config.ServerSecurity(acls=True))
 
     async def body(h: Harness) -> None:
         h.topic("t", {0: leader_state()})
@@ -203,10 +209,35 @@ def test_transactional_batches_need_the_requests_transactional_id(tmp_path: Path
         resp = await s.Produce(produce_req({("t", 0): txn_batch(7, 0, [b"x"])}), None)
         r = results(resp)[("t", 0)]
         assert r.error_code == E.INVALID_RECORD and "transactional_id" in r.error_message
+        assert "upgrade the client" in r.error_message
         assert await latest(h, pb.ISOLATION_LEVEL_READ_UNCOMMITTED) == 0
         resp = await s.Produce(
             produce_req({("t", 0): txn_batch(7, 0, [b"x"])}, transactional_id="tx"), None
         )
         assert results(resp)[("t", 0)].error_code == E.NONE
+
+    with_harness(tmp_path, body)
+
+
+def test_without_acls_an_old_clients_transactional_batches_are_appended(tmp_path: Path) -> None:
+    """Found from outside (rolling upgrade): producers from before
+    ProduceRequest.transactional_id send none, and every transaction of theirs touching an
+    upgraded leader failed INVALID_RECORD. With ACLs off there is nothing to check the id
+    with, so such a request is appended as before and its transactions close as usual."""
+
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        s = h.servicer
+        for data in (txn_batch(7, 0, [b"aborted"]), txn_batch(8, 0, [b"committed"])):
+            resp = await s.Produce(produce_req({("t", 0): data}), None)  # no transactional_id
+            assert results(resp)[("t", 0)].error_code == E.NONE
+        assert await latest(h, RC) == 0  # both open: they hold read_committed back
+        for pid, committed in ((7, False), (8, True)):
+            resp = await s.WriteTxnMarkers(markers(pid, committed=committed, t=[0]), None)
+            assert resp.markers[0].topics[0].partitions[0].error_code == E.NONE
+        r = await fetch(h, 0, RC)
+        assert r.last_stable_offset == r.high_watermark == 4
+        assert [(a.producer_id, a.first_offset) for a in r.aborted_transactions] == [(7, 0)]
 
     with_harness(tmp_path, body)

@@ -479,7 +479,8 @@ class Log:
     ) -> AppendInfo:
         """Append producer batches as leader: validate, assign offsets and epoch, write.
         ``transactional=False`` refuses transactional batches (the producer named no
-        transactional id: ProduceRequest.transactional_id).
+        transactional id, ProduceRequest.transactional_id, and the node needs one: ACLs check
+        WRITE on it).
 
         Raises :class:`strom.record.InvalidBatchError` (nothing appended) for bad batches and
         :class:`ProducerStateError` (nothing appended) for idempotent batches out of sequence
@@ -514,7 +515,8 @@ class Log:
                 raise ProducerStateError(
                     INVALID_RECORD,
                     f"batch at byte {h.position} is transactional but the request names no "
-                    "transactional_id (transactional producers send theirs)",
+                    "transactional_id, which this cluster's ACLs need (WRITE on it): the "
+                    "producer's client is too old to send it; upgrade the client",
                     h.producer_id,
                 )
             if h.is_transactional and (h.producer_id < 0 or h.base_sequence < 0):

@@ -50,7 +50,7 @@ from strom.log import (
 )
 from strom.metadata import ClusterView
 from strom.record import InvalidBatchError
-from strom.security import QUOTAS
+from strom.security import QUOTAS, server_security
 from strom.service.headers import is_internal_call
 from strom.service.limits import Admission, ProduceShed
 from strom.service.stream_writes import writes_answers
@@ -195,9 +195,13 @@ class StorageServicer(
                 pending.append((pr, part, pd.records))
         appended = 0
         if pending:
-            appended = await self._append_all(
-                pending, acks, request.timeout_ms, bool(request.transactional_id)
-            )
+            # Transactional batches need the request's transactional_id only where there is
+            # something to check with it: with ACLs on, WRITE on the id. With ACLs off, a
+            # request without one (a client from before ProduceRequest.transactional_id) is
+            # appended as it was then (found from outside: a rolling upgrade failed every
+            # transaction of old producers on an upgraded leader; Kafka serves old clients).
+            named = bool(request.transactional_id) or not server_security().acls
+            appended = await self._append_all(pending, acks, request.timeout_ms, named)
             if appended:
                 metrics.client_counter(metrics.CLIENT_BYTES_IN, metrics.client_id_of(context)).inc(
                     appended
@@ -273,8 +277,8 @@ class StorageServicer(
     ) -> int:
         """Append every accepted partition's batches (one writer-thread hop per request),
         then, back on the loop, publish offsets, advance watermarks and wake fetches.
-        Returns the record bytes written. ``transactional``: the request names a
-        transactional id (transactional batches are refused without one)."""
+        Returns the record bytes written. ``transactional``: transactional batches may be
+        appended (the request names a transactional id, or ACLs are off); refused if not."""
         jobs = [
             (part.log, records, part.leader_epoch, transactional) for _, part, records in pending
         ]
