@@ -7,7 +7,9 @@ it answered COORDINATOR_LOAD_IN_PROGRESS for good.
   INVALID_TOPIC naming it, and so is changing its cleanup.policy (other configs may be
   changed, as in Kafka); the coordinators keep writing;
 - a record there that does not decode (written the coordinators' way, standing in for a
-  damaged one) is skipped and counted when the shard loads; its groups stay available.
+  damaged one) is skipped and counted when the shard loads; its groups stay available;
+- during a rolling upgrade, while a coordinator of an older version (one that sends no
+  header) owns a shard, headerless writes are accepted, as before the header existed.
 
 With ACLs on, the same refusals apply to super users (tests/integration/test_security.py).
 """
@@ -19,10 +21,12 @@ import time
 import pytest
 
 from strom import Admin, Consumer, Producer, TopicPartition
-from strom.api import storage_pb2
+from strom.api import metadata_pb2, storage_pb2
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode, InvalidTopicError
+from strom.metadata import MetadataStore
 from strom.record import encode_batch
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 from tests.conftest import create_topic, member_metric, module_cluster
@@ -109,3 +113,44 @@ def test_a_record_that_does_not_decode_does_not_keep_its_shard_from_loading(
         coordinator, "strom_coordinator_undecodable_records_total", kind="group"
     )
     assert skipped >= 1
+
+
+def test_headerless_internal_writes_are_accepted_only_while_an_old_coordinator_owns_a_shard(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside (rolling upgrade from cabdcc8): coordinators from before the
+    strom-internal-topics header never send it, so an upgraded leader refused all their
+    writes and every shard it led stayed COORDINATOR_LOAD_IN_PROGRESS until the last
+    coordinator was upgraded. The node now requires the header only while every shard owner
+    is registered under coordinator_members/ (which old coordinators never write)."""
+    cluster.wait_coordinators_ready()
+    assert _produce(cluster, "__consumer_offsets").error_code == ErrorCode.INVALID_TOPIC
+    # An old coordinator's shard key, as it writes it (coordinators/<shard>, no member key).
+    # Shard 1 is past this cluster's one __consumer_offsets shard, so the real coordinator
+    # keeps its own shard 0 and serves on.
+    store = MetadataStore([cluster.etcd.endpoint], cluster.cluster_name)
+    key = store.keys.coordinator(1)
+    old = metadata_pb2.CoordinatorShardOwner(
+        shard=1, coordinator_id=77, host="127.0.0.1", port=1, epoch=3, producer_id=5,
+        incarnation_id="old-coordinator-77",
+    )  # fmt: skip
+    node = cluster.nodes[0]
+    try:
+        store.put(key, old)
+        wait_for(
+            lambda: _produce(cluster, "__consumer_offsets").error_code == ErrorCode.NONE,
+            timeout=20,
+            what="a headerless write accepted while the old coordinator owns a shard",
+        )
+        assert member_metric(node, "strom_storage_old_coordinator_writes_total") >= 1
+        with open(node.log_path) as f:
+            assert "coordinator 77 (127.0.0.1:1, incarnation old-coordinator-77)" in f.read()
+    finally:
+        store.delete(key)
+    # Once it is gone (upgraded), the header is required again.
+    wait_for(
+        lambda: _produce(cluster, "__consumer_offsets").error_code == ErrorCode.INVALID_TOPIC,
+        timeout=20,
+        what="headerless writes refused again once every shard owner is registered",
+    )
+    store.close()

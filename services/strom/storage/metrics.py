@@ -73,6 +73,12 @@ PRODUCE_SHED = Counter(
     "strom_storage_produce_shed",
     "Produce requests refused with RESOURCE_EXHAUSTED (in-flight byte budget or memory limit)",
 )
+OLD_COORDINATOR_WRITES = Counter(
+    "strom_storage_old_coordinator_writes",
+    "Produce calls to an internal __ topic accepted without the strom-internal-topics header "
+    "because a shard owner is a coordinator of an older version (no coordinator_members/ "
+    "registration), which does not send it; 0 once every coordinator is upgraded",
+)
 OPEN_STREAMS = Gauge(
     "strom_storage_open_streams",
     "Open ProduceStream and FetchStream calls (clients holding a stream to this node)",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,7 +52,7 @@ from strom.log import (
 from strom.metadata import ClusterView
 from strom.record import InvalidBatchError
 from strom.security import QUOTAS, server_security
-from strom.service.headers import is_internal_call
+from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY, is_internal_call
 from strom.service.limits import Admission, ProduceShed
 from strom.service.stream_writes import writes_answers
 from strom.storage import metrics
@@ -84,18 +85,20 @@ E = ErrorCode
 _PRODUCE_RESULTS: dict[int, Any] = {}
 
 
-def _internal_topic_refusal(topic: str, context: Any) -> _Refusal | None:
+def _internal_topic_refusal(topic: str) -> _Refusal:
     """INVALID_TOPIC for a write to an internal ``__`` topic by anyone but strom's own
     coordinators (service.headers.is_internal_call), as Kafka refuses it even to super users.
     Found from outside: one client record in ``__consumer_offsets`` whose key was not a group
     record kept its shard from loading, and every group on it unavailable, for good."""
-    if not topic.startswith("__") or is_internal_call(context):
-        return None
     return _Refusal(
         E.INVALID_TOPIC,
         f"topic {topic!r} is internal: only strom's coordinators write to it (committed "
         "offsets, transaction state); clients cannot, super users included",
     )
+
+
+#: Seconds between two log lines about internal-topic writes accepted from old coordinators.
+OLD_COORDINATOR_LOG_INTERVAL_S = 60.0
 
 
 def _count_produce(code: int) -> None:
@@ -129,6 +132,8 @@ class StorageServicer(
         self.producer_ids: ProducerIdAllocator | None = None
         #: Produce admission (in-flight bytes, memory mark); None admits everything.
         self.admission: Admission | None = None
+        #: When a headerless internal-topic write of an old coordinator was last logged.
+        self._old_coordinator_logged = -OLD_COORDINATOR_LOG_INTERVAL_S
 
     # -- Produce ---------------------------------------------------------------------------
 
@@ -168,7 +173,7 @@ class StorageServicer(
         for td in request.topics:
             topic = td.topic
             tr = resp.topics.add(topic=topic)
-            refused = _internal_topic_refusal(topic, context)
+            refused = self._internal_topic_check(topic, context)
             topic_id = td.topic_id
             if refused is None and topic_id:
                 refused = self._topic_id_refusal(topic, topic_id)
@@ -213,6 +218,60 @@ class StorageServicer(
         if hints:
             resp.node_endpoints.extend(self._endpoints(hints))
         return resp
+
+    def _internal_topic_check(self, topic: str, context: Any) -> _Refusal | None:
+        """The refusal of a write to an internal ``__`` topic without the coordinators'
+        header, unless a coordinator of an older version holds a shard (a version gate, as
+        Kafka enables a feature once every broker supports it): coordinators from before the
+        header never send it, and refusing them made every shard led by an upgraded node
+        COORDINATOR_LOAD_IN_PROGRESS until the last coordinator was upgraded (found from
+        outside, rolling upgrade). In-process callers (RecordService) are always refused. With
+        ACLs on, such a call still needs CLUSTER_ACTION (strom.security.rules)."""
+        if not topic.startswith("__") or is_internal_call(context):
+            return None
+        if context is not None:
+            old = self._old_coordinator()
+            if old is not None:
+                self._note_old_coordinator_write(topic, old)
+                return None
+        return _internal_topic_refusal(topic)
+
+    def _old_coordinator(self) -> Any:
+        """A shard owner (``coordinators/<s>``, ``txn_coordinators/<s>``) in this node's view
+        whose process has no ``coordinator_members/<incarnation>`` key: a coordinator from
+        before that registration, which is also before the internal-topics header. Every
+        coordinator that sends the header registers (before it claims a shard, on the same
+        lease), so None means the header can be required. Only headerless internal writes
+        ask, so the scan of the shard owners is off the produce path."""
+        view = self.view
+        with view.lock:
+            members = view.coordinator_members
+            for owners in (view.coordinators, view.txn_coordinators):
+                for owner in owners.values():
+                    if owner.value.incarnation_id not in members:
+                        return owner.value
+        return None
+
+    def _note_old_coordinator_write(self, topic: str, owner: Any) -> None:
+        """Count a headerless internal write accepted for an old coordinator; log it at most
+        once a minute, naming one such coordinator so operators know what to upgrade."""
+        metrics.OLD_COORDINATOR_WRITES.inc()
+        now = time.monotonic()
+        if now - self._old_coordinator_logged < OLD_COORDINATOR_LOG_INTERVAL_S:
+            return
+        self._old_coordinator_logged = now
+        log.warning(
+            "accepting writes to %s without the %s header: coordinator %d (%s:%d, incarnation "
+            "%s) owns a shard and has no coordinator_members registration, so it is of an "
+            "older version that does not send it; upgrade it (the header is required again "
+            "once every shard owner is registered)",
+            topic,
+            INTERNAL_TOPICS_METADATA_KEY,
+            owner.coordinator_id,
+            owner.host,
+            owner.port,
+            owner.incarnation_id or "none",
+        )
 
     def _topic_id_refusal(self, topic: str, topic_id: str) -> _Refusal | None:
         """INCONSISTENT_TOPIC_ID for a request entry whose ``topic_id`` is not the id the
