@@ -913,3 +913,38 @@ def test_highwater_of_a_read_committed_consumer_is_the_last_stable_offset(
         p.abort_transaction()
     finally:
         p.close()
+
+
+def test_an_old_clients_transactions_commit_and_abort_without_acls(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside (rolling upgrade from cabdcc8): clients from before
+    ProduceRequest.transactional_id send none, and an upgraded leader refused every one of
+    their transactional batches INVALID_RECORD. Without ACLs (nothing to check the id with)
+    they are appended again and the coordinator commits and aborts their transactions. The
+    old client is emulated on the wire: this producer's requests leave the field out, byte
+    for byte what cabdcc8's encoder sent."""
+    from strom.client import producer as producer_module
+
+    encode = producer_module.encode_produce_request
+    named: list[str] = []
+
+    def old_wire(acks: int, timeout_ms: int, topics: Any, transactional_id: str = "") -> bytes:
+        named.append(transactional_id)
+        return encode(acks, timeout_ms, topics)
+
+    monkeypatch.setattr(producer_module, "encode_produce_request", old_wire)
+    _topic(cluster, "old-client", partitions=1)
+    with Producer(cluster.bootstrap, transactional_id="old-client-tx") as p:
+        p.init_transactions()
+        with p.transaction():
+            p.send("old-client", b"committed")
+        p.begin_transaction()
+        p.send("old-client", b"aborted").result(10)
+        p.abort_transaction()
+    assert "old-client-tx" in named  # the transactional batches went without it
+    assert [v for _, v in _read(cluster, "old-client", "read_committed")] == [b"committed"]
+    assert sorted(v for _, v in _read(cluster, "old-client", "read_uncommitted")) == [
+        b"aborted",
+        b"committed",
+    ]
