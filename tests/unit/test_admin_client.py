@@ -40,6 +40,7 @@ from strom.errors import (
     StromError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
 )
 
 E = common_pb2.ErrorCode
@@ -62,6 +63,16 @@ class _Unavailable(grpc.RpcError):
 
     def details(self) -> str:
         return "connection refused"
+
+
+class _Unimplemented(grpc.RpcError):
+    """What a node answers for a method it does not have (an older version)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNIMPLEMENTED
+
+    def details(self) -> str:
+        return "Method not found!"
 
 
 class FakeCluster:
@@ -108,6 +119,7 @@ class FakeCluster:
         class Stub:
             ListOffsets = Method("ListOffsets")
             DeleteRecords = Method("DeleteRecords")
+            DescribeProducers = Method("DescribeProducers")
 
         return Stub()
 
@@ -521,3 +533,19 @@ def test_cli_time_specs() -> None:
     )
     with pytest.raises(argparse.ArgumentTypeError, match="not a time"):
         _time_spec("soon")
+
+
+def test_a_leader_of_an_older_version_is_named_as_such(fake: FakeCluster, admin: Admin) -> None:
+    """Found from outside: describe_producers (`strom transactions producers`) against a
+    leader that predates DescribeProducers failed "UNKNOWN_SERVER_ERROR ... UNIMPLEMENTED
+    Method not found!", once, not retried (it cannot succeed)."""
+    fake.leaders = {TP("t", 0): "old:9092"}
+
+    fake.answer = lambda addr, method, req: _Unimplemented()  # the call raises it
+    with pytest.raises(UnsupportedVersionError) as err:
+        admin.describe_producers([TP("t", 0)])
+    assert err.value.message == (
+        "t-0: the node at old:9092 does not know DescribeProducers: it runs an older strom "
+        "version than this client"
+    )
+    assert len(fake.storage_calls) == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.log import CorruptLogError, Log, LogConfig, LogManager, compact
+from strom.log import CorruptLogError, InvalidAppendError, Log, LogConfig, LogManager, compact
 from strom.log import cleaner as cleaner_mod
 from strom.record import (
     HEADER_SIZE,
@@ -791,6 +791,67 @@ def test_a_read_inside_a_batch_with_records_is_not_cut(tmp_path: Path) -> None:
     log.append(kv_batch([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]))
     res = log.read(1)
     assert [h.base_offset for h in (b.header for b in decode_batches(res.data))] == [0]
+
+
+def old_leader_read(leader: Log, offset: int, max_bytes: int) -> bytes:
+    """What a leader of a version before reads cut fillers (commit f9fc1a3) served for a
+    fetch at ``offset``: whole batches from the base of the one holding it."""
+    base = max(h.base_offset for h in leader.batch_headers() if h.base_offset <= offset)
+    return bytes(leader.read(base, max_bytes).data)
+
+
+def _follower_behind_a_compacted_leader(tmp_path: Path) -> tuple[Log, Log]:
+    """A follower holding offsets 0..9 and a leader whose cleaner merged emptied batches
+    into one filler straddling 10 (the follower's log end)."""
+    leader = make_log(tmp_path / "leader" / "c-0", segment_bytes=16384)
+    follower = make_log(tmp_path / "follower" / "c-0", segment_bytes=16384)
+    for i in range(10):
+        leader.append(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]))
+    catch_up(follower, leader)
+    for i in range(10, 70):
+        leader.append(kv_batch([(b"k%d" % (i % 3), b"v%d" % i)]))
+    compact(leader, now=T0 + HOUR)
+    straddling = [h for h in leader.batch_headers() if h.base_offset < 10 <= h.last_offset]
+    assert straddling and straddling[0].record_count == 0
+    return leader, follower
+
+
+@pytest.mark.parametrize("max_bytes", [1, 1 << 20])
+def test_a_follower_cuts_a_whole_filler_from_an_older_leader(
+    tmp_path: Path, max_bytes: int
+) -> None:
+    """Found from outside (rolling upgrade): a leader still on a version that serves the
+    cleaner's merged filler whole sends, for a fetch at the follower's log end 10, a batch
+    starting below 10. The upgraded follower refused it ("below the log end offset") once a
+    second and never rejoined the ISR, so its readiness stayed NOT_SERVING and a
+    readiness-gated rolling update stalled. The follower now cuts such a filler at its log
+    end itself."""
+    leader, follower = _follower_behind_a_compacted_leader(tmp_path)
+    first = old_leader_read(leader, follower.log_end_offset, max_bytes)
+    assert decode_batches(first)[0].header.base_offset < follower.log_end_offset
+    while follower.log_end_offset < leader.log_end_offset:
+        follower.append_as_follower(old_leader_read(leader, follower.log_end_offset, max_bytes))
+    copied = [r for r in kv(read_all(follower)) if r[0] >= 10]
+    assert copied == [r for r in kv(read_all(leader)) if r[0] >= 10]
+    check_tiling(follower)
+    follower.close()
+    again = make_log(tmp_path / "follower" / "c-0", segment_bytes=16384)
+    assert [r for r in kv(read_all(again)) if r[0] >= 10] == copied
+
+
+def test_a_follower_still_refuses_a_batch_with_records_below_its_end(tmp_path: Path) -> None:
+    """Only a filler is cut: a batch with records starting below the log end is a real
+    overlap, refused with the log unchanged."""
+    other = make_log(tmp_path / "other" / "c-0")  # the follower's batches: 0 and 1
+    leader = make_log(tmp_path / "leader" / "c-0")  # one batch 0..2
+    follower = make_log(tmp_path / "follower" / "c-0")
+    other.append(kv_batch([(b"a", b"1")]))
+    other.append(kv_batch([(b"b", b"2")]))
+    follower.append_as_follower(other.read(0).data)
+    leader.append(kv_batch([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]))
+    with pytest.raises(InvalidAppendError, match="below the log end offset 2"):
+        follower.append_as_follower(leader.read(2).data)
+    assert follower.log_end_offset == 2
 
 
 # --------------------------------------------------------------------------------- memory

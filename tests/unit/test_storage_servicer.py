@@ -146,9 +146,10 @@ def results(resp: Any) -> dict[tuple[str, int], Any]:
     return {(t.topic, p.partition): p for t in resp.topics for p in t.partitions}
 
 
-async def until_parked(h: Harness, n: int = 1) -> None:
+async def until_parked(h: Harness, n: int = 1, *, follower: bool = False) -> None:
+    registry = h.manager.appended if follower else h.manager.committed
     for _ in range(100):
-        if h.manager.committed.waiting() >= n:
+        if registry.waiting() >= n:
             return
         await asyncio.sleep(0)
     raise AssertionError("the fetch never parked")
@@ -318,6 +319,93 @@ def test_follower_fetch_moves_the_high_watermark_and_detects_divergence(tmp_path
         assert (d.diverging_epoch.epoch, d.diverging_epoch.end_offset) == (0, 3) and not d.records
         stranger = results(await s.Fetch(fetch_req("t", 0, 0, replica_id=9), None))[("t", 0)]
         assert stranger.error_code == E.NOT_LEADER_OR_FOLLOWER
+
+    with_harness(tmp_path, body)
+
+
+class _CallTime:
+    """The one thing DeleteRecords asks of its gRPC context: the time the call has left."""
+
+    def __init__(self, left: float | None = None) -> None:
+        self.left = left
+
+    def time_remaining(self) -> float | None:
+        return self.left
+
+
+def delete_req(offset: int, timeout_ms: int) -> pb.DeleteRecordsRequest:
+    return pb.DeleteRecordsRequest(
+        timeout_ms=timeout_ms,
+        topics=[
+            pb.DeleteRecordsTopic(
+                topic="t", partitions=[pb.DeleteRecordsPartition(partition=0, offset=offset)]
+            )
+        ],
+    )
+
+
+def follower_fetch(offset: int, log_start: int, *, follows: bool, wait_ms: int = 0) -> Any:
+    req = fetch_req("t", 0, offset, replica_id=2, last_fetched_epoch=0, max_wait_ms=wait_ms)
+    req.topics[0].partitions[0].log_start_offset = log_start
+    req.follows_log_start = follows
+    return req
+
+
+async def _two_replicas_with_ten_records(h: Harness) -> StorageServicer:
+    h.topic("t", {0: md.PartitionState(replicas=[1, 2], leader=1, leader_epoch=0, isr=[1, 2])})
+    await h.settle()
+    await h.servicer.Produce(produce_req({("t", 0): encode_batch([b"x"] * 10)}), None)
+    return h.servicer
+
+
+def test_delete_records_does_not_wait_for_an_in_sync_follower_of_an_older_version(
+    tmp_path: Path,
+) -> None:
+    """Found from outside (rolling upgrade): a follower of an older version reports its log
+    start in every fetch but never moves it to the leader's, and an upgraded leader waited
+    for it: every DeleteRecords timed out. Its fetches do not set follows_log_start, and it
+    now counts with the leader's start (as every follower did before the wait existed). Nor
+    is its long poll answered at once for a start it will never adopt."""
+
+    async def body(h: Harness) -> None:
+        s = await _two_replicas_with_ten_records(h)
+        await s.Fetch(follower_fetch(10, 0, follows=False), None)  # in sync, HW 10
+        resp = await s.DeleteRecords(delete_req(5, timeout_ms=1000), _CallTime())
+        r = resp.topics[0].partitions[0]
+        assert (r.error_code, r.error_message, r.low_watermark) == (E.NONE, "", 5)
+        poll = asyncio.create_task(
+            s.Fetch(follower_fetch(10, 0, follows=False, wait_ms=30_000), None)
+        )
+        await until_parked(h, follower=True)
+        await s.Produce(produce_req({("t", 0): encode_batch([b"y"])}), None)
+        got = results(await asyncio.wait_for(poll, 5))[("t", 0)]
+        assert got.records and got.log_start_offset == 5
+
+    with_harness(tmp_path, body)
+
+
+def test_delete_records_waits_for_a_follower_that_follows_the_log_start(tmp_path: Path) -> None:
+    """A follower of this version is waited for; the timeout names it and says what bounded
+    the wait (it said "within 0.0 s" when a client's last retry had almost no time left)."""
+
+    async def body(h: Harness) -> None:
+        s = await _two_replicas_with_ten_records(h)
+        await s.Fetch(follower_fetch(10, 0, follows=True), None)
+        r = (await s.DeleteRecords(delete_req(5, timeout_ms=100), _CallTime())).topics[0]
+        p = r.partitions[0]
+        assert (p.error_code, p.low_watermark) == (E.REQUEST_TIMED_OUT, -1)
+        assert "within timeout_ms (0.1 s) (still behind: node 2; low watermark 0)" in (
+            p.error_message
+        )
+        p = (await s.DeleteRecords(delete_req(5, 30_000), _CallTime(0.01))).topics[0].partitions[0]
+        assert p.error_code == E.REQUEST_TIMED_OUT
+        assert "within the 0.0 s the call's deadline left (timeout_ms 30.0 s)" in p.error_message
+        # Its next fetch reports the start it adopted from the answer: the deletion is done.
+        behind = results(await s.Fetch(follower_fetch(10, 0, follows=True), None))[("t", 0)]
+        assert behind.log_start_offset == 5
+        await s.Fetch(follower_fetch(10, 5, follows=True), None)
+        p = (await s.DeleteRecords(delete_req(5, 100), _CallTime())).topics[0].partitions[0]
+        assert (p.error_code, p.low_watermark) == (E.NONE, 5)
 
     with_harness(tmp_path, body)
 

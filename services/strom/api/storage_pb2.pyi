@@ -91,7 +91,7 @@ class ProducePartitionResponse(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., current_leader: _Optional[_Union[_common_pb2.LeaderAndEpoch, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("replica_id", "replica_incarnation", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "topics", "rack_id", "follow", "follow_answers")
+    __slots__ = ("replica_id", "replica_incarnation", "max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "topics", "rack_id", "follow", "follow_answers", "follows_log_start")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class FetchRequest(_message.Message):
     RACK_ID_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWS_LOG_START_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     replica_incarnation: str
     max_wait_ms: int
@@ -112,7 +113,8 @@ class FetchRequest(_message.Message):
     rack_id: str
     follow: bool
     follow_answers: int
-    def __init__(self, replica_id: _Optional[int] = ..., replica_incarnation: _Optional[str] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[_Union[IsolationLevel, str]] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., rack_id: _Optional[str] = ..., follow: _Optional[bool] = ..., follow_answers: _Optional[int] = ...) -> None: ...
+    follows_log_start: bool
+    def __init__(self, replica_id: _Optional[int] = ..., replica_incarnation: _Optional[str] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation_level: _Optional[_Union[IsolationLevel, str]] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., rack_id: _Optional[str] = ..., follow: _Optional[bool] = ..., follow_answers: _Optional[int] = ..., follows_log_start: _Optional[bool] = ...) -> None: ...
 
 class FetchTopic(_message.Message):
     __slots__ = ("topic", "topic_id", "partitions")

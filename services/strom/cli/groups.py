@@ -21,7 +21,7 @@ import grpc
 
 from strom.api import coordinator_pb2, coordinator_pb2_grpc
 from strom.argtypes import UsageError, iso_time_ms
-from strom.client.cluster import ClusterClient
+from strom.client.cluster import ClusterClient, older_node
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
 from strom.errors import (
@@ -125,6 +125,8 @@ def _call(client: ClusterClient, group: str, method: str, req: Any, code_of: Any
             try:
                 resp = getattr(stub, method)(req, timeout=client.timeout_s)
             except grpc.RpcError as exc:
+                if (old := older_node(exc, addr, method)) is not None:
+                    raise old from None
                 last = f"{addr}: {exc.code().name}"
             else:
                 code = code_of(resp)

@@ -24,7 +24,7 @@ from strom.api import coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.cli.groups import _table
 from strom.cli.jsonout import message_json
 from strom.client.admin import Admin
-from strom.client.cluster import ClusterClient
+from strom.client.cluster import ClusterClient, older_node
 from strom.client.types import TopicPartition
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -284,6 +284,8 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
                     timeout=client.timeout_s,
                 )
             except grpc.RpcError as exc:
+                if (old := older_node(exc, addr, "DescribeTransactions")) is not None:
+                    raise old from None
                 last = f"{addr}: {exc.code().name}"
             else:
                 d = resp.transactions[0]

@@ -49,7 +49,7 @@ import grpc
 
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
 from strom.argtypes import datetime_ms
-from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient
+from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, older_node
 from strom.client.kwnames import kafka_keywords
 from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndTimestamp, TopicPartition
@@ -1219,11 +1219,15 @@ class Admin:
                         grpc.StatusCode.DEADLINE_EXCEEDED,
                     )
                     cls = BrokerNotAvailableError if transient else UnknownServerError
+                    old = older_node(exc, addr, method)
                     for tp in group:
-                        err = cls(
-                            f"{tp.topic}-{tp.partition}: {method} at leader {addr} failed: "
-                            f"{code.name} {exc.details() or ''}".rstrip()
-                        )
+                        if old is not None:
+                            err = _with_context(old, f"{tp.topic}-{tp.partition}")
+                        else:
+                            err = cls(
+                                f"{tp.topic}-{tp.partition}: {method} at leader {addr} failed: "
+                                f"{code.name} {exc.details() or ''}".rstrip()
+                            )
                         if transient and not last_round:
                             retry[tp] = err
                         else:

@@ -17,7 +17,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from strom.api import common_pb2, controller_pb2_grpc, storage_pb2, storage_pb2_grpc
+from strom.api import (
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+    storage_pb2,
+    storage_pb2_grpc,
+)
 from strom.client.metadata import MetadataCache, node_address
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -26,6 +32,7 @@ from strom.errors import (
     BrokerNotAvailableError,
     CoordinatorNotAvailableError,
     StromError,
+    UnsupportedVersionError,
     error_for,
     is_retriable,
 )
@@ -69,6 +76,21 @@ def refused(exc: grpc.RpcError) -> StromError:
     if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
         return AuthenticationError(exc.details() or "the server did not accept the credentials")
     return AuthorizationError(exc.details() or "the server's ACLs refused the request")
+
+
+def older_node(exc: grpc.RpcError, address: str, method: str) -> UnsupportedVersionError | None:
+    """The error for a node that answered ``method`` with gRPC's UNIMPLEMENTED, else None.
+
+    A strom node answers UNIMPLEMENTED only for an RPC it does not have: it runs an older
+    version than this client (a rolling upgrade not finished). Retrying cannot help, and
+    "UNKNOWN_SERVER_ERROR ... UNIMPLEMENTED Method not found!" did not say so (found from
+    outside: `strom transactions producers` against an old node)."""
+    if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+        return None
+    return UnsupportedVersionError(
+        f"the node at {address} does not know {method}: it runs an older strom version than "
+        "this client"
+    )
 
 
 def unreachable(exc: grpc.RpcError) -> str:
@@ -319,10 +341,20 @@ class ClusterClient:
         None for a shard without one right now: FindCoordinator(all_shards) on the first node
         that answers (one pass), for listings that fan out to every coordinator. Unlike
         DescribeCluster it needs no DESCRIBE on the cluster (found from outside: `strom groups
-        list` refused principals the ListGroups filter would have answered). Empty while no
-        coordinator has run; BrokerNotAvailableError when no node answers."""
+        list` refused principals the ListGroups filter would have answered).
+        BrokerNotAvailableError when no node answers.
+
+        A node older than this client ignores all_shards and answers no entry at all, as a
+        node of this version does before any coordinator ran (found from outside: during a
+        rolling upgrade the listings printed nothing, "incomplete"). So an empty answer sends
+        the question to the next node, and when every node that answered had nothing, to the
+        controller's DescribeCluster (which older versions answer too, but which needs
+        DESCRIBE on the cluster; it lists owned shards only). Empty when DescribeCluster has
+        no shard either (no coordinator ran); CoordinatorNotAvailableError, saying the nodes
+        may be older than this client, when it cannot be asked."""
         req = storage_pb2.FindCoordinatorRequest(key_type=key_type, all_shards=True)  # type: ignore[arg-type]
         last = "no node answered"
+        empty: list[str] = []
         for addr in self._candidates():
             try:
                 resp = self.storage(addr).FindCoordinator(req, timeout=min(self.timeout_s, 5.0))
@@ -331,10 +363,29 @@ class ClusterClient:
                     raise refused(exc) from None
                 last = f"{addr}: {exc.code().name}"
                 continue
-            return {
-                c.shard: _addr(c.node) if c.error_code == NONE else None for c in resp.coordinators
-            }
-        raise BrokerNotAvailableError(f"no strom node answered FindCoordinator ({last})")
+            if resp.coordinators:
+                return {
+                    c.shard: _addr(c.node) if c.error_code == NONE else None
+                    for c in resp.coordinators
+                }
+            empty.append(addr)
+        if not empty:
+            raise BrokerNotAvailableError(f"no strom node answered FindCoordinator ({last})")
+        try:
+            desc = self.controller_call(
+                "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
+            )
+        except StromError as exc:
+            raise CoordinatorNotAvailableError(
+                "no coordinator shards found: "
+                + ", ".join(empty)
+                + " answered FindCoordinator(all_shards) with none, as nodes older than this "
+                "client do (they ignore all_shards; or no coordinator has run yet), and the "
+                f"controller's DescribeCluster, asked instead, failed: {exc}"
+            ) from None
+        txn = key_type == storage_pb2.COORDINATOR_TYPE_TRANSACTION
+        owned = desc.transaction_shards if txn else desc.coordinator_shards
+        return {o.shard: f"{o.host}:{o.port}" for o in owned}
 
     def topic_metadata(self, topic: str, *, refresh: bool = True) -> Any:
         """The topic's entry in the nodes' metadata (see :meth:`MetadataCache.topic`)."""
@@ -398,6 +449,8 @@ class ClusterClient:
                 except grpc.RpcError as exc:
                     if exc.code() in _REFUSED:
                         raise refused(exc) from None
+                    if (old := older_node(exc, f"controller {addr}", method)) is not None:
+                        raise old from None  # not a controller to retry or look for again
                     last = f"controller {addr}: {exc.code().name} {exc.details() or ''}".strip()
                     self._controller_addr = None
                     if exc.code() == grpc.StatusCode.UNAVAILABLE:

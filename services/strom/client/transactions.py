@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
-from strom.client.cluster import ClusterClient
+from strom.client.cluster import ClusterClient, older_node
 from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -389,7 +389,7 @@ class TransactionManager:
                 resp = getattr(stub, method)(req, timeout=min(remaining, self.request_timeout_s))
             except grpc.RpcError as exc:
                 if exc.code() not in _TRANSPORT:
-                    raise StromError(
+                    raise older_node(exc, addr, method) or StromError(
                         f"{method} failed: {exc.code().name} {exc.details()}"
                     ) from None
                 self._coordinator = None

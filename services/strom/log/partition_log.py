@@ -710,23 +710,36 @@ class Log:
         the leader only ever answers with whole batches, so refusing it would refuse every
         fetch for good. The log restarts at the batch's base offset and keeps its log start,
         so the records below it are still never served.
+
+        Another: a first batch that straddles the log end and is a filler (no records,
+        producer fields or transaction bits: the cleaner's merged run of emptied batches) is
+        cut to start at the log end (_trim_filler), as this version's leader serves it. A
+        leader of an older version (before reads cut fillers) serves it whole, and a
+        follower that had copied some of the merged batches before the merge would refuse it
+        on every fetch and never rejoin the ISR. Any other batch below the log end is
+        refused.
         """
         # Not max.message.bytes: the leader took these batches under the limit in force
         # then, which may have been larger than today's (Kafka checks it on produce only).
         headers = scan_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
         if not headers:
             return None
-        view = memoryview(data)
         with self.lock:
             first = self.log_end_offset
             restart = False
-            if headers[0].base_offset < first:
-                restart = first == self.log_start_offset and headers[0].next_offset > first
+            if headers[0].base_offset < first < headers[0].next_offset:
+                restart = first == self.log_start_offset
                 if not restart:
-                    raise InvalidAppendError(
-                        f"replicated batch at offset {headers[0].base_offset} is below the log "
-                        f"end offset {first}"
-                    )
+                    # A leader of an older version serves a filler whole (see the docstring).
+                    trimmed = _trim_filler(data, first)
+                    if trimmed is not data:
+                        data = trimmed
+                        headers = scan_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
+            if headers[0].base_offset < first and not restart:
+                raise InvalidAppendError(
+                    f"replicated batch at offset {headers[0].base_offset} is below the log "
+                    f"end offset {first}"
+                )
             run_start = 0
             records = 0
             for i, h in enumerate(headers):
@@ -751,6 +764,7 @@ class Log:
                 # Checked first: a refused request leaves the log as it was.
                 self.truncate_fully_and_start_at(headers[0].base_offset, log_start_offset=first)
                 first = self.log_end_offset
+            view = memoryview(data)
             expected = first
             for i, h in enumerate(headers):
                 if h.base_offset != expected and i > run_start:

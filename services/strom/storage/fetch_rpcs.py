@@ -167,11 +167,16 @@ class FetchRpcs(StorageCore):
                         )
                     if follower:
                         if not self._follower_position(
-                            part, replica_id, fp, pr, request.replica_incarnation
+                            part,
+                            replica_id,
+                            fp,
+                            pr,
+                            request.replica_incarnation,
+                            request.follows_log_start,
                         ):
                             answer_now = True
                             continue
-                        if self._follower_start_behind(part, fp):
+                        if request.follows_log_start and self._follower_start_behind(part, fp):
                             answer_now = True
                     n = await self._read(
                         part, fp, follower, budget - total, total == 0, pout, read_committed
@@ -272,11 +277,16 @@ class FetchRpcs(StorageCore):
         fp: pb.FetchPartition,
         pr: pb.FetchPartitionResponse,
         incarnation: str = "",
+        follows_log_start: bool = True,
     ) -> bool:
         """Leader side of a follower fetch: check the follower's log against our epoch
         history and record its position, as of its process ``incarnation`` (which may
         advance the high watermark). Returns False when the answer is a diverging epoch
-        instead of data."""
+        instead of data. A follower that does not set ``follows_log_start`` (an older
+        version: it never moves its log start to ours) is recorded as such, so DeleteRecords
+        does not wait for its start (found from outside: during a rolling upgrade every
+        DeleteRecords on an upgraded leader timed out), and is not answered at once for a
+        start it will never adopt (that would turn its long poll into a busy loop)."""
         if replica_id not in part.replicas:
             raise _Refusal(
                 E.NOT_LEADER_OR_FOLLOWER,
@@ -295,7 +305,9 @@ class FetchRpcs(StorageCore):
                 return False
         if part.record_follower_end_offset(replica_id, fp.fetch_offset, incarnation):
             self.manager.committed.notify(part.tp, 1 << 30)
-        if fp.log_start_offset >= 0:
+        if not follows_log_start:
+            part.record_follower_log_start(replica_id, None)
+        elif fp.log_start_offset >= 0:
             part.record_follower_log_start(replica_id, fp.log_start_offset)
         # Out of the ISR (it may join), or in it but below the HW (it lost committed records,
         # restarted without its data: it must leave now, not after the lag time).

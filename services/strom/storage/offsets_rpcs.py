@@ -182,21 +182,39 @@ class OffsetRpcs(StorageCore):
         deleted, and a leader killed at once left a new leader with the records readable).
         Past ``timeout_ms`` (30 s when unset), or the call's deadline, the partition answers
         REQUEST_TIMED_OUT: the deletion stands and reaches the followers; retrying is safe."""
-        timeout = timeout_ms / 1000 if timeout_ms > 0 else DELETE_RECORDS_DEFAULT_TIMEOUT_S
+        asked = timeout_ms / 1000 if timeout_ms > 0 else DELETE_RECORDS_DEFAULT_TIMEOUT_S
+        timeout = asked
         left = context.time_remaining()
         if left is not None:
             timeout = min(timeout, max(left - 0.05, 0.0))
         lows = await asyncio.gather(
             *(part.wait_for_low_watermark(offset, timeout) for part, offset, _ in deleted)
         )
+        # Say what bounded the wait: a client retrying until its own deadline sends a last
+        # request with almost no time left, and "within 0.0 s" alone read as if nothing had
+        # been waited for (found from outside).
+        if timeout < asked:
+            waited = f"the {timeout:.1f} s the call's deadline left (timeout_ms {asked:.1f} s)"
+        else:
+            waited = f"timeout_ms ({asked:.1f} s)"
         for (part, offset, pr), low in zip(deleted, lows, strict=True):
             if low is not None:
                 pr.low_watermark = low
                 continue
-            pr.error_code = E.REQUEST_TIMED_OUT if part.is_leader else E.NOT_LEADER_OR_FOLLOWER
-            pr.error_message = (
-                f"{part.topic}-{part.index}: records below {offset} are deleted on the leader, "
-                f"but not every in-sync replica had moved its log start (low watermark "
-                f"{part.low_watermark() if part.is_leader else -1}) within {timeout:.1f} s"
-            )
             pr.low_watermark = -1
+            where = f"{part.topic}-{part.index}: records below {offset} are deleted on the leader"
+            if not part.is_leader:
+                pr.error_code = E.NOT_LEADER_OR_FOLLOWER
+                pr.error_message = (
+                    f"{where}, but it lost the leadership before every in-sync replica had "
+                    "moved its log start"
+                )
+                continue
+            behind = ", ".join(f"node {r}" for r in part.followers_below_log_start(offset))
+            pr.error_code = E.REQUEST_TIMED_OUT
+            pr.error_message = (
+                f"{where}, but not every in-sync replica had moved its log start past it "
+                f"within {waited} (still behind: {behind or 'none now'}; low watermark "
+                f"{part.low_watermark()}); the deletion stands and reaches them, retrying "
+                "is safe"
+            )

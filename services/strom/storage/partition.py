@@ -66,8 +66,9 @@ class Partition:
         # Follower node id -> its log end offset as of its last fetch (replication issue).
         self.replica_end_offsets: dict[int, int] = {}
         #: Follower node id -> its log start offset as of its last fetch: DeleteRecords is
-        #: answered once every in-sync replica moved its start (Kafka's low watermark).
-        self.replica_log_starts: dict[int, int] = {}
+        #: answered once every in-sync replica moved its start (Kafka's low watermark). None
+        #: for a follower that does not follow the leader's start (an older version).
+        self.replica_log_starts: dict[int, int | None] = {}
         self.high_watermark = log.log_start_offset
         # Leader side ISR bookkeeping (DESIGN §6): per follower, when it was last caught up
         # with our LEO, and our LEO/time at its previous fetch (Kafka's lastCaughtUpTime).
@@ -314,9 +315,12 @@ class Partition:
         self.replica_end_offsets[replica] = end_offset
         return self.maybe_advance_high_watermark()
 
-    def record_follower_log_start(self, replica: int, log_start: int) -> None:
-        """A follower fetched with ``log_start`` as its log start offset."""
-        if self.replica_log_starts.get(replica) != log_start:
+    def record_follower_log_start(self, replica: int, log_start: int | None) -> None:
+        """A follower fetched with ``log_start`` as its log start offset; None when its
+        fetches do not say it moves its start up to the leader's (FetchRequest.
+        follows_log_start unset: a follower of an older version, whose reported start never
+        moves with DeleteRecords, so waiting for it would time out every time)."""
+        if self.replica_log_starts.get(replica, -1) != log_start:
             self.replica_log_starts[replica] = log_start
             self._release_lw_waiters()
 
@@ -324,12 +328,31 @@ class Partition:
         """Leader: the lowest log start offset among this replica and the followers of the
         (maximal) ISR, -1 while one of them has not fetched in this leadership. Records below
         it are gone from every replica a clean election can choose; an out-of-sync replica
-        adopts the leader's start from its fetch answers before it can rejoin the ISR."""
+        adopts the leader's start from its fetch answers before it can rejoin the ISR.
+
+        A follower that does not follow the leader's start (an older version, mixed in
+        during a rolling upgrade) counts with the leader's start, as every follower did
+        before the low watermark was waited for: it keeps the records until its own
+        retention removes them."""
         low = self.log.log_start_offset
         for replica in self.maximal_isr():
             if replica != self.node_id:
-                low = min(low, self.replica_log_starts.get(replica, -1))
+                start = self.replica_log_starts.get(replica, -1)
+                if start is not None:
+                    low = min(low, start)
         return low
+
+    def followers_below_log_start(self, offset: int) -> list[int]:
+        """Leader: the followers of the (maximal) ISR that hold the low watermark below
+        ``offset`` (their reported start is below it, or they have not fetched in this
+        leadership), for DeleteRecords' timeout message."""
+        return [
+            r
+            for r in self.maximal_isr()
+            if r != self.node_id
+            and (start := self.replica_log_starts.get(r, -1)) is not None
+            and start < offset
+        ]
 
     async def wait_for_low_watermark(self, offset: int, timeout: float) -> int | None:
         """Wait until the low watermark reaches ``offset`` (DeleteRecords): the low

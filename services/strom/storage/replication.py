@@ -349,6 +349,7 @@ class ReplicaFetchers:
         req = pb.FetchRequest(
             replica_id=self.node_id,
             replica_incarnation=self.incarnation(),
+            follows_log_start=True,  # it moves its start to ours (_follow_log_start)
             max_wait_ms=FETCH_MAX_WAIT_MS,
             min_bytes=1,
             max_bytes=FETCH_MAX_BYTES,
