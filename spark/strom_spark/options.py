@@ -179,7 +179,8 @@ class WriteOptions:
     client_id: str = "strom-spark-writer"
     #: ``exactlyOnce=true``: every task writes in one transaction (:mod:`strom_spark.txn`).
     exactly_once: bool = False
-    #: Transactional ids and bookkeeping groups are ``<prefix>-<Spark partition id>``; None =
+    #: Transactional ids and bookkeeping groups are ``<prefix>-<run>-<Spark partition id>``
+    #: (:class:`strom_spark.txn.Slot`); None =
     #: derived from the streaming query's id (stable across restarts from its checkpoint),
     #: or a fresh id per batch write.
     transactional_id_prefix: str | None = None

@@ -103,7 +103,24 @@ class StromDataSource(DataSource):
         raw = str(self.options.get("includeHeaders", "false")).strip().lower()
         if raw not in ("true", "false"):
             raise OptionError(f"option includeHeaders must be true or false, got {raw!r}")
+        self._check_read_options()
         return spark_schema(raw == "true")
+
+    def _check_read_options(self) -> None:
+        """A read's options are checked at ``load()``, as Spark's Kafka source checks them,
+        not only when a streaming query starts: ``streamReader`` runs then, and PySpark
+        buried its clear message in a 21-line StreamingQueryException ending in its own
+        UnboundLocalError (found from outside). ``load()`` does not say whether the read
+        is a batch or a stream, so options valid in either pass here; the mode's own rules
+        (``endingOffsets`` in a stream, ``startingOffsets=latest`` in a batch) are still
+        checked when the reader is made."""
+        keys = {str(k).lower() for k in self.options}
+        if not keys & {"subscribe", "subscribepattern", "assign"}:
+            return  # a write's options (or none): the writer checks those
+        try:
+            parse_read_options(self.options, streaming=False)
+        except OptionError:
+            parse_read_options(self.options, streaming=True)  # raises when neither mode fits
 
     @user_facing
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -167,6 +167,22 @@ def test_bad_read_options_name_the_option(
     assert message in str(info.value)
 
 
+def test_read_options_are_checked_at_load_in_either_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load()`` (the source's ``schema()``) names a bad read option, as Spark's Kafka source
+    does, instead of the streaming query failing at start() inside PySpark's own error (found
+    from outside); an option valid in one mode passes there (the mode is not known yet), and
+    a write's options are left to the writer."""
+    monkeypatch.delenv("STROM_BOOTSTRAP", raising=False)
+    base = {"bootstrap": "h:1", "subscribe": "t"}
+    with pytest.raises(OptionError, match="maxOffsetsPerTrigger must be >= 1, got -5"):
+        source.StromDataSource({**base, "maxOffsetsPerTrigger": "-5"}).schema()
+    with pytest.raises(OptionError, match="bootstrap is required"):
+        source.StromDataSource({"subscribe": "t"}).schema()
+    for fine in ({"startingOffsets": "latest"}, {"endingOffsets": "latest"}, {}):
+        assert source.StromDataSource({**base, **fine}).schema() == spark_schema(False)
+    assert source.StromDataSource({"topic": "out"}).schema() == spark_schema(False)
+
+
 def test_write_options() -> None:
     w = parse_write_options(
         {**BOOT, "topic": "out", "kafka.acks": "1", "kafka.compression.type": "LZ4"}
