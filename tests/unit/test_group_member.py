@@ -146,6 +146,27 @@ def test_a_heartbeat_during_installation_reports_what_is_being_installed(member:
     assert m._installing is None
 
 
+@pytest.mark.parametrize(("max_poll_ms", "sent"), [(600_000, 600_000), (2**40, 2**31 - 1)])
+def test_heartbeats_carry_max_poll_interval_as_the_rebalance_timeout(
+    max_poll_ms: int, sent: int
+) -> None:
+    """Found from outside: the field was never sent, so the coordinator's 5-minute default
+    fenced a consumer that allowed itself 10 minutes between polls when a rebalance started
+    meanwhile. Kafka's consumer sends max.poll.interval.ms; values past int32 are clamped."""
+    consumer = FakeConsumer()
+    consumer.config["max_poll_interval_ms"] = max_poll_ms
+    m = make_group(consumer)  # type: ignore[arg-type]
+    assert isinstance(m, GroupMember)
+    stub = FakeStub(_resp(1, [0]), _resp(1), _resp(-1))
+    m._stub = lambda timeout_s: (stub, "addr")  # type: ignore[method-assign]
+    with m._lock:
+        m._topics, m._subscribed = ("t",), True
+    m._heartbeat_once()  # the join
+    m._heartbeat_once()  # a regular heartbeat
+    m._leave()
+    assert [r.rebalance_timeout_ms for r in stub.requests] == [sent, sent, sent]
+
+
 def test_fenced_member_drops_everything_before_rejoining(member: Any) -> None:
     m, consumer, listener, stub, _ = member
     stub.responses = [_resp(3, [0]), _resp(-1, code=E.FENCED_MEMBER_EPOCH), _resp(4, [1])]

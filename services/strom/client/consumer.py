@@ -125,6 +125,8 @@ class Consumer:
     not call ``poll()`` for ``max_poll_interval_ms`` (default 5 minutes; time blocked inside
     a poll does not count) leaves the group, so its partitions move to members that read;
     the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
+    It is also the member's rebalance timeout: how long the coordinator waits for it to
+    give up revoked partitions before removing it.
     """
 
     @kafka_keywords

@@ -142,6 +142,12 @@ class GroupMember:
         #: max_poll_interval_ms: how long the application may stay out of poll() before
         #: the heartbeat thread leaves the group for it (Kafka's max.poll.interval.ms).
         self._max_poll_s = cfg["max_poll_interval_ms"] / 1000.0
+        #: Sent as the heartbeat's rebalance_timeout_ms, as Kafka's consumer sends
+        #: max.poll.interval.ms: how long the coordinator waits for this member to revoke
+        #: partitions. Without it the coordinator's 5-minute default applied, and a consumer
+        #: that allowed itself longer between polls was removed mid-rebalance (found from
+        #: outside). Clamped to the field's int32.
+        self._rebalance_timeout_ms = min(int(cfg["max_poll_interval_ms"]), 2**31 - 1)
         #: Whether the application thread is inside poll(), and when it last entered or left.
         self._polling = False
         self._last_poll = time.monotonic()
@@ -524,6 +530,7 @@ class GroupMember:
                 member_epoch=self.member_epoch if epoch is None else epoch,
                 subscribed_topic_names=list(self._topics),
                 owned_topic_partitions=_topic_partitions(self._may_hold()),
+                rebalance_timeout_ms=self._rebalance_timeout_ms,
             )
             if self._pattern is not None:
                 req.subscribed_topic_regex = self._pattern
