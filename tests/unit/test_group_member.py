@@ -167,6 +167,28 @@ def test_heartbeats_carry_max_poll_interval_as_the_rebalance_timeout(
     assert [r.rebalance_timeout_ms for r in stub.requests] == [sent, sent, sent]
 
 
+def test_a_poll_inside_rebalance_elsewhere_leaves_the_rebalance_to_the_next_poll(
+    member: Any,
+) -> None:
+    """strom.aio answers polls on the event loop, where a listener cannot run (a coroutine
+    could not be waited for): such a poll leaves the new assignment alone, and says it is
+    pending so the aio consumer makes the next poll in a worker thread."""
+    m, consumer, listener, stub, _ = member
+    stub.responses = [_resp(1, [0, 1])]
+    assert not m.rebalance_pending()
+    m._heartbeat_once()
+    assert m.rebalance_pending()
+    with m.rebalance_elsewhere():
+        m.on_poll(consumer)
+    assert consumer.applied == [] and listener.calls == []
+    done = threading.Thread(target=m.on_poll, args=(consumer,))  # another thread: not deferred
+    with m.rebalance_elsewhere():
+        done.start()
+        done.join()
+    assert consumer.applied == [{T0, T1}] and listener.calls == [("assigned", [T0, T1])]
+    assert not m.rebalance_pending()
+
+
 def test_fenced_member_drops_everything_before_rejoining(member: Any) -> None:
     m, consumer, listener, stub, _ = member
     stub.responses = [_resp(3, [0]), _resp(-1, code=E.FENCED_MEMBER_EPOCH), _resp(4, [1])]

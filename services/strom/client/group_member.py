@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -154,6 +154,9 @@ class GroupMember:
         #: Set by the heartbeat thread when it left the group for a stalled application;
         #: the next poll drops the partitions (lost) and rejoins.
         self._poll_expired = False
+        #: .active while a poll on this thread must leave rebalance work to a later one
+        #: (rebalance_elsewhere).
+        self._deferring = threading.local()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -194,11 +197,51 @@ class GroupMember:
             self._polling = active
             self._last_poll = time.monotonic()
 
+    def rebalance_pending(self) -> bool:
+        """Whether the next poll has rebalance work: partitions to install or drop, and so
+        listener calls. strom.aio polls in a worker thread then (see
+        :meth:`rebalance_elsewhere`)."""
+        with self._lock:
+            return (
+                self._poll_expired
+                or self._fenced
+                or (self._target is not None and self._target != self._owned)
+            )
+
+    @contextlib.contextmanager
+    def rebalance_elsewhere(self) -> Iterator[None]:
+        """Within it, a poll on this thread leaves the rebalance work to a later poll.
+
+        For strom.aio, whose poll answers from buffered records on the event loop itself:
+        a rebalance listener called there could neither wait for a coroutine on that loop
+        (it would deadlock) nor commit without blocking it. The aio consumer polls in a
+        worker thread whenever :meth:`rebalance_pending`; this covers an assignment that
+        arrives between that check and the poll."""
+        self._deferring.active = True
+        try:
+            yield
+        finally:
+            self._deferring.active = False
+
     def on_poll(self, consumer: GroupHost) -> None:
         """Reconcile a new assignment, surface heartbeat errors, auto-commit when due."""
         err, self._error = self._error, None
         if err is not None:
             raise err
+        if not getattr(self._deferring, "active", False) and self._rebalance(consumer):
+            return
+        if self._auto_commit and time.monotonic() >= self._next_auto_commit:
+            self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+            with self._lock:
+                owned = set(self._owned)  # what the reconcile above kept, not what it revoked
+            # Manual assign() with a group_id auto-commits too, as a "simple" consumer.
+            offsets = self._positions(owned if self._subscribed else consumer.assignment())
+            if offsets:
+                self.commit_async(offsets, self._log_commit_error)
+
+    def _rebalance(self, consumer: GroupHost) -> bool:
+        """on_poll's rebalance work; True when the partitions were dropped (the poll does
+        nothing more)."""
         with self._lock:
             expired = self._poll_expired
         if expired:
@@ -210,7 +253,7 @@ class GroupMember:
                 self._poll_expired = False
                 self._last_poll = time.monotonic()
             self._wake.set()
-            return
+            return True
         with self._lock:
             fenced = self._fenced
             target = None if self._target is None else set(self._target)
@@ -222,21 +265,14 @@ class GroupMember:
             with self._lock:
                 self._fenced = False
             self._wake.set()
-            return
+            return True
         if target is not None and target != owned:
             try:
                 self._reconcile(consumer, owned, target)
             finally:
                 with self._lock:
                     self._installing = None
-        if self._auto_commit and time.monotonic() >= self._next_auto_commit:
-            self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-            with self._lock:
-                owned = set(self._owned)  # what the reconcile above kept, not what it revoked
-            # Manual assign() with a group_id auto-commits too, as a "simple" consumer.
-            offsets = self._positions(owned if self._subscribed else consumer.assignment())
-            if offsets:
-                self.commit_async(offsets, self._log_commit_error)
+        return False
 
     def committed(
         self, partitions: Sequence[TopicPartition], timeout_s: float
