@@ -9,13 +9,14 @@ from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
 from strom.api import coordinator_pb2
 from strom.client.group_member import GroupMember, make_group
 from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.errors import AuthorizationError, StromError, UnsupportedAssignorError
 from strom.errors import ErrorCode as E
-from strom.errors import UnsupportedAssignorError
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
 
@@ -27,6 +28,7 @@ class FakeConsumer:
         self._client = SimpleNamespace()
         self._timeout_s = 1.0
         self._backoff_s = 0.01
+        self._read_committed = False
         self.config: dict[str, Any] = {
             "enable_auto_commit": True,
             "auto_commit_interval_ms": 60_000,
@@ -252,3 +254,47 @@ def test_a_commit_refused_for_a_stale_epoch_waits_for_the_heartbeat_that_brings_
         m._wake.set()
         beat.join(30)
     assert sent == [1, 2]
+
+
+class _Refused(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.PERMISSION_DENIED
+
+    def details(self) -> str:
+        return "DESCRIBE on group g denied"
+
+
+class FetchStub:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def OffsetFetch(self, req: Any, **_: Any) -> Any:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (_Refused(), AuthorizationError),
+        (
+            coordinator_pb2.OffsetFetchResponse(
+                error_code=E.UNKNOWN_SERVER_ERROR, error_message="boom"
+            ),
+            StromError,
+        ),
+    ],
+)
+def test_a_failed_offset_lookup_raises_what_it_is_not_nothing_committed(
+    member: Any, answer: Any, error: type[StromError]
+) -> None:
+    """Found while making poll() wait out coordinator failovers (it now skips retriable
+    lookup errors): a refusal by the ACLs came back as a retriable "OffsetFetch failed",
+    and an error for the whole lookup was ignored, so every partition read as "nothing
+    committed" and the consumer started from auto_offset_reset. Both raise, not retriable."""
+    m, *_ = member
+    m._stub = lambda timeout_s: (FetchStub(answer), "addr")
+    with pytest.raises(error) as raised:
+        m.committed([T0], 1.0)
+    assert not raised.value.retriable

@@ -293,6 +293,11 @@ class GroupMember:
         deadline = time.monotonic() + timeout_s
         while True:
             resp = self._request("OffsetFetch", req, max(deadline - time.monotonic(), 0.001))
+            if resp.error_code != E.NONE:
+                # The whole lookup failed (found while fixing poll during failovers: the
+                # error was ignored, every partition read as "nothing committed", and the
+                # consumer started from auto_offset_reset instead of its group's offsets).
+                raise error_for(resp.error_code, resp.error_message)
             unstable = any(
                 pr.error_code == E.UNSTABLE_OFFSET_COMMIT
                 for tr in resp.topics
@@ -713,6 +718,13 @@ class GroupMember:
                     req, timeout=min(remaining, self._timeout_s), metadata=self._metadata
                 )
             except grpc.RpcError as exc:
+                if exc.code() in (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ):
+                    # Refused by the ACLs (or not authenticated): what it is, not retriable,
+                    # so a poll does not take it for a coordinator failing over.
+                    raise refused(exc) from None
                 if exc.code() not in _TRANSPORT or time.monotonic() >= deadline:
                     raise StromError(
                         f"{method} to the coordinator failed: {exc.code().name}", retriable=True
