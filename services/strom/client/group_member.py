@@ -396,8 +396,9 @@ class GroupMember:
             add_offsets(req, offsets)
             resp = self._request("OffsetCommit", req, max(deadline - time.monotonic(), 0.001))
             if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
-                # The coordinator bumped the epoch (a rebalance): retry with the new one (the
-                # coordinator still checks the partitions are ours to commit). FIX (found
+                # The coordinator bumped the epoch (a rebalance): retry with the new one. The
+                # coordinator checks only the member and its epoch, not that the partitions
+                # committed are still this member's (Kafka's checks no more). FIX (found
                 # from outside): when the heartbeat bringing it had not come back yet, a
                 # sync commit failed with a non-retriable StaleMemberEpochError; it now asks
                 # for a heartbeat at once and waits briefly for the new epoch, as Kafka's
