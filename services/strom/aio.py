@@ -15,6 +15,9 @@ asyncio layer only has to never block the event loop:
   thread's poll takes goes back for the next poll); ``async for record in consumer`` works, and a
   loop left early (``break``, an exception, a cancellation) puts back the records it did not
   hand out, as the sync consumer's loop does.
+- a rebalance listener's methods may be coroutines (see ``Consumer.subscribe``): a poll that
+  has partitions to hand over runs in a worker thread, and the listener's coroutines run on
+  the loop meanwhile.
 - every ``Admin`` method is a coroutine; so are the producer's transaction calls but
   ``begin_transaction``.
 """
@@ -22,7 +25,9 @@ asyncio layer only has to never block the event loop:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -130,16 +135,54 @@ class Consumer:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._sync, name)
         if name in self._BLOCKING and callable(attr):
+            if getattr(_in_listener, "consumer", None) is self:
+                # A plain rebalance listener method runs in the poll's worker thread and
+                # cannot await: it gets the blocking method (commit() commits before the
+                # partitions move, as in Kafka's listener).
+                return attr
             return _in_thread(attr)
         return attr  # seek, pause, resume, assignment, paused … never wait
+
+    async def subscribe(
+        self, topics: Any = None, pattern: str | None = None, listener: Any = None
+    ) -> None:
+        """Join the group, as the sync ``subscribe()``. The listener's methods may be plain
+        functions or coroutine functions: they run when a poll (in a worker thread) or
+        ``unsubscribe``/``close`` hands partitions over, and that waits for them, so a
+        commit made in ``on_partitions_revoked`` is done before the partitions move. A
+        coroutine method runs on this event loop (``await consumer.commit()``); a plain one
+        runs in the worker thread, where this consumer's blocking methods (``commit()``,
+        ``committed()``, ``position()`` …) are the sync ones and return their result.
+
+        FIX (found from outside): coroutine methods were called and never awaited, and a
+        plain method's ``consumer.commit()`` returned a coroutine, so nothing was committed
+        and the partition's next owner read the records again."""
+        if listener is not None:
+            listener = _LoopListener(listener, self, asyncio.get_running_loop())
+        await asyncio.to_thread(self._sync.subscribe, topics, pattern, listener)
+
+    def _inline(self) -> contextlib.AbstractContextManager[None]:
+        """Around a poll made on the event loop: rebalance work is left to a poll in a
+        worker thread (see :meth:`_rebalance_pending`)."""
+        group = self._sync._group
+        return group.rebalance_elsewhere() if group is not None else contextlib.nullcontext()
+
+    def _rebalance_pending(self) -> bool:
+        """Whether the next poll must run in a worker thread: it has partitions to install
+        or drop, and so listener calls, which must not run on the event loop (a coroutine
+        method could not be waited for there, a commit would block the loop)."""
+        group = self._sync._group
+        return group is not None and group.rebalance_pending()
 
     async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
         """Records, as the sync ``poll()``. Cancelled while it waits (``asyncio.wait_for``),
         what the poll's worker thread took goes back: the next poll returns it."""
         await self._abandoned_poll_done()
-        records = self._sync.poll(0, max_records)
-        if records or timeout_ms <= 0:
-            return records
+        if not self._rebalance_pending():
+            with self._inline():
+                records = self._sync.poll(0, max_records)
+            if records or timeout_ms <= 0:
+                return records
         return await self._poll_in_thread(
             lambda ms: self._sync.poll(ms, max_records), timeout_ms, _first_of_records, bool
         )
@@ -147,9 +190,11 @@ class Consumer:
     async def poll_arrow(self, timeout_ms: int = 0, max_records: int | None = None) -> Any:
         """An Arrow table, as the sync ``poll_arrow()``; cancellation as in :meth:`poll`."""
         await self._abandoned_poll_done()
-        table = self._sync.poll_arrow(0, max_records)
-        if table.num_rows or timeout_ms <= 0:
-            return table
+        if not self._rebalance_pending():
+            with self._inline():
+                table = self._sync.poll_arrow(0, max_records)
+            if table.num_rows or timeout_ms <= 0:
+                return table
         return await self._poll_in_thread(
             lambda ms: self._sync.poll_arrow(ms, max_records),
             timeout_ms,
@@ -310,8 +355,13 @@ class _Records:
             if self._sync.closed:
                 raise StopAsyncIteration
             try:
-                if not self._poll(0):
+                if self._consumer._rebalance_pending():
                     await self._poll_in_thread()
+                else:
+                    with self._consumer._inline():
+                        polled = self._poll(0)
+                    if not polled:
+                        await self._poll_in_thread()
             except _consumer.IllegalStateError:
                 if self._sync.closed:  # closed from elsewhere: the loop ends
                     raise StopAsyncIteration from None
@@ -379,6 +429,63 @@ class Admin:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+#: .consumer: the aio Consumer whose plain rebalance listener method runs on this thread.
+_in_listener = threading.local()
+
+_LISTENER_METHODS = frozenset(
+    {"on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost"}
+)
+
+
+class _LoopListener:
+    """The rebalance listener an aio Consumer hands to the sync one (see its subscribe).
+
+    Listener methods are called by the sync consumer's poll, which the aio consumer runs in
+    a worker thread while the event loop is free: a coroutine method is run on the loop
+    and waited for; a plain one is called in the thread with the consumer's blocking
+    methods made synchronous. Only the methods the application's listener has exist here,
+    so ``on_partitions_lost`` falls back to ``on_partitions_revoked`` as for a sync one.
+    """
+
+    def __init__(self, listener: Any, consumer: Consumer, loop: asyncio.AbstractEventLoop):
+        self._listener = listener
+        self._consumer = consumer
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _LISTENER_METHODS:
+            raise AttributeError(name)
+        fn = getattr(self._listener, name)  # AttributeError when the listener lacks it
+        return functools.partial(self._call, fn)
+
+    def _call(self, fn: Callable[..., Any], partitions: Any) -> None:
+        before = getattr(_in_listener, "consumer", None)
+        _in_listener.consumer = self._consumer
+        try:
+            result = fn(partitions)  # a coroutine method only makes its coroutine here
+        finally:
+            _in_listener.consumer = before
+        if inspect.iscoroutine(result):
+            if _running_loop() is self._loop:
+                # Waiting here would block the loop the coroutine needs (the aio consumer
+                # polls in a worker thread when a rebalance is pending, so this is a bug).
+                result.close()
+                raise RuntimeError("an async rebalance listener called on its event loop")
+            try:
+                future = asyncio.run_coroutine_threadsafe(result, self._loop)
+            except RuntimeError:  # the loop is closed: the coroutine can never run
+                result.close()
+                raise
+            future.result()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -289,3 +289,69 @@ def test_after_a_cancelled_poll_the_next_poll_and_close_do_not_wait_it_out(
         assert consumer.closed
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("revoked_style", ["plain", "coroutine"])
+def test_rebalance_listener_methods_run_and_a_commit_in_them_is_committed(
+    one_node_cluster: LocalCluster, revoked_style: str
+) -> None:
+    """Found from outside: an ``async def`` listener method was called and never awaited,
+    and a plain one's ``consumer.commit()`` returned a coroutine, so nothing was committed
+    and the partition's next owner read it again. Here a second member joins: the first
+    one's ``on_partitions_revoked`` commits (``consumer.commit()`` in a plain method,
+    ``await consumer.commit()`` in a coroutine), and the commit is there afterwards."""
+    topic = f"aio-listener-{revoked_style}"
+    create_topic(one_node_cluster, topic, partitions=2)
+    with Producer(one_node_cluster.bootstrap) as producer:
+        for p in (0, 1):
+            producer.send_batch(topic, [b"r%d" % i for i in range(20)], partition=p).result(10)
+    group = topic
+    tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+
+    async def main() -> list[tuple[str, list[TopicPartition]]]:
+        loop = asyncio.get_running_loop()
+        calls: list[tuple[str, list[TopicPartition]]] = []
+        settings: dict[str, object] = {
+            "group_id": group,
+            "auto_offset_reset": "earliest",
+            "enable_auto_commit": False,
+        }
+        first = aio.Consumer(one_node_cluster.bootstrap, **settings)
+
+        class Listener:
+            async def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+                assert asyncio.get_running_loop() is loop
+                await asyncio.sleep(0)
+                calls.append(("assigned", parts))
+
+            if revoked_style == "plain":
+
+                def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+                    assert first.commit() is None  # synchronous here, not a coroutine
+                    calls.append(("revoked", parts))
+
+            else:
+
+                async def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+                    await first.commit()
+                    calls.append(("revoked", parts))
+
+        await first.subscribe([topic], listener=Listener())
+        read = 0
+        async with asyncio.timeout(60):  # (only so that a regression fails, not hangs)
+            while read < 40:
+                read += len(await first.poll(200))
+            assert calls == [("assigned", tps)]
+            async with aio.Consumer(one_node_cluster.bootstrap, **settings) as second:
+                await second.subscribe([topic])
+                while not any(name == "revoked" for name, _ in calls):
+                    assert await first.poll(200) == []
+                assert calls[1][0] == "revoked" and len(calls[1][1]) == 1
+                # committed before the partition moved, not by a later close
+                om = await second.committed(calls[1][1][0])
+                assert om is not None and om.offset == 20
+            await first.close(autocommit=False)
+        return calls
+
+    calls = asyncio.run(main())
+    assert calls[0] == ("assigned", tps)

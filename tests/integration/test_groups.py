@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -407,6 +408,55 @@ def strom(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
+
+
+def test_groups_describe_shows_a_partition_pending_revocation_without_a_committed_offset(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: a partition its member must still give up, with no committed
+    offset, was neither in describe's table nor on the member's line, though nobody else may
+    consume it yet. Two members by raw heartbeats (the first keeps both partitions it was
+    told to give one of), nothing committed. Its own cluster with the default 45 s session
+    timeout, so the members stay while the CLI runs."""
+    cluster = make_cluster(nodes=1, controllers=1, coordinators=1)
+    create_topic(cluster, "revoking", 2)
+    b = ("-b", cluster.bootstrap)
+    with ClusterClient(cluster.bootstrap, retry_s=20) as client:
+        stub = coordinator_stub(cluster, client, "g-revoking")
+
+        def beat(member: str, epoch: int, owned: list[int]) -> Any:
+            req = coordinator_pb2.ConsumerGroupHeartbeatRequest(
+                group_id="g-revoking",
+                member_id=member,
+                member_epoch=epoch,
+                subscribed_topic_names=["revoking"],
+            )
+            if owned:
+                req.owned_topic_partitions.add(topic="revoking", partitions=owned)
+            resp = stub.ConsumerGroupHeartbeat(req, timeout=5)
+            assert resp.error_code == E.NONE, resp.error_message
+            return resp
+
+        first = beat("first", 0, [])
+        assert sorted(first.assignment.topic_partitions[0].partitions) == [0, 1]
+        beat("second", 0, [])
+        told = beat("first", first.member_epoch, [0, 1])  # told to give one up; keeps both
+        (kept,) = told.assignment.topic_partitions[0].partitions
+    revoking = 1 - kept
+    got = json.loads(strom("groups", "describe", "g-revoking", "--json", *b).stdout)
+    rows = {(o["partition"], o.get("member_id", ""), o["committed_offset"]) for o in got["offsets"]}
+    assert rows == {(kept, "first", -1), (revoking, "first", -1)}
+    (member,) = [m for m in got["members"] if m["member_id"] == "first"]
+    pending = member["partitions_pending_revocation"]["topic_partitions"]
+    assert [(tp["topic"], tp["partitions"]) for tp in pending] == [("revoking", [revoking])]
+    text = strom("groups", "describe", "g-revoking", *b).stdout
+    table = [line.split() for line in text.splitlines() if line.startswith("revoking ")]
+    assert sorted(table) == [
+        ["revoking", "0", "-", "0", "0", "first"],
+        ["revoking", "1", "-", "0", "0", "first"],
+    ]
+    (line,) = [line for line in text.splitlines() if line.startswith("member first ")]
+    assert line.endswith(f": revoking-{kept}, revoking-{revoking} (revoking)")
 
 
 def test_the_groups_cli_lists_describes_resets_and_deletes(

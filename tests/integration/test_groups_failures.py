@@ -319,6 +319,50 @@ def test_close_timeout_bounds_the_whole_close_when_the_coordinator_is_stopped(
         assert committed is None or committed.offset == 10
 
 
+def test_poll_waits_out_a_group_coordinator_failover_and_resumes_at_the_committed_offset(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A consumer with a group_id and an assigned partition needs the group's committed
+    offset to start; its coordinator is SIGKILLed just before. Every poll returns (empty)
+    until another coordinator has taken the shard over, then the records from the committed
+    offset come (found from outside: each poll raised "OffsetFetch to the coordinator
+    failed: UNAVAILABLE", DEADLINE_EXCEEDED or CoordinatorNotAvailableError until the shard
+    had moved, as Kafka's poll does not). Its own cluster with two coordinators; the shard
+    keys' lease is 5 s so that the polls meet the failover."""
+    cluster = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=2,
+        coordinator_args=["--offsets-partitions", "1", "--session-timeout-s", "5"],
+    )
+    conftest_create_topic(cluster, "failover-poll")
+    tp = TopicPartition("failover-poll", 0)
+    with Producer(cluster.bootstrap) as producer:
+        producer.send_batch("failover-poll", [b"r%d" % i for i in range(20)], partition=0).result(
+            10
+        )
+    with Consumer(cluster.bootstrap, group_id="failover-poll", enable_auto_commit=False) as c:
+        c.assign([tp])
+        c.commit({tp: OffsetAndMetadata(7)})
+    owner_address = cluster.wait_coordinators_ready()[0][0]
+    owner = next(m for m in cluster.coordinators if m.address == owner_address).process
+    assert owner is not None
+    owner.kill()  # SIGKILL
+    with Consumer(
+        cluster.bootstrap,
+        group_id="failover-poll",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    ) as consumer:
+        consumer.assign([tp])
+        deadline = time.monotonic() + 60
+        records = consumer.poll(timeout_ms=200)  # raised here before the fix
+        while not records:
+            assert time.monotonic() < deadline, "no records after the coordinator failover"
+            records = consumer.poll(timeout_ms=200)
+        assert [r.offset for r in records] == list(range(7, 20))
+
+
 def test_committed_offsets_survive_a_full_cluster_restart(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:

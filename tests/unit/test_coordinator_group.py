@@ -125,6 +125,9 @@ class Consumer:
         self.instance_id = instance_id
         self.member_id = member_id
         self.assignor = assignor
+        #: What its heartbeats send as rebalance_timeout_ms (the consumer's
+        #: max_poll_interval_ms).
+        self.rebalance_timeout_ms = 5_000
         self.epoch = 0
         self.owned: dict[str, set[int]] = {}
         #: The topics the member's principal may describe (None: ACLs off).
@@ -142,7 +145,7 @@ class Consumer:
             subscribed_topic_regex=self.regex,
             server_assignor=self.assignor,
             owned_partitions=self.owned if owned is None else owned,
-            rebalance_timeout_ms=5_000,
+            rebalance_timeout_ms=self.rebalance_timeout_ms,
             topic_filter=self.may_describe,
         )
         h.persist(r.records)
@@ -374,6 +377,31 @@ def test_member_that_does_not_revoke_in_time_is_removed() -> None:
     h.tick()
     b.heartbeat()
     assert b.owned == {"t": {0, 1}}
+
+
+def test_a_member_with_a_longer_rebalance_timeout_outlives_the_default() -> None:
+    """A consumer with max_poll_interval_ms=600000 sends it as its rebalance timeout: it may
+    take longer than the default 5 minutes to revoke, and is removed only after its own."""
+    h = Harness({"t": 2}, config=GroupConfig(session_timeout_ms=SESSION))
+    assert h.group.config.default_rebalance_timeout_ms == 300_000
+    a = Consumer(h)
+    a.rebalance_timeout_ms = 600_000
+    a.join()
+    b = Consumer(h)
+    b.join()
+    h.tick()
+    a.heartbeat()  # told to revoke one partition
+    stuck = {t: set(ps) for t, ps in a.owned.items()}
+    stuck["t"] |= {0, 1}  # its application is busy: the revocation is not reported yet
+    deadline = h.group.members[a.member_id].revocation_deadline_ms
+    assert deadline == h.now + 600_000
+    while h.now + 5_000 < deadline:
+        h.tick(5_000)
+        a.heartbeat(owned=stuck)  # its heartbeat thread keeps the session alive
+        b.heartbeat()
+        assert h.expire() == []
+    h.now = deadline
+    assert h.expire() == [a.member_id]
 
 
 def test_unset_rebalance_timeout_uses_the_default() -> None:

@@ -9,13 +9,14 @@ from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
 from strom.api import coordinator_pb2
 from strom.client.group_member import GroupMember, make_group
 from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.errors import AuthorizationError, StromError, UnsupportedAssignorError
 from strom.errors import ErrorCode as E
-from strom.errors import UnsupportedAssignorError
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
 
@@ -27,6 +28,7 @@ class FakeConsumer:
         self._client = SimpleNamespace()
         self._timeout_s = 1.0
         self._backoff_s = 0.01
+        self._read_committed = False
         self.config: dict[str, Any] = {
             "enable_auto_commit": True,
             "auto_commit_interval_ms": 60_000,
@@ -146,6 +148,49 @@ def test_a_heartbeat_during_installation_reports_what_is_being_installed(member:
     assert m._installing is None
 
 
+@pytest.mark.parametrize(("max_poll_ms", "sent"), [(600_000, 600_000), (2**40, 2**31 - 1)])
+def test_heartbeats_carry_max_poll_interval_as_the_rebalance_timeout(
+    max_poll_ms: int, sent: int
+) -> None:
+    """Found from outside: the field was never sent, so the coordinator's 5-minute default
+    fenced a consumer that allowed itself 10 minutes between polls when a rebalance started
+    meanwhile. Kafka's consumer sends max.poll.interval.ms; values past int32 are clamped."""
+    consumer = FakeConsumer()
+    consumer.config["max_poll_interval_ms"] = max_poll_ms
+    m = make_group(consumer)  # type: ignore[arg-type]
+    assert isinstance(m, GroupMember)
+    stub = FakeStub(_resp(1, [0]), _resp(1), _resp(-1))
+    m._stub = lambda timeout_s: (stub, "addr")  # type: ignore[method-assign]
+    with m._lock:
+        m._topics, m._subscribed = ("t",), True
+    m._heartbeat_once()  # the join
+    m._heartbeat_once()  # a regular heartbeat
+    m._leave()
+    assert [r.rebalance_timeout_ms for r in stub.requests] == [sent, sent, sent]
+
+
+def test_a_poll_inside_rebalance_elsewhere_leaves_the_rebalance_to_the_next_poll(
+    member: Any,
+) -> None:
+    """strom.aio answers polls on the event loop, where a listener cannot run (a coroutine
+    could not be waited for): such a poll leaves the new assignment alone, and says it is
+    pending so the aio consumer makes the next poll in a worker thread."""
+    m, consumer, listener, stub, _ = member
+    stub.responses = [_resp(1, [0, 1])]
+    assert not m.rebalance_pending()
+    m._heartbeat_once()
+    assert m.rebalance_pending()
+    with m.rebalance_elsewhere():
+        m.on_poll(consumer)
+    assert consumer.applied == [] and listener.calls == []
+    done = threading.Thread(target=m.on_poll, args=(consumer,))  # another thread: not deferred
+    with m.rebalance_elsewhere():
+        done.start()
+        done.join()
+    assert consumer.applied == [{T0, T1}] and listener.calls == [("assigned", [T0, T1])]
+    assert not m.rebalance_pending()
+
+
 def test_fenced_member_drops_everything_before_rejoining(member: Any) -> None:
     m, consumer, listener, stub, _ = member
     stub.responses = [_resp(3, [0]), _resp(-1, code=E.FENCED_MEMBER_EPOCH), _resp(4, [1])]
@@ -209,3 +254,47 @@ def test_a_commit_refused_for_a_stale_epoch_waits_for_the_heartbeat_that_brings_
         m._wake.set()
         beat.join(30)
     assert sent == [1, 2]
+
+
+class _Refused(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.PERMISSION_DENIED
+
+    def details(self) -> str:
+        return "DESCRIBE on group g denied"
+
+
+class FetchStub:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def OffsetFetch(self, req: Any, **_: Any) -> Any:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (_Refused(), AuthorizationError),
+        (
+            coordinator_pb2.OffsetFetchResponse(
+                error_code=E.UNKNOWN_SERVER_ERROR, error_message="boom"
+            ),
+            StromError,
+        ),
+    ],
+)
+def test_a_failed_offset_lookup_raises_what_it_is_not_nothing_committed(
+    member: Any, answer: Any, error: type[StromError]
+) -> None:
+    """Found while making poll() wait out coordinator failovers (it now skips retriable
+    lookup errors): a refusal by the ACLs came back as a retriable "OffsetFetch failed",
+    and an error for the whole lookup was ignored, so every partition read as "nothing
+    committed" and the consumer started from auto_offset_reset. Both raise, not retriable."""
+    m, *_ = member
+    m._stub = lambda timeout_s: (FetchStub(answer), "addr")
+    with pytest.raises(error) as raised:
+        m.committed([T0], 1.0)
+    assert not raised.value.retriable

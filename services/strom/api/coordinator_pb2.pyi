@@ -251,7 +251,7 @@ class DescribeGroupsRequest(_message.Message):
     def __init__(self, group_ids: _Optional[_Iterable[str]] = ..., include_offsets: _Optional[bool] = ...) -> None: ...
 
 class DescribedMember(_message.Message):
-    __slots__ = ("member_id", "instance_id", "rack_id", "client_id", "client_host", "member_epoch", "state", "subscribed_topic_names", "subscribed_topic_regex", "assignment", "target_assignment")
+    __slots__ = ("member_id", "instance_id", "rack_id", "client_id", "client_host", "member_epoch", "state", "subscribed_topic_names", "subscribed_topic_regex", "assignment", "target_assignment", "partitions_pending_revocation")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     RACK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +263,7 @@ class DescribedMember(_message.Message):
     SUBSCRIBED_TOPIC_REGEX_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     TARGET_ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_PENDING_REVOCATION_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     instance_id: str
     rack_id: str
@@ -274,7 +275,8 @@ class DescribedMember(_message.Message):
     subscribed_topic_regex: str
     assignment: Assignment
     target_assignment: Assignment
-    def __init__(self, member_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., rack_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., member_epoch: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., subscribed_topic_names: _Optional[_Iterable[str]] = ..., subscribed_topic_regex: _Optional[str] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., target_assignment: _Optional[_Union[Assignment, _Mapping]] = ...) -> None: ...
+    partitions_pending_revocation: Assignment
+    def __init__(self, member_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., rack_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., member_epoch: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., subscribed_topic_names: _Optional[_Iterable[str]] = ..., subscribed_topic_regex: _Optional[str] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., target_assignment: _Optional[_Union[Assignment, _Mapping]] = ..., partitions_pending_revocation: _Optional[_Union[Assignment, _Mapping]] = ...) -> None: ...
 
 class GroupPartitionOffset(_message.Message):
     __slots__ = ("topic", "partition", "committed_offset", "committed_leader_epoch", "metadata", "end_offset", "lag", "member_id")

@@ -217,9 +217,16 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> None
         )
     _table(rows, out)
     for m in d.members:
-        parts = ", ".join(
+        # A partition the member must still give up is its own until it reports it revoked
+        # (found from outside: such a partition was on no member line).
+        held = [
             f"{tp.topic}-{p}" for tp in m.assignment.topic_partitions for p in tp.partitions
-        )
+        ] + [
+            f"{tp.topic}-{p} (revoking)"
+            for tp in m.partitions_pending_revocation.topic_partitions
+            for p in tp.partitions
+        ]
+        parts = ", ".join(held)
         print(f"member {m.member_id} ({m.client_id}@{m.client_host}): {parts or '-'}", file=out)
 
 

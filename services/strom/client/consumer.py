@@ -43,7 +43,7 @@ from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
-from strom.errors import InvalidGroupIdError, StromError, UnstableOffsetCommitError
+from strom.errors import InvalidGroupIdError, StromError
 from strom.record import Record
 from strom.security.channel import client_security
 
@@ -125,6 +125,8 @@ class Consumer:
     not call ``poll()`` for ``max_poll_interval_ms`` (default 5 minutes; time blocked inside
     a poll does not count) leaves the group, so its partitions move to members that read;
     the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
+    It is also the member's rebalance timeout: how long the coordinator waits for it to
+    give up revoked partitions before removing it.
     """
 
     @kafka_keywords
@@ -569,11 +571,15 @@ class Consumer:
         """Look up positions for partitions that need one: committed offset (groups, later),
         else the reset strategy (seek_to_*, or auto_offset_reset).
 
-        From poll() (``poll_timeout_s``: the time the poll has left), a group's offsets that
-        an open transaction is still completing (read_committed) leave their partitions
-        without a position: the poll returns without their records and the next one asks
-        again, as Kafka's does (found from outside: poll(1000) blocked for the 30 s request
-        timeout, then raised UnstableOffsetCommitError out of an ordinary failover)."""
+        From poll() (``poll_timeout_s``: the time the poll has left), a lookup of the group's
+        offsets that fails with a retriable error leaves their partitions without a
+        position: the poll returns without their records and the next one asks again, as
+        Kafka's does. That covers offsets an open transaction is still completing
+        (read_committed; found from outside: poll(1000) blocked for the 30 s request
+        timeout, then raised UnstableOffsetCommitError out of an ordinary failover) and a
+        group coordinator failing over (found from outside: every poll raised UNAVAILABLE,
+        DEADLINE_EXCEEDED or CoordinatorNotAvailableError until the shard had moved). A
+        non-retriable error (an ACL, say) still raises."""
         need = [n for n in self._fetcher.needing_positions() if only is None or n[0] in only]
         if not need:
             return
@@ -587,7 +593,9 @@ class Consumer:
                     committed = self._group.committed(
                         initial, min(self._timeout_s, max(poll_timeout_s, 1.0))
                     )
-                except UnstableOffsetCommitError:
+                except StromError as exc:
+                    if not exc.retriable:
+                        raise
                     waiting = set(initial)
                     need = [n for n in need if n[0] not in waiting]
         query: dict[TopicPartition, int] = {}

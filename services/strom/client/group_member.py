@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -142,12 +142,21 @@ class GroupMember:
         #: max_poll_interval_ms: how long the application may stay out of poll() before
         #: the heartbeat thread leaves the group for it (Kafka's max.poll.interval.ms).
         self._max_poll_s = cfg["max_poll_interval_ms"] / 1000.0
+        #: Sent as the heartbeat's rebalance_timeout_ms, as Kafka's consumer sends
+        #: max.poll.interval.ms: how long the coordinator waits for this member to revoke
+        #: partitions. Without it the coordinator's 5-minute default applied, and a consumer
+        #: that allowed itself longer between polls was removed mid-rebalance (found from
+        #: outside). Clamped to the field's int32.
+        self._rebalance_timeout_ms = min(int(cfg["max_poll_interval_ms"]), 2**31 - 1)
         #: Whether the application thread is inside poll(), and when it last entered or left.
         self._polling = False
         self._last_poll = time.monotonic()
         #: Set by the heartbeat thread when it left the group for a stalled application;
         #: the next poll drops the partitions (lost) and rejoins.
         self._poll_expired = False
+        #: .active while a poll on this thread must leave rebalance work to a later one
+        #: (rebalance_elsewhere).
+        self._deferring = threading.local()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,11 +197,51 @@ class GroupMember:
             self._polling = active
             self._last_poll = time.monotonic()
 
+    def rebalance_pending(self) -> bool:
+        """Whether the next poll has rebalance work: partitions to install or drop, and so
+        listener calls. strom.aio polls in a worker thread then (see
+        :meth:`rebalance_elsewhere`)."""
+        with self._lock:
+            return (
+                self._poll_expired
+                or self._fenced
+                or (self._target is not None and self._target != self._owned)
+            )
+
+    @contextlib.contextmanager
+    def rebalance_elsewhere(self) -> Iterator[None]:
+        """Within it, a poll on this thread leaves the rebalance work to a later poll.
+
+        For strom.aio, whose poll answers from buffered records on the event loop itself:
+        a rebalance listener called there could neither wait for a coroutine on that loop
+        (it would deadlock) nor commit without blocking it. The aio consumer polls in a
+        worker thread whenever :meth:`rebalance_pending`; this covers an assignment that
+        arrives between that check and the poll."""
+        self._deferring.active = True
+        try:
+            yield
+        finally:
+            self._deferring.active = False
+
     def on_poll(self, consumer: GroupHost) -> None:
         """Reconcile a new assignment, surface heartbeat errors, auto-commit when due."""
         err, self._error = self._error, None
         if err is not None:
             raise err
+        if not getattr(self._deferring, "active", False) and self._rebalance(consumer):
+            return
+        if self._auto_commit and time.monotonic() >= self._next_auto_commit:
+            self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+            with self._lock:
+                owned = set(self._owned)  # what the reconcile above kept, not what it revoked
+            # Manual assign() with a group_id auto-commits too, as a "simple" consumer.
+            offsets = self._positions(owned if self._subscribed else consumer.assignment())
+            if offsets:
+                self.commit_async(offsets, self._log_commit_error)
+
+    def _rebalance(self, consumer: GroupHost) -> bool:
+        """on_poll's rebalance work; True when the partitions were dropped (the poll does
+        nothing more)."""
         with self._lock:
             expired = self._poll_expired
         if expired:
@@ -204,7 +253,7 @@ class GroupMember:
                 self._poll_expired = False
                 self._last_poll = time.monotonic()
             self._wake.set()
-            return
+            return True
         with self._lock:
             fenced = self._fenced
             target = None if self._target is None else set(self._target)
@@ -216,21 +265,14 @@ class GroupMember:
             with self._lock:
                 self._fenced = False
             self._wake.set()
-            return
+            return True
         if target is not None and target != owned:
             try:
                 self._reconcile(consumer, owned, target)
             finally:
                 with self._lock:
                     self._installing = None
-        if self._auto_commit and time.monotonic() >= self._next_auto_commit:
-            self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-            with self._lock:
-                owned = set(self._owned)  # what the reconcile above kept, not what it revoked
-            # Manual assign() with a group_id auto-commits too, as a "simple" consumer.
-            offsets = self._positions(owned if self._subscribed else consumer.assignment())
-            if offsets:
-                self.commit_async(offsets, self._log_commit_error)
+        return False
 
     def committed(
         self, partitions: Sequence[TopicPartition], timeout_s: float
@@ -251,6 +293,11 @@ class GroupMember:
         deadline = time.monotonic() + timeout_s
         while True:
             resp = self._request("OffsetFetch", req, max(deadline - time.monotonic(), 0.001))
+            if resp.error_code != E.NONE:
+                # The whole lookup failed (found while fixing poll during failovers: the
+                # error was ignored, every partition read as "nothing committed", and the
+                # consumer started from auto_offset_reset instead of its group's offsets).
+                raise error_for(resp.error_code, resp.error_message)
             unstable = any(
                 pr.error_code == E.UNSTABLE_OFFSET_COMMIT
                 for tr in resp.topics
@@ -349,8 +396,9 @@ class GroupMember:
             add_offsets(req, offsets)
             resp = self._request("OffsetCommit", req, max(deadline - time.monotonic(), 0.001))
             if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
-                # The coordinator bumped the epoch (a rebalance): retry with the new one (the
-                # coordinator still checks the partitions are ours to commit). FIX (found
+                # The coordinator bumped the epoch (a rebalance): retry with the new one. The
+                # coordinator checks only the member and its epoch, not that the partitions
+                # committed are still this member's (Kafka's checks no more). FIX (found
                 # from outside): when the heartbeat bringing it had not come back yet, a
                 # sync commit failed with a non-retriable StaleMemberEpochError; it now asks
                 # for a heartbeat at once and waits briefly for the new epoch, as Kafka's
@@ -524,6 +572,7 @@ class GroupMember:
                 member_epoch=self.member_epoch if epoch is None else epoch,
                 subscribed_topic_names=list(self._topics),
                 owned_topic_partitions=_topic_partitions(self._may_hold()),
+                rebalance_timeout_ms=self._rebalance_timeout_ms,
             )
             if self._pattern is not None:
                 req.subscribed_topic_regex = self._pattern
@@ -670,6 +719,13 @@ class GroupMember:
                     req, timeout=min(remaining, self._timeout_s), metadata=self._metadata
                 )
             except grpc.RpcError as exc:
+                if exc.code() in (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ):
+                    # Refused by the ACLs (or not authenticated): what it is, not retriable,
+                    # so a poll does not take it for a coordinator failing over.
+                    raise refused(exc) from None
                 if exc.code() not in _TRANSPORT or time.monotonic() >= deadline:
                     raise StromError(
                         f"{method} to the coordinator failed: {exc.code().name}", retriable=True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from strom.client.cluster import ClusterClient
@@ -75,6 +76,13 @@ class GroupMembership(Protocol):
 
     def on_poll(self, consumer: GroupHost) -> None:
         """Each poll: reconcile a pending assignment, auto-commit when due, surface fencing."""
+
+    def rebalance_pending(self) -> bool:
+        """Whether the next ``on_poll`` has partitions to install or drop (listener calls)."""
+
+    def rebalance_elsewhere(self) -> AbstractContextManager[None]:
+        """Within it, ``on_poll`` on this thread leaves rebalance work to a later poll
+        (strom.aio's poll on the event loop, where a listener could not run)."""
 
     def committed(
         self, partitions: Sequence[TopicPartition], timeout_s: float

@@ -166,6 +166,7 @@ class GroupRpcs(StorageIO):
                     dm.subscribed_topic_regex = m.metadata.subscribed_topic_regex
                 dm.assignment.CopyFrom(_assignment_pb(m.assigned))
                 dm.target_assignment.CopyFrom(_assignment_pb(group.target.get(mid, {})))
+                dm.partitions_pending_revocation.CopyFrom(_assignment_pb(m.pending_revocation))
             if request.include_offsets:
                 await self._describe_offsets(group, d)
 
@@ -173,8 +174,11 @@ class GroupRpcs(StorageIO):
         offsets = group.live_offsets(self._topic_ids())
         parts = set(offsets)
         for m in group.members.values():
-            for t, ps in m.assigned.items():
-                parts.update((t, p) for p in ps)
+            # Every partition a member holds, those it must still give up too (found from
+            # outside: one pending revocation without a committed offset was in no row).
+            for held in (m.assigned, m.pending_revocation):
+                for t, ps in held.items():
+                    parts.update((t, p) for p in ps)
         ends = await self._end_offsets(parts)
         for t, p in sorted(parts):
             om = offsets.get((t, p))
