@@ -14,6 +14,7 @@ from strom.client.consumer import Consumer
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
+from tests.conftest import member_metric
 
 pytestmark = pytest.mark.integration
 
@@ -63,3 +64,33 @@ def test_produce_and_fetch_bytes_are_counted_per_client_id(
         assert got == 21
     after_out = _by_client(cluster, "strom_storage_client_bytes_out_total")
     assert after_out["billing-reader"] - before_out.get("billing-reader", 0) >= 21 * len(value)
+
+
+def test_a_long_poll_counts_what_it_answers_once(one_node_cluster: LocalCluster, new_topic) -> None:
+    """A consumer whose fetch_min_bytes is never met: each Fetch reads the partition, waits
+    out fetch_max_wait_ms and reads it again. Only the last read is sent, and only it is
+    counted (found from outside: both were, so bytes_out was twice client_bytes_out)."""
+    cluster = one_node_cluster
+    node = cluster.nodes[0]
+    topic = new_topic(cluster)
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(10):
+            p.send(topic, b"v" * 80 + bytes([i]))
+        p.flush()
+    with Consumer(
+        cluster.bootstrap,
+        client_id=f"long-poll-{topic}",
+        fetch_min_bytes=1 << 20,
+        fetch_max_wait_ms=50,
+    ) as c:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        c.seek_to_beginning([tp])
+        got, deadline = 0, time.monotonic() + 30
+        while got < 10 and time.monotonic() < deadline:
+            got += len(c.poll(timeout_ms=1000, max_records=100))
+        assert got == 10
+    answered = _by_client(cluster, "strom_storage_client_bytes_out_total")[f"long-poll-{topic}"]
+    assert answered > 10 * 80
+    assert member_metric(node, "strom_storage_bytes_out_total", topic=topic) == answered
+    assert member_metric(node, "strom_storage_records_out_total", topic=topic) == 10
