@@ -5,6 +5,8 @@ The registry is the process-wide default one, so each test uses topic names of i
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from strom.api import metadata_pb2 as md
 from strom.metadata import encode
 from strom.record import encode_batch
 from strom.storage import metrics
+from strom.storage.disk_errors import note_append_failure
 from tests.unit.test_storage_servicer import (
     Harness,
     WatchEvent,
@@ -142,3 +145,24 @@ def test_per_client_series_are_bounded_and_idle_ones_make_room(
     assert [value(c) for c in ("a", "b", "e", "other")] == [None, 18, 32, 12]
     children.child("a", metrics.CLIENT_IDLE_S + 100.0).inc(64)  # full again: folded
     assert value("a") is None and value("other") == 76
+
+
+def test_a_removed_partition_s_append_failures_go_with_it() -> None:
+    """Found from outside: strom_storage_append_failures_total outlived its partition (the
+    other per-partition series went), for whichever errno it was counted under."""
+    part = metrics.PartitionMetrics("af-a", 0)
+    other = metrics.PartitionMetrics("af-a", 1)
+    for code in (errno.ENOSPC, errno.EIO, errno.ENOSPC):
+        note_append_failure("producing", "af-a", 0, OSError(code, os.strerror(code)))
+    note_append_failure("producing", "af-a", 1, OSError(errno.EROFS, "read-only"))
+
+    def failures(partition: int, errno_name: str) -> float | None:
+        name = "strom_storage_append_failures_total"
+        return sample(name, topic="af-a", partition=str(partition), errno=errno_name)
+
+    assert [failures(0, "ENOSPC"), failures(0, "EIO")] == [2, 1]
+    part.remove()
+    assert [failures(0, "ENOSPC"), failures(0, "EIO")] == [None, None]
+    assert failures(1, "EROFS") == 1  # another partition's: kept
+    other.remove()
+    assert failures(1, "EROFS") is None

@@ -290,6 +290,22 @@ class PartitionMetrics:
         for g in (*_PARTITION_GAUGES, CORRUPT_READS):
             with contextlib.suppress(KeyError):
                 g.remove(*self.labels)
+        # FIX (found from outside): APPEND_FAILURES' series outlived the partition.
+        for name in _append_failure_errnos.pop(self.labels, ()):
+            with contextlib.suppress(KeyError):
+                APPEND_FAILURES.remove(*self.labels, name)
+
+
+#: (topic, partition) labels -> the errno labels APPEND_FAILURES has series of for them.
+_append_failure_errnos: dict[tuple[str, str], set[str]] = {}
+
+
+def count_append_failure(topic: str, partition: int, errno_name: str) -> None:
+    """Count an append the disk refused, remembering its errno label, so that the
+    partition's series of every errno go with the partition (PartitionMetrics.remove)."""
+    labels = (topic, str(partition))
+    _append_failure_errnos.setdefault(labels, set()).add(errno_name)
+    APPEND_FAILURES.labels(*labels, errno_name).inc()
 
 
 def remove_topic(topic: str) -> None:
