@@ -14,7 +14,8 @@ Two senders:
   order, one request at a time; the calls waiting while one is in flight go out together as
   consecutive batches of one request (so a busy partition costs a request per round trip, not
   per call), as long as they have the same client id (the leader counts a request's bytes
-  under one: callers interleaving on one partition cost a request each). Each batch carries a sequence number, so a request retried after an ambiguous
+  under one: callers interleaving on one partition cost a request each). Each batch
+  carries a sequence number, so a request retried after an ambiguous
   failure (a timeout, a leader dying mid-request) is answered with the original offsets by a
   leader that has it, never written twice (DESIGN §6). Why one request at a time: gRPC orders
   nothing between calls (DESIGN §6, "Order on the wire"), and with a single request in flight
