@@ -732,6 +732,28 @@ def test_paused_controller_is_fenced(
     )
 
 
+def test_an_active_controller_cut_off_from_etcd_reports_inactive_once_its_lease_lapsed(
+    etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller]
+) -> None:
+    """Found from outside: strom_controller_active stayed 1 while etcd was unreachable, long
+    after the election lease had surely expired (a standby may have taken over: the alerts
+    saw two active controllers, or none missing). It is 0 once no refresh has succeeded for
+    longer than the lease's TTL, before the controller hears of the loss."""
+    a = _start(controllers, etcd, tmp_path, cluster, 1)
+    a.wait_active()
+    assert "strom_controller_active 1.0" in a.metrics()
+    assert etcd.process is not None
+    etcd.process.signal(signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: "strom_controller_active 0.0" in a.metrics(),
+            timeout=30,
+            what="the cut-off controller to report itself inactive",
+        )
+    finally:
+        etcd.process.signal(signal.SIGCONT)
+
+
 def test_standby_fences_a_killed_active_before_its_lease_expires(
     etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
 ) -> None:

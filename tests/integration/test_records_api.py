@@ -30,7 +30,7 @@ from strom.client.partitioner import partition_for_key
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import ErrorCode
+from strom.errors import ErrorCode, StromError
 from strom.record import decode_batches
 from tests.conftest import FAST_GROUPS, create_topic, errors_since, until_settled
 
@@ -606,6 +606,57 @@ def test_an_explicit_stream_ends_not_found_when_its_topic_is_deleted(
     assert info.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
     assert info.value.details() == f"topic {topic!r} was deleted while the stream read it"  # type: ignore[attr-defined]
     assert strom_error(info.value).code == E.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def _subscribed(stub: Any, node: Any, topic: str, n: int) -> None:
+    """Read ``n`` records of ``topic`` from the start with a Subscribe call and end it once
+    ``node`` counts them sent (a call cancelled as its last message is written may not)."""
+    stream = stub.Subscribe(
+        rp.SubscribeRequest(topics=[topic], start=rp.START_POSITION_EARLIEST), timeout=60
+    )
+    try:
+        next_records(stream, n)
+        wait_for(
+            lambda: _metric(node, _SUBSCRIBED, f'stage="sent",topic="{topic}"') == n,
+            timeout=10,
+            what=f"{n} records of {topic} counted sent",
+        )
+    finally:
+        stream.cancel()
+
+
+_SUBSCRIBED = "strom_storage_records_subscribe_records_total"
+
+
+def test_a_deleted_topic_s_subscribe_series_go_and_a_re_created_one_starts_at_zero(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: strom_storage_records_subscribe_records_total kept a deleted
+    topic's series, and the topic re-created under its name added to them (docs/metrics.md:
+    a topic's series go with it)."""
+    topic = new_topic(cluster, 1, 1)
+    node = cluster.nodes[0]  # (the stub's node)
+    produce(stub, topic=topic, records=rp.RecordColumns(values=[b"old"] * 5))
+    _subscribed(stub, node, topic, 5)
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic(topic)
+
+    def listed() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics") as r:
+            return f'topic="{topic}"' in r.read().decode()
+
+    wait_for(lambda: not listed(), timeout=30, what=f"{topic}'s series to go")
+
+    def re_created() -> bool:
+        try:
+            create_topic(cluster, topic, 1, 1)
+        except StromError:  # (its deletion may still be under way)
+            return False
+        return True
+
+    wait_for(re_created, timeout=30, what=f"{topic} re-created")
+    produce(stub, topic=topic, records=rp.RecordColumns(values=[b"new"] * 2))
+    _subscribed(stub, node, topic, 2)  # 2 sent: not 5 + 2
 
 
 def _metric(member: Any, name: str, labels: str) -> float:

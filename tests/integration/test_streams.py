@@ -611,3 +611,31 @@ def test_followers_replicate_on_streams(three_node_cluster: LocalCluster) -> Non
         return node_metric(leader, "strom_storage_open_streams", "method").get("FetchStream", 0)
 
     wait_for(lambda: leader_streams() >= 2, timeout=10, what="the followers' fetch streams")
+
+
+def test_a_shed_produce_on_a_stream_is_timed_as_a_shed_produce(make_cluster: Any) -> None:
+    """A node over its memory limit sheds every Produce; one on a stream ends the stream and
+    shows in the request latency as RESOURCE_EXHAUSTED, as the unary call does (found from
+    outside: it was in no latency series)."""
+    shed = make_cluster(
+        nodes=1, controllers=1, coordinators=0, node_args=["--max-memory-bytes", "1"]
+    )
+    node = shed.nodes[0]
+    topic = create_topic(shed, "s-shed")
+    labels = {"rpc": "Produce", "result": "RESOURCE_EXHAUSTED"}
+    name = "strom_storage_request_latency_seconds_count"
+    with ClusterClient(shed.bootstrap) as client:
+        stub = client.storage(node.address)
+        with pytest.raises(grpc.RpcError) as exc:
+            list(stub.ProduceStream(iter([produce_request(topic, b"x")]), timeout=30))
+        assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert member_metric(node, name, **labels) == 1
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.Produce(produce_request(topic, b"x"), timeout=30)
+        assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # (the unary call is timed as its handler ends, which may be after the client hears)
+        wait_for(
+            lambda: member_metric(node, name, **labels) == 2,
+            timeout=10,
+            what="the shed unary Produce timed",
+        )

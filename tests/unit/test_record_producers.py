@@ -18,6 +18,7 @@ from strom.api import storage_pb2
 from strom.errors import DuplicateSequenceError, ErrorCode, RequestTimedOutError, StromError
 from strom.record import decode_batches
 from strom.storage import record_producers
+from strom.storage.metrics import CALLER_CLIENT_ID
 from strom.storage.record_producers import PartitionSender, SequencedSender, TransportError
 
 E = ErrorCode
@@ -31,6 +32,8 @@ class FakeLeader:
     values: list[bytes] = field(default_factory=list)
     producers: dict[int, dict[str, Any]] = field(default_factory=dict)
     requests: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+    #: The client id each request was sent for.
+    client_ids: list[str] = field(default_factory=list)
     #: Faults for the next requests, in order: "transport" (nothing appended), "lost-answer"
     #: (appended, answer lost), "timeout" (appended, REQUEST_TIMED_OUT), "not-leader",
     #: "forget" (the producer state is gone), or None.
@@ -40,11 +43,18 @@ class FakeLeader:
     gate: asyncio.Event | None = None
 
     async def produce(
-        self, topic: str, partition: int, data: bytes, acks: int, timeout_s: float
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        acks: int,
+        timeout_s: float,
+        client_id: str = "",
     ) -> storage_pb2.ProducePartitionResponse:
         if self.gate is not None:
             await self.gate.wait()
         batches = decode_batches(data)
+        self.client_ids.append(client_id)
         self.requests.append(
             [(b.producer_id, b.producer_epoch, b.base_sequence, b.record_count) for b in batches]
         )
@@ -141,6 +151,46 @@ def test_calls_waiting_behind_a_request_go_out_together_in_order() -> None:
     assert leader.values == [b"a", b"b", b"c0", b"c1", b"c2"]
     # Two requests: the first call, then the three that waited, as consecutive batches.
     assert leader.requests == [[(7, 0, 0, 2)], [(7, 0, 2, 1), (7, 0, 3, 1), (7, 0, 4, 1)]]
+
+
+def test_calls_of_different_client_ids_do_not_share_a_request() -> None:
+    """The leader counts a request's bytes under one client id (the caller's, found from
+    outside: ProduceRecords' were all counted under ""), so only calls of one id share one."""
+    leader = FakeLeader(gate=asyncio.Event())
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> list[int]:
+        far = asyncio.get_running_loop().time() + 10
+        first = s.submit(_values("a"), "none", -1, far, "x")
+        await asyncio.sleep(0)  # the first request is on its way (held at the gate)
+        rest = [s.submit(_values(v), "none", -1, far, cid) for v, cid in ("bx", "cy", "dy")]
+        leader.gate.set()  # type: ignore[union-attr]
+        return [await f for f in (first, *rest)]
+
+    assert _run(body, leader) == [0, 1, 2, 3]
+    assert leader.values == [b"a", b"b", b"c", b"d"]
+    assert leader.client_ids == ["x", "x", "y"]
+    assert [len(r) for r in leader.requests] == [1, 1, 2]
+
+
+def test_a_callers_sequenced_batch_is_sent_for_its_client_id() -> None:
+    leader = FakeLeader()
+
+    async def main() -> int:
+        return await SequencedSender(leader).send(  # type: ignore[arg-type]
+            "t",
+            0,
+            _values("x"),
+            acks=-1,
+            compression="none",
+            producer_id=42,
+            producer_epoch=3,
+            base_sequence=0,
+            deadline=asyncio.get_running_loop().time() + 10,
+            client_id="caller",
+        )
+
+    assert asyncio.run(main()) == 0
+    assert leader.client_ids == ["caller"]
 
 
 @pytest.mark.parametrize("fault", ["lost-answer", "timeout", "transport"])
@@ -301,13 +351,19 @@ class _View:
 
 def _route(answer: Callable[[storage_pb2.ProduceRequest], Any]) -> tuple[Any, list[Any]]:
     requests: list[storage_pb2.ProduceRequest] = []
+    client_ids.clear()
 
     async def local(req: storage_pb2.ProduceRequest) -> Any:
         requests.append(req)
+        client_ids.append(CALLER_CLIENT_ID.get())
         await asyncio.sleep(0)
         return answer(req)
 
     return record_producers.LeaderRoute(1, _View(), local), requests  # type: ignore[arg-type]
+
+
+#: CALLER_CLIENT_ID as each request of the last _route saw it (this node's Produce reads it).
+client_ids: list[str] = []
 
 
 def _echo(req: storage_pb2.ProduceRequest) -> storage_pb2.ProduceResponse:
@@ -395,5 +451,22 @@ def test_a_failed_request_fails_each_of_its_parts() -> None:
             return_exceptions=True,
         )
         assert all(isinstance(r, TransportError) for r in results)
+
+    asyncio.run(main())
+
+
+def test_what_one_client_id_sends_here_is_a_produce_for_that_client_id() -> None:
+    async def main() -> None:
+        route, requests = _route(_echo)
+        await asyncio.gather(
+            route.produce("t", 0, b"a", 1, 5.0, "x"),
+            route.produce("t", 1, b"b", 1, 5.0, "y"),
+            route.produce("t", 2, b"c", 1, 5.0, "x"),
+        )
+        assert [[p.partition for t in r.topics for p in t.partitions] for r in requests] == [
+            [0, 2],
+            [1],
+        ]
+        assert client_ids == ["x", "y"]
 
     asyncio.run(main())

@@ -5,13 +5,18 @@ The registry is the process-wide default one, so each test uses topic names of i
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
-from prometheus_client import REGISTRY
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from strom.api import metadata_pb2 as md
 from strom.metadata import encode
 from strom.record import encode_batch
+from strom.storage import metrics
+from strom.storage.disk_errors import note_append_failure
 from tests.unit.test_storage_servicer import (
     Harness,
     WatchEvent,
@@ -114,3 +119,50 @@ def test_a_deleted_topic_s_counters_are_dropped_and_a_re_created_one_starts_at_z
         assert counters("cnt-a")[2] == 1
 
     with_harness(tmp_path, body)
+
+
+def test_per_client_series_are_bounded_and_idle_ones_make_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found from outside: a series per client id, kept as long as the node ran (one per
+    RecordService Subscribe call). At most MAX_CLIENT_IDS: past it new ids count under
+    "other", until ids unused for CLIENT_IDLE_S are dropped to make room."""
+    monkeypatch.setattr(metrics, "MAX_CLIENT_IDS", 2)
+    registry = CollectorRegistry()
+    counter = Counter("t_client_bytes", "test", ["client_id"], registry=registry)
+    children = metrics._ClientChildren(counter)
+
+    def value(client_id: str) -> float | None:
+        return registry.get_sample_value("t_client_bytes_total", {"client_id": client_id})
+
+    children.child("a", 0.0).inc(1)
+    children.child("b", 10.0).inc(2)
+    children.child("c", 20.0).inc(4)  # full, and nothing idle yet
+    children.child("d", 30.0).inc(8)  # (checked at most once a minute)
+    assert [value(c) for c in ("a", "b", "c", "d", "other")] == [1, 2, None, None, 12]
+    children.child("b", 3000.0).inc(16)  # in use: kept
+    children.child("e", metrics.CLIENT_IDLE_S + 5.0).inc(32)  # "a" idle for an hour: dropped
+    assert [value(c) for c in ("a", "b", "e", "other")] == [None, 18, 32, 12]
+    children.child("a", metrics.CLIENT_IDLE_S + 100.0).inc(64)  # full again: folded
+    assert value("a") is None and value("other") == 76
+
+
+def test_a_removed_partition_s_append_failures_go_with_it() -> None:
+    """Found from outside: strom_storage_append_failures_total outlived its partition (the
+    other per-partition series went), for whichever errno it was counted under."""
+    part = metrics.PartitionMetrics("af-a", 0)
+    other = metrics.PartitionMetrics("af-a", 1)
+    for code in (errno.ENOSPC, errno.EIO, errno.ENOSPC):
+        note_append_failure("producing", "af-a", 0, OSError(code, os.strerror(code)))
+    note_append_failure("producing", "af-a", 1, OSError(errno.EROFS, "read-only"))
+
+    def failures(partition: int, errno_name: str) -> float | None:
+        name = "strom_storage_append_failures_total"
+        return sample(name, topic="af-a", partition=str(partition), errno=errno_name)
+
+    assert [failures(0, "ENOSPC"), failures(0, "EIO")] == [2, 1]
+    part.remove()
+    assert [failures(0, "ENOSPC"), failures(0, "EIO")] == [None, None]
+    assert failures(1, "EROFS") == 1  # another partition's: kept
+    other.remove()
+    assert failures(1, "EROFS") is None

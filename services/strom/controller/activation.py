@@ -75,6 +75,25 @@ class ActiveRole(Reconciler):
         self._election = election
         election.start()
 
+    def acting_as_active(self) -> bool:
+        """Whether this controller holds the leadership and its election lease has not
+        surely expired (:meth:`KeepAlive.surely_expired`): what ``strom_controller_active``
+        reports when scraped (:meth:`export_active_gauge`).
+
+        Why not just "leadership held": a controller cut off from etcd (an outage, a pause)
+        hears of its lease's loss only when it reaches etcd again, and meanwhile a standby
+        may have taken over. Found from outside: the gauge stayed 1 all that time, so two
+        controllers summed 2 (StromMultipleActiveControllers fired on the fenced one) and,
+        with nobody able to act, StromNoActiveController stayed silent."""
+        if self._leadership is None:
+            return False
+        keepalive = getattr(self._election, "_keepalive", None)
+        return keepalive is None or not keepalive.surely_expired()
+
+    def export_active_gauge(self) -> None:
+        """``strom_controller_active`` from :meth:`acting_as_active`, when scraped."""
+        metrics.ACTIVE.set_function(lambda: 1.0 if self.acting_as_active() else 0.0)
+
     def _from_thread(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run coroutine function ``fn(*args)`` on the service loop (called from etcd threads)."""
         loop = self._loop
@@ -133,7 +152,6 @@ class ActiveRole(Reconciler):
                 return  # the lease was lost meanwhile; a later on_elected will come
             self._leadership = lead
             self._new_term()
-            metrics.ACTIVE.set(1)
             self._stop_following_active()
             self._start_prober()
             # A node may have died while no controller was active: reconcile everything now.
@@ -339,7 +357,6 @@ class ActiveRole(Reconciler):
             log.warning("controller %d is no longer active: %s", self.controller_id, reason)
         self._leadership = None
         self._new_term()
-        metrics.ACTIVE.set(0)
         self._stop_prober()
         self._follow_active()
 

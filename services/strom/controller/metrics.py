@@ -44,7 +44,12 @@ PREFERRED_IMBALANCE = Gauge(
     "Partitions led by a replica other than their preferred (first) replica (every controller "
     "reports; use max())",
 )
-ACTIVE = Gauge("strom_controller_active", "1 while this controller is the active one, else 0")
+ACTIVE = Gauge(
+    "strom_controller_active",
+    "1 while this controller is the active one, else 0 (0 too once its election lease has "
+    "surely expired: no refresh for longer than its TTL, an etcd outage or a pause, even "
+    "before it hears of the loss)",
+)
 ADMIN_REQUESTS = Counter(
     "strom_controller_admin_requests",
     "Controller RPCs by name and result (the whole-request error, else the first item error)",

@@ -134,6 +134,7 @@ class ControllerService(
         self._loop = asyncio.get_running_loop()
         self._write_lock = asyncio.Lock()
         self._reconcile_wanted = asyncio.Event()
+        self.export_active_gauge()
         try:
             store = MetadataStore(self.etcd, self.cluster)
         except ValueError as exc:
@@ -166,7 +167,6 @@ class ControllerService(
         async with self._write_lock:
             was_active = self._leadership is not None
             self._leadership = None
-            metrics.ACTIVE.set(0)
             self._stop_prober()
             self._stop_following_active()
             election, self._election = self._election, None

@@ -46,7 +46,7 @@ def note_append_failure(what: str, topic: str, partition: int, exc: OSError) -> 
     """Count a disk error of an append (by partition and errno) and log it in one line, at
     most once a minute per partition (``what``: "producing", "replicating from node 2" ...)."""
     name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    metrics.APPEND_FAILURES.labels(topic, str(partition), name).inc()
+    metrics.count_append_failure(topic, partition, name)
     now = time.monotonic()
     last, suppressed = _logged.get((topic, partition), (-LOG_INTERVAL_S, 0))
     if now - last < LOG_INTERVAL_S:

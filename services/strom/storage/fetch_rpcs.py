@@ -120,6 +120,8 @@ class FetchRpcs(StorageCore):
                 for tout in topics
                 for pout in tout.partitions
             )
+        if total:
+            self._count_sent(topics, total, follower)
         if total and not follower:
             metrics.client_counter(metrics.CLIENT_BYTES_OUT, metrics.client_id_of(context)).inc(
                 total
@@ -260,15 +262,28 @@ class FetchRpcs(StorageCore):
         if n:
             pout.records = result.data
             pout.next_offset = result.next_offset
-            if follower:
-                metrics.REPLICATION_BYTES_OUT.inc(n)
-            else:
-                m = self.manager.metrics.get(part.tp)
+        return n
+
+    def _count_sent(self, topics: list[FetchTopicOut], total: int, follower: bool) -> None:
+        """Count what the answer carries, once per answer and per partition (never per
+        record). Why here and not at each read: a long poll reads its partitions again after
+        a wake-up or its wait, and only the last pass is sent. FIX (found from outside): each
+        pass was counted, so a consumer whose fetch_min_bytes was not met saw bytes_out and
+        records_out twice what it received."""
+        if follower:
+            metrics.REPLICATION_BYTES_OUT.inc(total)
+            return
+        by_tp = self.manager.metrics
+        for tout in topics:
+            for pout in tout.partitions:
+                n = len(pout.records)
+                if not n:
+                    continue
+                m = by_tp.get((tout.topic, pout.message.partition))
                 if m is not None:
                     m.bytes_out.inc(n)
                     # Offsets sent: from the first batch's base offset (header bytes 0-8).
-                    m.records_out.inc(result.next_offset - int.from_bytes(result.data[:8], "big"))
-        return n
+                    m.records_out.inc(pout.next_offset - int.from_bytes(pout.records[:8], "big"))
 
     def _follower_position(
         self,

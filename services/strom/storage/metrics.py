@@ -9,8 +9,10 @@ on the :class:`PartitionMetrics` object so that an append costs a few attribute 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,15 +50,30 @@ REPLICATION_BYTES_OUT = Counter(
     "strom_storage_replication_bytes_out",
     "Record bytes this node sent to follower replicas (as leader)",
 )
+#: Client ids a per-client counter exports at most (see :class:`_ClientChildren`).
+MAX_CLIENT_IDS = 1000
+#: A client id unused for this long makes room for a new one once MAX_CLIENT_IDS are exported
+#: (Kafka expires idle client quota metrics after an hour too).
+CLIENT_IDLE_S = 3600.0
+#: The client_id of what client ids past MAX_CLIENT_IDS send.
+OTHER_CLIENTS = "other"
+_CLIENT_BOUND = (
+    f"; at most {MAX_CLIENT_IDS} client ids per node: when that many are exported, one "
+    f"unused for {CLIENT_IDLE_S / 3600:g} h makes room for a new one, else the new one "
+    f'counts under client_id="{OTHER_CLIENTS}"'
+)
 CLIENT_BYTES_IN = Counter(
     "strom_storage_client_bytes_in",
     "Record bytes appended by Produce, by the client id the client sent (strom-client-id "
-    "gRPC metadata; empty when it sent none)",
+    "gRPC metadata; empty when it sent none; a RecordService ProduceRecords call's, through "
+    "the node that forwards it)" + _CLIENT_BOUND,
     ["client_id"],
 )
 CLIENT_BYTES_OUT = Counter(
     "strom_storage_client_bytes_out",
-    "Record bytes returned by consumer Fetch, by the client id the client sent",
+    "Record bytes returned by consumer Fetch, by the client id the client sent (a "
+    "RecordService Subscribe call's, else strom-node-<id>-subscribe for the node's own "
+    "fetches for it)" + _CLIENT_BOUND,
     ["client_id"],
 )
 RECORDS_IN = Counter(
@@ -279,6 +296,22 @@ class PartitionMetrics:
         for g in (*_PARTITION_GAUGES, CORRUPT_READS):
             with contextlib.suppress(KeyError):
                 g.remove(*self.labels)
+        # FIX (found from outside): APPEND_FAILURES' series outlived the partition.
+        for name in _append_failure_errnos.pop(self.labels, ()):
+            with contextlib.suppress(KeyError):
+                APPEND_FAILURES.remove(*self.labels, name)
+
+
+#: (topic, partition) labels -> the errno labels APPEND_FAILURES has series of for them.
+_append_failure_errnos: dict[tuple[str, str], set[str]] = {}
+
+
+def count_append_failure(topic: str, partition: int, errno_name: str) -> None:
+    """Count an append the disk refused, remembering its errno label, so that the
+    partition's series of every errno go with the partition (PartitionMetrics.remove)."""
+    labels = (topic, str(partition))
+    _append_failure_errnos.setdefault(labels, set()).add(errno_name)
+    APPEND_FAILURES.labels(*labels, errno_name).inc()
 
 
 def remove_topic(topic: str) -> None:
@@ -312,20 +345,73 @@ def watch_data_dir(data_dir: Path) -> None:
     DATA_DIR_SIZE.set_function(lambda: stat("size"))
 
 
-_client_children: dict[tuple[Any, str], Any] = {}
+class _ClientChildren:
+    """The label children of one per-client counter, at most MAX_CLIENT_IDS of them.
+
+    Why bounded: client ids come from clients, and a client that makes a new one per
+    connection (or per stream) would otherwise add a series per connection that lives as
+    long as the node (found from outside: one per RecordService Subscribe call). The bound
+    is the count, kept by dropping ids unused for CLIENT_IDLE_S when it is reached (checked
+    at most once a minute then) and folding new ones into OTHER_CLIENTS while none are: a
+    cap alone would fold every client that comes after a burst forever, an idle time alone
+    would not bound a burst. A dropped id that comes back starts again from 0, which
+    Prometheus's rate() reads as a counter reset."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.children: dict[str, Any] = {}
+        self.used: dict[str, float] = {}
+        self.other: Any = None
+        self.next_sweep = 0.0
+
+    def child(self, client_id: str, now: float) -> Any:
+        child = self.children.get(client_id)
+        if child is None:
+            if client_id == OTHER_CLIENTS or (
+                len(self.children) >= MAX_CLIENT_IDS and not self._make_room(now)
+            ):
+                if self.other is None:
+                    self.other = self.counter.labels(OTHER_CLIENTS)
+                return self.other
+            child = self.children[client_id] = self.counter.labels(client_id)
+        self.used[client_id] = now
+        return child
+
+    def _make_room(self, now: float) -> bool:
+        """Drop the ids unused for CLIENT_IDLE_S; whether there is room now."""
+        if now < self.next_sweep:
+            return False
+        self.next_sweep = now + 60.0
+        for client_id in [c for c, t in self.used.items() if now - t >= CLIENT_IDLE_S]:
+            del self.children[client_id], self.used[client_id]
+            with contextlib.suppress(KeyError):
+                self.counter.remove(client_id)
+        return len(self.children) < MAX_CLIENT_IDS
+
+
+_client_children: dict[Any, _ClientChildren] = {}
 
 
 def client_counter(counter: Counter, client_id: str) -> Any:
-    """The cached label child of a per-client counter."""
-    key = (counter, client_id)
-    child = _client_children.get(key)
-    if child is None:
-        child = _client_children[key] = counter.labels(client_id)
-    return child
+    """The label child of a per-client counter for ``client_id`` (bounded: _ClientChildren)."""
+    children = _client_children.get(counter)
+    if children is None:
+        children = _client_children[counter] = _ClientChildren(counter)
+    return children.child(client_id, time.monotonic())
+
+
+#: The client id of the RecordService callers an in-process Produce is made for (it has no
+#: gRPC metadata): set by the node's LeaderRoute around the call.
+CALLER_CLIENT_ID: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "strom_caller_client_id", default=""
+)
 
 
 def client_id_of(context: Any) -> str:
-    """The ``strom-client-id`` a gRPC caller sent ("" when none, or in-process calls)."""
+    """The ``strom-client-id`` a gRPC caller sent ("" when none); for an in-process call
+    (``context`` None), CALLER_CLIENT_ID."""
+    if context is None:
+        return CALLER_CLIENT_ID.get()
     try:
         md = context.invocation_metadata()
     except Exception:

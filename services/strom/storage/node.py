@@ -48,7 +48,7 @@ from strom.log import compact, dirtiest_first, measure_logs
 from strom.log.errors import disk_full_hint
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
 from strom.service.limits import Admission, default_memory_limit
-from strom.storage import metrics, records_api
+from strom.storage import metrics, records_api, subscriptions
 from strom.storage.identity import (
     Agreement,
     DataDirIdentity,
@@ -191,6 +191,7 @@ class StorageNode:
             self._client_bootstrap,
             subscribe_max_stall_s=config.subscribe_max_stall_ms / 1000.0,
         )
+        self.view.add_listener(subscriptions.drop_deleted_topics(self.view))
         memory = config.max_memory_bytes
         self.admission = Admission(
             config.max_inflight_produce_bytes, default_memory_limit() if memory < 0 else memory

@@ -13,7 +13,9 @@ Two senders:
   partition, with a producer id of its own. Calls for the partition queue up and go out in
   order, one request at a time; the calls waiting while one is in flight go out together as
   consecutive batches of one request (so a busy partition costs a request per round trip, not
-  per call). Each batch carries a sequence number, so a request retried after an ambiguous
+  per call), as long as they have the same client id (the leader counts a request's bytes
+  under one: callers interleaving on one partition cost a request each). Each batch
+  carries a sequence number, so a request retried after an ambiguous
   failure (a timeout, a leader dying mid-request) is answered with the original offsets by a
   leader that has it, never written twice (DESIGN §6). Why one request at a time: gRPC orders
   nothing between calls (DESIGN §6, "Order on the wire"), and with a single request in flight
@@ -49,6 +51,7 @@ from strom.record import encode_arrow
 from strom.security.channel import ChannelCache
 from strom.security.quotas import CHARGED_BY_CALLER
 from strom.service.limits import ProduceShed
+from strom.storage.metrics import CALLER_CLIENT_ID
 
 log = logging.getLogger("strom.storage.record_producers")
 E = ErrorCode
@@ -100,6 +103,7 @@ class _Part:
     data: bytes
     leader_epoch: int
     timeout_s: float
+    client_id: str
     future: asyncio.Future[storage_pb2.ProducePartitionResponse] = field(repr=False)
 
 
@@ -112,7 +116,12 @@ class LeaderRoute:
     this node) in one pass goes out as one multi-partition Produce, as the Python client sends
     one request per node: a gRPC call costs the sending and the receiving node more than its
     bytes, so this halves the calls between nodes of a 3-node cluster. Each partition still
-    has at most one request in flight (its sender's rule), and its result is its own."""
+    has at most one request in flight (its sender's rule), and its result is its own.
+
+    A Produce carries the client id of the ProduceRecords callers it was made for (gRPC
+    metadata to a leader elsewhere, :data:`~strom.storage.metrics.CALLER_CLIENT_ID` here), so
+    the leader counts their bytes under their id; what different client ids send in one
+    pass goes in requests of their own."""
 
     def __init__(
         self,
@@ -124,8 +133,9 @@ class LeaderRoute:
         self.view = view
         self._local = local_produce
         self._channels = ChannelCache(GRPC_OPTIONS)
-        #: (leader address, or None for this node; acks) -> the parts gathered this pass.
-        self._gathering: dict[tuple[str | None, int], list[_Part]] = {}
+        #: (leader address, or None for this node; acks; client id) -> the parts gathered
+        #: this pass.
+        self._gathering: dict[tuple[Any, ...], list[_Part]] = {}
         self._sending: set[asyncio.Task[None]] = set()
 
     def _leader(self, topic: str, partition: int) -> tuple[int, int, str | None]:
@@ -137,10 +147,16 @@ class LeaderRoute:
         return s.leader, s.leader_epoch, (f"{node.host}:{node.port}" if node else None)
 
     async def produce(
-        self, topic: str, partition: int, data: bytes, acks: int, timeout_s: float
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        acks: int,
+        timeout_s: float,
+        client_id: str = "",
     ) -> storage_pb2.ProducePartitionResponse:
-        """One Produce of ``data`` (concatenated batches); the partition's result. Raises
-        TransportError when no answer came."""
+        """One Produce of ``data`` (concatenated batches) for the callers of ``client_id``; the
+        partition's result. Raises TransportError when no answer came."""
         leader, epoch, addr = self._leader(topic, partition)
         if leader != self.node_id and addr is None:
             return storage_pb2.ProducePartitionResponse(
@@ -150,21 +166,21 @@ class LeaderRoute:
                 base_offset=-1,
             )
         loop = asyncio.get_running_loop()
-        key = (None if leader == self.node_id else addr, acks)
+        key: tuple[Any, ...] = (None if leader == self.node_id else addr, acks, client_id)
         parts = self._gathering.get(key)
         if parts is not None and any(
             p.topic == topic and p.partition == partition for p in parts
         ):  # a second request for the partition in this pass: a request of its own
             parts = None
-            key = (key[0], acks, id(data))  # type: ignore[assignment]
+            key = (*key, id(data))
         if parts is None:
             parts = self._gathering[key] = []
             loop.call_soon(self._flush, key)
-        part = _Part(topic, partition, data, epoch, timeout_s, loop.create_future())
+        part = _Part(topic, partition, data, epoch, timeout_s, client_id, loop.create_future())
         parts.append(part)
         return await part.future
 
-    def _flush(self, key: tuple[str | None, int]) -> None:
+    def _flush(self, key: tuple[Any, ...]) -> None:
         parts = self._gathering.pop(key)
         task = asyncio.get_running_loop().create_task(self._send(key[0], key[1], parts))
         self._sending.add(task)
@@ -182,7 +198,7 @@ class LeaderRoute:
             pd = t.partitions.add(partition=p.partition, records=p.data)
             pd.current_leader_epoch = p.leader_epoch
         try:
-            resp = await self._request(addr, req, timeout_s)
+            resp = await self._request(addr, req, timeout_s, parts[0].client_id)
         except asyncio.CancelledError:  # the node is closing
             for p in parts:
                 p.future.cancel()
@@ -212,22 +228,25 @@ class LeaderRoute:
                 )
 
     async def _request(
-        self, addr: str | None, req: storage_pb2.ProduceRequest, timeout_s: float
+        self, addr: str | None, req: storage_pb2.ProduceRequest, timeout_s: float, client_id: str
     ) -> Any:
         if addr is None:
             # Gathered from several callers, each charged its quota where it called
             # (RecordService): not charged again here.
             token = CHARGED_BY_CALLER.set(True)
+            cid = CALLER_CLIENT_ID.set(client_id)
             try:
                 return await self._local(req)
             except ProduceShed as exc:
                 raise TransportError(f"this node: RESOURCE_EXHAUSTED {exc}") from None
             finally:
+                CALLER_CLIENT_ID.reset(cid)
                 CHARGED_BY_CALLER.reset(token)
         ch = self._channels.get(addr)
+        md = (("strom-client-id", client_id),) if client_id else None
         try:
             return await storage_pb2_grpc.StorageServiceStub(ch).Produce(
-                req, timeout=timeout_s + 1.0
+                req, timeout=timeout_s + 1.0, metadata=md
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _TRANSPORT:
@@ -248,6 +267,7 @@ class _Call:
     codec: str
     acks: int
     deadline: float
+    client_id: str
     future: asyncio.Future[int] = field(repr=False)
 
 
@@ -269,13 +289,14 @@ class PartitionSender:
         self._task: asyncio.Task[None] | None = None
 
     def submit(
-        self, table: pa.Table, codec: str, acks: int, deadline: float
+        self, table: pa.Table, codec: str, acks: int, deadline: float, client_id: str = ""
     ) -> asyncio.Future[int]:
-        """Queue a call's records (one batch); the future is their base offset (-1 when it
-        is not known: acks=0, or a duplicate older than the leader remembers)."""
+        """Queue a call's records (one batch) for the caller of ``client_id``; the future is
+        their base offset (-1 when it is not known: acks=0, or a duplicate older than the
+        leader remembers)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
-        self._pending.append(_Call(table, codec, acks, deadline, fut))
+        self._pending.append(_Call(table, codec, acks, deadline, client_id, fut))
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._drain())
         return fut
@@ -286,15 +307,7 @@ class PartitionSender:
 
     async def _drain(self) -> None:
         while self._pending:
-            group = [self._pending.popleft()]
-            size = group[0].table.nbytes
-            while (
-                self._pending
-                and self._pending[0].acks == group[0].acks
-                and size + self._pending[0].table.nbytes <= MAX_REQUEST_BYTES
-            ):
-                size += self._pending[0].table.nbytes
-                group.append(self._pending.popleft())
+            group = self._next_group()
             try:
                 await self._send(group)
             except Exception as exc:  # never leave a caller hanging
@@ -303,6 +316,23 @@ class PartitionSender:
                 for c in group:
                     if not c.future.done():
                         c.future.set_exception(exc)
+
+    def _next_group(self) -> list[_Call]:
+        """The first waiting call and the ones right behind it that can share its request:
+        the same acks and client id (the leader counts a request's bytes under one client
+        id), up to MAX_REQUEST_BYTES."""
+        first = self._pending.popleft()
+        group = [first]
+        size = first.table.nbytes
+        while (
+            self._pending
+            and self._pending[0].acks == first.acks
+            and self._pending[0].client_id == first.client_id
+            and size + self._pending[0].table.nbytes <= MAX_REQUEST_BYTES
+        ):
+            size += self._pending[0].table.nbytes
+            group.append(self._pending.popleft())
+        return group
 
     def _encode(self, group: list[_Call], idempotent: bool) -> bytes:
         seq = self.next_sequence
@@ -354,7 +384,12 @@ class PartitionSender:
                     return
                 try:
                     r = await self._route.produce(
-                        self.topic, self.partition, data, group[0].acks, deadline - now
+                        self.topic,
+                        self.partition,
+                        data,
+                        group[0].acks,
+                        deadline - now,
+                        group[0].client_id,
                     )
                 except TransportError as exc:
                     ambiguous, last = True, exc
@@ -426,14 +461,21 @@ class NodeProducer:
         self._senders: dict[tuple[str, int], PartitionSender] = {}
 
     def send(
-        self, topic: str, partition: int, table: pa.Table, acks: int, codec: str, deadline: float
+        self,
+        topic: str,
+        partition: int,
+        table: pa.Table,
+        acks: int,
+        codec: str,
+        deadline: float,
+        client_id: str = "",
     ) -> asyncio.Future[int]:
         s = self._senders.get((topic, partition))
         if s is None:
             s = self._senders[(topic, partition)] = PartitionSender(
                 topic, partition, self._route, self._ids
             )
-        return s.submit(table, codec, acks, deadline)
+        return s.submit(table, codec, acks, deadline, client_id)
 
     async def close(self, timeout_s: float) -> None:
         """Let queued calls finish (bounded by ``timeout_s`` and their own deadlines)."""
@@ -461,6 +503,7 @@ class SequencedSender:
         producer_epoch: int,
         base_sequence: int,
         deadline: float,
+        client_id: str = "",
     ) -> int:
         """Append as one batch; its base offset. Raises StromError, DuplicateSequenceError
         when the leader takes the batch for a retry of one written before its last five
@@ -483,7 +526,7 @@ class SequencedSender:
             if remaining <= 0:
                 raise last or RequestTimedOutError(f"{topic}-{partition}: no answer in time")
             try:
-                r = await self._route.produce(topic, partition, data, acks, remaining)
+                r = await self._route.produce(topic, partition, data, acks, remaining, client_id)
             except TransportError as exc:
                 last = exc
             else:

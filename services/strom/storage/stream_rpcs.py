@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,7 @@ class StreamRpcs(StorageCore):
                     admitted = 0
                     owing = None
                     if self.admission is not None:
+                        t0 = time.perf_counter()
                         admitted = sum(
                             len(pd.records) for td in request.topics for pd in td.partitions
                         )
@@ -124,6 +126,11 @@ class StreamRpcs(StorageCore):
                         refusal = self.admission.try_admit(admitted, owing)
                         if refusal is not None:
                             metrics.PRODUCE_SHED.inc()
+                            # Timed as the unary call's refusal is (found from outside: a
+                            # shed request on a stream was in no latency series).
+                            metrics.REQUEST_LATENCY.labels("Produce", "RESOURCE_EXHAUSTED").observe(
+                                time.perf_counter() - t0
+                            )
                             end = refusal
                             break
                     task = asyncio.ensure_future(self._produce_streamed(request, context))

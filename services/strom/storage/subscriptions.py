@@ -48,7 +48,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +59,11 @@ from strom.api import common_pb2, records_pb2
 from strom.client.consumer import Consumer
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.errors import ErrorCode, StromError
+from strom.metadata.view import RESYNC
 from strom.storage.record_columns import fill_columns
+
+if TYPE_CHECKING:
+    from strom.metadata import ClusterView, WatchEvent
 
 log = logging.getLogger("strom.storage.subscriptions")
 E = ErrorCode
@@ -74,9 +78,43 @@ REVOCATIONS_WAITING = Gauge(
 )
 SUBSCRIBE_RECORDS = Counter(
     "strom_storage_records_subscribe_records",
-    "Records of Subscribe streams by topic: polled from the cluster, and written to streams",
+    "Records of Subscribe streams by topic: polled from the cluster, and written to streams "
+    "(a topic's series go when the topic is deleted)",
     ["stage", "topic"],
 )
+_STAGES = ("polled", "sent")
+#: Topics SUBSCRIBE_RECORDS may have series of (a resync checks each against the view).
+_counted_topics: set[str] = set()
+
+
+def _subscribe_records(stage: str, topic: str) -> Any:
+    _counted_topics.add(topic)
+    return SUBSCRIBE_RECORDS.labels(stage, topic)
+
+
+def drop_deleted_topics(view: ClusterView) -> Callable[[list[WatchEvent]], None]:
+    """A view listener that drops SUBSCRIBE_RECORDS' series of each topic deleted from the
+    node's view, as the node's per-topic counters go with the topic's replicas: otherwise a
+    deleted topic stays listed for good and a topic re-created under its name adds to its
+    totals (found from outside). Deletes are taken from the events (not the view after them)
+    so that a topic deleted and re-created in one batch of events starts again from zero."""
+    prefix = view.keys.topics_prefix
+
+    def on_events(events: list[WatchEvent]) -> None:
+        gone: set[str] = set()
+        for ev in events:
+            if ev is RESYNC:  # (what the watch missed: whatever the view has not now)
+                gone.update(t for t in list(_counted_topics) if view.topic(t) is None)
+            elif ev.value is None and ev.key.startswith(prefix):
+                gone.add(ev.key[len(prefix) :])
+        for topic in gone:
+            _counted_topics.discard(topic)
+            for stage in _STAGES:
+                with contextlib.suppress(KeyError):
+                    SUBSCRIBE_RECORDS.remove(stage, topic)
+
+    return on_events
+
 
 #: How long one poll of the Consumer may wait for records.
 POLL_MS = 200
@@ -521,7 +559,7 @@ class Subscription:
             return self._revocations.get(tp, 0) == revocations.get(tp, 0)
 
         for tp, part in _by_partition(table):
-            SUBSCRIBE_RECORDS.labels("polled", tp.topic).inc(part.num_rows)
+            _subscribe_records("polled", tp.topic).inc(part.num_rows)
             if tp not in owned or not current(tp):  # revoked during the poll, or since
                 continue
             hw = self.consumer.highwater(tp)
@@ -545,7 +583,7 @@ class Subscription:
             item.written.set()
         if item.tp is None:
             return
-        SUBSCRIBE_RECORDS.labels("sent", item.tp.topic).inc(item.records)
+        _subscribe_records("sent", item.tp.topic).inc(item.records)
         with self._lock:
             self._delivered[item.tp] = item.next_offset
             self._delivered_since_commit = True
