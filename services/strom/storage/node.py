@@ -47,7 +47,13 @@ from strom.api import metadata_pb2 as md
 from strom.log import compact, dirtiest_first, measure_logs
 from strom.log.errors import disk_full_hint
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
-from strom.service.limits import Admission, default_memory_limit
+from strom.service.limits import (
+    Admission,
+    default_max_connections,
+    default_memory_limit,
+    nofile_limit,
+    open_fd_count,
+)
 from strom.storage import metrics, records_api
 from strom.storage.identity import (
     Agreement,
@@ -56,7 +62,7 @@ from strom.storage.identity import (
     cluster_agreement,
     partition_dirs,
 )
-from strom.storage.manager import PartitionManager, read_topic_id
+from strom.storage.manager import FD_RESERVE, PartitionManager, read_topic_id
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
 from strom.storage.readiness import InSyncReadiness
@@ -272,6 +278,7 @@ class StorageNode:
             loop.create_task(self._registration_watchdog(), name="registration-watchdog"),
         ]
         self.fetchers.refresh()
+        self._warn_if_short_of_descriptors()
         log.info(
             "node %d running: %d partitions, advertised as %s:%d, incarnation %s",
             cfg.node_id,
@@ -279,6 +286,29 @@ class StorageNode:
             cfg.advertise_host,
             cfg.advertise_port,
             self.registration.incarnation_id,
+        )
+
+    def _warn_if_short_of_descriptors(self) -> None:
+        """One line at start when the descriptors open now (mostly the logs: one per segment
+        of each replica) plus the connections allowed (--max-connections, by default half
+        the limit) come within FD_RESERVE of the open-file limit: at 1,200 partitions under
+        ``ulimit -n 256`` the first sign was a node failing its logs and connections at
+        run time (found from outside)."""
+        limit, used = nofile_limit(), open_fd_count()
+        if limit is None or used is None:
+            return
+        conns = self.config.max_connections or default_max_connections()
+        if used + conns + FD_RESERVE <= limit:
+            return
+        log.warning(
+            "the open-file limit (RLIMIT_NOFILE %d) is close: %d descriptors open with %d "
+            "partitions (one per segment of each replica), and up to %d connections "
+            "(--max-connections); logs that do not fit are not opened and their "
+            "leaderships go to other replicas: raise the limit (ulimit -n, LimitNOFILE)",
+            limit,
+            used,
+            len(self.manager.partitions),
+            conns,
         )
 
     async def _settle_identity(self) -> None:
