@@ -56,16 +56,16 @@ def _node(registration: _FakeRegistration) -> StorageNode:
 
 
 async def _settled(node: StorageNode) -> None:
-    """Until no re-registration runs and none is scheduled (lease losses hop to the loop)."""
-    while True:
+    """Until the re-registration has ended and no other was started meanwhile (a loss hops
+    to the loop with call_soon_threadsafe, so it is handled before the task resumes)."""
+    while node._reregister is None:
         await asyncio.sleep(0)
+    while True:
         task = node._reregister
-        if task is None or task.done():
-            await asyncio.sleep(0.01)
-            if node._reregister is task:
-                return
-        else:
-            await task
+        await task
+        await asyncio.sleep(0)
+        if node._reregister is task:
+            return
 
 
 def test_a_lease_lost_during_the_re_registration_is_registered_again() -> None:
