@@ -52,3 +52,30 @@ def test_reregister_waits_out_its_own_expiring_key(etcd: EtcdServer) -> None:
     finally:
         reg.close()
         store.close()
+
+
+def test_reregister_keeps_a_registration_that_is_live(etcd: EtcdServer) -> None:
+    """The node's watchdog re-registers when its view lacks the key; a view behind etcd must
+    not make it drop a live registration (the new key would wait out the old lease). Asked
+    while its lease lives, reregister keeps key and lease; once the key is gone (deleted by
+    hand), it makes a new one."""
+    store = MetadataStore(etcd.endpoint, f"test-{uuid.uuid4().hex[:8]}")
+    reg = NodeRegistration(
+        store, node_id=1, host="127.0.0.1", port=1, metrics_port=0, rack=None, session_timeout_s=2
+    )
+    lost = threading.Event()
+    try:
+        reg.register(lost.set)
+        lease, keepalive = reg.lease, reg.keepalive
+        reg.reregister(lost.set)
+        assert reg.lease is lease and reg.keepalive is keepalive and reg.live()
+        _, meta = store.client.get(reg.key)
+        assert meta.lease_id == lease.id
+        store.client.delete(reg.key)
+        reg.reregister(lost.set)
+        assert reg.lease is not None and reg.lease.id != lease.id and reg.live()
+        _, meta = store.client.get(reg.key)
+        assert meta.lease_id == reg.lease.id
+    finally:
+        reg.close()
+        store.close()

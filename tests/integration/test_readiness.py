@@ -1,5 +1,6 @@
-"""A storage node reports *ready* (health name ``strom.ready``) only while it is in the ISR of
-every partition it replicates; its started status (``""``) is unaffected.
+"""A storage node reports *ready* (health name ``strom.ready``) only while it is registered in
+etcd and in the ISR of every partition it replicates; its started status (``""``) is
+unaffected.
 
 The chart's readiness probes ask ``strom.ready``: a StatefulSet's rolling restart stops the
 next node only once this one is Ready, so a node that restarted but has not caught up yet must
@@ -16,10 +17,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from strom.api import metadata_pb2 as md
 from strom.client.cluster import ClusterClient
 from strom.client.producer import Producer
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
+from strom.metadata import MetadataStore
 from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
@@ -103,3 +106,41 @@ def test_a_node_is_ready_only_while_it_is_in_its_partitions_isrs(
         what="the follower back in the ISR to say it is ready",
     )
     assert _state(cluster, topic)[0] == leader_id  # nothing moved: the leader only slept
+
+
+def test_a_node_whose_key_is_gone_is_not_ready_and_registers_again(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: a node left unregistered (its re-registration dropped) ran on for
+    good, answering ready. Its key deleted by hand while its lease lives (no loss for its
+    keepalive to report): it says it is not ready, and its watchdog registers it again."""
+    cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
+    node = cluster.nodes[0]
+    wait_for(lambda: _status(node, "strom.ready") == SERVING, timeout=20, what="ready")
+    store = MetadataStore(cluster.etcd.endpoint, cluster.cluster_name)
+    try:
+        key = store.keys.node(node.ident)
+        first = store.get(key, md.NodeRegistration)
+        assert first is not None
+        store.client.delete(key)
+        wait_for(
+            lambda: _status(node, "strom.ready") == NOT_SERVING,
+            timeout=20,
+            what="the unregistered node to say it is not ready",
+        )
+        assert _status(node, "") == SERVING  # alive
+        wait_for(
+            lambda: store.get(key, md.NodeRegistration) is not None,
+            timeout=30,
+            what="the node to register again",
+        )
+        again = store.get(key, md.NodeRegistration)
+        assert again is not None and again.value.incarnation_id == first.value.incarnation_id
+        assert again.value.state == md.NODE_STATE_RUNNING
+        wait_for(
+            lambda: _status(node, "strom.ready") == SERVING,
+            timeout=20,
+            what="the registered node to say it is ready again",
+        )
+    finally:
+        store.close()

@@ -72,6 +72,21 @@ def test_readiness_follows_the_isr_and_the_leaders_registration() -> None:
     assert ready.ready()
 
 
+def test_a_node_missing_from_etcd_is_not_ready() -> None:
+    """Found from outside: a node whose registration was gone for good (its lease lost)
+    answered ready while every partition it led was offline."""
+    view, ready = _setup()
+    k = view.keys
+    for n in (0, 1, ME):
+        _put(view, k.node(n), md.NodeRegistration(node_id=n))
+    _put(view, k.partition("t", 0), _state(ME, [ME]))  # leading: in its own ISR
+    assert ready.ready()
+    _delete(view, k.node(ME))
+    assert not ready.ready() and ready.why_not() == "not registered in etcd"
+    _put(view, k.node(ME), md.NodeRegistration(node_id=ME))
+    assert ready.ready()
+
+
 def test_the_kept_set_equals_a_full_recount_after_random_changes() -> None:
     view, ready = _setup()
     k = view.keys
@@ -100,7 +115,8 @@ def test_the_kept_set_equals_a_full_recount_after_random_changes() -> None:
 def test_run_reports_each_change_and_ends_when_stopped() -> None:
     view, ready = _setup()
     k = view.keys
-    _put(view, k.node(0), md.NodeRegistration(node_id=0))
+    for n in (0, ME):
+        _put(view, k.node(n), md.NodeRegistration(node_id=n))
     seen: list[bool] = []
 
     async def main() -> None:

@@ -358,6 +358,7 @@ class _Manager:
         self.partitions = {part.tp: part}
         self.metrics: dict = {}
         self.committed = WaiterRegistry()
+        self.unopened: dict = {}
 
     def request_reconcile(self, topics: set[str] | None = None) -> None:
         pass
@@ -1173,3 +1174,78 @@ def test_a_follower_drops_an_epoch_its_failed_append_left_at_its_log_end(
     assert lg.epochs.latest_epoch == 0 and lg.log_end_offset == 3
     lg.append(encode_batch([b"z"]), leader_epoch=0)  # still appends where it was
     assert lg.log_end_offset == 4
+
+
+# -- a log not opened for want of file descriptors is not led (found from outside) -----------
+
+
+class _RequestsController:
+    def __init__(self) -> None:
+        self.requests: list = []
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        from strom.api import controller_pb2
+
+        self.requests.append(request)
+        return controller_pb2.AlterPartitionResponse()
+
+
+def test_the_leadership_of_a_partition_whose_log_did_not_open_is_handed_over() -> None:
+    """Under a low open-file limit a node went on leading partitions it had no log for;
+    it now hands each one it leads to another in-sync replica (storage_error), once per
+    partition state, and leaves alone those it only follows or has nobody to hand to."""
+    from strom.metadata import ClusterView, Keys
+    from strom.metadata.store import Versioned
+    from strom.storage.replication import UNOPENED_RETRY_S, IsrManager
+
+    class _Store:
+        keys = Keys("unit")
+
+    view = ClusterView(_Store())  # type: ignore[arg-type]
+
+    def put(p: int, leader: int, isr: list[int], epoch: int = 0) -> None:
+        state = md.PartitionState(
+            replicas=[1, 2], leader=leader, isr=isr, leader_epoch=epoch, partition_epoch=epoch
+        )
+        view.partitions[("t", p)] = Versioned(f"t/{p}", state, 1, 1)
+
+    view.topics["t"] = Versioned("t", md.TopicMetadata(topic_id="tid", partition_count=4), 1, 1)
+    put(0, 1, [1, 2])  # led here, another in-sync replica: handed over
+    put(1, 2, [2, 1])  # followed: nothing to hand over
+    put(2, 1, [1])  # led, nobody to take it: stays (logged)
+    put(3, 1, [1, 2])  # opened meanwhile (hosted): forgotten
+    manager = SimpleNamespace(
+        partitions={("t", 3): object()},
+        metrics={},
+        view=view,
+        unopened={("t", p): "Too many open files" for p in range(4)},
+    )
+    controller = _RequestsController()
+    isr = IsrManager(
+        1,
+        manager,  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "inc",
+        10_000,
+        running=lambda: ALL,
+    )
+    now = [100.0]
+    isr.clock = lambda: now[0]
+
+    async def main() -> None:
+        await isr._resign_unopened(now[0])
+        assert len(controller.requests) == 1
+        (item,) = controller.requests[0].partitions
+        assert (item.topic, item.partition, list(item.new_isr)) == ("t", 0, [2])
+        assert item.resign_reason == "storage_error" and item.topic_id == "tid"
+        assert ("t", 3) not in manager.unopened
+        await isr._resign_unopened(now[0] + 1)  # asked already in this state
+        assert len(controller.requests) == 1
+        now[0] += UNOPENED_RETRY_S  # no new state since: ask again
+        await isr._resign_unopened(now[0])
+        assert len(controller.requests) == 2
+        put(0, 2, [2], epoch=1)  # handed over: nothing more to ask
+        await isr._resign_unopened(now[0] + 100)
+        assert len(controller.requests) == 2
+
+    asyncio.run(main())

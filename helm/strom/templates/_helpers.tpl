@@ -262,8 +262,9 @@ are on. Empty when neither TLS nor a service token is configured. */}}
 cannot speak TLS). */}}
 {{- define "strom.grpcProbes" -}}
 {{- /* Started and alive: the health status "". Ready: "strom.ready", which a storage node
-       reports only once it is back in the ISR of every partition it replicates, so a rolling
-       restart (and a PodDisruptionBudget) waits for it before stopping the next node. */ -}}
+       reports only while registered and back in the ISR of every partition it replicates, so
+       a rolling restart (and a PodDisruptionBudget) waits for it before stopping the next
+       node. */ -}}
 {{- $check := dict "grpc" (dict "port" .port) }}
 {{- $ready := dict "grpc" (dict "port" .port "service" "strom.ready") }}
 {{- if .ctx.Values.tls.enabled }}

@@ -87,7 +87,8 @@ LEADER_ELECTIONS = Counter(
     "registered again and is still starting), controlled_shutdown (it is shutting down), "
     "preferred, unclean, reassignment, damaged_replica (the leader's data failed a check on "
     "read and it handed the partition to another in-sync replica), storage_error (the "
-    "leader's disk refused an append, full or failing, and it handed the partition over)",
+    "leader's disk refused an append, full or failing, or it could not open the log for "
+    "want of file descriptors, and it handed the partition over)",
     ["reason"],
 )
 FAILOVER_SECONDS = Histogram(

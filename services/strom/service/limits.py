@@ -40,6 +40,25 @@ from strom.errors import StromError
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+def nofile_limit() -> int | None:
+    """The soft limit of open file descriptors (RLIMIT_NOFILE); None when unlimited or
+    unknown."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def open_fd_count() -> int | None:
+    """File descriptors this process has open (``/proc/self/fd``, Linux); None elsewhere.
+    Costs a directory listing: call it per batch of work, not per request."""
+    try:
+        return max(len(os.listdir("/proc/self/fd")) - 1, 0)  # less the listing's own
+    except OSError:
+        return None
+
+
 def default_max_connections() -> int:
     """Half the file descriptors the process may open (the rest are for logs and peers),
     between 64 and 10,000."""

@@ -194,7 +194,8 @@ async def serve(
             await health_servicer.set(
                 READY_SERVICE, status.SERVING if ready else status.NOT_SERVING
             )
-            log.info("%s %s", service.name, "ready" if ready else "not ready: catching up")
+            why = getattr(readiness, "why_not", lambda: "catching up")
+            log.info("%s %s", service.name, "ready" if ready else f"not ready: {why()}")
 
         ready_task = asyncio.create_task(readiness.run(report, stop), name="readiness")
     log.info("%s serving on %s (%s)", service.name, listen, sec.describe())

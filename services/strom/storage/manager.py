@@ -25,6 +25,7 @@ is recognised and its old data dropped instead of being served as the new topic'
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from strom.log import Log, LogConfig, LogManager
 from strom.log.checkpoint import fsync_dir, write_atomic
 from strom.log.manager import PARTITION_METADATA, log_dir_name
 from strom.metadata import ClusterView, WatchEvent, changed_topics
+from strom.service.limits import nofile_limit, open_fd_count
 from strom.storage import metrics
 from strom.storage.assignment import (
     Assignment,
@@ -56,6 +58,50 @@ __all__ = ["PARTITION_METADATA", "PartitionManager", "read_topic_id", "write_top
 
 #: A wake-up for more changed topics than this looks at everything.
 MAX_NARROW_TOPICS = 32
+
+#: File descriptors left free when opening logs: connections (clients, replicas, etcd, the
+#: controller), checkpoints and segment rolls need some. A node that spent its last ones on
+#: logs could not even accept a connection or tell the controller to move the leaderships
+#: of the logs it could not open (found from outside: under ``ulimit -n 256`` a node led
+#: 300 partitions it had no log for, its metrics and health endpoints hanging).
+FD_RESERVE = 64
+#: Errors of a log open that mean this process or the system is out of file descriptors.
+FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+#: Seconds between two log lines about logs not opened for want of descriptors.
+FD_LOG_INTERVAL_S = 60.0
+#: Seconds before a pass tries such logs again (descriptors rarely come back sooner).
+FD_RETRY_S = 5.0
+
+
+class _FdBudget:
+    """Descriptors a batch of log opens may still take: measured at its start, then counted
+    down by the segments each open log holds, and measured again every ``REMEASURE`` opens
+    once near the reserve (connections come and go meanwhile). Far from the limit it costs
+    one listing of /proc/self/fd per batch: a start with 10,000 logs is one batch."""
+
+    REMEASURE = 32
+
+    def __init__(self) -> None:
+        self.limit = nofile_limit()
+        self._left: int | None = None
+        self._since = 0
+        self._measure()
+
+    def _measure(self) -> None:
+        used = open_fd_count() if self.limit is not None else None
+        self._left = None if used is None or self.limit is None else self.limit - used
+        self._since = 0
+
+    def allows(self) -> bool:
+        near = self._left is not None and self._left < 4 * FD_RESERVE
+        if near and self._since >= self.REMEASURE:
+            self._measure()
+        return self._left is None or self._left > FD_RESERVE
+
+    def took(self, n: int) -> None:
+        self._since += 1
+        if self._left is not None:
+            self._left -= n
 
 
 def read_topic_id(directory: Path) -> str | None:
@@ -127,6 +173,11 @@ class PartitionManager:
         self._foreign: str | None = None
         #: The cluster id the view has shown in this process life (None: not yet known).
         self._cluster_id: str | None = None
+        #: Assigned partitions whose log could not be opened for want of file descriptors
+        #: (EMFILE, ENFILE, or fewer than FD_RESERVE left), with the reason: not hosted, and
+        #: the IsrManager hands over those this node leads. Loop only.
+        self.unopened: dict[TopicPartition, str] = {}
+        self._fd_logged_at = -FD_LOG_INTERVAL_S
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -329,9 +380,11 @@ class PartitionManager:
         if plan.strays:
             await asyncio.to_thread(self._set_aside_logs, list(plan.strays))
         if plan.create:
-            created = await asyncio.to_thread(self._create_logs, list(plan.create))
+            created, short = await asyncio.to_thread(self._create_logs, list(plan.create))
             for a, lg in created:
+                self.unopened.pop(a.tp, None)
                 self._install(a, lg)
+            self._note_unopened(short)
         for a in plan.update:
             self._update(a)
         if self.after_reconcile is not None:
@@ -370,12 +423,24 @@ class PartitionManager:
                     aside,
                 )
 
-    def _create_logs(self, wanted: list[Assignment]) -> list[tuple[Assignment, Log]]:
+    def _create_logs(
+        self, wanted: list[Assignment]
+    ) -> tuple[list[tuple[Assignment, Log]], dict[TopicPartition, str]]:
+        """Open (or create) the logs of ``wanted`` (blocking). Returns the opened ones and
+        those left unopened for want of file descriptors, with the reason."""
         assert self.logs is not None
         out = []
+        short: dict[TopicPartition, str] = {}
         failed = False
+        budget = _FdBudget()
         for a in wanted:
             overrides = usable_configs(a.config_dict(), where=f"{a.topic}-{a.partition}: ")
+            opened = self.logs.get(a.topic, a.partition) is not None  # at start: all
+            if not opened and not budget.allows():
+                short[a.tp] = (
+                    f"fewer than {FD_RESERVE} file descriptors left (RLIMIT_NOFILE {budget.limit})"
+                )
+                continue
             try:
                 self._drop_other_topics_log(a)
                 lg = self.logs.get_or_create(a.topic, a.partition, overrides)
@@ -395,16 +460,50 @@ class PartitionManager:
                         if self.fsync and not durable:
                             self._unsynced_ids.add(a.tp)
                     self._topic_ids[a.tp] = a.topic_id
+            except OSError as exc:
+                if exc.errno not in FD_ERRNOS:
+                    log.exception("could not open the log of %s-%d", a.topic, a.partition)
+                    failed = True
+                    continue
+                short[a.tp] = f"{exc.strerror} (RLIMIT_NOFILE {budget.limit})"
+                continue
             except Exception:
                 log.exception("could not open the log of %s-%d", a.topic, a.partition)
                 failed = True
                 continue
+            if not opened:
+                budget.took(len(lg.segments))
             out.append((a, lg))
-        if failed:
+        if failed or short:
             # Not installed, so the next reconcile tries again; make sure there is one.
+            # Descriptors rarely come back within a second: those wait longer.
             loop = self._ev()
-            loop.call_soon_threadsafe(loop.call_later, 1.0, self.request_reconcile)
-        return out
+            delay = 1.0 if failed else FD_RETRY_S
+            loop.call_soon_threadsafe(loop.call_later, delay, self.request_reconcile)
+        return out, short
+
+    def _note_unopened(self, short: dict[TopicPartition, str]) -> None:
+        """Record the logs a pass could not open for want of file descriptors, and say so in
+        one line a minute per node (a traceback per partition per retry buried the log)."""
+        self.unopened.update(short)
+        if not short:
+            return
+        now = time.monotonic()
+        if now - self._fd_logged_at < FD_LOG_INTERVAL_S:
+            return
+        self._fd_logged_at = now
+        names = sorted(self.unopened)
+        shown = ", ".join(f"{t}-{p}" for t, p in names[:5])
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        log.error(
+            "could not open the logs of %d partitions (%s%s): %s; this node does not host "
+            "them and hands over those it leads; raise the open-file limit (ulimit -n, "
+            "LimitNOFILE): a replica needs one descriptor per segment",
+            len(names),
+            shown,
+            more,
+            next(iter(short.values())),
+        )
 
     def _drop_other_topics_log(self, a: Assignment) -> None:
         """Delete the log (open or only on disk) of ``a``'s partition when it records another
@@ -493,6 +592,7 @@ class PartitionManager:
         self.appended.wake(a.tp)
 
     def _uninstall(self, tp: TopicPartition) -> Partition | None:
+        self.unopened.pop(tp, None)
         part = self.partitions.pop(tp, None)
         if self._assignments.pop(tp, None) is not None:
             of_topic = self._installed_by_topic.get(tp[0])

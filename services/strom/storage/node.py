@@ -47,7 +47,13 @@ from strom.api import metadata_pb2 as md
 from strom.log import compact, dirtiest_first, measure_logs
 from strom.log.errors import disk_full_hint
 from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
-from strom.service.limits import Admission, default_memory_limit
+from strom.service.limits import (
+    Admission,
+    default_max_connections,
+    default_memory_limit,
+    nofile_limit,
+    open_fd_count,
+)
 from strom.storage import metrics, records_api, subscriptions
 from strom.storage.identity import (
     Agreement,
@@ -56,7 +62,7 @@ from strom.storage.identity import (
     cluster_agreement,
     partition_dirs,
 )
-from strom.storage.manager import PartitionManager, read_topic_id
+from strom.storage.manager import FD_RESERVE, PartitionManager, read_topic_id
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
 from strom.storage.readiness import InSyncReadiness
@@ -75,6 +81,11 @@ SERVICE_NAME = storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_na
 #: Timeout of one ControlledShutdown call that fences a previous life: longer than the
 #: controller's wait for its own view (10 s, strom.controller.core._await_view).
 CONTROLLED_SHUTDOWN_CALL_S = 15.0
+#: At most one log line per this many seconds about a re-registration that keeps failing.
+REREGISTER_LOG_EVERY_S = 10.0
+#: How long the node's own key may be missing from its view before the watchdog
+#: re-registers (longer than a lease loss takes to be reported and re-registered).
+REGISTRATION_WATCHDOG_S = 5.0
 
 
 def tune_malloc(trim_threshold: int = 256 << 20, mmap_threshold: int = 64 << 20) -> bool:
@@ -207,6 +218,9 @@ class StorageNode:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._reregister: asyncio.Task[None] | None = None
+        #: Set by every loss of the lease; the re-registration loop clears it per attempt
+        #: and goes on while a loss arrived during the attempt.
+        self._lost_again = False
         self._registered = False
 
     # -- Service protocol ------------------------------------------------------------------
@@ -262,8 +276,10 @@ class StorageNode:
             ),
             loop.create_task(self._flush_ms_loop(), name="flush-ms"),
             loop.create_task(self.isr.run(self._stopping), name="isr"),
+            loop.create_task(self._registration_watchdog(), name="registration-watchdog"),
         ]
         self.fetchers.refresh()
+        self._warn_if_short_of_descriptors()
         log.info(
             "node %d running: %d partitions, advertised as %s:%d, incarnation %s",
             cfg.node_id,
@@ -271,6 +287,29 @@ class StorageNode:
             cfg.advertise_host,
             cfg.advertise_port,
             self.registration.incarnation_id,
+        )
+
+    def _warn_if_short_of_descriptors(self) -> None:
+        """One line at start when the descriptors open now (mostly the logs: one per segment
+        of each replica) plus the connections allowed (--max-connections, by default half
+        the limit) come within FD_RESERVE of the open-file limit: at 1,200 partitions under
+        ``ulimit -n 256`` the first sign was a node failing its logs and connections at
+        run time (found from outside)."""
+        limit, used = nofile_limit(), open_fd_count()
+        if limit is None or used is None:
+            return
+        conns = self.config.max_connections or default_max_connections()
+        if used + conns + FD_RESERVE <= limit:
+            return
+        log.warning(
+            "the open-file limit (RLIMIT_NOFILE %d) is close: %d descriptors open with %d "
+            "partitions (one per segment of each replica), and up to %d connections "
+            "(--max-connections); logs that do not fit are not opened and their "
+            "leaderships go to other replicas: raise the limit (ulimit -n, LimitNOFILE)",
+            limit,
+            used,
+            len(self.manager.partitions),
+            conns,
         )
 
     async def _settle_identity(self) -> None:
@@ -513,22 +552,81 @@ class StorageNode:
             self._loop.call_soon_threadsafe(self._start_reregister)
 
     def _start_reregister(self) -> None:
+        """Re-register, or tell the running re-registration that a loss came meanwhile.
+
+        FIX (found from outside, 2,000 partitions on a loaded machine): a loss that came
+        while the task was still running (the new lease lost before the busy loop let the
+        task finish) was dropped, and the node stayed unregistered for good, silently."""
+        self._lost_again = True
         if self._reregister is None or self._reregister.done():
             self._reregister = asyncio.get_running_loop().create_task(self._reregister_loop())
 
     async def _reregister_loop(self) -> None:
+        """Re-register until the registration this node holds is live and no loss of it
+        arrived during the attempt; each failure is logged (at most every few seconds)."""
         delay = 0.2
+        failures = 0
+        logged_at = -REREGISTER_LOG_EVERY_S
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
+            self._lost_again = False
             try:
                 await asyncio.to_thread(self.registration.reregister, self._on_lease_lost)
-                return
-            except MetadataUnavailableError:
+            except MetadataUnavailableError as exc:
+                failures += 1
+                if loop.time() - logged_at >= REREGISTER_LOG_EVERY_S:
+                    logged_at = loop.time()
+                    log.warning(
+                        "node %d is not registered in etcd; re-registering failed %d times, "
+                        "retrying: %s",
+                        self.config.node_id,
+                        failures,
+                        exc,
+                    )
                 await self._sleep(delay)
                 delay = min(delay * 2, 2.0)
+                continue
             except NodeIdInUseError as exc:
                 log.error("%s; shutting down", exc)
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
+            if not self._lost_again and self.registration.live():
+                return
+            # Lost again before this attempt ended (or its keepalive has not reached etcd
+            # for longer than the TTL): the registration it made may be gone already.
+            failures += 1
+            if loop.time() - logged_at >= REREGISTER_LOG_EVERY_S:
+                logged_at = loop.time()
+                log.warning(
+                    "node %d lost its registration again while re-registering; retrying",
+                    self.config.node_id,
+                )
+            await self._sleep(0.2)
+
+    async def _registration_watchdog(self) -> None:
+        """Re-register when this node's own key has been missing from its cluster view for
+        ``REGISTRATION_WATCHDOG_S``: whatever the path that left it unregistered, the node
+        must not go on running, leading and answering ready without a registration. The
+        re-registration asks etcd first and keeps a registration that is in fact live."""
+        missing_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while not await self._sleep(1.0):
+            if self.config.node_id in self.view.nodes:
+                missing_since = None
+                continue
+            now = loop.time()
+            if missing_since is None:
+                missing_since = now
+            elif now - missing_since >= REGISTRATION_WATCHDOG_S and (
+                self._reregister is None or self._reregister.done()
+            ):
+                log.warning(
+                    "node %d's registration has been missing from etcd for %.0f s; re-registering",
+                    self.config.node_id,
+                    now - missing_since,
+                )
+                missing_since = None
+                self._start_reregister()
 
     # -- background work -------------------------------------------------------------------
 

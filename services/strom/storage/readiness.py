@@ -1,4 +1,5 @@
-"""A storage node is *ready* when it is back in the ISR of every partition it replicates.
+"""A storage node is *ready* when it is registered and back in the ISR of every partition it
+replicates.
 
 The gRPC health status ``""`` says the process has started (and ``strom.ready``, see
 :data:`strom.service.runtime.READY_SERVICE`, reports this); Kubernetes' readiness needs more
@@ -50,8 +51,24 @@ class InSyncReadiness:
         self.recheck_all()
 
     def ready(self) -> bool:
+        return self.registered() and not self.lagging_any()
+
+    def registered(self) -> bool:
+        """Whether this node's own registration is in the view. A node whose key is gone
+        (its lease lost, not registered again yet) is not ready whatever its ISRs say: the
+        controller takes it for dead, and leaders drop it from their ISRs (found from
+        outside: a node left unregistered for good answered ready while every partition it
+        led was offline)."""
+        with self.view.lock:
+            return self.node_id in self.view.nodes
+
+    def lagging_any(self) -> bool:
         with self._lock:
-            return not self.lagging
+            return bool(self.lagging)
+
+    def why_not(self) -> str:
+        """Why the node is not ready, for the log line of the change."""
+        return "not registered in etcd" if not self.registered() else "catching up"
 
     def recheck_all(self) -> None:
         view = self.view

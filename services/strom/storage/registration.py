@@ -147,12 +147,35 @@ class NodeRegistration:
         info = self.store._call(self.store.client.get_lease_info, meta.lease_id)
         return reg, int(info.TTL)
 
+    def live(self) -> bool:
+        """Whether this process holds a registration it keeps alive: a keepalive whose lease
+        is not surely expired (strom.metadata.KeepAlive.surely_expired)."""
+        ka = self.keepalive
+        return ka is not None and not ka.surely_expired()
+
+    def _holds_key(self, lease: Any) -> bool:
+        """Whether our key stands in etcd under ``lease`` (blocking, one read)."""
+        raw, meta = self.store._call(self.store.client.get, self.key)
+        return raw is not None and meta.lease_id == lease.id
+
     def reregister(self, on_lost: Callable[[], None]) -> None:
         """After the lease was lost (etcd unreachable for longer than the TTL): take the key
         again under a new lease. Raises :class:`NodeIdInUseError` if another process took
-        the id meanwhile (this process is then a zombie and must stop)."""
+        the id meanwhile (this process is then a zombie and must stop).
+
+        A call while the current lease's keepalive has not reported it lost first asks etcd:
+        if the key still stands under that lease, the registration is kept as it is. The
+        node's watchdog calls this when its view lacks the key, and a view behind etcd must
+        not make the node drop a live registration (its new key would then have to wait
+        for the old lease to run out, the node missing from etcd all that while)."""
         with self._lock:
             if self._closed:
+                return
+            current, lease = self.keepalive, self.lease
+        if current is not None and not current.lost and self._holds_key(lease):
+            return
+        with self._lock:
+            if self._closed or self.keepalive is not current:
                 return
             old = self.keepalive
             self.keepalive = None

@@ -631,6 +631,17 @@ def running_nodes(view: ClusterView) -> dict[int, str]:
     }
 
 
+def _some(tps: list[tuple[str, int]], shown: int = 5) -> str:
+    """The first few partitions' names, and how many more, for one log line about many."""
+    names = ", ".join(f"{t}-{p}" for t, p in tps[:shown])
+    return names + (f" and {len(tps) - shown} more" if len(tps) > shown else "")
+
+
+#: Seconds before the leadership of a partition whose log could not be opened is handed
+#: over again in the same partition state (the last call got no answer or was refused).
+UNOPENED_RETRY_S = 5.0
+
+
 @dataclass(slots=True)
 class _Refused:
     """A partition's refused ISR proposal: what was refused, and when to ask again."""
@@ -684,6 +695,12 @@ class IsrManager:
         self._alone_failing: set[tuple[str, int]] = set()
         self._refused: dict[tuple[str, int], _Refused] = {}
         self._last_call_refusal = ""
+        #: Unopened partitions (PartitionManager.unopened) whose leadership was handed over:
+        #: the (leader epoch, partition epoch) asked in and when, so each is asked once per
+        #: state and again only after UNOPENED_RETRY_S.
+        self._unopened_asked: dict[tuple[str, int], tuple[tuple[int, int], float]] = {}
+        #: Unopened partitions this node leads with nobody to hand them to (logged once).
+        self._alone_unopened: set[tuple[str, int]] = set()
 
     def kick(self) -> None:
         """Check soon (a follower fetched; something may have caught up)."""
@@ -701,8 +718,85 @@ class IsrManager:
                 log.exception("ISR check failed")
             refresh_replication_gauges(self.manager)
 
+    async def _resign_unopened(self, now: float) -> None:
+        """Hand over the leadership of each partition whose log this node could not open for
+        want of file descriptors (PartitionManager.unopened) to another in-sync replica, as
+        a leader whose disk refuses appends does (resign_reason ``storage_error``): the node
+        has no log to serve it from (found from outside: under a low open-file limit a node
+        went on leading 300 partitions it could not open, nobody able to produce to them).
+        Kafka takes such a log dir offline and its leaderships move likewise. With no other
+        in-sync replica the partition stays offline until the log opens; that is logged."""
+        unopened = self.manager.unopened
+        if not unopened:
+            self._unopened_asked.clear()
+            self._alone_unopened.clear()
+            return
+        view = self.manager.view
+        with view.lock:
+            found = {}
+            for tp in list(unopened):
+                v = view.partitions.get(tp)
+                t = view.topics.get(tp[0])
+                found[tp] = (v.value if v else None, t.value.topic_id if t else "")
+        req = controller_pb2.AlterPartitionRequest(
+            leader_id=self.node_id, leader_incarnation=self.incarnation()
+        )
+        asked: list[tuple[str, int]] = []
+        alone: list[tuple[str, int]] = []
+        for tp, (st, topic_id) in found.items():
+            if st is None or self.node_id not in st.replicas or tp in self.manager.partitions:
+                unopened.pop(tp, None)  # no longer assigned here, or opened meanwhile
+                self._unopened_asked.pop(tp, None)
+                continue
+            if st.leader != self.node_id:
+                self._alone_unopened.discard(tp)
+                continue
+            others = [r for r in st.isr if r != self.node_id]
+            if not others:
+                if tp not in self._alone_unopened:
+                    self._alone_unopened.add(tp)
+                    alone.append(tp)
+                continue
+            epochs = (st.leader_epoch, st.partition_epoch)
+            last = self._unopened_asked.get(tp)
+            if last is not None and last[0] == epochs and now - last[1] < UNOPENED_RETRY_S:
+                continue
+            self._unopened_asked[tp] = (epochs, now)
+            req.partitions.add(
+                topic=tp[0],
+                topic_id=topic_id,
+                partition=tp[1],
+                leader_epoch=st.leader_epoch,
+                partition_epoch=st.partition_epoch,
+                new_isr=others,
+                resign_reason="storage_error",
+            )
+            asked.append(tp)
+        if alone:
+            log.error(
+                "%d partitions this node leads are offline until their logs open (%s), no "
+                "other replica being in sync to take over: %s",
+                len(alone),
+                _some(alone),
+                unopened[alone[0]],
+            )
+        if not asked:
+            return
+        log.info(
+            "handing over the leadership of %d partitions whose log could not be opened (%s)",
+            len(asked),
+            _some(asked),
+        )
+        try:
+            resp = await self.controller.call("AlterPartition", req)
+        except grpc.aio.AioRpcError:
+            resp = None
+        if resp is not None and resp.error_code != E.NONE:
+            log.info("AlterPartition refused the hand-over: %s", resp.error_message)
+
     async def check(self) -> None:
         now = self.clock()
+        await self._resign_unopened(now)
         proposals: list[tuple[Partition, tuple[int, ...]]] = []
         running: dict[int, str] | None = None
         if self._refused:
