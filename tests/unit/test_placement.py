@@ -3,6 +3,7 @@ load-aware choice of leaders. Pure and fast."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ from strom.controller.placement import (
     leader_counts,
     rack_alternated,
 )
+from strom.controller.topics_admin import Load, _place
 from strom.errors import ErrorCode, InvalidPartitionsError, InvalidReplicationFactorError
 
 
@@ -117,6 +119,22 @@ def test_a_failed_nodes_leaderships_split_over_the_survivors(
         counts = [moved[x] for x in survivors]
         assert sum(counts) == Counter(r[0] for r in got)[failed]
         assert max(counts) - min(counts) <= 1, (failed, moved)
+
+
+@pytest.mark.parametrize(("nodes", "partitions"), [(3, 1), (3, 2), (4, 1), (4, 3)])
+def test_small_topics_spread_first_followers_over_the_cluster(nodes: int, partitions: int) -> None:
+    """Topics of one or two partitions have nothing to spread inside the topic: the
+    controller's placement (``_place``, fed the cluster's load as CreateTopics does) counts
+    the existing (leader, first follower) pairs so that, with RF = nodes, each node's
+    failover targets still alternate over the others from topic to topic."""
+    placed = _nodes(nodes)
+    load = Load()
+    got: list[list[int]] = []
+    for topic in range(12 * nodes):
+        replicas = asyncio.run(_place(placed, partitions, nodes, load, shift=topic))
+        load.add(replicas)
+        got += replicas
+    assert _first_follower_spread(got, placed) <= 1, got
 
 
 def test_new_node_does_not_take_a_whole_new_topic() -> None:
@@ -238,6 +256,8 @@ def test_properties(n: int, racks: int, partitions: int, data: st.DataObject) ->
     loads = st.none() | st.dictionaries(st.integers(0, n - 1), st.integers(0, 30))
     leader_load = data.draw(loads)
     replica_load = data.draw(loads)
+    pair = st.tuples(st.integers(0, n - 1), st.integers(0, n - 1))
+    first_load = data.draw(st.none() | st.dictionaries(pair, st.integers(0, 9)))
     got = assign_replicas(
         nodes,
         partitions,
@@ -246,6 +266,7 @@ def test_properties(n: int, racks: int, partitions: int, data: st.DataObject) ->
         shift=shift,
         leader_load=leader_load,
         replica_load=replica_load,
+        first_load=first_load,
     )
     rack = {x.node_id: x.rack for x in nodes}
     n_racks = len(set(rack.values()))

@@ -27,7 +27,8 @@ it also stays even when the partitions do not divide evenly over the nodes:
    can do that. Followers are reordered, then exchanged between partitions where counting
    left a leader uneven, keeping every count and rack spread (so where racks of unequal
    size, or with RF 2 existing loads, fix the counts, the spread is only as even as they
-   allow).
+   allow). The existing pairs (``first_load``) break ties, so that small topics alternate
+   a leader's first follower from topic to topic.
 
 Without racks the counts are always within one of each other; with racks of unequal size
 (or more replicas than racks) rack spread comes first and the counts are as even as it
@@ -84,6 +85,7 @@ def assign_replicas(
     shift: int = 0,
     leader_load: Mapping[int, int] | None = None,
     replica_load: Mapping[int, int] | None = None,
+    first_load: Mapping[tuple[int, int], int] | None = None,
 ) -> list[list[int]]:
     """Replica lists (first = preferred leader) for ``num_partitions`` new partitions.
 
@@ -99,6 +101,11 @@ def assign_replicas(
         leader_load: how many existing partitions each node is preferred leader of; decides
             which nodes take the leaderships that do not divide evenly. None = all equal.
         replica_load: how many existing replicas each node holds; likewise for followers.
+        first_load: how many existing partitions each (preferred leader, first follower)
+            pair has; where the new partitions' own spread leaves a choice, their first
+            followers go to the nodes least often first behind the same leader, so that
+            topics of a few partitions each (one partition: nothing to spread inside the
+            topic) still spread a node's failover targets over the others. None = none.
 
     Raises:
         InvalidPartitionsError: num_partitions < 1.
@@ -178,7 +185,7 @@ def assign_replicas(
 
     held_total = {x: replica_load.get(x, 0) + led[x] for x in arranged}
     pairs: dict[tuple[int, int], int] = {}
-    firsts: dict[tuple[int, int], int] = {}
+    firsts = dict(first_load or {})
     out: list[list[int]] = []
     for leader in leaders:
         replicas = [leader]
