@@ -202,7 +202,6 @@ def assign_replicas(
                 key=lambda x: (
                     need[x] <= 0,
                     room(x),
-                    firsts.get((leader, x), 0),  # rarely first behind this leader: see below
                     pairs.get((leader, x), 0),
                     held_total[x],
                     (index[x] - first) % n,
@@ -437,22 +436,22 @@ def _balance_first_followers(
             frontier = nxt
         return None
 
+    def balance(leader: int) -> bool:
+        """One move for the leader, most used and least used first; False: none left."""
+        order = sorted(may_follow[leader], key=lambda x: f(leader, x))
+        for a in reversed(order):
+            for b in order:
+                if f(leader, a) - f(leader, b) < 2:
+                    break  # the rest are closer still
+                if move(leader, a, b):
+                    return True
+        return False
+
     while todo:
         leader = next(iter(todo))
         del todo[leader]
-        while True:
-            order = sorted(may_follow[leader], key=lambda x: f(leader, x))
-            moved = next(
-                (
-                    True
-                    for a in reversed(order)
-                    for b in order
-                    if f(leader, a) - f(leader, b) >= 2 and move(leader, a, b)
-                ),
-                False,
-            )
-            if not moved:
-                break
+        while may_follow[leader] and balance(leader):
+            pass
 
 
 def _vary_followers(out: list[list[int]], rack_of: Mapping[int, str]) -> None:
