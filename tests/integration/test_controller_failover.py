@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -397,6 +398,35 @@ def test_failover_time_with_many_partitions(
     took = time.monotonic() - started
     print(f"\nfailover of {led} leaderships (300 partitions): {took * 1000:.0f} ms")
     assert took < 2.0
+
+
+def test_a_dead_nodes_leaderships_split_over_the_survivors(
+    etcd: EtcdServer, tmp_path: Path, cluster: str, controllers: list[Controller], nodes: Nodes
+) -> None:
+    """Found from outside: 2,000 partitions, RF 3 on 3 nodes; node 3 killed, all 667 of its
+    leaderships went to node 1, because every partition it led had node 1 first behind it.
+    Placement now spreads each leader's first followers, which the controller elects."""
+    for n in (1, 2, 3):
+        nodes.add(n)
+    ctl = _start(controllers, etcd, tmp_path, cluster, 1)
+    ctl.wait_active()
+    r = _results(ctl.stub.CreateTopics(pb.CreateTopicsRequest(topics=[_topic("t", 30, 3)])))
+    assert r["t"].error_code == E.NONE, r["t"].error_message
+    keys = nodes.store.keys
+
+    def states() -> list[md.PartitionState]:
+        _, items = nodes.store.get_prefix(keys.partitions_of("t"), md.PartitionState)
+        return [v.value for v in items.values()]
+
+    assert sum(s.leader == 3 and s.replicas[0] == 3 for s in states()) == 10
+    nodes.kill(3)
+    wait_for(
+        lambda: all(s.leader not in (3, -1) for s in states()),
+        timeout=10,
+        what="all partitions moved off node 3",
+    )
+    moved = Counter(s.leader for s in states() if s.replicas[0] == 3)
+    assert sum(moved.values()) == 10 and set(moved.values()) == {5}, moved
 
 
 def test_enabling_unclean_election_elects_offline_partitions(

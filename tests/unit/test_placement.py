@@ -3,23 +3,44 @@ load-aware choice of leaders. Pure and fast."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from strom.controller import leadership
 from strom.controller.placement import (
     PlacementNode,
     assign_replicas,
     leader_counts,
     rack_alternated,
 )
+from strom.controller.topics_admin import Load, _place
 from strom.errors import ErrorCode, InvalidPartitionsError, InvalidReplicationFactorError
 
 
 def _nodes(n: int, racks: int = 0) -> list[PlacementNode]:
     return [PlacementNode(i, f"r{i % racks}" if racks else None) for i in range(n)]
+
+
+def _first_follower_spread(got: list[list[int]], nodes: list[PlacementNode]) -> int:
+    """The largest difference, over leaders, between how many of a leader's partitions two
+    nodes are the first follower of, among the nodes that may follow it (not the leader, and
+    not its rack when every partition can span one rack per replica)."""
+    rack = {x.node_id: x.rack or "" for x in nodes}
+    one_per_rack = len(got[0]) <= len(set(rack.values()))
+    worst = 0
+    for leader in {r[0] for r in got}:
+        firsts = Counter(r[1] for r in got if r[0] == leader)
+        counts = [
+            firsts[x.node_id]
+            for x in nodes
+            if x.node_id != leader and not (one_per_rack and rack[x.node_id] == rack[leader])
+        ]
+        worst = max(worst, max(counts) - min(counts))
+    return worst
 
 
 def test_rack_alternated_interleaves_racks() -> None:
@@ -46,6 +67,74 @@ def test_full_rounds_spread_leaders_replicas_and_followers() -> None:
     for leader in range(5):
         followers = [frozenset(r[1:]) for r in got if r[0] == leader]
         assert len(set(followers)) == 2, (leader, got)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "racks", "partitions", "rf"),
+    [
+        (3, 0, 12, 3),  # the outside reviewer's case: RF = nodes
+        (3, 0, 2000, 3),
+        (4, 0, 24, 3),
+        (4, 0, 13, 3),
+        (5, 0, 40, 2),
+        (5, 0, 17, 2),
+        (6, 3, 24, 3),  # one replica per rack
+        (6, 3, 24, 2),
+        (6, 2, 30, 3),  # more replicas than racks
+        (8, 4, 40, 2),
+    ],
+)
+def test_each_leaders_first_followers_are_spread(
+    nodes: int, racks: int, partitions: int, rf: int
+) -> None:
+    """Found from outside: with RF = nodes every partition of a leader had the same first
+    follower (3 nodes, RF 3: only [1, 2, 3], [2, 1, 3] and [3, 1, 2]), so a failed node's
+    leaderships all went to one node. The first follower is the failover target (the first
+    in-sync replica in replica order is elected), so for each leader it is spread within one
+    over the nodes that may follow it."""
+    placed = _nodes(nodes, racks)
+    got = assign_replicas(placed, partitions, rf)
+    assert _first_follower_spread(got, placed) <= 1, got
+
+
+@pytest.mark.parametrize(("nodes", "partitions", "rf"), [(3, 2000, 3), (4, 24, 3), (5, 40, 2)])
+def test_a_failed_nodes_leaderships_split_over_the_survivors(
+    nodes: int, partitions: int, rf: int
+) -> None:
+    """Found from outside: 2,000 partitions, RF 3 on 3 nodes; node 3 killed, all 667 of its
+    leaderships went to node 1. With the controller's own election rule, whichever node
+    fails, its leaderships now split within one over the others."""
+    got = assign_replicas(_nodes(nodes), partitions, rf)
+    everyone = set(range(nodes))
+    for failed in everyone:
+        survivors = everyone - {failed}
+        moved: Counter[int] = Counter()
+        for replicas in got:
+            if replicas[0] != failed:
+                continue
+            state = leadership.initial_state(replicas, everyone, "topic-id")
+            decision = leadership.reconcile(state, survivors, survivors)
+            assert decision is not None
+            moved[decision.state.leader] += 1
+        counts = [moved[x] for x in survivors]
+        assert sum(counts) == Counter(r[0] for r in got)[failed]
+        assert max(counts) - min(counts) <= 1, (failed, moved)
+
+
+@pytest.mark.parametrize(("nodes", "partitions"), [(3, 1), (3, 2), (4, 1), (4, 3)])
+def test_small_topics_spread_first_followers_over_the_cluster(nodes: int, partitions: int) -> None:
+    """Topics of one or two partitions have nothing to spread inside the topic: the
+    controller's placement (``_place``, fed the cluster's load as CreateTopics does) counts
+    the existing (leader, first follower) pairs so that, with RF = nodes, each node's
+    failover targets still alternate over the others from topic to topic."""
+    placed = _nodes(nodes)
+    load = Load()
+    got: list[list[int]] = []
+    for topic in range(12 * nodes):
+        replicas = asyncio.run(_place(placed, partitions, nodes, load, shift=topic))
+        load.add(replicas)
+        got += replicas
+    assert _first_follower_spread(got, placed) <= 1, got
 
 
 def test_new_node_does_not_take_a_whole_new_topic() -> None:
@@ -167,6 +256,8 @@ def test_properties(n: int, racks: int, partitions: int, data: st.DataObject) ->
     loads = st.none() | st.dictionaries(st.integers(0, n - 1), st.integers(0, 30))
     leader_load = data.draw(loads)
     replica_load = data.draw(loads)
+    pair = st.tuples(st.integers(0, n - 1), st.integers(0, n - 1))
+    first_load = data.draw(st.none() | st.dictionaries(pair, st.integers(0, 9)))
     got = assign_replicas(
         nodes,
         partitions,
@@ -175,6 +266,7 @@ def test_properties(n: int, racks: int, partitions: int, data: st.DataObject) ->
         shift=shift,
         leader_load=leader_load,
         replica_load=replica_load,
+        first_load=first_load,
     )
     rack = {x.node_id: x.rack for x in nodes}
     n_racks = len(set(rack.values()))
@@ -202,3 +294,9 @@ def test_properties(n: int, racks: int, partitions: int, data: st.DataObject) ->
         for leader, count in leaders.items():
             if count >= 2:
                 assert len({frozenset(r[1:]) for r in got if r[0] == leader}) >= 2, got
+    # Each leader's first followers (its failover targets) are spread within one over the
+    # nodes that may follow it, with racks of equal size. With RF 2 the first follower is the
+    # only one, so the replica counts come first: existing loads that decide which nodes hold
+    # one more replica can leave no spread within one.
+    if rf >= 2 and (not racks or n % racks == 0) and (rf > 2 or not (leader_load or replica_load)):
+        assert _first_follower_spread(got, nodes) <= 1, got

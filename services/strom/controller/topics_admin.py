@@ -71,16 +71,20 @@ def placement_nodes(nodes: dict[int, md.NodeRegistration]) -> list[PlacementNode
 @dataclass
 class Load:
     """What each node already has, for placement: partitions it is preferred leader of (the
-    first replica, where leadership returns after a failover) and replicas it holds."""
+    first replica, where leadership returns after a failover), replicas it holds, and
+    partitions per (preferred leader, first follower: where leadership goes when it fails)."""
 
     leaders: dict[int, int] = field(default_factory=dict)
     replicas: dict[int, int] = field(default_factory=dict)
+    firsts: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def add(self, replica_lists: list[list[int]]) -> None:
         """Count new partitions in (placement of the next topic in the same request)."""
         for r in replica_lists:
             if r:
                 self.leaders[r[0]] = self.leaders.get(r[0], 0) + 1
+            if len(r) > 1:
+                self.firsts[r[0], r[1]] = self.firsts.get((r[0], r[1]), 0) + 1
             for node in r:
                 self.replicas[node] = self.replicas.get(node, 0) + 1
 
@@ -104,6 +108,7 @@ async def _place(
         shift=shift,
         leader_load=dict(load.leaders),
         replica_load=dict(load.replicas),
+        first_load=dict(load.firsts),
     )
 
 
