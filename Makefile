@@ -54,7 +54,7 @@ bench: setup
 	$(VENV)/bin/strom bench compaction
 
 ## Every goal of the performance issue, each by its documented command, on clusters of its own
-## (about 15 minutes; docs/benchmarks.md, "Where each goal stands").
+## (5 minutes on the slower instance; docs/benchmarks.md, "Where each goal stands").
 bench-goals: setup
 	$(VENV)/bin/strom bench goals
 

@@ -87,12 +87,12 @@ def table(goals: Sequence[Goal], machine: dict[str, Any]) -> str:
         f"p50 {machine.get('grpc_round_trip_p50_us', '?')} µs; docs/benchmarks.md, "
         "'Where each goal stands', gives both for every measurement)",
         "",
-        f"{'item':<5} {'goal':<60} {'runs':<30} {'range':<22} met",
+        f"{'item':<5} {'goal':<66} {'runs':<30} {'range':<22} met",
     ]
     for g in goals:
         runs = " ".join(_fmt(v) for v in g.values) if g.values else g.error[:30] or "-"
         span = f"{_fmt(min(g.values))} to {_fmt(max(g.values))} {g.unit}" if g.values else ""
-        lines.append(f"{g.item:<5} {g.text:<60} {runs:<30} {span:<22} {g.met()}")
+        lines.append(f"{g.item:<5} {g.text:<66} {runs:<30} {span:<22} {g.met()}")
     lines.append("")
     lines.append("commands (each run against a fresh local cluster of this mode's own):")
     seen: set[str] = set()
