@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strom.argtypes import UsageError
 from strom.bench.machine import calibrate_cluster
 from strom.devcluster.cluster import LocalCluster
 
@@ -505,7 +506,7 @@ def bench_goals(
     """Every phase not in ``skip``; the goals and the machine's figures."""
     unknown = sorted(set(skip) - set(PHASES))
     if unknown:
-        raise ValueError(f"--skip {','.join(unknown)}: not a phase (phases: {', '.join(PHASES)})")
+        raise UsageError(f"--skip {','.join(unknown)}: not a phase (phases: {', '.join(PHASES)})")
     with tempfile.TemporaryDirectory(prefix="strom-bench-goals-", dir=directory) as tmp:
         g = Goals(Path(tmp), runs=runs, scale=scale, log=log)
         one_node = [p for p in ("latency", "producer", "consumer", "commits") if p not in skip]

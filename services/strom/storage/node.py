@@ -568,21 +568,25 @@ class StorageNode:
         failures = 0
         logged_at = -REREGISTER_LOG_EVERY_S
         loop = asyncio.get_running_loop()
+
+        def failed(why: str) -> None:
+            nonlocal failures, logged_at
+            failures += 1
+            if loop.time() - logged_at >= REREGISTER_LOG_EVERY_S:
+                logged_at = loop.time()
+                log.warning(
+                    "node %d is not registered in etcd (%d failed attempts): %s; retrying",
+                    self.config.node_id,
+                    failures,
+                    why,
+                )
+
         while not self._stopping.is_set():
             self._lost_again = False
             try:
                 await asyncio.to_thread(self.registration.reregister, self._on_lease_lost)
             except MetadataUnavailableError as exc:
-                failures += 1
-                if loop.time() - logged_at >= REREGISTER_LOG_EVERY_S:
-                    logged_at = loop.time()
-                    log.warning(
-                        "node %d is not registered in etcd; re-registering failed %d times, "
-                        "retrying: %s",
-                        self.config.node_id,
-                        failures,
-                        exc,
-                    )
+                failed(str(exc))
                 await self._sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
@@ -594,13 +598,7 @@ class StorageNode:
                 return
             # Lost again before this attempt ended (or its keepalive has not reached etcd
             # for longer than the TTL): the registration it made may be gone already.
-            failures += 1
-            if loop.time() - logged_at >= REREGISTER_LOG_EVERY_S:
-                logged_at = loop.time()
-                log.warning(
-                    "node %d lost its registration again while re-registering; retrying",
-                    self.config.node_id,
-                )
+            failed("the registration was lost again while it was made")
             await self._sleep(0.2)
 
     async def _registration_watchdog(self) -> None:
