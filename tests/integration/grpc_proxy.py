@@ -46,6 +46,10 @@ class Hold:
     released: threading.Event = field(default_factory=threading.Event)
     #: True when the later calls never came and the hold gave up (the test should fail).
     gave_up: bool = False
+    #: Only calls whose request this accepts count towards ``nth`` (None: every call): a
+    #: test can pick its own call out of a service's background ones (a shard load's
+    #: fence append, say). See :func:`produce_to`.
+    matches: Callable[[bytes], bool] | None = None
     _seen: int = 0
     _answered_after: int = 0
 
@@ -66,10 +70,16 @@ class GrpcProxy:
         self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self._server.start()
 
-    def hold(self, method: str, nth: int = 1, after: int = 1) -> Hold:
-        """Hold the ``nth`` call of ``method`` (counted from now, 1-based) until ``after``
-        later calls of it have been answered upstream."""
-        h = Hold(method, nth, after)
+    def hold(
+        self,
+        method: str,
+        nth: int = 1,
+        after: int = 1,
+        matches: Callable[[bytes], bool] | None = None,
+    ) -> Hold:
+        """Hold the ``nth`` call of ``method`` (counted from now, 1-based, among the calls
+        ``matches`` accepts) until ``after`` later calls of it have been answered upstream."""
+        h = Hold(method, nth, after, matches=matches)
         with self._lock:
             self._holds.append(h)
         return h
@@ -91,7 +101,7 @@ class GrpcProxy:
 
     # -- forwarding -------------------------------------------------------------------------
 
-    def _before(self, method: str) -> Hold | None:
+    def _before(self, method: str, request: bytes) -> Hold | None:
         """Count the call; the hold it must wait on, if it is a chosen one."""
         with self._lock:
             self.calls[method] = self.calls.get(method, 0) + 1
@@ -107,6 +117,8 @@ class GrpcProxy:
                     return h
             for h in self._holds:
                 if h.method == method and not h.held.is_set():
+                    if h.matches is not None and not h.matches(request):
+                        continue
                     h._seen += 1
                     if h._seen == h.nth:
                         h.held.set()
@@ -125,7 +137,7 @@ class GrpcProxy:
         call = self._channel.unary_unary(method)
 
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
-            hold = self._before(method)
+            hold = self._before(method, request)
             wait = hold.timeout_s if hold is not None and hold.timeout_s else self.hold_timeout_s
             if hold is not None and not hold.released.wait(wait):
                 hold.gave_up = True
@@ -157,6 +169,16 @@ class GrpcProxy:
                     context.abort(exc.code(), exc.details() or "")
 
         return handle
+
+
+def produce_to(topic: str) -> Callable[[bytes], bool]:
+    """A :attr:`Hold.matches` for the Produce calls that append to ``topic``."""
+    from strom.api import storage_pb2
+
+    def matches(request: bytes) -> bool:
+        return any(t.topic == topic for t in storage_pb2.ProduceRequest.FromString(request).topics)
+
+    return matches
 
 
 def _forwarded(metadata: Any) -> list[tuple[str, Any]]:

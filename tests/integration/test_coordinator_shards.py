@@ -20,7 +20,7 @@ from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode as E
 from tests.conftest import create_topic
-from tests.integration.grpc_proxy import GrpcProxy, cluster_behind_proxy
+from tests.integration.grpc_proxy import GrpcProxy, cluster_behind_proxy, produce_to
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +148,9 @@ def test_a_commit_cancelled_during_its_write_does_not_swallow_the_next_one(
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
         _commit(stub, topic, 10)
 
-        hold = proxy.hold(PRODUCE, nth=1, after=1_000_000)  # until the test lets it go
+        # The commit's own append: the transaction shard's load appends a fence batch of its
+        # own, which may come after the group shard's commits are served.
+        hold = proxy.hold(PRODUCE, after=1_000_000, matches=produce_to("__consumer_offsets"))
         with pytest.raises(grpc.RpcError) as cancelled:
             stub.OffsetCommit(_commit_request(topic, 20), timeout=1.0)
         assert cancelled.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -220,7 +222,9 @@ def test_commits_that_arrive_during_an_append_share_the_next_one_and_survive_a_n
                 assert warm.topics[0].partitions[0].error_code == E.NONE, warm
 
                 before = proxy.calls.get(PRODUCE, 0)
-                hold = proxy.hold(PRODUCE, nth=1, after=1_000_000)  # until released below
+                hold = proxy.hold(  # until released below
+                    PRODUCE, after=1_000_000, matches=produce_to("__consumer_offsets")
+                )
                 first = asyncio.ensure_future(
                     svc.OffsetCommit(_group_commit("g-0", topic, 100), None)
                 )
@@ -295,7 +299,9 @@ def test_an_end_txn_abandoned_during_its_write_still_completes_the_transaction(
             p.send(topic, b"decided")
             state = p.prepare_transaction()
 
-        hold = proxy.hold(PRODUCE, nth=1, after=1_000_000)  # the PREPARE_COMMIT append
+        hold = proxy.hold(  # the PREPARE_COMMIT append
+            PRODUCE, after=1_000_000, matches=produce_to("__transaction_state")
+        )
         with grpc.insecure_channel(cluster.coordinators[0].address) as channel:
             stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
             with pytest.raises(grpc.RpcError) as gave_up:
