@@ -15,7 +15,12 @@ import pytest
 from strom.api import coordinator_pb2
 from strom.client.group_member import GroupMember, make_group
 from strom.client.types import OffsetAndMetadata, TopicPartition
-from strom.errors import AuthorizationError, StromError, UnsupportedAssignorError
+from strom.errors import (
+    AuthorizationError,
+    StaleMemberEpochError,
+    StromError,
+    UnsupportedAssignorError,
+)
 from strom.errors import ErrorCode as E
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
@@ -233,6 +238,7 @@ def test_a_commit_refused_for_a_stale_epoch_waits_for_the_heartbeat_that_brings_
     m, *_ = member
     with m._lock:
         m.member_epoch = m._last_epoch = 1
+        m._owned = {T0}
     sent: list[int] = []
 
     def request(method: str, req: Any, timeout_s: float) -> Any:
@@ -254,6 +260,42 @@ def test_a_commit_refused_for_a_stale_epoch_waits_for_the_heartbeat_that_brings_
         m._wake.set()
         beat.join(30)
     assert sent == [1, 2]
+
+
+def test_a_stale_epoch_commit_of_partitions_given_to_another_member_is_not_retried(
+    member: Any,
+) -> None:
+    """A commit queued before a revocation (an async one, say) and refused for the old epoch
+    was retried under the new epoch for every partition in it, although the coordinator
+    checks only the member and its epoch: the offsets of a partition the rebalance gave to
+    another member overwrote that member's commits, and the partition was read again from
+    the older offset. Only a commit of partitions this member still holds is retried."""
+    m, *_ = member
+    with m._lock:
+        m.member_epoch = m._last_epoch = 1
+        m._owned = {T1}  # T0 was revoked and reported given up since the commit was queued
+    sent: list[int] = []
+
+    def request(method: str, req: Any, timeout_s: float) -> Any:
+        sent.append(req.member_epoch)
+        code = E.STALE_MEMBER_EPOCH if req.member_epoch == 1 else E.NONE
+        return coordinator_pb2.OffsetCommitResponse(error_code=code)
+
+    def heartbeat() -> None:
+        assert m._wake.wait(30)
+        m._heartbeat_once()
+
+    m._request = request
+    m._stub = lambda timeout_s: (FakeStub(_resp(2)), "addr")
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    try:
+        with pytest.raises(StaleMemberEpochError, match=r"t-0 .*another member"):
+            m._send_commit({T0: OffsetAndMetadata(5), T1: OffsetAndMetadata(7)}, 1)
+    finally:
+        m._wake.set()
+        beat.join(30)
+    assert sent == [1], "retried under the new epoch"
 
 
 class _Refused(grpc.RpcError):

@@ -52,6 +52,7 @@ from strom.errors import (
     AuthorizationError,
     CoordinatorNotAvailableError,
     ErrorCode,
+    StaleMemberEpochError,
     StromError,
     error_for,
 )
@@ -380,8 +381,9 @@ class GroupMember:
         (:meth:`_commit_identity`); the per-partition errors.
 
         Raises the group-level error. A STALE_MEMBER_EPOCH after a heartbeat bumped the epoch
-        is retried with the new one; nothing is retried that could commit under an epoch the
-        coordinator fenced.
+        is retried with the new one while every partition committed is still this member's;
+        nothing is retried that could commit under an epoch the coordinator fenced, or over
+        the commits of a partition's new owner.
         """
         deadline = time.monotonic() + self._timeout_s
         while True:
@@ -396,11 +398,9 @@ class GroupMember:
             add_offsets(req, offsets)
             resp = self._request("OffsetCommit", req, max(deadline - time.monotonic(), 0.001))
             if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
-                # The coordinator bumped the epoch (a rebalance): retry with the new one. The
-                # coordinator checks only the member and its epoch, not that the partitions
-                # committed are still this member's (Kafka's checks no more). FIX (found
-                # from outside): when the heartbeat bringing it had not come back yet, a
-                # sync commit failed with a non-retriable StaleMemberEpochError; it now asks
+                # The coordinator bumped the epoch (a rebalance): retry with the new one. FIX
+                # (found from outside): when the heartbeat bringing it had not come back yet,
+                # a sync commit failed with a non-retriable StaleMemberEpochError; it now asks
                 # for a heartbeat at once and waits briefly for the new epoch, as Kafka's
                 # consumer retries such a commit with the epoch its next heartbeat brings.
                 self._wake.set()
@@ -408,6 +408,20 @@ class GroupMember:
                     wait_s = min(deadline - time.monotonic(), max(2 * self._interval_s, 0.5))
                     self._epoch_set.wait_for(lambda e=epoch: self.member_epoch != e, wait_s)
                     moved = self.member_epoch > 0 and self.member_epoch != epoch
+                    gone = sorted(set(offsets) - self._may_hold())
+                if moved and gone:
+                    # The coordinator checks only the member and its epoch, not that the
+                    # partitions are still this member's. A retry under the new epoch would
+                    # write offsets of partitions that rebalance gave to another member
+                    # over that member's own commits (an async commit queued before the
+                    # revocation, say): they go back and are read twice. Refused instead,
+                    # as Kafka's consumer fails a commit whose generation moved.
+                    raise StaleMemberEpochError(
+                        f"the commit of {', '.join(f'{tp.topic}-{tp.partition}' for tp in gone)}"
+                        f" was refused for a stale member epoch ({epoch}, now "
+                        f"{self.member_epoch}) and is not retried: a rebalance gave them to "
+                        "another member, whose commits it would overwrite"
+                    )
                 if moved:
                     continue
             if resp.error_code != E.NONE:
