@@ -163,22 +163,27 @@ class Consumer:
 
     def _inline(self) -> contextlib.AbstractContextManager[None]:
         """Around a poll made on the event loop: rebalance work is left to a poll in a
-        worker thread (see :meth:`_rebalance_pending`)."""
+        worker thread (see :meth:`_poll_needs_thread`)."""
         group = self._sync._group
         return group.rebalance_elsewhere() if group is not None else contextlib.nullcontext()
 
-    def _rebalance_pending(self) -> bool:
+    def _poll_needs_thread(self) -> bool:
         """Whether the next poll must run in a worker thread: it has partitions to install
         or drop, and so listener calls, which must not run on the event loop (a coroutine
-        method could not be waited for there, a commit would block the loop)."""
+        method could not be waited for there, a commit would block the loop), or partitions
+        without a position, whose lookup (the group's committed offsets, ListOffsets) is a
+        round trip or more — up to a second per poll while the group coordinator fails over
+        (found from outside: ``poll(0)`` held the loop that long)."""
         group = self._sync._group
-        return group is not None and group.rebalance_pending()
+        if group is not None and group.rebalance_pending():
+            return True
+        return bool(self._sync._fetcher.needing_positions())
 
     async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
         """Records, as the sync ``poll()``. Cancelled while it waits (``asyncio.wait_for``),
         what the poll's worker thread took goes back: the next poll returns it."""
         await self._abandoned_poll_done()
-        if not self._rebalance_pending():
+        if not self._poll_needs_thread():
             with self._inline():
                 records = self._sync.poll(0, max_records)
             if records or timeout_ms <= 0:
@@ -190,7 +195,7 @@ class Consumer:
     async def poll_arrow(self, timeout_ms: int = 0, max_records: int | None = None) -> Any:
         """An Arrow table, as the sync ``poll_arrow()``; cancellation as in :meth:`poll`."""
         await self._abandoned_poll_done()
-        if not self._rebalance_pending():
+        if not self._poll_needs_thread():
             with self._inline():
                 table = self._sync.poll_arrow(0, max_records)
             if table.num_rows or timeout_ms <= 0:
@@ -355,7 +360,7 @@ class _Records:
             if self._sync.closed:
                 raise StopAsyncIteration
             try:
-                if self._consumer._rebalance_pending():
+                if self._consumer._poll_needs_thread():
                     await self._poll_in_thread()
                 else:
                     with self._consumer._inline():

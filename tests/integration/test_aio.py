@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import pytest
 
@@ -355,3 +357,53 @@ def test_rebalance_listener_methods_run_and_a_commit_in_them_is_committed(
 
     calls = asyncio.run(main())
     assert calls[0] == ("assigned", tps)
+
+
+def test_a_poll_that_must_look_up_positions_leaves_the_loop_free(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside: ``await consumer.poll(0)`` ran the sync poll on the event loop
+    whenever no rebalance was pending (always, with ``assign()``), and so also the lookups
+    of partitions without a position (the group's committed offsets, ListOffsets): a round
+    trip or two each time, and up to a second per poll while the group coordinator failed
+    over, with every other task of the loop stopped. Such a poll now runs in a worker
+    thread; the lookups are seen there, never on the loop's thread."""
+    topic = "aio-lookups-off-loop"
+    create_topic(one_node_cluster, topic, partitions=2)
+    with Producer(one_node_cluster.bootstrap) as producer:
+        for p in (0, 1):
+            producer.send_batch(topic, [b"r%d" % i for i in range(5)], partition=p).result(10)
+
+    async def main() -> tuple[set[str], int]:
+        loop_thread = threading.current_thread().name
+        seen: set[str] = set()
+        async with aio.Consumer(
+            one_node_cluster.bootstrap, group_id=topic, auto_offset_reset="earliest"
+        ) as consumer:
+            sync = consumer._sync
+            lookups = (sync._update_positions, sync._list_offsets)
+
+            def watched(fn: Any) -> Any:
+                def call(*args: Any, **kwargs: Any) -> Any:
+                    if sync._fetcher.needing_positions():
+                        seen.add(threading.current_thread().name)
+                    return fn(*args, **kwargs)
+
+                return call
+
+            sync._update_positions = watched(lookups[0])
+            sync._list_offsets = watched(lookups[1])
+            tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+            await consumer.assign(tps)  # no rebalance: only the lookups could send it away
+            async with asyncio.timeout(60):  # (only so that a regression fails, not hangs)
+                for _ in range(2):
+                    read = 0
+                    while read < 10:
+                        read += len(await consumer.poll(0))
+                        await asyncio.sleep(0.01)
+                    await consumer.seek_to_beginning(tps)  # a lookup again (ListOffsets)
+        return seen - {loop_thread}, len(seen & {loop_thread})
+
+    elsewhere, on_loop = asyncio.run(main())
+    assert elsewhere, "no position was looked up at all"
+    assert on_loop == 0, "a position lookup ran on the event loop's thread"
