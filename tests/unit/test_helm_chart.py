@@ -601,3 +601,28 @@ def test_chart_copies_of_deploy_files_are_identical() -> None:
     assert (CHART / "dashboards" / "strom.json").read_text() == (
         ROOT / "deploy" / "grafana" / "strom-dashboard.json"
     ).read_text(), "run deploy/grafana/build_dashboard.py"
+
+
+def test_each_role_can_run_its_own_image_tag_for_an_upgrade_in_order() -> None:
+    """`helm upgrade` of image.tag rolled every StatefulSet at once, against the documented
+    order (controllers, then coordinators, then storage nodes: docs/reliability.md
+    "Upgrades"). A role's imageTag moves that role alone; unset, each follows image.tag."""
+    roles = ("controller", "coordinator", "storage")
+
+    def images(sets: list[str]) -> dict[str, str]:
+        sts = by_kind(render([], sets=sets), "StatefulSet")
+        out = {role: container(sts[f"strom-{role}"])["image"] for role in roles}
+        init = sts["strom-storage"]["spec"]["template"]["spec"].get("initContainers", [])
+        out.update({f"storage/{c['name']}": c["image"] for c in init})
+        return out
+
+    assert set(images(["image.tag=1.0"]).values()) == {"strom:1.0"}
+    staged = images(["image.tag=1.0", "controller.imageTag=1.1"])
+    assert staged["controller"] == "strom:1.1"
+    assert {v for k, v in staged.items() if k != "controller"} == {"strom:1.0"}
+    # The storage nodes' init container (the rack lookup) follows its role too.
+    zoned = images(["image.tag=1.0", "storage.imageTag=1.1", "storage.rack.fromNodeZone=true"])
+    assert zoned["storage"] == zoned["storage/rack-from-zone"] == "strom:1.1"
+    assert zoned["controller"] == zoned["coordinator"] == "strom:1.0"
+    proc = helm("template", "x", str(CHART), "--set", "coordinator.imageTag=1")
+    assert proc.returncode != 0 and "imageTag" in proc.stderr  # a number, not a string

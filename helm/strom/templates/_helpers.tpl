@@ -48,6 +48,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/*
+A role's image: image.repository at the role's imageTag when set (a rolling upgrade moves the
+roles one at a time: controllers, then coordinators, then storage nodes; docs/reliability.md
+"Upgrades"), else at image.tag. Call with (dict "ctx" $ "v" .Values.<role>).
+*/}}
+{{- define "strom.roleImage" -}}
+{{- $ := .ctx }}
+{{- printf "%s:%s" $.Values.image.repository (default (default $.Chart.AppVersion $.Values.image.tag) .v.imageTag) }}
+{{- end }}
+
 {{- define "strom.etcdHeadless" -}}
 {{- printf "%s-etcd-headless" (include "strom.fullname" .) }}
 {{- end }}

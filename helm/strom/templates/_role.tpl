@@ -100,7 +100,7 @@ spec:
       {{- end }}
       containers:
         - name: {{ .component }}
-          image: {{ include "strom.image" $ }}
+          image: {{ include "strom.roleImage" (dict "ctx" $ "v" $v) }}
           imagePullPolicy: {{ $.Values.image.pullPolicy }}
           command: [strom]
           args:
