@@ -30,11 +30,21 @@ from strom.api import (
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
+from strom.client.group_admin import GroupDescription, GroupState
 from strom.client.group_member import make_group
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import StromError, TopicDeletionInProgressError, is_retriable
+from strom.errors import (
+    GroupIdNotFoundError,
+    GroupSubscribedToTopicError,
+    InvalidGroupIdError,
+    InvalidRequestError,
+    NonEmptyGroupError,
+    StromError,
+    TopicDeletionInProgressError,
+    is_retriable,
+)
 from strom.record import encode_batch
 from tests.conftest import create_topic
 
@@ -534,6 +544,134 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
     gone = strom("groups", "delete", "g-cli", *b, check=False)
     assert gone.returncode == 1 and gone.stdout == ""
     assert gone.stderr.startswith("strom groups: error: group g-cli: ")
+
+
+def test_the_admin_lists_describes_alters_and_deletes_groups(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """Found from outside: the Admin had no group operations (Kafka's AdminClient has list,
+    describe, list/alter/delete offsets and delete); only the CLI did them, by raw gRPC. A
+    group made by altering its offsets, then joined by two members: describe shows them and
+    what each owns, offset changes and deletion are refused while they are in, and work once
+    they have left; lag is the end offsets minus list_group_offsets."""
+    create_topic(cluster, "adm", 2)
+    for p in range(2):
+        produce(client, "adm", p, 10)
+    t0, t1, other = TopicPartition("adm", 0), TopicPartition("adm", 1), TopicPartition("x", 0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.alter_group_offsets("g-adm", {t0: 3, t1: OffsetAndMetadata(5, "note")})
+        committed = admin.list_group_offsets("g-adm")
+        assert committed == {t0: OffsetAndMetadata(3), t1: OffsetAndMetadata(5, "note")}
+        assert admin.list_group_offsets("g-adm", [t1, other]) == {
+            t1: OffsetAndMetadata(5, "note"),
+            other: None,  # asked for, nothing committed
+        }
+        ends = admin.list_offsets({tp: "latest" for tp in committed})
+        lag = {tp: ends[tp].offset - om.offset for tp, om in committed.items() if om and ends[tp]}
+        assert lag == {t0: 7, t1: 5}
+        (listed,) = [g for g in admin.list_groups() if g.group_id == "g-adm"]
+        assert (listed.state, listed.member_count) == (GroupState.EMPTY, 0)
+        assert "g-adm" in {g.group_id for g in admin.list_groups(["Empty"])}
+        assert "g-adm" not in {g.group_id for g in admin.list_groups([GroupState.STABLE])}
+
+        members = [Member(cluster, "g-adm", ["adm"]) for _ in range(2)]
+        try:
+            wait_for(lambda: balanced(members, 2), timeout=20, what="both members' partitions")
+
+            def stable() -> GroupDescription | None:
+                d = admin.describe_groups(["g-adm"], include_offsets=True)["g-adm"]
+                return d if d.state == GroupState.STABLE and len(d.members) == 2 else None
+
+            want = sorted(
+                [f"adm-0-{i}".encode() for i in range(3, 10)]
+                + [f"adm-1-{i}".encode() for i in range(5, 10)]
+            )
+            # They start from the altered offsets.
+            wait_for(
+                lambda: sorted(v for m in members for v in m.values) == want,
+                timeout=20,
+                what="the records after the altered offsets",
+            )
+            desc = wait_for(stable, timeout=20, what="a stable group of two")
+            assert desc.group_id == "g-adm" and desc.assignor and not desc.is_empty
+            owners = {m.consumer._group.member_id: m.owned for m in members}  # type: ignore[union-attr]
+            assert {d.member_id: set(d.assignment) for d in desc.members} == owners
+            for d in desc.members:
+                assert d.subscribed_topics == ("adm",) and d.member_epoch > 0
+            by_tp = {o.topic_partition: o for o in desc.offsets}
+            assert {tp: by_tp[tp].member_id in owners for tp in (t0, t1)} == {t0: True, t1: True}
+            assert all(by_tp[tp].end_offset == 10 for tp in (t0, t1))
+
+            # Refused while the members are in, naming the group; nothing changes.
+            with pytest.raises(NonEmptyGroupError, match="'g-adm' has active members"):
+                admin.alter_group_offsets("g-adm", {t0: 0})
+            with pytest.raises(NonEmptyGroupError, match="g-adm"):
+                admin.delete_groups(["g-adm"])
+            with pytest.raises(GroupSubscribedToTopicError, match=r"'g-adm'.*adm-0|adm-0.*g-adm"):
+                admin.delete_group_offsets("g-adm", [t0])
+        finally:
+            for m in members:
+                m.close()
+        # Left (closing commits what they read): the group is empty, its offsets theirs.
+        wait_for(
+            lambda: admin.describe_groups(["g-adm"])["g-adm"].is_empty,
+            timeout=20,
+            what="the members gone",
+        )
+        assert {tp: om.offset for tp, om in admin.list_group_offsets("g-adm").items() if om} == {
+            t0: 10,
+            t1: 10,
+        }
+        admin.alter_group_offsets("g-adm", {t0: 2})
+        assert admin.list_group_offsets("g-adm", [t0]) == {t0: OffsetAndMetadata(2)}
+        admin.delete_group_offsets("g-adm", [t0])
+        assert admin.list_group_offsets("g-adm").keys() == {t1}
+
+        # Several groups: the first failure, named, with the others listed; the rest done.
+        admin.alter_group_offsets("g-adm-2", {t0: 1})
+        with pytest.raises(GroupIdNotFoundError, match=r"'g-nope'.*also failed: g-nope-2"):
+            admin.describe_groups(["g-nope", "g-adm", "g-nope-2"])
+        with pytest.raises(GroupIdNotFoundError, match="g-nope"):
+            admin.delete_groups(["g-adm", "g-nope", "g-adm-2"])
+        listed_ids = {g.group_id for g in admin.list_groups()}
+        assert "g-adm" not in listed_ids and "g-adm-2" not in listed_ids
+        with pytest.raises(GroupIdNotFoundError, match="g-adm"):
+            admin.describe_groups(["g-adm"])
+        assert admin.list_group_offsets("g-adm") == {}  # an unknown group has none
+
+        # Bad input: a clear error naming what was wrong, before anything is sent.
+        for call, error, message in [
+            (lambda: admin.describe_groups("g-adm"), InvalidRequestError, "list of group ids"),
+            (lambda: admin.list_group_offsets(""), InvalidGroupIdError, "non-empty string"),
+            (lambda: admin.alter_group_offsets("g", {t0: -1}), InvalidRequestError, "adm-0"),
+            (lambda: admin.alter_group_offsets("g", {("adm", -1): 0}), InvalidRequestError, "-1"),
+            (lambda: admin.list_groups(["bogus"]), InvalidRequestError, "unknown group state"),
+        ]:
+            with pytest.raises(error, match=message):
+                call()
+
+
+def test_the_aio_admin_has_the_group_operations(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """strom.aio.Admin wraps the sync one: the group calls are coroutines there too."""
+    import asyncio
+
+    from strom import aio
+
+    async def run() -> tuple[list[str], dict[TopicPartition, OffsetAndMetadata | None]]:
+        async with aio.Admin(cluster.bootstrap) as admin:
+            await admin.alter_group_offsets("g-aio-adm", {TopicPartition("adm-aio", 0): 4})
+            listed = [g.group_id for g in await admin.list_groups()]
+            offsets = await admin.list_group_offsets("g-aio-adm")
+            await admin.delete_groups(["g-aio-adm"])
+            return listed, offsets
+
+    create_topic(cluster, "adm-aio", 1)
+    produce(client, "adm-aio", 0, 5)
+    listed, offsets = asyncio.run(run())
+    assert "g-aio-adm" in listed
+    assert offsets == {TopicPartition("adm-aio", 0): OffsetAndMetadata(4)}
 
 
 def test_a_member_out_of_the_group_cannot_commit_as_an_anonymous_consumer(

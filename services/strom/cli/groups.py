@@ -1,11 +1,12 @@
 """``strom groups list|describe|delete|reset-offsets``: consumer groups from the shell, as
 Kafka's ``kafka-consumer-groups.sh`` does it.
 
-The commands talk to the group coordinators directly (FindCoordinator on a storage node for
-one group; every shard's owner, FindCoordinator with ``all_shards``, for ``list``). Offsets are
-reset with an admin OffsetCommit (member epoch -1), which the coordinator accepts only while
-the group has no members, so a reset never races consumers; without ``--execute`` the command
-only prints what it would do (a dry run, like Kafka's tool).
+The commands are the Admin client's group calls (``list_groups``, ``describe_groups``,
+``list_group_offsets``, ``alter_group_offsets``, ``delete_groups``; their coordinator calls are
+in :mod:`strom.client.group_admin`, which ``describe --json`` uses to print the coordinator's
+answer whole). Offsets are reset with an admin OffsetCommit (member epoch -1), which the
+coordinator accepts only while the group has no members, so a reset never races consumers;
+without ``--execute`` the command only prints what it would do (a dry run, like Kafka's tool).
 """
 
 from __future__ import annotations
@@ -13,35 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
-
-from strom.api import coordinator_pb2, coordinator_pb2_grpc
+from strom.api import coordinator_pb2
 from strom.argtypes import UsageError, iso_time_ms
-from strom.client.cluster import ClusterClient, older_node
+from strom.client.admin import Admin
+from strom.client.cluster import ClusterClient
+from strom.client.group_admin import (
+    GroupListingIncompleteError,
+    describe_group,
+    group_state,
+    non_empty_error,
+)
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
-from strom.errors import (
-    COORDINATOR_REFRESH_CODES,
-    CoordinatorNotAvailableError,
-    ErrorCode,
-    NonEmptyGroupError,
-    StromError,
-    error_for,
-)
+from strom.errors import ErrorCode, GroupIdNotFoundError, StromError, error_for
 
 E = ErrorCode
-_RETRY = (*COORDINATOR_REFRESH_CODES, E.COORDINATOR_LOAD_IN_PROGRESS, E.REQUEST_TIMED_OUT)
-_STATES = {
-    coordinator_pb2.GROUP_STATE_EMPTY: "Empty",
-    coordinator_pb2.GROUP_STATE_ASSIGNING: "Assigning",
-    coordinator_pb2.GROUP_STATE_RECONCILING: "Reconciling",
-    coordinator_pb2.GROUP_STATE_STABLE: "Stable",
-    coordinator_pb2.GROUP_STATE_DEAD: "Dead",
-}
 
 
 #: Exit status of ``groups list`` when some coordinator shards did not answer.
@@ -102,87 +92,38 @@ def run_groups(args: argparse.Namespace, out: Any) -> int:
         return int(_COMMANDS[args.groups_cmd](client, args, out) or 0)
 
 
-# -- coordinator calls -------------------------------------------------------------------------
-
-
-def _find(client: ClusterClient, group: str) -> str | None:
-    try:
-        return client.find_coordinator(group)
-    except CoordinatorNotAvailableError:
-        return None
-
-
-def _call(client: ClusterClient, group: str, method: str, req: Any, code_of: Any = None) -> Any:
-    """A CoordinatorService call for ``group`` on its coordinator, retried while the
-    coordinator moves or loads. ``code_of(resp)`` picks the group-level error code."""
-    code_of = code_of or (lambda r: r.error_code)
-    deadline = time.monotonic() + client.retry_s
-    last = "no coordinator"
-    while True:
-        addr = _find(client, group)
-        if addr is not None:
-            stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
-            try:
-                resp = getattr(stub, method)(req, timeout=client.timeout_s)
-            except grpc.RpcError as exc:
-                if (old := older_node(exc, addr, method)) is not None:
-                    raise old from None
-                last = f"{addr}: {exc.code().name}"
-            else:
-                code = code_of(resp)
-                if code not in _RETRY:
-                    return resp
-                last = f"{addr}: {ErrorCode.Name(code)}"
-        if time.monotonic() >= deadline:
-            raise StromError(f"no coordinator answered for group {group!r} ({last})")
-        time.sleep(0.2)
+def _admin(client: ClusterClient) -> Admin:
+    """The Admin on the command's connections (its calls are the groups' API)."""
+    return Admin(cluster_client=client)
 
 
 def _describe_group(client: ClusterClient, group: str) -> coordinator_pb2.DescribedGroup:
-    req = coordinator_pb2.DescribeGroupsRequest(group_ids=[group], include_offsets=True)
-    resp = _call(client, group, "DescribeGroups", req, lambda r: r.groups[0].error_code)
-    return resp.groups[0]
+    """The coordinator's answer as is: ``describe --json`` prints every field of it."""
+    return describe_group(
+        client, group, include_offsets=True, timeout_s=client.timeout_s, retry_s=client.retry_s
+    )
 
 
 # -- commands ----------------------------------------------------------------------------------
 
 
 def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
-    # Every shard's owner from FindCoordinator, not DescribeCluster: that needs DESCRIBE on
-    # the cluster, and listing only DESCRIBE on the groups listed (found from outside).
-    owners = client.coordinator_shards()
-    addresses = sorted({a for a in owners.values() if a is not None})
-    groups: dict[str, coordinator_pb2.ListedGroup] = {}
-    shards: set[int] = set()
-    for addr in addresses:
-        stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
-        try:
-            resp = stub.ListGroups(coordinator_pb2.ListGroupsRequest(), timeout=client.timeout_s)
-        except grpc.RpcError:
-            continue
-        shards.update(resp.shards)
-        for g in resp.groups:
-            groups[g.group_id] = g
-    owned = set(owners)  # a shard with no owner right now is missing from the list too
+    incomplete: GroupListingIncompleteError | None = None
+    try:
+        groups = _admin(client).list_groups()
+    except GroupListingIncompleteError as exc:
+        incomplete, groups = exc, exc.groups
     if args.json:
-        rows = [
-            {"group": g.group_id, "state": _STATES.get(g.state, "?"), "members": g.member_count}
-            for _, g in sorted(groups.items())
-        ]
+        rows = [{"group": g.group_id, "state": g.state, "members": g.member_count} for g in groups]
         print(json.dumps(rows), file=out)
     else:
-        for gid, g in sorted(groups.items()):
-            print(f"{gid}\t{_STATES.get(g.state, '?')}\t{g.member_count} members", file=out)
-    if owned - shards or not addresses:
+        for g in groups:
+            print(f"{g.group_id}\t{g.state}\t{g.member_count} members", file=out)
+    if incomplete is not None:
         # On stderr with its own exit status: on stdout it made the --json output invalid
         # JSON, and a script could not tell a partial list from a whole one (found from
         # outside).
-        missing = sorted(owned - shards)
-        print(
-            "strom groups list: incomplete: some coordinator shards are not available"
-            + (f" (shards {missing})" if missing else ""),
-            file=sys.stderr,
-        )
+        print(f"strom groups list: {incomplete.message}", file=sys.stderr)
         return INCOMPLETE
     return 0
 
@@ -195,11 +136,11 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> None
         from strom.cli.jsonout import message_dict
 
         got = message_dict(d)
-        got["state"] = _STATES.get(d.state, "?")  # as `list` and the text say it ("Empty")
+        got["state"] = group_state(d.state)  # as `list` and the text say it ("Empty")
         print(json.dumps(got, indent=2), file=out)
         return
     print(
-        f"group {d.group_id}: {_STATES.get(d.state, '?')}, epoch {d.group_epoch}, "
+        f"group {d.group_id}: {group_state(d.state)}, epoch {d.group_epoch}, "
         f"assignor {d.assignor_name}, {len(d.members)} members",
         file=out,
     )
@@ -231,21 +172,18 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> None
 
 
 def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    admin = _admin(client)
     failed = 0
     for gid in args.group:
-        req = coordinator_pb2.DeleteGroupsRequest(group_ids=[gid])
-        r = _call(client, gid, "DeleteGroups", req, lambda r: r.results[0].error_code).results[0]
-        if r.error_code == E.NONE:
-            print(f"deleted group {gid}", file=out)
-        else:
+        try:
+            admin.delete_groups([gid])
+        except StromError as exc:
             failed += 1
             # On stderr, as every failure of the CLI: they were on stdout among the deleted
             # groups (found from outside).
-            print(
-                f"strom groups: error: group {gid}: {ErrorCode.Name(r.error_code)} "
-                f"{r.error_message}".rstrip(),
-                file=sys.stderr,
-            )
+            print(f"strom groups: error: group {gid}: {exc}", file=sys.stderr)
+        else:
+            print(f"deleted group {gid}", file=out)
     return 1 if failed else 0
 
 
@@ -320,19 +258,17 @@ def plan_reset(
 
 
 def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
-    d = _describe_group(client, args.group)
-    if d.error_code not in (E.NONE, E.GROUP_ID_NOT_FOUND):
-        raise error_for(d.error_code, d.error_message)
-    if d.error_code == E.NONE and d.members:
-        raise NonEmptyGroupError(
-            f"group {args.group!r} has {len(d.members)} active members: stop them first "
-            "(offsets can only be reset while the group is empty)"
-        )
+    admin = _admin(client)
+    try:
+        d = admin.describe_groups([args.group])[args.group]
+    except GroupIdNotFoundError:
+        pass  # a reset creates it
+    else:
+        if d.members:  # refused before the dry run too: its plan could not be applied
+            raise non_empty_error(args.group, len(d.members))
     tps = _topic_partitions(client, args.topic)
     committed = {
-        TopicPartition(o.topic, o.partition): o.committed_offset
-        for o in d.offsets
-        if o.committed_offset >= 0
+        tp: om.offset for tp, om in admin.list_group_offsets(args.group).items() if om is not None
     }
 
     def lookup(spec: int) -> dict[TopicPartition, int]:
@@ -361,21 +297,7 @@ def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
     if not args.execute:
         print("(dry run: nothing changed; add --execute to apply)", file=out)
         return
-    req = coordinator_pb2.OffsetCommitRequest(group_id=args.group, member_epoch=-1)
-    topics: dict[str, Any] = {}
-    for tp, offset in sorted(plan.items()):
-        if tp.topic not in topics:
-            topics[tp.topic] = req.topics.add(topic=tp.topic)
-        topics[tp.topic].partitions.add(
-            partition=tp.partition, committed_offset=offset, committed_leader_epoch=-1
-        )
-    resp = _call(client, args.group, "OffsetCommit", req)
-    if resp.error_code != E.NONE:
-        raise error_for(resp.error_code, resp.error_message)
-    for t in resp.topics:
-        for p in t.partitions:
-            if p.error_code != E.NONE:
-                raise error_for(p.error_code, f"{t.topic}-{p.partition}: {p.error_message}")
+    admin.alter_group_offsets(args.group, plan)
     print(f"reset {len(plan)} offsets of group {args.group}", file=out)
 
 

@@ -1,5 +1,5 @@
 """The Admin client: topics, partitions, configs, the cluster, offsets, record deletion, leader
-elections and partition reassignments, synchronously.
+elections, partition reassignments and consumer groups, synchronously.
 
 It follows kafka-python's ``KafkaAdminClient`` and confluent-kafka's ``AdminClient`` in what it
 offers, with plain return values instead of futures and typed results instead of protobufs::
@@ -15,9 +15,11 @@ offers, with plain return values instead of futures and typed results instead of
 
 Controller RPCs go to the active controller (``ClusterClient.controller_call`` follows
 NOT_CONTROLLER redirects and waits out an election); ListOffsets and DeleteRecords go to each
-partition's leader, one request per leader, retried on the leader-moved errors. Each attempt
-has its own deadline (``request_timeout_ms``) inside the call's (``default_api_timeout_ms``),
-so a controller or leader that hangs is retried around once another has taken over.
+partition's leader, one request per leader, retried on the leader-moved errors; group calls go
+to the group's coordinator (:mod:`strom.client.group_admin`), retried while it moves or loads.
+Each attempt has its own deadline (``request_timeout_ms``) inside the call's
+(``default_api_timeout_ms``), so a controller or leader that hangs is retried around once
+another has taken over.
 
 Errors: every failure raises a :class:`strom.errors.StromError` subclass whose class matches
 the server's error code (``TopicAlreadyExistsError``, ``InvalidConfigError``,
@@ -47,15 +49,27 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 import grpc
 
-from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
+from strom.api import common_pb2, controller_pb2, coordinator_pb2, metadata_pb2, storage_pb2
 from strom.argtypes import datetime_ms
+from strom.client import group_admin
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, older_node
+from strom.client.group_admin import (
+    GroupDescription,
+    GroupListing,
+    GroupListingIncompleteError,
+    GroupPartitionLag,
+    GroupState,
+    MemberDescription,
+    MemberState,
+)
 from strom.client.kwnames import kafka_keywords
 from strom.client.transactions import TransactionManager
-from strom.client.types import OffsetAndTimestamp, TopicPartition
+from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition, add_offsets
 from strom.errors import (
     BrokerNotAvailableError,
+    ErrorCode,
     InvalidConfigError,
+    InvalidGroupIdError,
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
@@ -82,6 +96,13 @@ __all__ = [
     "ConfigSource",
     "CreateTopicResult",
     "ElectionResult",
+    "GroupDescription",
+    "GroupListing",
+    "GroupListingIncompleteError",
+    "GroupPartitionLag",
+    "GroupState",
+    "MemberDescription",
+    "MemberState",
     "NewTopic",
     "Node",
     "NodeInfo",
@@ -94,6 +115,7 @@ __all__ = [
 ]
 
 NONE = common_pb2.ErrorCode.NONE
+E = ErrorCode
 T = TypeVar("T")
 V = TypeVar("V")
 
@@ -1507,9 +1529,204 @@ class Admin:
             for r in sorted(resp.reassignments, key=lambda r: (r.topic, r.partition))
         }
 
+    # -- consumer groups (group coordinators) ------------------------------------------------
+
+    def _group_call(
+        self, group: str, method: str, req: Any, code_of: Callable[[Any], int] | None = None
+    ) -> Any:
+        if self._closed:
+            raise StromError("the Admin client is closed")
+        return group_admin.group_call(
+            self._client,
+            group,
+            method,
+            req,
+            code_of,
+            timeout_s=self.request_timeout_ms / 1000,
+            retry_s=self.default_api_timeout_ms / 1000,
+        )
+
+    def list_groups(self, states: Iterable[GroupState | str] | None = None) -> list[GroupListing]:
+        """Every consumer group (only those in ``states``, e.g. ``["Empty"]``, when given),
+        sorted by id, from every group coordinator.
+
+        One pass, not retried: when some coordinator shard has no owner right now or its
+        owner does not answer, raises :class:`GroupListingIncompleteError` (retriable), whose
+        ``groups`` holds the groups the other shards listed and ``missing_shards`` the shards
+        missing. With ACLs on, groups the caller may not describe are left out.
+        """
+        if self._closed:
+            raise StromError("the Admin client is closed")
+        if isinstance(states, str):
+            raise InvalidRequestError(f"list_groups takes a list of states, not {states!r}")
+        try:
+            codes = [group_admin.group_state_code(s) for s in states or ()]
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        return group_admin.list_groups(
+            self._client, codes, timeout_s=self.request_timeout_ms / 1000
+        )
+
+    def describe_groups(
+        self, group_ids: Iterable[str], *, include_offsets: bool = False
+    ) -> dict[str, GroupDescription]:
+        """Describe groups: state, epochs, assignor, members with their assignments (and the
+        partitions they still have to give up). ``include_offsets`` adds each partition's
+        committed offset, log end and lag (a ListOffsets round to the partition leaders).
+
+        A group that does not exist raises GroupIdNotFoundError naming it (the first failed
+        group's error, as every Admin call taking several items; the others are listed).
+        """
+        gids = _group_ids(group_ids, "describe_groups")
+        out: dict[str, GroupDescription] = {}
+        failures: list[tuple[str, StromError]] = []
+        for gid in gids:
+            d = group_admin.describe_group(
+                self._client,
+                gid,
+                include_offsets=include_offsets,
+                timeout_s=self.request_timeout_ms / 1000,
+                retry_s=self.default_api_timeout_ms / 1000,
+            )
+            if d.error_code != NONE:
+                failures.append((gid, _group_error(d.error_code, d.error_message, gid)))
+            else:
+                out[gid] = group_admin.group_description(d)
+        _raise_first(failures)
+        return out
+
+    def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offsets (the next offset it reads), sorted by partition:
+        every committed one, or those of ``partitions``, where a partition with nothing
+        committed maps to None (as Kafka's ``listConsumerGroupOffsets``). An unknown group has
+        nothing committed. Lag is ``admin.list_offsets({tp: "latest"})`` minus these."""
+        gid = _group_id(group_id)
+        tps = None if partitions is None else _tp_list(partitions, "list_group_offsets")
+        req = coordinator_pb2.OffsetFetchRequest(group_id=gid, member_epoch=-1)
+        for topic, parts in _by_topic(dict.fromkeys(tps or ())).items():
+            req.topics.add(topic=topic, partitions=sorted(p for p, _ in parts))
+        resp = self._group_call(gid, "OffsetFetch", req)
+        if resp.error_code != NONE:
+            raise _group_error(resp.error_code, resp.error_message, gid)
+        out: dict[TopicPartition, OffsetAndMetadata | None] = dict.fromkeys(tps or ())
+        failures: list[tuple[str, StromError]] = []
+        for t in resp.topics:
+            for p in t.partitions:
+                tp = TopicPartition(t.topic, p.partition)
+                if p.error_code != NONE:
+                    failures.append(
+                        (f"{tp.topic}-{tp.partition}", _group_partition_error(p, gid, tp))
+                    )
+                elif p.committed_offset >= 0:
+                    out[tp] = OffsetAndMetadata(
+                        p.committed_offset, p.metadata, p.committed_leader_epoch
+                    )
+        _raise_first(failures)
+        return dict(sorted(out.items()))
+
+    def alter_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
+    ) -> None:
+        """Set the group's committed offsets (creating the group if it does not exist), as
+        Kafka's ``alterConsumerGroupOffsets`` and ``strom groups reset-offsets`` do.
+
+        Only while the group has no members: otherwise NonEmptyGroupError naming the group
+        (and nothing changes), since its members would overwrite the new offsets with their
+        next commit. The coordinator checks this atomically with the commit. A partition it
+        refuses (an unknown topic, metadata too large) raises that partition's error; the
+        other partitions were set.
+        """
+        gid = _group_id(group_id)
+        wanted: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp, value in _tp_map(offsets, "alter_group_offsets").items():
+            om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)  # type: ignore[arg-type]
+            if not _is_int(om.offset) or om.offset < 0 or not isinstance(om.metadata, str):
+                raise InvalidRequestError(
+                    f"{tp.topic}-{tp.partition}: alter_group_offsets takes an offset >= 0 or an "
+                    f"OffsetAndMetadata, not {value!r}"
+                )
+            wanted[tp] = om
+        if not wanted:
+            return
+        req = coordinator_pb2.OffsetCommitRequest(group_id=gid, member_epoch=-1)
+        add_offsets(req, wanted)
+        resp = self._group_call(gid, "OffsetCommit", req)
+        if resp.error_code == E.NON_EMPTY_GROUP:
+            raise group_admin.non_empty_error(gid)
+        if resp.error_code != NONE:
+            raise _group_error(resp.error_code, resp.error_message, gid)
+        _raise_first(_partition_failures(resp, gid))
+
+    def delete_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        """Delete the group's committed offsets of ``partitions`` (Kafka's
+        ``deleteConsumerGroupOffsets``). A partition of a topic some member is subscribed to
+        keeps its offset and raises GroupSubscribedToTopicError naming it (the others are
+        deleted); an unknown group raises GroupIdNotFoundError."""
+        gid = _group_id(group_id)
+        tps = _tp_list(partitions, "delete_group_offsets")
+        if not tps:
+            return
+        req = coordinator_pb2.DeleteOffsetsRequest(group_id=gid)
+        for topic, parts in _by_topic(dict.fromkeys(tps)).items():
+            req.topics.add(topic=topic, partitions=sorted(p for p, _ in parts))
+        resp = self._group_call(gid, "DeleteOffsets", req)
+        if resp.error_code != NONE:
+            raise _group_error(resp.error_code, resp.error_message, gid)
+        _raise_first(_partition_failures(resp, gid))
+
+    def delete_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete groups and their committed offsets (Kafka's ``deleteConsumerGroups``).
+        Only groups without members: a group with members raises NonEmptyGroupError, an
+        unknown one GroupIdNotFoundError, each naming the group (the first failure; the
+        message lists the others, and the groups not listed were deleted)."""
+        failures: list[tuple[str, StromError]] = []
+        for gid in _group_ids(group_ids, "delete_groups"):
+            req = coordinator_pb2.DeleteGroupsRequest(group_ids=[gid])
+            resp = self._group_call(gid, "DeleteGroups", req, lambda r: r.results[0].error_code)
+            r = resp.results[0]
+            if r.error_code != NONE:
+                failures.append((gid, _group_error(r.error_code, r.error_message, gid)))
+        _raise_first(failures)
+
 
 def _by_topic(group: Mapping[TopicPartition, V]) -> dict[str, list[tuple[int, V]]]:
     out: dict[str, list[tuple[int, V]]] = {}
     for tp, value in group.items():
         out.setdefault(tp.topic, []).append((tp.partition, value))
     return out
+
+
+def _group_id(group_id: object) -> str:
+    if not isinstance(group_id, str) or not group_id:
+        raise InvalidGroupIdError(f"a group id must be a non-empty string, not {group_id!r}")
+    return group_id
+
+
+def _group_ids(group_ids: Iterable[str], what: str) -> list[str]:
+    if isinstance(group_ids, str) or not isinstance(group_ids, Iterable):
+        raise InvalidRequestError(f"{what} takes a list of group ids, not {group_ids!r}")
+    return list(dict.fromkeys(_group_id(g) for g in group_ids))
+
+
+def _group_error(code: int, message: str, group: str) -> StromError:
+    return _item_error(code, message, f"group {group!r}", repr(group), f'"{group}"')
+
+
+def _group_partition_error(p: Any, group: str, tp: TopicPartition) -> StromError:
+    where = f"group {group!r}, {tp.topic}-{tp.partition}"
+    return _with_context(error_for(p.error_code, p.error_message or None), where, where)
+
+
+def _partition_failures(resp: Any, group: str) -> list[tuple[str, StromError]]:
+    """The refused partitions of an OffsetCommit or DeleteOffsets answer (the same shape)."""
+    return [
+        (
+            f"{t.topic}-{p.partition}",
+            _group_partition_error(p, group, TopicPartition(t.topic, p.partition)),
+        )
+        for t in resp.topics
+        for p in t.partitions
+        if p.error_code != NONE
+    ]
