@@ -7,44 +7,86 @@ Applications import the clients from here::
 The package is split by role (see DESIGN §10): ``strom.record`` and ``strom.log`` are pure
 engines; ``strom.storage``, ``strom.controller`` and ``strom.coordinator`` wire them to gRPC and
 etcd; ``strom.client`` holds the clients (``strom.aio`` their asyncio faces). The client names
-are loaded on first use, so services that never touch them do not pay for the import.
+are loaded on first use, so services that never touch them do not pay for the import; type
+checkers and IDEs read them from the ``TYPE_CHECKING`` imports below, which name the same
+modules (tests/unit/test_typing_surface.py keeps the two in step).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from strom.client import (
+        Admin,
+        BatchMetadata,
+        Consumer,
+        GroupMetadata,
+        NewTopic,
+        OffsetAndMetadata,
+        OffsetAndTimestamp,
+        Producer,
+        RecordMetadata,
+        TopicPartition,
+    )
+    from strom.errors import (
+        IllegalStateError,
+        NoOffsetForPartitionError,
+        ProducerClosedError,
+        StromError,
+    )
+    from strom.record import Record
 
 __version__ = "0.1.0"
 
-_CLIENT_NAMES = frozenset(
-    {
-        "Admin",
-        "BatchMetadata",
-        "Consumer",
-        "GroupMetadata",
-        "NewTopic",
-        "OffsetAndMetadata",
-        "OffsetAndTimestamp",
-        "Producer",
-        "RecordMetadata",
-        "TopicPartition",
-    }
-)
+#: Each lazily loaded name -> the module it comes from.
+_LAZY: dict[str, str] = {
+    "Admin": "strom.client",
+    "BatchMetadata": "strom.client",
+    "Consumer": "strom.client",
+    "GroupMetadata": "strom.client",
+    "NewTopic": "strom.client",
+    "OffsetAndMetadata": "strom.client",
+    "OffsetAndTimestamp": "strom.client",
+    "Producer": "strom.client",
+    "RecordMetadata": "strom.client",
+    "TopicPartition": "strom.client",
+    "Record": "strom.record",
+    # The errors applications catch besides the StromError family's server-code classes.
+    "IllegalStateError": "strom.errors",
+    "NoOffsetForPartitionError": "strom.errors",
+    "ProducerClosedError": "strom.errors",
+    "StromError": "strom.errors",
+}
 
-__all__ = sorted([*_CLIENT_NAMES, "Record", "StromError", "__version__"])
+__all__ = [
+    "Admin",
+    "BatchMetadata",
+    "Consumer",
+    "GroupMetadata",
+    "IllegalStateError",
+    "NewTopic",
+    "NoOffsetForPartitionError",
+    "OffsetAndMetadata",
+    "OffsetAndTimestamp",
+    "Producer",
+    "ProducerClosedError",
+    "Record",
+    "RecordMetadata",
+    "StromError",
+    "TopicPartition",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CLIENT_NAMES:
-        import strom.client
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'strom' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
-        return getattr(strom.client, name)
-    if name == "Record":
-        from strom.record import Record
 
-        return Record
-    if name == "StromError":
-        from strom.errors import StromError
-
-        return StromError
-    raise AttributeError(f"module 'strom' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    # The lazy names too, for completion in a REPL or notebook.
+    return sorted({*globals(), *_LAZY})

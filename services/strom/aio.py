@@ -30,8 +30,8 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from strom.client import admin as _admin
 from strom.client import consumer as _consumer
@@ -46,10 +46,42 @@ POLL_SLICE_MS = 200.0
 
 __all__ = ["Admin", "Consumer", "Producer", "RecordMetadata", "TopicPartition"]
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _init_as(
+    sync_cls: Callable[_P, object],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, _P], None]]:
+    """Give a wrapper's ``__init__(self, *args, **kwargs)`` the parameters of ``sync_cls``'s
+    constructor: for type checkers (the returned type) and for ``inspect.signature`` and
+    IDEs at run time (``functools.wraps``' ``__wrapped__``), so that ``aio.Producer(...)``
+    is checked and completed like ``Producer(...)`` without repeating its parameters."""
+
+    def same(init: Callable[..., None]) -> Callable[Concatenate[Any, _P], None]:
+        return functools.wraps(cast(Any, sync_cls).__init__)(init)
+
+    return same
+
+
+if TYPE_CHECKING:
+
+    def _awaitable(
+        fn: Callable[Concatenate[Any, _P], _R],
+    ) -> Callable[Concatenate[Any, _P], Coroutine[Any, Any, _R]]:
+        """Typing only: a sync method as ``Consumer.__getattr__`` hands it out (a
+        coroutine function with the same parameters)."""
+        ...
+
+    def _as_is(fn: Callable[Concatenate[Any, _P], _R]) -> Callable[Concatenate[Any, _P], _R]:
+        """Typing only: a sync method ``Consumer.__getattr__`` hands out unchanged."""
+        ...
+
 
 class Producer:
     """asyncio face of :class:`strom.client.producer.Producer` (same arguments)."""
 
+    @_init_as(_producer.Producer)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = _producer.Producer(*args, **kwargs)
 
@@ -125,6 +157,34 @@ class Consumer:
         }
     )
 
+    if TYPE_CHECKING:
+        # What __getattr__ hands out, for type checkers and IDEs: the methods that may wait
+        # as coroutine functions with the sync ones' parameters, the others as they are.
+        _C = _consumer.Consumer
+        assign = _awaitable(_C.assign)
+        beginning_offsets = _awaitable(_C.beginning_offsets)
+        commit = _awaitable(_C.commit)
+        committed = _awaitable(_C.committed)
+        end_offsets = _awaitable(_C.end_offsets)
+        offsets_for_times = _awaitable(_C.offsets_for_times)
+        partitions_for_topic = _awaitable(_C.partitions_for_topic)
+        position = _awaitable(_C.position)
+        seek_to_beginning = _awaitable(_C.seek_to_beginning)
+        seek_to_end = _awaitable(_C.seek_to_end)
+        topics = _awaitable(_C.topics)
+        unsubscribe = _awaitable(_C.unsubscribe)
+        assignment = _as_is(_C.assignment)
+        closed: bool
+        commit_async = _as_is(_C.commit_async)
+        group_metadata = _as_is(_C.group_metadata)
+        highwater = _as_is(_C.highwater)
+        pause = _as_is(_C.pause)
+        paused = _as_is(_C.paused)
+        resume = _as_is(_C.resume)
+        seek = _as_is(_C.seek)
+        subscription = _as_is(_C.subscription)
+
+    @_init_as(_consumer.Consumer)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = _consumer.Consumer(*args, **kwargs)
         #: Clear while a poll (``poll``, ``poll_arrow`` or an ``async for`` loop's) runs in a
@@ -417,6 +477,7 @@ class _Records:
 class Admin:
     """asyncio face of :class:`strom.client.admin.Admin`: every public method is awaitable."""
 
+    @_init_as(_admin.Admin)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = _admin.Admin(*args, **kwargs)
 

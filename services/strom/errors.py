@@ -667,6 +667,26 @@ class TopicAuthorizationFailedError(AuthorizationError):
     default_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
+# ---- raised by the clients themselves (no server code) ----
+# Here rather than next to the client raising them, so that applications catch them from
+# ``strom.errors`` (and ``strom``) like every other error; the client modules re-export them.
+
+
+class ProducerClosedError(StromError):
+    """The producer was closed (or fenced) before the record could be sent."""
+
+
+class IllegalStateError(StromError):
+    """The call does not fit the consumer's state (Kafka's IllegalStateException): seeking or
+    pausing a partition that is not assigned, polling with nothing assigned, using a closed
+    consumer, mixing assign() with subscribe()."""
+
+
+class NoOffsetForPartitionError(StromError):
+    """A partition has no position to start from and ``auto_offset_reset="none"`` forbids
+    picking one: seek() it first."""
+
+
 def _collect(cls: type[StromError], into: dict[int, type[StromError]]) -> None:
     for sub in cls.__subclasses__():
         if sub.default_code is not None and sub.__module__ == __name__:

@@ -43,7 +43,12 @@ from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
-from strom.errors import InvalidGroupIdError, StromError
+from strom.errors import (  # the first and third are re-exported here too
+    IllegalStateError,
+    InvalidGroupIdError,
+    NoOffsetForPartitionError,
+    StromError,
+)
 from strom.record import Record
 from strom.security.channel import client_security
 
@@ -66,17 +71,6 @@ __all__ = [
     "IllegalStateError",
     "NoOffsetForPartitionError",
 ]
-
-
-class IllegalStateError(StromError):
-    """The call does not fit the consumer's state (Kafka's IllegalStateException): seeking or
-    pausing a partition that is not assigned, polling with nothing assigned, using a closed
-    consumer, mixing assign() with subscribe()."""
-
-
-class NoOffsetForPartitionError(StromError):
-    """A partition has no position to start from and ``auto_offset_reset="none"`` forbids
-    picking one: seek() it first."""
 
 
 class GroupsNotSupportedError(StromError, NotImplementedError):

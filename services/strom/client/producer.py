@@ -99,6 +99,7 @@ from strom.errors import (
     InvalidTxnStateError,
     MessageTooLargeError,
     OutOfOrderSequenceError,
+    ProducerClosedError,
     ProducerFencedError,
     RequestTimedOutError,
     StromError,
@@ -181,10 +182,6 @@ class _Shipment(NamedTuple):
     #: between separate calls (DESIGN §6, "Order on the wire"), so the leader may have seen
     #: this request first: a sequence refusal of it says nothing about the log.
     behind: bool
-
-
-class ProducerClosedError(StromError):
-    """The producer was closed (or fenced) before the record could be sent."""
 
 
 _client_ids = itertools.count(1)
