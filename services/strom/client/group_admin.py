@@ -177,11 +177,12 @@ class GroupListingIncompleteError(CoordinatorNotAvailableError):
 
     def __init__(
         self,
-        message: str,
+        message: str | None = None,
         groups: list[GroupListing] | None = None,
         missing_shards: list[int] | None = None,
+        **kw: Any,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, **kw)  # code=, retriable= (StromError's pickling)
         self.groups: list[GroupListing] = list(groups or [])
         self.missing_shards: list[int] = list(missing_shards or [])
 
