@@ -115,7 +115,6 @@ __all__ = [
 ]
 
 NONE = common_pb2.ErrorCode.NONE
-E = ErrorCode
 T = TypeVar("T")
 V = TypeVar("V")
 
@@ -1653,7 +1652,7 @@ class Admin:
         req = coordinator_pb2.OffsetCommitRequest(group_id=gid, member_epoch=-1)
         add_offsets(req, wanted)
         resp = self._group_call(gid, "OffsetCommit", req)
-        if resp.error_code == E.NON_EMPTY_GROUP:
+        if resp.error_code == ErrorCode.NON_EMPTY_GROUP:
             raise group_admin.non_empty_error(gid)
         if resp.error_code != NONE:
             raise _group_error(resp.error_code, resp.error_message, gid)
