@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pytest
@@ -591,3 +591,32 @@ def test_consuming_across_a_leader_failover(admin: ClusterClient, cluster: Local
     assert [r.value for r in got] == [v for b in range(10) for v in values(f"before{b}", 20)] + [
         v for b in range(10) for v in values(f"after{b}", 20)
     ]
+
+
+def test_a_partition_without_a_leader_does_not_stop_the_others(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: with one partition's only replica down, a consumer assigned it
+    and the healthy ones (``auto_offset_reset='earliest'``, nothing committed) printed
+    nothing: every poll's offset lookup waited for the offline partition's leader and then
+    raised LeaderNotAvailableError, throwing away the positions found for the others. Kafka's
+    consumer reads the healthy partitions and keeps asking for the missing leader; so does
+    this one, and it reads the offline partition too once its node is back."""
+    two = make_cluster(nodes=2, controllers=1)
+    topic = create_topic(two, "c-half-offline", partitions=2)
+    with ClusterClient(two.bootstrap) as client:
+        leaders = {p.partition: p.leader for p in client.topic_metadata(topic).partitions}
+        assert sorted(leaders.values()) == [1, 2], leaders  # one partition on each node
+        for p in (0, 1):
+            produce(client, topic, p, values(f"p{p}-", 20))
+    down = two.node(leaders[0])
+    down.process.stop()  # partition 0's only replica
+    tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+    with Consumer(two.bootstrap, auto_offset_reset="earliest", request_timeout_ms=60_000) as c:
+        c.assign(tps)
+        got = drain(c, 20, timeout=30)
+        assert {r.partition for r in got} == {1}
+        assert [r.value for r in got] == values("p1-", 20)
+        down.start()
+        got = drain(c, 20, timeout=60)
+        assert [r.value for r in got] == values("p0-", 20)

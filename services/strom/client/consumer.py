@@ -26,6 +26,7 @@ positions, commit, close), and its heartbeat thread runs beside the application'
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import time
 from bisect import bisect_left
@@ -53,6 +54,8 @@ from strom.record import Record
 from strom.security.channel import client_security
 
 MiB = 1024 * 1024
+log = logging.getLogger(__name__)
+
 AUTO_OFFSET_RESET = ("latest", "earliest", "none")
 #: Offsets and timestamps travel as int64: larger ones are refused up front, naming the
 #: argument (found from outside: seek(tp, 2**63) was accepted and the next poll raised a
@@ -228,6 +231,8 @@ class Consumer:
         #: Set when close() begins (``_closed`` when it has given up the group): the rebalance
         #: listener that close() runs may still commit, read positions and the assignment.
         self._closing = False
+        #: When the last "no position yet" warning was logged (one a minute at most).
+        self._unpositioned_logged = -1e9
         self._subscription: frozenset[str] | None = None
         self._iterator: Iterator[Record] | None = None
         #: The records of the poll the iteration (``for r in consumer`` / ``next()``) is
@@ -610,7 +615,19 @@ class Consumer:
                 + ", ".join(f"{t.topic}-{t.partition}" for t in missing)
                 + " and auto_offset_reset='none': seek() to an offset first"
             )
-        found = self._list_offsets(query)
+        if poll_timeout_s is None:
+            found = self._list_offsets(query)
+        else:
+            # From poll(): a partition whose leader cannot answer (offline, moving) stays
+            # without a position and is asked again by the next poll, while the others are
+            # read, as Kafka's consumer does. FIX (found from outside): one partition without
+            # a leader made every poll wait the 30 s request timeout and raise
+            # LeaderNotAvailableError, with nothing read from the healthy ones.
+            found = self._list_offsets(
+                query, timeout_s=min(self._timeout_s, max(poll_timeout_s, 1.0)), partial=True
+            )
+            if len(found) < len(query):
+                self._log_unpositioned(set(query) - set(found))
         gens = {tp: gen for tp, _, gen in need}
         for tp, res in found.items():
             self._fetcher.set_position(tp, res.offset, gens[tp])
@@ -660,17 +677,35 @@ class Consumer:
         return {tp: r.offset for tp, r in found.items()}
 
     def _list_offsets(
-        self, query: Mapping[TopicPartition, int]
+        self,
+        query: Mapping[TopicPartition, int],
+        *,
+        timeout_s: float | None = None,
+        partial: bool = False,
     ) -> dict[TopicPartition, OffsetResult]:
-        """ListOffsets at the leaders, with this consumer's timeouts and isolation level."""
+        """ListOffsets at the leaders, with this consumer's timeouts (or ``timeout_s``) and
+        isolation level; ``partial``: see :func:`list_offsets`."""
         return list_offsets(
             self._client,
             self._leaders,
             query,
-            timeout_s=self._timeout_s,
+            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
             backoff_s=self._backoff_s,
             client_metadata=self._client_md,
             read_committed=self._read_committed,
+            partial=partial,
+        )
+
+    def _log_unpositioned(self, parts: set[TopicPartition]) -> None:
+        """One warning a minute while polls go on without some partitions' positions."""
+        now = time.monotonic()
+        if now < self._unpositioned_logged + 60.0:
+            return
+        self._unpositioned_logged = now
+        log.warning(
+            "no position yet for %s (no leader answered the offset lookup); reading the "
+            "other partitions and asking again on the next poll",
+            ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(parts)),
         )
 
     # -- flow control ---------------------------------------------------------------------

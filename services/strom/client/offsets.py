@@ -60,13 +60,17 @@ def list_offsets(
     client_metadata: tuple[tuple[str, str], ...] = (),
     read_committed: bool = False,
     call_timeout_s: float | None = None,
+    partial: bool = False,
 ) -> dict[TopicPartition, OffsetResult]:
     """ListOffsets for every partition in ``query`` (value: a timestamp in ms, or LATEST /
     EARLIEST / MAX_TIMESTAMP), one request per leader node.
 
     Leader moves, unreachable nodes and a new leader that cannot answer yet
     (OFFSET_NOT_AVAILABLE) are retried after a metadata refresh until ``timeout_s``; then the
-    last such error is raised. Errors that retrying cannot fix are raised at once.
+    last such error is raised — or, with ``partial``, what was found is returned and the
+    partitions still without an answer are left out (a consumer's poll: one partition
+    without a leader must not stop it reading the others). Errors that retrying cannot fix
+    are raised at once.
 
     Each request waits the client's request timeout, or with ``call_timeout_s`` at most that
     long and never past ``timeout_s``: a caller with a short budget (the Spark connector's
@@ -129,6 +133,8 @@ def list_offsets(
         if not remaining:
             return out
         if time.monotonic() >= deadline:
+            if partial:
+                return out
             missing = ", ".join(f"{tp.topic}-{tp.partition}" for tp in remaining)
             raise last or LeaderNotAvailableError(f"ListOffsets got no answer for {missing}")
         time.sleep(backoff_s)
