@@ -149,6 +149,7 @@ class Consumer:
             "position",
             "seek_to_beginning",
             "seek_to_end",
+            "seek_to_committed",
             "topics",
             "partitions_for_topic",
             "subscribe",

@@ -330,3 +330,103 @@ def test_an_end_txn_abandoned_during_its_write_still_completes_the_transaction(
                 return got == [b"decided"]
 
             wait_for(committed, timeout=60, what="the committed transaction's record")
+
+
+def test_requests_waiting_on_a_shard_given_up_meanwhile_answer_not_coordinator(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Found from outside: requests that found their shard served, then waited for its lock
+    while the coordinator gave the shard up (SIGTERM, a hand-over, a lost lease), read the
+    emptied table and answered INVALID_PRODUCER_ID_MAPPING, fatal to a healthy transactional
+    producer. Every RPC of both shard kinds that waits on the lock must answer NOT_COORDINATOR
+    instead (the client looks its coordinator up again), never an error made from the
+    emptied state."""
+    from strom.api import storage_pb2
+
+    cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
+    topic = create_topic(cluster, "moving")
+    tid, gid = "t-moving", "g-moving"
+
+    async def main() -> None:
+        svc = CoordinatorService(
+            etcd=cluster.etcd.endpoint,
+            cluster=cluster.cluster_name,
+            coordinator_id=7,
+            advertise_host="127.0.0.1",
+            advertise_port=1,  # nobody calls it here
+            offsets_partitions=1,
+            offsets_replication_factor=1,
+            txn_partitions=1,
+        )
+
+        def served() -> bool:
+            kinds = (svc.group_kind, svc.txn_kind)
+            return all(0 in k.shards and k.shards[0].loaded for k in kinds)
+
+        await svc.start()
+        try:
+            await _until(served, 60, "both shards loaded")
+            await _until(lambda: topic in svc._topics(), 30, "the topic in the view")
+            init = await svc.InitProducerId(
+                storage_pb2.InitProducerIdRequest(
+                    transactional_id=tid, transaction_timeout_ms=600_000
+                ),
+                None,
+            )
+            assert init.error_code == E.NONE, init
+            pid, epoch = init.producer_id, init.producer_epoch
+            ids = {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch}
+            add = coordinator_pb2.AddPartitionsToTxnRequest(**ids)
+            add.topics.add(topic=topic, partitions=[0])
+            txn_commit = coordinator_pb2.TxnOffsetCommitRequest(
+                **ids, group_id=gid, member_epoch=-1
+            )
+            txn_commit.topics.add(topic=topic).partitions.add(partition=0, committed_offset=1)
+            commit = coordinator_pb2.OffsetCommitRequest(group_id=gid, member_epoch=-1)
+            commit.topics.add(topic=topic).partitions.add(partition=0, committed_offset=1)
+            calls: dict[str, tuple[Any, Callable[[], Any]]] = {
+                "AddPartitionsToTxn": (svc.txn_kind, lambda: svc.AddPartitionsToTxn(add, None)),
+                "AddOffsetsToTxn": (
+                    svc.txn_kind,
+                    lambda: svc.AddOffsetsToTxn(
+                        coordinator_pb2.AddOffsetsToTxnRequest(**ids, group_id=gid), None
+                    ),
+                ),
+                "EndTxn": (
+                    svc.txn_kind,
+                    lambda: svc.EndTxn(coordinator_pb2.EndTxnRequest(**ids, committed=True), None),
+                ),
+                "InitProducerId": (
+                    svc.txn_kind,
+                    lambda: svc.InitProducerId(
+                        storage_pb2.InitProducerIdRequest(
+                            transactional_id=tid, transaction_timeout_ms=600_000
+                        ),
+                        None,
+                    ),
+                ),
+                "TxnOffsetCommit": (svc.group_kind, lambda: svc.TxnOffsetCommit(txn_commit, None)),
+                "OffsetCommit": (svc.group_kind, lambda: svc.OffsetCommit(commit, None)),
+            }
+            answers = {}
+            for name, (kind, call) in calls.items():
+                await _until(served, 60, f"both shards served again before {name}")
+                shard = kind.shards[0]
+                async with shard.lock:
+                    task = asyncio.create_task(call())
+                    await _until(
+                        lambda lock=shard.lock: bool(lock._waiters),
+                        10,
+                        f"{name} waiting on the shard lock",
+                    )
+                    svc._unload(shard)  # as stop(), a hand-over or a lost lease do
+                resp = await asyncio.wait_for(task, 30)
+                code = resp.error_code
+                if not code and getattr(resp, "topics", None):
+                    code = resp.topics[0].partitions[0].error_code
+                answers[name] = E.Name(code)
+            assert answers == dict.fromkeys(calls, "NOT_COORDINATOR")
+        finally:
+            await svc.stop()
+
+    asyncio.run(main())

@@ -19,6 +19,7 @@ from strom.errors import (
     InvalidTxnStateError,
     ProducerFencedError,
     RequestTimedOutError,
+    StaleMemberEpochError,
     StromError,
     TopicAuthorizationFailedError,
 )
@@ -140,3 +141,28 @@ def test_a_fatal_error_ends_a_pending_end() -> None:
     assert m.phase is TxnPhase.FATAL_ERROR and m.pending_end is None
     with pytest.raises(ProducerFencedError):
         m.require(TxnPhase.IN_TRANSACTION, action="abort_transaction()")
+
+
+def test_offsets_refused_for_a_stale_member_epoch_leave_the_transaction_abortable() -> None:
+    """A rebalance moved the member's epoch on while its offsets were on their way: the
+    transaction fails with StaleMemberEpochError, abortable, not fatal (the README's
+    exactly-once loop aborts, rewinds with seek_to_committed() and goes on)."""
+    refusal = coordinator_pb2.OffsetCommitResponse()
+    refusal.topics.add(topic="t").partitions.add(partition=0, error_code=E.STALE_MEMBER_EPOCH)
+    m = Scripted(
+        added(E.NONE),
+        coordinator_pb2.AddOffsetsToTxnResponse(),
+        refusal,
+        coordinator_pb2.EndTxnResponse(),
+    )
+    m.begin()
+    m.add_partitions([("t", 0)], 1)
+    with pytest.raises(StaleMemberEpochError):
+        m.send_offsets(
+            {TopicPartition("t", 0): OffsetAndMetadata(5)}, GroupMetadata("g", "m", 4), 1
+        )
+    assert m.phase is TxnPhase.ABORTABLE_ERROR
+    m.phase = TxnPhase.ABORTING  # as Producer.abort_transaction sets it
+    m.end(False, 1)
+    assert m.calls[-1] == "EndTxn" and m.phase is TxnPhase.READY
+    m.begin()  # and the next transaction starts

@@ -60,6 +60,7 @@ def test_groups_need_a_group_id(consumer: Consumer) -> None:
         lambda: consumer.commit(),
         lambda: consumer.commit_async(),
         lambda: consumer.committed(TP),
+        lambda: consumer.seek_to_committed(),
     ):
         with pytest.raises(InvalidGroupIdError, match="needs a group_id"):
             call()
@@ -71,6 +72,13 @@ def test_a_group_id_plugs_in_the_group_membership() -> None:
         assert c._group is not None  # built without any network I/O
         with pytest.raises(ValueError, match="topics or a pattern"):
             c.subscribe()
+
+
+def test_seek_to_committed_names_partitions_not_assigned() -> None:
+    with Consumer(NOWHERE, group_id="g", enable_auto_commit=False) as c:
+        with pytest.raises(IllegalStateError, match=r"seek_to_committed\(\): t-0 not assigned"):
+            c.seek_to_committed([TP])
+        c.seek_to_committed()  # no partitions: nothing to do
 
 
 def test_state_errors(consumer: Consumer) -> None:

@@ -485,6 +485,21 @@ class Consumer:
         self._moved = True
         self._fetcher.request_reset(tps, "latest")
 
+    def seek_to_committed(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Start ``partitions`` (default: all assigned) at the group's committed offset again,
+        or where auto_offset_reset says for one the group has none for: what an exactly-once
+        loop does after a transaction was aborted (Kafka's ExactlyOnceMessageProcessor pairs
+        ``abortTransaction`` with ``resetToLastCommittedPositions``). The records polled for
+        the aborted transaction are past the consumer's position; without this rewind they
+        are never processed again (found from outside: 325 of 16,000 records were missing
+        from the output after rebalances, with lag 0). Looked up lazily, on the next
+        ``poll()`` or ``position()``, like seek_to_beginning; with read_committed the lookup
+        waits until the aborted transaction's offsets are settled."""
+        self._require_group("seek_to_committed()")
+        tps = self._assigned(partitions, "seek_to_committed()")
+        self._moved = True
+        self._fetcher.request_reset(tps, None)
+
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record ``poll()`` will return for ``partition``; looks it up
         first if it is not known yet (new assignment, after seek_to_*). While an iteration

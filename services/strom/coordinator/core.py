@@ -187,6 +187,29 @@ class CoordinatorCore:
             raise CoordinatorLoadInProgressError(f"shard {s} is still loading")
         return shard
 
+    def _check_serving(self, shard: Shard) -> None:
+        """Raise the retriable error for a shard that stopped being served while a request
+        waited for it (its lock, a write): call right after taking ``shard.lock``, before
+        reading its state.
+
+        FIX (found from outside): requests found the shard served, then waited for its lock
+        while the coordinator gave it up (SIGTERM, a hand-over, a lost lease); ``_unload``
+        empties the shard's tables without the lock, so a waiter read "no such
+        transactional id" and answered INVALID_PRODUCER_ID_MAPPING, which fences a healthy
+        transactional producer. Kafka answers NOT_COORDINATOR during a coordinator move,
+        and so does this: the client looks its coordinator up again and retries there."""
+        kind = shard.kind
+        if self._stopping or kind is None or kind.shards.get(shard.index) is not shard:
+            raise NotCoordinatorError(
+                f"coordinator {self.coordinator_id} gave up {shard.topic} shard {shard.index} "
+                "meanwhile; ask the cluster for its new coordinator"
+            )
+        self._check_lease(shard.index, shard.topic)
+        if not shard.loaded:
+            raise CoordinatorLoadInProgressError(
+                f"{shard.topic} shard {shard.index} is being reloaded or handed over"
+            )
+
     async def _mutate(
         self,
         group_id: str,
@@ -209,8 +232,7 @@ class CoordinatorCore:
         refused: Exception | None = None
         written: asyncio.Future[None] | None = None
         async with shard.lock:
-            if not shard.loaded or self.shards.get(shard.index) is not shard:
-                raise NotCoordinatorError(f"shard {shard.index} moved")
+            self._check_serving(shard)
             try:
                 group = shard.groups.get(group_id)
                 fresh = group is None

@@ -128,12 +128,7 @@ class TransactionRpcs(_Base):
     async def _txn_write(self, shard: Shard, meta: TxnMetadata) -> None:
         """Make ``meta`` durable, then the in-memory state (shard lock held, so every read of
         the id's state under the lock sees only what the log has)."""
-        if (
-            not shard.loaded
-            or shard.kind is None
-            or shard.kind.shards.get(shard.index) is not shard
-        ):
-            raise NotCoordinatorError(f"{shard.topic} shard {shard.index} moved")
+        self._check_serving(shard)
         written = self._queue_write(
             shard, [GroupRecord(txn_log_key(meta.transactional_id), meta.to_value())]
         )
@@ -206,6 +201,9 @@ class TransactionRpcs(_Base):
     ) -> tuple[Shard, TxnMetadata, bool]:
         shard = self._txn_shard(transactional_id)
         async with shard.lock:
+            # The shard may have been given up while this waited for the lock: its emptied
+            # table must not answer "unknown id" (fatal to the producer) for it.
+            self._check_serving(shard)
             current = shard.transactions.get(transactional_id)
             if current is None:
                 raise InvalidProducerIdMappingError(
@@ -250,6 +248,7 @@ class TransactionRpcs(_Base):
                 if current is None or current.producer_epoch >= MAX_EPOCH:
                     fresh_pid, _ = await self._init_producer(-1, -1)
                 async with shard.lock:
+                    self._check_serving(shard)  # given up while this waited: look it up again
                     current = shard.transactions.get(tid)
                     result = init_producer_id(
                         current,
@@ -617,10 +616,10 @@ class TransactionRpcs(_Base):
                     continue
                 try:
                     async with shard.lock:
-                        if shard.transactions.get(tid) is not meta:
-                            continue  # changed meanwhile: no longer idle that long
                         if not shard.loaded or self.txn_kind.shards.get(shard.index) is not shard:
                             break
+                        if shard.transactions.get(tid) is not meta:
+                            continue  # changed meanwhile: no longer idle that long
                         await self._write(shard, [GroupRecord(txn_log_key(tid), None)])
                         del shard.transactions[tid]
                 except StromError as exc:
