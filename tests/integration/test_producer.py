@@ -728,3 +728,96 @@ def test_close_tells_records_in_flight_from_records_never_sent(env: Env) -> None
     # One deadline for the whole close: the flush used it up, the sender got no more (found
     # from outside: flush and join each had the full timeout, close(timeout=2) took 4 s).
     assert joins == [0.0]
+
+
+def test_flush_returns_after_every_delivery_callback_ran(env: Env) -> None:
+    """flush() waits for the delivery callbacks too, as Kafka's client (a record's callback
+    runs before its future completes): found from outside, flush() returned with thousands
+    of 20,000 callbacks still to run. Right after flush() every callback has run and every
+    future is done."""
+    t = env.topic(partitions=3)
+    n = 20_000
+    ran = [0]
+
+    def slow(md: RecordMetadata | None, err: BaseException | None) -> None:
+        assert err is None and md is not None
+        time.sleep(0.0001)  # a callback doing a little work (a log line, a DB write)
+        ran[0] += 1
+
+    with Producer(env.bootstrap, linger_ms=20) as p:
+        futures = [p.send(t, b"x%d" % i, key=b"k%d" % i, callback=slow) for i in range(n)]
+        p.flush()
+        assert ran[0] == n
+        assert all(f.done() for f in futures)
+
+
+def test_delivery_callbacks_may_use_the_producer_and_fail(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inside a delivery callback: its own future's result() answers at once (the callback
+    runs before the future completes, so waiting would never end); send() works; flush(),
+    which would wait for the thread running the callback, is refused at once; a callback
+    that raises is logged and the others still run."""
+    from strom.client.producer import ProducerCallbackError
+
+    t = env.topic()
+    seen: dict[str, Any] = {}
+    futures: list[concurrent.futures.Future[Any]] = []
+
+    def own_result(md: RecordMetadata | None, err: BaseException | None) -> None:
+        seen["own"] = futures[0].result(5)
+        seen["done_inside"] = futures[0].done()
+
+    def sends(md: RecordMetadata | None, err: BaseException | None) -> None:
+        seen["sent"] = p.send(t, b"from-callback")
+
+    def flushes(md: RecordMetadata | None, err: BaseException | None) -> None:
+        try:
+            p.flush()
+        except ProducerCallbackError as exc:
+            seen["flush"] = exc
+
+    def raises(md: RecordMetadata | None, err: BaseException | None) -> None:
+        raise RuntimeError("a broken callback")
+
+    def after(md: RecordMetadata | None, err: BaseException | None) -> None:
+        seen["after"] = md
+
+    with Producer(env.bootstrap) as p:
+        futures.append(p.send(t, b"a", callback=own_result))
+        for cb in (sends, flushes, raises, after):
+            p.send(t, b"b", callback=cb)
+        p.flush()
+        assert seen["own"] == futures[0].result(0) and seen["done_inside"] is False
+        assert "delivery callback" in str(seen["flush"])
+        assert seen["after"] is not None
+        assert seen["sent"].result(10).offset == 5
+    assert "a produce callback raised" in caplog.text
+
+
+def test_close_from_a_delivery_callback_closes_at_once(env: Env) -> None:
+    """close() from a delivery callback runs on the producer's own thread: it closes as
+    close(0) does, without waiting for (or joining) itself (found from outside: it raised
+    "cannot join current thread", swallowed, and left the producer half-closed: sends were
+    still taken). The sender thread ends, later sends are refused, close() again returns."""
+    t = env.topic()
+    p = Producer(env.bootstrap)
+    p.send(t, b"warm").result(10)
+    outcome: list[Any] = []
+
+    def close_inside(md: RecordMetadata | None, err: BaseException | None) -> None:
+        try:
+            p.close()
+            outcome.append("closed")
+        except BaseException as exc:  # (the test reports what it was)
+            outcome.append(exc)
+
+    first = p.send(t, b"first", callback=close_inside)
+    assert first.result(10).offset == 1
+    assert outcome == ["closed"]
+    wait_for(lambda: not p._sender.is_alive(), timeout=10, what="the sender thread to end")
+    with pytest.raises(ProducerClosedError):
+        p.send(t, b"after")
+    started = time.monotonic()
+    p.close(5)
+    assert time.monotonic() - started < 1

@@ -187,6 +187,11 @@ class ProducerClosedError(StromError):
     """The producer was closed (or fenced) before the record could be sent."""
 
 
+class ProducerCallbackError(StromError):
+    """A call made from a delivery callback that would have to wait for the very thread
+    running the callback (``flush()``): refused at once rather than hanging."""
+
+
 _client_ids = itertools.count(1)
 _key_partition = functools.lru_cache(maxsize=1 << 16)(partition_for_key)
 
@@ -385,6 +390,8 @@ class Producer:
         self._epoch_victims: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
         self._wake = threading.Event()
         self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: Threads inside _fail_all (delivery callbacks run there too).
+        self._failing_threads: set[int] = set()
         self._sender = threading.Thread(target=self._run, name="strom-producer", daemon=True)
         self._sender.start()
 
@@ -496,7 +503,7 @@ class Producer:
             err = result.error
             callback(None if err else result.metadata(index), err)
 
-        result.on_done(done)
+        result.on_delivery(done)  # runs before the record's future is done (BatchResult)
 
     def _make_room(self, topic: str, partition: int, size: int) -> ProducerBatch:
         """With the lock held: the partition's open batch with room for ``size`` more bytes,
@@ -644,7 +651,13 @@ class Producer:
         return _gather(chunks)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send everything queued so far and wait until it is acknowledged or failed."""
+        """Send everything queued so far and wait until it is acknowledged or failed, and
+        every delivery callback (``send(callback=...)``) of those records has run.
+
+        Not from inside a delivery callback: callbacks run on the thread that delivers the
+        records, which cannot wait for itself, so this raises :class:`ProducerCallbackError`
+        at once there instead of hanging."""
+        self._refuse_in_callback("flush()")
         with self._lock:
             pending = [b.result for pq in self._queues.values() for b in pq.batches]
             self._flushing += 1
@@ -653,11 +666,27 @@ class Producer:
             end = None if timeout is None else time.monotonic() + timeout
             for r in pending:
                 left = None if end is None else max(end - time.monotonic(), 0)
-                if not r.wait(left):
+                if not r.wait_callbacks(left):
                     raise RequestTimedOutError(f"flush did not finish within {timeout} s")
         finally:
             with self._lock:
                 self._flushing -= 1
+
+    def _delivering(self) -> bool:
+        """Whether this thread delivers this producer's records: the sender thread, or one
+        failing them all (``close()``), where delivery callbacks run."""
+        return (
+            threading.current_thread() is self._sender
+            or threading.get_ident() in self._failing_threads
+        )
+
+    def _refuse_in_callback(self, action: str) -> None:
+        if self._delivering():
+            raise ProducerCallbackError(
+                f"{action} cannot be called from a delivery callback: callbacks run on the "
+                "thread that delivers the records, which would wait for itself; flush from "
+                "another thread (or close() the producer, which does not wait there)"
+            )
 
     # -- transactions (DESIGN §6; strom.client.transactions) --------------------------------
 
@@ -820,9 +849,17 @@ class Producer:
         not yet acknowledged fail with :class:`RequestTimedOutError`: they may have been
         written (retrying them may duplicate). An open transaction is aborted first, as is
         one that failed (abortable error); a commit that got no answer is left to its
-        coordinator."""
+        coordinator.
+
+        From a delivery callback it closes at once, as ``close(0)`` (as Kafka's Java client
+        does on its I/O thread): the callback runs on the thread that delivers the records,
+        which can neither wait for them nor for itself (found from outside: it raised
+        "cannot join current thread", swallowed, and left the producer half-closed)."""
         if self._closed:
             return
+        own = self._delivering()
+        if own:
+            timeout = 0
         # One deadline for every step (found from outside: close(timeout=2) took 4 s).
         end = None if timeout is None else time.monotonic() + timeout
 
@@ -837,11 +874,13 @@ class Producer:
         ):
             with contextlib.suppress(StromError):
                 self.abort_transaction(left())
-        with contextlib.suppress(StromError):
-            self.flush(left())
+        if not own:
+            with contextlib.suppress(StromError):
+                self.flush(left())
         self._closing = True
         self._wake.set()
-        self._sender.join(left())
+        if threading.current_thread() is not self._sender:
+            self._sender.join(left())
         self._closed = True
         # Found from outside: records in flight were reported "never sent", then appended
         # once the leader answered again; a user retrying them wrote them twice.
@@ -1760,6 +1799,16 @@ class Producer:
     def _fail_all(self, err: StromError, in_flight: StromError | None = None) -> None:
         """Fail every queued batch with ``err``; with ``in_flight``, the batches sent at least
         once (in flight now, or waiting to be retried) fail with that instead."""
+        me = threading.get_ident()
+        nested = me in self._failing_threads
+        self._failing_threads.add(me)
+        try:
+            self._fail_batches(err, in_flight)
+        finally:
+            if not nested:
+                self._failing_threads.discard(me)
+
+    def _fail_batches(self, err: StromError, in_flight: StromError | None) -> None:
         with self._lock:
             victims = [
                 (pq, [(b, b.sent or b.maybe_written) for b in pq.batches])
