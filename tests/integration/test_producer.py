@@ -821,3 +821,33 @@ def test_close_from_a_delivery_callback_closes_at_once(env: Env) -> None:
     started = time.monotonic()
     p.close(5)
     assert time.monotonic() - started < 1
+
+
+def test_header_keys_are_text_and_other_types_are_refused(env: Env) -> None:
+    """Headers are (str, bytes) pairs (DESIGN §1). A bytes key is taken as UTF-8 text (found
+    from outside: b"trace-id" was stored as "b'trace-id'", 7 as "7"); a key or value of any
+    other type is refused naming the header and the type (an int value failed with a bare
+    "object of type 'int' has no len()"); so is a key that is not UTF-8."""
+    t = env.topic()
+    with Producer(env.bootstrap) as p:
+        md = p.send(t, b"v", headers=[(b"trace-id", b"abc"), ("s", "x"), ("n", None)])
+        chunks = p.send_batch(t, [b"b0", b"b1"], headers=[[(b"batch", b"1")], None])
+        assert md.result(10).offset == 0 and chunks.result(10)[0].base_offset == 1
+        assert p.send(t, b"d", headers={"from": b"dict"}).result(10).offset == 3
+        with pytest.raises(TypeError, match=r"header key 7 must be a str .*got int"):
+            p.send(t, b"v", headers=[(7, b"x")])
+        with pytest.raises(TypeError, match=r"header 'n': value must be .*got int"):
+            p.send(t, b"v", headers=[("n", 5)])
+        with pytest.raises(ValueError, match="not UTF-8"):
+            p.send(t, b"v", headers=[(b"\xff", b"x")])
+        with pytest.raises(TypeError, match=r"header key 7 must be a str"):
+            p.send_batch(t, [b"v"], headers=[[(7, b"x")]])
+        with pytest.raises(TypeError, match="pairs"):
+            p.send(t, b"v", headers=[("only-a-key",)])
+    records = env.read(t)
+    assert [list(r.headers or []) for r in records] == [
+        [("trace-id", b"abc"), ("s", b"x"), ("n", None)],
+        [("batch", b"1")],
+        [],
+        [("from", b"dict")],
+    ]

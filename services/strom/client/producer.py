@@ -1858,10 +1858,45 @@ def _check_timestamp(ts: Any) -> int:
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes | None]]:
-    try:
-        return [(str(h), v.encode() if isinstance(v, str) else v) for h, v in headers]
-    except (TypeError, ValueError):
-        raise TypeError(f"headers must be (str, bytes) pairs, got {headers!r}") from None
+    """A record's headers as DESIGN §1 has them, (str, bytes | None) pairs, from a list of
+    pairs or a mapping (confluent-kafka takes both). A bytes key is decoded as UTF-8, as a
+    Kafka user who writes ``b"trace-id"`` means; any other type is refused naming the header
+    (found from outside: ``b"trace-id"`` was stored as ``"b'trace-id'"``, 7 as ``"7"``, and
+    an int value failed with a bare ``object of type 'int' has no len()``)."""
+    if isinstance(headers, Mapping):
+        headers = headers.items()
+    elif isinstance(headers, str | bytes) or not isinstance(headers, Iterable):
+        raise TypeError(f"headers must be a list of (key, value) pairs, got {headers!r}")
+    out = []
+    for item in headers:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise TypeError(f"headers must be (key, value) pairs, got {item!r}")
+        key, value = item
+        out.append((_header_key(key), _header_value(key, value)))
+    return out
+
+
+def _header_key(key: Any) -> str:
+    if type(key) is str:
+        return key
+    if isinstance(key, bytes | bytearray | memoryview):
+        try:
+            return bytes(key).decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"header key {bytes(key)!r} is not UTF-8: keys are text") from None
+    if isinstance(key, str):
+        return str(key)  # a str subclass
+    raise TypeError(f"header key {key!r} must be a str (or UTF-8 bytes), got {type(key).__name__}")
+
+
+def _header_value(key: Any, value: Any) -> bytes | None:
+    if value is None or type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"header {key!r}: value must be bytes, str or None, got {type(value).__name__}")
 
 
 def _seq_before(a: int, b: int) -> bool:
@@ -1897,15 +1932,7 @@ def _as_table(values: Any, keys: Any, headers: Any, timestamps: Any) -> pa.Table
         cols["headers"] = (
             headers
             if isinstance(headers, pa.Array)
-            else pa.array(
-                [
-                    None
-                    if h is None
-                    else [(k, v.encode() if isinstance(v, str) else v) for k, v in h]
-                    for h in headers
-                ],
-                type=HEADERS_TYPE,
-            )
+            else pa.array([None if h is None else _headers(h) for h in headers], type=HEADERS_TYPE)
         )
     if timestamps is not None:
         cols["timestamp"] = (
