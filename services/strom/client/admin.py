@@ -50,7 +50,7 @@ import grpc
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
 from strom.argtypes import datetime_ms
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, older_node
-from strom.client.kwnames import kafka_keywords
+from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.errors import (
@@ -780,7 +780,9 @@ class Admin:
         resp = self._controller(
             "CreateTopics",
             controller_pb2.CreateTopicsRequest(
-                topics=items, timeout_ms=self._server_wait_ms, validate_only=validate_only
+                topics=items,
+                timeout_ms=self._server_wait_ms,
+                validate_only=bool_option("validate_only", validate_only),
             ),
         )
         out: dict[str, CreateTopicResult] = {}
@@ -823,7 +825,8 @@ class Admin:
         read like a list of names while the id and partition count are at hand.
         """
         resp = self._controller(
-            "ListTopics", controller_pb2.ListTopicsRequest(include_internal=internal)
+            "ListTopics",
+            controller_pb2.ListTopicsRequest(include_internal=bool_option("internal", internal)),
         )
         return {
             t.name: TopicListing(t.name, t.topic_id, t.partition_count, t.internal)
@@ -893,7 +896,7 @@ class Admin:
                     )
                 ],
                 timeout_ms=self._server_wait_ms,
-                validate_only=validate_only,
+                validate_only=bool_option("validate_only", validate_only),
             ),
         )
         _raise_first(
@@ -937,7 +940,8 @@ class Admin:
         resp = self._controller(
             "DescribeConfigs",
             controller_pb2.DescribeConfigsRequest(
-                resources=[res], include_documentation=documentation
+                resources=[res],
+                include_documentation=bool_option("documentation", documentation),
             ),
         )
         out: dict[str, ConfigEntry] = {}
@@ -1013,7 +1017,7 @@ class Admin:
                         configs=ops,
                     )
                 ],
-                validate_only=validate_only,
+                validate_only=bool_option("validate_only", validate_only),
             ),
         )
         _raise_first(
@@ -1031,7 +1035,9 @@ class Admin:
         ``include_coordinators``, the coordinator owning each consumer-group shard."""
         resp = self._controller(
             "DescribeCluster",
-            controller_pb2.DescribeClusterRequest(include_coordinators=include_coordinators),
+            controller_pb2.DescribeClusterRequest(
+                include_coordinators=bool_option("include_coordinators", include_coordinators)
+            ),
         )
         nodes = tuple(
             NodeInfo(
@@ -1423,7 +1429,7 @@ class Admin:
             controller_pb2.ElectLeadersRequest(
                 election_type=(
                     controller_pb2.ELECTION_TYPE_UNCLEAN
-                    if unclean
+                    if bool_option("unclean", unclean)
                     else controller_pb2.ELECTION_TYPE_PREFERRED
                 ),
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in tps],

@@ -37,7 +37,7 @@ import pyarrow as pa
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
-from strom.client.kwnames import kafka_keywords
+from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.membership import GroupMembership
 from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
@@ -173,6 +173,8 @@ class Consumer:
                 "isolation_level must be 'read_uncommitted' or 'read_committed', got "
                 f"{isolation_level!r}"
             )
+        enable_auto_commit = bool_option("enable_auto_commit", enable_auto_commit)
+        check_crcs = bool_option("check_crcs", check_crcs)
         _int_arg("fetch_min_bytes", fetch_min_bytes, 0)
         _int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0)
         _int_arg("fetch_max_bytes", fetch_max_bytes, 1)
@@ -204,7 +206,7 @@ class Consumer:
         self.group_id = group_id
         self.config: dict[str, Any] = {
             "auto_offset_reset": auto_offset_reset,
-            "enable_auto_commit": bool(enable_auto_commit) and group_id is not None,
+            "enable_auto_commit": enable_auto_commit and group_id is not None,
             "auto_commit_interval_ms": auto_commit_interval_ms,
             "commit_linger_ms": commit_linger_ms,
             "fetch_min_bytes": fetch_min_bytes,
@@ -217,7 +219,7 @@ class Consumer:
             "request_timeout_ms": request_timeout_ms,
             "retry_backoff_ms": retry_backoff_ms,
             "retry_backoff_max_ms": retry_backoff_max_ms,
-            "check_crcs": bool(check_crcs),
+            "check_crcs": check_crcs,
             "consumer_timeout_ms": consumer_timeout_ms,
             "group_instance_id": group_instance_id,
             "group_remote_assignor": group_remote_assignor,
@@ -271,7 +273,7 @@ class Consumer:
             max_wait_ms=fetch_max_wait_ms,
             max_bytes=fetch_max_bytes,
             partition_max_bytes=max_partition_fetch_bytes,
-            check_crcs=bool(check_crcs),
+            check_crcs=check_crcs,
             request_timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             backoff_max_s=retry_backoff_max_ms / 1000.0,
@@ -942,6 +944,7 @@ class Consumer:
         leave lets the group wait for the session timeout)."""
         if self._closing:
             return
+        autocommit = bool_option("autocommit", autocommit)
         if timeout_ms is not None:
             if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
                 raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")

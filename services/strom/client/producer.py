@@ -80,7 +80,7 @@ from strom.client.accumulator import (
 from strom.client.cluster import ClusterClient, refused
 from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
-from strom.client.kwnames import kafka_keywords
+from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
 from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
@@ -261,6 +261,8 @@ class Producer:
         ssl_keyfile: str | None = None,
         token: str | None = None,
     ) -> None:
+        if enable_idempotence is not None:
+            enable_idempotence = bool_option("enable_idempotence", enable_idempotence)
         if acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
         self.acks = _ACKS[acks]
