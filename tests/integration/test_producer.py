@@ -851,3 +851,14 @@ def test_header_keys_are_text_and_other_types_are_refused(env: Env) -> None:
         [],
         [("from", b"dict")],
     ]
+
+
+def test_send_batch_names_a_partition_of_the_wrong_type(env: Env) -> None:
+    """Found from outside: send_batch(partition="1") failed with a bare "'<=' not
+    supported between instances of 'int' and 'str'"."""
+    t = env.topic(partitions=2)
+    with Producer(env.bootstrap) as p:
+        for bad in ("1", 1.0, True):
+            with pytest.raises(TypeError, match=f"partition must be an int, got {bad!r}"):
+                p.send_batch(t, [b"v"], partition=bad)  # type: ignore[arg-type]
+        assert p.send_batch(t, [b"v"], partition=1).result(10)[0].partition == 1

@@ -495,11 +495,11 @@ def _offset_spec(tp: TopicPartition, spec: object) -> int:
             return datetime_ms(spec)  # naive: local time
         except ValueError as exc:
             raise InvalidRequestError(f"{tp.topic}-{tp.partition}: {exc}") from None
-    elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
-        return spec
+    elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= -3:
+        return spec  # (-1, -2, -3: Kafka's ListOffsets numbers for latest, earliest, max)
     raise InvalidRequestError(
-        f"{tp.topic}-{tp.partition}: offset spec {spec!r} is not 'earliest', 'latest', "
-        "'max_timestamp', a timestamp in ms since the epoch (>= 0) or a datetime"
+        f"{tp.topic}-{tp.partition}: offset spec {spec!r} is not 'earliest' (-2), 'latest' "
+        "(-1), 'max_timestamp' (-3), a timestamp in ms since the epoch (>= 0) or a datetime"
     )
 
 
@@ -1076,7 +1076,8 @@ class Admin:
         """Look offsets up on each partition's leader (one request per leader).
 
         "earliest" is the log start offset, "latest" the offset the next committed record will
-        get (the high watermark), both with timestamp -1. A time gives the first record at or
+        get (the high watermark), both with timestamp -1; Kafka's numbers for them, -2 and -1
+        (and -3 for "max_timestamp"), are taken too. A time gives the first record at or
         after it and that record's timestamp, "max_timestamp" the largest timestamp and the
         offset of the first record holding it (as Kafka 3.8+); when no record matches, the
         partition maps to None (as Kafka's ``offsets_for_times``). With "read_committed", a
@@ -1119,19 +1120,20 @@ class Admin:
         self, before: Mapping[TopicPartition, int | Literal["latest"]]
     ) -> dict[TopicPartition, int]:
         """Delete every record below the given offset of each partition; returns each
-        partition's new low watermark (its first readable offset). "latest" deletes everything
-        committed. An offset above the high watermark raises OffsetOutOfRangeError. Offsets are
-        never reused: the next record still gets the next offset."""
+        partition's new low watermark (its first readable offset). "latest" (or -1, as in
+        Kafka's DeleteRecords) deletes everything committed. An offset above the high
+        watermark raises OffsetOutOfRangeError. Offsets are never reused: the next record
+        still gets the next offset."""
         wanted: dict[TopicPartition, int] = {}
         for tp, offset in _tp_map(before, "delete_records").items():
-            if offset == "latest":
+            if offset == "latest" or (offset == -1 and not isinstance(offset, bool)):
                 wanted[tp] = -1
             elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
                 wanted[tp] = offset
             else:
                 raise InvalidRequestError(
                     f"{tp.topic}-{tp.partition}: delete_records takes an offset >= 0 or "
-                    f"'latest' (everything committed), not {offset!r}"
+                    f"'latest' / -1 (everything committed), not {offset!r}"
                 )
 
         def request(group: Mapping[TopicPartition, int]) -> storage_pb2.DeleteRecordsRequest:

@@ -612,6 +612,11 @@ class Producer:
             done: Future[list[BatchMetadata]] = Future()
             done.set_result([])
             return done
+        if partition is not None and (
+            isinstance(partition, bool) or not isinstance(partition, int)
+        ):
+            # (found from outside: partition="1" failed with a bare "'<=' not supported")
+            raise TypeError(f"partition must be an int, got {partition!r}")
         n = self._counts.get(topic) or self._topic_partitions(topic)
         if partition is not None and not 0 <= partition < n:
             n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
