@@ -483,7 +483,15 @@ class _LoopListener:
             except RuntimeError:  # the loop is closed: the coroutine can never run
                 result.close()
                 raise
-            future.result()
+            # This thread is inside the poll (it holds the consumer: ConcurrentModification-
+            # Error for any other) and does nothing but wait: the coroutine's calls
+            # (``await consumer.commit()``, in a thread of their own) may use the consumer.
+            sync = self._consumer._sync
+            sync._lent = True
+            try:
+                future.result()
+            finally:
+                sync._lent = False
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -643,6 +643,13 @@ class TransactionCoordinatorFencedError(StromError):
     default_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
+class ConcurrentModificationError(StromError):
+    """A client meant for one thread was entered by a second one while a first was inside
+    (Kafka's ConcurrentModificationException, "KafkaConsumer is not safe for multi-threaded
+    access"): a Consumer polled from several threads hands records out twice and skips
+    others. Raised on the second thread, at once; the first goes on undisturbed."""
+
+
 class AuthenticationError(StromError):
     """The server did not accept who the client is (gRPC UNAUTHENTICATED): no client
     certificate or bearer token, or one it does not trust. Not retriable."""

@@ -25,12 +25,14 @@ positions, commit, close), and its heartbeat thread runs beside the application'
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -43,7 +45,7 @@ from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
-from strom.errors import InvalidGroupIdError, StromError
+from strom.errors import ConcurrentModificationError, InvalidGroupIdError, StromError
 from strom.record import Record
 from strom.security.channel import client_security
 
@@ -60,6 +62,7 @@ GROUP_INLINE_WAIT_S = 0.2
 
 __all__ = [
     "CONSUMER_SCHEMA",
+    "ConcurrentModificationError",
     "Consumer",
     "GroupMembership",
     "GroupsNotSupportedError",
@@ -82,6 +85,41 @@ class NoOffsetForPartitionError(StromError):
 class GroupsNotSupportedError(StromError, NotImplementedError):
     """Consumer groups need the group coordinator, which this strom version does not have yet.
     Also a NotImplementedError, so generic handlers recognise it."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_thread(method: F) -> F:
+    """Guard a Consumer method that reads or moves positions (Kafka's acquire()): one
+    thread at a time may be inside such a call; a second thread entering meanwhile gets
+    :class:`ConcurrentModificationError` at once instead of racing over the positions (found
+    from outside: four threads polling one consumer got thousands of records twice, skipped
+    offsets, and an IndexError from the fetcher). The owner may re-enter (a rebalance
+    listener's commit() inside poll()). ``close()`` stays callable from any thread, as
+    documented. The marker is a lock taken without blocking: a poll pays for one acquire."""
+
+    @functools.wraps(method)
+    def guarded(self: Consumer, *args: Any, **kwargs: Any) -> Any:
+        me = threading.get_ident()
+        if self._owner == me or self._lent:
+            return method(self, *args, **kwargs)
+        if not self._entry.acquire(blocking=False):
+            raise ConcurrentModificationError(
+                f"{method.__name__.lstrip('_')}(): the consumer is in use by another thread "
+                "(a Consumer is not safe for multi-threaded access): poll, commit, seek and "
+                "assign from "
+                "one thread, or give each thread its own consumer; close() may be called "
+                "from any thread"
+            )
+        self._owner = me
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._owner = 0
+            self._entry.release()
+
+    return guarded  # type: ignore[return-value]
 
 
 def _int_arg(name: str, value: Any, minimum: int) -> int:
@@ -120,8 +158,10 @@ class Consumer:
     :meth:`commit_async`). ``session_timeout_ms`` and ``heartbeat_interval_ms`` are refused
     (ValueError), as Kafka's KIP-848 consumer refuses them: the coordinator sets both for
     the whole group (``--group-session-timeout-ms``, ``--group-heartbeat-interval-ms``).
-    The consumer is meant for one application thread; ``close()`` may be called from another
-    thread to stop a blocking ``poll()`` or iteration. A group member whose application does
+    The consumer is meant for one application thread (a second thread entering a call that
+    reads or moves positions while one is inside gets :class:`ConcurrentModificationError`);
+    ``close()`` may be called from another thread to stop a blocking ``poll()`` or
+    iteration. A group member whose application does
     not call ``poll()`` for ``max_poll_interval_ms`` (default 5 minutes; time blocked inside
     a poll does not count) leaves the group, so its partitions move to members that read;
     the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
@@ -232,6 +272,13 @@ class Consumer:
             None if consumer_timeout_ms is None else consumer_timeout_ms / 1000.0
         )
         self._client_md = (("strom-client-id", self.client_id),)
+        #: One thread at a time inside the calls that read or move positions (_one_thread):
+        #: the marker, the thread holding it, and whether the holder has lent the consumer
+        #: to the thread it waits on (strom.aio runs a coroutine rebalance listener on the
+        #: event loop while the poll's thread waits for it: that listener's commit()).
+        self._entry = threading.Lock()
+        self._owner = 0
+        self._lent = False
         self._closed = False
         #: Set when close() begins (``_closed`` when it has given up the group): the rebalance
         #: listener that close() runs may still commit, read positions and the assignment.
@@ -311,6 +358,7 @@ class Consumer:
         self._moved = True
         self._fetcher.assign(set(partitions))
 
+    @_one_thread
     def subscribe(
         self,
         topics: Sequence[str] | None = None,
@@ -335,6 +383,7 @@ class Consumer:
         """Topics subscribed to through the group (empty with manual assignment)."""
         return set(self._subscription or ())
 
+    @_one_thread
     def unsubscribe(self) -> None:
         """Leave the subscription (and the group) and drop every assigned partition, as
         Kafka's unsubscribe does for manual assignments too."""
@@ -345,6 +394,7 @@ class Consumer:
         self._moved = True
         self._fetcher.assign(set())
 
+    @_one_thread
     def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None) -> None:
         """Commit ``offsets`` (default: the current positions) for the group, synchronously.
 
@@ -354,6 +404,7 @@ class Consumer:
         group = self._require_group("commit()")
         group.commit(self._commit_offsets(offsets), self._timeout_s)
 
+    @_one_thread
     def commit_async(
         self,
         offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None,
@@ -411,6 +462,7 @@ class Consumer:
 
     # -- assignment -----------------------------------------------------------------------
 
+    @_one_thread
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Consume exactly ``partitions`` (replacing any previous assignment). Partitions that
         stay assigned keep their position; new ones start at auto_offset_reset (no committed
@@ -459,6 +511,7 @@ class Consumer:
 
     # -- positions ------------------------------------------------------------------------
 
+    @_one_thread
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next record ``poll()`` returns for ``partition``. An offset
         outside the log is found out on the next fetch and handled by auto_offset_reset."""
@@ -474,6 +527,7 @@ class Consumer:
         self._moved = True
         self._fetcher.seek(tp, offset)
 
+    @_one_thread
     def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Start ``partitions`` (default: all assigned) at their log start offset. Looked up
         lazily, on the next ``poll()`` or ``position()``, as Kafka does."""
@@ -481,6 +535,7 @@ class Consumer:
         self._moved = True
         self._fetcher.request_reset(tps, "earliest")
 
+    @_one_thread
     def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Start ``partitions`` (default: all assigned) at their high watermark (the offset
         the next committed record will get). Looked up lazily, like seek_to_beginning."""
@@ -488,6 +543,7 @@ class Consumer:
         self._moved = True
         self._fetcher.request_reset(tps, "latest")
 
+    @_one_thread
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record ``poll()`` will return for ``partition``; looks it up
         first if it is not known yet (new assignment, after seek_to_*). While an iteration
@@ -683,6 +739,7 @@ class Consumer:
 
     # -- flow control ---------------------------------------------------------------------
 
+    @_one_thread
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         """Stop fetching ``partitions`` (buffered data for them is dropped and fetched again
         after resume(), from the position). Inside ``for record in consumer`` the position
@@ -702,6 +759,7 @@ class Consumer:
         self._moved = True
         self._fetcher.pause(tps)
 
+    @_one_thread
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
         """Fetch ``partitions`` again."""
         self._fetcher.resume(self._assigned(list(partitions), "resume()"))
@@ -759,6 +817,7 @@ class Consumer:
             return default
         return _int_arg("max_records", max_records, 1)
 
+    @_one_thread
     def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
         self._ensure_open()
         if self._handing is not None:
