@@ -650,6 +650,12 @@ class ConcurrentModificationError(StromError):
     others. Raised on the second thread, at once; the first goes on undisturbed."""
 
 
+class ForkedClientError(StromError):
+    """A client made before ``os.fork()`` was used in the child: gRPC connections do not
+    survive a fork (the child has none of the threads that serve them), so create clients
+    after the fork, in each process (strom.client.forks)."""
+
+
 class AuthenticationError(StromError):
     """The server did not accept who the client is (gRPC UNAUTHENTICATED): no client
     certificate or bearer token, or one it does not trust. Not retriable."""

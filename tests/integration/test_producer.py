@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
+import select
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -851,6 +854,87 @@ def test_header_keys_are_text_and_other_types_are_refused(env: Env) -> None:
         [],
         [("from", b"dict")],
     ]
+
+
+def _in_forked_child(check: Any) -> str:
+    """Run ``check()`` in a forked child; returns what it reported through a pipe (the
+    child exits with os._exit, whatever happens)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        try:
+            report = check()
+        except BaseException as exc:  # (reported to the parent)
+            report = f"{type(exc).__name__}: {exc}"
+        os.write(write_end, report.encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as pipe:
+            ready, _, _ = select.select([pipe], [], [], 60)
+            if not ready:  # a child that hangs (as with a client made before the fork)
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail("the forked child did not report within 60 s")
+            out = pipe.read().decode()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return out
+
+
+def test_clients_used_in_a_forked_child_fail_clearly(env: Env) -> None:
+    """gRPC is not fork-safe: a Producer made before os.fork() took the child's send() and
+    its result() timed out for ever (found from outside). Now every client used in the child
+    raises ForkedClientError at once, naming the process that made it; close() there does
+    nothing (its threads and connections are the parent's), and the parent's clients go on."""
+    from strom.client.admin import Admin
+    from strom.errors import ForkedClientError
+
+    t = env.topic()
+    parent = os.getpid()
+    p = Producer(env.bootstrap)
+    c = Consumer(env.bootstrap, auto_offset_reset="earliest")
+    a = Admin(env.bootstrap)
+    try:
+        p.send(t, b"before").result(10)
+        c.assign([TopicPartition(t, 0)])
+        assert len(c.poll(timeout_ms=5000)) == 1
+
+        def calls() -> list[Any]:
+            return [
+                lambda: p.send(t, b"in-child"),
+                lambda: p.send_batch(t, [b"x"]),
+                lambda: p.flush(1),
+                lambda: c.poll(timeout_ms=100),
+                lambda: c.seek(TopicPartition(t, 0), 0),
+                lambda: a.list_topics(),
+            ]
+
+        def child() -> str:
+            reports = []
+            for call in calls():
+                started = time.monotonic()
+                try:
+                    call()
+                    reports.append("accepted")
+                except ForkedClientError as exc:
+                    ok = f"created in process {parent}" in str(exc) and "after fork()" in str(exc)
+                    reports.append("refused" if ok else str(exc))
+                assert time.monotonic() - started < 1
+            p.close(1)
+            c.close()
+            a.close()
+            return ",".join(reports)
+
+        assert _in_forked_child(child) == ",".join(["refused"] * len(calls()))
+        assert p.send(t, b"after").result(10).offset == 1  # the parent's are unharmed
+        assert [r.value for r in c.poll(timeout_ms=5000)] == [b"after"]
+        assert t in a.list_topics()
+    finally:
+        p.close()
+        c.close()
+        a.close()
 
 
 def test_send_batch_names_a_partition_of_the_wrong_type(env: Env) -> None:

@@ -49,6 +49,7 @@ import grpc
 
 from strom.api import common_pb2, controller_pb2, metadata_pb2, storage_pb2
 from strom.argtypes import datetime_ms
+from strom.client import forks
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, older_node
 from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.transactions import TransactionManager
@@ -690,12 +691,19 @@ class Admin:
                 raise InvalidRequestError(str(exc)) from None
         self._client = cluster_client
         self._closed = False
+        forks.track(self)
 
     # The servers' own waits (e.g. for a deletion to reach every replica) get part of an
     # attempt's budget, so they answer before this client's deadline cuts the attempt.
     @property
     def _server_wait_ms(self) -> int:
         return max(1, self.request_timeout_ms * 4 // 5)
+
+    def _ensure_open(self) -> None:
+        if self._forked_from:
+            raise forks.error(self)
+        if self._closed:
+            raise StromError("the Admin client is closed")
 
     def close(self) -> None:
         """Close the connections (unless the ClusterClient was passed in). Idempotent."""
@@ -711,8 +719,7 @@ class Admin:
         self.close()
 
     def _controller(self, method: str, request: Any) -> Any:
-        if self._closed:
-            raise StromError("the Admin client is closed")
+        self._ensure_open()
         return self._client.controller_call(
             method,
             request,
@@ -1175,8 +1182,7 @@ class Admin:
         Each attempt gets ``request_timeout_ms`` (or what is left of the overall timeout): a
         leader that hangs is given up on in time to ask the metadata again and retry at the
         replica that took over (found from outside: one attempt used to take it all)."""
-        if self._closed:
-            raise StromError("the Admin client is closed")
+        self._ensure_open()
         client = self._client
         attempt_s = self.request_timeout_ms / 1000
         deadline = time.monotonic() + self.default_api_timeout_ms / 1000
@@ -1281,8 +1287,7 @@ class Admin:
         Returns ``{id: (producer id, new epoch)}``; raises the first failure (the other ids
         are fenced anyway).
         """
-        if self._closed:
-            raise StromError("the Admin client is closed")
+        self._ensure_open()
         ids = list(dict.fromkeys(transactional_ids))
         for tid in ids:
             if not isinstance(tid, str) or not tid:

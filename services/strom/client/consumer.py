@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from strom.client import forks
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
@@ -101,6 +102,8 @@ def _one_thread(method: F) -> F:
 
     @functools.wraps(method)
     def guarded(self: Consumer, *args: Any, **kwargs: Any) -> Any:
+        if self._forked_from:  # (before the marker, which a parent's thread may hold)
+            raise forks.error(self)
         me = threading.get_ident()
         if self._owner == me or self._lent:
             return method(self, *args, **kwargs)
@@ -243,6 +246,7 @@ class Consumer:
             raise ValueError("fetch_max_bytes and max_partition_fetch_bytes must fit in int32")
 
         self.client_id = client_id or f"strom-consumer-{next(_client_ids)}"
+        forks.track(self)
         self.group_id = group_id
         self.config: dict[str, Any] = {
             "auto_offset_reset": auto_offset_reset,
@@ -985,6 +989,8 @@ class Consumer:
     # -- lifecycle ------------------------------------------------------------------------
 
     def _ensure_open(self) -> None:
+        if self._forked_from:
+            raise forks.error(self)
         if self._closed:
             raise IllegalStateError("the consumer is closed")
 
@@ -1002,6 +1008,9 @@ class Consumer:
         does: a step that finds no time left is skipped (an unsent commit is lost, an unsent
         leave lets the group wait for the session timeout)."""
         if self._closing:
+            return
+        if self._forked_from:  # the threads and connections are the parent's: nothing to do
+            self._closing = self._closed = True
             return
         autocommit = bool_option("autocommit", autocommit)
         if timeout_ms is not None:

@@ -70,7 +70,7 @@ import grpc
 import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
-from strom.client import trace
+from strom.client import forks, trace
 from strom.client.accumulator import (
     BATCH_OVERHEAD,
     RECORD_OVERHEAD,
@@ -334,6 +334,7 @@ class Producer:
         self.key_serializer = key_serializer
         self.value_serializer = value_serializer
         self.client_id = client_id or f"strom-producer-{next(_client_ids)}"
+        forks.track(self)
         #: Sent with every Produce: the nodes count bytes per client id (metrics).
         self._client_md = (("strom-client-id", self.client_id),)
         self._client = ClusterClient(
@@ -419,7 +420,7 @@ class Producer:
         """
         # The hot path: every line here is paid once per record (see the module docstring).
         if self._closing:
-            raise ProducerClosedError("the producer is closed")
+            raise self._closed_error()
         txn = self._txn
         if txn is not None and txn.phase is not TxnPhase.IN_TRANSACTION:
             txn.require(TxnPhase.IN_TRANSACTION, action="send()")  # raises the right error
@@ -604,7 +605,7 @@ class Producer:
         Returns one Future of the list of :class:`BatchMetadata` (one per batch, in order).
         """
         if self._closing:
-            raise ProducerClosedError("the producer is closed")
+            raise self._closed_error()
         if self._txn is not None:
             self._txn.require(TxnPhase.IN_TRANSACTION, action="send_batch()")
         table = _as_table(values, keys, headers, timestamps)
@@ -664,6 +665,8 @@ class Producer:
         Not from inside a delivery callback: callbacks run on the thread that delivers the
         records, which cannot wait for itself, so this raises :class:`ProducerCallbackError`
         at once there instead of hanging."""
+        if self._forked_from:
+            raise forks.error(self)
         self._refuse_in_callback("flush()")
         with self._lock:
             pending = [b.result for pq in self._queues.values() for b in pq.batches]
@@ -847,8 +850,20 @@ class Producer:
         if self._txn is None:
             raise InvalidTxnStateError("this producer has no transactional_id")
         if self._closing:
-            raise ProducerClosedError("the producer is closed")
+            raise self._closed_error()
         return self._txn
+
+    def _closed_error(self) -> StromError:
+        """Why a closed producer refuses a call: closed, or made in the parent of this
+        forked process (strom.client.forks)."""
+        if self._forked_from:
+            return forks.error(self)
+        return ProducerClosedError("the producer is closed")
+
+    def _after_fork(self) -> None:
+        """In a forked child (strom.client.forks): the sender thread and the connections are
+        the parent's, so every call is refused (``send`` tests ``_closing`` anyway)."""
+        self._closing = True
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the sender and release connections, within ``timeout`` seconds in all.
@@ -863,6 +878,9 @@ class Producer:
         which can neither wait for them nor for itself (found from outside: it raised
         "cannot join current thread", swallowed, and left the producer half-closed)."""
         if self._closed:
+            return
+        if self._forked_from:  # the threads and connections are the parent's: nothing to do
+            self._closed = True
             return
         own = self._delivering()
         if own:
@@ -905,6 +923,8 @@ class Producer:
 
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition numbers (fetching metadata if needed)."""
+        if self._forked_from:
+            raise forks.error(self)
         n = self._counts.get(topic) or self._topic_partitions(topic)
         return list(range(n))
 
