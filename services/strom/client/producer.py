@@ -405,7 +405,7 @@ class Producer:
         topic: str,
         value: Any = None,
         key: Any = None,
-        headers: Sequence[tuple[str, bytes | str]] | None = None,
+        headers: Sequence[tuple[str | bytes, Any]] | Mapping[str | bytes, Any] | None = None,
         partition: int | None = None,
         timestamp_ms: int | None = None,
         callback: Callable[[Any, BaseException | None], object] | None = None,
@@ -413,7 +413,9 @@ class Producer:
         """Queue one record; returns a Future of its :class:`RecordMetadata`.
 
         ``callback(metadata, exception)`` (one of them None) runs on the producer's thread
-        when the record is acknowledged or failed. Blocks up to ``max_block_ms`` when the
+        when the record is acknowledged or failed, before its future completes (so
+        :meth:`flush` returns after it has run). ``headers`` are (str, bytes) pairs or a
+        mapping; a bytes key is read as UTF-8. Blocks up to ``max_block_ms`` when the
         topic's metadata is not known yet, when ``partition`` was added so recently that the
         nodes have not learnt it yet (a partition the controller does not have either fails
         at once), or when the buffer is full.
