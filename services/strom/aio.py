@@ -171,6 +171,7 @@ class Consumer:
         partitions_for_topic = _awaitable(_C.partitions_for_topic)
         position = _awaitable(_C.position)
         seek_to_beginning = _awaitable(_C.seek_to_beginning)
+        seek_to_committed = _awaitable(_C.seek_to_committed)
         seek_to_end = _awaitable(_C.seek_to_end)
         topics = _awaitable(_C.topics)
         unsubscribe = _awaitable(_C.unsubscribe)
@@ -545,7 +546,15 @@ class _LoopListener:
             except RuntimeError:  # the loop is closed: the coroutine can never run
                 result.close()
                 raise
-            future.result()
+            # This thread is inside the poll (it holds the consumer: ConcurrentModification-
+            # Error for any other) and does nothing but wait: the coroutine's calls
+            # (``await consumer.commit()``, in a thread of their own) may use the consumer.
+            sync = self._consumer._sync
+            sync._lent = True
+            try:
+                future.result()
+            finally:
+                sync._lent = False
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -643,6 +643,19 @@ class TransactionCoordinatorFencedError(StromError):
     default_code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
+class ConcurrentModificationError(StromError):
+    """A client meant for one thread was entered by a second one while a first was inside
+    (Kafka's ConcurrentModificationException, "KafkaConsumer is not safe for multi-threaded
+    access"): a Consumer polled from several threads hands records out twice and skips
+    others. Raised on the second thread, at once; the first goes on undisturbed."""
+
+
+class ForkedClientError(StromError):
+    """A client made before ``os.fork()`` was used in the child: gRPC connections do not
+    survive a fork (the child has none of the threads that serve them), so create clients
+    after the fork, in each process (strom.client.forks)."""
+
+
 class AuthenticationError(StromError):
     """The server did not accept who the client is (gRPC UNAUTHENTICATED): no client
     certificate or bearer token, or one it does not trust. Not retriable."""

@@ -97,7 +97,9 @@ def cluster_for(opts: ReadOptions) -> tuple[ClusterClient, MetadataCache]:
     key = (opts.bootstrap, opts.client_id, opts.request_timeout_ms / 1000.0)
     with _clients_lock:
         found = _clients.get(key)
-        if found is None:
+        # One made before this process was forked (a Python worker forked from one that had
+        # read) refuses every call: gRPC connections do not survive a fork (strom.client.forks).
+        if found is None or found._forked_from:
             found = _clients[key] = ClusterClient(
                 list(opts.bootstrap),
                 timeout_s=opts.request_timeout_ms / 1000.0,

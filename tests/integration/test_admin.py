@@ -375,8 +375,15 @@ def test_list_offsets_and_delete_records(admin: Admin, client: ClusterClient) ->
     }
     # Offsets are never reused: the next record still gets 15.
     assert _produce(client, "adm-data", 0, [b"next"], [base]) == 15
-    with pytest.raises(InvalidRequestError, match="'latest'"):
-        admin.delete_records({tp0: -1})
+    # Kafka's numbers are taken too (found from outside: list_offsets refused -1, though
+    # DeleteRecords documents "-1 = below the high watermark"): -1 latest, -2 earliest.
+    assert admin.list_offsets({tp0: -1, tp1: -2}) == {
+        tp0: OffsetAndTimestamp(16, -1),
+        tp1: OffsetAndTimestamp(1, -1),
+    }
+    assert admin.delete_records({tp0: -1}) == {tp0: 16}
+    with pytest.raises(InvalidRequestError, match="'latest' / -1"):
+        admin.delete_records({tp0: -2})
     with pytest.raises(UnknownTopicOrPartitionError, match="adm-ghost"):
         admin.delete_records({TopicPartition("adm-ghost", 0): 1})
     admin.delete_topic("adm-data")

@@ -407,3 +407,28 @@ def test_a_poll_that_must_look_up_positions_leaves_the_loop_free(
     elsewhere, on_loop = asyncio.run(main())
     assert elsewhere, "no position was looked up at all"
     assert on_loop == 0, "a position lookup ran on the event loop's thread"
+
+
+def test_after_flush_every_callback_ran_and_every_future_is_done(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """``await producer.flush()`` returns after the delivery callbacks of the records it
+    waited for (the sync flush's promise) and with their asyncio futures done."""
+    create_topic(one_node_cluster, "aio-flush", partitions=2)
+
+    async def main() -> None:
+        ran = 0
+
+        def callback(md: Any, err: Any) -> None:
+            nonlocal ran
+            ran += 1
+
+        async with aio.Producer(one_node_cluster.bootstrap, linger_ms=20) as producer:
+            futures = [
+                await producer.send("aio-flush", b"v%d" % i, callback=callback) for i in range(2000)
+            ]
+            await producer.flush()
+            assert ran == 2000
+            assert all(f.done() for f in futures)
+
+    asyncio.run(main())

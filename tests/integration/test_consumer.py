@@ -28,6 +28,7 @@ from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import (
+    ConcurrentModificationError,
     InvalidGroupIdError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
@@ -285,6 +286,62 @@ def test_close_ends_a_poll_blocked_in_its_own_fetch(
     assert result == [[]]
 
 
+def test_a_second_thread_inside_the_consumer_is_refused(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    """A Consumer is for one thread, as Kafka's (ConcurrentModificationException): a second
+    thread entering poll/commit/seek/assign... while a first is inside gets
+    ConcurrentModificationError at once (found from outside: four threads polling one
+    consumer got thousands of records twice, skipped offsets, and an IndexError from the
+    fetcher). close() from another thread still ends a blocked poll."""
+    create_topic(cluster, "c-threads")
+    tp = TopicPartition("c-threads", 0)
+    for i in range(10):
+        produce(admin, "c-threads", 0, values(f"b{i}", 2000))
+    consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest", max_poll_records=50)
+    consumer.assign([tp])
+    got: list[int] = []
+    refused: list[ConcurrentModificationError] = []
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        while len(got) < 20_000 and not errors:
+            try:
+                got.extend(r.offset for r in consumer.poll(timeout_ms=100))
+            except ConcurrentModificationError as exc:
+                refused.append(exc)
+            except BaseException as exc:  # (reported below)
+                errors.append(exc)
+
+    threads = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert sorted(got) == list(range(20_000))  # none twice, none skipped
+    assert refused and "another thread" in str(refused[0])
+
+    # One thread blocked inside poll(): the others are refused, close() is not.
+    blocked: list[list[Record]] = []
+    t = threading.Thread(target=lambda: blocked.append(consumer.poll(timeout_ms=60_000)))
+    t.start()
+    wait_for(lambda: consumer._owner != 0, timeout=10, what="the poll to begin")
+    for call in (
+        lambda: consumer.poll(),
+        lambda: consumer.seek(tp, 0),
+        lambda: consumer.position(tp),
+        lambda: consumer.assign([tp]),
+        lambda: consumer.pause([tp]),
+        lambda: next(iter(consumer)),
+    ):
+        with pytest.raises(ConcurrentModificationError, match="in use by another thread"):
+            call()
+    consumer.close()
+    t.join(10)
+    assert not t.is_alive() and blocked == [[]]
+
+
 def test_iteration_blocks_for_records_and_stops_on_close(
     admin: ClusterClient, cluster: LocalCluster
 ) -> None:
@@ -320,7 +377,11 @@ def test_iteration_blocks_for_records_and_stops_on_close(
     t = threading.Thread(target=iterate, daemon=True)
     t.start()
     produce(admin, "c-iter", 0, [b"last"])
-    wait_for(lambda: consumer.position(tp) == 41, timeout=5, what="the iterator to catch up")
+    # (position() is the consumer's thread's, as every call that reads or moves positions:
+    # from this thread it would raise ConcurrentModificationError while the loop polls)
+    wait_for(
+        lambda: consumer._fetcher.position(tp) == 41, timeout=5, what="the iterator to catch up"
+    )
     consumer.close()
     assert done.wait(5), "iteration did not stop on close()"
     t.join(5)

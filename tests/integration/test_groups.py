@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +111,8 @@ def produce(client: ClusterClient, topic: str, partition: int, n: int) -> None:
 
 class Member:
     """A consumer polling on its own thread (a consumer is single-threaded), exposing what it
-    owns and what it read."""
+    owns and what it read. :meth:`call` runs a call on that thread: from another, a commit
+    while the thread polls is refused (ConcurrentModificationError)."""
 
     def __init__(self, cluster: LocalCluster, group: str, topics: list[str], **kw: object):
         self.consumer = GroupConsumer(
@@ -120,11 +123,26 @@ class Member:
         self.ever_owned: set[TopicPartition] = set()
         self.values: list[bytes] = []
         self._stop = threading.Event()
+        self._calls: queue.SimpleQueue[tuple[Callable[[Consumer], Any], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def call(self, fn: Callable[[Consumer], Any], timeout: float = 30) -> Any:
+        """``fn(consumer)`` on the polling thread, between two polls; its result."""
+        done: Future[Any] = Future()
+        self._calls.put((fn, done))
+        return done.result(timeout)
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            while not self._calls.empty():
+                fn, done = self._calls.get()
+                try:
+                    done.set_result(fn(self.consumer))
+                except BaseException as exc:  # (raised by call())
+                    done.set_exception(exc)
             records = self.consumer.poll(50)
             self.values.extend(r.value for r in records if r.value is not None)
             self.owned = self.consumer.assignment()
@@ -820,7 +838,9 @@ def test_committed_offsets_survive_a_coordinator_sigkill(
     tp0, tp1 = TopicPartition("durable", 0), TopicPartition("durable", 1)
     try:
         wait_for(lambda: member.owned == {tp0, tp1}, timeout=15, what="the member's assignment")
-        member.consumer.commit({tp0: OffsetAndMetadata(5, "five"), tp1: OffsetAndMetadata(7)})
+        member.call(
+            lambda c: c.commit({tp0: OffsetAndMetadata(5, "five"), tp1: OffsetAndMetadata(7)})
+        )
         assert member.consumer.committed(tp0) == OffsetAndMetadata(5, "five")
         before = cluster.wait_coordinators_ready()
 
@@ -849,7 +869,7 @@ def test_committed_offsets_survive_a_coordinator_sigkill(
         # The member kept heartbeating through the takeover: same partitions, and its epoch
         # (replayed from the log) still lets it commit.
         def commits() -> bool:
-            member.consumer.commit({tp0: OffsetAndMetadata(6, "six")})
+            member.call(lambda c: c.commit({tp0: OffsetAndMetadata(6, "six")}))
             return True
 
         wait_for(commits, timeout=15, what="a commit through the new coordinator")

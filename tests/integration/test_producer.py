@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
+import select
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -728,3 +731,218 @@ def test_close_tells_records_in_flight_from_records_never_sent(env: Env) -> None
     # One deadline for the whole close: the flush used it up, the sender got no more (found
     # from outside: flush and join each had the full timeout, close(timeout=2) took 4 s).
     assert joins == [0.0]
+
+
+def test_flush_returns_after_every_delivery_callback_ran(env: Env) -> None:
+    """flush() waits for the delivery callbacks too, as Kafka's client (a record's callback
+    runs before its future completes): found from outside, flush() returned with thousands
+    of 20,000 callbacks still to run. Right after flush() every callback has run and every
+    future is done."""
+    t = env.topic(partitions=3)
+    n = 20_000
+    ran = [0]
+
+    def slow(md: RecordMetadata | None, err: BaseException | None) -> None:
+        assert err is None and md is not None
+        time.sleep(0.0001)  # a callback doing a little work (a log line, a DB write)
+        ran[0] += 1
+
+    with Producer(env.bootstrap, linger_ms=20) as p:
+        futures = [p.send(t, b"x%d" % i, key=b"k%d" % i, callback=slow) for i in range(n)]
+        p.flush()
+        assert ran[0] == n
+        assert all(f.done() for f in futures)
+
+
+def test_delivery_callbacks_may_use_the_producer_and_fail(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inside a delivery callback: its own future's result() answers at once (the callback
+    runs before the future completes, so waiting would never end); send() works; flush(),
+    which would wait for the thread running the callback, is refused at once; a callback
+    that raises is logged and the others still run."""
+    from strom.client.producer import ProducerCallbackError
+
+    t = env.topic()
+    seen: dict[str, Any] = {}
+    futures: list[concurrent.futures.Future[Any]] = []
+
+    def own_result(md: RecordMetadata | None, err: BaseException | None) -> None:
+        seen["own"] = futures[0].result(5)
+        seen["done_inside"] = futures[0].done()
+
+    def sends(md: RecordMetadata | None, err: BaseException | None) -> None:
+        seen["sent"] = p.send(t, b"from-callback")
+
+    def flushes(md: RecordMetadata | None, err: BaseException | None) -> None:
+        try:
+            p.flush()
+        except ProducerCallbackError as exc:
+            seen["flush"] = exc
+
+    def raises(md: RecordMetadata | None, err: BaseException | None) -> None:
+        raise RuntimeError("a broken callback")
+
+    def after(md: RecordMetadata | None, err: BaseException | None) -> None:
+        seen["after"] = md
+
+    with Producer(env.bootstrap) as p:
+        futures.append(p.send(t, b"a", callback=own_result))
+        for cb in (sends, flushes, raises, after):
+            p.send(t, b"b", callback=cb)
+        p.flush()
+        assert seen["own"] == futures[0].result(0) and seen["done_inside"] is False
+        assert "delivery callback" in str(seen["flush"])
+        assert seen["after"] is not None
+        assert seen["sent"].result(10).offset == 5
+    assert "a produce callback raised" in caplog.text
+
+
+def test_close_from_a_delivery_callback_closes_at_once(env: Env) -> None:
+    """close() from a delivery callback runs on the producer's own thread: it closes as
+    close(0) does, without waiting for (or joining) itself (found from outside: it raised
+    "cannot join current thread", swallowed, and left the producer half-closed: sends were
+    still taken). The sender thread ends, later sends are refused, close() again returns."""
+    t = env.topic()
+    p = Producer(env.bootstrap)
+    p.send(t, b"warm").result(10)
+    outcome: list[Any] = []
+
+    def close_inside(md: RecordMetadata | None, err: BaseException | None) -> None:
+        try:
+            p.close()
+            outcome.append("closed")
+        except BaseException as exc:  # (the test reports what it was)
+            outcome.append(exc)
+
+    first = p.send(t, b"first", callback=close_inside)
+    assert first.result(10).offset == 1
+    assert outcome == ["closed"]
+    wait_for(lambda: not p._sender.is_alive(), timeout=10, what="the sender thread to end")
+    with pytest.raises(ProducerClosedError):
+        p.send(t, b"after")
+    started = time.monotonic()
+    p.close(5)
+    assert time.monotonic() - started < 1
+
+
+def test_header_keys_are_text_and_other_types_are_refused(env: Env) -> None:
+    """Headers are (str, bytes) pairs (DESIGN §1). A bytes key is taken as UTF-8 text (found
+    from outside: b"trace-id" was stored as "b'trace-id'", 7 as "7"); a key or value of any
+    other type is refused naming the header and the type (an int value failed with a bare
+    "object of type 'int' has no len()"); so is a key that is not UTF-8."""
+    t = env.topic()
+    with Producer(env.bootstrap) as p:
+        md = p.send(t, b"v", headers=[(b"trace-id", b"abc"), ("s", "x"), ("n", None)])
+        chunks = p.send_batch(t, [b"b0", b"b1"], headers=[[(b"batch", b"1")], None])
+        assert md.result(10).offset == 0 and chunks.result(10)[0].base_offset == 1
+        assert p.send(t, b"d", headers={"from": b"dict"}).result(10).offset == 3
+        with pytest.raises(TypeError, match=r"header key 7 must be a str .*got int"):
+            p.send(t, b"v", headers=[(7, b"x")])
+        with pytest.raises(TypeError, match=r"header 'n': value must be .*got int"):
+            p.send(t, b"v", headers=[("n", 5)])
+        with pytest.raises(ValueError, match="not UTF-8"):
+            p.send(t, b"v", headers=[(b"\xff", b"x")])
+        with pytest.raises(TypeError, match=r"header key 7 must be a str"):
+            p.send_batch(t, [b"v"], headers=[[(7, b"x")]])
+        with pytest.raises(TypeError, match="pairs"):
+            p.send(t, b"v", headers=[("only-a-key",)])
+    records = env.read(t)
+    assert [list(r.headers or []) for r in records] == [
+        [("trace-id", b"abc"), ("s", b"x"), ("n", None)],
+        [("batch", b"1")],
+        [],
+        [("from", b"dict")],
+    ]
+
+
+def _in_forked_child(check: Any) -> str:
+    """Run ``check()`` in a forked child; returns what it reported through a pipe (the
+    child exits with os._exit, whatever happens)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_end)
+        try:
+            report = check()
+        except BaseException as exc:  # (reported to the parent)
+            report = f"{type(exc).__name__}: {exc}"
+        os.write(write_end, report.encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as pipe:
+            ready, _, _ = select.select([pipe], [], [], 60)
+            if not ready:  # a child that hangs (as with a client made before the fork)
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail("the forked child did not report within 60 s")
+            out = pipe.read().decode()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return out
+
+
+def test_clients_used_in_a_forked_child_fail_clearly(env: Env) -> None:
+    """gRPC is not fork-safe: a Producer made before os.fork() took the child's send() and
+    its result() timed out for ever (found from outside). Now every client used in the child
+    raises ForkedClientError at once, naming the process that made it; close() there does
+    nothing (its threads and connections are the parent's), and the parent's clients go on."""
+    from strom.client.admin import Admin
+    from strom.errors import ForkedClientError
+
+    t = env.topic()
+    parent = os.getpid()
+    p = Producer(env.bootstrap)
+    c = Consumer(env.bootstrap, auto_offset_reset="earliest")
+    a = Admin(env.bootstrap)
+    try:
+        p.send(t, b"before").result(10)
+        c.assign([TopicPartition(t, 0)])
+        assert len(c.poll(timeout_ms=5000)) == 1
+
+        def calls() -> list[Any]:
+            return [
+                lambda: p.send(t, b"in-child"),
+                lambda: p.send_batch(t, [b"x"]),
+                lambda: p.flush(1),
+                lambda: c.poll(timeout_ms=100),
+                lambda: c.seek(TopicPartition(t, 0), 0),
+                lambda: a.list_topics(),
+            ]
+
+        def child() -> str:
+            reports = []
+            for call in calls():
+                started = time.monotonic()
+                try:
+                    call()
+                    reports.append("accepted")
+                except ForkedClientError as exc:
+                    ok = f"created in process {parent}" in str(exc) and "after fork()" in str(exc)
+                    reports.append("refused" if ok else str(exc))
+                assert time.monotonic() - started < 1
+            p.close(1)
+            c.close()
+            a.close()
+            return ",".join(reports)
+
+        assert _in_forked_child(child) == ",".join(["refused"] * len(calls()))
+        assert p.send(t, b"after").result(10).offset == 1  # the parent's are unharmed
+        assert [r.value for r in c.poll(timeout_ms=5000)] == [b"after"]
+        assert t in a.list_topics()
+    finally:
+        p.close()
+        c.close()
+        a.close()
+
+
+def test_send_batch_names_a_partition_of_the_wrong_type(env: Env) -> None:
+    """Found from outside: send_batch(partition="1") failed with a bare "'<=' not
+    supported between instances of 'int' and 'str'"."""
+    t = env.topic(partitions=2)
+    with Producer(env.bootstrap) as p:
+        for bad in ("1", 1.0, True):
+            with pytest.raises(TypeError, match=f"partition must be an int, got {bad!r}"):
+                p.send_batch(t, [b"v"], partition=bad)  # type: ignore[arg-type]
+        assert p.send_batch(t, [b"v"], partition=1).result(10)[0].partition == 1

@@ -350,7 +350,8 @@ def test_unknown_topics_fail_without_retrying_and_unreachable_leaders_time_out(
             InvalidRequestError,
             "isolation_level",
         ),
-        (lambda a: a.delete_records({TP("t", 0): -1}), InvalidRequestError, "'latest'"),
+        (lambda a: a.delete_records({TP("t", 0): -2}), InvalidRequestError, "'latest' / -1"),
+        (lambda a: a.list_offsets({TP("t", 0): -4}), InvalidRequestError, r"'latest' \(-1\)"),
         (
             lambda a: a.alter_partition_reassignments({TP("t", 0): "1,2"}),
             InvalidReplicaAssignmentError,

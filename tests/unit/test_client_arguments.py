@@ -87,3 +87,48 @@ def test_unknown_keywords_name_strom_s_spelling(make: Any, match: str) -> None:
 
 def test_new_topic_still_takes_its_own_names() -> None:
     assert NewTopic("t", partitions=3, config={"retention.ms": "1"}).partitions == 3
+
+
+@pytest.mark.parametrize(
+    ("make", "read", "expected"),
+    [
+        (
+            lambda **kw: Consumer(NOWHERE, group_id="g", **kw),
+            lambda c: c.config["enable_auto_commit"],
+            "enable_auto_commit",
+        ),
+        (lambda **kw: Consumer(NOWHERE, **kw), lambda c: c.config["check_crcs"], "check_crcs"),
+        (lambda **kw: Producer(NOWHERE, **kw), lambda p: p.idempotent, "enable_idempotence"),
+        (
+            lambda **kw: aio.Consumer(NOWHERE, group_id="g", **kw)._sync,
+            lambda c: c.config["enable_auto_commit"],
+            "enable_auto_commit",
+        ),
+    ],
+)
+def test_boolean_settings_take_bools_and_kafka_s_strings_only(
+    make: Any, read: Any, expected: str
+) -> None:
+    """``bool("false")`` is True: ``enable_auto_commit="false"`` turned auto-commit on (found
+    from outside; so did ``enable_idempotence`` and ``check_crcs``). Settings read from the
+    environment or a file arrive as strings: "true"/"false" in any case are taken, as by
+    Kafka's config parser, anything else is refused naming the setting."""
+    for given, value in ((False, False), ("false", False), ("FALSE", False), ("True", True)):
+        client = make(**{expected: given})
+        try:
+            assert read(client) is value, given
+        finally:
+            client.close()
+    with pytest.raises(ValueError, match=f"{expected} must be true or false, got 'no'"):
+        make(**{expected: "no"})
+    with pytest.raises(TypeError, match=f"{expected} must be a bool .*got int"):
+        make(**{expected: 1})
+
+
+def test_boolean_arguments_of_calls_are_strict() -> None:
+    consumer = Consumer(NOWHERE)
+    with pytest.raises(ValueError, match="autocommit must be true or false"):
+        consumer.close(autocommit="off")
+    consumer.close(autocommit="false")
+    with Admin(NOWHERE) as admin, pytest.raises(TypeError, match="internal must be a bool"):
+        admin.list_topics(internal=None)

@@ -51,7 +51,7 @@ import grpc
 
 from strom.api import common_pb2, controller_pb2, coordinator_pb2, metadata_pb2, storage_pb2
 from strom.argtypes import datetime_ms
-from strom.client import group_admin
+from strom.client import forks, group_admin
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, older_node
 from strom.client.group_admin import (
     GroupDescription,
@@ -62,7 +62,7 @@ from strom.client.group_admin import (
     MemberDescription,
     MemberState,
 )
-from strom.client.kwnames import kafka_keywords
+from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.transactions import TransactionManager
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition, add_offsets
 from strom.errors import (
@@ -516,11 +516,11 @@ def _offset_spec(tp: TopicPartition, spec: object) -> int:
             return datetime_ms(spec)  # naive: local time
         except ValueError as exc:
             raise InvalidRequestError(f"{tp.topic}-{tp.partition}: {exc}") from None
-    elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
-        return spec
+    elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= -3:
+        return spec  # (-1, -2, -3: Kafka's ListOffsets numbers for latest, earliest, max)
     raise InvalidRequestError(
-        f"{tp.topic}-{tp.partition}: offset spec {spec!r} is not 'earliest', 'latest', "
-        "'max_timestamp', a timestamp in ms since the epoch (>= 0) or a datetime"
+        f"{tp.topic}-{tp.partition}: offset spec {spec!r} is not 'earliest' (-2), 'latest' "
+        "(-1), 'max_timestamp' (-3), a timestamp in ms since the epoch (>= 0) or a datetime"
     )
 
 
@@ -711,12 +711,19 @@ class Admin:
                 raise InvalidRequestError(str(exc)) from None
         self._client = cluster_client
         self._closed = False
+        forks.track(self)
 
     # The servers' own waits (e.g. for a deletion to reach every replica) get part of an
     # attempt's budget, so they answer before this client's deadline cuts the attempt.
     @property
     def _server_wait_ms(self) -> int:
         return max(1, self.request_timeout_ms * 4 // 5)
+
+    def _ensure_open(self) -> None:
+        if self._forked_from:
+            raise forks.error(self)
+        if self._closed:
+            raise StromError("the Admin client is closed")
 
     def close(self) -> None:
         """Close the connections (unless the ClusterClient was passed in). Idempotent."""
@@ -732,8 +739,7 @@ class Admin:
         self.close()
 
     def _controller(self, method: str, request: Any) -> Any:
-        if self._closed:
-            raise StromError("the Admin client is closed")
+        self._ensure_open()
         return self._client.controller_call(
             method,
             request,
@@ -801,7 +807,9 @@ class Admin:
         resp = self._controller(
             "CreateTopics",
             controller_pb2.CreateTopicsRequest(
-                topics=items, timeout_ms=self._server_wait_ms, validate_only=validate_only
+                topics=items,
+                timeout_ms=self._server_wait_ms,
+                validate_only=bool_option("validate_only", validate_only),
             ),
         )
         out: dict[str, CreateTopicResult] = {}
@@ -844,7 +852,8 @@ class Admin:
         read like a list of names while the id and partition count are at hand.
         """
         resp = self._controller(
-            "ListTopics", controller_pb2.ListTopicsRequest(include_internal=internal)
+            "ListTopics",
+            controller_pb2.ListTopicsRequest(include_internal=bool_option("internal", internal)),
         )
         return {
             t.name: TopicListing(t.name, t.topic_id, t.partition_count, t.internal)
@@ -914,7 +923,7 @@ class Admin:
                     )
                 ],
                 timeout_ms=self._server_wait_ms,
-                validate_only=validate_only,
+                validate_only=bool_option("validate_only", validate_only),
             ),
         )
         _raise_first(
@@ -958,7 +967,8 @@ class Admin:
         resp = self._controller(
             "DescribeConfigs",
             controller_pb2.DescribeConfigsRequest(
-                resources=[res], include_documentation=documentation
+                resources=[res],
+                include_documentation=bool_option("documentation", documentation),
             ),
         )
         out: dict[str, ConfigEntry] = {}
@@ -1034,7 +1044,7 @@ class Admin:
                         configs=ops,
                     )
                 ],
-                validate_only=validate_only,
+                validate_only=bool_option("validate_only", validate_only),
             ),
         )
         _raise_first(
@@ -1052,7 +1062,9 @@ class Admin:
         ``include_coordinators``, the coordinator owning each consumer-group shard."""
         resp = self._controller(
             "DescribeCluster",
-            controller_pb2.DescribeClusterRequest(include_coordinators=include_coordinators),
+            controller_pb2.DescribeClusterRequest(
+                include_coordinators=bool_option("include_coordinators", include_coordinators)
+            ),
         )
         nodes = tuple(
             NodeInfo(
@@ -1091,7 +1103,8 @@ class Admin:
         """Look offsets up on each partition's leader (one request per leader).
 
         "earliest" is the log start offset, "latest" the offset the next committed record will
-        get (the high watermark), both with timestamp -1. A time gives the first record at or
+        get (the high watermark), both with timestamp -1; Kafka's numbers for them, -2 and -1
+        (and -3 for "max_timestamp"), are taken too. A time gives the first record at or
         after it and that record's timestamp, "max_timestamp" the largest timestamp and the
         offset of the first record holding it (as Kafka 3.8+); when no record matches, the
         partition maps to None (as Kafka's ``offsets_for_times``). With "read_committed", a
@@ -1134,19 +1147,20 @@ class Admin:
         self, before: Mapping[TopicPartition, int | Literal["latest"]]
     ) -> dict[TopicPartition, int]:
         """Delete every record below the given offset of each partition; returns each
-        partition's new low watermark (its first readable offset). "latest" deletes everything
-        committed. An offset above the high watermark raises OffsetOutOfRangeError. Offsets are
-        never reused: the next record still gets the next offset."""
+        partition's new low watermark (its first readable offset). "latest" (or -1, as in
+        Kafka's DeleteRecords) deletes everything committed. An offset above the high
+        watermark raises OffsetOutOfRangeError. Offsets are never reused: the next record
+        still gets the next offset."""
         wanted: dict[TopicPartition, int] = {}
         for tp, offset in _tp_map(before, "delete_records").items():
-            if offset == "latest":
+            if offset == "latest" or (offset == -1 and not isinstance(offset, bool)):
                 wanted[tp] = -1
             elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
                 wanted[tp] = offset
             else:
                 raise InvalidRequestError(
                     f"{tp.topic}-{tp.partition}: delete_records takes an offset >= 0 or "
-                    f"'latest' (everything committed), not {offset!r}"
+                    f"'latest' / -1 (everything committed), not {offset!r}"
                 )
 
         def request(group: Mapping[TopicPartition, int]) -> storage_pb2.DeleteRecordsRequest:
@@ -1188,8 +1202,7 @@ class Admin:
         Each attempt gets ``request_timeout_ms`` (or what is left of the overall timeout): a
         leader that hangs is given up on in time to ask the metadata again and retry at the
         replica that took over (found from outside: one attempt used to take it all)."""
-        if self._closed:
-            raise StromError("the Admin client is closed")
+        self._ensure_open()
         client = self._client
         attempt_s = self.request_timeout_ms / 1000
         deadline = time.monotonic() + self.default_api_timeout_ms / 1000
@@ -1294,8 +1307,7 @@ class Admin:
         Returns ``{id: (producer id, new epoch)}``; raises the first failure (the other ids
         are fenced anyway).
         """
-        if self._closed:
-            raise StromError("the Admin client is closed")
+        self._ensure_open()
         ids = list(dict.fromkeys(transactional_ids))
         for tid in ids:
             if not isinstance(tid, str) or not tid:
@@ -1444,7 +1456,7 @@ class Admin:
             controller_pb2.ElectLeadersRequest(
                 election_type=(
                     controller_pb2.ELECTION_TYPE_UNCLEAN
-                    if unclean
+                    if bool_option("unclean", unclean)
                     else controller_pb2.ELECTION_TYPE_PREFERRED
                 ),
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in tps],

@@ -24,6 +24,7 @@ from strom.api import (
     storage_pb2,
     storage_pb2_grpc,
 )
+from strom.client import forks
 from strom.client.metadata import MetadataCache, node_address
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -186,6 +187,7 @@ class ClusterClient:
         # Sent as the gRPC user agent, so a server (and its access logs) can tell which
         # application a connection belongs to, as Kafka's client.id does.
         self.client_id = client_id
+        forks.track(self)
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._metadata: storage_pb2.MetadataResponse | None = None
@@ -202,6 +204,9 @@ class ClusterClient:
         )
 
     def close(self) -> None:
+        if self._forked_from:  # (the channels, and maybe this lock, are the parent's)
+            self._channels = {}
+            return
         with self._lock:
             for ch in self._channels.values():
                 ch.close()
@@ -214,6 +219,8 @@ class ClusterClient:
         self.close()
 
     def channel(self, address: str) -> grpc.Channel:
+        if self._forked_from:  # every call dials through here (strom.client.forks)
+            raise forks.error(self)
         with self._lock:
             ch = self._channels.get(address)
             if ch is None:

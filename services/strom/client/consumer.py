@@ -25,26 +25,30 @@ positions, commit, close), and its heartbeat thread runs beside the application'
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import sys
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from strom.client import forks
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
-from strom.client.kwnames import kafka_keywords
+from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.membership import GroupMembership
 from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
-from strom.errors import (  # the first and third are re-exported here too
+from strom.errors import (  # IllegalStateError, NoOffsetForPartitionError: re-exported here too
+    ConcurrentModificationError,
     IllegalStateError,
     InvalidGroupIdError,
     NoOffsetForPartitionError,
@@ -68,6 +72,7 @@ GROUP_INLINE_WAIT_S = 0.2
 
 __all__ = [
     "CONSUMER_SCHEMA",
+    "ConcurrentModificationError",
     "Consumer",
     "GroupMembership",
     "GroupsNotSupportedError",
@@ -79,6 +84,43 @@ __all__ = [
 class GroupsNotSupportedError(StromError, NotImplementedError):
     """Consumer groups need the group coordinator, which this strom version does not have yet.
     Also a NotImplementedError, so generic handlers recognise it."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_thread(method: F) -> F:
+    """Guard a Consumer method that reads or moves positions (Kafka's acquire()): one
+    thread at a time may be inside such a call; a second thread entering meanwhile gets
+    :class:`ConcurrentModificationError` at once instead of racing over the positions (found
+    from outside: four threads polling one consumer got thousands of records twice, skipped
+    offsets, and an IndexError from the fetcher). The owner may re-enter (a rebalance
+    listener's commit() inside poll()). ``close()`` stays callable from any thread, as
+    documented. The marker is a lock taken without blocking: a poll pays for one acquire."""
+
+    @functools.wraps(method)
+    def guarded(self: Consumer, *args: Any, **kwargs: Any) -> Any:
+        if self._forked_from:  # (before the marker, which a parent's thread may hold)
+            raise forks.error(self)
+        me = threading.get_ident()
+        if self._owner == me or self._lent:
+            return method(self, *args, **kwargs)
+        if not self._entry.acquire(blocking=False):
+            raise ConcurrentModificationError(
+                f"{method.__name__.lstrip('_')}(): the consumer is in use by another thread "
+                "(a Consumer is not safe for multi-threaded access): poll, commit, seek and "
+                "assign from "
+                "one thread, or give each thread its own consumer; close() may be called "
+                "from any thread"
+            )
+        self._owner = me
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._owner = 0
+            self._entry.release()
+
+    return guarded  # type: ignore[return-value]
 
 
 def _int_arg(name: str, value: Any, minimum: int) -> int:
@@ -117,8 +159,10 @@ class Consumer:
     :meth:`commit_async`). ``session_timeout_ms`` and ``heartbeat_interval_ms`` are refused
     (ValueError), as Kafka's KIP-848 consumer refuses them: the coordinator sets both for
     the whole group (``--group-session-timeout-ms``, ``--group-heartbeat-interval-ms``).
-    The consumer is meant for one application thread; ``close()`` may be called from another
-    thread to stop a blocking ``poll()`` or iteration. A group member whose application does
+    The consumer is meant for one application thread (a second thread entering a call that
+    reads or moves positions while one is inside gets :class:`ConcurrentModificationError`);
+    ``close()`` may be called from another thread to stop a blocking ``poll()`` or
+    iteration. A group member whose application does
     not call ``poll()`` for ``max_poll_interval_ms`` (default 5 minutes; time blocked inside
     a poll does not count) leaves the group, so its partitions move to members that read;
     the next ``poll()`` reports them lost and rejoins (Kafka's ``max.poll.interval.ms``).
@@ -170,6 +214,8 @@ class Consumer:
                 "isolation_level must be 'read_uncommitted' or 'read_committed', got "
                 f"{isolation_level!r}"
             )
+        enable_auto_commit = bool_option("enable_auto_commit", enable_auto_commit)
+        check_crcs = bool_option("check_crcs", check_crcs)
         _int_arg("fetch_min_bytes", fetch_min_bytes, 0)
         _int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0)
         _int_arg("fetch_max_bytes", fetch_max_bytes, 1)
@@ -198,10 +244,11 @@ class Consumer:
             raise ValueError("fetch_max_bytes and max_partition_fetch_bytes must fit in int32")
 
         self.client_id = client_id or f"strom-consumer-{next(_client_ids)}"
+        forks.track(self)
         self.group_id = group_id
         self.config: dict[str, Any] = {
             "auto_offset_reset": auto_offset_reset,
-            "enable_auto_commit": bool(enable_auto_commit) and group_id is not None,
+            "enable_auto_commit": enable_auto_commit and group_id is not None,
             "auto_commit_interval_ms": auto_commit_interval_ms,
             "commit_linger_ms": commit_linger_ms,
             "fetch_min_bytes": fetch_min_bytes,
@@ -214,7 +261,7 @@ class Consumer:
             "request_timeout_ms": request_timeout_ms,
             "retry_backoff_ms": retry_backoff_ms,
             "retry_backoff_max_ms": retry_backoff_max_ms,
-            "check_crcs": bool(check_crcs),
+            "check_crcs": check_crcs,
             "consumer_timeout_ms": consumer_timeout_ms,
             "group_instance_id": group_instance_id,
             "group_remote_assignor": group_remote_assignor,
@@ -227,6 +274,13 @@ class Consumer:
             None if consumer_timeout_ms is None else consumer_timeout_ms / 1000.0
         )
         self._client_md = (("strom-client-id", self.client_id),)
+        #: One thread at a time inside the calls that read or move positions (_one_thread):
+        #: the marker, the thread holding it, and whether the holder has lent the consumer
+        #: to the thread it waits on (strom.aio runs a coroutine rebalance listener on the
+        #: event loop while the poll's thread waits for it: that listener's commit()).
+        self._entry = threading.Lock()
+        self._owner = 0
+        self._lent = False
         self._closed = False
         #: Set when close() begins (``_closed`` when it has given up the group): the rebalance
         #: listener that close() runs may still commit, read positions and the assignment.
@@ -270,7 +324,7 @@ class Consumer:
             max_wait_ms=fetch_max_wait_ms,
             max_bytes=fetch_max_bytes,
             partition_max_bytes=max_partition_fetch_bytes,
-            check_crcs=bool(check_crcs),
+            check_crcs=check_crcs,
             request_timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             backoff_max_s=retry_backoff_max_ms / 1000.0,
@@ -308,6 +362,7 @@ class Consumer:
         self._moved = True
         self._fetcher.assign(set(partitions))
 
+    @_one_thread
     def subscribe(
         self,
         topics: Sequence[str] | None = None,
@@ -332,6 +387,7 @@ class Consumer:
         """Topics subscribed to through the group (empty with manual assignment)."""
         return set(self._subscription or ())
 
+    @_one_thread
     def unsubscribe(self) -> None:
         """Leave the subscription (and the group) and drop every assigned partition, as
         Kafka's unsubscribe does for manual assignments too."""
@@ -342,6 +398,7 @@ class Consumer:
         self._moved = True
         self._fetcher.assign(set())
 
+    @_one_thread
     def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None) -> None:
         """Commit ``offsets`` (default: the current positions) for the group, synchronously.
 
@@ -351,6 +408,7 @@ class Consumer:
         group = self._require_group("commit()")
         group.commit(self._commit_offsets(offsets), self._timeout_s)
 
+    @_one_thread
     def commit_async(
         self,
         offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None,
@@ -408,6 +466,7 @@ class Consumer:
 
     # -- assignment -----------------------------------------------------------------------
 
+    @_one_thread
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Consume exactly ``partitions`` (replacing any previous assignment). Partitions that
         stay assigned keep their position; new ones start at auto_offset_reset (no committed
@@ -456,6 +515,7 @@ class Consumer:
 
     # -- positions ------------------------------------------------------------------------
 
+    @_one_thread
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next record ``poll()`` returns for ``partition``. An offset
         outside the log is found out on the next fetch and handled by auto_offset_reset."""
@@ -471,6 +531,7 @@ class Consumer:
         self._moved = True
         self._fetcher.seek(tp, offset)
 
+    @_one_thread
     def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Start ``partitions`` (default: all assigned) at their log start offset. Looked up
         lazily, on the next ``poll()`` or ``position()``, as Kafka does."""
@@ -478,6 +539,7 @@ class Consumer:
         self._moved = True
         self._fetcher.request_reset(tps, "earliest")
 
+    @_one_thread
     def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Start ``partitions`` (default: all assigned) at their high watermark (the offset
         the next committed record will get). Looked up lazily, like seek_to_beginning."""
@@ -485,6 +547,7 @@ class Consumer:
         self._moved = True
         self._fetcher.request_reset(tps, "latest")
 
+    @_one_thread
     def seek_to_committed(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Start ``partitions`` (default: all assigned) at the group's committed offset again,
         or where auto_offset_reset says for one the group has none for: what an exactly-once
@@ -500,6 +563,7 @@ class Consumer:
         self._moved = True
         self._fetcher.request_reset(tps, None)
 
+    @_one_thread
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record ``poll()`` will return for ``partition``; looks it up
         first if it is not known yet (new assignment, after seek_to_*). While an iteration
@@ -725,6 +789,7 @@ class Consumer:
 
     # -- flow control ---------------------------------------------------------------------
 
+    @_one_thread
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         """Stop fetching ``partitions`` (buffered data for them is dropped and fetched again
         after resume(), from the position). Inside ``for record in consumer`` the position
@@ -744,6 +809,7 @@ class Consumer:
         self._moved = True
         self._fetcher.pause(tps)
 
+    @_one_thread
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
         """Fetch ``partitions`` again."""
         self._fetcher.resume(self._assigned(list(partitions), "resume()"))
@@ -801,6 +867,7 @@ class Consumer:
             return default
         return _int_arg("max_records", max_records, 1)
 
+    @_one_thread
     def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
         self._ensure_open()
         if self._handing is not None:
@@ -968,6 +1035,8 @@ class Consumer:
     # -- lifecycle ------------------------------------------------------------------------
 
     def _ensure_open(self) -> None:
+        if self._forked_from:
+            raise forks.error(self)
         if self._closed:
             raise IllegalStateError("the consumer is closed")
 
@@ -986,6 +1055,10 @@ class Consumer:
         leave lets the group wait for the session timeout)."""
         if self._closing:
             return
+        if self._forked_from:  # the threads and connections are the parent's: nothing to do
+            self._closing = self._closed = True
+            return
+        autocommit = bool_option("autocommit", autocommit)
         if timeout_ms is not None:
             if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
                 raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")

@@ -30,12 +30,26 @@ _INTERNALS = frozenset(
 
 
 class BatchResult:
-    """The outcome of one produced batch, shared by the futures of its records."""
+    """The outcome of one produced batch, shared by the futures of its records.
+
+    Completing it runs, in order: the delivery callbacks (``send(callback=...)``), then
+    marks it done, then the callbacks of ``add_done_callback`` (which, as with any
+    ``concurrent.futures.Future``, see a done future: asyncio's ``wrap_future`` relies on
+    that), and only then wakes the threads waiting in :meth:`wait` (``result()``,
+    ``flush()``). So, as in Kafka's Java client (a record's callback runs before its future
+    completes), when ``flush()`` returns every callback of the records it waited for has run
+    (found from outside: ``flush()`` returned with thousands of callbacks still to run).
+    The callbacks run on the thread that completes the batch, one at a time; one that waits
+    on this same batch (``future.result()`` inside its own callback) is answered at once.
+    """
 
     __slots__ = (
         "_callbacks",
+        "_deliveries",
         "_event",
+        "_finished",
         "_lock",
+        "_owner",
         "base_offset",
         "done",
         "error",
@@ -53,8 +67,14 @@ class BatchResult:
         self.base_offset = -1
         self.log_append_time = -1
         self.error: BaseException | None = None
+        #: The outcome is visible (every delivery callback has run).
         self.done = False
+        #: Every callback has run and the waiters are (being) woken.
+        self._finished = False
+        #: The thread running the callbacks (0: not being completed yet).
+        self._owner = 0
         self._event: threading.Event | None = None
+        self._deliveries: list[Callable[[], None]] | None = None
         self._callbacks: list[Callable[[], None]] | None = None
         self._lock = threading.Lock()
 
@@ -64,20 +84,39 @@ class BatchResult:
         return RecordMetadata(self.topic, self.partition, base + index if base >= 0 else -1, ts)
 
     def wait(self, timeout: float | None) -> bool:
-        if self.done:
-            return True
+        """Wait until the outcome is known (``result()``): at once once done."""
+        return self.done or self._wait(timeout)
+
+    def wait_callbacks(self, timeout: float | None) -> bool:
+        """Wait until every callback has run too (``flush()``)."""
+        return self._finished or self._wait(timeout)
+
+    def _wait(self, timeout: float | None) -> bool:
         with self._lock:
-            if self.done:
+            if self._finished or self._owner == threading.get_ident():
+                # (the thread running the callbacks, waiting on this batch from one of them:
+                # the outcome is settled, and waiting for itself would never end)
                 return True
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
         return event.wait(timeout)
 
-    def on_done(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` when complete (at once if already)."""
+    def on_delivery(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` before the batch is done (a record's delivery callback); at once when
+        the outcome is already settled."""
         with self._lock:
-            if not self.done:
+            if not self._owner:
+                if self._deliveries is None:
+                    self._deliveries = []
+                self._deliveries.append(fn)
+                return
+        _run(fn)
+
+    def on_done(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once done (at once if already)."""
+        with self._lock:
+            if not self._finished:
                 if self._callbacks is None:
                     self._callbacks = []
                 self._callbacks.append(fn)
@@ -85,25 +124,45 @@ class BatchResult:
         _run(fn)
 
     def complete(self, base_offset: int, log_append_time: int = -1) -> None:
-        self.base_offset = base_offset
-        self.log_append_time = log_append_time
+        with self._lock:
+            if self._owner:  # settled already (see _claim)
+                return
+            self._claim()
+            self.base_offset = base_offset
+            self.log_append_time = log_append_time
         self._finish()
 
     def fail(self, error: BaseException) -> None:
-        self.error = error
+        with self._lock:
+            if self._owner:
+                return
+            self._claim()
+            self.error = error
         self._finish()
+
+    def _claim(self) -> None:
+        """With the lock held: the outcome is this thread's to set, and its callbacks to run.
+        Only the first completion counts (a batch failed by ``close()`` while its answer
+        arrives, or failed by a callback's ``close()`` while its own callbacks run)."""
+        self._owner = threading.get_ident()
 
     def _finish(self) -> None:
         with self._lock:
-            if self.done:
-                return
-            self.done = True
-            event, callbacks = self._event, self._callbacks
-            self._callbacks = None
+            deliveries, self._deliveries = self._deliveries, None
+        for fn in deliveries or ():
+            _run(fn)
+        self.done = True
+        while True:
+            with self._lock:
+                callbacks, self._callbacks = self._callbacks, None
+                if not callbacks:  # (one added by a callback runs too, before the wake-up)
+                    self._finished = True
+                    event = self._event
+                    break
+            for fn in callbacks:
+                _run(fn)
         if event is not None:
             event.set()
-        for fn in callbacks or ():
-            _run(fn)
 
 
 def _run(fn: Callable[[], None]) -> None:

@@ -73,3 +73,19 @@ def _unknown(what: str, key: str, names: list[str]) -> str:
     if close:
         return f"{message}: did you mean {close[0]!r}?"
     return message
+
+
+def bool_option(name: str, value: Any) -> bool:
+    """A boolean setting, strictly: ``True``/``False``, or the strings ``"true"``/``"false"``
+    in any case, as Kafka's config parser takes them (settings read from the environment or a
+    file arrive as strings). Anything else is refused naming the setting: ``bool("false")``
+    is True, and ``enable_auto_commit="false"`` used to turn auto-commit *on* (found from
+    outside; so did ``enable_idempotence="false"`` and ``check_crcs="false"``)."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    raise TypeError(f"{name} must be a bool (or 'true'/'false'), got {type(value).__name__}")

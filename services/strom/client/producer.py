@@ -70,7 +70,7 @@ import grpc
 import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
-from strom.client import trace
+from strom.client import forks, trace
 from strom.client.accumulator import (
     BATCH_OVERHEAD,
     RECORD_OVERHEAD,
@@ -80,7 +80,7 @@ from strom.client.accumulator import (
 from strom.client.cluster import ClusterClient, refused
 from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
-from strom.client.kwnames import kafka_keywords
+from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
 from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
@@ -184,6 +184,11 @@ class _Shipment(NamedTuple):
     behind: bool
 
 
+class ProducerCallbackError(StromError):
+    """A call made from a delivery callback that would have to wait for the very thread
+    running the callback (``flush()``): refused at once rather than hanging."""
+
+
 _client_ids = itertools.count(1)
 _key_partition = functools.lru_cache(maxsize=1 << 16)(partition_for_key)
 
@@ -253,6 +258,8 @@ class Producer:
         ssl_keyfile: str | None = None,
         token: str | None = None,
     ) -> None:
+        if enable_idempotence is not None:
+            enable_idempotence = bool_option("enable_idempotence", enable_idempotence)
         if acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
         self.acks = _ACKS[acks]
@@ -324,6 +331,7 @@ class Producer:
         self.key_serializer = key_serializer
         self.value_serializer = value_serializer
         self.client_id = client_id or f"strom-producer-{next(_client_ids)}"
+        forks.track(self)
         #: Sent with every Produce: the nodes count bytes per client id (metrics).
         self._client_md = (("strom-client-id", self.client_id),)
         self._client = ClusterClient(
@@ -382,6 +390,8 @@ class Producer:
         self._epoch_victims: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
         self._wake = threading.Event()
         self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: Threads inside _fail_all (delivery callbacks run there too).
+        self._failing_threads: set[int] = set()
         self._sender = threading.Thread(target=self._run, name="strom-producer", daemon=True)
         self._sender.start()
 
@@ -392,7 +402,7 @@ class Producer:
         topic: str,
         value: Any = None,
         key: Any = None,
-        headers: Sequence[tuple[str, bytes | str]] | None = None,
+        headers: Sequence[tuple[str | bytes, Any]] | Mapping[str | bytes, Any] | None = None,
         partition: int | None = None,
         timestamp_ms: int | None = None,
         callback: Callable[[Any, BaseException | None], object] | None = None,
@@ -400,14 +410,16 @@ class Producer:
         """Queue one record; returns a Future of its :class:`RecordMetadata`.
 
         ``callback(metadata, exception)`` (one of them None) runs on the producer's thread
-        when the record is acknowledged or failed. Blocks up to ``max_block_ms`` when the
+        when the record is acknowledged or failed, before its future completes (so
+        :meth:`flush` returns after it has run). ``headers`` are (str, bytes) pairs or a
+        mapping; a bytes key is read as UTF-8. Blocks up to ``max_block_ms`` when the
         topic's metadata is not known yet, when ``partition`` was added so recently that the
         nodes have not learnt it yet (a partition the controller does not have either fails
         at once), or when the buffer is full.
         """
         # The hot path: every line here is paid once per record (see the module docstring).
         if self._closing:
-            raise ProducerClosedError("the producer is closed")
+            raise self._closed_error()
         txn = self._txn
         if txn is not None and txn.phase is not TxnPhase.IN_TRANSACTION:
             txn.require(TxnPhase.IN_TRANSACTION, action="send()")  # raises the right error
@@ -493,7 +505,7 @@ class Producer:
             err = result.error
             callback(None if err else result.metadata(index), err)
 
-        result.on_done(done)
+        result.on_delivery(done)  # runs before the record's future is done (BatchResult)
 
     def _make_room(self, topic: str, partition: int, size: int) -> ProducerBatch:
         """With the lock held: the partition's open batch with room for ``size`` more bytes,
@@ -592,7 +604,7 @@ class Producer:
         Returns one Future of the list of :class:`BatchMetadata` (one per batch, in order).
         """
         if self._closing:
-            raise ProducerClosedError("the producer is closed")
+            raise self._closed_error()
         if self._txn is not None:
             self._txn.require(TxnPhase.IN_TRANSACTION, action="send_batch()")
         table = _as_table(values, keys, headers, timestamps)
@@ -600,6 +612,11 @@ class Producer:
             done: Future[list[BatchMetadata]] = Future()
             done.set_result([])
             return done
+        if partition is not None and (
+            isinstance(partition, bool) or not isinstance(partition, int)
+        ):
+            # (found from outside: partition="1" failed with a bare "'<=' not supported")
+            raise TypeError(f"partition must be an int, got {partition!r}")
         n = self._counts.get(topic) or self._topic_partitions(topic)
         if partition is not None and not 0 <= partition < n:
             n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
@@ -641,7 +658,15 @@ class Producer:
         return _gather(chunks)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send everything queued so far and wait until it is acknowledged or failed."""
+        """Send everything queued so far and wait until it is acknowledged or failed, and
+        every delivery callback (``send(callback=...)``) of those records has run.
+
+        Not from inside a delivery callback: callbacks run on the thread that delivers the
+        records, which cannot wait for itself, so this raises :class:`ProducerCallbackError`
+        at once there instead of hanging."""
+        if self._forked_from:
+            raise forks.error(self)
+        self._refuse_in_callback("flush()")
         with self._lock:
             pending = [b.result for pq in self._queues.values() for b in pq.batches]
             self._flushing += 1
@@ -650,11 +675,27 @@ class Producer:
             end = None if timeout is None else time.monotonic() + timeout
             for r in pending:
                 left = None if end is None else max(end - time.monotonic(), 0)
-                if not r.wait(left):
+                if not r.wait_callbacks(left):
                     raise RequestTimedOutError(f"flush did not finish within {timeout} s")
         finally:
             with self._lock:
                 self._flushing -= 1
+
+    def _delivering(self) -> bool:
+        """Whether this thread delivers this producer's records: the sender thread, or one
+        failing them all (``close()``), where delivery callbacks run."""
+        return (
+            threading.current_thread() is self._sender
+            or threading.get_ident() in self._failing_threads
+        )
+
+    def _refuse_in_callback(self, action: str) -> None:
+        if self._delivering():
+            raise ProducerCallbackError(
+                f"{action} cannot be called from a delivery callback: callbacks run on the "
+                "thread that delivers the records, which would wait for itself; flush from "
+                "another thread (or close() the producer, which does not wait there)"
+            )
 
     # -- transactions (DESIGN §6; strom.client.transactions) --------------------------------
 
@@ -808,8 +849,20 @@ class Producer:
         if self._txn is None:
             raise InvalidTxnStateError("this producer has no transactional_id")
         if self._closing:
-            raise ProducerClosedError("the producer is closed")
+            raise self._closed_error()
         return self._txn
+
+    def _closed_error(self) -> StromError:
+        """Why a closed producer refuses a call: closed, or made in the parent of this
+        forked process (strom.client.forks)."""
+        if self._forked_from:
+            return forks.error(self)
+        return ProducerClosedError("the producer is closed")
+
+    def _after_fork(self) -> None:
+        """In a forked child (strom.client.forks): the sender thread and the connections are
+        the parent's, so every call is refused (``send`` tests ``_closing`` anyway)."""
+        self._closing = True
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the sender and release connections, within ``timeout`` seconds in all.
@@ -817,9 +870,20 @@ class Producer:
         not yet acknowledged fail with :class:`RequestTimedOutError`: they may have been
         written (retrying them may duplicate). An open transaction is aborted first, as is
         one that failed (abortable error); a commit that got no answer is left to its
-        coordinator."""
+        coordinator.
+
+        From a delivery callback it closes at once, as ``close(0)`` (as Kafka's Java client
+        does on its I/O thread): the callback runs on the thread that delivers the records,
+        which can neither wait for them nor for itself (found from outside: it raised
+        "cannot join current thread", swallowed, and left the producer half-closed)."""
         if self._closed:
             return
+        if self._forked_from:  # the threads and connections are the parent's: nothing to do
+            self._closed = True
+            return
+        own = self._delivering()
+        if own:
+            timeout = 0
         # One deadline for every step (found from outside: close(timeout=2) took 4 s).
         end = None if timeout is None else time.monotonic() + timeout
 
@@ -834,11 +898,13 @@ class Producer:
         ):
             with contextlib.suppress(StromError):
                 self.abort_transaction(left())
-        with contextlib.suppress(StromError):
-            self.flush(left())
+        if not own:
+            with contextlib.suppress(StromError):
+                self.flush(left())
         self._closing = True
         self._wake.set()
-        self._sender.join(left())
+        if threading.current_thread() is not self._sender:
+            self._sender.join(left())
         self._closed = True
         # Found from outside: records in flight were reported "never sent", then appended
         # once the leader answered again; a user retrying them wrote them twice.
@@ -856,6 +922,8 @@ class Producer:
 
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition numbers (fetching metadata if needed)."""
+        if self._forked_from:
+            raise forks.error(self)
         n = self._counts.get(topic) or self._topic_partitions(topic)
         return list(range(n))
 
@@ -1757,6 +1825,16 @@ class Producer:
     def _fail_all(self, err: StromError, in_flight: StromError | None = None) -> None:
         """Fail every queued batch with ``err``; with ``in_flight``, the batches sent at least
         once (in flight now, or waiting to be retried) fail with that instead."""
+        me = threading.get_ident()
+        nested = me in self._failing_threads
+        self._failing_threads.add(me)
+        try:
+            self._fail_batches(err, in_flight)
+        finally:
+            if not nested:
+                self._failing_threads.discard(me)
+
+    def _fail_batches(self, err: StromError, in_flight: StromError | None) -> None:
         with self._lock:
             victims = [
                 (pq, [(b, b.sent or b.maybe_written) for b in pq.batches])
@@ -1806,10 +1884,45 @@ def _check_timestamp(ts: Any) -> int:
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes | None]]:
-    try:
-        return [(str(h), v.encode() if isinstance(v, str) else v) for h, v in headers]
-    except (TypeError, ValueError):
-        raise TypeError(f"headers must be (str, bytes) pairs, got {headers!r}") from None
+    """A record's headers as DESIGN §1 has them, (str, bytes | None) pairs, from a list of
+    pairs or a mapping (confluent-kafka takes both). A bytes key is decoded as UTF-8, as a
+    Kafka user who writes ``b"trace-id"`` means; any other type is refused naming the header
+    (found from outside: ``b"trace-id"`` was stored as ``"b'trace-id'"``, 7 as ``"7"``, and
+    an int value failed with a bare ``object of type 'int' has no len()``)."""
+    if isinstance(headers, Mapping):
+        headers = headers.items()
+    elif isinstance(headers, str | bytes) or not isinstance(headers, Iterable):
+        raise TypeError(f"headers must be a list of (key, value) pairs, got {headers!r}")
+    out = []
+    for item in headers:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise TypeError(f"headers must be (key, value) pairs, got {item!r}")
+        key, value = item
+        out.append((_header_key(key), _header_value(key, value)))
+    return out
+
+
+def _header_key(key: Any) -> str:
+    if type(key) is str:
+        return key
+    if isinstance(key, bytes | bytearray | memoryview):
+        try:
+            return bytes(key).decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"header key {bytes(key)!r} is not UTF-8: keys are text") from None
+    if isinstance(key, str):
+        return str(key)  # a str subclass
+    raise TypeError(f"header key {key!r} must be a str (or UTF-8 bytes), got {type(key).__name__}")
+
+
+def _header_value(key: Any, value: Any) -> bytes | None:
+    if value is None or type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"header {key!r}: value must be bytes, str or None, got {type(value).__name__}")
 
 
 def _seq_before(a: int, b: int) -> bool:
@@ -1845,15 +1958,7 @@ def _as_table(values: Any, keys: Any, headers: Any, timestamps: Any) -> pa.Table
         cols["headers"] = (
             headers
             if isinstance(headers, pa.Array)
-            else pa.array(
-                [
-                    None
-                    if h is None
-                    else [(k, v.encode() if isinstance(v, str) else v) for k, v in h]
-                    for h in headers
-                ],
-                type=HEADERS_TYPE,
-            )
+            else pa.array([None if h is None else _headers(h) for h in headers], type=HEADERS_TYPE)
         )
     if timestamps is not None:
         cols["timestamp"] = (
