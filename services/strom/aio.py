@@ -189,6 +189,7 @@ class Consumer:
     @_init_as(_consumer.Consumer)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = _consumer.Consumer(*args, **kwargs)
+        self._sync._shared = True  # polls one at a time here; other tasks call meanwhile
         #: Clear while a poll (``poll``, ``poll_arrow`` or an ``async for`` loop's) runs in a
         #: worker thread.
         self._poll_done = threading.Event()

@@ -432,3 +432,45 @@ def test_after_flush_every_callback_ran_and_every_future_is_done(
             assert all(f.done() for f in futures)
 
     asyncio.run(main())
+
+
+def test_other_tasks_may_use_the_consumer_while_a_poll_waits(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """The sync consumer refuses a second thread inside it (ConcurrentModificationError), and
+    the aio consumer runs a waiting poll in a worker thread: other tasks of the loop calling
+    position(), commit(), pause() and resume() meanwhile — as aiokafka users do — were
+    refused too. The aio consumer runs one poll at a time itself; the others go through."""
+    topic = "aio-beside-a-poll"
+    create_topic(one_node_cluster, topic)
+    tp = TopicPartition(topic, 0)
+    with Producer(one_node_cluster.bootstrap) as producer:
+        producer.send_batch(topic, [b"r%d" % i for i in range(5)], partition=0).result(10)
+
+    async def main() -> tuple[int, list[BaseException]]:
+        errors: list[BaseException] = []
+        async with aio.Consumer(
+            one_node_cluster.bootstrap, group_id=topic, auto_offset_reset="earliest"
+        ) as consumer:
+            await consumer.assign([tp])
+            got = len(await consumer.poll(5000))
+            polling = asyncio.create_task(consumer.poll(3000))  # nothing more: it waits
+
+            async def beside() -> None:
+                while not polling.done():
+                    try:
+                        assert await consumer.position(tp) == 5
+                        await consumer.commit()
+                        consumer.pause([tp])
+                        consumer.resume([tp])
+                    except Exception as exc:  # what the loop would see
+                        errors.append(exc)
+                    await asyncio.sleep(0.05)
+
+            await asyncio.gather(polling, beside())
+            assert (await consumer.committed(tp)).offset == 5
+        return got, errors
+
+    got, errors = asyncio.run(main())
+    assert got == 5
+    assert errors == []

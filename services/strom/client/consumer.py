@@ -103,7 +103,7 @@ def _one_thread(method: F) -> F:
         if self._forked_from:  # (before the marker, which a parent's thread may hold)
             raise forks.error(self)
         me = threading.get_ident()
-        if self._owner == me or self._lent:
+        if self._owner == me or self._lent or self._shared:
             return method(self, *args, **kwargs)
         if not self._entry.acquire(blocking=False):
             raise ConcurrentModificationError(
@@ -281,6 +281,11 @@ class Consumer:
         self._entry = threading.Lock()
         self._owner = 0
         self._lent = False
+        #: Set by strom.aio, whose consumer runs one poll at a time in a worker thread while
+        #: its other tasks may commit, read positions, pause and seek meanwhile (as aiokafka
+        #: users do, and as they could before the guard: the fetcher locks its own state).
+        #: The guard would refuse those calls; two polls at once cannot happen there.
+        self._shared = False
         self._closed = False
         #: Set when close() begins (``_closed`` when it has given up the group): the rebalance
         #: listener that close() runs may still commit, read positions and the assignment.
