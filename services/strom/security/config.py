@@ -10,7 +10,7 @@ coordinator writes) and its etcd client then use them. Clients pass a :class:`Ch
 (``Producer(..., ssl_cafile=..., ssl_certfile=..., ssl_keyfile=..., token=...)``).
 
 Outgoing channels of a service present the service's own certificate (mTLS between services)
-and, if given, its ``--client-token-file`` token.
+and, if given, its ``--client-token-file`` token (read again when the file changes).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from strom.security.acl import Authorizer
 from strom.security.channel import (
     CLIENT_ENV,
     ChannelSecurity,
+    ClientTokenFile,
     _read,
     client_security,
     default_channel,
@@ -267,7 +268,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--client-token-file",
         metavar="FILE",
-        help="bearer token this service presents to the other strom services",
+        help="bearer token this service presents to the other strom services (re-read when "
+        "changed)",
     )
     g.add_argument(
         "--acls",
@@ -419,10 +421,11 @@ def configure(args: argparse.Namespace) -> None:
                 raise error
             return None
 
-    client_token = None
+    # Read again when it changes, like --auth-tokens: a rotated service token is sent from
+    # the next call on, on every channel to the other services.
+    token_file = None
     if getattr(args, "client_token_file", None):
-        raw = _read(args.client_token_file, "--client-token-file")
-        client_token = (raw or b"").decode().strip() or None
+        token_file = ClientTokenFile(args.client_token_file)
     supers = parse_super_users(getattr(args, "super_users", None) or [])
     _SERVER = ServerSecurity(
         cert,
@@ -434,10 +437,11 @@ def configure(args: argparse.Namespace) -> None:
         supers,
         files,
     )
+    own = ChannelSecurity(ca, cert, key, None, token_file)
     if files is None:
-        set_default_channel(ChannelSecurity(ca, cert, key, client_token))
+        set_default_channel(own)
     else:
-        set_default_channel(ChannelSecurity(ca, cert, key, client_token), files.maybe_reload)
+        set_default_channel(own, files.maybe_reload)
         files.on_change(lambda new: replace_default_channel(new[2], new[0], new[1]))
     etcd_cert = _read(getattr(args, "etcd_cert", None), "--etcd-cert")
     etcd_key = _read(getattr(args, "etcd_key", None), "--etcd-key")
