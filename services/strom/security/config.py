@@ -35,8 +35,11 @@ from strom.security.channel import (
     set_default_channel,
 )
 from strom.security.principal import (
+    _RDN,
     TokenFile,
     Verifier,
+    _split_unescaped,
+    canonical_principal,
     load_verifier,
     user,
 )
@@ -293,24 +296,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 #: cannot start with if it is an attribute of a certificate's subject (an RFC 4514 attribute
 #: type has no ``:``).
 _TYPED = re.compile(r"[A-Za-z][A-Za-z0-9_-]*:")
-#: An RFC 4514 attribute, ``O=acme`` or ``2.5.4.10=acme``.
-_RDN = re.compile(r"([A-Za-z][A-Za-z0-9-]*|[0-9]+(\.[0-9]+)*)=")
-
-
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    r"""``text`` split on ``sep`` where it is not escaped by a backslash (RFC 4514 writes a
-    ``,`` or ``;`` inside an attribute value as ``\,`` / ``\;``; the escape is kept)."""
-    parts, start, i = [], 0, 0
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-            continue
-        if text[i] == sep:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    parts.append(text[start:])
-    return parts
 
 
 def parse_super_users(values: str | list[str]) -> frozenset[str]:
@@ -341,8 +326,9 @@ def parse_super_users(values: str | list[str]) -> frozenset[str]:
             typed = [bool(_TYPED.match(p)) for p in parts]
             # A subject's attributes joined as RFC 4514 writes them, with no space after the
             # comma (an unescaped space there is not part of a value): "User:CN=a, O=b" was
-            # kept with its space and never matched a certificate (found from outside).
-            subject = ",".join(parts)
+            # kept with its space and never matched a certificate (found from outside). The
+            # ACL commands write a principal the same way (canonical_principal).
+            subject = canonical_principal(",".join(parts))
             if len(parts) == 1:
                 out.add(user(parts[0]))
             elif separated and not any(typed[1:]):
