@@ -52,6 +52,14 @@ CERT_EXPIRY = Gauge(
     ["service"],
 )
 
+ETCD_CERT_EXPIRY = Gauge(
+    "strom_service_etcd_certificate_expiry_timestamp_seconds",
+    "When the client certificate this service presents to etcd (--etcd-cert) stops being "
+    "valid, in seconds since the epoch; read at start only, so a renewed one counts (and is "
+    "used) after a restart",
+    ["service"],
+)
+
 Files = tuple[bytes, bytes, bytes | None]
 Check = Callable[[bytes, bytes, bytes | None], None]
 
@@ -239,6 +247,18 @@ def _not_before_ahead(cert_pem: bytes) -> float | None:
     except ValueError:
         return None
     return start if time.time() < start else None
+
+
+def init_etcd_metrics(cert_pem: bytes | None) -> None:
+    """The etcd client certificate's end, for the alert that warns before it expires: etcd
+    refuses the service once it has, and the service's own TLS gauge does not cover it."""
+    if cert_pem is None or not service_metrics.SERVICE:
+        return
+    try:
+        end = _not_after(cert_pem).timestamp()
+    except ValueError:
+        return
+    ETCD_CERT_EXPIRY.labels(service_metrics.SERVICE).set(end)
 
 
 def expiry_problem(cert_pem: bytes, now: datetime | None = None) -> str | None:
