@@ -96,7 +96,7 @@ def security(env: dict[str, str]) -> ProbeSecurity:
     if (cert is None) != (key is None) or not _pair_loads(paths[1], paths[2]):
         cert = key = None  # gRPC cannot make a channel with them: dial without
     if not problems:
-        problems.extend(_file_problems(env, names, paths))
+        problems.extend(_file_problems(names, paths))
     return ProbeSecurity(ChannelSecurity(ca, cert, key, token), "; ".join(problems) or None, True)
 
 
@@ -143,19 +143,19 @@ def _pair_loads(cert_path: str | None, key_path: str | None) -> bool:
     return True
 
 
-def _file_problems(
-    env: dict[str, str], names: tuple[str, ...], paths: tuple[str | None, ...]
-) -> list[str]:
+def _file_problems(names: tuple[str, ...], paths: tuple[str | None, ...]) -> list[str]:
     """What the service's own checks find wrong with the files (the ones a service refuses
     a renewal for), named by the variables they came from."""
     from strom.security.config import _check_pem
 
-    ca, cert, key = (Path(p).read_bytes() if p else None for p in paths)
     try:
+        ca, cert, key = (Path(p).read_bytes() if p else None for p in paths)
         _check_pem(
             cert, key, ca, (names[1], names[2], names[0]), (paths[1], paths[2], paths[0]), True
         )
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # replaced since it was read
+        return [f"cannot read {exc.filename}: {exc.strerror or exc}"]
+    except ValueError as exc:
         return [str(exc)]
     return []
 
