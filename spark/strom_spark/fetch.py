@@ -94,7 +94,7 @@ _clients_lock = threading.Lock()
 
 def cluster_for(opts: ReadOptions) -> tuple[ClusterClient, MetadataCache]:
     """This process's client and metadata cache for ``opts``' cluster (shared by its tasks)."""
-    key = (opts.bootstrap, opts.client_id, opts.request_timeout_ms / 1000.0)
+    key = (opts.bootstrap, opts.client_id, opts.request_timeout_ms / 1000.0, opts.security)
     with _clients_lock:
         found = _clients.get(key)
         # One made before this process was forked (a Python worker forked from one that had
@@ -105,6 +105,7 @@ def cluster_for(opts: ReadOptions) -> tuple[ClusterClient, MetadataCache]:
                 timeout_s=opts.request_timeout_ms / 1000.0,
                 retry_s=opts.metadata_retry_s,
                 client_id=opts.client_id,
+                security=opts.security.channel(),
             )
         return found, found.cache
 

@@ -42,6 +42,7 @@ class ClusterView:
             timeout_s=opts.request_timeout_ms / 1000.0,
             retry_s=opts.metadata_retry_s,
             client_id=opts.client_id,
+            security=opts.security.channel(),
         )
         self.leaders = self.client.cache  # strom.client.metadata, as the Consumer uses
 

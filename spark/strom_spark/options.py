@@ -15,10 +15,12 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from strom.client.cluster import BOOTSTRAP_ENV, parse_bootstrap
 from strom.client.types import TopicPartition
+from strom.security.channel import ChannelSecurity, client_security
 from strom_spark.errors import OptionError
 
 #: ListOffsets sentinels, as in Kafka's JSON offsets: -2 = earliest, -1 = latest.
@@ -27,9 +29,14 @@ LATEST = -1
 
 _BOOTSTRAP_NAMES = ("bootstrap", "kafka.bootstrap.servers", "bootstrap.servers")
 
+#: TLS and token options of reads and writes, named after the client settings (``strom
+#: --ssl-cafile``, ``Producer(ssl_cafile=...)``): paths every executor must be able to read.
+_SECURITY_NAMES = ("ssl.cafile", "ssl.certfile", "ssl.keyfile", "token.file")
+
 #: Every read option, by its canonical spelling (lookups are case-insensitive).
 READ_OPTIONS = (
     *_BOOTSTRAP_NAMES,
+    *_SECURITY_NAMES,
     "subscribe",
     "subscribePattern",
     "assign",
@@ -60,6 +67,7 @@ READ_OPTIONS = (
 #: Every write option.
 WRITE_OPTIONS = (
     *_BOOTSTRAP_NAMES,
+    *_SECURITY_NAMES,
     "topic",
     "kafka.acks",
     "kafka.linger.ms",
@@ -85,6 +93,71 @@ TXN_TIMEOUT_MS = 900_000
 
 #: Default ``kafka.batch.size`` of writes (see WriteOptions.batch_size).
 WRITE_BATCH_SIZE = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Security:
+    """How the driver and the executors dial the cluster (options ``ssl.cafile``,
+    ``ssl.certfile``, ``ssl.keyfile``, ``token.file``): file paths, read where a client is
+    made, so a renewed file is used by the next task. A setting not given falls back to the
+    environment (``STROM_SSL_CAFILE``, ``STROM_SSL_CERTFILE``, ``STROM_SSL_KEYFILE``,
+    ``STROM_TOKEN`` / ``STROM_TOKEN_FILE``), as every strom client does.
+
+    FIX (found from outside): the connector's clients were made without security, so a
+    TLS, mTLS or token cluster could only be reached by setting those variables on the
+    driver and on every executor, which was documented nowhere."""
+
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    token_file: str | None = None
+
+    def _token(self) -> str | None:
+        if self.token_file is None:
+            return None
+        try:
+            token = Path(self.token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise OptionError(
+                f"option token.file {self.token_file}: cannot read it: {why}"
+            ) from None
+        if not token:
+            raise OptionError(f"option token.file {self.token_file}: it is empty")
+        return token
+
+    def client_kwargs(self) -> dict[str, str]:
+        """The settings given, as Producer / Admin keyword arguments."""
+        out = {
+            "ssl_cafile": self.ssl_cafile,
+            "ssl_certfile": self.ssl_certfile,
+            "ssl_keyfile": self.ssl_keyfile,
+            "token": self._token(),
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+    def channel(self) -> ChannelSecurity:
+        """The settings for a ClusterClient (the environment where an option is not given)."""
+        return client_security(**self.client_kwargs())
+
+    def check(self) -> None:
+        """Read and check the files now, on the driver (:class:`OptionError` naming the
+        option): a missing file, an expired certificate or a key that is not the
+        certificate's fails the query at once, not in every task."""
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise OptionError(
+                "options ssl.certfile and ssl.keyfile go together (a client certificate)"
+            )
+        self._token()
+        try:
+            ChannelSecurity.from_files(
+                self.ssl_cafile,
+                self.ssl_certfile,
+                self.ssl_keyfile,
+                names=("option ssl.cafile", "option ssl.certfile", "option ssl.keyfile"),
+            )
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -152,6 +225,8 @@ class ReadOptions:
     #: ``kafka.isolation.level=read_committed``: ranges end at the last stable offset and
     #: records of aborted transactions are left out (as a read_committed consumer reads).
     read_committed: bool = False
+    #: TLS and token settings (``ssl.*``, ``token.file``).
+    security: Security = Security()
 
     @property
     def metadata_retry_s(self) -> float:
@@ -187,6 +262,8 @@ class WriteOptions:
     #: A task's transaction stays open until the driver commits the whole write (or
     #: micro-batch), so the default is the coordinator's largest (transaction.max.timeout.ms).
     transaction_timeout_ms: int = TXN_TIMEOUT_MS
+    #: TLS and token settings (``ssl.*``, ``token.file``).
+    security: Security = Security()
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -227,6 +304,15 @@ def _int(opts: _Options, name: str, default: int | None, minimum: int) -> int | 
     if value < minimum:
         raise OptionError(f"option {name} must be >= {minimum}, got {value}")
     return value
+
+
+def _security(opts: _Options) -> Security:
+    """The ``ssl.*`` / ``token.file`` options, checked (see :meth:`Security.check`)."""
+    sec = Security(
+        *(opts.get(name) or None for name in _SECURITY_NAMES)  # type: ignore[arg-type]
+    )
+    sec.check()
+    return sec
 
 
 def _bool(opts: _Options, name: str, default: bool) -> bool:
@@ -482,6 +568,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         request_timeout_ms=_int(opts, "kafka.request.timeout.ms", 30_000, 1) or 30_000,
         client_id=opts.get("kafka.client.id") or "strom-spark",
         read_committed=_isolation(opts),
+        security=_security(opts),
     )
 
 
@@ -553,6 +640,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         exactly_once=exactly_once,
         transactional_id_prefix=prefix,
         transaction_timeout_ms=txn_timeout,
+        security=_security(opts),
     )
 
 

@@ -223,7 +223,9 @@ def write_task(
     producer = writer.producer
     try:
         producer.init_transactions()
-        with ClusterClient(list(opts.bootstrap), client_id=opts.client_id) as client:
+        with ClusterClient(
+            list(opts.bootstrap), client_id=opts.client_id, security=opts.security.channel()
+        ) as client:
             done = committed_batch(client, slot, LOOKUP_TIMEOUT_S)
         if done is not None and done.batch >= batch_id:
             rows = first.num_rows + sum(b.num_rows for b in it)
@@ -263,7 +265,9 @@ def complete(opts: WriteOptions, prepared: list[PreparedTxnState], commit: bool)
     if not prepared:
         return
     failed: list[str] = []
-    with ClusterClient(list(opts.bootstrap), client_id=opts.client_id) as client:
+    with ClusterClient(
+        list(opts.bootstrap), client_id=opts.client_id, security=opts.security.channel()
+    ) as client:
         for state in prepared:
             try:
                 complete_prepared_transaction(client, state, commit, timeout_s=LOOKUP_TIMEOUT_S)
@@ -288,7 +292,9 @@ def fence_slots(opts: WriteOptions, run: str, slots: list[int]) -> None:
         return
     ids = [Slot.make(opts, run, i).transactional_id for i in slots]
     try:
-        with Admin(list(opts.bootstrap), client_id=opts.client_id) as admin:
+        with Admin(
+            list(opts.bootstrap), client_id=opts.client_id, **opts.security.client_kwargs()
+        ) as admin:
             admin.fence_producers(ids, timeout=LOOKUP_TIMEOUT_S)
     except StromError as exc:
         log.warning(

@@ -119,7 +119,12 @@ def check_schema(schema: Any, opts: WriteOptions) -> None:
 def check_topics(opts: WriteOptions, topics: Iterable[str]) -> dict[str, int]:
     """Partition counts of ``topics``; a clear error for an unknown topic or cluster."""
     counts: dict[str, int] = {}
-    with ClusterClient(list(opts.bootstrap), retry_s=5.0, client_id=opts.client_id) as client:
+    with ClusterClient(
+        list(opts.bootstrap),
+        retry_s=5.0,
+        client_id=opts.client_id,
+        security=opts.security.channel(),
+    ) as client:
         for topic in topics:
             try:
                 counts[topic] = client.partition_count(topic)
@@ -184,6 +189,7 @@ class TaskWriter:
             client_id=opts.client_id,
             transactional_id=transactional_id,
             transaction_timeout_ms=opts.transaction_timeout_ms,
+            **opts.security.client_kwargs(),
         )
         self.futures: list[Any] = []
         self._sticky: dict[str, int] = {}

@@ -96,3 +96,17 @@ def test_the_services_still_work(cluster: LocalCluster) -> None:
         got = wait_for(lambda: c.poll(1000), timeout=60, what="the record")
         assert [r.value for r in got] == [b"x"]
         c.commit()
+
+
+def test_every_service_reports_when_its_etcd_certificate_expires(cluster: LocalCluster) -> None:
+    """The etcd client certificate had no expiry gauge (only --tls-cert did), so nothing
+    warned before etcd would refuse the services (StromEtcdCertificateExpiresSoon)."""
+    from cryptography import x509
+
+    from tests.conftest import member_metric
+
+    pem = (cluster.root / "etcd-tls" / "strom.crt").read_bytes()
+    end = x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+    name = "strom_service_etcd_certificate_expiry_timestamp_seconds"
+    for m in [*cluster.controllers, *cluster.nodes, *cluster.coordinators]:
+        assert member_metric(m, name, service=m.kind.split("-")[0]) == pytest.approx(end)

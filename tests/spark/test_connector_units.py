@@ -763,3 +763,70 @@ def test_batch_range_errors_name_the_last_stable_offset_for_read_committed() -> 
     assert opts.read_committed
     with pytest.raises(OptionError, match=r"ends at 22 \(its last stable offset\)"):
         check_ranges(opts, {T0: 0}, {T0: 30}, {T0: 0}, {T0: 22})
+
+
+def test_tls_and_token_options_reach_every_client(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Found from outside: the connector made its clients without security, so a TLS, mTLS
+    or token cluster was reachable only through STROM_SSL_* / STROM_TOKEN* set on the driver
+    and every executor. The ssl.* and token.file options are checked at load() and reach the
+    clients of reads (cluster_for, on the executors; the driver's lookups) and writes."""
+    from strom.devcluster.certs import CertificateAuthority
+    from strom_spark import fetch
+    from strom_spark.options import Security, parse_write_options
+    from strom_spark.write import TaskWriter
+
+    for var in ("STROM_SSL_CAFILE", "STROM_SSL_CERTFILE", "STROM_SSL_KEYFILE", "STROM_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("STROM_TOKEN_FILE", raising=False)
+    ca = CertificateAuthority(tmp_path / "ca")
+    app = ca.issue("spark-app")
+    token = tmp_path / "token"
+    token.write_text("spark-token\n")
+    given = {
+        "SSL.CAFile": str(ca.ca_file),  # case-insensitive, as Spark's options are
+        "ssl.certfile": str(app.cert),
+        "ssl.keyfile": str(app.key),
+        "token.file": str(token),
+    }
+    base = {"bootstrap": "127.0.0.1:1", "subscribe": "t"}
+    opts = parse_read_options({**base, **given}, streaming=False)
+    assert opts.security == Security(str(ca.ca_file), str(app.cert), str(app.key), str(token))
+    sec = opts.security.channel()
+    assert sec.ca == ca.ca_file.read_bytes() and sec.cert == app.cert.read_bytes()
+    assert sec.token == "spark-token"
+    client, _ = fetch.cluster_for(opts)
+    try:
+        assert client.security == sec
+    finally:
+        client.close()
+    with ClusterView(opts) as view:
+        assert view.client.security == sec
+    wopts = parse_write_options({"bootstrap": "127.0.0.1:1", "topic": "t", **given})
+    assert wopts.security == opts.security
+    writer = TaskWriter(wopts, {"t": 1})
+    try:
+        assert writer.producer._client.security == sec  # type: ignore[attr-defined]
+    finally:
+        writer.producer.close(timeout=0)
+
+    # Mistakes fail at load(), naming the option.
+    bad = [
+        ({"ssl.cafile": str(tmp_path / "missing.crt")}, "option ssl.cafile .*missing.crt"),
+        ({"ssl.certfile": str(app.cert)}, "ssl.certfile and ssl.keyfile go together"),
+        (
+            {"ssl.certfile": str(app.cert), "ssl.keyfile": str(ca.issue("other").key)},
+            "option ssl.keyfile .* is not the key of option ssl.certfile",
+        ),
+        ({"token.file": str(tmp_path / "none")}, "option token.file .*cannot read it"),
+        ({"ssl.cafile": str(token)}, "option ssl.cafile .*no PEM certificate"),
+    ]
+    for extra, message in bad:
+        with pytest.raises(OptionError, match=message):
+            parse_read_options({**base, **extra}, streaming=False)
+        with pytest.raises(OptionError, match=message):
+            parse_write_options({"bootstrap": "127.0.0.1:1", "topic": "t", **extra})
+    # Without the options, the environment still applies (the clients' default).
+    monkeypatch.setenv("STROM_TOKEN", "from-env")
+    assert parse_read_options(base, streaming=False).security.channel().token == "from-env"

@@ -77,3 +77,43 @@ def test_mistakes_are_refused_naming_the_entry(text: str, message: str) -> None:
     with pytest.raises(AclFileError) as err:
         parse_acl_file(text)
     assert message in str(err.value)
+
+
+def _subject_principal() -> str:
+    """The principal the services derive from a certificate of CN "Smith, John", O Acme."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from strom.security.principal import user
+
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Acme"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "Smith, John"),
+        ]
+    )
+    return user(name.rfc4514_string())
+
+
+def test_a_certificate_principal_typed_with_spaces_matches_its_certificate() -> None:
+    """Found from outside: `acls add`/`acls apply` kept 'User:CN=Smith\\, John, O=Acme' as
+    typed, which never matched the derived 'User:CN=Smith\\, John,O=Acme' (--super-users
+    normalised it already): both write it as the services derive it now."""
+    from strom.cli.acls import _principal
+    from strom.cli.main import build_parser
+    from strom.security.config import parse_super_users
+
+    derived = _subject_principal()
+    assert derived == r"User:CN=Smith\, John,O=Acme"
+    typed = r"User:CN=Smith\, John, O=Acme"
+    (b,) = parse_acl_file(f"- principal: '{typed}'\n  allow: [read]\n  topic: orders\n")
+    assert b.principal == derived
+    assert _principal(typed) == derived
+    assert parse_super_users(typed + ";") == {derived}
+    args = build_parser().parse_args(
+        ["acls", "add", "--allow", typed, "--operation", "read", "--topic", "t"]
+    )
+    assert args.allow == derived
+    # Anything that is not a certificate's subject stays as it is.
+    for kept in ("User:alice", "User:*", "User:a, b", r"User:CN=a\ ,O=b"):
+        assert _principal(kept) == kept

@@ -198,8 +198,13 @@ def test_the_tls_probe_verifies_a_pods_certificate_by_its_own_name(
         monkeypatch.setenv("STROM_TLS_CERT", str(pod.cert))
         monkeypatch.setenv("STROM_TLS_KEY", str(pod.key))
         assert healthcheck.main([f"127.0.0.1:{port}"]) == 0
-        other = CertificateAuthority(tmp_path / "other")  # a server it must not trust
+        # Files that are good in themselves, of another CA: the served certificate is
+        # verified with them and refused.
+        other = CertificateAuthority(tmp_path / "other")
+        stranger = other.issue("strom-storage-0", dns_names=names)
         monkeypatch.setenv("STROM_TLS_CA", str(other.ca_file))
+        monkeypatch.setenv("STROM_TLS_CERT", str(stranger.cert))
+        monkeypatch.setenv("STROM_TLS_KEY", str(stranger.key))
         assert healthcheck.main([f"127.0.0.1:{port}"]) == 1
     finally:
         server.stop(0)
@@ -208,10 +213,11 @@ def test_the_tls_probe_verifies_a_pods_certificate_by_its_own_name(
 def test_the_probe_reports_unusable_tls_files_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """A missing (or expired) TLS file fails the probe with one line naming it."""
+    """With nothing serving, a missing (or expired) TLS file is named in the probe's one
+    line, by the variable it came from."""
     for var in ("STROM_SSL_CAFILE", "STROM_SSL_CERTFILE", "STROM_SSL_KEYFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("STROM_TLS_CA", str(tmp_path / "missing-ca.crt"))
     assert healthcheck.main([f"127.0.0.1:{free_port()}"]) == 1
     err = capsys.readouterr().err
-    assert "cannot use the TLS files" in err and "missing-ca.crt" in err, err
+    assert "the TLS files on disk: STROM_TLS_CA" in err and "missing-ca.crt" in err, err

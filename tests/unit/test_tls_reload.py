@@ -200,3 +200,66 @@ def test_an_idle_service_looks_at_its_files_on_its_own(monkeypatch: pytest.Monke
     files = Files()
     asyncio.run(runtime._watch_tls_files(files, stop))  # type: ignore[arg-type]
     assert files.looks == 3
+
+
+def _issued_ahead(ca: CertificateAuthority, seconds: float) -> tuple[bytes, bytes]:
+    """A certificate (and key) of ``ca`` whose notBefore is ``seconds`` ahead of now, as an
+    issuer whose clock is ahead makes it."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "two")]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now + dt.timedelta(seconds=seconds))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    pem_key = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), pem_key
+
+
+def test_a_certificate_not_valid_yet_is_taken_once_it_is(
+    setup,  # type: ignore[no-untyped-def]
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found from outside: a renewal whose notBefore was a few seconds ahead (the issuer's
+    clock) was refused and its files never read again, so the service stayed on the old
+    certificate until it expired. It is taken at a look once it is valid, logged once
+    meanwhile, and not counted as a refused set."""
+    from strom.devcluster.procs import wait_for
+
+    files, clock, (cert, key), first, _, ca = setup
+    early_cert, early_key = _issued_ahead(ca, 4.0)
+    cert.write_bytes(early_cert)
+    key.write_bytes(early_key)
+
+    def look() -> bool:
+        clock.now += 1.0
+        return files.maybe_reload()
+
+    assert look() is False and look() is False  # not valid yet
+    assert files.files[0] == first.cert.read_bytes()
+    wait_for(look, timeout=30, what="the certificate taken once valid")
+    assert files.files[0] == early_cert and files.generation == 1
+    assert files.refusals == 0
+    waiting = [r for r in caplog.records if "not used yet" in r.getMessage()]
+    assert len(waiting) == 1, [r.getMessage() for r in caplog.records]

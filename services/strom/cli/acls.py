@@ -29,6 +29,7 @@ from strom.cli.jsonout import message_dict
 from strom.errors import StromError, error_for
 from strom.security.acl import CLUSTER, Acl
 from strom.security.acl_file import AclFileError, parse_acl_file
+from strom.security.principal import canonical_principal
 
 _OPS = {o.removeprefix("ACL_OPERATION_").lower(): v for o, v in md.AclOperation.items() if v}
 
@@ -50,7 +51,9 @@ def _principal(text: str) -> str:
     _, colon, name = text.partition(":")
     if not text.strip() or (colon and not name.strip()):
         raise argparse.ArgumentTypeError("must not be empty (User:<name>, or User:* for any)")
-    return text
+    # A certificate's subject as the services derive it: 'User:CN=a, O=b' (a space after
+    # the comma) was stored as typed and never matched the certificate (found from outside).
+    return canonical_principal(text)
 
 
 def _resource_args(p: argparse.ArgumentParser, required: bool) -> None:

@@ -27,6 +27,7 @@ import yaml
 
 from strom.api import metadata_pb2 as md
 from strom.security.acl import CLUSTER, validate
+from strom.security.principal import canonical_principal
 
 #: Operation names accepted in ``allow`` / ``deny`` (as ``strom acls add --operation``).
 OPERATIONS = {
@@ -64,6 +65,9 @@ def _entry(i: int, e: Any) -> list[md.AclBinding]:
         raise AclFileError(
             f"{where}: principal must be 'User:<name>' or 'User:*', got {principal!r}"
         )
+    # As the services derive it from a certificate (no space after a comma of its subject),
+    # so that 'User:CN=a, O=b' matches the certificate it means.
+    principal = canonical_principal(principal)
     if ("allow" in e) == ("deny" in e):
         raise AclFileError(f"{where}: give exactly one of 'allow' or 'deny' (a list of operations)")
     permission = md.ACL_PERMISSION_ALLOW if "allow" in e else md.ACL_PERMISSION_DENY

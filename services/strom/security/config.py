@@ -10,7 +10,7 @@ coordinator writes) and its etcd client then use them. Clients pass a :class:`Ch
 (``Producer(..., ssl_cafile=..., ssl_certfile=..., ssl_keyfile=..., token=...)``).
 
 Outgoing channels of a service present the service's own certificate (mTLS between services)
-and, if given, its ``--client-token-file`` token.
+and, if given, its ``--client-token-file`` token (read again when the file changes).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from strom.security.acl import Authorizer
 from strom.security.channel import (
     CLIENT_ENV,
     ChannelSecurity,
+    ClientTokenFile,
     _read,
     client_security,
     default_channel,
@@ -34,8 +35,11 @@ from strom.security.channel import (
     set_default_channel,
 )
 from strom.security.principal import (
+    _RDN,
     TokenFile,
     Verifier,
+    _split_unescaped,
+    canonical_principal,
     load_verifier,
     user,
 )
@@ -267,7 +271,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--client-token-file",
         metavar="FILE",
-        help="bearer token this service presents to the other strom services",
+        help="bearer token this service presents to the other strom services (re-read when "
+        "changed)",
     )
     g.add_argument(
         "--acls",
@@ -291,24 +296,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 #: cannot start with if it is an attribute of a certificate's subject (an RFC 4514 attribute
 #: type has no ``:``).
 _TYPED = re.compile(r"[A-Za-z][A-Za-z0-9_-]*:")
-#: An RFC 4514 attribute, ``O=acme`` or ``2.5.4.10=acme``.
-_RDN = re.compile(r"([A-Za-z][A-Za-z0-9-]*|[0-9]+(\.[0-9]+)*)=")
-
-
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    r"""``text`` split on ``sep`` where it is not escaped by a backslash (RFC 4514 writes a
-    ``,`` or ``;`` inside an attribute value as ``\,`` / ``\;``; the escape is kept)."""
-    parts, start, i = [], 0, 0
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-            continue
-        if text[i] == sep:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    parts.append(text[start:])
-    return parts
 
 
 def parse_super_users(values: str | list[str]) -> frozenset[str]:
@@ -339,8 +326,9 @@ def parse_super_users(values: str | list[str]) -> frozenset[str]:
             typed = [bool(_TYPED.match(p)) for p in parts]
             # A subject's attributes joined as RFC 4514 writes them, with no space after the
             # comma (an unescaped space there is not part of a value): "User:CN=a, O=b" was
-            # kept with its space and never matched a certificate (found from outside).
-            subject = ",".join(parts)
+            # kept with its space and never matched a certificate (found from outside). The
+            # ACL commands write a principal the same way (canonical_principal).
+            subject = canonical_principal(",".join(parts))
             if len(parts) == 1:
                 out.add(user(parts[0]))
             elif separated and not any(typed[1:]):
@@ -419,10 +407,11 @@ def configure(args: argparse.Namespace) -> None:
                 raise error
             return None
 
-    client_token = None
+    # Read again when it changes, like --auth-tokens: a rotated service token is sent from
+    # the next call on, on every channel to the other services.
+    token_file = None
     if getattr(args, "client_token_file", None):
-        raw = _read(args.client_token_file, "--client-token-file")
-        client_token = (raw or b"").decode().strip() or None
+        token_file = ClientTokenFile(args.client_token_file)
     supers = parse_super_users(getattr(args, "super_users", None) or [])
     _SERVER = ServerSecurity(
         cert,
@@ -434,10 +423,11 @@ def configure(args: argparse.Namespace) -> None:
         supers,
         files,
     )
+    own = ChannelSecurity(ca, cert, key, None, token_file)
     if files is None:
-        set_default_channel(ChannelSecurity(ca, cert, key, client_token))
+        set_default_channel(own)
     else:
-        set_default_channel(ChannelSecurity(ca, cert, key, client_token), files.maybe_reload)
+        set_default_channel(own, files.maybe_reload)
         files.on_change(lambda new: replace_default_channel(new[2], new[0], new[1]))
     etcd_cert = _read(getattr(args, "etcd_cert", None), "--etcd-cert")
     etcd_key = _read(getattr(args, "etcd_key", None), "--etcd-key")

@@ -17,6 +17,7 @@ import hmac
 import importlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -58,6 +59,54 @@ Verifier = Callable[[str], "str | None"]
 def user(name: str) -> str:
     """``alice`` → ``User:alice`` (a name that already has a type is kept)."""
     return name if name.startswith("User:") else f"User:{name}"
+
+
+#: An RFC 4514 attribute, ``O=acme`` or ``2.5.4.10=acme``.
+_RDN = re.compile(r"([A-Za-z][A-Za-z0-9-]*|[0-9]+(\.[0-9]+)*)=")
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    r"""``text`` split on ``sep`` where it is not escaped by a backslash (RFC 4514 writes a
+    ``,`` or ``;`` inside an attribute value as ``\,`` / ``\;``; the escape is kept)."""
+    parts, start, i = [], 0, 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == sep:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def _trim(part: str) -> str:
+    r"""``part`` without the spaces around it, but an escaped one at its end (``\ ``) kept:
+    RFC 4514 escapes a value's own trailing space."""
+    part = part.lstrip()
+    stripped = part.rstrip()
+    if len(stripped) < len(part) and stripped.endswith("\\"):
+        stripped += " "
+    return stripped
+
+
+def canonical_principal(principal: str) -> str:
+    """A certificate's principal as the services derive it (``User:`` + the subject in RFC
+    4514 form, no space after a comma): ``User:CN=Smith\\, John, O=Acme`` →
+    ``User:CN=Smith\\, John,O=Acme``. Anything that is not a subject of two or more
+    attributes (``User:alice``, ``User:*``, a token's principal with a comma in it) is
+    returned as it is. Shared by ``--super-users`` and the ACL commands (``strom acls add``,
+    ``acls apply``), so that a principal typed with spaces matches the certificate it means
+    (found from outside: an ACL kept as typed never matched)."""
+    kind, colon, name = principal.partition(":")
+    if not colon:
+        return principal
+    parts = [_trim(p) for p in _split_unescaped(name, ",")]
+    parts = [p for p in parts if p]
+    if len(parts) < 2 or not all(_RDN.match(p) for p in parts):
+        return principal
+    return f"{kind}:{','.join(parts)}"
 
 
 def principal_of_certificate(pem: bytes) -> str:

@@ -13,7 +13,9 @@ The files are looked at (``stat``) at most once a second. A changed set is read 
 like the files at start (the key is the certificate's, the certificate is valid now); a set
 that fails is not used and the files in force stay. One that still fails at the next look (not
 a certificate copied a moment before its key) is logged once and counted in
-``strom_service_tls_reload_errors_total``.
+``strom_service_tls_reload_errors_total``. A certificate that is not valid *yet* (its
+issuer's clock a few seconds ahead of ours) is not refused for good: it is logged once and
+taken at the first look once it is valid.
 ``strom_service_tls_certificate_expiry_timestamp_seconds`` is the end of the validity of the
 certificate in force, for the alert that warns before it expires.
 """
@@ -47,6 +49,14 @@ CERT_EXPIRY = Gauge(
     "strom_service_tls_certificate_expiry_timestamp_seconds",
     "When the certificate this service serves and dials with (--tls-cert, as last read) "
     "stops being valid, in seconds since the epoch",
+    ["service"],
+)
+
+ETCD_CERT_EXPIRY = Gauge(
+    "strom_service_etcd_certificate_expiry_timestamp_seconds",
+    "When the client certificate this service presents to etcd (--etcd-cert) stops being "
+    "valid, in seconds since the epoch; read at start only, so a renewed one counts (and is "
+    "used) after a restart",
     ["service"],
 )
 
@@ -90,6 +100,9 @@ class TlsFiles:
         #: Sets refused so far.
         self.refusals = 0
         self._next_look = clock() + POLL_INTERVAL_S
+        #: A changed set whose certificate is not valid yet, and when it becomes valid (epoch
+        #: seconds): looked at again from then on, and not logged again meanwhile.
+        self._early: tuple[tuple[object, ...], float] | None = None
         self._served_generation = 0
         self.generation = 0
         self._on_change: list[Callable[[Files], None]] = []
@@ -144,16 +157,22 @@ class TlsFiles:
             stamp = self._stamp_now()
             if stamp == self._stamp:
                 return False
+            if self._early is not None and self._early[0] == stamp and time.time() < self._early[1]:
+                return False  # the same set, still not valid
+            files: Files | None = None
             try:
                 files = self._read()
                 self._check(*files)
             except ValueError as exc:
-                if stamp == self._suspect:  # as bad a second later: not a write under way
+                if stamp != self._suspect:
+                    self._suspect = stamp  # perhaps a write under way: look again
+                elif files is not None and (start := _not_before_ahead(files[0])) is not None:
+                    self._not_valid_yet(stamp, start, str(exc))
+                else:  # as bad a second later: not a write under way
                     self._stamp = stamp
                     self._refused(str(exc))
-                else:
-                    self._suspect = stamp
                 return False
+            self._early = None
             self._stamp = stamp
             if files == self._files:
                 return False  # touched, not changed
@@ -179,6 +198,20 @@ class TlsFiles:
         assert cert is not None and key is not None
         return cert, key, ca
 
+    def _not_valid_yet(self, stamp: tuple[object, ...], start: float, why: str) -> None:
+        """FIX (found from outside): a renewed certificate whose notBefore was a few seconds
+        ahead (the issuer's clock) was refused and its stamp recorded, so the unchanged files
+        were never read again and the service stayed on the old certificate until it expired
+        (cert-manager does not renew again). The stamp is not recorded: the set is looked at
+        again once it is valid, and logged once meanwhile."""
+        if self._early is None or self._early[0] != stamp:
+            log.warning(
+                "TLS files changed but not used yet (the ones read before stay in force until "
+                "the new certificate is valid, then it is taken): %s",
+                why,
+            )
+        self._early = (stamp, start)
+
     def _refused(self, why: str) -> None:
         self.refusals += 1
         log.error("TLS files changed but not used (the ones read before stay in force): %s", why)
@@ -202,6 +235,30 @@ class TlsFiles:
         """The configuration of the files in force."""
         cert, key, ca = self._files
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+
+def _not_before_ahead(cert_pem: bytes) -> float | None:
+    """When the certificate becomes valid (epoch seconds), if that is still ahead, else None
+    (also for one that does not parse)."""
+    from cryptography import x509
+
+    try:
+        start = x509.load_pem_x509_certificate(cert_pem).not_valid_before_utc.timestamp()
+    except ValueError:
+        return None
+    return start if time.time() < start else None
+
+
+def init_etcd_metrics(cert_pem: bytes | None) -> None:
+    """The etcd client certificate's end, for the alert that warns before it expires: etcd
+    refuses the service once it has, and the service's own TLS gauge does not cover it."""
+    if cert_pem is None or not service_metrics.SERVICE:
+        return
+    try:
+        end = _not_after(cert_pem).timestamp()
+    except ValueError:
+        return
+    ETCD_CERT_EXPIRY.labels(service_metrics.SERVICE).set(end)
 
 
 def expiry_problem(cert_pem: bytes, now: datetime | None = None) -> str | None:

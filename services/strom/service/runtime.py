@@ -26,6 +26,7 @@ from strom import security
 from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import metrics as metadata_metrics
 from strom.security import principal
+from strom.security.tls_reload import init_etcd_metrics
 from strom.service import metrics
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
@@ -126,6 +127,7 @@ async def serve(
     sec = security.server_security()
     if sec.files is not None:
         sec.files.init_metrics()
+    init_etcd_metrics(security.etcd().cert)
     server_limits = limits or ServerLimits()
     server = grpc.aio.server(
         options=[*GRPC_OPTIONS, *server_limits.grpc_options()],
