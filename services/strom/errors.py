@@ -122,6 +122,7 @@ ERRORS: dict[int, ErrorInfo] = {
     ),
     # security
     _E.TOPIC_AUTHORIZATION_FAILED: ErrorInfo(False, "the ACLs do not allow the topic"),
+    _E.SECURITY_DISABLED: ErrorInfo(False, "ACLs are not enforced on this cluster (no --acls)"),
 }
 del _E
 
@@ -678,6 +679,13 @@ class TopicAuthorizationFailedError(AuthorizationError):
     """TOPIC_AUTHORIZATION_FAILED: the principal may not describe the topic it named."""
 
     default_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class SecurityDisabledError(StromError):
+    """SECURITY_DISABLED: an ACL request reached a controller started without ``--acls``
+    (Kafka's SecurityDisabledException): entries added there would protect nothing."""
+
+    default_code = ErrorCode.SECURITY_DISABLED
 
 
 # ---- raised by the clients themselves (no server code) ----

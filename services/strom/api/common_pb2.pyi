@@ -78,6 +78,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_PRODUCER_ID_MAPPING: _ClassVar[ErrorCode]
     TRANSACTION_COORDINATOR_FENCED: _ClassVar[ErrorCode]
     TOPIC_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    SECURITY_DISABLED: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 INVALID_REQUEST: ErrorCode
@@ -147,6 +148,7 @@ INVALID_TRANSACTION_TIMEOUT: ErrorCode
 INVALID_PRODUCER_ID_MAPPING: ErrorCode
 TRANSACTION_COORDINATOR_FENCED: ErrorCode
 TOPIC_AUTHORIZATION_FAILED: ErrorCode
+SECURITY_DISABLED: ErrorCode
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

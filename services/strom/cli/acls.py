@@ -1,7 +1,8 @@
 """``strom acls add|list|remove`` and ``strom quotas set|list``: access control and client
 quotas from the shell, as Kafka's ``kafka-acls.sh`` / ``kafka-configs.sh --entity-type
 users`` do it. The active controller stores them in etcd; every service applies a change
-within a second.
+within a second. On a cluster without ``--acls`` the controller refuses the ACL calls
+(SECURITY_DISABLED), as Kafka does without an authorizer.
 
     strom acls add --allow User:alice --operation write --topic orders
     strom acls add --deny User:bob --operation read --topic-prefix secret-
@@ -75,7 +76,13 @@ def _resource_args(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    acls = sub.add_parser("acls", help="add, list and remove access control entries")
+    acls = sub.add_parser(
+        "acls",
+        help="add, list and remove access control entries",
+        description="Add, list and remove access control entries. The cluster must enforce "
+        "them (services started with --acls): elsewhere every action fails with "
+        "SECURITY_DISABLED, as Kafka's tool fails without an authorizer.",
+    )
     asub = acls.add_subparsers(dest="acls_cmd", metavar="ACTION")
     asub.required = True
     add = asub.add_parser("add", parents=[common], help="allow or deny an operation")

@@ -202,7 +202,7 @@ def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     d = csub.add_parser("describe", parents=[common], help="cluster id, controller, nodes")
     d.add_argument("--json", action="store_true")
     c = csub.add_parser("configs", parents=[common], help="a storage node's static configs")
-    c.add_argument("node", type=int, help="node id")
+    c.add_argument("node", type=int_at_least(0), help="node id")
     c.add_argument("--json", action="store_true")
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import functools
 import signal
 import sys
 import time
@@ -17,7 +19,7 @@ from typing import Any, BinaryIO
 from strom.api import common_pb2
 from strom.argtypes import UsageError, int_at_least, number_above
 from strom.cli import counted
-from strom.errors import InvalidRequestError, error_for
+from strom.errors import InvalidRequestError, MessageTooLargeError, StromError, error_for
 
 NONE = common_pb2.ErrorCode.NONE
 ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
@@ -25,14 +27,14 @@ ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 
 def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("produce", parents=[common], help="send stdin lines as records")
-    p.add_argument("topic")
+    p.add_argument("topic", type=_topic)
     p.add_argument(
         "--key-separator",
         type=_separator,
         help="split each line into KEY<sep>VALUE (a line without it is an error, as in "
         "Kafka's console producer)",
     )
-    p.add_argument("--partition", type=int, help="send everything to this partition")
+    p.add_argument("--partition", type=int_at_least(0), help="send everything to this partition")
     p.add_argument("--acks", default="1", choices=sorted(ACKS), help="0, 1 or all")
     p.add_argument(
         "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
@@ -58,20 +60,46 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="add this header to every record (repeatable)",
     )
+    p.add_argument(
+        "--producer-property",
+        action="append",
+        type=_property,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Producer setting, by Kafka's name or the keyword (max.request.size=16777216, "
+        "request_timeout_ms=60000); repeatable. Known: " + ", ".join(PRODUCER_PROPERTIES),
+    )
 
-    c = sub.add_parser("consume", parents=[common], help="print records of a topic")
-    c.add_argument("topic")
+    c = sub.add_parser(
+        "consume",
+        parents=[common],
+        help="print records of a topic",
+        description="Print the records of a topic, one a line: the value, or what --print-key "
+        "or --format make of it. A null key or value (a tombstone) prints as null, an empty "
+        "one as nothing, as in Kafka's console consumer.",
+    )
+    c.add_argument("topic", type=_topic)
     c.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    c.add_argument("--partition", type=int, help="only this partition")
-    c.add_argument("--offset", type=int, help="start offset (needs --partition)")
+    c.add_argument("--partition", type=int_at_least(0), help="only this partition")
+    c.add_argument(
+        "--offset",
+        type=_start_offset,
+        metavar="OFFSET|earliest|latest",
+        help="start offset of --partition: a number >= 0, earliest or latest",
+    )
     c.add_argument("--max-messages", type=int_at_least(1), help="exit after this many records")
     c.add_argument(
         "--timeout-ms",
         type=int_at_least(0),
         help="exit when no record arrived for this long (default: wait forever)",
     )
-    c.add_argument("--print-key", action="store_true", help="print KEY<sep>VALUE")
-    c.add_argument("--group", help="consume as a member of this consumer group")
+    c.add_argument(
+        "--print-key",
+        action="store_true",
+        help="print KEY<sep>VALUE (a null key or value prints as null, an empty one as "
+        "nothing, as in Kafka's console consumer)",
+    )
+    c.add_argument("--group", type=_not_blank, help="consume as a member of this consumer group")
     c.add_argument(
         "--isolation-level",
         choices=["read_uncommitted", "read_committed"],
@@ -82,9 +110,148 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--format",
         help="how to print each record, e.g. '{partition}:{offset} {key}={value} [{headers}]' "
-        "(fields: topic, partition, offset, timestamp, key, value, headers)",
+        "(fields: topic, partition, offset, timestamp, key, value, headers; a null key, "
+        "value or header value is printed as null)",
     )
     c.add_argument("--key-separator", type=_separator, default="\t")
+    c.add_argument(
+        "--consumer-property",
+        action="append",
+        type=_property,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Consumer setting, by Kafka's name or the keyword (max.partition.fetch.bytes="
+        "16777216); repeatable. Known: " + ", ".join(CONSUMER_PROPERTIES),
+    )
+
+
+#: ``--producer-property`` / ``--consumer-property`` keys: each client keyword that takes a
+#: plain value (number, string, boolean) and has no flag of its own (--acks, --group, ...),
+#: with how its value is read. Kafka's dotted names (max.request.size) name them too.
+_INT, _FLOAT, _STR = int, float, str
+PRODUCER_PROPERTIES: dict[str, Any] = {
+    "buffer_memory": _INT,
+    "client_id": _STR,
+    "delivery_timeout_ms": _INT,
+    "max_block_ms": _INT,
+    "max_in_flight": _INT,
+    "max_request_size": _INT,
+    "metadata_max_age_ms": _INT,
+    "request_timeout_ms": _INT,
+    "retries": _INT,
+    "retry_backoff_max_ms": _INT,
+    "retry_backoff_ms": _INT,
+}
+CONSUMER_PROPERTIES: dict[str, Any] = {
+    "auto_commit_interval_ms": _INT,
+    "check_crcs": bool,
+    "client_id": _STR,
+    "enable_auto_commit": bool,
+    "fetch_max_bytes": _INT,
+    "fetch_max_wait_ms": _INT,
+    "fetch_min_bytes": _INT,
+    "group_instance_id": _STR,
+    "heartbeat_interval_ms": _INT,
+    "max_partition_fetch_bytes": _INT,
+    "max_poll_interval_ms": _INT,
+    "max_poll_records": _INT,
+    "request_timeout_ms": _INT,
+    "retry_backoff_max_ms": _INT,
+    "retry_backoff_ms": _INT,
+    "session_timeout_ms": _INT,
+}
+#: Keys that have a flag of their own: the message names the flag.
+_FLAGGED = {
+    "acks": "--acks",
+    "compression": "--compression",
+    "compression_type": "--compression",
+    "linger_ms": "--linger-ms",
+    "batch_size": "--batch-size",
+    "group_id": "--group",
+    "isolation_level": "--isolation-level",
+    "auto_offset_reset": "--from-beginning",
+    "bootstrap_servers": "--bootstrap",
+}
+#: Kafka's names whose keyword is spelled otherwise.
+_ALIASES = {"max_in_flight_requests_per_connection": "max_in_flight"}
+
+
+def _property(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of --producer-property / --consumer-property (checked against the client
+    when the command knows which one)."""
+    key, found, value = text.partition("=")
+    if not found or not key.strip():
+        raise argparse.ArgumentTypeError(f"a property is KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def client_properties(
+    given: list[tuple[str, str]], known: dict[str, Any], flag: str
+) -> dict[str, Any]:
+    """The client keyword arguments of ``flag``'s KEY=VALUE pairs; UsageError naming the
+    property for an unknown key or a value of the wrong kind (Kafka's console tools take
+    any client setting so; found from outside: a record the topic allowed, above the fixed
+    4 MiB max_request_size, could not be sent)."""
+    out: dict[str, Any] = {}
+    for key, text in given:
+        name = key.replace(".", "_").replace("-", "_")
+        name = _ALIASES.get(name, name)
+        if name in _FLAGGED:
+            raise UsageError(f"{flag} {key}: use {_FLAGGED[name]} instead")
+        kind = known.get(name)
+        if kind is None:
+            raise UsageError(f"{flag} {key}: unknown; known: " + ", ".join(known))
+        out[name] = _property_value(key, text, kind, flag)
+    return out
+
+
+def _property_value(key: str, text: str, kind: Any, flag: str) -> Any:
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise UsageError(f"{flag} {key}={text}: must be true or false")
+        return text.lower() == "true"
+    if kind is _STR:
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is _INT else "a number"
+        raise UsageError(f"{flag} {key}={text}: must be {what}") from None
+
+
+@contextlib.contextmanager
+def _properties_named(props: dict[str, Any], flag: str) -> Iterator[None]:
+    """A client's ValueError about a keyword given as a property becomes a usage error that
+    names the property (``--producer-property max_request_size: must be at least 1``)."""
+    try:
+        yield
+    except ValueError as exc:
+        name = next((k for k in props if k in str(exc)), None)
+        if name is None or isinstance(exc, UsageError):
+            raise
+        raise UsageError(f"{flag} {name}: {exc}") from None
+
+
+def _topic(text: str) -> str:
+    """A topic argument: an empty one is refused here (found from outside: `strom consume ""`
+    ended in a traceback of the client's TypeError)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the topic name must not be empty")
+    return text
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _start_offset(text: str) -> int | str:
+    """``--offset``: a number >= 0, or ``earliest`` / ``latest`` as Kafka's console consumer
+    takes them (found from outside: ``--offset -2`` failed in the cluster, exit 1)."""
+    if text in ("earliest", "latest"):
+        return text
+    return int_at_least(0, " (or earliest, latest)")(text)
 
 
 def _separator(text: str) -> str:
@@ -102,32 +269,39 @@ def _header(text: str) -> tuple[str, bytes]:
 
 def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
     """Send each stdin line as a record through the Producer (batching, retries,
-    idempotence); with a terminal on stdin each line is sent and acknowledged at once."""
+    idempotence); with a terminal on stdin each line is sent and acknowledged at once.
+
+    A record that cannot be sent stops the command naming its input line and how many
+    records were acknowledged (found from outside: the error named neither)."""
     from strom.client.producer import Producer
 
+    props = client_properties(args.producer_property, PRODUCER_PROPERTIES, "--producer-property")
     sep = args.key_separator.encode() if args.key_separator else None
     interactive = stdin.isatty()
     headers = list(args.header or []) or None
     sent = 0
-    failures: list[BaseException] = []
+    acked = [0]
+    failures: list[tuple[int, BaseException]] = []  # (line number, error), the first ten
 
-    def on_delivery(_md: Any, err: BaseException | None) -> None:
-        if err is not None and len(failures) < 10:
-            failures.append(err)
+    def on_delivery(number: int, _md: Any, err: BaseException | None) -> None:
+        if err is None:
+            acked[0] += 1
+        elif len(failures) < 10:
+            failures.append((number, err))
 
-    with (
-        # SIGTERM closes the producer as EOF does: what was read is sent and acknowledged
-        # (Kafka's console producer flushes in its shutdown hook); it used to be dropped.
-        _sigterm_unwinds(),
-        Producer(
+    with _properties_named(props, "--producer-property"):
+        producer = Producer(
             args.bootstrap,
             acks=ACKS[args.acks] if args.acks != "all" else "all",
             compression=args.compression,
             linger_ms=0 if interactive else args.linger_ms,
             batch_size=args.batch_size,
             enable_idempotence=args.acks == "all",  # Kafka's rule: only with acks=all
-        ) as producer,
-    ):
+            **props,
+        )
+    # SIGTERM closes the producer as EOF does: what was read is sent and acknowledged
+    # (Kafka's console producer flushes in its shutdown hook); it used to be dropped.
+    with _sigterm_unwinds(), producer:
         # Fail fast on an unknown topic or partition before reading any input.
         partitions = producer.partitions_for(args.topic)
         if args.partition is not None and args.partition not in partitions:
@@ -145,28 +319,70 @@ def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
                     producer.flush()
                     raise InvalidRequestError(
                         f"line {number} has no key separator {args.key_separator!r} "
-                        f"(the {counted(sent, 'record')} before it were sent)"
+                        f"(the {counted(acked[0], 'record')} before it were sent)"
                     )
                 key, line = k, v
-            fut = producer.send(
-                args.topic,
-                line,
-                key=key,
-                headers=headers,
-                partition=args.partition,
-                callback=on_delivery,
-            )
-            sent += 1
-            if interactive:
-                fut.result()
+            try:
+                fut = producer.send(
+                    args.topic,
+                    line,
+                    key=key,
+                    headers=headers,
+                    partition=args.partition,
+                    callback=functools.partial(on_delivery, number),
+                )
+                sent += 1
+                if interactive:
+                    fut.result()
+            except StromError as exc:
+                if not interactive:
+                    producer.flush()  # what was read before it goes out, and is counted
+                raise _at_line(exc, number, _sent_before(acked[0], sent)) from None
         producer.flush()
     if failures:
-        raise failures[0]
+        number, err = min(failures, key=lambda f: f[0])
+        if isinstance(err, StromError):
+            raise _at_line(
+                err, number, f"{acked[0]} of the {counted(sent, 'record')} read were sent"
+            )
+        raise err
     print(f"produced {counted(sent, 'record')} to {args.topic}", file=sys.stderr)
     return 0
 
 
+def _sent_before(acked: int, before: int) -> str:
+    """How many of the records read before a failing line were sent."""
+    if acked == before:
+        return f"the {counted(before, 'record')} before it were sent"
+    return f"{acked} of the {counted(before, 'record')} before it were sent"
+
+
+def _at_line(exc: StromError, number: int, sent: str) -> StromError:
+    """``exc`` (same class and code) with the input line it is about and how many records
+    went out (``sent``), and for a record above the producer's limit, how to raise it."""
+    hint = ""
+    if isinstance(exc, MessageTooLargeError) and "max_request_size" in exc.message:
+        hint = " (raise the limit with --producer-property max.request.size=BYTES)"
+    message = f"line {number}: {exc.message}{hint}; {sent}"
+    try:
+        err = copy.copy(exc)
+    except Exception:  # a subclass whose constructor takes other arguments
+        return StromError(message, code=exc.code, retriable=exc.retriable)
+    err.message = message
+    return err
+
+
 _FIELDS = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+
+#: What a null key, value or header value prints as: Kafka's console consumer's ``null``.
+NULL = b"null"
+
+
+def _or_null(data: bytes | None) -> bytes:
+    """``data``, or ``null`` for None. A tombstone (null value) and a record without a key
+    printed as an empty line and an empty key, so they could not be told from b"" (found
+    from outside); an empty key or value still prints as nothing."""
+    return NULL if data is None else data
 
 
 def _formatter(args: argparse.Namespace) -> Any:
@@ -174,9 +390,9 @@ def _formatter(args: argparse.Namespace) -> Any:
     template = args.format
     if template is None:
         if not args.print_key:
-            return lambda r: (r.value or b"") + b"\n"
+            return lambda r: _or_null(r.value) + b"\n"
         sep = args.key_separator.encode()
-        return lambda r: (r.key or b"") + sep + (r.value or b"") + b"\n"
+        return lambda r: _or_null(r.key) + sep + _or_null(r.value) + b"\n"
     # Tried on values of the types the records give (numbers for partition, offset and
     # timestamp): '{offset:x}' was refused when every field was tried as a string (found
     # from outside).
@@ -194,10 +410,10 @@ def _formatter(args: argparse.Namespace) -> Any:
             partition=r.partition,
             offset=r.offset,
             timestamp=r.timestamp,
-            key=(r.key or b"").decode(errors="backslashreplace"),
-            value=(r.value or b"").decode(errors="backslashreplace"),
+            key=_or_null(r.key).decode(errors="backslashreplace"),
+            value=_or_null(r.value).decode(errors="backslashreplace"),
             headers=",".join(
-                f"{k}={(v or b'').decode(errors='backslashreplace')}" for k, v in r.headers or ()
+                f"{k}={_or_null(v).decode(errors='backslashreplace')}" for k, v in r.headers or ()
             ),
         )
         return text.encode() + b"\n"
@@ -239,17 +455,18 @@ def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
         raise UsageError("--offset needs --partition")
     if args.group and (args.partition is not None or args.offset is not None):
         raise UsageError("--group cannot be combined with --partition/--offset")
+    props = client_properties(args.consumer_property, CONSUMER_PROPERTIES, "--consumer-property")
+    props.setdefault("client_id", "strom-console-consumer")
     fmt = _formatter(args)
-    with (
-        _sigterm_unwinds(),
-        Consumer(
+    with _properties_named(props, "--consumer-property"):
+        consumer = Consumer(
             args.bootstrap,
             group_id=args.group,
             auto_offset_reset="earliest" if args.from_beginning else "latest",
-            client_id="strom-console-consumer",
             isolation_level=args.isolation_level,
-        ) as consumer,
-    ):
+            **props,
+        )
+    with _sigterm_unwinds(), consumer:
         if args.group:
             consumer.subscribe([args.topic])
         else:
@@ -264,7 +481,11 @@ def run_consume(args: argparse.Namespace, out: BinaryIO) -> int:
                 parts = [args.partition]
             tps = [TopicPartition(args.topic, p) for p in parts]
             consumer.assign(tps)
-            if args.offset is not None:
+            if args.offset == "earliest":
+                consumer.seek_to_beginning(tps)
+            elif args.offset == "latest":
+                consumer.seek_to_end(tps)
+            elif args.offset is not None:
                 consumer.seek(tps[0], args.offset)
         printed = 0
         last_data = time.monotonic()

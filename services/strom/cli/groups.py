@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,12 +64,17 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="set a group's committed offsets (dry run unless --execute)",
     )
     r.add_argument("group")
-    r.add_argument(
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument(
         "--topic",
         action="append",
-        required=True,
         metavar="TOPIC[:P,P...]",
         help="topic (optionally only some partitions); repeatable",
+    )
+    which.add_argument(
+        "--all-topics",
+        action="store_true",
+        help="every partition the group has committed an offset for (as Kafka's tool)",
     )
     how = r.add_mutually_exclusive_group(required=True)
     how.add_argument("--to-earliest", action="store_true")
@@ -78,16 +85,34 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="ISO8601",
         help="e.g. 2024-05-01T12:00:00Z; without a timezone it is local time, as in Kafka",
     )
-    how.add_argument("--shift-by", type=int, metavar="N", help="from the committed offset")
-    r.add_argument("--execute", action="store_true", help="apply (default: dry run)")
+    how.add_argument(
+        "--to-duration",
+        metavar="PnDTnHnMnS",
+        help="to the first offset at or after this long ago (ISO 8601 duration, as Kafka's "
+        "tool takes it: PT1H, P1DT12H, PT30M, PT0.5S)",
+    )
+    how.add_argument(
+        "--shift-by",
+        type=int,
+        metavar="N",
+        help="from the committed offset; a partition with nothing committed shifts from its "
+        "earliest offset (Kafka's tool refuses it; the command says so on stderr)",
+    )
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--execute", action="store_true", help="apply (default: dry run)")
+    mode.add_argument(
+        "--dry-run", action="store_true", help="only print the plan (the default, as Kafka's)"
+    )
 
 
 def run_groups(args: argparse.Namespace, out: Any) -> int:
     if args.groups_cmd == "reset-offsets":  # bad arguments: a usage error, before connecting
-        for spec in args.topic:
+        for spec in args.topic or ():
             _topic_spec(spec)
         if args.to_datetime is not None:
             _datetime_ms(args.to_datetime)
+        if args.to_duration is not None:
+            duration_ms(args.to_duration)
     with ClusterClient(args.bootstrap) as client:
         return int(_COMMANDS[args.groups_cmd](client, args, out) or 0)
 
@@ -223,6 +248,26 @@ def _datetime_ms(text: str) -> int:
         raise UsageError(f"--to-datetime {exc}") from None
 
 
+_DURATION = re.compile(
+    r"P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?"
+    r"(?:(?P<s>\d+(?:\.\d+)?)S)?)?",
+    re.IGNORECASE,
+)
+
+
+def duration_ms(text: str) -> int:
+    """``--to-duration``, an ISO 8601 duration (``PT1H``, ``P1DT12H``: Kafka's form, read by
+    Java's ``Duration.parse``), in ms; UsageError naming the form for anything else."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or not any(m.groupdict().values()) or text.strip().upper().endswith("T"):
+        raise UsageError(
+            f"--to-duration {text!r} is not an ISO 8601 duration PnDTnHnMnS, e.g. PT1H "
+            "(an hour ago), P1DT12H, PT30M"
+        )
+    unit_ms = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000}
+    return round(sum(float(v) * unit_ms[k] for k, v in m.groupdict().items() if v))
+
+
 def plan_reset(
     tps: list[TopicPartition],
     *,
@@ -233,13 +278,18 @@ def plan_reset(
     to_offset: int | None = None,
     shift_by: int | None = None,
     to_earliest: bool = False,
+    notes: list[str] | None = None,
 ) -> dict[TopicPartition, int]:
     """The new offset of each partition, clamped to [earliest, latest] as Kafka's tool does.
 
     ``by_time`` holds the ListOffsets answers for ``--to-datetime`` (-1 = no record that late:
     the end). A shift from a partition with nothing committed starts from its earliest offset.
+    ``notes`` gets a line for each offset moved into the log and each such shift, in Kafka's
+    words: a clamp used to go unsaid, so ``--to-offset 7`` silently set the end (found from
+    outside).
     """
     out: dict[TopicPartition, int] = {}
+    said = notes if notes is not None else []
     for tp in tps:
         lo, hi = earliest[tp], latest[tp]
         if to_earliest:
@@ -247,12 +297,27 @@ def plan_reset(
         elif to_offset is not None:
             new = to_offset
         elif shift_by is not None:
+            if tp not in committed:
+                said.append(
+                    f"{tp.topic}-{tp.partition}: no committed offset to shift; shifting from "
+                    f"its earliest offset ({lo})"
+                )
             new = committed.get(tp, lo) + shift_by
         elif by_time is not None:
             found = by_time.get(tp, -1)
             new = hi if found < 0 else found
         else:
             new = hi
+        if new > hi:
+            said.append(
+                f"{tp.topic}-{tp.partition}: New offset ({new}) is higher than latest offset "
+                f"({hi}); value will be set to {hi}"
+            )
+        elif new < lo:
+            said.append(
+                f"{tp.topic}-{tp.partition}: New offset ({new}) is lower than earliest offset "
+                f"({lo}); value will be set to {lo}"
+            )
         out[tp] = min(max(new, lo), hi)
     return out
 
@@ -266,10 +331,13 @@ def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
     else:
         if d.members:  # refused before the dry run too: its plan could not be applied
             raise non_empty_error(args.group, len(d.members))
-    tps = _topic_partitions(client, args.topic)
     committed = {
         tp: om.offset for tp, om in admin.list_group_offsets(args.group).items() if om is not None
     }
+    tps = list(committed) if args.all_topics else _topic_partitions(client, args.topic)
+    if not tps:
+        print(f"group {args.group} has no committed offsets: nothing to reset", file=out)
+        return
 
     def lookup(spec: int) -> dict[TopicPartition, int]:
         found = list_offsets(
@@ -278,7 +346,12 @@ def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
         return {tp: r.offset for tp, r in found.items()}
 
     earliest, latest = lookup(EARLIEST), lookup(LATEST)
-    by_time = lookup(_datetime_ms(args.to_datetime)) if args.to_datetime else None
+    by_time = None
+    if args.to_datetime:
+        by_time = lookup(_datetime_ms(args.to_datetime))
+    elif args.to_duration:
+        by_time = lookup(int(time.time() * 1000) - duration_ms(args.to_duration))
+    notes: list[str] = []
     plan = plan_reset(
         tps,
         committed=committed,
@@ -288,7 +361,10 @@ def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
         to_offset=args.to_offset,
         shift_by=args.shift_by,
         to_earliest=args.to_earliest,
+        notes=notes,
     )
+    for note in notes:  # on stderr, as Kafka's tool warns: stdout stays the table
+        print(f"strom groups reset-offsets: {note}", file=sys.stderr)
     rows = [("TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET")]
     for tp in tps:
         cur = committed.get(tp)

@@ -4,7 +4,9 @@ Services run as ``strom controller ...``, ``strom storage-node ...`` and ``strom
 ...`` (each parses its own flags, YAML file and STROM_* environment); everything else is a
 client-side tool. Errors print one line naming the problem, never a traceback: exit 2 for
 bad arguments (argparse's, and :class:`strom.argtypes.UsageError` for checks made after
-parsing), exit 1 for what failed on the way or in the cluster.
+parsing), exit 1 for what failed on the way or in the cluster. A client's deliberate refusal
+of an argument (its ValueError, or a TypeError it raises on purpose) is one line too; any
+other TypeError is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -1053,6 +1055,38 @@ def _prog(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
         parser = subs[0].choices[name]
 
 
+def _check_bootstrap(args: argparse.Namespace) -> None:
+    """A ``--bootstrap`` that is not HOST:PORT[,...] is a usage error, before connecting
+    (found from outside: ``--bootstrap foo`` exited 1, as a failure in the cluster)."""
+    if getattr(args, "bootstrap", None) is None:
+        return
+    from strom.client.cluster import parse_bootstrap
+
+    try:
+        parse_bootstrap(args.bootstrap)
+    except ValueError as exc:
+        raise UsageError(f"argument --bootstrap/-b: {exc}") from None
+
+
+def _argument_error(exc: TypeError) -> bool:
+    """Whether ``exc`` is a client's refusal of an argument, raised on purpose by a ``raise``
+    statement of strom's own code (``topic must be a non-empty str``): a one-line error of the
+    command. Any other TypeError (one Python raises on a wrong operation) is a bug, and keeps
+    its traceback."""
+    import linecache
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return False
+    last = frames[-1]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../strom
+    if not os.path.abspath(last.filename).startswith(package + os.sep):
+        return False
+    line = last.line or linecache.getline(last.filename, last.lineno or 0)
+    return line.lstrip().startswith("raise TypeError")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SERVICES:
@@ -1079,6 +1113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         name_env_settings(copied)
     try:
+        _check_bootstrap(args)
         return _run(args)
     except KeyboardInterrupt:
         return 130
@@ -1095,6 +1130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # "OSError" would add nothing to a message that already says what was wrong.
         kind = f" ({type(exc).__name__})" if isinstance(exc, StromError) else ""
         print(f"strom {args.command}: error: {exc}{kind}", file=sys.stderr)
+        return 1
+    except TypeError as exc:
+        if not _argument_error(exc):
+            raise
+        print(f"strom {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # the cluster tools talk to processes that may not exist
         from strom.cli.spark import SparkMissingError

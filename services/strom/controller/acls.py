@@ -5,6 +5,12 @@ twice is a no-op) and quotas under ``quotas/<principal>``; the active controller
 with its fenced transaction like every other metadata write, and every service watches them
 (:func:`strom.security.follow`), so a change applies everywhere within a second, without a
 restart.
+
+ACLs are enforced by each service's own ``--acls`` flag (every service of a cluster is given
+the same security flags: ``strom dev up --tls``, the Helm chart). A controller started without
+it answers the ACL RPCs SECURITY_DISABLED, as Kafka answers them without an authorizer: an
+entry stored there would be listed as if in force while nothing checks it (found from
+outside: ``acls add --deny 'User:*'`` printed ``added`` and producing went on).
 """
 
 from __future__ import annotations
@@ -15,10 +21,23 @@ import math
 from strom.api import controller_pb2 as pb
 from strom.api import metadata_pb2 as md
 from strom.controller.core import ControllerCore, Leadership, rpc
-from strom.errors import ErrorCode
+from strom.errors import ErrorCode, SecurityDisabledError
+from strom.security import server_security
 from strom.security.acl import Acl, matches_filter, validate
 
 E = ErrorCode
+
+#: The message of SECURITY_DISABLED: the reason, and what turns ACLs on.
+NOT_ENFORCED = (
+    "ACLs are not enforced on this cluster: start the services (storage nodes, controllers, "
+    "coordinators) with --acls and --super-users (see docs/security.md)"
+)
+
+
+def _require_acls() -> None:
+    """Refuse an ACL request on a controller that does not enforce ACLs."""
+    if not server_security().acls:
+        raise SecurityDisabledError(NOT_ENFORCED)
 
 
 class AclRpcs(ControllerCore):
@@ -32,6 +51,7 @@ class AclRpcs(ControllerCore):
     async def CreateAcls(
         self, lead: Leadership, request: pb.CreateAclsRequest, response: pb.CreateAclsResponse
     ) -> None:
+        _require_acls()
         assert self.store is not None
         keys = self.store.keys
         puts: list[tuple[str, md.AclBinding]] = []
@@ -55,6 +75,7 @@ class AclRpcs(ControllerCore):
     async def DescribeAcls(
         self, lead: Leadership, request: pb.DescribeAclsRequest, response: pb.DescribeAclsResponse
     ) -> None:
+        _require_acls()
         found = [a for a in self._current_acls().values() if matches_filter(a, request.filter)]
         response.acls.extend(a.to_proto() for a in sorted(found))
 
@@ -62,6 +83,7 @@ class AclRpcs(ControllerCore):
     async def DeleteAcls(
         self, lead: Leadership, request: pb.DeleteAclsRequest, response: pb.DeleteAclsResponse
     ) -> None:
+        _require_acls()
         assert self.store is not None
         keys = self.store.keys
         gone = {
