@@ -385,6 +385,10 @@ class Subscription:
                 # ends the stream first; this is the Consumer's own backstop.
                 max_poll_interval_ms=max(1, int(self._max_stall_s * 2000)),
             )
+            # Polled by this pump thread only; CommitOffsets calls queue their commits from
+            # the event loop meanwhile (commit_async), as they did before the consumer's
+            # one-thread guard, which would refuse them.
+            self.consumer._shared = True
             if spec.group_id:
                 self.consumer.subscribe(spec.topics, listener=self)
                 self._emit_assignment()
