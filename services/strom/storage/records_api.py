@@ -415,6 +415,7 @@ class RecordService:
             # stream made a per-client series on each leader for every Subscribe call.
             client_id=client_id_of(context) or f"strom-node-{self.node_id}-subscribe",
             max_stall_s=self.subscribe_max_stall_s,
+            topic_live=lambda topic: self.view.topic(topic) is not None,
         )
         self.subscriptions[sub.id] = sub
         sub.start()
