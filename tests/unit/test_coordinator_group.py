@@ -981,3 +981,40 @@ def test_offsets_of_a_transaction_that_ended_meanwhile_are_refused() -> None:
     assert g.unstable("t", 0)
     h.persist(g.complete_txn(9, 1, True, now_ms=h.now).records)
     assert g.offsets[("t", 0)].offset == 8 and not g.unstable("t", 0)
+
+
+def test_only_an_empty_group_with_nothing_committed_is_removable_by_the_cleanup() -> None:
+    """The coordinator's periodic cleanup deletes EMPTY groups without committed or
+    transactional offsets (found from outside: such groups were kept for good)."""
+    h = Harness({"t": 1})
+    c = Consumer(h)
+    c.join()
+    g = h.group
+    assert not g.removable and g.delete_if_removable() == []  # a member: kept
+    c.heartbeat(epoch=-1)
+    assert g.removable
+    records = g.delete_if_removable()
+    assert g.state is GroupState.DEAD and not g.removable
+    h.persist(records)
+    assert "g" not in h.shard.groups  # replayed: the tombstones delete it
+
+    committed = Harness({"t": 1})
+    c = Consumer(committed)
+    c.join()
+    res = committed.group.commit_offsets(
+        c.member_id, c.epoch, {("t", 0): OffsetAndMetadata(1)}, now_ms=committed.now
+    )
+    committed.persist(res.records)
+    c.heartbeat(epoch=-1)
+    assert committed.group.state is GroupState.EMPTY
+    assert not committed.group.removable and committed.group.delete_if_removable() == []
+
+    txn = Harness({"t": 1})
+    c = Consumer(txn)
+    c.join()
+    offsets = {("t", 0): OffsetAndMetadata(1)}
+    res = txn.group.txn_commit_offsets(c.member_id, c.epoch, 7, 0, offsets, now_ms=txn.now)
+    txn.persist(res.records)
+    c.heartbeat(epoch=-1)
+    assert txn.group.state is GroupState.EMPTY and not txn.group.offsets
+    assert not txn.group.removable  # the transaction's offsets are pending

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -16,10 +17,17 @@ import pytest
 
 from strom.api import storage_pb2
 from strom.errors import DuplicateSequenceError, ErrorCode, RequestTimedOutError, StromError
+from strom.metadata import RESYNC, WatchEvent
 from strom.record import decode_batches
 from strom.storage import record_producers
 from strom.storage.metrics import CALLER_CLIENT_ID
-from strom.storage.record_producers import PartitionSender, SequencedSender, TransportError
+from strom.storage.record_producers import (
+    NodeProducer,
+    PartitionSender,
+    SequencedSender,
+    TransportError,
+)
+from strom.storage.records_api import RecordService
 
 E = ErrorCode
 
@@ -468,5 +476,98 @@ def test_what_one_client_id_sends_here_is_a_produce_for_that_client_id() -> None
             [1],
         ]
         assert client_ids == ["x", "y"]
+
+    asyncio.run(main())
+
+
+# -- what the node holds per topic is dropped (found from outside) -----------------------------
+#
+# NodeProducer kept a PartitionSender, with its producer id, for every partition ever written
+# through ProduceRecords, and RecordService a round-robin position for every topic that ever
+# had a keyless write: deleted topics' went on, and idle senders were never dropped.
+
+
+class FreshIds:
+    """InitProducerId: a new producer id per call (epoch 0)."""
+
+    def __init__(self) -> None:
+        self.next = 100
+
+    async def __call__(self, producer_id: int, epoch: int) -> tuple[int, int]:
+        self.next += 1
+        return self.next, 0
+
+
+def test_idle_senders_and_a_deleted_topics_senders_are_dropped() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        leader = FakeLeader()
+        producer = NodeProducer(leader, FreshIds(), idle_s=60.0)  # type: ignore[arg-type]
+        far = loop.time() + 30
+        assert await producer.send("t", 0, _values("a"), -1, "none", far) == 0
+        assert await producer.send("u", 0, _values("b"), -1, "none", far) == 1
+        assert producer.topics() == {"t", "u"}
+
+        producer.forget_topics({"u"})  # the topic was deleted
+        assert producer.topics() == {"t"}
+
+        # A busy sender is not idle, however long ago it was made.
+        leader.gate = asyncio.Event()
+        busy = producer.send("t", 0, _values("c"), -1, "none", far)
+        assert producer.prune_idle(loop.time() + 3600) == 0
+        leader.gate.set()
+        assert await busy == 2
+        assert producer.prune_idle(loop.time() + 59) == 0  # idle, not for long enough
+        assert producer.prune_idle(loop.time() + 61) == 1
+        assert producer.topics() == set()
+
+        # The next call makes a fresh sender: a new producer id, from sequence 0.
+        assert await producer.send("t", 0, _values("d"), -1, "none", far) == 3
+        pids = [r[0][0] for r in leader.requests]
+        assert pids[-1] not in pids[:-1] and leader.requests[-1][0][2] == 0
+
+        # A deleted topic's busy sender is dropped at once, and close() still waits for it.
+        leader.gate = asyncio.Event()
+        queued = producer.send("u", 0, _values("e"), -1, "none", far)
+        await asyncio.sleep(0)
+        producer.forget_topics({"u"})
+        assert producer.topics() == {"t"}
+        leader.gate.set()
+        await producer.close(5)
+        assert queued.done() and queued.result() == 4
+
+    asyncio.run(main())
+
+
+def test_a_deleted_topics_round_robin_position_and_senders_are_dropped() -> None:
+    prefix = "/strom/c/topics/"
+    topics = {"t", "u"}
+    view = SimpleNamespace(
+        keys=SimpleNamespace(topics_prefix=prefix),
+        add_listener=lambda fn: None,
+        topic=lambda name: object() if name in topics else None,
+    )
+
+    async def main() -> None:
+        svc = RecordService(1, view, None, None, lambda: [])  # type: ignore[arg-type]
+        svc._loop = asyncio.get_running_loop()  # (as a ProduceRecords call sets it)
+        keyless = _values("a", "b")
+        for topic in ("t", "u"):
+            svc._partitions(topic, keyless, None, 3)
+        svc.producer._senders[("u", 0)] = PartitionSender("u", 0, None, Ids())  # type: ignore[arg-type]
+        assert set(svc._round_robin) == {"t", "u"}
+
+        topics.discard("u")
+        svc._on_view_events([WatchEvent(prefix + "u", None, 2)])  # the watch thread's call
+        await asyncio.sleep(0)
+        assert set(svc._round_robin) == {"t"} and svc.producer.topics() == set()
+
+        topics.discard("t")  # deleted while the watch was down: a resync finds it
+        svc._on_view_events([])
+        await asyncio.sleep(0)
+        assert set(svc._round_robin) == {"t"}
+        svc._on_view_events([RESYNC])
+        await asyncio.sleep(0)
+        assert svc._round_robin == {}
 
     asyncio.run(main())

@@ -392,6 +392,41 @@ def test_isr_manager_resends_a_proposal_whose_call_failed(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
+def test_the_resend_time_of_an_unanswered_proposal_goes_once_answered_or_partition_gone(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: IsrManager._retry_at kept an entry for every partition whose
+    AlterPartition call once got no answer."""
+    from strom.storage.replication import IsrManager
+
+    part = _leader_with_lagging_candidate(tmp_path)
+    manager = _Manager(part)
+    clock = Clock()
+    isr = IsrManager(
+        1,
+        manager,
+        _FlakyController(),
+        lambda: "inc",
+        10_000,
+        running=lambda: ALL,  # type: ignore[arg-type]
+    )
+    isr.clock = clock
+
+    async def main() -> None:
+        await isr.check()  # no answer: resent after a back-off
+        assert part.tp in isr._retry_at
+        clock.t += 1.0
+        await isr.check()  # resent and answered
+        assert part.isr == (1, 2, 3) and isr._retry_at == {}
+
+        isr._retry_at[part.tp] = clock.t + 5.0  # an unanswered proposal, then the partition goes
+        del manager.partitions[part.tp]
+        await isr.check()
+        assert isr._retry_at == {}
+
+    asyncio.run(main())
+
+
 # -- followers that are gone do not rejoin (found from outside) -------------------------------
 #
 # A follower's last fetch position stays with the leader after the follower stops; on an idle

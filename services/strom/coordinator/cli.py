@@ -99,6 +99,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(1: one operation per append; default: %(default)s)",
     )
     parser.add_argument(
+        "--empty-group-retention-ms",
+        default=600_000,  # timers.EMPTY_GROUP_RETENTION_MS
+        type=flags.int_at_least(1),
+        help="delete a group that stayed empty (no members) with no committed and no "
+        "transactional offsets for this long, as Kafka's offsets cleanup does (its "
+        "offsets.retention.check.interval.ms; default: %(default)s, 10 minutes); a group "
+        "with committed offsets is kept",
+    )
+    parser.add_argument(
         "--lag-metrics-interval-s",
         default=10.0,
         type=float,
@@ -135,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         txn_partitions=args.transaction_state_partitions,
         txn_max_timeout_ms=args.transaction_max_timeout_ms,
         max_write_batch_records=args.max_write_batch_records,
+        empty_group_retention_ms=args.empty_group_retention_ms,
     )
     service.txn_id_expiration_ms = args.transactional_id_expiration_ms
     return flags.serve(

@@ -1161,6 +1161,19 @@ class ConsumerGroup:
             errors[(t, p)] = ErrorCode.NONE
         return OffsetsResult(errors, records)
 
+    @property
+    def removable(self) -> bool:
+        """Whether the periodic cleanup may delete the group: EMPTY (no members), no committed
+        offsets and no transactional offsets (an ended transaction's entry included: it fences
+        a late commit of an older epoch). Kafka drops such a group on its offsets cleanup; kept,
+        every short-lived consumer group without commits stays listed for good."""
+        return not (self._dead or self.members or self.offsets or self.pending)
+
+    def delete_if_removable(self) -> list[GroupRecord]:
+        """The cleanup's deletion: :meth:`delete` if the group is still :attr:`removable`
+        once the shard lock is held (a member may have joined meanwhile), else nothing."""
+        return self.delete() if self.removable else []
+
     def delete(self) -> list[GroupRecord]:
         """DeleteGroups: tombstones for every key of the group, GroupMetadata last.
 

@@ -35,7 +35,7 @@ from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
 from strom.coordinator.shard_ownership import ShardOwnership
 from strom.coordinator.shard_writes import MAX_BATCH_RECORDS
 from strom.coordinator.shards import Shard, ShardKind
-from strom.coordinator.timers import Timers
+from strom.coordinator.timers import EMPTY_GROUP_RETENTION_MS, Timers
 from strom.coordinator.txn_service import TransactionRpcs
 from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC, TxnShardState
 from strom.errors import ErrorCode
@@ -86,6 +86,7 @@ class CoordinatorService(
         txn_partitions: int = 8,
         txn_max_timeout_ms: int = MAX_TIMEOUT_MS,
         max_write_batch_records: int = MAX_BATCH_RECORDS,
+        empty_group_retention_ms: int = EMPTY_GROUP_RETENTION_MS,
     ) -> None:
         self.etcd = etcd
         self.cluster = cluster
@@ -101,6 +102,7 @@ class CoordinatorService(
         self.lag_interval_s = lag_interval_s
         self.txn_max_timeout_ms = txn_max_timeout_ms
         self.max_write_batch_records = max_write_batch_records
+        self.empty_group_retention_ms = empty_group_retention_ms
         self.incarnation_id = str(uuid.uuid4())
         self.store: MetadataStore | None = None
         self.view: ClusterView | None = None
@@ -135,6 +137,8 @@ class CoordinatorService(
         self._topics_cache: tuple[int, dict[str, int], dict[str, str]] = (-1, {}, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
         self._swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None = None
+        self._empty_since: dict[str, int] = {}
+        self._next_empty_check = 0
         self._waiting_logged: dict[str, bool] = {}
         self._free_since: dict[tuple[str, int], float] = {}
         self._handed_over: set[tuple[str, int]] = set()

@@ -1,7 +1,7 @@
 """The coordinator's timers: members past their session or rebalance deadline are expired
 (the removal persisted like any change), transactions past their timeout are aborted, and
-the consumer-lag gauges are refreshed, and the offsets of deleted topics are dropped
-(DESIGN §7).
+the consumer-lag gauges are refreshed, the offsets of deleted topics are dropped, and groups
+left empty with nothing committed are deleted (DESIGN §7).
 
 One loop serves them all, sleeping until the earliest group deadline (at most a second).
 Deadlines are on :func:`strom.clock.steady_ms`, so a step of the wall clock neither expires
@@ -23,6 +23,12 @@ from strom.errors import StromError
 
 log = logging.getLogger("strom.coordinator")
 
+#: How long a group stays EMPTY with nothing committed before it is deleted, by default
+#: (Kafka deletes such a group on its offsets cleanup, ``offsets.retention.check.interval.ms``).
+EMPTY_GROUP_RETENTION_MS = 600_000
+#: Longest time between two looks for such groups (a shorter retention looks more often).
+EMPTY_GROUP_CHECK_MAX_MS = 30_000
+
 
 class Timers(StorageIO):
     """The timer loop: member expiry, transaction timeouts, lag gauges."""
@@ -30,6 +36,11 @@ class Timers(StorageIO):
     _lag_labels: set[tuple[str, str, str]]
     #: What the last sweep of deleted topics' offsets saw: live topic ids, loaded shards.
     _swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None
+    #: ``--empty-group-retention-ms``: see :meth:`_drop_empty_groups`.
+    empty_group_retention_ms: int = EMPTY_GROUP_RETENTION_MS
+    #: Group id -> steady ms it was first seen removable (rebuilt on every look).
+    _empty_since: dict[str, int]
+    _next_empty_check: int
 
     async def _abort_expired(self) -> None:
         raise NotImplementedError  # strom.coordinator.txn_service.TransactionRpcs
@@ -54,6 +65,7 @@ class Timers(StorageIO):
                         wake_at = min(wake_at, deadline)
             await self._abort_expired()
             await self._drop_stale_offsets()
+            await self._drop_empty_groups()
             if time.monotonic() >= next_lag:
                 next_lag = time.monotonic() + self.lag_interval_s
                 with contextlib.suppress(Exception):
@@ -112,6 +124,52 @@ class Timers(StorageIO):
                 )
         if complete:
             self._swept = (ids, loaded)
+
+    async def _drop_empty_groups(self) -> None:
+        """Delete the groups that stayed EMPTY with no committed and no transactional offsets
+        for ``empty_group_retention_ms``, as Kafka's offsets cleanup does (found from outside:
+        every consumer that closed without committing, every RecordService Subscribe with a
+        group id, left an EMPTY group listed, and held in memory, for good). The deletion is
+        DeleteGroups' (tombstones appended before the group is dropped), so a reload does not
+        bring it back; the engine checks again under the shard lock. The time is counted from
+        when this process first saw the group so (a reloaded shard starts over), looked at
+        every half retention, at most every :data:`EMPTY_GROUP_CHECK_MAX_MS`."""
+        now = steady_ms()
+        if now < self._next_empty_check:
+            return
+        retention = self.empty_group_retention_ms
+        self._next_empty_check = now + max(50, min(retention // 2, EMPTY_GROUP_CHECK_MAX_MS))
+        seen: dict[str, int] = {}
+        due: list[str] = []
+        for shard in list(self.shards.values()):
+            if not shard.loaded:
+                continue
+            for gid, group in shard.groups.items():
+                if group.removable:
+                    since = seen[gid] = self._empty_since.get(gid, now)
+                    if now - since >= retention:
+                        due.append(gid)
+        self._empty_since = seen
+        for gid in due:
+            await self._delete_empty_group(gid)
+
+    async def _delete_empty_group(self, group_id: str) -> None:
+        try:
+            records = await self._mutate(
+                group_id, lambda g: g.delete_if_removable(), lambda r: r, create=False
+            )
+        except StromError as exc:
+            log.info("deleting empty group %s failed: %s", group_id, exc)
+            return
+        if records:
+            self._empty_since.pop(group_id, None)
+            self._forget_lag([group_id])
+            log.info(
+                "deleted group %s: empty with no committed offsets for %d ms",
+                group_id,
+                self.empty_group_retention_ms,
+                extra={"fields": {"group": group_id}},
+            )
 
     async def _refresh_lag(self) -> None:
         committed: dict[tuple[str, str, int], int] = {}

@@ -78,6 +78,11 @@ SEQUENCE_LIMIT = 1 << 31
 #: their time: 0.8 s for 200 MB, found from outside); smaller ones are cheaper on the loop.
 OFFLOAD_BYTES = 1 << 20
 BACKOFF_S = 0.05
+#: A PartitionSender unused this long is dropped (the next call makes a fresh one, with a new
+#: producer id): otherwise one, with its producer id, stayed for every partition ever written.
+SENDER_IDLE_S = 600.0
+#: Longest time between two looks for idle senders (made on a ProduceRecords call).
+SENDER_PRUNE_EVERY_S = 60.0
 
 ROUTED_PARTITIONS = Counter(
     "strom_storage_records_routed_partitions",
@@ -287,6 +292,8 @@ class PartitionSender:
         self._bump = False
         self._pending: deque[_Call] = deque()
         self._task: asyncio.Task[None] | None = None
+        #: Event-loop time of the last call submitted or settled (see :attr:`idle_since`).
+        self._last_used = 0.0
 
     def submit(
         self, table: pa.Table, codec: str, acks: int, deadline: float, client_id: str = ""
@@ -296,6 +303,7 @@ class PartitionSender:
         leader remembers)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
+        self._last_used = loop.time()
         self._pending.append(_Call(table, codec, acks, deadline, client_id, fut))
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._drain())
@@ -303,9 +311,20 @@ class PartitionSender:
 
     @property
     def idle(self) -> bool:
+        """Nothing queued and nothing in flight: dropping the sender loses no call."""
         return not self._pending and (self._task is None or self._task.done())
 
+    def idle_since(self) -> float | None:
+        """Event-loop time since which the sender is :attr:`idle` (None: it is not)."""
+        return self._last_used if self.idle else None
+
     async def _drain(self) -> None:
+        try:
+            await self._drain_pending()
+        finally:
+            self._last_used = asyncio.get_running_loop().time()
+
+    async def _drain_pending(self) -> None:
         while self._pending:
             group = self._next_group()
             try:
@@ -453,12 +472,23 @@ async def _backoff(deadline: float) -> None:
 
 
 class NodeProducer:
-    """The node's PartitionSenders, made on first use (one producer id per partition)."""
+    """The node's PartitionSenders, made on first use (one producer id per partition).
 
-    def __init__(self, route: LeaderRoute, ids: InitIds) -> None:
+    FIX (found from outside): a sender, with its producer id, stayed for every partition
+    ever written through ProduceRecords. The senders of a deleted topic are dropped
+    (:meth:`forget_topics`), and so is one idle for ``idle_s`` (looked for on a call, at most
+    every :data:`SENDER_PRUNE_EVERY_S`). Only an idle sender is dropped for idleness, so no
+    call's sequence is lost; the next call for its partition makes a fresh sender, whose new
+    producer id starts at sequence 0 (the leader takes it as a new producer)."""
+
+    def __init__(self, route: LeaderRoute, ids: InitIds, *, idle_s: float = SENDER_IDLE_S) -> None:
         self._route = route
         self._ids = ids
+        self.idle_s = idle_s
         self._senders: dict[tuple[str, int], PartitionSender] = {}
+        #: Drains of senders dropped while busy (a deleted topic's): close() waits for them.
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._next_prune = 0.0
 
     def send(
         self,
@@ -470,6 +500,10 @@ class NodeProducer:
         deadline: float,
         client_id: str = "",
     ) -> asyncio.Future[int]:
+        now = asyncio.get_running_loop().time()
+        if now >= self._next_prune:
+            self._next_prune = now + min(SENDER_PRUNE_EVERY_S, self.idle_s)
+            self.prune_idle(now)
         s = self._senders.get((topic, partition))
         if s is None:
             s = self._senders[(topic, partition)] = PartitionSender(
@@ -477,9 +511,35 @@ class NodeProducer:
             )
         return s.submit(table, codec, acks, deadline, client_id)
 
+    def topics(self) -> set[str]:
+        """Topics that have a sender."""
+        return {t for t, _ in self._senders}
+
+    def prune_idle(self, now: float) -> int:
+        """Drop the senders idle since ``idle_s`` before ``now`` (event-loop time); how many."""
+        stale = [
+            tp
+            for tp, s in self._senders.items()
+            if (since := s.idle_since()) is not None and now - since >= self.idle_s
+        ]
+        for tp in stale:
+            del self._senders[tp]
+        return len(stale)
+
+    def forget_topics(self, topics: set[str]) -> None:
+        """Drop the senders of deleted ``topics`` (event loop). A busy one's queued calls go
+        on (they fail as the topic is gone, or reach a topic of the same name created
+        since, with a producer id new to it) and close() still waits for them."""
+        for tp in [tp for tp in self._senders if tp[0] in topics]:
+            task = self._senders.pop(tp)._task
+            if task is not None and not task.done():
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+
     async def close(self, timeout_s: float) -> None:
         """Let queued calls finish (bounded by ``timeout_s`` and their own deadlines)."""
         tasks = [s._task for s in self._senders.values() if s._task is not None]
+        tasks.extend(self._retiring)
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
 

@@ -46,7 +46,7 @@ from strom.client.partitioner import partitions_for_keys
 from strom.client.types import TopicPartition
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
 from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
-from strom.metadata import ClusterView
+from strom.metadata import RESYNC, ClusterView, WatchEvent
 from strom.record.codecs import CODEC_NAMES
 from strom.security.interceptor import STREAM_REQUEST_DENIED
 from strom.service import stream_writes
@@ -202,8 +202,41 @@ class RecordService:
         self.producer = NodeProducer(self.route, self._init_ids)
         self.sequenced = SequencedSender(self.route)
         self.subscriptions: dict[str, Subscription] = {}
+        #: Topic -> next round-robin partition of its keyless records (deleted topics go).
         self._round_robin: dict[str, int] = {}
         self.shutting_down = False
+        #: The event loop ProduceRecords runs on (set by its first call): where the state
+        #: of deleted topics is dropped.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        view.add_listener(self._on_view_events)
+
+    def _on_view_events(self, events: list[WatchEvent]) -> None:
+        """Watch thread: hand the topics deleted from the view to the event loop, which drops
+        their senders and round-robin positions (found from outside: both were kept for every
+        topic ever written to). A resync looks at every topic held against the view."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # nothing was produced yet: nothing is held
+        prefix = self.view.keys.topics_prefix
+        resync = any(ev is RESYNC for ev in events)
+        gone = {
+            ev.key[len(prefix) :]
+            for ev in events
+            if ev is not RESYNC and ev.value is None and ev.key.startswith(prefix)
+        }
+        if gone or resync:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self.forget_topics, gone, resync)
+
+    def forget_topics(self, gone: set[str], resync: bool = False) -> None:
+        """Event loop: drop what is held for the deleted topics ``gone`` (``resync``: and for
+        every held topic the view no longer has)."""
+        if resync:
+            held = self.producer.topics() | set(self._round_robin)
+            gone = gone | {t for t in held if self.view.topic(t) is None}
+        for topic in gone:
+            self._round_robin.pop(topic, None)
+        self.producer.forget_topics(gone)
 
     async def _init_ids(self, producer_id: int, epoch: int) -> tuple[int, int]:
         """A producer id for a PartitionSender (or the next epoch of its id), from this node."""
@@ -218,6 +251,7 @@ class RecordService:
 
     @_timed("ProduceRecords")
     async def ProduceRecords(self, raw: bytes, context: Any) -> rp.ProduceRecordsResponse:
+        self._loop = asyncio.get_running_loop()
         try:
             if self.shutting_down:
                 raise BadRequest("the node is shutting down", grpc.StatusCode.UNAVAILABLE)
@@ -415,6 +449,7 @@ class RecordService:
             # stream made a per-client series on each leader for every Subscribe call.
             client_id=client_id_of(context) or f"strom-node-{self.node_id}-subscribe",
             max_stall_s=self.subscribe_max_stall_s,
+            topic_live=lambda topic: self.view.topic(topic) is not None,
         )
         self.subscriptions[sub.id] = sub
         sub.start()

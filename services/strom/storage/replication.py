@@ -702,6 +702,15 @@ class IsrManager:
         #: Unopened partitions this node leads with nobody to hand them to (logged once).
         self._alone_unopened: set[tuple[str, int]] = set()
 
+    def _prune_retry_at(self, now: float) -> None:
+        """Drop the resend times that passed (a passed one holds nothing back) and those of
+        partitions this node no longer has. FIX (found from outside): an entry was made for
+        every proposal whose call got no answer and never removed."""
+        if self._retry_at:
+            parts = self.manager.partitions
+            for tp in [tp for tp, at in self._retry_at.items() if at <= now or tp not in parts]:
+                del self._retry_at[tp]
+
     def kick(self) -> None:
         """Check soon (a follower fetched; something may have caught up)."""
         self._kick.set()
@@ -802,9 +811,11 @@ class IsrManager:
         if self._refused:
             for tp in [tp for tp in self._refused if tp not in self.manager.partitions]:
                 del self._refused[tp]
+        self._prune_retry_at(now)
         for part in list(self.manager.partitions.values()):
             if part.deleted or not part.is_leader:
                 self._refused.pop(part.tp, None)
+                self._retry_at.pop(part.tp, None)
                 continue
             if self._retry_at.get(part.tp, 0.0) > now:
                 continue
@@ -939,6 +950,8 @@ class IsrManager:
             for part, _ in proposals:
                 self._retry_at[part.tp] = now + 0.5
             return
+        for part, _ in proposals:  # answered: nothing to resend
+            self._retry_at.pop(part.tp, None)
         if resp.error_code != E.NONE:
             # Refused as a whole: nothing was committed.
             for part, new in proposals:
