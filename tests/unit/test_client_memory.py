@@ -77,3 +77,45 @@ def test_the_users_own_malloc_settings_are_left_alone(env: dict[str, str]) -> No
     got = probe(call=True, **env)
     assert got["tuned"] == [False, False]
     assert got["mapped"] >= 24 << 20  # malloc's thresholds (or the user's), not strom's
+
+
+NODE_PROBE = """
+import ctypes, json
+from strom.client import memory
+from strom.storage.node import tune_malloc
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+tuned = tune_malloc()
+memory.leave_alone()  # as the storage node's start does
+consumer_tuned = memory.keep_freed_buffers()  # a Subscribe stream's consumer
+before = libc.mallinfo2().hblkhd
+block = bytes(48 << 20)  # above a client's 32 MiB threshold, below the node's 64 MiB
+mapped = libc.mallinfo2().hblkhd - before
+print(json.dumps({"tuned": tuned, "consumer_tuned": consumer_tuned, "mapped": mapped}))
+"""
+
+
+def test_a_consumer_inside_a_storage_node_keeps_the_nodes_malloc_settings() -> None:
+    """Found from outside (a soak): the first RecordService Subscribe's consumer replaced
+    the node's malloc thresholds with a client's. The node's own stay in force."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
+    environ.pop("STROM_MALLOC_TUNING", None)
+    environ["PYTHONPATH"] = SERVICES
+    out = subprocess.run(
+        [sys.executable, "-c", NODE_PROBE],
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    got = json.loads(out.stdout)
+    assert got["tuned"] is True
+    assert got["consumer_tuned"] is False
+    assert got["mapped"] == 0  # the node's 64 MiB threshold, not the consumer's 32 MiB

@@ -190,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
 
     runtime.setup_logging(args.log_level, "storage-node")
     tune_malloc()
+    from strom.client import memory
+
+    memory.leave_alone()  # the node's thresholds, not a Subscribe consumer's
     try:
         node = StorageNode(config)
     except (StartupError, OSError) as exc:
