@@ -22,9 +22,9 @@ pytestmark = pytest.mark.skipif(
 
 SERVICES = str(Path(__file__).resolve().parents[2] / "services")
 
-PROBE = """
-import ctypes, json, sys
-from strom.client.memory import keep_freed_buffers
+#: glibc's mallinfo2(), for the probes below.
+MALLINFO = """
+import ctypes
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
@@ -33,12 +33,21 @@ class MallInfo2(ctypes.Structure):
 
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
+"""
+
+PROBE = (
+    MALLINFO
+    + """
+import json, sys
+from strom.client.memory import keep_freed_buffers
+
 tuned = [keep_freed_buffers(), keep_freed_buffers()] if sys.argv[1] == "call" else []
 before = libc.mallinfo2().hblkhd
 block = bytes(24 << 20)  # a 16 MiB Fetch answer and then some
 mapped = libc.mallinfo2().hblkhd - before
 print(json.dumps({"tuned": tuned, "mapped": mapped}))
 """
+)
 
 
 def probe(call: bool, **env: str) -> dict[str, object]:
@@ -79,18 +88,13 @@ def test_the_users_own_malloc_settings_are_left_alone(env: dict[str, str]) -> No
     assert got["mapped"] >= 24 << 20  # malloc's thresholds (or the user's), not strom's
 
 
-NODE_PROBE = """
-import ctypes, json
+NODE_PROBE = (
+    MALLINFO
+    + """
+import json
 from strom.client import memory
 from strom.storage.node import tune_malloc
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-        "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
 tuned = tune_malloc()
 memory.leave_alone()  # as the storage node's start does
 consumer_tuned = memory.keep_freed_buffers()  # a Subscribe stream's consumer
@@ -99,6 +103,7 @@ block = bytes(48 << 20)  # above a client's 32 MiB threshold, below the node's 6
 mapped = libc.mallinfo2().hblkhd - before
 print(json.dumps({"tuned": tuned, "consumer_tuned": consumer_tuned, "mapped": mapped}))
 """
+)
 
 
 def test_a_consumer_inside_a_storage_node_keeps_the_nodes_malloc_settings() -> None:
