@@ -18,7 +18,7 @@ setup:
 ## Runs the whole suite: lint, stub staleness, unit, property and integration tests.
 test: setup
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 ## Randomized faults against a checked workload (tests/chaos): `make chaos DURATION=20m`,
 ## `make chaos SEED=1234` replays a run's fault schedule. Output under /tmp/strom-chaos.
