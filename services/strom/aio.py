@@ -117,7 +117,28 @@ class Producer:
         await asyncio.to_thread(self._sync.init_transactions, timeout)
 
     def begin_transaction(self) -> None:
-        self._sync.begin_transaction()  # local: never waits
+        """Local: never waits. After an abort that got no answer it is refused (call
+        ``await abort_transaction()`` again); ``transaction()`` asks again itself."""
+        txn = self._sync._require_txn()
+        txn.begin(None)
+        self._sync._txn_failed = None
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, timeout: float | None = None) -> AsyncIterator[Producer]:
+        """``async with producer.transaction(): ...``: the sync producer's
+        ``transaction()`` (commit at the end, abort when the block raises, a commit that got
+        no answer asked again), its coordinator calls in a worker thread."""
+        await asyncio.to_thread(self._sync.begin_transaction)
+        try:
+            yield self
+        except BaseException:
+            await asyncio.to_thread(self._sync._abort_block, timeout)
+            raise
+        await asyncio.to_thread(self._sync._commit_block, timeout)
+
+    async def prepare_transaction(self, timeout: float | None = None) -> Any:
+        """The sync producer's ``prepare_transaction()`` (KIP-939's first phase)."""
+        return await asyncio.to_thread(self._sync.prepare_transaction, timeout)
 
     async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
         await asyncio.to_thread(self._sync.send_offsets_to_transaction, offsets, group_metadata)

@@ -703,6 +703,15 @@ class IllegalStateError(StromError):
     consumer, mixing assign() with subscribe()."""
 
 
+class TransactionOutcomeUnknownError(StromError):
+    """A ``with producer.transaction()`` block's commit got no answer, and asking the
+    coordinator again for as long as the transaction timeout brought none: the transaction
+    may be committed or not. Treat it like a fatal error: close the producer and restart
+    the pipeline from its committed offsets (``init_transactions()`` of the new instance
+    completes or aborts what this one left), or keep calling ``commit_transaction()`` until
+    it answers. Rewinding and going on would process the records twice if it committed."""
+
+
 class NoOffsetForPartitionError(StromError):
     """A partition has no position to start from and ``auto_offset_reset="none"`` forbids
     picking one: seek() it first."""

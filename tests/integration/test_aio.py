@@ -474,3 +474,41 @@ def test_other_tasks_may_use_the_consumer_while_a_poll_waits(
     got, errors = asyncio.run(main())
     assert got == 5
     assert errors == []
+
+
+def test_async_with_transaction_commits_the_block_and_aborts_a_block_that_raised(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """strom.aio had no transaction() (a user wrote begin/commit/abort by hand) and no
+    prepare_transaction(); the block's calls must not hold the loop either."""
+    create_topic(one_node_cluster, "aio-txn")
+    tp = TopicPartition("aio-txn", 0)
+
+    async def main() -> Any:
+        async with aio.Producer(one_node_cluster.bootstrap, transactional_id="aio-txn") as p:
+            await p.init_transactions()
+            async with p.transaction():
+                await p.send("aio-txn", b"committed")
+            with pytest.raises(ValueError):
+                async with p.transaction():
+                    await p.send("aio-txn", b"aborted")
+                    raise ValueError("the block failed")
+            p.begin_transaction()
+            await p.send("aio-txn", b"prepared")
+            return await p.prepare_transaction()
+
+    prepared = asyncio.run(main())
+    assert prepared.transactional_id == "aio-txn" and not prepared.empty
+    with Consumer(
+        one_node_cluster.bootstrap, isolation_level="read_committed", auto_offset_reset="earliest"
+    ) as c:
+        c.assign([tp])
+        values: list[bytes | None] = []
+        wait_for(
+            lambda: values.extend(r.value for r in c.poll(timeout_ms=200)) or values,
+            timeout=30,
+            what="the committed record",
+        )
+        # Below the prepared transaction's first offset (the LSO): the committed one only.
+        assert values == [b"committed"]
+        assert c.end_offsets([tp])[tp] == 4  # committed, marker, aborted, marker

@@ -765,6 +765,42 @@ def test_a_commit_that_got_no_answer_is_asked_again_not_aborted(cluster: LocalCl
         assert rc.end_offsets([tp])[tp] == 4  # two records, two commit markers
 
 
+def test_a_transaction_block_whose_commit_got_no_answer_asks_until_it_has_one(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: a commit that timed out left `with producer.transaction()` with an
+    error the README's loop took as abortable: it rewound, and every later begin was refused
+    (the commit was pending). Now the block asks again until the coordinator answers: here
+    the coordinator is stopped until the first commit call has gone unanswered, and the
+    block ends as committed, the records visible once."""
+    _topic(cluster, "settled", partitions=1)
+    with Producer(cluster.bootstrap, transactional_id="settled-1") as p:
+        p.init_transactions()
+        coordinator = _coordinator_of(cluster, "settled-1")
+        assert p._txn is not None and coordinator.process is not None
+        txn, process = p._txn, coordinator.process
+        unanswered = threading.Event()
+
+        def resume_once_unanswered() -> None:
+            try:
+                wait_for(lambda: txn.pending_end is True, timeout=30, what="an unanswered commit")
+                unanswered.set()
+            finally:
+                process.signal(signal.SIGCONT)
+
+        with p.transaction(timeout=1.0):
+            p.send("settled", b"once").result(10)
+            process.signal(signal.SIGSTOP)
+            threading.Thread(target=resume_once_unanswered, daemon=True).start()
+        assert unanswered.is_set()  # the commit did go unanswered first
+        with p.transaction():
+            p.send("settled", b"and the next")
+    assert [v for _, v in _read(cluster, "settled", "read_committed", expect=2)] == [
+        b"once",
+        b"and the next",
+    ]
+
+
 @pytest.mark.parametrize("how", ["with", "close"])
 def test_a_failed_transaction_is_aborted_by_the_block_and_by_close(
     cluster: LocalCluster, how: str

@@ -22,6 +22,7 @@ from strom.errors import (
     StaleMemberEpochError,
     StromError,
     TopicAuthorizationFailedError,
+    TransactionOutcomeUnknownError,
 )
 
 E = common_pb2.ErrorCode
@@ -166,3 +167,75 @@ def test_offsets_refused_for_a_stale_member_epoch_leave_the_transaction_abortabl
     m.end(False, 1)
     assert m.calls[-1] == "EndTxn" and m.phase is TxnPhase.READY
     m.begin()  # and the next transaction starts
+
+
+class NoAnswer(Scripted):
+    """A coordinator that never answers EndTxn (every ask times out)."""
+
+    def _call(self, method: str, req: Any, timeout_s: float, **_: Any) -> Any:
+        if method != "EndTxn":
+            return super()._call(method, req, timeout_s)
+        self.calls.append(method)
+        raise RequestTimedOutError(f"{method} did not succeed within {timeout_s} s")
+
+
+def _pending_commit(m: TransactionManager) -> None:
+    m.begin()
+    m.add_partitions([("t", 0)], 1)
+    m.phase = TxnPhase.COMMITTING  # as Producer.commit_transaction sets it
+    with pytest.raises(RequestTimedOutError):
+        m.end(True, 1)
+    assert m.pending_end is True
+
+
+def test_a_commit_with_no_answer_is_settled_by_asking_again() -> None:
+    """Found from outside: a commit that timed out left `with producer.transaction()` with an
+    error the README's loop took as "not committed", and every later begin was refused. The
+    block now asks again until the coordinator answers."""
+    m = Scripted(
+        added(E.NONE),
+        RequestTimedOutError("EndTxn"),
+        RequestTimedOutError("EndTxn again"),
+        coordinator_pb2.EndTxnResponse(),
+    )
+    _pending_commit(m)
+    m.settle_commit(1, 60)
+    assert m.calls == ["AddPartitionsToTxn", "EndTxn", "EndTxn", "EndTxn"]
+    assert m.phase is TxnPhase.READY and m.pending_end is None
+    m.begin()
+
+
+def test_a_refused_ask_again_is_raised_as_the_coordinators_answer() -> None:
+    m = Scripted(added(E.NONE), RequestTimedOutError("EndTxn"), refused())
+    _pending_commit(m)
+    with pytest.raises(TopicAuthorizationFailedError):
+        m.settle_commit(1, 60)
+    assert m.phase is TxnPhase.ABORTABLE_ERROR and m.pending_end is None
+
+
+def test_no_answer_for_the_whole_timeout_is_an_unknown_outcome() -> None:
+    m = NoAnswer(added(E.NONE))
+    _pending_commit(m)
+    with pytest.raises(TransactionOutcomeUnknownError, match="may have committed"):
+        m.settle_commit(0.01, 0.05)
+    # Still pending: only the same commit may follow (an abort could contradict it).
+    assert m.pending_end is True
+    with pytest.raises(InvalidTxnStateError, match="call commit_transaction"):
+        m.begin(1)
+
+
+def test_begin_asks_again_about_an_abort_that_got_no_answer() -> None:
+    """Found from outside: after an abort that timed out (the README's loop suppresses it and
+    rewinds), every begin_transaction() was refused. Asking again is always safe for an
+    abort, so begin does it; a begin that must not wait (strom.aio's) still refuses."""
+    m = Scripted(added(E.NONE), RequestTimedOutError("EndTxn"), coordinator_pb2.EndTxnResponse())
+    m.begin()
+    m.add_partitions([("t", 0)], 1)
+    m.phase = TxnPhase.ABORTING
+    with pytest.raises(RequestTimedOutError):
+        m.end(False, 1)
+    with pytest.raises(InvalidTxnStateError, match="call abort_transaction"):
+        m.begin(None)
+    m.begin(1)
+    assert m.calls == ["AddPartitionsToTxn", "EndTxn", "EndTxn"]
+    assert m.phase is TxnPhase.IN_TRANSACTION and m.pending_end is None

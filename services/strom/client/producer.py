@@ -715,8 +715,10 @@ class Producer:
                 pq.unresolved_seq = -1
 
     def begin_transaction(self) -> None:
-        """Start a transaction: records sent until commit/abort belong to it."""
-        self._require_txn().begin()
+        """Start a transaction: records sent until commit/abort belong to it. Local, except
+        after an abort that got no answer: that abort is asked again first (up to
+        ``max_block_ms``)."""
+        self._require_txn().begin(self.max_block_s)
         self._txn_failed = None
 
     def send_offsets_to_transaction(
@@ -826,17 +828,42 @@ class Producer:
     def transaction(self, timeout: float | None = None) -> Iterator[Producer]:
         """``with producer.transaction(): ...`` begins a transaction, commits it when the
         block ends, and aborts it (re-raising) when the block raises or the commit fails (a
-        send that failed surfaces at the commit). A commit that got no answer is not aborted:
-        it may have committed; ``commit_transaction()`` asks again."""
+        send that failed surfaces at the commit).
+
+        A commit that got no answer is never aborted (it may have committed): the block asks
+        the coordinator again until it answers, for up to ``transaction_timeout_ms``, so
+        that leaving the block with an error means the transaction did not commit (rewind
+        and go on) — or, when no answer came at all,
+        :class:`~strom.errors.TransactionOutcomeUnknownError` (close the producer)."""
         self.begin_transaction()
         try:
             yield self
         except BaseException:
-            with contextlib.suppress(StromError):
-                self.abort_transaction(timeout)
+            self._abort_block(timeout)
             raise
+        self._commit_block(timeout)
+
+    def _abort_block(self, timeout: float | None) -> None:
+        """A ``transaction()`` block raised: abort (its own error is not the caller's)."""
+        with contextlib.suppress(StromError):
+            self.abort_transaction(timeout)
+
+    def _commit_block(self, timeout: float | None) -> None:
+        """A ``transaction()`` block ended: commit, settling a commit that got no answer."""
         try:
-            self.commit_transaction(timeout)
+            try:
+                self.commit_transaction(timeout)
+            except StromError:
+                txn = self._txn
+                if txn is None or txn.pending_end is not True:
+                    raise
+                # Found from outside: a commit that timed out left the block with an error
+                # the README's loop took as abortable: it rewound, and every later
+                # begin_transaction() was refused (the commit was pending). Asked again
+                # here, the error out of the block means "not committed" again.
+                txn.settle_commit(
+                    self.max_block_s if timeout is None else timeout, txn.timeout_ms / 1000
+                )
         except StromError:
             # (found from outside: the failed transaction stayed open, holding read_committed
             # readers until its timeout)

@@ -39,6 +39,7 @@ from strom.errors import (
     ProducerFencedError,
     RequestTimedOutError,
     StromError,
+    TransactionOutcomeUnknownError,
     error_for,
     is_retriable,
 )
@@ -232,7 +233,14 @@ class TransactionManager:
             self.pending_end = None
         return resp.producer_id, resp.producer_epoch
 
-    def begin(self) -> None:
+    def begin(self, timeout_s: float | None = None) -> None:
+        """Open a transaction. With ``timeout_s``, an abort that got no answer is first asked
+        again: that is always safe (the transaction ends aborted whatever reached the
+        coordinator), and a loop that caught the abort's error and went on would otherwise
+        be refused here for good (found from outside). Without it (a caller that must not
+        wait) such a begin is refused, naming the call to make."""
+        if timeout_s is not None and self.pending_end is False:
+            self.end(False, timeout_s)
         self.require(TxnPhase.READY, action="begin_transaction()")
         with self.lock:
             self.phase = TxnPhase.IN_TRANSACTION
@@ -355,6 +363,31 @@ class TransactionManager:
             self.added.clear()
             self.error = None
             self.pending_end = None
+
+    def settle_commit(self, timeout_s: float, within_s: float) -> None:
+        """Ask again about a commit that got no answer until the coordinator answers, for up
+        to ``within_s`` (each ask up to ``timeout_s``). Returns once it is committed; raises
+        the coordinator's answer when it refused (fenced: fatal; otherwise abortable), or
+        :class:`~strom.errors.TransactionOutcomeUnknownError` when no answer came in time.
+        ``within_s`` is the transaction timeout: a coordinator that is up has decided by
+        then (it aborts a transaction it never got the commit of)."""
+        deadline = time.monotonic() + within_s
+        last: StromError | None = None
+        while self.pending_end is True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TransactionOutcomeUnknownError(
+                    f"the commit of transactional id {self.transactional_id!r} got no answer "
+                    f"in {within_s:.0f} s of asking again ({last}): it may have committed; "
+                    "close this producer and restart from the committed offsets, or call "
+                    "commit_transaction() until it answers"
+                ) from last
+            try:
+                self.end(True, min(timeout_s, remaining))
+            except StromError as exc:
+                if self.pending_end is not True:
+                    raise  # answered: refused (abortable) or fenced (fatal)
+                last = exc
 
     # -- plumbing ------------------------------------------------------------------------------
 
