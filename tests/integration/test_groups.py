@@ -281,6 +281,8 @@ def test_pattern_subscription_and_the_rebalance_listener(
 
         wait_for(assigned, timeout=15, what="both topics assigned through the regex")
         assert calls == [("assigned", sorted(want))]
+        # The topics the pattern matched (found from outside: subscription() was empty).
+        assert consumer.subscription() == {"rx-a", "rx-b"}
     finally:
         consumer.close()
     assert calls[-1] == ("revoked", sorted(want))  # close gives the partitions up

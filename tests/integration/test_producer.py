@@ -939,15 +939,30 @@ def test_clients_used_in_a_forked_child_fail_clearly(env: Env) -> None:
         a.close()
 
 
-def test_send_batch_names_a_partition_of_the_wrong_type(env: Env) -> None:
+def test_send_and_send_batch_name_a_partition_of_the_wrong_type(env: Env) -> None:
     """Found from outside: send_batch(partition="1") failed with a bare "'<=' not
-    supported between instances of 'int' and 'str'"."""
+    supported between instances of 'int' and 'str'", and send(partition="1") raised
+    InvalidRequestError (a server's error code) for a caller's mistake."""
     t = env.topic(partitions=2)
     with Producer(env.bootstrap) as p:
         for bad in ("1", 1.0, True):
             with pytest.raises(TypeError, match=f"partition must be an int, got {bad!r}"):
                 p.send_batch(t, [b"v"], partition=bad)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=f"partition must be an int, got {bad!r}"):
+                p.send(t, b"v", partition=bad)  # type: ignore[arg-type]
         assert p.send_batch(t, [b"v"], partition=1).result(10)[0].partition == 1
+        assert p.send(t, b"v", partition=0).result(10).partition == 0
+
+
+def test_a_records_size_counts_its_header_keys_in_utf8_bytes(env: Env) -> None:
+    """Header keys are sent as UTF-8: a record whose keys are within max_request_size in
+    characters but not in bytes is refused at send(), not by the node."""
+    t = env.topic(partitions=1)
+    with Producer(env.bootstrap, max_request_size=1000) as p:
+        key = "\u00e9" * 600  # 600 characters, 1,200 bytes
+        with pytest.raises(MessageTooLargeError, match="max_request_size=1000"):
+            p.send(t, b"v", headers=[(key, b"x")])
+        assert p.send(t, b"v", headers=[("e" * 600, b"x")]).result(10).offset == 0
 
 
 def test_a_closed_producer_is_freed(env: Env) -> None:

@@ -389,8 +389,14 @@ class Consumer:
         group.subscribe(self._subscription if topics is not None else None, pattern, listener)
 
     def subscription(self) -> set[str]:
-        """Topics subscribed to through the group (empty with manual assignment)."""
-        return set(self._subscription or ())
+        """Topics subscribed to through the group (empty with manual assignment). For a
+        pattern, which the group coordinator matches, the topics it matched for this member:
+        those of its assignment (found from outside: it was always empty)."""
+        if self._subscription is None:
+            return set()
+        if self._subscription or self._group is None or self._group._pattern is None:
+            return set(self._subscription)
+        return {tp.topic for tp in self._fetcher.parts}
 
     @_one_thread
     def unsubscribe(self) -> None:

@@ -444,14 +444,14 @@ class Producer:
                     partition = self._sticky[topic] = random.randrange(n)
         elif type(partition) is not int or not 0 <= partition < n:
             if type(partition) is not int:
-                raise InvalidRequestError(f"partition must be an int, got {partition!r}")
+                raise TypeError(f"partition must be an int, got {partition!r}")
             n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
         size = 16 if value is None else len(value) + 16  # RECORD_OVERHEAD
         if key is not None:
             size += len(key)
         if headers:
             headers = _headers(headers)
-            size += sum(len(h) + len(v or b"") for h, v in headers)
+            size += sum(len(h.encode()) + len(v or b"") for h, v in headers)  # UTF-8 bytes
         else:
             headers = None
         if size > self.max_request_size:
