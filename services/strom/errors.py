@@ -17,7 +17,8 @@ use :class:`StromError` with ``code=None``.
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+import functools
+from typing import Any, ClassVar, NamedTuple
 
 from strom.api import common_pb2
 
@@ -701,6 +702,31 @@ class IllegalStateError(StromError):
     """The call does not fit the consumer's state (Kafka's IllegalStateException): seeking or
     pausing a partition that is not assigned, polling with nothing assigned, using a closed
     consumer, mixing assign() with subscribe()."""
+
+
+class RecordDeserializationError(StromError):
+    """A consumer's ``key_deserializer`` or ``value_deserializer`` raised for a record
+    (Kafka's RecordDeserializationException). The consumer's position is at that record:
+    ``seek(TopicPartition(e.topic, e.partition), e.offset + 1)`` skips it; nothing else of
+    the poll was lost (the cause is ``__cause__``)."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        topic: str | None = None,
+        partition: int = -1,
+        offset: int = -1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+    def __reduce__(self) -> tuple[object, ...]:
+        where = {"topic": self.topic, "partition": self.partition, "offset": self.offset}
+        return (functools.partial(type(self), **where), (self.message,))
 
 
 class TransactionOutcomeUnknownError(StromError):

@@ -31,6 +31,7 @@ from strom.errors import (
     ConcurrentModificationError,
     InvalidGroupIdError,
     OffsetOutOfRangeError,
+    RecordDeserializationError,
     UnknownTopicOrPartitionError,
     is_retriable,
 )
@@ -167,6 +168,46 @@ def test_assign_and_poll_read_everything_in_order(
         produce(admin, "c-order", 1, [b"late"])
         (late,) = drain(consumer, 1)
         assert (late.partition, late.offset, late.value) == (1, 100, b"late")
+
+
+def test_deserializers_turn_bytes_into_objects_and_a_failing_one_loses_nothing(
+    admin: ClusterClient, cluster: LocalCluster
+) -> None:
+    """kafka-python's key_deserializer / value_deserializer (the consumer had none: found
+    from outside). A record the deserializer refuses is named (RecordDeserializationError)
+    with the position at it, the records before it are delivered, and skipping it with a
+    seek loses nothing else."""
+    create_topic(cluster, "c-deser", partitions=2)
+    produce(admin, "c-deser", 0, [b"1", b"2", b"oops", b"4"], keys=[b"a", None, b"c", b"d"])
+    produce(admin, "c-deser", 1, [b"10", b"20"])
+    tps = [TopicPartition("c-deser", 0), TopicPartition("c-deser", 1)]
+    with Consumer(
+        cluster.bootstrap,
+        auto_offset_reset="earliest",
+        key_deserializer=bytes.decode,
+        value_deserializer=int,
+    ) as consumer:
+        consumer.assign(tps)
+        got: list[Record] = []
+        with pytest.raises(RecordDeserializationError) as failed:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                got.extend(consumer.poll(timeout_ms=200))
+        err = failed.value
+        assert (err.topic, err.partition, err.offset) == ("c-deser", 0, 2)
+        assert "oops" in str(err.__cause__)
+        assert consumer.position(tps[0]) == 2  # at the refused record
+        consumer.seek(tps[0], err.offset + 1)
+        got.extend(drain(consumer, 6 - len(got) - 1))
+    assert sorted((r.partition, r.offset, r.key, r.value) for r in got) == [
+        (0, 0, "a", 1),
+        (0, 1, None, 2),
+        (0, 3, "d", 4),
+        (1, 0, None, 10),
+        (1, 1, None, 20),
+    ]
+    with pytest.raises(TypeError, match="value_deserializer must be a callable"):
+        Consumer(cluster.bootstrap, value_deserializer="utf-8")
 
 
 def _fetch_threads(consumer: Consumer) -> list[str]:

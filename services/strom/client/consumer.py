@@ -52,6 +52,7 @@ from strom.errors import (  # IllegalStateError, NoOffsetForPartitionError: re-e
     IllegalStateError,
     InvalidGroupIdError,
     NoOffsetForPartitionError,
+    RecordDeserializationError,
     StromError,
 )
 from strom.record import Record
@@ -159,6 +160,9 @@ class Consumer:
     :meth:`commit_async`). ``session_timeout_ms`` and ``heartbeat_interval_ms`` are refused
     (ValueError), as Kafka's KIP-848 consumer refuses them: the coordinator sets both for
     the whole group (``--group-session-timeout-ms``, ``--group-heartbeat-interval-ms``).
+    ``key_deserializer`` / ``value_deserializer`` (kafka-python's) turn the bytes of
+    ``poll()`` and iteration records into objects (None stays None; ``poll_arrow()`` keeps
+    bytes); one that raises gives :class:`~strom.errors.RecordDeserializationError`.
     The consumer is meant for one application thread (a second thread entering a call that
     reads or moves positions while one is inside gets :class:`ConcurrentModificationError`);
     ``close()`` may be called from another thread to stop a blocking ``poll()`` or
@@ -197,6 +201,8 @@ class Consumer:
         heartbeat_interval_ms: int | None = None,
         group_instance_id: str | None = None,
         group_remote_assignor: str | None = None,
+        key_deserializer: Callable[[bytes], Any] | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
@@ -238,6 +244,12 @@ class Consumer:
                     f"{name} is not a client setting: the group coordinator decides it for "
                     f"every member (strom coordinator {flag}); leave it out"
                 )
+        for name, fn in (
+            ("key_deserializer", key_deserializer),
+            ("value_deserializer", value_deserializer),
+        ):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be a callable taking bytes, got {fn!r}")
         if consumer_timeout_ms is not None:
             _int_arg("consumer_timeout_ms", consumer_timeout_ms, 0)
         if fetch_max_bytes > (1 << 31) - 1 or max_partition_fetch_bytes > (1 << 31) - 1:
@@ -267,6 +279,8 @@ class Consumer:
             "group_remote_assignor": group_remote_assignor,
         }
         self._auto_offset_reset = auto_offset_reset
+        self._key_deserializer = key_deserializer
+        self._value_deserializer = value_deserializer
         self._max_poll_records = max_poll_records
         self._timeout_s = request_timeout_ms / 1000.0
         self._backoff_s = retry_backoff_ms / 1000.0
@@ -887,7 +901,11 @@ class Consumer:
         if group is not None:
             group.polling(True)
         try:
-            return self._poll_once(timeout_ms, limit, arrow=arrow)
+            items, n = self._poll_once(timeout_ms, limit, arrow=arrow)
+            if items and not arrow and (self._key_deserializer or self._value_deserializer):
+                items = self._deserialized(items)
+                n = len(items)
+            return items, n
         except Exception:
             if self._closing:  # closed from another thread mid-call: end quietly
                 return [], 0
@@ -924,6 +942,40 @@ class Consumer:
             inline_s = remaining if self._group is None else min(remaining, GROUP_INLINE_WAIT_S)
             if not self._fetcher.fetch_inline(inline_s):
                 self._fetcher.wait(remaining)
+
+    def _deserialized(self, records: list[Record]) -> list[Record]:
+        """``records`` with keys and values through the deserializers (None stays None).
+
+        A record whose deserializer raises is not lost and does not lose others (Kafka's
+        RecordDeserializationException): the records before it are returned and everything
+        from it on is put back, so the next poll starts its partition at it; when nothing of
+        its partition came before it in this poll, the poll puts back everything and raises
+        :class:`~strom.errors.RecordDeserializationError` naming it (seek past it to skip)."""
+        kd, vd = self._key_deserializer, self._value_deserializer
+        out: list[Record] = []
+        seen: set[tuple[str | None, int]] = set()
+        for i, r in enumerate(records):
+            try:
+                out.append(
+                    r._replace(
+                        key=r.key if kd is None or r.key is None else kd(r.key),
+                        value=r.value if vd is None or r.value is None else vd(r.value),
+                    )
+                )
+            except Exception as exc:
+                if (r.topic, r.partition) in seen:
+                    self._rewind(records[i:], self._fetcher.last_marks)
+                    return out
+                self._rewind(records, self._fetcher.last_marks)
+                raise RecordDeserializationError(
+                    f"{r.topic}[{r.partition}] offset {r.offset}: could not deserialize "
+                    f"the record ({type(exc).__name__}: {exc}); seek past it to skip it",
+                    topic=r.topic,
+                    partition=r.partition,
+                    offset=r.offset,
+                ) from exc
+            seen.add((r.topic, r.partition))
+        return out
 
     def __iter__(self) -> Iterator[Record]:
         """Records one by one, blocking until there are some; ends when the consumer is
