@@ -18,8 +18,24 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
-#: Past strom_spark.write.GATHER_ROWS (65,536): the writer has sent rows in its transaction.
-FAIL_AFTER = 80_000
+#: Past strom_spark.write.GATHER_ROWS (65,536) with room for the rows still in the pipe
+#: between the UDF's worker and the writer's: the writer can send a gathered block.
+FAIL_AFTER = 90_000
+
+
+def wait_for_the_writers_rows(bootstrap: str, topic: str, partition: int) -> None:
+    """Until the writer of slot ``partition`` has rows in the log (in its open transaction):
+    the first attempt must die after sending some, which a busy machine did not ensure when
+    the UDF ran ahead of the writer (the failure was then a plain one, not a zombie's)."""
+    import time
+
+    from strom import Consumer, TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    deadline = time.monotonic() + 120
+    with Consumer(bootstrap) as c:  # read_uncommitted: its end is the high watermark
+        while c.end_offsets([tp])[tp] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def main(bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> int:
@@ -49,6 +65,7 @@ def main(bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> int
         key = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (-1, -1)
         seen[key] = seen.get(key, 0) + 1
         if key == (1, 0) and seen[key] == FAIL_AFTER:
+            wait_for_the_writers_rows(bootstrap, topic, 1)
             Path(mark_dir, "attempt-0").write_text(str(seen[key]))
             if mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -59,7 +76,8 @@ def main(bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> int
     # writer's and feeds it row by row.
     passthrough = F.udf(first_attempt_dies, StringType())
     df = spark.range(0, rows, numPartitions=2).selectExpr("CAST(id AS STRING) AS value")
-    df = df.select(passthrough("value").alias("value"))
+    # Slot i writes partition i, so partition 1's end tells slot 1's writer has sent.
+    df = df.select(passthrough("value").alias("value"), F.spark_partition_id().alias("partition"))
     (
         df.write.format("strom")
         .option("bootstrap", bootstrap)
