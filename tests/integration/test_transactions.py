@@ -658,6 +658,22 @@ def test_a_hanging_transaction_is_found_and_aborted(
         assert cli_main(["transactions", "producers", "hang", *b]) == 0
         shown = capsys.readouterr().out
         assert str(pid) in shown and "OPEN-TXN-AT" in shown, shown
+        # find-hanging tells it from a healthy transaction open beside it (a coordinator
+        # has that one ongoing) and from one younger than the limit.
+        with Producer(cluster.bootstrap, transactional_id="hang-healthy") as healthy:
+            healthy.init_transactions()
+            healthy.begin_transaction()
+            healthy.send("hang", b"healthy, open").result(10)
+            find = ["transactions", "find-hanging", "--topic", "hang", "--json", *b]
+            assert cli_main([*find, "--max-transaction-timeout", "0"]) == 0
+            found = json.loads(capsys.readouterr().out)
+            assert [(f["producer_id"], f["current_transaction_start_offset"]) for f in found] == [
+                (pid, 0)
+            ], found
+            assert found[0]["reason"] == "no coordinator knows the producer id"
+            assert cli_main(find) == 0  # open for less than 15 minutes: not hanging yet
+            assert json.loads(capsys.readouterr().out) == []
+            healthy.abort_transaction()
         # A wrong start offset names the open ones and writes nothing.
         assert (
             cli_main(
@@ -673,8 +689,10 @@ def test_a_hanging_transaction_is_found_and_aborted(
             == 0
         )
         assert f"producer id {pid}" in capsys.readouterr().out
-        # The abort marker follows the three records: the LSO is the high watermark now.
-        wait_for(lambda: rc.end_offsets([tp])[tp] == 5, timeout=30, what="the abort marker")
+        # The abort marker follows the records: the LSO is the high watermark now.
+        wait_for(lambda: rc.end_offsets([tp])[tp] == 7, timeout=30, what="the abort marker")
+        assert cli_main(["transactions", "find-hanging", *b, "--max-transaction-timeout", "0"]) == 0
+        assert "end one with" not in capsys.readouterr().out
     assert [v for _, v in _read(cluster, "hang", "read_committed")] == [
         b"after 0",
         b"after 1",

@@ -1,11 +1,13 @@
-"""``strom transactions list|describe|fence|producers|abort``: transactions from the shell, as
-Kafka's ``kafka-transactions.sh`` shows and handles them.
+"""``strom transactions list|describe|fence|producers|find-hanging|abort``: transactions from
+the shell, as Kafka's ``kafka-transactions.sh`` shows and handles them.
 
 ``list`` asks every coordinator that owns a shard of ``__transaction_state`` (from a storage
 node's FindCoordinator with ``all_shards``); ``describe`` asks the id's own coordinator
 (FindCoordinator). ``producers`` and ``abort`` ask partition leaders (DescribeProducers,
 WriteTxnMarkers): they find and end a hanging transaction, one no coordinator will end
-(Kafka's KIP-664).
+(Kafka's KIP-664). ``find-hanging`` puts both sides together as Kafka's does: a transaction
+open in a partition for longer than the longest a transaction may last, which no coordinator
+has as ongoing there for that producer and epoch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import grpc
 from strom.api import coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.cli.groups import _table
 from strom.cli.jsonout import message_json
-from strom.client.admin import Admin
+from strom.client.admin import Admin, ProducerState
 from strom.client.cluster import ClusterClient, older_node
 from strom.client.types import TopicPartition
 from strom.errors import (
@@ -94,6 +96,25 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     pr.add_argument("topic")
     pr.add_argument("--partition", type=int, action="append", help="repeatable; default: all")
     pr.add_argument("--json", action="store_true")
+    fh = tsub.add_parser(
+        "find-hanging",
+        parents=[common],
+        help="transactions open in a partition for longer than --max-transaction-timeout that "
+        "no coordinator has as ongoing there (end each with `strom transactions abort`); exit "
+        "2: some partition or coordinator did not answer, the result may be incomplete",
+    )
+    fh.add_argument(
+        "--topic", action="append", help="repeatable; default: every topic but the internal ones"
+    )
+    fh.add_argument(
+        "--max-transaction-timeout",
+        type=_minutes,
+        default=15.0,
+        metavar="MINUTES",
+        help="open longer than this counts (the coordinators' --transaction-max-timeout-ms; "
+        "default: %(default)s minutes, Kafka's transaction.max.timeout.ms)",
+    )
+    fh.add_argument("--json", action="store_true")
     ab = tsub.add_parser(
         "abort",
         parents=[common],
@@ -107,6 +128,16 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--start-offset", type=int, help="the open transaction's first offset in the partition"
     )
     which.add_argument("--producer-id", type=int, help="the producer whose transaction to abort")
+
+
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of minutes >= 0, got {text!r}")
+    return value
 
 
 def run_transactions(args: argparse.Namespace, out: Any) -> int:
@@ -126,6 +157,8 @@ def run_transactions(args: argparse.Namespace, out: Any) -> int:
             return _producers(client, args, out)
         if args.txn_cmd == "abort":
             return _abort(client, args, out)
+        if args.txn_cmd == "find-hanging":
+            return _find_hanging(client, args, out)
         return _describe(client, args, out)
 
 
@@ -137,22 +170,7 @@ def _producers(client: ClusterClient, args: argparse.Namespace, out: Any) -> int
             if not 0 <= p < count:
                 raise StromError(f"{args.topic} has partitions 0-{count - 1}, not {p}")
         tps = [TopicPartition(args.topic, p) for p in parts]
-        failed: dict[TopicPartition, StromError] = {}
-        try:
-            states = admin.describe_producers(tps)
-        except StromError:
-            # One partition without a leader must not hide the others (found from outside:
-            # exactly when an operator hunts a hanging transaction): ask each on its own.
-            states = {}
-            with ThreadPoolExecutor(min(8, len(tps)), "strom-cli-producers") as pool:
-                asked = {tp: pool.submit(admin.describe_producers, [tp]) for tp in tps}
-            for tp, future in asked.items():
-                try:
-                    states[tp] = future.result()[tp]
-                except StromError as exc:
-                    failed[tp] = exc
-    for tp, exc in failed.items():
-        print(f"strom transactions producers: {tp.topic}-{tp.partition}: {exc}", file=sys.stderr)
+        states, failed = _producer_states(admin, tps, "producers")
     code = 2 if failed else 0
     if args.json:
         rows = [
@@ -180,6 +198,154 @@ def _producers(client: ClusterClient, args: argparse.Namespace, out: Any) -> int
             )
     _table(table, out)
     return code
+
+
+def _producer_states(
+    admin: Admin, tps: list[TopicPartition], action: str
+) -> tuple[dict[TopicPartition, list[ProducerState]], dict[TopicPartition, StromError]]:
+    """DescribeProducers of ``tps``; a partition that fails is named on stderr and left out."""
+    failed: dict[TopicPartition, StromError] = {}
+    if not tps:
+        return {}, failed
+    try:
+        states = admin.describe_producers(tps)
+    except StromError:
+        # One partition without a leader must not hide the others (found from outside:
+        # exactly when an operator hunts a hanging transaction): ask each on its own.
+        states = {}
+        with ThreadPoolExecutor(min(8, len(tps)), "strom-cli-producers") as pool:
+            asked = {tp: pool.submit(admin.describe_producers, [tp]) for tp in tps}
+        for tp, future in asked.items():
+            try:
+                states[tp] = future.result()[tp]
+            except StromError as exc:
+                failed[tp] = exc
+    for tp, exc in failed.items():
+        print(f"strom transactions {action}: {tp.topic}-{tp.partition}: {exc}", file=sys.stderr)
+    return states, failed
+
+
+#: Coordinator states in which a transaction may still have its partitions open.
+_OPEN_STATES = frozenset(
+    {
+        coordinator_pb2.TRANSACTION_STATE_ONGOING,
+        coordinator_pb2.TRANSACTION_STATE_PREPARE_COMMIT,
+        coordinator_pb2.TRANSACTION_STATE_PREPARE_ABORT,
+    }
+)
+
+
+def _find_hanging(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """Kafka's ``find-hanging``: open transactions older than the longest a transaction may
+    last, then each one's producer id looked up in every coordinator (ListTransactions by
+    producer id, DescribeTransactions of the ids found). It hangs when no coordinator has a
+    transaction of that producer and epoch in progress with the partition in it: nothing
+    will ever write its marker."""
+    now_ms = time.time() * 1000
+    limit_ms = args.max_transaction_timeout * 60_000
+    with Admin(cluster_client=client) as admin:
+        topics = args.topic or sorted(t for t in admin.list_topics() if not t.startswith("__"))
+        tps = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in range(admin.describe_topic(t).partition_count)
+        ]
+        states, failed = _producer_states(admin, tps, "find-hanging")
+    candidates = [
+        (tp, st)
+        for tp, ss in states.items()
+        for st in ss
+        if st.current_transaction_start_offset is not None
+        and now_ms - st.last_timestamp_ms >= limit_ms
+    ]
+    owners, partial = _listings(client, {st.producer_id for _, st in candidates})
+    described: dict[str, coordinator_pb2.TransactionDescription] = {}
+    for tid in sorted(set(owners.values())):
+        try:
+            described[tid] = _describe_txn(client, tid)
+        except StromError as exc:
+            print(f"strom transactions find-hanging: {tid}: {exc}", file=sys.stderr)
+            partial = True
+    hanging: list[tuple[TopicPartition, ProducerState, str]] = []
+    for tp, st in candidates:
+        tid = owners.get(st.producer_id)
+        d = described.get(tid) if tid is not None else None
+        if tid is None:
+            if partial:
+                continue  # an unanswered coordinator may have it
+            why = "no coordinator knows the producer id"
+        elif d is None:
+            continue  # (named on stderr)
+        elif d.producer_id != st.producer_id or d.producer_epoch != st.producer_epoch:
+            why = f"{tid} is at producer id {d.producer_id}, epoch {d.producer_epoch}"
+        elif d.state not in _OPEN_STATES:
+            why = f"{tid} is {state_name(d.state)}"
+        elif not any(t.topic == tp.topic and tp.partition in t.partitions for t in d.topics):
+            why = f"{tid}'s transaction does not include the partition"
+        else:
+            continue
+        hanging.append((tp, st, why))
+    if args.json:
+        rows = [
+            {"topic": tp.topic, "partition": tp.partition, **st._asdict(), "reason": why}
+            for tp, st, why in hanging
+        ]
+        print(json.dumps(rows), file=out)
+    else:
+        table = [("TOPIC", "PARTITION", "PRODUCER-ID", "EPOCH", "START-OFFSET", "OPEN-FOR", "WHY")]
+        for tp, st, why in hanging:
+            table.append(
+                (
+                    tp.topic,
+                    str(tp.partition),
+                    str(st.producer_id),
+                    str(st.producer_epoch),
+                    str(st.current_transaction_start_offset),
+                    f"{max(now_ms - st.last_timestamp_ms, 0) / 60_000:.1f} min",
+                    why,
+                )
+            )
+        _table(table, out)
+        if hanging:
+            tp, st, _ = hanging[0]
+            print(
+                "end one with: strom transactions abort TOPIC --partition P --start-offset O "
+                f"(e.g. {tp.topic} --partition {tp.partition} --start-offset "
+                f"{st.current_transaction_start_offset})",
+                file=out,
+            )
+    if failed or partial:
+        print(
+            "strom transactions find-hanging: incomplete: some partitions or transaction "
+            "coordinators did not answer",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+def _listings(client: ClusterClient, producer_ids: set[int]) -> tuple[dict[int, str], bool]:
+    """producer id -> transactional id, from every coordinator; and whether some shard did
+    not answer (then a missing id proves nothing)."""
+    if not producer_ids:
+        return {}, False
+    owners = client.coordinator_shards(storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+    partial = None in owners.values()
+    found: dict[int, str] = {}
+    for addr in sorted({a for a in owners.values() if a is not None}):
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
+        try:
+            resp = stub.ListTransactions(
+                coordinator_pb2.ListTransactionsRequest(producer_id_filters=sorted(producer_ids)),
+                timeout=client.timeout_s,
+            )
+        except grpc.RpcError:
+            partial = True
+            continue
+        partial = partial or bool(resp.unloaded_shards)
+        for t in resp.transactions:
+            found[t.producer_id] = t.transactional_id
+    return found, partial
 
 
 def _abort(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
@@ -271,7 +437,33 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
 
 
 def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
-    tid = args.transactional_id
+    d = _describe_txn(client, args.transactional_id)
+    if args.json:
+        print(message_json(d), file=out)
+        return 0
+    started = (
+        datetime.fromtimestamp(d.transaction_start_ms / 1000, UTC).isoformat(timespec="seconds")
+        if d.transaction_start_ms >= 0
+        else "-"
+    )
+    parts = ", ".join(f"{tp.topic}-{p}" for tp in d.topics for p in tp.partitions) or "-"
+    rows = [
+        ("transactional id", d.transactional_id),
+        ("state", state_name(d.state)),
+        ("producer id / epoch", f"{d.producer_id} / {d.producer_epoch}"),
+        ("timeout ms", str(d.transaction_timeout_ms)),
+        ("started", started),
+        ("partitions", parts),
+        ("groups", ", ".join(d.groups) or "-"),
+        ("shard", str(d.shard)),
+    ]
+    for k, v in rows:
+        print(f"{k:<20} {v}", file=out)
+    return 0
+
+
+def _describe_txn(client: ClusterClient, tid: str) -> coordinator_pb2.TransactionDescription:
+    """One transactional id's description from its coordinator (retried while it moves)."""
     deadline = time.monotonic() + client.retry_s
     last = "no coordinator"
     while True:
@@ -297,28 +489,7 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
         time.sleep(0.2)
     if d.error_code != E.NONE:
         raise error_for(d.error_code, d.error_message)
-    if args.json:
-        print(message_json(d), file=out)
-        return 0
-    started = (
-        datetime.fromtimestamp(d.transaction_start_ms / 1000, UTC).isoformat(timespec="seconds")
-        if d.transaction_start_ms >= 0
-        else "-"
-    )
-    parts = ", ".join(f"{tp.topic}-{p}" for tp in d.topics for p in tp.partitions) or "-"
-    rows = [
-        ("transactional id", d.transactional_id),
-        ("state", state_name(d.state)),
-        ("producer id / epoch", f"{d.producer_id} / {d.producer_epoch}"),
-        ("timeout ms", str(d.transaction_timeout_ms)),
-        ("started", started),
-        ("partitions", parts),
-        ("groups", ", ".join(d.groups) or "-"),
-        ("shard", str(d.shard)),
-    ]
-    for k, v in rows:
-        print(f"{k:<20} {v}", file=out)
-    return 0
+    return d
 
 
 def _find(client: ClusterClient, tid: str) -> str | None:
