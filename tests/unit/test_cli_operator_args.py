@@ -277,3 +277,35 @@ def test_reset_flags_are_checked_before_connecting(capsys: pytest.CaptureFixture
     argv = ["groups", "reset-offsets", "g", "--all-topics", "--topic", "t", "--to-latest", *B]
     assert _exit(argv) == 2
     assert "--topic: not allowed with argument --all-topics" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["topics", "list"],
+        ["transactions", "find-hanging"],
+        ["cluster", "describe"],
+    ],
+)
+def test_timeout_bounds_a_command_against_a_cluster_that_does_not_answer(argv: list[str]) -> None:
+    """Found from outside: against a down cluster a command retried for 61-124 s before its
+    one-line error, and the tools had no --timeout (Kafka's take one)."""
+    import subprocess
+    import sys
+
+    from strom.devcluster.procs import free_port
+
+    down = f"127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "strom.cli.main", *argv, "-b", down, "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=50,  # well below the clients' own retrying (a minute): the bound is --timeout
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"no result within --timeout 1 s (is the cluster at {down} up?" in done.stderr
+
+
+def test_timeout_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit(["topics", "list", *B, "--timeout", "0"]) == 2
+    assert "argument --timeout: must be more than 0" in capsys.readouterr().err

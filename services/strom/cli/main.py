@@ -12,9 +12,11 @@ other TypeError is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,11 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SERVICES:
         sub.add_parser(name, help=f"run a {name} (see `strom {name} --help`)", add_help=False)
     add_dev_parser(sub)
-    add_topics_parser(sub, common)
-    add_cluster_parser(sub, common)
-    add_groups_parser(sub, common)
-    add_transactions_parser(sub, common)
-    add_acls_parser(sub, common)
+    # The administrative commands also take a bound on the whole command (Kafka's tools'
+    # --timeout): a cluster that is down costs a minute of retries otherwise.
+    timed = argparse.ArgumentParser(add_help=False, parents=[common])
+    timed.add_argument(
+        "--timeout",
+        type=number_above(0),
+        metavar="SECONDS",
+        help="give up after this long (exit 1; a request already sent may still take effect) "
+        "instead of retrying while the cluster does not answer (default: the clients' own, "
+        "about a minute)",
+    )
+    add_topics_parser(sub, timed)
+    add_cluster_parser(sub, timed)
+    add_groups_parser(sub, timed)
+    add_transactions_parser(sub, timed)
+    add_acls_parser(sub, timed)
     add_console_parsers(sub, common)
 
     # Server CPU per million records (strom.bench.cpu): the services' Prometheus endpoints.
@@ -1087,6 +1100,28 @@ def _argument_error(exc: TypeError) -> bool:
     return line.lstrip().startswith("raise TypeError")
 
 
+def _give_up_after(seconds: float, prog: str, bootstrap: str) -> None:
+    """``--timeout``: end the process with a one-line error once ``seconds`` have passed.
+    A timer rather than a bound passed to every client the command makes: the wait that
+    hurts (a down cluster) is spread over several of them, each retrying on its own."""
+
+    def expire() -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        print(
+            f"{prog}: error: no result within --timeout {seconds:g} s (is the cluster "
+            f"{'at ' + bootstrap + ' ' if bootstrap else ''}up? a request already sent may "
+            "still take effect)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SERVICES:
@@ -1112,6 +1147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from strom.security.channel import name_env_settings
 
         name_env_settings(copied)
+    if getattr(args, "timeout", None) is not None:
+        bootstrap = getattr(args, "bootstrap", None) or os.environ.get("STROM_BOOTSTRAP", "")
+        _give_up_after(args.timeout, f"strom {args.command}", bootstrap)
     try:
         _check_bootstrap(args)
         return _run(args)
