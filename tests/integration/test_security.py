@@ -754,6 +754,38 @@ def test_acls_remove_refuses_an_empty_resource_name_and_removes_nothing(env: Env
     assert cli("remove", "--principal", who).returncode == 0
 
 
+def test_raw_acl_calls_keep_and_match_certificate_principals_as_the_services_derive_them(
+    env: Env,
+) -> None:
+    """Found from outside: the CLI wrote "User:CN=a, O=b" as the services derive it from a
+    certificate ("User:CN=a,O=b"), but a raw gRPC CreateAcls kept it as typed, and the entry
+    never matched the certificate it meant. The controller canonicalises bindings and
+    filters, whoever calls."""
+    spaced, derived = "User:CN=raw, O=Strom", "User:CN=raw,O=Strom"
+    env.acls(allow(spaced, READ, TOPIC, "raw-acls"))
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+
+        def described(principal: str) -> list[str]:
+            resp = c.controller_call(
+                "DescribeAcls",
+                controller_pb2.DescribeAclsRequest(
+                    filter=controller_pb2.AclBindingFilter(principal=principal)
+                ),
+            )
+            return [a.principal for a in resp.acls]
+
+        assert described(derived) == [derived]
+        assert described(spaced) == [derived]  # a filter typed with spaces finds it too
+        resp = c.controller_call(
+            "DeleteAcls",
+            controller_pb2.DeleteAclsRequest(
+                filters=[controller_pb2.AclBindingFilter(principal=spaced)]
+            ),
+        )
+        assert [a.principal for a in resp.deleted] == [derived]
+        assert described(derived) == []
+
+
 def test_a_refused_request_ends_a_stream_after_the_answers_before_it(env: Env) -> None:
     """On ProduceStream each request is authorized: the first one refused ends the stream
     with PERMISSION_DENIED once the requests before it are answered, and the node applies

@@ -16,6 +16,7 @@ outside: ``acls add --deny 'User:*'`` printed ``added`` and producing went on).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 from strom.api import controller_pb2 as pb
@@ -24,6 +25,7 @@ from strom.controller.core import ControllerCore, Leadership, rpc
 from strom.errors import ErrorCode, SecurityDisabledError
 from strom.security import server_security
 from strom.security.acl import Acl, matches_filter, validate
+from strom.security.principal import canonical_principal
 
 E = ErrorCode
 
@@ -38,6 +40,16 @@ def _require_acls() -> None:
     """Refuse an ACL request on a controller that does not enforce ACLs."""
     if not server_security().acls:
         raise SecurityDisabledError(NOT_ENFORCED)
+
+
+def _canonical_filter(f: pb.AclBindingFilter) -> pb.AclBindingFilter:
+    """``f`` with its principal as stored (:func:`canonical_principal`)."""
+    if not f.principal or canonical_principal(f.principal) == f.principal:
+        return f
+    copy = pb.AclBindingFilter()
+    copy.CopyFrom(f)
+    copy.principal = canonical_principal(f.principal)
+    return copy
 
 
 class AclRpcs(ControllerCore):
@@ -60,7 +72,11 @@ class AclRpcs(ControllerCore):
             if why is not None:
                 response.results.add(code=E.INVALID_REQUEST, message=why)
                 continue
+            # Kept as the services derive certificate principals, whoever the caller is (the
+            # CLI canonicalises too; found from outside: a raw gRPC caller's
+            # "User:CN=a, O=b" never matched the certificate it meant).
             acl = Acl.from_proto(b)
+            acl = dataclasses.replace(acl, principal=canonical_principal(acl.principal))
             puts.append((keys.acl(acl.key), acl.to_proto()))
             response.results.add(code=E.NONE)
         if puts:
@@ -76,7 +92,8 @@ class AclRpcs(ControllerCore):
         self, lead: Leadership, request: pb.DescribeAclsRequest, response: pb.DescribeAclsResponse
     ) -> None:
         _require_acls()
-        found = [a for a in self._current_acls().values() if matches_filter(a, request.filter)]
+        f = _canonical_filter(request.filter)
+        found = [a for a in self._current_acls().values() if matches_filter(a, f)]
         response.acls.extend(a.to_proto() for a in sorted(found))
 
     @rpc(write=True)
@@ -86,10 +103,11 @@ class AclRpcs(ControllerCore):
         _require_acls()
         assert self.store is not None
         keys = self.store.keys
+        filters = [_canonical_filter(f) for f in request.filters]
         gone = {
             k: a
             for k, a in self._current_acls().items()
-            if any(matches_filter(a, f) for f in request.filters)
+            if any(matches_filter(a, f) for f in filters)
         }
         if gone:
             await asyncio.to_thread(self._txn, lead, (), deletes=[keys.acl(k) for k in gone])
