@@ -119,3 +119,49 @@ def test_an_empty_group_without_offsets_is_deleted_durably_and_one_with_offsets_
         assert again.committed(tp) == OffsetAndMetadata(3)
     finally:
         again.close()
+
+
+def test_the_offsets_of_a_group_empty_for_the_offsets_retention_expire_with_it(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Kafka's offsets.retention.minutes (KIP-211): a group that stayed empty that long is
+    deleted with its committed offsets (found from outside: every group that ever committed
+    was kept for good); one with a member keeps its offsets however old they are."""
+    cluster = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=[*FAST, FLAG, RETENTION_MS, "--offsets-retention-ms", "3000"],
+    )
+    cluster.wait_coordinators_ready()
+    create_topic(cluster, "expire", 1)
+    tp = TopicPartition("expire", 0)
+    active = Consumer(cluster.bootstrap, group_id="g-active", enable_auto_commit=False)
+    try:
+        active.subscribe(["expire"])
+
+        def assigned() -> bool:
+            active.poll(100)
+            return tp in active.assignment()
+
+        wait_for(assigned, timeout=30, what="g-active's assignment")
+        active.commit({tp: OffsetAndMetadata(7)})
+        join_and_leave(cluster, "g-left", "expire", 5)
+        wait_for(
+            lambda: "g-left" not in listed(cluster),
+            timeout=30,
+            what="the group empty past the offsets retention deleted",
+        )
+        assert "g-active" in listed(cluster)  # a member is in: its offsets stay
+        assert active.committed(tp) == OffsetAndMetadata(7)
+    finally:
+        active.close()
+    # Deleted with its offsets, durably: a reload (a long retention now) does not bring them.
+    coord = cluster.coordinators[0]
+    coord.argv[coord.argv.index("--offsets-retention-ms") + 1] = "3600000"
+    cluster.restart(coord)
+    cluster.wait_coordinators_ready()
+    wait_for(lambda: "g-active" in listed(cluster, False), timeout=30, what="the shards reloaded")
+    assert "g-left" not in listed(cluster)
+    with Consumer(cluster.bootstrap, group_id="g-left", enable_auto_commit=False) as gone:
+        assert gone.committed(tp) is None

@@ -108,6 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with committed offsets is kept",
     )
     parser.add_argument(
+        "--offsets-retention-ms",
+        default=604_800_000,  # timers.OFFSETS_RETENTION_MS
+        type=flags.int_at_least(1),
+        help="delete a group that stayed empty (no members) for this long together with its "
+        "committed offsets, as Kafka's offsets.retention.minutes (KIP-211: counted from when "
+        "the group became empty; a group with members keeps its offsets; default: "
+        "%(default)s, 7 days)",
+    )
+    parser.add_argument(
         "--lag-metrics-interval-s",
         default=10.0,
         type=float,
@@ -145,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         txn_max_timeout_ms=args.transaction_max_timeout_ms,
         max_write_batch_records=args.max_write_batch_records,
         empty_group_retention_ms=args.empty_group_retention_ms,
+        offsets_retention_ms=args.offsets_retention_ms,
     )
     service.txn_id_expiration_ms = args.transactional_id_expiration_ms
     return flags.serve(

@@ -1162,17 +1162,24 @@ class ConsumerGroup:
         return OffsetsResult(errors, records)
 
     @property
-    def removable(self) -> bool:
-        """Whether the periodic cleanup may delete the group: EMPTY (no members), no committed
-        offsets and no transactional offsets (an ended transaction's entry included: it fences
-        a late commit of an older epoch). Kafka drops such a group on its offsets cleanup; kept,
-        every short-lived consumer group without commits stays listed for good."""
-        return not (self._dead or self.members or self.offsets or self.pending)
+    def idle(self) -> bool:
+        """EMPTY (no members) with no transactional offsets (an ended transaction's entry
+        included: it fences a late commit of an older epoch): the periodic cleanup may delete
+        it, once :attr:`removable`, or with its offsets after the offsets retention."""
+        return not (self._dead or self.members or self.pending)
 
-    def delete_if_removable(self) -> list[GroupRecord]:
+    @property
+    def removable(self) -> bool:
+        """:attr:`idle` with no committed offsets either. Kafka drops such a group on its
+        offsets cleanup; kept, every short-lived consumer group without commits stays listed
+        for good."""
+        return self.idle and not self.offsets
+
+    def delete_if_idle(self, *, with_offsets: bool) -> list[GroupRecord]:
         """The cleanup's deletion: :meth:`delete` if the group is still :attr:`removable`
-        once the shard lock is held (a member may have joined meanwhile), else nothing."""
-        return self.delete() if self.removable else []
+        (or :attr:`idle`, when its offsets have expired too) once the shard lock is held (a
+        member may have joined, or an offset been committed, meanwhile), else nothing."""
+        return self.delete() if (self.idle if with_offsets else self.removable) else []
 
     def delete(self) -> list[GroupRecord]:
         """DeleteGroups: tombstones for every key of the group, GroupMetadata last.

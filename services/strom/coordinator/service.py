@@ -35,7 +35,7 @@ from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
 from strom.coordinator.shard_ownership import ShardOwnership
 from strom.coordinator.shard_writes import MAX_BATCH_RECORDS
 from strom.coordinator.shards import Shard, ShardKind
-from strom.coordinator.timers import EMPTY_GROUP_RETENTION_MS, Timers
+from strom.coordinator.timers import EMPTY_GROUP_RETENTION_MS, OFFSETS_RETENTION_MS, Timers
 from strom.coordinator.txn_service import TransactionRpcs
 from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC, TxnShardState
 from strom.errors import ErrorCode
@@ -87,6 +87,7 @@ class CoordinatorService(
         txn_max_timeout_ms: int = MAX_TIMEOUT_MS,
         max_write_batch_records: int = MAX_BATCH_RECORDS,
         empty_group_retention_ms: int = EMPTY_GROUP_RETENTION_MS,
+        offsets_retention_ms: int = OFFSETS_RETENTION_MS,
     ) -> None:
         self.etcd = etcd
         self.cluster = cluster
@@ -103,6 +104,7 @@ class CoordinatorService(
         self.txn_max_timeout_ms = txn_max_timeout_ms
         self.max_write_batch_records = max_write_batch_records
         self.empty_group_retention_ms = empty_group_retention_ms
+        self.offsets_retention_ms = offsets_retention_ms
         self.incarnation_id = str(uuid.uuid4())
         self.store: MetadataStore | None = None
         self.view: ClusterView | None = None

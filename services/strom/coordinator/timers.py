@@ -26,6 +26,10 @@ log = logging.getLogger("strom.coordinator")
 #: How long a group stays EMPTY with nothing committed before it is deleted, by default
 #: (Kafka deletes such a group on its offsets cleanup, ``offsets.retention.check.interval.ms``).
 EMPTY_GROUP_RETENTION_MS = 600_000
+#: How long a group stays EMPTY before its committed offsets expire with it, by default
+#: (Kafka's ``offsets.retention.minutes``, 7 days, counted from when the group became empty:
+#: KIP-211).
+OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000
 #: Longest time between two looks for such groups (a shorter retention looks more often).
 EMPTY_GROUP_CHECK_MAX_MS = 30_000
 
@@ -38,7 +42,9 @@ class Timers(StorageIO):
     _swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None
     #: ``--empty-group-retention-ms``: see :meth:`_drop_empty_groups`.
     empty_group_retention_ms: int = EMPTY_GROUP_RETENTION_MS
-    #: Group id -> steady ms it was first seen removable (rebuilt on every look).
+    #: ``--offsets-retention-ms``: see :meth:`_drop_empty_groups`.
+    offsets_retention_ms: int = OFFSETS_RETENTION_MS
+    #: Group id -> steady ms it was first seen idle (rebuilt on every look).
     _empty_since: dict[str, int]
     _next_empty_check: int
 
@@ -133,30 +139,40 @@ class Timers(StorageIO):
         DeleteGroups' (tombstones appended before the group is dropped), so a reload does not
         bring it back; the engine checks again under the shard lock. The time is counted from
         when this process first saw the group so (a reloaded shard starts over), looked at
-        every half retention, at most every :data:`EMPTY_GROUP_CHECK_MAX_MS`."""
+        every half retention, at most every :data:`EMPTY_GROUP_CHECK_MAX_MS`.
+
+        A group that stayed empty for ``offsets_retention_ms`` is deleted with its committed
+        offsets, as Kafka expires the offsets of a group empty for ``offsets.retention.minutes``
+        (KIP-211; found from outside: every group that ever committed was kept for good). A
+        group with members keeps its offsets however old they are."""
         now = steady_ms()
         if now < self._next_empty_check:
             return
-        retention = self.empty_group_retention_ms
-        self._next_empty_check = now + max(50, min(retention // 2, EMPTY_GROUP_CHECK_MAX_MS))
+        retention, offsets_retention = self.empty_group_retention_ms, self.offsets_retention_ms
+        shortest = min(retention, offsets_retention)
+        self._next_empty_check = now + max(50, min(shortest // 2, EMPTY_GROUP_CHECK_MAX_MS))
         seen: dict[str, int] = {}
-        due: list[str] = []
+        due: list[tuple[str, bool]] = []
         for shard in list(self.shards.values()):
             if not shard.loaded:
                 continue
             for gid, group in shard.groups.items():
-                if group.removable:
+                if group.idle:
                     since = seen[gid] = self._empty_since.get(gid, now)
-                    if now - since >= retention:
-                        due.append(gid)
+                    with_offsets = bool(group.offsets)
+                    if now - since >= (offsets_retention if with_offsets else retention):
+                        due.append((gid, with_offsets))
         self._empty_since = seen
-        for gid in due:
-            await self._delete_empty_group(gid)
+        for gid, with_offsets in due:
+            await self._delete_empty_group(gid, with_offsets)
 
-    async def _delete_empty_group(self, group_id: str) -> None:
+    async def _delete_empty_group(self, group_id: str, with_offsets: bool = False) -> None:
         try:
             records = await self._mutate(
-                group_id, lambda g: g.delete_if_removable(), lambda r: r, create=False
+                group_id,
+                lambda g: g.delete_if_idle(with_offsets=with_offsets),
+                lambda r: r,
+                create=False,
             )
         except StromError as exc:
             log.info("deleting empty group %s failed: %s", group_id, exc)
@@ -165,9 +181,10 @@ class Timers(StorageIO):
             self._empty_since.pop(group_id, None)
             self._forget_lag([group_id])
             log.info(
-                "deleted group %s: empty with no committed offsets for %d ms",
+                "deleted group %s: empty %s for %d ms",
                 group_id,
-                self.empty_group_retention_ms,
+                "(its committed offsets expired)" if with_offsets else "with no committed offsets",
+                self.offsets_retention_ms if with_offsets else self.empty_group_retention_ms,
                 extra={"fields": {"group": group_id}},
             )
 
