@@ -990,10 +990,10 @@ def test_only_an_empty_group_with_nothing_committed_is_removable_by_the_cleanup(
     c = Consumer(h)
     c.join()
     g = h.group
-    assert not g.removable and g.delete_if_removable() == []  # a member: kept
+    assert not g.removable and g.delete_if_idle(with_offsets=True) == []  # a member: kept
     c.heartbeat(epoch=-1)
     assert g.removable
-    records = g.delete_if_removable()
+    records = g.delete_if_idle(with_offsets=False)
     assert g.state is GroupState.DEAD and not g.removable
     h.persist(records)
     assert "g" not in h.shard.groups  # replayed: the tombstones delete it
@@ -1007,7 +1007,12 @@ def test_only_an_empty_group_with_nothing_committed_is_removable_by_the_cleanup(
     committed.persist(res.records)
     c.heartbeat(epoch=-1)
     assert committed.group.state is GroupState.EMPTY
-    assert not committed.group.removable and committed.group.delete_if_removable() == []
+    assert not committed.group.removable
+    assert committed.group.delete_if_idle(with_offsets=False) == []
+    # Past the offsets retention the cleanup deletes it with its offsets (KIP-211).
+    assert committed.group.idle
+    committed.persist(committed.group.delete_if_idle(with_offsets=True))
+    assert "g" not in committed.shard.groups
 
     txn = Harness({"t": 1})
     c = Consumer(txn)
@@ -1018,3 +1023,4 @@ def test_only_an_empty_group_with_nothing_committed_is_removable_by_the_cleanup(
     c.heartbeat(epoch=-1)
     assert txn.group.state is GroupState.EMPTY and not txn.group.offsets
     assert not txn.group.removable  # the transaction's offsets are pending
+    assert not txn.group.idle and txn.group.delete_if_idle(with_offsets=True) == []
