@@ -77,7 +77,8 @@ def test_bootstrap_given_twice_is_refused() -> None:
         (lambda: Producer(NOWHERE, lingerms=5), "did you mean 'linger_ms'"),
         (lambda: Consumer(NOWHERE, group="g"), "did you mean 'group_id'"),
         (lambda: Admin(NOWHERE, request_timeout=5), "did you mean 'request_timeout_ms'"),
-        (lambda: Consumer(NOWHERE, key_deserializer=None), r"argument 'key_deserializer'$"),
+        (lambda: Consumer(NOWHERE, value_serializer=None), "did you mean 'value_deserializer'"),
+        (lambda: Consumer(NOWHERE, interceptor_classes=[]), r"argument 'interceptor_classes'$"),
     ],
 )
 def test_unknown_keywords_name_strom_s_spelling(make: Any, match: str) -> None:
