@@ -93,6 +93,17 @@ def test_topic_admin_through_the_cli(cluster: LocalCluster) -> None:
     dup = strom("topics", "create", "orders", "--partitions", "1", "-b", b, check=False)
     assert dup.returncode == 1 and b"already exists" in dup.stderr.lower()
     assert b"Traceback" not in dup.stderr
+    # Kafka's --if-not-exists: no error, and the topic is left as it was (6 partitions).
+    again = strom("topics", "create", "orders", "--partitions", "1", "--if-not-exists", "-b", b)
+    assert b"already exists (--if-not-exists" in again.stdout
+    assert (
+        len(
+            json.loads(strom("topics", "describe", "orders", "--json", "-b", b).stdout)[0][
+                "partitions"
+            ]
+        )
+        == 6
+    )
     bad = strom("topics", "create", "x", "--config", "retention.ms=soon", "-b", b, check=False)
     assert bad.returncode == 1 and b"retention.ms" in bad.stderr
 
@@ -105,6 +116,10 @@ def test_topic_admin_through_the_cli(cluster: LocalCluster) -> None:
     assert "orders" in json.loads(strom("topics", "list", "--json", "-b", b).stdout)
     strom("topics", "delete", "orders", "-b", b)
     assert "orders" not in strom("topics", "list", "-b", b).stdout.decode().split()
+    gone = strom("topics", "delete", "orders", "-b", b, check=False)
+    assert gone.returncode == 1 and b"UnknownTopicOrPartitionError" in gone.stderr
+    gone = strom("topics", "delete", "orders", "--if-exists", "-b", b)  # Kafka's: exit 0
+    assert b"does not exist (--if-exists)" in gone.stderr
 
     # The data leaves the nodes' disks.
     def leftovers() -> list[str]:

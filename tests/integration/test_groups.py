@@ -523,6 +523,15 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
     listed = json.loads(strom("groups", "list", "--json", *b).stdout)
     assert {"group": "g-cli", "state": "Empty", "members": 0} in listed
     assert got["state"] == "Empty"
+    # Kafka's --all-groups: every group, a JSON list; text: one block per group.
+    every = json.loads(strom("groups", "describe", "--all-groups", "--json", *b).stdout)
+    assert {g["group_id"]: g["state"] for g in every}["g-cli"] == "Empty"
+    assert {g["group_id"] for g in every} == {g["group"] for g in listed}
+    assert "group g-cli: Empty" in strom("groups", "describe", "--all-groups", *b).stdout
+    both = strom("groups", "describe", "g-cli", "g-cli", "--json", *b).stdout
+    assert [g["group_id"] for g in json.loads(both)] == ["g-cli"]  # named twice: once, a list
+    usage = strom("groups", "describe", *b, check=False)
+    assert usage.returncode == 2 and "--all-groups" in usage.stderr
     # A partition named twice is one row (it was printed twice).
     twice = strom("groups", "reset-offsets", "g-cli", "--topic", "cli:0,0", "--to-latest", *b)
     assert [line.split()[:2] for line in twice.stdout.splitlines()].count(["cli", "0"]) == 1

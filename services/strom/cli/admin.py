@@ -27,7 +27,7 @@ from strom.client.admin import (
 )
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
-from strom.errors import ERRORS, ElectionNotNeededError, error_for
+from strom.errors import ERRORS, ElectionNotNeededError, TopicAlreadyExistsError, error_for
 
 _TIME_ALIASES: dict[str, OffsetSpec] = {
     "earliest": "earliest",
@@ -105,6 +105,11 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="topic config, with Kafka's names (docs/topic-configs.md)",
     )
     c.add_argument("--validate-only", action="store_true")
+    c.add_argument(
+        "--if-not-exists",
+        action="store_true",
+        help="a topic of that name already there is no error (exit 0; nothing is changed)",
+    )
     tl = tsub.add_parser("list", parents=[common], help="list topics")
     tl.add_argument("--internal", action="store_true", help="include internal topics")
     tl.add_argument("--json", action="store_true", help="a JSON list of names")
@@ -117,6 +122,11 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     d.add_argument("--json", action="store_true")
     rm = tsub.add_parser("delete", parents=[common], help="delete topics and their data")
     rm.add_argument("topics", nargs="+")
+    rm.add_argument(
+        "--if-exists",
+        action="store_true",
+        help="a topic that does not exist is no error (it is named on stderr, exit 0)",
+    )
     a = tsub.add_parser("alter", parents=[common], help="change configs or add partitions")
     a.add_argument("topic")
     a.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config")
@@ -241,13 +251,19 @@ def run_topics(args: argparse.Namespace, out: Any) -> int:
 
 
 def _create(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
-    t = admin.create_topic(
-        args.topic,
-        partitions=args.partitions,
-        replication_factor=args.replication_factor,
-        config=_kv(args.config, "--config"),
-        validate_only=args.validate_only,
-    )
+    try:
+        t = admin.create_topic(
+            args.topic,
+            partitions=args.partitions,
+            replication_factor=args.replication_factor,
+            config=_kv(args.config, "--config"),
+            validate_only=args.validate_only,
+        )
+    except TopicAlreadyExistsError:
+        if not args.if_not_exists:
+            raise
+        print(f"topic {args.topic} already exists (--if-not-exists: left as it is)", file=out)
+        return
     verb = "would create" if args.validate_only else "created"
     print(
         f"{verb} topic {t.name} ({counted(t.partitions, 'partition')}, replication factor "
@@ -310,9 +326,12 @@ def _delete(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: 
         if r.error_code == common_pb2.ErrorCode.NONE:
             print(f"deleted topic {r.name}", file=out)
             continue
-        failed += 1
         exc = error_for(r.error_code, r.error_message or None)
         text = exc.message if repr(r.name) in exc.message else f"topic {r.name!r}: {exc.message}"
+        if args.if_exists and r.error_code == common_pb2.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            print(f"strom topics: topic {r.name} does not exist (--if-exists)", file=sys.stderr)
+            continue
+        failed += 1
         print(f"strom topics: error: {text} ({type(exc).__name__})", file=sys.stderr)
     return 1 if failed else 0
 

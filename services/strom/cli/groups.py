@@ -54,7 +54,12 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ls.add_argument("--json", action="store_true")
     d = gsub.add_parser("describe", parents=[common], help="members, offsets and lag")
-    d.add_argument("group")
+    d.add_argument("group", nargs="*", help="one or more groups")
+    d.add_argument(
+        "--all-groups",
+        action="store_true",
+        help="every group (Kafka's --all-groups); with --json a list, one object per group",
+    )
     d.add_argument("--json", action="store_true")
     rm = gsub.add_parser("delete", parents=[common], help="delete groups without members")
     rm.add_argument("group", nargs="+")
@@ -113,6 +118,8 @@ def run_groups(args: argparse.Namespace, out: Any) -> int:
             _datetime_ms(args.to_datetime)
         if args.to_duration is not None:
             duration_ms(args.to_duration)
+    if args.groups_cmd == "describe" and bool(args.all_groups) == bool(args.group):
+        raise UsageError("give a group (or several) or --all-groups")
     with ClusterClient(args.bootstrap) as client:
         return int(_COMMANDS[args.groups_cmd](client, args, out) or 0)
 
@@ -153,17 +160,42 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     return 0
 
 
-def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
-    d = _describe_group(client, args.group)
-    if d.error_code != E.NONE:
-        raise error_for(d.error_code, d.error_message)
+def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """One group (a JSON object with --json), or several and ``--all-groups`` (a JSON list)."""
+    code = 0
+    names = list(dict.fromkeys(args.group))
+    if args.all_groups:
+        try:
+            names = [g.group_id for g in _admin(client).list_groups()]
+        except GroupListingIncompleteError as exc:
+            names = [g.group_id for g in exc.groups]
+            print(f"strom groups describe: {exc.message}", file=sys.stderr)
+            code = INCOMPLETE
+    described = []
+    for name in names:
+        d = _describe_group(client, name)
+        if d.error_code != E.NONE:
+            raise error_for(d.error_code, d.error_message)
+        described.append(d)
     if args.json:
         from strom.cli.jsonout import message_dict
 
-        got = message_dict(d)
-        got["state"] = group_state(d.state)  # as `list` and the text say it ("Empty")
-        print(json.dumps(got, indent=2), file=out)
-        return
+        rows = []
+        for d in described:
+            got = message_dict(d)
+            got["state"] = group_state(d.state)  # as `list` and the text say it ("Empty")
+            rows.append(got)
+        single = not args.all_groups and len(args.group) == 1
+        print(json.dumps(rows[0] if single else rows, indent=2), file=out)
+        return code
+    for i, d in enumerate(described):
+        if i:
+            print(file=out)
+        _print_group(d, out)
+    return code
+
+
+def _print_group(d: coordinator_pb2.DescribedGroup, out: Any) -> None:
     print(
         f"group {d.group_id}: {group_state(d.state)}, epoch {d.group_epoch}, "
         f"assignor {d.assignor_name}, {len(d.members)} members",
