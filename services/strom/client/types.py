@@ -19,7 +19,9 @@ class TopicPartition(NamedTuple):
 
 
 class RecordMetadata(NamedTuple):
-    """Where an acknowledged record landed. ``offset`` is -1 with acks=0 (nothing comes back)."""
+    """Where an acknowledged record landed. ``offset`` is -1 with acks=0 (nothing comes back),
+    and for a retry the leader recognised as one of a batch written before its last five of
+    this producer (DUPLICATE_SEQUENCE, design §4): written once, its offset no longer known."""
 
     topic: str
     partition: int
