@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,13 +70,20 @@ def probe(secret: Secret, address: str, *args: str) -> subprocess.CompletedProce
     )
 
 
+def probes(secret: Secret, members: list[Any]) -> list[tuple[Any, tuple[str, ...], Any]]:
+    """The liveness and the readiness probe of every member, run at once (each is a Python
+    process of its own: one after the other they took most of the test's time)."""
+    asked = [(m, args) for m in members for args in ((), ("--service", "strom.ready"))]
+    with ThreadPoolExecutor(len(asked)) as pool:
+        done = list(pool.map(lambda ma: probe(secret, ma[0].address, *ma[1]), asked))
+    return [(m, args, r) for (m, args), r in zip(asked, done, strict=True)]
+
+
 def test_the_probe_passes_a_serving_service_whatever_the_files_on_disk(secured) -> None:
     cluster, secret, ca = secured
     members = [*cluster.controllers, *cluster.nodes]
-    for m in members:
-        for args in ((), ("--service", "strom.ready")):
-            r = probe(secret, m.address, *args)
-            assert r.returncode == 0 and "SERVING" in r.stdout, (m.kind, r.stderr)
+    for m, _, r in probes(secret, members):
+        assert r.returncode == 0 and "SERVING" in r.stdout, (m.kind, r.stderr)
 
     good = ca.issue("strom", stem="strom-good")
     expired = ca.issue("strom", expired=True, stem="strom-expired")
@@ -95,15 +104,13 @@ def test_the_probe_passes_a_serving_service_whatever_the_files_on_disk(secured) 
                 timeout=30,
                 what=f"{m.kind} refusing the {what} set",
             )
-        for m in members:
-            for args in ((), ("--service", "strom.ready")):
-                r = probe(secret, m.address, *args)
-                assert r.returncode == 0, (what, m.kind, args, r.stdout, r.stderr)
-                assert "SERVING" in r.stdout
-                # The service's own names for the files, not a client's setting it never set.
-                assert "ssl_certfile" not in r.stdout + r.stderr
-                if "its TLS listener answers" in r.stdout:
-                    assert "STROM_TLS_" in r.stdout and why in r.stdout, r.stdout
+        for m, args, r in probes(secret, members):
+            assert r.returncode == 0, (what, m.kind, args, r.stdout, r.stderr)
+            assert "SERVING" in r.stdout
+            # The service's own names for the files, not a client's setting it never set.
+            assert "ssl_certfile" not in r.stdout + r.stderr
+            if "its TLS listener answers" in r.stdout:
+                assert "STROM_TLS_" in r.stdout and why in r.stdout, r.stdout
 
     # Nothing listening: the fallback does not make the probe pass.
     cluster.nodes[0].process.kill()  # type: ignore[union-attr]
