@@ -277,3 +277,32 @@ def test_alerts_fire_when_a_follower_stops_and_clear_when_it_returns(
         )
         == 0
     )
+
+
+def test_every_process_exports_its_security_settings_and_equal_ones_do_not_alert(
+    env: dict[str, Any],
+) -> None:
+    """strom_service_security (a process whose settings differ from the others' serves what
+    they refuse: alert StromSecuritySettingsDiffer, unit-tested firing with promtool): here
+    every process runs plaintext without ACLs, so each exports 0 for each setting, and the
+    alert's expression, evaluated by the real Prometheus, finds nothing."""
+    prom, cluster = env["prom"], env["cluster"]
+    rule = yaml.safe_load(RULES.read_text())
+    expr = next(
+        r["expr"]
+        for g in rule["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "StromSecuritySettingsDiffer"
+    )
+    want = {(s, f"127.0.0.1:{m.metrics_port}") for m in cluster.members for s in SETTINGS}
+
+    def exported() -> set[tuple[str, str]]:
+        rows = prom.query(f'strom_service_security{{cluster="{CLUSTER}"}} == 0')
+        return {(r["metric"]["setting"], r["metric"]["instance"]) for r in rows}
+
+    wait_for(lambda: exported() >= want, timeout=30, what="every process's settings scraped")
+    assert prom.query(f'strom_service_security{{cluster="{CLUSTER}"}} == 1') == []
+    assert prom.query(expr) == []
+
+
+SETTINGS = ("tls", "client_auth", "tokens", "acls")

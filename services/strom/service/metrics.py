@@ -56,6 +56,14 @@ BUILD_INFO = Gauge(
     "Always 1; the strom version and the role of the process (join other series on it)",
     ["service", "version"],
 )
+SECURITY = Gauge(
+    "strom_service_security",
+    "1 when this process has the security setting on, 0 when off: tls (--tls-cert), "
+    "client_auth (--tls-client-auth required), tokens (--auth-tokens), acls (--acls). Every "
+    "process of a cluster should have the same; a process that differs serves what the others "
+    "refuse (alert StromSecuritySettingsDiffer)",
+    ["service", "setting"],
+)
 REQUEST_QUEUE = Histogram(
     "strom_service_request_queue_seconds",
     "How long a ready request handler waits for the event loop before it runs: the delay of a "
@@ -81,6 +89,17 @@ def set_service(service_name: str) -> None:
     global SERVICE
     SERVICE = role_of(service_name)
     BUILD_INFO.labels(SERVICE, strom.__version__).set(1)
+
+
+def publish_security(*, tls: bool, client_auth: bool, tokens: bool, acls: bool) -> None:
+    """``strom_service_security`` of this process (after :func:`set_service`)."""
+    for setting, on in (
+        ("tls", tls),
+        ("client_auth", client_auth),
+        ("tokens", tokens),
+        ("acls", acls),
+    ):
+        SECURITY.labels(SERVICE, setting).set(1 if on else 0)
 
 
 async def sample_loop_lag(stop: asyncio.Event, interval_s: float = 0.1) -> None:

@@ -128,6 +128,12 @@ async def serve(
     if sec.files is not None:
         sec.files.init_metrics()
     init_etcd_metrics(security.etcd().cert)
+    metrics.publish_security(
+        tls=sec.tls,
+        client_auth=sec.client_auth == "required",
+        tokens=sec.tokens is not None,
+        acls=sec.acls,
+    )
     server_limits = limits or ServerLimits()
     server = grpc.aio.server(
         options=[*GRPC_OPTIONS, *server_limits.grpc_options()],
