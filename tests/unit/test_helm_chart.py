@@ -297,7 +297,7 @@ def test_every_probe_has_a_timeout_above_kubernetes_default_second(name: str) ->
             if kind in c:
                 assert c[kind].get("timeoutSeconds", 1) >= 5, (sts["metadata"]["name"], kind)
                 probes += 1
-    assert probes == 3 * 3 + (2 if name == "default" else 0)  # 3 strom roles (+ etcd)
+    assert probes == 3 * 3 + (3 if name == "default" else 0)  # 3 strom roles (+ etcd)
 
 
 def test_notes_give_the_bootstrap_address_and_first_commands() -> None:
