@@ -78,6 +78,59 @@ def test_rendered_manifests_pass_kubernetes_validate_strict(name: str, tmp_path:
         assert passed == sum(d["kind"] not in CRDS for d in docs)
 
 
+#: Kinds whose objects hold a pod template, and the path to its spec.
+POD_TEMPLATES = {
+    "StatefulSet": ("spec", "template", "spec"),
+    "Deployment": ("spec", "template", "spec"),
+    "DaemonSet": ("spec", "template", "spec"),
+    "Job": ("spec", "template", "spec"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+    "Pod": ("spec",),
+}
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod spec the manifests would run, by "<kind>/<name>"."""
+    out = {}
+    for d in docs:
+        path = POD_TEMPLATES.get(d["kind"])
+        if path is None:
+            continue
+        spec = d
+        for key in path:
+            spec = spec[key]
+        out[f"{d['kind']}/{d['metadata']['name']}"] = spec
+    return out
+
+
+#: Values under which the chart renders every kind of pod it has: strom's roles, the bundled
+#: etcd, the ACL bootstrap Job, the helm test pod and the storage nodes' zone init container.
+EVERY_POD = [
+    "tls.enabled=true,tls.secretName=strom-tls,tls.clientAuth=required",
+    "acls.enabled=true,acls.superUsers={User:CN=strom}",
+    "acls.bootstrap[0].principal=User:CN=app,acls.bootstrap[0].allow={read}",
+    "acls.bootstrap[0].topic=orders,storage.rack.fromNodeZone=true",
+]
+
+
+def test_image_pull_secrets_reach_every_pod() -> None:
+    """imagePullSecrets reached the strom StatefulSets only: the bundled etcd, the ACL
+    bootstrap Job and the helm test pod pulled without them, so with a private registry
+    nothing started (found from outside). Every pod spec of every kind now has them."""
+    secrets = "imagePullSecrets[0].name=regcred,imagePullSecrets[1].name=mirror"
+    specs = pod_specs(render([], sets=[*EVERY_POD, secrets]))
+    assert {"StatefulSet/strom-etcd", "Job/strom-acls", "Pod/strom-test-produce-consume"} <= set(
+        specs
+    )
+    assert len(specs) == 6
+    for name, spec in specs.items():
+        assert spec.get("imagePullSecrets") == [{"name": "regcred"}, {"name": "mirror"}], name
+    for name, spec in pod_specs(render([])).items():
+        assert "imagePullSecrets" not in spec, name
+    proc = helm("template", "s", str(CHART), "--set", "imagePullSecrets[0].nam=regcred")
+    assert proc.returncode != 0 and "imagePullSecrets" in proc.stderr
+
+
 def test_kubernetes_validate_rejects_an_unknown_field(tmp_path: Path) -> None:
     d = by_kind(render([]), "StatefulSet")["strom-storage"]
     d["spec"]["template"]["spec"]["containers"][0]["livenessProbee"] = {}
