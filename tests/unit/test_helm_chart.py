@@ -54,7 +54,11 @@ def test_helm_lint_strict(values: list[Path]) -> None:
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))
 def test_rendered_manifests_pass_kubernetes_validate_strict(name: str, tmp_path: Path) -> None:
-    docs = render(VALUE_SETS[name])
+    validate(render(VALUE_SETS[name]), tmp_path)
+
+
+def validate(docs: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Every manifest passes ``kubernetes-validate --strict`` (custom resources aside)."""
     files = []
     for i, d in enumerate(docs):
         f = tmp_path / f"{i:02d}-{d['kind']}-{d['metadata']['name']}.yaml"
@@ -555,6 +559,7 @@ def test_every_advertised_host_is_a_dns_name_the_documented_sans_cover() -> None
     assert "*.strom-controller-headless.streaming.svc.corp.example" in sans
     # The chart README's table says the same, with the release's names filled in.
     readme = (CHART / "README.md").read_text()
+    readme = readme.split("## TLS: the names tls.crt must hold", 1)[1].split("\n## ", 1)[0]
     documented = {
         m.replace("<fullname>", "strom")
         .replace("<namespace>", "streaming")
@@ -599,21 +604,90 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
-def test_zones_spread_counts_only_this_releases_storage_pods() -> None:
+def test_zones_spread_counts_only_this_releases_pods_of_each_role() -> None:
     """ci/zones-values.yaml's spread constraint selected every strom storage pod of the
-    namespace, another release's too (no app.kubernetes.io/instance; found from outside).
-    The selector the scheduler applies (matchLabels, plus matchLabelKeys' values from the
-    pod itself) is the release's storage pods, whatever the release is called."""
-    for release, statefulset in (("strom", "strom-storage"), ("billing", "billing-strom-storage")):
+    namespace, another release's too (no app.kubernetes.io/instance; found from outside),
+    and only storage could be spread at all: etcd, controllers and coordinators could all
+    land in one zone (found from outside). Every role is spread now, and the selector the
+    scheduler applies (matchLabels, plus matchLabelKeys' values from the pod itself; the
+    chart's own for a constraint without one) is the release's pods of that role, whatever
+    the release is called."""
+    for release in ("strom", "billing"):
         docs = render(VALUE_SETS["zones-5-nodes"], release=release)
-        pod = by_kind(docs, "StatefulSet")[statefulset]["spec"]["template"]
-        labels = pod["metadata"]["labels"]
-        for c in pod["spec"]["topologySpreadConstraints"]:
+        sts = by_kind(docs, "StatefulSet")
+        assert len(sts) == 4
+        for obj in sts.values():
+            pod = obj["spec"]["template"]
+            labels = pod["metadata"]["labels"]
+            (c,) = pod["spec"]["topologySpreadConstraints"]
+            assert c["topologyKey"] == "topology.kubernetes.io/zone"
             selector = dict(c["labelSelector"]["matchLabels"])
             selector.update({k: labels[k] for k in c.get("matchLabelKeys", [])})
             assert selector.items() <= labels.items()
             assert selector["app.kubernetes.io/instance"] == release
-            assert selector["app.kubernetes.io/component"] == "storage"
+            assert selector["app.kubernetes.io/component"] == labels["app.kubernetes.io/component"]
+
+
+def test_each_role_takes_affinity_spread_priority_and_annotations(tmp_path: Path) -> None:
+    """Only storage had topologySpreadConstraints, and no role took affinity rules or a
+    PriorityClass, nor the etcd pods annotations (found from outside). Each role now does:
+    a role's nodeAffinity and podAffinity are added to its podAntiAffinity switch's rule, a
+    podAntiAffinity of its own replaces that rule; the manifests validate."""
+    zone_a = {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["strom"]}]}
+        ]
+    }
+    spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+               "whenUnsatisfiable": "DoNotSchedule"}]  # fmt: skip
+    own_anti = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "topology.kubernetes.io/zone",
+             "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "etcd"}}}
+        ]
+    }  # fmt: skip
+    roles = ("storage", "controller", "coordinator", "etcd")
+    values = {
+        role: {
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": zone_a}
+            },
+            "topologySpreadConstraints": spread,
+            "priorityClassName": f"strom-{role}",
+        }
+        for role in roles
+    }
+    values["etcd"]["affinity"]["podAntiAffinity"] = own_anti
+    values["etcd"]["podAnnotations"] = {"backup.example/enabled": "true"}
+    f = tmp_path / "values.yaml"
+    f.write_text(yaml.safe_dump(values))
+    docs = render([f])
+    validate(docs, tmp_path)
+    sts = by_kind(docs, "StatefulSet")
+    for role in roles:
+        template = sts[f"strom-{role}"]["spec"]["template"]
+        pod = template["spec"]
+        assert pod["priorityClassName"] == f"strom-{role}"
+        nodes = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert nodes == zone_a, role
+        (c,) = pod["topologySpreadConstraints"]
+        assert c["labelSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        if role == "etcd":
+            assert pod["affinity"]["podAntiAffinity"] == own_anti
+            assert template["metadata"]["annotations"] == {"backup.example/enabled": "true"}
+        else:  # the soft switch's rule, kept beside the node affinity
+            (term,) = pod["affinity"]["podAntiAffinity"][
+                "preferredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    # Defaults: the switch's rule alone, no spread, no PriorityClass.
+    for obj in by_kind(render([]), "StatefulSet").values():
+        pod = obj["spec"]["template"]["spec"]
+        assert set(pod["affinity"]) == {"podAntiAffinity"}
+        assert "topologySpreadConstraints" not in pod and "priorityClassName" not in pod
+    for bad in ("etcd.affinity.nodeAfinity.x=1", "controller.priorityClassName=1"):
+        proc = helm("template", "s", str(CHART), "--set", bad)
+        assert proc.returncode != 0, bad
 
 
 def test_bundled_etcd_admits_only_stroms_own_pods() -> None:

@@ -130,6 +130,53 @@ podAntiAffinity:
 {{- end }}
 {{- end }}
 
+{{/*
+Where a role's pods may run: affinity, topologySpreadConstraints and priorityClassName,
+from the role's values. Call with (dict "ctx" $ "component" "storage" "v" .Values.storage).
+
+affinity: the role's podAntiAffinity switch (one pod per Kubernetes node, soft or hard) with
+the role's own `affinity` value: its nodeAffinity and podAffinity are added, and a
+podAntiAffinity given there replaces the switch's (two sets of rules for the same pods would
+be hard to read and easy to contradict).
+
+topologySpreadConstraints: a constraint without a labelSelector counts this release's pods of
+the role (the scheduler counts no pod for a constraint without one, so it would spread
+nothing), which is what spreading a role over zones means.
+*/}}
+{{- define "strom.placement" -}}
+{{- $selector := include "strom.selectorLabels" (dict "ctx" .ctx "component" .component) | fromYaml }}
+{{- $affinity := deepCopy (.v.affinity | default dict) }}
+{{- if not (hasKey $affinity "podAntiAffinity") }}
+{{- $anti := include "strom.antiAffinity" (dict "ctx" .ctx "component" .component "mode" .v.podAntiAffinity) | fromYaml }}
+{{- $_ := set $affinity "podAntiAffinity" $anti.podAntiAffinity }}
+{{- end }}
+affinity:
+  {{- toYaml $affinity | nindent 2 }}
+{{- $spread := list }}
+{{- range .v.topologySpreadConstraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $selector) }}
+{{- end }}
+{{- $spread = append $spread $c }}
+{{- end }}
+{{- with $spread }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .v.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with .v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
 {{/* Volume mounts and volumes every strom container has: /tmp (read-only root fs), TLS,
 bearer tokens and etcd's TLS. */}}
 {{- define "strom.commonMounts" -}}

@@ -88,16 +88,7 @@ spec:
       securityContext:
         {{- toYaml $.Values.podSecurityContext | nindent 8 }}
       terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
-      affinity:
-        {{- include "strom.antiAffinity" (dict "ctx" $ "component" .component "mode" $v.podAntiAffinity) | nindent 8 }}
-      {{- with $v.nodeSelector }}
-      nodeSelector:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
+      {{- include "strom.placement" (dict "ctx" $ "component" .component "v" $v) | nindent 6 }}
       containers:
         - name: {{ .component }}
           image: {{ include "strom.roleImage" (dict "ctx" $ "v" $v) }}
