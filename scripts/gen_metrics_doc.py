@@ -35,9 +35,9 @@ HEADER = """\
 
 Every service serves Prometheus metrics over HTTP on its `--metrics-port` (`/metrics`;
 storage node 9102, controller 9103, coordinator 9104 by default), on the host of its
-`--listen` address (every interface for `0.0.0.0`, the default). This table is generated
-from the code by `scripts/gen_metrics_doc.py`; `tests/unit/test_metrics_doc.py` fails when it
-is stale.
+`--listen` address (every interface, IPv4 and IPv6, for `0.0.0.0`, the default, or `[::]`;
+IPv4 alone on a host without IPv6). This table is generated from the code by
+`scripts/gen_metrics_doc.py`; `tests/unit/test_metrics_doc.py` fails when it is stale.
 
 Names follow Prometheus conventions: `strom_<part>_...`, base units (`_seconds`, `_bytes`),
 `_total` on counters (the exposed name is given). The parts are the three services

@@ -25,6 +25,7 @@ from strom.service import runtime
 from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
 from strom.service.config import boolean as boolean  # a flag type; YAML values use it too
 from strom.service.limits import ServerLimits
+from strom.service.metrics_http import metrics_host
 
 
 def host_port(text: str) -> str:
@@ -84,8 +85,8 @@ def add_endpoint_arguments(
         "--metrics-port",
         default=metrics_port,
         type=port_or_disabled,
-        help="Prometheus /metrics HTTP port, on the --listen host; -1 disables it "
-        "(default: %(default)s)",
+        help="Prometheus /metrics HTTP port, on the --listen host (a wildcard host: IPv4 and "
+        "IPv6); -1 disables it (default: %(default)s)",
     )
     parser.add_argument(
         "--cluster",
@@ -145,14 +146,6 @@ def advertised(listen: str, advertise: str | None) -> tuple[str, int]:
 def fail(prog: str, message: str, code: int = 1) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
-
-
-def metrics_host(listen: str) -> str:
-    """The address /metrics binds: the host of ``--listen``, so a service that listens on
-    loopback only (``strom dev up``) does not serve its metrics to the whole network (found
-    from outside: they were bound to 0.0.0.0 regardless); no host means every interface."""
-    host = listen.rpartition(":")[0].strip("[]")
-    return host or "0.0.0.0"
 
 
 def serve(

@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from strom import security
 from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import metrics as metadata_metrics
 from strom.security import principal
 from strom.security.tls_reload import init_etcd_metrics
-from strom.service import metrics
+from strom.service import metrics, metrics_http
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
 from strom.service.limits import ServerLimits
@@ -165,7 +164,7 @@ async def serve(
         raise OSError(f"cannot listen on {listen}")
     if metrics_port is not None and metrics_port >= 0:
         try:
-            start_http_server(metrics_port, addr=metrics_host)
+            metrics_http.start(metrics_port, metrics_host)
         except OSError as exc:
             # Named like a gRPC port in use (the bare "[Errno 98] Address already in use"
             # did not say which port; found from outside).
