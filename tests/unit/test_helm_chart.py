@@ -223,9 +223,15 @@ def test_chart_refuses_ephemeral_etcd_members_unless_told() -> None:
     proc = helm("template", "s", str(CHART), "--set", "etcd.persistence.enabled=false")
     assert proc.returncode != 0
     assert "etcd.allowEphemeral=true" in proc.stderr and "already been bootstrapped" in proc.stderr
+    # A single ephemeral member rendered without a word, though it loses all of strom's
+    # metadata on every restart (found from outside): refused the same way.
+    sets = ["etcd.persistence.enabled=false", "etcd.replicas=1"]
+    proc = helm("template", "s", str(CHART), *(a for x in sets for a in ("--set", x)))
+    assert proc.returncode != 0
+    assert "etcd.allowEphemeral=true" in proc.stderr and "loses all of strom's" in proc.stderr
     for sets in (
         ["etcd.persistence.enabled=false", "etcd.allowEphemeral=true"],
-        ["etcd.persistence.enabled=false", "etcd.replicas=1"],
+        ["etcd.persistence.enabled=false", "etcd.replicas=1", "etcd.allowEphemeral=true"],
     ):
         etcd = by_kind(render([], sets=sets), "StatefulSet")["strom-etcd"]
         volumes = etcd["spec"]["template"]["spec"]["volumes"]
@@ -409,12 +415,26 @@ def test_zones_become_racks_of_five_nodes() -> None:
     init = pod["initContainers"][0]
     assert init["command"][:3] == ["python", "-m", "strom.service.kube_zone"]
     assert "--config=/etc/strom/node/rack.yaml" in container(storage)["args"]
-    assert pod["automountServiceAccountToken"] is True
+    # The API token (allowed to get nodes) is the init container's alone: the pod mounted
+    # one in every container, the long-running storage node's too (found from outside).
+    assert pod["automountServiceAccountToken"] is False
+    token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    (mount,) = [m for m in init["volumeMounts"] if m["mountPath"] == token_dir]
+    assert mount["readOnly"] is True
+    assert not [m for m in container(storage)["volumeMounts"] if m["name"] == mount["name"]]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    sources = volume["projected"]["sources"]
+    assert {"path": "token", "expirationSeconds": 3607} in [
+        x["serviceAccountToken"] for x in sources if "serviceAccountToken" in x
+    ]
+    assert {"key": "ca.crt", "path": "ca.crt"} in next(
+        x["configMap"]["items"] for x in sources if "configMap" in x
+    )
     assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
     role = by_kind(docs, "ClusterRole")
     assert [r["resources"] for r in next(iter(role.values()))["rules"]] == [["nodes"]]
-    # Only storage pods get an API token; the others never need one.
-    for name in ("strom-controller", "strom-coordinator"):
+    # No other pod gets an API token.
+    for name in ("strom-controller", "strom-coordinator", "strom-etcd"):
         pod = by_kind(docs, "StatefulSet")[name]["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
 
@@ -861,3 +881,21 @@ def test_upgrade_refuses_turning_tls_on_or_off_unless_acknowledged(tmp_path: Pat
     assert upgrade(tmp_path, plain, tokens).returncode == 0  # tokens roll (the README says so)
     for doc in (CHART / "README.md", ROOT / "docs" / "security.md"):
         assert "Turning TLS on or off" in doc.read_text(), doc
+
+
+def test_no_disruption_budget_for_a_single_pod() -> None:
+    """With one etcd member or one storage node the PodDisruptionBudget said maxUnavailable
+    1: it protected nothing while it looked as if it did (found from outside). A role of one
+    pod gets no budget (one allowing no disruption would block every node drain); with more
+    pods the budget stays."""
+    sets = [
+        "etcd.replicas=1",
+        "storage.replicas=1",
+        "coordinator.replicas=1",
+        "controller.defaultReplicationFactor=1",
+    ]
+    assert set(by_kind(render([], sets=sets), "PodDisruptionBudget")) == {"strom-controller"}
+    budgets = by_kind(render([]), "PodDisruptionBudget")
+    assert len(budgets) == 4
+    assert all(b["spec"]["maxUnavailable"] == 1 for b in budgets.values())
+    assert "none for a role of one pod" in (CHART / "README.md").read_text()

@@ -131,7 +131,10 @@ spec:
             {{- include "strom.commonMounts" $ | nindent 12 }}
       volumes:
         {{- include "strom.commonVolumes" $ | nindent 8 }}
-{{- if $v.podDisruptionBudget.enabled }}
+{{- /* No PodDisruptionBudget for a single pod: maxUnavailable 1 of 1 protects nothing, and
+       one that allowed no disruption would block every node drain (and a managed cluster's
+       node upgrades) until someone deleted the pod by hand. */}}
+{{- if and $v.podDisruptionBudget.enabled (gt (int $v.replicas) 1) }}
 ---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
