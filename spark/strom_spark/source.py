@@ -219,7 +219,11 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._view: ClusterView | None = None
         self._latest: dict[TopicPartition, int] | None = None
         self._target: dict[TopicPartition, int] | None = None
-        self._last_trigger = time.monotonic()
+        #: When a trigger last read (or found the delay passed): None until the first one,
+        #: which never waits (Kafka's lastTriggerMillis starts at 0; found from outside: a
+        #: query started or restarted with a backlog sat out all of maxTriggerDelay, 15
+        #: minutes by default, before reading it).
+        self._last_trigger: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -285,8 +289,11 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not isinstance(limit, ReadAllAvailable):
             minimum = self.opts.min_offsets_per_trigger
             if minimum is not None and self._target is None:
-                waited_ms = (time.monotonic() - self._last_trigger) * 1000.0
-                if pending(begin, end) < minimum and waited_ms < self.opts.max_trigger_delay_ms:
+                now = time.monotonic()
+                last = self._last_trigger
+                if last is None or (now - last) * 1000.0 >= self.opts.max_trigger_delay_ms:
+                    self._last_trigger = now  # as Kafka's delayBatch: due, whatever is there
+                elif pending(begin, end) < minimum:
                     return offsets_json(begin)
             maximum = self.opts.max_offsets_per_trigger
             if isinstance(limit, ReadMaxRows):

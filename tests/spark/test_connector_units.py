@@ -544,10 +544,15 @@ def test_stream_min_offsets_wait_for_data_or_the_delay() -> None:
     reader = _stream(view, minOffsetsPerTrigger="50", maxTriggerDelay="1h")
     assert reader.getDefaultReadLimit() == ReadMinRows(50)
     start = {"t": {"0": 0}}
-    assert reader.latestOffset(start, ReadMinRows(50)) == start  # too little: skip the trigger
+    # The first trigger never waits (Kafka's): the backlog a query starts with is read.
+    assert reader.latestOffset(start, ReadMinRows(50)) == {"t": {"0": 10}}
+    after = {"t": {"0": 10}}
+    view.latest_offsets[T0] = 20
+    assert reader.latestOffset(after, ReadMinRows(50)) == after  # too little: skip the trigger
     view.latest_offsets[T0] = 60
-    assert reader.latestOffset(start, ReadMinRows(50)) == {"t": {"0": 60}}
+    assert reader.latestOffset(after, ReadMinRows(50)) == {"t": {"0": 60}}
     view.latest_offsets[T0] = 70
+    assert reader.latestOffset({"t": {"0": 60}}, ReadMinRows(50)) == {"t": {"0": 60}}
     reader._last_trigger = time.monotonic() - 3601  # the delay has passed
     assert reader.latestOffset({"t": {"0": 60}}, ReadMinRows(50)) == {"t": {"0": 70}}
 
