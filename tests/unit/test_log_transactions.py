@@ -543,3 +543,49 @@ def test_fetch_range_lookups_look_only_near_the_range() -> None:
     for start, end in [(0, 5), (3, 25), (4_000, 4_001), (3_990, 4_010), (5_002, 5_010), (0, 1)]:
         assert idx.overlapping(start, end) == full(start, end), (start, end)
     assert AbortedTxn(5_003, 2, 4_000) in idx.overlapping(4_000, 4_001)
+
+
+def test_a_rebuild_from_the_batches_keeps_each_producers_last_batch_time(tmp_path: Path) -> None:
+    """Found from outside: after a SIGKILL (no snapshot of the last batches) a producer's
+    reported last timestamp became the restart's time, so a hanging transaction looked
+    fresh to `strom transactions find-hanging`. It is the last batch's max timestamp
+    (Kafka's lastTimestamp), the same from a snapshot, a rebuild from the log and a
+    follower; expiry still counts on the node's clock (a backfill's old timestamps must
+    not expire an active producer)."""
+    clock = Clock(T0 + 3_600_000)
+    d = tmp_path / "t-0"
+    log = make_log(d, clock)
+    log.append(tbatch(1, 0, ts=T0))  # an open transaction written an hour "ago"
+    log.append(tbatch(2, 0, ts=T0 + 5))
+    clock.now += 10
+    log.append_marker(2, 0, committed=True, coordinator_epoch=0)  # stamped by the clock
+    want = {1: T0, 2: T0 + 3_600_010}
+
+    def times(lg: Log) -> dict[int, int]:
+        return {e.producer_id: e.last_timestamp_ms for e in lg.producers}
+
+    assert times(log) == want
+    follower = make_log(tmp_path / "f-0", Clock(T0 + 7_200_000))
+    follower.append_as_follower(log.read(0, 1 << 20).data)
+    assert times(follower) == want
+    crash(log)
+    assert list_snapshots(d) == []
+    clock.now += 60_000
+    rebuilt = make_log(d, clock)
+    assert rebuilt.producer_batches_scanned == 3 and times(rebuilt) == want
+    assert {e.last_seen_ms for e in rebuilt.producers} == {clock.now}  # expiry's clock
+    assert rebuilt.producers.expire(clock.now + 1000, 2000) == 0  # not expired by ts
+    rebuilt.close()
+    clock.now += 60_000
+    reopened = make_log(d, clock)
+    assert reopened.producer_batches_scanned == 0 and times(reopened) == want
+
+
+def test_version_3_snapshots_still_load_with_their_time_as_the_last_timestamp() -> None:
+    from strom.log.producer_state import _SNAP_PRODUCER_V3
+
+    body = _SNAP_HEAD.pack(_SNAP_MAGIC, 3, 0, 10, 1) + _SNAP_PRODUCER_V3.pack(5, 2, 0, T0, -1, 4)
+    _, state = ProducerStateManager.from_bytes(body + _SNAP_CRC.pack(crc32c.crc32c(body)))
+    entry = state.get(5)
+    assert entry is not None and entry.coordinator_epoch == 4
+    assert entry.last_seen_ms == entry.last_timestamp_ms == T0
