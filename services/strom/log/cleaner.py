@@ -4,7 +4,9 @@
 offset (``Log.first_dirty_offset``, checkpointed by the LogManager as Kafka's
 cleaner-offset-checkpoint): below it the last pass left the log clean, from it on records may
 have duplicates. The cleanable part ends at the first uncleanable offset: the active segment,
-the high watermark (records that may still be truncated must not decide what others lose)
+``max_offset``, which the storage node passes as the partition's last stable offset (Kafka's
+first unstable offset: records that may still be truncated or aborted must not decide what
+others lose)
 and the first dirty segment holding a record younger than ``min.compaction.lag.ms``.
 :func:`cleanable_range` measures the log; a log is due when its dirty ratio (cleanable bytes
 over clean + cleanable bytes) is above ``min.cleanable.dirty.ratio``, or at once when its
@@ -16,7 +18,7 @@ offset and moves the first dirty offset there.
 The cleaner works a segment at a time on sealed segments only, and holds at most two
 segments in memory at a time plus the key map, never the whole log (a multi-GB compacted
 topic would otherwise take that much memory at every pass). A first read of every segment below the
-high watermark builds the key → latest offset map with Arrow's group-by (C++, no per-record
+``max_offset`` builds the key → latest offset map with Arrow's group-by (C++, no per-record
 Python; each segment's map is merged into the log's as the pass goes) and keeps from the
 headers what the producer state and the transactions need (:class:`_LogScan`); then each
 sealed segment is read again and each batch rewritten with the records that survive, and
@@ -166,8 +168,9 @@ def cleanable_range(
 ) -> CleanableRange:
     """Measure ``log`` for the cleaner (segment metadata only, no reads).
 
-    ``max_offset`` (exclusive), the partition's high watermark, bounds what may be cleaned:
-    a segment holding an offset at or above it is uncleanable.
+    ``max_offset`` (exclusive; the storage node passes the partition's last stable offset,
+    which is at most its high watermark) bounds what may be cleaned: a segment holding an
+    offset at or above it is uncleanable.
     """
     cfg = log.config
     now = log.clock() if now is None else now
@@ -430,7 +433,8 @@ class _LogScan:
 def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> CleanerStats:
     """Clean ``log`` now, whatever its dirty ratio: every segment from the log start to the
     first uncleanable offset (see :func:`cleanable_range`), then move the log's first dirty
-    offset there. ``max_offset`` is the high watermark (None: the log end).
+    offset there. ``max_offset`` bounds what is cleaned and decides nothing above it: the
+    storage node passes the last stable offset (None: the log end).
 
     A pass holds the key map and at most two segments at a time, never the whole log: it
     reads the segments once, one by one, for the key map and the headers the transactions
@@ -450,9 +454,10 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     with log.lock:
         rng = cleanable_range(log, now, max_offset)
         stats = CleanerStats(first_dirty_offset=rng.first_dirty_offset)
-        # Keys are judged against everything below the high watermark, active segment
-        # included, so a key rewritten recently makes its old records in sealed segments
-        # obsolete; records above it may still be truncated, so they decide nothing.
+        # Keys are judged against everything below max_offset (the last stable offset),
+        # active segment included, so a key rewritten recently makes its old records in
+        # sealed segments obsolete; records above it may still be truncated or aborted, so
+        # they decide nothing.
         upto = log.log_end_offset if max_offset is None else min(max_offset, log.log_end_offset)
         # FIX: never past the high watermark, even when the checkpointed first dirty offset
         # is above it (a high watermark read back lower after a restart, or lowered by a new
