@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -104,11 +105,14 @@ def _committed(cluster: LocalCluster, topic: str, end: int) -> dict[bytes | None
     return latest
 
 
-def test_the_cleaner_prunes_aborts_of_a_compacted_topic(cluster: LocalCluster) -> None:
+def test_the_cleaner_prunes_aborts_of_a_compacted_topic(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The reviewer's t16: aborted transactions on a compact-only topic with
     delete.retention.ms=0; once cleaned, the index keeps only the aborts whose markers stay
     (the producer's last batches need a few) and a read_committed fetch from offset 0 lists
-    only those, with the same committed records."""
+    only those, with the same committed records; `strom dump-log` of the node's segments
+    agrees."""
     topic = create_topic(cluster, "t16", config=COMPACT)
     aborts = 30
     with Producer(
@@ -136,6 +140,18 @@ def test_the_cleaner_prunes_aborts_of_a_compacted_topic(cluster: LocalCluster) -
     assert part.error_code == 0 and len(part.aborted_transactions) <= 5
     want = {b"k0": b"c", **{b"f%d" % i: b"x" * 100 for i in range(20)}}
     assert _committed(cluster, topic, part.last_stable_offset) == want
+    _dump_agrees(index, part.last_stable_offset, capsys)
+
+
+def _dump_agrees(index: Path, end: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """`strom dump-log --records` of the node's own segments: every batch's CRC holds, the
+    batches reach the log end, and the abort markers left are the index's entries."""
+    segments = sorted(index.parent.glob("*.log"))
+    assert cli_main(["dump-log", "--records", *map(str, segments)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Dumping ") == len(segments) and "isValid: false" not in out
+    assert f"lastOffset: {end - 1} " in out
+    assert out.count("endTxnMarker: ABORT") == index.stat().st_size // 24
 
 
 def test_a_producers_last_timestamp_survives_a_sigkill(
