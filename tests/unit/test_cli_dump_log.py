@@ -122,3 +122,25 @@ def test_a_preallocated_segments_zero_tail_ends_the_data(
     assert cli_main(["dump-log", str(pre / SEG)]) == 0
     out = capsys.readouterr().out
     assert "bytes of zeros follow" in out and "4 batches" in out
+
+
+def test_the_aborted_index_and_producer_snapshots_are_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The files behind read_committed answers and producer state: each abort (producer,
+    first offset, marker offset) and each producer of a snapshot; a damaged snapshot is one
+    line and exit 1."""
+    d = _segment(tmp_path)
+    snapshot = d / "00000000000000000005.snapshot"
+    assert cli_main(["dump-log", str(d / "aborted-transactions"), str(snapshot)]) == 0
+    out = capsys.readouterr().out
+    assert "producerId: 7 firstOffset: 3 lastOffset: 4" in out and "1 entries" in out
+    assert "producerId: 7 producerEpoch: 1 lastSequence: 0 lastTimestamp: " in out
+    assert "currentTxnStartOffset: -1 batches: [0..0@3..3]" in out
+    assert "1 producers as of offset 5" in out
+    data = bytearray(snapshot.read_bytes())
+    data[-1] ^= 1
+    snapshot.write_bytes(bytes(data))
+    assert cli_main(["dump-log", str(snapshot)]) == 1
+    err = capsys.readouterr().err
+    assert "not a usable producer snapshot: producer snapshot CRC mismatch" in err

@@ -6,9 +6,10 @@ where is a torn batch after a crash) had no tool but a Python session. For a seg
 (``<base offset>.log``) it prints one line per batch from the 61-byte header alone: offsets,
 record count, producer id / epoch / sequence, the transactional and control bits, codec,
 timestamps, position, size and whether the CRC matches; ``--records`` also decodes each
-batch's records (and a control batch's marker). Offset indexes (``.index``) and time indexes
-(``.timeindex``) print their entries. The segment is mapped, not read into memory, so a
-1 GiB segment costs no 1 GiB of RAM.
+batch's records (and a control batch's marker). Offset indexes (``.index``), time indexes
+(``.timeindex``) and the partition's ``aborted-transactions`` index print their entries, a
+producer snapshot (``<offset>.snapshot``) its producers. The segment is mapped, not read
+into memory, so a 1 GiB segment costs no 1 GiB of RAM.
 
 A file that is missing or unreadable, or whose name is no segment or index, is one line on
 stderr; a segment that stops parsing (torn or damaged) prints what came before the damage
@@ -41,10 +42,13 @@ from strom.record.header import (
     read_header,
 )
 
-#: Segment and index file names: the base offset in 20 digits and the kind.
-_NAME = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+#: Segment, index and producer-snapshot file names: the offset in 20 digits and the kind.
+_NAME = re.compile(r"^(\d{20})\.(log|index|timeindex|snapshot)$")
+#: strom.log.transactions.INDEX_NAME, the partition's aborted transactions.
+_ABORTED = "aborted-transactions"
 _OFF_ENTRY = struct.Struct(">ii")  # relative offset, position (strom.log.index)
 _TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset
+_ABORTED_ENTRY = struct.Struct(">qqq")  # producer id, first offset, marker offset
 #: No batch stored by strom is larger (strom.log.segment.MAX_STORED_BATCH_BYTES).
 _MAX_BATCH = 256 << 20
 _ZEROS_CHUNK = 1 << 20
@@ -61,9 +65,15 @@ def add_dump_log_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="print the batches of segment files (<offset>.log) and index entries on disk",
         description="Print what a partition's files on disk hold, one batch per line (Kafka's "
         "kafka-dump-log.sh): a segment's batches from their headers, with --records each "
-        "record too; an .index or .timeindex file's entries. Read-only; needs no cluster.",
+        "record too; the entries of an .index, .timeindex or aborted-transactions file; the "
+        "producers of a producer snapshot. Read-only; needs no cluster.",
     )
-    p.add_argument("files", nargs="+", metavar="FILE", help="<offset>.log, .index or .timeindex")
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="<offset>.log, .index, .timeindex or .snapshot, or aborted-transactions",
+    )
     p.add_argument(
         "--records",
         action="store_true",
@@ -75,10 +85,11 @@ def run_dump_log(args: argparse.Namespace, out: TextIO) -> int:
     """Dump every file of ``args.files``; 1 when any failed (the others are still dumped)."""
     paths = [Path(f) for f in args.files]
     for path in paths:
-        if _NAME.match(path.name) is None:
+        if _kind(path) is None:
             raise UsageError(
                 f"{path}: not a segment or index file (expected a name like "
-                "00000000000000000000.log, .index or .timeindex)"
+                "00000000000000000000.log, .index, .timeindex or .snapshot, or "
+                f"{_ABORTED})"
             )
     failed = False
     for path in paths:
@@ -91,10 +102,18 @@ def run_dump_log(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if failed else 0
 
 
-def _dump(path: Path, records: bool, out: TextIO) -> None:
+def _kind(path: Path) -> tuple[int, str] | None:
+    """The offset in the file's name and its kind, or None when it is none of ours."""
+    if path.name == _ABORTED:
+        return 0, "aborted"
     m = _NAME.match(path.name)
-    assert m is not None
-    base, kind = int(m.group(1)), m.group(2)
+    return None if m is None else (int(m.group(1)), m.group(2))
+
+
+def _dump(path: Path, records: bool, out: TextIO) -> None:
+    kind_of = _kind(path)
+    assert kind_of is not None
+    base, kind = kind_of
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed below)
     except FileNotFoundError:
@@ -115,6 +134,8 @@ def _dump(path: Path, records: bool, out: TextIO) -> None:
                 try:
                     if kind == "log":
                         _dump_segment(path, view, base, records, out)
+                    elif kind == "snapshot":
+                        _dump_snapshot(path, bytes(view), out)
                     else:
                         _dump_index(path, view, base, kind, out)
                 finally:
@@ -227,16 +248,22 @@ def _print_records(h: BatchHeader, view: memoryview, crc_ok: bool, out: TextIO) 
 
 
 def _dump_index(path: Path, view: memoryview, base: int, kind: str, out: TextIO) -> None:
-    """An offset index's (offset, position) or a time index's (timestamp, offset) entries."""
-    entry = _OFF_ENTRY if kind == "index" else _TIME_ENTRY
+    """An offset index's (offset, position), a time index's (timestamp, offset) or the
+    aborted-transactions index's (producer id, first offset, marker offset) entries."""
+    entry = {"index": _OFF_ENTRY, "timeindex": _TIME_ENTRY}.get(kind, _ABORTED_ENTRY)
     whole = len(view) - len(view) % entry.size
     n = 0
     for pos in range(0, whole, entry.size):
-        a, b = entry.unpack_from(view, pos)
+        fields = entry.unpack_from(view, pos)
         if kind == "index":
-            print(f"offset: {base + a} position: {b}", file=out)
+            print(f"offset: {base + fields[0]} position: {fields[1]}", file=out)
+        elif kind == "timeindex":
+            print(f"timestamp: {fields[0]} offset: {base + fields[1]}", file=out)
         else:
-            print(f"timestamp: {a} offset: {base + b}", file=out)
+            print(
+                f"producerId: {fields[0]} firstOffset: {fields[1]} lastOffset: {fields[2]}",
+                file=out,
+            )
         n += 1
     print(f"{n} entries", file=out)
     if whole != len(view):
@@ -244,3 +271,25 @@ def _dump_index(path: Path, view: memoryview, base: int, kind: str, out: TextIO)
             f"{path}: {len(view) - whole} stray bytes after the last whole entry "
             f"(entries are {entry.size} bytes)"
         )
+
+
+def _dump_snapshot(path: Path, data: bytes, out: TextIO) -> None:
+    """A producer-state snapshot: the state as of its offset, one producer a line."""
+    from strom.log.producer_state import ProducerStateManager
+
+    try:
+        offset, state = ProducerStateManager.from_bytes(data)
+    except ValueError as exc:
+        raise DumpError(f"{path}: not a usable producer snapshot: {exc}") from None
+    for e in sorted(state, key=lambda e: e.producer_id):
+        kept = " ".join(
+            f"{b.first_seq}..{b.last_seq}@{b.base_offset}..{b.last_offset}" for b in e.batches
+        )
+        print(
+            f"producerId: {e.producer_id} producerEpoch: {e.epoch} "
+            f"lastSequence: {e.last_seq} lastTimestamp: {e.last_timestamp_ms} "
+            f"coordinatorEpoch: {e.coordinator_epoch} "
+            f"currentTxnStartOffset: {e.txn_first_offset} batches: [{kept}]",
+            file=out,
+        )
+    print(f"{len(state)} producers as of offset {offset}", file=out)
