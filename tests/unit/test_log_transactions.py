@@ -400,3 +400,192 @@ def test_an_aborted_index_without_aborts_writes_no_file(tmp_path: Path) -> None:
     third = AbortedIndex(tmp_path)
     third.load(below=100)
     assert third.entries == []
+
+
+def _many_aborts(log: Log, clock: Clock, n: int) -> None:
+    """``n`` aborted transactions of one producer over five keys, one committed value of
+    key k0, then a roll so that all of it is sealed."""
+    for i in range(n):
+        log.append(
+            encode_batch(
+                [b"aborted %d" % i],
+                keys=[b"k%d" % (i % 5)],
+                timestamps=[clock.now],
+                producer_id=1,
+                producer_epoch=0,
+                base_sequence=i,
+                transactional=True,
+            )
+        )
+        log.append_marker(1, 0, committed=False, coordinator_epoch=0)
+    log.append(
+        encode_batch(
+            [b"committed"],
+            keys=[b"k0"],
+            timestamps=[clock.now],
+            producer_id=1,
+            producer_epoch=0,
+            base_sequence=n,
+            transactional=True,
+        )
+    )
+    log.append_marker(1, 0, committed=True, coordinator_epoch=0)
+    log.roll()
+    log.append(encode_batch([b"x"], keys=[b"z"], timestamps=[clock.now]))
+
+
+def _committed_view(log: Log) -> list[tuple[int, bytes | None]]:
+    """What a read_committed consumer keeps of the log: records not in an aborted range."""
+    spans = [(e.producer_id, e.first_offset, e.last_offset) for e in log.aborted.entries]
+    out = []
+    for b in decode_batches(log.read(0, 1 << 24).data):
+        h = b.header
+        if h.is_control or any(
+            pid == h.producer_id and first <= h.base_offset < last for pid, first, last in spans
+        ):
+            continue
+        out += [(r.offset, r.value) for r in b.records()]
+    return out
+
+
+def test_the_cleaner_prunes_aborts_whose_markers_it_removed(tmp_path: Path) -> None:
+    """Found from outside: on a compacted topic (its log start never moves) every abort's
+    entry stayed in the aborted-transactions index for good, although the cleaner removed
+    the transaction's records and marker: loaded at every start, listed to every
+    read_committed fetch from an early offset. Now an entry goes with its marker, the file
+    too, and read_committed answers stay the same."""
+    from strom.log import compact
+
+    clock = Clock()
+    d = tmp_path / "t-0"
+    cfg = {"segment_bytes": 4096, "cleanup_policy": "compact", "delete_retention_ms": 1000}
+    log = make_log(d, clock, **cfg)
+    _many_aborts(log, clock, 60)
+    assert len(log.aborted) == 60
+    before = _committed_view(log)
+    fetch_before = log.aborted_transactions(0, log.log_end_offset)
+    assert len(fetch_before) == 60
+    clock.now += 1001
+    stats = compact(log, max_offset=lso(log))
+    markers = {h.base_offset for h in log.batch_headers() if h.is_control}
+    # Only the aborts whose markers stay (the producer's last batches need them) are left.
+    assert 0 < len(log.aborted) < 6 and stats.aborted_pruned == 60 - len(log.aborted)
+    assert {e.last_offset for e in log.aborted.entries} <= markers
+    assert _committed_view(log) == before
+    assert (d / "aborted-transactions").stat().st_size == 24 * len(log.aborted)
+    kept = aborted(log)
+    log.close()
+    again = make_log(d, clock, **cfg)
+    assert aborted(again) == kept and _committed_view(again) == before
+    crash(again)
+    for off in list_snapshots(d):
+        snapshot_path(d, off).unlink()
+    rebuilt = make_log(d, clock, **cfg)  # the index rebuilt from the markers agrees
+    assert aborted(rebuilt) == kept and _committed_view(rebuilt) == before
+
+
+def test_a_crash_between_the_swap_and_the_index_rewrite_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segments are swapped in before the index is pruned: a crash in between leaves
+    entries whose batches are empty (the same read_committed answers), a crash while the
+    index file is rewritten leaves the old file whole (its temporary file is removed at
+    start), and the next pass prunes."""
+    from strom.log import compact
+    from strom.log.transactions import AbortedIndex
+
+    clock = Clock()
+    d = tmp_path / "t-0"
+    cfg = {"segment_bytes": 4096, "cleanup_policy": "compact", "delete_retention_ms": 1000}
+    log = make_log(d, clock, **cfg)
+    _many_aborts(log, clock, 40)
+    before = _committed_view(log)
+    clock.now += 1001
+
+    class Killed(BaseException):
+        """The process dying between the two steps."""
+
+    def killed(*args: object, **kwargs: object) -> int:
+        (d / "aborted-transactions.tmp").write_bytes(b"\x01" * 30)  # a torn rewrite
+        raise Killed
+
+    monkeypatch.setattr(AbortedIndex, "prune", killed)
+    with pytest.raises(Killed):
+        compact(log, max_offset=lso(log))
+    monkeypatch.undo()
+    assert not [h for h in log.batch_headers() if h.is_control][:-5]  # the swap happened
+    crash(log)
+    reopened = make_log(d, clock, **cfg)
+    assert not (d / "aborted-transactions.tmp").exists()
+    assert len(reopened.aborted) == 40  # stale, harmless
+    assert _committed_view(reopened) == before
+    reopened.first_dirty_offset = reopened.log_start_offset  # as the next due pass
+    compact(reopened, max_offset=lso(reopened))
+    assert len(reopened.aborted) < 6 and _committed_view(reopened) == before
+    markers = {h.base_offset for h in reopened.batch_headers() if h.is_control}
+    assert {e.last_offset for e in reopened.aborted.entries} <= markers
+
+
+def test_fetch_range_lookups_look_only_near_the_range() -> None:
+    """``overlapping`` is bounded by the longest transaction's span: a long transaction
+    still overlaps a range it began in, and the answers match a full scan."""
+    from strom.log.transactions import AbortedIndex, AbortedTxn
+
+    idx = AbortedIndex(Path("/nonexistent"))
+    txns = [AbortedTxn(i * 10 + 2, 1, i * 10) for i in range(1000)]
+    txns.append(AbortedTxn(5_003, 2, 4_000))  # long: began at 4,000
+    idx.entries = txns
+
+    def full(start: int, end: int) -> list[AbortedTxn]:
+        hits = [e for e in idx.entries if e.last_offset >= start and e.first_offset < end]
+        return sorted(hits, key=lambda e: e.first_offset)
+
+    for start, end in [(0, 5), (3, 25), (4_000, 4_001), (3_990, 4_010), (5_002, 5_010), (0, 1)]:
+        assert idx.overlapping(start, end) == full(start, end), (start, end)
+    assert AbortedTxn(5_003, 2, 4_000) in idx.overlapping(4_000, 4_001)
+
+
+def test_a_rebuild_from_the_batches_keeps_each_producers_last_batch_time(tmp_path: Path) -> None:
+    """Found from outside: after a SIGKILL (no snapshot of the last batches) a producer's
+    reported last timestamp became the restart's time, so a hanging transaction looked
+    fresh to `strom transactions find-hanging`. It is the last batch's max timestamp
+    (Kafka's lastTimestamp), the same from a snapshot, a rebuild from the log and a
+    follower; expiry still counts on the node's clock (a backfill's old timestamps must
+    not expire an active producer)."""
+    clock = Clock(T0 + 3_600_000)
+    d = tmp_path / "t-0"
+    log = make_log(d, clock)
+    log.append(tbatch(1, 0, ts=T0))  # an open transaction written an hour "ago"
+    log.append(tbatch(2, 0, ts=T0 + 5))
+    clock.now += 10
+    log.append_marker(2, 0, committed=True, coordinator_epoch=0)  # stamped by the clock
+    want = {1: T0, 2: T0 + 3_600_010}
+
+    def times(lg: Log) -> dict[int, int]:
+        return {e.producer_id: e.last_timestamp_ms for e in lg.producers}
+
+    assert times(log) == want
+    follower = make_log(tmp_path / "f-0", Clock(T0 + 7_200_000))
+    follower.append_as_follower(log.read(0, 1 << 20).data)
+    assert times(follower) == want
+    crash(log)
+    assert list_snapshots(d) == []
+    clock.now += 60_000
+    rebuilt = make_log(d, clock)
+    assert rebuilt.producer_batches_scanned == 3 and times(rebuilt) == want
+    assert {e.last_seen_ms for e in rebuilt.producers} == {clock.now}  # expiry's clock
+    assert rebuilt.producers.expire(clock.now + 1000, 2000) == 0  # not expired by ts
+    rebuilt.close()
+    clock.now += 60_000
+    reopened = make_log(d, clock)
+    assert reopened.producer_batches_scanned == 0 and times(reopened) == want
+
+
+def test_version_3_snapshots_still_load_with_their_time_as_the_last_timestamp() -> None:
+    from strom.log.producer_state import _SNAP_PRODUCER_V3
+
+    body = _SNAP_HEAD.pack(_SNAP_MAGIC, 3, 0, 10, 1) + _SNAP_PRODUCER_V3.pack(5, 2, 0, T0, -1, 4)
+    _, state = ProducerStateManager.from_bytes(body + _SNAP_CRC.pack(crc32c.crc32c(body)))
+    entry = state.get(5)
+    assert entry is not None and entry.coordinator_epoch == 4
+    assert entry.last_seen_ms == entry.last_timestamp_ms == T0

@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     from strom.cli.admin import add_cluster_parser, add_topics_parser
     from strom.cli.console import add_console_parsers
     from strom.cli.dev import add_dev_parser
+    from strom.cli.dumplog import add_dump_log_parser
     from strom.cli.groups import add_groups_parser
     from strom.cli.transactions import add_transactions_parser
 
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_transactions_parser(sub, timed)
     add_acls_parser(sub, timed)
     add_console_parsers(sub, common)
+    add_dump_log_parser(sub)
 
     # Server CPU per million records (strom.bench.cpu): the services' Prometheus endpoints.
     metered = argparse.ArgumentParser(add_help=False)
@@ -1043,6 +1045,10 @@ def _run(args: argparse.Namespace) -> int:
         from strom.cli.acls import run_quotas
 
         return run_quotas(args, out)
+    if args.command == "dump-log":
+        from strom.cli.dumplog import run_dump_log
+
+        return run_dump_log(args, out)
     if args.command == "produce":
         from strom.cli.console import run_produce
 

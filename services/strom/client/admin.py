@@ -364,7 +364,8 @@ class ProducerState(NamedTuple):
     producer_epoch: int
     #: Sequence number of its last record in the partition; -1 if it wrote only markers.
     last_sequence: int
-    #: When it last wrote to the partition, ms since the epoch.
+    #: When it last wrote to the partition, ms since the epoch: its last batch's max
+    #: timestamp (the producer's clock unless the topic uses LogAppendTime), as Kafka's.
     last_timestamp_ms: int
     #: Coordinator epoch of the newest marker written for it there; -1 = none.
     coordinator_epoch: int

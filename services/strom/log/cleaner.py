@@ -4,7 +4,9 @@
 offset (``Log.first_dirty_offset``, checkpointed by the LogManager as Kafka's
 cleaner-offset-checkpoint): below it the last pass left the log clean, from it on records may
 have duplicates. The cleanable part ends at the first uncleanable offset: the active segment,
-the high watermark (records that may still be truncated must not decide what others lose)
+``max_offset``, which the storage node passes as the partition's last stable offset (Kafka's
+first unstable offset: records that may still be truncated or aborted must not decide what
+others lose)
 and the first dirty segment holding a record younger than ``min.compaction.lag.ms``.
 :func:`cleanable_range` measures the log; a log is due when its dirty ratio (cleanable bytes
 over clean + cleanable bytes) is above ``min.cleanable.dirty.ratio``, or at once when its
@@ -16,7 +18,7 @@ offset and moves the first dirty offset there.
 The cleaner works a segment at a time on sealed segments only, and holds at most two
 segments in memory at a time plus the key map, never the whole log (a multi-GB compacted
 topic would otherwise take that much memory at every pass). A first read of every segment below the
-high watermark builds the key → latest offset map with Arrow's group-by (C++, no per-record
+``max_offset`` builds the key → latest offset map with Arrow's group-by (C++, no per-record
 Python; each segment's map is merged into the log's as the pass goes) and keeps from the
 headers what the producer state and the transactions need (:class:`_LogScan`); then each
 sealed segment is read again and each batch rewritten with the records that survive, and
@@ -46,7 +48,9 @@ removed once the segment holding them has taken no append for longer than
 old ones as ``.cleaned`` and fsynced; under the log's lock, once no truncation or deletion
 voided the pass, it is renamed to ``.swap``, the segments it replaces to ``.deleted`` and the
 ``.swap`` to ``.log`` (:func:`_swap`), so a crash at any point leaves either the old segments
-or the new one (``Log`` finishes a ``.swap`` and discards a ``.cleaned``).
+or the new one (``Log`` finishes a ``.swap`` and discards a ``.cleaned``). After the swaps
+the aborted-transactions index drops the aborts whose markers the log no longer holds
+(:func:`compact`).
 """
 
 from __future__ import annotations
@@ -107,6 +111,8 @@ class CleanerStats:
     bytes_after: int = 0
     #: The log's first dirty offset after the pass (unchanged when the pass was void).
     first_dirty_offset: int = 0
+    #: Aborted-transactions index entries dropped with their markers (see compact).
+    aborted_pruned: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,8 +168,9 @@ def cleanable_range(
 ) -> CleanableRange:
     """Measure ``log`` for the cleaner (segment metadata only, no reads).
 
-    ``max_offset`` (exclusive), the partition's high watermark, bounds what may be cleaned:
-    a segment holding an offset at or above it is uncleanable.
+    ``max_offset`` (exclusive; the storage node passes the partition's last stable offset,
+    which is at most its high watermark) bounds what may be cleaned: a segment holding an
+    offset at or above it is uncleanable.
     """
     cfg = log.config
     now = log.clock() if now is None else now
@@ -370,6 +377,9 @@ class _LogScan:
         #: Finished transactions whose marker lies in an expired cleaned segment:
         #: (producer id, marker base offset, base offsets of its data batches).
         self._done: list[tuple[int, int, list[int]]] = []
+        #: Base offsets of the markers (control batches) below ``end``: the aborted
+        #: transactions the index must keep, less those the pass removes (see compact).
+        self.markers: set[int] = set()
 
     def add(self, seg: LogSegment, size: int, batches: list[RecordBatch]) -> None:
         """Take what the pass needs from ``seg``'s ``batches`` (segments in offset order),
@@ -391,6 +401,8 @@ class _LogScan:
                 continue
             if h.is_control:
                 self._last_marker[h.producer_id] = h.base_offset
+                if h.base_offset < self.end:
+                    self.markers.add(h.base_offset)
                 data = self._open_txns.pop(h.producer_id, [])
                 # Only a marker in an expired cleaned segment may go: the others' data
                 # batches need not be remembered.
@@ -421,20 +433,31 @@ class _LogScan:
 def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> CleanerStats:
     """Clean ``log`` now, whatever its dirty ratio: every segment from the log start to the
     first uncleanable offset (see :func:`cleanable_range`), then move the log's first dirty
-    offset there. ``max_offset`` is the high watermark (None: the log end).
+    offset there. ``max_offset`` bounds what is cleaned and decides nothing above it: the
+    storage node passes the last stable offset (None: the log end).
 
     A pass holds the key map and at most two segments at a time, never the whole log: it
     reads the segments once, one by one, for the key map and the headers the transactions
     need (:class:`_LogScan`), then reads each sealed segment again to rewrite it, merging
-    adjacent rewritten segments into one file while they fit (:class:`_Group`)."""
+    adjacent rewritten segments into one file while they fit (:class:`_Group`).
+
+    Once every group is swapped in, the aborted-transactions index forgets the aborts below
+    the cleaned end whose markers the log no longer holds (this pass removed them, or an
+    earlier pass a crash interrupted before it pruned), as Kafka's cleaner rewrites a
+    cleaned segment's transaction index: a compacted log's start never moves, so the index
+    grew with every abort ever written, was loaded at every start and listed to every
+    read_committed fetch from an early offset. Pruning comes after the swaps, so a crash
+    between the two leaves only entries whose batches are empty (see
+    :meth:`~strom.log.transactions.AbortedIndex.prune`); a void pass prunes nothing."""
     cfg = log.config
     now = log.clock() if now is None else now
     with log.lock:
         rng = cleanable_range(log, now, max_offset)
         stats = CleanerStats(first_dirty_offset=rng.first_dirty_offset)
-        # Keys are judged against everything below the high watermark, active segment
-        # included, so a key rewritten recently makes its old records in sealed segments
-        # obsolete; records above it may still be truncated, so they decide nothing.
+        # Keys are judged against everything below max_offset (the last stable offset),
+        # active segment included, so a key rewritten recently makes its old records in
+        # sealed segments obsolete; records above it may still be truncated or aborted, so
+        # they decide nothing.
         upto = log.log_end_offset if max_offset is None else min(max_offset, log.log_end_offset)
         # FIX: never past the high watermark, even when the checkpointed first dirty offset
         # is above it (a high watermark read back lower after a restart, or lowered by a new
@@ -507,6 +530,9 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
         with log.lock:
             if log.truncations == truncations:
                 log.first_dirty_offset = max(end, rng.first_dirty_offset)
+                stats.aborted_pruned = log.aborted.prune(
+                    end, scan.markers - removable, fsync=log._fsync
+                )
             stats.first_dirty_offset = log.first_dirty_offset
     return stats
 
@@ -548,9 +574,11 @@ def _removable_transactions(
     (:meth:`_LogScan.transactions_to_check`) meet every rule but the first, which needs the
     whole key map: the sealed segments holding their data batches are read again (one at a
     time) to see whether any of those keeps a record. The transaction's emptied batches then
-    lose their producer fields too, so a rebuild opens no transaction for them; aborted
-    transactions stay in the aborted-transactions index until retention drops them, which
-    costs nothing once their batches are empty."""
+    lose their producer fields too, so a rebuild opens no transaction for them, and an
+    aborted one's entry leaves the aborted-transactions index once the pass has swapped the
+    segments in (:func:`compact`; FIX (found from outside): entries used to stay until
+    retention dropped them, which on a compacted topic is never: 300 aborts kept 300
+    entries, loaded at every start and listed to read_committed fetches)."""
     needed = sorted({d for _, data in candidates for d in data})
     keeping: set[int] = set()  # data batches of the candidates that keep a record
     for seg in sealed:

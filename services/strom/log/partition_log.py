@@ -407,7 +407,7 @@ class Log:
             scanned += len(headers)
             markers = {h.base_offset: self._marker_at(seg, h) for h in headers if h.is_control}
             for pid, first, last in state.update(headers, now, markers):
-                self.aborted.entries.append(AbortedTxn(last, pid, first))
+                self.aborted.remember(AbortedTxn(last, pid, first))
         state.evict_below(self.log_start_offset)
         self.producers = state
         self.producer_batches_scanned = scanned

@@ -85,13 +85,20 @@ SNAPSHOT_SUFFIX = ".snapshot"
 _SNAPSHOT_RE = re.compile(r"^(\d{20})\.snapshot$")
 _SNAP_MAGIC = b"STPS"
 #: Version 2 added each producer's open transaction (first offset), version 3 the
-#: coordinator epoch of its last marker; older versions still load.
-_SNAP_VERSION = 3
+#: coordinator epoch of its last marker, version 4 its last batch's timestamp; older
+#: versions still load.
+_SNAP_VERSION = 4
 _SNAP_HEAD = struct.Struct(">4sHHqI")  # magic, version, reserved, offset, producer count
 _SNAP_PRODUCER_V1 = struct.Struct(">qhBxq")  # producer id, epoch, batch count, last seen ms
 _SNAP_PRODUCER_V2 = struct.Struct(">qhBxqq")  # ... and the open transaction's first offset
-_SNAP_PRODUCER = struct.Struct(">qhBxqqi")  # ... and the last marker's coordinator epoch
-_SNAP_PRODUCERS = {1: _SNAP_PRODUCER_V1, 2: _SNAP_PRODUCER_V2, 3: _SNAP_PRODUCER}
+_SNAP_PRODUCER_V3 = struct.Struct(">qhBxqqi")  # ... and the last marker's coordinator epoch
+_SNAP_PRODUCER = struct.Struct(">qhBxqqiq")  # ... and the last batch's max timestamp
+_SNAP_PRODUCERS = {
+    1: _SNAP_PRODUCER_V1,
+    2: _SNAP_PRODUCER_V2,
+    3: _SNAP_PRODUCER_V3,
+    4: _SNAP_PRODUCER,
+}
 _SNAP_BATCH = struct.Struct(">iiqqq")  # first seq, last seq, base offset, last offset, ts
 _SNAP_CRC = struct.Struct(">I")
 
@@ -148,13 +155,25 @@ class BatchMetadata:
 
 class ProducerEntry:
     """One producer id's epoch, most recent batches (oldest first), open transaction and the
-    coordinator epoch of its last marker."""
+    coordinator epoch of its last marker.
+
+    Two times, for two uses. ``last_timestamp_ms`` is the max timestamp of its last batch
+    (marker included) as stored, Kafka's ``lastTimestamp``: what DescribeProducers reports
+    and ``strom transactions find-hanging`` ages an open transaction by. It is in the
+    batches, so a rebuild from the log after a crash finds the same value (FIX (found from
+    outside): the rebuild used to report the restart's time, so a hanging transaction looked
+    fresh after every SIGKILL). ``last_seen_ms`` is this node's clock when the state last
+    changed for the producer, and only ``producer.id.expiration.ms`` uses it: a producer's
+    own timestamps may be days old (a backfill), and expiring by them would forget an active
+    idempotent producer's sequences. A rebuild sets it to the rebuild's time, which only
+    delays an expiry."""
 
     __slots__ = (
         "batches",
         "coordinator_epoch",
         "epoch",
         "last_seen_ms",
+        "last_timestamp_ms",
         "producer_id",
         "txn_first_offset",
     )
@@ -166,10 +185,13 @@ class ProducerEntry:
         last_seen_ms: int,
         txn_first_offset: int = -1,
         coordinator_epoch: int = -1,
+        last_timestamp_ms: int | None = None,
     ) -> None:
         self.producer_id = producer_id
         self.epoch = epoch
         self.last_seen_ms = last_seen_ms
+        #: The max timestamp of its last batch (see the class docstring).
+        self.last_timestamp_ms = last_seen_ms if last_timestamp_ms is None else last_timestamp_ms
         self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_KEPT)
         #: Offset of the first batch of the producer's open transaction; -1 = none open.
         self.txn_first_offset = txn_first_offset
@@ -196,6 +218,7 @@ class ProducerEntry:
         return (
             f"ProducerEntry(id={self.producer_id}, epoch={self.epoch}, "
             f"batches={list(self.batches)}, last_seen_ms={self.last_seen_ms}, "
+            f"last_timestamp_ms={self.last_timestamp_ms}, "
             f"txn_first_offset={self.txn_first_offset}, "
             f"coordinator_epoch={self.coordinator_epoch})"
         )
@@ -396,6 +419,8 @@ class ProducerStateManager:
     ) -> list[tuple[int, int, int]]:
         """Record written batches (offsets assigned): leader appends, replicated batches and
         batches scanned when the state is rebuilt. Non-idempotent batches are skipped.
+        ``now_ms`` is this node's clock (expiry); the reported time is each producer's last
+        batch's max timestamp (see :class:`ProducerEntry`).
 
         Transactions: a transactional batch opens its producer's transaction if none is open;
         a control batch (a marker; ``markers`` maps its base offset to the decoded marker)
@@ -418,6 +443,7 @@ class ProducerStateManager:
                     entry.epoch = h.producer_epoch
                     entry.batches.clear()  # the next epoch's sequences start at 0
                 entry.last_seen_ms = now_ms
+                entry.last_timestamp_ms = h.max_timestamp
                 marker = None if markers is None else markers.get(h.base_offset)
                 if marker is not None and marker.coordinator_epoch > entry.coordinator_epoch:
                     entry.coordinator_epoch = marker.coordinator_epoch
@@ -440,6 +466,7 @@ class ProducerStateManager:
                 )
             )
             entry.last_seen_ms = now_ms
+            entry.last_timestamp_ms = h.max_timestamp
             if attributes & _ATTR_TRANSACTIONAL and entry.txn_first_offset < 0:
                 self._open_txn(entry, h.base_offset)
         return aborted
@@ -485,6 +512,7 @@ class ProducerStateManager:
                     e.last_seen_ms,
                     e.txn_first_offset,
                     e.coordinator_epoch,
+                    e.last_timestamp_ms,
                 )
             )
             for b in e.batches:
@@ -515,8 +543,9 @@ class ProducerStateManager:
             for _ in range(count):
                 pid, epoch, n, seen, *rest = record.unpack_from(body, pos)
                 pos += record.size
-                rest += [-1] * (2 - len(rest))
-                entry = ProducerEntry(pid, epoch, seen, rest[0], rest[1])
+                # Before version 4 the reported time was the last time seen.
+                rest += [-1, -1, seen][len(rest) :]
+                entry = ProducerEntry(pid, epoch, seen, rest[0], rest[1], rest[2])
                 for _ in range(n):
                     entry.batches.append(BatchMetadata(*_SNAP_BATCH.unpack_from(body, pos)))
                     pos += _SNAP_BATCH.size

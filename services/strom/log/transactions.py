@@ -16,7 +16,10 @@ recovering after a crash reach the same state from the same bytes:
 - **Aborted transactions** (producer id, first offset, last offset = the abort marker's
   offset) are what a read_committed fetch must tell the consumer so it can drop those batches.
   They are kept in ``aborted-transactions`` beside the segments (fixed 24-byte entries in log
-  order); entries below the log start are dropped as retention deletes their data.
+  order); entries below the log start are dropped as retention deletes their data, and the
+  log cleaner drops those whose marker it removed with the transaction's records (Kafka
+  rewrites a cleaned segment's transaction index the same way): on a compacted topic the log
+  start never moves, so the index would otherwise grow with every abort ever written.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ import bisect
 import contextlib
 import os
 import struct
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
+from strom.log.checkpoint import fsync_dir
 from strom.log.errors import naming
 from strom.record.batch import decode_batches, encode_batch
 
@@ -39,6 +45,8 @@ _CONTROL_VALUE = struct.Struct(">hi")  # version, coordinator epoch
 #: segment index whose segment may be gone.
 INDEX_NAME = "aborted-transactions"
 _ENTRY = struct.Struct(">qqq")  # producer id, first offset, last offset
+#: Below every producer id: the key that bisects to the first entry of a marker offset.
+_LOWEST = -(1 << 62)
 
 
 class MarkerError(ValueError):
@@ -100,11 +108,27 @@ def decode_marker(batch: bytes | memoryview) -> Marker:
 
 
 class AbortedIndex:
-    """The partition's aborted transactions, in log order, mirrored to ``aborted-transactions``."""
+    """The partition's aborted transactions, in log order, mirrored to ``aborted-transactions``.
+
+    ``entries`` is sorted by marker offset (``last_offset``). :meth:`overlapping` also needs
+    the longest transaction's span (marker offset minus first offset): no entry whose marker
+    lies that far past a range's end can have begun inside it, so a read_committed fetch
+    looks at the entries near its range instead of at every later one."""
 
     def __init__(self, directory: Path) -> None:
         self.path = Path(directory) / INDEX_NAME
-        self.entries: list[AbortedTxn] = []
+        self._entries: list[AbortedTxn] = []
+        self._max_span = 0  # an upper bound of last_offset - first_offset over the entries
+
+    @property
+    def entries(self) -> list[AbortedTxn]:
+        """The entries in log order (read-only: change them through the methods)."""
+        return self._entries
+
+    @entries.setter
+    def entries(self, entries: Iterable[AbortedTxn]) -> None:
+        self._entries = sorted(entries)
+        self._max_span = max((e.last_offset - e.first_offset for e in self._entries), default=0)
 
     def load(self, below: int) -> None:
         """Read the file, keeping entries whose marker lies below ``below`` (those above are
@@ -119,20 +143,26 @@ class AbortedIndex:
             pid, first, last = _ENTRY.unpack_from(data, pos)
             if last < below:
                 entries.append(AbortedTxn(last, pid, first))
-        entries.sort()
         self.entries = entries
 
     def add(self, txn: AbortedTxn) -> None:
         """Record an abort marker appended at ``txn.last_offset`` (after every earlier one)."""
-        self.entries.append(txn)
+        self.remember(txn)
         with open(self.path, "ab") as f:
             f.write(_ENTRY.pack(txn.producer_id, txn.first_offset, txn.last_offset))
 
-    def save(self) -> None:
-        """Rewrite the file from memory (atomically). No aborts and no file is already what
-        the file would say (a missing file loads as empty): nothing is written, which saves
-        a new partition's log two file operations."""
-        if not self.entries and not self.path.exists():
+    def remember(self, txn: AbortedTxn) -> None:
+        """Add ``txn`` (after every earlier one) in memory only: a rebuild from the batches
+        saves the whole index once it is done."""
+        self._entries.append(txn)
+        self._max_span = max(self._max_span, txn.last_offset - txn.first_offset)
+
+    def save(self, *, fsync: bool = False) -> None:
+        """Rewrite the file from memory (atomically: a temporary file renamed over it, which
+        a start removes if a crash leaves it; with ``fsync`` durably too). No aborts and no
+        file is already what the file would say (a missing file loads as empty): nothing is
+        written, which saves a new partition's log two file operations."""
+        if not self._entries and not self.path.exists():
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
@@ -140,36 +170,63 @@ class AbortedIndex:
                 f.write(
                     b"".join(
                         _ENTRY.pack(e.producer_id, e.first_offset, e.last_offset)
-                        for e in self.entries
+                        for e in self._entries
                     )
                 )
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
         except OSError as exc:  # a full disk: the old file stays, the error names it
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise naming(exc, "writing", self.path) from exc
         os.replace(tmp, self.path)
+        if fsync:
+            fsync_dir(self.path.parent)
 
     def truncate(self, offset: int) -> None:
         """Forget aborts whose marker is at or after ``offset`` (the log was cut there)."""
-        i = bisect.bisect_left(self.entries, AbortedTxn(offset, -(1 << 62), 0))
-        if i < len(self.entries):
-            del self.entries[i:]
+        i = bisect.bisect_left(self._entries, AbortedTxn(offset, _LOWEST, 0))
+        if i < len(self._entries):
+            del self._entries[i:]
             self.save()
 
     def drop_below(self, log_start_offset: int) -> None:
         """Forget aborts that ended below the log start (their batches are gone)."""
-        i = bisect.bisect_left(self.entries, AbortedTxn(log_start_offset, -(1 << 62), 0))
+        i = bisect.bisect_left(self._entries, AbortedTxn(log_start_offset, _LOWEST, 0))
         if i:
-            del self.entries[:i]
+            del self._entries[:i]
             self.save()
+
+    def prune(self, below: int, markers: AbstractSet[int], *, fsync: bool = False) -> int:
+        """Forget the aborts whose marker lies below ``below`` and is not among ``markers``
+        (the base offsets of the control batches the log still holds there): the cleaner
+        removed the marker with every record of its transaction, so no fetch needs the entry
+        (Kafka's cleaner keeps a cleaned segment's aborted transactions only when it keeps
+        their markers). The file is rewritten as :meth:`save` does, durably when ``fsync``.
+        Returns how many entries went.
+
+        The caller prunes only after the segments without those markers are swapped in: a
+        crash in between leaves entries whose batches are empty, which changes no
+        read_committed answer, and the next pass prunes them. Pruning first would let a
+        crash bring back aborted records with no entry to hide them."""
+        keep = [e for e in self._entries if e.last_offset >= below or e.last_offset in markers]
+        gone = len(self._entries) - len(keep)
+        if gone:
+            self.entries = keep
+            self.save(fsync=fsync)
+        return gone
 
     def overlapping(self, start: int, end: int) -> list[AbortedTxn]:
         """Aborted transactions that may have batches in ``[start, end)``: ended at or after
-        ``start`` and began before ``end``; sorted by first offset."""
-        i = bisect.bisect_left(self.entries, AbortedTxn(start, -(1 << 62), 0))
-        hits = [e for e in self.entries[i:] if e.first_offset < end]
+        ``start`` and began before ``end``; sorted by first offset. Only entries whose marker
+        lies below ``end`` plus the longest span can qualify (see the class docstring)."""
+        entries = self._entries
+        i = bisect.bisect_left(entries, AbortedTxn(start, _LOWEST, 0))
+        j = bisect.bisect_left(entries, AbortedTxn(end + self._max_span, _LOWEST, 0), lo=i)
+        hits = [e for e in entries[i:j] if e.first_offset < end]
         hits.sort(key=lambda e: e.first_offset)
         return hits
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._entries)

@@ -58,7 +58,7 @@ def _producers_of(lg: Log) -> list[tuple[int, int, int, int, int, int]]:
                 e.producer_id,
                 e.epoch,
                 e.last_seq,
-                e.last_seen_ms,
+                e.last_timestamp_ms,
                 e.coordinator_epoch,
                 e.txn_first_offset,
             )
