@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from strom import security
-from strom.grpc_options import GRPC_OPTIONS
+from strom.grpc_options import GRPC_OPTIONS, SERVER_KEEPALIVE_OPTIONS
 from strom.metadata import metrics as metadata_metrics
 from strom.security import principal
 from strom.security.tls_reload import init_etcd_metrics
@@ -136,7 +136,7 @@ async def serve(
     )
     server_limits = limits or ServerLimits()
     server = grpc.aio.server(
-        options=[*GRPC_OPTIONS, *server_limits.grpc_options()],
+        options=[*GRPC_OPTIONS, *SERVER_KEEPALIVE_OPTIONS, *server_limits.grpc_options()],
         interceptors=security.interceptors(sec),
     )
     names = service.register(server)
