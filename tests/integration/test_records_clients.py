@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from strom.api import records_pb2, records_pb2_grpc
+from strom.client.admin import Admin
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
@@ -129,6 +130,37 @@ def test_a_record_above_4_mib_reaches_a_reader_with_the_documented_receive_limit
         (end,) = prog.wait_for(_ended, 60, "the default reader's stream end")
         assert end["code"] == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], end
         assert "larger than max" in end["details"], end
+
+
+def test_a_stream_of_a_whole_topic_reads_partitions_added_later(
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: Subscribe by ``topics`` without a group kept the partitions of its
+    start (records.proto says it "reads every partition of each topic"): after
+    ``strom topics add-partitions`` its assignment stayed [0] for 75 s and the new partition's
+    records never came. It sends the new assignment and reads them from their first."""
+    topic = new_topic(cluster, 1, 1)
+    args = ["--address", cluster.nodes[0].address, "--topic", topic, "--start", "latest"]
+    with NodeProgram("subscribe_stream.js", *args, log_dir=tmp_path) as prog:
+        prog.wait_for(_assignments, 60, "the first assignment")
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_partitions(topic, 3)
+        # Written before the stream can have noticed: read all the same (from the earliest).
+        resp = _produce(
+            cluster.nodes[1].address,
+            topic=topic,
+            partition=2,
+            records=rp.RecordColumns(values=[b"a", b"b"]),
+        )
+        assert resp.results[0].error_code == ErrorCode.NONE, resp
+        prog.wait_for(
+            lambda ls: [x for x in ls if x.get("partitions") == [0, 1, 2]],
+            60,
+            "an assignment with the new partitions",
+        )
+        got = prog.wait_for(lambda ls: _records(ls, 2), 60, "records of partition 2")
+        assert got[0]["offsets"][:2] == [0, 1], got
+        assert not _ended(prog.lines), prog.lines
 
 
 def test_the_readme_node_snippet_reports_a_failed_produce_and_a_stream_end(

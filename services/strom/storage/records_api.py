@@ -450,6 +450,7 @@ class RecordService:
             client_id=client_id_of(context) or f"strom-node-{self.node_id}-subscribe",
             max_stall_s=self.subscribe_max_stall_s,
             topic_live=lambda topic: self.view.topic(topic) is not None,
+            partition_count=self._live_partition_count,
         )
         self.subscriptions[sub.id] = sub
         sub.start()
@@ -525,6 +526,7 @@ class RecordService:
         if not spec.topics and not len(req.partitions):
             raise BadRequest("nothing to read: give topics, partitions or a group_id")
         default = ("position", int(req.start))
+        spec.whole_topics = list(spec.topics)
         for t in spec.topics:
             for p in range(self._partition_count(t)):
                 spec.starts[TopicPartition(t, p)] = default
@@ -569,6 +571,11 @@ class RecordService:
             if meta is None or meta.deleting or meta.topic_id != topic_id:
                 return t
         return None
+
+    def _live_partition_count(self, topic: str) -> int | None:
+        """The topic's partition count in the node's view; None when it is gone."""
+        meta = self.view.topic(topic)
+        return None if meta is None or meta.deleting else meta.partition_count
 
     def _partition_count(self, topic: str) -> int:
         if not topic:  # malformed, not an unknown topic to retry (found from outside)
