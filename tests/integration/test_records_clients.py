@@ -20,6 +20,7 @@ import pytest
 
 from strom.api import records_pb2, records_pb2_grpc
 from strom.client.admin import Admin
+from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
@@ -161,6 +162,41 @@ def test_a_stream_of_a_whole_topic_reads_partitions_added_later(
         got = prog.wait_for(lambda ls: _records(ls, 2), 60, "records of partition 2")
         assert got[0]["offsets"][:2] == [0, 1], got
         assert not _ended(prog.lines), prog.lines
+
+
+def test_produce_past_the_callers_deadline_writes_nothing(
+    cluster: LocalCluster, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: with a partition's only replica down, a ProduceRecords with a 3 s
+    gRPC deadline got DEADLINE_EXCEEDED, and the node wrote its records ~8 s later when the
+    replica came back (it kept to timeout_ms, 30 s): a caller retrying as the docs say wrote
+    them twice. The node's work ends at the caller's deadline; records not handed to a leader
+    by then are dropped. A marker sent through the same node after the replica is back (the
+    node sends a partition's calls in order) lands at offset 0: nothing was written before."""
+    topic = new_topic(cluster, 1, 1)
+    with ClusterClient(cluster.bootstrap, retry_s=10) as client:
+        leader_addr = client.leader_of(topic, 0)
+    leader = next(n for n in cluster.nodes if n.address == leader_addr)
+    other = next(n for n in cluster.nodes if n is not leader)
+    _produce(other.address, topic=topic, partition=0, records=rp.RecordColumns(values=[b"warm"]))
+    assert leader.process is not None
+    leader.process.stop()
+    try:
+        with grpc.insecure_channel(other.address) as ch:
+            stub = records_pb2_grpc.RecordServiceStub(ch)
+            req = rp.ProduceRecordsRequest(
+                topic=topic, partition=0, records=rp.RecordColumns(values=[b"late"])
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ProduceRecords(req, timeout=3)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        cluster.restart(leader)
+    resp = _produce(
+        other.address, topic=topic, partition=0, records=rp.RecordColumns(values=[b"marker"])
+    )
+    assert resp.results[0].error_code == ErrorCode.NONE, resp
+    assert list(resp.offsets) == [1], resp  # "warm" at 0, nothing of the late call
 
 
 def test_the_readme_node_snippet_reports_a_failed_produce_and_a_stream_end(

@@ -269,7 +269,7 @@ class RecordService:
                 req = await asyncio.to_thread(_parse, rp.ProduceRecordsRequest, raw, "the request")
             else:
                 req = _parse(rp.ProduceRecordsRequest, raw, "the request")
-            resp = await self._produce(req, big, client_id_of(context))
+            resp = await self._produce(req, big, client_id_of(context), _call_time_left(context))
         except BadRequest as exc:
             await _abort(context, exc.status, exc.message, exc.code)
         # The record API's callers are charged here, by their own principal: what this node
@@ -279,8 +279,15 @@ class RecordService:
         return resp
 
     async def _produce(
-        self, req: rp.ProduceRecordsRequest, big: bool = False, client_id: str = ""
+        self,
+        req: rp.ProduceRecordsRequest,
+        big: bool = False,
+        client_id: str = "",
+        call_left_s: float | None = None,
     ) -> rp.ProduceRecordsResponse:
+        """The call's work, bounded by ``timeout_ms`` and by ``call_left_s`` (what is left of
+        the caller's gRPC deadline): past the deadline nobody reads the answer, and records
+        sent after it would be written behind the back of a caller told DEADLINE_EXCEEDED."""
         if not req.topic:
             raise BadRequest("topic is empty")
         acks = ACKS.get(req.acks)
@@ -337,7 +344,10 @@ class RecordService:
         parts = self._partitions(req.topic, table, explicit, count)
         groups = group_by_partition(parts)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (req.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000.0
+        timeout_s = (req.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000.0
+        if call_left_s is not None:
+            timeout_s = min(timeout_s, call_left_s)
+        deadline = loop.time() + timeout_s
         tasks = []
         for p, idx in groups:
             sub = table if len(idx) == n else table.take(pa.array(idx))
@@ -357,7 +367,14 @@ class RecordService:
             else:
                 coro = self.producer.send(req.topic, p, sub, acks, codec, deadline, client_id)
             tasks.append(asyncio.ensure_future(coro))
-        _, pending = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0))
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0))
+        except asyncio.CancelledError:
+            # The caller cancelled the call (or gRPC did, at its deadline): what has not
+            # been sent to a leader yet is dropped (record_producers).
+            for t in tasks:
+                t.cancel()
+            raise
         for t in pending:
             t.cancel()
 
@@ -687,6 +704,13 @@ class RecordService:
         )
         await self.producer.close(timeout_s)
         await self.route.close()
+
+
+def _call_time_left(context: Any) -> float | None:
+    """Seconds left before the caller's gRPC deadline; None when it set none."""
+    left = context.time_remaining()
+    # gRPC answers a huge number (not None) for a call without a deadline.
+    return None if left is None or left > 1e9 else max(float(left), 0.0)
 
 
 def _check_sequence(seq: rp.ProducerSequence, partition: int | None, acks: int) -> None:
