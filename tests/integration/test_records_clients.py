@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from strom.api import records_pb2, records_pb2_grpc
+from strom.api import common_pb2, records_pb2, records_pb2_grpc
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
@@ -229,3 +229,27 @@ def test_the_readme_node_snippet_reports_a_failed_produce_and_a_stream_end(
     assert f"produce failed: UNKNOWN_TOPIC_OR_PARTITION: unknown topic '{missing}'" in out, out
     assert "subscribe ended: NOT_FOUND" in out, out
     assert "[] []" not in out, out  # no empty "success"
+
+
+def test_a_malformed_topic_name_is_invalid_topic_not_a_retriable_unknown(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: ProduceRecords to ``bad/name*`` answered UNKNOWN_TOPIC_OR_PARTITION
+    (retriable: callers retry it as a topic created a moment ago) and Subscribe NOT_FOUND,
+    though no topic can have that name. Kafka answers INVALID_TOPIC_EXCEPTION; so do these."""
+    with grpc.insecure_channel(cluster.nodes[0].address) as ch:
+        stub = records_pb2_grpc.RecordServiceStub(ch)
+        resp = stub.ProduceRecords(
+            rp.ProduceRecordsRequest(topic="bad/name*", records=rp.RecordColumns(values=[b"x"])),
+            timeout=30,
+        )
+        assert resp.error_code == ErrorCode.INVALID_TOPIC, resp
+        assert "'bad/name*' contains invalid characters '/*'" in resp.error_message
+        assert not resp.results
+        with pytest.raises(grpc.RpcError) as info:
+            next(iter(stub.Subscribe(rp.SubscribeRequest(topics=["ok", "bad/name*"]), timeout=30)))
+    err = info.value
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err  # type: ignore[attr-defined]
+    assert "'bad/name*' contains invalid characters" in err.details()  # type: ignore[attr-defined]
+    raw = dict(err.trailing_metadata() or ())["strom-error-bin"]  # type: ignore[attr-defined]
+    assert common_pb2.Error.FromString(raw).code == ErrorCode.INVALID_TOPIC

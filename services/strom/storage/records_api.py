@@ -44,7 +44,15 @@ from prometheus_client import Counter, Histogram
 from strom.api import common_pb2, records_pb2, storage_pb2
 from strom.client.partitioner import partitions_for_keys
 from strom.client.types import TopicPartition
-from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
+from strom.controller.validation import validate_topic_name
+from strom.errors import (
+    ErrorCode,
+    InvalidTopicError,
+    RequestTimedOutError,
+    StromError,
+    error_for,
+    error_name,
+)
 from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
 from strom.metadata import RESYNC, ClusterView, WatchEvent
 from strom.record.codecs import CODEC_NAMES
@@ -320,6 +328,12 @@ class RecordService:
 
         resp = rp.ProduceRecordsResponse()
         meta = self.view.topic(req.topic)
+        if meta is None and (why := _malformed_topic(req.topic)) is not None:
+            # FIX (found from outside): answered UNKNOWN_TOPIC_OR_PARTITION, which callers
+            # retry; no such topic can ever exist (Kafka answers INVALID_TOPIC_EXCEPTION).
+            resp.error_code = E.INVALID_TOPIC  # type: ignore[assignment]
+            resp.error_message = why
+            return resp
         if meta is None or meta.deleting:
             resp.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
             resp.error_message = (
@@ -525,6 +539,10 @@ class RecordService:
             max_bytes=req.max_bytes_per_message or DEFAULT_MAX_BYTES,
             read_committed=req.isolation_level == storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
         )
+        for t in [*spec.topics, *(ps.topic for ps in req.partitions)]:
+            # A name no topic can have is a mistake in the request, before any unknown topic.
+            if t and self.view.topic(t) is None and (why := _malformed_topic(t)) is not None:
+                raise BadRequest(why, code=E.INVALID_TOPIC)
         for t in spec.topics:
             self._partition_count(t)
         if spec.group_id:
@@ -704,6 +722,15 @@ class RecordService:
         )
         await self.producer.close(timeout_s)
         await self.route.close()
+
+
+def _malformed_topic(name: str) -> str | None:
+    """Why ``name`` can be no topic's name (Kafka's rules; internal names allowed), or None."""
+    try:
+        validate_topic_name(name, allow_internal=True)
+    except InvalidTopicError as exc:
+        return f"invalid topic name: {exc.message}"
+    return None
 
 
 def _call_time_left(context: Any) -> float | None:
