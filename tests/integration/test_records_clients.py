@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_reflection.v1alpha import reflection_pb2
 
 from strom.api import common_pb2, records_pb2, records_pb2_grpc
 from strom.client.admin import Admin
@@ -253,3 +254,17 @@ def test_a_malformed_topic_name_is_invalid_topic_not_a_retriable_unknown(
     assert "'bad/name*' contains invalid characters" in err.details()  # type: ignore[attr-defined]
     raw = dict(err.trailing_metadata() or ())["strom-error-bin"]  # type: ignore[attr-defined]
     assert common_pb2.Error.FromString(raw).code == ErrorCode.INVALID_TOPIC
+
+
+def test_reflection_answers_as_v1_too(cluster: LocalCluster) -> None:
+    """Reflection clients that ask only ``grpc.reflection.v1`` (the stable name; grpcio-
+    reflection serves v1alpha alone) find RecordService on a node."""
+    with grpc.insecure_channel(cluster.nodes[0].address) as ch:
+        info = ch.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        answers = info(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        names = {s.name for a in answers for s in a.list_services_response.service}
+    assert {"strom.v1.RecordService", "grpc.reflection.v1.ServerReflection"} <= names
