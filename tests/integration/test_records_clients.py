@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode
+from tests.conftest import member_metric
 from tests.integration.node_client import NODE_DIR, NodeProgram, node_binary
 
 pytestmark = pytest.mark.integration
@@ -96,6 +98,32 @@ def test_an_idle_stream_of_a_client_with_keepalive_lives_on(
         _produce(cluster.nodes[1].address, topic=topic, records=rp.RecordColumns(values=[b"x"]))
         prog.wait_for(_records, 30, "the record produced after the idle minute")
         assert not _ended(prog.lines), prog.lines
+
+
+def test_the_node_notices_a_subscriber_that_hangs(
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
+) -> None:
+    """The node's own keepalive pings (every 30 s on a quiet connection, 20 s to answer): a
+    reader that stops answering (SIGSTOP: its kernel still holds the TCP connection open) loses
+    its stream within about a minute, instead of holding it (and in a group, its partitions)
+    for ever. The client sets no keepalive itself."""
+    topic = new_topic(cluster, 1, 1)
+    node = cluster.nodes[2]
+    gauge = "strom_storage_records_subscriptions"
+    before = member_metric(node, gauge, kind="partitions")
+    args = ["--address", node.address, "--topic", topic, "--start", "latest"]
+    with NodeProgram("subscribe_stream.js", *args, log_dir=tmp_path) as prog:
+        prog.wait_for(_assignments, 60, "the first assignment")
+        assert member_metric(node, gauge, kind="partitions") == before + 1
+        prog.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(
+                lambda: member_metric(node, gauge, kind="partitions") == before,
+                timeout=120,
+                what="the node to end the stream of a reader that hangs",
+            )
+        finally:
+            prog.proc.send_signal(signal.SIGCONT)
 
 
 def test_a_record_above_4_mib_reaches_a_reader_with_the_documented_receive_limit(
