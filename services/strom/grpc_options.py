@@ -1,6 +1,7 @@
 """The gRPC options every strom process uses for its channels and servers (message size
-limits). A module of its own so that clients need not import the service runtime (and with
-it etcd, Prometheus and the health and reflection services) to read two numbers."""
+limits, the servers' keepalive policy). A module of its own so that clients need not import
+the service runtime (and with it etcd, Prometheus and the health and reflection services) to
+read two numbers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,26 @@ GRPC_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+)
+
+#: Keepalive policy of every strom gRPC server. gRPC's defaults refuse a client ping more
+#: often than every 5 minutes on a connection without data (then GOAWAY "too_many_pings",
+#: which @grpc/grpc-js reports as RESOURCE_EXHAUSTED on every open stream): a client with
+#: keepalive on (the only way it notices a hung or partitioned node) lost its idle Subscribe
+#: streams after ~40 s. Clients may ping every 10 s or more, also between calls; a client
+#: pinging faster is cut off after a few strikes. The server pings too, every 30 s on a quiet
+#: connection, so that it notices a dead client of a long stream (and frees its partitions)
+#: within a minute instead of when TCP gives up.
+MIN_CLIENT_PING_INTERVAL_MS = 10_000
+SERVER_KEEPALIVE_TIME_MS = 30_000
+SERVER_KEEPALIVE_TIMEOUT_MS = 20_000
+SERVER_KEEPALIVE_OPTIONS: Sequence[tuple[str, Any]] = (
+    ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_ping_strikes", 3),
+    ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.max_pings_without_data", 0),
 )
 
 #: The largest ProduceRecords request a node reads (RecordService; strom.storage.records_api

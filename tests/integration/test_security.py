@@ -29,6 +29,7 @@ import pytest
 
 from strom import Admin, Consumer, Producer, TopicPartition
 from strom.api import (
+    common_pb2,
     controller_pb2,
     controller_pb2_grpc,
     coordinator_pb2,
@@ -274,6 +275,12 @@ def test_only_the_coordinators_write_the_internal_topics(env: Env) -> None:
     assert got == ("PERMISSION_DENIED: User:CN=writer is not allowed CLUSTER_ACTION on the cluster")
 
 
+def _trailer_code(exc: grpc.RpcError) -> int | None:
+    """The ErrorCode of a failed call's ``strom-error-bin`` trailer (None: no trailer)."""
+    raw = dict(exc.trailing_metadata() or ()).get("strom-error-bin")  # type: ignore[attr-defined]
+    return None if raw is None else common_pb2.Error.FromString(raw).code
+
+
 def test_the_record_api_checks_the_callers_rights(env: Env) -> None:
     """RecordService with ACLs on (found from outside: every ProduceRecords and Subscribe
     failed with UNKNOWN, the super user's too: the rules got the raw request bytes, and
@@ -303,10 +310,14 @@ def test_the_record_api_checks_the_callers_rights(env: Env) -> None:
             stub.ProduceRecords(produce, timeout=10)
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "User:CN=bob is not allowed WRITE on topic 'rec'" in str(denied.value.details())
+        # The strom-error-bin trailer, as RecordService's other refusals (found from outside:
+        # docs/grpc-clients.md did not list PERMISSION_DENIED, and it came without one).
+        assert _trailer_code(denied.value) == common_pb2.TOPIC_AUTHORIZATION_FAILED
         with pytest.raises(grpc.RpcError) as denied:
             first_records(stub)
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "not allowed READ on topic 'rec'" in str(denied.value.details())
+        assert _trailer_code(denied.value) == common_pb2.TOPIC_AUTHORIZATION_FAILED
     env.acls(allow("User:CN=bob", READ, TOPIC, "rec"))
     with ClusterClient(env.bootstrap, security=env.security(env.bob)) as c:
         stub = records_pb2_grpc.RecordServiceStub(c.channel(env.bootstrap))

@@ -30,11 +30,19 @@ const strom = grpc.loadPackageDefinition(definition).strom.v1;
 // - `spread` (round_robin): each ProduceRecords goes to the next node, as any node takes it;
 // - `member` (pick_first: one node for every call): a subscription lives in the node serving
 //   its Subscribe stream, so its CommitOffsets must reach that same node.
+// Both: keepalive pings every 10 s (the nodes accept them down to 10 s), the only way a client
+// notices a node that hangs or is cut off; `member` also takes messages of any size, since a
+// record up to the topic's max.message.bytes (16 MiB by default) arrives whole, in one message,
+// and gRPC refuses messages above 4 MiB by default (the stream would fail on it every time).
 const credentials = grpc.credentials.createInsecure();
+const keepalive = { 'grpc.keepalive_time_ms': 10000, 'grpc.keepalive_timeout_ms': 5000 };
 const spread = new strom.RecordService(address, credentials, {
+  ...keepalive,
   'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ round_robin: {} }] }),
 });
 const member = new strom.RecordService(address, credentials, {
+  ...keepalive,
+  'grpc.max_receive_message_length': -1,
   'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ pick_first: {} }] }),
 });
 

@@ -208,6 +208,26 @@ def test_descriptor_names_stay_under_strom_v1() -> None:
         assert module.DESCRIPTOR.package == "strom.v1"
 
 
+def test_every_proto_names_its_go_and_java_packages() -> None:
+    """Found from outside: no .proto set go_package (protoc-gen-go refuses such a file) or the
+    Java options, so every Go or Java user had to patch the files. Java's outer classes are
+    named *Proto: storage.proto's message Coordinator would clash with coordinator.proto's
+    default outer class in one package."""
+    for module in (
+        common_pb2,
+        metadata_pb2,
+        storage_pb2,
+        controller_pb2,
+        coordinator_pb2,
+        records_pb2,
+    ):
+        opts = module.DESCRIPTOR.GetOptions()
+        stem = Path(module.DESCRIPTOR.name).stem
+        assert opts.go_package == "strom/gen/go/strom/v1;stromv1", module.DESCRIPTOR.name
+        assert opts.java_package == "strom.v1" and opts.java_multiple_files
+        assert opts.java_outer_classname == stem.capitalize() + "Proto"
+
+
 # ---------------------------------------------------------------------------------------------
 # (c) coexistence with etcd3's descriptors
 

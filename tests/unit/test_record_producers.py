@@ -571,3 +571,44 @@ def test_a_deleted_topics_round_robin_position_and_senders_are_dropped() -> None
         assert svc._round_robin == {}
 
     asyncio.run(main())
+
+
+def test_a_call_out_of_time_before_any_leader_took_it_is_never_written() -> None:
+    """Found from outside: a call whose caller had given up (its deadline passed while the
+    partition had no leader) was written when the leader came back, sharing the request of a
+    later call; the caller's retry then wrote it twice. Nothing of the request had reached a
+    leader, so the call is dropped from it and the rest is sent with the same sequences."""
+    leader = FakeLeader(faults=["not-leader"] * 200)
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> Any:
+        now = asyncio.get_running_loop().time()
+        short = s.submit(_values("gave-up"), "none", -1, now + 0.05)
+        later = s.submit(_values("kept"), "none", -1, now + 30)
+        with pytest.raises(StromError) as info:
+            await short
+        return info.value, await later
+
+    err, offset = _run(body, leader)
+    assert err.code == E.NOT_LEADER_OR_FOLLOWER and "nothing written" in err.message
+    assert offset == 0 and leader.values == [b"kept"]
+    assert leader.requests[-1] == [(7, 0, 0, 1)]  # its sequence: no gap for the dropped call
+
+
+def test_a_cancelled_call_is_never_sent_and_leaves_no_sequence_gap() -> None:
+    """The caller went away (ProduceRecords cancelled, or its gRPC deadline passed): a call
+    that no leader has taken yet is dropped, whether it waits behind another or is being
+    retried while the partition has no leader."""
+    leader = FakeLeader(faults=["not-leader"] * 50)
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> int:
+        far = asyncio.get_running_loop().time() + 30
+        retried = s.submit(_values("retried"), "none", -1, far)
+        await asyncio.sleep(0.01)  # refused a few times meanwhile
+        retried.cancel()
+        queued = s.submit(_values("queued"), "none", -1, far)
+        queued.cancel()
+        return await s.submit(_values("sent"), "none", -1, far)
+
+    assert _run(body, leader) == 0
+    assert leader.values == [b"sent"]
+    assert leader.requests[-1] == [(7, 0, 0, 1)]

@@ -73,7 +73,9 @@ class RecordServiceServicer:
         group: the node joins the group on the stream's behalf (one member per open stream) and
         leaves it when the stream ends, so its partitions move to the group's other streams.
         The stream never runs ahead of its reader by more than a bounded buffer (gRPC flow
-        control), and it follows partition leaders across leader changes by itself.
+        control), and it follows partition leaders across leader changes by itself. A node that
+        hangs is noticed only by the client's keepalive pings (grpc.keepalive_time_ms; the nodes
+        accept one every 10 s or more: docs/grpc-clients.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from strom.api import common_pb2
 from strom.security.acl import SOME, Res
 from strom.security.config import ServerSecurity
 from strom.security.principal import ANONYMOUS, bearer_token, principal_of_auth_context
@@ -107,9 +108,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     grpc.StatusCode.PERMISSION_DENIED, f"{method} has no authorization rule"
                 )
             if request is not None:
-                denied = self._denied(method, principal, request)
-                if denied is not None:
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied)
+                denial = self._denial(method, principal, request)
+                if denial is not None:
+                    await context.abort(
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        denial[0],
+                        trailing_metadata=_denial_trailer(*denial),
+                    )
         return principal
 
     def _verify(self, token: str) -> str | None:
@@ -138,13 +143,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def _denied(self, method: str, principal: str, request: Any) -> str | None:
         """Why ``principal`` may not make ``request`` to ``method`` (None: it may)."""
+        denial = self._denial(method, principal, request)
+        return None if denial is None else denial[0]
+
+    def _denial(self, method: str, principal: str, request: Any) -> tuple[str, Res] | None:
+        """Why ``principal`` may not make ``request`` to ``method``, and the kind of resource
+        refused (None: it may)."""
         for op, res, name in RULES[method](request):
             if not self.security.authorizer.allowed(principal, op, res, name):
                 if name == SOME:
                     what = f"any {_RES_NAMES[res]}"
                 else:
                     what = _RES_NAMES[res] + ("" if res is Res.CLUSTER else f" {name!r}")
-                return f"{principal} is not allowed {op.name} on {what}"
+                return f"{principal} is not allowed {op.name} on {what}", res
         return None
 
     def _filter(self, method: str, principal: str, request: Any, response: Any) -> None:
@@ -255,6 +266,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied[0])
 
         return grpc.stream_stream_rpc_method_handler(stream_stream, **ser)
+
+
+def _denial_trailer(why: str, res: Res) -> tuple[tuple[str, bytes], ...]:
+    """The ``strom-error-bin`` trailer of a refused topic (TOPIC_AUTHORIZATION_FAILED), as the
+    other refusals of RecordService carry one (found from outside: a ProduceRecords refused by
+    the ACLs had none). Other resources have no ErrorCode of their own: the status says it."""
+    if res is not Res.TOPIC:
+        return ()
+    err = common_pb2.Error(code=common_pb2.TOPIC_AUTHORIZATION_FAILED, message=why)
+    return (("strom-error-bin", err.SerializeToString()),)
 
 
 def interceptors(security: ServerSecurity) -> list[grpc.aio.ServerInterceptor]:

@@ -414,4 +414,8 @@ FILTERS: dict[str, Filter] = {
 }
 
 #: Services served without authentication (Kubernetes probes; the API's shape).
-UNAUTHENTICATED_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.")
+UNAUTHENTICATED_SERVICES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.",
+    "/grpc.reflection.v1.",
+)

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from strom import security
-from strom.grpc_options import GRPC_OPTIONS
+from strom.grpc_options import GRPC_OPTIONS, SERVER_KEEPALIVE_OPTIONS
 from strom.metadata import metrics as metadata_metrics
 from strom.security import principal
 from strom.security.tls_reload import init_etcd_metrics
-from strom.service import metrics, metrics_http
+from strom.service import metrics, metrics_http, reflection_v1
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
 from strom.service.limits import ServerLimits
@@ -135,7 +134,7 @@ async def serve(
     )
     server_limits = limits or ServerLimits()
     server = grpc.aio.server(
-        options=[*GRPC_OPTIONS, *server_limits.grpc_options()],
+        options=[*GRPC_OPTIONS, *SERVER_KEEPALIVE_OPTIONS, *server_limits.grpc_options()],
         interceptors=security.interceptors(sec),
     )
     names = service.register(server)
@@ -145,13 +144,8 @@ async def serve(
     for name in ["", READY_SERVICE, *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [
-            *names,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
+    reflection_v1.enable(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server
     )
     try:
         if sec.tls:

@@ -44,7 +44,15 @@ from prometheus_client import Counter, Histogram
 from strom.api import common_pb2, records_pb2, storage_pb2
 from strom.client.partitioner import partitions_for_keys
 from strom.client.types import TopicPartition
-from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, error_name
+from strom.controller.validation import validate_topic_name
+from strom.errors import (
+    ErrorCode,
+    InvalidTopicError,
+    RequestTimedOutError,
+    StromError,
+    error_for,
+    error_name,
+)
 from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
 from strom.metadata import RESYNC, ClusterView, WatchEvent
 from strom.record.codecs import CODEC_NAMES
@@ -269,7 +277,7 @@ class RecordService:
                 req = await asyncio.to_thread(_parse, rp.ProduceRecordsRequest, raw, "the request")
             else:
                 req = _parse(rp.ProduceRecordsRequest, raw, "the request")
-            resp = await self._produce(req, big, client_id_of(context))
+            resp = await self._produce(req, big, client_id_of(context), _call_time_left(context))
         except BadRequest as exc:
             await _abort(context, exc.status, exc.message, exc.code)
         # The record API's callers are charged here, by their own principal: what this node
@@ -279,8 +287,15 @@ class RecordService:
         return resp
 
     async def _produce(
-        self, req: rp.ProduceRecordsRequest, big: bool = False, client_id: str = ""
+        self,
+        req: rp.ProduceRecordsRequest,
+        big: bool = False,
+        client_id: str = "",
+        call_left_s: float | None = None,
     ) -> rp.ProduceRecordsResponse:
+        """The call's work, bounded by ``timeout_ms`` and by ``call_left_s`` (what is left of
+        the caller's gRPC deadline): past the deadline nobody reads the answer, and records
+        sent after it would be written behind the back of a caller told DEADLINE_EXCEEDED."""
         if not req.topic:
             raise BadRequest("topic is empty")
         acks = ACKS.get(req.acks)
@@ -313,6 +328,12 @@ class RecordService:
 
         resp = rp.ProduceRecordsResponse()
         meta = self.view.topic(req.topic)
+        if meta is None and (why := _malformed_topic(req.topic)) is not None:
+            # FIX (found from outside): answered UNKNOWN_TOPIC_OR_PARTITION, which callers
+            # retry; no such topic can ever exist (Kafka answers INVALID_TOPIC_EXCEPTION).
+            resp.error_code = E.INVALID_TOPIC  # type: ignore[assignment]
+            resp.error_message = why
+            return resp
         if meta is None or meta.deleting:
             resp.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
             resp.error_message = (
@@ -337,7 +358,10 @@ class RecordService:
         parts = self._partitions(req.topic, table, explicit, count)
         groups = group_by_partition(parts)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (req.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000.0
+        timeout_s = (req.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000.0
+        if call_left_s is not None:
+            timeout_s = min(timeout_s, call_left_s)
+        deadline = loop.time() + timeout_s
         tasks = []
         for p, idx in groups:
             sub = table if len(idx) == n else table.take(pa.array(idx))
@@ -357,7 +381,14 @@ class RecordService:
             else:
                 coro = self.producer.send(req.topic, p, sub, acks, codec, deadline, client_id)
             tasks.append(asyncio.ensure_future(coro))
-        _, pending = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0))
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0))
+        except asyncio.CancelledError:
+            # The caller cancelled the call (or gRPC did, at its deadline): what has not
+            # been sent to a leader yet is dropped (record_producers).
+            for t in tasks:
+                t.cancel()
+            raise
         for t in pending:
             t.cancel()
 
@@ -450,6 +481,7 @@ class RecordService:
             client_id=client_id_of(context) or f"strom-node-{self.node_id}-subscribe",
             max_stall_s=self.subscribe_max_stall_s,
             topic_live=lambda topic: self.view.topic(topic) is not None,
+            partition_count=self._live_partition_count,
         )
         self.subscriptions[sub.id] = sub
         sub.start()
@@ -507,6 +539,10 @@ class RecordService:
             max_bytes=req.max_bytes_per_message or DEFAULT_MAX_BYTES,
             read_committed=req.isolation_level == storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
         )
+        for t in [*spec.topics, *(ps.topic for ps in req.partitions)]:
+            # A name no topic can have is a mistake in the request, before any unknown topic.
+            if t and self.view.topic(t) is None and (why := _malformed_topic(t)) is not None:
+                raise BadRequest(why, code=E.INVALID_TOPIC)
         for t in spec.topics:
             self._partition_count(t)
         if spec.group_id:
@@ -525,6 +561,7 @@ class RecordService:
         if not spec.topics and not len(req.partitions):
             raise BadRequest("nothing to read: give topics, partitions or a group_id")
         default = ("position", int(req.start))
+        spec.whole_topics = list(spec.topics)
         for t in spec.topics:
             for p in range(self._partition_count(t)):
                 spec.starts[TopicPartition(t, p)] = default
@@ -569,6 +606,11 @@ class RecordService:
             if meta is None or meta.deleting or meta.topic_id != topic_id:
                 return t
         return None
+
+    def _live_partition_count(self, topic: str) -> int | None:
+        """The topic's partition count in the node's view; None when it is gone."""
+        meta = self.view.topic(topic)
+        return None if meta is None or meta.deleting else meta.partition_count
 
     def _partition_count(self, topic: str) -> int:
         if not topic:  # malformed, not an unknown topic to retry (found from outside)
@@ -680,6 +722,22 @@ class RecordService:
         )
         await self.producer.close(timeout_s)
         await self.route.close()
+
+
+def _malformed_topic(name: str) -> str | None:
+    """Why ``name`` can be no topic's name (Kafka's rules; internal names allowed), or None."""
+    try:
+        validate_topic_name(name, allow_internal=True)
+    except InvalidTopicError as exc:
+        return f"invalid topic name: {exc.message}"
+    return None
+
+
+def _call_time_left(context: Any) -> float | None:
+    """Seconds left before the caller's gRPC deadline; None when it set none."""
+    left = context.time_remaining()
+    # gRPC answers a huge number (not None) for a call without a deadline.
+    return None if left is None or left > 1e9 else max(float(left), 0.0)
 
 
 def _check_sequence(seq: rp.ProducerSequence, partition: int | None, acks: int) -> None:

@@ -95,6 +95,10 @@ def _always_live(topic: str) -> bool:
     return True
 
 
+def _unknown_count(topic: str) -> int | None:
+    return None
+
+
 def _count_subscribe_records(
     stage: str, topic: str, n: int, topic_live: Callable[[str], bool]
 ) -> None:
@@ -148,6 +152,9 @@ DEFAULT_MAX_RECORDS = 1000
 DEFAULT_MAX_BYTES = 1 << 20
 #: Auto-commit interval of auto_commit subscriptions.
 AUTO_COMMIT_S = 2.0
+#: How often a stream of whole topics without a group looks for partitions added to them
+#: (in the node's view of the cluster: no request).
+PARTITION_GROWTH_CHECK_S = 1.0
 #: How long a group stream's outbox may stay full before the stream ends (the node's
 #: --subscribe-max-stall-ms; Kafka's max.poll.interval.ms default).
 MAX_STALL_S = 300.0
@@ -309,6 +316,9 @@ class SubscriptionSpec:
     max_records: int = DEFAULT_MAX_RECORDS
     max_bytes: int = DEFAULT_MAX_BYTES
     read_committed: bool = False
+    #: Without a group: the topics asked for whole (``topics``), whose partitions added
+    #: while the stream runs are read too.
+    whole_topics: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -328,8 +338,12 @@ class Subscription:
         consumer_factory: Callable[..., Consumer] = Consumer,
         max_stall_s: float = MAX_STALL_S,
         topic_live: Callable[[str], bool] = _always_live,
+        partition_count: Callable[[str], int | None] = _unknown_count,
     ) -> None:
         self.spec = spec
+        #: The node's partition count of a topic (None: not known), for whole topics.
+        self._partition_count = partition_count
+        self._next_growth_check = time.monotonic() + PARTITION_GROWTH_CHECK_S
         #: Whether a topic is in the node's view: records of one that is not are not
         #: counted (see :func:`_count_subscribe_records`).
         self._topic_live = topic_live
@@ -426,6 +440,7 @@ class Subscription:
                 if table.num_rows:
                     self._emit_records(table)
                 self._maybe_auto_commit()
+                self._follow_partition_growth()
         except SubscriptionError as exc:
             self.outbox.close(Item(error=exc), drop_queued=isinstance(exc, StalledReaderError))
             if isinstance(exc, StalledReaderError):
@@ -483,6 +498,35 @@ class Subscription:
             c.position(tp)
         with self._lock:
             self._owned = set(tps)
+        self._emit_assignment()
+
+    def _follow_partition_growth(self) -> None:
+        """Whole topics without a group: read the partitions added since the stream began.
+        FIX (found from outside): the stream kept the partitions of its start for ever, while
+        a group stream picks new ones up at its next rebalance. They start at their earliest
+        offset: every record in them was written after the stream began."""
+        if not self.spec.whole_topics or time.monotonic() < self._next_growth_check:
+            return
+        self._next_growth_check = time.monotonic() + PARTITION_GROWTH_CHECK_S
+        owned = self.owned()
+        added = [
+            TopicPartition(topic, p)
+            for topic in self.spec.whole_topics
+            for p in range(self._partition_count(topic) or 0)
+            if TopicPartition(topic, p) not in owned
+        ]
+        if not added:
+            return
+        c = self.consumer
+        assert c is not None
+        try:
+            c.assign([*owned, *added])  # partitions kept keep their positions
+        except StromError as exc:  # the consumer does not know them yet: the next check
+            log.info("subscription %s: new partitions not readable yet: %s", self.id, exc)
+            return
+        c.seek_to_beginning(added)
+        with self._lock:
+            self._owned |= set(added)
         self._emit_assignment()
 
     # Rebalance listener (called by the group member on the pump thread, inside poll).
