@@ -329,23 +329,34 @@ def _listings(client: ClusterClient, producer_ids: set[int]) -> tuple[dict[int, 
     not answer (then a missing id proves nothing)."""
     if not producer_ids:
         return {}, False
+    listed, partial, _ = _list_everywhere(
+        client, coordinator_pb2.ListTransactionsRequest(producer_id_filters=sorted(producer_ids))
+    )
+    return {t.producer_id: t.transactional_id for t in listed}, partial
+
+
+def _list_everywhere(
+    client: ClusterClient, request: coordinator_pb2.ListTransactionsRequest
+) -> tuple[list[coordinator_pb2.TransactionListing], bool, bool]:
+    """ListTransactions of every coordinator owning a shard of ``__transaction_state`` (from
+    a storage node's FindCoordinator, not DescribeCluster: that needs DESCRIBE on the
+    cluster, and listing only DESCRIBE on the ids listed; found from outside): the listings,
+    whether some shard did not answer (no owner, a coordinator down or still loading), and
+    whether any coordinator was asked at all."""
     owners = client.coordinator_shards(storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+    addresses = sorted({a for a in owners.values() if a is not None})
     partial = None in owners.values()
-    found: dict[int, str] = {}
-    for addr in sorted({a for a in owners.values() if a is not None}):
+    listed: list[coordinator_pb2.TransactionListing] = []
+    for addr in addresses:
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
         try:
-            resp = stub.ListTransactions(
-                coordinator_pb2.ListTransactionsRequest(producer_id_filters=sorted(producer_ids)),
-                timeout=client.timeout_s,
-            )
+            resp = stub.ListTransactions(request, timeout=client.timeout_s)
         except grpc.RpcError:
             partial = True
             continue
         partial = partial or bool(resp.unloaded_shards)
-        for t in resp.transactions:
-            found[t.producer_id] = t.transactional_id
-    return found, partial
+        listed.extend(resp.transactions)
+    return listed, partial, bool(addresses)
 
 
 def _abort(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
@@ -383,26 +394,11 @@ def _abort(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
 
 
 def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
-    # Every shard's owner from FindCoordinator, not DescribeCluster: that needs DESCRIBE on
-    # the cluster, and listing only DESCRIBE on the ids listed (found from outside).
-    owners = client.coordinator_shards(storage_pb2.COORDINATOR_TYPE_TRANSACTION)
-    addresses = sorted({a for a in owners.values() if a is not None})
     wanted = {_STATES[s] for s in args.state or ()}
-    rows: dict[str, coordinator_pb2.TransactionListing] = {}
-    unloaded = None in owners.values()  # a shard with no owner right now
-    for addr in addresses:
-        stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
-        try:
-            resp = stub.ListTransactions(
-                coordinator_pb2.ListTransactionsRequest(state_filters=sorted(wanted)),
-                timeout=client.timeout_s,
-            )
-        except grpc.RpcError:
-            unloaded = True
-            continue
-        unloaded = unloaded or bool(resp.unloaded_shards)
-        for t in resp.transactions:
-            rows[t.transactional_id] = t
+    listed, unloaded, asked = _list_everywhere(
+        client, coordinator_pb2.ListTransactionsRequest(state_filters=sorted(wanted))
+    )
+    rows = {t.transactional_id: t for t in listed}
     if args.json:
         print(
             json.dumps(
@@ -424,7 +420,7 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
             for _, t in sorted(rows.items())
         ]
         _table(table, out)
-    if unloaded or not addresses:
+    if unloaded or not asked:
         # On stderr, so that --json output stays JSON; exit 2 tells a script the list is
         # partial (found from outside: the line followed the JSON, and the exit was 0).
         print(
