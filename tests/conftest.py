@@ -203,7 +203,10 @@ def create_topic(
                 and all(p.leader >= 0 for p in parts)
                 and _leaders_serve(client, name, partitions)
             ),
-            timeout=20,
+            # (60 s: a node a test paused and resumed may lose its registration just after
+            # the heal saw it, and the topic's leader waits for it to register again; under
+            # two test workers that took longer than 20 s once in CI.)
+            timeout=60,
             what=f"leaders of {name} serving it",
         )
     return name
