@@ -177,16 +177,13 @@ def test_error_codes_state_whether_they_are_retriable(
     assert not vague, f"ErrorCode comments without exactly one 'Retriable: yes|no': {vague}"
 
 
+#: Every generated message module of strom's protos.
+MODULES = (common_pb2, metadata_pb2, storage_pb2, controller_pb2, coordinator_pb2, records_pb2)
+
+
 def test_enum_values_are_prefixed_except_error_codes() -> None:
     """proto3 enum values share the package namespace; prefixes keep them from colliding."""
-    for module in (
-        common_pb2,
-        metadata_pb2,
-        storage_pb2,
-        controller_pb2,
-        coordinator_pb2,
-        records_pb2,
-    ):
+    for module in MODULES:
         for enum in module.DESCRIPTOR.enum_types_by_name.values():
             if enum.full_name == "strom.v1.ErrorCode":
                 continue
@@ -196,14 +193,7 @@ def test_enum_values_are_prefixed_except_error_codes() -> None:
 
 
 def test_descriptor_names_stay_under_strom_v1() -> None:
-    for module in (
-        common_pb2,
-        metadata_pb2,
-        storage_pb2,
-        controller_pb2,
-        coordinator_pb2,
-        records_pb2,
-    ):
+    for module in MODULES:
         assert module.DESCRIPTOR.name.startswith("strom/v1/"), module.DESCRIPTOR.name
         assert module.DESCRIPTOR.package == "strom.v1"
 
@@ -213,14 +203,7 @@ def test_every_proto_names_its_go_and_java_packages() -> None:
     Java options, so every Go or Java user had to patch the files. Java's outer classes are
     named *Proto: storage.proto's message Coordinator would clash with coordinator.proto's
     default outer class in one package."""
-    for module in (
-        common_pb2,
-        metadata_pb2,
-        storage_pb2,
-        controller_pb2,
-        coordinator_pb2,
-        records_pb2,
-    ):
+    for module in MODULES:
         opts = module.DESCRIPTOR.GetOptions()
         stem = Path(module.DESCRIPTOR.name).stem
         assert opts.go_package == "strom/gen/go/strom/v1;stromv1", module.DESCRIPTOR.name

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from strom.api import coordinator_pb2, coordinator_pb2_grpc, storage_pb2
+from strom.argtypes import number_above
 from strom.cli.groups import _table
 from strom.cli.jsonout import message_json
 from strom.client.admin import Admin, ProducerState
@@ -108,7 +109,7 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     fh.add_argument(
         "--max-transaction-timeout",
-        type=_minutes,
+        type=number_above(0, inclusive=True),
         default=15.0,
         metavar="MINUTES",
         help="open longer than this counts (the coordinators' --transaction-max-timeout-ms; "
@@ -128,16 +129,6 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--start-offset", type=int, help="the open transaction's first offset in the partition"
     )
     which.add_argument("--producer-id", type=int, help="the producer whose transaction to abort")
-
-
-def _minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of minutes >= 0, got {text!r}")
-    return value
 
 
 def run_transactions(args: argparse.Namespace, out: Any) -> int:
