@@ -55,8 +55,9 @@ big = dict(
 )
 blob = bytes(4 << 20)
 # The positive control lets go for long enough that the spinner gets a core even on a busy
-# machine (4 MiB take ~0.3 ms: beside other work the spinner was not scheduled in time).
-long_blob = bytes(64 << 20)
+# machine (4 MiB take ~0.3 ms: beside other work the spinner was not scheduled in time; 64 MiB,
+# ~6 ms, moved it in only 2 of 3 tries once in CI, beside the other worker's clusters).
+long_blob = bytes(256 << 20)
 floats = np.arange(20_000, dtype=np.float64) * 1.5
 ints = np.arange(20_000, dtype=np.int64)
 calls = {
