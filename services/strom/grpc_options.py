@@ -21,9 +21,11 @@ GRPC_OPTIONS: Sequence[tuple[str, Any]] = (
 #: which @grpc/grpc-js reports as RESOURCE_EXHAUSTED on every open stream): a client with
 #: keepalive on (the only way it notices a hung or partitioned node) lost its idle Subscribe
 #: streams after ~40 s. Clients may ping every 10 s or more, also between calls; a client
-#: pinging faster is cut off after a few strikes. The server pings too, every 30 s on a quiet
-#: connection, so that it notices a dead client of a long stream (and frees its partitions)
-#: within a minute instead of when TCP gives up.
+#: pinging faster is cut off after a few strikes. The server pings too, by default every 30 s
+#: on a quiet connection with 20 s to answer (``--keepalive-time-ms`` /
+#: ``--keepalive-timeout-ms``, strom.service.limits.ServerLimits), so that it notices a dead
+#: client of a long stream (and frees its partitions) within a minute instead of when TCP
+#: gives up.
 MIN_CLIENT_PING_INTERVAL_MS = 10_000
 SERVER_KEEPALIVE_TIME_MS = 30_000
 SERVER_KEEPALIVE_TIMEOUT_MS = 20_000
@@ -31,8 +33,6 @@ SERVER_KEEPALIVE_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_ping_strikes", 3),
-    ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_TIME_MS),
-    ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
     ("grpc.http2.max_pings_without_data", 0),
 )
 

@@ -9,6 +9,7 @@ import pytest
 
 from strom import security as security_flags
 from strom.controller import cli as controller_cli
+from strom.service import flags
 from strom.service.config import parse_with_sources
 from strom.storage import cli
 
@@ -72,6 +73,8 @@ def _exit_code(argv: list[str]) -> int:
         (["--session-timeout-s", "0"], 2, "argument --session-timeout-s"),
         (["--metrics-port", "70000"], 2, "out of range"),
         (["--max-connections", "-1"], 2, "argument --max-connections"),
+        (["--keepalive-time-ms", "10"], 2, "argument --keepalive-time-ms: must be at least 1000"),
+        (["--keepalive-timeout-ms", "x"], 2, "argument --keepalive-timeout-ms: not a whole"),
         (["--cluster", "a/b"], 2, "argument --cluster: 'a/b' must be a non-empty name"),
         # Settings the node refuses (exit 1).
         (["--listen", "127.0.0.1:0"], 1, "fixed port"),
@@ -115,6 +118,8 @@ FLAGS = {
     "--checkpoint-interval-ms",
     "--replica-lag-time-max-ms",
     "--max-connections",
+    "--keepalive-time-ms",
+    "--keepalive-timeout-ms",
     "--max-inflight-produce-bytes",
     "--max-memory-bytes",
     "--subscribe-max-stall-ms",
@@ -141,6 +146,8 @@ def test_same_flags_as_before_and_shared_with_the_controller() -> None:
         "--metrics-port",
         "--cluster",
         "--max-connections",
+        "--keepalive-time-ms",
+        "--keepalive-timeout-ms",
         "--log-level",
         "--config",
     } | security
@@ -180,6 +187,8 @@ def test_every_flag_has_its_environment_variable(
         "STROM_CHECKPOINT_INTERVAL_MS": "200",
         "STROM_REPLICA_LAG_TIME_MAX_MS": "300",
         "STROM_MAX_CONNECTIONS": "12",
+        "STROM_KEEPALIVE_TIME_MS": "5000",
+        "STROM_KEEPALIVE_TIMEOUT_MS": "4000",
         "STROM_MAX_INFLIGHT_PRODUCE_BYTES": "4096",
         "STROM_MAX_MEMORY_BYTES": "0",
         "STROM_LOG_LEVEL": "WARNING",
@@ -200,6 +209,13 @@ def test_every_flag_has_its_environment_variable(
     assert (cfg.replica_lag_time_max_ms, cfg.max_connections) == (300, 12)
     assert (cfg.max_inflight_produce_bytes, cfg.max_memory_bytes) == (4096, 0)
     assert args.log_level == "warning"
+    limits = flags.server_limits(args)
+    assert (limits.max_connections, limits.keepalive_time_ms, limits.keepalive_timeout_ms) == (
+        12,
+        5000,
+        4000,
+    )
+    assert ("grpc.keepalive_time_ms", 5000) in limits.grpc_options()
     # A flag beats its environment variable.
     cfg = cli.node_config(parse_with_sources(cli.build_parser(), ["--node-id", "9"]))
     assert cfg.node_id == 9

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         args.listen,
         proc.metrics_port,
         (ControllerStartupError,),
-        args.max_connections,
+        flags.server_limits(args),
     )
 
 

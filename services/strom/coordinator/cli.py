@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         args.listen,
         proc.metrics_port,
         (CoordinatorStartupError,),
-        args.max_connections,
+        flags.server_limits(args),
     )
 
 

@@ -3,7 +3,8 @@ coordinator).
 
 One place for the flag types (so a bad value reads the same everywhere), the flags each such
 service has (``--etcd``, ``--listen``, ``--advertise``, ``--metrics-port``, ``--cluster``,
-``--max-connections``, ``--etcd-connect-timeout-s``, ``--log-level``, ``--config``) and
+``--max-connections``, ``--keepalive-time-ms``, ``--keepalive-timeout-ms``,
+``--etcd-connect-timeout-s``, ``--log-level``, ``--config``) and
 :func:`serve`, which turns the start-up problems an operator can fix into one line on stderr
 instead of a traceback.
 """
@@ -20,6 +21,7 @@ from typing import NoReturn
 
 from strom import security
 from strom.argtypes import cluster_name, int_at_least
+from strom.grpc_options import SERVER_KEEPALIVE_TIME_MS, SERVER_KEEPALIVE_TIMEOUT_MS
 from strom.metadata import MetadataUnavailableError, parse_endpoints
 from strom.service import runtime
 from strom.service.config import ConfigFileError, parse_with_sources, split_host_port
@@ -59,7 +61,8 @@ def port_or_disabled(text: str) -> int:
 def add_endpoint_arguments(
     parser: argparse.ArgumentParser, *, listen: str, metrics_port: int
 ) -> None:
-    """--etcd, --listen, --advertise, --metrics-port and --cluster."""
+    """--etcd, --listen, --advertise, --metrics-port, --cluster and the server's transport
+    limits (--max-connections, --keepalive-time-ms, --keepalive-timeout-ms)."""
     parser.add_argument(
         "--etcd",
         required=True,
@@ -100,6 +103,28 @@ def add_endpoint_arguments(
         type=int_at_least(0),
         help="most client connections served at once; more are closed (default 0: half the "
         "open-file limit, at most 10000)",
+    )
+    parser.add_argument(
+        "--keepalive-time-ms",
+        default=SERVER_KEEPALIVE_TIME_MS,
+        type=int_at_least(1000),
+        help="ping a client whose connection has been quiet this long (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--keepalive-timeout-ms",
+        default=SERVER_KEEPALIVE_TIMEOUT_MS,
+        type=int_at_least(1000),
+        help="close a connection whose client does not answer a ping within this, ending its "
+        "calls and streams (default: %(default)s)",
+    )
+
+
+def server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The gRPC server's transport limits from the endpoint flags."""
+    return ServerLimits(
+        max_connections=args.max_connections,
+        keepalive_time_ms=args.keepalive_time_ms,
+        keepalive_timeout_ms=args.keepalive_timeout_ms,
     )
 
 
@@ -154,7 +179,7 @@ def serve(
     listen: str,
     metrics_port: int | None,
     startup_errors: tuple[type[BaseException], ...],
-    max_connections: int = 0,
+    limits: ServerLimits,
     *,
     etcd: str | None = None,
 ) -> int:
@@ -163,7 +188,6 @@ def serve(
     ``etcd`` (the endpoints) is named in the line when etcd cannot be reached, for services
     whose own start-up errors do not name it already.
     """
-    limits = ServerLimits(max_connections=max_connections)
     try:
         asyncio.run(
             runtime.serve(

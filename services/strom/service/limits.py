@@ -10,7 +10,10 @@ Two layers:
   ``idle_timeout_ms`` is closed, and every connection is recycled after
   ``max_connection_age_ms`` (clients reconnect transparently; a call still running gets
   ``max_connection_age_grace_ms``), which bounds how long a client stalling mid-request
-  holds a stream. Requests and answers are limited to ``strom.grpc_options.MAX_MESSAGE_BYTES``.
+  holds a stream. The server pings a quiet connection every ``keepalive_time_ms`` and closes
+  it when no answer comes within ``keepalive_timeout_ms``: a client that hangs (or whose host
+  vanished) holding a Subscribe stream loses it within a minute, not when TCP gives up.
+  Requests and answers are limited to ``strom.grpc_options.MAX_MESSAGE_BYTES``.
 - **Admission** (:class:`Admission`, used by the storage node's Produce): bytes of produce
   requests being worked on (appended, waiting for acks=all) stay under a budget, and while the
   process's resident memory is above a high-water mark new produce requests are shed. Both
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from strom.errors import StromError
+from strom.grpc_options import SERVER_KEEPALIVE_TIME_MS, SERVER_KEEPALIVE_TIMEOUT_MS
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -81,6 +85,8 @@ class ServerLimits:
     idle_timeout_ms: int = 10 * 60_000
     max_connection_age_ms: int = 60 * 60_000
     max_connection_age_grace_ms: int = 5 * 60_000
+    keepalive_time_ms: int = SERVER_KEEPALIVE_TIME_MS
+    keepalive_timeout_ms: int = SERVER_KEEPALIVE_TIMEOUT_MS
 
     def grpc_options(self) -> list[tuple[str, Any]]:
         return [
@@ -93,6 +99,11 @@ class ServerLimits:
             ("grpc.max_connection_idle_ms", self.idle_timeout_ms),
             ("grpc.max_connection_age_ms", self.max_connection_age_ms),
             ("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms),
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            # gRPC's C core (1.85) waits for a ping's answer for this, 60 s by default, and
+            # not for keepalive_timeout_ms: without it a hung client was noticed after ~90 s.
+            ("grpc.http2.ping_timeout_ms", self.keepalive_timeout_ms),
         ]
 
 

@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         config.listen,
         config.metrics_port,
         (StartupError,),
-        config.max_connections,
+        flags.server_limits(args),
         etcd=config.etcd,
     )
 
