@@ -54,15 +54,15 @@ big = dict(
     base_sequence=0,
 )
 blob = bytes(4 << 20)
-# The positive control lets go for long enough that the spinner gets a core even on a busy
-# machine (4 MiB take ~0.3 ms: beside other work the spinner was not scheduled in time; 64 MiB,
-# ~6 ms, moved it in only 2 of 3 tries once in CI, beside the other worker's clusters).
-long_blob = bytes(256 << 20)
+# The positive controls let go for long enough that the spinner gets a core even on a busy
+# machine: 4 MiB of CRC (~0.3 ms) and later 64 MiB (~20 ms) moved it in only 2 of 3 tries
+# beside the other worker's clusters, and a 10 ms sleep did at a load of 20 on 2 cores.
+long_blob = bytes(256 << 20)  # ~80 ms a CRC
 floats = np.arange(20_000, dtype=np.float64) * 1.5
 ints = np.arange(20_000, dtype=np.int64)
 calls = {
-    "probe: sleep": lambda: time.sleep(0.01),
-    "probe: crc32c.crc32c": lambda: crc32c.crc32c(long_blob),
+    "probe: sleep": lambda: time.sleep(0.25),
+    "probe: crc32c.crc32c": lambda: [crc32c.crc32c(long_blob) for _ in range(3)],
     "crc32c": lambda: held.crc32c(blob),
     "join": lambda: held.join([blob, blob]),
     "as_int64": lambda: held.as_int64(floats),
