@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from strom import Producer
 from strom.cli.main import main
@@ -85,6 +85,19 @@ def test_a_bad_client_certificate_key_or_ca_is_named_before_dialling(
     )
     assert refused(cafile, good.cert, other.key) == (
         f"ssl_keyfile {other.key} is not the key of ssl_certfile {good.cert}"
+    )
+    # A key of another type (RSA with the dev CA's EC certificate): OpenSSL's own reason,
+    # NO_CERTIFICATE_ASSIGNED, was all a user saw (found from outside).
+    rsa_key = tmp_path / "rsa.key"
+    rsa_key.write_bytes(
+        rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    assert refused(cafile, good.cert, rsa_key) == (
+        f"ssl_keyfile {rsa_key} is not the key of ssl_certfile {good.cert}"
     )
     assert refused(cafile, garbage, good.key) == f"ssl_certfile {garbage}: no PEM certificate in it"
     assert refused(cafile, good.cert, garbage) == f"ssl_keyfile {garbage}: no PEM private key in it"

@@ -110,6 +110,23 @@ def tls_handshake_failed(exc: grpc.RpcError) -> bool:
     return "handshake failed" in (exc.details() or "").lower()
 
 
+def _tls_hint(exc: grpc.RpcError) -> str:
+    """What to check after a failed TLS handshake. WRONG_VERSION_NUMBER is a plaintext
+    listener answering a TLS client: found from outside, after the README's Security section
+    left STROM_SSL_* exported and the next section's cluster spoke no TLS, the hint about
+    CAs sent the user the wrong way."""
+    if "WRONG_VERSION_NUMBER" in (exc.details() or ""):
+        return (
+            "the server does not speak TLS: it is a plaintext listener; drop --ssl-cafile, "
+            "--ssl-certfile and --ssl-keyfile (or unset STROM_SSL_CAFILE, STROM_SSL_CERTFILE "
+            "and STROM_SSL_KEYFILE) to reach it"
+        )
+    return (
+        "check --ssl-cafile is the CA that signed the servers' certificates, and that the "
+        "client certificate is valid and signed by a CA they trust"
+    )
+
+
 def connection_hint(security: ChannelSecurity) -> str:
     """What to check when every node closes the connection at once, as a TLS listener does
     to a plaintext client or (with mTLS) to one without a certificate, or with one it does
@@ -279,9 +296,7 @@ class ClusterClient:
                         raise refused(exc) from None
                     if tls_handshake_failed(exc):
                         raise AuthenticationError(
-                            f"TLS with {addr} failed: {unreachable(exc)} (check --ssl-cafile "
-                            "is the CA that signed the servers' certificates, and that the "
-                            "client certificate is valid and signed by a CA they trust)"
+                            f"TLS with {addr} failed: {unreachable(exc)} ({_tls_hint(exc)})"
                         ) from None
                     errors.append(f"{addr}: {unreachable(exc)}")
                     continue

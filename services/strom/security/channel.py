@@ -93,7 +93,14 @@ def _check_client_files(
                 f"{key_name} {key_path}: it is encrypted (give the key without a passphrase)"
             ) from None
         except ssl.SSLError as exc:
-            if exc.reason in ("KEY_VALUES_MISMATCH", "KEY_TYPE_MISMATCH"):
+            # An RSA key with an EC certificate (or the reverse) is NO_CERTIFICATE_ASSIGNED
+            # to OpenSSL 3: the key was taken for a slot of its own type, which has no
+            # certificate (found from outside: the raw reason was all the user saw).
+            if exc.reason in (
+                "KEY_VALUES_MISMATCH",
+                "KEY_TYPE_MISMATCH",
+                "NO_CERTIFICATE_ASSIGNED",
+            ):
                 raise ValueError(
                     f"{key_name} {key_path} is not the key of {cert_name} {cert_path}"
                 ) from None
