@@ -43,7 +43,13 @@ from strom.client.cluster import ClusterClient
 from strom.devcluster.certs import CertificateAuthority, Pem
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import AuthorizationError, ErrorCode, StromError, TopicAuthorizationFailedError
+from strom.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    ErrorCode,
+    StromError,
+    TopicAuthorizationFailedError,
+)
 from strom.record import encode_batch
 from strom.security import ChannelSecurity
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
@@ -196,6 +202,19 @@ def test_tls_refuses_plaintext_other_cas_and_expired_certificates(env: Env) -> N
         with (
             ClusterClient(addr, security=sec, retry_s=1, timeout_s=2) as c,
             pytest.raises(StromError, match=says),
+        ):
+            c.metadata()
+    # A client that speaks TLS but whose certificate the servers refuse (or that has none)
+    # is refused at once, not after its minute of retries: every node completing the
+    # handshake and then closing the connection, twice over, is an answer (Kafka's SSL
+    # authentication failure is not retried either).
+    for sec, says in (
+        (env.security(None), "pass --ssl-certfile"),
+        (env.security(env.stranger), "signed by a CA the servers trust"),
+    ):
+        with (
+            ClusterClient(addr, security=sec, retry_s=60, timeout_s=10) as c,
+            pytest.raises(AuthenticationError, match=says),
         ):
             c.metadata()
     # An expired certificate is refused before dialling, naming the file.

@@ -285,8 +285,10 @@ class ClusterClient:
         req = storage_pb2.MetadataRequest(topics=list(topics or []), skip_topics=skip_topics)
         errors: list[str] = []
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        closed_passes = 0  # passes in a row in which every node closed the connection
         while True:
-            for addr in self._candidates():
+            candidates = self._candidates()
+            for addr in candidates:
                 try:
                     resp = self.storage(addr).Metadata(
                         req, timeout=self.timeout_s if timeout_s is None else timeout_s
@@ -307,6 +309,21 @@ class ClusterClient:
                 if resp.HasField("controller") and resp.controller.port:
                     self._controller_addr = _addr(resp.controller)
                 return resp
+            passed = errors[-len(candidates) :]
+            closed = len(passed) == len(candidates) and all(
+                e.endswith("Socket closed") for e in passed
+            )
+            closed_passes = closed_passes + 1 if closed else 0
+            if closed_passes >= 2 and self.security.tls:
+                # Every node, twice over, completed the TLS handshake and closed the
+                # connection: how a server requiring client certificates (mTLS) refuses a
+                # client without one, or with one it does not trust. Retrying the same
+                # settings cannot help, so this ends at once as Kafka's SSL authentication
+                # failure does (found from outside: it took the whole minute of retries).
+                raise AuthenticationError(
+                    "every strom node at " + ", ".join(candidates) + " closed the connection "
+                    "after the TLS handshake" + connection_hint(self.security)
+                )
             if time.monotonic() >= deadline:
                 raise BrokerNotAvailableError(
                     "no strom node answered at "
