@@ -389,6 +389,27 @@ def test_list_offsets_and_delete_records(admin: Admin, client: ClusterClient) ->
     admin.delete_topic("adm-data")
 
 
+def test_delete_records_needs_the_delete_cleanup_policy(
+    admin: Admin, client: ClusterClient
+) -> None:
+    """Found from outside: DeleteRecords was accepted on a cleanup.policy=compact topic and a
+    key vanished from its key -> latest-value table. As Kafka, it is refused with
+    POLICY_VIOLATION unless the policy includes delete; nothing moves."""
+    admin.create_topic("adm-table", 1, 3, config={"cleanup.policy": "compact"})
+    admin.create_topic("adm-both", 1, 3, config={"cleanup.policy": "compact,delete"})
+    table, both = TopicPartition("adm-table", 0), TopicPartition("adm-both", 0)
+    now = int(time.time() * 1000)
+    for topic in ("adm-table", "adm-both"):
+        _produce(client, topic, 0, [b"a", b"b", b"c"], [now] * 3)
+    with pytest.raises(PolicyViolationError, match=r"adm-table-0.*cleanup.policy is 'compact'"):
+        admin.delete_records({table: 2})
+    with pytest.raises(PolicyViolationError, match="adm-table-0"):
+        admin.delete_records({table: "latest"})
+    assert admin.list_offsets({table: "earliest"})[table] == OffsetAndTimestamp(0, -1)
+    assert admin.delete_records({both: 2}) == {both: 2}
+    admin.delete_topics(["adm-table", "adm-both"])
+
+
 # ---------------------------------------------------------------------------------------------
 # leaders and reassignments
 
