@@ -743,6 +743,76 @@ class NoOffsetForPartitionError(StromError):
     picking one: seek() it first."""
 
 
+class PartialResultError(StromError):
+    """Raised by a call over several partitions (``Admin.list_offsets``,
+    ``Admin.delete_records``) when some of them failed while the others succeeded, and for
+    a deletion took effect: ``results`` holds what each partition done returned (for
+    ``delete_records`` its new low watermark), ``errors`` the error of each partition
+    refused, and the message names both. Kafka answers such calls per partition too.
+
+    Never raised as such: the error raised is of the first refusal's own class as well
+    (:func:`partial_result_error`), so ``except OffsetOutOfRangeError`` still catches a
+    refused deletion, and ``except PartialResultError`` reads what was done whatever the
+    class."""
+
+    #: The server-code class this error was made a partial one of (see partial_result_error).
+    partial_of: ClassVar[type[StromError]] = StromError
+
+    def __init__(
+        self,
+        message: str | None = None,
+        results: dict[Any, Any] | None = None,
+        errors: dict[Any, StromError] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.results: dict[Any, Any] = dict(results or {})
+        self.errors: dict[Any, StromError] = dict(errors or {})
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # The class is made at run time (no name to import), so it is rebuilt from its base.
+        return (
+            _rebuild_partial,
+            (self.partial_of, self.message, self.code, self.retriable, self.results, self.errors),
+        )
+
+
+_PARTIAL_CLASSES: dict[type[StromError], type[PartialResultError]] = {}
+
+
+def partial_result_error(
+    first: StromError,
+    message: str,
+    results: dict[Any, Any],
+    errors: dict[Any, StromError],
+) -> PartialResultError:
+    """A :class:`PartialResultError` that is also of ``first``'s class (the first refusal,
+    whose code and retriable flag it takes), with ``message``; not raised."""
+    base = first.partial_of if isinstance(first, PartialResultError) else type(first)
+    cls = _PARTIAL_CLASSES.get(base)
+    if cls is None:
+        # The same name, so that messages and reprs read as the first refusal's class.
+        made = type(
+            base.__name__,
+            (PartialResultError, base),
+            {"partial_of": base, "__module__": base.__module__, "__qualname__": base.__qualname__},
+        )
+        cls = _PARTIAL_CLASSES.setdefault(base, made)  # one class per base, whatever thread
+    return cls(message, results, errors, code=first.code, retriable=first.retriable)
+
+
+def _rebuild_partial(
+    base: type[StromError],
+    message: str,
+    code: int | None,
+    retriable: bool,
+    results: dict[Any, Any],
+    errors: dict[Any, StromError],
+) -> PartialResultError:
+    first = base(message, code=code, retriable=retriable)
+    return partial_result_error(first, message, results, errors)
+
+
 def _collect(cls: type[StromError], into: dict[int, type[StromError]]) -> None:
     for sub in cls.__subclasses__():
         if sub.default_code is not None and sub.__module__ == __name__:

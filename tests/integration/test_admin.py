@@ -38,6 +38,7 @@ from strom.errors import (
     InvalidTopicError,
     NoReassignmentInProgressError,
     OffsetOutOfRangeError,
+    PartialResultError,
     PolicyViolationError,
     StromError,
     TopicAlreadyExistsError,
@@ -387,6 +388,61 @@ def test_list_offsets_and_delete_records(admin: Admin, client: ClusterClient) ->
     with pytest.raises(UnknownTopicOrPartitionError, match="adm-ghost"):
         admin.delete_records({TopicPartition("adm-ghost", 0): 1})
     admin.delete_topic("adm-data")
+
+
+def test_delete_records_over_partitions_reports_each_one_done_and_refused(
+    cluster: LocalCluster,
+    admin: Admin,
+    client: ClusterClient,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Found from outside: with one partition refused, `delete-records` printed only the
+    refusal and Admin.delete_records raised naming only it, while the other partitions'
+    records were gone. As Kafka's kafka-delete-records, each partition done is reported
+    (the CLI's stdout, the error's ``results``) besides each refused (stderr, ``errors``)."""
+    admin.create_topic("adm-part", partitions=2, replication_factor=2)
+    tp0, tp1 = TopicPartition("adm-part", 0), TopicPartition("adm-part", 1)
+    now = int(time.time() * 1000)
+    _produce(client, "adm-part", 0, [b"x"] * 10, [now] * 10)  # adm-part-1 stays empty
+
+    b = cluster.bootstrap
+    assert strom_main(["topics", "delete-records", "adm-part", "--before", "5", "-b", b]) == 1
+    out, err = capsys.readouterr()
+    assert out == "adm-part-0: low watermark 5\n"
+    assert err.count("\n") == 1 and err.startswith("strom topics: error: OFFSET_OUT_OF_RANGE")
+    assert "adm-part-1" in err and "(OffsetOutOfRangeError)" in err
+    assert admin.list_offsets({tp0: "earliest"})[tp0] == OffsetAndTimestamp(5, -1)
+
+    with pytest.raises(OffsetOutOfRangeError) as info:
+        admin.delete_records({tp0: 8, tp1: 3})
+    exc = info.value
+    assert isinstance(exc, PartialResultError)
+    assert exc.results == {tp0: 8}
+    assert list(exc.errors) == [tp1] and isinstance(exc.errors[tp1], OffsetOutOfRangeError)
+    assert "adm-part-1" in str(exc) and "done: adm-part-0" in str(exc)
+    assert admin.list_offsets({tp0: "earliest"})[tp0] == OffsetAndTimestamp(8, -1)
+    admin.delete_topic("adm-part")
+
+
+def test_delete_records_needs_the_delete_cleanup_policy(
+    admin: Admin, client: ClusterClient
+) -> None:
+    """Found from outside: DeleteRecords was accepted on a cleanup.policy=compact topic and a
+    key vanished from its key -> latest-value table. As Kafka, it is refused with
+    POLICY_VIOLATION unless the policy includes delete; nothing moves."""
+    admin.create_topic("adm-table", 1, 3, config={"cleanup.policy": "compact"})
+    admin.create_topic("adm-both", 1, 3, config={"cleanup.policy": "compact,delete"})
+    table, both = TopicPartition("adm-table", 0), TopicPartition("adm-both", 0)
+    now = int(time.time() * 1000)
+    for topic in ("adm-table", "adm-both"):
+        _produce(client, topic, 0, [b"a", b"b", b"c"], [now] * 3)
+    with pytest.raises(PolicyViolationError, match=r"adm-table-0.*cleanup.policy is 'compact'"):
+        admin.delete_records({table: 2})
+    with pytest.raises(PolicyViolationError, match="adm-table-0"):
+        admin.delete_records({table: "latest"})
+    assert admin.list_offsets({table: "earliest"})[table] == OffsetAndTimestamp(0, -1)
+    assert admin.delete_records({both: 2}) == {both: 2}
+    admin.delete_topics(["adm-table", "adm-both"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,8 +19,10 @@ import pytest
 from strom.client.admin import Admin, PartitionInfo
 from strom.client.cluster import ClusterClient
 from strom.client.partitioner import partition_for_key
+from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from strom.errors import LeaderNotAvailableError, PartialResultError
 from tests.conftest import module_cluster
 
 pytestmark = pytest.mark.integration
@@ -223,6 +226,63 @@ def test_elect_leaders_exits_1_when_an_election_failed(
         assert moved.stdout.decode().startswith("ss-0: leader 2 (epoch ")
         assert moved.stdout.decode().endswith("elected 1 leader(s)\n") and moved.stderr == b""
         assert partition().leader == 2
+
+
+def test_offsets_of_a_topic_with_an_offline_partition_show_the_others(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: with one partition's only replica SIGKILLed, `topics offsets`
+    printed nothing for the healthy partitions: only LEADER_NOT_AVAILABLE after a minute,
+    or with --timeout "no result within --timeout (is the cluster up?)" though it was.
+    Admin.list_offsets keeps the partitions it got (PartialResultError.results) and the
+    CLI prints them and one error line for the offline one, exit 1, as kafka-get-offsets."""
+    b = cluster.bootstrap
+    topic = "offline-offsets"
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    with Admin(b, request_timeout_ms=15_000) as admin:
+        admin.create_topic(topic, replica_assignment={0: [3], 1: [1], 2: [2]})
+        wait_for(
+            lambda: all(p.leader is not None for p in admin.describe_topic(topic).partitions),
+            timeout=60,
+            what=f"leaders of {topic}",
+        )
+    strom("produce", topic, "--partition", "1", "-b", b, stdin=b"a\nb\n")
+    node3 = cluster.node(3)
+    assert node3.process is not None
+    node3.process.kill()  # SIGKILL: the partition's only replica
+    with Admin(b, request_timeout_ms=2_000, default_api_timeout_ms=5_000) as admin:
+        wait_for(
+            lambda: admin.describe_topic(topic).partitions[0].leader is None,
+            timeout=60,
+            what=f"{topic}-0 offline",
+        )
+        with pytest.raises(LeaderNotAvailableError) as info:
+            admin.list_offsets(dict.fromkeys(tps, "latest"))
+        exc = info.value
+        assert isinstance(exc, PartialResultError)
+        assert exc.results == {tps[1]: OffsetAndTimestamp(2, -1), tps[2]: OffsetAndTimestamp(0, -1)}
+        assert list(exc.errors) == [tps[0]] and f"{topic}-0" in str(exc)
+
+    started = time.monotonic()
+    got = strom("topics", "offsets", topic, "--timeout", "10", "-b", b, check=False)
+    assert time.monotonic() - started < 30
+    assert got.returncode == 1, got.stderr.decode()
+    assert got.stdout.decode() == (
+        f"Topic: {topic}\tPartition: 1\tEarliest: 0\tLatest: 2\n"
+        f"Topic: {topic}\tPartition: 2\tEarliest: 0\tLatest: 0\n"
+    )
+    err = got.stderr.decode()
+    assert err.count("\n") == 1, err
+    assert err.startswith("strom topics: error: LEADER_NOT_AVAILABLE") and f"{topic}-0" in err
+    assert "no result within" not in err
+
+    got = strom(
+        "topics", "offsets", topic, "--time", "max", "--timeout", "10", "-b", b, check=False
+    )
+    assert got.returncode == 1, got.stderr.decode()
+    assert re.search(r"Partition: 1\tOffset: [01]\tTimestamp: \d+\n", got.stdout.decode())
+    assert "Partition: 2\tOffset: none\tTimestamp: -" in got.stdout.decode()
+    assert "LEADER_NOT_AVAILABLE" in got.stderr.decode()
 
 
 def test_console_tools_round_trip_across_three_nodes(cluster: LocalCluster) -> None:

@@ -36,6 +36,7 @@ from strom.errors import (
     InvalidTopicError,
     NotLeaderError,
     OffsetOutOfRangeError,
+    PartialResultError,
     PreferredLeaderNotAvailableError,
     StromError,
     TopicAlreadyExistsError,
@@ -275,8 +276,14 @@ def test_first_failure_in_the_callers_order_lists_the_others(
     with pytest.raises(OffsetOutOfRangeError) as info:
         admin.delete_records({TP("t", 3): 9, TP("t", 0): 1, TP("t", 1): 9, TP("t", 2): "latest"})
     assert str(info.value) == (
-        "OFFSET_OUT_OF_RANGE: t-3: above the high watermark (also failed: t-1)"
+        "OFFSET_OUT_OF_RANGE: t-3: above the high watermark (also failed: t-1; done: t-0, t-2)"
     )
+    # The partitions deleted are not lost with the refusal (found from outside).
+    assert isinstance(info.value, PartialResultError)
+    assert info.value.results == {TP("t", 0): 1, TP("t", 2): -1}
+    assert list(info.value.errors) == [TP("t", 3), TP("t", 1)]
+    assert all(isinstance(e, OffsetOutOfRangeError) for e in info.value.errors.values())
+    assert "t-1: above the high watermark" in str(info.value.errors[TP("t", 1)])
     sent = fake.storage_calls[0][2]
     assert sent.timeout_ms > 0
     assert [(p.partition, p.offset) for p in sent.topics[0].partitions] == [

@@ -722,6 +722,51 @@ def test_max_timestamp_offset(tmp_path: Path) -> None:
     assert log.max_timestamp_offset() == (2, T0 + 50)
 
 
+def test_max_timestamp_offset_answers_only_records_at_or_above_the_log_start(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: after DeleteRecords removed every record, the max-timestamp lookup
+    answered offset 0 of a log starting at 5 (the batch's base offset). It now answers the
+    largest timestamp among the records still in the log (None when there is none, Kafka's
+    -1 for an empty log), and still the first record holding it."""
+    log = make_log(tmp_path / "t-0", segment_bytes=1024)
+    log.append(batch(5, ts=[T0 + 1, T0 + 9, T0 + 9, T0 + 9, T0 + 9]))
+    assert log.max_timestamp_offset() == (1, T0 + 9)
+    log.delete_records(3)
+    assert log.max_timestamp_offset() == (3, T0 + 9)
+    log.delete_records(5)
+    assert log.max_timestamp_offset() is None
+    assert log.offset_for_timestamp(0) is None
+
+    # The maximum deleted while the rest of its batch stays: the largest of what is left,
+    # before a later segment whose maximum is smaller.
+    log = make_log(tmp_path / "u-0", segment_bytes=1024)
+    log.append(batch(5, ts=[T0 + 10, T0 + 50, T0 + 30, T0 + 20, T0 + 30]))  # 0..4
+    log.append(batch(2, ts=[T0 + 40, T0 + 45], size=600))  # 5..6, a segment of its own
+    log.append(batch(1, ts=T0 + 25, size=600))  # 7, a third segment
+    assert len(log.segments) == 3
+    assert log.max_timestamp_offset() == (1, T0 + 50)
+    log.delete_records(2)
+    assert log.max_timestamp_offset() == (6, T0 + 45)
+    log.append(batch(1, ts=T0 + 45))  # 8: equal and later, the first stays
+    assert log.max_timestamp_offset() == (6, T0 + 45)
+
+
+def test_max_timestamp_offset_after_deletion_prefers_the_first_record(tmp_path: Path) -> None:
+    """With the maximum deleted, a record left in the straddled batch and a later batch of
+    the same segment tie: the earlier record is answered."""
+    log = make_log(tmp_path / "t-0")
+    log.append(batch(3, ts=[T0 + 50, T0 + 20, T0 + 5]))  # 0..2
+    log.append(batch(2, ts=[T0 + 1, T0 + 20]))  # 3..4
+    log.append(batch(2, ts=[T0 + 10, T0 + 2]))  # 5..6
+    log.delete_records(1)
+    assert log.max_timestamp_offset() == (1, T0 + 20)
+    log.delete_records(2)
+    assert log.max_timestamp_offset() == (4, T0 + 20)
+    log.delete_records(6)
+    assert log.max_timestamp_offset() == (6, T0 + 2)
+
+
 # ----------------------------------------------------------------------------- truncation
 
 

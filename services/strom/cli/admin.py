@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from strom.api import common_pb2, controller_pb2
 from strom.argtypes import INT32_MAX, UsageError, int_at_least, iso_time_ms
@@ -27,7 +28,14 @@ from strom.client.admin import (
 )
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
-from strom.errors import ERRORS, ElectionNotNeededError, TopicAlreadyExistsError, error_for
+from strom.errors import (
+    ERRORS,
+    ElectionNotNeededError,
+    PartialResultError,
+    StromError,
+    TopicAlreadyExistsError,
+    error_for,
+)
 
 _TIME_ALIASES: dict[str, OffsetSpec] = {
     "earliest": "earliest",
@@ -396,25 +404,85 @@ def _partitions_of(admin: Admin, topics: list[str], only: list[int] | None) -> l
     return [tp for d in admin.describe_topics(topics).values() for tp in d.topic_partitions]
 
 
-def _offsets(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+def _within_timeout(admin: Admin, client: ClusterClient, args: argparse.Namespace) -> Admin:
+    """``admin``, or with ``--timeout`` one whose calls end a little before the command's
+    timer ends the process: a partition that cannot be answered (no live leader) is then
+    reported with the others' answers, instead of the timer's "no result" blaming the
+    cluster (found from outside)."""
+    give_up_at = getattr(args, "give_up_at", None)
+    if give_up_at is None:
+        return admin
+    left_ms = (give_up_at - time.monotonic()) * 1000
+    # Room for the last attempt's answer and the printing: a tenth, at least half a second.
+    budget = max(1, round(left_ms - max(500.0, left_ms / 10)))
+    return Admin(
+        cluster_client=client,
+        request_timeout_ms=min(admin.request_timeout_ms, budget),
+        default_api_timeout_ms=budget,
+    )
+
+
+V = TypeVar("V")
+#: What an Admin call over partitions returned, and what it refused, by partition.
+_Outcome = tuple[dict[TopicPartition, V], dict[TopicPartition, StromError]]
+
+
+def _per_partition(call: Callable[[], dict[TopicPartition, V]]) -> _Outcome[V]:
+    """What ``call`` (an Admin call over partitions) returned and what it refused, by
+    partition: a PartialResultError keeps the partitions done, which are printed too."""
+    try:
+        return call(), {}
+    except PartialResultError as exc:
+        return dict(exc.results), dict(exc.errors)
+
+
+def _print_refused(errors: dict[TopicPartition, StromError], args: argparse.Namespace) -> int:
+    """One line on stderr per partition refused (its code, message and class, as the
+    command's own errors read); the exit status: 1 if any."""
+    for exc in errors.values():
+        print(f"strom {args.command}: error: {exc} ({type(exc).__name__})", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _offsets(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """Print each partition's offsets, and one error line per partition that could not be
+    looked up (exit 1), as Kafka's kafka-get-offsets: found from outside, one partition
+    without a live leader printed nothing for the healthy ones."""
     tps = _partitions_of(admin, list(dict.fromkeys(args.topics)), args.partition)
     rows: list[dict[str, Any]] = []
     if args.time is None:
-        earliest = admin.list_offsets(dict.fromkeys(tps, "earliest"))
-        latest = admin.list_offsets(dict.fromkeys(tps, "latest"))
-        for tp in tps:
-            e, la = earliest[tp], latest[tp]
-            rows.append(
-                {
-                    "topic": tp.topic,
-                    "partition": tp.partition,
-                    "earliest": e.offset if e else -1,
-                    "latest": la.offset if la else -1,
-                }
+        earliest, errors = _per_partition(
+            lambda: _within_timeout(admin, client, args).list_offsets(
+                dict.fromkeys(tps, "earliest")
             )
-    else:
-        found = admin.list_offsets(dict.fromkeys(tps, args.time))
+        )
+        # Only where "earliest" answered: a partition without a leader is waited for once.
+        latest, later = _per_partition(
+            lambda: (
+                _within_timeout(admin, client, args).list_offsets(dict.fromkeys(earliest, "latest"))
+                if earliest
+                else {}
+            )
+        )
+        errors.update(later)
         for tp in tps:
+            if tp in earliest and tp in latest:
+                e, la = earliest[tp], latest[tp]
+                rows.append(
+                    {
+                        "topic": tp.topic,
+                        "partition": tp.partition,
+                        "earliest": e.offset if e else -1,
+                        "latest": la.offset if la else -1,
+                    }
+                )
+    else:
+        found, errors = _per_partition(
+            lambda: _within_timeout(admin, client, args).list_offsets(dict.fromkeys(tps, args.time))
+        )
+        for tp in tps:
+            if tp not in found:
+                continue
             hit = found[tp]
             rows.append(
                 {
@@ -426,25 +494,33 @@ def _offsets(admin: Admin, client: ClusterClient, args: argparse.Namespace, out:
             )
     if args.json:
         print(json.dumps(rows, indent=2), file=out)
-        return
-    for row in rows:
-        head = f"Topic: {row['topic']}\tPartition: {row['partition']}"
-        if args.time is None:
-            print(f"{head}\tEarliest: {row['earliest']}\tLatest: {row['latest']}", file=out)
-        else:
-            offset = "none" if row["offset"] is None else row["offset"]
-            ts = "-" if row["timestamp"] is None else row["timestamp"]
-            print(f"{head}\tOffset: {offset}\tTimestamp: {ts}", file=out)
+    else:
+        for row in rows:
+            head = f"Topic: {row['topic']}\tPartition: {row['partition']}"
+            if args.time is None:
+                print(f"{head}\tEarliest: {row['earliest']}\tLatest: {row['latest']}", file=out)
+            else:
+                offset = "none" if row["offset"] is None else row["offset"]
+                ts = "-" if row["timestamp"] is None else row["timestamp"]
+                print(f"{head}\tOffset: {offset}\tTimestamp: {ts}", file=out)
+    out.flush()
+    return _print_refused({tp: errors[tp] for tp in tps if tp in errors}, args)
 
 
-def _delete_records(
-    admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any
-) -> None:
+def _delete_records(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """Print the new low watermark of each partition deleted, then one error line per
+    partition refused (exit 1), as Kafka's kafka-delete-records: found from outside, a
+    refusal was all it printed while the other partitions' records were gone."""
     tps = _partitions_of(admin, [args.topic], args.partition)
     before: int | Literal["latest"] = "latest" if args.all else args.before
-    low = admin.delete_records(dict.fromkeys(tps, before))
+    low, errors = _per_partition(
+        lambda: _within_timeout(admin, client, args).delete_records(dict.fromkeys(tps, before))
+    )
     for tp in tps:
-        print(f"{tp.topic}-{tp.partition}: low watermark {low[tp]}", file=out)
+        if tp in low:
+            print(f"{tp.topic}-{tp.partition}: low watermark {low[tp]}", file=out)
+    out.flush()
+    return _print_refused(errors, args)
 
 
 def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:

@@ -17,6 +17,7 @@ import importlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -1155,6 +1156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         name_env_settings(copied)
     if getattr(args, "timeout", None) is not None:
         bootstrap = getattr(args, "bootstrap", None) or os.environ.get("STROM_BOOTSTRAP", "")
+        # When the timer will fire: commands that can report part of a result (``topics
+        # offsets``) bound their own calls by it (strom.cli.admin._within_timeout).
+        args.give_up_at = time.monotonic() + args.timeout
         _give_up_after(args.timeout, f"strom {args.command}", bootstrap)
     try:
         _check_bootstrap(args)

@@ -33,8 +33,15 @@ Calls that take several items (``create_topics``, ``delete_topics``, ``list_offs
 handles each item on its own, so when some fail the others have still taken effect. Such a call
 raises the first failure (in the order the items were given), of that item's own class, and the
 message lists the other failed items. Use the singular forms in a loop when each item's outcome
-matters. The one exception is ``elect_leaders``: "the preferred leader already leads" or "is not
-in sync yet" are normal outcomes of a sweep, so it returns a result per partition.
+matters. The calls on partition leaders (``list_offsets``, ``delete_records``,
+``describe_producers``) also keep what the others returned, as Kafka answers them per
+partition: the error raised is a :class:`strom.errors.PartialResultError` as well, whose
+``results`` maps each partition done to its result (for ``delete_records`` its new low
+watermark: those records are gone) and ``errors`` each partition refused to its error, and
+whose message names both. A partition without a live leader is retried until the call's
+timeout, then is one of ``errors``. The one exception is ``elect_leaders``: "the preferred
+leader already leads" or "is not in sync yet" are normal outcomes of a sweep, so it returns a
+result per partition.
 """
 
 from __future__ import annotations
@@ -75,11 +82,13 @@ from strom.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
+    PartialResultError,
     StromError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
     is_retriable,
+    partial_result_error,
 )
 from strom.security.channel import client_security
 
@@ -108,6 +117,7 @@ __all__ = [
     "NodeInfo",
     "NodeState",
     "OffsetSpec",
+    "PartialResultError",
     "PartitionInfo",
     "Reassignment",
     "TopicDescription",
@@ -568,6 +578,41 @@ def _raise_first(failures: Sequence[tuple[str, StromError]]) -> None:
     raise type(first)(
         f"{first.message} (also failed: {shown})", code=first.code, retriable=first.retriable
     ) from first
+
+
+def _listing(labels: Sequence[str]) -> str:
+    """Up to five labels, then how many there are in all."""
+    more = f", ... ({len(labels)} in all)" if len(labels) > 5 else ""
+    return ", ".join(labels[:5]) + more
+
+
+def _raise_partial(
+    wanted: Iterable[TopicPartition],
+    done: Mapping[TopicPartition, Any],
+    failed: Mapping[TopicPartition, StromError],
+) -> None:
+    """Raise the first partition refused (in the caller's order) as a PartialResultError of
+    its own class carrying every result and every error; its message lists the others
+    refused and the partitions done (whose result, e.g. a deletion, took effect). Found
+    from outside: ``delete_records`` over several partitions reported only the refusal, and
+    the deletions done were neither returned nor said."""
+    order = list(wanted)
+    refused = [tp for tp in order if tp in failed]
+    if not refused:
+        return
+    first = failed[refused[0]]
+    notes = []
+    if len(refused) > 1:
+        notes.append(
+            "also failed: " + _listing([f"{tp.topic}-{tp.partition}" for tp in refused[1:]])
+        )
+    succeeded = [tp for tp in order if tp in done]
+    if succeeded:
+        notes.append("done: " + _listing([f"{tp.topic}-{tp.partition}" for tp in succeeded]))
+    message = f"{first.message} ({'; '.join(notes)})" if notes else first.message
+    results = {tp: done[tp] for tp in succeeded}
+    errors = {tp: failed[tp] for tp in refused}
+    raise partial_result_error(first, message, results, errors) from first
 
 
 def _partition_info(p: controller_pb2.PartitionDescription) -> PartitionInfo:
@@ -1110,6 +1155,10 @@ class Admin:
         offset of the first record holding it (as Kafka 3.8+); when no record matches, the
         partition maps to None (as Kafka's ``offsets_for_times``). With "read_committed", a
         record at or after the last stable offset does not match yet.
+
+        A partition that cannot be looked up (no live leader within the call's timeout, an
+        unknown partition) does not lose the others' answers: the error raised, of its own
+        class, is a PartialResultError too, with ``results`` and ``errors`` by partition.
         """
         if isolation_level not in _ISOLATION:
             raise InvalidRequestError(
@@ -1150,8 +1199,14 @@ class Admin:
         """Delete every record below the given offset of each partition; returns each
         partition's new low watermark (its first readable offset). "latest" (or -1, as in
         Kafka's DeleteRecords) deletes everything committed. An offset above the high
-        watermark raises OffsetOutOfRangeError. Offsets are never reused: the next record
-        still gets the next offset."""
+        watermark raises OffsetOutOfRangeError, a topic whose cleanup.policy lacks "delete"
+        PolicyViolationError (as Kafka). Offsets are never reused: the next record still
+        gets the next offset.
+
+        Each partition is deleted on its own: when some are refused, the others are still
+        deleted, and the error raised (of the first refusal's class) is a
+        PartialResultError too, whose ``results`` holds the new low watermark of each
+        partition deleted and ``errors`` the error of each refused."""
         wanted: dict[TopicPartition, int] = {}
         for tp, offset in _tp_map(before, "delete_records").items():
             if offset == "latest" or (offset == -1 and not isinstance(offset, bool)):
@@ -1198,7 +1253,8 @@ class Admin:
     ) -> dict[TopicPartition, T]:
         """Send one request per partition leader (concurrently), and retry the partitions
         whose leader moved, is not known yet or did not answer, until the call's overall
-        timeout; raise the first partition that still failed, in the caller's order.
+        timeout; raise the first partition that still failed, in the caller's order, as a
+        PartialResultError that also carries every partition's result or error.
 
         Each attempt gets ``request_timeout_ms`` (or what is left of the overall timeout): a
         leader that hangs is given up on in time to ask the metadata again and retry at the
@@ -1290,7 +1346,7 @@ class Admin:
                     break
                 refresh = True
                 time.sleep(0.1)
-        _raise_first([(f"{tp.topic}-{tp.partition}", failed[tp]) for tp in wanted if tp in failed])
+        _raise_partial(wanted, done, failed)
         return {tp: done[tp] for tp in wanted}
 
     # -- transactions ------------------------------------------------------------------------

@@ -1027,32 +1027,82 @@ class Log:
         return None
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with the largest timestamp (ListOffsets
-        -3), as Kafka 3.8+ answers.
+        """(offset, timestamp) of the first record with the largest timestamp among the
+        records at or above the log start (ListOffsets -3), as Kafka 3.8+ answers; None when
+        the log holds no record (every one deleted: Kafka answers -1 for an empty log).
 
-        The time indexes find the first batch whose max timestamp is the log's largest; that
-        one batch's timestamp column then gives the record (an admin lookup, off the produce
-        and fetch paths). A batch without such a record (compacted away, or below the log
-        start) answers with its own offset."""
+        The time indexes find, per segment, the first batch whose max timestamp is the
+        segment's largest; that one batch's timestamp column then gives the record (an admin
+        lookup, off the produce and fetch paths). A batch whose header max has no record
+        (compacted away) answers with its own offset. A segment whose largest batch starts
+        below the log start (DeleteRecords inside it) has its readable part scanned instead:
+        the deleted records must not be answered (found from outside: after deleting every
+        record the lookup gave offset 0 of a log starting at 5)."""
         with self.lock:
-            best: tuple[int, int] | None = None
-            for seg in self.segments:
-                if seg.time_index.ts and (best is None or seg.time_index.ts[-1] > best[1]):
-                    best = (seg.base_offset + seg.time_index.rel[-1], seg.time_index.ts[-1])
+            segs = list(self.segments)
             start = self.log_start_offset
-        if best is None:
-            return None
-        offset, top = best
+        best: tuple[int, int] | None = None  # (timestamp, offset); earlier wins a tie
+        for seg in segs:
+            if not seg.time_index.ts or (best is not None and seg.time_index.ts[-1] <= best[0]):
+                continue  # nothing here beats what an earlier segment holds
+            top = seg.time_index.ts[-1]
+            base = seg.base_offset + seg.time_index.rel[-1]
+            found = (
+                self._first_at(base, top, start)
+                if base >= start
+                else self._max_from(start, seg.next_offset)
+            )
+            if found is not None and (best is None or found[0] > best[0]):
+                best = found
+        return None if best is None else (best[1], best[0])
+
+    def _first_at(self, base: int, top: int, start: int) -> tuple[int, int] | None:
+        """(``top``, offset of the first record stamped ``top``) in the batch at ``base``;
+        the batch's own offset when no record holds it (compacted away); None when the batch
+        is gone (retention or a truncation meanwhile)."""
         try:
-            data = self.read(max(offset, start), 1).data
-        except OffsetOutOfRangeError:  # retention or a truncation meanwhile
-            return best
+            data = self.read(max(base, start), 1).data
+        except OffsetOutOfRangeError:
+            return None
         batches = _decode(data)
-        if not batches or batches[0].header.base_offset > offset:
-            return best
+        if not batches or batches[0].header.base_offset > base:
+            return None
         offs, ts = (col.to_numpy() for col in batches[0].arrow_columns()[:2])
         hits = np.nonzero((ts.astype(np.int64) == top) & (offs >= start))[0]
-        return (int(offs[hits[0]]), top) if hits.size else best
+        return (top, int(offs[hits[0]])) if hits.size else (top, base)
+
+    def _max_from(self, start: int, end: int) -> tuple[int, int] | None:
+        """(largest timestamp, offset of its first record) among the records in
+        [``start``, ``end``), read batch by batch: the batch holding ``start`` record by
+        record (part of it is deleted), the others by their headers, then the winner's
+        records; None when that range holds no record."""
+        best: tuple[int, int] | None = None  # (timestamp, batch base or record offset)
+        by_header = False  # whether ``best`` names a batch (by its header), not a record
+        offset = start
+        while offset < end:
+            try:
+                result = self.read(offset, 1 << 20)
+            except OffsetOutOfRangeError:
+                break
+            if not result.data:
+                break
+            for batch in _decode(result.data):
+                h = batch.header
+                if h.base_offset >= end:
+                    break
+                if h.base_offset >= start:
+                    if best is None or h.max_timestamp > best[0]:
+                        best, by_header = (h.max_timestamp, h.base_offset), True
+                    continue
+                offs, ts = (col.to_numpy() for col in batch.arrow_columns()[:2])
+                ts = ts.astype(np.int64)[offs >= start]
+                if ts.size and (best is None or int(ts.max()) > best[0]):
+                    top = int(ts.max())
+                    best, by_header = (top, int(offs[offs >= start][np.argmax(ts)])), False
+            offset = max(result.next_offset, offset + 1)
+        if best is not None and by_header:
+            return self._first_at(best[1], best[0], start)
+        return best
 
     # -- truncation, retention, deletion ---------------------------------------------------
 

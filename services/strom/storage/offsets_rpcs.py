@@ -135,6 +135,7 @@ class OffsetRpcs(StorageCore):
                         "internal (committed offsets, transaction state)",
                     )
                 part = self._leader(topic, dp.partition, -1, hints)
+                _check_deletable(part)
                 hw = part.high_watermark
                 offset = hw if dp.offset == -1 else dp.offset
                 if offset < 0 or offset > hw:
@@ -218,3 +219,17 @@ class OffsetRpcs(StorageCore):
                 f"{part.low_watermark()}); the deletion stands and reaches them, retrying "
                 "is safe"
             )
+
+
+def _check_deletable(part: Partition) -> None:
+    """POLICY_VIOLATION unless the topic's cleanup.policy includes ``delete`` (as Kafka).
+
+    On a compacted-only topic the log is a table: the latest value of every key. Moving its
+    start would drop keys whose latest value lies below it, which compaction never does
+    (found from outside: a key vanished from a key -> latest-value table)."""
+    if not part.log.config.delete:
+        raise _Refusal(
+            E.POLICY_VIOLATION,
+            f"records of {part.topic}-{part.index} cannot be deleted: its cleanup.policy is "
+            f"{part.log.config.cleanup_policy!r}, and DeleteRecords needs one with 'delete'",
+        )
