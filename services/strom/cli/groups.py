@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from strom.api import coordinator_pb2
-from strom.argtypes import UsageError, iso_time_ms
+from strom.argtypes import UsageError, group_id, iso_time_ms
+from strom.cli.admin import answering_client
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.group_admin import (
@@ -54,7 +55,7 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ls.add_argument("--json", action="store_true")
     d = gsub.add_parser("describe", parents=[common], help="members, offsets and lag")
-    d.add_argument("group", nargs="*", help="one or more groups")
+    d.add_argument("group", nargs="*", type=group_id, help="one or more groups")
     d.add_argument(
         "--all-groups",
         action="store_true",
@@ -62,13 +63,13 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--json", action="store_true")
     rm = gsub.add_parser("delete", parents=[common], help="delete groups without members")
-    rm.add_argument("group", nargs="+")
+    rm.add_argument("group", nargs="+", type=group_id)
     r = gsub.add_parser(
         "reset-offsets",
         parents=[common],
         help="set a group's committed offsets (dry run unless --execute)",
     )
-    r.add_argument("group")
+    r.add_argument("group", type=group_id)
     which = r.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--topic",
@@ -120,7 +121,7 @@ def run_groups(args: argparse.Namespace, out: Any) -> int:
             duration_ms(args.to_duration)
     if args.groups_cmd == "describe" and bool(args.all_groups) == bool(args.group):
         raise UsageError("give a group (or several) or --all-groups")
-    with ClusterClient(args.bootstrap) as client:
+    with answering_client(args.bootstrap) as client:
         return int(_COMMANDS[args.groups_cmd](client, args, out) or 0)
 
 
@@ -247,6 +248,8 @@ def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
 def _topic_spec(spec: str) -> tuple[str, list[int] | None]:
     """``--topic TOPIC[:P,P...]`` as (topic, partitions or None for all); UsageError."""
     topic, colon, parts = spec.partition(":")
+    if not topic.strip():
+        raise UsageError(f"--topic {spec!r}: the topic name must not be empty")
     if not colon:
         return topic, None
     items = [p.strip() for p in parts.split(",")]
