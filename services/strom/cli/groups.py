@@ -1,12 +1,13 @@
-"""``strom groups list|describe|delete|reset-offsets``: consumer groups from the shell, as
-Kafka's ``kafka-consumer-groups.sh`` does it.
+"""``strom groups list|describe|delete|delete-offsets|reset-offsets``: consumer groups from
+the shell, as Kafka's ``kafka-consumer-groups.sh`` does it.
 
 The commands are the Admin client's group calls (``list_groups``, ``describe_groups``,
-``list_group_offsets``, ``alter_group_offsets``, ``delete_groups``; their coordinator calls are
-in :mod:`strom.client.group_admin`, which ``describe --json`` uses to print the coordinator's
-answer whole). Offsets are reset with an admin OffsetCommit (member epoch -1), which the
-coordinator accepts only while the group has no members, so a reset never races consumers;
-without ``--execute`` the command only prints what it would do (a dry run, like Kafka's tool).
+``list_group_offsets``, ``alter_group_offsets``, ``delete_group_offsets``,
+``delete_groups``; their coordinator calls are in :mod:`strom.client.group_admin`, which
+``describe --json`` uses to print the coordinator's answer whole). Offsets are reset with an
+admin OffsetCommit (member epoch -1), which the coordinator accepts only while the group has
+no members, so a reset never races consumers; without ``--execute`` the command only prints
+what it would do (a dry run, like Kafka's tool).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from strom.api import coordinator_pb2
 from strom.argtypes import UsageError, group_id, iso_time_ms
+from strom.cli import counted
 from strom.cli.admin import answering_client
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
@@ -32,7 +34,13 @@ from strom.client.group_admin import (
 )
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
-from strom.errors import ErrorCode, GroupIdNotFoundError, StromError, error_for
+from strom.errors import (
+    ErrorCode,
+    GroupIdNotFoundError,
+    GroupSubscribedToTopicError,
+    StromError,
+    error_for,
+)
 
 E = ErrorCode
 
@@ -64,6 +72,23 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     d.add_argument("--json", action="store_true")
     rm = gsub.add_parser("delete", parents=[common], help="delete groups without members")
     rm.add_argument("group", nargs="+", type=group_id)
+    do = gsub.add_parser(
+        "delete-offsets",
+        parents=[common],
+        help="delete a group's committed offsets of some topics (Kafka's --delete-offsets)",
+        description="Delete the group's committed offsets of the topics given (of every "
+        "partition it committed, or only those listed). Refused for a topic some member of "
+        "the group is subscribed to (GROUP_SUBSCRIBED_TO_TOPIC: its offsets are kept, exit 1); "
+        "the other topics' offsets are deleted. Prints each partition and the offset deleted.",
+    )
+    do.add_argument("group", type=group_id)
+    do.add_argument(
+        "--topic",
+        action="append",
+        required=True,
+        metavar="TOPIC[:P,P...]",
+        help="topic (optionally only some partitions); repeatable",
+    )
     r = gsub.add_parser(
         "reset-offsets",
         parents=[common],
@@ -112,9 +137,10 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_groups(args: argparse.Namespace, out: Any) -> int:
-    if args.groups_cmd == "reset-offsets":  # bad arguments: a usage error, before connecting
+    if args.groups_cmd in ("reset-offsets", "delete-offsets"):  # before connecting
         for spec in args.topic or ():
             _topic_spec(spec)
+    if args.groups_cmd == "reset-offsets":
         if args.to_datetime is not None:
             _datetime_ms(args.to_datetime)
         if args.to_duration is not None:
@@ -243,6 +269,54 @@ def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
         else:
             print(f"deleted group {gid}", file=out)
     return 1 if failed else 0
+
+
+def _delete_offsets(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """Kafka's ``--delete-offsets``: each topic's offsets deleted with one call, so that a
+    topic the group's members are subscribed to (refused by the coordinator, which checks it
+    atomically with the deletion) is told apart from the others, which are deleted."""
+    admin = _admin(client)
+    committed = {
+        tp: om.offset for tp, om in admin.list_group_offsets(args.group).items() if om is not None
+    }
+    if not committed:
+        admin.describe_groups([args.group])  # GroupIdNotFoundError for an unknown group
+    wanted: dict[str, list[TopicPartition]] = {}
+    for spec in args.topic:
+        topic, partitions = _topic_spec(spec)
+        if partitions is None:
+            tps = [tp for tp in committed if tp.topic == topic]
+        else:
+            tps = [TopicPartition(topic, p) for p in partitions]
+        wanted[topic] = list(dict.fromkeys([*wanted.get(topic, []), *tps]))
+    rows = [("TOPIC", "PARTITION", "OFFSET", "STATUS")]
+    deleted = refused = 0
+    for topic, tps in wanted.items():
+        if not tps:
+            print(f"group {args.group} has no committed offsets of topic {topic}", file=out)
+            continue
+        try:
+            admin.delete_group_offsets(args.group, tps)
+        except GroupSubscribedToTopicError:
+            refused += 1
+            print(
+                f"strom groups delete-offsets: error: group {args.group} has members "
+                f"subscribed to topic {topic}: its offsets are kept (stop the members, or "
+                "let them unsubscribe, first) (GroupSubscribedToTopicError)",
+                file=sys.stderr,
+            )
+            status = "refused: subscribed"
+        else:
+            status = "deleted"
+            deleted += sum(tp in committed for tp in tps)
+        for tp in tps:
+            offset = committed.get(tp)
+            what = "nothing committed" if offset is None and status == "deleted" else status
+            rows.append((topic, str(tp.partition), "-" if offset is None else str(offset), what))
+    if len(rows) > 1:
+        _table(rows, out)
+    print(f"deleted {counted(deleted, 'offset')} of group {args.group}", file=out)
+    return 1 if refused else 0
 
 
 def _topic_spec(spec: str) -> tuple[str, list[int] | None]:
@@ -418,4 +492,10 @@ def _table(rows: list[tuple[str, ...]], out: Any) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
 
 
-_COMMANDS = {"list": _list, "describe": _describe, "delete": _delete, "reset-offsets": _reset}
+_COMMANDS = {
+    "list": _list,
+    "describe": _describe,
+    "delete": _delete,
+    "delete-offsets": _delete_offsets,
+    "reset-offsets": _reset,
+}
