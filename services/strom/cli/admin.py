@@ -24,7 +24,9 @@ from strom.client.admin import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     Admin,
     OffsetSpec,
+    PartitionInfo,
     TopicDescription,
+    _partition_info,
 )
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
@@ -121,6 +123,23 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     d.add_argument("topics", nargs="*", type=topic_name)
     d.add_argument("--json", action="store_true")
+    only = d.add_mutually_exclusive_group()
+    only.add_argument(
+        "--under-replicated-partitions",
+        action="store_true",
+        help="only partitions with a replica out of the ISR (no configs printed)",
+    )
+    only.add_argument(
+        "--unavailable-partitions",
+        action="store_true",
+        help="only partitions without a live leader (no configs printed)",
+    )
+    only.add_argument(
+        "--under-min-isr-partitions",
+        action="store_true",
+        help="only partitions whose ISR is smaller than the topic's min.insync.replicas "
+        "(acks=all writes to them fail; no configs printed)",
+    )
     rm = tsub.add_parser("delete", parents=[common], help="delete topics and their data")
     rm.add_argument("topics", nargs="+", type=topic_name)
     rm.add_argument(
@@ -298,7 +317,36 @@ def _list(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: An
         print(name, file=out)
 
 
+#: A partition filter of ``topics describe``: whether the topic's partition is to be shown.
+PartitionFilter = Callable[[str, PartitionInfo], bool]
+
+
+def _partition_filter(admin: Admin, args: argparse.Namespace) -> PartitionFilter | None:
+    """The filter of Kafka's ``kafka-topics --describe`` flags, None without one. The ISR of
+    ``--under-min-isr-partitions`` is held against each topic's effective min.insync.replicas
+    (its override, else the default), asked once per topic that has partitions."""
+    if args.under_replicated_partitions:
+        return lambda _topic, p: p.under_replicated
+    if args.unavailable_partitions:
+        return lambda _topic, p: p.offline
+    if not args.under_min_isr_partitions:
+        return None
+    min_isr: dict[str, int] = {}
+
+    def under_min_isr(topic: str, p: PartitionInfo) -> bool:
+        if topic not in min_isr:
+            entry = admin.describe_configs(topic, names=["min.insync.replicas"])
+            min_isr[topic] = int(entry["min.insync.replicas"].value or 1)
+        return len(p.isr) < min_isr[topic]
+
+    return under_min_isr
+
+
 def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    wanted = _partition_filter(admin, args)
+    if wanted is not None:
+        _describe_filtered(admin, client, args, wanted, out)
+        return
     if args.json:
         # The controller's answer as is: a stable shape for scripts.
         resp = client.controller_call(
@@ -324,6 +372,39 @@ def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
         for e in admin.describe_configs(t.name).values():
             value = "(sensitive)" if e.sensitive else ("-" if e.value is None else e.value)
             print(f"\t\t{e.name}={value}\t({e.source})", file=out)
+
+
+def _describe_filtered(
+    admin: Admin,
+    client: ClusterClient,
+    args: argparse.Namespace,
+    wanted: PartitionFilter,
+    out: Any,
+) -> None:
+    """``topics describe`` with a partition filter: as Kafka's tool, only the partitions that
+    match, each line naming its topic (no topic lines, no configs; nothing when none
+    matches). With ``--json`` the controller's answer, each topic's partitions filtered and
+    the topics without a match left out."""
+    resp = client.controller_call(
+        "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=args.topics)
+    )
+    failed = [t for t in resp.topics if t.error_code]
+    if failed:
+        raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
+    rows = []
+    for t in resp.topics if args.topics else sorted(resp.topics, key=lambda t: t.name):
+        shown = [p for p in t.partitions if wanted(t.name, _partition_info(p))]
+        if not shown:
+            continue
+        if args.json:
+            d = message_dict(t)
+            d["partitions"] = [message_dict(p) for p in shown]
+            rows.append(d)
+            continue
+        for p in shown:
+            print(f"Topic: {t.name}\t{_partition_line(_partition_info(p))}", file=out)
+    if args.json:
+        print(json.dumps(rows, indent=2), file=out)
 
 
 def _delete(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
@@ -578,27 +659,30 @@ def _print_topic(t: TopicDescription, out: Any) -> None:
         file=out,
     )
     for p in t.partitions:
-        flags = []
-        if p.under_replicated:
-            flags.append("under-replicated")
-        if p.offline:
-            flags.append("offline")
-        if p.reassigning:
-            flags.append(
-                f"reassigning: adding {_ids(p.adding_replicas)} "
-                f"removing {_ids(p.removing_replicas)}"
-            )
-        if p.recovering:
-            flags.append("recovering")
-        print(
-            f"\tPartition: {p.partition}\tLeader: {'none' if p.leader is None else p.leader}\t"
-            f"Epoch: {p.leader_epoch}\t"
-            f"Replicas: {','.join(map(str, p.replicas))}\t"
-            f"Isr: {','.join(map(str, p.isr))}"
-            + (f"\tOffline: {','.join(map(str, p.offline_replicas))}" if p.offline_replicas else "")
-            + (f"\t({', '.join(flags)})" if flags else ""),
-            file=out,
+        print(f"\t{_partition_line(p)}", file=out)
+
+
+def _partition_line(p: PartitionInfo) -> str:
+    """A partition as ``topics describe`` prints it (Kafka's fields, then strom's flags)."""
+    flags = []
+    if p.under_replicated:
+        flags.append("under-replicated")
+    if p.offline:
+        flags.append("offline")
+    if p.reassigning:
+        flags.append(
+            f"reassigning: adding {_ids(p.adding_replicas)} removing {_ids(p.removing_replicas)}"
         )
+    if p.recovering:
+        flags.append("recovering")
+    return (
+        f"Partition: {p.partition}\tLeader: {'none' if p.leader is None else p.leader}\t"
+        f"Epoch: {p.leader_epoch}\t"
+        f"Replicas: {','.join(map(str, p.replicas))}\t"
+        f"Isr: {','.join(map(str, p.isr))}"
+        + (f"\tOffline: {','.join(map(str, p.offline_replicas))}" if p.offline_replicas else "")
+        + (f"\t({', '.join(flags)})" if flags else "")
+    )
 
 
 def run_cluster(args: argparse.Namespace, out: Any) -> int:
