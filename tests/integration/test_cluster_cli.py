@@ -300,6 +300,46 @@ def test_describe_filters_partitions_as_kafka_topics_does(cluster: LocalCluster)
     assert both.returncode == 2 and b"not allowed with argument" in both.stderr
 
 
+def test_add_partitions_places_the_new_partitions_by_replica_assignment(
+    cluster: LocalCluster,
+) -> None:
+    """kafka-topics --alter --replica-assignment: one colon-separated node list per new
+    partition, preferred leader first; lists that do not fit are refused saying why."""
+    b = cluster.bootstrap
+    with Admin(b, request_timeout_ms=15_000) as admin:
+        admin.create_topic("ap-t", replica_assignment={0: [1, 2]})
+        common = ["topics", "add-partitions", "ap-t", "-b", b]
+        done = strom(*common, "--partitions", "3", "--replica-assignment", "2:3,3:1")
+        assert done.stdout == b"topic ap-t now has 3 partitions\n"
+        placed = {p.partition: p.replicas for p in admin.describe_topic("ap-t").partitions}
+        assert placed == {0: (1, 2), 1: (2, 3), 2: (3, 1)}
+        for argv, code, said in [
+            (
+                ["--partitions", "5", "--replica-assignment", "1:2"],
+                2,
+                "strom topics add-partitions: error: --replica-assignment has 1 list but "
+                "topic ap-t grows from 3 to 5 partitions: give one list per new partition (2)",
+            ),
+            (
+                ["--partitions", "4", "--replica-assignment", "1:1"],
+                2,
+                "strom topics add-partitions: error: --replica-assignment '1:1': list 1 "
+                "('1:1') names a node twice",
+            ),
+            (["--partitions", "4", "--replica-assignment", "1"], 1, "INVALID_REPLICA_ASSIGNMENT"),
+            (
+                ["--partitions", "4", "--replica-assignment", "1:9"],
+                1,
+                "partition 3 names node 9, which is not a live node",
+            ),
+        ]:
+            bad = strom(*common, *argv, check=False)
+            err = bad.stderr.decode()
+            assert bad.returncode == code and len(err.splitlines()) == 1, (argv, err)
+            assert said in err and "Traceback" not in err, (argv, err)
+        assert admin.describe_topic("ap-t").partition_count == 3
+
+
 def test_console_tools_round_trip_across_three_nodes(cluster: LocalCluster) -> None:
     b = cluster.bootstrap
     strom("topics", "create", "lines", "--partitions", "3", "--replication-factor", "1", "-b", b)

@@ -57,6 +57,16 @@ def nothing_connects(monkeypatch: pytest.MonkeyPatch) -> None:
             "strom groups reset-offsets",
             "--to-datetime 'bad'",
         ),
+        (
+            ["topics", "add-partitions", "t", "--partitions", "3", "--replica-assignment", "1:x"],
+            "strom topics add-partitions",
+            "--replica-assignment '1:x': list 1 ('1:x') is not node ids joined by ':'",
+        ),
+        (
+            ["topics", "add-partitions", "t", "--partitions", "3", "--replica-assignment", "1,"],
+            "strom topics add-partitions",
+            "--replica-assignment '1,': list 2 ('') is not node ids",
+        ),
         (["dev", "up", "--nodes", "0"], "strom dev up", "--nodes"),
         (["dev", "up", "--controllers", "0"], "strom dev up", "--controllers"),
         (["dev", "up", "--coordinators", "-1"], "strom dev up", "--coordinators"),

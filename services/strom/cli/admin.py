@@ -164,6 +164,14 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         required=True,
         help="the new total (larger than now)",
     )
+    ap.add_argument(
+        "--replica-assignment",
+        metavar="ID:ID,ID:ID,...",
+        help="where the new partitions go, as Kafka's tool takes it: one colon-separated list "
+        "of node ids per NEW partition, preferred leader first, each as long as the topic's "
+        "replication factor (1:2,2:3 places the next two partitions on nodes 1,2 and 2,3); "
+        "default: the controller spreads them",
+    )
     ap.add_argument("--validate-only", action="store_true")
     cf = tsub.add_parser(
         "configs", parents=[common], help="a topic's effective configs and where they come from"
@@ -277,6 +285,8 @@ def _check_usage(args: argparse.Namespace) -> None:
         _kv(args.set, "--set")
     elif args.topics_cmd == "reassign":
         _replicas(args)
+    elif args.topics_cmd == "add-partitions" and args.replica_assignment is not None:
+        replica_lists(args.replica_assignment)
 
 
 def run_topics(args: argparse.Namespace, out: Any) -> int:
@@ -458,10 +468,55 @@ def _alter(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: A
         print(f"topic {args.topic} now has {counted(args.partitions, 'partition')}", file=out)
 
 
+def replica_lists(text: str) -> list[list[int]]:
+    """``--replica-assignment 1:2,2:3``: a list of node ids for each partition (Kafka's
+    syntax); UsageError naming the part that is not one, or a node given twice in a list."""
+    flag = f"--replica-assignment {text!r}"
+    lists: list[list[int]] = []
+    for i, part in enumerate(text.split(",")):
+        ids = [x.strip() for x in part.split(":")]
+        if not all(x.isdigit() for x in ids):
+            raise UsageError(
+                f"{flag}: list {i + 1} ({part.strip()!r}) is not node ids joined by ':' "
+                "(one list per new partition, separated by ',', e.g. 1:2,2:3)"
+            )
+        nodes = [int(x) for x in ids]
+        if any(n > INT32_MAX for n in nodes):
+            raise UsageError(f"{flag}: node ids are 0 to {INT32_MAX}")
+        if len(set(nodes)) != len(nodes):
+            raise UsageError(f"{flag}: list {i + 1} ({part.strip()!r}) names a node twice")
+        lists.append(nodes)
+    return lists
+
+
+def _new_assignment(admin: Admin, args: argparse.Namespace) -> dict[int, list[int]] | None:
+    """``--replica-assignment`` keyed by the new partitions' numbers (the Admin API's form):
+    the lists must be as many as the partitions added (UsageError saying how many)."""
+    if args.replica_assignment is None:
+        return None
+    lists = replica_lists(args.replica_assignment)
+    now = admin.describe_topic(args.topic).partition_count
+    added = args.partitions - now
+    if added > 0 and len(lists) != added:
+        raise UsageError(
+            f"--replica-assignment has {counted(len(lists), 'list')} but topic {args.topic} "
+            f"grows from {now} to {args.partitions} partitions: give one list per new "
+            f"partition ({added})"
+        )
+    return {now + i: nodes for i, nodes in enumerate(lists)}
+
+
 def _add_partitions(
     admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any
 ) -> None:
-    admin.create_partitions(args.topic, args.partitions, validate_only=args.validate_only)
+    """Grow the topic; with ``--replica-assignment``, on the nodes given. A count that does
+    not grow is left to the controller's refusal (INVALID_PARTITIONS), which says why."""
+    admin.create_partitions(
+        args.topic,
+        args.partitions,
+        replica_assignment=_new_assignment(admin, args),
+        validate_only=args.validate_only,
+    )
     if args.validate_only:
         print(f"topic {args.topic} can grow to {counted(args.partitions, 'partition')}", file=out)
     else:
