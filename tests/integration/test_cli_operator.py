@@ -223,3 +223,35 @@ def test_delete_offsets_of_a_group_refuses_a_topic_its_members_are_subscribed_to
     )
     assert unknown.returncode == 1
     assert "GROUP_ID_NOT_FOUND" in _one_error_line(unknown.stderr)
+
+
+def test_reset_to_current_keeps_the_committed_offsets_and_says_where_there_are_none(
+    bootstrap: str,
+) -> None:
+    """Kafka's --to-current: each partition to its committed offset; one with nothing
+    committed gets its latest offset, said on stderr; a dry run unless --execute."""
+    p0, p1 = TopicPartition("op-cur", 0), TopicPartition("op-cur", 1)
+    with Admin(bootstrap) as admin:
+        admin.create_topic("op-cur", partitions=2, replication_factor=1)
+        with Producer(bootstrap) as p:
+            for _ in range(3):
+                p.send("op-cur", b"x", partition=0)
+                p.send("op-cur", b"y", partition=1)
+            p.flush()
+        admin.alter_group_offsets("op-cur-g", {p0: 2})
+        common = ["groups", "reset-offsets", "op-cur-g", "--topic", "op-cur", "--to-current"]
+        dry = strom(*common, "-b", bootstrap)
+        assert _rows(dry.stdout)[:3] == [
+            ["TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
+            ["op-cur", "0", "2", "2"],
+            ["op-cur", "1", "-", "3"],
+        ]
+        assert b"dry run" in dry.stdout
+        assert dry.stderr.decode().splitlines() == [
+            "strom groups reset-offsets: op-cur-1: no committed offset; setting its latest "
+            "offset (3), as Kafka's tool does"
+        ]
+        assert set(admin.list_group_offsets("op-cur-g")) == {p0}  # nothing changed
+        strom(*common, "--execute", "-b", bootstrap)
+        got = admin.list_group_offsets("op-cur-g")
+        assert {tp: om.offset for tp, om in got.items() if om} == {p0: 2, p1: 3}

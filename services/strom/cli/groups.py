@@ -110,6 +110,12 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     how = r.add_mutually_exclusive_group(required=True)
     how.add_argument("--to-earliest", action="store_true")
     how.add_argument("--to-latest", action="store_true")
+    how.add_argument(
+        "--to-current",
+        action="store_true",
+        help="to the committed offset (Kafka's --to-current); a partition with nothing "
+        "committed is set to its latest offset, as Kafka's tool does (said on stderr)",
+    )
     how.add_argument("--to-offset", type=int, metavar="OFFSET")
     how.add_argument(
         "--to-datetime",
@@ -387,12 +393,15 @@ def plan_reset(
     to_offset: int | None = None,
     shift_by: int | None = None,
     to_earliest: bool = False,
+    to_current: bool = False,
     notes: list[str] | None = None,
 ) -> dict[TopicPartition, int]:
     """The new offset of each partition, clamped to [earliest, latest] as Kafka's tool does.
 
     ``by_time`` holds the ListOffsets answers for ``--to-datetime`` (-1 = no record that late:
-    the end). A shift from a partition with nothing committed starts from its earliest offset.
+    the end). A shift from a partition with nothing committed starts from its earliest offset;
+    ``to_current`` keeps the committed offset, or sets the latest where there is none (Kafka's
+    ``--to-current``).
     ``notes`` gets a line for each offset moved into the log and each such shift, in Kafka's
     words: a clamp used to go unsaid, so ``--to-offset 7`` silently set the end (found from
     outside).
@@ -405,6 +414,13 @@ def plan_reset(
             new = lo
         elif to_offset is not None:
             new = to_offset
+        elif to_current:
+            if tp not in committed:
+                said.append(
+                    f"{tp.topic}-{tp.partition}: no committed offset; setting its latest "
+                    f"offset ({hi}), as Kafka's tool does"
+                )
+            new = committed.get(tp, hi)
         elif shift_by is not None:
             if tp not in committed:
                 said.append(
@@ -470,6 +486,7 @@ def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
         to_offset=args.to_offset,
         shift_by=args.shift_by,
         to_earliest=args.to_earliest,
+        to_current=args.to_current,
         notes=notes,
     )
     for note in notes:  # on stderr, as Kafka's tool warns: stdout stays the table
