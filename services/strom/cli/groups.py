@@ -50,7 +50,9 @@ INCOMPLETE = 2
 
 
 def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    groups = sub.add_parser("groups", help="list, describe, delete consumer groups, reset offsets")
+    groups = sub.add_parser(
+        "groups", help="list, describe, delete consumer groups; delete or reset their offsets"
+    )
     gsub = groups.add_subparsers(dest="groups_cmd", metavar="ACTION")
     gsub.required = True
     ls = gsub.add_parser(
