@@ -332,12 +332,22 @@ def test_add_partitions_places_the_new_partitions_by_replica_assignment(
                 1,
                 "partition 3 names node 9, which is not a live node",
             ),
+            (
+                ["--partitions", "4", "--replica-assignment", "2:1,2:3,3:1,1:3"],
+                2,
+                "strom topics add-partitions: error: --replica-assignment: list 1 (2:1) is for "
+                "existing partition 0, whose replicas are 1:2: adding partitions does not move",
+            ),
         ]:
             bad = strom(*common, *argv, check=False)
             err = bad.stderr.decode()
             assert bad.returncode == code and len(err.splitlines()) == 1, (argv, err)
             assert said in err and "Traceback" not in err, (argv, err)
         assert admin.describe_topic("ap-t").partition_count == 3
+        # Kafka's other form: a list for every partition, the existing ones' as they are.
+        strom(*common, "--partitions", "4", "--replica-assignment", "1:2,2:3,3:1,1:3")
+        placed = {p.partition: p.replicas for p in admin.describe_topic("ap-t").partitions}
+        assert placed == {0: (1, 2), 1: (2, 3), 2: (3, 1), 3: (1, 3)}
 
 
 def test_console_tools_round_trip_across_three_nodes(cluster: LocalCluster) -> None:

@@ -169,8 +169,9 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="ID:ID,ID:ID,...",
         help="where the new partitions go, as Kafka's tool takes it: one colon-separated list "
         "of node ids per NEW partition, preferred leader first, each as long as the topic's "
-        "replication factor (1:2,2:3 places the next two partitions on nodes 1,2 and 2,3); "
-        "default: the controller spreads them",
+        "replication factor (1:2,2:3 places the next two partitions on nodes 1,2 and 2,3; a "
+        "list for every partition, the existing ones' as they are, is taken too); default: "
+        "the controller spreads them",
     )
     ap.add_argument("--validate-only", action="store_true")
     cf = tsub.add_parser(
@@ -490,14 +491,31 @@ def replica_lists(text: str) -> list[list[int]]:
 
 
 def _new_assignment(admin: Admin, args: argparse.Namespace) -> dict[int, list[int]] | None:
-    """``--replica-assignment`` keyed by the new partitions' numbers (the Admin API's form):
-    the lists must be as many as the partitions added (UsageError saying how many)."""
+    """``--replica-assignment`` keyed by the new partitions' numbers (the Admin API's form).
+    One list per partition added; or, as Kafka's tool also takes it, one per partition of
+    the grown topic, whose lists for the existing partitions must be their replicas now
+    (they are not moved: UsageError naming `topics reassign`). Any other count is a
+    UsageError saying how many lists are wanted."""
     if args.replica_assignment is None:
         return None
     lists = replica_lists(args.replica_assignment)
-    now = admin.describe_topic(args.topic).partition_count
+    topic = admin.describe_topic(args.topic)
+    now = topic.partition_count
     added = args.partitions - now
-    if added > 0 and len(lists) != added:
+    if added <= 0:
+        return None  # the controller refuses the count, saying why (INVALID_PARTITIONS)
+    if len(lists) == args.partitions:
+        for p in topic.partitions:
+            if list(p.replicas) != lists[p.partition]:
+                raise UsageError(
+                    f"--replica-assignment: list {p.partition + 1} "
+                    f"({':'.join(map(str, lists[p.partition]))}) is for existing partition "
+                    f"{p.partition}, whose replicas are {':'.join(map(str, p.replicas))}: "
+                    "adding partitions does not move existing ones (`strom topics reassign` "
+                    "does); give one list per new partition"
+                )
+        lists = lists[now:]
+    if len(lists) != added:
         raise UsageError(
             f"--replica-assignment has {counted(len(lists), 'list')} but topic {args.topic} "
             f"grows from {now} to {args.partitions} partitions: give one list per new "
