@@ -8,8 +8,11 @@ from __future__ import annotations
 import pytest
 
 from strom.client import Admin
+from strom.client.consumer import Consumer
 from strom.client.producer import Producer
+from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
 
 from .test_cluster_cli import strom
 
@@ -165,3 +168,90 @@ def test_reset_all_topics_of_a_group_by_duration(bootstrap: str) -> None:
     assert b"reset 1 offsets of group op-dur" in got.stdout, got.stdout
     rows = [line.split() for line in got.stdout.decode().splitlines()]
     assert ["op-nulls", "0", "5", "0"] in rows, rows  # every record is less than an hour old
+
+
+def _rows(stdout: bytes) -> list[list[str]]:
+    return [line.split(None, 3) for line in stdout.decode().splitlines()]
+
+
+def test_delete_offsets_of_a_group_refuses_a_topic_its_members_are_subscribed_to(
+    bootstrap: str,
+) -> None:
+    """Kafka's `kafka-consumer-groups --delete-offsets`: the offsets of the topics given are
+    deleted and printed; a topic a member of the group is subscribed to keeps its offsets
+    (GROUP_SUBSCRIBED_TO_TOPIC, one line on stderr, exit 1) while the others go."""
+    a, b = TopicPartition("op-do-a", 0), TopicPartition("op-do-b", 1)
+    with Admin(bootstrap) as admin:
+        admin.create_topic("op-do-a", partitions=1, replication_factor=1)
+        admin.create_topic("op-do-b", partitions=2, replication_factor=1)
+        admin.alter_group_offsets("op-do", {a: 0, TopicPartition("op-do-b", 0): 0, b: 0})
+        common = ["groups", "delete-offsets", "op-do", "-b", bootstrap]
+        with Consumer(bootstrap, group_id="op-do") as member:
+            member.subscribe(["op-do-a"])
+            wait_for(
+                lambda: member.poll(timeout_ms=100) is not None and member.assignment(),
+                timeout=60,
+                what="the member's assignment",
+            )
+            got = strom(*common, "--topic", "op-do-a", "--topic", "op-do-b:1", check=False)
+            assert got.returncode == 1, got
+            line = _one_error_line(got.stderr)
+            assert line == (
+                "strom groups delete-offsets: error: group op-do has members subscribed to "
+                "topic op-do-a: its offsets are kept (stop the members, or let them "
+                "unsubscribe, first) (GroupSubscribedToTopicError)"
+            )
+            assert _rows(got.stdout) == [
+                ["TOPIC", "PARTITION", "OFFSET", "STATUS"],
+                ["op-do-a", "0", "0", "refused: subscribed"],
+                ["op-do-b", "1", "0", "deleted"],
+                ["deleted", "1", "offset", "of group op-do"],
+            ]
+        assert set(admin.list_group_offsets("op-do")) == {a, TopicPartition("op-do-b", 0)}
+        got = strom(*common, "--topic", "op-do-a", "--topic", "op-do-b")
+        assert _rows(got.stdout) == [
+            ["TOPIC", "PARTITION", "OFFSET", "STATUS"],
+            ["op-do-a", "0", "0", "deleted"],
+            ["op-do-b", "0", "0", "deleted"],
+            ["deleted", "2", "offsets", "of group op-do"],
+        ]
+        assert admin.list_group_offsets("op-do") == {}
+        again = strom(*common, "--topic", "op-do-a").stdout.decode()
+        assert "group op-do has no committed offsets of topic op-do-a" in again
+    unknown = strom(
+        "groups", "delete-offsets", "op-nobody", "--topic", "t", "-b", bootstrap, check=False
+    )
+    assert unknown.returncode == 1
+    assert "GROUP_ID_NOT_FOUND" in _one_error_line(unknown.stderr)
+
+
+def test_reset_to_current_keeps_the_committed_offsets_and_says_where_there_are_none(
+    bootstrap: str,
+) -> None:
+    """Kafka's --to-current: each partition to its committed offset; one with nothing
+    committed gets its latest offset, said on stderr; a dry run unless --execute."""
+    p0, p1 = TopicPartition("op-cur", 0), TopicPartition("op-cur", 1)
+    with Admin(bootstrap) as admin:
+        admin.create_topic("op-cur", partitions=2, replication_factor=1)
+        with Producer(bootstrap) as p:
+            for _ in range(3):
+                p.send("op-cur", b"x", partition=0)
+                p.send("op-cur", b"y", partition=1)
+            p.flush()
+        admin.alter_group_offsets("op-cur-g", {p0: 2})
+        common = ["groups", "reset-offsets", "op-cur-g", "--topic", "op-cur", "--to-current"]
+        dry = strom(*common, "-b", bootstrap)
+        assert _rows(dry.stdout)[:3] == [
+            ["TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
+            ["op-cur", "0", "2", "2"],
+            ["op-cur", "1", "-", "3"],
+        ]
+        assert b"dry run" in dry.stdout
+        assert dry.stderr.decode().splitlines() == [
+            "strom groups reset-offsets: op-cur-1: no committed offset; setting its latest "
+            "offset (3), as Kafka's tool does"
+        ]
+        assert set(admin.list_group_offsets("op-cur-g")) == {p0}  # nothing changed
+        strom(*common, "--execute", "-b", bootstrap)
+        got = admin.list_group_offsets("op-cur-g")
+        assert {tp: om.offset for tp, om in got.items() if om} == {p0: 2, p1: 3}

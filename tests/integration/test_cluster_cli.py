@@ -285,6 +285,131 @@ def test_offsets_of_a_topic_with_an_offline_partition_show_the_others(
     assert "LEADER_NOT_AVAILABLE" in got.stderr.decode()
 
 
+def _shown(stdout: bytes) -> set[tuple[str, int]]:
+    """(topic, partition) of the fl-* partitions a filtered `topics describe` printed."""
+    found = set()
+    for line in stdout.decode().splitlines():
+        fields = dict(f.split(": ", 1) for f in line.split("\t") if ": " in f)
+        assert "Topic" in fields and "Partition" in fields, line  # Kafka's: each line names both
+        if fields["Topic"].startswith("fl-"):
+            found.add((fields["Topic"], int(fields["Partition"])))
+    return found
+
+
+def test_describe_filters_partitions_as_kafka_topics_does(cluster: LocalCluster) -> None:
+    """kafka-topics --describe's --under-replicated-partitions, --unavailable-partitions and
+    --under-min-isr-partitions, of every topic or of those named: only the partitions that
+    match, each line naming its topic. Node 3 is stopped (restarted after the test)."""
+    b = cluster.bootstrap
+    with Admin(b, request_timeout_ms=15_000) as admin:
+        admin.create_topic(
+            "fl-two", replica_assignment={0: [1, 3], 1: [1, 2]}, config={"min.insync.replicas": 2}
+        )
+        admin.create_topic("fl-fine", replica_assignment={0: [1, 3]})  # min.insync.replicas 1
+        admin.create_topic("fl-gone", replica_assignment={0: [3]})
+        names = ["fl-two", "fl-fine", "fl-gone"]
+
+        def parts() -> dict[tuple[str, int], PartitionInfo]:
+            described = admin.describe_topics(names)
+            return {(t, p.partition): p for t, d in described.items() for p in d.partitions}
+
+        wait_for(
+            lambda: all(len(p.isr) == len(p.replicas) for p in parts().values()),
+            timeout=60,
+            what="every fl-* replica in sync",
+        )
+        for flag in ("--under-replicated-partitions", "--unavailable-partitions"):
+            assert _shown(strom("topics", "describe", flag, "-b", b).stdout) == set()
+        node3 = cluster.node(3)
+        assert node3.process is not None
+        node3.process.stop()
+        wait_for(
+            lambda: (
+                (p := parts())[("fl-two", 0)].isr == (1,)
+                and p[("fl-fine", 0)].isr == (1,)
+                and p[("fl-gone", 0)].offline
+            ),
+            timeout=60,
+            what="node 3 out of the ISRs and fl-gone-0 without a leader",
+        )
+    some = ["fl-two", "fl-fine", "-b", b]
+    under = strom("topics", "describe", "--under-replicated-partitions", *some)
+    assert _shown(under.stdout) == {("fl-two", 0), ("fl-fine", 0)}
+    assert "Configs" not in under.stdout.decode()
+    (line, _) = sorted(under.stdout.decode().splitlines())
+    assert line.startswith("Topic: fl-fine\tPartition: 0\tLeader: 1\t"), line
+    assert line.endswith("Replicas: 1,3\tIsr: 1\tOffline: 3\t(under-replicated)"), line
+    unavailable = strom("topics", "describe", "--unavailable-partitions", "-b", b)  # every topic
+    assert _shown(unavailable.stdout) == {("fl-gone", 0)}
+    min_isr = strom("topics", "describe", "--under-min-isr-partitions", *some)
+    assert _shown(min_isr.stdout) == {("fl-two", 0)}
+    got = json.loads(
+        strom("topics", "describe", "--under-min-isr-partitions", "--json", *some).stdout
+    )
+    assert [(t["name"], [p["partition"] for p in t["partitions"]]) for t in got] == [
+        ("fl-two", [0])
+    ]
+    both = strom(
+        "topics",
+        "describe",
+        "--unavailable-partitions",
+        "--under-min-isr-partitions",
+        *some,
+        check=False,
+    )
+    assert both.returncode == 2 and b"not allowed with argument" in both.stderr
+
+
+def test_add_partitions_places_the_new_partitions_by_replica_assignment(
+    cluster: LocalCluster,
+) -> None:
+    """kafka-topics --alter --replica-assignment: one colon-separated node list per new
+    partition, preferred leader first; lists that do not fit are refused saying why."""
+    b = cluster.bootstrap
+    with Admin(b, request_timeout_ms=15_000) as admin:
+        admin.create_topic("ap-t", replica_assignment={0: [1, 2]})
+        common = ["topics", "add-partitions", "ap-t", "-b", b]
+        done = strom(*common, "--partitions", "3", "--replica-assignment", "2:3,3:1")
+        assert done.stdout == b"topic ap-t now has 3 partitions\n"
+        placed = {p.partition: p.replicas for p in admin.describe_topic("ap-t").partitions}
+        assert placed == {0: (1, 2), 1: (2, 3), 2: (3, 1)}
+        for argv, code, said in [
+            (
+                ["--partitions", "5", "--replica-assignment", "1:2"],
+                2,
+                "strom topics add-partitions: error: --replica-assignment has 1 list but "
+                "topic ap-t grows from 3 to 5 partitions: give one list per new partition (2)",
+            ),
+            (
+                ["--partitions", "4", "--replica-assignment", "1:1"],
+                2,
+                "strom topics add-partitions: error: --replica-assignment '1:1': list 1 "
+                "('1:1') names a node twice",
+            ),
+            (["--partitions", "4", "--replica-assignment", "1"], 1, "INVALID_REPLICA_ASSIGNMENT"),
+            (
+                ["--partitions", "4", "--replica-assignment", "1:9"],
+                1,
+                "partition 3 names node 9, which is not a live node",
+            ),
+            (
+                ["--partitions", "4", "--replica-assignment", "2:1,2:3,3:1,1:3"],
+                2,
+                "strom topics add-partitions: error: --replica-assignment: list 1 (2:1) is for "
+                "existing partition 0, whose replicas are 1:2: adding partitions does not move",
+            ),
+        ]:
+            bad = strom(*common, *argv, check=False)
+            err = bad.stderr.decode()
+            assert bad.returncode == code and len(err.splitlines()) == 1, (argv, err)
+            assert said in err and "Traceback" not in err, (argv, err)
+        assert admin.describe_topic("ap-t").partition_count == 3
+        # Kafka's other form: a list for every partition, the existing ones' as they are.
+        strom(*common, "--partitions", "4", "--replica-assignment", "1:2,2:3,3:1,1:3")
+        placed = {p.partition: p.replicas for p in admin.describe_topic("ap-t").partitions}
+        assert placed == {0: (1, 2), 1: (2, 3), 2: (3, 1), 3: (1, 3)}
+
+
 def test_console_tools_round_trip_across_three_nodes(cluster: LocalCluster) -> None:
     b = cluster.bootstrap
     strom("topics", "create", "lines", "--partitions", "3", "--replication-factor", "1", "-b", b)

@@ -306,6 +306,31 @@ def test_timeout_bounds_a_command_against_a_cluster_that_does_not_answer(argv: l
     assert f"no result within --timeout 1 s (is the cluster at {down} up?" in done.stderr
 
 
+@pytest.mark.parametrize("argv", [["groups", "list"], ["transactions", "list"]])
+def test_coordinator_commands_retry_until_the_timeout_like_the_others(argv: list[str]) -> None:
+    """Found from outside: the commands that find coordinators with FindCoordinator asked
+    the nodes once, so against a cluster that does not answer they failed in a second or
+    so with `no strom node answered FindCoordinator`, and `--timeout` never applied. They
+    retry as the other commands do, so the bound is `--timeout` and its message."""
+    import subprocess
+    import sys
+
+    from strom.devcluster.procs import free_port
+
+    down = f"127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "strom.cli.main", *argv, "-b", down, "--timeout", "8"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"strom {argv[0]}: error: no result within --timeout 8 s (is the cluster at {down} "
+        "up? a request already sent may still take effect)"
+    ], done.stderr
+
+
 def test_timeout_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:
     assert _exit(["topics", "list", *B, "--timeout", "0"]) == 2
     assert "argument --timeout: must be more than 0" in capsys.readouterr().err

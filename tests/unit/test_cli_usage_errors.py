@@ -57,6 +57,16 @@ def nothing_connects(monkeypatch: pytest.MonkeyPatch) -> None:
             "strom groups reset-offsets",
             "--to-datetime 'bad'",
         ),
+        (
+            ["topics", "add-partitions", "t", "--partitions", "3", "--replica-assignment", "1:x"],
+            "strom topics add-partitions",
+            "--replica-assignment '1:x': list 1 ('1:x') is not node ids joined by ':'",
+        ),
+        (
+            ["topics", "add-partitions", "t", "--partitions", "3", "--replica-assignment", "1,"],
+            "strom topics add-partitions",
+            "--replica-assignment '1,': list 2 ('') is not node ids",
+        ),
         (["dev", "up", "--nodes", "0"], "strom dev up", "--nodes"),
         (["dev", "up", "--controllers", "0"], "strom dev up", "--controllers"),
         (["dev", "up", "--coordinators", "-1"], "strom dev up", "--coordinators"),
@@ -116,3 +126,58 @@ def test_a_cluster_name_with_a_slash_is_refused_before_anything_starts(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"{prog}: error: argument --cluster: ")
     assert "must be a non-empty name without '/'" in err[-1]
+
+
+@pytest.mark.usefixtures("nothing_connects")
+@pytest.mark.parametrize(
+    ("argv", "prog", "said"),
+    [
+        (["topics", "create", ""], "strom topics create", "argument topic: the topic name"),
+        (["topics", "delete", "t", ""], "strom topics delete", "argument topics: the topic"),
+        (["topics", "describe", " "], "strom topics describe", "argument topics: the topic"),
+        (["topics", "configs", ""], "strom topics configs", "argument topic: the topic"),
+        (
+            ["topics", "add-partitions", "", "--partitions", "2"],
+            "strom topics add-partitions",
+            "argument topic: the topic",
+        ),
+        (["groups", "describe", ""], "strom groups describe", "argument group: the group id"),
+        (["groups", "delete", "g", ""], "strom groups delete", "argument group: the group id"),
+        (
+            ["groups", "reset-offsets", "", "--all-topics", "--to-latest"],
+            "strom groups reset-offsets",
+            "argument group: the group id",
+        ),
+        (
+            ["groups", "reset-offsets", "g", "--topic", ":0", "--to-latest"],
+            "strom groups reset-offsets",
+            "--topic ':0': the topic name",
+        ),
+        (
+            ["transactions", "producers", ""],
+            "strom transactions producers",
+            "argument topic: the topic name",
+        ),
+        (
+            ["transactions", "describe", ""],
+            "strom transactions describe",
+            "argument transactional_id: the transactional id",
+        ),
+    ],
+)
+def test_an_empty_topic_or_group_name_is_a_usage_error(
+    argv: list[str], prog: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found from outside: `topics create ""` and `groups describe|delete|reset-offsets ""`
+    failed in the cluster (exit 1) and `topics delete ""` said `topic '' does not exist`,
+    where the README promised a usage error."""
+    try:
+        code = main([*argv, *B])
+    except SystemExit as exit_:  # refused by argparse itself (the argument's type)
+        code = exit_.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error:" in line]
+    assert errors == [err.strip().splitlines()[-1]], err
+    assert errors[0].startswith(f"{prog}: error: ") and said in errors[0], errors[0]
+    assert errors[0].endswith("must not be empty"), errors[0]

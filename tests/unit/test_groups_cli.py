@@ -33,6 +33,11 @@ def test_each_strategy_clamped_to_the_log() -> None:
     assert _plan(shift_by=-100) == {A: 5, B: 0}
     assert _plan(shift_by=3) == {A: 23, B: 3}  # nothing committed on B: from its start
     assert _plan(by_time={A: 12, B: -1}) == {A: 12, B: 10}  # -1: no record that late
+    notes: list[str] = []
+    assert _plan(to_current=True, notes=notes) == {A: 20, B: 10}  # nothing on B: its latest
+    assert notes == [
+        "t-1: no committed offset; setting its latest offset (10), as Kafka's tool does"
+    ]
 
 
 @pytest.fixture

@@ -9,14 +9,15 @@ proto JSON), which scripts may already parse.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
 from strom.api import common_pb2, controller_pb2
-from strom.argtypes import INT32_MAX, UsageError, int_at_least, iso_time_ms
+from strom.argtypes import INT32_MAX, UsageError, int_at_least, iso_time_ms, topic_name
 from strom.cli import counted
 from strom.cli.jsonout import message_dict, message_json
 from strom.client.admin import (
@@ -24,7 +25,9 @@ from strom.client.admin import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     Admin,
     OffsetSpec,
+    PartitionInfo,
     TopicDescription,
+    _partition_info,
 )
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
@@ -95,7 +98,7 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     tsub = topics.add_subparsers(dest="topics_cmd", metavar="ACTION")
     tsub.required = True
     c = tsub.add_parser("create", parents=[common], help="create a topic")
-    c.add_argument("topic")
+    c.add_argument("topic", type=topic_name)
     c.add_argument(
         "--partitions",
         type=int_at_least(1, maximum=INT32_MAX),
@@ -126,17 +129,34 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="describe topics (all by default): partitions, then every config and its source",
     )
-    d.add_argument("topics", nargs="*")
+    d.add_argument("topics", nargs="*", type=topic_name)
     d.add_argument("--json", action="store_true")
+    only = d.add_mutually_exclusive_group()
+    only.add_argument(
+        "--under-replicated-partitions",
+        action="store_true",
+        help="only partitions with a replica out of the ISR (no configs printed)",
+    )
+    only.add_argument(
+        "--unavailable-partitions",
+        action="store_true",
+        help="only partitions without a live leader (no configs printed)",
+    )
+    only.add_argument(
+        "--under-min-isr-partitions",
+        action="store_true",
+        help="only partitions whose ISR is smaller than the topic's min.insync.replicas "
+        "(acks=all writes to them fail; no configs printed)",
+    )
     rm = tsub.add_parser("delete", parents=[common], help="delete topics and their data")
-    rm.add_argument("topics", nargs="+")
+    rm.add_argument("topics", nargs="+", type=topic_name)
     rm.add_argument(
         "--if-exists",
         action="store_true",
         help="a topic that does not exist is no error (it is named on stderr, exit 0)",
     )
     a = tsub.add_parser("alter", parents=[common], help="change configs or add partitions")
-    a.add_argument("topic")
+    a.add_argument("topic", type=topic_name)
     a.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config")
     a.add_argument("--delete", action="append", metavar="KEY", help="reset a config")
     a.add_argument(
@@ -145,25 +165,34 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     ap = tsub.add_parser(
         "add-partitions", parents=[common], help="grow a topic to a larger partition count"
     )
-    ap.add_argument("topic")
+    ap.add_argument("topic", type=topic_name)
     ap.add_argument(
         "--partitions",
         type=int_at_least(1, maximum=INT32_MAX),
         required=True,
         help="the new total (larger than now)",
     )
+    ap.add_argument(
+        "--replica-assignment",
+        metavar="ID:ID,ID:ID,...",
+        help="where the new partitions go, as Kafka's tool takes it: one colon-separated list "
+        "of node ids per NEW partition, preferred leader first, each as long as the topic's "
+        "replication factor (1:2,2:3 places the next two partitions on nodes 1,2 and 2,3; a "
+        "list for every partition, the existing ones' as they are, is taken too); default: "
+        "the controller spreads them",
+    )
     ap.add_argument("--validate-only", action="store_true")
     cf = tsub.add_parser(
         "configs", parents=[common], help="a topic's effective configs and where they come from"
     )
-    cf.add_argument("topic")
+    cf.add_argument("topic", type=topic_name)
     cf.add_argument("--json", action="store_true")
     o = tsub.add_parser(
         "offsets",
         parents=[common],
         help="earliest and latest offsets per partition (or the offset at --time)",
     )
-    o.add_argument("topics", nargs="+")
+    o.add_argument("topics", nargs="+", type=topic_name)
     o.add_argument(
         "--partition", type=int, action="append", help="only this partition (repeatable)"
     )
@@ -180,7 +209,7 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="delete a topic's records below an offset (offsets are not reused)",
     )
-    dr.add_argument("topic")
+    dr.add_argument("topic", type=topic_name)
     dr.add_argument(
         "--partition", type=int, action="append", help="only this partition (repeatable)"
     )
@@ -194,7 +223,7 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="move leadership to preferred replicas (or --unclean: elect any live replica)",
     )
-    e.add_argument("topics", nargs="*", help="default: every topic")
+    e.add_argument("topics", nargs="*", type=topic_name, help="default: every topic")
     e.add_argument(
         "--unclean",
         action="store_true",
@@ -203,14 +232,14 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     r = tsub.add_parser(
         "reassign", parents=[common], help="move a partition to other replicas, or cancel a move"
     )
-    r.add_argument("topic")
+    r.add_argument("topic", type=topic_name)
     r.add_argument("--partition", type=int, required=True)
     r.add_argument("--replicas", metavar="ID,ID,...", help="target replicas, preferred first")
     r.add_argument("--cancel", action="store_true", help="cancel the move in progress")
     ra = tsub.add_parser(
         "reassignments", parents=[common], help="list partition reassignments in progress"
     )
-    ra.add_argument("topics", nargs="*", help="default: every topic")
+    ra.add_argument("topics", nargs="*", type=topic_name, help="default: every topic")
 
 
 def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -239,6 +268,22 @@ def controller_client(bootstrap: str | None) -> ClusterClient:
     )
 
 
+@contextlib.contextmanager
+def answering_client(bootstrap: str | None) -> Iterator[ClusterClient]:
+    """The connection of a command that asks the group or transaction coordinators, once a
+    storage node has answered: nodes are asked again until the clients' API timeout (or the
+    command's ``--timeout``), as every other admin command does, and a cluster that never
+    answers fails as theirs do (``no strom node answered at ...``).
+
+    FIX (found from outside): these commands find the coordinators with FindCoordinator, one
+    pass over the nodes, so with nothing answering ``strom groups list`` failed in a second
+    (``no strom node answered FindCoordinator``), ``groups describe`` after 15 s, and neither
+    ever gave the ``--timeout`` message the README promised."""
+    with controller_client(bootstrap) as client:
+        client.metadata(skip_topics=True)
+        yield client
+
+
 def _check_usage(args: argparse.Namespace) -> None:
     """UsageError for arguments argparse cannot check alone, before any connection."""
     if args.topics_cmd == "create":
@@ -249,6 +294,8 @@ def _check_usage(args: argparse.Namespace) -> None:
         _kv(args.set, "--set")
     elif args.topics_cmd == "reassign":
         _replicas(args)
+    elif args.topics_cmd == "add-partitions" and args.replica_assignment is not None:
+        replica_lists(args.replica_assignment)
 
 
 def run_topics(args: argparse.Namespace, out: Any) -> int:
@@ -289,7 +336,36 @@ def _list(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: An
         print(name, file=out)
 
 
+#: A partition filter of ``topics describe``: whether the topic's partition is to be shown.
+PartitionFilter = Callable[[str, PartitionInfo], bool]
+
+
+def _partition_filter(admin: Admin, args: argparse.Namespace) -> PartitionFilter | None:
+    """The filter of Kafka's ``kafka-topics --describe`` flags, None without one. The ISR of
+    ``--under-min-isr-partitions`` is held against each topic's effective min.insync.replicas
+    (its override, else the default), asked once per topic that has partitions."""
+    if args.under_replicated_partitions:
+        return lambda _topic, p: p.under_replicated
+    if args.unavailable_partitions:
+        return lambda _topic, p: p.offline
+    if not args.under_min_isr_partitions:
+        return None
+    min_isr: dict[str, int] = {}
+
+    def under_min_isr(topic: str, p: PartitionInfo) -> bool:
+        if topic not in min_isr:
+            entry = admin.describe_configs(topic, names=["min.insync.replicas"])
+            min_isr[topic] = int(entry["min.insync.replicas"].value or 1)
+        return len(p.isr) < min_isr[topic]
+
+    return under_min_isr
+
+
 def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+    wanted = _partition_filter(admin, args)
+    if wanted is not None:
+        _describe_filtered(admin, client, args, wanted, out)
+        return
     if args.json:
         # The controller's answer as is: a stable shape for scripts.
         resp = client.controller_call(
@@ -315,6 +391,39 @@ def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
         for e in admin.describe_configs(t.name).values():
             value = "(sensitive)" if e.sensitive else ("-" if e.value is None else e.value)
             print(f"\t\t{e.name}={value}\t({e.source})", file=out)
+
+
+def _describe_filtered(
+    admin: Admin,
+    client: ClusterClient,
+    args: argparse.Namespace,
+    wanted: PartitionFilter,
+    out: Any,
+) -> None:
+    """``topics describe`` with a partition filter: as Kafka's tool, only the partitions that
+    match, each line naming its topic (no topic lines, no configs; nothing when none
+    matches). With ``--json`` the controller's answer, each topic's partitions filtered and
+    the topics without a match left out."""
+    resp = client.controller_call(
+        "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=args.topics)
+    )
+    failed = [t for t in resp.topics if t.error_code]
+    if failed:
+        raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
+    rows = []
+    for t in resp.topics if args.topics else sorted(resp.topics, key=lambda t: t.name):
+        shown = [p for p in t.partitions if wanted(t.name, _partition_info(p))]
+        if not shown:
+            continue
+        if args.json:
+            d = message_dict(t)
+            d["partitions"] = [message_dict(p) for p in shown]
+            rows.append(d)
+            continue
+        for p in shown:
+            print(f"Topic: {t.name}\t{_partition_line(_partition_info(p))}", file=out)
+    if args.json:
+        print(json.dumps(rows, indent=2), file=out)
 
 
 def _delete(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
@@ -368,10 +477,72 @@ def _alter(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: A
         print(f"topic {args.topic} now has {counted(args.partitions, 'partition')}", file=out)
 
 
+def replica_lists(text: str) -> list[list[int]]:
+    """``--replica-assignment 1:2,2:3``: a list of node ids for each partition (Kafka's
+    syntax); UsageError naming the part that is not one, or a node given twice in a list."""
+    flag = f"--replica-assignment {text!r}"
+    lists: list[list[int]] = []
+    for i, part in enumerate(text.split(",")):
+        ids = [x.strip() for x in part.split(":")]
+        if not all(x.isdigit() for x in ids):
+            raise UsageError(
+                f"{flag}: list {i + 1} ({part.strip()!r}) is not node ids joined by ':' "
+                "(one list per new partition, separated by ',', e.g. 1:2,2:3)"
+            )
+        nodes = [int(x) for x in ids]
+        if any(n > INT32_MAX for n in nodes):
+            raise UsageError(f"{flag}: node ids are 0 to {INT32_MAX}")
+        if len(set(nodes)) != len(nodes):
+            raise UsageError(f"{flag}: list {i + 1} ({part.strip()!r}) names a node twice")
+        lists.append(nodes)
+    return lists
+
+
+def _new_assignment(admin: Admin, args: argparse.Namespace) -> dict[int, list[int]] | None:
+    """``--replica-assignment`` keyed by the new partitions' numbers (the Admin API's form).
+    One list per partition added; or, as Kafka's tool also takes it, one per partition of
+    the grown topic, whose lists for the existing partitions must be their replicas now
+    (they are not moved: UsageError naming `topics reassign`). Any other count is a
+    UsageError saying how many lists are wanted."""
+    if args.replica_assignment is None:
+        return None
+    lists = replica_lists(args.replica_assignment)
+    topic = admin.describe_topic(args.topic)
+    now = topic.partition_count
+    added = args.partitions - now
+    if added <= 0:
+        return None  # the controller refuses the count, saying why (INVALID_PARTITIONS)
+    if len(lists) == args.partitions:
+        for p in topic.partitions:
+            if list(p.replicas) != lists[p.partition]:
+                raise UsageError(
+                    f"--replica-assignment: list {p.partition + 1} "
+                    f"({':'.join(map(str, lists[p.partition]))}) is for existing partition "
+                    f"{p.partition}, whose replicas are {':'.join(map(str, p.replicas))}: "
+                    "adding partitions does not move existing ones (`strom topics reassign` "
+                    "does); give one list per new partition"
+                )
+        lists = lists[now:]
+    if len(lists) != added:
+        raise UsageError(
+            f"--replica-assignment has {counted(len(lists), 'list')} but topic {args.topic} "
+            f"grows from {now} to {args.partitions} partitions: give one list per new "
+            f"partition ({added})"
+        )
+    return {now + i: nodes for i, nodes in enumerate(lists)}
+
+
 def _add_partitions(
     admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any
 ) -> None:
-    admin.create_partitions(args.topic, args.partitions, validate_only=args.validate_only)
+    """Grow the topic; with ``--replica-assignment``, on the nodes given. A count that does
+    not grow is left to the controller's refusal (INVALID_PARTITIONS), which says why."""
+    admin.create_partitions(
+        args.topic,
+        args.partitions,
+        replica_assignment=_new_assignment(admin, args),
+        validate_only=args.validate_only,
+    )
     if args.validate_only:
         print(f"topic {args.topic} can grow to {counted(args.partitions, 'partition')}", file=out)
     else:
@@ -637,27 +808,30 @@ def _print_topic(t: TopicDescription, out: Any) -> None:
         file=out,
     )
     for p in t.partitions:
-        flags = []
-        if p.under_replicated:
-            flags.append("under-replicated")
-        if p.offline:
-            flags.append("offline")
-        if p.reassigning:
-            flags.append(
-                f"reassigning: adding {_ids(p.adding_replicas)} "
-                f"removing {_ids(p.removing_replicas)}"
-            )
-        if p.recovering:
-            flags.append("recovering")
-        print(
-            f"\tPartition: {p.partition}\tLeader: {'none' if p.leader is None else p.leader}\t"
-            f"Epoch: {p.leader_epoch}\t"
-            f"Replicas: {','.join(map(str, p.replicas))}\t"
-            f"Isr: {','.join(map(str, p.isr))}"
-            + (f"\tOffline: {','.join(map(str, p.offline_replicas))}" if p.offline_replicas else "")
-            + (f"\t({', '.join(flags)})" if flags else ""),
-            file=out,
+        print(f"\t{_partition_line(p)}", file=out)
+
+
+def _partition_line(p: PartitionInfo) -> str:
+    """A partition as ``topics describe`` prints it (Kafka's fields, then strom's flags)."""
+    flags = []
+    if p.under_replicated:
+        flags.append("under-replicated")
+    if p.offline:
+        flags.append("offline")
+    if p.reassigning:
+        flags.append(
+            f"reassigning: adding {_ids(p.adding_replicas)} removing {_ids(p.removing_replicas)}"
         )
+    if p.recovering:
+        flags.append("recovering")
+    return (
+        f"Partition: {p.partition}\tLeader: {'none' if p.leader is None else p.leader}\t"
+        f"Epoch: {p.leader_epoch}\t"
+        f"Replicas: {','.join(map(str, p.replicas))}\t"
+        f"Isr: {','.join(map(str, p.isr))}"
+        + (f"\tOffline: {','.join(map(str, p.offline_replicas))}" if p.offline_replicas else "")
+        + (f"\t({', '.join(flags)})" if flags else "")
+    )
 
 
 def run_cluster(args: argparse.Namespace, out: Any) -> int:

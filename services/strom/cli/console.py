@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from strom.api import common_pb2
-from strom.argtypes import UsageError, int_at_least, number_above
+from strom.argtypes import UsageError, int_at_least, number_above, topic_name
 from strom.cli import counted
 from strom.errors import InvalidRequestError, MessageTooLargeError, StromError, error_for
 
@@ -27,7 +27,7 @@ ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 
 def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("produce", parents=[common], help="send stdin lines as records")
-    p.add_argument("topic", type=_topic)
+    p.add_argument("topic", type=topic_name)
     p.add_argument(
         "--key-separator",
         type=_separator,
@@ -78,7 +78,7 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "or --format make of it. A null key or value (a tombstone) prints as null, an empty "
         "one as nothing, as in Kafka's console consumer.",
     )
-    c.add_argument("topic", type=_topic)
+    c.add_argument("topic", type=topic_name)
     c.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
     c.add_argument("--partition", type=int_at_least(0), help="only this partition")
     c.add_argument(
@@ -230,14 +230,6 @@ def _properties_named(props: dict[str, Any], flag: str) -> Iterator[None]:
         if name is None or isinstance(exc, UsageError):
             raise
         raise UsageError(f"{flag} {name}: {exc}") from None
-
-
-def _topic(text: str) -> str:
-    """A topic argument: an empty one is refused here (found from outside: `strom consume ""`
-    ended in a traceback of the client's TypeError)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the topic name must not be empty")
-    return text
 
 
 def _not_blank(text: str) -> str:

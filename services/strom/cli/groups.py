@@ -1,12 +1,13 @@
-"""``strom groups list|describe|delete|reset-offsets``: consumer groups from the shell, as
-Kafka's ``kafka-consumer-groups.sh`` does it.
+"""``strom groups list|describe|delete|delete-offsets|reset-offsets``: consumer groups from
+the shell, as Kafka's ``kafka-consumer-groups.sh`` does it.
 
 The commands are the Admin client's group calls (``list_groups``, ``describe_groups``,
-``list_group_offsets``, ``alter_group_offsets``, ``delete_groups``; their coordinator calls are
-in :mod:`strom.client.group_admin`, which ``describe --json`` uses to print the coordinator's
-answer whole). Offsets are reset with an admin OffsetCommit (member epoch -1), which the
-coordinator accepts only while the group has no members, so a reset never races consumers;
-without ``--execute`` the command only prints what it would do (a dry run, like Kafka's tool).
+``list_group_offsets``, ``alter_group_offsets``, ``delete_group_offsets``,
+``delete_groups``; their coordinator calls are in :mod:`strom.client.group_admin`, which
+``describe --json`` uses to print the coordinator's answer whole). Offsets are reset with an
+admin OffsetCommit (member epoch -1), which the coordinator accepts only while the group has
+no members, so a reset never races consumers; without ``--execute`` the command only prints
+what it would do (a dry run, like Kafka's tool).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from strom.api import coordinator_pb2
-from strom.argtypes import UsageError, iso_time_ms
+from strom.argtypes import UsageError, group_id, iso_time_ms
+from strom.cli import counted
+from strom.cli.admin import answering_client
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.client.group_admin import (
@@ -31,7 +34,13 @@ from strom.client.group_admin import (
 )
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
-from strom.errors import ErrorCode, GroupIdNotFoundError, StromError, error_for
+from strom.errors import (
+    ErrorCode,
+    GroupIdNotFoundError,
+    GroupSubscribedToTopicError,
+    StromError,
+    error_for,
+)
 
 E = ErrorCode
 
@@ -41,7 +50,9 @@ INCOMPLETE = 2
 
 
 def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    groups = sub.add_parser("groups", help="list, describe, delete consumer groups, reset offsets")
+    groups = sub.add_parser(
+        "groups", help="list, describe, delete consumer groups; delete or reset their offsets"
+    )
     gsub = groups.add_subparsers(dest="groups_cmd", metavar="ACTION")
     gsub.required = True
     ls = gsub.add_parser(
@@ -54,7 +65,7 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ls.add_argument("--json", action="store_true")
     d = gsub.add_parser("describe", parents=[common], help="members, offsets and lag")
-    d.add_argument("group", nargs="*", help="one or more groups")
+    d.add_argument("group", nargs="*", type=group_id, help="one or more groups")
     d.add_argument(
         "--all-groups",
         action="store_true",
@@ -62,13 +73,30 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--json", action="store_true")
     rm = gsub.add_parser("delete", parents=[common], help="delete groups without members")
-    rm.add_argument("group", nargs="+")
+    rm.add_argument("group", nargs="+", type=group_id)
+    do = gsub.add_parser(
+        "delete-offsets",
+        parents=[common],
+        help="delete a group's committed offsets of some topics (Kafka's --delete-offsets)",
+        description="Delete the group's committed offsets of the topics given (of every "
+        "partition it committed, or only those listed). Refused for a topic some member of "
+        "the group is subscribed to (GROUP_SUBSCRIBED_TO_TOPIC: its offsets are kept, exit 1); "
+        "the other topics' offsets are deleted. Prints each partition and the offset deleted.",
+    )
+    do.add_argument("group", type=group_id)
+    do.add_argument(
+        "--topic",
+        action="append",
+        required=True,
+        metavar="TOPIC[:P,P...]",
+        help="topic (optionally only some partitions); repeatable",
+    )
     r = gsub.add_parser(
         "reset-offsets",
         parents=[common],
         help="set a group's committed offsets (dry run unless --execute)",
     )
-    r.add_argument("group")
+    r.add_argument("group", type=group_id)
     which = r.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--topic",
@@ -84,6 +112,12 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     how = r.add_mutually_exclusive_group(required=True)
     how.add_argument("--to-earliest", action="store_true")
     how.add_argument("--to-latest", action="store_true")
+    how.add_argument(
+        "--to-current",
+        action="store_true",
+        help="to the committed offset (Kafka's --to-current); a partition with nothing "
+        "committed is set to its latest offset, as Kafka's tool does (said on stderr)",
+    )
     how.add_argument("--to-offset", type=int, metavar="OFFSET")
     how.add_argument(
         "--to-datetime",
@@ -111,16 +145,17 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_groups(args: argparse.Namespace, out: Any) -> int:
-    if args.groups_cmd == "reset-offsets":  # bad arguments: a usage error, before connecting
+    if args.groups_cmd in ("reset-offsets", "delete-offsets"):  # before connecting
         for spec in args.topic or ():
             _topic_spec(spec)
+    if args.groups_cmd == "reset-offsets":
         if args.to_datetime is not None:
             _datetime_ms(args.to_datetime)
         if args.to_duration is not None:
             duration_ms(args.to_duration)
     if args.groups_cmd == "describe" and bool(args.all_groups) == bool(args.group):
         raise UsageError("give a group (or several) or --all-groups")
-    with ClusterClient(args.bootstrap) as client:
+    with answering_client(args.bootstrap) as client:
         return int(_COMMANDS[args.groups_cmd](client, args, out) or 0)
 
 
@@ -244,9 +279,59 @@ def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     return 1 if failed else 0
 
 
+def _delete_offsets(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """Kafka's ``--delete-offsets``: each topic's offsets deleted with one call, so that a
+    topic the group's members are subscribed to (refused by the coordinator, which checks it
+    atomically with the deletion) is told apart from the others, which are deleted."""
+    admin = _admin(client)
+    committed = {
+        tp: om.offset for tp, om in admin.list_group_offsets(args.group).items() if om is not None
+    }
+    if not committed:
+        admin.describe_groups([args.group])  # GroupIdNotFoundError for an unknown group
+    wanted: dict[str, list[TopicPartition]] = {}
+    for spec in args.topic:
+        topic, partitions = _topic_spec(spec)
+        if partitions is None:
+            tps = [tp for tp in committed if tp.topic == topic]
+        else:
+            tps = [TopicPartition(topic, p) for p in partitions]
+        wanted[topic] = list(dict.fromkeys([*wanted.get(topic, []), *tps]))
+    rows = [("TOPIC", "PARTITION", "OFFSET", "STATUS")]
+    deleted = refused = 0
+    for topic, tps in wanted.items():
+        if not tps:
+            print(f"group {args.group} has no committed offsets of topic {topic}", file=out)
+            continue
+        try:
+            admin.delete_group_offsets(args.group, tps)
+        except GroupSubscribedToTopicError:
+            refused += 1
+            print(
+                f"strom groups delete-offsets: error: group {args.group} has members "
+                f"subscribed to topic {topic}: its offsets are kept (stop the members, or "
+                "let them unsubscribe, first) (GroupSubscribedToTopicError)",
+                file=sys.stderr,
+            )
+            status = "refused: subscribed"
+        else:
+            status = "deleted"
+            deleted += sum(tp in committed for tp in tps)
+        for tp in tps:
+            offset = committed.get(tp)
+            what = "nothing committed" if offset is None and status == "deleted" else status
+            rows.append((topic, str(tp.partition), "-" if offset is None else str(offset), what))
+    if len(rows) > 1:
+        _table(rows, out)
+    print(f"deleted {counted(deleted, 'offset')} of group {args.group}", file=out)
+    return 1 if refused else 0
+
+
 def _topic_spec(spec: str) -> tuple[str, list[int] | None]:
     """``--topic TOPIC[:P,P...]`` as (topic, partitions or None for all); UsageError."""
     topic, colon, parts = spec.partition(":")
+    if not topic.strip():
+        raise UsageError(f"--topic {spec!r}: the topic name must not be empty")
     if not colon:
         return topic, None
     items = [p.strip() for p in parts.split(",")]
@@ -310,12 +395,15 @@ def plan_reset(
     to_offset: int | None = None,
     shift_by: int | None = None,
     to_earliest: bool = False,
+    to_current: bool = False,
     notes: list[str] | None = None,
 ) -> dict[TopicPartition, int]:
     """The new offset of each partition, clamped to [earliest, latest] as Kafka's tool does.
 
     ``by_time`` holds the ListOffsets answers for ``--to-datetime`` (-1 = no record that late:
-    the end). A shift from a partition with nothing committed starts from its earliest offset.
+    the end). A shift from a partition with nothing committed starts from its earliest offset;
+    ``to_current`` keeps the committed offset, or sets the latest where there is none (Kafka's
+    ``--to-current``).
     ``notes`` gets a line for each offset moved into the log and each such shift, in Kafka's
     words: a clamp used to go unsaid, so ``--to-offset 7`` silently set the end (found from
     outside).
@@ -328,6 +416,13 @@ def plan_reset(
             new = lo
         elif to_offset is not None:
             new = to_offset
+        elif to_current:
+            if tp not in committed:
+                said.append(
+                    f"{tp.topic}-{tp.partition}: no committed offset; setting its latest "
+                    f"offset ({hi}), as Kafka's tool does"
+                )
+            new = committed.get(tp, hi)
         elif shift_by is not None:
             if tp not in committed:
                 said.append(
@@ -393,6 +488,7 @@ def _reset(client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
         to_offset=args.to_offset,
         shift_by=args.shift_by,
         to_earliest=args.to_earliest,
+        to_current=args.to_current,
         notes=notes,
     )
     for note in notes:  # on stderr, as Kafka's tool warns: stdout stays the table
@@ -415,4 +511,10 @@ def _table(rows: list[tuple[str, ...]], out: Any) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
 
 
-_COMMANDS = {"list": _list, "describe": _describe, "delete": _delete, "reset-offsets": _reset}
+_COMMANDS = {
+    "list": _list,
+    "describe": _describe,
+    "delete": _delete,
+    "delete-offsets": _delete_offsets,
+    "reset-offsets": _reset,
+}

@@ -23,7 +23,8 @@ from typing import Any
 import grpc
 
 from strom.api import coordinator_pb2, coordinator_pb2_grpc, storage_pb2
-from strom.argtypes import number_above
+from strom.argtypes import number_above, topic_name, transactional_id
+from strom.cli.admin import answering_client
 from strom.cli.groups import _table
 from strom.cli.jsonout import message_json
 from strom.client.admin import Admin, ProducerState
@@ -77,7 +78,7 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ls.add_argument("--json", action="store_true")
     d = tsub.add_parser("describe", parents=[common], help="one transactional id in detail")
-    d.add_argument("transactional_id")
+    d.add_argument("transactional_id", type=transactional_id)
     d.add_argument("--json", action="store_true")
     f = tsub.add_parser(
         "fence",
@@ -86,7 +87,9 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "producer's transaction holding read_committed readers back), refuses their old "
         "producers from then on",
     )
-    f.add_argument("transactional_ids", nargs="+", metavar="TRANSACTIONAL_ID")
+    f.add_argument(
+        "transactional_ids", nargs="+", type=transactional_id, metavar="TRANSACTIONAL_ID"
+    )
     pr = tsub.add_parser(
         "producers",
         parents=[common],
@@ -94,7 +97,7 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "transactions (what holds read_committed readers back); exit 2: some partition did "
         "not answer (named on stderr), the others are shown",
     )
-    pr.add_argument("topic")
+    pr.add_argument("topic", type=topic_name)
     pr.add_argument("--partition", type=int, action="append", help="repeatable; default: all")
     pr.add_argument("--json", action="store_true")
     fh = tsub.add_parser(
@@ -105,7 +108,10 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "2: some partition or coordinator did not answer, the result may be incomplete",
     )
     fh.add_argument(
-        "--topic", action="append", help="repeatable; default: every topic but the internal ones"
+        "--topic",
+        action="append",
+        type=topic_name,
+        help="repeatable; default: every topic but the internal ones",
     )
     fh.add_argument(
         "--max-transaction-timeout",
@@ -122,7 +128,7 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="write an abort marker for a hanging transaction of one partition (one no "
         "coordinator will end): find it with `strom transactions producers`",
     )
-    ab.add_argument("topic")
+    ab.add_argument("topic", type=topic_name)
     ab.add_argument("--partition", type=int, required=True)
     which = ab.add_mutually_exclusive_group(required=True)
     which.add_argument(
@@ -132,7 +138,7 @@ def add_transactions_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_transactions(args: argparse.Namespace, out: Any) -> int:
-    with ClusterClient(args.bootstrap) as client:
+    with answering_client(args.bootstrap) as client:
         if args.txn_cmd == "list":
             return _list(client, args, out)
         if args.txn_cmd == "fence":
@@ -454,7 +460,13 @@ def _describe_txn(client: ClusterClient, tid: str) -> coordinator_pb2.Transactio
     deadline = time.monotonic() + client.retry_s
     last = "no coordinator"
     while True:
-        addr = _find(client, tid)
+        try:
+            addr: str | None = client.find_coordinator(
+                tid, storage_pb2.COORDINATOR_TYPE_TRANSACTION
+            )
+        except CoordinatorNotAvailableError as exc:
+            # Kept for the last error, which said just "no coordinator" (found from outside).
+            addr, last = None, exc.message
         if addr is not None:
             stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
             try:
@@ -477,10 +489,3 @@ def _describe_txn(client: ClusterClient, tid: str) -> coordinator_pb2.Transactio
     if d.error_code != E.NONE:
         raise error_for(d.error_code, d.error_message)
     return d
-
-
-def _find(client: ClusterClient, tid: str) -> str | None:
-    try:
-        return client.find_coordinator(tid, storage_pb2.COORDINATOR_TYPE_TRANSACTION)
-    except CoordinatorNotAvailableError:
-        return None
