@@ -17,6 +17,7 @@ certificate a super user.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -217,6 +218,18 @@ def test_tls_refuses_plaintext_other_cas_and_expired_certificates(env: Env) -> N
             pytest.raises(AuthenticationError, match=says),
         ):
             c.metadata()
+    # A plaintext command bounded by --timeout names what it met and the hint (found from
+    # outside: the timer's message dropped it; only the minute of retries gave it).
+    done = subprocess.run(
+        [sys.executable, "-m", "strom.cli.main", "topics", "list", "-b", addr, "--timeout", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("STROM_SSL_")},
+    )
+    assert done.returncode == 1, done.stderr
+    assert "no result within --timeout 3 s" in done.stderr, done.stderr
+    assert "if the cluster requires TLS, pass --ssl-cafile" in done.stderr, done.stderr
     # An expired certificate is refused before dialling, naming the file.
     with pytest.raises(ValueError, match=f"ssl_certfile {env.expired.cert}: .* expired on"):
         env.security(env.expired)

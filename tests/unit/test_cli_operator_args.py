@@ -325,10 +325,12 @@ def test_coordinator_commands_retry_until_the_timeout_like_the_others(argv: list
         timeout=50,
     )
     assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines() == [
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
         f"strom {argv[0]}: error: no result within --timeout 8 s (is the cluster at {down} "
-        "up? a request already sent may still take effect)"
-    ], done.stderr
+        "up? a request already sent may still take effect); last seen: "
+    ), line
+    assert f"{down}: " in line.split("last seen: ")[1], line  # what its dialling met
 
 
 def test_timeout_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:

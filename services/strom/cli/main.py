@@ -1115,10 +1115,14 @@ def _give_up_after(seconds: float, prog: str, bootstrap: str) -> None:
     def expire() -> None:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
+        # What the clients last saw of the nodes, and its hint (a TLS cluster reached without
+        # TLS, say): read from the module if a client ran, never imported from this thread.
+        cluster = sys.modules.get("strom.client.cluster")
+        seen = cluster.last_unanswered() if cluster is not None else None
         print(
             f"{prog}: error: no result within --timeout {seconds:g} s (is the cluster "
             f"{'at ' + bootstrap + ' ' if bootstrap else ''}up? a request already sent may "
-            "still take effect)",
+            "still take effect)" + (f"; last seen: {seen}" if seen else ""),
             file=sys.stderr,
             flush=True,
         )

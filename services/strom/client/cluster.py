@@ -110,6 +110,17 @@ def tls_handshake_failed(exc: grpc.RpcError) -> bool:
     return "handshake failed" in (exc.details() or "").lower()
 
 
+#: What the last pass over the nodes that found none answering saw, with what to check; None
+#: once one answered. The CLI's ``--timeout`` names it when it fires (found from outside: its
+#: message dropped the hint the full minute of retries would have given).
+_last_unanswered: str | None = None
+
+
+def last_unanswered() -> str | None:
+    """What this process's last failed pass over the nodes saw (see ``_last_unanswered``)."""
+    return _last_unanswered
+
+
 def _tls_hint(exc: grpc.RpcError) -> str:
     """What to check after a failed TLS handshake. WRONG_VERSION_NUMBER is a plaintext
     listener answering a TLS client: found from outside, after the README's Security section
@@ -282,6 +293,7 @@ class ClusterClient:
         ``skip_topics`` asks for the nodes and the controller only (a cheap lookup)."""
         if not refresh and self._metadata is not None and topics is None and not skip_topics:
             return self._metadata
+        global _last_unanswered
         req = storage_pb2.MetadataRequest(topics=list(topics or []), skip_topics=skip_topics)
         errors: list[str] = []
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
@@ -302,6 +314,7 @@ class ClusterClient:
                         ) from None
                     errors.append(f"{addr}: {unreachable(exc)}")
                     continue
+                _last_unanswered = None
                 if not topics and not skip_topics:
                     self._metadata = resp
                 if resp.nodes:
@@ -310,6 +323,11 @@ class ClusterClient:
                     self._controller_addr = _addr(resp.controller)
                 return resp
             passed = errors[-len(candidates) :]
+            _last_unanswered = "; ".join(passed[-3:]) + (
+                connection_hint(self.security)
+                if passed and all(e.endswith("Socket closed") for e in passed[-3:])
+                else ""
+            )
             closed = len(passed) == len(candidates) and all(
                 e.endswith("Socket closed") for e in passed
             )
