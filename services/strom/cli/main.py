@@ -69,6 +69,28 @@ def _size(text: str) -> int:
 _positive = int_at_least(1)
 _non_negative = int_at_least(0)
 _above_zero = number_above(0.0)
+
+
+def _fresh_demo_dir(text: str) -> str:
+    """``strom demo --dir``: a directory to create, or an empty one. A demo does not reuse
+    a previous run's data: its cluster would find the demo's topics there already (found
+    from outside: a second run started the cluster and Spark, then failed after 19 s with
+    TOPIC_ALREADY_EXISTS). Refused before anything starts."""
+    import shlex
+    from pathlib import Path
+
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        kind = "holds a previous run" if (path / "cluster").exists() else "is not empty"
+        raise argparse.ArgumentTypeError(
+            f"{text} {kind} (a demo starts from a new or empty directory): give another "
+            f"--dir, or remove it first: rm -r {shlex.quote(text)}"
+        )
+    return text
+
+
 _zero_or_more = number_above(0.0, inclusive=True)
 
 
@@ -535,7 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="the main job: a Spark pipeline over a local cluster (needs strom[spark])"
     )
-    demo.add_argument("--dir", default=None, help="keep the data here (default: a temp dir)")
+    demo.add_argument(
+        "--dir",
+        type=_fresh_demo_dir,
+        default=None,
+        help="keep the run's data and logs here: a new or empty directory (one holding a "
+        "previous run is refused: remove it or give another); default: a temp dir",
+    )
     demo.add_argument(
         "--cluster",
         action="store_true",
