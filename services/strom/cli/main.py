@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 # gRPC's C core logs failed TLS handshakes at INFO to stderr; the command reports the failure
 # itself, in one line. Set before grpc is first imported (an explicit setting wins).
@@ -1102,6 +1102,25 @@ def _prog(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
         parser = subs[0].choices[name]
 
 
+#: What a subcommand takes, for the error about arguments it does not know.
+_TAKES = {
+    "strom topics alter": "it takes --set KEY=VALUE or --config KEY=VALUE, --delete KEY "
+    "and --partitions N",
+}
+
+
+def _unrecognized(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]
+) -> NoReturn:
+    """Arguments no parser knew: one line under the subcommand's name, as argparse's other
+    usage errors (found from outside: `strom topics alter t --config k=v` was refused as
+    `strom: error: unrecognized arguments`, naming neither the subcommand nor its flags)."""
+    prog = _prog(parser, args)
+    hint = _TAKES.get(prog, f"see `{prog} --help`")
+    print(f"{prog}: error: unrecognized arguments: {' '.join(extras)} ({hint})", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _check_bootstrap(args: argparse.Namespace) -> None:
     """A ``--bootstrap`` that is not HOST:PORT[,...] is a usage error, before connecting
     (found from outside: ``--bootstrap foo`` exited 1, as a failure in the cluster)."""
@@ -1161,7 +1180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in SERVICES:
         return int(importlib.import_module(SERVICES[argv[0]]).main(argv[1:]) or 0)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(parser, args, extras)
     from strom.errors import StromError
 
     # The security flags reach every client of the command through the environment they
