@@ -10,7 +10,7 @@
 6. The counts are read back from that topic and printed, and checked against a batch recount.
 7. Everything is shut down.
 
-It takes about a minute on 2 cores, most of it Spark starting and planning micro-batches.
+It takes about two minutes on 2 cores, most of it Spark starting and planning micro-batches.
 """
 
 from __future__ import annotations
@@ -137,8 +137,53 @@ def _stop_half_started_spark() -> None:
                 os.kill(int(pid), signal.SIGKILL)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+class _Interrupt:
+    """Ctrl-C (SIGINT) and SIGTERM while the demo runs: stop what it started, quietly.
+
+    Before Spark is up the handler raises KeyboardInterrupt at once. Once it is up, raising
+    inside a Py4J call (the main thread waits in one for every Spark job) makes Py4J log ~45
+    lines of tracebacks, and PySpark's own SIGINT handler, which replaces any earlier one when
+    the SparkContext starts, calls the JVM from inside such a call (found from outside:
+    "reentrant call inside <_io.BufferedReader>"). So then the handler only notes the
+    signal and cancels Spark's jobs and streaming queries from another thread; the call the
+    main thread waits in returns with an error, and :meth:`check` (or the demo's ``except``)
+    turns that into KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.spark: Any = None
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and self.spark is not None:
+            return  # already stopping: a second Ctrl-C must not cut the clean-up short
+        self.signum = signum
+        if self.spark is None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        threading.Thread(target=self._cancel, name="demo-interrupt", daemon=True).start()
+
+    def _cancel(self) -> None:
+        with contextlib.suppress(Exception):
+            for query in self.spark.streams.active:
+                query.stop()
+        with contextlib.suppress(Exception):
+            self.spark.sparkContext.cancelAllJobs()
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signum is not None
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt once a signal came (the demo's loops call it)."""
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"signal {self.signum}")
+
+    def describe(self) -> str:
+        return "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum or 0).name
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM (again: PySpark took SIGINT when its context started)."""
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
 
 
 @contextlib.contextmanager
@@ -214,11 +259,13 @@ def run_spark_demo(
     from strom.devcluster.cluster import LocalCluster
 
     say = _Say(out)
-    # SIGTERM (a timeout, `kill`) must still stop the cluster: its processes run in their own
-    # sessions and would outlive the demo.
-    previous = None
+    # Ctrl-C and SIGTERM (a timeout, `kill`) must still stop the cluster: its processes run in
+    # their own sessions and would outlive the demo.
+    interrupt = _Interrupt()
+    previous: tuple[Any, Any] | None = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        interrupt.install()
     root = Path(data_dir or tempfile.mkdtemp(prefix="strom-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     say(f"strom demo: a Spark pipeline on a local strom cluster (data in {root})")
@@ -277,10 +324,15 @@ def run_spark_demo(
                 .config("spark.sql.session.timeZone", "UTC")
                 .getOrCreate()
             )
+        if previous is not None:
+            interrupt.install()
+        interrupt.spark = spark
+        interrupt.check()
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
+        kept = "" if data_dir else ", kept only if the run fails"
         say.later(
-            f"Spark {spark.version} started (its own log goes to {spark_log}); strom "
+            f"Spark {spark.version} started (its own log goes to {spark_log}{kept}); strom "
             "registered as a data source"
         )
         prep.join()
@@ -376,6 +428,7 @@ def run_spark_demo(
             return last
 
         def check_alive() -> None:
+            interrupt.check()
             if not query.isActive:
                 raise RuntimeError(f"the streaming query stopped: {query.exception()}")
 
@@ -448,24 +501,50 @@ def run_spark_demo(
             f"check: the streamed counts {'equal' if ok else 'DIFFER FROM'} a batch recount of "
             f"all {sum(recount.values()):,} page views"
         )
+        interrupt.check()
         passed = ok
         return 0 if ok else 1
+    except Exception:
+        # A Spark call cut short by the interruption fails with Spark's error: the
+        # interruption is what happened.
+        interrupt.check()
+        raise
     finally:
-        if service is not None and service.is_alive():
-            service.stop()
-        if spark is not None:
-            spark.stop()
-            say("stopped Spark")
-        else:
-            _stop_half_started_spark()
-        cluster.stop()
-        say("stopped the cluster (each node handed its partitions over first)")
+        # Lines noted while stdout pointed at Spark's log come first, in their time order.
         say.flush()
-        if data_dir is None and passed:
-            shutil.rmtree(root, ignore_errors=True)
-        elif data_dir is None:
+        _stop_all(say, service, spark, cluster, quiet=interrupt.interrupted)
+        where = f"its data and logs are kept in {root}" if data_dir is None else f"data in {root}"
+        if interrupt.interrupted:
+            say(f"interrupted ({interrupt.describe()}): stopped Spark and the cluster; {where}")
+        elif data_dir is None and not passed:
             # A failed run keeps its logs (Spark's, the services'): the first line named them
             # (found from outside: they were deleted even when the run failed).
-            say(f"the run did not pass: its data and logs are kept in {root}")
+            say(f"the run did not pass: {where}")
+        if data_dir is None and passed:
+            shutil.rmtree(root, ignore_errors=True)
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous[0])
+            signal.signal(signal.SIGTERM, previous[1])
+
+
+def _stop_all(
+    say: _Say,
+    service: PageViewService | None,
+    spark: Any,
+    cluster: Any,
+    *,
+    quiet: bool,
+) -> None:
+    """Stop the service, Spark and the cluster, in that order; a line for each unless
+    ``quiet`` (an interrupted run says it all in one line)."""
+    if service is not None and service.is_alive():
+        service.stop()
+    if spark is not None:
+        spark.stop()
+        if not quiet:
+            say("stopped Spark")
+    else:
+        _stop_half_started_spark()
+    cluster.stop()
+    if not quiet:
+        say("stopped the cluster (each node handed its partitions over first)")

@@ -157,7 +157,14 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     a = tsub.add_parser("alter", parents=[common], help="change configs or add partitions")
     a.add_argument("topic", type=topic_name)
-    a.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config")
+    a.add_argument(
+        "--set",
+        "--config",
+        dest="set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="set a config (--config too, as `topics create` and Kafka's tools take it)",
+    )
     a.add_argument("--delete", action="append", metavar="KEY", help="reset a config")
     a.add_argument(
         "--partitions", type=int_at_least(1, maximum=INT32_MAX), help="new (larger) partition count"

@@ -18,8 +18,15 @@ from strom.devcluster.cluster import (
     recorded_processes_alive,
     stop_from_state,
 )
+from strom.devcluster.procs import port_free
 
 DEFAULT_DIR = os.environ.get("STROM_DEV_DIR", "/tmp/strom-dev")
+#: The first storage node's port when ``--port`` is not given: Kafka's, so snippets written
+#: for a quickstart broker at 127.0.0.1:9092 (the README's) work pasted.
+DEFAULT_PORT = 9092
+#: The storage nodes' ports of the last ``dev up`` in a directory, kept by ``dev down`` so
+#: the next ``dev up`` there listens where an exported STROM_BOOTSTRAP points.
+PORTS_FILE = "ports.json"
 
 
 def add_dev_parser(sub: Any) -> None:
@@ -37,6 +44,14 @@ def add_dev_parser(sub: Any) -> None:
         "--coordinators", type=int_at_least(0), default=1, help="group coordinators (default 1)"
     )
     up.add_argument("--dir", default=DEFAULT_DIR, help=f"state and data (default {DEFAULT_DIR})")
+    up.add_argument(
+        "--port",
+        type=int_at_least(1, maximum=65535),
+        default=None,
+        help=f"the first storage node's port (default {DEFAULT_PORT}, or the port it had in "
+        f"the last `dev up` of this --dir; when that is taken, a free one, said so). The "
+        "other nodes keep their last ports too, where free; other services take free ports",
+    )
     up.add_argument(
         "--cluster", default="strom", type=cluster_name, help="cluster name (default strom)"
     )
@@ -85,6 +100,44 @@ def _issue(root: Path, name: str, out: Any) -> int:
     return 0
 
 
+def _recorded_ports(root: Path) -> dict[int, int]:
+    """The storage nodes' ports of the last ``dev up`` in ``root`` (none if unreadable)."""
+    try:
+        ports = json.loads((root / PORTS_FILE).read_text())["storage-node"]
+        return {int(node): int(port) for node, port in ports.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _node_ports(
+    root: Path, nodes: int, explicit: int | None
+) -> tuple[dict[int, int], dict[int, str]]:
+    """The ports to ask for, by node id, and for each node whose wanted port is taken, which
+    port that was.
+
+    Node 1: ``--port``, else its last port in ``root``, else 9092; the others: their last
+    ports. An explicit ``--port`` that is taken is an error; any other taken port falls back
+    to a free one, and the line says which port it was."""
+    last = _recorded_ports(root)
+    wanted = {node: port for node, port in last.items() if 1 <= node <= nodes}
+    if explicit is not None:
+        wanted = {node: port for node, port in wanted.items() if port != explicit}
+        wanted[1] = explicit
+    wanted.setdefault(1, DEFAULT_PORT)
+    if explicit is not None and not port_free(explicit):
+        raise ValueError(f"--port {explicit}: 127.0.0.1:{explicit} is taken; choose another port")
+    taken = {}
+    for node in [node for node, port in wanted.items() if not port_free(port)]:
+        why = "its port in the last `dev up` here" if node in last else "the default"
+        taken[node] = f"port {wanted.pop(node)} ({why})"
+    return wanted, taken
+
+
+def _save_ports(root: Path, cluster: LocalCluster) -> None:
+    ports = {str(n.ident): n.port for n in cluster.nodes}
+    (root / PORTS_FILE).write_text(json.dumps({"storage-node": ports}, indent=2) + "\n")
+
+
 def run_dev(args: argparse.Namespace, out: Any) -> int:
     root = Path(args.dir)
     if args.dev_cmd == "up":
@@ -96,6 +149,7 @@ def run_dev(args: argparse.Namespace, out: Any) -> int:
                 f"a local cluster is already recorded in {root}; "
                 f"run `strom dev down --dir {root}` first"
             )
+        node_ports, taken = _node_ports(root, args.nodes, args.port)
         cluster = LocalCluster(
             root,
             nodes=args.nodes,
@@ -103,12 +157,20 @@ def run_dev(args: argparse.Namespace, out: Any) -> int:
             coordinators=args.coordinators,
             cluster=args.cluster,
             tls=args.tls,
+            node_ports=node_ports,
         )
         try:
             cluster.start()
         except BaseException:
             cluster.kill()
             raise
+        _save_ports(root, cluster)
+        for node, port in taken.items():
+            print(
+                f"storage node {node}: {port} is taken, so it listens on "
+                f"{cluster.node(node).address} instead",
+                file=out,
+            )
         print(f"etcd       {cluster.etcd.endpoint}", file=out)
         for m in cluster.members:
             print(

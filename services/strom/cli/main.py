@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 # gRPC's C core logs failed TLS handshakes at INFO to stderr; the command reports the failure
 # itself, in one line. Set before grpc is first imported (an explicit setting wins).
@@ -70,6 +70,28 @@ def _size(text: str) -> int:
 _positive = int_at_least(1)
 _non_negative = int_at_least(0)
 _above_zero = number_above(0.0)
+
+
+def _fresh_demo_dir(text: str) -> str:
+    """``strom demo --dir``: a directory to create, or an empty one. A demo does not reuse
+    a previous run's data: its cluster would find the demo's topics there already (found
+    from outside: a second run started the cluster and Spark, then failed after 19 s with
+    TOPIC_ALREADY_EXISTS). Refused before anything starts."""
+    import shlex
+    from pathlib import Path
+
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        kind = "holds a previous run" if (path / "cluster").exists() else "is not empty"
+        raise argparse.ArgumentTypeError(
+            f"{text} {kind} (a demo starts from a new or empty directory): give another "
+            f"--dir, or remove it first: rm -r {shlex.quote(text)}"
+        )
+    return text
+
+
 _zero_or_more = number_above(0.0, inclusive=True)
 
 
@@ -536,7 +558,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="the main job: a Spark pipeline over a local cluster (needs strom[spark])"
     )
-    demo.add_argument("--dir", default=None, help="keep the data here (default: a temp dir)")
+    demo.add_argument(
+        "--dir",
+        type=_fresh_demo_dir,
+        default=None,
+        help="keep the run's data and logs here: a new or empty directory (one holding a "
+        "previous run is refused: remove it or give another); default: a temp dir",
+    )
     demo.add_argument(
         "--cluster",
         action="store_true",
@@ -1075,6 +1103,25 @@ def _prog(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
         parser = subs[0].choices[name]
 
 
+#: What a subcommand takes, for the error about arguments it does not know.
+_TAKES = {
+    "strom topics alter": "it takes --set KEY=VALUE or --config KEY=VALUE, --delete KEY "
+    "and --partitions N",
+}
+
+
+def _unrecognized(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]
+) -> NoReturn:
+    """Arguments no parser knew: one line under the subcommand's name, as argparse's other
+    usage errors (found from outside: `strom topics alter t --config k=v` was refused as
+    `strom: error: unrecognized arguments`, naming neither the subcommand nor its flags)."""
+    prog = _prog(parser, args)
+    hint = _TAKES.get(prog, f"see `{prog} --help`")
+    print(f"{prog}: error: unrecognized arguments: {' '.join(extras)} ({hint})", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _check_bootstrap(args: argparse.Namespace) -> None:
     """A ``--bootstrap`` that is not HOST:PORT[,...] is a usage error, before connecting
     (found from outside: ``--bootstrap foo`` exited 1, as a failure in the cluster)."""
@@ -1138,7 +1185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in SERVICES:
         return int(importlib.import_module(SERVICES[argv[0]]).main(argv[1:]) or 0)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(parser, args, extras)
     from strom.errors import StromError
 
     # The security flags reach every client of the command through the environment they

@@ -29,6 +29,7 @@ from strom.devcluster.procs import (
     ManagedProcess,
     ProcessExited,
     free_port,
+    reserve_ports,
     wait_for,
 )
 from strom.security import ChannelSecurity
@@ -105,8 +106,13 @@ class LocalCluster:
         etcd_tls: tuple[Path, Path, Path] | None = None,
         tls: bool = False,
         etcd_args: list[str] | None = None,
+        node_ports: dict[int, int] | None = None,
     ) -> None:
+        """``node_ports``: the listen port of these storage nodes (by node id; the caller
+        checked they are free); every other port is a free one (what tests want)."""
         self.root = Path(root)
+        self.node_ports = dict(node_ports or {})
+        reserve_ports(list(self.node_ports.values()))
         #: How this process reaches the services (TLS / tokens when they require them).
         self.security = security
         self.cluster_name = cluster
@@ -232,7 +238,7 @@ class LocalCluster:
         )
 
     def _node(self, node_id: int, rack: str | None) -> Member:
-        port, mport = free_port(), free_port()
+        port, mport = self.node_ports.get(node_id) or free_port(), free_port()
         argv = self._service_argv(
             "storage-node",
             "--node-id",
@@ -503,9 +509,23 @@ def _restarted_as(m: dict[str, Any]) -> list[int]:
             ours = Path(args[0]).name == "etcd" and any(f":{port}" in a for a in args)
         else:
             ours = any(a == "--listen" and b == address for a, b in itertools.pairwise(args))
+            # A storage node names its data dir too: a port like 9092, which every `dev up`
+            # wants, may now be another cluster's node, which must be left alone.
+            ours = ours and _same_flag(args, m.get("argv") or [], "--data-dir")
         if ours and _pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def _same_flag(args: list[str], recorded: list[str], flag: str) -> bool:
+    """Whether ``args`` give ``flag`` the value the recorded command line gave it (true when
+    the recorded one has no such flag)."""
+
+    def value(argv: list[str]) -> str | None:
+        return next((b for a, b in itertools.pairwise(argv) if a == flag), None)
+
+    want = value(list(recorded))
+    return want is None or value(args) == want
 
 
 def _stop_pid(pid: int, timeout: float) -> None:

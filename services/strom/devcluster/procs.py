@@ -63,6 +63,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether nothing listens on ``host:port`` now (a server could bind it). With
+    SO_REUSEADDR, as gRPC's servers bind: the connections a stopped node left in TIME_WAIT
+    do not hold its port (found: a plain bind said the port of the node `dev down` had just
+    stopped was taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def reserve_ports(ports: Sequence[int]) -> None:
+    """Keep :func:`free_port` from handing out ``ports`` (wanted by a member that binds them
+    later, e.g. a storage node's port kept from the last ``strom dev up``)."""
+    with _port_lock:
+        _recent.update(ports)
+
+
 def wait_for(
     condition: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.05
 ) -> T:
