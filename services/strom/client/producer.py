@@ -77,7 +77,7 @@ from strom.client.accumulator import (
     PartitionQueue,
     ProducerBatch,
 )
-from strom.client.cluster import ClusterClient, refused
+from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, refused
 from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
 from strom.client.kwnames import bool_option, kafka_keywords
@@ -1282,10 +1282,16 @@ class Producer:
     ) -> float | None:
         """AddPartitionsToTxn for partitions about to get their first batch of the
         transaction (on the sender thread); a refusal fails their batches and the
-        transaction."""
+        transaction.
+
+        The call may retry until the oldest of those batches is due to expire
+        (delivery_timeout_ms after its creation), each attempt for up to request_timeout_ms
+        (DESIGN §8). FIX (found from outside): it had request_timeout_ms in all, which one
+        attempt at a coordinator that hung spent whole, so it never reached the coordinator
+        that had taken over within seconds, and the transaction failed."""
         assert self._txn is not None
         try:
-            self._txn.add_partitions(parts, self.request_timeout_s)
+            self._txn.add_partitions(parts, self._add_budget(parts))
         except StromError as exc:
             self._txn.fail(exc)
             err = self._txn.error or exc
@@ -1309,6 +1315,20 @@ class Producer:
                 self._fail_all(err)
             return next_wake
         return 0.0  # ship them now
+
+    def _add_budget(self, parts: set[tuple[str, int]]) -> float:
+        """How long AddPartitionsToTxn for ``parts`` may take: until the oldest unsent batch
+        of those partitions passes delivery_timeout_ms (it fails then anyway)."""
+        now = time.monotonic()
+        with self._lock:
+            created = [
+                b.created
+                for (t, p), pq in self._queues.items()
+                if (t, p) in parts
+                for b in pq.batches
+                if not b.sent
+            ]
+        return max(min(created, default=now) + self.delivery_timeout_s - now, MIN_ATTEMPT_S)
 
     def _settle(self, pq: PartitionQueue) -> bool:
         """With the lock held and nothing of the partition in flight, after a batch failed for
