@@ -165,17 +165,19 @@ def test_an_abort_of_a_transaction_the_coordinator_never_registered_succeeds() -
 
 def test_an_abort_refused_after_the_coordinator_accepted_partitions_is_fatal() -> None:
     """The coordinator accepted a partition, so records may have been written, yet it has no
-    open transaction to abort: no abort can settle that. Fatal, naming why and what to do,
-    rather than abortable for ever; a commit refused so stays abortable."""
+    open transaction to abort: no abort can settle that. Fatal (ProducerFencedError, what a
+    loop treats as "close the producer"), naming why and what to do, rather than abortable
+    for ever; a commit refused so stays abortable."""
     m = Scripted(added(E.NONE), no_open_transaction())
     m.begin()
     m.add_partitions([("t", 0)], 1)
     m.phase = TxnPhase.ABORTING
-    with pytest.raises(InvalidTxnStateError):
+    with pytest.raises(ProducerFencedError, match=r"no open transaction .* close this producer"):
         m.end(False, 1)
     assert m.phase is TxnPhase.FATAL_ERROR
-    with pytest.raises(InvalidTxnStateError, match=r"no open transaction .* close this producer"):
+    with pytest.raises(ProducerFencedError, match=r"no open transaction") as raised:
         m.require(TxnPhase.READY, action="begin_transaction()")
+    assert raised.value.code == E.INVALID_TXN_STATE
     c = Scripted(added(E.NONE), no_open_transaction())
     c.begin()
     c.add_partitions([("t", 0)], 1)

@@ -196,20 +196,18 @@ class TransactionManager:
                 )
             raise InvalidTxnStateError(f"cannot {action} while {phase.value}{hint}")
 
-    def fail(self, error: StromError, *, fatal: bool = False) -> None:
-        """A send or request failed: fatal errors end the producer, others the transaction.
-        Fencing is always fatal; ``fatal`` makes ``error`` fatal as it is (a state the
-        producer cannot leave by aborting)."""
-        fenced = isinstance(error, ProducerFencedError) or error.code in _FATAL
+    def fail(self, error: StromError) -> None:
+        """A send or request failed: fatal errors end the producer, others the transaction."""
+        fatal = isinstance(error, ProducerFencedError) or error.code in _FATAL
         with self.lock:
             if self.phase is TxnPhase.FATAL_ERROR:
                 return
-            if fenced or fatal:
+            if fatal:
                 self.pending_end = None  # nothing to ask again: the producer is done
                 self.phase = TxnPhase.FATAL_ERROR
                 self.error = (
                     error
-                    if isinstance(error, ProducerFencedError) or not fenced
+                    if isinstance(error, ProducerFencedError)
                     else ProducerFencedError(f"producer fenced: {error.message}")
                 )
             elif self.phase in (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING, TxnPhase.ABORTING):
@@ -361,7 +359,9 @@ class TransactionManager:
             self._call("EndTxn", req, timeout_s)
         except InvalidTxnStateError as exc:
             if not self._nothing_to_abort(commit, exc):
-                self.fail(exc)
+                self.fail(exc)  # abortable, unless _nothing_to_abort made it fatal
+                if self.phase is TxnPhase.FATAL_ERROR and self.error is not None:
+                    raise self.error from None
                 raise
         except StromError as exc:
             if self.phase is not TxnPhase.FATAL_ERROR and not getattr(exc, "answered", False):
@@ -395,24 +395,27 @@ class TransactionManager:
 
         When one was accepted, the coordinator should hold the transaction open (a timeout
         abort would have fenced this epoch): records of it may sit in partitions with no
-        transaction to end them. No abort can settle that, so the producer fails fatally,
-        saying so, instead of staying in abortable error for ever. A commit refused so, and
+        transaction to end them. No abort can settle that, so the producer fails fatally
+        (ProducerFencedError with code INVALID_TXN_STATE, saying so) instead of staying in
+        abortable error for ever. A commit refused so, and
         an abort of a transaction prepared by another producer (it was committed), are
         refusals as before."""
         if commit or not getattr(exc, "answered", False) or self.phase is TxnPhase.PREPARED:
             return False
         if self.registered:
+            # Raised as ProducerFencedError, as the other fatal coordinator answers are
+            # (INVALID_PRODUCER_ID_MAPPING too): what a loop catches as "close the producer".
             self.fail(
-                InvalidTxnStateError(
+                ProducerFencedError(
                     f"the transaction coordinator has no open transaction for "
                     f"{self.transactional_id!r} (producer id {self.producer_id}, epoch "
                     f"{self.producer_epoch}) although it accepted this transaction's "
                     f"partitions ({exc.message}): its records may be left in partitions no "
                     "abort can reach; close this producer (a new one's init_transactions() "
                     "starts a new epoch) and look for hanging transactions with `strom "
-                    "transactions find-hanging`"
-                ),
-                fatal=True,
+                    "transactions find-hanging`",
+                    code=E.INVALID_TXN_STATE,
+                )
             )
             return False
         log.info(
