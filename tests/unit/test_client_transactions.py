@@ -128,6 +128,65 @@ def test_a_refused_end_makes_the_transaction_abortable() -> None:
     assert m.phase is TxnPhase.ABORTABLE_ERROR and m.pending_end is None
 
 
+def no_open_transaction() -> InvalidTxnStateError:
+    """The coordinator's refusal of an abort when its transaction of this producer id and
+    epoch is the previous one, committed."""
+    err = InvalidTxnStateError("cannot abort the transaction of 'tx': it is COMPLETE_COMMIT")
+    err.answered = True  # type: ignore[attr-defined]
+    return err
+
+
+def test_an_abort_of_a_transaction_the_coordinator_never_registered_succeeds() -> None:
+    """Found from outside: AddPartitionsToTxn went unanswered (its coordinator hung, another
+    took over); the abort, answered INVALID_TXN_STATE (COMPLETE_COMMIT: the previous
+    transaction), left the producer in abortable error for good, every later abort and
+    begin refused. Nothing of the transaction was registered, so nothing was written in it:
+    the abort has nothing to do and succeeds, and the producer goes on."""
+    m = Scripted(
+        RequestTimedOutError("AddPartitionsToTxn did not succeed"),
+        no_open_transaction(),
+        added(E.NONE),
+        coordinator_pb2.EndTxnResponse(),
+    )
+    m.begin()
+    with pytest.raises(RequestTimedOutError):
+        m.add_partitions([("t", 0)], 1)
+    m.fail(RequestTimedOutError("AddPartitionsToTxn did not succeed"))
+    assert m.phase is TxnPhase.ABORTABLE_ERROR
+    m.phase = TxnPhase.ABORTING  # as Producer.abort_transaction sets it
+    m.end(False, 1)
+    assert m.phase is TxnPhase.READY and m.error is None and m.pending_end is None
+    m.begin()
+    m.add_partitions([("t", 0)], 1)
+    m.end(True, 1)
+    assert m.calls == ["AddPartitionsToTxn", "EndTxn", "AddPartitionsToTxn", "EndTxn"]
+    assert m.phase is TxnPhase.READY
+
+
+def test_an_abort_refused_after_the_coordinator_accepted_partitions_is_fatal() -> None:
+    """The coordinator accepted a partition, so records may have been written, yet it has no
+    open transaction to abort: no abort can settle that. Fatal (ProducerFencedError, what a
+    loop treats as "close the producer"), naming why and what to do, rather than abortable
+    for ever; a commit refused so stays abortable."""
+    m = Scripted(added(E.NONE), no_open_transaction())
+    m.begin()
+    m.add_partitions([("t", 0)], 1)
+    m.phase = TxnPhase.ABORTING
+    with pytest.raises(ProducerFencedError, match=r"no open transaction .* close this producer"):
+        m.end(False, 1)
+    assert m.phase is TxnPhase.FATAL_ERROR
+    with pytest.raises(ProducerFencedError, match=r"no open transaction") as raised:
+        m.require(TxnPhase.READY, action="begin_transaction()")
+    assert raised.value.code == E.INVALID_TXN_STATE
+    c = Scripted(added(E.NONE), no_open_transaction())
+    c.begin()
+    c.add_partitions([("t", 0)], 1)
+    c.phase = TxnPhase.COMMITTING
+    with pytest.raises(InvalidTxnStateError):
+        c.end(True, 1)
+    assert c.phase is TxnPhase.ABORTABLE_ERROR
+
+
 def test_a_fatal_error_ends_a_pending_end() -> None:
     """Found from outside: a pending commit asked again was fenced (the coordinator had
     aborted it at its timeout); abort_transaction() then advised calling commit again."""

@@ -48,3 +48,26 @@ def test_past_the_delivery_timeout_fails_with_a_timeout_naming_the_last_error() 
     future = _answered_not_enough_replicas(retries=5, age_s=10)
     with pytest.raises(RequestTimedOutError, match=r"last error: .*min\.insync\.replicas"):
         future.result(timeout=1)
+
+
+def test_an_expired_batch_says_the_time_counts_from_its_creation() -> None:
+    """Found from outside: records appended 0.1 s before their batch expired failed with
+    "not written within delivery_timeout_ms=20000". Expiry counts from the batch's creation
+    (as Kafka's), and the error now says so in Kafka's words."""
+    p = Producer(NOWHERE, delivery_timeout_ms=5000)
+    try:
+        pq = PartitionQueue("t", 0)
+        batch = ProducerBatch("t", 0, pa.table({"value": pa.array([b"a", b"b"], pa.binary())}))
+        pq.add_closed(batch)
+        batch.created = time.monotonic() - 6
+        p._queues[("t", 0)] = pq
+        p._expire(time.monotonic())
+        future = FutureRecordMetadata(batch.result, 1)  # the record appended last
+        with pytest.raises(RequestTimedOutError) as raised:
+            future.result(timeout=1)
+    finally:
+        p.close(timeout=1)
+    message = raised.value.message
+    assert "expiring 2 record(s)" in message and "not written" in message
+    assert "ms has passed since batch creation (delivery_timeout_ms=5000)" in message
+    assert "within delivery_timeout_ms" not in message

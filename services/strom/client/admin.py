@@ -59,7 +59,7 @@ import grpc
 from strom.api import common_pb2, controller_pb2, coordinator_pb2, metadata_pb2, storage_pb2
 from strom.argtypes import datetime_ms
 from strom.client import forks, group_admin
-from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, older_node
+from strom.client.cluster import ClusterClient, attempt_timeout, older_node
 from strom.client.group_admin import (
     GroupDescription,
     GroupListing,
@@ -1294,7 +1294,7 @@ class Admin:
                     retry[tp] = err
                 else:
                     failed[tp] = err
-            timeout = max(MIN_ATTEMPT_S, min(attempt_s, deadline - time.monotonic()))
+            timeout = attempt_timeout(attempt_s, deadline)
             calls = {
                 addr: getattr(client.storage(addr), method).future(request(group), timeout=timeout)
                 for addr, group in groups.items()

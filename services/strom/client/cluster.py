@@ -173,9 +173,11 @@ DISCOVERY_TIMEOUT_S = 5.0
 MIN_ATTEMPT_S = 0.05
 
 
-def _attempt(timeout_s: float, deadline: float) -> float:
-    """An attempt's deadline: ``timeout_s`` or what is left until ``deadline``, whichever is
-    less (never below :data:`MIN_ATTEMPT_S`)."""
+def attempt_timeout(timeout_s: float, deadline: float) -> float:
+    """An attempt's deadline: ``timeout_s`` or what is left until ``deadline`` (the call's),
+    whichever is less (never below :data:`MIN_ATTEMPT_S`). Every client call that retries
+    uses it, so each attempt at a server that hangs ends in time for the call to go on to
+    the server that took over (DESIGN §8) instead of spending the call's budget on it."""
     return max(MIN_ATTEMPT_S, min(timeout_s, deadline - time.monotonic()))
 
 
@@ -489,7 +491,7 @@ class ClusterClient:
                     self.metadata(
                         skip_topics=True,
                         retry_s=0.0,
-                        timeout_s=_attempt(min(attempt_s, DISCOVERY_TIMEOUT_S), deadline),
+                        timeout_s=attempt_timeout(min(attempt_s, DISCOVERY_TIMEOUT_S), deadline),
                     )
                     unreached = None
                 except (AuthenticationError, AuthorizationError):
@@ -502,7 +504,9 @@ class ClusterClient:
             if addr is not None:
                 stub = controller_pb2_grpc.ControllerServiceStub(self.channel(addr))
                 try:
-                    resp = getattr(stub, method)(request, timeout=_attempt(attempt_s, deadline))
+                    resp = getattr(stub, method)(
+                        request, timeout=attempt_timeout(attempt_s, deadline)
+                    )
                 except grpc.RpcError as exc:
                     if exc.code() in _REFUSED:
                         raise refused(exc) from None

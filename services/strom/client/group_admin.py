@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from strom.api import coordinator_pb2, coordinator_pb2_grpc
-from strom.client.cluster import ClusterClient, older_node
+from strom.client.cluster import ClusterClient, attempt_timeout, older_node
 from strom.client.types import TopicPartition
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -260,7 +260,7 @@ def group_call(
             addr, last = None, exc.message
         if addr is not None:
             stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
-            attempt = max(0.05, min(timeout_s, deadline - time.monotonic()))
+            attempt = attempt_timeout(timeout_s, deadline)
             try:
                 resp = getattr(stub, method)(req, timeout=attempt)
             except grpc.RpcError as exc:

@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from strom.client.cluster import refused
+from strom.client.cluster import attempt_timeout, refused
 from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
 from strom.client.membership import GroupHost
 from strom.client.transactions import GroupMetadata
@@ -52,6 +52,7 @@ from strom.errors import (
     AuthorizationError,
     CoordinatorNotAvailableError,
     ErrorCode,
+    RequestTimedOutError,
     StaleMemberEpochError,
     StromError,
     error_for,
@@ -112,6 +113,13 @@ class GroupMember:
         self._instance_id: str | None = cfg.get("group_instance_id")
         self._assignor: str | None = cfg.get("group_remote_assignor")
         self._timeout_s = max(consumer._timeout_s, 0.001)
+        #: One attempt of a coordinator call. The consumer's calls (commit(), committed())
+        #: have request_timeout_ms in all, so an attempt gets half of it: one at a
+        #: coordinator that hangs ends while the call can still ask the coordinator that
+        #: took over (DESIGN §8; found from outside: one attempt took it all, and the next
+        #: call went to the hung coordinator again). Heartbeats use it too, so a rebalance
+        #: waits no longer than that for a member whose coordinator hung.
+        self._attempt_s = self._timeout_s / 2
         self._backoff_s = max(consumer._backoff_s, 0.05)
 
         self._lock = threading.Lock()
@@ -615,7 +623,7 @@ class GroupMember:
         try:
             stub, _addr = self._stub(self._timeout_s)
             resp = stub.ConsumerGroupHeartbeat(
-                req, timeout=self._timeout_s, metadata=self._metadata
+                req, timeout=self._attempt_s, metadata=self._metadata
             )
         except (AuthenticationError, AuthorizationError) as exc:
             # Not allowed on the group (or not authenticated): the next poll raises it,
@@ -722,15 +730,19 @@ class GroupMember:
         return coordinator_pb2_grpc.CoordinatorServiceStub(self._client.channel(addr)), addr
 
     def _request(self, method: str, req: Any, timeout_s: float) -> Any:
-        """A coordinator RPC with coordinator lookup and retries of retriable group errors;
-        returns the response (whose non-retriable error the caller handles)."""
+        """A coordinator RPC with coordinator lookup and retries of retriable group errors,
+        for up to ``timeout_s`` in all, each attempt for up to ``_attempt_s``; returns the
+        response (whose non-retriable error the caller handles). A coordinator that did not
+        answer an attempt is forgotten and looked up again (FindCoordinator); when no
+        attempt succeeded in time, RequestTimedOutError (retriable) names the last one."""
         deadline = time.monotonic() + timeout_s
+        addr = "(not found)"
         while True:
             remaining = max(deadline - time.monotonic(), 0.001)
             try:
-                stub, _ = self._stub(remaining)
+                stub, addr = self._stub(remaining)
                 resp = getattr(stub, method)(
-                    req, timeout=min(remaining, self._timeout_s), metadata=self._metadata
+                    req, timeout=attempt_timeout(self._attempt_s, deadline), metadata=self._metadata
                 )
             except grpc.RpcError as exc:
                 if exc.code() in (
@@ -740,11 +752,21 @@ class GroupMember:
                     # Refused by the ACLs (or not authenticated): what it is, not retriable,
                     # so a poll does not take it for a coordinator failing over.
                     raise refused(exc) from None
-                if exc.code() not in _TRANSPORT or time.monotonic() >= deadline:
+                if exc.code() not in _TRANSPORT:
                     raise StromError(
-                        f"{method} to the coordinator failed: {exc.code().name}", retriable=True
+                        f"{method} to the group coordinator {addr} failed: {exc.code().name} "
+                        f"{exc.details() or ''}".rstrip(),
+                        retriable=True,
                     ) from None
+                # Forgotten before giving up: the next call looks the owner up again
+                # rather than asking a coordinator that hangs once more.
                 self._coordinator = None
+                if time.monotonic() >= deadline:
+                    raise RequestTimedOutError(
+                        f"{method} for group {self.group_id!r} got no answer within "
+                        f"{timeout_s * 1000:.0f} ms: the group coordinator {addr} did not "
+                        f"answer ({exc.code().name})"
+                    ) from None
             else:
                 code = resp.error_code
                 if code in COORDINATOR_REFRESH_CODES:

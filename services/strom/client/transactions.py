@@ -20,6 +20,7 @@ Errors follow Kafka's classes:
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -29,7 +30,7 @@ from typing import Any
 import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
-from strom.client.cluster import ClusterClient, older_node
+from strom.client.cluster import ClusterClient, attempt_timeout, older_node
 from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -44,6 +45,7 @@ from strom.errors import (
     is_retriable,
 )
 
+log = logging.getLogger("strom.client.transactions")
 E = ErrorCode
 _TRANSPORT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -154,6 +156,11 @@ class TransactionManager:
         #: group was being added): if not, it ends without EndTxn, as Kafka's producer ends
         #: a transaction that added nothing.
         self.started = False
+        #: Whether the coordinator accepted a partition or a group of the current
+        #: transaction (answered NONE): only then can records of it have been written, since
+        #: a partition's batches are sent only after its AddPartitionsToTxn succeeded. See
+        #: :meth:`_nothing_to_abort`.
+        self.registered = False
         self.error: StromError | None = None
         #: The outcome of an EndTxn that got no answer (True: commit): it may have reached
         #: the coordinator, so only the same call may follow (Kafka's rule: a timed-out
@@ -229,6 +236,7 @@ class TransactionManager:
             self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
             self.phase = TxnPhase.READY
             self.added.clear()
+            self.started = self.registered = False
             self.error = None
             self.pending_end = None
         return resp.producer_id, resp.producer_epoch
@@ -245,7 +253,7 @@ class TransactionManager:
         with self.lock:
             self.phase = TxnPhase.IN_TRANSACTION
             self.added.clear()
-            self.started = False
+            self.started = self.registered = False
 
     def add_partitions(self, parts: Iterable[tuple[str, int]], timeout_s: float) -> None:
         """AddPartitionsToTxn for partitions about to get their first batch."""
@@ -269,8 +277,10 @@ class TransactionManager:
         if len(failed) < sum(len(tr.partitions) for tr in resp.topics):
             self.started = True  # some were added: EndTxn must end them
         if failed:
+            # (the coordinator adds all of a request's partitions or none: not registered)
             raise error_for(failed[0].error_code, failed[0].error_message)
         with self.lock:
+            self.registered = True
             self.added.update((t, p) for t, ps in by_topic.items() for p in ps)
 
     def send_offsets(
@@ -296,7 +306,7 @@ class TransactionManager:
             except StromError as exc:
                 self._maybe_started(exc)
                 raise
-            self.started = True
+            self.started = self.registered = True
             req = coordinator_pb2.TxnOffsetCommitRequest(
                 transactional_id=self.transactional_id,
                 group_id=group.group_id,
@@ -347,6 +357,12 @@ class TransactionManager:
         )
         try:
             self._call("EndTxn", req, timeout_s)
+        except InvalidTxnStateError as exc:
+            if not self._nothing_to_abort(commit, exc):
+                self.fail(exc)  # abortable, unless _nothing_to_abort made it fatal
+                if self.phase is TxnPhase.FATAL_ERROR and self.error is not None:
+                    raise self.error from None
+                raise
         except StromError as exc:
             if self.phase is not TxnPhase.FATAL_ERROR and not getattr(exc, "answered", False):
                 # No answer (a timeout, a broken connection): the decision may be in. The
@@ -363,6 +379,52 @@ class TransactionManager:
             self.added.clear()
             self.error = None
             self.pending_end = None
+
+    def _nothing_to_abort(self, commit: bool, exc: InvalidTxnStateError) -> bool:
+        """Whether an EndTxn refused INVALID_TXN_STATE was an abort with nothing to abort.
+
+        The coordinator checked the producer id and epoch first (PRODUCER_FENCED otherwise),
+        so it has no open transaction of this producer: it refuses an abort only in
+        PREPARE_COMMIT / COMPLETE_COMMIT, the previous transaction's commit (it answers an
+        abort NONE when its state is EMPTY or an abort). When none of this transaction's
+        Add*ToTxn calls was accepted (they went unanswered, to a coordinator that hung and
+        was replaced: found from outside), the transaction never started there and no
+        record of it was written (a partition's batches are sent only after it was added),
+        so the abort has nothing to do and succeeds. Before, it was refused for good, and
+        so was every later begin_transaction().
+
+        When one was accepted, the coordinator should hold the transaction open (a timeout
+        abort would have fenced this epoch): records of it may sit in partitions with no
+        transaction to end them. No abort can settle that, so the producer fails fatally
+        (ProducerFencedError with code INVALID_TXN_STATE, saying so) instead of staying in
+        abortable error for ever. A commit refused so, and
+        an abort of a transaction prepared by another producer (it was committed), are
+        refusals as before."""
+        if commit or not getattr(exc, "answered", False) or self.phase is TxnPhase.PREPARED:
+            return False
+        if self.registered:
+            # Raised as ProducerFencedError, as the other fatal coordinator answers are
+            # (INVALID_PRODUCER_ID_MAPPING too): what a loop catches as "close the producer".
+            self.fail(
+                ProducerFencedError(
+                    f"the transaction coordinator has no open transaction for "
+                    f"{self.transactional_id!r} (producer id {self.producer_id}, epoch "
+                    f"{self.producer_epoch}) although it accepted this transaction's "
+                    f"partitions ({exc.message}): its records may be left in partitions no "
+                    "abort can reach; close this producer (a new one's init_transactions() "
+                    "starts a new epoch) and look for hanging transactions with `strom "
+                    "transactions find-hanging`",
+                    code=E.INVALID_TXN_STATE,
+                )
+            )
+            return False
+        log.info(
+            "transactional id %s: the abort found no open transaction at the coordinator "
+            "(%s); nothing of this transaction was registered, so there is nothing to abort",
+            self.transactional_id,
+            exc.message,
+        )
+        return True
 
     def settle_commit(self, timeout_s: float, within_s: float) -> None:
         """Ask again about a commit that got no answer until the coordinator answers, for up
@@ -419,14 +481,19 @@ class TransactionManager:
                     if txn:
                         self._coordinator = addr
                 stub = coordinator_pb2_grpc.CoordinatorServiceStub(self.client.channel(addr))
-                resp = getattr(stub, method)(req, timeout=min(remaining, self.request_timeout_s))
+                # Each attempt up to request_timeout_ms: one at a coordinator that hangs
+                # ends in time to forget it, look the owner up again and ask the one that
+                # took over within the call's budget (DESIGN §8).
+                resp = getattr(stub, method)(
+                    req, timeout=attempt_timeout(self.request_timeout_s, deadline)
+                )
             except grpc.RpcError as exc:
                 if exc.code() not in _TRANSPORT:
                     raise older_node(exc, addr, method) or StromError(
                         f"{method} failed: {exc.code().name} {exc.details()}"
                     ) from None
-                self._coordinator = None
-                last = exc.code().name
+                self._coordinator = None  # (a timed-out one is looked up again)
+                last = f"coordinator {addr}: {exc.code().name}"
             except CoordinatorNotAvailableError as exc:
                 last = exc.message
             else:
