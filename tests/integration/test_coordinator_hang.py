@@ -20,7 +20,7 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -129,11 +129,10 @@ def test_a_transaction_goes_on_at_the_coordinator_that_took_over(
         with _hung_owner(cluster, tid, TXN) as hung:
             assert p._txn is not None and p._txn._coordinator == hung.address
             _wait_taken_over(cluster, tid, TXN, hung)
-            start = time.monotonic()
+            # The old client spent AddPartitionsToTxn's whole budget on the hung one and
+            # failed here with RequestTimedOutError.
             with p.transaction():
                 p.send(topic, b"during", partition=1)
-            took = time.monotonic() - start
-        assert took < 1.5 * REQUEST_TIMEOUT_S, f"the transaction took {took:.1f} s"
         with p.transaction():
             p.send(topic, b"after", partition=0)
     assert _read_committed(cluster, topic, 2) == [b"after", b"before", b"during"]
@@ -176,12 +175,6 @@ def test_an_abort_of_a_transaction_that_never_reached_a_coordinator_succeeds(
     ]
 
 
-def _timed(call: Callable[[], object]) -> float:
-    start = time.monotonic()
-    call()
-    return time.monotonic() - start
-
-
 def test_group_calls_and_a_rebalance_go_on_at_the_coordinator_that_took_over(
     cluster: LocalCluster, new_topic: TopicFactory
 ) -> None:
@@ -221,15 +214,13 @@ def test_group_calls_and_a_rebalance_go_on_at_the_coordinator_that_took_over(
         reader.committed(tps)  # (the reader, never a member, now knows the coordinator)
         with _hung_owner(cluster, group, GROUP) as hung:
             _wait_taken_over(cluster, group, GROUP, hung)
-            committed: dict[TopicPartition, object] = {}
-            took = _timed(lambda: committed.update(reader.committed(tps)))
-            assert took < REQUEST_TIMEOUT_S, f"committed() took {took:.1f} s"
+            # Each failed with RequestTimedOutError at the hung one before (its one attempt
+            # took the whole request timeout); no wall-clock bound here (a loaded machine).
+            committed = reader.committed(tps)
             assert {tp: om.offset for tp, om in committed.items()} == {tps[0]: 10, tps[1]: 10}
-            took = _timed(a.commit)
-            assert took < REQUEST_TIMEOUT_S, f"commit() took {took:.1f} s"
+            a.commit()
             with consumer() as b:
                 b.subscribe([topic])
-                start = time.monotonic()
 
                 def split() -> bool:
                     poll(a)
@@ -237,8 +228,6 @@ def test_group_calls_and_a_rebalance_go_on_at_the_coordinator_that_took_over(
                     return len(a.assignment()) == 1 and len(b.assignment()) == 1
 
                 wait_for(split, timeout=60, what="A and B a partition each")
-                took = time.monotonic() - start
-                assert took < 2 * REQUEST_TIMEOUT_S, f"the rebalance took {took:.1f} s"
                 assert not set(a.assignment()) & set(b.assignment())
                 with Producer(cluster.bootstrap) as producer:
                     for i in range(20, 40):
