@@ -375,12 +375,7 @@ def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
         return
     if args.json:
         # The controller's answer as is: a stable shape for scripts.
-        resp = client.controller_call(
-            "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=args.topics)
-        )
-        failed = [t for t in resp.topics if t.error_code]
-        if failed:
-            raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
+        resp = _described(client, args.topics)
         topics = []
         for t in resp.topics:
             d = message_dict(t)
@@ -400,6 +395,18 @@ def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
             print(f"\t\t{e.name}={value}\t({e.source})", file=out)
 
 
+def _described(client: ClusterClient, topics: list[str]) -> Any:
+    """The controller's DescribeTopics answer for ``topics`` (all when empty); the first
+    topic it refused raises its error."""
+    resp = client.controller_call(
+        "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=topics)
+    )
+    failed = [t for t in resp.topics if t.error_code]
+    if failed:
+        raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
+    return resp
+
+
 def _describe_filtered(
     admin: Admin,
     client: ClusterClient,
@@ -411,12 +418,7 @@ def _describe_filtered(
     match, each line naming its topic (no topic lines, no configs; nothing when none
     matches). With ``--json`` the controller's answer, each topic's partitions filtered and
     the topics without a match left out."""
-    resp = client.controller_call(
-        "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=args.topics)
-    )
-    failed = [t for t in resp.topics if t.error_code]
-    if failed:
-        raise error_for(failed[0].error_code, failed[0].error_message or failed[0].name)
+    resp = _described(client, args.topics)
     rows = []
     for t in resp.topics if args.topics else sorted(resp.topics, key=lambda t: t.name):
         shown = [p for p in t.partitions if wanted(t.name, _partition_info(p))]
