@@ -1261,3 +1261,19 @@ def test_listing_groups_and_transactions_needs_describe_only_on_them(env: Env) -
     assert [g["group"] for g in json.loads(cli("groups", "list", "--json"))] == ["listed-g"]
     listed = json.loads(cli("transactions", "list", "--json"))
     assert [t["transactional_id"] for t in listed] == ["listed-tx"]
+
+
+def test_a_transactional_id_the_principal_may_not_use_is_refused_at_once(env: Env) -> None:
+    """A transactional producer whose principal has no rights on its transactional id is told
+    so by init_transactions(), as Kafka's TransactionalIdAuthorizationException, instead of
+    being refused FindCoordinator (PERMISSION_DENIED) node after node and retrying until its
+    timeout ran out with RequestTimedOutError (the transactions' own coordinator lookup took
+    the refusal for a node that did not answer)."""
+    with (
+        Producer(
+            env.bootstrap,
+            **env.client(env.bob, transactional_id="tx-not-bobs"),  # type: ignore[arg-type]
+        ) as p,
+        pytest.raises(AuthorizationError, match="tx-not-bobs"),
+    ):
+        p.init_transactions(120)

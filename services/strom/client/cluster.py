@@ -69,7 +69,7 @@ def parse_bootstrap(spec: str | Sequence[str] | None) -> list[str]:
 
 
 #: gRPC statuses that retrying cannot fix: the caller is not who it must be, or may not.
-_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+REFUSED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 def refused(exc: grpc.RpcError) -> StromError:
@@ -308,7 +308,7 @@ class ClusterClient:
                         req, timeout=self.timeout_s if timeout_s is None else timeout_s
                     )
                 except grpc.RpcError as exc:
-                    if exc.code() in _REFUSED:
+                    if exc.code() in REFUSED_CODES:
                         raise refused(exc) from None
                     if tls_handshake_failed(exc):
                         raise AuthenticationError(
@@ -376,10 +376,7 @@ class ClusterClient:
                     req, timeout=min(self.timeout_s if timeout_s is None else timeout_s, 5.0)
                 )
             except grpc.RpcError as exc:
-                if exc.code() in (
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    grpc.StatusCode.UNAUTHENTICATED,
-                ):
+                if exc.code() in REFUSED_CODES:
                     raise refused(exc) from None  # not "no coordinator yet": never retried
                 last = f"{addr}: {exc.code().name}"
                 continue
@@ -418,7 +415,7 @@ class ClusterClient:
             try:
                 resp = self.storage(addr).FindCoordinator(req, timeout=min(self.timeout_s, 5.0))
             except grpc.RpcError as exc:
-                if exc.code() in _REFUSED:
+                if exc.code() in REFUSED_CODES:
                     raise refused(exc) from None
                 last = f"{addr}: {exc.code().name}"
                 continue
@@ -508,7 +505,7 @@ class ClusterClient:
                         request, timeout=attempt_timeout(attempt_s, deadline)
                     )
                 except grpc.RpcError as exc:
-                    if exc.code() in _REFUSED:
+                    if exc.code() in REFUSED_CODES:
                         raise refused(exc) from None
                     if (old := older_node(exc, f"controller {addr}", method)) is not None:
                         raise old from None  # not a controller to retry or look for again

@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
-from strom.client.cluster import ClusterClient, attempt_timeout, older_node
+from strom.client.cluster import REFUSED_CODES, ClusterClient, attempt_timeout, older_node, refused
 from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -477,7 +477,13 @@ class TransactionManager:
             addr = self._coordinator if txn else None
             try:
                 if addr is None:
-                    addr = self._find(key, key_type, remaining)
+                    # The cluster client's lookup: a refusal (PERMISSION_DENIED on the
+                    # transactional id) is an AuthorizationError at once; this class's own
+                    # copy took it for a node that did not answer and retried until the
+                    # call's timeout (found from outside).
+                    addr = self.client.find_coordinator(
+                        key, key_type, timeout_s=min(remaining, self.request_timeout_s)
+                    )
                     if txn:
                         self._coordinator = addr
                 stub = coordinator_pb2_grpc.CoordinatorServiceStub(self.client.channel(addr))
@@ -488,6 +494,8 @@ class TransactionManager:
                     req, timeout=attempt_timeout(self.request_timeout_s, deadline)
                 )
             except grpc.RpcError as exc:
+                if exc.code() in REFUSED_CODES:
+                    raise refused(exc) from None
                 if exc.code() not in _TRANSPORT:
                     raise older_node(exc, addr, method) or StromError(
                         f"{method} failed: {exc.code().name} {exc.details()}"
@@ -513,23 +521,3 @@ class TransactionManager:
                             raise self.error
                     raise err
             time.sleep(min(self.backoff_s, max(deadline - time.monotonic(), 0)))
-
-    def _find(self, key: str, key_type: int, timeout_s: float) -> str:
-        req = storage_pb2.FindCoordinatorRequest(key_type=key_type, keys=[key])  # type: ignore[arg-type]
-        last = "no node answered"
-        for addr in self.client._candidates():
-            try:
-                resp = self.client.storage(addr).FindCoordinator(
-                    req, timeout=min(timeout_s, self.request_timeout_s, 5.0)
-                )
-            except grpc.RpcError as exc:
-                last = f"{addr}: {exc.code().name}"
-                continue
-            c = resp.coordinators[0]
-            if c.error_code == E.NONE:
-                return f"{c.node.host}:{c.node.port}"
-            if c.error_code not in COORDINATOR_REFRESH_CODES:
-                raise error_for(c.error_code, c.error_message)
-            last = c.error_message
-            break
-        raise CoordinatorNotAvailableError(f"no coordinator for {key!r}: {last}")
