@@ -138,6 +138,11 @@ def _tls_hint(exc: grpc.RpcError) -> str:
     )
 
 
+def _all_closed(errors: Sequence[str]) -> bool:
+    """Every one of these unreachable-node lines is a connection the node closed."""
+    return all(e.endswith("Socket closed") for e in errors)
+
+
 def connection_hint(security: ChannelSecurity) -> str:
     """What to check when every node closes the connection at once, as a TLS listener does
     to a plaintext client or (with mTLS) to one without a certificate, or with one it does
@@ -325,13 +330,9 @@ class ClusterClient:
                     self._controller_addr = _addr(resp.controller)
                 return resp
             passed = errors[-len(candidates) :]
+            closed = len(passed) == len(candidates) and _all_closed(passed)
             _last_unanswered = "; ".join(passed[-3:]) + (
-                connection_hint(self.security)
-                if passed and all(e.endswith("Socket closed") for e in passed[-3:])
-                else ""
-            )
-            closed = len(passed) == len(candidates) and all(
-                e.endswith("Socket closed") for e in passed
+                connection_hint(self.security) if closed else ""
             )
             closed_passes = closed_passes + 1 if closed else 0
             if closed_passes >= 2 and self.security.tls:
@@ -351,7 +352,7 @@ class ClusterClient:
                     + f" ({'; '.join(errors[-3:])})"
                     + (
                         connection_hint(self.security)
-                        if errors and all(e.endswith("Socket closed") for e in errors[-3:])
+                        if errors and _all_closed(errors[-3:])
                         else ""
                     )
                 )
