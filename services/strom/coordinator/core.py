@@ -32,6 +32,7 @@ from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup, GroupConfig, GroupState
 from strom.coordinator.lookup import shard_count
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, GroupRecord, shard_for_group
+from strom.coordinator.produce_streams import ProduceStreams
 from strom.coordinator.shards import Shard, ShardKind
 from strom.errors import (
     CoordinatorLoadInProgressError,
@@ -96,6 +97,8 @@ class CoordinatorCore:
     _wake: asyncio.Event | None
     _tasks: set[asyncio.Task[Any]]
     _channels: ChannelCache
+    #: The appends to the internal topics, on one ProduceStream per node.
+    _appends: ProduceStreams
     _stopping: bool
     _topics_cache: tuple[int, dict[str, int], dict[str, str]]
 

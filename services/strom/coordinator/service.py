@@ -32,9 +32,11 @@ from strom.coordinator.group_rpcs import GroupRpcs
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offset_rpcs import OffsetRpcs
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
+from strom.coordinator.produce_streams import ProduceStreams
 from strom.coordinator.shard_ownership import ShardOwnership
 from strom.coordinator.shard_writes import MAX_BATCH_RECORDS
 from strom.coordinator.shards import Shard, ShardKind
+from strom.coordinator.storage_io import INTERNAL_WRITER
 from strom.coordinator.timers import EMPTY_GROUP_RETENTION_MS, OFFSETS_RETENTION_MS, Timers
 from strom.coordinator.txn_service import TransactionRpcs
 from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC, TxnShardState
@@ -135,6 +137,7 @@ class CoordinatorService(
         self._wake: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._channels = ChannelCache(GRPC_OPTIONS)
+        self._appends = ProduceStreams(self._channels.get, INTERNAL_WRITER)
         self._stopping = False
         self._topics_cache: tuple[int, dict[str, int], dict[str, str]] = (-1, {}, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
@@ -210,6 +213,7 @@ class CoordinatorService(
             await asyncio.to_thread(self.view.stop)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+        await self._appends.close()
         await self._channels.close()
 
     async def FindCoordinator(

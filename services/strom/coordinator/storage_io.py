@@ -26,7 +26,7 @@ E = ErrorCode
 
 #: The header that lets the storage nodes take this coordinator's appends to the internal
 #: topics, which they refuse to clients (service.headers.INTERNAL_TOPICS_METADATA_KEY).
-_INTERNAL_WRITER = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
+INTERNAL_WRITER = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
 
 #: How long a write keeps retrying leader moves before the shard is reloaded.
 WRITE_RETRY_S = 10.0
@@ -143,12 +143,15 @@ class StorageIO(CoordinatorCore):
         while True:
             try:
                 addr, leader_epoch = self._leader(partition, topic)
-                stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
                 req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
                 req.topics.add(topic=topic).partitions.add(
                     partition=partition, records=batch, current_leader_epoch=leader_epoch
                 )
-                resp = await stub.Produce(req, timeout=10.0, metadata=_INTERNAL_WRITER)
+                if self._appends.supported(addr):
+                    resp = await self._appends.produce(addr, req, 10.0)
+                else:  # a node of an older version
+                    stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
+                    resp = await stub.Produce(req, timeout=10.0, metadata=INTERNAL_WRITER)
                 pr = resp.topics[0].partitions[0]
                 if pr.error_code == E.NONE:
                     return pr.base_offset

@@ -98,7 +98,8 @@ OLD_COORDINATOR_WRITES = Counter(
 )
 OPEN_STREAMS = Gauge(
     "strom_storage_open_streams",
-    "Open ProduceStream and FetchStream calls (clients holding a stream to this node)",
+    "Open ProduceStream and FetchStream calls (clients, followers and coordinators holding a "
+    "stream to this node)",
     ["method"],
 )
 FETCH_REQUESTS = Counter(
