@@ -124,6 +124,11 @@ ERRORS: dict[int, ErrorInfo] = {
     # security
     _E.TOPIC_AUTHORIZATION_FAILED: ErrorInfo(False, "the ACLs do not allow the topic"),
     _E.SECURITY_DISABLED: ErrorInfo(False, "ACLs are not enforced on this cluster (no --acls)"),
+    _E.GROUP_AUTHORIZATION_FAILED: ErrorInfo(False, "the ACLs do not allow the group"),
+    _E.CLUSTER_AUTHORIZATION_FAILED: ErrorInfo(False, "the ACLs do not allow it on the cluster"),
+    _E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorInfo(
+        False, "the ACLs do not allow the transactional id"
+    ),
 }
 del _E
 
@@ -680,6 +685,26 @@ class TopicAuthorizationFailedError(AuthorizationError):
     """TOPIC_AUTHORIZATION_FAILED: the principal may not describe the topic it named."""
 
     default_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class GroupAuthorizationFailedError(AuthorizationError):
+    """GROUP_AUTHORIZATION_FAILED: the principal may not use the consumer group it named."""
+
+    default_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class ClusterAuthorizationFailedError(AuthorizationError):
+    """CLUSTER_AUTHORIZATION_FAILED: the principal lacks a right on the cluster (or, for an
+    idempotent producer id, WRITE on any topic)."""
+
+    default_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+class TransactionalIdAuthorizationFailedError(AuthorizationError):
+    """TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the principal may not use the transactional id
+    it named (Kafka's TransactionalIdAuthorizationException)."""
+
+    default_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 class SecurityDisabledError(StromError):

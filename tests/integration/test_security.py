@@ -47,9 +47,12 @@ from strom.devcluster.procs import wait_for
 from strom.errors import (
     AuthenticationError,
     AuthorizationError,
+    ClusterAuthorizationFailedError,
     ErrorCode,
+    GroupAuthorizationFailedError,
     StromError,
     TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
 )
 from strom.record import encode_batch
 from strom.security import ChannelSecurity
@@ -246,11 +249,13 @@ def test_write_needs_write_and_a_deny_beats_an_allow(env: Env) -> None:
         bob.send("orders", b"nope").result(10)  # bob may not even see the topic
     env.acls(allow("User:CN=bob", md.ACL_OPERATION_DESCRIBE, TOPIC, "orders"))
     # An idempotent producer (the default) needs WRITE on some topic for its producer id
-    # (Kafka's KIP-679; it needed nothing before): bob has none, and is told so at once.
+    # (Kafka's KIP-679; it needed nothing before): bob has none, and is told so at once, as
+    # Kafka does, with CLUSTER_AUTHORIZATION_FAILED (found from outside: a topic refusal).
     with Producer(env.bootstrap, **env.client(env.bob, max_block_ms=5000)) as bob:  # type: ignore[arg-type]
         future = eventually(lambda: bob.send("orders", b"nope"))  # bob sees the topic now
         with pytest.raises(
-            AuthorizationError, match=r"User:CN=bob is not allowed WRITE on any topic"
+            ClusterAuthorizationFailedError,
+            match=r"User:CN=bob is not allowed WRITE on any topic",
         ):
             future.result(10)
     plain = env.client(env.bob, max_block_ms=5000, enable_idempotence=False)
@@ -378,7 +383,9 @@ def test_a_group_member_not_allowed_on_its_group_is_told_so(env: Env) -> None:
     ) as c:
         c.subscribe(["grouped"])
         start = time.monotonic()
-        with pytest.raises(AuthorizationError, match="User:CN=bob is not allowed"):
+        # GROUP_AUTHORIZATION_FAILED, Kafka's GroupAuthorizationException (found from
+        # outside: a refusal of a group carried no code, only the status).
+        with pytest.raises(GroupAuthorizationFailedError, match="User:CN=bob is not allowed"):
             while time.monotonic() - start < 20:
                 c.poll(timeout_ms=200)
         assert time.monotonic() - start < 10
@@ -1274,6 +1281,6 @@ def test_a_transactional_id_the_principal_may_not_use_is_refused_at_once(env: En
             env.bootstrap,
             **env.client(env.bob, transactional_id="tx-not-bobs"),  # type: ignore[arg-type]
         ) as p,
-        pytest.raises(AuthorizationError, match="tx-not-bobs"),
+        pytest.raises(TransactionalIdAuthorizationFailedError, match="tx-not-bobs"),
     ):
         p.init_transactions(120)

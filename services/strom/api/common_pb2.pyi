@@ -79,6 +79,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_COORDINATOR_FENCED: _ClassVar[ErrorCode]
     TOPIC_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     SECURITY_DISABLED: _ClassVar[ErrorCode]
+    GROUP_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    CLUSTER_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 INVALID_REQUEST: ErrorCode
@@ -149,6 +152,9 @@ INVALID_PRODUCER_ID_MAPPING: ErrorCode
 TRANSACTION_COORDINATOR_FENCED: ErrorCode
 TOPIC_AUTHORIZATION_FAILED: ErrorCode
 SECURITY_DISABLED: ErrorCode
+GROUP_AUTHORIZATION_FAILED: ErrorCode
+CLUSTER_AUTHORIZATION_FAILED: ErrorCode
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

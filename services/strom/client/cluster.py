@@ -72,11 +72,40 @@ def parse_bootstrap(spec: str | Sequence[str] | None) -> list[str]:
 REFUSED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
+#: The codes a refusal's ``strom-error-bin`` trailer may carry (the resource refused).
+_AUTHORIZATION_CODES = frozenset(
+    {
+        common_pb2.TOPIC_AUTHORIZATION_FAILED,
+        common_pb2.GROUP_AUTHORIZATION_FAILED,
+        common_pb2.CLUSTER_AUTHORIZATION_FAILED,
+        common_pb2.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
 def refused(exc: grpc.RpcError) -> StromError:
-    """The error for a call the server refused to authenticate or authorize."""
+    """The error for a call the server refused to authenticate or authorize: for an ACL
+    refusal, the subclass of AuthorizationError its trailer names (a group, cluster,
+    transactional id or topic refused: Kafka's four authorization exceptions)."""
     if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
         return AuthenticationError(exc.details() or "the server did not accept the credentials")
-    return AuthorizationError(exc.details() or "the server's ACLs refused the request")
+    details = exc.details() or "the server's ACLs refused the request"
+    code = _trailer_code(exc)
+    if code in _AUTHORIZATION_CODES:
+        return error_for(code, details)
+    return AuthorizationError(details)
+
+
+def _trailer_code(exc: grpc.RpcError) -> int | None:
+    """The ErrorCode of a call's ``strom-error-bin`` trailer, if it has one."""
+    trailers = getattr(exc, "trailing_metadata", None)
+    try:
+        for key, value in (trailers() if callable(trailers) else None) or ():
+            if key == "strom-error-bin":
+                return int(common_pb2.Error.FromString(value).code)
+    except Exception:  # a trailer that does not parse: the status alone says it
+        return None
+    return None
 
 
 def older_node(exc: grpc.RpcError, address: str, method: str) -> UnsupportedVersionError | None:

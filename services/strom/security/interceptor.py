@@ -146,16 +146,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         denial = self._denial(method, principal, request)
         return None if denial is None else denial[0]
 
-    def _denial(self, method: str, principal: str, request: Any) -> tuple[str, Res] | None:
-        """Why ``principal`` may not make ``request`` to ``method``, and the kind of resource
-        refused (None: it may)."""
+    def _denial(self, method: str, principal: str, request: Any) -> tuple[str, Res, bool] | None:
+        """Why ``principal`` may not make ``request`` to ``method``, the kind of resource
+        refused, and whether the right was needed on any resource of it (None: it may)."""
         for op, res, name in RULES[method](request):
             if not self.security.authorizer.allowed(principal, op, res, name):
                 if name == SOME:
                     what = f"any {_RES_NAMES[res]}"
                 else:
                     what = _RES_NAMES[res] + ("" if res is Res.CLUSTER else f" {name!r}")
-                return f"{principal} is not allowed {op.name} on {what}", res
+                return f"{principal} is not allowed {op.name} on {what}", res, name == SOME
         return None
 
     def _filter(self, method: str, principal: str, request: Any, response: Any) -> None:
@@ -268,13 +268,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(stream_stream, **ser)
 
 
-def _denial_trailer(why: str, res: Res) -> tuple[tuple[str, bytes], ...]:
-    """The ``strom-error-bin`` trailer of a refused topic (TOPIC_AUTHORIZATION_FAILED), as the
-    other refusals of RecordService carry one (found from outside: a ProduceRecords refused by
-    the ACLs had none). Other resources have no ErrorCode of their own: the status says it."""
-    if res is not Res.TOPIC:
-        return ()
-    err = common_pb2.Error(code=common_pb2.TOPIC_AUTHORIZATION_FAILED, message=why)
+#: The ErrorCode of a refusal, by the kind of resource refused (Kafka's
+#: TOPIC_/GROUP_/CLUSTER_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
+_DENIAL_CODES = {
+    Res.TOPIC: common_pb2.TOPIC_AUTHORIZATION_FAILED,
+    Res.GROUP: common_pb2.GROUP_AUTHORIZATION_FAILED,
+    Res.CLUSTER: common_pb2.CLUSTER_AUTHORIZATION_FAILED,
+    Res.TRANSACTIONAL_ID: common_pb2.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+}
+
+
+def _denial_trailer(why: str, res: Res, some: bool = False) -> tuple[tuple[str, bytes], ...]:
+    """The ``strom-error-bin`` trailer of a refusal: its ErrorCode by the resource refused,
+    so a client in any language can tell a group or cluster refusal from a topic one (found
+    from outside: only topic refusals had a code). ``some``: the right was needed on any
+    resource of the kind (an idempotent producer id needs WRITE on some topic), which Kafka
+    reports as CLUSTER_AUTHORIZATION_FAILED."""
+    code = common_pb2.CLUSTER_AUTHORIZATION_FAILED if some else _DENIAL_CODES[res]
+    err = common_pb2.Error(code=code, message=why)
     return (("strom-error-bin", err.SerializeToString()),)
 
 
