@@ -25,6 +25,11 @@ answers before it. What this module keeps true:
 - A node that does not know the method (UNIMPLEMENTED: an older version during a rolling
   upgrade) gets unary calls from then on.
 - A channel replaced by the channel cache (new credentials) gets a new stream.
+
+The price: answers come in order, so an append waiting for slow followers holds the answers
+of the appends of other shards behind it on the same node (at most until its timeout), as
+a producer's requests on its streams do. The shards' appends are small and acks=all on the
+same followers, so they would mostly wait for the same thing anyway.
 """
 
 from __future__ import annotations
