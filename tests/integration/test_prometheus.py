@@ -7,7 +7,8 @@
   node by its id and its metrics address; starting it again clears them.
 * Every storage node exports its id (strom_storage_node_info), and the alerts' join on it
   names each node; with both controllers up, the standby follows the active one, so
-  StromNoStandbyController's expression finds nothing.
+  StromNoStandbyController's expression finds nothing; stopping the standby fires
+  StromControllerInstanceDown naming it, and it follows again once restarted.
 
 Alert rules: the test loads deploy/prometheus/strom-alerts.yml and changes only each rule's
 ``for:`` (to 2 s), writing a test-only copy. The expressions are exactly the shipped ones, so
@@ -341,6 +342,39 @@ def test_the_standby_controller_follows_the_active_one(env: dict[str, Any]) -> N
     assert values(prom.query(f'sum(strom_controller_active{{cluster="{CLUSTER}"}})')) == [1.0]
     assert prom.query(rule_expr("StromNoStandbyController")) == []
     assert prom.query(rule_expr("StromControllerInstanceDown")) == []
+
+
+def test_a_standby_controller_down_fires_its_instance_alert(env: dict[str, Any]) -> None:
+    """Found from outside: a standby controller killed while the active one was up fired
+    nothing. StromControllerInstanceDown names it; once it is back it follows again."""
+    prom: PrometheusServer = env["prom"]
+    cluster: LocalCluster = env["cluster"]
+    active = cluster.active_controller()
+    (standby,) = [c for c in cluster.controllers if c is not active]
+    instance = f"127.0.0.1:{standby.metrics_port}"
+    following = f'sum(strom_controller_following_active{{cluster="{CLUSTER}"}})'
+    assert standby.process is not None
+    standby.process.stop()
+    try:
+        wait_for(
+            lambda: ("StromControllerInstanceDown", instance) in prom.firing(),
+            timeout=60,
+            what="StromControllerInstanceDown to fire for the stopped standby",
+        )
+        assert summaries(prom, "StromControllerInstanceDown") == [
+            f"strom controller {instance} in cluster {CLUSTER} is down"
+        ]
+        assert "StromNoActiveController" not in {a for a, _ in prom.firing()}
+    finally:
+        cluster.restart(standby)
+    wait_for(
+        lambda: (
+            values(prom.query(following)) == [1.0]
+            and "StromControllerInstanceDown" not in {a for a, _ in prom.firing()}
+        ),
+        timeout=60,
+        what="the standby back, following the active controller, and the alert cleared",
+    )
 
 
 def test_every_process_exports_its_security_settings_and_equal_ones_do_not_alert(
