@@ -69,6 +69,14 @@ Service's name), `namespace`, `pod`, `container` and `endpoint`: the chart's Ser
 sets `honorLabels`, so strom's own `service` label (the role) is kept rather than renamed
 `exported_service`; series without it carry the Kubernetes Service's name there.
 
+`instance` names a target by its metrics address, while the cluster names a storage node by
+its id (`strom topics describe`, `strom_controller_missing_node_replicas{node}`): every storage
+node exports `strom_storage_node_info{node_id}` to join the two, e.g.
+`up{job="strom-storage"} * on (cluster, instance) group_left (node_id) strom_storage_node_info`.
+The alert rules record `strom:storage_node_info:last` (the id a target last exported, kept a
+day while the node is down) and name a storage node "node 3 (10.0.0.7:9102)"; the dashboard's
+per-node panels show "node 3 10.0.0.7:9102".
+
 Besides these, every process exports prometheus_client's standard `process_*`
 (CPU seconds, resident memory, open file descriptors, start time) and `python_gc_*` /
 `python_info` series; the dashboard joins them with `strom_build_info` to name the role.

@@ -41,6 +41,20 @@ CT = 'cluster=~"$cluster", topic=~"$topic"'
 RI = "$__rate_interval"
 #: Join for process_* series: keep strom's targets, add their role as `service`.
 ROLE = f"* on (instance, job) group_left (service) strom_build_info{{{C}}}"
+#: Join for a storage node's series: add its node id (the one `strom topics describe` and the
+#: alerts print) as `node_id`; a node too old to export strom_storage_node_info keeps its
+#: series, without one.
+NODE_ID = (
+    f"* on (cluster, instance) group_left (node_id) (strom_storage_node_info{{{C}}} "
+    f'or on (cluster, instance) group by (cluster, instance) (up{{{C}, job="strom-storage"}}))'
+)
+#: The legend of a per-storage-node series: its id and its metrics address.
+NODE = "node {{node_id}} {{instance}}"
+
+
+def by_node(expr: str) -> str:
+    """``expr`` (labelled by cluster and instance) with the storage node's id added."""
+    return f"({expr}) {NODE_ID}"
 
 
 @dataclass
@@ -175,7 +189,7 @@ PANELS: list[tuple[str, list[P]]] = [
                 "Offline partitions as each node sees them",
                 "From each storage node's own view of the metadata: a node that disagrees with "
                 "the others has a stale view.",
-                [(f"strom_storage_offline_partitions{{{C}}}", "{{instance}}")],
+                [(by_node(f"strom_storage_offline_partitions{{{C}}}"), NODE)],
                 width=4,
                 height=4,
             ),
@@ -260,21 +274,27 @@ PANELS: list[tuple[str, list[P]]] = [
                 "timeseries",
                 "Under-replicated partitions by leader",
                 "Partitions each node leads whose ISR is smaller than the replica set.",
-                [(f"strom_storage_under_replicated_partitions{{{C}}}", "{{instance}}")],
+                [(by_node(f"strom_storage_under_replicated_partitions{{{C}}}"), NODE)],
             ),
             P(
                 "timeseries",
                 "Under min ISR by leader",
                 "Partitions each node leads whose ISR is below min.insync.replicas.",
-                [(f"strom_storage_under_min_isr_partitions{{{C}}}", "{{instance}}")],
+                [(by_node(f"strom_storage_under_min_isr_partitions{{{C}}}"), NODE)],
             ),
             P(
                 "timeseries",
                 "ISR shrinks / expands",
                 "Committed ISR changes, per leader.",
                 [
-                    (rate_by("strom_storage_isr_shrinks_total", "instance"), "shrink {{instance}}"),
-                    (rate_by("strom_storage_isr_expands_total", "instance"), "expand {{instance}}"),
+                    (
+                        by_node(rate_by("strom_storage_isr_shrinks_total", "cluster, instance")),
+                        f"shrink {NODE}",
+                    ),
+                    (
+                        by_node(rate_by("strom_storage_isr_expands_total", "cluster, instance")),
+                        f"expand {NODE}",
+                    ),
                 ],
                 unit="ops",
             ),
@@ -288,7 +308,7 @@ PANELS: list[tuple[str, list[P]]] = [
                 "timeseries",
                 "Partitions by node and role",
                 "Hosted replicas: leaders and followers.",
-                [(f"strom_storage_partitions{{{C}}}", "{{instance}} {{role}}")],
+                [(by_node(f"strom_storage_partitions{{{C}}}"), f"{NODE} {{{{role}}}}")],
             ),
             P(
                 "timeseries",
@@ -298,8 +318,11 @@ PANELS: list[tuple[str, list[P]]] = [
                 "its clients still use means they fell back to unary calls.",
                 [
                     (
-                        f"sum by (instance, method) (strom_storage_open_streams{{{C}}})",
-                        "{{instance}} {{method}}",
+                        by_node(
+                            "sum by (cluster, instance, method) "
+                            f"(strom_storage_open_streams{{{C}}})"
+                        ),
+                        f"{NODE} {{{{method}}}}",
                     )
                 ],
             ),
@@ -309,8 +332,12 @@ PANELS: list[tuple[str, list[P]]] = [
                 "Bytes leaders sent to followers.",
                 [
                     (
-                        rate_by("strom_storage_replication_bytes_out_total", "instance"),
-                        "{{instance}}",
+                        by_node(
+                            rate_by(
+                                "strom_storage_replication_bytes_out_total", "cluster, instance"
+                            )
+                        ),
+                        NODE,
                     )
                 ],
                 unit="Bps",
@@ -504,8 +531,12 @@ PANELS: list[tuple[str, list[P]]] = [
                         "{{service}} loop",
                     ),
                     (
-                        quantile(0.99, "strom_storage_append_queue_seconds", "instance"),
-                        "append {{instance}}",
+                        by_node(
+                            quantile(
+                                0.99, "strom_storage_append_queue_seconds", "cluster, instance"
+                            )
+                        ),
+                        f"append {NODE}",
                     ),
                 ],
                 unit="s",

@@ -343,6 +343,11 @@ def test_describe_filters_partitions_as_kafka_topics_does(cluster: LocalCluster)
     assert _shown(unavailable.stdout) == {("fl-gone", 0)}
     min_isr = strom("topics", "describe", "--under-min-isr-partitions", *some)
     assert _shown(min_isr.stdout) == {("fl-two", 0)}
+    # Each row says which condition it met first (found from outside: only "under-replicated").
+    (line,) = min_isr.stdout.decode().splitlines()
+    assert line.endswith("Isr: 1\tOffline: 3\t(under-min-isr, under-replicated)"), line
+    (line,) = unavailable.stdout.decode().splitlines()
+    assert line.endswith("\t(offline)"), line
     got = json.loads(
         strom("topics", "describe", "--under-min-isr-partitions", "--json", *some).stdout
     )

@@ -3,8 +3,12 @@
 * Every query of every dashboard panel (deploy/grafana/strom-dashboard.json), with the
   template variables filled in as Grafana would, parses and returns at least one number.
 * Stopping a storage node (a follower of the other nodes' partitions) fires
-  StromUnderReplicatedPartitions, StromNodeDown and StromNodeMissing; starting it again
-  clears them.
+  StromUnderReplicatedPartitions, StromNodeDown and StromNodeMissing, the last two naming the
+  node by its id and its metrics address; starting it again clears them.
+* Every storage node exports its id (strom_storage_node_info), and the alerts' join on it
+  names each node; with both controllers up, the standby follows the active one, so
+  StromNoStandbyController's expression finds nothing; stopping the standby fires
+  StromControllerInstanceDown naming it, and it follows again once restarted.
 
 Alert rules: the test loads deploy/prometheus/strom-alerts.yml and changes only each rule's
 ``for:`` (to 2 s), writing a test-only copy. The expressions are exactly the shipped ones, so
@@ -234,6 +238,7 @@ def test_alerts_fire_when_a_follower_stops_and_clear_when_it_returns(
     prom: PrometheusServer = env["prom"]
     node = cluster.node(3)
     instance = f"127.0.0.1:{node.metrics_port}"
+    named = f"strom storage node 3 ({instance}) in cluster {CLUSTER}"
     wait_for(
         lambda: (
             not {a for a, _ in prom.firing()}
@@ -250,13 +255,18 @@ def test_alerts_fire_when_a_follower_stops_and_clear_when_it_returns(
                 {
                     ("StromUnderReplicatedPartitions", ""),
                     ("StromNodeDown", instance),
-                    ("StromNodeMissing", ""),  # the controllers' view: no registration
+                    # The controllers' view (no registration), with the address node 3 had.
+                    ("StromNodeMissing", instance),
                 }
                 <= prom.firing()
             ),
             timeout=90,
             what="StromUnderReplicatedPartitions, StromNodeDown and StromNodeMissing to fire",
         )
+        # Both name the node as `strom topics describe` does (3) and as Prometheus does.
+        assert summaries(prom, "StromNodeDown") == [f"{named} is down"]
+        (missing,) = summaries(prom, "StromNodeMissing")
+        assert missing.startswith(f"{named} holds ") and missing.endswith(" not registered")
     finally:
         cluster.restart(node)
     wait_for(
@@ -276,6 +286,94 @@ def test_alerts_fire_when_a_follower_stops_and_clear_when_it_returns(
             )
         )
         == 0
+    )
+
+
+def summaries(prom: PrometheusServer, alert: str) -> list[str]:
+    """The summaries of ``alert``'s firing instances, as Prometheus rendered them."""
+    return [
+        a["annotations"]["summary"]
+        for a in prom.api("alerts")["alerts"]
+        if a["labels"]["alertname"] == alert and a["state"] == "firing"
+    ]
+
+
+def rule_expr(alert: str) -> str:
+    """The shipped expression of ``alert``."""
+    data = yaml.safe_load(RULES.read_text())
+    return next(r["expr"] for g in data["groups"] for r in g["rules"] if r.get("alert") == alert)
+
+
+def test_storage_nodes_export_their_ids_and_the_alerts_join_on_them(env: dict[str, Any]) -> None:
+    """strom_storage_node_info maps each storage target to its node id; StromDiskAlmostFull's
+    join, its threshold raised so that every node matches, names every node by id."""
+    prom: PrometheusServer = env["prom"]
+    cluster: LocalCluster = env["cluster"]
+    want = {(f"127.0.0.1:{n.metrics_port}", str(n.ident)) for n in cluster.nodes}
+
+    def ids(expr: str) -> set[tuple[str, str]]:
+        return {(r["metric"]["instance"], r["metric"].get("node_id", "")) for r in prom.query(expr)}
+
+    wait_for(
+        lambda: ids(f'strom_storage_node_info{{cluster="{CLUSTER}"}}') == want,
+        timeout=30,
+        what="every storage node's id scraped",
+    )
+    wait_for(
+        lambda: ids(f'strom:storage_node_info:last{{cluster="{CLUSTER}"}}') >= want,
+        timeout=30,
+        what="the recording rule to name every storage target",
+    )
+    expr = rule_expr("StromDiskAlmostFull")
+    assert "< 0.10)" in expr
+    assert ids(expr.replace("< 0.10)", "< 1.01)")) == want
+
+
+def test_the_standby_controller_follows_the_active_one(env: dict[str, Any]) -> None:
+    """strom_controller_following_active: 1 on the standby, 0 on the active; so the standby
+    alert (unit-tested firing with promtool) finds nothing on a healthy 2-controller cluster."""
+    prom: PrometheusServer = env["prom"]
+    following = f'sum(strom_controller_following_active{{cluster="{CLUSTER}"}})'
+    wait_for(
+        lambda: values(prom.query(following)) == [1.0],
+        timeout=60,
+        what="the standby controller to follow the active one",
+    )
+    assert values(prom.query(f'sum(strom_controller_active{{cluster="{CLUSTER}"}})')) == [1.0]
+    assert prom.query(rule_expr("StromNoStandbyController")) == []
+    assert prom.query(rule_expr("StromControllerInstanceDown")) == []
+
+
+def test_a_standby_controller_down_fires_its_instance_alert(env: dict[str, Any]) -> None:
+    """Found from outside: a standby controller killed while the active one was up fired
+    nothing. StromControllerInstanceDown names it; once it is back it follows again."""
+    prom: PrometheusServer = env["prom"]
+    cluster: LocalCluster = env["cluster"]
+    active = cluster.active_controller()
+    (standby,) = [c for c in cluster.controllers if c is not active]
+    instance = f"127.0.0.1:{standby.metrics_port}"
+    following = f'sum(strom_controller_following_active{{cluster="{CLUSTER}"}})'
+    assert standby.process is not None
+    standby.process.stop()
+    try:
+        wait_for(
+            lambda: ("StromControllerInstanceDown", instance) in prom.firing(),
+            timeout=60,
+            what="StromControllerInstanceDown to fire for the stopped standby",
+        )
+        assert summaries(prom, "StromControllerInstanceDown") == [
+            f"strom controller {instance} in cluster {CLUSTER} is down"
+        ]
+        assert "StromNoActiveController" not in {a for a, _ in prom.firing()}
+    finally:
+        cluster.restart(standby)
+    wait_for(
+        lambda: (
+            values(prom.query(following)) == [1.0]
+            and "StromControllerInstanceDown" not in {a for a, _ in prom.firing()}
+        ),
+        timeout=60,
+        what="the standby back, following the active controller, and the alert cleared",
     )
 
 

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from strom.api import common_pb2, controller_pb2
@@ -347,14 +348,24 @@ def _list(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: An
 PartitionFilter = Callable[[str, PartitionInfo], bool]
 
 
-def _partition_filter(admin: Admin, args: argparse.Namespace) -> PartitionFilter | None:
+@dataclass(frozen=True)
+class PartitionCondition:
+    """A ``topics describe`` partition filter and the flag its rows carry first: each row
+    says which condition it met (found from outside: ``--under-min-isr-partitions`` rows said
+    only "(under-replicated)")."""
+
+    flag: str
+    test: PartitionFilter
+
+
+def _partition_filter(admin: Admin, args: argparse.Namespace) -> PartitionCondition | None:
     """The filter of Kafka's ``kafka-topics --describe`` flags, None without one. The ISR of
     ``--under-min-isr-partitions`` is held against each topic's effective min.insync.replicas
     (its override, else the default), asked once per topic that has partitions."""
     if args.under_replicated_partitions:
-        return lambda _topic, p: p.under_replicated
+        return PartitionCondition("under-replicated", lambda _topic, p: p.under_replicated)
     if args.unavailable_partitions:
-        return lambda _topic, p: p.offline
+        return PartitionCondition("offline", lambda _topic, p: p.offline)
     if not args.under_min_isr_partitions:
         return None
     min_isr: dict[str, int] = {}
@@ -365,7 +376,7 @@ def _partition_filter(admin: Admin, args: argparse.Namespace) -> PartitionFilter
             min_isr[topic] = int(entry["min.insync.replicas"].value or 1)
         return len(p.isr) < min_isr[topic]
 
-    return under_min_isr
+    return PartitionCondition("under-min-isr", under_min_isr)
 
 
 def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
@@ -411,17 +422,17 @@ def _describe_filtered(
     admin: Admin,
     client: ClusterClient,
     args: argparse.Namespace,
-    wanted: PartitionFilter,
+    wanted: PartitionCondition,
     out: Any,
 ) -> None:
     """``topics describe`` with a partition filter: as Kafka's tool, only the partitions that
     match, each line naming its topic (no topic lines, no configs; nothing when none
     matches). With ``--json`` the controller's answer, each topic's partitions filtered and
-    the topics without a match left out."""
+    the topics without a match left out. Each line's flags start with the condition met."""
     resp = _described(client, args.topics)
     rows = []
     for t in resp.topics if args.topics else sorted(resp.topics, key=lambda t: t.name):
-        shown = [p for p in t.partitions if wanted(t.name, _partition_info(p))]
+        shown = [p for p in t.partitions if wanted.test(t.name, _partition_info(p))]
         if not shown:
             continue
         if args.json:
@@ -430,7 +441,8 @@ def _describe_filtered(
             rows.append(d)
             continue
         for p in shown:
-            print(f"Topic: {t.name}\t{_partition_line(_partition_info(p))}", file=out)
+            line = _partition_line(_partition_info(p), met=wanted.flag)
+            print(f"Topic: {t.name}\t{line}", file=out)
     if args.json:
         print(json.dumps(rows, indent=2), file=out)
 
@@ -820,12 +832,13 @@ def _print_topic(t: TopicDescription, out: Any) -> None:
         print(f"\t{_partition_line(p)}", file=out)
 
 
-def _partition_line(p: PartitionInfo) -> str:
-    """A partition as ``topics describe`` prints it (Kafka's fields, then strom's flags)."""
-    flags = []
-    if p.under_replicated:
+def _partition_line(p: PartitionInfo, met: str | None = None) -> str:
+    """A partition as ``topics describe`` prints it (Kafka's fields, then strom's flags;
+    ``met``, the condition a filtered listing showed it for, first)."""
+    flags = [met] if met else []
+    if p.under_replicated and met != "under-replicated":
         flags.append("under-replicated")
-    if p.offline:
+    if p.offline and met != "offline":
         flags.append("offline")
     if p.reassigning:
         flags.append(

@@ -157,6 +157,13 @@ APPEND_QUEUE = Histogram(
     "How long a Produce request's append waited for the writer thread (0 when it ran inline)",
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+NODE_INFO = Gauge(
+    "strom_storage_node_info",
+    "Always 1; the node id of this storage node (the id `strom topics describe` and "
+    "strom_controller_missing_node_replicas use): join series on `instance` to name the node, "
+    "e.g. `up * on (cluster, instance) group_left (node_id) strom_storage_node_info`",
+    ["node_id"],
+)
 DATA_DIR_FREE = Gauge(
     "strom_storage_data_dir_free_bytes",
     "Bytes available to the node on the file system of its data dir (statvfs, at scrape time)",
@@ -329,6 +336,14 @@ def count_partitions_with(role_counts: Callable[[], tuple[int, int]]) -> None:
     walked all of them for each change (O(N) per created topic at 10,000 partitions)."""
     PARTITIONS.labels("leader").set_function(lambda: role_counts()[0])
     PARTITIONS.labels("follower").set_function(lambda: role_counts()[1])
+
+
+def publish_node_id(node_id: int) -> None:
+    """Export ``strom_storage_node_info{node_id}``. Why: Prometheus names a target by its
+    metrics address (``instance``) while the cluster (``strom topics describe``, the
+    controllers' series) names a storage node by its id; outside Kubernetes nothing else maps
+    one to the other, so alerts and panels join on this series to say both."""
+    NODE_INFO.labels(str(node_id)).set(1)
 
 
 def watch_data_dir(data_dir: Path) -> None:

@@ -175,6 +175,7 @@ class StorageNode:
         #: replicates, so a rolling restart waits for this node before stopping the next.
         self.readiness = InSyncReadiness(config.node_id, self.view)
         self.view.add_listener(self.readiness.on_view_events)
+        metrics.publish_node_id(config.node_id)
         metrics.watch_data_dir(config.data_dir)
         self.manager = PartitionManager(config.node_id, self.view, None, fsync=config.fsync)
         self.manager.after_reconcile = self._after_reconcile
