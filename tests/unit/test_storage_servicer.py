@@ -889,3 +889,34 @@ def test_a_log_of_another_topic_id_that_cannot_be_set_aside_is_not_hosted(
         assert (old.directory / "00000000000000000000.log").stat().st_size > 0
 
     with_harness(tmp_path, body)
+
+
+def test_a_recovery_that_cuts_a_log_is_counted(tmp_path: Path) -> None:
+    """Found from outside: a recovery that cut 2.5 MB from a log ("recovery truncated ...
+    bytes") showed in no metric, so no alert could tell an operator a replica lost data."""
+    from prometheus_client import REGISTRY
+
+    data = tmp_path / "data"
+    logs = LogManager(data, fsync=False)
+    lg = logs.get_or_create("cut", 0)
+    lg.append(encode_batch([b"a", b"b"]), leader_epoch=0)
+    segment = lg.directory / "00000000000000000000.log"
+    logs.close()
+    (data / ".strom-clean-shutdown").unlink()  # a crash
+    with open(segment, "ab") as f:
+        f.write(b"\x00" * 10 + b"\x7f" * 30)  # a batch torn half way
+    sample = REGISTRY.get_sample_value
+    bytes_before = sample("strom_storage_recovery_truncated_bytes_total", {"topic": "cut"}) or 0
+    events_before = sample("strom_storage_recovery_truncations_total", {"topic": "cut"}) or 0
+
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None and h.manager.logs.get("cut", 0) is not None
+        assert h.manager.logs.get("cut", 0).log_end_offset == 2
+        assert sample("strom_storage_recovery_truncated_bytes_total", {"topic": "cut"}) == (
+            bytes_before + 40
+        )
+        assert sample("strom_storage_recovery_truncations_total", {"topic": "cut"}) == (
+            events_before + 1
+        )
+
+    with_harness(tmp_path, body)

@@ -130,6 +130,15 @@ class _NotSetAside(Exception):
     partition is not hosted, and the next reconcile tries again."""
 
 
+def _count_recovery(tp: TopicPartition, lg: Log) -> None:
+    """Count a recovery that cut ``lg`` (the log itself warns with its file and offsets):
+    the replica lost data, which an operator must be able to see and alert on, not only
+    read in a log line."""
+    if lg.truncated_bytes_on_recovery or lg.lost_on_recovery:
+        metrics.RECOVERY_TRUNCATIONS.labels(tp[0]).inc()
+        metrics.RECOVERY_TRUNCATED_BYTES.labels(tp[0]).inc(lg.truncated_bytes_on_recovery)
+
+
 def _aside_suffix() -> str:
     """``-stray-<UTC time to the ms>``: what a folder set aside gets after its name (no
     digit at the end, so no start opens it as a log)."""
@@ -210,6 +219,8 @@ class PartitionManager:
         """
         logs = LogManager(data_dir, fsync=self.fsync, configs=self.topic_configs)
         self._topic_ids = {tp: read_topic_id(lg.directory) for tp, lg in logs}
+        for tp, lg in logs:
+            _count_recovery(tp, lg)
         if not logs.clean_shutdown and logs.logs:
             log.info("recovered %d logs after an unclean shutdown", len(logs.logs))
         self.logs = logs
@@ -495,6 +506,7 @@ class PartitionManager:
                 continue
             if not opened:
                 budget.took(len(lg.segments))
+                _count_recovery(a.tp, lg)  # a folder left on disk is recovered when opened
             out.append((a, lg))
         if failed or short:
             # Not installed, so the next reconcile tries again; make sure there is one.

@@ -248,6 +248,19 @@ REPLICAS_SET_ASIDE = Counter(
     "process",
     ["reason", "topic"],
 )
+RECOVERY_TRUNCATIONS = Counter(
+    "strom_storage_recovery_truncations",
+    "Logs whose recovery when opened cut data (a torn or corrupt batch, or a segment that "
+    "lost offsets, and everything after it): the replica holds less than before, by topic; "
+    "series stay for the life of the process",
+    ["topic"],
+)
+RECOVERY_TRUNCATED_BYTES = Counter(
+    "strom_storage_recovery_truncated_bytes",
+    "Bytes of segment files those recoveries cut (strom_storage_recovery_truncations_total), "
+    "by topic",
+    ["topic"],
+)
 _PARTITION_GAUGES = (
     LOG_END_OFFSET,
     LOG_START_OFFSET,
