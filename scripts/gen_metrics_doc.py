@@ -58,7 +58,11 @@ A storage node exports its per-partition series (`topic`, `partition`) while it 
 replica, and a topic's counters (`topic` alone) while it hosts any replica of the topic: they
 disappear when the replicas are deleted or move away, and start again from zero if they come
 back (a re-created topic does not add to the deleted one's totals). Leader-only series exist
-only on the partition's current leader.
+only on the partition's current leader. The counters of data a node took out of service or cut
+(`strom_storage_replicas_set_aside_total`, `strom_storage_recovery_truncations_total`,
+`strom_storage_recovery_truncated_bytes_total`) keep their series for the life of the
+process instead: they count what happens as the node opens its logs, mostly at start, before
+or without hosting the replica (their alerts also look at `process_start_time_seconds`).
 
 Labels added by the scraper, not by strom: `cluster` (the strom cluster name), `job`
 (`strom-storage`, `strom-controller`, `strom-coordinator`) and `instance`. The Helm chart's

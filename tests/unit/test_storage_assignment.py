@@ -84,15 +84,33 @@ def test_strays_on_disk_wait_for_an_initialised_view_and_are_set_aside() -> None
     assert plan.strays == [("old", 0), ("old", 1)] and not plan.delete
 
 
-def test_a_recreated_topic_replaces_the_old_local_log() -> None:
+def test_a_log_found_with_another_topic_id_is_set_aside_never_deleted() -> None:
+    """Found from outside: one changed character in an RF=1 replica's partition.metadata
+    made the next start delete the partition's only copy. A log found on disk whose topic
+    id is not the assigned one is set aside (renamed, kept) and its partition created
+    afresh, whether or not strays may be set aside yet (a rename costs nothing)."""
     topics = {"a": topic("a", "new-id")}
     parts = {("a", 0): state([1], 1, tid="new-id")}
     desired = desired_assignments(1, topics, parts)
-    plan = plan_changes(desired, {}, {("a", 0): "old-id"}, set_aside_strays=False)
-    assert plan.delete == [("a", 0)] and [a.tp for a in plan.create] == [("a", 0)]
-    # Unknown local id (no partition.metadata yet): adopted, not deleted.
+    for set_aside_strays in (False, True):
+        plan = plan_changes(desired, {}, {("a", 0): "old-id"}, set_aside_strays=set_aside_strays)
+        assert plan.mismatched == [("a", 0)] and not plan.delete and not plan.strays
+        assert [a.tp for a in plan.create] == [("a", 0)]
+    # Unknown local id (no partition.metadata yet): adopted, neither deleted nor set aside.
     plan = plan_changes(desired, {}, {("a", 0): None}, set_aside_strays=True)
-    assert not plan.delete and [a.tp for a in plan.create] == [("a", 0)]
+    assert not plan.delete and not plan.mismatched and [a.tp for a in plan.create] == [("a", 0)]
+
+
+def test_a_topic_served_here_then_deleted_and_created_again_replaces_the_old_log() -> None:
+    """The view's deletion and re-creation of a topic this process served arrived as one
+    change: the old log is deleted (as a deleted topic's replica is), not set aside."""
+    old = desired_assignments(1, {"a": topic("a", "old-id")}, {("a", 0): state([1], 1)})
+    desired = desired_assignments(
+        1, {"a": topic("a", "new-id")}, {("a", 0): state([1], 1, tid="new-id")}
+    )
+    plan = plan_changes(desired, old, {("a", 0): "old-id"}, set_aside_strays=True)
+    assert plan.delete == [("a", 0)] and not plan.mismatched
+    assert [a.tp for a in plan.create] == [("a", 0)]
 
 
 def test_invalid_topic_configs_are_skipped_not_fatal() -> None:

@@ -773,7 +773,7 @@ def test_a_log_left_on_disk_by_a_deleted_topic_is_never_adopted_by_its_successor
     """Found from outside: a delete that failed (the rename to ``.deleted`` too long) left the
     replica's folder on disk, out of the node's tables; re-creating the name opened it,
     relabelled its ``partition.metadata`` with the new id and served the deleted records
-    as the new topic's. A folder recording another topic id is now deleted first."""
+    as the new topic's. A folder recording another topic id is now set aside first."""
 
     async def body(h: Harness) -> None:
         h.topic(LONG, {0: leader_state()})
@@ -799,40 +799,73 @@ def test_a_log_left_on_disk_by_a_deleted_topic_is_never_adopted_by_its_successor
         assert (new.directory / PARTITION_METADATA).read_text().endswith("topic_id: id-new\n")
         resp = await h.servicer.Produce(produce_req({(LONG, 0): encode_batch([b"n0"])}), None)
         assert results(resp)[(LONG, 0)].base_offset == 0
+        (aside,) = _set_aside(tmp_path / "data")
+        assert (aside / PARTITION_METADATA).read_text().endswith(f"topic_id: id-{LONG}\n")
 
     with_harness(tmp_path, body)
 
 
-def test_a_log_found_at_start_with_another_topic_id_is_deleted_and_the_partition_starts_empty(
-    tmp_path: Path,
+def _set_aside(data: Path) -> list[Path]:
+    """The folders of ``data`` set aside (``...-stray-<time>``)."""
+    return sorted(p for p in data.iterdir() if p.is_dir() and "-stray-" in p.name)
+
+
+def _set_aside_count(topic: str, reason: str) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"topic": topic, "reason": reason}
+    return REGISTRY.get_sample_value("strom_storage_replicas_set_aside_total", labels) or 0.0
+
+
+def test_a_log_found_at_start_with_another_topic_id_is_set_aside_and_the_partition_starts_empty(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The restart path of the same defect: a node that was down while a 249-character topic
-    was deleted and re-created finds the old replica at start; deleting it (the ids differ)
-    failed on the name's length, and the new topic then adopted the old records."""
+    """Found from outside: one changed character in an RF=1 replica's partition.metadata
+    made the next start delete the whole log (high watermark 13490 -> 267) with one info
+    line. The folder is now set aside like a stray, its records intact for an operator, with
+    a warning naming the folder, both ids and where it went, and a count; the partition
+    starts empty under the assigned id and never serves the other id's records. (A
+    249-character topic: its set-aside name is cut to fit, as a stray's.)"""
     data = tmp_path / "data"
     logs = LogManager(data, fsync=False)
     old = logs.get_or_create(LONG, 0)
     old.append(encode_batch([b"o0", b"o1", b"o2"]), leader_epoch=0)
     write_topic_id(old.directory, "id-old", fsync=False)
     logs.close()
+    before = _set_aside_count(LONG, "topic_id_mismatch")
 
     async def body(h: Harness) -> None:
-        h.topic(LONG, {0: leader_state()})
-        await h.settle()
+        with caplog.at_level("WARNING", logger="strom.storage.manager"):
+            h.topic(LONG, {0: leader_state()})
+            await h.settle()
         lg = h.manager.partitions[(LONG, 0)].log
         assert lg.log_end_offset == 0
         assert (lg.directory / PARTITION_METADATA).read_text().endswith(f"topic_id: id-{LONG}\n")
-        assert [p.name for p in data.iterdir() if p.is_dir()] == [f"{LONG}-0"]
+        (aside,) = _set_aside(data)
+        assert len(aside.name.encode()) <= 255
+        assert (aside / PARTITION_METADATA).read_text().endswith("topic_id: id-old\n")
+        kept = LogManager(tmp_path / "copy", fsync=False)
+        shutil.copytree(aside, tmp_path / "copy" / "kept-0")
+        kept.close()
+        again = LogManager(tmp_path / "copy", fsync=False)
+        assert again.get("kept", 0) is not None and again.get("kept", 0).log_end_offset == 3
+        again.close()
+        (line,) = [r for r in caplog.records if "records topic id" in r.getMessage()]
+        msg = line.getMessage()
+        assert line.levelname == "WARNING"
+        assert str(data / f"{LONG}-0") in msg and str(aside) in msg
+        assert "id-old" in msg and f"id-{LONG}" in msg and "log end offset 3" in msg
+        assert _set_aside_count(LONG, "topic_id_mismatch") == before + 1
 
     with_harness(tmp_path, body)
 
 
-def test_a_log_of_another_topic_id_that_cannot_be_deleted_is_not_hosted(
+def test_a_log_of_another_topic_id_that_cannot_be_set_aside_is_not_hosted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Whatever keeps the old folder from going (a delete that fails, faked here), the
+    """Whatever keeps the old folder where it is (a rename that fails, faked here), the
     partition is not hosted on it: the records of another topic id are never served as the
-    assigned topic's, and the folder keeps its own id for the next try."""
+    assigned topic's, the folder keeps its own id for the next try, and the error says why."""
 
     async def body(h: Harness) -> None:
         assert h.manager.logs is not None
@@ -840,13 +873,50 @@ def test_a_log_of_another_topic_id_that_cannot_be_deleted_is_not_hosted(
         old.append(encode_batch([b"o0"]), leader_epoch=0)
         write_topic_id(old.directory, "id-old", fsync=False)
         h.manager.logs.logs.pop(("t", 0)).close()  # out of the tables, as a failed delete left it
-        monkeypatch.setattr(h.manager.logs, "delete", lambda topic, partition: False)
+
+        def refuse(topic: str, partition: int, suffix: str) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(h.manager.logs, "set_aside", refuse)
         with caplog.at_level("WARNING", logger="strom.storage.manager"):
             h.topic("t", {0: leader_state()})
             await h.settle()
         assert ("t", 0) not in h.manager.partitions
         warned = [r.getMessage() for r in caplog.records if "records topic id" in r.getMessage()]
         assert warned and "id-old" in warned[0] and "id-t" in warned[0]
+        assert "Permission denied" in warned[0]
         assert (old.directory / PARTITION_METADATA).read_text().endswith("topic_id: id-old\n")
+        assert (old.directory / "00000000000000000000.log").stat().st_size > 0
+
+    with_harness(tmp_path, body)
+
+
+def test_a_recovery_that_cuts_a_log_is_counted(tmp_path: Path) -> None:
+    """Found from outside: a recovery that cut 2.5 MB from a log ("recovery truncated ...
+    bytes") showed in no metric, so no alert could tell an operator a replica lost data."""
+    from prometheus_client import REGISTRY
+
+    data = tmp_path / "data"
+    logs = LogManager(data, fsync=False)
+    lg = logs.get_or_create("cut", 0)
+    lg.append(encode_batch([b"a", b"b"]), leader_epoch=0)
+    segment = lg.directory / "00000000000000000000.log"
+    logs.close()
+    (data / ".strom-clean-shutdown").unlink()  # a crash
+    with open(segment, "ab") as f:
+        f.write(b"\x00" * 10 + b"\x7f" * 30)  # a batch torn half way
+    sample = REGISTRY.get_sample_value
+    bytes_before = sample("strom_storage_recovery_truncated_bytes_total", {"topic": "cut"}) or 0
+    events_before = sample("strom_storage_recovery_truncations_total", {"topic": "cut"}) or 0
+
+    async def body(h: Harness) -> None:
+        assert h.manager.logs is not None and h.manager.logs.get("cut", 0) is not None
+        assert h.manager.logs.get("cut", 0).log_end_offset == 2
+        assert sample("strom_storage_recovery_truncated_bytes_total", {"topic": "cut"}) == (
+            bytes_before + 40
+        )
+        assert sample("strom_storage_recovery_truncations_total", {"topic": "cut"}) == (
+            events_before + 1
+        )
 
     with_harness(tmp_path, body)

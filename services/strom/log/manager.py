@@ -205,26 +205,33 @@ class LogManager:
         return True
 
     def set_aside(self, topic: str, partition: int, suffix: str) -> Path | None:
-        """Stop hosting a replica but keep its files: rename its folder to its name plus
-        ``suffix`` (the topic cut for a name that would not fit, :func:`renamed_dir_name`),
-        which must leave a name no start opens as a log (not ending in digits). The storage
-        node does this to strays, whose deletion cannot be undone if the cluster view or the
-        node's identity was wrong; an operator removes them."""
+        """Stop hosting a replica but keep its files: rename its folder (open, or only on
+        disk) to its name plus ``suffix`` (the topic cut for a name that would not fit,
+        :func:`renamed_dir_name`), which must leave a name no start opens as a log (not ending
+        in digits). The storage node does this to strays and to folders recording another
+        topic id, whose deletion cannot be undone if the cluster view, the node's identity or
+        the file was wrong; an operator removes them. None when there was no such folder."""
         with self.lock:
             log = self.logs.pop((topic, partition), None)
-            if log is None:
+            directory = self.data_dir / log_dir_name(topic, partition)
+            if log is not None:
+                directory = log.directory
+            elif not directory.is_dir():
                 return None
-            aside = log.directory.with_name(renamed_dir_name(topic, partition, suffix))
+            aside = directory.with_name(renamed_dir_name(topic, partition, suffix))
             if parse_log_dir_name(aside.name) is not None:
-                self.logs[(topic, partition)] = log
+                if log is not None:
+                    self.logs[(topic, partition)] = log
                 raise ValueError(f"{aside.name} would be opened as a log")
-            log.close()
+            if log is not None:
+                log.close()
             try:
-                log.directory.rename(aside)
+                directory.rename(aside)
             except OSError:
                 # Back in service, its files being where they were: the node must not forget
                 # a log it still has on disk under its live name (a later pass tries again).
-                self.logs[(topic, partition)] = self._reopen(log)
+                if log is not None:
+                    self.logs[(topic, partition)] = self._reopen(log)
                 raise
         if self.fsync:
             checkpoint.fsync_dir(self.data_dir)

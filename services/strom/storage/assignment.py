@@ -98,8 +98,8 @@ def desired_assignments(
 
 @dataclass
 class Plan:
-    """What one reconcile does, in this order: delete (and set strays aside), then create,
-    then update."""
+    """What one reconcile does, in this order: delete (and set strays and mismatched logs
+    aside), then create, then update."""
 
     delete: list[TopicPartition] = field(default_factory=list)
     create: list[Assignment] = field(default_factory=list)
@@ -107,9 +107,13 @@ class Plan:
     #: Logs found on disk that this process never hosted and the cluster does not assign to
     #: this node: renamed aside, not deleted (see :func:`plan_changes`).
     strays: list[TopicPartition] = field(default_factory=list)
+    #: Logs this process did not host as the topic they record, whose ``partition.metadata``
+    #: names another topic id than the one the cluster assigns: renamed aside like strays,
+    #: then created afresh (their partition is in :attr:`create`).
+    mismatched: list[TopicPartition] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.delete or self.create or self.update or self.strays)
+        return bool(self.delete or self.create or self.update or self.strays or self.mismatched)
 
 
 def plan_changes(
@@ -123,14 +127,22 @@ def plan_changes(
 
     ``installed``: replicas currently served (with the assignment last applied);
     ``local``: every log on disk (open in the LogManager) with the topic id recorded beside
-    it (None when unknown). A local log is deleted when it is no longer desired, or when it
-    belongs to an earlier topic of the same name (ids differ: deleted and re-created while
-    this node was away); in that case it is created afresh. Logs that were never installed in
-    this process life ("strays" found on disk at start) are only touched when
-    ``set_aside_strays`` is set, i.e. once the view is known to describe this cluster and the
-    data dir to be this node's, and then set aside (:attr:`Plan.strays`) rather than deleted,
-    as Kafka does since 3.7: a wrong view or identity then costs nothing that cannot be
-    renamed back.
+    it (None when unknown). An installed log is deleted when it is no longer desired, or when
+    the view now gives its partition another topic id than the one this process served it as
+    (the topic was deleted and created again under its name meanwhile); it is then created
+    afresh. Logs that were never installed in this process life ("strays" found on disk at
+    start) are only touched when ``set_aside_strays`` is set, i.e. once the view is known to
+    describe this cluster and the data dir to be this node's, and then set aside
+    (:attr:`Plan.strays`) rather than deleted, as Kafka does since 3.7: a wrong view or
+    identity then costs nothing that cannot be renamed back.
+
+    A log found on disk whose recorded topic id is not the assigned one is set aside too
+    (:attr:`Plan.mismatched`, whatever ``set_aside_strays`` says: its partition must start
+    empty either way, and a rename costs nothing) and its partition created afresh. Kafka
+    does the same (KAFKA-14616). FIX (found from outside): it was deleted, so one changed
+    character in an RF=1 replica's ``partition.metadata`` destroyed the partition's only
+    copy on the next start; a topic deleted and created again while the node was away is
+    only the likelier reason, not the only one.
     """
     plan = Plan()
     recreate: set[TopicPartition] = set()
@@ -142,8 +154,12 @@ def plan_changes(
             elif set_aside_strays:
                 plan.strays.append(tp)
         elif local_id and want.topic_id and local_id != want.topic_id:
-            plan.delete.append(tp)
             recreate.add(tp)
+            have = installed.get(tp)
+            if have is not None and have.topic_id == local_id:
+                plan.delete.append(tp)  # served here as the topic the cluster deleted
+            else:
+                plan.mismatched.append(tp)
     for tp in installed:
         if tp not in desired and tp not in local:
             plan.delete.append(tp)
@@ -155,6 +171,7 @@ def plan_changes(
             plan.update.append(want)
     plan.delete.sort()
     plan.strays.sort()
+    plan.mismatched.sort()
     plan.create.sort(key=lambda a: a.tp)
     plan.update.sort(key=lambda a: a.tp)
     return plan

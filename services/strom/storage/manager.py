@@ -19,7 +19,9 @@ installed and updated only on the loop, so request handlers read them without lo
 
 Each log directory carries a ``partition.metadata`` file with the topic id it belongs to (as
 Kafka does), so a topic deleted and re-created under the same name while this node was away
-is recognised and its old data dropped instead of being served as the new topic's.
+is recognised and its old data never served as the new topic's: a folder found recording
+another topic id than the one assigned is set aside like a stray (never deleted: the file
+may be the damaged part) and the partition starts empty.
 """
 
 from __future__ import annotations
@@ -123,6 +125,29 @@ def write_topic_id(directory: Path, topic_id: str, *, fsync: bool) -> None:
     )
 
 
+class _NotSetAside(Exception):
+    """A folder recording another topic id could not be renamed aside (already logged): its
+    partition is not hosted, and the next reconcile tries again."""
+
+
+def _count_recovery(tp: TopicPartition, lg: Log) -> None:
+    """Count a recovery that cut ``lg`` (the log itself warns with its file and offsets):
+    the replica lost data, which an operator must be able to see and alert on, not only
+    read in a log line."""
+    if lg.truncated_bytes_on_recovery or lg.lost_on_recovery:
+        metrics.RECOVERY_TRUNCATIONS.labels(tp[0]).inc()
+        metrics.RECOVERY_TRUNCATED_BYTES.labels(tp[0]).inc(lg.truncated_bytes_on_recovery)
+
+
+def _aside_suffix() -> str:
+    """``-stray-<UTC time to the ms>``: what a folder set aside gets after its name (no
+    digit at the end, so no start opens it as a log)."""
+    ms = time.time_ns() // 10**6
+    return (
+        "-stray-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+    )
+
+
 class PartitionManager:
     """Hosts this node's partition replicas (see the module docstring)."""
 
@@ -194,6 +219,8 @@ class PartitionManager:
         """
         logs = LogManager(data_dir, fsync=self.fsync, configs=self.topic_configs)
         self._topic_ids = {tp: read_topic_id(lg.directory) for tp, lg in logs}
+        for tp, lg in logs:
+            _count_recovery(tp, lg)
         if not logs.clean_shutdown and logs.logs:
             log.info("recovered %d logs after an unclean shutdown", len(logs.logs))
         self.logs = logs
@@ -368,18 +395,21 @@ class PartitionManager:
         if not plan:
             return
         self.reconciles += 1
-        going = [p for tp in plan.delete if (p := self._uninstall(tp)) is not None]
+        leaving = (*plan.delete, *plan.mismatched)
+        going = [p for tp in leaving if (p := self._uninstall(tp)) is not None]
+        for part in going:
+            # Let a flush or cleaner pass running in a thread finish first.
+            async with part.flush_lock, part.maintenance_lock:
+                pass
         if plan.delete:
             names = ", ".join(f"{t}-{p}" for t, p in plan.delete)
             log.info("deleting local replicas: %s", names)
-            for part in going:
-                # Let a flush or cleaner pass running in a thread finish first.
-                async with part.flush_lock, part.maintenance_lock:
-                    pass
             await asyncio.to_thread(self._delete_logs, list(plan.delete))
         if plan.strays:
             await asyncio.to_thread(self._set_aside_logs, list(plan.strays))
         if plan.create:
+            # The mismatched logs' partitions are among them: _create_logs sets those aside
+            # (_set_aside_other_topics_log) before creating them afresh.
             created, short = await asyncio.to_thread(self._create_logs, list(plan.create))
             for a, lg in created:
                 self.unopened.pop(a.tp, None)
@@ -406,16 +436,16 @@ class PartitionManager:
         and a mistake in either (found from outside: a wrong --node-id) deleted every replica
         of a dir. An operator removes them once sure they are not needed."""
         assert self.logs is not None
-        ms = time.time_ns() // 10**6
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+        suffix = _aside_suffix()
         for tp in tps:
             try:
-                aside = self.logs.set_aside(*tp, f"-stray-{stamp}")
+                aside = self.logs.set_aside(*tp, suffix)
             except (OSError, ValueError):
                 log.exception("could not set aside the stray log of %s-%d", *tp)
                 continue
             self._topic_ids.pop(tp, None)
             if aside is not None:
+                metrics.REPLICAS_SET_ASIDE.labels(metrics.SET_ASIDE_UNASSIGNED, tp[0]).inc()
                 log.warning(
                     "stray replica %s-%d (on disk, not assigned to this node) set aside as %s; "
                     "remove it once it is not needed",
@@ -442,7 +472,7 @@ class PartitionManager:
                 )
                 continue
             try:
-                self._drop_other_topics_log(a)
+                self._set_aside_other_topics_log(a)
                 lg = self.logs.get_or_create(a.topic, a.partition, overrides)
                 cfg = LogConfig.from_dict(overrides)
                 if lg.config != cfg:
@@ -460,6 +490,9 @@ class PartitionManager:
                         if self.fsync and not durable:
                             self._unsynced_ids.add(a.tp)
                     self._topic_ids[a.tp] = a.topic_id
+            except _NotSetAside:
+                failed = True  # said why already
+                continue
             except OSError as exc:
                 if exc.errno not in FD_ERRNOS:
                     log.exception("could not open the log of %s-%d", a.topic, a.partition)
@@ -473,6 +506,7 @@ class PartitionManager:
                 continue
             if not opened:
                 budget.took(len(lg.segments))
+                _count_recovery(a.tp, lg)  # a folder left on disk is recovered when opened
             out.append((a, lg))
         if failed or short:
             # Not installed, so the next reconcile tries again; make sure there is one.
@@ -505,41 +539,67 @@ class PartitionManager:
             next(iter(short.values())),
         )
 
-    def _drop_other_topics_log(self, a: Assignment) -> None:
-        """Delete the log (open or only on disk) of ``a``'s partition when it records another
-        topic id than ``a``'s: it holds an earlier topic of the same name, and the partition
-        must start empty, never with that topic's records.
+    def _set_aside_other_topics_log(self, a: Assignment) -> None:
+        """Rename aside (as strays are: ``<name>-stray-<UTC time>``) the log folder of ``a``'s
+        partition, open or only on disk, when its ``partition.metadata`` records another topic
+        id than ``a``'s: the partition must start empty, never with another topic's records,
+        and the folder must survive for an operator, because the id on disk may be the wrong
+        one (a damaged file) as well as an earlier topic's of the same name. A log without a
+        recorded id (an older strom's) is adopted. Raises :class:`_NotSetAside` (having said
+        why) when the folder cannot be set aside, so the partition is not hosted and the next
+        reconcile tries again.
 
-        FIX (found from outside): a delete that failed (a topic name too long for the
-        ``.deleted`` rename) left the folder on disk, out of the node's tables; re-creating the
-        name opened it, rewrote its ``partition.metadata`` with the new id and served the
-        deleted records as the new topic's on every replica. Kafka refuses a log whose topic
-        id differs likewise (its stray check and ``InconsistentTopicIdException``). A log
-        without a recorded id (an older strom's) is still adopted. Raises when the delete
-        fails, so the partition is not hosted and the next reconcile tries again."""
+        FIX (found from outside): such a folder was deleted. One changed character in an
+        RF=1 replica's ``partition.metadata`` made the next start destroy the partition's
+        only copy (high watermark 13490 -> 0) with one info line, no metric and no alert.
+        Kafka (3.7+, KAFKA-14616) renames such a log ``-stray`` too. Earlier FIX (found from
+        outside): a delete that failed (a topic name too long for the ``.deleted`` rename)
+        left the folder on disk, out of the node's tables; re-creating the name opened it,
+        rewrote its ``partition.metadata`` with the new id and served the deleted records as
+        the new topic's on every replica; that folder is set aside here as well."""
         assert self.logs is not None
         if not a.topic_id:
             return
-        if a.tp in self._topic_ids:
-            recorded = self._topic_ids[a.tp]
-        else:
-            recorded = read_topic_id(self.logs.data_dir / log_dir_name(a.topic, a.partition))
+        folder = self.logs.data_dir / log_dir_name(a.topic, a.partition)
+        recorded = self._topic_ids[a.tp] if a.tp in self._topic_ids else read_topic_id(folder)
         if recorded is None or recorded == a.topic_id:
             return
+        lg = self.logs.get(a.topic, a.partition)
+        held = f" (log end offset {lg.log_end_offset})" if lg is not None else ""
+        try:
+            aside = self.logs.set_aside(a.topic, a.partition, _aside_suffix())
+        except OSError as exc:
+            log.error(
+                "%s-%d: the log folder %s%s records topic id %s, but the cluster assigns the "
+                "partition to this node as topic id %s, and it could not be set aside (%s): "
+                "the partition is not hosted here until it can be; retrying",
+                a.topic,
+                a.partition,
+                folder,
+                held,
+                recorded,
+                a.topic_id,
+                exc,
+            )
+            raise _NotSetAside from exc
+        self._topic_ids.pop(a.tp, None)
+        if aside is None:
+            return  # gone meanwhile
+        metrics.REPLICAS_SET_ASIDE.labels(metrics.SET_ASIDE_TOPIC_ID_MISMATCH, a.topic).inc()
         log.warning(
-            "%s-%d: the log on disk records topic id %s, not the assigned topic's %s (an "
-            "earlier topic of that name): deleting it, the partition starts empty",
+            "%s-%d: the log folder %s%s records topic id %s, but the cluster assigns the "
+            "partition to this node as topic id %s (the topic was deleted and created again "
+            "while this node was away, or the file was damaged): set it aside as %s, kept; "
+            "the partition starts empty here. If those records are the topic's, the runbook in "
+            "docs/reliability.md puts them back; else remove the folder",
             a.topic,
             a.partition,
+            folder,
+            held,
             recorded,
             a.topic_id,
+            aside,
         )
-        self._topic_ids.pop(a.tp, None)
-        self.logs.delete(a.topic, a.partition)
-        if (self.logs.data_dir / log_dir_name(a.topic, a.partition)).exists():
-            raise OSError(
-                f"the log of {a.topic}-{a.partition} with topic id {recorded} is still there"
-            )
 
     def _install(self, a: Assignment, lg: Log) -> None:
         m = metrics.PartitionMetrics(a.topic, a.partition)

@@ -242,6 +242,32 @@ APPEND_FAILURES = Counter(
     "replica then copies nothing for the partition until its disk has room again",
     ["topic", "partition", "errno"],
 )
+#: Why a replica folder was set aside (the ``reason`` label of REPLICAS_SET_ASIDE).
+SET_ASIDE_UNASSIGNED = "unassigned"
+SET_ASIDE_TOPIC_ID_MISMATCH = "topic_id_mismatch"
+REPLICAS_SET_ASIDE = Counter(
+    "strom_storage_replicas_set_aside",
+    "Replica folders this node renamed aside (<topic>-<partition>-stray-<UTC time>, kept for "
+    "an operator to recover or remove) instead of serving or deleting them, by reason and "
+    "topic: topic_id_mismatch (its partition.metadata records another topic id than the one "
+    "the cluster assigns to the partition, which then started empty here) or unassigned (a "
+    "log on disk the cluster does not assign to this node); series stay for the life of the "
+    "process",
+    ["reason", "topic"],
+)
+RECOVERY_TRUNCATIONS = Counter(
+    "strom_storage_recovery_truncations",
+    "Logs whose recovery when opened cut data (a torn or corrupt batch, or a segment that "
+    "lost offsets, and everything after it): the replica holds less than before, by topic; "
+    "series stay for the life of the process",
+    ["topic"],
+)
+RECOVERY_TRUNCATED_BYTES = Counter(
+    "strom_storage_recovery_truncated_bytes",
+    "Bytes of segment files those recoveries cut (strom_storage_recovery_truncations_total), "
+    "by topic",
+    ["topic"],
+)
 _PARTITION_GAUGES = (
     LOG_END_OFFSET,
     LOG_START_OFFSET,
