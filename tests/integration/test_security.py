@@ -762,6 +762,48 @@ def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
     assert "User:CN=zed" not in cli("list")
 
 
+def test_quota_principals_are_kept_as_the_services_derive_certificate_principals(
+    env: Env,
+) -> None:
+    """Found from outside: `strom quotas set 'User:CN=hank, O=x'` stored the principal as
+    typed (the ACL commands normalise it), so the quota never applied to the certificate's
+    `User:CN=hank,O=x`. The CLI and the controller (whoever calls it) now store it as the
+    services derive it, and `list`/`remove` typed with the space find it."""
+    tls = [
+        *("--ssl-cafile", str(env.ca.ca_file)),
+        *("--ssl-certfile", str(env.admin.cert), "--ssl-keyfile", str(env.admin.key)),
+        *("-b", env.bootstrap),
+    ]
+    spaced, derived = "User:CN=hank, O=x", "User:CN=hank,O=x"
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "strom.cli.main", "quotas", *args, *tls],
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode()
+
+    def stored() -> dict[str, dict[str, float]]:
+        rows = json.loads(cli("list", "--json"))
+        return {q["principal"]: q for q in rows if "hank" in q["principal"]}
+
+    assert f"quota of {derived} set" in cli("set", spaced, "--produce-bytes-per-second", "1000")
+    assert list(stored()) == [derived]
+    # set keeps the other rates of the entry it finds by the spaced form
+    cli("set", spaced, "--fetch-bytes-per-second", "2000")
+    assert stored()[derived]["produce_bytes_per_second"] == 1000
+    assert stored()[derived]["fetch_bytes_per_second"] == 2000
+    assert f"quota of {derived} removed" in cli("remove", spaced)
+    assert stored() == {}
+    # A raw AlterClientQuotas (any client, not the CLI) is stored the same way.
+    env.quota(spaced, produce_bytes_per_second=1000)
+    assert list(stored()) == [derived]
+    env.quota(spaced)
+    assert stored() == {}
+
+
 def test_acls_remove_refuses_an_empty_resource_name_and_removes_nothing(env: Env) -> None:
     """`strom acls remove --principal P --topic ''` took the empty name for "no resource" and
     removed every entry of P, on groups too; `add --topic ''` died with a traceback (found

@@ -118,13 +118,15 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="set some of a principal's rates (the others stay; 0 removes one)",
     )
-    qs.add_argument("principal", help="User:<name>, or User:* for everyone's default")
+    qs.add_argument(
+        "principal", type=_principal, help="User:<name>, or User:* for everyone's default"
+    )
     for flag in _RATE_FLAGS:
         qs.add_argument(f"--{flag.replace('_', '-')}", type=_rate_arg, default=None)
     ql = qsub.add_parser("list", parents=[common], help="every quota")
     ql.add_argument("--json", action="store_true")
     qr = qsub.add_parser("remove", parents=[common], help="remove a principal's quota")
-    qr.add_argument("principal", help="User:<name>, or User:* (the default)")
+    qr.add_argument("principal", type=_principal, help="User:<name>, or User:* (the default)")
 
 
 def _resource(args: argparse.Namespace) -> tuple[int, str, int] | None:
