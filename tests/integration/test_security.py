@@ -713,6 +713,43 @@ def test_a_fetch_reads_at_most_its_quota_window(env: Env) -> None:
         env.quota("User:CN=alice")
 
 
+def test_the_request_quota_counts_metadata_list_offsets_and_init_producer_id(env: Env) -> None:
+    """Found from outside: `--requests-per-second` counted only Produce and Fetch, so 20
+    InitProducerId calls (each may use up producer ids) went through in 0.5 s at 2/s. Every
+    request a client makes to a node is counted now: over the rate, it waits."""
+    env.acls(allow("User:CN=alice", WRITE, TOPIC, "orders"))  # (InitProducerId needs it)
+    env.quota("User:CN=alice", requests_per_second=2)
+    node_process = env.cluster.nodes[0]  # type: ignore[union-attr]
+
+    def throttled() -> float:
+        return member_metric(
+            node_process, "strom_storage_throttled_requests_total", kind="requests"
+        )
+
+    before = throttled()
+    try:
+        with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
+            node = c.storage(env.bootstrap)
+            offsets = storage_pb2.ListOffsetsRequest(replica_id=-1)
+            offsets.topics.add(topic="orders").partitions.add(
+                partition=0, current_leader_epoch=-1, timestamp=-1
+            )
+
+            def held() -> bool:  # the quota has reached the node: alice's calls are held
+                node.Metadata(storage_pb2.MetadataRequest(topics=["orders"]), timeout=60)
+                node.ListOffsets(offsets, timeout=60)
+                return throttled() > before
+
+            wait_for(held, timeout=30, what="Metadata and ListOffsets held by the quota")
+            start = time.monotonic()
+            for _ in range(8):
+                resp = node.InitProducerId(storage_pb2.InitProducerIdRequest(), timeout=60)
+                assert resp.error_code == 0, resp
+            assert time.monotonic() - start >= 3.0  # 8 calls at 2/s, with what it owed
+    finally:
+        env.quota("User:CN=alice")
+
+
 def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
     """`strom quotas remove` (the README named it; it did not exist: found from outside);
     `set` changes only the rates it is given, 0 removing one, and refuses to run with none."""
