@@ -750,6 +750,34 @@ def test_the_request_quota_counts_metadata_list_offsets_and_init_producer_id(env
         env.quota("User:CN=alice")
 
 
+def test_the_documented_node_tls_example_connects_with_a_client_certificate(env: Env) -> None:
+    """docs/grpc-clients.md, "TLS and mTLS" (tests/node/tls_example.js): @grpc/grpc-js with
+    createSsl(ca, key, cert) produces as the certificate's principal; without a client
+    certificate the refused handshake is UNAVAILABLE "No connection established", as the
+    docs warn (the same as a node that is down)."""
+    from tests.integration.node_client import NODE_DIR, node_binary
+
+    env.acls(allow("User:CN=alice", WRITE, TOPIC, "orders"))
+    protos = Path(__file__).resolve().parents[2] / "protos"
+    address = env.cluster.nodes[0].address  # type: ignore[union-attr]
+
+    def run(*files: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [node_binary(), "tls_example.js", address, str(protos), "orders", *map(str, files)],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = run(env.ca.ca_file, env.alice.cert, env.alice.key)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("produced to orders 0@"), done.stdout
+    refused = run(env.ca.ca_file)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "UNAVAILABLE: No connection established" in refused.stderr, refused.stderr
+
+
 def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
     """`strom quotas remove` (the README named it; it did not exist: found from outside);
     `set` changes only the rates it is given, 0 removing one, and refuses to run with none."""
