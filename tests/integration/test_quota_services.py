@@ -3,7 +3,8 @@ with ACLs, a ``User:*`` default of 1000 B/s made every group commit take ~2.8 s 
 coordinator's append to ``__consumer_offsets`` was charged to the services' principal) and a
 20 KB ProduceRecords sent to a node that is not the partition's leader ~20 s (the node's
 forward to the leader was charged to it too). The services' own principal (the subject of
-their certificate) is now never charged; a client's is, where its call arrives.
+their certificate under mTLS, their service token's with bearer tokens) is now never
+charged; a client's is, where its call arrives.
 """
 
 from __future__ import annotations
@@ -31,22 +32,51 @@ DEFAULT_RATE = 1000  # B/s: the User:* default of produce and fetch
 
 
 class Env:
-    def __init__(self, root: Path) -> None:
+    """A 2-node cluster with ACLs whose services authenticate to each other with their
+    certificate (``mtls``) or with a service token over TLS (``tokens``); the clients
+    ``admin`` (a super user) and ``bob`` authenticate the same way."""
+
+    def __init__(self, root: Path, mode: str) -> None:
+        self.mode = mode
         self.ca = CertificateAuthority(root / "ca")
         self.node = self.ca.issue("strom-node")
-        self.admin = self.ca.issue("admin")
-        self.bob = self.ca.issue("bob")  # has no quota of his own: the default's
+        self.certs = {"admin": self.ca.issue("admin"), "bob": self.ca.issue("bob")}
+        self.tokens = root / "tokens.txt"
+        self.tokens.write_text("node-token strom-service\nadmin-token admin\nbob-token bob\n")
+        self.service_token = root / "service.token"
+        self.service_token.write_text("node-token\n")
         self.cluster: LocalCluster | None = None
 
-    def security(self, who: Pem) -> ChannelSecurity:
-        return ChannelSecurity.from_files(self.ca.ca_file, who.cert, who.key)
+    def args(self) -> list[str]:
+        """Every service's security flags."""
+        tls = [*("--tls-cert", str(self.node.cert), "--tls-key", str(self.node.key))]
+        tls += ["--tls-ca", str(self.ca.ca_file), "--acls"]
+        tls += ["--etcd-ca", str(self.ca.ca_file)]
+        tls += ["--etcd-cert", str(self.node.cert), "--etcd-key", str(self.node.key)]
+        if self.mode == "mtls":
+            supers = "User:CN=strom-node;User:CN=admin"
+            return [*tls, "--tls-client-auth", "required", "--super-users", supers]
+        tokens = ["--auth-tokens", str(self.tokens), "--client-token-file", str(self.service_token)]
+        return [*tls, *tokens, "--super-users", "User:strom-service;User:admin"]
 
-    def client(self, who: Pem) -> dict[str, str]:
-        return {
-            "ssl_cafile": str(self.ca.ca_file),
-            "ssl_certfile": str(who.cert),
-            "ssl_keyfile": str(who.key),
-        }
+    def principal(self, who: str) -> str:
+        return f"User:CN={who}" if self.mode == "mtls" else f"User:{who}"
+
+    def security(self, who: str) -> ChannelSecurity:
+        if self.mode == "mtls":
+            pem: Pem = self.certs[who]
+            return ChannelSecurity.from_files(self.ca.ca_file, pem.cert, pem.key)
+        return ChannelSecurity.from_files(self.ca.ca_file, token=f"{who}-token")
+
+    def client(self, who: str) -> dict[str, str]:
+        if self.mode == "mtls":
+            pem = self.certs[who]
+            return {
+                "ssl_cafile": str(self.ca.ca_file),
+                "ssl_certfile": str(pem.cert),
+                "ssl_keyfile": str(pem.key),
+            }
+        return {"ssl_cafile": str(self.ca.ca_file), "token": f"{who}-token"}
 
     @property
     def bootstrap(self) -> str:
@@ -54,30 +84,30 @@ class Env:
         return self.cluster.bootstrap
 
     def controller_call(self, method: str, request: object) -> object:
-        with ClusterClient(self.bootstrap, security=self.security(self.admin)) as c:
+        with ClusterClient(self.bootstrap, security=self.security("admin")) as c:
             return c.controller_call(method, request)
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    root: Path = tmp_path_factory.mktemp("quota-services")
-    e = Env(root)
-    tls = [
-        *("--tls-cert", str(e.node.cert), "--tls-key", str(e.node.key)),
-        *("--tls-ca", str(e.ca.ca_file), "--tls-client-auth", "required"),
-        *("--acls", "--super-users", "User:CN=strom-node;User:CN=admin"),
-        *("--etcd-ca", str(e.ca.ca_file)),
-        *("--etcd-cert", str(e.node.cert), "--etcd-key", str(e.node.key)),
-    ]
+@pytest.fixture(scope="module", params=["mtls", "tokens"])
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root: Path = tmp_path_factory.mktemp(f"quota-services-{request.param}")
+    e = Env(root, request.param)
+    args = e.args()
     cluster = LocalCluster(
         root / "c",
         nodes=2,
         controllers=1,
         coordinators=1,
-        node_args=tls,
-        controller_args=tls,
-        coordinator_args=[*tls, "--offsets-partitions", "1", "--transaction-state-partitions", "1"],
-        security=e.security(e.admin),
+        node_args=args,
+        controller_args=args,
+        coordinator_args=[
+            *args,
+            "--offsets-partitions",
+            "1",
+            "--transaction-state-partitions",
+            "1",
+        ],
+        security=e.security("admin"),
         etcd_tls=(e.node.cert, e.node.key, e.ca.ca_file),
     )
     e.cluster = cluster
@@ -101,7 +131,7 @@ def _throttled(env: Env) -> float:
 def _default_applies_on_every_node(env: Env, topic: str, partitions: int) -> None:
     """Wait until bob (the default's 1000 B/s) is throttled by each partition's leader: the
     quotas have reached every node."""
-    with ClusterClient(env.bootstrap, security=env.security(env.bob)) as c:
+    with ClusterClient(env.bootstrap, security=env.security("bob")) as c:
         for p in range(partitions):
             req = storage_pb2.ProduceRequest(acks=1, timeout_ms=5000)
             req.topics.add(topic=topic).partitions.add(
@@ -122,14 +152,14 @@ def _default_applies_on_every_node(env: Env, topic: str, partitions: int) -> Non
 
 def test_a_default_quota_does_not_throttle_commits_or_forwarded_records(env: Env) -> None:
     topic = "quota-fwd"
-    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+    with Admin(env.bootstrap, **env.client("admin")) as admin:  # type: ignore[arg-type]
         admin.create_topic(topic, partitions=2, replication_factor=1)
     env.controller_call(
         "CreateAcls",
         controller_pb2.CreateAclsRequest(
             acls=[
                 md.AclBinding(
-                    principal="User:CN=bob",
+                    principal=env.principal("bob"),
                     operation=md.ACL_OPERATION_WRITE,
                     permission=md.ACL_PERMISSION_ALLOW,
                     resource_type=md.ACL_RESOURCE_TYPE_TOPIC,
@@ -151,7 +181,7 @@ def test_a_default_quota_does_not_throttle_commits_or_forwarded_records(env: Env
                 ),
                 # The admin (our client here) has a rate of its own, far above what it sends.
                 md.ClientQuota(
-                    principal="User:CN=admin",
+                    principal=env.principal("admin"),
                     produce_bytes_per_second=fast,
                     fetch_bytes_per_second=fast,
                 ),
@@ -162,8 +192,8 @@ def test_a_default_quota_does_not_throttle_commits_or_forwarded_records(env: Env
     before = _throttled(env)
 
     # Group commits: each is an append to __consumer_offsets by the coordinator, as
-    # User:CN=strom-node; ten of them are several KB, seconds of a 1000 B/s rate.
-    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+    # the services' principal; ten of them are several KB, seconds of a 1000 B/s rate.
+    with Admin(env.bootstrap, **env.client("admin")) as admin:  # type: ignore[arg-type]
         for offset in range(10):
             admin.alter_group_offsets("quota-group", {TopicPartition(topic, 0): offset})
         committed = admin.list_group_offsets("quota-group")
@@ -171,8 +201,8 @@ def test_a_default_quota_does_not_throttle_commits_or_forwarded_records(env: Env
     assert _throttled(env) == before, "a node throttled the coordinator's appends"
 
     # 20 KB to each partition through one node: the other node's partition is forwarded to
-    # its leader as User:CN=strom-node (20 s of the default's rate).
-    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+    # its leader as the services' principal (20 s of the default's rate).
+    with ClusterClient(env.bootstrap, security=env.security("admin")) as c:
         assert {c.leader_of(topic, p) for p in range(2)} == {
             n.address
             for n in env.cluster.nodes  # type: ignore[union-attr]
