@@ -720,6 +720,71 @@ def test_a_fetch_reads_at_most_its_quota_window(env: Env) -> None:
         env.quota("User:CN=alice")
 
 
+def test_the_request_quota_counts_metadata_list_offsets_and_init_producer_id(env: Env) -> None:
+    """Found from outside: `--requests-per-second` counted only Produce and Fetch, so 20
+    InitProducerId calls (each may use up producer ids) went through in 0.5 s at 2/s. Every
+    request a client makes to a node is counted now: over the rate, it waits."""
+    env.acls(allow("User:CN=alice", WRITE, TOPIC, "orders"))  # (InitProducerId needs it)
+    env.quota("User:CN=alice", requests_per_second=2)
+    node_process = env.cluster.nodes[0]  # type: ignore[union-attr]
+
+    def throttled() -> float:
+        return member_metric(
+            node_process, "strom_storage_throttled_requests_total", kind="requests"
+        )
+
+    before = throttled()
+    try:
+        with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
+            node = c.storage(env.bootstrap)
+            offsets = storage_pb2.ListOffsetsRequest(replica_id=-1)
+            offsets.topics.add(topic="orders").partitions.add(
+                partition=0, current_leader_epoch=-1, timestamp=-1
+            )
+
+            def held() -> bool:  # the quota has reached the node: alice's calls are held
+                node.Metadata(storage_pb2.MetadataRequest(topics=["orders"]), timeout=60)
+                node.ListOffsets(offsets, timeout=60)
+                return throttled() > before
+
+            wait_for(held, timeout=30, what="Metadata and ListOffsets held by the quota")
+            start = time.monotonic()
+            for _ in range(8):
+                resp = node.InitProducerId(storage_pb2.InitProducerIdRequest(), timeout=60)
+                assert resp.error_code == 0, resp
+            assert time.monotonic() - start >= 3.0  # 8 calls at 2/s, with what it owed
+    finally:
+        env.quota("User:CN=alice")
+
+
+def test_the_documented_node_tls_example_connects_with_a_client_certificate(env: Env) -> None:
+    """docs/grpc-clients.md, "TLS and mTLS" (tests/node/tls_example.js): @grpc/grpc-js with
+    createSsl(ca, key, cert) produces as the certificate's principal; without a client
+    certificate the refused handshake is UNAVAILABLE "No connection established", as the
+    docs warn (the same as a node that is down)."""
+    from tests.integration.node_client import NODE_DIR, node_binary
+
+    env.acls(allow("User:CN=alice", WRITE, TOPIC, "orders"))
+    protos = Path(__file__).resolve().parents[2] / "protos"
+    address = env.cluster.nodes[0].address  # type: ignore[union-attr]
+
+    def run(*files: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [node_binary(), "tls_example.js", address, str(protos), "orders", *map(str, files)],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = run(env.ca.ca_file, env.alice.cert, env.alice.key)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("produced to orders 0@"), done.stdout
+    refused = run(env.ca.ca_file)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "UNAVAILABLE: No connection established" in refused.stderr, refused.stderr
+
+
 def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
     """`strom quotas remove` (the README named it; it did not exist: found from outside);
     `set` changes only the rates it is given, 0 removing one, and refuses to run with none."""
@@ -767,6 +832,48 @@ def test_quotas_are_set_listed_and_removed_from_the_cli(env: Env) -> None:
     cli("set", "User:CN=zed", "--requests-per-second", "7")
     assert "quota of User:CN=zed removed" in cli("remove", "User:CN=zed")
     assert "User:CN=zed" not in cli("list")
+
+
+def test_quota_principals_are_kept_as_the_services_derive_certificate_principals(
+    env: Env,
+) -> None:
+    """Found from outside: `strom quotas set 'User:CN=hank, O=x'` stored the principal as
+    typed (the ACL commands normalise it), so the quota never applied to the certificate's
+    `User:CN=hank,O=x`. The CLI and the controller (whoever calls it) now store it as the
+    services derive it, and `list`/`remove` typed with the space find it."""
+    tls = [
+        *("--ssl-cafile", str(env.ca.ca_file)),
+        *("--ssl-certfile", str(env.admin.cert), "--ssl-keyfile", str(env.admin.key)),
+        *("-b", env.bootstrap),
+    ]
+    spaced, derived = "User:CN=hank, O=x", "User:CN=hank,O=x"
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "strom.cli.main", "quotas", *args, *tls],
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode()
+
+    def stored() -> dict[str, dict[str, float]]:
+        rows = json.loads(cli("list", "--json"))
+        return {q["principal"]: q for q in rows if "hank" in q["principal"]}
+
+    assert f"quota of {derived} set" in cli("set", spaced, "--produce-bytes-per-second", "1000")
+    assert list(stored()) == [derived]
+    # set keeps the other rates of the entry it finds by the spaced form
+    cli("set", spaced, "--fetch-bytes-per-second", "2000")
+    assert stored()[derived]["produce_bytes_per_second"] == 1000
+    assert stored()[derived]["fetch_bytes_per_second"] == 2000
+    assert f"quota of {derived} removed" in cli("remove", spaced)
+    assert stored() == {}
+    # A raw AlterClientQuotas (any client, not the CLI) is stored the same way.
+    env.quota(spaced, produce_bytes_per_second=1000)
+    assert list(stored()) == [derived]
+    env.quota(spaced)
+    assert stored() == {}
 
 
 def test_acls_remove_refuses_an_empty_resource_name_and_removes_nothing(env: Env) -> None:

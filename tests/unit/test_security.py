@@ -779,3 +779,79 @@ def test_super_users_are_written_as_rfc_4514_subjects_and_an_empty_value_is_refu
     for empty in (";", " ; ", ""):
         with pytest.raises(ValueError, match="names no principal"):
             parse_super_users(empty)
+
+
+def test_the_services_own_principals_are_never_charged() -> None:
+    """Found from outside: a ``User:*`` default throttled the cluster's own calls (the
+    coordinator's appends, a node's forward to a leader), which run as the services'
+    principal. That principal is exempt; no client can be: ``User:ANONYMOUS`` (everyone,
+    without authentication) and ``User:*`` are never taken as one."""
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    service = "User:CN=strom"
+    q.replace(
+        {
+            "User:*": md.ClientQuota(
+                principal="User:*",
+                produce_bytes_per_second=1000,
+                fetch_bytes_per_second=1000,
+                requests_per_second=1,
+            )
+        }
+    )
+    q.set_service_principals([service, "User:ANONYMOUS", "User:*"])
+    assert q.exempt(service) and not q.exempt("User:ANONYMOUS") and not q.exempt("User:*")
+    for _ in range(3):
+        assert q.throttle(service, "produce", 100_000) == 0
+        assert q.throttle(service, "fetch", 100_000) == 0
+    assert q.owed(service, "produce") == 0 and q.fetch_limit(service) == 0
+    assert q.throttle(ALICE, "produce", 100_000) > 0  # a client is charged as before
+    assert q.throttle("User:ANONYMOUS", "produce", 100_000) > 0
+    assert q.fetch_limit(ALICE) == 10_000
+    q.set_service_principals(["User:CN=strom, O=acme"])  # as the services derive it
+    assert q.exempt("User:CN=strom,O=acme") and not q.exempt(service)
+
+
+def test_a_quota_stored_with_a_space_after_a_comma_applies_to_the_certificate() -> None:
+    """Found from outside: ``strom quotas set 'User:CN=hank, O=x'`` stored the principal as
+    typed and the certificate's ``User:CN=hank,O=x`` was never throttled. An entry stored so
+    (by an older controller) applies to the certificate's principal."""
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    spaced = "User:CN=hank, O=x"
+    q.replace({spaced: md.ClientQuota(principal=spaced, produce_bytes_per_second=1000)})
+    assert q.throttle("User:CN=hank,O=x", "produce", 2000) == pytest.approx(1.0)
+
+
+def test_a_service_is_exempt_as_the_principal_it_authenticates_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exemption follows how the services authenticate to each other: the subject of
+    their certificate under mTLS (not without it: a server that does not ask for client
+    certificates never sees one), the principal of their --client-token-file token with
+    tokens; nothing without authentication (every caller is User:ANONYMOUS)."""
+    from strom.devcluster.certs import CertificateAuthority
+    from strom.security import config
+    from strom.security.quotas import QUOTAS
+
+    monkeypatch.setattr(config, "_SERVER", config._SERVER)
+    monkeypatch.setattr(config, "_ETCD", config._ETCD)
+    monkeypatch.setattr(config, "set_default_channel", lambda *a, **k: None)
+    monkeypatch.setattr(QUOTAS, "_services", QUOTAS._services)
+    ca = CertificateAuthority(tmp_path / "ca")
+    node = ca.issue("strom-node")
+    tokens = tmp_path / "tokens"
+    tokens.write_text("svc-token User:strom-svc\nt-alice alice\n")
+    own = tmp_path / "own-token"
+    own.write_text("svc-token\n")
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    tls = ["--tls-cert", str(node.cert), "--tls-key", str(node.key), "--tls-ca", str(ca.ca_file)]
+    for argv, exempt in (
+        ([*tls, "--tls-client-auth", "required"], {"User:CN=strom-node"}),
+        (tls, set()),  # TLS without client certificates: callers are anonymous
+        (["--auth-tokens", str(tokens), "--client-token-file", str(own)], {"User:strom-svc"}),
+        ([], set()),
+    ):
+        config.configure(parser.parse_args(argv))
+        assert set(QUOTAS._services) == exempt, argv

@@ -118,13 +118,17 @@ def add_acls_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="set some of a principal's rates (the others stay; 0 removes one)",
     )
-    qs.add_argument("principal", help="User:<name>, or User:* for everyone's default")
+    qs.add_argument(
+        "principal", type=_principal, help="User:<name>, or User:* for everyone's default"
+    )
     for flag in _RATE_FLAGS:
-        qs.add_argument(f"--{flag.replace('_', '-')}", type=_rate_arg, default=None)
+        qs.add_argument(
+            f"--{flag.replace('_', '-')}", type=_rate_arg, default=None, help=_RATE_HELP[flag]
+        )
     ql = qsub.add_parser("list", parents=[common], help="every quota")
     ql.add_argument("--json", action="store_true")
     qr = qsub.add_parser("remove", parents=[common], help="remove a principal's quota")
-    qr.add_argument("principal", help="User:<name>, or User:* (the default)")
+    qr.add_argument("principal", type=_principal, help="User:<name>, or User:* (the default)")
 
 
 def _resource(args: argparse.Namespace) -> tuple[int, str, int] | None:
@@ -258,6 +262,15 @@ def _rate(value: float) -> str:
 
 #: The rates of a quota: its ``ClientQuota`` fields, and ``strom quotas set``'s flags.
 _RATE_FLAGS = ("produce_bytes_per_second", "fetch_bytes_per_second", "requests_per_second")
+#: What each rate counts, on each storage node (docs/security.md, Quotas).
+_RATE_HELP = {
+    "produce_bytes_per_second": "record bytes produced per second, per storage node",
+    "fetch_bytes_per_second": "record bytes fetched per second (consumers), per storage node",
+    "requests_per_second": "requests per second to each storage node: every Produce and "
+    "consumer Fetch, Metadata, FindCoordinator, InitProducerId, ListOffsets, "
+    "OffsetForLeaderEpoch, DeleteRecords, DescribeProducers and the record API's "
+    "ProduceRecords and Subscribe messages (not calls to controllers or coordinators)",
+}
 
 
 def _rate_arg(text: str) -> float:

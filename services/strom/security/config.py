@@ -16,6 +16,7 @@ and, if given, its ``--client-token-file`` token (read again when the file chang
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,9 +42,12 @@ from strom.security.principal import (
     _split_unescaped,
     canonical_principal,
     load_verifier,
+    principal_of_certificate,
     user,
 )
 from strom.security.tls_reload import TlsFiles
+
+log = logging.getLogger("strom.security")
 
 __all__ = [
     "CLIENT_AUTH",
@@ -349,6 +353,43 @@ def parse_super_users(values: str | list[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+def service_principals(
+    security: ServerSecurity, cert: bytes | None, token_file: ClientTokenFile | None
+) -> set[str]:
+    """The principals this service's calls to the other services are authenticated as,
+    which the services of a cluster share (one certificate, one service token: the Helm
+    chart, ``strom dev up --tls``): its certificate's subject when callers must present one
+    (mTLS), and its ``--client-token-file`` token's principal when tokens authenticate.
+    Without authentication every caller is ``User:ANONYMOUS``: none."""
+    out: set[str] = set()
+    if cert is not None and security.client_auth == "required":  # (checked: it parses)
+        out.add(principal_of_certificate(cert))
+    if token_file is not None and security.tokens is not None:
+        try:
+            principal = security.tokens(token_file.current())
+        except Exception as exc:  # a verifier that refuses its own service's token
+            log.warning("the service's own token was refused (%s): its calls are charged", exc)
+            principal = None
+        if principal:
+            out.add(principal)
+    return out
+
+
+def _exempt_own_principals(
+    security: ServerSecurity, files: TlsFiles | None, token_file: ClientTokenFile | None
+) -> None:
+    """Exempt the services' own principals from client quotas, now and after the
+    certificate is renewed (its subject may change)."""
+    from strom.security.quotas import QUOTAS
+
+    def apply(cert: bytes | None) -> None:
+        QUOTAS.set_service_principals(service_principals(security, cert, token_file))
+
+    apply(security.cert)
+    if files is not None:
+        files.on_change(lambda new: apply(new[0]))
+
+
 def configure(args: argparse.Namespace) -> None:
     """Install the process's settings from parsed flags (ValueError names what is wrong)."""
     global _SERVER, _ETCD
@@ -429,6 +470,7 @@ def configure(args: argparse.Namespace) -> None:
     else:
         set_default_channel(own, files.maybe_reload)
         files.on_change(lambda new: replace_default_channel(new[2], new[0], new[1]))
+    _exempt_own_principals(_SERVER, files, token_file)
     etcd_cert = _read(getattr(args, "etcd_cert", None), "--etcd-cert")
     etcd_key = _read(getattr(args, "etcd_key", None), "--etcd-key")
     if (etcd_cert is None) != (etcd_key is None):

@@ -19,6 +19,7 @@ from strom.coordinator.lookup import find_coordinator
 from strom.errors import ErrorCode, error_name
 from strom.storage import metrics
 from strom.storage.producer_ids import ProducerIdUnavailableError
+from strom.storage.request_quota import counted_request
 from strom.storage.rpc_base import StorageCore, _node, _timed
 
 log = logging.getLogger("strom.storage.servicer")
@@ -30,6 +31,7 @@ class ClusterRpcs(StorageCore):
     """Metadata, InitProducerId, FindCoordinator."""
 
     @_timed("Metadata")
+    @counted_request
     async def Metadata(
         self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.MetadataResponse:
@@ -92,6 +94,7 @@ class ClusterRpcs(StorageCore):
         return resp
 
     @_timed("InitProducerId")
+    @counted_request
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: Any
     ) -> pb.InitProducerIdResponse:
@@ -138,6 +141,7 @@ class ClusterRpcs(StorageCore):
         return resp
 
     @_timed("FindCoordinator")
+    @counted_request
     async def FindCoordinator(
         self, request: pb.FindCoordinatorRequest, context: grpc.aio.ServicerContext
     ) -> pb.FindCoordinatorResponse:

@@ -213,7 +213,9 @@ CLEANER_CLEANINGS = Counter(
 
 THROTTLED = Counter(
     "strom_storage_throttled_requests",
-    "Produce and Fetch answers held back because the principal was over its client quota",
+    "Answers held back because the principal was over its client quota, by kind: produce, "
+    "fetch, requests (the other requests the request quota counts: Metadata, ListOffsets, "
+    "InitProducerId, ...)",
     ["kind"],
 )
 TXN_MARKERS = Counter(

@@ -14,6 +14,7 @@ import grpc
 from strom.api import storage_pb2
 from strom.errors import ErrorCode
 from strom.storage.partition import Partition
+from strom.storage.request_quota import counted_request
 from strom.storage.rpc_base import StorageCore, _fail_partition, _Refusal, _timed, per_partition
 
 pb = storage_pb2
@@ -29,6 +30,7 @@ class OffsetRpcs(StorageCore):
     """ListOffsets, OffsetForLeaderEpoch, DeleteRecords."""
 
     @_timed("ListOffsets")
+    @counted_request
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListOffsetsResponse:
@@ -101,6 +103,7 @@ class OffsetRpcs(StorageCore):
             raise _Refusal(E.INVALID_REQUEST, f"timestamp {ts} is not -1, -2, -3 or >= 0")
 
     @_timed("OffsetForLeaderEpoch")
+    @counted_request
     async def OffsetForLeaderEpoch(
         self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
     ) -> pb.OffsetForLeaderEpochResponse:
@@ -120,6 +123,7 @@ class OffsetRpcs(StorageCore):
         return resp
 
     @_timed("DeleteRecords")
+    @counted_request
     async def DeleteRecords(
         self, request: pb.DeleteRecordsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteRecordsResponse:

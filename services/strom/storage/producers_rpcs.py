@@ -13,6 +13,7 @@ import grpc
 
 from strom.api import storage_pb2
 from strom.log import Log
+from strom.storage.request_quota import counted_request
 from strom.storage.rpc_base import StorageCore, _fail_partition, _timed
 
 pb = storage_pb2
@@ -22,6 +23,7 @@ class ProducerRpcs(StorageCore):
     """DescribeProducers."""
 
     @_timed("DescribeProducers")
+    @counted_request
     async def DescribeProducers(
         self, request: pb.DescribeProducersRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeProducersResponse:
