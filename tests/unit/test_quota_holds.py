@@ -1,16 +1,22 @@
-"""The storage node's quota holds (strom.storage.rpc_base) with fakes: a fake clock for the
-quotas, a fake call context for the deadline."""
+"""The storage node's quota holds (strom.storage.rpc_base) and a Subscribe outbox's stall
+bound (strom.storage.subscriptions.Outbox) with fakes: a fake clock for the quotas, a fake
+call context for the deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
 from strom.api import metadata_pb2 as md
+from strom.client.types import TopicPartition
+from strom.devcluster.procs import wait_for
 from strom.security import CURRENT_PRINCIPAL
 from strom.security.quotas import MAX_THROTTLE_S, QuotaManager
 from strom.storage import rpc_base
+from strom.storage.subscriptions import Item, Outbox, StalledReaderError
 
 ALICE = "User:CN=alice"
 
@@ -59,3 +65,57 @@ def test_a_hold_never_outlasts_the_callers_deadline(
     assert sum(slept) == pytest.approx(held_s)
     assert held_ms == int(held_s * 1000)
     assert q.owed(ALICE, "produce") == pytest.approx(99 - held_s)  # the rest is still owed
+
+
+def _fill_and_block(box: Outbox, idle: threading.Event, **kw: object) -> threading.Thread:
+    """A pump that fills ``box`` and then blocks putting one more (``idle``: it waits)."""
+    tp = TopicPartition("t", 0)
+    errors: list[BaseException] = []
+
+    def pump() -> None:
+        box.put(Item(b"1", tp))
+        try:
+            box.put(Item(b"2", tp), idle=idle.set, **kw)  # type: ignore[arg-type]
+        except StalledReaderError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=pump)
+    t.errors = errors  # type: ignore[attr-defined]
+    t.start()
+    return t
+
+
+def test_time_the_handler_holds_for_the_quota_is_not_the_reader_stalling() -> None:
+    """Found from outside: a group stream held by its caller's fetch quota was ended as a
+    stalled reader (ABORTED, out of its group) though the node held it. The pump's stall
+    bound counts only time the handler is not holding a message for the quota."""
+
+    async def main() -> None:
+        max_wait_s = 0.3
+        box = Outbox(asyncio.get_running_loop(), capacity=1)
+        idle = threading.Event()
+        with box.held():  # the handler holds a message for the quota
+            t = _fill_and_block(box, idle, max_wait_s=max_wait_s)
+            await asyncio.to_thread(idle.wait, 5)
+            started = time.monotonic()
+            # Held for several times the bound while the pump waits.
+            await asyncio.to_thread(
+                wait_for,
+                lambda: time.monotonic() - started > 4 * max_wait_s,
+                timeout=10,
+                what="the hold outlasting the stall bound",
+            )
+            assert box.held_s() >= 4 * max_wait_s
+        assert (await box.get()).data == b"1"  # type: ignore[union-attr]
+        await asyncio.to_thread(t.join, 5)
+        assert not t.errors  # type: ignore[attr-defined]
+        assert (await box.get()).data == b"2"  # type: ignore[union-attr]
+
+        # Not held: the same wait is a stalled reader.
+        box = Outbox(asyncio.get_running_loop(), capacity=1)
+        idle = threading.Event()
+        t = _fill_and_block(box, idle, max_wait_s=max_wait_s)
+        await asyncio.to_thread(t.join, 10)
+        assert len(t.errors) == 1  # type: ignore[attr-defined]
+
+    asyncio.run(main())
