@@ -587,8 +587,12 @@ class RecordService:
 
         The time held does not count as the reader stalling (Outbox.held: found from
         outside, a quota-held group stream was expelled as a stalled reader), and with ACLs
-        on a revocation ends the hold within ACL_RECHECK_S (PERMISSION_DENIED)."""
+        on a revocation ends the hold within ACL_RECHECK_S (PERMISSION_DENIED). An
+        assignment message is charged but never held: a group's handover waits for it."""
         if not QUOTAS.active:
+            return 0
+        if item.tp is None:
+            _charge("fetch", len(item.data))
             return 0
 
         async def hold() -> int:
