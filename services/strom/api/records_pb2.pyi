@@ -87,18 +87,20 @@ class ProducerSequence(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., base_sequence: _Optional[int] = ...) -> None: ...
 
 class ProduceRecordsResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "partitions", "offsets", "results")
+    __slots__ = ("error_code", "error_message", "partitions", "offsets", "results", "throttle_time_ms")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     partitions: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     results: _containers.RepeatedCompositeFieldContainer[ProduceRecordsPartitionResult]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., results: _Optional[_Iterable[_Union[ProduceRecordsPartitionResult, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., results: _Optional[_Iterable[_Union[ProduceRecordsPartitionResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class ProduceRecordsPartitionResult(_message.Message):
     __slots__ = ("partition", "error_code", "error_message", "base_offset", "record_count")
@@ -149,12 +151,14 @@ class PartitionStart(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., position: _Optional[_Union[StartPosition, str]] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ("records", "assignment")
+    __slots__ = ("records", "assignment", "throttle_time_ms")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     records: PartitionRecords
     assignment: SubscriptionAssignment
-    def __init__(self, records: _Optional[_Union[PartitionRecords, _Mapping]] = ..., assignment: _Optional[_Union[SubscriptionAssignment, _Mapping]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, records: _Optional[_Union[PartitionRecords, _Mapping]] = ..., assignment: _Optional[_Union[SubscriptionAssignment, _Mapping]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class PartitionRecords(_message.Message):
     __slots__ = ("topic", "partition", "offsets", "records", "high_watermark")

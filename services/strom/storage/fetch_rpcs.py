@@ -127,7 +127,7 @@ class FetchRpcs(StorageCore):
                 total
             )
         if (QUOTAS.active or waited) and not follower:
-            throttled = await _throttle("fetch", total, waited)
+            throttled = await _throttle("fetch", total, waited, context)
             if throttled:
                 endpoints = endpoints or pb.FetchResponse()
                 endpoints.throttle_time_ms = throttled

@@ -218,6 +218,7 @@ class StorageNode:
             config.max_inflight_produce_bytes, default_memory_limit() if memory < 0 else memory
         )
         self.servicer.admission = self.admission
+        self.records.admission = self.admission
         #: The gRPC server serving this node, while it exists. A weak reference: the node
         #: outlives serve() (metrics callbacks hold it), and a server still alive at exit
         #: keeps gRPC's poller thread running into interpreter shutdown, which printed

@@ -36,7 +36,7 @@ def counted_request(handler: Handler[R]) -> Handler[R]:
             return await handler(self, request, context)
         waited = await _wait_out_debt("requests")
         response = await handler(self, request, context)
-        await _throttle("requests", 0, waited)
+        await _throttle("requests", 0, waited, context)  # never past the call's deadline
         return response
 
     return counted

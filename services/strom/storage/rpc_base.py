@@ -118,19 +118,58 @@ def _fail_partition(pr: Any, what: str, topic: str, partition: int, exc: BaseExc
     return r
 
 
-async def _throttle(kind: str, nbytes: int, waited_ms: int = 0) -> int:
-    """Hold the answer back while the caller is over its quota (Kafka's throttling: delay,
-    never drop); the ms it was held, with the ``waited_ms`` it waited before it was served
-    (:func:`_wait_out_debt`), for ``throttle_time_ms``."""
-    if CHARGED_BY_CALLER.get():
-        return 0
-    delay = QUOTAS.throttle(CURRENT_PRINCIPAL.get(), kind, nbytes)
+#: What a held answer leaves of the caller's deadline, at least: the answer's way back (and
+#: a loaded node's slack) must fit in it, or a written request is reported as timed out.
+HOLD_MARGIN_S = 1.0
+
+
+def _call_left(context: Any) -> float | None:
+    """Seconds left before the deadline of the call ``context`` serves; None without one
+    (no deadline, or an in-process caller with no context)."""
+    time_remaining = getattr(context, "time_remaining", None)
+    if time_remaining is None:
+        return None
+    left = time_remaining()
+    # gRPC answers a huge number (not None) for a call without a deadline.
+    return None if left is None or left > 1e9 else max(float(left), 0.0)
+
+
+def _charge(kind: str, nbytes: int) -> float:
+    """Charge the caller's quota of ``kind`` with ``nbytes`` now; the seconds its answer
+    should be held (0: within quota; at most quotas.MAX_THROTTLE_S, the rest stays owed).
+    Nothing when an outer handler charged the caller already (CHARGED_BY_CALLER)."""
+    if CHARGED_BY_CALLER.get() or not QUOTAS.active:
+        return 0.0
+    return QUOTAS.throttle(CURRENT_PRINCIPAL.get(), kind, nbytes)
+
+
+async def _hold(kind: str, delay: float, waited_ms: int = 0, context: Any = None) -> int:
+    """Hold an answer ``delay`` seconds, but never into the last HOLD_MARGIN_S of the
+    caller's deadline: the work is done, and an answer lost to the deadline is a written
+    request reported as a timeout, which the caller retries (found from outside: a 350 KB
+    ProduceRecords at 10,000 B/s written, then DEADLINE_EXCEEDED, then written again). What
+    is not held stays owed: the caller's next request waits it out first
+    (:func:`_wait_out_debt`). The ms held, with the ``waited_ms`` waited before the request
+    was served, for ``throttle_time_ms``."""
+    left = _call_left(context)
+    if left is not None:
+        delay = min(delay, max(left - HOLD_MARGIN_S, 0.0))
     if delay <= 0 and not waited_ms:
         return 0
     metrics.THROTTLED.labels(kind).inc()
     if delay > 0:
         await asyncio.sleep(delay)
-    return waited_ms + int(delay * 1000)
+    return waited_ms + int(max(delay, 0.0) * 1000)
+
+
+async def _throttle(kind: str, nbytes: int, waited_ms: int = 0, context: Any = None) -> int:
+    """Hold the answer back while the caller is over its quota (Kafka's throttling: delay,
+    never drop), within the call's deadline (:func:`_hold`); the ms it was held, with the
+    ``waited_ms`` it waited before it was served (:func:`_wait_out_debt`), for
+    ``throttle_time_ms``."""
+    if CHARGED_BY_CALLER.get():
+        return 0
+    return await _hold(kind, _charge(kind, nbytes), waited_ms, context)
 
 
 class _Gate:

@@ -212,7 +212,7 @@ class StorageServicer(
                     appended
                 )
         if QUOTAS.active or waited:
-            resp.throttle_time_ms = await _throttle("produce", appended, waited)
+            resp.throttle_time_ms = await _throttle("produce", appended, waited, context)
         if acks == 0:
             return pb.ProduceResponse()
         if hints:

@@ -1,0 +1,121 @@
+"""The storage node's quota holds (strom.storage.rpc_base) and a Subscribe outbox's stall
+bound (strom.storage.subscriptions.Outbox) with fakes: a fake clock for the quotas, a fake
+call context for the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from strom.api import metadata_pb2 as md
+from strom.client.types import TopicPartition
+from strom.devcluster.procs import wait_for
+from strom.security import CURRENT_PRINCIPAL
+from strom.security.quotas import MAX_THROTTLE_S, QuotaManager
+from strom.storage import rpc_base
+from strom.storage.subscriptions import Item, Outbox, StalledReaderError
+
+ALICE = "User:CN=alice"
+
+
+class _Call:
+    """A gRPC call context with ``left`` seconds before its deadline (None: no deadline)."""
+
+    def __init__(self, left: float | None) -> None:
+        self.left = left
+
+    def time_remaining(self) -> float | None:
+        return self.left
+
+
+@pytest.mark.parametrize(
+    ("left", "held_s"),
+    [
+        (None, MAX_THROTTLE_S),  # no deadline: the capped hold
+        (6.0, 6.0 - rpc_base.HOLD_MARGIN_S),  # never into the deadline's last margin
+        (0.5, 0.0),  # less than the margin left: answered at once
+    ],
+)
+def test_a_hold_never_outlasts_the_callers_deadline(
+    monkeypatch: pytest.MonkeyPatch, left: float | None, held_s: float
+) -> None:
+    """Found from outside: an answer was held up to MAX_THROTTLE_S whatever the call's
+    deadline, so a written call came back DEADLINE_EXCEEDED (and was written again by its
+    retry). The hold stops short of the deadline; what it does not cover stays owed."""
+    now = [0.0]
+    q = QuotaManager(clock=lambda: now[0])
+    q.replace({ALICE: md.ClientQuota(principal=ALICE, produce_bytes_per_second=1000)})
+    monkeypatch.setattr(rpc_base, "QUOTAS", q)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # the fake clock's time passes at once
+        slept.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(rpc_base.asyncio, "sleep", sleep)
+
+    async def main() -> int:
+        CURRENT_PRINCIPAL.set(ALICE)
+        return await rpc_base._throttle("produce", 100_000, 0, _Call(left))
+
+    held_ms = asyncio.run(main())
+    assert sum(slept) == pytest.approx(held_s)
+    assert held_ms == int(held_s * 1000)
+    assert q.owed(ALICE, "produce") == pytest.approx(99 - held_s)  # the rest is still owed
+
+
+def _fill_and_block(box: Outbox, idle: threading.Event, **kw: object) -> threading.Thread:
+    """A pump that fills ``box`` and then blocks putting one more (``idle``: it waits)."""
+    tp = TopicPartition("t", 0)
+    errors: list[BaseException] = []
+
+    def pump() -> None:
+        box.put(Item(b"1", tp))
+        try:
+            box.put(Item(b"2", tp), idle=idle.set, **kw)  # type: ignore[arg-type]
+        except StalledReaderError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=pump)
+    t.errors = errors  # type: ignore[attr-defined]
+    t.start()
+    return t
+
+
+def test_time_the_handler_holds_for_the_quota_is_not_the_reader_stalling() -> None:
+    """Found from outside: a group stream held by its caller's fetch quota was ended as a
+    stalled reader (ABORTED, out of its group) though the node held it. The pump's stall
+    bound counts only time the handler is not holding a message for the quota."""
+
+    async def main() -> None:
+        max_wait_s = 0.3
+        box = Outbox(asyncio.get_running_loop(), capacity=1)
+        idle = threading.Event()
+        with box.held():  # the handler holds a message for the quota
+            t = _fill_and_block(box, idle, max_wait_s=max_wait_s)
+            await asyncio.to_thread(idle.wait, 5)
+            started = time.monotonic()
+            # Held for several times the bound while the pump waits.
+            await asyncio.to_thread(
+                wait_for,
+                lambda: time.monotonic() - started > 4 * max_wait_s,
+                timeout=10,
+                what="the hold outlasting the stall bound",
+            )
+            assert box.held_s() >= 4 * max_wait_s
+        assert (await box.get()).data == b"1"  # type: ignore[union-attr]
+        await asyncio.to_thread(t.join, 5)
+        assert not t.errors  # type: ignore[attr-defined]
+        assert (await box.get()).data == b"2"  # type: ignore[union-attr]
+
+        # Not held: the same wait is a stalled reader.
+        box = Outbox(asyncio.get_running_loop(), capacity=1)
+        idle = threading.Event()
+        t = _fill_and_block(box, idle, max_wait_s=max_wait_s)
+        await asyncio.to_thread(t.join, 10)
+        assert len(t.errors) == 1  # type: ignore[attr-defined]
+
+    asyncio.run(main())
