@@ -52,6 +52,38 @@ def test_log_append_time_and_failures() -> None:
         f.set_result(None)
 
 
+def test_kafka_python_callbacks_and_errbacks_chain() -> None:
+    """Found from outside: ``send(...).add_callback(ok).add_errback(err)`` (kafka-python's
+    future API) failed with a bare AttributeError. Extra arguments come first, as in
+    kafka-python (``functools.partial(f, *args, **kwargs)(value)``)."""
+    calls: list[tuple[object, ...]] = []
+    ok = BatchResult("t", 2, [100])
+    f = FutureRecordMetadata(ok, 0)
+    assert (
+        f.add_callback(lambda *a, **kw: calls.append(("ok", *a, kw)), "extra", tag=1).add_errback(
+            lambda *a: calls.append(("err", *a))
+        )
+        is f
+    )
+    assert calls == []
+    ok.complete(5)
+    md = RecordMetadata("t", 2, 5, 100)
+    assert calls == [("ok", "extra", md, {"tag": 1})]
+    f.add_callback(lambda m: calls.append(("late", m)))  # after completion: at once
+    assert calls[-1] == ("late", md)
+
+    calls.clear()
+    bad = BatchResult("t", 0, [1])
+    g = FutureRecordMetadata(bad, 0)
+    g.add_callback(lambda m: calls.append(("ok", m))).add_errback(
+        lambda tag, e: calls.append((tag, e)), "failed"
+    )
+    err = NotLeaderError("moved")
+    bad.fail(err)
+    g.add_errback(lambda e: calls.append(("late", e)))
+    assert calls == [("failed", err), ("late", err)]
+
+
 def test_a_partitioners_bad_answer_fails_send_batch_before_anything_is_split() -> None:
     """Found from outside: send_batch with a partitioner answering None failed with a bare
     numpy TypeError, and one answering 7 of 4 queued a batch for a partition that does not
