@@ -41,6 +41,7 @@ from strom.errors import (
     RequestTimedOutError,
     StromError,
     TransactionOutcomeUnknownError,
+    commit_failed_error,
     error_for,
     is_retriable,
 )
@@ -326,8 +327,11 @@ class TransactionManager:
             for tr in resp.topics:
                 for pr in tr.partitions:
                     if pr.error_code != E.NONE:
-                        raise error_for(
-                            pr.error_code, f"{tr.topic}-{pr.partition}: {pr.error_message}"
+                        # (a CommitFailedError too for a consumer out of the group, as Kafka)
+                        raise commit_failed_error(
+                            error_for(
+                                pr.error_code, f"{tr.topic}-{pr.partition}: {pr.error_message}"
+                            )
                         )
         except StromError as exc:
             self.fail(exc)
