@@ -749,6 +749,36 @@ def _state_of(cluster: LocalCluster, transactional_id: str) -> str:
     return coordinator_pb2.TransactionState.Name(resp.transactions[0].state)
 
 
+def test_a_send_after_the_coordinator_timed_the_transaction_out_says_so(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: after the coordinator aborted a transaction for its timeout (and
+    bumped the epoch), the next send failed the producer with the partition's "producer id
+    49 epoch 0 is fenced: epoch 1 took over", which reads as another instance of the id
+    having started when none had. The error now says what happened."""
+    _topic(cluster, "timed-out", partitions=1)
+    tp = TopicPartition("timed-out", 0)
+    with Producer(
+        cluster.bootstrap, transactional_id="timed-out-tx", transaction_timeout_ms=2000
+    ) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("timed-out", b"open", partition=0).get(timeout=30)
+        with Consumer(cluster.bootstrap, isolation_level="read_committed") as rc:
+            wait_for(lambda: rc.end_offsets([tp])[tp] == 2, timeout=60, what="the timeout abort")
+        with pytest.raises(StromError, match="fenced"):
+            p.send("timed-out", b"late", partition=0).get(timeout=30)
+        why = (
+            r"had been open [\d.]+ s, longer than transaction_timeout_ms=2000; the "
+            r"transaction coordinator aborts .* with no other instance needed"
+        )
+        with pytest.raises(ProducerFencedError, match=why):
+            p.commit_transaction()
+        with pytest.raises(ProducerFencedError, match=why):
+            p.begin_transaction()
+    assert _read(cluster, "timed-out", "read_committed") == []
+
+
 def test_a_commit_that_got_no_answer_is_asked_again_not_aborted(cluster: LocalCluster) -> None:
     """Found from outside: commit_transaction() timed out while the coordinator was writing
     the decision; the producer went to abortable error, the coordinator committed, and every
