@@ -471,7 +471,10 @@ class DuplicateSequenceError(StromError):
 
 
 class InvalidProducerEpochError(StromError):
-    """INVALID_PRODUCER_EPOCH: the producer was fenced by a newer epoch and must close."""
+    """INVALID_PRODUCER_EPOCH: the producer was fenced by a newer epoch. Fatal for an
+    idempotent producer; in a transaction abortable: ``abort_transaction()`` asks the
+    coordinator for the id back, which it gives when its own timeout abort bumped the epoch
+    (Kafka's KIP-588), and ProducerFencedError follows when a new instance did."""
 
     default_code = ErrorCode.INVALID_PRODUCER_EPOCH
 

@@ -712,7 +712,11 @@ class Producer:
         new epoch, which fences any older producer with the same id; a transaction such a
         producer left open is aborted first. Call once, before the first transaction."""
         txn = self._require_txn()
-        pid, epoch = txn.init(self.max_block_s if timeout is None else timeout)
+        self._adopt(*txn.init(self.max_block_s if timeout is None else timeout))
+
+    def _adopt(self, pid: int, epoch: int) -> None:
+        """A transactional producer's new producer id and epoch (init_transactions(), or an
+        abort that took the id back): every partition numbers from 0 again."""
         with self._lock:
             self._producer_id, self._producer_epoch = pid, epoch
             for pq in self._queues.values():  # a new epoch numbers from 0 again
@@ -830,6 +834,9 @@ class Producer:
             txn.phase = TxnPhase.ABORTING
         with contextlib.suppress(StromError):
             self.flush(max(end - time.monotonic(), 0))
+        if txn.bump_needed:  # the epoch was bumped past ours: ask for the id back (KIP-588)
+            self._adopt(*txn.recover(max(end - time.monotonic(), 0.001)))
+            return
         txn.end(False, max(end - time.monotonic(), 0.001))
 
     @contextlib.contextmanager
@@ -930,6 +937,7 @@ class Producer:
             txn is not None
             and txn.pending_end is not True
             and (txn.in_transaction or txn.phase is TxnPhase.ABORTABLE_ERROR)
+            and not txn.bump_needed  # (aborted already, by whoever bumped the epoch)
         ):
             with contextlib.suppress(StromError):
                 self.abort_transaction(left())
@@ -1726,11 +1734,12 @@ class Producer:
                         pq.unresolved = True
                         pq.unresolved_seq = -1
                 if r.error_code == common_pb2.ErrorCode.INVALID_PRODUCER_EPOCH:
-                    if self._txn is not None:  # Kafka's ProducerFencedException
-                        err = ProducerFencedError(f"producer fenced: {err.message}")
-                        self._fatal = err
-                    else:
+                    if self._txn is None:
                         self._fatal = ProducerClosedError(f"producer fenced: {err.message}")
+                    else:  # Kafka's ProducerFencedException, or abortable (KIP-588)
+                        err = self._txn.epoch_error(err)
+                        if isinstance(err, ProducerFencedError):
+                            self._fatal = err
                 self._fail(pq, batches, err)
         if self._fatal is not None:
             self._fail_all(self._fatal)
