@@ -317,7 +317,8 @@ def test_a_partitions_epoch_refusal_is_fatal_unless_the_transaction_outlived_its
     assert young.phase is TxnPhase.FATAL_ERROR
 
     back = storage_pb2.InitProducerIdResponse(producer_id=7, producer_epoch=2)
-    old = Scripted(added(E.NONE), back)
+    timed_out = answered(error_for(E.INVALID_PRODUCER_EPOCH, "transaction.timeout.ms passed"))
+    old = Scripted(added(E.NONE), timed_out, back)
     old.timeout_ms = 1
     old.begin()
     old.add_partitions([("t", 0)], 1)
@@ -332,10 +333,12 @@ def test_a_partitions_epoch_refusal_is_fatal_unless_the_transaction_outlived_its
     assert old.phase is TxnPhase.ABORTABLE_ERROR and old.bump_needed and old.error is failed
     assert old.error is not None and "longer than transaction_timeout_ms=1" in str(old.error)
     assert "call abort_transaction()" in str(old.error)
-    assert old.recover(1) == (7, 2) and old.calls == ["AddPartitionsToTxn", "InitProducerId"]
+    assert old.recover(1) == (7, 2)
+    assert old.calls == ["AddPartitionsToTxn", "EndTxn", "InitProducerId"]
     assert old.phase is TxnPhase.READY and not old.bump_needed and old.error is None
 
-    # The coordinator refuses the id back when another instance initialised it: fatal.
+    # The coordinator refuses the id back when another instance initialised it (as does a
+    # coordinator that knows nothing of timeout aborts): fatal, and no InitProducerId.
     newer = Scripted(added(E.NONE), answered(ProducerFencedError("epoch 3 took over")))
     newer.timeout_ms = 1
     newer.begin()
@@ -349,6 +352,7 @@ def test_a_partitions_epoch_refusal_is_fatal_unless_the_transaction_outlived_its
     with pytest.raises(ProducerFencedError, match="epoch 3 took over"):
         newer.recover(1)
     assert newer.phase is TxnPhase.FATAL_ERROR
+    assert newer.calls == ["AddPartitionsToTxn", "EndTxn"]
 
 
 def answered(err: StromError) -> StromError:

@@ -835,7 +835,9 @@ class Producer:
         with contextlib.suppress(StromError):
             self.flush(max(end - time.monotonic(), 0))
         if txn.bump_needed:  # the epoch was bumped past ours: ask for the id back (KIP-588)
-            self._adopt(*txn.recover(max(end - time.monotonic(), 0.001)))
+            back = txn.recover(max(end - time.monotonic(), 0.001))
+            if back is not None:
+                self._adopt(*back)
             return
         txn.end(False, max(end - time.monotonic(), 0.001))
 

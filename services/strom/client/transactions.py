@@ -305,21 +305,11 @@ class TransactionManager:
         )
 
     def _fenced(self, error: StromError) -> ProducerFencedError:
-        """The fatal error a fencing answer ends the producer with, saying why when this
-        transaction was open past ``transaction_timeout_ms``."""
-        fenced = (
-            error
-            if isinstance(error, ProducerFencedError)
-            else ProducerFencedError(f"producer fenced: {error.message}")
-        )
-        if "transaction.timeout.ms" in fenced.message or not (note := self._timed_out_note()):
-            return fenced
-        return ProducerFencedError(
-            f"{fenced.message}{note}. Close this producer and create a new one "
-            "(init_transactions()) to go on; raise transaction_timeout_ms (up to the "
-            "coordinator's transaction.max.timeout.ms) if transactions take this long",
-            code=fenced.code,
-        )
+        """The fatal error a fencing answer ends the producer with (a new instance took the
+        id: a timeout abort is abortable, see :meth:`fail`)."""
+        if isinstance(error, ProducerFencedError):
+            return error
+        return ProducerFencedError(f"producer fenced: {error.message}")
 
     @property
     def in_transaction(self) -> bool:
@@ -348,13 +338,32 @@ class TransactionManager:
             self.pending_end = None
         return resp.producer_id, resp.producer_epoch
 
-    def recover(self, timeout_s: float) -> tuple[int, int]:
-        """The abort of a transaction whose epoch was bumped (``bump_needed``): instead of
-        EndTxn (which the coordinator refuses for the old epoch), InitProducerId with this
-        producer's id and epoch, Kafka's KIP-588. The coordinator aborted the transaction
-        already; it answers a new epoch when that epoch was bumped by its own timeout abort
-        (and nobody initialised the id since), PRODUCER_FENCED otherwise (fatal here).
-        Returns the producer id and epoch; READY again."""
+    def recover(self, timeout_s: float) -> tuple[int, int] | None:
+        """The abort of a transaction whose epoch was bumped (``bump_needed``), Kafka's
+        KIP-588: the coordinator aborted the transaction already, and takes the id back
+        under a new epoch when its own timeout abort bumped the epoch and nobody initialised
+        the id since; PRODUCER_FENCED otherwise (fatal here). Returns the new producer id and
+        epoch (None: the epoch was still this producer's, the abort went as usual); READY.
+
+        First an EndTxn(abort) with this epoch, which changes nothing when refused: a
+        coordinator that knows of timeout aborts answers INVALID_PRODUCER_EPOCH for such an
+        epoch and PRODUCER_FENCED after a new instance; an older coordinator (a rolling
+        upgrade) answers PRODUCER_FENCED, and would take InitProducerId below for a new
+        instance's, fencing whatever instance holds the id now. Then InitProducerId with this
+        producer's id and epoch, which the coordinator checks again."""
+        probe = coordinator_pb2.EndTxnRequest(
+            transactional_id=self.transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            committed=False,
+        )
+        try:
+            self._call("EndTxn", probe, timeout_s)
+        except StromError as exc:
+            self._refused_back(exc, allow=E.INVALID_PRODUCER_EPOCH)
+        else:
+            self._ready()
+            return None
         req = storage_pb2.InitProducerIdRequest(
             transactional_id=self.transactional_id,
             transaction_timeout_ms=self.timeout_ms,
@@ -364,21 +373,11 @@ class TransactionManager:
         try:
             resp = self._call("InitProducerId", req, timeout_s)
         except StromError as exc:
-            refused = exc.code in _FATAL or exc.code == E.INVALID_PRODUCER_EPOCH
-            if refused and getattr(exc, "answered", False):
-                self.fail(exc if exc.code in _FATAL else ProducerFencedError(exc.message))
-                if self.error is not None and self.phase is TxnPhase.FATAL_ERROR:
-                    raise self.error from None
-            raise  # no answer: still abortable, abort_transaction() may ask again
+            self._refused_back(exc)
+            raise  # (not reached: _refused_back raises)
+        self._ready()
         with self.lock:
             self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
-            self.phase = TxnPhase.READY
-            self.added.clear()
-            self.started = self.registered = False
-            self.started_at = None
-            self.bump_needed = False
-            self.error = None
-            self.pending_end = None
         log.info(
             "transactional id %s: taken back under producer id %d epoch %d after its epoch "
             "was bumped (the transaction was aborted)",
@@ -387,6 +386,31 @@ class TransactionManager:
             resp.producer_epoch,
         )
         return resp.producer_id, resp.producer_epoch
+
+    def _refused_back(self, exc: StromError, allow: int | None = None) -> None:
+        """A coordinator call of :meth:`recover` failed: returns for its ``allow`` code;
+        raises the fatal error after a fencing answer, else ``exc`` (no answer, or a
+        retriable one that outlasted the call: still abortable, abort_transaction() may ask
+        again)."""
+        answered = getattr(exc, "answered", False)
+        if answered and exc.code == allow:
+            return
+        if answered and (exc.code in _FATAL or exc.code == E.INVALID_PRODUCER_EPOCH):
+            self.fail(exc if exc.code in _FATAL else ProducerFencedError(exc.message))
+            if self.error is not None and self.phase is TxnPhase.FATAL_ERROR:
+                raise self.error from None
+        raise exc
+
+    def _ready(self) -> None:
+        """The transaction is over: READY for the next one."""
+        with self.lock:
+            self.phase = TxnPhase.READY
+            self.added.clear()
+            self.started = self.registered = False
+            self.started_at = None
+            self.bump_needed = False
+            self.error = None
+            self.pending_end = None
 
     def begin(self, timeout_s: float | None = None) -> None:
         """Open a transaction. With ``timeout_s``, an abort that got no answer is first asked
