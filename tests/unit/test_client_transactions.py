@@ -337,6 +337,18 @@ def test_a_partitions_epoch_refusal_is_fatal_unless_the_transaction_outlived_its
     assert old.calls == ["AddPartitionsToTxn", "EndTxn", "InitProducerId"]
     assert old.phase is TxnPhase.READY and not old.bump_needed and old.error is None
 
+    # No answer: still abortable, and abort_transaction() may ask again.
+    lost = Scripted(added(E.NONE), RequestTimedOutError("EndTxn"))
+    lost.timeout_ms = 1
+    lost.begin()
+    lost.add_partitions([("t", 0)], 1)
+    wait_for(lambda: lost._timed_out_note() != "", timeout=5, what="1 ms")
+    lost.fail(fenced_here)
+    lost.phase = TxnPhase.ABORTING  # as abort_transaction() sets it
+    with pytest.raises(RequestTimedOutError):
+        lost.recover(1)
+    assert lost.phase is TxnPhase.ABORTABLE_ERROR and lost.bump_needed
+
     # The coordinator refuses the id back when another instance initialised it (as does a
     # coordinator that knows nothing of timeout aborts): fatal, and no InitProducerId.
     newer = Scripted(added(E.NONE), answered(ProducerFencedError("epoch 3 took over")))

@@ -399,6 +399,9 @@ class TransactionManager:
             self.fail(exc if exc.code in _FATAL else ProducerFencedError(exc.message))
             if self.error is not None and self.phase is TxnPhase.FATAL_ERROR:
                 raise self.error from None
+        with self.lock:
+            if self.phase is TxnPhase.ABORTING:  # (so that abort_transaction() is taken)
+                self.phase = TxnPhase.ABORTABLE_ERROR
         raise exc
 
     def _ready(self) -> None:
