@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         TopicPartition,
     )
     from strom.errors import (
+        CommitFailedError,
         IllegalStateError,
         NoOffsetForPartitionError,
         ProducerClosedError,
@@ -54,6 +55,7 @@ _LAZY: dict[str, str] = {
     "TopicPartition": "strom.client",
     "Record": "strom.record",
     # The errors applications catch besides the StromError family's server-code classes.
+    "CommitFailedError": "strom.errors",
     "IllegalStateError": "strom.errors",
     "NoOffsetForPartitionError": "strom.errors",
     "ProducerClosedError": "strom.errors",
@@ -63,6 +65,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "Admin",
     "BatchMetadata",
+    "CommitFailedError",
     "Consumer",
     "GroupMetadata",
     "IllegalStateError",

@@ -476,7 +476,10 @@ class DuplicateSequenceError(StromError):
 
 
 class InvalidProducerEpochError(StromError):
-    """INVALID_PRODUCER_EPOCH: the producer was fenced by a newer epoch and must close."""
+    """INVALID_PRODUCER_EPOCH: the producer was fenced by a newer epoch. Fatal for an
+    idempotent producer; in a transaction abortable: ``abort_transaction()`` asks the
+    coordinator for the id back, which it gives when its own timeout abort bumped the epoch
+    (Kafka's KIP-588), and ProducerFencedError follows when a new instance did."""
 
     default_code = ErrorCode.INVALID_PRODUCER_EPOCH
 
@@ -836,6 +839,66 @@ def _rebuild_partial(
 ) -> PartialResultError:
     first = base(message, code=code, retriable=retriable)
     return partial_result_error(first, message, results, errors)
+
+
+class CommitFailedError(StromError):
+    """An offset commit refused because this consumer is no longer the group member that
+    may commit (``max_poll_interval_ms`` passed and it was expelled, it was fenced, or a
+    rebalance moved its epoch on): Kafka's ``CommitFailedException``, kafka-python's
+    ``CommitFailedError``. Its offsets were not committed; the consumer rejoins on its
+    next ``poll()``, and the records since the last commit may be read again.
+
+    Never raised as such: the error raised is of the coordinator's own class as well
+    (:func:`commit_failed_error`: ``UnknownMemberIdError``, ``FencedMemberEpochError`` or
+    ``StaleMemberEpochError``), so code that catches those classes still does, and code
+    ported from Kafka catches ``CommitFailedError``."""
+
+    #: The server-code class this error was made a commit failure of (commit_failed_error).
+    commit_failed_of: ClassVar[type[StromError]] = StromError
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # The class is made at run time (no name to import), so it is rebuilt from its base.
+        return (
+            _rebuild_commit_failed,
+            (self.commit_failed_of, self.message, self.code, self.retriable),
+        )
+
+
+#: The group-level codes an offset commit is refused with because the committer is no
+#: longer the member that may commit (see :class:`CommitFailedError`).
+COMMIT_FAILED_CODES = frozenset(
+    {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH, ErrorCode.STALE_MEMBER_EPOCH}
+)
+
+_COMMIT_FAILED_CLASSES: dict[type[StromError], type[CommitFailedError]] = {}
+
+
+def commit_failed_error(error: StromError) -> StromError:
+    """``error`` (a commit's refusal) as a :class:`CommitFailedError` of its own class too
+    when its code is one of :data:`COMMIT_FAILED_CODES`; any other error unchanged."""
+    if isinstance(error, CommitFailedError) or error.code not in COMMIT_FAILED_CODES:
+        return error
+    base = type(error)
+    cls = _COMMIT_FAILED_CLASSES.get(base)
+    if cls is None:
+        # The same name, so that messages and reprs read as the coordinator's class.
+        made = type(
+            base.__name__,
+            (CommitFailedError, base),
+            {
+                "commit_failed_of": base,
+                "__module__": base.__module__,
+                "__qualname__": base.__qualname__,
+            },
+        )
+        cls = _COMMIT_FAILED_CLASSES.setdefault(base, made)  # one class per base
+    return cls(error.message, code=error.code, retriable=error.retriable)
+
+
+def _rebuild_commit_failed(
+    base: type[StromError], message: str, code: int | None, retriable: bool
+) -> StromError:
+    return commit_failed_error(base(message, code=code, retriable=retriable))
 
 
 def _collect(cls: type[StromError], into: dict[int, type[StromError]]) -> None:

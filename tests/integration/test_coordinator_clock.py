@@ -25,7 +25,7 @@ from strom import Consumer, Producer, TopicPartition
 from strom.clock import OFFSET_ENV
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import ProducerFencedError
+from strom.errors import InvalidProducerEpochError
 from tests.conftest import create_topic, member_metric
 
 pytestmark = pytest.mark.integration
@@ -113,8 +113,8 @@ def test_a_wall_clock_step_moves_no_session_or_transaction_timeout(
                 timeout=30,
                 what="the abandoned transaction's timeout abort",
             )
-        with pytest.raises(ProducerFencedError, match=r"transaction\.timeout\.ms"):
-            during.commit_transaction()
+        with pytest.raises(InvalidProducerEpochError, match=r"transaction\.timeout\.ms"):
+            during.commit_transaction()  # (abortable since KIP-588)
         assert listener.taken == []
     finally:
         member.close()

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from strom import CommitFailedError
 from strom.api import (
     common_pb2,
     coordinator_pb2,
@@ -38,6 +39,7 @@ from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import (
+    FencedMemberEpochError,
     GroupIdNotFoundError,
     GroupSubscribedToTopicError,
     InvalidGroupIdError,
@@ -45,6 +47,7 @@ from strom.errors import (
     NonEmptyGroupError,
     StromError,
     TopicDeletionInProgressError,
+    UnknownMemberIdError,
     is_retriable,
 )
 from strom.record import encode_batch
@@ -747,6 +750,47 @@ def test_a_member_out_of_the_group_cannot_commit_as_an_anonymous_consumer(
     finally:
         if reader is not None:
             reader.close()
+        stalled.close()
+
+
+def test_a_commit_after_max_poll_interval_raises_commit_failed_error(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: a commit after max_poll_interval_ms expelled the member raised
+    UnknownMemberIdError only, and code ported from Kafka catches CommitFailedException
+    (kafka-python's CommitFailedError). It is now a strom.CommitFailedError as well, sync
+    or async, and still the coordinator's own class."""
+    create_topic(cluster, "commit-failed", 1)
+    tp = TopicPartition("commit-failed", 0)
+    stalled = GroupConsumer(
+        cluster.bootstrap,
+        group_id="g-commit-failed",
+        auto_offset_reset="earliest",
+        max_poll_interval_ms=1000,
+    )
+    stalled.subscribe(["commit-failed"])
+    try:
+
+        def joined() -> bool:
+            stalled.poll(50)
+            return len(stalled.assignment()) == 1
+
+        wait_for(joined, timeout=15, what="join")
+        with Admin(cluster.bootstrap) as admin:
+            # The application stops polling: past max_poll_interval_ms the member leaves.
+            wait_for(
+                lambda: not admin.describe_groups(["g-commit-failed"])["g-commit-failed"].members,
+                timeout=30,
+                what="the stalled member out of the group",
+            )
+        with pytest.raises(CommitFailedError) as caught:
+            stalled.commit({tp: OffsetAndMetadata(3)})
+        assert isinstance(caught.value, UnknownMemberIdError | FencedMemberEpochError)
+        assert type(caught.value).__name__ in {"UnknownMemberIdError", "FencedMemberEpochError"}
+        got: Future[BaseException | None] = Future()
+        stalled.commit_async({tp: OffsetAndMetadata(3)}, lambda _, exc: got.set_result(exc))
+        assert isinstance(got.result(30), CommitFailedError)
+    finally:
         stalled.close()
 
 

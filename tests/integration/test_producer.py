@@ -954,6 +954,53 @@ def test_send_and_send_batch_name_a_partition_of_the_wrong_type(env: Env) -> Non
         assert p.send(t, b"v", partition=0).result(10).partition == 0
 
 
+def test_a_partitioners_bad_answer_fails_that_send_alone_and_at_once(env: Env) -> None:
+    """Found from outside: a partitioner answering None queued the record for partition
+    None, and the sender thread then raised on it every round until delivery_timeout_ms:
+    every record of the producer failed "no reachable leader". One answering 7 of 4
+    partitions (or -1) waited delivery_timeout_ms too. Now such a send raises at once
+    (as Kafka's "Invalid partition given with record"), and nothing is queued."""
+    t = env.topic(partitions=4)
+
+    def pick(key: bytes | None, n: int) -> Any:
+        return {b"bad": None, b"big": 7, b"neg": -1, b"flag": True}.get(key or b"", 0)
+
+    with Producer(env.bootstrap, partitioner=pick, delivery_timeout_ms=20000) as p:
+        with pytest.raises(TypeError, match=r"partitioner .*pick returned None for topic"):
+            p.send(t, b"x", key=b"bad")
+        with pytest.raises(TypeError, match="returned True"):
+            p.send(t, b"x", key=b"flag")
+        for key, value in ((b"big", 7), (b"neg", -1)):
+            with pytest.raises(
+                ValueError,
+                match=rf"returned partition {value} for topic '{t}', which has partitions "
+                r"\[0, 4\)",
+            ):
+                p.send(t, b"x", key=key)
+        with pytest.raises(TypeError, match="returned None"):
+            p.send_batch(t, [b"a", b"b"], keys=[b"ok", b"bad"])
+        assert p.send(t, b"good", key=b"ok").get(timeout=60).partition == 0
+        assert p.send_batch(t, [b"g2"], keys=[b"ok"]).result(60)[0].partition == 0
+    assert [r.value for r in env.read(t, 0)] == [b"good", b"g2"]
+
+
+def test_a_batch_the_sender_cannot_handle_fails_alone(env: Env) -> None:
+    """Found from outside: one batch that raised in the sender loop (a partition None a
+    partitioner had answered) stopped the loop for every partition, every round, until each
+    record expired. Such a batch now fails alone, and the rest is sent."""
+    t = env.topic(partitions=2)
+    with Producer(env.bootstrap, delivery_timeout_ms=20000) as p:
+        assert p.send(t, b"warm", partition=1).get(timeout=60).offset == 0
+        with p._lock:  # what send() queued for a bad partitioner's None before its check
+            poisoned = p._new_batch(t, None)  # type: ignore[arg-type]
+        p._wake.set()
+        assert p.send(t, b"good", partition=0).get(timeout=60).offset == 0
+        wait_for(lambda: poisoned.result.done, timeout=30, what="the bad batch failed")
+        assert isinstance(poisoned.result.error, InvalidRequestError)
+        assert "could not send" in str(poisoned.result.error)
+        assert p.send(t, b"after", partition=1).get(timeout=60).offset == 1
+
+
 def test_a_records_size_counts_its_header_keys_in_utf8_bytes(env: Env) -> None:
     """Header keys are sent as UTF-8: a record whose keys are within max_request_size in
     characters but not in bytes is refused at send(), not by the node."""

@@ -35,7 +35,12 @@ from strom.cli.main import main as cli_main
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
-from strom.errors import ProducerFencedError, StromError, UnstableOffsetCommitError
+from strom.errors import (
+    InvalidProducerEpochError,
+    ProducerFencedError,
+    StromError,
+    UnstableOffsetCommitError,
+)
 from strom.record import encode_batch
 from tests.conftest import create_topic, member_metric
 
@@ -342,7 +347,9 @@ def test_an_open_transaction_holds_the_lso_until_its_timeout_aborts_it(
             assert "Ongoing" in shown and "slow-0" in shown, shown
             # The coordinator aborts it after transaction.timeout.ms: the marker passes.
             wait_for(lambda: rc.end_offsets([tp])[tp] == 6, timeout=30, what="the timeout abort")
-        with pytest.raises(ProducerFencedError, match=r"transaction\.timeout\.ms"):
+        # (abortable since KIP-588: the abort takes the id back, see
+        # test_a_producer_whose_transaction_timed_out_aborts_and_goes_on)
+        with pytest.raises(InvalidProducerEpochError, match=r"transaction\.timeout\.ms"):
             p.commit_transaction()
     finally:
         p.close()
@@ -747,6 +754,66 @@ def _state_of(cluster: LocalCluster, transactional_id: str) -> str:
             timeout=10,
         )
     return coordinator_pb2.TransactionState.Name(resp.transactions[0].state)
+
+
+def test_a_producer_whose_transaction_timed_out_aborts_and_goes_on(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: after the coordinator aborted a transaction for its timeout (and
+    bumped the epoch), the next send ended the producer with the partition's "producer id
+    49 epoch 0 is fenced: epoch 1 took over", which reads as another instance of the id
+    having started when none had, and every later call raised it. As in Kafka since KIP-588
+    the transaction fails abortably, saying what happened, and abort_transaction() takes the
+    id back under a new epoch; a second instance's init still fences it for good."""
+    _topic(cluster, "timed-out", partitions=1)
+    tp = TopicPartition("timed-out", 0)
+    tid = "timed-out-tx"
+
+    def wait_for_the_timeout_abort(rc: Consumer, end: int) -> None:
+        wait_for(lambda: rc.end_offsets([tp])[tp] == end, timeout=60, what="the timeout abort")
+
+    with (
+        Producer(cluster.bootstrap, transactional_id=tid, transaction_timeout_ms=2000) as p,
+        Consumer(cluster.bootstrap, isolation_level="read_committed") as rc,
+    ):
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("timed-out", b"open", partition=0).get(timeout=30)
+        wait_for_the_timeout_abort(rc, 2)  # the record and the abort marker
+        with pytest.raises(StromError, match="fenced"):
+            p.send("timed-out", b"late", partition=0).get(timeout=30)
+        why = (
+            r"had been open [\d.]+ s, longer than transaction_timeout_ms=2000: the "
+            r"transaction coordinator aborts .* with no other instance needed.*"
+            r"call abort_transaction\(\)"
+        )
+        with pytest.raises(StromError, match=why):
+            p.commit_transaction()
+        p.abort_transaction()  # takes the id back
+        with p.transaction():
+            p.send("timed-out", b"after", partition=0)
+
+        # Without a send in between: the coordinator refuses the commit, saying why.
+        p.begin_transaction()
+        p.send("timed-out", b"open again", partition=0).get(timeout=30)
+        wait_for_the_timeout_abort(rc, 6)
+        with pytest.raises(StromError, match=r"transaction\.timeout\.ms=2000 passed"):
+            p.commit_transaction()
+        p.abort_transaction()
+
+        # A new instance after the timeout abort: the old one is fenced for good.
+        p.begin_transaction()
+        p.send("timed-out", b"open once more", partition=0).get(timeout=30)
+        wait_for_the_timeout_abort(rc, 8)
+        with Producer(cluster.bootstrap, transactional_id=tid) as newer:
+            newer.init_transactions()
+            with pytest.raises(StromError):
+                p.commit_transaction()
+            with pytest.raises(ProducerFencedError, match="took over"):
+                p.abort_transaction()
+            with newer.transaction():
+                newer.send("timed-out", b"newer", partition=0)
+    assert [v for _, v in _read(cluster, "timed-out", "read_committed")] == [b"after", b"newer"]
 
 
 def test_a_commit_that_got_no_answer_is_asked_again_not_aborted(cluster: LocalCluster) -> None:

@@ -274,6 +274,14 @@ def test_reset_flags_are_checked_before_connecting(capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.startswith(
         "strom groups reset-offsets: error: --to-duration '1h' is not an ISO 8601 duration"
     )
+    argv = ["groups", "reset-offsets", "g", "--all-topics", "--by-duration", "1h", *B]
+    assert _exit(argv) == 2  # Kafka's name for --to-duration, named as typed
+    assert capsys.readouterr().err.startswith(
+        "strom groups reset-offsets: error: --by-duration '1h' is not an ISO 8601 duration"
+    )
+    argv = ["groups", "reset-offsets", "g", "--all-topics", "--by-duration", "PT1H"]
+    assert _exit([*argv, "--to-duration", "PT1H", *B]) == 2  # one strategy, as the others
+    assert "--to-duration: not allowed with argument --by-duration" in capsys.readouterr().err
     argv = ["groups", "reset-offsets", "g", "--all-topics", "--topic", "t", "--to-latest", *B]
     assert _exit(argv) == 2
     assert "--topic: not allowed with argument --all-topics" in capsys.readouterr().err

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from strom.api import common_pb2, coordinator_pb2
+from strom.api import common_pb2, coordinator_pb2, storage_pb2
 from strom.client.transactions import GroupMetadata, TransactionManager, TxnPhase
 from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.devcluster.procs import wait_for
 from strom.errors import (
     InvalidTxnStateError,
     ProducerFencedError,
@@ -23,6 +24,7 @@ from strom.errors import (
     StromError,
     TopicAuthorizationFailedError,
     TransactionOutcomeUnknownError,
+    error_for,
 )
 
 E = common_pb2.ErrorCode
@@ -298,3 +300,73 @@ def test_begin_asks_again_about_an_abort_that_got_no_answer() -> None:
     m.begin(1)
     assert m.calls == ["AddPartitionsToTxn", "EndTxn", "EndTxn"]
     assert m.phase is TxnPhase.IN_TRANSACTION and m.pending_end is None
+
+
+def test_a_partitions_epoch_refusal_is_fatal_unless_the_transaction_outlived_its_timeout() -> None:
+    """KIP-588: INVALID_PRODUCER_EPOCH from a partition ends only the transaction when the
+    coordinator's timeout abort may have bumped the epoch (the transaction was open longer
+    than transaction_timeout_ms), and the abort then asks the coordinator for the id back
+    (InitProducerId with the producer's id and epoch) instead of EndTxn; a transaction
+    within its timeout was fenced by a new instance: fatal, as before."""
+    fenced_here = error_for(E.INVALID_PRODUCER_EPOCH, "epoch 1 took over")
+    young = Scripted(added(E.NONE))
+    young.begin()
+    young.add_partitions([("t", 0)], 1)
+    assert isinstance(young.epoch_error(fenced_here), ProducerFencedError)
+    young.fail(fenced_here)
+    assert young.phase is TxnPhase.FATAL_ERROR
+
+    back = storage_pb2.InitProducerIdResponse(producer_id=7, producer_epoch=2)
+    timed_out = answered(error_for(E.INVALID_PRODUCER_EPOCH, "transaction.timeout.ms passed"))
+    old = Scripted(added(E.NONE), timed_out, back)
+    old.timeout_ms = 1
+    old.begin()
+    old.add_partitions([("t", 0)], 1)
+    wait_for(
+        lambda: not isinstance(old.epoch_error(fenced_here), ProducerFencedError),
+        timeout=5,
+        what="1 ms",
+    )
+    failed = old.epoch_error(fenced_here)  # what the batch fails with: saying why
+    assert "longer than transaction_timeout_ms=1" in str(failed)
+    old.fail(failed)
+    assert old.phase is TxnPhase.ABORTABLE_ERROR and old.bump_needed and old.error is failed
+    assert old.error is not None and "longer than transaction_timeout_ms=1" in str(old.error)
+    assert "call abort_transaction()" in str(old.error)
+    assert old.recover(1) == (7, 2)
+    assert old.calls == ["AddPartitionsToTxn", "EndTxn", "InitProducerId"]
+    assert old.phase is TxnPhase.READY and not old.bump_needed and old.error is None
+
+    # No answer: still abortable, and abort_transaction() may ask again.
+    lost = Scripted(added(E.NONE), RequestTimedOutError("EndTxn"))
+    lost.timeout_ms = 1
+    lost.begin()
+    lost.add_partitions([("t", 0)], 1)
+    wait_for(lambda: lost._timed_out_note() != "", timeout=5, what="1 ms")
+    lost.fail(fenced_here)
+    lost.phase = TxnPhase.ABORTING  # as abort_transaction() sets it
+    with pytest.raises(RequestTimedOutError):
+        lost.recover(1)
+    assert lost.phase is TxnPhase.ABORTABLE_ERROR and lost.bump_needed
+
+    # The coordinator refuses the id back when another instance initialised it (as does a
+    # coordinator that knows nothing of timeout aborts): fatal, and no InitProducerId.
+    newer = Scripted(added(E.NONE), answered(ProducerFencedError("epoch 3 took over")))
+    newer.timeout_ms = 1
+    newer.begin()
+    newer.add_partitions([("t", 0)], 1)
+    wait_for(
+        lambda: not isinstance(newer.epoch_error(fenced_here), ProducerFencedError),
+        timeout=5,
+        what="1 ms",
+    )
+    newer.fail(fenced_here)
+    with pytest.raises(ProducerFencedError, match="epoch 3 took over"):
+        newer.recover(1)
+    assert newer.phase is TxnPhase.FATAL_ERROR
+    assert newer.calls == ["AddPartitionsToTxn", "EndTxn"]
+
+
+def answered(err: StromError) -> StromError:
+    err.answered = True  # type: ignore[attr-defined]  # as _call marks a coordinator's answer
+    return err

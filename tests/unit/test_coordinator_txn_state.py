@@ -4,6 +4,7 @@ move of a transactional id, fencing by epoch, and replay of its records."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,7 @@ from strom.coordinator.txn_state import (
 )
 from strom.errors import (
     ConcurrentTransactionsError,
+    InvalidProducerEpochError,
     InvalidProducerIdMappingError,
     InvalidTransactionTimeoutError,
     InvalidTxnStateError,
@@ -101,6 +103,57 @@ def test_timeouts_and_bad_requests() -> None:
     with pytest.raises(InvalidTxnStateError):
         m.end(pid, 0, True, 5)  # commit with nothing open
     assert m.end(pid, 0, False, 5) is None  # abort with nothing open: nothing to do
+
+
+def test_the_producer_a_timeout_abort_fenced_takes_its_id_back() -> None:
+    """Kafka's KIP-588: after the coordinator aborted a transaction for its timeout (and
+    bumped the epoch), that producer's requests are INVALID_PRODUCER_EPOCH (abortable,
+    saying why), not PRODUCER_FENCED, and InitProducerId with its id and old epoch gives it
+    a new epoch, while no other instance has initialised the id since; the mark survives a
+    reload of the log."""
+    m = fresh(timeout_ms=100)
+    pid = m.producer_id
+    open_ = m.add(pid, 0, 1000, partitions=[("t", 0)])
+    assert open_ is not None
+    aborted = open_.abort_fencing(1101, "timeout", timed_out=True)
+    assert (aborted.producer_epoch, aborted.timed_out_epoch) == (1, 0)
+    done = aborted.complete(1102)
+    assert TxnMetadata.from_value("tx", done.to_value()).timed_out_epoch == 0
+    assert TxnMetadata.from_value("tx", m.to_value()).timed_out_epoch == -1
+    for call in (
+        lambda: done.end(pid, 0, True, 1103),
+        lambda: done.add(pid, 0, 1103, partitions=[("t", 1)]),
+    ):
+        with pytest.raises(InvalidProducerEpochError, match=r"transaction\.timeout\.ms=100"):
+            call()
+
+    def take_back(current: TxnMetadata, epoch: int) -> TxnMetadata:
+        r = init_producer_id(current, "tx", 100, 1104, lambda: next(ids), expected=(pid, epoch))
+        assert not r.retry_later
+        return r.metadata
+
+    back = take_back(done, 0)
+    assert (back.producer_id, back.producer_epoch, back.timed_out_epoch) == (pid, 2, -1)
+    assert back.state is TxnState.EMPTY
+    with pytest.raises(ProducerFencedError, match="epoch 2 took over"):
+        take_back(back, 0)  # once only
+    with pytest.raises(InvalidProducerIdMappingError):
+        take_back(replace(done, producer_id=pid + 1), 0)
+    # A new instance initialised the id after the timeout: the old producer is fenced.
+    newer = init_producer_id(done, "tx", 100, 1105, lambda: next(ids)).metadata
+    assert (newer.producer_epoch, newer.timed_out_epoch) == (2, -1)
+    with pytest.raises(ProducerFencedError):
+        take_back(newer, 0)
+    with pytest.raises(ProducerFencedError):
+        newer.end(pid, 0, False, 1106)
+    # Fenced by a new instance, not a timeout: no way back either.
+    by_instance = init_producer_id(open_, "tx", 100, 1107, lambda: next(ids)).metadata
+    assert by_instance.timed_out_epoch == -1
+    with pytest.raises(ProducerFencedError):
+        take_back(by_instance.complete(1108), 0)
+    # The current producer may bump its own epoch (its open transaction is aborted first).
+    r = init_producer_id(open_, "tx", 100, 1109, lambda: next(ids), expected=(pid, 0))
+    assert r.retry_later and r.metadata.producer_epoch == 1
 
 
 def test_a_loader_counts_times_ahead_of_its_clock_from_the_load() -> None:

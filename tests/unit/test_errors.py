@@ -153,6 +153,31 @@ def test_exceptions_pickle() -> None:
         assert (back.code, back.retriable, back.message) == (exc.code, exc.retriable, exc.message)
 
 
+def test_a_commits_refusal_for_a_member_out_of_the_group_is_a_commit_failed_error() -> None:
+    """Code ported from Kafka catches CommitFailedException (kafka-python's
+    CommitFailedError); code written for strom catches the coordinator's own classes. The
+    error a commit raises is both; other refusals are left as they are."""
+    import strom
+
+    assert strom.CommitFailedError is errors.CommitFailedError
+    for code, cls in (
+        (E.UNKNOWN_MEMBER_ID, errors.UnknownMemberIdError),
+        (E.FENCED_MEMBER_EPOCH, errors.FencedMemberEpochError),
+        (E.STALE_MEMBER_EPOCH, errors.StaleMemberEpochError),
+    ):
+        exc = errors.commit_failed_error(errors.error_for(code, "member m1 left"))
+        assert isinstance(exc, errors.CommitFailedError) and isinstance(exc, cls)
+        assert type(exc).__name__ == cls.__name__ and exc.code == code
+        assert str(exc) == f"{errors.error_name(code)}: member m1 left"
+        assert errors.commit_failed_error(exc) is exc
+        assert type(errors.commit_failed_error(cls("again"))) is type(exc)  # one class
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and back.message == exc.message
+    assert errors.EXCEPTIONS[E.UNKNOWN_MEMBER_ID] is errors.UnknownMemberIdError
+    other = errors.error_for(E.COORDINATOR_NOT_AVAILABLE)
+    assert errors.commit_failed_error(other) is other
+
+
 def test_refresh_code_sets_are_error_codes() -> None:
     assert errors.METADATA_REFRESH_CODES.issubset(ALL_CODES)
     assert errors.COORDINATOR_REFRESH_CODES.issubset(ALL_CODES)

@@ -52,6 +52,60 @@ def test_log_append_time_and_failures() -> None:
         f.set_result(None)
 
 
+def test_kafka_python_callbacks_and_errbacks_chain() -> None:
+    """Found from outside: ``send(...).add_callback(ok).add_errback(err)`` (kafka-python's
+    future API) failed with a bare AttributeError. Extra arguments come first, as in
+    kafka-python (``functools.partial(f, *args, **kwargs)(value)``)."""
+    calls: list[tuple[object, ...]] = []
+    ok = BatchResult("t", 2, [100])
+    f = FutureRecordMetadata(ok, 0)
+    assert (
+        f.add_callback(lambda *a, **kw: calls.append(("ok", *a, kw)), "extra", tag=1).add_errback(
+            lambda *a: calls.append(("err", *a))
+        )
+        is f
+    )
+    assert calls == []
+    ok.complete(5)
+    md = RecordMetadata("t", 2, 5, 100)
+    assert calls == [("ok", "extra", md, {"tag": 1})]
+    f.add_callback(lambda m: calls.append(("late", m)))  # after completion: at once
+    assert calls[-1] == ("late", md)
+
+    calls.clear()
+    bad = BatchResult("t", 0, [1])
+    g = FutureRecordMetadata(bad, 0)
+    g.add_callback(lambda m: calls.append(("ok", m))).add_errback(
+        lambda tag, e: calls.append((tag, e)), "failed"
+    )
+    err = NotLeaderError("moved")
+    bad.fail(err)
+    g.add_errback(lambda e: calls.append(("late", e)))
+    assert calls == [("failed", err), ("late", err)]
+
+
+def test_a_partitioners_bad_answer_fails_send_batch_before_anything_is_split() -> None:
+    """Found from outside: send_batch with a partitioner answering None failed with a bare
+    numpy TypeError, and one answering 7 of 4 queued a batch for a partition that does not
+    exist. Now the error names the partitioner, the value and the range."""
+    import numpy as np
+
+    keyed = pa.table({"value": [b"a", b"b"], "key": [b"good", b"bad"]})
+
+    def none_for_bad(key: bytes | None, n: int) -> int | None:
+        return None if key == b"bad" else 0
+
+    with pytest.raises(TypeError, match=r"partitioner .*none_for_bad returned None .*\[0, 4\)"):
+        _split_by_key(keyed, "orders", 4, none_for_bad)  # type: ignore[arg-type]
+    for bad in (7, -1, 4):
+        with pytest.raises(ValueError, match=rf"returned partition {bad} for topic 'orders'"):
+            _split_by_key(keyed, "orders", 4, lambda k, n, b=bad: b if k == b"bad" else 0)
+    with pytest.raises(TypeError, match="returned True"):
+        _split_by_key(keyed, "orders", 4, lambda k, n: True)
+    groups = _split_by_key(keyed, "orders", 4, lambda k, n: np.int64(3))  # numpy ints do
+    assert [p for p, _ in groups] == [3]
+
+
 def test_futures_work_with_wait_and_as_completed() -> None:
     result = BatchResult("t", 0, [1, 2, 3])
     futures = [FutureRecordMetadata(result, i) for i in range(3)]
@@ -141,7 +195,7 @@ def test_bulk_input_is_split_into_batches_and_by_key() -> None:
     keyed = _as_table(
         [b"v%d" % i for i in range(200)], [b"k%d" % (i % 7) for i in range(200)], None, None
     )
-    groups = _split_by_key(keyed, 4, None)
+    groups = _split_by_key(keyed, "t", 4, None)
     assert sum(t.num_rows for _, t in groups) == 200
     for part, t in groups:
         keys = t.column("key").to_pylist()

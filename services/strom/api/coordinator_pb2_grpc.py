@@ -188,6 +188,11 @@ class CoordinatorServiceServicer:
         Maps a transactional id to a producer id and a bumped epoch, fencing older instances; a
         transaction the previous instance left open is aborted (or its commit completed) first.
         Requests without transactional_id are refused (INVALID_REQUEST: ask a storage node).
+        With producer_id and producer_epoch (Kafka's KIP-588): only the id's current epoch, or the
+        one the coordinator's timeout abort fenced (TransactionLogValue.timed_out_epoch) with no
+        other instance initialised since, gets a bumped epoch; any other epoch PRODUCER_FENCED,
+        another producer id INVALID_PRODUCER_ID_MAPPING. Requests of that timed-out epoch get
+        INVALID_PRODUCER_EPOCH (not PRODUCER_FENCED), saying the timeout aborted the transaction.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

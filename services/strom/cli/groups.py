@@ -131,6 +131,11 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "tool takes it: PT1H, P1DT12H, PT30M, PT0.5S)",
     )
     how.add_argument(
+        "--by-duration",
+        metavar="PnDTnHnMnS",
+        help="the same as --to-duration, under the name Kafka's kafka-consumer-groups uses",
+    )
+    how.add_argument(
         "--shift-by",
         type=int,
         metavar="N",
@@ -151,8 +156,11 @@ def run_groups(args: argparse.Namespace, out: Any) -> int:
     if args.groups_cmd == "reset-offsets":
         if args.to_datetime is not None:
             _datetime_ms(args.to_datetime)
+        flag = "--to-duration"
+        if args.by_duration is not None:  # Kafka's name for it: one option from here on
+            args.to_duration, flag = args.by_duration, "--by-duration"
         if args.to_duration is not None:
-            duration_ms(args.to_duration)
+            duration_ms(args.to_duration, flag)
     if args.groups_cmd == "describe" and bool(args.all_groups) == bool(args.group):
         raise UsageError("give a group (or several) or --all-groups")
     with answering_client(args.bootstrap) as client:
@@ -372,13 +380,14 @@ _DURATION = re.compile(
 )
 
 
-def duration_ms(text: str) -> int:
-    """``--to-duration``, an ISO 8601 duration (``PT1H``, ``P1DT12H``: Kafka's form, read by
-    Java's ``Duration.parse``), in ms; UsageError naming the form for anything else."""
+def duration_ms(text: str, flag: str = "--to-duration") -> int:
+    """``--to-duration`` (or ``--by-duration``, ``flag``: the one named in errors), an ISO
+    8601 duration (``PT1H``, ``P1DT12H``: Kafka's form, read by Java's ``Duration.parse``),
+    in ms; UsageError naming the form for anything else."""
     m = _DURATION.fullmatch(text.strip())
     if m is None or not any(m.groupdict().values()) or text.strip().upper().endswith("T"):
         raise UsageError(
-            f"--to-duration {text!r} is not an ISO 8601 duration PnDTnHnMnS, e.g. PT1H "
+            f"{flag} {text!r} is not an ISO 8601 duration PnDTnHnMnS, e.g. PT1H "
             "(an hour ago), P1DT12H, PT30M"
         )
     unit_ms = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000}

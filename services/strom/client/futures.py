@@ -220,6 +220,37 @@ class FutureRecordMetadata(Future):  # type: ignore[type-arg]
         so code written against that client runs unchanged."""
         return self.result(timeout)
 
+    def add_callback(
+        self, fn: Callable[..., object], *args: Any, **kwargs: Any
+    ) -> FutureRecordMetadata:
+        """kafka-python's: ``fn(*args, metadata, **kwargs)`` once the record is acknowledged
+        (never if it fails); returns this future, so calls chain
+        (``send(...).add_callback(ok).add_errback(err)``). Runs on the producer's thread, or
+        at once on this one if the record is already done; an exception it raises is logged.
+        """
+        batch, index = self._batch, self._index
+
+        def ok() -> None:
+            if batch.error is None:
+                fn(*args, batch.metadata(index), **kwargs)
+
+        batch.on_done(ok)
+        return self
+
+    def add_errback(
+        self, fn: Callable[..., object], *args: Any, **kwargs: Any
+    ) -> FutureRecordMetadata:
+        """kafka-python's: ``fn(*args, exception, **kwargs)`` if the record fails (never if
+        it is acknowledged); returns this future. Runs as :meth:`add_callback`'s do."""
+        batch = self._batch
+
+        def failed() -> None:
+            if batch.error is not None:
+                fn(*args, batch.error, **kwargs)
+
+        batch.on_done(failed)
+        return self
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._batch.wait(timeout):
             raise FutureTimeoutError()

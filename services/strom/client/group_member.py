@@ -55,6 +55,7 @@ from strom.errors import (
     RequestTimedOutError,
     StaleMemberEpochError,
     StromError,
+    commit_failed_error,
     error_for,
 )
 
@@ -424,16 +425,20 @@ class GroupMember:
                     # over that member's own commits (an async commit queued before the
                     # revocation, say): they go back and are read twice. Refused instead,
                     # as Kafka's consumer fails a commit whose generation moved.
-                    raise StaleMemberEpochError(
-                        f"the commit of {', '.join(f'{tp.topic}-{tp.partition}' for tp in gone)}"
-                        f" was refused for a stale member epoch ({epoch}, now "
-                        f"{self.member_epoch}) and is not retried: a rebalance gave them to "
-                        "another member, whose commits it would overwrite"
+                    names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in gone)
+                    raise commit_failed_error(
+                        StaleMemberEpochError(
+                            f"the commit of {names} was refused for a stale member epoch "
+                            f"({epoch}, now {self.member_epoch}) and is not retried: a "
+                            "rebalance gave them to another member, whose commits it would "
+                            "overwrite"
+                        )
                     )
                 if moved:
                     continue
             if resp.error_code != E.NONE:
-                raise error_for(resp.error_code, resp.error_message)
+                # Kafka's CommitFailedException too when the member is out of the group.
+                raise commit_failed_error(error_for(resp.error_code, resp.error_message))
             return {
                 TopicPartition(tr.topic, pr.partition): error_for(
                     pr.error_code, _naming(f"{tr.topic}-{pr.partition}", pr.error_message)

@@ -409,6 +409,12 @@ class Producer:
     ) -> FutureRecordMetadata:
         """Queue one record; returns a Future of its :class:`RecordMetadata`.
 
+        Without ``partition``, a custom ``partitioner`` (given to the constructor) is called
+        as ``partitioner(key_bytes, partition_count)`` and must return an int in
+        ``[0, partition_count)``; any other answer raises TypeError/ValueError here, with
+        nothing queued (kafka-python's partitioners take ``(key_bytes, all_partitions,
+        available_partitions)`` instead).
+
         ``callback(metadata, exception)`` (one of them None) runs on the producer's thread
         when the record is acknowledged or failed, before its future completes (so
         :meth:`flush` returns after it has run). ``headers`` are (str, bytes) pairs or a
@@ -433,6 +439,8 @@ class Producer:
         if partition is None:
             if self.partitioner is not None:
                 partition = self.partitioner(key, n)
+                if type(partition) is not int or not 0 <= partition < n:
+                    partition = _checked_pick(self.partitioner, partition, topic, n)
             elif key is not None:
                 try:
                     partition = _key_hashes[key] % n
@@ -624,7 +632,7 @@ class Producer:
         if partition is not None:
             groups = [(partition, table)]
         elif "key" in table.schema.names and table.column("key").null_count < table.num_rows:
-            groups = _split_by_key(table, n, self.partitioner)
+            groups = _split_by_key(table, topic, n, self.partitioner)
         else:
             groups = [(-1, table)]
         chunks: list[ProducerBatch] = []
@@ -704,7 +712,11 @@ class Producer:
         new epoch, which fences any older producer with the same id; a transaction such a
         producer left open is aborted first. Call once, before the first transaction."""
         txn = self._require_txn()
-        pid, epoch = txn.init(self.max_block_s if timeout is None else timeout)
+        self._adopt(*txn.init(self.max_block_s if timeout is None else timeout))
+
+    def _adopt(self, pid: int, epoch: int) -> None:
+        """A transactional producer's new producer id and epoch (init_transactions(), or an
+        abort that took the id back): every partition numbers from 0 again."""
         with self._lock:
             self._producer_id, self._producer_epoch = pid, epoch
             for pq in self._queues.values():  # a new epoch numbers from 0 again
@@ -822,6 +834,11 @@ class Producer:
             txn.phase = TxnPhase.ABORTING
         with contextlib.suppress(StromError):
             self.flush(max(end - time.monotonic(), 0))
+        if txn.bump_needed:  # the epoch was bumped past ours: ask for the id back (KIP-588)
+            back = txn.recover(max(end - time.monotonic(), 0.001))
+            if back is not None:
+                self._adopt(*back)
+            return
         txn.end(False, max(end - time.monotonic(), 0.001))
 
     @contextlib.contextmanager
@@ -922,6 +939,7 @@ class Producer:
             txn is not None
             and txn.pending_end is not True
             and (txn.in_transaction or txn.phase is TxnPhase.ABORTABLE_ERROR)
+            and not txn.bump_needed  # (aborted already, by whoever bumped the epoch)
         ):
             with contextlib.suppress(StromError):
                 self.abort_transaction(left())
@@ -1132,55 +1150,61 @@ class Producer:
         txn_adds: set[tuple[str, int]] = set()
         #: Partitions of a topic since deleted and re-created without them (_replaced).
         replaced: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
+        #: Partitions whose batches raised here (a bug, or a batch no check caught): they
+        #: fail alone instead of stopping the sender for every other partition.
+        broken: list[tuple[PartitionQueue, list[ProducerBatch], Exception]] = []
         with self._lock:
             for pq in self._queues.values():
-                if not pq.batches:
-                    continue
-                if pq.retrying or pq.reseq_from is not None or pq.unresolved:
-                    if pq.in_flight:
-                        continue  # let every outstanding answer come back first
-                    if pq.retry_at > now:
-                        next_wake = _earlier(next_wake, pq.retry_at - now)
+                try:
+                    if not pq.batches:
                         continue
-                    if (pq.reseq_from is not None or pq.unresolved) and not self._settle(pq):
-                        next_wake = _earlier(next_wake, self.retry_backoff_s)
-                        continue  # waits for a new epoch
-                    pq.retrying = False
-                if pq.in_flight >= depth:
-                    continue
-                queued = [b for b in pq.batches if not b.sent]
-                if not queued:
-                    continue
-                first = queued[0]
-                due = first.closed or hurry or now - first.created >= self.linger_s
-                if pq.in_flight and not (first.closed or force):
-                    continue  # Nagle: a batch still filling waits for the answer in flight
-                if not due:  # it may still ride along with a request to its leader (below)
-                    next_wake = _earlier(next_wake, first.created + self.linger_s - now)
+                    if pq.retrying or pq.reseq_from is not None or pq.unresolved:
+                        if pq.in_flight:
+                            continue  # let every outstanding answer come back first
+                        if pq.retry_at > now:
+                            next_wake = _earlier(next_wake, pq.retry_at - now)
+                            continue
+                        if (pq.reseq_from is not None or pq.unresolved) and not self._settle(pq):
+                            next_wake = _earlier(next_wake, self.retry_backoff_s)
+                            continue  # waits for a new epoch
+                        pq.retrying = False
+                    if pq.in_flight >= depth:
+                        continue
+                    queued = [b for b in pq.batches if not b.sent]
+                    if not queued:
+                        continue
+                    first = queued[0]
+                    due = first.closed or hurry or now - first.created >= self.linger_s
+                    if pq.in_flight and not (first.closed or force):
+                        continue  # Nagle: a batch still filling waits for the answer in flight
+                    if not due:  # it may still ride along with a request to its leader (below)
+                        next_wake = _earlier(next_wake, first.created + self.linger_s - now)
 
-                leader = self._leaders.get((pq.topic, pq.partition))  # tuple == TopicPartition
-                if leader is None or leader.address is None:
-                    if not pq.in_flight and (gone := self._replaced(pq)):
-                        if pq.open in gone:
-                            self._close_open(pq.topic, pq.partition)
-                        for b in gone:
-                            b.sent = True  # _done counts one request per call
-                        pq.in_flight += 1
-                        replaced.append((pq, gone))
+                    leader = self._leaders.get((pq.topic, pq.partition))  # tuple == TopicPartition
+                    if leader is None or leader.address is None:
+                        if not pq.in_flight and (gone := self._replaced(pq)):
+                            if pq.open in gone:
+                                self._close_open(pq.topic, pq.partition)
+                            for b in gone:
+                                b.sent = True  # _done counts one request per call
+                            pq.in_flight += 1
+                            replaced.append((pq, gone))
+                            continue
+                        if due:
+                            self._metadata.mark_stale(pq.topic)
+                            next_wake = _earlier(next_wake, self.retry_backoff_s)
                         continue
-                    if due:
-                        self._metadata.mark_stale(pq.topic)
-                        next_wake = _earlier(next_wake, self.retry_backoff_s)
-                    continue
-                if self._txn is not None and (pq.topic, pq.partition) not in self._txn.added:
-                    if due:
-                        txn_adds.add((pq.topic, pq.partition))
-                    continue  # registered with the coordinator first (below)
-                node = candidates.get(leader.address)
-                if node is None:
-                    node = candidates[leader.address] = [False]
-                node[0] = node[0] or due
-                node.append((pq, queued, leader.epoch, due))
+                    if self._txn is not None and (pq.topic, pq.partition) not in self._txn.added:
+                        if due:
+                            txn_adds.add((pq.topic, pq.partition))
+                        continue  # registered with the coordinator first (below)
+                    node = candidates.get(leader.address)
+                    if node is None:
+                        node = candidates[leader.address] = [False]
+                    node[0] = node[0] or due
+                    node.append((pq, queued, leader.epoch, due))
+                except Exception as exc:  # (see `broken`)
+                    broken.append((pq, self._take_unsent(pq), exc))
             for addr, node in candidates.items():
                 # A node with a due partition gets a request holding every partition of it
                 # that has records (as Kafka's drain), up to max_request_size in all:
@@ -1217,11 +1241,40 @@ class Producer:
                     retriable=False,
                 ),
             )
+        for pq, gone, exc in broken:
+            log.error(
+                "producer %s: failing %s-%s's queued batches: the sender could not handle them",
+                self.client_id,
+                pq.topic,
+                pq.partition,
+                exc_info=exc,
+            )
+            self._fail(
+                pq,
+                gone,
+                InvalidRequestError(
+                    f"{pq.topic}-{pq.partition}: not written: the producer could not send "
+                    f"this partition's batches ({type(exc).__name__}: {exc})",
+                    retriable=False,
+                ),
+            )
         if self._epoch_victims:
             self._fail_epoch_victims()
         if txn_adds:
             return self._add_to_transaction(txn_adds, next_wake)
         return next_wake
+
+    def _take_unsent(self, pq: PartitionQueue) -> list[ProducerBatch]:
+        """With the lock held: the partition's batches not in flight, taken out of the
+        sending (marked sent, one request counted, as :meth:`_done` expects) so that the
+        caller can :meth:`_fail` them after releasing the lock."""
+        gone = [b for b in pq.batches if not b.sent]
+        if pq.open in gone:
+            self._close_open(pq.topic, pq.partition)
+        for b in gone:
+            b.sent = True
+        pq.in_flight += 1
+        return gone
 
     def _replaced(self, pq: PartitionQueue) -> list[ProducerBatch]:
         """With the lock held, for a partition without a known leader: its batches made for
@@ -1683,11 +1736,12 @@ class Producer:
                         pq.unresolved = True
                         pq.unresolved_seq = -1
                 if r.error_code == common_pb2.ErrorCode.INVALID_PRODUCER_EPOCH:
-                    if self._txn is not None:  # Kafka's ProducerFencedException
-                        err = ProducerFencedError(f"producer fenced: {err.message}")
-                        self._fatal = err
-                    else:
+                    if self._txn is None:
                         self._fatal = ProducerClosedError(f"producer fenced: {err.message}")
+                    else:  # Kafka's ProducerFencedException, or abortable (KIP-588)
+                        err = self._txn.epoch_error(err)
+                        if isinstance(err, ProducerFencedError):
+                            self._fatal = err
                 self._fail(pq, batches, err)
         if self._fatal is not None:
             self._fail_all(self._fatal)
@@ -2031,13 +2085,13 @@ def _binary(x: Any, what: str) -> pa.Array:
 
 
 def _split_by_key(
-    table: pa.Table, n: int, partitioner: Partitioner | None
+    table: pa.Table, topic: str, n: int, partitioner: Partitioner | None
 ) -> list[tuple[int, pa.Table]]:
-    """Group rows by their key's partition, keeping each partition's rows in input order."""
+    """Group rows by their key's partition, keeping each partition's rows in input order.
+    A custom partitioner's answers are checked before anything is queued (_checked_pick)."""
     import numpy as np
 
     keys = table.column("key").to_pylist()
-    pick = partitioner or _key_partition
     if partitioner is None:
         parts = np.fromiter(
             (random.randrange(n) if k is None else _key_partition(k, n) for k in keys),
@@ -2045,12 +2099,42 @@ def _split_by_key(
             count=len(keys),
         )
     else:
-        parts = np.fromiter((pick(k, n) for k in keys), dtype=np.int32, count=len(keys))
+        picks = [partitioner(k, n) for k in keys]
+        if not all(type(p) is int and 0 <= p < n for p in picks):
+            picks = [_checked_pick(partitioner, p, topic, n) for p in picks]
+        parts = np.fromiter(picks, dtype=np.int32, count=len(picks))
     out = []
     for p in np.unique(parts):
         idx = np.flatnonzero(parts == p)
         out.append((int(p), table.take(pa.array(idx))))
     return out
+
+
+def _checked_pick(partitioner: Partitioner, pick: object, topic: str, n: int) -> int:
+    """A custom partitioner's answer as a partition number, or a clear error at ``send``.
+
+    Kafka's Java client refuses a partitioner's answer outside the topic's partitions at
+    once too ("Invalid partition given with record"). FIX (found from outside): None was
+    queued as a partition and broke the sender thread for every record of the producer,
+    and 7 of 4 partitions waited delivery_timeout_ms for a leader that never comes. An
+    integer of another type (numpy's: ``operator.index``) is taken; bool is not."""
+    name = getattr(partitioner, "__qualname__", None) or repr(partitioner)
+    where = f"for topic {topic!r}, which has partitions [0, {n})"
+    try:
+        if isinstance(pick, bool):
+            raise TypeError
+        value = operator.index(pick)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"partitioner {name} returned {pick!r} {where}: a partitioner is called as "
+            "partitioner(key_bytes, partition_count) and must return an int in that range"
+        ) from None
+    if not 0 <= value < n:
+        raise ValueError(
+            f"partitioner {name} returned partition {value} {where}: it must return an int "
+            "in that range"
+        )
+    return value
 
 
 def _chunks(table: pa.Table, batch_size: int, max_size: int) -> Iterable[pa.Table]:

@@ -12,7 +12,10 @@ Errors follow Kafka's classes:
 - **fatal** (:class:`~strom.errors.ProducerFencedError`, a newer instance took the id over):
   the producer can do nothing more; close it.
 - **abortable** (a send failed, the coordinator refused a request): the transaction cannot
-  commit; ``abort_transaction()`` and start again.
+  commit; ``abort_transaction()`` and start again. INVALID_PRODUCER_EPOCH is one (Kafka's
+  KIP-588): the coordinator's timeout abort bumped the epoch, or a new instance did; the
+  abort then asks the coordinator for the id back (:meth:`TransactionManager.recover`),
+  which it gives only in the first case.
 - retriable errors (coordinator moving, the previous transaction still completing) are
   retried here until the call's timeout.
 """
@@ -41,6 +44,7 @@ from strom.errors import (
     RequestTimedOutError,
     StromError,
     TransactionOutcomeUnknownError,
+    commit_failed_error,
     error_for,
     is_retriable,
 )
@@ -50,8 +54,10 @@ E = ErrorCode
 _TRANSPORT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
-#: Errors after which the producer is fenced for good.
-_FATAL = frozenset({E.PRODUCER_FENCED, E.INVALID_PRODUCER_EPOCH, E.INVALID_PRODUCER_ID_MAPPING})
+#: Errors after which the producer is fenced for good. (INVALID_PRODUCER_EPOCH in a
+#: transaction is abortable: only the coordinator can tell whether a new instance took over,
+#: and abort_transaction() asks it; see TransactionManager.fail.)
+_FATAL = frozenset({E.PRODUCER_FENCED, E.INVALID_PRODUCER_ID_MAPPING})
 
 
 class TxnPhase(enum.Enum):
@@ -66,6 +72,10 @@ class TxnPhase(enum.Enum):
     PREPARED = "prepared"
     ABORTABLE_ERROR = "abortable error"
     FATAL_ERROR = "fatal error"
+
+
+#: A transaction is open (a failure of it is abortable).
+_OPEN_PHASES = (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING, TxnPhase.ABORTING)
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,14 @@ def complete_prepared_transaction(
     )
     mgr.producer_id, mgr.producer_epoch = state.producer_id, state.producer_epoch
     mgr.phase = TxnPhase.PREPARED
-    mgr.end(commit, timeout_s)
+    try:
+        mgr.end(commit, timeout_s)
+    except StromError as exc:
+        # A prepared transaction the coordinator aborted for its timeout is over: the
+        # coordinator's INVALID_PRODUCER_EPOCH for it is fatal here (no abort to retry).
+        if exc.code == E.INVALID_PRODUCER_EPOCH and isinstance(mgr.error, ProducerFencedError):
+            raise mgr.error from None
+        raise
 
 
 class TransactionManager:
@@ -161,6 +178,12 @@ class TransactionManager:
         #: a partition's batches are sent only after its AddPartitionsToTxn succeeded. See
         #: :meth:`_nothing_to_abort`.
         self.registered = False
+        #: When this transaction's first Add*ToTxn was sent (time.monotonic()), None before:
+        #: the coordinator's timeout runs from its arrival, so no later than this.
+        self.started_at: float | None = None
+        #: The epoch was bumped past this producer's (INVALID_PRODUCER_EPOCH): the abort
+        #: asks the coordinator for the id back under a new epoch instead of EndTxn (KIP-588).
+        self.bump_needed = False
         self.error: StromError | None = None
         #: The outcome of an EndTxn that got no answer (True: commit): it may have reached
         #: the coordinator, so only the same call may follow (Kafka's rule: a timed-out
@@ -197,24 +220,96 @@ class TransactionManager:
             raise InvalidTxnStateError(f"cannot {action} while {phase.value}{hint}")
 
     def fail(self, error: StromError) -> None:
-        """A send or request failed: fatal errors end the producer, others the transaction."""
+        """A send or request failed: fatal errors end the producer, others the transaction.
+
+        INVALID_PRODUCER_EPOCH ends only the transaction, as in Kafka since KIP-588, when it
+        may come from the coordinator's timeout abort (:meth:`_may_have_timed_out`): the
+        epoch was bumped past this producer's, by a new instance or by the coordinator
+        itself, and abort_transaction() asks the coordinator, which gives the id back under
+        a new epoch only when no other instance has initialised it since (else
+        PRODUCER_FENCED, fatal). Otherwise a new instance took over: fatal, as before. FIX
+        (found from outside): after a timeout abort every later call raised
+        ProducerFencedError "epoch 1 took over", with no other instance."""
         fatal = isinstance(error, ProducerFencedError) or error.code in _FATAL
+        bumped = not fatal and error.code == E.INVALID_PRODUCER_EPOCH
+        if bumped and not self._may_have_timed_out(error):
+            fatal, bumped = True, False
         with self.lock:
             if self.phase is TxnPhase.FATAL_ERROR:
                 return
-            if fatal:
+            if bumped and self.phase in (*_OPEN_PHASES, TxnPhase.ABORTABLE_ERROR):
+                self.bump_needed = True
+                self.pending_end = None  # (an EndTxn of this epoch cannot be answered now)
+                if self.phase is not TxnPhase.ABORTABLE_ERROR:
+                    self.phase = TxnPhase.ABORTABLE_ERROR
+                    explained = getattr(error, "explained", False)
+                    self.error = error if explained else self._epoch_bumped(error)
+                return
+            if fatal or bumped:
                 self.pending_end = None  # nothing to ask again: the producer is done
                 self.phase = TxnPhase.FATAL_ERROR
-                self.error = (
-                    error
-                    if isinstance(error, ProducerFencedError)
-                    else ProducerFencedError(f"producer fenced: {error.message}")
-                )
-            elif self.phase in (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING, TxnPhase.ABORTING):
+                self.error = self._fenced(error)
+            elif self.phase in _OPEN_PHASES:
                 # (an abort that failed can be tried again: not left ABORTING for good)
                 self.phase = TxnPhase.ABORTABLE_ERROR
                 self.error = error
                 self.pending_end = None
+
+    def epoch_error(self, error: StromError) -> StromError:
+        """What a batch refused INVALID_PRODUCER_EPOCH by its partition fails with: when the
+        abort may take the id back (see :meth:`fail`) that error saying so, else the
+        ProducerFencedError the producer ends with."""
+        with self.lock:
+            phase = self.phase
+        if phase in (*_OPEN_PHASES, TxnPhase.ABORTABLE_ERROR) and self._may_have_timed_out(error):
+            return self._epoch_bumped(error)
+        return self._fenced(error)
+
+    def _may_have_timed_out(self, error: StromError) -> bool:
+        """Whether an INVALID_PRODUCER_EPOCH may come from the coordinator's timeout abort:
+        the coordinator answers it only for that (txn_state.check_producer), and a partition
+        cannot tell, but a transaction open no longer than its timeout was not aborted for
+        it (the coordinator's clock starts after ``started_at``)."""
+        return getattr(error, "answered", False) or bool(self._timed_out_note())
+
+    def _epoch_bumped(self, error: StromError) -> StromError:
+        """The abortable error of a transaction whose epoch was bumped, saying what to do
+        (a partition's own words, "epoch 1 took over", read as a second instance)."""
+        explained = error_for(
+            E.INVALID_PRODUCER_EPOCH,
+            f"{error.message}{self._timed_out_note()}; call abort_transaction(): it asks the "
+            f"transaction coordinator for {self.transactional_id!r} back under a new epoch, "
+            "which it gives unless another instance has initialised the id since (then "
+            "ProducerFencedError: close this producer)",
+        )
+        explained.explained = True  # type: ignore[attr-defined]  # (see fail)
+        if getattr(error, "answered", False):
+            explained.answered = True  # type: ignore[attr-defined]
+        return explained
+
+    def _timed_out_note(self) -> str:
+        """Why the epoch was bumped when this transaction was open past its timeout, else
+        "". The coordinator's own refusal says so for sure; a partition's cannot, but this
+        producer knows how long its transaction was open."""
+        if self.started_at is None:
+            return ""
+        open_ms = (time.monotonic() - self.started_at) * 1000
+        if open_ms <= self.timeout_ms:
+            return ""
+        return (
+            f" (this transaction had been open {open_ms / 1000:.1f} s, longer than "
+            f"transaction_timeout_ms={self.timeout_ms}: the transaction coordinator aborts a "
+            "transaction open that long by itself and bumps the producer epoch, which fences "
+            "this producer's epoch as a new instance of the transactional id would, with no "
+            "other instance needed; its records are aborted)"
+        )
+
+    def _fenced(self, error: StromError) -> ProducerFencedError:
+        """The fatal error a fencing answer ends the producer with (a new instance took the
+        id: a timeout abort is abortable, see :meth:`fail`)."""
+        if isinstance(error, ProducerFencedError):
+            return error
+        return ProducerFencedError(f"producer fenced: {error.message}")
 
     @property
     def in_transaction(self) -> bool:
@@ -237,9 +332,88 @@ class TransactionManager:
             self.phase = TxnPhase.READY
             self.added.clear()
             self.started = self.registered = False
+            self.started_at = None
+            self.bump_needed = False
             self.error = None
             self.pending_end = None
         return resp.producer_id, resp.producer_epoch
+
+    def recover(self, timeout_s: float) -> tuple[int, int] | None:
+        """The abort of a transaction whose epoch was bumped (``bump_needed``), Kafka's
+        KIP-588: the coordinator aborted the transaction already, and takes the id back
+        under a new epoch when its own timeout abort bumped the epoch and nobody initialised
+        the id since; PRODUCER_FENCED otherwise (fatal here). Returns the new producer id and
+        epoch (None: the epoch was still this producer's, the abort went as usual); READY.
+
+        First an EndTxn(abort) with this epoch, which changes nothing when refused: a
+        coordinator that knows of timeout aborts answers INVALID_PRODUCER_EPOCH for such an
+        epoch and PRODUCER_FENCED after a new instance; an older coordinator (a rolling
+        upgrade) answers PRODUCER_FENCED, and would take InitProducerId below for a new
+        instance's, fencing whatever instance holds the id now. Then InitProducerId with this
+        producer's id and epoch, which the coordinator checks again."""
+        probe = coordinator_pb2.EndTxnRequest(
+            transactional_id=self.transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            committed=False,
+        )
+        try:
+            self._call("EndTxn", probe, timeout_s)
+        except StromError as exc:
+            self._refused_back(exc, allow=E.INVALID_PRODUCER_EPOCH)
+        else:
+            self._ready()
+            return None
+        req = storage_pb2.InitProducerIdRequest(
+            transactional_id=self.transactional_id,
+            transaction_timeout_ms=self.timeout_ms,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+        )
+        try:
+            resp = self._call("InitProducerId", req, timeout_s)
+        except StromError as exc:
+            self._refused_back(exc)
+            raise  # (not reached: _refused_back raises)
+        self._ready()
+        with self.lock:
+            self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+        log.info(
+            "transactional id %s: taken back under producer id %d epoch %d after its epoch "
+            "was bumped (the transaction was aborted)",
+            self.transactional_id,
+            resp.producer_id,
+            resp.producer_epoch,
+        )
+        return resp.producer_id, resp.producer_epoch
+
+    def _refused_back(self, exc: StromError, allow: int | None = None) -> None:
+        """A coordinator call of :meth:`recover` failed: returns for its ``allow`` code;
+        raises the fatal error after a fencing answer, else ``exc`` (no answer, or a
+        retriable one that outlasted the call: still abortable, abort_transaction() may ask
+        again)."""
+        answered = getattr(exc, "answered", False)
+        if answered and exc.code == allow:
+            return
+        if answered and (exc.code in _FATAL or exc.code == E.INVALID_PRODUCER_EPOCH):
+            self.fail(exc if exc.code in _FATAL else ProducerFencedError(exc.message))
+            if self.error is not None and self.phase is TxnPhase.FATAL_ERROR:
+                raise self.error from None
+        with self.lock:
+            if self.phase is TxnPhase.ABORTING:  # (so that abort_transaction() is taken)
+                self.phase = TxnPhase.ABORTABLE_ERROR
+        raise exc
+
+    def _ready(self) -> None:
+        """The transaction is over: READY for the next one."""
+        with self.lock:
+            self.phase = TxnPhase.READY
+            self.added.clear()
+            self.started = self.registered = False
+            self.started_at = None
+            self.bump_needed = False
+            self.error = None
+            self.pending_end = None
 
     def begin(self, timeout_s: float | None = None) -> None:
         """Open a transaction. With ``timeout_s``, an abort that got no answer is first asked
@@ -254,6 +428,7 @@ class TransactionManager:
             self.phase = TxnPhase.IN_TRANSACTION
             self.added.clear()
             self.started = self.registered = False
+            self.started_at = None
 
     def add_partitions(self, parts: Iterable[tuple[str, int]], timeout_s: float) -> None:
         """AddPartitionsToTxn for partitions about to get their first batch."""
@@ -268,6 +443,7 @@ class TransactionManager:
                 common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
             ],
         )
+        self._mark_start()
         try:
             resp = self._call("AddPartitionsToTxn", req, timeout_s)
         except StromError as exc:
@@ -291,6 +467,7 @@ class TransactionManager:
     ) -> None:
         """AddOffsetsToTxn, then TxnOffsetCommit to the group's coordinator."""
         self.require(TxnPhase.IN_TRANSACTION, action="send_offsets_to_transaction()")
+        self._mark_start()
         try:
             try:
                 self._call(
@@ -326,12 +503,21 @@ class TransactionManager:
             for tr in resp.topics:
                 for pr in tr.partitions:
                     if pr.error_code != E.NONE:
-                        raise error_for(
-                            pr.error_code, f"{tr.topic}-{pr.partition}: {pr.error_message}"
+                        # (a CommitFailedError too for a consumer out of the group, as Kafka)
+                        raise commit_failed_error(
+                            error_for(
+                                pr.error_code, f"{tr.topic}-{pr.partition}: {pr.error_message}"
+                            )
                         )
         except StromError as exc:
             self.fail(exc)
             raise
+
+    def _mark_start(self) -> None:
+        """Before an Add*ToTxn: the transaction's timeout may start at the coordinator."""
+        with self.lock:
+            if self.started_at is None:
+                self.started_at = time.monotonic()
 
     def _maybe_started(self, exc: StromError) -> None:
         """After a failed Add*ToTxn: a refusal the coordinator answered added nothing; a call

@@ -230,6 +230,7 @@ class TransactionRpcs(_Base):
                 )
             tid = request.transactional_id
             check_timeout(request.transaction_timeout_ms, self.txn_max_timeout_ms)
+            expected = _expected_producer(request)
             deadline = time.monotonic() + COMPLETION_WAIT_S
             while True:
                 shard = self._txn_shard(tid)
@@ -257,6 +258,7 @@ class TransactionRpcs(_Base):
                         _now_ms(),
                         lambda pid=fresh_pid: pid,
                         self.txn_max_timeout_ms,
+                        expected=expected,
                     )
                     if result.metadata.producer_id < 0:
                         continue  # the id appeared meanwhile: look again
@@ -266,6 +268,8 @@ class TransactionRpcs(_Base):
                 # The previous instance left a transaction open: abort it (its bumped epoch
                 # fences that instance), then bump again for this one.
                 self._spawn(self._finish(shard, result.metadata, by="fenced"))
+                if expected is not None:  # (the producer's own epoch, just bumped)
+                    expected = (result.metadata.producer_id, result.metadata.producer_epoch)
             resp.producer_id = result.metadata.producer_id
             resp.producer_epoch = result.metadata.producer_epoch
             log.info(
@@ -643,7 +647,9 @@ class TransactionRpcs(_Base):
                 reason = f"aborted after transaction.timeout.ms={meta.timeout_ms} passed"
 
                 def abort(current: TxnMetadata, reason: str = reason) -> TxnMetadata | None:
-                    return current.abort_fencing(now, reason) if current.expired(now) else None
+                    if not current.expired(now):
+                        return None
+                    return current.abort_fencing(now, reason, timed_out=True)
 
                 try:
                     shard2, new, changed = await self._txn_change(tid, abort)
@@ -771,3 +777,12 @@ def _partition_results(
             pr = tr.partitions.add(partition=p.partition, error_code=code)
             if code != E.NONE:
                 pr.error_message = commit_error(code, t.topic, p, metadata_limit)
+
+
+def _expected_producer(request: storage_pb2.InitProducerIdRequest) -> tuple[int, int] | None:
+    """The (producer id, epoch) a transactional producer taking its id back gives (Kafka's
+    KIP-588; see txn_state.init_producer_id), or None for a plain InitProducerId (unset or
+    -1: every client before this, and a new instance)."""
+    if not request.HasField("producer_id") or request.producer_id < 0:
+        return None
+    return request.producer_id, request.producer_epoch if request.HasField("producer_epoch") else 0

@@ -30,6 +30,7 @@ from strom.api import coordinator_pb2
 from strom.coordinator.replay import ReplayState
 from strom.errors import (
     ConcurrentTransactionsError,
+    InvalidProducerEpochError,
     InvalidProducerIdMappingError,
     InvalidTransactionTimeoutError,
     InvalidTxnStateError,
@@ -82,6 +83,11 @@ class TxnMetadata:
     last_update_ms: int = -1
     #: Set (not persisted) when the coordinator aborted on its own: why, for the producer.
     abort_reason: str = ""
+    #: The epoch whose open transaction this coordinator aborted because its timeout
+    #: passed (bumping past it), while no other instance has initialised the id since; -1
+    #: otherwise. Persisted: that producer, and only it, may take the id back under a new
+    #: epoch (Kafka's KIP-588; see :func:`init_producer_id`), on any coordinator.
+    timed_out_epoch: int = -1
 
     # -- the log record ------------------------------------------------------------------------
 
@@ -98,6 +104,8 @@ class TxnMetadata:
             transaction_start_ms=self.start_ms,
             last_update_ms=self.last_update_ms,
         )
+        if self.timed_out_epoch >= 0:
+            v.timed_out_epoch = self.timed_out_epoch
         for t in sorted(by_topic):
             v.topics.add(topic=t, partitions=sorted(by_topic[t]))
         return v.SerializeToString()
@@ -115,6 +123,7 @@ class TxnMetadata:
             frozenset(v.groups),
             v.transaction_start_ms,
             v.last_update_ms,
+            timed_out_epoch=v.timed_out_epoch if v.HasField("timed_out_epoch") else -1,
         )
 
     # -- checks --------------------------------------------------------------------------------
@@ -125,6 +134,14 @@ class TxnMetadata:
             raise InvalidProducerIdMappingError(
                 f"transactional id {self.transactional_id!r} maps to producer id "
                 f"{self.producer_id}, not {producer_id}"
+            )
+        if producer_epoch < self.producer_epoch and producer_epoch == self.timed_out_epoch:
+            # Not a newer instance: abortable, and InitProducerId takes the id back.
+            raise InvalidProducerEpochError(
+                f"producer {producer_id} epoch {producer_epoch} of {self.transactional_id!r}: "
+                "the transaction coordinator aborted its transaction because "
+                f"transaction.timeout.ms={self.timeout_ms} passed, and bumped the epoch to "
+                f"{self.producer_epoch}; no other instance has initialised the id since"
             )
         if producer_epoch < self.producer_epoch:
             why = f" ({self.abort_reason})" if self.abort_reason else ""
@@ -196,9 +213,10 @@ class TxnMetadata:
             )
         return replace(self, state=wanted, last_update_ms=now_ms)
 
-    def abort_fencing(self, now_ms: int, reason: str) -> TxnMetadata:
+    def abort_fencing(self, now_ms: int, reason: str, *, timed_out: bool = False) -> TxnMetadata:
         """The coordinator aborts the open transaction itself (timeout, a new instance) and
-        bumps the epoch, so the old instance can write nothing more to it."""
+        bumps the epoch, so the old instance can write nothing more to it. After a timeout
+        (``timed_out``) that instance may take the id back (``timed_out_epoch``)."""
         if self.state is not TxnState.ONGOING:
             raise InvalidTxnStateError(f"{self.transactional_id!r} has no open transaction")
         return replace(
@@ -207,6 +225,7 @@ class TxnMetadata:
             producer_epoch=self.producer_epoch + 1,
             last_update_ms=now_ms,
             abort_reason=reason,
+            timed_out_epoch=self.producer_epoch if timed_out else -1,
         )
 
     def complete(self, now_ms: int) -> TxnMetadata:
@@ -266,8 +285,15 @@ def init_producer_id(
     now_ms: int,
     new_producer_id: Callable[[], int],
     max_timeout_ms: int = MAX_TIMEOUT_MS,
+    *,
+    expected: tuple[int, int] | None = None,
 ) -> InitResult:
     """InitProducerId for a transactional id.
+
+    ``expected``: the (producer id, epoch) of a producer taking its id back (Kafka's
+    KIP-588), after the coordinator aborted its transaction for the timeout: allowed only
+    for that epoch (``timed_out_epoch``) or the current one, else PRODUCER_FENCED (another
+    instance initialised the id since) or INVALID_PRODUCER_ID_MAPPING; then as below.
 
     - unknown id: a new producer id (from ``new_producer_id``), epoch 0;
     - no transaction open: the epoch + 1 (a new id past the 16-bit epoch space);
@@ -276,6 +302,8 @@ def init_producer_id(
     - a transaction completing: CONCURRENT_TRANSACTIONS.
     """
     check_timeout(timeout_ms, max_timeout_ms)
+    if expected is not None:
+        _check_expected(current, transactional_id, *expected)
     if current is None or current.state is TxnState.DEAD:
         return InitResult(
             TxnMetadata(transactional_id, new_producer_id(), 0, timeout_ms, last_update_ms=now_ms)
@@ -304,7 +332,28 @@ def init_producer_id(
             start_ms=-1,
             last_update_ms=now_ms,
             abort_reason="",
+            timed_out_epoch=-1,
         )
+    )
+
+
+def _check_expected(
+    current: TxnMetadata | None, transactional_id: str, producer_id: int, epoch: int
+) -> None:
+    """An InitProducerId taking the id back must come from its current producer, or from
+    the one whose transaction timed out, with no other instance initialised since (which
+    resets ``timed_out_epoch``): any other caller is a zombie."""
+    if current is None or current.state is TxnState.DEAD or current.producer_id != producer_id:
+        raise InvalidProducerIdMappingError(
+            f"transactional id {transactional_id!r} does not map to producer id {producer_id}"
+            + ("" if current is None else f" (it maps to {current.producer_id})")
+        )
+    if epoch in (current.producer_epoch, current.timed_out_epoch):
+        return
+    raise ProducerFencedError(
+        f"producer {producer_id} epoch {epoch} of {transactional_id!r} is fenced: epoch "
+        f"{current.producer_epoch} took over"
+        + (f" ({current.abort_reason})" if current.abort_reason else "")
     )
 
 
