@@ -179,3 +179,44 @@ def test_flush_and_close_do_not_wait_for_the_linger() -> None:
     q.close(5)
     assert last.done() and last.exception() is None
     assert [r[A] for r, _ in fake.requests] == [1, 3, 4]
+
+
+def test_a_sync_commit_on_an_idle_queue_is_sent_from_its_callers_thread_in_order() -> None:
+    """With nothing queued or in flight, commit() sends from the caller's thread (no hand-off
+    to the commit thread and back); commits made while it is in flight wait for it, never
+    overlap it, and go out after it, in order; a sync commit behind a busy queue still waits
+    for its turn on the commit thread."""
+    fake = FakeCoordinator()
+    threads: list[str] = []
+    active, most = [0], [0]
+    lock = threading.Lock()
+
+    def send(offsets: dict[TopicPartition, OffsetAndMetadata], seq: int) -> Mapping:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        threads.append(threading.current_thread().name)
+        try:
+            return fake.send(offsets, seq)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    q = CommitQueue(send, name="commit-thread")
+    q.commit(_om(1), 5)
+    assert threads == [threading.current_thread().name]
+    fake.gate.clear()
+    fake.entered.clear()
+    caller = threading.Thread(target=q.commit, args=(_om(2), 5), name="app-thread")
+    caller.start()
+    assert fake.entered.wait(5)  # the sync commit is in flight, from its own thread
+    later = [q.commit_async(_om(i)) for i in (3, 4)]
+    assert q.queued == 2 and not any(f.done() for f in later)
+    fake.gate.set()
+    caller.join(5)
+    assert [f.result(5) for f in later] == [None, None]
+    assert q.flush(5)
+    assert [(r[A], seq) for r, seq in fake.requests] == [(1, 1), (2, 2), (4, 3)]
+    assert threads[1:] == ["app-thread", "commit-thread"]
+    assert most[0] == 1
+    q.close(5)
