@@ -351,12 +351,7 @@ class TransactionManager:
         upgrade) answers PRODUCER_FENCED, and would take InitProducerId below for a new
         instance's, fencing whatever instance holds the id now. Then InitProducerId with this
         producer's id and epoch, which the coordinator checks again."""
-        probe = coordinator_pb2.EndTxnRequest(
-            transactional_id=self.transactional_id,
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            committed=False,
-        )
+        probe = self._end_txn_request(committed=False)
         try:
             self._call("EndTxn", probe, timeout_s)
         except StromError as exc:
@@ -535,12 +530,7 @@ class TransactionManager:
                 self.added.clear()
                 self.error = None
             return
-        req = coordinator_pb2.EndTxnRequest(
-            transactional_id=self.transactional_id,
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            committed=commit,
-        )
+        req = self._end_txn_request(committed=commit)
         try:
             self._call("EndTxn", req, timeout_s)
         except InvalidTxnStateError as exc:
@@ -638,6 +628,15 @@ class TransactionManager:
                 last = exc
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def _end_txn_request(self, *, committed: bool) -> coordinator_pb2.EndTxnRequest:
+        """An EndTxn for this producer's id and epoch (commit or abort)."""
+        return coordinator_pb2.EndTxnRequest(
+            transactional_id=self.transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            committed=committed,
+        )
 
     def _call(
         self,
