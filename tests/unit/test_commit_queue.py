@@ -32,8 +32,13 @@ class FakeCoordinator:
         self.fail_partitions: set[TopicPartition] = set()
         self.fail_all: StromError | None = None
         self.committed: dict[TopicPartition, int] = {}
+        #: The timeout each request was given (0: none, the sender's own).
+        self.timeouts: list[float] = []
 
-    def send(self, offsets: dict[TopicPartition, OffsetAndMetadata], seq: int) -> Mapping:
+    def send(
+        self, offsets: dict[TopicPartition, OffsetAndMetadata], seq: int, timeout_s: float = 0
+    ) -> Mapping:
+        self.timeouts.append(timeout_s)
         self.entered.set()
         assert self.gate.wait(10)
         self.requests.append(({tp: om.offset for tp, om in offsets.items()}, seq))
@@ -191,13 +196,15 @@ def test_a_sync_commit_on_an_idle_queue_is_sent_from_its_callers_thread_in_order
     active, most = [0], [0]
     lock = threading.Lock()
 
-    def send(offsets: dict[TopicPartition, OffsetAndMetadata], seq: int) -> Mapping:
+    def send(
+        offsets: dict[TopicPartition, OffsetAndMetadata], seq: int, timeout_s: float = 0
+    ) -> Mapping:
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
         threads.append(threading.current_thread().name)
         try:
-            return fake.send(offsets, seq)
+            return fake.send(offsets, seq, timeout_s)
         finally:
             with lock:
                 active[0] -= 1
@@ -205,6 +212,7 @@ def test_a_sync_commit_on_an_idle_queue_is_sent_from_its_callers_thread_in_order
     q = CommitQueue(send, name="commit-thread")
     q.commit(_om(1), 5)
     assert threads == [threading.current_thread().name]
+    assert fake.timeouts == [5]  # the caller's timeout bounds it (a close's budget, say)
     fake.gate.clear()
     fake.entered.clear()
     caller = threading.Thread(target=q.commit, args=(_om(2), 5), name="app-thread")
@@ -218,5 +226,6 @@ def test_a_sync_commit_on_an_idle_queue_is_sent_from_its_callers_thread_in_order
     assert q.flush(5)
     assert [(r[A], seq) for r, seq in fake.requests] == [(1, 1), (2, 2), (4, 3)]
     assert threads[1:] == ["app-thread", "commit-thread"]
+    assert fake.timeouts == [5, 5, 0]  # the queued ones: the sender's own
     assert most[0] == 1
     q.close(5)

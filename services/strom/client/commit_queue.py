@@ -44,9 +44,10 @@ from strom.errors import RequestTimedOutError, StromError
 log = logging.getLogger("strom.client.commits")
 
 Offsets = Mapping[TopicPartition, OffsetAndMetadata]
-#: ``send(offsets, sequence)``: commit ``offsets`` as request number ``sequence``; returns the
-#: per-partition error (None = committed) or raises the error of the whole request.
-Send = Callable[[dict[TopicPartition, OffsetAndMetadata], int], Mapping[TopicPartition, Any]]
+#: ``send(offsets, sequence[, timeout_s])``: commit ``offsets`` as request number ``sequence``
+#: (within ``timeout_s`` when given); returns the per-partition error (None = committed) or
+#: raises the error of the whole request.
+Send = Callable[..., Mapping[TopicPartition, Any]]
 Callback = Callable[[Offsets, BaseException | None], object]
 
 
@@ -117,7 +118,7 @@ class CommitQueue:
             # commit thread, then the caller): on the 2-core VM p50 0.2-0.6 ms of a ~3 ms
             # commit (docs/benchmarks.md). Commits made meanwhile queue behind it.
             try:
-                self._deliver([c])
+                self._deliver([c], timeout_s)
             finally:
                 self._release()
             c.done.result()
@@ -213,8 +214,10 @@ class CommitQueue:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _deliver(self, batch: list[_Commit]) -> None:
-        """One request for ``batch`` (merged in order), then each commit's result in order."""
+    def _deliver(self, batch: list[_Commit], timeout_s: float | None = None) -> None:
+        """One request for ``batch`` (merged in order), then each commit's result in order;
+        ``timeout_s`` (a synchronous commit sent from its caller's thread) bounds the request
+        by the caller's timeout (a close's budget, say) rather than the sender's own."""
         merged: dict[TopicPartition, OffsetAndMetadata] = {}
         for c in batch:
             merged.update(c.offsets)
@@ -222,7 +225,10 @@ class CommitQueue:
         errors: Mapping[TopicPartition, Any] = {}
         failure: BaseException | None = None
         try:
-            errors = self._send(merged, self._sequence)
+            if timeout_s is None:
+                errors = self._send(merged, self._sequence)
+            else:
+                errors = self._send(merged, self._sequence, timeout_s)
         except BaseException as exc:
             failure = exc
         for c in batch:

@@ -384,7 +384,10 @@ class GroupMember:
             return self._commit_queue
 
     def _send_commit(
-        self, offsets: dict[TopicPartition, OffsetAndMetadata], sequence: int
+        self,
+        offsets: dict[TopicPartition, OffsetAndMetadata],
+        sequence: int,
+        timeout_s: float | None = None,
     ) -> dict[TopicPartition, StromError]:
         """One OffsetCommit (request number ``sequence``) with this member's id and epoch
         (:meth:`_commit_identity`); the per-partition errors.
@@ -394,7 +397,8 @@ class GroupMember:
         nothing is retried that could commit under an epoch the coordinator fenced, or over
         the commits of a partition's new owner.
         """
-        deadline = time.monotonic() + self._timeout_s
+        budget = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        deadline = time.monotonic() + max(budget, 0.001)
         while True:
             member_id, epoch = self._commit_identity()
             req = coordinator_pb2.OffsetCommitRequest(
