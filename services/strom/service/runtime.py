@@ -74,9 +74,26 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _CancelledRpcFilter(logging.Filter):
+    """Drops grpc.aio's error record for an RPC cancelled while the server stops (its
+    ``CancelledError`` "not handled by _handle_exceptions"): a call in flight at a stop is
+    cancelled by design, and the traceback it logged ended a refused start's one-line reason
+    (found in CI: a readiness probe's Health/Check cancelled as a node refused another
+    cluster's data dir put a traceback in the error `strom dev up` printed)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            record.name.startswith("grpc.")
+            and isinstance(exc, asyncio.CancelledError)
+            and "not handled by _handle_exceptions" in record.getMessage()
+        )
+
+
 def setup_logging(level: str = "info", service: str = "strom") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
+    handler.addFilter(_CancelledRpcFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

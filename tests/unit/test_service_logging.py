@@ -1,0 +1,61 @@
+"""The services' log handler (strom.service.runtime.setup_logging): grpc.aio's error record
+for an RPC cancelled while the server stops is dropped (it put a traceback at the end of a
+refused start's one-line reason), every other record goes out as one JSON line."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import sys
+
+import pytest
+
+from strom.service import runtime
+
+
+def _log_through_handler(logger: str, message: str, exc: BaseException | None) -> list[dict]:
+    """What the services' handler writes for one record (as parsed JSON lines)."""
+    runtime.setup_logging("info", "test")
+    root = logging.getLogger()
+    handler = root.handlers[0]
+    out = io.StringIO()
+    handler.setStream(out)  # type: ignore[attr-defined]
+    out.truncate(0)
+    try:
+        if exc is None:
+            logging.getLogger(logger).error(message)
+        else:
+            try:
+                raise exc
+            except BaseException:
+                logging.getLogger(logger).exception(message)
+    finally:
+        handler.setStream(sys.stderr)  # type: ignore[attr-defined]
+    return [json.loads(line) for line in out.getvalue().splitlines() if line]
+
+
+@pytest.fixture(autouse=True)
+def _restore_root() -> object:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield None
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+GRPC_MESSAGE = (
+    "Exception not handled by _handle_exceptions in servicer method [/grpc.health.v1.Health/Check]"
+)
+
+
+def test_a_cancelled_rpc_at_a_stop_is_not_logged() -> None:
+    assert _log_through_handler("grpc._cython.cygrpc", GRPC_MESSAGE, asyncio.CancelledError()) == []
+
+
+def test_other_grpc_errors_and_strom_cancellations_are_logged() -> None:
+    (other,) = _log_through_handler("grpc._cython.cygrpc", GRPC_MESSAGE, ValueError("boom"))
+    assert other["level"] == "error" and "ValueError: boom" in other["exc"]
+    (ours,) = _log_through_handler("strom.storage", "cancelled", asyncio.CancelledError())
+    assert ours["logger"] == "strom.storage" and "CancelledError" in ours["exc"]
