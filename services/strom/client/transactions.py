@@ -329,13 +329,7 @@ class TransactionManager:
         resp = self._call("InitProducerId", req, timeout_s)
         with self.lock:
             self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
-            self.phase = TxnPhase.READY
-            self.added.clear()
-            self.started = self.registered = False
-            self.started_at = None
-            self.bump_needed = False
-            self.error = None
-            self.pending_end = None
+            self._ready_locked()
         return resp.producer_id, resp.producer_epoch
 
     def recover(self, timeout_s: float) -> tuple[int, int] | None:
@@ -370,9 +364,9 @@ class TransactionManager:
         except StromError as exc:
             self._refused_back(exc)
             raise  # (not reached: _refused_back raises)
-        self._ready()
         with self.lock:
             self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+            self._ready_locked()
         log.info(
             "transactional id %s: taken back under producer id %d epoch %d after its epoch "
             "was bumped (the transaction was aborted)",
@@ -402,13 +396,17 @@ class TransactionManager:
     def _ready(self) -> None:
         """The transaction is over: READY for the next one."""
         with self.lock:
-            self.phase = TxnPhase.READY
-            self.added.clear()
-            self.started = self.registered = False
-            self.started_at = None
-            self.bump_needed = False
-            self.error = None
-            self.pending_end = None
+            self._ready_locked()
+
+    def _ready_locked(self) -> None:
+        """:meth:`_ready` with ``lock`` held (also after a new producer id or epoch)."""
+        self.phase = TxnPhase.READY
+        self.added.clear()
+        self.started = self.registered = False
+        self.started_at = None
+        self.bump_needed = False
+        self.error = None
+        self.pending_end = None
 
     def begin(self, timeout_s: float | None = None) -> None:
         """Open a transaction. With ``timeout_s``, an abort that got no answer is first asked
