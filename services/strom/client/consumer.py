@@ -53,6 +53,7 @@ from strom.errors import (  # IllegalStateError, NoOffsetForPartitionError: re-e
     InvalidGroupIdError,
     NoOffsetForPartitionError,
     RecordDeserializationError,
+    RequestTimedOutError,
     StromError,
 )
 from strom.record import Record
@@ -157,7 +158,14 @@ class Consumer:
 
     Arguments follow Kafka's consumer configs with underscores (``auto_offset_reset``,
     ``fetch_max_wait_ms``, ...); ``commit_linger_ms`` is strom's own (see
-    :meth:`commit_async`). ``session_timeout_ms`` and ``heartbeat_interval_ms`` are refused
+    :meth:`commit_async`). ``default_api_timeout_ms`` bounds a whole blocking call
+    (:meth:`commit`, :meth:`committed`, :meth:`position`, :meth:`beginning_offsets`,
+    :meth:`end_offsets`, :meth:`offsets_for_times`) retries included, unless the call is
+    given its own ``timeout_ms``; when its time is up a call raises a retriable error naming
+    what did not answer (RequestTimedOutError; LeaderNotAvailableError for a partition
+    without a live leader).
+    Its default is ``request_timeout_ms`` (30 s), what these calls have always had in all;
+    Kafka's is 60 s. ``session_timeout_ms`` and ``heartbeat_interval_ms`` are refused
     (ValueError), as Kafka's KIP-848 consumer refuses them: the coordinator sets both for
     the whole group (``--group-session-timeout-ms``, ``--group-heartbeat-interval-ms``).
     ``key_deserializer`` / ``value_deserializer`` (kafka-python's) turn the bytes of
@@ -193,6 +201,7 @@ class Consumer:
         max_poll_interval_ms: int = 300_000,
         isolation_level: str = "read_uncommitted",
         request_timeout_ms: int = 30_000,
+        default_api_timeout_ms: int | None = None,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 1000,
         check_crcs: bool = True,
@@ -229,6 +238,9 @@ class Consumer:
         _int_arg("max_poll_records", max_poll_records, 1)
         _int_arg("max_poll_interval_ms", max_poll_interval_ms, 1)
         _int_arg("request_timeout_ms", request_timeout_ms, 1)
+        if default_api_timeout_ms is None:
+            default_api_timeout_ms = request_timeout_ms
+        _int_arg("default_api_timeout_ms", default_api_timeout_ms, 1)
         _int_arg("retry_backoff_ms", retry_backoff_ms, 0)
         _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms)
         _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1)
@@ -271,6 +283,7 @@ class Consumer:
             "max_poll_interval_ms": max_poll_interval_ms,
             "isolation_level": isolation_level,
             "request_timeout_ms": request_timeout_ms,
+            "default_api_timeout_ms": default_api_timeout_ms,
             "retry_backoff_ms": retry_backoff_ms,
             "retry_backoff_max_ms": retry_backoff_max_ms,
             "check_crcs": check_crcs,
@@ -283,6 +296,10 @@ class Consumer:
         self._value_deserializer = value_deserializer
         self._max_poll_records = max_poll_records
         self._timeout_s = request_timeout_ms / 1000.0
+        #: The whole of a blocking call (commit(), committed(), position(), the offset
+        #: lookups) when it is not given its own ``timeout_ms``: Kafka's
+        #: ``default.api.timeout.ms``.
+        self._api_timeout_s = default_api_timeout_ms / 1000.0
         self._backoff_s = retry_backoff_ms / 1000.0
         self._consumer_timeout_s = (
             None if consumer_timeout_ms is None else consumer_timeout_ms / 1000.0
@@ -424,14 +441,23 @@ class Consumer:
         self._fetcher.assign(set())
 
     @_one_thread
-    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None) -> None:
+    def commit(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None,
+        *,
+        timeout_ms: float | None = None,
+    ) -> None:
         """Commit ``offsets`` (default: the current positions) for the group, synchronously.
 
         Commits take effect in the order they were made: this returns once every earlier
         ``commit_async`` is done (their callbacks have run) and this one is, so
-        ``committed()`` then reads back what was committed here."""
+        ``committed()`` then reads back what was committed here. Waits at most
+        ``timeout_ms`` (default ``default_api_timeout_ms``; Kafka's ``commitSync(offsets,
+        timeout)``), then raises RequestTimedOutError: the commit may still land (a request
+        in flight), or not (one still queued is taken out)."""
+        budget = self._budget(timeout_ms, "commit()")
         group = self._require_group("commit()")
-        group.commit(self._commit_offsets(offsets), self._timeout_s)
+        group.commit(self._commit_offsets(offsets), budget)
 
     @_one_thread
     def commit_async(
@@ -459,14 +485,36 @@ class Consumer:
         return group.group_metadata()
 
     def committed(
-        self, partitions: TopicPartition | Iterable[TopicPartition]
+        self,
+        partitions: TopicPartition | Iterable[TopicPartition],
+        *,
+        timeout_ms: float | None = None,
     ) -> OffsetAndMetadata | dict[TopicPartition, OffsetAndMetadata | None] | None:
-        """The group's committed offset for one partition, or a dict for several."""
+        """The group's committed offset for one partition, or a dict for several; waits at
+        most ``timeout_ms`` (default ``default_api_timeout_ms``)."""
+        budget = self._budget(timeout_ms, "committed()")
         group = self._require_group("committed()")
         if isinstance(partitions, TopicPartition):
             tp = _topic_partition(partitions)
-            return group.committed([tp], self._timeout_s).get(tp)
-        return group.committed(_topic_partitions(partitions, "committed()"), self._timeout_s)
+            return group.committed([tp], budget).get(tp)
+        return group.committed(_topic_partitions(partitions, "committed()"), budget)
+
+    def _budget(self, timeout_ms: Any, what: str) -> float:
+        """A blocking call's whole time in seconds: its ``timeout_ms``, checked, or
+        ``default_api_timeout_ms``."""
+        if timeout_ms is None:
+            return self._api_timeout_s
+        if (
+            isinstance(timeout_ms, bool)
+            or not isinstance(timeout_ms, (int, float))
+            or timeout_ms != timeout_ms  # NaN
+        ):
+            raise TypeError(
+                f"{what}: timeout_ms must be a number of milliseconds, got {timeout_ms!r}"
+            )
+        if timeout_ms < 0:
+            raise ValueError(f"{what}: timeout_ms must be >= 0, got {timeout_ms}")
+        return timeout_ms / 1000.0
 
     def _commit_offsets(
         self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None
@@ -589,23 +637,35 @@ class Consumer:
         self._fetcher.request_reset(tps, None)
 
     @_one_thread
-    def position(self, partition: TopicPartition) -> int:
+    def position(self, partition: TopicPartition, *, timeout_ms: float | None = None) -> int:
         """The offset of the next record ``poll()`` will return for ``partition``; looks it up
-        first if it is not known yet (new assignment, after seek_to_*). While an iteration
+        first if it is not known yet (new assignment, after seek_to_*), for at most
+        ``timeout_ms`` (default ``default_api_timeout_ms``), then raises
+        RequestTimedOutError (Kafka's ``position(partition, timeout)``). While an iteration
         (``for record in consumer``, ``next(consumer)``) is handing out a poll's records, the
         offset of the first one it has not handed out: what ``commit()`` commits.
 
         FIX (found from outside): in the loop it gave the end of the whole poll (10 at the
         first record of a 10-record poll) while commit() committed 1, so offsets built from
         position() for ``send_offsets_to_transaction`` covered records not processed yet."""
+        budget = self._budget(timeout_ms, "position()")
         (tp,) = self._assigned([partition], "position()")
         pos = self._fetcher.position(tp)
-        deadline = time.monotonic() + self._timeout_s
+        deadline = time.monotonic() + budget
         while pos is None:
-            self._update_positions({tp})
+            why = "its group's committed offset or its leader's offsets did not come"
+            try:
+                self._update_positions({tp}, deadline=deadline)
+            except StromError as exc:
+                if not exc.retriable:
+                    raise
+                why = str(exc)  # a lookup gives up (retriable) only at the deadline
             pos = self._fetcher.position(tp)
             if pos is None and time.monotonic() >= deadline:
-                raise StromError(f"could not determine the position of {tp}", retriable=True)
+                raise RequestTimedOutError(
+                    f"could not determine the position of {tp.topic}-{tp.partition} within "
+                    f"{budget * 1000:.0f} ms: {why}"
+                )
         handing = self._handing
         if handing is not None:
             records, polled = handing
@@ -669,7 +729,11 @@ class Consumer:
         return self._fetcher.high_watermark(tp)
 
     def _update_positions(
-        self, only: set[TopicPartition] | None = None, *, poll_timeout_s: float | None = None
+        self,
+        only: set[TopicPartition] | None = None,
+        *,
+        poll_timeout_s: float | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Look up positions for partitions that need one: committed offset (groups, later),
         else the reset strategy (seek_to_*, or auto_offset_reset).
@@ -682,7 +746,8 @@ class Consumer:
         timeout, then raised UnstableOffsetCommitError out of an ordinary failover) and a
         group coordinator failing over (found from outside: every poll raised UNAVAILABLE,
         DEADLINE_EXCEEDED or CoordinatorNotAvailableError until the shard had moved). A
-        non-retriable error (an ACL, say) still raises."""
+        non-retriable error (an ACL, say) still raises. Otherwise each lookup has until
+        ``deadline`` (a caller's ``timeout_ms``), or ``request_timeout_ms``."""
         need = [n for n in self._fetcher.needing_positions() if only is None or n[0] in only]
         if not need:
             return
@@ -690,7 +755,7 @@ class Consumer:
         initial = [tp for tp, reset, _ in need if reset is None]
         if initial and self._group is not None:
             if poll_timeout_s is None:
-                committed = self._group.committed(initial, self._timeout_s)
+                committed = self._group.committed(initial, self._left(deadline))
             else:
                 try:
                     committed = self._group.committed(
@@ -720,7 +785,7 @@ class Consumer:
                 + " and auto_offset_reset='none': seek() to an offset first"
             )
         if poll_timeout_s is None:
-            found = self._list_offsets(query)
+            found = self._list_offsets(query, timeout_s=self._left(deadline))
         else:
             # From poll(): a partition whose leader cannot answer (offline, moving) stays
             # without a position and is asked again by the next poll, while the others are
@@ -736,22 +801,36 @@ class Consumer:
         for tp, res in found.items():
             self._fetcher.set_position(tp, res.offset, gens[tp])
 
+    def _left(self, deadline: float | None) -> float:
+        """The time a lookup has: up to ``deadline``, or ``request_timeout_ms`` without one."""
+        if deadline is None:
+            return self._timeout_s
+        return max(deadline - time.monotonic(), 0.001)
+
     # -- offset lookups (any partition, assigned or not) ----------------------------------
 
-    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """Each partition's log start offset (the first offset still stored)."""
-        return self._lookup(partitions, EARLIEST, "beginning_offsets()")
+    def beginning_offsets(
+        self, partitions: Iterable[TopicPartition], *, timeout_ms: float | None = None
+    ) -> dict[TopicPartition, int]:
+        """Each partition's log start offset (the first offset still stored). Waits at most
+        ``timeout_ms`` (default ``default_api_timeout_ms``) for the leaders."""
+        return self._lookup(partitions, EARLIEST, "beginning_offsets()", timeout_ms)
 
-    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+    def end_offsets(
+        self, partitions: Iterable[TopicPartition], *, timeout_ms: float | None = None
+    ) -> dict[TopicPartition, int]:
         """Each partition's high watermark: the offset after the last committed record (with
-        read_committed, the last stable offset: below any open transaction)."""
-        return self._lookup(partitions, LATEST, "end_offsets()")
+        read_committed, the last stable offset: below any open transaction). Waits at most
+        ``timeout_ms`` (default ``default_api_timeout_ms``) for the leaders."""
+        return self._lookup(partitions, LATEST, "end_offsets()", timeout_ms)
 
     def offsets_for_times(
-        self, timestamps: Mapping[TopicPartition, int]
+        self, timestamps: Mapping[TopicPartition, int], *, timeout_ms: float | None = None
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """For each partition, the first offset whose record timestamp is >= the given one
-        (ms since the epoch) and that timestamp; None when every record is older."""
+        (ms since the epoch) and that timestamp; None when every record is older. Waits at
+        most ``timeout_ms`` (default ``default_api_timeout_ms``) for the leaders."""
+        budget = self._budget(timeout_ms, "offsets_for_times()")
         self._ensure_open()
         if not isinstance(timestamps, Mapping):
             raise TypeError("offsets_for_times() takes a {TopicPartition: timestamp_ms} dict")
@@ -765,19 +844,22 @@ class Consumer:
                 raise ValueError(f"timestamp for {tp} must be <= 2**63 - 1 (an int64), got {ts}")
             query[_topic_partition(tp)] = ts
         self._check_exist(list(query))
-        found = self._list_offsets(query)
+        found = self._list_offsets(query, timeout_s=budget)
         return {
             tp: OffsetAndTimestamp(r.offset, r.timestamp) if r.offset >= 0 else None
             for tp, r in found.items()
         }
 
-    def _lookup(self, partitions: Any, which: int, what: str) -> dict[TopicPartition, int]:
+    def _lookup(
+        self, partitions: Any, which: int, what: str, timeout_ms: float | None
+    ) -> dict[TopicPartition, int]:
+        budget = self._budget(timeout_ms, what)
         self._ensure_open()
         if isinstance(partitions, TopicPartition):
             partitions = [partitions]
         tps = _topic_partitions(partitions, what)
         self._check_exist(tps)
-        found = self._list_offsets(dict.fromkeys(tps, which))
+        found = self._list_offsets(dict.fromkeys(tps, which), timeout_s=budget)
         return {tp: r.offset for tp, r in found.items()}
 
     def _list_offsets(
@@ -787,13 +869,15 @@ class Consumer:
         timeout_s: float | None = None,
         partial: bool = False,
     ) -> dict[TopicPartition, OffsetResult]:
-        """ListOffsets at the leaders, with this consumer's timeouts (or ``timeout_s``) and
-        isolation level; ``partial``: see :func:`list_offsets`."""
+        """ListOffsets at the leaders, with this consumer's timeouts (or ``timeout_s`` in all)
+        and isolation level; ``partial``: see :func:`list_offsets`. No request outlives
+        ``timeout_s`` (a leader that hangs must not hold a call given 1 s for 30)."""
         return list_offsets(
             self._client,
             self._leaders,
             query,
             timeout_s=self._timeout_s if timeout_s is None else timeout_s,
+            call_timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,
             client_metadata=self._client_md,
             read_committed=self._read_committed,

@@ -397,7 +397,9 @@ class GroupMember:
         nothing is retried that could commit under an epoch the coordinator fenced, or over
         the commits of a partition's new owner.
         """
-        budget = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        # The caller's budget when it has one (a sync commit's timeout_ms, a close's time
+        # left), which may be longer than request_timeout_ms (default_api_timeout_ms).
+        budget = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + max(budget, 0.001)
         while True:
             member_id, epoch = self._commit_identity()
