@@ -20,7 +20,9 @@ rates (a few KB/s), so that calls of tens of KB are held for seconds.
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -130,6 +132,17 @@ def _revoke(env: Env, principal: str, resource: str) -> None:
 def _throttled(env: Env, kind: str) -> float:
     node = env.cluster.nodes[0]  # type: ignore[union-attr]
     return member_metric(node, "strom_storage_throttled_requests_total", kind=kind)
+
+
+def _help(member: Any, name: str) -> str:
+    """The ``# HELP`` text of metric ``name`` on a member's /metrics."""
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{member.metrics_port}/metrics", timeout=5
+    ) as page:
+        text = page.read().decode()
+    found = re.search(r"^# HELP " + re.escape(name) + r" (.*)$", text, re.MULTILINE)
+    assert found is not None, f"{name} not exported"
+    return found.group(1)
 
 
 def _until_throttled(env: Env, stub: Any, topic: str) -> None:
@@ -456,11 +469,13 @@ def test_produce_records_calls_waiting_out_a_debt_are_shed_beyond_their_share(
     env.quota("User:CN=owing", produce_bytes_per_second=1_000)
     env.acls(allow("User:CN=owing", WRITE, TOPIC, "rq-shed"))
     size = BUDGET // 10  # two waiting fit in a quarter of the budget, a third does not
+    node = env.cluster.nodes[0]  # type: ignore[union-attr]
     try:
         with ClusterClient(env.bootstrap, security=env.security(who)) as c:
             stub = records_pb2_grpc.RecordServiceStub(c.channel(env.bootstrap))
             _until_throttled(env, stub, "rq-shed")
             before = _end_offset(env, "rq-shed")
+            shed_before = member_metric(node, "strom_storage_produce_shed_total")
             # The first is served and charged (~40 s ahead), the next two wait out its debt
             # (past their deadline: nothing written), the others are refused at once.
             calls: list[Future[Any]] = [
@@ -476,6 +491,10 @@ def test_produce_records_calls_waiting_out_a_debt_are_shed_beyond_their_share(
         shed = [d for code, _, d in codes if code == grpc.StatusCode.RESOURCE_EXHAUSTED]
         assert len(shed) >= 3, codes
         assert all("User:CN=owing is over its produce quota" in d for d in shed), shed
+        # Counted as shed, and the counter's help says it counts ProduceRecords too (it
+        # said "Produce requests" only).
+        assert member_metric(node, "strom_storage_produce_shed_total") == shed_before + len(shed)
+        assert "ProduceRecords" in _help(node, "strom_storage_produce_shed_total")
         written = sum(1 for code, err, _ in codes if code == grpc.StatusCode.OK and err == 0)
         assert _end_offset(env, "rq-shed") == before + written
     finally:
