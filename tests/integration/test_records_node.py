@@ -14,6 +14,7 @@ against a local cluster of real processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -440,6 +441,44 @@ def test_the_produce_helper_resends_only_the_partitions_that_failed(
     dupes = {i: at for i, at in found.items() if len(at) > 1}
     assert not dupes, dupes  # the old helper wrote these once per attempt
     assert {i: at[0] for i, at in found.items()} == written
+
+
+def test_storage_calls_with_replica_id_unset_get_the_consumer_view(
+    cluster: LocalCluster, tmp_path: Path, new_topic: Callable[..., str]
+) -> None:
+    """Found from outside: a grpc-js caller that leaves FetchRequest/ListOffsetsRequest's
+    replica_id unset sends 0, which was read as "node 0's follower": ListOffsets answered
+    from the log end (records of an open transaction visible to read_committed) and Fetch
+    was refused (node 0 is no replica here) or, on a cluster with a node 0, read above the
+    high watermark as a follower. Unset now means a consumer."""
+    topic = new_topic(cluster, 1, 1, name="node-replica-unset")
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(5):
+            producer.send(topic, f"plain-{i}".encode(), partition=0)
+        producer.flush(30)
+    txn = Producer(cluster.bootstrap, transactional_id="node-replica-unset-tx")
+    try:
+        txn.init_transactions()
+        txn.begin_transaction()
+        assert txn.send(topic, b"open", partition=0).result(30).offset == 5
+        with ClusterClient(cluster.bootstrap) as client:
+            leader = client.metadata([topic], timeout_s=10).topics[0].partitions[0].leader
+        address = cluster.node(leader).address
+        with _node(
+            "replica_id_unset.js", "--address", address, "--topic", topic, tmp_path=tmp_path
+        ) as prog:
+            res = prog.result(timeout=60)
+    finally:
+        with contextlib.suppress(Exception):
+            txn.abort_transaction()
+        txn.close()
+    assert "error" not in res, res
+    # read_committed stops at the open transaction (LSO 5), read_uncommitted at the HW (6).
+    assert res["latest"] == {"committed": 5, "uncommitted": 6}, res
+    committed, uncommitted = res["fetch"]["committed"], res["fetch"]["uncommitted"]
+    assert committed["error_code"] == uncommitted["error_code"] == "NONE", res
+    assert (committed["high_watermark"], committed["last_stable_offset"]) == (6, 5), res
+    assert committed["end"] == 5 and uncommitted["end"] == 6, res
 
 
 def test_leader_sigkill_during_a_long_lived_subscription(

@@ -11,7 +11,8 @@
   the node held it, and its messages carry at most the caller's quota window of bytes;
 - concurrent ProduceRecords calls of one principal do not all slip past its quota, and its
   calls waiting out a debt take part in the node's produce admission (RESOURCE_EXHAUSTED
-  beyond its share).
+  beyond its share); nor do concurrent storage Produce calls or pipelined ProduceStream
+  requests (charged before the append, as ProduceRecords).
 
 Each test has its own principal (a quota's debt outlives the test that made it) and small
 rates (a few KB/s), so that calls of tens of KB are held for seconds.
@@ -19,7 +20,9 @@ rates (a few KB/s), so that calls of tens of KB are held for seconds.
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -129,6 +132,17 @@ def _revoke(env: Env, principal: str, resource: str) -> None:
 def _throttled(env: Env, kind: str) -> float:
     node = env.cluster.nodes[0]  # type: ignore[union-attr]
     return member_metric(node, "strom_storage_throttled_requests_total", kind=kind)
+
+
+def _help(member: Any, name: str) -> str:
+    """The ``# HELP`` text of metric ``name`` on a member's /metrics."""
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{member.metrics_port}/metrics", timeout=5
+    ) as page:
+        text = page.read().decode()
+    found = re.search(r"^# HELP " + re.escape(name) + r" (.*)$", text, re.MULTILINE)
+    assert found is not None, f"{name} not exported"
+    return found.group(1)
 
 
 def _until_throttled(env: Env, stub: Any, topic: str) -> None:
@@ -371,6 +385,78 @@ def test_concurrent_produce_records_calls_do_not_slip_past_the_quota(env: Env) -
         env.quota("User:CN=burst")
 
 
+def _storage_produce(topic: str, size: int) -> storage_pb2.ProduceRequest:
+    """A storage Produce of ``size // 1000`` records of 1,000 bytes to partition 0."""
+    req = storage_pb2.ProduceRequest(acks=1, timeout_ms=5000)
+    req.topics.add(topic=topic).partitions.add(
+        partition=0, records=encode_batch([b"s" * 1000] * (size // 1000)), current_leader_epoch=-1
+    )
+    return req
+
+
+def _until_produce_throttled(node: Any, topic: str) -> None:
+    """Send small storage Produce calls (5 KB, above the one-second burst) until the
+    principal's quota and ACL have reached the node: a call the node held (so it owes
+    nothing after it)."""
+
+    def throttled() -> bool:
+        try:
+            return node.Produce(_storage_produce(topic, 5_000), timeout=30).throttle_time_ms > 0
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.PERMISSION_DENIED:  # the ACL not there yet
+                raise
+            return False
+
+    wait_for(throttled, timeout=30, what="the quota applied by the node")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["Produce", "ProduceStream"])
+def test_concurrent_storage_produce_requests_do_not_slip_past_the_quota(
+    env: Env, stream: bool
+) -> None:
+    """Found from outside: the storage service's Produce and ProduceStream charged the
+    quota after the append, so concurrent requests of a principal owing nothing all passed
+    the wait and were appended at once (only their answers were held). Each is charged
+    now as it is served, before the append, as ProduceRecords is: the others wait for the
+    debt it made, and here reach their deadline with nothing appended."""
+    name = "stream" if stream else "unary"
+    topic = f"rq-storage-burst-{name}"
+    _topic(env, topic)
+    who = env.ca.issue(f"storage-burst-{name}")
+    env.quota(f"User:CN=storage-burst-{name}", produce_bytes_per_second=2_000)
+    env.acls(allow(f"User:CN=storage-burst-{name}", WRITE, TOPIC, topic))
+    try:
+        with ClusterClient(env.bootstrap, security=env.security(who)) as c:
+            node = c.storage(env.bootstrap)
+            _until_produce_throttled(node, topic)
+            before = _end_offset(env, topic)
+            # Each 80 records, ~40 s of the quota (and above the size a node appends
+            # without leaving its event loop, so the requests are served side by side):
+            # after the first, the others wait beyond the 10 s deadline, or are refused at
+            # once once the principal owes (its share of the in-flight budget).
+            requests = [_storage_produce(topic, 80_000) for _ in range(4)]
+            answers: list[storage_pb2.ProduceResponse] = []
+            late = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            if stream:
+                with pytest.raises(grpc.RpcError) as ended:
+                    for answer in node.ProduceStream(iter(requests), timeout=10):
+                        answers.append(answer)
+                assert ended.value.code() in late, ended.value
+            else:
+                calls: list[Future[Any]] = [node.Produce.future(r, timeout=10) for r in requests]
+                for call in calls:
+                    try:
+                        answers.append(call.result())
+                    except grpc.RpcError as exc:
+                        assert exc.code() in late, exc
+        assert len(answers) == 1, answers  # on the old code: all 4 appended and answered
+        assert answers[0].topics[0].partitions[0].error_code == 0
+        assert answers[0].throttle_time_ms > 0  # held (within the deadline)
+        assert _end_offset(env, topic) == before + 80  # only what was answered
+    finally:
+        env.quota(f"User:CN=storage-burst-{name}")
+
+
 def test_produce_records_calls_waiting_out_a_debt_are_shed_beyond_their_share(
     env: Env,
 ) -> None:
@@ -383,11 +469,13 @@ def test_produce_records_calls_waiting_out_a_debt_are_shed_beyond_their_share(
     env.quota("User:CN=owing", produce_bytes_per_second=1_000)
     env.acls(allow("User:CN=owing", WRITE, TOPIC, "rq-shed"))
     size = BUDGET // 10  # two waiting fit in a quarter of the budget, a third does not
+    node = env.cluster.nodes[0]  # type: ignore[union-attr]
     try:
         with ClusterClient(env.bootstrap, security=env.security(who)) as c:
             stub = records_pb2_grpc.RecordServiceStub(c.channel(env.bootstrap))
             _until_throttled(env, stub, "rq-shed")
             before = _end_offset(env, "rq-shed")
+            shed_before = member_metric(node, "strom_storage_produce_shed_total")
             # The first is served and charged (~40 s ahead), the next two wait out its debt
             # (past their deadline: nothing written), the others are refused at once.
             calls: list[Future[Any]] = [
@@ -403,6 +491,10 @@ def test_produce_records_calls_waiting_out_a_debt_are_shed_beyond_their_share(
         shed = [d for code, _, d in codes if code == grpc.StatusCode.RESOURCE_EXHAUSTED]
         assert len(shed) >= 3, codes
         assert all("User:CN=owing is over its produce quota" in d for d in shed), shed
+        # Counted as shed, and the counter's help says it counts ProduceRecords too (it
+        # said "Produce requests" only).
+        assert member_metric(node, "strom_storage_produce_shed_total") == shed_before + len(shed)
+        assert "ProduceRecords" in _help(node, "strom_storage_produce_shed_total")
         written = sum(1 for code, err, _ in codes if code == grpc.StatusCode.OK and err == 0)
         assert _end_offset(env, "rq-shed") == before + written
     finally:

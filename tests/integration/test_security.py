@@ -720,6 +720,81 @@ def test_a_fetch_reads_at_most_its_quota_window(env: Env) -> None:
         env.quota("User:CN=alice")
 
 
+def test_a_replica_claim_needs_cluster_action_and_an_unset_replica_id_is_a_consumer(
+    env: Env,
+) -> None:
+    """Found from outside: replica_id >= 0 alone made a request a replica's. A principal
+    with DESCRIBE saw a partition's log end by naming a node id in ListOffsets; a consumer
+    in another language that left replica_id unset (0) was refused Fetch for want of
+    CLUSTER_ACTION. A replica's claim (a Fetch naming a node and its incarnation, a
+    ListOffsets naming a node) now needs CLUSTER_ACTION, as Kafka's follower fetch does,
+    so it never reaches the follower path or its exemption from the fetch quota; an unset
+    replica_id is a consumer's request: READ suffices and the fetch quota applies."""
+    with Admin(env.bootstrap, **env.client(env.admin)) as admin:  # type: ignore[arg-type]
+        admin.create_topic("claims", partitions=1, replication_factor=1)
+    with ClusterClient(env.bootstrap, security=env.security(env.admin)) as c:
+        node = c.storage(env.bootstrap)
+        req = storage_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
+        req.topics.add(topic="claims").partitions.add(
+            partition=0, records=encode_batch([b"c" * 1000] * 50), current_leader_epoch=-1
+        )
+        for _ in range(4):  # 4 x 50 KB (retried until the new replica takes the batch)
+            wait_for(
+                lambda: node.Produce(req, timeout=30).topics[0].partitions[0].error_code == 0,
+                timeout=30,
+                what="the batch appended",
+            )
+    env.acls(
+        allow("User:CN=alice", READ, TOPIC, "claims"),
+        allow("User:CN=alice", md.ACL_OPERATION_DESCRIBE, TOPIC, "claims"),
+    )
+    rate = 10_000
+    env.quota("User:CN=alice", fetch_bytes_per_second=rate)
+    fetch = storage_pb2.FetchRequest(max_bytes=50 << 20, max_wait_ms=0)  # replica_id unset
+    fetch.topics.add(topic="claims").partitions.add(
+        partition=0, fetch_offset=0, partition_max_bytes=50 << 20, current_leader_epoch=-1
+    )
+    claim = storage_pb2.FetchRequest()
+    claim.CopyFrom(fetch)
+    claim.replica_id, claim.replica_incarnation = 1, "a-forged-incarnation"
+    offsets = storage_pb2.ListOffsetsRequest(replica_id=1)
+    offsets.topics.add(topic="claims").partitions.add(
+        partition=0, current_leader_epoch=-1, timestamp=-1
+    )
+    try:
+        with ClusterClient(env.bootstrap, security=env.security(env.alice)) as c:
+            node = c.storage(env.bootstrap)
+
+            def throttled_fetch() -> storage_pb2.FetchResponse | None:
+                """A consumer's answer, once the grants and the quota have reached the
+                node (None until then)."""
+                try:
+                    resp = node.Fetch(fetch, timeout=60)
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                        return None  # the READ grant has not reached the node yet
+                    raise
+                return resp if resp.throttle_time_ms else None
+
+            resp = wait_for(throttled_fetch, timeout=30, what="a throttled consumer fetch")
+            pr = resp.topics[0].partitions[0]
+            assert pr.error_code == 0 and 0 < len(pr.records) <= rate * 10  # the quota window
+            # Claiming to be node 1's follower (or asking node 1's view of the log end)
+            # without CLUSTER_ACTION: refused before anything is read or exempted.
+            for call, request in ((node.Fetch, claim), (node.ListOffsets, offsets)):
+                with pytest.raises(grpc.RpcError) as err:
+                    call(request, timeout=60)
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert err.value.details() == (
+                    "User:CN=alice is not allowed CLUSTER_ACTION on the cluster"
+                )
+            offsets.replica_id = -1  # a client's view: DESCRIBE suffices
+            answer = node.ListOffsets(offsets, timeout=60).topics[0].partitions[0]
+            assert answer.error_code == 0 and answer.offset == 200
+    finally:
+        env.quota("User:CN=alice")
+
+
 def test_the_request_quota_counts_metadata_list_offsets_and_init_producer_id(env: Env) -> None:
     """Found from outside: `--requests-per-second` counted only Produce and Fetch, so 20
     InitProducerId calls (each may use up producer ids) went through in 0.5 s at 2/s. Every

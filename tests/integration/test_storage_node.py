@@ -267,6 +267,8 @@ def fetch_request(
         )
     return pb.FetchRequest(
         replica_id=replica_id,
+        # A follower names its incarnation (strom.storage.replica_claims).
+        replica_incarnation=f"incarnation-{replica_id}" if replica_id >= 0 else "",
         max_wait_ms=max_wait_ms,
         min_bytes=min_bytes,
         max_bytes=max_bytes,

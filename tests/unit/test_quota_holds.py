@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,8 +17,9 @@ from strom.client.types import TopicPartition
 from strom.devcluster.procs import wait_for
 from strom.security import CURRENT_PRINCIPAL
 from strom.security.quotas import MAX_THROTTLE_S, QuotaManager
-from strom.storage import rpc_base
+from strom.storage import rpc_base, servicer
 from strom.storage.subscriptions import Item, Outbox, StalledReaderError
+from strom.storage.writer import INLINE_MAX_BYTES
 
 ALICE = "User:CN=alice"
 
@@ -119,3 +122,45 @@ def test_time_the_handler_holds_for_the_quota_is_not_the_reader_stalling() -> No
         assert len(t.errors) == 1  # type: ignore[attr-defined]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["Produce", "ProduceStream"])
+def test_concurrent_produce_requests_are_charged_before_they_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """Found from outside: Produce and ProduceStream charged the produce quota after the
+    append, so concurrent requests of a principal owing nothing all passed the wait and were
+    appended together; only their answers were held. Each is charged now as it is served,
+    before it appends (as ProduceRecords): the first puts the principal ahead, the others
+    wait for that debt before anything of theirs is appended (here, until their callers give
+    up: the quota's clock is frozen, so nothing is ever paid back)."""
+    from strom.record import encode_batch
+    from tests.unit.test_storage_servicer import Harness, leader_state, produce_req, with_harness
+
+    q = QuotaManager(clock=lambda: 0.0)  # frozen: a debt is never paid
+    q.replace({ALICE: md.ClientQuota(principal=ALICE, produce_bytes_per_second=1000)})
+    monkeypatch.setattr(rpc_base, "QUOTAS", q)
+    monkeypatch.setattr(servicer, "QUOTAS", q)
+    # 80 records, ~80 KB: far above the 1 s burst, and above the writer's inline bound, so
+    # its append runs in the writer's thread and the loop serves the others meanwhile.
+    batch = encode_batch([b"x" * 1000] * 80)
+    assert len(batch) > INLINE_MAX_BYTES
+
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        produce = h.servicer._produce_streamed if stream else h.servicer.Produce
+        CURRENT_PRINCIPAL.set(ALICE)
+
+        async def call() -> Any:
+            # A caller whose deadline is 1.5 s away: its answer is held at most 0.5 s.
+            return await asyncio.wait_for(produce(produce_req({("t", 0): batch}), _Call(1.5)), 3)
+
+        outcomes = await asyncio.gather(*(call() for _ in range(4)), return_exceptions=True)
+        answered = [o for o in outcomes if not isinstance(o, BaseException)]
+        assert len(answered) == 1, outcomes  # the old code appended and answered all 4
+        assert answered[0].throttle_time_ms > 0
+        assert all(isinstance(o, asyncio.TimeoutError) for o in outcomes if o not in answered)
+        assert h.manager.partitions[("t", 0)].log.log_end_offset == 80  # the answered one only
+
+    with_harness(tmp_path, body)

@@ -186,14 +186,35 @@ def test_rules_name_what_the_request_names() -> None:
         (Op.ALTER, Res.TOPIC, "__transaction_state"),
         (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER),
     ]
-    fetch = storage_pb2.FetchRequest(replica_id=3)
+    fetch = storage_pb2.FetchRequest(replica_id=3, replica_incarnation="inc")
     assert list(RULES["/strom.v1.StorageService/Fetch"](fetch)) == [
         (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)
+    ]
+    # replica_id left unset (0, as a grpc-js caller sends it) is a consumer's fetch, not
+    # node 0's: READ on the topics, not CLUSTER_ACTION (it was refused for want of it).
+    unset = storage_pb2.FetchRequest()
+    unset.topics.add(topic="t")
+    assert list(RULES["/strom.v1.StorageService/Fetch"](unset)) == [(Op.READ, Res.TOPIC, "t")]
+    unset.replica_incarnation = "inc"  # node 0's follower names its incarnation
+    assert list(RULES["/strom.v1.StorageService/Fetch"](unset)) == [
+        (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)
+    ]
+    # ListOffsets: a replica's (log-end) view needs CLUSTER_ACTION too; unset is a client's.
+    lo = storage_pb2.ListOffsetsRequest()
+    lo.topics.add(topic="t")
+    assert list(RULES["/strom.v1.StorageService/ListOffsets"](lo)) == [
+        (Op.DESCRIBE, Res.TOPIC, "t")
+    ]
+    lo.replica_id = 2
+    assert list(RULES["/strom.v1.StorageService/ListOffsets"](lo)) == [
+        (Op.DESCRIBE, Res.TOPIC, "t"),
+        (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER),
     ]
     # A grant to a followed fetch reads nothing, whatever its replica_id says.
     grant = storage_pb2.FetchRequest(replica_id=0, follow_answers=4)
     assert list(RULES["/strom.v1.StorageService/FetchStream"](grant)) == []
     grant.follow = True  # (not a grant: a follow of nothing, by a "follower")
+    grant.replica_incarnation = "inc"
     assert list(RULES["/strom.v1.StorageService/FetchStream"](grant)) == [
         (Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)
     ]

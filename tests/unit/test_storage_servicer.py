@@ -120,8 +120,12 @@ def produce_req(
 
 
 def fetch_req(topic: str, p: int, offset: int, **kw: int) -> pb.FetchRequest:
+    """A consumer's fetch, or with ``replica_id >= 0`` a follower's (which names its
+    incarnation: strom.storage.replica_claims)."""
+    replica_id = kw.pop("replica_id", -1)
     return pb.FetchRequest(
-        replica_id=kw.pop("replica_id", -1),
+        replica_id=replica_id,
+        replica_incarnation=f"incarnation-{replica_id}" if replica_id >= 0 else "",
         max_wait_ms=kw.pop("max_wait_ms", 0),
         min_bytes=kw.pop("min_bytes", 1),
         max_bytes=1 << 20,
@@ -319,6 +323,55 @@ def test_follower_fetch_moves_the_high_watermark_and_detects_divergence(tmp_path
         assert (d.diverging_epoch.epoch, d.diverging_epoch.end_offset) == (0, 3) and not d.records
         stranger = results(await s.Fetch(fetch_req("t", 0, 0, replica_id=9), None))[("t", 0)]
         assert stranger.error_code == E.NOT_LEADER_OR_FOLLOWER
+
+    with_harness(tmp_path, body)
+
+
+def test_an_unset_replica_id_is_a_consumer_not_node_0(tmp_path: Path) -> None:
+    """proto3 sends an unset replica_id as 0, and node 0 is real (the Helm chart's
+    storage-0). Found from outside: a grpc-js caller that left it unset was taken for node
+    0's follower: it read above the high watermark, its fetch offset moved the high
+    watermark, it skipped the fetch quota, and ListOffsets answered it from the log end.
+    Only a fetch naming its incarnation (as every follower's does) is a follower's now."""
+
+    def unset(offset: int) -> pb.FetchRequest:
+        req = fetch_req("t", 0, offset)
+        req.ClearField("replica_id")  # (what a caller that never set it sends)
+        return req
+
+    async def latest(h: Harness, replica_id: int | None) -> int:
+        req = pb.ListOffsetsRequest()
+        if replica_id is not None:
+            req.replica_id = replica_id
+        req.topics.add(topic="t").partitions.add(partition=0, current_leader_epoch=-1, timestamp=-1)
+        return results(await h.servicer.ListOffsets(req, None))[("t", 0)].offset
+
+    async def body(h: Harness) -> None:
+        st = md.PartitionState(replicas=[1, 0], leader=1, leader_epoch=0, isr=[1, 0])
+        h.topic("t", {0: st})
+        await h.settle()
+        s = h.servicer
+        await s.Produce(produce_req({("t", 0): encode_batch([b"a", b"b", b"c"])}), None)
+        # Node 0 has nothing yet: the high watermark is 0, the log end 3.
+        assert await latest(h, None) == 0
+        assert await latest(h, 1) == 3  # a replica's view (a debugging tool's)
+        got = results(await s.Fetch(unset(0), None))[("t", 0)]
+        assert (got.error_code, got.high_watermark, got.records) == (E.NONE, 0, b"")
+        # At the log end, as a follower holding everything would fetch: no move of the HW.
+        await s.Fetch(unset(3), None)
+        assert results(await s.Fetch(fetch_req("t", 0, 0), None))[("t", 0)].high_watermark == 0
+        assert h.manager.partitions[("t", 0)].high_watermark == 0
+        # Node 0's real follower names its incarnation: it reads above the HW and moves it.
+        follower = unset(3)
+        follower.replica_incarnation = "node-0-run"
+        follower.topics[0].partitions[0].last_fetched_epoch = 0
+        await s.Fetch(follower, None)
+        assert h.manager.partitions[("t", 0)].high_watermark == 3
+        # A positive replica_id without an incarnation is a malformed claim, refused.
+        half = fetch_req("t", 0, 0)
+        half.replica_id = 2
+        with pytest.raises(ValueError, match="replica_incarnation is empty"):
+            await s.Fetch(half, None)
 
     with_harness(tmp_path, body)
 

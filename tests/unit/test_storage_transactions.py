@@ -105,6 +105,31 @@ def test_read_committed_stops_at_open_transactions_and_lists_aborted_ones(tmp_pa
     with_harness(tmp_path, body)
 
 
+def test_read_committed_holds_for_a_caller_that_leaves_replica_id_unset(tmp_path: Path) -> None:
+    """A caller in another language that never sets replica_id sends 0: it is a client, so
+    read_committed still stops "latest" and its reads at an open transaction (found from
+    outside: it got the log end, past uncommitted records)."""
+
+    async def body(h: Harness) -> None:
+        h.topic("t", {0: leader_state()})
+        await h.settle()
+        s = h.servicer
+        for data in (encode_batch([b"plain"]), txn_batch(7, 0, [b"a0", b"a1"])):
+            resp = await s.Produce(produce_req({("t", 0): data}, transactional_id="tx"), None)
+            assert results(resp)[("t", 0)].error_code == E.NONE
+        req = pb.ListOffsetsRequest(isolation_level=RC)  # type: ignore[arg-type]
+        req.topics.add(topic="t").partitions.add(partition=0, current_leader_epoch=-1, timestamp=-1)
+        assert (await s.ListOffsets(req, None)).topics[0].partitions[0].offset == 1
+        fetch = fetch_req("t", 0, 0)
+        fetch.ClearField("replica_id")
+        fetch.isolation_level = RC  # type: ignore[assignment]
+        r = results(await s.Fetch(fetch, None))[("t", 0)]
+        assert (r.high_watermark, r.last_stable_offset) == (3, 1)
+        assert [v for _, v, _ in values(r)] == [b"plain"]
+
+    with_harness(tmp_path, body)
+
+
 def test_markers_are_refused_for_fenced_epochs_and_non_leaders(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         h.topic("t", {0: leader_state()})

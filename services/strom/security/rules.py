@@ -26,6 +26,7 @@ from strom.api import records_pb2
 from strom.errors import ErrorCode
 from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
 from strom.security.acl import CLUSTER, SOME, Authorizer, Op, Res
+from strom.storage.replica_claims import is_follower_fetch, is_replica_list_offsets
 from strom.storage.wire import top_level_string
 
 Check = tuple[Op, Res, str]
@@ -83,11 +84,27 @@ def _produce(req: Any) -> Iterable[Check]:
 
 
 def _fetch(req: Any) -> Iterable[Check]:
+    """A follower's fetch (strom.storage.replica_claims: ``replica_id >= 0`` with its
+    incarnation) needs CLUSTER_ACTION, as Kafka's: strom's own nodes only. Anything else is
+    a consumer's and needs READ on each topic; FIX (found from outside): ``replica_id >= 0``
+    alone was the claim, so a client in another language that left it unset (0) was refused
+    for want of CLUSTER_ACTION instead of read as a consumer."""
     if is_fetch_grant(req):
         return []
-    if req.replica_id >= 0:  # a follower replicating: strom's own nodes only
+    if is_follower_fetch(req):
         return [(Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER)]
     return [(Op.READ, Res.TOPIC, t.topic) for t in req.topics]
+
+
+def _list_offsets(req: Any) -> Iterable[Check]:
+    """DESCRIBE on each topic; the log-end view of a replica (``replica_id >= 1``: offsets
+    not replicated or committed yet) also needs CLUSTER_ACTION, as a follower's fetch does.
+    FIX (found from outside): any principal with DESCRIBE saw the log end by naming a
+    node id."""
+    out: list[Check] = [(Op.DESCRIBE, Res.TOPIC, t.topic) for t in req.topics]
+    if is_replica_list_offsets(req):
+        out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
+    return out
 
 
 def _find_coordinator(req: Any) -> Iterable[Check]:
@@ -202,7 +219,7 @@ RULES: dict[str, Rule] = {
     # The streams: checked per request on the stream (strom.security.interceptor).
     S + "ProduceStream": _produce,
     S + "FetchStream": _fetch,
-    S + "ListOffsets": _topics(Op.DESCRIBE),
+    S + "ListOffsets": _list_offsets,
     S + "OffsetForLeaderEpoch": _topics(Op.DESCRIBE),
     S + "DeleteRecords": _topics(Op.DELETE),
     S + "Metadata": _anyone,  # filtered: see FILTERS

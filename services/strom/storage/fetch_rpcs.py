@@ -13,12 +13,15 @@ import asyncio
 import functools
 from typing import Any
 
+import grpc
+
 from strom.api import storage_pb2
 from strom.errors import ErrorCode
 from strom.log import CorruptLogError, OffsetOutOfRangeError
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.storage import metrics
 from strom.storage.partition import Partition
+from strom.storage.replica_claims import fetch_claim_error, is_follower_fetch
 from strom.storage.rpc_base import (
     _FETCH_RESULT,
     StorageCore,
@@ -40,6 +43,19 @@ E = ErrorCode
 #: Kafka's defaults for a fetch that does not bound its size (fetch.max.bytes,
 #: max.partition.fetch.bytes are always sent by real clients; 0 means "unset" in proto3).
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+
+
+async def _follower_claim(request: pb.FetchRequest, context: Any) -> bool:
+    """Whether ``request`` is a follower's fetch (strom.storage.replica_claims: an unset
+    ``replica_id`` is a consumer's, not node 0's); a malformed claim is refused with
+    INVALID_ARGUMENT naming the field (ValueError for an in-process caller). With ACLs on,
+    the interceptor has already required CLUSTER_ACTION of a claim (strom.security.rules)."""
+    error = fetch_claim_error(request)
+    if error is not None:
+        if context is None:
+            raise ValueError(error)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error)
+    return is_follower_fetch(request)
 
 
 class FetchRpcs(StorageCore):
@@ -72,7 +88,7 @@ class FetchRpcs(StorageCore):
         how many bytes are still missing and the fetch sleeps on its future until they
         arrive, a state change wakes it, or max_wait_ms passes.
         """
-        follower = request.replica_id >= 0
+        follower = await _follower_claim(request, context)
         _FETCH_RESULT.set(0)  # (a stream's answers share one context: no earlier error)
         metrics.FETCH_REQUESTS.labels("follower" if follower else "consumer").inc()
         registry = self.manager.appended if follower else self.manager.committed
@@ -140,7 +156,7 @@ class FetchRpcs(StorageCore):
         ``quota_bytes`` (0: none) bounds the answer as max_bytes does (and so each
         partition's share), below what the request asked for."""
         replica_id = request.replica_id
-        follower = replica_id >= 0
+        follower = is_follower_fetch(request)
         read_committed = (
             not follower and request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
         )

@@ -88,7 +88,9 @@ PRODUCE_REQUESTS = Counter(
 )
 PRODUCE_SHED = Counter(
     "strom_storage_produce_shed",
-    "Produce requests refused with RESOURCE_EXHAUSTED (in-flight byte budget or memory limit)",
+    "Produce requests (unary and on ProduceStream) and RecordService ProduceRecords calls "
+    "refused with RESOURCE_EXHAUSTED (in-flight byte budget, a principal over its produce "
+    "quota past its share of that budget, or memory limit)",
 )
 OLD_COORDINATOR_WRITES = Counter(
     "strom_storage_old_coordinator_writes",

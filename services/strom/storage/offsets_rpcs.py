@@ -14,6 +14,7 @@ import grpc
 from strom.api import storage_pb2
 from strom.errors import ErrorCode
 from strom.storage.partition import Partition
+from strom.storage.replica_claims import is_replica_list_offsets
 from strom.storage.request_quota import counted_request
 from strom.storage.rpc_base import StorageCore, _fail_partition, _Refusal, _timed, per_partition
 
@@ -36,11 +37,17 @@ class OffsetRpcs(StorageCore):
     ) -> pb.ListOffsetsResponse:
         resp = pb.ListOffsetsResponse()
         hints: set[int] = set()
-        read_committed = request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
+        # A replica's view (the log end) only for replica_id >= 1: an unset field sends 0,
+        # which is a client's (strom.storage.replica_claims). With ACLs on, a replica's view
+        # needed CLUSTER_ACTION (strom.security.rules).
+        replica = is_replica_list_offsets(request)
+        read_committed = not replica and (
+            request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
+        )
         parts = per_partition(request.topics, resp.topics, timestamp=-1, offset=-1, leader_epoch=-1)
         for topic, lp, pr in parts:
             try:
-                await self._list_offset(topic, lp, request.replica_id, pr, hints, read_committed)
+                await self._list_offset(topic, lp, replica, pr, hints, read_committed)
             except Exception as exc:
                 _fail_partition(pr, "list offsets of", topic, lp.partition, exc)
                 pr.timestamp = pr.offset = -1
@@ -51,7 +58,7 @@ class OffsetRpcs(StorageCore):
         self,
         topic: str,
         lp: pb.ListOffsetsPartition,
-        replica_id: int,
+        replica: bool,
         pr: pb.ListOffsetsPartitionResponse,
         hints: set[int],
         read_committed: bool = False,
@@ -59,11 +66,7 @@ class OffsetRpcs(StorageCore):
         part = self._leader(topic, lp.partition, lp.current_leader_epoch, hints)
         lg = part.log
         ts = lp.timestamp
-        if (
-            replica_id < 0
-            and ts != EARLIEST
-            and part.high_watermark < part.leader_epoch_start_offset
-        ):
+        if not replica and ts != EARLIEST and part.high_watermark < part.leader_epoch_start_offset:
             # A new leader's high watermark is its old follower one until the followers report
             # (Kafka's KIP-207): answering from it would take the end of the log back a few
             # offsets (found from outside: "latest" went 5311 -> 5300 after a leader move).
@@ -74,7 +77,7 @@ class OffsetRpcs(StorageCore):
                 f"({part.leader_epoch_start_offset}) yet; retry",
             )
         if ts == LATEST:
-            if replica_id >= 0:
+            if replica:
                 pr.offset = lg.log_end_offset
             elif read_committed:
                 pr.offset = part.last_stable_offset
@@ -90,14 +93,14 @@ class OffsetRpcs(StorageCore):
             # As Kafka: a match a consumer of this isolation could not read yet is no match
             # (read_committed reads stop at the last stable offset).
             limit = part.last_stable_offset if read_committed else part.high_watermark
-            if found is not None and (replica_id >= 0 or found[0] < limit):
+            if found is not None and (replica or found[0] < limit):
                 pr.offset, pr.timestamp = found
                 pr.leader_epoch = lg.epochs.epoch_for(found[0])
         elif ts >= 0:
             # Decodes (at most) the batch holding the match: a worker thread, not the loop.
             hit = await asyncio.to_thread(lg.offset_for_timestamp, ts)
             limit = part.last_stable_offset if read_committed else part.high_watermark
-            if hit is not None and (replica_id >= 0 or hit[0] < limit):
+            if hit is not None and (replica or hit[0] < limit):
                 pr.offset, pr.timestamp, pr.leader_epoch = hit
         else:
             raise _Refusal(E.INVALID_REQUEST, f"timestamp {ts} is not -1, -2, -3 or >= 0")

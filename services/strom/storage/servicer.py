@@ -65,9 +65,10 @@ from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator
 from strom.storage.producers_rpcs import ProducerRpcs
 from strom.storage.rpc_base import (
+    _charge,
+    _hold,
     _owing_principal,
     _Refusal,
-    _throttle,
     _timed,
     _unexpected,
     _wait_out_debt,
@@ -164,8 +165,10 @@ class StorageServicer(
         self, request: pb.ProduceRequest | ProduceRequestView, context: Any
     ) -> pb.ProduceResponse:
         # First, before anything is appended: a caller still ahead of its produce quota
-        # waits until it is not (nothing yields from here to the append: order is kept).
-        waited = await _wait_out_debt("produce") if QUOTAS.active else 0
+        # waits until it is not, then is charged (nothing yields from here to the append:
+        # order is kept, and concurrent requests each see the charges before them).
+        waited, delay = await self._charge_produce(request) if QUOTAS.active else (0, 0.0)
+        charged = asyncio.get_running_loop().time()
         acks = request.acks
         resp = pb.ProduceResponse()
         hints: set[int] = set()
@@ -212,12 +215,28 @@ class StorageServicer(
                     appended
                 )
         if QUOTAS.active or waited:
-            resp.throttle_time_ms = await _throttle("produce", appended, waited, context)
+            # The hold counts from the charge; never into the end of the caller's deadline
+            # (what is not held, its next request waits out first).
+            remaining = delay - (asyncio.get_running_loop().time() - charged)
+            resp.throttle_time_ms = await _hold("produce", remaining, waited, context)
         if acks == 0:
             return pb.ProduceResponse()
         if hints:
             resp.node_endpoints.extend(self._endpoints(hints))
         return resp
+
+    @staticmethod
+    async def _charge_produce(request: pb.ProduceRequest | ProduceRequestView) -> tuple[int, float]:
+        """Before a Produce (unary or on a stream) appends anything: the wait while its
+        caller owes, then the charge of the request's record bytes to its produce quota;
+        (ms waited, seconds its answer is to be held). As ProduceRecords charges
+        (RecordService._admit_and_charge) and as Kafka charges a produce request's size,
+        whatever its partitions' outcomes. FIX (found from outside): charged after the
+        append, concurrent requests of a principal owing nothing all passed the wait at
+        once, each appended before any was charged. Counted per batch, never per record."""
+        waited = await _wait_out_debt("produce")
+        nbytes = sum(len(pd.records) for td in request.topics for pd in td.partitions)
+        return waited, _charge("produce", nbytes)
 
     def _internal_topic_check(self, topic: str, context: Any) -> _Refusal | None:
         """The refusal of a write to an internal ``__`` topic without the coordinators'

@@ -38,6 +38,7 @@ from strom.security.interceptor import STREAM_REQUEST_DENIED
 from strom.security.rules import is_fetch_grant
 from strom.storage import metrics
 from strom.storage.fetch_rpcs import FollowStep
+from strom.storage.replica_claims import is_follower_fetch
 from strom.storage.rpc_base import StorageCore, _owing_principal, _timed
 from strom.storage.wire import ProduceRequestView
 
@@ -194,7 +195,7 @@ class StreamRpcs(StorageCore):
             while (request := await self._next_request(requests)) is not None:
                 if is_fetch_grant(request):
                     continue  # for a follow that has ended (on an error): nothing to answer
-                if not request.follow or request.replica_id >= 0:
+                if not request.follow or is_follower_fetch(request):
                     yield await self.fetch_raw(request, context)
                     continue
                 if request.max_wait_ms < FOLLOW_MIN_WAIT_MS:
