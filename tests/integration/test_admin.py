@@ -486,7 +486,8 @@ def test_elect_leaders_and_reassignments(cluster: LocalCluster, admin: Admin) ->
     assert listed[tp].target_replicas == (2, 3)
     assert described.reassigning and described.adding_replicas == (3,)
     assert described.removing_replicas == (1,) and described.target_replicas == (2, 3)
-    assert described.under_replicated  # 3 is not in sync yet
+    # 2 and 1, the copies it has, are in sync: a move is not under-replicated (Kafka's rule)
+    assert not described.under_replicated
     assert admin.list_partition_reassignments() == {}
     assert admin.list_partition_reassignments([tp]) == {}
     assert admin.describe_topic("adm-move").partitions[0].replicas == (2, 1)
@@ -635,3 +636,64 @@ def test_admin_reads_without_a_controller_say_why(
             with pytest.raises(BrokerNotAvailableError) as info:
                 call()
             assert "know of no active controller (every controller is down" in str(info.value)
+
+
+def test_a_cancel_that_would_lose_acknowledged_records_is_refused(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A move of an RF=1 partition from node 3 to [1, 2]: node 1 catches up and leads, node 3
+    dies (out of the ISR), records are acknowledged on node 1 alone. Cancelling now would go
+    back to node 3's older copy and delete node 1's: refused, naming the unclean election it
+    would need, and every acknowledged record stays readable (found from outside: the cancel
+    was taken, the partition stayed offline and the records were lost)."""
+    from strom.client import Consumer, Producer
+
+    c = make_cluster(nodes=3, controllers=1, coordinators=0)
+    tp = TopicPartition("adm-unclean", 0)
+    with Admin(c.bootstrap) as admin, Producer(c.bootstrap, acks="all") as producer:
+        admin.create_topic("adm-unclean", replica_assignment={0: [3]})
+        wait_for(
+            lambda: admin.describe_topic("adm-unclean").partitions[0].leader == 3,
+            timeout=30,
+            what="node 3 leading",
+        )
+        for i in range(10):
+            producer.send("adm-unclean", b"before-%d" % i, partition=0)
+        producer.flush(30)
+        node2, node3 = c.node(2).process, c.node(3).process
+        assert node2 is not None and node3 is not None
+        node2.signal(signal.SIGSTOP)  # the move cannot complete while 2 is not in sync
+        try:
+            admin.alter_partition_reassignments({tp: [1, 2]})
+
+            def node_1_leads() -> bool:
+                p = admin.describe_topic("adm-unclean").partitions[0]
+                if 1 in p.isr and p.leader != 1:
+                    admin.elect_leaders([tp])  # the preferred (first target) replica
+                return p.leader == 1
+
+            wait_for(node_1_leads, timeout=60, what="node 1 in sync and leading")
+            node3.signal(signal.SIGKILL)
+            wait_for(
+                lambda: admin.describe_topic("adm-unclean").partitions[0].isr == (1,),
+                timeout=60,
+                what="node 3 out of the ISR",
+            )
+            for i in range(5):
+                producer.send("adm-unclean", b"after-%d" % i, partition=0)
+            producer.flush(30)  # acknowledged by node 1 alone (min.insync.replicas=1)
+            with pytest.raises(InvalidReplicaAssignmentError, match="unclean leader election"):
+                admin.alter_partition_reassignments({tp: None})
+            p = admin.describe_topic("adm-unclean").partitions[0]
+            assert p.leader == 1 and p.reassigning
+        finally:
+            node2.signal(signal.SIGCONT)
+    with Consumer(c.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        got: list[bytes] = []
+        wait_for(
+            lambda: got.extend(r.value for r in consumer.poll(500)) or len(got) >= 15,
+            timeout=60,
+            what="every acknowledged record",
+        )
+    assert got == [b"before-%d" % i for i in range(10)] + [b"after-%d" % i for i in range(5)]

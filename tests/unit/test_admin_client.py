@@ -451,7 +451,12 @@ def test_partition_flags() -> None:
         replicas=[4, 3, 1], leader=3, isr=[3, 1], adding_replicas=[4], removing_replicas=[1]
     )
     assert moving.reassigning and moving.target_replicas == (4, 3)
-    assert moving.preferred_leader == 4 and moving.under_replicated
+    # 3 and 1, the copies it has, are in sync: not under-replicated while moving (Kafka's
+    # rule); losing one of them is.
+    assert moving.preferred_leader == 4 and not moving.under_replicated
+    assert info(
+        replicas=[4, 3, 1], leader=3, isr=[3], adding_replicas=[4], removing_replicas=[1]
+    ).under_replicated
     unclean = info(
         replicas=[1], leader=1, isr=[1], leader_recovery_state=md.LEADER_RECOVERY_STATE_RECOVERING
     )

@@ -169,6 +169,28 @@ def test_reassignment_cancel():
     assert L.cancel_reassignment(st_, {1, 2}) == (None, E.NO_REASSIGNMENT_IN_PROGRESS)
 
 
+def test_a_cancel_that_would_need_an_unclean_election_is_refused_unless_the_topic_allows_it():
+    """Only replicas the move is adding are in sync (the original one fell behind while the
+    new leader took writes): going back would drop every copy of those records and leave
+    the original replica without a clean leader for good (found from outside: offline, and
+    records acknowledged with acks=all lost). Kafka's revert refuses it the same way."""
+    state = L.start_reassignment(ps([3], 3, [3]), [1, 2], {1, 2, 3}).state
+    assert list(state.adding_replicas) == [1, 2] and list(state.removing_replicas) == [3]
+    state.leader = 1  # 1 caught up and took over; then 3 dropped out of the ISR
+    del state.isr[:]
+    state.isr.append(1)
+    assert L.cancel_reassignment(state, {1, 2, 3}) == (None, E.INVALID_REPLICA_ASSIGNMENT)
+    # Allowed by the topic: the original replica comes back as it is (the loss accepted).
+    d, code = L.cancel_reassignment(state, {1, 2, 3}, unclean_allowed=True)
+    assert code == E.NONE and list(d.state.replicas) == [3]
+    L.check_invariants(d.state)
+    # With an original replica still in sync, the cancel goes on (it leads again).
+    state.isr.append(3)
+    d, code = L.cancel_reassignment(state, {1, 2, 3})
+    assert code == E.NONE and list(d.state.replicas) == [3] and d.state.leader == 3
+    assert list(d.state.isr) == [3]
+
+
 def test_cancel_restores_the_original_order_and_leader():
     # Found from outside: 1,2,3 -> 4,2,3 cancelled gave 2,3,1 and moved leadership to 2.
     st_ = ps([1, 2, 3], 1, [1, 2, 3])
@@ -352,3 +374,41 @@ def test_eligible_and_starting_nodes():
     assert L.eligible_nodes(nodes, stopping) == {2, 4}
     assert L.eligible_nodes(nodes) == {2, 4, 5}
     assert L.starting_nodes(nodes) == {1}
+
+
+def test_a_partition_being_moved_is_under_replicated_only_when_its_old_copies_are_not_in_sync():
+    """Kafka's rule (replicas - adding - ISR): a move copying to new replicas while the old
+    ones are all in sync is not under-replicated (found from outside: every long move paged
+    StromUnderReplicatedPartitions); one that lost an old replica is."""
+    from strom.client.admin import PartitionInfo
+    from strom.controller.metrics import _flags
+
+    topic = md.TopicMetadata(name="t", partition_count=1, replication_factor=2)
+    moving = L.start_reassignment(ps([3, 4], 3, [3, 4]), [3, 2], {2, 3, 4}).state
+    assert list(moving.replicas) == [3, 2, 4] and list(moving.isr) == [3, 4]
+    offline, under, _, _, reassigning = _flags(moving, topic)
+    assert (offline, under, reassigning) == (0, 0, 1)
+    info = PartitionInfo(
+        partition=0,
+        leader=3,
+        leader_epoch=1,
+        replicas=tuple(moving.replicas),
+        isr=tuple(moving.isr),
+        adding_replicas=tuple(moving.adding_replicas),
+        removing_replicas=tuple(moving.removing_replicas),
+    )
+    assert not info.under_replicated and info.reassigning
+    del moving.isr[:]
+    moving.isr.append(3)  # an old copy fell behind during the move
+    assert _flags(moving, topic)[1] == 1
+    assert PartitionInfo(
+        partition=0,
+        leader=3,
+        leader_epoch=1,
+        replicas=tuple(moving.replicas),
+        isr=(3,),
+        adding_replicas=tuple(moving.adding_replicas),
+    ).under_replicated
+    # Not moving: any replica out of sync.
+    plain = ps([1, 2], 1, [1])
+    assert _flags(plain, topic)[1:2] == (1,) and _flags(plain, topic)[4] == 0

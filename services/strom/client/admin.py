@@ -218,9 +218,10 @@ class PartitionInfo:
 
     @property
     def under_replicated(self) -> bool:
-        """Some target replica is not in sync (so fewer copies exist than configured)."""
-        isr = set(self.isr)
-        return any(r not in isr for r in self.target_replicas)
+        """Fewer replicas in sync than the partition has, not counting those a reassignment
+        is adding (Kafka's rule): a move whose new replicas are still copying while the old
+        ones are all in sync is not under-replicated, one that lost an old replica is."""
+        return len(self.isr) < len(self.replicas) - len(self.adding_replicas)
 
     @property
     def offline(self) -> bool:

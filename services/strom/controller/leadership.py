@@ -320,13 +320,22 @@ def start_reassignment(
 
 
 def cancel_reassignment(
-    st: md.PartitionState, eligible: Collection[int]
+    st: md.PartitionState, eligible: Collection[int], *, unclean_allowed: bool = False
 ) -> tuple[Decision | None, int]:
     """Revert to the original replicas (those not being added), in their original order: the
-    preferred leader is the one before the move, and an in-sync leader keeps leading."""
+    preferred leader is the one before the move, and an in-sync leader keeps leading.
+
+    Refused (INVALID_REPLICA_ASSIGNMENT) when every in-sync replica is one the move is adding
+    and the topic does not allow unclean elections (``unclean_allowed``): the revert would
+    drop the only copies with every acknowledged record and leave the originals, which are
+    behind, without a clean leader for good (Kafka's revert refuses it the same way, "it
+    would require an unclean leader election"; found from outside: the partition stayed
+    offline and records acknowledged with acks=all were lost)."""
     if not st.adding_replicas and not st.removing_replicas:
         return None, E.NO_REASSIGNMENT_IN_PROGRESS
     original = original_replicas(st)
+    if st.isr and not set(st.isr) & set(original) and not unclean_allowed:
+        return None, E.INVALID_REPLICA_ASSIGNMENT
     new = _copy(st)
     _set(new.replicas, original)
     new.ClearField("adding_replicas")

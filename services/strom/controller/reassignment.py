@@ -33,6 +33,18 @@ def target_problem(target: list[int], nodes: dict[int, md.NodeRegistration]) -> 
     return None
 
 
+def _unclean_cancel(tp: tuple[str, int], st: md.PartitionState) -> str:
+    """Why a cancel was refused: only replicas being added are in sync."""
+    original = leadership.original_replicas(st)
+    return (
+        f"cannot cancel the reassignment of {tp[0]}-{tp[1]}: it would require an unclean "
+        f"leader election (in sync: {list(st.isr)}, all being added; original replicas "
+        f"{original} are behind, and going back to them would lose the records only the "
+        "new replicas hold). Let the move finish, or move to another target that keeps "
+        "them, or set unclean.leader.election.enable=true on the topic to accept the loss"
+    )
+
+
 class ReassignmentRpcs(PartitionStates):
     """AlterPartitionReassignments and ListPartitionReassignments."""
 
@@ -72,10 +84,15 @@ class ReassignmentRpcs(PartitionStates):
                     result.error_code = E.INVALID_REQUEST
                     result.error_message = f"partition {tp[0]}-{tp[1]} is named more than once"
                     continue
-                key, v, _ = found
+                key, v, topic = found
                 if item.cancel:
-                    d, code = leadership.cancel_reassignment(v.value, eligible)
-                    if code != E.NONE:
+                    d, code = leadership.cancel_reassignment(
+                        v.value, eligible, unclean_allowed=self._unclean(topic)
+                    )
+                    if code == E.INVALID_REPLICA_ASSIGNMENT:
+                        result.error_code = code
+                        result.error_message = _unclean_cancel(tp, v.value)
+                    elif code != E.NONE:
                         result.error_code = code
                         result.error_message = f"no reassignment of {tp[0]}-{tp[1]} is in progress"
                 else:

@@ -143,7 +143,8 @@ REPLICA_LAG = Gauge(
 )
 UNDER_REPLICATED = Gauge(
     "strom_storage_under_replicated_partitions",
-    "Partitions this node leads whose ISR is smaller than their replica list",
+    "Partitions this node leads whose ISR is smaller than their replica list, not counting "
+    "replicas a reassignment is adding (Kafka's rule)",
 )
 UNDER_MIN_ISR = Gauge(
     "strom_storage_under_min_isr_partitions",

@@ -60,6 +60,10 @@ class Partition:
         self.leader_epoch = -1
         self.partition_epoch = -1
         self.replicas: tuple[int, ...] = ()
+        #: Replicas a reassignment is adding (among ``replicas``): not counted as copies the
+        #: partition should have until the move completes (Kafka's replication factor of a
+        #: partition being moved), so a move alone does not make it under-replicated.
+        self.adding: tuple[int, ...] = ()
         self.isr: tuple[int, ...] = ()
         #: Leader after an unclean election, not yet reported RECOVERED (KIP-704).
         self.recovering = False
@@ -151,6 +155,7 @@ class Partition:
         self.leader_epoch = state.leader_epoch
         self.partition_epoch = state.partition_epoch
         self.replicas = tuple(state.replicas)
+        self.adding = tuple(state.adding_replicas)
         self.isr = tuple(state.isr)
         self.recovering = state.leader_recovery_state == md.LEADER_RECOVERY_STATE_RECOVERING
         if changed:

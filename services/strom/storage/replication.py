@@ -1039,7 +1039,8 @@ def refresh_replication_gauges(manager: PartitionManager) -> None:
     under = under_min = 0
     for part in manager.partitions.values():
         if part.is_leader and not part.deleted:
-            if len(part.isr) < len(part.replicas):
+            # Kafka's rule: fewer in sync than the replicas not being added by a move.
+            if len(part.isr) < len(part.replicas) - len(part.adding):
                 under += 1
             if len(part.isr) < part.log.config.min_insync_replicas:
                 under_min += 1
