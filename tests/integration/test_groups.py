@@ -608,8 +608,9 @@ def test_a_committed_offset_past_the_log_end_shows_a_negative_lag(
     past = 'strom_coordinator_consumer_offset_past_end{group="g-past",partition="0",topic="past"}'
     lag = 'strom_coordinator_consumer_lag{group="g-past",partition="0",topic="past"} 0.0'
     wait_for(
-        lambda: {f"{past} 15.0", lag} <= set(
-            urllib.request.urlopen(url, timeout=5).read().decode().splitlines()
+        lambda: (
+            {f"{past} 15.0", lag}
+            <= set(urllib.request.urlopen(url, timeout=5).read().decode().splitlines())
         ),
         timeout=10,
         what="the past-end gauge",
