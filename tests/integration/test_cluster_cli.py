@@ -359,6 +359,30 @@ def test_describe_filters_partitions_as_kafka_topics_does(cluster: LocalCluster)
     assert [(t["name"], [p["partition"] for p in t["partitions"]]) for t in got] == [
         ("fl-two", [0])
     ]
+    assert [p["conditions"] for p in got[0]["partitions"]] == [
+        ["under-replicated", "under-min-isr"]
+    ]
+    # The unfiltered listing marks an ISR under min.insync.replicas too, as it marks the other
+    # conditions (found from outside: only --under-min-isr-partitions showed it).
+    listing = strom("topics", "describe", *some).stdout.decode()
+    rows = {
+        (topic, line.split("\t")[0]): line
+        for topic, block in re.findall(r"Topic: (fl-\w+)\t[^\n]*\n((?:\t[^\n]*\n)*)", listing)
+        for line in block.strip("\t\n").split("\n\t")
+        if line.startswith("Partition: ")
+    }
+    assert rows[("fl-two", "Partition: 0")].endswith("\t(under-replicated, under-min-isr)")
+    assert rows[("fl-two", "Partition: 1")].endswith("Isr: 1,2"), rows
+    assert rows[("fl-fine", "Partition: 0")].endswith("\t(under-replicated)")
+    described = json.loads(strom("topics", "describe", "--json", *some).stdout)
+    conditions = {
+        (t["name"], p["partition"]): p["conditions"] for t in described for p in t["partitions"]
+    }
+    assert conditions == {
+        ("fl-two", 0): ["under-replicated", "under-min-isr"],
+        ("fl-two", 1): [],
+        ("fl-fine", 0): ["under-replicated"],
+    }
     both = strom(
         "topics",
         "describe",
