@@ -284,6 +284,24 @@ def test_offsets_of_a_topic_with_an_offline_partition_show_the_others(
     assert "Partition: 2\tOffset: none\tTimestamp: -" in got.stdout.decode()
     assert "LEADER_NOT_AVAILABLE" in got.stderr.decode()
 
+    # --json: the refused partition is in the JSON with its error, not only on stderr (found
+    # from outside: a script reading stdout took the partial answer for a whole one).
+    for extra, fields in (((), ("earliest", "latest")), (("--time", "max"), ("offset",))):
+        got = strom(
+            "topics", "offsets", topic, "--json", *extra, "--timeout", "10", "-b", b, check=False
+        )
+        assert got.returncode == 1, got.stderr.decode()
+        rows = json.loads(got.stdout)
+        assert [(r["partition"], r["error"] and r["error"]["code"]) for r in rows] == [
+            (0, "LEADER_NOT_AVAILABLE"),
+            (1, None),
+            (2, None),
+        ]
+        assert f"{topic}-0" in rows[0]["error"]["message"]
+        assert all(rows[0][f] is None for f in fields)
+        if not extra:
+            assert [(r["earliest"], r["latest"]) for r in rows[1:]] == [(0, 2), (0, 0)]
+
 
 def _shown(stdout: bytes) -> set[tuple[str, int]]:
     """(topic, partition) of the fl-* partitions a filtered `topics describe` printed."""

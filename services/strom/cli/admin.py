@@ -212,7 +212,13 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "(2024-05-01T12:00:00Z; without a timezone: local time): the first offset at or "
         "after it",
     )
-    o.add_argument("--json", action="store_true")
+    o.add_argument(
+        "--json",
+        action="store_true",
+        help="a JSON list, one object per partition asked for; one that could not be looked "
+        'up has its offsets null and an "error" ({"code", "message"}; null for the '
+        "others), and the exit status is 1",
+    )
     dr = tsub.add_parser(
         "delete-records",
         parents=[common],
@@ -674,64 +680,90 @@ def _print_refused(errors: dict[TopicPartition, StromError], args: argparse.Name
 def _offsets(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     """Print each partition's offsets, and one error line per partition that could not be
     looked up (exit 1), as Kafka's kafka-get-offsets: found from outside, one partition
-    without a live leader printed nothing for the healthy ones."""
+    without a live leader printed nothing for the healthy ones. With ``--json`` every
+    partition asked for is a row; a refused one has its ``error`` (code and message) and
+    null offsets (found from outside: it was only on stderr, so a script reading the JSON
+    took a partial answer for a whole one)."""
     tps = _partitions_of(admin, list(dict.fromkeys(args.topics)), args.partition)
-    rows: list[dict[str, Any]] = []
     if args.time is None:
-        earliest, errors = _per_partition(
-            lambda: _within_timeout(admin, client, args).list_offsets(
-                dict.fromkeys(tps, "earliest")
-            )
-        )
-        # Only where "earliest" answered: a partition without a leader is waited for once.
-        latest, later = _per_partition(
-            lambda: (
-                _within_timeout(admin, client, args).list_offsets(dict.fromkeys(earliest, "latest"))
-                if earliest
-                else {}
-            )
-        )
-        errors.update(later)
-        for tp in tps:
-            if tp in earliest and tp in latest:
-                e, la = earliest[tp], latest[tp]
-                rows.append(
-                    {
-                        "topic": tp.topic,
-                        "partition": tp.partition,
-                        "earliest": e.offset if e else -1,
-                        "latest": la.offset if la else -1,
-                    }
-                )
+        rows, errors = _earliest_and_latest(admin, client, args, tps)
     else:
-        found, errors = _per_partition(
-            lambda: _within_timeout(admin, client, args).list_offsets(dict.fromkeys(tps, args.time))
-        )
-        for tp in tps:
-            if tp not in found:
-                continue
-            hit = found[tp]
-            rows.append(
-                {
-                    "topic": tp.topic,
-                    "partition": tp.partition,
-                    "offset": hit.offset if hit else None,
-                    "timestamp": hit.timestamp if hit and hit.timestamp >= 0 else None,
-                }
-            )
+        rows, errors = _offsets_at(admin, client, args, tps)
     if args.json:
-        print(json.dumps(rows, indent=2), file=out)
+        for tp, row in rows.items():
+            exc = errors.get(tp)
+            row["error"] = None if exc is None else {"code": exc.name, "message": exc.message}
+        print(json.dumps(list(rows.values()), indent=2), file=out)
     else:
-        for row in rows:
-            head = f"Topic: {row['topic']}\tPartition: {row['partition']}"
-            if args.time is None:
-                print(f"{head}\tEarliest: {row['earliest']}\tLatest: {row['latest']}", file=out)
-            else:
-                offset = "none" if row["offset"] is None else row["offset"]
-                ts = "-" if row["timestamp"] is None else row["timestamp"]
-                print(f"{head}\tOffset: {offset}\tTimestamp: {ts}", file=out)
+        for tp, row in rows.items():
+            if tp not in errors:
+                print(_offsets_line(row, args.time is None), file=out)
     out.flush()
     return _print_refused({tp: errors[tp] for tp in tps if tp in errors}, args)
+
+
+#: Per partition asked for, in order: its ``topics offsets`` row (offsets None if refused),
+#: and the partitions refused with why.
+_OffsetRows = tuple[dict[TopicPartition, dict[str, Any]], dict[TopicPartition, StromError]]
+
+
+def _earliest_and_latest(
+    admin: Admin, client: ClusterClient, args: argparse.Namespace, tps: list[TopicPartition]
+) -> _OffsetRows:
+    """Each partition's earliest and latest offsets (-1 for no answer from the node)."""
+    earliest, errors = _per_partition(
+        lambda: _within_timeout(admin, client, args).list_offsets(dict.fromkeys(tps, "earliest"))
+    )
+    # Only where "earliest" answered: a partition without a leader is waited for once.
+    latest, later = _per_partition(
+        lambda: (
+            _within_timeout(admin, client, args).list_offsets(dict.fromkeys(earliest, "latest"))
+            if earliest
+            else {}
+        )
+    )
+    errors.update(later)
+    rows = {}
+    for tp in tps:
+        e, la = earliest.get(tp), latest.get(tp)
+        done = tp not in errors
+        rows[tp] = {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "earliest": (e.offset if e else -1) if done else None,
+            "latest": (la.offset if la else -1) if done else None,
+        }
+    return rows, errors
+
+
+def _offsets_at(
+    admin: Admin, client: ClusterClient, args: argparse.Namespace, tps: list[TopicPartition]
+) -> _OffsetRows:
+    """Each partition's first offset at or after ``--time`` (None: no such record)."""
+    found, errors = _per_partition(
+        lambda: _within_timeout(admin, client, args).list_offsets(dict.fromkeys(tps, args.time))
+    )
+    rows = {}
+    for tp in tps:
+        hit = found.get(tp)
+        rows[tp] = {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "offset": hit.offset if hit else None,
+            "timestamp": hit.timestamp if hit and hit.timestamp >= 0 else None,
+        }
+    return rows, errors
+
+
+def _offsets_line(row: dict[str, Any], bounds: bool) -> str:
+    """One partition of ``topics offsets`` as text: earliest and latest, or the offset at
+    ``--time``."""
+    head = f"Topic: {row['topic']}\tPartition: {row['partition']}"
+    if bounds:
+        return f"{head}\tEarliest: {row['earliest']}\tLatest: {row['latest']}"
+    offset = "none" if row["offset"] is None else row["offset"]
+    ts = "-" if row["timestamp"] is None else row["timestamp"]
+    return f"{head}\tOffset: {offset}\tTimestamp: {ts}"
 
 
 def _delete_records(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
