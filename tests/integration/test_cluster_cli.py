@@ -284,6 +284,24 @@ def test_offsets_of_a_topic_with_an_offline_partition_show_the_others(
     assert "Partition: 2\tOffset: none\tTimestamp: -" in got.stdout.decode()
     assert "LEADER_NOT_AVAILABLE" in got.stderr.decode()
 
+    # --json: the refused partition is in the JSON with its error, not only on stderr (found
+    # from outside: a script reading stdout took the partial answer for a whole one).
+    for extra, fields in (((), ("earliest", "latest")), (("--time", "max"), ("offset",))):
+        got = strom(
+            "topics", "offsets", topic, "--json", *extra, "--timeout", "10", "-b", b, check=False
+        )
+        assert got.returncode == 1, got.stderr.decode()
+        rows = json.loads(got.stdout)
+        assert [(r["partition"], r["error"] and r["error"]["code"]) for r in rows] == [
+            (0, "LEADER_NOT_AVAILABLE"),
+            (1, None),
+            (2, None),
+        ]
+        assert f"{topic}-0" in rows[0]["error"]["message"]
+        assert all(rows[0][f] is None for f in fields)
+        if not extra:
+            assert [(r["earliest"], r["latest"]) for r in rows[1:]] == [(0, 2), (0, 0)]
+
 
 def _shown(stdout: bytes) -> set[tuple[str, int]]:
     """(topic, partition) of the fl-* partitions a filtered `topics describe` printed."""
@@ -359,6 +377,30 @@ def test_describe_filters_partitions_as_kafka_topics_does(cluster: LocalCluster)
     assert [(t["name"], [p["partition"] for p in t["partitions"]]) for t in got] == [
         ("fl-two", [0])
     ]
+    assert [p["conditions"] for p in got[0]["partitions"]] == [
+        ["under-replicated", "under-min-isr"]
+    ]
+    # The unfiltered listing marks an ISR under min.insync.replicas too, as it marks the other
+    # conditions (found from outside: only --under-min-isr-partitions showed it).
+    listing = strom("topics", "describe", *some).stdout.decode()
+    rows = {
+        (topic, line.split("\t")[0]): line
+        for topic, block in re.findall(r"Topic: (fl-\w+)\t[^\n]*\n((?:\t[^\n]*\n)*)", listing)
+        for line in block.strip("\t\n").split("\n\t")
+        if line.startswith("Partition: ")
+    }
+    assert rows[("fl-two", "Partition: 0")].endswith("\t(under-replicated, under-min-isr)")
+    assert rows[("fl-two", "Partition: 1")].endswith("Isr: 1,2"), rows
+    assert rows[("fl-fine", "Partition: 0")].endswith("\t(under-replicated)")
+    described = json.loads(strom("topics", "describe", "--json", *some).stdout)
+    conditions = {
+        (t["name"], p["partition"]): p["conditions"] for t in described for p in t["partitions"]
+    }
+    assert conditions == {
+        ("fl-two", 0): ["under-replicated", "under-min-isr"],
+        ("fl-two", 1): [],
+        ("fl-fine", 0): ["under-replicated"],
+    }
     both = strom(
         "topics",
         "describe",

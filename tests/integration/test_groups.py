@@ -578,6 +578,45 @@ def test_the_groups_cli_lists_describes_resets_and_deletes(
     assert gone.stderr.startswith("strom groups: error: group g-cli: ")
 
 
+def test_a_committed_offset_past_the_log_end_shows_a_negative_lag(
+    cluster: LocalCluster, client: ClusterClient
+) -> None:
+    """Found from outside: a committed offset past the log end (records deleted, a reset past
+    the end, the topic created again) showed lag 0, like a caught-up group, though the
+    group's next fetch there gets OFFSET_OUT_OF_RANGE and resets. Lag is log end minus
+    committed, as Kafka's tool computes it, negative here, in the text, the JSON and the
+    Admin's description, and named on stderr; the coordinator's gauge says how far past."""
+    create_topic(cluster, "past", 2)
+    for p in range(2):
+        produce(client, "past", p, 10)
+    t0, t1 = TopicPartition("past", 0), TopicPartition("past", 1)
+    with Admin(cluster.bootstrap) as admin:
+        admin.alter_group_offsets("g-past", {t0: 25, t1: 4})
+        desc = admin.describe_groups(["g-past"], include_offsets=True)["g-past"]
+    assert {(o.topic_partition, o.end_offset, o.lag) for o in desc.offsets} == {
+        (t0, 10, -15),
+        (t1, 10, 6),
+    }
+    b = ("-b", cluster.bootstrap)
+    text = strom("groups", "describe", "g-past", *b)
+    rows = sorted(line.split() for line in text.stdout.splitlines() if line.startswith("past "))
+    assert rows == [["past", "0", "25", "10", "-15", "-"], ["past", "1", "4", "10", "6", "-"]]
+    assert "g-past past-0: committed offset 25 is past the log end 10 (lag -15)" in text.stderr
+    got = json.loads(strom("groups", "describe", "g-past", "--json", *b).stdout)
+    assert sorted((o["partition"], o["lag"]) for o in got["offsets"]) == [(0, -15), (1, 6)]
+    url = f"http://127.0.0.1:{cluster.coordinators[0].metrics_port}/metrics"
+    past = 'strom_coordinator_consumer_offset_past_end{group="g-past",partition="0",topic="past"}'
+    lag = 'strom_coordinator_consumer_lag{group="g-past",partition="0",topic="past"} 0.0'
+    wait_for(
+        lambda: (
+            {f"{past} 15.0", lag}
+            <= set(urllib.request.urlopen(url, timeout=5).read().decode().splitlines())
+        ),
+        timeout=10,
+        what="the past-end gauge",
+    )
+
+
 def test_the_admin_lists_describes_alters_and_deletes_groups(
     cluster: LocalCluster, client: ClusterClient
 ) -> None:

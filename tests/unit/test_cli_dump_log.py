@@ -5,8 +5,13 @@ tests/integration/test_compaction_transactions.py."""
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +149,110 @@ def test_the_aborted_index_and_producer_snapshots_are_printed(
     assert cli_main(["dump-log", str(snapshot)]) == 1
     err = capsys.readouterr().err
     assert "not a usable producer snapshot: producer snapshot CRC mismatch" in err
+
+
+def _json_lines(out: str) -> list[dict[str, Any]]:
+    """Every line of a ``--json`` dump, each one JSON object (JSON Lines)."""
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_json_prints_one_object_per_batch_record_and_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found from outside: no --json, so scripts (kafka-dump-log users have them) had to parse
+    the text. JSON Lines: one object per batch, per record and marker with --records (or
+    Kafka's --print-data-log), per index entry and producer, each naming its type and file;
+    bytes as UTF-8 text, or base64 when they are not."""
+    d = _segment(tmp_path)
+    seg = str(d / SEG)
+    assert cli_main(["dump-log", "--json", seg]) == 0
+    objs = _json_lines(capsys.readouterr().out)
+    assert [o["type"] for o in objs] == ["file", "batch", "batch", "batch", "batch", "summary"]
+    assert all(o["file"] == seg for o in objs)
+    first, _, txn, marker = objs[1:5]
+    assert (first["base_offset"], first["last_offset"], first["count"]) == (0, 1, 2)
+    assert first["is_valid"] is True and first["offsets_tile"] is True
+    assert (txn["producer_id"], txn["is_transactional"], txn["is_control"]) == (7, True, False)
+    assert marker["is_control"] is True and objs[2]["compression"] == "zstd"
+    assert objs[-1] | {"file": ""} == {
+        "type": "summary",
+        "file": "",
+        "batches": 4,
+        "first_offset": 0,
+        "last_offset": 4,
+        "records": 5,
+        "bad_crc_batches": 0,
+    }
+
+    binary = tmp_path / "bin"
+    log = make_log(binary)
+    log.append(
+        encode_batch([b"\xff\xfe"], keys=[b"k"], timestamps=[T0], headers=[[("h", b"\x00\xff")]])
+    )
+    log.close()
+    argv = ["dump-log", "--print-data-log", "--json", seg, str(binary / SEG)]
+    assert cli_main(argv) == 0
+    objs = _json_lines(capsys.readouterr().out)
+    records = [o for o in objs if o["type"] == "record"]
+    assert [(r["offset"], r["key"], r["value"]) for r in records[:3]] == [
+        (0, "a", "v0"),
+        (1, None, "v1"),
+        (2, "b", "v2"),
+    ]
+    assert records[1]["key_size"] == -1 and records[1]["key_encoding"] is None
+    (m,) = [o for o in objs if o["type"] == "marker"]
+    assert (m["offset"], m["marker"], m["coordinator_epoch"]) == (4, "ABORT", 4)
+    last = records[-1]
+    assert last["file"] == str(binary / SEG)
+    assert (last["key"], last["key_encoding"], last["value_encoding"]) == ("k", "utf8", "base64")
+    assert base64.b64decode(last["value"]) == b"\xff\xfe"
+    assert last["headers"] == [
+        {"key": "h", "value": base64.b64encode(b"\x00\xff").decode(), "value_encoding": "base64"}
+    ]
+
+    argv = [
+        "dump-log",
+        "--json",
+        str(d / "00000000000000000000.index"),
+        str(d / "aborted-transactions"),
+    ]
+    assert cli_main(argv) == 0
+    objs = _json_lines(capsys.readouterr().out)
+    assert {"type": "index_entry", "offset": 0, "position": 0}.items() <= objs[1].items()
+    (aborted,) = [o for o in objs if o["type"] == "aborted_transaction"]
+    assert (aborted["producer_id"], aborted["first_offset"], aborted["last_offset"]) == (7, 3, 4)
+    snapshot = str(d / "00000000000000000005.snapshot")
+    assert cli_main(["dump-log", "--json", snapshot]) == 0
+    (producer,) = [o for o in _json_lines(capsys.readouterr().out) if o["type"] == "producer"]
+    assert producer["batches"] == [
+        {"first_sequence": 0, "last_sequence": 0, "base_offset": 3, "last_offset": 3}
+    ]
+
+
+def test_json_names_a_damaged_file_in_an_error_object_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failure is on stdout as an ``error`` object too (a script reading only stdout must
+    not take a torn segment's dump for a whole one), beside the stderr line and exit 1."""
+    d = _segment(tmp_path)
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / SEG).write_bytes((d / SEG).read_bytes()[:-10])
+    missing = str(tmp_path / "00000000000000000042.log")
+    assert cli_main(["dump-log", "--json", str(torn / SEG), missing]) == 1
+    cap = capsys.readouterr()
+    objs = _json_lines(cap.out)
+    assert [o["type"] for o in objs] == ["file", "batch", "batch", "batch", "error", "error"]
+    assert "damaged or torn" in objs[4]["message"] and objs[4]["file"] == str(torn / SEG)
+    assert objs[5]["file"] == missing and "no such file" in objs[5]["message"]
+    assert len(cap.err.strip().splitlines()) == 2
+
+
+def test_dump_log_help_documents_json() -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "strom.cli.main", "dump-log", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert got.returncode == 0 and "--json" in got.stdout and "--print-data-log" in got.stdout

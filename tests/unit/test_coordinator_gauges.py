@@ -78,6 +78,7 @@ class _LagTimers(Timers):
     def __init__(self, group: ConsumerGroup) -> None:
         self.shards = {0: _Shard(groups={group.group_id: group})}  # type: ignore[dict-item]
         self._lag_labels = set()
+        self._past_end_labels = set()
         self.ids = {"lag-t": "id-1"}
         self.ends: dict[tuple[str, int], int] = {}
 
@@ -104,6 +105,33 @@ def test_lag_keeps_its_last_value_while_the_end_offset_is_unknown() -> None:
     timers.ids = {}  # the topic was deleted
     asyncio.run(timers._refresh_lag())
     assert _value("strom_coordinator_consumer_lag", **labels) is None
+
+
+def test_a_committed_offset_past_the_log_end_is_flagged_not_hidden_as_zero_lag() -> None:
+    """Found from outside: a committed offset past the log end (records deleted, a reset past
+    the end, the topic created again) showed as lag 0, like a caught-up group, though its
+    next fetch gets OFFSET_OUT_OF_RANGE and resets. The lag gauge stays at 0 (it is summed
+    over partitions) and strom_coordinator_consumer_offset_past_end says how far past."""
+    group = ConsumerGroup("past-g", config=GroupConfig(), now_ms=0)
+    group.commit_offsets("", -1, {("lag-t", 0): OffsetAndMetadata(9, topic_id="id-1")}, now_ms=0)
+    timers = _LagTimers(group)
+    labels = {"group": "past-g", "topic": "lag-t", "partition": "0"}
+    timers.ends = {("lag-t", 0): 4}
+    asyncio.run(timers._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **labels) == 0
+    assert _value("strom_coordinator_consumer_offset_past_end", **labels) == 5
+    timers.ends = {}  # no answer: the last value stays, as the lag's does
+    asyncio.run(timers._refresh_lag())
+    assert _value("strom_coordinator_consumer_offset_past_end", **labels) == 5
+    timers.ends = {("lag-t", 0): 15}  # the log grew past it: an ordinary lag again
+    asyncio.run(timers._refresh_lag())
+    assert _value("strom_coordinator_consumer_lag", **labels) == 6
+    assert _value("strom_coordinator_consumer_offset_past_end", **labels) is None
+    timers.ends = {("lag-t", 0): 1}
+    asyncio.run(timers._refresh_lag())
+    timers._forget_lag(["past-g"])  # the shard was unloaded: both series go
+    assert _value("strom_coordinator_consumer_lag", **labels) is None
+    assert _value("strom_coordinator_consumer_offset_past_end", **labels) is None
 
 
 def _service_with_lag(end: int) -> tuple[Any, Any]:

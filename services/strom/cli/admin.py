@@ -25,6 +25,7 @@ from strom.client.admin import (
     DEFAULT_API_TIMEOUT_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
     Admin,
+    ConfigEntry,
     OffsetSpec,
     PartitionInfo,
     TopicDescription,
@@ -211,7 +212,13 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "(2024-05-01T12:00:00Z; without a timezone: local time): the first offset at or "
         "after it",
     )
-    o.add_argument("--json", action="store_true")
+    o.add_argument(
+        "--json",
+        action="store_true",
+        help="a JSON list, one object per partition asked for; one that could not be looked "
+        'up has its offsets null and an "error" ({"code", "message"}; null for the '
+        "others), and the exit status is 1",
+    )
     dr = tsub.add_parser(
         "delete-records",
         parents=[common],
@@ -358,52 +365,88 @@ class PartitionCondition:
     test: PartitionFilter
 
 
-def _partition_filter(admin: Admin, args: argparse.Namespace) -> PartitionCondition | None:
+class MinIsr:
+    """Each topic's effective min.insync.replicas (its override, else the default), asked
+    once per topic: what a partition's ISR is held against to be marked ``under-min-isr``."""
+
+    def __init__(self, admin: Admin) -> None:
+        self._admin = admin
+        self._known: dict[str, int] = {}
+
+    def learn(self, topic: str, configs: dict[str, ConfigEntry]) -> None:
+        """Take it from configs already described (the unfiltered listing prints them)."""
+        self._known[topic] = _min_isr_value(configs)
+
+    def __call__(self, topic: str) -> int:
+        if topic not in self._known:
+            configs = self._admin.describe_configs(topic, names=["min.insync.replicas"])
+            self._known[topic] = _min_isr_value(configs)
+        return self._known[topic]
+
+
+def _min_isr_value(configs: dict[str, ConfigEntry]) -> int:
+    entry = configs.get("min.insync.replicas")
+    return int(entry.value or 1) if entry is not None else 1
+
+
+def _partition_filter(
+    args: argparse.Namespace, min_isr: Callable[[str], int]
+) -> PartitionCondition | None:
     """The filter of Kafka's ``kafka-topics --describe`` flags, None without one. The ISR of
-    ``--under-min-isr-partitions`` is held against each topic's effective min.insync.replicas
-    (its override, else the default), asked once per topic that has partitions."""
+    ``--under-min-isr-partitions`` is held against ``min_isr(topic)``."""
     if args.under_replicated_partitions:
         return PartitionCondition("under-replicated", lambda _topic, p: p.under_replicated)
     if args.unavailable_partitions:
         return PartitionCondition("offline", lambda _topic, p: p.offline)
     if not args.under_min_isr_partitions:
         return None
-    min_isr: dict[str, int] = {}
-
-    def under_min_isr(topic: str, p: PartitionInfo) -> bool:
-        if topic not in min_isr:
-            entry = admin.describe_configs(topic, names=["min.insync.replicas"])
-            min_isr[topic] = int(entry["min.insync.replicas"].value or 1)
-        return len(p.isr) < min_isr[topic]
-
-    return PartitionCondition("under-min-isr", under_min_isr)
+    return PartitionCondition("under-min-isr", lambda topic, p: len(p.isr) < min_isr(topic))
 
 
 def _describe(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
-    wanted = _partition_filter(admin, args)
+    min_isr = MinIsr(admin)
+    wanted = _partition_filter(args, min_isr)
     if wanted is not None:
-        _describe_filtered(admin, client, args, wanted, out)
+        _describe_filtered(client, args, wanted, min_isr, out)
         return
     if args.json:
-        # The controller's answer as is: a stable shape for scripts.
+        # The controller's answer as is (a stable shape for scripts), each partition with
+        # the conditions the text marks.
         resp = _described(client, args.topics)
         topics = []
         for t in resp.topics:
-            d = message_dict(t)
+            configs = admin.describe_configs(t.name)
+            min_isr.learn(t.name, configs)
+            d = _topic_dict(t, t.partitions, min_isr(t.name))
             # Every effective config with where its value comes from (default or topic).
             d["config_entries"] = [
                 {"name": e.name, "value": e.value, "source": str(e.source)}
-                for e in admin.describe_configs(t.name).values()
+                for e in configs.values()
             ]
             topics.append(d)
         print(json.dumps(topics, indent=2), file=out)
         return
     for t in admin.describe_topics(args.topics or None).values():
-        _print_topic(t, out)
+        configs = admin.describe_configs(t.name)
+        min_isr.learn(t.name, configs)
+        _print_topic(t, min_isr(t.name), out)
         print("\tConfigs (value and source: topic override or strom default):", file=out)
-        for e in admin.describe_configs(t.name).values():
+        for e in configs.values():
             value = "(sensitive)" if e.sensitive else ("-" if e.value is None else e.value)
             print(f"\t\t{e.name}={value}\t({e.source})", file=out)
+
+
+def _topic_dict(t: Any, partitions: Any, min_isr: int) -> dict[str, Any]:
+    """A DescribeTopics topic as ``--json`` prints it: the controller's fields, and each
+    partition's ``conditions`` (the flags the text rows end with, e.g. ``under-min-isr``),
+    so that a script need not work them out again."""
+    d = message_dict(t)
+    d["partitions"] = []
+    for p in partitions:
+        row = message_dict(p)
+        row["conditions"] = _conditions(_partition_info(p), min_isr)
+        d["partitions"].append(row)
+    return d
 
 
 def _described(client: ClusterClient, topics: list[str]) -> Any:
@@ -419,10 +462,10 @@ def _described(client: ClusterClient, topics: list[str]) -> Any:
 
 
 def _describe_filtered(
-    admin: Admin,
     client: ClusterClient,
     args: argparse.Namespace,
     wanted: PartitionCondition,
+    min_isr: Callable[[str], int],
     out: Any,
 ) -> None:
     """``topics describe`` with a partition filter: as Kafka's tool, only the partitions that
@@ -436,12 +479,10 @@ def _describe_filtered(
         if not shown:
             continue
         if args.json:
-            d = message_dict(t)
-            d["partitions"] = [message_dict(p) for p in shown]
-            rows.append(d)
+            rows.append(_topic_dict(t, shown, min_isr(t.name)))
             continue
         for p in shown:
-            line = _partition_line(_partition_info(p), met=wanted.flag)
+            line = _partition_line(_partition_info(p), min_isr(t.name), met=wanted.flag)
             print(f"Topic: {t.name}\t{line}", file=out)
     if args.json:
         print(json.dumps(rows, indent=2), file=out)
@@ -639,64 +680,90 @@ def _print_refused(errors: dict[TopicPartition, StromError], args: argparse.Name
 def _offsets(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     """Print each partition's offsets, and one error line per partition that could not be
     looked up (exit 1), as Kafka's kafka-get-offsets: found from outside, one partition
-    without a live leader printed nothing for the healthy ones."""
+    without a live leader printed nothing for the healthy ones. With ``--json`` every
+    partition asked for is a row; a refused one has its ``error`` (code and message) and
+    null offsets (found from outside: it was only on stderr, so a script reading the JSON
+    took a partial answer for a whole one)."""
     tps = _partitions_of(admin, list(dict.fromkeys(args.topics)), args.partition)
-    rows: list[dict[str, Any]] = []
     if args.time is None:
-        earliest, errors = _per_partition(
-            lambda: _within_timeout(admin, client, args).list_offsets(
-                dict.fromkeys(tps, "earliest")
-            )
-        )
-        # Only where "earliest" answered: a partition without a leader is waited for once.
-        latest, later = _per_partition(
-            lambda: (
-                _within_timeout(admin, client, args).list_offsets(dict.fromkeys(earliest, "latest"))
-                if earliest
-                else {}
-            )
-        )
-        errors.update(later)
-        for tp in tps:
-            if tp in earliest and tp in latest:
-                e, la = earliest[tp], latest[tp]
-                rows.append(
-                    {
-                        "topic": tp.topic,
-                        "partition": tp.partition,
-                        "earliest": e.offset if e else -1,
-                        "latest": la.offset if la else -1,
-                    }
-                )
+        rows, errors = _earliest_and_latest(admin, client, args, tps)
     else:
-        found, errors = _per_partition(
-            lambda: _within_timeout(admin, client, args).list_offsets(dict.fromkeys(tps, args.time))
-        )
-        for tp in tps:
-            if tp not in found:
-                continue
-            hit = found[tp]
-            rows.append(
-                {
-                    "topic": tp.topic,
-                    "partition": tp.partition,
-                    "offset": hit.offset if hit else None,
-                    "timestamp": hit.timestamp if hit and hit.timestamp >= 0 else None,
-                }
-            )
+        rows, errors = _offsets_at(admin, client, args, tps)
     if args.json:
-        print(json.dumps(rows, indent=2), file=out)
+        for tp, row in rows.items():
+            exc = errors.get(tp)
+            row["error"] = None if exc is None else {"code": exc.name, "message": exc.message}
+        print(json.dumps(list(rows.values()), indent=2), file=out)
     else:
-        for row in rows:
-            head = f"Topic: {row['topic']}\tPartition: {row['partition']}"
-            if args.time is None:
-                print(f"{head}\tEarliest: {row['earliest']}\tLatest: {row['latest']}", file=out)
-            else:
-                offset = "none" if row["offset"] is None else row["offset"]
-                ts = "-" if row["timestamp"] is None else row["timestamp"]
-                print(f"{head}\tOffset: {offset}\tTimestamp: {ts}", file=out)
+        for tp, row in rows.items():
+            if tp not in errors:
+                print(_offsets_line(row, args.time is None), file=out)
     out.flush()
     return _print_refused({tp: errors[tp] for tp in tps if tp in errors}, args)
+
+
+#: Per partition asked for, in order: its ``topics offsets`` row (offsets None if refused),
+#: and the partitions refused with why.
+_OffsetRows = tuple[dict[TopicPartition, dict[str, Any]], dict[TopicPartition, StromError]]
+
+
+def _earliest_and_latest(
+    admin: Admin, client: ClusterClient, args: argparse.Namespace, tps: list[TopicPartition]
+) -> _OffsetRows:
+    """Each partition's earliest and latest offsets (-1 for no answer from the node)."""
+    earliest, errors = _per_partition(
+        lambda: _within_timeout(admin, client, args).list_offsets(dict.fromkeys(tps, "earliest"))
+    )
+    # Only where "earliest" answered: a partition without a leader is waited for once.
+    latest, later = _per_partition(
+        lambda: (
+            _within_timeout(admin, client, args).list_offsets(dict.fromkeys(earliest, "latest"))
+            if earliest
+            else {}
+        )
+    )
+    errors.update(later)
+    rows = {}
+    for tp in tps:
+        e, la = earliest.get(tp), latest.get(tp)
+        done = tp not in errors
+        rows[tp] = {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "earliest": (e.offset if e else -1) if done else None,
+            "latest": (la.offset if la else -1) if done else None,
+        }
+    return rows, errors
+
+
+def _offsets_at(
+    admin: Admin, client: ClusterClient, args: argparse.Namespace, tps: list[TopicPartition]
+) -> _OffsetRows:
+    """Each partition's first offset at or after ``--time`` (None: no such record)."""
+    found, errors = _per_partition(
+        lambda: _within_timeout(admin, client, args).list_offsets(dict.fromkeys(tps, args.time))
+    )
+    rows = {}
+    for tp in tps:
+        hit = found.get(tp)
+        rows[tp] = {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "offset": hit.offset if hit else None,
+            "timestamp": hit.timestamp if hit and hit.timestamp >= 0 else None,
+        }
+    return rows, errors
+
+
+def _offsets_line(row: dict[str, Any], bounds: bool) -> str:
+    """One partition of ``topics offsets`` as text: earliest and latest, or the offset at
+    ``--time``."""
+    head = f"Topic: {row['topic']}\tPartition: {row['partition']}"
+    if bounds:
+        return f"{head}\tEarliest: {row['earliest']}\tLatest: {row['latest']}"
+    offset = "none" if row["offset"] is None else row["offset"]
+    ts = "-" if row["timestamp"] is None else row["timestamp"]
+    return f"{head}\tOffset: {offset}\tTimestamp: {ts}"
 
 
 def _delete_records(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
@@ -821,7 +888,7 @@ _TOPIC_COMMANDS: dict[
 }
 
 
-def _print_topic(t: TopicDescription, out: Any) -> None:
+def _print_topic(t: TopicDescription, min_isr: int, out: Any) -> None:
     overrides = ", ".join(f"{k}={v}" for k, v in sorted(t.configs.items())) or "-"
     print(
         f"Topic: {t.name}\tTopicId: {t.topic_id}\tPartitions: {t.partition_count}\t"
@@ -829,23 +896,38 @@ def _print_topic(t: TopicDescription, out: Any) -> None:
         file=out,
     )
     for p in t.partitions:
-        print(f"\t{_partition_line(p)}", file=out)
+        print(f"\t{_partition_line(p, min_isr)}", file=out)
 
 
-def _partition_line(p: PartitionInfo, met: str | None = None) -> str:
+def _conditions(p: PartitionInfo, min_isr: int) -> list[str]:
+    """The conditions a partition is marked with (what the filters of ``topics describe``
+    select): found from outside, the unfiltered listing did not mark an ISR smaller than
+    min.insync.replicas (acks=all writes failing) though ``--under-min-isr-partitions``
+    listed it."""
+    found = []
+    if p.under_replicated:
+        found.append("under-replicated")
+    if p.offline:
+        found.append("offline")
+    if len(p.isr) < min_isr:
+        found.append("under-min-isr")
+    if p.reassigning:
+        found.append("reassigning")
+    if p.recovering:
+        found.append("recovering")
+    return found
+
+
+def _partition_line(p: PartitionInfo, min_isr: int, met: str | None = None) -> str:
     """A partition as ``topics describe`` prints it (Kafka's fields, then strom's flags;
     ``met``, the condition a filtered listing showed it for, first)."""
     flags = [met] if met else []
-    if p.under_replicated and met != "under-replicated":
-        flags.append("under-replicated")
-    if p.offline and met != "offline":
-        flags.append("offline")
-    if p.reassigning:
-        flags.append(
-            f"reassigning: adding {_ids(p.adding_replicas)} removing {_ids(p.removing_replicas)}"
-        )
-    if p.recovering:
-        flags.append("recovering")
+    for c in _conditions(p, min_isr):
+        if c == "reassigning":
+            adding, removing = _ids(p.adding_replicas), _ids(p.removing_replicas)
+            flags.append(f"reassigning: adding {adding} removing {removing}")
+        elif c != met:
+            flags.append(c)
     return (
         f"Partition: {p.partition}\tLeader: {'none' if p.leader is None else p.leader}\t"
         f"Epoch: {p.leader_epoch}\t"

@@ -31,6 +31,7 @@ from strom.client.group_admin import (
     describe_group,
     group_state,
     non_empty_error,
+    partition_lag,
 )
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
@@ -64,7 +65,17 @@ def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         f"{INCOMPLETE} (stdout stays plain rows or, with --json, one JSON array).",
     )
     ls.add_argument("--json", action="store_true")
-    d = gsub.add_parser("describe", parents=[common], help="members, offsets and lag")
+    d = gsub.add_parser(
+        "describe",
+        parents=[common],
+        help="members, offsets and lag",
+        description="Members, committed offsets, log end offsets and lag (log end minus "
+        "committed, as Kafka's tool computes it). A negative lag is a committed offset past "
+        "the log end (records deleted or expired, a reset past the end, the topic created "
+        "again): the group's next fetch there gets OFFSET_OUT_OF_RANGE and resets by its "
+        "auto.offset.reset; it is shown as is and named on stderr. With --json an unknown "
+        "lag is null.",
+    )
     d.add_argument("group", nargs="*", type=group_id, help="one or more groups")
     d.add_argument(
         "--all-groups",
@@ -227,15 +238,41 @@ def _describe(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
         for d in described:
             got = message_dict(d)
             got["state"] = group_state(d.state)  # as `list` and the text say it ("Empty")
+            for o, row in zip(d.offsets, got.get("offsets", []), strict=True):
+                row["lag"] = _lag_of(o)  # signed; null = unknown (-1 was ambiguous)
             rows.append(got)
         single = not args.all_groups and len(args.group) == 1
         print(json.dumps(rows[0] if single else rows, indent=2), file=out)
-        return code
-    for i, d in enumerate(described):
-        if i:
-            print(file=out)
-        _print_group(d, out)
+    else:
+        for i, d in enumerate(described):
+            if i:
+                print(file=out)
+            _print_group(d, out)
+    _warn_past_end(described)
     return code
+
+
+def _lag_of(o: coordinator_pb2.GroupPartitionOffset) -> int | None:
+    """The partition's lag from its committed and end offsets (:func:`partition_lag`): the
+    answer's own ``lag`` field cannot tell -1 from unknown, and older coordinators clamped a
+    negative lag to 0."""
+    return partition_lag(o.committed_offset, o.end_offset)
+
+
+def _warn_past_end(described: list[coordinator_pb2.DescribedGroup]) -> None:
+    """Name on stderr every partition whose committed offset is past its log end, so that a
+    negative lag in the table or the JSON is not taken for a typo."""
+    for d in described:
+        for o in d.offsets:
+            lag = _lag_of(o)
+            if lag is not None and lag < 0:
+                print(
+                    f"strom groups describe: warning: group {d.group_id} {o.topic}-{o.partition}: "
+                    f"committed offset {o.committed_offset} is past the log end "
+                    f"{o.end_offset} (lag {lag}): its next fetch gets OFFSET_OUT_OF_RANGE and "
+                    "resets by auto.offset.reset",
+                    file=sys.stderr,
+                )
 
 
 def _print_group(d: coordinator_pb2.DescribedGroup, out: Any) -> None:
@@ -246,13 +283,14 @@ def _print_group(d: coordinator_pb2.DescribedGroup, out: Any) -> None:
     )
     rows = [("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "MEMBER")]
     for o in d.offsets:
+        lag = _lag_of(o)
         rows.append(
             (
                 o.topic,
                 str(o.partition),
                 "-" if o.committed_offset < 0 else str(o.committed_offset),
                 "-" if o.end_offset < 0 else str(o.end_offset),
-                "-" if o.lag < 0 else str(o.lag),
+                "-" if lag is None else str(lag),
                 o.member_id or "-",
             )
         )

@@ -142,7 +142,9 @@ class GroupPartitionLag:
     #: The high watermark (the log end consumers see); None = unknown.
     end_offset: int | None
     #: ``end_offset - committed_offset`` (0 when nothing is committed and the log is empty);
-    #: None = unknown.
+    #: None = unknown. Negative when the committed offset is past the log end (records
+    #: deleted or expired, a reset past the end, the topic created again): the group's next
+    #: fetch there gets OFFSET_OUT_OF_RANGE and resets by its ``auto.offset.reset``.
     lag: int | None
     #: The member owning the partition; None = none.
     member_id: str | None
@@ -212,13 +214,31 @@ def _member(m: coordinator_pb2.DescribedMember) -> MemberDescription:
     )
 
 
+def partition_lag(committed: int | None, end: int | None) -> int | None:
+    """A group's lag on one partition, as Kafka's kafka-consumer-groups computes it: the log
+    end minus the committed offset, negative when the committed offset is past the end (an
+    operator must see that: the consumer will get OFFSET_OUT_OF_RANGE and reset); 0 with
+    nothing committed on an empty log; None when unknown.
+
+    Why from the two offsets and not the answer's ``lag`` field: that field uses -1 for
+    "unknown" (and older coordinators clamped it to 0), so a lag of -1 could not be told
+    from an unknown one."""
+    if end is None or end < 0:
+        return None
+    if committed is None or committed < 0:
+        return 0 if end == 0 else None
+    return end - committed
+
+
 def _lag(o: coordinator_pb2.GroupPartitionOffset) -> GroupPartitionLag:
+    committed = o.committed_offset if o.committed_offset >= 0 else None
+    end = o.end_offset if o.end_offset >= 0 else None
     return GroupPartitionLag(
         topic_partition=TopicPartition(o.topic, o.partition),
-        committed_offset=o.committed_offset if o.committed_offset >= 0 else None,
+        committed_offset=committed,
         metadata=o.metadata,
-        end_offset=o.end_offset if o.end_offset >= 0 else None,
-        lag=o.lag if o.lag >= 0 else None,
+        end_offset=end,
+        lag=partition_lag(committed, end),
         member_id=o.member_id or None,
     )
 

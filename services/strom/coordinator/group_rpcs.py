@@ -187,7 +187,9 @@ class GroupRpcs(StorageIO):
             if end < 0:
                 lag = -1
             elif committed >= 0:
-                lag = max(0, end - committed)
+                # Negative past the log end (found from outside: clamped to 0, it hid a
+                # group about to get OFFSET_OUT_OF_RANGE and reset).
+                lag = end - committed
             else:
                 lag = 0 if end == 0 else -1
             d.offsets.add(

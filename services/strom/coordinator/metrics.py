@@ -113,7 +113,18 @@ SUPERSEDED_COMMITS = Counter(
 )
 LAG = Gauge(
     "strom_coordinator_consumer_lag",
-    "High watermark minus committed offset, per group and partition",
+    "High watermark minus committed offset, per group and partition (0 when the committed "
+    "offset is past the high watermark: strom_coordinator_consumer_offset_past_end says so)",
+    ["group", "topic", "partition"],
+)
+#: Why a gauge of its own and not a negative lag: the lag is summed over partitions (the
+#: alerts' recording rule, the dashboard), where a negative value would hide another
+#: partition's lag.
+PAST_END = Gauge(
+    "strom_coordinator_consumer_offset_past_end",
+    "Committed offset minus high watermark where the committed offset is past it (records "
+    "deleted or expired, a reset past the end, the topic created again): the group's next "
+    "fetch gets OFFSET_OUT_OF_RANGE and resets; exported only while positive",
     ["group", "topic", "partition"],
 )
 

@@ -141,6 +141,7 @@ class CoordinatorService(
         self._stopping = False
         self._topics_cache: tuple[int, dict[str, int], dict[str, str]] = (-1, {}, {})
         self._lag_labels: set[tuple[str, str, str]] = set()
+        self._past_end_labels: set[tuple[str, str, str]] = set()
         self._swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None = None
         self._empty_since: dict[str, int] = {}
         self._next_empty_check = 0

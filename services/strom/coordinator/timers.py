@@ -38,6 +38,8 @@ class Timers(StorageIO):
     """The timer loop: member expiry, transaction timeouts, lag gauges."""
 
     _lag_labels: set[tuple[str, str, str]]
+    #: The series of PAST_END exported (committed offsets past the log end).
+    _past_end_labels: set[tuple[str, str, str]]
     #: What the last sweep of deleted topics' offsets saw: live topic ids, loaded shards.
     _swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None
     #: ``--empty-group-retention-ms``: see :meth:`_drop_empty_groups`.
@@ -201,6 +203,7 @@ class Timers(StorageIO):
         # (_forget_lag): its groups are not exported again.
         live = {gid for s in list(self.shards.values()) if s.loaded for gid in s.groups}
         labels = set()
+        past: set[tuple[str, str, str]] = set()
         for (gid, t, p), off in committed.items():
             if gid not in live:
                 continue
@@ -212,13 +215,27 @@ class Timers(StorageIO):
                 # from outside: the series was removed).
                 if key in self._lag_labels:
                     labels.add(key)
+                if key in self._past_end_labels:
+                    past.add(key)
                 continue
             labels.add(key)
             metrics.LAG.labels(*key).set(max(0, end - off))
+            if off > end:
+                past.add(key)
+                metrics.PAST_END.labels(*key).set(off - end)
         for key in self._lag_labels - labels:
             with contextlib.suppress(KeyError):
                 metrics.LAG.remove(*key)
         self._lag_labels = labels
+        self._forget_past_end(self._past_end_labels - past)
+        self._past_end_labels = past
+
+    def _forget_past_end(self, keys: Iterable[tuple[str, str, str]]) -> None:
+        """Drop PAST_END series (the offset is back within the log, or the lag is gone)."""
+        for key in list(keys):
+            self._past_end_labels.discard(key)
+            with contextlib.suppress(KeyError):
+                metrics.PAST_END.remove(*key)
 
     def _forget_lag(self, group_ids: Iterable[str]) -> None:
         """Drop the lag series of groups this coordinator stopped serving (their shard was
@@ -228,3 +245,4 @@ class Timers(StorageIO):
             self._lag_labels.discard(key)
             with contextlib.suppress(KeyError):
                 metrics.LAG.remove(*key)
+        self._forget_past_end([k for k in self._past_end_labels if k[0] in gone])
