@@ -24,3 +24,28 @@ def test_zero_fields_are_printed_and_64_bit_integers_are_numbers() -> None:
     assert d["offsets"][0]["committed_offset"] == 0 and d["offsets"][0]["lag"] == 0
     assert d["offsets"][1]["committed_offset"] == big
     assert d["members"] == [] and d["error_code"] == "NONE"
+
+
+def test_describe_json_gives_the_replica_count_a_reassignment_changed() -> None:
+    """``topics describe --json``: ``metadata.replication_factor`` is the count the text
+    shows (the first partition's replicas, not counting those being added), the count chosen
+    at creation kept as ``created_replication_factor`` (found from outside: the JSON still
+    said 2 after a move to 3 replicas)."""
+    from strom.api import controller_pb2
+    from strom.api import metadata_pb2 as md
+    from strom.cli.admin import _topic_dict
+
+    t = controller_pb2.TopicDescription(
+        name="a2", metadata=md.TopicMetadata(name="a2", partition_count=1, replication_factor=2)
+    )
+    p = controller_pb2.PartitionDescription(
+        partition=0, state=md.PartitionState(replicas=[1, 2, 3], leader=1, isr=[1, 2, 3])
+    )
+    d = _topic_dict(t, [p], 1)
+    assert d["metadata"]["replication_factor"] == 3
+    assert d["metadata"]["created_replication_factor"] == 2
+    moving = controller_pb2.PartitionDescription(
+        partition=0,
+        state=md.PartitionState(replicas=[4, 1, 2], leader=1, isr=[1, 2], adding_replicas=[4]),
+    )
+    assert _topic_dict(t, [moving], 1)["metadata"]["replication_factor"] == 2

@@ -41,6 +41,12 @@ def nothing_connects(monkeypatch: pytest.MonkeyPatch) -> None:
             "strom topics reassign",
             "--replicas 'a,b'",
         ),
+        (
+            # Found from outside: "2,,3" was taken as [2, 3].
+            ["topics", "reassign", "t", "--partition", "0", "--replicas", "2,,3", *B],
+            "strom topics reassign",
+            "--replicas '2,,3'",
+        ),
         (["consume", "t", "--offset", "5", *B], "strom consume", "--offset"),
         (
             ["consume", "t", "--group", "g", "--partition", "0", *B],

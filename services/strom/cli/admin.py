@@ -30,6 +30,7 @@ from strom.client.admin import (
     PartitionInfo,
     TopicDescription,
     _partition_info,
+    _replication_factor,
 )
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
@@ -442,10 +443,20 @@ def _topic_dict(t: Any, partitions: Any, min_isr: int) -> dict[str, Any]:
     so that a script need not work them out again."""
     d = message_dict(t)
     d["partitions"] = []
+    infos = []
     for p in partitions:
         row = message_dict(p)
-        row["conditions"] = _conditions(_partition_info(p), min_isr)
+        info = _partition_info(p)
+        infos.append(info)
+        row["conditions"] = _conditions(info, min_isr)
         d["partitions"].append(row)
+    meta = d.get("metadata")
+    if isinstance(meta, dict) and infos:
+        # The count the text shows (a reassignment may have changed it; found from outside:
+        # the JSON kept the count chosen at creation), that one kept beside it.
+        created = t.metadata.replication_factor
+        meta["created_replication_factor"] = created
+        meta["replication_factor"] = _replication_factor(created, tuple(infos))
     return d
 
 
@@ -821,7 +832,11 @@ def _replicas(args: argparse.Namespace) -> list[int]:
     replicas: list[int] = []
     if args.replicas:
         try:
-            replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
+            parts = args.replicas.split(",")
+            if any(not x.strip() for x in parts):
+                # Found from outside: "2,,3" was taken as [2, 3] without a word.
+                raise ValueError("an empty entry")
+            replicas = [int(x) for x in parts]
         except ValueError:
             raise UsageError(f"--replicas {args.replicas!r} is not a list of node ids") from None
         if not all(0 <= r < 2**31 for r in replicas):
