@@ -28,6 +28,7 @@ from strom.record.header import (
     HEADER_SIZE,
     TIMESTAMP_LOG_APPEND,
     BatchHeader,
+    TimestampType,
     check_header,
     pack_header,
     read_header,
@@ -44,6 +45,9 @@ class Record(NamedTuple):
     second, and tuples of plain values are cheaper to create and are untracked by the garbage
     collector. ``offset`` is -1 until the log assigns it; ``topic``/``partition`` are filled
     in by consumers. ``headers`` is a tuple of ``(str, bytes | None)`` pairs.
+    ``timestamp_type`` says what ``timestamp`` is (:class:`TimestampType`: 0 the producer's
+    create time, 1 the leader's log-append time), as Kafka's ``ConsumerRecord.timestampType()``;
+    it is the batch's, so decoding fills it from one repeated value per batch.
     """
 
     key: bytes | None = None
@@ -53,6 +57,7 @@ class Record(NamedTuple):
     offset: int = -1
     topic: str | None = None
     partition: int = -1
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME
 
 
 def _now_ms() -> int:
@@ -579,6 +584,7 @@ class RecordBatch:
                 offsets,
                 repeat(topic, n),
                 repeat(partition, n),
+                repeat(self.header.timestamp_type, n),
                 strict=True,
             )
         ]
