@@ -9,12 +9,21 @@ import struct
 from pathlib import Path
 
 import crc32c
+import pyarrow as pa
 import pytest
 
 from strom.log import InvalidTimestampError, Log, LogConfig, LogManager, compact, partition_log
 from strom.log.segment import _fallocate, segment_name
-from strom.record import HEADER_SIZE, InvalidBatchError, decode_records, encode_batch
+from strom.record import (
+    BODY_SCHEMA_V1,
+    HEADER_SIZE,
+    InvalidBatchError,
+    decode_records,
+    encode_batch,
+    encode_body,
+)
 from strom.record.header import CRC_START, pack_header, read_header
+from strom.record.schema import HEADERS_TYPE
 
 T0 = 1_700_000_000_000
 
@@ -74,6 +83,41 @@ def test_timestamp_before_max_checks_every_record_not_only_the_first(tmp_path: P
         log.append(encode_batch([b"a", b"b"], timestamps=[T0, T0 - 1001], compression="zstd"))
     assert log.log_end_offset == 1 and all_values(log) == [b"v"]
     assert log.append(batch(T0, T0 - 1000, T0 - 3)).last_offset == 3  # all within the bound
+
+
+def test_records_without_a_timestamp_are_not_too_old(tmp_path: Path) -> None:
+    """-1 (Kafka's NO_TIMESTAMP) is left out of the check, as it was for a batch's first
+    record before and as Kafka's LogValidator does; the other records still count."""
+    log = make(tmp_path / "t-0", message_timestamp_before_max_ms=1000)
+    assert log.append(unstamped(-1, T0, -1)).last_offset == 2
+    assert log.append(unstamped(-1, -1)).last_offset == 4
+    with pytest.raises(InvalidTimestampError, match="offset delta 2 has timestamp 5,"):
+        log.append(unstamped(-1, T0, 5, -1))
+    assert log.log_end_offset == 5
+
+
+def unstamped(*timestamps: int) -> bytes:
+    """A batch of a foreign producer that may send -1 (strom's encoder refuses it)."""
+    n = len(timestamps)
+    base = timestamps[0]
+    body = pa.RecordBatch.from_arrays(
+        [
+            pa.array(range(n), pa.int32()),
+            pa.array([t - base for t in timestamps], pa.int64()),
+            pa.nulls(n, pa.binary()),
+            pa.array([b"v"] * n, pa.binary()),
+            pa.nulls(n, HEADERS_TYPE),
+        ],
+        schema=BODY_SCHEMA_V1,
+    )
+    return encode_body(
+        body,
+        attributes=0,
+        base_offset=0,
+        last_offset_delta=n - 1,
+        base_timestamp=base,
+        max_timestamp=max(timestamps),
+    )
 
 
 def test_timestamp_after_max_checks_the_body_when_it_is_read(tmp_path: Path) -> None:

@@ -695,7 +695,7 @@ class Log:
             ext = timestamp_extremes(h, view[h.position : h.position + h.size])
             if ext is None:
                 continue
-            if now - ext.min_timestamp > before:
+            if ext.min_timestamp >= 0 and now - ext.min_timestamp > before:
                 raise InvalidTimestampError(
                     f"batch at byte {h.position}: record at offset delta "
                     f"{ext.min_offset_delta} has timestamp {ext.min_timestamp}, "

@@ -634,9 +634,13 @@ def _decode_payload(
     return rb, cols, od
 
 
+_NO_DELTA = np.iinfo(np.int64).max
+
+
 class TimestampExtremes(NamedTuple):
     """A batch's oldest and newest record timestamps and their records' offset deltas (the
-    first record of each when several share the value)."""
+    first record of each when several share the value). ``min_timestamp`` is the oldest of
+    the records that have one (>= 0); -1 (and ``min_offset_delta`` -1) when none has."""
 
     min_timestamp: int
     min_offset_delta: int
@@ -679,12 +683,19 @@ def timestamp_extremes(h: BatchHeader, raw: Any) -> TimestampExtremes | None:
             f"batch at byte {pos}: null offset or timestamp delta in the body", position=pos
         )
     deltas = ts_col.to_numpy()
-    lo, hi = int(np.argmin(deltas)), int(np.argmax(deltas))
-    od = od_col.to_numpy()
     base = h.base_timestamp
-    return TimestampExtremes(
-        base + int(deltas[lo]), int(od[lo]), base + int(deltas[hi]), int(od[hi])
-    )
+    hi = int(np.argmax(deltas))
+    # Records without a timestamp (-1, Kafka's NO_TIMESTAMP) are not too old: left out of
+    # the minimum as Kafka's LogValidator leaves them out (compared in delta space).
+    lo = int(np.argmin(deltas))
+    if base + int(deltas[lo]) < 0:
+        stamped = np.where(deltas >= -base, deltas, _NO_DELTA)
+        lo = int(np.argmin(stamped))
+        if stamped[lo] == _NO_DELTA:
+            lo = -1
+    od = od_col.to_numpy()
+    low = (base + int(deltas[lo]), int(od[lo])) if lo >= 0 else (-1, -1)
+    return TimestampExtremes(*low, base + int(deltas[hi]), int(od[hi]))
 
 
 def _check_deltas(h: BatchHeader, first: int, last: int, not_increasing: bool) -> None:
