@@ -22,6 +22,7 @@ import pytest
 
 from strom import Consumer, Producer, TimestampType, TopicPartition
 from strom.api import records_pb2, records_pb2_grpc
+from strom.client.partitioner import partition_for_key
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import ErrorCode, InvalidTimestampError
@@ -120,6 +121,24 @@ def test_produce_records_with_an_old_record_after_a_new_one_is_refused(
     )
     assert resp.results[0].error_code == 0 and list(resp.offsets) == [0]  # nothing before it
     assert [r.value for r in read_all(cluster, topic, 1)] == [b"ok"]
+
+
+def test_only_the_partition_with_the_old_record_is_refused(
+    cluster: LocalCluster, stub: Any, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(cluster, 2, config={"message.timestamp.before.max.ms": str(DAY_MS)})
+    keys = [
+        next(k for i in range(100) if partition_for_key(k := b"k%d" % i, 2) == p) for p in (0, 1)
+    ]
+    resp = produce(
+        stub,
+        topic=topic,
+        records=rp.RecordColumns(keys=keys, values=[b"old", b"new"], timestamps=[OLD, now_ms()]),
+    )
+    by_partition = {r.partition: r for r in resp.results}
+    assert by_partition[0].error_code == ErrorCode.INVALID_TIMESTAMP, resp
+    assert by_partition[0].error_message.startswith(f"{topic}-0: record 0 of the call"), resp
+    assert by_partition[1].error_code == 0 and list(resp.offsets) == [-1, 0], resp
 
 
 def test_a_topic_without_a_before_limit_takes_old_records(
