@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         ProducerClosedError,
         StromError,
     )
-    from strom.record import Record
+    from strom.record import Record, TimestampType
 
 __version__ = "0.1.0"
 
@@ -54,6 +54,7 @@ _LAZY: dict[str, str] = {
     "RecordMetadata": "strom.client",
     "TopicPartition": "strom.client",
     "Record": "strom.record",
+    "TimestampType": "strom.record",
     # The errors applications catch besides the StromError family's server-code classes.
     "CommitFailedError": "strom.errors",
     "IllegalStateError": "strom.errors",
@@ -78,6 +79,7 @@ __all__ = [
     "Record",
     "RecordMetadata",
     "StromError",
+    "TimestampType",
     "TopicPartition",
     "__version__",
 ]

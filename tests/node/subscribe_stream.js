@@ -1,7 +1,8 @@
 // One Subscribe stream (explicit: every partition of --topic, from --start earliest|latest),
 // on a channel of its own with the options a test gives, printing what arrives:
 //   {"event":"assignment","partitions":[...]}        each assignment message
-//   {"event":"records","partition":p,"offsets":[...],"sizes":[...]}  each records message
+//   {"event":"records","partition":p,"offsets":[...],"sizes":[...],"timestamps":[...],
+//    "timestampTypes":[...]}                          each records message
 //   {"event":"ended","code":c,"details":"..."}         the stream's end (then exits 0)
 // Options: --keepalive-ms N (grpc.keepalive_time_ms, with a 5 s keepalive timeout) and
 // --max-receive N (grpc.max_receive_message_length). The test stops it with "stop" on stdin.
@@ -26,7 +27,14 @@ call.on('data', (msg) => {
     return;
   }
   const { partition, offsets, records } = msg.records;
-  emit({ event: 'records', partition, offsets, sizes: records.values.map((v) => v.length) });
+  emit({
+    event: 'records',
+    partition,
+    offsets,
+    sizes: records.values.map((v) => v.length),
+    timestamps: records.timestamps,
+    timestampTypes: records.timestamp_types,
+  });
 });
 call.on('error', (err) => {
   emit({ event: 'ended', code: err.code, details: err.details });

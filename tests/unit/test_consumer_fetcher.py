@@ -43,6 +43,7 @@ from strom.record import (
     HEADER_SIZE,
     InvalidBatchError,
     Record,
+    TimestampType,
     decode_batches,
     encode_batch,
     small_body,
@@ -183,6 +184,24 @@ def test_compacted_gaps_and_control_batches_advance_the_position() -> None:
     arrow, pos, n = completed(raw).take_arrow(1, 100, _Constants())
     assert pa.Table.from_batches(arrow).column("offset").to_pylist() == [2, 5, 7]
     assert (pos, n) == (8, 3)
+
+
+def test_records_and_arrow_say_each_record_s_timestamp_type() -> None:
+    """Record.timestamp_type and poll_arrow's timestamp_type column come from each batch's
+    attribute bit 3 (Kafka's ConsumerRecord.timestampType(); found from outside: missing)."""
+    raw = batches((0, 2), timestamps=[5, 6]) + batches((2, 3), log_append_time=True, now_ms=7)
+    recs, _ = completed(raw).take_records(0, 100)
+    assert [(r.timestamp, r.timestamp_type) for r in recs] == [
+        (5, TimestampType.CREATE_TIME),
+        (6, TimestampType.CREATE_TIME),
+        *[(7, TimestampType.LOG_APPEND_TIME)] * 3,
+    ]
+    assert recs[0].timestamp_type == 0 and recs[2].timestamp_type == 1  # Kafka's ids
+    assert [r.timestamp_type for r in decode_batches(raw)[1].records()] == [1, 1, 1]
+    arrow, _, _ = completed(raw).take_arrow(1, 100, _Constants())
+    table = pa.Table.from_batches(arrow, schema=CONSUMER_SCHEMA)
+    assert table.column("timestamp_type").to_pylist() == [0, 1, 1, 1]
+    assert table.schema.field("timestamp_type").type == pa.int8()
 
 
 def test_take_arrow_matches_take_records_and_both_mix() -> None:

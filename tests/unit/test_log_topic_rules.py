@@ -5,13 +5,25 @@ segment.jitter.ms, segment.index.bytes and preallocate. Clocks and randomness ar
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
+import crc32c
+import pyarrow as pa
 import pytest
 
-from strom.log import InvalidTimestampError, Log, LogConfig, LogManager, compact
+from strom.log import InvalidTimestampError, Log, LogConfig, LogManager, compact, partition_log
 from strom.log.segment import _fallocate, segment_name
-from strom.record import InvalidBatchError, decode_records, encode_batch
+from strom.record import (
+    BODY_SCHEMA_V1,
+    HEADER_SIZE,
+    InvalidBatchError,
+    decode_records,
+    encode_batch,
+    encode_body,
+)
+from strom.record.header import CRC_START, pack_header, read_header
+from strom.record.schema import HEADERS_TYPE
 
 T0 = 1_700_000_000_000
 
@@ -55,6 +67,111 @@ def test_timestamp_before_max(tmp_path: Path) -> None:
     assert "message.timestamp.before.max.ms=1000" in msg and str(T0 - 1001) in msg
     assert "1001 ms before" in msg
     assert log.log_end_offset == 1
+
+
+def test_timestamp_before_max_checks_every_record_not_only_the_first(tmp_path: Path) -> None:
+    """A batch [now, old] (send() keeps the caller's timestamps in call order) is refused:
+    the check read only base_timestamp, the first record's (found from outside)."""
+    log = make(tmp_path / "t-0", message_timestamp_before_max_ms=1000)
+    log.append(batch(T0))
+    with pytest.raises(InvalidTimestampError) as err:
+        log.append(batch(T0, T0 - 500, 1000, T0 - 2000))
+    msg = str(err.value)
+    assert "record at offset delta 2 has timestamp 1000" in msg, msg
+    assert "message.timestamp.before.max.ms=1000" in msg
+    with pytest.raises(InvalidTimestampError, match="offset delta 1 has timestamp"):
+        log.append(encode_batch([b"a", b"b"], timestamps=[T0, T0 - 1001], compression="zstd"))
+    assert log.log_end_offset == 1 and all_values(log) == [b"v"]
+    assert log.append(batch(T0, T0 - 1000, T0 - 3)).last_offset == 3  # all within the bound
+
+
+def test_records_without_a_timestamp_are_not_too_old(tmp_path: Path) -> None:
+    """-1 (Kafka's NO_TIMESTAMP) is left out of the check, as it was for a batch's first
+    record before and as Kafka's LogValidator does; the other records still count."""
+    log = make(tmp_path / "t-0", message_timestamp_before_max_ms=1000)
+    assert log.append(unstamped(-1, T0, -1)).last_offset == 2
+    assert log.append(unstamped(-1, -1)).last_offset == 4
+    with pytest.raises(InvalidTimestampError, match="offset delta 2 has timestamp 5,"):
+        log.append(unstamped(-1, T0, 5, -1))
+    assert log.log_end_offset == 5
+
+
+def unstamped(*timestamps: int) -> bytes:
+    """A batch of a foreign producer that may send -1 (strom's encoder refuses it)."""
+    n = len(timestamps)
+    base = timestamps[0]
+    body = pa.RecordBatch.from_arrays(
+        [
+            pa.array(range(n), pa.int32()),
+            pa.array([t - base for t in timestamps], pa.int64()),
+            pa.nulls(n, pa.binary()),
+            pa.array([b"v"] * n, pa.binary()),
+            pa.nulls(n, HEADERS_TYPE),
+        ],
+        schema=BODY_SCHEMA_V1,
+    )
+    return encode_body(
+        body,
+        attributes=0,
+        base_offset=0,
+        last_offset_delta=n - 1,
+        base_timestamp=base,
+        max_timestamp=max(timestamps),
+    )
+
+
+def test_timestamp_after_max_checks_the_body_when_it_is_read(tmp_path: Path) -> None:
+    log = make(tmp_path / "t-0", message_timestamp_before_max_ms=10**9)
+    with pytest.raises(InvalidTimestampError, match="offset delta 1 has timestamp"):
+        log.append(batch(T0, T0 + 3_600_001, T0))
+    assert log.log_end_offset == 0
+
+
+def test_a_topic_without_a_before_limit_decodes_no_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path stays header-only unless the topic sets before.max.ms (Kafka's default is
+    no limit, after.max.ms alone is checked against the header)."""
+
+    def no_decode(*_: object) -> None:
+        raise AssertionError("a body was decoded on append")
+
+    monkeypatch.setattr(partition_log, "timestamp_extremes", no_decode)
+    log = make(tmp_path / "t-0")
+    assert log.append(batch(T0, 0, T0 + 3_600_000)).last_offset == 2
+    with pytest.raises(InvalidTimestampError, match="after"):
+        log.append(batch(T0 + 3_600_001))
+    limited = make(tmp_path / "t-1", message_timestamp_before_max_ms=1000)
+    with pytest.raises(AssertionError, match="decoded"):
+        limited.append(batch(T0))
+
+
+def test_before_max_refuses_a_body_that_does_not_parse(tmp_path: Path) -> None:
+    """The body read for the check is the producer's, untrusted: garbage is CORRUPT, not a
+    traceback, and nothing is appended."""
+    good = bytearray(batch(T0, T0))
+    body = bytearray(b"\xff" * (len(good) - HEADER_SIZE))
+    h = read_header(good, 0)
+    bad = pack_header(
+        base_offset=0,
+        body_length=len(body),
+        partition_leader_epoch=0,
+        crc=0,
+        attributes=h.attributes,
+        last_offset_delta=h.last_offset_delta,
+        base_timestamp=h.base_timestamp,
+        max_timestamp=h.max_timestamp,
+        producer_id=h.producer_id,
+        producer_epoch=h.producer_epoch,
+        base_sequence=h.base_sequence,
+        record_count=h.record_count,
+    ) + bytes(body)
+    bad = bad[:17] + struct.pack(">I", crc32c.crc32c(bad[CRC_START:])) + bad[21:]
+    make(tmp_path / "t-0").append(bad)  # no before limit: the body is not read
+    log = make(tmp_path / "t-1", message_timestamp_before_max_ms=1000)
+    with pytest.raises(InvalidBatchError, match="Arrow body does not parse"):
+        log.append(bad)
+    assert log.log_end_offset == 0
 
 
 def test_timestamp_after_max_uses_the_newest_timestamp(tmp_path: Path) -> None:

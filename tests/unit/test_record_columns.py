@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strom.api import records_pb2 as rp
+from strom.client.fetcher import CONSUMER_SCHEMA, CompletedFetch, _Constants
 from strom.client.partitioner import murmur2, murmur2_array, partition_for_key, partitions_for_keys
 from strom.client.types import TopicPartition
-from strom.record import decode_batches, encode_arrow
+from strom.record import TimestampType, decode_batches, encode_arrow, encode_batch
 from strom.storage.record_columns import ColumnsError, columns_to_table, fill_columns
 from strom.storage.records_api import group_by_partition
 from strom.storage.subscriptions import (
@@ -25,6 +26,8 @@ from strom.storage.subscriptions import (
     encode_partition_records,
     split_records,
 )
+
+TP = TopicPartition("t", 0)
 
 # -- murmur2 over an Arrow array ---------------------------------------------------------------
 
@@ -101,6 +104,29 @@ def test_optional_columns_stay_absent() -> None:
     assert list(out.values) == [b"a", b"b"] and list(out.timestamps) == [42, 42]
 
 
+def test_subscribe_columns_carry_each_record_s_timestamp_type() -> None:
+    """The consumer's table (what Subscribe sends) has a timestamp_type column: one entry per
+    record in records.timestamp_types, from the batch's attribute (found from outside:
+    the stream could not tell a LogAppendTime record from a CreateTime one)."""
+    create = CompletedFetch(TP, decode_batches(encode_batch([b"a", b"b"], timestamps=[5, 6])))
+    stamped = encode_batch([b"c"], base_offset=2, log_append_time=True, now_ms=99)
+    appended = CompletedFetch(TP, decode_batches(stamped))
+    pieces = [
+        *create.take_arrow(0, 10, _Constants())[0],
+        *appended.take_arrow(2, 10, _Constants())[0],
+    ]
+    table = pa.Table.from_batches(pieces, schema=CONSUMER_SCHEMA)
+    out = rp.PartitionRecords()
+    encode_partition_records(out, TP, table, 3)
+    assert list(out.records.timestamps) == [5, 6, 99]
+    assert list(out.records.timestamp_types) == [
+        rp.TIMESTAMP_TYPE_CREATE_TIME,
+        rp.TIMESTAMP_TYPE_CREATE_TIME,
+        rp.TIMESTAMP_TYPE_LOG_APPEND_TIME,
+    ]
+    assert [int(t) for t in TimestampType] == [0, 1]  # Kafka's ids, as the proto enum's
+
+
 @pytest.mark.parametrize(
     ("cols", "needle"),
     [
@@ -114,6 +140,7 @@ def test_optional_columns_stay_absent() -> None:
         (_cols(values=[b"a"], header_counts=[-1]), "records.header_counts holds -1"),
         (_cols(values=[b"a", b"b"], header_counts=[0]), "records.header_counts has 1 entries"),
         (_cols(values=[b"a"], header_keys=["k"], header_values=[b"v"]), "header_counts is empty"),
+        (_cols(values=[b"a"], timestamp_types=[1]), "timestamp_types is set: .*Subscribe only"),
     ],
 )
 def test_bad_columns_are_named(cols: rp.RecordColumns, needle: str) -> None:

@@ -26,7 +26,7 @@ from strom.api import common_pb2 as strom_dot_v1_dot_common__pb2
 from strom.api import storage_pb2 as strom_dot_v1_dot_storage__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16strom/v1/records.proto\x12\x08strom.v1\x1a\x15strom/v1/common.proto\x1a\x16strom/v1/storage.proto\"\xac\x01\n\rRecordColumns\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x0e\n\x06values\x18\x02 \x03(\x0c\x12\x12\n\ntimestamps\x18\x03 \x03(\x03\x12\x15\n\rheader_counts\x18\x04 \x03(\x05\x12\x13\n\x0bheader_keys\x18\x05 \x03(\t\x12\x15\n\rheader_values\x18\x06 \x03(\x0c\x12\x11\n\tnull_keys\x18\x07 \x03(\x05\x12\x13\n\x0bnull_values\x18\x08 \x03(\x05\"\x82\x02\n\x15ProduceRecordsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\tpartition\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12(\n\x07records\x18\x03 \x01(\x0b\x32\x17.strom.v1.RecordColumns\x12\x1c\n\x04\x61\x63ks\x18\x04 \x01(\x0e\x32\x0e.strom.v1.Acks\x12*\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x15.strom.v1.Compression\x12\x12\n\ntimeout_ms\x18\x06 \x01(\x05\x12,\n\x08producer\x18\x07 \x01(\x0b\x32\x1a.strom.v1.ProducerSequenceB\x0c\n\n_partition\"V\n\x10ProducerSequence\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x15\n\rbase_sequence\x18\x03 \x01(\x05\"\xd1\x01\n\x16ProduceRecordsResponse\x12\'\n\nerror_code\x18\x01 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\x0f\n\x07offsets\x18\x04 \x03(\x03\x12\x38\n\x07results\x18\x05 \x03(\x0b\x32\'.strom.v1.ProduceRecordsPartitionResult\x12\x18\n\x10throttle_time_ms\x18\x06 \x01(\x05\"\x9d\x01\n\x1dProduceRecordsPartitionResult\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\'\n\nerror_code\x18\x02 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x14\n\x0crecord_count\x18\x05 \x01(\x05\"\x92\x02\n\x10SubscribeRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12,\n\npartitions\x18\x03 \x03(\x0b\x32\x18.strom.v1.PartitionStart\x12&\n\x05start\x18\x04 \x01(\x0e\x32\x17.strom.v1.StartPosition\x12\x13\n\x0b\x61uto_commit\x18\x05 \x01(\x08\x12\x1f\n\x17max_records_per_message\x18\x06 \x01(\x05\x12\x1d\n\x15max_bytes_per_message\x18\x07 \x01(\x05\x12\x31\n\x0fisolation_level\x18\x08 \x01(\x0e\x32\x18.strom.v1.IsolationLevel\"\x92\x01\n\x0ePartitionStart\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x06offset\x18\x03 \x01(\x03H\x00\x12\x16\n\x0ctimestamp_ms\x18\x04 \x01(\x03H\x00\x12+\n\x08position\x18\x05 \x01(\x0e\x32\x17.strom.v1.StartPositionH\x00\x42\x07\n\x05start\"\x9d\x01\n\x11SubscribeResponse\x12-\n\x07records\x18\x01 \x01(\x0b\x32\x1a.strom.v1.PartitionRecordsH\x00\x12\x36\n\nassignment\x18\x02 \x01(\x0b\x32 .strom.v1.SubscriptionAssignmentH\x00\x12\x18\n\x10throttle_time_ms\x18\x03 \x01(\x05\x42\x07\n\x05\x65vent\"\x87\x01\n\x10PartitionRecords\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07offsets\x18\x03 \x03(\x03\x12(\n\x07records\x18\x04 \x01(\x0b\x32\x17.strom.v1.RecordColumns\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\"s\n\x16SubscriptionAssignment\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.strom.v1.TopicPartitions\x12\x11\n\tmember_id\x18\x03 \x01(\t\"[\n\x14\x43ommitOffsetsRequest\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12*\n\x07offsets\x18\x02 \x03(\x0b\x32\x19.strom.v1.PartitionOffset\"U\n\x0fPartitionOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\"\x87\x01\n\x15\x43ommitOffsetsResponse\x12\'\n\nerror_code\x18\x01 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12.\n\x07results\x18\x03 \x03(\x0b\x32\x1d.strom.v1.CommitOffsetsResult\"w\n\x13\x43ommitOffsetsResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\'\n\nerror_code\x18\x03 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t*|\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_GZIP\x10\x01\x12\x16\n\x12\x43OMPRESSION_SNAPPY\x10\x02\x12\x13\n\x0f\x43OMPRESSION_LZ4\x10\x03\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x04*4\n\x04\x41\x63ks\x12\x0c\n\x08\x41\x43KS_ALL\x10\x00\x12\x0f\n\x0b\x41\x43KS_LEADER\x10\x01\x12\r\n\tACKS_NONE\x10\x02*G\n\rStartPosition\x12\x19\n\x15START_POSITION_LATEST\x10\x00\x12\x1b\n\x17START_POSITION_EARLIEST\x10\x01\x32\xfe\x01\n\rRecordService\x12S\n\x0eProduceRecords\x12\x1f.strom.v1.ProduceRecordsRequest\x1a .strom.v1.ProduceRecordsResponse\x12\x46\n\tSubscribe\x12\x1a.strom.v1.SubscribeRequest\x1a\x1b.strom.v1.SubscribeResponse0\x01\x12P\n\rCommitOffsets\x12\x1e.strom.v1.CommitOffsetsRequest\x1a\x1f.strom.v1.CommitOffsetsResponseB9\n\x08strom.v1B\x0cRecordsProtoP\x01Z\x1dstrom/gen/go/strom/v1;stromv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16strom/v1/records.proto\x12\x08strom.v1\x1a\x15strom/v1/common.proto\x1a\x16strom/v1/storage.proto\"\xde\x01\n\rRecordColumns\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x0e\n\x06values\x18\x02 \x03(\x0c\x12\x12\n\ntimestamps\x18\x03 \x03(\x03\x12\x15\n\rheader_counts\x18\x04 \x03(\x05\x12\x13\n\x0bheader_keys\x18\x05 \x03(\t\x12\x15\n\rheader_values\x18\x06 \x03(\x0c\x12\x11\n\tnull_keys\x18\x07 \x03(\x05\x12\x13\n\x0bnull_values\x18\x08 \x03(\x05\x12\x30\n\x0ftimestamp_types\x18\t \x03(\x0e\x32\x17.strom.v1.TimestampType\"\x82\x02\n\x15ProduceRecordsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\tpartition\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12(\n\x07records\x18\x03 \x01(\x0b\x32\x17.strom.v1.RecordColumns\x12\x1c\n\x04\x61\x63ks\x18\x04 \x01(\x0e\x32\x0e.strom.v1.Acks\x12*\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x15.strom.v1.Compression\x12\x12\n\ntimeout_ms\x18\x06 \x01(\x05\x12,\n\x08producer\x18\x07 \x01(\x0b\x32\x1a.strom.v1.ProducerSequenceB\x0c\n\n_partition\"V\n\x10ProducerSequence\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x15\n\rbase_sequence\x18\x03 \x01(\x05\"\xd1\x01\n\x16ProduceRecordsResponse\x12\'\n\nerror_code\x18\x01 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\x0f\n\x07offsets\x18\x04 \x03(\x03\x12\x38\n\x07results\x18\x05 \x03(\x0b\x32\'.strom.v1.ProduceRecordsPartitionResult\x12\x18\n\x10throttle_time_ms\x18\x06 \x01(\x05\"\x9d\x01\n\x1dProduceRecordsPartitionResult\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\'\n\nerror_code\x18\x02 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x14\n\x0crecord_count\x18\x05 \x01(\x05\"\x92\x02\n\x10SubscribeRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12,\n\npartitions\x18\x03 \x03(\x0b\x32\x18.strom.v1.PartitionStart\x12&\n\x05start\x18\x04 \x01(\x0e\x32\x17.strom.v1.StartPosition\x12\x13\n\x0b\x61uto_commit\x18\x05 \x01(\x08\x12\x1f\n\x17max_records_per_message\x18\x06 \x01(\x05\x12\x1d\n\x15max_bytes_per_message\x18\x07 \x01(\x05\x12\x31\n\x0fisolation_level\x18\x08 \x01(\x0e\x32\x18.strom.v1.IsolationLevel\"\x92\x01\n\x0ePartitionStart\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x06offset\x18\x03 \x01(\x03H\x00\x12\x16\n\x0ctimestamp_ms\x18\x04 \x01(\x03H\x00\x12+\n\x08position\x18\x05 \x01(\x0e\x32\x17.strom.v1.StartPositionH\x00\x42\x07\n\x05start\"\x9d\x01\n\x11SubscribeResponse\x12-\n\x07records\x18\x01 \x01(\x0b\x32\x1a.strom.v1.PartitionRecordsH\x00\x12\x36\n\nassignment\x18\x02 \x01(\x0b\x32 .strom.v1.SubscriptionAssignmentH\x00\x12\x18\n\x10throttle_time_ms\x18\x03 \x01(\x05\x42\x07\n\x05\x65vent\"\x87\x01\n\x10PartitionRecords\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07offsets\x18\x03 \x03(\x03\x12(\n\x07records\x18\x04 \x01(\x0b\x32\x17.strom.v1.RecordColumns\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\"s\n\x16SubscriptionAssignment\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.strom.v1.TopicPartitions\x12\x11\n\tmember_id\x18\x03 \x01(\t\"[\n\x14\x43ommitOffsetsRequest\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12*\n\x07offsets\x18\x02 \x03(\x0b\x32\x19.strom.v1.PartitionOffset\"U\n\x0fPartitionOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\"\x87\x01\n\x15\x43ommitOffsetsResponse\x12\'\n\nerror_code\x18\x01 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12.\n\x07results\x18\x03 \x03(\x0b\x32\x1d.strom.v1.CommitOffsetsResult\"w\n\x13\x43ommitOffsetsResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\'\n\nerror_code\x18\x03 \x01(\x0e\x32\x13.strom.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t*|\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_GZIP\x10\x01\x12\x16\n\x12\x43OMPRESSION_SNAPPY\x10\x02\x12\x13\n\x0f\x43OMPRESSION_LZ4\x10\x03\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x04*4\n\x04\x41\x63ks\x12\x0c\n\x08\x41\x43KS_ALL\x10\x00\x12\x0f\n\x0b\x41\x43KS_LEADER\x10\x01\x12\r\n\tACKS_NONE\x10\x02*G\n\rStartPosition\x12\x19\n\x15START_POSITION_LATEST\x10\x00\x12\x1b\n\x17START_POSITION_EARLIEST\x10\x01*S\n\rTimestampType\x12\x1e\n\x1aTIMESTAMP_TYPE_CREATE_TIME\x10\x00\x12\"\n\x1eTIMESTAMP_TYPE_LOG_APPEND_TIME\x10\x01\x32\xfe\x01\n\rRecordService\x12S\n\x0eProduceRecords\x12\x1f.strom.v1.ProduceRecordsRequest\x1a .strom.v1.ProduceRecordsResponse\x12\x46\n\tSubscribe\x12\x1a.strom.v1.SubscribeRequest\x1a\x1b.strom.v1.SubscribeResponse0\x01\x12P\n\rCommitOffsets\x12\x1e.strom.v1.CommitOffsetsRequest\x1a\x1f.strom.v1.CommitOffsetsResponseB9\n\x08strom.v1B\x0cRecordsProtoP\x01Z\x1dstrom/gen/go/strom/v1;stromv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,40 +34,42 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strom.api.records_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\010strom.v1B\014RecordsProtoP\001Z\035strom/gen/go/strom/v1;stromv1'
-  _globals['_COMPRESSION']._serialized_start=2259
-  _globals['_COMPRESSION']._serialized_end=2383
-  _globals['_ACKS']._serialized_start=2385
-  _globals['_ACKS']._serialized_end=2437
-  _globals['_STARTPOSITION']._serialized_start=2439
-  _globals['_STARTPOSITION']._serialized_end=2510
+  _globals['_COMPRESSION']._serialized_start=2309
+  _globals['_COMPRESSION']._serialized_end=2433
+  _globals['_ACKS']._serialized_start=2435
+  _globals['_ACKS']._serialized_end=2487
+  _globals['_STARTPOSITION']._serialized_start=2489
+  _globals['_STARTPOSITION']._serialized_end=2560
+  _globals['_TIMESTAMPTYPE']._serialized_start=2562
+  _globals['_TIMESTAMPTYPE']._serialized_end=2645
   _globals['_RECORDCOLUMNS']._serialized_start=84
-  _globals['_RECORDCOLUMNS']._serialized_end=256
-  _globals['_PRODUCERECORDSREQUEST']._serialized_start=259
-  _globals['_PRODUCERECORDSREQUEST']._serialized_end=517
-  _globals['_PRODUCERSEQUENCE']._serialized_start=519
-  _globals['_PRODUCERSEQUENCE']._serialized_end=605
-  _globals['_PRODUCERECORDSRESPONSE']._serialized_start=608
-  _globals['_PRODUCERECORDSRESPONSE']._serialized_end=817
-  _globals['_PRODUCERECORDSPARTITIONRESULT']._serialized_start=820
-  _globals['_PRODUCERECORDSPARTITIONRESULT']._serialized_end=977
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=980
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1254
-  _globals['_PARTITIONSTART']._serialized_start=1257
-  _globals['_PARTITIONSTART']._serialized_end=1403
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=1406
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=1563
-  _globals['_PARTITIONRECORDS']._serialized_start=1566
-  _globals['_PARTITIONRECORDS']._serialized_end=1701
-  _globals['_SUBSCRIPTIONASSIGNMENT']._serialized_start=1703
-  _globals['_SUBSCRIPTIONASSIGNMENT']._serialized_end=1818
-  _globals['_COMMITOFFSETSREQUEST']._serialized_start=1820
-  _globals['_COMMITOFFSETSREQUEST']._serialized_end=1911
-  _globals['_PARTITIONOFFSET']._serialized_start=1913
-  _globals['_PARTITIONOFFSET']._serialized_end=1998
-  _globals['_COMMITOFFSETSRESPONSE']._serialized_start=2001
-  _globals['_COMMITOFFSETSRESPONSE']._serialized_end=2136
-  _globals['_COMMITOFFSETSRESULT']._serialized_start=2138
-  _globals['_COMMITOFFSETSRESULT']._serialized_end=2257
-  _globals['_RECORDSERVICE']._serialized_start=2513
-  _globals['_RECORDSERVICE']._serialized_end=2767
+  _globals['_RECORDCOLUMNS']._serialized_end=306
+  _globals['_PRODUCERECORDSREQUEST']._serialized_start=309
+  _globals['_PRODUCERECORDSREQUEST']._serialized_end=567
+  _globals['_PRODUCERSEQUENCE']._serialized_start=569
+  _globals['_PRODUCERSEQUENCE']._serialized_end=655
+  _globals['_PRODUCERECORDSRESPONSE']._serialized_start=658
+  _globals['_PRODUCERECORDSRESPONSE']._serialized_end=867
+  _globals['_PRODUCERECORDSPARTITIONRESULT']._serialized_start=870
+  _globals['_PRODUCERECORDSPARTITIONRESULT']._serialized_end=1027
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1030
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1304
+  _globals['_PARTITIONSTART']._serialized_start=1307
+  _globals['_PARTITIONSTART']._serialized_end=1453
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=1456
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=1613
+  _globals['_PARTITIONRECORDS']._serialized_start=1616
+  _globals['_PARTITIONRECORDS']._serialized_end=1751
+  _globals['_SUBSCRIPTIONASSIGNMENT']._serialized_start=1753
+  _globals['_SUBSCRIPTIONASSIGNMENT']._serialized_end=1868
+  _globals['_COMMITOFFSETSREQUEST']._serialized_start=1870
+  _globals['_COMMITOFFSETSREQUEST']._serialized_end=1961
+  _globals['_PARTITIONOFFSET']._serialized_start=1963
+  _globals['_PARTITIONOFFSET']._serialized_end=2048
+  _globals['_COMMITOFFSETSRESPONSE']._serialized_start=2051
+  _globals['_COMMITOFFSETSRESPONSE']._serialized_end=2186
+  _globals['_COMMITOFFSETSRESULT']._serialized_start=2188
+  _globals['_COMMITOFFSETSRESULT']._serialized_end=2307
+  _globals['_RECORDSERVICE']._serialized_start=2648
+  _globals['_RECORDSERVICE']._serialized_end=2902
 # @@protoc_insertion_point(module_scope)

@@ -27,6 +27,11 @@ class StartPosition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     START_POSITION_LATEST: _ClassVar[StartPosition]
     START_POSITION_EARLIEST: _ClassVar[StartPosition]
+
+class TimestampType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIMESTAMP_TYPE_CREATE_TIME: _ClassVar[TimestampType]
+    TIMESTAMP_TYPE_LOG_APPEND_TIME: _ClassVar[TimestampType]
 COMPRESSION_NONE: Compression
 COMPRESSION_GZIP: Compression
 COMPRESSION_SNAPPY: Compression
@@ -37,9 +42,11 @@ ACKS_LEADER: Acks
 ACKS_NONE: Acks
 START_POSITION_LATEST: StartPosition
 START_POSITION_EARLIEST: StartPosition
+TIMESTAMP_TYPE_CREATE_TIME: TimestampType
+TIMESTAMP_TYPE_LOG_APPEND_TIME: TimestampType
 
 class RecordColumns(_message.Message):
-    __slots__ = ("keys", "values", "timestamps", "header_counts", "header_keys", "header_values", "null_keys", "null_values")
+    __slots__ = ("keys", "values", "timestamps", "header_counts", "header_keys", "header_values", "null_keys", "null_values", "timestamp_types")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +55,7 @@ class RecordColumns(_message.Message):
     HEADER_VALUES_FIELD_NUMBER: _ClassVar[int]
     NULL_KEYS_FIELD_NUMBER: _ClassVar[int]
     NULL_VALUES_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_TYPES_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     values: _containers.RepeatedScalarFieldContainer[bytes]
     timestamps: _containers.RepeatedScalarFieldContainer[int]
@@ -56,7 +64,8 @@ class RecordColumns(_message.Message):
     header_values: _containers.RepeatedScalarFieldContainer[bytes]
     null_keys: _containers.RepeatedScalarFieldContainer[int]
     null_values: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., values: _Optional[_Iterable[bytes]] = ..., timestamps: _Optional[_Iterable[int]] = ..., header_counts: _Optional[_Iterable[int]] = ..., header_keys: _Optional[_Iterable[str]] = ..., header_values: _Optional[_Iterable[bytes]] = ..., null_keys: _Optional[_Iterable[int]] = ..., null_values: _Optional[_Iterable[int]] = ...) -> None: ...
+    timestamp_types: _containers.RepeatedScalarFieldContainer[TimestampType]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., values: _Optional[_Iterable[bytes]] = ..., timestamps: _Optional[_Iterable[int]] = ..., header_counts: _Optional[_Iterable[int]] = ..., header_keys: _Optional[_Iterable[str]] = ..., header_values: _Optional[_Iterable[bytes]] = ..., null_keys: _Optional[_Iterable[int]] = ..., null_values: _Optional[_Iterable[int]] = ..., timestamp_types: _Optional[_Iterable[_Union[TimestampType, str]]] = ...) -> None: ...
 
 class ProduceRecordsRequest(_message.Message):
     __slots__ = ("topic", "partition", "records", "acks", "compression", "timeout_ms", "producer")

@@ -960,8 +960,9 @@ class Consumer:
 
     def poll_arrow(self, timeout_ms: float = 0, max_records: int | None = None) -> pa.Table:
         """Like poll(), as one Arrow table in :data:`CONSUMER_SCHEMA` (topic, partition,
-        offset, timestamp, key, value, headers), built from the fetched batches without any
-        per-record Python. Without ``max_records`` it returns everything buffered."""
+        offset, timestamp, key, value, headers, timestamp_type), built from the fetched
+        batches without any per-record Python. Without ``max_records`` it returns everything
+        buffered."""
         limit = self._poll_args(timeout_ms, max_records, sys.maxsize)
         batches, _ = self._poll(timeout_ms, limit, arrow=True)
         return pa.Table.from_batches(batches, schema=CONSUMER_SCHEMA)

@@ -105,12 +105,15 @@ log = logging.getLogger(__name__)
 FETCH_METHOD = "/strom.v1.StorageService/Fetch"
 
 #: What ``poll_arrow()`` returns: the record columns of ``RECORDS_SCHEMA`` behind the
-#: partition they came from.
+#: partition they came from, then each record's ``timestamp_type`` (``TimestampType``: 0
+#: create time, 1 log-append time; its batch's, filled as one constant array per batch). It
+#: comes last so that code reading the earlier columns by position keeps working.
 CONSUMER_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string(), nullable=False),
         pa.field("partition", pa.int32(), nullable=False),
         *RECORDS_SCHEMA,
+        pa.field("timestamp_type", pa.int8(), nullable=False),
     ]
 )
 
@@ -324,7 +327,15 @@ def _py_columns(b: RecordBatch, topic: str, partition: int) -> tuple[list[int], 
     offsets, stamps, keys, values, headers = b.py_columns()
     n = len(offsets)
     rows = zip(
-        keys, values, headers, stamps, offsets, repeat(topic, n), repeat(partition, n), strict=True
+        keys,
+        values,
+        headers,
+        stamps,
+        offsets,
+        repeat(topic, n),
+        repeat(partition, n),
+        repeat(b.header.timestamp_type, n),  # the batch's: one value, no per-record work
+        strict=True,
     )
     return offsets, rows
 
@@ -369,8 +380,8 @@ def decode_bodies(batches: list[RecordBatch], corrupt: frozenset[int] | None) ->
 
 
 class _Constants:
-    """Constant topic / partition columns for poll_arrow, built once per value and sliced
-    (zero-copy) to each batch's length."""
+    """Constant topic / partition / timestamp_type columns for poll_arrow, built once per
+    value and sliced (zero-copy) to each batch's length."""
 
     __slots__ = ("_arrays",)
 
@@ -552,6 +563,7 @@ class CompletedFetch:
                             constants.get(topic, pa.string(), k),
                             constants.get(partition, pa.int32(), k),
                             *b.arrow_columns(start, k),
+                            constants.get(int(h.timestamp_type), pa.int8(), k),
                         ],
                         schema=CONSUMER_SCHEMA,
                     )

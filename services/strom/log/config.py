@@ -214,8 +214,8 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             "message.timestamp.before.max.ms",
             int,
             LONG_MAX,
-            "refuse (INVALID_TIMESTAMP) a CreateTime batch whose first timestamp is more than "
-            "this before the broker's time",
+            "refuse (INVALID_TIMESTAMP) a CreateTime batch holding any record whose timestamp "
+            "is more than this before the broker's time",
             _at_least(0),
         ),
         ConfigKey(

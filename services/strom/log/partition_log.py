@@ -56,7 +56,7 @@ from strom.log.transactions import (
     decode_marker,
     encode_marker,
 )
-from strom.record.batch import RecordBatch, decode_batches, encode_body
+from strom.record.batch import RecordBatch, decode_batches, encode_body, timestamp_extremes
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
     ATTR_CONTROL,
@@ -502,7 +502,7 @@ class Log:
                 too_large=True,
             ) from None
         if self.config.checks_timestamps:
-            self._check_timestamps(headers)
+            self._check_timestamps(headers, data)
         for h in headers:
             if h.is_control:
                 raise ProducerStateError(
@@ -670,29 +670,39 @@ class Log:
         with self.lock:
             return self.aborted.overlapping(start, end)
 
-    def _check_timestamps(self, headers: list[BatchHeader]) -> None:
-        """``message.timestamp.before.max.ms`` / ``after.max.ms`` (Kafka's KIP-937 rules) on
-        the batch headers only: the first record's timestamp (``base_timestamp``) must not be
-        older than the broker's time minus before.max.ms and the newest (``max_timestamp``)
-        not later than the broker's time plus after.max.ms. Records inside a batch that are
-        older than its first are not looked at (that would need the body; producers write
-        records in time order). Raises :class:`InvalidTimestampError`, nothing appended."""
+    def _check_timestamps(
+        self, headers: list[BatchHeader], data: bytes | bytearray | memoryview
+    ) -> None:
+        """``message.timestamp.before.max.ms`` / ``after.max.ms`` (Kafka's KIP-937 rules):
+        no record may be older than the broker's time minus before.max.ms nor later than the
+        broker's time plus after.max.ms. Raises :class:`InvalidTimestampError`, nothing
+        appended.
+
+        With a finite before.max.ms every record is looked at, as Kafka's LogValidator: the
+        header's ``base_timestamp`` is only the first record's, and producers may send
+        records out of time order, so each batch's body timestamps are read
+        (:func:`timestamp_extremes`, vectorized). A topic with no before limit (Kafka's
+        default) decodes nothing: after.max.ms alone is checked against the header's
+        ``max_timestamp``, which is what the producer wrote."""
         before = self.config.message_timestamp_before_max_ms
         after = self.config.message_timestamp_after_max_ms
         now = self.clock()
+        view = memoryview(data).cast("B") if before < LONG_MAX else None
         for h in headers:
-            if h.base_timestamp >= 0 and now - h.base_timestamp > before:
+            if view is None:
+                _check_after(h, h.max_timestamp, None, now, after)
+                continue
+            ext = timestamp_extremes(h, view[h.position : h.position + h.size])
+            if ext is None:
+                continue
+            if ext.min_timestamp >= 0 and now - ext.min_timestamp > before:
                 raise InvalidTimestampError(
-                    f"batch at byte {h.position}: timestamp {h.base_timestamp} is "
-                    f"{now - h.base_timestamp} ms before the broker's time {now}, more than "
+                    f"batch at byte {h.position}: record at offset delta "
+                    f"{ext.min_offset_delta} has timestamp {ext.min_timestamp}, "
+                    f"{now - ext.min_timestamp} ms before the broker's time {now}, more than "
                     f"message.timestamp.before.max.ms={before}"
                 )
-            if h.max_timestamp - now > after:
-                raise InvalidTimestampError(
-                    f"batch at byte {h.position}: timestamp {h.max_timestamp} is "
-                    f"{h.max_timestamp - now} ms after the broker's time {now}, more than "
-                    f"message.timestamp.after.max.ms={after}"
-                )
+            _check_after(h, ext.max_timestamp, ext.max_offset_delta, now, after)
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
         """Append batches copied from the leader, offsets and epochs as they are.
@@ -1345,6 +1355,20 @@ class Log:
             for seg in self.segments:
                 out.extend(seg.batch_headers())
             return out
+
+
+def _check_after(
+    h: BatchHeader, newest: int, offset_delta: int | None, now: int, after: int
+) -> None:
+    """``message.timestamp.after.max.ms`` on a batch's newest timestamp (from its body when
+    ``offset_delta`` names the record, else the header's ``max_timestamp``)."""
+    if newest - now <= after:
+        return
+    which = f"record at offset delta {offset_delta} has " if offset_delta is not None else ""
+    raise InvalidTimestampError(
+        f"batch at byte {h.position}: {which}timestamp {newest} is {newest - now} ms after the "
+        f"broker's time {now}, more than message.timestamp.after.max.ms={after}"
+    )
 
 
 def _swap_end(path: Path, base: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import crc32c
@@ -40,8 +41,19 @@ ATTR_LOG_APPEND_TIME = 0x08
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 
-TIMESTAMP_CREATE = 0
-TIMESTAMP_LOG_APPEND = 1
+
+class TimestampType(IntEnum):
+    """What a record's timestamp means, with Kafka's ``TimestampType`` ids (batch attribute
+    bit 3): the producer's create time, or the leader's log-append time (topics with
+    ``message.timestamp.type=LogAppendTime``, whose records all carry the batch's append
+    time)."""
+
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+TIMESTAMP_CREATE = TimestampType.CREATE_TIME
+TIMESTAMP_LOG_APPEND = TimestampType.LOG_APPEND_TIME
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +97,7 @@ class BatchHeader:
         return CODEC_NAMES.get(self.codec, f"unknown({self.codec})")
 
     @property
-    def timestamp_type(self) -> int:
+    def timestamp_type(self) -> TimestampType:
         return TIMESTAMP_LOG_APPEND if self.attributes & ATTR_LOG_APPEND_TIME else TIMESTAMP_CREATE
 
     @property

@@ -65,6 +65,11 @@ def columns_to_table(cols: records_pb2.RecordColumns) -> pa.Table:
     n = len(cols.values)
     if n == 0:
         raise ColumnsError("records.values is empty: a call needs at least one record")
+    if len(cols.timestamp_types):
+        raise ColumnsError(
+            "records.timestamp_types is set: it is filled by Subscribe only; a record's "
+            "timestamp type is the topic's message.timestamp.type"
+        )
     columns: dict[str, pa.Array] = {
         "value": _binary(cols.values, _null_mask(cols.null_values, n, "null_values"), "values")
     }
@@ -132,8 +137,9 @@ def _bytes_column(arr: pa.Array, values: Any, nulls: Any) -> None:
 
 
 def fill_columns(table: pa.Table | pa.RecordBatch, out: records_pb2.RecordColumns) -> None:
-    """Write the ``key``, ``value``, ``headers`` and ``timestamp`` columns of decoded records
-    (``strom.record.RECORDS_SCHEMA`` or the consumer's schema) into ``out``. Columns without
+    """Write the ``key``, ``value``, ``headers``, ``timestamp`` and (the consumer's schema
+    only) ``timestamp_type`` columns of decoded records (``strom.record.RECORDS_SCHEMA`` or
+    the consumer's schema) into ``out``. Columns without
     nulls or headers (the common case) take no compute call beyond the copy out."""
     n = table.num_rows
     if n == 0:
@@ -144,6 +150,9 @@ def fill_columns(table: pa.Table | pa.RecordBatch, out: records_pb2.RecordColumn
     _bytes_column(_combined(table.column("value")), out.values, out.null_values)
     ts = _combined(table.column("timestamp"))
     out.timestamps.extend(ts.view(pa.int64()).to_numpy(zero_copy_only=False).tolist())
+    if "timestamp_type" in table.column_names:  # the consumer's schema (Subscribe)
+        types = table.column("timestamp_type").to_numpy()
+        out.timestamp_types.extend(types.tolist())
     headers = _combined(table.column("headers"))
     if headers.null_count == n:
         return

@@ -32,7 +32,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -44,9 +44,11 @@ from prometheus_client import Counter, Histogram
 from strom.api import common_pb2, records_pb2, storage_pb2
 from strom.client.partitioner import partitions_for_keys
 from strom.client.types import TopicPartition
+from strom.clock import wall_ms
 from strom.controller.validation import validate_topic_name
 from strom.errors import (
     ErrorCode,
+    InvalidTimestampError,
     InvalidTopicError,
     RequestTimedOutError,
     StromError,
@@ -54,6 +56,7 @@ from strom.errors import (
     error_name,
 )
 from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
+from strom.log.config import LONG_MAX
 from strom.metadata import RESYNC, ClusterView, WatchEvent
 from strom.record.codecs import CODEC_NAMES
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
@@ -408,8 +411,12 @@ class RecordService:
         if call_left_s is not None:
             timeout_s = min(timeout_s, call_left_s)
         deadline = loop.time() + timeout_s
+        too_old = _too_old(table, meta.configs)
         tasks = []
         for p, idx in groups:
+            if too_old is not None and (refusal := _old_record(too_old, idx, req.topic, p)):
+                tasks.append(_failed(refusal))
+                continue
             sub = table if len(idx) == n else table.take(pa.array(idx))
             if seq is not None:
                 coro: Awaitable[Any] = self.sequenced.send(
@@ -815,6 +822,50 @@ class RecordService:
         )
         await self.producer.close(timeout_s)
         await self.route.close()
+
+
+def _too_old(table: pa.Table, configs: Mapping[str, str]) -> np.ndarray | None:
+    """The call's ``message.timestamp.before.max.ms`` check, made on the request's
+    timestamps column before any batch is built (vectorized): the bound each record's
+    timestamp must not be below, as an array of timestamps to compare, or None when the
+    topic sets no before limit (Kafka's default), uses LogAppendTime, or the call gave no
+    timestamps (the node's clock stamps them). The leader checks again on append with its
+    own clock (``Log._check_timestamps``): this one spares the round trip and names the
+    record by its index in the call."""
+    if "timestamp" not in table.column_names:
+        return None
+    if configs.get("message.timestamp.type") == "LogAppendTime":
+        return None
+    raw = configs.get("message.timestamp.before.max.ms")
+    try:
+        before = int(raw) if raw is not None else LONG_MAX
+    except ValueError:  # the leader ignores an unparsable override too (usable_configs)
+        return None
+    if before >= LONG_MAX:
+        return None
+    ts = table.column("timestamp").to_numpy()
+    return np.where(ts < wall_ms() - before, ts, -1)
+
+
+def _old_record(too_old: np.ndarray, idx: np.ndarray, topic: str, partition: int) -> str | None:
+    """The refusal of one partition's records when one of them is too old (else None)."""
+    mine = too_old[idx]
+    hit = np.flatnonzero(mine >= 0)
+    if not len(hit):
+        return None
+    first = int(hit[0])
+    return (
+        f"{topic}-{partition}: record {int(idx[first])} of the call has timestamp "
+        f"{int(mine[first])}, further before the node's time than the topic's "
+        "message.timestamp.before.max.ms allows"
+    )
+
+
+def _failed(message: str) -> asyncio.Future[int]:
+    """A finished task carrying an INVALID_TIMESTAMP refusal, in the place of a send."""
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    fut.set_exception(InvalidTimestampError(message))
+    return fut
 
 
 def _malformed_topic(name: str) -> str | None:
