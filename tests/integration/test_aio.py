@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -512,3 +515,119 @@ def test_async_with_transaction_commits_the_block_and_aborts_a_block_that_raised
         # Below the prepared transaction's first offset (the LSO): the committed one only.
         assert values == [b"committed"]
         assert c.end_offsets([tp])[tp] == 4  # committed, marker, aborted, marker
+
+
+async def _offsets_of(consumer: aio.Consumer, how: str, timeout_ms: int) -> list[int]:
+    """One poll of ``consumer`` made ``how`` (``poll``, ``poll_arrow`` or an ``async for``
+    left after its first record): the offsets it handed out."""
+    if how == "poll":
+        return [r.offset for r in await consumer.poll(timeout_ms)]
+    if how == "poll_arrow":
+        return list((await consumer.poll_arrow(timeout_ms))["offset"].to_pylist())
+    async for record in consumer:
+        return [record.offset]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("cancelled", "then"),
+    [("poll", "iter"), ("poll_arrow", "iter"), ("poll_arrow", "poll"), ("poll", "poll_arrow")],
+)
+def test_polls_after_cancelled_polls_never_skip_or_commit_past_a_record(
+    one_node_cluster: LocalCluster, cancelled: str, then: str
+) -> None:
+    """Found from outside: ``async for`` right after a poll cancelled by ``wait_for`` did not
+    wait for that poll's worker thread, so two sync polls ran at once over the same
+    positions: offsets were skipped and committed past (and ``poll_arrow``'s fetcher raised
+    IndexError). Here polls are cancelled again and again while records arrive, each
+    followed by another kind of poll; every offset below the final commit was handed out."""
+    topic = f"aio-race-{cancelled}-{then}".replace("_", "-")
+    create_topic(one_node_cluster, topic)
+    tp = TopicPartition(topic, 0)
+
+    async def main() -> tuple[set[int], int]:
+        seen: set[int] = set()
+        stop = asyncio.Event()
+        producer = aio.Producer(one_node_cluster.bootstrap, linger_ms=2)
+
+        async def feed() -> None:
+            i = 0
+            while not stop.is_set():
+                await producer.send(topic, b"%d" % i, partition=0)
+                i += 1
+                await asyncio.sleep(0.003)
+
+        feeder = asyncio.create_task(feed())
+        consumer = aio.Consumer(
+            one_node_cluster.bootstrap,
+            group_id=topic,
+            auto_offset_reset="earliest",
+            max_poll_records=20,
+        )
+        await consumer.subscribe([topic])
+        async with asyncio.timeout(240):  # (only so that a regression fails, not hangs)
+            for _ in range(150):
+                with contextlib.suppress(TimeoutError):
+                    seen.update(
+                        await asyncio.wait_for(_offsets_of(consumer, cancelled, 2000), 0.02)
+                    )
+                seen.update(await _offsets_of(consumer, then, 500))
+            stop.set()
+            await feeder
+            await producer.close()
+            await consumer.close()  # commits what was handed out
+        committed = _committed(one_node_cluster.bootstrap, topic, tp)
+        assert committed is not None
+        return seen, committed
+
+    seen, committed = asyncio.run(main())
+    assert committed > 20
+    assert sorted(set(range(committed)) - seen) == []
+
+
+def test_many_consumers_whose_async_listeners_await_consumer_calls_do_not_deadlock(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside: with more aio consumers than the default executor has threads
+    (min(32, cpus + 4)), each rebalancing poll held one of its threads waiting for its
+    listener coroutine, whose ``await consumer.commit()`` queued behind those very threads:
+    every consumer hung. The aio clients now have threads of their own; the default
+    executor (two threads here, so that eight consumers are more than it has) stays the
+    application's, and the listeners' ``asyncio.to_thread`` runs in it too."""
+    topic = "aio-many-listeners"
+    create_topic(one_node_cluster, topic)
+    with Producer(one_node_cluster.bootstrap) as producer:
+        producer.send_batch(topic, [b"r%d" % i for i in range(10)], partition=0).result(10)
+    members = 8
+
+    async def member(i: int, assigned: list[int]) -> int:
+        consumer = aio.Consumer(
+            one_node_cluster.bootstrap, group_id=f"{topic}-{i}", auto_offset_reset="earliest"
+        )
+
+        class Listener:
+            async def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+                await consumer.commit()
+
+            async def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+                await consumer.committed(set(parts))
+                await asyncio.to_thread(time.monotonic)
+                assigned.append(i)
+
+        await consumer.subscribe([topic], listener=Listener())
+        read = 0
+        while read < 10:
+            read += len(await consumer.poll(500))
+        await consumer.close()
+        return read
+
+    async def main() -> tuple[list[int], list[int]]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+        assigned: list[int] = []
+        async with asyncio.timeout(120):  # (only so that a regression fails, not hangs)
+            reads = await asyncio.gather(*(member(i, assigned) for i in range(members)))
+        return reads, assigned
+
+    reads, assigned = asyncio.run(main())
+    assert reads == [10] * members
+    assert sorted(assigned) == list(range(members))
