@@ -130,37 +130,72 @@ class Producer:
     @_init_as(_producer.Producer)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = _producer.Producer(*args, **kwargs)
+        #: The one thread in which sends (and ``send_batch``) wait for metadata or buffer
+        #: space, in the order they were made; how many are handed to it and not done yet.
+        self._lane = _Threads("strom-aio-send", 1)
+        self._waiting = 0
+        self._calls = _Threads("strom-aio-producer", CALL_THREADS)
 
     async def send(self, topic: str, value: Any = None, **kwargs: Any) -> asyncio.Future[Any]:
-        """Queue one record; returns an asyncio Future of its RecordMetadata."""
+        """Queue one record; returns an asyncio Future of its RecordMetadata.
+
+        The event loop only tries to append (never waits: found from outside, a full buffer
+        froze the loop for ``max_block_ms``); a send that would wait, for metadata or for
+        buffer space, goes to this producer's one sending thread, as do the sends after it
+        until it is done (so records keep their order). It waits there until
+        ``max_block_ms`` after this call, then raises the sync send's timeout error."""
         p = self._sync
-        if topic in p._counts and p._buffered < p.buffer_memory // 2:
-            fut = p.send(topic, value, **kwargs)  # cannot block: metadata known, room left
-        else:
-            fut = await asyncio.to_thread(p.send, topic, value, **kwargs)
+        end = time.monotonic() + p.max_block_s
+        if not self._waiting and topic in p._counts:
+            try:
+                with _producer.space_wait_until(_producer.NO_WAIT):
+                    return asyncio.wrap_future(p.send(topic, value, **kwargs))
+            except _producer.WouldBlockError:
+                pass  # nothing was queued: wait in the sending thread
+        fut = await self._in_lane(p.send, end, topic, value, **kwargs)
         return asyncio.wrap_future(fut)
+
+    async def _in_lane(self, fn: Callable[..., _R], end: float, *args: Any, **kwargs: Any) -> _R:
+        """Run ``fn`` in the sending thread, waiting for buffer space until ``end`` at most."""
+
+        def run() -> _R:
+            with _producer.space_wait_until(end):
+                return fn(*args, **kwargs)
+
+        self._waiting += 1
+        try:
+            return await self._lane.run(run)
+        finally:
+            self._waiting -= 1
 
     async def send_and_wait(self, topic: str, value: Any = None, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(topic, value, **kwargs))
 
     async def send_batch(self, topic: str, values: Any, *args: Any, **kwargs: Any) -> Any:
-        """Queue many records; returns the list of BatchMetadata once all are acknowledged."""
-        fut = await asyncio.to_thread(self._sync.send_batch, topic, values, *args, **kwargs)
+        """Queue many records; returns the list of BatchMetadata once all are acknowledged.
+        Converted and queued in the sending thread (after the sends made before it)."""
+        end = time.monotonic() + self._sync.max_block_s
+        fut = await self._in_lane(self._sync.send_batch, end, topic, values, *args, **kwargs)
         return await asyncio.wrap_future(fut)
 
     async def flush(self, timeout: float | None = None) -> None:
-        await asyncio.to_thread(self._sync.flush, timeout)
+        await self._calls.run(self._sync.flush, timeout)
 
     async def close(self, timeout: float | None = None) -> None:
-        await asyncio.to_thread(self._sync.close, timeout)
+        """Close the sync producer (after the sends already handed to the sending thread)."""
+        try:
+            await self._lane.run(self._sync.close, timeout)
+        finally:
+            self._lane.shutdown()
+            self._calls.shutdown()
 
     async def partitions_for(self, topic: str) -> list[int]:
-        return await asyncio.to_thread(self._sync.partitions_for, topic)
+        return await self._calls.run(self._sync.partitions_for, topic)
 
     # -- transactions (each call may wait on the coordinator: a worker thread) --------------
 
     async def init_transactions(self, timeout: float | None = None) -> None:
-        await asyncio.to_thread(self._sync.init_transactions, timeout)
+        await self._calls.run(self._sync.init_transactions, timeout)
 
     def begin_transaction(self) -> None:
         """Local: never waits. After an abort that got no answer it is refused (call
@@ -174,26 +209,26 @@ class Producer:
         """``async with producer.transaction(): ...``: the sync producer's
         ``transaction()`` (commit at the end, abort when the block raises, a commit that got
         no answer asked again), its coordinator calls in a worker thread."""
-        await asyncio.to_thread(self._sync.begin_transaction)
+        await self._calls.run(self._sync.begin_transaction)
         try:
             yield self
         except BaseException:
-            await asyncio.to_thread(self._sync._abort_block, timeout)
+            await self._lane.run(self._sync._abort_block, timeout)
             raise
-        await asyncio.to_thread(self._sync._commit_block, timeout)
+        await self._lane.run(self._sync._commit_block, timeout)
 
     async def prepare_transaction(self, timeout: float | None = None) -> Any:
         """The sync producer's ``prepare_transaction()`` (KIP-939's first phase)."""
-        return await asyncio.to_thread(self._sync.prepare_transaction, timeout)
+        return await self._lane.run(self._sync.prepare_transaction, timeout)
 
     async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
-        await asyncio.to_thread(self._sync.send_offsets_to_transaction, offsets, group_metadata)
+        await self._calls.run(self._sync.send_offsets_to_transaction, offsets, group_metadata)
 
     async def commit_transaction(self, timeout: float | None = None) -> None:
-        await asyncio.to_thread(self._sync.commit_transaction, timeout)
+        await self._lane.run(self._sync.commit_transaction, timeout)
 
     async def abort_transaction(self, timeout: float | None = None) -> None:
-        await asyncio.to_thread(self._sync.abort_transaction, timeout)
+        await self._lane.run(self._sync.abort_transaction, timeout)
 
     async def __aenter__(self) -> Producer:
         return self
