@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -631,3 +632,65 @@ def test_many_consumers_whose_async_listeners_await_consumer_calls_do_not_deadlo
     reads, assigned = asyncio.run(main())
     assert reads == [10] * members
     assert sorted(assigned) == list(range(members))
+
+
+def test_a_consumer_with_a_coroutine_listener_refuses_another_event_loop(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside: subscribed with a coroutine listener inside one ``asyncio.run()``
+    and polled in the next, the listener's calls only logged "Event loop is closed" and the
+    partitions moved without the revoke's commit. Now polling or closing from another loop
+    raises RuntimeError naming the cause (as aiokafka refuses a consumer from another loop);
+    subscribing again on the new loop makes it that loop's."""
+    topic = "aio-two-loops"
+    create_topic(one_node_cluster, topic)
+    consumer = aio.Consumer(one_node_cluster.bootstrap, group_id=topic)
+
+    class Listener:
+        async def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+            await consumer.commit()
+
+    asyncio.run(consumer.subscribe([topic], listener=Listener()))
+
+    async def elsewhere() -> None:
+        for call in (consumer.poll(0), consumer.poll_arrow(0), consumer.close()):
+            with pytest.raises(RuntimeError, match="another event loop"):
+                await call
+        with pytest.raises(RuntimeError, match="another event loop"):
+            async for _ in consumer:
+                pass
+        await consumer.subscribe([topic], listener=Listener())  # now this loop's
+        assert await consumer.poll(0) == []
+        await consumer.close()
+
+    asyncio.run(elsewhere())
+    assert consumer.closed
+
+
+def _watchdog_alive() -> bool:
+    gc.collect()  # (streams are watched through weak references)
+    return any(t.name == "strom-stream-watchdog" for t in threading.enumerate())
+
+
+def test_the_stream_watchdog_ends_when_the_last_client_is_closed(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside: the ``strom-stream-watchdog`` thread that times out the clients'
+    gRPC streams stayed alive after every client was closed, waking every 250 ms. It now
+    stops watching ended streams and ends when none is left (the next stream starts it)."""
+    topic = "aio-watchdog"
+    create_topic(one_node_cluster, topic)
+
+    async def main() -> None:
+        async with aio.Producer(one_node_cluster.bootstrap) as producer:
+            await producer.send_and_wait(topic, b"v", partition=0)
+            assert _watchdog_alive()
+        async with aio.Consumer(one_node_cluster.bootstrap, auto_offset_reset="earliest") as c:
+            await c.assign([TopicPartition(topic, 0)])
+            async with asyncio.timeout(60):
+                while not await c.poll(200):
+                    pass
+
+    for _ in range(2):  # and once it ended, the next client's streams start it again
+        asyncio.run(main())
+        wait_for(lambda: not _watchdog_alive(), timeout=30, what="the watchdog to end")
