@@ -4,20 +4,27 @@
 methods, for services built on asyncio (aiohttp, FastAPI, grpc.aio …). They wrap the
 threaded clients rather than re-implementing them: the real work already happens off the
 caller's thread (the producer's sender thread, the consumer's prefetching fetcher), so the
-asyncio layer only has to never block the event loop:
+asyncio layer only has to never block the event loop. What may block runs in threads of the
+client's own (:class:`_Threads`), never in the loop's default executor: a client waiting
+there must not hold up the application's ``asyncio.to_thread`` calls or another client's.
 
 - ``Producer.send`` returns an ``asyncio.Future`` of :class:`RecordMetadata` (await it, or
-  ``await producer.send_and_wait(...)``); it hands the record over without blocking when the
-  topic is known and the buffer has room, and moves to a worker thread only when ``send`` may
-  have to wait (metadata, ``max_block_ms``).
+  ``await producer.send_and_wait(...)``). On the loop it only tries to append (the sync
+  producer's ``space_wait_until(NO_WAIT)``); a send that would wait, for metadata or buffer
+  space, goes to the producer's one sending thread and waits there until ``max_block_ms``
+  after the call, and the sends after it follow it there, in order, until it is done.
 - ``Consumer.poll`` / ``poll_arrow`` answer at once from prefetched data when there is some
-  and otherwise wait in a worker thread (cancelled, e.g. by ``asyncio.wait_for``, what that
-  thread's poll takes goes back for the next poll); ``async for record in consumer`` works, and a
-  loop left early (``break``, an exception, a cancellation) puts back the records it did not
-  hand out, as the sync consumer's loop does.
+  and otherwise wait in the consumer's poll thread (cancelled, e.g. by ``asyncio.wait_for``,
+  what that thread's poll takes goes back for the next poll); ``async for record in
+  consumer`` works, and a loop left early (``break``, an exception, a cancellation) puts
+  back the records it did not hand out, as the sync consumer's loop does. Every poll of
+  these three kinds starts only once the previous one has settled (its records returned
+  or put back): two sync polls never run at once.
 - a rebalance listener's methods may be coroutines (see ``Consumer.subscribe``): a poll that
-  has partitions to hand over runs in a worker thread, and the listener's coroutines run on
-  the loop meanwhile.
+  has partitions to hand over runs in the poll thread, and the listener's coroutines run on
+  the loop meanwhile; what they await of the consumer (``commit``, ``committed`` …) runs in
+  the consumer's other threads, never behind the poll that waits for them. Such a consumer
+  belongs to its loop: polling or closing it from another raises RuntimeError.
 - every ``Admin`` method is a coroutine; so are the producer's transaction calls but
   ``begin_transaction``.
 """
@@ -182,9 +189,10 @@ class Producer:
         await self._calls.run(self._sync.flush, timeout)
 
     async def close(self, timeout: float | None = None) -> None:
-        """Close the sync producer (after the sends already handed to the sending thread)."""
+        """Close the sync producer. Not in the sending thread: a send waiting there for
+        buffer space fails at once when the close begins, as a sync one does."""
         try:
-            await self._lane.run(self._sync.close, timeout)
+            await self._calls.run(self._sync.close, timeout)
         finally:
             self._lane.shutdown()
             self._calls.shutdown()
@@ -361,6 +369,15 @@ class Consumer:
                 "the consumer, or subscribe again, on the loop that polls and closes it"
             )
 
+    def _not_listening(self, call: str) -> None:
+        """Refuse ``call`` from this consumer's own coroutine listener: the poll (or close)
+        that runs the listener waits for it, and the call would wait for that one."""
+        if _listening.get() is self:
+            raise RuntimeError(
+                f"{call}() inside this consumer's rebalance listener: the poll that runs "
+                "the listener waits for it to return (commit, committed, seek … are allowed)"
+            )
+
     async def _settled(self) -> None:
         """Wait, without a thread, until the last lane call has settled (see ``_gate``)."""
         while not self._gate.done():
@@ -370,6 +387,7 @@ class Consumer:
         """Run ``fn`` in the lane after every earlier poll has settled, and keep later polls
         out until it is done (even if the awaiting task is cancelled meanwhile)."""
         self._check_loop()
+        self._not_listening(getattr(fn, "__name__", "this call"))
         await self._settled()
         gate: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._gate = gate
@@ -429,6 +447,7 @@ class Consumer:
         that poll's thread, so two sync polls ran at once over the same positions (skipped
         offsets, committed past them; an IndexError in the fetcher)."""
         self._check_loop()
+        self._not_listening("poll")
         await self._settled()
         if not self._poll_needs_thread():
             with self._inline():
@@ -655,6 +674,18 @@ class Admin:
 #: .consumer: the aio Consumer whose plain rebalance listener method runs on this thread.
 _in_listener = threading.local()
 
+#: The aio Consumer whose coroutine rebalance listener method this task runs (or None).
+_listening: contextvars.ContextVar[Consumer | None] = contextvars.ContextVar(
+    "strom_aio_listening", default=None
+)
+
+
+async def _as_listener(consumer: Consumer, coro: Coroutine[Any, Any, _R]) -> _R:
+    """Run a listener coroutine marked as ``consumer``'s (see ``Consumer._not_listening``)."""
+    _listening.set(consumer)  # in this task's own context only
+    return await coro
+
+
 _LISTENER_METHODS = frozenset(
     {"on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost"}
 )
@@ -695,7 +726,9 @@ class _LoopListener:
                 result.close()
                 raise RuntimeError("an async rebalance listener called on its event loop")
             try:
-                future = asyncio.run_coroutine_threadsafe(result, self._loop)
+                future = asyncio.run_coroutine_threadsafe(
+                    _as_listener(self._consumer, result), self._loop
+                )
             except RuntimeError:  # the loop is closed: the coroutine can never run
                 result.close()
                 raise

@@ -694,3 +694,38 @@ def test_the_stream_watchdog_ends_when_the_last_client_is_closed(
     for _ in range(2):  # and once it ended, the next client's streams start it again
         asyncio.run(main())
         wait_for(lambda: not _watchdog_alive(), timeout=30, what="the watchdog to end")
+
+
+def test_a_poll_inside_the_consumer_s_own_async_listener_is_refused(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Every poll waits for the one before it to settle, and the poll that runs a listener
+    waits for the listener: a poll (or close) inside that listener would wait for itself.
+    It raises RuntimeError instead; the listener's commit still works."""
+    topic = "aio-listener-polls"
+    create_topic(one_node_cluster, topic)
+
+    async def main() -> list[str]:
+        errors: list[str] = []
+        consumer = aio.Consumer(one_node_cluster.bootstrap, group_id=topic)
+
+        class Listener:
+            async def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+                await consumer.commit()
+                for call in (consumer.poll(0), consumer.close()):
+                    try:
+                        await call
+                    except RuntimeError as exc:
+                        errors.append(str(exc))
+
+        await consumer.subscribe([topic], listener=Listener())
+        async with asyncio.timeout(60):  # (only so that a regression fails, not hangs)
+            while not consumer.assignment():
+                await consumer.poll(100)
+            await consumer.close()
+        return errors
+
+    errors = asyncio.run(main())
+    assert len(errors) == 2 and all(
+        "inside this consumer's rebalance listener" in e for e in errors
+    )
