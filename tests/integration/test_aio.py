@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -512,3 +516,216 @@ def test_async_with_transaction_commits_the_block_and_aborts_a_block_that_raised
         # Below the prepared transaction's first offset (the LSO): the committed one only.
         assert values == [b"committed"]
         assert c.end_offsets([tp])[tp] == 4  # committed, marker, aborted, marker
+
+
+async def _offsets_of(consumer: aio.Consumer, how: str, timeout_ms: int) -> list[int]:
+    """One poll of ``consumer`` made ``how`` (``poll``, ``poll_arrow`` or an ``async for``
+    left after its first record): the offsets it handed out."""
+    if how == "poll":
+        return [r.offset for r in await consumer.poll(timeout_ms)]
+    if how == "poll_arrow":
+        return list((await consumer.poll_arrow(timeout_ms))["offset"].to_pylist())
+    async for record in consumer:
+        return [record.offset]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("cancelled", "then"),
+    [("poll", "iter"), ("poll_arrow", "iter"), ("poll_arrow", "poll"), ("poll", "poll_arrow")],
+)
+def test_polls_after_cancelled_polls_never_skip_or_commit_past_a_record(
+    one_node_cluster: LocalCluster, cancelled: str, then: str
+) -> None:
+    """Found from outside: ``async for`` right after a poll cancelled by ``wait_for`` did not
+    wait for that poll's worker thread, so two sync polls ran at once over the same
+    positions: offsets were skipped and committed past (and ``poll_arrow``'s fetcher raised
+    IndexError). Here polls are cancelled again and again while records arrive, each
+    followed by another kind of poll; every offset below the final commit was handed out."""
+    topic = f"aio-race-{cancelled}-{then}".replace("_", "-")
+    create_topic(one_node_cluster, topic)
+    tp = TopicPartition(topic, 0)
+
+    async def main() -> tuple[set[int], int]:
+        seen: set[int] = set()
+        stop = asyncio.Event()
+        producer = aio.Producer(one_node_cluster.bootstrap, linger_ms=2)
+
+        async def feed() -> None:
+            i = 0
+            while not stop.is_set():
+                await producer.send(topic, b"%d" % i, partition=0)
+                i += 1
+                await asyncio.sleep(0.003)
+
+        feeder = asyncio.create_task(feed())
+        consumer = aio.Consumer(
+            one_node_cluster.bootstrap,
+            group_id=topic,
+            auto_offset_reset="earliest",
+            max_poll_records=20,
+        )
+        await consumer.subscribe([topic])
+        async with asyncio.timeout(240):  # (only so that a regression fails, not hangs)
+            for _ in range(150):
+                with contextlib.suppress(TimeoutError):
+                    seen.update(
+                        await asyncio.wait_for(_offsets_of(consumer, cancelled, 2000), 0.02)
+                    )
+                seen.update(await _offsets_of(consumer, then, 500))
+            stop.set()
+            await feeder
+            await producer.close()
+            await consumer.close()  # commits what was handed out
+        committed = _committed(one_node_cluster.bootstrap, topic, tp)
+        assert committed is not None
+        return seen, committed
+
+    seen, committed = asyncio.run(main())
+    assert committed > 20
+    assert sorted(set(range(committed)) - seen) == []
+
+
+def test_many_consumers_whose_async_listeners_await_consumer_calls_do_not_deadlock(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside: with more aio consumers than the default executor has threads
+    (min(32, cpus + 4)), each rebalancing poll held one of its threads waiting for its
+    listener coroutine, whose ``await consumer.commit()`` queued behind those very threads:
+    every consumer hung. The aio clients now have threads of their own; the default
+    executor (two threads here, so that eight consumers are more than it has) stays the
+    application's, and the listeners' ``asyncio.to_thread`` runs in it too."""
+    topic = "aio-many-listeners"
+    create_topic(one_node_cluster, topic)
+    with Producer(one_node_cluster.bootstrap) as producer:
+        producer.send_batch(topic, [b"r%d" % i for i in range(10)], partition=0).result(10)
+    members = 8
+
+    async def member(i: int, assigned: list[int]) -> int:
+        consumer = aio.Consumer(
+            one_node_cluster.bootstrap, group_id=f"{topic}-{i}", auto_offset_reset="earliest"
+        )
+
+        class Listener:
+            async def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+                await consumer.commit()
+
+            async def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+                await consumer.committed(set(parts))
+                await asyncio.to_thread(time.monotonic)
+                assigned.append(i)
+
+        await consumer.subscribe([topic], listener=Listener())
+        read = 0
+        while read < 10:
+            read += len(await consumer.poll(500))
+        await consumer.close()
+        return read
+
+    async def main() -> tuple[list[int], list[int]]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+        assigned: list[int] = []
+        async with asyncio.timeout(120):  # (only so that a regression fails, not hangs)
+            reads = await asyncio.gather(*(member(i, assigned) for i in range(members)))
+        return reads, assigned
+
+    reads, assigned = asyncio.run(main())
+    assert reads == [10] * members
+    assert sorted(assigned) == list(range(members))
+
+
+def test_a_consumer_with_a_coroutine_listener_refuses_another_event_loop(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside: subscribed with a coroutine listener inside one ``asyncio.run()``
+    and polled in the next, the listener's calls only logged "Event loop is closed" and the
+    partitions moved without the revoke's commit. Now polling or closing from another loop
+    raises RuntimeError naming the cause (as aiokafka refuses a consumer from another loop);
+    subscribing again on the new loop makes it that loop's."""
+    topic = "aio-two-loops"
+    create_topic(one_node_cluster, topic)
+    consumer = aio.Consumer(one_node_cluster.bootstrap, group_id=topic)
+
+    class Listener:
+        async def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+            await consumer.commit()
+
+    asyncio.run(consumer.subscribe([topic], listener=Listener()))
+
+    async def elsewhere() -> None:
+        for call in (consumer.poll(0), consumer.poll_arrow(0), consumer.close()):
+            with pytest.raises(RuntimeError, match="another event loop"):
+                await call
+        with pytest.raises(RuntimeError, match="another event loop"):
+            async for _ in consumer:
+                pass
+        await consumer.subscribe([topic], listener=Listener())  # now this loop's
+        assert await consumer.poll(0) == []
+        await consumer.close()
+
+    asyncio.run(elsewhere())
+    assert consumer.closed
+
+
+def _watchdog_alive() -> bool:
+    gc.collect()  # (streams are watched through weak references)
+    return any(t.name == "strom-stream-watchdog" for t in threading.enumerate())
+
+
+def test_the_stream_watchdog_ends_when_the_last_client_is_closed(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Found from outside: the ``strom-stream-watchdog`` thread that times out the clients'
+    gRPC streams stayed alive after every client was closed, waking every 250 ms. It now
+    stops watching ended streams and ends when none is left (the next stream starts it)."""
+    topic = "aio-watchdog"
+    create_topic(one_node_cluster, topic)
+
+    async def main() -> None:
+        async with aio.Producer(one_node_cluster.bootstrap) as producer:
+            await producer.send_and_wait(topic, b"v", partition=0)
+            assert _watchdog_alive()
+        async with aio.Consumer(one_node_cluster.bootstrap, auto_offset_reset="earliest") as c:
+            await c.assign([TopicPartition(topic, 0)])
+            async with asyncio.timeout(60):
+                while not await c.poll(200):
+                    pass
+
+    for _ in range(2):  # and once it ended, the next client's streams start it again
+        asyncio.run(main())
+        wait_for(lambda: not _watchdog_alive(), timeout=30, what="the watchdog to end")
+
+
+def test_a_poll_inside_the_consumer_s_own_async_listener_is_refused(
+    one_node_cluster: LocalCluster,
+) -> None:
+    """Every poll waits for the one before it to settle, and the poll that runs a listener
+    waits for the listener: a poll (or close) inside that listener would wait for itself.
+    It raises RuntimeError instead; the listener's commit still works."""
+    topic = "aio-listener-polls"
+    create_topic(one_node_cluster, topic)
+
+    async def main() -> list[str]:
+        errors: list[str] = []
+        consumer = aio.Consumer(one_node_cluster.bootstrap, group_id=topic)
+
+        class Listener:
+            async def on_partitions_assigned(self, parts: list[TopicPartition]) -> None:
+                await consumer.commit()
+                for call in (consumer.poll(0), consumer.close()):
+                    try:
+                        await call
+                    except RuntimeError as exc:
+                        errors.append(str(exc))
+
+        await consumer.subscribe([topic], listener=Listener())
+        async with asyncio.timeout(60):  # (only so that a regression fails, not hangs)
+            while not consumer.assignment():
+                await consumer.poll(100)
+            await consumer.close()
+        return errors
+
+    errors = asyncio.run(main())
+    assert len(errors) == 2 and all(
+        "inside this consumer's rebalance listener" in e for e in errors
+    )

@@ -538,7 +538,7 @@ class Producer:
                     self._trim(other)
                 if not slack:
                     if end is None:
-                        end = time.monotonic() + self.max_block_s
+                        end = _space_deadline(self.max_block_s)
                     self._wait_for_space(need, end)
                 continue  # (the sender may also have taken the open batch meanwhile)
             if b is None:
@@ -652,7 +652,7 @@ class Producer:
         with self._lock:
             for b in chunks:
                 if self._buffered + b.size > self.buffer_memory and self._buffered:
-                    self._wait_for_space(b.size)
+                    self._wait_for_space(b.size, _space_deadline(self.max_block_s))
                 tp = (topic, b.partition)
                 pq = self._queues.get(tp)
                 if pq is None:
@@ -1958,6 +1958,48 @@ class Producer:
 
 _time = time.time
 _new_object = object.__new__
+
+
+class WouldBlockError(Exception):
+    """Raised instead of waiting for buffer space by a send made inside
+    :func:`space_wait_until` with ``NO_WAIT``: nothing was queued (strom.aio's event loop
+    must never wait for the buffer, so it tries first and waits elsewhere when told to)."""
+
+
+#: ``space_wait_until``'s "do not wait at all": the send raises :class:`WouldBlockError`.
+NO_WAIT = float("-inf")
+
+#: Per thread: when a send made on it stops waiting for buffer space (see space_wait_until).
+_space_wait = threading.local()
+
+
+@contextlib.contextmanager
+def space_wait_until(end: float) -> Iterator[None]:
+    """Sends and ``send_batch`` calls made on this thread inside the block wait for buffer
+    space until the monotonic time ``end`` rather than ``max_block_ms`` from their own
+    start; ``NO_WAIT`` makes them raise :class:`WouldBlockError` instead of waiting.
+
+    strom.aio's producer needs both: its event loop may only try (a full buffer must not
+    freeze the loop), and the sends it then hands to its one waiting thread must keep the
+    deadline of their ``await producer.send()``, not restart it when their turn comes.
+    Thread-local and read only on the slow path (a full batch), so ``send`` pays nothing."""
+    before = getattr(_space_wait, "end", None)
+    _space_wait.end = end
+    try:
+        yield
+    finally:
+        _space_wait.end = before
+
+
+def _space_deadline(max_block_s: float) -> float:
+    """When a send on this thread, about to wait for buffer space, gives up (monotonic)."""
+    end = getattr(_space_wait, "end", None)
+    if end is None:
+        return time.monotonic() + max_block_s
+    if end == NO_WAIT:
+        raise WouldBlockError("the producer's buffer is full")
+    return end
+
 
 #: Largest bytes ``send`` reserves for an open batch at a time (see ``_make_room``).
 RESERVE_CHUNK = 32 * 1024

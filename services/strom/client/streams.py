@@ -107,15 +107,25 @@ class _Watchdog:
     def _run(self) -> None:
         while True:
             time.sleep(self.PERIOD_S)
-            self._check(time.monotonic())
+            if not self._check(time.monotonic()):
+                return
 
-    def _check(self, now: float) -> None:
+    def _check(self, now: float) -> bool:
         """One look (a call of its own, so that no stream is kept alive by the loop's
-        frame while it sleeps)."""
+        frame while it sleeps): cancel the late streams, stop watching the ended ones, and
+        False, with the thread forgotten, when none is left. The thread ends then and the
+        next ``watch`` starts another (found from outside: it outlived every client, waking
+        every 250 ms)."""
         with self._lock:
             streams = list(self._streams)
-        for s in streams:
-            s.check_deadline(now)
+        ended = [s for s in streams if not s.check_deadline(now)]
+        with self._lock:
+            for s in ended:
+                self._streams.discard(s)
+            if not self._streams:
+                self._thread = None
+                return False
+        return True
 
 
 _WATCHDOG = _Watchdog()
@@ -187,13 +197,17 @@ class RequestStream:
             self._requests.put(request)
         return True
 
-    def check_deadline(self, now: float) -> None:
+    def check_deadline(self, now: float) -> bool:
+        """Cancel the call when its oldest request is late; whether it still needs watching
+        (a closed stream is never cancelled for lateness)."""
         with self._lock:
-            late = not self.closed and bool(self._waiting) and self._waiting[0][0] < now
+            closed = self.closed
+            late = not closed and bool(self._waiting) and self._waiting[0][0] < now
             if late:
                 self._expired = True
         if late:
             self._call.cancel()
+        return not closed
 
     def close(self) -> None:
         """Half-close: the node answers what it has, then the stream ends."""
@@ -305,11 +319,13 @@ class _PingPong:
         """Whether the stream is still open (it may end while idle: a node stopping)."""
         return not self.broken and not self._call.done()
 
-    def check_deadline(self, now: float) -> None:
+    def check_deadline(self, now: float) -> bool:
+        """Cancel the call when its answer is late; whether it still needs watching."""
         deadline = self._deadline
         if deadline is not None and deadline < now and not self.broken:
             self._expired = True
             self._call.cancel()
+        return not self.broken
 
     def _break(self) -> None:
         self.broken = True
