@@ -149,9 +149,14 @@ class _Interrupt:
     main thread waits in returns with an error, and :meth:`check` (or the demo's ``except``)
     turns that into KeyboardInterrupt."""
 
+    #: How often the cancelling thread stops queries and cancels jobs again.
+    CANCEL_EVERY_S = 0.2
+
     def __init__(self) -> None:
         self.signum: int | None = None
         self.spark: Any = None
+        self._closed = threading.Event()
+        self._canceller: threading.Thread | None = None
 
     def handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and self.spark is not None:
@@ -159,14 +164,29 @@ class _Interrupt:
         self.signum = signum
         if self.spark is None:
             raise KeyboardInterrupt(f"signal {signum}")
-        threading.Thread(target=self._cancel, name="demo-interrupt", daemon=True).start()
+        self._canceller = threading.Thread(target=self._cancel, name="demo-interrupt", daemon=True)
+        self._canceller.start()
 
     def _cancel(self) -> None:
-        with contextlib.suppress(Exception):
-            for query in self.spark.streams.active:
-                query.stop()
-        with contextlib.suppress(Exception):
-            self.spark.sparkContext.cancelAllJobs()
+        """Stop the streaming queries and cancel Spark's jobs, again and again until
+        :meth:`close`: a job the main thread starts after the signal (it was between two
+        steps) is cancelled too. Found under load: a Ctrl-C just before the batch read's job
+        began cancelled nothing, and the batch read and the top-pages query ran for four
+        more minutes before the streaming loop noticed."""
+        while True:
+            with contextlib.suppress(Exception):
+                for query in self.spark.streams.active:
+                    query.stop()
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.cancelAllJobs()
+            if self._closed.wait(self.CANCEL_EVERY_S):
+                return
+
+    def close(self) -> None:
+        """Stop cancelling (before Spark itself is stopped): the demo is shutting down."""
+        self._closed.set()
+        if self._canceller is not None:
+            self._canceller.join(10)
 
     @property
     def interrupted(self) -> bool:
@@ -339,6 +359,7 @@ def run_spark_demo(
         say.flush()
         if prep_error:
             raise prep_error[0]
+        interrupt.check()  # a Ctrl-C while the cluster was still starting
         bootstrap = cluster.bootstrap
 
         def events_df() -> Any:
@@ -512,6 +533,7 @@ def run_spark_demo(
     finally:
         # Lines noted while stdout pointed at Spark's log come first, in their time order.
         say.flush()
+        interrupt.close()
         _stop_all(say, service, spark, cluster, quiet=interrupt.interrupted)
         where = f"its data and logs are kept in {root}" if data_dir is None else f"data in {root}"
         if interrupt.interrupted:

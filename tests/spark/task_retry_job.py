@@ -1,10 +1,14 @@
-"""A batch write with ``exactlyOnce=true`` on Spark ``local[2,4]`` (up to 4 attempts per task)
+"""Batch writes with ``exactlyOnce=true`` on Spark ``local[2,4]`` (up to 4 attempts per task)
 whose task for slot 1 dies on its first attempt after the writer sent part of its rows in its
 transaction: ``kill`` SIGKILLs the Python worker that feeds the writer, ``raise`` fails it with
-an exception. Spark retries the task; the test (test_exactly_once.py) then reads the topic.
+an exception. Spark retries the task; the test (test_exactly_once.py) then reads the topics.
 
-Usage: task_retry_job.py BOOTSTRAP TOPIC ROWS MODE MARK_DIR (MARK_DIR gets ``attempt-0``
-when the first attempt reached its failure point, so the test knows the retry happened).
+Usage: task_retry_job.py BOOTSTRAP ROWS MARK_ROOT TOPIC_PREFIX MODE [MODE ...]: one write per
+mode, one after the other in one Spark application (a second JVM and session cost the test
+~20 s), to topic ``TOPIC_PREFIX-MODE``. ``MARK_ROOT/MODE/attempt-0`` is written when that
+mode's first attempt reached its failure point, so the test knows the retry happened; stdout
+gets ``DONE MODE`` for each write that succeeded (a failed one prints its error and the others
+still run), and the exit code is 0 only when every write did.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -38,10 +43,9 @@ def wait_for_the_writers_rows(bootstrap: str, topic: str, partition: int) -> Non
             time.sleep(0.05)
 
 
-def main(bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> int:
+def make_spark() -> Any:
+    """The job's own session: ``local[2,4]``, so that Spark retries a failed task."""
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType
 
     from strom_spark import register
 
@@ -54,6 +58,13 @@ def main(bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> int
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    return spark
+
+
+def write(spark: Any, bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> None:
+    """One exactly-once batch write of ``rows`` rows whose slot 1 fails its first attempt."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
 
     seen: dict[tuple[int, int], int] = {}
 
@@ -86,10 +97,27 @@ def main(bootstrap: str, topic: str, rows: int, mode: str, mark_dir: str) -> int
         .mode("append")
         .save()
     )
+
+
+def main(bootstrap: str, rows: int, mark_root: str, prefix: str, modes: list[str]) -> int:
+    spark = make_spark()
+    failed = 0
+    for mode in modes:
+        mark_dir = Path(mark_root, mode)
+        mark_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            write(spark, bootstrap, f"{prefix}-{mode}", rows, mode, str(mark_dir))
+        except Exception as exc:  # the next mode still runs; the test names this one
+            failed += 1
+            print(f"FAILED {mode}: {exc}", flush=True)
+        else:
+            print(f"DONE {mode}", flush=True)
     spark.stop()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    b, t, n, m, d = sys.argv[1:6]
-    sys.exit(main(b, t, int(n), m, d))
+    if len(sys.argv) < 6:
+        sys.exit(__doc__)
+    b, n, root, prefix, *ms = sys.argv[1:]
+    sys.exit(main(b, int(n), root, prefix, ms))

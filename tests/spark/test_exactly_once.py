@@ -204,25 +204,38 @@ def test_stream_failed_and_rerun_micro_batches_write_every_row_once(
     assert len(read_values(spark, bootstrap, out, "read_uncommitted")) > len(want)
 
 
-@pytest.mark.parametrize("mode", ["kill", "raise"])
+RETRY_MODES = ("kill", "raise")
+#: The task-retry job's run (stdout, stderr, exit code) and the root of its marks.
+RetryRun = tuple[subprocess.CompletedProcess[str], Path]
+
+
+@pytest.fixture(scope="module")
+def retried_tasks(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> RetryRun:
+    """The task-retry job (``local[2,4]``, in its own process) run once for every mode: one
+    Spark application writes ``eo-retry-<mode>`` for each in turn (a JVM and session per mode
+    cost ~20 s more). Returns the job and its marks' root (``<root>/<mode>/attempt-0``)."""
+    marks = tmp_path_factory.mktemp("task-retry")
+    for mode in RETRY_MODES:
+        create_topic(bootstrap, f"eo-retry-{mode}", 2)
+    argv = [sys.executable, str(RETRY_JOB), bootstrap, str(2 * BIG), str(marks), "eo-retry"]
+    job = subprocess.run([*argv, *RETRY_MODES], capture_output=True, text=True, timeout=840)
+    return job, marks
+
+
+@pytest.mark.parametrize("mode", RETRY_MODES)
 def test_a_retried_task_writes_its_rows_once(
-    spark: Any, bootstrap: str, tmp_path: Path, mode: str
+    spark: Any, bootstrap: str, retried_tasks: RetryRun, mode: str
 ) -> None:
     """Spark retries a failed write task (``local[2,4]``, in its own process): the first
     attempt of slot 1 dies (its Python worker SIGKILLed, or an exception) after its writer sent
     rows in its transaction; the retry fences that attempt, aborts what it left open and
     writes the slot's rows, so read_committed sees every row once."""
+    job, marks = retried_tasks
     topic = f"eo-retry-{mode}"
-    create_topic(bootstrap, topic, 2)
     n = 2 * BIG  # two slots of BIG rows
-    job = subprocess.run(
-        [sys.executable, str(RETRY_JOB), bootstrap, topic, str(n), mode, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    assert f"DONE {mode}\n" in job.stdout, job.stdout[-3000:] + job.stderr[-3000:]
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    assert (tmp_path / "attempt-0").exists(), "the first attempt did not reach its failure"
+    assert (marks / mode / "attempt-0").exists(), "the first attempt did not reach its failure"
     got = read_values(spark, bootstrap, topic, "read_committed")
     assert len(got) == n and set(got) == {str(i).encode() for i in range(n)}
     # The dead attempt's records are in the log, left out of read_committed as aborted.

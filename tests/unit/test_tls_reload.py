@@ -189,6 +189,7 @@ def test_an_idle_service_looks_at_its_files_on_its_own(monkeypatch: pytest.Monke
 
     class Files:
         looks = 0
+        look_again_soon = False
 
         def maybe_reload(self) -> bool:
             self.looks += 1
@@ -200,6 +201,40 @@ def test_an_idle_service_looks_at_its_files_on_its_own(monkeypatch: pytest.Monke
     files = Files()
     asyncio.run(runtime._watch_tls_files(files, stop))  # type: ignore[arg-type]
     assert files.looks == 3
+
+
+def test_an_idle_service_refuses_a_bad_set_at_the_next_look_a_second_later(
+    setup,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A changed set that fails is refused only when it still fails at the next look (a
+    certificate copied before its key is no error). An idle service's next look came with its
+    10 s timer, so it reported a bad renewal 10-20 s after it was written; now a look that
+    leaves such a set brings the next one after the one-second poll interval."""
+    from strom.service import runtime
+
+    files, clock, (cert, _), _, _, ca = setup
+    monkeypatch.setattr(runtime, "TLS_FILES_LOOK_S", 3600.0)  # the idle timer: not within this
+    monkeypatch.setattr(runtime, "TLS_FILES_LOOK_AGAIN_S", 0.05)
+    cert.write_bytes(ca.issue("one", expired=True).cert.read_bytes())
+    clock.now += 1.0
+    assert files.maybe_reload() is False  # a connection's look: perhaps a write under way
+    assert files.refusals == 0 and files.look_again_soon
+    clock.now += 1.0
+
+    async def watch() -> None:
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(runtime._watch_tls_files(files, stop))
+        try:
+            async with asyncio.timeout(30):
+                while files.refusals == 0:
+                    await asyncio.sleep(0.01)
+        finally:
+            stop.set()
+            await watcher
+
+    asyncio.run(watch())
+    assert files.refusals == 1 and not files.look_again_soon
 
 
 def _issued_ahead(ca: CertificateAuthority, seconds: float) -> tuple[bytes, bytes]:

@@ -11,8 +11,8 @@ every handshake), and channels to other services are made again with them
 
 The files are looked at (``stat``) at most once a second. A changed set is read and checked
 like the files at start (the key is the certificate's, the certificate is valid now); a set
-that fails is not used and the files in force stay. One that still fails at the next look (not
-a certificate copied a moment before its key) is logged once and counted in
+that fails is not used and the files in force stay. One that still fails at the next look, a
+second later (not a certificate copied a moment before its key), is logged once and counted in
 ``strom_service_tls_reload_errors_total``. A certificate that is not valid *yet* (its
 issuer's clock a few seconds ahead of ours) is not refused for good: it is logged once and
 taken at the first look once it is valid.
@@ -97,6 +97,9 @@ class TlsFiles:
         #: only if it is still the same at the next one, since a certificate copied before
         #: its key fails for a moment.
         self._suspect: tuple[object, ...] | None = None
+        #: The last look left such a set: the next should come after POLL_INTERVAL_S, not
+        #: whenever traffic or the idle service's timer brings it.
+        self.look_again_soon = False
         #: Sets refused so far.
         self.refusals = 0
         self._next_look = clock() + POLL_INTERVAL_S
@@ -154,6 +157,7 @@ class TlsFiles:
             if now < self._next_look:
                 return False
             self._next_look = now + POLL_INTERVAL_S
+            self.look_again_soon = False
             stamp = self._stamp_now()
             if stamp == self._stamp:
                 return False
@@ -166,6 +170,7 @@ class TlsFiles:
             except ValueError as exc:
                 if stamp != self._suspect:
                     self._suspect = stamp  # perhaps a write under way: look again
+                    self.look_again_soon = True
                 elif files is not None and (start := _not_before_ahead(files[0])) is not None:
                     self._not_valid_yet(stamp, start, str(exc))
                 else:  # as bad a second later: not a write under way

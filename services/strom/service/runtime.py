@@ -24,7 +24,7 @@ from strom import security
 from strom.grpc_options import GRPC_OPTIONS, SERVER_KEEPALIVE_OPTIONS
 from strom.metadata import metrics as metadata_metrics
 from strom.security import principal
-from strom.security.tls_reload import init_etcd_metrics
+from strom.security.tls_reload import POLL_INTERVAL_S, init_etcd_metrics
 from strom.service import metrics, metrics_http, reflection_v1
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
@@ -106,15 +106,20 @@ DEFAULT_STOP_TIMEOUT_S = 10.0
 
 #: How often an idle service looks at its TLS files (a busy one looks at each connection).
 TLS_FILES_LOOK_S = 10.0
+#: How soon it looks again at a changed set it could not use yet (TlsFiles.look_again_soon).
+TLS_FILES_LOOK_AGAIN_S = POLL_INTERVAL_S
 
 
 async def _watch_tls_files(files: TlsFiles, stop: asyncio.Event) -> None:
     """Look at the TLS files now and then even without traffic: an idle service (a standby
     controller) kept an expired certificate's end in its gauge after a renewal, and a bad new
-    set was never reported (found from outside)."""
+    set was never reported (found from outside). A changed set that fails is refused only
+    when it still fails at the next look, so that look comes a second later, not ten: an idle
+    service reported a bad renewal 10-20 s after it was written (its tests waited so)."""
     while not stop.is_set():
+        wait_s = TLS_FILES_LOOK_AGAIN_S if files.look_again_soon else TLS_FILES_LOOK_S
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=TLS_FILES_LOOK_S)
+            await asyncio.wait_for(stop.wait(), timeout=wait_s)
         try:
             files.maybe_reload()
         except Exception:  # the next look tries again
