@@ -189,3 +189,50 @@ def test_elect_leaders_from_a_json_file_and_a_partition(
             "topics", "elect-leaders", "--path-to-json-file", str(file), "-b", b, check=False
         )
         assert missing.returncode == 1 and "rp-e-9" in missing.stderr.decode()
+
+
+def test_a_cancel_needing_an_unclean_election_is_refused_by_name(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The plan moves rp-u-0 from [1] to [2, 3] with node 3 paused; node 2 catches up, then
+    node 1 stops: 2 leads, and going back to [1] would need an unclean election. The
+    controller refuses that cancel; the command names the partition and why, and exits 1,
+    while the plan's other cancel goes through."""
+    b = cluster.bootstrap
+    with Admin(b) as admin:
+        admin.create_topic("rp-u", replica_assignment={0: [1]})
+        admin.create_topic("rp-v", replica_assignment={0: [2]})
+        plan = tmp_path / "plan.json"
+        plan.write_text(
+            reassignplan.plan_json(
+                {TopicPartition("rp-u", 0): [2, 3], TopicPartition("rp-v", 0): [2, 3]}
+            )
+        )
+        node1, node3 = cluster.node(1), cluster.node(3)
+        assert node1.process is not None and node3.process is not None
+        node3.process.signal(signal.SIGSTOP)
+        try:
+            strom("topics", "reassign", "--plan", str(plan), "--execute", "-b", b)
+            wait_for(
+                lambda: 2 in admin.describe_topic("rp-u").partitions[0].isr,
+                timeout=30,
+                what="node 2 in sync on rp-u-0",
+            )
+            node1.process.signal(signal.SIGTERM)  # a controlled shutdown: 2 takes over
+            wait_for(
+                lambda: admin.describe_topic("rp-u").partitions[0].isr == (2,),
+                timeout=30,
+                what="node 1 out of rp-u-0's ISR",
+            )
+            cancel = strom(
+                "topics", "reassign", "--plan", str(plan), "--cancel", "-b", b, check=False
+            )
+        finally:
+            node3.process.signal(signal.SIGCONT)
+        assert cancel.returncode == 1, cancel.stderr.decode()
+        err = cancel.stderr.decode()
+        assert "rp-u-0: INVALID_REPLICA_ASSIGNMENT cannot cancel the reassignment" in err
+        assert "unclean leader election" in err
+        assert "rp-v-0: cancelled" in cancel.stdout.decode()
+        assert "Cancelled 1 reassignment(s); 1 refused" in cancel.stdout.decode()
+        assert list(admin.list_partition_reassignments()) == [TopicPartition("rp-u", 0)]

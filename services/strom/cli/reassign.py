@@ -185,7 +185,15 @@ def _alter(
             refused.update(exc.errors)
         except StromError as exc:
             if len(batch) != 1:
-                raise  # the whole call failed (no controller, ...): nothing is per partition
+                # The whole call failed (no controller, ...): nothing is per partition, but
+                # the batches before it were sent, which the operator must know.
+                if start:
+                    print(
+                        f"sent {start} partition(s) of the plan before this failure "
+                        f"({len(refused)} of them refused)",
+                        file=sys.stderr,
+                    )
+                raise
             refused[next(iter(batch))] = exc
     return refused
 
