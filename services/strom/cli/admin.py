@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 
 from strom.api import common_pb2, controller_pb2
 from strom.argtypes import INT32_MAX, UsageError, int_at_least, iso_time_ms, topic_name
-from strom.cli import counted
+from strom.cli import counted, reassign, reassignplan
 from strom.cli.jsonout import message_dict, message_json
 from strom.client.admin import (
     DEFAULT_API_TIMEOUT_MS,
@@ -241,17 +241,37 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     e.add_argument("topics", nargs="*", type=topic_name, help="default: every topic")
     e.add_argument(
+        "--partition",
+        type=int_at_least(0, maximum=INT32_MAX),
+        action="append",
+        help="only this partition of the one topic given (repeatable)",
+    )
+    e.add_argument(
+        "--path-to-json-file",
+        dest="election_file",
+        metavar="FILE",
+        help='the partitions, as kafka-leader-election takes them: {"partitions":[{"topic":T,'
+        '"partition":P}]} (no topics then)',
+    )
+    e.add_argument(
         "--unclean",
         action="store_true",
         help="for partitions without a leader, elect a live replica out of the ISR (may lose data)",
     )
     r = tsub.add_parser(
-        "reassign", parents=[common], help="move a partition to other replicas, or cancel a move"
+        "reassign",
+        parents=[common],
+        help="move partitions to other replicas (one, or a --plan file), or cancel moves",
     )
-    r.add_argument("topic", type=topic_name)
-    r.add_argument("--partition", type=int, required=True)
+    r.add_argument("topic", nargs="?", type=topic_name, help="the partition's topic (one move)")
+    r.add_argument("--partition", type=int_at_least(0, maximum=INT32_MAX))
     r.add_argument("--replicas", metavar="ID,ID,...", help="target replicas, preferred first")
-    r.add_argument("--cancel", action="store_true", help="cancel the move in progress")
+    r.add_argument(
+        "--cancel",
+        action="store_true",
+        help="cancel the move in progress (with --plan: every move of the plan in progress)",
+    )
+    reassign.add_arguments(r)
     ra = tsub.add_parser(
         "reassignments", parents=[common], help="list partition reassignments in progress"
     )
@@ -309,7 +329,10 @@ def _check_usage(args: argparse.Namespace) -> None:
             raise UsageError("nothing to alter: give --set, --delete or --partitions")
         _kv(args.set, "--set")
     elif args.topics_cmd == "reassign":
-        _replicas(args)
+        if reassign.check_usage(args) == "single":
+            _replicas(args)
+    elif args.topics_cmd == "elect-leaders":
+        _election_scope(args)
     elif args.topics_cmd == "add-partitions" and args.replica_assignment is not None:
         replica_lists(args.replica_assignment)
 
@@ -802,7 +825,7 @@ def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace
     "PREFERRED_LEADER_NOT_AVAILABLE PREFERRED_LEADER_NOT_AVAILABLE", then "elected 0
     leader(s)", and exited 0, so scripts took the failed election for a success.
     """
-    results = admin.elect_leaders(args.topics or None, unclean=args.unclean)
+    results = admin.elect_leaders(_election_scope(args), unclean=args.unclean)
     elected = failed = 0
     for tp, r in results.items():
         if r.error is None:
@@ -822,6 +845,23 @@ def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace
         file=out,
     )
     return 1 if failed else 0
+
+
+def _election_scope(args: argparse.Namespace) -> list[TopicPartition | str] | None:
+    """What ``elect-leaders`` elects: the partitions of ``--path-to-json-file``, the
+    ``--partition``s of the one topic given, the topics given, or None (every partition);
+    UsageError for a mix."""
+    if args.election_file is not None:
+        if args.topics or args.partition:
+            given = "a topic" if args.topics else "--partition"
+            raise UsageError(f"--path-to-json-file does not take {given} (the file names them)")
+        text = reassign.read_file(args.election_file, "--path-to-json-file")
+        return list(reassignplan.parse_election_file(text))
+    if args.partition:
+        if len(args.topics) != 1:
+            raise UsageError("--partition needs exactly one topic")
+        return [TopicPartition(args.topics[0], p) for p in dict.fromkeys(args.partition)]
+    return list(args.topics) or None
 
 
 def _replicas(args: argparse.Namespace) -> list[int]:
@@ -844,7 +884,10 @@ def _replicas(args: argparse.Namespace) -> list[int]:
     return replicas
 
 
-def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
+def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
+    """One partition's move (or its cancel); with --plan or --generate, a whole plan's."""
+    if reassign.check_usage(args) != "single":
+        return reassign.run(admin, args, out)
     replicas = _replicas(args)
     tp = TopicPartition(args.topic, args.partition)
     admin.alter_partition_reassignments({tp: None if args.cancel else replicas})
@@ -855,6 +898,7 @@ def _reassign(admin: Admin, client: ClusterClient, args: argparse.Namespace, out
             f"reassigning {args.topic}-{args.partition} to replicas {','.join(map(str, replicas))}",
             file=out,
         )
+    return 0
 
 
 def _reassignments(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:

@@ -1541,7 +1541,9 @@ class Admin:
         move in progress with None. The new replicas catch up as followers; the controller
         then drops the removed ones. Watch the progress with :meth:`list_partition_reassignments`
         (or ``describe_topic``). Cancelling where nothing is in progress raises
-        NoReassignmentInProgressError."""
+        NoReassignmentInProgressError. With several partitions, those refused raise a
+        PartialResultError of the first refusal's class whose ``errors`` hold every refusal by
+        partition (the others were started: ``results`` holds them, with None)."""
         items = []
         for tp, replicas in _tp_map(reassignments, "alter_partition_reassignments").items():
             if replicas is None:
@@ -1566,17 +1568,19 @@ class Admin:
                 partitions=items, timeout_ms=self._server_wait_ms
             ),
         )
-        failures = []
-        for r in resp.partitions:
-            if r.error_code != NONE:
-                tp = TopicPartition(r.topic, r.partition)
-                failures.append(
-                    (
-                        f"{tp.topic}-{tp.partition}",
-                        _partition_error(r.error_code, r.error_message, tp),
-                    )
-                )
-        _raise_first(failures)
+        # Every refusal is carried (a PartialResultError when others took effect), so that
+        # `strom topics reassign --plan` names each partition refused, not the first only.
+        wanted = [TopicPartition(i.topic, i.partition) for i in items]
+        failed = {
+            TopicPartition(r.topic, r.partition): _partition_error(
+                r.error_code, r.error_message, TopicPartition(r.topic, r.partition)
+            )
+            for r in resp.partitions
+            if r.error_code != NONE
+        }
+        if len(wanted) == 1 and failed:
+            raise next(iter(failed.values()))
+        _raise_partial(wanted, {tp: None for tp in wanted if tp not in failed}, failed)
 
     def list_partition_reassignments(
         self, partitions: Iterable[TopicPartition] | None = None
