@@ -120,7 +120,8 @@ PANELS: list[tuple[str, list[P]]] = [
             P(
                 "stat",
                 "Under-replicated partitions",
-                "Partitions whose ISR is smaller than their replica set.",
+                "Partitions with fewer replicas in sync than they have (replicas a "
+                "reassignment is adding not counted, as Kafka).",
                 [(f"max(strom_controller_under_replicated_partitions{{{C}}})", "")],
                 width=4,
                 height=4,
@@ -172,6 +173,15 @@ PANELS: list[tuple[str, list[P]]] = [
                 "Partitions not led by their preferred "
                 "replica (auto leader rebalance moves them back).",
                 [(f"max(strom_controller_preferred_replica_imbalance{{{C}}})", "")],
+                width=4,
+                height=4,
+            ),
+            P(
+                "stat",
+                "Partitions being reassigned",
+                "Partitions whose replicas a reassignment is moving (strom topics reassign): "
+                "a move in progress, not a fault.",
+                [(f"max(strom_controller_reassigning_partitions{{{C}}})", "")],
                 width=4,
                 height=4,
             ),
