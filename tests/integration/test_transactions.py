@@ -816,6 +816,53 @@ def test_a_producer_whose_transaction_timed_out_aborts_and_goes_on(
     assert [v for _, v in _read(cluster, "timed-out", "read_committed")] == [b"after", b"newer"]
 
 
+def test_a_take_back_whose_answer_was_lost_is_answered_again(cluster: LocalCluster) -> None:
+    """Found from outside: when the answer to the InitProducerId that takes the id back after
+    a timeout abort (KIP-588) was lost (a client timeout, a broken connection, after the
+    coordinator bumped the epoch), the retry was PRODUCER_FENCED and the producer was fenced
+    for good. Here that first answer is dropped (the request is sent beside the producer,
+    as its lost attempt would have been); the same request again gets the same epoch, and
+    the producer's own abort_transaction() (its EndTxn probe and InitProducerId, the same
+    retry) takes the id back under that epoch and goes on."""
+    _topic(cluster, "lost-answer", partitions=1)
+    tp = TopicPartition("lost-answer", 0)
+    tid = "lost-answer-tx"
+    with (
+        Producer(cluster.bootstrap, transactional_id=tid, transaction_timeout_ms=2000) as p,
+        Consumer(cluster.bootstrap, isolation_level="read_committed") as rc,
+    ):
+        p.init_transactions()
+        assert p._txn is not None
+        pid, epoch = p._txn.producer_id, p._txn.producer_epoch
+        p.begin_transaction()
+        p.send("lost-answer", b"timed out", partition=0).get(timeout=30)
+        wait_for(lambda: rc.end_offsets([tp])[tp] == 2, timeout=60, what="the timeout abort")
+
+        req = storage_pb2.InitProducerIdRequest(
+            transactional_id=tid,
+            transaction_timeout_ms=2000,
+            producer_id=pid,
+            producer_epoch=epoch,
+        )
+        with ClusterClient(cluster.bootstrap) as client:
+            addr = client.find_coordinator(tid, storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
+            lost = stub.InitProducerId(req, timeout=30)  # the answer the producer never got
+            retried = stub.InitProducerId(req, timeout=30)
+        assert lost.error_code == 0, lost.error_message
+        assert (lost.producer_id, lost.producer_epoch) == (pid, epoch + 2)
+        assert retried.error_code == 0, retried.error_message
+        assert (retried.producer_id, retried.producer_epoch) == (pid, epoch + 2)
+
+        with pytest.raises(InvalidProducerEpochError, match="gave it epoch"):
+            p.commit_transaction()  # (abortable: the epoch went to this producer)
+        p.abort_transaction()  # the same request a third time: the same epoch
+        assert (p._txn.producer_id, p._txn.producer_epoch) == (pid, epoch + 2)
+        with p.transaction():
+            p.send("lost-answer", b"after", partition=0)
+    assert [v for _, v in _read(cluster, "lost-answer", "read_committed", expect=1)] == [b"after"]
+
+
 def test_a_commit_that_got_no_answer_is_asked_again_not_aborted(cluster: LocalCluster) -> None:
     """Found from outside: commit_transaction() timed out while the coordinator was writing
     the decision; the producer went to abortable error, the coordinator committed, and every
