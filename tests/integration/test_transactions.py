@@ -863,6 +863,94 @@ def test_a_take_back_whose_answer_was_lost_is_answered_again(cluster: LocalClust
     assert [v for _, v in _read(cluster, "lost-answer", "read_committed", expect=1)] == [b"after"]
 
 
+@contextlib.contextmanager
+def _coordinators_stopped(cluster: LocalCluster) -> Iterator[None]:
+    """Every coordinator process SIGSTOPped for the block (SIGCONT after, whatever happens):
+    no transaction coordinator answers, and none takes the shard over."""
+    processes = [m.process for m in cluster.coordinators if m.process is not None]
+    for process in processes:
+        process.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.signal(signal.SIGCONT)
+
+
+def test_an_add_partitions_to_a_stopped_coordinator_does_not_stop_the_sender(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: the producer's sender made AddPartitionsToTxn itself, so with no
+    transaction coordinator answering (here all SIGSTOPped) it sent nothing else until the
+    call gave up (up to delivery_timeout_ms): records of partitions already in the
+    transaction were not sent, and flush(timeout), abort_transaction(timeout) and
+    close(timeout) waited past their timeouts. Now the call is one more request in flight:
+    the rest goes on, each call returns within its timeout with a clear error, and after
+    SIGCONT the producer goes on; nothing is written twice or lost silently."""
+    _topic(cluster, "add-hang", partitions=2)
+    tid = "add-hang-tx"
+    p = Producer(cluster.bootstrap, transactional_id=tid, request_timeout_ms=2000, linger_ms=0)
+    try:
+        p.init_transactions()
+        # 1. The producer proceeds once the coordinator is back.
+        p.begin_transaction()
+        p.send("add-hang", b"p0 first", partition=0).get(timeout=30)  # p0 is added
+        with _coordinators_stopped(cluster):
+            waiting = p.send("add-hang", b"p1 waits", partition=1)  # p1: AddPartitionsToTxn
+            p.send("add-hang", b"p0 meanwhile", partition=0).get(timeout=5)
+            started = time.monotonic()
+            with pytest.raises(StromError, match=r"flush did not finish within 1\.5 s"):
+                p.flush(timeout=1.5)
+            assert time.monotonic() - started < 5
+            assert not waiting.done()
+        p.commit_transaction(timeout=60)
+        assert waiting.get(timeout=1).partition == 1
+
+        # 2. An abort under the hang returns in time, failing what was never sent.
+        p.begin_transaction()
+        p.send("add-hang", b"p0 aborted", partition=0).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            never = p.send("add-hang", b"p1 never sent", partition=1)
+            started = time.monotonic()
+            with pytest.raises(StromError, match=r"abort_transaction\(\) did not finish within"):
+                p.abort_transaction(timeout=2)
+            assert time.monotonic() - started < 6
+            with pytest.raises(StromError, match="not written: the transaction was aborted"):
+                never.get(timeout=1)
+        p.abort_transaction(timeout=60)  # asked again: the coordinator answers now
+        with p.transaction():
+            p.send("add-hang", b"p1 after", partition=1)
+
+        # 3. close(timeout) under the hang returns in time, failing what was never sent.
+        p.begin_transaction()
+        with _coordinators_stopped(cluster):
+            closed_unsent = p.send("add-hang", b"p1 closed", partition=1)
+            started = time.monotonic()
+            p.close(timeout=2)
+            assert time.monotonic() - started < 6
+            with pytest.raises(StromError, match="not written"):
+                closed_unsent.get(timeout=1)
+    finally:
+        p.close(timeout=10)
+    with Producer(cluster.bootstrap, transactional_id=tid) as newer:
+        newer.init_transactions(timeout=60)  # ends whatever the closed one left open
+    committed = _read(cluster, "add-hang", "read_committed", expect=4)
+    assert sorted(v for _, v in committed if v is not None) == [
+        b"p0 first",
+        b"p0 meanwhile",
+        b"p1 after",
+        b"p1 waits",
+    ]
+    everything = [v for _, v in _read(cluster, "add-hang", "read_uncommitted")]
+    assert sorted(v for v in everything if v is not None) == [
+        b"p0 aborted",
+        b"p0 first",
+        b"p0 meanwhile",
+        b"p1 after",
+        b"p1 waits",
+    ]
+
+
 def test_a_commit_that_got_no_answer_is_asked_again_not_aborted(cluster: LocalCluster) -> None:
     """Found from outside: commit_transaction() timed out while the coordinator was writing
     the decision; the producer went to abortable error, the coordinator committed, and every
