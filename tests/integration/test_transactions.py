@@ -37,7 +37,9 @@ from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import (
     InvalidProducerEpochError,
+    InvalidTxnStateError,
     ProducerFencedError,
+    RequestTimedOutError,
     StromError,
     UnstableOffsetCommitError,
 )
@@ -947,6 +949,85 @@ def test_an_add_partitions_to_a_stopped_coordinator_does_not_stop_the_sender(
         b"p0 first",
         b"p0 meanwhile",
         b"p1 after",
+        b"p1 waits",
+    ]
+
+
+def test_a_commit_or_abort_under_a_hung_coordinator_returns_in_time_and_goes_on_later(
+    cluster: LocalCluster,
+) -> None:
+    """commit_transaction(timeout) and abort_transaction(timeout) with no transaction
+    coordinator answering return within their timeout, with a RequestTimedOutError saying
+    what they waited for, and a later call completes the same transaction (Kafka's "retry
+    commitTransaction after a TimeoutException" rule). Found from outside: a commit whose
+    records were still waiting for AddPartitionsToTxn failed the transaction when its flush
+    timed out (abortable), though nothing had gone wrong but the wait."""
+    _topic(cluster, "hung-end", partitions=2)
+    p = Producer(
+        cluster.bootstrap, transactional_id="hung-end-tx", request_timeout_ms=2000, linger_ms=0
+    )
+
+    def within(seconds: float, call: Callable[[], object], match: str) -> None:
+        started = time.monotonic()
+        with pytest.raises(RequestTimedOutError, match=match):
+            call()
+        assert time.monotonic() - started < seconds + 3
+
+    try:
+        p.init_transactions()
+        # The records wait for AddPartitionsToTxn: the commit times out, not failed.
+        p.begin_transaction()
+        p.send("hung-end", b"p0 before", partition=0).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            waiting = p.send("hung-end", b"p1 waits", partition=1)
+            within(
+                2,
+                lambda: p.commit_transaction(timeout=2),
+                r"commit_transaction\(\) did not finish within 2\.0 s: records of the "
+                r"transaction were still being sent .*AddPartitionsToTxn.*call "
+                r"commit_transaction\(\) again",
+            )
+            with pytest.raises(InvalidTxnStateError, match=r"call commit_transaction\(\) again"):
+                p.begin_transaction()
+        p.commit_transaction(timeout=60)  # goes on: the same transaction commits
+        assert waiting.get(timeout=1).partition == 1
+
+        # The records are sent; the EndTxn gets no answer: asked again by the next call.
+        p.begin_transaction()
+        p.send("hung-end", b"p0 committed late", partition=0).get(timeout=30)
+        p.send("hung-end", b"p1 committed late", partition=1).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            within(2, lambda: p.commit_transaction(timeout=2), "EndTxn did not succeed within")
+        p.commit_transaction(timeout=60)
+
+        # An abort alike (its records sent, the coordinator hangs).
+        p.begin_transaction()
+        p.send("hung-end", b"p0 aborted", partition=0).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            within(2, lambda: p.abort_transaction(timeout=2), "EndTxn did not succeed within")
+        p.abort_transaction(timeout=60)
+
+        # A transaction block whose commit timed out leaves it aborted, not open.
+        # (the coordinators stop inside the block, and go on after it: the stack exits last)
+        with (
+            contextlib.ExitStack() as stopped,
+            pytest.raises(RequestTimedOutError),
+            p.transaction(timeout=2),
+        ):
+            p.send("hung-end", b"p0 in the block", partition=0).get(timeout=30)
+            stopped.enter_context(_coordinators_stopped(cluster))
+            p.send("hung-end", b"p1 in the block", partition=1)
+        p.abort_transaction(timeout=60)  # (the block's own abort timed out too: goes on)
+        with p.transaction(timeout=60):
+            p.send("hung-end", b"p1 last", partition=1)
+    finally:
+        p.close(timeout=30)
+    committed = _read(cluster, "hung-end", "read_committed", expect=6)
+    assert sorted(v for _, v in committed if v is not None) == [
+        b"p0 before",
+        b"p0 committed late",
+        b"p1 committed late",
+        b"p1 last",
         b"p1 waits",
     ]
 

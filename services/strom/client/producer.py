@@ -769,12 +769,20 @@ class Producer:
         :class:`~strom.errors.ProducerFencedError` when a newer instance took over (close
         this producer). When the commit got no answer in time (:class:`~strom.errors.
         RequestTimedOutError`, a broken connection) it may still be committed: call
-        ``commit_transaction()`` again, which asks once more (an abort is refused then)."""
+        ``commit_transaction()`` again, which asks once more (an abort is refused then).
+
+        Returns within ``timeout`` (``max_block_ms`` when None): when the transaction's
+        records were not all sent by then (a partition waiting to be added by
+        AddPartitionsToTxn to a coordinator that does not answer, or for its leader), it
+        raises :class:`~strom.errors.RequestTimedOutError` saying so, and the transaction
+        is neither committed nor failed: ``commit_transaction()`` again goes on from there
+        (Kafka's rule for a commitTransaction() that timed out), ``abort_transaction()``
+        aborts it."""
         txn = self._require_txn()
         if txn.pending_end is True:
             txn.end(True, self.max_block_s if timeout is None else timeout)
             return
-        txn, end = self._flush_transaction("commit_transaction()", timeout)
+        txn, end = self._flush_transaction("commit_transaction()", timeout, resumable=True)
         txn.end(True, max(end - time.monotonic(), 0.001))
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
@@ -795,17 +803,36 @@ class Producer:
         )
 
     def _flush_transaction(
-        self, action: str, timeout: float | None
+        self, action: str, timeout: float | None, *, resumable: bool = False
     ) -> tuple[TransactionManager, float]:
         """The first step of ending a transaction: send everything; raises the error that
-        made the transaction fail. Returns the manager and the call's deadline."""
+        made the transaction fail. Returns the manager and the call's deadline.
+
+        ``resumable`` (a commit): a flush that did not end in time leaves the transaction
+        COMMITTING, not failed, and the same call again goes on from there. FIX (found from
+        outside): commit_transaction(timeout) while a partition waited for a coordinator
+        that did not answer failed the transaction (abortable) when the flush timed out,
+        though nothing had gone wrong but the wait."""
         txn = self._require_txn()
-        txn.require(TxnPhase.IN_TRANSACTION, action=action)
-        end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
+        resuming = resumable and txn.phase is TxnPhase.COMMITTING and txn.pending_end is None
+        if not resuming:
+            txn.require(TxnPhase.IN_TRANSACTION, action=action)
+        budget = self.max_block_s if timeout is None else timeout
+        end = time.monotonic() + budget
         with txn.lock:
             txn.phase = TxnPhase.COMMITTING
         try:
             self.flush(max(end - time.monotonic(), 0))
+        except RequestTimedOutError as exc:
+            if not resumable or txn.phase is not TxnPhase.COMMITTING:
+                txn.fail(exc)
+            else:
+                raise RequestTimedOutError(
+                    f"{action} did not finish within {budget:.1f} s: records of the "
+                    "transaction were still being sent (a partition waiting to be added to it "
+                    "by AddPartitionsToTxn, or for its leader); it is not committed: call "
+                    f"{action} again to go on, or abort_transaction()"
+                ) from None
         except StromError as exc:
             txn.fail(exc)
         if txn.phase is not TxnPhase.COMMITTING:
@@ -923,8 +950,14 @@ class Producer:
                 )
         except StromError:
             # (found from outside: the failed transaction stayed open, holding read_committed
-            # readers until its timeout)
-            if self._txn is not None and self._txn.phase is TxnPhase.ABORTABLE_ERROR:
+            # readers until its timeout; a commit whose records were not all sent in time is
+            # left COMMITTING, and is aborted too: the block's error means "not committed")
+            txn = self._txn
+            if (
+                txn is not None
+                and txn.pending_end is not True
+                and txn.phase in (TxnPhase.ABORTABLE_ERROR, TxnPhase.COMMITTING)
+            ):
                 with contextlib.suppress(StromError):
                     self.abort_transaction(timeout)
             raise

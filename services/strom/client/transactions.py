@@ -220,6 +220,11 @@ class TransactionManager:
             elif self.pending_end is not None:
                 again = "commit_transaction()" if self.pending_end else "abort_transaction()"
                 hint = f": the previous {again} got no answer; call {again} again"
+            elif phase is TxnPhase.COMMITTING:
+                hint = (
+                    ": the previous commit_transaction() did not finish in time; call "
+                    "commit_transaction() again to go on, or abort_transaction()"
+                )
             elif phase is TxnPhase.PREPARED:
                 hint = (
                     ": the transaction was prepared and handed over "
