@@ -1427,7 +1427,8 @@ class Producer:
         txn = self._txn
         assert txn is not None
         if self._add_future is not None:
-            return next_wake
+            # (these wait for the next one; the sender wakes to expire them in time)
+            return _earlier(next_wake, self._add_budget(parts))
         if txn.phase not in _ADDING_PHASES:
             self._fail_unadded(parts, self._unadded_error(txn))
             return next_wake

@@ -459,14 +459,19 @@ class TransactionManager:
             ],
         )
         self._mark_start()
-        try:
-            resp = self._call("AddPartitionsToTxn", req, timeout_s)
-        except StromError as exc:
-            self._maybe_started(exc, generation, was_started)
-            raise
-        failed = [pr for tr in resp.topics for pr in tr.partitions if pr.error_code != E.NONE]
-        if failed and len(failed) == sum(len(tr.partitions) for tr in resp.topics):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                resp = self._call("AddPartitionsToTxn", req, deadline - time.monotonic())
+            except StromError as exc:
+                self._maybe_started(exc, generation, was_started)
+                raise
+            failed = [pr for tr in resp.topics for pr in tr.partitions if pr.error_code != E.NONE]
+            if not failed or len(failed) < sum(len(tr.partitions) for tr in resp.topics):
+                break
             # (the coordinator adds all of a request's partitions or none: not registered)
+            if self._retry_refused_add(failed, deadline):
+                continue
             error = error_for(failed[0].error_code, failed[0].error_message)
             error.answered = True  # type: ignore[attr-defined]
             self._maybe_started(error, generation, was_started)
@@ -477,6 +482,20 @@ class TransactionManager:
             if self.generation == generation:
                 self.registered = True
                 self.added.update((t, p) for t, ps in by_topic.items() for p in ps)
+
+    def _retry_refused_add(self, failed: list[Any], deadline: float) -> bool:
+        """Whether an AddPartitionsToTxn whose partitions were all refused is sent again:
+        when every refusal is retriable and time is left (after a backoff). As Kafka's
+        producer re-enqueues UNKNOWN_TOPIC_OR_PARTITION: the partitions are the leaders' (the
+        producer sends only to partitions its metadata has), and a coordinator whose view
+        of the topics lags (a topic just created, a coordinator that was stopped) refuses
+        them only for a while (found from outside: the transaction failed at once)."""
+        if not all(is_retriable(pr.error_code) for pr in failed):
+            return False
+        if deadline - time.monotonic() <= self.backoff_s or self.closed.is_set():
+            return False
+        self.closed.wait(self.backoff_s)
+        return True
 
     def send_offsets(
         self,
