@@ -2056,7 +2056,20 @@ class Producer:
                     pq.in_flight += 1
                     expired.append((pq, old))
         for pq, old in expired:
-            self._fail(pq, old, self._expired_error(pq, old, now, pq.last_error))
+            self._fail(pq, old, self._expired_error(pq, old, now, self._last_error(pq)))
+
+    def _last_error(self, pq: PartitionQueue) -> str | None:
+        """What a partition's expiring batches last waited for: a transactional partition not
+        added to its transaction yet waited for AddPartitionsToTxn (whose call runs beside
+        the sender and may still be out), not for its leader."""
+        txn = self._txn
+        if txn is not None and (pq.topic, pq.partition) not in txn.added:
+            waiting = "in flight" if (pq.topic, pq.partition) in self._adding else "not sent"
+            return (
+                "the partition was not added to the transaction yet: AddPartitionsToTxn "
+                f"({waiting}) had no answer from the transaction coordinator"
+            )
+        return pq.last_error
 
     def _expired_error(
         self, pq: PartitionQueue, old: list[ProducerBatch], now: float, last_error: str | None
