@@ -869,12 +869,13 @@ class Producer:
         end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
         with txn.lock:
             txn.phase = TxnPhase.ABORTING
+        flushed = True
         try:
             self.flush(max(end - time.monotonic(), 0))
-        except StromError:
+        except RequestTimedOutError:
             flushed = False
-        else:
-            flushed = True
+        except StromError:
+            pass  # (refused from a delivery callback, say: the abort goes on without it)
         # Batches of partitions still not added never go (an AddPartitionsToTxn in flight is
         # not waited for past the flush: the coordinator may hang), as Kafka's
         # abortUndrainedBatches; one answered later marks nothing (TransactionManager).
