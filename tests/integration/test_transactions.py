@@ -37,7 +37,9 @@ from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import (
     InvalidProducerEpochError,
+    InvalidTxnStateError,
     ProducerFencedError,
+    RequestTimedOutError,
     StromError,
     UnstableOffsetCommitError,
 )
@@ -814,6 +816,220 @@ def test_a_producer_whose_transaction_timed_out_aborts_and_goes_on(
             with newer.transaction():
                 newer.send("timed-out", b"newer", partition=0)
     assert [v for _, v in _read(cluster, "timed-out", "read_committed")] == [b"after", b"newer"]
+
+
+def test_a_take_back_whose_answer_was_lost_is_answered_again(cluster: LocalCluster) -> None:
+    """Found from outside: when the answer to the InitProducerId that takes the id back after
+    a timeout abort (KIP-588) was lost (a client timeout, a broken connection, after the
+    coordinator bumped the epoch), the retry was PRODUCER_FENCED and the producer was fenced
+    for good. Here that first answer is dropped (the request is sent beside the producer,
+    as its lost attempt would have been); the same request again gets the same epoch, and
+    the producer's own abort_transaction() (its EndTxn probe and InitProducerId, the same
+    retry) takes the id back under that epoch and goes on."""
+    _topic(cluster, "lost-answer", partitions=1)
+    tp = TopicPartition("lost-answer", 0)
+    tid = "lost-answer-tx"
+    with (
+        Producer(cluster.bootstrap, transactional_id=tid, transaction_timeout_ms=2000) as p,
+        Consumer(cluster.bootstrap, isolation_level="read_committed") as rc,
+    ):
+        p.init_transactions()
+        assert p._txn is not None
+        pid, epoch = p._txn.producer_id, p._txn.producer_epoch
+        p.begin_transaction()
+        p.send("lost-answer", b"timed out", partition=0).get(timeout=30)
+        wait_for(lambda: rc.end_offsets([tp])[tp] == 2, timeout=60, what="the timeout abort")
+
+        req = storage_pb2.InitProducerIdRequest(
+            transactional_id=tid,
+            transaction_timeout_ms=2000,
+            producer_id=pid,
+            producer_epoch=epoch,
+        )
+        with ClusterClient(cluster.bootstrap) as client:
+            addr = client.find_coordinator(tid, storage_pb2.COORDINATOR_TYPE_TRANSACTION)
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
+            lost = stub.InitProducerId(req, timeout=30)  # the answer the producer never got
+            retried = stub.InitProducerId(req, timeout=30)
+        assert lost.error_code == 0, lost.error_message
+        assert (lost.producer_id, lost.producer_epoch) == (pid, epoch + 2)
+        assert retried.error_code == 0, retried.error_message
+        assert (retried.producer_id, retried.producer_epoch) == (pid, epoch + 2)
+
+        with pytest.raises(InvalidProducerEpochError, match="gave it epoch"):
+            p.commit_transaction()  # (abortable: the epoch went to this producer)
+        p.abort_transaction()  # the same request a third time: the same epoch
+        assert (p._txn.producer_id, p._txn.producer_epoch) == (pid, epoch + 2)
+        with p.transaction():
+            p.send("lost-answer", b"after", partition=0)
+    assert [v for _, v in _read(cluster, "lost-answer", "read_committed", expect=1)] == [b"after"]
+
+
+@contextlib.contextmanager
+def _coordinators_stopped(cluster: LocalCluster) -> Iterator[None]:
+    """Every coordinator process SIGSTOPped for the block (SIGCONT after, whatever happens):
+    no transaction coordinator answers, and none takes the shard over."""
+    processes = [m.process for m in cluster.coordinators if m.process is not None]
+    for process in processes:
+        process.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.signal(signal.SIGCONT)
+
+
+def test_an_add_partitions_to_a_stopped_coordinator_does_not_stop_the_sender(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: the producer's sender made AddPartitionsToTxn itself, so with no
+    transaction coordinator answering (here all SIGSTOPped) it sent nothing else until the
+    call gave up (up to delivery_timeout_ms): records of partitions already in the
+    transaction were not sent, and flush(timeout), abort_transaction(timeout) and
+    close(timeout) waited past their timeouts. Now the call is one more request in flight:
+    the rest goes on, each call returns within its timeout with a clear error, and after
+    SIGCONT the producer goes on; nothing is written twice or lost silently."""
+    _topic(cluster, "add-hang", partitions=2)
+    tid = "add-hang-tx"
+    p = Producer(cluster.bootstrap, transactional_id=tid, request_timeout_ms=2000, linger_ms=0)
+    try:
+        p.init_transactions()
+        # 1. The producer proceeds once the coordinator is back.
+        p.begin_transaction()
+        p.send("add-hang", b"p0 first", partition=0).get(timeout=30)  # p0 is added
+        with _coordinators_stopped(cluster):
+            waiting = p.send("add-hang", b"p1 waits", partition=1)  # p1: AddPartitionsToTxn
+            p.send("add-hang", b"p0 meanwhile", partition=0).get(timeout=5)
+            started = time.monotonic()
+            with pytest.raises(StromError, match=r"flush did not finish within 1\.5 s"):
+                p.flush(timeout=1.5)
+            assert time.monotonic() - started < 5
+            assert not waiting.done()
+        p.commit_transaction(timeout=60)
+        assert waiting.get(timeout=1).partition == 1
+
+        # 2. An abort under the hang returns in time, failing what was never sent.
+        p.begin_transaction()
+        p.send("add-hang", b"p0 aborted", partition=0).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            never = p.send("add-hang", b"p1 never sent", partition=1)
+            started = time.monotonic()
+            with pytest.raises(StromError, match=r"abort_transaction\(\) did not finish within"):
+                p.abort_transaction(timeout=2)
+            assert time.monotonic() - started < 6
+            with pytest.raises(StromError, match="not written: the transaction was aborted"):
+                never.get(timeout=1)
+        p.abort_transaction(timeout=60)  # asked again: the coordinator answers now
+        with p.transaction():
+            p.send("add-hang", b"p1 after", partition=1)
+
+        # 3. close(timeout) under the hang returns in time, failing what was never sent.
+        p.begin_transaction()
+        with _coordinators_stopped(cluster):
+            closed_unsent = p.send("add-hang", b"p1 closed", partition=1)
+            started = time.monotonic()
+            p.close(timeout=2)
+            assert time.monotonic() - started < 6
+            with pytest.raises(StromError, match="not written"):
+                closed_unsent.get(timeout=1)
+    finally:
+        p.close(timeout=10)
+    with Producer(cluster.bootstrap, transactional_id=tid) as newer:
+        newer.init_transactions(timeout=60)  # ends whatever the closed one left open
+    committed = _read(cluster, "add-hang", "read_committed", expect=4)
+    assert sorted(v for _, v in committed if v is not None) == [
+        b"p0 first",
+        b"p0 meanwhile",
+        b"p1 after",
+        b"p1 waits",
+    ]
+    everything = [v for _, v in _read(cluster, "add-hang", "read_uncommitted")]
+    assert sorted(v for v in everything if v is not None) == [
+        b"p0 aborted",
+        b"p0 first",
+        b"p0 meanwhile",
+        b"p1 after",
+        b"p1 waits",
+    ]
+
+
+def test_a_commit_or_abort_under_a_hung_coordinator_returns_in_time_and_goes_on_later(
+    cluster: LocalCluster,
+) -> None:
+    """commit_transaction(timeout) and abort_transaction(timeout) with no transaction
+    coordinator answering return within their timeout, with a RequestTimedOutError saying
+    what they waited for, and a later call completes the same transaction (Kafka's "retry
+    commitTransaction after a TimeoutException" rule). Found from outside: a commit whose
+    records were still waiting for AddPartitionsToTxn failed the transaction when its flush
+    timed out (abortable), though nothing had gone wrong but the wait."""
+    _topic(cluster, "hung-end", partitions=2)
+    p = Producer(
+        cluster.bootstrap, transactional_id="hung-end-tx", request_timeout_ms=2000, linger_ms=0
+    )
+
+    def within(seconds: float, call: Callable[[], object], match: str) -> None:
+        started = time.monotonic()
+        with pytest.raises(RequestTimedOutError, match=match):
+            call()
+        assert time.monotonic() - started < seconds + 3
+
+    try:
+        p.init_transactions()
+        # The records wait for AddPartitionsToTxn: the commit times out, not failed.
+        p.begin_transaction()
+        p.send("hung-end", b"p0 before", partition=0).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            waiting = p.send("hung-end", b"p1 waits", partition=1)
+            within(
+                2,
+                lambda: p.commit_transaction(timeout=2),
+                r"commit_transaction\(\) did not finish within 2\.0 s: records of the "
+                r"transaction were still being sent .*AddPartitionsToTxn.*call "
+                r"commit_transaction\(\) again",
+            )
+            with pytest.raises(InvalidTxnStateError, match=r"call commit_transaction\(\) again"):
+                p.begin_transaction()
+        p.commit_transaction(timeout=60)  # goes on: the same transaction commits
+        assert waiting.get(timeout=1).partition == 1
+
+        # The records are sent; the EndTxn gets no answer: asked again by the next call.
+        p.begin_transaction()
+        p.send("hung-end", b"p0 committed late", partition=0).get(timeout=30)
+        p.send("hung-end", b"p1 committed late", partition=1).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            within(2, lambda: p.commit_transaction(timeout=2), "EndTxn did not succeed within")
+        p.commit_transaction(timeout=60)
+
+        # An abort alike (its records sent, the coordinator hangs).
+        p.begin_transaction()
+        p.send("hung-end", b"p0 aborted", partition=0).get(timeout=30)
+        with _coordinators_stopped(cluster):
+            within(2, lambda: p.abort_transaction(timeout=2), "EndTxn did not succeed within")
+        p.abort_transaction(timeout=60)
+
+        # A transaction block whose commit timed out leaves it aborted, not open.
+        # (the coordinators stop inside the block, and go on after it: the stack exits last)
+        with (
+            contextlib.ExitStack() as stopped,
+            pytest.raises(RequestTimedOutError),
+            p.transaction(timeout=2),
+        ):
+            p.send("hung-end", b"p0 in the block", partition=0).get(timeout=30)
+            stopped.enter_context(_coordinators_stopped(cluster))
+            p.send("hung-end", b"p1 in the block", partition=1)
+        p.abort_transaction(timeout=60)  # (the block's own abort timed out too: goes on)
+        with p.transaction(timeout=60):
+            p.send("hung-end", b"p1 last", partition=1)
+    finally:
+        p.close(timeout=30)
+    committed = _read(cluster, "hung-end", "read_committed", expect=6)
+    assert sorted(v for _, v in committed if v is not None) == [
+        b"p0 before",
+        b"p0 committed late",
+        b"p1 committed late",
+        b"p1 last",
+        b"p1 waits",
+    ]
 
 
 def test_a_commit_that_got_no_answer_is_asked_again_not_aborted(cluster: LocalCluster) -> None:

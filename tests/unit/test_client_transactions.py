@@ -40,6 +40,8 @@ class Scripted(TransactionManager):
     def _call(self, method: str, req: Any, timeout_s: float, **_: Any) -> Any:
         self.calls.append(method)
         answer = self.answers.pop(0)
+        if callable(answer):  # (what happens while the call is out, then its answer)
+            answer = answer()
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -370,3 +372,39 @@ def test_a_partitions_epoch_refusal_is_fatal_unless_the_transaction_outlived_its
 def answered(err: StromError) -> StromError:
     err.answered = True  # type: ignore[attr-defined]  # as _call marks a coordinator's answer
     return err
+
+
+def test_partitions_a_lagging_coordinator_does_not_know_yet_are_added_again() -> None:
+    """Found from outside (a coordinator just resumed, its view of a new topic behind):
+    AddPartitionsToTxn refused UNKNOWN_TOPIC_OR_PARTITION failed the transaction at once.
+    As Kafka's producer, a refusal that is retriable is sent again within the call's time;
+    one that is not fails the call as before."""
+    m = Scripted(added(E.UNKNOWN_TOPIC_OR_PARTITION), added(E.NONE))
+    m.begin()
+    m.add_partitions([("t", 0)], 5)
+    assert m.calls == ["AddPartitionsToTxn"] * 2 and m.added == {("t", 0)}
+    m = Scripted(added(E.UNKNOWN_TOPIC_OR_PARTITION), added(E.TOPIC_AUTHORIZATION_FAILED))
+    m.begin()
+    with pytest.raises(TopicAuthorizationFailedError):
+        m.add_partitions([("t", 0)], 5)
+    assert not m.started and not m.added
+
+
+def test_an_add_answered_after_its_transaction_ended_marks_nothing() -> None:
+    """The producer's AddPartitionsToTxn runs beside its sender, and an abort does not wait
+    for it: an answer that comes after the transaction ended (and the next one began) must
+    not mark the partition added in the next one, whose batches would then be written with
+    no transaction at the coordinator to end them."""
+    m = Scripted()
+
+    def abort_and_begin_meanwhile() -> coordinator_pb2.AddPartitionsToTxnResponse:
+        assert m.started  # (set before the call went out: the abort sends EndTxn)
+        m.end(False, 1)
+        m.begin()
+        return added(E.NONE)
+
+    m.answers = [abort_and_begin_meanwhile, coordinator_pb2.EndTxnResponse()]
+    m.begin()
+    m.add_partitions([("t", 0)], 5)
+    assert m.calls == ["AddPartitionsToTxn", "EndTxn"]
+    assert m.phase is TxnPhase.IN_TRANSACTION and not m.added and not m.registered

@@ -135,8 +135,11 @@ def test_the_producer_a_timeout_abort_fenced_takes_its_id_back() -> None:
     back = take_back(done, 0)
     assert (back.producer_id, back.producer_epoch, back.timed_out_epoch) == (pid, 2, -1)
     assert back.state is TxnState.EMPTY
-    with pytest.raises(ProducerFencedError, match="epoch 2 took over"):
-        take_back(back, 0)  # once only
+    # Once only: the same request again (its answer lost) gets the same answer, no new bump.
+    assert take_back(back, 0) is back
+    # A new instance after it: the retry is fenced.
+    with pytest.raises(ProducerFencedError, match="epoch 3 took over"):
+        take_back(init_producer_id(back, "tx", 100, 1104, lambda: next(ids)).metadata, 0)
     with pytest.raises(InvalidProducerIdMappingError):
         take_back(replace(done, producer_id=pid + 1), 0)
     # A new instance initialised the id after the timeout: the old producer is fenced.
@@ -154,6 +157,49 @@ def test_the_producer_a_timeout_abort_fenced_takes_its_id_back() -> None:
     # The current producer may bump its own epoch (its open transaction is aborted first).
     r = init_producer_id(open_, "tx", 100, 1109, lambda: next(ids), expected=(pid, 0))
     assert r.retry_later and r.metadata.producer_epoch == 1
+
+
+def test_a_retried_take_back_gets_the_same_epoch_until_the_epoch_moves_on() -> None:
+    """Found from outside: when the answer to the InitProducerId that takes the id back
+    (KIP-588) was lost, the producer's retry of it (same id and epoch) was PRODUCER_FENCED,
+    and the producer was lost for good. As Kafka's lastProducerEpoch rule: the retry gets
+    the same answer (on a coordinator that loaded the log too), requests of that epoch stay
+    INVALID_PRODUCER_EPOCH (abortable), and once the epoch moves on the retry is fenced."""
+    m = fresh(timeout_ms=100)
+    pid = m.producer_id
+    open_ = m.add(pid, 0, 1000, partitions=[("t", 0)])
+    assert open_ is not None
+    done = open_.abort_fencing(1101, "timeout", timed_out=True).complete(1102)
+
+    def take_back(current: TxnMetadata, epoch: int = 0) -> TxnMetadata:
+        r = init_producer_id(current, "tx", 100, 1104, lambda: next(ids), expected=(pid, epoch))
+        assert not r.retry_later
+        return r.metadata
+
+    back = take_back(done)
+    assert (back.producer_epoch, back.granted_from_epoch) == (2, 0)
+    reloaded = TxnMetadata.from_value("tx", back.to_value())
+    assert reloaded.granted_from_epoch == 0
+    assert take_back(reloaded) == reloaded  # the retry: the same epoch, nothing written
+    # The lost answer's epoch is still this producer's: its abort probe is abortable.
+    with pytest.raises(InvalidProducerEpochError, match="gave it epoch 2 already"):
+        back.end(pid, 0, False, 1105)
+    # The producer went on under epoch 2: a late retry changes nothing of its transaction.
+    going = back.add(pid, 2, 1106, partitions=[("t", 0)])
+    assert going is not None and take_back(going) is going
+    # The epoch moved on (a timeout abort, a new instance): the retry is fenced.
+    aborted = going.abort_fencing(1300, "timeout", timed_out=True)
+    assert aborted.granted_from_epoch == -1
+    with pytest.raises(ProducerFencedError):
+        take_back(aborted.complete(1301))
+    newer = init_producer_id(back, "tx", 100, 1107, lambda: next(ids)).metadata
+    assert newer.granted_from_epoch == -1
+    with pytest.raises(ProducerFencedError):
+        take_back(newer)
+    # A take-back from the current epoch is retried alike (it asked from epoch 2).
+    again = take_back(back, 2)
+    assert (again.producer_epoch, again.granted_from_epoch) == (3, 2)
+    assert take_back(again, 2) is again
 
 
 def test_a_loader_counts_times_ahead_of_its_clock_from_the_load() -> None:

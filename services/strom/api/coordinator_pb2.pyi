@@ -575,7 +575,7 @@ class TransactionLogKey(_message.Message):
     def __init__(self, transactional_id: _Optional[str] = ...) -> None: ...
 
 class TransactionLogValue(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "transaction_timeout_ms", "state", "topics", "groups", "transaction_start_ms", "last_update_ms", "timed_out_epoch")
+    __slots__ = ("producer_id", "producer_epoch", "transaction_timeout_ms", "state", "topics", "groups", "transaction_start_ms", "last_update_ms", "timed_out_epoch", "granted_from_epoch")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -585,6 +585,7 @@ class TransactionLogValue(_message.Message):
     TRANSACTION_START_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_UPDATE_MS_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FROM_EPOCH_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     transaction_timeout_ms: int
@@ -594,7 +595,8 @@ class TransactionLogValue(_message.Message):
     transaction_start_ms: int
     last_update_ms: int
     timed_out_epoch: int
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., transaction_start_ms: _Optional[int] = ..., last_update_ms: _Optional[int] = ..., timed_out_epoch: _Optional[int] = ...) -> None: ...
+    granted_from_epoch: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., transaction_start_ms: _Optional[int] = ..., last_update_ms: _Optional[int] = ..., timed_out_epoch: _Optional[int] = ..., granted_from_epoch: _Optional[int] = ...) -> None: ...
 
 class GroupRecordKey(_message.Message):
     __slots__ = ("offset_commit", "group_metadata", "member_metadata", "target_assignment_metadata", "target_assignment_member", "current_member_assignment", "pending_txn_offsets")

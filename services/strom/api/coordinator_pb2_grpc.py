@@ -193,6 +193,9 @@ class CoordinatorServiceServicer:
         other instance initialised since, gets a bumped epoch; any other epoch PRODUCER_FENCED,
         another producer id INVALID_PRODUCER_ID_MAPPING. Requests of that timed-out epoch get
         INVALID_PRODUCER_EPOCH (not PRODUCER_FENCED), saying the timeout aborted the transaction.
+        Such a request is idempotent: sent again with the same producer_id and producer_epoch (its
+        answer was lost) while nothing has bumped the epoch since, it gets the same answer
+        (TransactionLogValue.granted_from_epoch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

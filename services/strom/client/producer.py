@@ -355,6 +355,11 @@ class Producer:
                 retry_backoff_s=self.retry_backoff_s,
             )
         self._txn_failed: StromError | None = None
+        #: The AddPartitionsToTxn in flight (at most one, on a thread of its own: see
+        #: _add_to_transaction), its partitions and the transaction it was sent for.
+        self._add_future: Future[None] | None = None
+        self._adding: frozenset[tuple[str, int]] = frozenset()
+        self._adding_generation = -1
 
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
@@ -764,12 +769,20 @@ class Producer:
         :class:`~strom.errors.ProducerFencedError` when a newer instance took over (close
         this producer). When the commit got no answer in time (:class:`~strom.errors.
         RequestTimedOutError`, a broken connection) it may still be committed: call
-        ``commit_transaction()`` again, which asks once more (an abort is refused then)."""
+        ``commit_transaction()`` again, which asks once more (an abort is refused then).
+
+        Returns within ``timeout`` (``max_block_ms`` when None): when the transaction's
+        records were not all sent by then (a partition waiting to be added by
+        AddPartitionsToTxn to a coordinator that does not answer, or for its leader), it
+        raises :class:`~strom.errors.RequestTimedOutError` saying so, and the transaction
+        is neither committed nor failed: ``commit_transaction()`` again goes on from there
+        (Kafka's rule for a commitTransaction() that timed out), ``abort_transaction()``
+        aborts it."""
         txn = self._require_txn()
         if txn.pending_end is True:
             txn.end(True, self.max_block_s if timeout is None else timeout)
             return
-        txn, end = self._flush_transaction("commit_transaction()", timeout)
+        txn, end = self._flush_transaction("commit_transaction()", timeout, resumable=True)
         txn.end(True, max(end - time.monotonic(), 0.001))
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
@@ -790,17 +803,36 @@ class Producer:
         )
 
     def _flush_transaction(
-        self, action: str, timeout: float | None
+        self, action: str, timeout: float | None, *, resumable: bool = False
     ) -> tuple[TransactionManager, float]:
         """The first step of ending a transaction: send everything; raises the error that
-        made the transaction fail. Returns the manager and the call's deadline."""
+        made the transaction fail. Returns the manager and the call's deadline.
+
+        ``resumable`` (a commit): a flush that did not end in time leaves the transaction
+        COMMITTING, not failed, and the same call again goes on from there. FIX (found from
+        outside): commit_transaction(timeout) while a partition waited for a coordinator
+        that did not answer failed the transaction (abortable) when the flush timed out,
+        though nothing had gone wrong but the wait."""
         txn = self._require_txn()
-        txn.require(TxnPhase.IN_TRANSACTION, action=action)
-        end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
+        resuming = resumable and txn.phase is TxnPhase.COMMITTING and txn.pending_end is None
+        if not resuming:
+            txn.require(TxnPhase.IN_TRANSACTION, action=action)
+        budget = self.max_block_s if timeout is None else timeout
+        end = time.monotonic() + budget
         with txn.lock:
             txn.phase = TxnPhase.COMMITTING
         try:
             self.flush(max(end - time.monotonic(), 0))
+        except RequestTimedOutError as exc:
+            if not resumable or txn.phase is not TxnPhase.COMMITTING:
+                txn.fail(exc)
+            else:
+                raise RequestTimedOutError(
+                    f"{action} did not finish within {budget:.1f} s: records of the "
+                    "transaction were still being sent (a partition waiting to be added to it "
+                    "by AddPartitionsToTxn, or for its leader); it is not committed: call "
+                    f"{action} again to go on, or abort_transaction()"
+                ) from None
         except StromError as exc:
             txn.fail(exc)
         if txn.phase is not TxnPhase.COMMITTING:
@@ -811,7 +843,12 @@ class Producer:
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: its records stay invisible to read_committed consumers
         and its offsets are dropped. Records still queued are sent first (they are part of
-        the aborted transaction either way)."""
+        the aborted transaction either way), within ``timeout``; those of partitions the
+        transaction coordinator has not added by then fail, never sent. Returns within
+        ``timeout`` (``max_block_ms`` when None), or raises
+        :class:`~strom.errors.RequestTimedOutError` saying what it waited for (the records,
+        or the coordinator's answer): calling ``abort_transaction()`` (or
+        ``begin_transaction()``) again goes on."""
         txn = self._require_txn()
         if txn.phase is TxnPhase.FATAL_ERROR:
             txn.require(TxnPhase.IN_TRANSACTION, action="abort_transaction()")  # raises it
@@ -832,14 +869,45 @@ class Producer:
         end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
         with txn.lock:
             txn.phase = TxnPhase.ABORTING
-        with contextlib.suppress(StromError):
+        flushed = True
+        try:
             self.flush(max(end - time.monotonic(), 0))
+        except RequestTimedOutError:
+            flushed = False
+        except StromError:
+            pass  # (refused from a delivery callback, say: the abort goes on without it)
+        # Batches of partitions still not added never go (an AddPartitionsToTxn in flight is
+        # not waited for past the flush: the coordinator may hang), as Kafka's
+        # abortUndrainedBatches; one answered later marks nothing (TransactionManager).
+        with self._lock:
+            queued = list(self._queues)
+        self._fail_unadded([tp for tp in queued if tp not in txn.added], self._unadded_error(txn))
+        if not flushed:
+            self._abort_unfinished(txn, timeout)
         if txn.bump_needed:  # the epoch was bumped past ours: ask for the id back (KIP-588)
             back = txn.recover(max(end - time.monotonic(), 0.001))
             if back is not None:
                 self._adopt(*back)
             return
         txn.end(False, max(end - time.monotonic(), 0.001))
+
+    def _abort_unfinished(self, txn: TransactionManager, timeout: float | None) -> None:
+        """An abort whose flush did not end in its time (a partition waits to be added to
+        the transaction, or for its leader): the coordinator is not asked yet (no time is
+        left for it), and the transaction stays abortable so that the next
+        ``abort_transaction()`` goes on from here; raises saying so."""
+        budget = self.max_block_s if timeout is None else timeout
+        error = RequestTimedOutError(
+            f"abort_transaction() did not finish within {budget:.1f} s: records of the "
+            "transaction were still being sent (a partition waiting to be added to it by "
+            "AddPartitionsToTxn, or for its leader), so the transaction coordinator has not "
+            "been asked to abort it yet; call abort_transaction() again"
+        )
+        with txn.lock:
+            if txn.phase is TxnPhase.ABORTING:
+                txn.phase = TxnPhase.ABORTABLE_ERROR
+                txn.error = txn.error or error
+        raise error
 
     @contextlib.contextmanager
     def transaction(self, timeout: float | None = None) -> Iterator[Producer]:
@@ -883,8 +951,14 @@ class Producer:
                 )
         except StromError:
             # (found from outside: the failed transaction stayed open, holding read_committed
-            # readers until its timeout)
-            if self._txn is not None and self._txn.phase is TxnPhase.ABORTABLE_ERROR:
+            # readers until its timeout; a commit whose records were not all sent in time is
+            # left COMMITTING, and is aborted too: the block's error means "not committed")
+            txn = self._txn
+            if (
+                txn is not None
+                and txn.pending_end is not True
+                and txn.phase in (TxnPhase.ABORTABLE_ERROR, TxnPhase.COMMITTING)
+            ):
                 with contextlib.suppress(StromError):
                     self.abort_transaction(timeout)
             raise
@@ -947,6 +1021,8 @@ class Producer:
             with contextlib.suppress(StromError):
                 self.flush(left())
         self._closing = True
+        if txn is not None:
+            txn.closed.set()  # (an AddPartitionsToTxn still retrying gives up)
         self._wake.set()
         if threading.current_thread() is not self._sender:
             self._sender.join(left())
@@ -1136,6 +1212,8 @@ class Producer:
         """
         if not self._ensure_producer_id():
             return self.retry_backoff_s
+        if self._add_future is not None and self._add_future.done():
+            self._added_to_transaction()  # (its partitions' batches go in this pass)
         next_wake: float | None = None
         force = self._flushing > 0 or self._closing
         # A caller waiting for buffer_memory makes every batch due (as Kafka's accumulator
@@ -1195,7 +1273,7 @@ class Producer:
                             next_wake = _earlier(next_wake, self.retry_backoff_s)
                         continue
                     if self._txn is not None and (pq.topic, pq.partition) not in self._txn.added:
-                        if due:
+                        if due and (pq.topic, pq.partition) not in self._adding:
                             txn_adds.add((pq.topic, pq.partition))
                         continue  # registered with the coordinator first (below)
                     node = candidates.get(leader.address)
@@ -1333,41 +1411,119 @@ class Producer:
     def _add_to_transaction(
         self, parts: set[tuple[str, int]], next_wake: float | None
     ) -> float | None:
-        """AddPartitionsToTxn for partitions about to get their first batch of the
-        transaction (on the sender thread); a refusal fails their batches and the
-        transaction.
+        """Send AddPartitionsToTxn for partitions about to get their first batch of the
+        transaction, as one more request in flight: it runs on a thread of its own and wakes
+        the sender when it ends (:meth:`_added_to_transaction`), one at a time; partitions
+        due meanwhile go in the next one. FIX (found from outside): the sender made the call
+        itself and, with the coordinator down or stopped, sent nothing else until it gave up
+        (up to delivery_timeout_ms): partitions already added, delivery timeouts and
+        callbacks all waited, and so did flush(), close() and abort_transaction() (Kafka's
+        sender, too, keeps polling while its AddPartitionsToTxn is in flight).
 
         The call may retry until the oldest of those batches is due to expire
         (delivery_timeout_ms after its creation), each attempt for up to request_timeout_ms
-        (DESIGN §8). FIX (found from outside): it had request_timeout_ms in all, which one
-        attempt at a coordinator that hung spent whole, so it never reached the coordinator
-        that had taken over within seconds, and the transaction failed."""
-        assert self._txn is not None
-        try:
-            self._txn.add_partitions(parts, self._add_budget(parts))
-        except StromError as exc:
-            self._txn.fail(exc)
-            err = self._txn.error or exc
-            with self._lock:
-                victims = [
-                    (pq, [b for b in pq.batches if not b.sent])
-                    for (t, p), pq in self._queues.items()
-                    if (t, p) in parts
-                ]
-            for pq, batches in victims:
-                if batches:
-                    with self._lock:
-                        if pq.open in batches:
-                            self._close_open(pq.topic, pq.partition)
-                        for b in batches:
-                            b.sent = True
-                        pq.in_flight += 1
-                    self._fail(pq, batches, err)
-            if isinstance(err, ProducerFencedError):
-                self._fatal = err
-                self._fail_all(err)
+        (DESIGN §8). Nothing is added once the transaction has ended (an abort fails the
+        batches of partitions still not added once its flush is over: see
+        :meth:`abort_transaction`)."""
+        txn = self._txn
+        assert txn is not None
+        if self._add_future is not None:
+            # (these wait for the next one; the sender wakes to expire them in time)
+            return _earlier(next_wake, self._add_budget(parts))
+        if txn.phase not in _ADDING_PHASES:
+            self._fail_unadded(parts, self._unadded_error(txn))
             return next_wake
-        return 0.0  # ship them now
+        budget = self._add_budget(parts)
+        future: Future[None] = Future()
+        self._add_future, self._adding = future, frozenset(parts)
+        self._adding_generation = txn.generation
+        threading.Thread(
+            target=self._add_partitions,
+            args=(txn, parts, budget, future),
+            name=f"strom-producer-add-partitions-{self.client_id}",
+            daemon=True,
+        ).start()
+        return next_wake
+
+    def _add_partitions(
+        self,
+        txn: TransactionManager,
+        parts: set[tuple[str, int]],
+        budget: float,
+        future: Future[None],
+    ) -> None:
+        """The AddPartitionsToTxn thread (see :meth:`_add_to_transaction`)."""
+        try:
+            txn.add_partitions(parts, budget)
+        except BaseException as exc:  # (handed to the sender, which fails the batches)
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        self._wake.set()
+
+    def _added_to_transaction(self) -> None:
+        """On the sender thread, once the AddPartitionsToTxn in flight has ended: its
+        partitions were added (their batches go now), or it failed, and so do their
+        batches and the transaction. An answer to a transaction that has ended since (it
+        was aborted meanwhile; its batches failed then) changes nothing, unless it fenced
+        the producer."""
+        txn, future, parts = self._txn, self._add_future, self._adding
+        assert txn is not None and future is not None
+        self._add_future, self._adding = None, frozenset()
+        exc = future.exception()
+        if exc is None:
+            return
+        if not isinstance(exc, StromError):
+            exc = StromError(f"AddPartitionsToTxn failed: {type(exc).__name__}: {exc}")
+        if txn.generation != self._adding_generation and txn.phase is not TxnPhase.FATAL_ERROR:
+            return
+        txn.fail(exc)
+        err = txn.error or exc
+        self._fail_unadded(parts, err, fail_txn=True)
+        if isinstance(err, ProducerFencedError):
+            self._fatal = err
+            self._fail_all(err)
+
+    @staticmethod
+    def _unadded_error(txn: TransactionManager) -> StromError:
+        """What a batch of a partition not added to its transaction fails with when the
+        transaction fails or is aborted first."""
+        why = (
+            f"the transaction failed ({txn.error})" if txn.error else "the transaction was aborted"
+        )
+        return StromError(
+            f"not written: {why} before the record's partition was added to it "
+            f"(AddPartitionsToTxn); the record belongs to the aborted transaction"
+        )
+
+    def _fail_unadded(
+        self, parts: Iterable[tuple[str, int]], err: StromError, *, fail_txn: bool = False
+    ) -> None:
+        """Fail the unsent batches of ``parts`` (partitions not added to the transaction:
+        nothing of them was sent). ``fail_txn``: the transaction fails with ``err`` too (see
+        :meth:`_fail`); else (an abort) it is left as it is, and only batches never given a
+        sequence fail (no sequence bookkeeping is needed for them)."""
+        wanted = set(parts)
+        with self._lock:
+            victims = [
+                (pq, [b for b in pq.batches if not b.sent and (fail_txn or b.base_sequence < 0)])
+                for (t, p), pq in self._queues.items()
+                if (t, p) in wanted
+            ]
+            victims = [(pq, batches) for pq, batches in victims if batches]
+            for pq, batches in victims:
+                if pq.open in batches:
+                    self._close_open(pq.topic, pq.partition)
+                for b in batches:
+                    b.sent = True
+                pq.in_flight += 1
+        for pq, batches in victims:
+            if fail_txn:
+                self._fail(pq, batches, err)
+            else:
+                for b in batches:
+                    b.result.fail(err)
+                self._done(pq, batches)
 
     def _add_budget(self, parts: set[tuple[str, int]]) -> float:
         """How long AddPartitionsToTxn for ``parts`` may take: until the oldest unsent batch
@@ -1901,7 +2057,20 @@ class Producer:
                     pq.in_flight += 1
                     expired.append((pq, old))
         for pq, old in expired:
-            self._fail(pq, old, self._expired_error(pq, old, now, pq.last_error))
+            self._fail(pq, old, self._expired_error(pq, old, now, self._last_error(pq)))
+
+    def _last_error(self, pq: PartitionQueue) -> str | None:
+        """What a partition's expiring batches last waited for: a transactional partition not
+        added to its transaction yet waited for AddPartitionsToTxn (whose call runs beside
+        the sender and may still be out), not for its leader."""
+        txn = self._txn
+        if txn is not None and (pq.topic, pq.partition) not in txn.added:
+            waiting = "in flight" if (pq.topic, pq.partition) in self._adding else "not sent"
+            return (
+                "the partition was not added to the transaction yet: AddPartitionsToTxn "
+                f"({waiting}) had no answer from the transaction coordinator"
+            )
+        return pq.last_error
 
     def _expired_error(
         self, pq: PartitionQueue, old: list[ProducerBatch], now: float, last_error: str | None
@@ -2000,6 +2169,15 @@ def _space_deadline(max_block_s: float) -> float:
         raise WouldBlockError("the producer's buffer is full")
     return end
 
+
+#: Transaction phases in which a partition's first batch is still added to the transaction
+#: and sent (an abort sends what is queued, within its timeout).
+_ADDING_PHASES = (
+    TxnPhase.IN_TRANSACTION,
+    TxnPhase.COMMITTING,
+    TxnPhase.ABORTING,
+    TxnPhase.ABORTABLE_ERROR,
+)
 
 #: Largest bytes ``send`` reserves for an open batch at a time (see ``_make_room``).
 RESERVE_CHUNK = 32 * 1024

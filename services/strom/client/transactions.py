@@ -40,6 +40,7 @@ from strom.errors import (
     CoordinatorNotAvailableError,
     ErrorCode,
     InvalidTxnStateError,
+    ProducerClosedError,
     ProducerFencedError,
     RequestTimedOutError,
     StromError,
@@ -189,6 +190,13 @@ class TransactionManager:
         #: the coordinator, so only the same call may follow (Kafka's rule: a timed-out
         #: commit_transaction() is retried, never turned into an abort).
         self.pending_end: bool | None = None
+        #: Counts the transactions begun: an AddPartitionsToTxn answered after its
+        #: transaction ended (it runs beside the producer's sender, see
+        #: Producer._add_to_transaction) must not mark partitions of the next one added.
+        self.generation = 0
+        #: Set by the producer's close(): a coordinator call still retrying (an
+        #: AddPartitionsToTxn on its own thread) gives up instead of outliving the producer.
+        self.closed = threading.Event()
         self._coordinator: str | None = None
 
     # -- state ---------------------------------------------------------------------------------
@@ -212,6 +220,11 @@ class TransactionManager:
             elif self.pending_end is not None:
                 again = "commit_transaction()" if self.pending_end else "abort_transaction()"
                 hint = f": the previous {again} got no answer; call {again} again"
+            elif phase is TxnPhase.COMMITTING:
+                hint = (
+                    ": the previous commit_transaction() did not finish in time; call "
+                    "commit_transaction() again to go on, or abort_transaction()"
+                )
             elif phase is TxnPhase.PREPARED:
                 hint = (
                     ": the transaction was prepared and handed over "
@@ -419,12 +432,21 @@ class TransactionManager:
         self.require(TxnPhase.READY, action="begin_transaction()")
         with self.lock:
             self.phase = TxnPhase.IN_TRANSACTION
+            self.generation += 1
             self.added.clear()
             self.started = self.registered = False
             self.started_at = None
 
     def add_partitions(self, parts: Iterable[tuple[str, int]], timeout_s: float) -> None:
-        """AddPartitionsToTxn for partitions about to get their first batch."""
+        """AddPartitionsToTxn for partitions about to get their first batch.
+
+        The producer calls it on a thread of its own, beside its sender, and the transaction
+        may end meanwhile (an abort does not wait for it): ``started`` is set before it is
+        sent (an EndTxn must then follow, whatever came of it), and an answer that comes
+        after its transaction ended marks nothing (``generation``)."""
+        with self.lock:
+            generation, was_started = self.generation, self.started
+            self.started = True  # (see _maybe_started: put back below if refused)
         by_topic: dict[str, list[int]] = {}
         for t, p in parts:
             by_topic.setdefault(t, []).append(p)
@@ -437,20 +459,43 @@ class TransactionManager:
             ],
         )
         self._mark_start()
-        try:
-            resp = self._call("AddPartitionsToTxn", req, timeout_s)
-        except StromError as exc:
-            self._maybe_started(exc)
-            raise
-        failed = [pr for tr in resp.topics for pr in tr.partitions if pr.error_code != E.NONE]
-        if len(failed) < sum(len(tr.partitions) for tr in resp.topics):
-            self.started = True  # some were added: EndTxn must end them
-        if failed:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                resp = self._call("AddPartitionsToTxn", req, deadline - time.monotonic())
+            except StromError as exc:
+                self._maybe_started(exc, generation, was_started)
+                raise
+            failed = [pr for tr in resp.topics for pr in tr.partitions if pr.error_code != E.NONE]
+            if not failed or len(failed) < sum(len(tr.partitions) for tr in resp.topics):
+                break
             # (the coordinator adds all of a request's partitions or none: not registered)
+            if self._retry_refused_add(failed, deadline):
+                continue
+            error = error_for(failed[0].error_code, failed[0].error_message)
+            error.answered = True  # type: ignore[attr-defined]
+            self._maybe_started(error, generation, was_started)
+            raise error
+        if failed:  # (some were added: EndTxn must end them; started stays set)
             raise error_for(failed[0].error_code, failed[0].error_message)
         with self.lock:
-            self.registered = True
-            self.added.update((t, p) for t, ps in by_topic.items() for p in ps)
+            if self.generation == generation:
+                self.registered = True
+                self.added.update((t, p) for t, ps in by_topic.items() for p in ps)
+
+    def _retry_refused_add(self, failed: list[Any], deadline: float) -> bool:
+        """Whether an AddPartitionsToTxn whose partitions were all refused is sent again:
+        when every refusal is retriable and time is left (after a backoff). As Kafka's
+        producer re-enqueues UNKNOWN_TOPIC_OR_PARTITION: the partitions are the leaders' (the
+        producer sends only to partitions its metadata has), and a coordinator whose view
+        of the topics lags (a topic just created, a coordinator that was stopped) refuses
+        them only for a while (found from outside: the transaction failed at once)."""
+        if not all(is_retriable(pr.error_code) for pr in failed):
+            return False
+        if deadline - time.monotonic() <= self.backoff_s or self.closed.is_set():
+            return False
+        self.closed.wait(self.backoff_s)
+        return True
 
     def send_offsets(
         self,
@@ -512,11 +557,20 @@ class TransactionManager:
             if self.started_at is None:
                 self.started_at = time.monotonic()
 
-    def _maybe_started(self, exc: StromError) -> None:
+    def _maybe_started(
+        self, exc: StromError, generation: int | None = None, was_started: bool = True
+    ) -> None:
         """After a failed Add*ToTxn: a refusal the coordinator answered added nothing; a call
-        that got no answer (timed out, broke) may have, and then EndTxn must end it."""
+        that got no answer (timed out, broke) may have, and then EndTxn must end it. An
+        AddPartitionsToTxn (``generation`` given) set ``started`` before it was sent: a
+        refusal puts back ``was_started``, unless the transaction changed meanwhile or
+        another call of it was accepted (``registered``)."""
         if not getattr(exc, "answered", False):
             self.started = True
+        elif generation is not None:
+            with self.lock:
+                if self.generation == generation and not self.registered:
+                    self.started = was_started
 
     def end(self, commit: bool, timeout_s: float) -> None:
         """EndTxn; back to READY once the coordinator has the decision. A transaction that
@@ -652,10 +706,13 @@ class TransactionManager:
         deadline = time.monotonic() + timeout_s
         last = ""
         while True:
+            if self.closed.is_set():
+                raise ProducerClosedError(f"{method} abandoned: the producer was closed")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RequestTimedOutError(
-                    f"{method} did not succeed within {timeout_s:.1f} s: {last}"
+                    f"{method} did not succeed within {timeout_s:.1f} s"
+                    + (f": {last}" if last else "")
                 )
             addr = self._coordinator if txn else None
             try:
@@ -703,4 +760,4 @@ class TransactionManager:
                             assert self.error is not None
                             raise self.error
                     raise err
-            time.sleep(min(self.backoff_s, max(deadline - time.monotonic(), 0)))
+            self.closed.wait(min(self.backoff_s, max(deadline - time.monotonic(), 0)))

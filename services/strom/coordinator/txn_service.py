@@ -231,6 +231,8 @@ class TransactionRpcs(_Base):
             tid = request.transactional_id
             check_timeout(request.transaction_timeout_ms, self.txn_max_timeout_ms)
             expected = _expected_producer(request)
+            # (what a retry of this request carries, whatever ``expected`` becomes below)
+            asked_epoch = None if expected is None else expected[1]
             deadline = time.monotonic() + COMPLETION_WAIT_S
             while True:
                 shard = self._txn_shard(tid)
@@ -259,10 +261,12 @@ class TransactionRpcs(_Base):
                         lambda pid=fresh_pid: pid,
                         self.txn_max_timeout_ms,
                         expected=expected,
+                        asked_epoch=asked_epoch,
                     )
                     if result.metadata.producer_id < 0:
                         continue  # the id appeared meanwhile: look again
-                    await self._txn_write(shard, result.metadata)
+                    if result.metadata != current:  # (a retry's answer changes nothing)
+                        await self._txn_write(shard, result.metadata)
                 if not result.retry_later:
                     break
                 # The previous instance left a transaction open: abort it (its bumped epoch

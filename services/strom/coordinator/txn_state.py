@@ -88,6 +88,12 @@ class TxnMetadata:
     #: otherwise. Persisted: that producer, and only it, may take the id back under a new
     #: epoch (Kafka's KIP-588; see :func:`init_producer_id`), on any coordinator.
     timed_out_epoch: int = -1
+    #: The epoch an InitProducerId taking the id back (its producer id and epoch given) bumped
+    #: to ``producer_epoch``, while nothing has bumped it since; -1 otherwise. Persisted: the
+    #: same request again (its answer was lost: a client timeout, a broken connection) gets
+    #: the same answer instead of PRODUCER_FENCED (Kafka's lastProducerEpoch), on any
+    #: coordinator. Only that producer holds that epoch, so nobody else can ask so.
+    granted_from_epoch: int = -1
 
     # -- the log record ------------------------------------------------------------------------
 
@@ -106,6 +112,8 @@ class TxnMetadata:
         )
         if self.timed_out_epoch >= 0:
             v.timed_out_epoch = self.timed_out_epoch
+        if self.granted_from_epoch >= 0:
+            v.granted_from_epoch = self.granted_from_epoch
         for t in sorted(by_topic):
             v.topics.add(topic=t, partitions=sorted(by_topic[t]))
         return v.SerializeToString()
@@ -124,6 +132,7 @@ class TxnMetadata:
             v.transaction_start_ms,
             v.last_update_ms,
             timed_out_epoch=v.timed_out_epoch if v.HasField("timed_out_epoch") else -1,
+            granted_from_epoch=(v.granted_from_epoch if v.HasField("granted_from_epoch") else -1),
         )
 
     # -- checks --------------------------------------------------------------------------------
@@ -142,6 +151,13 @@ class TxnMetadata:
                 "the transaction coordinator aborted its transaction because "
                 f"transaction.timeout.ms={self.timeout_ms} passed, and bumped the epoch to "
                 f"{self.producer_epoch}; no other instance has initialised the id since"
+            )
+        if producer_epoch < self.producer_epoch and producer_epoch == self.granted_from_epoch:
+            # The same producer, which asked for its id back and may have lost the answer.
+            raise InvalidProducerEpochError(
+                f"producer {producer_id} epoch {producer_epoch} of {self.transactional_id!r}: "
+                f"InitProducerId with this epoch gave it epoch {self.producer_epoch} already "
+                "(the same InitProducerId again is answered so again)"
             )
         if producer_epoch < self.producer_epoch:
             why = f" ({self.abort_reason})" if self.abort_reason else ""
@@ -226,6 +242,7 @@ class TxnMetadata:
             last_update_ms=now_ms,
             abort_reason=reason,
             timed_out_epoch=self.producer_epoch if timed_out else -1,
+            granted_from_epoch=-1,
         )
 
     def complete(self, now_ms: int) -> TxnMetadata:
@@ -287,13 +304,20 @@ def init_producer_id(
     max_timeout_ms: int = MAX_TIMEOUT_MS,
     *,
     expected: tuple[int, int] | None = None,
+    asked_epoch: int | None = None,
 ) -> InitResult:
     """InitProducerId for a transactional id.
 
     ``expected``: the (producer id, epoch) of a producer taking its id back (Kafka's
     KIP-588), after the coordinator aborted its transaction for the timeout: allowed only
     for that epoch (``timed_out_epoch``) or the current one, else PRODUCER_FENCED (another
-    instance initialised the id since) or INVALID_PRODUCER_ID_MAPPING; then as below.
+    instance initialised the id since) or INVALID_PRODUCER_ID_MAPPING; then as below. Such
+    a request is idempotent: the one before it with the same epoch bumped the epoch
+    (``granted_from_epoch``) and its answer may have been lost, so while nothing has bumped
+    it since, the same request gets the same epoch again (Kafka's lastProducerEpoch retry;
+    before, the retry was PRODUCER_FENCED and the producer was lost for good).
+    ``asked_epoch`` is the epoch the producer sent, when ``expected`` was moved on since
+    (the coordinator aborted that epoch's open transaction first): what a retry carries.
 
     - unknown id: a new producer id (from ``new_producer_id``), epoch 0;
     - no transaction open: the epoch + 1 (a new id past the 16-bit epoch space);
@@ -304,6 +328,11 @@ def init_producer_id(
     check_timeout(timeout_ms, max_timeout_ms)
     if expected is not None:
         _check_expected(current, transactional_id, *expected)
+        assert current is not None  # (_check_expected refuses an unknown id)
+        if expected[1] != current.producer_epoch and expected[1] == current.granted_from_epoch:
+            return InitResult(current)  # a retry: the answer it lost, unchanged
+        if asked_epoch is None:
+            asked_epoch = expected[1]
     if current is None or current.state is TxnState.DEAD:
         return InitResult(
             TxnMetadata(transactional_id, new_producer_id(), 0, timeout_ms, last_update_ms=now_ms)
@@ -320,6 +349,7 @@ def init_producer_id(
     pid, epoch = current.producer_id, current.producer_epoch + 1
     if epoch > MAX_EPOCH:
         pid, epoch = new_producer_id(), 0
+        asked_epoch = None  # (a retry carries the old producer id: refused, as before)
     return InitResult(
         replace(
             current,
@@ -333,6 +363,7 @@ def init_producer_id(
             last_update_ms=now_ms,
             abort_reason="",
             timed_out_epoch=-1,
+            granted_from_epoch=-1 if asked_epoch is None else asked_epoch,
         )
     )
 
@@ -348,7 +379,7 @@ def _check_expected(
             f"transactional id {transactional_id!r} does not map to producer id {producer_id}"
             + ("" if current is None else f" (it maps to {current.producer_id})")
         )
-    if epoch in (current.producer_epoch, current.timed_out_epoch):
+    if epoch in (current.producer_epoch, current.timed_out_epoch, current.granted_from_epoch):
         return
     raise ProducerFencedError(
         f"producer {producer_id} epoch {epoch} of {transactional_id!r} is fenced: epoch "
