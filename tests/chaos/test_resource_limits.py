@@ -60,7 +60,10 @@ def _leader(cluster: LocalCluster, topic: str = "limits") -> Member:
 
 
 def _end(address: str, topic: str = "limits") -> int:
-    req = storage_pb2.ListOffsetsRequest()
+    """The partition's log end (appended, replicated or not): a replica's view, which
+    ListOffsets gives a replica_id >= 1 (an unset one, 0, is a consumer's: the high
+    watermark; storage.proto)."""
+    req = storage_pb2.ListOffsetsRequest(replica_id=1)
     req.topics.add(topic=topic).partitions.add(partition=0, timestamp=-1)
     return _stub(address).ListOffsets(req, timeout=10).topics[0].partitions[0].offset
 
