@@ -604,14 +604,15 @@ def _payload(h: BatchHeader, raw: memoryview) -> Any:
     return codecs.decompress(h.codec, raw[HEADER_SIZE:], position=h.position)
 
 
-def _decode_payload(
-    h: BatchHeader, payload: Any
-) -> tuple[pa.RecordBatch, list[pa.Array], np.ndarray]:
-    """The body, its columns, and its offset deltas as numpy (all checked)."""
+def _read_body(h: BatchHeader, payload: Any, *, full: bool) -> pa.RecordBatch:
+    """The body's Arrow record batch, validated (``full``: every value too), with as many
+    rows as the header says and no null offset or timestamp delta; InvalidBatchError
+    naming the batch otherwise."""
     pos = h.position
     try:
         rb = pa.ipc.read_record_batch(pa.py_buffer(payload), BODY_SCHEMA_V1)
-        rb.validate(full=True)
+        rb.validate(full=full)
+        od_col, ts_col = rb.column(0), rb.column(1)
     except (pa.ArrowException, ValueError, OSError, EOFError) as exc:
         raise InvalidBatchError(
             f"batch at byte {pos}: Arrow body does not parse ({exc})", position=pos
@@ -621,11 +622,19 @@ def _decode_payload(
             f"batch at byte {pos}: body holds {rb.num_rows} records, header says {h.record_count}",
             position=pos,
         )
-    cols = rb.columns
-    if cols[0].null_count or cols[1].null_count:
+    if od_col.null_count or ts_col.null_count:
         raise InvalidBatchError(
             f"batch at byte {pos}: null offset or timestamp delta in the body", position=pos
         )
+    return rb
+
+
+def _decode_payload(
+    h: BatchHeader, payload: Any
+) -> tuple[pa.RecordBatch, list[pa.Array], np.ndarray]:
+    """The body, its columns, and its offset deltas as numpy (all checked)."""
+    rb = _read_body(h, payload, full=True)
+    cols = rb.columns
     od = cols[0].to_numpy()
     # Increasing deltas are what lets a consumer bisect a batch for its position. Compared
     # as two views and counted in C (np.diff and ndarray.any add Python wrappers).
@@ -663,25 +672,9 @@ def timestamp_extremes(h: BatchHeader, raw: Any) -> TimestampExtremes | None:
     """
     if h.record_count == 0:
         return None
-    pos = h.position
-    payload = _payload(h, memoryview(raw)[: h.size])
-    try:
-        rb = pa.ipc.read_record_batch(pa.py_buffer(payload), BODY_SCHEMA_V1)
-        rb.validate()  # buffer sizes against lengths (O(columns)); values are not scanned
-        od_col, ts_col = rb.column(0), rb.column(1)
-    except (pa.ArrowException, ValueError, OSError, EOFError) as exc:
-        raise InvalidBatchError(
-            f"batch at byte {pos}: Arrow body does not parse ({exc})", position=pos
-        ) from exc
-    if rb.num_rows != h.record_count:
-        raise InvalidBatchError(
-            f"batch at byte {pos}: body holds {rb.num_rows} records, header says {h.record_count}",
-            position=pos,
-        )
-    if od_col.null_count or ts_col.null_count:
-        raise InvalidBatchError(
-            f"batch at byte {pos}: null offset or timestamp delta in the body", position=pos
-        )
+    # validate() without full: buffer sizes against lengths (O(columns)), values not scanned
+    rb = _read_body(h, _payload(h, memoryview(raw)[: h.size]), full=False)
+    od_col, ts_col = rb.column(0), rb.column(1)
     deltas = ts_col.to_numpy()
     base = h.base_timestamp
     hi = int(np.argmax(deltas))
