@@ -19,7 +19,14 @@ from strom.api import storage_pb2, storage_pb2_grpc
 from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
 from strom.coordinator.replay import ReplayState
-from strom.errors import ErrorCode, RequestTimedOutError, StromError, UnknownServerError, error_name
+from strom.errors import (
+    ErrorCode,
+    RequestTimedOutError,
+    StromError,
+    UnknownServerError,
+    error_name,
+    is_retriable,
+)
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
 E = ErrorCode
@@ -52,14 +59,6 @@ class StorageIO(CoordinatorCore):
         if node is None:
             raise StromError(f"leader of {topic}-{partition} is not live", retriable=True)
         return f"{node.host}:{node.port}", state.value.leader_epoch
-
-    def _any_node(self) -> str:
-        assert self.view is not None
-        nodes = self.view.live_nodes()
-        if not nodes:
-            raise StromError("no live storage node", retriable=True)
-        n = nodes[min(nodes)]
-        return f"{n.host}:{n.port}"
 
     async def _replay(
         self,
@@ -118,14 +117,33 @@ class StorageIO(CoordinatorCore):
             producer_id=producer_id if producer_id >= 0 else -1,
             producer_epoch=max(epoch, 0) if producer_id >= 0 else -1,
         )
-        stub = storage_pb2_grpc.StorageServiceStub(self._channel(self._any_node()))
-        resp = await stub.InitProducerId(req, timeout=10.0)
-        if resp.error_code != E.NONE:
-            raise StromError(
-                f"InitProducerId: {error_name(resp.error_code)} {resp.error_message}",
-                retriable=True,
-            )
-        return resp.producer_id, resp.producer_epoch
+        # Every live node in turn, lowest id first. FIX (found by CI): the lowest-id node
+        # had just died (its registration not expired yet) and its refused connection went
+        # to the client as UNKNOWN_SERVER_ERROR, which a transactional producer's
+        # init_transactions() took for fatal. Now another node is asked, and when none
+        # gives an id the answer is COORDINATOR_LOAD_IN_PROGRESS, retriable (Kafka's
+        # answer when its producer-id manager has no block).
+        assert self.view is not None
+        nodes = self.view.live_nodes()
+        last = "no live storage node"
+        for node_id in sorted(nodes):
+            address = f"{nodes[node_id].host}:{nodes[node_id].port}"
+            stub = storage_pb2_grpc.StorageServiceStub(self._channel(address))
+            try:
+                resp = await stub.InitProducerId(req, timeout=10.0)
+            except grpc.aio.AioRpcError as exc:
+                last = f"node {node_id} ({address}): {exc.code().name}"
+                continue
+            if resp.error_code == E.NONE:
+                return resp.producer_id, resp.producer_epoch
+            last = f"node {node_id}: {error_name(resp.error_code)} {resp.error_message}"
+            if not is_retriable(resp.error_code):
+                raise StromError(f"InitProducerId: {last}", code=resp.error_code)
+        raise StromError(
+            f"InitProducerId: no storage node gave a producer id ({last})",
+            code=E.COORDINATOR_LOAD_IN_PROGRESS,
+            retriable=True,
+        )
 
     async def _produce(
         self, partition: int, batch: bytes, topic: str = CONSUMER_OFFSETS_TOPIC
