@@ -5,10 +5,8 @@ segment.jitter.ms, segment.index.bytes and preallocate. Clocks and randomness ar
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
-import crc32c
 import pyarrow as pa
 import pytest
 
@@ -22,8 +20,8 @@ from strom.record import (
     encode_batch,
     encode_body,
 )
-from strom.record.header import CRC_START, pack_header, read_header
 from strom.record.schema import HEADERS_TYPE
+from tests.unit.reframe import rebuild
 
 T0 = 1_700_000_000_000
 
@@ -149,24 +147,8 @@ def test_a_topic_without_a_before_limit_decodes_no_body(
 def test_before_max_refuses_a_body_that_does_not_parse(tmp_path: Path) -> None:
     """The body read for the check is the producer's, untrusted: garbage is CORRUPT, not a
     traceback, and nothing is appended."""
-    good = bytearray(batch(T0, T0))
-    body = bytearray(b"\xff" * (len(good) - HEADER_SIZE))
-    h = read_header(good, 0)
-    bad = pack_header(
-        base_offset=0,
-        body_length=len(body),
-        partition_leader_epoch=0,
-        crc=0,
-        attributes=h.attributes,
-        last_offset_delta=h.last_offset_delta,
-        base_timestamp=h.base_timestamp,
-        max_timestamp=h.max_timestamp,
-        producer_id=h.producer_id,
-        producer_epoch=h.producer_epoch,
-        base_sequence=h.base_sequence,
-        record_count=h.record_count,
-    ) + bytes(body)
-    bad = bad[:17] + struct.pack(">I", crc32c.crc32c(bad[CRC_START:])) + bad[21:]
+    good = bytes(batch(T0, T0))
+    bad = rebuild(good, body=b"\xff" * (len(good) - HEADER_SIZE))  # a valid CRC around it
     make(tmp_path / "t-0").append(bad)  # no before limit: the body is not read
     log = make(tmp_path / "t-1", message_timestamp_before_max_ms=1000)
     with pytest.raises(InvalidBatchError, match="Arrow body does not parse"):
