@@ -69,6 +69,34 @@ def _followers_paused(cluster: LocalCluster, topic: str) -> Iterator[list[int]]:
     wait_for(lambda: len(_isr(cluster, topic)[1]) >= 2, timeout=60, what="the ISR back")
 
 
+def _wait_until_the_leader_refuses(cluster: LocalCluster, topic: str) -> None:
+    """Wait until the leader itself refuses a batch before appending it (NOT_ENOUGH_REPLICAS).
+
+    The controller's ISR (what describe shows) can be ahead of the leader's: followers whose
+    session ran out leave the ISR in etcd, and the leader applies that from its watch a
+    moment later; a batch sent in between is appended and fails as "may have been written"
+    (a CI run). Probes come from another producer: their records are not the test's."""
+
+    def refused() -> bool:
+        try:
+            probe.send(topic, b"probe").result(timeout=30)
+        except NotEnoughReplicasError:
+            return True
+        except StromError:
+            return False  # appended, then not committed in time: the leader's ISR was full
+        return False
+
+    with Producer(
+        cluster.bootstrap,
+        acks="all",
+        linger_ms=0,
+        retries=0,
+        delivery_timeout_ms=1500,
+        request_timeout_ms=1000,
+    ) as probe:
+        wait_for(refused, timeout=60, what="the leader refusing for want of replicas")
+
+
 def _log(cluster: LocalCluster, topic: str, partitions: int = 1) -> dict[Where, bytes | None]:
     """(partition, offset) -> value of every record of the topic."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -162,6 +190,7 @@ def test_a_batch_refused_before_append_does_not_stop_the_partition(
                 timeout=60,
                 what="the ISR below min.insync.replicas",
             )
+            _wait_until_the_leader_refuses(cluster, topic)
             futures = {v: p.send(topic, v) for v in (b"A1", b"A2", b"A3")}
             for value, future in futures.items():
                 with pytest.raises(StromError) as refused:
