@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import termios
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,6 +123,41 @@ def test_console_errors_are_clear(bootstrap: str) -> None:
     ]:
         bad = strom("consume", "keyed", "-b", bootstrap, *flags, check=False)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+def test_consume_prints_each_timestamp_with_its_type(bootstrap: str) -> None:
+    """`--print-timestamp` starts a line with Kafka's TYPE:MILLISECONDS column (CreateTime:
+    the producer's, LogAppendTime: the leader's) and `--format` has {timestamp_type}; a
+    `--format` with `--print-key` or `--print-timestamp` is refused (the flag was ignored)."""
+    with Admin(bootstrap) as admin:
+        admin.create_topic("created-ts", partitions=1, replication_factor=1)
+        admin.create_topic("appended-ts", 1, 1, config={"message.timestamp.type": "LogAppendTime"})
+    now_ms = int(time.time() * 1000)
+    with Producer(bootstrap) as p:
+        p.send("created-ts", b"v1", key=b"k1", timestamp_ms=now_ms - 5_000).result(timeout=30)
+        appended = p.send("appended-ts", b"v2", timestamp_ms=1_000).result(timeout=30)
+    assert appended.timestamp > now_ms - 60_000  # the leader's clock, not the 1,000 sent
+
+    def consume(topic: str, *flags: str) -> bytes:
+        return strom(
+            "consume", topic, "-b", bootstrap, "--from-beginning", "--max-messages", "1", *flags
+        ).stdout
+
+    assert consume("created-ts", "--print-timestamp", "--print-key") == (
+        b"CreateTime:%d\tk1\tv1\n" % (now_ms - 5_000)
+    )
+    assert consume("appended-ts", "--print-timestamp") == (
+        b"LogAppendTime:%d\tv2\n" % appended.timestamp
+    )
+    assert consume("appended-ts", "--format", "{timestamp_type}@{timestamp}") == (
+        b"LogAppendTime@%d\n" % appended.timestamp
+    )
+    for flag in ("--print-timestamp", "--print-key"):
+        bad = strom(
+            "consume", "created-ts", "-b", bootstrap, "--format", "{value}", flag, check=False
+        )
+        assert bad.returncode == 2 and b"--format prints only what it names" in bad.stderr
+        assert b"Traceback" not in bad.stderr
 
 
 def test_a_reader_closing_the_pipe_ends_the_command_quietly(bootstrap: str) -> None:
