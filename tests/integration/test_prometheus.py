@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from strom import Admin, Consumer, Producer
+from strom import Admin, Consumer, Producer, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.devcluster.prometheus import (
@@ -342,6 +342,27 @@ def test_the_standby_controller_follows_the_active_one(env: dict[str, Any]) -> N
     assert values(prom.query(f'sum(strom_controller_active{{cluster="{CLUSTER}"}})')) == [1.0]
     assert prom.query(rule_expr("StromNoStandbyController")) == []
     assert prom.query(rule_expr("StromControllerInstanceDown")) == []
+
+
+def test_a_group_committed_past_the_end_fires_its_alert_naming_it(env: dict[str, Any]) -> None:
+    """An idle group whose committed offset is past the log end (here set there by hand):
+    the coordinator's strom_coordinator_consumer_offset_past_end, through the shipped
+    StromConsumerOffsetPastEnd expression, fires naming the group and the topic; the
+    dashboard's busy group does not."""
+    cluster: LocalCluster = env["cluster"]
+    prom: PrometheusServer = env["prom"]
+    tp = TopicPartition("past-end", 0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(tp.topic, partitions=1, replication_factor=3)
+        admin.alter_group_offsets("idle-past-end", {tp: 40})
+    want = "consumer group idle-past-end committed past the end of past-end"
+    wait_for(
+        lambda: summaries(prom, "StromConsumerOffsetPastEnd") == [want],
+        timeout=60,
+        what="StromConsumerOffsetPastEnd firing for the idle group",
+    )
+    firing = prom.query(rule_expr("StromConsumerOffsetPastEnd"))
+    assert [(r["metric"]["group"], values([r])) for r in firing] == [("idle-past-end", [40.0])]
 
 
 def test_a_standby_controller_down_fires_its_instance_alert(env: dict[str, Any]) -> None:
