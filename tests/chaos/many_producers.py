@@ -66,6 +66,7 @@ def _worker(
         t0 = time.monotonic()
         for p in producers:
             p.send(topic, payload, callback=done)
+        # time is the behaviour: pacing the load to its rate, not waiting for a condition.
         time.sleep(max(0.0, interval - (time.monotonic() - t0)))
     for p in producers:
         p.flush(timeout=60)

@@ -244,6 +244,7 @@ class Proxy:
                 await self._wait_flowing(conn, sender, receiver)  # a stall that came meanwhile
                 delay = self._delay_ms(sender, receiver)
                 if delay:
+                    # time is the behaviour: the injected network delay (a "delay" rule).
                     await asyncio.sleep(delay / 1000.0)
                 if conn.closed:
                     break

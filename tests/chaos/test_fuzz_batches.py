@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -248,10 +249,19 @@ _ATHERIS = textwrap.dedent(
 )
 
 
+# skip is justified: pyproject.toml's dev extra installs atheris exactly where it has a wheel
+# (Linux x86_64, what CI runs); there the test runs and a missing atheris fails it.
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64",
+    reason="atheris has wheels for Linux x86_64 only (the dev extra installs it there)",
+)
 def test_atheris_coverage_guided_decoder_fuzzing(tmp_path: Path) -> None:
     """A bounded libFuzzer run (STROM_FUZZ_SECONDS, default 20) over the decoder; any
     exception other than InvalidBatchError is a crash and fails the run."""
-    pytest.importorskip("atheris", reason="atheris has no wheel for this platform")
+    try:
+        import atheris  # noqa: F401  (the fuzz script imports it; checked here to name it)
+    except ImportError:
+        pytest.fail("atheris is missing: install the dev extra (scripts/bootstrap.sh does)")
     seconds = int(os.environ.get("STROM_FUZZ_SECONDS", "20"))
     script = tmp_path / "fuzz_decoder.py"
     script.write_text(_ATHERIS)

@@ -41,7 +41,7 @@ def _slow_offsets() -> None:
     send_offsets = TransactionManager.send_offsets
 
     def slow(self: TransactionManager, *args: Any, **kwargs: Any) -> None:
-        time.sleep(0.2)
+        time.sleep(0.2)  # time is the behaviour: the injected slow link (see the docstring)
         send_offsets(self, *args, **kwargs)
 
     TransactionManager.send_offsets = slow  # type: ignore[method-assign]

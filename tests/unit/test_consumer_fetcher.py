@@ -337,7 +337,7 @@ class FakeLeader:
         if gate is not None:
             gate.wait(10)
         if self.latency_s:
-            time.sleep(self.latency_s)
+            time.sleep(self.latency_s)  # time is the behaviour: simulated network time
         pr = storage_pb2.FetchPartitionResponse(
             partition=fp.partition,
             high_watermark=self.hw,
@@ -802,7 +802,7 @@ class MultiLeader:
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
         try:
-            time.sleep(self.latency_s)
+            time.sleep(self.latency_s)  # time is the behaviour: simulated network time
             outs = []
             for fp in fps:
                 pr = storage_pb2.FetchPartitionResponse(

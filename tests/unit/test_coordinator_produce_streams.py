@@ -56,7 +56,7 @@ class Node(OlderNode):
             if r.timeout_ms == SILENT:
                 await self.release.wait()
             if self.delay_s:
-                await asyncio.sleep(self.delay_s)
+                await asyncio.sleep(self.delay_s)  # time is the behaviour: a slow node
             yield storage_pb2.ProduceResponse(throttle_time_ms=r.timeout_ms)
             served += 1
             if served == self.per_stream:

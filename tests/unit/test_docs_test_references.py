@@ -52,13 +52,19 @@ def _missing(word: str, files: dict[str, list[Path]], defined: str) -> str | Non
 def test_every_test_the_reliability_doc_cites_exists() -> None:
     files = _test_files()
     defined = "\n".join(p.read_text() for paths in files.values() for p in paths)
-    text = DOC.read_text()
-    problems = [m for w in _cited(text) if (m := _missing(w, files, defined))]
+    cited = _cited(DOC.read_text())
+    assert cited, f"{DOC} cites no test: the check below would pass on nothing"
+    problems = [m for w in cited if (m := _missing(w, files, defined))]
     assert problems == []
 
 
 def test_a_section_heading_names_its_test_file_by_path() -> None:
     """A heading's file is where the section's bare test names are looked for."""
-    for heading in re.findall(r"^#+ .*$", DOC.read_text(), re.MULTILINE):
-        for word in _cited(heading):
-            assert word.startswith("tests/") and (ROOT / word).is_file(), heading
+    cited = [
+        (heading, word)
+        for heading in re.findall(r"^#+ .*$", DOC.read_text(), re.MULTILINE)
+        for word in _cited(heading)
+    ]
+    assert cited, f"no heading of {DOC} names a test file: the check below would pass on nothing"
+    for heading, word in cited:
+        assert word.startswith("tests/") and (ROOT / word).is_file(), heading

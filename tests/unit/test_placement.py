@@ -105,6 +105,7 @@ def test_a_failed_nodes_leaderships_split_over_the_survivors(
     leaderships went to node 1. With the controller's own election rule, whichever node
     fails, its leaderships now split within one over the others."""
     got = assign_replicas(_nodes(nodes), partitions, rf)
+    assert len(got) == partitions  # (an empty placement would pass every check below)
     everyone = set(range(nodes))
     for failed in everyone:
         survivors = everyone - {failed}
@@ -194,7 +195,9 @@ def test_every_partition_spans_distinct_racks_when_racks_suffice() -> None:
 def test_racks_fewer_than_rf_use_every_rack() -> None:
     nodes = _nodes(4, racks=2)
     rack = {n.node_id: n.rack for n in nodes}
-    for replicas in assign_replicas(nodes, 8, 3):
+    got = assign_replicas(nodes, 8, 3)
+    assert len(got) == 8  # (an empty placement would pass every check below)
+    for replicas in got:
         assert {rack[n] for n in replicas} == {"r0", "r1"}
         assert len(set(replicas)) == 3
 
@@ -203,7 +206,9 @@ def test_uneven_racks_still_place_on_distinct_racks() -> None:
     nodes = [PlacementNode(0, "a"), PlacementNode(1, "a"), PlacementNode(2, "a")]
     nodes += [PlacementNode(3, "b"), PlacementNode(4, "c")]
     rack = {n.node_id: n.rack for n in nodes}
-    for replicas in assign_replicas(nodes, 10, 3):
+    got = assign_replicas(nodes, 10, 3)
+    assert len(got) == 10  # (an empty placement would pass every check below)
+    for replicas in got:
         assert len({rack[n] for n in replicas}) == 3
 
 

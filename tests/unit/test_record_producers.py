@@ -603,7 +603,9 @@ def test_a_cancelled_call_is_never_sent_and_leaves_no_sequence_gap() -> None:
     async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> int:
         far = asyncio.get_running_loop().time() + 30
         retried = s.submit(_values("retried"), "none", -1, far)
-        await asyncio.sleep(0.01)  # refused a few times meanwhile
+        async with asyncio.timeout(30):  # (only so that a regression fails, not hangs)
+            while len(leader.requests) < 2:  # refused, and being retried
+                await asyncio.sleep(0)
         retried.cancel()
         queued = s.submit(_values("queued"), "none", -1, far)
         queued.cancel()

@@ -93,7 +93,9 @@ class FakeController:
 
     async def __call__(self) -> tuple[int, int]:
         self.calls += 1
-        await asyncio.sleep(0.01)  # let concurrent requests pile up on the lock
+        # One pass of the loop: every concurrent request started meanwhile reaches the lock
+        # (without it, each would ask the controller for a block of its own).
+        await asyncio.sleep(0)
         if self.fail is not None:
             raise self.fail
         first = self.next

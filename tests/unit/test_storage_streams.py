@@ -113,9 +113,11 @@ def test_a_shed_request_ends_the_stream_after_the_answers_before_it() -> None:
         answers: list[str] = []
         reqs = [request("a", 60), request("b", 60), request("c", 10)]
         task = asyncio.ensure_future(collect(node.produce_stream(feed(reqs), ctx), answers))
-        while not node.started:
-            await asyncio.sleep(0)
-        await asyncio.sleep(0.01)  # (gives "b" and "c" their chance to be read, wrongly)
+        # Until "b" was read and refused (the shed counter moved: the reader stops there) or,
+        # wrongly, started: the window for "b" and "c" to be started is then over.
+        async with asyncio.timeout(30):  # (only so that a regression fails, not hangs)
+            while not node.started or (shed_latencies() == shed_before and len(node.started) < 2):
+                await asyncio.sleep(0)
         node.finish["a"].set()
         with pytest.raises(Aborted):
             await asyncio.wait_for(task, 5)

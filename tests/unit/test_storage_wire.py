@@ -146,8 +146,8 @@ def test_writer_keeps_arrival_order_across_inline_and_threaded_jobs() -> None:
         first = asyncio.create_task(writer.run(big, 1000))
         await asyncio.sleep(0)  # submitted to the thread, blocked there
         second = asyncio.create_task(writer.run(small, 10))  # must queue behind, not run inline
-        await asyncio.sleep(0.01)
-        assert order == []
+        await asyncio.sleep(0)  # one pass: the task ran up to its wait (or, wrongly, inline)
+        assert order == [] and writer.pending == 2  # queued behind the big one
         release.set()
         assert await first == "big" and await second == "small"
         assert order == ["big", "small"]
