@@ -96,14 +96,17 @@ def test_a_throttled_move_copies_at_the_rate_and_verify_removes_the_throttle(
         assert _throttles(admin, "moving") == {LEADER: "0:1", FOLLOWER: "0:3"}
         assert _rates(admin) == dict.fromkeys(RATES, "1048576")
 
-        # The leader's bucket holds the copy back while the new replica is still behind.
+        # A bucket holds the copy back while the new replica is still behind: the receiving
+        # node's (it leaves the partition out of its fetches while in debt) or the leader's.
         def held() -> bool:
+            name = "strom_storage_replication_throttled_total"
             return (
-                member_metric(leader, "strom_storage_replication_throttled_total", side="leader")
+                member_metric(leader, name, side="leader")
+                + member_metric(cluster.node(3), name, side="follower")
                 > 0
             )
 
-        wait_for(held, timeout=60, what="the leader bucket to hold the copy back")
+        wait_for(held, timeout=60, what="a replication bucket to hold the copy back")
         assert _partition(admin, "moving").adding_replicas == (3,), "copied unthrottled"
         assert (
             member_metric(leader, "strom_storage_replication_throttle_rate_bytes", side="leader")
@@ -235,3 +238,48 @@ def test_bad_throttles_are_refused_clearly(cluster: LocalCluster, tmp_path: Path
         assert _rates(admin) == dict.fromkeys(RATES)
         admin.alter_configs("t3", set={LEADER: "2:1, 0:1"})
         assert _throttles(admin, "t3")[LEADER] == "2:1,0:1"
+
+
+@pytest.mark.parametrize("side", ["leader", "follower"])
+def test_each_side_alone_throttles_a_move(cluster: LocalCluster, side: str) -> None:
+    """Through the Admin API only, one side at a time: the leader (node 1) sends the new
+    replica only what its bucket holds, or the receiving node (2) leaves the partition out
+    of its fetches while its bucket is in debt; the move still completes, and only that
+    side's bucket is charged."""
+    b = cluster.bootstrap
+    node = cluster.node(1 if side == "leader" else 2)
+    other = cluster.node(2 if side == "leader" else 1)
+    if side == "leader":
+        config, rate, entry = LEADER, reassignplan.LEADER_RATE, "0:1"
+    else:
+        config, rate, entry = FOLLOWER, reassignplan.FOLLOWER_RATE, "0:2"
+    with Admin(b) as admin:
+        admin.create_topic("one-side", replica_assignment={0: [1]})
+        size = _fill(b, "one-side", 4)
+        admin.alter_configs("one-side", set={config: entry})
+        admin.alter_node_configs(set={rate: 512000})
+        assert _rates(admin) == {r: "512000" if r == rate else None for r in RATES}
+        gauge = "strom_storage_replication_throttle_rate_bytes"
+        wait_for(
+            lambda: member_metric(node, gauge, side=side) == 512000,
+            timeout=30,
+            what=f"node {node.ident} to take the {side} rate",
+        )
+        admin.alter_partition_reassignments({TopicPartition("one-side", 0): [1, 2]})
+
+        def held() -> bool:
+            return member_metric(node, "strom_storage_replication_throttled_total", side=side) > 0
+
+        wait_for(held, timeout=60, what=f"the {side} bucket to hold the copy back")
+        assert _partition(admin, "one-side").adding_replicas == (2,), "copied unthrottled"
+        wait_for(
+            lambda: _partition(admin, "one-side").adding_replicas == (),
+            timeout=120,
+            what="the move to finish",
+        )
+        assert set(_partition(admin, "one-side").isr) == {1, 2}
+        name = "strom_storage_replication_throttled_bytes_total"
+        charged = member_metric(node, name, side=side)
+        assert size * 0.9 <= charged <= size * 1.1, (charged, size)
+        unset = "follower" if side == "leader" else "leader"
+        assert member_metric(other, name, side=unset) == 0  # the other side has no throttle

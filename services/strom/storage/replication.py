@@ -274,11 +274,11 @@ class ReplicaFetchers:
                     if part.damaged_at >= 0:
                         await self._drop_damaged(part)
                 ready = [p for p in ready if p.damaged_at < 0]
-                ready, throttled = self._follower_throttle(ready)
+                ready, wait_s, cap = self._follower_throttle(ready)
                 if not ready:
-                    await self._sleep(leader, throttled or PARTITION_BACKOFF_S)
+                    await self._sleep(leader, wait_s or PARTITION_BACKOFF_S)
                     continue
-                request, sent = self._request(ready)
+                request, sent = self._request(ready, cap)
                 try:
                     resp = await fetches.fetch(request, FETCH_MAX_WAIT_MS / 1000.0 + 5.0)
                 except (grpc.aio.AioRpcError, TimeoutError, ConnectionResetError) as exc:
@@ -346,21 +346,31 @@ class ReplicaFetchers:
                 with contextlib.suppress(Exception):
                     await channel.close()
 
-    def _follower_throttle(self, ready: list[Partition]) -> tuple[list[Partition], float]:
-        """The follower side of the replication throttle (Kafka's KIP-73): while this node's
-        follower bucket is in debt, the partitions it throttles (named on this node by
-        follower.replication.throttled.replicas and not in the ISR) are left out of the
-        fetch, as Kafka's fetcher leaves them out. The partitions to fetch, and when the
-        bucket has refilled (seconds; 0 when nothing was left out)."""
+    def _follower_throttle(
+        self, ready: list[Partition]
+    ) -> tuple[list[Partition], float, dict[tuple[str, int], int]]:
+        """The follower side of the replication throttle (Kafka's KIP-73) for the
+        partitions this node throttles (named on it by follower.replication.throttled.replicas,
+        and not in the ISR). While its follower bucket is in debt they are left out of the
+        fetch, as Kafka's fetcher leaves them out; otherwise each asks for at most what the
+        bucket holds, and they go first in the request, so the first with data gets at least
+        one whole batch (the leader's rule) and a move always progresses. Returns the
+        partitions to fetch, when the bucket refills (seconds; 0 when none was left out) and
+        the throttled partitions' byte caps."""
         bucket = self.manager.replication_quotas.follower
         if bucket.rate is None:
-            return ready, 0.0
-        held = [p for p in ready if _follower_throttled(p, self.node_id)]
-        if not held or bucket.available():
-            return ready, 0.0
-        metrics.REPLICATION_THROTTLED.labels("follower").inc(len(held))
-        keep = [p for p in ready if p not in held]
-        return keep, min(max(bucket.wait_s(), 0.01), FETCH_MAX_WAIT_MS / 1000.0)
+            return ready, 0.0, {}
+        held = {p.tp for p in ready if _follower_throttled(p, self.node_id)}
+        if not held:
+            return ready, 0.0, {}
+        available = bucket.available() or 0
+        if available <= 0:
+            metrics.REPLICATION_THROTTLED.labels("follower").inc(len(held))
+            keep = [p for p in ready if p.tp not in held]
+            return keep, min(max(bucket.wait_s(), 0.01), FETCH_MAX_WAIT_MS / 1000.0), {}
+        ordered = [p for p in ready if p.tp in held] + [p for p in ready if p.tp not in held]
+        cap = min(available, FETCH_MAX_BYTES)
+        return ordered, 0.0, dict.fromkeys(held, cap)
 
     def _charge_follower_throttle(
         self,
@@ -388,8 +398,10 @@ class ReplicaFetchers:
             metrics.REPLICATION_THROTTLED_BYTES.labels("follower").inc(charged)
 
     def _request(
-        self, parts: list[Partition]
+        self, parts: list[Partition], caps: Mapping[tuple[str, int], int] | None = None
     ) -> tuple[pb.FetchRequest, dict[tuple[str, int], tuple[Partition, int, int]]]:
+        """A fetch of ``parts`` in their order; ``caps`` bounds some partitions' bytes (the
+        follower throttle)."""
         req = pb.FetchRequest(
             replica_id=self.node_id,
             replica_incarnation=self.incarnation(),
@@ -412,7 +424,7 @@ class ReplicaFetchers:
                 current_leader_epoch=part.leader_epoch,
                 last_fetched_epoch=lg.epochs.latest_epoch,
                 log_start_offset=lg.log_start_offset,
-                partition_max_bytes=FETCH_MAX_BYTES,
+                partition_max_bytes=(caps or {}).get(part.tp, FETCH_MAX_BYTES),
             )
             sent[part.tp] = (part, offset, part.leader_epoch)
         return req, sent
