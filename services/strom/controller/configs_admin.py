@@ -1,5 +1,7 @@
 """The controller's config RPCs: DescribeConfigs (topics and nodes) and AlterConfigs
-(topics; node configs are static) (DESIGN §4).
+(topics, and the dynamic configs every node applies: the NODE resource named "", stored in
+``node_configs``, today the replication throttle rates; a node's own configs are static)
+(DESIGN §3, §6).
 
 What a config key means, its default and how an override is validated live in
 :mod:`strom.controller.configs` and :mod:`strom.log.config`; this module reads topics from
@@ -176,10 +178,10 @@ class ConfigRpcs(ControllerCore):
                         f"topic {res.resource_name!r} is internal: {', '.join(fixed)} is "
                         "strom's coordinators' to set (other configs may be changed)"
                     )
-                new = await asyncio.to_thread(
-                    self._alter_topic_configs, lead, res, request.validate_only
-                )
-                if new is not None and res.resource_type == pb.RESOURCE_TYPE_NODE:
+                dynamic = res.resource_type == pb.RESOURCE_TYPE_NODE and not res.resource_name
+                alter = self._alter_node_configs if dynamic else self._alter_topic_configs
+                new = await asyncio.to_thread(alter, lead, res, request.validate_only)
+                if new is not None and dynamic:
                     node_configs = new
                 elif new is not None:
                     changed[res.resource_name] = new
@@ -206,12 +208,10 @@ class ConfigRpcs(ControllerCore):
         """Apply one resource's changes with CAS (blocking); the new overrides, or None."""
         assert self.store is not None
         if res.resource_type == pb.RESOURCE_TYPE_NODE:
-            if res.resource_name != "":
-                raise InvalidRequestError(
-                    "a node's static configs cannot be altered; the dynamic ones (replication "
-                    "throttle rates) are set for every node, on the NODE resource named ''"
-                )
-            return self._alter_node_configs(lead, res, validate_only)
+            raise InvalidRequestError(
+                "a node's static configs cannot be altered; the dynamic ones (replication "
+                "throttle rates) are set for every node, on the NODE resource named ''"
+            )
         if res.resource_type != pb.RESOURCE_TYPE_TOPIC:
             raise InvalidRequestError(
                 f"resource type {res.resource_type} cannot be altered (use TOPIC)"
