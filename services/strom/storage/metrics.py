@@ -313,7 +313,14 @@ _PARTITION_GAUGES = (
     LAST_STABLE_OFFSET_LAG,
 )
 #: The per-topic counters: exported while the node hosts a replica of the topic.
-_TOPIC_COUNTERS = (BYTES_IN, BYTES_OUT, RECORDS_IN, RECORDS_OUT)
+_TOPIC_COUNTERS = (
+    BYTES_IN,
+    BYTES_OUT,
+    RECORDS_IN,
+    RECORDS_OUT,
+    REASSIGNMENT_BYTES_IN,
+    REASSIGNMENT_BYTES_OUT,
+)
 
 
 class PartitionMetrics:
