@@ -354,6 +354,27 @@ PANELS: list[tuple[str, list[P]]] = [
             ),
             P(
                 "timeseries",
+                "Reassignment copy and throttle",
+                "Bytes leaders sent to replicas a reassignment is adding, by topic (the copy a "
+                "move makes), against the replication throttle rate each node applies "
+                "(strom topics reassign --throttle; 0: no limit).",
+                [
+                    (
+                        rate_by("strom_storage_reassignment_bytes_out_total", "topic"),
+                        "{{topic}}",
+                    ),
+                    (
+                        by_node(
+                            "max by (cluster, instance) (strom_storage_replication_throttle_rate_"
+                            f'bytes{{{C}, side="leader"}})'
+                        ),
+                        f"throttle {NODE}",
+                    ),
+                ],
+                unit="Bps",
+            ),
+            P(
+                "timeseries",
                 "Leader elections",
                 "Leader changes committed, by reason.",
                 [(rate_by("strom_controller_leader_elections_total", "reason"), "{{reason}}")],

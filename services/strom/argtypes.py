@@ -129,3 +129,39 @@ def iso_time_ms(text: str) -> int:
             "2024-05-01T14:00:00 (local time)"
         ) from None
     return datetime_ms(dt)
+
+
+#: Size suffixes :func:`byte_size` takes (case-insensitive): binary and decimal units.
+SIZE_UNITS = {
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "b": 1,
+}
+
+
+def byte_size(text: str) -> int:
+    """Parse sizes like ``1048576``, ``64KiB``, ``1MiB``, ``2GiB``, ``1MB`` (a positive
+    number of bytes, at most 2^63-1). FIX: ``inf`` escaped as an OverflowError traceback."""
+    t = text.strip().lower()
+    for suffix in sorted(SIZE_UNITS, key=len, reverse=True):
+        if t.endswith(suffix):
+            num = t[: -len(suffix)].strip()
+            break
+    else:
+        suffix, num = "b", t
+    try:
+        value = int(float(num) * SIZE_UNITS[suffix])
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 1048576 or 1MiB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    if value >= 1 << 63:
+        raise argparse.ArgumentTypeError(f"size is too large: {text!r} (at most 2^63-1 bytes)")
+    return value

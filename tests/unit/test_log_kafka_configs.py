@@ -64,6 +64,8 @@ REMOVED_IN_KAFKA_4 = ["message.format.version", "message.timestamp.difference.ma
 #: What strom applies (the issue's list and the ones strom had before).
 APPLIED = {
     "cleanup.policy",
+    "follower.replication.throttled.replicas",
+    "leader.replication.throttled.replicas",
     "compression.type",
     "delete.retention.ms",
     "file.delete.delay.ms",
@@ -129,7 +131,6 @@ def test_refused_names_say_why(name: str) -> None:
     [
         ("remote.storage.enable", "tiered"),
         ("local.retention.ms", "tiered"),
-        ("follower.replication.throttled.replicas", "replication quotas"),
         ("compression.zstd.level", "never recompresses"),
         ("message.format.version", "removed in Kafka 4.0"),
         ("message.timestamp.difference.max.ms", "message.timestamp.before.max.ms"),

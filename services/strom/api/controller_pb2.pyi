@@ -21,6 +21,7 @@ class ConfigSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONFIG_SOURCE_DEFAULT: _ClassVar[ConfigSource]
     CONFIG_SOURCE_STATIC_NODE_CONFIG: _ClassVar[ConfigSource]
     CONFIG_SOURCE_TOPIC: _ClassVar[ConfigSource]
+    CONFIG_SOURCE_DYNAMIC_DEFAULT_NODE_CONFIG: _ClassVar[ConfigSource]
 
 class AlterConfigOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -40,6 +41,7 @@ CONFIG_SOURCE_UNSPECIFIED: ConfigSource
 CONFIG_SOURCE_DEFAULT: ConfigSource
 CONFIG_SOURCE_STATIC_NODE_CONFIG: ConfigSource
 CONFIG_SOURCE_TOPIC: ConfigSource
+CONFIG_SOURCE_DYNAMIC_DEFAULT_NODE_CONFIG: ConfigSource
 ALTER_CONFIG_OP_SET: AlterConfigOp
 ALTER_CONFIG_OP_DELETE: AlterConfigOp
 ALTER_CONFIG_OP_APPEND: AlterConfigOp

@@ -239,3 +239,16 @@ class ClientQuota(_message.Message):
     fetch_bytes_per_second: float
     requests_per_second: float
     def __init__(self, principal: _Optional[str] = ..., produce_bytes_per_second: _Optional[float] = ..., fetch_bytes_per_second: _Optional[float] = ..., requests_per_second: _Optional[float] = ...) -> None: ...
+
+class NodeConfigs(_message.Message):
+    __slots__ = ("configs",)
+    class ConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    configs: _containers.ScalarMap[str, str]
+    def __init__(self, configs: _Optional[_Mapping[str, str]] = ...) -> None: ...

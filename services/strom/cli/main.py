@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from strom import __version__
-from strom.argtypes import UsageError, int_at_least, number_above
+from strom.argtypes import UsageError, byte_size, int_at_least, number_above
 
 #: Service subcommands and the module whose ``main(argv)`` runs them.
 SERVICES = {
@@ -36,34 +36,8 @@ SERVICES = {
 }
 
 
-def _size(text: str) -> int:
-    """Parse sizes like ``1048576``, ``64KiB``, ``1MiB``, ``2GiB``, ``1MB``."""
-    units = {
-        "kib": 1 << 10,
-        "mib": 1 << 20,
-        "gib": 1 << 30,
-        "kb": 10**3,
-        "mb": 10**6,
-        "gb": 10**9,
-        "k": 1 << 10,
-        "m": 1 << 20,
-        "g": 1 << 30,
-        "b": 1,
-    }
-    t = text.strip().lower()
-    for suffix in sorted(units, key=len, reverse=True):
-        if t.endswith(suffix):
-            num = t[: -len(suffix)].strip()
-            break
-    else:
-        suffix, num = "b", t
-    try:
-        value = int(float(num) * units[suffix])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 1048576 or 1MiB)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return value
+#: Sizes like ``1048576``, ``64KiB``, ``1MiB`` (strom.argtypes.byte_size).
+_size = byte_size
 
 
 #: Argument types for whole and other numbers (the services' own, strom.service.flags).

@@ -15,9 +15,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from strom.argtypes import UsageError
+from strom.argtypes import UsageError, byte_size
 from strom.cli import reassignplan
-from strom.client.admin import Admin, PartitionInfo
+from strom.cli.reassignplan import FOLLOWER_RATE, LEADER_RATE
+from strom.client.admin import Admin, ConfigSource, PartitionInfo
 from strom.client.types import TopicPartition
 from strom.controller.placement import PlacementNode
 from strom.errors import ElectionNotNeededError, PartialResultError, StromError
@@ -28,6 +29,11 @@ BATCH = 1000
 
 _SINGLE_FLAGS = (("topic", "a topic"), ("partition", "--partition"), ("replicas", "--replicas"))
 _PLAN_ACTIONS = (("execute", "--execute"), ("verify", "--verify"), ("cancel", "--cancel"))
+_THROTTLE_FLAGS = (
+    ("throttle", "--throttle"),
+    ("additional", "--additional"),
+    ("preserve_throttles", "--preserve-throttles"),
+)
 _GENERATE_FLAGS = (
     ("topics_csv", "--topics"),
     ("topics_file", "--topics-to-move-json-file"),
@@ -61,6 +67,26 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
         "--preferred",
         action="store_true",
         help="with --verify: elect the preferred (first) replica of every partition done",
+    )
+    r.add_argument(
+        "--throttle",
+        type=byte_size,
+        metavar="RATE",
+        help="with --execute: copy at most RATE bytes/s per node (10MiB, 5MB or bytes; "
+        "Kafka's --throttle): sets the throttled replicas of the moving partitions' topics "
+        "and the nodes' replication throttle rate; --execute --throttle again changes it",
+    )
+    r.add_argument(
+        "--additional",
+        action="store_true",
+        help="with --execute: Kafka's flag for executing while moves are in progress (strom "
+        "always allows it; with --throttle it changes a running move's rate)",
+    )
+    r.add_argument(
+        "--preserve-throttles",
+        action="store_true",
+        help="with --verify or --cancel: leave the throttle configs and rate in place (by "
+        "default they are removed once every move of the plan is done, or cancelled)",
     )
     r.add_argument(
         "--generate",
@@ -101,7 +127,7 @@ def check_usage(args: argparse.Namespace) -> str:
     before any connection (the files are small next to the cluster calls: read twice)."""
     if args.generate:
         _refuse(args, "--generate", (*_SINGLE_FLAGS, ("plan", "--plan"), *_PLAN_ACTIONS))
-        _refuse(args, "--generate", (("preferred", "--preferred"),))
+        _refuse(args, "--generate", (("preferred", "--preferred"), *_THROTTLE_FLAGS))
         if len(_given(args, _GENERATE_FLAGS[:2])) != 1:
             raise UsageError("--generate needs one of --topics or --topics-to-move-json-file")
         if args.nodes is None:
@@ -121,10 +147,14 @@ def check_usage(args: argparse.Namespace) -> str:
             raise UsageError("--plan needs one of --execute, --verify or --cancel")
         if args.preferred and not args.verify:
             raise UsageError("--preferred goes with --verify")
+        if not args.execute:
+            _refuse(args, f"{actions[0]}", _THROTTLE_FLAGS[:2])
+        elif args.preserve_throttles:
+            raise UsageError("--preserve-throttles goes with --verify or --cancel")
         reassignplan.parse_plan(read_file(args.plan, "--plan"))  # refused before connecting
         return "plan"
     _refuse(args, "a one-partition reassign", (*_GENERATE_FLAGS, *_PLAN_ACTIONS[:2]))
-    _refuse(args, "a one-partition reassign", (("preferred", "--preferred"),))
+    _refuse(args, "a one-partition reassign", (("preferred", "--preferred"), *_THROTTLE_FLAGS))
     if args.topic is None or args.partition is None:
         raise UsageError("give a topic and --partition, or --plan FILE, or --generate")
     return "single"
@@ -145,10 +175,10 @@ def run(admin: Admin, args: argparse.Namespace, out: Any) -> int:
         return _generate(admin, args, out)
     plan = reassignplan.parse_plan(read_file(args.plan, "--plan"))
     if args.execute:
-        return _execute(admin, plan, out)
+        return _execute(admin, plan, out, args.throttle)
     if args.verify:
-        return _verify(admin, plan, args.preferred, out)
-    return _cancel(admin, plan, out)
+        return _verify(admin, plan, args.preferred, out, not args.preserve_throttles)
+    return _cancel(admin, plan, out, not args.preserve_throttles)
 
 
 def _described(admin: Admin, topics: Sequence[str]) -> dict[TopicPartition, PartitionInfo]:
@@ -198,8 +228,9 @@ def _alter(
     return refused
 
 
-def _execute(admin: Admin, plan: reassignplan.Plan, out: Any) -> int:
-    """Print the current assignment as a plan (to roll back with), then start every move."""
+def _execute(admin: Admin, plan: reassignplan.Plan, out: Any, throttle: int | None) -> int:
+    """Print the current assignment as a plan (to roll back with), set the throttle when
+    one is given, then start every move."""
     reassignplan.check_nodes(plan, (n.node_id for n in admin.describe_cluster().nodes))
     current = _described(admin, [tp.topic for tp in plan])
     rollback = {tp: _original(current[tp]) for tp in plan if tp in current}
@@ -207,6 +238,8 @@ def _execute(admin: Admin, plan: reassignplan.Plan, out: Any) -> int:
     print(reassignplan.plan_json(rollback), file=out)
     print("\nSave this to use as the --plan of --execute to roll back\n", file=out)
     out.flush()
+    if throttle is not None:
+        _set_throttle(admin, plan, current, throttle, out)
     refused = _alter(admin, dict(plan))
     for tp, exc in refused.items():
         _say_error(tp, exc)
@@ -219,8 +252,96 @@ def _execute(admin: Admin, plan: reassignplan.Plan, out: Any) -> int:
     return 1 if refused else 0
 
 
-def _verify(admin: Admin, plan: reassignplan.Plan, preferred: bool, out: Any) -> int:
-    """Each partition's state against the plan; exit 0 when every one is done."""
+def _throttle_configs(admin: Admin, topic: str) -> dict[str, str]:
+    """A topic's throttled-replicas overrides (absent: none)."""
+    names = [reassignplan.LEADER_THROTTLED, reassignplan.FOLLOWER_THROTTLED]
+    found = admin.describe_configs(topic, names=names)
+    return {
+        n: e.value
+        for n, e in found.items()
+        if e.source == ConfigSource.TOPIC and e.value is not None and e.value.strip()
+    }
+
+
+def _set_throttle(
+    admin: Admin,
+    plan: reassignplan.Plan,
+    current: dict[TopicPartition, PartitionInfo],
+    rate: int,
+    out: Any,
+) -> None:
+    """Throttle the plan's moves as Kafka's ``--execute --throttle`` does: the moving
+    partitions' replicas in their topics' throttled-replicas configs (added to what is
+    there: other moves may be throttled too), then the nodes' rate, before any move starts
+    (so no copy runs unthrottled)."""
+    now = {tp: (list(p.replicas), _original(p)) for tp, p in current.items()}
+    entries = reassignplan.throttled_replicas(plan, now)
+    for topic, (leader, follower) in sorted(entries.items()):
+        have = _throttle_configs(admin, topic)
+        changes = {
+            name: reassignplan.merged_throttle(have.get(name), items)
+            for name, items in (
+                (reassignplan.LEADER_THROTTLED, leader),
+                (reassignplan.FOLLOWER_THROTTLED, follower),
+            )
+            if items
+        }
+        admin.alter_configs(topic, set=changes)
+    admin.alter_node_configs(set={LEADER_RATE: rate, FOLLOWER_RATE: rate})
+    moving = sum(len(f) for _, f in entries.values())
+    print(
+        f"The replication throttle is {rate} bytes/s per node ({LEADER_RATE}, "
+        f"{FOLLOWER_RATE}); throttled: {moving} replica(s) being added to "
+        f"{len(entries)} topic(s). --verify removes it once the moves are done",
+        file=out,
+    )
+
+
+def _remove_throttle(admin: Admin, plan: reassignplan.Plan, out: Any) -> None:
+    """Take the plan's partitions out of their topics' throttled-replicas configs, and the
+    nodes' rate once no reassignment is left in progress (Kafka's ``--verify`` clears the
+    rates even then; a rate another move still runs under is kept here, and said so)."""
+    by_topic: dict[str, set[int]] = {}
+    for tp in plan:
+        by_topic.setdefault(tp.topic, set()).add(tp.partition)
+    known = set(admin.list_topics(internal=True))
+    cleared = []
+    for topic, partitions in sorted(by_topic.items()):
+        if topic not in known:
+            continue
+        have = _throttle_configs(admin, topic)
+        changes: dict[str, str] = {}
+        gone: list[str] = []
+        for name, old in have.items():
+            new = reassignplan.without_partitions(old, partitions)
+            if new is None:
+                gone.append(name)
+            elif new != old:
+                changes[name] = new
+        if changes or gone:
+            admin.alter_configs(topic, set=changes, delete=gone)
+            cleared.append(topic)
+    if cleared:
+        print(f"Removed the throttled replicas of topic(s) {', '.join(cleared)}", file=out)
+    rates = [n for n, e in admin.describe_node_configs().items() if e.value is not None]
+    if not rates:
+        return
+    others = len(admin.list_partition_reassignments())
+    if others:
+        print(
+            f"Kept the replication throttle rate: {others} reassignment(s) still in progress",
+            file=out,
+        )
+        return
+    admin.alter_node_configs(delete=rates)
+    print(f"Removed the replication throttle rate ({', '.join(sorted(rates))})", file=out)
+
+
+def _verify(
+    admin: Admin, plan: reassignplan.Plan, preferred: bool, out: Any, unthrottle: bool = True
+) -> int:
+    """Each partition's state against the plan; exit 0 when every one is done. Once all
+    are, the throttle of the plan is removed (unless ``unthrottle`` is False)."""
     current = _described(admin, [tp.topic for tp in plan])
     counts = {"done": 0, "in progress": 0, "not matching": 0}
     done: list[TopicPartition] = []
@@ -252,6 +373,8 @@ def _verify(admin: Admin, plan: reassignplan.Plan, preferred: bool, out: Any) ->
                 file=out,
             )
     print(", ".join(f"{n} {status}" for status, n in counts.items()), file=out)
+    if unthrottle and counts["done"] == len(plan):
+        _remove_throttle(admin, plan, out)
     failed = _elect_preferred(admin, [tp for tp in done if current[tp].leader != plan[tp][0]], out)
     return 0 if counts["done"] == len(plan) and not failed else 1
 
@@ -271,9 +394,10 @@ def _elect_preferred(admin: Admin, tps: list[TopicPartition], out: Any) -> int:
     return failed
 
 
-def _cancel(admin: Admin, plan: reassignplan.Plan, out: Any) -> int:
+def _cancel(admin: Admin, plan: reassignplan.Plan, out: Any, unthrottle: bool = True) -> int:
     """Cancel every move of the plan in progress; each refused cancel is named (the
-    controller refuses one that would need an unclean election)."""
+    controller refuses one that would need an unclean election). The plan's throttle is
+    then removed (unless ``unthrottle`` is False), as Kafka's ``--cancel`` does."""
     moving = [tp for tp in admin.list_partition_reassignments() if tp in plan]
     refused = _alter(admin, dict.fromkeys(moving))
     for tp in moving:
@@ -288,6 +412,8 @@ def _cancel(admin: Admin, plan: reassignplan.Plan, out: Any) -> int:
         + (f"; {idle} partition(s) of the plan had none in progress" if idle else ""),
         file=out,
     )
+    if unthrottle:
+        _remove_throttle(admin, plan, out)
     return 1 if refused else 0
 
 

@@ -264,3 +264,59 @@ def verify_status(
     if adding or removing:
         return "in progress" if moving_to == list(target) else "not matching"
     return "done" if list(replicas) == list(target) else "not matching"
+
+
+#: The nodes' throttle rates (dynamic node configs; strom.storage.replication_quota, spelled
+#: again here so that the command does not load the storage engine).
+LEADER_RATE = "leader.replication.throttled.rate"
+FOLLOWER_RATE = "follower.replication.throttled.rate"
+#: The topic configs naming the replicas a replication throttle applies to (Kafka's KIP-73).
+LEADER_THROTTLED = "leader.replication.throttled.replicas"
+FOLLOWER_THROTTLED = "follower.replication.throttled.replicas"
+
+
+def throttled_replicas(
+    plan: Mapping[TopicPartition, Sequence[int]],
+    current: Mapping[TopicPartition, tuple[Sequence[int], Sequence[int]]],
+) -> dict[str, tuple[list[str], list[str]]]:
+    """The throttled replicas a plan's moves need, by topic, as Kafka's
+    ``kafka-reassign-partitions.sh --throttle`` sets them: for each partition the plan
+    moves, its current replicas (every one that may lead and so send the copy) in the
+    leader list, and the replicas it adds in the follower list (``partition:node`` items).
+    ``current`` holds each partition's (replicas now, replicas before any move in
+    progress); partitions the plan leaves as they are get none."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for tp, target in plan.items():
+        found = current.get(tp)
+        if found is None:
+            continue
+        replicas, original = found
+        adding = [r for r in target if r not in original]
+        if not adding and list(target) == list(original):
+            continue
+        leader, follower = out.setdefault(tp.topic, ([], []))
+        leader.extend(f"{tp.partition}:{r}" for r in replicas)
+        follower.extend(f"{tp.partition}:{r}" for r in adding)
+    return out
+
+
+def merged_throttle(existing: str | None, items: Sequence[str]) -> str:
+    """A throttled-replicas value with ``items`` added to ``existing`` (kept first, no
+    repeats); ``*`` already throttles everything and stays."""
+    old = (existing or "").strip()
+    if old == "*":
+        return old
+    have = [i.strip() for i in old.split(",") if i.strip()]
+    return ",".join(dict.fromkeys([*have, *items]))
+
+
+def without_partitions(existing: str | None, partitions: Iterable[int]) -> str | None:
+    """A throttled-replicas value without the items of ``partitions``: None when nothing is
+    left (the config is then deleted). ``*`` goes too: it is what a finished or cancelled
+    move leaves, as Kafka's ``--verify`` removes the configs whole."""
+    old = (existing or "").strip()
+    if not old or old == "*":
+        return None
+    gone = {str(p) for p in partitions}
+    kept = [i.strip() for i in old.split(",") if i.strip() and i.split(":")[0].strip() not in gone]
+    return ",".join(kept) or None

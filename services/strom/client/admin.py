@@ -272,6 +272,7 @@ class ConfigSource(enum.StrEnum):
     DEFAULT = "default"  # strom's built-in default
     TOPIC = "topic"  # an override stored with the topic
     NODE = "node"  # a storage node's startup configuration
+    DYNAMIC_NODE = "dynamic_node"  # a dynamic config of every node (alter_node_configs)
     UNKNOWN = "unknown"
 
 
@@ -279,6 +280,7 @@ _SOURCES = {
     controller_pb2.CONFIG_SOURCE_DEFAULT: ConfigSource.DEFAULT,
     controller_pb2.CONFIG_SOURCE_TOPIC: ConfigSource.TOPIC,
     controller_pb2.CONFIG_SOURCE_STATIC_NODE_CONFIG: ConfigSource.NODE,
+    controller_pb2.CONFIG_SOURCE_DYNAMIC_DEFAULT_NODE_CONFIG: ConfigSource.DYNAMIC_NODE,
 }
 
 
@@ -1101,6 +1103,81 @@ class Admin:
                 if r.error_code != NONE
             ]
         )
+
+    def describe_node_configs(self, *, documentation: bool = False) -> dict[str, ConfigEntry]:
+        """The dynamic configs every storage node applies (Kafka's default broker configs):
+        the replication throttle rates, ``leader.replication.throttled.rate`` and
+        ``follower.replication.throttled.rate`` (bytes/s; ``value`` None when unset: no
+        limit)."""
+        resp = self._controller(
+            "DescribeConfigs",
+            controller_pb2.DescribeConfigsRequest(
+                resources=[
+                    controller_pb2.DescribeConfigsResource(
+                        resource_type=controller_pb2.RESOURCE_TYPE_NODE, resource_name=""
+                    )
+                ],
+                include_documentation=bool_option("documentation", documentation),
+            ),
+        )
+        out: dict[str, ConfigEntry] = {}
+        for r in resp.results:
+            if r.error_code != NONE:
+                raise error_for(r.error_code, r.error_message or None)
+            for c in r.configs:
+                out[c.name] = ConfigEntry(
+                    name=c.name,
+                    value=c.value if c.HasField("value") else None,
+                    source=_SOURCES.get(c.source, ConfigSource.UNKNOWN),
+                    read_only=c.read_only,
+                    sensitive=c.sensitive,
+                    documentation=c.documentation,
+                )
+        return out
+
+    def alter_node_configs(
+        self,
+        set: Mapping[str, ConfigValue] | None = None,  # shadows the builtin: Kafka's op name
+        delete: Iterable[str] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> None:
+        """Change the dynamic configs of every storage node, all or nothing: today the
+        replication throttle rates of reassignments (``leader.replication.throttled.rate``,
+        ``follower.replication.throttled.rate``, bytes/s >= 1; ``delete`` removes a limit).
+        Which replicas they apply to is the topics' ``*.replication.throttled.replicas``
+        (``alter_configs``). An unknown name or bad value raises InvalidConfigError."""
+        ops: list[controller_pb2.AlterableConfig] = []
+        for key, value in _configs(set).items():
+            ops.append(
+                controller_pb2.AlterableConfig(
+                    name=key, op=controller_pb2.ALTER_CONFIG_OP_SET, value=value
+                )
+            )
+        if isinstance(delete, str):
+            delete = [delete]
+        for key in delete or []:
+            if not isinstance(key, str) or not key:
+                raise InvalidConfigError(f"config names must be non-empty strings, not {key!r}")
+            ops.append(
+                controller_pb2.AlterableConfig(name=key, op=controller_pb2.ALTER_CONFIG_OP_DELETE)
+            )
+        resp = self._controller(
+            "AlterConfigs",
+            controller_pb2.AlterConfigsRequest(
+                resources=[
+                    controller_pb2.AlterConfigsResource(
+                        resource_type=controller_pb2.RESOURCE_TYPE_NODE,
+                        resource_name="",
+                        configs=ops,
+                    )
+                ],
+                validate_only=bool_option("validate_only", validate_only),
+            ),
+        )
+        for r in resp.results:
+            if r.error_code != NONE:
+                raise error_for(r.error_code, r.error_message or None)
 
     # -- cluster -----------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """The controller's config RPCs: DescribeConfigs (topics and nodes) and AlterConfigs
-(topics; node configs are static) (DESIGN §4).
+(topics, and the dynamic configs every node applies: the NODE resource named "", stored in
+``node_configs``, today the replication throttle rates; a node's own configs are static)
+(DESIGN §3, §6).
 
 What a config key means, its default and how an override is validated live in
 :mod:`strom.controller.configs` and :mod:`strom.log.config`; this module reads topics from
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 import grpc
 
@@ -18,17 +21,20 @@ from strom.api import metadata_pb2 as md
 from strom.controller.cas import commit_with_retry
 from strom.controller.configs import apply_config_ops, describe_topic_configs
 from strom.controller.core import ControllerCore, Leadership, item_error, rack_of, rpc
-from strom.controller.validation import is_internal_topic
+from strom.controller.validation import check_throttled_partitions, is_internal_topic
 from strom.errors import (
     BrokerNotAvailableError,
     ErrorCode,
+    InvalidConfigError,
     InvalidRequestError,
     InvalidTopicError,
     StromError,
     UnknownTopicOrPartitionError,
 )
+from strom.log.errors import ConfigError
 from strom.metadata import Versioned
 from strom.service.headers import is_internal_call
+from strom.storage.replication_quota import NODE_CONFIGS, validate_node_configs
 
 log = logging.getLogger("strom.controller")
 E = ErrorCode
@@ -74,9 +80,12 @@ class ConfigRpcs(ControllerCore):
                 include_documentation=include_documentation,
             )
         if res.resource_type == pb.RESOURCE_TYPE_NODE:
+            if res.resource_name == "":
+                return self._dynamic_node_configs(list(res.config_names), include_documentation)
             if not res.resource_name.isdigit():
                 raise InvalidRequestError(
-                    f"node resource name must be a node id in decimal, not {res.resource_name!r}"
+                    f"node resource name must be a node id in decimal (or '' for every "
+                    f"node's dynamic configs), not {res.resource_name!r}"
                 )
             node = self.view.live_nodes().get(int(res.resource_name))
             if node is None:
@@ -85,6 +94,30 @@ class ConfigRpcs(ControllerCore):
         raise InvalidRequestError(
             f"resource type {res.resource_type} is not supported (use TOPIC or NODE)"
         )
+
+    def _dynamic_node_configs(
+        self, names: list[str], include_documentation: bool
+    ) -> list[pb.ConfigEntry]:
+        """The dynamic configs every node applies (``node_configs``): each one set, and the
+        known ones unset (no value: no limit), sorted by name."""
+        assert self.view is not None
+        with self.view.lock:
+            v = self.view.node_configs
+            stored = dict(v.value.configs) if v is not None else {}
+        out = []
+        for name in sorted(set(NODE_CONFIGS) | set(stored)):
+            if names and name not in names:
+                continue
+            entry = pb.ConfigEntry(name=name)
+            if name in stored:
+                entry.value = stored[name]
+                entry.source = pb.CONFIG_SOURCE_DYNAMIC_DEFAULT_NODE_CONFIG
+            else:
+                entry.source = pb.CONFIG_SOURCE_DEFAULT
+            if include_documentation:
+                entry.documentation = NODE_CONFIGS.get(name, "")
+            out.append(entry)
+        return out
 
     @staticmethod
     def _node_configs(
@@ -125,6 +158,7 @@ class ConfigRpcs(ControllerCore):
         internal_ok = is_internal_call(context)
         view = self._live_view
         changed: dict[str, dict[str, str]] = {}
+        node_configs: dict[str, str] | None = None
         for res in request.resources:
             result = response.results.add(
                 resource_type=res.resource_type, resource_name=res.resource_name
@@ -144,10 +178,12 @@ class ConfigRpcs(ControllerCore):
                         f"topic {res.resource_name!r} is internal: {', '.join(fixed)} is "
                         "strom's coordinators' to set (other configs may be changed)"
                     )
-                new = await asyncio.to_thread(
-                    self._alter_topic_configs, lead, res, request.validate_only
-                )
-                if new is not None:
+                dynamic = res.resource_type == pb.RESOURCE_TYPE_NODE and not res.resource_name
+                alter = self._alter_node_configs if dynamic else self._alter_topic_configs
+                new = await asyncio.to_thread(alter, lead, res, request.validate_only)
+                if new is not None and dynamic:
+                    node_configs = new
+                elif new is not None:
                     changed[res.resource_name] = new
             except StromError as exc:
                 item_error(result, exc)
@@ -159,6 +195,12 @@ class ConfigRpcs(ControllerCore):
                 ),
                 f"new configs of {sorted(changed)}",
             )
+        if node_configs is not None:
+            want = node_configs
+            await self._await_view(
+                lambda: dict(view.node_configs.value.configs if view.node_configs else {}) == want,
+                "new dynamic node configs",
+            )
 
     def _alter_topic_configs(
         self, lead: Leadership, res: pb.AlterConfigsResource, validate_only: bool
@@ -166,7 +208,10 @@ class ConfigRpcs(ControllerCore):
         """Apply one resource's changes with CAS (blocking); the new overrides, or None."""
         assert self.store is not None
         if res.resource_type == pb.RESOURCE_TYPE_NODE:
-            raise InvalidRequestError("node configs are static and cannot be altered")
+            raise InvalidRequestError(
+                "a node's static configs cannot be altered; the dynamic ones (replication "
+                "throttle rates) are set for every node, on the NODE resource named ''"
+            )
         if res.resource_type != pb.RESOURCE_TYPE_TOPIC:
             raise InvalidRequestError(
                 f"resource type {res.resource_type} cannot be altered (use TOPIC)"
@@ -178,7 +223,9 @@ class ConfigRpcs(ControllerCore):
             current = store.get(key, md.TopicMetadata)
             if current is None or current.value.deleting:
                 raise UnknownTopicOrPartitionError(f"topic {res.resource_name!r} does not exist")
-            return current, apply_config_ops(dict(current.value.configs), ops)
+            new = apply_config_ops(dict(current.value.configs), ops)
+            check_throttled_partitions(res.resource_name, new, current.value.partition_count)
+            return current, new
 
         def commit(decision: tuple[Versioned, dict[str, str]]) -> bool:
             if validate_only:
@@ -201,3 +248,64 @@ class ConfigRpcs(ControllerCore):
             extra={"fields": {"topic": res.resource_name, "configs": new}},
         )
         return new
+
+    def _alter_node_configs(
+        self, lead: Leadership, res: pb.AlterConfigsResource, validate_only: bool
+    ) -> dict[str, str] | None:
+        """Apply changes to the nodes' dynamic configs with CAS on ``node_configs``
+        (blocking); the new configs, or None. Only SET and DELETE: the rates are numbers."""
+        assert self.store is not None
+        store, key = self.store, self.store.keys.node_configs
+
+        def decide() -> tuple[Versioned | None, dict[str, str]]:
+            current = store.get(key, md.NodeConfigs)
+            configs = dict(current.value.configs) if current is not None else {}
+            return current, apply_node_config_ops(configs, res.configs)
+
+        def commit(decision: tuple[Versioned | None, dict[str, str]]) -> bool:
+            if validate_only:
+                return True
+            current, new = decision
+            revision = current.mod_revision if current is not None else 0
+            value = md.NodeConfigs(configs=new)
+            return self._txn(lead, [(key, revision)], puts=[(key, value)])
+
+        _, new = commit_with_retry(
+            decide, commit, attempts=5, gave_up="the nodes' dynamic configs kept changing; retry"
+        )
+        if validate_only:
+            return None
+        log.info("altered dynamic node configs", extra={"fields": {"configs": new}})
+        return new
+
+
+def apply_node_config_ops(
+    configs: dict[str, str], ops: Iterable[pb.AlterableConfig]
+) -> dict[str, str]:
+    """The dynamic node configs after SET / DELETE ``ops``, validated (InvalidConfigError
+    naming the config; InvalidRequestError for a name given twice or a list operation)."""
+    result = dict(configs)
+    seen: set[str] = set()
+    for c in ops:
+        if c.name in seen:
+            raise InvalidRequestError(f"config '{c.name}' is changed more than once in the request")
+        seen.add(c.name)
+        if c.name not in NODE_CONFIGS:
+            raise InvalidConfigError(
+                f"unknown dynamic node config '{c.name}' (known: {', '.join(sorted(NODE_CONFIGS))})"
+            )
+        if c.op == pb.ALTER_CONFIG_OP_DELETE:
+            result.pop(c.name, None)
+        elif c.op == pb.ALTER_CONFIG_OP_SET:
+            if not c.HasField("value"):
+                raise InvalidConfigError(f"config '{c.name}' needs a value for SET")
+            result[c.name] = c.value
+        else:
+            raise InvalidRequestError(
+                f"config '{c.name}' is a number: use SET or DELETE, not "
+                f"{pb.AlterConfigOp.Name(c.op) if c.op in pb.AlterConfigOp.values() else c.op}"
+            )
+    try:
+        return validate_node_configs(result)
+    except ConfigError as exc:
+        raise InvalidConfigError(str(exc)) from None

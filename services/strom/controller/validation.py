@@ -135,6 +135,34 @@ def validate_topic_configs(configs: Mapping[str, str]) -> dict[str, str]:
         raise InvalidConfigError(str(exc)) from None
 
 
+#: Topic configs that name partitions of the topic (``partition:node`` items).
+THROTTLED_REPLICA_CONFIGS = (
+    "leader.replication.throttled.replicas",
+    "follower.replication.throttled.replicas",
+)
+
+
+def check_throttled_partitions(name: str, configs: Mapping[str, str], count: int) -> None:
+    """A throttled-replicas list naming a partition the topic does not have is refused
+    (InvalidConfigError naming the config): a typo there would throttle nothing, silently.
+    Kafka checks only the form; strom also knows the topic's partition count."""
+    for key in THROTTLED_REPLICA_CONFIGS:
+        beyond = sorted(p for p in throttled_partition_numbers(configs.get(key, "")) if p >= count)
+        if beyond:
+            raise InvalidConfigError(
+                f"config '{key}' names partition {beyond[0]} of topic {name!r}, which has "
+                f"{count} partition(s) (0..{count - 1})"
+            )
+
+
+def throttled_partition_numbers(value: str) -> set[int]:
+    """The partitions a valid throttled-replicas list names (``*`` names none itself)."""
+    text = value.strip()
+    if text in ("", "*"):
+        return set()
+    return {int(item.split(":")[0]) for item in text.split(",")}
+
+
 def validate_assignments(
     assignments: Sequence[tuple[int, Sequence[int]]],
     *,
@@ -261,6 +289,7 @@ def validate_new_topic(
         count = resolve_partition_count(num_partitions, default_partitions)
         rf = resolve_replication_factor(replication_factor, default_replication_factor)
     normalised = validate_topic_configs(configs)
+    check_throttled_partitions(name, normalised, count)
     return NewTopic(
         name=name,
         num_partitions=count,

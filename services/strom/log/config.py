@@ -80,6 +80,38 @@ def _cleanup_policy(v: str) -> str | None:
     return None
 
 
+def throttled_replicas_problem(value: str) -> str | None:
+    """What is wrong with a ``*.replication.throttled.replicas`` value, or None. Kafka's
+    form: empty (none), ``*`` (every replica) or ``partition:node`` items, comma-separated,
+    both non-negative integers."""
+    text = value.strip()
+    if text in ("", "*"):
+        return None
+    for item in text.split(","):
+        p, sep, n = item.strip().partition(":")
+        if not sep or not _is_id(p) or not _is_id(n):
+            return (
+                f"{item.strip()!r} is not partition:node (non-negative integers); the value "
+                "must be '*' or a list like 0:1,0:2,1:3"
+            )
+    return None
+
+
+def normalise_throttled_replicas(value: str) -> str:
+    """One spelling of a list (items trimmed, leading zeros gone, repeats dropped, first
+    order kept), so equal settings compare equal."""
+    text = value.strip()
+    if text in ("", "*") or throttled_replicas_problem(text):
+        return text
+    items = (item.strip().split(":") for item in text.split(","))
+    return ",".join(dict.fromkeys(f"{int(p.strip())}:{int(n.strip())}" for p, n in items))
+
+
+def _is_id(text: str) -> bool:
+    t = text.strip()
+    return t.isascii() and t.isdigit()
+
+
 CONFIG_KEYS: dict[str, ConfigKey] = {
     k.name: k
     for k in [
@@ -248,6 +280,26 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             "forget an idempotent producer's sequence state after it has been idle this long",
             _at_least(1),
         ),
+        # Kafka's KIP-73 replication throttles (strom.storage.replication_quota): which
+        # replicas the nodes' leader.replication.throttled.rate / follower.* rates apply to.
+        ConfigKey(
+            "leader.replication.throttled.replicas",
+            str,
+            "",
+            "replicas (partition:node, or *) whose leader throttles what it sends them while "
+            "they are not in the ISR, to leader.replication.throttled.rate",
+            throttled_replicas_problem,
+            normalise=normalise_throttled_replicas,
+        ),
+        ConfigKey(
+            "follower.replication.throttled.replicas",
+            str,
+            "",
+            "replicas (partition:node, or *) that throttle their own fetching while not in the "
+            "ISR, to follower.replication.throttled.rate",
+            throttled_replicas_problem,
+            normalise=normalise_throttled_replicas,
+        ),
         ConfigKey(
             "compression.type",
             str,
@@ -261,10 +313,6 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
 _TIERED = (
     "strom has no tiered (remote) storage: every replica keeps its whole log on local disk, "
     "so retention.ms and retention.bytes are the only retention limits"
-)
-_THROTTLE = (
-    "strom has no replication quotas (no leader/follower replication throttle rate), so "
-    "there is no throttled replica list to apply"
 )
 _LEVEL = (
     "strom never recompresses batches on the broker (they are stored as the producer "
@@ -282,8 +330,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "remote.log.delete.on.disable": _TIERED,
     "remote.copy.lag.ms": _TIERED,
     "remote.copy.lag.bytes": _TIERED,
-    "leader.replication.throttled.replicas": _THROTTLE,
-    "follower.replication.throttled.replicas": _THROTTLE,
     "compression.gzip.level": _LEVEL,
     "compression.lz4.level": _LEVEL,
     "compression.zstd.level": _LEVEL,
@@ -430,6 +476,8 @@ class LogConfig:
     unclean_leader_election_enable: bool = CONFIG_KEYS["unclean.leader.election.enable"].default
     compression_type: str = CONFIG_KEYS["compression.type"].default
     producer_id_expiration_ms: int = CONFIG_KEYS["producer.id.expiration.ms"].default
+    leader_replication_throttled_replicas: str = ""
+    follower_replication_throttled_replicas: str = ""
 
     @classmethod
     def from_dict(cls, configs: Mapping[str, Any] | None = None) -> LogConfig:

@@ -29,6 +29,11 @@ class Keys:
         return self.root + "producer_ids"
 
     @property
+    def node_configs(self) -> str:
+        """Dynamic configs every storage node applies (the replication throttle rates)."""
+        return self.root + "node_configs"
+
+    @property
     def nodes_prefix(self) -> str:
         return self.root + "nodes/"
 

@@ -54,6 +54,8 @@ class ClusterView:
         self.acls: dict[str, Versioned] = {}
         self.quotas: dict[str, Versioned] = {}
         self.producer_ids: Versioned | None = None
+        #: Dynamic node configs (``node_configs``: the replication throttle rates).
+        self.node_configs: Versioned | None = None
         self._listeners: list[Listener] = []
         self._watch: Watch | None = None
         self._changed = threading.Condition(self.lock)
@@ -93,6 +95,7 @@ class ClusterView:
             # one in place: storage nodes would take the now empty view for that cluster.
             self.cluster = None
             self.producer_ids = None
+            self.node_configs = None
             for ev in items:
                 self._apply(ev)
             self.revision = rev
@@ -170,6 +173,8 @@ class ClusterView:
                     self.seen_cluster_id = v.value.cluster_id
             elif key == k.producer_ids:
                 self.producer_ids = self._decode(ev, md.ProducerIdBlock)
+            elif key == k.node_configs:
+                self.node_configs = self._decode(ev, md.NodeConfigs)
         except (ValueError, DecodeError):
             log.warning("ignoring undecodable metadata at %s", key)
 

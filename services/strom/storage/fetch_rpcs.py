@@ -22,6 +22,7 @@ from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.storage import metrics
 from strom.storage.partition import Partition
 from strom.storage.replica_claims import fetch_claim_error, is_follower_fetch
+from strom.storage.replication_quota import is_throttled
 from strom.storage.rpc_base import (
     _FETCH_RESULT,
     StorageCore,
@@ -108,7 +109,8 @@ class FetchRpcs(StorageCore):
         while True:
             waiter = registry.park(keys, 1)
             try:
-                topics, total, done, hints = await self._fetch_once(request, quota_bytes)
+                tally = _ThrottleTally()
+                topics, total, done, hints = await self._fetch_once(request, quota_bytes, tally)
                 if done or total >= min_bytes or last_pass or self.shutting_down:
                     break
                 if registry.closed:
@@ -116,6 +118,11 @@ class FetchRpcs(StorageCore):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                if tally.held and not total:
+                    # Held back by the replication throttle: look again once the leader
+                    # bucket has refilled, not only when an append lands.
+                    refill = self.manager.replication_quotas.leader.wait_s()
+                    remaining = min(remaining, max(refill, 0.01))
                 if not waiter.woken:  # nothing landed during the read
                     waiter.remaining = min_bytes - total
                     # After a timeout, one more pass answers with whatever is there now.
@@ -138,6 +145,8 @@ class FetchRpcs(StorageCore):
             )
         if total:
             self._count_sent(topics, total, follower)
+        if follower:
+            self._charge_throttle(tally)
         if total and not follower:
             metrics.client_counter(metrics.CLIENT_BYTES_OUT, metrics.client_id_of(context)).inc(
                 total
@@ -150,11 +159,17 @@ class FetchRpcs(StorageCore):
         return encode_fetch_response(topics, endpoints)
 
     async def _fetch_once(
-        self, request: pb.FetchRequest, quota_bytes: int = 0
+        self,
+        request: pb.FetchRequest,
+        quota_bytes: int = 0,
+        tally: _ThrottleTally | None = None,
     ) -> tuple[list[FetchTopicOut], int, bool, set[int]]:
         """One pass over the requested partitions: (answer, record bytes, answer now?, hints).
         ``quota_bytes`` (0: none) bounds the answer as max_bytes does (and so each
-        partition's share), below what the request asked for."""
+        partition's share), below what the request asked for. A follower's partitions the
+        replication throttle covers share what the leader bucket holds now (DESIGN §6,
+        "Replication throttles"); ``tally`` gets what they took and how many were held back,
+        charged once the answer is final (a long poll may make several passes)."""
         replica_id = request.replica_id
         follower = is_follower_fetch(request)
         read_committed = (
@@ -167,6 +182,9 @@ class FetchRpcs(StorageCore):
         hints: set[int] = set()
         total = 0
         answer_now = False
+        bucket = self.manager.replication_quotas.leader
+        # What throttled replicas may still take in this pass (None: no limit set).
+        throttle_left = bucket.available() if follower else None
         for ft in request.topics:
             topic = ft.topic
             tout = FetchTopicOut(topic)
@@ -196,9 +214,22 @@ class FetchRpcs(StorageCore):
                             continue
                         if request.follows_log_start and self._follower_start_behind(part, fp):
                             answer_now = True
+                    cap = None
+                    if throttle_left is not None and _leader_throttled(part, replica_id):
+                        cap = throttle_left
+                    left = budget - total
                     n = await self._read(
-                        part, fp, follower, budget - total, total == 0, pout, read_committed
+                        part, fp, follower, left, total == 0, pout, read_committed, cap
                     )
+                    if follower and tally is not None:
+                        if cap is not None:
+                            throttle_left = cap - n
+                            tally.charged += n
+                            unthrottled = min(fp.partition_max_bytes or left, left)
+                            if cap < unthrottled and pout.next_offset < part.log.log_end_offset:
+                                tally.held += 1  # fewer batches, or none, than it could take
+                        if n and replica_id in part.adding:
+                            tally.moved[topic] = tally.moved.get(topic, 0) + n
                 except Exception as exc:
                     if isinstance(exc, CorruptLogError) and part is not None and part.is_leader:
                         # Our copy is damaged: hand leadership to a replica that can serve it.
@@ -224,8 +255,13 @@ class FetchRpcs(StorageCore):
         first: bool,
         pout: FetchPartitionOut,
         read_committed: bool = False,
+        throttle_cap: int | None = None,
     ) -> int:
         """Read one partition into ``pout``; returns the record bytes added.
+
+        ``throttle_cap`` (a throttled replica's share of the leader bucket) bounds the read
+        to whole batches within it, and at least one while it is above 0 (so a move always
+        progresses, even behind other partitions); at 0 nothing is read this round.
 
         read_committed reads stop at the last stable offset, and the answer lists the
         aborted transactions that may have batches in what was read (the consumer drops
@@ -244,6 +280,11 @@ class FetchRpcs(StorageCore):
         limit = fp.partition_max_bytes if fp.partition_max_bytes > 0 else budget
         limit = min(limit, budget)
         pout.next_offset = fp.fetch_offset
+        if throttle_cap is not None:
+            if throttle_cap <= 0 or budget <= 0:
+                return 0
+            limit = min(limit, throttle_cap)
+            first = True
         if limit <= 0 and not first:
             return 0
         lg = part.log
@@ -279,6 +320,17 @@ class FetchRpcs(StorageCore):
             pout.records = result.data
             pout.next_offset = result.next_offset
         return n
+
+    def _charge_throttle(self, tally: _ThrottleTally) -> None:
+        """Charge the leader bucket with what the final answer sends to throttled replicas
+        and count it (once per answer, never per record)."""
+        if tally.charged:
+            self.manager.replication_quotas.leader.record(tally.charged)
+            metrics.REPLICATION_THROTTLED_BYTES.labels("leader").inc(tally.charged)
+        if tally.held:
+            metrics.REPLICATION_THROTTLED.labels("leader").inc(tally.held)
+        for topic, n in tally.moved.items():
+            metrics.REASSIGNMENT_BYTES_OUT.labels(topic).inc(n)
 
     def _count_sent(self, topics: list[FetchTopicOut], total: int, follower: bool) -> None:
         """Count what the answer carries, once per answer and per partition (never per
@@ -358,6 +410,29 @@ class FetchRpcs(StorageCore):
             return False
         target = min(part.log_start_offset, part.high_watermark, fp.fetch_offset)
         return fp.log_start_offset < target
+
+
+class _ThrottleTally:
+    """What one pass gave throttled replicas: bytes charged to the leader bucket, partitions
+    held back, and bytes sent to replicas a reassignment is adding, by topic."""
+
+    __slots__ = ("charged", "held", "moved")
+
+    def __init__(self) -> None:
+        self.charged = 0
+        self.held = 0
+        self.moved: dict[str, int] = {}
+
+
+def _leader_throttled(part: Partition, replica_id: int) -> bool:
+    """Whether the leader throttles what it sends ``replica_id`` of ``part``: the topic's
+    leader.replication.throttled.replicas names this partition on this (the leader's) node,
+    as Kafka reads it, and the follower is not in the ISR (KIP-73: in-sync replicas are
+    never throttled, so a throttle never slows acks=all or pushes a replica out)."""
+    value = part.log.config.leader_replication_throttled_replicas
+    return (
+        bool(value) and replica_id not in part.isr and is_throttled(value, part.index, part.node_id)
+    )
 
 
 class FollowStep:

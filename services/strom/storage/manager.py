@@ -53,6 +53,7 @@ from strom.storage.assignment import (
 from strom.storage.identity import DataDirIdentity, IdentityError, cluster_agreement
 from strom.storage.longpoll import WaiterRegistry
 from strom.storage.partition import Partition
+from strom.storage.replication_quota import ReplicationQuotas
 
 log = logging.getLogger("strom.storage.manager")
 
@@ -166,6 +167,9 @@ class PartitionManager:
         self.logs: LogManager | None = None
         self.partitions: dict[TopicPartition, Partition] = {}
         self.metrics: dict[TopicPartition, metrics.PartitionMetrics] = {}
+        #: Replication throttles of reassignments (leader and follower buckets), their
+        #: rates set from the cluster's dynamic node configs (the node's view listener).
+        self.replication_quotas = ReplicationQuotas()
         self._assignments: dict[TopicPartition, Assignment] = {}
         #: The partitions of ``_assignments`` by topic (what a narrow reconcile compares).
         self._installed_by_topic: dict[str, set[int]] = {}

@@ -50,6 +50,37 @@ REPLICATION_BYTES_OUT = Counter(
     "strom_storage_replication_bytes_out",
     "Record bytes this node sent to follower replicas (as leader)",
 )
+REASSIGNMENT_BYTES_OUT = Counter(
+    "strom_storage_reassignment_bytes_out",
+    "Record bytes this node sent, as leader, to replicas a reassignment is adding (the copy a "
+    "move makes, throttled or not), by topic",
+    ["topic"],
+)
+REASSIGNMENT_BYTES_IN = Counter(
+    "strom_storage_reassignment_bytes_in",
+    "Record bytes this node appended to its replicas a reassignment is adding (fetched from "
+    "their leaders), by topic",
+    ["topic"],
+)
+REPLICATION_THROTTLED = Counter(
+    "strom_storage_replication_throttled",
+    "Partitions of follower fetches the replication throttle held back (fewer batches or "
+    "none this round), by side: leader (sending to a throttled replica) or follower "
+    "(fetching for one)",
+    ["side"],
+)
+REPLICATION_THROTTLED_BYTES = Counter(
+    "strom_storage_replication_throttled_bytes",
+    "Record bytes charged to the replication throttle (sent to, or fetched for, throttled "
+    "replicas not in the ISR), by side",
+    ["side"],
+)
+REPLICATION_THROTTLE_RATE = Gauge(
+    "strom_storage_replication_throttle_rate_bytes",
+    "The replication throttle rate this node applies, bytes/s (0: no limit), by side "
+    "(leader.replication.throttled.rate, follower.replication.throttled.rate)",
+    ["side"],
+)
 #: Client ids a per-client counter exports at most (see :class:`_ClientChildren`).
 MAX_CLIENT_IDS = 1000
 #: A client id unused for this long makes room for a new one once MAX_CLIENT_IDS are exported
@@ -282,7 +313,14 @@ _PARTITION_GAUGES = (
     LAST_STABLE_OFFSET_LAG,
 )
 #: The per-topic counters: exported while the node hosts a replica of the topic.
-_TOPIC_COUNTERS = (BYTES_IN, BYTES_OUT, RECORDS_IN, RECORDS_OUT)
+_TOPIC_COUNTERS = (
+    BYTES_IN,
+    BYTES_OUT,
+    RECORDS_IN,
+    RECORDS_OUT,
+    REASSIGNMENT_BYTES_IN,
+    REASSIGNMENT_BYTES_OUT,
+)
 
 
 class PartitionMetrics:

@@ -46,7 +46,13 @@ from strom.api import controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
 from strom.log import compact, dirtiest_first, measure_logs
 from strom.log.errors import disk_full_hint
-from strom.metadata import ClusterView, MetadataStore, MetadataUnavailableError
+from strom.metadata import (
+    RESYNC,
+    ClusterView,
+    MetadataStore,
+    MetadataUnavailableError,
+    WatchEvent,
+)
 from strom.service.limits import (
     Admission,
     default_max_connections,
@@ -213,6 +219,8 @@ class StorageNode:
             subscribe_max_stall_s=config.subscribe_max_stall_ms / 1000.0,
         )
         self.view.add_listener(subscriptions.drop_deleted_topics(self.view))
+        # Replication throttle rates (the dynamic node configs every node applies).
+        self.view.add_listener(self._on_node_configs)
         memory = config.max_memory_bytes
         self.admission = Admission(
             config.max_inflight_produce_bytes, default_memory_limit() if memory < 0 else memory
@@ -233,6 +241,32 @@ class StorageNode:
         #: and goes on while a loss arrived during the attempt.
         self._lost_again = False
         self._registered = False
+
+    def _on_node_configs(self, events: list[WatchEvent]) -> None:
+        """ClusterView listener (watch thread): a change of ``node_configs`` (or a resync)
+        sets the replication throttle rates, on the loop that charges the buckets."""
+        key = self.view.keys.node_configs
+        if not any(ev is RESYNC or ev.key == key for ev in events):
+            return
+        with self.view.lock:
+            v = self.view.node_configs
+            configs = dict(v.value.configs) if v is not None else {}
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._apply_node_configs(configs)
+        else:
+            loop.call_soon_threadsafe(self._apply_node_configs, configs)
+
+    def _apply_node_configs(self, configs: dict[str, str]) -> None:
+        quotas = self.manager.replication_quotas
+        if quotas.apply(configs):
+            log.info(
+                "replication throttle rates: leader %s, follower %s bytes/s",
+                quotas.leader.rate or "unlimited",
+                quotas.follower.rate or "unlimited",
+            )
+        metrics.REPLICATION_THROTTLE_RATE.labels("leader").set(quotas.leader.rate or 0)
+        metrics.REPLICATION_THROTTLE_RATE.labels("follower").set(quotas.follower.rate or 0)
 
     # -- Service protocol ------------------------------------------------------------------
 

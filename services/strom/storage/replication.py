@@ -46,6 +46,7 @@ from strom.storage import metrics
 from strom.storage.disk_errors import is_disk_error, may_take_writes, note_append_failure
 from strom.storage.manager import PartitionManager
 from strom.storage.partition import Partition
+from strom.storage.replication_quota import is_throttled
 from strom.storage.writer import INLINE_MAX_BYTES
 
 log = logging.getLogger("strom.storage.replication")
@@ -273,10 +274,11 @@ class ReplicaFetchers:
                     if part.damaged_at >= 0:
                         await self._drop_damaged(part)
                 ready = [p for p in ready if p.damaged_at < 0]
+                ready, wait_s, cap = self._follower_throttle(ready)
                 if not ready:
-                    await self._sleep(leader, PARTITION_BACKOFF_S)
+                    await self._sleep(leader, wait_s or PARTITION_BACKOFF_S)
                     continue
-                request, sent = self._request(ready)
+                request, sent = self._request(ready, cap)
                 try:
                     resp = await fetches.fetch(request, FETCH_MAX_WAIT_MS / 1000.0 + 5.0)
                 except (grpc.aio.AioRpcError, TimeoutError, ConnectionResetError) as exc:
@@ -299,6 +301,7 @@ class ReplicaFetchers:
                 # Log starts this answer moved: one checkpoint for all of them, after it (a
                 # retention pass on the leader moves many partitions' starts at once).
                 moved_starts: list[Partition] = []
+                self._charge_follower_throttle(resp, sent)
                 for tr in resp.topics:
                     for pr in tr.partitions:
                         entry = sent.get((tr.topic, pr.partition))
@@ -343,9 +346,62 @@ class ReplicaFetchers:
                 with contextlib.suppress(Exception):
                     await channel.close()
 
+    def _follower_throttle(
+        self, ready: list[Partition]
+    ) -> tuple[list[Partition], float, dict[tuple[str, int], int]]:
+        """The follower side of the replication throttle (Kafka's KIP-73) for the
+        partitions this node throttles (named on it by follower.replication.throttled.replicas,
+        and not in the ISR). While its follower bucket is in debt they are left out of the
+        fetch, as Kafka's fetcher leaves them out; otherwise each asks for at most what the
+        bucket holds, and they go first in the request, so the first with data gets at least
+        one whole batch (the leader's rule) and a move always progresses. Returns the
+        partitions to fetch, when the bucket refills (seconds; 0 when none was left out) and
+        the throttled partitions' byte caps."""
+        bucket = self.manager.replication_quotas.follower
+        if bucket.rate is None:
+            return ready, 0.0, {}
+        held = {p.tp for p in ready if _follower_throttled(p, self.node_id)}
+        if not held:
+            return ready, 0.0, {}
+        available = bucket.available() or 0
+        if available <= 0:
+            metrics.REPLICATION_THROTTLED.labels("follower").inc(len(held))
+            keep = [p for p in ready if p.tp not in held]
+            return keep, min(max(bucket.wait_s(), 0.01), FETCH_MAX_WAIT_MS / 1000.0), {}
+        ordered = [p for p in ready if p.tp in held] + [p for p in ready if p.tp not in held]
+        cap = min(available, FETCH_MAX_BYTES)
+        return ordered, 0.0, dict.fromkeys(held, cap)
+
+    def _charge_follower_throttle(
+        self,
+        resp: pb.FetchResponse,
+        sent: dict[tuple[str, int], tuple[Partition, int, int]],
+    ) -> None:
+        """Charge the follower bucket with what an answer brought for throttled replicas,
+        and count the bytes fetched for replicas a reassignment is adding here (once per
+        partition of the answer, never per record)."""
+        bucket = self.manager.replication_quotas.follower
+        charged = 0
+        for tr in resp.topics:
+            for pr in tr.partitions:
+                n = len(pr.records)
+                entry = sent.get((tr.topic, pr.partition))
+                if not n or entry is None:
+                    continue
+                part = entry[0]
+                if self.node_id in part.adding:
+                    metrics.REASSIGNMENT_BYTES_IN.labels(tr.topic).inc(n)
+                if bucket.rate is not None and _follower_throttled(part, self.node_id):
+                    charged += n
+        if charged:
+            bucket.record(charged)
+            metrics.REPLICATION_THROTTLED_BYTES.labels("follower").inc(charged)
+
     def _request(
-        self, parts: list[Partition]
+        self, parts: list[Partition], caps: Mapping[tuple[str, int], int] | None = None
     ) -> tuple[pb.FetchRequest, dict[tuple[str, int], tuple[Partition, int, int]]]:
+        """A fetch of ``parts`` in their order; ``caps`` bounds some partitions' bytes (the
+        follower throttle)."""
         req = pb.FetchRequest(
             replica_id=self.node_id,
             replica_incarnation=self.incarnation(),
@@ -368,7 +424,7 @@ class ReplicaFetchers:
                 current_leader_epoch=part.leader_epoch,
                 last_fetched_epoch=lg.epochs.latest_epoch,
                 log_start_offset=lg.log_start_offset,
-                partition_max_bytes=FETCH_MAX_BYTES,
+                partition_max_bytes=(caps or {}).get(part.tp, FETCH_MAX_BYTES),
             )
             sent[part.tp] = (part, offset, part.leader_epoch)
         return req, sent
@@ -586,6 +642,14 @@ class ReplicaFetchers:
             self.manager.refresh_gauges(part)
             # The recovery point may have moved down: make that durable before going on.
             await asyncio.shield(self._checkpoint())
+
+
+def _follower_throttled(part: Partition, node_id: int) -> bool:
+    """Whether this node throttles its fetching for ``part``: the topic's
+    follower.replication.throttled.replicas names the partition on this node and this
+    replica is not in the ISR (an in-sync replica is never throttled: KIP-73)."""
+    value = part.log.config.follower_replication_throttled_replicas
+    return bool(value) and node_id not in part.isr and is_throttled(value, part.index, node_id)
 
 
 def divergence_truncation_offset(
