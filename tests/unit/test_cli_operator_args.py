@@ -170,10 +170,13 @@ class Rec:
     partition: int = 0
     offset: int = 7
     timestamp: int = 0
+    timestamp_type: int = 0
 
 
 def _fmt(**kw: Any) -> Any:
-    args = argparse.Namespace(format=None, print_key=False, key_separator="\t")
+    args = argparse.Namespace(
+        format=None, print_key=False, print_timestamp=False, key_separator="\t"
+    )
     for k, v in kw.items():
         setattr(args, k, v)
     return console._formatter(args)

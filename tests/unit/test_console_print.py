@@ -108,7 +108,7 @@ def test_a_closed_pipe_goes_back_to_the_last_flush() -> None:
 def fmt_args(template: str) -> object:
     from argparse import Namespace
 
-    return Namespace(format=template, print_key=False, key_separator="\t")
+    return Namespace(format=template, print_key=False, print_timestamp=False, key_separator="\t")
 
 
 @dataclass
@@ -117,6 +117,7 @@ class Full:
     partition: int = 1
     offset: int = 255
     timestamp: int = 1700000000000
+    timestamp_type: int = 1
     key: bytes | None = b"k"
     value: bytes | None = b"v"
     headers: tuple = ()
@@ -133,3 +134,15 @@ def test_format_takes_number_specs_for_the_number_fields() -> None:
 def test_a_format_that_cannot_print_a_record_is_refused_up_front(bad: str) -> None:
     with pytest.raises(ValueError, match="bad --format"):
         console._formatter(fmt_args(bad))
+
+
+def test_print_timestamp_puts_kafkas_type_column_first() -> None:
+    """Kafka's print.timestamp=true: TYPE:MS, then the key (with --print-key) and the value,
+    each after the key separator; {timestamp_type} names the type in --format."""
+    args = fmt_args(None)
+    args.print_timestamp = True
+    assert console._formatter(args)(Full()) == b"LogAppendTime:1700000000000\tv\n"
+    args.print_key, args.key_separator = True, "|"
+    assert console._formatter(args)(Full(timestamp_type=0)) == b"CreateTime:1700000000000|k|v\n"
+    f = console._formatter(fmt_args("{timestamp_type}"))
+    assert f(Full()) == b"LogAppendTime\n"
