@@ -476,11 +476,14 @@ class Log:
         *,
         leader_epoch: int = 0,
         transactional: bool = True,
+        check_timestamps: bool = True,
     ) -> AppendInfo:
         """Append producer batches as leader: validate, assign offsets and epoch, write.
         ``transactional=False`` refuses transactional batches (the producer named no
         transactional id, ProduceRequest.transactional_id, and the node needs one: ACLs check
-        WRITE on it).
+        WRITE on it). ``check_timestamps=False`` skips ``message.timestamp.before/after.max.ms``:
+        the storage node passes it for strom's internal topics, whose only writers are the
+        coordinators (see ``strom.storage.servicer._append_jobs``).
 
         Raises :class:`strom.record.InvalidBatchError` (nothing appended) for bad batches and
         :class:`ProducerStateError` (nothing appended) for idempotent batches out of sequence
@@ -501,7 +504,7 @@ class Log:
                 position=exc.position,
                 too_large=True,
             ) from None
-        if self.config.checks_timestamps:
+        if check_timestamps and self.config.checks_timestamps:
             self._check_timestamps(headers, data)
         for h in headers:
             if h.is_control:
