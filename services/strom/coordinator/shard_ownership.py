@@ -50,9 +50,10 @@ from strom.coordinator.lookup import shard_count
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
 from strom.coordinator.shard_writes import ShardWrites, settled
 from strom.coordinator.shards import Shard, ShardKind
-from strom.coordinator.storage_io import ShardLost
+from strom.coordinator.storage_io import AppendRefused, ShardLost
 from strom.errors import (
     ErrorCode,
+    StromError,
     error_name,
 )
 from strom.metadata import LeaseLostError, MetadataUnavailableError
@@ -420,7 +421,11 @@ class ShardOwnership(ShardWrites):
                     self._unload(shard)
                 return
             except Exception as exc:
-                log.info("loading shard %d failed (%s); retrying", shard.index, exc)
+                shard.load_error = exc.message if isinstance(exc, StromError) else str(exc)
+                if isinstance(exc, AppendRefused):
+                    self._note_refusal(shard, exc)  # (its fence: not a passing failure)
+                else:
+                    log.info("loading shard %d failed (%s); retrying", shard.index, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -463,6 +468,7 @@ class ShardOwnership(ShardWrites):
         # Writes of the previous generation are not this state's: nothing waits on them now
         # (the writer still fails any left queued).
         shard.write_tail = None
+        shard.load_error = None
         shard.loaded = True
         metrics.SHARD_LOADS.inc()
         if state.undecodable:
