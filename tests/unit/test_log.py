@@ -90,7 +90,8 @@ def batch(
 
 def make_log(path: Path, clock: Clock | None = None, **configs: object) -> Log:
     cfg = LogConfig.from_dict({k.replace("_", "."): v for k, v in configs.items()})
-    return Log(path, cfg, fsync=False, clock=clock or Clock())
+    clock = clock or Clock()
+    return Log(path, cfg, fsync=False, clock=clock, monotonic=clock)
 
 
 def read_all(log: Log, start: int | None = None, max_bytes: int = 1 << 20) -> list[Record]:

@@ -45,7 +45,8 @@ def config(**overrides: object) -> LogConfig:
 
 
 def make(path: Path, clock: Clock | None = None, **overrides: object) -> Log:
-    return Log(path, config(**overrides), fsync=False, clock=clock or Clock())
+    clock = clock or Clock()
+    return Log(path, config(**overrides), fsync=False, clock=clock, monotonic=clock)
 
 
 def add_segment(log: Log, keys: list[bytes], ts: int = T0, tag: bytes = b"v") -> None:

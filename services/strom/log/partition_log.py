@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from strom.clock import wall_ms
+from strom.clock import monotonic_ms, wall_ms
 from strom.log.checkpoint import fsync_dir
 from strom.log.config import LONG_MAX, LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
@@ -128,14 +128,19 @@ class Log:
         clock: Callable[[], int] = now_ms,
         first_dirty_offset: int | None = None,
         rng: random.Random | None = None,
+        monotonic: Callable[[], int] = monotonic_ms,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config or LogConfig()
+        #: The wall clock (ms since the epoch): record times, retention, LogAppendTime.
         self.clock = clock
+        #: A monotonic clock (ms, any origin) for delays a wall-clock step must not move:
+        #: ``file.delete.delay.ms``, the age of a segment without timestamps, idleness.
+        self.monotonic = monotonic
         self._rng = rng or random.Random()
         #: Files renamed to ``.deleted``, unlinked once due (``file.delete.delay.ms``):
-        #: (due time in ms, paths).
+        #: (due time on ``self.monotonic``, paths).
         self.pending_deletes: list[tuple[int, list[Path]]] = []
         self._fsync = fsync
         self.lock = threading.RLock()
@@ -191,9 +196,13 @@ class Log:
 
     def _schedule_delete(self, paths: list[Path]) -> None:
         """Unlink ``paths`` (already renamed to ``.deleted``) after ``file.delete.delay.ms``,
-        as Kafka does, so that anyone still reading an old file finishes first."""
+        as Kafka does, so that anyone still reading an old file finishes first. The delay is
+        counted on the monotonic clock, as Kafka's scheduler counts it: on the wall clock, a
+        node stepped back N hours kept the deleted segments' disk for N hours more (found
+        from outside), one stepped forward unlinked files readers still had open."""
         if paths:
-            self.pending_deletes.append((self.clock() + self.config.file_delete_delay_ms, paths))
+            due = self.monotonic() + self.config.file_delete_delay_ms
+            self.pending_deletes.append((due, paths))
             if self.config.file_delete_delay_ms <= 0:
                 self.delete_expired_files()
 
@@ -206,9 +215,10 @@ class Log:
             self._schedule_delete(seg.rename_for_delete())
 
     def delete_expired_files(self, now: int | None = None) -> int:
-        """Unlink the ``.deleted`` files whose delay is over; returns how many were unlinked.
-        The storage node calls it from its periodic cleanup task."""
-        now = self.clock() if now is None else now
+        """Unlink the ``.deleted`` files whose delay is over (``now``: on ``self.monotonic``);
+        returns how many were unlinked. The storage node calls it from its periodic cleanup
+        task."""
+        now = self.monotonic() if now is None else now
         with self.lock:
             due = [paths for when, paths in self.pending_deletes if when <= now]
             self.pending_deletes = [(w, p) for w, p in self.pending_deletes if w > now]
