@@ -330,11 +330,9 @@ def test_segment_jitter_rolls_earlier_by_a_random_amount(tmp_path: Path) -> None
     log = Log(tmp_path / "t-0", cfg, fsync=False, clock=clock, rng=rng)  # type: ignore[arg-type]
     assert rng.bounds == [400] and log.active.roll_jitter_ms == 300
     log.append(batch(T0))
-    clock.now = T0 + 699
-    log.append(batch(T0))
+    log.append(batch(T0 + 699))  # segment.ms counts record time (Kafka's timeWaitedForRoll)
     assert len(log.segments) == 1
-    clock.now = T0 + 700  # 1000 - 300
-    log.append(batch(T0))
+    log.append(batch(T0 + 700))  # 1000 - 300
     assert [s.base_offset for s in log.segments] == [0, 2]
     assert rng.bounds == [400, 400]  # a fresh draw for each new segment
 

@@ -181,7 +181,7 @@ class Log:
     def _new_segment(self, base: int) -> LogSegment:
         cfg = self.config
         seg = LogSegment(self.directory, base, cfg.index_interval_bytes)
-        seg.created_ms = self.clock()
+        seg.created_ms = self.monotonic()
         if cfg.segment_jitter_ms > 0:
             # Kafka's randomSegmentJitter: a fresh draw per segment, below segment.ms.
             seg.roll_jitter_ms = self._rng.randrange(min(cfg.segment_jitter_ms, cfg.segment_ms))
@@ -851,7 +851,7 @@ class Log:
         written truncates the log back to the request's start, so the request still fails
         whole."""
         seg = self.active
-        if seg.size and self._should_roll(seg, length, len(headers)):
+        if seg.size and self._should_roll(seg, length, headers):
             seg = self._roll(self.log_end_offset)
         if len(headers) == 1 or not self._too_full(seg, length, len(headers)):
             # The common case, in one write.
@@ -928,18 +928,31 @@ class Log:
         parts.append(current)
         return list(zip(parts, groups, strict=True))
 
-    def _should_roll(self, seg: LogSegment, length: int, batches: int) -> bool:
-        """Whether ``batches`` more batches of ``length`` bytes go to a new segment: the
-        segment would pass segment.bytes, it is older than segment.ms (less its jitter;
-        max.compaction.lag.ms when shorter on a compacted log), or an index might overflow
-        segment.index.bytes (each batch can add one entry to each index)."""
+    def _should_roll(self, seg: LogSegment, length: int, headers: list[BatchHeader]) -> bool:
+        """Whether ``headers`` (batches of ``length`` bytes) go to a new segment: the segment
+        would pass segment.bytes, it has waited segment.ms (less its jitter;
+        max.compaction.lag.ms when shorter on a compacted log) for a roll
+        (:meth:`_waited_for_roll`), or an index might overflow segment.index.bytes (each
+        batch can add one entry to each index)."""
         cfg = self.config
-        return (
-            self._too_full(seg, length, batches)
-            # The jitter never brings the age limit below 1 ms (it is drawn below segment.ms,
-            # which max.compaction.lag.ms may undercut).
-            or self.clock() - seg.created_ms >= max(cfg.max_segment_ms - seg.roll_jitter_ms, 1)
+        # The jitter never brings the age limit below 1 ms (it is drawn below segment.ms,
+        # which max.compaction.lag.ms may undercut).
+        limit = max(cfg.max_segment_ms - seg.roll_jitter_ms, 1)
+        return self._too_full(seg, length, len(headers)) or (
+            self._waited_for_roll(seg, max(h.max_timestamp for h in headers)) >= limit
         )
+
+    def _waited_for_roll(self, seg: LogSegment, max_timestamp: int) -> int:
+        """How long ``seg`` has waited for a time-based roll, as Kafka's
+        ``LogSegment.timeWaitedForRoll``: the incoming batches' newest timestamp (record
+        time: CreateTime or LogAppendTime) minus the segment's first batch's, or, for a
+        segment whose first batch has none, the monotonic time since this process created
+        or opened it. Never the wall clock against the creation time: a node stepped back
+        N hours rolled nothing by time for N hours (delaying retention and compaction), one
+        stepped forward rolled every partition at once (found from outside). Headers only."""
+        if seg.first_batch_timestamp >= 0:
+            return max_timestamp - seg.first_batch_timestamp
+        return self.monotonic() - seg.created_ms
 
     def _too_full(self, seg: LogSegment, length: int, batches: int) -> bool:
         """Whether ``batches`` more batches of ``length`` bytes would pass segment.bytes or
@@ -1289,7 +1302,11 @@ class Log:
                 and active.max_timestamp >= 0
                 and now - active.max_timestamp > self.config.retention_ms
                 # and idle that long: records just written with old timestamps (a backfill)
-                # are not deleted the moment they land
+                # are not deleted the moment they land. On the wall clock, like the
+                # retention test beside it (a step moves both alike, as retention.ms is
+                # documented to be), and because last_append_ms is the file's mtime after a
+                # restart: a monotonic count would start over at each restart, holding an
+                # expired quiet segment for retention.ms more every time.
                 and now - active.last_append_ms > self.config.retention_ms
             ):
                 self._roll(self.log_end_offset)
