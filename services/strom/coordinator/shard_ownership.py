@@ -51,6 +51,7 @@ from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
 from strom.coordinator.shard_writes import ShardWrites, settled
 from strom.coordinator.shards import Shard, ShardKind
 from strom.coordinator.storage_io import AppendRefused, ShardLost
+from strom.coordinator.txn_state import TxnShardState
 from strom.errors import (
     ErrorCode,
     StromError,
@@ -460,9 +461,7 @@ class ShardOwnership(ShardWrites):
         await asyncio.to_thread(store.put, key, self._owner(shard, epoch, pid), lease=self._lease)
         self._check_generation(shard, generation)
         shard.groups = groups
-        shard.transactions = {
-            tid: meta.seen_at(now) for tid, meta in getattr(state, "transactions", {}).items()
-        }
+        shard.transactions = _as_seen(state, now)
         shard.durable = state
         shard.producer_id, shard.producer_epoch, shard.next_sequence = pid, epoch, 1
         # Writes of the previous generation are not this state's: nothing waits on them now
@@ -498,3 +497,16 @@ class ShardOwnership(ShardWrites):
     def _check_generation(shard: Shard, generation: int) -> None:
         if shard.generation != generation:
             raise asyncio.CancelledError()
+
+
+def _as_seen(state: Any, now: int) -> dict[str, Any]:
+    """A transaction shard's ids as this process keeps them from ``now`` (its steady clock):
+    the writers' times moved onto this clock (``TxnShardState.shift_for``), those ahead of
+    it clamped (``TxnMetadata.seen_at``). A group shard has none."""
+    if not isinstance(state, TxnShardState):
+        return {}
+    own_skew = wall_ms() - now
+    return {
+        tid: meta.seen_at(now, state.shift_for(tid, own_skew))
+        for tid, meta in state.transactions.items()
+    }
