@@ -64,6 +64,13 @@ else:
         return time.time_ns() // 1_000_000 + _read_offset()
 
 
+def monotonic_ms() -> int:
+    """Milliseconds of the monotonic clock (any origin; only differences mean anything). For
+    delays a wall-clock step must not move: a step back of N hours would otherwise hold a
+    delayed file delete for N hours, a step forward run it at once."""
+    return time.monotonic_ns() // 1_000_000
+
+
 #: How much faster or slower than the monotonic clock :func:`steady_ms` may run while it
 #: catches up with a step of the wall clock.
 SLEW = 0.05

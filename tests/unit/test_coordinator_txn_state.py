@@ -218,6 +218,37 @@ def test_a_loader_counts_times_ahead_of_its_clock_from_the_load() -> None:
     assert behind is not None and behind.seen_at(1000) is behind and behind.expired(1000)
 
 
+def test_a_loader_reads_a_slewing_writers_start_through_the_wall_clock() -> None:
+    """The previous owner's wall clock had just been stepped 7 minutes forward: its steady
+    clock (strom.clock.steady_ms, which the start is written with) trails its wall clock by
+    7 minutes, slewing. A new owner with an unslewed clock used to read the transaction,
+    begun 10 s before, as 7 minutes old and abort it at once; the batch time (the writer's
+    wall clock) tells the skew, and the start is read on the loader's clock."""
+    wall = 1_700_000_000_000
+    writer_steady = wall - 420_000
+    m = fresh("slewed", timeout_ms=60_000)
+    begun = m.add(m.producer_id, 0, writer_steady, partitions=[("t", 0)])
+    assert begun is not None
+    state = TxnShardState()
+    batch = encode_group_batch([GroupRecord(txn_log_key("slewed"), begun.to_value())], now_ms=wall)
+    state.apply_batches(batch)
+    loader_now = wall + 10_000  # the loader's steady clock, which agrees with its wall clock
+    loaded = state.transactions["slewed"].seen_at(loader_now, state.shift_for("slewed", 0))
+    assert loaded.start_ms == wall and not loaded.expired(loader_now)
+    assert not loaded.expired(wall + 60_000) and loaded.expired(wall + 60_001)
+    assert state.transactions["slewed"].seen_at(loader_now).expired(loader_now)  # unshifted
+    # A loader whose own steady clock trails its wall clock by 2 minutes reads it 2 minutes
+    # earlier on that clock: the same moment.
+    behind = state.transactions["slewed"].seen_at(
+        loader_now - 120_000, state.shift_for("slewed", 120_000)
+    )
+    assert behind.start_ms == wall - 120_000
+    # Records replayed without a batch time (the live mirror) are not shifted.
+    live = TxnShardState()
+    live.apply_records([(txn_log_key("slewed"), begun.to_value())])
+    assert live.shift_for("slewed", 0) == 0
+
+
 def test_replay_keeps_the_latest_state_per_id_and_skips_fences() -> None:
     a = fresh("a")
     b = fresh("b")

@@ -90,7 +90,8 @@ def batch(
 
 def make_log(path: Path, clock: Clock | None = None, **configs: object) -> Log:
     cfg = LogConfig.from_dict({k.replace("_", "."): v for k, v in configs.items()})
-    return Log(path, cfg, fsync=False, clock=clock or Clock())
+    clock = clock or Clock()
+    return Log(path, cfg, fsync=False, clock=clock, monotonic=clock)
 
 
 def read_all(log: Log, start: int | None = None, max_bytes: int = 1 << 20) -> list[Record]:
@@ -614,18 +615,17 @@ def test_a_split_request_that_fails_part_way_is_not_appended_at_all(
 
 
 def test_roll_by_segment_ms(tmp_path: Path) -> None:
+    """segment.ms counts record time, as Kafka's LogSegment.timeWaitedForRoll: the incoming
+    batch's newest timestamp against the segment's first batch's."""
     clock = Clock()
     log = make_log(tmp_path / "t-0", clock, segment_ms=1000)
-    log.append(batch(1))
-    clock.now += 999
-    log.append(batch(1))
+    log.append(batch(1, ts=T0))
+    log.append(batch(1, ts=T0 + 999))
     assert len(log.segments) == 1
-    clock.now += 1
-    log.append(batch(1))
+    log.append(batch(1, ts=T0 + 1000))
     assert [s.base_offset for s in log.segments] == [0, 2]
-    clock.now += 10_000
-    log.append(batch(2))
-    log.append(batch(2))
+    log.append(batch(2, ts=T0 + 11_000))
+    log.append(batch(2, ts=T0 + 11_000))
     assert [s.base_offset for s in log.segments] == [0, 2, 3]
     log.roll()
     log.roll()  # an empty active segment is not rolled again
@@ -633,6 +633,38 @@ def test_roll_by_segment_ms(tmp_path: Path) -> None:
     log.append(batch(1))
     assert offsets(read_all(log)) == list(range(8))
     check_tiling(log)
+
+
+def test_segment_ms_ignores_steps_of_the_wall_clock(tmp_path: Path) -> None:
+    """A node's wall clock stepped back (half an hour) neither stops time-based rolls (records keep
+    coming with their own times) nor, stepped forward, rolls a segment whose records are
+    young; the age of a segment without timestamps counts on the monotonic clock. The
+    reopened log counts from its first batch's timestamp, as Kafka's does."""
+    wall, mono = Clock(), Clock(0)
+    cfg = LogConfig.from_dict({"segment.ms": 1000})
+    log = Log(tmp_path / "t-0", cfg, fsync=False, clock=wall, monotonic=mono)
+    log.append(batch(1, ts=T0))
+    wall.now -= 1_800_000  # stepped back: record time still says 1 s passed
+    log.append(batch(1, ts=T0 + 1000))
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    wall.now += 2 * 3_600_000  # stepped forward: the records are 10 ms apart, no roll
+    log.append(batch(1, ts=T0 + 1010))
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    log.close()
+    again = Log(tmp_path / "t-0", cfg, fsync=False, clock=wall, monotonic=mono)
+    assert again.active.first_batch_timestamp == T0 + 1000
+    again.append(batch(1, ts=T0 + 2000))
+    assert [s.base_offset for s in again.segments] == [0, 1, 3]
+    # No timestamps (-1): the monotonic time since the segment was made.
+    again.roll()
+    again.append(encode_batch([b"x"], now_ms=-1))
+    wall.now += 3_600_000
+    again.append(encode_batch([b"x"], now_ms=-1))
+    assert len(again.segments) == 4
+    mono.now += 1000
+    again.append(encode_batch([b"x"], now_ms=-1))
+    assert len(again.segments) == 5
+    again.close()
 
 
 # ------------------------------------------------------------------------------ timestamps

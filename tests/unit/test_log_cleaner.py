@@ -45,7 +45,8 @@ def config(**overrides: object) -> LogConfig:
 
 
 def make(path: Path, clock: Clock | None = None, **overrides: object) -> Log:
-    return Log(path, config(**overrides), fsync=False, clock=clock or Clock())
+    clock = clock or Clock()
+    return Log(path, config(**overrides), fsync=False, clock=clock, monotonic=clock)
 
 
 def add_segment(log: Log, keys: list[bytes], ts: int = T0, tag: bytes = b"v") -> None:
@@ -142,11 +143,13 @@ def test_max_compaction_lag_needs_something_cleanable(tmp_path: Path) -> None:
     segment): nothing is cleanable, so the log is not due (Kafka: cleanableBytes > 0)."""
     log = make(tmp_path / "c-0", max_compaction_lag_ms="1000", min_compaction_lag_ms="1000")
     log.append(encode_batch([b"a"], keys=[b"k"], timestamps=[T0]))
-    log.append(encode_batch([b"b"], keys=[b"k"], timestamps=[T0 + 5000]))
+    # (999 ms later by record time: one more would roll the segment, segment.ms counting
+    # record time as Kafka's does.)
+    log.append(encode_batch([b"b"], keys=[b"k"], timestamps=[T0 + 999]))
     log.roll()
-    r = cleanable_range(log, now=T0 + 5500)
+    r = cleanable_range(log, now=T0 + 1500)
     assert r.needs_compaction_now and r.cleanable_bytes == 0 and not r.due
-    assert cleanable_range(log, now=T0 + 6000).due
+    assert cleanable_range(log, now=T0 + 2000).due
 
 
 def test_active_segment_rolls_by_max_compaction_lag(tmp_path: Path) -> None:

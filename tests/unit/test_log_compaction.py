@@ -58,7 +58,8 @@ def cfg(**configs: object) -> LogConfig:
 
 
 def make_log(path: Path, clock: Clock | None = None, **configs: object) -> Log:
-    return Log(path, cfg(**configs), fsync=False, clock=clock or Clock())
+    clock = clock or Clock()
+    return Log(path, cfg(**configs), fsync=False, clock=clock, monotonic=clock)
 
 
 def read_all(log: Log, max_bytes: int = 1 << 20) -> list[Record]:

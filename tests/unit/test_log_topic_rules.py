@@ -37,7 +37,8 @@ class Clock:
 
 def make(path: Path, clock: Clock | None = None, **overrides: object) -> Log:
     cfg = LogConfig.from_dict({k.replace("_", "."): v for k, v in overrides.items()})
-    return Log(path, cfg, fsync=False, clock=clock or Clock())
+    clock = clock or Clock()
+    return Log(path, cfg, fsync=False, clock=clock, monotonic=clock)
 
 
 def batch(*timestamps: int, size: int = 1) -> bytes:
@@ -235,6 +236,33 @@ def test_truncated_segments_wait_for_the_delete_delay(tmp_path: Path) -> None:
     assert not list(log.directory.glob("*.deleted"))
 
 
+def test_the_delete_delay_ignores_wall_clock_steps(tmp_path: Path) -> None:
+    """file.delete.delay.ms counts on the monotonic clock: a node whose wall clock is stepped
+    back an hour still unlinks on time (it used to keep the files, and their disk, for the
+    hour), and one stepped forward does not unlink what a reader may still have open."""
+    wall, mono = Clock(), Clock(0)
+    log = Log(
+        tmp_path / "t-0",
+        LogConfig.from_dict({"file.delete.delay.ms": 5000}),
+        fsync=False,
+        clock=wall,
+        monotonic=mono,
+    )
+    for _ in range(3):
+        log.append(batch(T0))
+        log.roll()
+    log.truncate_to(2)  # segment 2's files become .deleted
+    wall.now -= 3_600_000  # stepped back an hour
+    mono.now += 5000
+    assert log.delete_expired_files() == 3
+    log.truncate_to(1)
+    wall.now += 2 * 3_600_000  # stepped forward two hours
+    assert log.delete_expired_files() == 0
+    mono.now += 5000
+    assert log.delete_expired_files() == 3
+    assert not list(log.directory.glob("*.deleted"))
+
+
 def test_zero_delay_deletes_at_once(tmp_path: Path) -> None:
     log = make(tmp_path / "t-0", file_delete_delay_ms=0, retention_ms=1)
     log.append(batch(T0))
@@ -302,11 +330,9 @@ def test_segment_jitter_rolls_earlier_by_a_random_amount(tmp_path: Path) -> None
     log = Log(tmp_path / "t-0", cfg, fsync=False, clock=clock, rng=rng)  # type: ignore[arg-type]
     assert rng.bounds == [400] and log.active.roll_jitter_ms == 300
     log.append(batch(T0))
-    clock.now = T0 + 699
-    log.append(batch(T0))
+    log.append(batch(T0 + 699))  # segment.ms counts record time (Kafka's timeWaitedForRoll)
     assert len(log.segments) == 1
-    clock.now = T0 + 700  # 1000 - 300
-    log.append(batch(T0))
+    log.append(batch(T0 + 700))  # 1000 - 300
     assert [s.base_offset for s in log.segments] == [0, 2]
     assert rng.bounds == [400, 400]  # a fresh draw for each new segment
 

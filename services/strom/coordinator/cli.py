@@ -104,17 +104,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=flags.int_at_least(1),
         help="delete a group that stayed empty (no members) with no committed and no "
         "transactional offsets for this long, as Kafka's offsets cleanup does (its "
-        "offsets.retention.check.interval.ms; default: %(default)s, 10 minutes); a group "
-        "with committed offsets is kept",
+        "offsets.retention.check.interval.ms; default: %(default)s, 10 minutes; counted "
+        "like --offsets-retention-ms); a group with committed offsets is kept",
     )
     parser.add_argument(
         "--offsets-retention-ms",
         default=604_800_000,  # timers.OFFSETS_RETENTION_MS
         type=flags.int_at_least(1),
         help="delete a group that stayed empty (no members) for this long together with its "
-        "committed offsets, as Kafka's offsets.retention.minutes (KIP-211: counted from when "
-        "the group became empty; a group with members keeps its offsets; default: "
-        "%(default)s, 7 days)",
+        "committed offsets, as Kafka's offsets.retention.minutes (KIP-211); counted in memory "
+        "from when the serving coordinator first saw the group empty, so a coordinator "
+        "restart or a shard move starts the count over; a group with members keeps its "
+        "offsets (default: %(default)s, 7 days)",
     )
     parser.add_argument(
         "--lag-metrics-interval-s",

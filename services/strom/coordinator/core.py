@@ -187,7 +187,8 @@ class CoordinatorCore:
             raise NotCoordinatorError(f"coordinator {self.coordinator_id} does not own shard {s}")
         self._check_lease(s)
         if not shard.loaded:
-            raise CoordinatorLoadInProgressError(f"shard {s} is still loading")
+            why = shard.load_failure()
+            raise CoordinatorLoadInProgressError(f"shard {s} is still loading{why}")
         return shard
 
     def _check_serving(self, shard: Shard) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from strom.api import common_pb2, coordinator_pb2
+from strom.clock import wall_ms
 from strom.coordinator.assignors import Assignment
 from strom.coordinator.replay import ReplayState
 from strom.record import encode_batch
@@ -534,7 +535,9 @@ def encode_group_batch(
     """One record batch holding ``records`` (one coordinator operation, all or nothing).
 
     The producer fields are the shard owner's idempotent producer (its epoch fences a deposed
-    owner); the batch timestamp is ``now_ms`` (default: the wall clock).
+    owner); the batch timestamp is ``now_ms`` (default: the coordinator's wall clock,
+    :func:`strom.clock.wall_ms`, which the clock-step tests offset). The storage nodes do not
+    check these timestamps against their own clock (``strom.storage.servicer._append_jobs``).
     """
     if not records:
         raise ValueError("a batch needs at least one record")
@@ -545,7 +548,7 @@ def encode_group_batch(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
-        now_ms=now_ms,
+        now_ms=wall_ms() if now_ms is None else now_ms,
     )
 
 

@@ -35,6 +35,9 @@ class ReplayState:
         self.skipped: int = 0
         self.undecodable: int = 0
         self.first_undecodable: str | None = None
+        #: The max timestamp of the batch whose records :meth:`apply` is applying (-1
+        #: outside :meth:`apply_batches`): the writer's wall clock when it wrote them.
+        self.batch_timestamp: int = -1
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         """Apply one record (``value`` None = tombstone)."""
@@ -70,6 +73,7 @@ class ReplayState:
                     self.producer_epoch = max(self.producer_epoch, h.producer_epoch)
             if h.is_control:
                 continue
+            self.batch_timestamp = h.max_timestamp
             for rec in batch.records():
                 try:
                     self.apply(rec.key, rec.value)
@@ -79,4 +83,5 @@ class ReplayState:
                         self.first_undecodable = f"offset {rec.offset}: {type(exc).__name__}: {exc}"
                     continue
                 applied += 1
+        self.batch_timestamp = -1
         return applied

@@ -50,9 +50,11 @@ from strom.coordinator.lookup import shard_count
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
 from strom.coordinator.shard_writes import ShardWrites, settled
 from strom.coordinator.shards import Shard, ShardKind
-from strom.coordinator.storage_io import ShardLost
+from strom.coordinator.storage_io import AppendRefused, ShardLost
+from strom.coordinator.txn_state import TxnShardState
 from strom.errors import (
     ErrorCode,
+    StromError,
     error_name,
 )
 from strom.metadata import LeaseLostError, MetadataUnavailableError
@@ -420,7 +422,11 @@ class ShardOwnership(ShardWrites):
                     self._unload(shard)
                 return
             except Exception as exc:
-                log.info("loading shard %d failed (%s); retrying", shard.index, exc)
+                shard.load_error = exc.message if isinstance(exc, StromError) else str(exc)
+                if isinstance(exc, AppendRefused):
+                    self._note_refusal(shard, exc)  # (its fence: not a passing failure)
+                else:
+                    log.info("loading shard %d failed (%s); retrying", shard.index, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -455,14 +461,13 @@ class ShardOwnership(ShardWrites):
         await asyncio.to_thread(store.put, key, self._owner(shard, epoch, pid), lease=self._lease)
         self._check_generation(shard, generation)
         shard.groups = groups
-        shard.transactions = {
-            tid: meta.seen_at(now) for tid, meta in getattr(state, "transactions", {}).items()
-        }
+        shard.transactions = _as_seen(state, now)
         shard.durable = state
         shard.producer_id, shard.producer_epoch, shard.next_sequence = pid, epoch, 1
         # Writes of the previous generation are not this state's: nothing waits on them now
         # (the writer still fails any left queued).
         shard.write_tail = None
+        shard.load_error = None
         shard.loaded = True
         metrics.SHARD_LOADS.inc()
         if state.undecodable:
@@ -492,3 +497,16 @@ class ShardOwnership(ShardWrites):
     def _check_generation(shard: Shard, generation: int) -> None:
         if shard.generation != generation:
             raise asyncio.CancelledError()
+
+
+def _as_seen(state: Any, now: int) -> dict[str, Any]:
+    """A transaction shard's ids as this process keeps them from ``now`` (its steady clock):
+    the writers' times moved onto this clock (``TxnShardState.shift_for``), those ahead of
+    it clamped (``TxnMetadata.seen_at``). A group shard has none."""
+    if not isinstance(state, TxnShardState):
+        return {}
+    own_skew = wall_ms() - now
+    return {
+        tid: meta.seen_at(now, state.shift_for(tid, own_skew))
+        for tid, meta in state.transactions.items()
+    }

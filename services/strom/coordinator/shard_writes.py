@@ -14,8 +14,14 @@ What stays true:
 - Order. Records reach the log in the order the engine produced them (one queue, one writer,
   one append in flight), so the idempotent producer's sequences stay consecutive.
 - All or nothing, in order. If an append fails, it and everything queued after it fail with
-  the same retriable error (their engine steps saw state that now may never be durable), and
-  the shard reloads from the log, which decides what is true.
+  the same error (their engine steps saw state that now may never be durable), and the shard
+  reloads from the log, which decides what is true. The error says what happened: a lost
+  shard NOT_COORDINATOR; an append the leader refused for good (:class:`AppendRefused`:
+  INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, ...) UNKNOWN_SERVER_ERROR naming the refusal, logged
+  once (until an append succeeds again): it is no reason to call the shard loading or moved,
+  and a client told so retried for its whole timeout (found from outside: a coordinator's
+  clock ahead of the nodes' answered "shard 7 is still loading" for a minute); any other
+  failure (no leader took the batch in time) REQUEST_TIMED_OUT, retriable.
 - Nothing is answered from state that is not durable. An operation that changes nothing
   (a heartbeat, an OffsetFetch) still waits for the writes queued before it (:meth:`_durable`),
   so it never reports a join or a commit that a failed append then takes back.
@@ -35,8 +41,14 @@ from dataclasses import dataclass, field
 from strom.coordinator import metrics
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
 from strom.coordinator.shards import Shard
-from strom.coordinator.storage_io import ShardLost, StorageIO
-from strom.errors import NotCoordinatorError, RequestTimedOutError, StromError
+from strom.coordinator.storage_io import AppendRefused, ShardLost, StorageIO
+from strom.errors import (
+    NotCoordinatorError,
+    RequestTimedOutError,
+    StromError,
+    UnknownServerError,
+    error_name,
+)
 
 log = logging.getLogger("strom.coordinator")
 
@@ -102,6 +114,7 @@ class ShardWrites(StorageIO):
                 if shard.generation == generation:
                     shard.next_sequence = (shard.next_sequence + len(records)) & 0x7FFFFFFF
                     shard.durable.apply_records(records)
+                shard.refused = None
             except BaseException as exc:
                 self._after_failed_append(shard, generation, batch, exc)
                 if isinstance(exc, asyncio.CancelledError):
@@ -133,6 +146,14 @@ class ShardWrites(StorageIO):
         shard.write_tail = None
         if isinstance(exc, ShardLost):
             _fail(batch + later, NotCoordinatorError, f"shard {shard.index} moved elsewhere")
+        elif isinstance(exc, AppendRefused):
+            self._note_refusal(shard, exc)
+            _fail(
+                batch + later,
+                UnknownServerError,
+                f"coordinator {self.coordinator_id} could not write this change to "
+                f"{shard.topic}-{shard.index}: {exc.message}; nothing of it was written",
+            )
         elif isinstance(exc, asyncio.CancelledError):
             _fail(batch + later, NotCoordinatorError, f"coordinator {self.coordinator_id} stops")
         else:
@@ -144,9 +165,29 @@ class ShardWrites(StorageIO):
             log.warning("shard %d fenced (%s); dropping it", shard.index, exc)
             self._unload(shard)
         elif not isinstance(exc, asyncio.CancelledError):
-            log.warning("write to shard %d failed (%s); reloading it", shard.index, exc)
+            if not isinstance(exc, AppendRefused):  # (that one is logged once, above)
+                log.warning("write to shard %d failed (%s); reloading it", shard.index, exc)
             if shard.kind is not None and shard.kind.shards.get(shard.index) is shard:
                 self._start_load(shard)
+
+    def _note_refusal(self, shard: Shard, exc: AppendRefused) -> None:
+        """Log an append the leader refused for good, once per shard and error code until an
+        append succeeds again: every client retry meets it again, and a line per write
+        would bury it."""
+        if shard.refused == exc.code:
+            return
+        shard.refused = exc.code
+        log.error(
+            "%s: the storage node refused coordinator %d's append with %s (%s); the "
+            "requests whose changes it held fail with UNKNOWN_SERVER_ERROR naming it, and "
+            "the shard reloads (its requests get COORDINATOR_LOAD_IN_PROGRESS with this "
+            "reason until a load succeeds)",
+            f"{shard.topic}-{shard.index}",
+            self.coordinator_id,
+            error_name(exc.code),
+            exc.message,
+            extra={"fields": {"shard": shard.index}},
+        )
 
 
 def _take(shard: Shard, most: int, most_bytes: int) -> list[QueuedWrite]:

@@ -72,6 +72,17 @@ class Shard:
     writer: asyncio.Task[None] | None = None
     #: Done when the last write queued so far is durable (or failed).
     write_tail: asyncio.Future[None] | None = None
+    #: The error code of the last append the leader refused for good (logged once; None
+    #: again once an append succeeds): ``strom.coordinator.shard_writes``.
+    refused: int | None = None
+    #: Why the last attempt to load the shard failed (None: none failed since the last
+    #: load): requests answered COORDINATOR_LOAD_IN_PROGRESS meanwhile say it.
+    load_error: str | None = None
+
+    def load_failure(self) -> str:
+        """Why the shard still loads, for COORDINATOR_LOAD_IN_PROGRESS messages: its last
+        failed load attempt, if any (a refused fence batch is nothing to wait out blindly)."""
+        return f" (its last load attempt failed: {self.load_error})" if self.load_error else ""
 
     @property
     def topic(self) -> str:

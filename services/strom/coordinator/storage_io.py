@@ -23,7 +23,6 @@ from strom.errors import (
     ErrorCode,
     RequestTimedOutError,
     StromError,
-    UnknownServerError,
     error_name,
     is_retriable,
 )
@@ -41,6 +40,14 @@ WRITE_RETRY_S = 10.0
 
 class ShardLost(Exception):
     """The shard is no longer this process's (fenced, key gone): stop using it."""
+
+
+class AppendRefused(StromError):
+    """The leader refused the shard's append for a reason that sending the same bytes again
+    cannot change (``code``: INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, CORRUPT_MESSAGE, ...).
+    Neither a lost leadership nor a fenced owner: the shard is still this coordinator's, and
+    its clients must be told what was refused, not that the shard is loading or moved
+    (``strom.coordinator.shard_writes``)."""
 
 
 class StorageIO(CoordinatorCore):
@@ -154,6 +161,9 @@ class StorageIO(CoordinatorCore):
         Raises:
             ShardLost: the leader fenced this producer (a newer owner exists).
             StromError: OUT_OF_ORDER_SEQUENCE, this producer's sequence is off (reload).
+            AppendRefused: any other error that is not retriable (the batch itself was
+                refused: INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, ...). Retriable ones (a leader
+                move, too few replicas, a disk failure) are retried.
             RequestTimedOutError: no leader took the batch within WRITE_RETRY_S.
         """
         deadline = time.monotonic() + WRITE_RETRY_S
@@ -186,17 +196,12 @@ class StorageIO(CoordinatorCore):
                         retriable=False,
                     )
                 last = f"{error_name(pr.error_code)} {pr.error_message}"
-                if pr.error_code not in (
-                    E.NOT_LEADER_OR_FOLLOWER,
-                    E.LEADER_NOT_AVAILABLE,
-                    E.FENCED_LEADER_EPOCH,
-                    E.UNKNOWN_LEADER_EPOCH,
-                    E.NOT_ENOUGH_REPLICAS,
-                    E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                    E.REQUEST_TIMED_OUT,
-                    E.UNKNOWN_TOPIC_OR_PARTITION,
-                ):
-                    raise UnknownServerError(f"append to {topic}: {last}")
+                if not is_retriable(pr.error_code):
+                    raise AppendRefused(
+                        f"the storage node refused the append to {topic}-{partition}: {last}",
+                        code=pr.error_code,
+                        retriable=False,
+                    )
             except grpc.aio.AioRpcError as exc:
                 last = exc.code().name
             except StromError as exc:

@@ -27,8 +27,8 @@ log = logging.getLogger("strom.coordinator")
 #: (Kafka deletes such a group on its offsets cleanup, ``offsets.retention.check.interval.ms``).
 EMPTY_GROUP_RETENTION_MS = 600_000
 #: How long a group stays EMPTY before its committed offsets expire with it, by default
-#: (Kafka's ``offsets.retention.minutes``, 7 days, counted from when the group became empty:
-#: KIP-211).
+#: (Kafka's ``offsets.retention.minutes``, 7 days, KIP-211; counted from when this process
+#: first saw the group empty, in memory: a restart or a shard move starts it over).
 OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000
 #: Longest time between two looks for such groups (a shorter retention looks more often).
 EMPTY_GROUP_CHECK_MAX_MS = 30_000

@@ -122,7 +122,9 @@ class TransactionRpcs(_Base):
             )
         self._check_lease(s, kind.topic)
         if not shard.loaded:
-            raise CoordinatorLoadInProgressError(f"{kind.topic} shard {s} is still loading")
+            raise CoordinatorLoadInProgressError(
+                f"{kind.topic} shard {s} is still loading{shard.load_failure()}"
+            )
         return shard
 
     async def _txn_write(self, shard: Shard, meta: TxnMetadata) -> None:

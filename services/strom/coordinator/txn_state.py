@@ -262,13 +262,25 @@ class TxnMetadata:
             last_update_ms=now_ms,
         )
 
-    def seen_at(self, now_ms: int) -> TxnMetadata:
-        """The state as a coordinator that loads it at ``now_ms`` keeps it: times ahead of its
-        clock (the previous owner's clock ran ahead, or was stepped back since) count from
-        ``now_ms``, so an open transaction times out at most its timeout after the load instead
-        of waiting for the loader's clock to catch up."""
-        start = min(self.start_ms, now_ms)
-        update = min(self.last_update_ms, now_ms)
+    def seen_at(self, now_ms: int, shift_ms: int = 0) -> TxnMetadata:
+        """The state as a coordinator that loads it at ``now_ms`` keeps it.
+
+        ``shift_ms`` takes the writer's times onto the loader's clock: both write
+        ``strom.clock.steady_ms``, which trails or leads its wall clock for hours after a
+        step (it slews), so the writer's steady time of the start is translated through
+        the wall clock (:meth:`TxnShardState.shift_for`). Without it, a transaction begun on
+        an owner whose wall clock had just been stepped forward 7 minutes looked 7 minutes
+        older to the next owner, which aborted it at once after a failover.
+
+        Times still ahead of ``now_ms`` (the previous owner's clock ran ahead, or was
+        stepped back since) count from ``now_ms``, so an open transaction times out at most
+        its timeout after the load instead of waiting for the loader's clock to catch up."""
+        start = min(self.start_ms + shift_ms, now_ms) if self.start_ms >= 0 else self.start_ms
+        update = (
+            min(self.last_update_ms + shift_ms, now_ms)
+            if self.last_update_ms >= 0
+            else self.last_update_ms
+        )
         if (start, update) == (self.start_ms, self.last_update_ms):
             return self
         return replace(self, start_ms=start, last_update_ms=update)
@@ -411,6 +423,9 @@ class TxnShardState(ReplayState):
     def __init__(self) -> None:
         super().__init__()
         self.transactions: dict[str, TxnMetadata] = {}
+        #: Per id, how far its writer's wall clock was ahead of the steady clock it wrote
+        #: the times with (the batch timestamp minus ``last_update_ms``): see shift_for.
+        self.writer_skew: dict[str, int] = {}
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         tid = decode_txn_log_key(key) if key else None
@@ -418,5 +433,23 @@ class TxnShardState(ReplayState):
             self.skipped += 1
         elif value is None:
             self.transactions.pop(tid, None)
+            self.writer_skew.pop(tid, None)
         else:
-            self.transactions[tid] = TxnMetadata.from_value(tid, value)
+            meta = TxnMetadata.from_value(tid, value)
+            self.transactions[tid] = meta
+            if self.batch_timestamp >= 0 and meta.last_update_ms >= 0:
+                self.writer_skew[tid] = self.batch_timestamp - meta.last_update_ms
+            else:
+                self.writer_skew.pop(tid, None)
+
+    def shift_for(self, transactional_id: str, own_skew_ms: int) -> int:
+        """What to add to the id's written times to read them on the loader's steady clock
+        (:meth:`TxnMetadata.seen_at`), given the loader's own wall-minus-steady skew.
+
+        The writer stamped the batch with its wall clock a moment after its engine step read
+        its steady clock for ``last_update_ms``: the difference is its skew then (plus the
+        append's queueing, which only makes the transaction look that much younger). Writer
+        steady + writer skew is wall time; wall time - loader skew is the loader's steady.
+        Ids replayed from records without a batch time are not shifted."""
+        skew = self.writer_skew.get(transactional_id)
+        return 0 if skew is None else skew - own_skew_ms

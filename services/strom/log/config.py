@@ -147,7 +147,14 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             lambda v: None if 1024 <= v <= INT_MAX else "must be in [1024, 2^31-1]",
             max_value=INT_MAX,
         ),
-        ConfigKey("segment.ms", int, 7 * DAY_MS, "roll a new segment after this age", _at_least(1)),
+        ConfigKey(
+            "segment.ms",
+            int,
+            7 * DAY_MS,
+            "roll a new segment after this age, in record time (the newest timestamp appended "
+            "minus the segment's first one), as Kafka's",
+            _at_least(1),
+        ),
         ConfigKey(
             "segment.jitter.ms",
             int,

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from strom.clock import wall_ms
+from strom.clock import monotonic_ms, wall_ms
 from strom.log.checkpoint import fsync_dir
 from strom.log.config import LONG_MAX, LogConfig
 from strom.log.epoch_cache import LeaderEpochCache
@@ -128,14 +128,19 @@ class Log:
         clock: Callable[[], int] = now_ms,
         first_dirty_offset: int | None = None,
         rng: random.Random | None = None,
+        monotonic: Callable[[], int] = monotonic_ms,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config = config or LogConfig()
+        #: The wall clock (ms since the epoch): record times, retention, LogAppendTime.
         self.clock = clock
+        #: A monotonic clock (ms, any origin) for delays a wall-clock step must not move:
+        #: ``file.delete.delay.ms``, the age of a segment without timestamps, idleness.
+        self.monotonic = monotonic
         self._rng = rng or random.Random()
         #: Files renamed to ``.deleted``, unlinked once due (``file.delete.delay.ms``):
-        #: (due time in ms, paths).
+        #: (due time on ``self.monotonic``, paths).
         self.pending_deletes: list[tuple[int, list[Path]]] = []
         self._fsync = fsync
         self.lock = threading.RLock()
@@ -176,7 +181,7 @@ class Log:
     def _new_segment(self, base: int) -> LogSegment:
         cfg = self.config
         seg = LogSegment(self.directory, base, cfg.index_interval_bytes)
-        seg.created_ms = self.clock()
+        seg.created_ms = self.monotonic()
         if cfg.segment_jitter_ms > 0:
             # Kafka's randomSegmentJitter: a fresh draw per segment, below segment.ms.
             seg.roll_jitter_ms = self._rng.randrange(min(cfg.segment_jitter_ms, cfg.segment_ms))
@@ -191,9 +196,13 @@ class Log:
 
     def _schedule_delete(self, paths: list[Path]) -> None:
         """Unlink ``paths`` (already renamed to ``.deleted``) after ``file.delete.delay.ms``,
-        as Kafka does, so that anyone still reading an old file finishes first."""
+        as Kafka does, so that anyone still reading an old file finishes first. The delay is
+        counted on the monotonic clock, as Kafka's scheduler counts it: on the wall clock, a
+        node stepped back N hours kept the deleted segments' disk for N hours more (found
+        from outside), one stepped forward unlinked files readers still had open."""
         if paths:
-            self.pending_deletes.append((self.clock() + self.config.file_delete_delay_ms, paths))
+            due = self.monotonic() + self.config.file_delete_delay_ms
+            self.pending_deletes.append((due, paths))
             if self.config.file_delete_delay_ms <= 0:
                 self.delete_expired_files()
 
@@ -206,9 +215,10 @@ class Log:
             self._schedule_delete(seg.rename_for_delete())
 
     def delete_expired_files(self, now: int | None = None) -> int:
-        """Unlink the ``.deleted`` files whose delay is over; returns how many were unlinked.
-        The storage node calls it from its periodic cleanup task."""
-        now = self.clock() if now is None else now
+        """Unlink the ``.deleted`` files whose delay is over (``now``: on ``self.monotonic``);
+        returns how many were unlinked. The storage node calls it from its periodic cleanup
+        task."""
+        now = self.monotonic() if now is None else now
         with self.lock:
             due = [paths for when, paths in self.pending_deletes if when <= now]
             self.pending_deletes = [(w, p) for w, p in self.pending_deletes if w > now]
@@ -476,11 +486,14 @@ class Log:
         *,
         leader_epoch: int = 0,
         transactional: bool = True,
+        check_timestamps: bool = True,
     ) -> AppendInfo:
         """Append producer batches as leader: validate, assign offsets and epoch, write.
         ``transactional=False`` refuses transactional batches (the producer named no
         transactional id, ProduceRequest.transactional_id, and the node needs one: ACLs check
-        WRITE on it).
+        WRITE on it). ``check_timestamps=False`` skips ``message.timestamp.before/after.max.ms``:
+        the storage node passes it for strom's internal topics, whose only writers are the
+        coordinators (see ``strom.storage.servicer._append_jobs``).
 
         Raises :class:`strom.record.InvalidBatchError` (nothing appended) for bad batches and
         :class:`ProducerStateError` (nothing appended) for idempotent batches out of sequence
@@ -501,7 +514,7 @@ class Log:
                 position=exc.position,
                 too_large=True,
             ) from None
-        if self.config.checks_timestamps:
+        if check_timestamps and self.config.checks_timestamps:
             self._check_timestamps(headers, data)
         for h in headers:
             if h.is_control:
@@ -838,7 +851,7 @@ class Log:
         written truncates the log back to the request's start, so the request still fails
         whole."""
         seg = self.active
-        if seg.size and self._should_roll(seg, length, len(headers)):
+        if seg.size and self._should_roll(seg, length, headers):
             seg = self._roll(self.log_end_offset)
         if len(headers) == 1 or not self._too_full(seg, length, len(headers)):
             # The common case, in one write.
@@ -915,18 +928,31 @@ class Log:
         parts.append(current)
         return list(zip(parts, groups, strict=True))
 
-    def _should_roll(self, seg: LogSegment, length: int, batches: int) -> bool:
-        """Whether ``batches`` more batches of ``length`` bytes go to a new segment: the
-        segment would pass segment.bytes, it is older than segment.ms (less its jitter;
-        max.compaction.lag.ms when shorter on a compacted log), or an index might overflow
-        segment.index.bytes (each batch can add one entry to each index)."""
+    def _should_roll(self, seg: LogSegment, length: int, headers: list[BatchHeader]) -> bool:
+        """Whether ``headers`` (batches of ``length`` bytes) go to a new segment: the segment
+        would pass segment.bytes, it has waited segment.ms (less its jitter;
+        max.compaction.lag.ms when shorter on a compacted log) for a roll
+        (:meth:`_waited_for_roll`), or an index might overflow segment.index.bytes (each
+        batch can add one entry to each index)."""
         cfg = self.config
-        return (
-            self._too_full(seg, length, batches)
-            # The jitter never brings the age limit below 1 ms (it is drawn below segment.ms,
-            # which max.compaction.lag.ms may undercut).
-            or self.clock() - seg.created_ms >= max(cfg.max_segment_ms - seg.roll_jitter_ms, 1)
+        # The jitter never brings the age limit below 1 ms (it is drawn below segment.ms,
+        # which max.compaction.lag.ms may undercut).
+        limit = max(cfg.max_segment_ms - seg.roll_jitter_ms, 1)
+        return self._too_full(seg, length, len(headers)) or (
+            self._waited_for_roll(seg, max(h.max_timestamp for h in headers)) >= limit
         )
+
+    def _waited_for_roll(self, seg: LogSegment, max_timestamp: int) -> int:
+        """How long ``seg`` has waited for a time-based roll, as Kafka's
+        ``LogSegment.timeWaitedForRoll``: the incoming batches' newest timestamp (record
+        time: CreateTime or LogAppendTime) minus the segment's first batch's, or, for a
+        segment whose first batch has none, the monotonic time since this process created
+        or opened it. Never the wall clock against the creation time: a node stepped back
+        N hours rolled nothing by time for N hours (delaying retention and compaction), one
+        stepped forward rolled every partition at once (found from outside). Headers only."""
+        if seg.first_batch_timestamp >= 0:
+            return max_timestamp - seg.first_batch_timestamp
+        return self.monotonic() - seg.created_ms
 
     def _too_full(self, seg: LogSegment, length: int, batches: int) -> bool:
         """Whether ``batches`` more batches of ``length`` bytes would pass segment.bytes or
@@ -1276,7 +1302,11 @@ class Log:
                 and active.max_timestamp >= 0
                 and now - active.max_timestamp > self.config.retention_ms
                 # and idle that long: records just written with old timestamps (a backfill)
-                # are not deleted the moment they land
+                # are not deleted the moment they land. On the wall clock, like the
+                # retention test beside it (a step moves both alike, as retention.ms is
+                # documented to be), and because last_append_ms is the file's mtime after a
+                # restart: a monotonic count would start over at each restart, holding an
+                # expired quiet segment for retention.ms more every time.
                 and now - active.last_append_ms > self.config.retention_ms
             ):
                 self._roll(self.log_end_offset)

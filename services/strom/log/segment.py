@@ -118,9 +118,12 @@ class LogSegment:
         self.size = os.fstat(self.fd).st_size
         self.next_offset = base_offset
         self.max_timestamp = -1
-        self.first_batch_timestamp = -1  # drives segment.ms rolling
+        #: The first batch's max timestamp (-1: none): segment.ms counts from it.
+        self.first_batch_timestamp = -1
         self.record_count = 0  # records appended since open (flush.messages)
-        self.created_ms = 0  # wall-clock start of the segment, drives segment.ms rolling
+        #: Monotonic ms (``Log.monotonic``) when this process created or opened the segment:
+        #: segment.ms counts from it while the segment has no first batch timestamp.
+        self.created_ms = 0
         #: Wall-clock ms of the last append (the file's mtime until one in this process):
         #: retention deletes an active segment only once it has been idle that long too.
         self.last_append_ms = int(os.fstat(self.fd).st_mtime * 1000)
@@ -528,7 +531,6 @@ class LogSegment:
         self.max_timestamp = max([self.time_index.max_timestamp] + [h.max_timestamp for h in tail])
         if self.time_index.ts:
             self.first_batch_timestamp = self.time_index.ts[0]
-            self.created_ms = self.first_batch_timestamp
         for h in tail:
             self._bytes_since_index += h.size
         self._set_tail(tail)

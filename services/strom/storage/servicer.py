@@ -358,7 +358,8 @@ class StorageServicer(
         Returns the record bytes written. ``transactional``: transactional batches may be
         appended (the request names a transactional id, or ACLs are off); refused if not."""
         jobs = [
-            (part.log, records, part.leader_epoch, transactional) for _, part, records in pending
+            (part.log, records, part.leader_epoch, transactional, part.topic.startswith("__"))
+            for _, part, records in pending
         ]
         size = sum(len(records) for _, _, records in pending)
         # Published as soon as the appends are done, even if the client has gone meanwhile
@@ -631,13 +632,31 @@ def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
     add_handlers(server, pb.DESCRIPTOR.services_by_name["StorageService"], handlers)
 
 
-def _append_jobs(jobs: list[tuple[Log, Any, int, bool]]) -> list[AppendInfo | BaseException]:
-    """Append each (log, records, leader epoch, transactional id given); an exception is that
-    partition's result."""
+def _append_jobs(
+    jobs: list[tuple[Log, Any, int, bool, bool]],
+) -> list[AppendInfo | BaseException]:
+    """Append each (log, records, leader epoch, transactional id given, internal topic); an
+    exception is that partition's result.
+
+    An internal ``__`` topic's batches skip the ``message.timestamp.*`` checks: only strom's
+    coordinators write there (``_internal_topic_check``), stamping the batches with their own
+    clock, and a coordinator whose clock is ahead of (or behind) this node's by more than the
+    topic's limit (after.max.ms is 1 h by default) had every group and transaction write
+    refused INVALID_TIMESTAMP, its shards reloading in a loop. Kafka's coordinators write
+    with the leader broker's own clock, so skew cannot do that there. Decided here, per
+    request, rather than by configs on the internal topics: it holds for clusters whose
+    topics exist already and whatever an operator alters on them (docs/topic-configs.md)."""
     out: list[AppendInfo | BaseException] = []
-    for lg, records, epoch, transactional in jobs:
+    for lg, records, epoch, transactional, internal in jobs:
         try:
-            out.append(lg.append(records, leader_epoch=epoch, transactional=transactional))
+            out.append(
+                lg.append(
+                    records,
+                    leader_epoch=epoch,
+                    transactional=transactional,
+                    check_timestamps=not internal,
+                )
+            )
         except Exception as exc:
             out.append(exc)
     return out
