@@ -107,6 +107,7 @@ from strom.errors import (
     error_for,
     is_retriable,
 )
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.record import codecs
 from strom.security.channel import client_security
 
@@ -306,6 +307,15 @@ class Producer:
                 raise TypeError(f"{name} must be an int, got {v!r}")
             if v < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {v}")
+        if max_request_size > MAX_BATCH_BYTES:
+            # FIX (found from outside): any size was taken, so records the cluster could not
+            # carry (over the gRPC limit) or its readers could not read were sent; and as
+            # sizes count records uncompressed (as Kafka's), this also bounds what a batch
+            # decompresses to (a 300 MiB record of zeros was ~10 KiB zstd on the wire).
+            raise ValueError(
+                f"max_request_size must be <= {MAX_BATCH_BYTES} (the largest batch a strom "
+                f"Fetch answer can carry), got {max_request_size}"
+            )
         if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float):
             raise TypeError(f"linger_ms must be a number (ms), got {linger_ms!r}")
         if not 0 <= linger_ms < math.inf:
@@ -582,11 +592,14 @@ class Producer:
         """``batch_size``, or less for a topic whose ``max.message.bytes`` is smaller, so that
         records are not refused (MESSAGE_TOO_LARGE) for the batch they were put in: half the
         limit, as ``size`` counts 16 bytes a record where an encoded batch spends up to ~24,
-        plus a frame of about a kilobyte. Only a record too large on its own then fails."""
+        plus a frame of about a kilobyte. Only a record too large on its own then fails.
+        Never more than ``max_request_size``: sizes count records uncompressed, so a batch
+        of many records then decompresses to no more than one record may be."""
+        size = min(self.batch_size, self.max_request_size)
         limit = self._metadata.max_message_bytes(topic)
         if limit <= 0:
-            return self.batch_size
-        return max(min(self.batch_size, limit // 2), 1)
+            return size
+        return max(min(size, limit // 2), 1)
 
     def _close_open(self, topic: str, partition: int) -> None:
         """With the lock held: the partition's open batch takes no more records."""

@@ -1,0 +1,111 @@
+"""Big records end to end on real processes (etcd, a controller, storage nodes): one size
+limit holds from the producer to every reader, so that whatever the cluster acknowledges its
+readers can read.
+
+Found from outside: batches between 64 and 256 MiB were acknowledged and then every reader
+failed on them as "corrupt"; ``max.message.bytes`` and ``max_request_size`` took any size,
+so records no Fetch answer could carry (or decompression bombs) were accepted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from strom import Admin, Consumer, Producer, TopicPartition
+from strom.devcluster.cluster import LocalCluster
+from strom.errors import InvalidConfigError, MessageTooLargeError
+from strom.grpc_options import MAX_BATCH_BYTES
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+MiB = 1 << 20
+
+
+def read_values(
+    bootstrap: str, topic: str, count: int, *, arrow: bool, **options: object
+) -> list[bytes]:
+    """The first ``count`` values of partition 0, by poll() or poll_arrow()."""
+    out: list[bytes] = []
+    with Consumer(bootstrap, auto_offset_reset="earliest", **options) as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        deadline = time.monotonic() + 120
+        while len(out) < count:
+            assert time.monotonic() < deadline, f"read {len(out)} of {count} records"
+            if arrow:
+                out.extend(consumer.poll_arrow(timeout_ms=1000).column("value").to_pylist())
+            else:
+                out.extend(r.value for r in consumer.poll(timeout_ms=1000))
+    return out
+
+
+def test_a_batch_over_64_mib_the_cluster_acknowledged_is_read_by_poll_and_poll_arrow(
+    one_node_cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """A 65 MiB record on a topic allowing 128 MiB: acknowledged, and both poll() and
+    poll_arrow() return it and the record after it (they failed "exceeds the maximum of
+    67108864" for good, the readers' limit being 64 MiB while nodes stored up to 256)."""
+    b = one_node_cluster.bootstrap
+    topic = new_topic(one_node_cluster, config={"max.message.bytes": str(128 * MiB)})
+    big = b"\x01" * (65 * MiB)
+    with Producer(b, max_request_size=128 * MiB, linger_ms=0) as producer:
+        producer.send(topic, big).result(timeout=120)
+        producer.send(topic, b"after").result(timeout=120)
+    for arrow in (False, True):
+        values = read_values(b, topic, 2, arrow=arrow)
+        assert len(values[0]) == len(big) and values[0] == big
+        assert values[1] == b"after"
+
+
+def test_max_message_bytes_above_what_a_fetch_answer_carries_is_refused(
+    one_node_cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """Create and alter refuse a max.message.bytes no Fetch answer could carry, naming the
+    maximum; the maximum itself is taken (both were accepted up to 2^31-1 before)."""
+    b = one_node_cluster.bootstrap
+    with Admin(b) as admin:
+        with pytest.raises(InvalidConfigError, match=rf"max\.message\.bytes.*{MAX_BATCH_BYTES}"):
+            admin.create_topic(
+                "too-big-limit",
+                partitions=1,
+                replication_factor=1,
+                config={"max.message.bytes": str(1 << 30)},
+            )
+        topic = new_topic(one_node_cluster)
+        with pytest.raises(InvalidConfigError, match=rf"max\.message\.bytes.*{MAX_BATCH_BYTES}"):
+            admin.alter_configs(topic, set={"max.message.bytes": str(MAX_BATCH_BYTES + 1)})
+        admin.alter_configs(topic, set={"max.message.bytes": str(MAX_BATCH_BYTES)})
+
+
+def test_a_producer_refuses_a_max_request_size_above_the_largest_batch() -> None:
+    """Refused at construction with the maximum named (any size was taken before, and
+    records above the gRPC limit were then retried for the whole delivery timeout)."""
+    with pytest.raises(ValueError, match=rf"max_request_size must be <= {MAX_BATCH_BYTES}"):
+        Producer("127.0.0.1:1", max_request_size=MAX_BATCH_BYTES + 1)
+
+
+def test_records_count_uncompressed_so_no_batch_decompresses_past_max_request_size(
+    one_node_cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """A compression bomb cannot be made by a strom producer: a record of zeros larger than
+    max_request_size is refused at send() although it is tiny once compressed, and records
+    that each fit never share a batch bigger than max_request_size uncompressed (batch_size
+    above it let a batch grow to batch_size, decompressing to many times the limit)."""
+    b = one_node_cluster.bootstrap
+    topic = new_topic(one_node_cluster)
+    with Producer(
+        b, compression="zstd", max_request_size=MiB, batch_size=16 * MiB, linger_ms=60_000
+    ) as producer:
+        with pytest.raises(MessageTooLargeError, match="max_request_size"):
+            producer.send(topic, bytes(2 * MiB))
+        futures = [producer.send(topic, bytes(400_000)) for _ in range(6)]
+        producer.flush(timeout=60)
+        batches: dict[int, int] = {}
+        for f in futures:
+            batches[id(f._batch)] = batches.get(id(f._batch), 0) + 400_000
+            f.result(timeout=0)
+    assert max(batches.values()) <= MiB, batches
+    assert read_values(b, topic, 6, arrow=True) == [bytes(400_000)] * 6
