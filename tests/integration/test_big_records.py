@@ -15,9 +15,12 @@ from collections.abc import Callable
 import pytest
 
 from strom import Admin, Consumer, Producer, TopicPartition
+from strom.api import storage_pb2
+from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
 from strom.errors import InvalidConfigError, MessageTooLargeError
-from strom.grpc_options import MAX_BATCH_BYTES
+from strom.grpc_options import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
+from strom.record import scan_batches
 
 pytestmark = pytest.mark.integration
 
@@ -109,3 +112,70 @@ def test_records_count_uncompressed_so_no_batch_decompresses_past_max_request_si
             f.result(timeout=0)
     assert max(batches.values()) <= MiB, batches
     assert read_values(b, topic, 6, arrow=True) == [bytes(400_000)] * 6
+
+
+def fill_past_one_message(cluster: LocalCluster, topic: str, partitions: int) -> int:
+    """Write more than one gRPC message's worth (256 MiB) across the topic's partitions, in
+    10 MiB records; the number of records."""
+    count = MAX_MESSAGE_BYTES // (10 * MiB) + 3
+    with Producer(cluster.bootstrap, max_request_size=12 * MiB, linger_ms=0) as producer:
+        futures = [
+            producer.send(topic, b"\x02" * (10 * MiB), partition=i % partitions)
+            for i in range(count)
+        ]
+        for f in futures:
+            f.result(timeout=120)
+    return count
+
+
+def test_a_fetch_asking_more_than_one_message_carries_is_answered_within_it(
+    one_node_cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """A raw Fetch asking 2^31-1 bytes of partitions holding more than 256 MiB is answered
+    (fewer batches, whole ones, under the gRPC limit), and a consumer with fetch_max_bytes
+    and max_partition_fetch_bytes at 2^31-1 reads everything. Before, gRPC refused to send
+    the answer (RESOURCE_EXHAUSTED "Sent message larger than max") on every poll, forever."""
+    topic = new_topic(one_node_cluster, partitions=3)
+    count = fill_past_one_message(one_node_cluster, topic, 3)
+    req = storage_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=1,
+        max_bytes=(1 << 31) - 1,
+        topics=[
+            storage_pb2.FetchTopic(
+                topic=topic,
+                partitions=[
+                    storage_pb2.FetchPartition(
+                        partition=p,
+                        fetch_offset=0,
+                        current_leader_epoch=-1,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                        partition_max_bytes=(1 << 31) - 1,
+                    )
+                    for p in range(3)
+                ],
+            )
+        ],
+    )
+    with ClusterClient(one_node_cluster.bootstrap, retry_s=20) as client:
+        resp = client.storage(client.leader_of(topic, 0)).Fetch(req, timeout=120)
+    parts = resp.topics[0].partitions
+    assert all(p.error_code == 0 for p in parts)
+    size = resp.ByteSize()
+    assert size <= MAX_MESSAGE_BYTES
+    assert sum(len(scan_batches(p.records)) for p in parts) >= count // 2  # not a trickle
+    maxed = (1 << 31) - 1
+    with Consumer(
+        one_node_cluster.bootstrap,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=maxed,
+        max_partition_fetch_bytes=maxed,
+    ) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(3)])
+        got = 0
+        deadline = time.monotonic() + 180
+        while got < count:
+            assert time.monotonic() < deadline, f"read {got} of {count} records"
+            got += len(consumer.poll(timeout_ms=1000))
