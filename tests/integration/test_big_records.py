@@ -16,6 +16,7 @@ import pytest
 
 from strom import Admin, Consumer, Producer, TopicPartition
 from strom.api import storage_pb2
+from strom.client import cluster as cluster_mod
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
 from strom.errors import InvalidConfigError, MessageTooLargeError
@@ -179,3 +180,31 @@ def test_a_fetch_asking_more_than_one_message_carries_is_answered_within_it(
         while got < count:
             assert time.monotonic() < deadline, f"read {got} of {count} records"
             got += len(consumer.poll(timeout_ms=1000))
+
+
+def test_a_request_over_the_channels_send_limit_fails_at_once_as_too_large(
+    one_node_cluster: LocalCluster, new_topic: TopicFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request gRPC itself refuses to send ("Sent message larger than max") fails its
+    batch at once with MessageTooLargeError, not retried as the leader shedding load until
+    delivery_timeout_ms (found from outside: a record over the gRPC limit was retried as
+    BROKER_NOT_AVAILABLE for the whole delivery timeout). The producer cannot build such a
+    request any more (max_request_size is capped below the limit), so the channel's send
+    limit is lowered here; records of other partitions still go through."""
+    options = [(k, v) for k, v in cluster_mod.GRPC_OPTIONS if k != "grpc.max_send_message_length"]
+    monkeypatch.setattr(
+        cluster_mod, "GRPC_OPTIONS", [*options, ("grpc.max_send_message_length", MiB)]
+    )
+    topic = new_topic(one_node_cluster, partitions=2)
+    for unary in (False, True):
+        with Producer(
+            one_node_cluster.bootstrap, linger_ms=50, delivery_timeout_ms=120_000
+        ) as producer:
+            if unary:
+                producer._unary_only.add(producer._client.leader_of(topic, 0))
+            started = time.monotonic()
+            big = producer.send(topic, b"\x03" * (2 * MiB), partition=0)
+            with pytest.raises(MessageTooLargeError, match="larger than"):
+                big.result(timeout=60)
+            assert time.monotonic() - started < 30
+            assert producer.send(topic, b"small", partition=1).result(timeout=60).offset >= 0

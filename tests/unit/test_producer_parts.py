@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 
+import grpc
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -14,10 +15,11 @@ from strom.api import storage_pb2
 from strom.client.accumulator import PartitionQueue, ProducerBatch
 from strom.client.futures import BatchResult, FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
-from strom.client.producer import _as_table, _chunks, _split_by_key
+from strom.client.producer import _as_table, _chunks, _split_by_key, request_too_large
+from strom.client.streams import StreamError
 from strom.client.types import RecordMetadata
 from strom.client.wire import encode_produce_request
-from strom.errors import NotLeaderError
+from strom.errors import MessageTooLargeError, NotLeaderError
 from strom.record import decode_batches, decode_records
 
 
@@ -206,3 +208,20 @@ def test_bulk_input_is_split_into_batches_and_by_key() -> None:
         _as_table([b"a", b"b"], [b"1", b"2", b"3"], None, None)
     with pytest.raises(TypeError, match="values must be bytes"):
         _as_table([1, 2], None, None, None)
+
+
+def test_a_request_over_grpcs_size_limit_is_too_large_not_load_shedding() -> None:
+    """gRPC refusing a message over its limit (ours to send, or the node's to receive) is
+    MessageTooLargeError for the request that was too large, not retried; a node shedding
+    load, or a smaller request that shared the stream, is not (and so is retried)."""
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    sent = StreamError(exhausted, "Sent message larger than max (314592720 vs. 268435456)")
+    err = request_too_large(sent, 314_000_000)
+    assert isinstance(err, MessageTooLargeError)
+    assert "314592720" in str(err) and "268435456" in str(err) and "not retried" in str(err)
+    received = StreamError(exhausted, "Received message larger than max (5000000 vs. 4194304)")
+    assert isinstance(request_too_large(received, 4_999_000), MessageTooLargeError)
+    assert request_too_large(sent, 1_000) is None  # an innocent request on the same stream
+    assert request_too_large(StreamError(exhausted, "quota exceeded"), 314_000_000) is None
+    unavailable = StreamError(grpc.StatusCode.UNAVAILABLE, sent.details())
+    assert request_too_large(unavailable, 314_000_000) is None

@@ -60,6 +60,7 @@ import math
 import operator
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -183,6 +184,36 @@ class _Shipment(NamedTuple):
     #: between separate calls (DESIGN §6, "Order on the wire"), so the leader may have seen
     #: this request first: a sequence refusal of it says nothing about the log.
     behind: bool
+
+
+_TOO_LARGE_FOR_GRPC = re.compile(r"(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
+#: A request whose batches leave this much below the limit gRPC named cannot have been the
+#: one too large (its other fields are a few dozen bytes a partition): one that shared its
+#: stream with the culprit, sent again as before.
+_REQUEST_FIELDS_BYTES = 64 * 1024
+
+
+def request_too_large(error: BaseException, batch_bytes: int) -> MessageTooLargeError | None:
+    """MessageTooLargeError when ``error`` is gRPC refusing a message over its size limit
+    (this client's "Sent message larger than max", or the node's "Received ...") and this
+    request, carrying ``batch_bytes`` of batches, is the one too large; else None.
+
+    FIX (found from outside): every RESOURCE_EXHAUSTED was taken for the leader shedding
+    load and retried as BROKER_NOT_AVAILABLE until delivery_timeout_ms, including a request
+    that no retry could ever send. Kafka fails such a record at once (RecordTooLarge)."""
+    if not isinstance(error, grpc.RpcError) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    m = _TOO_LARGE_FOR_GRPC.search(error.details() or "")
+    if m is None:
+        return None
+    limit = int(m.group(3))
+    if batch_bytes + _REQUEST_FIELDS_BYTES < limit:
+        return None
+    side = "this client's channel" if m.group(1) == "Sent" else "the node"
+    return MessageTooLargeError(
+        f"the produce request ({m.group(2)} bytes) is larger than {side} allows for a gRPC "
+        f"message ({limit} bytes): not retried; send smaller records (max_request_size)"
+    )
 
 
 class ProducerCallbackError(StromError):
@@ -1765,6 +1796,15 @@ class Producer:
                 resp = fut.result()
             except grpc.RpcError as exc:
                 error = exc
+                oversized = request_too_large(
+                    exc, sum(len(b.encoded or b"") for e in entries for b in e.batches)
+                )
+                if oversized is not None:
+                    # Never retried: the same request would be refused again, for the
+                    # whole delivery timeout (found from outside).
+                    for pq, batches, _, _ in entries:
+                        self._fail(pq, batches, oversized)
+                    return
                 if isinstance(exc, StreamError) and exc.unsent:
                     # The node read none of this request (a stream it does not know: an
                     # older version, so unary calls from now on; or a request before it on the
