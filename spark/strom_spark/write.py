@@ -39,6 +39,7 @@ from strom.errors import (
     MessageTooLargeError,
     UnknownTopicOrPartitionError,
 )
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.record.schema import HEADERS_TYPE
 from strom_spark.errors import ClusterUnavailableError, StromSparkError
 from strom_spark.options import WriteOptions
@@ -192,6 +193,7 @@ class TaskWriter:
             **opts.security.client_kwargs(),
         )
         self.futures: list[Any] = []
+        self._transactional = transactional_id is not None
         self._sticky: dict[str, int] = {}
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
@@ -291,7 +293,7 @@ class TaskWriter:
             try:
                 self.futures.append(self.producer.send_batch(topic, piece, partition=p))
             except MessageTooLargeError as exc:
-                raise self._too_large(topic, exc) from None
+                raise self._too_large(topic, exc, self._acknowledged()) from None
             self.result.rows += piece.num_rows
             k = (topic, p)
             self.result.per_partition[k] = self.result.per_partition.get(k, 0) + piece.num_rows
@@ -305,18 +307,45 @@ class TaskWriter:
             try:
                 f.result()
             except MessageTooLargeError as exc:
-                raise self._too_large(None, exc) from None
+                raise self._too_large(None, exc, self._acknowledged()) from None
         return self.result
 
-    def _too_large(self, topic: str | None, exc: MessageTooLargeError) -> StromSparkError:
-        """The producer's refusal in the Spark option's words (it names the client's
-        ``max_request_size``, which a Spark user sets as ``kafka.max.request.size``)."""
+    def _acknowledged(self) -> int:
+        """Rows of this task acknowledged so far (also of send_batch calls that failed:
+        their batches before the failed one may be written)."""
+        return sum(f.written() for f in self.futures)
+
+    def _too_large(
+        self, topic: str | None, exc: MessageTooLargeError, acked: int
+    ) -> StromSparkError:
+        """The refusal in the Spark user's words: a row over the client's
+        ``max_request_size`` (the option ``kafka.max.request.size``), or a batch the topic's
+        ``max.message.bytes`` refused (a row larger than that limit: the option cannot help);
+        and, without transactions, what of this task stays written.
+
+        FIX (found from outside): every refusal said "a row is too large ... raise
+        kafka.max.request.size", also when the topic refused a batch of rows that each fit,
+        and the abort then said "0 rows of finished tasks stay written" while this task had
+        written 191 rows before it failed."""
         where = f" for topic {topic!r}" if topic else ""
-        return StromSparkError(
-            f"strom: a row is too large{where}: {exc.message}. Raise the option "
-            f"kafka.max.request.size (now {self.opts.max_request_size} bytes); the topic's "
-            "max.message.bytes bounds a batch too"
-        )
+        if "max_request_size" in exc.message:
+            text = (
+                f"strom: a row is too large{where}: {exc.message}. Raise the option "
+                f"kafka.max.request.size (now {self.opts.max_request_size} bytes, at most "
+                f"{MAX_BATCH_BYTES}); the topic's max.message.bytes bounds a batch too"
+            )
+        else:
+            text = (
+                f"strom: the topic refused a batch{where}: {exc.message}. A row larger than "
+                "the topic's max.message.bytes cannot be written: raise that topic config "
+                f"(at most {MAX_BATCH_BYTES}) or write smaller rows"
+            )
+        if not self._transactional:
+            text += (
+                f". {acked} rows of this task were acknowledged and stay written (no "
+                "transactions: the option exactlyOnce makes a write all or nothing)"
+            )
+        return StromSparkError(text)
 
     def close(self) -> WriteResult:
         """Flush and wait for every batch's acknowledgement; raises the first failure."""

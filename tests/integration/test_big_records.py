@@ -208,3 +208,26 @@ def test_a_request_over_the_channels_send_limit_fails_at_once_as_too_large(
                 big.result(timeout=60)
             assert time.monotonic() - started < 30
             assert producer.send(topic, b"small", partition=1).result(timeout=60).offset >= 0
+
+
+def test_send_batch_with_skewed_rows_writes_every_row_the_topic_takes(
+    one_node_cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """send_batch() cuts batches by the rows' own sizes: two adjacent big rows among small
+    ones (each within the topic's max.message.bytes, not together) are all written, in order;
+    a row over max_request_size is refused before anything is queued, as send() refuses it.
+    Before, the two big rows shared one batch the topic refused (the small rows were written,
+    the big ones lost), and the oversized row was accepted."""
+    b = one_node_cluster.bootstrap
+    topic = new_topic(one_node_cluster, config={"max.message.bytes": str(MiB)})
+    big = b"\x04" * 600_000
+    values = [b"s%d" % i for i in range(100)] + [big, big] + [b"t%d" % i for i in range(100)]
+    with Producer(b, max_request_size=800 * 1024) as producer:
+        done = producer.send_batch(topic, values, partition=0).result(timeout=60)
+        assert sum(m.count for m in done) == len(values)
+        with pytest.raises(MessageTooLargeError, match="max_request_size=819200"):
+            producer.send_batch(topic, [b"s"] * 100 + [b"x" * 900_000] + [b"t"] * 100)
+    assert read_values(b, topic, len(values), arrow=True) == values
+    with Admin(b) as admin:
+        end = admin.list_offsets({TopicPartition(topic, 0): "latest"})
+    assert end[TopicPartition(topic, 0)].offset == len(values)  # nothing of the refused call

@@ -21,6 +21,7 @@ from strom.client.types import RecordMetadata
 from strom.client.wire import encode_produce_request
 from strom.errors import MessageTooLargeError, NotLeaderError
 from strom.record import decode_batches, decode_records
+from strom.record.schema import HEADERS_TYPE
 
 
 def test_futures_resolve_from_their_batch() -> None:
@@ -225,3 +226,41 @@ def test_a_request_over_grpcs_size_limit_is_too_large_not_load_shedding() -> Non
     assert request_too_large(StreamError(exhausted, "quota exceeded"), 314_000_000) is None
     unavailable = StreamError(grpc.StatusCode.UNAVAILABLE, sent.details())
     assert request_too_large(unavailable, 314_000_000) is None
+
+
+def test_bulk_input_is_split_by_the_rows_own_sizes() -> None:
+    """Skewed rows: two adjacent big rows among small ones each get a batch of their own,
+    and no batch of several rows passes the limit (found from outside: slices cut by the
+    average row size put both 9 MiB rows in one 18 MiB batch the topic refused)."""
+    big = b"B" * 9000
+    values = [b"s%d" % i for i in range(100)] + [big, big] + [b"t%d" % i for i in range(100)]
+    table = _as_table(values, None, None, None)
+    chunks = list(_chunks(table, batch_size=2000, max_size=12_000))
+    assert sum(c.num_rows for c in chunks) == 202
+    assert [v for c in chunks for v in c.column("value").to_pylist()] == values  # in order
+    for c in chunks:
+        size = sum(len(v) + 16 for v in c.column("value").to_pylist())
+        assert c.num_rows == 1 or size <= 2000, (c.num_rows, size)
+    assert sum(1 for c in chunks if c.column("value")[0].as_py() == big) == 2
+
+
+def test_a_bulk_row_over_max_request_size_is_refused_as_send_refuses_it() -> None:
+    """A single row over max_request_size among small ones is refused with send()'s error
+    (found from outside: the small average let a 5 MiB row through a 4 MiB limit); keys and
+    headers count as in send()."""
+    values = [b"s"] * 100 + [b"x" * 5000] + [b"t"] * 100
+    with pytest.raises(
+        MessageTooLargeError,
+        match=r"the record is 5016 bytes, more than "
+        r"max_request_size=4000 \(row 100",
+    ):
+        list(_chunks(_as_table(values, None, None, None), batch_size=100_000, max_size=4000))
+    headers = pa.array([None, [{"key": "h\u00e9", "value": b"v" * 1000}]], type=HEADERS_TYPE)
+    table = pa.table({"value": pa.array([b"a", b"b" * 10], pa.binary()), "headers": headers})
+    # row 1: 10 + 16 + len("hé".encode()) == 3 + 1000 == 1029 bytes
+    with pytest.raises(MessageTooLargeError, match="the record is 1029 bytes"):
+        list(_chunks(table, batch_size=100_000, max_size=1028))
+    assert [c.num_rows for c in _chunks(table, batch_size=100_000, max_size=1029)] == [1, 1]
+    keyed = _as_table([b"v" * 10], [b"k" * 20], None, None)
+    with pytest.raises(MessageTooLargeError, match="the record is 46 bytes"):
+        list(_chunks(keyed, batch_size=100, max_size=45))
