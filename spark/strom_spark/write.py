@@ -293,7 +293,7 @@ class TaskWriter:
             try:
                 self.futures.append(self.producer.send_batch(topic, piece, partition=p))
             except MessageTooLargeError as exc:
-                raise self._too_large(topic, exc, self._acknowledged()) from None
+                raise self._too_large(topic, exc, None) from None
             self.result.rows += piece.num_rows
             k = (topic, p)
             self.result.per_partition[k] = self.result.per_partition.get(k, 0) + piece.num_rows
@@ -316,12 +316,14 @@ class TaskWriter:
         return sum(f.written() for f in self.futures)
 
     def _too_large(
-        self, topic: str | None, exc: MessageTooLargeError, acked: int
+        self, topic: str | None, exc: MessageTooLargeError, acked: int | None
     ) -> StromSparkError:
         """The refusal in the Spark user's words: a row over the client's
         ``max_request_size`` (the option ``kafka.max.request.size``), or a batch the topic's
         ``max.message.bytes`` refused (a row larger than that limit: the option cannot help);
-        and, without transactions, what of this task stays written.
+        and, without transactions, what of this task stays written (``acked``: rows
+        acknowledged once everything was answered; None when refused before sending, while
+        earlier rows may still be on their way).
 
         FIX (found from outside): every refusal said "a row is too large ... raise
         kafka.max.request.size", also when the topic refused a batch of rows that each fit,
@@ -331,8 +333,8 @@ class TaskWriter:
         if "max_request_size" in exc.message:
             text = (
                 f"strom: a row is too large{where}: {exc.message}. Raise the option "
-                f"kafka.max.request.size (now {self.opts.max_request_size} bytes, at most "
-                f"{MAX_BATCH_BYTES}); the topic's max.message.bytes bounds a batch too"
+                f"kafka.max.request.size (now {self.opts.max_request_size} bytes) up to "
+                f"{MAX_BATCH_BYTES}; the topic's max.message.bytes bounds a batch too"
             )
         else:
             text = (
@@ -340,11 +342,13 @@ class TaskWriter:
                 "the topic's max.message.bytes cannot be written: raise that topic config "
                 f"(at most {MAX_BATCH_BYTES}) or write smaller rows"
             )
-        if not self._transactional:
-            text += (
-                f". {acked} rows of this task were acknowledged and stay written (no "
-                "transactions: the option exactlyOnce makes a write all or nothing)"
-            )
+        if self._transactional:
+            return StromSparkError(text)
+        if acked is None:
+            text += ". Rows of this task sent before it may be written"
+        else:
+            text += f". {acked} rows of this task were acknowledged and stay written"
+        text += " (no transactions: the option exactlyOnce makes a write all or nothing)"
         return StromSparkError(text)
 
     def close(self) -> WriteResult:
