@@ -19,6 +19,7 @@ from strom.api import storage_pb2
 from strom.client import cluster as cluster_mod
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
+from strom.devcluster.procs import wait_for
 from strom.errors import InvalidConfigError, MessageTooLargeError
 from strom.grpc_options import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from strom.record import scan_batches
@@ -231,3 +232,47 @@ def test_send_batch_with_skewed_rows_writes_every_row_the_topic_takes(
     with Admin(b) as admin:
         end = admin.list_offsets({TopicPartition(topic, 0): "latest"})
     assert end[TopicPartition(topic, 0)].offset == len(values)  # nothing of the refused call
+
+
+def test_batches_refused_after_max_message_bytes_was_lowered_are_split_and_written(
+    one_node_cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """Lowering max.message.bytes under a running idempotent producer: its batches made for
+    the old limit are refused MESSAGE_TOO_LARGE, split and sent again (as Kafka's Sender
+    does), so every record that fits alone is written, once, in order; one too large alone
+    still fails. Before, every record already batched failed (found from outside: 40 of 40
+    records of 100 KB in 4 MiB batches under a new 1 MiB limit)."""
+    b = one_node_cluster.bootstrap
+    topic = new_topic(one_node_cluster, partitions=2)
+    record = 20_000
+    with Producer(b, batch_size=400_000, linger_ms=200) as producer:
+        first = [producer.send(topic, b"a%03d" % i + bytes(record), partition=0) for i in range(20)]
+        producer.flush(timeout=60)
+        assert all(f.exception(timeout=0) is None for f in first)
+        with Admin(b) as admin:
+            admin.alter_configs(topic, set={"max.message.bytes": "100000"})
+
+        def lowered() -> bool:
+            with Producer(b, linger_ms=0) as probe:  # partition 1: the leader applies it
+                try:
+                    probe.send(topic, bytes(150_000), partition=1).result(timeout=30)
+                except MessageTooLargeError:
+                    return True
+            return False
+
+        wait_for(lowered, timeout=60, what="the leader applying the lowered limit")
+        later = [producer.send(topic, b"b%03d" % i + bytes(record), partition=0) for i in range(40)]
+        producer.flush(timeout=120)
+        failed = [f.exception(timeout=0) for f in later if f.exception(timeout=0) is not None]
+        assert not failed, failed[:2]
+        offsets = [f.result(timeout=0).offset for f in later]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 40
+        with pytest.raises(MessageTooLargeError):
+            producer.send(topic, bytes(150_000), partition=0).result(timeout=60)
+    values = read_values(b, topic, 60, arrow=True)
+    assert [v[:4] for v in values] == [b"a%03d" % i for i in range(20)] + [
+        b"b%03d" % i for i in range(40)
+    ]
+    with Admin(b) as admin:
+        end = admin.list_offsets({TopicPartition(topic, 0): "latest"})
+    assert end[TopicPartition(topic, 0)].offset == 60  # each record once

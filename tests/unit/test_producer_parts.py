@@ -264,3 +264,26 @@ def test_a_bulk_row_over_max_request_size_is_refused_as_send_refuses_it() -> Non
     keyed = _as_table([b"v" * 10], [b"k" * 20], None, None)
     with pytest.raises(MessageTooLargeError, match="the record is 46 bytes"):
         list(_chunks(keyed, batch_size=100, max_size=45))
+
+
+def test_a_split_batch_answers_each_record_with_its_parts_outcome() -> None:
+    """After a split (MESSAGE_TOO_LARGE), each record's future, callback and errback follow
+    the part holding it: the parts land at their own offsets, and a part that fails fails
+    only its own records; the batch is done once every part is."""
+    parent = BatchResult("t", 0, [1.0, 2.0, 3.0, 4.0])
+    futures = [FutureRecordMetadata(parent, i) for i in range(4)]
+    seen: list[object] = []
+    futures[0].add_callback(lambda md: seen.append(md.offset))
+    futures[3].add_errback(lambda exc: seen.append(type(exc).__name__))
+    first, second = BatchResult("t", 0, [1.0, 2.0]), BatchResult("t", 0, [3.0, 4.0])
+    parent.split([(0, first), (2, second)])
+    first.complete(100)
+    assert not futures[0].done()  # (done once every part is)
+    second.fail(MessageTooLargeError("t-0: too large"))
+    assert [f.result(timeout=0).offset for f in futures[:2]] == [100, 101]
+    assert futures[0].result(timeout=0).timestamp == 1
+    for f in futures[2:]:
+        with pytest.raises(MessageTooLargeError):
+            f.result(timeout=0)
+    assert futures[1].exception(timeout=0) is None
+    assert seen == [100, "MessageTooLargeError"]

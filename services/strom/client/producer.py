@@ -82,7 +82,7 @@ from strom.client.accumulator import (
 )
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, refused
 from strom.client.downgrades import Downgrades
-from strom.client.futures import FutureRecordMetadata
+from strom.client.futures import BatchResult, FutureRecordMetadata
 from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
@@ -558,7 +558,7 @@ class Producer:
         result: Any, index: int, callback: Callable[[Any, BaseException | None], object]
     ) -> None:
         def done() -> None:
-            err = result.error
+            err = result.error_of(index)
             callback(None if err else result.metadata(index), err)
 
         result.on_delivery(done)  # runs before the record's future is done (BatchResult)
@@ -1934,6 +1934,10 @@ class Producer:
                 for b in batches:
                     b.attempts = max(b.attempts, 1)
                 self._requeue(pq, batches, now)
+            elif r.error_code == common_pb2.ErrorCode.MESSAGE_TOO_LARGE and self._split(
+                pq, batches[0], now
+            ):
+                pass  # its parts go again in its place, with its sequence numbers
             else:
                 err = error_for(r.error_code, r.error_message or f"{pq.topic}-{pq.partition}")
                 if r.error_code == common_pb2.ErrorCode.MESSAGE_TOO_LARGE:
@@ -1959,6 +1963,50 @@ class Producer:
                 self._fail(pq, batches, err)
         if self._fatal is not None:
             self._fail_all(self._fatal)
+
+    def _split(self, pq: PartitionQueue, b: ProducerBatch, now: float) -> bool:
+        """A batch of several records the leader refused as MESSAGE_TOO_LARGE (the topic's
+        max.message.bytes was lowered after it was made): split it in two halves that take
+        its place in the queue and are sent again, as Kafka's Sender does
+        (``splitAndReenqueue``); a half still too large is split again, down to a single
+        record, which alone fails. False (not split) for a single record, a bulk
+        (send_batch) batch, or one an earlier attempt may have written.
+
+        Safe with idempotence: the leader appended nothing of the refused batch, and every
+        batch behind it waits (or is refused for the gap) until it is settled, so the halves
+        take its sequence numbers (first half from its base sequence, second half after
+        it), as Kafka re-sequences split batches; the batches behind keep theirs.
+
+        FIX (found from outside): lowering max.message.bytes while a producer ran failed
+        every record already batched (40 of 40 records of 100 KB in 4 MiB batches under a
+        new 1 MiB limit), although each fit."""
+        if b.count < 2 or b.arrow is not None or b.maybe_written:
+            return False
+        half = b.count // 2
+        parts = [_part_of(b, 0, half), _part_of(b, half, b.count)]
+        parts[1].limit = b.limit - parts[0].limit  # (what b reserved, shared out)
+        if b.base_sequence >= 0:
+            parts[1].base_sequence = (b.base_sequence + half) & _SEQ_MASK
+        with self._lock:
+            try:
+                at = pq.batches.index(b)
+            except ValueError:
+                return False  # already failed by close()
+            del pq.batches[at]
+            pq.batches.insert(at, parts[1])
+            pq.batches.insert(at, parts[0])
+            pq.in_flight = max(pq.in_flight - 1, 0)
+            pq.retrying = True
+            pq.retry_at = min(pq.retry_at, now) if pq.retry_at > now else pq.retry_at
+        b.result.split([(0, parts[0].result), (half, parts[1].result)])
+        self._metadata.mark_stale(pq.topic)  # batches opened from now on learn the limit
+        log.info(
+            "%s-%d: a batch of %d records was refused as too large: sent again in two",
+            pq.topic,
+            pq.partition,
+            b.count,
+        )
+        return True
 
     def _acked(self, pq: PartitionQueue, batches: list[ProducerBatch]) -> None:
         """Acknowledged: a batch that failed "may have been written" before these is in the
@@ -2473,6 +2521,39 @@ def _chunks(table: pa.Table, batch_size: int, max_size: int) -> Iterable[pa.Tabl
         out.append(table.slice(start, end - start))
         start = end
     return out
+
+
+def _part_of(b: ProducerBatch, start: int, end: int) -> ProducerBatch:
+    """Records ``start`` to ``end`` of a (closed, non-bulk) batch as a closed batch of its own,
+    with the same creation time (the delivery timeout still counts from the records' send),
+    attempts and base sequence (the caller moves the second part's). Per-record Python: only
+    on the rare split after a MESSAGE_TOO_LARGE, never on the produce path."""
+    part = ProducerBatch(b.topic, b.partition)
+    part.topic_id = b.topic_id
+    part.values = b.values[start:end]
+    part.keys = b.keys[start:end]
+    if b.headers is not None:
+        part.headers = b.headers[start:end]
+    part.has_keys = any(k is not None for k in part.keys)
+    part.timestamps = b.timestamps[start:end]
+    part.result = BatchResult(b.topic, b.partition, part.timestamps)
+    part.count = end - start
+    part.size = sum(
+        RECORD_OVERHEAD
+        + (len(v) if v is not None else 0)
+        + (len(k) if k is not None else 0)
+        + sum(len(hk.encode()) + len(hv or b"") for hk, hv in (h or ()))
+        for v, k, h in zip(
+            part.values, part.keys, part.headers or itertools.repeat(None), strict=False
+        )
+    )
+    part.limit = part.size
+    part.max_size = b.max_size
+    part.created = b.created
+    part.closed = True
+    part.attempts = b.attempts
+    part.base_sequence = b.base_sequence
+    return part
 
 
 class BulkFuture(Future):  # type: ignore[type-arg]
