@@ -15,11 +15,11 @@ from strom.api import storage_pb2
 from strom.client.accumulator import PartitionQueue, ProducerBatch
 from strom.client.futures import BatchResult, FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
-from strom.client.producer import _as_table, _chunks, _split_by_key, request_too_large
+from strom.client.producer import Producer, _as_table, _chunks, _split_by_key, request_too_large
 from strom.client.streams import StreamError
 from strom.client.types import RecordMetadata
 from strom.client.wire import encode_produce_request
-from strom.errors import MessageTooLargeError, NotLeaderError
+from strom.errors import MessageSizeTooLargeError, MessageTooLargeError, NotLeaderError
 from strom.record import decode_batches, decode_records
 from strom.record.schema import HEADERS_TYPE
 
@@ -287,3 +287,17 @@ def test_a_split_batch_answers_each_record_with_its_parts_outcome() -> None:
             f.result(timeout=0)
     assert futures[1].exception(timeout=0) is None
     assert seen == [100, "MessageTooLargeError"]
+
+
+def test_a_record_larger_than_buffer_memory_is_refused_at_once() -> None:
+    """As Kafka's RecordTooLargeException: the producer's whole buffer could never hold it
+    (found from outside: it was taken). send_batch() refuses such a row the same way; and
+    kafka-python's MessageSizeTooLargeError name catches it."""
+    with Producer("127.0.0.1:1", buffer_memory=1000, max_block_ms=0) as producer:
+        producer._counts["t"] = 1  # (no cluster: the topic's partition count, known)
+        with pytest.raises(MessageSizeTooLargeError, match=r"more than buffer_memory=1000"):
+            producer.send("t", b"x" * 5000)
+    values = [b"s"] * 10 + [b"x" * 5000]
+    with pytest.raises(MessageTooLargeError, match=r"5016 bytes, more than buffer_memory=1000"):
+        list(_chunks(_as_table(values, None, None, None), 100_000, 1 << 20, 1000))
+    assert MessageSizeTooLargeError is MessageTooLargeError

@@ -510,10 +510,8 @@ class Producer:
             size += sum(len(h.encode()) + len(v or b"") for h, v in headers)  # UTF-8 bytes
         else:
             headers = None
-        if size > self.max_request_size:
-            raise MessageTooLargeError(
-                f"the record is {size} bytes, more than max_request_size={self.max_request_size}"
-            )
+        if size > self.max_request_size or size > self.buffer_memory:
+            raise _record_too_large(size, self.max_request_size, self.buffer_memory)
         if timestamp_ms is None:
             stamp: float | int = _time() * 1000.0  # ms; floored when encoded (a float is cheaper)
         else:
@@ -692,7 +690,9 @@ class Producer:
         chunks: list[ProducerBatch] = []
         topic_id = self._metadata.topic_id(topic)
         for p, t in groups:
-            for chunk in _chunks(t, self._batch_bytes(topic), self.max_request_size):
+            for chunk in _chunks(
+                t, self._batch_bytes(topic), self.max_request_size, self.buffer_memory
+            ):
                 if p < 0:
                     part = self._sticky.get(topic)
                     if part is None or part >= n:
@@ -2489,10 +2489,27 @@ def _lengths(column: Any) -> np.ndarray:
     return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _chunks(table: pa.Table, batch_size: int, max_size: int) -> Iterable[pa.Table]:
+def _record_too_large(size: int, max_request_size: int, buffer_memory: int) -> MessageTooLargeError:
+    """What ``send()`` (and ``send_batch()``, per row) raises for a record it never sends:
+    over max_request_size, or over buffer_memory, which could never hold it. FIX (found from
+    outside): a record larger than buffer_memory was taken (Kafka refuses it at once, its
+    RecordTooLargeException)."""
+    if size > max_request_size:
+        return MessageTooLargeError(
+            f"the record is {size} bytes, more than max_request_size={max_request_size}"
+        )
+    return MessageTooLargeError(
+        f"the record is {size} bytes, more than buffer_memory={buffer_memory} (the producer's "
+        "whole buffer could never hold it)"
+    )
+
+
+def _chunks(
+    table: pa.Table, batch_size: int, max_size: int, buffer_memory: int | None = None
+) -> Iterable[pa.Table]:
     """Zero-copy slices of at most ``min(batch_size, max_size)`` bytes by the rows' own sizes
-    (a larger row alone); a row over ``max_size`` raises what ``send()`` raises for it,
-    before any slice is made.
+    (a larger row alone); a row over ``max_size`` (or ``buffer_memory``) raises what
+    ``send()`` raises for it, before any slice is made.
 
     FIX (found from outside): slices were cut by the *average* row size, so two adjacent
     9 MiB rows among small ones made one 18 MiB batch the topic refused (while each row
@@ -2502,13 +2519,12 @@ def _chunks(table: pa.Table, batch_size: int, max_size: int) -> Iterable[pa.Tabl
     if n == 0:
         return []
     sizes = _row_sizes(table)
-    too_big = np.flatnonzero(sizes > max_size)
+    memory = max_size if buffer_memory is None else buffer_memory
+    too_big = np.flatnonzero(sizes > min(max_size, memory))
     if len(too_big):
         i = int(too_big[0])
-        raise MessageTooLargeError(
-            f"the record is {int(sizes[i])} bytes, more than max_request_size={max_size} "
-            f"(row {i}; {len(too_big)} such rows)"
-        )
+        err = _record_too_large(int(sizes[i]), max_size, memory)
+        raise MessageTooLargeError(f"{err.message} (row {i}; {len(too_big)} such rows)")
     limit = max(min(batch_size, max_size), 1)
     if int(sizes.sum()) <= limit:
         return [table]
