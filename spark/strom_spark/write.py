@@ -187,6 +187,9 @@ class TaskWriter:
             request_timeout_ms=opts.request_timeout_ms,
             delivery_timeout_ms=opts.delivery_timeout_ms,
             max_request_size=opts.max_request_size,
+            # (room for the largest row kafka.max.request.size allows: a row over the whole
+            # buffer is refused, and the sink has no option for the buffer)
+            buffer_memory=max(64 << 20, opts.max_request_size),
             client_id=opts.client_id,
             transactional_id=transactional_id,
             transaction_timeout_ms=opts.transaction_timeout_ms,

@@ -12,16 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import grpc
 import pytest
 
 from strom import Admin, Consumer, Producer, TopicPartition
-from strom.api import storage_pb2
+from strom.api import records_pb2, records_pb2_grpc, storage_pb2
 from strom.client import cluster as cluster_mod
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import InvalidConfigError, MessageTooLargeError
-from strom.grpc_options import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
+from strom.grpc_options import GRPC_OPTIONS, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from strom.record import scan_batches
 
 pytestmark = pytest.mark.integration
@@ -56,13 +57,34 @@ def test_a_batch_over_64_mib_the_cluster_acknowledged_is_read_by_poll_and_poll_a
     b = one_node_cluster.bootstrap
     topic = new_topic(one_node_cluster, config={"max.message.bytes": str(128 * MiB)})
     big = b"\x01" * (65 * MiB)
-    with Producer(b, max_request_size=128 * MiB, linger_ms=0) as producer:
+    with Producer(b, max_request_size=128 * MiB, buffer_memory=256 * MiB, linger_ms=0) as producer:
         producer.send(topic, big).result(timeout=120)
         producer.send(topic, b"after").result(timeout=120)
     for arrow in (False, True):
         values = read_values(b, topic, 2, arrow=arrow)
         assert len(values[0]) == len(big) and values[0] == big
         assert values[1] == b"after"
+    assert subscribed_values(one_node_cluster, topic, 2) == [big, b"after"]
+
+
+def subscribed_values(cluster: LocalCluster, topic: str, count: int) -> list[bytes]:
+    """The first ``count`` values of ``topic`` read through the records API's Subscribe
+    (what the Node.js and other gRPC clients use), with strom's channel limits."""
+    out: list[bytes] = []
+    with grpc.insecure_channel(cluster.nodes[0].address, options=list(GRPC_OPTIONS)) as ch:
+        stream = records_pb2_grpc.RecordServiceStub(ch).Subscribe(
+            records_pb2.SubscribeRequest(topics=[topic], start=records_pb2.START_POSITION_EARLIEST),
+            timeout=120,
+        )
+        try:
+            for msg in stream:
+                if msg.WhichOneof("event") == "records":
+                    out.extend(msg.records.records.values)
+                    if len(out) >= count:
+                        break
+        finally:
+            stream.cancel()
+    return out
 
 
 def test_max_message_bytes_above_what_a_fetch_answer_carries_is_refused(
