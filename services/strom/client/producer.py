@@ -1806,9 +1806,20 @@ class Producer:
                 )
                 if oversized is not None:
                     # Never retried: the same request would be refused again, for the
-                    # whole delivery timeout (found from outside).
-                    for pq, batches, _, _ in entries:
-                        self._fail(pq, batches, oversized)
+                    # whole delivery timeout (found from outside). Only the partitions too
+                    # large on their own fail (all, if none is); the others rode along, were
+                    # not sent either, and go again.
+                    now = time.monotonic()
+                    alone = {
+                        id(e)
+                        for e in entries
+                        if request_too_large(exc, sum(len(b.encoded or b"") for b in e.batches))
+                    }
+                    for e in entries:
+                        if not alone or id(e) in alone:
+                            self._fail(e.pq, e.batches, oversized)
+                        else:
+                            self._requeue(e.pq, e.batches, now)
                     return
                 if isinstance(exc, StreamError) and exc.unsent:
                     # The node read none of this request (a stream it does not know: an
