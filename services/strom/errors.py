@@ -347,6 +347,11 @@ class MessageTooLargeError(StromError):
     default_code = ErrorCode.MESSAGE_TOO_LARGE
 
 
+#: kafka-python's name for it (``kafka.errors.MessageSizeTooLargeError``, error code 10), so
+#: that code ported from kafka-python catches strom's oversized records unchanged.
+MessageSizeTooLargeError = MessageTooLargeError
+
+
 class InvalidRecordError(StromError):
     """INVALID_RECORD: a batch breaks a rule of the log (a producer's control batch, a
     transactional batch without a producer id)."""

@@ -10,6 +10,15 @@ from typing import Any
 
 #: Large enough for several 1 MiB batches per partition in one request.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: What a Fetch answer (or a follower's replication answer) spends beside one batch's bytes:
+#: the partition's fields, its aborted-transaction list, the node endpoints. Nodes keep their
+#: answers this far below MAX_MESSAGE_BYTES (strom.storage.fetch_rpcs).
+FETCH_ANSWER_OVERHEAD_BYTES = 1 << 20
+#: The largest batch strom accepts (the ceiling of ``max.message.bytes`` and of the
+#: producer's ``max_request_size``): one such batch must fit in a Fetch answer with its
+#: overhead, or every reader of the partition would be stuck on it. One limit end to end:
+#: what the cluster acknowledges, its readers can read.
+MAX_BATCH_BYTES = MAX_MESSAGE_BYTES - FETCH_ANSWER_OVERHEAD_BYTES
 GRPC_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

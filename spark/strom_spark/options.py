@@ -20,6 +20,7 @@ from typing import Any
 
 from strom.client.cluster import BOOTSTRAP_ENV, parse_bootstrap
 from strom.client.types import TopicPartition
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.security.channel import ChannelSecurity, client_security
 from strom_spark.errors import OptionError
 
@@ -303,6 +304,18 @@ def _int(opts: _Options, name: str, default: int | None, minimum: int) -> int | 
         raise OptionError(f"option {name} must be an integer, got {raw!r}") from None
     if value < minimum:
         raise OptionError(f"option {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _max_request_size(opts: _Options) -> int:
+    """``kafka.max.request.size``, refused above the largest batch strom takes (the
+    producer would refuse it on every executor, as a traceback per task)."""
+    value = _int(opts, "kafka.max.request.size", 1024 * 1024, 1024) or 1024 * 1024
+    if value > MAX_BATCH_BYTES:
+        raise OptionError(
+            f"option kafka.max.request.size must be <= {MAX_BATCH_BYTES} (the largest batch "
+            f"a strom Fetch answer can carry), got {value}"
+        )
     return value
 
 
@@ -635,7 +648,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         compression=compression,
         request_timeout_ms=_int(opts, "kafka.request.timeout.ms", 30_000, 1) or 30_000,
         delivery_timeout_ms=_int(opts, "kafka.delivery.timeout.ms", 120_000, 1) or 120_000,
-        max_request_size=_int(opts, "kafka.max.request.size", 1024 * 1024, 1024) or 1024 * 1024,
+        max_request_size=_max_request_size(opts),
         client_id=opts.get("kafka.client.id") or "strom-spark-writer",
         exactly_once=exactly_once,
         transactional_id_prefix=prefix,

@@ -519,8 +519,10 @@ class StromBatchWriter(DataSourceArrowWriter):
                 rows,
             )
             return
+        # (a failed task sends no message: its error says how many of its rows stay written)
         log.warning(
-            "strom: write aborted; %d rows of finished tasks stay written (no transactions)",
+            "strom: write aborted; %d rows of finished tasks stay written, and failed tasks' "
+            "rows acknowledged before they failed too, as their errors say (no transactions)",
             rows,
         )
 

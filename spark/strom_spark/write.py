@@ -39,6 +39,7 @@ from strom.errors import (
     MessageTooLargeError,
     UnknownTopicOrPartitionError,
 )
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.record.schema import HEADERS_TYPE
 from strom_spark.errors import ClusterUnavailableError, StromSparkError
 from strom_spark.options import WriteOptions
@@ -186,12 +187,16 @@ class TaskWriter:
             request_timeout_ms=opts.request_timeout_ms,
             delivery_timeout_ms=opts.delivery_timeout_ms,
             max_request_size=opts.max_request_size,
+            # (room for the largest row kafka.max.request.size allows: a row over the whole
+            # buffer is refused, and the sink has no option for the buffer)
+            buffer_memory=max(64 << 20, opts.max_request_size),
             client_id=opts.client_id,
             transactional_id=transactional_id,
             transaction_timeout_ms=opts.transaction_timeout_ms,
             **opts.security.client_kwargs(),
         )
         self.futures: list[Any] = []
+        self._transactional = transactional_id is not None
         self._sticky: dict[str, int] = {}
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
@@ -291,7 +296,7 @@ class TaskWriter:
             try:
                 self.futures.append(self.producer.send_batch(topic, piece, partition=p))
             except MessageTooLargeError as exc:
-                raise self._too_large(topic, exc) from None
+                raise self._too_large(topic, exc, None) from None
             self.result.rows += piece.num_rows
             k = (topic, p)
             self.result.per_partition[k] = self.result.per_partition.get(k, 0) + piece.num_rows
@@ -305,18 +310,49 @@ class TaskWriter:
             try:
                 f.result()
             except MessageTooLargeError as exc:
-                raise self._too_large(None, exc) from None
+                raise self._too_large(None, exc, self._acknowledged()) from None
         return self.result
 
-    def _too_large(self, topic: str | None, exc: MessageTooLargeError) -> StromSparkError:
-        """The producer's refusal in the Spark option's words (it names the client's
-        ``max_request_size``, which a Spark user sets as ``kafka.max.request.size``)."""
+    def _acknowledged(self) -> int:
+        """Rows of this task acknowledged so far (also of send_batch calls that failed:
+        their batches before the failed one may be written)."""
+        return sum(f.written() for f in self.futures)
+
+    def _too_large(
+        self, topic: str | None, exc: MessageTooLargeError, acked: int | None
+    ) -> StromSparkError:
+        """The refusal in the Spark user's words: a row over the client's
+        ``max_request_size`` (the option ``kafka.max.request.size``), or a batch the topic's
+        ``max.message.bytes`` refused (a row larger than that limit: the option cannot help);
+        and, without transactions, what of this task stays written (``acked``: rows
+        acknowledged once everything was answered; None when refused before sending, while
+        earlier rows may still be on their way).
+
+        FIX (found from outside): every refusal said "a row is too large ... raise
+        kafka.max.request.size", also when the topic refused a batch of rows that each fit,
+        and the abort then said "0 rows of finished tasks stay written" while this task had
+        written 191 rows before it failed."""
         where = f" for topic {topic!r}" if topic else ""
-        return StromSparkError(
-            f"strom: a row is too large{where}: {exc.message}. Raise the option "
-            f"kafka.max.request.size (now {self.opts.max_request_size} bytes); the topic's "
-            "max.message.bytes bounds a batch too"
-        )
+        if "max_request_size" in exc.message:
+            text = (
+                f"strom: a row is too large{where}: {exc.message}. Raise the option "
+                f"kafka.max.request.size (now {self.opts.max_request_size} bytes) up to "
+                f"{MAX_BATCH_BYTES}; the topic's max.message.bytes bounds a batch too"
+            )
+        else:
+            text = (
+                f"strom: the topic refused a batch{where}: {exc.message}. A row larger than "
+                "the topic's max.message.bytes cannot be written: raise that topic config "
+                f"(at most {MAX_BATCH_BYTES}) or write smaller rows"
+            )
+        if self._transactional:
+            return StromSparkError(text)
+        if acked is None:
+            text += ". Rows of this task sent before it may be written"
+        else:
+            text += f". {acked} rows of this task were acknowledged and stay written"
+        text += " (no transactions: the option exactlyOnce makes a write all or nothing)"
+        return StromSparkError(text)
 
     def close(self) -> WriteResult:
         """Flush and wait for every batch's acknowledgement; raises the first failure."""

@@ -137,6 +137,23 @@ def test_produce_sends_what_the_topic_allows_and_names_the_failing_line(bootstra
     ).stdout
     # The failed run sent the line before the big one, and nothing after it.
     assert got == b"0:first\n1:first\n2:xxxxx\n3:last\n"
+    # A record over the producer's whole buffer is refused at once, naming the property.
+    small_buffer = strom(
+        "produce",
+        "op-big",
+        "-b",
+        bootstrap,
+        "--producer-property",
+        "max.request.size=16777216",
+        "--producer-property",
+        "buffer.memory=1048576",
+        stdin=big + b"\n",
+        check=False,
+    )
+    assert small_buffer.returncode == 1
+    line = _one_error_line(small_buffer.stderr)
+    assert "more than buffer_memory=1048576" in line, line
+    assert "--producer-property buffer.memory=BYTES" in line, line
 
 
 def test_reset_to_an_offset_past_the_end_says_so(bootstrap: str) -> None:

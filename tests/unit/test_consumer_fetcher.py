@@ -27,6 +27,7 @@ from strom.client.fetcher import (
     corrupt_batches,
     decode_bodies,
     parse_fetch_response,
+    unreadable_batch_error,
 )
 from strom.client.offsets import LeaderMap, PartitionLeader
 from strom.client.types import TopicPartition
@@ -34,6 +35,7 @@ from strom.devcluster.procs import wait_for
 from strom.errors import (
     CorruptMessageError,
     ErrorCode,
+    MessageTooLargeError,
     NotLeaderError,
     OffsetOutOfRangeError,
     StorageError,
@@ -48,6 +50,7 @@ from strom.record import (
     encode_batch,
     small_body,
 )
+from strom.record import codecs as codecs_mod
 from strom.storage.wire import FetchPartitionOut, FetchTopicOut, encode_fetch_response
 from tests.unit.reframe import rebuild
 
@@ -240,6 +243,46 @@ def test_a_corrupt_batch_is_caught_when_drained() -> None:
         cf.take_records(pos, 5)
     with pytest.raises(InvalidBatchError, match="CRC"):
         cf.take_arrow(pos, 5, _Constants())
+
+
+def test_a_batch_over_the_readers_limit_is_too_large_not_corrupt() -> None:
+    """A well-formed batch longer than the reader decodes says so (MessageTooLargeError with
+    the limit, the offset, and the offset to seek to), not "corrupt" (found from outside:
+    CORRUPT_MESSAGE "... exceeds the maximum of 67108864" sent users looking for damage)."""
+    raw = encode_batch([b"x" * 1000, b"y"], base_offset=7)
+    with pytest.raises(InvalidBatchError) as caught:
+        decode_batches(raw, max_batch_bytes=500)
+    assert caught.value.too_large and caught.value.next_offset == 9
+    err = unreadable_batch_error(TP, 7, caught.value)
+    assert isinstance(err, MessageTooLargeError) and not isinstance(err, CorruptMessageError)
+    msg = str(err)
+    assert "t-0 at offset 7" in msg and "too large for this reader" in msg
+    assert "the limit is 500 bytes" in msg and "seek to offset 9" in msg
+    assert "corrupt" not in msg.lower()
+
+
+def test_a_body_decompressing_past_the_bound_is_too_large_with_where_to_skip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compressed body over the decompression bound (a bomb a non-strom client wrote) is
+    raised when drained as too large, naming the offset after its batch; the batch before
+    it is returned first (found from outside: "zstd body decompresses to more than ..."
+    came as CORRUPT_MESSAGE without saying where to skip)."""
+    monkeypatch.setattr(codecs_mod, "MAX_DECOMPRESSED_BYTES", 1 << 16)
+    raw = batches((0, 3)) + encode_batch([bytes(1 << 20)], base_offset=3, compression="zstd")
+    assert len(raw) < 1 << 12  # tiny on the wire
+    cf = completed(raw)
+    recs, pos = cf.take_records(0, 10)
+    assert len(recs) == 3 and pos == 3
+    with pytest.raises(InvalidBatchError) as caught:
+        cf.take_records(pos, 10)
+    assert caught.value.too_large and caught.value.next_offset == 4
+    err = unreadable_batch_error(TP, pos, caught.value)
+    assert isinstance(err, MessageTooLargeError)
+    assert "seek to offset 4" in str(err) and str(1 << 16) in str(err)
+    # something broken stays CorruptMessageError
+    bad = unreadable_batch_error(TP, 0, InvalidBatchError("CRC-32C mismatch"))
+    assert isinstance(bad, CorruptMessageError) and "seek past it" in str(bad)
 
 
 def test_a_corrupt_batch_found_on_arrival_is_raised_only_when_drained() -> None:

@@ -10,8 +10,10 @@ import pytest
 from strom.api import controller_pb2 as pb
 from strom.controller.configs import apply_config_ops, describe_topic_configs
 from strom.errors import InvalidConfigError
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.log import CONFIG_KEYS, ConfigError, LogConfig, validate_configs
 from strom.log.config import NOT_APPLICABLE, parse_value
+from strom.storage.assignment import log_config
 
 LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1
@@ -199,7 +201,10 @@ def test_the_issues_configs_are_accepted_and_parsed() -> None:
         ("message.timestamp.after.max.ms", "1h", "expected int"),
         ("file.delete.delay.ms", "-1", "must be >= 0"),
         ("preallocate", "yes", "expected bool"),
-        ("max.message.bytes", str(INT_MAX + 1), "INT"),
+        ("max.message.bytes", str(INT_MAX + 1), "must be in [64, 267386880]"),
+        # (above this no Fetch answer can carry the batch; it was accepted up to INT_MAX)
+        ("max.message.bytes", str(267386881), "largest batch a Fetch answer can carry"),
+        ("max.message.bytes", "63", "must be in [64, 267386880]"),
         ("compression.type", "brotli", "uncompressed"),
     ],
 )
@@ -253,3 +258,10 @@ def test_describe_lists_every_applied_config_with_its_source() -> None:
     for name in APPLIED - {"min.cleanable.dirty.ratio"}:
         assert entries[name].source == pb.CONFIG_SOURCE_DEFAULT, name
         assert entries[name].value == STROM_DEFAULTS.get(name, KAFKA_4_TOPIC_CONFIGS[name])
+
+
+def test_a_stored_max_message_bytes_above_the_bound_is_applied_as_the_bound() -> None:
+    """A value stored before the bound existed is applied as the bound by the nodes, not
+    dropped for the 16 MiB default (which would refuse what the topic's producers send)."""
+    assert log_config({"max.message.bytes": str(1 << 30)}).max_message_bytes == MAX_BATCH_BYTES
+    assert log_config({"max.message.bytes": "1000"}).max_message_bytes == 1000

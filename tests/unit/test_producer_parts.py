@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 
+import grpc
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -14,11 +15,13 @@ from strom.api import storage_pb2
 from strom.client.accumulator import PartitionQueue, ProducerBatch
 from strom.client.futures import BatchResult, FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
-from strom.client.producer import _as_table, _chunks, _split_by_key
+from strom.client.producer import Producer, _as_table, _chunks, _split_by_key, request_too_large
+from strom.client.streams import StreamError
 from strom.client.types import RecordMetadata
 from strom.client.wire import encode_produce_request
-from strom.errors import NotLeaderError
+from strom.errors import MessageSizeTooLargeError, MessageTooLargeError, NotLeaderError
 from strom.record import decode_batches, decode_records
+from strom.record.schema import HEADERS_TYPE
 
 
 def test_futures_resolve_from_their_batch() -> None:
@@ -206,3 +209,95 @@ def test_bulk_input_is_split_into_batches_and_by_key() -> None:
         _as_table([b"a", b"b"], [b"1", b"2", b"3"], None, None)
     with pytest.raises(TypeError, match="values must be bytes"):
         _as_table([1, 2], None, None, None)
+
+
+def test_a_request_over_grpcs_size_limit_is_too_large_not_load_shedding() -> None:
+    """gRPC refusing a message over its limit (ours to send, or the node's to receive) is
+    MessageTooLargeError for the request that was too large, not retried; a node shedding
+    load, or a smaller request that shared the stream, is not (and so is retried)."""
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    sent = StreamError(exhausted, "Sent message larger than max (314592720 vs. 268435456)")
+    err = request_too_large(sent, 314_000_000)
+    assert isinstance(err, MessageTooLargeError)
+    assert "314592720" in str(err) and "268435456" in str(err) and "not retried" in str(err)
+    received = StreamError(exhausted, "Received message larger than max (5000000 vs. 4194304)")
+    assert isinstance(request_too_large(received, 4_999_000), MessageTooLargeError)
+    assert request_too_large(sent, 1_000) is None  # an innocent request on the same stream
+    assert request_too_large(StreamError(exhausted, "quota exceeded"), 314_000_000) is None
+    unavailable = StreamError(grpc.StatusCode.UNAVAILABLE, sent.details())
+    assert request_too_large(unavailable, 314_000_000) is None
+
+
+def test_bulk_input_is_split_by_the_rows_own_sizes() -> None:
+    """Skewed rows: two adjacent big rows among small ones each get a batch of their own,
+    and no batch of several rows passes the limit (found from outside: slices cut by the
+    average row size put both 9 MiB rows in one 18 MiB batch the topic refused)."""
+    big = b"B" * 9000
+    values = [b"s%d" % i for i in range(100)] + [big, big] + [b"t%d" % i for i in range(100)]
+    table = _as_table(values, None, None, None)
+    chunks = list(_chunks(table, batch_size=2000, max_size=12_000))
+    assert sum(c.num_rows for c in chunks) == 202
+    assert [v for c in chunks for v in c.column("value").to_pylist()] == values  # in order
+    for c in chunks:
+        size = sum(len(v) + 16 for v in c.column("value").to_pylist())
+        assert c.num_rows == 1 or size <= 2000, (c.num_rows, size)
+    assert sum(1 for c in chunks if c.column("value")[0].as_py() == big) == 2
+
+
+def test_a_bulk_row_over_max_request_size_is_refused_as_send_refuses_it() -> None:
+    """A single row over max_request_size among small ones is refused with send()'s error
+    (found from outside: the small average let a 5 MiB row through a 4 MiB limit); keys and
+    headers count as in send()."""
+    values = [b"s"] * 100 + [b"x" * 5000] + [b"t"] * 100
+    with pytest.raises(
+        MessageTooLargeError,
+        match=r"the record is 5016 bytes, more than "
+        r"max_request_size=4000 \(row 100",
+    ):
+        list(_chunks(_as_table(values, None, None, None), batch_size=100_000, max_size=4000))
+    headers = pa.array([None, [{"key": "h\u00e9", "value": b"v" * 1000}]], type=HEADERS_TYPE)
+    table = pa.table({"value": pa.array([b"a", b"b" * 10], pa.binary()), "headers": headers})
+    # row 1: 10 + 16 + len("hé".encode()) == 3 + 1000 == 1029 bytes
+    with pytest.raises(MessageTooLargeError, match="the record is 1029 bytes"):
+        list(_chunks(table, batch_size=100_000, max_size=1028))
+    assert [c.num_rows for c in _chunks(table, batch_size=100_000, max_size=1029)] == [1, 1]
+    keyed = _as_table([b"v" * 10], [b"k" * 20], None, None)
+    with pytest.raises(MessageTooLargeError, match="the record is 46 bytes"):
+        list(_chunks(keyed, batch_size=100, max_size=45))
+
+
+def test_a_split_batch_answers_each_record_with_its_parts_outcome() -> None:
+    """After a split (MESSAGE_TOO_LARGE), each record's future, callback and errback follow
+    the part holding it: the parts land at their own offsets, and a part that fails fails
+    only its own records; the batch is done once every part is."""
+    parent = BatchResult("t", 0, [1.0, 2.0, 3.0, 4.0])
+    futures = [FutureRecordMetadata(parent, i) for i in range(4)]
+    seen: list[object] = []
+    futures[0].add_callback(lambda md: seen.append(md.offset))
+    futures[3].add_errback(lambda exc: seen.append(type(exc).__name__))
+    first, second = BatchResult("t", 0, [1.0, 2.0]), BatchResult("t", 0, [3.0, 4.0])
+    parent.split([(0, first), (2, second)])
+    first.complete(100)
+    assert not futures[0].done()  # (done once every part is)
+    second.fail(MessageTooLargeError("t-0: too large"))
+    assert [f.result(timeout=0).offset for f in futures[:2]] == [100, 101]
+    assert futures[0].result(timeout=0).timestamp == 1
+    for f in futures[2:]:
+        with pytest.raises(MessageTooLargeError):
+            f.result(timeout=0)
+    assert futures[1].exception(timeout=0) is None
+    assert seen == [100, "MessageTooLargeError"]
+
+
+def test_a_record_larger_than_buffer_memory_is_refused_at_once() -> None:
+    """As Kafka's RecordTooLargeException: the producer's whole buffer could never hold it
+    (found from outside: it was taken). send_batch() refuses such a row the same way; and
+    kafka-python's MessageSizeTooLargeError name catches it."""
+    with Producer("127.0.0.1:1", buffer_memory=1000, max_block_ms=0) as producer:
+        producer._counts["t"] = 1  # (no cluster: the topic's partition count, known)
+        with pytest.raises(MessageSizeTooLargeError, match=r"more than buffer_memory=1000"):
+            producer.send("t", b"x" * 5000)
+    values = [b"s"] * 10 + [b"x" * 5000]
+    with pytest.raises(MessageTooLargeError, match=r"5016 bytes, more than buffer_memory=1000"):
+        list(_chunks(_as_table(values, None, None, None), 100_000, 1 << 20, 1000))
+    assert MessageSizeTooLargeError is MessageTooLargeError

@@ -364,6 +364,8 @@ def _at_line(exc: StromError, number: int, sent: str) -> StromError:
     hint = ""
     if isinstance(exc, MessageTooLargeError) and "max_request_size" in exc.message:
         hint = " (raise the limit with --producer-property max.request.size=BYTES)"
+    elif isinstance(exc, MessageTooLargeError) and "buffer_memory" in exc.message:
+        hint = " (raise the buffer with --producer-property buffer.memory=BYTES)"
     message = f"line {number}: {exc.message}{hint}; {sent}"
     try:
         err = copy.copy(exc)

@@ -56,6 +56,7 @@ from strom.errors import (  # IllegalStateError, NoOffsetForPartitionError: re-e
     RequestTimedOutError,
     StromError,
 )
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.record import Record
 from strom.security.channel import client_security
 
@@ -358,8 +359,9 @@ class Consumer:
             reset_policy=auto_offset_reset,
             min_bytes=fetch_min_bytes,
             max_wait_ms=fetch_max_wait_ms,
-            max_bytes=fetch_max_bytes,
-            partition_max_bytes=max_partition_fetch_bytes,
+            # (no answer can be larger than one gRPC message: nodes bound theirs anyway)
+            max_bytes=min(fetch_max_bytes, MAX_BATCH_BYTES),
+            partition_max_bytes=min(max_partition_fetch_bytes, MAX_BATCH_BYTES),
             check_crcs=check_crcs,
             request_timeout_s=self._timeout_s,
             backoff_s=self._backoff_s,

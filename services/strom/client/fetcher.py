@@ -83,6 +83,7 @@ from strom.client.types import TopicPartition
 from strom.errors import (
     CorruptMessageError,
     ErrorCode,
+    MessageTooLargeError,
     OffsetOutOfRangeError,
     StorageError,
     StromError,
@@ -338,6 +339,26 @@ def _py_columns(b: RecordBatch, topic: str, partition: int) -> tuple[list[int], 
         strict=True,
     )
     return offsets, rows
+
+
+def unreadable_batch_error(tp: TopicPartition, offset: int, exc: InvalidBatchError) -> StromError:
+    """The error ``poll()`` raises for a batch it cannot return. A well-formed batch over this
+    reader's limit (its bytes, or its body decompressed: a batch a non-strom producer wrote,
+    or a decompression bomb) is MessageTooLargeError saying so, with the limit and where to
+    seek to skip it; everything else is CorruptMessageError. FIX (found from outside): an
+    oversized batch was reported as "CORRUPT_MESSAGE", which sent users looking for damage."""
+    where = f"{tp.topic}-{tp.partition} at offset {offset}"
+    if not exc.too_large:
+        return CorruptMessageError(f"{where}: {exc}; seek past it to continue")
+    skip = (
+        f"seek to offset {exc.next_offset} to skip it"
+        if exc.next_offset >= 0
+        else "seek past it to skip it"
+    )
+    return MessageTooLargeError(
+        f"{where}: a record batch too large for this reader ({exc}; the limit is "
+        f"{exc.limit} bytes); {skip}"
+    )
 
 
 def _crc_matches(b: RecordBatch) -> bool:
@@ -1154,10 +1175,7 @@ class Fetcher:
                     with self._lock:
                         if part.generation == gen:
                             tp = part.tp
-                            part.error = CorruptMessageError(
-                                f"{tp.topic}-{tp.partition} at offset {pos}: {exc}; "
-                                "seek past it to continue"
-                            )
+                            part.error = unreadable_batch_error(tp, pos, exc)
                             part.error_sticky = True
                     continue
                 with self._lock:
@@ -1573,10 +1591,7 @@ class Fetcher:
             )
             part.log_start_offset = info.log_start_offset
             if isinstance(batches, InvalidBatchError):
-                part.error = CorruptMessageError(
-                    f"{tp.topic}-{tp.partition} at offset {part.fetch_offset}: {batches}; "
-                    "seek past it to continue"
-                )
+                part.error = unreadable_batch_error(tp, part.fetch_offset, batches)
                 part.error_sticky = True
                 self.data_ready.notify_all()
                 return

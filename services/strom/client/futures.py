@@ -50,6 +50,7 @@ class BatchResult:
         "_finished",
         "_lock",
         "_owner",
+        "_parts",
         "base_offset",
         "done",
         "error",
@@ -77,8 +78,53 @@ class BatchResult:
         self._deliveries: list[Callable[[], None]] | None = None
         self._callbacks: list[Callable[[], None]] | None = None
         self._lock = threading.Lock()
+        #: After a split (the producer's answer to MESSAGE_TOO_LARGE): (first index, result)
+        #: of each part, in order; each record's outcome is its part's.
+        self._parts: list[tuple[int, BatchResult]] | None = None
+
+    def _part(self, index: int) -> tuple[BatchResult, int]:
+        """The result holding record ``index`` of this batch, and its index there."""
+        parts = self._parts
+        if parts is None:
+            return self, index
+        for start, part in reversed(parts):
+            if index >= start:
+                return part._part(index - start)
+        raise IndexError(index)
+
+    def error_of(self, index: int) -> BaseException | None:
+        """Record ``index``'s error (None: written); its part's after a split."""
+        if self._parts is None:
+            return self.error
+        return self._part(index)[0].error
+
+    def split(self, parts: list[tuple[int, BatchResult]]) -> None:
+        """The batch was split (Kafka's ``splitAndReenqueue``): each record's outcome is
+        that of the part holding it (``parts``: first index and result, in order), and this
+        batch is done once every part is, failed with the first part's error if any failed
+        (each record's future still answers with its own part's outcome)."""
+        self._parts = parts
+        left = [len(parts)]
+        lock = threading.Lock()
+
+        def one_done() -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            err = next((p.error for _, p in parts if p.error is not None), None)
+            if err is None:
+                self.complete(-1)
+            else:
+                self.fail(err)
+
+        for _, part in parts:
+            part.on_done(one_done)
 
     def metadata(self, index: int) -> RecordMetadata:
+        if self._parts is not None:
+            part, i = self._part(index)
+            return part.metadata(i)
         base = self.base_offset
         ts = self.log_append_time if self.log_append_time >= 0 else int(self.timestamps[index])
         return RecordMetadata(self.topic, self.partition, base + index if base >= 0 else -1, ts)
@@ -188,7 +234,7 @@ class FutureRecordMetadata(Future):  # type: ignore[type-arg]
         raise AttributeError(name)
 
     def _settle_base(self) -> None:
-        err = self._batch.error
+        err = self._batch.error_of(self._index)
         if err is not None:
             Future.set_exception(self, err)
         else:
@@ -211,8 +257,9 @@ class FutureRecordMetadata(Future):  # type: ignore[type-arg]
     def result(self, timeout: float | None = None) -> RecordMetadata:
         if not self._batch.wait(timeout):
             raise FutureTimeoutError()
-        if self._batch.error is not None:
-            raise self._batch.error
+        err = self._batch.error_of(self._index)
+        if err is not None:
+            raise err
         return self._batch.metadata(self._index)
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
@@ -231,7 +278,7 @@ class FutureRecordMetadata(Future):  # type: ignore[type-arg]
         batch, index = self._batch, self._index
 
         def ok() -> None:
-            if batch.error is None:
+            if batch.error_of(index) is None:
                 fn(*args, batch.metadata(index), **kwargs)
 
         batch.on_done(ok)
@@ -242,11 +289,12 @@ class FutureRecordMetadata(Future):  # type: ignore[type-arg]
     ) -> FutureRecordMetadata:
         """kafka-python's: ``fn(*args, exception, **kwargs)`` if the record fails (never if
         it is acknowledged); returns this future. Runs as :meth:`add_callback`'s do."""
-        batch = self._batch
+        batch, index = self._batch, self._index
 
         def failed() -> None:
-            if batch.error is not None:
-                fn(*args, batch.error, **kwargs)
+            err = batch.error_of(index)
+            if err is not None:
+                fn(*args, err, **kwargs)
 
         batch.on_done(failed)
         return self
@@ -254,7 +302,7 @@ class FutureRecordMetadata(Future):  # type: ignore[type-arg]
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._batch.wait(timeout):
             raise FutureTimeoutError()
-        return self._batch.error
+        return self._batch.error_of(self._index)
 
     def add_done_callback(self, fn: Callable[[Future], object]) -> None:  # type: ignore[type-arg]
         self._batch.on_done(lambda: fn(self))

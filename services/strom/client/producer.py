@@ -60,6 +60,7 @@ import math
 import operator
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -67,7 +68,9 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import grpc
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from strom.api import common_pb2, storage_pb2
 from strom.client import forks, trace
@@ -79,7 +82,7 @@ from strom.client.accumulator import (
 )
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, refused
 from strom.client.downgrades import Downgrades
-from strom.client.futures import FutureRecordMetadata
+from strom.client.futures import BatchResult, FutureRecordMetadata
 from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.partitioner import murmur2, partition_for_key
 from strom.client.spin import SpinKeeper
@@ -107,6 +110,7 @@ from strom.errors import (
     error_for,
     is_retriable,
 )
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.record import codecs
 from strom.security.channel import client_security
 
@@ -182,6 +186,36 @@ class _Shipment(NamedTuple):
     #: between separate calls (DESIGN §6, "Order on the wire"), so the leader may have seen
     #: this request first: a sequence refusal of it says nothing about the log.
     behind: bool
+
+
+_TOO_LARGE_FOR_GRPC = re.compile(r"(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
+#: A request whose batches leave this much below the limit gRPC named cannot have been the
+#: one too large (its other fields are a few dozen bytes a partition): one that shared its
+#: stream with the culprit, sent again as before.
+_REQUEST_FIELDS_BYTES = 64 * 1024
+
+
+def request_too_large(error: BaseException, batch_bytes: int) -> MessageTooLargeError | None:
+    """MessageTooLargeError when ``error`` is gRPC refusing a message over its size limit
+    (this client's "Sent message larger than max", or the node's "Received ...") and this
+    request, carrying ``batch_bytes`` of batches, is the one too large; else None.
+
+    FIX (found from outside): every RESOURCE_EXHAUSTED was taken for the leader shedding
+    load and retried as BROKER_NOT_AVAILABLE until delivery_timeout_ms, including a request
+    that no retry could ever send. Kafka fails such a record at once (RecordTooLarge)."""
+    if not isinstance(error, grpc.RpcError) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    m = _TOO_LARGE_FOR_GRPC.search(error.details() or "")
+    if m is None:
+        return None
+    limit = int(m.group(3))
+    if batch_bytes + _REQUEST_FIELDS_BYTES < limit:
+        return None
+    side = "this client's channel" if m.group(1) == "Sent" else "the node"
+    return MessageTooLargeError(
+        f"the produce request ({m.group(2)} bytes) is larger than {side} allows for a gRPC "
+        f"message ({limit} bytes): not retried; send smaller records (max_request_size)"
+    )
 
 
 class ProducerCallbackError(StromError):
@@ -306,6 +340,15 @@ class Producer:
                 raise TypeError(f"{name} must be an int, got {v!r}")
             if v < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {v}")
+        if max_request_size > MAX_BATCH_BYTES:
+            # FIX (found from outside): any size was taken, so records the cluster could not
+            # carry (over the gRPC limit) or its readers could not read were sent; and as
+            # sizes count records uncompressed (as Kafka's), this also bounds what a batch
+            # decompresses to (a 300 MiB record of zeros was ~10 KiB zstd on the wire).
+            raise ValueError(
+                f"max_request_size must be <= {MAX_BATCH_BYTES} (the largest batch a strom "
+                f"Fetch answer can carry), got {max_request_size}"
+            )
         if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float):
             raise TypeError(f"linger_ms must be a number (ms), got {linger_ms!r}")
         if not 0 <= linger_ms < math.inf:
@@ -467,10 +510,8 @@ class Producer:
             size += sum(len(h.encode()) + len(v or b"") for h, v in headers)  # UTF-8 bytes
         else:
             headers = None
-        if size > self.max_request_size:
-            raise MessageTooLargeError(
-                f"the record is {size} bytes, more than max_request_size={self.max_request_size}"
-            )
+        if size > self.max_request_size or size > self.buffer_memory:
+            raise _record_too_large(size, self.max_request_size, self.buffer_memory)
         if timestamp_ms is None:
             stamp: float | int = _time() * 1000.0  # ms; floored when encoded (a float is cheaper)
         else:
@@ -515,7 +556,7 @@ class Producer:
         result: Any, index: int, callback: Callable[[Any, BaseException | None], object]
     ) -> None:
         def done() -> None:
-            err = result.error
+            err = result.error_of(index)
             callback(None if err else result.metadata(index), err)
 
         result.on_delivery(done)  # runs before the record's future is done (BatchResult)
@@ -582,11 +623,14 @@ class Producer:
         """``batch_size``, or less for a topic whose ``max.message.bytes`` is smaller, so that
         records are not refused (MESSAGE_TOO_LARGE) for the batch they were put in: half the
         limit, as ``size`` counts 16 bytes a record where an encoded batch spends up to ~24,
-        plus a frame of about a kilobyte. Only a record too large on its own then fails."""
+        plus a frame of about a kilobyte. Only a record too large on its own then fails.
+        Never more than ``max_request_size``: sizes count records uncompressed, so a batch
+        of many records then decompresses to no more than one record may be."""
+        size = min(self.batch_size, self.max_request_size)
         limit = self._metadata.max_message_bytes(topic)
         if limit <= 0:
-            return self.batch_size
-        return max(min(self.batch_size, limit // 2), 1)
+            return size
+        return max(min(size, limit // 2), 1)
 
     def _close_open(self, topic: str, partition: int) -> None:
         """With the lock held: the partition's open batch takes no more records."""
@@ -607,14 +651,17 @@ class Producer:
         headers: Sequence[Any] | pa.Array | None = None,
         timestamps: Sequence[int] | pa.Array | None = None,
         partition: int | None = None,
-    ) -> Future[list[BatchMetadata]]:
+    ) -> BulkFuture:
         """Queue many records at once, without per-record Python work where possible.
 
         ``values`` is a list of bytes/None, an Arrow binary array, or an Arrow table/batch
         with a ``value`` column and optional ``key``, ``headers`` and ``timestamp`` columns.
         Records are split into batches of about ``batch_size`` bytes: with keys each goes to
         its key's partition, without keys batches go round the partitions (sticky per batch).
-        Returns one Future of the list of :class:`BatchMetadata` (one per batch, in order).
+        Returns one Future of the list of :class:`BatchMetadata` (one per batch, in order);
+        its ``written()`` counts the records acknowledged, also when a batch failed.
+        Each record counts against ``max_request_size`` as in :meth:`send` (the same error,
+        before anything is queued), and no batch of several records passes ``batch_size``.
         """
         if self._closing:
             raise self._closed_error()
@@ -622,7 +669,7 @@ class Producer:
             self._txn.require(TxnPhase.IN_TRANSACTION, action="send_batch()")
         table = _as_table(values, keys, headers, timestamps)
         if table.num_rows == 0:
-            done: Future[list[BatchMetadata]] = Future()
+            done = BulkFuture([])
             done.set_result([])
             return done
         if partition is not None and (
@@ -643,7 +690,9 @@ class Producer:
         chunks: list[ProducerBatch] = []
         topic_id = self._metadata.topic_id(topic)
         for p, t in groups:
-            for chunk in _chunks(t, self._batch_bytes(topic), self.max_request_size):
+            for chunk in _chunks(
+                t, self._batch_bytes(topic), self.max_request_size, self.buffer_memory
+            ):
                 if p < 0:
                     part = self._sticky.get(topic)
                     if part is None or part >= n:
@@ -1752,6 +1801,26 @@ class Producer:
                 resp = fut.result()
             except grpc.RpcError as exc:
                 error = exc
+                oversized = request_too_large(
+                    exc, sum(len(b.encoded or b"") for e in entries for b in e.batches)
+                )
+                if oversized is not None:
+                    # Never retried: the same request would be refused again, for the
+                    # whole delivery timeout (found from outside). Only the partitions too
+                    # large on their own fail (all, if none is); the others rode along, were
+                    # not sent either, and go again.
+                    now = time.monotonic()
+                    alone = {
+                        id(e)
+                        for e in entries
+                        if request_too_large(exc, sum(len(b.encoded or b"") for b in e.batches))
+                    }
+                    for e in entries:
+                        if not alone or id(e) in alone:
+                            self._fail(e.pq, e.batches, oversized)
+                        else:
+                            self._requeue(e.pq, e.batches, now)
+                    return
                 if isinstance(exc, StreamError) and exc.unsent:
                     # The node read none of this request (a stream it does not know: an
                     # older version, so unary calls from now on; or a request before it on the
@@ -1876,6 +1945,10 @@ class Producer:
                 for b in batches:
                     b.attempts = max(b.attempts, 1)
                 self._requeue(pq, batches, now)
+            elif r.error_code == common_pb2.ErrorCode.MESSAGE_TOO_LARGE and self._split(
+                pq, batches[0], now
+            ):
+                pass  # its parts go again in its place, with its sequence numbers
             else:
                 err = error_for(r.error_code, r.error_message or f"{pq.topic}-{pq.partition}")
                 if r.error_code == common_pb2.ErrorCode.MESSAGE_TOO_LARGE:
@@ -1901,6 +1974,50 @@ class Producer:
                 self._fail(pq, batches, err)
         if self._fatal is not None:
             self._fail_all(self._fatal)
+
+    def _split(self, pq: PartitionQueue, b: ProducerBatch, now: float) -> bool:
+        """A batch of several records the leader refused as MESSAGE_TOO_LARGE (the topic's
+        max.message.bytes was lowered after it was made): split it in two halves that take
+        its place in the queue and are sent again, as Kafka's Sender does
+        (``splitAndReenqueue``); a half still too large is split again, down to a single
+        record, which alone fails. False (not split) for a single record, a bulk
+        (send_batch) batch, or one an earlier attempt may have written.
+
+        Safe with idempotence: the leader appended nothing of the refused batch, and every
+        batch behind it waits (or is refused for the gap) until it is settled, so the halves
+        take its sequence numbers (first half from its base sequence, second half after
+        it), as Kafka re-sequences split batches; the batches behind keep theirs.
+
+        FIX (found from outside): lowering max.message.bytes while a producer ran failed
+        every record already batched (40 of 40 records of 100 KB in 4 MiB batches under a
+        new 1 MiB limit), although each fit."""
+        if b.count < 2 or b.arrow is not None or b.maybe_written:
+            return False
+        half = b.count // 2
+        parts = [_part_of(b, 0, half), _part_of(b, half, b.count)]
+        parts[1].limit = b.limit - parts[0].limit  # (what b reserved, shared out)
+        if b.base_sequence >= 0:
+            parts[1].base_sequence = (b.base_sequence + half) & _SEQ_MASK
+        with self._lock:
+            try:
+                at = pq.batches.index(b)
+            except ValueError:
+                return False  # already failed by close()
+            del pq.batches[at]
+            pq.batches.insert(at, parts[1])
+            pq.batches.insert(at, parts[0])
+            pq.in_flight = max(pq.in_flight - 1, 0)
+            pq.retrying = True
+            pq.retry_at = min(pq.retry_at, now) if pq.retry_at > now else pq.retry_at
+        b.result.split([(0, parts[0].result), (half, parts[1].result)])
+        self._metadata.mark_stale(pq.topic)  # batches opened from now on learn the limit
+        log.info(
+            "%s-%d: a batch of %d records was refused as too large: sent again in two",
+            pq.topic,
+            pq.partition,
+            b.count,
+        )
+        return True
 
     def _acked(self, pq: PartitionQueue, batches: list[ProducerBatch]) -> None:
         """Acknowledged: a batch that failed "may have been written" before these is in the
@@ -2357,23 +2474,133 @@ def _checked_pick(partitioner: Partitioner, pick: object, topic: str, n: int) ->
     return value
 
 
-def _chunks(table: pa.Table, batch_size: int, max_size: int) -> Iterable[pa.Table]:
-    """Slices of about ``batch_size`` bytes (cheap: zero-copy slices)."""
+def _row_sizes(table: pa.Table) -> np.ndarray:
+    """Each row's size as ``send()`` counts a record: value + key + header keys (UTF-8) and
+    values + RECORD_OVERHEAD, nulls counting 0. Vectorized: one Arrow kernel a column."""
+    n = table.num_rows
+    sizes = np.full(n, RECORD_OVERHEAD, dtype=np.int64)
+    names = table.schema.names
+    for name in ("key", "value"):
+        if name in names:
+            sizes += _lengths(table.column(name))
+    if "headers" in names and table.column("headers").null_count < n:
+        lists = table.column("headers").combine_chunks()
+        if isinstance(lists, pa.ChunkedArray):  # (pyarrow < 16 keeps it chunked)
+            lists = pa.concat_arrays(lists.chunks)
+        flat = pc.list_flatten(lists)
+        parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+        per_header = _lengths(flat.field("key")) + _lengths(flat.field("value"))
+        sizes += np.bincount(parents, weights=per_header, minlength=n).astype(np.int64)
+    return sizes
+
+
+def _lengths(column: Any) -> np.ndarray:
+    """Byte lengths of a binary or string column (nulls 0) as int64."""
+    lengths = pc.fill_null(pc.binary_length(column), 0)
+    return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _record_too_large(size: int, max_request_size: int, buffer_memory: int) -> MessageTooLargeError:
+    """What ``send()`` (and ``send_batch()``, per row) raises for a record it never sends:
+    over max_request_size, or over buffer_memory, which could never hold it. FIX (found from
+    outside): a record larger than buffer_memory was taken (Kafka refuses it at once, its
+    RecordTooLargeException)."""
+    if size > max_request_size:
+        return MessageTooLargeError(
+            f"the record is {size} bytes, more than max_request_size={max_request_size}"
+        )
+    return MessageTooLargeError(
+        f"the record is {size} bytes, more than buffer_memory={buffer_memory} (the producer's "
+        "whole buffer could never hold it)"
+    )
+
+
+def _chunks(
+    table: pa.Table, batch_size: int, max_size: int, buffer_memory: int | None = None
+) -> Iterable[pa.Table]:
+    """Zero-copy slices of at most ``min(batch_size, max_size)`` bytes by the rows' own sizes
+    (a larger row alone); a row over ``max_size`` (or ``buffer_memory``) raises what
+    ``send()`` raises for it, before any slice is made.
+
+    FIX (found from outside): slices were cut by the *average* row size, so two adjacent
+    9 MiB rows among small ones made one 18 MiB batch the topic refused (while each row
+    fit), and a 5 MiB row passed a 4 MiB max_request_size because the average was small.
+    Per slice, not per row: a cumulative sum and one searchsorted each."""
     n = table.num_rows
     if n == 0:
-        return
-    per_row = max(table.nbytes / n + RECORD_OVERHEAD, 1)
-    if per_row > max_size:
-        raise MessageTooLargeError(
-            f"records average {per_row:.0f} bytes, more than max_request_size={max_size}"
+        return []
+    sizes = _row_sizes(table)
+    memory = max_size if buffer_memory is None else buffer_memory
+    too_big = np.flatnonzero(sizes > min(max_size, memory))
+    if len(too_big):
+        i = int(too_big[0])
+        err = _record_too_large(int(sizes[i]), max_size, memory)
+        raise MessageTooLargeError(f"{err.message} (row {i}; {len(too_big)} such rows)")
+    limit = max(min(batch_size, max_size), 1)
+    if int(sizes.sum()) <= limit:
+        return [table]
+    cum = np.cumsum(sizes)
+    out = []
+    start = 0
+    while start < n:
+        base = int(cum[start - 1]) if start else 0
+        end = max(int(np.searchsorted(cum, base + limit, side="right")), start + 1)
+        out.append(table.slice(start, end - start))
+        start = end
+    return out
+
+
+def _part_of(b: ProducerBatch, start: int, end: int) -> ProducerBatch:
+    """Records ``start`` to ``end`` of a (closed, non-bulk) batch as a closed batch of its own,
+    with the same creation time (the delivery timeout still counts from the records' send),
+    attempts and base sequence (the caller moves the second part's). Per-record Python: only
+    on the rare split after a MESSAGE_TOO_LARGE, never on the produce path."""
+    part = ProducerBatch(b.topic, b.partition)
+    part.topic_id = b.topic_id
+    part.values = b.values[start:end]
+    part.keys = b.keys[start:end]
+    if b.headers is not None:
+        part.headers = b.headers[start:end]
+    part.has_keys = any(k is not None for k in part.keys)
+    part.timestamps = b.timestamps[start:end]
+    part.result = BatchResult(b.topic, b.partition, part.timestamps)
+    part.count = end - start
+    part.size = sum(
+        RECORD_OVERHEAD
+        + (len(v) if v is not None else 0)
+        + (len(k) if k is not None else 0)
+        + sum(len(hk.encode()) + len(hv or b"") for hk, hv in (h or ()))
+        for v, k, h in zip(
+            part.values, part.keys, part.headers or itertools.repeat(None), strict=False
         )
-    rows = max(int(batch_size // per_row), 1)
-    for start in range(0, n, rows):
-        yield table.slice(start, rows)
+    )
+    part.limit = part.size
+    part.max_size = b.max_size
+    part.created = b.created
+    part.closed = True
+    part.attempts = b.attempts
+    part.base_sequence = b.base_sequence
+    return part
 
 
-def _gather(batches: list[ProducerBatch]) -> Future[list[BatchMetadata]]:
-    out: Future[list[BatchMetadata]] = Future()
+class BulkFuture(Future):  # type: ignore[type-arg]
+    """What ``send_batch()`` returns: the Future of one :class:`BatchMetadata` per batch,
+    which also says how many of its records are acknowledged (:meth:`written`). Its batches
+    are acknowledged one by one, so after a failure some of them may be in the log: the
+    failure alone said nothing of them (found from outside: the Spark sink reported none of
+    a failed task's rows as written while 191 were)."""
+
+    def __init__(self, batches: list[ProducerBatch]) -> None:
+        super().__init__()
+        self._batches = batches
+
+    def written(self) -> int:
+        """Records of the batches acknowledged so far (all of them once it succeeded)."""
+        return sum(b.count for b in self._batches if b.result.done and b.result.error is None)
+
+
+def _gather(batches: list[ProducerBatch]) -> BulkFuture:
+    out = BulkFuture(batches)
     left = [len(batches)]
     lock = threading.Lock()
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from strom.grpc_options import FETCH_ANSWER_OVERHEAD_BYTES, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from strom.log.errors import ConfigError
 
 #: An integer config value: an optional sign and ASCII digits.
@@ -58,6 +59,31 @@ def _at_least(n: int | float) -> Callable[[Any], str | None]:
 
 def _between(lo: int | float, hi: int | float) -> Callable[[Any], str | None]:
     return lambda v: None if lo <= v <= hi else f"must be in [{lo}, {hi}]"
+
+
+def _max_message_bytes(v: int) -> str | None:
+    """max.message.bytes is bounded above by what one Fetch answer can carry.
+
+    FIX (found from outside): it took any INT, and nodes acknowledged batches that no Fetch
+    answer (256 MiB gRPC messages) could hold, or that readers refused: every reader of the
+    partition then failed on it for good. Kafka's own bound is its fetch.max.bytes."""
+    if 64 <= v <= MAX_BATCH_BYTES:
+        return None
+    return (
+        f"must be in [64, {MAX_BATCH_BYTES}]: {MAX_BATCH_BYTES} bytes is the largest batch a "
+        f"Fetch answer can carry ({MAX_MESSAGE_BYTES} bytes, the gRPC message limit, less "
+        f"{FETCH_ANSWER_OVERHEAD_BYTES} for the answer's other fields)"
+    )
+
+
+def clamp_stored(name: str, raw: Any) -> Any:
+    """A stored override as a node applies it: a ``max.message.bytes`` above the bound (set
+    before the bound existed) is applied as the bound, not dropped for the 16 MiB default,
+    which would suddenly refuse what the topic's producers send; every other value as is."""
+    text = str(raw).strip()
+    if name == "max.message.bytes" and _INTEGER.fullmatch(text) and int(text) > MAX_BATCH_BYTES:
+        return str(MAX_BATCH_BYTES)
+    return raw
 
 
 def _list_items(v: str) -> str:
@@ -239,7 +265,7 @@ CONFIG_KEYS: dict[str, ConfigKey] = {
             int,
             16 * 1024 * 1024,
             "largest batch accepted on produce (MESSAGE_TOO_LARGE above it)",
-            _at_least(64),
+            _max_message_bytes,
             max_value=INT_MAX,
         ),
         ConfigKey(

@@ -600,8 +600,14 @@ def _decode_body(
 
 
 def _payload(h: BatchHeader, raw: memoryview) -> Any:
-    """The batch's body, decompressed (bounded: see :func:`codecs.decompress`)."""
-    return codecs.decompress(h.codec, raw[HEADER_SIZE:], position=h.position)
+    """The batch's body, decompressed (bounded: see :func:`codecs.decompress`); a body over
+    the bound says which offset follows the batch, so that a reader can tell where to skip."""
+    try:
+        return codecs.decompress(h.codec, raw[HEADER_SIZE:], position=h.position)
+    except InvalidBatchError as exc:
+        if exc.too_large:
+            exc.next_offset = h.next_offset
+        raise
 
 
 def _read_body(h: BatchHeader, payload: Any, *, full: bool) -> pa.RecordBatch:

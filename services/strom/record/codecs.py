@@ -71,9 +71,7 @@ def compress(codec: int, data: Any) -> Any:
     return _COMPRESS[codec](data)
 
 
-def decompress(
-    codec: int, data: Any, *, position: int = 0, max_bytes: int = MAX_DECOMPRESSED_BYTES
-) -> Any:
+def decompress(codec: int, data: Any, *, position: int = 0, max_bytes: int | None = None) -> Any:
     """Decompress a batch body; corrupt input, or a body that would decompress to more than
     ``max_bytes``, raises :class:`InvalidBatchError`.
 
@@ -83,6 +81,8 @@ def decompress(
     """
     if codec == NONE:
         return data
+    if max_bytes is None:  # (read at call time: one place to change it)
+        max_bytes = MAX_DECOMPRESSED_BYTES
     fn = _DECOMPRESS_INTO.get(codec)
     if fn is None:
         raise InvalidBatchError(
@@ -127,4 +127,6 @@ def _too_large(codec: int, position: int, max_bytes: int) -> InvalidBatchError:
         f"batch at byte {position}: {CODEC_NAMES[codec]} body decompresses to more than "
         f"{max_bytes} bytes (a decompression bomb, or a body too large to decode)",
         position=position,
+        too_large=True,
+        limit=max_bytes,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 import crc32c
 
+from strom.grpc_options import MAX_MESSAGE_BYTES
 from strom.record.codecs import CODEC_NAMES
 from strom.record.errors import InvalidBatchError
 
@@ -23,9 +24,12 @@ HEADER_SIZE = 61
 # batch_length counts the bytes after itself, so a batch is batch_length + LENGTH_PREFIX bytes.
 LENGTH_PREFIX = 12
 CRC_START = 21
-# Default ceiling on one batch (Kafka's message.max.bytes is ~1 MiB; ours is generous because
-# strom batches are columnar and large batches are what make Python fast).
-DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+#: Default ceiling on one batch when decoding: the largest batch a log may hold
+#: (strom.log.segment.MAX_STORED_BATCH_BYTES, the gRPC message limit), so that readers decode
+#: every batch the cluster acknowledged. FIX (found from outside): it was 64 MiB while nodes
+#: stored and acknowledged batches up to 256 MiB, and every reader failed on such a batch
+#: as "corrupt". Produce paths pass the topic's max.message.bytes instead.
+DEFAULT_MAX_BATCH_BYTES = MAX_MESSAGE_BYTES
 
 _HEADER = struct.Struct(">qiiBIhiqqqhii")
 assert _HEADER.size == HEADER_SIZE
@@ -197,6 +201,8 @@ def check_header(
             f"batch at byte {pos}: {h.size} bytes exceeds the maximum of {max_batch_bytes}",
             position=pos,
             too_large=True,
+            limit=max_batch_bytes,
+            next_offset=h.next_offset,
         )
     if len(buf) - pos < h.size:
         raise InvalidBatchError(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strom.api import metadata_pb2 as md
-from strom.log.config import CONFIG_KEYS, LogConfig, parse_value
+from strom.log.config import CONFIG_KEYS, LogConfig, clamp_stored, parse_value
 from strom.log.errors import ConfigError
 
 log = logging.getLogger("strom.storage.assignment")
@@ -52,6 +52,7 @@ def usable_configs(configs: Mapping[str, Any], *, where: str = "") -> dict[str, 
         if name not in CONFIG_KEYS:
             log.warning("%signoring unknown topic config %r", where, name)
             continue
+        raw = clamp_stored(name, raw)
         try:
             parse_value(name, raw)
         except ConfigError as exc:

@@ -17,6 +17,7 @@ import grpc
 from strom.api import common_pb2, metadata_pb2, storage_pb2
 from strom.coordinator.lookup import find_coordinator
 from strom.errors import ErrorCode, error_name
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.storage import metrics
 from strom.storage.producer_ids import ProducerIdUnavailableError
 from strom.storage.request_quota import counted_request
@@ -76,7 +77,8 @@ class ClusterRpcs(StorageCore):
             limit = meta.configs.get("max.message.bytes")
             if limit:
                 with contextlib.suppress(ValueError):  # (validated when it was set)
-                    mt.max_message_bytes = min(int(limit), 2**31 - 1)
+                    # (as applied: a value stored before the bound is applied as the bound)
+                    mt.max_message_bytes = min(int(limit), MAX_BATCH_BYTES)
             for p, s in sorted(by_topic.get(name, ()), key=lambda x: x[0]):
                 if s.topic_id and meta.topic_id and s.topic_id != meta.topic_id:
                     continue  # a leftover of an earlier topic with this name

@@ -17,6 +17,7 @@ import grpc
 
 from strom.api import storage_pb2
 from strom.errors import ErrorCode
+from strom.grpc_options import MAX_BATCH_BYTES
 from strom.log import CorruptLogError, OffsetOutOfRangeError
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.storage import metrics
@@ -176,6 +177,12 @@ class FetchRpcs(StorageCore):
             not follower and request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
         )
         budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        # Never more than one gRPC message can carry: FIX (found from outside) a consumer
+        # asking 300 MiB got an answer gRPC refused to send (RESOURCE_EXHAUSTED "Sent
+        # message larger than max"), on every poll, the node re-reading it each time. The
+        # first partition's one whole batch may exceed the budget, but no batch exceeds
+        # MAX_BATCH_BYTES (max.message.bytes' ceiling), so the answer still fits.
+        budget = min(budget, MAX_BATCH_BYTES)
         if quota_bytes:
             budget = min(budget, quota_bytes)
         out: list[FetchTopicOut] = []

@@ -55,7 +55,7 @@ from strom.errors import (
     error_for,
     error_name,
 )
-from strom.grpc_options import MAX_PRODUCE_RECORDS_REQUEST_BYTES
+from strom.grpc_options import MAX_BATCH_BYTES, MAX_PRODUCE_RECORDS_REQUEST_BYTES
 from strom.log.config import LONG_MAX
 from strom.metadata import RESYNC, ClusterView, WatchEvent
 from strom.record.codecs import CODEC_NAMES
@@ -636,7 +636,9 @@ class RecordService:
             earliest=req.start == rp.START_POSITION_EARLIEST,
             auto_commit=req.auto_commit,
             max_records=req.max_records_per_message or DEFAULT_MAX_RECORDS,
-            max_bytes=req.max_bytes_per_message or DEFAULT_MAX_BYTES,
+            # (bounded: a message must stay under the gRPC limit, with room for what
+            # split_records does not count: offsets, timestamps, headers, framing)
+            max_bytes=min(req.max_bytes_per_message or DEFAULT_MAX_BYTES, MAX_BATCH_BYTES // 2),
             read_committed=req.isolation_level == storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
         )
         for t in [*spec.topics, *(ps.topic for ps in req.partitions)]:
