@@ -364,6 +364,8 @@ class Producer:
         self.max_in_flight = max_in_flight
         self.max_block_s = max_block_ms / 1000
         self.max_request_size = max_request_size
+        #: The largest record send() takes: one comparison on its per-record path.
+        self._record_limit = min(max_request_size, buffer_memory)
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.retry_backoff_max_s = retry_backoff_max_ms / 1000
         #: Every topic's metadata is looked up again this often (Kafka's metadata.max.age.ms),
@@ -510,7 +512,7 @@ class Producer:
             size += sum(len(h.encode()) + len(v or b"") for h, v in headers)  # UTF-8 bytes
         else:
             headers = None
-        if size > self.max_request_size or size > self.buffer_memory:
+        if size > self._record_limit:
             raise _record_too_large(size, self.max_request_size, self.buffer_memory)
         if timestamp_ms is None:
             stamp: float | int = _time() * 1000.0  # ms; floored when encoded (a float is cheaper)
