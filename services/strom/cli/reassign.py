@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from strom.argtypes import UsageError, byte_size
@@ -86,7 +86,8 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
         "--preserve-throttles",
         action="store_true",
         help="with --verify or --cancel: leave the throttle configs and rate in place (by "
-        "default they are removed once every move of the plan is done, or cancelled)",
+        "default --verify removes them once no move of the plan is in progress, --cancel "
+        "once cancelled; a move still copying keeps its own)",
     )
     r.add_argument(
         "--generate",
@@ -297,13 +298,24 @@ def _set_throttle(
     )
 
 
-def _remove_throttle(admin: Admin, plan: reassignplan.Plan, out: Any) -> None:
-    """Take the plan's partitions out of their topics' throttled-replicas configs, and the
-    nodes' rate once no reassignment is left in progress (Kafka's ``--verify`` clears the
-    rates even then; a rate another move still runs under is kept here, and said so)."""
+def _remove_throttle(
+    admin: Admin,
+    plan: Iterable[TopicPartition],
+    out: Any,
+    kept: Collection[TopicPartition] = (),
+) -> None:
+    """Take the partitions of ``plan`` out of their topics' throttled-replicas configs, and
+    the nodes' rate once no reassignment is left in progress (Kafka's ``--verify`` clears the
+    rates even then; a rate another move still runs under is kept here, and said so).
+
+    The entries of ``kept`` stay (moves still copying: a refused cancel, a partition another
+    reassignment now moves), and so does a ``*`` of their topics, so that no copy still
+    running goes on unthrottled."""
     by_topic: dict[str, set[int]] = {}
     for tp in plan:
-        by_topic.setdefault(tp.topic, set()).add(tp.partition)
+        if tp not in kept:
+            by_topic.setdefault(tp.topic, set()).add(tp.partition)
+    keep_topics = {tp.topic for tp in kept}
     known = set(admin.list_topics(internal=True))
     cleared = []
     for topic, partitions in sorted(by_topic.items()):
@@ -313,6 +325,8 @@ def _remove_throttle(admin: Admin, plan: reassignplan.Plan, out: Any) -> None:
         changes: dict[str, str] = {}
         gone: list[str] = []
         for name, old in have.items():
+            if topic in keep_topics and old.strip() == "*":
+                continue
             new = reassignplan.without_partitions(old, partitions)
             if new is None:
                 gone.append(name)
@@ -323,6 +337,12 @@ def _remove_throttle(admin: Admin, plan: reassignplan.Plan, out: Any) -> None:
             cleared.append(topic)
     if cleared:
         print(f"Removed the throttled replicas of topic(s) {', '.join(cleared)}", file=out)
+    if kept:
+        print(
+            f"Kept the throttled replicas of {_names(kept)}: still moving; --verify or "
+            "--cancel with the plan removes them once the move is over",
+            file=out,
+        )
     rates = [n for n, e in admin.describe_node_configs().items() if e.value is not None]
     if not rates:
         return
@@ -373,10 +393,45 @@ def _verify(
                 file=out,
             )
     print(", ".join(f"{n} {status}" for status, n in counts.items()), file=out)
-    if unthrottle and counts["done"] == len(plan):
-        _remove_throttle(admin, plan, out)
-    failed = _elect_preferred(admin, [tp for tp in done if current[tp].leader != plan[tp][0]], out)
+    _verify_throttle(admin, plan, current, counts["in progress"], unthrottle, out)
+    failed = 0
+    if preferred:
+        leaderless = [tp for tp in done if current[tp].leader != plan[tp][0]]
+        failed = _elect_preferred(admin, leaderless, out)
     return 0 if counts["done"] == len(plan) and not failed else 1
+
+
+def _verify_throttle(
+    admin: Admin,
+    plan: reassignplan.Plan,
+    current: dict[TopicPartition, PartitionInfo],
+    in_progress: int,
+    unthrottle: bool,
+    out: Any,
+) -> None:
+    """Remove the plan's throttle once none of its partitions is still in progress, as
+    Kafka's ``--verify`` does (a "not matching" partition is not: left throttled, a
+    superseded plan would leave its configs for ever); the entries of a partition another
+    reassignment now moves stay, so that move stays throttled. A throttle kept is said, with
+    how to remove it."""
+    if not unthrottle:
+        print(
+            "Kept the replication throttle (--preserve-throttles); remove it with --verify "
+            "without that flag, or `strom topics alter TOPIC --delete "
+            f"{reassignplan.LEADER_THROTTLED} --delete {reassignplan.FOLLOWER_THROTTLED}` and "
+            f"`strom cluster configs --delete {LEADER_RATE} --delete {FOLLOWER_RATE}`",
+            file=out,
+        )
+        return
+    if in_progress:
+        print(
+            f"Kept the replication throttle: {in_progress} partition(s) of the plan still in "
+            "progress; --verify again removes it once none is (or --cancel)",
+            file=out,
+        )
+        return
+    moving = [tp for tp in plan if tp in current and current[tp].reassigning]
+    _remove_throttle(admin, plan, out, kept=moving)
 
 
 def _elect_preferred(admin: Admin, tps: list[TopicPartition], out: Any) -> int:
@@ -413,7 +468,8 @@ def _cancel(admin: Admin, plan: reassignplan.Plan, out: Any, unthrottle: bool = 
         file=out,
     )
     if unthrottle:
-        _remove_throttle(admin, plan, out)
+        # A refused cancel leaves its move copying: its throttle stays with it.
+        _remove_throttle(admin, plan, out, kept=list(refused))
     return 1 if refused else 0
 
 
@@ -455,6 +511,10 @@ def _topic_list(text: str) -> list[str]:
     if not all(names):
         raise UsageError(f"--topics {text!r} has an empty name")
     return list(dict.fromkeys(names))
+
+
+def _names(tps: Iterable[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
 
 
 def _ids(ids: Sequence[int]) -> str:
