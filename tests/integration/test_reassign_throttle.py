@@ -240,6 +240,25 @@ def test_bad_throttles_are_refused_clearly(cluster: LocalCluster, tmp_path: Path
         assert _throttles(admin, "t3")[LEADER] == "2:1,0:1"
 
 
+def test_cluster_configs_lists_sets_and_deletes_the_throttle_rate(cluster: LocalCluster) -> None:
+    """Found from outside: only the Admin API showed or removed the rate a reassignment
+    left (`--preserve-throttles`, a kept rate); Kafka's kafka-configs --entity-default does."""
+    b = cluster.bootstrap
+    got = strom("cluster", "configs", "--alter", "--set", f"{RATES[0]}=10MiB", "-b", b)
+    assert f"set {RATES[0]}={10 * MIB}" in got.stdout.decode()
+    strom("cluster", "configs", "--set", f"{RATES[1]}=2048", "-b", b)
+    listed = strom("cluster", "configs", "-b", b).stdout.decode()
+    assert f"{RATES[0]}={10 * MIB}\t(dynamic_node)" in listed, listed
+    assert f"{RATES[1]}=2048\t(dynamic_node)" in listed, listed
+    bad = strom("cluster", "configs", "--set", "replication.rate=1", "-b", b, check=False)
+    err = bad.stderr.decode()
+    assert bad.returncode == 2 and "unknown dynamic node config" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    strom("cluster", "configs", "--delete", RATES[0], "--delete", RATES[1], "-b", b)
+    with Admin(b) as admin:
+        assert _rates(admin) == dict.fromkeys(RATES)
+
+
 @pytest.mark.parametrize("side", ["leader", "follower"])
 def test_each_side_alone_throttles_a_move(cluster: LocalCluster, side: str) -> None:
     """Through the Admin API only, one side at a time: the leader (node 1) sends the new

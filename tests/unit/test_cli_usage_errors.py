@@ -73,6 +73,18 @@ def nothing_connects(monkeypatch: pytest.MonkeyPatch) -> None:
             "strom topics add-partitions",
             "--replica-assignment '1,': list 2 ('') is not node ids",
         ),
+        (["cluster", "configs", "--alter", *B], "strom cluster configs", "--alter needs --set"),
+        (
+            ["cluster", "configs", "1", "--delete", "leader.replication.throttled.rate", *B],
+            "strom cluster configs",
+            "give no node id",
+        ),
+        (
+            ["cluster", "configs", "--set", "leader.replication.throttled.rate=x", *B],
+            "strom cluster configs",
+            "--set leader.replication.throttled.rate: not a size: 'x'",
+        ),
+        (["cluster", "configs", "--set", "novalue", *B], "strom cluster configs", "--set"),
         (["dev", "up", "--nodes", "0"], "strom dev up", "--nodes"),
         (["dev", "up", "--controllers", "0"], "strom dev up", "--controllers"),
         (["dev", "up", "--coordinators", "-1"], "strom dev up", "--coordinators"),

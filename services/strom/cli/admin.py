@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from strom.api import common_pb2, controller_pb2
-from strom.argtypes import INT32_MAX, UsageError, int_at_least, iso_time_ms, topic_name
+from strom.argtypes import (
+    INT32_MAX,
+    UsageError,
+    byte_size,
+    int_at_least,
+    iso_time_ms,
+    topic_name,
+)
 from strom.cli import counted, reassign, reassignplan
 from strom.cli.jsonout import message_dict, message_json
 from strom.client.admin import (
@@ -37,6 +44,7 @@ from strom.client.types import TopicPartition
 from strom.errors import (
     ERRORS,
     ElectionNotNeededError,
+    InvalidConfigError,
     PartialResultError,
     StromError,
     TopicAlreadyExistsError,
@@ -284,8 +292,37 @@ def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     csub.required = True
     d = csub.add_parser("describe", parents=[common], help="cluster id, controller, nodes")
     d.add_argument("--json", action="store_true")
-    c = csub.add_parser("configs", parents=[common], help="a storage node's static configs")
-    c.add_argument("node", type=int_at_least(0), help="node id")
+    c = csub.add_parser(
+        "configs",
+        parents=[common],
+        help="a storage node's static configs, or every node's dynamic ones (the replication "
+        "throttle rates) and changing them",
+    )
+    c.add_argument(
+        "node",
+        nargs="?",
+        type=int_at_least(0),
+        help="node id: its static configs; without it, the dynamic configs every node applies",
+    )
+    c.add_argument(
+        "--alter",
+        action="store_true",
+        help="change the dynamic configs (Kafka's kafka-configs --entity-default --alter); "
+        "implied by --set and --delete",
+    )
+    c.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="set a dynamic config of every node, e.g. "
+        f"{reassignplan.LEADER_RATE}=10MiB (a rate in bytes/s: 1048576, 10MiB or 5MB)",
+    )
+    c.add_argument(
+        "--delete",
+        action="append",
+        metavar="KEY",
+        help="remove a dynamic config (a throttle rate: no limit)",
+    )
     c.add_argument("--json", action="store_true")
 
 
@@ -997,12 +1034,65 @@ def _partition_line(p: PartitionInfo, min_isr: int, met: str | None = None) -> s
     )
 
 
+def _node_config_changes(args: argparse.Namespace) -> tuple[dict[str, str], list[str]] | None:
+    """``cluster configs``' --set/--delete as (set, delete), None when it only lists;
+    UsageError for flags that do not fit together or a rate that is not a size, before any
+    connection."""
+    if not (args.alter or args.set or args.delete):
+        return None
+    if not (args.set or args.delete):
+        raise UsageError("--alter needs --set KEY=VALUE or --delete KEY")
+    if args.node is not None:
+        raise UsageError(
+            "--set/--delete change the dynamic configs of every node: give no node id "
+            "(a node's static configs are its startup flags)"
+        )
+    if args.json:
+        raise UsageError("--json goes with a listing, not with --set/--delete")
+    settings = _kv(args.set, "--set")
+    for key, value in settings.items():
+        if key.endswith(".rate"):
+            try:
+                settings[key] = str(byte_size(value))
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"--set {key}: {exc}") from None
+    both = sorted(set(settings) & set(args.delete or ()))
+    if both:
+        raise UsageError(f"--set and --delete both name {both[0]}")
+    return settings, list(dict.fromkeys(args.delete or ()))
+
+
+def _cluster_configs(admin: Admin, args: argparse.Namespace, out: Any) -> int:
+    """``cluster configs``: a node's static configs, the dynamic ones every node applies
+    (the replication throttle rates reassignments set: found from outside, no command
+    showed or removed them), or a change to those (checked by the controller first, so
+    an unknown name or bad value is a usage error, as for the flags)."""
+    changes = _node_config_changes(args)
+    if changes is None:
+        if args.node is not None:
+            entries = admin.describe_configs(node=args.node)
+        else:
+            entries = admin.describe_node_configs()
+        _print_configs(entries, args.json, out)
+        return 0
+    settings, delete = changes
+    try:
+        admin.alter_node_configs(set=settings, delete=delete, validate_only=True)
+    except InvalidConfigError as exc:
+        raise UsageError(str(exc)) from None
+    admin.alter_node_configs(set=settings, delete=delete)
+    done = [f"set {k}={v}" for k, v in settings.items()] + [f"deleted {k}" for k in delete]
+    print(f"altered the dynamic configs of every node: {', '.join(done)}", file=out)
+    return 0
+
+
 def run_cluster(args: argparse.Namespace, out: Any) -> int:
+    if args.cluster_cmd == "configs":
+        _node_config_changes(args)  # usage errors before connecting
     with controller_client(args.bootstrap) as client:
         admin = Admin(cluster_client=client)
         if args.cluster_cmd == "configs":
-            _print_configs(admin.describe_configs(node=args.node), args.json, out)
-            return 0
+            return _cluster_configs(admin, args, out)
         if args.json:
             # With the coordinators' shards (found from outside: always empty before).
             resp = client.controller_call(
