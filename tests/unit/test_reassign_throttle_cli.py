@@ -7,7 +7,9 @@ unthrottled a move still copying, a superseded plan kept its throttle for ever, 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from strom.cli import reassign
@@ -36,6 +38,11 @@ class FakeAdmin:
         self.node_configs: dict[str, str] = {}
         self.refuse: set[TopicPartition] = set()
         self.elected: list[TopicPartition] = []
+        self.started: dict[TopicPartition, list[int]] = {}
+
+    def describe_cluster(self) -> SimpleNamespace:
+        ids = {r for p in self.parts.values() for r in p.replicas} | {4, 5}
+        return SimpleNamespace(nodes=[SimpleNamespace(node_id=i) for i in sorted(ids)])
 
     def list_topics(self, internal: bool = False) -> list[str]:
         return sorted({tp.topic for tp in self.parts})
@@ -79,7 +86,9 @@ class FakeAdmin:
     def alter_partition_reassignments(self, moves: Mapping[TopicPartition, Any]) -> None:
         errors = {}
         for tp, target in moves.items():
-            assert target is None, "only cancels are faked"
+            if target is not None:
+                self.started[tp] = list(target)
+                continue
             if tp in self.refuse:
                 errors[tp] = InvalidReplicaAssignmentError(f"{tp.topic}-{tp.partition}: no")
                 continue
@@ -186,3 +195,22 @@ def test_verify_elects_preferred_leaders_only_with_preferred() -> None:
     assert reassign._verify(admin, {A0: [9, 1]}, True, out) == 0  # type: ignore[arg-type]
     assert admin.elected == [A0]
     assert "a-0: leader 9 (preferred)" in out.getvalue()
+
+
+def test_the_rollback_plan_of_a_move_in_progress_keeps_the_original_order() -> None:
+    # a-0 was [3,2,1] (3 its preferred leader), moving to [9,1]: replicas are the target's
+    # order first, [9,1,3,2]; the rollback must give back [3,2,1], not [1,3,2].
+    moving = PartitionInfo(
+        0, 3, 1, (9, 1, 3, 2), (1, 3, 2), (), (9,), (3, 2), original_replicas=(3, 2, 1)
+    )
+    admin = FakeAdmin({A0: moving, A1: _done(1, (2, 1), 2)})
+    out = io.StringIO()
+    plan = {A0: [4, 5], A1: [4, 5]}
+    assert reassign._execute(admin, plan, out, None) == 0  # type: ignore[arg-type]
+    text = out.getvalue()
+    rollback = json.loads(text[text.index('{"version"') : text.index("\n]}") + 3])
+    assert [(e["partition"], e["replicas"]) for e in rollback["partitions"]] == [
+        (0, [3, 2, 1]),
+        (1, [2, 1]),
+    ]
+    assert admin.started == plan

@@ -192,9 +192,15 @@ def _described(admin: Admin, topics: Sequence[str]) -> dict[TopicPartition, Part
 
 
 def _original(p: PartitionInfo) -> list[int]:
-    """A partition's replicas before any move in progress (what a rollback returns to)."""
+    """A partition's replicas before any move in progress, in their order then (what a
+    rollback returns to, its first the preferred leader): during a move ``replicas`` holds
+    the target's order first, so the order is the controller's ``original_replicas``, as a
+    cancel uses it (strom.controller.leadership.original_replicas); a replica missing there
+    keeps its place after the others."""
     adding = set(p.adding_replicas)
-    return [r for r in p.replicas if r not in adding]
+    kept = [r for r in p.replicas if r not in adding]
+    order = {r: i for i, r in enumerate(p.original_replicas)}
+    return sorted(kept, key=lambda r: order.get(r, len(order)))
 
 
 def _say_error(tp: TopicPartition, exc: StromError) -> None:

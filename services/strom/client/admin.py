@@ -203,6 +203,9 @@ class PartitionInfo:
     partition_epoch: int = 0
     #: True after an unclean election until the new leader reports it has recovered.
     recovering: bool = False
+    #: During a reassignment, the replicas before it in their order then (``replicas`` has
+    #: the target's order first): what a cancel or a rollback returns to. Empty otherwise.
+    original_replicas: tuple[int, ...] = ()
 
     @property
     def target_replicas(self) -> tuple[int, ...]:
@@ -634,6 +637,7 @@ def _partition_info(p: controller_pb2.PartitionDescription) -> PartitionInfo:
         removing_replicas=tuple(s.removing_replicas),
         partition_epoch=s.partition_epoch,
         recovering=s.leader_recovery_state == metadata_pb2.LEADER_RECOVERY_STATE_RECOVERING,
+        original_replicas=tuple(s.original_replicas),
     )
 
 
