@@ -355,13 +355,18 @@ PANELS: list[tuple[str, list[P]]] = [
             P(
                 "timeseries",
                 "Reassignment copy and throttle",
-                "Bytes leaders sent to replicas a reassignment is adding, by topic (the copy a "
-                "move makes), against the replication throttle rate each node applies "
-                "(strom topics reassign --throttle; 0: no limit).",
+                "Bytes each node sent, as leader, to replicas a reassignment is adding (the "
+                "copy a move makes), against the replication throttle rate that node applies "
+                "(strom topics reassign --throttle; 0: no limit): both per node, so a copy "
+                "line at its node's throttle line is a move held back by the throttle.",
                 [
                     (
-                        rate_by("strom_storage_reassignment_bytes_out_total", "topic"),
-                        "{{topic}}",
+                        by_node(
+                            rate_by(
+                                "strom_storage_reassignment_bytes_out_total", "cluster, instance"
+                            )
+                        ),
+                        f"copy {NODE}",
                     ),
                     (
                         by_node(

@@ -120,3 +120,19 @@ def test_every_query_is_valid_promql_over_known_metrics(tmp_path: Path) -> None:
         [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_reassignment_panel_compares_each_nodes_copy_with_its_rate() -> None:
+    """Found from outside: the copy was summed by topic over every leader and drawn against
+    one node's throttle rate, so a move held at the rate on three nodes showed three times
+    over it. Both lines are per node now."""
+    (panel,) = [p for p in panels(dashboard()) if p["title"] == "Reassignment copy and throttle"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    copy = [e for e in exprs if "reassignment_bytes_out_total" in e]
+    rate = [e for e in exprs if "replication_throttle_rate_bytes" in e]
+    assert len(copy) == 1 and len(rate) == 1, exprs
+    assert (
+        "sum by (cluster, instance) (rate(strom_storage_reassignment_bytes_out_total" in (copy[0])
+    )
+    assert "by (topic)" not in copy[0]
+    assert "node_id" in copy[0] and "node_id" in rate[0]  # the same legend key: one per node
