@@ -145,6 +145,15 @@ def test_a_cancel_of_every_move_removes_the_whole_throttle() -> None:
     assert admin.node_configs == {}
 
 
+def test_a_cancel_with_preserve_throttles_keeps_them_and_says_how_to_remove_them() -> None:
+    admin = FakeAdmin({A0: _moving(0, (9, 1), (2,))})
+    _throttled(admin)
+    out = io.StringIO()
+    assert reassign._cancel(admin, {A0: [9, 1]}, out, unthrottle=False) == 0  # type: ignore[arg-type]
+    assert admin.node_configs and admin.topic_configs["a"]
+    assert "strom cluster configs --delete" in out.getvalue()
+
+
 def test_verify_removes_the_throttle_once_nothing_is_in_progress_even_if_not_matching() -> None:
     # a-0 is done; a-1 was moved elsewhere since (another plan, already finished).
     admin = FakeAdmin({A0: _done(0, (9, 1), 9), A1: _done(1, (4, 1), 4)})

@@ -421,13 +421,7 @@ def _verify_throttle(
     reassignment now moves stay, so that move stays throttled. A throttle kept is said, with
     how to remove it."""
     if not unthrottle:
-        print(
-            "Kept the replication throttle (--preserve-throttles); remove it with --verify "
-            "without that flag, or `strom topics alter TOPIC --delete "
-            f"{reassignplan.LEADER_THROTTLED} --delete {reassignplan.FOLLOWER_THROTTLED}` and "
-            f"`strom cluster configs --delete {LEADER_RATE} --delete {FOLLOWER_RATE}`",
-            file=out,
-        )
+        _say_preserved(out)
         return
     if in_progress:
         print(
@@ -438,6 +432,18 @@ def _verify_throttle(
         return
     moving = [tp for tp in plan if tp in current and current[tp].reassigning]
     _remove_throttle(admin, plan, out, kept=moving)
+
+
+def _say_preserved(out: Any) -> None:
+    """--preserve-throttles: what is left in place, and how to take it away later (nothing
+    else will: the configs outlive the moves)."""
+    print(
+        "Kept the replication throttle (--preserve-throttles); remove it with --verify "
+        "without that flag, or `strom topics alter TOPIC --delete "
+        f"{reassignplan.LEADER_THROTTLED} --delete {reassignplan.FOLLOWER_THROTTLED}` and "
+        f"`strom cluster configs --delete {LEADER_RATE} --delete {FOLLOWER_RATE}`",
+        file=out,
+    )
 
 
 def _elect_preferred(admin: Admin, tps: list[TopicPartition], out: Any) -> int:
@@ -476,6 +482,8 @@ def _cancel(admin: Admin, plan: reassignplan.Plan, out: Any, unthrottle: bool = 
     if unthrottle:
         # A refused cancel leaves its move copying: its throttle stays with it.
         _remove_throttle(admin, plan, out, kept=list(refused))
+    else:
+        _say_preserved(out)
     return 1 if refused else 0
 
 
