@@ -159,6 +159,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 TOPIC, partitions=3, replication_factor=3, config={"min.insync.replicas": "2"}
             )
         load = Load(cluster.bootstrap).start()
+        _move_a_partition(cluster)
         yield {"cluster": cluster, "prom": prom, "load": load}
     finally:
         if load is not None:
@@ -166,6 +167,24 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         if prom is not None:
             prom.stop()
         cluster.kill()
+
+
+def _move_a_partition(cluster: LocalCluster) -> None:
+    """One small reassignment (a partition of a few records on node 1 copied to node 2 too),
+    so that the reassignment panels have the series a move exports (node 1 keeps its
+    replica: a node that hosts none of a topic's replicas drops the topic's counters)."""
+    tp = TopicPartition("moved", 0)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(tp.topic, replica_assignment={0: [1]})
+        with Producer(cluster.bootstrap, acks="all") as p:
+            p.send_batch(tp.topic, [b"r%d" % i for i in range(100)]).result(timeout=60)
+        admin.alter_partition_reassignments({tp: [1, 2]})
+
+        def moved() -> bool:
+            p = admin.describe_topic(tp.topic).partitions[0]
+            return p.replicas == (1, 2) and not p.adding_replicas and 2 in p.isr
+
+        wait_for(moved, timeout=60, what="the small move done")
 
 
 def dashboard_queries() -> list[tuple[str, str, str]]:
