@@ -672,6 +672,21 @@ def _node(n: common_pb2.Node | None) -> Node | None:
     return Node(n.node_id, n.host, n.port, n.rack if n.HasField("rack") else None)
 
 
+def _config_entries(configs: Iterable[Any]) -> dict[str, ConfigEntry]:
+    """A DescribeConfigs result's entries by name (topics' and nodes' alike)."""
+    return {
+        c.name: ConfigEntry(
+            name=c.name,
+            value=c.value if c.HasField("value") else None,
+            source=_SOURCES.get(c.source, ConfigSource.UNKNOWN),
+            read_only=c.read_only,
+            sensitive=c.sensitive,
+            documentation=c.documentation,
+        )
+        for c in configs
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # The client
 
@@ -1032,15 +1047,7 @@ class Admin:
                     what,
                     repr(r.resource_name) if topic is not None else f"node {r.resource_name}",
                 )
-            for c in r.configs:
-                out[c.name] = ConfigEntry(
-                    name=c.name,
-                    value=c.value if c.HasField("value") else None,
-                    source=_SOURCES.get(c.source, ConfigSource.UNKNOWN),
-                    read_only=c.read_only,
-                    sensitive=c.sensitive,
-                    documentation=c.documentation,
-                )
+            out.update(_config_entries(r.configs))
         return out
 
     def alter_configs(
@@ -1128,15 +1135,7 @@ class Admin:
         for r in resp.results:
             if r.error_code != NONE:
                 raise error_for(r.error_code, r.error_message or None)
-            for c in r.configs:
-                out[c.name] = ConfigEntry(
-                    name=c.name,
-                    value=c.value if c.HasField("value") else None,
-                    source=_SOURCES.get(c.source, ConfigSource.UNKNOWN),
-                    read_only=c.read_only,
-                    sensitive=c.sensitive,
-                    documentation=c.documentation,
-                )
+            out.update(_config_entries(r.configs))
         return out
 
     def alter_node_configs(
