@@ -70,7 +70,6 @@ from typing import Any, NamedTuple
 import grpc
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from strom.api import common_pb2, storage_pb2
 from strom.client import forks, trace
@@ -2428,8 +2427,6 @@ def _split_by_key(
 ) -> list[tuple[int, pa.Table]]:
     """Group rows by their key's partition, keeping each partition's rows in input order.
     A custom partitioner's answers are checked before anything is queued (_checked_pick)."""
-    import numpy as np
-
     keys = table.column("key").to_pylist()
     if partitioner is None:
         parts = np.fromiter(
@@ -2479,6 +2476,11 @@ def _checked_pick(partitioner: Partitioner, pick: object, topic: str, n: int) ->
 def _row_sizes(table: pa.Table) -> np.ndarray:
     """Each row's size as ``send()`` counts a record: value + key + header keys (UTF-8) and
     values + RECORD_OVERHEAD, nulls counting 0. Vectorized: one Arrow kernel a column."""
+    # Arrow's compute kernels are imported where send_batch needs them: at the module's
+    # top they cost every client process ~30-50 ms at start and thousands of objects
+    # each full collection walks.
+    import pyarrow.compute as pc
+
     n = table.num_rows
     sizes = np.full(n, RECORD_OVERHEAD, dtype=np.int64)
     names = table.schema.names
@@ -2498,6 +2500,8 @@ def _row_sizes(table: pa.Table) -> np.ndarray:
 
 def _lengths(column: Any) -> np.ndarray:
     """Byte lengths of a binary or string column (nulls 0) as int64."""
+    import pyarrow.compute as pc  # see _row_sizes
+
     lengths = pc.fill_null(pc.binary_length(column), 0)
     return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
 
