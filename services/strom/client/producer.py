@@ -48,12 +48,15 @@ works, and why:
   the leader refuses them (INCONSISTENT_TOPIC_ID) if the topic has another id now, and they
   fail as not written once our metadata has the new id too, instead of landing in the new
   topic of the same name (found from outside).
+
+``send_batch``'s Arrow side (tables, grouping rows by key, cutting them by size) is in
+:mod:`strom.client.bulk`, and the checks ``send`` and ``send_batch`` both make of a record
+in :mod:`strom.client.record_checks`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import math
@@ -68,22 +71,35 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import grpc
-import numpy as np
 import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
 from strom.client import forks, trace
 from strom.client.accumulator import (
     BATCH_OVERHEAD,
-    RECORD_OVERHEAD,
     PartitionQueue,
     ProducerBatch,
 )
+from strom.client.bulk import (
+    BatchMetadata,
+    BulkFuture,
+    as_table,
+    gather,
+    part_of,
+    split_by_key,
+    table_chunks,
+)
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, refused
 from strom.client.downgrades import Downgrades
-from strom.client.futures import BatchResult, FutureRecordMetadata
+from strom.client.futures import FutureRecordMetadata
 from strom.client.kwnames import bool_option, kafka_keywords
-from strom.client.partitioner import murmur2, partition_for_key
+from strom.client.partitioner import murmur2
+from strom.client.record_checks import Partitioner
+
+# send() (the measured hot path) is kept as it was, calling these by their former names.
+from strom.client.record_checks import checked_pick as _checked_pick
+from strom.client.record_checks import record_headers as _headers
+from strom.client.record_checks import record_too_large as _record_too_large
 from strom.client.spin import SpinKeeper
 from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
 from strom.client.transactions import (
@@ -112,6 +128,19 @@ from strom.errors import (
 from strom.grpc_options import MAX_BATCH_BYTES
 from strom.record import codecs
 from strom.security.channel import client_security
+
+__all__ = [
+    "NO_WAIT",
+    "BatchMetadata",
+    "BulkFuture",
+    "Partitioner",
+    "Producer",
+    "ProducerCallbackError",
+    "ProducerClosedError",
+    "WouldBlockError",
+    "request_too_large",
+    "space_wait_until",
+]
 
 log = logging.getLogger(__name__)
 
@@ -163,17 +192,6 @@ _TRANSPORT_RETRIABLE = (
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 )
 
-Partitioner = Callable[[bytes | None, int], int]
-
-
-class BatchMetadata(NamedTuple):
-    """Where one chunk of a ``send_batch`` landed: ``count`` records from ``base_offset``."""
-
-    topic: str
-    partition: int
-    base_offset: int
-    count: int
-
 
 class _Shipment(NamedTuple):
     """One partition's part of a Produce request."""
@@ -223,7 +241,6 @@ class ProducerCallbackError(StromError):
 
 
 _client_ids = itertools.count(1)
-_key_partition = functools.lru_cache(maxsize=1 << 16)(partition_for_key)
 
 #: key -> its murmur2 made positive (the partition is that modulo the count), for ``send``:
 #: a dict lookup costs a keyed record ~40 ns less than the lru_cache above. Shared by all
@@ -668,7 +685,7 @@ class Producer:
             raise self._closed_error()
         if self._txn is not None:
             self._txn.require(TxnPhase.IN_TRANSACTION, action="send_batch()")
-        table = _as_table(values, keys, headers, timestamps)
+        table = as_table(values, keys, headers, timestamps)
         if table.num_rows == 0:
             done = BulkFuture([])
             done.set_result([])
@@ -685,13 +702,13 @@ class Producer:
         if partition is not None:
             groups = [(partition, table)]
         elif "key" in table.schema.names and table.column("key").null_count < table.num_rows:
-            groups = _split_by_key(table, topic, n, self.partitioner)
+            groups = split_by_key(table, topic, n, self.partitioner)
         else:
             groups = [(-1, table)]
         chunks: list[ProducerBatch] = []
         topic_id = self._metadata.topic_id(topic)
         for p, t in groups:
-            for chunk in _chunks(
+            for chunk in table_chunks(
                 t, self._batch_bytes(topic), self.max_request_size, self.buffer_memory
             ):
                 if p < 0:
@@ -718,7 +735,7 @@ class Producer:
                 self._open.pop(tp, None)
                 self._buffered += b.size  # == b.limit: a bulk batch reserves exactly its size
         self._wake.set()
-        return _gather(chunks)
+        return gather(chunks)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued so far and wait until it is acknowledged or failed, and
@@ -1995,7 +2012,7 @@ class Producer:
         if b.count < 2 or b.arrow is not None or b.maybe_written:
             return False
         half = b.count // 2
-        parts = [_part_of(b, 0, half), _part_of(b, half, b.count)]
+        parts = [part_of(b, 0, half), part_of(b, half, b.count)]
         parts[1].limit = b.limit - parts[0].limit  # (what b reserved, shared out)
         if b.base_sequence >= 0:
             parts[1].base_sequence = (b.base_sequence + half) & _SEQ_MASK
@@ -2320,48 +2337,6 @@ def _check_timestamp(ts: Any) -> int:
     return ts
 
 
-def _headers(headers: Any) -> list[tuple[str, bytes | None]]:
-    """A record's headers as DESIGN §1 has them, (str, bytes | None) pairs, from a list of
-    pairs or a mapping (confluent-kafka takes both). A bytes key is decoded as UTF-8, as a
-    Kafka user who writes ``b"trace-id"`` means; any other type is refused naming the header
-    (found from outside: ``b"trace-id"`` was stored as ``"b'trace-id'"``, 7 as ``"7"``, and
-    an int value failed with a bare ``object of type 'int' has no len()``)."""
-    if isinstance(headers, Mapping):
-        headers = headers.items()
-    elif isinstance(headers, str | bytes) or not isinstance(headers, Iterable):
-        raise TypeError(f"headers must be a list of (key, value) pairs, got {headers!r}")
-    out = []
-    for item in headers:
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise TypeError(f"headers must be (key, value) pairs, got {item!r}")
-        key, value = item
-        out.append((_header_key(key), _header_value(key, value)))
-    return out
-
-
-def _header_key(key: Any) -> str:
-    if type(key) is str:
-        return key
-    if isinstance(key, bytes | bytearray | memoryview):
-        try:
-            return bytes(key).decode()
-        except UnicodeDecodeError:
-            raise ValueError(f"header key {bytes(key)!r} is not UTF-8: keys are text") from None
-    if isinstance(key, str):
-        return str(key)  # a str subclass
-    raise TypeError(f"header key {key!r} must be a str (or UTF-8 bytes), got {type(key).__name__}")
-
-
-def _header_value(key: Any, value: Any) -> bytes | None:
-    if value is None or type(value) is bytes:
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    raise TypeError(f"header {key!r}: value must be bytes, str or None, got {type(value).__name__}")
-
-
 def _seq_before(a: int, b: int) -> bool:
     """Whether sequence ``a`` comes strictly before ``b`` (they wrap at 2**31 - 1)."""
     return 0 < (b - a) & _SEQ_MASK < (1 << 30)
@@ -2370,260 +2345,3 @@ def _seq_before(a: int, b: int) -> bool:
 def _earlier(a: float | None, b: float) -> float:
     b = max(b, 0.0)
     return b if a is None else min(a, b)
-
-
-def _as_table(values: Any, keys: Any, headers: Any, timestamps: Any) -> pa.Table:
-    if isinstance(values, pa.RecordBatch):
-        values = pa.Table.from_batches([values])
-    if isinstance(values, pa.Table):
-        if keys is not None or headers is not None or timestamps is not None:
-            raise ValueError("with an Arrow table, give keys/headers/timestamps as its columns")
-        if "value" not in values.schema.names:
-            raise ValueError(
-                f"the Arrow table needs a 'value' column; it has {values.schema.names}"
-            )
-        return values
-    cols = {"value": _binary(values, "values")}
-    n = len(cols["value"])
-    if keys is not None:
-        cols["key"] = _binary(keys, "keys")
-        if len(cols["key"]) != n:
-            raise ValueError(f"{len(cols['key'])} keys for {n} values")
-    if headers is not None:
-        from strom.record.schema import HEADERS_TYPE
-
-        cols["headers"] = (
-            headers
-            if isinstance(headers, pa.Array)
-            else pa.array([None if h is None else _headers(h) for h in headers], type=HEADERS_TYPE)
-        )
-    if timestamps is not None:
-        cols["timestamp"] = (
-            timestamps
-            if isinstance(timestamps, pa.Array)
-            else pa.array(timestamps, type=pa.int64())
-        )
-    return pa.table(cols)
-
-
-def _binary(x: Any, what: str) -> pa.Array:
-    if isinstance(x, pa.ChunkedArray):
-        x = x.combine_chunks()
-    if isinstance(x, pa.Array):
-        if pa.types.is_string(x.type) or pa.types.is_large_string(x.type):
-            return x.cast(pa.binary())
-        return x
-    try:
-        return pa.array(x, type=pa.binary())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        try:
-            return pa.array(x, type=pa.string()).cast(pa.binary())
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-            raise TypeError(f"{what} must be bytes, str or None: {exc}") from None
-
-
-def _split_by_key(
-    table: pa.Table, topic: str, n: int, partitioner: Partitioner | None
-) -> list[tuple[int, pa.Table]]:
-    """Group rows by their key's partition, keeping each partition's rows in input order.
-    A custom partitioner's answers are checked before anything is queued (_checked_pick)."""
-    keys = table.column("key").to_pylist()
-    if partitioner is None:
-        parts = np.fromiter(
-            (random.randrange(n) if k is None else _key_partition(k, n) for k in keys),
-            dtype=np.int32,
-            count=len(keys),
-        )
-    else:
-        picks = [partitioner(k, n) for k in keys]
-        if not all(type(p) is int and 0 <= p < n for p in picks):
-            picks = [_checked_pick(partitioner, p, topic, n) for p in picks]
-        parts = np.fromiter(picks, dtype=np.int32, count=len(picks))
-    out = []
-    for p in np.unique(parts):
-        idx = np.flatnonzero(parts == p)
-        out.append((int(p), table.take(pa.array(idx))))
-    return out
-
-
-def _checked_pick(partitioner: Partitioner, pick: object, topic: str, n: int) -> int:
-    """A custom partitioner's answer as a partition number, or a clear error at ``send``.
-
-    Kafka's Java client refuses a partitioner's answer outside the topic's partitions at
-    once too ("Invalid partition given with record"). FIX (found from outside): None was
-    queued as a partition and broke the sender thread for every record of the producer,
-    and 7 of 4 partitions waited delivery_timeout_ms for a leader that never comes. An
-    integer of another type (numpy's: ``operator.index``) is taken; bool is not."""
-    name = getattr(partitioner, "__qualname__", None) or repr(partitioner)
-    where = f"for topic {topic!r}, which has partitions [0, {n})"
-    try:
-        if isinstance(pick, bool):
-            raise TypeError
-        value = operator.index(pick)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"partitioner {name} returned {pick!r} {where}: a partitioner is called as "
-            "partitioner(key_bytes, partition_count) and must return an int in that range"
-        ) from None
-    if not 0 <= value < n:
-        raise ValueError(
-            f"partitioner {name} returned partition {value} {where}: it must return an int "
-            "in that range"
-        )
-    return value
-
-
-def _row_sizes(table: pa.Table) -> np.ndarray:
-    """Each row's size as ``send()`` counts a record: value + key + header keys (UTF-8) and
-    values + RECORD_OVERHEAD, nulls counting 0. Vectorized: one Arrow kernel a column."""
-    # Arrow's compute kernels are imported where send_batch needs them: at the module's
-    # top they cost every client process ~30-50 ms at start and thousands of objects
-    # each full collection walks.
-    import pyarrow.compute as pc
-
-    n = table.num_rows
-    sizes = np.full(n, RECORD_OVERHEAD, dtype=np.int64)
-    names = table.schema.names
-    for name in ("key", "value"):
-        if name in names:
-            sizes += _lengths(table.column(name))
-    if "headers" in names and table.column("headers").null_count < n:
-        lists = table.column("headers").combine_chunks()
-        if isinstance(lists, pa.ChunkedArray):  # (pyarrow < 16 keeps it chunked)
-            lists = pa.concat_arrays(lists.chunks)
-        flat = pc.list_flatten(lists)
-        parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-        per_header = _lengths(flat.field("key")) + _lengths(flat.field("value"))
-        sizes += np.bincount(parents, weights=per_header, minlength=n).astype(np.int64)
-    return sizes
-
-
-def _lengths(column: Any) -> np.ndarray:
-    """Byte lengths of a binary or string column (nulls 0) as int64."""
-    import pyarrow.compute as pc  # see _row_sizes
-
-    lengths = pc.fill_null(pc.binary_length(column), 0)
-    return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def _record_too_large(size: int, max_request_size: int, buffer_memory: int) -> MessageTooLargeError:
-    """What ``send()`` (and ``send_batch()``, per row) raises for a record it never sends:
-    over max_request_size, or over buffer_memory, which could never hold it. FIX (found from
-    outside): a record larger than buffer_memory was taken (Kafka refuses it at once, its
-    RecordTooLargeException)."""
-    if size > max_request_size:
-        return MessageTooLargeError(
-            f"the record is {size} bytes, more than max_request_size={max_request_size}"
-        )
-    return MessageTooLargeError(
-        f"the record is {size} bytes, more than buffer_memory={buffer_memory} (the producer's "
-        "whole buffer could never hold it)"
-    )
-
-
-def _chunks(
-    table: pa.Table, batch_size: int, max_size: int, buffer_memory: int | None = None
-) -> Iterable[pa.Table]:
-    """Zero-copy slices of at most ``min(batch_size, max_size)`` bytes by the rows' own sizes
-    (a larger row alone); a row over ``max_size`` (or ``buffer_memory``) raises what
-    ``send()`` raises for it, before any slice is made.
-
-    FIX (found from outside): slices were cut by the *average* row size, so two adjacent
-    9 MiB rows among small ones made one 18 MiB batch the topic refused (while each row
-    fit), and a 5 MiB row passed a 4 MiB max_request_size because the average was small.
-    Per slice, not per row: a cumulative sum and one searchsorted each."""
-    n = table.num_rows
-    if n == 0:
-        return []
-    sizes = _row_sizes(table)
-    memory = max_size if buffer_memory is None else buffer_memory
-    too_big = np.flatnonzero(sizes > min(max_size, memory))
-    if len(too_big):
-        i = int(too_big[0])
-        err = _record_too_large(int(sizes[i]), max_size, memory)
-        raise MessageTooLargeError(f"{err.message} (row {i}; {len(too_big)} such rows)")
-    limit = max(min(batch_size, max_size), 1)
-    if int(sizes.sum()) <= limit:
-        return [table]
-    cum = np.cumsum(sizes)
-    out = []
-    start = 0
-    while start < n:
-        base = int(cum[start - 1]) if start else 0
-        end = max(int(np.searchsorted(cum, base + limit, side="right")), start + 1)
-        out.append(table.slice(start, end - start))
-        start = end
-    return out
-
-
-def _part_of(b: ProducerBatch, start: int, end: int) -> ProducerBatch:
-    """Records ``start`` to ``end`` of a (closed, non-bulk) batch as a closed batch of its own,
-    with the same creation time (the delivery timeout still counts from the records' send),
-    attempts and base sequence (the caller moves the second part's). Per-record Python: only
-    on the rare split after a MESSAGE_TOO_LARGE, never on the produce path."""
-    part = ProducerBatch(b.topic, b.partition)
-    part.topic_id = b.topic_id
-    part.values = b.values[start:end]
-    part.keys = b.keys[start:end]
-    if b.headers is not None:
-        part.headers = b.headers[start:end]
-    part.has_keys = any(k is not None for k in part.keys)
-    part.timestamps = b.timestamps[start:end]
-    part.result = BatchResult(b.topic, b.partition, part.timestamps)
-    part.count = end - start
-    part.size = sum(
-        RECORD_OVERHEAD
-        + (len(v) if v is not None else 0)
-        + (len(k) if k is not None else 0)
-        + sum(len(hk.encode()) + len(hv or b"") for hk, hv in (h or ()))
-        for v, k, h in zip(
-            part.values, part.keys, part.headers or itertools.repeat(None), strict=False
-        )
-    )
-    part.limit = part.size
-    part.max_size = b.max_size
-    part.created = b.created
-    part.closed = True
-    part.attempts = b.attempts
-    part.base_sequence = b.base_sequence
-    return part
-
-
-class BulkFuture(Future):  # type: ignore[type-arg]
-    """What ``send_batch()`` returns: the Future of one :class:`BatchMetadata` per batch,
-    which also says how many of its records are acknowledged (:meth:`written`). Its batches
-    are acknowledged one by one, so after a failure some of them may be in the log: the
-    failure alone said nothing of them (found from outside: the Spark sink reported none of
-    a failed task's rows as written while 191 were)."""
-
-    def __init__(self, batches: list[ProducerBatch]) -> None:
-        super().__init__()
-        self._batches = batches
-
-    def written(self) -> int:
-        """Records of the batches acknowledged so far (all of them once it succeeded)."""
-        return sum(b.count for b in self._batches if b.result.done and b.result.error is None)
-
-
-def _gather(batches: list[ProducerBatch]) -> BulkFuture:
-    out = BulkFuture(batches)
-    left = [len(batches)]
-    lock = threading.Lock()
-
-    def one_done() -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if not last:
-            return
-        for b in batches:
-            if b.result.error is not None:
-                out.set_exception(b.result.error)
-                return
-        out.set_result(
-            [BatchMetadata(b.topic, b.partition, b.result.base_offset, b.count) for b in batches]
-        )
-
-    for b in batches:
-        b.result.on_done(one_done)
-    return out
