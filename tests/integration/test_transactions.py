@@ -1262,7 +1262,7 @@ def test_an_old_clients_transactions_commit_and_abort_without_acls(
     they are appended again and the coordinator commits and aborts their transactions. The
     old client is emulated on the wire: this producer's requests leave the field out, byte
     for byte what cabdcc8's encoder sent."""
-    from strom.client import producer as producer_module
+    from strom.client import sender as producer_module
 
     encode = producer_module.encode_produce_request
     named: list[str] = []

@@ -22,8 +22,8 @@ from strom.client.admin import (
     NewTopic,
     NodeState,
     PartitionInfo,
-    _partition_info,
 )
+from strom.client.admin_requests import partition_info as _partition_info
 from strom.client.types import OffsetAndTimestamp, TopicPartition
 from strom.errors import (
     BrokerNotAvailableError,

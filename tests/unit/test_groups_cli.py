@@ -12,7 +12,7 @@ import pytest
 from strom.cli.admin import _time_spec
 from strom.cli.groups import _datetime_ms, plan_reset
 from strom.cli.main import build_parser
-from strom.client.admin import _offset_spec
+from strom.client.admin_requests import offset_spec as _offset_spec
 from strom.client.types import TopicPartition
 from strom.errors import InvalidRequestError
 

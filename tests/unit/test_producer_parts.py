@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from strom.api import storage_pb2
 from strom.client.accumulator import PartitionQueue, ProducerBatch
+from strom.client.bulk import as_table as _as_table
+from strom.client.bulk import split_by_key as _split_by_key
+from strom.client.bulk import table_chunks as _chunks
 from strom.client.futures import BatchResult, FutureRecordMetadata
 from strom.client.partitioner import partition_for_key
-from strom.client.producer import Producer, _as_table, _chunks, _split_by_key, request_too_large
+from strom.client.producer import Producer, request_too_large
 from strom.client.streams import StreamError
 from strom.client.types import RecordMetadata
 from strom.client.wire import encode_produce_request

@@ -36,9 +36,8 @@ from strom.client.admin import (
     OffsetSpec,
     PartitionInfo,
     TopicDescription,
-    _partition_info,
-    _replication_factor,
 )
+from strom.client.admin_requests import partition_info, replication_factor_of
 from strom.client.cluster import ClusterClient
 from strom.client.types import TopicPartition
 from strom.errors import (
@@ -506,7 +505,7 @@ def _topic_dict(t: Any, partitions: Any, min_isr: int) -> dict[str, Any]:
     infos = []
     for p in partitions:
         row = message_dict(p)
-        info = _partition_info(p)
+        info = partition_info(p)
         infos.append(info)
         row["conditions"] = _conditions(info, min_isr)
         d["partitions"].append(row)
@@ -516,7 +515,7 @@ def _topic_dict(t: Any, partitions: Any, min_isr: int) -> dict[str, Any]:
         # the JSON kept the count chosen at creation), that one kept beside it.
         created = t.metadata.replication_factor
         meta["created_replication_factor"] = created
-        meta["replication_factor"] = _replication_factor(created, tuple(infos))
+        meta["replication_factor"] = replication_factor_of(created, tuple(infos))
     return d
 
 
@@ -546,14 +545,14 @@ def _describe_filtered(
     resp = _described(client, args.topics)
     rows = []
     for t in resp.topics if args.topics else sorted(resp.topics, key=lambda t: t.name):
-        shown = [p for p in t.partitions if wanted.test(t.name, _partition_info(p))]
+        shown = [p for p in t.partitions if wanted.test(t.name, partition_info(p))]
         if not shown:
             continue
         if args.json:
             rows.append(_topic_dict(t, shown, min_isr(t.name)))
             continue
         for p in shown:
-            line = _partition_line(_partition_info(p), min_isr(t.name), met=wanted.flag)
+            line = _partition_line(partition_info(p), min_isr(t.name), met=wanted.flag)
             print(f"Topic: {t.name}\t{line}", file=out)
     if args.json:
         print(json.dumps(rows, indent=2), file=out)

@@ -64,7 +64,7 @@ class ProducerBatch:
         self.partition = partition
         #: The id the topic had in the producer's metadata when the batch was made ("" when
         #: unknown): a batch made for a topic since deleted and re-created under the same name
-        #: is not the new topic's (Producer._send_ready).
+        #: is not the new topic's (SenderLoop._send_ready).
         self.topic_id = ""
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
@@ -93,9 +93,9 @@ class ProducerBatch:
         #: Part of a request in flight right now.
         self.sent = False
         #: An attempt ended without proof that nothing was appended (no answer, an answer
-        #: after the append, a retriable error not in producer._REFUSED_BEFORE_APPEND): it may
+        #: after the append, a retriable error not in sender._REFUSED_BEFORE_APPEND): it may
         #: be in the log. Such a batch fails as "may have been written" and its sequence is
-        #: never given to another batch (Producer._settle).
+        #: never given to another batch (SenderLoop._settle).
         self.maybe_written = False
         if arrow is not None:
             self.count = arrow.num_rows

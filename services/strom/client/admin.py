@@ -42,23 +42,69 @@ whose message names both. A partition without a live leader is retried until the
 timeout, then is one of ``errors``. The one exception is ``elect_leaders``: "the preferred
 leader already leads" or "is not in sync yet" are normal outcomes of a sweep, so it returns a
 result per partition.
+
+The argument and result types live in :mod:`strom.client.admin_types` (imported from here as
+before), the argument checks, error context and answer readers in
+:mod:`strom.client.admin_requests`; this module holds the :class:`Admin` class.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, TypeVar
 
 import grpc
 
 from strom.api import common_pb2, controller_pb2, coordinator_pb2, metadata_pb2, storage_pb2
-from strom.argtypes import datetime_ms
 from strom.client import forks, group_admin
+from strom.client.admin_requests import (
+    by_topic,
+    checked_group_id,
+    checked_group_ids,
+    config_entries,
+    config_strings,
+    group_error,
+    group_partition_error,
+    is_int,
+    node_of,
+    offset_spec,
+    partition_error,
+    partition_failures,
+    positive_count,
+    raise_first,
+    raise_partial,
+    replica_assignments,
+    replica_list,
+    topic_description,
+    topic_error,
+    topic_name,
+    topic_names,
+    topic_partition,
+    tp_list,
+    tp_map,
+    with_context,
+)
+from strom.client.admin_types import (
+    Assignment,
+    ClusterDescription,
+    ConfigEntry,
+    ConfigSource,
+    ConfigValue,
+    CreateTopicResult,
+    ElectionResult,
+    NewTopic,
+    Node,
+    NodeInfo,
+    NodeState,
+    OffsetSpec,
+    PartitionInfo,
+    ProducerState,
+    Reassignment,
+    TopicDescription,
+    TopicListing,
+)
 from strom.client.cluster import ClusterClient, attempt_timeout, older_node
 from strom.client.group_admin import (
     GroupDescription,
@@ -76,19 +122,16 @@ from strom.errors import (
     BrokerNotAvailableError,
     ErrorCode,
     InvalidConfigError,
-    InvalidGroupIdError,
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     InvalidRequestError,
-    InvalidTopicError,
     PartialResultError,
     StromError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
     error_for,
     is_retriable,
-    partial_result_error,
 )
 from strom.security.channel import client_security
 
@@ -126,565 +169,16 @@ __all__ = [
 
 NONE = common_pb2.ErrorCode.NONE
 T = TypeVar("T")
-V = TypeVar("V")
 
-#: What ``list_offsets`` looks up for a partition: the log start ("earliest"), the offset the
-#: next committed record will get ("latest"), the record with the largest timestamp
-#: ("max_timestamp"), or the first record at or after a time (ms since the epoch, or a
-#: ``datetime``; a naive one is local time, as ``datetime.timestamp`` reads it).
-OffsetSpec = Literal["earliest", "latest", "max_timestamp"] | int | datetime
-_SPECIAL_OFFSETS = {"latest": -1, "earliest": -2, "max_timestamp": -3}
 _ISOLATION = {
     "read_uncommitted": storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
     "read_committed": storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
 }
 
-ConfigValue = str | int | float | bool
-Assignment = Mapping[int, Sequence[int]] | Sequence[Sequence[int]]
-
-
-# ---------------------------------------------------------------------------------------------
-# Result and argument types
-
-
-@dataclass(frozen=True)
-class NewTopic:
-    """A topic for :meth:`Admin.create_topics` (Kafka's ``NewTopic``).
-
-    ``partitions`` / ``replication_factor`` None take the cluster defaults. ``replica_assignment``
-    places replicas by hand: partition -> node ids, preferred leader first (a mapping, or a list
-    indexed by partition); it fixes both counts, so those must then be left None.
-    """
-
-    name: str
-    partitions: int | None = None
-    replication_factor: int | None = None
-    config: Mapping[str, ConfigValue] = field(default_factory=dict)
-    replica_assignment: Assignment | None = None
-
-
-NewTopic.__init__ = kafka_keywords(NewTopic.__init__)  # type: ignore[method-assign]
-
-
-class CreateTopicResult(NamedTuple):
-    """What the controller created (or, with ``validate_only``, would create: no topic id)."""
-
-    name: str
-    topic_id: str
-    partitions: int
-    replication_factor: int
-
-
-class TopicListing(NamedTuple):
-    """One entry of :meth:`Admin.list_topics`."""
-
-    name: str
-    topic_id: str
-    partitions: int
-    internal: bool
-
-
-@dataclass(frozen=True)
-class PartitionInfo:
-    """A partition's replication state as the controller stores it.
-
-    ``leader`` is None while the partition has no leader. During a reassignment ``replicas`` is
-    the union of the old and new sets; the new set is :attr:`target_replicas`.
-    """
-
-    partition: int
-    leader: int | None
-    leader_epoch: int
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-    offline_replicas: tuple[int, ...] = ()
-    adding_replicas: tuple[int, ...] = ()
-    removing_replicas: tuple[int, ...] = ()
-    partition_epoch: int = 0
-    #: True after an unclean election until the new leader reports it has recovered.
-    recovering: bool = False
-    #: During a reassignment, the replicas before it in their order then (``replicas`` has
-    #: the target's order first): what a cancel or a rollback returns to. Empty otherwise.
-    original_replicas: tuple[int, ...] = ()
-
-    @property
-    def target_replicas(self) -> tuple[int, ...]:
-        """The replicas once any reassignment in progress completes."""
-        removing = set(self.removing_replicas)
-        return tuple(r for r in self.replicas if r not in removing)
-
-    @property
-    def preferred_leader(self) -> int | None:
-        """The first target replica: the leader a preferred election moves leadership to."""
-        target = self.target_replicas
-        return target[0] if target else None
-
-    @property
-    def under_replicated(self) -> bool:
-        """Fewer replicas in sync than the partition has, not counting those a reassignment
-        is adding (Kafka's rule): a move whose new replicas are still copying while the old
-        ones are all in sync is not under-replicated, one that lost an old replica is."""
-        return len(self.isr) < len(self.replicas) - len(self.adding_replicas)
-
-    @property
-    def offline(self) -> bool:
-        """No live leader: the partition can be neither written nor read."""
-        return self.leader is None or self.leader in self.offline_replicas
-
-    @property
-    def reassigning(self) -> bool:
-        return bool(self.adding_replicas or self.removing_replicas)
-
-
-@dataclass(frozen=True)
-class TopicDescription:
-    """A topic as stored in etcd. ``configs`` holds the topic's overrides only; the effective
-    values (defaults included) come from :meth:`Admin.describe_configs`. ``replication_factor``
-    is the first partition's replica count (Kafka's rule; a reassignment may change it, and
-    each partition's ``replicas`` say what it has)."""
-
-    name: str
-    topic_id: str
-    internal: bool
-    replication_factor: int
-    partitions: tuple[PartitionInfo, ...]
-    configs: Mapping[str, str] = field(default_factory=dict)
-    created_ms: int = 0
-
-    @property
-    def partition_count(self) -> int:
-        return len(self.partitions)
-
-    @property
-    def topic_partitions(self) -> list[TopicPartition]:
-        """Every partition as a TopicPartition, e.g. to build ``list_offsets`` arguments."""
-        return [TopicPartition(self.name, p.partition) for p in self.partitions]
-
-    @property
-    def under_replicated_partitions(self) -> list[int]:
-        return [p.partition for p in self.partitions if p.under_replicated]
-
-    @property
-    def offline_partitions(self) -> list[int]:
-        return [p.partition for p in self.partitions if p.offline]
-
-
-class ConfigSource(enum.StrEnum):
-    """Where a config's effective value comes from."""
-
-    DEFAULT = "default"  # strom's built-in default
-    TOPIC = "topic"  # an override stored with the topic
-    NODE = "node"  # a storage node's startup configuration
-    DYNAMIC_NODE = "dynamic_node"  # a dynamic config of every node (alter_node_configs)
-    UNKNOWN = "unknown"
-
-
-_SOURCES = {
-    controller_pb2.CONFIG_SOURCE_DEFAULT: ConfigSource.DEFAULT,
-    controller_pb2.CONFIG_SOURCE_TOPIC: ConfigSource.TOPIC,
-    controller_pb2.CONFIG_SOURCE_STATIC_NODE_CONFIG: ConfigSource.NODE,
-    controller_pb2.CONFIG_SOURCE_DYNAMIC_DEFAULT_NODE_CONFIG: ConfigSource.DYNAMIC_NODE,
-}
-
-
-class ConfigEntry(NamedTuple):
-    """One config of a topic or node. ``value`` is None when unset or sensitive (secret)."""
-
-    name: str
-    value: str | None
-    source: ConfigSource
-    read_only: bool = False
-    sensitive: bool = False
-    documentation: str = ""
-
-    @property
-    def is_default(self) -> bool:
-        return self.source == ConfigSource.DEFAULT
-
-
-class Node(NamedTuple):
-    """A server process: a controller or coordinator (``node_id`` is its own id family)."""
-
-    node_id: int
-    host: str
-    port: int
-    rack: str | None = None
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-class NodeState(enum.StrEnum):
-    """A storage node's lifecycle state (only RUNNING nodes lead partitions or join ISRs)."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    SHUTTING_DOWN = "shutting_down"
-
-
 _NODE_STATES = {
     metadata_pb2.NODE_STATE_RUNNING: NodeState.RUNNING,
     metadata_pb2.NODE_STATE_SHUTTING_DOWN: NodeState.SHUTTING_DOWN,
 }
-
-
-class NodeInfo(NamedTuple):
-    """A registered (live) storage node."""
-
-    node_id: int
-    host: str
-    port: int
-    rack: str | None
-    state: NodeState
-    metrics_port: int = 0
-    software_version: str = ""
-    start_time_ms: int = 0
-    incarnation_id: str = ""
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class ClusterDescription:
-    """The cluster id, the active controller (None during an election), the live storage nodes
-    by id and, when asked for, the coordinator owning each group shard."""
-
-    cluster_id: str
-    controller: Node | None
-    controller_epoch: int
-    nodes: tuple[NodeInfo, ...]
-    coordinators: Mapping[int, Node] = field(default_factory=dict)
-
-
-class ElectionResult(NamedTuple):
-    """One partition's election outcome. ``error`` is None when a leader was elected, else the
-    reason nothing changed (``ElectionNotNeededError``: the wanted leader already leads;
-    ``PreferredLeaderNotAvailableError``: it is down or out of sync; ...)."""
-
-    leader: int | None
-    leader_epoch: int
-    error: StromError | None = None
-
-    @property
-    def elected(self) -> bool:
-        return self.error is None
-
-
-class ProducerState(NamedTuple):
-    """What a partition's leader knows of one producer (Kafka's ``ProducerState``)."""
-
-    producer_id: int
-    producer_epoch: int
-    #: Sequence number of its last record in the partition; -1 if it wrote only markers.
-    last_sequence: int
-    #: When it last wrote to the partition, ms since the epoch: its last batch's max
-    #: timestamp (the producer's clock unless the topic uses LogAppendTime), as Kafka's.
-    last_timestamp_ms: int
-    #: Coordinator epoch of the newest marker written for it there; -1 = none.
-    coordinator_epoch: int
-    #: First offset of its open transaction in the partition; None when none is open.
-    current_transaction_start_offset: int | None
-
-
-class Reassignment(NamedTuple):
-    """A reassignment in progress: ``replicas`` is the union of old and new."""
-
-    replicas: tuple[int, ...]
-    adding_replicas: tuple[int, ...]
-    removing_replicas: tuple[int, ...]
-
-    @property
-    def target_replicas(self) -> tuple[int, ...]:
-        removing = set(self.removing_replicas)
-        return tuple(r for r in self.replicas if r not in removing)
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument checks (they raise what the server would, so one except clause covers both)
-
-
-def _topic_name(name: object) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidTopicError(f"a topic name must be a non-empty string, not {name!r}")
-    return name
-
-
-def _topic_names(names: Iterable[str] | str, what: str) -> list[str]:
-    if isinstance(names, str):
-        raise InvalidRequestError(f"{what} takes a list of topic names, not the string {names!r}")
-    out = [_topic_name(n) for n in names]
-    if len(set(out)) != len(out):
-        dups = sorted({n for n in out if out.count(n) > 1})
-        raise InvalidRequestError(f"{what}: topics named more than once: {', '.join(dups)}")
-    return out
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _count(
-    value: int | None, what: str, error: type[StromError], *, default_ok: bool = True
-) -> int:
-    """-1 (the server's "cluster default") for None when ``default_ok``, else a positive int."""
-    if value is None and default_ok:
-        return -1
-    if value is None or not _is_int(value) or value < 1:
-        hint = " (leave it out for the cluster default)" if default_ok else ""
-        raise error(f"{what} must be a positive integer, not {value!r}{hint}")
-    return value
-
-
-def _tp(item: object) -> TopicPartition:
-    if (
-        isinstance(item, tuple)
-        and len(item) == 2
-        and isinstance(item[0], str)
-        and item[0]
-        and _is_int(item[1])
-        and item[1] >= 0
-    ):
-        return TopicPartition(item[0], item[1])
-    raise InvalidRequestError(f"expected a TopicPartition(topic, partition >= 0), not {item!r}")
-
-
-def _tp_list(items: Iterable[Any], what: str) -> list[TopicPartition]:
-    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
-        raise InvalidRequestError(f"{what} takes TopicPartitions, not {items!r}")
-    return list(dict.fromkeys(_tp(item) for item in items))
-
-
-def _tp_map(items: Mapping[Any, V], what: str) -> dict[TopicPartition, V]:
-    if not isinstance(items, Mapping):
-        raise InvalidRequestError(f"{what} takes a mapping of TopicPartition to a value")
-    return {_tp(k): v for k, v in items.items()}
-
-
-def _config_value(name: str, value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str | int | float):
-        return str(value)
-    raise InvalidConfigError(f"config '{name}': value {value!r} is not a str, int, float or bool")
-
-
-def _configs(config: Mapping[str, ConfigValue] | None) -> dict[str, str]:
-    if config is None:
-        return {}
-    if not isinstance(config, Mapping):
-        raise InvalidConfigError(f"configs must be a mapping of name to value, not {config!r}")
-    out = {}
-    for name, value in config.items():
-        if not isinstance(name, str) or not name:
-            raise InvalidConfigError(f"config names must be non-empty strings, not {name!r}")
-        out[name] = _config_value(name, value)
-    return out
-
-
-def _replicas(replicas: object, what: str) -> list[int]:
-    if isinstance(replicas, str | bytes) or not isinstance(replicas, Iterable):
-        raise InvalidReplicaAssignmentError(f"{what}: replicas must be a list of node ids")
-    out = list(replicas)
-    if not out or not all(_is_int(r) and r >= 0 for r in out):
-        raise InvalidReplicaAssignmentError(
-            f"{what}: replicas must be a non-empty list of node ids, not {out!r}"
-        )
-    return out
-
-
-def _assignments(
-    assignment: Assignment | None, topic: str
-) -> list[controller_pb2.ReplicaAssignment]:
-    if assignment is None:
-        return []
-    if isinstance(assignment, Mapping):
-        items = list(assignment.items())
-    elif isinstance(assignment, Sequence) and not isinstance(assignment, str | bytes):
-        items = list(enumerate(assignment))
-    else:
-        raise InvalidReplicaAssignmentError(
-            f"topic {topic!r}: replica_assignment must map partition -> node ids"
-        )
-    out = []
-    for partition, replicas in items:
-        if not _is_int(partition) or partition < 0:
-            raise InvalidReplicaAssignmentError(
-                f"topic {topic!r}: partition {partition!r} in replica_assignment is not an index"
-            )
-        out.append(
-            controller_pb2.ReplicaAssignment(
-                partition=partition, replicas=_replicas(replicas, f"{topic}-{partition}")
-            )
-        )
-    return sorted(out, key=lambda a: a.partition)
-
-
-def _offset_spec(tp: TopicPartition, spec: object) -> int:
-    if isinstance(spec, str):
-        try:
-            return _SPECIAL_OFFSETS[spec]
-        except KeyError:
-            pass
-    elif isinstance(spec, datetime):
-        try:
-            return datetime_ms(spec)  # naive: local time
-        except ValueError as exc:
-            raise InvalidRequestError(f"{tp.topic}-{tp.partition}: {exc}") from None
-    elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= -3:
-        return spec  # (-1, -2, -3: Kafka's ListOffsets numbers for latest, earliest, max)
-    raise InvalidRequestError(
-        f"{tp.topic}-{tp.partition}: offset spec {spec!r} is not 'earliest' (-2), 'latest' "
-        "(-1), 'max_timestamp' (-3), a timestamp in ms since the epoch (>= 0) or a datetime"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Error context
-
-
-def _names_item(message: str, names: Sequence[str]) -> bool:
-    return any(n in message for n in names)
-
-
-def _with_context(exc: StromError, context: str, *names: str) -> StromError:
-    """The same error, its message prefixed with ``context`` unless it already names the item
-    (server messages mostly do: "topic 'x' already exists")."""
-    if _names_item(exc.message, names or (context,)):
-        return exc
-    new = type(exc)(f"{context}: {exc.message}", code=exc.code, retriable=exc.retriable)
-    new.__cause__ = exc.__cause__
-    return new
-
-
-def _item_error(code: int, message: str, context: str, *names: str) -> StromError:
-    return _with_context(error_for(code, message or None), context, *names)
-
-
-def _topic_error(code: int, message: str, topic: str) -> StromError:
-    return _item_error(code, message, f"topic {topic!r}", repr(topic), f'"{topic}"')
-
-
-def _partition_error(code: int, message: str, tp: TopicPartition) -> StromError:
-    return _item_error(code, message, f"{tp.topic}-{tp.partition}", f"{tp.topic}-{tp.partition}")
-
-
-def _raise_first(failures: Sequence[tuple[str, StromError]]) -> None:
-    """Raise the first failure; its message lists the others (which the server also refused,
-    while every item not listed took effect)."""
-    if not failures:
-        return
-    _, first = failures[0]
-    if len(failures) == 1:
-        raise first
-    others = [label for label, _ in failures[1:]]
-    shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
-    raise type(first)(
-        f"{first.message} (also failed: {shown})", code=first.code, retriable=first.retriable
-    ) from first
-
-
-def _listing(labels: Sequence[str]) -> str:
-    """Up to five labels, then how many there are in all."""
-    more = f", ... ({len(labels)} in all)" if len(labels) > 5 else ""
-    return ", ".join(labels[:5]) + more
-
-
-def _raise_partial(
-    wanted: Iterable[TopicPartition],
-    done: Mapping[TopicPartition, Any],
-    failed: Mapping[TopicPartition, StromError],
-) -> None:
-    """Raise the first partition refused (in the caller's order) as a PartialResultError of
-    its own class carrying every result and every error; its message lists the others
-    refused and the partitions done (whose result, e.g. a deletion, took effect). Found
-    from outside: ``delete_records`` over several partitions reported only the refusal, and
-    the deletions done were neither returned nor said."""
-    order = list(wanted)
-    refused = [tp for tp in order if tp in failed]
-    if not refused:
-        return
-    first = failed[refused[0]]
-    notes = []
-    if len(refused) > 1:
-        notes.append(
-            "also failed: " + _listing([f"{tp.topic}-{tp.partition}" for tp in refused[1:]])
-        )
-    succeeded = [tp for tp in order if tp in done]
-    if succeeded:
-        notes.append("done: " + _listing([f"{tp.topic}-{tp.partition}" for tp in succeeded]))
-    message = f"{first.message} ({'; '.join(notes)})" if notes else first.message
-    results = {tp: done[tp] for tp in succeeded}
-    errors = {tp: failed[tp] for tp in refused}
-    raise partial_result_error(first, message, results, errors) from first
-
-
-def _partition_info(p: controller_pb2.PartitionDescription) -> PartitionInfo:
-    if not p.HasField("state"):
-        # The partition key is missing (being written, or lost): say so rather than invent 0s.
-        return PartitionInfo(p.partition, None, -1, (), (), tuple(p.offline_replicas))
-    s = p.state
-    return PartitionInfo(
-        partition=p.partition,
-        leader=s.leader if s.leader >= 0 else None,
-        leader_epoch=s.leader_epoch,
-        replicas=tuple(s.replicas),
-        isr=tuple(s.isr),
-        offline_replicas=tuple(p.offline_replicas),
-        adding_replicas=tuple(s.adding_replicas),
-        removing_replicas=tuple(s.removing_replicas),
-        partition_epoch=s.partition_epoch,
-        recovering=s.leader_recovery_state == metadata_pb2.LEADER_RECOVERY_STATE_RECOVERING,
-        original_replicas=tuple(s.original_replicas),
-    )
-
-
-def _replication_factor(configured: int, partitions: tuple[PartitionInfo, ...]) -> int:
-    """The first partition's replica count, as Kafka's describe shows it: reassignments change
-    it while the topic keeps the count chosen at creation. During a move the replicas being
-    added do not count yet. ``configured`` when no partition state is known."""
-    for p in partitions:
-        if p.replicas:
-            adding = set(p.adding_replicas)
-            return sum(1 for r in p.replicas if r not in adding)
-    return configured
-
-
-def _topic_description(t: controller_pb2.TopicDescription) -> TopicDescription:
-    m = t.metadata
-    partitions = tuple(_partition_info(p) for p in sorted(t.partitions, key=lambda p: p.partition))
-    return TopicDescription(
-        name=t.name,
-        topic_id=m.topic_id,
-        internal=m.internal or t.name.startswith("__"),
-        replication_factor=_replication_factor(m.replication_factor, partitions),
-        partitions=partitions,
-        configs=dict(sorted(m.configs.items())),
-        created_ms=m.created_ms,
-    )
-
-
-def _node(n: common_pb2.Node | None) -> Node | None:
-    if n is None or n.node_id < 0 or not n.port:
-        return None
-    return Node(n.node_id, n.host, n.port, n.rack if n.HasField("rack") else None)
-
-
-def _config_entries(configs: Iterable[Any]) -> dict[str, ConfigEntry]:
-    """A DescribeConfigs result's entries by name (topics' and nodes' alike)."""
-    return {
-        c.name: ConfigEntry(
-            name=c.name,
-            value=c.value if c.HasField("value") else None,
-            source=_SOURCES.get(c.source, ConfigSource.UNKNOWN),
-            read_only=c.read_only,
-            sensitive=c.sensitive,
-            documentation=c.documentation,
-        )
-        for c in configs
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -741,7 +235,7 @@ class Admin:
             ("request_timeout_ms", request_timeout_ms),
             ("default_api_timeout_ms", default_api_timeout_ms),
         ):
-            if value is not None and (not _is_int(value) or value <= 0):
+            if value is not None and (not is_int(value) or value <= 0):
                 raise InvalidRequestError(f"{name} must be a positive integer, not {value!r}")
         if request_timeout_ms is None:
             request_timeout_ms = (
@@ -834,7 +328,7 @@ class Admin:
         With ``validate_only`` nothing is created, but the result shows the counts it would get.
         """
         topic = NewTopic(
-            _topic_name(name), partitions, replication_factor, config or {}, replica_assignment
+            topic_name(name), partitions, replication_factor, config or {}, replica_assignment
         )
         return self.create_topics([topic], validate_only=validate_only)[name]
 
@@ -847,8 +341,8 @@ class Admin:
         for t in new_topics:
             if not isinstance(t, NewTopic):
                 raise InvalidRequestError(f"create_topics takes NewTopic items, not {t!r}")
-            name = _topic_name(t.name)
-            assignments = _assignments(t.replica_assignment, name)
+            name = topic_name(t.name)
+            assignments = replica_assignments(t.replica_assignment, name)
             if assignments and (t.partitions is not None or t.replication_factor is not None):
                 raise InvalidReplicaAssignmentError(
                     f"topic {name!r}: give either replica_assignment or partitions and "
@@ -857,19 +351,19 @@ class Admin:
             items.append(
                 controller_pb2.CreatableTopic(
                     name=name,
-                    num_partitions=_count(
+                    num_partitions=positive_count(
                         t.partitions, f"topic {name!r}: partitions", InvalidPartitionsError
                     ),
-                    replication_factor=_count(
+                    replication_factor=positive_count(
                         t.replication_factor,
                         f"topic {name!r}: replication_factor",
                         InvalidReplicationFactorError,
                     ),
                     assignments=assignments,
-                    configs=_configs(t.config),
+                    configs=config_strings(t.config),
                 )
             )
-        _topic_names([i.name for i in items], "create_topics")
+        topic_names([i.name for i in items], "create_topics")
         if not items:
             return {}
         resp = self._controller(
@@ -884,12 +378,12 @@ class Admin:
         failures = []
         for r in resp.topics:
             if r.error_code != NONE:
-                failures.append((r.name, _topic_error(r.error_code, r.error_message, r.name)))
+                failures.append((r.name, topic_error(r.error_code, r.error_message, r.name)))
             else:
                 out[r.name] = CreateTopicResult(
                     r.name, r.topic_id, r.num_partitions, r.replication_factor
                 )
-        _raise_first(failures)
+        raise_first(failures)
         return out
 
     def delete_topic(self, name: str) -> None:
@@ -898,16 +392,16 @@ class Admin:
 
     def delete_topics(self, names: Iterable[str]) -> None:
         """Delete several topics; raises the first failure (the others are deleted anyway)."""
-        topics = _topic_names(names, "delete_topics")
+        topics = topic_names(names, "delete_topics")
         if not topics:
             return
         resp = self._controller(
             "DeleteTopics",
             controller_pb2.DeleteTopicsRequest(topics=topics, timeout_ms=self._server_wait_ms),
         )
-        _raise_first(
+        raise_first(
             [
-                (r.name, _topic_error(r.error_code, r.error_message, r.name))
+                (r.name, topic_error(r.error_code, r.error_message, r.name))
                 for r in resp.topics
                 if r.error_code != NONE
             ]
@@ -935,20 +429,20 @@ class Admin:
     def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
         """Several topics by name (None = every topic, internal ones included, sorted); raises
         the first unknown one."""
-        topics = [] if names is None else _topic_names(names, "describe_topics")
+        topics = [] if names is None else topic_names(names, "describe_topics")
         if names is not None and not topics:
             return {}
         resp = self._controller(
             "DescribeTopics", controller_pb2.DescribeTopicsRequest(topics=topics)
         )
-        _raise_first(
+        raise_first(
             [
-                (t.name, _topic_error(t.error_code, t.error_message, t.name))
+                (t.name, topic_error(t.error_code, t.error_message, t.name))
                 for t in resp.topics
                 if t.error_code != NONE
             ]
         )
-        found = {t.name: _topic_description(t) for t in resp.topics}
+        found = {t.name: topic_description(t) for t in resp.topics}
         order = topics or sorted(found)
         return {n: found[n] for n in order if n in found}
 
@@ -968,8 +462,8 @@ class Admin:
         growing from 1 to 3 partitions takes ``{1: [3, 1], 2: [1, 2]}`` (node ids, preferred
         leader first; every new partition listed, each with the topic's replication factor).
         """
-        topic = _topic_name(name)
-        total = _count(
+        topic = topic_name(name)
+        total = positive_count(
             new_total,
             f"topic {topic!r}: new partition count",
             InvalidPartitionsError,
@@ -987,16 +481,16 @@ class Admin:
                     controller_pb2.CreatePartitionsTopic(
                         name=topic,
                         count=total,
-                        assignments=_assignments(replica_assignment, topic),
+                        assignments=replica_assignments(replica_assignment, topic),
                     )
                 ],
                 timeout_ms=self._server_wait_ms,
                 validate_only=bool_option("validate_only", validate_only),
             ),
         )
-        _raise_first(
+        raise_first(
             [
-                (r.name, _topic_error(r.error_code, r.error_message, r.name))
+                (r.name, topic_error(r.error_code, r.error_message, r.name))
                 for r in resp.topics
                 if r.error_code != NONE
             ]
@@ -1018,7 +512,7 @@ class Admin:
             raise InvalidRequestError("describe_configs needs exactly one of topic= or node=")
         if topic is not None:
             res = controller_pb2.DescribeConfigsResource(
-                resource_type=controller_pb2.RESOURCE_TYPE_TOPIC, resource_name=_topic_name(topic)
+                resource_type=controller_pb2.RESOURCE_TYPE_TOPIC, resource_name=topic_name(topic)
             )
             what = f"topic {topic!r}"
         else:
@@ -1042,12 +536,12 @@ class Admin:
         out: dict[str, ConfigEntry] = {}
         for r in resp.results:
             if r.error_code != NONE:
-                raise _with_context(
+                raise with_context(
                     error_for(r.error_code, r.error_message or None),
                     what,
                     repr(r.resource_name) if topic is not None else f"node {r.resource_name}",
                 )
-            out.update(_config_entries(r.configs))
+            out.update(config_entries(r.configs))
         return out
 
     def alter_configs(
@@ -1066,7 +560,7 @@ class Admin:
 
         Unknown names and invalid values raise InvalidConfigError naming the config.
         """
-        name = _topic_name(topic)
+        name = topic_name(topic)
         ops: list[controller_pb2.AlterableConfig] = []
         seen: dict[str, str] = {}
 
@@ -1088,7 +582,7 @@ class Admin:
             ("append", controller_pb2.ALTER_CONFIG_OP_APPEND, append),
             ("subtract", controller_pb2.ALTER_CONFIG_OP_SUBTRACT, subtract),
         ):
-            for key, value in _configs(values).items():
+            for key, value in config_strings(values).items():
                 add(key, op, value, how)
         if isinstance(delete, str):
             delete = [delete]
@@ -1107,9 +601,9 @@ class Admin:
                 validate_only=bool_option("validate_only", validate_only),
             ),
         )
-        _raise_first(
+        raise_first(
             [
-                (r.resource_name, _topic_error(r.error_code, r.error_message, r.resource_name))
+                (r.resource_name, topic_error(r.error_code, r.error_message, r.resource_name))
                 for r in resp.results
                 if r.error_code != NONE
             ]
@@ -1135,7 +629,7 @@ class Admin:
         for r in resp.results:
             if r.error_code != NONE:
                 raise error_for(r.error_code, r.error_message or None)
-            out.update(_config_entries(r.configs))
+            out.update(config_entries(r.configs))
         return out
 
     def alter_node_configs(
@@ -1151,7 +645,7 @@ class Admin:
         Which replicas they apply to is the topics' ``*.replication.throttled.replicas``
         (``alter_configs``). An unknown name or bad value raises InvalidConfigError."""
         ops: list[controller_pb2.AlterableConfig] = []
-        for key, value in _configs(set).items():
+        for key, value in config_strings(set).items():
             ops.append(
                 controller_pb2.AlterableConfig(
                     name=key, op=controller_pb2.ALTER_CONFIG_OP_SET, value=value
@@ -1213,7 +707,7 @@ class Admin:
         }
         return ClusterDescription(
             cluster_id=resp.cluster_id,
-            controller=_node(resp.controller if resp.HasField("controller") else None),
+            controller=node_of(resp.controller if resp.HasField("controller") else None),
             controller_epoch=resp.controller_epoch,
             nodes=nodes,
             coordinators=coordinators,
@@ -1245,13 +739,13 @@ class Admin:
             raise InvalidRequestError(
                 f"isolation_level must be one of {', '.join(_ISOLATION)}, not {isolation_level!r}"
             )
-        wanted = {tp: _offset_spec(tp, s) for tp, s in _tp_map(specs, "list_offsets").items()}
+        wanted = {tp: offset_spec(tp, s) for tp, s in tp_map(specs, "list_offsets").items()}
 
         def request(group: Mapping[TopicPartition, int]) -> storage_pb2.ListOffsetsRequest:
             req = storage_pb2.ListOffsetsRequest(
                 replica_id=-1, isolation_level=_ISOLATION[isolation_level]
             )
-            for topic, parts in _by_topic(group).items():
+            for topic, parts in by_topic(group).items():
                 req.topics.add(
                     topic=topic,
                     partitions=[
@@ -1289,7 +783,7 @@ class Admin:
         PartialResultError too, whose ``results`` holds the new low watermark of each
         partition deleted and ``errors`` the error of each refused."""
         wanted: dict[TopicPartition, int] = {}
-        for tp, offset in _tp_map(before, "delete_records").items():
+        for tp, offset in tp_map(before, "delete_records").items():
             if offset == "latest" or (offset == -1 and not isinstance(offset, bool)):
                 wanted[tp] = -1
             elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
@@ -1302,7 +796,7 @@ class Admin:
 
         def request(group: Mapping[TopicPartition, int]) -> storage_pb2.DeleteRecordsRequest:
             req = storage_pb2.DeleteRecordsRequest(timeout_ms=self._server_wait_ms)
-            for topic, parts in _by_topic(group).items():
+            for topic, parts in by_topic(group).items():
                 req.topics.add(
                     topic=topic,
                     partitions=[
@@ -1370,7 +864,7 @@ class Admin:
                     else:
                         groups.setdefault(addr, {})[tp] = arg
                         continue
-                err = _with_context(error, f"{tp.topic}-{tp.partition}")
+                err = with_context(error, f"{tp.topic}-{tp.partition}")
                 if error.retriable and not last_round:
                     retry[tp] = err
                 else:
@@ -1394,7 +888,7 @@ class Admin:
                     old = older_node(exc, addr, method)
                     for tp in group:
                         if old is not None:
-                            err = _with_context(old, f"{tp.topic}-{tp.partition}")
+                            err = with_context(old, f"{tp.topic}-{tp.partition}")
                         else:
                             err = cls(
                                 f"{tp.topic}-{tp.partition}: {method} at leader {addr} failed: "
@@ -1413,9 +907,9 @@ class Admin:
                     if code == NONE:
                         done[tp] = value
                     elif is_retriable(code) and not last_round:
-                        retry[tp] = _partition_error(code, message, tp)
+                        retry[tp] = partition_error(code, message, tp)
                     else:
-                        failed[tp] = _partition_error(code, message, tp)
+                        failed[tp] = partition_error(code, message, tp)
                 for tp in group.keys() - answered:
                     failed[tp] = UnknownServerError(
                         f"{tp.topic}-{tp.partition}: leader {addr} did not answer for it"
@@ -1427,7 +921,7 @@ class Admin:
                     break
                 refresh = True
                 time.sleep(0.1)
-        _raise_partial(wanted, done, failed)
+        raise_partial(wanted, done, failed)
         return {tp: done[tp] for tp in wanted}
 
     # -- transactions ------------------------------------------------------------------------
@@ -1470,7 +964,7 @@ class Admin:
                     out[tid] = future.result()
                 except StromError as exc:
                     failures.append((tid, exc))
-        _raise_first(failures)
+        raise_first(failures)
         return out
 
     def describe_producers(
@@ -1479,13 +973,13 @@ class Admin:
         """The producers each partition's leader keeps state for, by producer id (Kafka's
         ``Admin.describeProducers``): a producer with ``current_transaction_start_offset``
         set has a transaction open there, holding read_committed readers at that offset."""
-        wanted = {tp: 0 for tp in _tp_list(partitions, "describe_producers")}
+        wanted = {tp: 0 for tp in tp_list(partitions, "describe_producers")}
 
         def request(group: Mapping[TopicPartition, int]) -> storage_pb2.DescribeProducersRequest:
             return storage_pb2.DescribeProducersRequest(
                 topics=[
                     common_pb2.TopicPartitions(topic=t, partitions=[p for p, _ in parts])
-                    for t, parts in _by_topic(group).items()
+                    for t, parts in by_topic(group).items()
                 ]
             )
 
@@ -1523,7 +1017,7 @@ class Admin:
         the producer's epoch and coordinator epoch from :meth:`describe_producers`; aborting a
         transaction its coordinator still tracks makes it fail at commit. Needs the
         cluster-action permission when ACLs are on (it is the coordinator's own call)."""
-        (tp,) = _tp_list([tp], "abort_transaction")
+        (tp,) = tp_list([tp], "abort_transaction")
         for name, value in (("producer_id", producer_id), ("producer_epoch", producer_epoch)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidRequestError(f"abort_transaction: {name} must be an int >= 0")
@@ -1537,7 +1031,7 @@ class Admin:
                 coordinator_epoch=max(coordinator_epoch, 0),
                 topics=[
                     common_pb2.TopicPartitions(topic=t, partitions=[p for p, _ in parts])
-                    for t, parts in _by_topic(group).items()
+                    for t, parts in by_topic(group).items()
                 ],
             )
             return req
@@ -1585,7 +1079,7 @@ class Admin:
                 if isinstance(item, str):
                     tps.extend(described[item].topic_partitions)
                 else:
-                    tps.append(_tp(item))
+                    tps.append(topic_partition(item))
             tps = list(dict.fromkeys(tps))
             if not tps:
                 return {}
@@ -1607,11 +1101,11 @@ class Admin:
             tp = TopicPartition(r.topic, r.partition)
             error = None
             if r.error_code != NONE:
-                error = _partition_error(r.error_code, r.error_message, tp)
+                error = partition_error(r.error_code, r.error_message, tp)
                 if isinstance(error, UnknownTopicOrPartitionError):
                     unknown.append((f"{tp.topic}-{tp.partition}", error))
             out[tp] = ElectionResult(r.leader if r.leader >= 0 else None, r.leader_epoch, error)
-        _raise_first(unknown)
+        raise_first(unknown)
         return out
 
     def alter_partition_reassignments(
@@ -1625,7 +1119,7 @@ class Admin:
         PartialResultError of the first refusal's class whose ``errors`` hold every refusal by
         partition (the others were started: ``results`` holds them, with None)."""
         items = []
-        for tp, replicas in _tp_map(reassignments, "alter_partition_reassignments").items():
+        for tp, replicas in tp_map(reassignments, "alter_partition_reassignments").items():
             if replicas is None:
                 items.append(
                     controller_pb2.PartitionReassignment(
@@ -1637,7 +1131,7 @@ class Admin:
                     controller_pb2.PartitionReassignment(
                         topic=tp.topic,
                         partition=tp.partition,
-                        replicas=_replicas(replicas, f"{tp.topic}-{tp.partition}"),
+                        replicas=replica_list(replicas, f"{tp.topic}-{tp.partition}"),
                     )
                 )
         if not items:
@@ -1652,7 +1146,7 @@ class Admin:
         # `strom topics reassign --plan` names each partition refused, not the first only.
         wanted = [TopicPartition(i.topic, i.partition) for i in items]
         failed = {
-            TopicPartition(r.topic, r.partition): _partition_error(
+            TopicPartition(r.topic, r.partition): partition_error(
                 r.error_code, r.error_message, TopicPartition(r.topic, r.partition)
             )
             for r in resp.partitions
@@ -1660,13 +1154,13 @@ class Admin:
         }
         if len(wanted) == 1 and failed:
             raise next(iter(failed.values()))
-        _raise_partial(wanted, {tp: None for tp in wanted if tp not in failed}, failed)
+        raise_partial(wanted, {tp: None for tp in wanted if tp not in failed}, failed)
 
     def list_partition_reassignments(
         self, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, Reassignment]:
         """Reassignments in progress (among ``partitions``, or all), sorted by partition."""
-        tps = [] if partitions is None else [_tp(p) for p in partitions]
+        tps = [] if partitions is None else [topic_partition(p) for p in partitions]
         if partitions is not None and not tps:
             return {}
         resp = self._controller(
@@ -1730,7 +1224,7 @@ class Admin:
         A group that does not exist raises GroupIdNotFoundError naming it (the first failed
         group's error, as every Admin call taking several items; the others are listed).
         """
-        gids = _group_ids(group_ids, "describe_groups")
+        gids = checked_group_ids(group_ids, "describe_groups")
         out: dict[str, GroupDescription] = {}
         failures: list[tuple[str, StromError]] = []
         for gid in gids:
@@ -1742,10 +1236,10 @@ class Admin:
                 retry_s=self.default_api_timeout_ms / 1000,
             )
             if d.error_code != NONE:
-                failures.append((gid, _group_error(d.error_code, d.error_message, gid)))
+                failures.append((gid, group_error(d.error_code, d.error_message, gid)))
             else:
                 out[gid] = group_admin.group_description(d)
-        _raise_first(failures)
+        raise_first(failures)
         return out
 
     def list_group_offsets(
@@ -1755,14 +1249,14 @@ class Admin:
         every committed one, or those of ``partitions``, where a partition with nothing
         committed maps to None (as Kafka's ``listConsumerGroupOffsets``). An unknown group has
         nothing committed. Lag is ``admin.list_offsets({tp: "latest"})`` minus these."""
-        gid = _group_id(group_id)
-        tps = None if partitions is None else _tp_list(partitions, "list_group_offsets")
+        gid = checked_group_id(group_id)
+        tps = None if partitions is None else tp_list(partitions, "list_group_offsets")
         req = coordinator_pb2.OffsetFetchRequest(group_id=gid, member_epoch=-1)
-        for topic, parts in _by_topic(dict.fromkeys(tps or ())).items():
+        for topic, parts in by_topic(dict.fromkeys(tps or ())).items():
             req.topics.add(topic=topic, partitions=sorted(p for p, _ in parts))
         resp = self._group_call(gid, "OffsetFetch", req)
         if resp.error_code != NONE:
-            raise _group_error(resp.error_code, resp.error_message, gid)
+            raise group_error(resp.error_code, resp.error_message, gid)
         out: dict[TopicPartition, OffsetAndMetadata | None] = dict.fromkeys(tps or ())
         failures: list[tuple[str, StromError]] = []
         for t in resp.topics:
@@ -1770,13 +1264,13 @@ class Admin:
                 tp = TopicPartition(t.topic, p.partition)
                 if p.error_code != NONE:
                     failures.append(
-                        (f"{tp.topic}-{tp.partition}", _group_partition_error(p, gid, tp))
+                        (f"{tp.topic}-{tp.partition}", group_partition_error(p, gid, tp))
                     )
                 elif p.committed_offset >= 0:
                     out[tp] = OffsetAndMetadata(
                         p.committed_offset, p.metadata, p.committed_leader_epoch
                     )
-        _raise_first(failures)
+        raise_first(failures)
         return dict(sorted(out.items()))
 
     def alter_group_offsets(
@@ -1791,11 +1285,11 @@ class Admin:
         refuses (an unknown topic, metadata too large) raises that partition's error; the
         other partitions were set.
         """
-        gid = _group_id(group_id)
+        gid = checked_group_id(group_id)
         wanted: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp, value in _tp_map(offsets, "alter_group_offsets").items():
+        for tp, value in tp_map(offsets, "alter_group_offsets").items():
             om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)  # type: ignore[arg-type]
-            if not _is_int(om.offset) or om.offset < 0 or not isinstance(om.metadata, str):
+            if not is_int(om.offset) or om.offset < 0 or not isinstance(om.metadata, str):
                 raise InvalidRequestError(
                     f"{tp.topic}-{tp.partition}: alter_group_offsets takes an offset >= 0 or an "
                     f"OffsetAndMetadata, not {value!r}"
@@ -1809,25 +1303,25 @@ class Admin:
         if resp.error_code == ErrorCode.NON_EMPTY_GROUP:
             raise group_admin.non_empty_error(gid)
         if resp.error_code != NONE:
-            raise _group_error(resp.error_code, resp.error_message, gid)
-        _raise_first(_partition_failures(resp, gid))
+            raise group_error(resp.error_code, resp.error_message, gid)
+        raise_first(partition_failures(resp, gid))
 
     def delete_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
         """Delete the group's committed offsets of ``partitions`` (Kafka's
         ``deleteConsumerGroupOffsets``). A partition of a topic some member is subscribed to
         keeps its offset and raises GroupSubscribedToTopicError naming it (the others are
         deleted); an unknown group raises GroupIdNotFoundError."""
-        gid = _group_id(group_id)
-        tps = _tp_list(partitions, "delete_group_offsets")
+        gid = checked_group_id(group_id)
+        tps = tp_list(partitions, "delete_group_offsets")
         if not tps:
             return
         req = coordinator_pb2.DeleteOffsetsRequest(group_id=gid)
-        for topic, parts in _by_topic(dict.fromkeys(tps)).items():
+        for topic, parts in by_topic(dict.fromkeys(tps)).items():
             req.topics.add(topic=topic, partitions=sorted(p for p, _ in parts))
         resp = self._group_call(gid, "DeleteOffsets", req)
         if resp.error_code != NONE:
-            raise _group_error(resp.error_code, resp.error_message, gid)
-        _raise_first(_partition_failures(resp, gid))
+            raise group_error(resp.error_code, resp.error_message, gid)
+        raise_first(partition_failures(resp, gid))
 
     def delete_groups(self, group_ids: Iterable[str]) -> None:
         """Delete groups and their committed offsets (Kafka's ``deleteConsumerGroups``).
@@ -1835,51 +1329,10 @@ class Admin:
         unknown one GroupIdNotFoundError, each naming the group (the first failure; the
         message lists the others, and the groups not listed were deleted)."""
         failures: list[tuple[str, StromError]] = []
-        for gid in _group_ids(group_ids, "delete_groups"):
+        for gid in checked_group_ids(group_ids, "delete_groups"):
             req = coordinator_pb2.DeleteGroupsRequest(group_ids=[gid])
             resp = self._group_call(gid, "DeleteGroups", req, lambda r: r.results[0].error_code)
             r = resp.results[0]
             if r.error_code != NONE:
-                failures.append((gid, _group_error(r.error_code, r.error_message, gid)))
-        _raise_first(failures)
-
-
-def _by_topic(group: Mapping[TopicPartition, V]) -> dict[str, list[tuple[int, V]]]:
-    out: dict[str, list[tuple[int, V]]] = {}
-    for tp, value in group.items():
-        out.setdefault(tp.topic, []).append((tp.partition, value))
-    return out
-
-
-def _group_id(group_id: object) -> str:
-    if not isinstance(group_id, str) or not group_id:
-        raise InvalidGroupIdError(f"a group id must be a non-empty string, not {group_id!r}")
-    return group_id
-
-
-def _group_ids(group_ids: Iterable[str], what: str) -> list[str]:
-    if isinstance(group_ids, str) or not isinstance(group_ids, Iterable):
-        raise InvalidRequestError(f"{what} takes a list of group ids, not {group_ids!r}")
-    return list(dict.fromkeys(_group_id(g) for g in group_ids))
-
-
-def _group_error(code: int, message: str, group: str) -> StromError:
-    return _item_error(code, message, f"group {group!r}", repr(group), f'"{group}"')
-
-
-def _group_partition_error(p: Any, group: str, tp: TopicPartition) -> StromError:
-    where = f"group {group!r}, {tp.topic}-{tp.partition}"
-    return _with_context(error_for(p.error_code, p.error_message or None), where, where)
-
-
-def _partition_failures(resp: Any, group: str) -> list[tuple[str, StromError]]:
-    """The refused partitions of an OffsetCommit or DeleteOffsets answer (the same shape)."""
-    return [
-        (
-            f"{t.topic}-{p.partition}",
-            _group_partition_error(p, group, TopicPartition(t.topic, p.partition)),
-        )
-        for t in resp.topics
-        for p in t.partitions
-        if p.error_code != NONE
-    ]
+                failures.append((gid, group_error(r.error_code, r.error_message, gid)))
+        raise_first(failures)

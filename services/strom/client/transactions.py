@@ -192,7 +192,7 @@ class TransactionManager:
         self.pending_end: bool | None = None
         #: Counts the transactions begun: an AddPartitionsToTxn answered after its
         #: transaction ended (it runs beside the producer's sender, see
-        #: Producer._add_to_transaction) must not mark partitions of the next one added.
+        #: SenderLoop._add_to_transaction) must not mark partitions of the next one added.
         self.generation = 0
         #: Set by the producer's close(): a coordinator call still retrying (an
         #: AddPartitionsToTxn on its own thread) gives up instead of outliving the producer.
