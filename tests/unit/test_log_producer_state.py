@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from strom.log import Log, LogConfig, LogManager, ProducerStateError, compact
+from strom.log import InvalidAppendError, Log, LogConfig, LogManager, ProducerStateError, compact
 from strom.log.producer_state import list_snapshots, snapshot_path
-from strom.record import decode_records, encode_batch
+from strom.record import InvalidBatchError, decode_records, encode_batch
 from tests.unit.test_log import T0, Clock, crash, make_log, read_all, values
 
 
@@ -203,3 +203,148 @@ def test_compaction_keeps_idempotent_batch_headers(tmp_path) -> None:
     assert log2.producer_batches_scanned == 7
     assert {e.producer_id: e.last_seq for e in log2.producers} == {1: 2, 2: 2}
     assert log2.append(ibatch(1, 3, keys=[b"k"])).duplicates == 0
+
+
+# -- a retry above a lowered max.message.bytes ---------------------------------------------
+# Found from outside: a producer's batch appended just before its leader failed over, then
+# retried after the topic's max.message.bytes was lowered, was refused MESSAGE_TOO_LARGE
+# (the size was checked before the producer state) instead of being answered as the
+# duplicate it is; the producer then failed records that were in the log.
+
+_PAD = b"p" * 1000
+
+
+def big(pid: int, seq: int, n: int, *, epoch: int = 0, transactional: bool = False) -> bytes:
+    """An idempotent batch of ``n`` records of ~1 KB each (records ``r<seq>``...)."""
+    return encode_batch(
+        [f"r{seq + i}:".encode() + _PAD for i in range(n)],
+        timestamps=[T0] * n,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        transactional=transactional,
+    )
+
+
+def lower_limit(log: Log, limit: int = 3000) -> None:
+    """max.message.bytes lowered on the running log, as an alter of the topic does."""
+    log.update_config(LogConfig.from_dict({"max.message.bytes": limit}))
+
+
+def too_large(log: Log, data: bytes, **kwargs: object) -> InvalidBatchError:
+    leo = log.log_end_offset
+    with pytest.raises(InvalidBatchError) as err:
+        log.append(data, **kwargs)  # type: ignore[arg-type]
+    limit = log.config.max_message_bytes
+    assert err.value.too_large and f"max.message.bytes={limit}" in str(err.value)
+    assert log.log_end_offset == leo  # nothing appended
+    return err.value
+
+
+def test_a_remembered_batch_over_a_lowered_limit_is_answered_with_its_offsets(
+    tmp_path,
+) -> None:
+    log = make_log(tmp_path / "t-0")
+    log.append(encode_batch([b"x"], timestamps=[T0]))
+    first = log.append(big(1, 0, 6))  # ~6 KB, under the default limit
+    second = log.append(big(1, 6, 2))
+    leo = log.log_end_offset
+    lower_limit(log)
+    retry = log.append(big(1, 0, 6))  # its answer was lost; now over max.message.bytes
+    assert (retry.first_offset, retry.last_offset, retry.duplicates) == (1, 6, 1)
+    assert (retry.bytes, retry.record_count, log.log_end_offset) == (0, 0, leo)
+    # A retried request of both, and one whose oversized repeat leads a new small batch.
+    both = log.append(big(1, 0, 6) + big(1, 6, 2))
+    assert (both.first_offset, both.last_offset, both.duplicates) == (1, 8, 2)
+    info = log.append(big(1, 6, 2) + big(1, 8, 1))
+    assert (info.first_offset, info.duplicates, info.record_count) == (7, 1, 1)
+    assert (first.first_offset, second.first_offset) == (1, 7)
+    assert log.log_end_offset == leo + 1
+
+
+def test_batches_over_the_limit_that_repeat_nothing_are_still_refused_first(tmp_path) -> None:
+    """Only an exact repeat skips the size check; any other batch over the limit is refused
+    MESSAGE_TOO_LARGE before every other check, as before (a new batch, one out of
+    sequence, one of another epoch, a non-idempotent one, one with a bad timestamp)."""
+    log = make_log(tmp_path / "t-0", message_timestamp_after_max_ms=1000)
+    log.append(big(1, 0, 6))
+    lower_limit(log)
+    too_large(log, big(1, 6, 6))  # new and in sequence
+    too_large(log, big(1, 20, 6))  # a gap: still the size first
+    too_large(log, big(1, 0, 5))  # overlaps the appended batch but repeats no batch
+    too_large(log, big(1, 0, 6, epoch=1))  # the same range under another epoch
+    too_large(log, big(2, 3, 6))  # an unknown producer
+    too_large(log, encode_batch([_PAD * 4], timestamps=[T0]))  # not idempotent
+    future = encode_batch([_PAD * 4], timestamps=[T0 + 10**9], producer_id=1, base_sequence=6)
+    too_large(log, future, leader_epoch=0)
+    # A repeat followed by a new batch over the limit: refused, naming the new one.
+    repeat = big(1, 0, 6)
+    err = too_large(log, repeat + big(1, 6, 6))
+    assert err.position == len(repeat)
+    assert log.append(big(1, 6, 2)).first_offset == 6  # the producer goes on in sequence
+
+
+def test_checks_before_the_duplicate_answer_still_come_first(tmp_path) -> None:
+    """A repeat over the limit still passes everything a repeat under it passes before it
+    is answered: the leader epoch (a deposed leader answers nothing), the transactional
+    checks, the structure and CRC, the producer's epoch (a batch of an epoch a newer one
+    fenced is never a repeat)."""
+    log = make_log(tmp_path / "t-0")
+    log.append(big(1, 0, 6), leader_epoch=3)
+    log.append(big(2, 0, 6, transactional=True), leader_epoch=3)
+    lower_limit(log)
+    with pytest.raises(InvalidAppendError, match="leader epoch 2 is older"):
+        log.append(big(1, 0, 6), leader_epoch=2)
+    with pytest.raises(ProducerStateError, match="transactional"):
+        log.append(big(2, 0, 6, transactional=True), leader_epoch=3, transactional=False)
+    damaged = bytearray(big(1, 0, 6))
+    damaged[-1] ^= 1
+    too_large(log, bytes(damaged), leader_epoch=3)  # the size refusal, as before
+    assert log.append(big(2, 0, 6, transactional=True), leader_epoch=3).duplicates == 1
+    # A newer epoch takes over: the old epoch's batch is no repeat (it is fenced), never
+    # answered as written; refused for its size, as any batch that is not a repeat.
+    log.append(ibatch(1, 0, epoch=1), leader_epoch=3)
+    too_large(log, big(1, 0, 6), leader_epoch=3)
+    assert refused(log, ibatch(1, 0)) == "INVALID_PRODUCER_EPOCH"
+
+
+def test_halves_of_an_appended_batch_are_refused_and_append_nothing(tmp_path) -> None:
+    """What the producer relies on when it splits a batch an earlier attempt may have
+    written (strom.client.sender ``_split``): the halves keep its sequences, so if the
+    whole batch is in the log no half repeats a remembered batch, the first is refused
+    OUT_OF_ORDER_SEQUENCE (the second too, sent alone), and nothing is written twice. Had
+    it not been written, the halves append in sequence."""
+    log = make_log(tmp_path / "t-0")
+    log.append(big(1, 0, 2))
+    log.append(big(1, 2, 6))  # the whole batch, appended before the limit was lowered
+    leo = log.log_end_offset
+    lower_limit(log, 4000)
+    assert refused(log, big(1, 2, 3) + big(1, 5, 3)) == "OUT_OF_ORDER_SEQUENCE"
+    assert refused(log, big(1, 2, 3)) == "OUT_OF_ORDER_SEQUENCE"
+    assert refused(log, big(1, 5, 3)) == "OUT_OF_ORDER_SEQUENCE"
+    assert log.log_end_offset == leo
+    assert len(read_all(log)) == 8
+    # Not written: the halves of a batch over the limit append, in sequence.
+    fresh = make_log(tmp_path / "u-0")
+    fresh.append(big(1, 0, 2))
+    lower_limit(fresh, 4000)
+    too_large(fresh, big(1, 2, 6))
+    assert fresh.append(big(1, 2, 3)).first_offset == 2
+    assert fresh.append(big(1, 5, 3)).first_offset == 5
+    assert [r.value.split(b":")[0] for r in read_all(fresh)] == [f"r{i}".encode() for i in range(8)]
+
+
+def test_halves_of_a_batch_older_than_every_kept_one_are_duplicates(tmp_path) -> None:
+    """The state keeps the last 5 batches; a half of an older appended batch lies wholly
+    before them and is answered DUPLICATE_SEQUENCE (written, offsets forgotten), never
+    appended again."""
+    log = make_log(tmp_path / "t-0")
+    log.append(big(1, 0, 6))
+    for seq in range(6, 11):
+        log.append(ibatch(1, seq))
+    leo = log.log_end_offset
+    lower_limit(log, 4000)
+    too_large(log, big(1, 0, 6))  # not remembered any more: the size comes first
+    assert refused(log, big(1, 0, 3)) == "DUPLICATE_SEQUENCE"
+    assert refused(log, big(1, 3, 3)) == "DUPLICATE_SEQUENCE"
+    assert log.log_end_offset == leo

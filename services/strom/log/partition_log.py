@@ -499,21 +499,18 @@ class Log:
         :class:`ProducerStateError` (nothing appended) for idempotent batches out of sequence
         or fenced. Leading batches that repeat ones already appended by their producer are
         not written again: the result then starts at their original offsets (see
-        :class:`AppendInfo`).
+        :class:`AppendInfo`), even when they are larger than max.message.bytes is now (see
+        :meth:`_repeats_over_limit`).
         """
         limit = self.config.max_message_bytes
+        oversized = False
         try:
             headers = scan_batches(data, producer_batch=True, max_batch_bytes=limit)
         except InvalidBatchError as exc:
             if not exc.too_large:
                 raise
-            size = read_header(data, exc.position).size
-            raise InvalidBatchError(
-                f"batch at byte {exc.position} is {size} bytes, more than the topic's "
-                f"max.message.bytes={limit}",
-                position=exc.position,
-                too_large=True,
-            ) from None
+            headers = self._repeats_over_limit(data, exc.position, limit)
+            oversized = True
         if check_timestamps and self.config.checks_timestamps:
             self._check_timestamps(headers, data)
         for h in headers:
@@ -548,6 +545,8 @@ class Log:
                 )
             first = next_off = self.log_end_offset
             dups = self.producers.check(headers)
+            if oversized:  # only repeats may be over the limit (see _repeats_over_limit)
+                _refuse_over_limit(headers, len(dups), limit)
             if dups:
                 if len(dups) == len(headers):
                     ts = dups[0].timestamp if self.config.log_append_time else -1
@@ -611,6 +610,43 @@ class Log:
                     len(dups),
                 )
             return AppendInfo(first, next_off - 1, next_off, records, append_time, length)
+
+    def _repeats_over_limit(
+        self, data: bytes | bytearray | memoryview, position: int, limit: int
+    ) -> list[BatchHeader]:
+        """The produced batches of ``data``, one of which (at byte ``position``) is larger than
+        max.message.bytes: raises MESSAGE_TOO_LARGE (:class:`InvalidBatchError`) unless every
+        batch over the limit repeats one its idempotent producer appended and the producer
+        state remembers (same producer id, epoch and sequence range).
+
+        Why a repeat is not refused for its size: it is answered with its original offsets
+        and never written again, so the limit has nothing to protect, while refusing it hid
+        that it was written. The topic's limit may have been lowered after it was appended
+        (and its answer lost to a failover); the producer would then split it, and the leader
+        refuse the halves (OUT_OF_ORDER_SEQUENCE), so that the records, written, failed.
+        Kafka checks the size first; strom answers the retry as the duplicate it is.
+
+        Only the size check moves: every other check keeps its place. Batches that are not
+        repeats are refused for their size before anything else is looked at, as before; a
+        repeat still passes the structure and CRC checks here, the timestamp, control and
+        transactional checks after this, then the leader epoch check and the producer-state
+        check (``ProducerStateManager.check``: the producer's epoch, fencing, first) before
+        it is answered. That second look, under the lock again, also finds a repeat that the
+        state forgot in between (``append`` calls :func:`_refuse_over_limit` again). Costs
+        nothing on the hot path: this runs only after a batch was found too large, and a
+        second header scan only when that batch is idempotent."""
+        h = read_header(data, position)
+        if h.producer_id < 0 or h.base_sequence < 0:
+            raise _too_large(h, limit)
+        try:
+            headers = scan_batches(
+                data, producer_batch=True, max_batch_bytes=MAX_STORED_BATCH_BYTES
+            )
+        except InvalidBatchError:
+            raise _too_large(h, limit) from None  # the size refusal came first, as always
+        with self.lock:
+            _refuse_over_limit(headers, self.producers.repeats(headers), limit)
+        return headers
 
     def append_marker(
         self,
@@ -1399,6 +1435,25 @@ def _check_after(
         f"batch at byte {h.position}: {which}timestamp {newest} is {newest - now} ms after the "
         f"broker's time {now}, more than message.timestamp.after.max.ms={after}"
     )
+
+
+def _too_large(h: BatchHeader, limit: int) -> InvalidBatchError:
+    """MESSAGE_TOO_LARGE for a produced batch over the topic's max.message.bytes."""
+    return InvalidBatchError(
+        f"batch at byte {h.position} is {h.size} bytes, more than the topic's "
+        f"max.message.bytes={limit}",
+        position=h.position,
+        too_large=True,
+    )
+
+
+def _refuse_over_limit(headers: list[BatchHeader], start: int, limit: int) -> None:
+    """Raise MESSAGE_TOO_LARGE for the first batch from index ``start`` on that is larger
+    than ``limit`` (the batches before ``start`` repeat appended ones: see
+    ``Log._repeats_over_limit``). Runs only after the scan found a batch too large."""
+    for h in headers[start:]:
+        if h.size > limit:
+            raise _too_large(h, limit)
 
 
 def _swap_end(path: Path, base: int) -> int:

@@ -32,6 +32,10 @@ caller's new records were answered as written and dropped). An epoch's sequences
 and each record takes an offset, so an epoch whose newest record's offset is less than
 2**31 above its sequence has not wrapped: every sequence above the newest was never written.
 
+A duplicate is answered so even when it is larger than the topic's ``max.message.bytes`` is
+now (lowered after it was appended): the leader checks the size of the other batches only
+(:meth:`ProducerStateManager.repeats`, ``Log._repeats_over_limit``).
+
 Sequence numbers wrap from 2**31 - 1 to 0, as in Kafka. The refusal reasons are the names of
 the ``strom.v1.ErrorCode`` values the storage node answers with; this module itself knows
 nothing of gRPC or etcd. :class:`ProducerStateManager` is not thread-safe: the partition log
@@ -408,6 +412,26 @@ class ProducerStateManager:
             pending[pid] = (epoch, last)
             new_seen = True
         return duplicates
+
+    def repeats(self, headers: Sequence[HeaderLike]) -> int:
+        """How many of a request's leading batches repeat, exactly, batches this state
+        remembers (same producer id and epoch, same sequence range): those :meth:`check`
+        answers with their original offsets. Never raises and changes nothing; the leader
+        asks it only to decide whether a batch over max.message.bytes is such a repeat
+        (``Log._repeats_over_limit``), and :meth:`check` still decides every batch. A
+        repeat has its producer's current epoch, so no fencing check can refuse it."""
+        n = 0
+        for h in headers:
+            entry = self.producers.get(h.producer_id)
+            if (
+                entry is None
+                or h.base_sequence < 0
+                or h.producer_epoch != entry.epoch
+                or entry.find(h.base_sequence, h.last_sequence) is None
+            ):
+                break
+            n += 1
+        return n
 
     # -- updates ---------------------------------------------------------------------------
 
