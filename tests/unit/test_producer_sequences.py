@@ -25,11 +25,12 @@ import pytest
 from strom import Producer
 from strom.api import common_pb2, storage_pb2
 from strom.client.accumulator import PartitionQueue, ProducerBatch
-from strom.client.futures import FutureRecordMetadata
+from strom.client.futures import BatchResult, FutureRecordMetadata
 from strom.client.sender import _Shipment
 from strom.client.transactions import TxnPhase
 from strom.errors import (
     InconsistentTopicIdError,
+    MessageTooLargeError,
     NotEnoughReplicasError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
@@ -294,3 +295,100 @@ def test_a_refusal_for_another_topic_id_fails_only_batches_made_for_a_replaced_t
         assert not pq.unresolved and not pq.batches
     finally:
         p.close(timeout=1)
+
+
+# -- a batch refused MESSAGE_TOO_LARGE after an attempt that may have written it ------------
+# Found from outside: lowering max.message.bytes while a leader failed over failed whole
+# batches of records that each fit ("may have been written", RequestTimedOutError) because
+# a batch an earlier attempt may have written was never split.
+
+
+def _records(pq: PartitionQueue, seq: int, n: int, *, maybe: bool = True) -> ProducerBatch:
+    """A closed batch of ``n`` records (as send() fills), sent before with ``seq``."""
+    b = ProducerBatch("t", 0)
+    b.values = [b"r%d" % i for i in range(n)]
+    b.keys = [None] * n
+    b.timestamps.extend([1.7e12] * n)
+    b.result = BatchResult("t", 0, b.timestamps)
+    b.count, b.size, b.limit, b.closed = n, 100 * n, 100 * n, True
+    pq.add_closed(b)
+    b.base_sequence, b.attempts, b.maybe_written = seq, 1, maybe
+    pq.next_sequence = seq + n
+    return b
+
+
+def _failure(b: ProducerBatch, index: int) -> BaseException:
+    with pytest.raises(StromError) as failed:
+        FutureRecordMetadata(b.result, index).result(timeout=1)
+    return failed.value
+
+
+_TOO_LARGE = common_pb2.ErrorCode.MESSAGE_TOO_LARGE
+_OUT_OF_ORDER = common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+def test_a_batch_that_may_be_in_the_log_is_split_keeping_its_sequences(
+    producer: Producer,
+) -> None:
+    """Idempotent: split, the halves take its sequences and stay "may have been written".
+    If the whole batch is in the log after all, the leader refuses each half
+    OUT_OF_ORDER_SEQUENCE (strom.log: no half repeats a batch it remembers), and their
+    records fail saying so, with the refusal's class: nothing timed out."""
+    pq = _queue()
+    b = _records(pq, 4, 4)
+    _answered(producer, pq, b, _TOO_LARGE, "t-0: batch at byte 0 is 9000 bytes, more than ...")
+    first, second = pq.batches
+    assert [(h.base_sequence, h.count, h.maybe_written) for h in (first, second)] == [
+        (4, 2, True),
+        (6, 2, True),
+    ]
+    assert not b.result.done and pq.retrying
+    pq.retrying = False  # what the sender's next pass does as it sends the first half
+    _answered(producer, pq, first, _OUT_OF_ORDER, "t-0: expected sequence 8, got 4..5")
+    err = _failure(first, 0)
+    assert isinstance(err, OutOfOrderSequenceError) and "may have been written" in str(err)
+    assert pq.unresolved and list(pq.batches) == [second] and not b.result.done
+    assert _settle(producer, pq)  # the second half goes again as it was: it may be in the log
+    assert (second.base_sequence, second.maybe_written, producer._bump_wanted) == (6, True, False)
+    pq.retrying = False
+    _answered(producer, pq, second, _OUT_OF_ORDER, "t-0: expected sequence 8, got 6..7")
+    assert isinstance(_failure(b, 3), OutOfOrderSequenceError)
+    assert "may have been written" in str(_failure(b, 3))
+
+
+def test_halves_of_a_batch_that_was_not_written_are_acknowledged(producer: Producer) -> None:
+    pq = _queue()
+    b = _records(pq, 4, 4)
+    _answered(producer, pq, b, _TOO_LARGE, "t-0: too large")
+    first, second = pq.batches
+    pq.retrying = False
+    _answered(producer, pq, first, common_pb2.ErrorCode.NONE)
+    _answered(producer, pq, second, common_pb2.ErrorCode.NONE)
+    assert b.result.done and b.result.error is None and not pq.batches
+
+
+def test_without_idempotence_a_batch_that_may_be_in_the_log_is_not_split() -> None:
+    """Without sequences a half could be appended beside the whole batch: it fails, as the
+    leader's refusal (MessageTooLargeError), saying it may have been written."""
+    p = Producer(NOWHERE, delivery_timeout_ms=5000, retries=0, enable_idempotence=False)
+    try:
+        pq = PartitionQueue("t", 0)
+        b = _records(pq, -1, 4)
+        _answered(p, pq, b, _TOO_LARGE, "t-0: batch at byte 0 is 9000 bytes, more than ...")
+        err = _failure(b, 0)
+        assert isinstance(err, MessageTooLargeError) and not isinstance(err, RequestTimedOutError)
+        assert "9000 bytes" in str(err) and "may have been written" in str(err)
+        assert not pq.batches
+    finally:
+        p.close(timeout=1)
+
+
+def test_a_single_record_that_may_be_in_the_log_fails_as_too_large(producer: Producer) -> None:
+    """One record cannot be split: it fails with the leader's MESSAGE_TOO_LARGE, saying an
+    earlier attempt may have written it (was RequestTimedOutError "no answer settled")."""
+    pq = _queue()
+    b = _records(pq, 4, 1)
+    _answered(producer, pq, b, _TOO_LARGE, "t-0: batch at byte 0 is 9000 bytes, more than ...")
+    err = _failure(b, 0)
+    assert isinstance(err, MessageTooLargeError) and not err.retriable
+    assert "9000 bytes" in str(err) and "may have been written" in str(err)

@@ -1102,21 +1102,38 @@ class SenderLoop:
         its place in the queue and are sent again, as Kafka's Sender does
         (``splitAndReenqueue``); a half still too large is split again, down to a single
         record, which alone fails. False (not split) for a single record, a bulk
-        (send_batch) batch, or one an earlier attempt may have written.
+        (send_batch) batch, or, without idempotence, one an earlier attempt may have written
+        (its halves could be appended beside it).
 
         Safe with idempotence: the leader appended nothing of the refused batch, and every
         batch behind it waits (or is refused for the gap) until it is settled, so the halves
         take its sequence numbers (first half from its base sequence, second half after
-        it), as Kafka re-sequences split batches; the batches behind keep theirs.
+        it), as Kafka re-sequences split batches; the batches behind keep theirs. That holds
+        for a batch an earlier attempt may have written too (an answer lost to a failover),
+        and the halves inherit ``maybe_written``: if that attempt's leader did append the
+        batch, a leader that has it answers the whole batch's retry with its offsets even
+        over the lowered limit (DESIGN §4), so the refusal came from a leader without it.
+        Should the halves still meet a log holding the whole batch (leadership moving back),
+        neither repeats a batch the leader remembers: the first is refused
+        OUT_OF_ORDER_SEQUENCE (it overlaps the written sequences without following them), or
+        DUPLICATE_SEQUENCE when older than every batch the leader keeps (answered as
+        written); the second likewise, sent alone (``_settle`` resends a batch that may be in
+        the log as it was). Nothing is appended twice, and refused halves fail saying the
+        records may have been written (:meth:`_maybe_written_error`).
 
         FIX (found from outside): lowering max.message.bytes while a producer ran failed
         every record already batched (40 of 40 records of 100 KB in 4 MiB batches under a
-        new 1 MiB limit), although each fit."""
-        if b.count < 2 or b.arrow is not None or b.maybe_written:
+        new 1 MiB limit), although each fit. And (found from outside) a batch an earlier
+        attempt may have written was never split: lowering the limit while a leader failed
+        over failed whole batches of records that each fit (212 records in one run), most of
+        them not in the log."""
+        if b.count < 2 or b.arrow is not None or (b.maybe_written and not self.idempotent):
             return False
         half = b.count // 2
         parts = [part_of(b, 0, half), part_of(b, half, b.count)]
         parts[1].limit = b.limit - parts[0].limit  # (what b reserved, shared out)
+        for part in parts:
+            part.maybe_written = b.maybe_written
         if b.base_sequence >= 0:
             parts[1].base_sequence = (b.base_sequence + half) & _SEQ_MASK
         with self._lock:
@@ -1225,11 +1242,24 @@ class SenderLoop:
         """The error a batch that may be in the log fails with: a timeout, as for records in
         flight at close(), saying that it may have been written (found from outside: a batch
         appended and then expired was reported "not sent", and a user resending it wrote it
-        twice); the leader's error when it says the records were appended."""
+        twice); the leader's error when it says the records were appended.
+
+        A refusal that is no timeout (not retriable: MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE,
+        ...) ended the batch and keeps its class, its message saying that an earlier attempt
+        may have written the records. FIX (found from outside): a batch refused
+        MESSAGE_TOO_LARGE after its first attempt's answer was lost to a failover failed as
+        RequestTimedOutError ("no answer settled ...") though no time had run out."""
         if isinstance(err, RequestTimedOutError) and "may have been written" in err.message:
             return err
         if err.code == common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
             return error_for(err.code, f"{err.message}: the records may have been written")
+        if not err.retriable:
+            return type(err)(
+                f"{err.message}; an earlier attempt got no clear answer: the records may have "
+                "been written",
+                code=err.code,
+                retriable=False,
+            )
         return RequestTimedOutError(
             f"{pq.topic}-{pq.partition}: no answer settled whether the records were "
             f"written: they may have been written (last error: {err})"
