@@ -1110,11 +1110,11 @@ class SenderLoop:
         take its sequence numbers (first half from its base sequence, second half after
         it), as Kafka re-sequences split batches; the batches behind keep theirs. That holds
         for a batch an earlier attempt may have written too (an answer lost to a failover),
-        and the halves inherit ``maybe_written``: if that attempt's leader did append the
-        batch, a leader that has it answers the whole batch's retry with its offsets even
-        over the lowered limit (DESIGN §4), so the refusal came from a leader without it.
-        Should the halves still meet a log holding the whole batch (leadership moving back),
-        neither repeats a batch the leader remembers: the first is refused
+        and the halves inherit ``maybe_written``. A leader holding the whole batch among
+        the ones it remembers answers its retry with its offsets even over the lowered limit
+        (DESIGN §4), so the refusal came from a leader without it, or one that forgot it.
+        Should the halves meet a log holding the whole batch (a forgotten one, or leadership
+        moving back), neither repeats a batch the leader remembers: the first is refused
         OUT_OF_ORDER_SEQUENCE (it overlaps the written sequences without following them), or
         DUPLICATE_SEQUENCE when older than every batch the leader keeps (answered as
         written); the second likewise, sent alone (``_settle`` resends a batch that may be in
@@ -1245,8 +1245,8 @@ class SenderLoop:
         twice); the leader's error when it says the records were appended.
 
         A refusal that is no timeout (not retriable: MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE,
-        ...) ended the batch and keeps its class, its message saying that an earlier attempt
-        may have written the records. FIX (found from outside): a batch refused
+        ...) ended the batch and keeps its class, its message saying that an attempt may have
+        written the records. FIX (found from outside): a batch refused
         MESSAGE_TOO_LARGE after its first attempt's answer was lost to a failover failed as
         RequestTimedOutError ("no answer settled ...") though no time had run out."""
         if isinstance(err, RequestTimedOutError) and "may have been written" in err.message:
@@ -1255,8 +1255,8 @@ class SenderLoop:
             return error_for(err.code, f"{err.message}: the records may have been written")
         if not err.retriable:
             return type(err)(
-                f"{err.message}; an earlier attempt got no clear answer: the records may have "
-                "been written",
+                f"{err.message}; the records may have been written (an attempt to send them "
+                "got no clear answer)",
                 code=err.code,
                 retriable=False,
             )

@@ -626,15 +626,15 @@ class Log:
         refuse the halves (OUT_OF_ORDER_SEQUENCE), so that the records, written, failed.
         Kafka checks the size first; strom answers the retry as the duplicate it is.
 
-        Only the size check moves: every other check keeps its place. Batches that are not
-        repeats are refused for their size before anything else is looked at, as before; a
-        repeat still passes the structure and CRC checks here, the timestamp, control and
-        transactional checks after this, then the leader epoch check and the producer-state
-        check (``ProducerStateManager.check``: the producer's epoch, fencing, first) before
-        it is answered. That second look, under the lock again, also finds a repeat that the
-        state forgot in between (``append`` calls :func:`_refuse_over_limit` again). Costs
-        nothing on the hot path: this runs only after a batch was found too large, and a
-        second header scan only when that batch is idempotent."""
+        Only the size check moves: every other check keeps its place. A batch over the limit
+        that is no repeat is refused for its size before anything else is looked at, as
+        before. A repeat still passes, before it is answered, the structure and CRC checks
+        (here), the timestamp, control and transactional checks, the leader epoch check and
+        the producer-state check (``ProducerStateManager.check``, which looks at the
+        producer's epoch and fencing first); ``append`` then calls
+        :func:`_refuse_over_limit` again under the lock, should the state have forgotten the
+        batch in between. Costs nothing on the hot path: this runs only after a batch was
+        found too large, and scans the headers again only when that batch is idempotent."""
         h = read_header(data, position)
         if h.producer_id < 0 or h.base_sequence < 0:
             raise _too_large(h, limit)
