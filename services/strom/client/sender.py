@@ -119,6 +119,17 @@ _REFUSED_BEFORE_APPEND = frozenset(
 _FAILED_AFTER_APPEND = frozenset(
     {common_pb2.ErrorCode.UNKNOWN_SERVER_ERROR, common_pb2.ErrorCode.STORAGE_ERROR}
 )
+#: The leader's refusals of a batch itself (its size, sequence or content): what a batch that
+#: may be in the log fails with when one ends it (``SenderLoop._maybe_written_error``).
+_BATCH_REFUSALS = frozenset(
+    {
+        common_pb2.ErrorCode.MESSAGE_TOO_LARGE,
+        common_pb2.ErrorCode.OUT_OF_ORDER_SEQUENCE,
+        common_pb2.ErrorCode.CORRUPT_MESSAGE,
+        common_pb2.ErrorCode.INVALID_RECORD,
+        common_pb2.ErrorCode.INVALID_TIMESTAMP,
+    }
+)
 _SEQ_MASK = 0x7FFFFFFF
 #: How long the sender waits for a new stream's headers before sending on it anyway (a
 #: healthy node answers them in well under a millisecond; a paused one must not hold the
@@ -1244,21 +1255,23 @@ class SenderLoop:
         appended and then expired was reported "not sent", and a user resending it wrote it
         twice); the leader's error when it says the records were appended.
 
-        A refusal that is no timeout (not retriable: MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE,
-        ...) ended the batch and keeps its class, its message saying that an attempt may have
-        written the records. FIX (found from outside): a batch refused
-        MESSAGE_TOO_LARGE after its first attempt's answer was lost to a failover failed as
-        RequestTimedOutError ("no answer settled ...") though no time had run out."""
+        The leader's refusal of the batch itself (``_BATCH_REFUSALS``: MESSAGE_TOO_LARGE,
+        OUT_OF_ORDER_SEQUENCE, ...) ended it, and no time ran out: it keeps its class, its
+        message saying that an attempt may have written the records. FIX (found from
+        outside): a batch refused MESSAGE_TOO_LARGE after its first attempt's answer was lost
+        to a failover failed as RequestTimedOutError ("no answer settled ..."). Refusals of
+        the producer itself (its epoch fenced) keep the timeout: a transaction reads those
+        codes as fencing (``TransactionManager.fail``), and an answer about a later attempt's
+        epoch says nothing about what the earlier one wrote."""
         if isinstance(err, RequestTimedOutError) and "may have been written" in err.message:
             return err
         if err.code == common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
             return error_for(err.code, f"{err.message}: the records may have been written")
-        if not err.retriable:
-            return type(err)(
+        if err.code in _BATCH_REFUSALS:
+            return error_for(
+                err.code,
                 f"{err.message}; the records may have been written (an attempt to send them "
                 "got no clear answer)",
-                code=err.code,
-                retriable=False,
             )
         return RequestTimedOutError(
             f"{pq.topic}-{pq.partition}: no answer settled whether the records were "
