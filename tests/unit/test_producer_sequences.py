@@ -36,6 +36,9 @@ from strom.errors import (
     RequestTimedOutError,
     StromError,
 )
+from strom.log import Log, LogConfig, ProducerStateError
+from strom.record import InvalidBatchError
+from tests.unit.test_log import T0, make_log, read_all
 
 NOWHERE = "127.0.0.1:1"
 PID = 7
@@ -212,7 +215,12 @@ def test_an_oldest_batch_refused_for_a_gap_fails_and_the_partition_goes_on(
 
 
 def _answered(
-    p: Producer, pq: PartitionQueue, b: ProducerBatch, code: int, message: str = ""
+    p: Producer,
+    pq: PartitionQueue,
+    b: ProducerBatch,
+    code: int,
+    message: str = "",
+    base_offset: int = 0,
 ) -> None:
     """Send ``b`` (as the sender's drain would) and have the leader answer ``code``."""
     b.sent = True
@@ -226,7 +234,10 @@ def _answered(
                     topic="t",
                     partitions=[
                         storage_pb2.ProducePartitionResponse(
-                            partition=0, error_code=code, error_message=message
+                            partition=0,
+                            error_code=code,
+                            error_message=message,
+                            base_offset=base_offset,
                         )
                     ],
                 )
@@ -303,12 +314,14 @@ def test_a_refusal_for_another_topic_id_fails_only_batches_made_for_a_replaced_t
 # a batch an earlier attempt may have written was never split.
 
 
-def _records(pq: PartitionQueue, seq: int, n: int, *, maybe: bool = True) -> ProducerBatch:
+def _records(
+    pq: PartitionQueue, seq: int, n: int, *, maybe: bool = True, pad: bytes = b""
+) -> ProducerBatch:
     """A closed batch of ``n`` records (as send() fills), sent before with ``seq``."""
     b = ProducerBatch("t", 0)
-    b.values = [b"r%d" % i for i in range(n)]
+    b.values = [b"r%d" % i + pad for i in range(n)]
     b.keys = [None] * n
-    b.timestamps.extend([1.7e12] * n)
+    b.timestamps.extend([float(T0)] * n)
     b.result = BatchResult("t", 0, b.timestamps)
     b.count, b.size, b.limit, b.closed = n, 100 * n, 100 * n, True
     pq.add_closed(b)
@@ -392,3 +405,68 @@ def test_a_single_record_that_may_be_in_the_log_fails_as_too_large(producer: Pro
     err = _failure(b, 0)
     assert isinstance(err, MessageTooLargeError) and not err.retriable
     assert "9000 bytes" in str(err) and "may have been written" in str(err)
+
+
+def _leader(p: Producer, pq: PartitionQueue, log: Log, b: ProducerBatch) -> int:
+    """Send ``b`` as the producer encodes it to a real partition log as its leader, and hand
+    the log's answer back to the producer; returns the answer's code."""
+    code, message, offset = common_pb2.ErrorCode.NONE, "", -1
+    try:
+        data = b.encode("none", pq.producer_id, pq.producer_epoch, b.base_sequence)
+        offset = log.append(data).first_offset
+    except ProducerStateError as exc:
+        code, message = common_pb2.ErrorCode.Value(exc.reason), f"t-0: {exc.message}"
+    except InvalidBatchError as exc:
+        code, message = (
+            _TOO_LARGE if exc.too_large else common_pb2.ErrorCode.CORRUPT_MESSAGE,
+            str(exc),
+        )
+    pq.retrying = False  # (the sender's pass that sends it)
+    _answered(p, pq, b, code, message, offset)
+    return code
+
+
+def test_halves_meeting_a_log_that_holds_the_whole_batch_write_nothing_twice(
+    producer: Producer, tmp_path
+) -> None:
+    """The producer's halves against the node's own checks: the whole batch was appended
+    (by an attempt whose answer was lost), then refused MESSAGE_TOO_LARGE by a leader
+    without it; the halves meet a log holding it (leadership moved back): each is refused
+    OUT_OF_ORDER_SEQUENCE, nothing is appended, and the records fail saying they may have
+    been written."""
+    log = make_log(tmp_path / "t-0")
+    pq = _queue()
+    b = _records(pq, 0, 4, pad=bytes(500))
+    whole = b.encode("none", PID, 0, 0)
+    log.append(whole)  # the earlier attempt, its answer lost
+    limit = len(whole) - 500  # a half fits, the whole batch does not
+    log.update_config(LogConfig.from_dict({"max.message.bytes": limit}))
+    _answered(producer, pq, b, _TOO_LARGE, f"t-0: batch at byte 0 is {len(whole)} bytes, ...")
+    first, second = pq.batches
+    assert _leader(producer, pq, log, first) == _OUT_OF_ORDER
+    assert _settle(producer, pq)  # the second half may be in the log too: sent as it was
+    assert _leader(producer, pq, log, second) == _OUT_OF_ORDER
+    assert [r.value[:2] for r in read_all(log)] == [b"r0", b"r1", b"r2", b"r3"]
+    for index in range(4):
+        err = _failure(b, index)
+        assert isinstance(err, OutOfOrderSequenceError) and "may have been written" in str(err)
+
+
+def test_halves_meeting_a_log_without_the_batch_are_written_in_order(
+    producer: Producer, tmp_path
+) -> None:
+    """The same split against a log that never got the batch (the attempt's leader died
+    before its followers copied it): the halves are appended in sequence, once each, and
+    every record is acknowledged at its offset."""
+    log = make_log(tmp_path / "t-0")
+    pq = _queue()
+    b = _records(pq, 0, 4, pad=bytes(500))
+    whole = b.encode("none", PID, 0, 0)
+    log.update_config(LogConfig.from_dict({"max.message.bytes": len(whole) - 500}))
+    assert _leader(producer, pq, log, b) == _TOO_LARGE
+    first, second = pq.batches
+    assert _leader(producer, pq, log, first) == common_pb2.ErrorCode.NONE
+    assert _leader(producer, pq, log, second) == common_pb2.ErrorCode.NONE
+    assert [r.value[:2] for r in read_all(log)] == [b"r0", b"r1", b"r2", b"r3"]
+    offsets = [FutureRecordMetadata(b.result, i).result(timeout=1).offset for i in range(4)]
+    assert offsets == [0, 1, 2, 3] and not pq.batches and not pq.unresolved
