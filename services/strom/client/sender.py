@@ -1260,9 +1260,8 @@ class SenderLoop:
         message saying that an attempt may have written the records. FIX (found from
         outside): a batch refused MESSAGE_TOO_LARGE after its first attempt's answer was lost
         to a failover failed as RequestTimedOutError ("no answer settled ..."). Refusals of
-        the producer itself (its epoch fenced) keep the timeout: a transaction reads those
-        codes as fencing (``TransactionManager.fail``), and an answer about a later attempt's
-        epoch says nothing about what the earlier one wrote."""
+        the producer itself (its epoch fenced) keep the timeout, as before: a transaction
+        reads those codes as fencing (``TransactionManager.fail``)."""
         if isinstance(err, RequestTimedOutError) and "may have been written" in err.message:
             return err
         if err.code == common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
