@@ -16,6 +16,7 @@ import pytest
 
 from strom.api import common_pb2, storage_pb2
 from strom.client import downgrades
+from strom.client.fetch_state import Constants as _Constants
 from strom.client.fetcher import (
     CONSUMER_SCHEMA,
     SPLIT_REQUEST_BYTES,
@@ -23,7 +24,6 @@ from strom.client.fetcher import (
     CompletedFetch,
     Fetcher,
     FetchWireError,
-    _Constants,
     corrupt_batches,
     decode_bodies,
     parse_fetch_response,

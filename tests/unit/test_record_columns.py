@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strom.api import records_pb2 as rp
-from strom.client.fetcher import CONSUMER_SCHEMA, CompletedFetch, _Constants
+from strom.client.fetch_state import Constants as _Constants
+from strom.client.fetcher import CONSUMER_SCHEMA, CompletedFetch
 from strom.client.partitioner import murmur2, murmur2_array, partition_for_key, partitions_for_keys
 from strom.client.types import TopicPartition
 from strom.record import TimestampType, decode_batches, encode_arrow, encode_batch

@@ -51,31 +51,41 @@ failed check is raised only when the consumer drains that batch. Uncompressed bo
 64 records are decoded there too (:func:`decode_bodies`); the others when drained, to Python
 records (``take_records``: columns convert in C, one tuple per record) or straight to Arrow
 (``take_arrow``: no per-record work at all).
+
+Where the parts live: a Fetch answer's wire parsing and the checks on its batches in
+:mod:`strom.client.fetch_answers`; what is kept per answer and per partition
+(``CompletedFetch``, ``PartitionState``) and the drain into records or Arrow in
+:mod:`strom.client.fetch_state`; the threads, requests and positions (``Fetcher``) here.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice, repeat
 from typing import Any
 
-import crc32c
 import grpc
-import numpy as np
-import pyarrow as pa
 
 from strom.api import common_pb2, storage_pb2
 from strom.client import trace
 from strom.client.cluster import ClusterClient, refused
 from strom.client.downgrades import Downgrades
+from strom.client.fetch_answers import (
+    FetchWireError,
+    PartitionAnswer,
+    aborted_batches,
+    corrupt_batches,
+    decode_bodies,
+    parse_fetch_response,
+    unreadable_batch_error,
+)
+from strom.client.fetch_state import CONSUMER_SCHEMA, CompletedFetch, PartitionState
+from strom.client.fetch_state import Constants as _Constants
 from strom.client.metadata import MetadataCache
 from strom.client.offsets import TRANSPORT_RETRY
 from strom.client.streams import FetchStreams, FollowStream
@@ -83,40 +93,46 @@ from strom.client.types import TopicPartition
 from strom.errors import (
     CorruptMessageError,
     ErrorCode,
-    MessageTooLargeError,
     OffsetOutOfRangeError,
     StorageError,
     StromError,
     error_for,
     is_retriable,
 )
-from strom.record import (
-    HEADER_SIZE,
-    RECORDS_SCHEMA,
-    InvalidBatchError,
-    Record,
-    RecordBatch,
-    decode_batches,
-    small_body,
-)
-from strom.record.header import CRC_START
+from strom.record import InvalidBatchError, RecordBatch, decode_batches
+
+#: The module's names, and those of the Fetch answer and the per-partition state that moved to
+#: strom.client.fetch_answers / fetch_state (still imported from here by the consumer, the
+#: Spark connector and tests).
+__all__ = [
+    "CONSUMER_SCHEMA",
+    "FETCH_METHOD",
+    "FOLLOW_GRANT",
+    "FOLLOW_HEADER",
+    "FOLLOW_MIN_WAIT_MS",
+    "FOLLOW_SLACK_S",
+    "FOLLOW_WINDOW",
+    "INLINE_GRACE_S",
+    "MAX_WORKERS_PER_NODE",
+    "SPLIT_REQUEST_BYTES",
+    "STORAGE_ERRORS_RAISED_AFTER",
+    "WORKER_IDLE_S",
+    "CompletedFetch",
+    "FetchWireError",
+    "Fetcher",
+    "PartitionAnswer",
+    "PartitionState",
+    "aborted_batches",
+    "corrupt_batches",
+    "decode_bodies",
+    "gc_paused",
+    "parse_fetch_response",
+    "unreadable_batch_error",
+]
 
 log = logging.getLogger(__name__)
 
 FETCH_METHOD = "/strom.v1.StorageService/Fetch"
-
-#: What ``poll_arrow()`` returns: the record columns of ``RECORDS_SCHEMA`` behind the
-#: partition they came from, then each record's ``timestamp_type`` (``TimestampType``: 0
-#: create time, 1 log-append time; its batch's, filled as one constant array per batch). It
-#: comes last so that code reading the earlier columns by position keeps working.
-CONSUMER_SCHEMA = pa.schema(
-    [
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
-        *RECORDS_SCHEMA,
-        pa.field("timestamp_type", pa.int8(), nullable=False),
-    ]
-)
 
 #: Per-partition errors after which the leader is looked up again before the next fetch.
 _LEADER_ERRORS = frozenset(
@@ -135,8 +151,6 @@ _LEADER_ERRORS = frozenset(
 #: which ``poll()`` raises: the leader's stored data failed its check, and a leader lookup does
 #: not help while it keeps leading (Kafka's consumer raises CorruptRecordException from poll).
 STORAGE_ERRORS_RAISED_AFTER = 3
-
-_new = tuple.__new__
 
 #: Most requests in flight to one node (each on its own worker thread).
 MAX_WORKERS_PER_NODE = 4
@@ -173,57 +187,6 @@ _GRANT = storage_pb2.FetchRequest(replica_id=-1, follow_answers=FOLLOW_GRANT)
 FOLLOW_SLACK_S = 0.02
 
 
-# -- the FetchResponse wire format -----------------------------------------------------------
-#
-# The generated classes copy a response's record bytes twice (into the arena on parse, out on
-# attribute access): ~30 ns per 100-byte record, as much as decoding the batch to Arrow. The
-# structure around them is tiny, so it is walked here and ``records`` stays a memoryview into
-# the bytes gRPC handed over; the small fields of each partition are parsed by protobuf.
-
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
-
-
-class FetchWireError(ValueError):
-    """A FetchResponse that does not parse (a server bug; gRPC does not corrupt bytes)."""
-
-
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise FetchWireError("varint too long")
-
-
-def _fields(buf: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """Yield (field number, wire type, tag start, value start, value end) over a message."""
-    while pos < end:
-        tag_start = pos
-        key, pos = _varint(buf, pos)
-        num, wt = key >> 3, key & 7
-        if wt == _VARINT:
-            start = pos
-            _, pos = _varint(buf, pos)
-        elif wt == _LEN:
-            n, start = _varint(buf, pos)
-            pos = start + n
-        elif wt == _I64:
-            start, pos = pos, pos + 8
-        elif wt == _I32:
-            start, pos = pos, pos + 4
-        else:
-            raise FetchWireError(f"unsupported wire type {wt} (field {num})")
-        if pos > end:
-            raise FetchWireError(f"field {num} runs past the end of its message")
-        yield num, wt, tag_start, start, pos
-
-
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic garbage collector held off while a poll builds its records (measured).
@@ -245,432 +208,6 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-@dataclass(slots=True)
-class PartitionAnswer:
-    """One partition of a FetchResponse: its small fields, and the record bytes uncopied."""
-
-    topic: str
-    info: storage_pb2.FetchPartitionResponse
-    records: memoryview
-
-
-def parse_fetch_response(
-    data: bytes,
-) -> tuple[list[PartitionAnswer], list[common_pb2.Node]]:
-    """Split a serialized FetchResponse into partition answers and node endpoints."""
-    buf = memoryview(data)
-    out: list[PartitionAnswer] = []
-    nodes: list[common_pb2.Node] = []
-    try:
-        for num, wt, _, s, e in _fields(buf, 0, len(buf)):
-            if num == 1 and wt == _LEN:
-                _parse_topic(buf, s, e, out)
-            elif num == 2 and wt == _LEN:
-                nodes.append(common_pb2.Node.FromString(bytes(buf[s:e])))
-    except (IndexError, ValueError) as exc:  # protobuf's DecodeError is a ValueError too
-        raise FetchWireError(f"malformed FetchResponse: {exc}") from None
-    return out, nodes
-
-
-def _parse_topic(buf: memoryview, start: int, end: int, out: list[PartitionAnswer]) -> None:
-    topic = ""
-    spans: list[tuple[int, int]] = []
-    for num, wt, _, s, e in _fields(buf, start, end):
-        if num == 1 and wt == _LEN:
-            topic = str(buf[s:e], "utf-8")
-        elif num == 2 and wt == _LEN:
-            spans.append((s, e))
-    for s, e in spans:
-        records = buf[0:0]
-        small: bytes | None = None
-        for num, wt, tag_start, vs, ve in _fields(buf, s, e):
-            if num == 10 and wt == _LEN:
-                records = buf[vs:ve]
-                small = bytes(buf[s:tag_start]) + bytes(buf[ve:e])
-        info = storage_pb2.FetchPartitionResponse.FromString(
-            small if small is not None else bytes(buf[s:e])
-        )
-        out.append(PartitionAnswer(topic, info, records))
-
-
-def aborted_batches(
-    batches: list[RecordBatch], aborted: Iterable[storage_pb2.AbortedTransaction]
-) -> frozenset[int]:
-    """Indexes of ``batches`` that belong to aborted transactions (Kafka's read_committed
-    rule, on batch headers only): a transactional batch of a producer whose aborted
-    transaction began at or before it, up to that producer's next marker."""
-    pending = sorted(aborted, key=lambda a: a.first_offset)
-    i = 0
-    active: set[int] = set()
-    out: set[int] = set()
-    for n, b in enumerate(batches):
-        h = b.header
-        while i < len(pending) and pending[i].first_offset <= h.last_offset:
-            active.add(pending[i].producer_id)
-            i += 1
-        if h.is_control:
-            active.discard(h.producer_id)  # the abort marker ends that transaction
-        elif h.is_transactional and h.producer_id in active:
-            out.add(n)
-    return frozenset(out)
-
-
-# -- draining fetched batches -----------------------------------------------------------------
-
-
-def _py_columns(b: RecordBatch, topic: str, partition: int) -> tuple[list[int], Iterator[Any]]:
-    """A batch's record offsets and an iterator of Record field tuples (columns converted
-    at once, see :meth:`RecordBatch.py_columns`, but Record tuples created lazily, per poll,
-    so the ones the application drops are freed before the garbage collector sees a large
-    young generation)."""
-    offsets, stamps, keys, values, headers = b.py_columns()
-    n = len(offsets)
-    rows = zip(
-        keys,
-        values,
-        headers,
-        stamps,
-        offsets,
-        repeat(topic, n),
-        repeat(partition, n),
-        repeat(b.header.timestamp_type, n),  # the batch's: one value, no per-record work
-        strict=True,
-    )
-    return offsets, rows
-
-
-def unreadable_batch_error(tp: TopicPartition, offset: int, exc: InvalidBatchError) -> StromError:
-    """The error ``poll()`` raises for a batch it cannot return. A well-formed batch over this
-    reader's limit (its bytes, or its body decompressed: a batch a non-strom producer wrote,
-    or a decompression bomb) is MessageTooLargeError saying so, with the limit and where to
-    seek to skip it; everything else is CorruptMessageError. FIX (found from outside): an
-    oversized batch was reported as "CORRUPT_MESSAGE", which sent users looking for damage."""
-    where = f"{tp.topic}-{tp.partition} at offset {offset}"
-    if not exc.too_large:
-        return CorruptMessageError(f"{where}: {exc}; seek past it to continue")
-    skip = (
-        f"seek to offset {exc.next_offset} to skip it"
-        if exc.next_offset >= 0
-        else "seek past it to skip it"
-    )
-    return MessageTooLargeError(
-        f"{where}: a record batch too large for this reader ({exc}; the limit is "
-        f"{exc.limit} bytes); {skip}"
-    )
-
-
-def _crc_matches(b: RecordBatch) -> bool:
-    return len(b.raw) >= HEADER_SIZE and crc32c.crc32c(b.raw[CRC_START:]) == b.header.crc
-
-
-def corrupt_batches(batches: list[RecordBatch]) -> frozenset[int]:
-    """Base offsets of the batches whose CRC-32C does not match their header (empty when
-    all do: the common case allocates nothing new)."""
-    bad = [b.header.base_offset for b in batches if not _crc_matches(b)]
-    return frozenset(bad) if bad else _NONE
-
-
-_NONE: frozenset[int] = frozenset()
-
-
-def decode_bodies(batches: list[RecordBatch], corrupt: frozenset[int] | None) -> None:
-    """Decode the Arrow bodies of an answer's big batches here, on the fetch thread.
-
-    pyarrow lets go of the interpreter lock inside each of its calls (reading the IPC
-    message, the full validation), and on the application's thread each such call could
-    hand the lock to a fetch thread and then wait to get it back: measured in a poll_arrow
-    loop, ~110 µs of wall time per 2,300-record batch against ~17 µs of work. Left for the
-    drain: batches of up to ``small_body.MAX_RECORDS`` records (``take_records`` reads those
-    without pyarrow), compressed ones (decompressed, a buffered answer would hold several
-    times its bytes: the buffering bound is in compressed bytes), control and corrupt ones,
-    and a body that does not decode, which the drain raises when it reaches that batch,
-    after the good ones.
-    """
-    for b in batches:
-        h = b.header
-        if (
-            h.record_count > small_body.MAX_RECORDS
-            and not h.codec
-            and not h.is_control
-            and (corrupt is None or h.base_offset not in corrupt)
-        ):
-            with contextlib.suppress(InvalidBatchError):
-                b.body()
-
-
-class _Constants:
-    """Constant topic / partition / timestamp_type columns for poll_arrow, built once per
-    value and sliced (zero-copy) to each batch's length."""
-
-    __slots__ = ("_arrays",)
-
-    def __init__(self) -> None:
-        self._arrays: dict[tuple[Any, pa.DataType], pa.Array] = {}
-
-    def get(self, value: Any, type_: pa.DataType, n: int) -> pa.Array:
-        arr = self._arrays.get((value, type_))
-        if arr is None or len(arr) < n:
-            size = max(n, 1 << 16)
-            arr = pa.repeat(pa.scalar(value, type_), size)
-            if len(self._arrays) > 4096:
-                self._arrays.clear()
-            self._arrays[(value, type_)] = arr
-        return arr.slice(0, n)
-
-
-class CompletedFetch:
-    """The batches one Fetch returned for one partition, drained in order.
-
-    ``take_records`` and ``take_arrow`` both start at the position they are given (records
-    below it, e.g. the head of a batch that starts before the fetch offset, are skipped) and
-    return the position after what they took, so the two may be mixed freely. A batch's CRC is
-    checked when the answer arrives (``corrupt``, on the fetch thread) or else when it is
-    first drained; a mismatch, or a body that does not decode (big bodies are decoded on the
-    fetch thread too, see :func:`decode_bodies`), is raised (InvalidBatchError) when the batch
-    is reached, after the records of the intact batches before it have been returned (by the
-    take that reached it), none of its own.
-    """
-
-    __slots__ = (
-        "_check_crcs",
-        "_corrupt",
-        "_cursor",
-        "_offsets",
-        "_rows",
-        "_verified",
-        "batches",
-        "index",
-        "skip",
-        "tp",
-    )
-
-    def __init__(
-        self,
-        tp: TopicPartition,
-        batches: list[RecordBatch],
-        *,
-        check_crcs: bool = True,
-        skip: frozenset[int] | None = None,
-        corrupt: frozenset[int] | None = None,
-    ) -> None:
-        self.tp = tp
-        self.batches = batches
-        #: Indexes of batches of aborted transactions (read_committed): passed over whole.
-        self.skip = skip
-        self.index = 0
-        self._rows: Iterator[Any] | None = None
-        self._offsets: list[int] = []
-        self._cursor = 0
-        self._check_crcs = check_crcs
-        #: Base offsets of the batches whose CRC was checked on arrival and did not match;
-        #: None: not checked yet, so each is checked when first drained.
-        self._corrupt = corrupt
-        self._verified = -1
-
-    @property
-    def exhausted(self) -> bool:
-        return self.index >= len(self.batches)
-
-    def _next_batch(self) -> None:
-        self.index += 1
-        self._rows = None
-        self._offsets = []
-        self._cursor = 0
-
-    def _skippable(self, position: int) -> bool:
-        h = self.batches[self.index].header
-        return (
-            h.is_control
-            or h.record_count == 0
-            or h.next_offset <= position
-            or (self.skip is not None and self.index in self.skip)
-        )
-
-    def _next_live(self, position: int) -> tuple[RecordBatch | None, int]:
-        """Move past the batches with nothing to return at ``position`` (control batches,
-        empty or already consumed ones, aborted transactions'); the batch to drain next
-        (CRC-checked; None when none is left) and the position after the skipped ones."""
-        while self.index < len(self.batches):
-            if not self._skippable(position):
-                return self._current(), position
-            position = max(position, self.batches[self.index].header.next_offset)
-            self._next_batch()
-        return None, position
-
-    def _next_drainable(self, position: int, taken: bool) -> tuple[RecordBatch | None, int]:
-        """:meth:`_next_live`, except that a corrupt batch after records already ``taken``
-        ends the take (None) so those are returned first; the next take raises."""
-        try:
-            return self._next_live(position)
-        except InvalidBatchError:
-            if taken:
-                return None, position
-            raise
-
-    def _current(self) -> RecordBatch:
-        b = self.batches[self.index]
-        if self._check_crcs and self._verified < self.index:
-            h = b.header
-            if h.base_offset in self._corrupt if self._corrupt is not None else not _crc_matches(b):
-                raise InvalidBatchError(
-                    f"batch at offset {h.base_offset}: CRC-32C mismatch", position=h.position
-                )
-            self._verified = self.index
-        return b
-
-    def take_records(self, position: int, limit: int) -> tuple[list[Record], int]:
-        out: list[Record] = []
-        topic, partition = self.tp
-        while limit > 0:
-            b, position = self._next_drainable(position, bool(out))
-            if b is None:
-                break
-            if self._rows is None:
-                try:
-                    offsets, rows = _py_columns(b, topic, partition)
-                except InvalidBatchError:
-                    if out:  # the good records first; the next take raises
-                        break
-                    raise
-                start = bisect.bisect_left(offsets, position)
-                self._rows = islice(rows, start, None) if start else rows
-                self._offsets = offsets
-                self._cursor = start
-            offsets = self._offsets
-            k = min(limit, len(offsets) - self._cursor)
-            if k > 0:
-                chunk = list(map(_new, repeat(Record, k), islice(self._rows, k)))
-                if out:
-                    out.extend(chunk)
-                else:
-                    out = chunk
-                self._cursor += k
-                limit -= k
-            if self._cursor >= len(offsets):
-                position = b.header.next_offset
-                self._next_batch()
-            else:
-                position = offsets[self._cursor - 1] + 1
-        return out, position
-
-    def take_arrow(
-        self, position: int, limit: int, constants: _Constants
-    ) -> tuple[list[pa.RecordBatch], int, int]:
-        out: list[pa.RecordBatch] = []
-        taken = 0
-        topic, partition = self.tp
-        while limit > 0:
-            b, position = self._next_drainable(position, bool(out))
-            if b is None:
-                break
-            h = b.header
-            try:
-                deltas = b.offset_deltas()
-            except InvalidBatchError:
-                if out:  # the good records first; the next take raises
-                    break
-                raise
-            start = 0
-            if position > h.base_offset:
-                start = int(np.searchsorted(deltas, position - h.base_offset, side="left"))
-            n = len(deltas) - start
-            k = min(n, limit)
-            if k > 0:
-                out.append(
-                    pa.RecordBatch.from_arrays(
-                        [
-                            constants.get(topic, pa.string(), k),
-                            constants.get(partition, pa.int32(), k),
-                            *b.arrow_columns(start, k),
-                            constants.get(int(h.timestamp_type), pa.int8(), k),
-                        ],
-                        schema=CONSUMER_SCHEMA,
-                    )
-                )
-                taken += k
-                limit -= k
-            if k >= n:
-                position = h.next_offset
-                self._next_batch()
-            else:
-                position = h.base_offset + int(deltas[start + k - 1]) + 1
-                self._rows = None  # a Python-side cursor into this batch is stale now
-        return out, position, taken
-
-
-# -- per-partition state ----------------------------------------------------------------------
-
-
-class PartitionState:
-    """What the consumer and its fetch thread know about one assigned partition.
-
-    ``position`` is the next offset the application will get (None while it has to be looked
-    up: a new assignment, seek_to_beginning/end, an auto offset reset); ``fetch_offset`` is the
-    next offset to ask the leader for, i.e. the end of what is buffered or in flight.
-    """
-
-    __slots__ = (
-        "backoff_until",
-        "completed",
-        "end_offset",
-        "error",
-        "error_sticky",
-        "failures",
-        "fetch_offset",
-        "following",
-        "generation",
-        "held",
-        "high_watermark",
-        "inflight",
-        "log_start_offset",
-        "paused",
-        "position",
-        "reset",
-        "storage_errors",
-        "tp",
-    )
-
-    def __init__(self, tp: TopicPartition) -> None:
-        self.tp = tp
-        self.position: int | None = None
-        self.fetch_offset = -1
-        self.generation = 0
-        #: Pending reset strategy ("earliest" / "latest") while position is None; None means
-        #: "no position yet": committed offset (groups) or auto_offset_reset decides.
-        self.reset: str | None = None
-        self.paused = False
-        self.inflight = False
-        #: Caught up (its last answer ended at the high watermark) and left to the
-        #: application's own fetch in ``poll()`` (see ``Fetcher.fetch_inline``): the workers
-        #: do not long-poll it.
-        self.held = False
-        #: In the application's followed request (``Fetcher.fetch_inline``): the node sends
-        #: its appends on that stream, and the workers leave it alone.
-        self.following = False
-        self.completed: deque[CompletedFetch] = deque()
-        self.high_watermark = -1
-        #: What the consumer can read up to, as the last fetch reported it: the high
-        #: watermark, or with read_committed the last stable offset (-1 before any fetch).
-        self.end_offset = -1
-        self.log_start_offset = -1
-        self.backoff_until = 0.0
-        self.failures = 0
-        self.error: StromError | None = None
-        #: A sticky error is raised by every poll until the application seeks (Kafka's rule
-        #: for OFFSET_OUT_OF_RANGE without a reset policy, and for corrupt data).
-        self.error_sticky = False
-        #: STORAGE_ERROR answers in a row: (leader node id, leader epoch, how many).
-        self.storage_errors = (-1, -1, 0)
-
-    def drop_buffered(self) -> None:
-        """Forget buffered data and in-flight answers (they are for an old position)."""
-        self.generation += 1
-        self.completed.clear()
-        self.inflight = False
-        self.held = False
-        self.fetch_offset = self.position if self.position is not None else -1
 
 
 @dataclass(slots=True)
