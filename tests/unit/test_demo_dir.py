@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.cli.main import _fresh_demo_dir
+from strom.cli.parser import _fresh_demo_dir
 
 
 @pytest.mark.parametrize("mode", ["", "--cluster", "--engine"])
