@@ -1238,6 +1238,17 @@ class SenderLoop:
     def _retry(
         self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError, now: float
     ) -> None:
+        """After a retriable error: send the batches again after a backoff, or fail them when
+        the retries or the delivery timeout have run out.
+
+        Either way the topic's metadata is looked up again first: a retriable error is how a
+        moved leader or a dead node shows, and the next batches need the new leader whether
+        or not these are retried, as Kafka's client asks for a metadata update on any
+        InvalidMetadataException or disconnect. FIX (found from outside): with ``retries=0``
+        the refresh came after the give-up's return, so after a leader change every send
+        failed (stale leader epoch, or the dead leader unreachable) until
+        metadata_max_age_ms, 5 minutes."""
+        self._metadata.mark_stale(pq.topic)
         first = batches[0]
         timed_out = now - first.created >= self.delivery_timeout_s
         if timed_out or first.attempts >= self.retries:
@@ -1253,7 +1264,6 @@ class SenderLoop:
             pq.retrying = True
             pq.last_error = str(err)
             pq.retry_at = max(pq.retry_at, now + backoff * random.uniform(0.8, 1.2))
-        self._metadata.mark_stale(pq.topic)
         log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
 
     def _give_up(

@@ -1,0 +1,143 @@
+"""The producer (and the metadata lookups every client shares) when a leader moves, dies or
+hangs (SIGSTOP: a GC pause or a network partition looks the same from outside), against real
+processes.
+
+Found from outside:
+
+- with ``retries=0`` the producer never looked its metadata up again after a failed batch,
+  so after a leader change every send failed until ``metadata_max_age_ms`` (5 minutes);
+- a paused leader held a batch in flight for ``request_timeout_ms`` + 5 s whatever
+  ``delivery_timeout_ms`` said; the sender thread made its Metadata calls itself, asking
+  the paused node first every time for 5 s, so partitions led by healthy nodes stalled too,
+  and an admin call with a 5 s timeout failed while 2 nodes of 3 answered.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from strom.client.admin import Admin
+from strom.client.consumer import Consumer
+from strom.client.producer import Producer
+from strom.client.types import TopicPartition
+from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.procs import wait_for
+from strom.errors import StromError
+from tests.conftest import create_topic, module_cluster
+
+pytestmark = pytest.mark.integration
+
+cluster = module_cluster(nodes=3, controllers=1, coordinators=0)
+HEALED_CLUSTERS = ("cluster",)
+
+
+@contextmanager
+def paused(member: Member) -> Iterator[None]:
+    """``member`` hung (SIGSTOP) for the block's time, then resumed."""
+    assert member.process is not None
+    member.process.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        member.process.signal(signal.SIGCONT)
+
+
+def node_at(cluster: LocalCluster, address: str) -> Member:
+    (member,) = [n for n in cluster.nodes if n.address == address]
+    return member
+
+
+def leaders(admin: Admin, topic: str) -> dict[int, int | None]:
+    return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
+
+
+def sends_again(producer: Producer, topic: str, outcomes: list[object]) -> Callable[[], bool]:
+    """A wait_for condition: one record sent and acknowledged (each outcome kept)."""
+
+    def condition() -> bool:
+        try:
+            producer.send(topic, b"after").get(30)
+        except StromError as exc:
+            outcomes.append(exc)
+            return False
+        outcomes.append(True)
+        return True
+
+    return condition
+
+
+def read_values(bootstrap: str, tp: TopicPartition) -> list[bytes]:
+    """Every value of ``tp`` up to its end offset, in order."""
+    out: list[bytes] = []
+    with Consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([tp])
+        end = c.end_offsets([tp])[tp]
+        deadline = time.monotonic() + 60
+        while len(out) < end and time.monotonic() < deadline:
+            out.extend(r.value for r in c.poll(timeout_ms=200))
+    return out
+
+
+# -- defect 1: retries=0 ----------------------------------------------------------------
+
+
+def test_a_producer_without_retries_follows_a_moved_leader(cluster: LocalCluster) -> None:
+    topic = create_topic(cluster, "hung-r0-move", partitions=1, replication_factor=3)
+    tp = TopicPartition(topic, 0)
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Producer(cluster.bootstrap, retries=0, acks=1, linger_ms=0) as producer,
+    ):
+        producer.send(topic, b"warm").get(30)
+        before = admin.describe_topic(topic).partitions[0]
+        assert before.leader == before.replicas[0]
+        moved = (*before.replicas[1:], before.replicas[0])
+        admin.alter_partition_reassignments({tp: moved})
+
+        def elected() -> bool:
+            info = admin.describe_topic(topic).partitions[0]
+            if info.replicas == moved and info.leader == moved[0]:
+                return True
+            if info.replicas == moved and set(info.isr) == set(moved):
+                admin.elect_leaders([tp])
+            return False
+
+        wait_for(elected, timeout=60, what=f"node {moved[0]} elected leader of {topic}-0")
+        at = time.monotonic()
+        outcomes: list[object] = []
+        wait_for(sends_again(producer, topic, outcomes), timeout=60, what="a send acknowledged")
+        took = time.monotonic() - at
+        for i in range(20):
+            producer.send(topic, b"steady-%d" % i).get(30)
+    # Only what met the stale leader fails (the old code: every send, for 5 minutes).
+    assert took < 10, (took, outcomes)
+    assert sum(1 for o in outcomes if o is not True) <= 5, outcomes
+
+
+def test_a_producer_without_retries_follows_a_new_leader_after_a_crash(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(cluster, "hung-r0-crash", partitions=1, replication_factor=3)
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Producer(cluster.bootstrap, retries=0, acks=1, linger_ms=0) as producer,
+    ):
+        producer.send(topic, b"warm").get(30)
+        old = leaders(admin, topic)[0]
+        assert old is not None
+        victim = cluster.node(old)
+        assert victim.process is not None
+        victim.process.kill()
+        at = time.monotonic()
+        outcomes: list[object] = []
+        wait_for(sends_again(producer, topic, outcomes), timeout=60, what="a send acknowledged")
+        took = time.monotonic() - at
+        assert leaders(admin, topic)[0] not in (None, old)
+    # The controller moves the leadership once the dead node's session ends (a few
+    # seconds); the producer follows within its retry backoff, not metadata_max_age_ms.
+    assert took < 20, (took, outcomes)
