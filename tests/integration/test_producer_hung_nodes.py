@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import pytest
 
 from strom.client.admin import Admin
+from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
@@ -141,3 +142,33 @@ def test_a_producer_without_retries_follows_a_new_leader_after_a_crash(
     # The controller moves the leadership once the dead node's session ends (a few
     # seconds); the producer follows within its retry backoff, not metadata_max_age_ms.
     assert took < 20, (took, outcomes)
+
+
+# -- defect 2: a hung node ----------------------------------------------------------------
+
+
+def test_metadata_and_admin_calls_answer_from_another_node_while_one_hangs(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(cluster, "hung-describe", partitions=3, replication_factor=3)
+    with ClusterClient(cluster.bootstrap, timeout_s=5.0) as client:
+        first = client._candidates()[0]
+        victim = node_at(cluster, first)
+        with paused(victim):
+            at = time.monotonic()
+            md = client.metadata([topic], retry_s=0.0)
+            took = time.monotonic() - at
+            assert [t.name for t in md.topics] == [topic]
+            assert client._candidates()[-1] == first  # asked last from now on
+            # A new client (the CLI's, with --timeout 5) finds another node within its
+            # timeout, and describes the topic.
+            at = time.monotonic()
+            with Admin(
+                cluster.bootstrap, request_timeout_ms=5000, default_api_timeout_ms=5000
+            ) as admin:
+                described = admin.describe_topic(topic)
+            admin_took = time.monotonic() - at
+    # The old code waited out a 5 s attempt at the paused node first.
+    assert took < 2.0, took
+    assert len(described.partitions) == 3
+    assert admin_took < 4.0, admin_took

@@ -331,7 +331,8 @@ class SenderLoop:
     ) -> bool:
         req = storage_pb2.InitProducerIdRequest(producer_id=pid, producer_epoch=epoch)
         candidates = self._client._candidates()
-        if first is not None:
+        if first is not None and not self._client.demoted(first):
+            # (the partition's leader, unless it failed lately: then it stays last)
             candidates = list(dict.fromkeys([first, *candidates]))
         for addr in candidates:
             try:
@@ -355,6 +356,7 @@ class SenderLoop:
                     self._fatal = refused(exc)
                     self._fail_all(self._fatal)
                     return False
+                self._client.demote(addr)  # (asked last next time: it may be hung)
                 continue
             if resp.error_code == NONE:
                 self._producer_id, self._producer_epoch = resp.producer_id, resp.producer_epoch
