@@ -147,6 +147,89 @@ def test_a_producer_without_retries_follows_a_new_leader_after_a_crash(
 # -- defect 2: a hung node ----------------------------------------------------------------
 
 
+def test_a_batch_in_flight_to_a_hung_leader_fails_by_the_delivery_timeout(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(cluster, "hung-expire", partitions=1, replication_factor=3)
+    tp = TopicPartition(topic, 0)
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Producer(
+            cluster.bootstrap, linger_ms=0, delivery_timeout_ms=3000, request_timeout_ms=30_000
+        ) as producer,
+    ):
+        acked = [b"before-%d" % i for i in range(5)]
+        for v in acked:
+            producer.send(topic, v).get(30)
+        leader = leaders(admin, topic)[0]
+        assert leader is not None
+        with paused(cluster.node(leader)):
+            sent = time.monotonic()
+            future = producer.send(topic, b"hung")
+            with pytest.raises(StromError) as failed:
+                future.get(30)
+            took = time.monotonic() - sent
+        # Sent to the paused leader and never answered: it may be in the log.
+        assert "may have been written" in str(failed.value)
+        # The old code gave the attempt request_timeout_ms + 5 s (35 s here).
+        assert took < 3.0 + 2.0, took
+        # The producer goes on once the node is back (or another has taken over): nothing
+        # acknowledged is lost, duplicated or reordered, and the expired record is in the
+        # log at most once.
+        later = [b"after-%d" % i for i in range(5)]
+        for v in later:
+            producer.send(topic, v).get(60)
+    values = read_values(cluster.bootstrap, tp)
+    assert values.count(b"hung") <= 1
+    assert [v for v in values if v != b"hung"] == acked + later
+
+
+def test_a_hung_node_does_not_stall_partitions_led_by_healthy_nodes(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(cluster, "hung-healthy", partitions=6, replication_factor=1)
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Producer(
+            cluster.bootstrap, linger_ms=0, delivery_timeout_ms=10_000, request_timeout_ms=1000
+        ) as producer,
+    ):
+        # The node every metadata lookup of this producer asks first.
+        first = producer._client._candidates()[0]
+        victim = node_at(cluster, first)
+        led = leaders(admin, topic)
+        sick = next(p for p, n in led.items() if n == victim.ident)
+        healthy = next(p for p, n in led.items() if n not in (None, victim.ident))
+        for p in (sick, healthy):
+            producer.send(topic, b"warm", partition=p).get(30)
+        worst = 0.0
+        acked: list[bytes] = []
+        with paused(victim):
+            # Its batch times out and is retried until delivery_timeout_ms, its partition
+            # looked up again after each attempt: by the old code on the sender thread,
+            # asking the paused node first (5 s each time).
+            stuck = producer.send(topic, b"stuck", partition=sick)
+            after = 0
+            i = 0
+            while after < 20:
+                at = time.monotonic()
+                value = b"healthy-%d" % i
+                producer.send(topic, value, partition=healthy).get(30)
+                worst = max(worst, time.monotonic() - at)
+                acked.append(value)
+                i += 1
+                after += stuck.done()
+                assert i < 10_000
+            last = producer._client._candidates()[-1]
+        with pytest.raises(StromError):
+            stuck.get(0)
+    # The old code: 5-6 s while the sender waited on the paused node.
+    assert worst < 2.0, worst
+    assert last == victim.address  # every Metadata lookup now asks the paused node last
+    values = read_values(cluster.bootstrap, TopicPartition(topic, healthy))
+    assert values == [b"warm", *acked]
+
+
 def test_metadata_and_admin_calls_answer_from_another_node_while_one_hangs(
     cluster: LocalCluster,
 ) -> None:
