@@ -14,7 +14,10 @@ Found from outside:
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -251,7 +254,17 @@ def test_metadata_and_admin_calls_answer_from_another_node_while_one_hangs(
             ) as admin:
                 described = admin.describe_topic(topic)
             admin_took = time.monotonic() - at
+            # The CLI the reviewer ran: `strom topics describe --timeout 5`.
+            cli_args = ["topics", "describe", topic, "--timeout", "5"]
+            cli = subprocess.run(
+                [sys.executable, "-m", "strom.cli.main", *cli_args],
+                env={**os.environ, "STROM_BOOTSTRAP": cluster.bootstrap},
+                capture_output=True,
+                timeout=60,
+            )
     # The old code waited out a 5 s attempt at the paused node first.
     assert took < 2.0, took
     assert len(described.partitions) == 3
     assert admin_took < 4.0, admin_took
+    assert cli.returncode == 0, cli.stderr.decode()
+    assert b"Partition: 2" in cli.stdout, cli.stdout.decode()
