@@ -187,6 +187,41 @@ def test_a_batch_in_flight_to_a_hung_leader_fails_by_the_delivery_timeout(
     assert [v for v in values if v != b"hung"] == acked + later
 
 
+def test_a_batch_for_a_hung_leader_is_delivered_by_the_new_leader_in_time(
+    cluster: LocalCluster,
+) -> None:
+    topic = create_topic(
+        cluster,
+        "hung-failover",
+        partitions=1,
+        replication_factor=3,
+        config={"min.insync.replicas": "2"},
+    )
+    tp = TopicPartition(topic, 0)
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Producer(
+            cluster.bootstrap, linger_ms=0, delivery_timeout_ms=10_000, request_timeout_ms=1000
+        ) as producer,
+    ):
+        producer.send(topic, b"before").get(30)
+        old = leaders(admin, topic)[0]
+        assert old is not None
+        with paused(cluster.node(old)):
+            sent = time.monotonic()
+            # Attempts of 1 s at the paused leader, then at the one elected once its
+            # session ends (the old code: 6 s attempts, and Metadata asked of the paused
+            # node first for 5 s each; the batch failed after 11.4 s).
+            producer.send(topic, b"during").get(30)
+            took = time.monotonic() - sent
+            new = leaders(admin, topic)[0]
+        for v in (b"after-0", b"after-1"):
+            producer.send(topic, v).get(60)
+    assert new not in (None, old)
+    assert took < 10.0, took
+    assert read_values(cluster.bootstrap, tp) == [b"before", b"during", b"after-0", b"after-1"]
+
+
 def test_a_hung_node_does_not_stall_partitions_led_by_healthy_nodes(
     cluster: LocalCluster,
 ) -> None:
