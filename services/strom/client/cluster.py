@@ -10,6 +10,7 @@ those rules identical everywhere.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -202,6 +203,13 @@ _addr = node_address
 #: hung, and the next one is asked instead.
 DISCOVERY_TIMEOUT_S = 5.0
 
+#: How long a Metadata call waits for the node it asked before asking the next one as well
+#: (the first answer wins). A node answers Metadata from memory in milliseconds; one that
+#: has not answered in this time is hung or overloaded, and a client (a producer's sender, an
+#: admin call with a short timeout) must not wait out a whole attempt on it while other
+#: nodes could answer (Kafka sends metadata requests to the least-loaded node).
+METADATA_HEDGE_S = 0.5
+
 #: The shortest deadline an attempt is given, so that the last attempt before the overall
 #: deadline still has time to reach a server that answers at once.
 MIN_ATTEMPT_S = 0.05
@@ -258,6 +266,9 @@ class ClusterClient:
         #: Addresses of the nodes the last Metadata answer listed (tried before bootstrap).
         self._known: list[str] = []
         self._controller_addr: str | None = None
+        #: Nodes that failed or were slow to answer Metadata (address -> when), asked after
+        #: the others until they answer again: a hung node is not asked first every time.
+        self._demoted: dict[str, float] = {}
         #: Topics, partition counts and leaders, shared by every client on this connection
         #: (Producer, Consumer, Admin, Spark tasks of one process): strom.client.metadata.
         self.cache = MetadataCache(
@@ -313,7 +324,95 @@ class ClusterClient:
     # -- metadata --------------------------------------------------------------------------
 
     def _candidates(self) -> list[str]:
-        return list(dict.fromkeys([*self._known, *self.bootstrap]))
+        """The nodes to ask, in order: those the last Metadata answer listed, then the
+        bootstrap list; nodes that lately failed or were slow to answer come last (the one
+        that failed longest ago first among them), as Kafka's least-loaded node choice
+        tries a node that just timed out last. FIX (found from outside): the order never
+        changed, so every lookup asked a hung node first and waited out its attempt."""
+        order = list(dict.fromkeys([*self._known, *self.bootstrap]))
+        with self._lock:
+            demoted = dict(self._demoted)
+        if not demoted:
+            return order
+        healthy = [a for a in order if a not in demoted]
+        return healthy + sorted((a for a in order if a in demoted), key=demoted.__getitem__)
+
+    def demote(self, address: str) -> None:
+        """Ask ``address`` after the other nodes until it answers again (it failed a call,
+        or did not answer in time)."""
+        with self._lock:
+            self._demoted[address] = time.monotonic()
+
+    def demoted(self, address: str) -> bool:
+        """Whether ``address`` failed lately and is asked after the other nodes."""
+        return address in self._demoted
+
+    def _promote(self, address: str) -> None:
+        if self._demoted:
+            with self._lock:
+                self._demoted.pop(address, None)
+
+    def _ask_metadata(
+        self, candidates: list[str], req: storage_pb2.MetadataRequest, timeout_s: float
+    ) -> tuple[storage_pb2.MetadataResponse | None, list[grpc.RpcError], list[str]]:
+        """One pass of a Metadata call over ``candidates``: the first node is asked; the next
+        one too when it fails, or has not answered within :data:`METADATA_HEDGE_S`; the
+        first answer wins. Returns it (None when no node answered), the errors and the
+        addresses they came from. A node that failed, or was still silent when another
+        answered, is demoted (:meth:`demote`); one that answers is promoted again.
+
+        Why hedged rather than one node after the other: a hung node (SIGSTOP, a long GC
+        pause, a network partition) answers nothing, so only the attempt's deadline ends the
+        call to it, and the caller (a producer's sender thread, an admin call with a few
+        seconds' timeout) would wait all of it although the other nodes could answer at
+        once."""
+        answers: queue.SimpleQueue[tuple[str, grpc.Future]] = queue.SimpleQueue()
+        waiting = list(candidates)
+        asked: dict[str, grpc.Future] = {}
+        errors: list[grpc.RpcError] = []
+        failed: list[str] = []
+
+        def ask_next() -> None:
+            addr = waiting.pop(0)
+            fut = self.storage(addr).Metadata.future(req, timeout=timeout_s)
+            asked[addr] = fut
+            fut.add_done_callback(lambda f, a=addr: answers.put((a, f)))
+
+        try:
+            ask_next()
+            pending = 1
+            while pending:
+                try:
+                    addr, fut = answers.get(
+                        timeout=METADATA_HEDGE_S if waiting else timeout_s + METADATA_HEDGE_S
+                    )
+                except queue.Empty:
+                    if not waiting:
+                        break  # (gRPC ends every call by its deadline: not expected)
+                    ask_next()
+                    pending += 1
+                    continue
+                pending -= 1
+                exc = fut.exception()
+                if exc is None:
+                    self._promote(addr)
+                    for other, f in asked.items():
+                        if not f.done():
+                            self.demote(other)
+                    return fut.result(), errors, failed
+                assert isinstance(exc, grpc.RpcError)
+                self.demote(addr)
+                errors.append(exc)
+                failed.append(addr)
+                if exc.code() in REFUSED_CODES or tls_handshake_failed(exc):
+                    break  # (raised by the caller: asking others cannot help)
+                if waiting and pending == 0:
+                    ask_next()
+                    pending += 1
+        finally:
+            for f in asked.values():
+                f.cancel()  # (no-op for those done)
+        return None, errors, failed
 
     def metadata(
         self,
@@ -336,20 +435,18 @@ class ClusterClient:
         closed_passes = 0  # passes in a row in which every node closed the connection
         while True:
             candidates = self._candidates()
-            for addr in candidates:
-                try:
-                    resp = self.storage(addr).Metadata(
-                        req, timeout=self.timeout_s if timeout_s is None else timeout_s
-                    )
-                except grpc.RpcError as exc:
-                    if exc.code() in REFUSED_CODES:
-                        raise refused(exc) from None
-                    if tls_handshake_failed(exc):
-                        raise AuthenticationError(
-                            f"TLS with {addr} failed: {unreachable(exc)} ({_tls_hint(exc)})"
-                        ) from None
-                    errors.append(f"{addr}: {unreachable(exc)}")
-                    continue
+            resp, failures, failed = self._ask_metadata(
+                candidates, req, self.timeout_s if timeout_s is None else timeout_s
+            )
+            for addr, exc in zip(failed, failures, strict=True):
+                if exc.code() in REFUSED_CODES:
+                    raise refused(exc) from None
+                if tls_handshake_failed(exc):
+                    raise AuthenticationError(
+                        f"TLS with {addr} failed: {unreachable(exc)} ({_tls_hint(exc)})"
+                    ) from None
+                errors.append(f"{addr}: {unreachable(exc)}")
+            if resp is not None:
                 _last_unanswered = None
                 if not topics and not skip_topics:
                     self._metadata = resp
@@ -408,6 +505,7 @@ class ClusterClient:
             except grpc.RpcError as exc:
                 if exc.code() in REFUSED_CODES:
                     raise refused(exc) from None  # not "no coordinator yet": never retried
+                self.demote(addr)
                 last = f"{addr}: {exc.code().name}"
                 continue
             c = resp.coordinators[0]
@@ -447,6 +545,7 @@ class ClusterClient:
             except grpc.RpcError as exc:
                 if exc.code() in REFUSED_CODES:
                     raise refused(exc) from None
+                self.demote(addr)
                 last = f"{addr}: {exc.code().name}"
                 continue
             if resp.coordinators:

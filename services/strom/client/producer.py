@@ -296,6 +296,8 @@ class Producer(SenderLoop):
         self._counts = self._metadata.counts  # topic -> partition count
         self._leaders = self._metadata.leaders  # (topic, partition) -> PartitionLeader
         self._in_flight: dict[str, int] = {}
+        #: The thread looking up stale topics' leaders, if one runs (the sender never does).
+        self._refresher: threading.Thread | None = None
         self._drain_start: dict[str, int] = {}  # address -> where its next drain starts
         self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
         #: address -> its ProduceStream (strom.client.streams); nodes without: unary calls.

@@ -23,8 +23,12 @@ retries or fails them from the answer. How, and why:
   of the oldest unanswered batch itself says the leader's state disagrees with ours. Without
   idempotence a partition has one request in flight, so a retry cannot overtake a later batch.
 - Retriable errors (leader moved, not enough replicas, timeouts, node unreachable) refresh the
-  metadata and retry with exponential backoff until ``delivery_timeout_ms``; other errors fail
-  the batch's futures with a :class:`strom.errors.StromError`.
+  metadata (retried or not) and retry with exponential backoff until ``delivery_timeout_ms``;
+  other errors fail the batch's futures with a :class:`strom.errors.StromError`. An attempt
+  ends by ``request_timeout_ms`` or when its oldest batch passes ``delivery_timeout_ms``,
+  whichever is first (``SenderLoop._attempt_deadline``), and metadata is looked up on a
+  thread of its own (``SenderLoop._refresh_metadata``): a hung node holds neither its own
+  batches past their delivery timeout nor the partitions of other nodes.
 - A batch that fails after an attempt that may have appended it (no answer, or an answer
   given after the append) fails saying it "may have been written", and its sequence is never
   given to another batch: the leader would take that batch for a retry and answer with the
@@ -135,6 +139,11 @@ _SEQ_MASK = 0x7FFFFFFF
 #: healthy node answers them in well under a millisecond; a paused one must not hold the
 #: sender, which serves every node, for long).
 STREAM_HANDSHAKE_S = 0.25
+
+#: How much sooner than a Produce attempt's deadline the node is asked to answer (its wait
+#: for acks=all replicas), so that its answer is back before the deadline cancels the call:
+#: a quarter of the attempt when that is less (see ``SenderLoop._attempt_deadline``).
+NODE_WAIT_MARGIN_S = 1.0
 
 _TRANSPORT_RETRIABLE = (
     grpc.StatusCode.UNAVAILABLE,
@@ -267,6 +276,7 @@ class SenderLoop:
     _wake: threading.Event
     _completions: queue.SimpleQueue[Any]
     _failing_threads: set[int]
+    _refresher: threading.Thread | None
 
     if TYPE_CHECKING:  # the Producer's, called with the lock held (see there)
 
@@ -289,7 +299,7 @@ class SenderLoop:
                     self._metadata_due = now + self.metadata_max_age_s
                     for topic in list(self._counts):
                         self._metadata.mark_stale(topic)
-                self._metadata.refresh_stale(now)
+                self._refresh_metadata(now)
                 timeout = self._send_ready(now)
                 due_in = self._metadata_due - now
                 timeout = due_in if timeout is None else min(timeout, due_in)
@@ -298,6 +308,38 @@ class SenderLoop:
                 timeout = self.retry_backoff_s
             self._wake.wait(timeout)
             self._wake.clear()
+
+    def _refresh_metadata(self, now: float) -> None:
+        """Look up the stale topics' leaders on a thread of its own (one at a time), which
+        wakes the loop when it is done.
+
+        Never on the sender thread: the sender serves every node, and a Metadata call can
+        take up to an attempt's deadline when the node asked hangs (SIGSTOP, a GC pause, a
+        network partition). FIX (found from outside): the loop made the call itself, and
+        while one node was paused, sends to partitions led by healthy nodes took 6 s, and
+        delivery timeouts fired late. Kafka's sender, too, never blocks on metadata."""
+        refresher = self._refresher
+        if refresher is not None and refresher.is_alive():
+            return
+        due_in = self._metadata.next_refresh_in(now)
+        if due_in is None or due_in > 0:
+            return
+        self._refresher = threading.Thread(
+            target=self._refresh_stale,
+            name=f"strom-producer-metadata-{self.client_id}",
+            daemon=True,
+        )
+        self._refresher.start()
+
+    def _refresh_stale(self) -> None:
+        """The metadata thread (see :meth:`_refresh_metadata`)."""
+        try:
+            self._metadata.refresh_stale()
+        except Exception:  # (refresh_stale raises for nothing it expects)
+            if not self._closed:  # (close() closes the channels under a lookup in flight)
+                log.exception("producer metadata refresh failed")
+        finally:
+            self._wake.set()
 
     def _has_pending(self) -> bool:
         with self._lock:
@@ -342,7 +384,8 @@ class SenderLoop:
     ) -> bool:
         req = storage_pb2.InitProducerIdRequest(producer_id=pid, producer_epoch=epoch)
         candidates = self._client._candidates()
-        if first is not None:
+        if first is not None and not self._client.demoted(first):
+            # (the partition's leader, unless it failed lately: then it stays last)
             candidates = list(dict.fromkeys([first, *candidates]))
         for addr in candidates:
             try:
@@ -366,6 +409,7 @@ class SenderLoop:
                     self._fatal = refused(exc)
                     self._fail_all(self._fatal)
                     return False
+                self._client.demote(addr)  # (asked last next time: it may be hung)
                 continue
             if resp.error_code == NONE:
                 self._producer_id, self._producer_epoch = resp.producer_id, resp.producer_epoch
@@ -842,9 +886,10 @@ class SenderLoop:
                 topic_id = batches[0].topic_id
                 key = (pq.topic, topic_id) if topic_id else pq.topic
                 topics.setdefault(key, []).append((pq.partition, epoch, data))
+            timeout_s, node_wait_ms = self._attempt_deadline(entries, time.monotonic())
             req = encode_produce_request(
                 self.acks,
-                int(self.request_timeout_s * 1000),
+                node_wait_ms,
                 topics,
                 self._txn.transactional_id if self._txn is not None else "",
             )
@@ -858,7 +903,6 @@ class SenderLoop:
             self._completions.put((addr, entries, f, None))
             self._wake.set()
 
-        timeout_s = self.request_timeout_s + 5
         try:
             channel = self._client.channel(addr)
             if addr not in self._unary_only:
@@ -903,6 +947,28 @@ class SenderLoop:
         if trace.sink is not None:
             trace.emit("produce.sent", entries)
         fut.add_done_callback(done)
+
+    def _attempt_deadline(self, entries: list[_Shipment], now: float) -> tuple[float, int]:
+        """How long this attempt waits for its answer (seconds), and how long the node may
+        hold it waiting for acks=all replicas (the request's ``timeout_ms``).
+
+        The attempt ends by ``request_timeout_ms`` or when its oldest batch passes
+        ``delivery_timeout_ms``, whichever is first, so a batch in flight to a node that
+        hangs fails on time (Kafka expires in-flight batches too); it fails as "may have
+        been written" and its sequence is never reused (see the module docstring). FIX
+        (found from outside): each attempt had ``request_timeout_ms`` + 5 s, and in-flight
+        batches were never expired, so with delivery_timeout_ms=3000 a batch sent to a
+        paused leader failed after 6 s (35 s with the default request timeout).
+
+        The node is told to stop waiting a little before that deadline
+        (:data:`NODE_WAIT_MARGIN_S`), which is why the 5 s were there: its answer
+        (REQUEST_TIMED_OUT when the replicas are slow) must come before the deadline, which
+        otherwise cancels the node's stream with every other request on it."""
+        oldest = min(b.created for e in entries for b in e.batches)
+        left = oldest + self.delivery_timeout_s - now
+        attempt_s = max(MIN_ATTEMPT_S, min(self.request_timeout_s, left))
+        node_wait_s = attempt_s - min(NODE_WAIT_MARGIN_S, attempt_s / 4)
+        return attempt_s, max(1, int(node_wait_s * 1000))
 
     def _failed_to_send(self, addr: str, entries: list[_Shipment], error: BaseException) -> None:
         """A request that never left: handled as an answer is, by the sender loop (which
@@ -1280,6 +1346,17 @@ class SenderLoop:
     def _retry(
         self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError, now: float
     ) -> None:
+        """After a retriable error: send the batches again after a backoff, or fail them when
+        the retries or the delivery timeout have run out.
+
+        Either way the topic's metadata is looked up again first: a retriable error is how a
+        moved leader or a dead node shows, and the next batches need the new leader whether
+        or not these are retried, as Kafka's client asks for a metadata update on any
+        InvalidMetadataException or disconnect. FIX (found from outside): with ``retries=0``
+        the refresh came after the give-up's return, so after a leader change every send
+        failed (stale leader epoch, or the dead leader unreachable) until
+        metadata_max_age_ms, 5 minutes."""
+        self._metadata.mark_stale(pq.topic)
         first = batches[0]
         timed_out = now - first.created >= self.delivery_timeout_s
         if timed_out or first.attempts >= self.retries:
@@ -1295,7 +1372,6 @@ class SenderLoop:
             pq.retrying = True
             pq.last_error = str(err)
             pq.retry_at = max(pq.retry_at, now + backoff * random.uniform(0.8, 1.2))
-        self._metadata.mark_stale(pq.topic)
         log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
 
     def _give_up(
@@ -1322,7 +1398,12 @@ class SenderLoop:
         """Fail batches that waited longer than delivery_timeout_ms without an answer (nothing
         of the partition in flight). Those sent before fail as "may have been written"
         unless every attempt was refused before any append (found from outside: a batch
-        appended, then waiting for its retry, was reported "not sent")."""
+        appended, then waiting for its retry, was reported "not sent").
+
+        Batches in flight are left to their attempt, whose deadline is at the latest their
+        delivery timeout (:meth:`_attempt_deadline`): it then fails them through
+        :meth:`_retry`, as "may have been written", with the sequence bookkeeping an answer
+        gets (an answer that came after they were failed here could not be matched)."""
         expired: list[tuple[PartitionQueue, list[ProducerBatch]]] = []
         with self._lock:
             for pq in self._queues.values():
