@@ -258,6 +258,9 @@ class ClusterClient:
         #: Addresses of the nodes the last Metadata answer listed (tried before bootstrap).
         self._known: list[str] = []
         self._controller_addr: str | None = None
+        #: Passes over the nodes in a row, across calls, in which every node closed the
+        #: connection (see :meth:`metadata`); 0 again once one answers.
+        self._closed_passes = 0
         #: Topics, partition counts and leaders, shared by every client on this connection
         #: (Producer, Consumer, Admin, Spark tasks of one process): strom.client.metadata.
         self.cache = MetadataCache(
@@ -333,7 +336,6 @@ class ClusterClient:
         req = storage_pb2.MetadataRequest(topics=list(topics or []), skip_topics=skip_topics)
         errors: list[str] = []
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
-        closed_passes = 0  # passes in a row in which every node closed the connection
         while True:
             candidates = self._candidates()
             for addr in candidates:
@@ -351,6 +353,7 @@ class ClusterClient:
                     errors.append(f"{addr}: {unreachable(exc)}")
                     continue
                 _last_unanswered = None
+                self._closed_passes = 0
                 if not topics and not skip_topics:
                     self._metadata = resp
                 if resp.nodes:
@@ -363,8 +366,14 @@ class ClusterClient:
             _last_unanswered = "; ".join(passed[-3:]) + (
                 connection_hint(self.security) if closed else ""
             )
-            closed_passes = closed_passes + 1 if closed else 0
-            if closed_passes >= 2 and self.security.tls:
+            # Counted on the client, not in this call: the admin calls look for the
+            # controller with one pass per call (controller_call, retry_s=0), so a count of
+            # this call's passes never reached two and `strom topics list` without a client
+            # certificate retried for its whole minute, ending BROKER_NOT_AVAILABLE "Socket
+            # closed" (found from outside; the Producer, whose lookups retry inside one call,
+            # got the AuthenticationError below at once).
+            self._closed_passes = self._closed_passes + 1 if closed else 0
+            if self._closed_passes >= 2 and self.security.tls:
                 # Every node, twice over, completed the TLS handshake and closed the
                 # connection: how a server requiring client certificates (mTLS) refuses a
                 # client without one, or with one it does not trust. Retrying the same
