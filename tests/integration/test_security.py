@@ -273,6 +273,28 @@ def test_admin_calls_without_a_client_certificate_fail_at_once(env: Env) -> None
     assert elapsed < 20, f"took {elapsed:.1f} s"
 
 
+def test_undecodable_requests_are_refused_before_the_authorization_rules_read_them(
+    env: Env,
+) -> None:
+    """With ACLs on, a request that does not decode is INVALID_ARGUMENT too (the rules that
+    read a request's topics never see it: an undecodable request must not reach them)."""
+    assert env.cluster is not None
+    for who, address, method in (
+        (env.admin, env.bootstrap, "/strom.v1.StorageService/Metadata"),
+        (
+            env.nobody,
+            env.cluster.controllers[0].address,
+            "/strom.v1.ControllerService/CreateTopics",
+        ),
+    ):
+        with env.security(who).channel(address) as channel:
+            call = channel.unary_unary(method, request_serializer=None)
+            with pytest.raises(grpc.RpcError) as info:
+                call(b"\x0a\xff\xff\xff\xff\x0f", timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+        assert "request could not be decoded as strom.v1." in (info.value.details() or "")
+
+
 def test_write_needs_write_and_a_deny_beats_an_allow(env: Env) -> None:
     with (
         Producer(env.bootstrap, **env.client(env.bob, max_block_ms=5000)) as bob,  # type: ignore[arg-type]
