@@ -299,9 +299,10 @@ class ClusterClient:
             return ch
 
     def forget_channel(self, address: str) -> None:
-        """Dial ``address`` afresh next time. A channel whose peer died waits out gRPC's
-        reconnect backoff (1 s, growing 1.6x) and fails calls meanwhile, even once a process
-        is back on that address (a restarted controller that is now the active one). Closed
+        """Dial ``address`` afresh next time. A channel whose peer died waits out its
+        reconnect backoff (up to 1 s with strom.grpc_options; gRPC's default grows to 120 s)
+        and fails calls meanwhile, even once a process is back on that address (a restarted
+        controller that is now the active one). Closed
         at once: gRPC shares a subchannel, and its backoff, between open channels to the
         same target, so a new channel beside the old one would wait just the same. (A call
         still running on it ends CANCELLED and is retried like UNAVAILABLE.)"""
