@@ -77,8 +77,8 @@ REPORTER = _Reporter()
 @functools.cache
 def request_type(method: str) -> str:
     """The full name of ``method``'s request message (``/strom.v1.StorageService/Metadata``
-    -> ``strom.v1.MetadataRequest``), from the registered descriptors; the method itself
-    when it is not known there."""
+    -> ``strom.v1.MetadataRequest``), from the registered descriptors; "the request of
+    <method>" when they do not have it. Cached: only methods with a handler get here."""
     service, _, name = method.lstrip("/").rpartition("/")
     try:
         found = descriptor_pool.Default().FindServiceByName(service).FindMethodByName(name)
