@@ -15,7 +15,17 @@ modules (tests/unit/test_typing_surface.py keeps the two in step).
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# gRPC's C core writes its own INFO lines (a GOAWAY, a failed TLS handshake) straight to
+# stderr, past Python's logging: an application using the clients got lines like
+# ``I1130 ... chttp2_transport.cc:1403] ... Got goaway`` among its own output (found from
+# outside). strom's clients report what matters through ``logging`` (``strom.*``), so the C
+# core is told to say only errors. It reads the variable when grpc is first imported, which
+# the clients do only after this runs; a value the user set wins (GRPC_VERBOSITY=INFO brings
+# those lines back), and a grpc imported earlier keeps the verbosity it started with.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 if TYPE_CHECKING:
     from strom.client import (

@@ -19,10 +19,26 @@ FETCH_ANSWER_OVERHEAD_BYTES = 1 << 20
 #: overhead, or every reader of the partition would be stuck on it. One limit end to end:
 #: what the cluster acknowledges, its readers can read.
 MAX_BATCH_BYTES = MAX_MESSAGE_BYTES - FETCH_ANSWER_OVERHEAD_BYTES
+#: How a strom channel backs off reconnecting to a peer it lost: from 100 ms (gRPC jitters
+#: and grows it 1.6x) to at most 1 s, as Kafka's ``reconnect.backoff.ms`` (50 ms) and
+#: ``reconnect.backoff.max.ms`` (1 s). gRPC's own defaults start at 1 s and grow to 120 s,
+#: and calls on a channel waiting out its backoff fail at once: a channel that kept dialing
+#: a node through an outage of half a minute could not reach it for another ~10 s after it
+#: was back on the same address (found from outside: a follower's fetches from a restarted
+#: leader failed for 13 s, and the leader shrank that healthy follower out of its ISRs).
+#: gRPC shares one connection (and its backoff) between the channels of a process to one
+#: address, so every channel needs the short backoff, not only the followers'.
+#: ``grpc.min_reconnect_backoff_ms`` is left at gRPC's default: despite its name it is the
+#: least time one connection attempt gets to complete (20 s; see strom.metadata.store).
+RECONNECT_BACKOFF_OPTIONS: Sequence[tuple[str, Any]] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 GRPC_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    *RECONNECT_BACKOFF_OPTIONS,
 )
 
 #: Keepalive policy of every strom gRPC server. gRPC's defaults refuse a client ping more

@@ -25,6 +25,9 @@ class TcpProxy:
         self._holding = False
         self._dropping = False
         self._closed = False
+        #: Connections accepted so far (a client channel's connection attempts, whether or
+        #: not the upstream took them).
+        self.accepted = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def hold(self) -> None:
@@ -57,6 +60,7 @@ class TcpProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            self.accepted += 1
             try:
                 upstream = socket.create_connection(self.upstream)
             except OSError:

@@ -241,6 +241,60 @@ def test_tls_refuses_plaintext_other_cas_and_expired_certificates(env: Env) -> N
         assert c.metadata().cluster_id
 
 
+def test_admin_calls_without_a_client_certificate_fail_at_once(env: Env) -> None:
+    """The admin path too gives up once every node closed the connection twice over (found
+    from outside: `strom topics list` without a client certificate retried for 61 s and ended
+    BROKER_NOT_AVAILABLE "Socket closed"; its controller lookups make one pass per call, and
+    the rule counted passes within one call)."""
+    for who in (None, env.stranger):  # no certificate, one from another CA
+        with Admin(env.bootstrap, **env.client(who)) as admin:  # type: ignore[arg-type]
+            started = time.monotonic()
+            with pytest.raises(AuthenticationError, match="closed the connection after the TLS"):
+                admin.list_topics()
+            assert time.monotonic() - started < 10
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "strom.cli.main", "topics", "list", "-b", env.bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("STROM_SSL_")},
+            "STROM_SSL_CAFILE": str(env.ca.ca_file),
+        },
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert (
+        "strom topics: error: AUTHENTICATION_FAILED: every strom node at "
+        f"{env.bootstrap} closed the connection after the TLS handshake"
+    ) in done.stderr, done.stderr
+    assert "pass --ssl-certfile and --ssl-keyfile" in done.stderr, done.stderr
+    assert elapsed < 20, f"took {elapsed:.1f} s"
+
+
+def test_undecodable_requests_are_refused_before_the_authorization_rules_read_them(
+    env: Env,
+) -> None:
+    """With ACLs on, a request that does not decode is INVALID_ARGUMENT too (the rules that
+    read a request's topics never see it: an undecodable request must not reach them)."""
+    assert env.cluster is not None
+    for who, address, method in (
+        (env.admin, env.bootstrap, "/strom.v1.StorageService/Metadata"),
+        (
+            env.nobody,
+            env.cluster.controllers[0].address,
+            "/strom.v1.ControllerService/CreateTopics",
+        ),
+    ):
+        with env.security(who).channel(address) as channel:
+            call = channel.unary_unary(method, request_serializer=None)
+            with pytest.raises(grpc.RpcError) as info:
+                call(b"\x0a\xff\xff\xff\xff\x0f", timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+        assert "request could not be decoded as strom.v1." in (info.value.details() or "")
+
+
 def test_write_needs_write_and_a_deny_beats_an_allow(env: Env) -> None:
     with (
         Producer(env.bootstrap, **env.client(env.bob, max_block_ms=5000)) as bob,  # type: ignore[arg-type]

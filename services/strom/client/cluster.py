@@ -269,6 +269,9 @@ class ClusterClient:
         #: Nodes that failed or were slow to answer Metadata (address -> when), asked after
         #: the others until they answer again: a hung node is not asked first every time.
         self._demoted: dict[str, float] = {}
+        #: Passes over the nodes in a row, across calls, in which every node closed the
+        #: connection (see :meth:`metadata`); 0 again once one answers.
+        self._closed_passes = 0
         #: Topics, partition counts and leaders, shared by every client on this connection
         #: (Producer, Consumer, Admin, Spark tasks of one process): strom.client.metadata.
         self.cache = MetadataCache(
@@ -307,9 +310,10 @@ class ClusterClient:
             return ch
 
     def forget_channel(self, address: str) -> None:
-        """Dial ``address`` afresh next time. A channel whose peer died waits out gRPC's
-        reconnect backoff (1 s, growing 1.6x) and fails calls meanwhile, even once a process
-        is back on that address (a restarted controller that is now the active one). Closed
+        """Dial ``address`` afresh next time. A channel whose peer died waits out its
+        reconnect backoff (up to 1 s with strom.grpc_options; gRPC's default grows to 120 s)
+        and fails calls meanwhile, even once a process is back on that address (a restarted
+        controller that is now the active one). Closed
         at once: gRPC shares a subchannel, and its backoff, between open channels to the
         same target, so a new channel beside the old one would wait just the same. (A call
         still running on it ends CANCELLED and is retried like UNAVAILABLE.)"""
@@ -432,7 +436,6 @@ class ClusterClient:
         req = storage_pb2.MetadataRequest(topics=list(topics or []), skip_topics=skip_topics)
         errors: list[str] = []
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
-        closed_passes = 0  # passes in a row in which every node closed the connection
         while True:
             candidates = self._candidates()
             resp, failures, failed = self._ask_metadata(
@@ -448,6 +451,7 @@ class ClusterClient:
                 errors.append(f"{addr}: {unreachable(exc)}")
             if resp is not None:
                 _last_unanswered = None
+                self._closed_passes = 0
                 if not topics and not skip_topics:
                     self._metadata = resp
                 if resp.nodes:
@@ -460,8 +464,14 @@ class ClusterClient:
             _last_unanswered = "; ".join(passed[-3:]) + (
                 connection_hint(self.security) if closed else ""
             )
-            closed_passes = closed_passes + 1 if closed else 0
-            if closed_passes >= 2 and self.security.tls:
+            # Counted on the client, not in this call: the admin calls look for the
+            # controller with one pass per call (controller_call, retry_s=0), so a count of
+            # this call's passes never reached two and `strom topics list` without a client
+            # certificate retried for its whole minute, ending BROKER_NOT_AVAILABLE "Socket
+            # closed" (found from outside; the Producer, whose lookups retry inside one call,
+            # got the AuthenticationError below at once).
+            self._closed_passes = self._closed_passes + 1 if closed else 0
+            if self._closed_passes >= 2 and self.security.tls:
                 # Every node, twice over, completed the TLS handshake and closed the
                 # connection: how a server requiring client certificates (mTLS) refuses a
                 # client without one, or with one it does not trust. Retrying the same

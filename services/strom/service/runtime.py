@@ -26,6 +26,7 @@ from strom.metadata import metrics as metadata_metrics
 from strom.security import principal
 from strom.security.tls_reload import POLL_INTERVAL_S, init_etcd_metrics
 from strom.service import metrics, metrics_http, reflection_v1
+from strom.service.decode_guard import DecodeGuard
 from strom.service.gc_pauses import freeze_started_heap, observe_gc_pauses
 from strom.service.health import HealthServicer
 from strom.service.limits import ServerLimits
@@ -157,7 +158,7 @@ async def serve(
     server_limits = limits or ServerLimits()
     server = grpc.aio.server(
         options=[*GRPC_OPTIONS, *SERVER_KEEPALIVE_OPTIONS, *server_limits.grpc_options()],
-        interceptors=security.interceptors(sec),
+        interceptors=[DecodeGuard(), *security.interceptors(sec)],
     )
     names = service.register(server)
     health_servicer = HealthServicer()

@@ -71,6 +71,12 @@ ISR_REFUSED_BACKOFF_S = 0.5
 ISR_REFUSED_BACKOFF_MAX_S = 30.0
 
 
+#: A follower's channel to its leader: strom's options, and a connection of its own (gRPC
+#: shares one, with its reconnect backoff, between a process's channels to an address), so
+#: the channel made for a restarted leader's new incarnation dials it at once.
+FOLLOWER_OPTIONS = (*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+
+
 class _LeaderFetches:
     """A follower's fetches from one leader node: on a ``FetchStream`` (about half the
     leader's CPU per fetch of a unary call: a follower long-polls all the time), or unary
@@ -259,16 +265,18 @@ class ReplicaFetchers:
                 if reg is None or not ready:
                     await self._sleep(leader, PARTITION_BACKOFF_S)
                     continue
-                addr = f"{reg.host}:{reg.port}"
+                # A new incarnation of the leader (restarted, maybe at the same address)
+                # gets a new channel: the old one may be waiting out a reconnect backoff.
+                where = (reg.host, reg.port, reg.incarnation_id)
                 security = default_channel()
-                if addr != target or security is not made_with:
+                if where != target or security is not made_with:
                     if fetches is not None:
                         fetches.close()
                     if channel is not None:
                         await channel.close()
-                    channel = security.aio_channel(addr, GRPC_OPTIONS)
+                    channel = security.aio_channel(f"{reg.host}:{reg.port}", FOLLOWER_OPTIONS)
                     fetches = _LeaderFetches(channel)
-                    target, made_with = addr, security
+                    target, made_with = where, security
                 assert fetches is not None
                 for part in ready:
                     if part.damaged_at >= 0:
