@@ -261,8 +261,10 @@ def test_a_hung_node_does_not_stall_partitions_led_by_healthy_nodes(
             last = producer._client._candidates()[-1]
         with pytest.raises(StromError):
             stuck.get(0)
-    # The old code: 5-6 s while the sender waited on the paused node.
-    assert worst < 2.0, worst
+    # The old code: 5-6 s while the sender waited on the paused node (a 5 s Metadata
+    # attempt). The bound leaves room for a loaded CI machine (2.0 s failed once with two
+    # test workers and six other processes' tests beside them) and still tells them apart.
+    assert worst < 4.0, worst
     assert last == victim.address  # every Metadata lookup now asks the paused node last
     values = read_values(cluster.bootstrap, TopicPartition(topic, healthy))
     assert values == [b"warm", *acked]
