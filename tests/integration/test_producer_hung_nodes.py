@@ -175,7 +175,7 @@ def test_a_batch_in_flight_to_a_hung_leader_fails_by_the_delivery_timeout(
         # Sent to the paused leader and never answered: it may be in the log.
         assert "may have been written" in str(failed.value)
         # The old code gave the attempt request_timeout_ms + 5 s (35 s here).
-        assert took < 3.0 + 2.0, took
+        assert took < 3.0 + 7.0, took  # (room for a loaded CI machine; far below 35 s)
         # The producer goes on once the node is back (or another has taken over): nothing
         # acknowledged is lost, duplicated or reordered, and the expired record is in the
         # log at most once.
@@ -299,8 +299,9 @@ def test_metadata_and_admin_calls_answer_from_another_node_while_one_hangs(
                 capture_output=True,
                 timeout=60,
             )
-    # The old code waited out a 5 s attempt at the paused node first.
-    assert took < 2.0, took
+    # The old code waited out a 5 s attempt at the paused node first (the bound leaves
+    # room for a loaded CI machine and stays below it).
+    assert took < 4.0, took
     assert len(described.partitions) == 3
     assert admin_took < 4.0, admin_took
     assert cli.returncode == 0, cli.stderr.decode()
