@@ -8,6 +8,7 @@ NOT_ENOUGH_REPLICAS ...)`` at the first answer, where Kafka raises NotEnoughRepl
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ import pytest
 from strom import Producer
 from strom.client.accumulator import PartitionQueue, ProducerBatch
 from strom.client.futures import FutureRecordMetadata
+from strom.client.sender import RETRY_LOG_INTERVAL_S
 from strom.errors import NotEnoughReplicasError, RequestTimedOutError
 
 NOWHERE = "127.0.0.1:1"  # nothing is sent: the leader's answer is handed to the producer
@@ -71,3 +73,35 @@ def test_an_expired_batch_says_the_time_counts_from_its_creation() -> None:
     assert "expiring 2 record(s)" in message and "not written" in message
     assert "ms has passed since batch creation (delivery_timeout_ms=5000)" in message
     assert "within delivery_timeout_ms" not in message
+
+
+def test_retries_are_logged_as_warnings_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found from outside: a producer retrying NOT_ENOUGH_REPLICAS for its whole 45 s
+    delivery timeout logged nothing before its final error. Each retried partition now logs a
+    WARNING (Kafka logs every retry), at most one per RETRY_LOG_INTERVAL_S, counting those
+    it did not log."""
+    p = Producer(NOWHERE, retries=1000, delivery_timeout_ms=60_000)
+    caplog.set_level(logging.WARNING, logger="strom.client.producer")
+    try:
+        pq = PartitionQueue("t", 3)
+        batch = ProducerBatch("t", 3, pa.table({"value": pa.array([b"a", b"b"], pa.binary())}))
+        pq.add_closed(batch)
+        err = NotEnoughReplicasError("t-3: ISR [1] below min.insync.replicas=2")
+        now = time.monotonic()
+        for i in range(5):  # five retries within one interval: one line
+            batch.sent = True
+            pq.in_flight = 1
+            p._retry(pq, [batch], err, now + i)
+        batch.sent = True
+        pq.in_flight = 1
+        p._retry(pq, [batch], err, now + RETRY_LOG_INTERVAL_S + 0.5)
+    finally:
+        p.close(timeout=1)
+    lines = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("t-3: retrying 2 record(s) (retry 1, ")
+    assert "min.insync.replicas=2" in lines[0]
+    assert "4 more retries since the last line" in lines[1]
+    assert all(r.levelno == logging.WARNING for r in caplog.records if "retrying" in r.message)

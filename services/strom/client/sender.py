@@ -139,6 +139,8 @@ _SEQ_MASK = 0x7FFFFFFF
 #: healthy node answers them in well under a millisecond; a paused one must not hold the
 #: sender, which serves every node, for long).
 STREAM_HANDSHAKE_S = 0.25
+#: Least time between two WARNING lines about one partition's retries (``_log_retry``).
+RETRY_LOG_INTERVAL_S = 10.0
 
 #: How much sooner than a Produce attempt's deadline the node is asked to answer (its wait
 #: for acks=all replicas), so that its answer is back before the deadline cancels the call:
@@ -1372,7 +1374,33 @@ class SenderLoop:
             pq.retrying = True
             pq.last_error = str(err)
             pq.retry_at = max(pq.retry_at, now + backoff * random.uniform(0.8, 1.2))
-        log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
+        self._log_retry(pq, batches, err, now)
+
+    def _log_retry(
+        self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError, now: float
+    ) -> None:
+        """A WARNING for a retried partition, as Kafka's producer logs each retry ("Got error
+        produce response ... retrying (N attempts left)"). FIX (found from outside): a
+        producer retrying for its whole delivery timeout (a follower down under
+        min.insync.replicas) logged nothing before its final error, 45 s later. At most one
+        line per partition every :data:`RETRY_LOG_INTERVAL_S`, counting the retries not
+        logged: a partition retrying every 100 ms for two minutes is one line per 10 s."""
+        if now - pq.retry_logged_at < RETRY_LOG_INTERVAL_S:
+            pq.retries_unlogged += 1
+            return
+        unlogged, pq.retries_unlogged, pq.retry_logged_at = pq.retries_unlogged, 0, now
+        first = batches[0]
+        left = self.delivery_timeout_s - (now - first.created)
+        log.warning(
+            "%s-%d: retrying %d record(s) (retry %d, %.1f s of delivery_timeout_ms left%s): %s",
+            pq.topic,
+            pq.partition,
+            sum(b.count for b in batches),
+            first.attempts,
+            max(left, 0.0),
+            f"; {unlogged} more retries since the last line" if unlogged else "",
+            err,
+        )
 
     def _give_up(
         self,
