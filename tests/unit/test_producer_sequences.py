@@ -179,6 +179,7 @@ def test_a_transactional_producer_goes_on_only_if_the_failed_batch_is_in_the_log
         c = _batch(pq)
         _fail(p, pq, a, RequestTimedOutError("t-0: not acknowledged in time"))
         assert p._txn.phase is TxnPhase.ABORTABLE_ERROR
+        assert p._txn.epoch_bump_required  # (the abort gets a new epoch: KIP-360)
         # It cannot bump (its coordinator owns the epoch): b goes with the next sequence,
         # which the leader takes only if a is in the log.
         assert _settle(p, pq) and not p._bump_wanted and b.base_sequence == -1
@@ -187,8 +188,14 @@ def test_a_transactional_producer_goes_on_only_if_the_failed_batch_is_in_the_log
             FutureRecordMetadata(b.result, 0).result(timeout=1)
         assert not _settle(p, pq) and not p._bump_wanted
         p._fail_epoch_victims()
-        with pytest.raises(OutOfOrderSequenceError, match="init_transactions"):
+        with pytest.raises(OutOfOrderSequenceError, match="call abort_transaction"):
             FutureRecordMetadata(c.result, 0).result(timeout=1)
+        # The abort's new epoch (TransactionManager.bump_epoch) numbers the partition from 0.
+        p._queues[("t", 0)] = pq
+        p._adopt(PID, 1)
+        assert (pq.producer_epoch, pq.next_sequence, pq.unresolved) == (1, 0, False)
+        d = _batch(pq)
+        assert _settle(p, pq) and d.base_sequence == -1  # (numbered from 0 when first sent)
     finally:
         p._txn.phase = TxnPhase.READY  # type: ignore[union-attr]
         p.close(timeout=1)

@@ -647,7 +647,9 @@ class Producer(SenderLoop):
     def init_transactions(self, timeout: float | None = None) -> None:
         """Register the ``transactional_id`` with its coordinator: get the producer id and a
         new epoch, which fences any older producer with the same id; a transaction such a
-        producer left open is aborted first. Call once, before the first transaction."""
+        producer left open is aborted first. Call once, before the first transaction: after a
+        failed transaction ``abort_transaction()`` is all it takes to go on (it gets a new
+        epoch itself when a batch failed)."""
         txn = self._require_txn()
         self._adopt(*txn.init(self.max_block_s if timeout is None else timeout))
 
@@ -665,9 +667,13 @@ class Producer(SenderLoop):
 
     def begin_transaction(self) -> None:
         """Start a transaction: records sent until commit/abort belong to it. Local, except
-        after an abort that got no answer: that abort is asked again first (up to
-        ``max_block_ms``)."""
-        self._require_txn().begin(self.max_block_s)
+        after an abort that did not finish: an abort that got no answer is asked again
+        first, and so is the new epoch the abort of a transaction with a failed batch asks
+        for (up to ``max_block_ms``)."""
+        txn = self._require_txn()
+        if txn.epoch_bump_required and txn.phase is TxnPhase.READY:
+            self._adopt(*txn.bump_epoch(self.max_block_s))
+        txn.begin(self.max_block_s)
         self._txn_failed = None
 
     def send_offsets_to_transaction(
@@ -780,7 +786,18 @@ class Producer(SenderLoop):
         ``timeout`` (``max_block_ms`` when None), or raises
         :class:`~strom.errors.RequestTimedOutError` saying what it waited for (the records,
         or the coordinator's answer): calling ``abort_transaction()`` (or
-        ``begin_transaction()``) again goes on."""
+        ``begin_transaction()``) again goes on.
+
+        When a batch of the transaction failed (it may have been written, or its sequence was
+        refused), the abort then asks the coordinator for a new epoch of the same producer id
+        (Kafka's KIP-360 bump), under which every partition numbers from 0: the next
+        transaction goes on, with no ``init_transactions()``. A newer instance of the
+        transactional id still fences this one (:class:`~strom.errors.ProducerFencedError`)."""
+        self._abort_transaction(timeout, bump=True)
+
+    def _abort_transaction(self, timeout: float | None, *, bump: bool) -> None:
+        """:meth:`abort_transaction`; ``bump=False`` (close()) leaves out the new epoch, which
+        only a further transaction needs."""
         txn = self._require_txn()
         if txn.phase is TxnPhase.FATAL_ERROR:
             txn.require(TxnPhase.IN_TRANSACTION, action="abort_transaction()")  # raises it
@@ -789,16 +806,24 @@ class Producer(SenderLoop):
                 "cannot abort_transaction(): the previous commit_transaction() got no answer "
                 "and may have committed; call commit_transaction() again"
             )
+        budget = self.max_block_s if timeout is None else timeout
+        end = time.monotonic() + budget
         if txn.pending_end is False:  # the previous abort got no answer: ask again
-            txn.end(False, self.max_block_s if timeout is None else timeout)
-            return
+            txn.end(False, budget)
+        elif not (txn.phase is TxnPhase.READY and txn.epoch_bump_required):
+            self._abort_open(txn, timeout, end)
+        if bump and txn.epoch_bump_required:  # (aborted: only the new epoch is left to get)
+            self._adopt(*txn.bump_epoch(max(end - time.monotonic(), 0.001)))
+
+    def _abort_open(self, txn: TransactionManager, timeout: float | None, end: float) -> None:
+        """Abort the open (or failed) transaction by ``end``: flush, then EndTxn (or, when
+        the epoch was bumped past ours, take the id back: KIP-588)."""
         txn.require(
             TxnPhase.IN_TRANSACTION,
             TxnPhase.ABORTABLE_ERROR,
             TxnPhase.COMMITTING,
             action="abort_transaction()",
         )
-        end = time.monotonic() + (self.max_block_s if timeout is None else timeout)
         with txn.lock:
             txn.phase = TxnPhase.ABORTING
         flushed = True
@@ -948,7 +973,7 @@ class Producer(SenderLoop):
             and not txn.bump_needed  # (aborted already, by whoever bumped the epoch)
         ):
             with contextlib.suppress(StromError):
-                self.abort_transaction(left())
+                self._abort_transaction(left(), bump=False)
         if not own:
             with contextlib.suppress(StromError):
                 self.flush(left())

@@ -789,8 +789,10 @@ class SenderLoop:
           in the log on can never be appended under the old epoch. A transactional producer
           cannot bump on its own (its coordinator owns the epoch): it sends its next new
           batch with the next sequence, which the leader takes if the failed batch is in the
-          log; when that is refused too, its batches fail until ``init_transactions()`` (a
-          new epoch).
+          log; when that is refused too, its batches fail (:meth:`_fail_for_epoch`) until
+          the transaction's abort, which gets a new epoch from the coordinator since a batch
+          failed (``TransactionManager.bump_epoch``, KIP-360): the partition then renumbers
+          from 0 as below.
         """
         head = pq.batches[0]
         if head.maybe_written and (
@@ -850,7 +852,8 @@ class SenderLoop:
                 OutOfOrderSequenceError(
                     f"{pq.topic}-{pq.partition}: not written: a record sent before may or may "
                     "not be in the log, so this producer epoch's sequence numbers cannot go "
-                    "on; abort the transaction and call init_transactions() to continue"
+                    "on; call abort_transaction(): it gets a new epoch, from which the next "
+                    "transaction goes on"
                 ),
             )
 
@@ -1312,7 +1315,8 @@ class SenderLoop:
         if maybe and isinstance(err, StromError):
             failure = self._maybe_written_error(pq, err)
         if self._txn is not None and isinstance(err, StromError):
-            self._txn.fail(failure if isinstance(failure, StromError) else err)
+            # (the abort then gets a new epoch: TransactionManager.batch_failed)
+            self._txn.batch_failed(failure if isinstance(failure, StromError) else err)
         for b in batches:
             b.result.fail(failure if b.maybe_written else err)
         self._done(pq, batches)

@@ -12,7 +12,11 @@ Errors follow Kafka's classes:
 - **fatal** (:class:`~strom.errors.ProducerFencedError`, a newer instance took the id over):
   the producer can do nothing more; close it.
 - **abortable** (a send failed, the coordinator refused a request): the transaction cannot
-  commit; ``abort_transaction()`` and start again. INVALID_PRODUCER_EPOCH is one (Kafka's
+  commit; ``abort_transaction()`` and start again. After a failed batch the abort also gets
+  a new epoch (InitProducerId with the current id and epoch, Kafka's KIP-360 bump:
+  :meth:`TransactionManager.bump_epoch`), so partitions whose sequences cannot go on (a batch
+  that may have been written, OUT_OF_ORDER_SEQUENCE) start again from 0; no
+  init_transactions() is needed. INVALID_PRODUCER_EPOCH is one (Kafka's
   KIP-588): the coordinator's timeout abort bumped the epoch, or a new instance did; the
   abort then asks the coordinator for the id back (:meth:`TransactionManager.recover`),
   which it gives only in the first case.
@@ -185,6 +189,13 @@ class TransactionManager:
         #: The epoch was bumped past this producer's (INVALID_PRODUCER_EPOCH): the abort
         #: asks the coordinator for the id back under a new epoch instead of EndTxn (KIP-588).
         self.bump_needed = False
+        #: A batch of this producer failed in a transaction (Kafka's ``epochBumpRequired``,
+        #: KIP-360): its sequences may not go on under this epoch (a batch that "may have
+        #: been written", one refused OUT_OF_ORDER_SEQUENCE or UNKNOWN_PRODUCER_ID), so the
+        #: abort ends with :meth:`bump_epoch` and every partition numbers from 0 again.
+        #: Stays set until a new epoch is in (an abort whose bump got no answer leaves the
+        #: producer READY with it set: the next begin or abort asks again).
+        self.epoch_bump_required = False
         self.error: StromError | None = None
         #: The outcome of an EndTxn that got no answer (True: commit): it may have reached
         #: the coordinator, so only the same call may follow (Kafka's rule: a timed-out
@@ -268,6 +279,18 @@ class TransactionManager:
                 self.error = error
                 self.pending_end = None
 
+    def batch_failed(self, error: StromError) -> None:
+        """A batch of the transaction failed for good: the transaction can only abort
+        (:meth:`fail`), and the abort starts a new epoch (``epoch_bump_required``), as
+        Kafka's TransactionManager after a failed batch since KIP-360. Without the bump a
+        partition whose failed batch may or may not be in the log could never take another
+        sequence under this epoch, and every later transaction failed until
+        init_transactions() (found from outside)."""
+        self.fail(error)
+        with self.lock:
+            if self.phase is TxnPhase.ABORTABLE_ERROR:
+                self.epoch_bump_required = True
+
     def epoch_error(self, error: StromError) -> StromError:
         """What a batch refused INVALID_PRODUCER_EPOCH by its partition fails with: when the
         abort may take the id back (see :meth:`fail`) that error saying so, else the
@@ -342,7 +365,41 @@ class TransactionManager:
         resp = self._call("InitProducerId", req, timeout_s)
         with self.lock:
             self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+            self.epoch_bump_required = False
             self._ready_locked()
+        return resp.producer_id, resp.producer_epoch
+
+    def bump_epoch(self, timeout_s: float) -> tuple[int, int]:
+        """After the abort of a transaction with a failed batch (``epoch_bump_required``):
+        InitProducerId with this producer's id and current epoch, which the coordinator (no
+        transaction of it open now) answers with the same id and epoch + 1 (a new id past
+        the 16-bit epoch space), Kafka's KIP-360 bump (``InitProducerIdHandler`` with the
+        current ``producerIdAndEpoch``). Returns the new id and epoch: the producer numbers
+        every partition from 0 under it (the leaders take a newer epoch from sequence 0).
+
+        Fencing holds: the coordinator takes the id and epoch only from the id's current
+        producer (or the same request again, its answer lost); a zombie whose epoch a newer
+        instance bumped past gets PRODUCER_FENCED, fatal here (:meth:`_call`). A call that
+        got no answer raises and leaves ``epoch_bump_required`` set."""
+        req = storage_pb2.InitProducerIdRequest(
+            transactional_id=self.transactional_id,
+            transaction_timeout_ms=self.timeout_ms,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+        )
+        resp = self._call("InitProducerId", req, timeout_s)
+        with self.lock:
+            old = self.producer_id, self.producer_epoch
+            self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+            self.epoch_bump_required = False
+        log.info(
+            "transactional id %s: producer %d epoch %d -> producer %d epoch %d after a failed "
+            "batch (the transaction was aborted; every partition numbers from 0 again)",
+            self.transactional_id,
+            *old,
+            resp.producer_id,
+            resp.producer_epoch,
+        )
         return resp.producer_id, resp.producer_epoch
 
     def recover(self, timeout_s: float) -> tuple[int, int] | None:
@@ -379,6 +436,7 @@ class TransactionManager:
             raise  # (not reached: _refused_back raises)
         with self.lock:
             self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+            self.epoch_bump_required = False  # (a new epoch: every partition from 0)
             self._ready_locked()
         log.info(
             "transactional id %s: taken back under producer id %d epoch %d after its epoch "
@@ -430,6 +488,12 @@ class TransactionManager:
         if timeout_s is not None and self.pending_end is False:
             self.end(False, timeout_s)
         self.require(TxnPhase.READY, action="begin_transaction()")
+        if self.epoch_bump_required:  # (the producer's begin_transaction() bumps it first)
+            raise InvalidTxnStateError(
+                "cannot begin_transaction(): the abort of the failed transaction did not get "
+                "its new producer epoch (InitProducerId had no answer); call "
+                "abort_transaction() again"
+            )
         with self.lock:
             self.phase = TxnPhase.IN_TRANSACTION
             self.generation += 1
