@@ -408,3 +408,29 @@ def test_an_add_answered_after_its_transaction_ended_marks_nothing() -> None:
     m.add_partitions([("t", 0)], 5)
     assert m.calls == ["AddPartitionsToTxn", "EndTxn"]
     assert m.phase is TxnPhase.IN_TRANSACTION and not m.added and not m.registered
+
+
+def test_a_failed_batch_makes_the_abort_bump_the_epoch_until_it_is_answered() -> None:
+    """Kafka's KIP-360 rule: a batch that failed in the transaction makes its abort ask for a
+    new epoch (InitProducerId with the current id and epoch). A bump that got no answer
+    leaves the producer READY but not able to begin until it is asked again; the answer
+    clears it."""
+    mgr = Scripted()
+    mgr.phase = TxnPhase.IN_TRANSACTION
+    mgr.batch_failed(RequestTimedOutError("t-0: the records may have been written"))
+    assert mgr.phase is TxnPhase.ABORTABLE_ERROR and mgr.epoch_bump_required
+    mgr.phase = TxnPhase.READY  # (aborted: EndTxn answered)
+    mgr.answers = [RequestTimedOutError("InitProducerId did not succeed within 1.0 s")]
+    with pytest.raises(RequestTimedOutError):
+        mgr.bump_epoch(1)
+    with pytest.raises(InvalidTxnStateError, match=r"call abort_transaction\(\) again"):
+        mgr.begin(None)
+    mgr.answers = [storage_pb2.InitProducerIdResponse(producer_id=7, producer_epoch=1)]
+    assert mgr.bump_epoch(1) == (7, 1) and not mgr.epoch_bump_required
+    assert mgr.calls == ["InitProducerId", "InitProducerId"]
+    mgr.begin(None)
+    assert mgr.phase is TxnPhase.IN_TRANSACTION
+    # A batch failing outside a transaction (already failed for good) asks for nothing.
+    idle = Scripted()
+    idle.batch_failed(RequestTimedOutError("late"))
+    assert not idle.epoch_bump_required

@@ -671,6 +671,8 @@ class Producer(SenderLoop):
         first, and so is the new epoch the abort of a transaction with a failed batch asks
         for (up to ``max_block_ms``)."""
         txn = self._require_txn()
+        if txn.pending_end is False:  # (an abort that got no answer: see TransactionManager)
+            txn.end(False, self.max_block_s)
         if txn.epoch_bump_required and txn.phase is TxnPhase.READY:
             self._adopt(*txn.bump_epoch(self.max_block_s))
         txn.begin(self.max_block_s)
