@@ -3,6 +3,9 @@ elections."""
 
 from __future__ import annotations
 
+import logging
+import re
+import signal
 import threading
 from collections.abc import Callable
 
@@ -257,3 +260,41 @@ def test_a_keeper_that_cannot_reach_etcd_knows_when_its_lease_has_surely_expired
     finally:
         keeper.stop(revoke=False)
         store.close()
+
+
+def test_an_etcd_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
+    etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd paused (SIGSTOP) for a while: one WARNING naming its endpoint when the lease
+    keep-alives stop getting answers (not one per failed refresh, four a second), and one
+    INFO with the outage's length when it answers again. Before, only a metric counted the
+    failures and no service logged anything."""
+    caplog.set_level(logging.INFO, logger="strom.metadata")
+    store = MetadataStore(etcd.endpoint, "c-outage")
+    lease = store.grant_lease(10)
+    keeper = store.keep_alive(lease, lambda: None)
+    assert etcd.process is not None
+    try:
+        wait_for(lambda: keeper.refreshes > 0, timeout=20, what="a first refresh")
+        etcd.process.signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: keeper.failures >= 6, timeout=30, what="refreshes to fail")
+        finally:
+            etcd.process.signal(signal.SIGCONT)
+        wait_for(
+            lambda: any("answers again" in r.getMessage() for r in caplog.records),
+            timeout=30,
+            what="the end of the outage logged",
+        )
+    finally:
+        keeper.stop(revoke=False)
+        store.close()
+    ours = [r for r in caplog.records if r.name == "strom.metadata"]
+    down = [r for r in ours if "does not answer" in r.getMessage()]
+    assert len(down) == 1, [r.getMessage() for r in ours]
+    assert down[0].levelno == logging.WARNING
+    assert etcd.endpoint in down[0].getMessage()
+    assert "keep-alive of lease" in down[0].getMessage()
+    back = [r for r in ours if "answers again" in r.getMessage()]
+    assert len(back) == 1 and back[0].levelno == logging.INFO
+    assert re.search(r"after \d+\.\ds without an answer", back[0].getMessage())

@@ -13,7 +13,7 @@ from etcd3.etcdrpc import kv_pb2, rpc_pb2
 
 from strom.devcluster.procs import wait_for
 from strom.metadata import store as store_module
-from strom.metadata.store import MetadataStore, Watch, WatchEvent
+from strom.metadata.store import EtcdOutage, MetadataStore, Watch, WatchEvent
 
 
 class _Stream:
@@ -53,6 +53,7 @@ class _Store:
     timeout = 5.0
     client = None
     _call = MetadataStore._call  # client errors become MetadataUnavailableError
+    outage = EtcdOutage([("fake", 0)])
 
 
 def test_the_watch_thread_outlives_a_stream_that_ends_or_fails_unexpectedly(

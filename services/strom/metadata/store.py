@@ -27,6 +27,7 @@ from etcd3.etcdrpc import kv_pb2
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from strom.lograte import LogLimiter
 from strom.metadata import metrics
 from strom.metadata.keys import Keys
 from strom.security.config import etcd as etcd_security
@@ -54,6 +55,72 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.min_reconnect_backoff_ms", 2000),
 )
+
+
+#: How often a service says again that etcd still does not answer (the first failure is
+#: logged at once; the end of the outage too).
+OUTAGE_LOG_INTERVAL_S = 30.0
+
+
+class EtcdOutage:
+    """Whether etcd answers a store's lease keep-alives and watches, told to the operator.
+
+    FIX (found from outside): a keeper's failed refresh only counted a metric and a watch
+    that could not be made again only waited, so etcd paused or down for a while left no
+    line in any service's log (and after it only "lease ... lost"). Now the first failure
+    is one WARNING naming etcd's endpoints and what failed, repeated at most every
+    :data:`OUTAGE_LOG_INTERVAL_S` with the failures left out, and the first answer after it
+    one INFO with how long etcd was out, as Kafka logs its ZooKeeper session's disconnect and
+    reconnect. Thread-safe: keepers and watches each run in a thread of their own."""
+
+    def __init__(self, endpoints: Sequence[tuple[str, int]]) -> None:
+        self.where = ",".join(f"{h}:{p}" for h, p in endpoints)
+        self._limiter = LogLimiter(OUTAGE_LOG_INTERVAL_S)
+
+    @property
+    def down(self) -> bool:
+        """Whether the last keep-alive or watch that reached a verdict found etcd silent."""
+        return self._limiter.active("etcd")
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """``what`` (a lease keep-alive, a watch on a prefix) did not reach etcd."""
+        first = not self._limiter.active("etcd")
+        left_out = self._limiter.occurred("etcd")
+        if left_out is None:
+            return
+        fields = {"etcd": self.where, "failed": what}
+        if first:
+            log.warning(
+                "etcd at %s does not answer (%s: %s); retrying",
+                self.where,
+                what,
+                exc,
+                extra={"fields": fields},
+            )
+        else:
+            log.warning(
+                "etcd at %s still does not answer (%s: %s; %d more failures since the last "
+                "such line); retrying",
+                self.where,
+                what,
+                exc,
+                left_out,
+                extra={"fields": fields},
+            )
+
+    def answered(self, what: str) -> None:
+        """``what`` reached etcd: an outage that was logged ends here."""
+        ended = self._limiter.ended("etcd")
+        if ended is None:
+            return
+        out_s, _ = ended
+        log.info(
+            "etcd at %s answers again (%s) after %.1fs without an answer",
+            self.where,
+            what,
+            out_s,
+            extra={"fields": {"etcd": self.where, "outage_s": round(out_s, 3)}},
+        )
 
 
 class MetadataUnavailableError(Exception):
@@ -201,6 +268,8 @@ class MetadataStore:
         self, endpoints: str | Sequence[str], cluster: str, *, timeout: float = 5.0
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
+        #: Outages of etcd as this store's keep-alives and watches see them (logged).
+        self.outage = EtcdOutage(self.endpoints)
         self.keys = Keys(cluster)
         self.timeout = timeout
         tls = etcd_security()
@@ -507,11 +576,13 @@ class KeepAlive:
         while not self._stop.wait(interval):
             try:
                 resps = self.store._call(self.refresh)
-            except MetadataUnavailableError:
+            except MetadataUnavailableError as exc:
                 metrics.keepalive_failed()
                 self.failures += 1
+                self.store.outage.failed(f"keep-alive of lease {self.lease.id:x}", exc)
                 interval = 0.25  # keep trying quickly until etcd is back
                 continue
+            self.store.outage.answered(f"keep-alive of lease {self.lease.id:x}")
             interval = max(self.ttl / 3.0, 0.2)
             if resps and resps[0].TTL > 0:
                 self.refreshes += 1
@@ -686,10 +757,13 @@ class Watch:
         while not self._stopped.is_set() and not self.store._closed:
             try:
                 stream, first = self.store._call(self._create_watch)
-            except MetadataUnavailableError:
+            except MetadataUnavailableError as exc:
+                if not self._stopped.is_set():
+                    self.store.outage.failed(f"watch on {self.prefix}", exc)
                 self._stopped.wait(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            self.store.outage.answered(f"watch on {self.prefix}")
             with self._lock:
                 if self._stopped.is_set():
                     stream.close()
