@@ -29,6 +29,7 @@ from strom.controller.core import Fenced, Leadership
 from strom.controller.prober import NodeProber
 from strom.controller.reconcile import Reconciler
 from strom.metadata import (
+    RESYNC,
     Election,
     MetadataUnavailableError,
     Versioned,
@@ -191,6 +192,7 @@ class ActiveRole(Reconciler):
         """The prober proved a node dead: end its registration now (as lease expiry would)."""
         if self._leadership is None or self.store is None:
             return
+        self._node_changes.fencing(node_id, incarnation_id)
         if await self._revoke_if_incarnation(
             self.store.keys.node(node_id),
             md.NodeRegistration,
@@ -202,6 +204,8 @@ class ActiveRole(Reconciler):
         ):
             metrics.NODES_FENCED.inc()
             log.warning("revoked the lease of node %d, which refuses connections", node_id)
+        else:
+            self._node_changes.not_fencing(node_id)
 
     async def _revoke_if_incarnation(
         self,
@@ -379,6 +383,8 @@ class ActiveRole(Reconciler):
         self._update_gauges()
         assert self.store is not None
         keys = self.store.keys
+        if any(ev is RESYNC or ev.key.startswith(keys.nodes_prefix) for ev in events):
+            self._note_node_changes()
         node_gone = any(ev.key.startswith(keys.nodes_prefix) and ev.value is None for ev in events)
         nodes_changed = any(ev.key.startswith(keys.nodes_prefix) for ev in events)
         if self._prober is not None and any(ev.key.startswith(keys.nodes_prefix) for ev in events):
@@ -406,6 +412,29 @@ class ActiveRole(Reconciler):
             if loop is not None and not loop.is_closed():
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._follow_active)
+
+    def _note_node_changes(self) -> None:
+        """Watch thread: log which storage nodes registered or left (the active controller
+        only; a standby keeps track, so that it has no news to tell when it takes over)."""
+        view = self.view
+        assert view is not None
+        with view.lock:
+            now = {i: v.value for i, v in view.nodes.items()}
+
+        def led_by(node_id: int) -> int:
+            # The partitions not yet moved: the reconcile this change wakes moves them.
+            with view.lock:
+                return sum(1 for v in view.partitions.values() if v.value.leader == node_id)
+
+        def controlled(node_id: int, reg: md.NodeRegistration) -> bool:
+            return (
+                reg.state == md.NODE_STATE_SHUTTING_DOWN
+                or self._shutting_down.get(node_id) == reg.incarnation_id
+            )
+
+        self._node_changes.observe(
+            now, led_by=led_by, controlled=controlled, report=self._leadership is not None
+        )
 
     async def _check_election_key(self) -> None:
         lead, view, election = self._leadership, self.view, self._election

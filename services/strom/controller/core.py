@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 from strom.api import common_pb2, controller_pb2
 from strom.api import metadata_pb2 as md
 from strom.controller.metrics import ADMIN_REQUESTS
+from strom.controller.node_changes import NodeChanges
 from strom.controller.prober import NodeProber
 from strom.errors import ErrorCode, StromError, error_name
 from strom.metadata import (
@@ -134,6 +135,7 @@ class ControllerCore:
     _active_prober: NodeProber | None
     #: Nodes in a controlled shutdown (node id -> incarnation) not yet SHUTTING_DOWN in etcd.
     _shutting_down: dict[int, str]
+    _node_changes: NodeChanges
 
     @property
     def active(self) -> bool:

@@ -39,6 +39,7 @@ from strom.controller.core import Leadership
 from strom.controller.descriptions import DescriptionRpcs
 from strom.controller.elections import ElectionRpcs
 from strom.controller.isr import IsrRpcs
+from strom.controller.node_changes import NodeChanges
 from strom.controller.prober import NodeProber
 from strom.controller.producer_ids import ProducerIdRpcs
 from strom.controller.reassignment import ReassignmentRpcs
@@ -114,6 +115,8 @@ class ControllerService(
         self._node_gone_at: float | None = None
         #: Nodes in a controlled shutdown (node id -> incarnation) not yet SHUTTING_DOWN in etcd.
         self._shutting_down: dict[int, str] = {}
+        #: The registered storage nodes as last seen, to log who registered and who left.
+        self._node_changes = NodeChanges()
         self.store: MetadataStore | None = None
         self.view: ClusterView | None = None
         self._election: Election | None = None

@@ -1,0 +1,116 @@
+"""What the services write in their (JSON) logs when something happens that an on-call
+operator must be able to follow: a storage node leaving and registering (the controller),
+group membership changes (the group coordinator), internal partitions that cannot load, the
+start-up summary and recovery. Each test reads the real log files of real processes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from typing import Any
+
+import pytest
+
+from strom import Admin
+from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.procs import wait_for
+from tests.conftest import create_topic
+
+pytestmark = pytest.mark.integration
+
+
+def log_size(member: Member) -> int:
+    """Where the member's log ends now: what a test reads after."""
+    return member.log_path.stat().st_size if member.log_path.exists() else 0
+
+
+def log_lines(member: Member, since: int = 0) -> list[dict[str, Any]]:
+    """The member's JSON log lines written after byte ``since``."""
+    with open(member.log_path, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    out = []
+    for raw in text.splitlines():
+        if raw.startswith("{"):
+            try:
+                out.append(json.loads(raw))
+            except ValueError:  # a line being written
+                continue
+    return out
+
+
+def matching(member: Member, pattern: str, since: int = 0) -> list[dict[str, Any]]:
+    return [x for x in log_lines(member, since) if re.search(pattern, x["msg"])]
+
+
+def wait_logged(member: Member, pattern: str, since: int = 0, timeout: float = 60) -> dict:
+    """The first line after ``since`` whose message matches ``pattern`` (waits for it)."""
+    found: list[dict[str, Any]] = []
+
+    def logged() -> bool:
+        found[:] = matching(member, pattern, since)
+        return bool(found)
+
+    wait_for(logged, timeout=timeout, what=f"{pattern!r} in {member.log_path.name}")
+    return found[0]
+
+
+def leaders(cluster: LocalCluster, topic: str) -> dict[int, int]:
+    with Admin(cluster.bootstrap) as admin:
+        parts = admin.describe_topics([topic])[topic].partitions
+    out: dict[int, int] = {}
+    for p in parts:
+        out[p.leader] = out.get(p.leader, 0) + 1
+    return out
+
+
+def test_the_controller_names_the_nodes_that_leave_and_register(make_cluster: Any) -> None:
+    """Why each left (lease expired: hung; fenced: its port refused connections; controlled
+    shutdown), how many partitions it led, and each registration. Before, the controller
+    logged only "6 partition states committed ... after a node left"."""
+    cluster = make_cluster(nodes=2, controllers=1, coordinators=0)
+    controller, node2 = cluster.controllers[0], cluster.node(2)
+    create_topic(cluster, "moved", partitions=6)
+    led = leaders(cluster, "moved").get(2, 0)
+    assert led > 0
+
+    since = log_size(controller)
+    node2.process.signal(signal.SIGSTOP)  # hung: its lease expires
+    try:
+        line = wait_logged(controller, r"^node 2 \(.*\) left", since)
+    finally:
+        node2.process.signal(signal.SIGCONT)
+    assert line["level"] == "info"
+    assert line["msg"] == (
+        f"node 2 ({node2.address}) left: its lease expired or was revoked without a "
+        f"controlled shutdown (the process died, hung, or lost etcd); {led} partitions led "
+        "by it"
+    ), line["msg"]
+    assert line["partitions_led"] == led and line["controlled"] is False
+    line = wait_logged(controller, r"^node 2 registered", since)
+    assert re.fullmatch(
+        rf"node 2 registered \({re.escape(node2.address)}, rack -, incarnation [0-9a-f-]+, "
+        r"version \S+\)",
+        line["msg"],
+    ), line["msg"]
+    cluster.wait_cluster_ready()
+
+    since = log_size(controller)
+    node2.process.signal(signal.SIGKILL)  # its port refuses connections: fenced at once
+    line = wait_logged(controller, r"^node 2 \(.*\) left", since)
+    assert "this controller revoked its lease (its port refused connections" in line["msg"]
+
+    since = log_size(controller)
+    node2.start()
+    cluster.wait_serving(node2)
+    wait_logged(controller, r"^node 2 registered", since)
+    cluster.wait_cluster_ready()
+
+    since = log_size(controller)
+    node2.process.stop()  # SIGTERM: a controlled shutdown
+    line = wait_logged(controller, r"^node 2 \(.*\) left", since)
+    assert "it deregistered (controlled shutdown)" in line["msg"], line["msg"]
+    assert line["controlled"] is True
+    # One line per change: neither departure nor registration repeated.
+    assert len(matching(controller, r"^node 2 (registered|\(.*\) left)", since)) == 1
