@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from typing import Any
 
 import pytest
 
-from strom import Admin
+from strom import Admin, Consumer
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from tests.conftest import create_topic
@@ -114,3 +115,32 @@ def test_the_controller_names_the_nodes_that_leave_and_register(make_cluster: An
     assert line["controlled"] is True
     # One line per change: neither departure nor registration repeated.
     assert len(matching(controller, r"^node 2 (registered|\(.*\) left)", since)) == 1
+
+
+def test_the_group_coordinator_logs_each_membership_change(
+    three_node_cluster: LocalCluster,
+) -> None:
+    cluster = three_node_cluster
+    coordinator = cluster.coordinators[0]
+    topic = create_topic(cluster, f"members-{time.monotonic_ns()}", partitions=2)
+    group = f"g-logs-{time.monotonic_ns()}"
+    since = log_size(coordinator)
+    with Consumer(cluster.bootstrap, group_id=group, auto_offset_reset="earliest") as c:
+        c.subscribe([topic])
+        wait_for(
+            lambda: c.poll(timeout_ms=200) is not None and len(c.assignment()) == 2,
+            timeout=60,
+            what="the member's assignment",
+        )
+        member = c.group_metadata().member_id
+    joined = wait_logged(coordinator, rf"^group {group}: .*joined", since)
+    assert joined["level"] == "info" and joined["group"] == group
+    assert re.fullmatch(
+        rf"group {group}: epoch \d+ -> \d+: member {member} joined; 1 members", joined["msg"]
+    ), joined["msg"]
+    left = wait_logged(coordinator, rf"^group {group}: .*left", since)
+    assert re.fullmatch(
+        rf"group {group}: epoch (\d+) -> (\d+): member {member} left; 0 members", left["msg"]
+    ), left["msg"]
+    # One line per change, none per heartbeat (a member heartbeats every 200 ms here).
+    assert len(matching(coordinator, rf"^group {group}:", since)) == 2

@@ -207,6 +207,14 @@ class HeartbeatResult:
     heartbeat_interval_ms: int
     assignment: Assignment | None
     records: list[GroupRecord]
+    #: What changed the group's membership or subscriptions, for the coordinator's log
+    #: ("member m1 joined", "member m2 left"); None for a plain heartbeat.
+    change: str | None = None
+    #: The group epoch after the call and the one before it (equal: no rebalance).
+    group_epoch: int = 0
+    previous_group_epoch: int = 0
+    #: Members after the call.
+    members: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +232,9 @@ class ExpireResult:
 
     expired: list[ExpiredMember]
     records: list[GroupRecord]
+    #: The group epoch and member count after the removals (for the coordinator's log).
+    group_epoch: int = 0
+    members: int = 0
 
 
 @dataclass
@@ -457,15 +468,27 @@ class ConsumerGroup:
         if subscribed_topic_regex is not None:
             compile_subscription_regex(subscribed_topic_regex)  # raises
 
+        epoch_before = self.group_epoch
         if member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
             member = self._leaving_member(member_id, instance_id)
             records = self._remove_member(member)
-            return HeartbeatResult(
-                member.member_id, LEAVE_GROUP_MEMBER_EPOCH, self._interval(), None, records
+            return self._noted(
+                HeartbeatResult(
+                    member.member_id, LEAVE_GROUP_MEMBER_EPOCH, self._interval(), None, records
+                ),
+                [f"member {member.member_id} left"],
+                epoch_before,
             )
         if member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH:
             member = self._leaving_member(member_id, instance_id)
-            return self._static_leave(member, owned, now_ms)
+            return self._noted(
+                self._static_leave(member, owned, now_ms),
+                [
+                    f"static member {member.member_id} (instance {instance_id}) left for now, "
+                    "keeping its partitions for a session timeout"
+                ],
+                epoch_before,
+            )
 
         # Join or regular heartbeat: look the member up and validate before changing anything.
         replaced: Member | None = None
@@ -507,17 +530,28 @@ class ConsumerGroup:
         is_join = member_epoch == JOIN_GROUP_MEMBER_EPOCH
         created = False
         membership_changed = False
+        #: What changed, for the coordinator's log (one line per change, none per heartbeat).
+        causes: list[str] = []
         if replaced is not None:
             member = self._replace_static_member(replaced, member_id, records)
+            causes.append(
+                f"static member {member.member_id} (instance {instance_id}) rejoined in place "
+                f"of {replaced.member_id}"
+            )
         elif member is None:
             member = Member(member_id or self._member_id_factory(), metadata=new_metadata)
             self.members[member.member_id] = member
             created = membership_changed = True
             records.append(member_metadata_record(self.group_id, member.member_id, new_metadata))
+            causes.append(f"member {member.member_id} joined")
+        elif is_join:
+            causes.append(f"member {member.member_id} rejoined (after being fenced)")
         if member.metadata != new_metadata:
             old = member.metadata
             if _subscription(old) != _subscription(new_metadata):
                 membership_changed = True
+                if not created:
+                    causes.append(f"member {member.member_id} changed its subscription")
             if (
                 old.instance_id is not None
                 and self._static.get(old.instance_id) == member.member_id
@@ -543,9 +577,12 @@ class ConsumerGroup:
             previous = member.resolved if member.resolved is not None else unfiltered
             if previous is not None and resolved != previous:
                 membership_changed = True
+                causes.append(f"the topics member {member.member_id}'s regex may read changed")
             member.resolved = resolved
         if membership_changed or topics_changed or not self._persisted:
             self._maybe_bump_epoch(records, force=membership_changed)
+            if self.group_epoch > epoch_before and not causes:
+                causes.append("the subscribed topics' partitions or the assignor changed")
         if self.group_epoch > self.assignment_epoch:
             records.extend(self._compute_target())
 
@@ -565,13 +602,27 @@ class ConsumerGroup:
             or _freeze(owned) != assignment
             or member_epoch != member.member_epoch
         )
-        return HeartbeatResult(
-            member.member_id,
-            member.member_epoch,
-            self._interval(),
-            assignment if send else None,
-            records,
+        return self._noted(
+            HeartbeatResult(
+                member.member_id,
+                member.member_epoch,
+                self._interval(),
+                assignment if send else None,
+                records,
+            ),
+            causes,
+            epoch_before,
         )
+
+    def _noted(
+        self, result: HeartbeatResult, causes: list[str], epoch_before: int
+    ) -> HeartbeatResult:
+        """``result`` with what changed the group (``causes``), its epochs and size."""
+        result.change = "; ".join(causes) or None
+        result.group_epoch = self.group_epoch
+        result.previous_group_epoch = epoch_before
+        result.members = len(self.members)
+        return result
 
     def _interval(self) -> int:
         return self.config.heartbeat_interval_ms
@@ -927,7 +978,7 @@ class ConsumerGroup:
                 continue
             records.extend(self._remove_member(m))
             expired.append(ExpiredMember(mid, m.instance_id, reason))
-        return ExpireResult(expired, records)
+        return ExpireResult(expired, records, self.group_epoch, len(self.members))
 
     # -----------------------------------------------------------------------------------------
     # Offsets

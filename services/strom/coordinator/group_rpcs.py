@@ -8,6 +8,7 @@ handlers find the group's shard, run the engine call durably
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import grpc
 from strom.api import coordinator_pb2 as pb
 from strom.clock import steady_ms
 from strom.coordinator.core import rpc
-from strom.coordinator.group import ConsumerGroup, GroupState
+from strom.coordinator.group import ConsumerGroup, GroupState, HeartbeatResult
 from strom.coordinator.storage_io import StorageIO
 from strom.errors import ErrorCode, GroupIdNotFoundError
 from strom.security.acl import Op, Res
@@ -24,6 +25,7 @@ from strom.security.config import server as server_security
 from strom.security.interceptor import CURRENT_PRINCIPAL
 
 E = ErrorCode
+log = logging.getLogger("strom.coordinator")
 
 
 def _client_host(peer: str | None) -> str:
@@ -53,6 +55,30 @@ def _describable_topics() -> Callable[[str], bool] | None:
         return None
     principal, authorizer = CURRENT_PRINCIPAL.get(), sec.authorizer
     return lambda topic: authorizer.allowed(principal, Op.DESCRIBE, Res.TOPIC, topic)
+
+
+def _log_group_change(group_id: str, result: HeartbeatResult) -> None:
+    """One INFO line per change of a group's membership or subscriptions (durable by
+    now), as Kafka's group coordinator logs each rebalance; none for a plain heartbeat.
+    FIX (found from outside): joins, leaves, rejoins and new epochs left no line."""
+    if result.group_epoch != result.previous_group_epoch:
+        epoch = f"epoch {result.previous_group_epoch} -> {result.group_epoch}"
+    else:
+        epoch = f"epoch {result.group_epoch} (no rebalance)"
+    log.info(
+        "group %s: %s: %s; %d members",
+        group_id,
+        epoch,
+        result.change,
+        result.members,
+        extra={
+            "fields": {
+                "group": group_id,
+                "group_epoch": result.group_epoch,
+                "members": result.members,
+            }
+        },
+    )
 
 
 class GroupRpcs(StorageIO):
@@ -102,6 +128,8 @@ class GroupRpcs(StorageIO):
         except Exception as exc:
             self._fail("ConsumerGroupHeartbeat", resp, exc)
             return
+        if result.change is not None:
+            _log_group_change(request.group_id, result)
         resp.member_id = result.member_id
         resp.member_epoch = result.member_epoch
         resp.heartbeat_interval_ms = result.heartbeat_interval_ms

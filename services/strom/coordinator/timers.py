@@ -91,11 +91,20 @@ class Timers(StorageIO):
         for m in result.expired:
             metrics.EXPIRED.labels(m.reason).inc()
             log.info(
-                "removed member %s of group %s (%s timeout)",
+                "removed member %s of group %s (%s timeout): group epoch %d, %d members",
                 m.member_id,
                 group_id,
                 m.reason,
-                extra={"fields": {"group": group_id, "member": m.member_id}},
+                result.group_epoch,
+                result.members,
+                extra={
+                    "fields": {
+                        "group": group_id,
+                        "member": m.member_id,
+                        "group_epoch": result.group_epoch,
+                        "members": result.members,
+                    }
+                },
             )
 
     async def _drop_stale_offsets(self) -> None:
