@@ -144,3 +144,39 @@ def test_the_group_coordinator_logs_each_membership_change(
     ), left["msg"]
     # One line per change, none per heartbeat (a member heartbeats every 200 ms here).
     assert len(matching(coordinator, rf"^group {group}:", since)) == 2
+
+
+def test_an_offline_internal_partition_is_one_warning_then_one_line_when_it_loads(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(
+        nodes=1, controllers=1, coordinators=1, coordinator_args=["--offsets-partitions", "1"]
+    )
+    node, coordinator = cluster.node(1), cluster.coordinators[0]
+    node.process.signal(signal.SIGKILL)
+    wait_for(
+        lambda: matching(cluster.controllers[0], r"^node 1 \(.*\) left"),
+        timeout=60,
+        what="the node's departure",
+    )
+    coordinator.process.stop()
+    since = log_size(coordinator)
+    coordinator.start()
+    first = wait_logged(coordinator, r"^group shard 0 .*cannot load", since)
+    assert first["level"] == "warning"
+    assert re.fullmatch(
+        r"group shard 0 \(__consumer_offsets-0\) cannot load for \d+s: LEADER_NOT_AVAILABLE: "
+        r"__consumer_offsets-0 has no leader \(replicas \[1\], ISR \[1\], offline: \[1\]\); "
+        "retrying",
+        first["msg"],
+    ), first["msg"]
+    # Retried every 2 s at most, and still one line per shard (the next is due 30 s after
+    # the first; the transaction shards have their own).
+    started = time.monotonic()
+    node.start()
+    loaded = wait_logged(coordinator, r"^loaded group shard 0", since)
+    assert re.search(r"\(after failing to load for \d+\.\ds\)$", loaded["msg"]), loaded["msg"]
+    if time.monotonic() - started < 25:
+        assert len(matching(coordinator, r"^group shard 0 .*cannot load", since)) == 1
+    assert not matching(coordinator, r"loading shard", since)  # the old line, ten a second
+    assert not matching(coordinator, r"CLIENT_ERROR", since)

@@ -33,7 +33,7 @@ from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offset_rpcs import OffsetRpcs
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
 from strom.coordinator.produce_streams import ProduceStreams
-from strom.coordinator.shard_ownership import ShardOwnership
+from strom.coordinator.shard_ownership import LOAD_FAILURE_LOG_INTERVAL_S, ShardOwnership
 from strom.coordinator.shard_writes import MAX_BATCH_RECORDS
 from strom.coordinator.shards import Shard, ShardKind
 from strom.coordinator.storage_io import INTERNAL_WRITER
@@ -42,6 +42,7 @@ from strom.coordinator.txn_service import TransactionRpcs
 from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC, TxnShardState
 from strom.errors import ErrorCode
 from strom.grpc_options import GRPC_OPTIONS
+from strom.lograte import LogLimiter
 from strom.metadata import ClusterView, KeepAlive, Keys, MetadataStore, MetadataUnavailableError
 from strom.security.channel import ChannelCache
 
@@ -149,6 +150,8 @@ class CoordinatorService(
         self._free_since: dict[tuple[str, int], float] = {}
         self._handed_over: set[tuple[str, int]] = set()
         self._next_hand_over = 0.0
+        #: Shards whose load keeps failing: logged first, then once a while (LogLimiter).
+        self._load_failures = LogLimiter(LOAD_FAILURE_LOG_INTERVAL_S)
         metrics.count_at_scrape(
             self.group_kind.shards,
             self.txn_kind.shards,

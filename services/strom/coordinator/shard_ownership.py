@@ -57,6 +57,7 @@ from strom.errors import (
     StromError,
     error_name,
 )
+from strom.lograte import LogLimiter
 from strom.metadata import LeaseLostError, MetadataUnavailableError
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
@@ -67,6 +68,11 @@ E = ErrorCode
 #: unknown field 15 (empty), so replay skips it as "a kind this version does not know", and
 #: compaction keeps just the latest one. (A documented oneof kind would be nicer: see the
 #: issue note.)
+#: A shard that fails to load for this long is logged (at WARNING; before, at DEBUG).
+LOAD_FAILURE_GRACE_S = 5.0
+#: How often a shard that still cannot load is logged again after that.
+LOAD_FAILURE_LOG_INTERVAL_S = 30.0
+
 FENCE_KEY = b"\x7a\x00"
 #: How long a free shard beyond this coordinator's fair share waits for a coordinator below
 #: its share before this one takes it anyway (also: a shard just handed over is not taken
@@ -81,6 +87,9 @@ HAND_OVER_BACKOFF_S = 60.0
 
 class ShardOwnership(ShardWrites):
     """The ownership loop, shard loading and unloading (writes: :class:`ShardWrites`)."""
+
+    #: Shards whose load keeps failing (set by the service): logged first, then now and then.
+    _load_failures: LogLimiter
 
     _waiting_logged: dict[str, bool]
     #: (kind, shard) -> when this process first saw it free, or handed it over.
@@ -410,25 +419,64 @@ class ShardOwnership(ShardWrites):
 
     async def _load_until_done(self, shard: Shard, generation: int) -> None:
         delay = 0.1
-        while not self._stopping and shard.generation == generation:
-            try:
-                await self._load(shard, generation)
-                return
-            except asyncio.CancelledError:
-                raise
-            except ShardLost as exc:
-                log.warning("shard %d lost while loading: %s", shard.index, exc)
-                if shard.generation == generation:
-                    self._unload(shard)
-                return
-            except Exception as exc:
-                shard.load_error = exc.message if isinstance(exc, StromError) else str(exc)
-                if isinstance(exc, AppendRefused):
-                    self._note_refusal(shard, exc)  # (its fence: not a passing failure)
-                else:
-                    log.info("loading shard %d failed (%s); retrying", shard.index, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        failing_since: float | None = None
+        assert shard.kind is not None
+        key = (shard.kind.name, shard.index)
+        try:
+            while not self._stopping and shard.generation == generation:
+                try:
+                    await self._load(shard, generation)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except ShardLost as exc:
+                    log.warning("shard %d lost while loading: %s", shard.index, exc)
+                    if shard.generation == generation:
+                        self._unload(shard)
+                    return
+                except Exception as exc:
+                    shard.load_error = exc.message if isinstance(exc, StromError) else str(exc)
+                    if isinstance(exc, AppendRefused):
+                        self._note_refusal(shard, exc)  # (its fence: not a passing failure)
+                    else:
+                        if failing_since is None:
+                            failing_since = time.monotonic()
+                        self._note_load_failure(shard, exc, failing_since)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            if not shard.loaded:  # given up (moved, stopping): a later load starts afresh
+                self._load_failures.ended(key)
+
+    def _note_load_failure(self, shard: Shard, exc: Exception, failing_since: float) -> None:
+        """A load attempt failed and is retried. Failures in the first
+        :data:`LOAD_FAILURE_GRACE_S` are debug lines (a new internal topic's partitions open
+        on their nodes a moment after it is created); then a WARNING naming the shard's kind
+        and partition and why, and one line per :data:`LOAD_FAILURE_LOG_INTERVAL_S` with the
+        failures left out. FIX (found from outside): every attempt was an INFO line, ten a
+        second per offline shard, for as long as its partition had no leader."""
+        assert shard.kind is not None
+        where = f"{shard.kind.name} shard {shard.index} ({shard.kind.topic}-{shard.index})"
+        why = _load_error(exc)
+        failing_s = time.monotonic() - failing_since
+        if failing_s < LOAD_FAILURE_GRACE_S:
+            log.debug("%s cannot load yet: %s; retrying", where, why)
+            return
+        key = (shard.kind.name, shard.index)
+        first = not self._load_failures.active(key)
+        left_out = self._load_failures.occurred(key)
+        if left_out is None:
+            return
+        fields = {"shard": shard.index, "kind": shard.kind.name, "topic": shard.kind.topic}
+        log.warning(
+            "%s %s for %.0fs: %s%s; retrying",
+            where,
+            "cannot load" if first else "still cannot load",
+            failing_s,
+            why,
+            "" if first else f" ({left_out} more failures since the last such line)",
+            extra={"fields": fields},
+        )
 
     async def _load(self, shard: Shard, generation: int) -> None:
         """Replay, bump the producer epoch, fence, replay the rest, publish, serve."""
@@ -481,8 +529,9 @@ class ShardOwnership(ShardWrites):
             )
         if shard.transactions:
             self._resume_transactions(shard)
+        failed = self._load_failures.ended((kind.name, shard.index))
         log.info(
-            "loaded %s shard %d: %d groups, %d transactional ids, producer %d epoch %d, %.0f ms",
+            "loaded %s shard %d: %d groups, %d transactional ids, producer %d epoch %d, %.0f ms%s",
             kind.name,
             shard.index,
             len(groups),
@@ -490,6 +539,9 @@ class ShardOwnership(ShardWrites):
             pid,
             epoch,
             (time.monotonic() - t0) * 1000,
+            f" (after failing to load for {failed[0] + LOAD_FAILURE_GRACE_S:.1f}s)"
+            if failed is not None
+            else "",
             extra={"fields": {"shard": shard.index, "producer_epoch": epoch}},
         )
 
@@ -497,6 +549,14 @@ class ShardOwnership(ShardWrites):
     def _check_generation(shard: Shard, generation: int) -> None:
         if shard.generation != generation:
             raise asyncio.CancelledError()
+
+
+def _load_error(exc: BaseException) -> str:
+    """One line for why a load failed: a gRPC error's status and details (its ``str`` is a
+    multi-line dump of the call), else the error itself."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)
 
 
 def _as_seen(state: Any, now: int) -> dict[str, Any]:

@@ -15,12 +15,14 @@ from typing import Any
 
 import grpc
 
+from strom.api import metadata_pb2 as md
 from strom.api import storage_pb2, storage_pb2_grpc
 from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
 from strom.coordinator.replay import ReplayState
 from strom.errors import (
     ErrorCode,
+    LeaderNotAvailableError,
     RequestTimedOutError,
     StromError,
     error_name,
@@ -60,12 +62,28 @@ class StorageIO(CoordinatorCore):
         """(address, leader epoch) of a partition's leader from the view; raises if none."""
         assert self.view is not None
         state = self.view.partition(topic, partition)
-        if state is None or state.value.leader < 0:
-            raise StromError(f"{topic}-{partition} has no leader", retriable=True)
+        if state is None:
+            raise LeaderNotAvailableError(f"{topic}-{partition} does not exist (yet)")
         node = self.view.live_nodes().get(state.value.leader)
         if node is None:
-            raise StromError(f"leader of {topic}-{partition} is not live", retriable=True)
+            raise LeaderNotAvailableError(self._no_leader(topic, partition, state.value))
         return f"{node.host}:{node.port}", state.value.leader_epoch
+
+    def _no_leader(self, topic: str, partition: int, state: md.PartitionState) -> str:
+        """Why ``topic-partition`` has no leader to talk to, with its replicas and which of
+        them are offline: what an operator must bring back. FIX (found from outside): the
+        error said only "has no leader", and as a StromError without a code it read
+        "CLIENT_ERROR" in the logs and UNKNOWN_SERVER_ERROR to clients; it is
+        LEADER_NOT_AVAILABLE (retriable) now."""
+        assert self.view is not None
+        live = self.view.live_nodes()
+        offline = [r for r in state.replicas if r not in live]
+        where = f"replicas {list(state.replicas)}, ISR {list(state.isr)}, " + (
+            f"offline: {offline}" if offline else "all registered"
+        )
+        if state.leader < 0:
+            return f"{topic}-{partition} has no leader ({where})"
+        return f"{topic}-{partition}'s leader, node {state.leader}, is not registered ({where})"
 
     async def _replay(
         self,
