@@ -72,6 +72,8 @@ def test_the_controller_names_the_nodes_that_leave_and_register(make_cluster: An
     logged only "6 partition states committed ... after a node left"."""
     cluster = make_cluster(nodes=2, controllers=1, coordinators=0)
     controller, node2 = cluster.controllers[0], cluster.node(2)
+    start = wait_logged(controller, r"^starting controller ")
+    assert start["config"]["etcd"] == cluster.etcd.endpoint and "version" in start
     create_topic(cluster, "moved", partitions=6)
     led = leaders(cluster, "moved").get(2, 0)
     assert led > 0
@@ -102,11 +104,29 @@ def test_the_controller_names_the_nodes_that_leave_and_register(make_cluster: An
     line = wait_logged(controller, r"^node 2 \(.*\) left", since)
     assert "this controller revoked its lease (its port refused connections" in line["msg"]
 
-    since = log_size(controller)
+    since, node_since = log_size(controller), log_size(node2)
     node2.start()
     cluster.wait_serving(node2)
     wait_logged(controller, r"^node 2 registered", since)
     cluster.wait_cluster_ready()
+    # Its start: the version and effective settings, then how long opening (here:
+    # recovering) its logs took and which were slowest.
+    start = wait_logged(node2, r"^starting storage-node ", node_since)
+    config = start["config"]
+    assert config["data_dir"] == str(cluster.root / "node-2")
+    assert (config["etcd"], config["log_level"], config["node_id"]) == (
+        cluster.etcd.endpoint,
+        "info",
+        2,
+    )
+    loaded = wait_logged(node2, r"^loaded \d+ logs", node_since)
+    slowest = ", ".join([r"moved-\d+ \d+ ms"] * min(led, 3))
+    assert re.fullmatch(
+        rf"loaded {led} logs in \d+ ms \(recovered after an unclean shutdown\); slowest: "
+        + slowest,
+        loaded["msg"],
+    ), loaded["msg"]
+    assert loaded["clean_shutdown"] is False and loaded["logs"] == led
 
     since = log_size(controller)
     node2.process.stop()  # SIGTERM: a controlled shutdown

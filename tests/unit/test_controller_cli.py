@@ -68,3 +68,26 @@ def test_missing_config_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err.strip()
     assert err.startswith("strom controller: error:") and "does not exist" in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("given", ["warn", "WARN", "Warning", " warning "])
+def test_warn_is_the_warning_level_in_any_case(
+    given: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--log-level warn`` (as Kafka and Python users type it) was refused; any case of it
+    is warning now, from a flag, ``STROM_LOG_LEVEL`` and the YAML file alike."""
+    assert _parse(["--etcd", "e:1", "--log-level", given]).log_level == "warning"
+    monkeypatch.setenv("STROM_LOG_LEVEL", given)
+    assert _parse(["--etcd", "e:1"]).log_level == "warning"
+    monkeypatch.delenv("STROM_LOG_LEVEL")
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"log-level: {given.strip()}\n")
+    assert _parse(["--etcd", "e:1", "--config", str(conf)]).log_level == "warning"
+
+
+def test_an_unknown_log_level_is_still_refused_naming_the_levels(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse(["--etcd", "e:1", "--log-level", "loud"])
+    assert "'loud'" in capsys.readouterr().err

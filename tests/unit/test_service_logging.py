@@ -59,3 +59,40 @@ def test_other_grpc_errors_and_strom_cancellations_are_logged() -> None:
     assert other["level"] == "error" and "ValueError: boom" in other["exc"]
     (ours,) = _log_through_handler("strom.storage", "cancelled", asyncio.CancelledError())
     assert ours["logger"] == "strom.storage" and "CancelledError" in ours["exc"]
+
+
+def test_the_first_line_says_the_version_and_the_settings_with_secrets_hidden(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A service's first line: its version and the effective settings in ``config`` (a
+    value whose name says it is a secret is hidden; a file's path is not a secret). Before,
+    it said "starting storage-node" and nothing else."""
+    from argparse import Namespace
+
+    from strom import __version__
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)  # the handler writes where stderr is now
+    settings = Namespace(
+        etcd="e1:2379",
+        data_dir="/data",
+        log_level="info",
+        tls_key="/etc/strom/key.pem",
+        tls_key_password="hunter2",
+        etcd_secret=None,
+        func=print,  # a subcommand's handler: not a setting
+    )
+    runtime.setup_logging("info", "storage-node", settings)
+    (line,) = [json.loads(x) for x in out.getvalue().splitlines() if x]
+    assert line["level"] == "info" and line["logger"] == "strom"
+    assert line["msg"].startswith(f"starting storage-node {__version__} (python ")
+    assert line["version"] == __version__
+    assert line["config"] == {
+        "data_dir": "/data",
+        "etcd": "e1:2379",
+        "etcd_secret": None,
+        "log_level": "info",
+        "tls_key": "/etc/strom/key.pem",
+        "tls_key_password": "<hidden>",
+    }
+    assert "hunter2" not in out.getvalue()

@@ -18,6 +18,7 @@ import logging
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -117,6 +118,11 @@ class LogManager:
         #: its temporary name (one rename fails, or a half-written file is renamed in).
         self._checkpoint_lock = threading.Lock()
         self.logs: dict[TopicPartition, Log] = {}
+        #: Seconds each log took to open (and recover, after an unclean shutdown), and all
+        #: of them: what the node's start-up line reports.
+        self.open_seconds: dict[TopicPartition, float] = {}
+        self.opened_in_s = 0.0
+        started = time.monotonic()
         marker = self.data_dir / CLEAN_SHUTDOWN
         self.clean_shutdown = marker.exists()
         recovery = checkpoint.read_offsets(self.data_dir / RECOVERY_POINTS)
@@ -133,6 +139,7 @@ class LogManager:
             tp = parse_log_dir_name(p.name)
             if tp is None:
                 continue
+            opening = time.monotonic()
             self.logs[tp] = Log(
                 p,
                 LogConfig.from_dict(self._configs(tp[0])),
@@ -143,6 +150,8 @@ class LogManager:
                 clock=clock,
                 first_dirty_offset=dirty.get(p.name),
             )
+            self.open_seconds[tp] = time.monotonic() - opening
+        self.opened_in_s = time.monotonic() - started
         # From here on a crash must trigger recovery: the marker goes away until close().
         marker.unlink(missing_ok=True)
         if self.clean_shutdown and fsync:

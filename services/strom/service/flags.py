@@ -40,6 +40,19 @@ def host_port(text: str) -> str:
     return text
 
 
+#: The levels a service logs at (``--log-level``, ``STROM_LOG_LEVEL``, ``log-level:``).
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: Other names of them, as Python's logging and Kafka's log4j users write them.
+_LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "error", "critical": "error"}
+
+
+def log_level(text: str) -> str:
+    """A flag type: a log level in any case, ``warn`` taken as ``warning`` (found from
+    outside: ``--log-level warn``, as Kafka and Python users type it, was refused)."""
+    name = str(text).strip().lower()
+    return _LOG_LEVEL_ALIASES.get(name, name)
+
+
 def endpoints(text: str) -> str:
     try:
         parse_endpoints(text)
@@ -151,9 +164,9 @@ def add_process_arguments(
     parser.add_argument(
         "--log-level",
         default="info",
-        type=str.lower,
-        choices=["debug", "info", "warning", "error"],
-        help="log level (default: %(default)s)",
+        type=log_level,
+        choices=LOG_LEVELS,
+        help="log level, set at start only (warn is warning; any case; default: %(default)s)",
     )
     security.add_arguments(parser)
     parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
@@ -273,7 +286,7 @@ def start_process(
     if failed is not None:
         return failed
     host, port = advertised(args.listen, args.advertise)
-    runtime.setup_logging(args.log_level, role)
+    runtime.setup_logging(args.log_level, role, args)
     return Process(
         host,
         port,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 PROG = "strom storage-node"
 
 _WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = flags.LOG_LEVELS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +115,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     """
     from strom.storage.node import NodeConfig
 
-    if args.log_level not in LOG_LEVELS:  # argparse does not check env/YAML defaults
+    if flags.log_level(args.log_level) not in LOG_LEVELS:  # a namespace built otherwise
         raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     if args.node_id < 0:
         raise ValueError(f"--node-id must be >= 0, not {args.node_id}")
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     from strom.service import runtime
     from strom.storage.node import StartupError, StorageNode, tune_malloc
 
-    runtime.setup_logging(args.log_level, "storage-node")
+    runtime.setup_logging(args.log_level, "storage-node", args)
     tune_malloc()
     from strom.client import memory
 
