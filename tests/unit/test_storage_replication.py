@@ -1284,3 +1284,74 @@ def test_the_leadership_of_a_partition_whose_log_did_not_open_is_handed_over() -
         assert len(controller.requests) == 2
 
     asyncio.run(main())
+
+
+def test_isr_proposals_say_which_replica_leaves_or_joins_and_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An expansion names the replica that caught up and where; a shrink names the replica
+    that leaves, its position against the log end and how long since it was last caught up
+    and last fetched, against replica.lag.time.max.ms. Before: "proposing ISR [1, 2, 3] ->
+    [1, 2] (leader epoch 0, partition epoch 5)" and nothing more."""
+    from strom.storage.replication import IsrManager
+
+    part = _leader_with_lagging_candidate(tmp_path)  # ISR [1, 3]; 2 caught up at 10
+    clock = Clock()
+    part.clock = clock
+    part.record_follower_end_offset(2, 10)
+    part.record_follower_end_offset(3, 10)
+    controller = _RecordingController()
+    isr = IsrManager(
+        1,
+        _Manager(part),  # type: ignore[arg-type]
+        controller,  # type: ignore[arg-type]
+        lambda: "inc",
+        10_000,
+        running=lambda: ALL,
+    )
+    isr.clock = clock
+    caplog.set_level(logging.INFO, logger="strom.storage.replication")
+
+    async def main() -> None:
+        await isr.check()  # 2 joins
+        for _ in range(4):  # 3 stops fetching while 2 keeps up with new records
+            clock.t += 3.0
+            part.log.append(encode_batch([b"y"]), leader_epoch=0)
+            part.record_follower_end_offset(2, part.log.log_end_offset)
+            await isr.check()
+
+    asyncio.run(main())
+    infos = [r.getMessage() for r in caplog.records if "proposing ISR" in r.getMessage()]
+    assert infos == [
+        "t-0: proposing ISR [1, 3] -> [1, 2, 3] (leader epoch 0, partition epoch 4): "
+        "adding 2: caught up to 10 (high watermark 10, log end 10)",
+        "t-0: proposing ISR [1, 2, 3] -> [1, 2] (leader epoch 0, partition epoch 5): "
+        "removing 3: fetched up to 10 of log end 14, last caught up 12.0s ago, last fetched "
+        "12.0s ago (replica.lag.time.max.ms 10000)",
+    ]
+
+
+def test_a_follower_whose_fetches_keep_failing_names_the_leader_and_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The line after 10 failed fetches in a row names the leader's address, how many
+    partitions wait on it and gRPC's details, not only the status code."""
+    import grpc
+
+    from strom.storage import replication
+
+    caplog.set_level(logging.DEBUG, logger="strom.storage.replication")
+    exc = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="failed to connect to all addresses; last error: Connection refused",
+    )
+    for failures in (9, replication.FETCH_FAILURES_LOGGED, 11):
+        replication._log_fetch_failure(3, "10.0.0.3:9092", 22, failures, exc)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        "fetch from node 3 (10.0.0.3:9092) for 22 partitions failed 10 times in a row: "
+        "UNAVAILABLE: failed to connect to all addresses; last error: Connection refused"
+    ]
+    assert len(caplog.records) == 3  # the others at DEBUG

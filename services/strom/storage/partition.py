@@ -415,6 +415,41 @@ class Partition:
             lag_time_max_s=lag_time_max_s,
         )
 
+    def isr_change_reason(self, new: Collection[int], lag_time_max_s: float) -> str:
+        """Leader: why the ISR goes from ``isr`` to ``new``, replica by replica, for the
+        proposal's log line: a removed follower's fetch position against the log end, how
+        long since it was last caught up and last fetched (against
+        ``replica.lag.time.max.ms``), or its position below the high watermark; an added one's
+        position. FIX (found from outside): "proposing ISR [3, 2, 1] -> [3, 2]" said neither
+        who left nor why. Called per proposal, not per fetch."""
+        now, leo, hw = self.clock(), self.log.log_end_offset, self.high_watermark
+        lag_ms = round(lag_time_max_s * 1000)
+        out = []
+        for r in self.isr:
+            if r in new or r == self.node_id:
+                continue
+            end = self.replica_end_offsets.get(r)
+            last = self._last_fetch.get(r)
+            fetched = f"last fetched {now - last[1]:.1f}s ago" if last else "no fetch seen"
+            if end is None:
+                out.append(f"removing {r}: {fetched} in this leadership")
+            elif end < hw:
+                out.append(
+                    f"removing {r}: its log end {end} is below the high watermark {hw} "
+                    "(it came back without records it had)"
+                )
+            else:
+                behind = now - self.caught_up_at.get(r, now)
+                out.append(
+                    f"removing {r}: fetched up to {end} of log end {leo}, last caught up "
+                    f"{behind:.1f}s ago, {fetched} (replica.lag.time.max.ms {lag_ms})"
+                )
+        for r in new:
+            if r not in self.isr:
+                end = self.replica_end_offsets.get(r, -1)
+                out.append(f"adding {r}: caught up to {end} (high watermark {hw}, log end {leo})")
+        return "; ".join(out)
+
     async def wait_for_high_watermark(self, offset: int, timeout: float) -> int | None:
         """Wait until the HW is above ``offset`` (acks=-1): the number of in-sync replicas
         when it passed, or None on timeout or lost leadership (the caller answers

@@ -77,6 +77,29 @@ ISR_REFUSED_BACKOFF_MAX_S = 30.0
 FOLLOWER_OPTIONS = (*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
 
 
+def _log_fetch_failure(
+    leader: int, addr: str, waiting: int, failures: int, exc: BaseException
+) -> None:
+    """A follower's fetches from ``leader`` keep failing: at WARNING once
+    (:data:`FETCH_FAILURES_LOGGED` in a row), at DEBUG otherwise. Names the leader's address,
+    how many partitions wait on it and gRPC's details. FIX (found from outside): the line
+    said only "fetch from node 3 failed 10 times in a row: UNAVAILABLE"."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        why = f"{exc.code().name}: {exc.details()}"
+    else:
+        why = repr(exc)
+    log.log(
+        logging.WARNING if failures == FETCH_FAILURES_LOGGED else logging.DEBUG,
+        "fetch from node %d (%s) for %d partitions failed %d times in a row: %s",
+        leader,
+        addr,
+        waiting,
+        failures,
+        why,
+        extra={"fields": {"leader": leader, "address": addr, "partitions": waiting}},
+    )
+
+
 class _LeaderFetches:
     """A follower's fetches from one leader node: on a ``FetchStream`` (about half the
     leader's CPU per fetch of a unary call: a follower long-polls all the time), or unary
@@ -268,13 +291,14 @@ class ReplicaFetchers:
                 # A new incarnation of the leader (restarted, maybe at the same address)
                 # gets a new channel: the old one may be waiting out a reconnect backoff.
                 where = (reg.host, reg.port, reg.incarnation_id)
+                addr = f"{reg.host}:{reg.port}"
                 security = default_channel()
                 if where != target or security is not made_with:
                     if fetches is not None:
                         fetches.close()
                     if channel is not None:
                         await channel.close()
-                    channel = security.aio_channel(f"{reg.host}:{reg.port}", FOLLOWER_OPTIONS)
+                    channel = security.aio_channel(addr, FOLLOWER_OPTIONS)
                     fetches = _LeaderFetches(channel)
                     target, made_with = where, security
                 assert fetches is not None
@@ -291,19 +315,16 @@ class ReplicaFetchers:
                     resp = await fetches.fetch(request, FETCH_MAX_WAIT_MS / 1000.0 + 5.0)
                 except (grpc.aio.AioRpcError, TimeoutError, ConnectionResetError) as exc:
                     failures += 1
-                    log.log(
-                        logging.WARNING if failures == FETCH_FAILURES_LOGGED else logging.DEBUG,
-                        "fetch from node %d failed %d times in a row: %s",
-                        leader,
-                        failures,
-                        exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else repr(exc),
-                    )
+                    if failures == FETCH_FAILURES_LOGGED or log.isEnabledFor(logging.DEBUG):
+                        _log_fetch_failure(leader, addr, len(parts), failures, exc)
                     await self._sleep(leader, backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
                 backoff = 0.1
                 if failures >= FETCH_FAILURES_LOGGED:
-                    log.warning("fetching from node %d again after %d failures", leader, failures)
+                    log.warning(
+                        "fetching from node %d (%s) again after %d failures", leader, addr, failures
+                    )
                 failures = 0
                 inline_budget = [INLINE_MAX_BYTES]  # what this answer may append on the loop
                 # Log starts this answer moved: one checkpoint for all of them, after it (a
@@ -1003,6 +1024,9 @@ class IsrManager:
                 why = ", reporting RECOVERED after an unclean election"
             else:
                 why = ""
+            if not again and self.node_id in new:
+                reason = part.isr_change_reason(new, self.lag_time_max_s)
+                why += f": {reason}" if reason else ""
             log.log(
                 logging.DEBUG if again else logging.INFO,
                 "%s-%d: proposing ISR %s -> %s (leader epoch %d, partition epoch %d)%s",
