@@ -200,3 +200,26 @@ def test_an_offline_internal_partition_is_one_warning_then_one_line_when_it_load
         assert len(matching(coordinator, r"^group shard 0 .*cannot load", since)) == 1
     assert not matching(coordinator, r"loading shard", since)  # the old line, ten a second
     assert not matching(coordinator, r"CLIENT_ERROR", since)
+
+
+def test_a_topic_config_change_says_what_was_set_and_what_was_removed(
+    three_node_cluster: LocalCluster,
+) -> None:
+    """Before, removing a topic's only override logged '"altered configs of topic t2",
+    "configs": {}': what was left, not what changed."""
+    cluster = three_node_cluster
+    controller = cluster.active_controller()
+    assert controller is not None
+    topic = create_topic(cluster, f"conf-{time.monotonic_ns()}", config={"retention.ms": "60000"})
+    since = log_size(controller)
+    with Admin(cluster.bootstrap) as admin:
+        admin.alter_configs(topic, set={"segment.ms": "3600000"}, delete=["retention.ms"])
+        admin.alter_configs(topic, delete=["segment.ms"])
+    changed = wait_logged(controller, rf"^altered configs of topic {topic}: set", since)
+    assert changed["msg"] == (
+        f"altered configs of topic {topic}: set segment.ms=3600000; removed retention.ms"
+    )
+    assert changed["set"] == {"segment.ms": "3600000"} and changed["removed"] == ["retention.ms"]
+    removed = wait_logged(controller, rf"^altered configs of topic {topic}: removed", since)
+    assert removed["msg"] == f"altered configs of topic {topic}: removed segment.ms"
+    assert removed["configs"] == {}
