@@ -154,6 +154,8 @@ def test_schema_refuses_bad_values() -> None:
         "etcd.replicas=2",
         "storage.podAntiAffinity=always",
         "clusterName=a/b",
+        "logLevel=loud",
+        "coordinator.logLevel=trace",
         "nope=1",
     ):
         proc = helm("template", "s", str(CHART), "--set", bad)
@@ -899,3 +901,23 @@ def test_no_disruption_budget_for_a_single_pod() -> None:
     assert len(budgets) == 4
     assert all(b["spec"]["maxUnavailable"] == 1 for b in budgets.values())
     assert "none for a role of one pod" in (CHART / "README.md").read_text()
+
+
+def test_log_level_is_global_with_a_per_role_override() -> None:
+    """``logLevel`` reaches every strom service as --log-level (info by default); a role's
+    own ``logLevel`` overrides it. The chart had no way to set a level but extraArgs."""
+    roles = ("strom-storage", "strom-controller", "strom-coordinator")
+
+    def levels(sets: list[str]) -> dict[str, list[str]]:
+        sts = by_kind(render([], sets=sets), "StatefulSet")
+        return {
+            r: [a for a in container(sts[r])["args"] if a.startswith("--log-level")]
+            for r in roles
+        }
+
+    assert levels([]) == {r: ["--log-level=info"] for r in roles}
+    assert levels(["logLevel=warn", "coordinator.logLevel=debug"]) == {
+        "strom-storage": ["--log-level=warn"],
+        "strom-controller": ["--log-level=warn"],
+        "strom-coordinator": ["--log-level=debug"],
+    }

@@ -348,3 +348,11 @@ livenessProbe:
   timeoutSeconds: 5
   failureThreshold: 6
 {{- end }}
+
+{{/*
+A role's --log-level: its own logLevel, else the global one (the services take warn as warning).
+Call with (dict "ctx" $ "v" .Values.<role>).
+*/}}
+{{- define "strom.logLevel" -}}
+{{- default .ctx.Values.logLevel .v.logLevel -}}
+{{- end }}

@@ -101,6 +101,7 @@ spec:
             - --metrics-port={{ $v.ports.metrics }}
             - --etcd={{ include "strom.etcdEndpoints" $ }}
             - --cluster={{ $.Values.clusterName }}
+            - --log-level={{ include "strom.logLevel" (dict "ctx" $ "v" $v) }}
             {{- range .args }}
             - {{ . | quote }}
             {{- end }}
