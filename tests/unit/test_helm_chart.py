@@ -911,8 +911,7 @@ def test_log_level_is_global_with_a_per_role_override() -> None:
     def levels(sets: list[str]) -> dict[str, list[str]]:
         sts = by_kind(render([], sets=sets), "StatefulSet")
         return {
-            r: [a for a in container(sts[r])["args"] if a.startswith("--log-level")]
-            for r in roles
+            r: [a for a in container(sts[r])["args"] if a.startswith("--log-level")] for r in roles
         }
 
     assert levels([]) == {r: ["--log-level=info"] for r in roles}

@@ -285,7 +285,9 @@ def _shown(name: str, value: str) -> str:
     return "<hidden>" if _SECRET_CONFIG.search(name) else value
 
 
-def config_changes(before: Mapping[str, str], after: Mapping[str, str]) -> tuple[dict, list]:
+def config_changes(
+    before: Mapping[str, str], after: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
     """(what was set: name -> new value, secrets hidden; the names removed), sorted."""
     changed = {k: _shown(k, v) for k, v in sorted(after.items()) if before.get(k) != v}
     return changed, sorted(k for k in before if k not in after)
