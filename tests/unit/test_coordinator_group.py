@@ -1024,3 +1024,43 @@ def test_only_an_empty_group_with_nothing_committed_is_removable_by_the_cleanup(
     assert txn.group.state is GroupState.EMPTY and not txn.group.offsets
     assert not txn.group.removable  # the transaction's offsets are pending
     assert not txn.group.idle and txn.group.delete_if_idle(with_offsets=True) == []
+
+
+def test_each_heartbeat_says_what_it_changed_and_plain_heartbeats_nothing() -> None:
+    """What the coordinator logs, one line per change: joins, subscription changes, rejoins
+    and leaves, with the group epoch before and after and the member count; a plain
+    heartbeat changes nothing (no line per heartbeat)."""
+    h = Harness({"t": 4, "u": 2})
+    a, b = Consumer(h), Consumer(h)
+    r = a.join()
+    assert (r.change, r.previous_group_epoch, r.group_epoch, r.members) == (
+        "member m1 joined",
+        0,
+        1,
+        1,
+    )
+    r = b.join()
+    assert (r.change, r.previous_group_epoch, r.group_epoch, r.members) == (
+        "member m2 joined",
+        1,
+        2,
+        2,
+    )
+    converge(h, [a, b])
+    h.tick()
+    assert a.heartbeat().change is None  # a plain heartbeat
+    a.names = ["t", "u"]
+    r = a.heartbeat()
+    assert (r.change, r.group_epoch) == ("member m1 changed its subscription", 3)
+    r = b.join()  # epoch 0 again, as after FENCED_MEMBER_EPOCH
+    assert (
+        r.change
+        == "member m2 rejoined with epoch 0 (it was fenced, or lost the answer to its join)"
+    )
+    r = a.heartbeat(epoch=-1)
+    assert (r.change, r.previous_group_epoch, r.group_epoch, r.members) == (
+        "member m1 left",
+        3,
+        4,
+        1,
+    )

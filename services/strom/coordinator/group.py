@@ -545,7 +545,10 @@ class ConsumerGroup:
             records.append(member_metadata_record(self.group_id, member.member_id, new_metadata))
             causes.append(f"member {member.member_id} joined")
         elif is_join:
-            causes.append(f"member {member.member_id} rejoined (after being fenced)")
+            causes.append(
+                f"member {member.member_id} rejoined with epoch 0 (it was fenced, or lost the "
+                "answer to its join)"
+            )
         if member.metadata != new_metadata:
             old = member.metadata
             if _subscription(old) != _subscription(new_metadata):
