@@ -119,9 +119,11 @@ class StorageIO(CoordinatorCore):
                 position = pr.log_start_offset
                 continue
             if pr.error_code != E.NONE:
+                # With the answer's code: without one it read "CLIENT_ERROR" in the logs.
                 raise StromError(
                     f"fetch {topic}-{partition}@{position}: "
                     f"{error_name(pr.error_code)} {pr.error_message}",
+                    code=pr.error_code,
                     retriable=True,
                 )
             if target is None:
