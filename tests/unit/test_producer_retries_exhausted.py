@@ -17,7 +17,7 @@ import pytest
 from strom import Producer
 from strom.client.accumulator import PartitionQueue, ProducerBatch
 from strom.client.futures import FutureRecordMetadata
-from strom.client.sender import RETRY_LOG_INTERVAL_S
+from strom.client.sender import RETRY_LOG_INTERVAL_S, RETRY_QUIET_S
 from strom.errors import NotEnoughReplicasError, RequestTimedOutError
 
 NOWHERE = "127.0.0.1:1"  # nothing is sent: the leader's answer is handed to the producer
@@ -90,6 +90,11 @@ def test_retries_are_logged_as_warnings_at_most_once_per_interval(
         pq.add_closed(batch)
         err = NotEnoughReplicasError("t-3: ISR [1] below min.insync.replicas=2")
         now = time.monotonic()
+        batch.created = now
+        batch.sent = True
+        pq.in_flight = 1
+        p._retry(pq, [batch], err, now + 0.5)  # younger than RETRY_QUIET_S: DEBUG only
+        batch.created = now - RETRY_QUIET_S
         for i in range(5):  # five retries within one interval: one line
             batch.sent = True
             pq.in_flight = 1
@@ -101,7 +106,7 @@ def test_retries_are_logged_as_warnings_at_most_once_per_interval(
         p.close(timeout=1)
     lines = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
     assert len(lines) == 2, lines
-    assert lines[0].startswith("t-3: retrying 2 record(s) (retry 1, ")
+    assert lines[0].startswith("t-3: retrying 2 record(s) (retry 2, ")
     assert "min.insync.replicas=2" in lines[0]
     assert "4 more retries since the last line" in lines[1]
     assert all(r.levelno == logging.WARNING for r in caplog.records if "retrying" in r.message)

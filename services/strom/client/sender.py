@@ -141,6 +141,8 @@ _SEQ_MASK = 0x7FFFFFFF
 STREAM_HANDSHAKE_S = 0.25
 #: Least time between two WARNING lines about one partition's retries (``_log_retry``).
 RETRY_LOG_INTERVAL_S = 10.0
+#: A batch retried within this long of its creation is logged at DEBUG only (``_log_retry``).
+RETRY_QUIET_S = 1.0
 
 #: How much sooner than a Produce attempt's deadline the node is asked to answer (its wait
 #: for acks=all replicas), so that its answer is back before the deadline cancels the call:
@@ -1388,12 +1390,18 @@ class SenderLoop:
         producer retrying for its whole delivery timeout (a follower down under
         min.insync.replicas) logged nothing before its final error, 45 s later. At most one
         line per partition every :data:`RETRY_LOG_INTERVAL_S`, counting the retries not
-        logged: a partition retrying every 100 ms for two minutes is one line per 10 s."""
+        logged: a partition retrying every 100 ms for two minutes is one line per 10 s. A
+        batch younger than :data:`RETRY_QUIET_S` retries at DEBUG: a leader election or a
+        topic just created answers within that, and every short-lived tool (the console
+        producer, a test) would print a warning for it."""
+        first = batches[0]
+        if now - first.created < RETRY_QUIET_S:
+            log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
+            return
         if now - pq.retry_logged_at < RETRY_LOG_INTERVAL_S:
             pq.retries_unlogged += 1
             return
         unlogged, pq.retries_unlogged, pq.retry_logged_at = pq.retries_unlogged, 0, now
-        first = batches[0]
         left = self.delivery_timeout_s - (now - first.created)
         log.warning(
             "%s-%d: retrying %d record(s) (retry %d, %.1f s of delivery_timeout_ms left%s): %s",
