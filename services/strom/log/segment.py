@@ -416,7 +416,11 @@ class LogSegment:
 
     def batch_headers(self, start_position: int = 0) -> list[BatchHeader]:
         """Headers of the batches from ``start_position`` (positions are file positions)."""
-        out: list[BatchHeader] = []
+        return list(self.iter_headers(start_position))
+
+    def iter_headers(self, start_position: int = 0) -> Iterator[BatchHeader]:
+        """The headers of :meth:`batch_headers`, one ``pread`` each as the caller asks, so a
+        bounded walk (``Log._find_older_batch``) reads no header past where it stops."""
         pos = start_position
         while pos < self.size:
             h = self._header_at(pos)
@@ -426,9 +430,8 @@ class LogSegment:
                 raise CorruptLogError(
                     f"{self.log_path}: batch at position {pos} has length {h.batch_length}"
                 )
-            out.append(h)
+            yield h
             pos += h.size
-        return out
 
     # -- recovery --------------------------------------------------------------------------
 
