@@ -406,17 +406,19 @@ def test_older_retries_matching_no_batch_are_answered_without_offsets(tmp_path) 
     assert log.log_end_offset == leo
 
 
-def test_the_search_for_an_older_batch_is_bounded(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("segment_bytes", [1 << 30, 2048])
+def test_the_search_for_an_older_batch_is_bounded(tmp_path, monkeypatch, segment_bytes) -> None:
     """A retry can not make the leader walk the whole log: a batch further back than the
     walk's bounds (offsets before where it would lie, headers, bytes) is answered
-    DUPLICATE_SEQUENCE without offsets, as before; within them it is found."""
+    DUPLICATE_SEQUENCE without offsets, as before; within them it is found (in one segment,
+    and across several)."""
     from strom.log import partition_log
 
     def others(n: int) -> None:
         for _ in range(n):
             log.append(encode_batch([b"other"], timestamps=[T0]))
 
-    log = make_log(tmp_path / "t-0")
+    log = make_log(tmp_path / "t-0", index_interval_bytes=1, segment_bytes=segment_bytes)
     others(30)
     log.append(ibatch(1, 0))  # offset 30
     others(50)
@@ -437,9 +439,12 @@ def test_the_search_for_an_older_batch_is_bounded(tmp_path, monkeypatch) -> None
     assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"
     monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_HEADERS", 31)
     assert log.append(ibatch(1, 0)).first_offset == 30
-    size = log.segments[0].batch_headers()[0].size
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", 30 * size)
+    # The byte bound keeps the part of the log nearest offset 80 (the walk starts where the
+    # offset index says that many bytes lie before it): batch 0 starts `span` bytes before.
+    span = sum(h.size for h in log.batch_headers() if 30 <= h.base_offset < 80)
+    assert (len(log.segments) > 3) == (segment_bytes == 2048)
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", span - 1)
     assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", 30 * size + 1)
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", span)
     assert log.append(ibatch(1, 0)).first_offset == 30
     assert log.log_end_offset == 87

@@ -77,12 +77,17 @@ from strom.record.schema import BODY_SCHEMA_V1
 
 _LEADER_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 #: How far the search for a retried batch older than every batch its producer's state keeps
-#: (``Log._find_older_batch``) may walk: this many offsets before where the batch would lie
-#: were its producer's records contiguous, at most this many headers (one ``pread`` of 61
-#: bytes each, about 1 µs of syscall and 2 µs of Python: some 0.3 s under the log's lock at
-#: worst, once per retried batch) and this many bytes of log (the pages a cold walk may pull
-#: from disk). Enough for a producer's 100,000 one-record batches of retries interleaved
-#: with as many records of others; a retry can never make the node scan more.
+#: (``Log._find_older_batch``) may walk: from at most this many offsets before where the
+#: batch would lie were its producer's records contiguous, at most this many headers and this
+#: many bytes of log (the bytes nearest that place: the pages a cold walk may read). Why
+#: these: a walk runs under the log's lock, and on the node's event loop for a small request
+#: (``strom.storage.writer``); 100,000 headers of one-record batches took 42-68 ms on a
+#: loaded 2-core machine (headers only, 64 KiB per ``pread``), and 64 MiB of 2 KB records
+#: (some 30,000 headers) 17-25 ms. A walk happens only for a retry the kept batches do not
+#: answer (after a failover or lost answers) whose batch is not exactly where contiguous
+#: records put it (checked first: one offset-index lookup); it covers a producer's batches
+#: with up to 100,000 records of others between them. A retry can never make the node read
+#: more.
 OLDER_BATCH_SEARCH_OFFSETS = 100_000
 OLDER_BATCH_SEARCH_HEADERS = 100_000
 OLDER_BATCH_SEARCH_BYTES = 64 << 20
@@ -647,57 +652,72 @@ class Log:
         starts at or before ``hi`` = that batch's base offset - ``d`` (exactly there when
         nobody else wrote in between, checked first: one offset-index lookup). Otherwise the
         headers from ``hi`` - :data:`OLDER_BATCH_SEARCH_OFFSETS` up to ``hi`` are walked,
-        at most :data:`OLDER_BATCH_SEARCH_HEADERS` headers and
-        :data:`OLDER_BATCH_SEARCH_BYTES` of log (those bounds say why). Headers only: no
-        record is read. A batch the cleaner removed, one below the log start, or a range no
-        batch has (half of a split batch) is not found."""
+        at most :data:`OLDER_BATCH_SEARCH_HEADERS` headers, over the
+        :data:`OLDER_BATCH_SEARCH_BYTES` of log nearest ``hi`` at most (those bounds say
+        why). Headers only (their prefix and producer fields): no record is read. A batch
+        the cleaner removed, one below the log start, or a range no batch has (half of a
+        split batch) is not found."""
         oldest = entry.batches[0]
         distance = (oldest.first_seq - first_seq) & MAX_SEQUENCE
         hi = oldest.base_offset - distance
         if hi < self.log_start_offset:
             return None
-        pid, epoch = entry.producer_id, entry.epoch
+        key = (entry.producer_id, entry.epoch, first_seq)
+        found = self._walk_headers(hi, hi, key)  # the producer's records contiguous
+        if found is None:
+            lo = max(hi - OLDER_BATCH_SEARCH_OFFSETS, self.log_start_offset)
+            found = self._walk_headers(self._walk_start(lo, hi), hi, key)
+        if (
+            found is None
+            or found.last_sequence != last_seq
+            or found.base_offset < self.log_start_offset
+        ):
+            return None  # (no other batch of the epoch has that base sequence)
+        return BatchMetadata(
+            first_seq, last_seq, found.base_offset, found.last_offset, found.max_timestamp
+        )
 
-        def match(h: BatchHeader) -> bool:
-            return (
-                h.producer_id == pid
-                and h.producer_epoch == epoch
-                and h.base_sequence == first_seq
-                and h.last_sequence == last_seq
-                and not h.is_control
-            )
+    def _walk_start(self, lo: int, hi: int) -> int:
+        """Where a walk of the headers up to offset ``hi`` starts: at ``lo`` or after it,
+        where the offset indexes say at most :data:`OLDER_BATCH_SEARCH_BYTES` of log lie
+        between it and ``hi``, so that a walk the byte bound stops has seen the batches
+        nearest ``hi`` (where a producer's older batch most likely is), not the farthest."""
+        budget = OLDER_BATCH_SEARCH_BYTES
+        i = max(bisect.bisect_right(self._bases, hi) - 1, 0)
+        found = self.segments[i].locate(hi)
+        end = found[0] if found is not None else self.segments[i].size  # bytes before hi
+        after = hi  # the first offset after the part of the segment counted
+        while i >= 0:
+            seg = self.segments[i]
+            if seg.base_offset <= lo and end <= budget:
+                return lo
+            if end >= budget:  # the start lies in this segment: its first indexed batch there
+                j = bisect.bisect_left(seg.index.pos, end - budget)
+                start = seg.base_offset + seg.index.rel[j] if j < len(seg.index.pos) else after
+                return min(max(lo, start), hi)
+            budget -= end
+            after = seg.base_offset
+            i -= 1
+            end = self.segments[i].size if i >= 0 else 0
+        return lo
 
-        for lo in (hi, max(hi - OLDER_BATCH_SEARCH_OFFSETS, self.log_start_offset)):
-            found = self._walk_headers(lo, hi, match)
-            if found is not None:
-                return BatchMetadata(
-                    first_seq, last_seq, found.base_offset, found.last_offset, found.max_timestamp
-                )
-        return None
-
-    def _walk_headers(
-        self, lo: int, hi: int, match: Callable[[BatchHeader], bool]
-    ) -> BatchHeader | None:
-        """The first batch header from the batch holding offset ``lo`` on, with a base offset
-        of at most ``hi``, that ``match`` accepts; None when none does within the walk's
-        bounds (:data:`OLDER_BATCH_SEARCH_HEADERS`, :data:`OLDER_BATCH_SEARCH_BYTES`)."""
-        headers = walked = 0
+    def _walk_headers(self, lo: int, hi: int, key: tuple[int, int, int]) -> BatchHeader | None:
+        """The header of the first batch from the one holding offset ``lo`` up to base
+        offset ``hi`` with (producer id, epoch, base sequence) ``key``; None when none has
+        within :data:`OLDER_BATCH_SEARCH_HEADERS` headers and
+        :data:`OLDER_BATCH_SEARCH_BYTES` of log."""
+        headers, walked = OLDER_BATCH_SEARCH_HEADERS, OLDER_BATCH_SEARCH_BYTES
         i = max(bisect.bisect_right(self._bases, lo) - 1, 0)
         for seg in self.segments[i:]:
-            if seg.base_offset > hi:
+            if seg.base_offset > hi or headers <= 0 or walked <= 0:
                 break
-            found = seg.locate(max(lo, seg.base_offset))
-            if found is None:
+            at = seg.locate(max(lo, seg.base_offset))
+            if at is None:
                 continue
-            for h in seg.iter_headers(found[0]):
-                if h.base_offset > hi:
-                    return None
-                if h.base_offset >= self.log_start_offset and match(h):
-                    return h
-                headers += 1
-                walked += h.size
-                if headers >= OLDER_BATCH_SEARCH_HEADERS or walked >= OLDER_BATCH_SEARCH_BYTES:
-                    return None
+            found, n, size = seg.find_producer_batch(at[0], hi, key, headers, walked)
+            if found is not None:
+                return found
+            headers, walked = headers - n, walked - size
         return None
 
     def _repeats_over_limit(
