@@ -568,7 +568,8 @@ class Log:
             if oversized:  # only repeats may be over the limit (see _repeats_over_limit)
                 _refuse_over_limit(headers, len(dups), limit)
             if dups:
-                _check_consecutive(dups)
+                if len(dups) > 1:
+                    _check_consecutive(dups)
                 if len(dups) == len(headers):
                     ts = dups[0].timestamp if self.config.log_append_time else -1
                     return AppendInfo(
