@@ -126,7 +126,10 @@ def test_crash_recovery_rebuilds_the_state(tmp_path) -> None:
     assert 0 < log2.producer_batches_scanned < 30
     for seq in range(25, 30):
         assert log2.append(ibatch(1, seq)).first_offset == offsets[seq]
-    assert refused(log2, ibatch(1, 20)) == "DUPLICATE_SEQUENCE"
+    # An older batch than the rebuilt state keeps is found in the log by its header.
+    older = log2.append(ibatch(1, 20))
+    assert (older.first_offset, older.duplicates, older.bytes) == (offsets[20], 1, 0)
+    assert log2.log_end_offset == leo
     crash(log2)
     # Without any snapshot (deleted, or a damaged one) the whole log is scanned.
     for off in list_snapshots(d)[:-1]:
@@ -348,3 +351,100 @@ def test_halves_of_a_batch_older_than_every_kept_one_are_duplicates(tmp_path) ->
     assert refused(log, big(1, 0, 3)) == "DUPLICATE_SEQUENCE"
     assert refused(log, big(1, 3, 3)) == "DUPLICATE_SEQUENCE"
     assert log.log_end_offset == leo
+
+
+# -- retries of batches older than every kept one: found in the log by their headers --------
+
+
+def test_a_retry_older_than_the_kept_batches_gets_its_offsets_from_the_log(tmp_path) -> None:
+    """Found from outside: after a failover, acknowledged records reported offset -1 (a
+    retry of a batch older than the producer's last 5 was answered DUPLICATE_SEQUENCE, no
+    offsets). The leader now finds the batch by its header: the retry gets its offsets, with
+    other producers' records between the batches and across segments."""
+    log = make_log(tmp_path / "t-0", segment_bytes=1024, message_timestamp_type="LogAppendTime")
+    clock = log.clock
+    placed = {}
+    for i in range(20):  # batch i: sequences 2i..2i+1, then someone else's record
+        clock.now = T0 + i
+        placed[i] = log.append(ibatch(1, 2 * i, 2)).first_offset
+        log.append(encode_batch([b"other"], timestamps=[T0]))
+    assert len(log.segments) > 3
+    leo = log.log_end_offset
+    retry = log.append(ibatch(1, 6, 2))  # batch 3, exactly
+    assert (retry.first_offset, retry.last_offset) == (placed[3], placed[3] + 1)
+    assert (retry.duplicates, retry.bytes, retry.log_end_offset) == (1, 0, leo)
+    assert retry.log_append_time_ms == T0 + 3  # its own append time, as for a kept one
+    # A whole request of older batches, consecutive in the log: the first one's offset.
+    contiguous = make_log(tmp_path / "u-0")
+    for i in range(20):
+        contiguous.append(ibatch(1, i))
+    again = contiguous.append(ibatch(1, 3) + ibatch(1, 4) + ibatch(1, 5))
+    assert (again.first_offset, again.last_offset, again.duplicates) == (3, 5, 3)
+    assert contiguous.log_end_offset == 20
+    # After a crash the rebuilt state (snapshot + headers) finds it the same way.
+    crash(log)
+    rebuilt = make_log(tmp_path / "t-0", segment_bytes=1024)
+    assert rebuilt.append(ibatch(1, 6, 2)).first_offset == placed[3]
+    assert rebuilt.log_end_offset == leo
+
+
+def test_older_retries_matching_no_batch_are_answered_without_offsets(tmp_path) -> None:
+    """Only a batch with exactly the retried sequence range counts: half of an appended
+    batch (a split) stays DUPLICATE_SEQUENCE (written, offsets unknown), as before, and
+    nothing is appended. Older batches with others' records between them can not share one
+    base offset: DUPLICATE_SEQUENCE too, never a wrong offset."""
+    log = make_log(tmp_path / "t-0")
+    for i in range(20):
+        log.append(ibatch(1, 2 * i, 2))
+        log.append(encode_batch([b"other"], timestamps=[T0]))
+    leo = log.log_end_offset
+    assert refused(log, ibatch(1, 6, 1)) == "DUPLICATE_SEQUENCE"  # first half of batch 3
+    assert refused(log, ibatch(1, 7, 1)) == "DUPLICATE_SEQUENCE"  # its second half
+    assert refused(log, ibatch(1, 6, 4)) == "DUPLICATE_SEQUENCE"  # batches 3 and 4 as one
+    assert refused(log, ibatch(1, 6, 2) + ibatch(1, 8, 2)) == "DUPLICATE_SEQUENCE"
+    assert refused(log, ibatch(1, 6, 2, epoch=1)) == "OUT_OF_ORDER_SEQUENCE"  # new epoch
+    assert log.log_end_offset == leo
+
+
+@pytest.mark.parametrize("segment_bytes", [1 << 30, 2048])
+def test_the_search_for_an_older_batch_is_bounded(tmp_path, monkeypatch, segment_bytes) -> None:
+    """A retry can not make the leader walk the whole log: a batch further back than the
+    walk's bounds (offsets before where it would lie, headers, bytes) is answered
+    DUPLICATE_SEQUENCE without offsets, as before; within them it is found (in one segment,
+    and across several)."""
+    from strom.log import partition_log
+
+    def others(n: int) -> None:
+        for _ in range(n):
+            log.append(encode_batch([b"other"], timestamps=[T0]))
+
+    log = make_log(tmp_path / "t-0", index_interval_bytes=1, segment_bytes=segment_bytes)
+    others(30)
+    log.append(ibatch(1, 0))  # offset 30
+    others(50)
+    for seq in range(1, 7):  # at 81..86; 1 is older than the kept 2..6
+        log.append(ibatch(1, seq))
+    # Were its producer's records contiguous, batch 0 would start at 82 - 2 = 80: it lies
+    # 50 offsets before that, batch 1 exactly there.
+    assert log.append(ibatch(1, 0)).first_offset == 30
+    assert log.append(ibatch(1, 1)).first_offset == 81
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_OFFSETS", 49)
+    assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"  # one offset too far back
+    assert log.append(ibatch(1, 1)).first_offset == 81
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_OFFSETS", 50)
+    assert log.append(ibatch(1, 0)).first_offset == 30
+    # The walk starts at offset 30 now; from offset 0 it passes 30 others' headers first.
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_OFFSETS", 100)
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_HEADERS", 30)
+    assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_HEADERS", 31)
+    assert log.append(ibatch(1, 0)).first_offset == 30
+    # The byte bound keeps the part of the log nearest offset 80 (the walk starts where the
+    # offset index says that many bytes lie before it): batch 0 starts `span` bytes before.
+    span = sum(h.size for h in log.batch_headers() if 30 <= h.base_offset < 80)
+    assert (len(log.segments) > 3) == (segment_bytes == 2048)
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", span - 1)
+    assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"
+    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", span)
+    assert log.append(ibatch(1, 0)).first_offset == 30
+    assert log.log_end_offset == 87

@@ -70,7 +70,9 @@ def test_fenced_unknown_and_forgotten_batches(tmp_path: Path) -> None:
         await h.settle()
         for seq in range(7):
             assert (await produce(h, ibatch(5, seq))).error_code == E.NONE
-        old = await produce(h, ibatch(5, 0))  # appended, but too long ago to know where
+        old = await produce(h, ibatch(5, 0))  # before the kept five: found in the log
+        assert (old.error_code, old.base_offset) == (E.NONE, 0)
+        old = await produce(h, ibatch(5, 0, n=2))  # appended, but no batch holds just those
         assert (old.error_code, old.base_offset) == (E.DUPLICATE_SEQUENCE, -1)
         r = await produce(h, ibatch(6, 3))
         assert r.error_code == E.UNKNOWN_PRODUCER_ID

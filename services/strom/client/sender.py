@@ -1087,7 +1087,8 @@ class SenderLoop:
                     pq, batches, InvalidRequestError("the leader's answer left out the partition")
                 )
             elif r.error_code == DUPLICATE:
-                # Appended long ago (older than the leader remembers): success, offset unknown.
+                # Appended long ago (older than the leader remembers, and not found by its
+                # header in the leader's log): success, offset unknown.
                 for b in batches:
                     b.result.complete(-1, r.log_append_time_ms)
                 if pq.unresolved:

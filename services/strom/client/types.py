@@ -21,7 +21,9 @@ class TopicPartition(NamedTuple):
 class RecordMetadata(NamedTuple):
     """Where an acknowledged record landed. ``offset`` is -1 with acks=0 (nothing comes back),
     and for a retry the leader recognised as one of a batch written before its last five of
-    this producer (DUPLICATE_SEQUENCE, design §4): written once, its offset no longer known."""
+    this producer but could not find in its log by the batch's header (DUPLICATE_SEQUENCE,
+    design §6: beyond the search's bound, or deleted): written once, its offset not known.
+    A retry of such an older batch that the leader finds reports its real offset."""
 
     topic: str
     partition: int

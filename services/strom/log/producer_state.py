@@ -17,20 +17,26 @@ newer epoch, base sequence > 0                  ``OUT_OF_ORDER_SEQUENCE``
 same epoch, same range as a kept batch          duplicate: answered with its original offsets
 same epoch, base sequence = last sequence + 1   appended
 same epoch, after the last sequence written     ``OUT_OF_ORDER_SEQUENCE`` (never a duplicate)
-same epoch, wholly before every kept batch      ``DUPLICATE_SEQUENCE`` (offsets forgotten)
+same epoch, wholly before every kept batch      found in the log by its header: its offsets;
+                                                else ``DUPLICATE_SEQUENCE`` (offsets unknown)
 anything else (a gap, an overlap)               ``OUT_OF_ORDER_SEQUENCE``
 ==============================================  ==============================================
 
-Why a batch before every kept one is taken as a retry rather than refused (Kafka refuses
-all but an exact match with a kept batch): strom's Python producer may have more than
+Why a batch before every kept one is taken as a retry rather than refused (Kafka refuses all
+but an exact match with a kept batch): strom's Python producer may have more than
 :data:`BATCHES_KEPT` batches of a partition unanswered (``max_in_flight`` requests, each
 with several batches of the partition), so after a lost answer or a leader change its retry
-of an older batch must still not be written twice. A batch *after* the newest sequence the
-epoch wrote, though, was never written (FIX (found from outside): it used to count as such a
-retry whenever it fell in the half of the sequence space before the oldest kept batch, so a
-caller's new records were answered as written and dropped). An epoch's sequences start at 0
-and each record takes an offset, so an epoch whose newest record's offset is less than
-2**31 above its sequence has not wrapped: every sequence above the newest was never written.
+of an older batch must still not be written twice. The leader then looks for that batch in
+its log by its header (``Log._find_older_batch``: a bounded walk of batch headers before the
+oldest kept batch), so the retry gets its real offsets, as a kept one does; only a batch the
+walk does not find (beyond its bound, or no batch with that exact sequence range: a split
+half) is answered ``DUPLICATE_SEQUENCE`` without offsets. A batch *after* the newest
+sequence the epoch wrote, though, was never written (FIX (found from outside): it used to
+count as such a retry whenever it fell in the half of the sequence space before the oldest
+kept batch, so a caller's new records were answered as written and dropped). An epoch's
+sequences start at 0 and each record takes an offset, so an epoch whose newest record's
+offset is less than 2**31 above its sequence has not wrapped: every sequence above the
+newest was never written.
 
 A duplicate is answered so even when it is larger than the topic's ``max.message.bytes`` is
 now (lowered after it was appended): the leader checks the size of the other batches only
@@ -55,7 +61,7 @@ import os
 import re
 import struct
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -240,14 +246,26 @@ class ProducerStateError(LogError):
         self.producer_id = producer_id
 
 
+#: Finds, in the log, a batch of a producer written before every batch its entry keeps:
+#: (entry, first sequence, last sequence) -> the batch's metadata, or None when not found.
+OlderBatchLookup = Callable[["ProducerEntry", int, int], "BatchMetadata | None"]
+
+
 def check_batch(
-    entry: ProducerEntry | None, producer_id: int, epoch: int, first_seq: int, last_seq: int
+    entry: ProducerEntry | None,
+    producer_id: int,
+    epoch: int,
+    first_seq: int,
+    last_seq: int,
+    older: OlderBatchLookup | None = None,
 ) -> BatchMetadata | None:
     """Decide one idempotent batch against its producer's state.
 
     Returns None when the batch is new and in sequence (append it), the kept metadata when
     it repeats a recent batch (answer with the original offsets), and raises
-    :class:`ProducerStateError` otherwise.
+    :class:`ProducerStateError` otherwise. A batch wholly before every kept one is looked
+    up with ``older`` (the log's header walk, ``Log._find_older_batch``) when given: found,
+    it is answered like a kept one; not found, it is ``DUPLICATE_SEQUENCE`` as before.
     """
     if entry is None:
         if first_seq == 0:
@@ -283,6 +301,9 @@ def check_batch(
         and not _never_written(entry, first_seq)
         and _precedes(last_seq, entry.batches[0].first_seq)
     ):
+        found = None if older is None else older(entry, first_seq, last_seq)
+        if found is not None:
+            return found
         raise ProducerStateError(
             DUPLICATE_SEQUENCE,
             f"producer id {producer_id} epoch {epoch}: sequences {first_seq}..{last_seq} were "
@@ -366,14 +387,18 @@ class ProducerStateManager:
 
     # -- the leader's check ----------------------------------------------------------------
 
-    def check(self, headers: Sequence[HeaderLike]) -> list[BatchMetadata]:
+    def check(
+        self, headers: Sequence[HeaderLike], older: OlderBatchLookup | None = None
+    ) -> list[BatchMetadata]:
         """Check a produce request's batches for one partition, in order.
 
         Returns the original metadata of the leading batches that repeat recent ones (empty
-        when there are none): those are answered, not appended. The batches after them are
-        new and in sequence. Raises :class:`ProducerStateError` when any batch is refused,
-        including a repeat that comes after a new batch (retries never follow new data).
-        Changes nothing: :meth:`update` records the batches once they are written.
+        when there are none): those are answered, not appended. ``older`` finds a repeat of
+        a batch older than every kept one in the log (see :func:`check_batch`). The batches
+        after them are new and in sequence. Raises :class:`ProducerStateError` when any
+        batch is refused, including a repeat that comes after a new batch (retries never
+        follow new data). Changes nothing: :meth:`update` records the batches once they are
+        written.
         """
         duplicates: list[BatchMetadata] = []
         pending: dict[int, tuple[int, int]] = {}  # new batches earlier in this request
@@ -397,7 +422,7 @@ class ProducerStateManager:
                 # A later batch of a producer that has a new batch earlier in the request.
                 _check_follows(pid, earlier[0], earlier[1], epoch, first, last)
             else:
-                found = check_batch(self.producers.get(pid), pid, epoch, first, last)
+                found = check_batch(self.producers.get(pid), pid, epoch, first, last, older)
                 if found is not None:
                     if new_seen:
                         raise ProducerStateError(

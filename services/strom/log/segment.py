@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import mmap
 import os
+import struct
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from strom.record.header import (
     HEADER_SIZE,
     BatchHeader,
     check_header,
+    header_at,
     read_header,
 )
 
@@ -44,6 +46,13 @@ _FALLOC_FL_KEEP_SIZE = 1
 #: At most this many of the newest batches keep their exact position in memory (see
 #: :meth:`LogSegment.locate`); when full, the older half is dropped.
 TAIL_BATCHES = 128
+#: How much of the file :meth:`LogSegment.find_producer_batch` reads at a time.
+HEADER_CHUNK_BYTES = 64 * 1024
+#: A batch header's base offset and length, and its producer id, epoch and base sequence
+#: (at byte 43 of the header; DESIGN §4).
+_PREFIX = struct.Struct(">qi")
+_PRODUCER_FIELDS = struct.Struct(">qhi")
+_PRODUCER_AT = 43
 #: The largest batch stored data may hold, checked on every re-read (reads, recovery, the
 #: cleaner, follower appends). Fixed, not the topic's ``max.message.bytes``: that limit is
 #: the leader's produce check only (as in Kafka), and lowering it must not make batches
@@ -429,6 +438,50 @@ class LogSegment:
             out.append(h)
             pos += h.size
         return out
+
+    def find_producer_batch(
+        self,
+        position: int,
+        last_base: int,
+        key: tuple[int, int, int],
+        max_headers: int,
+        max_bytes: int,
+    ) -> tuple[BatchHeader | None, int, int]:
+        """Walk the batch headers from file ``position`` while their base offset is at most
+        ``last_base``, for the first batch whose (producer id, producer epoch, base sequence)
+        is ``key``; stop after ``max_headers`` headers or ``max_bytes`` of batches walked.
+        Returns (its header or None, headers walked, bytes walked).
+
+        For ``Log._find_older_batch`` (a retry older than its producer's kept batches), so
+        bounded and cheap: ``HEADER_CHUNK_BYTES`` of file per ``pread`` (the headers of every
+        small batch in it at once; a batch larger than a chunk costs a ``pread`` of its own)
+        and only the prefix and producer fields parsed per header, never a record."""
+        pid, epoch, seq = key
+        pos, buf, buf_at = position, b"", position
+        walked = headers = 0
+        while pos < self.size and headers < max_headers and walked < max_bytes:
+            i = pos - buf_at
+            if i + HEADER_SIZE > len(buf):
+                buf = os.pread(self.fd, min(HEADER_CHUNK_BYTES, self.size - pos), pos)
+                buf_at, i = pos, 0
+                if len(buf) < HEADER_SIZE:
+                    raise CorruptLogError(
+                        f"{self.log_path}: truncated header ({len(buf)} of {HEADER_SIZE} "
+                        f"bytes) at position {pos}"
+                    )
+            base, length = _PREFIX.unpack_from(buf, i)
+            if base > last_base:
+                break
+            if length < HEADER_SIZE - _PREFIX.size:  # (see batch_headers)
+                raise CorruptLogError(
+                    f"{self.log_path}: batch at position {pos} has length {length}"
+                )
+            if _PRODUCER_FIELDS.unpack_from(buf, i + _PRODUCER_AT) == (pid, epoch, seq):
+                return header_at(buf, i, pos), headers, walked
+            headers += 1
+            walked += _PREFIX.size + length
+            pos += _PREFIX.size + length
+        return None, headers, walked
 
     # -- recovery --------------------------------------------------------------------------
 

@@ -169,6 +169,13 @@ def read_header(buf: Any, position: int = 0) -> BatchHeader:
     return BatchHeader(*_HEADER.unpack_from(buf, position), position)  # type: ignore[arg-type]
 
 
+def header_at(buf: Any, index: int, position: int) -> BatchHeader:
+    """Parse the header at ``index`` of ``buf`` (whole: the caller checked), recording
+    ``position`` as where it sits (a file position when ``buf`` is a chunk read from a log
+    segment at ``position - index``)."""
+    return BatchHeader(*_HEADER.unpack_from(buf, index), position)  # type: ignore[arg-type]
+
+
 def peek_length(buf: Any, position: int) -> tuple[int, int]:
     """Return (base_offset, batch_length) of the batch at ``position`` (12-byte prefix only)."""
     return _PREFIX.unpack_from(buf, position)  # type: ignore[return-value]

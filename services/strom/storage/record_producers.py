@@ -303,7 +303,7 @@ class PartitionSender:
     ) -> asyncio.Future[int]:
         """Queue a call's records (one batch) for the caller of ``client_id``; the future is
         their base offset (-1 when it is not known: acks=0, or a duplicate older than the
-        leader remembers)."""
+        leader remembers that it did not find in its log by the batch header)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         self._last_used = loop.time()
