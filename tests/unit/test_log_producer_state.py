@@ -403,7 +403,11 @@ def test_older_retries_matching_no_batch_are_answered_without_offsets(tmp_path) 
     assert refused(log, ibatch(1, 6, 4)) == "DUPLICATE_SEQUENCE"  # batches 3 and 4 as one
     assert refused(log, ibatch(1, 6, 2) + ibatch(1, 8, 2)) == "DUPLICATE_SEQUENCE"
     assert refused(log, ibatch(1, 6, 2, epoch=1)) == "OUT_OF_ORDER_SEQUENCE"  # new epoch
+    # An unfound older batch with a new one after it: DUPLICATE_SEQUENCE ("written") would
+    # answer for the new batch too, which is not appended; refused as out of order instead.
+    assert refused(log, ibatch(1, 7, 1) + ibatch(1, 40, 2)) == "OUT_OF_ORDER_SEQUENCE"
     assert log.log_end_offset == leo
+    assert log.append(ibatch(1, 40, 2)).first_offset == leo  # alone, the new batch goes in
 
 
 @pytest.mark.parametrize("segment_bytes", [1 << 30, 2048])

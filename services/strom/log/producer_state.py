@@ -422,7 +422,21 @@ class ProducerStateManager:
                 # A later batch of a producer that has a new batch earlier in the request.
                 _check_follows(pid, earlier[0], earlier[1], epoch, first, last)
             else:
-                found = check_batch(self.producers.get(pid), pid, epoch, first, last, older)
+                try:
+                    found = check_batch(self.producers.get(pid), pid, epoch, first, last, older)
+                except ProducerStateError as exc:
+                    if exc.reason == DUPLICATE_SEQUENCE and h is not headers[-1]:
+                        # DUPLICATE_SEQUENCE answers for the whole request ("written"): with
+                        # batches after this one, a client would count those as written too
+                        # though nothing was appended (no strom client sends a retry with
+                        # other batches; one in another language might).
+                        raise ProducerStateError(
+                            OUT_OF_ORDER_SEQUENCE,
+                            f"{exc.message}, and the request carries more batches after "
+                            "them: send retried batches in their own request",
+                            pid,
+                        ) from None
+                    raise
                 if found is not None:
                     if new_seen:
                         raise ProducerStateError(
