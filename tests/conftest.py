@@ -19,6 +19,7 @@ settings, start their own with ``make_cluster``. Topic names are unique per test
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import time
 import urllib.request
@@ -34,7 +35,28 @@ from strom.api import storage_pb2
 from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
-from strom.devcluster.procs import wait_for
+from strom.devcluster.procs import PORTS_ENV, wait_for
+
+
+def worker_ports(worker: str, count: int) -> str | None:
+    """The slice of the ports local clusters draw from (``STROM_DEV_PORTS``) for parallel
+    test worker ``worker`` (pytest-xdist: gw0, gw1, ...) of ``count``; None outside xdist.
+    Two workers starting clusters at the same moment could both find one port free and race
+    to bind it (found in CI: a node's "Address already in use")."""
+    if not worker.startswith("gw") or count < 2:
+        return None
+    low, high = 20000, 32000
+    span = (high - low) // count
+    start = low + int(worker[2:]) * span
+    return f"{start}-{start + span - 1}"
+
+
+_ports = worker_ports(
+    os.environ.get("PYTEST_XDIST_WORKER", ""),
+    int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1),
+)
+if _ports is not None and PORTS_ENV not in os.environ:
+    os.environ[PORTS_ENV] = _ports  # inherited by the processes the tests start
 
 #: Coordinator settings of the shared three-node cluster: groups rebalance and expire fast.
 FAST_GROUPS = [

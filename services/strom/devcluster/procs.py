@@ -38,15 +38,37 @@ class ProcessExited(ClusterError):
 #: connection of any process (a gRPC client, an etcd watch) may take before our server binds
 #: it: "Address already in use" at random. Ports below the range are never handed out that way.
 _PORT_RANGE = (20000, 32000)
+#: A narrower range within it, "LOW-HIGH", for processes that must not draw the ports
+#: another one draws: the test suite gives each of its parallel workers a slice of its own
+#: (tests/conftest.py), so two workers starting clusters at the same moment never both see
+#: one port free and race to bind it (found in CI: "Address already in use"). Inherited by
+#: the processes they start (`strom dev up`, `strom bench`), which draw their ports too.
+PORTS_ENV = "STROM_DEV_PORTS"
 _port_lock = threading.Lock()
 _recent: set[int] = set()
+
+
+def port_range() -> tuple[int, int]:
+    """The range :func:`free_port` draws from: :data:`PORTS_ENV` when set, else the whole
+    :data:`_PORT_RANGE`."""
+    text = os.environ.get(PORTS_ENV, "").strip()
+    if not text:
+        return _PORT_RANGE
+    low, sep, high = text.partition("-")
+    if not (sep and low.strip().isdigit() and high.strip().isdigit()):
+        raise ValueError(f"{PORTS_ENV}={text!r}: expected LOW-HIGH, e.g. 20000-25999")
+    lo, hi = int(low), int(high)
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(f"{PORTS_ENV}={text!r}: expected 1024 <= LOW <= HIGH <= 65535")
+    return lo, hi
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that nothing listens on now, outside the ephemeral range (see above)."""
     with _port_lock:
+        span = port_range()
         for _ in range(1000):
-            port = random.randint(*_PORT_RANGE)
+            port = random.randint(*span)
             if port in _recent:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
