@@ -35,10 +35,12 @@ class LogLimiter:
         #: key -> (when its last line was written, occurrences left out since, first seen).
         self._state: dict[Hashable, tuple[float, int, float]] = {}
 
-    def occurred(self, key: Hashable) -> int | None:
-        """Note one occurrence of ``key``: None when no line is due now, else how many
-        occurrences were left out since the last line (0 for the first one)."""
-        now = self._clock()
+    def occurred(self, key: Hashable, now: float | None = None) -> int | None:
+        """Note one occurrence of ``key`` (at ``now`` on the limiter's clock, when the caller
+        has read it already): None when no line is due now, else how many occurrences were
+        left out since the last line (0 for the first one)."""
+        if now is None:
+            now = self._clock()
         with self._lock:
             last = self._state.get(key)
             if last is None:

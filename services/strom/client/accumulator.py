@@ -12,7 +12,6 @@ retries, so a retry of an appended batch is recognised by the leader as a duplic
 from __future__ import annotations
 
 import array
-import math
 import time
 from collections import deque
 from typing import Any
@@ -167,9 +166,7 @@ class PartitionQueue:
         "producer_epoch",
         "producer_id",
         "reseq_from",
-        "retries_unlogged",
         "retry_at",
-        "retry_logged_at",
         "retrying",
         "topic",
         "unresolved",
@@ -188,10 +185,6 @@ class PartitionQueue:
         self.retry_at = 0.0
         #: Why the last attempt was retried (named when the batches finally expire).
         self.last_error: str | None = None
-        #: When a retry of this partition was last logged (monotonic s), and the retries
-        #: since that were not (strom.client.sender ``_log_retry``).
-        self.retry_logged_at = -math.inf
-        self.retries_unlogged = 0
         self.next_sequence = 0
         #: After a batch failed for good: the sequence the batches behind it restart from.
         self.reseq_from: int | None = None

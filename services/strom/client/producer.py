@@ -60,7 +60,7 @@ from strom.client.record_checks import Partitioner
 from strom.client.record_checks import checked_pick as _checked_pick
 from strom.client.record_checks import record_headers as _headers
 from strom.client.record_checks import record_too_large as _record_too_large
-from strom.client.sender import SenderLoop, request_too_large
+from strom.client.sender import RETRY_LOG_INTERVAL_S, SenderLoop, request_too_large
 from strom.client.spin import SpinKeeper
 from strom.client.streams import RequestStream
 from strom.client.transactions import (
@@ -79,6 +79,7 @@ from strom.errors import (
     StromError,
 )
 from strom.grpc_options import MAX_BATCH_BYTES
+from strom.lograte import LogLimiter
 from strom.record import codecs
 from strom.security.channel import client_security
 
@@ -323,6 +324,8 @@ class Producer(SenderLoop):
         self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: Threads inside _fail_all (delivery callbacks run there too).
         self._failing_threads: set[int] = set()
+        #: Which partitions' retries are due a WARNING line (SenderLoop._log_retry).
+        self._retry_lines = LogLimiter(RETRY_LOG_INTERVAL_S)
         self._sender = threading.Thread(target=self._run, name="strom-producer", daemon=True)
         self._sender.start()
 

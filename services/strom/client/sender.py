@@ -84,6 +84,7 @@ from strom.errors import (
     error_for,
     is_retriable,
 )
+from strom.lograte import LogLimiter
 
 # The producer's logger, not this module's: users filter the producer's lines on
 # "strom.client.producer", and the sender's were always among them.
@@ -280,6 +281,7 @@ class SenderLoop:
     _wake: threading.Event
     _completions: queue.SimpleQueue[Any]
     _failing_threads: set[int]
+    _retry_lines: LogLimiter
     _refresher: threading.Thread | None
 
     if TYPE_CHECKING:  # the Producer's, called with the lock held (see there)
@@ -1399,10 +1401,9 @@ class SenderLoop:
         if now - first.created < RETRY_QUIET_S:
             log.debug("retrying %s-%d after %s", pq.topic, pq.partition, err)
             return
-        if now - pq.retry_logged_at < RETRY_LOG_INTERVAL_S:
-            pq.retries_unlogged += 1
+        unlogged = self._retry_lines.occurred((pq.topic, pq.partition), now)
+        if unlogged is None:
             return
-        unlogged, pq.retries_unlogged, pq.retry_logged_at = pq.retries_unlogged, 0, now
         left = self.delivery_timeout_s - (now - first.created)
         log.warning(
             "%s-%d: retrying %d record(s) (retry %d, %.1f s of delivery_timeout_ms left%s): %s",

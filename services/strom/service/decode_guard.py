@@ -24,14 +24,14 @@ import contextvars
 import functools
 import inspect
 import logging
-import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.message import DecodeError
+
+from strom.lograte import LogLimiter
 
 log = logging.getLogger("strom.service")
 
@@ -52,13 +52,11 @@ class _Reporter:
     """The rate limit of the WARNING about undecodable requests (one per process)."""
 
     def __init__(self) -> None:
-        self.last = -math.inf
-        self.unlogged = 0
+        self._lines = LogLimiter(LOG_EVERY_S)
 
     def note(self, method: str, peer: str, what: str) -> None:
-        now = time.monotonic()
-        if now < self.last + LOG_EVERY_S:
-            self.unlogged += 1
+        unlogged = self._lines.occurred("undecodable")
+        if unlogged is None:
             return
         log.warning(
             "refused a request to %s from %s as INVALID_ARGUMENT: %s (%d more undecodable "
@@ -66,9 +64,8 @@ class _Reporter:
             method,
             peer,
             what,
-            self.unlogged,
+            unlogged,
         )
-        self.last, self.unlogged = now, 0
 
 
 REPORTER = _Reporter()
