@@ -25,10 +25,6 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-# gRPC's C core logs failed TLS handshakes at INFO to stderr; the command reports the failure
-# itself, in one line. Set before grpc is first imported (an explicit setting wins).
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
 from strom.argtypes import UsageError
 from strom.cli.parser import SERVICES, build_parser
 
