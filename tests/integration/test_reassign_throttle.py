@@ -64,7 +64,7 @@ def _throttles(admin: Admin, topic: str) -> dict[str, str | None]:
 
 
 def _rates(admin: Admin) -> dict[str, str | None]:
-    return {n: e.value for n, e in admin.describe_node_configs().items()}
+    return {n: e.value for n, e in admin.describe_node_configs().items() if n in RATES}
 
 
 def _plan(tmp_path: Path, topic: str, replicas: list[int]) -> str:

@@ -70,7 +70,7 @@ class FakeAdmin:
     def describe_node_configs(self) -> dict[str, ConfigEntry]:
         return {
             n: ConfigEntry(n, self.node_configs.get(n), ConfigSource.DYNAMIC_NODE)
-            for n in (rp.LEADER_RATE, rp.FOLLOWER_RATE)
+            for n in sorted({rp.LEADER_RATE, rp.FOLLOWER_RATE, "log.level", *self.node_configs})
         }
 
     def alter_node_configs(
@@ -143,6 +143,16 @@ def test_a_cancel_of_every_move_removes_the_whole_throttle() -> None:
     assert reassign._cancel(admin, {A0: [9, 1], A1: [9, 1]}, io.StringIO()) == 0  # type: ignore[arg-type]
     assert admin.topic_configs["a"] == {}
     assert admin.node_configs == {}
+
+
+def test_removing_the_throttle_keeps_the_dynamic_log_levels() -> None:
+    """The rates share the nodes' dynamic configs with the log levels: a cancel that removes
+    the throttle must not reset an operator's log.level."""
+    admin = FakeAdmin({A0: _moving(0, (9, 1), (2,))})
+    _throttled(admin)
+    admin.node_configs.update({"log.level": "debug", "log.level.strom.storage": "warning"})
+    assert reassign._cancel(admin, {A0: [9, 1]}, io.StringIO()) == 0  # type: ignore[arg-type]
+    assert admin.node_configs == {"log.level": "debug", "log.level.strom.storage": "warning"}
 
 
 def test_a_cancel_with_preserve_throttles_keeps_them_and_says_how_to_remove_them() -> None:

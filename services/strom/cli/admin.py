@@ -294,8 +294,8 @@ def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     c = csub.add_parser(
         "configs",
         parents=[common],
-        help="a storage node's static configs, or every node's dynamic ones (the replication "
-        "throttle rates) and changing them",
+        help="a storage node's static configs, or the cluster's dynamic ones (the replication "
+        "throttle rates, the services' log levels) and changing them",
     )
     c.add_argument(
         "node",
@@ -314,13 +314,16 @@ def add_cluster_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="set a dynamic config of every node, e.g. "
-        f"{reassignplan.LEADER_RATE}=10MiB (a rate in bytes/s: 1048576, 10MiB or 5MB)",
+        f"{reassignplan.LEADER_RATE}=10MiB (a rate in bytes/s: 1048576, 10MiB or 5MB), or "
+        "log.level=debug (every service's log level at run time; log.level.<logger>=LEVEL "
+        "for one logger, e.g. log.level.strom.storage.replication=debug)",
     )
     c.add_argument(
         "--delete",
         action="append",
         metavar="KEY",
-        help="remove a dynamic config (a throttle rate: no limit)",
+        help="remove a dynamic config (a throttle rate: no limit; a log level: the level "
+        "each service started at)",
     )
     c.add_argument("--json", action="store_true")
 

@@ -349,7 +349,12 @@ def _remove_throttle(
             "--cancel with the plan removes them once the move is over",
             file=out,
         )
-    rates = [n for n, e in admin.describe_node_configs().items() if e.value is not None]
+    # Only the rates: the same configs hold the log levels (log.level...), not ours to remove.
+    rates = [
+        n
+        for n, e in admin.describe_node_configs().items()
+        if n in (LEADER_RATE, FOLLOWER_RATE) and e.value is not None
+    ]
     if not rates:
         return
     others = len(admin.list_partition_reassignments())

@@ -610,10 +610,11 @@ class Admin:
         )
 
     def describe_node_configs(self, *, documentation: bool = False) -> dict[str, ConfigEntry]:
-        """The dynamic configs every storage node applies (Kafka's default broker configs):
-        the replication throttle rates, ``leader.replication.throttled.rate`` and
+        """The cluster's dynamic configs (Kafka's default broker configs): the replication
+        throttle rates every storage node applies, ``leader.replication.throttled.rate`` and
         ``follower.replication.throttled.rate`` (bytes/s; ``value`` None when unset: no
-        limit)."""
+        limit), and the run-time log levels every service follows, ``log.level`` (None:
+        each process's start level) and any ``log.level.<logger>`` set."""
         resp = self._controller(
             "DescribeConfigs",
             controller_pb2.DescribeConfigsRequest(
@@ -639,11 +640,15 @@ class Admin:
         *,
         validate_only: bool = False,
     ) -> None:
-        """Change the dynamic configs of every storage node, all or nothing: today the
-        replication throttle rates of reassignments (``leader.replication.throttled.rate``,
-        ``follower.replication.throttled.rate``, bytes/s >= 1; ``delete`` removes a limit).
-        Which replicas they apply to is the topics' ``*.replication.throttled.replicas``
-        (``alter_configs``). An unknown name or bad value raises InvalidConfigError."""
+        """Change the cluster's dynamic configs, all or nothing: the replication throttle
+        rates of reassignments (``leader.replication.throttled.rate``,
+        ``follower.replication.throttled.rate``, bytes/s >= 1; ``delete`` removes a limit;
+        which replicas they apply to is the topics' ``*.replication.throttled.replicas``,
+        ``alter_configs``), and the log levels of every running service, as Kafka's dynamic
+        broker loggers: ``log.level`` (the root logger) and ``log.level.<logger>`` (one
+        logger and those under it), ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``;
+        ``delete`` puts back the level each process started at. An unknown name or bad
+        value raises InvalidConfigError."""
         ops: list[controller_pb2.AlterableConfig] = []
         for key, value in config_strings(set).items():
             ops.append(

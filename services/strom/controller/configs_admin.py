@@ -1,6 +1,7 @@
 """The controller's config RPCs: DescribeConfigs (topics and nodes) and AlterConfigs
 (topics, and the dynamic configs every node applies: the NODE resource named "", stored in
-``node_configs``, today the replication throttle rates; a node's own configs are static)
+``node_configs``: the replication throttle rates and the log levels; a node's own configs
+are static)
 (DESIGN §3, §6).
 
 What a config key means, its default and how an override is validated live in
@@ -34,8 +35,9 @@ from strom.errors import (
 )
 from strom.log.errors import ConfigError
 from strom.metadata import Versioned
+from strom.service import node_configs as dynamic_node_configs
 from strom.service.headers import is_internal_call
-from strom.storage.replication_quota import NODE_CONFIGS, validate_node_configs
+from strom.service.node_configs import NODE_CONFIGS, validate_node_configs
 
 log = logging.getLogger("strom.controller")
 E = ErrorCode
@@ -116,7 +118,7 @@ class ConfigRpcs(ControllerCore):
             else:
                 entry.source = pb.CONFIG_SOURCE_DEFAULT
             if include_documentation:
-                entry.documentation = NODE_CONFIGS.get(name, "")
+                entry.documentation = dynamic_node_configs.documentation(name)
             out.append(entry)
         return out
 
@@ -250,7 +252,7 @@ class ConfigRpcs(ControllerCore):
         self, lead: Leadership, res: pb.AlterConfigsResource, validate_only: bool
     ) -> dict[str, str] | None:
         """Apply changes to the nodes' dynamic configs with CAS on ``node_configs``
-        (blocking); the new configs, or None. Only SET and DELETE: the rates are numbers."""
+        (blocking); the new configs, or None. Only SET and DELETE: each holds one value."""
         assert self.store is not None
         store, key = self.store, self.store.keys.node_configs
 
@@ -329,10 +331,8 @@ def apply_node_config_ops(
         if c.name in seen:
             raise InvalidRequestError(f"config '{c.name}' is changed more than once in the request")
         seen.add(c.name)
-        if c.name not in NODE_CONFIGS:
-            raise InvalidConfigError(
-                f"unknown dynamic node config '{c.name}' (known: {', '.join(sorted(NODE_CONFIGS))})"
-            )
+        if not dynamic_node_configs.is_known(c.name):
+            raise InvalidConfigError(str(dynamic_node_configs.unknown(c.name)))
         if c.op == pb.ALTER_CONFIG_OP_DELETE:
             result.pop(c.name, None)
         elif c.op == pb.ALTER_CONFIG_OP_SET:
@@ -341,7 +341,7 @@ def apply_node_config_ops(
             result[c.name] = c.value
         else:
             raise InvalidRequestError(
-                f"config '{c.name}' is a number: use SET or DELETE, not "
+                f"config '{c.name}' holds one value: use SET or DELETE, not "
                 f"{pb.AlterConfigOp.Name(c.op) if c.op in pb.AlterConfigOp.values() else c.op}"
             )
     try:

@@ -45,6 +45,7 @@ from strom.controller.producer_ids import ProducerIdRpcs
 from strom.controller.reassignment import ReassignmentRpcs
 from strom.controller.topics_admin import TopicRpcs
 from strom.metadata import ClusterView, Election, MetadataStore, MetadataUnavailableError
+from strom.service import log_levels
 from strom.service.metrics import timed_rpcs
 
 log = logging.getLogger("strom.controller")
@@ -152,6 +153,7 @@ class ControllerService(
             ) from None
         self.view = ClusterView(store)
         self.view.add_listener(self._on_view_events)
+        log_levels.follow(self.view)
         await asyncio.to_thread(self.view.start)
         self._update_gauges()
         self._start_election()

@@ -45,6 +45,7 @@ from strom.grpc_options import GRPC_OPTIONS
 from strom.lograte import LogLimiter
 from strom.metadata import ClusterView, KeepAlive, Keys, MetadataStore, MetadataUnavailableError
 from strom.security.channel import ChannelCache
+from strom.service import log_levels
 
 log = logging.getLogger("strom.coordinator")
 E = ErrorCode
@@ -190,6 +191,7 @@ class CoordinatorService(
             ) from None
         self.view = ClusterView(store)
         self.view.add_listener(self._on_view_events)
+        log_levels.follow(self.view)
         await asyncio.to_thread(self.view.start)
         await self._new_lease()
         self._spawn(self._ownership_loop())

@@ -122,11 +122,11 @@ def setup_logging(
     service: str = "strom",
     settings: argparse.Namespace | Mapping[str, Any] | None = None,
 ) -> None:
-    """JSON lines on stderr at ``level`` (set at start only), and the service's first
-    line: its version and, with ``settings``, the effective configuration in the ``config``
-    field (secrets hidden). FIX (found from outside): the first line said "starting
-    storage-node" and nothing else, so nobody could tell from the logs which version ran
-    with which etcd, ports, data dir or limits."""
+    """JSON lines on stderr at ``level`` (the start level; strom.service.log_levels changes it
+    at run time), and the service's first line: its version and, with ``settings``, the
+    effective configuration in the ``config`` field (secrets hidden). FIX (found from
+    outside): the first line said "starting storage-node" and nothing else, so nobody could
+    tell from the logs which version ran with which etcd, ports, data dir or limits."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     handler.addFilter(_CancelledRpcFilter())

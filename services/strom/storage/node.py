@@ -53,6 +53,7 @@ from strom.metadata import (
     MetadataUnavailableError,
     WatchEvent,
 )
+from strom.service import log_levels
 from strom.service.limits import (
     Admission,
     default_max_connections,
@@ -167,6 +168,8 @@ class StorageNode:
         self.config = config
         self.store = MetadataStore(config.etcd, config.cluster)
         self.view = ClusterView(self.store)
+        #: The dynamic log levels (``log.level``, ``log.level.<logger>``) as they change.
+        log_levels.follow(self.view)
         self.registration = NodeRegistration(
             self.store,
             node_id=config.node_id,

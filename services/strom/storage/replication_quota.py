@@ -31,8 +31,9 @@ from strom.log.errors import ConfigError
 LEADER_RATE = "leader.replication.throttled.rate"
 FOLLOWER_RATE = "follower.replication.throttled.rate"
 
-#: Cluster-wide dynamic node configs (stored in etcd's ``node_configs``) and their meaning.
-NODE_CONFIGS: dict[str, str] = {
+#: The rates among the cluster-wide dynamic node configs (stored in etcd's ``node_configs``;
+#: all of them: strom.service.node_configs) and their meaning.
+RATE_CONFIGS: dict[str, str] = {
     LEADER_RATE: "bytes/s each node sends, as leader, to the replicas its topics' "
     "leader.replication.throttled.replicas list (followers not in the ISR); unset: no limit",
     FOLLOWER_RATE: "bytes/s each node fetches for the replicas its topics' "
@@ -62,19 +63,6 @@ def parse_rate(name: str, raw: object) -> int:
             "bytes/s (delete it for no limit)"
         )
     return value
-
-
-def validate_node_configs(configs: Mapping[str, object]) -> dict[str, str]:
-    """Validate dynamic node configs; the normalised strings to store. ConfigError names
-    the first unknown config or bad value."""
-    out: dict[str, str] = {}
-    for name, raw in configs.items():
-        if name not in NODE_CONFIGS:
-            raise ConfigError(
-                f"unknown dynamic node config '{name}' (known: {', '.join(sorted(NODE_CONFIGS))})"
-            )
-        out[name] = str(parse_rate(name, raw))
-    return out
 
 
 @lru_cache(maxsize=4096)
