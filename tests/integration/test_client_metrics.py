@@ -1,7 +1,8 @@
 """``Producer.metrics()`` and ``Consumer.metrics()`` (and strom.aio's) against real clusters:
 known numbers of records sent and consumed show in the totals, a consumer's lag per
 partition is the high watermark less its position, failures show as retries and errors,
-and the calls work before any traffic and after close()."""
+and the calls work before any traffic and after close(); and the Prometheus collector
+(strom.client.metrics) exports them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import asyncio
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from strom import aio
 from strom.client.consumer import Consumer
+from strom.client.metrics import register, unregister
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
@@ -244,3 +247,53 @@ def test_aio_clients_have_the_same_metrics(one_node_cluster: LocalCluster, new_t
     assert sent["record-send-total"] == 30
     assert consumed["records-consumed-total"] == 10
     assert consumed[f"records-lag{{topic={topic},partition=0}}"] == 20
+
+
+def test_prometheus_collector_exports_registered_clients(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    """strom.client.metrics.register: a scrape of the application's registry reads the
+    clients' metrics() then, as counters and gauges labelled by client id (and topic,
+    partition)."""
+    topic = new_topic(one_node_cluster)
+    registry = CollectorRegistry()
+    producer = Producer(one_node_cluster.bootstrap, client_id="scraped-producer")
+    consumer = Consumer(
+        one_node_cluster.bootstrap, client_id="scraped-consumer", auto_offset_reset="earliest"
+    )
+    try:
+        register(producer, registry)
+        register(consumer, registry)
+        with pytest.raises(TypeError, match="not a strom Producer or Consumer"):
+            register(object(), registry)  # type: ignore[arg-type]
+        empty = registry.get_sample_value(
+            "strom_client_producer_record_send_total", {"client_id": "scraped-producer"}
+        )
+        assert empty == 0
+        for i in range(25):
+            producer.send(topic, b"%d" % i)
+        producer.flush()
+        consumer.assign([TopicPartition(topic, 0)])
+        _consume(consumer, 5)
+        assert (
+            registry.get_sample_value(
+                "strom_client_producer_record_send_total",
+                {"client_id": "scraped-producer", "topic": topic},
+            )
+            == 25
+        )
+        assert (
+            registry.get_sample_value(
+                "strom_client_consumer_records_lag",
+                {"client_id": "scraped-consumer", "topic": topic, "partition": "0"},
+            )
+            == 20
+        )
+        text = generate_latest(registry).decode()
+        assert "# TYPE strom_client_consumer_records_consumed_total counter" in text
+        assert "# TYPE strom_client_producer_buffer_available_bytes gauge" in text
+        unregister(producer, registry)
+        assert "strom_client_producer_" not in generate_latest(registry).decode()
+    finally:
+        producer.close()
+        consumer.close()
