@@ -295,6 +295,7 @@ class Consumer:
         commit_async = _as_is(_C.commit_async)
         group_metadata = _as_is(_C.group_metadata)
         highwater = _as_is(_C.highwater)
+        metrics = _as_is(_C.metrics)
         pause = _as_is(_C.pause)
         paused = _as_is(_C.paused)
         resume = _as_is(_C.resume)
