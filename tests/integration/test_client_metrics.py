@@ -105,6 +105,23 @@ def test_producer_metrics_count_what_was_sent(one_node_cluster: LocalCluster, ne
     assert after["record-send-total"] == 100 and after["requests-in-flight"] == 0
 
 
+def test_time_waiting_for_a_full_buffer_is_counted(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    """A buffer of 32 KiB holds about 30 records of 1 KB: the sends behind them wait for
+    the answers to free it, and that wait is bufferpool-wait-time-total (ns)."""
+    topic = new_topic(one_node_cluster)
+    with Producer(one_node_cluster.bootstrap, buffer_memory=32 * 1024) as producer:
+        for _ in range(300):
+            producer.send(topic, b"x" * 1000)
+        producer.flush()
+        m = producer.metrics()
+    assert m["record-send-total"] == 300
+    assert m["bufferpool-wait-time-ns-total"] > 0
+    assert m["bufferpool-wait-time-total"] == m["bufferpool-wait-time-ns-total"]
+    assert m["buffer-total-bytes"] == m["buffer-available-bytes"] == 32 * 1024
+
+
 def test_compression_rate_of_compressible_records(
     one_node_cluster: LocalCluster, new_topic
 ) -> None:
