@@ -37,7 +37,9 @@ Every service serves Prometheus metrics over HTTP on its `--metrics-port` (`/met
 storage node 9102, controller 9103, coordinator 9104 by default), on the host of its
 `--listen` address (every interface, IPv4 and IPv6, for `0.0.0.0`, the default, or `[::]`;
 IPv4 alone on a host without IPv6). This table is generated from the code by
-`scripts/gen_metrics_doc.py`; `tests/unit/test_metrics_doc.py` fails when it is stale.
+`scripts/gen_metrics_doc.py`; `tests/unit/test_metrics_doc.py` fails when it is stale. The
+clients' own metrics (`Producer.metrics()`, `Consumer.metrics()`) are in
+[client-metrics.md](client-metrics.md).
 
 Names follow Prometheus conventions: `strom_<part>_...`, base units (`_seconds`, `_bytes`),
 `_total` on counters (the exposed name is given). The parts are the three services

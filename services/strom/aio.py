@@ -197,6 +197,11 @@ class Producer:
             self._lane.shutdown()
             self._calls.shutdown()
 
+    def metrics(self) -> dict[str, float]:
+        """The producer's metrics (:meth:`strom.client.producer.Producer.metrics`): a plain
+        call, it never waits."""
+        return self._sync.metrics()
+
     async def partitions_for(self, topic: str) -> list[int]:
         return await self._calls.run(self._sync.partitions_for, topic)
 
@@ -290,6 +295,7 @@ class Consumer:
         commit_async = _as_is(_C.commit_async)
         group_metadata = _as_is(_C.group_metadata)
         highwater = _as_is(_C.highwater)
+        metrics = _as_is(_C.metrics)
         pause = _as_is(_C.pause)
         paused = _as_is(_C.paused)
         resume = _as_is(_C.resume)

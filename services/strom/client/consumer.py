@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.membership import GroupMembership
 from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
+from strom.client.stats import GroupStats, PollStats, tagged
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from strom.errors import (  # IllegalStateError, NoOffsetForPartitionError: re-exported here too
@@ -368,6 +370,8 @@ class Consumer:
             backoff_max_s=retry_backoff_max_ms / 1000.0,
             read_committed=self._read_committed,
         )
+        #: metrics(): one entry per poll (the fetcher and the group member count theirs).
+        self._poll_stats = PollStats()
         #: The consumer-group hook (None until groups exist, and always without a group_id).
         self._group: GroupMembership | None = self._make_group()
         self._fetcher.start()
@@ -992,6 +996,7 @@ class Consumer:
             if items and not arrow and (self._key_deserializer or self._value_deserializer):
                 items = self._deserialized(items)
                 n = len(items)
+            self._poll_stats.polled(n)
             return items, n
         except Exception:
             if self._closing:  # closed from another thread mid-call: end quietly
@@ -1236,6 +1241,25 @@ class Consumer:
             self._fetcher.close()
             self._client.close()  # also cancels fetches parked in a long poll
             self._fetcher.join(min(max(end - time.monotonic(), 0.0), 5.0))
+
+    def metrics(self) -> dict[str, float]:
+        """The consumer's metrics, by Kafka's names where the meaning is the same
+        (``records-consumed-total``, ``fetch-latency-avg``, ``records-lag-max``, per
+        partition ``"records-lag{topic=t,partition=0}"``, a group member's
+        ``commit-total``, ``rebalance-total`` ...): docs/client-metrics.md lists them.
+        Rates, averages and maxima cover the last 30-60 s (NaN: nothing in that window).
+        Counted per poll and per Fetch answer, never per record; works before the first
+        poll and after ``close()`` (the final counts; no partitions then, so no lag)."""
+        out = self._poll_stats.snapshot()
+        out.update(self._fetcher.stats.snapshot())
+        lags = {} if self._closed else self._fetcher.lags()
+        out["records-lag-max"] = float(max(lags.values())) if lags else math.nan
+        out["assigned-partitions"] = float(0 if self._closed else len(self._fetcher.parts))
+        for tp, lag in sorted(lags.items()):
+            out[tagged("records-lag", topic=tp.topic, partition=tp.partition)] = float(lag)
+        group = self._group.stats if self._group is not None else GroupStats()
+        out.update(group.snapshot())
+        return out
 
     def __enter__(self) -> Consumer:
         return self

@@ -88,6 +88,7 @@ from strom.client.fetch_state import CONSUMER_SCHEMA, CompletedFetch, PartitionS
 from strom.client.fetch_state import Constants as _Constants
 from strom.client.metadata import MetadataCache
 from strom.client.offsets import TRANSPORT_RETRY
+from strom.client.stats import FetchStats
 from strom.client.streams import FetchStreams, FollowStream
 from strom.client.types import TopicPartition
 from strom.errors import (
@@ -310,6 +311,8 @@ class Fetcher:
         self._no_follow = Downgrades()
         self._follow: _Follow | None = None
         self._constants = _Constants()
+        #: Consumer.metrics(): one entry per Fetch answer, counted on the thread that got it.
+        self.stats = FetchStats()
         self._refresher = threading.Thread(
             target=self._refresh_loop, name=f"strom-metadata-{client_id}", daemon=True
         )
@@ -419,6 +422,18 @@ class Fetcher:
         with self._lock:
             part = self.parts.get(tp)
             return part.end_offset if part is not None and part.end_offset >= 0 else None
+
+    def lags(self) -> dict[TopicPartition, int]:
+        """Each assigned partition's lag behind the end its last fetch reported (the high
+        watermark; the last stable offset with read_committed) from its position: what
+        ``poll()`` has not returned yet. Partitions without a position or a fetch yet are
+        left out."""
+        with self._lock:
+            return {
+                tp: max(p.end_offset - p.position, 0)
+                for tp, p in self.parts.items()
+                if p.position is not None and p.end_offset >= 0
+            }
 
     def pause(self, tps: list[TopicPartition]) -> None:
         with self._lock:
@@ -970,6 +985,7 @@ class Fetcher:
         transport = False
         answers: list[PartitionAnswer] = []
         nodes: list[common_pb2.Node] = []
+        asked = time.monotonic()
         try:
             # Caught-up partitions go on a stream: many small long polls, where a unary
             # call's set-up would be most of the node's work. A lagging consumer's fetches
@@ -1013,10 +1029,12 @@ class Fetcher:
         # drained, after the good batches before it).
         decoded: list[tuple[PartitionAnswer, list[RecordBatch] | InvalidBatchError]] = []
         corrupt: list[frozenset[int] | None] = []
+        nbytes = 0
         for a in answers:
             batches: list[RecordBatch] | InvalidBatchError = []
             bad: frozenset[int] | None = None
             if a.info.error_code == ErrorCode.NONE and len(a.records):
+                nbytes += len(a.records)
                 try:
                     batches = decode_batches(a.records, verify_crc=False)
                 except InvalidBatchError as exc:
@@ -1030,6 +1048,7 @@ class Fetcher:
         if trace.sink is not None:
             trace.emit("fetch.received", decoded)
         now = time.monotonic()
+        self.stats.fetched(now - asked, nbytes)
         with self._lock:
             for c in claims:
                 if c.part.generation == c.generation:

@@ -44,6 +44,7 @@ from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from strom.client.cluster import attempt_timeout, refused
 from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
 from strom.client.membership import GroupHost
+from strom.client.stats import GroupStats
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
@@ -172,6 +173,8 @@ class GroupMember:
         self._thread: threading.Thread | None = None
         self._commit_queue: CommitQueue | None = None
         self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+        #: Consumer.metrics(): commits, rebalances and heartbeats, one entry per call.
+        self.stats = GroupStats()
 
     # -- GroupMembership protocol -------------------------------------------------------------
 
@@ -411,7 +414,9 @@ class GroupMember:
                 commit_sequence=sequence,
             )
             add_offsets(req, offsets)
-            resp = self._request("OffsetCommit", req, max(deadline - time.monotonic(), 0.001))
+            asked = time.monotonic()
+            resp = self._request("OffsetCommit", req, max(deadline - asked, 0.001))
+            self.stats.committed(time.monotonic() - asked)
             if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
                 # The coordinator bumped the epoch (a rebalance): retry with the new one. FIX
                 # (found from outside): when the heartbeat bringing it had not come back yet,
@@ -484,6 +489,7 @@ class GroupMember:
     def _reconcile(
         self, consumer: GroupHost, owned: set[TopicPartition], target: set[TopicPartition]
     ) -> None:
+        began = time.monotonic()
         revoked = owned - target
         added = target - owned
         if revoked:
@@ -497,6 +503,7 @@ class GroupMember:
             self._owned = set(owned)
         if added:
             self._call_listener("on_partitions_assigned", added)
+        self.stats.rebalanced(time.monotonic() - began)
         log.info(
             "group %s member %s: %d partitions (-%d +%d)",
             self.group_id,
@@ -633,9 +640,11 @@ class GroupMember:
         req = self._heartbeat_request()
         try:
             stub, _addr = self._stub(self._timeout_s)
+            asked = time.monotonic()
             resp = stub.ConsumerGroupHeartbeat(
                 req, timeout=self._attempt_s, metadata=self._metadata
             )
+            self.stats.heartbeat(time.monotonic() - asked)
         except (AuthenticationError, AuthorizationError) as exc:
             # Not allowed on the group (or not authenticated): the next poll raises it,
             # rather than waiting silently for a coordinator that will never answer.

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from strom.client.cluster import ClusterClient
+from strom.client.stats import GroupStats
 from strom.client.transactions import GroupMetadata
 from strom.client.types import OffsetAndMetadata, TopicPartition
 
@@ -63,6 +64,9 @@ class GroupMembership(Protocol):
     application's thread, so a rebalance never races a poll in progress). The consumer calls
     these methods from the application's thread.
     """
+
+    #: Its commits, rebalances and heartbeats, for ``Consumer.metrics()``.
+    stats: GroupStats
 
     def subscribe(
         self, topics: frozenset[str] | None, pattern: str | None, listener: Any

@@ -62,6 +62,7 @@ from strom.client.record_checks import record_headers as _headers
 from strom.client.record_checks import record_too_large as _record_too_large
 from strom.client.sender import RETRY_LOG_INTERVAL_S, SenderLoop, request_too_large
 from strom.client.spin import SpinKeeper
+from strom.client.stats import ProducerStats
 from strom.client.streams import RequestStream
 from strom.client.transactions import (
     GroupMetadata,
@@ -326,6 +327,8 @@ class Producer(SenderLoop):
         self._failing_threads: set[int] = set()
         #: Which partitions' retries are due a WARNING line (SenderLoop._log_retry).
         self._retry_lines = LogLimiter(RETRY_LOG_INTERVAL_S)
+        #: metrics(): counted by the sender thread, per request and per batch.
+        self._stats = ProducerStats()
         self._sender = threading.Thread(target=self._run, name="strom-producer", daemon=True)
         self._sender.start()
 
@@ -1003,6 +1006,22 @@ class Producer(SenderLoop):
         self._spin.close()
         self._client.close()
 
+    def metrics(self) -> dict[str, float]:
+        """The producer's metrics, by Kafka's names where the meaning is the same
+        (``record-send-total``, ``request-latency-avg``, ``buffer-available-bytes`` ...;
+        per topic as ``"record-send-total{topic=t}"``): docs/client-metrics.md lists them.
+        Rates, averages and maxima cover the last 30-60 s (NaN: nothing in that window).
+        Counted per batch and per request on the sender thread, so it costs ``send()``
+        nothing; works before the first send and after ``close()`` (the final counts)."""
+        with self._lock:
+            buffered = self._buffered
+            in_flight = sum(self._in_flight.values())
+        return self._stats.snapshot(
+            in_flight=in_flight,
+            buffer_total=self.buffer_memory,
+            buffer_available=max(self.buffer_memory - buffered, 0),
+        )
+
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition numbers (fetching metadata if needed)."""
         if self._forked_from:
@@ -1037,6 +1056,7 @@ class Producer(SenderLoop):
         if end is None:
             end = time.monotonic() + self.max_block_s
         self._space_waiters += 1
+        began = time.monotonic()
         try:
             while self._buffered + size > self.buffer_memory and self._buffered:
                 left = end - time.monotonic()
@@ -1050,6 +1070,7 @@ class Producer(SenderLoop):
                 self._space.wait(left)
         finally:
             self._space_waiters -= 1
+            self._stats.waited_for_buffer(time.monotonic() - began)
 
 
 _time = time.time

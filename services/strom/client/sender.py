@@ -66,6 +66,7 @@ from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient, refused
 from strom.client.downgrades import Downgrades
 from strom.client.metadata import MetadataCache, PartitionLeader
 from strom.client.spin import SpinKeeper
+from strom.client.stats import ProducerStats
 from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
 from strom.client.transactions import TransactionManager, TxnPhase
 from strom.client.types import TopicPartition
@@ -282,6 +283,7 @@ class SenderLoop:
     _completions: queue.SimpleQueue[Any]
     _failing_threads: set[int]
     _retry_lines: LogLimiter
+    _stats: ProducerStats
     _refresher: threading.Thread | None
 
     if TYPE_CHECKING:  # the Producer's, called with the lock held (see there)
@@ -754,6 +756,7 @@ class SenderLoop:
             else:
                 for b in batches:
                     b.result.fail(err)
+                self._stats.failed(pq.topic, sum(b.count for b in batches))
                 self._done(pq, batches)
 
     def _add_budget(self, parts: set[tuple[str, int]]) -> float:
@@ -907,9 +910,11 @@ class SenderLoop:
                 addr, entries, InvalidRequestError(f"could not encode a batch: {exc}")
             )
             return
+        self._count_request(entries)
+        sent = time.monotonic()
 
         def done(f: Any) -> None:  # a finished unary future, or a stream's answer
-            self._completions.put((addr, entries, f, None))
+            self._completions.put((addr, entries, f, None, sent))
             self._wake.set()
 
         try:
@@ -957,6 +962,25 @@ class SenderLoop:
             trace.emit("produce.sent", entries)
         fut.add_done_callback(done)
 
+    def _count_request(self, entries: list[_Shipment]) -> None:
+        """The metrics of a request about to go (``metrics()``): per batch, never per
+        record. The uncompressed size is the producer's own count (``batch_size``'s);
+        without compression the ratio is 1, as Kafka's."""
+        compressed = self.compression != "none"
+        self._stats.request_sent(
+            [
+                (
+                    pq.topic,
+                    b.count,
+                    len(b.encoded or b""),
+                    b.size if compressed else 0,
+                    b.created if not b.attempts else None,
+                )
+                for pq, batches, _, _ in entries
+                for b in batches
+            ]
+        )
+
     def _attempt_deadline(self, entries: list[_Shipment], now: float) -> tuple[float, int]:
         """How long this attempt waits for its answer (seconds), and how long the node may
         hold it waiting for acks=all replicas (the request's ``timeout_ms``).
@@ -997,6 +1021,7 @@ class SenderLoop:
         entries: list[_Shipment],
         fut: grpc.Future | None,
         error: BaseException | None,
+        sent: float | None = None,
     ) -> None:
         if trace.sink is not None:
             trace.emit("produce.acked", entries)
@@ -1040,6 +1065,8 @@ class SenderLoop:
                         self._requeue(pq, batches, now)
                     return
             else:
+                if sent is not None:
+                    self._stats.answered(time.monotonic() - sent, resp.throttle_time_ms)
                 for t in resp.topics:
                     for r in t.partitions:
                         results[(t.topic, r.partition)] = r
@@ -1324,6 +1351,7 @@ class SenderLoop:
             self._txn.batch_failed(failure if isinstance(failure, StromError) else err)
         for b in batches:
             b.result.fail(failure if b.maybe_written else err)
+        self._stats.failed(pq.topic, sum(b.count for b in batches))
         self._done(pq, batches)
 
     def _maybe_written_error(self, pq: PartitionQueue, err: StromError) -> StromError:
@@ -1375,6 +1403,7 @@ class SenderLoop:
             return
         for b in batches:
             b.attempts += 1
+        self._stats.retried(pq.topic, sum(b.count for b in batches))
         backoff = min(self.retry_backoff_s * (2 ** (first.attempts - 1)), self.retry_backoff_max_s)
         with self._lock:
             for b in batches:
@@ -1516,6 +1545,7 @@ class SenderLoop:
             batches = [b for b, _ in marked]
             for b, was_sent in marked:
                 b.result.fail(in_flight if was_sent and in_flight is not None else err)
+            self._stats.failed(pq.topic, sum(b.count for b in batches))
             with self._lock:
                 for b in batches:
                     if b in pq.batches:

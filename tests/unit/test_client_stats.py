@@ -1,0 +1,117 @@
+"""The clients' metric engine (strom.client.stats): windows, rates, averages and the
+snapshots ``Producer.metrics()`` / ``Consumer.metrics()`` are made of, driven with explicit
+clock readings (no cluster, no sleeps)."""
+
+from __future__ import annotations
+
+import math
+
+from strom.client.stats import (
+    SAMPLE_WINDOW_S,
+    SAMPLES,
+    FetchStats,
+    GroupStats,
+    PollStats,
+    ProducerStats,
+    Windowed,
+    tagged,
+)
+
+
+def test_an_empty_window_has_nan_averages_and_maxima_and_a_zero_rate() -> None:
+    w = Windowed()
+    assert math.isnan(w.avg(100.0)) and math.isnan(w.max(100.0))
+    assert w.rate(100.0, born=0.0) == 0.0
+    assert (w.count_total, w.sum_total) == (0, 0.0)
+
+
+def test_average_and_maximum_cover_the_last_samples_only() -> None:
+    w = Windowed()
+    w.record(10.0, now=0.0)
+    w.record(30.0, now=1.0)
+    assert w.avg(2.0) == 20.0 and w.max(2.0) == 30.0
+    # A second sample starts a window later; the first still counts...
+    w.record(2.0, now=SAMPLE_WINDOW_S + 1)
+    assert w.avg(SAMPLE_WINDOW_S + 2) == 14.0 and w.max(SAMPLE_WINDOW_S + 2) == 30.0
+    # ... until it is older than SAMPLES windows: then only the newer one does.
+    later = SAMPLES * SAMPLE_WINDOW_S + 0.5
+    assert w.avg(later) == 2.0 and w.max(later) == 2.0
+    # The totals are for all time.
+    assert (w.count_total, w.sum_total) == (3, 42.0)
+
+
+def test_a_rate_in_the_first_window_is_over_the_client_s_age() -> None:
+    """Kafka divides by at least (samples - 1) windows (a sixth of the true rate 5 s in);
+    strom's clients divide by their age while that is shorter."""
+    w = Windowed()
+    for t in range(5):
+        w.record(100.0, now=10.0 + t)
+    assert w.rate(15.0, born=10.0) == 100.0  # 500 in 5 s
+    # Past the first window, over the samples' span (at least one window).
+    assert w.rate(10.0 + SAMPLE_WINDOW_S, born=0.0) == 500.0 / SAMPLE_WINDOW_S
+
+
+def test_count_rate_counts_events_not_values() -> None:
+    w = Windowed()
+    w.record(1000.0, now=0.0)
+    w.record(1000.0, now=1.0)
+    assert w.count_rate(2.0, born=0.0) == 1.0  # 2 events in 2 s
+    assert w.rate(2.0, born=0.0) == 1000.0
+
+
+def test_tagged_names_are_flat_and_keep_the_tag_order() -> None:
+    assert tagged("records-lag", topic="t", partition=3) == "records-lag{topic=t,partition=3}"
+
+
+def test_producer_stats_count_records_per_batch_and_per_topic() -> None:
+    s = ProducerStats()
+    s.request_sent([("a", 10, 500, 1000, 0.0), ("b", 5, 300, 0, None)])
+    s.answered(0.004, 0)
+    s.retried("a", 10)
+    s.failed("b", 5)
+    s.waited_for_buffer(0.25)
+    m = s.snapshot(in_flight=2, buffer_total=100, buffer_available=40)
+    assert m["record-send-total"] == 15
+    assert m["record-send-total{topic=a}"] == 10 and m["record-send-total{topic=b}"] == 5
+    assert m["byte-total"] == 800 and m["byte-total{topic=a}"] == 500
+    assert m["batch-size-avg"] == 400 and m["batch-size-max"] == 500
+    # gzip'd batch at half its size, an uncompressed one at 1 (Kafka's ratio when off).
+    assert m["compression-rate-avg"] == 0.75
+    assert m["records-per-request-avg"] == 15 and m["request-total"] == 1
+    assert math.isclose(m["request-latency-avg"], 4.0) and math.isclose(
+        m["request-latency-max"], 4.0
+    )
+    assert m["produce-throttle-time-avg"] == 0
+    assert m["record-retry-total"] == 10 and m["record-retry-total{topic=a}"] == 10
+    assert m["record-error-total"] == 5 and m["record-error-total{topic=b}"] == 5
+    assert m["bufferpool-wait-time-ns-total"] == 250_000_000
+    assert m["bufferpool-wait-time-total"] == m["bufferpool-wait-time-ns-total"]
+    assert (m["requests-in-flight"], m["buffer-total-bytes"], m["buffer-available-bytes"]) == (
+        2,
+        100,
+        40,
+    )
+    assert m["record-send-rate"] > 0
+
+
+def test_consumer_side_stats_before_anything_happened() -> None:
+    m = {**PollStats().snapshot(), **FetchStats().snapshot(), **GroupStats().snapshot()}
+    for name in ("records-consumed-total", "bytes-consumed-total", "fetch-total", "commit-total"):
+        assert m[name] == 0, name
+    for name in (
+        "fetch-latency-avg",
+        "commit-latency-max",
+        "last-poll-seconds-ago",
+        "last-rebalance-seconds-ago",
+    ):
+        assert math.isnan(m[name]), name
+
+
+def test_poll_stats_count_records_per_poll() -> None:
+    s = PollStats()
+    s.polled(40)
+    s.polled(0)
+    m = s.snapshot()
+    assert m["records-consumed-total"] == 40 and m["poll-total"] == 2
+    assert m["records-per-poll-avg"] == 20
+    assert 0 <= m["last-poll-seconds-ago"] < 60
