@@ -33,16 +33,9 @@ class TimeLookup:
     segments: list[LogSegment]
     log_start_offset: int
 
-    if TYPE_CHECKING:  # the Log's
+    if TYPE_CHECKING:  # the Log's (the parameters the lookups pass)
 
-        def read(
-            self,
-            offset: int,
-            max_bytes: int = 1 << 20,
-            *,
-            max_offset: int | None = None,
-            min_one: bool = True,
-        ) -> ReadResult: ...
+        def read(self, offset: int, max_bytes: int = ..., *, min_one: bool = ...) -> ReadResult: ...
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int, int] | None:
         """ListOffsets by time: (offset, timestamp, leader epoch) of the first record whose
