@@ -416,7 +416,7 @@ def test_the_search_for_an_older_batch_is_bounded(tmp_path, monkeypatch, segment
     walk's bounds (offsets before where it would lie, headers, bytes) is answered
     DUPLICATE_SEQUENCE without offsets, as before; within them it is found (in one segment,
     and across several)."""
-    from strom.log import partition_log
+    from strom.log import duplicate_lookup
 
     def others(n: int) -> None:
         for _ in range(n):
@@ -432,23 +432,23 @@ def test_the_search_for_an_older_batch_is_bounded(tmp_path, monkeypatch, segment
     # 50 offsets before that, batch 1 exactly there.
     assert log.append(ibatch(1, 0)).first_offset == 30
     assert log.append(ibatch(1, 1)).first_offset == 81
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_OFFSETS", 49)
+    monkeypatch.setattr(duplicate_lookup, "OLDER_BATCH_SEARCH_OFFSETS", 49)
     assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"  # one offset too far back
     assert log.append(ibatch(1, 1)).first_offset == 81
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_OFFSETS", 50)
+    monkeypatch.setattr(duplicate_lookup, "OLDER_BATCH_SEARCH_OFFSETS", 50)
     assert log.append(ibatch(1, 0)).first_offset == 30
     # The walk starts at offset 30 now; from offset 0 it passes 30 others' headers first.
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_OFFSETS", 100)
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_HEADERS", 30)
+    monkeypatch.setattr(duplicate_lookup, "OLDER_BATCH_SEARCH_OFFSETS", 100)
+    monkeypatch.setattr(duplicate_lookup, "OLDER_BATCH_SEARCH_HEADERS", 30)
     assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_HEADERS", 31)
+    monkeypatch.setattr(duplicate_lookup, "OLDER_BATCH_SEARCH_HEADERS", 31)
     assert log.append(ibatch(1, 0)).first_offset == 30
     # The byte bound keeps the part of the log nearest offset 80 (the walk starts where the
     # offset index says that many bytes lie before it): batch 0 starts `span` bytes before.
     span = sum(h.size for h in log.batch_headers() if 30 <= h.base_offset < 80)
     assert (len(log.segments) > 3) == (segment_bytes == 2048)
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", span - 1)
+    monkeypatch.setattr(duplicate_lookup, "OLDER_BATCH_SEARCH_BYTES", span - 1)
     assert refused(log, ibatch(1, 0)) == "DUPLICATE_SEQUENCE"
-    monkeypatch.setattr(partition_log, "OLDER_BATCH_SEARCH_BYTES", span)
+    monkeypatch.setattr(duplicate_lookup, "OLDER_BATCH_SEARCH_BYTES", span)
     assert log.append(ibatch(1, 0)).first_offset == 30
     assert log.log_end_offset == 87

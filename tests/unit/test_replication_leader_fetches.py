@@ -1,4 +1,4 @@
-"""A follower's fetches from its leader (strom.storage.replication._LeaderFetches) against a
+"""A follower's fetches from its leader (strom.storage.replica_fetchers._LeaderFetches) against a
 real gRPC server on 127.0.0.1 whose StorageService answers Fetch from a script: with
 FetchStream, every fetch goes on one stream and a stream the leader ends is replaced; without
 it (a leader of an older version: the generated base class answers UNIMPLEMENTED), the
@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from strom.api import storage_pb2, storage_pb2_grpc
-from strom.storage.replication import _LeaderFetches
+from strom.storage.replica_fetchers import _LeaderFetches
 
 ENDED = "the leader ended the fetch stream"
 

@@ -1338,7 +1338,7 @@ def test_a_follower_whose_fetches_keep_failing_names_the_leader_and_why(
     partitions wait on it and gRPC's details, not only the status code."""
     import grpc
 
-    from strom.storage import replication
+    from strom.storage import replica_fetchers
 
     caplog.set_level(logging.DEBUG, logger="strom.storage.replication")
     exc = grpc.aio.AioRpcError(
@@ -1347,8 +1347,8 @@ def test_a_follower_whose_fetches_keep_failing_names_the_leader_and_why(
         grpc.aio.Metadata(),
         details="failed to connect to all addresses; last error: Connection refused",
     )
-    for failures in (9, replication.FETCH_FAILURES_LOGGED, 11):
-        replication._log_fetch_failure(3, "10.0.0.3:9092", 22, failures, exc)
+    for failures in (9, replica_fetchers.FETCH_FAILURES_LOGGED, 11):
+        replica_fetchers._log_fetch_failure(3, "10.0.0.3:9092", 22, failures, exc)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warnings] == [
         "fetch from node 3 (10.0.0.3:9092) for 22 partitions failed 10 times in a row: "

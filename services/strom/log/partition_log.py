@@ -1,67 +1,52 @@
-"""The log of one partition replica: ordered segments, appends, reads, recovery, retention.
+"""The log of one partition replica: ordered segments, appends, reads, rolls, flushes.
 
 Hot paths work per batch: an append validates headers and CRCs, patches offsets and the
 leader epoch in place and writes the request with one ``pwrite``; a read is one ``pread`` of
 whole batches. Structural changes (roll, truncate, delete, swap) hold ``lock``; the slow part
 of a flush (fsync) does not, so a background flush never stalls the event loop's appends.
+
+:class:`Log` holds the append, read and roll paths; its other concerns are mixins in modules
+of their own, named after what they hold: opening and recovery
+(:class:`strom.log.recovery.LogRecovery`), the search for the batch an idempotent retry
+repeats (:class:`strom.log.duplicate_lookup.DuplicateLookup`), lookups by time
+(:class:`strom.log.time_lookup.TimeLookup`) and truncation, retention and deletion
+(:class:`strom.log.removal.LogRemoval`). What appends and reads answer is in
+:mod:`strom.log.results`.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
-import logging
-import mmap
-import os
 import random
-import re
 import shutil
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
 from strom.clock import monotonic_ms, wall_ms
-from strom.log.checkpoint import fsync_dir
 from strom.log.config import LONG_MAX, LogConfig
+from strom.log.duplicate_lookup import DuplicateLookup, check_consecutive, refuse_over_limit
 from strom.log.epoch_cache import LeaderEpochCache
-from strom.log.errors import (
-    CorruptLogError,
-    InvalidAppendError,
-    InvalidTimestampError,
-    OffsetOutOfRangeError,
-)
+from strom.log.errors import InvalidAppendError, InvalidTimestampError, OffsetOutOfRangeError
 from strom.log.producer_state import (
-    DUPLICATE_SEQUENCE,
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
-    MAX_SEQUENCE,
     OUT_OF_ORDER_SEQUENCE,
     TRANSACTION_COORDINATOR_FENCED,
-    BatchMetadata,
-    ProducerEntry,
     ProducerStateError,
     ProducerStateManager,
-    delete_snapshots,
-    list_snapshots,
-    load_snapshot,
-    snapshot_path,
-    write_snapshot,
 )
-from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment, valid_batches
-from strom.log.transactions import (
-    AbortedIndex,
-    AbortedTxn,
-    Marker,
-    decode_marker,
-    encode_marker,
-)
-from strom.record.batch import RecordBatch, decode_batches, encode_body, timestamp_extremes
+from strom.log.recovery import LogRecovery
+from strom.log.removal import LogRemoval
+from strom.log.results import AppendInfo, ReadResult
+from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment
+from strom.log.time_lookup import TimeLookup
+from strom.log.transactions import AbortedIndex, AbortedTxn, Marker, decode_marker, encode_marker
+from strom.record.batch import encode_body, timestamp_extremes
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
     ATTR_CONTROL,
@@ -75,65 +60,18 @@ from strom.record.header import (
 )
 from strom.record.schema import BODY_SCHEMA_V1
 
+__all__ = ["AppendInfo", "Log", "ReadResult", "now_ms"]
+
 _LEADER_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
-#: How far the search for a retried batch older than every batch its producer's state keeps
-#: (``Log._find_older_batch``) may walk: from at most this many offsets before where the
-#: batch would lie were its producer's records contiguous, at most this many headers and this
-#: many bytes of log (the bytes nearest that place: the pages a cold walk may read). Why
-#: these: a walk runs under the log's lock, and on the node's event loop for a small request
-#: (``strom.storage.writer``); 100,000 headers of one-record batches took 42-68 ms on a
-#: loaded 2-core machine (headers only, 64 KiB per ``pread``), and 64 MiB of 2 KB records
-#: (some 30,000 headers) 17-25 ms. A walk happens only for a retry the kept batches do not
-#: answer (after a failover or lost answers) whose batch is not exactly where contiguous
-#: records put it (checked first: one offset-index lookup); it covers a producer's batches
-#: with up to 100,000 records of others between them. A retry can never make the node read
-#: more.
-OLDER_BATCH_SEARCH_OFFSETS = 100_000
-OLDER_BATCH_SEARCH_HEADERS = 100_000
-OLDER_BATCH_SEARCH_BYTES = 64 << 20
-_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
-#: Producer-state snapshots kept beside the segments (the newest, and one to fall back on).
-_SNAPSHOTS_KEPT = 2
 #: The body of a batch without records (see _trim_filler).
 _EMPTY_BODY = pa.RecordBatch.from_pylist([], schema=BODY_SCHEMA_V1)
-
-
-_log = logging.getLogger("strom.log")
 
 
 def now_ms() -> int:
     return wall_ms()
 
 
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
-    """What an append did: the offsets it assigned and the resulting log end offset.
-
-    ``duplicates`` counts leading idempotent batches that repeat ones already in the log:
-    they were not written again, and ``first_offset`` is the original offset of the first
-    of them (``record_count`` and ``bytes`` count only what was written; both are 0 when
-    every batch was a duplicate)."""
-
-    first_offset: int
-    last_offset: int
-    log_end_offset: int
-    record_count: int
-    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
-    bytes: int
-    duplicates: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    """Batches read from the log and the offset right after them."""
-
-    data: bytes | memoryview
-    next_offset: int
-    log_start_offset: int
-    log_end_offset: int
-
-
-class Log:
+class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
     """A partition replica's log in ``directory`` (``<data-dir>/<topic>-<partition>``)."""
 
     def __init__(
@@ -196,7 +134,7 @@ class Log:
         ):
             self.first_dirty_offset = first_dirty_offset
 
-    # -- opening and recovery --------------------------------------------------------------
+    # -- segments ----------------------------------------------------------------------------
 
     def _new_segment(self, base: int) -> LogSegment:
         cfg = self.config
@@ -213,259 +151,6 @@ class Log:
         if self.config.preallocate and seg.size == 0:
             seg.preallocate(self.config.segment_bytes)
         return seg
-
-    def _schedule_delete(self, paths: list[Path]) -> None:
-        """Unlink ``paths`` (already renamed to ``.deleted``) after ``file.delete.delay.ms``,
-        as Kafka does, so that anyone still reading an old file finishes first. The delay is
-        counted on the monotonic clock, as Kafka's scheduler counts it: on the wall clock, a
-        node stepped back N hours kept the deleted segments' disk for N hours more (found
-        from outside), one stepped forward unlinked files readers still had open."""
-        if paths:
-            due = self.monotonic() + self.config.file_delete_delay_ms
-            self.pending_deletes.append((due, paths))
-            if self.config.file_delete_delay_ms <= 0:
-                self.delete_expired_files()
-
-    def _retire(self, seg: LogSegment) -> None:
-        """Remove a segment from use: rename its files to ``.deleted`` and delete them later
-        (an empty segment, which nobody can be reading, goes at once)."""
-        if seg.size == 0:
-            seg.delete()
-        else:
-            self._schedule_delete(seg.rename_for_delete())
-
-    def delete_expired_files(self, now: int | None = None) -> int:
-        """Unlink the ``.deleted`` files whose delay is over (``now``: on ``self.monotonic``);
-        returns how many were unlinked. The storage node calls it from its periodic cleanup
-        task."""
-        now = self.monotonic() if now is None else now
-        with self.lock:
-            due = [paths for when, paths in self.pending_deletes if when <= now]
-            self.pending_deletes = [(w, p) for w, p in self.pending_deletes if w > now]
-        count = 0
-        for paths in due:
-            for p in paths:
-                try:
-                    p.unlink()
-                    count += 1
-                except FileNotFoundError:
-                    pass
-        return count
-
-    def _load(self, clean_shutdown: bool) -> None:
-        for p in self.directory.iterdir():
-            if p.name.endswith((".cleaned", ".tmp", ".deleted")):
-                p.unlink(missing_ok=True)
-        self._finish_swaps()
-        bases = sorted(
-            int(m.group(1)) for p in self.directory.iterdir() if (m := _SEGMENT_RE.match(p.name))
-        )
-        # Index files whose segment is gone are leftovers of an interrupted delete.
-        for p in self.directory.glob("*.*index"):
-            if not (self.directory / (p.stem + ".log")).exists():
-                p.unlink(missing_ok=True)
-        segs = [self._new_segment(b) for b in bases]
-        epoch_check = self.epochs.epoch_for if self.epochs_trusted else None
-        if not self.epochs_trusted:
-            self.epochs.clear()
-        recovering = False
-        kept: list[LogSegment] = []
-        for i, seg in enumerate(segs):
-            trusted = (
-                not recovering
-                and self.epochs_trusted
-                and (
-                    clean_shutdown
-                    or (i + 1 < len(segs) and segs[i + 1].base_offset <= self.recovery_point)
-                )
-            )
-            cut = 0
-            if not (trusted and seg.load_trusted()):
-                recovering = True
-                cut = seg.recover(
-                    epoch_check,
-                    on_batch=None if self.epochs_trusted else self._rebuild_epoch,
-                )
-                self.truncated_bytes_on_recovery += cut
-            kept.append(seg)
-            lost = self._lost_data(seg, segs[i + 1] if i + 1 < len(segs) else None, cut)
-            if cut or lost:
-                # Everything after a torn or corrupt batch, or after offsets the segment lost,
-                # is unreachable: drop later segments.
-                for later in segs[i + 1 :]:
-                    self.truncated_bytes_on_recovery += later.size
-                    later.delete()
-                break
-        # Drop empty non-active segments left behind by a crash during roll.
-        while len(kept) > 1 and kept[-1].size == 0 and kept[-2].next_offset == kept[-1].base_offset:
-            kept.pop().delete()
-        if not kept:
-            kept = [self._new_active_segment(max(self.log_start_offset, 0))]
-        self.segments = kept
-        self._bases = [s.base_offset for s in kept]
-        leo = self.log_end_offset
-        self.epochs.truncate_from_end(leo)
-        first_base = self.segments[0].base_offset
-        self.log_start_offset = min(max(self.log_start_offset, first_base), leo)
-        self.recovery_point = min(self.recovery_point, leo) if not clean_shutdown else leo
-        if self.truncated_bytes_on_recovery or self.lost_on_recovery:
-            # Operators must see it: the replica now holds less than before the crash (a
-            # follower fetches the rest again; a leader had it replicated or never acked it).
-            _log.warning(
-                "%s: recovery truncated %d bytes of torn, corrupt or unreachable data; the "
-                "log now ends at offset %d",
-                self.directory,
-                self.truncated_bytes_on_recovery,
-                leo,
-            )
-        self._rebuild_producer_state()
-
-    def _finish_swaps(self) -> None:
-        """Complete the compaction swaps a crash interrupted (``strom.log.cleaner._swap``).
-
-        A ``<base>.log.swap`` file is complete and was checked before it was made, under the
-        log's lock, so it replaces whatever it covers: every segment whose base offset lies
-        in its offset range goes (the cleaner merges adjacent segments into one file; some
-        may already be renamed ``.deleted``, which opening removes anyway), then the swap
-        takes the first one's name. Its old indexes go too, so it is recovered in full."""
-        for swap in sorted(self.directory.glob("*.swap")):
-            target = swap.with_suffix("")
-            m = _SEGMENT_RE.match(target.name)
-            if m is None:
-                continue
-            base = int(m.group(1))
-            end = _swap_end(swap, base)
-            covered = [
-                p
-                for p in self.directory.iterdir()
-                if (other := _SEGMENT_RE.match(p.name)) and base < int(other.group(1)) < end
-            ]
-            for p in covered:
-                for name in (p.name, f"{p.stem}.index", f"{p.stem}.timeindex"):
-                    (self.directory / name).unlink(missing_ok=True)
-            if covered and self._fsync:
-                fsync_dir(self.directory)  # gone before the swap shows, even on power loss
-            os.replace(swap, target)
-            target.with_suffix(".index").unlink(missing_ok=True)
-            if self._fsync:
-                fsync_dir(self.directory)
-
-    def _lost_data(self, seg: LogSegment, nxt: LogSegment | None, cut: int) -> bool:
-        """Whether ``seg`` (just loaded or recovered) lost offsets that were in the log:
-        it ends below the next segment's base offset (``nxt``), or, for the last segment,
-        its index files listed a batch past the data its file still holds. Warns with the
-        files and offsets and records the range in ``lost_on_recovery``.
-
-        FIX (found from outside): a non-last segment's ``.log`` emptied or cut exactly at a
-        batch boundary recovers without a torn batch, so the log opened with a hole, silently:
-        reads jumped to the next segment, consumers skipped acknowledged records, and the
-        damaged replica (its log end unchanged) rejoined the ISR and led again. The rule:
-        strom never writes a gap between segments. Compaction keeps emptied batches (a
-        segment keeps its offset range), retention and DeleteRecords drop segments from the
-        front, truncations cut the end, and a follower starts a segment at a gap only when
-        its leader's log has one, which only lost data makes (that leader's own next start
-        then truncates it too). So a gap is lost data, except wholly below the log start,
-        where nothing is served anyway. The caller truncates the log there, as at a torn
-        batch, and a follower fetches the rest from the leader again."""
-        end = seg.next_offset if seg.size else seg.base_offset
-        if nxt is not None:
-            if end >= nxt.base_offset or nxt.base_offset <= self.log_start_offset:
-                return False
-            first, upto = max(end, self.log_start_offset), nxt.base_offset
-            self.lost_on_recovery.append((first, upto))
-            _log.warning(
-                "%s: ends at offset %d but the next segment, %s, starts at %d: offsets "
-                "%d..%d are missing (the file lost data); truncating the log at %d, dropping "
-                "the segments after it (a follower fetches them again from the leader)",
-                seg.log_path,
-                end,
-                nxt.log_path.name,
-                upto,
-                first,
-                upto - 1,
-                end,
-            )
-            return True
-        listed = seg.indexed_past_end
-        if cut or listed is None or listed < end:
-            return False
-        # The last segment: nothing after it to drop, the log simply ends earlier.
-        self.lost_on_recovery.append((end, listed + 1))
-        _log.warning(
-            "%s: its index listed a batch at offset %d but the file ends at offset %d: "
-            "offsets %d..%d at least are missing (the file lost data)",
-            seg.log_path,
-            listed,
-            end,
-            end,
-            listed,
-        )
-        return True
-
-    def _rebuild_producer_state(self) -> None:
-        """Producer state from the newest usable snapshot at or below the log end offset plus
-        the batch headers after it (header reads only). Snapshots above the log end describe
-        batches that are gone (truncation, crash) and are deleted."""
-        leo = self.log_end_offset
-        offsets = list_snapshots(self.directory)
-        delete_snapshots(self.directory, [o for o in offsets if o > leo])
-        state: ProducerStateManager | None = None
-        start = -1
-        for off in reversed([o for o in offsets if o <= leo]):
-            try:
-                state = load_snapshot(self.directory, off)
-                start = off
-                break
-            except (OSError, ValueError):
-                snapshot_path(self.directory, off).unlink(missing_ok=True)
-        if state is None:
-            state = ProducerStateManager()
-        # Aborts before the snapshot come from the index file; later ones from the scan.
-        self.aborted.load(below=max(start, 0))
-        now = self.clock()
-        scanned = 0
-        for seg in self.segments:
-            if seg.next_offset <= start or seg.size == 0:
-                continue
-            pos = 0
-            if start > seg.base_offset:
-                found = seg.locate(start)
-                if found is None:
-                    continue
-                pos = found[0]
-            headers = [h for h in seg.batch_headers(pos) if h.base_offset >= start]
-            scanned += len(headers)
-            markers = {h.base_offset: self._marker_at(seg, h) for h in headers if h.is_control}
-            for pid, first, last in state.update(headers, now, markers):
-                self.aborted.remember(AbortedTxn(last, pid, first))
-        state.evict_below(self.log_start_offset)
-        self.producers = state
-        self.producer_batches_scanned = scanned
-        self.aborted.entries = [
-            e for e in self.aborted.entries if e.last_offset >= self.log_start_offset
-        ]
-        self.aborted.save()
-
-    @staticmethod
-    def _marker_at(seg: LogSegment, h: BatchHeader) -> Marker:
-        """The marker in the control batch ``h`` of ``seg``."""
-        try:
-            return decode_marker(os.pread(seg.fd, h.size, h.position))
-        except (InvalidBatchError, ValueError) as exc:
-            raise CorruptLogError(
-                f"{seg.log_path}: control batch at offset {h.base_offset} is damaged: {exc}"
-            ) from exc
-
-    def _snapshot_producers(self, *, fsync: bool = False) -> None:
-        """Write the producer state as of the log end offset; keep the newest few."""
-        leo = self.log_end_offset
-        write_snapshot(self.directory, leo, self.producers, fsync=fsync)
-        older = [o for o in list_snapshots(self.directory) if o < leo]
-        delete_snapshots(self.directory, older[: max(len(older) - (_SNAPSHOTS_KEPT - 1), 0)])
-
-    def _rebuild_epoch(self, h: BatchHeader) -> None:
-        if h.partition_leader_epoch > self.epochs.latest_epoch:
-            self.epochs.assign(h.partition_leader_epoch, h.base_offset)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -566,10 +251,10 @@ class Log:
             first = next_off = self.log_end_offset
             dups = self.producers.check(headers, self._find_older_batch)
             if oversized:  # only repeats may be over the limit (see _repeats_over_limit)
-                _refuse_over_limit(headers, len(dups), limit)
+                refuse_over_limit(headers, len(dups), limit)
             if dups:
                 if len(dups) > 1:
-                    _check_consecutive(dups)
+                    check_consecutive(dups)
                 if len(dups) == len(headers):
                     ts = dups[0].timestamp if self.config.log_append_time else -1
                     return AppendInfo(
@@ -632,131 +317,6 @@ class Log:
                     len(dups),
                 )
             return AppendInfo(first, next_off - 1, next_off, records, append_time, length)
-
-    def _find_older_batch(
-        self, entry: ProducerEntry, first_seq: int, last_seq: int
-    ) -> BatchMetadata | None:
-        """The batch of ``entry``'s producer (same id and epoch) with exactly the sequences
-        ``first_seq``..``last_seq``, written before every batch the producer state keeps of
-        it; None when a bounded walk of batch headers does not find it. Called under the
-        lock, only by :meth:`append` for a retry the state would answer
-        ``DUPLICATE_SEQUENCE`` (written, offsets forgotten): never on the produce hot path.
-
-        Why: the state keeps a producer's last ``BATCHES_KEPT`` (5) batches, but the Python
-        producer may have many more of a partition unanswered, and after a failover it
-        retries them all; an answer without offsets became offset -1 for acknowledged
-        records (found from outside: 30 of 192,100). Keeping more batches per producer costs
-        memory for every producer and partition; the log already holds the answer.
-
-        Where: records take one offset and one sequence each, so the ``d`` sequences from
-        ``first_seq`` to the oldest kept batch's take at least ``d`` offsets, and the batch
-        starts at or before ``hi`` = that batch's base offset - ``d`` (exactly there when
-        nobody else wrote in between, checked first: one offset-index lookup). Otherwise the
-        headers from ``hi`` - :data:`OLDER_BATCH_SEARCH_OFFSETS` up to ``hi`` are walked,
-        at most :data:`OLDER_BATCH_SEARCH_HEADERS` headers, over the
-        :data:`OLDER_BATCH_SEARCH_BYTES` of log nearest ``hi`` at most (those bounds say
-        why). Headers only (their prefix and producer fields): no record is read. A batch
-        the cleaner removed, one below the log start, or a range no batch has (half of a
-        split batch) is not found."""
-        oldest = entry.batches[0]
-        distance = (oldest.first_seq - first_seq) & MAX_SEQUENCE
-        hi = oldest.base_offset - distance
-        if hi < self.log_start_offset:
-            return None
-        key = (entry.producer_id, entry.epoch, first_seq)
-        found = self._walk_headers(hi, hi, key)  # the producer's records contiguous
-        if found is None:
-            lo = max(hi - OLDER_BATCH_SEARCH_OFFSETS, self.log_start_offset)
-            found = self._walk_headers(self._walk_start(lo, hi), hi, key)
-        if (
-            found is None
-            or found.last_sequence != last_seq
-            or found.base_offset < self.log_start_offset
-        ):
-            return None  # (no other batch of the epoch has that base sequence)
-        return BatchMetadata(
-            first_seq, last_seq, found.base_offset, found.last_offset, found.max_timestamp
-        )
-
-    def _walk_start(self, lo: int, hi: int) -> int:
-        """Where a walk of the headers up to offset ``hi`` starts: at ``lo`` or after it,
-        where the offset indexes say at most :data:`OLDER_BATCH_SEARCH_BYTES` of log lie
-        between it and ``hi``, so that a walk the byte bound stops has seen the batches
-        nearest ``hi`` (where a producer's older batch most likely is), not the farthest."""
-        budget = OLDER_BATCH_SEARCH_BYTES
-        i = max(bisect.bisect_right(self._bases, hi) - 1, 0)
-        found = self.segments[i].locate(hi)
-        end = found[0] if found is not None else self.segments[i].size  # bytes before hi
-        after = hi  # the first offset after the part of the segment counted
-        while i >= 0:
-            seg = self.segments[i]
-            if seg.base_offset <= lo and end <= budget:
-                return lo
-            if end >= budget:  # the start lies in this segment: its first indexed batch there
-                j = bisect.bisect_left(seg.index.pos, end - budget)
-                start = seg.base_offset + seg.index.rel[j] if j < len(seg.index.pos) else after
-                return min(max(lo, start), hi)
-            budget -= end
-            after = seg.base_offset
-            i -= 1
-            end = self.segments[i].size if i >= 0 else 0
-        return lo
-
-    def _walk_headers(self, lo: int, hi: int, key: tuple[int, int, int]) -> BatchHeader | None:
-        """The header of the first batch from the one holding offset ``lo`` up to base
-        offset ``hi`` with (producer id, epoch, base sequence) ``key``; None when none has
-        within :data:`OLDER_BATCH_SEARCH_HEADERS` headers and
-        :data:`OLDER_BATCH_SEARCH_BYTES` of log."""
-        headers, walked = OLDER_BATCH_SEARCH_HEADERS, OLDER_BATCH_SEARCH_BYTES
-        i = max(bisect.bisect_right(self._bases, lo) - 1, 0)
-        for seg in self.segments[i:]:
-            if seg.base_offset > hi or headers <= 0 or walked <= 0:
-                break
-            at = seg.locate(max(lo, seg.base_offset))
-            if at is None:
-                continue
-            found, n, size = seg.find_producer_batch(at[0], hi, key, headers, walked)
-            if found is not None:
-                return found
-            headers, walked = headers - n, walked - size
-        return None
-
-    def _repeats_over_limit(
-        self, data: bytes | bytearray | memoryview, position: int, limit: int
-    ) -> list[BatchHeader]:
-        """The produced batches of ``data``, one of which (at byte ``position``) is larger than
-        max.message.bytes: raises MESSAGE_TOO_LARGE (:class:`InvalidBatchError`) unless every
-        batch over the limit repeats one its idempotent producer appended and the producer
-        state remembers (same producer id, epoch and sequence range).
-
-        Why a repeat is not refused for its size: it is answered with its original offsets
-        and never written again, so the limit has nothing to protect, while refusing it hid
-        that it was written. The topic's limit may have been lowered after it was appended
-        (and its answer lost to a failover); the producer would then split it, and the leader
-        refuse the halves (OUT_OF_ORDER_SEQUENCE), so that the records, written, failed.
-        Kafka checks the size first; strom answers the retry as the duplicate it is.
-
-        Only the size check moves: every other check keeps its place. A batch over the limit
-        that is no repeat is refused for its size before anything else is looked at, as
-        before. A repeat still passes, before it is answered, the structure and CRC checks
-        (here), the timestamp, control and transactional checks, the leader epoch check and
-        the producer-state check (``ProducerStateManager.check``, which looks at the
-        producer's epoch and fencing first); ``append`` then calls
-        :func:`_refuse_over_limit` again under the lock, should the state have forgotten the
-        batch in between. Costs nothing on the hot path: this runs only after a batch was
-        found too large, and scans the headers again only when that batch is idempotent."""
-        h = read_header(data, position)
-        if h.producer_id < 0 or h.base_sequence < 0:
-            raise _too_large(h, limit)
-        try:
-            headers = scan_batches(
-                data, producer_batch=True, max_batch_bytes=MAX_STORED_BATCH_BYTES
-            )
-        except InvalidBatchError:
-            raise _too_large(h, limit) from None  # the size refusal came first, as always
-        with self.lock:
-            _refuse_over_limit(headers, self.producers.repeats(headers), limit)
-        return headers
 
     def append_marker(
         self,
@@ -1172,294 +732,6 @@ class Log:
                 return ReadResult(data, nxt, start, leo)
             return ReadResult(b"", offset, start, leo)
 
-    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int, int] | None:
-        """ListOffsets by time: (offset, timestamp, leader epoch) of the first record whose
-        timestamp is >= ``timestamp``; None when every record is older."""
-        with self.lock:
-            segs = list(self.segments)
-            start = self.log_start_offset
-        for seg in segs:
-            if seg.max_timestamp < timestamp:
-                continue
-            base = seg.time_index.lookup(timestamp)
-            if base is None:
-                # The segment holds such a record (its max timestamp says so) but its time
-                # index does not list it (found from outside: a damaged .timeindex made the
-                # lookup skip the segment): scan it from its base, as Kafka does.
-                base = seg.base_offset
-            offset = max(base, start)
-            while offset < seg.next_offset:
-                try:
-                    result = self.read(offset, 1, min_one=True)
-                except OffsetOutOfRangeError:
-                    return None
-                if not result.data:
-                    break
-                for batch in _decode(result.data):
-                    if batch.header.max_timestamp < timestamp:
-                        continue
-                    table = batch.to_arrow()
-                    ts = table.column("timestamp").cast("int64").to_numpy()
-                    offs = table.column("offset").to_numpy()
-                    hits = np.nonzero((ts >= timestamp) & (offs >= start))[0]
-                    if hits.size:
-                        j = int(hits[0])
-                        return int(offs[j]), int(ts[j]), batch.header.partition_leader_epoch
-                offset = result.next_offset
-        return None
-
-    def max_timestamp_offset(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with the largest timestamp among the
-        records at or above the log start (ListOffsets -3), as Kafka 3.8+ answers; None when
-        the log holds no record (every one deleted: Kafka answers -1 for an empty log).
-
-        The time indexes find, per segment, the first batch whose max timestamp is the
-        segment's largest; that one batch's timestamp column then gives the record (an admin
-        lookup, off the produce and fetch paths). A batch whose header max has no record
-        (compacted away) answers with its own offset. A segment whose largest batch starts
-        below the log start (DeleteRecords inside it) has its readable part scanned instead:
-        the deleted records must not be answered (found from outside: after deleting every
-        record the lookup gave offset 0 of a log starting at 5)."""
-        with self.lock:
-            segs = list(self.segments)
-            start = self.log_start_offset
-        best: tuple[int, int] | None = None  # (timestamp, offset); earlier wins a tie
-        for seg in segs:
-            if not seg.time_index.ts or (best is not None and seg.time_index.ts[-1] <= best[0]):
-                continue  # nothing here beats what an earlier segment holds
-            top = seg.time_index.ts[-1]
-            base = seg.base_offset + seg.time_index.rel[-1]
-            found = (
-                self._first_at(base, top, start)
-                if base >= start
-                else self._max_from(start, seg.next_offset)
-            )
-            if found is not None and (best is None or found[0] > best[0]):
-                best = found
-        return None if best is None else (best[1], best[0])
-
-    def _first_at(self, base: int, top: int, start: int) -> tuple[int, int] | None:
-        """(``top``, offset of the first record stamped ``top``) in the batch at ``base``;
-        the batch's own offset when no record holds it (compacted away); None when the batch
-        is gone (retention or a truncation meanwhile)."""
-        try:
-            data = self.read(max(base, start), 1).data
-        except OffsetOutOfRangeError:
-            return None
-        batches = _decode(data)
-        if not batches or batches[0].header.base_offset > base:
-            return None
-        offs, ts = (col.to_numpy() for col in batches[0].arrow_columns()[:2])
-        hits = np.nonzero((ts.astype(np.int64) == top) & (offs >= start))[0]
-        return (top, int(offs[hits[0]])) if hits.size else (top, base)
-
-    def _max_from(self, start: int, end: int) -> tuple[int, int] | None:
-        """(largest timestamp, offset of its first record) among the records in
-        [``start``, ``end``), read batch by batch: the batch holding ``start`` record by
-        record (part of it is deleted), the others by their headers, then the winner's
-        records; None when that range holds no record."""
-        best: tuple[int, int] | None = None  # (timestamp, batch base or record offset)
-        by_header = False  # whether ``best`` names a batch (by its header), not a record
-        offset = start
-        while offset < end:
-            try:
-                result = self.read(offset, 1 << 20)
-            except OffsetOutOfRangeError:
-                break
-            if not result.data:
-                break
-            for batch in _decode(result.data):
-                h = batch.header
-                if h.base_offset >= end:
-                    break
-                if h.base_offset >= start:
-                    if best is None or h.max_timestamp > best[0]:
-                        best, by_header = (h.max_timestamp, h.base_offset), True
-                    continue
-                offs, ts = (col.to_numpy() for col in batch.arrow_columns()[:2])
-                ts = ts.astype(np.int64)[offs >= start]
-                if ts.size and (best is None or int(ts.max()) > best[0]):
-                    top = int(ts.max())
-                    best, by_header = (top, int(offs[offs >= start][np.argmax(ts)])), False
-            offset = max(result.next_offset, offset + 1)
-        if best is not None and by_header:
-            return self._first_at(best[1], best[0], start)
-        return best
-
-    # -- truncation, retention, deletion ---------------------------------------------------
-
-    def truncate_to(self, offset: int) -> None:
-        """Remove every batch holding an offset >= ``offset`` (follower truncation).
-
-        An ``offset`` below the log start (Kafka's UnifiedLog.truncateTo) empties the log and
-        restarts it there (truncate_fully_and_start_at): every readable record lies above the
-        point where this replica's log stopped being the leader's. This happens after an
-        unclean election to a replica that missed a DeleteRecords: its log ends below our
-        log start, and its records from there on are not ours. Refusing (or stopping at our
-        log start) kept our own records above the divergence point, which then passed for
-        the leader's once our log reached its end (found from outside)."""
-        with self.lock:
-            if offset >= self.log_end_offset:
-                # FIX (found reproducing an outside report of a leader on a full disk): no
-                # batch to remove, but the epoch history may end with an epoch that holds
-                # none: this replica led in it and its append failed after the epoch was
-                # recorded. The leader does not know that epoch, answers every fetch naming
-                # it with a divergence at our log end, and the follower truncated to its own
-                # end in a loop, many times a second, never copying anything. Kafka's
-                # truncateTo drops such entries too.
-                self.epochs.truncate_from_end(self.log_end_offset)
-                return
-            if offset < 0:
-                raise InvalidAppendError(f"cannot truncate to a negative offset ({offset})")
-            if offset < self.log_start_offset:
-                _log.warning(
-                    "%s: truncating to %d, below the log start %d: the log restarts empty there",
-                    self.directory,
-                    offset,
-                    self.log_start_offset,
-                )
-                self.truncate_fully_and_start_at(offset)
-                return
-            while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
-                self._retire(self.segments.pop())
-                self._bases.pop()
-            self.active.truncate_to(offset)
-            self.truncations += 1
-            # The cleaner's checkpoint never points past the end (Kafka truncates it too).
-            self.first_dirty_offset = min(self.first_dirty_offset, offset)
-            leo = self.log_end_offset
-            self.epochs.truncate_from_end(leo)
-            self.recovery_point = min(self.recovery_point, leo)
-            # FIX: the batch holding ``offset`` may start below the log start (DeleteRecords
-            # mid-batch): keep log_start_offset <= log_end_offset.
-            self.log_start_offset = min(self.log_start_offset, leo)
-            # Producer state cannot be rolled back batch by batch: rebuild it from the newest
-            # snapshot below the new end (snapshots above it are deleted) and the headers.
-            self._rebuild_producer_state()
-
-    def truncate_fully_and_start_at(self, offset: int, *, log_start_offset: int = -1) -> None:
-        """Drop all data and restart the log at ``offset`` (a follower far behind the
-        leader's log start). ``log_start_offset``, when above ``offset``, is the log start
-        to keep: the leader's, inside the first batch to come (see append_as_follower)."""
-        with self.lock:
-            for seg in self.segments:
-                self._retire(seg)
-            seg = self._new_active_segment(offset)
-            self.segments = [seg]
-            self._bases = [offset]
-            self.epochs.clear()
-            self.log_start_offset = max(offset, log_start_offset)
-            self.recovery_point = offset
-            self.first_dirty_offset = self.log_start_offset
-            self.truncations += 1
-            delete_snapshots(self.directory, list_snapshots(self.directory))
-            self.producers.clear()
-            self.aborted.entries = []
-            self.aborted.save()
-
-    def delete_records(self, offset: int) -> int:
-        """DeleteRecords: advance the log start offset to ``offset`` and drop whole segments
-        below it. Returns the new log start offset (the low watermark)."""
-        with self.lock:
-            leo = self.log_end_offset
-            if offset < 0 or offset > leo:
-                raise OffsetOutOfRangeError(offset, self.log_start_offset, leo)
-            if offset > self.log_start_offset:
-                self.log_start_offset = offset
-                self.producers.evict_below(offset)
-            # FIX: do not cut the epoch history at ``offset``: batches below it stay on disk
-            # (the rest of the first kept segment, the batch holding ``offset``) and every
-            # read and recovery checks their epochs against this history. Only epochs of
-            # deleted segments are forgotten (in _delete_oldest).
-            self._delete_segments_below_start()
-            return self.log_start_offset
-
-    def _delete_segments_below_start(self) -> int:
-        deleted = 0
-        while len(self.segments) > 1 and self.segments[0].next_offset <= self.log_start_offset:
-            self._delete_oldest()
-            deleted += 1
-        return deleted
-
-    def _delete_oldest(self) -> None:
-        seg = self.segments.pop(0)
-        self._bases.pop(0)
-        self._retire(seg)
-        new_start = self.segments[0].base_offset
-        if new_start > self.log_start_offset:
-            self.log_start_offset = new_start
-        # FIX: forget epochs only below the first segment still on disk (see delete_records).
-        self.epochs.truncate_from_start(new_start)
-        self.producers.evict_below(self.log_start_offset)
-        self.aborted.drop_below(self.log_start_offset)
-
-    def apply_retention(self, now: int | None = None, high_watermark: int | None = None) -> int:
-        """Delete whole segments past ``retention.ms`` or ``retention.bytes``.
-
-        Offsets are never reused: the log start offset moves up to the first kept segment.
-        Only segments wholly below ``high_watermark`` go, as in Kafka (the next segment's base
-        offset at or below it): records not yet committed may still be needed (a follower
-        that has not copied them, a leader change) and the log start never passes the high
-        watermark. None (the engine on its own, no replication) bounds nothing for sealed
-        segments. With ``high_watermark`` at the log end (everything committed), an active segment
-        whose newest record is past ``retention.ms``, and that has taken no append for as
-        long, goes too, as in Kafka (which does not wait for the idle time): a new empty
-        segment takes over first (otherwise a quiet topic would keep its last records
-        forever, as segment.ms rolls only on an append). Also forgets idempotent producers
-        idle for ``producer.id.expiration.ms``. Returns the number of segments deleted.
-        """
-        with self.lock:
-            self.producers.expire(
-                self.clock() if now is None else now, self.config.producer_id_expiration_ms
-            )
-        if not self.config.delete:
-            with self.lock:
-                return self._delete_segments_below_start()
-        now = self.clock() if now is None else now
-        deleted = 0
-        with self.lock:
-            deleted += self._delete_segments_below_start()
-            total = self.size_bytes
-            while len(self.segments) > 1:
-                seg = self.segments[0]
-                if high_watermark is not None and self.segments[1].base_offset > high_watermark:
-                    break  # found from outside: uncommitted records were deleted
-                too_old = (
-                    self.config.retention_ms >= 0
-                    and seg.max_timestamp >= 0
-                    and now - seg.max_timestamp > self.config.retention_ms
-                )
-                too_big = (
-                    self.config.retention_bytes >= 0
-                    and total - seg.size >= self.config.retention_bytes
-                )
-                if not (too_old or too_big):
-                    break
-                total -= seg.size
-                self._delete_oldest()
-                deleted += 1
-            active = self.active
-            if (
-                high_watermark is not None
-                and len(self.segments) == 1
-                and active.size
-                and high_watermark >= self.log_end_offset
-                and self.config.retention_ms >= 0
-                and active.max_timestamp >= 0
-                and now - active.max_timestamp > self.config.retention_ms
-                # and idle that long: records just written with old timestamps (a backfill)
-                # are not deleted the moment they land. On the wall clock, like the
-                # retention test beside it (a step moves both alike, as retention.ms is
-                # documented to be), and because last_append_ms is the file's mtime after a
-                # restart: a monotonic count would start over at each restart, holding an
-                # expired quiet segment for retention.ms more every time.
-                and now - active.last_append_ms > self.config.retention_ms
-            ):
-                self._roll(self.log_end_offset)
-                self._delete_oldest()
-                deleted += 1
-        return deleted
-
     # -- flushing and closing --------------------------------------------------------------
 
     def needs_flush(self, now: int | None = None) -> bool:
@@ -1547,61 +819,6 @@ def _check_after(
     )
 
 
-def _check_consecutive(dups: list[BatchMetadata]) -> None:
-    """Raise ``DUPLICATE_SEQUENCE`` (written, offsets not given) when repeated batches are not
-    consecutive in the log: the answer has one base offset for the request, from which the
-    producer counts each batch's records, so a gap (another producer's records between two
-    of them, more likely now that batches older than the kept ones are found in the log)
-    would give later records wrong offsets. Never the case for a request retried as it was
-    first sent (its batches were written together)."""
-    for a, b in itertools.pairwise(dups):
-        if a.last_offset + 1 != b.base_offset:
-            raise ProducerStateError(
-                DUPLICATE_SEQUENCE,
-                f"the batches repeat ones appended at offsets {dups[0].base_offset}.."
-                f"{dups[-1].last_offset} with others' records between them (after offset "
-                f"{a.last_offset}): written once, but one base offset can not answer for them",
-            )
-
-
-def _too_large(h: BatchHeader, limit: int) -> InvalidBatchError:
-    """MESSAGE_TOO_LARGE for a produced batch over the topic's max.message.bytes."""
-    return InvalidBatchError(
-        f"batch at byte {h.position} is {h.size} bytes, more than the topic's "
-        f"max.message.bytes={limit}",
-        position=h.position,
-        too_large=True,
-    )
-
-
-def _refuse_over_limit(headers: list[BatchHeader], start: int, limit: int) -> None:
-    """Raise MESSAGE_TOO_LARGE for the first batch from index ``start`` on that is larger
-    than ``limit`` (the batches before ``start`` repeat appended ones: see
-    ``Log._repeats_over_limit``). Runs only after the scan found a batch too large."""
-    for h in headers[start:]:
-        if h.size > limit:
-            raise _too_large(h, limit)
-
-
-def _swap_end(path: Path, base: int) -> int:
-    """The offset after the last batch of the compaction swap file ``path`` (a segment
-    starting at ``base``), by the rule recovery applies (a damaged tail ends it early: the
-    recovery that follows cuts the segment there and drops the segments after it)."""
-    end = base
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not size:
-            return end
-        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            try:
-                for h in valid_batches(view, base, None):
-                    end = h.next_offset
-            finally:
-                view.release()
-    return end
-
-
 def _trim_filler(data: bytes | memoryview, offset: int) -> bytes | memoryview:
     """``data`` (whole batches, the first holding ``offset`` but starting below it) with that
     first batch cut to start at ``offset`` when it is a filler: a batch without records,
@@ -1628,10 +845,3 @@ def _trim_filler(data: bytes | memoryview, offset: int) -> bytes | memoryview:
         partition_leader_epoch=h.partition_leader_epoch,
     )
     return head + bytes(memoryview(data)[h.size :])
-
-
-def _decode(data: bytes | memoryview) -> list[RecordBatch]:
-    try:
-        return decode_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
-    except InvalidBatchError as exc:  # a CRC or body fault in what the log holds: corruption
-        raise CorruptLogError(str(exc)) from exc

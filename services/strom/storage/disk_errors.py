@@ -6,7 +6,7 @@ many times a second. Each is counted (``strom_storage_append_failures_total``) a
 at most once a minute per partition, with the number of failures since the last line: a
 follower on a full disk used to log a full traceback about once a second per partition,
 which buried everything else (found from outside). A leader whose append failed so hands
-its leadership over (:class:`strom.storage.replication.IsrManager`).
+its leadership over (:class:`strom.storage.isr.IsrManager`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ Start-up order matters and is:
 3. open the data dir (recovery after a crash) in a worker thread;
 4. reconcile once (create/delete/update replicas), then publish RUNNING.
 
-Replication (:mod:`strom.storage.replication`) runs as one fetcher task per leader node this
-node follows (refreshed after every reconcile) and an ISR task proposing AlterPartition.
+Replication runs as one fetcher task per leader node this node follows
+(:mod:`strom.storage.replica_fetchers`, refreshed after every reconcile) and an ISR task
+proposing AlterPartition (:mod:`strom.storage.isr`).
 InitProducerId reserves producer id blocks from the same controller
 (:mod:`strom.storage.producer_ids`).
 
@@ -62,6 +63,7 @@ from strom.service.limits import (
     open_fd_count,
 )
 from strom.storage import metrics, records_api, subscriptions
+from strom.storage.controller_client import ControllerClient
 from strom.storage.identity import (
     Agreement,
     DataDirIdentity,
@@ -69,17 +71,13 @@ from strom.storage.identity import (
     cluster_agreement,
     partition_dirs,
 )
+from strom.storage.isr import IsrManager, running_nodes
 from strom.storage.manager import FD_RESERVE, PartitionManager, read_topic_id
 from strom.storage.partition import Partition
 from strom.storage.producer_ids import ProducerIdAllocator, controller_block_fetcher
 from strom.storage.readiness import InSyncReadiness
 from strom.storage.registration import NodeIdInUseError, NodeRegistration
-from strom.storage.replication import (
-    ControllerClient,
-    IsrManager,
-    ReplicaFetchers,
-    running_nodes,
-)
+from strom.storage.replica_fetchers import ReplicaFetchers
 from strom.storage.servicer import StorageServicer, add_to_server
 
 log = logging.getLogger("strom.storage")

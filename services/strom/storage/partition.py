@@ -6,8 +6,8 @@ being just this node it simply follows the LEO. ``acks=-1`` producers wait in
 :meth:`wait_for_high_watermark`, which resolves as the high watermark passes their records.
 Followers adopt the leader's HW bounded by their own LEO (:meth:`set_follower_high_watermark`).
 The leader tracks when each follower was last caught up and :func:`decide_isr` says when the
-ISR should shrink or grow; :mod:`strom.storage.replication` proposes that to the controller and
-the new ISR arrives back through :meth:`apply_state` only once committed.
+ISR should shrink or grow; :mod:`strom.storage.isr` proposes that to the controller and the
+new ISR arrives back through :meth:`apply_state` only once committed.
 
 Only the event loop thread touches this object (the manager installs and updates it there),
 so it has no locks; the log has its own for the worker threads that flush or clean it.
