@@ -50,6 +50,9 @@ def test_values_are_normalised_and_bad_ones_named() -> None:
         ({"log.level.a..b": "info"}, "names no logger"),
         ({"log.level.a b": "info"}, "names no logger"),
         ({"loglevel": "info"}, "unknown dynamic node config 'loglevel'"),
+        # Python's name of the root logger: a second config for one logger could not be
+        # restored (found from outside: deleting both left every service at the wrong level).
+        ({"log.level.root": "error"}, "names the root logger: set log.level instead"),
     ]:
         with pytest.raises(ConfigError) as info:
             validate_node_configs(configs)
@@ -88,6 +91,18 @@ def test_the_change_is_logged_even_when_it_quiets_the_service(lines: _Lines) -> 
     assert lines.lines == ["log levels changed by the dynamic configs: root=error"]
     logging.getLogger("strom.service").info("an info line")
     assert len(lines.lines) == 1  # the new level holds
+
+
+def test_the_change_is_logged_in_a_service_started_at_warning(lines: _Lines) -> None:
+    """Found from outside: a service started at warn logged no change of its levels."""
+    ROOT.setLevel(logging.WARNING)
+    levels = DynamicLogLevels()
+    levels.apply({"log.level.t.a": "debug"})
+    levels.apply({"log.level": "error"})
+    assert lines.lines == [
+        "log levels changed by the dynamic configs: t.a=debug",
+        "log levels changed by the dynamic configs: root=error, t.a=inherited (as at start)",
+    ]
 
 
 def test_a_stored_value_that_does_not_parse_is_skipped_not_fatal(lines: _Lines) -> None:

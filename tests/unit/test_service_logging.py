@@ -96,3 +96,14 @@ def test_the_first_line_says_the_version_and_the_settings_with_secrets_hidden(
         "tls_key_password": "<hidden>",
     }
     assert "hunter2" not in out.getvalue()
+
+
+def test_the_first_line_is_written_at_any_start_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside: a service started with --log-level warn never said which version
+    ran with which settings (its first line is INFO)."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    runtime.setup_logging("warning", "controller")
+    logging.getLogger("strom").info("an ordinary info line")
+    lines = [json.loads(x) for x in out.getvalue().splitlines() if x]
+    assert [x["msg"].split(" ")[:2] for x in lines] == [["starting", "controller"]]

@@ -1083,6 +1083,9 @@ def _cluster_configs(admin: Admin, args: argparse.Namespace, out: Any) -> int:
     except InvalidConfigError as exc:
         raise UsageError(str(exc)) from None
     admin.alter_node_configs(set=settings, delete=delete)
+    if settings:  # as stored: the controller normalises (warn -> warning, critical -> error)
+        stored = admin.describe_node_configs()
+        settings = {k: (stored[k].value if k in stored else v) or v for k, v in settings.items()}
     done = [f"set {k}={v}" for k, v in settings.items()] + [f"deleted {k}" for k in delete]
     print(f"altered the dynamic configs of every node: {', '.join(done)}", file=out)
     return 0

@@ -323,8 +323,9 @@ def log_config_change(what: str, before: Mapping[str, str], after: Mapping[str, 
 def apply_node_config_ops(
     configs: dict[str, str], ops: Iterable[pb.AlterableConfig]
 ) -> dict[str, str]:
-    """The dynamic node configs after SET / DELETE ``ops``, validated (InvalidConfigError
-    naming the config; InvalidRequestError for a name given twice or a list operation)."""
+    """The dynamic node configs after SET / DELETE ``ops``, the values set validated and
+    normalised (InvalidConfigError naming the config; InvalidRequestError for a name given
+    twice or a list operation)."""
     result = dict(configs)
     seen: set[str] = set()
     for c in ops:
@@ -345,6 +346,10 @@ def apply_node_config_ops(
                 f"{pb.AlterConfigOp.Name(c.op) if c.op in pb.AlterConfigOp.values() else c.op}"
             )
     try:
-        return validate_node_configs(result)
+        # Only what this request sets: a value stored by another writer that does not
+        # parse must not make every later change fail naming it (found from outside; the
+        # services skip such a value with a warning).
+        result.update(validate_node_configs({n: result[n] for n in seen if n in result}))
     except ConfigError as exc:
         raise InvalidConfigError(str(exc)) from None
+    return result

@@ -18,8 +18,7 @@ coordinators alike:
 
 Values are the start flag's levels (``debug``, ``info``, ``warning``/``warn``, ``error``).
 Deleting a config puts that logger back as it was at start. Each change is logged at INFO
-(at the levels from before the change when it makes that line's logger quieter, so that
-the line is still written).
+whatever the levels (:func:`strom.service.runtime.always_info`).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from collections.abc import Mapping
 from strom.log.errors import ConfigError
 from strom.metadata.view import RESYNC, ClusterView, WatchEvent
 from strom.service.flags import LOG_LEVELS, log_level
+from strom.service.runtime import always_info
 
 log = logging.getLogger("strom.service")
 
@@ -60,6 +60,8 @@ def parse_level(name: str, raw: object) -> str:
     ConfigError naming the config when the logger's name or the level is not valid."""
     if name != ROOT_LEVEL:
         logger = name[len(LOGGER_LEVEL_PREFIX) :]
+        if logger == "root":  # Python's name of the root logger: one config for it
+            raise ConfigError(f"config '{name}' names the root logger: set {ROOT_LEVEL} instead")
         if not _LOGGER_NAME.fullmatch(logger):
             raise ConfigError(
                 f"config '{name}' names no logger: expected {LOGGER_LEVEL_PREFIX}<logger>, "
@@ -118,15 +120,8 @@ class DynamicLogLevels:
             if not changes:
                 return False
             self._applied = want
-            before = {name: _logger(name).level for name in changes}
             _set(changes)
-            if not log.isEnabledFor(logging.INFO):
-                # The change made this line's logger quieter: say it at the old levels.
-                _set(before)
-                _log_changes(changes, want)
-                _set(changes)
-            else:
-                _log_changes(changes, want)
+            _log_changes(changes, want)
             return True
 
 
@@ -145,7 +140,7 @@ def _log_changes(changes: Mapping[str, int], want: Mapping[str, int]) -> None:
         + ("" if name in want else " (as at start)")
         for name, level in sorted(changes.items())
     )
-    log.info("log levels changed by the dynamic configs: %s", shown)
+    always_info(log, "log levels changed by the dynamic configs: %s", shown)
 
 
 def follow(view: ClusterView) -> DynamicLogLevels:

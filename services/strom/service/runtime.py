@@ -117,6 +117,18 @@ def loggable_settings(settings: argparse.Namespace | Mapping[str, Any]) -> dict[
     return out
 
 
+def always_info(
+    logger: logging.Logger, msg: str, *args: object, extra: Mapping[str, Any] | None = None
+) -> None:
+    """An INFO line written whatever the logger's level: the lines an operator must see to
+    know what a service runs with (its start line, a level change) would otherwise vanish
+    in a service started at ``warning`` (found from outside: a service started at warn
+    wrote neither its start line nor the change that turned it to debug). Handlers and
+    filters still apply; only the level check is skipped."""
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, msg, args, None, extra=extra)
+    logger.handle(record)
+
+
 def setup_logging(
     level: str = "info",
     service: str = "strom",
@@ -140,7 +152,8 @@ def setup_logging(
     }
     if settings is not None:
         fields["config"] = loggable_settings(settings)
-    logging.getLogger("strom").info(
+    always_info(
+        logging.getLogger("strom"),
         "starting %s %s (python %s, pid %d)%s",
         service,
         __version__,
