@@ -231,6 +231,55 @@ def test_a_leader_that_forgot_the_producer_gets_sequence_zero_again() -> None:
     assert leader.requests[1:] == [[(7, 0, 2, 1)], [(7, 0, 0, 1)]]
 
 
+@pytest.mark.parametrize("fault", ["timeout", "lost-answer"])
+def test_an_unknown_producer_after_a_maybe_written_attempt_fails_the_call(fault: str) -> None:
+    """FIX (found from outside): an attempt appended but not acknowledged, then the
+    producer's state expired on the leader (UNKNOWN_PRODUCER_ID on the retry): the sender
+    restarted at sequence 0 under the same epoch and wrote the records a second time. The
+    call now fails saying they may have been written; the next call takes a new epoch."""
+    leader = FakeLeader()
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> Any:
+        far = asyncio.get_running_loop().time() + 10
+        a = await s.submit(_values("a"), "none", -1, far)
+        leader.faults = [fault, "forget"]  # "b" appended, unanswered; then the state expires
+        with pytest.raises(RequestTimedOutError, match="may or may not have been written"):
+            await s.submit(_values("b"), "none", -1, far)
+        c = await s.submit(_values("c"), "none", -1, far)
+        return a, c, ids.calls
+
+    a, c, calls = _run(body, leader)
+    assert leader.values == [b"a", b"b", b"c"] and (a, c) == (0, 2)
+    assert calls == [(-1, -1), (7, 0)]  # a new id, then a bump for "c"
+    assert leader.requests[1:] == [[(7, 0, 1, 1)], [(7, 0, 1, 1)], [(7, 1, 0, 1)]]
+
+
+def test_a_sequence_refusal_after_a_maybe_written_attempt_keeps_its_code() -> None:
+    """As above, for a leader whose state of the producer no longer matches (here: its
+    duplicates forgotten, its next sequence elsewhere): OUT_OF_ORDER_SEQUENCE, not sent
+    again under a new epoch (which would write "b" twice)."""
+
+    class Diverging(FakeLeader):
+        async def produce(self, *args: Any) -> storage_pb2.ProducePartitionResponse:
+            answer = await super().produce(*args)
+            if answer.error_code == E.REQUEST_TIMED_OUT:
+                self.producers[7].update(next=99, offsets={})
+            return answer
+
+    leader = Diverging()
+
+    async def body(leader: FakeLeader, s: PartitionSender, ids: Ids) -> Any:
+        far = asyncio.get_running_loop().time() + 10
+        await s.submit(_values("a"), "none", -1, far)
+        leader.faults = ["timeout"]
+        with pytest.raises(StromError, match="may or may not have been written") as err:
+            await s.submit(_values("b"), "none", -1, far)
+        return err.value.code
+
+    assert _run(body, leader) == E.OUT_OF_ORDER_SEQUENCE
+    assert leader.values == [b"a", b"b"]
+
+
 def test_a_refused_call_fails_alone_and_leaves_no_sequence_gap() -> None:
     leader = FakeLeader(gate=asyncio.Event())
 

@@ -202,6 +202,7 @@ def check_consecutive(dups: list[BatchMetadata]) -> None:
                 f"the batches repeat ones appended at offsets {dups[0].base_offset}.."
                 f"{dups[-1].last_offset} with others' records between them (after offset "
                 f"{a.last_offset}): written once, but one base offset can not answer for them",
+                written_by=max(d.last_offset for d in dups),
             )
 
 

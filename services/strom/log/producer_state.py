@@ -237,13 +237,27 @@ class ProducerEntry:
 class ProducerStateError(LogError):
     """A batch failed the idempotence check; nothing of the request was appended.
 
-    ``reason`` is the ErrorCode name to answer with (see the module docstring)."""
+    ``reason`` is the ErrorCode name to answer with (see the module docstring).
+    ``written_by`` (``DUPLICATE_SEQUENCE`` only, else -1): an offset at or after the last
+    record of the repeated batches, which the high watermark must pass before an acks=all
+    request may be answered "written": the repeated batch's own last offset when known, else
+    the producer's newest appended offset (the batch lies at or before it). Without it a
+    duplicate was answered while its first attempt was on the leader alone, and lost with
+    it (found from outside)."""
 
-    def __init__(self, reason: str, message: str, producer_id: int = NO_PRODUCER_ID) -> None:
+    def __init__(
+        self,
+        reason: str,
+        message: str,
+        producer_id: int = NO_PRODUCER_ID,
+        *,
+        written_by: int = -1,
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.producer_id = producer_id
+        self.written_by = written_by
 
 
 #: Finds, in the log, a batch of a producer written before every batch its entry keeps:
@@ -310,6 +324,7 @@ def check_batch(
             f"appended before the last {len(entry.batches)} batches, whose offsets are no "
             "longer known",
             producer_id,
+            written_by=entry.batches[-1].last_offset,
         )
     raise ProducerStateError(
         OUT_OF_ORDER_SEQUENCE,

@@ -20,8 +20,11 @@ Two senders:
   leader that has it, never written twice (DESIGN §6). Why one request at a time: gRPC orders
   nothing between calls (DESIGN §6, "Order on the wire"), and with a single request in flight
   a sequence refusal can only mean the leader lost the producer's state, which an epoch bump
-  (or, for an unknown producer, a restart at sequence 0) settles; the pipelining and
-  reordering cases strom's Python Producer handles cannot arise.
+  (or, for an unknown producer, a restart at sequence 0) settles when no attempt of the
+  request can have been appended; when one may have been (an earlier attempt timed out or
+  lost its answer), its calls fail saying the records may have been written, and the next
+  request takes a new epoch. The pipelining and reordering cases strom's Python Producer
+  handles cannot arise.
 * :class:`SequencedSender`: the caller's own producer id, epoch and base sequence (for
   idempotent retries *by the caller*); one batch, sent to the leader and retried until the
   call's deadline, which the sequence makes safe.
@@ -445,7 +448,11 @@ class PartitionSender:
                     ambiguous = True
                 elif idempotent and code in _SEQUENCE:
                     # The leader does not know our producer state (it expired, or a leader
-                    # without it took over); nothing of this request was appended.
+                    # without it took over); nothing of this attempt was appended.
+                    if ambiguous:  # but an earlier one may have been: never send it again
+                        self._bump = True
+                        _fail(group, _maybe_written(self, code, last))
+                        return
                     if code == E.UNKNOWN_PRODUCER_ID and self.next_sequence != 0:
                         self.next_sequence = 0  # an unknown producer starts at 0
                     else:
@@ -472,6 +479,35 @@ class PartitionSender:
                 offset += n
             if c.acks != 0:
                 self.next_sequence = (self.next_sequence + n) % SEQUENCE_LIMIT
+
+
+def _fail(group: list[_Call], exc: StromError) -> None:
+    """Settle every call of ``group`` not settled yet with ``exc``."""
+    for c in group:
+        if not c.future.done():
+            c.future.set_exception(exc)
+
+
+def _maybe_written(sender: PartitionSender, code: int, last: StromError) -> StromError:
+    """The error of a request refused for its sequences (``code``: UNKNOWN_PRODUCER_ID,
+    OUT_OF_ORDER_SEQUENCE, INVALID_PRODUCER_EPOCH) after an earlier attempt of it got an
+    answer, or none, that leaves it possibly appended. FIX (found from outside): the leader
+    expired the producer while the first attempt waited for replicas
+    (NOT_ENOUGH_REPLICAS_AFTER_APPEND), the sender restarted at sequence 0 under the same
+    epoch and the records were written twice. Sent again under any new sequence, a written
+    request is written again; so, as Kafka's producer and strom's (``strom.client.sender``)
+    do, the calls fail saying so, and the sender's next request takes a new epoch
+    (``_bump``). OUT_OF_ORDER_SEQUENCE keeps its code (a refusal of the batch); the others
+    answer REQUEST_TIMED_OUT, as a call whose outcome no answer settled."""
+    where = f"{sender.topic}-{sender.partition}"
+    msg = (
+        f"{where}: an earlier attempt may have been written, and the leader then refused the "
+        f"retry ({last}): not sent again under new sequence numbers, so as not to write the "
+        "records twice; the records may or may not have been written"
+    )
+    if code == E.OUT_OF_ORDER_SEQUENCE:
+        return error_for(code, msg)
+    return RequestTimedOutError(msg)
 
 
 def _timed_out(sender: PartitionSender, ambiguous: bool, last: StromError | None) -> StromError:

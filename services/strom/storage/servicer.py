@@ -85,6 +85,10 @@ E = ErrorCode
 
 _PRODUCE_RESULTS: dict[int, Any] = {}
 
+#: An acks=-1 partition's wait for its commit: (answer, partition, offset the high watermark
+#: must pass, the refusal to answer once it has: DUPLICATE_SEQUENCE's; None = the append's).
+_CommitWait = tuple[pb.ProducePartitionResponse, Partition, int, _Refusal | None]
+
 
 def _internal_topic_refusal(topic: str) -> _Refusal:
     """INVALID_TOPIC for a write to an internal ``__`` topic by anyone but strom's own
@@ -373,7 +377,14 @@ class StorageServicer(
             await asyncio.gather(*(self._flush(pr, part) for pr, part in flushes))
         if commits:
             timeout = max(timeout_ms, 0) / 1000.0
-            await asyncio.gather(*(self._await_commit(pr, p, o, timeout) for pr, p, o in commits))
+            await asyncio.gather(
+                *(
+                    self._await_commit(pr, p, o, timeout)
+                    if held is None
+                    else self._answer_when_committed(pr, p, o, timeout, held)
+                    for pr, p, o, held in commits
+                )
+            )
         return appended
 
     def _publish(
@@ -384,16 +395,22 @@ class StorageServicer(
     ) -> tuple[
         int,
         list[tuple[pb.ProducePartitionResponse, Partition]],
-        list[tuple[pb.ProducePartitionResponse, Partition, int]],
+        list[_CommitWait],
     ]:
         """Back on the loop after the appends: answers, metrics, watermarks, woken fetches;
         returns the bytes appended and the partitions still to flush and to wait for."""
         flushes: list[tuple[pb.ProducePartitionResponse, Partition]] = []
-        commits: list[tuple[pb.ProducePartitionResponse, Partition, int]] = []
+        commits: list[_CommitWait] = []
         appended = 0
         for (pr, part, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                self._produce_failed(pr, self._append_failed(part, outcome, "producing"))
+                refusal = self._append_failed(part, outcome, "producing")
+                written_by = _duplicate_written_by(outcome) if acks == -1 else -1
+                if written_by >= 0:
+                    # DUPLICATE_SEQUENCE says "written": under acks=all only once committed.
+                    commits.append((pr, part, written_by, refusal))
+                else:
+                    self._produce_failed(pr, refusal)
                 continue
             info: AppendInfo = outcome
             _count_produce(E.NONE)
@@ -411,7 +428,7 @@ class StorageServicer(
                     flushes.append((pr, part))
             if acks == -1:
                 # A duplicate too: the first attempt may not be committed yet.
-                commits.append((pr, part, info.last_offset))
+                commits.append((pr, part, info.last_offset, None))
         return appended, flushes, commits
 
     async def _flush(self, pr: pb.ProducePartitionResponse, part: Partition) -> None:
@@ -453,6 +470,27 @@ class StorageServicer(
         else:
             pr.error_code = E.NOT_LEADER_OR_FOLLOWER  # type: ignore[assignment]
             pr.error_message = f"leadership moved before the {what} {be} committed"
+
+    async def _answer_when_committed(
+        self,
+        pr: pb.ProducePartitionResponse,
+        part: Partition,
+        written_by: int,
+        timeout: float,
+        answer: _Refusal,
+    ) -> None:
+        """acks=-1 for a batch answered DUPLICATE_SEQUENCE (written before, offsets no longer
+        known): ``answer`` only once the high watermark passes ``written_by``, at or after the
+        batch's last record, as a duplicate answered NONE waits for its original offsets
+        (design §6; Kafka's duplicate answer waits as any acks=all append). Otherwise the
+        error the wait gives (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        NOT_LEADER_OR_FOLLOWER), all retriable: FIX (found from outside), it was answered at
+        once while the first attempt was on the leader alone, and lost with it."""
+        await self._await_commit(pr, part, written_by, timeout, "repeated records")
+        if pr.error_code:
+            _count_produce(pr.error_code)
+        else:
+            self._produce_failed(pr, answer)
 
     # -- WriteTxnMarkers --------------------------------------------------------------------
 
@@ -660,6 +698,14 @@ def _append_jobs(
         except Exception as exc:
             out.append(exc)
     return out
+
+
+def _duplicate_written_by(exc: BaseException) -> int:
+    """The offset a DUPLICATE_SEQUENCE refusal's records are in the log by (see
+    ``ProducerStateError.written_by``); -1 for every other failure."""
+    if isinstance(exc, ProducerStateError) and exc.reason == "DUPLICATE_SEQUENCE":
+        return exc.written_by
+    return -1
 
 
 def _append_error(part: Partition, exc: BaseException) -> _Refusal:
