@@ -294,14 +294,21 @@ def test_prometheus_collector_exports_registered_clients(
         _consume(consumer, 5)
         assert (
             registry.get_sample_value(
-                "strom_client_producer_record_send_total",
+                "strom_client_producer_topic_record_send_total",
                 {"client_id": "scraped-producer", "topic": topic},
+            )
+            == 25
+        )
+        # The client's total under its own name: a sum over the name is 25, not 50.
+        assert (
+            registry.get_sample_value(
+                "strom_client_producer_record_send_total", {"client_id": "scraped-producer"}
             )
             == 25
         )
         assert (
             registry.get_sample_value(
-                "strom_client_consumer_records_lag",
+                "strom_client_consumer_partition_records_lag",
                 {"client_id": "scraped-consumer", "topic": topic, "partition": "0"},
             )
             == 20
