@@ -19,7 +19,12 @@ from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import StromError
+from strom.errors import (
+    MessageTooLargeError,
+    RequestTimedOutError,
+    StromError,
+    UnknownTopicOrPartitionError,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -144,6 +149,61 @@ def test_a_refused_record_counts_as_an_error(one_node_cluster: LocalCluster, new
     assert m["record-error-total"] == 1
     assert m[f"record-error-total{{topic={topic}}}"] == 1
     assert m["record-send-total"] == 2
+
+
+def test_a_record_over_max_request_size_counts_as_an_error(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    """send() refuses it before any request (as Kafka's doSend, which counts it); a
+    send_batch() refused for one row counts all its rows, none of which were queued."""
+    topic = new_topic(one_node_cluster)
+    with Producer(one_node_cluster.bootstrap, max_request_size=100_000) as producer:
+        with pytest.raises(MessageTooLargeError):
+            producer.send(topic, b"z" * 200_000)
+        m = producer.metrics()
+        assert m["record-error-total"] == 1 and m[f"record-error-total{{topic={topic}}}"] == 1
+        with pytest.raises(MessageTooLargeError):
+            producer.send_batch(topic, [b"a", b"z" * 200_000, b"b"])
+        m = producer.metrics()
+    assert m["record-error-total"] == 4 and m[f"record-error-total{{topic={topic}}}"] == 4
+    assert m["record-error-rate"] > 0
+    assert m["record-send-total"] == 0 and m["request-total"] == 0
+
+
+def test_a_record_for_an_unknown_topic_counts_as_an_error(
+    one_node_cluster: LocalCluster,
+) -> None:
+    with Producer(one_node_cluster.bootstrap, max_block_ms=5000) as producer:
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send("no-such-topic-metrics", b"v")
+        m = producer.metrics()
+    assert m["record-error-total"] == 1
+    assert m["record-error-total{topic=no-such-topic-metrics}"] == 1
+
+
+def test_a_send_that_finds_the_buffer_full_for_max_block_ms_counts_as_an_error(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    """Records the leader keeps refusing (NOT_ENOUGH_REPLICAS, retriable) fill a 32 KiB
+    buffer; the next send waits max_block_ms and fails: one error, while the records in the
+    buffer are still being retried (not errors yet)."""
+    topic = new_topic(one_node_cluster, config={"min.insync.replicas": "2"})
+    producer = Producer(
+        one_node_cluster.bootstrap,
+        buffer_memory=32 * 1024,
+        max_block_ms=300,
+        delivery_timeout_ms=60_000,
+        request_timeout_ms=30_000,
+    )
+    try:
+        with pytest.raises(RequestTimedOutError, match="buffer_memory"):
+            for _ in range(200):
+                producer.send(topic, b"q" * 1000)
+        m = producer.metrics()
+    finally:
+        producer.close(timeout=0)
+    assert m["record-error-total"] == 1
+    assert m[f"record-error-total{{topic={topic}}}"] == 1
 
 
 def test_retries_until_the_delivery_timeout_count_as_retries_then_an_error(
