@@ -44,6 +44,8 @@ PRODUCER_NAMES = (
     "bufferpool-wait-time-total",
     "compression-rate-avg",
     "produce-throttle-time-avg",
+    "record-size-avg",
+    "record-size-max",
 )
 
 CONSUMER_NAMES = (
@@ -63,6 +65,14 @@ CONSUMER_NAMES = (
     "assigned-partitions",
     "heartbeat-response-time-max",
     "last-poll-seconds-ago",
+    "time-between-poll-avg",
+    "time-between-poll-max",
+    "poll-idle-ratio-avg",
+    "records-lead-min",
+    "commit-rate",
+    "heartbeat-rate",
+    "fetch-throttle-time-avg",
+    "fetch-throttle-time-max",
 )
 
 
@@ -103,6 +113,8 @@ def test_producer_metrics_count_what_was_sent(one_node_cluster: LocalCluster, ne
     assert m["request-latency-avg"] > 0 and m["request-latency-max"] >= m["request-latency-avg"]
     assert m["batch-size-avg"] > 0 and m["byte-total"] > 0
     assert m["compression-rate-avg"] == 1.0  # compression="none"
+    # b"v000": 4 value bytes and the 16 a record counts for its overhead.
+    assert m["record-size-avg"] == m["record-size-max"] == 20
     assert m["produce-throttle-time-avg"] == 0
     assert m["requests-in-flight"] == 0
     assert m["buffer-available-bytes"] == m["buffer-total-bytes"]  # flushed: all given back
@@ -252,6 +264,10 @@ def test_consumer_metrics_count_records_and_lag(one_node_cluster: LocalCluster, 
         assert m["records-consumed-total"] == 40
         assert m[f"records-lag{{topic={topic},partition=0}}"] == 60
         assert m["records-lag-max"] == 60
+        # Position 40, log start 0 (nothing deleted yet).
+        assert m[f"records-lead{{topic={topic},partition=0}}"] == 40
+        assert m["records-lead-min"] == 40
+        assert m["fetch-throttle-time-avg"] == 0 == m["fetch-throttle-time-max"]  # no quotas
         assert m["assigned-partitions"] == 1
         assert m["fetch-total"] >= 1 and m["fetch-latency-max"] >= m["fetch-latency-avg"] > 0
         assert m["bytes-consumed-total"] > 0 and m["bytes-consumed-rate"] > 0
@@ -267,6 +283,12 @@ def test_consumer_metrics_count_records_and_lag(one_node_cluster: LocalCluster, 
         assert m[f"records-lag{{topic={topic},partition=0}}"] == 0
         assert m[f"records-lag{{topic={topic},partition=1}}"] == 0
         assert m["records-lag-max"] == 0
+        assert m[f"records-lead{{topic={topic},partition=1}}"] == 10
+        assert m["records-lead-min"] == 10
+        assert consumer.poll(timeout_ms=0) == []  # all read: a poll of nothing
+        m = consumer.metrics()
+        assert m["poll-total"] >= 3 and m["time-between-poll-max"] >= m["time-between-poll-avg"]
+        assert 0 < m["poll-idle-ratio-avg"] <= 1
     finally:
         consumer.close()
     closed = consumer.metrics()
@@ -295,9 +317,10 @@ def test_group_consumer_metrics_count_commits_and_rebalances(
     assert m["rebalance-total"] >= 1
     assert 0 <= m["last-rebalance-seconds-ago"] < 60
     assert m["assigned-partitions"] == 2
-    assert m["commit-total"] == 2
+    assert m["commit-total"] == 2 and m["commit-rate"] > 0
     assert m["commit-latency-max"] >= m["commit-latency-avg"] > 0
     assert m["heartbeat-total"] >= 1 and m["heartbeat-response-time-max"] > 0
+    assert m["heartbeat-rate"] > 0
     assert m["records-consumed-total"] == 20 and m["records-lag-max"] == 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,7 +24,9 @@ class StandInProducer:
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
         self.stats = ProducerStats()
-        self.stats.request_sent([("t1", 300, 6000, 0, 0.0), ("t2", 100, 2000, 0, 0.0)])
+        self.stats.request_sent(
+            [("t1", 300, 6000, 6000, 0.0), ("t2", 100, 2000, 2000, 0.0)], compressed=False
+        )
         self.stats.answered(0.004, 0)
         self.stats.failed("t2", 7)
         self.stats.waited_for_buffer(0.5)
@@ -41,8 +44,9 @@ class StandInConsumer:
         self.poll = PollStats()
         self.fetch = FetchStats()
         self.group = GroupStats()
+        self.poll.polled(0, started=time.monotonic() - 1.0)
         self.poll.polled(40)
-        self.fetch.fetched(0.1, 4000)
+        self.fetch.fetched(0.1, 4000, 0)
         self.group.committed(0.002)
         self.group.heartbeat(0.003)
         self.group.rebalanced(0.05)
@@ -52,6 +56,8 @@ class StandInConsumer:
         out["records-lag-max"] = 60.0
         out[tagged("records-lag", topic="t1", partition=0)] = 60.0
         out[tagged("records-lag", topic="t1", partition=1)] = 5.0
+        out["records-lead-min"] = 100.0
+        out[tagged("records-lead", topic="t1", partition=0)] = 100.0
         return out
 
 
@@ -94,6 +100,7 @@ def test_per_topic_and_per_partition_values_have_names_of_their_own() -> None:
     lag = samples["strom_client_consumer_partition_records_lag"]
     assert sorted(lag.values()) == [5.0, 60.0]
     assert samples["strom_client_consumer_records_lag_max"] == {(("client_id", "c1"),): 60.0}
+    assert set(samples["strom_client_consumer_partition_records_lead"].values()) == {100.0}
 
 
 def test_times_are_exported_in_seconds() -> None:
@@ -105,6 +112,9 @@ def test_times_are_exported_in_seconds() -> None:
     assert samples["strom_client_consumer_commit_latency_avg_seconds"][
         (("client_id", "c1"),)
     ] == pytest.approx(0.002)
+    between = samples["strom_client_consumer_time_between_poll_avg_seconds"]
+    assert 0.9 < between[(("client_id", "c1"),)] < 30
+    assert "strom_client_consumer_fetch_throttle_time_max_seconds" in samples
     names = set(samples)
     assert not [n for n in names if n.endswith(("_ms", "_ns")) or "_ns_" in n or "_ms_" in n]
     # Kafka's older name of the buffer wait is the same count: exported once.
