@@ -130,8 +130,9 @@ def test_without_compression_the_ratio_is_one_and_record_sizes_still_count() -> 
 
 
 def test_time_between_polls_and_the_poll_idle_ratio() -> None:
-    """Kafka's definitions: the time between the starts of successive polls, and the share
-    of it spent inside poll() (here a poll of ~2 s after 8 s between starts: ~0.25)."""
+    """Kafka's definitions: the time between the starts of successive polls, and a poll's
+    time over itself plus that time (here a poll of ~2 s, 8 s after the last one began:
+    2 / 10)."""
     s = PollStats()
     now = time.monotonic()
     s.polled(0, started=now - 10.0)
@@ -141,7 +142,7 @@ def test_time_between_polls_and_the_poll_idle_ratio() -> None:
     m = s.snapshot()
     assert math.isclose(m["time-between-poll-avg"], 8000.0, rel_tol=1e-6)
     assert m["time-between-poll-max"] == m["time-between-poll-avg"]
-    assert 0.24 <= m["poll-idle-ratio-avg"] <= 0.3
+    assert 0.19 <= m["poll-idle-ratio-avg"] <= 0.25
 
 
 def test_fetch_throttle_times_come_from_answers_only() -> None:

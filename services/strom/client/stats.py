@@ -267,9 +267,10 @@ class PollStats:
     """What a consumer's polls count: one entry per ``poll()``/``poll_arrow()`` call.
 
     Also Kafka's two measures of ``max_poll_interval_ms`` trouble: the time between the
-    starts of successive polls (``time-between-poll``), and the fraction of it the consumer
-    spent inside ``poll()`` (``poll-idle-ratio-avg``: near 1, the application waits for
-    records; near 0, the time goes to the application's own work between polls)."""
+    starts of successive polls (``time-between-poll``), and a poll's time over itself plus
+    that time (``poll-idle-ratio-avg``, KafkaConsumerMetrics' formula: near 1, the
+    application waits for records; near 0, the time goes to its own work between polls).
+    Neither is recorded for a first poll (Kafka records 0 and 1 then)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -292,8 +293,9 @@ class PollStats:
             if self.last_start is not None:
                 between = started - self.last_start
                 self.between_ms.record(between * 1000.0, now)
-                if between > 0:
-                    self.idle_ratio.record(min((now - started) / between, 1.0), now)
+                took = now - started
+                if took + between > 0:  # Kafka's: poll time / (poll time + time between)
+                    self.idle_ratio.record(took / (took + between), now)
             self.last_start = started
 
     def snapshot(self) -> dict[str, float]:
