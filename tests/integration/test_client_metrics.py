@@ -19,7 +19,12 @@ from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from strom.errors import StromError
+from strom.errors import (
+    MessageTooLargeError,
+    RequestTimedOutError,
+    StromError,
+    UnknownTopicOrPartitionError,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +44,8 @@ PRODUCER_NAMES = (
     "bufferpool-wait-time-total",
     "compression-rate-avg",
     "produce-throttle-time-avg",
+    "record-size-avg",
+    "record-size-max",
 )
 
 CONSUMER_NAMES = (
@@ -58,6 +65,14 @@ CONSUMER_NAMES = (
     "assigned-partitions",
     "heartbeat-response-time-max",
     "last-poll-seconds-ago",
+    "time-between-poll-avg",
+    "time-between-poll-max",
+    "poll-idle-ratio-avg",
+    "records-lead-min",
+    "commit-rate",
+    "heartbeat-rate",
+    "fetch-throttle-time-avg",
+    "fetch-throttle-time-max",
 )
 
 
@@ -98,6 +113,8 @@ def test_producer_metrics_count_what_was_sent(one_node_cluster: LocalCluster, ne
     assert m["request-latency-avg"] > 0 and m["request-latency-max"] >= m["request-latency-avg"]
     assert m["batch-size-avg"] > 0 and m["byte-total"] > 0
     assert m["compression-rate-avg"] == 1.0  # compression="none"
+    # b"v000": 4 value bytes and the 16 a record counts for its overhead.
+    assert m["record-size-avg"] == m["record-size-max"] == 20
     assert m["produce-throttle-time-avg"] == 0
     assert m["requests-in-flight"] == 0
     assert m["buffer-available-bytes"] == m["buffer-total-bytes"]  # flushed: all given back
@@ -146,6 +163,61 @@ def test_a_refused_record_counts_as_an_error(one_node_cluster: LocalCluster, new
     assert m["record-send-total"] == 2
 
 
+def test_a_record_over_max_request_size_counts_as_an_error(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    """send() refuses it before any request (as Kafka's doSend, which counts it); a
+    send_batch() refused for one row counts all its rows, none of which were queued."""
+    topic = new_topic(one_node_cluster)
+    with Producer(one_node_cluster.bootstrap, max_request_size=100_000) as producer:
+        with pytest.raises(MessageTooLargeError):
+            producer.send(topic, b"z" * 200_000)
+        m = producer.metrics()
+        assert m["record-error-total"] == 1 and m[f"record-error-total{{topic={topic}}}"] == 1
+        with pytest.raises(MessageTooLargeError):
+            producer.send_batch(topic, [b"a", b"z" * 200_000, b"b"])
+        m = producer.metrics()
+    assert m["record-error-total"] == 4 and m[f"record-error-total{{topic={topic}}}"] == 4
+    assert m["record-error-rate"] > 0
+    assert m["record-send-total"] == 0 and m["request-total"] == 0
+
+
+def test_a_record_for_an_unknown_topic_counts_as_an_error(
+    one_node_cluster: LocalCluster,
+) -> None:
+    with Producer(one_node_cluster.bootstrap, max_block_ms=5000) as producer:
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send("no-such-topic-metrics", b"v")
+        m = producer.metrics()
+    assert m["record-error-total"] == 1
+    assert m["record-error-total{topic=no-such-topic-metrics}"] == 1
+
+
+def test_a_send_that_finds_the_buffer_full_for_max_block_ms_counts_as_an_error(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    """Records the leader keeps refusing (NOT_ENOUGH_REPLICAS, retriable) fill a 32 KiB
+    buffer; the next send waits max_block_ms and fails: one error, while the records in the
+    buffer are still being retried (not errors yet)."""
+    topic = new_topic(one_node_cluster, config={"min.insync.replicas": "2"})
+    producer = Producer(
+        one_node_cluster.bootstrap,
+        buffer_memory=32 * 1024,
+        max_block_ms=300,
+        delivery_timeout_ms=60_000,
+        request_timeout_ms=30_000,
+    )
+    try:
+        with pytest.raises(RequestTimedOutError, match="buffer_memory"):
+            for _ in range(200):
+                producer.send(topic, b"q" * 1000)
+        m = producer.metrics()
+    finally:
+        producer.close(timeout=0)
+    assert m["record-error-total"] == 1
+    assert m[f"record-error-total{{topic={topic}}}"] == 1
+
+
 def test_retries_until_the_delivery_timeout_count_as_retries_then_an_error(
     one_node_cluster: LocalCluster, new_topic
 ) -> None:
@@ -192,6 +264,10 @@ def test_consumer_metrics_count_records_and_lag(one_node_cluster: LocalCluster, 
         assert m["records-consumed-total"] == 40
         assert m[f"records-lag{{topic={topic},partition=0}}"] == 60
         assert m["records-lag-max"] == 60
+        # Position 40, log start 0 (nothing deleted yet).
+        assert m[f"records-lead{{topic={topic},partition=0}}"] == 40
+        assert m["records-lead-min"] == 40
+        assert m["fetch-throttle-time-avg"] == 0 == m["fetch-throttle-time-max"]  # no quotas
         assert m["assigned-partitions"] == 1
         assert m["fetch-total"] >= 1 and m["fetch-latency-max"] >= m["fetch-latency-avg"] > 0
         assert m["bytes-consumed-total"] > 0 and m["bytes-consumed-rate"] > 0
@@ -207,6 +283,12 @@ def test_consumer_metrics_count_records_and_lag(one_node_cluster: LocalCluster, 
         assert m[f"records-lag{{topic={topic},partition=0}}"] == 0
         assert m[f"records-lag{{topic={topic},partition=1}}"] == 0
         assert m["records-lag-max"] == 0
+        assert m[f"records-lead{{topic={topic},partition=1}}"] == 10
+        assert m["records-lead-min"] == 10
+        assert consumer.poll(timeout_ms=0) == []  # all read: a poll of nothing
+        m = consumer.metrics()
+        assert m["poll-total"] >= 3 and m["time-between-poll-max"] >= m["time-between-poll-avg"]
+        assert 0 < m["poll-idle-ratio-avg"] <= 1
     finally:
         consumer.close()
     closed = consumer.metrics()
@@ -235,9 +317,10 @@ def test_group_consumer_metrics_count_commits_and_rebalances(
     assert m["rebalance-total"] >= 1
     assert 0 <= m["last-rebalance-seconds-ago"] < 60
     assert m["assigned-partitions"] == 2
-    assert m["commit-total"] == 2
+    assert m["commit-total"] == 2 and m["commit-rate"] > 0
     assert m["commit-latency-max"] >= m["commit-latency-avg"] > 0
     assert m["heartbeat-total"] >= 1 and m["heartbeat-response-time-max"] > 0
+    assert m["heartbeat-rate"] > 0
     assert m["records-consumed-total"] == 20 and m["records-lag-max"] == 0
 
 
@@ -294,14 +377,21 @@ def test_prometheus_collector_exports_registered_clients(
         _consume(consumer, 5)
         assert (
             registry.get_sample_value(
-                "strom_client_producer_record_send_total",
+                "strom_client_producer_topic_record_send_total",
                 {"client_id": "scraped-producer", "topic": topic},
+            )
+            == 25
+        )
+        # The client's total under its own name: a sum over the name is 25, not 50.
+        assert (
+            registry.get_sample_value(
+                "strom_client_producer_record_send_total", {"client_id": "scraped-producer"}
             )
             == 25
         )
         assert (
             registry.get_sample_value(
-                "strom_client_consumer_records_lag",
+                "strom_client_consumer_partition_records_lag",
                 {"client_id": "scraped-consumer", "topic": topic, "partition": "0"},
             )
             == 20

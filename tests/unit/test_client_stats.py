@@ -5,6 +5,7 @@ clock readings (no cluster, no sleeps)."""
 from __future__ import annotations
 
 import math
+import time
 
 from strom.client.stats import (
     SAMPLE_WINDOW_S,
@@ -65,7 +66,7 @@ def test_tagged_names_are_flat_and_keep_the_tag_order() -> None:
 
 def test_producer_stats_count_records_per_batch_and_per_topic() -> None:
     s = ProducerStats()
-    s.request_sent([("a", 10, 500, 1000, 0.0), ("b", 5, 300, 0, None)])
+    s.request_sent([("a", 10, 500, 1000, 0.0), ("b", 5, 300, 300, None)], compressed=True)
     s.answered(0.004, 0)
     s.retried("a", 10)
     s.failed("b", 5)
@@ -77,6 +78,9 @@ def test_producer_stats_count_records_per_batch_and_per_topic() -> None:
     assert m["batch-size-avg"] == 400 and m["batch-size-max"] == 500
     # gzip'd batch at half its size, an uncompressed one at 1 (Kafka's ratio when off).
     assert m["compression-rate-avg"] == 0.75
+    # Records of 100 and 60 bytes (the batches' sizes over their counts): the average is
+    # per record, the maximum the largest batch's average.
+    assert math.isclose(m["record-size-avg"], 1300 / 15) and m["record-size-max"] == 100
     assert m["records-per-request-avg"] == 15 and m["request-total"] == 1
     assert math.isclose(m["request-latency-avg"], 4.0) and math.isclose(
         m["request-latency-max"], 4.0
@@ -115,3 +119,47 @@ def test_poll_stats_count_records_per_poll() -> None:
     assert m["records-consumed-total"] == 40 and m["poll-total"] == 2
     assert m["records-per-poll-avg"] == 20
     assert 0 <= m["last-poll-seconds-ago"] < 60
+
+
+def test_without_compression_the_ratio_is_one_and_record_sizes_still_count() -> None:
+    s = ProducerStats()
+    s.request_sent([("a", 4, 520, 400, 0.0)], compressed=False)
+    m = s.snapshot(in_flight=0, buffer_total=1, buffer_available=1)
+    assert m["compression-rate-avg"] == 1.0
+    assert m["record-size-avg"] == m["record-size-max"] == 100
+
+
+def test_time_between_polls_and_the_poll_idle_ratio() -> None:
+    """Kafka's definitions: the time between the starts of successive polls, and a poll's
+    time over itself plus that time (here a poll of ~2 s, 8 s after the last one began:
+    2 / 10)."""
+    s = PollStats()
+    now = time.monotonic()
+    s.polled(0, started=now - 10.0)
+    first = s.snapshot()
+    assert math.isnan(first["time-between-poll-avg"]) and math.isnan(first["poll-idle-ratio-avg"])
+    s.polled(5, started=now - 2.0)
+    m = s.snapshot()
+    assert math.isclose(m["time-between-poll-avg"], 8000.0, rel_tol=1e-6)
+    assert m["time-between-poll-max"] == m["time-between-poll-avg"]
+    assert 0.19 <= m["poll-idle-ratio-avg"] <= 0.25
+
+
+def test_fetch_throttle_times_come_from_answers_only() -> None:
+    s = FetchStats()
+    s.fetched(0.01, 100, 0)
+    s.fetched(0.01, 100, 40)
+    s.fetched(0.5, 0, None)  # a failed Fetch: no answer, no throttle time
+    m = s.snapshot()
+    assert m["fetch-throttle-time-avg"] == 20 and m["fetch-throttle-time-max"] == 40
+    assert m["fetch-total"] == 3
+
+
+def test_commit_and_heartbeat_rates() -> None:
+    s = GroupStats()
+    assert s.snapshot()["commit-rate"] == 0 and s.snapshot()["heartbeat-rate"] == 0
+    s.committed(0.001)
+    s.heartbeat(0.002)
+    s.heartbeat(0.002)
+    m = s.snapshot()
+    assert m["commit-rate"] > 0 and m["heartbeat-rate"] > m["commit-rate"]

@@ -26,6 +26,7 @@ from strom.client.fetcher import (
     FetchWireError,
     corrupt_batches,
     decode_bodies,
+    parse_fetch_answer,
     parse_fetch_response,
     unreadable_batch_error,
 )
@@ -129,6 +130,17 @@ def test_parse_fetch_response_of_a_generated_message() -> None:
     assert bytes(answers[0].records) == data
     assert answers[0].info.preferred_read_replica == -1
     assert answers[1].info.log_start_offset == 9
+
+
+def test_parse_fetch_answer_reads_the_throttle_time() -> None:
+    """The consumer's fetch-throttle-time metrics: read once per answer, from the same walk
+    over the response's fields; 0 when the node did not throttle (the field left out)."""
+    msg = storage_pb2.FetchResponse(
+        topics=[storage_pb2.FetchTopicResponse(topic="a")], throttle_time_ms=250
+    )
+    answers, nodes, throttle_ms = parse_fetch_answer(msg.SerializeToString())
+    assert throttle_ms == 250 and nodes == [] and answers == []
+    assert parse_fetch_answer(storage_pb2.FetchResponse().SerializeToString())[2] == 0
 
 
 def test_parse_fetch_response_rejects_garbage() -> None:

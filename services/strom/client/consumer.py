@@ -991,12 +991,13 @@ class Consumer:
         group = self._group
         if group is not None:
             group.polling(True)
+        started = time.monotonic()
         try:
             items, n = self._poll_once(timeout_ms, limit, arrow=arrow)
             if items and not arrow and (self._key_deserializer or self._value_deserializer):
                 items = self._deserialized(items)
                 n = len(items)
-            self._poll_stats.polled(n)
+            self._poll_stats.polled(n, started)
             return items, n
         except Exception:
             if self._closing:  # closed from another thread mid-call: end quietly
@@ -1253,10 +1254,14 @@ class Consumer:
         out = self._poll_stats.snapshot()
         out.update(self._fetcher.stats.snapshot())
         lags = {} if self._closed else self._fetcher.lags()
+        leads = {} if self._closed else self._fetcher.leads()
         out["records-lag-max"] = float(max(lags.values())) if lags else math.nan
+        out["records-lead-min"] = float(min(leads.values())) if leads else math.nan
         out["assigned-partitions"] = float(0 if self._closed else len(self._fetcher.parts))
         for tp, lag in sorted(lags.items()):
             out[tagged("records-lag", topic=tp.topic, partition=tp.partition)] = float(lag)
+        for tp, lead in sorted(leads.items()):
+            out[tagged("records-lead", topic=tp.topic, partition=tp.partition)] = float(lead)
         group = self._group.stats if self._group is not None else GroupStats()
         out.update(group.snapshot())
         return out

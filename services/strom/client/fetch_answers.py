@@ -89,18 +89,31 @@ def parse_fetch_response(
     data: bytes,
 ) -> tuple[list[PartitionAnswer], list[common_pb2.Node]]:
     """Split a serialized FetchResponse into partition answers and node endpoints."""
+    answers, nodes, _ = parse_fetch_answer(data)
+    return answers, nodes
+
+
+def parse_fetch_answer(
+    data: bytes,
+) -> tuple[list[PartitionAnswer], list[common_pb2.Node], int]:
+    """:func:`parse_fetch_response`, plus the answer's ``throttle_time_ms`` (0 when not
+    throttled): read in the same walk over the response's top-level fields, once per
+    answer, for the consumer's fetch-throttle-time metrics."""
     buf = memoryview(data)
     out: list[PartitionAnswer] = []
     nodes: list[common_pb2.Node] = []
+    throttle_ms = 0
     try:
         for num, wt, _, s, e in _fields(buf, 0, len(buf)):
             if num == 1 and wt == _LEN:
                 _parse_topic(buf, s, e, out)
             elif num == 2 and wt == _LEN:
                 nodes.append(common_pb2.Node.FromString(bytes(buf[s:e])))
+            elif num == 3 and wt == _VARINT:
+                throttle_ms = _varint(buf, s)[0]
     except (IndexError, ValueError) as exc:  # protobuf's DecodeError is a ValueError too
         raise FetchWireError(f"malformed FetchResponse: {exc}") from None
-    return out, nodes
+    return out, nodes, throttle_ms
 
 
 def _parse_topic(buf: memoryview, start: int, end: int, out: list[PartitionAnswer]) -> None:

@@ -81,6 +81,7 @@ from strom.client.fetch_answers import (
     aborted_batches,
     corrupt_batches,
     decode_bodies,
+    parse_fetch_answer,
     parse_fetch_response,
     unreadable_batch_error,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "corrupt_batches",
     "decode_bodies",
     "gc_paused",
+    "parse_fetch_answer",
     "parse_fetch_response",
     "unreadable_batch_error",
 ]
@@ -422,6 +424,17 @@ class Fetcher:
         with self._lock:
             part = self.parts.get(tp)
             return part.end_offset if part is not None and part.end_offset >= 0 else None
+
+    def leads(self) -> dict[TopicPartition, int]:
+        """Each assigned partition's lead over the log start its last fetch reported: how
+        far its position is from records the retention would delete next (Kafka's
+        records-lead). Partitions without a position or a log start yet are left out."""
+        with self._lock:
+            return {
+                tp: max(p.position - p.log_start_offset, 0)
+                for tp, p in self.parts.items()
+                if p.position is not None and p.log_start_offset >= 0
+            }
 
     def lags(self) -> dict[TopicPartition, int]:
         """Each assigned partition's lag behind the end its last fetch reported (the high
@@ -985,6 +998,7 @@ class Fetcher:
         transport = False
         answers: list[PartitionAnswer] = []
         nodes: list[common_pb2.Node] = []
+        throttle_ms: int | None = None  # the answer's, once it parsed
         asked = time.monotonic()
         try:
             # Caught-up partitions go on a stream: many small long polls, where a unary
@@ -1020,7 +1034,7 @@ class Fetcher:
             failure = StromError(f"Fetch from {address}: {exc}", retriable=True)
         else:
             try:
-                answers, nodes = parse_fetch_response(raw)
+                answers, nodes, throttle_ms = parse_fetch_answer(raw)
             except FetchWireError as exc:
                 failure = StromError(f"Fetch from {address}: {exc}")
         # Split into batches by header, and check their CRCs here: crc32c releases the
@@ -1048,7 +1062,7 @@ class Fetcher:
         if trace.sink is not None:
             trace.emit("fetch.received", decoded)
         now = time.monotonic()
-        self.stats.fetched(now - asked, nbytes)
+        self.stats.fetched(now - asked, nbytes, throttle_ms)
         with self._lock:
             for c in claims:
                 if c.part.generation == c.generation:

@@ -12,9 +12,20 @@ Each scrape reads ``metrics()`` of every client registered with that registry (a
 Collector, so nothing is counted twice and nothing runs between scrapes). Names become
 ``strom_client_producer_<name>`` / ``strom_client_consumer_<name>`` with ``-`` as ``_``
 (``record-send-total`` -> ``strom_client_producer_record_send_total``, a counter; the
-others are gauges), labelled ``client_id`` and, for the per-topic and per-partition values,
-``topic`` and ``partition``. A value that is NaN (an average with nothing in its window) is
-left out of the scrape. A closed client keeps its last values until :func:`unregister`.
+others are gauges), labelled ``client_id``. Two things differ from ``metrics()``, so that a
+scrape follows Prometheus practice (``promtool check metrics`` passes it without warnings):
+
+- Per-topic and per-partition values have names of their own, ``..._topic_<name>`` and
+  ``..._partition_<name>``, labelled ``topic`` (and ``partition``), as Kafka keeps them in
+  groups of their own (``producer-topic-metrics``): under the client-wide name, a
+  ``sum by (client_id)`` would count every record twice.
+- Times are in seconds, named ``..._seconds`` (``request-latency-avg``, ms, is
+  ``strom_client_producer_request_latency_avg_seconds``; ``bufferpool-wait-time-ns-total``
+  is ``strom_client_producer_bufferpool_wait_time_seconds_total``, and its duplicate under
+  Kafka's older name is left out). ``metrics()`` keeps Kafka's names and units.
+
+A value that is NaN (an average with nothing in its window) is left out of the scrape. A
+closed client keeps its last values until :func:`unregister`.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["ClientCollector", "register", "unregister"]
+__all__ = ["ClientCollector", "prometheus_name", "register", "unregister"]
 
 
 class MeteredClient(Protocol):
@@ -101,7 +112,10 @@ class ClientCollector(Collector):
                 if math.isnan(value):
                     continue
                 name, tags = split_key(key)
-                sample = f"strom_client_{kind}_{name.replace('-', '_')}"
+                exported = prometheus_name(kind, name, tags)
+                if exported is None:
+                    continue
+                sample, scale = exported
                 counter = sample.endswith("_total")
                 family_name = sample.removesuffix("_total")
                 family = families.get(family_name)
@@ -111,8 +125,45 @@ class ClientCollector(Collector):
                         f"strom client {kind} metric {name} (docs/client-metrics.md)",
                         "counter" if counter else "gauge",
                     )
-                family.add_sample(sample, {"client_id": client_id, **tags}, value)
+                family.add_sample(sample, {"client_id": client_id, **tags}, value * scale)
         yield from families.values()
+
+
+#: ``metrics()`` names in Kafka's units (ms, ns) -> (the Prometheus name, in seconds; the
+#: factor to seconds). Prometheus wants base units, spelt out (promtool warns on ``_ms``).
+_IN_SECONDS: dict[str, tuple[str, float]] = {
+    **{
+        f"{base}-{stat}": (f"{base}_{stat}_seconds".replace("-", "_"), 1e-3)
+        for base in (
+            "request-latency",
+            "record-queue-time",
+            "produce-throttle-time",
+            "fetch-latency",
+            "fetch-throttle-time",
+            "commit-latency",
+            "rebalance-latency",
+            "heartbeat-response-time",
+            "time-between-poll",
+        )
+        for stat in ("avg", "max")
+    },
+    "bufferpool-wait-time-ns-total": ("bufferpool_wait_time_seconds_total", 1e-9),
+}
+
+#: Left out of the scrape: Kafka's older name of a value exported under its newer one.
+_DUPLICATES = frozenset({"bufferpool-wait-time-total"})
+
+
+def prometheus_name(kind: str, name: str, tags: dict[str, str]) -> tuple[str, float] | None:
+    """The sample name a ``metrics()`` value is exported under, and the factor that turns its
+    value into the exported unit; None for a value not exported (a duplicate). Per-partition
+    and per-topic values get a group of their own (``partition_``, ``topic_``), so that a sum
+    over one name's series never adds a client's total to its parts."""
+    if name in _DUPLICATES:
+        return None
+    base, scale = _IN_SECONDS.get(name, (name.replace("-", "_"), 1.0))
+    group = "partition_" if "partition" in tags else "topic_" if "topic" in tags else ""
+    return f"strom_client_{kind}_{group}{base}", scale
 
 
 _collectors: dict[int, tuple[CollectorRegistry, ClientCollector]] = {}

@@ -390,7 +390,7 @@ class Producer(SenderLoop):
         elif type(partition) is not int or not 0 <= partition < n:
             if type(partition) is not int:
                 raise TypeError(f"partition must be an int, got {partition!r}")
-            n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
+            n = self._covering(topic, partition)  # new partitions, or raises
         size = 16 if value is None else len(value) + 16  # RECORD_OVERHEAD
         if key is not None:
             size += len(key)
@@ -400,7 +400,9 @@ class Producer(SenderLoop):
         else:
             headers = None
         if size > self._record_limit:
-            raise _record_too_large(size, self.max_request_size, self.buffer_memory)
+            raise self._refused(
+                topic, 1, _record_too_large(size, self.max_request_size, self.buffer_memory)
+            )
         if timestamp_ms is None:
             stamp: float | int = _time() * 1000.0  # ms; floored when encoded (a float is cheaper)
         else:
@@ -474,7 +476,11 @@ class Producer(SenderLoop):
                 if not slack:
                     if end is None:
                         end = _space_deadline(self.max_block_s)
-                    self._wait_for_space(need, end)
+                    try:
+                        self._wait_for_space(need, end)
+                    except RequestTimedOutError:
+                        self._stats.failed(topic, 1)  # record-error-total, as Kafka's
+                        raise
                 continue  # (the sender may also have taken the open batch meanwhile)
             if b is None:
                 b = self._new_batch(topic, partition)
@@ -557,16 +563,33 @@ class Producer(SenderLoop):
         if self._txn is not None:
             self._txn.require(TxnPhase.IN_TRANSACTION, action="send_batch()")
         table = as_table(values, keys, headers, timestamps)
-        if table.num_rows == 0:
+        _check_topic(topic)
+        try:
+            chunks = self._queue_table(topic, table, partition)
+        except StromError:
+            self._stats.failed(topic, table.num_rows)  # record-error-total, as Kafka's
+            raise
+        if not chunks:
             done = BulkFuture([])
             done.set_result([])
             return done
+        self._wake.set()
+        return gather(chunks)
+
+    def _queue_table(
+        self, topic: str, table: pa.Table, partition: int | None
+    ) -> list[ProducerBatch]:
+        """send_batch()'s work: split ``table`` into batches and queue them (none for an empty
+        table). Any StromError it raises has queued nothing, and send_batch() counts all the
+        table's records as failed (record-error-total)."""
+        if table.num_rows == 0:
+            return []
         if partition is not None and (
             isinstance(partition, bool) or not isinstance(partition, int)
         ):
             # (found from outside: partition="1" failed with a bare "'<=' not supported")
             raise TypeError(f"partition must be an int, got {partition!r}")
-        n = self._counts.get(topic) or self._topic_partitions(topic)
+        n = self._counts.get(topic) or self._partition_count(topic)
         if partition is not None and not 0 <= partition < n:
             n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
         groups: list[tuple[int, pa.Table]]
@@ -605,8 +628,7 @@ class Producer(SenderLoop):
                 pq.add_closed(b)
                 self._open.pop(tp, None)
                 self._buffered += b.size  # == b.limit: a bulk batch reserves exactly its size
-        self._wake.set()
-        return gather(chunks)
+        return chunks
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued so far and wait until it is acknowledged or failed, and
@@ -1026,7 +1048,7 @@ class Producer(SenderLoop):
         """The topic's partition numbers (fetching metadata if needed)."""
         if self._forked_from:
             raise forks.error(self)
-        n = self._counts.get(topic) or self._topic_partitions(topic)
+        n = self._counts.get(topic) or self._partition_count(topic)
         return list(range(n))
 
     def __enter__(self) -> Producer:
@@ -1038,9 +1060,35 @@ class Producer(SenderLoop):
     # -- caller-side helpers ---------------------------------------------------------------
 
     def _topic_partitions(self, topic: str) -> int:
+        """send()'s :meth:`_partition_count` (a topic not in the cache yet): a record that
+        fails here (an unknown topic, no metadata within max_block_ms) counts as a
+        record-error, as Kafka's doSend counts its failures."""
+        _check_topic(topic)
+        try:
+            return self._partition_count(topic)
+        except StromError:
+            self._stats.failed(topic, 1)
+            raise
+
+    def _covering(self, topic: str, partition: int) -> int:
+        """send()'s look-up of a partition past the cached count (added since, or not there):
+        a record whose partition does not exist counts as a record-error too."""
+        try:
+            return self._metadata.count_covering(topic, partition)
+        except StromError:
+            self._stats.failed(topic, 1)
+            raise
+
+    def _refused(self, topic: str, records: int, error: BaseException) -> BaseException:
+        """``error``, after counting the ``records`` it fails before any request as errors
+        (record-error-total, per topic too; Kafka's doSend records its ApiExceptions and
+        BufferExhaustedException on that sensor). Called on failure paths only."""
+        self._stats.failed(topic, records)
+        return error
+
+    def _partition_count(self, topic: str) -> int:
         """Partition count of ``topic``, waiting up to max_block_ms for metadata."""
-        if not topic or not isinstance(topic, str):
-            raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
+        _check_topic(topic)
         try:
             entry = self._metadata.topic(topic)  # also learns the leaders
         except BrokerNotAvailableError as exc:
@@ -1123,6 +1171,13 @@ RESERVE_CHUNK = 32 * 1024
 
 #: Timestamps are kept as float ms until encoded: exact below 2**53.
 _MAX_TIMESTAMP_MS = 2**53
+
+
+def _check_topic(topic: Any) -> None:
+    """A caller's topic name, or a clear error (checked before a failure can be counted
+    under it)."""
+    if not topic or not isinstance(topic, str):
+        raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
 
 
 def _check_timestamp(ts: Any) -> int:

@@ -966,19 +966,19 @@ class SenderLoop:
         """The metrics of a request about to go (``metrics()``): per batch, never per
         record. The uncompressed size is the producer's own count (``batch_size``'s);
         without compression the ratio is 1, as Kafka's."""
-        compressed = self.compression != "none"
         self._stats.request_sent(
             [
                 (
                     pq.topic,
                     b.count,
                     len(b.encoded or b""),
-                    b.size if compressed else 0,
+                    b.size,
                     b.created if not b.attempts else None,
                 )
                 for pq, batches, _, _ in entries
                 for b in batches
-            ]
+            ],
+            compressed=self.compression != "none",
         )
 
     def _attempt_deadline(self, entries: list[_Shipment], now: float) -> tuple[float, int]:

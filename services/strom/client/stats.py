@@ -114,6 +114,7 @@ class ProducerStats:
         self.bytes_sent = Windowed()  # per batch sent: its encoded bytes
         self.batch_bytes = Windowed()  # one value per batch: its encoded bytes
         self.compression = Windowed()  # one value per batch: encoded / uncompressed
+        self.record_size = Windowed()  # per batch sent: its uncompressed bytes, its records
         self.records_per_request = Windowed()  # one value per request
         self.requests = Windowed()  # one value per request: 1
         self.latency_ms = Windowed()  # one value per answered request
@@ -127,10 +128,13 @@ class ProducerStats:
         self.topic_retries: dict[str, int] = {}
         self.topic_errors: dict[str, int] = {}
 
-    def request_sent(self, batches: list[tuple[str, int, int, int, float | None]]) -> None:
+    def request_sent(
+        self, batches: list[tuple[str, int, int, int, float | None]], *, compressed: bool
+    ) -> None:
         """One Produce request went out with ``batches``: (topic, records, encoded bytes,
-        uncompressed bytes or 0 when not compressed, created time on a first attempt else
-        None) per batch."""
+        uncompressed bytes as the producer counts them, created time on a first attempt else
+        None) per batch. Without compression the ratio is 1 exactly, as Kafka's (the encoded
+        batch has a frame the uncompressed count has not)."""
         now = time.monotonic()
         with self.lock:
             records = 0
@@ -139,7 +143,10 @@ class ProducerStats:
                 self.records_sent.record(count, now, count)
                 self.bytes_sent.record(encoded, now)
                 self.batch_bytes.record(encoded, now)
-                self.compression.record(encoded / raw if raw else 1.0, now)
+                self.compression.record(encoded / raw if compressed and raw else 1.0, now)
+                # A record's average size, from what the batch knows: its maximum is the
+                # largest of the batches' averages (a per-record maximum would cost send()).
+                self.record_size.record(raw, now, count)
                 if created is not None:
                     self.queue_ms.record((now - created) * 1000.0, now)
                 self.topic_sent[topic] = self.topic_sent.get(topic, 0) + count
@@ -184,6 +191,8 @@ class ProducerStats:
                 "record-retry-rate": self.retries.rate(now, born),
                 "record-error-total": float(self.errors.count_total),
                 "record-error-rate": self.errors.rate(now, born),
+                "record-size-avg": self.record_size.avg(now),
+                "record-size-max": self.record_size.max(now),
                 "byte-total": self.bytes_sent.sum_total,
                 "byte-rate": self.bytes_sent.rate(now, born),
                 "batch-size-avg": self.batch_bytes.avg(now),
@@ -224,14 +233,18 @@ class FetchStats:
         self.born = time.monotonic()
         self.latency_ms = Windowed()
         self.bytes = Windowed()
+        self.throttle_ms = Windowed()  # one value per answer (not per failed Fetch)
 
-    def fetched(self, latency_s: float, nbytes: int) -> None:
+    def fetched(self, latency_s: float, nbytes: int, throttle_ms: int | None = None) -> None:
         """A Fetch answer (or a failed Fetch) came ``latency_s`` after the consumer began
-        waiting for it, with ``nbytes`` of record batches."""
+        waiting for it, with ``nbytes`` of record batches; an answer's ``throttle_time_ms``
+        (None for a failed Fetch, which has none)."""
         now = time.monotonic()
         with self.lock:
             self.latency_ms.record(latency_s * 1000.0, now)
             self.bytes.record(nbytes, now)
+            if throttle_ms is not None:
+                self.throttle_ms.record(throttle_ms, now)
 
     def snapshot(self) -> dict[str, float]:
         now = time.monotonic()
@@ -245,24 +258,45 @@ class FetchStats:
                 "bytes-consumed-rate": self.bytes.rate(now, self.born),
                 "fetch-size-avg": self.bytes.avg(now),
                 "fetch-size-max": self.bytes.max(now),
+                "fetch-throttle-time-avg": self.throttle_ms.avg(now),
+                "fetch-throttle-time-max": self.throttle_ms.max(now),
             }
 
 
 class PollStats:
-    """What a consumer's polls count: one entry per ``poll()``/``poll_arrow()`` call."""
+    """What a consumer's polls count: one entry per ``poll()``/``poll_arrow()`` call.
+
+    Also Kafka's two measures of ``max_poll_interval_ms`` trouble: the time between the
+    starts of successive polls (``time-between-poll``), and a poll's time over itself plus
+    that time (``poll-idle-ratio-avg``, KafkaConsumerMetrics' formula: near 1, the
+    application waits for records; near 0, the time goes to its own work between polls).
+    Neither is recorded for a first poll (Kafka records 0 and 1 then)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.born = time.monotonic()
         self.records = Windowed()
+        self.between_ms = Windowed()  # one value per poll after the first
+        self.idle_ratio = Windowed()  # one value per poll after the first
         self.last_poll: float | None = None
+        self.last_start: float | None = None
 
-    def polled(self, records: int) -> None:
-        """A poll returned ``records`` records (0 included: it still counts as a poll)."""
+    def polled(self, records: int, started: float | None = None) -> None:
+        """A poll that began at ``started`` (monotonic; now if not given) returned
+        ``records`` records (0 included: it still counts as a poll)."""
         now = time.monotonic()
+        if started is None:
+            started = now
         with self.lock:
             self.last_poll = now
             self.records.record(records, now, 1)
+            if self.last_start is not None:
+                between = started - self.last_start
+                self.between_ms.record(between * 1000.0, now)
+                took = now - started
+                if took + between > 0:  # Kafka's: poll time / (poll time + time between)
+                    self.idle_ratio.record(took / (took + between), now)
+            self.last_start = started
 
     def snapshot(self) -> dict[str, float]:
         now = time.monotonic()
@@ -272,6 +306,9 @@ class PollStats:
                 "records-consumed-rate": self.records.rate(now, self.born),
                 "records-per-poll-avg": self.records.avg(now),
                 "poll-total": float(self.records.count_total),
+                "time-between-poll-avg": self.between_ms.avg(now),
+                "time-between-poll-max": self.between_ms.max(now),
+                "poll-idle-ratio-avg": self.idle_ratio.avg(now),
                 "last-poll-seconds-ago": (NAN if self.last_poll is None else now - self.last_poll),
             }
 
@@ -310,6 +347,7 @@ class GroupStats:
         with self.lock:
             return {
                 "commit-total": float(self.commit_ms.count_total),
+                "commit-rate": self.commit_ms.count_rate(now, self.born),
                 "commit-latency-avg": self.commit_ms.avg(now),
                 "commit-latency-max": self.commit_ms.max(now),
                 "rebalance-total": float(self.rebalance_ms.count_total),
@@ -319,6 +357,7 @@ class GroupStats:
                     NAN if self.last_rebalance is None else now - self.last_rebalance
                 ),
                 "heartbeat-total": float(self.heartbeat_ms.count_total),
+                "heartbeat-rate": self.heartbeat_ms.count_rate(now, self.born),
                 "heartbeat-response-time-max": self.heartbeat_ms.max(now),
                 "last-heartbeat-seconds-ago": (
                     NAN if self.last_heartbeat is None else now - self.last_heartbeat
