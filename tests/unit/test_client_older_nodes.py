@@ -10,21 +10,25 @@ import pytest
 from strom.api import controller_pb2, metadata_pb2, storage_pb2
 from strom.client.cluster import ClusterClient
 from strom.errors import AuthorizationError, CoordinatorNotAvailableError
+from tests.unit.fake_lookups import FakeNode
 
 GROUP = storage_pb2.COORDINATOR_TYPE_GROUP
 TXN = storage_pb2.COORDINATOR_TYPE_TRANSACTION
 
 
-class _Node:
+class _Node(FakeNode):
     """A node's StorageService as far as FindCoordinator goes: an old node ignores
     all_shards and answers no entry (it looks up request.keys, which are none)."""
 
     def __init__(self, owners: dict[int, str] | None) -> None:
+        super().__init__(find_coordinator=self._answer)
         self.owners = owners  # None: an older node
-        self.asked = 0
 
-    def FindCoordinator(self, req: Any, timeout: float) -> storage_pb2.FindCoordinatorResponse:
-        self.asked += 1
+    @property
+    def asked(self) -> int:
+        return self.FindCoordinator.asked
+
+    def _answer(self, req: Any) -> storage_pb2.FindCoordinatorResponse:
         resp = storage_pb2.FindCoordinatorResponse()
         for shard, addr in sorted((self.owners or {}).items()):
             host, port = addr.split(":")

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import grpc
 
@@ -198,17 +198,19 @@ def connection_hint(security: ChannelSecurity) -> str:
 
 _addr = node_address
 
-#: The longest one Metadata call may take while looking for the active controller between
-#: attempts: the answer is small (nodes and controller only), so a node that takes longer is
-#: hung, and the next one is asked instead.
+#: The longest one lookup call (Metadata while looking for the active controller between
+#: attempts, FindCoordinator) may take: the answer is small (nodes and controller, or a
+#: coordinator's address), so a node that takes longer is hung, and the next one is asked
+#: instead.
 DISCOVERY_TIMEOUT_S = 5.0
 
-#: How long a Metadata call waits for the node it asked before asking the next one as well
-#: (the first answer wins). A node answers Metadata from memory in milliseconds; one that
-#: has not answered in this time is hung or overloaded, and a client (a producer's sender, an
-#: admin call with a short timeout) must not wait out a whole attempt on it while other
-#: nodes could answer (Kafka sends metadata requests to the least-loaded node).
-METADATA_HEDGE_S = 0.5
+#: How long a lookup (Metadata, FindCoordinator) waits for the node it asked before asking
+#: the next one as well (the first answer wins). A node answers both from memory in
+#: milliseconds; one that has not answered in this time is hung or overloaded, and a client
+#: (a producer's sender, a group consumer's first poll, an admin call with a short timeout)
+#: must not wait out a whole attempt on it while other nodes could answer (Kafka sends
+#: metadata requests to the least-loaded node).
+LOOKUP_HEDGE_S = 0.5
 
 #: The shortest deadline an attempt is given, so that the last attempt before the overall
 #: deadline still has time to reach a server that answers at once.
@@ -228,6 +230,34 @@ NO_CONTROLLER = (
     "the storage nodes know of no active controller (every controller is down, or one is "
     "being elected); producing and consuming go on, but admin requests need a controller"
 )
+
+
+class Hedged(NamedTuple):
+    """What one hedged pass over the nodes (:meth:`ClusterClient._ask_hedged`) got."""
+
+    #: The first answer accepted; None when no node gave one.
+    answer: Any
+    #: The calls that failed, in the order they ended, and the nodes they went to.
+    errors: list[grpc.RpcError]
+    failed: list[str]
+    #: The nodes that answered with something not accepted (the next node was asked).
+    declined: list[str]
+
+    def raise_refusal(self) -> None:
+        """Raise what a failure no other node can mend means: the server refused the
+        caller (the error for that refusal), or TLS could not be set up with it
+        (AuthenticationError with what to check). A hedged pass stops at either."""
+        for addr, exc in zip(self.failed, self.errors, strict=True):
+            if exc.code() in REFUSED_CODES:
+                raise refused(exc) from None
+            if tls_handshake_failed(exc):
+                raise AuthenticationError(
+                    f"TLS with {addr} failed: {unreachable(exc)} ({_tls_hint(exc)})"
+                ) from None
+
+    def failures(self) -> list[str]:
+        """One ``address: what its dialling met`` line per failed call."""
+        return [f"{a}: {unreachable(e)}" for a, e in zip(self.failed, self.errors, strict=True)]
 
 
 class ClusterClient:
@@ -356,29 +386,37 @@ class ClusterClient:
             with self._lock:
                 self._demoted.pop(address, None)
 
-    def _ask_metadata(
-        self, candidates: list[str], req: storage_pb2.MetadataRequest, timeout_s: float
-    ) -> tuple[storage_pb2.MetadataResponse | None, list[grpc.RpcError], list[str]]:
-        """One pass of a Metadata call over ``candidates``: the first node is asked; the next
-        one too when it fails, or has not answered within :data:`METADATA_HEDGE_S`; the
-        first answer wins. Returns it (None when no node answered), the errors and the
-        addresses they came from. A node that failed, or was still silent when another
-        answered, is demoted (:meth:`demote`); one that answers is promoted again.
+    def _ask_hedged(
+        self,
+        candidates: Sequence[str],
+        method: str,
+        req: Any,
+        timeout_s: float,
+        accept: Callable[[Any], bool] | None = None,
+    ) -> Hedged:
+        """One pass of a lookup (StorageService ``method``: Metadata, FindCoordinator) over
+        ``candidates``: the first node is asked; the next one too when it fails, answers
+        with something ``accept`` refuses, or has not answered within
+        :data:`LOOKUP_HEDGE_S`; the first accepted answer wins. A node that failed, or was
+        still silent when another answered, is demoted (:meth:`demote`); one that answers is
+        promoted again. The pass stops at a refusal or a failed TLS handshake (asking others
+        cannot help; :meth:`Hedged.raise_refusal` raises it).
 
         Why hedged rather than one node after the other: a hung node (SIGSTOP, a long GC
         pause, a network partition) answers nothing, so only the attempt's deadline ends the
-        call to it, and the caller (a producer's sender thread, an admin call with a few
-        seconds' timeout) would wait all of it although the other nodes could answer at
-        once."""
+        call to it, and the caller (a producer's sender thread, a group consumer's first
+        poll, an admin call with a few seconds' timeout) would wait all of it although the
+        other nodes could answer at once. FIX (found from outside): FindCoordinator asked
+        one node after the other, so a group consumer or transactional producer whose first
+        bootstrap node hung waited 5 s for it in every new process."""
         answers: queue.SimpleQueue[tuple[str, grpc.Future]] = queue.SimpleQueue()
         waiting = list(candidates)
         asked: dict[str, grpc.Future] = {}
-        errors: list[grpc.RpcError] = []
-        failed: list[str] = []
+        out = Hedged(None, [], [], [])
 
         def ask_next() -> None:
             addr = waiting.pop(0)
-            fut = self.storage(addr).Metadata.future(req, timeout=timeout_s)
+            fut = getattr(self.storage(addr), method).future(req, timeout=timeout_s)
             asked[addr] = fut
             fut.add_done_callback(lambda f, a=addr: answers.put((a, f)))
 
@@ -388,7 +426,7 @@ class ClusterClient:
             while pending:
                 try:
                     addr, fut = answers.get(
-                        timeout=METADATA_HEDGE_S if waiting else timeout_s + METADATA_HEDGE_S
+                        timeout=LOOKUP_HEDGE_S if waiting else timeout_s + LOOKUP_HEDGE_S
                     )
                 except queue.Empty:
                     if not waiting:
@@ -397,18 +435,13 @@ class ClusterClient:
                     pending += 1
                     continue
                 pending -= 1
-                exc = fut.exception()
-                if exc is None:
-                    self._promote(addr)
+                outcome = self._settle(addr, fut, out, accept)
+                if outcome == "answer":
                     for other, f in asked.items():
                         if not f.done():
                             self.demote(other)
-                    return fut.result(), errors, failed
-                assert isinstance(exc, grpc.RpcError)
-                self.demote(addr)
-                errors.append(exc)
-                failed.append(addr)
-                if exc.code() in REFUSED_CODES or tls_handshake_failed(exc):
+                    return out._replace(answer=fut.result())
+                if outcome == "stop":
                     break  # (raised by the caller: asking others cannot help)
                 if waiting and pending == 0:
                     ask_next()
@@ -416,7 +449,26 @@ class ClusterClient:
         finally:
             for f in asked.values():
                 f.cancel()  # (no-op for those done)
-        return None, errors, failed
+        return out
+
+    def _settle(
+        self, addr: str, fut: grpc.Future, out: Hedged, accept: Callable[[Any], bool] | None
+    ) -> Literal["answer", "next", "stop"]:
+        """What ``addr``'s finished call means for the pass: the answer; or noted in ``out``
+        as declined (it answered: promoted all the same) or failed (the node demoted), and
+        the pass goes on, or stops at a failure no other node can mend."""
+        exc = fut.exception()
+        if exc is None:
+            self._promote(addr)
+            if accept is None or accept(fut.result()):
+                return "answer"
+            out.declined.append(addr)
+            return "next"
+        assert isinstance(exc, grpc.RpcError)
+        self.demote(addr)
+        out.errors.append(exc)
+        out.failed.append(addr)
+        return "stop" if exc.code() in REFUSED_CODES or tls_handshake_failed(exc) else "next"
 
     def metadata(
         self,
@@ -438,17 +490,12 @@ class ClusterClient:
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         while True:
             candidates = self._candidates()
-            resp, failures, failed = self._ask_metadata(
-                candidates, req, self.timeout_s if timeout_s is None else timeout_s
+            done = self._ask_hedged(
+                candidates, "Metadata", req, self.timeout_s if timeout_s is None else timeout_s
             )
-            for addr, exc in zip(failed, failures, strict=True):
-                if exc.code() in REFUSED_CODES:
-                    raise refused(exc) from None
-                if tls_handshake_failed(exc):
-                    raise AuthenticationError(
-                        f"TLS with {addr} failed: {unreachable(exc)} ({_tls_hint(exc)})"
-                    ) from None
-                errors.append(f"{addr}: {unreachable(exc)}")
+            done.raise_refusal()
+            errors.extend(done.failures())
+            resp = done.answer
             if resp is not None:
                 _last_unanswered = None
                 self._closed_passes = 0
@@ -503,40 +550,40 @@ class ClusterClient:
     ) -> str:
         """Address of the coordinator owning ``key`` (a group id, or a transactional id with
         COORDINATOR_TYPE_TRANSACTION): FindCoordinator on the first node that answers (one
-        pass). Raises CoordinatorNotAvailableError (retriable) while no coordinator owns the
-        key's shard or no node answers, and the error for any other refusal."""
+        hedged pass, as Metadata: :meth:`_ask_hedged`). Raises CoordinatorNotAvailableError
+        (retriable) while no coordinator owns the key's shard or no node answers, and the
+        error for any other refusal."""
         req = storage_pb2.FindCoordinatorRequest(key_type=key_type, keys=[key])  # type: ignore[arg-type]
-        last = "no node answered"
-        for addr in self._candidates():
-            try:
-                resp = self.storage(addr).FindCoordinator(
-                    req, timeout=min(self.timeout_s if timeout_s is None else timeout_s, 5.0)
-                )
-            except grpc.RpcError as exc:
-                if exc.code() in REFUSED_CODES:
-                    raise refused(exc) from None  # not "no coordinator yet": never retried
-                self.demote(addr)
-                last = f"{addr}: {exc.code().name}"
-                continue
-            c = resp.coordinators[0]
-            if c.error_code == NONE:
-                return _addr(c.node)
-            if c.error_code not in COORDINATOR_REFRESH_CODES:
-                raise error_for(c.error_code, c.error_message)
-            last = c.error_message or "no coordinator"
-            break
+        done = self._ask_hedged(
+            self._candidates(), "FindCoordinator", req, self._lookup_timeout(timeout_s)
+        )
+        done.raise_refusal()  # not "no coordinator yet": never retried
         what = "group" if key_type == storage_pb2.COORDINATOR_TYPE_GROUP else "transactional id"
+        if done.answer is None:
+            last = "; ".join(done.failures()) or "no node answered"
+            raise CoordinatorNotAvailableError(f"no coordinator for {what} {key!r}: {last}")
+        c = done.answer.coordinators[0]
+        if c.error_code == NONE:
+            return _addr(c.node)
+        if c.error_code not in COORDINATOR_REFRESH_CODES:
+            raise error_for(c.error_code, c.error_message)
+        last = c.error_message or "no coordinator"
         raise CoordinatorNotAvailableError(f"no coordinator for {what} {key!r}: {last}")
+
+    def _lookup_timeout(self, timeout_s: float | None) -> float:
+        """One FindCoordinator call's deadline: ``timeout_s`` (default: the client's), at
+        most :data:`DISCOVERY_TIMEOUT_S` (a small answer from memory)."""
+        return min(self.timeout_s if timeout_s is None else timeout_s, DISCOVERY_TIMEOUT_S)
 
     def coordinator_shards(
         self, key_type: int = storage_pb2.COORDINATOR_TYPE_GROUP
     ) -> dict[int, str | None]:
         """Every shard of the group (or transaction) coordinators and its owner's address,
         None for a shard without one right now: FindCoordinator(all_shards) on the first node
-        that answers (one pass), for listings that fan out to every coordinator. Unlike
-        DescribeCluster it needs no DESCRIBE on the cluster (found from outside: `strom groups
-        list` refused principals the ListGroups filter would have answered).
-        BrokerNotAvailableError when no node answers.
+        that answers (one hedged pass: :meth:`_ask_hedged`), for listings that fan out to
+        every coordinator. Unlike DescribeCluster it needs no DESCRIBE on the cluster (found
+        from outside: `strom groups list` refused principals the ListGroups filter would
+        have answered). BrokerNotAvailableError when no node answers.
 
         A node older than this client ignores all_shards and answers no entry at all, as a
         node of this version does before any coordinator ran (found from outside: during a
@@ -547,25 +594,28 @@ class ClusterClient:
         no shard either (no coordinator ran); CoordinatorNotAvailableError, saying the nodes
         may be older than this client, when it cannot be asked."""
         req = storage_pb2.FindCoordinatorRequest(key_type=key_type, all_shards=True)  # type: ignore[arg-type]
-        last = "no node answered"
-        empty: list[str] = []
-        for addr in self._candidates():
-            try:
-                resp = self.storage(addr).FindCoordinator(req, timeout=min(self.timeout_s, 5.0))
-            except grpc.RpcError as exc:
-                if exc.code() in REFUSED_CODES:
-                    raise refused(exc) from None
-                self.demote(addr)
-                last = f"{addr}: {exc.code().name}"
-                continue
-            if resp.coordinators:
-                return {
-                    c.shard: _addr(c.node) if c.error_code == NONE else None
-                    for c in resp.coordinators
-                }
-            empty.append(addr)
-        if not empty:
+        done = self._ask_hedged(
+            self._candidates(),
+            "FindCoordinator",
+            req,
+            self._lookup_timeout(None),
+            accept=lambda resp: bool(resp.coordinators),
+        )
+        done.raise_refusal()
+        if done.answer is not None:
+            return {
+                c.shard: _addr(c.node) if c.error_code == NONE else None
+                for c in done.answer.coordinators
+            }
+        if not done.declined:
+            last = "; ".join(done.failures()) or "no node answered"
             raise BrokerNotAvailableError(f"no strom node answered FindCoordinator ({last})")
+        return self._described_shards(key_type, done.declined)
+
+    def _described_shards(self, key_type: int, empty: list[str]) -> dict[int, str | None]:
+        """The owned shards in the controller's DescribeCluster, asked when the nodes
+        ``empty`` answered FindCoordinator(all_shards) with none (see
+        :meth:`coordinator_shards`)."""
         try:
             desc = self.controller_call(
                 "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
