@@ -14,7 +14,7 @@ import pytest
 
 from strom.api import common_pb2, controller_pb2, storage_pb2
 from strom.api import metadata_pb2 as md
-from strom.cli.admin import _time_spec
+from strom.cli.admin_parser import _time_spec
 from strom.client.admin import (
     Admin,
     ConfigSource,

@@ -33,7 +33,7 @@ def test_describe_json_gives_the_replica_count_a_reassignment_changed() -> None:
     said 2 after a move to 3 replicas)."""
     from strom.api import controller_pb2
     from strom.api import metadata_pb2 as md
-    from strom.cli.admin import _topic_dict
+    from strom.cli.topic_listing import _topic_dict
 
     t = controller_pb2.TopicDescription(
         name="a2", metadata=md.TopicMetadata(name="a2", partition_count=1, replication_factor=2)

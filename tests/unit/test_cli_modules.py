@@ -1,7 +1,8 @@
 """The ``strom`` command is split by what each module holds (strom.cli.main: running a command
-and its errors; parser: the arguments; bench_commands: the benchmarks' runs). What users and
-scripts see must not follow the split: the console script, ``build_parser``'s import path,
-and a benchmark's one-line errors."""
+and its errors; parser: the arguments; bench_commands: the benchmarks' runs; admin and, for
+``strom topics`` / ``strom cluster``, admin_parser, topic_listing, partition_commands and
+configs). What users and scripts see must not follow the split: the console script,
+``build_parser``'s and strom.cli.admin's import paths, and a benchmark's one-line errors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.cli import bench_commands, parser
+from strom.cli import admin, admin_parser, bench_commands, parser, topic_listing
 from strom.cli.main import SERVICES, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,3 +42,14 @@ def test_a_benchs_bad_argument_is_one_line_of_the_command(
     assert main(["bench", "scale", "--connections", "-1"]) == 1
     err = capsys.readouterr().err
     assert err == "strom bench: error: --connections must be >= 0, not -1\n"
+
+
+def test_the_admin_commands_names_keep_their_import_path() -> None:
+    """``strom.cli.admin`` keeps the names others import from it (parser.py's and the other
+    commands' modules', tests'), though the parsers and the describe filters live apart."""
+    for name in admin.__all__:
+        assert getattr(admin, name) is not None
+    assert admin.add_topics_parser is admin_parser.add_topics_parser
+    assert admin.add_cluster_parser is admin_parser.add_cluster_parser
+    assert admin.PartitionCondition is topic_listing.PartitionCondition
+    assert admin.MinIsr is topic_listing.MinIsr

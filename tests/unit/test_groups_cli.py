@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from strom.cli.admin import _time_spec
+from strom.cli.admin_parser import _time_spec
 from strom.cli.groups import _datetime_ms, plan_reset
 from strom.cli.main import build_parser
 from strom.client.admin_requests import offset_spec as _offset_spec

@@ -1,6 +1,8 @@
-"""The Producer is split by what each module holds (strom.client.producer, sender, bulk,
-record_checks); what users see must not follow the split: the names they import from
-``strom.client.producer`` and the logger name they filter the sender's lines on."""
+"""The Producer is split by what each module holds (strom.client.producer, sender,
+produce_answers, sequences, bulk, record_checks); what users see must not follow the split:
+the names they import from ``strom.client.producer`` and ``strom.client.sender``, the
+attributes each of the sender's mixins says it takes from the Producer, and the logger name
+they filter the sender's lines on."""
 
 from __future__ import annotations
 
@@ -9,6 +11,11 @@ import logging
 import pytest
 
 from strom import Producer
+from strom.client.produce_answers import ProduceAnswers
+from strom.client.sender import SenderLoop
+from strom.client.sequences import Sequences
+
+MIXINS = (SenderLoop, ProduceAnswers, Sequences)
 
 
 def test_the_public_names_still_import_from_the_producer_module() -> None:
@@ -27,10 +34,34 @@ def test_the_public_names_still_import_from_the_producer_module() -> None:
     )
 
 
+def test_the_senders_names_still_import_from_the_sender_module() -> None:
+    from strom.client import produce_answers, sender
+
+    for name in sender.__all__:
+        assert getattr(sender, name) is not None
+    assert sender.request_too_large is produce_answers.request_too_large
+    assert sender.RETRY_LOG_INTERVAL_S == produce_answers.RETRY_LOG_INTERVAL_S
+
+
+def test_every_attribute_a_mixin_declares_is_one_a_producer_has() -> None:
+    """The mixins' annotations are their contract with ``Producer.__init__``: a name
+    declared there but no longer set (renamed, dropped) would fail only on the path that
+    reads it."""
+    assert all(issubclass(Producer, m) for m in MIXINS)
+    with Producer("127.0.0.1:1", max_block_ms=0) as p:
+        for mixin in MIXINS:
+            missing = [a for a in mixin.__annotations__ if not hasattr(p, a)]
+            assert not missing, f"{mixin.__name__} declares {missing}, which a Producer lacks"
+
+
 def test_the_sender_logs_under_the_producers_logger(caplog: pytest.LogCaptureFixture) -> None:
     """Users filter on "strom.client.producer": the sender's lines (here: a node without
-    ProduceStream, so unary calls) keep that name though they come from strom.client.sender."""
+    ProduceStream, so unary calls) keep that name though they come from strom.client.sender,
+    and so do its mixins' (strom.client.produce_answers, strom.client.sequences)."""
+    from strom.client import produce_answers, sequences
+
     with Producer("127.0.0.1:1", max_block_ms=0) as p, caplog.at_level(logging.INFO):
         p._no_streams("127.0.0.1:1")
     (record,) = [r for r in caplog.records if "has no ProduceStream" in r.getMessage()]
     assert record.name == "strom.client.producer"
+    assert produce_answers.log.name == sequences.log.name == "strom.client.producer"

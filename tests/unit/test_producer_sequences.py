@@ -26,7 +26,7 @@ from strom import Producer
 from strom.api import common_pb2, storage_pb2
 from strom.client.accumulator import PartitionQueue, ProducerBatch
 from strom.client.futures import BatchResult, FutureRecordMetadata
-from strom.client.sender import _Shipment
+from strom.client.produce_answers import _Shipment
 from strom.client.transactions import TxnPhase
 from strom.errors import (
     InconsistentTopicIdError,

@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "timeout", None) is not None:
         bootstrap = getattr(args, "bootstrap", None) or os.environ.get("STROM_BOOTSTRAP", "")
         # When the timer will fire: commands that can report part of a result (``topics
-        # offsets``) bound their own calls by it (strom.cli.admin._within_timeout).
+        # offsets``) bound their own calls by it (strom.cli.partition_commands._within_timeout).
         args.give_up_at = time.monotonic() + args.timeout
         _give_up_after(args.timeout, f"strom {args.command}", bootstrap)
     try:

@@ -57,7 +57,7 @@ _zero_or_more = number_above(0.0, inclusive=True)
 
 def build_parser() -> argparse.ArgumentParser:
     from strom.cli.acls import add_acls_parser
-    from strom.cli.admin import add_cluster_parser, add_topics_parser
+    from strom.cli.admin_parser import add_cluster_parser, add_topics_parser
     from strom.cli.console import add_console_parsers
     from strom.cli.dev import add_dev_parser
     from strom.cli.dumplog import add_dump_log_parser

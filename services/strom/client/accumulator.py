@@ -95,7 +95,7 @@ class ProducerBatch:
         #: An attempt ended without proof that nothing was appended (no answer, an answer
         #: after the append, a retriable error not in sender._REFUSED_BEFORE_APPEND): it may
         #: be in the log. Such a batch fails as "may have been written" and its sequence is
-        #: never given to another batch (SenderLoop._settle).
+        #: never given to another batch (Sequences._settle).
         self.maybe_written = False
         if arrow is not None:
             self.count = arrow.num_rows

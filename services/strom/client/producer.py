@@ -54,13 +54,14 @@ from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
 from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.partitioner import murmur2
+from strom.client.produce_answers import RETRY_LOG_INTERVAL_S, request_too_large
 from strom.client.record_checks import Partitioner
 
 # send() (the measured hot path) is kept as it was, calling these by their former names.
 from strom.client.record_checks import checked_pick as _checked_pick
 from strom.client.record_checks import record_headers as _headers
 from strom.client.record_checks import record_too_large as _record_too_large
-from strom.client.sender import RETRY_LOG_INTERVAL_S, SenderLoop, request_too_large
+from strom.client.sender import SenderLoop
 from strom.client.spin import SpinKeeper
 from strom.client.stats import ProducerStats
 from strom.client.streams import RequestStream
@@ -325,7 +326,7 @@ class Producer(SenderLoop):
         self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: Threads inside _fail_all (delivery callbacks run there too).
         self._failing_threads: set[int] = set()
-        #: Which partitions' retries are due a WARNING line (SenderLoop._log_retry).
+        #: Which partitions' retries are due a WARNING line (ProduceAnswers._log_retry).
         self._retry_lines = LogLimiter(RETRY_LOG_INTERVAL_S)
         #: metrics(): counted by the sender thread, per request and per batch.
         self._stats = ProducerStats()
