@@ -409,6 +409,11 @@ class FakeClient:
         self.leaders = leaders
         #: The fetch offset of every request, by how it went: "unary" or "stream".
         self.sent: list[tuple[str, int]] = []
+        #: Nodes the fetcher asked to be looked up last (a Fetch to them went overdue).
+        self.demoted: list[str] = []
+
+    def demote(self, address: str) -> None:
+        self.demoted.append(address)
 
     def channel(self, address: str) -> Any:
         leader = self.leaders[address]
@@ -484,8 +489,8 @@ def make_fetcher(
     fetched: list[list[int]] = []  # fetch offsets of every finished round trip
     fetch = f._fetch
 
-    def traced(address: str, claims: Any) -> None:
-        fetch(address, claims)
+    def traced(address: str, claims: Any, **kw: Any) -> None:
+        fetch(address, claims, **kw)
         fetched.append([c.fetch_offset for c in claims])
 
     f._fetch = traced  # type: ignore[method-assign]
