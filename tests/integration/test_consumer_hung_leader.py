@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import itertools
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +217,83 @@ def test_a_group_consumer_leaves_a_hung_leader_for_the_new_one(cluster: LocalClu
     )
     consumer.subscribe([topic])
     run_through_a_hung_leader(cluster, topic, consumer)
+
+
+# -- close() with a Fetch outstanding to a hung leader ----------------------------------
+
+#: The child: a caught-up consumer (its long polls parked at the leader), which closes when
+#: told to once the leader hangs, reports the gRPC calls still alive after close(), and
+#: returns from its script.
+_CLOSING_CHILD = """
+import gc, sys, time
+import grpc._channel
+from strom.client.consumer import Consumer
+from strom.client.types import TopicPartition
+
+bootstrap, topic, partitions = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = Consumer(bootstrap, auto_offset_reset="earliest")
+c.assign([TopicPartition(topic, p) for p in range(partitions)])
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not all(
+    c.highwater(TopicPartition(topic, p)) is not None for p in range(partitions)
+):
+    c.poll(timeout_ms=200)
+for _ in range(3):
+    c.poll(timeout_ms=100)  # caught up: long polls in flight now
+print("READY", flush=True)
+sys.stdin.readline()  # the leader hangs meanwhile
+c.poll(timeout_ms=1500)  # a poll of its own reaching it (and the workers' long polls)
+started = time.monotonic()
+c.close()
+took = time.monotonic() - started
+alive = sum(
+    1 for o in gc.get_objects() if isinstance(o, grpc._channel._MultiThreadedRendezvous)
+)
+print(f"CLOSED {took:.2f} {alive}", flush=True)
+"""
+
+
+def test_a_consumer_closes_and_its_process_exits_while_its_leader_hangs(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Seen once from outside: after close() returned (at once) the process never exited,
+    its main thread stuck at interpreter shutdown in a gRPC call's ``__del__``: a call
+    cancelled by close() was still alive (kept by a reference cycle through its own
+    traceback) and was only collected at shutdown, where its lock can be held by a daemon
+    thread frozen mid-way. close() must leave no call alive, and the process must exit."""
+    topic = create_topic(cluster, "hung-cons-close", partitions=3, replication_factor=3)
+    with Producer(cluster.bootstrap) as producer:
+        for p in range(3):
+            producer.send(topic, b"x", partition=p)
+        producer.flush(30)
+    with Admin(cluster.bootstrap) as admin:
+        victim = leaders(admin, topic)[0]
+    assert victim is not None
+    script = tmp_path / "closing_child.py"
+    script.write_text(_CLOSING_CHILD)
+    child = subprocess.Popen(
+        [sys.executable, str(script), cluster.bootstrap, topic, "3"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "READY"
+        with paused(cluster.node(victim)):
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            closed = child.stdout.readline().split()
+            exited_in = time.monotonic()
+            code = child.wait(timeout=30)
+            exited_in = time.monotonic() - exited_in
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert closed[:1] == ["CLOSED"], closed
+    took, alive = float(closed[1]), int(closed[2])
+    assert took < 10, took
+    assert alive == 0, f"{alive} gRPC calls still alive after close()"
+    assert code == 0
+    assert exited_in < 10, exited_in

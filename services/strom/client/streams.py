@@ -306,6 +306,12 @@ class _PingPong:
             self._break()
             raise StreamError(grpc.StatusCode.UNAVAILABLE, "the stream ended") from None
         except grpc.RpcError as exc:
+            # The call raised itself (a rendezvous is its own exception): its traceback holds
+            # frames that hold the call, a cycle only the cycle collector frees, maybe only at
+            # interpreter shutdown, where the call's __del__ takes a lock a frozen daemon
+            # thread may hold. FIX (found from outside, once): a closed consumer's process
+            # never exited. Without the traceback the call goes as soon as it is let go.
+            exc.__traceback__ = None
             self._break()
             if self._expired:
                 raise StreamError(
