@@ -11,19 +11,22 @@ up again, and the partitions that moved are fetched from the new leader at once.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from strom import aio
 from strom.client.admin import Admin
 from strom.client.consumer import Consumer
 from strom.client.producer import Producer
@@ -84,10 +87,10 @@ def live_producer(bootstrap: str, topic: str) -> Iterator[None]:
 
 @dataclass
 class LiveReader:
-    """A consumer polling on a thread of its own, and the offsets it read, per partition, in
-    the order it read them."""
+    """A consumer polling on a thread of its own (``poll`` gets one poll's records), and the
+    offsets it read, per partition, in the order it read them."""
 
-    consumer: Consumer
+    poll: Callable[[], list[Any]]
     offsets: dict[int, list[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -96,7 +99,7 @@ class LiveReader:
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                records = self.consumer.poll(timeout_ms=500)
+                records = self.poll()
                 with self.lock:
                     for r in records:
                         self.offsets.setdefault(r.partition, []).append(r.offset)
@@ -104,6 +107,9 @@ class LiveReader:
             self.error = exc
 
     def last(self, partition: int) -> int:
+        """The last offset of ``partition`` read (-1: none yet); raises what the poll did."""
+        if self.error is not None:
+            raise AssertionError(f"the consumer's poll failed: {self.error!r}")
         with self.lock:
             seen = self.offsets.get(partition)
             return seen[-1] if seen else -1
@@ -111,7 +117,8 @@ class LiveReader:
 
 @contextmanager
 def reading(consumer: Consumer) -> Iterator[LiveReader]:
-    reader = LiveReader(consumer)
+    """``consumer`` read by a LiveReader until the block ends; closed then."""
+    reader = LiveReader(lambda: consumer.poll(timeout_ms=500))
     thread = threading.Thread(target=reader.run, name="live-reader", daemon=True)
     thread.start()
     try:
@@ -120,6 +127,25 @@ def reading(consumer: Consumer) -> Iterator[LiveReader]:
         reader.stop.set()
         thread.join(30)
         consumer.close()
+    assert reader.error is None, reader.error
+
+
+@contextmanager
+def reading_aio(consumer: aio.Consumer, tps: list[TopicPartition]) -> Iterator[LiveReader]:
+    """``consumer`` (strom.aio) assigned ``tps`` and read by a LiveReader, on an event loop
+    of the reader's thread, until the block ends; closed then."""
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(consumer.assign(tps))
+    reader = LiveReader(lambda: loop.run_until_complete(consumer.poll(timeout_ms=500)))
+    thread = threading.Thread(target=reader.run, name="live-aio-reader", daemon=True)
+    thread.start()
+    try:
+        yield reader
+    finally:
+        reader.stop.set()
+        thread.join(30)
+        loop.run_until_complete(consumer.close())
+        loop.close()
     assert reader.error is None, reader.error
 
 
@@ -140,14 +166,16 @@ def _describe(seen: list[int]) -> str:
     return f"{len(seen)} records, first {seen[:1]}, breaks {breaks[:5]}"
 
 
-def run_through_a_hung_leader(cluster: LocalCluster, topic: str, consumer: Consumer) -> None:
-    """Live producer and ``consumer`` reading; hang the leader of partition 0 and check
-    that its partitions are read from their new leaders well before the request timeout,
-    then that every record came once, in order."""
+def run_through_a_hung_leader(
+    cluster: LocalCluster, topic: str, read: AbstractContextManager[LiveReader]
+) -> None:
+    """Live producer and a consumer reading (``read``); hang the leader of partition 0 and
+    check that its partitions are read from their new leaders well before the request
+    timeout, then that every record came once, in order."""
     with (
         Admin(cluster.bootstrap) as admin,
         live_producer(cluster.bootstrap, topic),
-        reading(consumer) as reader,
+        read as reader,
     ):
         wait_for(
             lambda: all(reader.last(p) >= 20 for p in range(PARTITIONS)),
@@ -203,7 +231,7 @@ def test_an_assigned_consumer_leaves_a_hung_leader_for_the_new_one(
         cluster.bootstrap, auto_offset_reset="earliest", request_timeout_ms=REQUEST_TIMEOUT_MS
     )
     consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
-    run_through_a_hung_leader(cluster, topic, consumer)
+    run_through_a_hung_leader(cluster, topic, reading(consumer))
 
 
 def test_a_group_consumer_leaves_a_hung_leader_for_the_new_one(cluster: LocalCluster) -> None:
@@ -216,7 +244,16 @@ def test_a_group_consumer_leaves_a_hung_leader_for_the_new_one(cluster: LocalClu
         request_timeout_ms=REQUEST_TIMEOUT_MS,
     )
     consumer.subscribe([topic])
-    run_through_a_hung_leader(cluster, topic, consumer)
+    run_through_a_hung_leader(cluster, topic, reading(consumer))
+
+
+def test_an_aio_consumer_leaves_a_hung_leader_for_the_new_one(cluster: LocalCluster) -> None:
+    topic = create_topic(cluster, "hung-cons-aio", partitions=PARTITIONS, replication_factor=3)
+    consumer = aio.Consumer(
+        cluster.bootstrap, auto_offset_reset="earliest", request_timeout_ms=REQUEST_TIMEOUT_MS
+    )
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    run_through_a_hung_leader(cluster, topic, reading_aio(consumer, tps))
 
 
 # -- close() with a Fetch outstanding to a hung leader ----------------------------------
