@@ -36,6 +36,12 @@ partitions' logs (up to ``fetch_max_wait_ms``, perhaps for a position the applic
 since sought away from), a partition that becomes fetchable meanwhile (drained, sought,
 resumed) is fetched at once instead of waiting for those polls.
 
+A node that stops answering (hung: a long GC pause, SIGSTOP, a network partition) holds a
+worker's long poll until the request timeout. So the metadata thread watches the workers'
+requests: one unanswered ``OVERDUE_GRACE_S`` past its wait has its partitions' leaders looked
+up again, and those that moved leave it for their new leader (``Fetcher._overdue``,
+``_release_moved``): the consumer follows a moved leader within seconds, as the producer does.
+
 Buffering is bounded per partition: a partition is fetched again only while fewer than
 ``max_buffered`` (2) completed responses wait for the application, so memory stays within a
 few times ``max_partition_fetch_bytes`` per partition however slow the application is.
@@ -358,8 +364,9 @@ class Fetcher:
         self._refresher.start()
 
     def close(self) -> None:
-        """Stop every thread at its next wake-up. Workers blocked in a long poll return when
-        it ends or when the caller closes the channels (which cancels the calls)."""
+        """Stop every thread at its next wake-up. The requests on streams are cancelled here;
+        workers blocked in a unary call return when the caller closes the channels (which
+        cancels those calls)."""
         with self._lock:
             if self._closed:
                 return
