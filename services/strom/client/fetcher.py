@@ -1330,8 +1330,8 @@ class Fetcher:
         next_due: float | None = None
         for tracked in self._outstanding:
             if tracked.due <= now:
-                if not tracked.checked:
-                    log.info(
+                if not tracked.checked:  # (debug: a big answer may just be slow)
+                    log.debug(
                         "no Fetch answer from %s within %.1f s; looking its partitions' "
                         "leaders up again",
                         tracked.address,
@@ -1362,6 +1362,13 @@ class Fetcher:
                 if leader is None or leader.address in (None, tracked.address):
                     held = True
                     continue
+                log.info(
+                    "no Fetch answer from %s for %s-%d, whose leader is now %s: fetching there",
+                    tracked.address,
+                    part.tp.topic,
+                    part.tp.partition,
+                    leader.address,
+                )
                 part.claim = None
                 part.inflight = False
                 self._kick(part)
