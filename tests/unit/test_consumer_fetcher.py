@@ -421,6 +421,11 @@ class FakeClient:
         self.leaders = leaders
         #: The fetch offset of every request, by how it went: "unary" or "stream".
         self.sent: list[tuple[str, int]] = []
+        #: Nodes the fetcher asked to be looked up last (a Fetch to them went overdue).
+        self.demoted: list[str] = []
+
+    def demote(self, address: str) -> None:
+        self.demoted.append(address)
 
     def channel(self, address: str) -> Any:
         leader = self.leaders[address]
@@ -496,8 +501,8 @@ def make_fetcher(
     fetched: list[list[int]] = []  # fetch offsets of every finished round trip
     fetch = f._fetch
 
-    def traced(address: str, claims: Any) -> None:
-        fetch(address, claims)
+    def traced(address: str, claims: Any, **kw: Any) -> None:
+        fetch(address, claims, **kw)
         fetched.append([c.fetch_offset for c in claims])
 
     f._fetch = traced  # type: ignore[method-assign]
@@ -604,6 +609,56 @@ def test_a_leader_hint_moves_fetching_to_the_new_leader() -> None:
         assert drain(f, 10) == list(range(10))
         assert old.requests[:1] == [0] and new.requests[:1] == [0]
         assert lm.get(TP) == PartitionLeader(2, "n2", 6)
+    finally:
+        stop(f, old, new)
+
+
+def test_an_overdue_answer_from_a_leader_that_did_not_move_is_still_taken() -> None:
+    """A Fetch unanswered past its wait + OVERDUE_GRACE_S has its leader looked up again and
+    its node demoted; the leader being the same, the request goes on waiting (a slow answer
+    is no failure) and its answer is filed once: no second request for the same records."""
+    leader = FakeLeader([(0, 10)])
+    gate = leader.hold[0] = threading.Event()
+    f, lm, _fetched = make_fetcher({"n1": leader})
+    client = f._client
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        wait_for(
+            lambda: lm.refreshes >= 2 and "n1" in client.demoted,  # type: ignore[attr-defined]
+            timeout=10,
+            what="the overdue fetch's leader looked up (twice)",
+        )
+        assert leader.requests == [0] and f.parts[TP].inflight
+        gate.set()
+        assert drain(f, 10) == list(range(10))
+        assert leader.requests.count(0) == 1
+    finally:
+        stop(f, leader)
+
+
+def test_an_overdue_fetch_whose_leader_moved_is_given_up_for_the_new_leader() -> None:
+    """The lookup finds another leader: the partition leaves the request still parked at
+    the old one and is fetched from the new one at the same offset; the old request's late
+    answer is ignored (nothing skipped, nothing twice)."""
+    old = FakeLeader([(0, 10), (10, 10)])
+    gate = old.hold[0] = threading.Event()
+    new = FakeLeader([(0, 10), (10, 10)])
+    f, lm, fetched = make_fetcher({"n1": old, "n2": new})
+
+    def moved(topics: Any) -> None:
+        lm.refreshes += 1
+        with lm._lock:
+            lm._leaders[TP] = PartitionLeader(2, "n2", 6)
+
+    lm.refresh = moved  # type: ignore[method-assign]
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        assert drain(f, 20) == list(range(20))
+        assert old.requests == [0] and new.requests[:2] == [0, 10]
+        gate.set()  # the old leader answers at last (offsets 0..9): ignored
+        wait_for(lambda: [0] in fetched[1:], timeout=10, what="the late answer")
+        assert f.collect(1000, arrow=False) == ([], 0)
+        assert f.position(TP) == 20
     finally:
         stop(f, old, new)
 

@@ -278,6 +278,7 @@ class PartitionState:
 
     __slots__ = (
         "backoff_until",
+        "claim",
         "completed",
         "end_offset",
         "error",
@@ -307,6 +308,10 @@ class PartitionState:
         self.reset: str | None = None
         self.paused = False
         self.inflight = False
+        #: The claim (strom.client.fetcher._Claim) of the request it is in while ``inflight``:
+        #: a request given up on (its node hung and the partition's leader moved) no longer
+        #: holds it, so that request's late answer or failure is ignored for it.
+        self.claim: object | None = None
         #: Caught up (its last answer ended at the high watermark) and left to the
         #: application's own fetch in ``poll()`` (see ``Fetcher.fetch_inline``): the workers
         #: do not long-poll it.
@@ -334,5 +339,6 @@ class PartitionState:
         self.generation += 1
         self.completed.clear()
         self.inflight = False
+        self.claim = None
         self.held = False
         self.fetch_offset = self.position if self.position is not None else -1

@@ -36,6 +36,12 @@ partitions' logs (up to ``fetch_max_wait_ms``, perhaps for a position the applic
 since sought away from), a partition that becomes fetchable meanwhile (drained, sought,
 resumed) is fetched at once instead of waiting for those polls.
 
+A node that stops answering (hung: a long GC pause, SIGSTOP, a network partition) holds a
+worker's long poll until the request timeout. So the metadata thread watches the workers'
+requests: one unanswered ``OVERDUE_GRACE_S`` past its wait has its partitions' leaders looked
+up again, and those that moved leave it for their new leader (``Fetcher._overdue``,
+``_release_moved``): the consumer follows a moved leader within seconds, as the producer does.
+
 Buffering is bounded per partition: a partition is fetched again only while fewer than
 ``max_buffered`` (2) completed responses wait for the application, so memory stays within a
 few times ``max_partition_fetch_bytes`` per partition however slow the application is.
@@ -116,6 +122,8 @@ __all__ = [
     "FOLLOW_WINDOW",
     "INLINE_GRACE_S",
     "MAX_WORKERS_PER_NODE",
+    "OVERDUE_GRACE_S",
+    "OVERDUE_RECHECK_S",
     "SPLIT_REQUEST_BYTES",
     "STORAGE_ERRORS_RAISED_AFTER",
     "WORKER_IDLE_S",
@@ -169,6 +177,17 @@ WORKER_IDLE_S = 30.0
 #: must not hold ``poll(timeout_ms)`` for the whole request timeout (the partition then backs
 #: off and goes to the fetch threads).
 INLINE_GRACE_S = 0.5
+#: How long past its long-poll wait a worker's Fetch may go unanswered before the leaders of
+#: its partitions are looked up again (design §8): a node answers a long poll within its wait
+#: plus a round trip, so a later answer means the node is slow or hung. If a partition's
+#: leader moved meanwhile, the request is given up on for it and the new leader is asked at
+#: once; if not, the request goes on waiting up to the request timeout (a big answer may just
+#: be slow). Without it a consumer stayed on a hung (SIGSTOPped) leader for the whole
+#: ``request_timeout_ms`` (31 s) while its producer had moved on in 2 s (found from outside).
+OVERDUE_GRACE_S = 1.0
+#: How often an overdue Fetch's leaders are looked up again while it stays unanswered (the
+#: controller moves a hung node's partitions a few seconds after it stopped answering).
+OVERDUE_RECHECK_S = 1.0
 #: A poll's own Fetch follows (storage.proto, ``FetchRequest.follow``) when it may wait at
 #: least this long: each answer of a follow comes within its wait, so a follow started for a
 #: shorter wait would have the node answer an idle consumer that often.
@@ -229,14 +248,32 @@ class _Follow:
     granted: int = FOLLOW_WINDOW
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Claim:
-    """A partition a worker took into its next request, as it was when taken."""
+    """A partition a worker took into its next request, as it was when taken. The partition
+    holds it (``PartitionState.claim``) while the request may still file an answer for it."""
 
     part: PartitionState
     generation: int
     fetch_offset: int
     leader_epoch: int
+
+
+@dataclass(slots=True, eq=False)
+class _Outstanding:
+    """A worker's Fetch in flight, watched by the metadata thread (``Fetcher._overdue``):
+    past ``due`` the leaders of its partitions are looked up again, and the partitions whose
+    leader moved away from ``address`` are released from it."""
+
+    address: str
+    claims: list[_Claim]
+    #: When it is overdue (then: when to look its leaders up again).
+    due: float
+    #: Its leaders were asked for since it became overdue (release what moved).
+    checked: bool = False
+    #: Cancels its stream (None while not on a stream: a unary call cannot be cancelled
+    #: from another thread, and simply ends at its deadline).
+    cancel: Any = None
 
 
 class Fetcher:
@@ -295,6 +332,10 @@ class Fetcher:
         self._workers: dict[str, int] = {}  # address -> running workers
         self._idle: dict[str, int] = {}  # address -> workers waiting for work
         self._threads: list[threading.Thread] = []
+        #: Workers' Fetches in flight (``_overdue``), and whether the metadata thread sleeps
+        #: without watching any (the next one wakes it: one wake-up, not one per fetch).
+        self._outstanding: set[_Outstanding] = set()
+        self._watch_idle = False
         self.parts: dict[TopicPartition, PartitionState] = {}
         self._closed = False
         self._fatal: BaseException | None = None
@@ -325,8 +366,9 @@ class Fetcher:
         self._refresher.start()
 
     def close(self) -> None:
-        """Stop every thread at its next wake-up. Workers blocked in a long poll return when
-        it ends or when the caller closes the channels (which cancels the calls)."""
+        """Stop every thread at its next wake-up. The requests on streams are cancelled here;
+        workers blocked in a unary call return when the caller closes the channels (which
+        cancels those calls)."""
         with self._lock:
             if self._closed:
                 return
@@ -336,7 +378,11 @@ class Fetcher:
             for cv in self._node_wake.values():
                 cv.notify_all()
             self._end_follow()
+            cancels = [o.cancel for o in self._outstanding if o.cancel is not None]
+            self._outstanding.clear()
         self._streams.close()  # ends the long polls in flight
+        for cancel in cancels:  # (closed above already, unless just taken from the pool)
+            cancel()
 
     def join(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -552,6 +598,7 @@ class Fetcher:
                 follow = self._start_follow(address, claims, wait_ms)
             for c in claims:
                 c.part.inflight = True
+                c.part.claim = c
                 c.part.held = False
         try:
             self._fetch(address, claims, wait_ms, wait_ms / 1000.0 + INLINE_GRACE_S, follow)
@@ -564,8 +611,9 @@ class Fetcher:
                 if follow is not None and self._follow is follow:
                     self._end_follow(kick=False)
                 for c in claims:
-                    if c.part.generation == c.generation and c.part.inflight:
+                    if c.part.claim is c:
                         c.part.inflight = False
+                        c.part.claim = None
                         self._kick(c.part)
             raise
         return True
@@ -854,7 +902,9 @@ class Fetcher:
                         continue
                     behind_bytes += self._partition_max_bytes
                 part.inflight = True
-                claims.append(_Claim(part, part.generation, part.fetch_offset, leader.epoch))
+                claim = _Claim(part, part.generation, part.fetch_offset, leader.epoch)
+                part.claim = claim
+                claims.append(claim)
         return claims, due, leads, left_over
 
     # -- node workers ---------------------------------------------------------------------
@@ -893,7 +943,8 @@ class Fetcher:
                         self._idle[address] -= 1
                     if left_over:  # big answers for another worker (this one is busy now)
                         self._ensure_worker(address).notify()
-                self._fetch(address, claims)
+                    tracked = self._track(address, claims)
+                self._fetch(address, claims, tracked=tracked)
         except BaseException as exc:  # a bug: surface it from poll() instead of hanging
             with self._lock:
                 if not self._closed:
@@ -913,12 +964,16 @@ class Fetcher:
         request: storage_pb2.FetchRequest,
         timeout_s: float,
         stream: bool = True,
+        tracked: _Outstanding | None = None,
     ) -> bytes:
         """One Fetch's answer bytes, on a stream (``stream``, unless the node has none: an
-        older version) or in a unary call; raises ``grpc.RpcError`` as the unary call does."""
+        older version) or in a unary call; raises ``grpc.RpcError`` as the unary call does.
+        ``tracked`` learns how to cancel the stream while it waits on it."""
         if stream and address not in self._unary_only:
             try:
-                return self._streams.ask(self._client.channel(address), address, request, timeout_s)
+                return self._streams.ask(
+                    self._client.channel(address), address, request, timeout_s, tracked
+                )
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
@@ -990,10 +1045,12 @@ class Fetcher:
         max_wait_ms: int | None = None,
         timeout_s: float | None = None,
         follow: _Follow | None = None,
+        tracked: _Outstanding | None = None,
     ) -> None:
         """One Fetch round trip for ``claims`` and filing its answer (on a worker, or on the
         application's thread from ``fetch_inline``); with ``follow``, the next answer of
-        that followed request instead."""
+        that followed request instead. ``tracked``: the worker's request as the metadata
+        thread watches it (it may release claims from it, or cancel it: ``_overdue``)."""
         failure: StromError | None = None
         transport = False
         answers: list[PartitionAnswer] = []
@@ -1018,6 +1075,7 @@ class Fetcher:
                     ),
                     timeout_s,
                     caught_up,
+                    tracked,
                 )
         except grpc.RpcError as exc:
             code = exc.code()
@@ -1064,9 +1122,14 @@ class Fetcher:
         now = time.monotonic()
         self.stats.fetched(now - asked, nbytes, throttle_ms)
         with self._lock:
+            if tracked is not None:
+                self._outstanding.discard(tracked)
+            # Only the claims the partitions still hold: not those given up on (``_overdue``)
+            # nor those a seek or reset dropped (drop_buffered).
+            claims = [c for c in claims if c.part.claim is c]
             for c in claims:
-                if c.part.generation == c.generation:
-                    c.part.inflight = False
+                c.part.inflight = False
+                c.part.claim = None
             if follow is not None:
                 self._followed(follow, decoded, failure is not None)
             if self._closed:
@@ -1232,16 +1295,23 @@ class Fetcher:
         self._md_wake.notify()
 
     def _refresh_loop(self) -> None:
-        """Refresh the topics a worker or a kick found stale, with the metadata cache's
-        backoff (exponential while refreshing does not help: no node answers, an election
-        takes long, a deleted topic), then hand partitions to their (new) leaders' workers."""
+        """Refresh the topics a worker, a kick or an overdue Fetch found stale, with the
+        metadata cache's backoff (exponential while refreshing does not help: no node
+        answers, an election takes long, a deleted topic), then give up overdue Fetches for
+        the partitions whose leader moved, and hand partitions to their (new) leaders'
+        workers."""
         while True:
             with self._lock:
                 while not self._closed:
+                    watch_in = self._overdue(time.monotonic())  # (may mark topics stale)
                     due_in = self._leaders.next_refresh_in()
                     if due_in is not None and due_in <= 0:
                         break
+                    if watch_in is not None and (due_in is None or watch_in < due_in):
+                        due_in = watch_in
+                    self._watch_idle = due_in is None
                     self._md_wake.wait(due_in)
+                    self._watch_idle = False
                 if self._closed:
                     return
             try:
@@ -1249,4 +1319,75 @@ class Fetcher:
             except Exception:  # never let the refresher die: the consumer would hang
                 log.exception("consumer metadata refresh failed")
             with self._lock:
+                self._release_moved()
                 self._kick_all()  # partitions still without a leader mark it stale again
+
+    # -- Fetches to a node that stopped answering (lock held) -----------------------------
+
+    def _track(self, address: str, claims: list[_Claim]) -> _Outstanding:
+        """Have the metadata thread watch a worker's Fetch to ``address`` (see
+        :data:`OVERDUE_GRACE_S`). It is woken only when it sleeps watching none: not once
+        per fetch (each wake-up costs a GIL hand-off)."""
+        tracked = _Outstanding(
+            address, claims, time.monotonic() + self._max_wait_ms / 1000.0 + OVERDUE_GRACE_S
+        )
+        self._outstanding.add(tracked)
+        if self._watch_idle:
+            self._watch_idle = False
+            self._md_wake.notify()
+        return tracked
+
+    def _overdue(self, now: float) -> float | None:
+        """Look up again the leaders of the partitions in Fetches that are overdue, asking
+        their node last from now on (``ClusterClient.demote``: it may be hung, as the
+        producer's path does); seconds until the next one is due (None: none in flight)."""
+        next_due: float | None = None
+        for tracked in self._outstanding:
+            if tracked.due <= now:
+                if not tracked.checked:  # (debug: a big answer may just be slow)
+                    log.debug(
+                        "no Fetch answer from %s within %.1f s; looking its partitions' "
+                        "leaders up again",
+                        tracked.address,
+                        self._max_wait_ms / 1000.0 + OVERDUE_GRACE_S,
+                    )
+                self._client.demote(tracked.address)
+                for topic in {c.part.tp.topic for c in tracked.claims if c.part.claim is c}:
+                    self._stale(topic)
+                tracked.checked = True
+                tracked.due = now + OVERDUE_RECHECK_S
+            if next_due is None or tracked.due < next_due:
+                next_due = tracked.due
+        return None if next_due is None else max(next_due - now, 0.0)
+
+    def _release_moved(self) -> None:
+        """After a lookup: give up overdue Fetches for the partitions whose leader is now
+        another node. Their position is untouched (the request's answer was never filed, and
+        if it comes it is ignored), so the new leader is asked from the same offset: nothing
+        skipped, nothing twice. A request left without partitions is cancelled (a unary
+        one cannot be, and ends at its deadline)."""
+        for tracked in [t for t in self._outstanding if t.checked]:
+            held = False
+            for c in tracked.claims:
+                part = c.part
+                if part.claim is not c:
+                    continue
+                leader = self._leaders.get(part.tp)
+                if leader is None or leader.address in (None, tracked.address):
+                    held = True
+                    continue
+                log.info(
+                    "no Fetch answer from %s for %s-%d, whose leader is now %s: fetching there",
+                    tracked.address,
+                    part.tp.topic,
+                    part.tp.partition,
+                    leader.address,
+                )
+                part.claim = None
+                part.inflight = False
+                self._kick(part)
+            if not held:
+                self._outstanding.discard(tracked)
+                cancel = tracked.cancel
+                if cancel is not None:
+                    cancel()

@@ -306,6 +306,12 @@ class _PingPong:
             self._break()
             raise StreamError(grpc.StatusCode.UNAVAILABLE, "the stream ended") from None
         except grpc.RpcError as exc:
+            # The call raised itself (a rendezvous is its own exception): its traceback holds
+            # frames that hold the call, a cycle only the cycle collector frees, maybe only at
+            # interpreter shutdown, where the call's __del__ takes a lock a frozen daemon
+            # thread may hold. FIX (found from outside, once): a closed consumer's process
+            # never exited. Without the traceback the call goes as soon as it is let go.
+            exc.__traceback__ = None
             self._break()
             if self._expired:
                 raise StreamError(
@@ -390,9 +396,19 @@ class FetchStreams:
         self._all: set[_PingPong] = set()
         self._closed = False
 
-    def ask(self, channel: grpc.Channel, address: str, request: Any, timeout_s: float) -> Any:
+    def ask(
+        self,
+        channel: grpc.Channel,
+        address: str,
+        request: Any,
+        timeout_s: float,
+        watcher: Any = None,
+    ) -> Any:
         """Send ``request`` to the node at ``address`` on a free stream; its answer bytes.
-        Raises ``grpc.RpcError`` as a unary call would."""
+        Raises ``grpc.RpcError`` as a unary call would. ``watcher``: an object whose
+        ``cancel`` attribute holds the stream's cancel while the request waits (None again
+        before the stream goes back to the pool), so that another thread can give the request
+        up (the consumer's fetcher does, for a request to a node that hung)."""
         with self._lock:
             if self._closed:
                 raise ValueError("the consumer is closed")
@@ -413,11 +429,15 @@ class FetchStreams:
             with self._lock:
                 self._all.add(stream)
         answered = False
+        if watcher is not None:
+            watcher.cancel = stream.close
         try:
             answer = stream.ask(request, timeout_s)
             answered = True
             return answer
         finally:
+            if watcher is not None:
+                watcher.cancel = None
             with self._lock:
                 # A stream left with a request unanswered (an exception such as
                 # KeyboardInterrupt while waiting) would hand its answer to the next caller.
