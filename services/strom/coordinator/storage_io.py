@@ -40,6 +40,11 @@ INTERNAL_WRITER = ((INTERNAL_TOPICS_METADATA_KEY, "true"),)
 WRITE_RETRY_S = 10.0
 
 
+#: How long the coordinator waits for a storage node's InitProducerId answer before asking
+#: the next node as well (the clients' lookups hedge after the same time).
+INIT_PRODUCER_HEDGE_S = 0.5
+
+
 class ShardLost(Exception):
     """The shard is no longer this process's (fenced, key gone): stop using it."""
 
@@ -144,30 +149,60 @@ class StorageIO(CoordinatorCore):
             producer_id=producer_id if producer_id >= 0 else -1,
             producer_epoch=max(epoch, 0) if producer_id >= 0 else -1,
         )
-        # Every live node in turn, lowest id first. FIX (found by CI): the lowest-id node
-        # had just died (its registration not expired yet) and its refused connection went
-        # to the client as UNKNOWN_SERVER_ERROR, which a transactional producer's
+        # The live nodes, lowest id first. FIX (found by CI): the lowest-id node had just
+        # died (its registration not expired yet) and its refused connection went to the
+        # client as UNKNOWN_SERVER_ERROR, which a transactional producer's
         # init_transactions() took for fatal. Now another node is asked, and when none
-        # gives an id the answer is COORDINATOR_LOAD_IN_PROGRESS, retriable (Kafka's
-        # answer when its producer-id manager has no block).
+        # gives an id the answer is COORDINATOR_LOAD_IN_PROGRESS, retriable (Kafka's answer
+        # when its producer-id manager has no block). FIX (found from outside): they were
+        # asked one after another, 10 s each, so while the lowest-id node hung every new
+        # transactional id waited 10 s; now the next node is asked too when one has not
+        # answered within INIT_PRODUCER_HEDGE_S (the clients' lookups do the same), and the
+        # first id wins. Safe to ask two: a bump is the same answer from any node, and a
+        # new id from a second node only leaves an id unused.
         assert self.view is not None
         nodes = self.view.live_nodes()
-        last = "no live storage node"
-        for node_id in sorted(nodes):
-            address = f"{nodes[node_id].host}:{nodes[node_id].port}"
+        addresses = [
+            (node_id, f"{nodes[node_id].host}:{nodes[node_id].port}") for node_id in sorted(nodes)
+        ]
+        failures: list[str] = []
+        running: dict[asyncio.Task[Any], int] = {}
+
+        def ask(node_id: int, address: str) -> None:
             stub = storage_pb2_grpc.StorageServiceStub(self._channel(address))
-            try:
-                resp = await stub.InitProducerId(req, timeout=10.0)
-            except grpc.aio.AioRpcError as exc:
-                last = f"node {node_id} ({address}): {exc.code().name}"
-                continue
-            if resp.error_code == E.NONE:
-                return resp.producer_id, resp.producer_epoch
-            last = f"node {node_id}: {error_name(resp.error_code)} {resp.error_message}"
-            if not is_retriable(resp.error_code):
-                raise StromError(f"InitProducerId: {last}", code=resp.error_code)
+            running[asyncio.ensure_future(stub.InitProducerId(req, timeout=10.0))] = node_id
+
+        try:
+            pending = list(addresses)
+            while pending or running:
+                if pending:
+                    ask(*pending.pop(0))
+                done, _ = await asyncio.wait(
+                    running,
+                    timeout=INIT_PRODUCER_HEDGE_S if pending else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    node_id = running.pop(task)
+                    try:
+                        resp = task.result()
+                    except grpc.aio.AioRpcError as exc:
+                        failures.append(f"node {node_id}: {exc.code().name}")
+                        continue
+                    if resp.error_code == E.NONE:
+                        return resp.producer_id, resp.producer_epoch
+                    failures.append(
+                        f"node {node_id}: {error_name(resp.error_code)} {resp.error_message}"
+                    )
+                    if not is_retriable(resp.error_code):
+                        raise StromError(f"InitProducerId: {failures[-1]}", code=resp.error_code)
+        finally:
+            for task in running:
+                task.cancel()
         raise StromError(
-            f"InitProducerId: no storage node gave a producer id ({last})",
+            "InitProducerId: no storage node gave a producer id ("
+            + ("; ".join(failures) or "no live storage node")
+            + ")",
             code=E.COORDINATOR_LOAD_IN_PROGRESS,
             retriable=True,
         )
