@@ -21,10 +21,12 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import signal
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +171,18 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
 
 
 TopicFactory = Callable[..., str]
+
+
+@contextmanager
+def paused(member: Any) -> Iterator[None]:
+    """``member``'s process hung (SIGSTOP) for the block's time, then resumed (SIGCONT), as a
+    hung host or a long GC pause looks from outside."""
+    assert member.process is not None
+    member.process.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        member.process.signal(signal.SIGCONT)
 
 
 def member_metric(member: Any, name: str, **labels: str) -> float:

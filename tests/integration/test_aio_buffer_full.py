@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,7 +17,7 @@ from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.errors import RequestTimedOutError
-from tests.conftest import module_cluster
+from tests.conftest import module_cluster, paused
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +35,6 @@ def _topic_on(cluster: LocalCluster, topic: str, node_id: int) -> None:
         admin.create_topic(topic, replica_assignment=[[node_id]])
     with Producer(cluster.bootstrap) as producer:  # waits for the leader (retries)
         producer.send(topic, b"warm").result(60)
-
-
-@contextmanager
-def stopped(member: Any) -> Iterator[None]:
-    """``member``'s process SIGSTOPped inside the block."""
-    member.process.signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        member.process.signal(signal.SIGCONT)
 
 
 class Ticker:
@@ -97,7 +84,7 @@ def test_a_send_waiting_for_buffer_space_leaves_the_event_loop_free(
             request_timeout_ms=60_000,
         )
         ticker = Ticker()
-        with stopped(cluster.node(2)):
+        with paused(cluster.node(2)):
             first = await producer.send(topic, b"a" * 460_000)  # fits: queued at once
             ticks = ticker.ticks
             waiting = asyncio.create_task(producer.send(topic, b"b" * 600_000))
@@ -139,7 +126,7 @@ def test_sends_waiting_for_buffer_space_do_not_hold_up_other_aio_calls(
             aio.Admin(cluster.bootstrap) as admin,
             aio.Consumer(cluster.bootstrap) as consumer,
         ):
-            with stopped(cluster.node(2)):
+            with paused(cluster.node(2)):
                 await producer.send(topic, b"a" * 600_000)
                 sends = [
                     asyncio.create_task(producer.send(topic, b"x" * 100_000)) for _ in range(30)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import signal
 import subprocess
 import sys
 import threading
@@ -31,9 +30,9 @@ from strom.client.admin import Admin
 from strom.client.consumer import Consumer
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
-from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from tests.conftest import FAST_GROUPS, create_topic, module_cluster
+from tests.conftest import FAST_GROUPS, create_topic, module_cluster, paused
 
 pytestmark = pytest.mark.integration
 
@@ -45,17 +44,6 @@ PARTITIONS = 6
 REQUEST_TIMEOUT_MS = 30_000
 #: Generous for a loaded, shared machine, and far below the old ~31 s.
 RESUMED_WITHIN_S = 12.0
-
-
-@contextmanager
-def paused(member: Member) -> Iterator[None]:
-    """``member`` hung (SIGSTOP) for the block's time, then resumed."""
-    assert member.process is not None
-    member.process.signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        member.process.signal(signal.SIGCONT)
 
 
 @contextmanager

@@ -28,8 +28,7 @@ from strom.cli.main import main as strom_main
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
-from tests.conftest import module_cluster
-from tests.integration.test_producer_hung_nodes import paused
+from tests.conftest import module_cluster, paused
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,10 @@ Found from outside:
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
 
@@ -32,23 +30,12 @@ from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import StromError
-from tests.conftest import create_topic, module_cluster
+from tests.conftest import create_topic, module_cluster, paused
 
 pytestmark = pytest.mark.integration
 
 cluster = module_cluster(nodes=3, controllers=1, coordinators=0)
 HEALED_CLUSTERS = ("cluster",)
-
-
-@contextmanager
-def paused(member: Member) -> Iterator[None]:
-    """``member`` hung (SIGSTOP) for the block's time, then resumed."""
-    assert member.process is not None
-    member.process.signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        member.process.signal(signal.SIGCONT)
 
 
 def node_at(cluster: LocalCluster, address: str) -> Member:
