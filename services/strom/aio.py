@@ -221,7 +221,9 @@ class Producer:
     async def transaction(self, timeout: float | None = None) -> AsyncIterator[Producer]:
         """``async with producer.transaction(): ...``: the sync producer's
         ``transaction()`` (commit at the end, abort when the block raises, a commit that got
-        no answer asked again), its coordinator calls in a worker thread."""
+        no answer asked again, a block's abort that failed done again first), its
+        coordinator calls in a worker thread."""
+        await self._lane.run(self._sync._finish_block_abort, timeout)
         await self._calls.run(self._sync.begin_transaction)
         try:
             yield self

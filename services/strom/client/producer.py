@@ -282,6 +282,8 @@ class Producer(SenderLoop):
                 retry_backoff_s=self.retry_backoff_s,
             )
         self._txn_failed: StromError | None = None
+        #: A transaction() block's abort failed: the next block does it first.
+        self._block_abort_failed = False
         #: The AddPartitionsToTxn in flight (at most one, on a thread of its own: see
         #: _add_to_transaction), its partitions and the transaction it was sent for.
         self._add_future: Future[None] | None = None
@@ -907,7 +909,12 @@ class Producer(SenderLoop):
         the coordinator again until it answers, for up to ``transaction_timeout_ms``, so
         that leaving the block with an error means the transaction did not commit (rewind
         and go on) — or, when no answer came at all,
-        :class:`~strom.errors.TransactionOutcomeUnknownError` (close the producer)."""
+        :class:`~strom.errors.TransactionOutcomeUnknownError` (close the producer).
+
+        A block's abort that failed (no answer within ``timeout``) is done again when the
+        next block begins (raising, as an abortable error out of that block, while it still
+        fails)."""
+        self._finish_block_abort(timeout)
         self.begin_transaction()
         try:
             yield self
@@ -917,9 +924,32 @@ class Producer(SenderLoop):
         self._commit_block(timeout)
 
     def _abort_block(self, timeout: float | None) -> None:
-        """A ``transaction()`` block raised: abort (its own error is not the caller's)."""
-        with contextlib.suppress(StromError):
+        """A ``transaction()`` block raised: abort (its own error is not the caller's; one
+        that fails is left to the next block: :meth:`_finish_block_abort`)."""
+        try:
             self.abort_transaction(timeout)
+        except StromError:
+            self._block_abort_failed = True
+
+    def _finish_block_abort(self, timeout: float | None) -> None:
+        """Before a block begins: abort what the last block's abort left open. FIX (found
+        from outside): a block whose abort timed out while it was still sending (a hung
+        transaction coordinator) left the transaction in its abortable error, the block's
+        abort error swallowed; every later block was refused "cannot begin_transaction()
+        while abortable error" at once, for ever, and the README's loop spun without end
+        though the coordinator had come back (Kafka's loop calls abortTransaction() in its
+        catch, and goes on)."""
+        if not self._block_abort_failed:
+            return
+        txn = self._txn
+        if (
+            txn is not None
+            and txn.pending_end is not True
+            and txn.phase
+            in (TxnPhase.ABORTABLE_ERROR, TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING)
+        ):
+            self.abort_transaction(timeout)  # raises while it still fails: the flag stays
+        self._block_abort_failed = False
 
     def _commit_block(self, timeout: float | None) -> None:
         """A ``transaction()`` block ended: commit, settling a commit that got no answer."""
@@ -947,8 +977,7 @@ class Producer(SenderLoop):
                 and txn.pending_end is not True
                 and txn.phase in (TxnPhase.ABORTABLE_ERROR, TxnPhase.COMMITTING)
             ):
-                with contextlib.suppress(StromError):
-                    self.abort_transaction(timeout)
+                self._abort_block(timeout)
             raise
 
     def _require_txn(self) -> TransactionManager:
