@@ -104,18 +104,26 @@ class LiveReader:
 
 
 @contextmanager
-def reading(consumer: Consumer) -> Iterator[LiveReader]:
-    """``consumer`` read by a LiveReader until the block ends; closed then."""
-    reader = LiveReader(lambda: consumer.poll(timeout_ms=500))
-    thread = threading.Thread(target=reader.run, name="live-reader", daemon=True)
+def _read_live(
+    poll: Callable[[], Any], close: Callable[[], None], name: str
+) -> Iterator[LiveReader]:
+    """``poll`` called by a LiveReader on a thread of its own until the block ends, then
+    ``close``; the reader's own failure fails the test."""
+    reader = LiveReader(poll)
+    thread = threading.Thread(target=reader.run, name=name, daemon=True)
     thread.start()
     try:
         yield reader
     finally:
         reader.stop.set()
         thread.join(30)
-        consumer.close()
+        close()
     assert reader.error is None, reader.error
+
+
+def reading(consumer: Consumer) -> AbstractContextManager[LiveReader]:
+    """``consumer`` read by a LiveReader until the block ends; closed then."""
+    return _read_live(lambda: consumer.poll(timeout_ms=500), consumer.close, "live-reader")
 
 
 @contextmanager
@@ -124,17 +132,16 @@ def reading_aio(consumer: aio.Consumer, tps: list[TopicPartition]) -> Iterator[L
     of the reader's thread, until the block ends; closed then."""
     loop = asyncio.new_event_loop()
     loop.run_until_complete(consumer.assign(tps))
-    reader = LiveReader(lambda: loop.run_until_complete(consumer.poll(timeout_ms=500)))
-    thread = threading.Thread(target=reader.run, name="live-aio-reader", daemon=True)
-    thread.start()
-    try:
-        yield reader
-    finally:
-        reader.stop.set()
-        thread.join(30)
+
+    def close() -> None:
         loop.run_until_complete(consumer.close())
         loop.close()
-    assert reader.error is None, reader.error
+
+    def poll() -> Any:
+        return loop.run_until_complete(consumer.poll(timeout_ms=500))
+
+    with _read_live(poll, close, "live-aio-reader") as reader:
+        yield reader
 
 
 def leaders(admin: Admin, topic: str) -> dict[int, int | None]:
