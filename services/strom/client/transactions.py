@@ -624,6 +624,29 @@ class TransactionManager:
                 self._maybe_started(exc)
                 raise
             self.started = self.registered = True
+            self._txn_offset_commit(offsets, group, time.monotonic() + timeout_s)
+        except StromError as exc:
+            self.fail(exc)
+            raise
+
+    def _txn_offset_commit(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        group: GroupMetadata,
+        deadline: float,
+    ) -> None:
+        """TxnOffsetCommit of ``offsets`` to the group's coordinator, until ``deadline``.
+
+        Partitions refused with a retriable error (UNKNOWN_TOPIC_OR_PARTITION from a
+        coordinator whose view of the topics lags behind a topic just created,
+        COORDINATOR_LOAD_IN_PROGRESS while a shard loads) are sent again after a backoff,
+        as Kafka's producer re-enqueues its TxnOffsetCommit: only those partitions, the
+        others are in the transaction already. FIX (found while testing hung
+        coordinators): one such refusal failed the transaction at once, where
+        AddPartitionsToTxn retried the same refusal (:meth:`_retry_refused_add`). Any other
+        refusal raises (a CommitFailedError for a member out of the group, as Kafka)."""
+        pending = dict(offsets)
+        while True:
             req = coordinator_pb2.TxnOffsetCommitRequest(
                 transactional_id=self.transactional_id,
                 group_id=group.group_id,
@@ -632,26 +655,29 @@ class TransactionManager:
                 member_id=group.member_id,
                 member_epoch=group.member_epoch,
             )
-            add_offsets(req, offsets)
+            add_offsets(req, pending)
             resp = self._call(
                 "TxnOffsetCommit",
                 req,
-                timeout_s,
+                deadline - time.monotonic(),
                 key=group.group_id,
                 key_type=storage_pb2.COORDINATOR_TYPE_GROUP,
             )
-            for tr in resp.topics:
-                for pr in tr.partitions:
-                    if pr.error_code != E.NONE:
-                        # (a CommitFailedError too for a consumer out of the group, as Kafka)
-                        raise commit_failed_error(
-                            error_for(
-                                pr.error_code, f"{tr.topic}-{pr.partition}: {pr.error_message}"
-                            )
-                        )
-        except StromError as exc:
-            self.fail(exc)
-            raise
+            failed = [(tr.topic, pr) for tr in resp.topics for pr in tr.partitions if pr.error_code]
+            if not failed:
+                return
+            retry = all(is_retriable(pr.error_code) for _, pr in failed)
+            if retry and deadline - time.monotonic() > self.backoff_s and not self.closed.is_set():
+                self.closed.wait(self.backoff_s)
+                refused = {(t, pr.partition) for t, pr in failed}
+                pending = {
+                    tp: om for tp, om in pending.items() if (tp.topic, tp.partition) in refused
+                }
+                continue
+            topic, pr = failed[0]
+            raise commit_failed_error(
+                error_for(pr.error_code, f"{topic}-{pr.partition}: {pr.error_message}")
+            )
 
     def _mark_start(self) -> None:
         """Before an Add*ToTxn: the transaction's timeout may start at the coordinator."""
