@@ -853,11 +853,15 @@ class SenderLoop(ProduceAnswers, Sequences):
         return any(self._moved_entry(e, tracked.addr) for e in tracked.entries)
 
     def _moved_entry(self, entry: _Shipment, addr: str) -> bool:
+        """Whether ``entry``'s partition is now led by another node than ``addr``, or by it
+        under a higher epoch than the request was sent with (an epoch unknown then, -1,
+        proves nothing). A partition without a live leader (the controller has not elected
+        one yet) has not moved: the request goes on waiting."""
         leader = self._leaders.get((entry.pq.topic, entry.pq.partition))
         return (
             leader is not None
             and leader.address is not None
-            and (leader.address != addr or leader.epoch > entry.leader_epoch)
+            and (leader.address != addr or 0 <= entry.leader_epoch < leader.epoch)
         )
 
     def _failed_to_send(self, addr: str, entries: list[_Shipment], error: BaseException) -> None:
