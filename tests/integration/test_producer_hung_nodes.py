@@ -140,7 +140,10 @@ def test_a_producer_without_retries_follows_a_new_leader_after_a_crash(
 def test_a_batch_in_flight_to_a_hung_leader_fails_by_the_delivery_timeout(
     cluster: LocalCluster,
 ) -> None:
-    topic = create_topic(cluster, "hung-expire", partitions=1, replication_factor=3)
+    # One replica: no other node can take the partition over, so the batch in flight stays
+    # unanswered (with replicas, the producer follows the new leader instead: see
+    # test_batches_in_flight_to_a_hung_leader_move_once_the_leader_moved).
+    topic = create_topic(cluster, "hung-expire", partitions=1, replication_factor=1)
     tp = TopicPartition(topic, 0)
     with (
         Admin(cluster.bootstrap) as admin,
@@ -293,3 +296,73 @@ def test_metadata_and_admin_calls_answer_from_another_node_while_one_hangs(
     assert admin_took < 4.0, admin_took
     assert cli.returncode == 0, cli.stderr.decode()
     assert b"Partition: 2" in cli.stdout, cli.stdout.decode()
+
+
+# -- defect 3: batches in flight to a hung leader waited out request_timeout_ms -----------
+
+
+@pytest.mark.parametrize("acks", ["all", 1])
+def test_batches_in_flight_to_a_hung_leader_move_once_the_leader_moved(
+    cluster: LocalCluster, acks: str | int
+) -> None:
+    """The default request_timeout_ms (30 s): requests unanswered by the paused leader are
+    given up once the controller moved the partition (a few seconds), not after 30 s, and
+    their batches are delivered by the new leader exactly once and in order. acks=all is
+    idempotent (records in flight when the leader stopped may be in the new leader's log:
+    its sequence check answers them once); acks=1 is not (Kafka's rule), so its records are
+    sent only once the leader is paused (none can be in its log twice)."""
+    topic = create_topic(
+        cluster,
+        f"hung-overdue-{acks}",
+        partitions=1,
+        replication_factor=3,
+        config={"min.insync.replicas": "2"},
+    )
+    tp = TopicPartition(topic, 0)
+    with (
+        Admin(cluster.bootstrap) as admin,
+        Producer(
+            cluster.bootstrap, acks=acks, linger_ms=0, delivery_timeout_ms=120_000
+        ) as producer,
+    ):
+        assert producer.request_timeout_s == 30.0
+        before = [b"before-%d" % i for i in range(20)]
+        for v in before:
+            producer.send(topic, v).get(30)
+        # (acks=1: wait until the followers have them too, or a failover may lose them)
+        with Consumer(cluster.bootstrap) as c:
+            wait_for(
+                lambda: c.end_offsets([tp])[tp] == len(before),
+                timeout=30,
+                what="the records before replicated",
+            )
+        old = leaders(admin, topic)[0]
+        assert old is not None
+        values = [b"during-%d" % i for i in range(200)]
+        futures = []
+        # acks=all: a stream of sends, the leader paused while records are in flight.
+        lead = 100 if acks == "all" else 0
+        futures = [producer.send(topic, v) for v in values[:lead]]
+        with paused(cluster.node(old)):
+            at = time.monotonic()
+            futures += [producer.send(topic, v) for v in values[lead:]]
+            producer.flush(60)
+            flushed = time.monotonic() - at
+            for f in futures:
+                f.get(0)
+            new = leaders(admin, topic)[0]
+            after = [b"after-%d" % i for i in range(5)]
+            for v in after:
+                producer.send(topic, v).get(30)
+    assert new not in (None, old)
+    # The old code: 30 s (the request timeout). The controller moves the partition 2-3 s
+    # after the node stopped; room for a loaded machine.
+    assert flushed < 15.0, flushed
+    expected = before + values + after
+    with Consumer(cluster.bootstrap) as c:  # (acks=1: acknowledged before replicated)
+        wait_for(
+            lambda: c.end_offsets([tp])[tp] >= len(expected),
+            timeout=30,
+            what="every acknowledged record replicated",
+        )
+    assert read_values(cluster.bootstrap, tp) == expected

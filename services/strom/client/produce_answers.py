@@ -183,6 +183,8 @@ class ProduceAnswers:
     _failing_threads: set[int]
     _retry_lines: LogLimiter
     _stats: ProducerStats
+    #: The sender's requests in flight (strom.client.sender ``_Outstanding``), oldest first.
+    _outstanding: dict[Any, None]
 
     if TYPE_CHECKING:  # the Producer's, called with the lock held (see there)
 
@@ -199,7 +201,15 @@ class ProduceAnswers:
         fut: grpc.Future | None,
         error: BaseException | None,
         sent: float | None = None,
+        tracked: Any = None,
     ) -> None:
+        if tracked is not None:
+            if tracked not in self._outstanding:
+                # Given up already (its leader moved while it went unanswered: the
+                # sender's ``_overdue``), its batches retried: this late answer settles
+                # nothing.
+                return
+            del self._outstanding[tracked]
         if trace.sink is not None:
             trace.emit("produce.acked", entries)
         with self._lock:

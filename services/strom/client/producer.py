@@ -307,6 +307,9 @@ class Producer(SenderLoop):
         self._produce_calls: dict[str, Any] = {}  # address -> raw-bytes Produce callable
         #: address -> its ProduceStream (strom.client.streams); nodes without: unary calls.
         self._streams: dict[str, RequestStream] = {}
+        #: Produce requests in flight, oldest first, watched for a hung leader (the
+        #: sender's ``_overdue``); the sender thread's alone.
+        self._outstanding: dict[Any, None] = {}
         self._unary_only = Downgrades()
         self._spin = SpinKeeper()  # gRPC's completion thread stays up between requests
         self._flushing = 0

@@ -31,6 +31,18 @@ How, and why:
   whichever is first (``SenderLoop._attempt_deadline``), and metadata is looked up on a
   thread of its own (``SenderLoop._refresh_metadata``): a hung node holds neither its own
   batches past their delivery timeout nor the partitions of other nodes.
+- A request unanswered :data:`OVERDUE_GRACE_S` (1 s) has its partitions' leaders looked up
+  again (on the metadata thread), every :data:`OVERDUE_RECHECK_S` while it stays so, and its
+  node is asked last for metadata; once one of its partitions' leader moved (another node,
+  or a higher leader epoch) the request is given up as a whole, exactly as an attempt that
+  reached its deadline: "may have been written", retried in sequence order (the new leader
+  answers a batch it already has with its original offsets), its late answer ignored
+  (``SenderLoop._overdue``). The normal path pays one look at the oldest request in flight
+  per wake-up, no timer per request. FIX (found from outside): batches in flight to a hung
+  leader (and, with idempotence, every batch behind them) waited out
+  ``request_timeout_ms`` (30 s) although the controller moved the partition in 2-3 s, and
+  ``flush()``, a commit and ``send().get()`` stalled with them. Without idempotence the same
+  rule holds: a retry after no answer may write a batch twice, as after a timeout.
 - A batch that fails after an attempt that may have appended it (no answer, or an answer
   given after the append) fails saying it "may have been written", and its sequence is never
   given to another batch: the leader would take that batch for a retry and answer with the
@@ -91,6 +103,8 @@ log = logging.getLogger("strom.client.producer")
 
 __all__ = [
     "NODE_WAIT_MARGIN_S",
+    "OVERDUE_GRACE_S",
+    "OVERDUE_RECHECK_S",
     "RETRY_LOG_INTERVAL_S",
     "RETRY_QUIET_S",
     "STREAM_HANDSHAKE_S",
@@ -107,6 +121,38 @@ STREAM_HANDSHAKE_S = 0.25
 #: for acks=all replicas), so that its answer is back before the deadline cancels the call:
 #: a quarter of the attempt when that is less (see ``SenderLoop._attempt_deadline``).
 NODE_WAIT_MARGIN_S = 1.0
+
+
+#: How long a Produce request may go unanswered before the leaders of its partitions are
+#: looked up again (design §8; ``SenderLoop._overdue``). A healthy node answers acks=0/1 in
+#: milliseconds; with acks=all it may rightly hold a request longer, waiting for slow
+#: replicas (up to the request's ``timeout_ms``). The same grace serves both: a lookup
+#: costs one Metadata call (on the metadata thread, hedged), and only a *moved* leader
+#: makes the producer act. A leader that moved cannot commit the request any more (its
+#: ``_await_commit`` answers NOT_LEADER_OR_FOLLOWER at best), so giving the attempt up loses
+#: nothing the wait could have brought. Without it, batches in flight to a hung leader
+#: (SIGSTOP, a GC pause, a network partition) waited out ``request_timeout_ms`` (30 s)
+#: although the controller had moved the partition within 2-3 s (found from outside).
+OVERDUE_GRACE_S = 1.0
+#: How often an overdue request's leaders are looked up again while it stays unanswered
+#: (the controller moves a hung node's partitions once its etcd session ends).
+OVERDUE_RECHECK_S = 1.0
+
+
+class _Outstanding:
+    """A Produce request in flight, watched by the sender (``SenderLoop._overdue``): past
+    ``due`` its partitions' leaders are looked up again and, if one moved away, the attempt
+    is given up as if it had timed out (its late answer, if any, is ignored)."""
+
+    __slots__ = ("addr", "checked", "due", "entries")
+
+    def __init__(self, addr: str, entries: list[_Shipment], due: float) -> None:
+        self.addr = addr
+        self.entries = entries
+        #: When it is overdue (then: when its leaders are looked up again).
+        self.due = due
+        #: Its leaders were asked for since it became overdue.
+        self.checked = False
 
 
 #: Transaction phases in which a partition's first batch is still added to the transaction
@@ -179,6 +225,8 @@ class SenderLoop(ProduceAnswers, Sequences):
     _completions: queue.SimpleQueue[Any]
     _stats: ProducerStats
     _refresher: threading.Thread | None
+    #: Requests in flight, oldest first (``_overdue``); touched by the sender thread only.
+    _outstanding: dict[_Outstanding, None]
 
     if TYPE_CHECKING:  # the Producer's, called with the lock held (see there)
 
@@ -197,6 +245,7 @@ class SenderLoop(ProduceAnswers, Sequences):
                 if self._closing and (not self._has_pending() or self._closed):
                     return
                 self._expire(now)
+                overdue_in = self._overdue(now) if self._outstanding else None
                 if now >= self._metadata_due:
                     self._metadata_due = now + self.metadata_max_age_s
                     for topic in list(self._counts):
@@ -205,6 +254,10 @@ class SenderLoop(ProduceAnswers, Sequences):
                 timeout = self._send_ready(now)
                 due_in = self._metadata_due - now
                 timeout = due_in if timeout is None else min(timeout, due_in)
+                if overdue_in is None and self._outstanding:
+                    overdue_in = OVERDUE_GRACE_S  # (all sent just now: due within that)
+                if overdue_in is not None:
+                    timeout = min(timeout, overdue_in)
             except Exception:  # never let the sender die silently
                 log.exception("producer sender loop failed")
                 timeout = self.retry_backoff_s
@@ -623,9 +676,11 @@ class SenderLoop(ProduceAnswers, Sequences):
             return
         self._count_request(entries)
         sent = time.monotonic()
+        tracked = _Outstanding(addr, entries, sent + OVERDUE_GRACE_S)
+        self._outstanding[tracked] = None
 
         def done(f: Any) -> None:  # a finished unary future, or a stream's answer
-            self._completions.put((addr, entries, f, None, sent))
+            self._completions.put((addr, entries, f, None, sent, tracked))
             self._wake.set()
 
         try:
@@ -666,6 +721,7 @@ class SenderLoop(ProduceAnswers, Sequences):
                 )
             fut = call.future(req, timeout=timeout_s, metadata=self._client_md)
         except Exception as exc:  # channel closed under us
+            self._outstanding.pop(tracked, None)
             self._failed_to_send(addr, entries, exc)
             return
 
@@ -713,6 +769,100 @@ class SenderLoop(ProduceAnswers, Sequences):
         attempt_s = max(MIN_ATTEMPT_S, min(self.request_timeout_s, left))
         node_wait_s = attempt_s - min(NODE_WAIT_MARGIN_S, attempt_s / 4)
         return attempt_s, max(1, int(node_wait_s * 1000))
+
+    def _overdue(self, now: float) -> float | None:
+        """On the sender thread, each time it wakes while requests are in flight: give up the
+        attempts of requests unanswered :data:`OVERDUE_GRACE_S` whose partitions' leader
+        moved; seconds until the next look is due (None: nothing to watch).
+
+        The normal path costs one look at the oldest request in flight (no timer per
+        request): answers come in milliseconds, so it is rarely due. Once it is, every
+        request is looked at: an overdue one has its topics marked stale (the metadata
+        thread looks them up, hedged, and wakes the sender) and its node demoted (asked
+        last for metadata: it may be hung), again every :data:`OVERDUE_RECHECK_S` while it
+        stays unanswered. A node answers a stream's requests in order, so the requests sent
+        to it after an overdue one count as overdue too.
+
+        A request with a partition whose leader is now another node, or the same node under
+        a higher leader epoch, is given up as a whole, exactly as an attempt that reached
+        its deadline (DEADLINE_EXCEEDED): "no answer, may have been written", retried after
+        the backoff, in sequence order, its partitions' other requests drained first (they
+        are given up too, by the same rule). Its partitions whose leader did not move go
+        back to the same node; with idempotence the new leader (and the old one) answer a
+        batch it already has with its original offsets (DESIGN §6), and with acks=all only
+        once it is committed. Without idempotence such a retry may write a batch twice,
+        exactly as after a timeout today: the rule is the same for both (the old leader can
+        no longer commit what it holds, and the cluster has already moved on from it). Its
+        late answer, if one comes, is ignored (``_complete`` finds it no longer in
+        ``_outstanding``). A unary call cannot be cancelled from here and simply ends at its
+        deadline; a stream's is dropped with the stream when the watchdog cancels it."""
+        out = self._outstanding
+        first = next(iter(out))
+        if not first.checked and first.due > now:
+            return first.due - now
+        given_up: list[_Outstanding] = []
+        hung: set[str] = set()
+        next_due: float | None = None
+        for tracked in out:
+            if tracked.checked or tracked.due <= now or tracked.addr in hung:
+                hung.add(tracked.addr)
+                if self._moved(tracked):
+                    given_up.append(tracked)
+                    continue
+                if tracked.due <= now:
+                    if not tracked.checked:  # (debug: acks=all may wait for slow replicas)
+                        log.debug(
+                            "no Produce answer from %s within %.1f s; looking its "
+                            "partitions' leaders up again",
+                            tracked.addr,
+                            OVERDUE_GRACE_S,
+                        )
+                    self._client.demote(tracked.addr)
+                    for topic in {e.pq.topic for e in tracked.entries}:
+                        self._metadata.mark_stale(topic)
+                    tracked.checked = True
+                    tracked.due = now + OVERDUE_RECHECK_S
+            next_due = _earlier(next_due, tracked.due - now)
+        for tracked in given_up:
+            del out[tracked]
+            moved = sorted(
+                {
+                    f"{e.pq.topic}-{e.pq.partition}"
+                    for e in tracked.entries
+                    if self._moved_entry(e, tracked.addr)
+                }
+            )
+            log.info(
+                "no Produce answer from %s for %s, whose leader moved: retrying at the new leader",
+                tracked.addr,
+                ", ".join(moved),
+            )
+            self._complete(
+                tracked.addr,
+                tracked.entries,
+                None,
+                StreamError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no answer from {tracked.addr} and the leader of {', '.join(moved)} moved",
+                ),
+            )
+        return next_due
+
+    def _moved(self, tracked: _Outstanding) -> bool:
+        """Whether a partition of the request has another leader now (see :meth:`_overdue`)."""
+        return any(self._moved_entry(e, tracked.addr) for e in tracked.entries)
+
+    def _moved_entry(self, entry: _Shipment, addr: str) -> bool:
+        """Whether ``entry``'s partition is now led by another node than ``addr``, or by it
+        under a higher epoch than the request was sent with (an epoch unknown then, -1,
+        proves nothing). A partition without a live leader (the controller has not elected
+        one yet) has not moved: the request goes on waiting."""
+        leader = self._leaders.get((entry.pq.topic, entry.pq.partition))
+        return (
+            leader is not None
+            and leader.address is not None
+            and (leader.address != addr or 0 <= entry.leader_epoch < leader.epoch)
+        )
 
     def _failed_to_send(self, addr: str, entries: list[_Shipment], error: BaseException) -> None:
         """A request that never left: handled as an answer is, by the sender loop (which
