@@ -17,11 +17,7 @@ from dataclasses import dataclass, field
 
 from strom.api import coordinator_pb2
 from strom.coordinator.assignors import Assignment
-from strom.coordinator.offsets_log import (
-    GroupRecord,
-    MemberAssignment,
-    MemberMetadata,
-)
+from strom.coordinator.offsets_log import GroupRecord, MemberAssignment, MemberMetadata
 
 #: Heartbeat ``member_epoch`` of a member joining (or rejoining after being fenced).
 JOIN_GROUP_MEMBER_EPOCH = 0
