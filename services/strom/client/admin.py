@@ -50,7 +50,8 @@ mixin per area, each in a module of its own: :mod:`~strom.client.admin_topics`,
 :mod:`~strom.client.admin_configs`, :mod:`~strom.client.admin_cluster`,
 :mod:`~strom.client.admin_records`, :mod:`~strom.client.admin_transactions`,
 :mod:`~strom.client.admin_reassignments` and :mod:`~strom.client.admin_groups`, on the call
-helpers they share in :mod:`strom.client.admin_calls`.
+helpers they share in :mod:`strom.client.admin_calls`, so that each area reads and changes
+on its own while users see one class.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The Admin client's calls on the cluster itself: its nodes' configs and its description.
-
-:class:`ClusterAdmin` is one of the mixins :class:`strom.client.admin.Admin` is made of,
-one module per area of the cluster it administers, so each area reads on its own.
+"""The Admin client's calls on the cluster as a whole: the configs every node shares and the
+cluster's description (nodes, controller, coordinators), mixed into
+:class:`strom.client.admin.Admin` as :class:`ClusterAdmin`.
 """
 
 from __future__ import annotations
@@ -29,11 +28,7 @@ _NODE_STATES = {
 
 
 class ClusterAdmin(AdminCalls):
-    """The cluster-wide node configs and the cluster's description (nodes, controller).
-
-    A mixin of :class:`strom.client.admin.Admin`, on :class:`~strom.client.admin_calls.AdminCalls`
-    (the connection and the call helpers every area shares).
-    """
+    """The cluster-wide node configs and the cluster's description (nodes, controller)."""
 
     def describe_node_configs(self, *, documentation: bool = False) -> dict[str, ConfigEntry]:
         """The cluster's dynamic configs (Kafka's default broker configs): the replication

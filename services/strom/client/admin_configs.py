@@ -1,7 +1,5 @@
-"""The Admin client's config calls on topics (and other resources): describe and alter.
-
-:class:`ConfigsAdmin` is one of the mixins :class:`strom.client.admin.Admin` is made of,
-one module per area of the cluster it administers, so each area reads on its own.
+"""The Admin client's DescribeConfigs and AlterConfigs on topics and nodes, mixed into
+:class:`strom.client.admin.Admin` as :class:`ConfigsAdmin`.
 """
 
 from __future__ import annotations
@@ -25,11 +23,7 @@ from strom.errors import InvalidConfigError, InvalidRequestError, error_for
 
 
 class ConfigsAdmin(AdminCalls):
-    """Resource configs: DescribeConfigs and AlterConfigs (incremental or whole).
-
-    A mixin of :class:`strom.client.admin.Admin`, on :class:`~strom.client.admin_calls.AdminCalls`
-    (the connection and the call helpers every area shares).
-    """
+    """Resource configs: DescribeConfigs and AlterConfigs (incremental or whole)."""
 
     def describe_configs(
         self,

@@ -1,9 +1,6 @@
-"""The Admin client's consumer-group calls: list, describe, delete groups and their offsets.
-
-:class:`GroupsAdmin` is one of the mixins :class:`strom.client.admin.Admin` is made of,
-one module per area of the cluster it administers, so each area reads on its own. The
-coordinator calls and typed results it shares with the ``strom groups`` CLI are in
-:mod:`strom.client.group_admin`.
+"""The Admin client's consumer-group calls, on the groups' coordinators, mixed into
+:class:`strom.client.admin.Admin` as :class:`GroupsAdmin`; the coordinator calls and typed
+results it shares with the ``strom groups`` CLI are in :mod:`strom.client.group_admin`.
 """
 
 from __future__ import annotations
@@ -33,11 +30,7 @@ from strom.errors import ErrorCode, InvalidRequestError, StromError
 
 
 class GroupsAdmin(AdminCalls):
-    """Consumer groups and their committed offsets, on the groups' coordinators.
-
-    A mixin of :class:`strom.client.admin.Admin`, on :class:`~strom.client.admin_calls.AdminCalls`
-    (the connection and the call helpers every area shares).
-    """
+    """Consumer groups and their committed offsets, on the groups' coordinators."""
 
     def _group_call(
         self, group: str, method: str, req: Any, code_of: Callable[[Any], int] | None = None

@@ -1,8 +1,5 @@
-"""The Admin client's calls that move partition leadership and replicas: leader elections
-and partition reassignments.
-
-:class:`ReassignmentsAdmin` is one of the mixins :class:`strom.client.admin.Admin` is made
-of, one module per area of the cluster it administers, so each area reads on its own.
+"""The Admin client's calls that move leadership and replicas (ElectLeaders and partition
+reassignments), mixed into :class:`strom.client.admin.Admin` as :class:`ReassignmentsAdmin`.
 """
 
 from __future__ import annotations
@@ -27,11 +24,7 @@ from strom.errors import UnknownTopicOrPartitionError
 
 
 class ReassignmentsAdmin(AdminCalls):
-    """Leaders and replicas: ElectLeaders and partition reassignments.
-
-    A mixin of :class:`strom.client.admin.Admin`, on :class:`~strom.client.admin_calls.AdminCalls`
-    (the connection and the call helpers every area shares).
-    """
+    """Leaders and replicas: ElectLeaders and partition reassignments."""
 
     def elect_leaders(
         self,

@@ -1,7 +1,6 @@
-"""The Admin client's calls on partition leaders' logs: list offsets, delete records.
-
-:class:`RecordsAdmin` is one of the mixins :class:`strom.client.admin.Admin` is made of,
-one module per area of the cluster it administers, so each area reads on its own.
+"""The Admin client's calls on the partition leaders' logs (ListOffsets, DeleteRecords), one
+request per leader through :meth:`~strom.client.admin_calls.AdminCalls._per_leader`, mixed
+into :class:`strom.client.admin.Admin` as :class:`RecordsAdmin`.
 """
 
 from __future__ import annotations
@@ -23,11 +22,7 @@ _ISOLATION = {
 
 
 class RecordsAdmin(AdminCalls):
-    """Offsets and records, one request per partition leader (ListOffsets, DeleteRecords).
-
-    A mixin of :class:`strom.client.admin.Admin`, on :class:`~strom.client.admin_calls.AdminCalls`
-    (the connection and the call helpers every area shares).
-    """
+    """Offsets and records, one request per partition leader (ListOffsets, DeleteRecords)."""
 
     def list_offsets(
         self,

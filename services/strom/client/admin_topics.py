@@ -1,7 +1,5 @@
-"""The Admin client's topic calls: create, delete, list and describe topics, add partitions.
-
-:class:`TopicsAdmin` is one of the mixins :class:`strom.client.admin.Admin` is made of,
-one module per area of the cluster it administers, so each area reads on its own.
+"""The Admin client's topic calls (the controller's CreateTopics, DeleteTopics, Metadata and
+CreatePartitions), mixed into :class:`strom.client.admin.Admin` as :class:`TopicsAdmin`.
 """
 
 from __future__ import annotations
@@ -39,11 +37,7 @@ from strom.errors import (
 
 
 class TopicsAdmin(AdminCalls):
-    """Topics and their partition counts (the controller's CreateTopics, DeleteTopics, ...).
-
-    A mixin of :class:`strom.client.admin.Admin`, on :class:`~strom.client.admin_calls.AdminCalls`
-    (the connection and the call helpers every area shares).
-    """
+    """Topics and their partition counts (the controller's CreateTopics, DeleteTopics, ...)."""
 
     def create_topic(
         self,

@@ -1,8 +1,5 @@
-"""The Admin client's transaction calls: fence producers, describe producers, abort a
-hanging transaction.
-
-:class:`TransactionsAdmin` is one of the mixins :class:`strom.client.admin.Admin` is made
-of, one module per area of the cluster it administers, so each area reads on its own.
+"""The Admin client's transaction calls (Kafka's fenceProducers, describeProducers and
+abortTransaction), mixed into :class:`strom.client.admin.Admin` as :class:`TransactionsAdmin`.
 """
 
 from __future__ import annotations
@@ -24,11 +21,7 @@ FENCE_TRANSACTION_TIMEOUT_MS = 60_000
 
 class TransactionsAdmin(AdminCalls):
     """Transactional ids and producers (Kafka's fenceProducers, describeProducers,
-    abortTransaction).
-
-    A mixin of :class:`strom.client.admin.Admin`, on :class:`~strom.client.admin_calls.AdminCalls`
-    (the connection and the call helpers every area shares).
-    """
+    abortTransaction)."""
 
     def fence_producers(
         self, transactional_ids: Iterable[str], *, timeout: float | None = None

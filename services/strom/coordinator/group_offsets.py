@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from strom.coordinator.group_types import GroupConfig, Member, OffsetsResult, TopicPartition
+from strom.coordinator.group_types import GroupFields, OffsetsResult, TopicPartition
 from strom.coordinator.offsets_log import (
     GroupRecord,
     OffsetAndMetadata,
@@ -40,22 +40,13 @@ def _stale_offset(om: OffsetAndMetadata, live_topic_id: str | None) -> bool:
     return om.topic_id != "" and live_topic_id != "" and om.topic_id != live_topic_id
 
 
-class GroupOffsets:
+class GroupOffsets(GroupFields):
     """A group's committed offsets and the offsets its open transactions hold pending.
 
     A mixin rather than an object of its own: commits are checked against the group's own
-    members and epochs, and write records the group's metadata record must precede. Every
-    attribute is set by ``ConsumerGroup.__init__``; the annotations say which ones the
-    offsets use.
+    members and epochs, and write records the group's metadata record must precede. Its fields
+    are the group's (:class:`~strom.coordinator.group_types.GroupFields`).
     """
-
-    # -- set by ConsumerGroup.__init__ -----------------------------------------------------
-    group_id: str
-    config: GroupConfig
-    members: dict[str, Member]
-    offsets: dict[TopicPartition, OffsetAndMetadata]
-    pending: dict[int, PendingTxnOffsets]
-    _persisted: bool
 
     if TYPE_CHECKING:  # the ConsumerGroup's
 

@@ -11,46 +11,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from strom.coordinator.assignors import Assignment
 from strom.coordinator.group_types import (
     GroupConfig,
+    GroupFields,
     Member,
     MemberState,
-    TopicPartition,
     _new_member_id,
     _thaw,
 )
-from strom.coordinator.offsets_log import (
-    GroupMetadata,
-    GroupSnapshot,
-    MemberAssignment,
-    OffsetAndMetadata,
-    PendingTxnOffsets,
-)
+from strom.coordinator.offsets_log import GroupMetadata, GroupSnapshot, MemberAssignment
 
 if TYPE_CHECKING:
     from strom.coordinator.group import ConsumerGroup
 
 
-class GroupPersistence:
+class GroupPersistence(GroupFields):
     """The group's snapshot and its rebuild from one.
 
-    A mixin rather than an object of its own: both read and set the group's own fields.
-    Every attribute is set by ``ConsumerGroup.__init__``; the annotations say which ones.
+    A mixin rather than an object of its own: both read and set the group's own fields
+    (:class:`~strom.coordinator.group_types.GroupFields`).
     """
-
-    # -- set by ConsumerGroup.__init__ -----------------------------------------------------
-    group_id: str
-    group_epoch: int
-    assignment_epoch: int
-    assignor_name: str
-    subscription_metadata: dict[str, int]
-    members: dict[str, Member]
-    target: dict[str, Assignment]
-    offsets: dict[TopicPartition, OffsetAndMetadata]
-    pending: dict[int, PendingTxnOffsets]
-    created_ms: int
-    _persisted: bool
 
     def snapshot(self) -> GroupSnapshot:
         """The group as its records describe it (what a replay must give back)."""

@@ -12,14 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from strom.coordinator.assignors import Assignment, MemberSpec, get_assignor
-from strom.coordinator.group_types import (
-    GroupConfig,
-    Member,
-    MemberState,
-    TopicPartition,
-    _intersects,
-)
+from strom.coordinator.assignors import MemberSpec, get_assignor
+from strom.coordinator.group_types import GroupFields, Member, MemberState, _intersects
 from strom.coordinator.offsets_log import (
     GroupMetadata,
     GroupRecord,
@@ -32,29 +26,14 @@ from strom.coordinator.offsets_log import (
 )
 
 
-class GroupReconciliation:
+class GroupReconciliation(GroupFields):
     """The group epoch, the target assignment and each member's steps towards it.
 
     A mixin rather than an object of its own: it changes the group's own fields (epochs,
     target, members' assignments, the owner of each partition), which the heartbeat and the
-    offsets then read as they are. Every attribute is set by ``ConsumerGroup.__init__``; the
-    annotations say which ones reconciliation uses.
+    offsets then read as they are. Its fields are the group's
+    (:class:`~strom.coordinator.group_types.GroupFields`).
     """
-
-    # -- set by ConsumerGroup.__init__ -----------------------------------------------------
-    group_id: str
-    config: GroupConfig
-    group_epoch: int
-    assignment_epoch: int
-    assignor_name: str
-    subscription_metadata: dict[str, int]
-    members: dict[str, Member]
-    target: dict[str, Assignment]
-    created_ms: int
-    _static: dict[str, str]
-    _owners: dict[TopicPartition, str]
-    _topics: dict[str, int] | None
-    _persisted: bool
 
     if TYPE_CHECKING:  # the ConsumerGroup's
 

@@ -3,9 +3,11 @@
 The group and member states, the coordinator-wide :class:`GroupConfig`, one :class:`Member`
 and what the engine's calls answer (:class:`HeartbeatResult`, :class:`ExpireResult`,
 :class:`OffsetsResult`), with the heartbeat's special member epochs and the helpers that turn
-an assignment into the sets the engine works on. They are separate from the engine because the
-service, the RPC layer and the metrics read them without needing the state machine itself;
-:mod:`strom.coordinator.group` re-exports every one of them.
+an assignment into the sets the engine works on; and :class:`GroupFields`, the group's fields
+declared once for the mixins :class:`~strom.coordinator.group.ConsumerGroup` is made of. They
+are separate from the engine because the service, the RPC layer and the metrics read them
+without needing the state machine itself; :mod:`strom.coordinator.group` re-exports every
+one of them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from dataclasses import dataclass, field
 
 from strom.api import coordinator_pb2
 from strom.coordinator.assignors import Assignment
-from strom.coordinator.offsets_log import GroupRecord, MemberAssignment, MemberMetadata
+from strom.coordinator.offsets_log import (
+    GroupRecord,
+    MemberAssignment,
+    MemberMetadata,
+    OffsetAndMetadata,
+    PendingTxnOffsets,
+)
 
 #: Heartbeat ``member_epoch`` of a member joining (or rejoining after being fenced).
 JOIN_GROUP_MEMBER_EPOCH = 0
@@ -173,6 +181,30 @@ class OffsetsResult:
     #: Partitions an OffsetCommit left alone because a newer commit of the same committer
     #: had already set them.
     superseded: int = 0
+
+
+class GroupFields:
+    """The fields ``ConsumerGroup.__init__`` sets, declared once for the mixins the group is
+    made of (:mod:`strom.coordinator.group_reconciliation`, :mod:`~strom.coordinator.group_offsets`,
+    :mod:`~strom.coordinator.group_persistence`), which read and set them as the group's own.
+    """
+
+    group_id: str
+    config: GroupConfig
+    group_epoch: int
+    assignment_epoch: int
+    assignor_name: str
+    subscription_metadata: dict[str, int]
+    members: dict[str, Member]
+    target: dict[str, Assignment]
+    offsets: dict[TopicPartition, OffsetAndMetadata]
+    #: Offsets of open transactions, by producer id (TxnOffsetCommit).
+    pending: dict[int, PendingTxnOffsets]
+    created_ms: int
+    _static: dict[str, str]  # instance id -> member id
+    _owners: dict[TopicPartition, str]  # partition -> member holding it
+    _topics: dict[str, int] | None  # the cluster's topics, last seen
+    _persisted: bool  # GroupMetadata record written (or replayed)
 
 
 def _freeze(parts: Mapping[str, Iterable[int]]) -> Assignment:
