@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from strom.log import CorruptLogError, InvalidAppendError, Log, LogConfig, LogManager, compact
+from strom.log import (
+    CorruptLogError,
+    InvalidAppendError,
+    Log,
+    LogConfig,
+    LogManager,
+    cleaner_scan,
+    cleaner_swap,
+    compact,
+)
 from strom.log import cleaner as cleaner_mod
 from strom.record import (
     HEADER_SIZE,
@@ -428,14 +437,14 @@ def test_interrupted_swap_is_finished_on_open(
     mgr.flush_all()
     active_base = log.active.base_offset
 
-    real_fsync_dir = cleaner_mod.fsync_dir
+    real_fsync_dir = cleaner_swap.fsync_dir
 
     def crash_after_swap_file(directory: Path) -> None:
         if list(directory.glob("*.swap")):
             raise SystemExit("crash")  # the process dies with a complete .swap on disk
         real_fsync_dir(directory)
 
-    monkeypatch.setattr(cleaner_mod, "fsync_dir", crash_after_swap_file)
+    monkeypatch.setattr(cleaner_swap, "fsync_dir", crash_after_swap_file)
     with pytest.raises(SystemExit):
         compact(log, now=T0 + HOUR)
     monkeypatch.undo()
@@ -911,7 +920,7 @@ def test_the_key_map_merged_segment_by_segment_gives_the_same_log(
 
     once, merged = build(tmp_path / "once-0"), build(tmp_path / "merged-0")
     compact(once, now=T0 + HOUR)
-    monkeypatch.setattr(cleaner_mod, "KEY_MAP_MERGE_ROWS", 0)
+    monkeypatch.setattr(cleaner_scan, "KEY_MAP_MERGE_ROWS", 0)
     compact(merged, now=T0 + HOUR)
     assert len(once.segments) > 3
     assert [s.log_path.read_bytes() for s in once.segments] == [
@@ -1220,8 +1229,8 @@ def test_a_crash_right_after_the_log_changed_under_a_swap_brings_nothing_back(
         log.roll()
     log.append(kv_batch([(b"b", b"x")]))
     mgr.flush_all()
-    real_check = cleaner_mod._check_rewritten
-    real_fsync_dir = cleaner_mod.fsync_dir
+    real_check = cleaner_swap._check_rewritten
+    real_fsync_dir = cleaner_swap.fsync_dir
 
     def check_while_the_log_changes(*args: object) -> None:
         real_check(*args)
@@ -1235,8 +1244,8 @@ def test_a_crash_right_after_the_log_changed_under_a_swap_brings_nothing_back(
             raise SystemExit("crash")
         real_fsync_dir(directory)
 
-    monkeypatch.setattr(cleaner_mod, "_check_rewritten", check_while_the_log_changes)
-    monkeypatch.setattr(cleaner_mod, "fsync_dir", crash_with_a_swap_on_disk)
+    monkeypatch.setattr(cleaner_swap, "_check_rewritten", check_while_the_log_changes)
+    monkeypatch.setattr(cleaner_swap, "fsync_dir", crash_with_a_swap_on_disk)
     with contextlib.suppress(SystemExit):
         compact(log, now=T0 + HOUR)
     monkeypatch.undo()
@@ -1267,13 +1276,13 @@ def test_reads_during_a_merging_pass_see_the_log_before_or_after(
     before = kv(read_all(log))
     held = log.read(0, 1 << 20)
     seen: list[list] = []
-    real_check = cleaner_mod._check_rewritten
+    real_check = cleaner_swap._check_rewritten
 
     def read_before_swap(*args: object) -> None:
         seen.append(kv(read_all(log)))  # the merged file is written, not yet swapped in
         real_check(*args)
 
-    monkeypatch.setattr(cleaner_mod, "_check_rewritten", read_before_swap)
+    monkeypatch.setattr(cleaner_swap, "_check_rewritten", read_before_swap)
     stop = threading.Event()
     errors: list[BaseException] = []
     reads: list[list] = []
@@ -1338,7 +1347,7 @@ def test_a_full_disk_while_writing_a_cleaned_segment_leaves_no_file(
         f = real_open(path, *args, **kwargs)  # type: ignore[call-overload]
         return FullDisk(f) if str(path).endswith(".cleaned") else f
 
-    monkeypatch.setattr(cleaner_mod, "open", full_disk_open, raising=False)
+    monkeypatch.setattr(cleaner_swap, "open", full_disk_open, raising=False)
     with pytest.raises(OSError) as err:
         compact(log, now=T0 + HOUR)
     monkeypatch.undo()
@@ -1363,7 +1372,7 @@ def test_an_error_reading_back_a_cleaned_segment_leaves_no_file(
     def failing_check(*args: object) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(cleaner_mod, "_check_rewritten", failing_check)
+    monkeypatch.setattr(cleaner_swap, "_check_rewritten", failing_check)
     with pytest.raises(OSError, match="Input/output"):
         compact(log, now=T0 + HOUR)
     monkeypatch.undo()

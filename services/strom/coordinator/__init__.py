@@ -4,6 +4,10 @@ The engines here are pure (no gRPC, no etcd, no clock), so the protocol can be t
 
 * :mod:`strom.coordinator.assignors` -- the server-side assignors (``uniform``, ``range``).
 * :mod:`strom.coordinator.group` -- one group's KIP-848 state machine and committed offsets.
+  Its parts live beside it: :mod:`~strom.coordinator.group_types` (states, config, member,
+  results), :mod:`~strom.coordinator.group_reconciliation` (epochs, target assignment,
+  reconciliation), :mod:`~strom.coordinator.group_offsets` (committed and transactional
+  offsets) and :mod:`~strom.coordinator.group_persistence` (snapshot and rebuild).
 * :mod:`strom.coordinator.offsets_log` -- the ``__consumer_offsets`` record format and the
   replay of a shard's records into group snapshots.
 

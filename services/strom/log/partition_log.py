@@ -117,7 +117,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
         #: _lost_data); the log was truncated at the first.
         self.lost_on_recovery: list[tuple[int, int]] = []
         # FIX: bumped by every truncation so the cleaner (which rewrites outside the lock) can
-        # tell that its key map and segment copies went stale (see cleaner._swap).
+        # tell that its key map and segment copies went stale (see cleaner_swap._swap).
         self.truncations = 0
         #: Idempotent producers' epochs and recent batches (DESIGN §6), rebuilt on open.
         self.producers = ProducerStateManager()

@@ -145,7 +145,7 @@ class LogRecovery:
         self._rebuild_producer_state()
 
     def _finish_swaps(self) -> None:
-        """Complete the compaction swaps a crash interrupted (``strom.log.cleaner._swap``).
+        """Complete the compaction swaps a crash interrupted (``strom.log.cleaner_swap._swap``).
 
         A ``<base>.log.swap`` file is complete and was checked before it was made, under the
         log's lock, so it replaces whatever it covers: every segment whose base offset lies
