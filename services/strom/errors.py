@@ -731,6 +731,29 @@ class ProducerClosedError(StromError):
     """The producer was closed (or fenced) before the record could be sent."""
 
 
+class ProducerCallbackError(StromError):
+    """A call made from a delivery callback that would have to wait for the very thread
+    running the callback (``flush()``): refused at once rather than hanging."""
+
+
+class GroupListingIncompleteError(CoordinatorNotAvailableError):
+    """Some coordinator shards did not answer ``list_groups``: the groups they hold are
+    missing. Retriable (a shard gets an owner within the coordinators' session timeout);
+    ``groups`` holds what the shards that answered listed (``GroupListing`` s),
+    ``missing_shards`` the others."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        groups: list[Any] | None = None,
+        missing_shards: list[int] | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)  # code=, retriable= (StromError's pickling)
+        self.groups: list[Any] = list(groups or [])
+        self.missing_shards: list[int] = list(missing_shards or [])
+
+
 class IllegalStateError(StromError):
     """The call does not fit the consumer's state (Kafka's IllegalStateException): seeking or
     pausing a partition that is not assigned, polling with nothing assigned, using a closed
@@ -908,7 +931,10 @@ def _rebuild_commit_failed(
 
 def _collect(cls: type[StromError], into: dict[int, type[StromError]]) -> None:
     for sub in cls.__subclasses__():
-        if sub.default_code is not None and sub.__module__ == __name__:
+        # (a class's own code only: a subclass that inherits one, as
+        # GroupListingIncompleteError does, is not the class raised for it)
+        own = "default_code" in vars(sub) and sub.__module__ == __name__
+        if own and sub.default_code is not None:
             if sub.default_code in into:
                 raise RuntimeError(f"two exception classes for {error_name(sub.default_code)}")
             into[sub.default_code] = sub

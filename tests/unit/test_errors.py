@@ -182,3 +182,21 @@ def test_refresh_code_sets_are_error_codes() -> None:
     assert errors.METADATA_REFRESH_CODES.issubset(ALL_CODES)
     assert errors.COORDINATOR_REFRESH_CODES.issubset(ALL_CODES)
     assert all(errors.is_retriable(c) for c in errors.COORDINATOR_REFRESH_CODES)
+
+
+def test_errors_the_clients_raise_on_their_own_are_in_strom_errors() -> None:
+    """README: `strom.errors` has every class. GroupListingIncompleteError and
+    ProducerCallbackError lived only in client modules (found from outside); they are the
+    same classes there still, and a subclass inheriting a code is not the class raised for
+    that code."""
+    from strom.client.group_admin import GroupListingIncompleteError
+    from strom.client.producer import ProducerCallbackError
+
+    assert errors.GroupListingIncompleteError is GroupListingIncompleteError
+    assert errors.ProducerCallbackError is ProducerCallbackError
+    code = errors.ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert errors.EXCEPTIONS[code] is errors.CoordinatorNotAvailableError
+    incomplete = GroupListingIncompleteError("2 shards", groups=["g"], missing_shards=[3])
+    assert incomplete.retriable and incomplete.code == code
+    assert (incomplete.groups, incomplete.missing_shards) == (["g"], [3])
+    assert isinstance(pickle.loads(pickle.dumps(incomplete)), GroupListingIncompleteError)

@@ -38,8 +38,10 @@ def add_dev_parser(sub: Any) -> None:
     up = dsub.add_parser("up", help="start a local cluster and print its bootstrap address")
     # Bounds in the types: a usage error naming the flag, as for --nodes abc (found from
     # outside: --nodes 0 was a failure, exit 1, under `strom dev`).
-    up.add_argument("--nodes", type=int_at_least(1), default=3)
-    up.add_argument("--controllers", type=int_at_least(1), default=2)
+    up.add_argument("--nodes", type=int_at_least(1), default=3, help="storage nodes (default 3)")
+    up.add_argument(
+        "--controllers", type=int_at_least(1), default=2, help="controllers (default 2)"
+    )
     up.add_argument(
         "--coordinators", type=int_at_least(0), default=1, help="group coordinators (default 1)"
     )

@@ -187,7 +187,8 @@ def connection_hint(security: ChannelSecurity) -> str:
     if security.cert is None:
         return (
             "; if the cluster requires client certificates (mTLS), pass --ssl-certfile and "
-            "--ssl-keyfile (or set STROM_SSL_CERTFILE and STROM_SSL_KEYFILE)"
+            "--ssl-keyfile (or set STROM_SSL_CERTFILE and STROM_SSL_KEYFILE, or "
+            "ssl_certfile= and ssl_keyfile=)"
         )
     return (
         "; if the cluster requires client certificates (mTLS), it refused this one: check "

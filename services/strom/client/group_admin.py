@@ -25,6 +25,7 @@ from strom.errors import (
     COORDINATOR_REFRESH_CODES,
     CoordinatorNotAvailableError,
     ErrorCode,
+    GroupListingIncompleteError,
     NonEmptyGroupError,
     StromError,
 )
@@ -170,23 +171,6 @@ class GroupDescription:
     def is_empty(self) -> bool:
         """No active members: offsets may be altered and the group deleted."""
         return not self.members
-
-
-class GroupListingIncompleteError(CoordinatorNotAvailableError):
-    """Some coordinator shards did not answer ``list_groups``: the groups they hold are
-    missing. Retriable (a shard gets an owner within the coordinators' session timeout);
-    ``groups`` holds what the shards that answered listed, ``missing_shards`` the others."""
-
-    def __init__(
-        self,
-        message: str | None = None,
-        groups: list[GroupListing] | None = None,
-        missing_shards: list[int] | None = None,
-        **kw: Any,
-    ) -> None:
-        super().__init__(message, **kw)  # code=, retriable= (StromError's pickling)
-        self.groups: list[GroupListing] = list(groups or [])
-        self.missing_shards: list[int] = list(missing_shards or [])
 
 
 def _tps(assignment: coordinator_pb2.Assignment) -> tuple[TopicPartition, ...]:

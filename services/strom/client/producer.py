@@ -76,6 +76,7 @@ from strom.errors import (
     BrokerNotAvailableError,
     InvalidRequestError,
     InvalidTxnStateError,
+    ProducerCallbackError,
     ProducerClosedError,
     RequestTimedOutError,
     StromError,
@@ -99,11 +100,6 @@ __all__ = [
 ]
 
 _ACKS = {"all": -1, "-1": -1, -1: -1, 1: 1, "1": 1, 0: 0, "0": 0}
-
-
-class ProducerCallbackError(StromError):
-    """A call made from a delivery callback that would have to wait for the very thread
-    running the callback (``flush()``): refused at once rather than hanging."""
 
 
 _client_ids = itertools.count(1)

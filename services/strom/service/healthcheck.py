@@ -184,10 +184,10 @@ def tls_answers(address: str, timeout: float = 2.0) -> bool:
 
 def own_name(env: dict[str, str]) -> str | None:
     """The name to verify the local service's certificate against: the first DNS name of
-    the service's own certificate (``STROM_TLS_CERT``, the one it serves), since a pod's
-    certificate names its DNS names, not 127.0.0.1 (found from outside: the chart's TLS
-    probes failed for such a certificate). A wildcard gets a label of ours. None without
-    one (the address itself is verified then)."""
+    the service's own certificate (``STROM_TLS_CERT``, the one it serves) that is not a
+    wildcard, since a pod's certificate names its DNS names, not 127.0.0.1 (found from
+    outside: the chart's TLS probes failed for such a certificate). With wildcards only, the
+    first gets a label of ours. None without any (the address itself is verified then)."""
     path = env.get("STROM_TLS_CERT")
     if not path or env.get("STROM_SSL_CAFILE"):
         return None
