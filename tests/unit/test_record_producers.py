@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pyarrow as pa
 import pytest
 
-from strom.api import storage_pb2
+from strom.api import storage_pb2, storage_pb2_grpc
 from strom.errors import DuplicateSequenceError, ErrorCode, RequestTimedOutError, StromError
 from strom.metadata import RESYNC, WatchEvent
 from strom.record import decode_batches
@@ -663,3 +664,175 @@ def test_a_cancelled_call_is_never_sent_and_leaves_no_sequence_gap() -> None:
     assert _run(body, leader) == 0
     assert leader.values == [b"sent"]
     assert leader.requests[-1] == [(7, 0, 0, 1)]
+
+
+# -- LeaderRoute: a forwarded Produce is given up once its partition's leader moved ---------
+#
+# Found from outside: a ProduceRecords call forwarded to a hung leader waited until the
+# leader resumed or the call's timeout_ms (30 s) although the controller had moved the
+# partition within ~2 s. Against a real grpc.aio server whose Produce hangs until told.
+
+
+class _HungLeader(storage_pb2_grpc.StorageServiceServicer):
+    """A leader whose Produce answers only once ``release`` is set (base offset 42)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.received = asyncio.Event()
+        self.cancelled = 0
+
+    async def Produce(self, request: Any, context: Any) -> storage_pb2.ProduceResponse:
+        self.received.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        resp = storage_pb2.ProduceResponse()
+        for t in request.topics:
+            rt = resp.topics.add(topic=t.topic)
+            for p in t.partitions:
+                rt.partitions.add(partition=p.partition, base_offset=42)
+        return resp
+
+
+class _MovingView:
+    """A view whose partitions are all led by ``leader`` at ``epoch``; nodes 2 and 3 live (2
+    at the hung leader's port) unless dropped from ``live``."""
+
+    def __init__(self, port: int, epoch: int = 3) -> None:
+        self.leader = 2
+        self.epoch = epoch
+        self.live = {2: SimpleNamespace(host="127.0.0.1", port=port)}
+        self.live[3] = SimpleNamespace(host="127.0.0.1", port=port)
+
+    def partition(self, topic: str, partition: int) -> Any:
+        return SimpleNamespace(value=SimpleNamespace(leader=self.leader, leader_epoch=self.epoch))
+
+    def live_nodes(self) -> dict[int, Any]:
+        return dict(self.live)
+
+
+async def _forward(
+    change: Callable[[_MovingView], None], *, epoch: int = 3, release_after_s: float | None = None
+) -> tuple[Any, float, _HungLeader]:
+    """Forward one Produce (through node 1) to the hung leader (node 2), apply ``change`` to
+    the view once the leader has the request, and (``release_after_s``) let the leader answer
+    that long after; (the result or the exception, seconds taken, the leader)."""
+    leader = _HungLeader()
+    server = grpc.aio.server()
+    storage_pb2_grpc.add_StorageServiceServicer_to_server(leader, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    view = _MovingView(port, epoch)
+
+    async def local(req: storage_pb2.ProduceRequest) -> Any:
+        raise AssertionError("node 1 leads nothing here")
+
+    route = record_producers.LeaderRoute(1, view, local)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    try:
+        at = loop.time()
+        task = asyncio.ensure_future(route.produce("t", 0, b"data", -1, 30.0))
+        await asyncio.wait_for(leader.received.wait(), 10)
+        change(view)
+        if release_after_s is not None:
+            loop.call_later(release_after_s, leader.release.set)
+        try:
+            result: Any = await asyncio.wait_for(task, 20)
+        except TransportError as exc:
+            result = exc
+        return result, loop.time() - at, leader
+    finally:
+        leader.release.set()
+        await route.close()
+        await server.stop(None)
+
+
+@pytest.fixture
+def quick_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(record_producers, "OVERDUE_GRACE_S", 0.1)
+    monkeypatch.setattr(record_producers, "OVERDUE_RECHECK_S", 0.1)
+
+
+def _to_node_3(view: _MovingView) -> None:
+    view.leader, view.epoch = 3, view.epoch + 1
+
+
+def _new_epoch(view: _MovingView) -> None:
+    view.epoch += 1
+
+
+@pytest.mark.parametrize("change", [_to_node_3, _new_epoch], ids=["other-node", "new-epoch"])
+def test_a_forwarded_produce_is_given_up_once_its_leader_moved(
+    quick_looks: None, change: Callable[[_MovingView], None]
+) -> None:
+    result, took, _ = asyncio.run(_forward(change))
+    assert isinstance(result, TransportError), result
+    assert "t-0" in str(result) and "moved" in str(result)
+    assert took < 5.0, took  # old: the leader's answer or the request's 30 s timeout
+
+
+def test_a_forwarded_produce_is_not_given_up_without_a_move(quick_looks: None) -> None:
+    """No live leader yet (the hung node's session ended, nobody elected), or a higher epoch
+    than an unknown (-1) one: the request goes on waiting and its answer counts."""
+
+    def leaderless(view: _MovingView) -> None:
+        view.leader = -1
+        del view.live[2]
+
+    result, _, leader = asyncio.run(_forward(leaderless, release_after_s=0.6))
+    assert not isinstance(result, BaseException), result
+    assert result.base_offset == 42 and leader.cancelled == 0
+    result, _, leader = asyncio.run(_forward(_new_epoch, epoch=-1, release_after_s=0.6))
+    assert not isinstance(result, BaseException), result
+    assert result.base_offset == 42 and leader.cancelled == 0
+
+
+def test_a_partition_sender_retries_at_the_new_leader_after_a_move(quick_looks: None) -> None:
+    """The node's producer: the TransportError of a given-up request is retried where the
+    view now says the leader is, with the same sequence (here: this node, which appends)."""
+
+    async def main() -> tuple[int, list[Any], float]:
+        leader = _HungLeader()
+        server = grpc.aio.server()
+        storage_pb2_grpc.add_StorageServiceServicer_to_server(leader, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        view = _MovingView(port)
+        view.live[1] = SimpleNamespace(host="127.0.0.1", port=port)
+        appended: list[Any] = []
+
+        async def local(req: storage_pb2.ProduceRequest) -> Any:
+            p = req.topics[0].partitions[0]
+            appended.append(decode_batches(p.records)[0].base_sequence)
+            return _echo(req)
+
+        route = record_producers.LeaderRoute(1, view, local)  # type: ignore[arg-type]
+        producer = NodeProducer(route, Ids())
+        loop = asyncio.get_running_loop()
+        try:
+            at = loop.time()
+            fut = producer.send(
+                "t",
+                0,
+                _values("a", "b"),
+                -1,
+                "none",
+                at + 30,
+            )
+
+            async def move() -> None:
+                await leader.received.wait()
+                view.leader, view.epoch = 1, 4
+
+            await asyncio.wait_for(asyncio.gather(fut, move()), 10)
+            return fut.result(), appended, loop.time() - at
+        finally:
+            leader.release.set()
+            await route.close()
+            await server.stop(None)
+
+    base, appended, took = asyncio.run(main())
+    assert base == 0 and appended == [0]
+    assert took < 5.0, took

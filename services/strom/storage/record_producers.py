@@ -29,7 +29,10 @@ Two senders:
   idempotent retries *by the caller*); one batch, sent to the leader and retried until the
   call's deadline, which the sequence makes safe.
 
-Both talk to leaders through :class:`LeaderRoute`.
+Both talk to leaders through :class:`LeaderRoute`, which gives up a forwarded Produce whose
+partition's leader moved while it was unanswered (:class:`_LeaderWatch`; design §8, the
+Python producer's overdue rule): the sender then retries it at the new leader, which the
+sequence numbers make safe, instead of waiting out a hung leader until the call's timeout.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import pyarrow as pa
 from prometheus_client import Counter
 
 from strom.api import storage_pb2, storage_pb2_grpc
+from strom.client.sender import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
 from strom.errors import ErrorCode, RequestTimedOutError, StromError, error_for, is_retriable
 from strom.grpc_options import GRPC_OPTIONS
 from strom.metadata import ClusterView
@@ -109,6 +113,9 @@ class _Part:
     topic: str
     partition: int
     data: bytes
+    #: The leader (node id) and its epoch in this node's view when the part was routed: a
+    #: forwarded request is given up once the view names another (:class:`_LeaderWatch`).
+    leader: int
     leader_epoch: int
     timeout_s: float
     client_id: str
@@ -184,7 +191,9 @@ class LeaderRoute:
         if parts is None:
             parts = self._gathering[key] = []
             loop.call_soon(self._flush, key)
-        part = _Part(topic, partition, data, epoch, timeout_s, client_id, loop.create_future())
+        part = _Part(
+            topic, partition, data, leader, epoch, timeout_s, client_id, loop.create_future()
+        )
         parts.append(part)
         return await part.future
 
@@ -209,7 +218,7 @@ class LeaderRoute:
             pd = t.partitions.add(partition=p.partition, records=p.data)
             pd.current_leader_epoch = p.leader_epoch
         try:
-            resp = await self._request(addr, req, timeout_s, parts[0].client_id)
+            resp = await self._request(addr, req, timeout_s, parts)
         except asyncio.CancelledError:  # the node is closing
             for p in parts:
                 p.future.cancel()
@@ -239,8 +248,20 @@ class LeaderRoute:
                 )
 
     async def _request(
-        self, addr: str | None, req: storage_pb2.ProduceRequest, timeout_s: float, client_id: str
+        self,
+        addr: str | None,
+        req: storage_pb2.ProduceRequest,
+        timeout_s: float,
+        parts: list[_Part],
     ) -> Any:
+        """The answer to ``req`` from this node (``addr`` None) or the leader at ``addr``.
+
+        A forwarded request is watched (:class:`_LeaderWatch`) and given up with a
+        TransportError once a part's leader moved. A local one needs no watch: this node
+        is not hung if it runs this, and a lost leadership ends the acks=all wait at once
+        (``Partition.update`` fails the high-watermark waiters, and the Produce answers
+        NOT_LEADER_OR_FOLLOWER, which the senders retry at the new leader)."""
+        client_id = parts[0].client_id
         if addr is None:
             # Gathered from several callers, each charged its quota where it called
             # (RecordService): not charged again here.
@@ -255,17 +276,102 @@ class LeaderRoute:
                 CHARGED_BY_CALLER.reset(token)
         ch = self._channels.get(addr)
         md = (("strom-client-id", client_id),) if client_id else None
+        call = storage_pb2_grpc.StorageServiceStub(ch).Produce(
+            req, timeout=timeout_s + 1.0, metadata=md
+        )
+        watch = _LeaderWatch(self.view, parts, call)
         try:
-            return await storage_pb2_grpc.StorageServiceStub(ch).Produce(
-                req, timeout=timeout_s + 1.0, metadata=md
-            )
+            return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if watch.moved is None or (task is not None and task.cancelling()):
+                raise  # the node is closing (or the caller went away): not ours to settle
+            raise TransportError(watch.why(addr)) from None
         except grpc.aio.AioRpcError as exc:
+            if watch.moved is not None:
+                raise TransportError(watch.why(addr)) from None
             if exc.code() in _TRANSPORT:
                 raise TransportError(f"leader {addr}: {exc.code().name}") from None
             raise StromError(f"produce to {addr}: {exc.code().name} {exc.details()}") from None
+        finally:
+            watch.stop()
 
     async def close(self) -> None:
         await self._channels.close()
+
+
+class _LeaderWatch:
+    """Gives up a forwarded Produce once a partition of it has another leader in this node's
+    view (FIX (found from outside): a ProduceRecords call forwarded to a hung leader, SIGSTOP
+    or a GC pause, waited until the leader resumed or the call's timeout_ms, 30 s, although
+    the controller moved the partition within ~2 s).
+
+    The rule is the Python producer's (``strom.client.sender``, ``SenderLoop._overdue``;
+    design §8), with its constants: unanswered :data:`OVERDUE_GRACE_S` after it was sent, the
+    request's partitions are looked up in the view, then every :data:`OVERDUE_RECHECK_S`
+    while it stays unanswered. The view is local (kept current by the etcd watch), so a look
+    is a few dict lookups; the normal path costs one timer handle per request (cancelled
+    with the answer), no task and nothing per record. A partition has moved when the view
+    names another live leader, or the same one under a higher leader epoch (an epoch unknown
+    when sent, -1, proves nothing); one without a live leader has not moved yet (the
+    controller has not elected one; waiting on is all there is to do).
+
+    Once one moved, the call is cancelled and every part of the request fails with a
+    TransportError, those whose leader did not move too: that is "no answer, may have been
+    written", which both senders already retry (with the part's sequence numbers, so a
+    batch the old or new leader holds is answered with its original offsets, never written
+    twice; design §6), and the parts that did not move simply go back to their leader in a
+    request of their own. Keeping them would need the one gRPC call split in two, for
+    requests that a hung node answers no sooner anyway. The old leader cannot commit what it
+    holds any more, so nothing the wait could have brought is lost."""
+
+    __slots__ = ("_call", "_handle", "_parts", "_view", "moved")
+
+    def __init__(self, view: ClusterView, parts: list[_Part], call: Any) -> None:
+        self._view = view
+        self._parts = parts
+        self._call = call
+        #: The partitions found moved ("topic-partition"), once they are: the call is given up.
+        self.moved: list[str] | None = None
+        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            OVERDUE_GRACE_S, self._check
+        )
+
+    def _check(self) -> None:
+        self._handle = None
+        live = self._view.live_nodes()
+        moved = [f"{p.topic}-{p.partition}" for p in self._parts if self._has_moved(p, live)]
+        if moved:
+            self.moved = moved
+            log.info(
+                "no Produce answer for %s, whose leader moved: retrying at the new leader",
+                ", ".join(moved),
+            )
+            self._call.cancel()
+            return
+        self._handle = asyncio.get_running_loop().call_later(OVERDUE_RECHECK_S, self._check)
+
+    def _has_moved(self, part: _Part, live: dict[int, Any]) -> bool:
+        state = self._view.partition(part.topic, part.partition)
+        if state is None:
+            return False
+        s = state.value
+        if s.leader == part.leader:
+            return 0 <= part.leader_epoch < s.leader_epoch
+        return s.leader >= 0 and s.leader in live
+
+    def why(self, addr: str) -> str:
+        """The TransportError's message for the given-up call to ``addr``."""
+        return (
+            f"leader {addr}: no answer, and the leader of {', '.join(self.moved or ())} "
+            "moved: retried at the new leader"
+        )
+
+    def stop(self) -> None:
+        """The call ended: no more looks."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 #: ``ids(producer_id, epoch)``: a new producer id (-1, -1) or the next epoch of one.
