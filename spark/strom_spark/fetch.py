@@ -8,8 +8,11 @@ an Arrow batch (:mod:`strom_spark.arrow`) and handed to Spark while the next one
 
 It follows the partition's leader (``current_leader`` hints in answers, else a Metadata
 refresh), retries whatever strom marks retriable and unreachable nodes (with backoff), and
-gives up only when the range has made no progress for ``kafkaConsumer.pollTimeoutMs``. Records
-the range needs that retention has already deleted are data loss: an error naming the
+gives up only when the range has made no progress for ``kafkaConsumer.pollTimeoutMs``. A Fetch
+still unanswered ``OVERDUE_GRACE_S`` past its long-poll wait has the partition's leader looked
+up again every ``OVERDUE_RECHECK_S`` (its node asked last: it may be hung), and is given up for
+the new leader once the leader moved, as the consumer does (design §8, ``RangeReader._wait``).
+Records the range needs that retention has already deleted are data loss: an error naming the
 partition and the offsets with ``failOnDataLoss=true`` (the default), skipped otherwise.
 """
 
@@ -29,12 +32,14 @@ from strom.api import storage_pb2
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import (
     FETCH_METHOD,
+    OVERDUE_GRACE_S,
+    OVERDUE_RECHECK_S,
     FetchWireError,
     aborted_batches,
     parse_fetch_response,
 )
 from strom.client.memory import keep_freed_buffers
-from strom.client.metadata import MetadataCache
+from strom.client.metadata import MetadataCache, PartitionLeader
 from strom.client.offsets import TRANSPORT_RETRY
 from strom.client.types import TopicPartition
 from strom.errors import ErrorCode, error_for, is_retriable
@@ -77,6 +82,18 @@ class RangeTask:
     @property
     def tp(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """One Fetch sent: its future (None: not sent, ``address`` says why), the node asked, the
+    offset asked for, the leader epoch it was sent with and when it was sent (monotonic)."""
+
+    fut: Any
+    address: str
+    pos: int
+    epoch: int = -1
+    sent: float = 0.0
 
 
 class _Retry(Exception):
@@ -147,17 +164,16 @@ class RangeReader:
         failures = 0
         last_problem = "no answer yet"
         avg_record = 0.0  # record bytes per offset seen so far (sizes the next request)
-        inflight: tuple[Any, str, int] | None = None
+        inflight: _InFlight | None = None
         try:
             while pos < end:
                 if inflight is None:
                     inflight = self._send(tp, pos, end, avg_record)
-                fut, address, asked = inflight
-                inflight = None
+                sent, inflight = inflight, None
                 try:
-                    if fut is None:
-                        raise _Retry(address, refresh=True)  # no leader known: address = why
-                    batches, hw, aborted = self._receive(fut, address, tp, asked)
+                    if sent.fut is None:
+                        raise _Retry(sent.address, refresh=True)  # no leader: address = why
+                    batches, hw, aborted = self._receive(sent, tp)
                 except _Retry as retry:
                     last_problem = str(retry)
                     if time.monotonic() >= deadline:
@@ -216,8 +232,8 @@ class RangeReader:
                 if rb is not None:
                     yield rb
         finally:
-            if inflight is not None and inflight[0] is not None:
-                inflight[0].cancel()
+            if inflight is not None and inflight.fut is not None:
+                inflight.fut.cancel()
 
     # -- one request -------------------------------------------------------------------------
 
@@ -231,17 +247,18 @@ class RangeReader:
             self._calls[address] = call
         return call
 
-    def _send(self, tp: TopicPartition, pos: int, end: int, avg_record: float) -> tuple:
-        """Start a Fetch for ``pos`` on the leader; (future | None, address | why, pos)."""
+    def _send(self, tp: TopicPartition, pos: int, end: int, avg_record: float) -> _InFlight:
+        """Start a Fetch for ``pos`` on the leader (``fut`` None when none is known: then
+        ``address`` says why)."""
         leader = self.leaders.get(tp)
         if leader is None:
             try:
                 self.leaders.refresh([tp.topic])
             except Exception as exc:  # the cluster is unreachable right now: retry later
-                return (None, f"metadata: {exc}", pos)
+                return _InFlight(None, f"metadata: {exc}", pos)
             leader = self.leaders.get(tp)
         if leader is None or leader.address is None:
-            return (None, f"{tp.topic}-{tp.partition} has no live leader", pos)
+            return _InFlight(None, f"{tp.topic}-{tp.partition} has no live leader", pos)
         # Ask for what the rest of the range needs (plus a margin), not a full fetch: a short
         # range (a pushed-down filter) must not pull megabytes it will throw away.
         per_record = avg_record * 1.1 if avg_record > 0 else ASSUMED_RECORD_BYTES
@@ -277,16 +294,70 @@ class RangeReader:
             timeout=self._rpc_timeout_s,
             metadata=(("strom-client-id", self.opts.client_id),),
         )
-        return (fut, leader.address, pos)
+        return _InFlight(fut, leader.address, pos, leader.epoch, time.monotonic())
+
+    def _wait(self, sent: _InFlight, tp: TopicPartition) -> bytes:
+        """The Fetch's answer, waited for in steps: one unanswered ``OVERDUE_GRACE_S`` past
+        its long-poll wait (counted from when it was sent: it may have travelled while Spark
+        took the previous batch) has the partition's leader looked up again, every
+        ``OVERDUE_RECHECK_S`` while it stays unanswered, its node asked last from then on
+        (``ClusterClient.demote``: a hung node must not hold up each lookup). Once the leader
+        is another node or has a higher epoch the call is cancelled and _Retry sends the
+        same offset to the new leader (nothing skipped or read twice; the cancelled call's
+        answer is never looked at). A leader that did not move is waited for up to the
+        call's deadline: a big answer may just be slow.
+
+        Why: a hung leader (SIGSTOP, a GC pause, a network partition) answers nothing, so
+        only the call's deadline (``fetch.max.wait.ms`` + ``request.timeout.ms``, 30.5 s)
+        ended it, while the controller had moved the partition in 2-3 s (found from
+        outside: a batch read with one node paused took 20-22 s). On the normal path the
+        first wait costs what ``result()`` did (gRPC waits in 0.1 s steps either way)."""
+        fut = sent.fut
+        due = sent.sent + self.opts.fetch_max_wait_ms / 1000.0 + OVERDUE_GRACE_S
+        checked = False
+        while True:
+            try:
+                return fut.result(timeout=max(due - time.monotonic(), 0.0))
+            except grpc.FutureTimeoutError:
+                pass
+            if not checked:  # (debug: a big answer may just be slow)
+                log.debug(
+                    "no Fetch answer from %s for %s-%d within %.1f s; looking its leader up again",
+                    sent.address,
+                    tp.topic,
+                    tp.partition,
+                    time.monotonic() - sent.sent,
+                )
+                checked = True
+            self.client.demote(sent.address)
+            self._refresh(tp)
+            due = time.monotonic() + OVERDUE_RECHECK_S
+            leader = self.leaders.get(tp)
+            if leader is not None and _moved(leader, sent) and fut.cancel():
+                log.info(
+                    "no Fetch answer from %s for %s-%d after %.1f s, whose leader is now %s "
+                    "(epoch %d): fetching there",
+                    sent.address,
+                    tp.topic,
+                    tp.partition,
+                    time.monotonic() - sent.sent,
+                    leader.address,
+                    leader.epoch,
+                )
+                raise _Retry(
+                    f"no Fetch answer from {sent.address}; {tp.topic}-{tp.partition}'s leader moved"
+                )
+            # (cancel() is False only for a call that finished meanwhile: its answer is used)
 
     def _receive(
-        self, fut: Any, address: str, tp: TopicPartition, pos: int
+        self, sent: _InFlight, tp: TopicPartition
     ) -> tuple[list[RecordBatch], int, frozenset[int]]:
-        """The answer's batches at or after ``pos`` (whole batches; the converter cuts the
-        rows), the high watermark, and the indexes of the batches that belong to aborted
+        """The answer's batches at or after ``sent.pos`` (whole batches; the converter cuts
+        the rows), the high watermark, and the indexes of the batches that belong to aborted
         transactions (read_committed); raises _Retry / _DataLoss / errors."""
+        address, pos = sent.address, sent.pos
         try:
-            raw = fut.result()
+            raw = self._wait(sent, tp)
         except grpc.RpcError as exc:
             code = exc.code()
             if code in TRANSPORT_RETRY:
@@ -363,6 +434,15 @@ class RangeReader:
             )
         log.warning("%s; skipped (failOnDataLoss=false)", message)
         return lost_to
+
+
+def _moved(leader: PartitionLeader, sent: _InFlight) -> bool:
+    """Whether ``leader`` (just looked up) is not the one ``sent`` went to: another node, or
+    the same one with a higher epoch (a request with the old epoch will be refused). A
+    leader not registered (address None) is not a move: the request may still be answered."""
+    if leader.address is None:
+        return False
+    return leader.address != sent.address or leader.epoch > sent.epoch
 
 
 class _DataLoss(Exception):
