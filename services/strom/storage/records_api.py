@@ -214,8 +214,12 @@ class RecordService:
         bootstrap: Callable[[], list[str]],
         *,
         subscribe_max_stall_s: float = MAX_STALL_S,
+        incarnation: Callable[[], str] | None = None,
     ) -> None:
         self.node_id = node_id
+        #: This node process's incarnation id (its registration's): group streams' members
+        #: carry it so the coordinator drops them once this process leaves the cluster.
+        self._incarnation = incarnation
         self.subscribe_max_stall_s = subscribe_max_stall_s
         self.view = view
         self._bootstrap = bootstrap
@@ -540,6 +544,9 @@ class RecordService:
             max_stall_s=self.subscribe_max_stall_s,
             topic_live=lambda topic: self.view.topic(topic) is not None,
             partition_count=self._live_partition_count,
+            host_node=(
+                (self.node_id, self._incarnation()) if self._incarnation is not None else None
+            ),
         )
         self.subscriptions[sub.id] = sub
         sub.start()
