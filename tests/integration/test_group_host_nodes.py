@@ -191,3 +191,41 @@ def test_the_members_of_a_dead_or_hung_node_are_removed_long_before_the_session_
                 # (The hung node's stream is cancelled before the node resumes: its member,
                 # fenced, must not take partitions back for a reader that is gone.)
                 r1.close()
+
+
+def test_a_hung_node_that_resumes_finds_its_member_removed_and_its_stream_rejoins(
+    cluster: LocalCluster,
+) -> None:
+    """What the reader of the hung node's stream sees when the node resumes: no error, an
+    ``assignment`` without the partitions (its member was removed), then the assignment of
+    its member rejoining; the group never gives a partition to both streams meanwhile."""
+    topic, group = "host-resume", "host-resume-g"
+    create_topic(cluster, topic, partitions=PARTITIONS, replication_factor=3)
+    victim, survivor = cluster.nodes[2], cluster.nodes[0]
+    with readers((victim.address, group, topic), (survivor.address, group, topic)) as (r1, r2):
+        wait_for(
+            lambda: len(r1.owned() or ()) == len(r2.owned() or ()) == PARTITIONS // 2,
+            timeout=60,
+            what="the group split between the two streams",
+        )
+        lost = r1.owned() or set()
+        seen = len(r1.assignments)
+        with paused(victim):
+            wait_for(
+                lambda: r2.owned() == set(range(PARTITIONS)),
+                timeout=TAKEOVER_BOUND_S,
+                what="the surviving stream owning every partition",
+            )
+        wait_for(
+            lambda: any(not a for a in r1.assignments[seen:]),
+            timeout=60,
+            what="the resumed node's stream told its partitions were lost",
+        )
+        wait_for(
+            lambda: len(r1.owned() or ()) == len(r2.owned() or ()) == PARTITIONS // 2,
+            timeout=60,
+            what="the resumed stream's member back in the group",
+        )
+        assert r1.error is None, r1.error
+        assert not (r1.owned() or set()) & (r2.owned() or set())
+        print(f"lost {sorted(lost)}; assignments after the resume: {r1.assignments[seen:]}")

@@ -444,6 +444,12 @@ class Subscription:
         with self._lock:
             return set(self._owned)
 
+    def ever_revoked(self, tp: TopicPartition) -> bool:
+        """Whether the group took ``tp`` from this stream at some point (a commit of it is
+        then refused as moved; one of a partition never assigned here says so instead)."""
+        with self._lock:
+            return tp in self._revocations
+
     # -- the pump thread --------------------------------------------------------------------
 
     def _run(self) -> None:
