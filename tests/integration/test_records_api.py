@@ -841,6 +841,7 @@ def test_commit_offsets_rules(
 ) -> None:
     topic, group = "rec-commit", "rec-commit-g"
     new_topic(cluster, 2, 1, name=topic)
+    unsubscribed = new_topic(cluster, 1, 1, name="rec-commit-other")
     for p in range(2):
         produce(stub, topic=topic, partition=p, records=rp.RecordColumns(values=[b"c"] * 20))
     stream, sid = _subscribe_group(stub, topic, group)
@@ -873,9 +874,13 @@ def test_commit_offsets_rules(
         assert big.results[0].error_message.count(f"{topic}-0") == 1
         after = commit((topic, 0, 7))
         assert after.error_code == E.NONE and after.results[0].error_code == E.NONE
-        # A partition the stream does not own.
-        other = commit(("rec-two", 0, 1))
-        assert other.results[0].error_code == E.STALE_MEMBER_EPOCH
+        # A partition of a topic the stream did not subscribe to: never assigned to it (found
+        # from outside: answered STALE_MEMBER_EPOCH, "the group moved it to another member").
+        other = commit((unsubscribed, 0, 1))
+        assert other.results[0].error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+        assert other.results[0].error_message.startswith(
+            f"{unsubscribed}-0 is not a partition of this stream's subscription"
+        )
         # One that does not exist says so (it was STALE_MEMBER_EPOCH, "moved to another member").
         missing = commit(("rec-nope", 0, 1), (topic, 77, 1))
         assert [r.error_code for r in missing.results] == [E.UNKNOWN_TOPIC_OR_PARTITION] * 2

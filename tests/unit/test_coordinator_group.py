@@ -17,6 +17,7 @@ from strom.coordinator.group import (
     ConsumerGroup,
     GroupConfig,
     GroupState,
+    HostNode,
     MemberState,
 )
 from strom.coordinator.offsets_log import (
@@ -132,6 +133,9 @@ class Consumer:
         self.owned: dict[str, set[int]] = {}
         #: The topics the member's principal may describe (None: ACLs off).
         self.may_describe: Callable[[str], bool] | None = None
+        #: The storage node running the member (a RecordService stream), as its heartbeats
+        #: name it with the session the coordinator matched (None: an ordinary consumer).
+        self.host: HostNode | None = None
 
     def heartbeat(self, epoch: int | None = None, owned: Mapping[str, set[int]] | None = None):
         h = self.h
@@ -147,6 +151,7 @@ class Consumer:
             owned_partitions=self.owned if owned is None else owned,
             rebalance_timeout_ms=self.rebalance_timeout_ms,
             topic_filter=self.may_describe,
+            host_node=self.host,
         )
         h.persist(r.records)
         self.member_id = r.member_id
@@ -351,6 +356,77 @@ def test_session_expiry_removes_silent_member() -> None:
     b.join()
     converge(h, [a, b])
     assert sorted([a.count(), b.count()]) == [2, 2]
+
+
+def fence(h: Harness, live: Mapping[int, int]) -> list[str]:
+    result = h.group.fence_gone_hosts(live)
+    h.persist(result.records)
+    assert all(e.reason == "node" for e in result.expired)
+    return [e.member_id for e in result.expired]
+
+
+def test_members_of_a_node_whose_registration_ended_are_removed_at_once() -> None:
+    """A RecordService stream's member dies with its node process (found from outside: its
+    partitions waited out the 45 s session timeout after a kill -9 of the node)."""
+    h = Harness({"t": 6})
+    a, b, c = Consumer(h), Consumer(h), Consumer(h)
+    a.host, b.host = HostNode(1, "inc-1", 5), HostNode(2, "inc-2", 7)
+    for m in (a, b, c):
+        m.join()
+    converge(h, [a, b, c])
+    live = {1: 5, 2: 7, 3: 9}
+    assert not h.group.has_gone_hosts(live) and fence(h, live) == []
+    # Node 2's lease ended: b goes now (its session deadline is far away), as a session
+    # expiry would remove it; an ordinary consumer (c) is never touched.
+    del live[2]
+    assert h.group.has_gone_hosts(live)
+    assert fence(h, live) == [b.member_id]
+    converge(h, [a, c])
+    assert sorted([a.count(), c.count()]) == [3, 3]
+    with pytest.raises(UnknownMemberIdError):  # b's node back from a hang: fenced
+        b.heartbeat()
+    # Node 1 registered again (a restart, or a new lease after a hang): a new session.
+    live[1] = 6
+    assert fence(h, live) == [a.member_id]
+    converge(h, [c])
+    assert c.owned == {"t": set(range(6))}
+    assert fence(h, {}) == []
+
+
+def test_a_host_the_coordinator_has_not_matched_is_left_to_the_session_timeout() -> None:
+    h = Harness({"t": 2})
+    a, b = Consumer(h), Consumer(h)
+    a.host = HostNode(1, "inc-1", None)  # the coordinator's view lags the node's registration
+    for m in (a, b):
+        m.join()
+    converge(h, [a, b])
+    assert fence(h, {}) == []
+    a.host = HostNode(1, "inc-1", 4)
+    a.heartbeat()
+    # A heartbeat of the same process the view no longer shows keeps the session it was seen
+    # under: the member is still fenced for it.
+    a.host = HostNode(1, "inc-1", None)
+    a.heartbeat()
+    assert h.group.members[a.member_id].host == HostNode(1, "inc-1", 4)
+    assert fence(h, {1: 4}) == []
+    assert fence(h, {}) == [a.member_id]
+
+
+def test_a_coordinator_taking_the_shard_over_learns_the_hosts_from_the_next_heartbeats() -> None:
+    """The host is not persisted: a new coordinator numbers sessions its own way, and every
+    member names its host again within a heartbeat interval."""
+    h = Harness({"t": 2})
+    a, b = Consumer(h), Consumer(h)
+    a.host = HostNode(1, "inc-1", 3)
+    for m in (a, b):
+        m.join()
+    converge(h, [a, b])
+    h.rebuild()
+    assert all(m.host is None for m in h.group.members.values())
+    assert fence(h, {}) == []
+    a.host = HostNode(1, "inc-1", 1)
+    a.heartbeat()
+    assert fence(h, {}) == [a.member_id]
 
 
 def test_member_that_does_not_revoke_in_time_is_removed() -> None:

@@ -55,7 +55,7 @@ MEMBER_STATE_UNREVOKED_PARTITIONS: MemberState
 MEMBER_STATE_UNRELEASED_PARTITIONS: MemberState
 
 class ConsumerGroupHeartbeatRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "member_epoch", "instance_id", "rack_id", "rebalance_timeout_ms", "subscribed_topic_names", "subscribed_topic_regex", "server_assignor", "owned_topic_partitions")
+    __slots__ = ("group_id", "member_id", "member_epoch", "instance_id", "rack_id", "rebalance_timeout_ms", "subscribed_topic_names", "subscribed_topic_regex", "server_assignor", "owned_topic_partitions", "host_node_id", "host_node_incarnation_id")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,8 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     SUBSCRIBED_TOPIC_REGEX_FIELD_NUMBER: _ClassVar[int]
     SERVER_ASSIGNOR_FIELD_NUMBER: _ClassVar[int]
     OWNED_TOPIC_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    HOST_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_NODE_INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     member_epoch: int
@@ -76,7 +78,9 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     subscribed_topic_regex: str
     server_assignor: str
     owned_topic_partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., instance_id: _Optional[str] = ..., rack_id: _Optional[str] = ..., rebalance_timeout_ms: _Optional[int] = ..., subscribed_topic_names: _Optional[_Iterable[str]] = ..., subscribed_topic_regex: _Optional[str] = ..., server_assignor: _Optional[str] = ..., owned_topic_partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ...) -> None: ...
+    host_node_id: int
+    host_node_incarnation_id: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., instance_id: _Optional[str] = ..., rack_id: _Optional[str] = ..., rebalance_timeout_ms: _Optional[int] = ..., subscribed_topic_names: _Optional[_Iterable[str]] = ..., subscribed_topic_regex: _Optional[str] = ..., server_assignor: _Optional[str] = ..., owned_topic_partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., host_node_id: _Optional[int] = ..., host_node_incarnation_id: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("topic_partitions",)

@@ -124,6 +124,12 @@ class GroupMember:
         self._attempt_s = self._timeout_s / 2
         self._backoff_s = max(consumer._backoff_s, 0.05)
 
+        #: (node id, incarnation id) of the storage node running this member for a
+        #: RecordService Subscribe stream, sent with every heartbeat (None: an ordinary
+        #: consumer). The member dies with that node process, and this lets the coordinator
+        #: remove it as soon as the node leaves the cluster rather than after the session
+        #: timeout (DESIGN §7). Set by the node before subscribe().
+        self.host_node: tuple[int, str] | None = None
         self._lock = threading.Lock()
         #: Notified (under _lock) when a heartbeat's answer sets the member epoch.
         self._epoch_set = threading.Condition(self._lock)
@@ -620,6 +626,8 @@ class GroupMember:
             req.instance_id = self._instance_id
         if self._assignor is not None:
             req.server_assignor = self._assignor
+        if self.host_node is not None:
+            req.host_node_id, req.host_node_incarnation_id = self.host_node
         return req
 
     def _may_hold(self) -> set[TopicPartition]:

@@ -31,6 +31,7 @@ from strom.clock import wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup, GroupConfig, GroupState
 from strom.coordinator.lookup import shard_count
+from strom.coordinator.node_sessions import NodeSessions
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, GroupRecord, shard_for_group
 from strom.coordinator.produce_streams import ProduceStreams
 from strom.coordinator.shards import Shard, ShardKind
@@ -101,6 +102,8 @@ class CoordinatorCore:
     _appends: ProduceStreams
     _stopping: bool
     _topics_cache: tuple[int, dict[str, int], dict[str, str]]
+    #: The live storage node registrations, for fencing the members they host.
+    _node_sessions: NodeSessions
 
     # Implemented by the mixins (shard_ownership, shard_writes); declared for the others.
     def _unload(self, shard: Shard) -> None:
@@ -128,7 +131,12 @@ class CoordinatorCore:
         return task
 
     def _on_view_events(self, events: list[WatchEvent]) -> None:
-        """Watch thread: something changed in etcd (owners, topics, nodes): re-check shards."""
+        """Watch thread: something changed in etcd (owners, topics, nodes): re-check shards,
+        and follow the storage nodes' registrations (:mod:`strom.coordinator.node_sessions`)."""
+        view = self.view
+        if view is not None:
+            live = {n: reg.incarnation_id for n, reg in view.live_nodes().items()}
+            self._node_sessions.update(view.keys.nodes_prefix, events, live)
         loop, wake = self._loop, self._wake
         if loop is None or wake is None or loop.is_closed():
             return

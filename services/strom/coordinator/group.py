@@ -72,6 +72,7 @@ from strom.coordinator.group_types import (
     GroupConfig,
     GroupState,
     HeartbeatResult,
+    HostNode,
     Member,
     MemberState,
     OffsetsResult,
@@ -121,6 +122,7 @@ __all__ = [
     "GroupConfig",
     "GroupState",
     "HeartbeatResult",
+    "HostNode",
     "Member",
     "MemberState",
     "OffsetsResult",
@@ -282,6 +284,7 @@ class ConsumerGroup(GroupReconciliation, GroupOffsets, GroupPersistence):
         client_id: str = "",
         client_host: str = "",
         topic_filter: Callable[[str], bool] | None = None,
+        host_node: HostNode | None = None,
     ) -> HeartbeatResult:
         """Handle one ConsumerGroupHeartbeat (join, heartbeat, leave) and answer it.
 
@@ -293,6 +296,8 @@ class ConsumerGroup(GroupReconciliation, GroupOffsets, GroupPersistence):
         ``topic_filter``: the topics the caller's principal may DESCRIBE (None: any); a regex
         resolves only to those (:meth:`subscribed_topics`), and a change of what it resolves
         to (an ACL changed, or the first heartbeat after a reload) rebalances the group.
+        ``host_node``: the storage node running the member (RecordService streams; None for
+        ordinary consumers), for :meth:`fence_gone_hosts`.
 
         Raises (nothing is changed then):
             InvalidRequestError: inconsistent request (names and regex both set, -2 without
@@ -411,6 +416,7 @@ class ConsumerGroup(GroupReconciliation, GroupOffsets, GroupPersistence):
         if instance_id is not None:
             self._static[instance_id] = member.member_id
         member.topic_filter = topic_filter
+        member.host = _host_after(member.host, host_node)
 
         topics_changed = topics is not None and topics != self._topics
         if topics_changed:
@@ -654,6 +660,35 @@ class ConsumerGroup(GroupReconciliation, GroupOffsets, GroupPersistence):
             expired.append(ExpiredMember(mid, m.instance_id, reason))
         return ExpireResult(expired, records, self.group_epoch, len(self.members))
 
+    def has_gone_hosts(self, live: Mapping[int, int]) -> bool:
+        """Whether :meth:`fence_gone_hosts` would remove a member (a cheap look, for the
+        timer loop, before it takes the shard lock and a write)."""
+        return any(_host_gone(m.host, live) for m in self.members.values())
+
+    def fence_gone_hosts(self, live: Mapping[int, int]) -> ExpireResult:
+        """Remove the members whose host node's registration has left the cluster.
+
+        ``live`` maps each registered storage node to the session of its registration
+        (:class:`~strom.coordinator.node_sessions.NodeSessions`). A member a node runs for a
+        RecordService stream (:attr:`Member.host`) dies with that node process: once the
+        registration it was seen under is gone (the node crashed, hung or was cut off past its
+        lease, and the controller fences it) or replaced (the node restarted, or re-registered after
+        losing its lease, so it lost or dropped its streams' state), nothing will heartbeat for it,
+        or what does is a zombie. Kafka waits out the session timeout (45 s) for such a member,
+        leaving its partitions unread; here the removal happens as soon as the coordinator's view
+        shows it, as a session expiry would (reason ``"node"``), so its partitions go to the other
+        members at once. A zombie's next heartbeat or commit is then UNKNOWN_MEMBER_ID. Members with
+        no host (ordinary consumers) or an unconfirmed one are left alone.
+        """
+        expired: list[ExpiredMember] = []
+        records: list[GroupRecord] = []
+        for mid in sorted(self.members):
+            m = self.members[mid]
+            if _host_gone(m.host, live):
+                records.extend(self._remove_member(m))
+                expired.append(ExpiredMember(mid, m.instance_id, "node"))
+        return ExpireResult(expired, records, self.group_epoch, len(self.members))
+
     # -----------------------------------------------------------------------------------------
     # Deletion
 
@@ -701,3 +736,27 @@ class ConsumerGroup(GroupReconciliation, GroupOffsets, GroupPersistence):
 def _subscription(md: MemberMetadata) -> tuple[object, ...]:
     """The parts of a member's metadata that the target assignment depends on."""
     return (md.subscribed_topic_names, md.subscribed_topic_regex, md.server_assignor)
+
+
+def _host_after(old: HostNode | None, new: HostNode | None) -> HostNode | None:
+    """The host a heartbeat leaves a member with: the one it names, except that a heartbeat
+    the coordinator could not match to a registration (``registration`` None: the node's key
+    is missing from its view) keeps the registration already seen for that same process, so
+    a member whose node just lost its lease is still fenced for it."""
+    if (
+        new is not None
+        and new.registration is None
+        and old is not None
+        and (old.node_id, old.incarnation_id) == (new.node_id, new.incarnation_id)
+    ):
+        return old
+    return new
+
+
+def _host_gone(host: HostNode | None, live: Mapping[int, int]) -> bool:
+    """Whether a member's confirmed host registration is no longer the node's live one."""
+    return (
+        host is not None
+        and host.registration is not None
+        and live.get(host.node_id) != host.registration
+    )

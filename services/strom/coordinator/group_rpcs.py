@@ -17,7 +17,7 @@ import grpc
 from strom.api import coordinator_pb2 as pb
 from strom.clock import steady_ms
 from strom.coordinator.core import rpc
-from strom.coordinator.group import ConsumerGroup, GroupState, HeartbeatResult
+from strom.coordinator.group import ConsumerGroup, GroupState, HeartbeatResult, HostNode
 from strom.coordinator.storage_io import StorageIO
 from strom.errors import ErrorCode, GroupIdNotFoundError
 from strom.security.acl import Op, Res
@@ -98,6 +98,13 @@ class GroupRpcs(StorageIO):
         client_host = _client_host(context.peer())
         owned = {tp.topic: list(tp.partitions) for tp in request.owned_topic_partitions}
         topic_filter = _describable_topics()
+        host: HostNode | None = None
+        if request.HasField("host_node_id"):
+            # A RecordService stream's member: bound to the session of its node's
+            # registration as this coordinator sees it now (None while unseen), so that it is
+            # removed once that registration ends (DESIGN §7; Timers._fence_gone_hosts).
+            node, incarnation = request.host_node_id, request.host_node_incarnation_id
+            host = HostNode(node, incarnation, self._node_sessions.session_of(node, incarnation))
 
         def beat(group: ConsumerGroup) -> Any:
             return group.heartbeat(
@@ -121,6 +128,7 @@ class GroupRpcs(StorageIO):
                 client_id=client_id,
                 client_host=client_host,
                 topic_filter=topic_filter,
+                host_node=host,
             )
 
         try:

@@ -84,6 +84,31 @@ class GroupConfig:
     default_rebalance_timeout_ms: int = 300_000
 
 
+@dataclass(frozen=True)
+class HostNode:
+    """The storage node process a member runs in (a RecordService Subscribe stream's member).
+
+    Such a member lives and dies with that process, so the coordinator removes it as soon as
+    the node's registration leaves the cluster, without waiting out the session timeout
+    (:meth:`~strom.coordinator.group.ConsumerGroup.fence_gone_hosts`).
+
+    Attributes:
+        node_id: the node's id.
+        incarnation_id: the node process's incarnation (NodeRegistration.incarnation_id).
+        registration: the session (:class:`~strom.coordinator.node_sessions.NodeSessions`)
+            of the node's registration the coordinator saw holding that incarnation when the
+            member heartbeated: one uninterrupted registration of the process (a node that
+            lost its lease registers again, same incarnation, as a new session). None when
+            the coordinator's view did not show the node with that incarnation (a view that
+            lags, a node re-registering): the member is then left to its session timeout
+            until a heartbeat sees the registration.
+    """
+
+    node_id: int
+    incarnation_id: str
+    registration: int | None = None
+
+
 @dataclass
 class Member:
     """One member: what it declared (``metadata``), where it is in reconciliation, its timers.
@@ -109,6 +134,10 @@ class Member:
     #: What the member's regex resolved to at its last heartbeat with ACLs on (None: no
     #: regex, ACLs off, or no heartbeat since the group was loaded).
     resolved: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    #: The storage node hosting the member (RecordService streams), as its last heartbeat
+    #: said; None for ordinary consumers. Not persisted: after a reload the member's next
+    #: heartbeat sets it again (until then only its session timeout removes it).
+    host: HostNode | None = field(default=None, compare=False)
 
     @property
     def instance_id(self) -> str | None:

@@ -86,7 +86,10 @@ SHARD_HAND_OVERS = Counter(
 )
 MEMBERS = Gauge("strom_coordinator_members", "Members of the groups in the loaded shards")
 EXPIRED = Counter(
-    "strom_coordinator_members_expired_total", "Members removed by a timer, by reason", ["reason"]
+    "strom_coordinator_members_expired_total",
+    "Members removed by a timer, by reason: session, rebalance (timeouts), node (the storage "
+    "node running the member left the cluster or restarted)",
+    ["reason"],
 )
 WRITES = Counter(
     "strom_coordinator_writes_total",

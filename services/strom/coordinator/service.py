@@ -30,6 +30,7 @@ from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.group import GroupConfig
 from strom.coordinator.group_rpcs import GroupRpcs
 from strom.coordinator.lookup import find_coordinator, shard_count
+from strom.coordinator.node_sessions import NodeSessions
 from strom.coordinator.offset_rpcs import OffsetRpcs
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
 from strom.coordinator.produce_streams import ProduceStreams
@@ -142,6 +143,7 @@ class CoordinatorService(
         self._appends = ProduceStreams(self._channels.get, INTERNAL_WRITER)
         self._stopping = False
         self._topics_cache: tuple[int, dict[str, int], dict[str, str]] = (-1, {}, {})
+        self._node_sessions = NodeSessions()
         self._lag_labels: set[tuple[str, str, str]] = set()
         self._past_end_labels: set[tuple[str, str, str]] = set()
         self._swept: tuple[dict[str, str], frozenset[tuple[int, int]]] | None = None

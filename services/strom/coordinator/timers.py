@@ -1,7 +1,9 @@
-"""The coordinator's timers: members past their session or rebalance deadline are expired
-(the removal persisted like any change), transactions past their timeout are aborted, and
-the consumer-lag gauges are refreshed, the offsets of deleted topics are dropped, and groups
-left empty with nothing committed are deleted (DESIGN §7).
+"""The coordinator's timers: members past their session or rebalance deadline are expired (the
+removal persisted like any change), and so are members whose storage node's registration
+ended (RecordService streams' members: :mod:`strom.coordinator.node_sessions`); transactions
+past their timeout are aborted, and the consumer-lag gauges are refreshed, the offsets of
+deleted topics are dropped, and groups left empty with nothing committed are deleted (DESIGN
+§7).
 
 One loop serves them all, sleeping until the earliest group deadline (at most a second).
 Deadlines are on :func:`strom.clock.steady_ms`, so a step of the wall clock neither expires
@@ -60,10 +62,13 @@ class Timers(StorageIO):
         while not self._stopping:
             now = steady_ms()
             wake_at = now + 1000
+            live_nodes = self._node_sessions.live()
             for shard in list(self.shards.values()):
                 if not shard.loaded:
                     continue
                 for gid, group in list(shard.groups.items()):
+                    if group.has_gone_hosts(live_nodes):
+                        await self._fence_gone_hosts(gid, live_nodes)
                     deadline = group.next_deadline_ms()
                     if deadline is None:
                         continue
@@ -95,6 +100,40 @@ class Timers(StorageIO):
                 m.member_id,
                 group_id,
                 m.reason,
+                result.group_epoch,
+                result.members,
+                extra={
+                    "fields": {
+                        "group": group_id,
+                        "member": m.member_id,
+                        "group_epoch": result.group_epoch,
+                        "members": result.members,
+                    }
+                },
+            )
+
+    async def _fence_gone_hosts(self, group_id: str, live_nodes: dict[int, int]) -> None:
+        """Remove the group's members whose storage node's registration ended (a RecordService
+        stream's member dies with its node: see ConsumerGroup.fence_gone_hosts), persisting
+        the removal like a session expiry's, so their partitions move now, not after the
+        session timeout."""
+        try:
+            result = await self._mutate(
+                group_id,
+                lambda g: g.fence_gone_hosts(live_nodes),
+                lambda r: r.records,
+                create=False,
+            )
+        except StromError as exc:
+            log.info("removing members of %s hosted by gone nodes failed: %s", group_id, exc)
+            return
+        for m in result.expired:
+            metrics.EXPIRED.labels(m.reason).inc()
+            log.info(
+                "removed member %s of group %s (the storage node running it left the cluster "
+                "or restarted): group epoch %d, %d members",
+                m.member_id,
+                group_id,
                 result.group_epoch,
                 result.members,
                 extra={

@@ -218,6 +218,7 @@ class StorageNode:
             lambda req: self.servicer.InitProducerId(req, None),
             self._client_bootstrap,
             subscribe_max_stall_s=config.subscribe_max_stall_ms / 1000.0,
+            incarnation=incarnation,
         )
         self.view.add_listener(subscriptions.drop_deleted_topics(self.view))
         # Replication throttle rates (the dynamic node configs every node applies).

@@ -221,8 +221,12 @@ class RecordService:
         bootstrap: Callable[[], list[str]],
         *,
         subscribe_max_stall_s: float = MAX_STALL_S,
+        incarnation: Callable[[], str] | None = None,
     ) -> None:
         self.node_id = node_id
+        #: This node process's incarnation id (its registration's): group streams' members
+        #: carry it so the coordinator drops them once this process leaves the cluster.
+        self._incarnation = incarnation
         self.subscribe_max_stall_s = subscribe_max_stall_s
         self.view = view
         self._bootstrap = bootstrap
@@ -549,6 +553,9 @@ class RecordService:
             max_stall_s=self.subscribe_max_stall_s,
             topic_live=lambda topic: self.view.topic(topic) is not None,
             partition_count=self._live_partition_count,
+            host_node=(
+                (self.node_id, self._incarnation()) if self._incarnation is not None else None
+            ),
         )
         self.subscriptions[sub.id] = sub
         sub.start()
@@ -808,10 +815,7 @@ class RecordService:
                     r.error_code = E.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[assignment]
                     r.error_message = f"there is no partition {tp.topic}-{tp.partition}"
                 elif decided[tp] != E.NONE:
-                    r.error_message = (
-                        f"{tp.topic}-{tp.partition} is not assigned to this subscription "
-                        "(the group moved it to another member): drop the commit"
-                    )
+                    r.error_code, r.error_message = _not_owned(sub, tp)  # type: ignore[assignment]
             elif tp in sent and code != E.NONE:
                 r.error_code = code  # type: ignore[assignment]
                 r.error_message = message
@@ -833,6 +837,34 @@ class RecordService:
         )
         await self.producer.close(timeout_s)
         await self.route.close()
+
+
+def _not_owned(sub: Subscription, tp: TopicPartition) -> tuple[int, str]:
+    """The code and text of a commit refused because ``sub`` does not own ``tp``.
+
+    FIX (found from outside): every such refusal said STALE_MEMBER_EPOCH "the group moved it
+    to another member", also for a partition of a topic the stream never subscribed to, which
+    was never assigned to it. The coordinator itself would take any commit carrying the
+    member's epoch (as Kafka's does); the stream refuses what its member does not own, so that
+    a reader cannot overwrite the offsets of the partition's real owner. A topic outside the
+    stream's subscription is the caller's mistake (UNKNOWN_TOPIC_OR_PARTITION for this stream:
+    fix the commit); a subscribed partition not owned now is STALE_MEMBER_EPOCH (drop it),
+    said as moved only when the group did take it from this stream."""
+    name = f"{tp.topic}-{tp.partition}"
+    if tp.topic not in sub.spec.topics:
+        topics = ", ".join(sorted(sub.spec.topics))
+        return E.UNKNOWN_TOPIC_OR_PARTITION, (
+            f"{name} is not a partition of this stream's subscription (topics: {topics}), so "
+            "the group never assigned it to this stream's member: commit only partitions an "
+            "assignment message listed"
+        )
+    if sub.ever_revoked(tp):
+        why = "the group moved it to another member"
+    else:
+        why = "the group has not assigned it to this stream's member; another member may own it"
+    return E.STALE_MEMBER_EPOCH, (
+        f"{name} is not assigned to this subscription ({why}): drop the commit"
+    )
 
 
 def _too_old(table: pa.Table, configs: Mapping[str, str]) -> np.ndarray | None:

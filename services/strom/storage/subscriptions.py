@@ -371,8 +371,13 @@ class Subscription:
         max_stall_s: float = MAX_STALL_S,
         topic_live: Callable[[str], bool] = _always_live,
         partition_count: Callable[[str], int | None] = _unknown_count,
+        host_node: tuple[int, str] | None = None,
     ) -> None:
         self.spec = spec
+        #: (node id, incarnation id) of the node serving the stream, sent with the member's
+        #: heartbeats so the coordinator removes the member once this node process leaves
+        #: the cluster, rather than after the session timeout (DESIGN §7).
+        self._host_node = host_node
         #: The node's partition count of a topic (None: not known), for whole topics.
         self._partition_count = partition_count
         self._next_growth_check = time.monotonic() + PARTITION_GROWTH_CHECK_S
@@ -439,6 +444,12 @@ class Subscription:
         with self._lock:
             return set(self._owned)
 
+    def ever_revoked(self, tp: TopicPartition) -> bool:
+        """Whether the group took ``tp`` from this stream at some point (a commit of it is
+        then refused as moved; one of a partition never assigned here says so instead)."""
+        with self._lock:
+            return tp in self._revocations
+
     # -- the pump thread --------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -463,6 +474,9 @@ class Subscription:
             # one-thread guard, which would refuse them.
             self.consumer._shared = True
             if spec.group_id:
+                group = self.consumer._group
+                if group is not None and self._host_node is not None:
+                    group.host_node = self._host_node
                 self.consumer.subscribe(spec.topics, listener=self)
                 self._emit_assignment()
             else:
