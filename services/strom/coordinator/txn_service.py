@@ -43,6 +43,7 @@ from strom.api import (
     storage_pb2,
     storage_pb2_grpc,
 )
+from strom.client.transactions import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
 from strom.clock import steady_ms, wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.lookup import find_coordinator, shard_count
@@ -479,18 +480,19 @@ class TransactionRpcs(_Base):
         while left:
             _check(shard, generation)
             by_leader: dict[str, list[tuple[str, int]]] = {}
+            epochs: dict[tuple[str, int], int] = {}
             for t, p in sorted(left):
                 if self.view.topic(t) is None:
                     left.discard((t, p))  # deleted: nothing to mark
                     continue
                 try:
-                    addr, _ = self._leader(p, t)
+                    addr, epochs[(t, p)] = self._leader(p, t)
                 except StromError:
                     continue  # no leader right now: next round
                 by_leader.setdefault(addr, []).append((t, p))
             results = await asyncio.gather(
                 *(
-                    self._markers_to(addr, tps, meta, commit, shard.producer_epoch)
+                    self._markers_to(addr, tps, meta, commit, shard.producer_epoch, epochs)
                     for addr, tps in by_leader.items()
                 )
             )
@@ -528,8 +530,17 @@ class TransactionRpcs(_Base):
         meta: TxnMetadata,
         commit: bool,
         coordinator_epoch: int,
+        epochs: dict[tuple[str, int], int],
     ) -> set[tuple[str, int]]:
-        """One WriteTxnMarkers to a leader; the partitions that have the marker now."""
+        """One WriteTxnMarkers to a leader; the partitions that have the marker now.
+
+        Unanswered :data:`OVERDUE_GRACE_S` it is given up (as if it timed out: none has the
+        marker) once a partition of it has another leader in the view, or a higher leader
+        epoch (``epochs``: each partition's when sent), so the next round sends it to the
+        new leader (FIX (found from outside): a hung leader held the transaction's
+        completion, and its producer's next transaction, for the call's whole 15 s). Safe
+        as the retry after a timeout is: a marker is idempotent for its producer epoch (a
+        second one closes nothing), and the old leader can no longer commit one it wrote."""
         req = storage_pb2.WriteTxnMarkersRequest(timeout_ms=MARKER_TIMEOUT_MS)
         by_topic: dict[str, list[int]] = {}
         for t, p in tps:
@@ -544,10 +555,26 @@ class TransactionRpcs(_Base):
             ],
         )
         stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
+
+        def moved() -> str | None:
+            for t, p in tps:
+                try:
+                    now, epoch = self._leader(p, t)
+                except StromError:
+                    continue  # no live leader yet: not moved, the wait goes on
+                if now != addr or 0 <= epochs.get((t, p), -1) < epoch:
+                    return f"{t}-{p} is now led by {now} (epoch {epoch})"
+            return None
+
         try:
-            resp = await stub.WriteTxnMarkers(req, timeout=MARKER_TIMEOUT_MS / 1000 + 5)
+            resp = await _overdue(
+                stub.WriteTxnMarkers(req, timeout=MARKER_TIMEOUT_MS / 1000 + 5), moved
+            )
         except grpc.aio.AioRpcError as exc:
             log.info("WriteTxnMarkers to %s: %s", addr, exc.code().name)
+            return set()
+        except _Moved as exc:
+            log.info("WriteTxnMarkers to %s: no answer and %s: retrying there", addr, exc)
             return set()
         done: set[tuple[str, int]] = set()
         for tr in resp.markers[0].topics if resp.markers else ():
@@ -577,7 +604,15 @@ class TransactionRpcs(_Base):
     async def _complete_offsets(
         self, shard: Shard, generation: int, group_id: str, meta: TxnMetadata, commit: bool
     ) -> None:
-        """Have the group's coordinator apply (or drop) the transaction's pending offsets."""
+        """Have the group's coordinator apply (or drop) the transaction's pending offsets.
+
+        A call unanswered :data:`OVERDUE_GRACE_S` has the group's coordinator looked up in
+        the view every :data:`OVERDUE_RECHECK_S`; once another coordinator owns the group it
+        is cancelled and sent there (the client's overdue rule, DESIGN §8; the view is
+        local). FIX (found from outside): a hung group coordinator held the transaction's
+        completion, and with it the producer's next transaction (CONCURRENT_TRANSACTIONS),
+        for the call's whole 15 s although the standby took its shards in ~2.4 s.
+        CompleteTxnOffsets is idempotent, so sending it again is safe."""
         assert self.view is not None
         req = coordinator_pb2.CompleteTxnOffsetsRequest(
             group_id=group_id,
@@ -591,12 +626,19 @@ class TransactionRpcs(_Base):
             addr = _group_coordinator(self.view, group_id)
             code, message = E.COORDINATOR_NOT_AVAILABLE, "no coordinator owns the group's shard"
             if addr is not None:
+
+                def moved(view: ClusterView = self.view, asked: str = addr) -> str | None:
+                    now = _group_coordinator(view, group_id)
+                    return None if now is None or now == asked else f"now owned by {now}"
+
                 try:
                     stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._channel(addr))
-                    resp = await stub.CompleteTxnOffsets(req, timeout=15.0)
+                    resp = await _overdue(stub.CompleteTxnOffsets(req, timeout=15.0), moved)
                     code, message = resp.error_code, resp.error_message
                 except grpc.aio.AioRpcError as exc:
                     code, message = E.COORDINATOR_NOT_AVAILABLE, exc.code().name
+                except _Moved as exc:
+                    code, message = E.NOT_COORDINATOR, f"{addr} did not answer; the group is {exc}"
             if code == E.NONE:
                 return
             log.info("CompleteTxnOffsets %s: %s %s", group_id, error_name(code), message)
@@ -741,6 +783,36 @@ class TransactionRpcs(_Base):
 
 class _Superseded(Exception):
     """The shard was reloaded or moved while a transaction was being completed."""
+
+
+class _Moved(Exception):
+    """An unanswered call was given up: its target no longer leads or owns what it asked
+    about (the message says who does now)."""
+
+
+async def _overdue(call: Any, moved: Callable[[], str | None]) -> Any:
+    """The answer of the gRPC ``call``; while it is unanswered :data:`OVERDUE_GRACE_S` after
+    it was sent, ``moved()`` is asked every :data:`OVERDUE_RECHECK_S` whether its target
+    still owns what it asked about (a look at the local view), and once it names another
+    the call is cancelled and :class:`_Moved` raised, so the caller retries there at once
+    instead of after the call's timeout. The overdue rule of the clients (DESIGN §8); an
+    answer that comes meanwhile wins, and while the owner is the same (or none is known
+    yet) the call goes on: a slow answer is not a hang."""
+    task: asyncio.Future[Any] = asyncio.ensure_future(call)
+    wait = OVERDUE_GRACE_S
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=wait)
+            if done:
+                return task.result()
+            why = moved()
+            if why is not None:
+                raise _Moved(why)
+            wait = OVERDUE_RECHECK_S
+    finally:
+        if not task.done():  # (given up, or the caller was cancelled)
+            call.cancel()
+            task.cancel()
 
 
 def _check(shard: Shard, generation: int) -> None:
