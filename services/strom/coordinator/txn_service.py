@@ -459,7 +459,11 @@ class TransactionRpcs(_Base):
         metrics.TXN_COMPLETION_SECONDS.observe(time.monotonic() - t0)
         if meta.start_ms >= 0:
             metrics.TRANSACTION_SECONDS.observe(max(_now_ms() - meta.start_ms, 0) / 1000.0)
-        log.info(
+        # A commit is the normal course, one per transaction (hundreds a minute from one
+        # exactly-once loop: found from outside as log noise), so DEBUG; an abort is worth an
+        # operator's eye, INFO.
+        log.log(
+            logging.DEBUG if commit else logging.INFO,
             "transaction %s (producer %d epoch %d) %s: %d partitions, %d groups",
             meta.transactional_id,
             meta.producer_id,
