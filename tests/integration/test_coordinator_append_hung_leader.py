@@ -1,6 +1,6 @@
 """The group coordinator's appends to ``__consumer_offsets`` while that partition's leader
 hangs (SIGSTOP: alive, registered, silent), on real etcd, controller, storage node and
-coordinator processes.
+coordinator processes. The same append path serves ``__transaction_state`` (EndTxn).
 
 Found from outside: an offset commit of a group on the hung node's partition took ~10.5 s
 and reloaded the shard ("could not append to __consumer_offsets-0: append not answered
@@ -19,6 +19,7 @@ import pytest
 
 from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
+from strom.client.producer import Producer
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.procs import wait_for
 from tests.conftest import create_topic, errors_since, paused
@@ -72,3 +73,46 @@ def test_a_commit_moves_off_a_hung_offsets_leader_within_seconds(make_cluster: A
         assert not errors_since(coordinator, log_size)
     finally:
         consumer.close()
+
+
+def test_a_transaction_commit_moves_off_a_hung_transaction_state_leader(
+    make_cluster: Any,
+) -> None:
+    """EndTxn appends to ``__transaction_state`` through the same path (the README's
+    exactly-once loop stalled ~11 s on it)."""
+    cluster = make_cluster(
+        nodes=3,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=["--transaction-state-partitions", "1", "--offsets-partitions", "1"],
+    )
+    cluster.wait_coordinators_ready()
+    topic = create_topic(cluster, "payments", partitions=3, replication_factor=3)
+    with Producer(cluster.bootstrap, transactional_id="t-hung") as producer:
+        producer.init_transactions()
+        with ClusterClient(cluster.bootstrap) as client:
+            leader = int(
+                client.topic_metadata("__transaction_state", refresh=True).partitions[0].leader
+            )
+            # The transaction's records on a partition the hung node does not lead: only
+            # the transaction state's appends meet the hang.
+            partition = next(
+                p.partition
+                for p in client.topic_metadata(topic, refresh=True).partitions
+                if p.leader != leader
+            )
+        producer.begin_transaction()
+        producer.send(topic, b"before", partition=partition).get(timeout=30)
+        producer.commit_transaction()
+        coordinator = cluster.coordinators[0]
+        log_size = coordinator.log_path.stat().st_size
+        producer.begin_transaction()
+        producer.send(topic, b"while-hung", partition=partition).get(timeout=30)
+        with paused(cluster.node(leader)):
+            at = time.monotonic()
+            producer.commit_transaction(timeout=30)
+            took = time.monotonic() - at
+    print(f"transaction commit while the transaction state's leader hung: {took:.2f} s")
+    assert took < BOUND_S, took
+    log = coordinator.log_path.read_text(errors="replace")[log_size:]
+    assert "reloading" not in log, log[-3000:]
