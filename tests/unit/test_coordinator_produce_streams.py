@@ -16,7 +16,9 @@ import grpc
 import pytest
 
 from strom.api import storage_pb2, storage_pb2_grpc
+from strom.client.sender import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
 from strom.coordinator.produce_streams import ProduceStreams
+from strom.coordinator.storage_io import _watched
 from strom.errors import StromError
 
 HEADER = (("strom-internal-topics", "true"),)
@@ -154,3 +156,62 @@ def test_closing_fails_what_is_still_unanswered() -> None:
             await waiting
 
     asyncio.run(with_node(Node(), body))
+
+
+def test_an_overdue_request_whose_leader_moved_fails_soon_and_one_that_did_not_waits() -> None:
+    """The overdue rule (design §8): ``moved()`` is asked after OVERDUE_GRACE_S and every
+    OVERDUE_RECHECK_S while unanswered; once it names a move the request fails (retriable)
+    and the stream ends, long before the attempt's timeout. Found from outside: an append
+    to a hung leader waited its whole 10 s although the partition had moved."""
+    asks: list[float] = []
+
+    async def body(streams: ProduceStreams, address: str) -> tuple[float, int]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        def moved() -> str | None:
+            asks.append(loop.time() - start)
+            return "the leader moved" if len(asks) >= 2 else None
+
+        with pytest.raises(StromError, match="the leader moved") as caught:
+            await streams.produce(address, request(SILENT), 30.0, moved)
+        assert caught.value.retriable
+        took = loop.time() - start
+        # An answered request's watch is never asked.
+        answer = await streams.produce(address, request(3), 10.0, moved)
+        return took, answer.throttle_time_ms
+
+    took, tag = asyncio.run(with_node(Node(), body))
+    assert tag == 3
+    assert len(asks) == 2  # at the grace, then one recheck later
+    assert OVERDUE_GRACE_S + OVERDUE_RECHECK_S <= took < 10.0, took
+
+
+class HungOlderNode(OlderNode):
+    """An older node (unary Produce only) that never answers a Produce until released."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def Produce(self, request: Any, context: Any) -> storage_pb2.ProduceResponse:
+        await self.release.wait()
+        return storage_pb2.ProduceResponse()
+
+
+def test_a_unary_append_whose_leader_moved_is_given_up_soon() -> None:
+    """The same rule for nodes without ProduceStream (StorageIO's unary path)."""
+    node = HungOlderNode()
+
+    async def body(_streams: ProduceStreams, address: str) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = storage_pb2_grpc.StorageServiceStub(channel)
+            with pytest.raises(StromError, match="the leader moved") as caught:
+                await _watched(stub.Produce(request(1), timeout=30.0), lambda: "the leader moved")
+        node.release.set()
+        assert caught.value.retriable
+        return loop.time() - start
+
+    took = asyncio.run(with_node(node, body))
+    assert OVERDUE_GRACE_S <= took < 10.0, took

@@ -22,6 +22,11 @@ answers before it. What this module keeps true:
   next append opens a new stream.
 - A request not answered within its timeout cancels the stream (its answers are positional:
   one lost answer makes every later match wrong) and fails like a broken stream.
+- So does a request unanswered while its partition's leader moved (the overdue rule, design
+  §8): ``moved()`` is asked :data:`OVERDUE_GRACE_S` after it was sent, then every
+  :data:`OVERDUE_RECHECK_S`, with one timer handle per request, cancelled with its answer.
+  FIX (found from outside): an append to a hung (SIGSTOPped) leader waited its whole 10 s
+  although the controller had moved the partition within ~2-3 s, and the shard was reloaded.
 - A node that does not know the method (UNIMPLEMENTED: an older version during a rolling
   upgrade) gets unary calls from then on.
 - A channel replaced by the channel cache (new credentials) gets a new stream.
@@ -44,6 +49,7 @@ from typing import Any
 import grpc
 
 from strom.api import storage_pb2
+from strom.client.sender import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
 from strom.errors import StromError
 
 log = logging.getLogger("strom.coordinator")
@@ -126,16 +132,36 @@ class _Stream:
                 fut.exception()  # retrieved: a waiter that gave up is not an unhandled error
 
     async def send(
-        self, request: storage_pb2.ProduceRequest, timeout_s: float
+        self,
+        request: storage_pb2.ProduceRequest,
+        timeout_s: float,
+        moved: Callable[[], str | None] | None = None,
     ) -> storage_pb2.ProduceResponse:
-        fut: asyncio.Future[storage_pb2.ProduceResponse] = (
-            asyncio.get_running_loop().create_future()
-        )
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[storage_pb2.ProduceResponse] = loop.create_future()
         if self.ended is not None:
             raise StromError(self.ended.message, retriable=True)
         # Queued together, so the waiters are in the order the requests go on the wire.
         self.waiting.append(fut)
         self.outbox.put_nowait(request)
+        handle: asyncio.TimerHandle | None = None
+
+        def overdue() -> None:
+            # Unanswered past the grace: has the partition's leader moved meanwhile?
+            nonlocal handle
+            handle = None
+            if fut.done() or self.ended is not None:
+                return
+            why = moved() if moved is not None else None
+            if why is None:
+                handle = loop.call_later(OVERDUE_RECHECK_S, overdue)
+                return
+            # Answers are matched by position: giving one up ends the stream, as a timeout.
+            log.info("no append answer, and %s: resending to the new leader", why)
+            self._end(f"no answer, and {why}")
+
+        if moved is not None:
+            handle = loop.call_later(OVERDUE_GRACE_S, overdue)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except TimeoutError:
@@ -144,6 +170,9 @@ class _Stream:
             raise StromError(
                 f"append not answered within {timeout_s:.1f} s", retriable=True
             ) from None
+        finally:
+            if handle is not None:
+                handle.cancel()
 
     async def close(self) -> None:
         self.reader.cancel()
@@ -175,15 +204,21 @@ class ProduceStreams:
         return address not in self.unary_only
 
     async def produce(
-        self, address: str, request: storage_pb2.ProduceRequest, timeout_s: float
+        self,
+        address: str,
+        request: storage_pb2.ProduceRequest,
+        timeout_s: float,
+        moved: Callable[[], str | None] | None = None,
     ) -> storage_pb2.ProduceResponse:
         """Send ``request`` on ``address``'s stream and return its answer.
 
-        Raises a retriable StromError if the stream ends or breaks first, or no answer
-        comes within ``timeout_s`` (the request may or may not have been applied)."""
+        Raises a retriable StromError if the stream ends or breaks first, no answer comes
+        within ``timeout_s``, or ``moved()`` (asked while the request is overdue, see the
+        module docstring) says why its leader is another now (the request may or may not
+        have been applied)."""
         stream = self._stream(address)
         try:
-            return await stream.send(request, timeout_s)
+            return await stream.send(request, timeout_s, moved)
         except StromError:
             if stream.unimplemented and address not in self.unary_only:
                 log.info("node %s has no ProduceStream (an older version): unary calls", address)

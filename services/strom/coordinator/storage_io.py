@@ -3,20 +3,26 @@ with the shard's idempotent producer, bumping that producer's epoch, and reading
 (DESIGN §7).
 
 Leaders come from the cluster view; a leader move or timeout is retried with the same bytes
-(the idempotent producer makes a resend safe) for up to ``WRITE_RETRY_S``.
+(the idempotent producer makes a resend safe) for up to ``WRITE_RETRY_S``. An append left
+unanswered by a leader that has since moved in the view is given up and resent to the new
+leader after a second or two (design §8's overdue rule, :meth:`StorageIO._moved_from`), not
+at its timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 
 from strom.api import metadata_pb2 as md
 from strom.api import storage_pb2, storage_pb2_grpc
+from strom.client.sender import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
 from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC
 from strom.coordinator.replay import ReplayState
@@ -31,6 +37,7 @@ from strom.errors import (
 from strom.service.headers import INTERNAL_TOPICS_METADATA_KEY
 
 E = ErrorCode
+log = logging.getLogger("strom.coordinator")
 
 #: The header that lets the storage nodes take this coordinator's appends to the internal
 #: topics, which they refuse to clients (service.headers.INTERNAL_TOPICS_METADATA_KEY).
@@ -43,6 +50,40 @@ WRITE_RETRY_S = 10.0
 #: How long the coordinator waits for a storage node's InitProducerId answer before asking
 #: the next node as well (the clients' lookups hedge after the same time).
 INIT_PRODUCER_HEDGE_S = 0.5
+
+
+async def _watched(call: Any, moved: Callable[[], str | None]) -> Any:
+    """A unary Produce call's answer, the call given up (a retriable StromError) once
+    ``moved()`` says why its partition's leader is another: asked :data:`OVERDUE_GRACE_S`
+    after it was sent, then every :data:`OVERDUE_RECHECK_S` (one timer handle per call,
+    cancelled with its answer). The stream's rule (``produce_streams``) for nodes that have
+    no ProduceStream."""
+    loop = asyncio.get_running_loop()
+    why: str | None = None
+    handle: asyncio.TimerHandle | None = None
+
+    def overdue() -> None:
+        nonlocal handle, why
+        handle = None
+        if call.done():
+            return
+        why = moved()
+        if why is None:
+            handle = loop.call_later(OVERDUE_RECHECK_S, overdue)
+            return
+        log.info("no append answer, and %s: resending to the new leader", why)
+        call.cancel()
+
+    handle = loop.call_later(OVERDUE_GRACE_S, overdue)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if why is None:
+            raise  # not ours: the caller's task was cancelled
+        raise StromError(f"append not answered, and {why}", retriable=True) from None
+    finally:
+        if handle is not None:
+            handle.cancel()
 
 
 class ShardLost(Exception):
@@ -230,11 +271,19 @@ class StorageIO(CoordinatorCore):
                 req.topics.add(topic=topic).partitions.add(
                     partition=partition, records=batch, current_leader_epoch=leader_epoch
                 )
+                # An attempt ends by WRITE_RETRY_S's deadline (a resend after a leader move
+                # gets what is left of it, not another 10 s; at least a second, as a timeout
+                # ends the node's stream for the other shards' appends too), and earlier once
+                # its leader moved in the view (the overdue rule: see _moved_from).
+                attempt_s = min(10.0, max(deadline - time.monotonic(), 1.0))
+                moved = functools.partial(self._moved_from, topic, partition, addr, leader_epoch)
                 if self._appends.supported(addr):
-                    resp = await self._appends.produce(addr, req, 10.0)
+                    resp = await self._appends.produce(addr, req, attempt_s, moved)
                 else:  # a node of an older version
                     stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
-                    resp = await stub.Produce(req, timeout=10.0, metadata=INTERNAL_WRITER)
+                    resp = await _watched(
+                        stub.Produce(req, timeout=attempt_s, metadata=INTERNAL_WRITER), moved
+                    )
                 pr = resp.topics[0].partitions[0]
                 if pr.error_code == E.NONE:
                     return pr.base_offset
@@ -266,6 +315,28 @@ class StorageIO(CoordinatorCore):
             if time.monotonic() >= deadline:
                 raise RequestTimedOutError(f"could not append to {topic}-{partition}: {last}")
             await asyncio.sleep(0.1)
+
+    def _moved_from(self, topic: str, partition: int, addr: str, epoch: int) -> str | None:
+        """Why ``topic-partition``'s leader is no longer ``addr`` under ``epoch`` in the view
+        (another live leader, or the same under a higher epoch), or None while it is, or has
+        no live leader yet (nothing to resend to: waiting on is all there is to do). Asked
+        while an append is overdue (design §8's overdue rule, the producers' constants): the
+        view is the coordinator's own, kept by its etcd watch, so this is a few dict lookups.
+
+        Resending the same bytes to the new leader is safe: the batch carries the shard's
+        producer id, epoch and sequence (``strom.coordinator.shard_writes``), so a leader
+        that already holds it (replicated from the old leader before the move) answers it
+        as a duplicate with its original offsets, with acks=all only once it is committed,
+        and never writes it twice (design §6)."""
+        try:
+            now_addr, now_epoch = self._leader(partition, topic)
+        except StromError:
+            return None
+        if now_addr != addr:
+            return f"the leader of {topic}-{partition} moved from {addr} to {now_addr}"
+        if 0 <= epoch < now_epoch:
+            return f"the leader of {topic}-{partition} has a new epoch {now_epoch} (was {epoch})"
+        return None
 
     async def _end_offsets(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """High watermarks by ListOffsets(LATEST) to each leader; missing = unknown."""
