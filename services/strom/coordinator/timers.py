@@ -16,10 +16,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from strom.clock import steady_ms
 from strom.coordinator import metrics
+from strom.coordinator.group import ExpiredMember, ExpireResult
 from strom.coordinator.storage_io import StorageIO
 from strom.errors import StromError
 
@@ -93,24 +94,7 @@ class Timers(StorageIO):
         except StromError as exc:
             log.info("expiring members of %s failed: %s", group_id, exc)
             return
-        for m in result.expired:
-            metrics.EXPIRED.labels(m.reason).inc()
-            log.info(
-                "removed member %s of group %s (%s timeout): group epoch %d, %d members",
-                m.member_id,
-                group_id,
-                m.reason,
-                result.group_epoch,
-                result.members,
-                extra={
-                    "fields": {
-                        "group": group_id,
-                        "member": m.member_id,
-                        "group_epoch": result.group_epoch,
-                        "members": result.members,
-                    }
-                },
-            )
+        _log_removed(group_id, result, lambda m: f"{m.reason} timeout")
 
     async def _fence_gone_hosts(self, group_id: str, live_nodes: dict[int, int]) -> None:
         """Remove the group's members whose storage node's registration ended (a RecordService
@@ -127,24 +111,9 @@ class Timers(StorageIO):
         except StromError as exc:
             log.info("removing members of %s hosted by gone nodes failed: %s", group_id, exc)
             return
-        for m in result.expired:
-            metrics.EXPIRED.labels(m.reason).inc()
-            log.info(
-                "removed member %s of group %s (the storage node running it left the cluster "
-                "or restarted): group epoch %d, %d members",
-                m.member_id,
-                group_id,
-                result.group_epoch,
-                result.members,
-                extra={
-                    "fields": {
-                        "group": group_id,
-                        "member": m.member_id,
-                        "group_epoch": result.group_epoch,
-                        "members": result.members,
-                    }
-                },
-            )
+        _log_removed(
+            group_id, result, lambda m: "the storage node running it left the cluster or restarted"
+        )
 
     async def _drop_stale_offsets(self) -> None:
         """Tombstone the committed offsets of deleted topics, as Kafka does when a topic is
@@ -294,3 +263,25 @@ class Timers(StorageIO):
             with contextlib.suppress(KeyError):
                 metrics.LAG.remove(*key)
         self._forget_past_end([k for k in self._past_end_labels if k[0] in gone])
+
+
+def _log_removed(group_id: str, result: ExpireResult, why: Callable[[ExpiredMember], str]) -> None:
+    """Count and log each member a timer removed (``why``: the reason in the line)."""
+    for m in result.expired:
+        metrics.EXPIRED.labels(m.reason).inc()
+        log.info(
+            "removed member %s of group %s (%s): group epoch %d, %d members",
+            m.member_id,
+            group_id,
+            why(m),
+            result.group_epoch,
+            result.members,
+            extra={
+                "fields": {
+                    "group": group_id,
+                    "member": m.member_id,
+                    "group_epoch": result.group_epoch,
+                    "members": result.members,
+                }
+            },
+        )
