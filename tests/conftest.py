@@ -38,6 +38,7 @@ from strom.client.admin import Admin
 from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import PORTS_ENV, wait_for
+from strom.errors import InvalidReplicationFactorError, StromError
 
 
 def worker_ports(worker: str, count: int) -> str | None:
@@ -229,9 +230,29 @@ def create_topic(
     REPLICA_NOT_AVAILABLE until its reconcile has: CI saw a test's first produce refused so),
     so the wait ends only when each leader answers a ListOffsets for its partitions."""
     with Admin(cluster.bootstrap) as admin:
-        admin.create_topic(
-            name, partitions=partitions, replication_factor=replication_factor, config=config
-        )
+        refused: list[StromError] = []
+
+        def created() -> bool:
+            try:
+                admin.create_topic(
+                    name,
+                    partitions=partitions,
+                    replication_factor=replication_factor,
+                    config=config,
+                )
+            except InvalidReplicationFactorError as exc:
+                # (refused, nothing created: a node a test paused and resumed re-registers
+                # after losing its lease, which CI saw between the heal and this call)
+                if replication_factor > len(cluster.nodes):
+                    refused.append(exc)
+                return replication_factor > len(cluster.nodes)
+            except StromError as exc:  # any other refusal is the caller's, at once
+                refused.append(exc)
+            return True
+
+        wait_for(created, timeout=30, what=f"{name} created with all its replicas' nodes live")
+        if refused:
+            raise refused[0]
     with ClusterClient(cluster.bootstrap, retry_s=10) as client:
         wait_for(
             lambda: (
