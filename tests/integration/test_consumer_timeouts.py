@@ -62,8 +62,12 @@ def _ends_while_stopped(process: Any, call: Callable[[], Any]) -> BaseException:
 @pytest.fixture
 def cluster(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
     """Two nodes (one stays up to answer metadata) and one coordinator, with topic ``t``:
-    two partitions of 10 records each."""
-    cluster = make_cluster(nodes=2, controllers=1, coordinators=1)
+    two partitions of 10 records each. The coordinator's shard lease outlives the tests'
+    pauses (back to back, 1.5 s each, against the default 2 s TTL it could expire between
+    them under load: then the lookup, not the coordinator, is what does not answer)."""
+    cluster = make_cluster(
+        nodes=2, controllers=1, coordinators=1, coordinator_args=["--session-timeout-s", "10"]
+    )
     create_topic(cluster, "t", partitions=2)
     with Producer(cluster.bootstrap) as producer:
         for p in (0, 1):
