@@ -44,8 +44,8 @@ from strom.controller.prober import NodeProber
 from strom.controller.producer_ids import ProducerIdRpcs
 from strom.controller.reassignment import ReassignmentRpcs
 from strom.controller.topics_admin import TopicRpcs
-from strom.metadata import ClusterView, Election, MetadataStore, MetadataUnavailableError
-from strom.service import log_levels
+from strom.metadata import ClusterView, Election, MetadataStore
+from strom.service.etcd_start import follow_cluster, reach_etcd
 from strom.service.metrics import timed_rpcs
 
 log = logging.getLogger("strom.controller")
@@ -139,22 +139,10 @@ class ControllerService(
         self._write_lock = asyncio.Lock()
         self._reconcile_wanted = asyncio.Event()
         self.export_active_gauge()
-        try:
-            store = MetadataStore(self.etcd, self.cluster)
-        except ValueError as exc:
-            raise ControllerStartupError(str(exc)) from None
-        self.store = store
-        try:
-            await asyncio.to_thread(store.retry, store.revision, deadline_s=self.connect_timeout_s)
-        except MetadataUnavailableError as exc:
-            store.close()
-            raise ControllerStartupError(
-                f"cannot reach etcd at {self.etcd} within {self.connect_timeout_s:.0f}s ({exc})"
-            ) from None
-        self.view = ClusterView(store)
-        self.view.add_listener(self._on_view_events)
-        log_levels.follow(self.view)
-        await asyncio.to_thread(self.view.start)
+        self.store = await reach_etcd(
+            self.etcd, self.cluster, self.connect_timeout_s, ControllerStartupError
+        )
+        self.view = await follow_cluster(self.store, self._on_view_events)
         self._update_gauges()
         self._start_election()
         self._follow_active()

@@ -44,9 +44,9 @@ from strom.coordinator.txn_state import MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC,
 from strom.errors import ErrorCode
 from strom.grpc_options import GRPC_OPTIONS
 from strom.lograte import LogLimiter
-from strom.metadata import ClusterView, KeepAlive, Keys, MetadataStore, MetadataUnavailableError
+from strom.metadata import ClusterView, KeepAlive, Keys, MetadataStore
 from strom.security.channel import ChannelCache
-from strom.service import log_levels
+from strom.service.etcd_start import follow_cluster, reach_etcd
 
 log = logging.getLogger("strom.coordinator")
 E = ErrorCode
@@ -179,22 +179,10 @@ class CoordinatorService(
         in the background (requests meanwhile get NOT_COORDINATOR / LOAD_IN_PROGRESS)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        try:
-            store = MetadataStore(self.etcd, self.cluster)
-        except ValueError as exc:
-            raise CoordinatorStartupError(str(exc)) from None
-        self.store = store
-        try:
-            await asyncio.to_thread(store.retry, store.revision, deadline_s=self.connect_timeout_s)
-        except MetadataUnavailableError as exc:
-            store.close()
-            raise CoordinatorStartupError(
-                f"cannot reach etcd at {self.etcd} within {self.connect_timeout_s:.0f}s ({exc})"
-            ) from None
-        self.view = ClusterView(store)
-        self.view.add_listener(self._on_view_events)
-        log_levels.follow(self.view)
-        await asyncio.to_thread(self.view.start)
+        self.store = await reach_etcd(
+            self.etcd, self.cluster, self.connect_timeout_s, CoordinatorStartupError
+        )
+        self.view = await follow_cluster(self.store, self._on_view_events)
         await self._new_lease()
         self._spawn(self._ownership_loop())
         self._spawn(self._timer_loop())
