@@ -51,10 +51,51 @@ def _rewrite_entries(path: Path, entry: struct.Struct, a: array[int], b: array[i
     return len(a)
 
 
-class OffsetIndex:
+class _EntryFile:
+    """The file side both indexes share: entries held as two ``array`` columns, appended to
+    their file on flush and the file rewritten after a cut. Subclasses name their columns
+    (``rel``/``pos``, ``ts``/``rel``) and give their entry format."""
+
+    _entry: struct.Struct
+    path: Path
+    _written: int  # entries already on disk
+
+    def _columns(self) -> tuple[array[int], array[int]]:
+        raise NotImplementedError
+
+    def _set_columns(self, a: array[int], b: array[int]) -> None:
+        raise NotImplementedError
+
+    def _cut(self, i: int) -> None:
+        """Drop the entries from index ``i`` on (none when ``i`` is past the end)."""
+        a, b = self._columns()
+        if i < len(a):
+            del a[i:]
+            del b[i:]
+            self.rewrite()
+
+    def reset(self) -> None:
+        self._set_columns(array("q"), array("q"))
+        self.rewrite()
+
+    def flush(self, *, fsync: bool = False) -> None:
+        """Append entries not yet on disk."""
+        a, b = self._columns()
+        self._written = _append_entries(self.path, self._entry, a, b, self._written, fsync)
+
+    def rewrite(self) -> None:
+        self._written = _rewrite_entries(self.path, self._entry, *self._columns())
+
+    def forget_written(self) -> None:
+        """The file is gone: the next flush writes every entry."""
+        self._written = 0
+
+
+class OffsetIndex(_EntryFile):
     """Relative offset of a batch's base offset → byte position of that batch."""
 
     entry_size = _OFF_ENTRY.size
+    _entry = _OFF_ENTRY
 
     def __init__(self, path: Path, base_offset: int) -> None:
         self.path = path
@@ -109,34 +150,20 @@ class OffsetIndex:
 
     def truncate_to_position(self, position: int) -> None:
         """Drop entries at or beyond ``position`` (the log was cut there)."""
-        i = bisect.bisect_left(self.pos, position)
-        if i < len(self.pos):
-            del self.rel[i:]
-            del self.pos[i:]
-            self.rewrite()
+        self._cut(bisect.bisect_left(self.pos, position))
 
-    def reset(self) -> None:
-        self.rel, self.pos = array("q"), array("q")
-        self.rewrite()
+    def _columns(self) -> tuple[array[int], array[int]]:
+        return self.rel, self.pos
 
-    def flush(self, *, fsync: bool = False) -> None:
-        """Append entries not yet on disk."""
-        self._written = _append_entries(
-            self.path, _OFF_ENTRY, self.rel, self.pos, self._written, fsync
-        )
-
-    def rewrite(self) -> None:
-        self._written = _rewrite_entries(self.path, _OFF_ENTRY, self.rel, self.pos)
-
-    def forget_written(self) -> None:
-        """The file is gone: the next flush writes every entry."""
-        self._written = 0
+    def _set_columns(self, a: array[int], b: array[int]) -> None:
+        self.rel, self.pos = a, b
 
 
-class TimeIndex:
+class TimeIndex(_EntryFile):
     """Running max timestamp → relative offset of the batch that raised it."""
 
     entry_size = _TIME_ENTRY.size
+    _entry = _TIME_ENTRY
 
     def __init__(self, path: Path, base_offset: int) -> None:
         self.path = path
@@ -192,25 +219,11 @@ class TimeIndex:
         return self.base_offset + self.rel[i]
 
     def truncate_to_offset(self, offset: int) -> None:
-        i = bisect.bisect_left(self.rel, offset - self.base_offset)
-        if i < len(self.rel):
-            del self.ts[i:]
-            del self.rel[i:]
-            self.rewrite()
+        """Drop entries of batches at or beyond ``offset`` (the log was cut there)."""
+        self._cut(bisect.bisect_left(self.rel, offset - self.base_offset))
 
-    def reset(self) -> None:
-        self.ts, self.rel = array("q"), array("q")
-        self.rewrite()
+    def _columns(self) -> tuple[array[int], array[int]]:
+        return self.ts, self.rel
 
-    def flush(self, *, fsync: bool = False) -> None:
-        """Append entries not yet on disk."""
-        self._written = _append_entries(
-            self.path, _TIME_ENTRY, self.ts, self.rel, self._written, fsync
-        )
-
-    def rewrite(self) -> None:
-        self._written = _rewrite_entries(self.path, _TIME_ENTRY, self.ts, self.rel)
-
-    def forget_written(self) -> None:
-        """The file is gone: the next flush writes every entry."""
-        self._written = 0
+    def _set_columns(self, a: array[int], b: array[int]) -> None:
+        self.ts, self.rel = a, b
