@@ -57,8 +57,30 @@ class _EntryFile:
     (``rel``/``pos``, ``ts``/``rel``) and give their entry format."""
 
     _entry: struct.Struct
-    path: Path
-    _written: int  # entries already on disk
+    entry_size: int
+
+    def __init__(self, path: Path, base_offset: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self._set_columns(array("q"), array("q"))
+        self._written = 0  # entries already on disk
+        #: Set by a failed ``load``: the offset of a batch a well-formed entry listed past
+        #: the end of the log. Index files are written after the data they describe, so
+        #: below the recovery point (or after a clean shutdown) this is evidence that the
+        #: log file lost batches, not merely a stale index (``Log._load`` reports it).
+        self.past_end: int | None = None
+
+    def _read_entries(self) -> bytes | None:
+        """Empty the index and read its file: the bytes, or None when the file is missing
+        or not a whole number of entries (then the index is rebuilt from the log)."""
+        self._set_columns(array("q"), array("q"))
+        self._written = 0
+        self.past_end = None
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return None if len(data) % self.entry_size else data
 
     def _columns(self) -> tuple[array[int], array[int]]:
         raise NotImplementedError
@@ -97,25 +119,13 @@ class OffsetIndex(_EntryFile):
     entry_size = _OFF_ENTRY.size
     _entry = _OFF_ENTRY
 
-    def __init__(self, path: Path, base_offset: int) -> None:
-        self.path = path
-        self.base_offset = base_offset
-        self.rel: array[int] = array("q")
-        self.pos: array[int] = array("q")
-        self._written = 0  # entries already on disk
-        #: Set by a failed :meth:`load`: the offset of a batch the file listed past the end
-        #: of the log file (see :attr:`TimeIndex.past_end`).
-        self.past_end: int | None = None
+    rel: array[int]
+    pos: array[int]
 
     def load(self, log_size: int) -> bool:
         """Load entries from disk; False (and empty) when the file is missing or insane."""
-        self.rel, self.pos, self._written = array("q"), array("q"), 0
-        self.past_end = None
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return False
-        if len(data) % self.entry_size:
+        data = self._read_entries()
+        if data is None:
             return False
         rel, pos = array("q"), array("q")
         for r, p in _OFF_ENTRY.iter_unpack(data):
@@ -165,26 +175,13 @@ class TimeIndex(_EntryFile):
     entry_size = _TIME_ENTRY.size
     _entry = _TIME_ENTRY
 
-    def __init__(self, path: Path, base_offset: int) -> None:
-        self.path = path
-        self.base_offset = base_offset
-        self.ts: array[int] = array("q")
-        self.rel: array[int] = array("q")
-        self._written = 0
-        #: Set by a failed :meth:`load`: the offset of a batch a well-formed entry listed at
-        #: or past ``next_offset``. Index files are written after the data they describe, so
-        #: below the recovery point (or after a clean shutdown) this is evidence that the
-        #: log file lost batches, not merely a stale index (``Log._load`` reports it).
-        self.past_end: int | None = None
+    ts: array[int]
+    rel: array[int]
 
     def load(self, next_offset: int) -> bool:
-        self.ts, self.rel, self._written = array("q"), array("q"), 0
-        self.past_end = None
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return False
-        if len(data) % self.entry_size:
+        """Load entries from disk; False (and empty) when the file is missing or insane."""
+        data = self._read_entries()
+        if data is None:
             return False
         ts, rel = array("q"), array("q")
         for t, r in _TIME_ENTRY.iter_unpack(data):
