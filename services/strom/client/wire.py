@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from strom.api import storage_pb2
+from strom.protowire import encode_varint as varint
 
 _LEN = 2
 _REQ_TOPICS = bytes(((3 << 3) | _LEN,))  # ProduceRequest.topics
@@ -22,18 +23,6 @@ _TOPIC_ID = bytes(((3 << 3) | _LEN,))  # ProduceTopicData.topic_id
 _PART_RECORDS = bytes(((2 << 3) | _LEN,))  # ProducePartitionData.records
 
 PRODUCE_METHOD = "/strom.v1.StorageService/Produce"
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 def encode_produce_request(

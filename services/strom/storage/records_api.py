@@ -58,6 +58,7 @@ from strom.errors import (
 from strom.grpc_options import MAX_BATCH_BYTES, MAX_PRODUCE_RECORDS_REQUEST_BYTES
 from strom.log.config import LONG_MAX
 from strom.metadata import RESYNC, ClusterView, WatchEvent
+from strom.protowire import encode_varint
 from strom.record.codecs import CODEC_NAMES
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.security.interceptor import STREAM_REQUEST_DENIED
@@ -926,20 +927,11 @@ def _with_throttle_time(data: bytes, held_ms: int) -> bytes:
     the message is not parsed again."""
     if held_ms <= 0:
         return data
-    return data + _THROTTLE_TAG + _varint(min(held_ms, 2**31 - 1))
+    return data + _THROTTLE_TAG + encode_varint(min(held_ms, 2**31 - 1))
 
 
 #: The tag of SubscribeResponse.throttle_time_ms (field 3, wire type 0).
 _THROTTLE_TAG = bytes([3 << 3])
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _check_sequence(seq: rp.ProducerSequence, partition: int | None, acks: int) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strom.api import storage_pb2 as pb
+from strom.protowire import encode_varint
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
@@ -180,20 +181,8 @@ def _topic(buf: memoryview, start: int, end: int) -> ProduceTopicView:
     return t
 
 
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _len_field(tag: int, payload_len: int) -> bytes:
-    return bytes((tag,)) + _encode_varint(payload_len)
+    return bytes((tag,)) + encode_varint(payload_len)
 
 
 _TOPIC_NAME_TAG = (1 << 3) | _LEN  # FetchTopicResponse.topic / FetchResponse.topics
