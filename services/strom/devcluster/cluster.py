@@ -189,10 +189,12 @@ class LocalCluster:
     def _service_argv(self, *args: str) -> list[str]:
         return [self.python, "-m", "strom.cli.main", *args]
 
-    def _controller(self, i: int) -> Member:
+    def _role(self, kind: str, i: int, *args: str, env: dict[str, str] | None = None) -> Member:
+        """Controller or coordinator ``i`` (``kind``), on fresh ports, with ``args`` after
+        what every such member is given (its etcd, address, metrics port, cluster, id)."""
         port, mport = free_port(), free_port()
         argv = self._service_argv(
-            "controller",
+            kind,
             "--etcd",
             self.etcd.endpoint,
             "--listen",
@@ -201,39 +203,25 @@ class LocalCluster:
             str(mport),
             "--cluster",
             self.cluster_name,
-            "--controller-id",
+            f"--{kind}-id",
             str(i),
-            *self.controller_args,
+            *args,
         )
-        return Member("controller", i, port, mport, argv, self.root / f"controller-{i}.log")
+        log = self.root / f"{kind}-{i}.log"
+        return Member(kind, i, port, mport, argv, log, env=env if env is not None else {})
+
+    def _controller(self, i: int) -> Member:
+        return self._role("controller", i, *self.controller_args)
 
     def _coordinator(self, i: int) -> Member:
-        port, mport = free_port(), free_port()
-        argv = self._service_argv(
+        return self._role(
             "coordinator",
-            "--etcd",
-            self.etcd.endpoint,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics-port",
-            str(mport),
-            "--cluster",
-            self.cluster_name,
-            "--coordinator-id",
-            str(i),
+            i,
             # Internal topics get every node up to 3 (as Kafka's dev configs do), and the
             # coordinator waits for that many before creating them.
             "--offsets-replication-factor",
             str(max(1, min(3, len(self.nodes)))),
             *self.coordinator_args,
-        )
-        return Member(
-            "coordinator",
-            i,
-            port,
-            mport,
-            argv,
-            self.root / f"coordinator-{i}.log",
             env=self.coordinator_env,
         )
 
