@@ -255,11 +255,7 @@ def create_topic(
             raise refused[0]
     with ClusterClient(cluster.bootstrap, retry_s=10) as client:
         wait_for(
-            lambda: (
-                len(parts := client.topic_metadata(name).partitions) == partitions
-                and all(p.leader >= 0 for p in parts)
-                and _leaders_serve(client, name, partitions)
-            ),
+            lambda: _leaders_serve(client, name, partitions),
             # (60 s: a node a test paused and resumed may lose its registration just after
             # the heal saw it, and the topic's leader waits for it to register again; under
             # two test workers that took longer than 20 s once in CI.)
@@ -271,7 +267,14 @@ def create_topic(
 
 def _leaders_serve(client: ClusterClient, topic: str, partitions: int) -> bool:
     """Whether the leader of each of ``topic``'s partitions (by the client's fresh metadata)
-    answers a ListOffsets for it without an error."""
+    answers a ListOffsets for it without an error; raises naming what is not so yet (the
+    wait's timeout message then says which node answered what, not only that it waited)."""
+    parts = client.topic_metadata(topic).partitions
+    if len(parts) != partitions or any(p.leader < 0 for p in parts):
+        raise AssertionError(
+            f"metadata of {topic}: "
+            + ", ".join(f"{p.partition} leader {p.leader} isr {list(p.isr)}" for p in parts)
+        )
     by_leader: dict[str, list[int]] = {}
     for p in range(partitions):
         by_leader.setdefault(client.leader_of(topic, p), []).append(p)
@@ -289,10 +292,16 @@ def _leaders_serve(client: ClusterClient, topic: str, partitions: int) -> bool:
         )
         try:
             resp = client.storage(address).ListOffsets(req, timeout=5)
-        except grpc.RpcError:
-            return False
-        if any(pr.error_code != 0 for t in resp.topics for pr in t.partitions):
-            return False
+        except grpc.RpcError as exc:
+            raise AssertionError(f"ListOffsets at {address}: {exc.code().name}") from None
+        refused = [
+            f"{topic}-{pr.partition}: {pr.error_code} {pr.error_message}"
+            for t in resp.topics
+            for pr in t.partitions
+            if pr.error_code != 0
+        ]
+        if refused:
+            raise AssertionError(f"ListOffsets at {address}: {'; '.join(refused)}")
     return True
 
 
