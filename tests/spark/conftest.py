@@ -126,6 +126,35 @@ def rows(df: Any, *columns: str) -> list[tuple]:
     return sorted(out, key=lambda r: (r[0], r[1]))
 
 
+def per_partition_check(df: Any) -> list[tuple[int, int, int, int, int, int]]:
+    """(partition, rows, distinct offsets, lowest, highest offset, rows whose value is not
+    ``"<partition>:<offset>"``) of a read of records written so, sorted by partition: each
+    partition read whole and once is ``(p, N, N, 0, N - 1, 0)``."""
+    from pyspark.sql import functions as F
+
+    check = df.selectExpr(
+        "partition",
+        "offset",
+        "CAST(split(CAST(value AS STRING), ':')[1] AS BIGINT) AS i",
+        "CAST(split(CAST(value AS STRING), ':')[0] AS INT) AS vp",
+    )
+    rows = (
+        check.groupBy("partition")
+        .agg(
+            F.expr("count(*) AS n"),
+            F.expr("count(DISTINCT offset) AS distinct_offsets"),
+            F.expr("min(offset) AS lo"),
+            F.expr("max(offset) AS hi"),
+            F.expr("sum(IF(i = offset AND vp = partition, 0, 1)) AS mismatched"),
+        )
+        .collect()
+    )
+    return sorted(
+        (r["partition"], r["n"], r["distinct_offsets"], r["lo"], r["hi"], r["mismatched"])
+        for r in rows
+    )
+
+
 def node_metric(cluster: LocalCluster, name: str, labels: dict[str, str]) -> float:
     """Sum of a counter over the cluster's storage nodes (their /metrics endpoints)."""
     import urllib.request

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import functions as F
 
 from strom.client.admin import Admin
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from tests.spark.conftest import create_topic, produce
+from tests.spark.conftest import create_topic, per_partition_check, produce
 
 pytestmark = pytest.mark.integration
 
@@ -68,31 +67,11 @@ def test_leader_killed_during_a_batch_read(spark: Any, rf3: LocalCluster) -> Non
         .option("maxRecordsPerPartition", "500")  # 120 tasks: p0's come first
         .load()
     )
-    check = df.selectExpr(
-        "partition",
-        "offset",
-        "CAST(split(CAST(value AS STRING), ':')[1] AS BIGINT) AS i",
-        "CAST(split(CAST(value AS STRING), ':')[0] AS INT) AS vp",
-    )
-    rows = (
-        check.groupBy("partition")
-        .agg(
-            F.expr("count(*) AS n"),
-            F.expr("count(DISTINCT offset) AS distinct_offsets"),
-            F.expr("min(offset) AS lo"),
-            F.expr("max(offset) AS hi"),
-            F.expr("sum(IF(i = offset AND vp = partition, 0, 1)) AS mismatched"),
-        )
-        .collect()
-    )
+    got = per_partition_check(df)
     killer.join(5)
     assert killed, "the leader was not killed during the read"
     assert killed["done"] < killed["total"]  # killed while tasks were still to run
     assert not victim.alive()
-    got = sorted(
-        (r["partition"], r["n"], r["distinct_offsets"], r["lo"], r["hi"], r["mismatched"])
-        for r in rows
-    )
     assert got == [(p, N, N, 0, N - 1, 0) for p in range(3)]
 
 

@@ -112,9 +112,7 @@ SPARK_TASKS_DONE_WITHIN_S = 20.0
 
 
 def test_a_batch_read_leaves_a_hung_leader_for_the_new_one(spark: Any, hung: LocalCluster) -> None:
-    from pyspark.sql import functions as F
-
-    from tests.spark.conftest import produce
+    from tests.spark.conftest import per_partition_check, produce
 
     bootstrap = hung.bootstrap
     topic = create_topic(
@@ -165,24 +163,8 @@ def test_a_batch_read_leaves_a_hung_leader_for_the_new_one(spark: Any, hung: Loc
         .option("maxRecordsPerPartition", str(SPARK_TASK_RECORDS))
         .load()
     )
-    check = df.selectExpr(
-        "partition",
-        "offset",
-        "CAST(split(CAST(value AS STRING), ':')[1] AS BIGINT) AS i",
-        "CAST(split(CAST(value AS STRING), ':')[0] AS INT) AS vp",
-    )
     try:
-        rows = (
-            check.groupBy("partition")
-            .agg(
-                F.expr("count(*) AS n"),
-                F.expr("count(DISTINCT offset) AS distinct_offsets"),
-                F.expr("min(offset) AS lo"),
-                F.expr("max(offset) AS hi"),
-                F.expr("sum(IF(i = offset AND vp = partition, 0, 1)) AS mismatched"),
-            )
-            .collect()
-        )
+        got = per_partition_check(df)
         ended = time.monotonic()
     finally:
         read_done.set()
@@ -192,10 +174,6 @@ def test_a_batch_read_leaves_a_hung_leader_for_the_new_one(spark: Any, hung: Loc
     print(  # (for -s runs)
         f"the read's tasks ended {took:.1f} s after a leader hung, the read "
         f"{ended - times['paused']:.1f} s after"
-    )
-    got = sorted(
-        (r["partition"], r["n"], r["distinct_offsets"], r["lo"], r["hi"], r["mismatched"])
-        for r in rows
     )
     assert got == [(p, SPARK_N, SPARK_N, 0, SPARK_N - 1, 0) for p in range(3)]
     assert took < SPARK_TASKS_DONE_WITHIN_S, (
