@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
@@ -68,11 +69,34 @@ class Listener:
         self.calls.append(("assigned", parts))
 
 
+class _Unary:
+    """A fake stub method, called as gRPC's are: directly, or ``.future(...)`` (what
+    GroupMember's attempts use), answered at once either way."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __get__(self, obj: Any, owner: Any) -> Any:
+        return _Unary(self.fn.__get__(obj, owner))
+
+    def __call__(self, req: Any, **kw: Any) -> Any:
+        return self.fn(req, **kw)
+
+    def future(self, req: Any, **kw: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(self.fn(req, **kw))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+
 class FakeStub:
     def __init__(self, *responses: coordinator_pb2.ConsumerGroupHeartbeatResponse) -> None:
         self.responses = list(responses)
         self.requests: list[coordinator_pb2.ConsumerGroupHeartbeatRequest] = []
 
+    @_Unary
     def ConsumerGroupHeartbeat(self, req: Any, **_: Any) -> Any:
         self.requests.append(req)
         return self.responses.pop(0)
@@ -310,6 +334,7 @@ class FetchStub:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
 
+    @_Unary
     def OffsetFetch(self, req: Any, **_: Any) -> Any:
         if isinstance(self.answer, BaseException):
             raise self.answer
