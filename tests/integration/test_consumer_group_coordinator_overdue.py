@@ -26,6 +26,7 @@ from strom.client.cluster import ClusterClient
 from strom.client.types import OffsetAndMetadata
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
+from strom.errors import UnknownTopicOrPartitionError
 from tests.conftest import TopicFactory, module_cluster, paused
 
 pytestmark = pytest.mark.integration
@@ -186,3 +187,20 @@ def test_committed_leaves_a_hung_group_coordinator(
         print(f"committed() with the group coordinator hung: {took:.1f} s")
         assert took < BOUND_S, took  # (the old client: ~15 s)
         assert committed is not None and committed.offset == 7
+
+
+def test_a_commit_for_a_topic_that_does_not_exist_fails_fast(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """A commit refused UNKNOWN_TOPIC_OR_PARTITION is sent again only while the topic exists
+    (a coordinator's view may lag a topic just created): one for a topic the cluster does not
+    have fails at once, with an error naming it; the other partitions commit."""
+    topic = new_topic(cluster, partitions=1)
+    tp, missing = TopicPartition(topic, 0), TopicPartition(f"no-such-{topic}", 0)
+    with _consumer(cluster, f"missing-{topic}") as c:
+        at = time.monotonic()
+        with pytest.raises(UnknownTopicOrPartitionError, match=f"no-such-{topic}-0"):
+            c.commit({tp: OffsetAndMetadata(2), missing: OffsetAndMetadata(3)})
+        took = time.monotonic() - at
+        assert took < 5.0, took
+        assert (om := c.committed([tp])[tp]) is not None and om.offset == 2

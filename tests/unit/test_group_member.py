@@ -20,6 +20,7 @@ from strom.errors import (
     AuthorizationError,
     StaleMemberEpochError,
     StromError,
+    UnknownTopicOrPartitionError,
     UnsupportedAssignorError,
 )
 from strom.errors import ErrorCode as E
@@ -365,3 +366,90 @@ def test_a_failed_offset_lookup_raises_what_it_is_not_nothing_committed(
     with pytest.raises(error) as raised:
         m.committed([T0], 1.0)
     assert not raised.value.retriable
+
+
+class Commits:
+    """``GroupMember._request`` for OffsetCommit: answers from ``answers`` in turn (per
+    partition: its error code, NONE when missing); each request's partitions kept."""
+
+    def __init__(self, *answers: dict[TopicPartition, int]) -> None:
+        self.answers = list(answers)
+        self.sent: list[set[TopicPartition]] = []
+        self.sequences: list[int] = []
+
+    def __call__(self, method: str, req: Any, timeout_s: float) -> Any:
+        assert method == "OffsetCommit" and timeout_s > 0
+        self.sequences.append(req.commit_sequence)
+        parts = {TopicPartition(t.topic, p.partition) for t in req.topics for p in t.partitions}
+        self.sent.append(parts)
+        errors = self.answers[min(len(self.sent), len(self.answers)) - 1]
+        resp = coordinator_pb2.OffsetCommitResponse()
+        for tp in sorted(parts):
+            code = errors.get(tp, E.NONE)
+            resp.topics.add(topic=tp.topic).partitions.add(
+                partition=tp.partition, error_code=code, error_message=E.Name(code)
+            )
+        return resp
+
+
+def _topics(**counts: int) -> Any:
+    """The cluster client's ``topic_metadata``: ``counts`` partitions per known topic."""
+
+    def topic_metadata(topic: str) -> Any:
+        if topic not in counts:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}", retriable=False)
+        return SimpleNamespace(partitions=[None] * counts[topic])
+
+    return topic_metadata
+
+
+U0, U1 = TopicPartition("u", 0), TopicPartition("u", 1)
+UNKNOWN = E.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_a_commit_refused_for_a_topic_the_coordinator_does_not_know_yet_is_sent_again(
+    member: Any,
+) -> None:
+    """CI saw a commit made right after its topic was created fail UNKNOWN_TOPIC_OR_PARTITION:
+    the coordinator's view of the topics lags the nodes'. Those partitions (only those) are
+    committed again, with the same sequence, while the topic exists in the metadata."""
+    m, consumer, *_ = member
+    consumer._client.topic_metadata = _topics(t=3)
+    commits = Commits({T1: UNKNOWN, T2: UNKNOWN}, {T2: UNKNOWN}, {})
+    m._request = commits
+    offsets = {T0: OffsetAndMetadata(1), T1: OffsetAndMetadata(2), T2: OffsetAndMetadata(3)}
+    assert m._send_commit(offsets, 4, 5.0) == {}
+    assert commits.sent == [{T0, T1, T2}, {T1, T2}, {T2}]
+    assert commits.sequences == [4, 4, 4]
+
+
+def test_a_commit_for_a_topic_that_does_not_exist_fails_at_once(member: Any) -> None:
+    """A topic the cluster does not have (or a partition past its count) is not retried:
+    its error comes back at once, the others' commits stand."""
+    m, consumer, *_ = member
+    consumer._client.topic_metadata = _topics(t=3)
+    commits = Commits({U0: UNKNOWN, U1: UNKNOWN, TopicPartition("t", 5): UNKNOWN})
+    m._request = commits
+    offsets = {
+        T0: OffsetAndMetadata(1),
+        TopicPartition("t", 5): OffsetAndMetadata(1),
+        U0: OffsetAndMetadata(2),
+        U1: OffsetAndMetadata(3),
+    }
+    errors = m._send_commit(offsets, 1, 30.0)
+    assert set(errors) == {U0, U1, TopicPartition("t", 5)}
+    assert all(isinstance(e, UnknownTopicOrPartitionError) for e in errors.values())
+    assert "u-0" in str(errors[U0])
+    assert len(commits.sent) == 1
+
+
+def test_a_topic_the_coordinator_never_learns_fails_when_the_commit_s_time_is_up(
+    member: Any,
+) -> None:
+    m, consumer, *_ = member
+    consumer._client.topic_metadata = _topics(t=3)
+    commits = Commits({T1: UNKNOWN})
+    m._request = commits
+    errors = m._send_commit({T0: OffsetAndMetadata(1), T1: OffsetAndMetadata(2)}, 1, 0.3)
+    assert set(errors) == {T1} and isinstance(errors[T1], UnknownTopicOrPartitionError)
+    assert len(commits.sent) > 1 and all(sent == {T1} for sent in commits.sent[1:])

@@ -412,6 +412,10 @@ class GroupMember:
         # left), which may be longer than request_timeout_ms (default_api_timeout_ms).
         budget = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + max(budget, 0.001)
+        #: What is still to be committed (the partitions a coordinator refused for a topic
+        #: its view does not have yet are sent again alone) and the errors of the others.
+        pending = dict(offsets)
+        errors: dict[TopicPartition, StromError] = {}
         while True:
             member_id, epoch = self._commit_identity()
             req = coordinator_pb2.OffsetCommitRequest(
@@ -421,7 +425,7 @@ class GroupMember:
                 committer_id=self.member_id,
                 commit_sequence=sequence,
             )
-            add_offsets(req, offsets)
+            add_offsets(req, pending)
             asked = time.monotonic()
             resp = self._request("OffsetCommit", req, max(deadline - asked, 0.001))
             self.stats.committed(time.monotonic() - asked)
@@ -436,7 +440,7 @@ class GroupMember:
                     wait_s = min(deadline - time.monotonic(), max(2 * self._interval_s, 0.5))
                     self._epoch_set.wait_for(lambda e=epoch: self.member_epoch != e, wait_s)
                     moved = self.member_epoch > 0 and self.member_epoch != epoch
-                    gone = sorted(set(offsets) - self._may_hold())
+                    gone = sorted(set(pending) - self._may_hold())
                 if moved and gone:
                     # The coordinator checks only the member and its epoch, not that the
                     # partitions are still this member's. A retry under the new epoch would
@@ -458,14 +462,51 @@ class GroupMember:
             if resp.error_code != E.NONE:
                 # Kafka's CommitFailedException too when the member is out of the group.
                 raise commit_failed_error(error_for(resp.error_code, resp.error_message))
-            return {
-                TopicPartition(tr.topic, pr.partition): error_for(
-                    pr.error_code, _naming(f"{tr.topic}-{pr.partition}", pr.error_message)
-                )
+            refused = {
+                TopicPartition(tr.topic, pr.partition): pr
                 for tr in resp.topics
                 for pr in tr.partitions
                 if pr.error_code != E.NONE
             }
+            again = self._not_known_yet(refused, deadline)
+            for tp, pr in refused.items():
+                if tp not in again:
+                    where = f"{tp.topic}-{tp.partition}"
+                    errors[tp] = error_for(pr.error_code, _naming(where, pr.error_message))
+            if not again:
+                return errors
+            log.debug(
+                "group %s: the coordinator does not know %d partitions yet; committing them again",
+                self.group_id,
+                len(again),
+            )
+            time.sleep(self._backoff_s)
+            pending = {tp: om for tp, om in pending.items() if tp in again}
+
+    def _not_known_yet(
+        self, refused: Mapping[TopicPartition, Any], deadline: float
+    ) -> set[TopicPartition]:
+        """Of the partitions an OffsetCommit refused, those to send again: refused
+        UNKNOWN_TOPIC_OR_PARTITION although the cluster's metadata has them, while the
+        commit has time left. The coordinator checks commits against its own view of the
+        topics, which learns a topic just created a moment after the nodes do; Kafka's
+        consumer retries that error too. FIX (CI saw a commit made right after creating its
+        topic fail with it; TxnOffsetCommit already retried it). A topic (or partition) the
+        metadata does not have either fails at once: nothing will make it appear. Sent with
+        the same ``commit_sequence``: the CommitQueue sends nothing newer meanwhile, and
+        the coordinator wrote none of these partitions."""
+        unknown = {
+            tp for tp, pr in refused.items() if pr.error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+        }
+        if not unknown or time.monotonic() + self._backoff_s >= deadline:
+            return set()
+        counts: dict[str, int] = {}
+        for topic in sorted({tp.topic for tp in unknown}):
+            try:
+                counts[topic] = len(self._client.topic_metadata(topic).partitions)
+            except StromError as exc:  # (unknown to the controller too: not retried)
+                log.debug("group %s: %s not retried: %s", self.group_id, topic, exc)
+        return {tp for tp in unknown if 0 <= tp.partition < counts.get(tp.topic, 0)}
 
     def close(self, *, autocommit: bool, timeout_s: float) -> None:
         """Commit (if asked) and give up the partitions, leave the group, stop the threads,
