@@ -24,6 +24,7 @@ from strom.errors import (
     UnsupportedAssignorError,
 )
 from strom.errors import ErrorCode as E
+from tests.unit.test_txn_overdue_calls import FakeFuture
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
 
@@ -453,3 +454,37 @@ def test_a_topic_the_coordinator_never_learns_fails_when_the_commit_s_time_is_up
     errors = m._send_commit({T0: OffsetAndMetadata(1), T1: OffsetAndMetadata(2)}, 1, 0.3)
     assert set(errors) == {T1} and isinstance(errors[T1], UnknownTopicOrPartitionError)
     assert len(commits.sent) > 1 and all(sent == {T1} for sent in commits.sent[1:])
+
+
+class SilentStub:
+    """A coordinator that hangs: every heartbeat is a call in flight that never ends."""
+
+    def __init__(self) -> None:
+        self.sent: list[FakeFuture] = []
+        self.sending = threading.Event()
+        stub = self
+
+        class Method:
+            def future(self, req: Any, timeout: float, metadata: Any = None) -> FakeFuture:
+                stub.sent.append(FakeFuture(timeout))
+                stub.sending.set()
+                return stub.sent[-1]
+
+        self.ConsumerGroupHeartbeat = Method()
+
+
+def test_stopping_the_member_abandons_a_heartbeat_left_unanswered(member: Any) -> None:
+    """close() stops the heartbeat thread and joins it: a heartbeat at a coordinator that
+    hangs is cancelled then, not waited for (up to half of request_timeout_ms)."""
+    m, *_ = member
+    m._attempt_s = 30.0
+    stub = SilentStub()
+    m._stub = lambda timeout_s: (stub, "hung:1")
+    m._client.find_coordinator = lambda *a, **kw: "hung:1"  # (still the owner)
+    beat = threading.Thread(target=m._heartbeat_once)
+    beat.start()
+    assert stub.sending.wait(10)
+    m._stop.set()
+    beat.join(5)
+    assert not beat.is_alive(), "the heartbeat waited on the hung coordinator"
+    assert stub.sent[0].cancelled
