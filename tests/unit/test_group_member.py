@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,9 +20,11 @@ from strom.errors import (
     AuthorizationError,
     StaleMemberEpochError,
     StromError,
+    UnknownTopicOrPartitionError,
     UnsupportedAssignorError,
 )
 from strom.errors import ErrorCode as E
+from tests.unit.test_txn_overdue_calls import FakeFuture
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
 
@@ -68,11 +71,34 @@ class Listener:
         self.calls.append(("assigned", parts))
 
 
+class _Unary:
+    """A fake stub method, called as gRPC's are: directly, or ``.future(...)`` (what
+    GroupMember's attempts use), answered at once either way."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __get__(self, obj: Any, owner: Any) -> Any:
+        return _Unary(self.fn.__get__(obj, owner))
+
+    def __call__(self, req: Any, **kw: Any) -> Any:
+        return self.fn(req, **kw)
+
+    def future(self, req: Any, **kw: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(self.fn(req, **kw))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+
 class FakeStub:
     def __init__(self, *responses: coordinator_pb2.ConsumerGroupHeartbeatResponse) -> None:
         self.responses = list(responses)
         self.requests: list[coordinator_pb2.ConsumerGroupHeartbeatRequest] = []
 
+    @_Unary
     def ConsumerGroupHeartbeat(self, req: Any, **_: Any) -> Any:
         self.requests.append(req)
         return self.responses.pop(0)
@@ -310,6 +336,7 @@ class FetchStub:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
 
+    @_Unary
     def OffsetFetch(self, req: Any, **_: Any) -> Any:
         if isinstance(self.answer, BaseException):
             raise self.answer
@@ -340,3 +367,124 @@ def test_a_failed_offset_lookup_raises_what_it_is_not_nothing_committed(
     with pytest.raises(error) as raised:
         m.committed([T0], 1.0)
     assert not raised.value.retriable
+
+
+class Commits:
+    """``GroupMember._request`` for OffsetCommit: answers from ``answers`` in turn (per
+    partition: its error code, NONE when missing); each request's partitions kept."""
+
+    def __init__(self, *answers: dict[TopicPartition, int]) -> None:
+        self.answers = list(answers)
+        self.sent: list[set[TopicPartition]] = []
+        self.sequences: list[int] = []
+
+    def __call__(self, method: str, req: Any, timeout_s: float) -> Any:
+        assert method == "OffsetCommit" and timeout_s > 0
+        self.sequences.append(req.commit_sequence)
+        parts = {TopicPartition(t.topic, p.partition) for t in req.topics for p in t.partitions}
+        self.sent.append(parts)
+        errors = self.answers[min(len(self.sent), len(self.answers)) - 1]
+        resp = coordinator_pb2.OffsetCommitResponse()
+        for tp in sorted(parts):
+            code = errors.get(tp, E.NONE)
+            resp.topics.add(topic=tp.topic).partitions.add(
+                partition=tp.partition, error_code=code, error_message=E.Name(code)
+            )
+        return resp
+
+
+def _topics(**counts: int) -> Any:
+    """The cluster client's ``topic_metadata``: ``counts`` partitions per known topic."""
+
+    def topic_metadata(topic: str) -> Any:
+        if topic not in counts:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}", retriable=False)
+        return SimpleNamespace(partitions=[None] * counts[topic])
+
+    return topic_metadata
+
+
+U0, U1 = TopicPartition("u", 0), TopicPartition("u", 1)
+UNKNOWN = E.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_a_commit_refused_for_a_topic_the_coordinator_does_not_know_yet_is_sent_again(
+    member: Any,
+) -> None:
+    """CI saw a commit made right after its topic was created fail UNKNOWN_TOPIC_OR_PARTITION:
+    the coordinator's view of the topics lags the nodes'. Those partitions (only those) are
+    committed again, with the same sequence, while the topic exists in the metadata."""
+    m, consumer, *_ = member
+    consumer._client.topic_metadata = _topics(t=3)
+    commits = Commits({T1: UNKNOWN, T2: UNKNOWN}, {T2: UNKNOWN}, {})
+    m._request = commits
+    offsets = {T0: OffsetAndMetadata(1), T1: OffsetAndMetadata(2), T2: OffsetAndMetadata(3)}
+    assert m._send_commit(offsets, 4, 5.0) == {}
+    assert commits.sent == [{T0, T1, T2}, {T1, T2}, {T2}]
+    assert commits.sequences == [4, 4, 4]
+
+
+def test_a_commit_for_a_topic_that_does_not_exist_fails_at_once(member: Any) -> None:
+    """A topic the cluster does not have (or a partition past its count) is not retried:
+    its error comes back at once, the others' commits stand."""
+    m, consumer, *_ = member
+    consumer._client.topic_metadata = _topics(t=3)
+    commits = Commits({U0: UNKNOWN, U1: UNKNOWN, TopicPartition("t", 5): UNKNOWN})
+    m._request = commits
+    offsets = {
+        T0: OffsetAndMetadata(1),
+        TopicPartition("t", 5): OffsetAndMetadata(1),
+        U0: OffsetAndMetadata(2),
+        U1: OffsetAndMetadata(3),
+    }
+    errors = m._send_commit(offsets, 1, 30.0)
+    assert set(errors) == {U0, U1, TopicPartition("t", 5)}
+    assert all(isinstance(e, UnknownTopicOrPartitionError) for e in errors.values())
+    assert "u-0" in str(errors[U0])
+    assert len(commits.sent) == 1
+
+
+def test_a_topic_the_coordinator_never_learns_fails_when_the_commit_s_time_is_up(
+    member: Any,
+) -> None:
+    m, consumer, *_ = member
+    consumer._client.topic_metadata = _topics(t=3)
+    commits = Commits({T1: UNKNOWN})
+    m._request = commits
+    errors = m._send_commit({T0: OffsetAndMetadata(1), T1: OffsetAndMetadata(2)}, 1, 0.3)
+    assert set(errors) == {T1} and isinstance(errors[T1], UnknownTopicOrPartitionError)
+    assert len(commits.sent) > 1 and all(sent == {T1} for sent in commits.sent[1:])
+
+
+class SilentStub:
+    """A coordinator that hangs: every heartbeat is a call in flight that never ends."""
+
+    def __init__(self) -> None:
+        self.sent: list[FakeFuture] = []
+        self.sending = threading.Event()
+        stub = self
+
+        class Method:
+            def future(self, req: Any, timeout: float, metadata: Any = None) -> FakeFuture:
+                stub.sent.append(FakeFuture(timeout))
+                stub.sending.set()
+                return stub.sent[-1]
+
+        self.ConsumerGroupHeartbeat = Method()
+
+
+def test_stopping_the_member_abandons_a_heartbeat_left_unanswered(member: Any) -> None:
+    """close() stops the heartbeat thread and joins it: a heartbeat at a coordinator that
+    hangs is cancelled then, not waited for (up to half of request_timeout_ms)."""
+    m, *_ = member
+    m._attempt_s = 30.0
+    stub = SilentStub()
+    m._stub = lambda timeout_s: (stub, "hung:1")
+    m._client.find_coordinator = lambda *a, **kw: "hung:1"  # (still the owner)
+    beat = threading.Thread(target=m._heartbeat_once)
+    beat.start()
+    assert stub.sending.wait(10)
+    m._stop.set()
+    beat.join(5)
+    assert not beat.is_alive(), "the heartbeat waited on the hung coordinator"
+    assert stub.sent[0].cancelled

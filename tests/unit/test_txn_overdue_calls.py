@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from strom.api import coordinator_pb2, storage_pb2
-from strom.client import transactions
+from strom.client import coordinator_calls, transactions
 from strom.client.transactions import TransactionManager, TxnPhase
 from strom.errors import CoordinatorNotAvailableError, ProducerClosedError
 
@@ -121,7 +121,7 @@ class Coordinators:
         coordinators = self
 
         class Method:
-            def future(self, req: Any, timeout: float) -> FakeFuture:
+            def future(self, req: Any, timeout: float, metadata: Any = None) -> FakeFuture:
                 fut = FakeFuture(timeout)
                 coordinators.sent.append((channel, fut))
                 coordinators.on_send(channel, fut)
@@ -136,8 +136,8 @@ class Coordinators:
 @pytest.fixture
 def coordinators(monkeypatch: pytest.MonkeyPatch) -> Iterator[Coordinators]:
     c = Coordinators(["a:1"])
-    monkeypatch.setattr(transactions, "OVERDUE_GRACE_S", GRACE_S)
-    monkeypatch.setattr(transactions, "OVERDUE_RECHECK_S", GRACE_S)
+    monkeypatch.setattr(coordinator_calls, "OVERDUE_GRACE_S", GRACE_S)
+    monkeypatch.setattr(coordinator_calls, "OVERDUE_RECHECK_S", GRACE_S)
     monkeypatch.setattr(transactions.coordinator_pb2_grpc, "CoordinatorServiceStub", c.stub)
     yield c
     for _, fut in c.sent:  # (nothing left waiting)

@@ -40,9 +40,10 @@ from typing import Any
 
 import grpc
 
-from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.client.cluster import attempt_timeout, refused
 from strom.client.commit_queue import CommitQueue, CommitQueueClosedError
+from strom.client.coordinator_calls import CallAbandoned, CoordinatorMoved, call_leaving_moved
 from strom.client.membership import GroupHost
 from strom.client.stats import GroupStats
 from strom.client.transactions import GroupMetadata
@@ -119,8 +120,9 @@ class GroupMember:
         #: have request_timeout_ms in all, so an attempt gets half of it: one at a
         #: coordinator that hangs ends while the call can still ask the coordinator that
         #: took over (DESIGN §8; found from outside: one attempt took it all, and the next
-        #: call went to the hung coordinator again). Heartbeats use it too, so a rebalance
-        #: waits no longer than that for a member whose coordinator hung.
+        #: call went to the hung coordinator again). Heartbeats use it too. An attempt at a
+        #: coordinator that hangs ends sooner once the group moved (:meth:`_attempt`); this
+        #: bounds one at a coordinator that still owns the group but does not answer.
         self._attempt_s = self._timeout_s / 2
         self._backoff_s = max(consumer._backoff_s, 0.05)
 
@@ -410,6 +412,10 @@ class GroupMember:
         # left), which may be longer than request_timeout_ms (default_api_timeout_ms).
         budget = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + max(budget, 0.001)
+        #: What is still to be committed (the partitions a coordinator refused for a topic
+        #: its view does not have yet are sent again alone) and the errors of the others.
+        pending = dict(offsets)
+        errors: dict[TopicPartition, StromError] = {}
         while True:
             member_id, epoch = self._commit_identity()
             req = coordinator_pb2.OffsetCommitRequest(
@@ -419,7 +425,7 @@ class GroupMember:
                 committer_id=self.member_id,
                 commit_sequence=sequence,
             )
-            add_offsets(req, offsets)
+            add_offsets(req, pending)
             asked = time.monotonic()
             resp = self._request("OffsetCommit", req, max(deadline - asked, 0.001))
             self.stats.committed(time.monotonic() - asked)
@@ -434,7 +440,7 @@ class GroupMember:
                     wait_s = min(deadline - time.monotonic(), max(2 * self._interval_s, 0.5))
                     self._epoch_set.wait_for(lambda e=epoch: self.member_epoch != e, wait_s)
                     moved = self.member_epoch > 0 and self.member_epoch != epoch
-                    gone = sorted(set(offsets) - self._may_hold())
+                    gone = sorted(set(pending) - self._may_hold())
                 if moved and gone:
                     # The coordinator checks only the member and its epoch, not that the
                     # partitions are still this member's. A retry under the new epoch would
@@ -456,14 +462,51 @@ class GroupMember:
             if resp.error_code != E.NONE:
                 # Kafka's CommitFailedException too when the member is out of the group.
                 raise commit_failed_error(error_for(resp.error_code, resp.error_message))
-            return {
-                TopicPartition(tr.topic, pr.partition): error_for(
-                    pr.error_code, _naming(f"{tr.topic}-{pr.partition}", pr.error_message)
-                )
+            refused = {
+                TopicPartition(tr.topic, pr.partition): pr
                 for tr in resp.topics
                 for pr in tr.partitions
                 if pr.error_code != E.NONE
             }
+            again = self._not_known_yet(refused, deadline)
+            for tp, pr in refused.items():
+                if tp not in again:
+                    where = f"{tp.topic}-{tp.partition}"
+                    errors[tp] = error_for(pr.error_code, _naming(where, pr.error_message))
+            if not again:
+                return errors
+            log.debug(
+                "group %s: the coordinator does not know %d partitions yet; committing them again",
+                self.group_id,
+                len(again),
+            )
+            time.sleep(self._backoff_s)
+            pending = {tp: om for tp, om in pending.items() if tp in again}
+
+    def _not_known_yet(
+        self, refused: Mapping[TopicPartition, Any], deadline: float
+    ) -> set[TopicPartition]:
+        """Of the partitions an OffsetCommit refused, those to send again: refused
+        UNKNOWN_TOPIC_OR_PARTITION although the cluster's metadata has them, while the
+        commit has time left. The coordinator checks commits against its own view of the
+        topics, which learns a topic just created a moment after the nodes do; Kafka's
+        consumer retries that error too. FIX (CI saw a commit made right after creating its
+        topic fail with it; TxnOffsetCommit already retried it). A topic (or partition) the
+        metadata does not have either fails at once: nothing will make it appear. Sent with
+        the same ``commit_sequence``: the CommitQueue sends nothing newer meanwhile, and
+        the coordinator wrote none of these partitions."""
+        unknown = {
+            tp for tp, pr in refused.items() if pr.error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+        }
+        if not unknown or time.monotonic() + self._backoff_s >= deadline:
+            return set()
+        counts: dict[str, int] = {}
+        for topic in sorted({tp.topic for tp in unknown}):
+            try:
+                counts[topic] = len(self._client.topic_metadata(topic).partitions)
+            except StromError as exc:  # (unknown to the controller too: not retried)
+                log.debug("group %s: %s not retried: %s", self.group_id, topic, exc)
+        return {tp for tp in unknown if 0 <= tp.partition < counts.get(tp.topic, 0)}
 
     def close(self, *, autocommit: bool, timeout_s: float) -> None:
         """Commit (if asked) and give up the partitions, leave the group, stop the threads,
@@ -646,13 +689,23 @@ class GroupMember:
     def _heartbeat_once(self) -> float:
         """One heartbeat; returns how long to wait before the next one."""
         req = self._heartbeat_request()
+        addr = "(not found)"
         try:
-            stub, _addr = self._stub(self._timeout_s)
+            stub, addr = self._stub(self._timeout_s)
             asked = time.monotonic()
-            resp = stub.ConsumerGroupHeartbeat(
-                req, timeout=self._attempt_s, metadata=self._metadata
+            # Given up when close() stops the thread: it does not wait on a coordinator
+            # that hangs (the leave is sent by close itself).
+            resp = self._attempt(
+                stub, addr, "ConsumerGroupHeartbeat", req, asked + self._attempt_s, self._stop
             )
             self.stats.heartbeat(time.monotonic() - asked)
+        except CoordinatorMoved as moved:
+            # Heartbeat the new owner now: it loaded the group with fresh session
+            # deadlines, which this member must meet (it keeps its partitions).
+            self._moved("ConsumerGroupHeartbeat", addr, moved)
+            return 0.0
+        except CallAbandoned:
+            return 0.0
         except (AuthenticationError, AuthorizationError) as exc:
             # Not allowed on the group (or not authenticated): the next poll raises it,
             # rather than waiting silently for a coordinator that will never answer.
@@ -757,21 +810,74 @@ class GroupMember:
             addr = self._coordinator = self._find_coordinator(timeout_s)
         return coordinator_pb2_grpc.CoordinatorServiceStub(self._client.channel(addr)), addr
 
+    def _attempt(
+        self,
+        stub: coordinator_pb2_grpc.CoordinatorServiceStub,
+        addr: str,
+        method: str,
+        req: Any,
+        deadline: float,
+        stop: threading.Event | None = None,
+    ) -> Any:
+        """One attempt of a coordinator call at ``addr`` for up to ``_attempt_s`` (not past
+        ``deadline``), left for the group's new coordinator once it has one
+        (:class:`CoordinatorMoved`; the overdue rule of
+        :func:`strom.client.coordinator_calls.call_leaving_moved`, DESIGN §8). Found from
+        outside: a commit, a committed() or a heartbeat at a coordinator that hung waited
+        the whole attempt (15 s by default) although a standby owned the group ~2.5 s
+        after the hang."""
+        return call_leaving_moved(
+            self._client,
+            getattr(stub, method),
+            req,
+            addr=addr,
+            key=self.group_id,
+            key_type=storage_pb2.COORDINATOR_TYPE_GROUP,
+            timeout_s=attempt_timeout(self._attempt_s, deadline),
+            deadline=deadline,
+            metadata=self._metadata,
+            stop=stop,
+        )
+
+    def _moved(self, method: str, addr: str, moved: CoordinatorMoved) -> None:
+        """Forget ``addr`` for the group's new coordinator, which the next attempt asks."""
+        log.info(
+            "no %s answer from coordinator %s in %.1f s, and group %r is now owned by %s: "
+            "asking there",
+            method,
+            addr,
+            moved.waited_s,
+            self.group_id,
+            moved.address,
+        )
+        self._coordinator = moved.address
+
     def _request(self, method: str, req: Any, timeout_s: float) -> Any:
         """A coordinator RPC with coordinator lookup and retries of retriable group errors,
         for up to ``timeout_s`` in all, each attempt for up to ``_attempt_s``; returns the
-        response (whose non-retriable error the caller handles). A coordinator that did not
-        answer an attempt is forgotten and looked up again (FindCoordinator); when no
-        attempt succeeded in time, RequestTimedOutError (retriable) names the last one."""
+        response (whose non-retriable error the caller handles). An attempt unanswered
+        while the group moved to another coordinator is given up and sent there at once
+        (:meth:`_attempt`); a coordinator that did not answer an attempt at all is
+        forgotten and looked up again (FindCoordinator); when no attempt succeeded in time,
+        RequestTimedOutError (retriable) names the last one.
+
+        Sending again after an attempt was given up on is what a timed-out attempt led to
+        before, and safe for the same reason: the old coordinator may have applied it before
+        it lost the shard (the new owner replayed what it wrote). A heartbeat is the
+        member's state again; an OffsetFetch reads; an OffsetCommit carries the same
+        ``commit_sequence`` (the CommitQueue sends the next one only after this call
+        ended), and the coordinator rewrites an offset from an equal sequence with the same
+        value and keeps one a newer sequence set (``OffsetAndMetadata.supersedes``)."""
         deadline = time.monotonic() + timeout_s
         addr = "(not found)"
         while True:
             remaining = max(deadline - time.monotonic(), 0.001)
             try:
                 stub, addr = self._stub(remaining)
-                resp = getattr(stub, method)(
-                    req, timeout=attempt_timeout(self._attempt_s, deadline), metadata=self._metadata
-                )
+                resp = self._attempt(stub, addr, method, req, deadline)
+            except CoordinatorMoved as moved:
+                self._moved(method, addr, moved)
+                continue  # (at once: the new owner was just found to own the group)
             except grpc.RpcError as exc:
                 if exc.code() in (
                     grpc.StatusCode.PERMISSION_DENIED,

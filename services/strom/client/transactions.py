@@ -38,13 +38,13 @@ import grpc
 
 from strom.api import common_pb2, coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.client.cluster import (
-    MIN_ATTEMPT_S,
     REFUSED_CODES,
     ClusterClient,
     attempt_timeout,
     older_node,
     refused,
 )
+from strom.client.coordinator_calls import CallAbandoned, CoordinatorMoved, call_leaving_moved
 from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -66,27 +66,6 @@ E = ErrorCode
 _TRANSPORT = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
-#: How long a coordinator call may go unanswered before its key's coordinator is looked up
-#: again (DESIGN §8, as the consumer's ``strom.client.fetcher.OVERDUE_GRACE_S``), the same for
-#: every method: a coordinator that serves a shard answers EndTxn after one write to
-#: ``__transaction_state`` (its markers are written after the answer), TxnOffsetCommit after
-#: one write to ``__consumer_offsets``, Add*ToTxn the same, so a second without an answer
-#: means a slow or hung coordinator. Calls that may legitimately take longer (InitProducerId
-#: and Add*ToTxn wait up to the coordinator's ``COMPLETION_WAIT_S`` for the previous
-#: transaction's markers; any write waits for its in-sync replicas) cost no more than a
-#: FindCoordinator per second for it: only an owner that is now another coordinator makes
-#: the call leave the one it asked; a slow owner is waited for up to ``request_timeout_ms``.
-#: So a longer grace for some method would only delay leaving a hung one.
-OVERDUE_GRACE_S = 1.0
-#: How often an unanswered call's coordinator is looked up again after that (a hung
-#: coordinator's shards are taken over once its etcd lease ends, a few seconds).
-OVERDUE_RECHECK_S = 1.0
-#: The longest one of those lookups may take (a hedged FindCoordinator, answered from the
-#: nodes' memory): it runs while the call waits, so it must not hold it much past an answer.
-OVERDUE_LOOKUP_S = 1.0
-#: How often a call waiting for its answer looks whether the producer was closed.
-_CLOSED_POLL_S = 0.25
-
 #: Errors after which the producer is fenced for good. (INVALID_PRODUCER_EPOCH in a
 #: transaction is abortable: only the coordinator can tell whether a new instance took over,
 #: and abort_transaction() asks it; see TransactionManager.fail.)
@@ -109,16 +88,6 @@ class TxnPhase(enum.Enum):
 
 #: A transaction is open (a failure of it is abortable).
 _OPEN_PHASES = (TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING, TxnPhase.ABORTING)
-
-
-class _Moved(Exception):
-    """An attempt was given up on: its coordinator did not answer within the grace and the
-    key is now owned by ``address`` (see :meth:`TransactionManager._attempt`)."""
-
-    def __init__(self, address: str, waited_s: float) -> None:
-        super().__init__(address)
-        self.address = address
-        self.waited_s = waited_s
 
 
 @dataclass(frozen=True)
@@ -869,7 +838,7 @@ class TransactionManager:
                     if txn:
                         self._coordinator = addr
                 resp = self._attempt(method, req, addr, key, key_type, deadline)
-            except _Moved as moved:
+            except CoordinatorMoved as moved:
                 log.info(
                     "no %s answer from coordinator %s in %.1f s, and %s %r is now owned by "
                     "%s: asking there",
@@ -922,49 +891,24 @@ class TransactionManager:
         self, method: str, req: Any, addr: str, key: str, key_type: int, deadline: float
     ) -> Any:
         """One attempt of :meth:`_call` at ``addr``: its answer, or the gRPC error it ended
-        with (up to ``request_timeout_ms``, and not past the call's ``deadline``).
-
-        While it is unanswered :data:`OVERDUE_GRACE_S` after it was sent, the key's
-        coordinator is looked up again every :data:`OVERDUE_RECHECK_S` (the consumer's
-        overdue Fetch rule, DESIGN §8): once another coordinator owns the key, the attempt
-        is cancelled and :class:`_Moved` raised, so the call goes on there within seconds of
-        the takeover instead of after the whole attempt (30 s by default; found from
-        outside: the README's exactly-once loop stalled that long whenever its transaction
-        or group coordinator hung, though another took its shards in ~3 s). While the owner
-        is the same (or none is known: the hung one's lease has not ended yet) the attempt
-        goes on: a slow answer is not a hang. An answer that comes meanwhile wins. The
-        address is not demoted (``ClusterClient.demote``): that orders the storage nodes
-        asked for lookups, and a coordinator is not one of them. A producer closed
+        with (up to ``request_timeout_ms``, and not past the call's ``deadline``); left for
+        the key's new owner once it has one (:class:`CoordinatorMoved`, the overdue rule of
+        :func:`strom.client.coordinator_calls.call_leaving_moved`; found from outside: the
+        README's exactly-once loop stalled 30 s whenever its transaction or group
+        coordinator hung, though another took its shards in ~3 s). A producer closed
         meanwhile abandons the attempt (ProducerClosedError, as between attempts)."""
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(self.client.channel(addr))
-        sent = time.monotonic()
-        fut = getattr(stub, method).future(
-            req, timeout=attempt_timeout(self.request_timeout_s, deadline)
-        )
-        done = threading.Event()
-        fut.add_done_callback(lambda _: done.set())
-        check_at = sent + OVERDUE_GRACE_S
-        while not fut.done():
-            if self.closed.is_set():
-                fut.cancel()
-                raise ProducerClosedError(f"{method} abandoned: the producer was closed")
-            now = time.monotonic()
-            if now < check_at:
-                done.wait(min(_CLOSED_POLL_S, check_at - now))
-                continue
-            owner = self._owner_now(key, key_type, deadline)
-            check_at = max(check_at + OVERDUE_RECHECK_S, time.monotonic())
-            if owner is not None and owner != addr and fut.cancel():
-                raise _Moved(owner, time.monotonic() - sent)
-        return fut.result()  # (raises the attempt's grpc.RpcError)
-
-    def _owner_now(self, key: str, key_type: int, deadline: float) -> str | None:
-        """The key's coordinator as the nodes know it now (a short hedged lookup), or None
-        when none is known (no owner between a lease's end and a takeover, no node answered,
-        a refusal: the unanswered attempt is then waited for as before)."""
-        timeout = min(OVERDUE_LOOKUP_S, max(deadline - time.monotonic(), MIN_ATTEMPT_S))
         try:
-            return self.client.find_coordinator(key, key_type, timeout_s=timeout)
-        except StromError as exc:
-            log.debug("looking up the coordinator of %r again failed: %s", key, exc)
-            return None
+            return call_leaving_moved(
+                self.client,
+                getattr(stub, method),
+                req,
+                addr=addr,
+                key=key,
+                key_type=key_type,
+                timeout_s=attempt_timeout(self.request_timeout_s, deadline),
+                deadline=deadline,
+                stop=self.closed,
+            )
+        except CallAbandoned:
+            raise ProducerClosedError(f"{method} abandoned: the producer was closed") from None

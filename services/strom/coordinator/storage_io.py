@@ -3,10 +3,10 @@ with the shard's idempotent producer, bumping that producer's epoch, and reading
 (DESIGN §7).
 
 Leaders come from the cluster view; a leader move or timeout is retried with the same bytes
-(the idempotent producer makes a resend safe) for up to ``WRITE_RETRY_S``. An append left
-unanswered by a leader that has since moved in the view is given up and resent to the new
-leader after a second or two (design §8's overdue rule, :meth:`StorageIO._moved_from`), not
-at its timeout.
+(the idempotent producer makes a resend safe) for up to ``WRITE_RETRY_S``. An append (or a
+replay's Fetch) left unanswered by a leader that has since moved in the view is given up and
+sent to the new leader after a second or two (design §8's overdue rule,
+:meth:`StorageIO._moved_from`), not at its timeout.
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ WRITE_RETRY_S = 10.0
 INIT_PRODUCER_HEDGE_S = 0.5
 
 
-async def _watched(call: Any, moved: Callable[[], str | None]) -> Any:
-    """A unary Produce call's answer, the call given up (a retriable StromError) once
-    ``moved()`` says why its partition's leader is another: asked :data:`OVERDUE_GRACE_S`
-    after it was sent, then every :data:`OVERDUE_RECHECK_S` (one timer handle per call,
-    cancelled with its answer). The stream's rule (``produce_streams``) for nodes that have
-    no ProduceStream."""
+async def _watched(call: Any, moved: Callable[[], str | None], what: str = "append") -> Any:
+    """A unary call's answer (a Produce, or a shard's replay Fetch: ``what``), the call given
+    up (a retriable StromError) once ``moved()`` says why its partition's leader is another:
+    asked :data:`OVERDUE_GRACE_S` after it was sent, then every :data:`OVERDUE_RECHECK_S`
+    (one timer handle per call, cancelled with its answer). The stream's rule
+    (``produce_streams``) for nodes that have no ProduceStream."""
     loop = asyncio.get_running_loop()
     why: str | None = None
     handle: asyncio.TimerHandle | None = None
@@ -71,7 +71,7 @@ async def _watched(call: Any, moved: Callable[[], str | None]) -> Any:
         if why is None:
             handle = loop.call_later(OVERDUE_RECHECK_S, overdue)
             return
-        log.info("no append answer, and %s: resending to the new leader", why)
+        log.info("no %s answer, and %s: asking the new leader", what, why)
         call.cancel()
 
     handle = loop.call_later(OVERDUE_GRACE_S, overdue)
@@ -80,7 +80,7 @@ async def _watched(call: Any, moved: Callable[[], str | None]) -> Any:
     except asyncio.CancelledError:
         if why is None:
             raise  # not ours: the caller's task was cancelled
-        raise StromError(f"append not answered, and {why}", retriable=True) from None
+        raise StromError(f"{what} not answered, and {why}", retriable=True) from None
     finally:
         if handle is not None:
             handle.cancel()
@@ -141,7 +141,14 @@ class StorageIO(CoordinatorCore):
         topic: str = CONSUMER_OFFSETS_TOPIC,
     ) -> int:
         """Apply the partition's batches from ``position`` up to ``until`` (None: the high
-        watermark seen by the first fetch); returns the offset replay ended at."""
+        watermark seen by the first fetch); returns the offset replay ended at.
+
+        A Fetch left unanswered by a leader that has since moved in the view is given up and
+        sent to the new leader (design §8's overdue rule, :meth:`_moved_from`, as the
+        appends). FIX (found while fixing the clients' hung-coordinator waits): it waited
+        its whole 10 s at a hung leader, so a shard taken over while its partition's leader
+        hung stayed unloaded (its clients answered COORDINATOR_LOAD_IN_PROGRESS) that much
+        longer. A fetch only reads, so asking the new leader is always safe."""
         target = until
         deadline = time.monotonic() + 30.0
         while True:
@@ -150,7 +157,7 @@ class StorageIO(CoordinatorCore):
                     f"replay of {topic}-{partition} stuck at {position} (want {target})",
                     retriable=True,
                 )
-            addr, _epoch = self._leader(partition, topic)
+            addr, leader_epoch = self._leader(partition, topic)
             stub = storage_pb2_grpc.StorageServiceStub(self._channel(addr))
             req = storage_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=8 << 20)
             req.topics.add(topic=topic).partitions.add(
@@ -159,7 +166,11 @@ class StorageIO(CoordinatorCore):
                 current_leader_epoch=-1,
                 partition_max_bytes=8 << 20,
             )
-            resp = await stub.Fetch(req, timeout=10.0)
+            moved = functools.partial(self._moved_from, topic, partition, addr, leader_epoch)
+            try:
+                resp = await _watched(stub.Fetch(req, timeout=10.0), moved, "replay fetch")
+            except StromError:
+                continue  # (given up on a leader that moved: the loop asks the new one)
             pr = resp.topics[0].partitions[0]
             if pr.error_code == E.OFFSET_OUT_OF_RANGE and pr.log_start_offset > position:
                 position = pr.log_start_offset

@@ -43,7 +43,7 @@ from strom.api import (
     storage_pb2,
     storage_pb2_grpc,
 )
-from strom.client.transactions import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
+from strom.client.coordinator_calls import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
 from strom.clock import steady_ms, wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.lookup import find_coordinator, shard_count
