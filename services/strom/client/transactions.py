@@ -635,9 +635,17 @@ class TransactionManager:
             failed = [(tr.topic, pr) for tr in resp.topics for pr in tr.partitions if pr.error_code]
             if not failed:
                 return
-            retry = all(is_retriable(pr.error_code) for _, pr in failed)
-            if retry and deadline - time.monotonic() > self.backoff_s and not self.closed.is_set():
+            retry = (
+                all(is_retriable(pr.error_code) for _, pr in failed)
+                and deadline - time.monotonic() > self.backoff_s
+                and not self.closed.is_set()
+            )
+            if retry:
                 self.closed.wait(self.backoff_s)
+                # Time again after the backoff: on a loaded machine the wait outlasts it, and
+                # a call sent with no time left answers a timeout, not the refusal (CI).
+                retry = deadline > time.monotonic() and not self.closed.is_set()
+            if retry:
                 refused = {(t, pr.partition) for t, pr in failed}
                 pending = {
                     tp: om for tp, om in pending.items() if (tp.topic, tp.partition) in refused
