@@ -186,6 +186,42 @@ def paused(member: Any) -> Iterator[None]:
         member.process.signal(signal.SIGCONT)
 
 
+def coordinator_shards_settled(cluster: LocalCluster, *key_types: int, shards: int = 2) -> bool:
+    """Every one of the ``shards`` shards of each kind (``storage_pb2.COORDINATOR_TYPE_*``)
+    owned, and the owners exactly the live coordinators: none is handed over while a test
+    runs (a hand-over is a takeover of its own). For clusters whose coordinators are as many
+    as the shards of each kind, so each owns one."""
+    live = {m.address for m in cluster.coordinators if m.alive()}
+    with ClusterClient(cluster.bootstrap) as client:
+        for key_type in key_types:
+            owners = list(client.coordinator_shards(key_type).values())
+            if len(owners) != shards or set(owners) != live:
+                return False
+    return True
+
+
+def coordinator_owning(
+    cluster: LocalCluster, key: str, key_type: int, settled: tuple[int, ...] = ()
+) -> Any:
+    """The coordinator member owning ``key`` (a group or transactional id of ``key_type``),
+    once the shards of ``key_type`` and of the kinds in ``settled`` are settled."""
+    cluster.wait_coordinators_ready()
+    kinds = tuple(dict.fromkeys((key_type, *settled)))
+    wait_for(
+        lambda: coordinator_shards_settled(cluster, *kinds),
+        timeout=60,
+        what="coordinator shards settled",
+    )
+    addr = coordinator_of(cluster, key, key_type)
+    return next(m for m in cluster.coordinators if m.address == addr)
+
+
+def coordinator_of(cluster: LocalCluster, key: str, key_type: int) -> str:
+    """The address of the coordinator owning ``key`` now (FindCoordinator)."""
+    with ClusterClient(cluster.bootstrap) as client:
+        return client.find_coordinator(key, key_type)
+
+
 def member_metric(member: Any, name: str, **labels: str) -> float:
     """One sample of a cluster member's /metrics (a counter by its exposed ``_total`` name);
     0 when it has none yet."""

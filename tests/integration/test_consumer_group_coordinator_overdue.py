@@ -22,12 +22,16 @@ import pytest
 
 from strom import Admin, Consumer, Producer, TopicPartition
 from strom.api import storage_pb2
-from strom.client.cluster import ClusterClient
 from strom.client.types import OffsetAndMetadata
-from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
 from strom.errors import UnknownTopicOrPartitionError
-from tests.conftest import TopicFactory, module_cluster, paused
+from tests.conftest import (
+    TopicFactory,
+    coordinator_owning,
+    module_cluster,
+    paused,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -57,28 +61,6 @@ cluster = module_cluster(
     ],
 )
 HEALED_CLUSTERS = ("cluster",)
-
-
-def _owner(cluster: LocalCluster, key: str) -> str:
-    with ClusterClient(cluster.bootstrap) as client:
-        return client.find_coordinator(key, GROUP)
-
-
-def _settled(cluster: LocalCluster) -> bool:
-    """Both group shards owned, one per live coordinator: none is handed over while a test
-    runs (a hand-over is a takeover of its own)."""
-    live = {m.address for m in cluster.coordinators if m.alive()}
-    with ClusterClient(cluster.bootstrap) as client:
-        owners = list(client.coordinator_shards(GROUP).values())
-    return len(owners) == 2 and set(owners) == live
-
-
-def _owning(cluster: LocalCluster, group: str) -> Member:
-    """The coordinator owning ``group``, once the shards are settled."""
-    cluster.wait_coordinators_ready()
-    wait_for(lambda: _settled(cluster), timeout=60, what="coordinator shards settled")
-    addr = _owner(cluster, group)
-    return next(m for m in cluster.coordinators if m.address == addr)
 
 
 class Listener:
@@ -141,7 +123,7 @@ def test_a_commit_and_the_heartbeat_leave_a_hung_group_coordinator(
         assert set(before.assignment) == set(tps)
         listener.calls.clear()
         offsets = {tps[0]: OffsetAndMetadata(3), tps[1]: OffsetAndMetadata(4)}
-        with paused(_owning(cluster, group)):
+        with paused(coordinator_owning(cluster, group, GROUP)):
             at = time.monotonic()
             c.commit(offsets)
             took = time.monotonic() - at
@@ -180,7 +162,7 @@ def test_committed_leaves_a_hung_group_coordinator(
     with _consumer(cluster, group) as c:
         c.commit({tp: OffsetAndMetadata(7)})  # (an assign()-less "simple" commit)
         assert (om := c.committed([tp])[tp]) is not None and om.offset == 7
-        with paused(_owning(cluster, group)):
+        with paused(coordinator_owning(cluster, group, GROUP)):
             at = time.monotonic()
             committed = c.committed([tp])[tp]
             took = time.monotonic() - at

@@ -27,11 +27,10 @@ import pytest
 
 from strom import Consumer, Producer, TopicPartition
 from strom.api import storage_pb2
-from strom.client.cluster import ClusterClient
 from strom.devcluster.cluster import LocalCluster, Member
 from strom.devcluster.procs import wait_for
 from strom.errors import RequestTimedOutError
-from tests.conftest import TopicFactory, module_cluster
+from tests.conftest import TopicFactory, coordinator_of, coordinator_owning, module_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -58,28 +57,11 @@ cluster = module_cluster(
 HEALED_CLUSTERS = ("cluster",)
 
 
-def _owner(cluster: LocalCluster, key: str, key_type: int) -> str:
-    with ClusterClient(cluster.bootstrap) as client:
-        return client.find_coordinator(key, key_type)
-
-
-def _settled(cluster: LocalCluster, key_type: int) -> bool:
-    """Every shard of the kind owned, one per coordinator (the two shards spread): none is
-    handed over while a test runs (a hand-over is a takeover of its own)."""
-    with ClusterClient(cluster.bootstrap) as client:
-        owners = list(client.coordinator_shards(key_type).values())
-    live = {m.address for m in cluster.coordinators if m.alive()}
-    return len(owners) == 2 and set(owners) == live
-
-
 @contextmanager
 def _hung_owner(cluster: LocalCluster, key: str, key_type: int) -> Iterator[Member]:
     """SIGSTOP the coordinator owning ``key`` for the block (once the shards are settled);
     SIGCONT when the block ends."""
-    cluster.wait_coordinators_ready()
-    wait_for(lambda: _settled(cluster, key_type), timeout=60, what="coordinator shards settled")
-    addr = _owner(cluster, key, key_type)
-    member = next(m for m in cluster.coordinators if m.address == addr)
+    member = coordinator_owning(cluster, key, key_type)
     assert member.process is not None
     member.process.signal(signal.SIGSTOP)
     try:
@@ -90,7 +72,7 @@ def _hung_owner(cluster: LocalCluster, key: str, key_type: int) -> Iterator[Memb
 
 def _wait_taken_over(cluster: LocalCluster, key: str, key_type: int, hung: Member) -> None:
     wait_for(
-        lambda: _owner(cluster, key, key_type) != hung.address,
+        lambda: coordinator_of(cluster, key, key_type) != hung.address,
         timeout=30,
         what=f"another coordinator owning {key!r}",
     )

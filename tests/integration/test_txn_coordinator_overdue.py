@@ -21,11 +21,16 @@ import pytest
 
 from strom import Consumer, Producer, TopicPartition
 from strom.api import storage_pb2
-from strom.client.cluster import ClusterClient
 from strom.client.types import OffsetAndMetadata
-from strom.devcluster.cluster import LocalCluster, Member
+from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
-from tests.conftest import TopicFactory, module_cluster, paused
+from tests.conftest import (
+    TopicFactory,
+    coordinator_of,
+    coordinator_owning,
+    module_cluster,
+    paused,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -45,31 +50,6 @@ cluster = module_cluster(
     coordinator_args=["--offsets-partitions", "2", "--transaction-state-partitions", "2"],
 )
 HEALED_CLUSTERS = ("cluster",)
-
-
-def _owner(cluster: LocalCluster, key: str, key_type: int) -> str:
-    with ClusterClient(cluster.bootstrap) as client:
-        return client.find_coordinator(key, key_type)
-
-
-def _settled(cluster: LocalCluster) -> bool:
-    """Every shard of both kinds owned, one of each per live coordinator: none is handed
-    over while a test runs (a hand-over is a takeover of its own)."""
-    live = {m.address for m in cluster.coordinators if m.alive()}
-    with ClusterClient(cluster.bootstrap) as client:
-        for key_type in (TXN, GROUP):
-            owners = list(client.coordinator_shards(key_type).values())
-            if len(owners) != 2 or set(owners) != live:
-                return False
-    return True
-
-
-def _owning(cluster: LocalCluster, key: str, key_type: int) -> Member:
-    """The coordinator owning ``key``, once the shards are settled."""
-    cluster.wait_coordinators_ready()
-    wait_for(lambda: _settled(cluster), timeout=60, what="coordinator shards settled")
-    addr = _owner(cluster, key, key_type)
-    return next(m for m in cluster.coordinators if m.address == addr)
 
 
 def _producer(cluster: LocalCluster, tid: str) -> Producer:
@@ -105,7 +85,7 @@ def test_a_commit_leaves_a_hung_transaction_coordinator(
         p.begin_transaction()
         p.send(topic, b"during")
         p.flush(30)  # (its partition is added: only EndTxn is left)
-        with paused(_owning(cluster, tid, TXN)):
+        with paused(coordinator_owning(cluster, tid, TXN, settled=(TXN, GROUP))):
             at = time.monotonic()
             p.commit_transaction()
             took = time.monotonic() - at
@@ -127,7 +107,7 @@ def test_a_transactions_first_send_leaves_a_hung_transaction_coordinator(
         p.init_transactions()
         with p.transaction():
             p.send(topic, b"before")
-        with paused(_owning(cluster, tid, TXN)):
+        with paused(coordinator_owning(cluster, tid, TXN, settled=(TXN, GROUP))):
             at = time.monotonic()
             with p.transaction():
                 p.send(topic, b"during")
@@ -152,13 +132,13 @@ def test_send_offsets_leaves_a_hung_group_coordinator(
         p.init_transactions()
         with p.transaction():
             p.send(topic, b"before")
-        txn_owner = _owning(cluster, tid, TXN)
+        txn_owner = coordinator_owning(cluster, tid, TXN, settled=(TXN, GROUP))
         group = next(
             g
             for g in (f"overdue-{topic}-{i}" for i in range(64))
-            if _owner(cluster, g, GROUP) != txn_owner.address
+            if coordinator_of(cluster, g, GROUP) != txn_owner.address
         )
-        with paused(_owning(cluster, group, GROUP)):
+        with paused(coordinator_owning(cluster, group, GROUP, settled=(TXN, GROUP))):
             at = time.monotonic()
             with p.transaction():
                 p.send(topic, b"during")
@@ -195,13 +175,13 @@ def test_completing_offsets_leaves_a_hung_group_coordinator(
     tp = TopicPartition(topic, 0)
     with _producer(cluster, tid) as p:
         p.init_transactions()
-        txn_owner = _owning(cluster, tid, TXN)
+        txn_owner = coordinator_owning(cluster, tid, TXN, settled=(TXN, GROUP))
         group = next(
             g
             for g in (f"complete-{topic}-{i}" for i in range(64))
-            if _owner(cluster, g, GROUP) != txn_owner.address
+            if coordinator_of(cluster, g, GROUP) != txn_owner.address
         )
-        group_owner = _owning(cluster, group, GROUP)
+        group_owner = coordinator_owning(cluster, group, GROUP, settled=(TXN, GROUP))
         p.begin_transaction()
         p.send(topic, b"during")
         p.send_offsets_to_transaction({tp: OffsetAndMetadata(5)}, group)
