@@ -1,5 +1,6 @@
-"""The Producer is split by what each module holds (strom.client.producer, sender,
-produce_answers, sequences, bulk, record_checks); what users see must not follow the split:
+"""The Producer is split by what each module holds (strom.client.producer, producer_buffer,
+producer_bulk, producer_txn, sender, produce_answers, sequences, bulk, record_checks); what
+users see must not follow the split:
 the names they import from ``strom.client.producer`` and ``strom.client.sender``, the
 attributes each of the sender's mixins says it takes from the Producer, and the logger name
 they filter the sender's lines on."""
@@ -12,10 +13,13 @@ import pytest
 
 from strom import Producer
 from strom.client.produce_answers import ProduceAnswers
+from strom.client.producer_buffer import ProducerBuffer
+from strom.client.producer_bulk import BulkSend
+from strom.client.producer_txn import ProducerTransactions
 from strom.client.sender import SenderLoop
 from strom.client.sequences import Sequences
 
-MIXINS = (SenderLoop, ProduceAnswers, Sequences)
+MIXINS = (ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop, ProduceAnswers, Sequences)
 
 
 def test_the_public_names_still_import_from_the_producer_module() -> None:
@@ -23,6 +27,7 @@ def test_the_public_names_still_import_from_the_producer_module() -> None:
 
     for name in producer.__all__:
         assert getattr(producer, name) is not None
+    from strom.client import producer_buffer
     from strom.client.producer import (  # noqa: F401  (the documented import paths)
         NO_WAIT,
         BatchMetadata,
@@ -32,6 +37,35 @@ def test_the_public_names_still_import_from_the_producer_module() -> None:
         request_too_large,
         space_wait_until,
     )
+
+    # The same objects, not copies: strom.aio's ``except WouldBlockError`` and its
+    # ``space_wait_until(NO_WAIT)`` go through strom.client.producer, and the deadline the
+    # block sets must be the one the buffer's wait reads.
+    assert producer.WouldBlockError is producer_buffer.WouldBlockError
+    assert producer.space_wait_until is producer_buffer.space_wait_until
+    assert producer.NO_WAIT == producer_buffer.NO_WAIT
+
+
+def test_the_producers_public_methods_keep_their_signatures_and_docs() -> None:
+    """help(Producer) lists the same calls: the ones that moved into mixins are still the
+    Producer's, with their docstrings."""
+    for name in (
+        "send",
+        "send_batch",
+        "flush",
+        "close",
+        "metrics",
+        "partitions_for",
+        "transaction",
+        "init_transactions",
+        "begin_transaction",
+        "send_offsets_to_transaction",
+        "commit_transaction",
+        "prepare_transaction",
+        "abort_transaction",
+    ):
+        method = getattr(Producer, name)
+        assert method.__doc__, name
 
 
 def test_the_senders_names_still_import_from_the_sender_module() -> None:
