@@ -140,6 +140,11 @@ def _seq_before(a: int, b: int) -> bool:
     return 0 < (b - a) & _SEQ_MASK < (1 << 30)
 
 
+def _earlier(a: float | None, b: float) -> float:
+    b = max(b, 0.0)
+    return b if a is None else min(a, b)
+
+
 class _Shipment(NamedTuple):
     """One partition's part of a Produce request."""
 

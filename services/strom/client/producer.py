@@ -21,6 +21,11 @@ The sender thread's rules (Nagle's rule for batches, idempotence and retries, ba
 in; ``send_batch``'s Arrow side (tables, grouping by key, cutting by size) is in
 :mod:`strom.client.bulk`, and the checks both make of a record in
 :mod:`strom.client.record_checks`.
+
+Where the Producer's own parts live: ``send`` and the calls every producer has here; the
+``buffer_memory`` accounting (room in open batches, the wait for space, ``space_wait_until``)
+in :mod:`strom.client.producer_buffer`; ``send_batch`` in :mod:`strom.client.producer_bulk`;
+the transactional calls in :mod:`strom.client.producer_txn` (each a mixin of ``Producer``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import operator
 import queue
 import random
 import threading
@@ -37,25 +41,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import pyarrow as pa
-
 from strom.client import forks
 from strom.client.accumulator import PartitionQueue, ProducerBatch
-from strom.client.bulk import (
-    BatchMetadata,
-    BulkFuture,
-    as_table,
-    gather,
-    split_by_key,
-    table_chunks,
-)
+from strom.client.bulk import BatchMetadata, BulkFuture
 from strom.client.cluster import ClusterClient
 from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
 from strom.client.kwnames import bool_option, kafka_keywords
 from strom.client.partitioner import murmur2
 from strom.client.produce_answers import RETRY_LOG_INTERVAL_S, request_too_large
-from strom.client.record_checks import Partitioner
+from strom.client.producer_buffer import NO_WAIT, ProducerBuffer, WouldBlockError, space_wait_until
+from strom.client.producer_bulk import BulkSend
+from strom.client.producer_txn import ProducerTransactions
+from strom.client.record_checks import Partitioner, _check_timestamp, _check_topic
 
 # send() (the measured hot path) is kept as it was, calling these by their former names.
 from strom.client.record_checks import checked_pick as _checked_pick
@@ -65,17 +63,9 @@ from strom.client.sender import SenderLoop
 from strom.client.spin import SpinKeeper
 from strom.client.stats import ProducerStats
 from strom.client.streams import RequestStream
-from strom.client.transactions import (
-    GroupMetadata,
-    PreparedTxnState,
-    TransactionManager,
-    TxnPhase,
-)
-from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.client.transactions import TransactionManager, TxnPhase
 from strom.errors import (
     BrokerNotAvailableError,
-    InvalidRequestError,
-    InvalidTxnStateError,
     ProducerCallbackError,
     ProducerClosedError,
     RequestTimedOutError,
@@ -136,7 +126,7 @@ def _to_bytes(x: Any, what: str, serializer: Callable[[Any], bytes] | None) -> b
     )
 
 
-class Producer(SenderLoop):
+class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
     """Sends records to strom topics; thread-safe; use as a context manager or ``close()``."""
 
     @kafka_keywords
@@ -454,184 +444,6 @@ class Producer(SenderLoop):
 
         result.on_delivery(done)  # runs before the record's future is done (BatchResult)
 
-    def _make_room(self, topic: str, partition: int, size: int) -> ProducerBatch:
-        """With the lock held: the partition's open batch with room for ``size`` more bytes,
-        opening a new one when it is full, and reserving ``buffer_memory`` for it.
-
-        Memory is reserved per batch in chunks of up to ``RESERVE_CHUNK`` bytes (as Kafka's
-        buffer pool hands out memory per batch), not per record: a record that fits in its
-        batch's reservation costs ``send`` one comparison. Blocks while the buffer is full.
-        """
-        end = None
-        while True:
-            b = self._open.get((topic, partition))
-            if b is not None and b.count and b.size + size > b.max_size:
-                self._trim(b)  # full: what it did not use goes back to the pool
-                b = None
-            need = size if b is None else b.size + size - b.limit
-            if self._buffered + need > self.buffer_memory and self._buffered:
-                # Reservations other batches have not filled yet go back first: with many
-                # partitions open they could fill the pool with nothing in it.
-                slack = [o for o in self._open.values() if o.limit > o.size]
-                for other in slack:
-                    self._trim(other)
-                if not slack:
-                    if end is None:
-                        end = _space_deadline(self.max_block_s)
-                    try:
-                        self._wait_for_space(need, end)
-                    except RequestTimedOutError:
-                        self._stats.failed(topic, 1)  # record-error-total, as Kafka's
-                        raise
-                continue  # (the sender may also have taken the open batch meanwhile)
-            if b is None:
-                b = self._new_batch(topic, partition)
-            used = b.size + size
-            extra = min(
-                RESERVE_CHUNK,
-                max(b.max_size, used) - used,
-                self.buffer_memory - self._buffered - need,
-            )
-            grant = need + max(extra, 0)
-            b.limit += grant
-            self._buffered += grant
-            return b
-
-    def _trim(self, b: ProducerBatch) -> None:
-        """With the lock held: return a closing batch's unused reservation to the pool."""
-        self._buffered -= b.limit - b.size
-        b.limit = b.size
-        if self._space_waiters:
-            self._space.notify_all()
-
-    def _new_batch(self, topic: str, partition: int) -> ProducerBatch:
-        """With the lock held: open a new batch for the partition (closing the old one)."""
-        tp = (topic, partition)
-        pq = self._queues.get(tp)
-        if pq is None:
-            pq = self._queues[tp] = PartitionQueue(topic, partition)
-        b = pq.new_batch()
-        b.max_size = self._batch_bytes(topic)
-        b.topic_id = self._metadata.topic_id(topic)
-        self._open[tp] = b
-        return b
-
-    def _batch_bytes(self, topic: str) -> int:
-        """``batch_size``, or less for a topic whose ``max.message.bytes`` is smaller, so that
-        records are not refused (MESSAGE_TOO_LARGE) for the batch they were put in: half the
-        limit, as ``size`` counts 16 bytes a record where an encoded batch spends up to ~24,
-        plus a frame of about a kilobyte. Only a record too large on its own then fails.
-        Never more than ``max_request_size``: sizes count records uncompressed, so a batch
-        of many records then decompresses to no more than one record may be."""
-        size = min(self.batch_size, self.max_request_size)
-        limit = self._metadata.max_message_bytes(topic)
-        if limit <= 0:
-            return size
-        return max(min(size, limit // 2), 1)
-
-    def _close_open(self, topic: str, partition: int) -> None:
-        """With the lock held: the partition's open batch takes no more records."""
-        tp = (topic, partition)
-        self._open.pop(tp, None)
-        pq = self._queues.get(tp)
-        if pq is not None:
-            if pq.open is not None:
-                self._trim(pq.open)
-            pq.close_open()
-
-    def send_batch(
-        self,
-        topic: str,
-        values: Sequence[Any] | pa.Array | pa.Table | pa.RecordBatch,
-        keys: Sequence[Any] | pa.Array | None = None,
-        *,
-        headers: Sequence[Any] | pa.Array | None = None,
-        timestamps: Sequence[int] | pa.Array | None = None,
-        partition: int | None = None,
-    ) -> BulkFuture:
-        """Queue many records at once, without per-record Python work where possible.
-
-        ``values`` is a list of bytes/None, an Arrow binary array, or an Arrow table/batch
-        with a ``value`` column and optional ``key``, ``headers`` and ``timestamp`` columns.
-        Records are split into batches of about ``batch_size`` bytes: with keys each goes to
-        its key's partition, without keys batches go round the partitions (sticky per batch).
-        Returns one Future of the list of :class:`BatchMetadata` (one per batch, in order);
-        its ``written()`` counts the records acknowledged, also when a batch failed.
-        Each record counts against ``max_request_size`` as in :meth:`send` (the same error,
-        before anything is queued), and no batch of several records passes ``batch_size``.
-        """
-        if self._closing:
-            raise self._closed_error()
-        if self._txn is not None:
-            self._txn.require(TxnPhase.IN_TRANSACTION, action="send_batch()")
-        table = as_table(values, keys, headers, timestamps)
-        _check_topic(topic)
-        try:
-            chunks = self._queue_table(topic, table, partition)
-        except StromError:
-            self._stats.failed(topic, table.num_rows)  # record-error-total, as Kafka's
-            raise
-        if not chunks:
-            done = BulkFuture([])
-            done.set_result([])
-            return done
-        self._wake.set()
-        return gather(chunks)
-
-    def _queue_table(
-        self, topic: str, table: pa.Table, partition: int | None
-    ) -> list[ProducerBatch]:
-        """send_batch()'s work: split ``table`` into batches and queue them (none for an empty
-        table). Any StromError it raises has queued nothing, and send_batch() counts all the
-        table's records as failed (record-error-total)."""
-        if table.num_rows == 0:
-            return []
-        if partition is not None and (
-            isinstance(partition, bool) or not isinstance(partition, int)
-        ):
-            # (found from outside: partition="1" failed with a bare "'<=' not supported")
-            raise TypeError(f"partition must be an int, got {partition!r}")
-        n = self._counts.get(topic) or self._partition_count(topic)
-        if partition is not None and not 0 <= partition < n:
-            n = self._metadata.count_covering(topic, partition)  # new partitions, or raises
-        groups: list[tuple[int, pa.Table]]
-        if partition is not None:
-            groups = [(partition, table)]
-        elif "key" in table.schema.names and table.column("key").null_count < table.num_rows:
-            groups = split_by_key(table, topic, n, self.partitioner)
-        else:
-            groups = [(-1, table)]
-        chunks: list[ProducerBatch] = []
-        topic_id = self._metadata.topic_id(topic)
-        for p, t in groups:
-            for chunk in table_chunks(
-                t, self._batch_bytes(topic), self.max_request_size, self.buffer_memory
-            ):
-                if p < 0:
-                    part = self._sticky.get(topic)
-                    if part is None or part >= n:
-                        part = random.randrange(n)
-                    self._sticky[topic] = (part + 1) % n
-                else:
-                    part = p
-                b = ProducerBatch(topic, part, chunk)
-                b.topic_id = topic_id
-                chunks.append(b)
-        with self._lock:
-            for b in chunks:
-                if self._buffered + b.size > self.buffer_memory and self._buffered:
-                    self._wait_for_space(b.size, _space_deadline(self.max_block_s))
-                tp = (topic, b.partition)
-                pq = self._queues.get(tp)
-                if pq is None:
-                    pq = self._queues[tp] = PartitionQueue(topic, b.partition)
-                if pq.open is not None:
-                    self._trim(pq.open)
-                pq.add_closed(b)
-                self._open.pop(tp, None)
-                self._buffered += b.size  # == b.limit: a bulk batch reserves exactly its size
-        return chunks
-
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued so far and wait until it is acknowledged or failed, and
         every delivery callback (``send(callback=...)``) of those records has run.
@@ -672,231 +484,7 @@ class Producer(SenderLoop):
                 "another thread (or close() the producer, which does not wait there)"
             )
 
-    # -- transactions (DESIGN §6; strom.client.transactions) --------------------------------
-
-    def init_transactions(self, timeout: float | None = None) -> None:
-        """Register the ``transactional_id`` with its coordinator: get the producer id and a
-        new epoch, which fences any older producer with the same id; a transaction such a
-        producer left open is aborted first. Call once, before the first transaction: after a
-        failed transaction ``abort_transaction()`` is all it takes to go on (it gets a new
-        epoch itself when a batch failed)."""
-        txn = self._require_txn()
-        self._adopt(*txn.init(self.max_block_s if timeout is None else timeout))
-
-    def _adopt(self, pid: int, epoch: int) -> None:
-        """A transactional producer's new producer id and epoch (init_transactions(), or an
-        abort that took the id back): every partition numbers from 0 again."""
-        with self._lock:
-            self._producer_id, self._producer_epoch = pid, epoch
-            for pq in self._queues.values():  # a new epoch numbers from 0 again
-                pq.next_sequence = 0
-                pq.reseq_from = None
-                pq.producer_id, pq.producer_epoch = pid, epoch
-                pq.unresolved = False
-                pq.unresolved_seq = -1
-
-    def begin_transaction(self) -> None:
-        """Start a transaction: records sent until commit/abort belong to it. Local, except
-        after an abort that did not finish: an abort that got no answer is asked again
-        first, and so is the new epoch the abort of a transaction with a failed batch asks
-        for (up to ``max_block_ms``)."""
-        txn = self._require_txn()
-        if txn.pending_end is False:  # (an abort that got no answer: see TransactionManager)
-            txn.end(False, self.max_block_s)
-        if txn.epoch_bump_required and txn.phase is TxnPhase.READY:
-            self._adopt(*txn.bump_epoch(self.max_block_s))
-        txn.begin(self.max_block_s)
-        self._txn_failed = None
-
-    def send_offsets_to_transaction(
-        self,
-        offsets: Mapping[TopicPartition, OffsetAndMetadata],
-        group_metadata: GroupMetadata | str,
-        timeout: float | None = None,
-    ) -> None:
-        """Commit a consumer group's offsets as part of the transaction (the
-        consume-transform-produce pattern): they become the group's committed offsets only
-        if the transaction commits. ``group_metadata`` is ``consumer.group_metadata()``, so
-        a consumer that was fenced out of its group cannot commit. A group id string is
-        taken too (Kafka's older form): the coordinator takes it only while the group has no
-        members (NON_EMPTY_GROUP otherwise), since it cannot tell a fenced member apart."""
-        if isinstance(group_metadata, str):
-            group_metadata = GroupMetadata(group_metadata)
-        elif not isinstance(group_metadata, GroupMetadata):
-            raise TypeError(
-                "group_metadata must be consumer.group_metadata() or a group id, not "
-                f"{type(group_metadata).__name__}"
-            )
-        self._require_txn().send_offsets(
-            offsets, group_metadata, self.max_block_s if timeout is None else timeout
-        )
-
-    def commit_transaction(self, timeout: float | None = None) -> None:
-        """Send everything, then commit: the records and offsets of the transaction become
-        visible to read_committed consumers, all or nothing.
-
-        Raises the error that made the transaction fail (call :meth:`abort_transaction`), or
-        :class:`~strom.errors.ProducerFencedError` when a newer instance took over (close
-        this producer). When the commit got no answer in time (:class:`~strom.errors.
-        RequestTimedOutError`, a broken connection) it may still be committed: call
-        ``commit_transaction()`` again, which asks once more (an abort is refused then).
-
-        Returns within ``timeout`` (``max_block_ms`` when None): when the transaction's
-        records were not all sent by then (a partition waiting to be added by
-        AddPartitionsToTxn to a coordinator that does not answer, or for its leader), it
-        raises :class:`~strom.errors.RequestTimedOutError` saying so, and the transaction
-        is neither committed nor failed: ``commit_transaction()`` again goes on from there
-        (Kafka's rule for a commitTransaction() that timed out), ``abort_transaction()``
-        aborts it."""
-        txn = self._require_txn()
-        if txn.pending_end is True:
-            txn.end(True, self.max_block_s if timeout is None else timeout)
-            return
-        txn, end = self._flush_transaction("commit_transaction()", timeout, resumable=True)
-        txn.end(True, max(end - time.monotonic(), 0.001))
-
-    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
-        """Send everything of the open transaction and hand it over undecided (the first
-        phase of a two-phase commit, Kafka's KIP-939): the returned state lets another
-        process commit or abort it with
-        :func:`~strom.client.transactions.complete_prepared_transaction`. This producer is
-        done with transactions then; :meth:`close` leaves the prepared transaction open. If
-        nobody completes it, it is aborted when ``transaction_timeout_ms`` passes or a new
-        instance of the transactional id calls :meth:`init_transactions`.
-
-        Raises the error that made the transaction fail (call :meth:`abort_transaction`)."""
-        txn, _ = self._flush_transaction("prepare_transaction()", timeout)
-        with txn.lock:
-            txn.phase = TxnPhase.PREPARED
-        return PreparedTxnState(
-            txn.transactional_id, txn.producer_id, txn.producer_epoch, empty=not txn.started
-        )
-
-    def _flush_transaction(
-        self, action: str, timeout: float | None, *, resumable: bool = False
-    ) -> tuple[TransactionManager, float]:
-        """The first step of ending a transaction: send everything; raises the error that
-        made the transaction fail. Returns the manager and the call's deadline.
-
-        ``resumable`` (a commit): a flush that did not end in time leaves the transaction
-        COMMITTING, not failed, and the same call again goes on from there. FIX (found from
-        outside): commit_transaction(timeout) while a partition waited for a coordinator
-        that did not answer failed the transaction (abortable) when the flush timed out,
-        though nothing had gone wrong but the wait."""
-        txn = self._require_txn()
-        resuming = resumable and txn.phase is TxnPhase.COMMITTING and txn.pending_end is None
-        if not resuming:
-            txn.require(TxnPhase.IN_TRANSACTION, action=action)
-        budget = self.max_block_s if timeout is None else timeout
-        end = time.monotonic() + budget
-        with txn.lock:
-            txn.phase = TxnPhase.COMMITTING
-        try:
-            self.flush(max(end - time.monotonic(), 0))
-        except RequestTimedOutError as exc:
-            if not resumable or txn.phase is not TxnPhase.COMMITTING:
-                txn.fail(exc)
-            else:
-                raise RequestTimedOutError(
-                    f"{action} did not finish within {budget:.1f} s: records of the "
-                    "transaction were still being sent (a partition waiting to be added to it "
-                    "by AddPartitionsToTxn, or for its leader); it is not committed: call "
-                    f"{action} again to go on, or abort_transaction()"
-                ) from None
-        except StromError as exc:
-            txn.fail(exc)
-        if txn.phase is not TxnPhase.COMMITTING:
-            assert txn.error is not None
-            raise txn.error
-        return txn, end
-
-    def abort_transaction(self, timeout: float | None = None) -> None:
-        """Abort the transaction: its records stay invisible to read_committed consumers
-        and its offsets are dropped. Records still queued are sent first (they are part of
-        the aborted transaction either way), within ``timeout``; those of partitions the
-        transaction coordinator has not added by then fail, never sent. Returns within
-        ``timeout`` (``max_block_ms`` when None), or raises
-        :class:`~strom.errors.RequestTimedOutError` saying what it waited for (the records,
-        or the coordinator's answer): calling ``abort_transaction()`` (or
-        ``begin_transaction()``) again goes on.
-
-        When a batch of the transaction failed (it may have been written, or its sequence was
-        refused), the abort then asks the coordinator for a new epoch of the same producer id
-        (Kafka's KIP-360 bump), under which every partition numbers from 0: the next
-        transaction goes on, with no ``init_transactions()``. A newer instance of the
-        transactional id still fences this one (:class:`~strom.errors.ProducerFencedError`)."""
-        self._abort_transaction(timeout, bump=True)
-
-    def _abort_transaction(self, timeout: float | None, *, bump: bool) -> None:
-        """:meth:`abort_transaction`; ``bump=False`` (close()) leaves out the new epoch, which
-        only a further transaction needs."""
-        txn = self._require_txn()
-        if txn.phase is TxnPhase.FATAL_ERROR:
-            txn.require(TxnPhase.IN_TRANSACTION, action="abort_transaction()")  # raises it
-        if txn.pending_end is True:
-            raise InvalidTxnStateError(
-                "cannot abort_transaction(): the previous commit_transaction() got no answer "
-                "and may have committed; call commit_transaction() again"
-            )
-        budget = self.max_block_s if timeout is None else timeout
-        end = time.monotonic() + budget
-        if txn.pending_end is False:  # the previous abort got no answer: ask again
-            txn.end(False, budget)
-        elif not (txn.phase is TxnPhase.READY and txn.epoch_bump_required):
-            self._abort_open(txn, timeout, end)
-        if bump and txn.epoch_bump_required:  # (aborted: only the new epoch is left to get)
-            self._adopt(*txn.bump_epoch(max(end - time.monotonic(), 0.001)))
-
-    def _abort_open(self, txn: TransactionManager, timeout: float | None, end: float) -> None:
-        """Abort the open (or failed) transaction by ``end``: flush, then EndTxn (or, when
-        the epoch was bumped past ours, take the id back: KIP-588)."""
-        txn.require(
-            TxnPhase.IN_TRANSACTION,
-            TxnPhase.ABORTABLE_ERROR,
-            TxnPhase.COMMITTING,
-            action="abort_transaction()",
-        )
-        with txn.lock:
-            txn.phase = TxnPhase.ABORTING
-        flushed = True
-        try:
-            self.flush(max(end - time.monotonic(), 0))
-        except RequestTimedOutError:
-            flushed = False
-        except StromError:
-            pass  # (refused from a delivery callback, say: the abort goes on without it)
-        # Batches of partitions still not added never go (an AddPartitionsToTxn in flight is
-        # not waited for past the flush: the coordinator may hang), as Kafka's
-        # abortUndrainedBatches; one answered later marks nothing (TransactionManager).
-        with self._lock:
-            queued = list(self._queues)
-        self._fail_unadded([tp for tp in queued if tp not in txn.added], self._unadded_error(txn))
-        if not flushed:
-            self._abort_unfinished(txn, timeout)
-        if txn.bump_needed:  # the epoch was bumped past ours: ask for the id back (KIP-588)
-            back = txn.recover(max(end - time.monotonic(), 0.001))
-            if back is not None:
-                self._adopt(*back)
-            return
-        txn.end(False, max(end - time.monotonic(), 0.001))
-
-    def _abort_unfinished(self, txn: TransactionManager, timeout: float | None) -> None:
-        """An abort whose flush did not end in its time (a partition waits to be added to
-        the transaction, or for its leader): the coordinator is not asked yet (no time is
-        left for it), and the transaction stays abortable so that the next
-        ``abort_transaction()`` goes on from here; raises saying so."""
-        budget = self.max_block_s if timeout is None else timeout
-        error = RequestTimedOutError(
-            f"abort_transaction() did not finish within {budget:.1f} s: records of the "
-            "transaction were still being sent (a partition waiting to be added to it by "
-            "AddPartitionsToTxn, or for its leader), so the transaction coordinator has not "
-            "been asked to abort it yet; call abort_transaction() again"
-        )
-        with txn.lock:
-            if txn.phase is TxnPhase.ABORTING:
-                txn.phase = TxnPhase.ABORTABLE_ERROR
-                txn.error = txn.error or error
-        raise error
+    # -- transactions (DESIGN §6; strom.client.producer_txn, strom.client.transactions) ---
 
     @contextlib.contextmanager
     def transaction(self, timeout: float | None = None) -> Iterator[Producer]:
@@ -921,70 +509,6 @@ class Producer(SenderLoop):
             self._abort_block(timeout)
             raise
         self._commit_block(timeout)
-
-    def _abort_block(self, timeout: float | None) -> None:
-        """A ``transaction()`` block raised: abort (its own error is not the caller's; one
-        that fails is left to the next block: :meth:`_finish_block_abort`)."""
-        try:
-            self.abort_transaction(timeout)
-        except StromError:
-            self._block_abort_failed = True
-
-    def _finish_block_abort(self, timeout: float | None) -> None:
-        """Before a block begins: abort what the last block's abort left open. FIX (found
-        from outside): a block whose abort timed out while it was still sending (a hung
-        transaction coordinator) left the transaction in its abortable error, the block's
-        abort error swallowed; every later block was refused "cannot begin_transaction()
-        while abortable error" at once, for ever, and the README's loop spun without end
-        though the coordinator had come back (Kafka's loop calls abortTransaction() in its
-        catch, and goes on)."""
-        if not self._block_abort_failed:
-            return
-        txn = self._txn
-        if (
-            txn is not None
-            and txn.pending_end is not True
-            and txn.phase
-            in (TxnPhase.ABORTABLE_ERROR, TxnPhase.IN_TRANSACTION, TxnPhase.COMMITTING)
-        ):
-            self.abort_transaction(timeout)  # raises while it still fails: the flag stays
-        self._block_abort_failed = False
-
-    def _commit_block(self, timeout: float | None) -> None:
-        """A ``transaction()`` block ended: commit, settling a commit that got no answer."""
-        try:
-            try:
-                self.commit_transaction(timeout)
-            except StromError:
-                txn = self._txn
-                if txn is None or txn.pending_end is not True:
-                    raise
-                # Found from outside: a commit that timed out left the block with an error
-                # the README's loop took as abortable: it rewound, and every later
-                # begin_transaction() was refused (the commit was pending). Asked again
-                # here, the error out of the block means "not committed" again.
-                txn.settle_commit(
-                    self.max_block_s if timeout is None else timeout, txn.timeout_ms / 1000
-                )
-        except StromError:
-            # (found from outside: the failed transaction stayed open, holding read_committed
-            # readers until its timeout; a commit whose records were not all sent in time is
-            # left COMMITTING, and is aborted too: the block's error means "not committed")
-            txn = self._txn
-            if (
-                txn is not None
-                and txn.pending_end is not True
-                and txn.phase in (TxnPhase.ABORTABLE_ERROR, TxnPhase.COMMITTING)
-            ):
-                self._abort_block(timeout)
-            raise
-
-    def _require_txn(self) -> TransactionManager:
-        if self._txn is None:
-            raise InvalidTxnStateError("this producer has no transactional_id")
-        if self._closing:
-            raise self._closed_error()
-        return self._txn
 
     def _closed_error(self) -> StromError:
         """Why a closed producer refuses a call: closed, or made in the parent of this
@@ -1127,99 +651,6 @@ class Producer(SenderLoop):
             ) from None
         return len(entry.partitions)
 
-    def _wait_for_space(self, size: int, end: float | None = None) -> None:
-        """Called with the lock held: block until ``size`` bytes fit or max_block_ms passes
-        (or the monotonic time ``end``, for a caller that waits more than once)."""
-        if end is None:
-            end = time.monotonic() + self.max_block_s
-        self._space_waiters += 1
-        began = time.monotonic()
-        try:
-            while self._buffered + size > self.buffer_memory and self._buffered:
-                left = end - time.monotonic()
-                if left <= 0 or self._closing:
-                    raise RequestTimedOutError(
-                        f"buffer_memory={self.buffer_memory} bytes full for max_block_ms="
-                        f"{self.max_block_s * 1000:.0f}: the cluster is not keeping up or "
-                        "not reachable"
-                    )
-                self._wake.set()
-                self._space.wait(left)
-        finally:
-            self._space_waiters -= 1
-            self._stats.waited_for_buffer(time.monotonic() - began)
-
 
 _time = time.time
 _new_object = object.__new__
-
-
-class WouldBlockError(Exception):
-    """Raised instead of waiting for buffer space by a send made inside
-    :func:`space_wait_until` with ``NO_WAIT``: nothing was queued (strom.aio's event loop
-    must never wait for the buffer, so it tries first and waits elsewhere when told to)."""
-
-
-#: ``space_wait_until``'s "do not wait at all": the send raises :class:`WouldBlockError`.
-NO_WAIT = float("-inf")
-
-#: Per thread: when a send made on it stops waiting for buffer space (see space_wait_until).
-_space_wait = threading.local()
-
-
-@contextlib.contextmanager
-def space_wait_until(end: float) -> Iterator[None]:
-    """Sends and ``send_batch`` calls made on this thread inside the block wait for buffer
-    space until the monotonic time ``end`` rather than ``max_block_ms`` from their own
-    start; ``NO_WAIT`` makes them raise :class:`WouldBlockError` instead of waiting.
-
-    strom.aio's producer needs both: its event loop may only try (a full buffer must not
-    freeze the loop), and the sends it then hands to its one waiting thread must keep the
-    deadline of their ``await producer.send()``, not restart it when their turn comes.
-    Thread-local and read only on the slow path (a full batch), so ``send`` pays nothing."""
-    before = getattr(_space_wait, "end", None)
-    _space_wait.end = end
-    try:
-        yield
-    finally:
-        _space_wait.end = before
-
-
-def _space_deadline(max_block_s: float) -> float:
-    """When a send on this thread, about to wait for buffer space, gives up (monotonic)."""
-    end = getattr(_space_wait, "end", None)
-    if end is None:
-        return time.monotonic() + max_block_s
-    if end == NO_WAIT:
-        raise WouldBlockError("the producer's buffer is full")
-    return end
-
-
-#: Largest bytes ``send`` reserves for an open batch at a time (see ``_make_room``).
-RESERVE_CHUNK = 32 * 1024
-
-#: Timestamps are kept as float ms until encoded: exact below 2**53.
-_MAX_TIMESTAMP_MS = 2**53
-
-
-def _check_topic(topic: Any) -> None:
-    """A caller's topic name, or a clear error (checked before a failure can be counted
-    under it)."""
-    if not topic or not isinstance(topic, str):
-        raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
-
-
-def _check_timestamp(ts: Any) -> int:
-    """A caller's ``timestamp_ms`` as an int, or a clear error (not a failed batch later)."""
-    if type(ts) is not int:
-        try:
-            if isinstance(ts, bool):
-                raise TypeError
-            ts = operator.index(ts)  # numpy and other integer types
-        except TypeError:
-            raise InvalidRequestError(
-                f"timestamp_ms must be an int (ms since the epoch), got {ts!r}"
-            ) from None
-    if not 0 <= ts < _MAX_TIMESTAMP_MS:
-        raise InvalidRequestError(f"timestamp_ms must be ms since the epoch (>= 0), got {ts}")
-    return ts

@@ -1,7 +1,7 @@
 """What ``send()`` and ``send_batch()`` both check of a caller's records: the headers, a custom
-partitioner's answer and a record's size. Each bad input fails at the call, naming what was
-wrong, before anything is queued (a batch that fails later, on the sender thread, would say
-less and take its neighbours with it).
+partitioner's answer, a record's size, the topic name and a timestamp. Each bad input fails
+at the call, naming what was wrong, before anything is queued (a batch that fails later, on
+the sender thread, would say less and take its neighbours with it).
 
 A module of its own because both the Producer (:mod:`strom.client.producer`) and its bulk
 path (:mod:`strom.client.bulk`) call these, and the bulk path is imported by the Producer.
@@ -13,7 +13,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from strom.errors import MessageTooLargeError
+from strom.errors import InvalidRequestError, MessageTooLargeError
 
 #: A custom partitioner: ``partitioner(key_bytes, partition_count)`` -> a partition number.
 Partitioner = Callable[[bytes | None, int], int]
@@ -101,3 +101,30 @@ def record_too_large(size: int, max_request_size: int, buffer_memory: int) -> Me
         f"the record is {size} bytes, more than buffer_memory={buffer_memory} (the producer's "
         "whole buffer could never hold it)"
     )
+
+
+#: Timestamps are kept as float ms until encoded: exact below 2**53.
+_MAX_TIMESTAMP_MS = 2**53
+
+
+def _check_topic(topic: Any) -> None:
+    """A caller's topic name, or a clear error (checked before a failure can be counted
+    under it)."""
+    if not topic or not isinstance(topic, str):
+        raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
+
+
+def _check_timestamp(ts: Any) -> int:
+    """A caller's ``timestamp_ms`` as an int, or a clear error (not a failed batch later)."""
+    if type(ts) is not int:
+        try:
+            if isinstance(ts, bool):
+                raise TypeError
+            ts = operator.index(ts)  # numpy and other integer types
+        except TypeError:
+            raise InvalidRequestError(
+                f"timestamp_ms must be an int (ms since the epoch), got {ts!r}"
+            ) from None
+    if not 0 <= ts < _MAX_TIMESTAMP_MS:
+        raise InvalidRequestError(f"timestamp_ms must be ms since the epoch (>= 0), got {ts}")
+    return ts

@@ -3,8 +3,9 @@
 :class:`SenderLoop` is mixed into :class:`strom.client.producer.Producer`; its loop
 (``_run``) closes batches, drains them into one Produce request per node and completes,
 retries or fails them from the answer (those in :mod:`strom.client.produce_answers`, the
-sequence numbers and epochs in :mod:`strom.client.sequences`: mixins of ``SenderLoop``).
-How, and why:
+sequence numbers and epochs in :mod:`strom.client.sequences`, AddPartitionsToTxn in
+:mod:`strom.client.add_partitions`, the watch over requests to a hung leader in
+:mod:`strom.client.produce_overdue`: mixins of ``SenderLoop``). How, and why:
 
 - Nagle's rule, for batches: while a partition has a request in flight, only *full* batches
   are sent beside it; a batch still filling waits for the answer (or ``flush``). A gRPC call
@@ -64,7 +65,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +73,7 @@ import grpc
 from strom.api import storage_pb2
 from strom.client import trace
 from strom.client.accumulator import BATCH_OVERHEAD, PartitionQueue, ProducerBatch
+from strom.client.add_partitions import AddPartitions
 from strom.client.cluster import MIN_ATTEMPT_S, ClusterClient
 from strom.client.downgrades import Downgrades
 from strom.client.metadata import MetadataCache, PartitionLeader
@@ -80,19 +81,25 @@ from strom.client.produce_answers import (
     RETRY_LOG_INTERVAL_S,
     RETRY_QUIET_S,
     ProduceAnswers,
+    _earlier,
     _Shipment,
     request_too_large,
+)
+from strom.client.produce_overdue import (
+    OVERDUE_GRACE_S,
+    OVERDUE_RECHECK_S,
+    OverdueRequests,
+    _Outstanding,
 )
 from strom.client.sequences import Sequences
 from strom.client.spin import SpinKeeper
 from strom.client.stats import ProducerStats
 from strom.client.streams import PRODUCE_STREAM_METHOD, RequestStream, StreamError
-from strom.client.transactions import TransactionManager, TxnPhase
+from strom.client.transactions import TransactionManager
 from strom.client.types import TopicPartition
 from strom.client.wire import PRODUCE_METHOD, encode_produce_request
 from strom.errors import (
     InvalidRequestError,
-    ProducerFencedError,
     StromError,
     UnknownTopicOrPartitionError,
 )
@@ -123,54 +130,7 @@ STREAM_HANDSHAKE_S = 0.25
 NODE_WAIT_MARGIN_S = 1.0
 
 
-#: How long a Produce request may go unanswered before the leaders of its partitions are
-#: looked up again (design §8; ``SenderLoop._overdue``). A healthy node answers acks=0/1 in
-#: milliseconds; with acks=all it may rightly hold a request longer, waiting for slow
-#: replicas (up to the request's ``timeout_ms``). The same grace serves both: a lookup
-#: costs one Metadata call (on the metadata thread, hedged), and only a *moved* leader
-#: makes the producer act. A leader that moved cannot commit the request any more (its
-#: ``_await_commit`` answers NOT_LEADER_OR_FOLLOWER at best), so giving the attempt up loses
-#: nothing the wait could have brought. Without it, batches in flight to a hung leader
-#: (SIGSTOP, a GC pause, a network partition) waited out ``request_timeout_ms`` (30 s)
-#: although the controller had moved the partition within 2-3 s (found from outside).
-OVERDUE_GRACE_S = 1.0
-#: How often an overdue request's leaders are looked up again while it stays unanswered
-#: (the controller moves a hung node's partitions once its etcd session ends).
-OVERDUE_RECHECK_S = 1.0
-
-
-class _Outstanding:
-    """A Produce request in flight, watched by the sender (``SenderLoop._overdue``): past
-    ``due`` its partitions' leaders are looked up again and, if one moved away, the attempt
-    is given up as if it had timed out (its late answer, if any, is ignored)."""
-
-    __slots__ = ("addr", "checked", "due", "entries")
-
-    def __init__(self, addr: str, entries: list[_Shipment], due: float) -> None:
-        self.addr = addr
-        self.entries = entries
-        #: When it is overdue (then: when its leaders are looked up again).
-        self.due = due
-        #: Its leaders were asked for since it became overdue.
-        self.checked = False
-
-
-#: Transaction phases in which a partition's first batch is still added to the transaction
-#: and sent (an abort sends what is queued, within its timeout).
-_ADDING_PHASES = (
-    TxnPhase.IN_TRANSACTION,
-    TxnPhase.COMMITTING,
-    TxnPhase.ABORTING,
-    TxnPhase.ABORTABLE_ERROR,
-)
-
-
-def _earlier(a: float | None, b: float) -> float:
-    b = max(b, 0.0)
-    return b if a is None else min(a, b)
-
-
-class SenderLoop(ProduceAnswers, Sequences):
+class SenderLoop(ProduceAnswers, Sequences, AddPartitions, OverdueRequests):
     """The sender thread's side of the Producer: the loop and the requests it sends. Their
     answers, retries and failures are :class:`ProduceAnswers`' (strom.client.produce_answers),
     the producer id, epochs and sequence numbers :class:`Sequences`' (strom.client.sequences).
@@ -511,138 +471,6 @@ class SenderLoop(ProduceAnswers, Sequences):
             entries.append(_Shipment(pq, take, epoch, behind))
         return entries, rest
 
-    def _add_to_transaction(
-        self, parts: set[tuple[str, int]], next_wake: float | None
-    ) -> float | None:
-        """Send AddPartitionsToTxn for partitions about to get their first batch of the
-        transaction, as one more request in flight: it runs on a thread of its own and wakes
-        the sender when it ends (:meth:`_added_to_transaction`), one at a time; partitions
-        due meanwhile go in the next one. FIX (found from outside): the sender made the call
-        itself and, with the coordinator down or stopped, sent nothing else until it gave up
-        (up to delivery_timeout_ms): partitions already added, delivery timeouts and
-        callbacks all waited, and so did flush(), close() and abort_transaction() (Kafka's
-        sender, too, keeps polling while its AddPartitionsToTxn is in flight).
-
-        The call may retry until the oldest of those batches is due to expire
-        (delivery_timeout_ms after its creation), each attempt for up to request_timeout_ms
-        (DESIGN §8). Nothing is added once the transaction has ended (an abort fails the
-        batches of partitions still not added once its flush is over: see
-        :meth:`abort_transaction`)."""
-        txn = self._txn
-        assert txn is not None
-        if self._add_future is not None:
-            # (these wait for the next one; the sender wakes to expire them in time)
-            return _earlier(next_wake, self._add_budget(parts))
-        if txn.phase not in _ADDING_PHASES:
-            self._fail_unadded(parts, self._unadded_error(txn))
-            return next_wake
-        budget = self._add_budget(parts)
-        future: Future[None] = Future()
-        self._add_future, self._adding = future, frozenset(parts)
-        self._adding_generation = txn.generation
-        threading.Thread(
-            target=self._add_partitions,
-            args=(txn, parts, budget, future),
-            name=f"strom-producer-add-partitions-{self.client_id}",
-            daemon=True,
-        ).start()
-        return next_wake
-
-    def _add_partitions(
-        self,
-        txn: TransactionManager,
-        parts: set[tuple[str, int]],
-        budget: float,
-        future: Future[None],
-    ) -> None:
-        """The AddPartitionsToTxn thread (see :meth:`_add_to_transaction`)."""
-        try:
-            txn.add_partitions(parts, budget)
-        except BaseException as exc:  # (handed to the sender, which fails the batches)
-            future.set_exception(exc)
-        else:
-            future.set_result(None)
-        self._wake.set()
-
-    def _added_to_transaction(self) -> None:
-        """On the sender thread, once the AddPartitionsToTxn in flight has ended: its
-        partitions were added (their batches go now), or it failed, and so do their
-        batches and the transaction. An answer to a transaction that has ended since (it
-        was aborted meanwhile; its batches failed then) changes nothing, unless it fenced
-        the producer."""
-        txn, future, parts = self._txn, self._add_future, self._adding
-        assert txn is not None and future is not None
-        self._add_future, self._adding = None, frozenset()
-        exc = future.exception()
-        if exc is None:
-            return
-        if not isinstance(exc, StromError):
-            exc = StromError(f"AddPartitionsToTxn failed: {type(exc).__name__}: {exc}")
-        if txn.generation != self._adding_generation and txn.phase is not TxnPhase.FATAL_ERROR:
-            return
-        txn.fail(exc)
-        err = txn.error or exc
-        self._fail_unadded(parts, err, fail_txn=True)
-        if isinstance(err, ProducerFencedError):
-            self._fatal = err
-            self._fail_all(err)
-
-    @staticmethod
-    def _unadded_error(txn: TransactionManager) -> StromError:
-        """What a batch of a partition not added to its transaction fails with when the
-        transaction fails or is aborted first."""
-        why = (
-            f"the transaction failed ({txn.error})" if txn.error else "the transaction was aborted"
-        )
-        return StromError(
-            f"not written: {why} before the record's partition was added to it "
-            f"(AddPartitionsToTxn); the record belongs to the aborted transaction"
-        )
-
-    def _fail_unadded(
-        self, parts: Iterable[tuple[str, int]], err: StromError, *, fail_txn: bool = False
-    ) -> None:
-        """Fail the unsent batches of ``parts`` (partitions not added to the transaction:
-        nothing of them was sent). ``fail_txn``: the transaction fails with ``err`` too (see
-        :meth:`_fail`); else (an abort) it is left as it is, and only batches never given a
-        sequence fail (no sequence bookkeeping is needed for them)."""
-        wanted = set(parts)
-        with self._lock:
-            victims = [
-                (pq, [b for b in pq.batches if not b.sent and (fail_txn or b.base_sequence < 0)])
-                for (t, p), pq in self._queues.items()
-                if (t, p) in wanted
-            ]
-            victims = [(pq, batches) for pq, batches in victims if batches]
-            for pq, batches in victims:
-                if pq.open in batches:
-                    self._close_open(pq.topic, pq.partition)
-                for b in batches:
-                    b.sent = True
-                pq.in_flight += 1
-        for pq, batches in victims:
-            if fail_txn:
-                self._fail(pq, batches, err)
-            else:
-                for b in batches:
-                    b.result.fail(err)
-                self._stats.failed(pq.topic, sum(b.count for b in batches))
-                self._done(pq, batches)
-
-    def _add_budget(self, parts: set[tuple[str, int]]) -> float:
-        """How long AddPartitionsToTxn for ``parts`` may take: until the oldest unsent batch
-        of those partitions passes delivery_timeout_ms (it fails then anyway)."""
-        now = time.monotonic()
-        with self._lock:
-            created = [
-                b.created
-                for (t, p), pq in self._queues.items()
-                if (t, p) in parts
-                for b in pq.batches
-                if not b.sent
-            ]
-        return max(min(created, default=now) + self.delivery_timeout_s - now, MIN_ATTEMPT_S)
-
     def _send_request(self, addr: str, entries: list[_Shipment]) -> None:
         #: (topic, the id its batches were made for) -> partitions: the leader refuses them
         #: if the topic has been deleted and re-created since (INCONSISTENT_TOPIC_ID).
@@ -769,100 +597,6 @@ class SenderLoop(ProduceAnswers, Sequences):
         attempt_s = max(MIN_ATTEMPT_S, min(self.request_timeout_s, left))
         node_wait_s = attempt_s - min(NODE_WAIT_MARGIN_S, attempt_s / 4)
         return attempt_s, max(1, int(node_wait_s * 1000))
-
-    def _overdue(self, now: float) -> float | None:
-        """On the sender thread, each time it wakes while requests are in flight: give up the
-        attempts of requests unanswered :data:`OVERDUE_GRACE_S` whose partitions' leader
-        moved; seconds until the next look is due (None: nothing to watch).
-
-        The normal path costs one look at the oldest request in flight (no timer per
-        request): answers come in milliseconds, so it is rarely due. Once it is, every
-        request is looked at: an overdue one has its topics marked stale (the metadata
-        thread looks them up, hedged, and wakes the sender) and its node demoted (asked
-        last for metadata: it may be hung), again every :data:`OVERDUE_RECHECK_S` while it
-        stays unanswered. A node answers a stream's requests in order, so the requests sent
-        to it after an overdue one count as overdue too.
-
-        A request with a partition whose leader is now another node, or the same node under
-        a higher leader epoch, is given up as a whole, exactly as an attempt that reached
-        its deadline (DEADLINE_EXCEEDED): "no answer, may have been written", retried after
-        the backoff, in sequence order, its partitions' other requests drained first (they
-        are given up too, by the same rule). Its partitions whose leader did not move go
-        back to the same node; with idempotence the new leader (and the old one) answer a
-        batch it already has with its original offsets (DESIGN §6), and with acks=all only
-        once it is committed. Without idempotence such a retry may write a batch twice,
-        exactly as after a timeout today: the rule is the same for both (the old leader can
-        no longer commit what it holds, and the cluster has already moved on from it). Its
-        late answer, if one comes, is ignored (``_complete`` finds it no longer in
-        ``_outstanding``). A unary call cannot be cancelled from here and simply ends at its
-        deadline; a stream's is dropped with the stream when the watchdog cancels it."""
-        out = self._outstanding
-        first = next(iter(out))
-        if not first.checked and first.due > now:
-            return first.due - now
-        given_up: list[_Outstanding] = []
-        hung: set[str] = set()
-        next_due: float | None = None
-        for tracked in out:
-            if tracked.checked or tracked.due <= now or tracked.addr in hung:
-                hung.add(tracked.addr)
-                if self._moved(tracked):
-                    given_up.append(tracked)
-                    continue
-                if tracked.due <= now:
-                    if not tracked.checked:  # (debug: acks=all may wait for slow replicas)
-                        log.debug(
-                            "no Produce answer from %s within %.1f s; looking its "
-                            "partitions' leaders up again",
-                            tracked.addr,
-                            OVERDUE_GRACE_S,
-                        )
-                    self._client.demote(tracked.addr)
-                    for topic in {e.pq.topic for e in tracked.entries}:
-                        self._metadata.mark_stale(topic)
-                    tracked.checked = True
-                    tracked.due = now + OVERDUE_RECHECK_S
-            next_due = _earlier(next_due, tracked.due - now)
-        for tracked in given_up:
-            del out[tracked]
-            moved = sorted(
-                {
-                    f"{e.pq.topic}-{e.pq.partition}"
-                    for e in tracked.entries
-                    if self._moved_entry(e, tracked.addr)
-                }
-            )
-            log.info(
-                "no Produce answer from %s for %s, whose leader moved: retrying at the new leader",
-                tracked.addr,
-                ", ".join(moved),
-            )
-            self._complete(
-                tracked.addr,
-                tracked.entries,
-                None,
-                StreamError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"no answer from {tracked.addr} and the leader of {', '.join(moved)} moved",
-                ),
-            )
-        return next_due
-
-    def _moved(self, tracked: _Outstanding) -> bool:
-        """Whether a partition of the request has another leader now (see :meth:`_overdue`)."""
-        return any(self._moved_entry(e, tracked.addr) for e in tracked.entries)
-
-    def _moved_entry(self, entry: _Shipment, addr: str) -> bool:
-        """Whether ``entry``'s partition is now led by another node than ``addr``, or by it
-        under a higher epoch than the request was sent with (an epoch unknown then, -1,
-        proves nothing). A partition without a live leader (the controller has not elected
-        one yet) has not moved: the request goes on waiting."""
-        leader = self._leaders.get((entry.pq.topic, entry.pq.partition))
-        return (
-            leader is not None
-            and leader.address is not None
-            and (leader.address != addr or 0 <= entry.leader_epoch < leader.epoch)
-        )
 
     def _failed_to_send(self, addr: str, entries: list[_Shipment], error: BaseException) -> None:
         """A request that never left: handled as an answer is, by the sender loop (which
