@@ -148,6 +148,20 @@ METADATA_REFRESH_CODES: frozenset[int] = frozenset(
     }
 )
 
+#: A Fetch's per-partition codes after which the partition's leader is looked up again
+#: before it is fetched again (the consumer's fetcher and the Spark connector's reader).
+FETCH_LEADER_CODES: frozenset[int] = frozenset(
+    {
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.REPLICA_NOT_AVAILABLE,
+        ErrorCode.STORAGE_ERROR,
+        ErrorCode.BROKER_NOT_AVAILABLE,
+    }
+)
+
 #: Codes after which a client looks its group coordinator up again (FindCoordinator).
 COORDINATOR_REFRESH_CODES: frozenset[int] = frozenset(
     {

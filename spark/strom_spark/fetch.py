@@ -42,7 +42,7 @@ from strom.client.memory import keep_freed_buffers
 from strom.client.metadata import MetadataCache, PartitionLeader
 from strom.client.offsets import TRANSPORT_RETRY
 from strom.client.types import TopicPartition
-from strom.errors import ErrorCode, error_for, is_retriable
+from strom.errors import FETCH_LEADER_CODES, ErrorCode, error_for, is_retriable
 from strom.record import RecordBatch, decode_batches
 from strom_spark.arrow import Constants, to_spark_batch
 from strom_spark.errors import DataLossError, StromSparkError
@@ -51,17 +51,7 @@ from strom_spark.options import ReadOptions
 log = logging.getLogger(__name__)
 
 #: Errors after which the partition's leader is looked up again.
-_LEADER_ERRORS = frozenset(
-    {
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.LEADER_NOT_AVAILABLE,
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.REPLICA_NOT_AVAILABLE,
-        ErrorCode.STORAGE_ERROR,
-        ErrorCode.BROKER_NOT_AVAILABLE,
-    }
-)
+_LEADER_ERRORS = FETCH_LEADER_CODES
 #: The smallest partition_max_bytes asked for (the node returns at least one whole batch).
 MIN_FETCH_BYTES = 64 * 1024
 #: Record size assumed for a range's first request, before any answer showed the real one.

@@ -21,6 +21,7 @@ from strom.client.fetch_state import CompletedFetch, PartitionState
 from strom.client.metadata import MetadataCache
 from strom.client.types import TopicPartition
 from strom.errors import (
+    FETCH_LEADER_CODES,
     CorruptMessageError,
     ErrorCode,
     OffsetOutOfRangeError,
@@ -32,17 +33,7 @@ from strom.errors import (
 from strom.record import InvalidBatchError, RecordBatch
 
 #: Per-partition errors after which the leader is looked up again before the next fetch.
-_LEADER_ERRORS = frozenset(
-    {
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.LEADER_NOT_AVAILABLE,
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.REPLICA_NOT_AVAILABLE,
-        ErrorCode.STORAGE_ERROR,
-        ErrorCode.BROKER_NOT_AVAILABLE,
-    }
-)
+_LEADER_ERRORS = FETCH_LEADER_CODES
 
 #: STORAGE_ERROR answers in a row from the same leader (in the same leader epoch) after
 #: which ``poll()`` raises: the leader's stored data failed its check, and a leader lookup does
