@@ -142,7 +142,8 @@ class ControllerService(
         self.store = await reach_etcd(
             self.etcd, self.cluster, self.connect_timeout_s, ControllerStartupError
         )
-        self.view = await follow_cluster(self.store, self._on_view_events)
+        self.view = follow_cluster(self.store, self._on_view_events)
+        await asyncio.to_thread(self.view.start)
         self._update_gauges()
         self._start_election()
         self._follow_active()

@@ -182,7 +182,8 @@ class CoordinatorService(
         self.store = await reach_etcd(
             self.etcd, self.cluster, self.connect_timeout_s, CoordinatorStartupError
         )
-        self.view = await follow_cluster(self.store, self._on_view_events)
+        self.view = follow_cluster(self.store, self._on_view_events)
+        await asyncio.to_thread(self.view.start)
         await self._new_lease()
         self._spawn(self._ownership_loop())
         self._spawn(self._timer_loop())

@@ -38,13 +38,14 @@ async def reach_etcd(
     return store
 
 
-async def follow_cluster(
-    store: MetadataStore, on_events: Callable[[list[Any]], None]
-) -> ClusterView:
-    """The cluster's view with ``on_events`` and the dynamic log levels listening, started
-    (its snapshot taken, off the event loop: a snapshot is a blocking etcd read)."""
+def follow_cluster(store: MetadataStore, on_events: Callable[[list[Any]], None]) -> ClusterView:
+    """The cluster's view with ``on_events`` and the dynamic log levels listening, not
+    started yet: the caller keeps it first (``self.view = ...``), then starts it off the
+    event loop (``await asyncio.to_thread(view.start)``: a snapshot is a blocking etcd
+    read). The snapshot's RESYNC reaches ``on_events`` during ``start``, and a listener that
+    reads the service's view then must find it (found from outside: a controller logged a
+    listener's AssertionError at every start, and skipped that first event's work)."""
     view = ClusterView(store)
     view.add_listener(on_events)
     log_levels.follow(view)
-    await asyncio.to_thread(view.start)
     return view
