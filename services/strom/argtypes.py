@@ -5,7 +5,9 @@ it) need not import the services' runtime to check a number."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -165,3 +167,32 @@ def byte_size(text: str) -> int:
     if value >= 1 << 63:
         raise argparse.ArgumentTypeError(f"size is too large: {text!r} (at most 2^63-1 bytes)")
     return value
+
+
+#: What a host name may hold (RFC 1123 letters, digits, hyphens and dots; underscores too,
+#: which some DNS names carry) — anything else cannot be dialled.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+#: ... and an IPv6 address (with or without its brackets, to say which it is).
+_HOST_CHARS = re.compile(r"[A-Za-z0-9_.:\[\]%-]+")
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` (of a HOST:PORT) cannot be dialled, or None: a URL scheme, an IPv6
+    address without its brackets, separators or spaces. FIX (found from outside: ``--advertise
+    http://x:9092`` and ``::1:9092`` started a node that registered an address nobody can
+    dial, and a bootstrap of ``h:p;h:p`` was retried for a minute before failing)."""
+    if "://" in host or host.startswith("//"):
+        return "has a URL scheme: give HOST:PORT only"
+    if not _HOST_CHARS.fullmatch(host):
+        return "is not a host name or address (one HOST:PORT per entry, comma-separated)"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return "has brackets around something that is not an IPv6 address"
+        return None
+    if ":" in host:
+        return "is an IPv6 address without brackets: write [ADDRESS]:PORT, e.g. [::1]:9092"
+    if not _HOST_NAME.fullmatch(host):
+        return "is not a host name or address (one HOST:PORT per entry, comma-separated)"
+    return None

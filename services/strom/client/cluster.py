@@ -25,6 +25,7 @@ from strom.api import (
     storage_pb2,
     storage_pb2_grpc,
 )
+from strom.argtypes import host_problem
 from strom.client import forks
 from strom.client.metadata import MetadataCache, node_address
 from strom.errors import (
@@ -60,6 +61,9 @@ def parse_bootstrap(spec: str | Sequence[str] | None) -> list[str]:
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"bootstrap address {raw!r} is not HOST:PORT")
+        problem = host_problem(host)
+        if problem:
+            raise ValueError(f"bootstrap address {raw!r}: {host!r} {problem}")
         out.append(item)
     if not out:
         raise ValueError(

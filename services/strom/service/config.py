@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from strom.argtypes import host_problem
+
 
 class ConfigFileError(ValueError):
     """The YAML config file is missing, unreadable or names an unknown setting."""
@@ -160,4 +162,7 @@ def split_host_port(text: str, *, what: str = "address") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"{what} {text!r} is not HOST:PORT")
+    problem = host_problem(host) if host else None
+    if problem:
+        raise ValueError(f"{what} {text!r}: {host!r} {problem}")
     return host or "0.0.0.0", int(port)
