@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from strom.errors import (
     AuthorizationError,
     BrokerNotAvailableError,
     CoordinatorNotAvailableError,
+    InvalidConfigError,
     StromError,
     UnsupportedVersionError,
     error_for,
@@ -300,6 +302,9 @@ class ClusterClient:
         self._metadata: storage_pb2.MetadataResponse | None = None
         #: Addresses of the nodes the last Metadata answer listed (tried before bootstrap).
         self._known: list[str] = []
+        #: Whether the bootstrap names were looked up after a pass nobody answered.
+        self._resolvable_checked = False
+        self._unresolvable: InvalidConfigError | None = None
         self._controller_addr: str | None = None
         #: Nodes that failed or were slow to answer Metadata (address -> when), asked after
         #: the others until they answer again: a hung node is not asked first every time.
@@ -375,6 +380,32 @@ class ClusterClient:
             return order
         healthy = [a for a in order if a not in demoted]
         return healthy + sorted((a for a in order if a in demoted), key=demoted.__getitem__)
+
+    def _check_resolvable(self) -> None:
+        """Raise at once when no bootstrap host resolves (before any node answered: only
+        the bootstrap list is asked then), as Kafka's clients refuse "no resolvable bootstrap
+        urls": retrying cannot help a name that does not exist. FIX (found from outside: a
+        misspelled bootstrap name retried for the whole ``retry_s``, a minute in the CLI,
+        before an error naming the DNS failure). Checked once per client; a name that
+        resolves (even to a host that does not answer yet) keeps the retries."""
+        if self._resolvable_checked:
+            if self._unresolvable is not None:
+                raise self._unresolvable
+            return
+        self._resolvable_checked = True
+        failures = []
+        for address in self.bootstrap:
+            host = address.rpartition(":")[0].strip("[]")
+            try:
+                socket.getaddrinfo(host, None)
+            except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
+                failures.append(f"{host} ({getattr(exc, 'strerror', None) or exc})")
+            else:
+                return
+        self._unresolvable = InvalidConfigError(
+            "no bootstrap address resolves: " + ", ".join(failures), retriable=False
+        )
+        raise self._unresolvable
 
     def demote(self, address: str) -> None:
         """Ask ``address`` after the other nodes until it answers again (it failed a call,
@@ -523,6 +554,8 @@ class ClusterClient:
             # closed" (found from outside; the Producer, whose lookups retry inside one call,
             # got the AuthenticationError below at once).
             self._closed_passes = self._closed_passes + 1 if closed else 0
+            if not self._known:
+                self._check_resolvable()
             if self._closed_passes >= 2 and self.security.tls:
                 # Every node, twice over, completed the TLS handshake and closed the
                 # connection: how a server requiring client certificates (mTLS) refuses a
@@ -565,6 +598,8 @@ class ClusterClient:
         done.raise_refusal()  # not "no coordinator yet": never retried
         what = "group" if key_type == storage_pb2.COORDINATOR_TYPE_GROUP else "transactional id"
         if done.answer is None:
+            if not self._known:
+                self._check_resolvable()
             last = "; ".join(done.failures()) or "no node answered"
             raise CoordinatorNotAvailableError(f"no coordinator for {what} {key!r}: {last}")
         c = done.answer.coordinators[0]
@@ -685,7 +720,7 @@ class ClusterClient:
                         timeout_s=attempt_timeout(min(attempt_s, DISCOVERY_TIMEOUT_S), deadline),
                     )
                     unreached = None
-                except (AuthenticationError, AuthorizationError):
+                except (AuthenticationError, AuthorizationError, InvalidConfigError):
                     raise
                 except StromError as exc:
                     last, unreached = str(exc), exc

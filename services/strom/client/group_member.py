@@ -54,6 +54,7 @@ from strom.errors import (
     AuthorizationError,
     CoordinatorNotAvailableError,
     ErrorCode,
+    InvalidConfigError,
     RequestTimedOutError,
     StaleMemberEpochError,
     StromError,
@@ -706,9 +707,10 @@ class GroupMember:
             return 0.0
         except CallAbandoned:
             return 0.0
-        except (AuthenticationError, AuthorizationError) as exc:
-            # Not allowed on the group (or not authenticated): the next poll raises it,
-            # rather than waiting silently for a coordinator that will never answer.
+        except (AuthenticationError, AuthorizationError, InvalidConfigError) as exc:
+            # Not allowed on the group (or not authenticated), or a bootstrap list none of
+            # whose names resolves: the next poll raises it, rather than waiting silently
+            # for a coordinator that will never answer.
             self._error = exc
             return self._interval_s
         except StromError as exc:
