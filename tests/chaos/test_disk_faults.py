@@ -170,7 +170,14 @@ def test_full_disk_fails_produce_clearly_keeps_fetch_and_resumes(
     assert scan["problems"] == [] and [b[0] for b in scan["batches"]] == offsets
     node.process.kill()  # type: ignore[union-attr]
     c.restart(node)
-    assert _fetch_all(node.address, "full") == offsets
+    # (Its only replica died: the partition has no leader until the controller elects the
+    # restarted node again, a moment after it registers; CI fetched in between.)
+    restarted = wait_for(
+        lambda: _fetch_all(node.address, "full"),
+        timeout=30,
+        what="the restarted node leading full-0 again",
+    )
+    assert restarted == offsets
 
 
 # -- a leader whose disk is full --------------------------------------------------------------

@@ -117,13 +117,21 @@ class _LeaderFetches:
             try:
                 await call.write(request)
             except grpc.aio.AioRpcError as exc:
-                if not reused or exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise
-                # The leader ended the stream after its last answer (it is stopping): the
-                # request never left (gRPC reports the write as INTERNAL), so it goes on a
-                # new stream, once (a stopping leader refuses that one).
                 self.close()
-                return await self.fetch(request, timeout_s)
+                if reused:
+                    # The leader ended the stream after its last answer (it is stopping):
+                    # the request never left (gRPC reports the write as INTERNAL), so it
+                    # goes on a new stream, once (a stopping leader refuses that one).
+                    return await self.fetch(request, timeout_s)
+                # A fresh stream ended before its first write: a leader without FetchStream
+                # (an older version) answers UNIMPLEMENTED at once, and the write can lose
+                # that race (gRPC reports it as INTERNAL, the status lost; CI). This request
+                # goes as a unary call; the next fetch opens a stream again, and its read
+                # tells an older leader (UNIMPLEMENTED) from a failing one.
+                unary: pb.FetchResponse = await self._stub.Fetch(request, timeout=timeout_s)
+                return unary
             answer = await asyncio.wait_for(call.read(), timeout_s)
         except BaseException as exc:
             self.close()
