@@ -30,9 +30,11 @@ import pytest
 
 from strom.api import records_pb2, records_pb2_grpc
 from strom.client.admin import Admin
+from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, shard_for_group
 from strom.devcluster.cluster import LocalCluster, grpc_serving
 from strom.devcluster.procs import ManagedProcess, free_port, wait_for
-from strom.errors import ErrorCode
+from strom.errors import ErrorCode, StromError
 
 pytestmark = pytest.mark.integration
 rp = records_pb2
@@ -135,7 +137,7 @@ def test_a_node_restarted_at_a_new_ip_under_its_name_is_reached_within_seconds(
     """Node 1 forwards ProduceRecords calls for a partition that node 2 leads (through its
     cached channel to node 2's advertised name). Node 2 is killed, its name moved from
     127.0.0.2 to 127.0.0.3 and node 2 started there (same id, same data): node 1's forwarded
-    calls go through within BOUND_S of node 2 serving (measured: ~1 s; old: 20-29 s)."""
+    calls go through within BOUND_S of node 2 serving (measured: 0.3 s; old code: 26.3 s)."""
     cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
     name = f"strom-dns-{uuid.uuid4().hex[:12]}"
     node2 = MovingNode(cluster, name, free_port(), tmp_path / "node-2")
@@ -191,5 +193,83 @@ def test_a_node_restarted_at_a_new_ip_under_its_name_is_reached_within_seconds(
             took = time.monotonic() - serving
             print(f"node 1 reached node 2 at its new IP {took:.2f} s after it served")
             assert took < BOUND_S, f"node 1 reached node 2 {took:.1f} s after it served"
+        finally:
+            node2.kill()
+
+
+# skip is justified: as above (/etc/hosts is writable by root only).
+@pytest.mark.skipif(not _hosts_writable(), reason="/etc/hosts is not writable (not root)")
+def test_the_coordinator_reaches_a_shard_leader_restarted_at_a_new_ip_within_seconds(
+    make_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """The group coordinator commits a group's offsets to its shard, a partition of
+    __consumer_offsets that node 2 leads (through the coordinator's cached channel to node 2's
+    name). Node 2 moves from 127.0.0.2 to 127.0.0.3: commits go through within BOUND_S of
+    node 2 serving (the coordinator loads the shard again from it first). Measured: 1.0 s;
+    old code: 23.8 s."""
+    shards = 4
+    cluster = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=0,
+        coordinator_args=[
+            *("--offsets-partitions", str(shards), "--transaction-state-partitions", "1"),
+        ],
+    )
+    name = f"strom-dns-{uuid.uuid4().hex[:12]}"
+    node2 = MovingNode(cluster, name, free_port(), tmp_path / "node-2")
+    topic = "dns-move-committed"
+    tp = TopicPartition(topic, 0)
+    with (
+        hosts_entry(name) as hosts,
+        Admin(cluster.bootstrap, request_timeout_ms=3000, default_api_timeout_ms=3000) as admin,
+    ):
+        try:
+            hosts.point("127.0.0.2")
+            node2.start("127.0.0.2")
+            wait_for(
+                lambda: {n.node_id for n in admin.describe_cluster().nodes} == {1, 2},
+                timeout=30,
+                what="node 2 registered",
+            )
+            admin.create_topic(topic, replica_assignment=[[1]])
+            # Started with both nodes live, the coordinator spreads its shards over both
+            # (replication factor 1: a shard led by node 2 has nowhere else to go).
+            cluster.add_coordinator()
+
+            def on_node2() -> list[int]:
+                parts = admin.describe_topic(CONSUMER_OFFSETS_TOPIC).partitions
+                if len(parts) != shards or any(p.leader < 0 for p in parts):
+                    return []
+                return [p.partition for p in parts if p.leader == 2]
+
+            shard = wait_for(on_node2, timeout=60, what="a shard led by node 2")[0]
+            group = next(
+                g
+                for g in (f"dns-move-{i}" for i in range(1000))
+                if shard_for_group(g, shards) == shard
+            )
+
+            def committed(offset: int) -> bool:
+                admin.alter_group_offsets(group, {tp: OffsetAndMetadata(offset)})
+                return True
+
+            def refused(offset: int) -> bool:
+                try:
+                    admin.alter_group_offsets(group, {tp: OffsetAndMetadata(offset)})
+                except StromError:  # (the node's absence, as the coordinator says it)
+                    return True
+                return False
+
+            wait_for(lambda: committed(1), timeout=60, what="a commit to node 2 at 127.0.0.2")
+            node2.kill()
+            wait_for(lambda: refused(2), timeout=30, what="a commit failing while node 2 is down")
+            hosts.point("127.0.0.3")
+            node2.start("127.0.0.3")
+            serving = time.monotonic()
+            wait_for(lambda: committed(3), timeout=60, what="a commit to node 2 at its new IP")
+            took = time.monotonic() - serving
+            print(f"the coordinator committed to node 2 at its new IP {took:.2f} s after it served")
+            assert took < BOUND_S, f"the coordinator reached node 2 {took:.1f} s after it served"
         finally:
             node2.kill()
