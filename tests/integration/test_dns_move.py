@@ -32,9 +32,10 @@ from strom.api import records_pb2, records_pb2_grpc
 from strom.client.admin import Admin
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, shard_for_group
-from strom.devcluster.cluster import LocalCluster, grpc_serving
+from strom.devcluster.cluster import LocalCluster, Member, grpc_serving
 from strom.devcluster.procs import ManagedProcess, free_port, wait_for
 from strom.errors import ErrorCode, StromError
+from tests.conftest import create_topic
 
 pytestmark = pytest.mark.integration
 rp = records_pb2
@@ -95,32 +96,42 @@ def hosts_entry(name: str) -> Iterator[HostsEntry]:
         entry.point(None)
 
 
-class MovingNode:
-    """Storage node 2 of ``cluster``, listening on ``<ip>:<port>`` (the ip given at each
-    start) and advertising ``<name>:<port>``, with one data dir across its starts."""
+class Moving:
+    """A strom process of ``cluster`` listening on ``<ip>:<port>`` (the ip given at each
+    start) and advertising ``<name>:<port>``: storage node 2 (one data dir across its
+    starts) or, with ``kind="controller"``, controller 9."""
 
-    def __init__(self, cluster: LocalCluster, name: str, port: int, data_dir: Path) -> None:
-        self.cluster, self.name, self.port, self.data_dir = cluster, name, port, data_dir
+    def __init__(
+        self, cluster: LocalCluster, name: str, tmp_path: Path, kind: str = "storage-node"
+    ) -> None:
+        self.cluster, self.name, self.kind = cluster, name, kind
+        self.port = free_port()
+        if kind == "storage-node":
+            self.ident = 2
+            self.args = ["--node-id", "2", "--data-dir", str(tmp_path / "node-2")]
+        else:
+            self.ident = 9
+            self.args = ["--controller-id", "9", *cluster.controller_args]
         self.process: ManagedProcess | None = None
 
     def start(self, ip: str) -> None:
         argv = [
-            *(self.cluster.python, "-m", "strom.cli.main", "storage-node"),
-            *("--node-id", "2", "--data-dir", str(self.data_dir)),
+            *(self.cluster.python, "-m", "strom.cli.main", self.kind, *self.args),
             *("--listen", f"{ip}:{self.port}", "--advertise", f"{self.name}:{self.port}"),
             *("--metrics-port", "-1", "--etcd", self.cluster.etcd.endpoint),
             *("--cluster", self.cluster.cluster_name),
         ]
-        log = self.cluster.root / "node-2.log"
-        self.process = ManagedProcess("storage-node-2", argv, log).start()
+        what = f"{self.kind} {self.ident}"
+        log = self.cluster.root / f"{self.kind}-{self.ident}.log"
+        self.process = ManagedProcess(what, argv, log).start()
         process = self.process
 
         def serving() -> bool:
             if not process.alive():
-                raise process.exited("storage node 2")
+                raise process.exited(what)
             return grpc_serving(f"{ip}:{self.port}")
 
-        wait_for(serving, timeout=60, what=f"node 2 serving on {ip}:{self.port}")
+        wait_for(serving, timeout=60, what=f"{what} serving on {ip}:{self.port}")
 
     def kill(self) -> None:
         if self.process is not None:
@@ -140,7 +151,7 @@ def test_a_node_restarted_at_a_new_ip_under_its_name_is_reached_within_seconds(
     calls go through within BOUND_S of node 2 serving (measured: 0.3 s; old code: 26.3 s)."""
     cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
     name = f"strom-dns-{uuid.uuid4().hex[:12]}"
-    node2 = MovingNode(cluster, name, free_port(), tmp_path / "node-2")
+    node2 = Moving(cluster, name, tmp_path)
     topic = "dns-move"
     with hosts_entry(name) as hosts, grpc.insecure_channel(cluster.nodes[0].address) as ch:
         stub = records_pb2_grpc.RecordServiceStub(ch)
@@ -217,7 +228,7 @@ def test_the_coordinator_reaches_a_shard_leader_restarted_at_a_new_ip_within_sec
         ],
     )
     name = f"strom-dns-{uuid.uuid4().hex[:12]}"
-    node2 = MovingNode(cluster, name, free_port(), tmp_path / "node-2")
+    node2 = Moving(cluster, name, tmp_path)
     topic = "dns-move-committed"
     tp = TopicPartition(topic, 0)
     with (
@@ -273,3 +284,66 @@ def test_the_coordinator_reaches_a_shard_leader_restarted_at_a_new_ip_within_sec
             assert took < BOUND_S, f"the coordinator reached node 2 {took:.1f} s after it served"
         finally:
             node2.kill()
+
+
+def _isrs_whole(admin: Admin, topic: str) -> bool:
+    return all(len(p.isr) == 2 for p in admin.describe_topic(topic).partitions)
+
+
+def _restart(cluster: LocalCluster, node: Member, admin: Admin, topic: str) -> float:
+    """Kill ``node``, wait until it is out of every ISR of ``topic`` (so that its return is an
+    ISR change the leaders must ask the controller for) and start it again on its address;
+    when it served again."""
+    assert node.process is not None
+    node.process.kill()
+    wait_for(
+        lambda: all(node.ident not in p.isr for p in admin.describe_topic(topic).partitions),
+        timeout=60,
+        what=f"node {node.ident} out of every ISR",
+    )
+    node.start()
+    cluster.wait_serving(node, timeout=60)
+    return time.monotonic()
+
+
+# skip is justified: as above (/etc/hosts is writable by root only).
+@pytest.mark.skipif(not _hosts_writable(), reason="/etc/hosts is not writable (not root)")
+def test_nodes_reach_the_controller_restarted_at_a_new_ip_within_seconds(
+    make_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """The leaders' ISR changes (AlterPartition, through each node's cached channel to the
+    active controller's name) reach a controller restarted at a new IP under its name: a
+    follower restarted after the move is back in every ISR within BOUND_S of serving.
+    Measured: 0.06 s; old code: 25.2 s (found from outside: 24 s)."""
+    cluster = make_cluster(nodes=2, controllers=1, coordinators=0)
+    name = f"strom-dns-{uuid.uuid4().hex[:12]}"
+    controller = Moving(cluster, name, tmp_path, kind="controller")
+    topic = create_topic(cluster, "dns-move-isr", partitions=4, replication_factor=2)
+    follower = cluster.node(2)
+    with hosts_entry(name) as hosts, Admin(cluster.bootstrap) as admin:
+
+        def active(host: str) -> bool:
+            c = admin.describe_cluster().controller
+            return c is not None and (c.host, c.port) == (host, controller.port)
+
+        try:
+            hosts.point("127.0.0.2")
+            controller.start("127.0.0.2")
+            first = cluster.controllers[0]
+            assert first.process is not None
+            first.process.stop()  # controller 9 takes over
+            wait_for(lambda: active(name), timeout=60, what="controller 9 active")
+            # The nodes' channels to controller 9 (at 127.0.0.2) carry an ISR change each way.
+            _restart(cluster, follower, admin, topic)
+            wait_for(lambda: _isrs_whole(admin, topic), timeout=60, what="ISRs whole")
+            controller.kill()
+            hosts.point("127.0.0.3")
+            controller.start("127.0.0.3")
+            wait_for(lambda: active(name), timeout=60, what="controller 9 active again")
+            serving = _restart(cluster, follower, admin, topic)
+            wait_for(lambda: _isrs_whole(admin, topic), timeout=60, what="ISRs whole again")
+            took = time.monotonic() - serving
+            print(f"ISRs whole {took:.2f} s after the follower served (controller moved)")
+            assert took < BOUND_S, f"ISRs whole {took:.1f} s after the follower served"
+        finally:
+            controller.kill()
