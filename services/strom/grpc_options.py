@@ -1,7 +1,7 @@
 """The gRPC options every strom process uses for its channels and servers (message size
-limits, the servers' keepalive policy). A module of its own so that clients need not import
-the service runtime (and with it etcd, Prometheus and the health and reflection services) to
-read two numbers."""
+limits, reconnect backoff, DNS re-resolution, the servers' keepalive policy). A module of its
+own so that clients need not import the service runtime (and with it etcd, Prometheus and
+the health and reflection services) to read a few numbers."""
 
 from __future__ import annotations
 
@@ -34,11 +34,30 @@ RECONNECT_BACKOFF_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+#: How soon a strom channel may look its target's DNS name up again: 1 s, where gRPC's
+#: default is 30 s. A channel resolves its name when made and again when its connection
+#: breaks, but at most once per this interval; the look-up made at the break (the peer just
+#: died) still finds the old address, so a peer that comes back under the same name at a new
+#: IP (a Kubernetes StatefulSet pod restarted: same stable DNS name, new pod IP) was dialled
+#: at its dead old IP until 30 s after it died. Found from outside: a ProduceRecords call
+#: forwarded to a moved leader hung 26.5 s, a group's offset commit 18.8-29 s, the controller
+#: took 24 s to accept an ISR change, though the process was back in ~4 s; channels made anew
+#: followed at once. Kafka clients look a broker's name up again on every reconnect
+#: (``client.dns.lookup``). A look-up a second per broken channel is nothing; servers ignore
+#: the option. The etcd channels have it too (strom.metadata.store.CHANNEL_OPTIONS).
+DNS_MIN_RESOLUTION_INTERVAL_MS = 1000
+DNS_OPTIONS: Sequence[tuple[str, Any]] = (
+    ("grpc.dns_min_time_between_resolutions_ms", DNS_MIN_RESOLUTION_INTERVAL_MS),
+)
+#: The options of every strom channel (and server): the Python clients', the services'
+#: channels to each other (strom.security.channel.ChannelCache, the replica fetchers, the
+#: controller's prober).
 GRPC_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
     *RECONNECT_BACKOFF_OPTIONS,
+    *DNS_OPTIONS,
 )
 
 #: Keepalive policy of every strom gRPC server. gRPC's defaults refuse a client ping more

@@ -31,17 +31,23 @@ const strom = grpc.loadPackageDefinition(definition).strom.v1;
 // - `member` (pick_first: one node for every call): a subscription lives in the node serving
 //   its Subscribe stream, so its CommitOffsets must reach that same node.
 // Both: keepalive pings every 10 s (the nodes accept them down to 10 s), the only way a client
-// notices a node that hangs or is cut off; `member` also takes messages of any size, since a
-// record up to the topic's max.message.bytes (16 MiB by default) arrives whole, in one message,
-// and gRPC refuses messages above 4 MiB by default (the stream would fail on it every time).
+// notices a node that hangs or is cut off, and a DNS name looked up again a second after a
+// node went away (gRPC waits 30 s: a node restarted at a new IP under its name, a Kubernetes
+// pod, would be dialled at its old IP meanwhile); `member` also takes messages of any size,
+// since a record up to the topic's max.message.bytes (16 MiB by default) arrives whole, in one
+// message, and gRPC refuses messages above 4 MiB by default (the stream would fail on it).
 const credentials = grpc.credentials.createInsecure();
-const keepalive = { 'grpc.keepalive_time_ms': 10000, 'grpc.keepalive_timeout_ms': 5000 };
+const common = {
+  'grpc.keepalive_time_ms': 10000,
+  'grpc.keepalive_timeout_ms': 5000,
+  'grpc.dns_min_time_between_resolutions_ms': 1000,
+};
 const spread = new strom.RecordService(address, credentials, {
-  ...keepalive,
+  ...common,
   'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ round_robin: {} }] }),
 });
 const member = new strom.RecordService(address, credentials, {
-  ...keepalive,
+  ...common,
   'grpc.max_receive_message_length': -1,
   'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ pick_first: {} }] }),
 });

@@ -42,6 +42,7 @@ from strom.bench import cpu
 from strom.bench.clients import Progress, bench_consume, ensure_topic
 from strom.bench.e2e import STAMP, bench_e2e
 from strom.bench.stats import Result
+from strom.grpc_options import DNS_OPTIONS
 
 rp = records_pb2
 #: The Node.js client of the tests (package.json, node_modules, bench_records.js).
@@ -52,6 +53,8 @@ _OPTIONS = [
     # Calls spread over every node of the target (docs/grpc-clients.md, "Spreading calls"):
     # any node takes any call, and one node parsing every call is the bottleneck otherwise.
     ("grpc.lb_policy_name", "round_robin"),
+    # A node restarted at a new IP under its name found within a second (grpc_options).
+    *DNS_OPTIONS,
 ]
 
 

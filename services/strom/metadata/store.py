@@ -27,6 +27,7 @@ from etcd3.etcdrpc import kv_pb2
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from strom.grpc_options import DNS_MIN_RESOLUTION_INTERVAL_MS
 from strom.lograte import LogLimiter
 from strom.metadata import metrics
 from strom.metadata.keys import Keys
@@ -49,11 +50,14 @@ _CLIENT_ERRORS: tuple[type[BaseException], ...] = (
 #: every lease expired and the controller took every partition offline. Here a channel retries
 #: within a second whatever the outage lasted (a handful of connection attempts a second to a
 #: dead member is nothing), and gives each attempt 2 s to complete (gRPC's
-#: ``min_reconnect_backoff_ms`` is that least connect timeout, 20 s by default).
+#: ``min_reconnect_backoff_ms`` is that least connect timeout, 20 s by default). An etcd
+#: member restarted under its DNS name at a new IP (a StatefulSet pod) is looked up again
+#: within a second, not gRPC's 30 s (strom.grpc_options.DNS_OPTIONS says why).
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.min_reconnect_backoff_ms", 2000),
+    ("grpc.dns_min_time_between_resolutions_ms", DNS_MIN_RESOLUTION_INTERVAL_MS),
 )
 
 
