@@ -10,6 +10,8 @@ themselves (``coordinator_members/``) and one holding more than its share hands 
 from __future__ import annotations
 
 import json
+import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -90,3 +92,36 @@ def test_shard_lists_print_as_ranges() -> None:
     assert _ranges([0, 1, 2, 5]) == "0-2,5"
     assert _ranges([3]) == "3"
     assert _ranges([1, 3, 4]) == "1,3-4"
+
+
+def test_hand_overs_paused_for_a_hung_taker_resume_once_it_registers_again(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A shard handed to a coordinator that hung is taken back after FREE_GRACE_S, and hand-
+    overs pause (60 s) rather than send more to it; once that coordinator registers again
+    (its lease ran out while it was stopped) they resume, so it gets its share within
+    seconds. Found in CI: the resumed one owned nothing for the whole pause, and a test
+    waiting for the shards to spread timed out."""
+    cluster = make_cluster(
+        nodes=1,
+        controllers=1,
+        coordinators=1,
+        coordinator_args=["--offsets-partitions", str(SHARDS)],
+    )
+    first = cluster.coordinators[0]
+    wait_for(lambda: _loaded_per_owner(cluster)[first.address] == SHARDS, timeout=60, what="all")
+    added = cluster.add_coordinator()
+    assert added.process is not None
+    added.process.signal(signal.SIGSTOP)  # registered, serving, and now taking nothing
+    try:
+        wait_for(
+            lambda: "taken by nobody" in first.log_path.read_text(errors="replace"),
+            timeout=30,
+            what="a shard handed to the hung coordinator taken back",
+        )
+    finally:
+        added.process.signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    wait_for(lambda: _balanced(cluster), timeout=60, what="the shards spread over both again")
+    took = time.monotonic() - resumed
+    assert took < 20, f"the resumed coordinator got its share {took:.1f} s later (paused 60 s)"

@@ -153,6 +153,8 @@ class CoordinatorService(
         self._free_since: dict[tuple[str, int], float] = {}
         self._handed_over: set[tuple[str, int]] = set()
         self._next_hand_over = 0.0
+        self._members_at_pause = None
+        self._handed_with = {}
         #: Shards whose load keeps failing: logged first, then once a while (LogLimiter).
         self._load_failures = LogLimiter(LOAD_FAILURE_LOG_INTERVAL_S)
         metrics.count_at_scrape(

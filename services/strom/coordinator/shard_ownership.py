@@ -26,7 +26,10 @@ no shard stays unowned because that one does not claim). A coordinator holding m
 rounded-down share while another holds less hands one shard over per ``HAND_OVER_INTERVAL_S``:
 it lets the shard's queued writes finish, stops serving it and deletes its key; the other
 takes it and loads it as after a failover. Before, nothing was ever moved: after a rolling
-restart one coordinator served every group and the others idled (found from outside).
+restart one coordinator served every group and the others idled (found from outside). A shard
+handed over that nobody took within ``FREE_GRACE_S`` (its taker hung) is taken back and
+hand-overs pause for ``HAND_OVER_BACKOFF_S``, until a coordinator registers anew (the hung one
+back with a new lease, or another).
 """
 
 from __future__ import annotations
@@ -97,6 +100,11 @@ class ShardOwnership(ShardWrites):
     #: (kind, shard) handed over by this process and not yet seen owned by another.
     _handed_over: set[tuple[str, int]]
     _next_hand_over: float
+    #: The coordinators' registrations (key, create revision) when the shard whose taker
+    #: did not take it was handed over, while hand-overs are paused for it; else None.
+    _members_at_pause: frozenset[tuple[str, int]] | None
+    #: (kind, shard) handed over -> the registrations then (see _members_at_pause).
+    _handed_with: dict[tuple[str, int], frozenset[tuple[str, int]]]
 
     async def _new_lease(self) -> None:
         assert self.store is not None
@@ -281,6 +289,7 @@ class ShardOwnership(ShardWrites):
             del self._free_since[key]
             if key in self._handed_over:  # taken by another coordinator: the move worked
                 self._handed_over.discard(key)
+                self._handed_with.pop(key, None)
         mine = len(owned)
         for s in free:
             if self._stopping or self._lease is None:
@@ -298,6 +307,11 @@ class ShardOwnership(ShardWrites):
                 )
                 self._handed_over.discard((kind.name, s))
                 self._next_hand_over = now + HAND_OVER_BACKOFF_S
+                # Who was registered when it was handed over: a registration after that is
+                # the taker back (or another), and ends the pause (_balance).
+                self._members_at_pause = self._handed_with.pop(
+                    (kind.name, s), self._member_sessions()
+                )
             elif len(live) > 1 and mine >= fair and now - since < FREE_GRACE_S:
                 continue
             if s in owners:
@@ -335,13 +349,33 @@ class ShardOwnership(ShardWrites):
             members = {v.value.incarnation_id for v in self.view.coordinator_members.values()}
         return members | {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
 
+    def _member_sessions(self) -> frozenset[tuple[str, int]]:
+        """The coordinators' registrations: a process registering again (after losing its
+        lease) is a new one (its key's create revision)."""
+        assert self.view is not None
+        with self.view.lock:
+            return frozenset(
+                (k, v.create_revision) for k, v in self.view.coordinator_members.items()
+            )
+
     async def _balance(self, kind: ShardKind, shards: int) -> None:
         """Hand one shard over when this coordinator holds more than the rounded-down share
         of the live coordinators and a registered one holds less (see the module doc)."""
         assert self.view is not None and self.store is not None
         now = time.monotonic()
-        if self._stopping or now < self._next_hand_over:
+        if self._stopping:
             return
+        if now < self._next_hand_over:
+            paused_with = self._members_at_pause
+            if paused_with is None or self._member_sessions() <= paused_with:
+                return
+            # A coordinator registered since the pause (a new one, or one back from a hang
+            # with a new lease): the pause was for a taker that did not answer, and this one
+            # does. FIX (CI: a coordinator hung while a shard was handed to it came back
+            # and stayed without shards for the whole 60 s).
+            log.info("a coordinator registered since hand-overs paused; resuming them")
+            self._next_hand_over = now
+        self._members_at_pause = None
         view = self.view
         with view.lock:
             owners = {s: v.value for s, v in kind.owners(view).items()}
@@ -376,6 +410,7 @@ class ShardOwnership(ShardWrites):
         self._unload(shard)
         key = (kind.name, shard.index)
         self._handed_over.add(key)
+        self._handed_with[key] = self._member_sessions()
         self._free_since[key] = time.monotonic()
         store = self.store
         deleted = await asyncio.to_thread(
