@@ -694,6 +694,28 @@ def test_a_second_process_with_a_live_node_id_is_refused(cluster: Cluster) -> No
     assert reg is not None and reg.value.port == live.port
 
 
+def test_a_node_advertising_a_live_node_s_address_is_refused(cluster: Cluster) -> None:
+    """Another node id at the address a live node is registered at (two hosts started
+    with a wildcard --listen and no --advertise both advertise 127.0.0.1:PORT) is refused
+    with one line naming both, once the holder outlived its session timeout: found from
+    outside, it registered, and the partitions it led were unreachable for good."""
+    live = cluster.node(1)
+    other = Node(7, cluster.etcd.endpoint, cluster.root / "other")
+    argv = other.argv(**{"--advertise": f"127.0.0.1:{live.port}"})
+    proc = ManagedProcess("other", argv, cluster.root / "other.log").start()
+    try:
+        assert proc.proc is not None
+        assert proc.proc.wait(timeout=30) != 0
+    finally:
+        proc.kill()
+    out = proc.log_path.read_text()
+    errors = [ln for ln in out.splitlines() if ln.startswith("strom storage-node: error:")]
+    assert len(errors) == 1, out
+    assert f"node 1 is registered at 127.0.0.1:{live.port}" in errors[0], errors
+    assert "node 7" in errors[0] and "--advertise" in errors[0] and "Traceback" not in out
+    assert cluster.store.get(cluster.store.keys.node(7), md.NodeRegistration) is None
+
+
 def test_a_lost_lease_is_replaced_by_a_new_registration(cluster: Cluster) -> None:
     node = cluster.node(2)
     store = cluster.store
