@@ -171,6 +171,30 @@ def test_committed_leaves_a_hung_group_coordinator(
         assert committed is not None and committed.offset == 7
 
 
+def test_admin_group_calls_leave_a_hung_group_coordinator(
+    cluster: LocalCluster, new_topic: TopicFactory
+) -> None:
+    """An Admin's calls on a group (its offsets, a description: `strom groups describe`,
+    an offsets reset) at the group's coordinator that hangs go to the one that took over
+    within seconds (before: the whole attempt, request_timeout_ms)."""
+    topic = new_topic(cluster, partitions=1)
+    group = f"overdue-admin-{topic}"
+    tp = TopicPartition(topic, 0)
+    with _consumer(cluster, group) as c:
+        c.commit({tp: OffsetAndMetadata(5)})
+    with Admin(cluster.bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS) as admin:
+        assert admin.list_group_offsets(group)[tp] is not None
+        with paused(coordinator_owning(cluster, group, GROUP)):
+            at = time.monotonic()
+            offsets = admin.list_group_offsets(group)
+            took = time.monotonic() - at
+            described = admin.describe_groups([group])[group]
+        print(f"list_group_offsets with the group coordinator hung: {took:.1f} s")
+        assert took < BOUND_S, took  # (before: 30 s)
+        assert (om := offsets[tp]) is not None and om.offset == 5
+        assert described.group_id == group
+
+
 def test_a_commit_for_a_topic_that_does_not_exist_fails_fast(
     cluster: LocalCluster, new_topic: TopicFactory
 ) -> None:

@@ -18,8 +18,9 @@ from typing import Any
 
 import grpc
 
-from strom.api import coordinator_pb2, coordinator_pb2_grpc
+from strom.api import coordinator_pb2, coordinator_pb2_grpc, storage_pb2
 from strom.client.cluster import ClusterClient, attempt_timeout, older_node
+from strom.client.coordinator_calls import CoordinatorMoved, call_leaving_moved
 from strom.client.types import TopicPartition
 from strom.errors import (
     COORDINATOR_REFRESH_CODES,
@@ -253,7 +254,12 @@ def group_call(
     """A CoordinatorService call for ``group`` on its coordinator, retried while the
     coordinator moves or loads (each attempt up to ``timeout_s``, the whole call up to
     ``retry_s``). ``code_of(resp)`` picks the group-level error code (default
-    ``resp.error_code``); the answer is returned whatever that code is, unless retriable."""
+    ``resp.error_code``); the answer is returned whatever that code is, unless retriable.
+
+    An attempt unanswered for a second leaves a coordinator that hangs once the group has
+    another owner (:func:`strom.client.coordinator_calls.call_leaving_moved`, DESIGN §8), as a
+    consumer's own group calls do; before, `strom groups describe` or an offsets reset
+    waited the whole attempt (30 s) at it. A resend is as safe as after a timeout."""
     code_of = code_of or (lambda r: r.error_code)
     deadline = time.monotonic() + retry_s
     last = "no coordinator"
@@ -266,7 +272,20 @@ def group_call(
             stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))
             attempt = attempt_timeout(timeout_s, deadline)
             try:
-                resp = getattr(stub, method)(req, timeout=attempt)
+                resp = call_leaving_moved(
+                    client,
+                    getattr(stub, method),
+                    req,
+                    addr=addr,
+                    key=group,
+                    key_type=storage_pb2.COORDINATOR_TYPE_GROUP,
+                    timeout_s=attempt,
+                    deadline=deadline,
+                )
+            except CoordinatorMoved as moved:
+                last = f"{addr}: no answer; the group moved to {moved.address}"
+                if time.monotonic() < deadline:
+                    continue  # at once: the lookup above finds the new owner
             except grpc.RpcError as exc:
                 if (old := older_node(exc, addr, method)) is not None:
                     raise old from None
