@@ -28,6 +28,7 @@ from strom.client.consumer import Consumer
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.devcluster.procs import wait_for
+from strom.errors import UnsupportedAssignorError
 from tests.conftest import create_topic as conftest_create_topic
 from tests.integration.test_groups import create_topic, produce
 
@@ -391,3 +392,21 @@ def test_committed_offsets_survive_a_full_cluster_restart(
         assert sorted(member.seen) == sorted(want)  # nothing before the committed offsets
     finally:
         member.close()
+
+
+def test_a_long_poll_raises_a_group_refusal_as_soon_as_the_heartbeat_gets_it(
+    cluster: LocalCluster,
+) -> None:
+    """Found from outside: the coordinator refusing the member's assignor (a fatal group
+    error the heartbeat thread receives) was raised by ``poll(30000)`` only when the whole
+    30 s had passed: the heartbeat kept the error without waking the poll waiting for data
+    (``poll(500)`` in a loop raised within 0.5 s). Now the wait ends when the error comes."""
+    conftest_create_topic(cluster, "refused-assignor")
+    with Consumer(
+        cluster.bootstrap, group_id="refused-assignor", group_remote_assignor="no-such-assignor"
+    ) as consumer:
+        consumer.subscribe(["refused-assignor"])
+        started = time.monotonic()
+        with pytest.raises(UnsupportedAssignorError, match="no-such-assignor"):
+            consumer.poll(30_000)
+        assert time.monotonic() - started < 15  # the heartbeat's round trip, not the 30 s

@@ -1034,7 +1034,8 @@ class Consumer:
             # member's wait is shorter there, since a rebalance cannot wake a blocking call.
             inline_s = remaining if self._group is None else min(remaining, GROUP_INLINE_WAIT_S)
             if not self._fetcher.fetch_inline(inline_s):
-                self._fetcher.wait(remaining)
+                group = self._group
+                self._fetcher.wait(remaining, None if group is None else group.has_error)
 
     def _deserialized(self, records: list[Record]) -> list[Record]:
         """``records`` with keys and values through the deserializers (None stays None).

@@ -77,7 +77,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -434,10 +434,11 @@ class Fetcher(InlineFetch, FetchWorkers, AnswerFiling, OverdueFetches):
                     return exc
         return None
 
-    def wait(self, timeout_s: float) -> None:
-        """Sleep until data, an error or a reset is waiting (or ``timeout_s`` passes)."""
+    def wait(self, timeout_s: float, news: Callable[[], bool] | None = None) -> None:
+        """Sleep until data, an error or a reset is waiting, or ``news()`` (checked under
+        the lock its setter's wake-up takes, so none is missed), or ``timeout_s`` passes."""
         with self._lock:
-            if self._closed or self._fatal is not None:
+            if self._closed or self._fatal is not None or (news is not None and news()):
                 return
             for part in self.parts.values():
                 if not part.paused and (

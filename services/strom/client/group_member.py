@@ -711,7 +711,7 @@ class GroupMember:
             # Not allowed on the group (or not authenticated), or a bootstrap list none of
             # whose names resolves: the next poll raises it, rather than waiting silently
             # for a coordinator that will never answer.
-            self._error = exc
+            self._fail(exc)
             return self._interval_s
         except StromError as exc:
             log.debug("group %s: no coordinator yet: %s", self.group_id, exc)
@@ -723,9 +723,9 @@ class GroupMember:
             if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
                 # E.g. a subscribed topic the principal may not describe: raised as what it
                 # is (AuthorizationError), which the caller does not retry.
-                self._error = refused(exc)
+                self._fail(refused(exc))
                 return self._interval_s
-            self._error = StromError(f"heartbeat failed: {exc.code().name} {exc.details()}")
+            self._fail(StromError(f"heartbeat failed: {exc.code().name} {exc.details()}"))
             return self._interval_s
         code = resp.error_code
         if code == E.NONE:
@@ -763,8 +763,20 @@ class GroupMember:
                 self._fenced = bool(self._owned)
             self._wake_poll()
             return 0.0
-        self._error = error_for(code, resp.error_message)
+        self._fail(error_for(code, resp.error_message))
         return self._interval_s
+
+    def has_error(self) -> bool:
+        """Whether the next poll raises (a poll's wait for data ends at once then)."""
+        return self._error is not None
+
+    def _fail(self, exc: BaseException) -> None:
+        """Keep ``exc`` for the next poll to raise, and wake a poll waiting for data so it
+        raises now. FIX (found from outside: ``poll(30000)`` of a consumer whose group
+        refused its assignor, or whose bootstrap names do not resolve, raised only after the
+        whole 30 s, though the heartbeat knew within a round trip)."""
+        self._error = exc
+        self._wake_poll()
 
     def _wake_poll(self) -> None:
         """Wake a poll() blocked waiting for data, so it reconciles the new assignment now
