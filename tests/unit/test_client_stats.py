@@ -163,3 +163,35 @@ def test_commit_and_heartbeat_rates() -> None:
     s.heartbeat(0.002)
     m = s.snapshot()
     assert m["commit-rate"] > 0 and m["heartbeat-rate"] > m["commit-rate"]
+
+
+def test_records_lag_max_is_the_largest_lag_polls_left_over_the_window() -> None:
+    """Kafka's records-lag-max is a windowed maximum (30 s samples, 2 of them), not the lag
+    now: a lag that came and went between two reads of metrics() still shows. strom's is
+    never below the largest lag now either (a consumer that stopped polling)."""
+    stats = FetchStats()
+    assert math.isnan(stats.records_lag_max([], now=0.0))  # nothing observed, nothing now
+    assert stats.records_lag_max([7, 3], now=0.0) == 7.0  # nothing observed yet: the lag now
+    stats.lag_observed(100, now=0.0)
+    stats.lag_observed(20, now=1.0)
+    stats.lag_observed(5, now=SAMPLE_WINDOW_S + 1)  # a second sample
+    # Caught up now (lag 0), but 100 was seen in the window.
+    assert stats.records_lag_max([0, 0], now=SAMPLE_WINDOW_S + 2) == 100.0
+    assert stats.records_lag_max([], now=SAMPLE_WINDOW_S + 2) == 100.0
+    # The first sample ages out after SAMPLES windows: the second's 5 remains ...
+    later = SAMPLES * SAMPLE_WINDOW_S + 0.5
+    assert stats.records_lag_max([0], now=later) == 5.0
+    assert stats.records_lag_max([9], now=later) == 9.0  # ... unless the lag now is larger
+    # ... and then nothing: the lag now alone, or NaN.
+    empty = (SAMPLES + 1) * SAMPLE_WINDOW_S + 2
+    assert stats.records_lag_max([2], now=empty) == 2.0
+    assert math.isnan(stats.records_lag_max([], now=empty))
+
+
+def test_records_lag_max_keeps_bounded_memory() -> None:
+    """One value per poll, in at most SAMPLES samples however many polls there are."""
+    stats = FetchStats()
+    for i in range(10_000):
+        stats.lag_observed(i % 1000, now=i * 0.01)
+    assert len(stats.lag._samples) <= SAMPLES
+    assert stats.records_lag_max([], now=100.0) == 999.0

@@ -1256,7 +1256,9 @@ class Consumer:
         out.update(self._fetcher.stats.snapshot())
         lags = {} if self._closed else self._fetcher.lags()
         leads = {} if self._closed else self._fetcher.leads()
-        out["records-lag-max"] = float(max(lags.values())) if lags else math.nan
+        out["records-lag-max"] = (
+            math.nan if self._closed else self._fetcher.stats.records_lag_max(lags.values())
+        )
         out["records-lead-min"] = float(min(leads.values())) if leads else math.nan
         out["assigned-partitions"] = float(0 if self._closed else len(self._fetcher.parts))
         for tp, lag in sorted(lags.items()):

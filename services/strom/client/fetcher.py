@@ -465,6 +465,7 @@ class Fetcher(InlineFetch, FetchWorkers, AnswerFiling, OverdueFetches):
         count = 0
         marks: dict[TopicPartition, tuple[int, int | None]] = {}
         self.last_marks = marks
+        lag = -1  # the largest lag a drained partition is left with (records-lag-max)
         while count < limit:
             with self._lock:
                 ready = [
@@ -501,6 +502,8 @@ class Fetcher(InlineFetch, FetchWorkers, AnswerFiling, OverdueFetches):
                         continue  # sought or reset meanwhile: what we took is stale
                     part.position = new_pos
                     marks[part.tp] = (gen, new_pos)
+                    if part.end_offset >= 0:
+                        lag = max(lag, part.end_offset - new_pos, 0)
                     if cf.exhausted:
                         part.completed.popleft()
                         self._kick(part)  # below max_buffered again: fetch more (if idle)
@@ -511,6 +514,8 @@ class Fetcher(InlineFetch, FetchWorkers, AnswerFiling, OverdueFetches):
                     progressed = True
             if not progressed:
                 break
+        if lag >= 0:
+            self.stats.lag_observed(lag)
         return out, count
 
     # -- helpers (lock held) --------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterable
 
 #: Kafka's ``metrics.sample.window.ms`` and ``metrics.num.samples`` defaults.
 SAMPLE_WINDOW_S = 30.0
@@ -234,6 +235,9 @@ class FetchStats:
         self.latency_ms = Windowed()
         self.bytes = Windowed()
         self.throttle_ms = Windowed()  # one value per answer (not per failed Fetch)
+        #: One value per poll that drained records: the largest lag it left on a partition
+        #: it drained (Kafka records each partition's lag as a poll takes its records).
+        self.lag = Windowed()
 
     def fetched(self, latency_s: float, nbytes: int, throttle_ms: int | None = None) -> None:
         """A Fetch answer (or a failed Fetch) came ``latency_s`` after the consumer began
@@ -245,6 +249,27 @@ class FetchStats:
             self.bytes.record(nbytes, now)
             if throttle_ms is not None:
                 self.throttle_ms.record(throttle_ms, now)
+
+    def lag_observed(self, lag: int, now: float | None = None) -> None:
+        """A poll left ``lag`` records after its position on the partition it drained that
+        lags most (one call per poll, not per partition or record)."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            self.lag.record(lag, now)
+
+    def records_lag_max(self, lags_now: Iterable[int], now: float | None = None) -> float:
+        """``records-lag-max``: the largest lag the polls of the last 30-60 s left (Kafka's,
+        a windowed maximum, so a lag that came and went between two reads of ``metrics()``
+        still shows), and at least the largest lag now (``lags_now``, one per assigned
+        partition): a consumer that stopped polling would else read NaN, as Kafka's does,
+        exactly when its lag matters. NaN with neither."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            seen = self.lag.max(now)
+        current = max(lags_now, default=None)
+        if current is None:
+            return seen
+        return float(current) if math.isnan(seen) else max(seen, float(current))
 
     def snapshot(self) -> dict[str, float]:
         now = time.monotonic()

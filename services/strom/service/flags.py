@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
+import logging
 import random
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from strom import security
 from strom.argtypes import cluster_name, int_at_least
@@ -93,9 +96,11 @@ def add_endpoint_arguments(
     parser.add_argument(
         "--advertise",
         default=None,
-        type=host_port,
+        type=advertise_address,
         metavar="HOST:PORT",
-        help="address clients are told to use (default: --listen, 0.0.0.0 as 127.0.0.1)",
+        help="address clients and the other services dial (default: --listen; a wildcard "
+        "--listen advertises this host's name if it resolves to an address of this host, "
+        "else 127.0.0.1, with a warning)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -172,13 +177,163 @@ def add_process_arguments(
     parser.add_argument("--config", metavar="FILE", help="YAML file with any of these settings")
 
 
+#: Listen hosts that mean every interface: nobody can dial them, so a service listening on
+#: one advertises another address (see :func:`advertised`). ``:9092`` splits to 0.0.0.0.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+#: What a wildcard --listen advertises when this host's name is not usable: the dev default
+#: of one machine, where every process dials the others over loopback.
+LOOPBACK = "127.0.0.1"
+
+
+def advertise_address(text: str) -> str:
+    """A flag type for ``--advertise``: HOST:PORT, never a wildcard. Others dial this
+    address, and 0.0.0.0 or [::] cannot be dialled (Kafka refuses advertising 0.0.0.0 too);
+    it used to be taken as 127.0.0.1 without a word."""
+    text = host_port(text)
+    host, _port = split_host_port(text)
+    if host in WILDCARD_HOSTS:
+        raise argparse.ArgumentTypeError(_wildcard_advertise(text))
+    return text
+
+
+def _wildcard_advertise(text: str) -> str:
+    return (
+        f"--advertise {text!r} is a wildcard, which nobody can dial: give the name or "
+        "address other processes reach this one at"
+    )
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """The address a service registers for others to dial, and why, when it was guessed."""
+
+    host: str
+    port: int
+    #: The start-up WARNING for an address chosen without ``--advertise`` for a wildcard
+    #: ``--listen``; None when the flags named it.
+    warning: str | None = None
+
+
+def _resolve(name: str, family: int) -> list[tuple[int, tuple[Any, ...]]]:
+    """(family, sockaddr) of every address ``name`` resolves to here; [] when it does not."""
+    try:
+        infos = socket.getaddrinfo(name, None, family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    return [(fam, addr) for fam, _type, _proto, _canon, addr in infos]
+
+
+def _is_local(family: int, sockaddr: tuple[Any, ...]) -> bool:
+    """Whether ``sockaddr`` is an address of this host: only those can be bound (a name that
+    resolves to another machine's address would send every client there)."""
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((sockaddr[0], 0, *sockaddr[2:]))
+    except OSError:
+        return False
+    return True
+
+
+def _host_names() -> list[str]:
+    """This host's canonical name (``socket.getfqdn()``, Kafka's choice for an empty
+    listener host: in a StatefulSet pod it is the name under the headless Service), then its
+    plain name (``socket.gethostname()``, what ``hostname`` prints; the canonical one is
+    ``localhost`` where the name maps to 127.0.0.1)."""
+    names = [socket.getfqdn(), socket.gethostname()]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def wildcard_host(
+    listen_host: str,
+    *,
+    names: Sequence[str] | None = None,
+    resolve: Callable[[str, int], list[tuple[int, tuple[Any, ...]]]] = _resolve,
+    is_local: Callable[[int, tuple[Any, ...]], bool] = _is_local,
+) -> tuple[str, str]:
+    """(host to advertise, why) for a wildcard ``--listen`` without ``--advertise``.
+
+    The first of this host's names (:func:`_host_names`) whose every address here is a
+    non-loopback address of this host (an IPv4 one for a 0.0.0.0 listener, which takes no
+    IPv6): in a container, a pod or a VM that is the address other hosts reach it at, where
+    127.0.0.1 sent them to their own loopback. Else 127.0.0.1, the reason naming the plain
+    name: a laptop's name usually maps to 127.0.1.1, and one machine is then all there is,
+    as ``strom dev up`` runs it."""
+    names = list(names) if names is not None else _host_names()
+    family = socket.AF_INET if listen_host == "0.0.0.0" else socket.AF_UNSPEC
+    why = "this host has no name"
+    for name in names:
+        problem = _name_problem(name, family, resolve, is_local)
+        if problem is None:
+            return name, "this host's name"
+        why = f"this host's name {name!r} {problem}"
+    return LOOPBACK, why
+
+
+def _name_problem(
+    name: str,
+    family: int,
+    resolve: Callable[[str, int], list[tuple[int, tuple[Any, ...]]]],
+    is_local: Callable[[int, tuple[Any, ...]], bool],
+) -> str | None:
+    """Why ``name`` cannot be advertised for a listener of ``family``; None when it can."""
+    addresses = resolve(name, family)
+    if not addresses:
+        return "resolves to no " + ("IPv4 address" if family == socket.AF_INET else "address")
+    for fam, sockaddr in addresses:
+        ip = ipaddress.ip_address(str(sockaddr[0]).partition("%")[0])
+        if ip.is_loopback:
+            return f"resolves to loopback {ip}"
+        if not is_local(fam, sockaddr):
+            return f"resolves to {ip}, not an address of this host"
+    return None
+
+
+def advertised_address(listen: str, advertise: str | None) -> Advertised:
+    """What others should dial: ``--advertise``, else ``--listen`` with a wildcard host
+    replaced by :func:`wildcard_host`, with the warning saying so. ValueError for a
+    wildcard ``--advertise`` (a namespace built without the flag type)."""
+    if advertise:
+        host, port = split_host_port(advertise, what="--advertise")
+        if host in WILDCARD_HOSTS:
+            raise ValueError(_wildcard_advertise(advertise))
+        return Advertised(host, port)
+    host, port = split_host_port(listen, what="--listen")
+    if host not in WILDCARD_HOSTS:
+        return Advertised(host, port)
+    chosen, why = wildcard_host(host)
+    if chosen == LOOPBACK:
+        warning = (
+            f"--listen {listen} is every interface and --advertise is not set: advertising "
+            f"{chosen}:{port}, which only processes on this host can dial ({why}); on more "
+            "than one host (containers, pods, VMs) set --advertise HOST:PORT to the name or "
+            "address the others reach this one at"
+        )
+    else:
+        warning = (
+            f"--listen {listen} is every interface and --advertise is not set: advertising "
+            f"{chosen}:{port} ({why}); every client and service must resolve it to this "
+            "host, else set --advertise HOST:PORT"
+        )
+    return Advertised(chosen, port, warning)
+
+
 def advertised(listen: str, advertise: str | None) -> tuple[str, int]:
-    """The (host, port) others should dial: --advertise, else --listen with a wildcard host
-    replaced by loopback."""
-    host, port = split_host_port(advertise or listen)
-    if host in ("0.0.0.0", "::", "[::]", ""):
-        host = "127.0.0.1"
-    return host, port
+    """The (host, port) others should dial (see :func:`advertised_address`)."""
+    address = advertised_address(listen, advertise)
+    return address.host, address.port
+
+
+def warn_advertised(address: Advertised) -> None:
+    """Log the warning of a guessed address, once logging is set up: the address was
+    127.0.0.1 without a word, and on several hosts every other process dialled its own
+    loopback (found from outside)."""
+    if address.warning:
+        logging.getLogger("strom.service").warning(
+            "%s",
+            address.warning,
+            extra={"fields": {"advertised": f"{address.host}:{address.port}"}},
+        )
 
 
 def fail(prog: str, message: str, code: int = 1) -> int:
@@ -201,10 +356,12 @@ def serve(
     ``etcd`` (the endpoints) is named in the line when etcd cannot be reached, for services
     whose own start-up errors do not name it already.
     """
+    host, port = split_host_port(listen)
+    bind = f"{host}:{port}"  # gRPC refuses ":PORT", which --listen takes as 0.0.0.0:PORT
     try:
         asyncio.run(
             runtime.serve(
-                service, listen, metrics_port, metrics_host=metrics_host(listen), limits=limits
+                service, bind, metrics_port, metrics_host=metrics_host(listen), limits=limits
             )
         )
     except startup_errors as exc:
@@ -285,11 +442,15 @@ def start_process(
     failed = configure_security(prog, args)
     if failed is not None:
         return failed
-    host, port = advertised(args.listen, args.advertise)
+    try:
+        address = advertised_address(args.listen, args.advertise)
+    except ValueError as exc:  # a namespace built without the flag types
+        return fail(prog, str(exc), 2)
     runtime.setup_logging(args.log_level, role, args)
+    warn_advertised(address)
     return Process(
-        host,
-        port,
+        address.host,
+        address.port,
         ident if ident is not None else random.randrange(1 << 31),
         args.metrics_port if args.metrics_port >= 0 else None,
     )

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 PROG = "strom storage-node"
 
-_WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
 LOG_LEVELS = flags.LOG_LEVELS
 
 
@@ -122,12 +121,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     listen_host, listen_port = split_host_port(args.listen, what="--listen")
     if not 0 <= listen_port <= 65535:
         raise ValueError(f"--listen port {listen_port} is out of range")
-    if args.advertise:
-        adv_host, adv_port = split_host_port(args.advertise, what="--advertise")
-    else:
-        adv_host, adv_port = listen_host, listen_port
-    if adv_host in _WILDCARDS:
-        adv_host = "127.0.0.1"
+    address = flags.advertised_address(args.listen, args.advertise)
+    adv_host, adv_port = address.host, address.port
     if listen_port == 0 or adv_port == 0:
         raise ValueError("--listen/--advertise need a fixed port (others connect to it)")
     if not -1 <= args.metrics_port <= 65535:
@@ -160,6 +155,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         listen=f"{listen_host}:{listen_port}",
         advertise_host=adv_host,
         advertise_port=adv_port,
+        advertise_warning=address.warning,
         metrics_port=args.metrics_port,
         etcd=args.etcd,
         cluster=args.cluster,
@@ -189,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
     from strom.storage.node import StartupError, StorageNode, tune_malloc
 
     runtime.setup_logging(args.log_level, "storage-node", args)
+    flags.warn_advertised(
+        flags.Advertised(config.advertise_host, config.advertise_port, config.advertise_warning)
+    )
     tune_malloc()
     from strom.client import memory
 

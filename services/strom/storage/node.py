@@ -140,6 +140,9 @@ class NodeConfig:
     metrics_port: int
     etcd: str
     cluster: str = "strom"
+    #: Why the advertised address was guessed (a wildcard --listen without --advertise),
+    #: logged once the node logs; None when the flags named it.
+    advertise_warning: str | None = None
     rack: str | None = None
     session_timeout_s: int = 2
     log_cleanup_interval_ms: int = 30_000

@@ -123,7 +123,8 @@ class NodeRegistration:
 
     def _check_address(self, end: float) -> None:
         """Refuse to register at an address another node id holds (two hosts started with
-        the default ``--listen 0.0.0.0:9092`` both advertise 127.0.0.1:9092; a copied
+        the default ``--listen 0.0.0.0:9092`` both advertise 127.0.0.1:9092 where their names
+        do not resolve to their own addresses; a copied
         config's ``--advertise``). A holder that stays registered past its session timeout
         (a dead one's key is gone by then) is alive. FIX (found from outside: the second
         node registered, and the partitions it led were unreachable for good, every client
@@ -154,7 +155,8 @@ class NodeRegistration:
                     f"node {holder.node_id} is registered at {address[0]}:{address[1]}, the "
                     f"address node {self.value.node_id} advertises: give each node its own "
                     "(--advertise HOST:PORT with this host's name; without it a wildcard "
-                    "--listen advertises 127.0.0.1)"
+                    "--listen advertises this host's name, or 127.0.0.1 where that does not "
+                    "resolve to this host's own address)"
                 )
             time.sleep(0.2)
 
