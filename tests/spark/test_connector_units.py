@@ -369,6 +369,17 @@ def test_timestamps_are_microseconds_for_spark() -> None:
     assert rb.column("timestamp").cast(pa.int64()).to_pylist() == [1000, 2000]
 
 
+def test_a_timestamp_microseconds_cannot_hold_is_null_not_wrapped() -> None:
+    """Found from outside: a record stamped 2**62 ms (the cluster and the gRPC API take it
+    when the topic allows) was read as 1970-01-01: ms * 1000 wrapped in int64. Spark's
+    timestamps are int64 microseconds; such a record's is null, its neighbours' exact."""
+    ts = [1_700_000_000_000, 2**62, (2**63 - 1) // 1000]
+    rb = to_spark_batch(_batches(encode_batch([b"a"] * 3, timestamps=ts)), "t", 0, 0, 10)
+    assert rb is not None
+    got = rb.column("timestamp").cast(pa.int64()).to_pylist()
+    assert got == [1_700_000_000_000_000, None, (2**63 - 1) // 1000 * 1000]
+
+
 # -- stream reader offsets (fake view) ---------------------------------------------------------
 
 
