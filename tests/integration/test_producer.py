@@ -564,6 +564,9 @@ def test_timestamps_from_the_clock_and_given(env: Env) -> None:
         for bad in (-1, 2**53, 1.5, "12", True):  # (2**53: kept exactly as a float below it)
             with pytest.raises(InvalidRequestError, match="timestamp_ms"):
                 p.send(t, b"bad", timestamp_ms=bad)
+        # It says the bound (found from outside: it said ">= 0" for 2**53).
+        with pytest.raises(InvalidRequestError, match=r"0 to 2\*\*53 - 1"):
+            p.send(t, b"bad", timestamp_ms=2**53)
     stamps = [r.timestamp for r in env.read(t)]
     assert stamps == [stamped, 0, 1_795_000_000_123, 7]
 

@@ -126,5 +126,8 @@ def _check_timestamp(ts: Any) -> int:
                 f"timestamp_ms must be an int (ms since the epoch), got {ts!r}"
             ) from None
     if not 0 <= ts < _MAX_TIMESTAMP_MS:
-        raise InvalidRequestError(f"timestamp_ms must be ms since the epoch (>= 0), got {ts}")
+        raise InvalidRequestError(
+            "timestamp_ms must be ms since the epoch, 0 to 2**53 - 1 (send() keeps it as a "
+            f"float until encoded; send_batch() takes any int64), got {ts}"
+        )
     return ts
