@@ -268,7 +268,9 @@ def test_consumer_metrics_count_records_and_lag(one_node_cluster: LocalCluster, 
         assert 60 <= m["records-lag-max"] <= 100
         # Position 40, log start 0 (nothing deleted yet).
         assert m[f"records-lead{{topic={topic},partition=0}}"] == 40
-        assert m["records-lead-min"] == 40
+        # The smallest lead a poll left in the window: 40 after the last one, less after an
+        # earlier one that returned fewer records.
+        assert 1 <= m["records-lead-min"] <= 40
         assert m["fetch-throttle-time-avg"] == 0 == m["fetch-throttle-time-max"]  # no quotas
         assert m["assigned-partitions"] == 1
         assert m["fetch-total"] >= 1 and m["fetch-latency-max"] >= m["fetch-latency-avg"] > 0
@@ -288,7 +290,8 @@ def test_consumer_metrics_count_records_and_lag(one_node_cluster: LocalCluster, 
         # 60 left by the polls above still counts (it read 0 here before, the lag now).
         assert m["records-lag-max"] >= 60
         assert m[f"records-lead{{topic={topic},partition=1}}"] == 10
-        assert m["records-lead-min"] == 10
+        # Partition 1 read from position 4: every poll that drained it left a lead of 5-10.
+        assert 5 <= m["records-lead-min"] <= 10
         assert consumer.poll(timeout_ms=0) == []  # all read: a poll of nothing
         m = consumer.metrics()
         assert m["poll-total"] >= 3 and m["time-between-poll-max"] >= m["time-between-poll-avg"]

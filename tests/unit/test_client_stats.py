@@ -195,3 +195,18 @@ def test_records_lag_max_keeps_bounded_memory() -> None:
         stats.lag_observed(i % 1000, now=i * 0.01)
     assert len(stats.lag._samples) <= SAMPLES
     assert stats.records_lag_max([], now=100.0) == 999.0
+
+
+def test_records_lead_min_is_the_smallest_lead_polls_left_over_the_window() -> None:
+    """Kafka's records-lead-min is a windowed minimum: a consumer that came within 3 records
+    of the retention's edge shows 3 until the window passes, whatever its lead now."""
+    stats = FetchStats()
+    assert math.isnan(stats.records_lead_min([], now=0.0))
+    assert stats.records_lead_min([40, 9], now=0.0) == 9.0  # nothing observed: the lead now
+    stats.lag_observed(-1, 3, now=0.0)  # no lag known, lead 3
+    stats.lag_observed(10, 50, now=1.0)
+    assert stats.records_lead_min([500], now=2.0) == 3.0
+    assert stats.records_lead_min([1], now=2.0) == 1.0  # ... never above the lead now
+    later = SAMPLES * SAMPLE_WINDOW_S + 2
+    assert stats.records_lead_min([500], now=later) == 500.0  # aged out
+    assert stats.records_lag_max([], now=2.0) == 10.0  # the lag of the same polls

@@ -1259,7 +1259,9 @@ class Consumer:
         out["records-lag-max"] = (
             math.nan if self._closed else self._fetcher.stats.records_lag_max(lags.values())
         )
-        out["records-lead-min"] = float(min(leads.values())) if leads else math.nan
+        out["records-lead-min"] = (
+            math.nan if self._closed else self._fetcher.stats.records_lead_min(leads.values())
+        )
         out["assigned-partitions"] = float(0 if self._closed else len(self._fetcher.parts))
         for tp, lag in sorted(lags.items()):
             out[tagged("records-lag", topic=tp.topic, partition=tp.partition)] = float(lag)

@@ -466,6 +466,7 @@ class Fetcher(InlineFetch, FetchWorkers, AnswerFiling, OverdueFetches):
         marks: dict[TopicPartition, tuple[int, int | None]] = {}
         self.last_marks = marks
         lag = -1  # the largest lag a drained partition is left with (records-lag-max)
+        lead = -1  # the smallest lead over the log start of one (records-lead-min)
         while count < limit:
             with self._lock:
                 ready = [
@@ -504,6 +505,9 @@ class Fetcher(InlineFetch, FetchWorkers, AnswerFiling, OverdueFetches):
                     marks[part.tp] = (gen, new_pos)
                     if part.end_offset >= 0:
                         lag = max(lag, part.end_offset - new_pos, 0)
+                    if part.log_start_offset >= 0:
+                        ahead = max(new_pos - part.log_start_offset, 0)
+                        lead = ahead if lead < 0 else min(lead, ahead)
                     if cf.exhausted:
                         part.completed.popleft()
                         self._kick(part)  # below max_buffered again: fetch more (if idle)
@@ -514,8 +518,8 @@ class Fetcher(InlineFetch, FetchWorkers, AnswerFiling, OverdueFetches):
                     progressed = True
             if not progressed:
                 break
-        if lag >= 0:
-            self.stats.lag_observed(lag)
+        if lag >= 0 or lead >= 0:
+            self.stats.lag_observed(lag, lead)
         return out, count
 
     # -- helpers (lock held) --------------------------------------------------------------

@@ -238,6 +238,9 @@ class FetchStats:
         #: One value per poll that drained records: the largest lag it left on a partition
         #: it drained (Kafka records each partition's lag as a poll takes its records).
         self.lag = Windowed()
+        #: The same poll's smallest lead (position over the log start) on a partition it
+        #: drained, negated: a windowed maximum of -lead is records-lead-min.
+        self.lead_negated = Windowed()
 
     def fetched(self, latency_s: float, nbytes: int, throttle_ms: int | None = None) -> None:
         """A Fetch answer (or a failed Fetch) came ``latency_s`` after the consumer began
@@ -250,12 +253,29 @@ class FetchStats:
             if throttle_ms is not None:
                 self.throttle_ms.record(throttle_ms, now)
 
-    def lag_observed(self, lag: int, now: float | None = None) -> None:
+    def lag_observed(self, lag: int, lead: int = -1, now: float | None = None) -> None:
         """A poll left ``lag`` records after its position on the partition it drained that
-        lags most (one call per poll, not per partition or record)."""
+        lags most, and ``lead`` (-1: unknown) records between the log start and its
+        position on the one that leads least (one call per poll, not per partition or
+        record)."""
         now = time.monotonic() if now is None else now
         with self.lock:
-            self.lag.record(lag, now)
+            if lag >= 0:
+                self.lag.record(lag, now)
+            if lead >= 0:
+                self.lead_negated.record(-lead, now)
+
+    def records_lead_min(self, leads_now: Iterable[int], now: float | None = None) -> float:
+        """``records-lead-min``: the smallest lead the polls of the last 30-60 s left
+        (Kafka's, a windowed minimum: a consumer that came near the retention's edge and
+        got away still shows it), and at most the smallest lead now; NaN with neither."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            seen = -self.lead_negated.max(now)
+        current = min(leads_now, default=None)
+        if current is None:
+            return seen
+        return float(current) if math.isnan(seen) else min(seen, float(current))
 
     def records_lag_max(self, lags_now: Iterable[int], now: float | None = None) -> float:
         """``records-lag-max``: the largest lag the polls of the last 30-60 s left (Kafka's,
