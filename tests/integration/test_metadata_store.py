@@ -255,7 +255,10 @@ def test_a_keeper_that_cannot_reach_etcd_knows_when_its_lease_has_surely_expired
     keeper = store.keep_alive(SimpleNamespace(id=1, ttl=1), lambda: None)
     try:
         assert not keeper.surely_expired()  # just granted
+        assert not keeper.may_have_expired()
         wait_for(keeper.surely_expired, timeout=10, what="the TTL to pass without a refresh")
+        # What the active controller goes by (it turns no later than surely_expired).
+        assert keeper.may_have_expired()
         assert not keeper.lost  # etcd never said so: it cannot be reached
     finally:
         keeper.stop(revoke=False)

@@ -77,9 +77,10 @@ class ActiveRole(Reconciler):
         election.start()
 
     def acting_as_active(self) -> bool:
-        """Whether this controller holds the leadership and its election lease has not
-        surely expired (:meth:`KeepAlive.surely_expired`): what ``strom_controller_active``
-        reports when scraped (:meth:`export_active_gauge`).
+        """Whether this controller holds the leadership and its election lease surely lives
+        (not :meth:`KeepAlive.may_have_expired`): what ``strom_controller_active`` reports
+        when scraped (:meth:`export_active_gauge`), and whether it answers admin requests as
+        the active controller (:meth:`ControllerCore._handle`; else NOT_CONTROLLER).
 
         Why not just "leadership held": a controller cut off from etcd (an outage, a pause)
         hears of its lease's loss only when it reaches etcd again, and meanwhile a standby
@@ -89,7 +90,7 @@ class ActiveRole(Reconciler):
         if self._leadership is None:
             return False
         keepalive = getattr(self._election, "_keepalive", None)
-        return keepalive is None or not keepalive.surely_expired()
+        return keepalive is None or not keepalive.may_have_expired()
 
     def export_active_gauge(self) -> None:
         """``strom_controller_active`` from :meth:`acting_as_active`, when scraped."""

@@ -54,6 +54,21 @@ class Fenced(Exception):
     """This controller's election key changed under it: it is no longer the active one."""
 
 
+class LeaseLapsed(Fenced):
+    """This controller still holds the leadership, but no renewal of its election lease sent
+    within the lease's TTL has been answered (:meth:`ControllerCore.acting_as_active`): etcd
+    may have ended it and a standby may be active, though this controller has not heard so
+    yet (it is cut off from etcd, or etcd is down).
+
+    Found from outside: such a deposed controller kept answering admin calls — reads from a
+    view frozen since the cut (an ISR 28 s old while the new controller had shrunk it), writes
+    only after the client's whole deadline (REQUEST_TIMED_OUT, retried on it alone) — and its
+    answers named itself as the controller, so a client that last talked to it never looked
+    for the new one. It refuses instead (NOT_CONTROLLER) without stepping down: if etcd was
+    down for everyone it may well still hold the key once etcd is back, and serves again as
+    soon as a refresh succeeds; if not, the keeper then reports the loss and it steps down."""
+
+
 @dataclass(frozen=True)
 class Leadership:
     """What this controller holds while active."""
@@ -150,6 +165,36 @@ class ControllerCore:
     async def _restart_election(self, election: Election, reason: str) -> None:
         raise NotImplementedError  # strom.controller.activation.ActiveRole
 
+    def acting_as_active(self) -> bool:
+        raise NotImplementedError  # strom.controller.activation.ActiveRole
+
+    #: Whether the refusals of the current lapse were logged (one line a lapse, not a request).
+    _lapse_logged: bool = False
+
+    def _check_acting(self) -> None:
+        """Raise :class:`LeaseLapsed` while holding a leadership whose lease lapsed unheard."""
+        if self._leadership is None:
+            return
+        if self.acting_as_active():
+            if self._lapse_logged:
+                self._lapse_logged = False
+                log.info(
+                    "controller %d: etcd renewed its election lease again; serving admin "
+                    "requests as the active controller",
+                    self.controller_id,
+                )
+            return
+        if not self._lapse_logged:
+            self._lapse_logged = True
+            log.warning(
+                "controller %d: etcd has not renewed its election lease for over %d s (cut off "
+                "from etcd, or etcd is down); answering admin requests NOT_CONTROLLER until it "
+                "does (a standby that reaches etcd takes over meanwhile)",
+                self.controller_id,
+                self.session_timeout_s,
+            )
+        raise LeaseLapsed()
+
     @contextlib.asynccontextmanager
     async def _locked(self) -> Any:
         assert self._write_lock is not None
@@ -158,7 +203,7 @@ class ControllerCore:
 
     def _controller_node(self) -> common_pb2.Node:
         """The active controller as this process knows it (node_id -1 = unknown)."""
-        if self.active:
+        if self.active and self.acting_as_active():
             return common_pb2.Node(
                 node_id=self.controller_id, host=self.advertise_host, port=self.advertise_port
             )
@@ -187,35 +232,41 @@ class ControllerCore:
         try:
             if lead is None or self._stopping:
                 raise Fenced()
+            self._check_acting()
             if write:
                 async with self._locked():
                     lead = self._leadership
                     if lead is None or self._stopping:
                         raise Fenced()
+                    self._check_acting()  # the lock may have been held long (etcd slow)
                     await body(lead)
             else:
                 await body(lead)
-        except Fenced:
+        except Fenced as exc:
+            lapsed = isinstance(exc, LeaseLapsed)
             election = self._election
-            if lead is not None and self._leadership is lead and election is not None:
+            if (
+                not lapsed
+                and lead is not None
+                and self._leadership is lead
+                and election is not None
+            ):
                 # A write found the election key changed: step down before answering, so the
                 # answer names the new controller (from the view), not this one.
                 async with self._locked():
                     if self._leadership is lead:
                         await self._restart_election(election, "fenced by a newer controller")
-            resp.error_code = E.NOT_CONTROLLER
-            active = self._controller_node()
-            resp.error_message = f"controller {self.controller_id} is not the active controller" + (
-                f"; the active one is {active.node_id} at {active.host}:{active.port}"
-                if active.node_id >= 0
-                else "; no active controller is known right now"
-            )
+            self._not_controller(resp, lapsed=lapsed)
         except EtcdNoSpaceError as exc:  # only an operator ends it: no use retrying
             resp.error_code = E.METADATA_STORE_FULL
             resp.error_message = str(exc)
         except MetadataUnavailableError as exc:
-            resp.error_code = E.REQUEST_TIMED_OUT
-            resp.error_message = f"etcd did not answer: {exc}"
+            if lead is not None and not self.acting_as_active():
+                # The lease lapsed while the body waited for etcd: a standby may be active.
+                self._not_controller(resp, lapsed=True)
+            else:
+                resp.error_code = E.REQUEST_TIMED_OUT
+                resp.error_message = f"etcd did not answer: {exc}"
         except StromError as exc:  # a whole-request problem raised by the body
             resp.error_code = exc.code if exc.code is not None else E.UNKNOWN_SERVER_ERROR
             resp.error_message = exc.message
@@ -226,6 +277,26 @@ class ControllerCore:
         resp.controller.CopyFrom(self._controller_node())
         ADMIN_REQUESTS.labels(rpc, error_name(self._result_code(resp))).inc()
         return response
+
+    def _not_controller(self, resp: Any, *, lapsed: bool) -> None:
+        """Answer NOT_CONTROLLER, naming the active controller if this one knows it."""
+        resp.error_code = E.NOT_CONTROLLER
+        active = self._controller_node()
+        why = (
+            f"; etcd has not renewed its election lease for over {self.session_timeout_s} s "
+            "(it may have expired: cut off from etcd, or etcd is down)"
+            if lapsed
+            else ""
+        )
+        resp.error_message = (
+            f"controller {self.controller_id} is not the active controller"
+            + why
+            + (
+                f"; the active one is {active.node_id} at {active.host}:{active.port}"
+                if active.node_id >= 0
+                else "; no active controller is known right now"
+            )
+        )
 
     @staticmethod
     def _result_code(resp: Any) -> int:

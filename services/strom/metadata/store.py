@@ -522,6 +522,10 @@ class KeepAlive:
         #: Monotonic time of the last answer that the lease lives (at first: now, after the
         #: grant). etcd ends the lease at most ``ttl`` after it.
         self.alive_at = time.monotonic()
+        #: Monotonic time the last refresh that etcd answered alive was *sent*: etcd restarts
+        #: the TTL when it handles a refresh, after this, so the lease lives at least ``ttl``
+        #: after it (see :meth:`may_have_expired`).
+        self.renewed_from = self.alive_at
         self._short_timeout = max(self.ttl / 3.0, 0.5)
         # The first refresh also sets up the connection, which can be slow on a loaded
         # machine, but not so slow that it may outlast the lease: it runs a third of the TTL
@@ -578,6 +582,7 @@ class KeepAlive:
 
     def _loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
+            sent = time.monotonic()
             try:
                 resps = self.store._call(self.refresh)
             except MetadataUnavailableError as exc:
@@ -591,6 +596,7 @@ class KeepAlive:
             if resps and resps[0].TTL > 0:
                 self.refreshes += 1
                 self.alive_at = time.monotonic()
+                self.renewed_from = sent
             if not resps or resps[0].TTL <= 0:
                 self.lost = True
                 metrics.lease_lost(_lease_id(self.lease))
@@ -605,6 +611,17 @@ class KeepAlive:
         not heard so yet: it was paused (SIGSTOP, a long GC) or cannot reach etcd. Its keys
         are gone and others may own what they stood for."""
         return self.lost or time.monotonic() - self.alive_at > self.ttl
+
+    def may_have_expired(self) -> bool:
+        """The lease is lost, or etcd may have ended it: no refresh sent within its TTL has
+        been answered alive. Until then it surely lives (etcd handled that refresh after it
+        was sent), so nobody else can own what its keys stand for; after it, someone may.
+
+        For deciding whether to go on acting on the lease's behalf (the active controller's
+        answers, :meth:`strom.controller.activation.ActiveRole.acting_as_active`): it turns
+        earlier than :meth:`surely_expired` by the last refresh's round trip, the stretch in
+        which a standby may already have taken over."""
+        return self.lost or time.monotonic() - self.renewed_from > self.ttl
 
     def stop(self, *, revoke: bool = True) -> None:
         self._stop.set()
