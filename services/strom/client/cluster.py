@@ -703,7 +703,10 @@ class ClusterClient:
         then a standby has usually taken over (the election key's lease is a few seconds).
         An attempt that took the whole budget left no time to ask the new one (found from
         outside). Between attempts the nodes are asked which controller is active, each
-        lookup for at most :data:`DISCOVERY_TIMEOUT_S`, so a hung node costs little.
+        lookup for at most :data:`DISCOVERY_TIMEOUT_S`, so a hung node costs little. They are
+        asked after every refusal without a hint and every retriable error too, never the
+        same controller again on trust alone: a controller cut off from etcd refuses (or
+        cannot write) while the nodes already name its successor.
         """
         attempt_s = self.timeout_s if timeout_s is None else timeout_s
         budget_s = self.retry_s if retry_s is None else retry_s
@@ -748,7 +751,12 @@ class ClusterClient:
                         self._controller_addr = _addr(hint) if hint and hint.port else None
                         last = f"{addr} is not the active controller"
                     elif resp.error_code != NONE and is_retriable(resp.error_code):
-                        last = resp.error_message
+                        # Ask the nodes again before the next attempt: the controller may be
+                        # cut off from etcd ("etcd did not answer") while a standby that can
+                        # reach it has taken over. Kept, this address was all every attempt
+                        # asked until the deadline (found from outside).
+                        last = f"controller {addr}: {resp.error_message}"
+                        self._controller_addr = None
                     else:
                         if resp.error_code != NONE:
                             raise error_for(resp.error_code, resp.error_message)
