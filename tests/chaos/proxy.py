@@ -13,12 +13,17 @@ processes it was told about. That makes per-pair faults possible on one loopback
   direction = a one-way partition. Healing lets the stream continue exactly where it was.
 - ``delay`` from A to B: every chunk A sends to B waits ``ms`` before it is written.
 - ``reset``: close every matching connection now with an RST (SO_LINGER 0), mid-stream.
+- ``stick`` from A to B: the connections A has open to B now go silent both ways, while new
+  ones flow (a flow whose state a middlebox lost, or a stream whose retransmissions backed
+  off long after a partition healed); ``unstick`` lets them go on where they were.
 
 Control is JSON lines on stdin, one answer line per command on stdout (see ``Proxy.command``):
 ``{"cmd": "listen", "name": "node-1", "upstream": 31001, "port": 31101}``,
 ``{"cmd": "pid", "pid": 1234, "name": "node-1"}``,
 ``{"cmd": "rules", "rules": [{"kind": "stall", "from": ["node-1"], "to": ["etcd-*"]}]}``,
-``{"cmd": "reset", "from": ["*"], "to": ["node-2"]}``, ``{"cmd": "stats"}``.
+``{"cmd": "reset", "from": ["*"], "to": ["node-2"]}``,
+``{"cmd": "stick", "from": ["node-1"], "to": ["controller-*"]}``, ``{"cmd": "unstick"}``,
+``{"cmd": "stats"}``.
 Names in rules are shell-style patterns (``node-*``); a dialler the proxy cannot identify is
 called ``client``.
 """
@@ -66,6 +71,8 @@ class Conn:
     sockets: list[socket.socket] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closed: bool = False
+    #: Silent both ways until ``unstick`` (the ``stick`` command).
+    stuck: bool = False
 
 
 def _hex_port(port: int) -> str:
@@ -157,6 +164,18 @@ class Proxy:
                     n += 1
             self.stats["resets"] += n
             return {"ok": True, "reset": n}
+        if cmd == "stick":
+            probe = Rule("stick", tuple(msg.get("from", ["*"])), tuple(msg.get("to", ["*"])))
+            stuck = [c for c in self.conns if probe.matches(c.client, c.server)]
+            for c in stuck:
+                c.stuck = True
+            return {"ok": True, "stuck": len(stuck)}
+        if cmd == "unstick":
+            async with self.changed:
+                for c in self.conns:
+                    c.stuck = False
+                self.changed.notify_all()
+            return {"ok": True}
         if cmd == "stats":
             return {"ok": True, **self.stats, "connections": len(self.conns)}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
@@ -221,11 +240,13 @@ class Proxy:
         )
 
     async def _wait_flowing(self, conn: Conn, sender: str, receiver: str) -> None:
-        if not self._stalled(sender, receiver):
+        if not conn.stuck and not self._stalled(sender, receiver):
             return
         self.stats["stalled_waits"] += 1
         async with self.changed:
-            await self.changed.wait_for(lambda: conn.closed or not self._stalled(sender, receiver))
+            await self.changed.wait_for(
+                lambda: conn.closed or not (conn.stuck or self._stalled(sender, receiver))
+            )
 
     async def _pump(
         self,

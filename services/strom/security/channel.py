@@ -473,10 +473,22 @@ class ChannelCache:
         channel = security.aio_channel(address, self._options)
         self._channels[address] = (security, channel)
         if entry is not None:
-            task = asyncio.get_running_loop().create_task(entry[1].close(self.CLOSE_GRACE_S))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._close_later(entry[1])
         return channel
+
+    def renew(self, address: str) -> None:
+        """Make the next :meth:`get` of ``address`` a new channel (the old one is closed after
+        the grace period): for a connection that went silent. Only a cache made with
+        ``("grpc.use_local_subchannel_pool", 1)`` gets a new connection that way; otherwise
+        gRPC hands the new channel the old one's subchannel, connection and all."""
+        entry = self._channels.pop(address, None)
+        if entry is not None:
+            self._close_later(entry[1])
+
+    def _close_later(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.get_running_loop().create_task(channel.close(self.CLOSE_GRACE_S))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def __len__(self) -> int:
         return len(self._channels)
