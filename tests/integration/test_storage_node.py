@@ -179,6 +179,18 @@ class Cluster:
         state.partition_epoch += 1
         assert self.store.cas(key, state, cur.mod_revision)
 
+    def register_stand_in(self, node_id: int) -> None:
+        """Register ``node_id`` (no process) with the incarnation :func:`fetch_request`
+        names, so a leader counts the follower fetches the test makes as that node's."""
+        reg = md.NodeRegistration(
+            node_id=node_id,
+            host="127.0.0.1",
+            port=1,
+            incarnation_id=f"incarnation-{node_id}",
+            state=md.NODE_STATE_RUNNING,
+        )
+        self.store.put(self.store.keys.node(node_id), reg)
+
     def update_configs(self, topic: str, configs: dict[str, str]) -> None:
         key = self.store.keys.topic(topic)
         cur = self.store.get(key, md.TopicMetadata)
@@ -502,14 +514,64 @@ def test_high_watermark_offsets_and_byte_limits(cluster: Cluster) -> None:
     for offset in (0, 2):
         r = fetch_one(n1, "hw2", 0, offset)
         assert (r.error_code, r.records, r.high_watermark) == (E.NONE, b"", 0)
-    # The follower's fetch (it has everything) moves the HW; consumers then read.
-    rf = fetch_one(n1, "hw2", 0, leo, replica_id=7)
-    assert rf.error_code == E.NONE
+    # The follower's fetch (it has everything) moves the HW; consumers then read. Only the
+    # fetches of node 7's registered process count: the test registers it (a stand-in).
+    cluster.register_stand_in(7)
+    wait_for(
+        lambda: fetch_one(n1, "hw2", 0, leo, replica_id=7).error_code == E.NONE,
+        timeout=10,
+        what="node 1 to see node 7's registration",
+    )
     r = fetch_one(n1, "hw2", 0, 0)
     assert r.high_watermark == leo and values_of(r.records)[0] == (0, b"0")
     # A node not hosting it refuses produce and consumer fetch, naming the leader.
     nl = produce_one(n2, "hw2", 0, b1)
     assert nl.error_code == E.NOT_LEADER_OR_FOLLOWER and nl.current_leader.leader_id == 1
+
+
+def test_a_follower_fetch_counts_only_from_the_registered_process_within_the_log(
+    cluster: Cluster,
+) -> None:
+    """Found from outside: Fetch(replica_id=<a follower's id>, replica_incarnation="spoof",
+    fetch_offset=2**62) was answered OFFSET_OUT_OF_RANGE, yet the leader had recorded that
+    follower at 2**62: with the followers stopped, an acks=-1 produce was acknowledged and
+    the high watermark moved though no follower held the record. Now a fetch whose
+    incarnation is not the node's registered one is refused (STALE_NODE_INCARNATION), one
+    beyond the log end records nothing (OFFSET_OUT_OF_RANGE), and acks=-1 still waits."""
+    n1 = cluster.node(1)
+    # Follower 8 never runs: it is registered by the test, whose fetches stand in for it.
+    cluster.create_topic("spoof", {0: [1, 8]}, {"min.insync.replicas": "2"})
+    wait_hosted(n1, "spoof", [0])
+    cluster.register_stand_in(8)
+    wait_for(
+        lambda: fetch_one(n1, "spoof", 0, 0, replica_id=8).error_code == E.NONE,
+        timeout=10,
+        what="node 1 to see node 8's registration",
+    )
+    assert produce_one(n1, "spoof", 0, batch([b"a", b"b"])).error_code == E.NONE
+    beyond = fetch_one(n1, "spoof", 0, 2**62, replica_id=8)
+    assert beyond.error_code == E.OFFSET_OUT_OF_RANGE, beyond
+    assert (beyond.high_watermark, beyond.log_start_offset) == (0, 0)  # (not moved)
+    assert "beyond the log end offset 2" in beyond.error_message
+    spoofed = fetch_request({("spoof", 0): 2}, replica_id=8)
+    for incarnation in ("spoof", "incarnation-9"):
+        spoofed.replica_incarnation = incarnation
+        got = n1.stub.Fetch(spoofed, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.STALE_NODE_INCARNATION and not got.records, got
+        assert f"{incarnation!r} is not node 8's registered incarnation" in got.error_message
+    # A node id nobody registered (a replica of this partition: 9 is not) is refused too.
+    cluster.create_topic("spoof2", {0: [1, 9]})
+    wait_hosted(n1, "spoof2", [0])
+    gone = fetch_one(n1, "spoof2", 0, 0, replica_id=9)
+    assert gone.error_code == E.STALE_NODE_INCARNATION and "not registered" in gone.error_message
+    # Nothing moved: consumers see nothing, an acks=-1 produce is not acknowledged.
+    assert list_offset(n1, "spoof", 0, -1).offset == 0
+    r = produce_one(n1, "spoof", 0, batch([b"c"]), acks=-1, timeout_ms=300)
+    assert r.error_code == E.REQUEST_TIMED_OUT
+    assert list_offset(n1, "spoof", 0, -1).offset == 0
+    # The registered process's fetch at the log end moves it.
+    assert fetch_one(n1, "spoof", 0, 3, replica_id=8).error_code == E.NONE
+    assert list_offset(n1, "spoof", 0, -1).offset == 3
 
 
 def test_list_offsets_and_delete_records(cluster: Cluster) -> None:
