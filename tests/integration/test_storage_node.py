@@ -574,6 +574,34 @@ def test_a_follower_fetch_counts_only_from_the_registered_process_within_the_log
     assert list_offset(n1, "spoof", 0, -1).offset == 3
 
 
+def test_write_txn_markers_refuses_fields_out_of_range_naming_them(cluster: Cluster) -> None:
+    """Found from outside: WriteTxnMarkers with producer_epoch=40000 had every leader log a
+    struct.error traceback (the batch header's int16) and answer UNKNOWN_SERVER_ERROR. A
+    field out of range is now INVALID_REQUEST naming it, and nothing is written."""
+    n1 = cluster.node(1)
+    cluster.create_topic("mk", {0: [1]})
+    wait_hosted(n1, "mk", [0])
+    log_path = cluster.root / "node-1.log"
+    logged = log_path.stat().st_size
+    for field_name, value, rule in (
+        ("producer_epoch", 40000, "must be in 0..32767, got 40000"),
+        ("producer_epoch", -1, "must be in 0..32767, got -1"),
+        ("coordinator_epoch", -5, "must be >= 0, got -5"),
+        ("producer_id", -2, "must be >= 0, got -2"),
+    ):
+        marker = pb.TxnMarker(producer_id=123456, producer_epoch=0, committed=True)
+        setattr(marker, field_name, value)
+        marker.topics.add(topic="mk", partitions=[0])
+        req = pb.WriteTxnMarkersRequest(timeout_ms=3000, markers=[marker])
+        got = n1.stub.WriteTxnMarkers(req, timeout=30).markers[0].topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST, (field_name, got)
+        assert got.error_message == f"TxnMarker.{field_name} {rule}"
+    assert list_offset(n1, "mk", 0, -1, replica_id=1).offset == 0  # nothing appended
+    with log_path.open("rb") as f:
+        f.seek(logged)
+        assert b"Traceback" not in f.read()
+
+
 def test_list_offsets_and_delete_records(cluster: Cluster) -> None:
     n1 = cluster.node(1)
     cluster.create_topic("lo", {0: [1]}, {"segment.bytes": "1024"})
