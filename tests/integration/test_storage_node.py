@@ -602,6 +602,39 @@ def test_write_txn_markers_refuses_fields_out_of_range_naming_them(cluster: Clus
         assert b"Traceback" not in f.read()
 
 
+def test_an_unknown_isolation_level_is_refused_naming_it(cluster: Cluster) -> None:
+    """Found from outside: isolation_level 99 or -1 was read as read_uncommitted by Fetch,
+    FetchStream and ListOffsets (Subscribe refused it). Each now answers INVALID_REQUEST
+    naming the value, for every partition, and reads nothing."""
+    n1 = cluster.node(1)
+    cluster.create_topic("iso", {0: [1]})
+    wait_hosted(n1, "iso", [0])
+    assert produce_one(n1, "iso", 0, batch([b"a"])).error_code == E.NONE
+    for level in (99, -1):
+        want = f"isolation_level {level} is not an IsolationLevel"
+        req = fetch_request({("iso", 0): 0})
+        req.isolation_level = level  # type: ignore[assignment]
+        got = n1.stub.Fetch(req, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST and want in got.error_message, got
+        assert not got.records
+        streamed = list(n1.stub.FetchStream(iter([req]), timeout=30))
+        got = streamed[0].topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST and want in got.error_message, got
+        lo = pb.ListOffsetsRequest(replica_id=-1, isolation_level=level)  # type: ignore[arg-type]
+        lo.topics.add(topic="iso").partitions.add(
+            partition=0, current_leader_epoch=-1, timestamp=-1
+        )
+        got = n1.stub.ListOffsets(lo, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST and want in got.error_message, got
+        assert got.offset == -1
+    # The two levels still read.
+    for level in (0, 1):
+        req = fetch_request({("iso", 0): 0})
+        req.isolation_level = level  # type: ignore[assignment]
+        got = n1.stub.Fetch(req, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.NONE and values_of(got.records) == [(0, b"a")]
+
+
 def test_list_offsets_and_delete_records(cluster: Cluster) -> None:
     n1 = cluster.node(1)
     cluster.create_topic("lo", {0: [1]}, {"segment.bytes": "1024"})

@@ -32,6 +32,7 @@ from strom.storage.rpc_base import (
     _throttle,
     _timed,
     _wait_out_debt,
+    isolation_error,
 )
 from strom.storage.wire import (
     FetchPartitionOut,
@@ -195,6 +196,7 @@ class FetchRpcs(StorageCore):
         # Whose fetch this is, checked once per pass: its positions only count when it is
         # the registered process of that node (None: it is).
         stale = self._stale_follower(request) if follower else None
+        bad_isolation = isolation_error(request)
         for ft in request.topics:
             topic = ft.topic
             tout = FetchTopicOut(topic)
@@ -205,6 +207,8 @@ class FetchRpcs(StorageCore):
                 tout.partitions.append(pout)
                 part = None
                 try:
+                    if bad_isolation is not None:
+                        raise _Refusal(E.INVALID_REQUEST, bad_isolation)
                     part = self._leader(topic, fp.partition, fp.current_leader_epoch, hints)
                     if ft.topic_id and part.topic_id and ft.topic_id != part.topic_id:
                         raise _Refusal(
