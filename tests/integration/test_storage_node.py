@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import signal
+import struct
 import sys
 import time
 import urllib.request
@@ -30,6 +31,7 @@ from strom.devcluster.procs import EtcdServer, ManagedProcess, free_port, wait_f
 from strom.errors import ErrorCode as E
 from strom.metadata import MetadataStore
 from strom.record import decode_batches, encode_batch, read_header
+from strom.record.held import crc32c
 from strom.service.runtime import GRPC_OPTIONS
 
 pytestmark = pytest.mark.integration
@@ -633,6 +635,40 @@ def test_an_unknown_isolation_level_is_refused_naming_it(cluster: Cluster) -> No
         req.isolation_level = level  # type: ignore[assignment]
         got = n1.stub.Fetch(req, timeout=30).topics[0].partitions[0]
         assert got.error_code == E.NONE and values_of(got.records) == [(0, b"a")]
+
+
+def test_a_batch_timestamp_below_no_timestamp_is_refused(cluster: Cluster) -> None:
+    """Found from outside: a raw Produce whose batch header had base_timestamp -2**63 was
+    stored, and consumers saw CreateTime -9223372036854775808 (the RecordService and the
+    Python producer refuse timestamps below 0). A header base or max timestamp below -1
+    (Kafka's NO_TIMESTAMP, still taken) is now INVALID_TIMESTAMP, nothing appended."""
+    n1 = cluster.node(1)
+    cluster.create_topic("negts", {0: [1]})
+    wait_hosted(n1, "negts", [0])
+
+    def stamped(base: int, newest: int, value: bytes = b"x") -> bytes:
+        """A one-record batch whose header says ``base`` / ``newest`` (base_timestamp at
+        byte 27, max_timestamp at 35, CRC-32C over bytes 21.. at 17), as a raw client
+        could send (encode_batch refuses negative timestamps)."""
+        b = bytearray(batch([value], [0]))
+        struct.pack_into(">qq", b, 27, base, newest)
+        struct.pack_into(">I", b, 17, crc32c(bytes(b[21:])))
+        return bytes(b)
+
+    for base, newest, which in (
+        (-(2**63), 0, f"base_timestamp {-(2**63)}"),
+        (-2, -2, "base_timestamp -2"),
+        (-(2**62), -2, f"base_timestamp {-(2**62)}"),  # (max below base: CORRUPT_MESSAGE)
+    ):
+        r = produce_one(n1, "negts", 0, stamped(base, newest))
+        assert r.error_code == E.INVALID_TIMESTAMP, (base, newest, r)
+        assert f"{which} is negative" in r.error_message
+    assert list_offset(n1, "negts", 0, -1, replica_id=1).offset == 0  # nothing appended
+    # -1 (NO_TIMESTAMP) is taken, as Kafka takes it.
+    assert produce_one(n1, "negts", 0, stamped(-1, -1, b"y")).error_code == E.NONE
+    got = fetch_one(n1, "negts", 0, 0)
+    (b,) = decode_batches(got.records)
+    assert b.header.base_timestamp == -1 and values_of(got.records) == [(0, b"y")]
 
 
 def test_list_offsets_and_delete_records(cluster: Cluster) -> None:
