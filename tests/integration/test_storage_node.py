@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import signal
+import struct
 import sys
 import time
 import urllib.request
@@ -30,6 +31,7 @@ from strom.devcluster.procs import EtcdServer, ManagedProcess, free_port, wait_f
 from strom.errors import ErrorCode as E
 from strom.metadata import MetadataStore
 from strom.record import decode_batches, encode_batch, read_header
+from strom.record.held import crc32c
 from strom.service.runtime import GRPC_OPTIONS
 
 pytestmark = pytest.mark.integration
@@ -178,6 +180,18 @@ class Cluster:
                 setattr(state, k, v)
         state.partition_epoch += 1
         assert self.store.cas(key, state, cur.mod_revision)
+
+    def register_stand_in(self, node_id: int) -> None:
+        """Register ``node_id`` (no process) with the incarnation :func:`fetch_request`
+        names, so a leader counts the follower fetches the test makes as that node's."""
+        reg = md.NodeRegistration(
+            node_id=node_id,
+            host="127.0.0.1",
+            port=1,
+            incarnation_id=f"incarnation-{node_id}",
+            state=md.NODE_STATE_RUNNING,
+        )
+        self.store.put(self.store.keys.node(node_id), reg)
 
     def update_configs(self, topic: str, configs: dict[str, str]) -> None:
         key = self.store.keys.topic(topic)
@@ -502,14 +516,159 @@ def test_high_watermark_offsets_and_byte_limits(cluster: Cluster) -> None:
     for offset in (0, 2):
         r = fetch_one(n1, "hw2", 0, offset)
         assert (r.error_code, r.records, r.high_watermark) == (E.NONE, b"", 0)
-    # The follower's fetch (it has everything) moves the HW; consumers then read.
-    rf = fetch_one(n1, "hw2", 0, leo, replica_id=7)
-    assert rf.error_code == E.NONE
+    # The follower's fetch (it has everything) moves the HW; consumers then read. Only the
+    # fetches of node 7's registered process count: the test registers it (a stand-in).
+    cluster.register_stand_in(7)
+    wait_for(
+        lambda: fetch_one(n1, "hw2", 0, leo, replica_id=7).error_code == E.NONE,
+        timeout=10,
+        what="node 1 to see node 7's registration",
+    )
     r = fetch_one(n1, "hw2", 0, 0)
     assert r.high_watermark == leo and values_of(r.records)[0] == (0, b"0")
     # A node not hosting it refuses produce and consumer fetch, naming the leader.
     nl = produce_one(n2, "hw2", 0, b1)
     assert nl.error_code == E.NOT_LEADER_OR_FOLLOWER and nl.current_leader.leader_id == 1
+
+
+def test_a_follower_fetch_counts_only_from_the_registered_process_within_the_log(
+    cluster: Cluster,
+) -> None:
+    """Found from outside: Fetch(replica_id=<a follower's id>, replica_incarnation="spoof",
+    fetch_offset=2**62) was answered OFFSET_OUT_OF_RANGE, yet the leader had recorded that
+    follower at 2**62: with the followers stopped, an acks=-1 produce was acknowledged and
+    the high watermark moved though no follower held the record. Now a fetch whose
+    incarnation is not the node's registered one is refused (STALE_NODE_INCARNATION), one
+    beyond the log end records nothing (OFFSET_OUT_OF_RANGE), and acks=-1 still waits."""
+    n1 = cluster.node(1)
+    # Follower 8 never runs: it is registered by the test, whose fetches stand in for it.
+    cluster.create_topic("spoof", {0: [1, 8]}, {"min.insync.replicas": "2"})
+    wait_hosted(n1, "spoof", [0])
+    cluster.register_stand_in(8)
+    wait_for(
+        lambda: fetch_one(n1, "spoof", 0, 0, replica_id=8).error_code == E.NONE,
+        timeout=10,
+        what="node 1 to see node 8's registration",
+    )
+    assert produce_one(n1, "spoof", 0, batch([b"a", b"b"])).error_code == E.NONE
+    beyond = fetch_one(n1, "spoof", 0, 2**62, replica_id=8)
+    assert beyond.error_code == E.OFFSET_OUT_OF_RANGE, beyond
+    assert (beyond.high_watermark, beyond.log_start_offset) == (0, 0)  # (not moved)
+    assert "beyond the log end offset 2" in beyond.error_message
+    spoofed = fetch_request({("spoof", 0): 2}, replica_id=8)
+    for incarnation in ("spoof", "incarnation-9"):
+        spoofed.replica_incarnation = incarnation
+        got = n1.stub.Fetch(spoofed, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.STALE_NODE_INCARNATION and not got.records, got
+        assert f"{incarnation!r} is not node 8's registered incarnation" in got.error_message
+    # A node id nobody registered (a replica of this partition: 9 is not) is refused too.
+    cluster.create_topic("spoof2", {0: [1, 9]})
+    wait_hosted(n1, "spoof2", [0])
+    gone = fetch_one(n1, "spoof2", 0, 0, replica_id=9)
+    assert gone.error_code == E.STALE_NODE_INCARNATION and "not registered" in gone.error_message
+    # Nothing moved: consumers see nothing, an acks=-1 produce is not acknowledged.
+    assert list_offset(n1, "spoof", 0, -1).offset == 0
+    r = produce_one(n1, "spoof", 0, batch([b"c"]), acks=-1, timeout_ms=300)
+    assert r.error_code == E.REQUEST_TIMED_OUT
+    assert list_offset(n1, "spoof", 0, -1).offset == 0
+    # The registered process's fetch at the log end moves it.
+    assert fetch_one(n1, "spoof", 0, 3, replica_id=8).error_code == E.NONE
+    assert list_offset(n1, "spoof", 0, -1).offset == 3
+
+
+def test_write_txn_markers_refuses_fields_out_of_range_naming_them(cluster: Cluster) -> None:
+    """Found from outside: WriteTxnMarkers with producer_epoch=40000 had every leader log a
+    struct.error traceback (the batch header's int16) and answer UNKNOWN_SERVER_ERROR. A
+    field out of range is now INVALID_REQUEST naming it, and nothing is written."""
+    n1 = cluster.node(1)
+    cluster.create_topic("mk", {0: [1]})
+    wait_hosted(n1, "mk", [0])
+    log_path = cluster.root / "node-1.log"
+    logged = log_path.stat().st_size
+    for field_name, value, rule in (
+        ("producer_epoch", 40000, "must be in 0..32767, got 40000"),
+        ("producer_epoch", -1, "must be in 0..32767, got -1"),
+        ("coordinator_epoch", -5, "must be >= 0, got -5"),
+        ("producer_id", -2, "must be >= 0, got -2"),
+    ):
+        marker = pb.TxnMarker(producer_id=123456, producer_epoch=0, committed=True)
+        setattr(marker, field_name, value)
+        marker.topics.add(topic="mk", partitions=[0])
+        req = pb.WriteTxnMarkersRequest(timeout_ms=3000, markers=[marker])
+        got = n1.stub.WriteTxnMarkers(req, timeout=30).markers[0].topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST, (field_name, got)
+        assert got.error_message == f"TxnMarker.{field_name} {rule}"
+    assert list_offset(n1, "mk", 0, -1, replica_id=1).offset == 0  # nothing appended
+    with log_path.open("rb") as f:
+        f.seek(logged)
+        assert b"Traceback" not in f.read()
+
+
+def test_an_unknown_isolation_level_is_refused_naming_it(cluster: Cluster) -> None:
+    """Found from outside: isolation_level 99 or -1 was read as read_uncommitted by Fetch,
+    FetchStream and ListOffsets (Subscribe refused it). Each now answers INVALID_REQUEST
+    naming the value, for every partition, and reads nothing."""
+    n1 = cluster.node(1)
+    cluster.create_topic("iso", {0: [1]})
+    wait_hosted(n1, "iso", [0])
+    assert produce_one(n1, "iso", 0, batch([b"a"])).error_code == E.NONE
+    for level in (99, -1):
+        want = f"isolation_level {level} is not an IsolationLevel"
+        req = fetch_request({("iso", 0): 0})
+        req.isolation_level = level  # type: ignore[assignment]
+        got = n1.stub.Fetch(req, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST and want in got.error_message, got
+        assert not got.records
+        streamed = list(n1.stub.FetchStream(iter([req]), timeout=30))
+        got = streamed[0].topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST and want in got.error_message, got
+        lo = pb.ListOffsetsRequest(replica_id=-1, isolation_level=level)  # type: ignore[arg-type]
+        lo.topics.add(topic="iso").partitions.add(
+            partition=0, current_leader_epoch=-1, timestamp=-1
+        )
+        got = n1.stub.ListOffsets(lo, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.INVALID_REQUEST and want in got.error_message, got
+        assert got.offset == -1
+    # The two levels still read.
+    for level in (0, 1):
+        req = fetch_request({("iso", 0): 0})
+        req.isolation_level = level  # type: ignore[assignment]
+        got = n1.stub.Fetch(req, timeout=30).topics[0].partitions[0]
+        assert got.error_code == E.NONE and values_of(got.records) == [(0, b"a")]
+
+
+def test_a_batch_timestamp_below_no_timestamp_is_refused(cluster: Cluster) -> None:
+    """Found from outside: a raw Produce whose batch header had base_timestamp -2**63 was
+    stored, and consumers saw CreateTime -9223372036854775808 (the RecordService and the
+    Python producer refuse timestamps below 0). A header base or max timestamp below -1
+    (Kafka's NO_TIMESTAMP, still taken) is now INVALID_TIMESTAMP, nothing appended."""
+    n1 = cluster.node(1)
+    cluster.create_topic("negts", {0: [1]})
+    wait_hosted(n1, "negts", [0])
+
+    def stamped(base: int, newest: int, value: bytes = b"x") -> bytes:
+        """A one-record batch whose header says ``base`` / ``newest`` (base_timestamp at
+        byte 27, max_timestamp at 35, CRC-32C over bytes 21.. at 17), as a raw client
+        could send (encode_batch refuses negative timestamps)."""
+        b = bytearray(batch([value], [0]))
+        struct.pack_into(">qq", b, 27, base, newest)
+        struct.pack_into(">I", b, 17, crc32c(bytes(b[21:])))
+        return bytes(b)
+
+    for base, newest, which in (
+        (-(2**63), 0, f"base_timestamp {-(2**63)}"),
+        (-2, -2, "base_timestamp -2"),
+        (-(2**62), -2, f"base_timestamp {-(2**62)}"),  # (max below base: CORRUPT_MESSAGE)
+    ):
+        r = produce_one(n1, "negts", 0, stamped(base, newest))
+        assert r.error_code == E.INVALID_TIMESTAMP, (base, newest, r)
+        assert f"{which} is negative" in r.error_message
+    assert list_offset(n1, "negts", 0, -1, replica_id=1).offset == 0  # nothing appended
+    # -1 (NO_TIMESTAMP) is taken, as Kafka takes it.
+    assert produce_one(n1, "negts", 0, stamped(-1, -1, b"y")).error_code == E.NONE
+    got = fetch_one(n1, "negts", 0, 0)
+    (b,) = decode_batches(got.records)
+    assert b.header.base_timestamp == -1 and values_of(got.records) == [(0, b"y")]
 
 
 def test_list_offsets_and_delete_records(cluster: Cluster) -> None:

@@ -43,6 +43,20 @@ class Harness:
         self.view.add_listener(self.manager.on_view_events)
         self.manager.open(data_dir)
         self.servicer = StorageServicer(1, self.manager, self.view)
+        # The nodes the tests' followers fetch as, registered with the incarnation their
+        # fetches name (fetch_req): a leader counts only a registered process's fetches.
+        self.events(
+            [
+                WatchEvent(
+                    self.keys.node(i),
+                    encode(
+                        md.NodeRegistration(node_id=i, incarnation_id=f"incarnation-{i}")
+                    ).encode(),
+                    0,
+                )
+                for i in range(10)
+            ]
+        )
 
     def put(self, key: str, msg: Any) -> None:
         self.events([WatchEvent(key, encode(msg).encode(), 0)])
@@ -327,6 +341,50 @@ def test_follower_fetch_moves_the_high_watermark_and_detects_divergence(tmp_path
     with_harness(tmp_path, body)
 
 
+def test_a_follower_fetch_moves_nothing_unless_registered_and_within_the_log(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: Fetch(replica_id=<a follower>, replica_incarnation="spoof",
+    fetch_offset=2**62) was answered OFFSET_OUT_OF_RANGE after the leader had recorded the
+    follower there, and the high watermark moved with nothing replicated. An offset beyond
+    the log end, or an incarnation not the node's registered one, now records nothing."""
+
+    async def body(h: Harness) -> None:
+        st = md.PartitionState(replicas=[1, 2], leader=1, leader_epoch=0, isr=[1, 2])
+        h.topic("t", {0: st})
+        await h.settle()
+        s = h.servicer
+        await s.Produce(produce_req({("t", 0): encode_batch([b"a", b"b", b"c"])}), None)
+        part = h.manager.partitions[("t", 0)]
+        beyond = results(await s.Fetch(fetch_req("t", 0, 2**62, replica_id=2), None))[("t", 0)]
+        assert beyond.error_code == E.OFFSET_OUT_OF_RANGE
+        assert part.high_watermark == 0 and 2 not in part.replica_end_offsets
+        assert (beyond.high_watermark, beyond.log_start_offset) == (0, 0)  # (to truncate to)
+        assert "beyond the log end offset 3" in beyond.error_message
+        spoof = fetch_req("t", 0, 3, replica_id=2, last_fetched_epoch=0)
+        spoof.replica_incarnation = "spoof"
+        got = results(await s.Fetch(spoof, None))[("t", 0)]
+        assert got.error_code == E.STALE_NODE_INCARNATION and not got.records
+        assert "'spoof' is not node 2's registered incarnation" in got.error_message
+        assert "incarnation-2" not in got.error_message  # (not told to the caller)
+        h.delete(h.keys.node(2))
+        st = md.PartitionState(replicas=[1, 2, 11], leader=1, leader_epoch=0, isr=[1, 2, 11])
+        h.topic("u", {0: st})
+        await h.settle()
+        unregistered = results(await s.Fetch(fetch_req("u", 0, 0, replica_id=11), None))
+        assert unregistered[("u", 0)].error_code == E.STALE_NODE_INCARNATION
+        assert "node 11 is not registered" in unregistered[("u", 0)].error_message
+        assert part.high_watermark == 0 and 2 not in part.replica_end_offsets
+        # The registered process's fetch at the log end moves it.
+        await s.Fetch(fetch_req("t", 0, 3, replica_id=2, last_fetched_epoch=0), None)
+        assert part.high_watermark == 0  # node 2's registration was deleted above
+        h.put(h.keys.node(2), md.NodeRegistration(node_id=2, incarnation_id="incarnation-2"))
+        await s.Fetch(fetch_req("t", 0, 3, replica_id=2, last_fetched_epoch=0), None)
+        assert part.high_watermark == 3
+
+    with_harness(tmp_path, body)
+
+
 def test_an_unset_replica_id_is_a_consumer_not_node_0(tmp_path: Path) -> None:
     """proto3 sends an unset replica_id as 0, and node 0 is real (the Helm chart's
     storage-0). Found from outside: a grpc-js caller that left it unset was taken for node
@@ -363,7 +421,7 @@ def test_an_unset_replica_id_is_a_consumer_not_node_0(tmp_path: Path) -> None:
         assert h.manager.partitions[("t", 0)].high_watermark == 0
         # Node 0's real follower names its incarnation: it reads above the HW and moves it.
         follower = unset(3)
-        follower.replica_incarnation = "node-0-run"
+        follower.replica_incarnation = "incarnation-0"
         follower.topics[0].partitions[0].last_fetched_epoch = 0
         await s.Fetch(follower, None)
         assert h.manager.partitions[("t", 0)].high_watermark == 3

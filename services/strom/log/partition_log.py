@@ -216,6 +216,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
                 raise
             headers = self._repeats_over_limit(data, exc.position, limit)
             oversized = True
+        _check_header_timestamps(headers)
         if check_timestamps and self.config.checks_timestamps:
             self._check_timestamps(headers, data)
         for h in headers:
@@ -803,6 +804,27 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
             for seg in self.segments:
                 out.extend(seg.batch_headers())
             return out
+
+
+#: Kafka's NO_TIMESTAMP: the lowest timestamp a batch header may carry.
+NO_TIMESTAMP = -1
+
+
+def _check_header_timestamps(headers: list[BatchHeader]) -> None:
+    """Refuse (:class:`InvalidTimestampError`) a batch whose header's base or max
+    timestamp is below -1 (Kafka's NO_TIMESTAMP, which stays allowed: Kafka clients may send
+    it). Header fields only: nothing is decoded. FIX (found from outside): a raw Produce
+    with base_timestamp -2**63 was stored, and consumers saw CreateTime
+    -9223372036854775808, while the RecordService and the Python producer refuse any
+    timestamp below 0."""
+    for h in headers:
+        low = min(h.base_timestamp, h.max_timestamp)
+        if low < NO_TIMESTAMP:
+            which = "base_timestamp" if h.base_timestamp == low else "max_timestamp"
+            raise InvalidTimestampError(
+                f"batch at byte {h.position}: {which} {low} is negative (only -1, "
+                "NO_TIMESTAMP, is allowed below 0)"
+            )
 
 
 def _check_after(

@@ -32,6 +32,7 @@ from strom.storage.rpc_base import (
     _throttle,
     _timed,
     _wait_out_debt,
+    isolation_error,
 )
 from strom.storage.wire import (
     FetchPartitionOut,
@@ -192,6 +193,10 @@ class FetchRpcs(StorageCore):
         bucket = self.manager.replication_quotas.leader
         # What throttled replicas may still take in this pass (None: no limit set).
         throttle_left = bucket.available() if follower else None
+        # Whose fetch this is, checked once per pass: its positions only count when it is
+        # the registered process of that node (None: it is).
+        stale = self._stale_follower(request) if follower else None
+        bad_isolation = isolation_error(request)
         for ft in request.topics:
             topic = ft.topic
             tout = FetchTopicOut(topic)
@@ -202,6 +207,8 @@ class FetchRpcs(StorageCore):
                 tout.partitions.append(pout)
                 part = None
                 try:
+                    if bad_isolation is not None:
+                        raise _Refusal(E.INVALID_REQUEST, bad_isolation)
                     part = self._leader(topic, fp.partition, fp.current_leader_epoch, hints)
                     if ft.topic_id and part.topic_id and ft.topic_id != part.topic_id:
                         raise _Refusal(
@@ -209,6 +216,8 @@ class FetchRpcs(StorageCore):
                             f"topic {topic} now has id {part.topic_id}, not {ft.topic_id}",
                         )
                     if follower:
+                        if stale is not None and replica_id in part.replicas:
+                            raise _Refusal(E.STALE_NODE_INCARNATION, stale)
                         if not self._follower_position(
                             part,
                             replica_id,
@@ -393,6 +402,23 @@ class FetchRpcs(StorageCore):
                 pr.last_stable_offset = part.last_stable_offset
                 pr.log_start_offset = part.log_start_offset
                 return False
+        leo = part.log.log_end_offset
+        if fp.fetch_offset > leo:
+            # Nothing is recorded: a follower cannot hold what this log never had, and its
+            # position would count toward the high watermark. FIX (found from outside): a
+            # fetch at 2**62 was answered OFFSET_OUT_OF_RANGE *after* its offset had been
+            # recorded, so with both followers stopped an acks=-1 produce was acknowledged.
+            # A real follower beyond our end with an epoch we know was answered its diverging
+            # epoch above; one without (an empty epoch history) truncates to the high
+            # watermark sent here, as it did when the read refused the offset.
+            pr.high_watermark = part.high_watermark
+            pr.last_stable_offset = part.last_stable_offset
+            pr.log_start_offset = part.log_start_offset
+            raise _Refusal(
+                E.OFFSET_OUT_OF_RANGE,
+                f"fetch offset {fp.fetch_offset} is beyond the log end offset {leo} of "
+                f"{part.topic}-{part.index}",
+            )
         if part.record_follower_end_offset(replica_id, fp.fetch_offset, incarnation):
             self.manager.committed.notify(part.tp, 1 << 30)
         if not follows_log_start:
@@ -405,6 +431,33 @@ class FetchRpcs(StorageCore):
         if out_of_sync and self.on_out_of_sync_fetch is not None:
             self.on_out_of_sync_fetch()
         return True
+
+    def _stale_follower(self, request: pb.FetchRequest) -> str | None:
+        """Why a follower fetch's (replica_id, replica_incarnation) is not the process
+        registered as that node (``nodes/<id>`` in the cluster view), else None.
+
+        A follower's fetch offset moves the high watermark and its ISR membership, so it
+        must come from the node's live process: FIX (found from outside) any client naming
+        a follower's id with a made-up incarnation was counted as that follower, and with
+        the real followers stopped an acks=-1 produce was acknowledged on the leader alone
+        (with ACLs on the claim needs CLUSTER_ACTION; with ACLs off anyone could). A zombie
+        of a previous run of the node is refused the same way (KIP-903's broker epoch). A
+        restarted follower registers before it fetches; until this node's view has its new
+        registration its fetches are refused, and it retries shortly (any error code)."""
+        with self.view.lock:
+            held = self.view.nodes.get(request.replica_id)
+        if held is None:
+            return (
+                f"node {request.replica_id} is not registered: a follower fetch must come "
+                "from a live node"
+            )
+        registered = held.value.incarnation_id
+        if registered != request.replica_incarnation:
+            return (
+                f"replica_incarnation {request.replica_incarnation!r} is not node "
+                f"{request.replica_id}'s registered incarnation"
+            )
+        return None
 
     @staticmethod
     def _follower_start_behind(part: Partition, fp: pb.FetchPartition) -> bool:

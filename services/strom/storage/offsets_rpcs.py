@@ -16,7 +16,14 @@ from strom.errors import ErrorCode
 from strom.storage.partition import Partition
 from strom.storage.replica_claims import is_replica_list_offsets
 from strom.storage.request_quota import counted_request
-from strom.storage.rpc_base import StorageCore, _fail_partition, _Refusal, _timed, per_partition
+from strom.storage.rpc_base import (
+    StorageCore,
+    _fail_partition,
+    _Refusal,
+    _timed,
+    isolation_error,
+    per_partition,
+)
 
 pb = storage_pb2
 E = ErrorCode
@@ -45,8 +52,11 @@ class OffsetRpcs(StorageCore):
             request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
         )
         parts = per_partition(request.topics, resp.topics, timestamp=-1, offset=-1, leader_epoch=-1)
+        bad_isolation = isolation_error(request)
         for topic, lp, pr in parts:
             try:
+                if bad_isolation is not None:
+                    raise _Refusal(E.INVALID_REQUEST, bad_isolation)
                 await self._list_offset(topic, lp, replica, pr, hints, read_committed)
             except Exception as exc:
                 _fail_partition(pr, "list offsets of", topic, lp.partition, exc)

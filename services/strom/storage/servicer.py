@@ -508,10 +508,14 @@ class StorageServicer(
         waits: list[Awaitable[None]] = []
         for m in request.markers:
             mr = resp.markers.add(producer_id=m.producer_id)
+            bad = _marker_error(m)
             for tp in m.topics:
                 tr = mr.topics.add(topic=tp.topic)
                 for index in tp.partitions:
                     pr = tr.partitions.add(partition=index)
+                    if bad is not None:
+                        self._marker_failed(pr, _Refusal(E.INVALID_REQUEST, bad))
+                        continue
                     try:
                         part = self._leader(tp.topic, index, -1, hints)
                     except Exception as exc:
@@ -610,6 +614,22 @@ class StorageServicer(
         pr.error_code = r.code  # type: ignore[assignment]
         pr.error_message = r.message
         metrics.TXN_MARKERS.labels(error_name(r.code)).inc()
+
+
+def _marker_error(m: pb.TxnMarker) -> str | None:
+    """Why a WriteTxnMarkers marker cannot be written (for INVALID_REQUEST), else None.
+
+    The batch header holds the producer epoch as an int16, and the coordinator never sends
+    a negative producer id or coordinator epoch (it sends at least 0). FIX (found from
+    outside): producer_epoch=40000 reached the header packing, and every leader logged a
+    struct.error traceback and answered UNKNOWN_SERVER_ERROR."""
+    if m.producer_id < 0:
+        return f"TxnMarker.producer_id must be >= 0, got {m.producer_id}"
+    if not 0 <= m.producer_epoch <= 32767:
+        return f"TxnMarker.producer_epoch must be in 0..32767, got {m.producer_epoch}"
+    if m.coordinator_epoch < 0:
+        return f"TxnMarker.coordinator_epoch must be >= 0, got {m.coordinator_epoch}"
+    return None
 
 
 def add_to_server(servicer: StorageServicer, server: grpc.aio.Server) -> None:
