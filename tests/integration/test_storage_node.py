@@ -859,7 +859,8 @@ def test_a_node_advertising_a_live_node_s_address_is_refused(cluster: Cluster) -
     with one line naming both, once the holder outlived its session timeout: found from
     outside, it registered, and the partitions it led were unreachable for good."""
     live = cluster.node(1)
-    other = Node(7, cluster.etcd.endpoint, cluster.root / "other")
+    # Node 70: an id no other test of this module registers (7 and 8 are stand-ins there).
+    other = Node(70, cluster.etcd.endpoint, cluster.root / "other")
     argv = other.argv(**{"--advertise": f"127.0.0.1:{live.port}"})
     proc = ManagedProcess("other", argv, cluster.root / "other.log").start()
     try:
@@ -871,8 +872,8 @@ def test_a_node_advertising_a_live_node_s_address_is_refused(cluster: Cluster) -
     errors = [ln for ln in out.splitlines() if ln.startswith("strom storage-node: error:")]
     assert len(errors) == 1, out
     assert f"node 1 is registered at 127.0.0.1:{live.port}" in errors[0], errors
-    assert "node 7" in errors[0] and "--advertise" in errors[0] and "Traceback" not in out
-    assert cluster.store.get(cluster.store.keys.node(7), md.NodeRegistration) is None
+    assert "node 70" in errors[0] and "--advertise" in errors[0] and "Traceback" not in out
+    assert cluster.store.get(cluster.store.keys.node(70), md.NodeRegistration) is None
 
 
 def test_a_lost_lease_is_replaced_by_a_new_registration(cluster: Cluster) -> None:
