@@ -14,6 +14,7 @@ from strom.coordinator.txn_state import (
     TxnMetadata,
     TxnShardState,
     TxnState,
+    check_txn_offsets,
     decode_txn_log_key,
     init_producer_id,
     txn_log_key,
@@ -22,6 +23,7 @@ from strom.errors import (
     ConcurrentTransactionsError,
     InvalidProducerEpochError,
     InvalidProducerIdMappingError,
+    InvalidRequestError,
     InvalidTransactionTimeoutError,
     InvalidTxnStateError,
     ProducerFencedError,
@@ -119,7 +121,7 @@ def test_the_producer_a_timeout_abort_fenced_takes_its_id_back() -> None:
     assert (aborted.producer_epoch, aborted.timed_out_epoch) == (1, 0)
     done = aborted.complete(1102)
     assert TxnMetadata.from_value("tx", done.to_value()).timed_out_epoch == 0
-    assert TxnMetadata.from_value("tx", m.to_value()).timed_out_epoch == -1
+    assert TxnMetadata.from_value("tx", m.to_value()).timed_out_epoch is None
     for call in (
         lambda: done.end(pid, 0, True, 1103),
         lambda: done.add(pid, 0, 1103, partitions=[("t", 1)]),
@@ -133,7 +135,7 @@ def test_the_producer_a_timeout_abort_fenced_takes_its_id_back() -> None:
         return r.metadata
 
     back = take_back(done, 0)
-    assert (back.producer_id, back.producer_epoch, back.timed_out_epoch) == (pid, 2, -1)
+    assert (back.producer_id, back.producer_epoch, back.timed_out_epoch) == (pid, 2, None)
     assert back.state is TxnState.EMPTY
     # Once only: the same request again (its answer lost) gets the same answer, no new bump.
     assert take_back(back, 0) is back
@@ -144,14 +146,14 @@ def test_the_producer_a_timeout_abort_fenced_takes_its_id_back() -> None:
         take_back(replace(done, producer_id=pid + 1), 0)
     # A new instance initialised the id after the timeout: the old producer is fenced.
     newer = init_producer_id(done, "tx", 100, 1105, lambda: next(ids)).metadata
-    assert (newer.producer_epoch, newer.timed_out_epoch) == (2, -1)
+    assert (newer.producer_epoch, newer.timed_out_epoch) == (2, None)
     with pytest.raises(ProducerFencedError):
         take_back(newer, 0)
     with pytest.raises(ProducerFencedError):
         newer.end(pid, 0, False, 1106)
     # Fenced by a new instance, not a timeout: no way back either.
     by_instance = init_producer_id(open_, "tx", 100, 1107, lambda: next(ids)).metadata
-    assert by_instance.timed_out_epoch == -1
+    assert by_instance.timed_out_epoch is None
     with pytest.raises(ProducerFencedError):
         take_back(by_instance.complete(1108), 0)
     # The current producer may bump its own epoch (its open transaction is aborted first).
@@ -189,11 +191,11 @@ def test_a_retried_take_back_gets_the_same_epoch_until_the_epoch_moves_on() -> N
     assert going is not None and take_back(going) is going
     # The epoch moved on (a timeout abort, a new instance): the retry is fenced.
     aborted = going.abort_fencing(1300, "timeout", timed_out=True)
-    assert aborted.granted_from_epoch == -1
+    assert aborted.granted_from_epoch is None
     with pytest.raises(ProducerFencedError):
         take_back(aborted.complete(1301))
     newer = init_producer_id(back, "tx", 100, 1107, lambda: next(ids)).metadata
-    assert newer.granted_from_epoch == -1
+    assert newer.granted_from_epoch is None
     with pytest.raises(ProducerFencedError):
         take_back(newer)
     # A take-back from the current epoch is retried alike (it asked from epoch 2).
@@ -278,3 +280,53 @@ def test_a_transaction_value_that_does_not_decode_is_skipped() -> None:
     state = TxnShardState()
     assert state.apply_batches(buf) == 1
     assert state.transactions == {"a": a} and state.undecodable == 1
+
+
+def test_epochs_no_producer_can_hold_are_invalid_requests_not_timeouts() -> None:
+    """-1 was also the "unset" value of ``timed_out_epoch``: a request with epoch -1 was told
+    its transaction had timed out (found from outside). Unset is now None, and an epoch
+    outside 0..MAX_EPOCH is refused before any comparison."""
+    m = fresh()
+    pid = m.producer_id
+    for bad in (-1, -2, MAX_EPOCH + 1, 40000, 2**31 - 1):
+        with pytest.raises(InvalidRequestError, match=f"producer_epoch={bad} is outside"):
+            m.add(pid, bad, 1, partitions=[("t", 0)])
+        with pytest.raises(InvalidRequestError):
+            m.end(pid, bad, True, 1)
+    assert (m.timed_out_epoch, m.granted_from_epoch) == (None, None)
+    v = TxnMetadata.from_value("tx", m.to_value())
+    assert (v.timed_out_epoch, v.granted_from_epoch) == (None, None)
+
+
+def test_txn_offsets_belong_to_the_open_transaction_that_added_the_group() -> None:
+    m = fresh()
+    pid = m.producer_id
+    with pytest.raises(InvalidProducerIdMappingError):
+        check_txn_offsets(None, "tx", pid, 0, "g")
+    with pytest.raises(InvalidTxnStateError, match="EMPTY"):
+        check_txn_offsets(m, "tx", pid, 0, "g")  # nothing open
+    other = m.add(pid, 0, 1, groups=["other"])
+    assert other is not None
+    with pytest.raises(InvalidTxnStateError, match="has not added it"):
+        check_txn_offsets(other, "tx", pid, 0, "g")
+    open_ = other.add(pid, 0, 2, groups=["g"])
+    assert open_ is not None
+    check_txn_offsets(open_, "tx", pid, 0, "g")  # the real producer's
+    with pytest.raises(InvalidRequestError):
+        check_txn_offsets(open_, "tx", pid, 40000, "g")
+    with pytest.raises(ProducerFencedError):
+        check_txn_offsets(open_, "tx", pid, 1, "g")  # newer than the coordinator's
+    with pytest.raises(InvalidProducerIdMappingError):
+        check_txn_offsets(open_, "tx", pid + 1, 0, "g")
+    prepared = open_.end(pid, 0, True, 3)
+    assert prepared is not None
+    with pytest.raises(InvalidTxnStateError, match="PREPARE_COMMIT"):
+        check_txn_offsets(prepared, "tx", pid, 0, "g")
+    # An older epoch: fenced when the state is this process's own; abortable when it is
+    # another coordinator's copy (which lacks the timed-out epoch).
+    bumped = open_.abort_fencing(4, "a new producer instance initialised the id")
+    newer = replace(bumped.complete(5), state=TxnState.ONGOING, groups=frozenset({"g"}))
+    with pytest.raises(ProducerFencedError):
+        check_txn_offsets(newer, "tx", pid, 0, "g")
+    with pytest.raises(InvalidProducerEpochError):
+        check_txn_offsets(newer, "tx", pid, 0, "g", full=False)

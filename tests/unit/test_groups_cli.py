@@ -88,3 +88,34 @@ def test_reset_needs_exactly_one_strategy() -> None:
         parser.parse_args(
             ["groups", "reset-offsets", "g", "--topic", "t", "--to-latest", "--to-earliest"]
         )
+
+
+def test_group_and_member_ids_are_printed_with_control_characters_escaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ids an older coordinator stored with control characters are escaped in the text
+    output: raw, they garbled the terminal and split ``groups list``'s tab-separated lines
+    (found from outside). JSON output escapes them already."""
+    import io
+    from types import SimpleNamespace
+
+    from strom.api import coordinator_pb2
+    from strom.cli import groups
+
+    listed = [SimpleNamespace(group_id="g\x00\t\x1b[31mred\\", state="Empty", member_count=0)]
+    admin = SimpleNamespace(list_groups=lambda: listed)
+    monkeypatch.setattr(groups, "_admin", lambda client: admin)
+    out = io.StringIO()
+    assert groups._list(None, argparse.Namespace(json=False), out) == 0  # type: ignore[arg-type]
+    assert out.getvalue() == "g\\x00\\x09\\x1b[31mred\\x5c\tEmpty\t0 members\n"
+
+    d = coordinator_pb2.DescribedGroup(group_id="g\x07", assignor_name="range")
+    d.members.add(member_id="m\r\n", client_id="c\x7f", client_host="h\x9b")
+    d.offsets.add(topic="t", partition=0, committed_offset=1, end_offset=2, member_id="m\r\n")
+    out = io.StringIO()
+    groups._print_group(d, out)
+    text = out.getvalue()
+    assert "group g\\x07:" in text
+    assert "member m\\x0d\\x0a (c\\x7f@h\\x9b): -" in text
+    assert not any(ch in text for ch in "\x00\x07\x1b\r\x7f\x9b")
+    assert groups.shown("größe-日本 ok") == "größe-日本 ok"

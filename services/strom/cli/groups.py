@@ -48,6 +48,16 @@ E = ErrorCode
 
 #: Exit status of ``groups list`` when some coordinator shards did not answer.
 INCOMPLETE = 2
+#: Control characters (C0, DEL, C1) and the backslash that escapes them.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+
+
+def shown(name: str) -> str:
+    """A name as the text output prints it: control characters escaped (``\\x00``), and the
+    backslash too so an escape cannot be forged. Coordinators now refuse such group and
+    member ids, but older ones stored them, and printed raw they garbled the terminal and
+    the tab-separated lines of ``groups list`` (found from outside)."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", name)
 
 
 def add_groups_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -204,7 +214,7 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
         print(json.dumps(rows), file=out)
     else:
         for g in groups:
-            print(f"{g.group_id}\t{g.state}\t{g.member_count} members", file=out)
+            print(f"{shown(g.group_id)}\t{g.state}\t{g.member_count} members", file=out)
     if incomplete is not None:
         # On stderr with its own exit status: on stdout it made the --json output invalid
         # JSON, and a script could not tell a partial list from a whole one (found from
@@ -277,7 +287,7 @@ def _warn_past_end(described: list[coordinator_pb2.DescribedGroup]) -> None:
 
 def _print_group(d: coordinator_pb2.DescribedGroup, out: Any) -> None:
     print(
-        f"group {d.group_id}: {group_state(d.state)}, epoch {d.group_epoch}, "
+        f"group {shown(d.group_id)}: {group_state(d.state)}, epoch {d.group_epoch}, "
         f"assignor {d.assignor_name}, {len(d.members)} members",
         file=out,
     )
@@ -291,7 +301,7 @@ def _print_group(d: coordinator_pb2.DescribedGroup, out: Any) -> None:
                 "-" if o.committed_offset < 0 else str(o.committed_offset),
                 "-" if o.end_offset < 0 else str(o.end_offset),
                 "-" if lag is None else str(lag),
-                o.member_id or "-",
+                shown(o.member_id) or "-",
             )
         )
     _table(rows, out)
@@ -306,7 +316,8 @@ def _print_group(d: coordinator_pb2.DescribedGroup, out: Any) -> None:
             for p in tp.partitions
         ]
         parts = ", ".join(held)
-        print(f"member {m.member_id} ({m.client_id}@{m.client_host}): {parts or '-'}", file=out)
+        who = f"{shown(m.member_id)} ({shown(m.client_id)}@{shown(m.client_host)})"
+        print(f"member {who}: {parts or '-'}", file=out)
 
 
 def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:

@@ -18,6 +18,13 @@ from strom.api import coordinator_pb2 as pb
 from strom.clock import steady_ms
 from strom.coordinator.core import rpc
 from strom.coordinator.group import ConsumerGroup, GroupState, HeartbeatResult, HostNode
+from strom.coordinator.request_bounds import (
+    MAX_GROUP_ID_CHARS,
+    MAX_MEMBER_ID_CHARS,
+    check_group_id,
+    check_id,
+    check_rebalance_timeout,
+)
 from strom.coordinator.storage_io import StorageIO
 from strom.errors import ErrorCode, GroupIdNotFoundError
 from strom.security.acl import Op, Res
@@ -93,6 +100,16 @@ class GroupRpcs(StorageIO):
     ) -> None:
         resp.member_id = request.member_id
         resp.member_epoch = -1
+        try:
+            check_group_id(request.group_id)
+            check_id(request.member_id, "member_id", MAX_MEMBER_ID_CHARS)
+            if request.HasField("instance_id"):
+                check_id(request.instance_id, "instance_id", MAX_GROUP_ID_CHARS)
+            check_rebalance_timeout(request.rebalance_timeout_ms)
+        except Exception as exc:
+            resp.member_id = ""  # (not echoed back: it may be what was refused)
+            self._fail("ConsumerGroupHeartbeat", resp, exc)
+            return
         meta = dict(context.invocation_metadata() or ())
         client_id = str(meta.get("strom-client-id", ""))
         client_host = _client_host(context.peer())

@@ -16,6 +16,7 @@ from strom.coordinator import metrics
 from strom.coordinator.core import CoordinatorCore, rpc
 from strom.coordinator.group import ConsumerGroup
 from strom.coordinator.offsets_log import OffsetAndMetadata
+from strom.coordinator.request_bounds import check_group_id
 from strom.errors import ErrorCode, GroupIdNotFoundError, NotCoordinatorError, error_name
 
 E = ErrorCode
@@ -32,6 +33,7 @@ class OffsetRpcs(CoordinatorCore):
         try:
             # The topic's id goes with the offset: a topic deleted and created again under
             # the same name must not resume at the old topic's offsets.
+            check_group_id(request.group_id)  # (a commit without a member creates the group)
             ids = self._topic_ids()
         except Exception as exc:
             self._fail("OffsetCommit", resp, exc)

@@ -46,22 +46,28 @@ from strom.api import (
 from strom.client.coordinator_calls import OVERDUE_GRACE_S, OVERDUE_RECHECK_S
 from strom.clock import steady_ms, wall_ms
 from strom.coordinator import metrics
+from strom.coordinator.group import ConsumerGroup
+from strom.coordinator.group_types import OffsetsResult
 from strom.coordinator.lookup import find_coordinator, shard_count
 from strom.coordinator.offset_rpcs import commit_error
 from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
+from strom.coordinator.request_bounds import check_group_id
 from strom.coordinator.shard_writes import settled
 from strom.coordinator.shards import Shard
 from strom.coordinator.txn_state import (
     MAX_EPOCH,
     TxnMetadata,
     TxnState,
+    check_epoch,
     check_timeout,
+    check_txn_offsets,
     init_producer_id,
     txn_log_key,
 )
 from strom.errors import (
     ConcurrentTransactionsError,
     CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
     ErrorCode,
     GroupIdNotFoundError,
     InvalidProducerIdMappingError,
@@ -90,6 +96,9 @@ COMPLETION_WAIT_S = 5.0
 #: or completing and no change for this long is removed from ``__transaction_state``.
 ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
+#: The longest a TxnOffsetCommit waits for the transaction coordinator (another process) to
+#: describe the transaction it belongs to.
+TXN_LOOKUP_TIMEOUT_S = 10.0
 
 
 def _now_ms() -> int:
@@ -297,6 +306,7 @@ class TransactionRpcs(_Base):
         resp = coordinator_pb2.AddPartitionsToTxnResponse()
         wanted = [(tp.topic, p) for tp in request.topics for p in tp.partitions]
         try:
+            check_epoch(request.producer_epoch)
             topics = self._topics()
             unknown = {
                 (tp.topic, p)
@@ -330,8 +340,10 @@ class TransactionRpcs(_Base):
     ) -> coordinator_pb2.AddOffsetsToTxnResponse:
         resp = coordinator_pb2.AddOffsetsToTxnResponse()
         try:
+            check_epoch(request.producer_epoch)
             if not request.group_id:
                 raise InvalidRequestError("group_id must not be empty")
+            check_group_id(request.group_id)
             now = _now_ms()
             await self._txn_change(
                 request.transactional_id,
@@ -349,6 +361,7 @@ class TransactionRpcs(_Base):
     ) -> coordinator_pb2.EndTxnResponse:
         resp = coordinator_pb2.EndTxnResponse()
         try:
+            check_epoch(request.producer_epoch)
             now = _now_ms()
             shard, meta, changed = await self._txn_change(
                 request.transactional_id,
@@ -718,11 +731,35 @@ class TransactionRpcs(_Base):
         self, request: coordinator_pb2.TxnOffsetCommitRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.OffsetCommitResponse:
         resp = coordinator_pb2.OffsetCommitResponse()
+        tid, pid, epoch = request.transactional_id, request.producer_id, request.producer_epoch
         try:
+            check_epoch(epoch)
+            check_group_id(request.group_id)
+            if not tid:
+                raise InvalidRequestError("transactional_id must not be empty")
             ids = self._topic_ids()  # stored with the offsets (OffsetRpcs.OffsetCommit)
+            # The transaction's state: this process's own when it owns the id's shard (read
+            # again under the group's lock below), else another coordinator's copy.
+            remote = None if self._owns_txn(tid) else await self._remote_txn(tid, context)
         except Exception as exc:
             self._fail("TxnOffsetCommit", resp, exc)
             return resp
+
+        def commit(g: ConsumerGroup) -> OffsetsResult:
+            if remote is None:
+                check_txn_offsets(self._local_txn(tid), tid, pid, epoch, request.group_id)
+            else:
+                check_txn_offsets(remote, tid, pid, epoch, request.group_id, full=False)
+            return g.txn_commit_offsets(
+                request.member_id,
+                request.member_epoch,
+                pid,
+                epoch,
+                offsets,
+                now_ms=now,
+                topics=self._topics(),
+            )
+
         offsets = {
             (t.topic, p.partition): OffsetAndMetadata(
                 offset=p.committed_offset,
@@ -736,18 +773,7 @@ class TransactionRpcs(_Base):
         now = wall_ms()  # the commit timestamp (offset retention)
         try:
             result = await self._mutate(
-                request.group_id,
-                lambda g: g.txn_commit_offsets(
-                    request.member_id,
-                    request.member_epoch,
-                    request.producer_id,
-                    request.producer_epoch,
-                    offsets,
-                    now_ms=now,
-                    topics=self._topics(),
-                ),
-                lambda r: r.records,
-                create=request.member_epoch < 0,
+                request.group_id, commit, lambda r: r.records, create=request.member_epoch < 0
             )
         except GroupIdNotFoundError:
             resp.error_code = E.UNKNOWN_MEMBER_ID  # type: ignore[assignment]
@@ -760,6 +786,73 @@ class TransactionRpcs(_Base):
             resp, request.topics, result.errors, self.group_config.offset_metadata_max_bytes
         )
         return resp
+
+    def _owns_txn(self, transactional_id: str) -> bool:
+        """Whether this process serves the transactional id's shard (a shard still loading
+        raises COORDINATOR_LOAD_IN_PROGRESS, retriable)."""
+        try:
+            self._txn_shard(transactional_id)
+        except NotCoordinatorError:
+            return False
+        return True
+
+    def _local_txn(self, transactional_id: str) -> TxnMetadata | None:
+        """The id's state in this process's own shard. Lost since :meth:`_owns_txn` (a
+        hand-over while the request waited for the group's lock): COORDINATOR_NOT_AVAILABLE,
+        retriable; NOT_COORDINATOR would tell the client the *group* moved."""
+        try:
+            shard = self._txn_shard(transactional_id)
+        except NotCoordinatorError as exc:
+            raise CoordinatorNotAvailableError(
+                f"the transaction coordinator of {transactional_id!r} is moving: {exc.message}"
+            ) from None
+        return shard.transactions.get(transactional_id)
+
+    async def _remote_txn(
+        self, transactional_id: str, context: grpc.aio.ServicerContext | None
+    ) -> TxnMetadata | None:
+        """The id's state as its transaction coordinator (another process) describes it;
+        None for an id it does not know. That coordinator unknown or unreachable:
+        COORDINATOR_NOT_AVAILABLE (the client retries)."""
+        assert self.view is not None
+        found = find_coordinator(
+            self.view,
+            storage_pb2.FindCoordinatorRequest(
+                keys=[transactional_id], key_type=storage_pb2.COORDINATOR_TYPE_TRANSACTION
+            ),
+        ).coordinators[0]
+        if found.error_code != E.NONE:
+            raise CoordinatorNotAvailableError(
+                f"no transaction coordinator for {transactional_id!r}: {found.error_message}"
+            )
+        addr = f"{found.node.host}:{found.node.port}"
+        left = context.time_remaining() if context is not None else None
+        timeout = min(left, TXN_LOOKUP_TIMEOUT_S) if left is not None else TXN_LOOKUP_TIMEOUT_S
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._channel(addr))
+        req = coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id])
+        try:
+            resp = await stub.DescribeTransactions(req, timeout=max(timeout, 0.001))
+        except grpc.aio.AioRpcError as exc:
+            raise CoordinatorNotAvailableError(
+                f"the transaction coordinator of {transactional_id!r} at {addr} did not "
+                f"answer: {exc.code().name}"
+            ) from None
+        d = resp.transactions[0] if resp.transactions else None
+        if d is None or d.error_code == E.TRANSACTIONAL_ID_NOT_FOUND:
+            return None
+        if d.error_code != E.NONE:
+            raise CoordinatorNotAvailableError(
+                f"the transaction coordinator of {transactional_id!r} at {addr} answered "
+                f"{error_name(d.error_code)}: {d.error_message}"
+            )
+        return TxnMetadata(
+            transactional_id,
+            d.producer_id,
+            d.producer_epoch,
+            d.transaction_timeout_ms,
+            TxnState(d.state),
+            groups=frozenset(d.groups),
+        )
 
     async def CompleteTxnOffsets(
         self,
@@ -867,4 +960,7 @@ def _expected_producer(request: storage_pb2.InitProducerIdRequest) -> tuple[int,
     -1: every client before this, and a new instance)."""
     if not request.HasField("producer_id") or request.producer_id < 0:
         return None
-    return request.producer_id, request.producer_epoch if request.HasField("producer_epoch") else 0
+    if not request.HasField("producer_epoch"):
+        return request.producer_id, 0
+    check_epoch(request.producer_epoch)  # (-1 matched an unset epoch and was taken)
+    return request.producer_id, request.producer_epoch

@@ -32,6 +32,7 @@ from strom.errors import (
     ConcurrentTransactionsError,
     InvalidProducerEpochError,
     InvalidProducerIdMappingError,
+    InvalidRequestError,
     InvalidTransactionTimeoutError,
     InvalidTxnStateError,
     ProducerFencedError,
@@ -86,14 +87,17 @@ class TxnMetadata:
     #: The epoch whose open transaction this coordinator aborted because its timeout
     #: passed (bumping past it), while no other instance has initialised the id since; -1
     #: otherwise. Persisted: that producer, and only it, may take the id back under a new
-    #: epoch (Kafka's KIP-588; see :func:`init_producer_id`), on any coordinator.
-    timed_out_epoch: int = -1
+    #: epoch (Kafka's KIP-588; see :func:`init_producer_id`), on any coordinator. None, not
+    #: -1, when unset: a request's epoch is compared with it, and a request carrying -1 (found
+    #: from outside) matched the unset value and was told its transaction had timed out.
+    timed_out_epoch: int | None = None
     #: The epoch an InitProducerId taking the id back (its producer id and epoch given) bumped
     #: to ``producer_epoch``, while nothing has bumped it since; -1 otherwise. Persisted: the
     #: same request again (its answer was lost: a client timeout, a broken connection) gets
     #: the same answer instead of PRODUCER_FENCED (Kafka's lastProducerEpoch), on any
-    #: coordinator. Only that producer holds that epoch, so nobody else can ask so.
-    granted_from_epoch: int = -1
+    #: coordinator. Only that producer holds that epoch, so nobody else can ask so. None when
+    #: unset (as ``timed_out_epoch``).
+    granted_from_epoch: int | None = None
 
     # -- the log record ------------------------------------------------------------------------
 
@@ -110,9 +114,9 @@ class TxnMetadata:
             transaction_start_ms=self.start_ms,
             last_update_ms=self.last_update_ms,
         )
-        if self.timed_out_epoch >= 0:
+        if self.timed_out_epoch is not None:
             v.timed_out_epoch = self.timed_out_epoch
-        if self.granted_from_epoch >= 0:
+        if self.granted_from_epoch is not None:
             v.granted_from_epoch = self.granted_from_epoch
         for t in sorted(by_topic):
             v.topics.add(topic=t, partitions=sorted(by_topic[t]))
@@ -131,14 +135,16 @@ class TxnMetadata:
             frozenset(v.groups),
             v.transaction_start_ms,
             v.last_update_ms,
-            timed_out_epoch=v.timed_out_epoch if v.HasField("timed_out_epoch") else -1,
-            granted_from_epoch=(v.granted_from_epoch if v.HasField("granted_from_epoch") else -1),
+            timed_out_epoch=v.timed_out_epoch if v.HasField("timed_out_epoch") else None,
+            granted_from_epoch=(v.granted_from_epoch if v.HasField("granted_from_epoch") else None),
         )
 
     # -- checks --------------------------------------------------------------------------------
 
     def check_producer(self, producer_id: int, producer_epoch: int) -> None:
-        """The request's producer must be this id's current one."""
+        """The request's producer must be this id's current one (its epoch in 0..MAX_EPOCH:
+        INVALID_REQUEST otherwise, see :func:`check_epoch`)."""
+        check_epoch(producer_epoch)
         if producer_id != self.producer_id:
             raise InvalidProducerIdMappingError(
                 f"transactional id {self.transactional_id!r} maps to producer id "
@@ -241,8 +247,8 @@ class TxnMetadata:
             producer_epoch=self.producer_epoch + 1,
             last_update_ms=now_ms,
             abort_reason=reason,
-            timed_out_epoch=self.producer_epoch if timed_out else -1,
-            granted_from_epoch=-1,
+            timed_out_epoch=self.producer_epoch if timed_out else None,
+            granted_from_epoch=None,
         )
 
     def complete(self, now_ms: int) -> TxnMetadata:
@@ -288,6 +294,63 @@ class TxnMetadata:
     def expired(self, now_ms: int) -> bool:
         """An open transaction older than its timeout."""
         return self.state is TxnState.ONGOING and now_ms - self.start_ms > self.timeout_ms
+
+
+def check_epoch(epoch: int, field: str = "producer_epoch") -> None:
+    """Refuse a producer epoch no producer can hold: epochs are 16-bit in the batch header
+    and never negative once assigned. Such a value (40000, -1, 2**31-1 from a fuzzer) is a
+    malformed request, not an older or newer instance: answering it PRODUCER_FENCED or "your
+    transaction timed out" misled, and a TxnOffsetCommit took it and fenced the real
+    producer (found from outside)."""
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise InvalidRequestError(f"{field}={epoch} is outside 0..{MAX_EPOCH}")
+
+
+def check_txn_offsets(
+    meta: TxnMetadata | None,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    group_id: str,
+    *,
+    full: bool = True,
+) -> None:
+    """A TxnOffsetCommit must belong to the open transaction of its transactional id, and
+    that transaction must have added the group (AddOffsetsToTxn), as Kafka's KIP-890
+    verification requires: otherwise any client could leave offsets pending under an epoch
+    the real producer never had, and the group refused that producer's own offsets as
+    fenced (found from outside: epoch 40000, and no AddOffsetsToTxn before).
+
+    ``meta`` is the id's state (None: unknown id). ``full``: it is this process's own
+    state; a copy from another coordinator's DescribeTransactions lacks the timed-out
+    epoch, so an older epoch is answered INVALID_PRODUCER_EPOCH (abortable: the producer's
+    EndTxn then learns from the transaction coordinator whether it was fenced or timed out).
+
+    Raises:
+        InvalidRequestError, InvalidProducerIdMappingError, ProducerFencedError,
+        InvalidProducerEpochError, InvalidTxnStateError.
+    """
+    check_epoch(producer_epoch)
+    if meta is None or meta.state is TxnState.DEAD:
+        raise InvalidProducerIdMappingError(
+            f"transactional id {transactional_id!r} is unknown to the transaction coordinator"
+        )
+    if not full and producer_id == meta.producer_id and producer_epoch < meta.producer_epoch:
+        raise InvalidProducerEpochError(
+            f"producer {producer_id} epoch {producer_epoch} of {transactional_id!r} is older "
+            f"than the transaction coordinator's {meta.producer_epoch}"
+        )
+    meta.check_producer(producer_id, producer_epoch)
+    if meta.state is not TxnState.ONGOING or group_id not in meta.groups:
+        now = (
+            f"it is {meta.state.name}"
+            if meta.state is not TxnState.ONGOING
+            else "its open transaction has not added it"
+        )
+        raise InvalidTxnStateError(
+            f"TxnOffsetCommit for group {group_id!r} outside a transaction of "
+            f"{transactional_id!r} that added it with AddOffsetsToTxn ({now})"
+        )
 
 
 def check_timeout(timeout_ms: int, max_timeout_ms: int = MAX_TIMEOUT_MS) -> None:
@@ -374,8 +437,8 @@ def init_producer_id(
             start_ms=-1,
             last_update_ms=now_ms,
             abort_reason="",
-            timed_out_epoch=-1,
-            granted_from_epoch=-1 if asked_epoch is None else asked_epoch,
+            timed_out_epoch=None,
+            granted_from_epoch=asked_epoch,
         )
     )
 
