@@ -153,7 +153,10 @@ class AnswerFiling:
                     )
                 )
                 part.fetch_offset = keep[-1].header.next_offset
+                part.quiet_since = None
                 self.data_ready.notify_all()
+            elif part.quiet_since is None:
+                self._quiet(part, now)
             if self._app_fetches and part.fetch_offset >= part.high_watermark:
                 part.held = True
                 self.data_ready.notify_all()  # a waiting poll() fetches it itself now
