@@ -131,10 +131,13 @@ class OverdueFetches:
     # -- leaders that answer nothing but empty Fetches ------------------------------------
 
     def _quiet(self, part: PartitionState, now: float) -> None:
-        """(Lock held.) ``part``'s answers came back without records from now on: have its
-        leader checked :data:`QUIET_RECHECK_S` from now unless records come meanwhile."""
-        part.quiet_since = now
-        due = now + QUIET_RECHECK_S
+        """(Lock held.) ``part``'s answer came back without records: have its leader checked
+        :data:`QUIET_RECHECK_S` after the first such answer in a row unless records come
+        meanwhile. Called for the first one, and for any while no check is due (a partition
+        left out of the last one, paused then, is due again)."""
+        if part.quiet_since is None:
+            part.quiet_since = now
+        due = part.quiet_since + QUIET_RECHECK_S
         if self._quiet_due is None or due < self._quiet_due:
             # (At most once per QUIET_RECHECK_S: later quiet partitions are due after it.)
             self._quiet_due = due
