@@ -11,7 +11,8 @@ SERVING all along. Now:
 - the node reports ``strom.ready`` NOT_SERVING once its lease has surely expired, and SERVING
   again once it has registered anew after the heal;
 - a consumer whose fetches come back empty for ``QUIET_RECHECK_S`` asks another node who
-  leads, and follows the newer leader epoch there, while the cut lasts.
+  leads, and follows the newer leader epoch there, while the cut lasts; so does a Spark read
+  task waiting on that leader for the rest of its range.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from strom.client.cluster import ClusterClient
 from strom.client.consumer import Consumer
 from strom.client.producer import Producer
 from strom.client.types import TopicPartition
+from strom_spark.fetch import RangeReader, RangeTask
+from strom_spark.options import parse_read_options
 from tests.chaos.cluster import ChaosCluster, Proc
 from tests.conftest import create_topic
 
@@ -102,12 +105,31 @@ def test_a_consumer_leaves_a_leader_cut_from_etcd_which_reports_not_ready(
         except BaseException as exc:  # surfaced by the test's own thread
             failures.append(exc)
 
+    # A Spark read task whose range ends past what is written waits on the leader too.
+    task_values: list[bytes] = []
+    task_done = threading.Event()
+
+    def read_range() -> None:
+        try:
+            opts = parse_read_options(
+                {"bootstrap": cluster.bootstrap, "subscribe": TOPIC}, streaming=False
+            )
+            for rb in RangeReader(opts).read(RangeTask(TOPIC, 0, 0, 2)):
+                task_values.extend(rb.column("value").to_pylist())
+        except BaseException as exc:  # surfaced by the test's own thread
+            failures.append(exc)
+        finally:
+            task_done.set()
+
     reader = threading.Thread(target=consume, daemon=True)
+    task = threading.Thread(target=read_range, daemon=True)
     with Producer(cluster.bootstrap, acks="all") as producer:
         producer.send(TOPIC, b"before", partition=0).get(30)
         reader.start()
+        task.start()
         try:
             cluster.until(lambda: any(v == b"before" for _, v in got), timeout=30, what="before")
+            cluster.until(lambda: task_values, timeout=30, what="the read task's first record")
             cut = [
                 {"kind": "stall", "from": [old.name], "to": ["etcd-*", "controller-*"]},
                 {"kind": "stall", "from": ["etcd-*", "controller-*"], "to": [old.name]},
@@ -143,13 +165,23 @@ def test_a_consumer_leaves_a_leader_cut_from_etcd_which_reports_not_ready(
                 )
                 assert not failures, failures
                 read_at = next(t for t, v in got if v == b"after")
+                # The read task too (strom_spark.fetch.RangeReader._check_leader).
+                cluster.until(
+                    lambda: task_done.is_set(),
+                    timeout=max(CUT_S - (time.monotonic() - cut_at), 1.0),
+                    what="the read task to finish its range",
+                )
+                task_at = time.monotonic()
+                assert not failures, failures
+                assert task_values == [b"before", b"after"]
                 # QUIET_RECHECK_S from its last non-empty answer (before the cut), plus a
                 # loaded machine's slack; the old code waited for the heal.
                 assert read_at - cut_at < QUIET_RECHECK_S + 10.0, read_at - cut_at
                 print(
                     f"not ready {not_ready_after:.1f} s after the cut, another leader "
                     f"{elected_after:.1f} s; 'after' acknowledged {acked_at - cut_at:.1f} s "
-                    f"and read {read_at - cut_at:.1f} s after it"
+                    f"and read {read_at - cut_at:.1f} s after it; the read task done "
+                    f"{task_at - cut_at:.1f} s after it"
                 )
             finally:
                 cluster.proxy.command(cmd="rules", rules=[])  # type: ignore[union-attr]
@@ -160,4 +192,5 @@ def test_a_consumer_leaves_a_leader_cut_from_etcd_which_reports_not_ready(
         finally:
             stop.set()
             reader.join(30)
+            task.join(30)
     assert [v for _, v in got] == [b"before", b"after"]
