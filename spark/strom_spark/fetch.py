@@ -12,6 +12,9 @@ gives up only when the range has made no progress for ``kafkaConsumer.pollTimeou
 still unanswered ``OVERDUE_GRACE_S`` past its long-poll wait has the partition's leader looked
 up again every ``OVERDUE_RECHECK_S`` (its node asked last: it may be hung), and is given up for
 the new leader once the leader moved, as the consumer does (design §8, ``RangeReader._wait``).
+A leader that answers at once but only empty for ``QUIET_RECHECK_S`` (cut off from etcd, it
+leads in its own view) has the leader looked up with that node left out, as the consumer does
+(``RangeReader._check_leader``).
 Records the range needs that retention has already deleted are data loss: an error naming the
 partition and the offsets with ``failOnDataLoss=true`` (the default), skipped otherwise.
 """
@@ -34,6 +37,7 @@ from strom.client.fetcher import (
     FETCH_METHOD,
     OVERDUE_GRACE_S,
     OVERDUE_RECHECK_S,
+    QUIET_RECHECK_S,
     FetchWireError,
     aborted_batches,
     parse_fetch_response,
@@ -155,6 +159,9 @@ class RangeReader:
         last_problem = "no answer yet"
         avg_record = 0.0  # record bytes per offset seen so far (sizes the next request)
         inflight: _InFlight | None = None
+        #: Since when the answers have come back empty in a row (None: the last one had
+        #: records), or when the leader was last checked meanwhile (see _check_leader).
+        quiet_since: float | None = None
         try:
             while pos < end:
                 if inflight is None:
@@ -182,11 +189,19 @@ class RangeReader:
                     deadline = time.monotonic() + timeout_s
                     continue
                 failures = 0
+                if batches:
+                    quiet_since = None
                 if not batches:
                     # Nothing at pos yet: a new leader whose high watermark still lags (the
                     # long poll has waited fetch.max.wait.ms already), or a range past it.
                     last_problem = f"no records at offset {pos} (high watermark {hw})"
-                    if time.monotonic() >= deadline:
+                    now = time.monotonic()
+                    if quiet_since is None:
+                        quiet_since = now
+                    elif now - quiet_since >= QUIET_RECHECK_S:
+                        quiet_since = now
+                        self._check_leader(tp, sent.address)
+                    if now >= deadline:
                         raise StromSparkError(
                             f"strom: {tp.topic}-{tp.partition} has no records at offset {pos} "
                             f"after {timeout_s:.0f} s (high watermark {hw}, range ends at "
@@ -403,6 +418,18 @@ class RangeReader:
         if is_retriable(code):
             raise _Retry(f"{tp.topic}-{tp.partition} on {address}: {ErrorCode.Name(code)}")
         raise error_for(code, f"{tp.topic}-{tp.partition}: {info.error_message}")
+
+    def _check_leader(self, tp: TopicPartition, address: str) -> None:
+        """The leader at ``address`` has answered nothing but empty Fetches for
+        ``QUIET_RECHECK_S`` although the range has records past ``pos``: look its leader up
+        with that node left out (a leader cut off from etcd answers at once, empty, and its
+        own Metadata answer names itself at its old epoch; found from outside). A newer
+        epoch on another node is fetched from the next request on, at the same offset;
+        the cache never goes back to an older one."""
+        try:
+            self.leaders.refresh([tp.topic], avoid={address})
+        except Exception as exc:  # checked again a QUIET_RECHECK_S later
+            log.info("strom: leader check of %s without %s failed: %s", tp.topic, address, exc)
 
     def _refresh(self, tp: TopicPartition) -> None:
         try:

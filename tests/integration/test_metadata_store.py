@@ -265,6 +265,27 @@ def test_a_keeper_that_cannot_reach_etcd_knows_when_its_lease_has_surely_expired
         store.close()
 
 
+def test_a_lease_that_surely_expired_is_counted_lost_before_etcd_can_say_so() -> None:
+    """Found from outside: a leader cut off from etcd for 30-60 s moved
+    strom_metadata_leases_lost_total only at the heal, when etcd could answer that the lease
+    was gone; the loss (its keys gone, its leaderships moved) came a TTL after the last
+    refresh. Counted then, once."""
+    from types import SimpleNamespace
+
+    store = MetadataStore(f"127.0.0.1:{free_port()}", "c-cut-off-counted")  # nothing listens
+    lost = _lost()
+    keeper = store.keep_alive(SimpleNamespace(id=0x5EC1, ttl=1), lambda: None)
+    try:
+        wait_for(lambda: _lost() > lost, timeout=10, what="the surely expired lease counted")
+        assert keeper.surely_expired() and not keeper.lost
+        assert _lost() == lost + 1
+        wait_for(lambda: keeper.failures >= 8, timeout=10, what="more failed refreshes")
+        assert _lost() == lost + 1  # once
+    finally:
+        keeper.stop(revoke=False)
+        store.close()
+
+
 def test_an_etcd_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
     etcd: EtcdServer, caplog: pytest.LogCaptureFixture
 ) -> None:

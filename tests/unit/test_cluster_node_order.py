@@ -14,6 +14,7 @@ import pytest
 
 from strom.api import common_pb2, storage_pb2
 from strom.client.cluster import LOOKUP_HEDGE_S, ClusterClient
+from strom.client.types import TopicPartition
 from strom.errors import AuthorizationError, BrokerNotAvailableError, CoordinatorNotAvailableError
 from tests.unit.fake_lookups import FakeNode, RpcFailure
 
@@ -177,3 +178,36 @@ def test_metadata_is_hedged_by_the_same_pass(monkeypatch: pytest.MonkeyPatch) ->
     assert client.metadata(skip_topics=True, retry_s=0.0) == answer
     assert LOOKUP_HEDGE_S <= time.monotonic() - at < 3.0
     assert client._candidates() == ["n2:1", "hung:1"]
+
+
+# -- a lookup that leaves out the node in doubt ---------------------------------------------
+
+
+def _leading(node_id: int, epoch: int) -> storage_pb2.MetadataResponse:
+    resp = storage_pb2.MetadataResponse()
+    t = resp.topics.add(name="t", topic_id="id-t")
+    t.partitions.add(partition=0, leader=node_id, leader_epoch=epoch)
+    return resp
+
+
+def test_a_lookup_can_leave_out_the_node_whose_own_view_is_in_doubt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leader cut off from etcd answers Metadata at once, naming itself at its old epoch
+    (found from outside): the consumer's check of such a leader asks the others only, and
+    a later answer from the stale node does not take the partition back to the old epoch."""
+    stale = FakeNode(metadata=lambda _req: _leading(1, 0))
+    fresh = FakeNode(metadata=lambda _req: _leading(2, 1))
+    client = _fake_client(monkeypatch, {"n1:1": stale, "n2:1": fresh})
+    try:
+        assert client.metadata(["t"], avoid={"n1:1"}).topics[0].partitions[0].leader == 2
+        client.cache.refresh(["t"], avoid={"n1:1"})
+        leader = client.cache.get(TopicPartition("t", 0))
+        assert leader is not None and (leader.node_id, leader.epoch) == (2, 1)
+        client.cache.refresh(["t"])  # asks n1 first: its older epoch is not taken
+        leader = client.cache.get(TopicPartition("t", 0))
+        assert leader is not None and (leader.node_id, leader.epoch) == (2, 1)
+        with pytest.raises(BrokerNotAvailableError, match="other than n1:1, n2:1"):
+            client.metadata(["t"], avoid={"n1:1", "n2:1"})
+    finally:
+        client.close()

@@ -5,6 +5,7 @@ batches to records and Arrow, and the fetch workers against a scripted in-proces
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from strom.api import common_pb2, storage_pb2
-from strom.client import downgrades
+from strom.client import downgrades, fetch_overdue
 from strom.client.fetch_state import Constants as _Constants
 from strom.client.fetcher import (
     CONSUMER_SCHEMA,
@@ -476,7 +477,7 @@ class FixedLeaders(LeaderMap):
         self._leaders.update(leaders)
         self.refreshes = 0
 
-    def refresh(self, topics: Any) -> None:
+    def refresh(self, topics: Any, **kw: Any) -> None:
         self.refreshes += 1
 
 
@@ -659,6 +660,56 @@ def test_an_overdue_fetch_whose_leader_moved_is_given_up_for_the_new_leader() ->
         wait_for(lambda: [0] in fetched[1:], timeout=10, what="the late answer")
         assert f.collect(1000, arrow=False) == ([], 0)
         assert f.position(TP) == 20
+    finally:
+        stop(f, old, new)
+
+
+def _empty_at_once(fp: storage_pb2.FetchPartition) -> storage_pb2.FetchPartitionResponse:
+    """What a leader cut off from etcd answers: at once, nothing, at its end of the log."""
+    return storage_pb2.FetchPartitionResponse(
+        partition=fp.partition,
+        high_watermark=fp.fetch_offset,
+        last_stable_offset=fp.fetch_offset,
+        log_start_offset=0,
+    )
+
+
+def test_a_leader_answering_only_empty_fetches_is_checked_with_another_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found from outside: a leader cut off from etcd went on answering every Fetch at once,
+    empty, and named itself leader in its own Metadata answer, so the consumer stayed on it
+    for the whole cut while another leader had the new records. A partition quiet for
+    QUIET_RECHECK_S has its leader looked up with that node left out; a newer leader
+    elsewhere takes its fetches, at the same position. Checks come once per bound while
+    it stays quiet (not once per empty answer)."""
+    monkeypatch.setattr(fetch_overdue, "QUIET_RECHECK_S", 0.3, raising=False)
+    old = FakeLeader([(0, 10)])
+    new = FakeLeader([(0, 10), (10, 10)])
+    f, lm, _fetched = make_fetcher({"n1": old, "n2": new})
+    checks: list[tuple[frozenset[str], float]] = []
+    move = threading.Event()
+
+    def refresh(topics: Any, *, avoid: Any = ()) -> None:
+        lm.refreshes += 1
+        if avoid:
+            checks.append((frozenset(avoid), time.monotonic()))
+            if move.is_set():
+                with lm._lock:
+                    lm._leaders[TP] = PartitionLeader(2, "n2", 6)
+
+    lm.refresh = refresh  # type: ignore[method-assign]
+    try:
+        f.set_position(TP, 0, f.needing_positions()[0][2])
+        assert drain(f, 10) == list(range(10))
+        old.answer = _empty_at_once  # cut off: nothing more from it
+        wait_for(lambda: len(checks) >= 3, timeout=10, what="three checks while it is quiet")
+        assert all(avoid == {"n1"} for avoid, _ in checks)  # the node in doubt is not asked
+        gaps = [b - a for (_, a), (_, b) in itertools.pairwise(checks)]
+        assert min(gaps) >= 0.25, gaps  # once per bound, not once per empty answer
+        move.set()  # another node now names a newer leader
+        assert drain(f, 10) == list(range(10, 20))
+        assert new.requests[0] == 10  # where the consumer was: nothing skipped or repeated
     finally:
         stop(f, old, new)
 

@@ -140,3 +140,46 @@ def test_run_reports_each_change_and_ends_when_stopped() -> None:
 
     asyncio.run(main())
     assert seen == [True, False, True]
+
+
+def test_a_node_whose_lease_surely_expired_is_not_ready_with_its_key_still_in_its_view() -> None:
+    """Found from outside: a leader cut off from etcd and the controllers keeps its last
+    view, its own key in it, and answered ready 50 s after its lease had expired (the
+    controller had elected another leader). Its lease's own expiry decides, with no view
+    event: the run loop looks again on its own, and reports ready again once the node has
+    registered anew."""
+    view = ClusterView(_FakeStore())  # type: ignore[arg-type]
+    live = [True]
+    ready = InSyncReadiness(ME, view, lease_live=lambda: live[0])
+    view.add_listener(ready.on_view_events)
+    k = view.keys
+    for n in (0, 1, ME):
+        _put(view, k.node(n), md.NodeRegistration(node_id=n))
+    _put(view, k.partition("t", 0), _state(ME, [ME]))  # leading: in its own ISR
+    assert ready.ready()
+    live[0] = False
+    assert not ready.ready() and ready.why_not().startswith("not registered in etcd")
+    assert "lease expired" in ready.why_not()
+    seen: list[bool] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        reported = asyncio.Event()
+
+        async def report(ok: bool) -> None:
+            seen.append(ok)
+            reported.set()
+
+        task = asyncio.create_task(ready.run(report, stop))
+        await asyncio.wait_for(reported.wait(), 5)
+        reported.clear()
+        live[0] = True  # registered again: no view event says so
+        await asyncio.wait_for(reported.wait(), 5)
+        reported.clear()
+        live[0] = False  # lost again
+        await asyncio.wait_for(reported.wait(), 5)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+    assert seen == [False, True, False]

@@ -14,7 +14,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import grpc
@@ -514,18 +514,27 @@ class ClusterClient:
         retry_s: float | None = None,
         timeout_s: float | None = None,
         skip_topics: bool = False,
+        avoid: Collection[str] = (),
     ) -> storage_pb2.MetadataResponse:
         """Cluster metadata from the first node that answers (known nodes, then bootstrap),
         trying them again for ``retry_s`` (default: the client's; 0 = one pass).
-        ``skip_topics`` asks for the nodes and the controller only (a cheap lookup)."""
+        ``skip_topics`` asks for the nodes and the controller only (a cheap lookup).
+        ``avoid``: addresses not to ask (a node whose own view is in doubt: a consumer
+        checking that a leader that only answers empty fetches still leads asks the others,
+        see strom.client.fetch_overdue.QUIET_RECHECK_S); BrokerNotAvailableError when no
+        other node is known."""
         if not refresh and self._metadata is not None and topics is None and not skip_topics:
             return self._metadata
+        if avoid and not [a for a in self._candidates() if a not in avoid]:
+            raise BrokerNotAvailableError(
+                "no strom node to ask other than " + ", ".join(sorted(avoid))
+            )
         global _last_unanswered
         req = storage_pb2.MetadataRequest(topics=list(topics or []), skip_topics=skip_topics)
         errors: list[str] = []
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         while True:
-            candidates = self._candidates()
+            candidates = [a for a in self._candidates() if a not in avoid]
             done = self._ask_hedged(
                 candidates, "Metadata", req, self.timeout_s if timeout_s is None else timeout_s
             )

@@ -60,6 +60,7 @@ class AnswerFiling:
     _reset_policy: str
     _backoff_s: float
     _backoff_max_s: float
+    _quiet_due: float | None
 
     def _request_failed(
         self, claims: list[_Claim], failure: StromError, transport: bool, now: float
@@ -153,7 +154,10 @@ class AnswerFiling:
                     )
                 )
                 part.fetch_offset = keep[-1].header.next_offset
+                part.quiet_since = None
                 self.data_ready.notify_all()
+            elif part.quiet_since is None or self._quiet_due is None:
+                self._quiet(part, now)  # (strom.client.fetch_overdue: QUIET_RECHECK_S)
             if self._app_fetches and part.fetch_offset >= part.high_watermark:
                 part.held = True
                 self.data_ready.notify_all()  # a waiting poll() fetches it itself now

@@ -5,7 +5,9 @@ answering.
 a kick or an overdue Fetch found stale are looked up again on one thread
 (``_refresh_loop``), which also watches the workers' Fetches in flight: one unanswered
 ``OVERDUE_GRACE_S`` past its wait has its partitions' leaders looked up again, and those that
-moved leave it for their new leader (``_overdue``, ``_release_moved``; design §8). A module of
+moved leave it for their new leader (``_overdue``, ``_release_moved``; design §8). A leader
+that answers, but only ever empty (cut off from etcd, it goes on leading in its own view), is
+checked with another node every ``QUIET_RECHECK_S`` (``_quiet_check``). A module of
 its own: following a moved or hung leader is one concern, with its own thread and timers,
 apart from the fetching itself.
 """
@@ -19,7 +21,10 @@ from typing import Any
 
 from strom.client.cluster import ClusterClient
 from strom.client.fetch_claims import _Claim, _Outstanding
+from strom.client.fetch_state import PartitionState
 from strom.client.metadata import MetadataCache
+from strom.client.types import TopicPartition
+from strom.errors import StromError
 
 # The fetcher's logger, not this module's: users and tests filter the consumer's fetch lines
 # on "strom.client.fetcher".
@@ -36,6 +41,19 @@ OVERDUE_GRACE_S = 1.0
 #: How often an overdue Fetch's leaders are looked up again while it stays unanswered (the
 #: controller moves a hung node's partitions a few seconds after it stopped answering).
 OVERDUE_RECHECK_S = 1.0
+#: How long a partition's Fetch answers may come back without records before the consumer
+#: checks that the node it fetches from still leads it, by asking *another* node for its
+#: leader (Kafka's KIP-320 rule: the leader epoch decides). A leader cut off from etcd and the
+#: controllers keeps its last view and answers every Fetch at once, empty, and its own Metadata
+#: answer still names itself at its old epoch, while the controller elected another leader
+#: (~2 s after the lease expired) to which the producers moved. FIX (found from outside: group
+#: consumers stalled for the whole cut, 28.5 s of a 30 s one, 58.4 s of a 60 s one). If
+#: another node names a newer leader epoch on another node, the partition's fetches move there
+#: at the position they had (the new leader's log decides: an offset out of range there is
+#: handled as any). Cost: at most one Metadata call per this interval per consumer, and none
+#: while answers carry records. Several times any long-poll wait (fetch_max_wait_ms, 500 ms by
+#: default): a partition that is merely idle is checked this often and no more.
+QUIET_RECHECK_S = 5.0
 
 
 class OverdueFetches:
@@ -55,6 +73,12 @@ class OverdueFetches:
     _max_wait_ms: int
     _outstanding: set[_Outstanding]
     _watch_idle: bool
+    parts: dict[TopicPartition, PartitionState]
+    #: When the next partition's answers will have been empty for QUIET_RECHECK_S (None:
+    #: none is quiet), and how many checks ran (which node to leave out when every known
+    #: node leads a quiet partition).
+    _quiet_due: float | None = None
+    _quiet_turn: int = 0
 
     # -- metadata -------------------------------------------------------------------------
 
@@ -70,26 +94,121 @@ class OverdueFetches:
         the partitions whose leader moved, and hand partitions to their (new) leaders'
         workers."""
         while True:
+            check: tuple[set[str], set[str], dict[TopicPartition, str]] | None = None
             with self._lock:
                 while not self._closed:
-                    watch_in = self._overdue(time.monotonic())  # (may mark topics stale)
+                    now = time.monotonic()
+                    watch_in = self._overdue(now)  # (may mark topics stale)
                     due_in = self._leaders.next_refresh_in()
                     if due_in is not None and due_in <= 0:
                         break
-                    if watch_in is not None and (due_in is None or watch_in < due_in):
-                        due_in = watch_in
-                    self._watch_idle = due_in is None
+                    quiet = self._quiet_due
+                    if quiet is not None and quiet <= now:
+                        check = self._quiet_check(now)
+                        if check is not None:
+                            break
+                        quiet = self._quiet_due
+                    for wait in (watch_in, None if quiet is None else quiet - now):
+                        if wait is not None and (due_in is None or wait < due_in):
+                            due_in = wait
+                    # (Idle: watching no Fetch, so the next one tracked wakes it to.)
+                    self._watch_idle = watch_in is None
                     self._md_wake.wait(due_in)
                     self._watch_idle = False
                 if self._closed:
                     return
             try:
-                self._leaders.refresh_stale()
+                if check is not None:
+                    self._check_quiet_leaders(*check)
+                else:
+                    self._leaders.refresh_stale()
             except Exception:  # never let the refresher die: the consumer would hang
                 log.exception("consumer metadata refresh failed")
             with self._lock:
                 self._release_moved()
                 self._kick_all()  # partitions still without a leader mark it stale again
+
+    # -- leaders that answer nothing but empty Fetches ------------------------------------
+
+    def _quiet(self, part: PartitionState, now: float) -> None:
+        """(Lock held.) ``part``'s answer came back without records: have its leader checked
+        :data:`QUIET_RECHECK_S` after the first such answer in a row unless records come
+        meanwhile. Called for the first one, and for any while no check is due (a partition
+        left out of the last one, paused then, is due again)."""
+        if part.quiet_since is None:
+            part.quiet_since = now
+        due = part.quiet_since + QUIET_RECHECK_S
+        if self._quiet_due is None or due < self._quiet_due:
+            # (At most once per QUIET_RECHECK_S: later quiet partitions are due after it.)
+            self._quiet_due = due
+            self._md_wake.notify()
+
+    def _quiet_check(
+        self, now: float
+    ) -> tuple[set[str], set[str], dict[TopicPartition, str]] | None:
+        """(Lock held; at most once per QUIET_RECHECK_S.) The partitions quiet for
+        :data:`QUIET_RECHECK_S`: their topics, the nodes not to ask (their leaders: each
+        one's own answer is the one in doubt) and their leaders now; None when none is due.
+        When every node known leads one of them, one leader is left out per check, in turn.
+        The next check is set from the partitions still quiet."""
+        due: list[PartitionState] = []
+        next_due: float | None = None
+        for part in self.parts.values():
+            since = part.quiet_since
+            if since is None or part.paused:
+                continue
+            if since + QUIET_RECHECK_S <= now:
+                due.append(part)
+                part.quiet_since = since = now  # checked now: next time a bound later
+            if next_due is None or since + QUIET_RECHECK_S < next_due:
+                next_due = since + QUIET_RECHECK_S
+        self._quiet_due = next_due
+        leaders: dict[TopicPartition, str] = {}
+        for part in due:
+            leader = self._leaders.get(part.tp)
+            if leader is not None and leader.address is not None:
+                leaders[part.tp] = leader.address
+        if not leaders:
+            return None
+        avoid = set(leaders.values())
+        if not self._leaders.node_addresses() - avoid:
+            turn = sorted(avoid)
+            avoid = {turn[self._quiet_turn % len(turn)]}
+        self._quiet_turn += 1
+        return {tp.topic for tp in leaders}, avoid, leaders
+
+    def _check_quiet_leaders(
+        self, topics: set[str], avoid: set[str], leaders: dict[TopicPartition, str]
+    ) -> None:
+        """Ask a node other than those in ``avoid`` for ``topics``' leaders (one Metadata
+        call, no retries: the next check comes a QUIET_RECHECK_S later); partitions that
+        another node now leads, at a newer epoch (the cache keeps the newest), are fetched
+        there from the next request on, at the same position."""
+        try:
+            self._leaders.refresh(topics, avoid=avoid)
+        except StromError as exc:
+            log.debug("leader check of %s without %s failed: %s", sorted(topics), avoid, exc)
+            return
+        with self._lock:
+            for tp, address in leaders.items():
+                leader = self._leaders.get(tp)
+                if leader is None or leader.address in (None, address):
+                    continue
+                log.info(
+                    "%s-%d: %s answered no records for %.0f s and is no longer its leader "
+                    "(node %d is, at leader epoch %d): fetching there",
+                    tp.topic,
+                    tp.partition,
+                    address,
+                    QUIET_RECHECK_S,
+                    leader.node_id,
+                    leader.epoch,
+                )
+                part = self.parts.get(tp)
+                if part is not None:
+                    # A fresh bound at the new leader. (A poll's own Fetch goes by the cache
+                    # too: its next one, and the end of its follow, go to the new leader.)
+                    part.quiet_since = None
 
     # -- Fetches to a node that stopped answering (lock held) -----------------------------
 

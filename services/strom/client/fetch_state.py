@@ -293,6 +293,7 @@ class PartitionState:
         "log_start_offset",
         "paused",
         "position",
+        "quiet_since",
         "reset",
         "storage_errors",
         "tp",
@@ -333,6 +334,10 @@ class PartitionState:
         self.error_sticky = False
         #: STORAGE_ERROR answers in a row: (leader node id, leader epoch, how many).
         self.storage_errors = (-1, -1, 0)
+        #: Since when its Fetch answers have come back without records (None: the last one
+        #: had some), or when its leader was last checked meanwhile: see
+        #: strom.client.fetch_overdue.QUIET_RECHECK_S.
+        self.quiet_since: float | None = None
 
     def drop_buffered(self) -> None:
         """Forget buffered data and in-flight answers (they are for an old position)."""

@@ -107,7 +107,12 @@ from strom.client.fetch_follow import (
     InlineFetch,
     _Follow,
 )
-from strom.client.fetch_overdue import OVERDUE_GRACE_S, OVERDUE_RECHECK_S, OverdueFetches
+from strom.client.fetch_overdue import (
+    OVERDUE_GRACE_S,
+    OVERDUE_RECHECK_S,
+    QUIET_RECHECK_S,
+    OverdueFetches,
+)
 from strom.client.fetch_state import CONSUMER_SCHEMA, CompletedFetch, PartitionState
 from strom.client.fetch_state import Constants as _Constants
 from strom.client.fetch_workers import (
@@ -139,6 +144,7 @@ __all__ = [
     "MAX_WORKERS_PER_NODE",
     "OVERDUE_GRACE_S",
     "OVERDUE_RECHECK_S",
+    "QUIET_RECHECK_S",
     "SPLIT_REQUEST_BYTES",
     "STORAGE_ERRORS_RAISED_AFTER",
     "WORKER_IDLE_S",

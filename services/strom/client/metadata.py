@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,7 +54,8 @@ class MetadataSource(Protocol):
         self, topics: Sequence[str] | None = None, *, retry_s: float | None = None, **kw: Any
     ) -> storage_pb2.MetadataResponse:
         """Ask one node after another (the known ones, then bootstrap) for ``topics``, for
-        up to ``retry_s`` (0: one pass); ``timeout_s=`` bounds each call."""
+        up to ``retry_s`` (0: one pass); ``timeout_s=`` bounds each call, ``avoid=`` names
+        nodes not to ask."""
         ...
 
     def controller_call(self, method: str, request: Any) -> Any: ...
@@ -133,6 +134,11 @@ class MetadataCache:
 
     def partition_count(self, topic: str) -> int | None:
         return self._partition_counts.get(topic)
+
+    def node_addresses(self) -> set[str]:
+        """Addresses of the nodes the Metadata answers so far named."""
+        with self._lock:
+            return set(self._nodes.values())
 
     def topic_id(self, topic: str) -> str:
         """The topic's id in the last answer that had it ("" when not known): a topic deleted
@@ -215,13 +221,27 @@ class MetadataCache:
 
     # -- refreshing -------------------------------------------------------------------------
 
-    def refresh(self, topics: Iterable[str]) -> None:
+    def refresh(self, topics: Iterable[str], *, avoid: Collection[str] = ()) -> None:
         """Ask one storage node (one pass over the known nodes and the bootstrap list, no
         retry loop: callers have their own backoff and deadlines) for ``topics``' leaders.
         Raises BrokerNotAvailableError when no node answers. A refresh already in flight for
-        a superset of ``topics`` is waited for instead of sending another."""
+        a superset of ``topics`` is waited for instead of sending another.
+
+        ``avoid``: nodes not to ask, because their own answer is the one in doubt (a leader
+        cut off from etcd still answers that it leads, at its old epoch). Such a refresh is
+        its own: it neither joins nor lends its answer to the refreshes in flight."""
         names = frozenset(topics)
         if not names:
+            return
+        if avoid:
+            source = self._require_source()
+            md = source.metadata(
+                sorted(names),
+                retry_s=0.0,
+                timeout_s=self._metadata_timeout_s,
+                avoid=frozenset(avoid),
+            )
+            self.absorb(md, names)
             return
         with self._lock:
             flight = next((f for f in self._flights if names <= f.topics), None)

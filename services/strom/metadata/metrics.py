@@ -34,8 +34,9 @@ KEEPALIVE_FAILURES = Counter(
 )
 LEASES_LOST = Counter(
     "strom_metadata_leases_lost",
-    "Leases etcd reported expired (to a refresh, a write on the lease or its revocation; "
-    "each lease once): the registration, election or shard keys on them are gone",
+    "Leases etcd reported expired (to a refresh, a write on the lease or its revocation) "
+    "or that surely expired (no refresh reached etcd for the whole TTL), each lease once: "
+    "the registration, election or shard keys on them are gone",
     ["service"],
 )
 WATCH_RESETS = Counter(
