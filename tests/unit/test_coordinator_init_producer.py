@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from strom.api import storage_pb2, storage_pb2_grpc
-from strom.coordinator.storage_io import StorageIO
-from strom.errors import ErrorCode, StromError
+from strom.coordinator.storage_io import StorageIO, StorageUnreachable, storage_unreachable
+from strom.errors import ErrorCode, LeaderNotAvailableError, RequestTimedOutError, StromError
 
 
 class _Node(storage_pb2_grpc.StorageServiceServicer):
@@ -90,3 +90,26 @@ def test_a_refusal_retrying_cannot_fix_is_passed_on() -> None:
     with pytest.raises(StromError) as info:
         asyncio.run(_ask({2: 0}, node))
     assert info.value.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED and not info.value.retriable
+
+
+def test_no_node_answering_at_all_is_told_apart_from_nodes_answering_with_errors() -> None:
+    """Whether the nodes answered decides whether another coordinator might do better: a
+    shard whose load fails so is released (``shard_ownership``), one whose nodes refuse is
+    not (every coordinator would meet the same refusal)."""
+    with pytest.raises(StromError) as cut:
+        asyncio.run(_ask({1: _closed_port(), 2: _closed_port()}, _Node()))
+    assert isinstance(cut.value, StorageUnreachable) and storage_unreachable(cut.value)
+    assert cut.value.code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS and cut.value.retriable
+    with pytest.raises(StromError) as refused:
+        asyncio.run(_ask({1: _closed_port(), 2: 0}, _Node(code=ErrorCode.NOT_LEADER_OR_FOLLOWER)))
+    assert not storage_unreachable(refused.value)
+    with pytest.raises(StromError) as none:
+        asyncio.run(_ask({}, _Node()))
+    assert not storage_unreachable(none.value)  # no live node: the view's, the same for all
+
+
+def test_which_load_failures_count_as_the_nodes_not_answering() -> None:
+    assert storage_unreachable(RequestTimedOutError("could not append: DEADLINE_EXCEEDED"))
+    assert not storage_unreachable(LeaderNotAvailableError("__consumer_offsets-1 has no leader"))
+    assert not storage_unreachable(StromError("fetch: NOT_LEADER_OR_FOLLOWER", retriable=True))
+    assert not storage_unreachable(ValueError("anything else"))

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -34,7 +35,7 @@ from strom.coordinator.lookup import shard_count
 from strom.coordinator.node_sessions import NodeSessions
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, GroupRecord, shard_for_group
 from strom.coordinator.produce_streams import ProduceStreams
-from strom.coordinator.shards import Shard, ShardKind
+from strom.coordinator.shards import RELEASE_AFTER_S, Shard, ShardKind
 from strom.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
@@ -195,9 +196,46 @@ class CoordinatorCore:
             raise NotCoordinatorError(f"coordinator {self.coordinator_id} does not own shard {s}")
         self._check_lease(s)
         if not shard.loaded:
+            self._raise_if_unreachable(shard)
             why = shard.load_failure()
             raise CoordinatorLoadInProgressError(f"shard {s} is still loading{why}")
         return shard
+
+    def _raise_if_unreachable(self, shard: Shard) -> None:
+        """For a shard not served because its last load attempt could not reach the storage
+        nodes: raise COORDINATOR_NOT_AVAILABLE saying so, and what happens next.
+
+        FIX (found from outside, a coordinator cut from every storage node): its clients
+        were told COORDINATOR_LOAD_IN_PROGRESS ("still loading") for the whole cut, which
+        hides the cause and makes a client wait on this coordinator; COORDINATOR_NOT_AVAILABLE
+        is retriable too and makes the client look its coordinator up again, which finds
+        the one that took the shard over once this one released it (``shard_ownership``)."""
+        if shard.unreachable is None:
+            return
+        since = shard.unserved_since
+        unserved_s = time.monotonic() - since if since is not None else 0.0
+        if self._other_coordinators():
+            then = (
+                f"it gives the shard up to another coordinator once unserved for "
+                f"{RELEASE_AFTER_S:.0f} s; look the coordinator up again"
+            )
+        else:
+            then = "no other coordinator runs to take the shard over; it keeps retrying"
+        raise CoordinatorNotAvailableError(
+            f"coordinator {self.coordinator_id} cannot reach the storage nodes for "
+            f"{shard.topic}-{shard.index} (not served for {unserved_s:.0f} s; last attempt: "
+            f"{shard.unreachable}); {then}"
+        )
+
+    def _other_coordinators(self) -> set[str]:
+        """Incarnations of the other registered coordinator processes (their lease-bound
+        ``coordinator_members/`` keys): who could take a shard this one gives up."""
+        view = self.view
+        if view is None:
+            return set()
+        with view.lock:
+            members = {v.value.incarnation_id for v in view.coordinator_members.values()}
+        return members - {self.incarnation_id}
 
     def _check_serving(self, shard: Shard) -> None:
         """Raise the retriable error for a shard that stopped being served while a request
@@ -218,6 +256,7 @@ class CoordinatorCore:
             )
         self._check_lease(shard.index, shard.topic)
         if not shard.loaded:
+            self._raise_if_unreachable(shard)
             raise CoordinatorLoadInProgressError(
                 f"{shard.topic} shard {shard.index} is being reloaded or handed over"
             )

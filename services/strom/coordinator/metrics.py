@@ -84,6 +84,12 @@ SHARD_HAND_OVERS = Counter(
     "them), by shard kind",
     ["kind"],
 )
+SHARD_RELEASES = Counter(
+    "strom_coordinator_shard_releases_total",
+    "Shards this coordinator released because it could not reach the storage nodes (another "
+    "coordinator takes them), by shard kind",
+    ["kind"],
+)
 MEMBERS = Gauge("strom_coordinator_members", "Members of the groups in the loaded shards")
 EXPIRED = Counter(
     "strom_coordinator_members_expired_total",

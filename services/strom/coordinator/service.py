@@ -34,7 +34,11 @@ from strom.coordinator.node_sessions import NodeSessions
 from strom.coordinator.offset_rpcs import OffsetRpcs
 from strom.coordinator.offsets_log import CONSUMER_OFFSETS_TOPIC, ShardState
 from strom.coordinator.produce_streams import ProduceStreams
-from strom.coordinator.shard_ownership import LOAD_FAILURE_LOG_INTERVAL_S, ShardOwnership
+from strom.coordinator.shard_ownership import (
+    LOAD_FAILURE_LOG_INTERVAL_S,
+    RELEASE_BACKOFF_S,
+    ShardOwnership,
+)
 from strom.coordinator.shard_writes import MAX_BATCH_RECORDS
 from strom.coordinator.shards import Shard, ShardKind
 from strom.coordinator.storage_io import INTERNAL_WRITER
@@ -155,6 +159,12 @@ class CoordinatorService(
         self._next_hand_over = 0.0
         self._members_at_pause = None
         self._handed_with = {}
+        self._released = {}
+        self._last_owner = {}
+        self._release_backoff_s = RELEASE_BACKOFF_S
+        self._troubled_until = 0.0
+        self._releases_paused_until = 0.0
+        self._releases_paused_with = None
         #: Shards whose load keeps failing: logged first, then once a while (LogLimiter).
         self._load_failures = LogLimiter(LOAD_FAILURE_LOG_INTERVAL_S)
         metrics.count_at_scrape(

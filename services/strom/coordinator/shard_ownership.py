@@ -52,8 +52,8 @@ from strom.coordinator.group import ConsumerGroup
 from strom.coordinator.lookup import shard_count
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
 from strom.coordinator.shard_writes import ShardWrites, settled
-from strom.coordinator.shards import Shard, ShardKind
-from strom.coordinator.storage_io import AppendRefused, ShardLost
+from strom.coordinator.shards import RELEASE_AFTER_S, Shard, ShardKind
+from strom.coordinator.storage_io import AppendRefused, ShardLost, storage_unreachable
 from strom.coordinator.txn_state import TxnShardState
 from strom.errors import (
     ErrorCode,
@@ -86,6 +86,20 @@ FREE_GRACE_S = 5.0
 HAND_OVER_INTERVAL_S = 1.0
 #: Handing over pauses this long when a shard handed over was not taken by anyone.
 HAND_OVER_BACKOFF_S = 60.0
+#: A shard this coordinator released (it could not reach the storage nodes) that nobody
+#: took within this long is taken back: longer than a healthy coordinator's wait for a
+#: free shard beyond its share (FREE_GRACE_S), so one that can load it goes first.
+RELEASE_TAKE_BACK_S = 2 * FREE_GRACE_S
+#: A coordinator in storage trouble (it released a shard within its release backoff, or a
+#: shard of its own cannot reach the nodes) takes a free shard only after this long: after
+#: the releaser takes it back, so a shard nobody can load comes to rest with its releaser
+#: instead of going round the coordinators.
+TROUBLED_TAKE_S = 3 * FREE_GRACE_S
+#: After a released shard came back (nobody took it), this coordinator releases no shard
+#: for this long (doubling each time it happens, up to RELEASE_BACKOFF_MAX_S; back to this
+#: once a load succeeds), or until a coordinator registers anew.
+RELEASE_BACKOFF_S = 60.0
+RELEASE_BACKOFF_MAX_S = 600.0
 
 
 class ShardOwnership(ShardWrites):
@@ -105,6 +119,19 @@ class ShardOwnership(ShardWrites):
     _members_at_pause: frozenset[tuple[str, int]] | None
     #: (kind, shard) handed over -> the registrations then (see _members_at_pause).
     _handed_with: dict[tuple[str, int], frozenset[tuple[str, int]]]
+    #: (kind, shard) released by this process (storage unreachable) and not yet seen taken
+    #: by another -> when (monotonic) it was released.
+    _released: dict[tuple[str, int], float]
+    #: (kind, shard) -> the incarnation last seen owning it (who freed a free shard).
+    _last_owner: dict[tuple[str, int], str]
+    #: The current release backoff (RELEASE_BACKOFF_S, doubling; see there).
+    _release_backoff_s: float
+    #: Until when (monotonic) this process counts as in storage trouble after a release.
+    _troubled_until: float
+    #: Until when releases pause (a released shard came back), and the registrations then
+    #: (a registration since ends the pause, as for hand-overs).
+    _releases_paused_until: float
+    _releases_paused_with: frozenset[tuple[str, int]] | None
 
     async def _new_lease(self) -> None:
         assert self.store is not None
@@ -251,6 +278,10 @@ class ShardOwnership(ShardWrites):
         with view.lock:
             owners = {s: v.value for s, v in kind.owners(view).items()}
             revision = view.revision
+        for s, owner in owners.items():
+            self._last_owner[(kind.name, s)] = owner.incarnation_id
+            if owner.incarnation_id != self.incarnation_id:
+                self._released.pop((kind.name, s), None)  # taken by another: it worked
         # Lost: our key vanished (lease expired) or belongs to someone else now.
         for s, shard in list(owned.items()):
             owner = owners.get(s)
@@ -264,6 +295,13 @@ class ShardOwnership(ShardWrites):
         # load it again (the load fences with a new epoch and re-checks the key).
         for s, owner in sorted(owners.items()):
             if owner.incarnation_id == self.incarnation_id and s not in owned and s < shards:
+                released = self._released.get((kind.name, s))
+                if released is not None:
+                    if time.monotonic() - released < RELEASE_TAKE_BACK_S:
+                        continue  # released: its delete is not in the view yet
+                    # Still ours long after the release (a load's last put of the key
+                    # landed after the delete): ours, so served again.
+                    del self._released[(kind.name, s)]
                 if self._stopping or self._lease is None:
                     return
                 shard = Shard(s, kind, acquired_ms=wall_ms())
@@ -291,11 +329,16 @@ class ShardOwnership(ShardWrites):
                 self._handed_over.discard(key)
                 self._handed_with.pop(key, None)
         mine = len(owned)
+        troubled = len(live) > 1 and self._troubled(now)
         for s in free:
             if self._stopping or self._lease is None:
                 return
             since = self._free_since.get((kind.name, s), now)
-            if (kind.name, s) in self._handed_over:
+            if (kind.name, s) in self._released:
+                if now - self._released[(kind.name, s)] < RELEASE_TAKE_BACK_S:
+                    continue  # released just now: for a coordinator that reaches the nodes
+                self._take_back_released(kind, s, now)
+            elif (kind.name, s) in self._handed_over:
                 if now - since < FREE_GRACE_S:
                     continue  # handed over just now: for another coordinator to take
                 log.warning(
@@ -314,6 +357,8 @@ class ShardOwnership(ShardWrites):
                 )
             elif len(live) > 1 and mine >= fair and now - since < FREE_GRACE_S:
                 continue
+            elif troubled and now - since < TROUBLED_TAKE_S:
+                continue  # (see TROUBLED_TAKE_S)
             if s in owners:
                 continue
             shard = Shard(s, kind, acquired_ms=wall_ms())
@@ -331,6 +376,7 @@ class ShardOwnership(ShardWrites):
             owned[s] = shard
             mine += 1
             log.info("took %s shard %d", kind.name, s, extra={"fields": {"shard": s}})
+            self._note_taken_from_live(kind, s)
             self._start_load(shard)
             # One shard at a time, re-reading the owners: coordinators started together
             # interleave their claims instead of the first one taking everything.
@@ -339,7 +385,123 @@ class ShardOwnership(ShardWrites):
                 owners = {s2: v.value for s2, v in kind.owners(view).items()}
             live = self._live_coordinators(owners)
             fair = math.ceil(shards / len(live))
+        await self._release_unreachable(kind)
         await self._balance(kind, shards)
+
+    def _troubled(self, now: float) -> bool:
+        """Whether this process is in storage trouble: it released a shard within its release
+        backoff, or a shard of its own is unserved because the nodes do not answer it."""
+        return now < self._troubled_until or any(
+            sh.unreachable is not None for sh in self._all_shards()
+        )
+
+    def _releases_paused(self, now: float) -> bool:
+        """Whether releasing is paused (a released shard came back, see RELEASE_BACKOFF_S);
+        a coordinator registered since the pause began ends it (it may reach the nodes)."""
+        if now >= self._releases_paused_until:
+            return False
+        paused_with = self._releases_paused_with
+        if paused_with is not None and not self._member_sessions() <= paused_with:
+            log.info("a coordinator registered since releases paused; resuming them")
+            self._releases_paused_until = now
+            return False
+        return True
+
+    async def _release_unreachable(self, kind: ShardKind) -> None:
+        """Release the shards of ``kind`` that went unserved for :data:`RELEASE_AFTER_S`
+        because the storage nodes do not answer this process, when another coordinator is
+        registered to take them (it may reach the nodes).
+
+        FIX (found from outside, a coordinator cut from every storage node while reaching
+        etcd and its clients): it kept reloading its shards for the whole cut, so their
+        groups could not commit although another coordinator reached the nodes. Alone, a
+        coordinator keeps its shards (nobody else could serve them); and a released shard
+        nobody can load comes back and rests here (RELEASE_TAKE_BACK_S, TROUBLED_TAKE_S,
+        RELEASE_BACKOFF_S)."""
+        now = time.monotonic()
+        due = [
+            sh
+            for sh in kind.shards.values()
+            if not sh.loaded
+            and sh.unreachable is not None
+            and sh.unserved_since is not None
+            and now - sh.unserved_since >= RELEASE_AFTER_S
+        ]
+        if not due or self._stopping or self._lease is None:
+            return
+        if not self._other_coordinators() or self._releases_paused(now):
+            return
+        for shard in sorted(due, key=lambda sh: sh.index):
+            await self._release(kind, shard)
+
+    async def _release(self, kind: ShardKind, shard: Shard) -> None:
+        """Stop serving ``shard`` (not loaded: nothing of it is queued) and free its key."""
+        assert self.store is not None and shard.unserved_since is not None
+        if shard.loaded or kind.shards.get(shard.index) is not shard:
+            return
+        now = time.monotonic()
+        why, unserved_s = shard.unreachable, now - shard.unserved_since
+        self._unload(shard)
+        key = (kind.name, shard.index)
+        self._released[key] = now
+        self._free_since[key] = now
+        self._troubled_until = now + self._release_backoff_s
+        store = self.store
+        try:
+            deleted = await asyncio.to_thread(
+                store.retry,
+                lambda: store.delete_if_owner(
+                    kind.key(store.keys, shard.index), shard.create_revision
+                ),
+                deadline_s=10,
+            )
+        except Exception:
+            self._released.pop(key, None)  # still ours in etcd: the next pass loads it again
+            raise
+        metrics.SHARD_RELEASES.labels(kind.name).inc()
+        log.warning(
+            "%s shard %d (%s-%d): cannot reach the storage nodes, unserved for %.0f s (%s); "
+            "released it for another coordinator to take%s",
+            kind.name,
+            shard.index,
+            kind.topic,
+            shard.index,
+            unserved_s,
+            why,
+            "" if deleted else " (its key was already gone)",
+            extra={"fields": {"shard": shard.index, "kind": kind.name}},
+        )
+
+    def _take_back_released(self, kind: ShardKind, s: int, now: float) -> None:
+        """A shard this process released was taken by nobody within RELEASE_TAKE_BACK_S:
+        the other coordinators cannot load it either (or hang). It is taken back (the
+        caller claims it) and releases pause, so it rests here."""
+        self._released.pop((kind.name, s), None)
+        pause = self._release_backoff_s
+        self._release_backoff_s = min(pause * 2, RELEASE_BACKOFF_MAX_S)
+        self._releases_paused_until = now + pause
+        self._releases_paused_with = self._member_sessions()
+        log.warning(
+            "%s shard %d released was taken by nobody (the other coordinators cannot reach "
+            "the storage nodes either, or hang); taking it back and releasing no shard for "
+            "%.0f s",
+            kind.name,
+            s,
+            pause,
+        )
+
+    def _note_taken_from_live(self, kind: ShardKind, s: int) -> None:
+        """This process just took shard ``s``, which a coordinator that is still registered
+        gave up (released: it could not reach the nodes; or handed over). Moving shards to
+        that one does not work now: hand-overs pause (HAND_OVER_BACKOFF_S, or until a
+        coordinator registers anew), so it is not handed the shard straight back."""
+        previous = self._last_owner.get((kind.name, s))
+        if previous is None or previous == self.incarnation_id:
+            return
+        if previous not in self._other_coordinators():
+            return  # its owner is gone (lease expired): a failover, not a release
+        self._next_hand_over = max(self._next_hand_over, time.monotonic() + HAND_OVER_BACKOFF_S)
+        self._members_at_pause = self._member_sessions()
 
     def _live_coordinators(self, owners: dict[int, md.CoordinatorShardOwner]) -> set[str]:
         """Incarnations of the live coordinators: the registered ones and any still owning
@@ -429,6 +591,8 @@ class ShardOwnership(ShardWrites):
 
     def _start_load(self, shard: Shard) -> None:
         shard.loaded = False
+        if shard.unserved_since is None:
+            shard.unserved_since = time.monotonic()
         shard.generation += 1
         if shard.loader is not None and not shard.loader.done():
             shard.loader.cancel()
@@ -471,6 +635,7 @@ class ShardOwnership(ShardWrites):
                     return
                 except Exception as exc:
                     shard.load_error = exc.message if isinstance(exc, StromError) else str(exc)
+                    shard.unreachable = _load_error(exc) if storage_unreachable(exc) else None
                     if isinstance(exc, AppendRefused):
                         self._note_refusal(shard, exc)  # (its fence: not a passing failure)
                     else:
@@ -551,6 +716,9 @@ class ShardOwnership(ShardWrites):
         # (the writer still fails any left queued).
         shard.write_tail = None
         shard.load_error = None
+        shard.unreachable = None
+        shard.unserved_since = None
+        self._release_backoff_s = RELEASE_BACKOFF_S
         shard.loaded = True
         metrics.SHARD_LOADS.inc()
         if state.undecodable:

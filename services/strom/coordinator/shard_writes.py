@@ -41,7 +41,12 @@ from dataclasses import dataclass, field
 from strom.coordinator import metrics
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
 from strom.coordinator.shards import Shard
-from strom.coordinator.storage_io import AppendRefused, ShardLost, StorageIO
+from strom.coordinator.storage_io import (
+    AppendRefused,
+    ShardLost,
+    StorageIO,
+    storage_unreachable,
+)
 from strom.errors import (
     NotCoordinatorError,
     RequestTimedOutError,
@@ -158,6 +163,14 @@ class ShardWrites(StorageIO):
             _fail(batch + later, NotCoordinatorError, f"coordinator {self.coordinator_id} stops")
         else:
             message = exc.message if isinstance(exc, StromError) else f"write failed: {exc}"
+            if storage_unreachable(exc):
+                # Name the cause: the client's next attempts meet the reload (and, if it
+                # lasts, COORDINATOR_NOT_AVAILABLE saying the nodes do not answer).
+                message = (
+                    f"coordinator {self.coordinator_id} could not write this change to "
+                    f"{shard.topic}-{shard.index}: the storage nodes did not take it "
+                    f"({message}); it may or may not have been written"
+                )
             _fail(batch + later, RequestTimedOutError, message)
         if shard.generation != generation or self._stopping:
             return  # already reloading or dropped: that is the log's business now
@@ -169,6 +182,10 @@ class ShardWrites(StorageIO):
                 log.warning("write to shard %d failed (%s); reloading it", shard.index, exc)
             if shard.kind is not None and shard.kind.shards.get(shard.index) is shard:
                 self._start_load(shard)
+                if storage_unreachable(exc):
+                    # Its clients are told why from now on, not once the reload's first
+                    # attempt failed too (which takes as long again).
+                    shard.unreachable = exc.message if isinstance(exc, StromError) else str(exc)
 
     def _note_refusal(self, shard: Shard, exc: AppendRefused) -> None:
         """Log an append the leader refused for good, once per shard and error code until an

@@ -19,6 +19,12 @@ from strom.coordinator.replay import ReplayState
 from strom.coordinator.txn_state import TxnMetadata
 from strom.metadata import ClusterView, Keys, Versioned
 
+#: A shard this coordinator has not served for this long, whose last load attempt could not
+#: reach the storage nodes, is released (its key deleted) for another registered
+#: coordinator to take (``strom.coordinator.shard_ownership``). Before, a coordinator cut
+#: from the nodes kept its shards for the whole cut (found from outside).
+RELEASE_AFTER_S = 10.0
+
 
 @dataclass
 class ShardKind:
@@ -78,6 +84,14 @@ class Shard:
     #: Why the last attempt to load the shard failed (None: none failed since the last
     #: load): requests answered COORDINATOR_LOAD_IN_PROGRESS meanwhile say it.
     load_error: str | None = None
+    #: When (``time.monotonic()``) the shard stopped being served: its current load
+    #: started (None while it is served). How long its clients have gone without it.
+    unserved_since: float | None = None
+    #: Why the last load attempt could not reach the storage nodes (a call not answered,
+    #: no node giving a producer id); None when it failed otherwise or none failed.
+    #: Such a shard is answered COORDINATOR_NOT_AVAILABLE naming this, and released after
+    #: :data:`RELEASE_AFTER_S` when another coordinator runs.
+    unreachable: str | None = None
 
     def load_failure(self) -> str:
         """Why the shard still loads, for COORDINATOR_LOAD_IN_PROGRESS messages: its last

@@ -98,6 +98,27 @@ class AppendRefused(StromError):
     (``strom.coordinator.shard_writes``)."""
 
 
+class StorageUnreachable(StromError):
+    """No storage node answered a call of the coordinator at all (refused connections,
+    timeouts), as opposed to nodes answering with an error: this coordinator may be cut
+    from the nodes while another reaches them (``strom.coordinator.shard_ownership``
+    releases such a shard)."""
+
+
+#: gRPC codes of a call that no storage node answered: the network or the node is away.
+_UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def storage_unreachable(exc: BaseException) -> bool:
+    """Whether a shard load failed because the storage nodes did not answer this coordinator
+    (a replay Fetch or the fence's append not answered, no node giving a producer id), not
+    because they answered with an error or the view names no leader (which every
+    coordinator sees alike: handing the shard to another would not help)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code() in _UNANSWERED
+    return isinstance(exc, StorageUnreachable | RequestTimedOutError)
+
+
 class StorageIO(CoordinatorCore):
     """Fetch, Produce, InitProducerId and ListOffsets calls to the storage nodes."""
 
@@ -218,6 +239,7 @@ class StorageIO(CoordinatorCore):
             (node_id, f"{nodes[node_id].host}:{nodes[node_id].port}") for node_id in sorted(nodes)
         ]
         failures: list[str] = []
+        answered = False  # a node answered (with an error), so it is reachable
         running: dict[asyncio.Task[Any], int] = {}
 
         def ask(node_id: int, address: str) -> None:
@@ -241,6 +263,7 @@ class StorageIO(CoordinatorCore):
                     except grpc.aio.AioRpcError as exc:
                         failures.append(f"node {node_id}: {exc.code().name}")
                         continue
+                    answered = True
                     if resp.error_code == E.NONE:
                         return resp.producer_id, resp.producer_epoch
                     failures.append(
@@ -251,7 +274,7 @@ class StorageIO(CoordinatorCore):
         finally:
             for task in running:
                 task.cancel()
-        raise StromError(
+        raise (StorageUnreachable if addresses and not answered else StromError)(
             "InitProducerId: no storage node gave a producer id ("
             + ("; ".join(failures) or "no live storage node")
             + ")",

@@ -132,6 +132,7 @@ class TransactionRpcs(_Base):
             )
         self._check_lease(s, kind.topic)
         if not shard.loaded:
+            self._raise_if_unreachable(shard)
             raise CoordinatorLoadInProgressError(
                 f"{kind.topic} shard {s} is still loading{shard.load_failure()}"
             )
@@ -454,7 +455,12 @@ class TransactionRpcs(_Base):
             await self._retrying(
                 shard, generation, meta, lambda: self._txn_change(meta.transactional_id, complete)
             )
-        except (NotCoordinatorError, CoordinatorLoadInProgressError, _Superseded):
+        except (
+            NotCoordinatorError,
+            CoordinatorLoadInProgressError,
+            CoordinatorNotAvailableError,
+            _Superseded,
+        ):
             log.info(
                 "transaction %s: shard moved; its new owner completes it", meta.transactional_id
             )
