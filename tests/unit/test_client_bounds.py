@@ -13,6 +13,7 @@ raised InvalidRequestError where the Producer and Consumer raise ValueError/Type
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 import pytest
@@ -173,3 +174,29 @@ def test_consumer_method_arguments_beyond_the_wire_s_range_name_themselves() -> 
             consumer.assign([TopicPartition("t", 2**31)])
         with pytest.raises(ValueError, match=r"max_records must be .*<= 2147483647"):
             consumer.poll(max_records=2**31)
+
+
+def test_a_heartbeat_thread_that_fails_is_raised_by_the_next_poll() -> None:
+    """The heartbeat thread's unexpected error (a request it could not build killed it)
+    is raised by poll(), which returned nothing for ever before, and the thread lives on."""
+    consumer = Consumer(NOWHERE, group_id="g-heartbeat-fails")
+    try:
+        group = consumer._group
+
+        def broken() -> float:
+            raise RuntimeError("cannot build the request")
+
+        group._heartbeat_once = broken  # type: ignore[method-assign]
+        consumer.subscribe(["t"])
+        deadline = time.monotonic() + 20
+        raised: StromError | None = None
+        while raised is None and time.monotonic() < deadline:
+            try:
+                consumer.poll(timeout_ms=200)
+            except StromError as exc:
+                raised = exc
+        assert raised is not None, "poll() never raised the heartbeat thread's failure"
+        assert "heartbeat thread failed" in str(raised) and "cannot build" in str(raised)
+        assert group._thread is not None and group._thread.is_alive()
+    finally:
+        consumer.close(autocommit=False, timeout_ms=0)
