@@ -10,7 +10,9 @@ strom.client.kwnames) must not be so large that the clients fail again at them.
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -126,3 +128,30 @@ def test_clients_with_their_largest_settings_work_and_one_more_is_refused(
         Admin(cluster.bootstrap, request_timeout_ms=INT32_MAX + 1)
     with pytest.raises(ValueError, match="fetch_min_bytes must be"):
         Consumer(cluster.bootstrap, fetch_min_bytes=INT32_MAX + 1)
+
+
+def test_a_poll_with_a_timeout_too_long_for_threading_waits_until_woken(
+    one_node_cluster: LocalCluster, new_topic
+) -> None:
+    """``poll(timeout_ms=2**63)`` raised OverflowError ("timestamp out of range for platform
+    time_t") at once; Kafka's poll waits as long as asked. It waits now, and close() from
+    another thread ends it (with nothing)."""
+    topic = new_topic(one_node_cluster)
+    consumer = Consumer(one_node_cluster.bootstrap, auto_offset_reset="latest")
+    consumer.assign([TopicPartition(topic, 0)])
+    assert consumer.position(TopicPartition(topic, 0)) == 0  # (the poll waits for data)
+    outcome: dict[str, Any] = {}
+
+    def poll() -> None:
+        try:
+            outcome["records"] = consumer.poll(timeout_ms=2**63)
+        except BaseException as exc:  # (reported by the asserts below)
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    thread.join(1.0)  # (it must still be waiting: the old code raised at once)
+    assert thread.is_alive(), outcome
+    consumer.close(autocommit=False)
+    thread.join(30)
+    assert outcome == {"records": []}

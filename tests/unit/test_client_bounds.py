@@ -200,3 +200,16 @@ def test_a_heartbeat_thread_that_fails_is_raised_by_the_next_poll() -> None:
         assert group._thread is not None and group._thread.is_alive()
     finally:
         consumer.close(autocommit=False, timeout_ms=0)
+
+
+def test_producer_timeouts_too_long_for_threading_wait_without_limit_or_name_themselves() -> None:
+    """``producer.close(2**63)`` and ``future.get(timeout=2**63)`` raised OverflowError
+    ("timestamp out of range for platform time_t"); Kafka's clients wait as asked, so such
+    a timeout is no limit. A timeout that is no number is a TypeError naming it."""
+    producer = Producer(NOWHERE, max_block_ms=0)
+    try:
+        producer.flush(2**63)  # (nothing queued: returns at once)
+        with pytest.raises(TypeError, match="timeout must be a number of seconds"):
+            producer.flush("10")
+    finally:
+        producer.close(2**63)

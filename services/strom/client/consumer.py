@@ -1021,7 +1021,9 @@ class Consumer:
             raise IllegalStateError(
                 "the consumer has no partitions: assign() some (or subscribe() with a group)"
             )
-        deadline = time.monotonic() + timeout_ms / 1000.0
+        # (at most LONG_MS_MAX: found from outside, poll(timeout_ms=2**63) raised
+        # OverflowError from the wait for data; Kafka's poll waits as long as asked)
+        deadline = time.monotonic() + min(timeout_ms, LONG_MS_MAX) / 1000.0
         waited = False
         while True:
             if self._group is not None:

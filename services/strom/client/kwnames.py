@@ -29,6 +29,7 @@ __all__ = [
     "int_option",
     "kafka_keywords",
     "str_option",
+    "wait_limit",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -146,3 +147,20 @@ def str_option(name: str, value: Any, *, empty_ok: bool = False) -> str | None:
     if not value and not empty_ok:
         raise ValueError(f"{name} must not be empty (leave it out instead)")
     return value
+
+
+#: The longest wait in seconds a call's timeout may mean; longer is no limit (None).
+MAX_WAIT_S = LONG_MS_MAX / 1000
+
+
+def wait_limit(name: str, timeout: Any) -> float | None:
+    """A call's ``timeout`` in seconds as ``threading`` waits take it: None (no limit) for
+    None, for infinity and for anything longer than LONG_MS_MAX ms; TypeError naming
+    ``name`` for what is not a number. Found from outside: ``poll(timeout_ms=2**63)``,
+    ``producer.close(2**63)`` and ``future.get(timeout=2**63)`` raised OverflowError
+    ("timestamp out of range for platform time_t") where Kafka's clients wait as asked."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout:
+        raise TypeError(f"{name} must be a number of seconds or None, got {timeout!r}")
+    return None if timeout > MAX_WAIT_S else timeout

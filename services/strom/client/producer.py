@@ -55,6 +55,7 @@ from strom.client.kwnames import (
     int_option,
     kafka_keywords,
     str_option,
+    wait_limit,
 )
 from strom.client.partitioner import murmur2
 from strom.client.produce_answers import RETRY_LOG_INTERVAL_S, request_too_large
@@ -480,12 +481,13 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
         if self._forked_from:
             raise forks.error(self)
         self._refuse_in_callback("flush()")
+        limit = wait_limit("timeout", timeout)
         with self._lock:
             pending = [b.result for pq in self._queues.values() for b in pq.batches]
             self._flushing += 1
         self._wake.set()
         try:
-            end = None if timeout is None else time.monotonic() + timeout
+            end = None if limit is None else time.monotonic() + limit
             for r in pending:
                 left = None if end is None else max(end - time.monotonic(), 0)
                 if not r.wait_callbacks(left):
@@ -568,8 +570,9 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
         own = self._delivering()
         if own:
             timeout = 0
+        limit = wait_limit("timeout", timeout)  # (2**63 overflowed the waits below)
         # One deadline for every step (found from outside: close(timeout=2) took 4 s).
-        end = None if timeout is None else time.monotonic() + timeout
+        end = None if limit is None else time.monotonic() + limit
 
         def left() -> float | None:
             return None if end is None else max(end - time.monotonic(), 0.0)
