@@ -213,3 +213,31 @@ def test_producer_timeouts_too_long_for_threading_wait_without_limit_or_name_the
             producer.flush("10")
     finally:
         producer.close(2**63)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["produce", "t", "--batch-size", "2147483648"], "--batch-size: must be at most"),
+        (["produce", "t", "--linger-ms", "1e300"], "--linger-ms: must be at most"),
+        (["produce", "t", "--partition", "2147483648"], "--partition: must be at most"),
+        (["consume", "t", "--partition", "2147483648"], "--partition: must be at most"),
+        (["consume", "t", "--timeout-ms", str(2**63)], "--timeout-ms: must be at most"),
+        (["consume", "t", "--partition", "0", "--offset", str(2**63)], "--offset: must be"),
+        (["bench", "produce", "--batch-size", "3GiB"], "--batch-size: must be at most"),
+        (["bench", "e2e", "--linger-ms", "1e300"], "--linger-ms: must be at most"),
+        (["bench", "tls", "--batch-size", "3GiB"], "--batch-size: must be at most"),
+    ],
+)
+def test_the_cli_flags_that_feed_the_clients_have_their_maxima(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error naming the flag, before any connection (they were taken, and failed
+    in the client, or on the wire, naming the keyword or nothing)."""
+    from strom.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv[:1], *argv[1:], "-b", NOWHERE] if argv[0] != "bench" else argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
