@@ -241,3 +241,30 @@ def test_the_cli_flags_that_feed_the_clients_have_their_maxima(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_consumer_metadata_thread_that_fails_is_raised_by_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The consumer's metadata thread (refreshes, overdue Fetches) waited and worked outside
+    any ``try``: an unexpected error ended it silently, and partitions that needed a leader
+    were never handed out again. poll() raises it now, as a fetch worker's."""
+    from strom.client.fetch_overdue import OverdueFetches
+
+    def broken(self: Any, now: float) -> float | None:
+        raise RuntimeError("overdue check broke")
+
+    monkeypatch.setattr(OverdueFetches, "_overdue", broken)
+    consumer = Consumer(NOWHERE, group_id="g-metadata-fails")
+    try:
+        consumer.subscribe(["t"])
+        deadline = time.monotonic() + 20
+        seen: list[str] = []
+        while time.monotonic() < deadline and not any("metadata thread" in m for m in seen):
+            try:
+                consumer.poll(timeout_ms=200)
+            except StromError as exc:  # (the group's own errors, against NOWHERE, too)
+                seen.append(str(exc))
+        assert any("metadata thread failed" in m and "overdue check broke" in m for m in seen)
+    finally:
+        consumer.close(autocommit=False, timeout_ms=0)
