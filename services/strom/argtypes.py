@@ -23,6 +23,15 @@ class UsageError(ValueError):
 
 #: The largest value of a protobuf int32 field (partition counts, replication factors).
 INT32_MAX = 2**31 - 1
+#: The largest protobuf int64 (offsets, timestamps on the wire).
+INT64_MAX = 2**63 - 1
+#: The longest wait a client setting in ms that Kafka types as ``long`` (linger.ms,
+#: max.block.ms, retry.backoff.ms, metadata.max.age.ms) may ask for: 2**40 ms, ~34.8 years.
+#: Such waits become ``threading`` timeouts and deadlines, which overflow at
+#: ``threading.TIMEOUT_MAX`` (~292 years: 2**63 ns) and killed the thread that waited (found
+#: from outside: metadata_max_age_ms=2**63 killed the producer's sender and every send hung);
+#: 2**40 leaves room for sums with the clock. Here (not in the clients) for the CLI's flags.
+LONG_MS_MAX = 2**40
 
 
 def int_at_least(minimum: int, why: str = "", maximum: int | None = None) -> Callable[[str], int]:
@@ -78,8 +87,11 @@ group_id = non_empty("group id")
 transactional_id = non_empty("transactional id")
 
 
-def number_above(minimum: float, *, inclusive: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number above ``minimum`` (or equal, with ``inclusive``)."""
+def number_above(
+    minimum: float, *, inclusive: bool = False, maximum: float | None = None
+) -> Callable[[str], float]:
+    """An argparse type: a finite number above ``minimum`` (or equal, with ``inclusive``), and
+    at most ``maximum`` if given."""
 
     def parse(text: str) -> float:
         try:
@@ -91,6 +103,8 @@ def number_above(minimum: float, *, inclusive: bool = False) -> Callable[[str], 
         if value < minimum or (value == minimum and not inclusive):
             bound = "at least" if inclusive else "more than"
             raise argparse.ArgumentTypeError(f"must be {bound} {minimum:g}, not {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, not {text}")
         return value
 
     parse.__name__ = "number"

@@ -252,6 +252,17 @@ class InvalidRequestError(StromError):
     default_code = ErrorCode.INVALID_REQUEST
 
 
+class InvalidArgumentError(InvalidRequestError, ValueError):
+    """An Admin argument refused before anything is sent: a ValueError, as the Producer's and
+    the Consumer's, and an InvalidRequestError, as the Admin documented (found from outside:
+    the three clients raised different types for the same mistake; both ``except`` clauses
+    keep working)."""
+
+
+class InvalidArgumentTypeError(InvalidRequestError, TypeError):
+    """As :class:`InvalidArgumentError` for an argument of the wrong type: a TypeError."""
+
+
 class RequestTimedOutError(StromError):
     """REQUEST_TIMED_OUT: the server gave up waiting; the outcome is unknown."""
 

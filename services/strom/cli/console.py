@@ -17,7 +17,15 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from strom.api import common_pb2
-from strom.argtypes import UsageError, int_at_least, number_above, topic_name
+from strom.argtypes import (
+    INT32_MAX,
+    INT64_MAX,
+    LONG_MS_MAX,
+    UsageError,
+    int_at_least,
+    number_above,
+    topic_name,
+)
 from strom.cli import counted
 from strom.errors import InvalidRequestError, MessageTooLargeError, StromError, error_for
 from strom.record.header import TimestampType
@@ -35,7 +43,11 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="split each line into KEY<sep>VALUE (a line without it is an error, as in "
         "Kafka's console producer)",
     )
-    p.add_argument("--partition", type=int_at_least(0), help="send everything to this partition")
+    p.add_argument(
+        "--partition",
+        type=int_at_least(0, maximum=INT32_MAX),
+        help="send everything to this partition",
+    )
     p.add_argument("--acks", default="1", choices=sorted(ACKS), help="0, 1 or all")
     p.add_argument(
         "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
@@ -44,13 +56,13 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     # message named its keyword, batch_size, and exited 1).
     p.add_argument(
         "--batch-size",
-        type=int_at_least(1),
+        type=int_at_least(1, maximum=INT32_MAX),
         default=256 * 1024,
         help="batch bytes (default: 256KiB)",
     )
     p.add_argument(
         "--linger-ms",
-        type=number_above(0.0, inclusive=True),
+        type=number_above(0.0, inclusive=True, maximum=LONG_MS_MAX),
         default=5.0,
         help="wait this long to fill batches",
     )
@@ -81,7 +93,9 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     c.add_argument("topic", type=topic_name)
     c.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    c.add_argument("--partition", type=int_at_least(0), help="only this partition")
+    c.add_argument(
+        "--partition", type=int_at_least(0, maximum=INT32_MAX), help="only this partition"
+    )
     c.add_argument(
         "--offset",
         type=_start_offset,
@@ -91,7 +105,7 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     c.add_argument("--max-messages", type=int_at_least(1), help="exit after this many records")
     c.add_argument(
         "--timeout-ms",
-        type=int_at_least(0),
+        type=int_at_least(0, maximum=LONG_MS_MAX),
         help="exit when no record arrived for this long (default: wait forever)",
     )
     c.add_argument(
@@ -252,7 +266,7 @@ def _start_offset(text: str) -> int | str:
     takes them (found from outside: ``--offset -2`` failed in the cluster, exit 1)."""
     if text in ("earliest", "latest"):
         return text
-    return int_at_least(0, " (or earliest, latest)")(text)
+    return int_at_least(0, " (or earliest, latest)", maximum=INT64_MAX)(text)
 
 
 def _separator(text: str) -> str:

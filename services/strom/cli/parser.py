@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from strom import __version__
-from strom.argtypes import byte_size, int_at_least, number_above
+from strom.argtypes import INT32_MAX, LONG_MS_MAX, byte_size, int_at_least, number_above
 
 #: Service subcommands and the module whose ``main(argv)`` runs them.
 SERVICES = {
@@ -53,6 +53,18 @@ def _fresh_demo_dir(text: str) -> str:
 
 
 _zero_or_more = number_above(0.0, inclusive=True)
+#: The benchmarks' --linger-ms: the Producer's linger_ms, up to its maximum.
+_linger_ms = number_above(0.0, inclusive=True, maximum=LONG_MS_MAX)
+
+
+def _batch_size(text: str) -> int:
+    """The benchmarks' --batch-size: a size (``256KiB``) the Producer's batch_size takes, at
+    most 2**31-1 bytes (Kafka's int): found from outside, 3GiB was refused by the Producer
+    after the flags, as a failure naming batch_size instead of a usage error naming the flag."""
+    value = byte_size(text)
+    if value > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT32_MAX} bytes, not {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,8 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument("--replication-factor", type=_positive, default=3)
     tl.add_argument("--partitions", type=_positive, default=3)
     tl.add_argument("--acks", default="all", choices=["0", "1", "all"])
-    tl.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
-    tl.add_argument("--linger-ms", type=_zero_or_more, default=5.0, help="produce phase linger")
+    tl.add_argument("--batch-size", type=_batch_size, default=256 * 1024, help="batch bytes")
+    tl.add_argument("--linger-ms", type=_linger_ms, default=5.0, help="produce phase linger")
     tl.add_argument("--rate", type=_above_zero, default=5_000.0, help="records/s of the e2e phase")
     tl.add_argument("--e2e-records", type=_positive, default=20_000)
     tl.add_argument("--rounds", type=_positive, default=1, help="alternate the phases N times")
@@ -381,10 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="all (the default, as Kafka's) keeps the producer idempotent; 1 and 0 turn "
             "idempotence off",
         )
-        cb.add_argument("--batch-size", type=_size, default=256 * 1024, help="batch bytes")
+        cb.add_argument("--batch-size", type=_batch_size, default=256 * 1024, help="batch bytes")
         cb.add_argument(
             "--linger-ms",
-            type=_zero_or_more,
+            type=_linger_ms,
             default=0.0 if mode == "e2e" else 5.0,
             help="producer linger (default: 5; e2e: 0, latency first)",
         )

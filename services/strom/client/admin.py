@@ -64,7 +64,6 @@ from strom.client.admin_configs import ConfigsAdmin
 from strom.client.admin_groups import GroupsAdmin
 from strom.client.admin_reassignments import ReassignmentsAdmin
 from strom.client.admin_records import RecordsAdmin
-from strom.client.admin_requests import is_int
 from strom.client.admin_topics import TopicsAdmin
 from strom.client.admin_transactions import (
     FENCE_TRANSACTION_TIMEOUT_MS,  # noqa: F401  (importable from here, as before the split)
@@ -99,13 +98,17 @@ from strom.client.group_admin import (
     MemberDescription,
     MemberState,
 )
-from strom.client.kwnames import kafka_keywords
+from strom.client.kwnames import INT_MS_MAX, int_option, kafka_keywords
 from strom.client.types import (  # noqa: F401  (importable from here, as before the split)
     OffsetAndMetadata,
     OffsetAndTimestamp,
     TopicPartition,
 )
-from strom.errors import InvalidRequestError, PartialResultError
+from strom.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    PartialResultError,
+)
 from strom.security.channel import client_security
 
 #: Admin's per-attempt and overall call timeouts (see :class:`Admin`).
@@ -141,6 +144,17 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------
 # The client
+
+
+def _admin_int(name: str, value: object, minimum: int, maximum: int) -> int:
+    """:func:`~strom.client.kwnames.int_option`'s check, raising the Admin's errors (each
+    both the ValueError/TypeError the other clients raise and an InvalidRequestError)."""
+    try:
+        return int_option(name, value, minimum, maximum)
+    except TypeError as exc:
+        raise InvalidArgumentTypeError(str(exc)) from None
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
 
 
 class Admin(
@@ -197,12 +211,17 @@ class Admin(
         ssl_keyfile: str | None = None,
         token: str | None = None,
     ) -> None:
+        # ValueError/TypeError naming the argument, as the Producer's and Consumer's (found
+        # from outside: InvalidRequestError here, and no maximum: request_timeout_ms=2**63
+        # made list_topics() hang for ever); still InvalidRequestErrors, as documented.
         for name, value in (
             ("request_timeout_ms", request_timeout_ms),
             ("default_api_timeout_ms", default_api_timeout_ms),
         ):
-            if value is not None and (not is_int(value) or value <= 0):
-                raise InvalidRequestError(f"{name} must be a positive integer, not {value!r}")
+            if value is not None:
+                _admin_int(name, value, 1, INT_MS_MAX)
+        if not isinstance(client_id, str):
+            raise InvalidArgumentTypeError(f"client_id must be a str, got {client_id!r}")
         if request_timeout_ms is None:
             request_timeout_ms = (
                 DEFAULT_REQUEST_TIMEOUT_MS
@@ -218,7 +237,7 @@ class Admin(
                 else max(1, round(cluster_client.retry_s * 1000)),
             )
         elif default_api_timeout_ms < request_timeout_ms:
-            raise InvalidRequestError(
+            raise InvalidArgumentError(
                 f"default_api_timeout_ms ({default_api_timeout_ms}) must be at least "
                 f"request_timeout_ms ({request_timeout_ms}): it bounds every attempt of a call"
             )
@@ -235,8 +254,10 @@ class Admin(
                     client_id=client_id,
                     security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
                 )
+            except TypeError as exc:
+                raise InvalidArgumentTypeError(str(exc)) from None
             except ValueError as exc:
-                raise InvalidRequestError(str(exc)) from None
+                raise InvalidArgumentError(str(exc)) from None
         self._client = cluster_client
         self._closed = False
         forks.track(self)

@@ -12,8 +12,9 @@ from strom.api import storage_pb2
 from strom.client.admin_calls import AdminCalls
 from strom.client.admin_requests import by_topic, offset_spec, tp_map
 from strom.client.admin_types import OffsetSpec
+from strom.client.kwnames import INT64_MAX
 from strom.client.types import OffsetAndTimestamp, TopicPartition
-from strom.errors import InvalidRequestError
+from strom.errors import InvalidArgumentError, InvalidRequestError
 
 _ISOLATION = {
     "read_uncommitted": storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
@@ -95,12 +96,17 @@ class RecordsAdmin(AdminCalls):
         for tp, offset in tp_map(before, "delete_records").items():
             if offset == "latest" or (offset == -1 and not isinstance(offset, bool)):
                 wanted[tp] = -1
-            elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+            elif (
+                isinstance(offset, int)
+                and not isinstance(offset, bool)
+                and 0 <= offset <= INT64_MAX
+            ):
                 wanted[tp] = offset
             else:
-                raise InvalidRequestError(
-                    f"{tp.topic}-{tp.partition}: delete_records takes an offset >= 0 or "
-                    f"'latest' / -1 (everything committed), not {offset!r}"
+                raise InvalidArgumentError(
+                    f"{tp.topic}-{tp.partition}: delete_records takes an offset >= 0 and <= "
+                    f"{INT64_MAX} (an int64) or 'latest' / -1 (everything committed), not "
+                    f"{offset!r}"
                 )
 
         def request(group: Mapping[TopicPartition, int]) -> storage_pb2.DeleteRecordsRequest:

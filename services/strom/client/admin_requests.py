@@ -23,8 +23,10 @@ from strom.client.admin_types import (
     PartitionInfo,
     TopicDescription,
 )
+from strom.client.kwnames import INT32_MAX, INT64_MAX
 from strom.client.types import TopicPartition
 from strom.errors import (
+    InvalidArgumentError,
     InvalidConfigError,
     InvalidGroupIdError,
     InvalidReplicaAssignmentError,
@@ -71,9 +73,9 @@ def positive_count(
     """-1 (the server's "cluster default") for None when ``default_ok``, else a positive int."""
     if value is None and default_ok:
         return -1
-    if value is None or not is_int(value) or value < 1:
+    if value is None or not is_int(value) or not 1 <= value <= INT32_MAX:  # (int32 on the wire)
         hint = " (leave it out for the cluster default)" if default_ok else ""
-        raise error(f"{what} must be a positive integer, not {value!r}{hint}")
+        raise error(f"{what} must be a positive integer <= {INT32_MAX}, not {value!r}{hint}")
     return value
 
 
@@ -84,10 +86,12 @@ def topic_partition(item: object) -> TopicPartition:
         and isinstance(item[0], str)
         and item[0]
         and is_int(item[1])
-        and item[1] >= 0
+        and 0 <= item[1] <= INT32_MAX
     ):
         return TopicPartition(item[0], item[1])
-    raise InvalidRequestError(f"expected a TopicPartition(topic, partition >= 0), not {item!r}")
+    raise InvalidArgumentError(
+        f"expected a TopicPartition(topic, partition >= 0 and <= {INT32_MAX}), not {item!r}"
+    )
 
 
 def tp_list(items: Iterable[Any], what: str) -> list[TopicPartition]:
@@ -127,7 +131,7 @@ def replica_list(replicas: object, what: str) -> list[int]:
     if isinstance(replicas, str | bytes) or not isinstance(replicas, Iterable):
         raise InvalidReplicaAssignmentError(f"{what}: replicas must be a list of node ids")
     out = list(replicas)
-    if not out or not all(is_int(r) and r >= 0 for r in out):
+    if not out or not all(is_int(r) and 0 <= r <= INT32_MAX for r in out):
         raise InvalidReplicaAssignmentError(
             f"{what}: replicas must be a non-empty list of node ids, not {out!r}"
         )
@@ -172,11 +176,12 @@ def offset_spec(tp: TopicPartition, spec: object) -> int:
             return datetime_ms(spec)  # naive: local time
         except ValueError as exc:
             raise InvalidRequestError(f"{tp.topic}-{tp.partition}: {exc}") from None
-    elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= -3:
+    elif isinstance(spec, int) and not isinstance(spec, bool) and -3 <= spec <= INT64_MAX:
         return spec  # (-1, -2, -3: Kafka's ListOffsets numbers for latest, earliest, max)
-    raise InvalidRequestError(
+    raise InvalidArgumentError(
         f"{tp.topic}-{tp.partition}: offset spec {spec!r} is not 'earliest' (-2), 'latest' "
-        "(-1), 'max_timestamp' (-3), a timestamp in ms since the epoch (>= 0) or a datetime"
+        f"(-1), 'max_timestamp' (-3), a timestamp in ms since the epoch (>= 0 and <= "
+        f"{INT64_MAX}: an int64) or a datetime"
     )
 
 

@@ -42,7 +42,15 @@ from strom.client import forks
 from strom.client.cluster import ClusterClient
 from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
-from strom.client.kwnames import bool_option, kafka_keywords
+from strom.client.kwnames import (
+    INT32_MAX,
+    INT_MS_MAX,
+    LONG_MS_MAX,
+    bool_option,
+    int_option,
+    kafka_keywords,
+    str_option,
+)
 from strom.client.membership import GroupMembership
 from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
@@ -128,12 +136,8 @@ def _one_thread(method: F) -> F:
     return guarded  # type: ignore[return-value]
 
 
-def _int_arg(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+def _int_arg(name: str, value: Any, minimum: int, maximum: int) -> int:
+    return int_option(name, value, minimum, maximum)
 
 
 def _topic_partition(tp: Any) -> TopicPartition:
@@ -145,8 +149,8 @@ def _topic_partition(tp: Any) -> TopicPartition:
         raise TypeError(f"topic must be a non-empty str, got {topic!r}")
     if isinstance(partition, bool) or not isinstance(partition, int):
         raise TypeError(f"partition must be an int, got {partition!r}")
-    if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition} ({topic})")
+    if not 0 <= partition <= INT32_MAX:  # (an int32 on the wire)
+        raise ValueError(f"partition must be >= 0 and <= {INT32_MAX}, got {partition} ({topic})")
     return TopicPartition(topic, partition)
 
 
@@ -234,20 +238,27 @@ class Consumer:
             )
         enable_auto_commit = bool_option("enable_auto_commit", enable_auto_commit)
         check_crcs = bool_option("check_crcs", check_crcs)
-        _int_arg("fetch_min_bytes", fetch_min_bytes, 0)
-        _int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0)
-        _int_arg("fetch_max_bytes", fetch_max_bytes, 1)
-        _int_arg("max_partition_fetch_bytes", max_partition_fetch_bytes, 1)
-        _int_arg("max_poll_records", max_poll_records, 1)
-        _int_arg("max_poll_interval_ms", max_poll_interval_ms, 1)
-        _int_arg("request_timeout_ms", request_timeout_ms, 1)
+        # Maxima (found from outside: 2**63 was taken and failed in protobuf 7-9 frames deep
+        # without the argument's name): what goes on the wire as int32 (fetch sizes and
+        # waits) and Kafka's int ms settings up to 2**31-1, its long ones (the backoffs) up
+        # to LONG_MS_MAX, where threading's timeouts would overflow.
+        _int_arg("fetch_min_bytes", fetch_min_bytes, 0, INT32_MAX)
+        _int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0, INT_MS_MAX)
+        _int_arg("fetch_max_bytes", fetch_max_bytes, 1, INT32_MAX)
+        _int_arg("max_partition_fetch_bytes", max_partition_fetch_bytes, 1, INT32_MAX)
+        _int_arg("max_poll_records", max_poll_records, 1, INT32_MAX)
+        _int_arg("max_poll_interval_ms", max_poll_interval_ms, 1, INT_MS_MAX)
+        _int_arg("request_timeout_ms", request_timeout_ms, 1, INT_MS_MAX)
         if default_api_timeout_ms is None:
             default_api_timeout_ms = request_timeout_ms
-        _int_arg("default_api_timeout_ms", default_api_timeout_ms, 1)
-        _int_arg("retry_backoff_ms", retry_backoff_ms, 0)
-        _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms)
-        _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1)
-        _int_arg("commit_linger_ms", commit_linger_ms, 0)
+        _int_arg("default_api_timeout_ms", default_api_timeout_ms, 1, INT_MS_MAX)
+        _int_arg("retry_backoff_ms", retry_backoff_ms, 0, LONG_MS_MAX)
+        _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms, LONG_MS_MAX)
+        _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1, INT_MS_MAX)
+        _int_arg("commit_linger_ms", commit_linger_ms, 0, INT_MS_MAX)
+        str_option("client_id", client_id, empty_ok=True)
+        str_option("group_instance_id", group_instance_id)
+        str_option("group_remote_assignor", group_remote_assignor)
         for name, value, flag in (
             ("session_timeout_ms", session_timeout_ms, "--group-session-timeout-ms"),
             ("heartbeat_interval_ms", heartbeat_interval_ms, "--group-heartbeat-interval-ms"),
@@ -266,9 +277,7 @@ class Consumer:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a callable taking bytes, got {fn!r}")
         if consumer_timeout_ms is not None:
-            _int_arg("consumer_timeout_ms", consumer_timeout_ms, 0)
-        if fetch_max_bytes > (1 << 31) - 1 or max_partition_fetch_bytes > (1 << 31) - 1:
-            raise ValueError("fetch_max_bytes and max_partition_fetch_bytes must fit in int32")
+            _int_arg("consumer_timeout_ms", consumer_timeout_ms, 0, LONG_MS_MAX)
 
         self.client_id = client_id or f"strom-consumer-{next(_client_ids)}"
         forks.track(self)
@@ -981,7 +990,7 @@ class Consumer:
             raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
         if max_records is None:
             return default
-        return _int_arg("max_records", max_records, 1)
+        return _int_arg("max_records", max_records, 1, INT32_MAX)
 
     @_one_thread
     def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
@@ -1012,7 +1021,9 @@ class Consumer:
             raise IllegalStateError(
                 "the consumer has no partitions: assign() some (or subscribe() with a group)"
             )
-        deadline = time.monotonic() + timeout_ms / 1000.0
+        # (at most LONG_MS_MAX: found from outside, poll(timeout_ms=2**63) raised
+        # OverflowError from the wait for data; Kafka's poll waits as long as asked)
+        deadline = time.monotonic() + min(timeout_ms, LONG_MS_MAX) / 1000.0
         waited = False
         while True:
             if self._group is not None:

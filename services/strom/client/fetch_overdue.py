@@ -69,6 +69,8 @@ class OverdueFetches:
     _leaders: MetadataCache
     _lock: Any  # threading.RLock() (a factory, not a type)
     _md_wake: threading.Condition
+    data_ready: threading.Condition
+    _fatal: BaseException | None
     _closed: bool
     _max_wait_ms: int
     _outstanding: set[_Outstanding]
@@ -88,6 +90,19 @@ class OverdueFetches:
         self._md_wake.notify()
 
     def _refresh_loop(self) -> None:
+        """The metadata thread: :meth:`_refresh_rounds`; an unexpected error is raised by the
+        next poll() (as a fetch worker's), not left to end the thread silently with every
+        later poll() waiting for partitions nobody hands out."""
+        try:
+            self._refresh_rounds()
+        except BaseException as exc:
+            with self._lock:
+                if not self._closed:
+                    log.exception("strom consumer metadata thread failed")
+                    self._fatal = StromError(f"the consumer's metadata thread failed: {exc!r}")
+                self.data_ready.notify_all()
+
+    def _refresh_rounds(self) -> None:
         """Refresh the topics a worker, a kick or an overdue Fetch found stale, with the
         metadata cache's backoff (exponential while refreshing does not help: no node
         answers, an election takes long, a deleted topic), then give up overdue Fetches for

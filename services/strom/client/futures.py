@@ -19,6 +19,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
+from strom.client.kwnames import wait_limit
 from strom.client.types import RecordMetadata
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ class BatchResult:
         return self._finished or self._wait(timeout)
 
     def _wait(self, timeout: float | None) -> bool:
+        timeout = wait_limit("timeout", timeout)  # (2**63 overflowed threading's wait)
         with self._lock:
             if self._finished or self._owner == threading.get_ident():
                 # (the thread running the callbacks, waiting on this batch from one of them:

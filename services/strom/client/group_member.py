@@ -620,39 +620,52 @@ class GroupMember:
     # -- heartbeat thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The heartbeat thread. An unexpected error does not end it silently: the next poll
+        raises it, and the loop goes on after a pause (found from outside: a request the
+        thread could not build killed it, and poll() returned nothing for ever)."""
         while not self._stop.is_set():
-            with self._lock:
-                active = self._subscribed and not self._fenced and not self._poll_expired
-                stalled = (
-                    active
-                    and not self._polling
-                    and self.member_epoch > 0
-                    and time.monotonic() - self._last_poll > self._max_poll_s
-                )
-                if stalled:
-                    self._poll_expired = True
-            if stalled:
-                # Heartbeats alone would keep the partitions of an application that stopped
-                # polling for good (found from outside): leave, so they move to members that
-                # read; the next poll rejoins.
-                log.warning(
-                    "group %s member %s: poll() not called for more than max_poll_interval_ms "
-                    "(%.0f ms): leaving the group; the next poll rejoins",
-                    self.group_id,
-                    self.member_id,
-                    self._max_poll_s * 1000,
-                )
-                self._leave()
-                continue
-            if not active:
-                self._wake.wait(0.2)
-                self._wake.clear()
-                continue
-            wait = self._heartbeat_once()
-            if self._stop.is_set():
+            try:
+                wait = self._run_once()
+            except Exception as exc:
+                log.exception("group %s: heartbeat thread failed", self.group_id)
+                self._fail(StromError(f"the consumer group's heartbeat thread failed: {exc!r}"))
+                wait = max(self._interval_s, 1.0)
+            if wait is None:
                 return
             self._wake.wait(wait)
             self._wake.clear()
+
+    def _run_once(self) -> float | None:
+        """One round of :meth:`_run`: how long to wait for the next (None: stop)."""
+        with self._lock:
+            active = self._subscribed and not self._fenced and not self._poll_expired
+            stalled = (
+                active
+                and not self._polling
+                and self.member_epoch > 0
+                and time.monotonic() - self._last_poll > self._max_poll_s
+            )
+            if stalled:
+                self._poll_expired = True
+        if stalled:
+            # Heartbeats alone would keep the partitions of an application that stopped
+            # polling for good (found from outside): leave, so they move to members that
+            # read; the next poll rejoins.
+            log.warning(
+                "group %s member %s: poll() not called for more than max_poll_interval_ms "
+                "(%.0f ms): leaving the group; the next poll rejoins",
+                self.group_id,
+                self.member_id,
+                self._max_poll_s * 1000,
+            )
+            self._leave()
+            return 0.0
+        if not active:
+            return 0.2
+        wait = self._heartbeat_once()
+        if self._stop.is_set():
+            return None
+        return wait
 
     def _heartbeat_request(self, epoch: int | None = None) -> Any:
         with self._lock:

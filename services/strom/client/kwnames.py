@@ -17,6 +17,21 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from strom.argtypes import INT32_MAX, INT64_MAX, LONG_MS_MAX
+
+__all__ = [
+    "INT32_MAX",
+    "INT64_MAX",
+    "INT64_MIN",
+    "INT_MS_MAX",
+    "LONG_MS_MAX",
+    "bool_option",
+    "int_option",
+    "kafka_keywords",
+    "str_option",
+    "wait_limit",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: kafka-python / confluent-kafka keyword -> strom's name for the same setting.
@@ -89,3 +104,63 @@ def bool_option(name: str, value: Any) -> bool:
             return lowered == "true"
         raise ValueError(f"{name} must be true or false, got {value!r}")
     raise TypeError(f"{name} must be a bool (or 'true'/'false'), got {type(value).__name__}")
+
+
+#: The smallest protobuf int64.
+INT64_MIN = -(2**63)
+#: Settings in ms that Kafka types as ``int`` (request.timeout.ms, delivery.timeout.ms,
+#: fetch.max.wait.ms ...) and that strom sends as int32 fields: Kafka's maximum, ~24.8 days.
+INT_MS_MAX = INT32_MAX
+
+#: What the usual maxima are, for the message.
+_WHY = {
+    INT32_MAX: " (2**31-1: an int32, as Kafka's)",
+    INT64_MAX: " (2**63-1: an int64)",
+    LONG_MS_MAX: " (2**40 ms, ~34 years: longer waits overflow the clock's timeouts)",
+}
+
+
+def int_option(name: str, value: Any, minimum: int, maximum: int, why: str = "") -> int:
+    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``; else TypeError or
+    ValueError naming ``name`` and the range (``why`` says where the maximum comes from).
+
+    The one check of the clients' numeric settings and of the method arguments that go on
+    the wire: found from outside, settings were checked for a minimum only, so 2**63 was
+    taken and failed later as protobuf's "Value out of range" 7-9 frames deep without the
+    argument's name, or killed a background thread."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not minimum <= value <= maximum:
+        why = why or _WHY.get(maximum, "")
+        raise ValueError(f"{name} must be >= {minimum} and <= {maximum}{why}, got {value}")
+    return value
+
+
+def str_option(name: str, value: Any, *, empty_ok: bool = False) -> str | None:
+    """``value`` if it is None or a str (non-empty unless ``empty_ok``); else TypeError or
+    ValueError naming ``name``: found from outside, ``group_remote_assignor=-1`` was taken and
+    killed the consumer's heartbeat thread when it went on the wire."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, got {value!r}")
+    if not value and not empty_ok:
+        raise ValueError(f"{name} must not be empty (leave it out instead)")
+    return value
+
+
+#: The longest wait in seconds a call's timeout may mean; longer is no limit (None).
+MAX_WAIT_S = LONG_MS_MAX / 1000
+
+
+def wait_limit(name: str, timeout: Any) -> float | None:
+    """A call's ``timeout`` in seconds as ``threading`` waits take it: None (no limit) for
+    None, for infinity and for anything longer than LONG_MS_MAX ms; TypeError naming
+    ``name`` for what is not a number. Found from outside: ``poll(timeout_ms=2**63)``,
+    ``producer.close(2**63)`` and ``future.get(timeout=2**63)`` raised OverflowError
+    ("timestamp out of range for platform time_t") where Kafka's clients wait as asked."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout:
+        raise TypeError(f"{name} must be a number of seconds or None, got {timeout!r}")
+    return None if timeout > MAX_WAIT_S else timeout

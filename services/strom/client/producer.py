@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import queue
 import random
 import threading
@@ -47,7 +46,17 @@ from strom.client.bulk import BatchMetadata, BulkFuture
 from strom.client.cluster import ClusterClient
 from strom.client.downgrades import Downgrades
 from strom.client.futures import FutureRecordMetadata
-from strom.client.kwnames import bool_option, kafka_keywords
+from strom.client.kwnames import (
+    INT32_MAX,
+    INT64_MAX,
+    INT_MS_MAX,
+    LONG_MS_MAX,
+    bool_option,
+    int_option,
+    kafka_keywords,
+    str_option,
+    wait_limit,
+)
 from strom.client.partitioner import murmur2
 from strom.client.produce_answers import RETRY_LOG_INTERVAL_S, request_too_large
 from strom.client.producer_buffer import NO_WAIT, ProducerBuffer, WouldBlockError, space_wait_until
@@ -162,7 +171,8 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
     ) -> None:
         if enable_idempotence is not None:
             enable_idempotence = bool_option("enable_idempotence", enable_idempotence)
-        if acks not in _ACKS:
+        # (acks=[] failed "unhashable type", acks=True was taken as 1: found from outside)
+        if isinstance(acks, bool) or not isinstance(acks, int | str) or acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
         self.acks = _ACKS[acks]
         if transactional_id is not None and (self.acks != -1 or enable_idempotence is False):
@@ -182,6 +192,10 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
             )
         if compression is None:
             compression = "none"
+        if not isinstance(compression, str):
+            raise TypeError(
+                f"compression must be a str (none, gzip, snappy, lz4 or zstd), got {compression!r}"
+            )
         try:
             codecs.codec_id(compression)
         except (ValueError, KeyError) as exc:
@@ -190,24 +204,26 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
             ) from exc
         # Types are checked here, once, so that send() need not (found from outside:
         # linger_ms="5" failed with a bare "'<' not supported", batch_size=True was taken).
-        for name, v, minimum in (
-            ("batch_size", batch_size, 1),
-            ("buffer_memory", buffer_memory, 1),
-            ("max_in_flight", max_in_flight, 1),
-            ("max_request_size", max_request_size, 1),
-            ("delivery_timeout_ms", delivery_timeout_ms, 1),
-            ("request_timeout_ms", request_timeout_ms, 1),
-            ("metadata_max_age_ms", metadata_max_age_ms, 1),
-            ("transaction_timeout_ms", transaction_timeout_ms, 1),
-            ("max_block_ms", max_block_ms, 0),
-            ("retries", retries, 0),
-            ("retry_backoff_ms", retry_backoff_ms, 0),
-            ("retry_backoff_max_ms", retry_backoff_max_ms, 0),
+        # Maxima (found from outside: 2**63 was taken, then metadata_max_age_ms killed the
+        # sender thread and request_timeout_ms made sends never complete): Kafka's int
+        # settings and what goes on the wire as int32 (transaction_timeout_ms) up to 2**31-1,
+        # its long ms settings up to LONG_MS_MAX (threading's timeouts overflow above), bytes
+        # up to what a batch can carry or int64.
+        for name, v, minimum, maximum in (
+            ("batch_size", batch_size, 1, INT32_MAX),
+            ("buffer_memory", buffer_memory, 1, INT64_MAX),
+            ("max_in_flight", max_in_flight, 1, INT32_MAX),
+            ("max_request_size", max_request_size, 1, INT32_MAX),
+            ("delivery_timeout_ms", delivery_timeout_ms, 1, INT_MS_MAX),
+            ("request_timeout_ms", request_timeout_ms, 1, INT_MS_MAX),
+            ("metadata_max_age_ms", metadata_max_age_ms, 1, LONG_MS_MAX),
+            ("transaction_timeout_ms", transaction_timeout_ms, 1, INT_MS_MAX),
+            ("max_block_ms", max_block_ms, 0, LONG_MS_MAX),
+            ("retries", retries, 0, INT32_MAX),
+            ("retry_backoff_ms", retry_backoff_ms, 0, LONG_MS_MAX),
+            ("retry_backoff_max_ms", retry_backoff_max_ms, 0, LONG_MS_MAX),
         ):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int, got {v!r}")
-            if v < minimum:
-                raise ValueError(f"{name} must be >= {minimum}, got {v}")
+            int_option(name, v, minimum, maximum)
         if max_request_size > MAX_BATCH_BYTES:
             # FIX (found from outside): any size was taken, so records the cluster could not
             # carry (over the gRPC limit) or its readers could not read were sent; and as
@@ -219,8 +235,19 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
             )
         if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float):
             raise TypeError(f"linger_ms must be a number (ms), got {linger_ms!r}")
-        if not 0 <= linger_ms < math.inf:
-            raise ValueError(f"linger_ms must be >= 0 and finite, got {linger_ms}")
+        if not 0 <= linger_ms <= LONG_MS_MAX:
+            raise ValueError(
+                f"linger_ms must be >= 0 and finite, and <= {LONG_MS_MAX}, got {linger_ms}"
+            )
+        for name, fn in (
+            ("key_serializer", key_serializer),
+            ("value_serializer", value_serializer),
+        ):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be a callable returning bytes, got {fn!r}")
+        if partitioner is not None and not callable(partitioner):
+            raise TypeError(f"partitioner must be a callable, got {partitioner!r}")
+        str_option("client_id", client_id, empty_ok=True)
         self.compression = compression
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
@@ -454,12 +481,13 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
         if self._forked_from:
             raise forks.error(self)
         self._refuse_in_callback("flush()")
+        limit = wait_limit("timeout", timeout)
         with self._lock:
             pending = [b.result for pq in self._queues.values() for b in pq.batches]
             self._flushing += 1
         self._wake.set()
         try:
-            end = None if timeout is None else time.monotonic() + timeout
+            end = None if limit is None else time.monotonic() + limit
             for r in pending:
                 left = None if end is None else max(end - time.monotonic(), 0)
                 if not r.wait_callbacks(left):
@@ -542,8 +570,9 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
         own = self._delivering()
         if own:
             timeout = 0
+        limit = wait_limit("timeout", timeout)  # (2**63 overflowed the waits below)
         # One deadline for every step (found from outside: close(timeout=2) took 4 s).
-        end = None if timeout is None else time.monotonic() + timeout
+        end = None if limit is None else time.monotonic() + limit
 
         def left() -> float | None:
             return None if end is None else max(end - time.monotonic(), 0.0)

@@ -221,7 +221,10 @@ class SenderLoop(ProduceAnswers, Sequences, AddPartitions, OverdueRequests):
             except Exception:  # never let the sender die silently
                 log.exception("producer sender loop failed")
                 timeout = self.retry_backoff_s
-            self._wake.wait(timeout)
+            # (at most a minute: the loop recomputes its timeout anyway, and a wait past
+            # threading.TIMEOUT_MAX would raise here, outside the try, and end the thread
+            # with every send left hanging: found from outside, metadata_max_age_ms=2**63)
+            self._wake.wait(min(timeout, 60.0))
             self._wake.clear()
 
     def _refresh_metadata(self, now: float) -> None:

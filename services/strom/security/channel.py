@@ -519,7 +519,18 @@ def client_security(
     from the environment, else the process's default (plaintext).
 
     A problem with a file names the setting it came from: the argument, else the environment
-    variable, or the flag a command copied into it (:func:`name_env_settings`)."""
+    variable, or the flag a command copied into it (:func:`name_env_settings`). An argument of
+    another type is a TypeError naming it (found from outside: ``ssl_cafile=5`` failed ten
+    frames deep in pathlib)."""
+    for name, value in (
+        ("ssl_cafile", ssl_cafile),
+        ("ssl_certfile", ssl_certfile),
+        ("ssl_keyfile", ssl_keyfile),
+    ):
+        if value is not None and not isinstance(value, str | Path):
+            raise TypeError(f"{name} must be a path (str or Path) or None, got {value!r}")
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"token must be a str or None, got {type(token).__name__}")
     env = os.environ
     ca = ssl_cafile or env.get("STROM_SSL_CAFILE") or None
     cert = ssl_certfile or env.get("STROM_SSL_CERTFILE") or None
