@@ -135,13 +135,13 @@ def test_a_body_is_decoded_once_for_the_timestamp_check_and_its_readers(
     can read), and the before.max.ms check reads its timestamps from that same decode: one
     decode per batch, whatever the topic's timestamp limits."""
     decodes: list[int] = []
-    real = batch_module._decode_body
+    real = batch_module._read_body
 
-    def counting(h: object, raw: memoryview) -> object:
+    def counting(h: object, payload: object, *, full: bool) -> object:
         decodes.append(1)
-        return real(h, raw)  # type: ignore[arg-type]
+        return real(h, payload, full=full)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(batch_module, "_decode_body", counting)
+    monkeypatch.setattr(batch_module, "_read_body", counting)
     log = make(tmp_path / "t-0")
     assert log.append(batch(T0, 0, T0 + 3_600_000) + batch(T0)).last_offset == 3
     assert len(decodes) == 2
