@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from strom.log import InvalidTimestampError, Log, LogConfig, LogManager, compact, partition_log
+from strom.log import InvalidTimestampError, Log, LogConfig, LogManager, compact
 from strom.log.segment import _fallocate, segment_name
 from strom.record import (
     BODY_SCHEMA_V1,
@@ -21,6 +21,7 @@ from strom.record import (
     encode_batch,
     encode_body,
 )
+from strom.record import batch as batch_module
 from strom.record.schema import HEADERS_TYPE
 from tests.unit.reframe import rebuild
 
@@ -127,35 +128,43 @@ def test_timestamp_after_max_checks_the_body_when_it_is_read(tmp_path: Path) -> 
     assert log.log_end_offset == 0
 
 
-def test_a_topic_without_a_before_limit_decodes_no_body(
+def test_a_body_is_decoded_once_for_the_timestamp_check_and_its_readers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The hot path stays header-only unless the topic sets before.max.ms (Kafka's default is
-    no limit, after.max.ms alone is checked against the header)."""
+    """The leader decodes every data batch's body on append (what it acknowledges its readers
+    can read), and the before.max.ms check reads its timestamps from that same decode: one
+    decode per batch, whatever the topic's timestamp limits."""
+    decodes: list[int] = []
+    real = batch_module._read_body
 
-    def no_decode(*_: object) -> None:
-        raise AssertionError("a body was decoded on append")
+    def counting(h: object, payload: object, *, full: bool) -> object:
+        decodes.append(1)
+        return real(h, payload, full=full)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(partition_log, "timestamp_extremes", no_decode)
+    monkeypatch.setattr(batch_module, "_read_body", counting)
     log = make(tmp_path / "t-0")
-    assert log.append(batch(T0, 0, T0 + 3_600_000)).last_offset == 2
+    assert log.append(batch(T0, 0, T0 + 3_600_000) + batch(T0)).last_offset == 3
+    assert len(decodes) == 2
     with pytest.raises(InvalidTimestampError, match="after"):
         log.append(batch(T0 + 3_600_001))
     limited = make(tmp_path / "t-1", message_timestamp_before_max_ms=1000)
-    with pytest.raises(AssertionError, match="decoded"):
-        limited.append(batch(T0))
+    decodes.clear()
+    assert limited.append(batch(T0, T0 - 1000)).last_offset == 1
+    assert len(decodes) == 1
+    with pytest.raises(InvalidTimestampError, match="before"):
+        limited.append(batch(T0, T0 - 1001))
 
 
-def test_before_max_refuses_a_body_that_does_not_parse(tmp_path: Path) -> None:
-    """The body read for the check is the producer's, untrusted: garbage is CORRUPT, not a
-    traceback, and nothing is appended."""
+def test_a_body_that_does_not_parse_is_refused_whatever_the_limits(tmp_path: Path) -> None:
+    """The producer's body is untrusted: garbage under a valid CRC is CORRUPT (not a
+    traceback), nothing is appended, with or without a before limit."""
     good = bytes(batch(T0, T0))
     bad = rebuild(good, body=b"\xff" * (len(good) - HEADER_SIZE))  # a valid CRC around it
-    make(tmp_path / "t-0").append(bad)  # no before limit: the body is not read
-    log = make(tmp_path / "t-1", message_timestamp_before_max_ms=1000)
-    with pytest.raises(InvalidBatchError, match="Arrow body does not parse"):
-        log.append(bad)
-    assert log.log_end_offset == 0
+    for i, limits in enumerate(({}, {"message_timestamp_before_max_ms": 1000})):
+        log = make(tmp_path / f"t-{i}", **limits)
+        with pytest.raises(InvalidBatchError, match="Arrow body does not parse"):
+            log.append(bad)
+        assert log.log_end_offset == 0
 
 
 def test_timestamp_after_max_uses_the_newest_timestamp(tmp_path: Path) -> None:

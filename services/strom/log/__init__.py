@@ -18,6 +18,7 @@ from strom.log.errors import (
     InvalidTimestampError,
     LogError,
     OffsetOutOfRangeError,
+    UndecodableBatchError,
 )
 from strom.log.manager import LogManager
 from strom.log.partition_log import AppendInfo, Log, ReadResult
@@ -40,6 +41,7 @@ __all__ = [
     "ProducerStateError",
     "ProducerStateManager",
     "ReadResult",
+    "UndecodableBatchError",
     "cleanable_range",
     "compact",
     "dirtiest_first",

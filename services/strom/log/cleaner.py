@@ -63,6 +63,7 @@ importable from here.
 
 from __future__ import annotations
 
+import logging
 import os
 from bisect import bisect_left
 
@@ -83,6 +84,8 @@ from strom.log.errors import CorruptLogError
 from strom.log.partition_log import Log
 from strom.log.segment import LogSegment
 from strom.record.batch import RecordBatch
+
+log_ = logging.getLogger(__name__)
 
 __all__ = [
     "CleanableRange",
@@ -152,6 +155,8 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
             return stats  # the log changed under the cleaner: this pass is void
         scan.add(seg, size, batches)
         del batches
+    stats.undecodable_batches = len(scan.undecodable)
+    _report_undecodable(log, scan.undecodable)
     latest = scan.keys.latest_offsets()
     recent = scan.recent_producer_batches()
     removable = _removable_transactions(
@@ -200,6 +205,28 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
                 )
             stats.first_dirty_offset = log.first_dirty_offset
     return stats
+
+
+def _report_undecodable(log: Log, offsets: list[int]) -> None:
+    """One WARNING per partition for the data batches whose body cannot be decoded (see
+    :func:`strom.log.cleaner_rewrite.body_or_none`), again only when another batch joins
+    them. Why not every pass: the pass itself succeeds (the batches are kept as they are),
+    and a line every 30 s for ever on every replica buried the logs (found from outside);
+    the operator learns where they are once, and readers meet them as CORRUPT_MESSAGE."""
+    if not offsets:
+        return
+    first, count = offsets[0], len(offsets)
+    if log.undecodable_reported == (first, count):
+        return
+    log.undecodable_reported = (first, count)
+    log_.warning(
+        "compacting %s: %d batch(es) whose body cannot be decoded, first at offset %d, kept "
+        "as they are (their keys are unknown); readers are refused there with "
+        "CORRUPT_MESSAGE until they seek past it or the records are deleted",
+        log.directory.name,
+        count,
+        first,
+    )
 
 
 def _tombstones_expired(seg: LogSegment, now: int, delete_retention_ms: int) -> bool:
@@ -257,7 +284,10 @@ def _removable_transactions(
         wanted = set(needed[i : bisect_left(needed, seg.next_offset)])
         for b in batches:
             off = b.header.base_offset
-            if off in wanted and _kept_body(b, latest, drop_tombstones, scan.dropped).num_rows:
+            if off not in wanted:
+                continue
+            kept = _kept_body(b, latest, drop_tombstones, scan.dropped)
+            if kept is None or kept.num_rows:  # an undecodable batch may hold records
                 keeping.add(off)
     out: set[int] = set()
     for marker, data in candidates:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strom.record.batch import RecordBatch, decode_batches, encode_body
+from strom.record.errors import InvalidBatchError
 from strom.record.header import (
     ATTR_CONTROL,
     ATTR_LOG_APPEND_TIME,
@@ -28,15 +29,30 @@ from strom.record.header import (
 from strom.record.schema import BODY_SCHEMA_V1
 
 
+def body_or_none(b: RecordBatch) -> pa.RecordBatch | None:
+    """``b``'s body, or None when it cannot be decoded (garbage under a valid CRC, stored
+    before leaders checked bodies on append, or a disk that rots under a recomputed CRC).
+
+    Why not an error: the cleaner cannot know such a batch's keys, so it keeps it as it
+    is, and the rest of the log is still compacted; raising failed every pass of the
+    partition for good (found from outside: "compacting <tp> failed" every 30 s on every
+    replica). The cleaner reports it once per partition (:func:`strom.log.cleaner.compact`)."""
+    try:
+        return b.body()
+    except InvalidBatchError:
+        return None
+
+
 def _kept_body(
     b: RecordBatch, latest: np.ndarray, drop_tombstones: bool, aborted: set[int]
-) -> pa.RecordBatch:
+) -> pa.RecordBatch | None:
     """The records of data batch ``b`` that compaction keeps (tombstones only while
-    ``drop_tombstones`` is false: see :func:`_tombstones_expired`). ``latest`` is the sorted
-    array of each key's latest offset (:meth:`_KeyMap.latest_offsets`)."""
+    ``drop_tombstones`` is false: see :func:`_tombstones_expired`); None when its body cannot
+    be decoded (:func:`body_or_none`: kept whole). ``latest`` is the sorted array of each
+    key's latest offset (:meth:`_KeyMap.latest_offsets`)."""
     h = b.header
-    body = b.body()
-    if body.num_rows == 0:
+    body = body_or_none(b)
+    if body is None or body.num_rows == 0:
         return body
     if h.base_offset in aborted:
         return body.slice(0, 0)
@@ -113,8 +129,12 @@ def _rewrite(
         if h.is_control:
             body = kept = b.body().slice(0, 0)  # the marker record is not a data record
         else:
-            body = b.body()
-            kept = _kept_body(b, latest, drop_tombstones, aborted)
+            kept_or_none = _kept_body(b, latest, drop_tombstones, aborted)
+            if kept_or_none is None:  # an undecodable body: kept as it is (body_or_none)
+                flush_pending()
+                out.append(b.raw.tobytes())
+                continue
+            body, kept = b.body(), kept_or_none
         before += body.num_rows
         after += kept.num_rows
         if kept.num_rows != body.num_rows or removed:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strom.log.cleaner_rewrite import body_or_none
 from strom.log.errors import CorruptLogError
 from strom.log.producer_state import BATCHES_KEPT
 from strom.log.segment import MAX_STORED_BATCH_BYTES, EpochLookup, LogSegment
@@ -66,19 +67,29 @@ def _aborted_batches(batches: list[RecordBatch], aborted: list[AbortedTxn]) -> s
 KEY_MAP_MERGE_ROWS = 1 << 16
 
 
-def _segment_latest(batches: list[RecordBatch], upto: int, skip: set[int]) -> pa.Table | None:
+def _segment_latest(
+    batches: list[RecordBatch],
+    upto: int,
+    skip: set[int],
+    undecodable: list[int] | None = None,
+) -> pa.Table | None:
     """The offset of each key's latest record among one segment's ``batches`` below
     ``upto``, leaving out transaction markers and the batches of aborted transactions (base
     offsets in ``skip``), as a table (key, offset); None when the segment has no such record.
 
     The group-by copies the keys out of the segment's buffers, so the segment can go once
-    its map is taken."""
+    its map is taken. A batch whose body cannot be decoded adds no key (the rewrite keeps it
+    whole, see :func:`body_or_none`); its base offset is added to ``undecodable``."""
     keys: list[pa.Array] = []
     offsets: list[pa.Array] = []
     for b in batches:
         if b.header.is_control or b.header.base_offset in skip:
             continue
-        body = b.body()
+        body = body_or_none(b)
+        if body is None:
+            if undecodable is not None:
+                undecodable.append(b.header.base_offset)
+            continue
         if body.num_rows:
             keys.append(body.column(2))
             offsets.append(pc.add(body.column(0).cast(pa.int64()), b.header.base_offset))
@@ -163,6 +174,8 @@ class _LogScan:
         #: Base offsets of the markers (control batches) below ``end``: the aborted
         #: transactions the index must keep, less those the pass removes (see compact).
         self.markers: set[int] = set()
+        #: Base offsets of the data batches whose body cannot be decoded (kept as they are).
+        self.undecodable: list[int] = []
 
     def add(self, seg: LogSegment, size: int, batches: list[RecordBatch]) -> None:
         """Take what the pass needs from ``seg``'s ``batches`` (segments in offset order),
@@ -170,7 +183,7 @@ class _LogScan:
         self.sizes[seg.base_offset] = size
         dropped = _aborted_batches(batches, self.aborted)
         self.dropped |= dropped
-        self.keys.add(_segment_latest(batches, self.upto, dropped))
+        self.keys.add(_segment_latest(batches, self.upto, dropped, self.undecodable))
         expired = seg.base_offset in self.expired
         for b in batches:
             h = b.header

@@ -33,6 +33,8 @@ class CleanerStats:
     first_dirty_offset: int = 0
     #: Aborted-transactions index entries dropped with their markers (see compact).
     aborted_pruned: int = 0
+    #: Data batches whose body could not be decoded, kept as they are (see compact).
+    undecodable_batches: int = 0
 
 
 @dataclass(frozen=True)

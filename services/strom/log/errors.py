@@ -59,6 +59,13 @@ class CorruptLogError(LogError):
         self.offset = offset
 
 
+class UndecodableBatchError(CorruptLogError):
+    """A stored batch whose header and CRC hold but whose body cannot be decoded (written
+    before leaders checked bodies on append, or rewritten under a recomputed CRC): answered
+    as ``CORRUPT_MESSAGE`` naming the partition and ``offset``, as a reader meets it, not as a
+    storage fault (the disk and the rest of the log are sound)."""
+
+
 class InvalidAppendError(LogError):
     """An append broke an ordering rule (offsets not increasing, epoch going back)."""
 

@@ -46,7 +46,7 @@ from strom.log.results import AppendInfo, ReadResult
 from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment
 from strom.log.time_lookup import TimeLookup
 from strom.log.transactions import AbortedIndex, AbortedTxn, Marker, decode_marker, encode_marker
-from strom.record.batch import encode_body, timestamp_extremes
+from strom.record.batch import check_body, encode_body
 from strom.record.errors import InvalidBatchError
 from strom.record.header import (
     ATTR_CONTROL,
@@ -133,6 +133,9 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
             self.log_start_offset <= first_dirty_offset <= self.log_end_offset
         ):
             self.first_dirty_offset = first_dirty_offset
+        #: (first offset, count) of the undecodable batches the cleaner last warned of, so
+        #: that it warns once per partition, not every pass (strom.log.cleaner).
+        self.undecodable_reported: tuple[int, int] | None = None
 
     # -- segments ----------------------------------------------------------------------------
 
@@ -217,8 +220,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
             headers = self._repeats_over_limit(data, exc.position, limit)
             oversized = True
         _check_header_timestamps(headers)
-        if check_timestamps and self.config.checks_timestamps:
-            self._check_timestamps(headers, data)
+        self._check_bodies(headers, data, check_timestamps and self.config.checks_timestamps)
         for h in headers:
             if h.is_control:
                 raise ProducerStateError(
@@ -390,29 +392,39 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
         with self.lock:
             return self.aborted.overlapping(start, end)
 
-    def _check_timestamps(
-        self, headers: list[BatchHeader], data: bytes | bytearray | memoryview
+    def _check_bodies(
+        self,
+        headers: list[BatchHeader],
+        data: bytes | bytearray | memoryview,
+        check_timestamps: bool,
     ) -> None:
-        """``message.timestamp.before.max.ms`` / ``after.max.ms`` (Kafka's KIP-937 rules):
-        no record may be older than the broker's time minus before.max.ms nor later than the
-        broker's time plus after.max.ms. Raises :class:`InvalidTimestampError`, nothing
-        appended.
+        """Every data batch's body decoded as its readers will (:func:`check_body`), then,
+        with ``check_timestamps``, ``message.timestamp.before.max.ms`` / ``after.max.ms``
+        (Kafka's KIP-937 rules): no record may be older than the broker's time minus
+        before.max.ms nor later than the broker's time plus after.max.ms. Raises
+        :class:`InvalidBatchError` or :class:`InvalidTimestampError`, nothing appended.
 
-        With a finite before.max.ms every record is looked at, as Kafka's LogValidator: the
-        header's ``base_timestamp`` is only the first record's, and producers may send
-        records out of time order, so each batch's body timestamps are read
-        (:func:`timestamp_extremes`, vectorized). A topic with no before limit (Kafka's
-        default) decodes nothing: after.max.ms alone is checked against the header's
-        ``max_timestamp``, which is what the producer wrote."""
+        Why the body: the header and CRC do not cover what readers decode, and a body they
+        cannot decode, once acknowledged, stopped every reader of the partition there for
+        good (found from outside). Only the leader's append checks: followers copy the
+        leader's bytes (``append_as_follower``). With a finite before.max.ms every record's
+        timestamp is looked at, as Kafka's LogValidator (the header's ``base_timestamp`` is
+        only the first record's, and producers may send records out of time order), from
+        the same decode, so a batch is decoded once. Without one (Kafka's default)
+        after.max.ms alone is checked against the header's ``max_timestamp``, which is what
+        the producer wrote."""
         before = self.config.message_timestamp_before_max_ms
         after = self.config.message_timestamp_after_max_ms
         now = self.clock()
-        view = memoryview(data).cast("B") if before < LONG_MAX else None
+        view = memoryview(data).cast("B")
+        extremes = check_timestamps and before < LONG_MAX
         for h in headers:
-            if view is None:
+            ext = check_body(h, view[h.position : h.position + h.size], extremes=extremes)
+            if not check_timestamps:
+                continue
+            if not extremes:
                 _check_after(h, h.max_timestamp, None, now, after)
                 continue
-            ext = timestamp_extremes(h, view[h.position : h.position + h.size])
             if ext is None:
                 continue
             if ext.min_timestamp >= 0 and now - ext.min_timestamp > before:

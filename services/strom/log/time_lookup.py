@@ -9,11 +9,11 @@ fetch paths.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from strom.log.errors import CorruptLogError, OffsetOutOfRangeError
+from strom.log.errors import CorruptLogError, OffsetOutOfRangeError, UndecodableBatchError
 from strom.log.results import ReadResult
 from strom.log.segment import MAX_STORED_BATCH_BYTES, LogSegment
 from strom.record.batch import RecordBatch, decode_batches
@@ -63,9 +63,8 @@ class TimeLookup:
                 for batch in _decode(result.data):
                     if batch.header.max_timestamp < timestamp:
                         continue
-                    table = batch.to_arrow()
-                    ts = table.column("timestamp").cast("int64").to_numpy()
-                    offs = table.column("offset").to_numpy()
+                    offs, ts = (col.to_numpy() for col in _columns(batch))
+                    ts = ts.astype(np.int64)
                     hits = np.nonzero((ts >= timestamp) & (offs >= start))[0]
                     if hits.size:
                         j = int(hits[0])
@@ -114,7 +113,7 @@ class TimeLookup:
         batches = _decode(data)
         if not batches or batches[0].header.base_offset > base:
             return None
-        offs, ts = (col.to_numpy() for col in batches[0].arrow_columns()[:2])
+        offs, ts = (col.to_numpy() for col in _columns(batches[0]))
         hits = np.nonzero((ts.astype(np.int64) == top) & (offs >= start))[0]
         return (top, int(offs[hits[0]])) if hits.size else (top, base)
 
@@ -141,7 +140,7 @@ class TimeLookup:
                     if best is None or h.max_timestamp > best[0]:
                         best, by_header = (h.max_timestamp, h.base_offset), True
                     continue
-                offs, ts = (col.to_numpy() for col in batch.arrow_columns()[:2])
+                offs, ts = (col.to_numpy() for col in _columns(batch))
                 ts = ts.astype(np.int64)[offs >= start]
                 if ts.size and (best is None or int(ts.max()) > best[0]):
                     top = int(ts.max())
@@ -157,3 +156,18 @@ def _decode(data: bytes | memoryview) -> list[RecordBatch]:
         return decode_batches(data, max_batch_bytes=MAX_STORED_BATCH_BYTES)
     except InvalidBatchError as exc:  # a CRC or body fault in what the log holds: corruption
         raise CorruptLogError(str(exc)) from exc
+
+
+def _columns(batch: RecordBatch) -> list[Any]:
+    """The batch's absolute offset and timestamp columns; :class:`UndecodableBatchError`
+    naming its offset when its body cannot be decoded (a batch stored before leaders checked
+    bodies, or rotted). Why: the decode is lazy, past :func:`_decode`'s check, and its
+    InvalidBatchError escaped as an unexpected error (UNKNOWN_SERVER_ERROR and a traceback
+    on every ListOffsets by time over the batch, found from outside)."""
+    try:
+        return batch.arrow_columns()[:2]
+    except InvalidBatchError as exc:
+        base = batch.header.base_offset
+        raise UndecodableBatchError(
+            f"batch at offset {base} ({batch.header.record_count} records): {exc}", offset=base
+        ) from None

@@ -874,7 +874,7 @@ def _too_old(table: pa.Table, configs: Mapping[str, str]) -> np.ndarray | None:
     timestamp must not be below, as an array of timestamps to compare, or None when the
     topic sets no before limit (Kafka's default), uses LogAppendTime, or the call gave no
     timestamps (the node's clock stamps them). The leader checks again on append with its
-    own clock (``Log._check_timestamps``): this one spares the round trip and names the
+    own clock (``Log._check_bodies``): this one spares the round trip and names the
     record by its index in the call."""
     if "timestamp" not in table.column_names:
         return None

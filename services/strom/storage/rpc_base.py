@@ -20,7 +20,7 @@ import grpc
 
 from strom.api import common_pb2, metadata_pb2, storage_pb2
 from strom.errors import ErrorCode
-from strom.log import CorruptLogError
+from strom.log import CorruptLogError, UndecodableBatchError
 from strom.metadata import ClusterView
 from strom.security import CURRENT_PRINCIPAL, QUOTAS
 from strom.security.quotas import CHARGED_BY_CALLER
@@ -101,6 +101,11 @@ def _unexpected(what: str, topic: str, partition: int, exc: BaseException) -> _R
     """Map an exception escaping a partition's work to its error code (and log it)."""
     if isinstance(exc, _Refusal):
         return exc
+    if isinstance(exc, UndecodableBatchError):
+        # A batch readers cannot decode (see UndecodableBatchError): what a consumer meets
+        # there, CORRUPT_MESSAGE, one line without a traceback (not UNKNOWN_SERVER_ERROR).
+        log.warning("%s %s-%d: %s", what, topic, partition, exc)
+        return _Refusal(E.CORRUPT_MESSAGE, f"{topic}-{partition}: {exc}")
     if isinstance(exc, CorruptLogError):
         return _corrupt(what, topic, partition, exc)
     if isinstance(exc, OSError):
