@@ -22,43 +22,22 @@ from strom.client.producer import Producer
 from strom.client.types import TopicPartition
 from strom.devcluster.cluster import LocalCluster
 from strom.errors import InvalidTransactionTimeoutError
+from tests.unit.test_client_bounds import (
+    CONSUMER_MAXIMA,
+    INT32_MAX,
+    INT64_MAX,
+    LONG_MS_MAX,
+    PRODUCER_MAXIMA,
+)
 
 pytestmark = pytest.mark.integration
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-LONG_MS_MAX = 2**40  # (strom.argtypes.LONG_MS_MAX)
-
-#: Every numeric Producer setting at its largest (max_request_size has its own, lower bound).
-PRODUCER_LARGEST = {
-    "linger_ms": LONG_MS_MAX,
-    "batch_size": INT32_MAX,
-    "buffer_memory": INT64_MAX,
-    "retries": INT32_MAX,
-    "delivery_timeout_ms": INT32_MAX,
-    "request_timeout_ms": INT32_MAX,
-    "max_in_flight": INT32_MAX,
-    "max_block_ms": LONG_MS_MAX,
-    "retry_backoff_ms": LONG_MS_MAX,
-    "retry_backoff_max_ms": LONG_MS_MAX,
-    "metadata_max_age_ms": LONG_MS_MAX,
-}
+#: Every numeric Producer setting at its largest (the unit tests' table) but the transaction
+#: timeout, which the coordinator bounds lower (max_request_size has its own, lower bound).
+PRODUCER_LARGEST = {k: v for k, v in PRODUCER_MAXIMA.items() if k != "transaction_timeout_ms"}
 #: Every numeric Consumer setting at its largest but fetch_min_bytes (2**31-1 bytes would
 #: be waited for as long as fetch_max_wait_ms allows: that is what it means).
-CONSUMER_LARGEST = {
-    "auto_commit_interval_ms": INT32_MAX,
-    "commit_linger_ms": INT32_MAX,
-    "fetch_max_wait_ms": INT32_MAX,
-    "fetch_max_bytes": INT32_MAX,
-    "max_partition_fetch_bytes": INT32_MAX,
-    "max_poll_records": INT32_MAX,
-    "max_poll_interval_ms": INT32_MAX,
-    "request_timeout_ms": INT32_MAX,
-    "default_api_timeout_ms": INT32_MAX,
-    "retry_backoff_ms": LONG_MS_MAX,
-    "retry_backoff_max_ms": LONG_MS_MAX,
-    "consumer_timeout_ms": LONG_MS_MAX,
-}
+CONSUMER_LARGEST = {k: v for k, v in CONSUMER_MAXIMA.items() if k != "fetch_min_bytes"}
 
 
 def _poll_until(consumer: Consumer, count: int, timeout_s: float = 30.0) -> list[bytes]:
