@@ -5,14 +5,11 @@ The controller elects another leader about two seconds after the node's lease ex
 producers move there at once (their sends are refused by, or time out at, the old leader
 within the same time). The cut node keeps its last cluster view: it went on answering every
 Fetch at once, empty, and its own Metadata named itself leader at the old epoch, so a consumer
-fetched nothing until the heal (28.5 s of a 30 s cut), and the node answered ``strom.ready``
-SERVING all along. Now:
-
-- the node reports ``strom.ready`` NOT_SERVING once its lease has surely expired, and SERVING
-  again once it has registered anew after the heal;
-- a consumer whose fetches come back empty for ``QUIET_RECHECK_S`` asks another node who
-  leads, and follows the newer leader epoch there, while the cut lasts; so does a Spark read
-  task waiting on that leader for the rest of its range.
+fetched nothing until the heal (28.5 s of a 30 s cut). Now a consumer whose fetches come
+back empty for ``QUIET_RECHECK_S`` asks another node who leads, and follows the newer leader
+epoch there, while the cut lasts; so does a Spark read task waiting on that leader for the
+rest of its range. (The cut node still answers ``strom.ready`` SERVING: it cannot tell its cut
+from etcd being down for every node, when every node must stay ready; design.md §Failures.)
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ from tests.conftest import create_topic
 pytestmark = pytest.mark.integration
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 TOPIC = "cut-leader"
 #: How long the cut may last at most: on the old code the consumer got nothing for all of it.
 CUT_S = 40.0
@@ -81,7 +77,7 @@ def _leader(cluster: ChaosCluster, asked: Proc) -> tuple[int, int]:
     return p.leader, p.leader_epoch
 
 
-def test_a_consumer_leaves_a_leader_cut_from_etcd_which_reports_not_ready(
+def test_a_consumer_and_a_read_task_leave_a_leader_cut_from_etcd(
     cluster: ChaosCluster,
 ) -> None:
     create_topic(cluster, TOPIC, partitions=1, replication_factor=3)  # type: ignore[arg-type]
@@ -137,14 +133,6 @@ def test_a_consumer_leaves_a_leader_cut_from_etcd_which_reports_not_ready(
             cluster.proxy.command(cmd="rules", rules=cut)  # type: ignore[union-attr]
             cut_at = time.monotonic()
             try:
-                # Honesty: not ready once its 2 s lease has surely expired (it used to stay
-                # SERVING for the whole cut).
-                cluster.until(
-                    lambda: _ready(old) == NOT_SERVING,
-                    timeout=15,
-                    what="the cut leader to report not ready",
-                )
-                not_ready_after = time.monotonic() - cut_at
                 # Another leader elected (as the other nodes see it); the producer moves
                 # there, and its next record is acknowledged by that leader.
                 cluster.until(
@@ -178,8 +166,8 @@ def test_a_consumer_leaves_a_leader_cut_from_etcd_which_reports_not_ready(
                 # loaded machine's slack; the old code waited for the heal.
                 assert read_at - cut_at < QUIET_RECHECK_S + 10.0, read_at - cut_at
                 print(
-                    f"not ready {not_ready_after:.1f} s after the cut, another leader "
-                    f"{elected_after:.1f} s; 'after' acknowledged {acked_at - cut_at:.1f} s "
+                    f"another leader {elected_after:.1f} s after the cut; 'after' "
+                    f"acknowledged {acked_at - cut_at:.1f} s "
                     f"and read {read_at - cut_at:.1f} s after it; the read task done "
                     f"{task_at - cut_at:.1f} s after it"
                 )

@@ -183,11 +183,7 @@ class StorageNode:
         self.view.add_listener(metrics.OfflinePartitions(self.view).on_events)
         #: Readiness (health name ``strom.ready``): back in the ISR of every partition it
         #: replicates, so a rolling restart waits for this node before stopping the next.
-        #: Registered means a lease that has not surely expired too: a node cut off from
-        #: etcd keeps its own key in its last view.
-        self.readiness = InSyncReadiness(
-            config.node_id, self.view, lease_live=self.registration.live
-        )
+        self.readiness = InSyncReadiness(config.node_id, self.view)
         self.view.add_listener(self.readiness.on_view_events)
         metrics.publish_node_id(config.node_id)
         metrics.watch_data_dir(config.data_dir)

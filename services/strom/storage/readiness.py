@@ -17,15 +17,6 @@ reassignment (a long copy is not a restart's business).
 The set of lagging partitions is kept from the cluster view's events: a partition's own event
 re-checks that partition, a node's registration (a leader coming or going) or a resync checks
 them all, so a burst of ISR changes costs what it changes.
-
-Registered means in the view *and* holding a lease that has not surely expired
-(``lease_live``: strom.storage.registration.NodeRegistration.live). The view alone cannot
-tell: a node cut off from etcd keeps its last view, its own key in it, for as long as the cut
-lasts. FIX (found from outside, a leader cut from etcd and the controllers for 30-60 s): it
-answered ``strom.ready`` SERVING 50 s after its lease had expired, while the controller had
-elected another leader and refused its AlterPartition as "not registered". The lease's expiry
-is a matter of this process's own clock, not of an event, so :meth:`InSyncReadiness.run`
-also looks again every :data:`LEASE_RECHECK_S`.
 """
 
 from __future__ import annotations
@@ -37,10 +28,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from strom.api import metadata_pb2 as md
 from strom.metadata.store import WatchEvent
 from strom.metadata.view import RESYNC, ClusterView
-
-#: How often the readiness loop looks at the lease's own expiry (a clock, not an event): a
-#: node cut off from etcd reports not ready within this much of its lease surely expiring.
-LEASE_RECHECK_S = 0.5
 
 
 def lags(node_id: int, state: md.PartitionState, live: Iterable[int]) -> bool:
@@ -55,17 +42,9 @@ def lags(node_id: int, state: md.PartitionState, live: Iterable[int]) -> bool:
 class InSyncReadiness:
     """Tracks the partitions this node replicates outside their ISR; ready when none."""
 
-    def __init__(
-        self,
-        node_id: int,
-        view: ClusterView,
-        lease_live: Callable[[], bool] | None = None,
-    ) -> None:
+    def __init__(self, node_id: int, view: ClusterView) -> None:
         self.node_id = node_id
         self.view = view
-        #: Whether this process holds a registration lease that has not surely expired
-        #: (None: not checked, the view alone decides).
-        self.lease_live = lease_live
         self.lagging: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._changed: Callable[[], None] | None = None
@@ -79,16 +58,7 @@ class InSyncReadiness:
         (its lease lost, not registered again yet) is not ready whatever its ISRs say: the
         controller takes it for dead, and leaders drop it from their ISRs (found from
         outside: a node left unregistered for good answered ready while every partition it
-        led was offline).
-
-        Its own key in the view is not enough: a node cut off from etcd keeps the view it
-        had, key and all, while etcd expired its lease and the controller moved its
-        leaderships away. So the lease must not have surely expired either (its keepalive
-        has not reached etcd for the whole TTL). When etcd is down for every node, each node
-        reports not ready this way while it goes on serving with its last view (design.md
-        §Failures): readiness is honest about the registration, not a reason to stop."""
-        if self.lease_live is not None and not self.lease_live():
-            return False
+        led was offline)."""
         with self.view.lock:
             return self.node_id in self.view.nodes
 
@@ -98,8 +68,6 @@ class InSyncReadiness:
 
     def why_not(self) -> str:
         """Why the node is not ready, for the log line of the change."""
-        if self.lease_live is not None and not self.lease_live():
-            return "not registered in etcd (its lease expired: etcd unreachable for its TTL)"
         return "not registered in etcd" if not self.registered() else "catching up"
 
     def recheck_all(self) -> None:
@@ -143,8 +111,7 @@ class InSyncReadiness:
             changed()
 
     async def run(self, report: Callable[[bool], Awaitable[None]], stop: asyncio.Event) -> None:
-        """Report readiness now and on every change until ``stop`` is set (and look at the
-        lease's expiry every :data:`LEASE_RECHECK_S` when it is checked)."""
+        """Report readiness now and on every change until ``stop`` is set."""
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
         self._changed = lambda: loop.call_soon_threadsafe(wake.set)
@@ -158,11 +125,7 @@ class InSyncReadiness:
                     await report(ready)
                     reported = ready
                 waiting = asyncio.ensure_future(wake.wait())
-                await asyncio.wait(
-                    {waiting, stopping},
-                    timeout=LEASE_RECHECK_S if self.lease_live is not None else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+                await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 waiting.cancel()
         finally:
             self._changed = None
