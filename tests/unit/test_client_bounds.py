@@ -268,3 +268,18 @@ def test_a_consumer_metadata_thread_that_fails_is_raised_by_poll(
         assert any("metadata thread failed" in m and "overdue check broke" in m for m in seen)
     finally:
         consumer.close(autocommit=False, timeout_ms=0)
+
+
+def test_send_offsets_to_transaction_checks_its_offsets_as_commit_does() -> None:
+    """Found from outside: ``{tp: 5}`` (which ``Consumer.commit`` takes) raised AttributeError
+    ('int' object has no attribute 'offset') from deep inside; a bad value now names the
+    call, and a plain int is an offset, as in commit."""
+    tp = TopicPartition("t", 0)
+    with Producer(NOWHERE, transactional_id="bounds-txn") as producer:
+        with pytest.raises(ValueError, match=r"send_offsets_to_transaction offset for .* >= 0"):
+            producer.send_offsets_to_transaction({tp: "5"}, "g")
+        with pytest.raises(TypeError, match="send_offsets_to_transaction takes offsets"):
+            producer.send_offsets_to_transaction([tp], "g")  # type: ignore[arg-type]
+    from strom.client.types import OffsetAndMetadata, checked_offsets
+
+    assert checked_offsets({("t", 0): 5}, "x") == {tp: OffsetAndMetadata(5)}

@@ -56,7 +56,13 @@ from strom.client.memory import keep_freed_buffers
 from strom.client.offsets import EARLIEST, LATEST, OffsetResult, list_offsets
 from strom.client.stats import GroupStats, PollStats, tagged
 from strom.client.transactions import GroupMetadata
-from strom.client.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from strom.client.types import (
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    TopicPartition,
+    checked_offsets,
+)
+from strom.client.types import checked_topic_partition as _topic_partition
 from strom.errors import (  # IllegalStateError, NoOffsetForPartitionError: re-exported here too
     ConcurrentModificationError,
     IllegalStateError,
@@ -138,20 +144,6 @@ def _one_thread(method: F) -> F:
 
 def _int_arg(name: str, value: Any, minimum: int, maximum: int) -> int:
     return int_option(name, value, minimum, maximum)
-
-
-def _topic_partition(tp: Any) -> TopicPartition:
-    if isinstance(tp, tuple) and len(tp) == 2:  # TopicPartition is a 2-tuple too
-        topic, partition = tp
-    else:
-        raise TypeError(f"expected a TopicPartition(topic, partition), got {tp!r}")
-    if not isinstance(topic, str) or not topic:
-        raise TypeError(f"topic must be a non-empty str, got {topic!r}")
-    if isinstance(partition, bool) or not isinstance(partition, int):
-        raise TypeError(f"partition must be an int, got {partition!r}")
-    if not 0 <= partition <= INT32_MAX:  # (an int32 on the wire)
-        raise ValueError(f"partition must be >= 0 and <= {INT32_MAX}, got {partition} ({topic})")
-    return TopicPartition(topic, partition)
 
 
 def _topic_partitions(tps: Any, what: str) -> list[TopicPartition]:
@@ -539,18 +531,7 @@ class Consumer:
                 tp: OffsetAndMetadata(pos)
                 for tp, pos in self._consumed_positions(self.assignment()).items()
             }
-        out = {}
-        for tp, om in offsets.items():
-            if isinstance(om, int) and not isinstance(om, bool):
-                om = OffsetAndMetadata(om)
-            if not isinstance(om, OffsetAndMetadata) or om.offset < 0:
-                raise ValueError(f"commit offset for {tp} must be an offset >= 0, got {om!r}")
-            if om.offset > INT64_MAX:
-                raise ValueError(
-                    f"commit offset for {tp} must be <= 2**63 - 1 (an int64), got {om.offset}"
-                )
-            out[_topic_partition(tp)] = om
-        return out
+        return checked_offsets(offsets, "commit")
 
     # -- assignment -----------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from strom.client.transactions import (
     TransactionManager,
     TxnPhase,
 )
-from strom.client.types import OffsetAndMetadata, TopicPartition
+from strom.client.types import OffsetAndMetadata, TopicPartition, checked_offsets
 from strom.errors import InvalidTxnStateError, RequestTimedOutError, StromError
 
 
@@ -102,6 +102,7 @@ class ProducerTransactions:
                 "group_metadata must be consumer.group_metadata() or a group id, not "
                 f"{type(group_metadata).__name__}"
             )
+        offsets = checked_offsets(offsets, "send_offsets_to_transaction")
         self._require_txn().send_offsets(
             offsets, group_metadata, self.max_block_s if timeout is None else timeout
         )

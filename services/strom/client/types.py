@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from strom.argtypes import INT32_MAX, INT64_MAX
+
 
 class TopicPartition(NamedTuple):
     """One partition of one topic; hashable, so it keys offset maps."""
@@ -65,3 +67,41 @@ def add_offsets(req: Any, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -
             committed_leader_epoch=om.leader_epoch,
             metadata=om.metadata,
         )
+
+
+def checked_topic_partition(tp: Any) -> TopicPartition:
+    """A caller's ``(topic, partition)`` as a TopicPartition, or a clear error naming it."""
+    if isinstance(tp, tuple) and len(tp) == 2:  # TopicPartition is a 2-tuple too
+        topic, partition = tp
+    else:
+        raise TypeError(f"expected a TopicPartition(topic, partition), got {tp!r}")
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise TypeError(f"partition must be an int, got {partition!r}")
+    if not 0 <= partition <= INT32_MAX:  # (an int32 on the wire)
+        raise ValueError(f"partition must be >= 0 and <= {INT32_MAX}, got {partition} ({topic})")
+    return TopicPartition(topic, partition)
+
+
+def checked_offsets(offsets: Any, what: str) -> dict[TopicPartition, OffsetAndMetadata]:
+    """A caller's offsets to commit (``{TopicPartition: OffsetAndMetadata or int}``) checked,
+    or a clear error naming ``what`` took them: ``Consumer.commit`` and
+    ``Producer.send_offsets_to_transaction`` take the same (found from outside: the latter
+    raised AttributeError from deep inside for plain int offsets, which ``commit`` takes)."""
+    if not isinstance(offsets, Mapping):
+        raise TypeError(
+            f"{what} takes offsets as {{TopicPartition: OffsetAndMetadata}}, got {offsets!r}"
+        )
+    out = {}
+    for tp, om in offsets.items():
+        if isinstance(om, int) and not isinstance(om, bool):
+            om = OffsetAndMetadata(om)
+        if not isinstance(om, OffsetAndMetadata) or om.offset < 0:
+            raise ValueError(f"{what} offset for {tp} must be an offset >= 0, got {om!r}")
+        if om.offset > INT64_MAX:
+            raise ValueError(
+                f"{what} offset for {tp} must be <= 2**63 - 1 (an int64), got {om.offset}"
+            )
+        out[checked_topic_partition(tp)] = om
+    return out
