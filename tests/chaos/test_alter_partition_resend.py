@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from strom.client.admin import Admin
+from strom.client.producer import Producer
 from strom.devcluster.procs import wait_for
 from tests.chaos.cluster import ChaosCluster
 
@@ -62,6 +63,11 @@ def test_an_unanswered_isr_expansion_is_resent_on_a_new_connection(
         follower = next(r for r in isr() if r != lead)
         pair = [f"node-{lead}", f"node-{follower}"]
         proxy.command(cmd="rules", rules=[{"kind": "stall", "from": pair, "to": pair}])
+        # A record the cut follower cannot fetch: a follower at the leader's log end stays
+        # in the ISR however long it is silent (Kafka's rule), so without it whether the ISR
+        # shrinks hung on whether the follower's first fetch came before the cut.
+        with Producer(cluster.bootstrap, acks=1) as producer:
+            producer.send("t", b"while cut", partition=0).get(30)
         # The leader shrinks the ISR (an AlterPartition over its channel to the controller).
         wait_for(lambda: follower not in isr(), timeout=30, what="the ISR to shrink")
         answer = proxy.command(cmd="stick", **{"from": [f"node-{lead}"], "to": ["controller-*"]})
