@@ -394,9 +394,7 @@ def _manager(data_dir: Path, **configs: object) -> LogManager:
 def _crash(mgr: LogManager) -> None:
     for _, log in mgr:
         for seg in log.segments:
-            if not seg.closed:
-                os.close(seg.fd)
-                seg.closed = True
+            seg.abandon()
 
 
 @pytest.mark.parametrize("clean", [True, False])

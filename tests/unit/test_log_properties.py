@@ -197,9 +197,7 @@ class LogMachine(RuleBasedStateMachine):
         # The process dies: descriptors close, indexes are not flushed, no marker.
         for _, log in self.manager:
             for seg in log.segments:
-                if not seg.closed:
-                    os.close(seg.fd)
-                    seg.closed = True
+                seg.abandon()
         for kind in damage:
             # A crash tears or leaves junk only at the end of the active (last) segment.
             logs = self._files(".log")[-1:]

@@ -20,6 +20,7 @@ import logging
 import mmap
 import os
 import struct
+import weakref
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -124,6 +125,10 @@ class LogSegment:
         self.time_index = TimeIndex(directory / f"{stem}.timeindex", base_offset)
         self.index_interval_bytes = index_interval_bytes
         self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        # A raw descriptor is not closed by the garbage collector as a file object is: a
+        # segment dropped without close() (a log abandoned after an error, a test) would
+        # hold its file open for the life of the process.
+        self._fd_finalizer = weakref.finalize(self, os.close, self.fd)
         self.size = os.fstat(self.fd).st_size
         self.next_offset = base_offset
         self.max_timestamp = -1
@@ -241,8 +246,16 @@ class LogSegment:
                 self.index.flush()
                 self.time_index.flush()
             finally:
-                os.close(self.fd)
-                self.closed = True
+                self._close_fd()
+
+    def abandon(self) -> None:
+        """Close the file without flushing anything: what a killed process leaves behind
+        (the crash-recovery tests use it)."""
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        self._fd_finalizer()  # closes the descriptor once, whoever calls first
+        self.closed = True
 
     def rename_for_delete(self) -> list[Path]:
         """Close the segment and rename its files to ``<name>.deleted`` (Kafka's asynchronous
@@ -251,8 +264,7 @@ class LogSegment:
         ``.deleted`` files."""
         if not self.closed:
             self.release_preallocation()
-            os.close(self.fd)
-            self.closed = True
+            self._close_fd()
         out: list[Path] = []
         for p in (self.log_path, self.index.path, self.time_index.path):
             target = p.with_name(p.name + DELETED_SUFFIX)
@@ -265,8 +277,7 @@ class LogSegment:
 
     def delete(self) -> None:
         if not self.closed:
-            os.close(self.fd)
-            self.closed = True
+            self._close_fd()
         for p in (self.log_path, self.index.path, self.time_index.path):
             p.unlink(missing_ok=True)
 
