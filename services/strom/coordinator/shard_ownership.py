@@ -53,7 +53,12 @@ from strom.coordinator.lookup import shard_count
 from strom.coordinator.offsets_log import GroupRecord, encode_group_batch
 from strom.coordinator.shard_writes import ShardWrites, settled
 from strom.coordinator.shards import RELEASE_AFTER_S, Shard, ShardKind
-from strom.coordinator.storage_io import AppendRefused, ShardLost, storage_unreachable
+from strom.coordinator.storage_io import (
+    AppendRefused,
+    ShardLost,
+    failure_line,
+    storage_unreachable,
+)
 from strom.coordinator.txn_state import TxnShardState
 from strom.errors import (
     ErrorCode,
@@ -635,7 +640,7 @@ class ShardOwnership(ShardWrites):
                     return
                 except Exception as exc:
                     shard.load_error = exc.message if isinstance(exc, StromError) else str(exc)
-                    shard.unreachable = _load_error(exc) if storage_unreachable(exc) else None
+                    shard.unreachable = failure_line(exc) if storage_unreachable(exc) else None
                     if isinstance(exc, AppendRefused):
                         self._note_refusal(shard, exc)  # (its fence: not a passing failure)
                     else:
@@ -657,7 +662,7 @@ class ShardOwnership(ShardWrites):
         second per offline shard, for as long as its partition had no leader."""
         assert shard.kind is not None
         where = f"{shard.kind.name} shard {shard.index} ({shard.kind.topic}-{shard.index})"
-        why = _load_error(exc)
+        why = failure_line(exc)
         failing_s = time.monotonic() - failing_since
         if failing_s < LOAD_FAILURE_GRACE_S:
             log.debug("%s cannot load yet: %s; retrying", where, why)
@@ -752,14 +757,6 @@ class ShardOwnership(ShardWrites):
     def _check_generation(shard: Shard, generation: int) -> None:
         if shard.generation != generation:
             raise asyncio.CancelledError()
-
-
-def _load_error(exc: BaseException) -> str:
-    """One line for why a load failed: a gRPC error's status and details (its ``str`` is a
-    multi-line dump of the call), else the error itself."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
-    return str(exc)
 
 
 def _as_seen(state: Any, now: int) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from strom.coordinator.storage_io import (
     AppendRefused,
     ShardLost,
     StorageIO,
+    failure_line,
     storage_unreachable,
 )
 from strom.errors import (
@@ -185,7 +186,7 @@ class ShardWrites(StorageIO):
                 if storage_unreachable(exc):
                     # Its clients are told why from now on, not once the reload's first
                     # attempt failed too (which takes as long again).
-                    shard.unreachable = exc.message if isinstance(exc, StromError) else str(exc)
+                    shard.unreachable = failure_line(exc)
 
     def _note_refusal(self, shard: Shard, exc: AppendRefused) -> None:
         """Log an append the leader refused for good, once per shard and error code until an

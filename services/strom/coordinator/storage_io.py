@@ -116,7 +116,15 @@ def storage_unreachable(exc: BaseException) -> bool:
     coordinator sees alike: handing the shard to another would not help)."""
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.code() in _UNANSWERED
-    return isinstance(exc, StorageUnreachable | RequestTimedOutError)
+    return isinstance(exc, StorageUnreachable)
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line for why a storage call failed: a gRPC error's status and details (its ``str``
+    is a multi-line dump of the call), else the error itself."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)
 
 
 class StorageIO(CoordinatorCore):
@@ -294,10 +302,14 @@ class StorageIO(CoordinatorCore):
             AppendRefused: any other error that is not retriable (the batch itself was
                 refused: INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, ...). Retriable ones (a leader
                 move, too few replicas, a disk failure) are retried.
-            RequestTimedOutError: no leader took the batch within WRITE_RETRY_S.
+            StorageUnreachable: no attempt within WRITE_RETRY_S was answered at all.
+            RequestTimedOutError: no leader took the batch within WRITE_RETRY_S, though
+                the nodes answered (NOT_ENOUGH_REPLICAS, no leader in the view, ...): every
+                coordinator would see the same, so this one is not cut off.
         """
         deadline = time.monotonic() + WRITE_RETRY_S
         last = ""
+        answered = False
         while True:
             try:
                 addr, leader_epoch = self._leader(partition, topic)
@@ -318,6 +330,7 @@ class StorageIO(CoordinatorCore):
                     resp = await _watched(
                         stub.Produce(req, timeout=attempt_s, metadata=INTERNAL_WRITER), moved
                     )
+                answered = True
                 pr = resp.topics[0].partitions[0]
                 if pr.error_code == E.NONE:
                     return pr.base_offset
@@ -341,13 +354,21 @@ class StorageIO(CoordinatorCore):
                         retriable=False,
                     )
             except grpc.aio.AioRpcError as exc:
+                answered = answered or exc.code() not in _UNANSWERED
                 last = exc.code().name
-            except StromError as exc:
+            except LeaderNotAvailableError as exc:
+                answered = True  # the view names no leader: the same for every coordinator
+                last = exc.message
+            except StromError as exc:  # (a stream that broke or went unanswered)
                 if not exc.retriable:
                     raise
                 last = exc.message
             if time.monotonic() >= deadline:
-                raise RequestTimedOutError(f"could not append to {topic}-{partition}: {last}")
+                raise (RequestTimedOutError if answered else StorageUnreachable)(
+                    f"could not append to {topic}-{partition}: {last}",
+                    code=E.REQUEST_TIMED_OUT,
+                    retriable=True,
+                )
             await asyncio.sleep(0.1)
 
     def _moved_from(self, topic: str, partition: int, addr: str, epoch: int) -> str | None:
