@@ -430,3 +430,101 @@ def test_requests_waiting_on_a_shard_given_up_meanwhile_answer_not_coordinator(
             await svc.stop()
 
     asyncio.run(main())
+
+
+def test_a_txn_offset_commit_never_lands_after_its_transactions_completion(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """TxnOffsetCommit for a group whose transaction coordinator is another process asks it
+    for the transaction's state before taking the group's lock. If the transaction's
+    completion (EndTxn's CompleteTxnOffsets) reaches the group in between, the commit must
+    not land: its offsets would stay pending behind the completion for good (read_committed
+    members refused UNSTABLE_OFFSET_COMMIT). It is answered CONCURRENT_TRANSACTIONS, and the
+    retry, asking again, INVALID_TXN_STATE. The coordinator here serves both shards and asks
+    itself over gRPC (as another process would be asked); the test holds the describe's
+    answer until EndTxn completed."""
+    from strom.api import storage_pb2
+
+    cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
+    topic = create_topic(cluster, "racing")
+    tid, gid = "t-racing", "g-racing"
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        svc = CoordinatorService(
+            etcd=cluster.etcd.endpoint,
+            cluster=cluster.cluster_name,
+            coordinator_id=7,
+            advertise_host="127.0.0.1",
+            advertise_port=port,
+            offsets_partitions=1,
+            offsets_replication_factor=1,
+            txn_partitions=1,
+        )
+        svc.register(server)
+        await server.start()
+
+        def served() -> bool:
+            kinds = (svc.group_kind, svc.txn_kind)
+            return all(0 in k.shards and k.shards[0].loaded for k in kinds)
+
+        await svc.start()
+        try:
+            await _until(served, 60, "both shards loaded")
+            await _until(lambda: topic in svc._topics(), 30, "the topic in the view")
+            init = await svc.InitProducerId(
+                storage_pb2.InitProducerIdRequest(
+                    transactional_id=tid, transaction_timeout_ms=600_000
+                ),
+                None,
+            )
+            assert init.error_code == E.NONE, init
+            pid, epoch = init.producer_id, init.producer_epoch
+            ids = {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch}
+            added = await svc.AddOffsetsToTxn(
+                coordinator_pb2.AddOffsetsToTxnRequest(**ids, group_id=gid), None
+            )
+            assert added.error_code == E.NONE, added
+            txn_commit = coordinator_pb2.TxnOffsetCommitRequest(
+                **ids, group_id=gid, member_epoch=-1
+            )
+            txn_commit.topics.add(topic=topic).partitions.add(partition=0, committed_offset=5)
+
+            # The remote path, with the describe's answer held until the completion landed.
+            svc._owns_txn = lambda _tid: False  # type: ignore[method-assign]
+            remote_txn = svc._remote_txn
+            described, go = asyncio.Event(), asyncio.Event()
+
+            async def held(transactional_id: str, context: Any) -> Any:
+                meta = await remote_txn(transactional_id, context)
+                described.set()
+                await go.wait()
+                return meta
+
+            svc._remote_txn = held  # type: ignore[method-assign]
+            task = asyncio.create_task(svc.TxnOffsetCommit(txn_commit, None))
+            await asyncio.wait_for(described.wait(), 30)
+            ended = await svc.EndTxn(coordinator_pb2.EndTxnRequest(**ids, committed=True), None)
+            assert ended.error_code == E.NONE, ended
+            shard = svc.group_kind.shards[0]
+
+            def completed_at_group() -> bool:
+                group = shard.groups.get(gid)
+                done = group.pending.get(pid) if group is not None else None
+                return done is not None and not done.offsets
+
+            await _until(completed_at_group, 30, "the completion at the group")
+            go.set()
+            resp = await asyncio.wait_for(task, 30)
+            code = resp.error_code or resp.topics[0].partitions[0].error_code
+            assert E.Name(code) == "CONCURRENT_TRANSACTIONS", resp
+            assert completed_at_group(), "offsets left pending behind the completion"
+            again = await svc.TxnOffsetCommit(txn_commit, None)
+            assert E.Name(again.error_code) == "INVALID_TXN_STATE", again
+            assert completed_at_group()
+        finally:
+            await svc.stop()
+            await server.stop(None)
+
+    asyncio.run(main())

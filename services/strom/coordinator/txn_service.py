@@ -741,12 +741,16 @@ class TransactionRpcs(_Base):
         try:
             check_epoch(epoch)
             check_group_id(request.group_id)
-            if not tid:
-                raise InvalidRequestError("transactional_id must not be empty")
             ids = self._topic_ids()  # stored with the offsets (OffsetRpcs.OffsetCommit)
             # The transaction's state: this process's own when it owns the id's shard (read
-            # again under the group's lock below), else another coordinator's copy.
-            remote = None if self._owns_txn(tid) else await self._remote_txn(tid, context)
+            # again under the group's lock below), else another coordinator's copy, taken
+            # before the lock: what the group held for the producer then tells whether a
+            # completion landed since.
+            remote = before = None
+            if not self._owns_txn(tid):
+                group = self._shard_of(request.group_id).groups.get(request.group_id)
+                before = group.pending.get(pid) if group is not None else None
+                remote = await self._remote_txn(tid, context)
         except Exception as exc:
             self._fail("TxnOffsetCommit", resp, exc)
             return resp
@@ -755,6 +759,18 @@ class TransactionRpcs(_Base):
             if remote is None:
                 check_txn_offsets(self._local_txn(tid), tid, pid, epoch, request.group_id)
             else:
+                now_pending = g.pending.get(pid)
+                if (
+                    now_pending is not before
+                    and now_pending is not None
+                    and not now_pending.offsets
+                    and now_pending.producer_epoch >= epoch
+                ):
+                    # The copy may predate that completion: ask again (the client retries).
+                    raise ConcurrentTransactionsError(
+                        f"the transaction of producer {pid} ended at group "
+                        f"{request.group_id!r} while its state was asked for; retry"
+                    )
                 check_txn_offsets(remote, tid, pid, epoch, request.group_id, full=False)
             return g.txn_commit_offsets(
                 request.member_id,
