@@ -7,6 +7,7 @@ import logging
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -262,6 +263,22 @@ def test_a_keeper_that_cannot_reach_etcd_knows_when_its_lease_has_surely_expired
         assert not keeper.lost  # etcd never said so: it cannot be reached
     finally:
         keeper.stop(revoke=False)
+        store.close()
+
+
+def test_a_new_leases_ttl_counts_from_when_its_grant_was_sent(etcd: EtcdServer) -> None:
+    """etcd starts a lease's TTL when it handles the grant: ``may_have_expired`` counts from
+    the grant's sending, not from when the keeper was made (a round trip later)."""
+    store = MetadataStore(etcd.endpoint, "c-grant-sent")
+    before = time.monotonic()
+    lease = store.grant_lease(10)
+    answered = time.monotonic()
+    keeper = store.keep_alive(lease, lambda: None)
+    try:
+        assert before <= keeper.renewed_from <= answered
+        assert not keeper.may_have_expired()
+    finally:
+        keeper.stop()
         store.close()
 
 

@@ -463,7 +463,12 @@ class MetadataStore:
     # -- leases, watches, elections --------------------------------------------------------
 
     def grant_lease(self, ttl_s: int) -> Any:
-        return self._call(self.client.lease, ttl_s)
+        """A new lease, carrying ``sent_at``: etcd starts its TTL after this monotonic time
+        (the keeper's :meth:`KeepAlive.may_have_expired` counts from it)."""
+        sent = time.monotonic()
+        lease = self._call(self.client.lease, ttl_s)
+        lease.sent_at = sent
+        return lease
 
     def revoke_lease_if(self, key: str, cls: type[M], predicate: Callable[[M], bool]) -> bool:
         """Revoke the lease ``key`` is bound to (deleting the key and everything else on that
@@ -524,10 +529,10 @@ class KeepAlive:
         #: Monotonic time of the last answer that the lease lives (at first: now, after the
         #: grant). etcd ends the lease at most ``ttl`` after it.
         self.alive_at = time.monotonic()
-        #: Monotonic time the last refresh that etcd answered alive was *sent*: etcd restarts
-        #: the TTL when it handles a refresh, after this, so the lease lives at least ``ttl``
-        #: after it (see :meth:`may_have_expired`).
-        self.renewed_from = self.alive_at
+        #: Monotonic time the last refresh (at first: the grant) that etcd answered alive was
+        #: *sent*: etcd restarts the TTL when it handles it, after this, so the lease lives at
+        #: least ``ttl`` after it (see :meth:`may_have_expired`).
+        self.renewed_from: float = getattr(lease, "sent_at", self.alive_at)
         self._short_timeout = max(self.ttl / 3.0, 0.5)
         # The first refresh also sets up the connection, which can be slow on a loaded
         # machine, but not so slow that it may outlast the lease: it runs a third of the TTL
