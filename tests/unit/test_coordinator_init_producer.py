@@ -109,7 +109,9 @@ def test_no_node_answering_at_all_is_told_apart_from_nodes_answering_with_errors
 
 
 def test_which_load_failures_count_as_the_nodes_not_answering() -> None:
-    assert storage_unreachable(RequestTimedOutError("could not append: DEADLINE_EXCEEDED"))
+    assert storage_unreachable(StorageUnreachable("could not append: DEADLINE_EXCEEDED"))
+    # 10 s of answered retriable errors: every coordinator would meet them alike.
+    assert not storage_unreachable(RequestTimedOutError("could not append: NOT_ENOUGH_REPLICAS"))
     assert not storage_unreachable(LeaderNotAvailableError("__consumer_offsets-1 has no leader"))
     assert not storage_unreachable(StromError("fetch: NOT_LEADER_OR_FOLLOWER", retriable=True))
     assert not storage_unreachable(ValueError("anything else"))
