@@ -1,5 +1,5 @@
 """What the clients of a shard whose storage nodes do not answer its coordinator are told
-(``CoordinatorCore._raise_if_unreachable``).
+(``CoordinatorCore._raise_not_loaded``).
 
 Found from outside: a coordinator cut from every storage node answered
 COORDINATOR_LOAD_IN_PROGRESS "shard 1 is still loading" for the whole cut, which hides the
@@ -16,7 +16,7 @@ import pytest
 
 from strom.coordinator.core import CoordinatorCore
 from strom.coordinator.shards import Shard, ShardKind
-from strom.errors import CoordinatorNotAvailableError, ErrorCode
+from strom.errors import CoordinatorLoadInProgressError, CoordinatorNotAvailableError, ErrorCode
 
 
 def _shard(unreachable: str | None) -> Shard:
@@ -42,7 +42,7 @@ def _core(others: set[str]) -> SimpleNamespace:
 def test_with_another_coordinator_the_answer_says_the_shard_is_given_up() -> None:
     shard = _shard("DEADLINE_EXCEEDED: Deadline Exceeded")
     with pytest.raises(CoordinatorNotAvailableError) as info:
-        CoordinatorCore._raise_if_unreachable(_core({"other"}), shard)  # type: ignore[arg-type]
+        CoordinatorCore._raise_not_loaded(_core({"other"}), shard)  # type: ignore[arg-type]
     msg = info.value.message
     assert info.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE and info.value.retriable
     assert "coordinator 3 cannot reach the storage nodes for __consumer_offsets-1" in msg
@@ -52,9 +52,10 @@ def test_with_another_coordinator_the_answer_says_the_shard_is_given_up() -> Non
 
 def test_alone_the_answer_says_it_keeps_retrying() -> None:
     with pytest.raises(CoordinatorNotAvailableError) as info:
-        CoordinatorCore._raise_if_unreachable(_core(set()), _shard("UNAVAILABLE: refused"))  # type: ignore[arg-type]
+        CoordinatorCore._raise_not_loaded(_core(set()), _shard("UNAVAILABLE: refused"))  # type: ignore[arg-type]
     assert "no other coordinator runs to take the shard over" in info.value.message
 
 
-def test_a_shard_loading_for_another_reason_is_left_to_the_loading_answer() -> None:
-    CoordinatorCore._raise_if_unreachable(_core({"other"}), _shard(None))  # type: ignore[arg-type]
+def test_a_shard_loading_for_another_reason_gets_the_loading_answer() -> None:
+    with pytest.raises(CoordinatorLoadInProgressError, match="shard 1 is still loading"):
+        CoordinatorCore._raise_not_loaded(_core({"other"}), _shard(None))  # type: ignore[arg-type]

@@ -168,15 +168,9 @@ class CoordinatorCore:
         return keepalive is None or not keepalive.surely_expired()
 
     def _check_lease(self, shard: int, topic: str = CONSUMER_OFFSETS_TOPIC) -> None:
-        """Raise NOT_COORDINATOR while our lease has surely expired.
-
-        FIX (found from outside): a coordinator paused (SIGSTOP, a long GC, a frozen VM)
-        past its lease's TTL kept answering from memory when it woke, before its keeper
-        heard of the loss: OffsetFetch returned offsets another coordinator had since moved
-        on, and a consumer resumed from them (re-reading, or skipping what the other
-        coordinator's members had not committed). Kafka's old coordinator answers
-        NOT_COORDINATOR once it is no longer the offsets partition's leader; here the lease
-        is that leadership, so nothing is answered from a shard once it has surely lapsed."""
+        """Raise NOT_COORDINATOR while our lease has surely expired: the lease is the
+        shard's leadership (Kafka's offsets partition leader), and a process back from a
+        pause must not answer from memory another coordinator has since moved on from."""
         if not self._lease_live():
             raise NotCoordinatorError(
                 f"coordinator {self.coordinator_id} cannot renew its lease on {topic} shard "
@@ -187,31 +181,35 @@ class CoordinatorCore:
         """The loaded shard holding ``group_id``; raises the group-level errors."""
         if not group_id:
             raise InvalidGroupIdError("group id must not be empty")
-        shards = shard_count(self._started_view())
+        return self._loaded_shard(self.group_kind, group_id)
+
+    def _loaded_shard(self, kind: ShardKind, key: str) -> Shard:
+        """The loaded shard of ``kind`` holding ``key`` (a group or transactional id);
+        NOT_COORDINATOR when this process does not serve it, else :meth:`_raise_not_loaded`."""
+        shards = shard_count(self._started_view(), topic=kind.topic)
         if shards is None:
-            raise NotCoordinatorError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
-        s = shard_for_group(group_id, shards)
-        shard = self.shards.get(s)
+            raise NotCoordinatorError(f"{kind.topic} does not exist yet")
+        s = shard_for_group(key, shards)
+        shard = kind.shards.get(s)
         if shard is None or self._stopping:
-            raise NotCoordinatorError(f"coordinator {self.coordinator_id} does not own shard {s}")
-        self._check_lease(s)
-        if not shard.loaded:
-            self._raise_if_unreachable(shard)
-            why = shard.load_failure()
-            raise CoordinatorLoadInProgressError(f"shard {s} is still loading{why}")
+            raise NotCoordinatorError(
+                f"coordinator {self.coordinator_id} does not own {kind.topic} shard {s}"
+            )
+        self._check_lease(s, kind.topic)
+        self._raise_not_loaded(shard)
         return shard
 
-    def _raise_if_unreachable(self, shard: Shard) -> None:
-        """For a shard not served because its last load attempt could not reach the storage
-        nodes: raise COORDINATOR_NOT_AVAILABLE saying so, and what happens next.
-
-        FIX (found from outside, a coordinator cut from every storage node): its clients
-        were told COORDINATOR_LOAD_IN_PROGRESS ("still loading") for the whole cut, which
-        hides the cause and makes a client wait on this coordinator; COORDINATOR_NOT_AVAILABLE
-        is retriable too and makes the client look its coordinator up again, which finds
-        the one that took the shard over once this one released it (``shard_ownership``)."""
-        if shard.unreachable is None:
+    def _raise_not_loaded(self, shard: Shard) -> None:
+        """For a shard not served (yet): COORDINATOR_LOAD_IN_PROGRESS with its last load
+        failure, or COORDINATOR_NOT_AVAILABLE when that load could not reach the storage
+        nodes, so the client looks its coordinator up again and finds whoever took the
+        shard over once this one released it (``shard_ownership``)."""
+        if shard.loaded:
             return
+        if shard.unreachable is None:
+            raise CoordinatorLoadInProgressError(
+                f"{shard.topic} shard {shard.index} is still loading{shard.load_failure()}"
+            )
         since = shard.unserved_since
         unserved_s = time.monotonic() - since if since is not None else 0.0
         if self._other_coordinators():
@@ -240,14 +238,9 @@ class CoordinatorCore:
     def _check_serving(self, shard: Shard) -> None:
         """Raise the retriable error for a shard that stopped being served while a request
         waited for it (its lock, a write): call right after taking ``shard.lock``, before
-        reading its state.
-
-        FIX (found from outside): requests found the shard served, then waited for its lock
-        while the coordinator gave it up (SIGTERM, a hand-over, a lost lease); ``_unload``
-        empties the shard's tables without the lock, so a waiter read "no such
-        transactional id" and answered INVALID_PRODUCER_ID_MAPPING, which fences a healthy
-        transactional producer. Kafka answers NOT_COORDINATOR during a coordinator move,
-        and so does this: the client looks its coordinator up again and retries there."""
+        reading its state. ``_unload`` empties the tables without the lock, and an answer
+        made from them (INVALID_PRODUCER_ID_MAPPING) would fence a healthy producer; Kafka
+        answers NOT_COORDINATOR during a move, and the client looks it up again."""
         kind = shard.kind
         if self._stopping or kind is None or kind.shards.get(shard.index) is not shard:
             raise NotCoordinatorError(
@@ -255,11 +248,7 @@ class CoordinatorCore:
                 "meanwhile; ask the cluster for its new coordinator"
             )
         self._check_lease(shard.index, shard.topic)
-        if not shard.loaded:
-            self._raise_if_unreachable(shard)
-            raise CoordinatorLoadInProgressError(
-                f"{shard.topic} shard {shard.index} is being reloaded or handed over"
-            )
+        self._raise_not_loaded(shard)
 
     async def _mutate(
         self,

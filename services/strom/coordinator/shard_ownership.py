@@ -25,11 +25,11 @@ only once it stayed free for ``FREE_GRACE_S`` (a coordinator below its share goe
 no shard stays unowned because that one does not claim). A coordinator holding more than the
 rounded-down share while another holds less hands one shard over per ``HAND_OVER_INTERVAL_S``:
 it lets the shard's queued writes finish, stops serving it and deletes its key; the other
-takes it and loads it as after a failover. Before, nothing was ever moved: after a rolling
-restart one coordinator served every group and the others idled (found from outside). A shard
-handed over that nobody took within ``FREE_GRACE_S`` (its taker hung) is taken back and
-hand-overs pause for ``HAND_OVER_BACKOFF_S``, until a coordinator registers anew (the hung one
-back with a new lease, or another).
+takes it and loads it as after a failover (else after a rolling restart one coordinator
+would serve every group while the others idle). A shard handed over that nobody took
+within ``FREE_GRACE_S`` (its taker hung) is taken back and hand-overs pause for
+``HAND_OVER_BACKOFF_S``, until a coordinator registers anew (the hung one back with a new
+lease, or another).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class ShardOwnership(ShardWrites):
                 except LeaseLostError as exc:
                     # Our lease expired: every pass fails so until the keeper notices and
                     # _lease_lost takes a new one (which wakes this loop). Said once, not
-                    # once per wake-up (26 lines in 0.25 s; found from outside).
+                    # once per wake-up.
                     if noted_lease is not self._lease:
                         noted_lease = self._lease
                         log.warning(
@@ -415,14 +415,9 @@ class ShardOwnership(ShardWrites):
     async def _release_unreachable(self, kind: ShardKind) -> None:
         """Release the shards of ``kind`` that went unserved for :data:`RELEASE_AFTER_S`
         because the storage nodes do not answer this process, when another coordinator is
-        registered to take them (it may reach the nodes).
-
-        FIX (found from outside, a coordinator cut from every storage node while reaching
-        etcd and its clients): it kept reloading its shards for the whole cut, so their
-        groups could not commit although another coordinator reached the nodes. Alone, a
-        coordinator keeps its shards (nobody else could serve them); and a released shard
-        nobody can load comes back and rests here (RELEASE_TAKE_BACK_S, TROUBLED_TAKE_S,
-        RELEASE_BACKOFF_S)."""
+        registered to take them (it may reach the nodes). Alone, a coordinator keeps its
+        shards (nobody else could serve them); a released shard nobody can load comes back
+        and rests here (RELEASE_TAKE_BACK_S, TROUBLED_TAKE_S, RELEASE_BACKOFF_S)."""
         now = time.monotonic()
         due = [
             sh
@@ -511,10 +506,8 @@ class ShardOwnership(ShardWrites):
     def _live_coordinators(self, owners: dict[int, md.CoordinatorShardOwner]) -> set[str]:
         """Incarnations of the live coordinators: the registered ones and any still owning
         a shard (a dead one until its lease ends), this process included."""
-        assert self.view is not None
-        with self.view.lock:
-            members = {v.value.incarnation_id for v in self.view.coordinator_members.values()}
-        return members | {o.incarnation_id for o in owners.values()} | {self.incarnation_id}
+        owning = {o.incarnation_id for o in owners.values()}
+        return self._other_coordinators() | owning | {self.incarnation_id}
 
     def _member_sessions(self) -> frozenset[tuple[str, int]]:
         """The coordinators' registrations: a process registering again (after losing its
@@ -538,8 +531,7 @@ class ShardOwnership(ShardWrites):
                 return
             # A coordinator registered since the pause (a new one, or one back from a hang
             # with a new lease): the pause was for a taker that did not answer, and this one
-            # does. FIX (CI: a coordinator hung while a shard was handed to it came back
-            # and stayed without shards for the whole 60 s).
+            # does.
             log.info("a coordinator registered since hand-overs paused; resuming them")
             self._next_hand_over = now
         self._members_at_pause = None
@@ -607,8 +599,7 @@ class ShardOwnership(ShardWrites):
         shard.loaded = False
         shard.generation += 1
         # The shard's lag series go now, not at the next lag refresh: its new owner exports
-        # them too, and sums over coordinators counted those groups twice for up to the
-        # refresh interval (found from outside).
+        # them too, and sums over coordinators would count those groups twice.
         self._forget_lag(shard.groups)
         shard.groups = {}
         shard.transactions = {}
@@ -658,8 +649,7 @@ class ShardOwnership(ShardWrites):
         :data:`LOAD_FAILURE_GRACE_S` are debug lines (a new internal topic's partitions open
         on their nodes a moment after it is created); then a WARNING naming the shard's kind
         and partition and why, and one line per :data:`LOAD_FAILURE_LOG_INTERVAL_S` with the
-        failures left out. FIX (found from outside): every attempt was an INFO line, ten a
-        second per offline shard, for as long as its partition had no leader."""
+        failures left out: attempts come ten a second per offline shard."""
         assert shard.kind is not None
         where = f"{shard.kind.name} shard {shard.index} ({shard.kind.topic}-{shard.index})"
         why = failure_line(exc)

@@ -48,9 +48,9 @@ from strom.clock import steady_ms, wall_ms
 from strom.coordinator import metrics
 from strom.coordinator.group import ConsumerGroup
 from strom.coordinator.group_types import OffsetsResult
-from strom.coordinator.lookup import find_coordinator, shard_count
+from strom.coordinator.lookup import find_coordinator
 from strom.coordinator.offset_rpcs import commit_error
-from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata, shard_for_group
+from strom.coordinator.offsets_log import GroupRecord, OffsetAndMetadata
 from strom.coordinator.request_bounds import check_group_id
 from strom.coordinator.shard_writes import settled
 from strom.coordinator.shards import Shard
@@ -120,23 +120,7 @@ class TransactionRpcs(_Base):
         """The loaded transaction shard of ``transactional_id``; raises the usual errors."""
         if not transactional_id:
             raise InvalidRequestError("transactional_id must not be empty")
-        kind = self.txn_kind
-        shards = shard_count(self._started_view(), topic=kind.topic)
-        if shards is None:
-            raise NotCoordinatorError(f"{kind.topic} does not exist yet")
-        s = shard_for_group(transactional_id, shards)
-        shard = kind.shards.get(s)
-        if shard is None or self._stopping:
-            raise NotCoordinatorError(
-                f"coordinator {self.coordinator_id} does not own {kind.topic} shard {s}"
-            )
-        self._check_lease(s, kind.topic)
-        if not shard.loaded:
-            self._raise_if_unreachable(shard)
-            raise CoordinatorLoadInProgressError(
-                f"{kind.topic} shard {s} is still loading{shard.load_failure()}"
-            )
-        return shard
+        return self._loaded_shard(self.txn_kind, transactional_id)
 
     async def _txn_write(self, shard: Shard, meta: TxnMetadata) -> None:
         """Make ``meta`` durable, then the in-memory state (shard lock held, so every read of
@@ -478,9 +462,8 @@ class TransactionRpcs(_Base):
         metrics.TXN_COMPLETION_SECONDS.observe(time.monotonic() - t0)
         if meta.start_ms >= 0:
             metrics.TRANSACTION_SECONDS.observe(max(_now_ms() - meta.start_ms, 0) / 1000.0)
-        # A commit is the normal course, one per transaction (hundreds a minute from one
-        # exactly-once loop: found from outside as log noise), so DEBUG; an abort is worth an
-        # operator's eye, INFO.
+        # A commit is the normal course (hundreds a minute from one exactly-once loop), so
+        # DEBUG; an abort is worth an operator's eye, INFO.
         log.log(
             logging.DEBUG if commit else logging.INFO,
             "transaction %s (producer %d epoch %d) %s: %d partitions, %d groups",
@@ -560,10 +543,10 @@ class TransactionRpcs(_Base):
         Unanswered :data:`OVERDUE_GRACE_S` it is given up (as if it timed out: none has the
         marker) once a partition of it has another leader in the view, or a higher leader
         epoch (``epochs``: each partition's when sent), so the next round sends it to the
-        new leader (FIX (found from outside): a hung leader held the transaction's
-        completion, and its producer's next transaction, for the call's whole 15 s). Safe
-        as the retry after a timeout is: a marker is idempotent for its producer epoch (a
-        second one closes nothing), and the old leader can no longer commit one it wrote."""
+        new leader: a hung leader must not hold the transaction's completion (and its
+        producer's next transaction) for the call's whole 15 s. Safe as the retry after a
+        timeout is: a marker is idempotent for its producer epoch (a second one closes
+        nothing), and the old leader can no longer commit one it wrote."""
         req = storage_pb2.WriteTxnMarkersRequest(timeout_ms=MARKER_TIMEOUT_MS)
         by_topic: dict[str, list[int]] = {}
         for t, p in tps:
@@ -632,10 +615,8 @@ class TransactionRpcs(_Base):
         A call unanswered :data:`OVERDUE_GRACE_S` has the group's coordinator looked up in
         the view every :data:`OVERDUE_RECHECK_S`; once another coordinator owns the group it
         is cancelled and sent there (the client's overdue rule, DESIGN §8; the view is
-        local). FIX (found from outside): a hung group coordinator held the transaction's
-        completion, and with it the producer's next transaction (CONCURRENT_TRANSACTIONS),
-        for the call's whole 15 s although the standby took its shards in ~2.4 s.
-        CompleteTxnOffsets is idempotent, so sending it again is safe."""
+        local), so a hung group coordinator does not hold the completion for the call's whole
+        15 s. CompleteTxnOffsets is idempotent, so sending it again is safe."""
         assert self.view is not None
         req = coordinator_pb2.CompleteTxnOffsetsRequest(
             group_id=group_id,
@@ -892,7 +873,7 @@ class TransactionRpcs(_Base):
                 lambda r: r.records,
                 # A group that does not exist yet gets one holding the ended epoch: a
                 # zombie's TxnOffsetCommit arriving after the abort would otherwise create
-                # the group and stay pending for good (found from outside).
+                # the group and stay pending for good.
                 create=True,
             )
         except Exception as exc:
@@ -984,5 +965,5 @@ def _expected_producer(request: storage_pb2.InitProducerIdRequest) -> tuple[int,
         return None
     if not request.HasField("producer_epoch"):
         return request.producer_id, 0
-    check_epoch(request.producer_epoch)  # (-1 matched an unset epoch and was taken)
+    check_epoch(request.producer_epoch)  # (-1 must not match an unset epoch)
     return request.producer_id, request.producer_epoch

@@ -88,8 +88,7 @@ class TxnMetadata:
     #: passed (bumping past it), while no other instance has initialised the id since; -1
     #: otherwise. Persisted: that producer, and only it, may take the id back under a new
     #: epoch (Kafka's KIP-588; see :func:`init_producer_id`), on any coordinator. None, not
-    #: -1, when unset: a request's epoch is compared with it, and a request carrying -1 (found
-    #: from outside) matched the unset value and was told its transaction had timed out.
+    #: -1, when unset: a request's epoch is compared with it, and -1 must not match.
     timed_out_epoch: int | None = None
     #: The epoch an InitProducerId taking the id back (its producer id and epoch given) bumped
     #: to ``producer_epoch``, while nothing has bumped it since; -1 otherwise. Persisted: the
@@ -142,9 +141,8 @@ class TxnMetadata:
     # -- checks --------------------------------------------------------------------------------
 
     def check_producer(self, producer_id: int, producer_epoch: int) -> None:
-        """The request's producer must be this id's current one (its epoch in 0..MAX_EPOCH:
-        INVALID_REQUEST otherwise, see :func:`check_epoch`)."""
-        check_epoch(producer_epoch)
+        """The request's producer must be this id's current one (its epoch already checked
+        by :func:`check_epoch` where the request came in)."""
         if producer_id != self.producer_id:
             raise InvalidProducerIdMappingError(
                 f"transactional id {self.transactional_id!r} maps to producer id "
@@ -298,10 +296,9 @@ class TxnMetadata:
 
 def check_epoch(epoch: int, field: str = "producer_epoch") -> None:
     """Refuse a producer epoch no producer can hold: epochs are 16-bit in the batch header
-    and never negative once assigned. Such a value (40000, -1, 2**31-1 from a fuzzer) is a
-    malformed request, not an older or newer instance: answering it PRODUCER_FENCED or "your
-    transaction timed out" misled, and a TxnOffsetCommit took it and fenced the real
-    producer (found from outside)."""
+    and never negative once assigned. Such a value is a malformed request, not an older or
+    newer instance (PRODUCER_FENCED or "timed out" would mislead). Checked where each
+    request comes in, once."""
     if not 0 <= epoch <= MAX_EPOCH:
         raise InvalidRequestError(f"{field}={epoch} is outside 0..{MAX_EPOCH}")
 
@@ -318,8 +315,7 @@ def check_txn_offsets(
     """A TxnOffsetCommit must belong to the open transaction of its transactional id, and
     that transaction must have added the group (AddOffsetsToTxn), as Kafka's KIP-890
     verification requires: otherwise any client could leave offsets pending under an epoch
-    the real producer never had, and the group refused that producer's own offsets as
-    fenced (found from outside: epoch 40000, and no AddOffsetsToTxn before).
+    the real producer never had, fencing that producer's own offsets in the group.
 
     ``meta`` is the id's state (None: unknown id). ``full``: it is this process's own
     state; a copy from another coordinator's DescribeTransactions lacks the timed-out
@@ -330,7 +326,6 @@ def check_txn_offsets(
         InvalidRequestError, InvalidProducerIdMappingError, ProducerFencedError,
         InvalidProducerEpochError, InvalidTxnStateError.
     """
-    check_epoch(producer_epoch)
     if meta is None or meta.state is TxnState.DEAD:
         raise InvalidProducerIdMappingError(
             f"transactional id {transactional_id!r} is unknown to the transaction coordinator"
