@@ -227,8 +227,8 @@ class ConsumerGroup(GroupReconciliation, GroupOffsets, GroupPersistence):
 
         Named topics are kept even if they do not exist yet (they are assigned once they
         appear); a regex only matches existing, non-internal topics the member may describe
-        (:attr:`Member.topic_filter`; found from outside: a member was assigned topics its
-        principal may not see).
+        (:attr:`Member.topic_filter`: a member must not be assigned topics its principal
+        may not see).
         """
         md = member.metadata
         names = set(md.subscribed_topic_names)

@@ -217,11 +217,9 @@ class GroupOffsets(GroupFields):
         """The transaction of ``producer_id`` ended: its pending offsets become the group's
         committed offsets (``committed``) or are dropped. Idempotent: a retry changes nothing.
 
-        The epoch it ended with stays, as a pending entry without offsets: an offset commit
-        of an older epoch arriving afterwards is refused (found from outside: a producer
-        paused between AddOffsetsToTxn and TxnOffsetCommit while its transaction timed out
-        and was aborted with a bumped epoch; its late offsets were taken, pending for good,
-        and every read_committed member of the group was refused UNSTABLE_OFFSET_COMMIT)."""
+        The epoch it ended with stays, as a pending entry without offsets, so a late
+        commit of an older epoch (a producer paused past its timeout) is refused instead of
+        staying pending for good (read_committed members would get UNSTABLE_OFFSET_COMMIT)."""
         pending = self.pending.get(producer_id)
         if pending is not None and (
             pending.producer_epoch > producer_epoch

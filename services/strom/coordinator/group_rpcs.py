@@ -66,8 +66,7 @@ def _describable_topics() -> Callable[[str], bool] | None:
 
 def _log_group_change(group_id: str, result: HeartbeatResult) -> None:
     """One INFO line per change of a group's membership or subscriptions (durable by
-    now), as Kafka's group coordinator logs each rebalance; none for a plain heartbeat.
-    FIX (found from outside): joins, leaves, rejoins and new epochs left no line."""
+    now), as Kafka's group coordinator logs each rebalance; none for a plain heartbeat."""
     if result.group_epoch != result.previous_group_epoch:
         epoch = f"epoch {result.previous_group_epoch} -> {result.group_epoch}"
     else:
@@ -227,8 +226,8 @@ class GroupRpcs(StorageIO):
         offsets = group.live_offsets(self._topic_ids())
         parts = set(offsets)
         for m in group.members.values():
-            # Every partition a member holds, those it must still give up too (found from
-            # outside: one pending revocation without a committed offset was in no row).
+            # Every partition a member holds, those it must still give up too (a pending
+            # revocation without a committed offset is still a row).
             for held in (m.assigned, m.pending_revocation):
                 for t, ps in held.items():
                     parts.update((t, p) for p in ps)
@@ -240,8 +239,8 @@ class GroupRpcs(StorageIO):
             if end < 0:
                 lag = -1
             elif committed >= 0:
-                # Negative past the log end (found from outside: clamped to 0, it hid a
-                # group about to get OFFSET_OUT_OF_RANGE and reset).
+                # Negative past the log end: clamped to 0 it would hide a group about to
+                # get OFFSET_OUT_OF_RANGE and reset.
                 lag = end - committed
             else:
                 lag = 0 if end == 0 else -1

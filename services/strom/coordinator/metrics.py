@@ -278,8 +278,8 @@ def count_at_scrape(
 
     While ``lease_live()`` is false (the shard keys' lease has surely expired, the process
     not having noticed yet: it was paused, or cannot reach etcd) nothing is counted as
-    owned: other coordinators own those shards by then, and the sum over coordinators read
-    10 of 8 shards owned (found from outside)."""
+    owned: other coordinators own those shards by then (the sum over coordinators would
+    exceed the shard count)."""
 
     def loaded(shards: dict[int, Any]) -> list[Any]:
         if not lease_live():

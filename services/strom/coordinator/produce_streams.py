@@ -24,9 +24,8 @@ answers before it. What this module keeps true:
   one lost answer makes every later match wrong) and fails like a broken stream.
 - So does a request unanswered while its partition's leader moved (the overdue rule, design
   §8): ``moved()`` is asked :data:`OVERDUE_GRACE_S` after it was sent, then every
-  :data:`OVERDUE_RECHECK_S`, with one timer handle per request, cancelled with its answer.
-  FIX (found from outside): an append to a hung (SIGSTOPped) leader waited its whole 10 s
-  although the controller had moved the partition within ~2-3 s, and the shard was reloaded.
+  :data:`OVERDUE_RECHECK_S`, with one timer handle per request, cancelled with its answer:
+  an append to a hung leader need not wait its whole timeout once the partition moved.
 - A node that does not know the method (UNIMPLEMENTED: an older version during a rolling
   upgrade) gets unary calls from then on.
 - A channel replaced by the channel cache (new credentials) gets a new stream.

@@ -53,10 +53,9 @@ class ReplayState:
 
         Control batches carry no shard state and are skipped; producer id/epoch and
         :attr:`next_offset` are tracked from the headers. A record whose key or value does
-        not decode is skipped and counted (:attr:`undecodable`): found from outside, one
-        such record (a client's write to ``__consumer_offsets``) failed every load of its
-        shard, and the shard's groups stayed unavailable for good. Applying a record
-        changes nothing until it has decoded, so a skipped one leaves no trace.
+        not decode is skipped and counted (:attr:`undecodable`): one such record must not
+        fail every load of its shard for good. Applying a record changes nothing until it
+        has decoded, so a skipped one leaves no trace.
 
         Raises:
             strom.record.InvalidBatchError: a batch is corrupt.

@@ -1,12 +1,11 @@
 """Bounds on the identifiers and numbers a coordinator stores from a request.
 
 Group ids, member ids and instance ids are kept in ``__consumer_offsets`` records, in memory
-for as long as the group lives, and printed by ``strom groups``: a fuzzing review (found from
-outside) had groups named with NUL and control characters, or 100 000 characters long, and
-100 000-character member ids, all taken; ``strom groups list`` then printed raw control
-characters and a 100 KB line. Such a value is a malformed request: INVALID_REQUEST naming
-the field. The bounds are far above anything the clients make: KIP-848 member ids are UUIDs
-(36 characters), Spark's group ids a prefix and a UUID, and people's group names short.
+for as long as the group lives, and printed by ``strom groups``: control characters or
+100 000-character ids would be stored and printed raw. Such a value is a malformed request:
+INVALID_REQUEST naming the field. The bounds are far above anything the clients make:
+KIP-848 member ids are UUIDs (36 characters), Spark's group ids a prefix and a UUID, and
+people's group names short.
 
 The empty group id keeps its own answer (INVALID_GROUP_ID, Kafka's, from the shard lookup).
 """

@@ -18,10 +18,9 @@ What stays true:
   reloads from the log, which decides what is true. The error says what happened: a lost
   shard NOT_COORDINATOR; an append the leader refused for good (:class:`AppendRefused`:
   INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, ...) UNKNOWN_SERVER_ERROR naming the refusal, logged
-  once (until an append succeeds again): it is no reason to call the shard loading or moved,
-  and a client told so retried for its whole timeout (found from outside: a coordinator's
-  clock ahead of the nodes' answered "shard 7 is still loading" for a minute); any other
-  failure (no leader took the batch in time) REQUEST_TIMED_OUT, retriable.
+  once (until an append succeeds again): it is no reason to call the shard loading or moved
+  (a client told so retries for its whole timeout); any other failure (no leader took the
+  batch in time) REQUEST_TIMED_OUT, retriable.
 - Nothing is answered from state that is not durable. An operation that changes nothing
   (a heartbeat, an OffsetFetch) still waits for the writes queued before it (:meth:`_durable`),
   so it never reports a join or a commit that a failed append then takes back.

@@ -21,8 +21,8 @@ from strom.metadata import ClusterView, Keys, Versioned
 
 #: A shard this coordinator has not served for this long, whose last load attempt could not
 #: reach the storage nodes, is released (its key deleted) for another registered
-#: coordinator to take (``strom.coordinator.shard_ownership``). Before, a coordinator cut
-#: from the nodes kept its shards for the whole cut (found from outside).
+#: coordinator to take (``strom.coordinator.shard_ownership``): a coordinator cut from the
+#: nodes must not keep its shards for the whole cut.
 RELEASE_AFTER_S = 10.0
 
 

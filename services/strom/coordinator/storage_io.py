@@ -146,10 +146,7 @@ class StorageIO(CoordinatorCore):
 
     def _no_leader(self, topic: str, partition: int, state: md.PartitionState) -> str:
         """Why ``topic-partition`` has no leader to talk to, with its replicas and which of
-        them are offline: what an operator must bring back. FIX (found from outside): the
-        error said only "has no leader", and as a StromError without a code it read
-        "CLIENT_ERROR" in the logs and UNKNOWN_SERVER_ERROR to clients; it is
-        LEADER_NOT_AVAILABLE (retriable) now."""
+        them are offline: what an operator must bring back."""
         assert self.view is not None
         live = self.view.live_nodes()
         offline = [r for r in state.replicas if r not in live]
@@ -174,10 +171,8 @@ class StorageIO(CoordinatorCore):
 
         A Fetch left unanswered by a leader that has since moved in the view is given up and
         sent to the new leader (design §8's overdue rule, :meth:`_moved_from`, as the
-        appends). FIX (found while fixing the clients' hung-coordinator waits): it waited
-        its whole 10 s at a hung leader, so a shard taken over while its partition's leader
-        hung stayed unloaded (its clients answered COORDINATOR_LOAD_IN_PROGRESS) that much
-        longer. A fetch only reads, so asking the new leader is always safe."""
+        appends), so a hung leader does not keep the shard loading for the whole 10 s. A
+        fetch only reads, so asking the new leader is always safe."""
         target = until
         deadline = time.monotonic() + 30.0
         while True:
@@ -230,17 +225,12 @@ class StorageIO(CoordinatorCore):
             producer_id=producer_id if producer_id >= 0 else -1,
             producer_epoch=max(epoch, 0) if producer_id >= 0 else -1,
         )
-        # The live nodes, lowest id first. FIX (found by CI): the lowest-id node had just
-        # died (its registration not expired yet) and its refused connection went to the
-        # client as UNKNOWN_SERVER_ERROR, which a transactional producer's
-        # init_transactions() took for fatal. Now another node is asked, and when none
-        # gives an id the answer is COORDINATOR_LOAD_IN_PROGRESS, retriable (Kafka's answer
-        # when its producer-id manager has no block). FIX (found from outside): they were
-        # asked one after another, 10 s each, so while the lowest-id node hung every new
-        # transactional id waited 10 s; now the next node is asked too when one has not
-        # answered within INIT_PRODUCER_HEDGE_S (the clients' lookups do the same), and the
-        # first id wins. Safe to ask two: a bump is the same answer from any node, and a
-        # new id from a second node only leaves an id unused.
+        # The live nodes, lowest id first, the next one asked too when one has not answered
+        # within INIT_PRODUCER_HEDGE_S (a dead or hung node must not fail or stall every
+        # new transactional id); the first id wins. Safe to ask two: a bump is the same
+        # answer from any node, and a new id from a second one only leaves an id unused.
+        # None giving an id: COORDINATOR_LOAD_IN_PROGRESS, retriable (as Kafka's answer
+        # when its producer-id manager has no block).
         assert self.view is not None
         nodes = self.view.live_nodes()
         addresses = [

@@ -152,9 +152,8 @@ class Timers(StorageIO):
 
     async def _drop_empty_groups(self) -> None:
         """Delete the groups that stayed EMPTY with no committed and no transactional offsets
-        for ``empty_group_retention_ms``, as Kafka's offsets cleanup does (found from outside:
-        every consumer that closed without committing, every RecordService Subscribe with a
-        group id, left an EMPTY group listed, and held in memory, for good). The deletion is
+        for ``empty_group_retention_ms``, as Kafka's offsets cleanup does (else every consumer
+        that closed without committing leaves an EMPTY group in memory for good). The deletion is
         DeleteGroups' (tombstones appended before the group is dropped), so a reload does not
         bring it back; the engine checks again under the shard lock. The time is counted from
         when this process first saw the group so (a reloaded shard starts over), looked at
@@ -162,7 +161,7 @@ class Timers(StorageIO):
 
         A group that stayed empty for ``offsets_retention_ms`` is deleted with its committed
         offsets, as Kafka expires the offsets of a group empty for ``offsets.retention.minutes``
-        (KIP-211; found from outside: every group that ever committed was kept for good). A
+        (KIP-211). A
         group with members keeps its offsets however old they are."""
         now = steady_ms()
         if now < self._next_empty_check:
@@ -228,8 +227,7 @@ class Timers(StorageIO):
             end = ends.get((t, p))
             if end is None:
                 # No answer (the leader is moving or down): the last value stays, so a lag
-                # alert does not go quiet exactly while the partition is in trouble (found
-                # from outside: the series was removed).
+                # alert does not go quiet exactly while the partition is in trouble.
                 if key in self._lag_labels:
                     labels.add(key)
                 if key in self._past_end_labels:

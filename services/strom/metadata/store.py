@@ -43,16 +43,11 @@ _CLIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-#: gRPC options of every etcd channel strom makes. FIX (found from outside): gRPC's own
-#: defaults back a channel's reconnects off from 1 s by 1.6 times up to 120 s, so after an etcd
-#: outage of 20 s the lease keepalives' channel tried to connect again some 10 s after etcd was
-#: back, and etcd gives the leases it restores only their TTL (2 s) and about a second more:
-#: every lease expired and the controller took every partition offline. Here a channel retries
-#: within a second whatever the outage lasted (a handful of connection attempts a second to a
-#: dead member is nothing), and gives each attempt 2 s to complete (gRPC's
-#: ``min_reconnect_backoff_ms`` is that least connect timeout, 20 s by default). An etcd
-#: member restarted under its DNS name at a new IP (a StatefulSet pod) is looked up again
-#: within a second, not gRPC's 30 s (strom.grpc_options.DNS_OPTIONS says why).
+#: gRPC options of every etcd channel strom makes. etcd gives the leases it restores after an
+#: outage only their TTL (2 s) and about a second more, so a channel retries within a second
+#: whatever the outage lasted (gRPC's default backoff grows to 120 s), and gives each attempt
+#: 2 s (``min_reconnect_backoff_ms`` is that least connect timeout). An etcd member restarted
+#: under its DNS name at a new IP is looked up again within a second (DNS_OPTIONS says why).
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 1000),
@@ -67,15 +62,11 @@ OUTAGE_LOG_INTERVAL_S = 30.0
 
 
 class EtcdOutage:
-    """Whether etcd answers a store's lease keep-alives and watches, told to the operator.
-
-    FIX (found from outside): a keeper's failed refresh only counted a metric and a watch
-    that could not be made again only waited, so etcd paused or down for a while left no
-    line in any service's log (and after it only "lease ... lost"). Now the first failure
-    is one WARNING naming etcd's endpoints and what failed, repeated at most every
-    :data:`OUTAGE_LOG_INTERVAL_S` with the failures left out, and the first answer after it
-    one INFO with how long etcd was out, as Kafka logs its ZooKeeper session's disconnect and
-    reconnect. Thread-safe: keepers and watches each run in a thread of their own."""
+    """Whether etcd answers a store's lease keep-alives and watches, told to the operator:
+    the first failure is one WARNING naming etcd's endpoints and what failed, repeated at
+    most every :data:`OUTAGE_LOG_INTERVAL_S`, and the first answer after it one INFO with how
+    long etcd was out, as Kafka logs its ZooKeeper session's disconnect and reconnect.
+    Thread-safe: keepers and watches each run in a thread of their own."""
 
     def __init__(self, endpoints: Sequence[tuple[str, int]]) -> None:
         self.where = ",".join(f"{h}:{p}" for h, p in endpoints)
@@ -136,8 +127,8 @@ class LeaseLostError(MetadataUnavailableError):
     lease not found"): it expired or was revoked, and the keys on it are gone.
 
     Not an etcd fault: it is counted in ``strom_metadata_leases_lost_total``, not in
-    ``strom_metadata_etcd_errors_total`` (a coordinator's writes on its expired lease were
-    counted as etcd errors and fed StromEtcdErrors; found from outside). A subclass, so code
+    ``strom_metadata_etcd_errors_total`` (StromEtcdErrors would page for a lapsed
+    lease). A subclass, so code
     that handles etcd trouble in general handles it too, and :meth:`MetadataStore.retry`
     still retries it: a retried call may read a lease renewed meanwhile (a storage node's
     state write takes the lease of its re-registration)."""
@@ -149,13 +140,10 @@ class EtcdNoSpaceError(MetadataUnavailableError):
     its --quota-backend-bytes), and it refuses every write until an operator frees space and
     clears the alarm. Reads, deletes and lease keepalives still work.
 
-    FIX (found from outside): it was a plain MetadataUnavailableError, so the controller
-    answered REQUEST_TIMED_OUT, clients retried every admin request for their whole timeout
-    (60 s, then "no active controller answered") and no service said why. The controller
-    answers METADATA_STORE_FULL (not retriable) with this error's message, and the store logs
-    it at most once a minute. A subclass all the same, so that the services' background work
-    (registrations, elections, reconciles) goes on retrying as when etcd is down, and resumes
-    once the alarm is cleared."""
+    The controller answers METADATA_STORE_FULL (not retriable: retrying cannot help) with
+    this error's message, and the store logs it at most once a minute. A subclass all the
+    same, so the services' background work goes on retrying as when etcd is down, and
+    resumes once the alarm is cleared."""
 
 
 #: Monotonic time of the last log line about etcd's NOSPACE alarm, and writes refused since.
@@ -567,13 +555,9 @@ class KeepAlive:
             self._client.timeout = self._short_timeout
 
     def _retry_an_endpoint(self) -> None:
-        """When every endpoint failed recently, make the one that failed first usable again.
-
-        FIX (found from outside): the client marks an endpoint that failed as unusable for
-        its ``time_retry`` (0.5 s, so that the next call fails over to another member), and
-        with none left it raises NoServerAvailableError without trying any: every other
-        refresh of this keeper (retried every 250 ms) reached no etcd at all, halving its
-        chances to renew the lease in the second or so etcd leaves after it is back. The
+        """When every endpoint failed recently, make the one that failed first usable again:
+        with none usable the client tries none (NoServerAvailableError), and the keeper's
+        retries every 250 ms would miss the second or so etcd leaves a restored lease. The
         keeper paces its retries itself; failover to a member that has not failed is kept."""
         endpoints = list(self._client.endpoints.values())
         if endpoints and all(ep.is_failed() for ep in endpoints):
@@ -598,10 +582,8 @@ class KeepAlive:
                 self.store.outage.failed(f"keep-alive of lease {self.lease.id:x}", exc)
                 if not self.counted_expired and self.surely_expired():
                     # Counted now, not when etcd can say so: a process cut off from etcd
-                    # (not etcd down for all) hears it only at the heal, and the loss (its
-                    # keys gone, its leaderships moved) happened a TTL after the last
-                    # refresh. FIX (found from outside: a leader cut for 30-60 s moved
-                    # strom_metadata_leases_lost_total only after the heal). Once per lease.
+                    # hears it only at the heal, and the loss (its keys gone, its leaderships
+                    # moved) happened a TTL after the last refresh. Once per lease.
                     self.counted_expired = True
                     metrics.lease_lost(_lease_id(self.lease))
                     log.warning(
@@ -650,8 +632,7 @@ class KeepAlive:
                 self.store._call(self.lease.revoke)
             except LeaseLostError:
                 # It expired before this keeper saw it: an active controller sees its
-                # election key vanish first and resigns, stopping the keeper. Its loss went
-                # uncounted (found from outside).
+                # election key vanish first and resigns, stopping the keeper; count it.
                 self.lost = True
                 metrics.lease_lost(_lease_id(self.lease))
                 log.warning("lease %x lost (found when revoking it)", self.lease.id)
@@ -682,13 +663,8 @@ class Watch:
     """A prefix watch that survives etcd restarts by resuming after the last revision seen.
 
     Each watch has a gRPC stream of its own, read by its own thread, and is cancelled by
-    ending that stream. FIX (found from outside): watches shared the etcd3 client's Watcher
-    and were cancelled by their watch id, but etcd numbers watches per stream from 0 and the
-    client starts a new Watcher (a new stream) whenever any request times out or finds etcd
-    unavailable. Two watches of one store then held the same id on different streams, and
-    cancelling one (the client sends the id to whichever Watcher is current) silently removed
-    the other: after a 60 s etcd outage a controller's election resign() cancelled its
-    cluster view's watch, and the view never changed again.
+    ending that stream: etcd numbers watches per stream, so with the etcd3 client's shared
+    Watcher (renewed on any timeout) cancelling one watch by id could remove another.
     """
 
     def __init__(
@@ -764,17 +740,13 @@ class Watch:
         has the revision to resume from: ``compacted``, or ``history_lost`` when etcd's
         revision is below the last one delivered.
 
-        FIX (found from outside): an etcd restarted on an empty data dir (wiped, or restored
-        from an older backup) is at a revision below the watch's, accepts a watch from a
-        future revision and stays silent until it gets there, so a running service never
-        learnt that the cluster key had gone or changed. The ``created`` answer's header
-        holds etcd's current revision; one below the last revision delivered means etcd lost
+        An etcd restarted on an empty data dir (wiped, or restored from an older backup)
+        accepts a watch from a future revision and stays silent until it gets there: the
+        ``created`` answer's header revision below the last one delivered means etcd lost
         history (it never goes back otherwise), and the owner resyncs.
 
         etcd 3.4 answers a watch from a compacted revision with ``created`` and then a
-        separate cancel that names the compaction. FIX (found from outside): that cancel was
-        taken for a broken stream and the watch made again from the same revision, about five
-        times a second for ever, so the owner never resynced and saw no change again."""
+        separate cancel naming the compaction: that is a reset, not a broken stream."""
         if first.created and first.header.revision < self.next_revision - 1:
             return "history_lost"
         resp = first
@@ -825,9 +797,8 @@ class Watch:
         which may return the snapshot's revision) and the watch goes on after it.
 
         ``next_revision`` moves only once the snapshot is taken, and a snapshot that fails is
-        retried until it succeeds (or the watch is cancelled). FIX (found from outside): it
-        moved first and a failed snapshot (the view retries for 60 s) was swallowed, so the
-        watch went on from a revision whose earlier changes its owner had never seen."""
+        retried until it succeeds (or the watch is cancelled): otherwise the watch would go on
+        from a revision whose earlier changes its owner never saw."""
         metrics.watch_reset(reason)
         log.warning("watch on %s lost its place (%s): resyncing", self.prefix, reason)
         delay = 0.2
