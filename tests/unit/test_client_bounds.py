@@ -162,9 +162,9 @@ def test_admin_method_arguments_beyond_the_wire_s_range_name_themselves() -> Non
             admin.delete_records({tp: 2**63})
         with pytest.raises(ValueError, match=r"t-0: offset spec .*int64"):
             admin.list_offsets({tp: 2**63})
-        with pytest.raises(ValueError, match=r"partition >= 0 and <= 2147483647"):
+        with pytest.raises(ValueError, match=r"partition must be >= 0 and <= 2147483647"):
             admin.delete_records({TopicPartition("t", 2**31): 0})
-        with pytest.raises(StromError, match="must be a positive integer <= 2147483647"):
+        with pytest.raises(StromError, match=r"must be >= 1 and <= 2147483647 \(a positive int32"):
             admin.create_partitions("t", 2**31)
 
 
@@ -283,3 +283,54 @@ def test_send_offsets_to_transaction_checks_its_offsets_as_commit_does() -> None
     from strom.client.types import OffsetAndMetadata, checked_offsets
 
     assert checked_offsets({("t", 0): 5}, "x") == {tp: OffsetAndMetadata(5)}
+
+
+def test_alter_group_offsets_checks_its_offsets_as_commit_does() -> None:
+    """The Admin's offsets go through the same check as commit()'s, raised as the Admin's
+    errors: 2**63 (and an epoch past int32) failed inside protobuf, naming nothing."""
+    from strom.client.types import OffsetAndMetadata
+    from strom.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+    tp = TopicPartition("t", 0)
+    cases: list[tuple[Any, type[Exception], str]] = [
+        ({tp: 2**63}, InvalidArgumentError, r"offset for t-0 must be .*<= 9223372036854775807"),
+        ({tp: -1}, InvalidArgumentError, r"offset for t-0 must be >= 0"),
+        ({tp: "5"}, InvalidArgumentError, r"offset for t-0 must be an offset >= 0"),
+        ({tp: OffsetAndMetadata(5, "", 2**31)}, InvalidArgumentError, r"t-0: leader_epoch"),
+        ({tp: OffsetAndMetadata(5, 7)}, InvalidArgumentTypeError, r"t-0: metadata must be"),  # type: ignore[arg-type]
+        ({tp: OffsetAndMetadata("5")}, InvalidArgumentTypeError, r"t-0 must be an int"),  # type: ignore[arg-type]
+        ({("t", 2**31): 0}, InvalidArgumentError, r"partition must be >= 0 and <= 2147483647"),
+        ({("t", "0"): 0}, InvalidArgumentTypeError, r"partition must be an int"),
+    ]
+    with Admin(NOWHERE) as admin:
+        for offsets, error, match in cases:
+            with pytest.raises(error, match=match) as caught:
+                admin.alter_group_offsets("g", offsets)
+            assert isinstance(caught.value, InvalidRequestError), offsets
+
+
+def test_admin_replica_assignment_partitions_beyond_int32_name_the_topic() -> None:
+    from strom import NewTopic
+    from strom.errors import InvalidReplicaAssignmentError
+
+    with Admin(NOWHERE) as admin:
+        for assignment in ({2**31: [1]}, {0: [2**31]}, {0: [True]}):
+            with pytest.raises(InvalidReplicaAssignmentError, match=r"(topic 't'|t-0): "):
+                admin.create_topics([NewTopic("t", replica_assignment=assignment)])
+
+
+def test_commit_and_send_offsets_refuse_an_epoch_or_note_the_wire_cannot_carry() -> None:
+    from strom.client.types import OffsetAndMetadata, checked_offsets
+
+    tp = TopicPartition("t", 0)
+    with pytest.raises(ValueError, match=r"commit offset for t-0: leader_epoch must be"):
+        checked_offsets({tp: OffsetAndMetadata(1, "", 2**31)}, "commit")
+    with pytest.raises(TypeError, match=r"commit offset for t-0: metadata must be a str"):
+        checked_offsets({tp: OffsetAndMetadata(1, b"x")}, "commit")  # type: ignore[arg-type]
+
+
+def test_poll_refuses_a_nan_timeout() -> None:
+    """Refused with the other bad timeouts, before anything else is looked at (a NaN
+    deadline is never reached nor passed)."""
+    with Consumer(NOWHERE) as consumer, pytest.raises(TypeError, match="timeout_ms must be a"):
+        consumer.poll(timeout_ms=float("nan"))

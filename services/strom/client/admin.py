@@ -64,6 +64,7 @@ from strom.client.admin_configs import ConfigsAdmin
 from strom.client.admin_groups import GroupsAdmin
 from strom.client.admin_reassignments import ReassignmentsAdmin
 from strom.client.admin_records import RecordsAdmin
+from strom.client.admin_requests import admin_errors
 from strom.client.admin_topics import TopicsAdmin
 from strom.client.admin_transactions import (
     FENCE_TRANSACTION_TIMEOUT_MS,  # noqa: F401  (importable from here, as before the split)
@@ -146,17 +147,6 @@ __all__ = [
 # The client
 
 
-def _admin_int(name: str, value: object, minimum: int, maximum: int) -> int:
-    """:func:`~strom.client.kwnames.int_option`'s check, raising the Admin's errors (each
-    both the ValueError/TypeError the other clients raise and an InvalidRequestError)."""
-    try:
-        return int_option(name, value, minimum, maximum)
-    except TypeError as exc:
-        raise InvalidArgumentTypeError(str(exc)) from None
-    except ValueError as exc:
-        raise InvalidArgumentError(str(exc)) from None
-
-
 class Admin(
     TopicsAdmin,
     ConfigsAdmin,
@@ -211,15 +201,13 @@ class Admin(
         ssl_keyfile: str | None = None,
         token: str | None = None,
     ) -> None:
-        # ValueError/TypeError naming the argument, as the Producer's and Consumer's (found
-        # from outside: InvalidRequestError here, and no maximum: request_timeout_ms=2**63
-        # made list_topics() hang for ever); still InvalidRequestErrors, as documented.
         for name, value in (
             ("request_timeout_ms", request_timeout_ms),
             ("default_api_timeout_ms", default_api_timeout_ms),
         ):
             if value is not None:
-                _admin_int(name, value, 1, INT_MS_MAX)
+                with admin_errors():
+                    int_option(name, value, 1, INT_MS_MAX)
         if not isinstance(client_id, str):
             raise InvalidArgumentTypeError(f"client_id must be a str, got {client_id!r}")
         if request_timeout_ms is None:
@@ -246,7 +234,7 @@ class Admin(
         self.client_id = client_id
         self._owned = cluster_client is None
         if cluster_client is None:
-            try:
+            with admin_errors():
                 cluster_client = ClusterClient(
                     bootstrap,
                     timeout_s=request_timeout_ms / 1000,
@@ -254,10 +242,6 @@ class Admin(
                     client_id=client_id,
                     security=client_security(ssl_cafile, ssl_certfile, ssl_keyfile, token),
                 )
-            except TypeError as exc:
-                raise InvalidArgumentTypeError(str(exc)) from None
-            except ValueError as exc:
-                raise InvalidArgumentError(str(exc)) from None
         self._client = cluster_client
         self._closed = False
         forks.track(self)

@@ -13,19 +13,18 @@ from strom.client import group_admin
 from strom.client.admin_calls import AdminCalls
 from strom.client.admin_requests import (
     NONE,
+    admin_errors,
     by_topic,
     checked_group_id,
     checked_group_ids,
     group_error,
     group_partition_error,
-    is_int,
     partition_failures,
     raise_first,
     tp_list,
-    tp_map,
 )
 from strom.client.group_admin import GroupDescription, GroupListing, GroupState
-from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets
+from strom.client.types import OffsetAndMetadata, TopicPartition, add_offsets, checked_offsets
 from strom.errors import ErrorCode, InvalidRequestError, StromError
 
 
@@ -140,15 +139,8 @@ class GroupsAdmin(AdminCalls):
         other partitions were set.
         """
         gid = checked_group_id(group_id)
-        wanted: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp, value in tp_map(offsets, "alter_group_offsets").items():
-            om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)  # type: ignore[arg-type]
-            if not is_int(om.offset) or om.offset < 0 or not isinstance(om.metadata, str):
-                raise InvalidRequestError(
-                    f"{tp.topic}-{tp.partition}: alter_group_offsets takes an offset >= 0 or an "
-                    f"OffsetAndMetadata, not {value!r}"
-                )
-            wanted[tp] = om
+        with admin_errors():
+            wanted = checked_offsets(offsets, "alter_group_offsets")
         if not wanted:
             return
         req = coordinator_pb2.OffsetCommitRequest(group_id=gid, member_epoch=-1)

@@ -8,7 +8,8 @@ around its RPCs (and the ``strom`` CLI reads topic descriptions with them too).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -23,10 +24,11 @@ from strom.client.admin_types import (
     PartitionInfo,
     TopicDescription,
 )
-from strom.client.kwnames import INT32_MAX, INT64_MAX
-from strom.client.types import TopicPartition
+from strom.client.kwnames import INT32_MAX, INT64_MAX, int_option
+from strom.client.types import TopicPartition, checked_topic_partition
 from strom.errors import (
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvalidConfigError,
     InvalidGroupIdError,
     InvalidReplicaAssignmentError,
@@ -63,35 +65,47 @@ def topic_names(names: Iterable[str] | str, what: str) -> list[str]:
     return out
 
 
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+@contextmanager
+def admin_errors() -> Iterator[None]:
+    """The clients' shared checks raise TypeError/ValueError; the Admin raises them as
+    InvalidArgumentTypeError/InvalidArgumentError, which are both those and the
+    InvalidRequestError it documents, so either ``except`` clause catches them."""
+    try:
+        yield
+    except StromError:
+        raise
+    except TypeError as exc:
+        raise InvalidArgumentTypeError(str(exc)) from None
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
 
 
 def positive_count(
     value: int | None, what: str, error: type[StromError], *, default_ok: bool = True
 ) -> int:
-    """-1 (the server's "cluster default") for None when ``default_ok``, else a positive int."""
+    """-1 (the server's "cluster default") for None when ``default_ok``, else a positive int32,
+    refused as ``error`` (the error class the server would answer with)."""
     if value is None and default_ok:
         return -1
-    if value is None or not is_int(value) or not 1 <= value <= INT32_MAX:  # (int32 on the wire)
+    try:
+        return int_option(what, value, 1, INT32_MAX, " (a positive int32)")
+    except (TypeError, ValueError) as exc:
         hint = " (leave it out for the cluster default)" if default_ok else ""
-        raise error(f"{what} must be a positive integer <= {INT32_MAX}, not {value!r}{hint}")
-    return value
+        raise error(f"{exc}{hint}") from None
+
+
+def _int32_index(value: object) -> bool:
+    """Whether ``value`` is an int (not a bool) >= 0 that the wire's int32 carries."""
+    try:
+        int_option("", value, 0, INT32_MAX)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def topic_partition(item: object) -> TopicPartition:
-    if (
-        isinstance(item, tuple)
-        and len(item) == 2
-        and isinstance(item[0], str)
-        and item[0]
-        and is_int(item[1])
-        and 0 <= item[1] <= INT32_MAX
-    ):
-        return TopicPartition(item[0], item[1])
-    raise InvalidArgumentError(
-        f"expected a TopicPartition(topic, partition >= 0 and <= {INT32_MAX}), not {item!r}"
-    )
+    with admin_errors():
+        return checked_topic_partition(item)
 
 
 def tp_list(items: Iterable[Any], what: str) -> list[TopicPartition]:
@@ -131,9 +145,10 @@ def replica_list(replicas: object, what: str) -> list[int]:
     if isinstance(replicas, str | bytes) or not isinstance(replicas, Iterable):
         raise InvalidReplicaAssignmentError(f"{what}: replicas must be a list of node ids")
     out = list(replicas)
-    if not out or not all(is_int(r) and 0 <= r <= INT32_MAX for r in out):
+    if not out or not all(map(_int32_index, out)):
         raise InvalidReplicaAssignmentError(
-            f"{what}: replicas must be a non-empty list of node ids, not {out!r}"
+            f"{what}: replicas must be a non-empty list of node ids (ints >= 0 and <= "
+            f"{INT32_MAX}), not {out!r}"
         )
     return out
 
@@ -153,9 +168,10 @@ def replica_assignments(
         )
     out = []
     for partition, replicas in items:
-        if not is_int(partition) or partition < 0:
+        if not _int32_index(partition):
             raise InvalidReplicaAssignmentError(
-                f"topic {topic!r}: partition {partition!r} in replica_assignment is not an index"
+                f"topic {topic!r}: partition {partition!r} in replica_assignment is not an "
+                f"index (an int >= 0 and <= {INT32_MAX})"
             )
         out.append(
             controller_pb2.ReplicaAssignment(

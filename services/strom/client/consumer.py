@@ -44,12 +44,15 @@ from strom.client.fetcher import CONSUMER_SCHEMA, Fetcher
 from strom.client.group_member import make_group
 from strom.client.kwnames import (
     INT32_MAX,
+    INT64_MAX,
     INT_MS_MAX,
     LONG_MS_MAX,
+    MAX_WAIT_S,
     bool_option,
     int_option,
     kafka_keywords,
     str_option,
+    wait_limit,
 )
 from strom.client.membership import GroupMembership
 from strom.client.memory import keep_freed_buffers
@@ -80,10 +83,6 @@ MiB = 1024 * 1024
 log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("latest", "earliest", "none")
-#: Offsets and timestamps travel as int64: larger ones are refused up front, naming the
-#: argument (found from outside: seek(tp, 2**63) was accepted and the next poll raised a
-#: bare ValueError from protobuf).
-INT64_MAX = (1 << 63) - 1
 _client_ids = itertools.count(1)
 #: Longest a group member's poll() blocks in a Fetch of its own: a new assignment waits for
 #: the call to end (a poll waiting on a condition is woken at once).
@@ -140,10 +139,6 @@ def _one_thread(method: F) -> F:
             self._entry.release()
 
     return guarded  # type: ignore[return-value]
-
-
-def _int_arg(name: str, value: Any, minimum: int, maximum: int) -> int:
-    return int_option(name, value, minimum, maximum)
 
 
 def _topic_partitions(tps: Any, what: str) -> list[TopicPartition]:
@@ -234,20 +229,20 @@ class Consumer:
         # without the argument's name): what goes on the wire as int32 (fetch sizes and
         # waits) and Kafka's int ms settings up to 2**31-1, its long ones (the backoffs) up
         # to LONG_MS_MAX, where threading's timeouts would overflow.
-        _int_arg("fetch_min_bytes", fetch_min_bytes, 0, INT32_MAX)
-        _int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0, INT_MS_MAX)
-        _int_arg("fetch_max_bytes", fetch_max_bytes, 1, INT32_MAX)
-        _int_arg("max_partition_fetch_bytes", max_partition_fetch_bytes, 1, INT32_MAX)
-        _int_arg("max_poll_records", max_poll_records, 1, INT32_MAX)
-        _int_arg("max_poll_interval_ms", max_poll_interval_ms, 1, INT_MS_MAX)
-        _int_arg("request_timeout_ms", request_timeout_ms, 1, INT_MS_MAX)
+        int_option("fetch_min_bytes", fetch_min_bytes, 0, INT32_MAX)
+        int_option("fetch_max_wait_ms", fetch_max_wait_ms, 0, INT_MS_MAX)
+        int_option("fetch_max_bytes", fetch_max_bytes, 1, INT32_MAX)
+        int_option("max_partition_fetch_bytes", max_partition_fetch_bytes, 1, INT32_MAX)
+        int_option("max_poll_records", max_poll_records, 1, INT32_MAX)
+        int_option("max_poll_interval_ms", max_poll_interval_ms, 1, INT_MS_MAX)
+        int_option("request_timeout_ms", request_timeout_ms, 1, INT_MS_MAX)
         if default_api_timeout_ms is None:
             default_api_timeout_ms = request_timeout_ms
-        _int_arg("default_api_timeout_ms", default_api_timeout_ms, 1, INT_MS_MAX)
-        _int_arg("retry_backoff_ms", retry_backoff_ms, 0, LONG_MS_MAX)
-        _int_arg("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms, LONG_MS_MAX)
-        _int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 1, INT_MS_MAX)
-        _int_arg("commit_linger_ms", commit_linger_ms, 0, INT_MS_MAX)
+        int_option("default_api_timeout_ms", default_api_timeout_ms, 1, INT_MS_MAX)
+        int_option("retry_backoff_ms", retry_backoff_ms, 0, LONG_MS_MAX)
+        int_option("retry_backoff_max_ms", retry_backoff_max_ms, retry_backoff_ms, LONG_MS_MAX)
+        int_option("auto_commit_interval_ms", auto_commit_interval_ms, 1, INT_MS_MAX)
+        int_option("commit_linger_ms", commit_linger_ms, 0, INT_MS_MAX)
         str_option("client_id", client_id, empty_ok=True)
         str_option("group_instance_id", group_instance_id)
         str_option("group_remote_assignor", group_remote_assignor)
@@ -269,7 +264,7 @@ class Consumer:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a callable taking bytes, got {fn!r}")
         if consumer_timeout_ms is not None:
-            _int_arg("consumer_timeout_ms", consumer_timeout_ms, 0, LONG_MS_MAX)
+            int_option("consumer_timeout_ms", consumer_timeout_ms, 0, LONG_MS_MAX)
 
         self.client_id = client_id or f"strom-consumer-{next(_client_ids)}"
         forks.track(self)
@@ -591,12 +586,7 @@ class Consumer:
         (tp,) = self._assigned([partition], "seek()")
         if isinstance(offset, OffsetAndMetadata):
             offset = offset.offset
-        if isinstance(offset, bool) or not isinstance(offset, int):
-            raise TypeError(f"offset must be an int, got {offset!r}")
-        if offset < 0:
-            raise ValueError(f"offset must be >= 0, got {offset}")
-        if offset > INT64_MAX:
-            raise ValueError(f"offset must be <= 2**63 - 1 (an int64), got {offset}")
+        int_option("offset", offset, 0, INT64_MAX)
         self._moved = True
         self._fetcher.seek(tp, offset)
 
@@ -832,13 +822,9 @@ class Consumer:
             raise TypeError("offsets_for_times() takes a {TopicPartition: timestamp_ms} dict")
         query: dict[TopicPartition, int] = {}
         for tp, ts in timestamps.items():
-            if isinstance(ts, bool) or not isinstance(ts, int):
-                raise TypeError(f"timestamp for {tp} must be an int (ms), got {ts!r}")
-            if ts < 0:
-                raise ValueError(f"timestamp for {tp} must be >= 0 (ms since the epoch), got {ts}")
-            if ts > INT64_MAX:
-                raise ValueError(f"timestamp for {tp} must be <= 2**63 - 1 (an int64), got {ts}")
-            query[_topic_partition(tp)] = ts
+            tp = _topic_partition(tp)
+            what = f"timestamp for {tp.topic}-{tp.partition} (ms)"
+            query[tp] = int_option(what, ts, 0, INT64_MAX)
         self._check_exist(list(query))
         found = self._list_offsets(query, timeout_s=budget)
         return {
@@ -965,13 +951,17 @@ class Consumer:
 
     @staticmethod
     def _poll_args(timeout_ms: Any, max_records: Any, default: int) -> int:
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+        if (
+            isinstance(timeout_ms, bool)
+            or not isinstance(timeout_ms, (int, float))
+            or timeout_ms != timeout_ms  # NaN
+        ):
             raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
         if timeout_ms < 0:
             raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
         if max_records is None:
             return default
-        return _int_arg("max_records", max_records, 1, INT32_MAX)
+        return int_option("max_records", max_records, 1, INT32_MAX)
 
     @_one_thread
     def _poll(self, timeout_ms: float, limit: int, *, arrow: bool) -> tuple[list[Any], int]:
@@ -1002,9 +992,8 @@ class Consumer:
             raise IllegalStateError(
                 "the consumer has no partitions: assign() some (or subscribe() with a group)"
             )
-        # (at most LONG_MS_MAX: found from outside, poll(timeout_ms=2**63) raised
-        # OverflowError from the wait for data; Kafka's poll waits as long as asked)
-        deadline = time.monotonic() + min(timeout_ms, LONG_MS_MAX) / 1000.0
+        wait_s = wait_limit("timeout_ms", timeout_ms, ms=True)  # None: as long as asked
+        deadline = time.monotonic() + (MAX_WAIT_S if wait_s is None else wait_s)
         waited = False
         while True:
             if self._group is not None:

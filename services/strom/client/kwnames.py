@@ -153,14 +153,16 @@ def str_option(name: str, value: Any, *, empty_ok: bool = False) -> str | None:
 MAX_WAIT_S = LONG_MS_MAX / 1000
 
 
-def wait_limit(name: str, timeout: Any) -> float | None:
-    """A call's ``timeout`` in seconds as ``threading`` waits take it: None (no limit) for
-    None, for infinity and for anything longer than LONG_MS_MAX ms; TypeError naming
-    ``name`` for what is not a number. Found from outside: ``poll(timeout_ms=2**63)``,
-    ``producer.close(2**63)`` and ``future.get(timeout=2**63)`` raised OverflowError
-    ("timestamp out of range for platform time_t") where Kafka's clients wait as asked."""
+def wait_limit(name: str, timeout: Any, *, ms: bool = False) -> float | None:
+    """A call's ``timeout`` (in seconds, or in ms with ``ms``) as seconds for ``threading``'s
+    waits: None (no limit) for None, infinity and anything past LONG_MS_MAX, since longer
+    waits overflow there and Kafka's clients wait as asked; TypeError naming ``name`` for
+    what is not a number."""
+    unit = "ms" if ms else "seconds"
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout:
-        raise TypeError(f"{name} must be a number of seconds or None, got {timeout!r}")
-    return None if timeout > MAX_WAIT_S else timeout
+        raise TypeError(f"{name} must be a number of {unit} or None, got {timeout!r}")
+    if timeout > (LONG_MS_MAX if ms else MAX_WAIT_S):
+        return None
+    return timeout / 1000 if ms else timeout

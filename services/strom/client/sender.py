@@ -221,10 +221,9 @@ class SenderLoop(ProduceAnswers, Sequences, AddPartitions, OverdueRequests):
             except Exception:  # never let the sender die silently
                 log.exception("producer sender loop failed")
                 timeout = self.retry_backoff_s
-            # (at most a minute: the loop recomputes its timeout anyway, and a wait past
-            # threading.TIMEOUT_MAX would raise here, outside the try, and end the thread
-            # with every send left hanging: found from outside, metadata_max_age_ms=2**63)
-            self._wake.wait(min(timeout, 60.0))
+            # (never past threading.TIMEOUT_MAX, which would end this thread: every wait
+            # above comes from a setting that int_option bounds by LONG_MS_MAX)
+            self._wake.wait(timeout)
             self._wake.clear()
 
     def _refresh_metadata(self, now: float) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 #: Kafka's ``metrics.sample.window.ms`` and ``metrics.num.samples`` defaults.
 SAMPLE_WINDOW_S = 30.0
@@ -40,7 +40,7 @@ def tagged(name: str, **tags: object) -> str:
 
 
 class Windowed:
-    """Count, sum and maximum of recorded values over the last ``SAMPLES`` samples of
+    """Count, sum, maximum and minimum of recorded values over the last ``SAMPLES`` samples of
     ``SAMPLE_WINDOW_S`` (Kafka's SampledStat), plus the all-time count and sum.
 
     Not locked: its owner (a stats object) holds its own lock around every call."""
@@ -48,25 +48,27 @@ class Windowed:
     __slots__ = ("_samples", "count_total", "sum_total")
 
     def __init__(self) -> None:
-        #: [start, count, sum, max] per sample, oldest first.
+        #: [start, count, sum, max, min] per sample, oldest first.
         self._samples: list[list[float]] = []
         self.count_total = 0
         self.sum_total = 0.0
 
     def record(self, value: float, now: float, count: int = 1) -> None:
-        """Add ``value`` (``count`` events whose values sum to ``value``; the maximum then
-        counts their mean)."""
+        """Add ``value`` (``count`` events whose values sum to ``value``; the maximum and
+        minimum then count their mean)."""
         self.count_total += count
         self.sum_total += value
         samples = self._samples
         if not samples or now - samples[-1][0] >= SAMPLE_WINDOW_S:
-            samples.append([now, 0.0, 0.0, -math.inf])
+            samples.append([now, 0.0, 0.0, -math.inf, math.inf])
             if len(samples) > SAMPLES:
                 del samples[0]
         s = samples[-1]
         s[1] += count
         s[2] += value
-        s[3] = max(s[3], value / count if count else value)
+        mean = value / count if count else value
+        s[3] = max(s[3], mean)
+        s[4] = min(s[4], mean)
 
     def _live(self, now: float) -> list[list[float]]:
         """The samples still inside the window (Kafka purges older ones on read)."""
@@ -81,6 +83,10 @@ class Windowed:
         live = [s for s in self._live(now) if s[1]]
         return max(s[3] for s in live) if live else NAN
 
+    def min(self, now: float) -> float:
+        live = [s for s in self._live(now) if s[1]]
+        return min(s[4] for s in live) if live else NAN
+
     def rate(self, now: float, born: float) -> float:
         """Values per second over the window (Kafka's Rate: the samples' sum over the time
         they span, at least ``(SAMPLES - 1) * SAMPLE_WINDOW_S``, or the client's age when
@@ -92,6 +98,15 @@ class Windowed:
         """Events recorded per second over the window (as :meth:`rate`)."""
         live = self._live(now)
         return _per_second(sum(s[1] for s in live), live, now, born)
+
+
+def _with_current(pick: Callable[..., float], seen: float, now_values: Iterable[int]) -> float:
+    """``pick`` (min or max) of a windowed extreme (``seen``, NaN for an empty window) and
+    the values now; NaN with neither."""
+    values = [float(v) for v in now_values]
+    if not math.isnan(seen):
+        values.append(seen)
+    return pick(values) if values else NAN
 
 
 def _per_second(total: float, live: list[list[float]], now: float, born: float) -> float:
@@ -239,8 +254,8 @@ class FetchStats:
         #: it drained (Kafka records each partition's lag as a poll takes its records).
         self.lag = Windowed()
         #: The same poll's smallest lead (position over the log start) on a partition it
-        #: drained, negated: a windowed maximum of -lead is records-lead-min.
-        self.lead_negated = Windowed()
+        #: drained.
+        self.lead = Windowed()
 
     def fetched(self, latency_s: float, nbytes: int, throttle_ms: int | None = None) -> None:
         """A Fetch answer (or a failed Fetch) came ``latency_s`` after the consumer began
@@ -263,7 +278,7 @@ class FetchStats:
             if lag >= 0:
                 self.lag.record(lag, now)
             if lead >= 0:
-                self.lead_negated.record(-lead, now)
+                self.lead.record(lead, now)
 
     def records_lead_min(self, leads_now: Iterable[int], now: float | None = None) -> float:
         """``records-lead-min``: the smallest lead the polls of the last 30-60 s left
@@ -271,11 +286,8 @@ class FetchStats:
         got away still shows it), and at most the smallest lead now; NaN with neither."""
         now = time.monotonic() if now is None else now
         with self.lock:
-            seen = -self.lead_negated.max(now)
-        current = min(leads_now, default=None)
-        if current is None:
-            return seen
-        return float(current) if math.isnan(seen) else min(seen, float(current))
+            seen = self.lead.min(now)
+        return _with_current(min, seen, leads_now)
 
     def records_lag_max(self, lags_now: Iterable[int], now: float | None = None) -> float:
         """``records-lag-max``: the largest lag the polls of the last 30-60 s left (Kafka's,
@@ -286,10 +298,7 @@ class FetchStats:
         now = time.monotonic() if now is None else now
         with self.lock:
             seen = self.lag.max(now)
-        current = max(lags_now, default=None)
-        if current is None:
-            return seen
-        return float(current) if math.isnan(seen) else max(seen, float(current))
+        return _with_current(max, seen, lags_now)
 
     def snapshot(self) -> dict[str, float]:
         now = time.monotonic()

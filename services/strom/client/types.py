@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from strom.argtypes import INT32_MAX, INT64_MAX
+from strom.client.kwnames import int_option
 
 
 class TopicPartition(NamedTuple):
@@ -86,22 +87,23 @@ def checked_topic_partition(tp: Any) -> TopicPartition:
 
 def checked_offsets(offsets: Any, what: str) -> dict[TopicPartition, OffsetAndMetadata]:
     """A caller's offsets to commit (``{TopicPartition: OffsetAndMetadata or int}``) checked,
-    or a clear error naming ``what`` took them: ``Consumer.commit`` and
-    ``Producer.send_offsets_to_transaction`` take the same (found from outside: the latter
-    raised AttributeError from deep inside for plain int offsets, which ``commit`` takes)."""
+    or a TypeError/ValueError naming ``what`` and the partition: every call that commits
+    offsets takes this one shape, and a value the wire cannot carry (int64 offset, int32
+    epoch, str note) must fail here, not inside protobuf."""
     if not isinstance(offsets, Mapping):
         raise TypeError(
             f"{what} takes offsets as {{TopicPartition: OffsetAndMetadata}}, got {offsets!r}"
         )
     out = {}
-    for tp, om in offsets.items():
-        if isinstance(om, int) and not isinstance(om, bool):
-            om = OffsetAndMetadata(om)
-        if not isinstance(om, OffsetAndMetadata) or om.offset < 0:
-            raise ValueError(f"{what} offset for {tp} must be an offset >= 0, got {om!r}")
-        if om.offset > INT64_MAX:
-            raise ValueError(
-                f"{what} offset for {tp} must be <= 2**63 - 1 (an int64), got {om.offset}"
-            )
-        out[checked_topic_partition(tp)] = om
+    for key, value in offsets.items():
+        tp = checked_topic_partition(key)
+        om = OffsetAndMetadata(value) if isinstance(value, int) else value
+        where = f"{what} offset for {tp.topic}-{tp.partition}"
+        if not isinstance(om, OffsetAndMetadata):
+            raise ValueError(f"{where} must be an offset >= 0 or an OffsetAndMetadata, got {om!r}")
+        int_option(where, om.offset, 0, INT64_MAX)
+        int_option(f"{where}: leader_epoch", om.leader_epoch, -1, INT32_MAX)
+        if not isinstance(om.metadata, str):
+            raise TypeError(f"{where}: metadata must be a str, got {om.metadata!r}")
+        out[tp] = om
     return out
