@@ -35,6 +35,7 @@ from strom.client.group_admin import (
 )
 from strom.client.offsets import EARLIEST, LATEST, list_offsets
 from strom.client.types import TopicPartition
+from strom.controlchars import CONTROL_CHARS
 from strom.errors import (
     ErrorCode,
     GroupIdNotFoundError,
@@ -48,15 +49,14 @@ E = ErrorCode
 
 #: Exit status of ``groups list`` when some coordinator shards did not answer.
 INCOMPLETE = 2
-#: Control characters (C0, DEL, C1) and the backslash that escapes them.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+#: Control characters and the backslash that escapes them.
+_UNPRINTABLE = re.compile(rf"[{CONTROL_CHARS}\\]")
 
 
 def shown(name: str) -> str:
     """A name as the text output prints it: control characters escaped (``\\x00``), and the
-    backslash too so an escape cannot be forged. Coordinators now refuse such group and
-    member ids, but older ones stored them, and printed raw they garbled the terminal and
-    the tab-separated lines of ``groups list`` (found from outside)."""
+    backslash too so an escape cannot be forged. Coordinators refuse such ids, but older
+    ones stored them."""
     return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", name)
 
 

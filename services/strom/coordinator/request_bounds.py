@@ -12,16 +12,13 @@ The empty group id keeps its own answer (INVALID_GROUP_ID, Kafka's, from the sha
 
 from __future__ import annotations
 
-import re
-
+from strom.controlchars import CONTROL as _CONTROL
 from strom.errors import InvalidRequestError
 
 #: The longest group id (or group.instance.id) taken, in characters.
 MAX_GROUP_ID_CHARS = 1024
 #: The longest member id taken (KIP-848's are UUIDs: 36 characters).
 MAX_MEMBER_ID_CHARS = 255
-#: C0 and C1 control characters and DEL: nothing a name needs, and they garble a terminal.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def check_id(value: str, field: str, limit: int) -> None:
