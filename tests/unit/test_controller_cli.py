@@ -29,9 +29,14 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert args.controller_id is None
     assert args.session_timeout_s == 2
     assert args.log_level == "info"
-    assert flags.advertised(args.listen, args.advertise) == ("127.0.0.1", 9093)
-    assert flags.advertised("10.0.0.5:7000", None) == ("10.0.0.5", 7000)
-    assert flags.advertised("0.0.0.0:7000", "ctl-0.strom:7000") == ("ctl-0.strom", 7000)
+
+    def advertised(listen: str, advertise: str | None) -> tuple[str, int]:
+        address = flags.advertised_address(listen, advertise)
+        return address.host, address.port
+
+    assert advertised(args.listen, args.advertise) == ("127.0.0.1", 9093)
+    assert advertised("10.0.0.5:7000", None) == ("10.0.0.5", 7000)
+    assert advertised("0.0.0.0:7000", "ctl-0.strom:7000") == ("ctl-0.strom", 7000)
 
 
 def test_sources_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

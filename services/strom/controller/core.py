@@ -54,19 +54,11 @@ class Fenced(Exception):
     """This controller's election key changed under it: it is no longer the active one."""
 
 
-class LeaseLapsed(Fenced):
-    """This controller still holds the leadership, but no renewal of its election lease sent
-    within the lease's TTL has been answered (:meth:`ControllerCore.acting_as_active`): etcd
-    may have ended it and a standby may be active, though this controller has not heard so
-    yet (it is cut off from etcd, or etcd is down).
-
-    Found from outside: such a deposed controller kept answering admin calls — reads from a
-    view frozen since the cut (an ISR 28 s old while the new controller had shrunk it), writes
-    only after the client's whole deadline (REQUEST_TIMED_OUT, retried on it alone) — and its
-    answers named itself as the controller, so a client that last talked to it never looked
-    for the new one. It refuses instead (NOT_CONTROLLER) without stepping down: if etcd was
-    down for everyone it may well still hold the key once etcd is back, and serves again as
-    soon as a refresh succeeds; if not, the keeper then reports the loss and it steps down."""
+class LeaseLapsed(Exception):
+    """No renewal of this controller's election lease was answered within its TTL: a standby
+    may be active, so admin calls are refused (NOT_CONTROLLER, which sends clients looking
+    for the controller) rather than served from a view that may be stale. It does not step
+    down: if etcd was down for everyone it may still hold the key once etcd is back."""
 
 
 @dataclass(frozen=True)
@@ -242,21 +234,17 @@ class ControllerCore:
                     await body(lead)
             else:
                 await body(lead)
-        except Fenced as exc:
-            lapsed = isinstance(exc, LeaseLapsed)
+        except LeaseLapsed:
+            self._not_controller(resp, lapsed=True)
+        except Fenced:
             election = self._election
-            if (
-                not lapsed
-                and lead is not None
-                and self._leadership is lead
-                and election is not None
-            ):
+            if lead is not None and self._leadership is lead and election is not None:
                 # A write found the election key changed: step down before answering, so the
                 # answer names the new controller (from the view), not this one.
                 async with self._locked():
                     if self._leadership is lead:
                         await self._restart_election(election, "fenced by a newer controller")
-            self._not_controller(resp, lapsed=lapsed)
+            self._not_controller(resp, lapsed=False)
         except EtcdNoSpaceError as exc:  # only an operator ends it: no use retrying
             resp.error_code = E.METADATA_STORE_FULL
             resp.error_message = str(exc)

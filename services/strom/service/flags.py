@@ -178,7 +178,7 @@ def add_process_arguments(
 
 
 #: Listen hosts that mean every interface: nobody can dial them, so a service listening on
-#: one advertises another address (see :func:`advertised`). ``:9092`` splits to 0.0.0.0.
+#: one advertises another address (see :func:`advertised_address`). ``:9092`` splits to 0.0.0.0.
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 #: What a wildcard --listen advertises when this host's name is not usable: the dev default
@@ -318,21 +318,12 @@ def advertised_address(listen: str, advertise: str | None) -> Advertised:
     return Advertised(chosen, port, warning)
 
 
-def advertised(listen: str, advertise: str | None) -> tuple[str, int]:
-    """The (host, port) others should dial (see :func:`advertised_address`)."""
-    address = advertised_address(listen, advertise)
-    return address.host, address.port
-
-
-def warn_advertised(address: Advertised) -> None:
-    """Log the warning of a guessed address, once logging is set up: the address was
-    127.0.0.1 without a word, and on several hosts every other process dialled its own
-    loopback (found from outside)."""
-    if address.warning:
+def warn_advertised(warning: str | None, host: str, port: int) -> None:
+    """Log the ``warning`` of a guessed address ``host:port`` once logging is set up: on
+    several hosts, a silent 127.0.0.1 has every other process dial its own loopback."""
+    if warning:
         logging.getLogger("strom.service").warning(
-            "%s",
-            address.warning,
-            extra={"fields": {"advertised": f"{address.host}:{address.port}"}},
+            "%s", warning, extra={"fields": {"advertised": f"{host}:{port}"}}
         )
 
 
@@ -425,7 +416,7 @@ def check_services_authenticate(args: argparse.Namespace) -> None:
 class Process:
     """Where a controller or coordinator process listens and who it is, from its flags."""
 
-    #: The address others dial (see :func:`advertised`).
+    #: The address others dial (see :func:`advertised_address`).
     host: str
     port: int
     #: ``--controller-id`` / ``--coordinator-id``, or a random one when not given.
@@ -447,7 +438,7 @@ def start_process(
     except ValueError as exc:  # a namespace built without the flag types
         return fail(prog, str(exc), 2)
     runtime.setup_logging(args.log_level, role, args)
-    warn_advertised(address)
+    warn_advertised(address.warning, address.host, address.port)
     return Process(
         address.host,
         address.port,

@@ -185,9 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from strom.storage.node import StartupError, StorageNode, tune_malloc
 
     runtime.setup_logging(args.log_level, "storage-node", args)
-    flags.warn_advertised(
-        flags.Advertised(config.advertise_host, config.advertise_port, config.advertise_warning)
-    )
+    flags.warn_advertised(config.advertise_warning, config.advertise_host, config.advertise_port)
     tune_malloc()
     from strom.client import memory
 
