@@ -421,11 +421,9 @@ class RangeReader:
 
     def _check_leader(self, tp: TopicPartition, address: str) -> None:
         """The leader at ``address`` has answered nothing but empty Fetches for
-        ``QUIET_RECHECK_S`` although the range has records past ``pos``: look its leader up
-        with that node left out (a leader cut off from etcd answers at once, empty, and its
-        own Metadata answer names itself at its old epoch; found from outside). A newer
-        epoch on another node is fetched from the next request on, at the same offset;
-        the cache never goes back to an older one."""
+        ``QUIET_RECHECK_S``: look its leader up with that node left out, as the consumer
+        does (a leader cut off from etcd answers at once, empty, and names itself in its own
+        Metadata answer). A newer epoch elsewhere is fetched from the next request on."""
         try:
             self.leaders.refresh([tp.topic], avoid={address})
         except Exception as exc:  # checked again a QUIET_RECHECK_S later

@@ -211,3 +211,28 @@ def test_a_lookup_can_leave_out_the_node_whose_own_view_is_in_doubt(
             client.metadata(["t"], avoid={"n1:1", "n2:1"})
     finally:
         client.close()
+
+
+def test_a_lookup_that_leaves_out_the_only_known_node_asks_nobody(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a one-node cluster there is no other view to ask: the quiet-leader check (the
+    consumer's and Spark's, every QUIET_RECHECK_S) asks nothing, where it failed each time
+    or asked a bootstrap alias of that same node for the view in doubt."""
+
+    def only_n1(_req: Any) -> storage_pb2.MetadataResponse:
+        resp = _leading(1, 0)
+        resp.nodes.add(node_id=1, host="n1", port=1)
+        return resp
+
+    alias = FakeNode(metadata=only_n1)  # "svc:1" is node 1 under another name
+    client = _fake_client(monkeypatch, {"svc:1": alias})
+    monkeypatch.setattr(client, "storage", lambda addr: alias)
+    try:
+        client.cache.refresh(["t"])
+        assert client.cache.node_addresses() == {"n1:1"}
+        asked = alias.Metadata.asked
+        client.cache.refresh(["t"], avoid={"n1:1"})
+        assert alias.Metadata.asked == asked
+    finally:
+        client.close()

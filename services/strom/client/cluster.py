@@ -522,7 +522,8 @@ class ClusterClient:
         ``avoid``: addresses not to ask (a node whose own view is in doubt: a consumer
         checking that a leader that only answers empty fetches still leads asks the others,
         see strom.client.fetch_overdue.QUIET_RECHECK_S); BrokerNotAvailableError when no
-        other node is known."""
+        other node is known. Compared as strings: a bootstrap alias of an avoided node (a
+        k8s Service) is still asked and may answer with its stale view (accepted)."""
         if not refresh and self._metadata is not None and topics is None and not skip_topics:
             return self._metadata
         if avoid and not [a for a in self._candidates() if a not in avoid]:

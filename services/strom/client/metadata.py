@@ -229,11 +229,15 @@ class MetadataCache:
 
         ``avoid``: nodes not to ask, because their own answer is the one in doubt (a leader
         cut off from etcd still answers that it leads, at its old epoch). Such a refresh is
-        its own: it neither joins nor lends its answer to the refreshes in flight."""
+        its own: it neither joins nor lends its answer to the refreshes in flight, and asks
+        nothing when no other node is known (a one-node cluster: no other view exists)."""
         names = frozenset(topics)
         if not names:
             return
         if avoid:
+            known = self.node_addresses()
+            if known and known <= set(avoid):
+                return
             source = self._require_source()
             md = source.metadata(
                 sorted(names),
