@@ -26,11 +26,9 @@ INT32_MAX = 2**31 - 1
 #: The largest protobuf int64 (offsets, timestamps on the wire).
 INT64_MAX = 2**63 - 1
 #: The longest wait a client setting in ms that Kafka types as ``long`` (linger.ms,
-#: max.block.ms, retry.backoff.ms, metadata.max.age.ms) may ask for: 2**40 ms, ~34.8 years.
-#: Such waits become ``threading`` timeouts and deadlines, which overflow at
-#: ``threading.TIMEOUT_MAX`` (~292 years: 2**63 ns) and killed the thread that waited (found
-#: from outside: metadata_max_age_ms=2**63 killed the producer's sender and every send hung);
-#: 2**40 leaves room for sums with the clock. Here (not in the clients) for the CLI's flags.
+#: max.block.ms, ...) may ask for: 2**40 ms, ~34.8 years. Such waits become ``threading``
+#: timeouts, which overflow at ``threading.TIMEOUT_MAX`` (2**63 ns) and end the waiting
+#: thread; 2**40 leaves room for sums with the clock. Here, not in the clients, for the CLI.
 LONG_MS_MAX = 2**40
 
 

@@ -59,8 +59,7 @@ _linger_ms = number_above(0.0, inclusive=True, maximum=LONG_MS_MAX)
 
 def _batch_size(text: str) -> int:
     """The benchmarks' --batch-size: a size (``256KiB``) the Producer's batch_size takes, at
-    most 2**31-1 bytes (Kafka's int): found from outside, 3GiB was refused by the Producer
-    after the flags, as a failure naming batch_size instead of a usage error naming the flag."""
+    most 2**31-1 bytes (Kafka's int), so a larger one is a usage error naming the flag."""
     value = byte_size(text)
     if value > INT32_MAX:
         raise argparse.ArgumentTypeError(f"must be at most {INT32_MAX} bytes, not {text!r}")

@@ -763,8 +763,7 @@ class ClusterClient:
                     elif resp.error_code != NONE and is_retriable(resp.error_code):
                         # Ask the nodes again before the next attempt: the controller may be
                         # cut off from etcd ("etcd did not answer") while a standby that can
-                        # reach it has taken over. Kept, this address was all every attempt
-                        # asked until the deadline (found from outside).
+                        # reach it has taken over; kept, this address is all we would ask.
                         last = f"controller {addr}: {resp.error_message}"
                         self._controller_addr = None
                     else:

@@ -225,10 +225,8 @@ class Consumer:
             )
         enable_auto_commit = bool_option("enable_auto_commit", enable_auto_commit)
         check_crcs = bool_option("check_crcs", check_crcs)
-        # Maxima (found from outside: 2**63 was taken and failed in protobuf 7-9 frames deep
-        # without the argument's name): what goes on the wire as int32 (fetch sizes and
-        # waits) and Kafka's int ms settings up to 2**31-1, its long ones (the backoffs) up
-        # to LONG_MS_MAX, where threading's timeouts would overflow.
+        # Maxima: what goes on the wire as int32 (fetch sizes and waits) and Kafka's int ms
+        # settings up to 2**31-1, its long ones (the backoffs) up to LONG_MS_MAX.
         int_option("fetch_min_bytes", fetch_min_bytes, 0, INT32_MAX)
         int_option("fetch_max_wait_ms", fetch_max_wait_ms, 0, INT_MS_MAX)
         int_option("fetch_max_bytes", fetch_max_bytes, 1, INT32_MAX)

@@ -42,18 +42,11 @@ OVERDUE_GRACE_S = 1.0
 #: controller moves a hung node's partitions a few seconds after it stopped answering).
 OVERDUE_RECHECK_S = 1.0
 #: How long a partition's Fetch answers may come back without records before the consumer
-#: checks that the node it fetches from still leads it, by asking *another* node for its
-#: leader (Kafka's KIP-320 rule: the leader epoch decides). A leader cut off from etcd and the
-#: controllers keeps its last view and answers every Fetch at once, empty, and its own Metadata
-#: answer still names itself at its old epoch, while the controller elected another leader
-#: (~2 s after the lease expired) to which the producers moved. FIX (found from outside: group
-#: consumers stalled for the whole cut, 28.5 s of a 30 s one, 58.4 s of a 60 s one). If
-#: another node names a newer leader epoch on another node, the partition's fetches move there
-#: at the position they had (the new leader's log decides: an offset out of range there is
-#: handled as any). Cost: at most one Metadata call per this interval per consumer (taking
-#: along every partition quiet for half of it), and none while answers carry records.
-#: Several times any long-poll wait (fetch_max_wait_ms, 500 ms by default): a partition that
-#: is merely idle is checked this often and no more.
+#: asks *another* node for its leader: a leader cut off from etcd keeps its last view,
+#: answers every Fetch at once, empty, and names itself in its own Metadata answer, while a
+#: new leader (newer epoch, which decides as in KIP-320) takes the writes. Several times any
+#: long-poll wait, so an idle partition costs at most one Metadata call per this interval
+#: per consumer.
 QUIET_RECHECK_S = 5.0
 
 
@@ -168,13 +161,10 @@ class OverdueFetches:
         :data:`QUIET_RECHECK_S`: their topics, the nodes not to ask (their leaders: each
         one's own answer is the one in doubt) and their leaders now; None when none is due.
         When every node known leads one of them, one leader is left out per check, in turn.
-        The next check is set from the partitions still quiet.
 
-        One check per QUIET_RECHECK_S per consumer, and it takes along every partition quiet
-        for half of it: FIX (found from outside: each partition kept its own phase, set by
-        when its answers came, so 40 partitions with a record now and then cost ~20 checks
-        per 5 s, and 50 idle consumers 2,120 Metadata calls a minute where ~600 were
-        documented). A partition is so checked within 1.5 x QUIET_RECHECK_S of going quiet."""
+        One check per consumer takes along every partition quiet for half the interval, so
+        the checks do not multiply with partitions on their own phases; each is checked
+        within 1.5 x QUIET_RECHECK_S of going quiet."""
         last = self._quiet_last
         if last is not None and now < last + QUIET_RECHECK_S:
             self._quiet_due = last + QUIET_RECHECK_S

@@ -258,8 +258,8 @@ def group_call(
 
     An attempt unanswered for a second leaves a coordinator that hangs once the group has
     another owner (:func:`strom.client.coordinator_calls.call_leaving_moved`, DESIGN §8), as a
-    consumer's own group calls do; before, `strom groups describe` or an offsets reset
-    waited the whole attempt (30 s) at it. A resend is as safe as after a timeout."""
+    consumer's own group calls do, rather than waiting out the attempt (30 s) there. A
+    resend is as safe as after a timeout."""
     code_of = code_of or (lambda r: r.error_code)
     deadline = time.monotonic() + retry_s
     last = "no coordinator"

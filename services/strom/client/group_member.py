@@ -621,8 +621,8 @@ class GroupMember:
 
     def _run(self) -> None:
         """The heartbeat thread. An unexpected error does not end it silently: the next poll
-        raises it, and the loop goes on after a pause (found from outside: a request the
-        thread could not build killed it, and poll() returned nothing for ever)."""
+        raises it, and the loop goes on after a pause (else poll() would return nothing for
+        ever)."""
         while not self._stop.is_set():
             try:
                 wait = self._run_once()
@@ -649,8 +649,8 @@ class GroupMember:
                 self._poll_expired = True
         if stalled:
             # Heartbeats alone would keep the partitions of an application that stopped
-            # polling for good (found from outside): leave, so they move to members that
-            # read; the next poll rejoins.
+            # polling for good: leave, so they move to members that read; the next poll
+            # rejoins.
             log.warning(
                 "group %s member %s: poll() not called for more than max_poll_interval_ms "
                 "(%.0f ms): leaving the group; the next poll rejoins",
@@ -785,9 +785,7 @@ class GroupMember:
 
     def _fail(self, exc: BaseException) -> None:
         """Keep ``exc`` for the next poll to raise, and wake a poll waiting for data so it
-        raises now. FIX (found from outside: ``poll(30000)`` of a consumer whose group
-        refused its assignor, or whose bootstrap names do not resolve, raised only after the
-        whole 30 s, though the heartbeat knew within a round trip)."""
+        raises now rather than at the end of its timeout."""
         self._error = exc
         self._wake_poll()
 

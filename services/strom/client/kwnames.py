@@ -1,10 +1,9 @@
 """Clear errors for keyword arguments the clients do not take, Kafka's names first of all.
 
 Habits from kafka-python and confluent-kafka are meant to carry over (DESIGN §1), and where
-a name differs a bare "unexpected keyword argument" left users guessing (found from outside:
-``compression_type``, ``max_in_flight_requests_per_connection``,
-``NewTopic(num_partitions=...)``). :func:`kafka_keywords` wraps a constructor: a Kafka name
-gets strom's name in the error, a typo gets a "did you mean", and ``bootstrap_servers``
+a name differs (``compression_type``, ``NewTopic(num_partitions=...)``) a bare "unexpected
+keyword argument" leaves users guessing. :func:`kafka_keywords` wraps a constructor: a Kafka
+name gets strom's name in the error, a typo gets a "did you mean", and ``bootstrap_servers``
 (kafka-python's name) is taken as ``bootstrap``. The check costs the constructor a dict
 lookup per keyword, and nothing after.
 """
@@ -93,9 +92,8 @@ def _unknown(what: str, key: str, names: list[str]) -> str:
 def bool_option(name: str, value: Any) -> bool:
     """A boolean setting, strictly: ``True``/``False``, or the strings ``"true"``/``"false"``
     in any case, as Kafka's config parser takes them (settings read from the environment or a
-    file arrive as strings). Anything else is refused naming the setting: ``bool("false")``
-    is True, and ``enable_auto_commit="false"`` used to turn auto-commit *on* (found from
-    outside; so did ``enable_idempotence="false"`` and ``check_crcs="false"``)."""
+    file arrive as strings). Anything else is refused naming the setting, since
+    ``bool("false")`` is True."""
     if value is True or value is False:
         return value
     if isinstance(value, str):
@@ -125,9 +123,8 @@ def int_option(name: str, value: Any, minimum: int, maximum: int, why: str = "")
     ValueError naming ``name`` and the range (``why`` says where the maximum comes from).
 
     The one check of the clients' numeric settings and of the method arguments that go on
-    the wire: found from outside, settings were checked for a minimum only, so 2**63 was
-    taken and failed later as protobuf's "Value out of range" 7-9 frames deep without the
-    argument's name, or killed a background thread."""
+    the wire: a value the wire cannot carry fails here, naming the argument, not inside
+    protobuf or on a background thread."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if not minimum <= value <= maximum:
@@ -138,8 +135,7 @@ def int_option(name: str, value: Any, minimum: int, maximum: int, why: str = "")
 
 def str_option(name: str, value: Any, *, empty_ok: bool = False) -> str | None:
     """``value`` if it is None or a str (non-empty unless ``empty_ok``); else TypeError or
-    ValueError naming ``name``: found from outside, ``group_remote_assignor=-1`` was taken and
-    killed the consumer's heartbeat thread when it went on the wire."""
+    ValueError naming ``name``, before a background thread puts it on the wire."""
     if value is None:
         return None
     if not isinstance(value, str):

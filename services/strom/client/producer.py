@@ -171,7 +171,7 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
     ) -> None:
         if enable_idempotence is not None:
             enable_idempotence = bool_option("enable_idempotence", enable_idempotence)
-        # (acks=[] failed "unhashable type", acks=True was taken as 1: found from outside)
+        # (bool first: True == 1; and a list is unhashable for the ``in``)
         if isinstance(acks, bool) or not isinstance(acks, int | str) or acks not in _ACKS:
             raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
         self.acks = _ACKS[acks]
@@ -204,11 +204,9 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
             ) from exc
         # Types are checked here, once, so that send() need not (found from outside:
         # linger_ms="5" failed with a bare "'<' not supported", batch_size=True was taken).
-        # Maxima (found from outside: 2**63 was taken, then metadata_max_age_ms killed the
-        # sender thread and request_timeout_ms made sends never complete): Kafka's int
-        # settings and what goes on the wire as int32 (transaction_timeout_ms) up to 2**31-1,
-        # its long ms settings up to LONG_MS_MAX (threading's timeouts overflow above), bytes
-        # up to what a batch can carry or int64.
+        # Maxima: Kafka's int settings and what goes on the wire as int32 up to 2**31-1, its
+        # long ms settings up to LONG_MS_MAX (threading's timeouts overflow above), bytes up
+        # to what a batch can carry or int64.
         for name, v, minimum, maximum in (
             ("batch_size", batch_size, 1, INT32_MAX),
             ("buffer_memory", buffer_memory, 1, INT64_MAX),

@@ -188,8 +188,7 @@ LOOPBACK = "127.0.0.1"
 
 def advertise_address(text: str) -> str:
     """A flag type for ``--advertise``: HOST:PORT, never a wildcard. Others dial this
-    address, and 0.0.0.0 or [::] cannot be dialled (Kafka refuses advertising 0.0.0.0 too);
-    it used to be taken as 127.0.0.1 without a word."""
+    address, and 0.0.0.0 or [::] cannot be dialled (Kafka refuses advertising 0.0.0.0 too)."""
     text = host_port(text)
     host, _port = split_host_port(text)
     if host in WILDCARD_HOSTS:
