@@ -15,10 +15,8 @@ from datetime import UTC, datetime, timedelta
 class UsageError(ValueError):
     """Arguments argparse cannot check alone (a flag that needs another, one of two flags, a
     value checked with others): the ``strom`` command prints it as argparse prints its own,
-    one line under the subcommand's name (``strom topics alter: error: ...``) and exit 2.
-
-    FIX (found from outside): such checks raised ValueError, printed as a failure (exit 1)
-    under the parent command's name (``strom topics: error:``)."""
+    one line under the subcommand's name (``strom topics alter: error: ...``) and exit 2,
+    not as a failure (exit 1) under the parent command's name."""
 
 
 #: The largest value of a protobuf int32 field (partition counts, replication factors).
@@ -50,11 +48,8 @@ def int_at_least(minimum: int, why: str = "", maximum: int | None = None) -> Cal
 
 def cluster_name(text: str) -> str:
     """An argparse type: a cluster name, the etcd prefix ``/strom/<name>/``: not empty and
-    without ``/``, which would put it under another cluster's prefix.
-
-    FIX (found from outside): only the storage node checked it, so ``strom dev up --cluster
-    bad/name`` started etcd and the controllers (which created the cluster 'bad/name') before
-    the first node refused; the controller, the coordinator and ``strom dev up`` check it too.
+    without ``/``, which would put it under another cluster's prefix. Every service and
+    ``strom dev up`` check it, so nothing starts (or creates the cluster) before one refuses.
     """
     if not text or "/" in text:
         raise argparse.ArgumentTypeError(f"{text!r} must be a non-empty name without '/'")
@@ -63,12 +58,8 @@ def cluster_name(text: str) -> str:
 
 def non_empty(what: str) -> Callable[[str], str]:
     """An argparse type for a name (``what``: "topic name", "group id"): an empty or blank one
-    is a usage error naming the argument, refused before any connection.
-
-    FIX (found from outside): only ``strom consume``/``produce`` checked it, so ``strom
-    topics create ""`` and ``groups describe ""`` failed in the cluster (exit 1) and ``topics
-    delete ""`` said ``topic '' does not exist``. No topic name has a space (the controller's
-    rule), and a blank group id is as unusable from a shell."""
+    is a usage error naming the argument, refused before any connection. No topic name has a
+    space (the controller's rule), and a blank group id is as unusable from a shell."""
 
     def parse(text: str) -> str:
         if not text.strip():
@@ -115,12 +106,11 @@ _MS = timedelta(milliseconds=1)
 
 def datetime_ms(dt: datetime) -> int:
     """``dt`` in ms since the epoch. Without a timezone it is local time: Python's rule for a
-    naive datetime and Kafka's tools' (found from outside: ``topics offsets --time`` read
-    local time while ``groups reset-offsets --to-datetime`` read UTC). Integer arithmetic,
-    since ``timestamp() * 1000`` can land a millisecond early.
+    naive datetime and Kafka's tools', for every command alike. Integer arithmetic, since
+    ``timestamp() * 1000`` can land a millisecond early.
 
     ValueError before 1970: offset lookups read -1 and -2 as "latest" and "earliest", so
-    1969-12-31T23:59:59.999Z had meant the end of the log (found from outside)."""
+    1969-12-31T23:59:59.999Z would mean the end of the log."""
     try:
         ms = (dt.astimezone(UTC) - _EPOCH) // _MS
     except (OverflowError, OSError):  # far outside what the platform's clock can convert
@@ -190,9 +180,9 @@ _HOST_CHARS = re.compile(r"[A-Za-z0-9_.:\[\]%-]+")
 
 def host_problem(host: str) -> str | None:
     """Why ``host`` (of a HOST:PORT) cannot be dialled, or None: a URL scheme, an IPv6
-    address without its brackets, separators or spaces. FIX (found from outside: ``--advertise
-    http://x:9092`` and ``::1:9092`` started a node that registered an address nobody can
-    dial, and a bootstrap of ``h:p;h:p`` was retried for a minute before failing)."""
+    address without its brackets, separators or spaces: refused up front, since a node would
+    register such an address that nobody can dial, and a bootstrap would retry it for a
+    minute."""
     if "://" in host or host.startswith("//"):
         return "has a URL scheme: give HOST:PORT only"
     if not _HOST_CHARS.fullmatch(host):

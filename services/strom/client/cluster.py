@@ -147,8 +147,8 @@ def tls_handshake_failed(exc: grpc.RpcError) -> bool:
 
 
 #: What the last pass over the nodes that found none answering saw, with what to check; None
-#: once one answered. The CLI's ``--timeout`` names it when it fires (found from outside: its
-#: message dropped the hint the full minute of retries would have given).
+#: once one answered. The CLI's ``--timeout`` names it when it fires, so its message keeps
+#: the hint the full minute of retries would have given.
 _last_unanswered: str | None = None
 
 
@@ -159,9 +159,8 @@ def last_unanswered() -> str | None:
 
 def _tls_hint(exc: grpc.RpcError) -> str:
     """What to check after a failed TLS handshake. WRONG_VERSION_NUMBER is a plaintext
-    listener answering a TLS client: found from outside, after the README's Security section
-    left STROM_SSL_* exported and the next section's cluster spoke no TLS, the hint about
-    CAs sent the user the wrong way."""
+    listener answering a TLS client (STROM_SSL_* left exported), where a hint about CAs
+    would send the user the wrong way."""
     if "WRONG_VERSION_NUMBER" in (exc.details() or ""):
         return (
             "the server does not speak TLS: it is a plaintext listener; drop --ssl-cafile, "
@@ -182,9 +181,9 @@ def _all_closed(errors: Sequence[str]) -> bool:
 def connection_hint(security: ChannelSecurity) -> str:
     """What to check when every node closes the connection at once, as a TLS listener does
     to a plaintext client or (with mTLS) to one without a certificate, or with one it does
-    not accept. That last one said nothing (found from outside): the client checks its
-    certificate's dates and key itself (:meth:`ChannelSecurity.from_files`), but not who
-    signed it, and the server does not say why it closed the connection."""
+    not accept: the client checks its certificate's dates and key itself
+    (:meth:`ChannelSecurity.from_files`), but not who signed it, and the server does not say
+    why it closed the connection."""
     if not security.tls:
         return (
             "; if the cluster requires TLS, pass --ssl-cafile (or set STROM_SSL_CAFILE, or "
@@ -371,8 +370,8 @@ class ClusterClient:
         """The nodes to ask, in order: those the last Metadata answer listed, then the
         bootstrap list; nodes that lately failed or were slow to answer come last (the one
         that failed longest ago first among them), as Kafka's least-loaded node choice
-        tries a node that just timed out last. FIX (found from outside): the order never
-        changed, so every lookup asked a hung node first and waited out its attempt."""
+        tries a node that just timed out last, so a hung node is not asked first by every
+        lookup."""
         order = list(dict.fromkeys([*self._known, *self.bootstrap]))
         with self._lock:
             demoted = dict(self._demoted)
@@ -384,10 +383,8 @@ class ClusterClient:
     def _check_resolvable(self) -> None:
         """Raise at once when no bootstrap host resolves (before any node answered: only
         the bootstrap list is asked then), as Kafka's clients refuse "no resolvable bootstrap
-        urls": retrying cannot help a name that does not exist. FIX (found from outside: a
-        misspelled bootstrap name retried for the whole ``retry_s``, a minute in the CLI,
-        before an error naming the DNS failure). Checked once per client; a name that
-        resolves (even to a host that does not answer yet) keeps the retries."""
+        urls": retrying cannot help a name that does not exist. Checked once per client; a
+        name that resolves (even to a host that does not answer yet) keeps the retries."""
         if self._resolvable_checked:
             if self._unresolvable is not None:
                 raise self._unresolvable
@@ -442,9 +439,7 @@ class ClusterClient:
         pause, a network partition) answers nothing, so only the attempt's deadline ends the
         call to it, and the caller (a producer's sender thread, a group consumer's first
         poll, an admin call with a few seconds' timeout) would wait all of it although the
-        other nodes could answer at once. FIX (found from outside): FindCoordinator asked
-        one node after the other, so a group consumer or transactional producer whose first
-        bootstrap node hung waited 5 s for it in every new process."""
+        other nodes could answer at once."""
         answers: queue.SimpleQueue[tuple[str, grpc.Future]] = queue.SimpleQueue()
         waiting = list(candidates)
         asked: dict[str, grpc.Future] = {}

@@ -249,8 +249,8 @@ class Consumer:
             ("heartbeat_interval_ms", heartbeat_interval_ms, "--group-heartbeat-interval-ms"),
         ):
             if value is not None:
-                # Accepted and ignored, they misled (found from outside); Kafka's KIP-848
-                # consumer refuses them the same way.
+                # Accepted and ignored they would mislead; Kafka's KIP-848 consumer refuses
+                # them the same way.
                 raise ValueError(
                     f"{name} is not a client setting: the group coordinator decides it for "
                     f"every member (strom coordinator {flag}); leave it out"
@@ -422,7 +422,7 @@ class Consumer:
     def subscription(self) -> set[str]:
         """Topics subscribed to through the group (empty with manual assignment). For a
         pattern, which the group coordinator matches, the topics it matched for this member:
-        those of its assignment (found from outside: it was always empty)."""
+        those of its assignment."""
         if self._subscription is None:
             return set()
         if self._subscription or self._group is None or self._group._pattern is None:
@@ -543,7 +543,7 @@ class Consumer:
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions currently assigned. IllegalStateError once closed, like the other
-        calls (found from outside: it returned the partitions of before the close)."""
+        calls."""
         self._ensure_open()
         return set(self._fetcher.parts)
 
@@ -611,8 +611,7 @@ class Consumer:
         loop does after a transaction was aborted (Kafka's ExactlyOnceMessageProcessor pairs
         ``abortTransaction`` with ``resetToLastCommittedPositions``). The records polled for
         the aborted transaction are past the consumer's position; without this rewind they
-        are never processed again (found from outside: 325 of 16,000 records were missing
-        from the output after rebalances, with lag 0). Looked up lazily, on the next
+        are never processed again. Looked up lazily, on the next
         ``poll()`` or ``position()``, like seek_to_beginning; with read_committed the lookup
         waits until the aborted transaction's offsets are settled."""
         self._require_group("seek_to_committed()")
@@ -627,11 +626,8 @@ class Consumer:
         ``timeout_ms`` (default ``default_api_timeout_ms``), then raises
         RequestTimedOutError (Kafka's ``position(partition, timeout)``). While an iteration
         (``for record in consumer``, ``next(consumer)``) is handing out a poll's records, the
-        offset of the first one it has not handed out: what ``commit()`` commits.
-
-        FIX (found from outside): in the loop it gave the end of the whole poll (10 at the
-        first record of a 10-record poll) while commit() committed 1, so offsets built from
-        position() for ``send_offsets_to_transaction`` covered records not processed yet."""
+        offset of the first one it has not handed out: what ``commit()`` commits, so offsets
+        built from it for ``send_offsets_to_transaction`` cover only records processed."""
         budget = self._budget(timeout_ms, "position()")
         (tp,) = self._assigned([partition], "position()")
         pos = self._fetcher.position(tp)
@@ -671,10 +667,8 @@ class Consumer:
         handed out yet, the offset of the first one, unless the application moved the
         partition since the poll (a seek wins: the fetcher's position holds then).
 
-        FIX (item 5 of the performance issue: what grows faster than linearly): position()
-        and commit() in the loop's body scanned the rest of the poll on every call, so a
-        loop calling one per record cost O(n^2) per poll of n records. The poll's records
-        are indexed per partition once (on the first such call) and each call bisects."""
+        The poll's records are indexed per partition once (on the first such call) and each
+        call bisects, so a loop calling position() or commit() per record is not O(n^2)."""
         handing = self._handing
         if handing is None:
             return {}
@@ -726,11 +720,9 @@ class Consumer:
         offsets that fails with a retriable error leaves their partitions without a
         position: the poll returns without their records and the next one asks again, as
         Kafka's does. That covers offsets an open transaction is still completing
-        (read_committed; found from outside: poll(1000) blocked for the 30 s request
-        timeout, then raised UnstableOffsetCommitError out of an ordinary failover) and a
-        group coordinator failing over (found from outside: every poll raised UNAVAILABLE,
-        DEADLINE_EXCEEDED or CoordinatorNotAvailableError until the shard had moved). A
-        non-retriable error (an ACL, say) still raises. Otherwise each lookup has until
+        (read_committed) and a group coordinator failing over: ordinary events, which must
+        neither block a poll for the request timeout nor raise out of it. A non-retriable
+        error (an ACL, say) still raises. Otherwise each lookup has until
         ``deadline`` (a caller's ``timeout_ms``), or ``request_timeout_ms``."""
         need = [n for n in self._fetcher.needing_positions() if only is None or n[0] in only]
         if not need:
@@ -773,9 +765,8 @@ class Consumer:
         else:
             # From poll(): a partition whose leader cannot answer (offline, moving) stays
             # without a position and is asked again by the next poll, while the others are
-            # read, as Kafka's consumer does. FIX (found from outside): one partition without
-            # a leader made every poll wait the 30 s request timeout and raise
-            # LeaderNotAvailableError, with nothing read from the healthy ones.
+            # read, as Kafka's consumer does: one partition without a leader must not hold up
+            # the healthy ones.
             found = self._list_offsets(
                 query, timeout_s=min(self._timeout_s, max(poll_timeout_s, 1.0)), partial=True
             )
@@ -885,12 +876,10 @@ class Consumer:
         of a paused partition is its first record the loop has not handed out yet, so those
         records come again after resume(): a pause is not a seek.
 
-        FIX (found from outside): a pause inside the loop (of the record's own partition or
-        another one) dropped the rest of the poll for the paused partitions and left their
-        position after it: those records never came back, and a commit covered them. The
-        drop bumped the partition's generation, which the loop's rewind (and the commit's
-        ``_consumed_positions``) read as "the application sought, a seek wins". Now the
-        paused partitions are first put back to their first record not handed out."""
+        So the paused partitions are first put back to their first record not handed out:
+        dropping the rest of the poll would bump their generation, which the loop's rewind
+        (and the commit's ``_consumed_positions``) reads as "the application sought", and
+        those records would never come back though a commit covered them."""
         tps = self._assigned(list(partitions), "pause()")
         if self._handing is not None:
             for tp, offset in self._unhanded_firsts(set(tps)).items():
@@ -905,7 +894,7 @@ class Consumer:
 
     def paused(self) -> set[TopicPartition]:
         """The partitions paused with pause()."""
-        self._ensure_open()  # as assignment(): a closed consumer has none (found from outside)
+        self._ensure_open()  # as assignment(): a closed consumer has none
         return self._fetcher.paused()
 
     # -- metadata -------------------------------------------------------------------------
@@ -1105,11 +1094,8 @@ class Consumer:
     def _give_back(self) -> None:
         """A poll made while an iteration hands out records: put the records it has not
         handed out back (their partitions seek to the first), and have the iteration poll
-        afresh when it resumes (its own rewind then finds the partitions moved and skips).
-
-        FIX (found from outside): ``next(consumer)`` returned offset 0, then ``poll()``
-        returned nothing with the position at 10 while ``commit()`` committed 1 and the next
-        ``next(consumer)`` returned 1: poll and the iteration disagreed on where they were."""
+        afresh when it resumes (its own rewind then finds the partitions moved and skips), so
+        poll, the iteration and commit() agree on where they are."""
         handing, self._handing = self._handing, None
         self._handing_index = None
         if handing is None:
@@ -1123,14 +1109,9 @@ class Consumer:
     def _consumed_positions(self, parts: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The positions to commit for ``parts`` (the assigned ones with a known position):
         the fetcher's, except that a partition with records the iteration has not handed out
-        yet is at its first such record.
-
-        FIX (found from outside): ``for r in consumer: process(r); consumer.commit()``
-        committed the position after the whole poll (up to ``max_poll_records`` records),
-        so a crash after the first record lost the rest of the poll; so did ``close()``
-        after some ``next(consumer)`` calls. kafka-python commits what its iterator handed
-        out, and so does this now (auto-commit and the commits of a rebalance or close
-        too)."""
+        yet is at its first such record: a commit covers what the iterator handed out (as
+        kafka-python's), so a crash mid-poll loses nothing (auto-commit and the commits of a
+        rebalance or close too)."""
         marks = self._fetcher.marks(set(parts))  # assigned ones only
         out = {tp: pos for tp, (_, pos) in marks.items() if pos is not None}
         if self._handing is not None:
@@ -1200,12 +1181,10 @@ class Consumer:
                 raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-        # FIX (found from outside): ``_closed`` was set first, so a listener's commit() in
-        # on_partitions_revoked, which Kafka runs inside close() before the consumer counts
-        # as closed, raised "the consumer is closed" (only logged) and nothing was committed.
-        # Now the consumer is "closing" while the group lets go (the listener's calls work)
-        # and closed after; a poll or iteration blocked on another thread is woken at once
-        # and ends on seeing ``_closing``.
+        # The consumer is "closing" while the group lets go, so a listener's commit() in
+        # on_partitions_revoked (which Kafka runs inside close()) works, and closed after; a
+        # poll or iteration blocked on another thread is woken at once and ends on seeing
+        # ``_closing``.
         self._closing = True
         with self._fetcher.data_ready:
             self._fetcher.data_ready.notify_all()

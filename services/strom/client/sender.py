@@ -39,15 +39,14 @@ sequence numbers and epochs in :mod:`strom.client.sequences`, AddPartitionsToTxn
   reached its deadline: "may have been written", retried in sequence order (the new leader
   answers a batch it already has with its original offsets), its late answer ignored
   (``SenderLoop._overdue``). The normal path pays one look at the oldest request in flight
-  per wake-up, no timer per request. FIX (found from outside): batches in flight to a hung
-  leader (and, with idempotence, every batch behind them) waited out
-  ``request_timeout_ms`` (30 s) although the controller moved the partition in 2-3 s, and
-  ``flush()``, a commit and ``send().get()`` stalled with them. Without idempotence the same
-  rule holds: a retry after no answer may write a batch twice, as after a timeout.
+  per wake-up, no timer per request. Otherwise batches in flight to a hung leader (and,
+  with idempotence, every batch behind them) would wait out ``request_timeout_ms`` though
+  the controller moves the partition in 2-3 s. Without idempotence the same rule holds: a
+  retry after no answer may write a batch twice, as after a timeout.
 - A batch that fails after an attempt that may have appended it (no answer, or an answer
   given after the append) fails saying it "may have been written", and its sequence is never
   given to another batch: the leader would take that batch for a retry and answer with the
-  old offset, reporting a record written that is nowhere in the log (found from outside).
+  old offset, reporting a record written that is nowhere in the log.
   The partition goes on once a later sequence is acknowledged, or renumbers from 0 under a
   new epoch (Kafka's KIP-360 bump; ``Sequences._settle``). Only batches refused before any
   append (``_REFUSED_BEFORE_APPEND``) hand their sequences on.
@@ -56,7 +55,7 @@ sequence numbers and epochs in :mod:`strom.client.sequences`, AddPartitionsToTxn
   request entry carries the topic id its batches were made for (``ProduceTopicData.topic_id``):
   the leader refuses them (INCONSISTENT_TOPIC_ID) if the topic has another id now, and they
   fail as not written once our metadata has the new id too, instead of landing in the new
-  topic of the same name (found from outside).
+  topic of the same name.
 """
 
 from __future__ import annotations
@@ -232,9 +231,8 @@ class SenderLoop(ProduceAnswers, Sequences, AddPartitions, OverdueRequests):
 
         Never on the sender thread: the sender serves every node, and a Metadata call can
         take up to an attempt's deadline when the node asked hangs (SIGSTOP, a GC pause, a
-        network partition). FIX (found from outside): the loop made the call itself, and
-        while one node was paused, sends to partitions led by healthy nodes took 6 s, and
-        delivery timeouts fired late. Kafka's sender, too, never blocks on metadata."""
+        network partition), which would hold up sends to healthy nodes and fire delivery
+        timeouts late. Kafka's sender, too, never blocks on metadata."""
         refresher = self._refresher
         if refresher is not None and refresher.is_alive():
             return
@@ -425,8 +423,8 @@ class SenderLoop(ProduceAnswers, Sequences, AddPartitions, OverdueRequests):
         topic's id changed and its partition count no longer covers it), which can never be
         delivered.
 
-        FIX (found from outside): they were retried until delivery_timeout_ms, though a new
-        ``send`` to a partition the topic does not have fails at once. Only a changed id
+        They fail at once, as a new ``send`` to a partition the topic lacks does, rather
+        than being retried until delivery_timeout_ms. Only a changed id
         proves the partition gone: under one id partitions are only ever added, and a node
         that has not learnt the added ones yet answers a smaller count for a while."""
         count = self._counts.get(pq.topic)
@@ -585,14 +583,11 @@ class SenderLoop(ProduceAnswers, Sequences, AddPartitions, OverdueRequests):
         The attempt ends by ``request_timeout_ms`` or when its oldest batch passes
         ``delivery_timeout_ms``, whichever is first, so a batch in flight to a node that
         hangs fails on time (Kafka expires in-flight batches too); it fails as "may have
-        been written" and its sequence is never reused (see the module docstring). FIX
-        (found from outside): each attempt had ``request_timeout_ms`` + 5 s, and in-flight
-        batches were never expired, so with delivery_timeout_ms=3000 a batch sent to a
-        paused leader failed after 6 s (35 s with the default request timeout).
+        been written" and its sequence is never reused (see the module docstring).
 
         The node is told to stop waiting a little before that deadline
-        (:data:`NODE_WAIT_MARGIN_S`), which is why the 5 s were there: its answer
-        (REQUEST_TIMED_OUT when the replicas are slow) must come before the deadline, which
+        (:data:`NODE_WAIT_MARGIN_S`): its answer (REQUEST_TIMED_OUT when the replicas are
+        slow) must come before the deadline, which
         otherwise cancels the node's stream with every other request on it."""
         oldest = min(b.created for e in entries for b in e.batches)
         left = oldest + self.delivery_timeout_s - now
