@@ -35,8 +35,8 @@ log = logging.getLogger("strom.client.fetcher")
 #: plus a round trip, so a later answer means the node is slow or hung. If a partition's
 #: leader moved meanwhile, the request is given up on for it and the new leader is asked at
 #: once; if not, the request goes on waiting up to the request timeout (a big answer may just
-#: be slow). Without it a consumer stayed on a hung (SIGSTOPped) leader for the whole
-#: ``request_timeout_ms`` (31 s) while its producer had moved on in 2 s (found from outside).
+#: be slow). Without it a consumer would stay on a hung (SIGSTOPped) leader for the whole
+#: ``request_timeout_ms`` while its producer moved on in 2 s.
 OVERDUE_GRACE_S = 1.0
 #: How often an overdue Fetch's leaders are looked up again while it stays unanswered (the
 #: controller moves a hung node's partitions a few seconds after it stopped answering).

@@ -181,8 +181,8 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
             )
         # Kafka's rule: idempotence needs acks='all'. With acks=1 a record the leader
         # acknowledged can be lost in a leader change, and the partition's sequence numbers
-        # cannot go on after such a gap: every later batch was refused OUT_OF_ORDER_SEQUENCE
-        # for good (found from outside). By default it is on exactly when acks='all'.
+        # cannot go on after such a gap (every later batch refused OUT_OF_ORDER_SEQUENCE).
+        # By default it is on exactly when acks='all'.
         if enable_idempotence and self.acks != -1:
             raise ValueError(
                 f"enable_idempotence=True needs acks='all' (got acks={acks!r}): with fewer "
@@ -202,8 +202,7 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
             raise ValueError(
                 f"unknown compression {compression!r}: use none, gzip, snappy, lz4 or zstd"
             ) from exc
-        # Types are checked here, once, so that send() need not (found from outside:
-        # linger_ms="5" failed with a bare "'<' not supported", batch_size=True was taken).
+        # Types are checked here, once, so that send() need not.
         # Maxima: Kafka's int settings and what goes on the wire as int32 up to 2**31-1, its
         # long ms settings up to LONG_MS_MAX (threading's timeouts overflow above), bytes up
         # to what a batch can carry or int64.
@@ -223,10 +222,9 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
         ):
             int_option(name, v, minimum, maximum)
         if max_request_size > MAX_BATCH_BYTES:
-            # FIX (found from outside): any size was taken, so records the cluster could not
-            # carry (over the gRPC limit) or its readers could not read were sent; and as
-            # sizes count records uncompressed (as Kafka's), this also bounds what a batch
-            # decompresses to (a 300 MiB record of zeros was ~10 KiB zstd on the wire).
+            # Larger batches the cluster could not carry (the gRPC limit) or its readers
+            # could not read; and as sizes count records uncompressed (as Kafka's), this
+            # also bounds what a batch decompresses to.
             raise ValueError(
                 f"max_request_size must be <= {MAX_BATCH_BYTES} (the largest batch a strom "
                 f"Fetch answer can carry), got {max_request_size}"
@@ -558,8 +556,7 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
 
         From a delivery callback it closes at once, as ``close(0)`` (as Kafka's Java client
         does on its I/O thread): the callback runs on the thread that delivers the records,
-        which can neither wait for them nor for itself (found from outside: it raised
-        "cannot join current thread", swallowed, and left the producer half-closed)."""
+        which can neither wait for them nor for itself."""
         if self._closed:
             return
         if self._forked_from:  # the threads and connections are the parent's: nothing to do
@@ -568,8 +565,8 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
         own = self._delivering()
         if own:
             timeout = 0
-        limit = wait_limit("timeout", timeout)  # (2**63 overflowed the waits below)
-        # One deadline for every step (found from outside: close(timeout=2) took 4 s).
+        limit = wait_limit("timeout", timeout)
+        # One deadline for every step, so the whole close keeps to ``timeout``.
         end = None if limit is None else time.monotonic() + limit
 
         def left() -> float | None:
@@ -594,8 +591,8 @@ class Producer(ProducerTransactions, BulkSend, ProducerBuffer, SenderLoop):
         if threading.current_thread() is not self._sender:
             self._sender.join(left())
         self._closed = True
-        # Found from outside: records in flight were reported "never sent", then appended
-        # once the leader answered again; a user retrying them wrote them twice.
+        # Records in flight may still be appended once the leader answers: "may have been
+        # written", so that a user does not retry them into duplicates.
         self._fail_all(
             ProducerClosedError("the producer was closed before the record was sent"),
             in_flight=RequestTimedOutError(

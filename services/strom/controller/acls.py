@@ -73,8 +73,7 @@ class AclRpcs(ControllerCore):
                 response.results.add(code=E.INVALID_REQUEST, message=why)
                 continue
             # Kept as the services derive certificate principals, whoever the caller is (the
-            # CLI canonicalises too; found from outside: a raw gRPC caller's
-            # "User:CN=a, O=b" never matched the certificate it meant).
+            # CLI canonicalises too): "User:CN=a, O=b" would never match the certificate.
             acl = Acl.from_proto(b)
             acl = dataclasses.replace(acl, principal=canonical_principal(acl.principal))
             puts.append((keys.acl(acl.key), acl.to_proto()))
@@ -173,9 +172,8 @@ def _principal(q: md.ClientQuota) -> str:
 
 def _canonical_quota(q: md.ClientQuota) -> md.ClientQuota:
     """``q`` with its principal as the services derive a certificate's (no space after a
-    comma: :func:`canonical_principal`, as the ACL RPCs store theirs). FIX (found from
-    outside): ``User:CN=hank, O=x`` was stored as typed, and the quota never applied to the
-    certificate's ``User:CN=hank,O=x``."""
+    comma: :func:`canonical_principal`, as the ACL RPCs store theirs), else the quota would
+    never apply to the certificate's principal."""
     principal = canonical_principal(q.principal)
     if principal == q.principal:
         return q

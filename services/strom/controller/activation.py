@@ -84,9 +84,9 @@ class ActiveRole(Reconciler):
 
         Why not just "leadership held": a controller cut off from etcd (an outage, a pause)
         hears of its lease's loss only when it reaches etcd again, and meanwhile a standby
-        may have taken over. Found from outside: the gauge stayed 1 all that time, so two
-        controllers summed 2 (StromMultipleActiveControllers fired on the fenced one) and,
-        with nobody able to act, StromNoActiveController stayed silent."""
+        may have taken over. Reporting 1 all that time would sum 2 across the controllers
+        (StromMultipleActiveControllers) and, with nobody able to act, keep
+        StromNoActiveController silent."""
         if self._leadership is None:
             return False
         keepalive = getattr(self._election, "_keepalive", None)
@@ -331,11 +331,10 @@ class ActiveRole(Reconciler):
         """Create the cluster key (a new cluster id) if etcd has none, as the first active
         controller of a new cluster does (blocking).
 
-        FIX (found from outside): it was created whenever it was missing, so a controller
-        that found it gone because etcd came back without its data (wiped, or restored from
-        before the cluster existed) made a new cluster in place of the one it served. A
-        controller whose view has seen a cluster id logs an error instead and creates none:
-        the storage nodes stop with their data untouched until etcd's data is restored (to
+        A controller whose view has seen a cluster id creates none but logs an error: the
+        key is gone because etcd came back without its data (wiped, or restored from before
+        the cluster existed), and a new cluster would replace the one it served. The
+        storage nodes stop with their data untouched until etcd's data is restored (to
         start a new cluster on purpose, restart the controllers)."""
         assert self.store is not None
         seen = self.view.seen_cluster_id if self.view is not None else None

@@ -175,8 +175,7 @@ class ConfigRpcs(ControllerCore):
                     # The coordinators' state relies on compaction (cleanup.policy=delete
                     # would drop committed offsets and transaction states), as DeleteRecords
                     # is refused on it. Other settings (min.insync.replicas, segment.bytes,
-                    # ...) are an operator's to tune, as in Kafka (found from outside: every
-                    # config of an internal topic was refused, even to super users).
+                    # ...) are an operator's to tune, as in Kafka.
                     raise InvalidTopicError(
                         f"topic {res.resource_name!r} is internal: {', '.join(fixed)} is "
                         "strom's coordinators' to set (other configs may be changed)"
@@ -296,9 +295,8 @@ def config_changes(
 
 
 def log_config_change(what: str, before: Mapping[str, str], after: Mapping[str, str]) -> None:
-    """One INFO line saying what an AlterConfigs set and removed. FIX (found from outside):
-    the line gave the configs left afterwards, so removing a topic's only override logged
-    '"altered configs of topic t2", "configs": {}', which told nothing of what changed."""
+    """One INFO line saying what an AlterConfigs set and removed (the configs left
+    afterwards would not show a removed override)."""
     changed, removed = config_changes(before, after)
     parts = []
     if changed:
@@ -347,8 +345,8 @@ def apply_node_config_ops(
             )
     try:
         # Only what this request sets: a value stored by another writer that does not
-        # parse must not make every later change fail naming it (found from outside; the
-        # services skip such a value with a warning).
+        # parse must not make every later change fail naming it (the services skip such a
+        # value with a warning).
         result.update(validate_node_configs({n: result[n] for n in seen if n in result}))
     except ConfigError as exc:
         raise InvalidConfigError(str(exc)) from None

@@ -203,8 +203,8 @@ class IsrRpcs(ControllerCore):
             # The process whose fetches the leader saw must be the registered one (KIP-903):
             # a node that restarted, on an emptied data dir say, holds only what its new
             # process fetched. A leader whose view lags the registration can propose it from
-            # the previous run's position (found from outside: elected as preferred leader
-            # with an empty log, it had the other replicas truncate acknowledged records).
+            # the previous run's position (elected leader with an empty log, it would have
+            # the other replicas truncate acknowledged records).
             fetched_by = item.new_isr_incarnations.get(node_id, "")
             if fetched_by and fetched_by != node.incarnation_id:
                 return (

@@ -110,7 +110,7 @@ def initial_state(
 
     Why not simply the first replica: a node still STARTING (or shutting down) may be placed
     on but not elected, and a leader the next reconciliation has to move away cost a leader
-    change and an under-replicated start (found from outside at ``strom dev up``). The others
+    change and an under-replicated start. The others
     join the ISR once caught up, as after any restart. With no replica eligible (every one
     still starting) the first replica leads with all of them in the ISR, as before: a
     partition without a leader would wait for its last ISR member (:func:`reconcile`'s
@@ -218,8 +218,7 @@ def preferred(st: md.PartitionState, eligible: Collection[int]) -> tuple[Decisio
 def preferred_unavailable_reason(st: md.PartitionState, eligible: Collection[int]) -> str:
     """Why :func:`preferred` answered PREFERRED_LEADER_NOT_AVAILABLE for ``st``, for the
     ElectLeaders result's message: the code alone names neither the replica nor what keeps it
-    from leading, which is what an operator has to act on (found from outside: the message
-    was the code's name again)."""
+    from leading, which is what an operator has to act on."""
     wanted = targets(st)
     if not wanted:
         return "the partition has no replicas"
@@ -329,8 +328,7 @@ def cancel_reassignment(
     and the topic does not allow unclean elections (``unclean_allowed``): the revert would
     drop the only copies with every acknowledged record and leave the originals, which are
     behind, without a clean leader for good (Kafka's revert refuses it the same way, "it
-    would require an unclean leader election"; found from outside: the partition stayed
-    offline and records acknowledged with acks=all were lost)."""
+    would require an unclean leader election")."""
     if not st.adding_replicas and not st.removing_replicas:
         return None, E.NO_REASSIGNMENT_IN_PROGRESS
     original = original_replicas(st)

@@ -1,10 +1,9 @@
 """Which storage nodes registered and which left, told in the active controller's log.
 
-FIX (found from outside): a hung node whose lease expired moved 22 partitions and the
-controller logged only "22 partition states committed ... after a node left", never which
-node, why, or how much it led; a node's return was not logged at all. Kafka's controller logs
-each broker's fencing and registration; so does this one: "node N (host:port) left: its lease
-expired ...; M partitions led by it" and "node N registered (host:port, rack, incarnation)".
+An operator needs to know which node left, why, and how much it led, and when it came back.
+Kafka's controller logs each broker's fencing and registration; so does this one: "node N
+(host:port) left: its lease expired ...; M partitions led by it" and "node N registered
+(host:port, rack, incarnation)".
 
 The registrations are compared as the cluster view holds them after each change of a node
 key (or a resync), not event by event: a resync after a watch outage tells who left

@@ -68,9 +68,8 @@ class Reconciler(PartitionStates):
 
     def _new_term(self) -> None:
         """A leadership starts or ends: a node-left time seen in an earlier term is not this
-        term's failover. Kept, the first pass of the next active term observed the whole
-        standby time in strom_controller_failover_seconds (94 s where the failover took
-        21 ms; found from outside)."""
+        term's failover. Kept, the first pass of the next active term would observe the whole
+        standby time in strom_controller_failover_seconds."""
         self._node_gone_at = None
 
     async def _reconcile_loop(self, lead: Leadership) -> None:

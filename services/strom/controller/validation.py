@@ -189,9 +189,8 @@ def validate_assignments(
     by_partition: dict[int, list[int]] = {}
     for partition, replicas in assignments:
         if partition not in wanted:
-            # FIX (found from outside): growing a topic from 1 to 3 partitions with {0: [3],
-            # 1: [2]} (keys taken as 0-based indexes of the new partitions) was refused with
-            # the range alone; say that keys are the new partitions' own numbers.
+            # Keys are easily taken for 0-based indexes of the new partitions: say that they
+            # are the new partitions' own numbers.
             hint = (
                 f" (the topic already has partitions 0..{first_partition - 1}: an assignment "
                 "names each new partition by its partition number)"
