@@ -641,7 +641,7 @@ def test_clear_errors_for_bad_arguments(admin: ClusterClient, cluster: LocalClus
         c.assign([tp])
         with pytest.raises(ValueError, match="offset must be >= 0"):
             c.seek(tp, -1)
-        with pytest.raises(ValueError, match=r"<= 2\*\*63 - 1 \(an int64\)"):  # found from outside
+        with pytest.raises(ValueError, match=r"offset must be .*<= 9223372036854775807 .*int64"):
             c.seek(tp, 2**63)
         with pytest.raises(IllegalStateError, match="not assigned"):
             c.pause([TopicPartition("c-args", 1)])

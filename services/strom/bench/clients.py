@@ -63,7 +63,7 @@ def ensure_topic(
     that differs from its count is named on stderr, since the run measures the topic's
     count, not the one asked for (it was silently ignored). With ``create=False`` (a bench
     that only reads) a missing topic is an error: creating it made an empty topic and a
-    report of 0 records/s (found from outside)."""
+    report of 0 records/s."""
     with Admin(bootstrap) as admin:
         listing = admin.list_topics().get(topic)
         if listing is None:

@@ -47,13 +47,13 @@ def _name(text: str) -> str:
 
 def _principal(text: str) -> str:
     """A principal: an empty one is refused. As a filter it meant "any principal", and with
-    --allow it turned the entry into a DENY. So is one whose name is blank: `add --allow
-    'User: '` stored an entry for nobody, listed as `User:` (found from outside)."""
+    --allow it would turn the entry into a DENY. So is one whose name is blank (an entry for
+    nobody)."""
     _, colon, name = text.partition(":")
     if not text.strip() or (colon and not name.strip()):
         raise argparse.ArgumentTypeError("must not be empty (User:<name>, or User:* for any)")
     # A certificate's subject as the services derive it: 'User:CN=a, O=b' (a space after
-    # the comma) was stored as typed and never matched the certificate (found from outside).
+    # the comma) would never match the certificate.
     return canonical_principal(text)
 
 
@@ -163,9 +163,8 @@ def _filter(args: argparse.Namespace) -> controller_pb2.AclBindingFilter:
 
 
 def _read(path: str) -> str:
-    """The ACL file's text; ValueError naming the file when it cannot be read (FIX (found
-    from outside): a file not in UTF-8 printed the decoder's message without the file's
-    name)."""
+    """The ACL file's text; ValueError naming the file when it cannot be read (a decoder's
+    message alone does not name it)."""
     try:
         return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -285,7 +284,7 @@ def _rate_arg(text: str) -> float:
 
 def run_quotas(args: argparse.Namespace, out: Any) -> int:
     if args.quotas_cmd == "set" and all(getattr(args, f) is None for f in _RATE_FLAGS):
-        # Found from outside: a set without rates printed "set" and deleted the quota.
+        # A set without rates would delete the quota.
         print(
             "strom quotas: error: set needs at least one of --produce-bytes-per-second, "
             "--fetch-bytes-per-second, --requests-per-second (to delete a quota: "
@@ -306,8 +305,7 @@ def run_quotas(args: argparse.Namespace, out: Any) -> int:
             return 0
         if args.quotas_cmd == "set":
             # The rates given change, the others stay, as kafka-configs --alter --add-config
-            # does (found from outside: a set replaced the whole quota, so setting a fetch
-            # rate silently dropped the produce rate). 0 removes one rate; a quota left
+            # does. 0 removes one rate; a quota left
             # with none is deleted. (Read, then written: two admins setting the same
             # principal at once may lose one's change.)
             current = client.controller_call(

@@ -60,12 +60,9 @@ __all__ = [
 
 def controller_client(bootstrap: str | None) -> ClusterClient:
     """The connection of a command that calls the controller, with the Admin client's own
-    default timeouts (30 s an attempt, 60 s a call).
-
-    FIX (found from outside): the commands used ClusterClient's defaults, 10 s an attempt,
-    no more than the controller's wait for its view to show a write (VIEW_WAIT_S): when the
-    view lagged, the attempt was cut off just before the answer and the retry of `strom topics
-    create` reported TOPIC_ALREADY_EXISTS for the topic the same command had just created."""
+    default timeouts (30 s an attempt, 60 s a call): an attempt must outlast the
+    controller's wait for its view to show a write (VIEW_WAIT_S), else it is cut off just
+    before the answer and the retry of `strom topics create` finds the topic it created."""
     return ClusterClient(
         bootstrap,
         timeout_s=DEFAULT_REQUEST_TIMEOUT_MS / 1000,
@@ -78,12 +75,8 @@ def answering_client(bootstrap: str | None) -> Iterator[ClusterClient]:
     """The connection of a command that asks the group or transaction coordinators, once a
     storage node has answered: nodes are asked again until the clients' API timeout (or the
     command's ``--timeout``), as every other admin command does, and a cluster that never
-    answers fails as theirs do (``no strom node answered at ...``).
-
-    FIX (found from outside): these commands find the coordinators with FindCoordinator, one
-    pass over the nodes, so with nothing answering ``strom groups list`` failed in a second
-    (``no strom node answered FindCoordinator``), ``groups describe`` after 15 s, and neither
-    ever gave the ``--timeout`` message the README promised."""
+    answers fails as theirs do (``no strom node answered at ...``), not after FindCoordinator's
+    single pass over the nodes."""
     with controller_client(bootstrap) as client:
         client.metadata(skip_topics=True)
         yield client
@@ -137,9 +130,8 @@ def _create(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: 
 
 def _delete(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     """Delete the topics in one request and say what became of each: the deleted ones on
-    stdout, the others on stderr (exit 1). The controller deletes every topic it can even
-    when another one fails; the command printed only the first failure, and the topics it
-    had deleted went unmentioned (found from outside)."""
+    stdout, the others on stderr (exit 1): the controller deletes every topic it can even
+    when another one fails."""
     names = list(dict.fromkeys(args.topics))
     resp = client.controller_call(
         "DeleteTopics",
@@ -164,13 +156,9 @@ def _delete(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: 
 
 def _alter(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
     """Change configs and grow the partition count, all or nothing (docs/topic-configs.md):
-    both are validated by the controller (validate_only) before either is applied.
-
-    FIX (found from outside): the config change was applied first and the partition increase
-    second, so ``--set retention.ms=4242 --partitions 2`` on a topic of 2 partitions failed
-    (INVALID_PARTITIONS, exit 1) with retention.ms changed. Only a change made by someone else
-    between the check and the write can still fail the second step; the first one's line is
-    then already printed.
+    both are validated by the controller (validate_only) before either is applied. Only a
+    change made by someone else between the check and the write can still fail the second
+    step; the first one's line is then already printed.
     """
     configs = bool(args.set or args.delete)
     settings = _kv(args.set, "--set")
@@ -285,7 +273,7 @@ def run_cluster(args: argparse.Namespace, out: Any) -> int:
         if args.cluster_cmd == "configs":
             return _cluster_configs(admin, args, out)
         if args.json:
-            # With the coordinators' shards (found from outside: always empty before).
+            # With the coordinators' shards.
             resp = client.controller_call(
                 "DescribeCluster", controller_pb2.DescribeClusterRequest(include_coordinators=True)
             )

@@ -64,9 +64,9 @@ def _node_config_changes(args: argparse.Namespace) -> tuple[dict[str, str], list
 
 def _cluster_configs(admin: Admin, args: argparse.Namespace, out: Any) -> int:
     """``cluster configs``: a node's static configs, the dynamic ones every node applies
-    (the replication throttle rates reassignments set: found from outside, no command
-    showed or removed them), or a change to those (checked by the controller first, so
-    an unknown name or bad value is a usage error, as for the flags)."""
+    (the replication throttle rates reassignments set), or a change to those (checked by
+    the controller first, so an unknown name or bad value is a usage error, as for the
+    flags)."""
     changes = _node_config_changes(args)
     if changes is None:
         if args.node is not None:

@@ -52,8 +52,7 @@ def add_console_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
     )
-    # Checked here so a bad value names the flag (found from outside: the Producer's
-    # message named its keyword, batch_size, and exited 1).
+    # Checked here so a bad value names the flag, not the Producer's keyword.
     p.add_argument(
         "--batch-size",
         type=int_at_least(1, maximum=INT32_MAX),
@@ -213,8 +212,7 @@ def client_properties(
 ) -> dict[str, Any]:
     """The client keyword arguments of ``flag``'s KEY=VALUE pairs; UsageError naming the
     property for an unknown key or a value of the wrong kind (Kafka's console tools take
-    any client setting so; found from outside: a record the topic allowed, above the fixed
-    4 MiB max_request_size, could not be sent)."""
+    any client setting so)."""
     out: dict[str, Any] = {}
     for key, text in given:
         name = key.replace(".", "_").replace("-", "_")
@@ -263,7 +261,7 @@ def _not_blank(text: str) -> str:
 
 def _start_offset(text: str) -> int | str:
     """``--offset``: a number >= 0, or ``earliest`` / ``latest`` as Kafka's console consumer
-    takes them (found from outside: ``--offset -2`` failed in the cluster, exit 1)."""
+    takes them; anything else is a usage error, not a failure in the cluster."""
     if text in ("earliest", "latest"):
         return text
     return int_at_least(0, " (or earliest, latest)", maximum=INT64_MAX)(text)
@@ -287,7 +285,7 @@ def run_produce(args: argparse.Namespace, stdin: BinaryIO, out: Any) -> int:
     idempotence); with a terminal on stdin each line is sent and acknowledged at once.
 
     A record that cannot be sent stops the command naming its input line and how many
-    records were acknowledged (found from outside: the error named neither)."""
+    records were acknowledged."""
     from strom.client.producer import Producer
 
     props = client_properties(args.producer_property, PRODUCER_PROPERTIES, "--producer-property")
@@ -478,8 +476,8 @@ def _formatter(args: argparse.Namespace) -> Any:
 def _sigterm_unwinds() -> Iterator[None]:
     """Make SIGTERM end the command as Ctrl-C does: by unwinding, so that ``with Consumer``
     closes the consumer (commits when auto-committing, leaves its group). Python's default
-    for SIGTERM ends the process on the spot, and the member stayed in its group until the
-    session timeout (found from outside), holding up the rebalance that gives its
+    for SIGTERM ends the process on the spot, and the member would stay in its group until
+    the session timeout, holding up the rebalance that gives its
     partitions to the others. A second SIGTERM during the close ends the process at once.
     """
 
@@ -567,8 +565,7 @@ def _print_records(consumer: Any, records: list[Any], fmt: Any, out: BinaryIO) -
     """Write ``records`` to ``out`` and flush. When that is cut short (Ctrl-C, SIGTERM, the
     reader going away, a failing write), each partition's position goes back to its first
     record that did not reach the output, so the commit made when the consumer closes covers
-    only what was printed and the group's next run prints the rest. The records of a poll had
-    all counted as consumed, and hundreds of them were skipped per stop (found from outside).
+    only what was printed and the group's next run prints the rest.
 
     A stop signal is noted and acted on between two records: raised at once, it could land
     after a write took a line but before the line was counted, and that line would be

@@ -306,8 +306,7 @@ def _print_group(d: coordinator_pb2.DescribedGroup, out: Any) -> None:
         )
     _table(rows, out)
     for m in d.members:
-        # A partition the member must still give up is its own until it reports it revoked
-        # (found from outside: such a partition was on no member line).
+        # A partition the member must still give up is its own until it reports it revoked.
         held = [
             f"{tp.topic}-{p}" for tp in m.assignment.topic_partitions for p in tp.partitions
         ] + [
@@ -328,8 +327,7 @@ def _delete(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
             admin.delete_groups([gid])
         except StromError as exc:
             failed += 1
-            # On stderr, as every failure of the CLI: they were on stdout among the deleted
-            # groups (found from outside).
+            # On stderr, as every failure of the CLI, not among the deleted groups.
             print(f"strom groups: error: group {gid}: {exc}", file=sys.stderr)
         else:
             print(f"deleted group {gid}", file=out)

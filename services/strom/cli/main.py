@@ -113,8 +113,7 @@ def _unrecognized(
     parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]
 ) -> NoReturn:
     """Arguments no parser knew: one line under the subcommand's name, as argparse's other
-    usage errors (found from outside: `strom topics alter t --config k=v` was refused as
-    `strom: error: unrecognized arguments`, naming neither the subcommand nor its flags)."""
+    usage errors, naming the subcommand and what it takes."""
     prog = _prog(parser, args)
     hint = _TAKES.get(prog, f"see `{prog} --help`")
     print(f"{prog}: error: unrecognized arguments: {' '.join(extras)} ({hint})", file=sys.stderr)
@@ -123,7 +122,7 @@ def _unrecognized(
 
 def _check_bootstrap(args: argparse.Namespace) -> None:
     """A ``--bootstrap`` that is not HOST:PORT[,...] is a usage error, before connecting
-    (found from outside: ``--bootstrap foo`` exited 1, as a failure in the cluster)."""
+    (not exit 1, as a failure in the cluster)."""
     if getattr(args, "bootstrap", None) is None:
         return
     from strom.client.cluster import parse_bootstrap

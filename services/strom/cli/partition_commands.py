@@ -33,7 +33,7 @@ def _within_timeout(admin: Admin, client: ClusterClient, args: argparse.Namespac
     """``admin``, or with ``--timeout`` one whose calls end a little before the command's
     timer ends the process: a partition that cannot be answered (no live leader) is then
     reported with the others' answers, instead of the timer's "no result" blaming the
-    cluster (found from outside)."""
+    cluster."""
     give_up_at = getattr(args, "give_up_at", None)
     if give_up_at is None:
         return admin
@@ -71,11 +71,9 @@ def _print_refused(errors: dict[TopicPartition, StromError], args: argparse.Name
 
 def _offsets(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     """Print each partition's offsets, and one error line per partition that could not be
-    looked up (exit 1), as Kafka's kafka-get-offsets: found from outside, one partition
-    without a live leader printed nothing for the healthy ones. With ``--json`` every
-    partition asked for is a row; a refused one has its ``error`` (code and message) and
-    null offsets (found from outside: it was only on stderr, so a script reading the JSON
-    took a partial answer for a whole one)."""
+    looked up (exit 1), as Kafka's kafka-get-offsets. With ``--json`` every partition asked
+    for is a row; a refused one has its ``error`` (code and message) and null offsets, so a
+    script reading the JSON does not take a partial answer for a whole one."""
     tps = _partitions_of(admin, list(dict.fromkeys(args.topics)), args.partition)
     if args.time is None:
         rows, errors = _earliest_and_latest(admin, client, args, tps)
@@ -160,8 +158,7 @@ def _offsets_line(row: dict[str, Any], bounds: bool) -> str:
 
 def _delete_records(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
     """Print the new low watermark of each partition deleted, then one error line per
-    partition refused (exit 1), as Kafka's kafka-delete-records: found from outside, a
-    refusal was all it printed while the other partitions' records were gone."""
+    partition refused (exit 1), as Kafka's kafka-delete-records."""
     tps = _partitions_of(admin, [args.topic], args.partition)
     before: int | Literal["latest"] = "latest" if args.all else args.before
     low, errors = _per_partition(
@@ -178,10 +175,6 @@ def _elect_leaders(admin: Admin, client: ClusterClient, args: argparse.Namespace
     """Run the elections; print each new leader on stdout and each failed election on stderr
     (its code and why), and exit 1 if any failed, as Kafka's kafka-leader-election does.
     ELECTION_NOT_NEEDED (the wanted leader already leads) is no failure.
-
-    FIX (found from outside): with the preferred replica down the command printed
-    "PREFERRED_LEADER_NOT_AVAILABLE PREFERRED_LEADER_NOT_AVAILABLE", then "elected 0
-    leader(s)", and exited 0, so scripts took the failed election for a success.
     """
     results = admin.elect_leaders(_election_scope(args), unclean=args.unclean)
     elected = failed = 0
@@ -232,7 +225,7 @@ def _replicas(args: argparse.Namespace) -> list[int]:
         try:
             parts = args.replicas.split(",")
             if any(not x.strip() for x in parts):
-                # Found from outside: "2,,3" was taken as [2, 3] without a word.
+                # "2,,3" is a typo, not [2, 3].
                 raise ValueError("an empty entry")
             replicas = [int(x) for x in parts]
         except ValueError:

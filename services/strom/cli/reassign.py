@@ -3,9 +3,8 @@ whole reassignment plans, as ``kafka-reassign-partitions.sh`` takes them.
 
 Over the Admin API (``alter_partition_reassignments``, ``list_partition_reassignments``,
 ``describe_topics``, ``describe_cluster``, ``elect_leaders``); the file formats, checks and
-the generator are :mod:`strom.cli.reassignplan` (pure, unit-tested). Found from outside:
-the command moved one partition per call, so draining a node of thousands of partitions
-meant scripting the Admin API.
+the generator are :mod:`strom.cli.reassignplan` (pure, unit-tested). Many partitions per
+call, so draining a node of thousands of partitions needs no scripting of the Admin API.
 """
 
 from __future__ import annotations

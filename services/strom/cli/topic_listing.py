@@ -21,7 +21,7 @@ from strom.errors import error_for
 
 def _list(admin: Admin, client: ClusterClient, args: argparse.Namespace, out: Any) -> None:
     names = admin.list_topics(internal=args.internal)
-    if args.json:  # as the other list commands take it (found from outside)
+    if args.json:  # as the other list commands take it
         print(json.dumps(sorted(names)), file=out)
         return
     for name in names:
@@ -35,8 +35,7 @@ PartitionFilter = Callable[[str, PartitionInfo], bool]
 @dataclass(frozen=True)
 class PartitionCondition:
     """A ``topics describe`` partition filter and the flag its rows carry first: each row
-    says which condition it met (found from outside: ``--under-min-isr-partitions`` rows said
-    only "(under-replicated)")."""
+    says which condition it met."""
 
     flag: str
     test: PartitionFilter
@@ -128,8 +127,8 @@ def _topic_dict(t: Any, partitions: Any, min_isr: int) -> dict[str, Any]:
         d["partitions"].append(row)
     meta = d.get("metadata")
     if isinstance(meta, dict) and infos:
-        # The count the text shows (a reassignment may have changed it; found from outside:
-        # the JSON kept the count chosen at creation), that one kept beside it.
+        # The count the text shows (a reassignment may have changed it), the one chosen at
+        # creation kept beside it.
         created = t.metadata.replication_factor
         meta["created_replication_factor"] = created
         meta["replication_factor"] = replication_factor_of(created, tuple(infos))
@@ -192,9 +191,7 @@ def _print_topic(t: TopicDescription, min_isr: int, out: Any) -> None:
 
 def _conditions(p: PartitionInfo, min_isr: int) -> list[str]:
     """The conditions a partition is marked with (what the filters of ``topics describe``
-    select): found from outside, the unfiltered listing did not mark an ISR smaller than
-    min.insync.replicas (acks=all writes failing) though ``--under-min-isr-partitions``
-    listed it."""
+    select), in the unfiltered listing too."""
     found = []
     if p.under_replicated:
         found.append("under-replicated")

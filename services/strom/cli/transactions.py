@@ -207,8 +207,8 @@ def _producer_states(
     try:
         states = admin.describe_producers(tps)
     except StromError:
-        # One partition without a leader must not hide the others (found from outside:
-        # exactly when an operator hunts a hanging transaction): ask each on its own.
+        # One partition without a leader must not hide the others (exactly when an
+        # operator hunts a hanging transaction): ask each on its own.
         states = {}
         with ThreadPoolExecutor(min(8, len(tps)), "strom-cli-producers") as pool:
             asked = {tp: pool.submit(admin.describe_producers, [tp]) for tp in tps}
@@ -337,7 +337,7 @@ def _list_everywhere(
 ) -> tuple[list[coordinator_pb2.TransactionListing], bool, bool]:
     """ListTransactions of every coordinator owning a shard of ``__transaction_state`` (from
     a storage node's FindCoordinator, not DescribeCluster: that needs DESCRIBE on the
-    cluster, and listing only DESCRIBE on the ids listed; found from outside): the listings,
+    cluster, and listing only DESCRIBE on the ids listed): the listings,
     whether some shard did not answer (no owner, a coordinator down or still loading), and
     whether any coordinator was asked at all."""
     owners = client.coordinator_shards(storage_pb2.COORDINATOR_TYPE_TRANSACTION)
@@ -419,7 +419,7 @@ def _list(client: ClusterClient, args: argparse.Namespace, out: Any) -> int:
         _table(table, out)
     if unloaded or not asked:
         # On stderr, so that --json output stays JSON; exit 2 tells a script the list is
-        # partial (found from outside: the line followed the JSON, and the exit was 0).
+        # partial.
         print(
             "strom transactions list: incomplete: some transaction coordinator shards are not "
             "available",
@@ -465,7 +465,7 @@ def _describe_txn(client: ClusterClient, tid: str) -> coordinator_pb2.Transactio
                 tid, storage_pb2.COORDINATOR_TYPE_TRANSACTION
             )
         except CoordinatorNotAvailableError as exc:
-            # Kept for the last error, which said just "no coordinator" (found from outside).
+            # Kept for the last error, which would otherwise say just "no coordinator".
             addr, last = None, exc.message
         if addr is not None:
             stub = coordinator_pb2_grpc.CoordinatorServiceStub(client.channel(addr))

@@ -333,7 +333,7 @@ def list_groups(
     lacks: GroupListingIncompleteError, holding what was found, when some shard is missing
     from the answers (no owner right now, or its owner did not answer)."""
     # Every shard's owner from FindCoordinator, not DescribeCluster: that needs DESCRIBE on
-    # the cluster, and listing only DESCRIBE on the groups listed (found from outside).
+    # the cluster, and listing only DESCRIBE on the groups listed.
     owners = client.coordinator_shards()
     addresses = sorted({a for a in owners.values() if a is not None})
     found: dict[str, GroupListing] = {}

@@ -230,7 +230,7 @@ class ProduceAnswers:
                 )
                 if oversized is not None:
                     # Never retried: the same request would be refused again, for the
-                    # whole delivery timeout (found from outside). Only the partitions too
+                    # whole delivery timeout. Only the partitions too
                     # large on their own fail (all, if none is); the others rode along, were
                     # not sent either, and go again.
                     now = time.monotonic()
@@ -429,7 +429,7 @@ class ProduceAnswers:
 
         FIX (found from outside): lowering max.message.bytes while a producer ran failed
         every record already batched (40 of 40 records of 100 KB in 4 MiB batches under a
-        new 1 MiB limit), although each fit. And (found from outside) a batch an earlier
+        new 1 MiB limit), although each fit. And a batch an earlier
         attempt may have written was never split: lowering the limit while a leader failed
         over failed whole batches of records that each fit (212 records in one run), most of
         them not in the log."""
@@ -651,7 +651,7 @@ class ProduceAnswers:
         Past delivery_timeout_ms they fail with a timeout naming the last error; when the
         retries ran out first, with the error the leader gave, as Kafka does (a
         ``retries=0`` send to a partition under min.insync.replicas raised a 5 s timeout at
-        its first answer instead of NotEnoughReplicasError; found from outside)."""
+        its first answer instead of NotEnoughReplicasError)."""
         failure: StromError = err
         if timed_out:
             failure = self._expired_error(pq, batches, time.monotonic(), str(err))

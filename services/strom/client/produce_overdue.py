@@ -36,7 +36,7 @@ log = logging.getLogger("strom.client.producer")
 #: ``_await_commit`` answers NOT_LEADER_OR_FOLLOWER at best), so giving the attempt up loses
 #: nothing the wait could have brought. Without it, batches in flight to a hung leader
 #: (SIGSTOP, a GC pause, a network partition) waited out ``request_timeout_ms`` (30 s)
-#: although the controller had moved the partition within 2-3 s (found from outside).
+#: although the controller had moved the partition within 2-3 s.
 OVERDUE_GRACE_S = 1.0
 #: How often an overdue request's leaders are looked up again while it stays unanswered
 #: (the controller moves a hung node's partitions once its etcd session ends).

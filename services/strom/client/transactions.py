@@ -292,7 +292,7 @@ class TransactionManager:
         Kafka's TransactionManager after a failed batch since KIP-360. Without the bump a
         partition whose failed batch may or may not be in the log could never take another
         sequence under this epoch, and every later transaction failed until
-        init_transactions() (found from outside)."""
+        init_transactions()."""
         self.fail(error)
         with self.lock:
             if self.phase is TxnPhase.ABORTABLE_ERROR:
@@ -490,7 +490,7 @@ class TransactionManager:
         """Open a transaction. With ``timeout_s``, an abort that got no answer is first asked
         again: that is always safe (the transaction ends aborted whatever reached the
         coordinator), and a loop that caught the abort's error and went on would otherwise
-        be refused here for good (found from outside). Without it (a caller that must not
+        be refused here for good. Without it (a caller that must not
         wait) such a begin is refused, naming the call to make."""
         if timeout_s is not None and self.pending_end is False:
             self.end(False, timeout_s)
@@ -839,7 +839,7 @@ class TransactionManager:
                     # The cluster client's lookup: a refusal (PERMISSION_DENIED on the
                     # transactional id) is an AuthorizationError at once; this class's own
                     # copy took it for a node that did not answer and retried until the
-                    # call's timeout (found from outside).
+                    # call's timeout.
                     addr = self.client.find_coordinator(
                         key, key_type, timeout_s=min(remaining, self.request_timeout_s)
                     )

@@ -177,7 +177,7 @@ TLS_FILES_LOOK_AGAIN_S = POLL_INTERVAL_S
 async def _watch_tls_files(files: TlsFiles, stop: asyncio.Event) -> None:
     """Look at the TLS files now and then even without traffic: an idle service (a standby
     controller) kept an expired certificate's end in its gauge after a renewal, and a bad new
-    set was never reported (found from outside). A changed set that fails is refused only
+    set was never reported. A changed set that fails is refused only
     when it still fails at the next look, so that look comes a second later, not ten: an idle
     service reported a bad renewal 10-20 s after it was written (its tests waited so)."""
     while not stop.is_set():
@@ -247,7 +247,7 @@ async def serve(
             metrics_http.start(metrics_port, metrics_host)
         except OSError as exc:
             # Named like a gRPC port in use (the bare "[Errno 98] Address already in use"
-            # did not say which port; found from outside).
+            # did not say which port).
             where = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
             raise OSError(
                 f"cannot serve metrics on {where}:{metrics_port}: {exc.strerror or exc}"
