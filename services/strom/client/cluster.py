@@ -554,10 +554,7 @@ class ClusterClient:
             )
             # Counted on the client, not in this call: the admin calls look for the
             # controller with one pass per call (controller_call, retry_s=0), so a count of
-            # this call's passes never reached two and `strom topics list` without a client
-            # certificate retried for its whole minute, ending BROKER_NOT_AVAILABLE "Socket
-            # closed" (found from outside; the Producer, whose lookups retry inside one call,
-            # got the AuthenticationError below at once).
+            # this call's passes would never reach two.
             self._closed_passes = self._closed_passes + 1 if closed else 0
             if not self._known:
                 self._check_resolvable()
@@ -566,7 +563,7 @@ class ClusterClient:
                 # connection: how a server requiring client certificates (mTLS) refuses a
                 # client without one, or with one it does not trust. Retrying the same
                 # settings cannot help, so this ends at once as Kafka's SSL authentication
-                # failure does (found from outside: it took the whole minute of retries).
+                # failure does.
                 raise AuthenticationError(
                     "every strom node at " + ", ".join(candidates) + " closed the connection "
                     "after the TLS handshake" + connection_hint(self.security)
@@ -631,8 +628,7 @@ class ClusterClient:
         have answered). BrokerNotAvailableError when no node answers.
 
         A node older than this client ignores all_shards and answers no entry at all, as a
-        node of this version does before any coordinator ran (found from outside: during a
-        rolling upgrade the listings printed nothing, "incomplete"). So an empty answer sends
+        node of this version does before any coordinator ran. So an empty answer sends
         the question to the next node, and when every node that answered had nothing, to the
         controller's DescribeCluster (which older versions answer too, but which needs
         DESCRIBE on the cluster; it lists owned shards only). Empty when DescribeCluster has

@@ -120,8 +120,7 @@ class GroupMember:
         #: One attempt of a coordinator call. The consumer's calls (commit(), committed())
         #: have request_timeout_ms in all, so an attempt gets half of it: one at a
         #: coordinator that hangs ends while the call can still ask the coordinator that
-        #: took over (DESIGN §8; found from outside: one attempt took it all, and the next
-        #: call went to the hung coordinator again). Heartbeats use it too. An attempt at a
+        #: took over (DESIGN §8). Heartbeats use it too. An attempt at a
         #: coordinator that hangs ends sooner once the group moved (:meth:`_attempt`); this
         #: bounds one at a coordinator that still owns the group but does not answer.
         self._attempt_s = self._timeout_s / 2
@@ -316,9 +315,8 @@ class GroupMember:
         while True:
             resp = self._request("OffsetFetch", req, max(deadline - time.monotonic(), 0.001))
             if resp.error_code != E.NONE:
-                # The whole lookup failed (found while fixing poll during failovers: the
-                # error was ignored, every partition read as "nothing committed", and the
-                # consumer started from auto_offset_reset instead of its group's offsets).
+                # The whole lookup failed: raise, or every partition would read as "nothing
+                # committed" and start from auto_offset_reset instead of the group's offsets.
                 raise error_for(resp.error_code, resp.error_message)
             unstable = any(
                 pr.error_code == E.UNSTABLE_OFFSET_COMMIT
@@ -376,9 +374,9 @@ class GroupMember:
         A subscribed consumer out of the group right now (it left after max_poll_interval_ms,
         was fenced, or is rejoining) sends its last identity, which the coordinator refuses
         (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH: Kafka's CommitFailedException), not -1,
-        which a group without members accepts from anyone (found from outside: an expelled
-        member's commit rewound the group's offsets after its successor had left, and a
-        zombie's transactional offsets were taken). Not subscribed (assign()), or never
+        which a group without members accepts from anyone (an expelled member's commit could
+        rewind the group's offsets, a zombie's transactional offsets be taken). Not
+        subscribed (assign()), or never
         joined yet: -1 and no member id, a "simple" consumer."""
         with self._lock:
             if not self._subscribed:
@@ -431,11 +429,8 @@ class GroupMember:
             resp = self._request("OffsetCommit", req, max(deadline - asked, 0.001))
             self.stats.committed(time.monotonic() - asked)
             if resp.error_code == E.STALE_MEMBER_EPOCH and time.monotonic() < deadline:
-                # The coordinator bumped the epoch (a rebalance): retry with the new one. FIX
-                # (found from outside): when the heartbeat bringing it had not come back yet,
-                # a sync commit failed with a non-retriable StaleMemberEpochError; it now asks
-                # for a heartbeat at once and waits briefly for the new epoch, as Kafka's
-                # consumer retries such a commit with the epoch its next heartbeat brings.
+                # The coordinator bumped the epoch (a rebalance): ask for a heartbeat at once
+                # and retry with the epoch it brings, as Kafka's consumer does.
                 self._wake.set()
                 with self._lock:
                     wait_s = min(deadline - time.monotonic(), max(2 * self._interval_s, 0.5))
@@ -491,8 +486,7 @@ class GroupMember:
         UNKNOWN_TOPIC_OR_PARTITION although the cluster's metadata has them, while the
         commit has time left. The coordinator checks commits against its own view of the
         topics, which learns a topic just created a moment after the nodes do; Kafka's
-        consumer retries that error too. FIX (CI saw a commit made right after creating its
-        topic fail with it; TxnOffsetCommit already retried it). A topic (or partition) the
+        consumer retries that error too (as TxnOffsetCommit does). A topic (or partition) the
         metadata does not have either fails at once: nothing will make it appear. Sent with
         the same ``commit_sequence``: the CommitQueue sends nothing newer meanwhile, and
         the coordinator wrote none of these partitions."""
@@ -512,8 +506,7 @@ class GroupMember:
     def close(self, *, autocommit: bool, timeout_s: float) -> None:
         """Commit (if asked) and give up the partitions, leave the group, stop the threads,
         all within ``timeout_s``: each step gets the time the earlier ones left, as Kafka's
-        close(timeout) is a bound on the whole close (found from outside: with the
-        coordinator stopped, each of five steps waited the full timeout)."""
+        close(timeout) is a bound on the whole close."""
         end = time.monotonic() + timeout_s
 
         def left() -> float:
@@ -939,7 +932,7 @@ class GroupMember:
 
 def _naming(where: str, message: str) -> str:
     """A partition's commit error naming the partition once: the coordinator's messages
-    already name it (found from outside: "clicks-0: clicks-0: the commit's metadata ...")."""
+    already name it."""
     if not message:
         return f"{where}: commit failed"
     return message if where in message else f"{where}: {message}"

@@ -62,10 +62,9 @@ INCONSISTENT_TOPIC_ID = common_pb2.ErrorCode.INCONSISTENT_TOPIC_ID
 #: answer may follow an append: NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT, and
 #: NOT_LEADER_OR_FOLLOWER, which ``_await_commit`` answers when leadership moved while
 #: appended records waited for the ISR (and ``_append_error`` for a log whose epoch is
-#: ahead of the node's view), as may no answer at all. FIX (found from outside): records
-#: for a partition of a deleted topic, answered UNKNOWN_TOPIC_OR_PARTITION at every
-#: attempt, failed as "may have been written" though nothing was, and renumbered the
-#: partition under a new epoch.
+#: ahead of the node's view), as may no answer at all. Records for a partition of a deleted
+#: topic (UNKNOWN_TOPIC_OR_PARTITION at every attempt) then fail as not written, without
+#: renumbering the partition under a new epoch.
 _REFUSED_BEFORE_APPEND = frozenset(
     {
         common_pb2.ErrorCode.NOT_ENOUGH_REPLICAS,
@@ -115,11 +114,9 @@ _REQUEST_FIELDS_BYTES = 64 * 1024
 def request_too_large(error: BaseException, batch_bytes: int) -> MessageTooLargeError | None:
     """MessageTooLargeError when ``error`` is gRPC refusing a message over its size limit
     (this client's "Sent message larger than max", or the node's "Received ...") and this
-    request, carrying ``batch_bytes`` of batches, is the one too large; else None.
-
-    FIX (found from outside): every RESOURCE_EXHAUSTED was taken for the leader shedding
-    load and retried as BROKER_NOT_AVAILABLE until delivery_timeout_ms, including a request
-    that no retry could ever send. Kafka fails such a record at once (RecordTooLarge)."""
+    request, carrying ``batch_bytes`` of batches, is the one too large; else None. Such a
+    request no retry can send, unlike a leader shedding load: Kafka fails such a record at
+    once (RecordTooLarge)."""
     if not isinstance(error, grpc.RpcError) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return None
     m = _TOO_LARGE_FOR_GRPC.search(error.details() or "")
@@ -350,8 +347,8 @@ class ProduceAnswers:
                 # Nothing was appended; retried after a refresh, which tells which.
                 self._retry(pq, batches, error_for(r.error_code, r.error_message), now)
             elif r.error_code == INCONSISTENT_TOPIC_ID:
-                # FIX (found from outside): made for a topic since deleted and re-created
-                # under the same name (our metadata has its new id). The leader appended
+                # Made for a topic since deleted and re-created under the same name (our
+                # metadata has its new id). The leader appended
                 # nothing; they fail, as not written, instead of landing in the new topic.
                 self._metadata.mark_stale(pq.topic)
                 self._fail(
@@ -425,14 +422,9 @@ class ProduceAnswers:
         DUPLICATE_SEQUENCE when older than every batch the leader keeps (answered as
         written); the second likewise, sent alone (``_settle`` resends a batch that may be in
         the log as it was). Nothing is appended twice, and refused halves fail saying the
-        records may have been written (:meth:`_maybe_written_error`).
-
-        FIX (found from outside): lowering max.message.bytes while a producer ran failed
-        every record already batched (40 of 40 records of 100 KB in 4 MiB batches under a
-        new 1 MiB limit), although each fit. And a batch an earlier
-        attempt may have written was never split: lowering the limit while a leader failed
-        over failed whole batches of records that each fit (212 records in one run), most of
-        them not in the log."""
+        records may have been written (:meth:`_maybe_written_error`). So lowering
+        max.message.bytes while a producer runs (even during a failover) fails no record that
+        fits on its own."""
         if b.count < 2 or b.arrow is not None or (b.maybe_written and not self.idempotent):
             return False
         half = b.count // 2
@@ -548,16 +540,14 @@ class ProduceAnswers:
 
     def _maybe_written_error(self, pq: PartitionQueue, err: StromError) -> StromError:
         """The error a batch that may be in the log fails with: a timeout, as for records in
-        flight at close(), saying that it may have been written (found from outside: a batch
-        appended and then expired was reported "not sent", and a user resending it wrote it
-        twice); the leader's error when it says the records were appended.
+        flight at close(), saying that it may have been written (so that a user does not
+        resend it into a duplicate); the leader's error when it says the records were
+        appended.
 
         The leader's refusal of the batch itself (``_BATCH_REFUSALS``: MESSAGE_TOO_LARGE,
         OUT_OF_ORDER_SEQUENCE, ...) ended it, and no time ran out: it keeps its class, its
-        message saying that an attempt may have written the records. FIX (found from
-        outside): a batch refused MESSAGE_TOO_LARGE after its first attempt's answer was lost
-        to a failover failed as RequestTimedOutError ("no answer settled ..."). Refusals of
-        the producer itself (its epoch fenced) keep the timeout, as before: a transaction
+        message saying that an attempt may have written the records. Refusals of the
+        producer itself (its epoch fenced) keep the timeout, as before: a transaction
         reads those codes as fencing (``TransactionManager.fail``)."""
         if isinstance(err, RequestTimedOutError) and "may have been written" in err.message:
             return err
@@ -583,10 +573,8 @@ class ProduceAnswers:
         Either way the topic's metadata is looked up again first: a retriable error is how a
         moved leader or a dead node shows, and the next batches need the new leader whether
         or not these are retried, as Kafka's client asks for a metadata update on any
-        InvalidMetadataException or disconnect. FIX (found from outside): with ``retries=0``
-        the refresh came after the give-up's return, so after a leader change every send
-        failed (stale leader epoch, or the dead leader unreachable) until
-        metadata_max_age_ms, 5 minutes."""
+        InvalidMetadataException or disconnect; first, so that it happens with
+        ``retries=0`` too."""
         self._metadata.mark_stale(pq.topic)
         first = batches[0]
         timed_out = now - first.created >= self.delivery_timeout_s
@@ -610,9 +598,8 @@ class ProduceAnswers:
         self, pq: PartitionQueue, batches: list[ProducerBatch], err: StromError, now: float
     ) -> None:
         """A WARNING for a retried partition, as Kafka's producer logs each retry ("Got error
-        produce response ... retrying (N attempts left)"). FIX (found from outside): a
-        producer retrying for its whole delivery timeout (a follower down under
-        min.insync.replicas) logged nothing before its final error, 45 s later. At most one
+        produce response ... retrying (N attempts left)"), so a producer retrying for its
+        whole delivery timeout is not silent until its final error. At most one
         line per partition every :data:`RETRY_LOG_INTERVAL_S`, counting the retries not
         logged: a partition retrying every 100 ms for two minutes is one line per 10 s. A
         batch younger than :data:`RETRY_QUIET_S` retries at DEBUG: a leader election or a
@@ -660,8 +647,7 @@ class ProduceAnswers:
     def _expire(self, now: float) -> None:
         """Fail batches that waited longer than delivery_timeout_ms without an answer (nothing
         of the partition in flight). Those sent before fail as "may have been written"
-        unless every attempt was refused before any append (found from outside: a batch
-        appended, then waiting for its retry, was reported "not sent").
+        unless every attempt was refused before any append.
 
         Batches in flight are left to their attempt, whose deadline is at the latest their
         delivery timeout (:meth:`_attempt_deadline`): it then fails them through
@@ -701,8 +687,7 @@ class ProduceAnswers:
     ) -> RequestTimedOutError:
         """The error of batches that passed delivery_timeout_ms, in Kafka's words: the time
         counts from the batch's creation, so a record appended to it a moment ago fails with
-        it. FIX (found from outside): "not written within delivery_timeout_ms=20000" was
-        said of records sent 0.1 s before."""
+        it; the message says so, since a record sent a moment ago may be among them."""
         last = f"(last error: {last_error})" if last_error else "(no reachable leader)"
         records = sum(b.count for b in old)
         head = (

@@ -155,10 +155,8 @@ class ProducerTransactions:
         made the transaction fail. Returns the manager and the call's deadline.
 
         ``resumable`` (a commit): a flush that did not end in time leaves the transaction
-        COMMITTING, not failed, and the same call again goes on from there. FIX (found from
-        outside): commit_transaction(timeout) while a partition waited for a coordinator
-        that did not answer failed the transaction (abortable) when the flush timed out,
-        though nothing had gone wrong but the wait."""
+        COMMITTING, not failed, and the same call again goes on from there: nothing went
+        wrong but the wait."""
         txn = self._require_txn()
         resuming = resumable and txn.phase is TxnPhase.COMMITTING and txn.pending_end is None
         if not resuming:
@@ -283,13 +281,10 @@ class ProducerTransactions:
             self._block_abort_failed = True
 
     def _finish_block_abort(self, timeout: float | None) -> None:
-        """Before a block begins: abort what the last block's abort left open. FIX (found
-        from outside): a block whose abort timed out while it was still sending (a hung
-        transaction coordinator) left the transaction in its abortable error, the block's
-        abort error swallowed; every later block was refused "cannot begin_transaction()
-        while abortable error" at once, for ever, and the README's loop spun without end
-        though the coordinator had come back (Kafka's loop calls abortTransaction() in its
-        catch, and goes on)."""
+        """Before a block begins: abort what the last block's abort left open (its abort
+        timed out, a hung coordinator say), else every later block would be refused "while
+        abortable error" for ever (Kafka's loop calls abortTransaction() in its catch, and
+        goes on)."""
         if not self._block_abort_failed:
             return
         txn = self._txn
@@ -311,17 +306,15 @@ class ProducerTransactions:
                 txn = self._txn
                 if txn is None or txn.pending_end is not True:
                     raise
-                # Found from outside: a commit that timed out left the block with an error
-                # the README's loop took as abortable: it rewound, and every later
-                # begin_transaction() was refused (the commit was pending). Asked again
-                # here, the error out of the block means "not committed" again.
+                # A commit that timed out is pending: settled here, the error out of the
+                # block means "not committed", which the README's loop rewinds on.
                 txn.settle_commit(
                     self.max_block_s if timeout is None else timeout, txn.timeout_ms / 1000
                 )
         except StromError:
-            # (found from outside: the failed transaction stayed open, holding read_committed
-            # readers until its timeout; a commit whose records were not all sent in time is
-            # left COMMITTING, and is aborted too: the block's error means "not committed")
+            # (else the failed transaction stays open, holding read_committed readers until
+            # its timeout; a commit whose records were not all sent in time is left
+            # COMMITTING, and is aborted too: the block's error means "not committed")
             txn = self._txn
             if (
                 txn is not None

@@ -128,7 +128,8 @@ def complete_prepared_transaction(
     coordinator outside strom (Spark's driver commits what its tasks prepared). Raises
     :class:`~strom.errors.ProducerFencedError` when a newer instance of the transactional id
     took over, or the transaction was aborted (its timeout passed) in the meantime. A
-    transaction that sent nothing completes at once (found from outside: INVALID_TXN_STATE)."""
+    transaction that sent nothing completes at once (the coordinator would answer
+    INVALID_TXN_STATE)."""
     if state.empty:
         return
     mgr = TransactionManager(
@@ -258,9 +259,7 @@ class TransactionManager:
         epoch was bumped past this producer's, by a new instance or by the coordinator
         itself, and abort_transaction() asks the coordinator, which gives the id back under
         a new epoch only when no other instance has initialised it since (else
-        PRODUCER_FENCED, fatal). Otherwise a new instance took over: fatal, as before. FIX
-        (found from outside): after a timeout abort every later call raised
-        ProducerFencedError "epoch 1 took over", with no other instance."""
+        PRODUCER_FENCED, fatal). Otherwise a new instance took over: fatal."""
         fatal = isinstance(error, ProducerFencedError) or error.code in _FATAL
         bumped = not fatal and error.code == E.INVALID_PRODUCER_EPOCH
         if bumped and not self._may_have_timed_out(error):
@@ -560,7 +559,7 @@ class TransactionManager:
         producer re-enqueues UNKNOWN_TOPIC_OR_PARTITION: the partitions are the leaders' (the
         producer sends only to partitions its metadata has), and a coordinator whose view
         of the topics lags (a topic just created, a coordinator that was stopped) refuses
-        them only for a while (found from outside: the transaction failed at once)."""
+        them only for a while."""
         if not all(is_retriable(pr.error_code) for pr in failed):
             return False
         if deadline - time.monotonic() <= self.backoff_s or self.closed.is_set():
@@ -610,9 +609,8 @@ class TransactionManager:
         coordinator whose view of the topics lags behind a topic just created,
         COORDINATOR_LOAD_IN_PROGRESS while a shard loads) are sent again after a backoff,
         as Kafka's producer re-enqueues its TxnOffsetCommit: only those partitions, the
-        others are in the transaction already. FIX (found while testing hung
-        coordinators): one such refusal failed the transaction at once, where
-        AddPartitionsToTxn retried the same refusal (:meth:`_retry_refused_add`). Any other
+        others are in the transaction already, as AddPartitionsToTxn retries the same
+        refusal (:meth:`_retry_refused_add`). Any other
         refusal raises (a CommitFailedError for a member out of the group, as Kafka)."""
         pending = dict(offsets)
         while True:
@@ -721,10 +719,9 @@ class TransactionManager:
         PREPARE_COMMIT / COMPLETE_COMMIT, the previous transaction's commit (it answers an
         abort NONE when its state is EMPTY or an abort). When none of this transaction's
         Add*ToTxn calls was accepted (they went unanswered, to a coordinator that hung and
-        was replaced: found from outside), the transaction never started there and no
-        record of it was written (a partition's batches are sent only after it was added),
-        so the abort has nothing to do and succeeds. Before, it was refused for good, and
-        so was every later begin_transaction().
+        was replaced), the transaction never started there and no record of it was written
+        (a partition's batches are sent only after it was added), so the abort has nothing
+        to do and succeeds, rather than refusing every later begin_transaction().
 
         When one was accepted, the coordinator should hold the transaction open (a timeout
         abort would have fenced this epoch): records of it may sit in partitions with no
@@ -901,9 +898,8 @@ class TransactionManager:
         """One attempt of :meth:`_call` at ``addr``: its answer, or the gRPC error it ended
         with (up to ``request_timeout_ms``, and not past the call's ``deadline``); left for
         the key's new owner once it has one (:class:`CoordinatorMoved`, the overdue rule of
-        :func:`strom.client.coordinator_calls.call_leaving_moved`; found from outside: the
-        README's exactly-once loop stalled 30 s whenever its transaction or group
-        coordinator hung, though another took its shards in ~3 s). A producer closed
+        :func:`strom.client.coordinator_calls.call_leaving_moved`: another coordinator takes
+        a hung one's shards in ~3 s, well within an attempt). A producer closed
         meanwhile abandons the attempt (ProducerClosedError, as between attempts)."""
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(self.client.channel(addr))
         try:
