@@ -152,7 +152,7 @@ SIZE_UNITS = {
 
 def byte_size(text: str) -> int:
     """Parse sizes like ``1048576``, ``64KiB``, ``1MiB``, ``2GiB``, ``1MB`` (a positive
-    number of bytes, at most 2^63-1). FIX: ``inf`` escaped as an OverflowError traceback."""
+    number of bytes, at most 2^63-1; ``inf`` too is a usage error)."""
     t = text.strip().lower()
     for suffix in sorted(SIZE_UNITS, key=len, reverse=True):
         if t.endswith(suffix):

@@ -105,8 +105,7 @@ def bench_transactions(
     phase's median round by records/s, its ``rounds`` rates kept in :data:`ROUND_RATES`."""
     value = b"x" * record_size
     options = {**producer_options, "acks": "all", "enable_idempotence": True}
-    # A transaction holds at most every record: a phase is named by the size it runs, once
-    # (found from outside: --records 5000 labelled a phase "txn of 100,000").
+    # A transaction holds at most every record: a phase is named by the size it runs, once.
     sizes = list(dict.fromkeys(min(size, records) for size in sizes))
     runs: list[list[Result]] = [[] for _ in range(1 + len(sizes))]
     for _ in range(max(rounds, 1)):

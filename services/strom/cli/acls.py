@@ -37,9 +37,8 @@ _OPS = {o.removeprefix("ACL_OPERATION_").lower(): v for o, v in md.AclOperation.
 
 def _name(text: str) -> str:
     """A resource name or prefix: an empty one is refused, as the controller refuses to store
-    it. It used to count as no resource at all, so `acls remove --topic ''` removed the
-    principal's entries on every resource and `acls add` failed with a traceback (found
-    from outside). A blank one (spaces only) is as empty: `remove --topic ' '` was taken."""
+    it (as no resource at all, `acls remove --topic ''` would remove the principal's entries
+    on every resource). A blank one (spaces only) is as empty."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty ('*' for any name)")
     return text

@@ -65,11 +65,10 @@ class AddPartitions:
         """Send AddPartitionsToTxn for partitions about to get their first batch of the
         transaction, as one more request in flight: it runs on a thread of its own and wakes
         the sender when it ends (:meth:`_added_to_transaction`), one at a time; partitions
-        due meanwhile go in the next one. FIX (found from outside): the sender made the call
-        itself and, with the coordinator down or stopped, sent nothing else until it gave up
-        (up to delivery_timeout_ms): partitions already added, delivery timeouts and
-        callbacks all waited, and so did flush(), close() and abort_transaction() (Kafka's
-        sender, too, keeps polling while its AddPartitionsToTxn is in flight).
+        due meanwhile go in the next one. With the coordinator down the sender goes on
+        sending the partitions already added, and delivery timeouts, callbacks, flush(),
+        close() and abort_transaction() do not wait for it (Kafka's sender, too, keeps
+        polling while its AddPartitionsToTxn is in flight).
 
         The call may retry until the oldest of those batches is due to expire
         (delivery_timeout_ms after its creation), each attempt for up to request_timeout_ms

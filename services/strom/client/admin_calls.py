@@ -73,7 +73,7 @@ class AdminCalls:
 
         Each attempt gets ``request_timeout_ms`` (or what is left of the overall timeout): a
         leader that hangs is given up on in time to ask the metadata again and retry at the
-        replica that took over (found from outside: one attempt used to take it all)."""
+        replica that took over."""
         self._ensure_open()
         client = self._client
         attempt_s = self.request_timeout_ms / 1000

@@ -161,10 +161,9 @@ def table_chunks(
     (a larger row alone); a row over ``max_size`` (or ``buffer_memory``) raises what
     ``send()`` raises for it, before any slice is made.
 
-    FIX (found from outside): slices were cut by the *average* row size, so two adjacent
-    9 MiB rows among small ones made one 18 MiB batch the topic refused (while each row
-    fit), and a 5 MiB row passed a 4 MiB max_request_size because the average was small.
-    Per slice, not per row: a cumulative sum and one searchsorted each."""
+    Cut by the rows' own sizes, not the average: adjacent large rows among small ones must not make
+    a batch the topic refuses while each row fits. Per slice, not per row: a cumulative sum and one
+    searchsorted each."""
     n = table.num_rows
     if n == 0:
         return []
@@ -226,8 +225,7 @@ class BulkFuture(Future):  # type: ignore[type-arg]
     """What ``send_batch()`` returns: the Future of one :class:`BatchMetadata` per batch,
     which also says how many of its records are acknowledged (:meth:`written`). Its batches
     are acknowledged one by one, so after a failure some of them may be in the log: the
-    failure alone said nothing of them (found from outside: the Spark sink reported none of
-    a failed task's rows as written while 191 were)."""
+    failure alone says nothing of them."""
 
     def __init__(self, batches: list[ProducerBatch]) -> None:
         super().__init__()

@@ -166,8 +166,8 @@ def unreadable_batch_error(tp: TopicPartition, offset: int, exc: InvalidBatchErr
     """The error ``poll()`` raises for a batch it cannot return. A well-formed batch over this
     reader's limit (its bytes, or its body decompressed: a batch a non-strom producer wrote,
     or a decompression bomb) is MessageTooLargeError saying so, with the limit and where to
-    seek to skip it; everything else is CorruptMessageError. FIX (found from outside): an
-    oversized batch was reported as "CORRUPT_MESSAGE", which sent users looking for damage."""
+    seek to skip it, not CORRUPT_MESSAGE, which would send users looking for damage;
+    everything else is CorruptMessageError."""
     where = f"{tp.topic}-{tp.partition} at offset {offset}"
     if not exc.too_large:
         return CorruptMessageError(f"{where}: {exc}; seek past it to continue")

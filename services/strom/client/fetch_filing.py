@@ -127,8 +127,8 @@ class AnswerFiling:
         if code == ErrorCode.NONE:
             part.failures = 0
             part.high_watermark = info.high_watermark
-            # FIX (found from outside): highwater() gave the high watermark to read_committed
-            # consumers too, so an open transaction showed as lag they could never read.
+            # read_committed: the last stable offset, else an open transaction shows as lag
+            # they can never read.
             part.end_offset = (
                 info.last_stable_offset
                 if self._read_committed and info.last_stable_offset >= 0

@@ -1,11 +1,10 @@
 """Clients used in a forked child fail clearly instead of hanging.
 
 gRPC is not fork-safe: a child process inherits the parent's channels, but not the threads
-that serve them (gRPC's, the producer's sender, the consumer's fetchers), so a Producer made
-before ``os.fork()`` (or a ``multiprocessing`` fork worker) took the child's ``send()`` and
-its future never completed (found from outside: ``result(10)`` timed out, ``flush()`` hung
-for ever). Every client registers here; in the child, an ``os.register_at_fork`` hook marks
-them all, and their next use raises :class:`~strom.errors.ForkedClientError` naming the
+that serve them (gRPC's, the producer's sender, the consumer's fetchers), so a Producer made before
+``os.fork()`` (or a ``multiprocessing`` fork worker) took the child's ``send()`` and its future
+would never complete. Every client registers here; in the child, an ``os.register_at_fork`` hook
+marks them all, and their next use raises :class:`~strom.errors.ForkedClientError` naming the
 process that made them. The mark costs the calls nothing: they test a flag they already
 test (the producer's ``send`` its ``_closing``), or one attribute.
 """

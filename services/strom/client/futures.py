@@ -38,8 +38,8 @@ class BatchResult:
     ``concurrent.futures.Future``, see a done future: asyncio's ``wrap_future`` relies on
     that), and only then wakes the threads waiting in :meth:`wait` (``result()``,
     ``flush()``). So, as in Kafka's Java client (a record's callback runs before its future
-    completes), when ``flush()`` returns every callback of the records it waited for has run
-    (found from outside: ``flush()`` returned with thousands of callbacks still to run).
+    completes), when ``flush()`` returns every callback of the records it waited for has
+    run.
     The callbacks run on the thread that completes the batch, one at a time; one that waits
     on this same batch (``future.result()`` inside its own callback) is answered at once.
     """

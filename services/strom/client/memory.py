@@ -52,8 +52,7 @@ def keep_freed_buffers() -> bool:
 def leave_alone() -> None:
     """This process sets malloc's thresholds itself (a storage node: its own, larger ones,
     :func:`strom.storage.node.tune_malloc`): consumers created in it (a RecordService
-    Subscribe runs one per stream) must not change them. FIX (found from outside in a soak):
-    the first Subscribe's consumer replaced the node's thresholds with a client's."""
+    Subscribe runs one per stream) must not change them."""
     global _done
     with _lock:
         if _done is None:

@@ -102,7 +102,6 @@ class BulkSend:
         if partition is not None and (
             isinstance(partition, bool) or not isinstance(partition, int)
         ):
-            # (found from outside: partition="1" failed with a bare "'<=' not supported")
             raise TypeError(f"partition must be an int, got {partition!r}")
         n = self._counts.get(topic) or self._partition_count(topic)
         if partition is not None and not 0 <= partition < n:

@@ -22,9 +22,8 @@ Partitioner = Callable[[bytes | None, int], int]
 def record_headers(headers: Any) -> list[tuple[str, bytes | None]]:
     """A record's headers as DESIGN §1 has them, (str, bytes | None) pairs, from a list of
     pairs or a mapping (confluent-kafka takes both). A bytes key is decoded as UTF-8, as a
-    Kafka user who writes ``b"trace-id"`` means; any other type is refused naming the header
-    (found from outside: ``b"trace-id"`` was stored as ``"b'trace-id'"``, 7 as ``"7"``, and
-    an int value failed with a bare ``object of type 'int' has no len()``)."""
+    Kafka user who writes ``b"trace-id"`` means; any other type is refused naming the
+    header."""
     if isinstance(headers, Mapping):
         headers = headers.items()
     elif isinstance(headers, str | bytes) or not isinstance(headers, Iterable):
@@ -65,9 +64,8 @@ def checked_pick(partitioner: Partitioner, pick: object, topic: str, n: int) -> 
     """A custom partitioner's answer as a partition number, or a clear error at ``send``.
 
     Kafka's Java client refuses a partitioner's answer outside the topic's partitions at
-    once too ("Invalid partition given with record"). FIX (found from outside): None was
-    queued as a partition and broke the sender thread for every record of the producer,
-    and 7 of 4 partitions waited delivery_timeout_ms for a leader that never comes. An
+    once too ("Invalid partition given with record"): a partition that never comes would
+    wait out delivery_timeout_ms, and None would break the sender thread. An
     integer of another type (numpy's: ``operator.index``) is taken; bool is not."""
     name = getattr(partitioner, "__qualname__", None) or repr(partitioner)
     where = f"for topic {topic!r}, which has partitions [0, {n})"
@@ -90,9 +88,8 @@ def checked_pick(partitioner: Partitioner, pick: object, topic: str, n: int) -> 
 
 def record_too_large(size: int, max_request_size: int, buffer_memory: int) -> MessageTooLargeError:
     """What ``send()`` (and ``send_batch()``, per row) raises for a record it never sends:
-    over max_request_size, or over buffer_memory, which could never hold it. FIX (found from
-    outside): a record larger than buffer_memory was taken (Kafka refuses it at once, its
-    RecordTooLargeException)."""
+    over max_request_size, or over buffer_memory, which could never hold it (Kafka refuses
+    it at once, its RecordTooLargeException)."""
     if size > max_request_size:
         return MessageTooLargeError(
             f"the record is {size} bytes, more than max_request_size={max_request_size}"

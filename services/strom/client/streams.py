@@ -114,8 +114,7 @@ class _Watchdog:
         """One look (a call of its own, so that no stream is kept alive by the loop's
         frame while it sleeps): cancel the late streams, stop watching the ended ones, and
         False, with the thread forgotten, when none is left. The thread ends then and the
-        next ``watch`` starts another (found from outside: it outlived every client, waking
-        every 250 ms)."""
+        next ``watch`` starts another, rather than outliving every client."""
         with self._lock:
             streams = list(self._streams)
         ended = [s for s in streams if not s.check_deadline(now)]
@@ -259,8 +258,7 @@ class RequestStream:
             # The call raised itself (a gRPC rendezvous is its own exception): its traceback
             # holds this frame, whose locals hold the requests' ``done`` callbacks and so
             # their client, and gRPC's C layer keeps the call alive where the cycle collector
-            # cannot see it. FIX (found from outside): every closed Producer (its buffers
-            # too) stayed in memory for good.
+            # cannot see it: every closed Producer (its buffers too) would stay in memory.
             error.__traceback__ = None
 
 
@@ -308,9 +306,9 @@ class _PingPong:
         except grpc.RpcError as exc:
             # The call raised itself (a rendezvous is its own exception): its traceback holds
             # frames that hold the call, a cycle only the cycle collector frees, maybe only at
-            # interpreter shutdown, where the call's __del__ takes a lock a frozen daemon
-            # thread may hold. FIX (found from outside, once): a closed consumer's process
-            # never exited. Without the traceback the call goes as soon as it is let go.
+            # interpreter shutdown, where the call's __del__ takes a lock a frozen daemon thread may
+            # hold, and the process would never exit. Without the traceback the call goes as soon as
+            # it is let go.
             exc.__traceback__ = None
             self._break()
             if self._expired:

@@ -69,9 +69,8 @@ def parse_with_sources(
 def _load(path: Path) -> Any:
     """The YAML document in ``path``; ConfigFileError in one line when it cannot be had.
 
-    FIX (found from outside): only a missing file and bad YAML were caught, so a directory
-    (``--config /tmp``) or a file that is not UTF-8 ended in a traceback; and PyYAML's own
-    message spans several lines, so bad YAML is reported as ``FILE:LINE:COLUMN: problem``.
+    A directory (``--config /tmp``) or a file that is not UTF-8 too; PyYAML's own message
+    spans several lines, so bad YAML is reported as ``FILE:LINE:COLUMN: problem``.
     """
     try:
         text = path.read_text(encoding="utf-8")
@@ -107,14 +106,11 @@ def _convert(action: argparse.Action, value: Any) -> Any:
     """``value`` (from the YAML file: any YAML type; from the environment: a string) as the
     flag would have parsed it; ValueError or ArgumentTypeError saying what is wrong.
 
-    FIX (found from outside): only strings went through the flag's type, so a YAML number,
-    boolean or list skipped every check and crashed the service later with a traceback
-    (``etcd: 5``, ``node-id: 1.5``, ``metrics-port: [1, 2]``) or was taken as it stood
-    (``max-connections: true``). A YAML scalar is now read as the same text on the command
-    line would be; a boolean only for a flag that takes one (``yes`` is a boolean in YAML,
-    so a name meant literally must be quoted); a list only for a flag that may be given
-    more than once; and the value must be one of the flag's choices, which argparse checks
-    on the command line only.
+    A YAML number, boolean or list must not skip the flag's checks (``etcd: 5``, ``node-id: 1.5``,
+    ``max-connections: true``): a YAML scalar is read as the same text on the command line would be;
+    a boolean only for a flag that takes one (``yes`` is a boolean in YAML, so a name meant
+    literally must be quoted); a list only for a flag that may be given more than once; and the
+    value must be one of the flag's choices, which argparse checks on the command line only.
     """
     if _takes_several(action):
         items = value if isinstance(value, list) else [value]

@@ -43,8 +43,7 @@ def follow_cluster(store: MetadataStore, on_events: Callable[[list[Any]], None])
     started yet: the caller keeps it first (``self.view = ...``), then starts it off the
     event loop (``await asyncio.to_thread(view.start)``: a snapshot is a blocking etcd
     read). The snapshot's RESYNC reaches ``on_events`` during ``start``, and a listener that
-    reads the service's view then must find it (found from outside: a controller logged a
-    listener's AssertionError at every start, and skipped that first event's work)."""
+    reads the service's view then must find it."""
     view = ClusterView(store)
     view.add_listener(on_events)
     log_levels.follow(view)

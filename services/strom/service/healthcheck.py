@@ -71,12 +71,10 @@ def security(env: dict[str, str]) -> ProbeSecurity:
     the service's own TLS files (``STROM_TLS_CA`` / ``_CERT`` / ``_KEY``: its own certificate
     passes an mTLS listener), else plaintext.
 
-    FIX (found from outside): the files were checked as a client checks them (valid now, the
-    key the certificate's) and the probe failed when they were not, against a healthy
-    service: the chart's probes run with the mounted Secret the services share, so one bad
-    renewal, which every service rightly refuses while serving on with its old files, failed
-    every pod's probes, Kubernetes killed them all, and they did not start again with the
-    bad files. The files are now used as they are: an expired certificate is still presented
+    The files are not checked as a client checks them: the chart's probes run with the
+    mounted Secret the services share, so one bad renewal (which every service refuses while
+    serving on with its old files) would fail every pod's probe and have them all killed.
+    They are used as they are: an expired certificate is still presented
     (the server decides), one whose key is not its own is left out, and what is wrong goes
     into ``problem`` (``StromTLSFilesInvalid`` is what reports it)."""
     names = CLIENT_FILES if env.get("STROM_SSL_CAFILE") else SERVICE_FILES

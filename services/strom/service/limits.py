@@ -166,11 +166,10 @@ class Admission:
         with the same ``owing``: the principal of a request that came while it was over its
         quota, None otherwise).
 
-        FIX (found in review of the quota code): requests waiting out their principal's
-        quota held their bytes against the whole budget, so one principal far over its quota
-        with many large requests in flight made every other principal's produce requests
-        shed. Such requests now get at most a quarter of the budget per principal and half
-        in all (one alone always passes, as any request with nothing in flight)."""
+        Requests waiting out their principal's quota get at most a quarter of the budget per
+        principal and half in all, so that one principal far over its quota cannot make every other
+        principal's produce requests shed (one alone always passes, as any request with nothing in
+        flight)."""
         if self.max_memory_bytes and self.resident > self.max_memory_bytes:
             self.shed += 1
             return (

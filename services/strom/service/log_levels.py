@@ -4,8 +4,7 @@ Kafka lets an operator turn a running broker's loggers up or down without a rest
 (``kafka-configs --entity-type broker-loggers --alter --add-config
 kafka.server.ReplicaManager=DEBUG``); strom's services took their level at start only
 (``--log-level``), so looking closer at an incident meant restarting the very process that
-showed it, which often ends the incident. FIX (found in the logs review: "no runtime
-log-level change").
+showed it, which often ends the incident.
 
 The configs live with the other dynamic node configs (the ``node_configs`` etcd key, set with
 ``strom cluster configs --set`` / ``Admin.alter_node_configs``), and every service of the

@@ -122,8 +122,7 @@ def always_info(
 ) -> None:
     """An INFO line written whatever the logger's level: the lines an operator must see to
     know what a service runs with (its start line, a level change) would otherwise vanish
-    in a service started at ``warning`` (found from outside: a service started at warn
-    wrote neither its start line nor the change that turned it to debug). Handlers and
+    in a service started at ``warning``. Handlers and
     filters still apply; only the level check is skipped."""
     record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, msg, args, None, extra=extra)
     logger.handle(record)
@@ -136,9 +135,8 @@ def setup_logging(
 ) -> None:
     """JSON lines on stderr at ``level`` (the start level; strom.service.log_levels changes it
     at run time), and the service's first line: its version and, with ``settings``, the
-    effective configuration in the ``config`` field (secrets hidden). FIX (found from
-    outside): the first line said "starting storage-node" and nothing else, so nobody could
-    tell from the logs which version ran with which etcd, ports, data dir or limits."""
+    effective configuration in the ``config`` field (secrets hidden), so the logs tell
+    which version ran with which etcd, ports, data dir or limits."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     handler.addFilter(_CancelledRpcFilter())
@@ -225,7 +223,7 @@ async def serve(
     )
     names = service.register(server)
     health_servicer = HealthServicer()
-    # FIX: grpc's HealthServicer starts with "" = SERVING; until service.start() has finished
+    # grpc's HealthServicer starts with "" = SERVING; until service.start() has finished
     # (etcd registration, recovery, ...) the process must not look ready to probes and tests.
     for name in ["", READY_SERVICE, *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -2,12 +2,11 @@
 
 A caller that cancels a stream (a Subscribe reader that stops, a consumer or follower closing
 its FetchStream) makes the handler's next write fail in gRPC core (``ExecuteBatchError``).
-grpc.aio logs that failure at ERROR with a traceback ("ExecuteBatchError raised in core by
-servicer method") unless its own notice of the cancellation was handled first, a race the
-write usually wins. FIX (found from outside): every mid-stream cancel left an ERROR and a
-traceback in the node's log. Streams that outlive their callers write through :func:`write`
-(or are served by :func:`writes_answers`): a failed write ends the handler as a cancellation,
-which grpc.aio logs at DEBUG, and the handler's ``finally`` blocks run as usual.
+grpc.aio logs that failure at ERROR with a traceback ("ExecuteBatchError raised in core by servicer
+method") unless its own notice of the cancellation was handled first, a race the write usually wins,
+so every mid-stream cancel would leave an ERROR in the log. Streams that outlive their callers write
+through :func:`write` (or are served by :func:`writes_answers`): a failed write ends the handler as
+a cancellation, which grpc.aio logs at DEBUG, and the handler's ``finally`` blocks run as usual.
 """
 
 from __future__ import annotations
