@@ -91,3 +91,32 @@ def test_list_offsets_by_time_over_a_stored_undecodable_batch(cluster: Cluster) 
     assert list_offset(n1, "ts", 0, t0).offset == 0
     assert list_offset(n1, "ts", 0, t0 + 15).offset == 4
     assert "Traceback" not in node_log(cluster)
+
+
+def test_repeated_time_lookups_over_an_undecodable_batch_log_once_a_window(
+    cluster: Cluster,
+) -> None:
+    """Every lookup over the batch is refused CORRUPT_MESSAGE, but the node logs it once
+    per window (CORRUPT_LOG_INTERVAL_S, 60 s), not once per request; the batch is the
+    producer's bytes, not damage of this replica, so the node keeps leading the partition."""
+    n1 = cluster.node(1)
+    cluster.create_topic("tsw", {0: [1]})
+    wait_hosted(n1, "tsw", [0])
+    t0 = 1_700_000_000_000
+    for i in range(2):
+        stamps = [t0 + 10 * i, t0 + 10 * i + 1]
+        r = produce_one(n1, "tsw", 0, encode_batch([b"x", b"y"], timestamps=stamps), acks=-1)
+        assert r.error_code == E.NONE
+    wait_for(
+        lambda: list_offset(n1, "tsw", 0, LATEST).offset == 4, timeout=10, what="high watermark 4"
+    )
+    rot_stored_body(n1.data_dir / "tsw-0", 2)
+    for _ in range(20):
+        bad = list_offset(n1, "tsw", 0, t0 + 5)
+        assert bad.error_code == E.CORRUPT_MESSAGE, bad.error_message
+    lines = [line for line in node_log(cluster).splitlines() if "tsw-0: batch" in line]
+    assert len(lines) == 1 and "batch at offset 2" in lines[0], lines
+    # Still the leader: reads and writes of the partition are served.
+    assert fetch_one(n1, "tsw", 0, 0).error_code == E.NONE
+    more = produce_one(n1, "tsw", 0, encode_batch([b"z"]), acks=-1)
+    assert (more.error_code, more.base_offset) == (E.NONE, 4), more.error_message

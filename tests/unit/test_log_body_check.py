@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from strom.log import Log, LogConfig, UndecodableBatchError, compact
+from strom.log import CorruptLogError, Log, LogConfig, UndecodableBatchError, compact
 from strom.record import InvalidBatchError, decode_records, encode_batch
 from tests.unit.reframe import garbage_body_variants, rot_stored_body
 
@@ -110,6 +110,9 @@ def test_time_lookups_over_an_undecodable_stored_batch_name_its_offset(tmp_path:
     with pytest.raises(UndecodableBatchError, match="batch at offset 4") as err:
         log.offset_for_timestamp(T0 + 15)
     assert err.value.offset == 4
+    # Not disk damage: the handlers of CorruptLogError (leadership moves, a cleaner pass or
+    # a follower stops) must not take the producer's bytes, the same on every replica, for it.
+    assert not isinstance(err.value, CorruptLogError)
     rot_stored_body(log.directory, 6)  # the newest batch: max-timestamp lookups read it
     with pytest.raises(UndecodableBatchError, match="batch at offset 6"):
         log.max_timestamp_offset()

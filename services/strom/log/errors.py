@@ -14,9 +14,8 @@ def disk_full(exc: BaseException) -> bool:
 
 
 def naming(exc: OSError, doing: str, path: Path | str) -> OSError:
-    """``exc`` again with what was being done to which file in its message: an error from a
-    ``write`` carries no file name (found from outside: a node on a full disk exited with
-    ``[Errno 28] No space left on device`` and no path). Same class and errno."""
+    """``exc`` again with what was being done to which file in its message (same class and
+    errno): an error from a ``write`` carries no file name."""
     if getattr(exc, "named", False):
         return exc
     out = type(exc)(exc.errno, f"{exc.strerror or exc} ({doing} {path})")
@@ -59,11 +58,15 @@ class CorruptLogError(LogError):
         self.offset = offset
 
 
-class UndecodableBatchError(CorruptLogError):
+class UndecodableBatchError(LogError):
     """A stored batch whose header and CRC hold but whose body cannot be decoded (written
-    before leaders checked bodies on append, or rewritten under a recomputed CRC): answered
-    as ``CORRUPT_MESSAGE`` naming the partition and ``offset``, as a reader meets it, not as a
-    storage fault (the disk and the rest of the log are sound)."""
+    before leaders checked bodies on append). Not a :class:`CorruptLogError`: every replica
+    holds the same bytes, so it is no reason to distrust this disk or move leadership;
+    answered ``CORRUPT_MESSAGE`` naming ``offset``, as a reader meets it."""
+
+    def __init__(self, message: str, *, offset: int = -1) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 class InvalidAppendError(LogError):

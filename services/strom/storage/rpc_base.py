@@ -65,36 +65,48 @@ class _Refusal(Exception):
         self.hint = hint
 
 
-#: Seconds between two log lines about the same damaged partition.
+#: Seconds between two log lines about the same partition's unreadable data.
 CORRUPT_LOG_INTERVAL_S = 60.0
-#: (topic, partition) -> (when its last line was logged, refusals since then not logged).
-_corrupt_logged: dict[tuple[str, int], tuple[float, int]] = {}
+#: (kind, topic, partition) -> (when its last line was logged, refusals since then not logged).
+_corrupt_logged: dict[tuple[str, str, int], tuple[float, int]] = {}
+
+
+def _log_limited(kind: str, level: int, what: str, topic: str, partition: int, text: str) -> None:
+    """Log ``text`` about a partition at most once per CORRUPT_LOG_INTERVAL_S per ``kind``:
+    every fetch or lookup of a reader stuck at the same batch fails the same way, many times
+    a second, and one line each buries the logs."""
+    key = (kind, topic, partition)
+    now = time.monotonic()
+    last, suppressed = _corrupt_logged.get(key, (-CORRUPT_LOG_INTERVAL_S, 0))
+    if now - last < CORRUPT_LOG_INTERVAL_S:
+        _corrupt_logged[key] = (last, suppressed + 1)
+        return
+    _corrupt_logged[key] = (now, 0)
+    more = f" ({suppressed} more refusals since the last report)" if suppressed else ""
+    log.log(level, "%s %s-%d: %s%s", what, topic, partition, text, more)
 
 
 def _corrupt(what: str, topic: str, partition: int, exc: CorruptLogError) -> _Refusal:
-    """A read found damaged data: count it (strom_storage_corrupt_reads_total) and log it,
-    at most once a minute per partition. Every fetch of a consumer or follower stuck at the
-    damaged batch fails the same way, many times a second: one line each buried the logs,
-    and without a metric nothing showed that a replica was damaged (found from outside)."""
+    """A read found damaged data: counted (strom_storage_corrupt_reads_total, so that a
+    damaged replica shows) and logged, rate-limited."""
     metrics.CORRUPT_READS.labels(topic, str(partition)).inc()
     at = f" at offset {exc.offset}" if exc.offset >= 0 else ""
-    now = time.monotonic()
-    last, suppressed = _corrupt_logged.get((topic, partition), (-CORRUPT_LOG_INTERVAL_S, 0))
-    if now - last >= CORRUPT_LOG_INTERVAL_S:
-        _corrupt_logged[(topic, partition)] = (now, 0)
-        more = f" ({suppressed} more refusals since the last report)" if suppressed else ""
-        log.error(
-            "%s %s-%d: stored data%s failed a check, refused: %s%s",
-            what,
-            topic,
-            partition,
-            at,
-            exc,
-            more,
-        )
-    else:
-        _corrupt_logged[(topic, partition)] = (last, suppressed + 1)
+    _log_limited(
+        "corrupt",
+        logging.ERROR,
+        what,
+        topic,
+        partition,
+        f"stored data{at} failed a check, refused: {exc}",
+    )
     return _Refusal(E.STORAGE_ERROR, f"stored data{at} failed a check: {exc}")
+
+
+def _undecodable(what: str, topic: str, partition: int, exc: UndecodableBatchError) -> _Refusal:
+    """A batch readers cannot decode: what a consumer meets there, CORRUPT_MESSAGE, logged
+    rate-limited without a traceback. Not disk damage (every replica holds the same bytes)."""
+    _log_limited("undecodable", logging.WARNING, what, topic, partition, str(exc))
+    return _Refusal(E.CORRUPT_MESSAGE, f"{topic}-{partition}: {exc}")
 
 
 def _unexpected(what: str, topic: str, partition: int, exc: BaseException) -> _Refusal:
@@ -102,10 +114,7 @@ def _unexpected(what: str, topic: str, partition: int, exc: BaseException) -> _R
     if isinstance(exc, _Refusal):
         return exc
     if isinstance(exc, UndecodableBatchError):
-        # A batch readers cannot decode (see UndecodableBatchError): what a consumer meets
-        # there, CORRUPT_MESSAGE, one line without a traceback (not UNKNOWN_SERVER_ERROR).
-        log.warning("%s %s-%d: %s", what, topic, partition, exc)
-        return _Refusal(E.CORRUPT_MESSAGE, f"{topic}-{partition}: {exc}")
+        return _undecodable(what, topic, partition, exc)
     if isinstance(exc, CorruptLogError):
         return _corrupt(what, topic, partition, exc)
     if isinstance(exc, OSError):
