@@ -57,3 +57,29 @@ def test_a_frame_stating_more_than_the_bound_is_refused_at_once() -> None:
         codecs.decompress(codecs.ZSTD, bomb, max_bytes=1000)
     with pytest.raises(InvalidBatchError, match="decompresses to more than"):
         codecs.decompress(codecs.ZSTD, bomb)
+
+
+@pytest.mark.parametrize("stated", [0, 1])
+def test_a_frame_stating_a_tiny_size_starts_from_the_first_guess(
+    stated: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first buffer is never below the first guess (64 KiB here), whatever the frame
+    states: from a one-byte buffer, a frame that lies small would be decompressed once per
+    x8 growth whenever the codec reports it as an overflow. (zstd refuses a frame whose
+    stated size is wrong at the first attempt either way: corrupt, as before.)"""
+    attempts = []
+    real = codecs._DECOMPRESS_INTO[codecs.ZSTD]
+
+    def counting(data: object, out: object) -> int:
+        attempts.append(len(out))  # type: ignore[arg-type]
+        return real(data, out)
+
+    monkeypatch.setitem(codecs._DECOMPRESS_INTO, codecs.ZSTD, counting)
+    lying = _with_stated_size(_zstd(b"page-view " * 50_000), stated)
+    with pytest.raises(InvalidBatchError, match="does not decompress"):
+        codecs.decompress(codecs.ZSTD, lying)
+    assert attempts == [1 << 16], attempts
+    # A frame that states 0 and holds nothing still decodes in one attempt.
+    attempts.clear()
+    assert bytes(codecs.decompress(codecs.ZSTD, _zstd(b""))) == b""
+    assert len(attempts) == 1

@@ -101,8 +101,9 @@ def decompress(codec: int, data: Any, *, position: int = 0, max_bytes: int | Non
         if stated is not None:
             if stated > max_bytes:
                 raise _too_large(codec, position, max_bytes)
-            # A frame that understates its size overflows this buffer and grows it below.
-            size = max(stated, 1)
+            # Never below the first guess: a frame stating 0 or 1 but holding more would
+            # grow from one byte, a failed attempt per x8.
+            size = max(stated, size)
     while True:
         out = np.empty(size, dtype=np.uint8)
         try:
