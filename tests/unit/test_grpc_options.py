@@ -44,7 +44,7 @@ def test_every_channel_cache_of_the_services_is_made_with_grpc_options() -> None
             ):
                 calls.append((path.relative_to(SERVICES), ast.unparse(node)))
     assert len(calls) >= 3, calls
-    # GRPC_OPTIONS, or GRPC_OPTIONS and more (the controller client's own subchannel pool).
+    # GRPC_OPTIONS, or GRPC_OPTIONS and more.
     assert all(
         call == "ChannelCache(GRPC_OPTIONS)" or call.startswith("ChannelCache([*GRPC_OPTIONS, ")
         for _, call in calls

@@ -321,12 +321,15 @@ class ChannelSecurity:
         return ch
 
     def aio_channel(
-        self, address: str, options: Sequence[tuple[str, Any]] = ()
+        self,
+        address: str,
+        options: Sequence[tuple[str, Any]] = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> grpc.aio.Channel:
-        """An asyncio channel to ``address``."""
-        interceptors = None
+        """An asyncio channel to ``address``, its calls going through ``interceptors``."""
+        interceptors = list(interceptors)
         if self.token or self.token_file is not None:
-            interceptors = _aio_token_interceptors(self.current_token)
+            interceptors += _aio_token_interceptors(self.current_token)
         if self.tls:
             return grpc.aio.secure_channel(
                 address, self.credentials(), options=list(options), interceptors=interceptors
@@ -448,11 +451,49 @@ def replace_default_channel(ca: bytes | None, cert: bytes | None, key: bytes | N
     _DEFAULT_CHANNEL = dataclasses.replace(_DEFAULT_CHANNEL, ca=ca, cert=cert, key=key)
 
 
+class _DeadlineWatch:
+    """Tells its :class:`ChannelCache` when a call of one channel missed its deadline."""
+
+    def __init__(self, cache: ChannelCache, address: str) -> None:
+        self.cache = cache
+        self.address = address
+        self.channel: grpc.aio.Channel | None = None  # set once the channel is made
+
+    def watch(self, call: Any, details: grpc.aio.ClientCallDetails) -> Any:
+        if details.timeout is not None:  # without a deadline there is nothing to miss
+            call.add_done_callback(self._done)
+        return call
+
+    def _done(self, call: Any) -> None:
+        if not call.cancelled():
+            self.cache._checking(self._check(call))
+
+    async def _check(self, call: Any) -> None:
+        if await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.channel is not None:
+            self.cache._missed(self.address, self.channel)
+
+
+class _DeadlineUnaryUnary(_DeadlineWatch, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self.watch(await continuation(details, request), details)
+
+
+class _DeadlineUnaryStream(_DeadlineWatch, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return self.watch(await continuation(details, request), details)
+
+
 class ChannelCache:
     """A service's asyncio channels to other strom services, one per address, made with
     :func:`default_channel`'s settings and made again when those changed (a renewed
     certificate): a channel keeps the credentials it was made with for every reconnect, so
     a cached one would present an expired certificate after the next restart of its peer.
+
+    A call that got no answer within its deadline makes the next :meth:`get` of its address
+    a new channel on a new connection (each cache has its own subchannel pool, or gRPC would
+    hand the new channel the old connection): HTTP/2 puts every call of a channel on one
+    connection, and one gone silent (a middlebox lost the flow, retransmissions backed off
+    after a partition healed) holds every resend with it until TCP gives up.
 
     A replaced channel is closed after a grace period (calls in flight on it finish)."""
 
@@ -460,9 +501,9 @@ class ChannelCache:
     CLOSE_GRACE_S = 60.0
 
     def __init__(self, options: Sequence[tuple[str, Any]] = ()) -> None:
-        self._options = list(options)
+        self._options = [*options, ("grpc.use_local_subchannel_pool", 1)]
         self._channels: dict[str, tuple[ChannelSecurity, grpc.aio.Channel]] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def get(self, address: str) -> grpc.aio.Channel:
         """The channel to ``address`` (made now if there is none, or the settings changed)."""
@@ -470,25 +511,41 @@ class ChannelCache:
         entry = self._channels.get(address)
         if entry is not None and entry[0] is security:
             return entry[1]
-        channel = security.aio_channel(address, self._options)
+        watches = [_DeadlineUnaryUnary(self, address), _DeadlineUnaryStream(self, address)]
+        channel = security.aio_channel(address, self._options, watches)
+        for w in watches:
+            w.channel = channel
         self._channels[address] = (security, channel)
         if entry is not None:
             self._close_later(entry[1])
         return channel
 
     def renew(self, address: str) -> None:
-        """Make the next :meth:`get` of ``address`` a new channel (the old one is closed after
-        the grace period): for a connection that went silent. Only a cache made with
-        ``("grpc.use_local_subchannel_pool", 1)`` gets a new connection that way; otherwise
-        gRPC hands the new channel the old one's subchannel, connection and all."""
+        """Make the next :meth:`get` of ``address`` a new channel, on a new connection (the
+        old one is closed after the grace period)."""
         entry = self._channels.pop(address, None)
         if entry is not None:
             self._close_later(entry[1])
 
+    def _missed(self, address: str, channel: grpc.aio.Channel) -> None:
+        """A call on ``channel`` missed its deadline: renew it, unless it was already."""
+        entry = self._channels.get(address)
+        if entry is not None and entry[1] is channel:
+            log.info(
+                "a call to %s got no answer within its deadline; the next go on a new connection",
+                address,
+            )
+            self.renew(address)
+
+    def _checking(self, check: Any) -> None:
+        self._keep(asyncio.get_running_loop().create_task(check))
+
     def _close_later(self, channel: grpc.aio.Channel) -> None:
-        task = asyncio.get_running_loop().create_task(channel.close(self.CLOSE_GRACE_S))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._keep(asyncio.get_running_loop().create_task(channel.close(self.CLOSE_GRACE_S)))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def __len__(self) -> int:
         return len(self._channels)
@@ -497,7 +554,7 @@ class ChannelCache:
         """Close every channel (calls in flight are cancelled)."""
         channels = [ch for _, ch in self._channels.values()]
         self._channels.clear()
-        for task in list(self._closing):
+        for task in list(self._tasks):
             task.cancel()
         for ch in channels:
             with contextlib.suppress(Exception):

@@ -27,28 +27,18 @@ class ControllerClient:
 
     def __init__(self, view: ClusterView) -> None:
         self.view = view
-        # A subchannel pool of its own, so that a renewed channel (see call) really dials a
-        # new connection rather than sharing the silent one.
-        self._channels = ChannelCache([*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
+        # A call unanswered within its deadline makes the next go on a new connection
+        # (ChannelCache): the callers resend (IsrManager after 0.5 s).
+        self._channels = ChannelCache(GRPC_OPTIONS)
         #: Why the last call got no answer (for the logs of callers that give up).
         self.last_failure = ""
-        #: Controllers whose calls went unanswered since their last answer (logged once).
-        self._silent: set[str] = set()
 
     def _stub(self, host: str, port: int) -> controller_pb2_grpc.ControllerServiceStub:
         return controller_pb2_grpc.ControllerServiceStub(self._channels.get(f"{host}:{port}"))
 
     async def call(self, method: str, request: Any, timeout: float = 5.0) -> Any | None:
         """Send to the active controller, following NOT_CONTROLLER once; None if none
-        answers. gRPC UNIMPLEMENTED propagates (callers decide).
-
-        A call that got no answer within ``timeout`` makes the next call to that controller
-        go on a new channel (a new connection): HTTP/2 sends every call of a channel over
-        one connection, and one that went silent (its flow lost by a middlebox, or
-        retransmissions backed off to tens of seconds after a partition healed) held every
-        resend of an ISR change with it. Found from outside: a node's ISR expansion proposed
-        during a partition was committed only ~20 s after it healed. The callers resend
-        (:class:`strom.storage.isr.IsrManager` after 0.5 s)."""
+        answers. gRPC UNIMPLEMENTED propagates (callers decide)."""
         info = self.view.controller_info()
         if info is None:
             self.last_failure = "no active controller in the cluster view"
@@ -63,10 +53,7 @@ class ControllerClient:
                     raise
                 log.debug("%s to controller %s:%d failed: %s", method, host, port, exc.code())
                 self.last_failure = f"{exc.code().name} from {host}:{port}"
-                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    self._renew(f"{host}:{port}", method, timeout)
                 return None
-            self._silent.discard(f"{host}:{port}")
             if resp.error_code == E.NOT_CONTROLLER and resp.controller.node_id >= 0:
                 if (resp.controller.host, resp.controller.port) == (host, port):
                     return resp
@@ -75,18 +62,6 @@ class ControllerClient:
             return resp
         self.last_failure = "redirected by NOT_CONTROLLER three times"
         return None
-
-    def _renew(self, address: str, method: str, timeout: float) -> None:
-        """The next call to ``address`` goes on a new connection (see :meth:`call`)."""
-        if address not in self._silent:
-            log.info(
-                "%s to controller %s got no answer within %g s; calling it on a new connection",
-                method,
-                address,
-                timeout,
-            )
-        self._silent.add(address)
-        self._channels.renew(address)
 
     async def close(self) -> None:
         await self._channels.close()
