@@ -669,30 +669,11 @@ class TimestampExtremes(NamedTuple):
     max_offset_delta: int
 
 
-def timestamp_extremes(h: BatchHeader, raw: Any) -> TimestampExtremes | None:
-    """The oldest and newest create times of a batch's records, read from its body's
-    ``timestamp_delta`` column (None for a batch without records).
-
-    Why not the header: ``base_timestamp`` is only the first record's time and
-    ``max_timestamp`` is whatever the producer wrote, and a producer may send records out of
-    time order (``send()`` keeps the caller's timestamps). The broker's
-    ``message.timestamp.before.max.ms`` check needs every record's, as Kafka's LogValidator.
-    The cost is one decompress and one IPC read per batch (zero-copy: only the two int64/int32
-    columns are touched), then a vectorized min/max: no per-record Python. Raises
-    :class:`InvalidBatchError` when the body does not parse or disagrees with the header.
-    The leader's append uses :func:`check_body`, which reads the body once for both.
-    """
-    if h.record_count == 0:
-        return None
-    # validate() without full: buffer sizes against lengths (O(columns)), values not scanned
-    rb = _read_body(h, _payload(h, memoryview(raw)[: h.size]), full=False)
-    return _extremes(h, rb.column(1).to_numpy(), rb.column(0).to_numpy())
-
-
 def check_body(h: BatchHeader, raw: Any, *, extremes: bool = False) -> TimestampExtremes | None:
     """Decode a data batch's body exactly as its readers will, or raise
     :class:`InvalidBatchError` naming the batch; with ``extremes``, also its records' oldest
-    and newest timestamps (:func:`timestamp_extremes`) from the same decode.
+    and newest timestamps from the same decode (the header's are the first record's and
+    whatever the producer wrote, and ``message.timestamp.before.max.ms`` needs every record's).
 
     Why: the header and CRC say nothing of the body, and a leader that acknowledged a body
     its readers cannot decode (random bytes under a recomputed CRC, a codec bit on an

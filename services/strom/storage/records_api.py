@@ -75,6 +75,7 @@ from strom.storage.rpc_base import (
     _throttle,
     _wait_out_debt,
     add_handlers,
+    isolation_error,
 )
 from strom.storage.subscriptions import (
     DEFAULT_MAX_BYTES,
@@ -642,11 +643,8 @@ class RecordService:
             raise BadRequest(f"start {req.start} is not a StartPosition value")
         if req.max_records_per_message < 0 or req.max_bytes_per_message < 0:
             raise BadRequest("max_records_per_message and max_bytes_per_message must be >= 0")
-        if req.isolation_level not in (
-            storage_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
-            storage_pb2.ISOLATION_LEVEL_READ_COMMITTED,
-        ):
-            raise BadRequest(f"isolation_level {req.isolation_level} is not an IsolationLevel")
+        if (bad_isolation := isolation_error(req)) is not None:
+            raise BadRequest(bad_isolation)
         spec = SubscriptionSpec(
             group_id=req.group_id or None,
             topics=list(dict.fromkeys(req.topics)),

@@ -259,10 +259,8 @@ ISOLATION_LEVELS = (
 
 
 def isolation_error(request: Any) -> str | None:
-    """Why a Fetch/FetchStream or ListOffsets request's ``isolation_level`` is not an
-    IsolationLevel (for INVALID_REQUEST), else None. FIX (found from outside): 99 or -1 was
-    read as read_uncommitted, silently, while Subscribe refused it. proto3 keeps an unknown
-    enum number as it is, so it is checked here."""
+    """Why a request's ``isolation_level`` is not an IsolationLevel, else None: proto3 keeps
+    an unknown enum number as it is, and it must not pass as read_uncommitted."""
     level = request.isolation_level
     if level in ISOLATION_LEVELS:
         return None
