@@ -15,6 +15,7 @@ import pytest
 
 from strom.log import CorruptLogError, Log, LogConfig, UndecodableBatchError, compact
 from strom.record import InvalidBatchError, decode_records, encode_batch
+from strom.record.batch import RecordBatch
 from tests.unit.reframe import garbage_body_variants, rot_stored_body
 
 T0 = 1_700_000_000_000
@@ -96,6 +97,31 @@ def test_compaction_keeps_an_undecodable_stored_batch_and_warns_once(
     assert log.read(4, 1, min_one=True).data[: len(rotted)] == rotted  # kept as it was
     # Every key's latest record survives, most older ones went.
     assert values(log, 5) == [(15, b"v15"), (16, b"v16"), (17, b"v17")]
+
+
+def test_a_compaction_pass_decodes_an_undecodable_batch_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads a segment up to three times (key map, transactions, rewrite); the
+    batch that failed to decode is remembered for the rest of the pass, not decoded again."""
+    log = compacted_log(tmp_path)
+    rot_stored_body(log.directory, 4)
+    failures: list[int] = []
+    real = RecordBatch.body
+
+    def body(self: RecordBatch) -> object:
+        try:
+            return real(self)
+        except InvalidBatchError:
+            failures.append(self.header.base_offset)
+            raise
+
+    monkeypatch.setattr(RecordBatch, "body", body)
+    assert compact(log).undecodable_batches == 1
+    assert failures == [4]
+    failures.clear()
+    compact(log)  # each pass decodes it once again (a new pass may see a rewritten log)
+    assert failures == [4]
 
 
 def test_time_lookups_over_an_undecodable_stored_batch_name_its_offset(tmp_path: Path) -> None:

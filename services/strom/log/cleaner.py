@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from bisect import bisect_left
 
 import numpy as np
@@ -174,7 +175,13 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
                 break  # the log changed under the cleaner: this pass is void
             data, batches = read
             new_data, before, after = _rewrite(
-                batches, latest, seg.base_offset in expired, recent, scan.dropped, removable
+                batches,
+                latest,
+                seg.base_offset in expired,
+                recent,
+                scan.dropped,
+                scan.undecodable,
+                removable,
             )
             count = len(batches)
             del batches  # the old segment's bytes need not outlive its rewrite...
@@ -207,18 +214,20 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
     return stats
 
 
-def _report_undecodable(log: Log, offsets: list[int]) -> None:
-    """One WARNING per partition for the data batches whose body cannot be decoded (see
-    :func:`strom.log.cleaner_rewrite.body_or_none`), again only when another batch joins
-    them. Why not every pass: the pass itself succeeds (the batches are kept as they are),
-    and a line every 30 s for ever on every replica buried the logs (found from outside);
-    the operator learns where they are once, and readers meet them as CORRUPT_MESSAGE."""
+#: Log -> (first offset, count) of the undecodable batches last warned of.
+_undecodable_reported: weakref.WeakKeyDictionary[Log, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+
+def _report_undecodable(log: Log, offsets: set[int]) -> None:
+    """One WARNING per partition for the data batches whose body cannot be decoded, again
+    only when the set changes: the pass succeeds (they are kept as they are), and a line
+    every pass on every replica would bury the logs."""
     if not offsets:
         return
-    first, count = offsets[0], len(offsets)
-    if log.undecodable_reported == (first, count):
+    first, count = min(offsets), len(offsets)
+    if _undecodable_reported.get(log) == (first, count):
         return
-    log.undecodable_reported = (first, count)
+    _undecodable_reported[log] = (first, count)
     log_.warning(
         "compacting %s: %d batch(es) whose body cannot be decoded, first at offset %d, kept "
         "as they are (their keys are unknown); readers are refused there with "
@@ -286,7 +295,7 @@ def _removable_transactions(
             off = b.header.base_offset
             if off not in wanted:
                 continue
-            kept = _kept_body(b, latest, drop_tombstones, scan.dropped)
+            kept = _kept_body(b, latest, drop_tombstones, scan.dropped, scan.undecodable)
             if kept is None or kept.num_rows:  # an undecodable batch may hold records
                 keeping.add(off)
     out: set[int] = set()

@@ -29,29 +29,38 @@ from strom.record.header import (
 from strom.record.schema import BODY_SCHEMA_V1
 
 
-def body_or_none(b: RecordBatch) -> pa.RecordBatch | None:
+def body_or_none(b: RecordBatch, undecodable: set[int]) -> pa.RecordBatch | None:
     """``b``'s body, or None when it cannot be decoded (garbage under a valid CRC, stored
-    before leaders checked bodies on append, or a disk that rots under a recomputed CRC).
+    before leaders checked bodies on append). Not an error: the cleaner cannot know such a
+    batch's keys, so it keeps it whole and compacts the rest of the log; raising would fail
+    every pass of the partition for good.
 
-    Why not an error: the cleaner cannot know such a batch's keys, so it keeps it as it
-    is, and the rest of the log is still compacted; raising failed every pass of the
-    partition for good (found from outside: "compacting <tp> failed" every 30 s on every
-    replica). The cleaner reports it once per partition (:func:`strom.log.cleaner.compact`)."""
+    ``undecodable`` holds the base offsets of the batches of this pass known not to decode
+    (each pass reads a segment up to three times: key map, transactions, rewrite): they are
+    not decoded again, and a new failure is added."""
+    off = b.header.base_offset
+    if off in undecodable:
+        return None
     try:
         return b.body()
     except InvalidBatchError:
+        undecodable.add(off)
         return None
 
 
 def _kept_body(
-    b: RecordBatch, latest: np.ndarray, drop_tombstones: bool, aborted: set[int]
+    b: RecordBatch,
+    latest: np.ndarray,
+    drop_tombstones: bool,
+    aborted: set[int],
+    undecodable: set[int],
 ) -> pa.RecordBatch | None:
     """The records of data batch ``b`` that compaction keeps (tombstones only while
     ``drop_tombstones`` is false: see :func:`_tombstones_expired`); None when its body cannot
     be decoded (:func:`body_or_none`: kept whole). ``latest`` is the sorted array of each
     key's latest offset (:meth:`_KeyMap.latest_offsets`)."""
     h = b.header
-    body = body_or_none(b)
+    body = body_or_none(b, undecodable)
     if body is None or body.num_rows == 0:
         return body
     if h.base_offset in aborted:
@@ -87,6 +96,7 @@ def _rewrite(
     drop_tombstones: bool,
     headers: set[int],
     aborted: set[int],
+    undecodable: set[int],
     removable: AbstractSet[int] = frozenset(),
 ) -> tuple[bytes | None, int, int]:
     """Rewrite one segment's batches; None when nothing would be removed. Tombstones go
@@ -129,7 +139,7 @@ def _rewrite(
         if h.is_control:
             body = kept = b.body().slice(0, 0)  # the marker record is not a data record
         else:
-            kept_or_none = _kept_body(b, latest, drop_tombstones, aborted)
+            kept_or_none = _kept_body(b, latest, drop_tombstones, aborted, undecodable)
             if kept_or_none is None:  # an undecodable body: kept as it is (body_or_none)
                 flush_pending()
                 out.append(b.raw.tobytes())

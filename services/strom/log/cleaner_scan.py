@@ -71,7 +71,7 @@ def _segment_latest(
     batches: list[RecordBatch],
     upto: int,
     skip: set[int],
-    undecodable: list[int] | None = None,
+    undecodable: set[int],
 ) -> pa.Table | None:
     """The offset of each key's latest record among one segment's ``batches`` below
     ``upto``, leaving out transaction markers and the batches of aborted transactions (base
@@ -85,10 +85,8 @@ def _segment_latest(
     for b in batches:
         if b.header.is_control or b.header.base_offset in skip:
             continue
-        body = body_or_none(b)
+        body = body_or_none(b, undecodable)
         if body is None:
-            if undecodable is not None:
-                undecodable.append(b.header.base_offset)
             continue
         if body.num_rows:
             keys.append(body.column(2))
@@ -175,7 +173,7 @@ class _LogScan:
         #: transactions the index must keep, less those the pass removes (see compact).
         self.markers: set[int] = set()
         #: Base offsets of the data batches whose body cannot be decoded (kept as they are).
-        self.undecodable: list[int] = []
+        self.undecodable: set[int] = set()
 
     def add(self, seg: LogSegment, size: int, batches: list[RecordBatch]) -> None:
         """Take what the pass needs from ``seg``'s ``batches`` (segments in offset order),

@@ -133,9 +133,6 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
             self.log_start_offset <= first_dirty_offset <= self.log_end_offset
         ):
             self.first_dirty_offset = first_dirty_offset
-        #: (first offset, count) of the undecodable batches the cleaner last warned of, so
-        #: that it warns once per partition, not every pass (strom.log.cleaner).
-        self.undecodable_reported: tuple[int, int] | None = None
 
     # -- segments ----------------------------------------------------------------------------
 
@@ -219,9 +216,14 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
                 raise
             headers = self._repeats_over_limit(data, exc.position, limit)
             oversized = True
-        _check_header_timestamps(headers)
-        self._check_bodies(headers, data, check_timestamps and self.config.checks_timestamps)
         for h in headers:
+            low = min(h.base_timestamp, h.max_timestamp)
+            if low < NO_TIMESTAMP:  # -1 stays allowed: Kafka clients send it
+                which = "base_timestamp" if h.base_timestamp == low else "max_timestamp"
+                raise InvalidTimestampError(
+                    f"batch at byte {h.position}: {which} {low} is negative (only -1, "
+                    "NO_TIMESTAMP, is allowed below 0)"
+                )
             if h.is_control:
                 raise ProducerStateError(
                     INVALID_RECORD,
@@ -244,6 +246,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
                     "sequence: transactional producers are idempotent",
                     h.producer_id,
                 )
+        self._check_bodies(headers, data, check_timestamps and self.config.checks_timestamps)
         view = memoryview(data).cast("B")
         with self.lock:
             if leader_epoch < self.epochs.latest_epoch:
@@ -820,23 +823,6 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
 
 #: Kafka's NO_TIMESTAMP: the lowest timestamp a batch header may carry.
 NO_TIMESTAMP = -1
-
-
-def _check_header_timestamps(headers: list[BatchHeader]) -> None:
-    """Refuse (:class:`InvalidTimestampError`) a batch whose header's base or max
-    timestamp is below -1 (Kafka's NO_TIMESTAMP, which stays allowed: Kafka clients may send
-    it). Header fields only: nothing is decoded. FIX (found from outside): a raw Produce
-    with base_timestamp -2**63 was stored, and consumers saw CreateTime
-    -9223372036854775808, while the RecordService and the Python producer refuse any
-    timestamp below 0."""
-    for h in headers:
-        low = min(h.base_timestamp, h.max_timestamp)
-        if low < NO_TIMESTAMP:
-            which = "base_timestamp" if h.base_timestamp == low else "max_timestamp"
-            raise InvalidTimestampError(
-                f"batch at byte {h.position}: {which} {low} is negative (only -1, "
-                "NO_TIMESTAMP, is allowed below 0)"
-            )
 
 
 def _check_after(
