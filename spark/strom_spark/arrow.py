@@ -147,8 +147,7 @@ _MAX_MS = (2**63 - 1) // 1000
 
 def _timestamps(stamps_ms: np.ndarray, stamps_us: np.ndarray) -> pa.Array:
     """The ``timestamp`` column: microseconds, null where a record's milliseconds do not fit
-    in Spark's int64 microseconds. FIX (found from outside: a record stamped 2**62 ms, which
-    the cluster and the gRPC API accept, read back as 1970-01-01: the multiplication wrapped).
+    in Spark's int64 microseconds. .
     Two reductions per batch; the null path only for such records."""
     k = len(stamps_ms)
     if k and (stamps_ms.max() > _MAX_MS or stamps_ms.min() < -_MAX_MS):

@@ -143,8 +143,8 @@ class _Interrupt:
     Before Spark is up the handler raises KeyboardInterrupt at once. Once it is up, raising
     inside a Py4J call (the main thread waits in one for every Spark job) makes Py4J log ~45
     lines of tracebacks, and PySpark's own SIGINT handler, which replaces any earlier one when
-    the SparkContext starts, calls the JVM from inside such a call (found from outside:
-    "reentrant call inside <_io.BufferedReader>"). So then the handler only notes the
+    the SparkContext starts, calls the JVM from inside such a call ("reentrant call inside
+    <_io.BufferedReader>"). So then the handler only notes the
     signal and cancels Spark's jobs and streaming queries from another thread; the call the
     main thread waits in returns with an error, and :meth:`check` (or the demo's ``except``)
     turns that into KeyboardInterrupt."""
@@ -540,7 +540,7 @@ def run_spark_demo(
             say(f"interrupted ({interrupt.describe()}): stopped Spark and the cluster; {where}")
         elif data_dir is None and not passed:
             # A failed run keeps its logs (Spark's, the services'): the first line named them
-            # (found from outside: they were deleted even when the run failed).
+            # (they were deleted even when the run failed).
             say(f"the run did not pass: {where}")
         if data_dir is None and passed:
             shutil.rmtree(root, ignore_errors=True)

@@ -104,7 +104,7 @@ class Security:
     environment (``STROM_SSL_CAFILE``, ``STROM_SSL_CERTFILE``, ``STROM_SSL_KEYFILE``,
     ``STROM_TOKEN`` / ``STROM_TOKEN_FILE``), as every strom client does.
 
-    FIX (found from outside): the connector's clients were made without security, so a
+    The connector's clients were made without security, so a
     TLS, mTLS or token cluster could only be reached by setting those variables on the
     driver and on every executor, which was documented nowhere."""
 

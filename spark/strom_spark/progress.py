@@ -38,7 +38,7 @@ def _offsets(value: Any) -> dict[TopicPartition, int]:
 def lag(progress: Any, source: int = 0) -> dict[TopicPartition, int]:
     """Latest offset minus processed offset, per partition, for the ``source``-th source of a
     streaming progress (empty before the first micro-batch, when ``query.lastProgress`` is
-    still None: found from outside, the README's example raised AttributeError there)."""
+    still None: the README's example raised AttributeError there)."""
     if progress is None:
         return {}
     sources = progress["sources"] if isinstance(progress, Mapping) else progress.sources

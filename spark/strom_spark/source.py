@@ -110,7 +110,7 @@ class StromDataSource(DataSource):
         """A read's options are checked at ``load()``, as Spark's Kafka source checks them,
         not only when a streaming query starts: ``streamReader`` runs then, and PySpark
         buried its clear message in a 21-line StreamingQueryException ending in its own
-        UnboundLocalError (found from outside). ``load()`` does not say whether the read
+        UnboundLocalError. ``load()`` does not say whether the read
         is a batch or a stream, so options valid in either pass here; the mode's own rules
         (``endingOffsets`` in a stream, ``startingOffsets=latest`` in a batch) are still
         checked when the reader is made."""
@@ -220,7 +220,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict[TopicPartition, int] | None = None
         self._target: dict[TopicPartition, int] | None = None
         #: When a trigger last read (or found the delay passed): None until the first one,
-        #: which never waits (Kafka's lastTriggerMillis starts at 0; found from outside: a
+        #: which never waits (Kafka's lastTriggerMillis starts at 0: a
         #: query started or restarted with a backlog sat out all of maxTriggerDelay, 15
         #: minutes by default, before reading it).
         self._last_trigger: float | None = None
@@ -375,7 +375,7 @@ class StromStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         """The run's target: every partition's end now. A partition without a leader is
         waited for within the lookup budget, then the run fails naming it (as Kafka's
-        endOffsets lookup would); found from outside: it was left out, and the run reported
+        endOffsets lookup would): it was left out, and the run reported
         success without reading it."""
         view = self.view
         tps = view.partitions(self.opts.subscription, missing_ok=True)

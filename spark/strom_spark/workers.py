@@ -6,7 +6,7 @@ interpreter: the one named by ``PYSPARK_PYTHON`` when the SparkContext was creat
 built in a script, ``spark.pyspark.python`` included). A script run as ``.venv/bin/python
 script.py`` without the virtualenv activated gets the system's ``python3`` there, and the first
 ``load()`` failed minutes later with ``ModuleNotFoundError: No module named 'strom_spark'``
-inside a long Py4J traceback (found from outside). :func:`check_worker_python` says so at
+inside a long Py4J traceback. :func:`check_worker_python` says so at
 ``register(spark)``, in one line naming the setting to fix.
 
 On a ``local`` master the workers run on this machine, so the check is certain and a failure

@@ -328,7 +328,7 @@ class TaskWriter:
         acknowledged once everything was answered; None when refused before sending, while
         earlier rows may still be on their way).
 
-        FIX (found from outside): every refusal said "a row is too large ... raise
+        Every refusal said "a row is too large ... raise
         kafka.max.request.size", also when the topic refused a batch of rows that each fit,
         and the abort then said "0 rows of finished tasks stay written" while this task had
         written 191 rows before it failed."""

@@ -128,12 +128,12 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
         # sealed segments obsolete; records above it may still be truncated or aborted, so
         # they decide nothing.
         upto = log.log_end_offset if max_offset is None else min(max_offset, log.log_end_offset)
-        # FIX: never past the high watermark, even when the checkpointed first dirty offset
+        # Never past the high watermark, even when the checkpointed first dirty offset
         # is above it (a high watermark read back lower after a restart, or lowered by a new
         # leader): a segment holding records at or above it would lose them, as their keys
-        # are not in the key map (found from outside).
+        # are not in the key map.
         end = min(rng.first_uncleanable_offset, upto)
-        # FIX: clean only a prefix of the log (up to Kafka's first uncleanable offset).
+        # Clean only a prefix of the log (up to Kafka's first uncleanable offset).
         # Picking eligible segments one by one could drop an expired tombstone while an older
         # segment, held back by one young record, still has the value it deleted.
         sealed = [s for s in log.segments[:-1] if s.next_offset <= end]
@@ -143,7 +143,7 @@ def compact(log: Log, now: int | None = None, max_offset: int | None = None) -> 
             s.base_offset for s in sealed if _tombstones_expired(s, now, cfg.delete_retention_ms)
         }
         scan = _LogScan(upto, end, list(log.aborted.entries), expired)
-        # FIX: the segments are read, checked and grouped outside the log's lock (only each
+        # The segments are read, checked and grouped outside the log's lock (only each
         # file's read holds it): a pass over a large log held it for seconds, and every
         # append and read of the partition waited (a truncation or deletion meanwhile makes
         # the pass void, as in the rewrite below).
@@ -277,7 +277,7 @@ def _removable_transactions(
     time) to see whether any of those keeps a record. The transaction's emptied batches then
     lose their producer fields too, so a rebuild opens no transaction for them, and an
     aborted one's entry leaves the aborted-transactions index once the pass has swapped the
-    segments in (:func:`compact`; FIX (found from outside): entries used to stay until
+    segments in (:func:`compact`; entries used to stay until
     retention dropped them, which on a compacted topic is never: 300 aborts kept 300
     entries, loaded at every start and listed to read_committed fetches)."""
     needed = sorted({d for _, data in candidates for d in data})

@@ -66,7 +66,7 @@ def _kept_body(
     if h.base_offset in aborted:
         return body.slice(0, 0)
     offsets = body.column(0).to_numpy(zero_copy_only=False).astype(np.int64) + h.base_offset
-    # FIX: a binary search in the sorted map, not ``pc.is_in(offsets, value_set=latest)``,
+    # A binary search in the sorted map, not ``pc.is_in(offsets, value_set=latest)``,
     # which hashed the whole map again for every batch: a pass cost batches x keys (100,000
     # keys in 4,000 batches: 29 s of CPU; twice both: 126 s), now batches x log(keys).
     if len(latest):

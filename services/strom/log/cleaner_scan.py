@@ -27,7 +27,7 @@ from strom.record.errors import InvalidBatchError
 
 def _segment_batches(seg: LogSegment, data: bytes, epoch_for: EpochLookup) -> list[RecordBatch]:
     """``data`` (the first bytes of ``seg``'s file) as checked batches."""
-    # FIX: check every batch as a read does (CRC, tiling from the segment base, leader
+    # Check every batch as a read does (CRC, tiling from the segment base, leader
     # epoch). The cleaner re-frames batches with a fresh CRC, so it must refuse corrupt input
     # rather than turn it into valid-looking data (or have the swap's recover() cut it).
     try:

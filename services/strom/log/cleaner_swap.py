@@ -38,7 +38,7 @@ class _Group:
     """A run of adjacent sealed segments that a pass rewrites into one file, named by the
     first one's base offset (Kafka's ``groupSegmentsBySize``).
 
-    FIX (found from outside): each segment used to be rewritten on its own, so a compacted
+    Each segment used to be rewritten on its own, so a compacted
     log kept one file, and one open descriptor, for every segment it ever rolled: a topic of
     one key kept a segment of one 621-byte empty batch per max.compaction.lag.ms (1,440 a
     day at a minute), until the node ran out of file descriptors. A segment now joins the
@@ -234,7 +234,7 @@ def _swap(log: Log, segs: list[LogSegment], cleaned: Path, length: int, truncati
     ``.deleted``, then ``.swap`` to ``.log``, with a directory fsync after each step. A
     ``.swap`` on disk is the commitment: opening the log completes it, deleting every
     segment in the swap's offset range (``Log._finish_swaps``); before it exists, opening
-    discards the ``.cleaned`` file. FIX (found from outside): the ``.swap`` used to be made
+    discards the ``.cleaned`` file. The ``.swap`` used to be made
     before the check below, outside the lock; a crash in between, while retention deleted
     the segment or a follower truncated it, left a swap that the next start finished,
     bringing back deleted records or truncated bytes. It is now made under the lock, after
@@ -254,7 +254,7 @@ def _swap(log: Log, segs: list[LogSegment], cleaned: Path, length: int, truncati
         cleaned.unlink(missing_ok=True)  # no partial work left on disk (see _Group.discard)
         raise
     with log.lock:
-        # FIX: the rewrite ran outside the lock. A truncation meanwhile (follower, new leader)
+        # The rewrite ran outside the lock. A truncation meanwhile (follower, new leader)
         # makes the key map wrong (its "latest" records may be gone) and may have cut these
         # segments; retention may have deleted them. Swapping then would bring back removed
         # data or drop values that are the latest again: discard the work instead.
@@ -318,7 +318,7 @@ def _check_rewritten(path: Path, base_offset: int, length: int, epoch_for: Epoch
     to all of its ``length`` bytes, by the rule recovery applies after the swap
     (:func:`strom.log.segment.valid_batches`).
 
-    A safety net (found from outside): a batch the rule refuses would be cut there by the
+    A safety net: a batch the rule refuses would be cut there by the
     swap's own recovery, with everything after it, on every replica at once, and the pass
     would still count the segment as cleaned. The old segment is kept instead, and the
     error reaches the storage node's log ("compacting <partition> failed") on every pass

@@ -64,7 +64,7 @@ def _between(lo: int | float, hi: int | float) -> Callable[[Any], str | None]:
 def _max_message_bytes(v: int) -> str | None:
     """max.message.bytes is bounded above by what one Fetch answer can carry.
 
-    FIX (found from outside): it took any INT, and nodes acknowledged batches that no Fetch
+    It took any INT, and nodes acknowledged batches that no Fetch
     answer (256 MiB gRPC messages) could hold, or that readers refused: every reader of the
     partition then failed on it for good. Kafka's own bound is its fetch.max.bytes."""
     if 64 <= v <= MAX_BATCH_BYTES:
@@ -90,7 +90,7 @@ def _list_items(v: str) -> str:
     """A LIST value in one form: items trimmed, blanks and repeats dropped, the first
     occurrence's order kept ("compact, compact,delete" -> "compact,delete").
 
-    FIX (found from outside): ``cleanup.policy=compact,compact`` was accepted and stored as
+    ``cleanup.policy=compact,compact`` was accepted and stored as
     written, so describe showed the repeat and two equal settings differed as strings.
     Kafka's APPEND keeps the items' order too, hence first-seen order rather than sorting."""
     return ",".join(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
@@ -413,7 +413,7 @@ def parse_value(name: str, raw: Any) -> Any:
             else:
                 raise ValueError
         elif key.kind is int:
-            # FIX (found from outside): Python's int() also takes digit-group underscores
+            # Python's int() also takes digit-group underscores
             # ('1_000'), which Kafka refuses, and non-ASCII (Arabic-Indic, ...) digits:
             # only plain ASCII integers, which every tool reads the same way.
             if isinstance(raw, bool) or not _INTEGER.fullmatch(str(raw).strip()):

@@ -74,7 +74,7 @@ class DuplicateLookup:
         Why: the state keeps a producer's last ``BATCHES_KEPT`` (5) batches, but the Python
         producer may have many more of a partition unanswered, and after a failover it
         retries them all; an answer without offsets became offset -1 for acknowledged
-        records (found from outside: 30 of 192,100). Keeping more batches per producer costs
+        records (30 of 192,100). Keeping more batches per producer costs
         memory for every producer and partition; the log already holds the answer.
 
         Where: records take one offset and one sequence each, so the ``d`` sequences from

@@ -25,7 +25,7 @@ class LeaderEpochCache:
         self.path = directory / FILE_NAME
         self._fsync = fsync
         read = checkpoint.read_epochs(self.path)
-        # FIX: remember whether an existing file was unreadable or inconsistent. The Log must
+        # Remember whether an existing file was unreadable or inconsistent. The Log must
         # then rebuild the history from the batches: trusting an empty/partial history would
         # make every epoch check fail (reads raise, recovery truncates good data).
         self.damaged = read is None and self.path.exists()

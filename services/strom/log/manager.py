@@ -62,7 +62,7 @@ def renamed_dir_name(topic: str, partition: int, suffix: str) -> str:
     the whole name follows what is left, so two long topics that share a prefix still get
     different names.
 
-    FIX (found from outside): the rename appended the suffix to the folder's name, so a
+    The rename appended the suffix to the folder's name, so a
     legal topic name of 246+ characters (249 is allowed, as in Kafka) made a name over 255
     bytes; the rename failed with ENAMETOOLONG, the delete was only logged, the data stayed
     and a topic re-created under that name started with the deleted records. Kafka cuts
@@ -185,7 +185,7 @@ class LogManager:
         no obstacle) so a crash mid-delete finishes the job on the next start instead of
         resurrecting half a log. False when there was nothing to remove.
 
-        FIX (found from outside): when the rename failed (a name too long), the log was
+        When the rename failed (a name too long), the log was
         already dropped from :attr:`logs` while its folder and records stayed, and the next
         ``get_or_create`` of that partition opened them again. A failed rename now deletes
         the files in place; an error there is raised with the log out of service and its
@@ -209,7 +209,7 @@ class LogManager:
         shutil.rmtree(gone, ignore_errors=True)  # nothing there after a removal in place
         # Outside the lock: checkpoint() takes its own lock first, then this one; taking them
         # the other way round here deadlocked the node against its periodic checkpoint
-        # (found from outside: a topic deleted while the node was busy froze its manager).
+        # (a topic deleted while the node was busy froze its manager).
         self.checkpoint()
         return True
 
@@ -285,7 +285,7 @@ class LogManager:
     def close(self) -> None:
         """Flush, checkpoint, close every log and leave the clean-shutdown marker.
 
-        FIX (found from outside): on a full disk the first failed write (a checkpoint, an
+        On a full disk the first failed write (a checkpoint, an
         index) ended the shutdown with ``[Errno 28] No space left on device``: no file
         named, the logs never closed. Now every step is tried and every log closed; the
         marker is written only when all succeeded (without it the next start re-checks the

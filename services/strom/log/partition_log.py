@@ -103,7 +103,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
         self._fsync = fsync
         self.lock = threading.RLock()
         self.epochs = LeaderEpochCache(self.directory, fsync=fsync)
-        # FIX: a damaged checkpoint counts as absent (the history is rebuilt from the batches),
+        # A damaged checkpoint counts as absent (the history is rebuilt from the batches),
         # as checkpoint.py promises, instead of as a trusted empty history.
         self.epochs_trusted = self.epochs.path.exists() and not self.epochs.damaged
         self.segments: list[LogSegment] = []
@@ -116,7 +116,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
         #: Offset ranges [first, end) recovery found missing from segment files (see
         #: _lost_data); the log was truncated at the first.
         self.lost_on_recovery: list[tuple[int, int]] = []
-        # FIX: bumped by every truncation so the cleaner (which rewrites outside the lock) can
+        # Bumped by every truncation so the cleaner (which rewrites outside the lock) can
         # tell that its key map and segment copies went stale (see cleaner_swap._swap).
         self.truncations = 0
         #: Idempotent producers' epochs and recent batches (DESIGN §6), rebuilt on open.
@@ -409,7 +409,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
 
         Why the body: the header and CRC do not cover what readers decode, and a body they
         cannot decode, once acknowledged, stopped every reader of the partition there for
-        good (found from outside). Only the leader's append checks: followers copy the
+        good. Only the leader's append checks: followers copy the
         leader's bytes (``append_as_follower``). With a finite before.max.ms every record's
         timestamp is looked at, as Kafka's LogValidator (the header's ``base_timestamp`` is
         only the first record's, and producers may send records out of time order), from
@@ -488,7 +488,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
             run_start = 0
             records = 0
             for i, h in enumerate(headers):
-                # FIX: compare with the previous batch of the request too; otherwise epochs
+                # Compare with the previous batch of the request too; otherwise epochs
                 # going back inside one request failed half-way through writing it (earlier
                 # runs written, the newer epoch already in the history).
                 floor = max(
@@ -565,7 +565,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
         ``pieces``) at the log end, rolling first when the segment is due to.
 
         A request that does not fit one segment (segment.bytes, or the index entries) is
-        split between batches, each part in a new segment (found from outside: a request
+        split between batches, each part in a new segment (a request
         went whole into one segment, 4.4 MB segments at segment.bytes=65536). A single
         batch larger than a segment still gets one of its own. ``after`` is called with the
         headers of each part once it is written, before the next roll: the producer-state
@@ -671,7 +671,7 @@ class Log(LogRecovery, DuplicateLookup, TimeLookup, LogRemoval):
         segment whose first batch has none, the monotonic time since this process created
         or opened it. Never the wall clock against the creation time: a node stepped back
         N hours rolled nothing by time for N hours (delaying retention and compaction), one
-        stepped forward rolled every partition at once (found from outside). Headers only."""
+        stepped forward rolled every partition at once. Headers only."""
         if seg.first_batch_timestamp >= 0:
             return max_timestamp - seg.first_batch_timestamp
         return self.monotonic() - seg.created_ms

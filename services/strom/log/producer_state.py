@@ -31,7 +31,7 @@ its log by its header (``Log._find_older_batch``: a bounded walk of batch header
 oldest kept batch), so the retry gets its real offsets, as a kept one does; only a batch the
 walk does not find (beyond its bound, or no batch with that exact sequence range: a split
 half) is answered ``DUPLICATE_SEQUENCE`` without offsets. A batch *after* the newest
-sequence the epoch wrote, though, was never written (FIX (found from outside): it used to
+sequence the epoch wrote, though, was never written (it used to
 count as such a retry whenever it fell in the half of the sequence space before the oldest
 kept batch, so a caller's new records were answered as written and dropped). An epoch's
 sequences start at 0 and each record takes an offset, so an epoch whose newest record's
@@ -170,13 +170,12 @@ class ProducerEntry:
     Two times, for two uses. ``last_timestamp_ms`` is the max timestamp of its last batch
     (marker included) as stored, Kafka's ``lastTimestamp``: what DescribeProducers reports
     and ``strom transactions find-hanging`` ages an open transaction by. It is in the
-    batches, so a rebuild from the log after a crash finds the same value (FIX (found from
-    outside): the rebuild used to report the restart's time, so a hanging transaction looked
-    fresh after every SIGKILL). ``last_seen_ms`` is this node's clock when the state last
-    changed for the producer, and only ``producer.id.expiration.ms`` uses it: a producer's
-    own timestamps may be days old (a backfill), and expiring by them would forget an active
-    idempotent producer's sequences. A rebuild sets it to the rebuild's time, which only
-    delays an expiry."""
+    batches, so a rebuild from the log after a crash finds the same value (a hanging
+    transaction must not look fresh after every restart). ``last_seen_ms`` is this node's
+    clock when the state last changed for the producer, and only
+    ``producer.id.expiration.ms`` uses it: a producer's own timestamps may be days old (a
+    backfill), and expiring by them would forget an active idempotent producer's sequences.
+    A rebuild sets it to the rebuild's time, which only delays an expiry."""
 
     __slots__ = (
         "batches",
@@ -243,7 +242,7 @@ class ProducerStateError(LogError):
     request may be answered "written": the repeated batch's own last offset when known, else
     the producer's newest appended offset (the batch lies at or before it). Without it a
     duplicate was answered while its first attempt was on the leader alone, and lost with
-    it (found from outside)."""
+    it."""
 
     def __init__(
         self,

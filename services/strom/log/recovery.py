@@ -180,7 +180,7 @@ class LogRecovery:
         its index files listed a batch past the data its file still holds. Warns with the
         files and offsets and records the range in ``lost_on_recovery``.
 
-        FIX (found from outside): a non-last segment's ``.log`` emptied or cut exactly at a
+        A non-last segment's ``.log`` emptied or cut exactly at a
         batch boundary recovers without a torn batch, so the log opened with a hole, silently:
         reads jumped to the next segment, consumers skipped acknowledged records, and the
         damaged replica (its log end unchanged) rejoined the ISR and led again. The rule:

@@ -117,16 +117,13 @@ class LogRemoval:
         unclean election to a replica that missed a DeleteRecords: its log ends below our
         log start, and its records from there on are not ours. Refusing (or stopping at our
         log start) kept our own records above the divergence point, which then passed for
-        the leader's once our log reached its end (found from outside)."""
+        the leader's once our log reached its end."""
         with self.lock:
             if offset >= self.log_end_offset:
-                # FIX (found reproducing an outside report of a leader on a full disk): no
-                # batch to remove, but the epoch history may end with an epoch that holds
-                # none: this replica led in it and its append failed after the epoch was
-                # recorded. The leader does not know that epoch, answers every fetch naming
-                # it with a divergence at our log end, and the follower truncated to its own
-                # end in a loop, many times a second, never copying anything. Kafka's
-                # truncateTo drops such entries too.
+                # No batch to remove, but the epoch history may end with an epoch that
+                # holds none (this replica led in it and its append failed): the leader does
+                # not know it, so a follower naming it would truncate to its end in a loop.
+                # Kafka's truncateTo drops such entries too.
                 self.epochs.truncate_from_end(self.log_end_offset)
                 return
             if offset < 0:
@@ -150,7 +147,7 @@ class LogRemoval:
             leo = self.log_end_offset
             self.epochs.truncate_from_end(leo)
             self.recovery_point = min(self.recovery_point, leo)
-            # FIX: the batch holding ``offset`` may start below the log start (DeleteRecords
+            # The batch holding ``offset`` may start below the log start (DeleteRecords
             # mid-batch): keep log_start_offset <= log_end_offset.
             self.log_start_offset = min(self.log_start_offset, leo)
             # Producer state cannot be rolled back batch by batch: rebuild it from the newest
@@ -187,7 +184,7 @@ class LogRemoval:
             if offset > self.log_start_offset:
                 self.log_start_offset = offset
                 self.producers.evict_below(offset)
-            # FIX: do not cut the epoch history at ``offset``: batches below it stay on disk
+            # Do not cut the epoch history at ``offset``: batches below it stay on disk
             # (the rest of the first kept segment, the batch holding ``offset``) and every
             # read and recovery checks their epochs against this history. Only epochs of
             # deleted segments are forgotten (in _delete_oldest).
@@ -208,7 +205,7 @@ class LogRemoval:
         new_start = self.segments[0].base_offset
         if new_start > self.log_start_offset:
             self.log_start_offset = new_start
-        # FIX: forget epochs only below the first segment still on disk (see delete_records).
+        # Forget epochs only below the first segment still on disk (see delete_records).
         self.epochs.truncate_from_start(new_start)
         self.producers.evict_below(self.log_start_offset)
         self.aborted.drop_below(self.log_start_offset)
@@ -243,7 +240,7 @@ class LogRemoval:
             while len(self.segments) > 1:
                 seg = self.segments[0]
                 if high_watermark is not None and self.segments[1].base_offset > high_watermark:
-                    break  # found from outside: uncommitted records were deleted
+                    break  # Uncommitted records were deleted
                 too_old = (
                     self.config.retention_ms >= 0
                     and seg.max_timestamp >= 0

@@ -440,7 +440,7 @@ class LogSegment:
         pos = start_position
         while pos < self.size:
             h = self._header_at(pos)
-            # FIX: a garbage length shorter than a header moved ``pos`` backwards (pread at a
+            # A garbage length shorter than a header moved ``pos`` backwards (pread at a
             # negative position: OSError out of Log.__init__) or not at all (endless loop).
             if h.size < HEADER_SIZE:
                 raise CorruptLogError(
@@ -538,7 +538,7 @@ class LogSegment:
         """Write both rebuilt indexes to their files. On a full disk the segment goes on
         with them in memory: the files only save the next start a scan, and refusing to
         open the log kept a node that a full disk had stopped from starting again, in a
-        loop (found from outside). Both files are removed then (a removal needs no space,
+        loop. Both files are removed then (a removal needs no space,
         and a half-written one must not be trusted later); the next flush writes them
         whole."""
         try:
@@ -570,7 +570,7 @@ class LogSegment:
             return False
         if self.size and (not tail or tail[0].base_offset != last_base):
             return False
-        # FIX: the tail must tile and end exactly at EOF. A last batch running past EOF (torn)
+        # The tail must tile and end exactly at EOF. A last batch running past EOF (torn)
         # or garbage after it was trusted: the torn batch set next_offset, and reads failed.
         expected, end = last_base, pos
         for h in tail:
@@ -583,7 +583,7 @@ class LogSegment:
             self.next_offset = tail[-1].next_offset
         if not self.time_index.load(max(self.next_offset, self.base_offset + 1)):
             return False
-        # FIX (found from outside): an emptied or shortened .timeindex passed its sanity
+        # An emptied or shortened .timeindex passed its sanity
         # check, and offset-by-time lookups then skipped the segment (6200 instead of 6000).
         # Every rise of the running max timestamp has an entry, the first batch's included,
         # so a complete index is not empty for a non-empty segment and its last entry is at

@@ -49,7 +49,7 @@ class TimeLookup:
             base = seg.time_index.lookup(timestamp)
             if base is None:
                 # The segment holds such a record (its max timestamp says so) but its time
-                # index does not list it (found from outside: a damaged .timeindex made the
+                # index does not list it (a damaged .timeindex made the
                 # lookup skip the segment): scan it from its base, as Kafka does.
                 base = seg.base_offset
             offset = max(base, start)
@@ -82,7 +82,7 @@ class TimeLookup:
         lookup, off the produce and fetch paths). A batch whose header max has no record
         (compacted away) answers with its own offset. A segment whose largest batch starts
         below the log start (DeleteRecords inside it) has its readable part scanned instead:
-        the deleted records must not be answered (found from outside: after deleting every
+        the deleted records must not be answered (after deleting every
         record the lookup gave offset 0 of a log starting at 5)."""
         with self.lock:
             segs = list(self.segments)
@@ -163,7 +163,7 @@ def _columns(batch: RecordBatch) -> list[Any]:
     naming its offset when its body cannot be decoded (a batch stored before leaders checked
     bodies, or rotted). Why: the decode is lazy, past :func:`_decode`'s check, and its
     InvalidBatchError escaped as an unexpected error (UNKNOWN_SERVER_ERROR and a traceback
-    on every ListOffsets by time over the batch, found from outside)."""
+    on every ListOffsets by time over the batch)."""
     try:
         return batch.arrow_columns()[:2]
     except InvalidBatchError as exc:

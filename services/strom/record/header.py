@@ -26,7 +26,7 @@ LENGTH_PREFIX = 12
 CRC_START = 21
 #: Default ceiling on one batch when decoding: the largest batch a log may hold
 #: (strom.log.segment.MAX_STORED_BATCH_BYTES, the gRPC message limit), so that readers decode
-#: every batch the cluster acknowledged. FIX (found from outside): it was 64 MiB while nodes
+#: every batch the cluster acknowledged. It was 64 MiB while nodes
 #: stored and acknowledged batches up to 256 MiB, and every reader failed on such a batch
 #: as "corrupt". Produce paths pass the topic's max.message.bytes instead.
 DEFAULT_MAX_BATCH_BYTES = MAX_MESSAGE_BYTES

@@ -73,7 +73,7 @@ def follow(view: ClusterView, security: ServerSecurity, quotas: QuotaManager | N
     watch delivers it, within a second).
 
     Each is rebuilt only when its own keys changed, or after a resync (which reports what
-    exists, not what was deleted). FIX (found from outside): both were rebuilt on every
+    exists, not what was deleted). Both were rebuilt on every
     event under the cluster's root, and the rebuild cleared every quota's debt; any
     principal can cause such events (a topic config change, InitProducerId's producer-id
     blocks), so a throttled principal could have its debt forgiven at will."""

@@ -117,7 +117,7 @@ def parse_acl_file(text: str) -> list[md.AclBinding]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        # One line (FIX (found from outside): PyYAML's text quotes the lines, over several).
+        # One line (PyYAML's text quotes the lines, over several).
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]

@@ -56,7 +56,7 @@ def _check_client_files(
     work: gRPC says only "Failed to create security handshaker" for a key that is not the
     certificate's (its reason goes to stderr), and a server requiring client certificates
     closes the connection on an expired one, which the client sees as "Socket closed", and
-    retries until it gives up (found from outside).
+    retries until it gives up.
 
     With the standard library's ``ssl``, which every client loads anyway, rather than
     ``cryptography`` as the services' check does: that would add ~6,000 objects to each
@@ -95,7 +95,7 @@ def _check_client_files(
         except ssl.SSLError as exc:
             # An RSA key with an EC certificate (or the reverse) is NO_CERTIFICATE_ASSIGNED
             # to OpenSSL 3: the key was taken for a slot of its own type, which has no
-            # certificate (found from outside: the raw reason was all the user saw).
+            # certificate (the raw reason was all the user saw).
             if exc.reason in (
                 "KEY_VALUES_MISMATCH",
                 "KEY_TYPE_MISMATCH",
@@ -206,7 +206,7 @@ class _TokenInterceptor(
 class _AioToken:
     """Adds the bearer token to an asyncio channel's calls: one subclass per kind of call.
 
-    FIX: one class implementing all four interceptor interfaces was registered by
+    One class implementing all four interceptor interfaces was registered by
     ``grpc.aio`` as a unary-unary interceptor only (its channel sorts interceptors with an
     ``if``/``elif`` on their type), so streaming calls carried no token: a follower's
     ``FetchStream`` to a leader that authenticates with tokens was refused, and replication
@@ -341,7 +341,7 @@ class ClientTokenFile:
     """A service's own bearer token (``--client-token-file``), read again when the file
     changes: looked at (``stat``) at most once a second, from the calls that send it.
 
-    FIX (found from outside): the token was read once at start while the servers' token
+    The token was read once at start while the servers' token
     file (``--auth-tokens``) is re-read on change, so rotating the services' token in the
     Secret broke every service-to-service call until each pod restarted. A version that
     cannot be read, or is empty, is not used (the token read before stays; logged once)."""
@@ -577,7 +577,7 @@ def client_security(
 
     A problem with a file names the setting it came from: the argument, else the environment
     variable, or the flag a command copied into it (:func:`name_env_settings`). An argument of
-    another type is a TypeError naming it (found from outside: ``ssl_cafile=5`` failed ten
+    another type is a TypeError naming it (``ssl_cafile=5`` failed ten
     frames deep in pathlib)."""
     for name, value in (
         ("ssl_cafile", ssl_cafile),
@@ -613,7 +613,7 @@ _FROM_FLAGS: dict[str, str] = {}
 
 def name_env_settings(flags: dict[str, str]) -> None:
     """Name the flags (``{"STROM_TOKEN_FILE": "--token-file"}``) a command copied into the
-    environment, for messages about their files: FIX (found from outside): ``strom topics
+    environment, for messages about their files: ``strom topics
     list --token-file /nonexistent`` said ``cannot read STROM_TOKEN_FILE /nonexistent``, a
     variable the user never set, and ``--ssl-cafile`` was named ``ssl_cafile``."""
     _FROM_FLAGS.clear()

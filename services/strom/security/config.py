@@ -103,7 +103,7 @@ def _check_pem(
                     raise ValueError(f"{flag} {path}: {problem}")
     # The other services verify this certificate with their own --tls-ca (the same bundle):
     # one from another CA, renewed by mistake, made the service unreachable while its reload
-    # said it was serving it (found from outside).
+    # said it was serving it.
     chained = cert_flag not in loaded or ca_flag not in loaded
     if check_validity and not chained and not _chains_to(loaded[cert_flag], loaded[ca_flag]):
         raise ValueError(
@@ -305,7 +305,7 @@ _TYPED = re.compile(r"[A-Za-z][A-Za-z0-9_-]*:")
 def parse_super_users(values: str | list[str]) -> frozenset[str]:
     """The principals of ``--super-users`` values (the flag may be given more than once).
 
-    FIX (found from outside): the value was split on every comma, but a certificate's
+    The value was split on every comma, but a certificate's
     principal has one per attribute of its subject: ``User:CN=strom,O=acme,User:CN=admin``
     made ``User:CN=strom``, ``User:O=acme`` and ``User:CN=admin`` super users, so a real
     PKI's service certificate was not one, and any certificate whose subject is just
@@ -330,7 +330,7 @@ def parse_super_users(values: str | list[str]) -> frozenset[str]:
             typed = [bool(_TYPED.match(p)) for p in parts]
             # A subject's attributes joined as RFC 4514 writes them, with no space after the
             # comma (an unescaped space there is not part of a value): "User:CN=a, O=b" was
-            # kept with its space and never matched a certificate (found from outside). The
+            # kept with its space and never matched a certificate. The
             # ACL commands write a principal the same way (canonical_principal).
             subject = canonical_principal(",".join(parts))
             if len(parts) == 1:
@@ -430,7 +430,7 @@ def configure(args: argparse.Namespace) -> None:
         def tokens(token: str) -> str | None:
             """The first principal the token file or the verifier gives, in that order.
 
-            FIX (found from outside): the docs promise the file and/or the verifier, but one
+            The docs promise the file and/or the verifier, but one
             that raised ended the search, so a token file that raised on every call (a
             non-ASCII token in it) kept a configured verifier from ever being asked. Each is
             asked whatever the one before did; when none accepts, the first exception is

@@ -120,7 +120,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _verify(self, token: str) -> str | None:
         """The token's principal, or None. A verifier that raises on a bad token (as PyJWT's
         do) refuses it too: the exception used to end the call UNKNOWN with its message,
-        token included, sent back to the client (found from outside). The log names the
+        token included, sent back to the client. The log names the
         exception without the token, at most once a minute (a client sending bad tokens
         must not flood it)."""
         assert self.security.tokens is not None

@@ -45,8 +45,8 @@ _token_files = False
 
 def init_service_metrics() -> None:
     """Create the token file's error series at 0 once the service's name is known: a counter
-    born at 1 on its first bad version has no increase, and its alert could never fire
-    (found from outside)."""
+     born at 1 on its first bad version has no increase, and its alert could never fire
+    ."""
     if _token_files and service_metrics.SERVICE:
         TOKEN_FILE_ERRORS.labels(service_metrics.SERVICE)
 
@@ -98,7 +98,7 @@ def canonical_principal(principal: str) -> str:
     attributes (``User:alice``, ``User:*``, a token's principal with a comma in it) is
     returned as it is. Shared by ``--super-users`` and the ACL commands (``strom acls add``,
     ``acls apply``), so that a principal typed with spaces matches the certificate it means
-    (found from outside: an ACL kept as typed never matched)."""
+    (an ACL kept as typed never matched)."""
     kind, colon, name = principal.partition(":")
     if not colon:
         return principal
@@ -198,7 +198,7 @@ class TokenFile:
         """The token's principal, or None. Compared as UTF-8 bytes: ``hmac.compare_digest``
         raises TypeError on a str with a non-ASCII character, and a file holding one (a
         UTF-8 byte order mark before its first token was enough) refused every token, the
-        good ones too (found from outside). ``surrogatepass``: any str encodes."""
+        good ones too. ``surrogatepass``: any str encodes."""
         with self._lock:
             self._reload()
             tokens = self._tokens
@@ -228,7 +228,7 @@ def _parse(text: str) -> tuple[dict[bytes, str], list[str]]:
     lines, and what is wrong with each other line (``"<n>: ..."``; never the line itself,
     which holds a token).
 
-    FIX (found from outside): a UTF-8 byte order mark (as Windows editors write) was read as
+    A UTF-8 byte order mark (as Windows editors write) was read as
     part of the first token, and a non-ASCII token was taken as it stood: either made every
     comparison raise, no token authenticated and nothing counted an error. A leading byte
     order mark is dropped; a token that is not printable ASCII is a bad line. So is a token

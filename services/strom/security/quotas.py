@@ -74,7 +74,7 @@ class QuotaManager:
         """The principals the cluster's own services authenticate as (the subject of the
         service's own certificate under mTLS, its ``--client-token-file`` token's
         principal): never charged, as Kafka never throttles inter-broker traffic or its
-        coordinators' writes. FIX (found from outside): a ``User:*`` default throttled the
+        coordinators' writes. A ``User:*`` default throttled the
         coordinator's appends to ``__consumer_offsets`` (a commit took 2.8 s instead of
         20-60 ms) and a node forwarding a caller's records to the leader (20 KB took
         19.7 s); the caller is charged where its call arrived. Only an authenticated
@@ -89,11 +89,9 @@ class QuotaManager:
 
     def replace(self, quotas: Mapping[str, md.ClientQuota]) -> None:
         """Put ``quotas`` in force. A principal's debt is kept: each bucket whose rate is
-        still set is brought up to now at its old rate and goes on at its new one (FIX
-        (found from outside): every bucket was cleared, and every etcd change, even one
-        any principal can cause, such as a producer-id block, forgave every debt: a
-        throttled consumer got 2.8x its fetch quota while a topic config changed every
-        0.3 s). Only a bucket whose rate is gone (no limit any more) is dropped."""
+        still set is brought up to now at its old rate and goes on at its new one: any etcd
+        change, even one any principal can cause, would otherwise forgive every debt. Only
+        a bucket whose rate is gone (no limit any more) is dropped."""
         now = self.clock()
         with self._lock:
             self._quotas = _by_canonical_principal(quotas.values())
@@ -108,7 +106,7 @@ class QuotaManager:
 
     def _rate(self, principal: str, kind: str) -> float:
         """``principal``'s rate of ``kind``: its own entry's, else ``User:*``'s, kind by kind
-        (FIX (found from outside): the own entry was taken as a whole, so a principal given
+        (the own entry was taken as a whole, so a principal given
         only a produce rate fetched unthrottled past a ``User:*`` fetch rate); 0: none."""
         field = _FIELDS[kind]
         for name in (principal, DEFAULT_PRINCIPAL):
@@ -119,7 +117,7 @@ class QuotaManager:
 
     def fetch_limit(self, principal: str) -> int:
         """The most record bytes one fetch by ``principal`` reads: :data:`FETCH_WINDOW_S` of
-        its fetch rate (0: no fetch quota, no bound). FIX (found from outside): nothing
+        its fetch rate (0: no fetch quota, no bound). Nothing
         bounded a request, so Fetch(max_bytes=50 MiB) at 10,000 B/s moved 1.9 MB per
         answer held the capped 30 s, 6.4x the quota. The node still answers at least one
         batch (min_one), so a consumer always progresses."""

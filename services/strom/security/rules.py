@@ -75,7 +75,7 @@ def _produce(req: Any) -> Iterable[Check]:
     if any(t.topic.startswith("__") for t in req.topics):
         out.append((Op.CLUSTER_ACTION, Res.CLUSTER, CLUSTER))
     # A transactional producer's batches: WRITE on its transactional id too (Kafka's rule;
-    # found from outside: topic WRITE alone opened a transaction no coordinator knew of,
+    # Topic WRITE alone opened a transaction no coordinator knew of,
     # holding read_committed readers for good). Transactional batches without an id are
     # refused by the log (strom.log: Log.append).
     if req.transactional_id:
@@ -86,7 +86,7 @@ def _produce(req: Any) -> Iterable[Check]:
 def _fetch(req: Any) -> Iterable[Check]:
     """A follower's fetch (strom.storage.replica_claims: ``replica_id >= 0`` with its
     incarnation) needs CLUSTER_ACTION, as Kafka's: strom's own nodes only. Anything else is
-    a consumer's and needs READ on each topic; FIX (found from outside): ``replica_id >= 0``
+    a consumer's and needs READ on each topic; ``replica_id >= 0``
     alone was the claim, so a client in another language that left it unset (0) was refused
     for want of CLUSTER_ACTION instead of read as a consumer."""
     if is_fetch_grant(req):
@@ -99,7 +99,7 @@ def _fetch(req: Any) -> Iterable[Check]:
 def _list_offsets(req: Any) -> Iterable[Check]:
     """DESCRIBE on each topic; the log-end view of a replica (``replica_id >= 1``: offsets
     not replicated or committed yet) also needs CLUSTER_ACTION, as a follower's fetch does.
-    FIX (found from outside): any principal with DESCRIBE saw the log end by naming a
+    Any principal with DESCRIBE saw the log end by naming a
     node id."""
     out: list[Check] = [(Op.DESCRIBE, Res.TOPIC, t.topic) for t in req.topics]
     if is_replica_list_offsets(req):
@@ -152,7 +152,7 @@ def _configs(op: Op) -> Rule:
 
 def _init_producer_id(req: Any) -> Iterable[Check]:
     """A transactional id needs WRITE on it; an idempotent producer id needs WRITE on some
-    topic (Kafka's KIP-679). FIX: it needed nothing, so any authenticated principal could
+    topic (Kafka's KIP-679). It needed nothing, so any authenticated principal could
     have producer ids handed out (and the active controller write etcd for each 1,000)."""
     if req.HasField("transactional_id"):
         return [(Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id)]
@@ -162,7 +162,7 @@ def _init_producer_id(req: Any) -> Iterable[Check]:
 def _create_topics(req: Any) -> Iterable[Check]:
     """CREATE on each topic; an internal ``__`` name also needs CLUSTER_ACTION, as
     :func:`_produce`: only strom's coordinators create those (with the header
-    service.headers.INTERNAL_TOPICS_METADATA_KEY). Found from outside: CREATE on ``*`` and
+    service.headers.INTERNAL_TOPICS_METADATA_KEY). CREATE on ``*`` and
     the header made ``__`` topics that no client could write and nobody could delete."""
     out: list[Check] = [(Op.CREATE, Res.TOPIC, t.name) for t in req.topics]
     if any(t.name.startswith("__") for t in req.topics):
@@ -185,7 +185,7 @@ def _parsed(message: type[Any], req: Any) -> Any:
 def _produce_records(req: Any) -> Iterable[Check]:
     """WRITE on the call's topic, read from the request's top level only.
 
-    FIX (found from outside): parsing the whole request here, on the event loop and before
+    Parsing the whole request here, on the event loop and before
     the handler's checks, made the record API's size limit moot with ACLs on: a 120 MB call
     held the node for 9 s and cost it its etcd lease. A call above the limit is refused by
     the handler before it does anything, so it needs no check here; any other call's topic is
@@ -256,12 +256,12 @@ RULES: dict[str, Rule] = {
     ),
     K + "OffsetCommit": _group(Op.READ, _topics(Op.READ)),
     # Offsets, members' assignments and transactions name topics: those the principal may
-    # not DESCRIBE are taken out of the answers (FILTERS; found from outside).
+    # not DESCRIBE are taken out of the answers (FILTERS).
     K + "OffsetFetch": _group(Op.DESCRIBE),
     K + "ListGroups": _anyone,  # filtered
     K + "DescribeGroups": _names(Op.DESCRIBE, Res.GROUP, "group_ids"),
     K + "DeleteGroups": _names(Op.DELETE, Res.GROUP, "group_ids"),
-    # READ on each topic too, as Kafka's OffsetDelete (found from outside: DELETE on the
+    # READ on each topic too, as Kafka's OffsetDelete (DELETE on the
     # group alone deleted the offsets of topics the principal could not even describe).
     K + "DeleteOffsets": _group(Op.DELETE, _topics(Op.READ)),
     K + "FindCoordinator": _find_coordinator,
@@ -316,7 +316,7 @@ def _filter_list_topics(auth: Authorizer, principal: str, req: Any, resp: Any) -
 
 def _filter_describe_topics(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
     """Every topic (no names in the request): only those the principal may DESCRIBE, as
-    ListTopics answers (found from outside: a principal with no grants got every topic's
+    ListTopics answers (a principal with no grants got every topic's
     configs, replicas and ids). Named topics were each checked before the call."""
     if not req.topics:
         _filter_list_topics(auth, principal, req, resp)
@@ -389,7 +389,7 @@ def _filter_offset_fetch(auth: Authorizer, principal: str, req: Any, resp: Any) 
 def _filter_describe_groups(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
     """A group's description without the topics the principal may not DESCRIBE: out of every
     member's subscribed names, assignment and target assignment, and out of the offsets.
-    Found from outside: DESCRIBE on a group showed the names, offsets and log ends of every
+    DESCRIBE on a group showed the names, offsets and log ends of every
     topic it consumed. (Kafka answers such a group with TOPIC_AUTHORIZATION_FAILED as a whole,
     KAFKA-18813; leaving the topics out keeps `strom groups describe` useful for what the
     principal may see.)"""
@@ -407,7 +407,7 @@ def _filter_describe_groups(auth: Authorizer, principal: str, req: Any, resp: An
 
 def _filter_describe_transactions(auth: Authorizer, principal: str, req: Any, resp: Any) -> None:
     """A transaction's partitions without the topics the principal may not DESCRIBE, as
-    Kafka's DescribeTransactions answers (found from outside: DESCRIBE on the transactional
+    Kafka's DescribeTransactions answers (DESCRIBE on the transactional
     id showed every topic the transaction wrote to), and its groups without those the
     principal may not DESCRIBE (Kafka's answer has no groups at all)."""
     ok = _Describable(auth, principal)

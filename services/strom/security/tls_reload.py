@@ -204,7 +204,7 @@ class TlsFiles:
         return cert, key, ca
 
     def _not_valid_yet(self, stamp: tuple[object, ...], start: float, why: str) -> None:
-        """FIX (found from outside): a renewed certificate whose notBefore was a few seconds
+        """A renewed certificate whose notBefore was a few seconds
         ahead (the issuer's clock) was refused and its stamp recorded, so the unchanged files
         were never read again and the service stayed on the old certificate until it expired
         (cert-manager does not renew again). The stamp is not recorded: the set is looked at

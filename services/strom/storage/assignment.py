@@ -140,7 +140,7 @@ def plan_changes(
     A log found on disk whose recorded topic id is not the assigned one is set aside too
     (:attr:`Plan.mismatched`, whatever ``set_aside_strays`` says: its partition must start
     empty either way, and a rename costs nothing) and its partition created afresh. Kafka
-    does the same (KAFKA-14616). FIX (found from outside): it was deleted, so one changed
+    does the same (KAFKA-14616). It was deleted, so one changed
     character in an RF=1 replica's ``partition.metadata`` destroyed the partition's only
     copy on the next start; a topic deleted and created again while the node was away is
     only the likelier reason, not the only one.

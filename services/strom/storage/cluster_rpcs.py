@@ -121,11 +121,11 @@ class ClusterRpcs(StorageCore):
             return fail(E.UNKNOWN_SERVER_ERROR, "this node does not hand out producer ids")
         try:
             # An unset id means a new id: proto3's default 0 would bump producer 0 for every
-            # caller that left them out (found from outside: two callers got the same id and
+            # caller that left them out (two callers got the same id and
             # epoch, and the second one's records were dropped as the first one's retries).
             # An unset epoch is 0: senders built before the fields were optional (an old
             # coordinator reloading a shard, an old producer's bump) put no epoch 0 on the
-            # wire, and were refused INVALID_REQUEST (found from outside, rolling upgrade).
+            # wire, and were refused INVALID_REQUEST (rolling upgrade).
             got = await self.producer_ids.init(
                 request.producer_id if request.HasField("producer_id") else -1,
                 request.producer_epoch if request.HasField("producer_epoch") else 0,

@@ -5,7 +5,7 @@ partitions on it, as leader (Produce, transaction markers) and as follower (repl
 many times a second. Each is counted (``strom_storage_append_failures_total``) and logged
 at most once a minute per partition, with the number of failures since the last line: a
 follower on a full disk used to log a full traceback about once a second per partition,
-which buried everything else (found from outside). A leader whose append failed so hands
+which buried everything else. A leader whose append failed so hands
 its leadership over (:class:`strom.storage.isr.IsrManager`).
 """
 

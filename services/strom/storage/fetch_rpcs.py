@@ -178,7 +178,7 @@ class FetchRpcs(StorageCore):
             not follower and request.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
         )
         budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
-        # Never more than one gRPC message can carry: FIX (found from outside) a consumer
+        # Never more than one gRPC message can carry: a consumer
         # asking 300 MiB got an answer gRPC refused to send (RESOURCE_EXHAUSTED "Sent
         # message larger than max"), on every poll, the node re-reading it each time. The
         # first partition's one whole batch may exceed the budget, but no batch exceeds
@@ -351,7 +351,7 @@ class FetchRpcs(StorageCore):
     def _count_sent(self, topics: list[FetchTopicOut], total: int, follower: bool) -> None:
         """Count what the answer carries, once per answer and per partition (never per
         record). Why here and not at each read: a long poll reads its partitions again after
-        a wake-up or its wait, and only the last pass is sent. FIX (found from outside): each
+        a wake-up or its wait, and only the last pass is sent. Each
         pass was counted, so a consumer whose fetch_min_bytes was not met saw bytes_out and
         records_out twice what it received."""
         if follower:
@@ -383,7 +383,7 @@ class FetchRpcs(StorageCore):
         advance the high watermark). Returns False when the answer is a diverging epoch
         instead of data. A follower that does not set ``follows_log_start`` (an older
         version: it never moves its log start to ours) is recorded as such, so DeleteRecords
-        does not wait for its start (found from outside: during a rolling upgrade every
+        does not wait for its start (during a rolling upgrade every
         DeleteRecords on an upgraded leader timed out), and is not answered at once for a
         start it will never adopt (that would turn its long poll into a busy loop)."""
         if replica_id not in part.replicas:
@@ -404,13 +404,9 @@ class FetchRpcs(StorageCore):
                 return False
         leo = part.log.log_end_offset
         if fp.fetch_offset > leo:
-            # Nothing is recorded: a follower cannot hold what this log never had, and its
-            # position would count toward the high watermark. FIX (found from outside): a
-            # fetch at 2**62 was answered OFFSET_OUT_OF_RANGE *after* its offset had been
-            # recorded, so with both followers stopped an acks=-1 produce was acknowledged.
-            # A real follower beyond our end with an epoch we know was answered its diverging
-            # epoch above; one without (an empty epoch history) truncates to the high
-            # watermark sent here, as it did when the read refused the offset.
+            # Refused before anything is recorded: a follower cannot hold what this log
+            # never had, and its position would count toward the high watermark. A follower
+            # beyond our end without a known epoch truncates to the high watermark sent here.
             pr.high_watermark = part.high_watermark
             pr.last_stable_offset = part.last_stable_offset
             pr.log_start_offset = part.log_start_offset
@@ -437,13 +433,9 @@ class FetchRpcs(StorageCore):
         registered as that node (``nodes/<id>`` in the cluster view), else None.
 
         A follower's fetch offset moves the high watermark and its ISR membership, so it
-        must come from the node's live process: FIX (found from outside) any client naming
-        a follower's id with a made-up incarnation was counted as that follower, and with
-        the real followers stopped an acks=-1 produce was acknowledged on the leader alone
-        (with ACLs on the claim needs CLUSTER_ACTION; with ACLs off anyone could). A zombie
-        of a previous run of the node is refused the same way (KIP-903's broker epoch). A
-        restarted follower registers before it fetches; until this node's view has its new
-        registration its fetches are refused, and it retries shortly (any error code)."""
+        must come from the node's live process, not any client naming its id, nor a zombie
+        of a previous run (KIP-903's broker epoch). A restarted follower registers before it
+        fetches; until this node's view has the new registration it is refused and retries."""
         with self.view.lock:
             held = self.view.nodes.get(request.replica_id)
         if held is None:

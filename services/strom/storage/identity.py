@@ -2,10 +2,8 @@
 
 A node takes the replicas in its data dir that the cluster does not assign to it out of the
 way (strays: a topic deleted, a partition moved while it was down). Started on an existing
-data dir with the wrong ``--node-id`` or ``--cluster``, every replica there looked like a
-stray and was deleted within seconds (found from outside; strays are now renamed aside,
-``<name>-stray-<time>``, not deleted, but a node must still not take its own data out of
-service). So the data dir records whose it is in
+data dir with the wrong ``--node-id`` or ``--cluster``, every replica there would look like
+a stray and be set aside. So the data dir records whose it is in
 ``meta.properties``, as Kafka does (``node.id``, ``cluster.id``): written once when a node
 first starts on it, and compared on every start with the flags (before anything else touches
 the dir) and with the cluster id of the etcd ``cluster`` key (before the logs are opened). A

@@ -131,7 +131,7 @@ class IsrManager:
 
     def _prune_retry_at(self, now: float) -> None:
         """Drop the resend times that passed (a passed one holds nothing back) and those of
-        partitions this node no longer has. FIX (found from outside): an entry was made for
+        partitions this node no longer has. An entry was made for
         every proposal whose call got no answer and never removed."""
         if self._retry_at:
             parts = self.manager.partitions
@@ -158,7 +158,7 @@ class IsrManager:
         """Hand over the leadership of each partition whose log this node could not open for
         want of file descriptors (PartitionManager.unopened) to another in-sync replica, as
         a leader whose disk refuses appends does (resign_reason ``storage_error``): the node
-        has no log to serve it from (found from outside: under a low open-file limit a node
+        has no log to serve it from (under a low open-file limit a node
         went on leading 300 partitions it could not open, nobody able to produce to them).
         Kafka takes such a log dir offline and its leaderships move likewise. With no other
         in-sync replica the partition stays offline until the log opens; that is logged."""
@@ -263,7 +263,7 @@ class IsrManager:
                     # replica (an ISR without us: leadership.resign on the controller), then
                     # truncate at the damage and fetch the rest as a follower. Before, this
                     # node kept leading and answered every fetch with STORAGE_ERROR while
-                    # good replicas stood by (found from outside).
+                    # good replicas stood by.
                     proposals.append((part, tuple(r for r in part.isr if r != self.node_id)))
                     self._alone_damaged.discard(part.tp)
                     continue
@@ -283,7 +283,7 @@ class IsrManager:
                     # Our disk refused an append (full, failing): hand leadership to another
                     # in-sync replica, whose disk may take the writes; as a follower this node
                     # copies what it can and rejoins the ISR once its appends succeed again
-                    # (found from outside: a leader on a full disk kept leading and refused
+                    # (a leader on a full disk kept leading and refused
                     # every produce while two in-sync replicas stood by).
                     proposals.append((part, tuple(r for r in part.isr if r != self.node_id)))
                     self._alone_failing.discard(part.tp)

@@ -65,7 +65,7 @@ MAX_NARROW_TOPICS = 32
 #: File descriptors left free when opening logs: connections (clients, replicas, etcd, the
 #: controller), checkpoints and segment rolls need some. A node that spent its last ones on
 #: logs could not even accept a connection or tell the controller to move the leaderships
-#: of the logs it could not open (found from outside: under ``ulimit -n 256`` a node led
+#: of the logs it could not open (under ``ulimit -n 256`` a node led
 #: 300 partitions it had no log for, its metrics and health endpoints hanging).
 FD_RESERVE = 64
 #: Errors of a log open that mean this process or the system is out of file descriptors.
@@ -147,7 +147,7 @@ SLOWEST_LOGS_NAMED = 3
 def _log_opened(logs: LogManager) -> None:
     """One line for the logs opened at start: how many, how long it took, whether they had
     to be recovered (an unclean shutdown) and which were slowest, as Kafka's "Loaded N logs
-    in X ms". FIX (found from outside): after an unclean shutdown the node said only
+    in X ms". After an unclean shutdown the node said only
     "recovered 22 logs", so nobody could tell how much of a slow start recovery was, or
     which partition held it up."""
     if not logs.logs:
@@ -358,7 +358,7 @@ class PartitionManager:
         another cluster id or the cluster assigns this node none of its logs."""
         if cluster_id is None:
             if self._cluster_id is not None:
-                # FIX (found from outside): etcd restarted without its data (wiped, or
+                # Etcd restarted without its data (wiped, or
                 # restored from before the cluster existed): the view resyncs to no cluster
                 # key, no topics, and a pass would delete every replica this node serves.
                 self._stop_foreign(
@@ -468,7 +468,7 @@ class PartitionManager:
         """Rename stray logs aside (``<topic>-<partition>-stray-<UTC time>``, the topic cut
         and followed by ``~<hash>`` when the name would pass 255 bytes) instead of deleting
         them: a stray is only judged so from the cluster view and the data dir's identity,
-        and a mistake in either (found from outside: a wrong --node-id) deleted every replica
+        and a mistake in either (a wrong --node-id) deleted every replica
         of a dir. An operator removes them once sure they are not needed."""
         assert self.logs is not None
         suffix = _aside_suffix()
@@ -584,14 +584,10 @@ class PartitionManager:
         why) when the folder cannot be set aside, so the partition is not hosted and the next
         reconcile tries again.
 
-        FIX (found from outside): such a folder was deleted. One changed character in an
-        RF=1 replica's ``partition.metadata`` made the next start destroy the partition's
-        only copy (high watermark 13490 -> 0) with one info line, no metric and no alert.
-        Kafka (3.7+, KAFKA-14616) renames such a log ``-stray`` too. Earlier FIX (found from
-        outside): a delete that failed (a topic name too long for the ``.deleted`` rename)
-        left the folder on disk, out of the node's tables; re-creating the name opened it,
-        rewrote its ``partition.metadata`` with the new id and served the deleted records as
-        the new topic's on every replica; that folder is set aside here as well."""
+        Set aside, not deleted: one changed character in an RF=1 replica's
+        ``partition.metadata`` would destroy the partition's only copy (Kafka 3.7+,
+        KAFKA-14616, renames such a log ``-stray`` too). A folder a failed delete left
+        behind is set aside as well, or re-creating the name would serve its records."""
         assert self.logs is not None
         if not a.topic_id:
             return

@@ -373,7 +373,7 @@ class PartitionMetrics:
         for g in (*_PARTITION_GAUGES, CORRUPT_READS):
             with contextlib.suppress(KeyError):
                 g.remove(*self.labels)
-        # FIX (found from outside): APPEND_FAILURES' series outlived the partition.
+        # APPEND_FAILURES' series outlived the partition.
         for name in _append_failure_errnos.pop(self.labels, ()):
             with contextlib.suppress(KeyError):
                 APPEND_FAILURES.remove(*self.labels, name)
@@ -435,7 +435,7 @@ class _ClientChildren:
 
     Why bounded: client ids come from clients, and a client that makes a new one per
     connection (or per stream) would otherwise add a series per connection that lives as
-    long as the node (found from outside: one per RecordService Subscribe call). The bound
+    long as the node (one per RecordService Subscribe call). The bound
     is the count, kept by dropping ids unused for CLIENT_IDLE_S when it is reached (checked
     at most once a minute then) and folding new ones into OTHER_CLIENTS while none are: a
     cap alone would fold every client that comes after a burst forever, an idle time alone

@@ -106,7 +106,7 @@ def tune_malloc(
     ``trim_threshold`` bytes of free heap), which cut the node's CPU per GiB by 15-35 %.
 
     That hold is per malloc arena, and glibc gives a process up to 8 per core (threads
-    that allocate at once get their own). FIX (found from outside in a soak): a node serving
+    that allocate at once get their own). A node serving
     RecordService Subscribe streams (each with its own threads) grew to 1-1.4 GB and stayed
     there; ``arena_max`` arenas (as MALLOC_ARENA_MAX=2, the usual setting for Python
     servers: the interpreter lock serialises most allocation anyway) bound what is held.
@@ -236,7 +236,7 @@ class StorageNode:
         #: outlives serve() (metrics callbacks hold it), and a server still alive at exit
         #: keeps gRPC's poller thread running into interpreter shutdown, which printed
         #: "Error in sys.excepthook: / Original exception was:" after every failed start
-        #: (found from outside).
+        #:.
         self._server: weakref.ref[grpc.aio.Server] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
@@ -344,7 +344,7 @@ class StorageNode:
         of each replica) plus the connections allowed (--max-connections, by default half
         the limit) come within FD_RESERVE of the open-file limit: at 1,200 partitions under
         ``ulimit -n 256`` the first sign was a node failing its logs and connections at
-        run time (found from outside)."""
+        run time."""
         limit, used = nofile_limit(), open_fd_count()
         if limit is None or used is None:
             return
@@ -604,7 +604,7 @@ class StorageNode:
     def _start_reregister(self) -> None:
         """Re-register, or tell the running re-registration that a loss came meanwhile.
 
-        FIX (found from outside, 2,000 partitions on a loaded machine): a loss that came
+        A loss that came
         while the task was still running (the new lease lost before the busy loop let the
         task finish) was dropped, and the node stayed unregistered for good, silently."""
         self._lost_again = True

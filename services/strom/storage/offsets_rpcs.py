@@ -79,7 +79,7 @@ class OffsetRpcs(StorageCore):
         if not replica and ts != EARLIEST and part.high_watermark < part.leader_epoch_start_offset:
             # A new leader's high watermark is its old follower one until the followers report
             # (Kafka's KIP-207): answering from it would take the end of the log back a few
-            # offsets (found from outside: "latest" went 5311 -> 5300 after a leader move).
+            # offsets ("latest" went 5311 -> 5300 after a leader move).
             raise _Refusal(
                 E.OFFSET_NOT_AVAILABLE,
                 f"{topic}-{lp.partition} has a new leader whose high watermark "
@@ -174,7 +174,7 @@ class OffsetRpcs(StorageCore):
                 pr.low_watermark = -1
         logs = self.manager.logs
         if deleted and logs is not None:
-            # The new log starts are durable before the answer (found from outside): they
+            # The new log starts are durable before the answer: they
             # reached the checkpoint file only every --checkpoint-interval-ms, and a leader
             # killed before that came back with the deleted records readable again.
             try:
@@ -196,7 +196,7 @@ class OffsetRpcs(StorageCore):
         context: grpc.aio.ServicerContext,
     ) -> None:
         """Answer once every in-sync follower moved its log start too (Kafka's
-        DelayedDeleteRecords; found from outside: the answer came when only the leader had
+        DelayedDeleteRecords: the answer came when only the leader had
         deleted, and a leader killed at once left a new leader with the records readable).
         Past ``timeout_ms`` (30 s when unset), or the call's deadline, the partition answers
         REQUEST_TIMED_OUT: the deletion stands and reaches the followers; retrying is safe."""
@@ -210,7 +210,7 @@ class OffsetRpcs(StorageCore):
         )
         # Say what bounded the wait: a client retrying until its own deadline sends a last
         # request with almost no time left, and "within 0.0 s" alone read as if nothing had
-        # been waited for (found from outside).
+        # been waited for.
         if timeout < asked:
             waited = f"the {timeout:.1f} s the call's deadline left (timeout_ms {asked:.1f} s)"
         else:
@@ -243,7 +243,7 @@ def _check_deletable(part: Partition) -> None:
 
     On a compacted-only topic the log is a table: the latest value of every key. Moving its
     start would drop keys whose latest value lies below it, which compaction never does
-    (found from outside: a key vanished from a key -> latest-value table)."""
+    (a key vanished from a key -> latest-value table)."""
     if not part.log.config.delete:
         raise _Refusal(
             E.POLICY_VIOLATION,

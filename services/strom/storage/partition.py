@@ -188,7 +188,7 @@ class Partition:
     def note_append_failure(self, exc: OSError) -> None:
         """An append failed with a disk error. As leader: resign while it is not followed by
         one that succeeds (a leader whose disk is full kept leading and refused every
-        produce although two in-sync replicas stood by; found from outside)."""
+        produce although two in-sync replicas stood by)."""
         self.disk_error = exc
         self.disk_error_at = self.clock()
         if self.is_leader:
@@ -299,7 +299,7 @@ class Partition:
 
         ``incarnation`` is the follower process's run id. A fetch from another one than the
         previous fetch's drops what that process reported first (Kafka keys it by broker
-        epoch, KIP-903). FIX (found from outside): a node restarted on an empty data dir
+        epoch, KIP-903). A node restarted on an empty data dir
         within ``replica.lag.time.max.ms`` of its last fetch was added back to the ISR at
         once from its previous run's position, and, elected as preferred leader with an
         empty log, had the other replicas truncate every acknowledged record."""
@@ -420,7 +420,7 @@ class Partition:
         proposal's log line: a removed follower's fetch position against the log end, how
         long since it was last caught up and last fetched (against
         ``replica.lag.time.max.ms``), or its position below the high watermark; an added one's
-        position. FIX (found from outside): "proposing ISR [3, 2, 1] -> [3, 2]" said neither
+        position. "proposing ISR [3, 2, 1] -> [3, 2]" said neither
         who left nor why. Called per proposal, not per fetch."""
         now, leo, hw = self.clock(), self.log.log_end_offset, self.high_watermark
         lag_ms = round(lag_time_max_s * 1000)
@@ -517,7 +517,7 @@ def decide_isr(
     the controller lets join, as Kafka's KIP-841). Its fetch position is kept after it stops,
     and on an idle partition the position of a dead follower stays at the HW: without
     these checks the leader asked to add it back about once a second, forever, and the
-    HW waited for it while each proposal was in flight (found from outside).
+    HW waited for it while each proposal was in flight.
 
     When ``joinable`` maps each node to its registered incarnation, the position must come
     from that process's fetches (``fetched_by``; "" on either side is not checked): a node

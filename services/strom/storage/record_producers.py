@@ -82,7 +82,7 @@ MAX_REQUEST_BYTES = 4 << 20
 SEQUENCE_LIMIT = 1 << 31
 #: Batches of at least this many bytes of records are encoded in a worker thread, so the
 #: event loop goes on meanwhile (Arrow IPC writing and the CRC release the GIL for most of
-#: their time: 0.8 s for 200 MB, found from outside); smaller ones are cheaper on the loop.
+#: their time: 0.8 s for 200 MB); smaller ones are cheaper on the loop.
 OFFLOAD_BYTES = 1 << 20
 BACKOFF_S = 0.05
 #: A PartitionSender unused this long is dropped (the next call makes a fresh one, with a new
@@ -302,7 +302,7 @@ class LeaderRoute:
 
 class _LeaderWatch:
     """Gives up a forwarded Produce once a partition of it has another leader in this node's
-    view (FIX (found from outside): a ProduceRecords call forwarded to a hung leader, SIGSTOP
+    view (a ProduceRecords call forwarded to a hung leader, SIGSTOP
     or a GC pause, waited until the leader resumed or the call's timeout_ms, 30 s, although
     the controller moved the partition within ~2 s).
 
@@ -519,7 +519,7 @@ class PartitionSender:
                 if not ambiguous and any(c.future.done() for c in group):
                     # Nothing of this request can have been appended yet: the calls answered
                     # meanwhile (out of time, or cancelled: their caller's deadline passed or
-                    # it went away) are not sent at all. FIX (found from outside): they were
+                    # it went away) are not sent at all. They were
                     # written when the leader came back, after the caller had been told
                     # DEADLINE_EXCEEDED, so its retry wrote them twice.
                     group = [c for c in group if not c.future.done()]
@@ -597,7 +597,7 @@ def _fail(group: list[_Call], exc: StromError) -> None:
 def _maybe_written(sender: PartitionSender, code: int, last: StromError) -> StromError:
     """The error of a request refused for its sequences (``code``: UNKNOWN_PRODUCER_ID,
     OUT_OF_ORDER_SEQUENCE, INVALID_PRODUCER_EPOCH) after an earlier attempt of it got an
-    answer, or none, that leaves it possibly appended. FIX (found from outside): the leader
+    answer, or none, that leaves it possibly appended. The leader
     expired the producer while the first attempt waited for replicas
     (NOT_ENOUGH_REPLICAS_AFTER_APPEND), the sender restarted at sequence 0 under the same
     epoch and the records were written twice. Sent again under any new sequence, a written
@@ -638,7 +638,7 @@ async def _backoff(deadline: float) -> None:
 class NodeProducer:
     """The node's PartitionSenders, made on first use (one producer id per partition).
 
-    FIX (found from outside): a sender, with its producer id, stayed for every partition
+    A sender, with its producer id, stayed for every partition
     ever written through ProduceRecords. The senders of a deleted topic are dropped
     (:meth:`forget_topics`), and so is one idle for ``idle_s`` (looked for on a call, at most
     every :data:`SENDER_PRUNE_EVERY_S`). Only an idle sender is dropped for idleness, so no
@@ -731,7 +731,7 @@ class SequencedSender:
     ) -> int:
         """Append as one batch; its base offset. Raises StromError, DuplicateSequenceError
         when the leader takes the batch for a retry of one written before its last five
-        batches of the producer (FIX (found from outside): that was answered as a success
+        batches of the producer (that was answered as a success
         with offsets -1, so a caller that reused sequences by mistake, whose records were
         never written, was told nothing; now the result names it, docs/grpc-clients.md)."""
         encode = functools.partial(

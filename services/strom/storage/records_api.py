@@ -103,11 +103,11 @@ DEFAULT_TIMEOUT_MS = 30_000
 #: How much of the caller's gRPC deadline a ProduceRecords call leaves for its answer (a
 #: quarter of what is left when that is less): its wait ends that much before the deadline,
 #: so a call not acknowledged in time gets the node's REQUEST_TIMED_OUT ("may or may not
-#: have been written") rather than a bare DEADLINE_EXCEEDED. FIX (found from outside): the
+#: have been written") rather than a bare DEADLINE_EXCEEDED. The
 #: wait ran to the deadline itself, so with the docs' settings (timeout_ms 30 s, a 30 s call
 #: deadline) a hung leader always gave "Deadline exceeded after 30.000s".
 ANSWER_MARGIN_S = 1.0
-#: Largest ProduceRecords request a node parses. FIX (found from outside): a 200 MB call
+#: Largest ProduceRecords request a node parses. A 200 MB call
 #: (the wire limit, grpc_options, is 256 MiB for the batch API's stored batches) held the
 #: node's GIL for seconds while protobuf parsed it and ``columns_to_table`` copied its values
 #: (both hold the GIL throughout: measured 0.1-0.3 s and 0.2-1.4 s per 200 MB on a loaded
@@ -117,7 +117,7 @@ ANSWER_MARGIN_S = 1.0
 #: so such a call costs nothing; a topic whose max.message.bytes is raised above this takes
 #: its largest batches through the batch API (StorageService.Produce).
 MAX_PRODUCE_REQUEST_BYTES = MAX_PRODUCE_RECORDS_REQUEST_BYTES
-#: The most records one ProduceRecords call may carry. FIX (found from outside): 20 M
+#: The most records one ProduceRecords call may carry. 20 M
 #: one-byte values fit in 60 MB, and the answer's per-record partition and offset arrays,
 #: built on the event loop, made a 220 MB response (beyond any default client's 4 MiB
 #: receive limit, so the caller saw only RESOURCE_EXHAUSTED) while the node stalled for
@@ -250,7 +250,7 @@ class RecordService:
 
     def _on_view_events(self, events: list[WatchEvent]) -> None:
         """Watch thread: hand the topics deleted from the view to the event loop, which drops
-        their senders and round-robin positions (found from outside: both were kept for every
+        their senders and round-robin positions (both were kept for every
         topic ever written to). A resync looks at every topic held against the view."""
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -327,7 +327,7 @@ class RecordService:
         does for them runs as the node (forwards, a Subscribe's Consumer) or gathers several
         callers in one inner Produce, which is not charged again (CHARGED_BY_CALLER). They
         are charged when served, before the write, with nothing yielding between the wait and
-        the charge: FIX (found from outside): charged after the write, concurrent calls of a
+        the charge: charged after the write, concurrent calls of a
         principal owing nothing all passed the wait (14 calls of 8 MiB at 10 KB/s all written
         within 35 s), and calls waiting out a debt took no part in admission (24 such calls
         held their bytes until their deadlines instead of being refused)."""
@@ -393,7 +393,7 @@ class RecordService:
         resp = rp.ProduceRecordsResponse()
         meta = self.view.topic(req.topic)
         if meta is None and (why := _malformed_topic(req.topic)) is not None:
-            # FIX (found from outside): answered UNKNOWN_TOPIC_OR_PARTITION, which callers
+            # Answered UNKNOWN_TOPIC_OR_PARTITION, which callers
             # retry; no such topic can ever exist (Kafka answers INVALID_TOPIC_EXCEPTION).
             resp.error_code = E.INVALID_TOPIC  # type: ignore[assignment]
             resp.error_message = why
@@ -411,7 +411,7 @@ class RecordService:
             return resp
         count = meta.partition_count
         if explicit is not None and explicit >= count:
-            # A mistake in the call, not a retriable unknown (FIX (found from outside): it was
+            # A mistake in the call, not a retriable unknown (it was
             # the topic-level UNKNOWN_TOPIC_OR_PARTITION, which the docs call retriable, so
             # their example retried partition 99 forever); Kafka's producer fails at once too.
             raise BadRequest(
@@ -479,9 +479,9 @@ class RecordService:
                 if base < 0 and acks != 0:
                     # The node's own producer retried a request the leader had written
                     # before its last five batches: written once, offsets unknown. Said so
-                    # (FIX (found from outside): -1 came with nothing to explain it).
+                    # (-1 came with nothing to explain it).
                     pr.error_message = "written (a retry of it found it written); offsets unknown"
-                # FIX (found from outside): ACKS_NONE records the leader refused (too large,
+                # ACKS_NONE records the leader refused (too large,
                 # say) were counted as written: with acks=0 the leader answers nothing.
                 PRODUCED_RECORDS.labels("NONE" if acks else "UNKNOWN").inc(len(idx))
                 continue
@@ -526,17 +526,17 @@ class RecordService:
             await _abort(context, exc.status, exc.message, exc.code)
         # With ACLs on: why the caller may no longer read what it subscribed to. The stream's
         # Consumer reads as this node, so the caller's rights are checked again before each
-        # message and at least every ACL_RECHECK_S (found from outside: records kept coming
+        # message and at least every ACL_RECHECK_S (records kept coming
         # after the READ ACL was removed), and a revoke ends the stream as it ends a
         # followed Fetch (PERMISSION_DENIED).
         denied = STREAM_REQUEST_DENIED.get()
         if QUOTAS.active and (quota_bytes := QUOTAS.fetch_limit(CURRENT_PRINCIPAL.get())):
             # At most the caller's quota window of bytes per message, as a Fetch answer
-            # (QuotaManager.fetch_limit; a larger record still goes, alone): FIX (found from
-            # outside): one message could put the caller hundreds of seconds ahead.
+            # (QuotaManager.fetch_limit; a larger record still goes, alone): one message
+            # must not put the caller hundreds of seconds ahead.
             spec.max_bytes = min(spec.max_bytes, quota_bytes)
         # Explicit partitions: the topics as they were at the start, checked as often as the
-        # ACLs. FIX (found from outside): a topic deleted mid-stream left the stream open and
+        # ACLs. A topic deleted mid-stream left the stream open and
         # silent until the caller's deadline (the Consumer just finds no leader); a group
         # stream learns it from its assignment. A topic re-created under the same name is
         # another topic (a new id): the offsets read so far mean nothing in it.
@@ -549,7 +549,7 @@ class RecordService:
             self._bootstrap(),
             asyncio.get_running_loop(),
             # The caller's client id, else one for every such stream of this node: the
-            # leaders count the stream's fetches by it. FIX (found from outside): an id per
+            # leaders count the stream's fetches by it. An id per
             # stream made a per-client series on each leader for every Subscribe call.
             client_id=client_id_of(context) or f"strom-node-{self.node_id}-subscribe",
             max_stall_s=self.subscribe_max_stall_s,
@@ -588,7 +588,7 @@ class RecordService:
                 held_ms = await self._hold_for_quota(sub, item, req, denied, context)
                 if denied is not None and (why := denied(req)) is not None:
                     # Checked again right before the write: the quota may have held the
-                    # message for seconds (found from outside: records of a revoked reader
+                    # message for seconds (records of a revoked reader
                     # were delivered up to minutes after the revocation).
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
                 # A caller gone mid-stream ends it here, quietly (stream_writes).
@@ -663,7 +663,7 @@ class RecordService:
         for t in spec.topics:
             self._partition_count(t)
         if spec.group_id:
-            # Partitions first (FIX (found from outside): group_id with partitions and no
+            # Partitions first (group_id with partitions and no
             # topics was told it "needs topics", not that partitions are the mistake).
             if len(req.partitions):
                 raise BadRequest(
@@ -687,7 +687,7 @@ class RecordService:
             tp = TopicPartition(ps.topic, ps.partition)
             if ps.partition < 0:
                 raise BadRequest(f"topic {tp.topic!r}: partition must be >= 0, got {ps.partition}")
-            if tp in listed:  # FIX (found from outside): the last start silently won
+            if tp in listed:  # The last start silently won
                 raise BadRequest(
                     f"{tp.topic}-{tp.partition} is listed twice in partitions: give each "
                     "partition one start"
@@ -730,7 +730,7 @@ class RecordService:
         return None if meta is None or meta.deleting else meta.partition_count
 
     def _partition_count(self, topic: str) -> int:
-        if not topic:  # malformed, not an unknown topic to retry (found from outside)
+        if not topic:  # malformed, not an unknown topic to retry
             raise BadRequest("a topic name is empty (in topics or partitions)")
         meta = self.view.topic(topic)
         if meta is None or meta.deleting:
@@ -753,7 +753,7 @@ class RecordService:
                     raise BadRequest(
                         f"{po.topic}-{po.partition}: offset must be >= 0, got {po.offset}"
                     )
-                # FIX (found from outside): [p1:3, p1:2] answered NONE twice and committed 2,
+                # [p1:3, p1:2] answered NONE twice and committed 2,
                 # the last one winning (moving the offset back, which commits never do).
                 if (po.topic, po.partition) in seen:
                     raise BadRequest(
@@ -841,7 +841,7 @@ class RecordService:
 def _not_owned(sub: Subscription, tp: TopicPartition) -> tuple[int, str]:
     """The code and text of a commit refused because ``sub`` does not own ``tp``.
 
-    FIX (found from outside): every such refusal said STALE_MEMBER_EPOCH "the group moved it
+    Every such refusal said STALE_MEMBER_EPOCH "the group moved it
     to another member", also for a partition of a topic the stream never subscribed to, which
     was never assigned to it. The coordinator itself would take any commit carrying the
     member's epoch (as Kafka's does); the stream refuses what its member does not own, so that

@@ -126,9 +126,7 @@ class NodeRegistration:
         the default ``--listen 0.0.0.0:9092`` both advertise 127.0.0.1:9092 where their names
         do not resolve to their own addresses; a copied
         config's ``--advertise``). A holder that stays registered past its session timeout
-        (a dead one's key is gone by then) is alive. FIX (found from outside: the second
-        node registered, and the partitions it led were unreachable for good, every client
-        sent to the other node, which answered NOT_LEADER_OR_FOLLOWER)."""
+        (a dead one's key is gone by then) is alive. ."""
         address = (self.value.host, self.value.port)
         give_up = time.monotonic() + self.session_timeout_s + 2.0
         while True:

@@ -73,7 +73,7 @@ def _log_fetch_failure(
 ) -> None:
     """A follower's fetches from ``leader`` keep failing: at WARNING once
     (:data:`FETCH_FAILURES_LOGGED` in a row), at DEBUG otherwise. Names the leader's address,
-    how many partitions wait on it and gRPC's details. FIX (found from outside): the line
+    how many partitions wait on it and gRPC's details. The line
     said only "fetch from node 3 failed 10 times in a row: UNAVAILABLE"."""
     if isinstance(exc, grpc.aio.AioRpcError):
         why = f"{exc.code().name}: {exc.details()}"
@@ -226,7 +226,7 @@ class ReplicaFetchers:
         target = None
         #: The settings ``channel`` was made with: a renewed certificate makes it again (a
         #: channel presents its first certificate at every reconnect, so after that one
-        #: expired the follower could not fetch again until restarted; found from outside).
+        #: expired the follower could not fetch again until restarted).
         made_with = None
         backoff = 0.1
         #: Fetches failed in a row (logged once they look like more than a blip).
@@ -465,7 +465,7 @@ class ReplicaFetchers:
             # The leader knows no epoch as old as our newest: every batch it holds is newer
             # than all of ours, so nothing of ours is its. Truncating only to our log start
             # kept the epoch history of the batches below it, and the next fetch diverged the
-            # same way, for good (found from outside, after an unclean election).
+            # same way, for good (after an unclean election).
             fully = pr.diverging_epoch.epoch < 0 or pr.diverging_epoch.end_offset < 0
             log.info(
                 "%s-%d: log diverges from leader %d at epoch %d (end %d); truncating %sto %d",
@@ -619,7 +619,7 @@ class ReplicaFetchers:
             else:
                 await self._locked(part, part.log.truncate_to, offset)
         finally:
-            # FIX: also when this fetcher was cancelled meanwhile (a role change: the
+            # Also when this fetcher was cancelled meanwhile (a role change: the
             # truncation still completes, see _locked). The checkpoint was skipped then, and
             # a log restarted below its old start (at 50, start 80) kept 80 on disk until the
             # periodic checkpoint: a crash meanwhile hid 50..79 (found by the clean-clone CI).
@@ -656,7 +656,7 @@ def divergence_truncation_offset(
     It may be below our log start: a leader elected uncleanly that missed a DeleteRecords
     can end below it, and what it appended from there on is not what we hold. Clamping to our
     log start kept our own records there, and once our log reached the leader's end they
-    passed for its records (found from outside): the log now restarts empty at the target
+    passed for its records: the log now restarts empty at the target
     (Log.truncate_to) and fetches the leader's."""
     if leader_epoch < 0 or leader_end_offset < 0:
         if leader_log_start >= 0:

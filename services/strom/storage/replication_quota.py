@@ -3,7 +3,7 @@ throttles"): a pure engine, no gRPC or etcd.
 
 A move copies a partition's whole log to its new replicas; untuned it copies as fast as the
 leader can read, and the produce and fetch latency of everything else on those nodes pays
-(found from outside: acks=all p99 went 22 -> 283 ms during a 600 MB move). Kafka's answer,
+(acks=all p99 went 22 -> 283 ms during a 600 MB move). Kafka's answer,
 followed here: the topic configs ``leader.replication.throttled.replicas`` /
 ``follower.replication.throttled.replicas`` list the replicas (``partition:node``, or ``*``)
 whose replication is throttled, and a per-node rate (``leader.replication.throttled.rate``,

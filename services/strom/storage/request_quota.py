@@ -3,7 +3,7 @@ bytes: Metadata, InitProducerId, FindCoordinator, ListOffsets, OffsetForLeaderEp
 DeleteRecords and DescribeProducers. Produce and Fetch count their request with their bytes
 (:func:`strom.storage.rpc_base._throttle`).
 
-FIX (found from outside): only Produce and Fetch were counted, so a principal with a 2/s
+Only Produce and Fetch were counted, so a principal with a 2/s
 request quota made 20 InitProducerId calls (each may take a producer id from a block the
 controller reserves in etcd) in 0.5 s. Kafka's request quota covers every request; so does
 this one now, with the model the byte quotas use: a call of a principal still ahead of its

@@ -160,7 +160,7 @@ def _charge(kind: str, nbytes: int) -> float:
 async def _hold(kind: str, delay: float, waited_ms: int = 0, context: Any = None) -> int:
     """Hold an answer ``delay`` seconds, but never into the last HOLD_MARGIN_S of the
     caller's deadline: the work is done, and an answer lost to the deadline is a written
-    request reported as a timeout, which the caller retries (found from outside: a 350 KB
+    request reported as a timeout, which the caller retries (a 350 KB
     ProduceRecords at 10,000 B/s written, then DEADLINE_EXCEEDED, then written again). What
     is not held stays owed: the caller's next request waits it out first
     (:func:`_wait_out_debt`). The ms held, with the ``waited_ms`` waited before the request

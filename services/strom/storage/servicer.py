@@ -93,7 +93,7 @@ _CommitWait = tuple[pb.ProducePartitionResponse, Partition, int, _Refusal | None
 def _internal_topic_refusal(topic: str) -> _Refusal:
     """INVALID_TOPIC for a write to an internal ``__`` topic by anyone but strom's own
     coordinators (service.headers.is_internal_call), as Kafka refuses it even to super users.
-    Found from outside: one client record in ``__consumer_offsets`` whose key was not a group
+    One client record in ``__consumer_offsets`` whose key was not a group
     record kept its shard from loading, and every group on it unavailable, for good."""
     return _Refusal(
         E.INVALID_TOPIC,
@@ -210,7 +210,7 @@ class StorageServicer(
             # Transactional batches need the request's transactional_id only where there is
             # something to check with it: with ACLs on, WRITE on the id. With ACLs off, a
             # request without one (a client from before ProduceRequest.transactional_id) is
-            # appended as it was then (found from outside: a rolling upgrade failed every
+            # appended as it was then (a rolling upgrade failed every
             # transaction of old producers on an upgraded leader; Kafka serves old clients).
             named = bool(request.transactional_id) or not server_security().acls
             appended = await self._append_all(pending, acks, request.timeout_ms, named)
@@ -235,7 +235,7 @@ class StorageServicer(
         caller owes, then the charge of the request's record bytes to its produce quota;
         (ms waited, seconds its answer is to be held). As ProduceRecords charges
         (RecordService._admit_and_charge) and as Kafka charges a produce request's size,
-        whatever its partitions' outcomes. FIX (found from outside): charged after the
+        whatever its partitions' outcomes. Charged after the
         append, concurrent requests of a principal owing nothing all passed the wait at
         once, each appended before any was charged. Counted per batch, never per record."""
         waited = await _wait_out_debt("produce")
@@ -300,7 +300,7 @@ class StorageServicer(
         """INCONSISTENT_TOPIC_ID for a request entry whose ``topic_id`` is not the id the
         topic of that name has now (checked once per topic of the request, before anything
         is appended): the batches were made for a topic since deleted and re-created under
-        the same name (Kafka's Produce v13, KIP-516). FIX (found from outside): Produce
+        the same name (Kafka's Produce v13, KIP-516). Produce
         carried only the name, and a producer with stale metadata wrote records meant for the
         deleted topic into the new one. A topic this node does not know is left to the
         partition lookup (UNKNOWN_TOPIC_OR_PARTITION)."""
@@ -484,7 +484,7 @@ class StorageServicer(
         batch's last record, as a duplicate answered NONE waits for its original offsets
         (design §6; Kafka's duplicate answer waits as any acks=all append). Otherwise the
         error the wait gives (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        NOT_LEADER_OR_FOLLOWER), all retriable: FIX (found from outside), it was answered at
+        NOT_LEADER_OR_FOLLOWER), all retriable: it was answered at
         once while the first attempt was on the leader alone, and lost with it."""
         await self._await_commit(pr, part, written_by, timeout, "repeated records")
         if pr.error_code:
@@ -560,7 +560,7 @@ class StorageServicer(
         counted and logged at most once a minute (strom.storage.disk_errors), and has this
         node hand the partition's leadership over at once (the ISR manager resigns it):
         every later append would fail the same way, while in-sync replicas on other disks
-        could take them (found from outside: a leader on a full disk refused every produce
+        could take them (a leader on a full disk refused every produce
         with STORAGE_ERROR and kept leading)."""
         if not is_disk_error(exc):
             return _append_error(part, exc)
@@ -620,9 +620,8 @@ def _marker_error(m: pb.TxnMarker) -> str | None:
     """Why a WriteTxnMarkers marker cannot be written (for INVALID_REQUEST), else None.
 
     The batch header holds the producer epoch as an int16, and the coordinator never sends
-    a negative producer id or coordinator epoch (it sends at least 0). FIX (found from
-    outside): producer_epoch=40000 reached the header packing, and every leader logged a
-    struct.error traceback and answered UNKNOWN_SERVER_ERROR."""
+    a negative producer id or coordinator epoch: anything else is a caller's mistake, not
+    a struct.error deep in the header packing."""
     if m.producer_id < 0:
         return f"TxnMarker.producer_id must be >= 0, got {m.producer_id}"
     if not 0 <= m.producer_epoch <= 32767:

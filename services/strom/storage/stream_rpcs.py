@@ -127,7 +127,7 @@ class StreamRpcs(StorageCore):
                         refusal = self.admission.try_admit(admitted, owing)
                         if refusal is not None:
                             metrics.PRODUCE_SHED.inc()
-                            # Timed as the unary call's refusal is (found from outside: a
+                            # Timed as the unary call's refusal is (a
                             # shed request on a stream was in no latency series).
                             metrics.REQUEST_LATENCY.labels("Produce", "RESOURCE_EXHAUSTED").observe(
                                 time.perf_counter() - t0

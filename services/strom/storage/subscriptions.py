@@ -104,7 +104,7 @@ def _count_subscribe_records(
 ) -> None:
     """Count ``n`` records of ``topic`` unless the topic is gone from the node's view.
 
-    FIX (found from outside): a pump thread keeps polling for a moment after its stream's
+    A pump thread keeps polling for a moment after its stream's
     handler returned (stop() does not wait), and counted "polled" for a topic whose series
     :func:`drop_deleted_topics` had just dropped: the series came back and stayed for good.
     The view is updated before its listeners run, so a count checked here after the delete
@@ -120,7 +120,7 @@ def drop_deleted_topics(view: ClusterView) -> Callable[[list[WatchEvent]], None]
     """A view listener that drops SUBSCRIBE_RECORDS' series of each topic deleted from the
     node's view, as the node's per-topic counters go with the topic's replicas: otherwise a
     deleted topic stays listed for good and a topic re-created under its name adds to its
-    totals (found from outside). Deletes are taken from the events (not the view after them)
+    totals. Deletes are taken from the events (not the view after them)
     so that a topic deleted and re-created in one batch of events starts again from zero."""
     prefix = view.keys.topics_prefix
 
@@ -217,7 +217,7 @@ class Outbox:
     def held(self) -> Iterator[None]:
         """The handler holds the stream's next message back for the caller's quota (event
         loop): the time inside does not count towards a stalled reader (:meth:`held_s`).
-        FIX (found from outside): a group stream held by its caller's fetch quota was ended
+        A group stream held by its caller's fetch quota was ended
         ABORTED as a stalled reader and left its group, though the node held it."""
         with self._cond:
             self._held_since = time.monotonic()
@@ -550,7 +550,7 @@ class Subscription:
 
     def _follow_partition_growth(self) -> None:
         """Whole topics without a group: read the partitions added since the stream began.
-        FIX (found from outside): the stream kept the partitions of its start for ever, while
+        The stream kept the partitions of its start for ever, while
         a group stream picks new ones up at its next rebalance. They start at their earliest
         offset: every record in them was written after the stream began."""
         if not self.spec.whole_topics or time.monotonic() < self._next_growth_check:
@@ -591,7 +591,7 @@ class Subscription:
 
     def _release(self, parts: list[TopicPartition], *, lost: bool = False) -> None:
         """Give ``parts`` up (the member's listener, on the pump thread, before the member
-        reports them free). FIX (found from outside): the assignment message used to be only
+        reports them free). The assignment message used to be only
         queued, behind everything already in flight, and the partitions freed at once: the
         new owner read them while this stream, its reader behind, kept delivering them for
         seconds. Now the message is written before returning (see the module docstring);
@@ -681,7 +681,7 @@ class Subscription:
             revocations = dict(self._revocations)
 
         def current(tp: TopicPartition) -> bool:
-            # FIX (found from outside): a reconcile while waiting for room could revoke the
+            # A reconcile while waiting for room could revoke the
             # partition of the message being queued, which then followed the assignment
             # message that took the partition away, or of a later one of this poll, whose
             # highwater() then failed the stream (the partition no longer assigned).
