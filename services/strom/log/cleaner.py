@@ -277,9 +277,8 @@ def _removable_transactions(
     time) to see whether any of those keeps a record. The transaction's emptied batches then
     lose their producer fields too, so a rebuild opens no transaction for them, and an
     aborted one's entry leaves the aborted-transactions index once the pass has swapped the
-    segments in (:func:`compact`; entries used to stay until
-    retention dropped them, which on a compacted topic is never: 300 aborts kept 300
-    entries, loaded at every start and listed to read_committed fetches)."""
+    segments in (:func:`compact`; retention, which would drop it otherwise, never comes on a
+    compacted topic)."""
     needed = sorted({d for _, data in candidates for d in data})
     keeping: set[int] = set()  # data batches of the candidates that keep a record
     for seg in sealed:

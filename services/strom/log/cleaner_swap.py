@@ -38,10 +38,9 @@ class _Group:
     """A run of adjacent sealed segments that a pass rewrites into one file, named by the
     first one's base offset (Kafka's ``groupSegmentsBySize``).
 
-    Each segment used to be rewritten on its own, so a compacted
-    log kept one file, and one open descriptor, for every segment it ever rolled: a topic of
-    one key kept a segment of one 621-byte empty batch per max.compaction.lag.ms (1,440 a
-    day at a minute), until the node ran out of file descriptors. A segment now joins the
+    Why: rewritten one by one, a compacted log would keep one file, and one open
+    descriptor, for every segment it ever rolled (a topic of one key: a segment of one empty
+    batch per max.compaction.lag.ms), until the node ran out of descriptors. A segment joins the
     group before it while the group's rewritten bytes stay within segment.bytes, its batches
     within what segment.index.bytes indexes (each batch can add an entry to each index),
     and its offsets within the indexes' 32-bit relative offsets; segments that do not tile
@@ -234,11 +233,10 @@ def _swap(log: Log, segs: list[LogSegment], cleaned: Path, length: int, truncati
     ``.deleted``, then ``.swap`` to ``.log``, with a directory fsync after each step. A
     ``.swap`` on disk is the commitment: opening the log completes it, deleting every
     segment in the swap's offset range (``Log._finish_swaps``); before it exists, opening
-    discards the ``.cleaned`` file. The ``.swap`` used to be made
-    before the check below, outside the lock; a crash in between, while retention deleted
-    the segment or a follower truncated it, left a swap that the next start finished,
-    bringing back deleted records or truncated bytes. It is now made under the lock, after
-    the check, so every ``.swap`` a start finds belongs to segments the log still held."""
+    discards the ``.cleaned`` file. The ``.swap`` is made under the lock, after the check,
+    so every ``.swap`` a start finds belongs to segments the log still held (not ones that
+    retention deleted or a follower truncated meanwhile, which finishing it would bring
+    back)."""
     head = segs[0]
     try:
         _check_rewritten(cleaned, head.base_offset, length, log.epochs.epoch_for)
