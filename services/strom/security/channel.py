@@ -15,6 +15,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -461,16 +462,16 @@ class _DeadlineWatch:
 
     def watch(self, call: Any, details: grpc.aio.ClientCallDetails) -> Any:
         if details.timeout is not None:  # without a deadline there is nothing to miss
-            call.add_done_callback(self._done)
+            call.add_done_callback(functools.partial(self._done, details))
         return call
 
-    def _done(self, call: Any) -> None:
+    def _done(self, details: grpc.aio.ClientCallDetails, call: Any) -> None:
         if not call.cancelled():
-            self.cache._checking(self._check(call))
+            self.cache._checking(self._check(details, call))
 
-    async def _check(self, call: Any) -> None:
+    async def _check(self, details: grpc.aio.ClientCallDetails, call: Any) -> None:
         if await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.channel is not None:
-            self.cache._missed(self.address, self.channel)
+            self.cache._missed(self.address, self.channel, details)
 
 
 class _DeadlineUnaryUnary(_DeadlineWatch, grpc.aio.UnaryUnaryClientInterceptor):
@@ -527,13 +528,18 @@ class ChannelCache:
         if entry is not None:
             self._close_later(entry[1])
 
-    def _missed(self, address: str, channel: grpc.aio.Channel) -> None:
+    def _missed(
+        self, address: str, channel: grpc.aio.Channel, details: grpc.aio.ClientCallDetails
+    ) -> None:
         """A call on ``channel`` missed its deadline: renew it, unless it was already."""
         entry = self._channels.get(address)
         if entry is not None and entry[1] is channel:
+            method = details.method
             log.info(
-                "a call to %s got no answer within its deadline; the next go on a new connection",
+                "%s to %s got no answer within %g s; calling it on a new connection",
+                method.decode() if isinstance(method, bytes) else method,
                 address,
+                details.timeout,
             )
             self.renew(address)
 
