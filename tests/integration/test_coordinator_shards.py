@@ -33,6 +33,39 @@ async def _until(cond: Callable[[], bool], timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+def _one_shard_coordinator(cluster: LocalCluster, advertise_port: int) -> CoordinatorService:
+    """A coordinator in this process (id 7) for ``cluster``, one shard of each kind."""
+    return CoordinatorService(
+        etcd=cluster.etcd.endpoint,
+        cluster=cluster.cluster_name,
+        coordinator_id=7,
+        advertise_host="127.0.0.1",
+        advertise_port=advertise_port,
+        offsets_partitions=1,
+        offsets_replication_factor=1,
+        txn_partitions=1,
+    )
+
+
+def _serves_both(svc: CoordinatorService) -> bool:
+    return all(0 in k.shards and k.shards[0].loaded for k in (svc.group_kind, svc.txn_kind))
+
+
+async def _serving_with_producer(svc: CoordinatorService, topic: str, tid: str) -> tuple[int, int]:
+    """Once ``svc`` (started) serves both shards and sees ``topic``: ``tid``'s producer id and
+    epoch from InitProducerId."""
+    from strom.api import storage_pb2
+
+    await _until(lambda: _serves_both(svc), 60, "both shards loaded")
+    await _until(lambda: topic in svc._topics(), 30, "the topic in the view")
+    init = await svc.InitProducerId(
+        storage_pb2.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=600_000),
+        None,
+    )
+    assert init.error_code == E.NONE, init
+    return init.producer_id, init.producer_epoch
+
+
 def test_a_shard_dropped_from_memory_while_its_key_stays_ours_is_served_again(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -348,33 +381,10 @@ def test_requests_waiting_on_a_shard_given_up_meanwhile_answer_not_coordinator(
     tid, gid = "t-moving", "g-moving"
 
     async def main() -> None:
-        svc = CoordinatorService(
-            etcd=cluster.etcd.endpoint,
-            cluster=cluster.cluster_name,
-            coordinator_id=7,
-            advertise_host="127.0.0.1",
-            advertise_port=1,  # nobody calls it here
-            offsets_partitions=1,
-            offsets_replication_factor=1,
-            txn_partitions=1,
-        )
-
-        def served() -> bool:
-            kinds = (svc.group_kind, svc.txn_kind)
-            return all(0 in k.shards and k.shards[0].loaded for k in kinds)
-
+        svc = _one_shard_coordinator(cluster, advertise_port=1)  # nobody calls it here
         await svc.start()
         try:
-            await _until(served, 60, "both shards loaded")
-            await _until(lambda: topic in svc._topics(), 30, "the topic in the view")
-            init = await svc.InitProducerId(
-                storage_pb2.InitProducerIdRequest(
-                    transactional_id=tid, transaction_timeout_ms=600_000
-                ),
-                None,
-            )
-            assert init.error_code == E.NONE, init
-            pid, epoch = init.producer_id, init.producer_epoch
+            pid, epoch = await _serving_with_producer(svc, topic, tid)
             ids = {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch}
             add = coordinator_pb2.AddPartitionsToTxnRequest(**ids)
             add.topics.add(topic=topic, partitions=[0])
@@ -410,7 +420,9 @@ def test_requests_waiting_on_a_shard_given_up_meanwhile_answer_not_coordinator(
             }
             answers = {}
             for name, (kind, call) in calls.items():
-                await _until(served, 60, f"both shards served again before {name}")
+                await _until(
+                    lambda: _serves_both(svc), 60, f"both shards served again before {name}"
+                )
                 shard = kind.shards[0]
                 async with shard.lock:
                     task = asyncio.create_task(call())
@@ -443,7 +455,6 @@ def test_a_txn_offset_commit_never_lands_after_its_transactions_completion(
     retry, asking again, INVALID_TXN_STATE. The coordinator here serves both shards and asks
     itself over gRPC (as another process would be asked); the test holds the describe's
     answer until EndTxn completed."""
-    from strom.api import storage_pb2
 
     cluster = make_cluster(nodes=1, controllers=1, coordinators=0)
     topic = create_topic(cluster, "racing")
@@ -452,35 +463,12 @@ def test_a_txn_offset_commit_never_lands_after_its_transactions_completion(
     async def main() -> None:
         server = grpc.aio.server()
         port = server.add_insecure_port("127.0.0.1:0")
-        svc = CoordinatorService(
-            etcd=cluster.etcd.endpoint,
-            cluster=cluster.cluster_name,
-            coordinator_id=7,
-            advertise_host="127.0.0.1",
-            advertise_port=port,
-            offsets_partitions=1,
-            offsets_replication_factor=1,
-            txn_partitions=1,
-        )
+        svc = _one_shard_coordinator(cluster, advertise_port=port)
         svc.register(server)
         await server.start()
-
-        def served() -> bool:
-            kinds = (svc.group_kind, svc.txn_kind)
-            return all(0 in k.shards and k.shards[0].loaded for k in kinds)
-
         await svc.start()
         try:
-            await _until(served, 60, "both shards loaded")
-            await _until(lambda: topic in svc._topics(), 30, "the topic in the view")
-            init = await svc.InitProducerId(
-                storage_pb2.InitProducerIdRequest(
-                    transactional_id=tid, transaction_timeout_ms=600_000
-                ),
-                None,
-            )
-            assert init.error_code == E.NONE, init
-            pid, epoch = init.producer_id, init.producer_epoch
+            pid, epoch = await _serving_with_producer(svc, topic, tid)
             ids = {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch}
             added = await svc.AddOffsetsToTxn(
                 coordinator_pb2.AddOffsetsToTxnRequest(**ids, group_id=gid), None

@@ -53,13 +53,7 @@ STALL_S = 3.0
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root: Path = tmp_path_factory.mktemp("records-quotas")
     e = Env(root)
-    tls = [
-        *("--tls-cert", str(e.node.cert), "--tls-key", str(e.node.key)),
-        *("--tls-ca", str(e.ca.ca_file), "--tls-client-auth", "required"),
-        *("--acls", "--super-users", "User:CN=strom-node;User:CN=admin"),
-        *("--etcd-ca", str(e.ca.ca_file), "--etcd-cert", str(e.node.cert)),
-        *("--etcd-key", str(e.node.key)),
-    ]
+    tls = e.service_args()
     e.cluster = LocalCluster(
         root / "c",
         nodes=1,

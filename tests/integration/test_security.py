@@ -79,6 +79,17 @@ class Env:
         self.stranger = self.other_ca.issue("alice")
         self.cluster: LocalCluster | None = None
 
+    def service_args(self) -> list[str]:
+        """Every service's flags: mTLS with the node certificate, ACLs with the node and
+        admin as super users, and TLS to etcd."""
+        return [
+            *("--tls-cert", str(self.node.cert), "--tls-key", str(self.node.key)),
+            *("--tls-ca", str(self.ca.ca_file), "--tls-client-auth", "required"),
+            *("--acls", "--super-users", "User:CN=strom-node;User:CN=admin"),
+            *("--etcd-ca", str(self.ca.ca_file), "--etcd-cert", str(self.node.cert)),
+            *("--etcd-key", str(self.node.key)),
+        ]
+
     def security(self, who: Pem | None, ca: Path | None = None, token: str | None = None):
         return ChannelSecurity.from_files(
             ca or self.ca.ca_file,
@@ -151,25 +162,7 @@ READ, WRITE, CREATE = md.ACL_OPERATION_READ, md.ACL_OPERATION_WRITE, md.ACL_OPER
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root: Path = tmp_path_factory.mktemp("security")
     e = Env(root)
-    tls = [
-        "--tls-cert",
-        str(e.node.cert),
-        "--tls-key",
-        str(e.node.key),
-        "--tls-ca",
-        str(e.ca.ca_file),
-        "--tls-client-auth",
-        "required",
-        "--acls",
-        "--super-users",
-        "User:CN=strom-node;User:CN=admin",
-        "--etcd-ca",
-        str(e.ca.ca_file),
-        "--etcd-cert",
-        str(e.node.cert),
-        "--etcd-key",
-        str(e.node.key),
-    ]
+    tls = e.service_args()
     cluster = LocalCluster(
         root / "c",
         nodes=1,

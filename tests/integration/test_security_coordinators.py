@@ -30,13 +30,7 @@ TOPIC = "sec-txn"
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
     e = Env(tmp_path)
-    tls = [
-        *("--tls-cert", str(e.node.cert), "--tls-key", str(e.node.key)),
-        *("--tls-ca", str(e.ca.ca_file), "--tls-client-auth", "required"),
-        *("--acls", "--super-users", "User:CN=strom-node;User:CN=admin"),
-        *("--etcd-ca", str(e.ca.ca_file), "--etcd-cert", str(e.node.cert)),
-        *("--etcd-key", str(e.node.key)),
-    ]
+    tls = e.service_args()
     e.cluster = LocalCluster(
         tmp_path / "c",
         nodes=1,
