@@ -11,10 +11,13 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import strom
+import strom.client as strom_client
+import strom.record as strom_record
 from strom import aio
 from strom.client import admin as sync_admin
 from strom.client import consumer as sync_consumer
@@ -51,23 +54,48 @@ def _type_checking_imports(tree: ast.Module) -> dict[str, str]:
     return out
 
 
-def test_the_lazy_names_are_the_type_checking_imports_and_all_resolve() -> None:
-    tree = ast.parse((PACKAGE / "__init__.py").read_text())
-    assert _type_checking_imports(tree) == strom._LAZY
-    assert strom.__all__ == sorted([*strom._LAZY, "__version__"])
-    for name in strom.__all__:
-        assert getattr(strom, name) is not None
-        assert name in dir(strom)
+@pytest.mark.parametrize("package", [strom, strom_client, strom_record])
+def test_the_lazy_names_are_the_type_checking_imports_and_all_resolve(package: Any) -> None:
+    tree = ast.parse(Path(package.__file__).read_text())
+    assert _type_checking_imports(tree) == package._LAZY
+    assert sorted(package.__all__) == sorted(
+        [*package._LAZY, *(["__version__"] if package is strom else [])]
+    )
+    for name in package.__all__:
+        assert getattr(package, name) is not None
+        assert name in dir(package)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        package.no_such_name  # noqa: B018
+
+
+def _loaded(code: str, modules: list[str]) -> list[list[str]]:
+    """Runs ``code`` in a fresh interpreter, where each ``LOADED`` in it prints which of
+    ``modules`` are imported at that point."""
+    probe = f"print(*[m for m in {modules!r} if m in sys.modules], sep=',')"
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; " + code.replace("LOADED", probe)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.splitlines()
+    return [line.split(",") if line else [] for line in out]
 
 
 def test_the_client_names_are_still_loaded_on_first_use() -> None:
-    """The lazy loading is there so that services never import the clients: keep it."""
-    loaded = "print('strom.client' in sys.modules)"
-    code = f"import sys, strom; {loaded}; strom.Producer; {loaded}"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.split()
-    assert out == ["False", "True"]
+    """The lazy loading is there so that services never import the clients, and a
+    ``strom`` command imports only what it uses (each command is a new process: importing
+    pyarrow and numpy cost ~0.2 s of CPU at every one): keep it."""
+    heavy = ["strom.client", "strom.client.consumer", "pyarrow", "numpy"]
+    assert _loaded("import strom; LOADED; strom.Producer; LOADED", heavy) == [
+        [],
+        ["strom.client", "pyarrow", "numpy"],  # (the producer's batches; not the consumer)
+    ]
+    assert _loaded("import strom.client.admin; LOADED", heavy) == [["strom.client"]]
+    assert _loaded("import strom.record.header; LOADED", heavy) == [[]]
+    # The CLI's parser (every command builds it) reads no batch.
+    build = "from strom.cli.parser import build_parser; build_parser(); LOADED"
+    assert _loaded(build, heavy) == [["strom.client"]]
 
 
 def test_the_exceptions_users_catch_come_from_strom_and_strom_errors() -> None:

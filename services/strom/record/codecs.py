@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import cramjam
-import numpy as np
 
 from strom.record.errors import InvalidBatchError
 
@@ -104,6 +103,10 @@ def decompress(codec: int, data: Any, *, position: int = 0, max_bytes: int | Non
             # Never below the first guess: a frame stating 0 or 1 but holding more would
             # grow from one byte, a failed attempt per x8.
             size = max(stated, size)
+    # Here, not at the top: the header module imports this one, and what reads only
+    # headers (the CLI's parser) should not load numpy.
+    import numpy as np
+
     while True:
         out = np.empty(size, dtype=np.uint8)
         try:
