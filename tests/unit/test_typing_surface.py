@@ -17,6 +17,7 @@ import pytest
 
 import strom
 import strom.client as strom_client
+import strom.log as strom_log
 import strom.record as strom_record
 from strom import aio
 from strom.client import admin as sync_admin
@@ -54,7 +55,7 @@ def _type_checking_imports(tree: ast.Module) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("package", [strom, strom_client, strom_record])
+@pytest.mark.parametrize("package", [strom, strom_client, strom_record, strom_log])
 def test_the_lazy_names_are_the_type_checking_imports_and_all_resolve(package: Any) -> None:
     tree = ast.parse(Path(package.__file__).read_text())
     assert _type_checking_imports(tree) == package._LAZY
@@ -93,6 +94,11 @@ def test_the_client_names_are_still_loaded_on_first_use() -> None:
     ]
     assert _loaded("import strom.client.admin; LOADED", heavy) == [["strom.client"]]
     assert _loaded("import strom.record.header; LOADED", heavy) == [[]]
+    # The controller validates topic configs, and reads no log.
+    assert _loaded("import strom.controller.service; LOADED", heavy) == [[]]
+    # A node compacts, and serves Subscribe streams, only when asked to.
+    later = ["pyarrow.compute", "strom.client.consumer"]
+    assert _loaded("import strom.storage.node; LOADED", later) == [[]]
     # The CLI's parser (every command builds it) reads no batch.
     build = "from strom.cli.parser import build_parser; build_parser(); LOADED"
     assert _loaded(build, heavy) == [["strom.client"]]

@@ -15,7 +15,6 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from strom.record.batch import RecordBatch, decode_batches, encode_body
 from strom.record.errors import InvalidBatchError
@@ -59,6 +58,8 @@ def _kept_body(
     ``drop_tombstones`` is false: see :func:`_tombstones_expired`); None when its body cannot
     be decoded (:func:`body_or_none`: kept whole). ``latest`` is the sorted array of each
     key's latest offset (:meth:`_KeyMap.latest_offsets`)."""
+    import pyarrow.compute as pc  # (here: ~60 ms at import, and most nodes never compact)
+
     h = b.header
     body = body_or_none(b, undecodable)
     if body is None or body.num_rows == 0:

@@ -14,7 +14,6 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from strom.log.cleaner_rewrite import body_or_none
 from strom.log.errors import CorruptLogError
@@ -80,6 +79,8 @@ def _segment_latest(
     The group-by copies the keys out of the segment's buffers, so the segment can go once
     its map is taken. A batch whose body cannot be decoded adds no key (the rewrite keeps it
     whole, see :func:`body_or_none`); its base offset is added to ``undecodable``."""
+    import pyarrow.compute as pc  # (here: ~60 ms at import, and most nodes never compact)
+
     keys: list[pa.Array] = []
     offsets: list[pa.Array] = []
     for b in batches:

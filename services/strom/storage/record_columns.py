@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from strom.api import records_pb2
 from strom.record.schema import HEADER_TYPE, HEADERS_TYPE
@@ -131,6 +130,8 @@ def _headers(cols: records_pb2.RecordColumns, n: int) -> pa.Array:
 def _bytes_column(arr: pa.Array, values: Any, nulls: Any) -> None:
     """Fill a repeated bytes field (nulls as empty bytes) and its null-index list."""
     if arr.null_count:
+        import pyarrow.compute as pc  # (here: ~60 ms at import, for a node's every start)
+
         nulls.extend(np.flatnonzero(~np.asarray(arr.is_valid())).tolist())
         arr = pc.fill_null(arr, b"")
     values.extend(arr.to_pylist())
@@ -156,6 +157,8 @@ def fill_columns(table: pa.Table | pa.RecordBatch, out: records_pb2.RecordColumn
     headers = _combined(table.column("headers"))
     if headers.null_count == n:
         return
+    import pyarrow.compute as pc  # (here: ~60 ms at import, for a node's every start)
+
     counts = pc.fill_null(pc.list_value_length(headers), 0)
     if pc.max(counts).as_py():
         out.header_counts.extend(counts.to_numpy(zero_copy_only=False).tolist())

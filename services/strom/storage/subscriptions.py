@@ -52,17 +52,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from prometheus_client import Counter, Gauge
 
 from strom.api import common_pb2, records_pb2
-from strom.client.consumer import Consumer
 from strom.client.types import OffsetAndMetadata, TopicPartition
 from strom.errors import ErrorCode, StromError
 from strom.metadata.view import RESYNC
 from strom.storage.record_columns import fill_columns
 
 if TYPE_CHECKING:
+    from strom.client.consumer import Consumer
     from strom.metadata import ClusterView, WatchEvent
 
 log = logging.getLogger("strom.storage.subscriptions")
@@ -367,7 +366,7 @@ class Subscription:
         loop: asyncio.AbstractEventLoop,
         *,
         client_id: str,
-        consumer_factory: Callable[..., Consumer] = Consumer,
+        consumer_factory: Callable[..., Consumer] | None = None,
         max_stall_s: float = MAX_STALL_S,
         topic_live: Callable[[str], bool] = _always_live,
         partition_count: Callable[[str], int | None] = _unknown_count,
@@ -407,6 +406,10 @@ class Subscription:
         self._next_auto_commit = time.monotonic() + AUTO_COMMIT_S
         self._bootstrap = bootstrap
         self._client_id = client_id
+        if consumer_factory is None:
+            # Here, not at the top: the client consumer (~30 ms of imports) is for nodes
+            # that serve a Subscribe stream, not for every node start.
+            from strom.client.consumer import Consumer as consumer_factory
         self._consumer_factory = consumer_factory
         #: Made on the pump thread (its constructor starts threads and connections).
         self.consumer: Consumer | None = None
@@ -813,6 +816,8 @@ def _by_partition(table: pa.Table) -> list[tuple[TopicPartition, pa.Table]]:
 
 def _record_sizes(table: pa.Table) -> np.ndarray:
     """Bytes of key + value of each record (nulls count 0)."""
+    import pyarrow.compute as pc  # (here: ~60 ms at import, for a node's every start)
+
     total = np.zeros(table.num_rows, dtype=np.int64)
     for name in ("key", "value"):
         lengths = pc.fill_null(pc.binary_length(table.column(name)), 0)
