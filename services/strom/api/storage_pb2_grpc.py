@@ -139,7 +139,12 @@ class StorageServiceServicer:
     def FetchStream(self, request_iterator, context):
         """Fetch requests on a stream are served one after another (each a long poll, as Fetch).
         A consumer's request with `follow` set is answered, then continued: see
-        FetchRequest.follow.
+        FetchRequest.follow. A follower's stream is a fetch session (Kafka's KIP-227, the
+        leader's half): an answer leaves out each partition with nothing new for the follower
+        since the stream's last answer that had it (same request fields and leader epoch, the
+        follower at the leader's log end and in the ISR, the same high watermark, last stable
+        offset and log start offset); the fetch still counts for it. The first answer, and every
+        answer on a unary Fetch, has every partition.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -80,8 +80,21 @@ class FetchRpcs(StorageCore):
         partition's continuation, in request order (-1: the follow ends)."""
         return await self._fetch_answer(step.request, context, step.next_offsets)
 
+    @_timed("Fetch")
+    async def fetch_in_session(self, session: FollowerSession, context: Any) -> bytes:
+        """A follower's fetch on its FetchStream (``session.request``), read as
+        :meth:`fetch_raw` reads it but answering only the partitions with news for it
+        (:class:`FollowerSession`)."""
+        if not is_follower_fetch(session.request):
+            return await self._fetch_answer(session.request, context, None)
+        return await self._fetch_answer(session.request, context, None, session)
+
     async def _fetch_answer(
-        self, request: pb.FetchRequest, context: Any, next_offsets: list[int] | None
+        self,
+        request: pb.FetchRequest,
+        context: Any,
+        next_offsets: list[int] | None,
+        session: FollowerSession | None = None,
     ) -> bytes:
         """Fetch, answered as serialized FetchResponse bytes (records spliced in uncopied).
 
@@ -108,11 +121,15 @@ class FetchRpcs(StorageCore):
         if quota_bytes:
             min_bytes = min(min_bytes, quota_bytes)  # (more could never be read at once)
         last_pass = False
+        if session is not None:
+            session.begin(request)
         while True:
             waiter = registry.park(keys, 1)
             try:
                 tally = _ThrottleTally()
-                topics, total, done, hints = await self._fetch_once(request, quota_bytes, tally)
+                topics, total, done, hints = await self._fetch_once(
+                    request, quota_bytes, tally, session
+                )
                 if done or total >= min_bytes or last_pass or self.shutting_down:
                     break
                 if registry.closed:
@@ -131,6 +148,9 @@ class FetchRpcs(StorageCore):
                     last_pass = not await registry.wait(waiter, remaining)
             finally:
                 registry.unpark(waiter)
+        if session is not None:
+            session.commit()
+            topics = [t for t in topics if t.partitions]
         endpoints = None
         if hints:
             endpoints = pb.FetchResponse(node_endpoints=self._endpoints(hints))
@@ -165,13 +185,16 @@ class FetchRpcs(StorageCore):
         request: pb.FetchRequest,
         quota_bytes: int = 0,
         tally: _ThrottleTally | None = None,
+        session: FollowerSession | None = None,
     ) -> tuple[list[FetchTopicOut], int, bool, set[int]]:
         """One pass over the requested partitions: (answer, record bytes, answer now?, hints).
         ``quota_bytes`` (0: none) bounds the answer as max_bytes does (and so each
         partition's share), below what the request asked for. A follower's partitions the
         replication throttle covers share what the leader bucket holds now (DESIGN §6,
         "Replication throttles"); ``tally`` gets what they took and how many were held back,
-        charged once the answer is final (a long poll may make several passes)."""
+        charged once the answer is final (a long poll may make several passes). With a
+        follower's ``session``, a partition with nothing new for it is left out
+        (:class:`FollowerSession`)."""
         replica_id = request.replica_id
         follower = is_follower_fetch(request)
         read_committed = (
@@ -197,11 +220,21 @@ class FetchRpcs(StorageCore):
         # the registered process of that node (None: it is).
         stale = self._stale_follower(request) if follower else None
         bad_isolation = isolation_error(request)
+        if session is not None:
+            session.answered.clear()
+            if stale is not None or bad_isolation is not None:
+                session.forget()  # refused below, partition by partition
+                session = None
+        partitions = self.manager.partitions
         for ft in request.topics:
             topic = ft.topic
             tout = FetchTopicOut(topic)
             out.append(tout)
             for fp in ft.partitions:
+                if session is not None and session.quiet(
+                    partitions.get((topic, fp.partition)), topic, ft.topic_id, fp
+                ):
+                    continue
                 pr = pb.FetchPartitionResponse(partition=fp.partition, preferred_read_replica=-1)
                 pout = FetchPartitionOut(pr)
                 tout.partitions.append(pout)
@@ -246,6 +279,8 @@ class FetchRpcs(StorageCore):
                                 tally.held += 1  # fewer batches, or none, than it could take
                         if n and replica_id in part.adding:
                             tally.moved[topic] = tally.moved.get(topic, 0) + n
+                    if session is not None:
+                        session.answered.append((part, part.leader_epoch, ft.topic_id, fp, pr))
                 except Exception as exc:
                     if isinstance(exc, CorruptLogError) and part is not None and part.is_leader:
                         # Our copy is damaged: hand leadership to a replica that can serve it.
@@ -462,6 +497,109 @@ class FetchRpcs(StorageCore):
             return False
         target = min(part.log_start_offset, part.high_watermark, fp.fetch_offset)
         return fp.log_start_offset < target
+
+
+#: What a follower session remembers of a partition's last answer: the partition and its
+#: leader epoch then, the request's topic id and partition fields, and the high watermark,
+#: last stable offset and log start offset the answer carried.
+_Sent = tuple[Partition, int, str, int, int, int, int, int, int, int]
+
+
+class FollowerSession:
+    """A follower's FetchStream as its leader keeps it: the leader's half of Kafka's
+    incremental fetch sessions (KIP-227).
+
+    A follower long-polls every partition it follows from this leader twice a second. Most
+    of them, most of the time, have nothing for it: it is at our log end and knows our high
+    watermark and log start. Such a partition (same request fields and leadership as when
+    it was last answered, the follower's position recorded, in the ISR, nothing appended,
+    nothing moved since) is left out of the answer: it costs a lookup and a few
+    comparisons, not a read, a position update, an answer entry and the follower's handling
+    of it, and the follower is still counted as having fetched it now (caught up, for the
+    ISR). Everything else is answered in full, as a unary fetch is; a partition that
+    failed or diverged is forgotten, so its next answer is full too. A follower that leaves
+    a partition out of the answer it gets keeps it (its next request asks again)."""
+
+    __slots__ = ("answered", "owner", "request", "sent")
+
+    def __init__(self) -> None:
+        #: The request being answered (the stream's latest).
+        self.request = pb.FetchRequest()
+        #: (replica_id, replica_incarnation, follows_log_start) the memory below is of.
+        self.owner: tuple[int, str, bool] | None = None
+        self.sent: dict[tuple[str, int], _Sent] = {}
+        #: The current pass's partitions answered without an error: (partition, leader
+        #: epoch, topic id, request fields, answer).
+        self.answered: list[tuple[Partition, int, str, pb.FetchPartition, Any]] = []
+
+    def begin(self, request: pb.FetchRequest) -> None:
+        """Start answering ``request``; a request from another follower process (or one
+        that does not follow the log start) starts the memory over."""
+        owner = (request.replica_id, request.replica_incarnation, request.follows_log_start)
+        if owner != self.owner:
+            self.owner = owner
+            self.sent.clear()
+        self.answered.clear()
+
+    def forget(self) -> None:
+        """A pass refused the whole request (a stale follower, a bad field): its next
+        answer is full."""
+        self.sent.clear()
+        self.answered.clear()
+
+    def quiet(self, part: Partition | None, topic: str, topic_id: str, fp: Any) -> bool:
+        """Whether this partition has nothing new for the follower (then it counts as
+        fetched at our log end, and is left out of the answer)."""
+        key = (topic, fp.partition)
+        memo = self.sent.pop(key, None)
+        if memo is None or part is None:
+            return False
+        offset = fp.fetch_offset
+        epoch = part.leader_epoch
+        replica, incarnation, follows_start = self.owner  # type: ignore[misc]
+        if (
+            memo
+            != (
+                part,
+                epoch,
+                topic_id,
+                offset,
+                fp.current_leader_epoch,
+                fp.last_fetched_epoch,
+                fp.log_start_offset,
+                part.high_watermark,
+                part.last_stable_offset,
+                part.log_start_offset,
+            )
+            or not part.is_leader
+            or fp.current_leader_epoch != epoch
+            or part.log.log_end_offset != offset
+            or replica not in part.isr
+            or part.replica_end_offsets.get(replica) != offset
+            or part.fetched_by.get(replica) != incarnation
+            or (follows_start and FetchRpcs._follower_start_behind(part, fp))
+        ):
+            return False
+        self.sent[key] = memo
+        part.note_follower_at_end(replica)
+        return True
+
+    def commit(self) -> None:
+        """The last pass's answer is the one sent: remember what it told."""
+        for part, epoch, topic_id, fp, pr in self.answered:
+            self.sent[part.tp] = (
+                part,
+                epoch,
+                topic_id,
+                fp.fetch_offset,
+                fp.current_leader_epoch,
+                fp.last_fetched_epoch,
+                fp.log_start_offset,
+                pr.high_watermark,
+                pr.last_stable_offset,
+                pr.log_start_offset,
+            )
+        self.answered.clear()
 
 
 class _ThrottleTally:

@@ -320,6 +320,14 @@ class Partition:
         self.replica_end_offsets[replica] = end_offset
         return self.maybe_advance_high_watermark()
 
+    def note_follower_at_end(self, replica: int) -> None:
+        """A follower fetched again from our log end, where its last fetch already was
+        (recorded by :meth:`record_follower_end_offset`, which this is the rest of for that
+        case): it is caught up now, and fetching."""
+        now = self.clock()
+        self.caught_up_at[replica] = now
+        self._last_fetch[replica] = (self.log.log_end_offset, now)
+
     def record_follower_log_start(self, replica: int, log_start: int | None) -> None:
         """A follower fetched with ``log_start`` as its log start offset; None when its
         fetches do not say it moves its start up to the leader's (FetchRequest.

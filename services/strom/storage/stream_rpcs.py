@@ -37,7 +37,7 @@ from strom.api import storage_pb2
 from strom.security.interceptor import STREAM_REQUEST_DENIED
 from strom.security.rules import is_fetch_grant
 from strom.storage import metrics
-from strom.storage.fetch_rpcs import FollowStep
+from strom.storage.fetch_rpcs import FollowerSession, FollowStep
 from strom.storage.replica_claims import is_follower_fetch
 from strom.storage.rpc_base import StorageCore, _owing_principal, _timed
 from strom.storage.wire import ProduceRequestView
@@ -191,11 +191,18 @@ class StreamRpcs(StorageCore):
         await context.send_initial_metadata(((FOLLOW_HEADER, "1"),))
         metrics.OPEN_STREAMS.labels("FetchStream").inc()
         requests = aiter(requests)
+        session: FollowerSession | None = None  # a follower's (made at its first request)
         try:
             while (request := await self._next_request(requests)) is not None:
                 if is_fetch_grant(request):
                     continue  # for a follow that has ended (on an error): nothing to answer
-                if not request.follow or is_follower_fetch(request):
+                if is_follower_fetch(request):
+                    if session is None:
+                        session = FollowerSession()
+                    session.request = request
+                    yield await self.fetch_in_session(session, context)
+                    continue
+                if not request.follow:
                     yield await self.fetch_raw(request, context)
                     continue
                 if request.max_wait_ms < FOLLOW_MIN_WAIT_MS:
