@@ -334,3 +334,20 @@ def test_poll_refuses_a_nan_timeout() -> None:
     deadline is never reached nor passed)."""
     with Consumer(NOWHERE) as consumer, pytest.raises(TypeError, match="timeout_ms must be a"):
         consumer.poll(timeout_ms=float("nan"))
+
+
+def test_close_refuses_a_bad_timeout_as_poll_does_and_closes_after() -> None:
+    """close() checks its timeout as every other call does (a NaN made its deadline NaN:
+    every step then found no time left and was skipped, the leave and commit unsent)."""
+    consumer = Consumer(NOWHERE)
+    for bad, error in (
+        (float("nan"), TypeError),
+        ("5", TypeError),
+        (True, TypeError),
+        (-1, ValueError),
+    ):
+        with pytest.raises(error, match=r"close\(\): timeout_ms must be"):
+            consumer.close(timeout_ms=bad)
+        assert not consumer.closed
+    consumer.close(timeout_ms=0)
+    assert consumer.closed

@@ -147,6 +147,20 @@ def _topic_partitions(tps: Any, what: str) -> list[TopicPartition]:
     return list(dict.fromkeys(_topic_partition(tp) for tp in tps))
 
 
+def _timeout_s(timeout_ms: Any, what: str) -> float:
+    """A call's ``timeout_ms`` in seconds: a number of milliseconds >= 0 (not a bool, not NaN:
+    a NaN deadline is never reached nor passed), else TypeError / ValueError naming ``what``."""
+    if (
+        isinstance(timeout_ms, bool)
+        or not isinstance(timeout_ms, (int, float))
+        or timeout_ms != timeout_ms  # NaN
+    ):
+        raise TypeError(f"{what}: timeout_ms must be a number of milliseconds, got {timeout_ms!r}")
+    if timeout_ms < 0:
+        raise ValueError(f"{what}: timeout_ms must be >= 0, got {timeout_ms}")
+    return timeout_ms / 1000.0
+
+
 class Consumer:
     """Reads records from the partitions it is assigned, pulling them from their leaders.
 
@@ -504,17 +518,7 @@ class Consumer:
         ``default_api_timeout_ms``."""
         if timeout_ms is None:
             return self._api_timeout_s
-        if (
-            isinstance(timeout_ms, bool)
-            or not isinstance(timeout_ms, (int, float))
-            or timeout_ms != timeout_ms  # NaN
-        ):
-            raise TypeError(
-                f"{what}: timeout_ms must be a number of milliseconds, got {timeout_ms!r}"
-            )
-        if timeout_ms < 0:
-            raise ValueError(f"{what}: timeout_ms must be >= 0, got {timeout_ms}")
-        return timeout_ms / 1000.0
+        return _timeout_s(timeout_ms, what)
 
     def _commit_offsets(
         self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None
@@ -938,14 +942,7 @@ class Consumer:
 
     @staticmethod
     def _poll_args(timeout_ms: Any, max_records: Any, default: int) -> int:
-        if (
-            isinstance(timeout_ms, bool)
-            or not isinstance(timeout_ms, (int, float))
-            or timeout_ms != timeout_ms  # NaN
-        ):
-            raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
-        if timeout_ms < 0:
-            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        _timeout_s(timeout_ms, "poll()")
         if max_records is None:
             return default
         return int_option("max_records", max_records, 1, INT32_MAX)
@@ -1176,11 +1173,7 @@ class Consumer:
             self._closing = self._closed = True
             return
         autocommit = bool_option("autocommit", autocommit)
-        if timeout_ms is not None:
-            if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
-                raise TypeError(f"timeout_ms must be a number, got {timeout_ms!r}")
-            if timeout_ms < 0:
-                raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        timeout_s = self._timeout_s if timeout_ms is None else _timeout_s(timeout_ms, "close()")
         # The consumer is "closing" while the group lets go, so a listener's commit() in
         # on_partitions_revoked (which Kafka runs inside close()) works, and closed after; a
         # poll or iteration blocked on another thread is woken at once and ends on seeing
@@ -1188,7 +1181,6 @@ class Consumer:
         self._closing = True
         with self._fetcher.data_ready:
             self._fetcher.data_ready.notify_all()
-        timeout_s = self._timeout_s if timeout_ms is None else timeout_ms / 1000.0
         end = time.monotonic() + timeout_s
         try:
             if self._group is not None:
