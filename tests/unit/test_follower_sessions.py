@@ -163,3 +163,21 @@ def test_a_new_leader_epoch_a_moved_log_start_and_a_lagging_follower_are_always_
         assert set(await answer(h, session, again)) == {0}
 
     with_harness(tmp_path, body)
+
+
+def test_a_partition_no_longer_asked_for_is_forgotten(tmp_path: Path) -> None:
+    """Found by review: the session kept every partition it ever answered for (and with it the
+    closed log of a deleted topic) for as long as the stream lived."""
+
+    async def body(h: Harness) -> None:
+        await two_partitions(h)
+        session = FollowerSession()
+        await answer(h, session, follower_req({0: 0, 1: 0}))
+        assert set(session.sent) == {("t", 0), ("t", 1)}
+        await answer(h, session, follower_req({0: 0}))  # partition 1 moved away, say
+        assert set(session.sent) == {("t", 0)}
+        assert await answer(h, session, follower_req({0: 0})) == {}
+        # Asked for again: answered in full first.
+        assert set(await answer(h, session, follower_req({0: 0, 1: 0}))) == {1}
+
+    with_harness(tmp_path, body)

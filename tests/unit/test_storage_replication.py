@@ -392,6 +392,57 @@ def test_isr_manager_resends_a_proposal_whose_call_failed(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
+class _WholeRefusal:
+    """Refuses AlterPartition as a whole (``whole``), or answers it for no partition."""
+
+    def __init__(self, whole: bool) -> None:
+        self.whole = whole
+
+    async def call(self, method: str, request, timeout: float = 5.0):
+        resp = controller_pb2.AlterPartitionResponse()
+        if self.whole:
+            resp.error_code = E.NOT_CONTROLLER
+            resp.error_message = "this controller is not active"
+        return resp
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["refused-as-a-whole", "no-result"])
+def test_a_dropped_proposal_lets_the_high_watermark_move_at_once(
+    tmp_path: Path, whole: bool
+) -> None:
+    """Found by review of follower fetch sessions: a proposal dropped without an answer for
+    its partition left the HW held back by the replica it would have added, until a
+    follower's fetch recomputed it; a session's quiet fetches do not, so an acks=all
+    produce waited for the next append. The HW now moves when the proposal is dropped, and
+    parked fetches are told."""
+    from strom.storage.replication import IsrManager
+
+    part = _leader_with_lagging_candidate(tmp_path)
+    manager = _Manager(part)
+    isr = IsrManager(
+        1,
+        manager,  # type: ignore[arg-type]
+        _WholeRefusal(whole),  # type: ignore[arg-type]
+        lambda: "inc",
+        10_000,
+        running=lambda: ALL,
+    )
+    part.propose_isr((1, 2, 3))
+    part.log.append(encode_batch([b"y"] * 5), leader_epoch=0)
+    part.record_follower_end_offset(3, 15)
+    assert part.high_watermark == 10  # node 2 (in the proposal) is at 10
+
+    async def main() -> None:
+        waiter = manager.committed.park([part.tp], 1)
+        part.isr_change = lambda *a, **k: (1, 2, 3)  # type: ignore[method-assign]
+        await isr.check()
+        assert part.pending_isr is None and part.isr == (1, 3)
+        assert part.high_watermark == 15
+        assert waiter.woken
+
+    asyncio.run(main())
+
+
 def test_the_resend_time_of_an_unanswered_proposal_goes_once_answered_or_partition_gone(
     tmp_path: Path,
 ) -> None:

@@ -149,7 +149,7 @@ class FetchRpcs(StorageCore):
             finally:
                 registry.unpark(waiter)
         if session is not None:
-            session.commit()
+            session.commit(keys)
             topics = [t for t in topics if t.partitions]
         endpoints = None
         if hints:
@@ -584,8 +584,15 @@ class FollowerSession:
         part.note_follower_at_end(replica)
         return True
 
-    def commit(self) -> None:
-        """The last pass's answer is the one sent: remember what it told."""
+    def commit(self, asked: list[tuple[str, int]]) -> None:
+        """The last pass's answer is the one sent: remember what it told. A partition the
+        request no longer names (deleted, moved, no longer followed from here) is
+        forgotten, or a stream that lives as long as both nodes would keep every deleted
+        log it ever answered for."""
+        if len(self.sent) > len(asked):
+            named = set(asked)
+            for key in [k for k in self.sent if k not in named]:
+                del self.sent[key]
         for part, epoch, topic_id, fp, pr in self.answered:
             self.sent[part.tp] = (
                 part,

@@ -385,7 +385,7 @@ class IsrManager:
         if resp.error_code != E.NONE:
             # Refused as a whole: nothing was committed.
             for part, new in proposals:
-                part.pending_isr = None
+                self._settle(part)
                 self._refuse(part, new, epochs[part.tp], resp.error_message, None, now)
             repeat = resp.error_message == self._last_call_refusal
             self._last_call_refusal = resp.error_message
@@ -400,7 +400,7 @@ class IsrManager:
         for part, new in proposals:
             r = results.get(part.tp)
             if r is None:
-                part.pending_isr = None
+                self._settle(part)
                 continue
             if r.error_code != E.NONE:
                 held = None
@@ -420,9 +420,14 @@ class IsrManager:
             if r.HasField("state") and not part.deleted:
                 self.apply_committed(part, r.state)
             # Answered: committed (the state applied above) or refused.
-            part.pending_isr = None
-            part.maybe_advance_high_watermark()
+            self._settle(part)
         refresh_replication_gauges(self.manager)
+
+    def _settle(self, part: Partition) -> None:
+        """``part``'s proposal is decided: the HW may move, and long polls waiting on it
+        are told."""
+        if part.settle_pending_isr():
+            self.manager.committed.notify(part.tp, 1 << 30)
 
     def _refuse(
         self,

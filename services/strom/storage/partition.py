@@ -236,6 +236,15 @@ class Partition:
         (what read_committed consumers may see)."""
         return self.log.last_stable_offset(self.high_watermark)
 
+    def settle_pending_isr(self) -> bool:
+        """The pending ISR proposal is decided (committed, refused, or answered for nothing):
+        the maximal ISR is the committed one again, and a replica only the proposal added no
+        longer holds the HW back. True if the HW moved. Every follower fetch used to recompute
+        the HW; a fetch session's quiet partitions do not (strom.storage.fetch_rpcs), so a
+        proposal dropped without this left the HW where it was until the next append."""
+        self.pending_isr = None
+        return self.maybe_advance_high_watermark()
+
     def maybe_advance_high_watermark(self) -> bool:
         """Recompute the HW as the leader; True (and waiters woken) if it moved up.
 
