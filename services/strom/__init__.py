@@ -14,9 +14,10 @@ modules (tests/unit/test_typing_surface.py keeps the two in step).
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from strom.lazy_names import lazy_names
 
 # gRPC's C core writes its own INFO lines (a GOAWAY, a failed TLS handshake) straight to
 # stderr, past Python's logging: an application using the clients got lines like
@@ -94,14 +95,4 @@ __all__ = [
     "__version__",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'strom' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    # The lazy names too, for completion in a REPL or notebook.
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -9,8 +9,9 @@ modules (tests/unit/test_typing_surface.py keeps the two in step).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from strom.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from strom.log.cleaner import (
@@ -89,13 +90,4 @@ __all__ = [
     "validate_configs",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'strom.log' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -11,8 +11,9 @@ name the same modules (tests/unit/test_typing_surface.py keeps the two in step).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from strom.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from strom.record.batch import (
@@ -108,13 +109,4 @@ __all__ = [
     "set_log_append_time",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'strom.record' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
