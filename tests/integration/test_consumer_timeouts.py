@@ -157,33 +157,36 @@ def test_offset_lookups_end_within_their_timeout_with_the_leader_stopped(
         assert consumer.end_offsets([stopped_tp]) == {stopped_tp: 10}  # running again
 
 
-@pytest.mark.parametrize(
-    ("bad", "error", "words"),
-    [
-        ("1000", TypeError, "timeout_ms must be a number"),
-        (True, TypeError, "timeout_ms must be a number"),
-        (float("nan"), TypeError, "timeout_ms must be a number"),
-        (-1, ValueError, "timeout_ms must be >= 0"),
-    ],
-)
+#: Bad ``timeout_ms`` values, the error each gets and the words it says.
+BAD_TIMEOUTS: list[tuple[Any, type[Exception], str]] = [
+    ("1000", TypeError, "timeout_ms must be a number"),
+    (True, TypeError, "timeout_ms must be a number"),
+    (float("nan"), TypeError, "timeout_ms must be a number"),
+    (-1, ValueError, "timeout_ms must be >= 0"),
+]
+
+
 def test_a_bad_timeout_is_refused_naming_the_call_and_nothing_is_sent(
-    cluster: LocalCluster, bad: Any, error: type[Exception], words: str
+    cluster: LocalCluster,
 ) -> None:
-    """A bad ``timeout_ms`` is refused before anything is sent, naming the call."""
+    """A bad ``timeout_ms`` is refused before anything is sent, naming the call. (One test
+    over the bad values: each case of a parametrized one started a cluster of its own.)"""
     tp = TopicPartition("t", 0)
     with Consumer(cluster.bootstrap, group_id="g-bad", enable_auto_commit=False) as consumer:
         consumer.assign([tp])
-        for name, call in (
-            ("commit()", lambda: consumer.commit({tp: OffsetAndMetadata(2)}, timeout_ms=bad)),
-            ("committed()", lambda: consumer.committed(tp, timeout_ms=bad)),
-            ("position()", lambda: consumer.position(tp, timeout_ms=bad)),
-            ("end_offsets()", lambda: consumer.end_offsets([tp], timeout_ms=bad)),
-            ("beginning_offsets()", lambda: consumer.beginning_offsets([tp], timeout_ms=bad)),
-            ("offsets_for_times()", lambda: consumer.offsets_for_times({tp: 0}, timeout_ms=bad)),
-        ):
-            with pytest.raises(error, match=words) as info:
-                call()
-            assert name in str(info.value)
+        calls: list[tuple[str, Callable[[Any], Any]]] = [
+            ("commit()", lambda t: consumer.commit({tp: OffsetAndMetadata(2)}, timeout_ms=t)),
+            ("committed()", lambda t: consumer.committed(tp, timeout_ms=t)),
+            ("position()", lambda t: consumer.position(tp, timeout_ms=t)),
+            ("end_offsets()", lambda t: consumer.end_offsets([tp], timeout_ms=t)),
+            ("beginning_offsets()", lambda t: consumer.beginning_offsets([tp], timeout_ms=t)),
+            ("offsets_for_times()", lambda t: consumer.offsets_for_times({tp: 0}, timeout_ms=t)),
+        ]
+        for bad, error, words in BAD_TIMEOUTS:
+            for name, call in calls:
+                with pytest.raises(error, match=words) as info:
+                    call(bad)
+                assert name in str(info.value), (bad, name)
         assert consumer.committed(tp) is None  # the refused commit sent nothing
     for bad_default in (0, -5, "60000", 1.5):
         with pytest.raises((TypeError, ValueError), match="default_api_timeout_ms"):
