@@ -85,8 +85,6 @@ class FetchRpcs(StorageCore):
         """A follower's fetch on its FetchStream (``session.request``), read as
         :meth:`fetch_raw` reads it but answering only the partitions with news for it
         (:class:`FollowerSession`)."""
-        if not is_follower_fetch(session.request):
-            return await self._fetch_answer(session.request, context, None)
         return await self._fetch_answer(session.request, context, None, session)
 
     async def _fetch_answer(
@@ -557,20 +555,9 @@ class FollowerSession:
         offset = fp.fetch_offset
         epoch = part.leader_epoch
         replica, incarnation, follows_start = self.owner  # type: ignore[misc]
+        now = (part.high_watermark, part.last_stable_offset, part.log_start_offset)
         if (
-            memo
-            != (
-                part,
-                epoch,
-                topic_id,
-                offset,
-                fp.current_leader_epoch,
-                fp.last_fetched_epoch,
-                fp.log_start_offset,
-                part.high_watermark,
-                part.last_stable_offset,
-                part.log_start_offset,
-            )
+            memo != _sent(part, epoch, topic_id, fp, *now)
             or not part.is_leader
             or fp.current_leader_epoch != epoch
             or part.log.log_end_offset != offset
@@ -594,19 +581,35 @@ class FollowerSession:
             for key in [k for k in self.sent if k not in named]:
                 del self.sent[key]
         for part, epoch, topic_id, fp, pr in self.answered:
-            self.sent[part.tp] = (
+            self.sent[part.tp] = _sent(
                 part,
                 epoch,
                 topic_id,
-                fp.fetch_offset,
-                fp.current_leader_epoch,
-                fp.last_fetched_epoch,
-                fp.log_start_offset,
+                fp,
                 pr.high_watermark,
                 pr.last_stable_offset,
                 pr.log_start_offset,
             )
         self.answered.clear()
+
+
+def _sent(
+    part: Partition, epoch: int, topic_id: str, fp: Any, hw: int, lso: int, log_start: int
+) -> _Sent:
+    """A session's memory of a partition: as answered (:meth:`FollowerSession.commit`), or as
+    it stands now, to compare with it (:meth:`FollowerSession.quiet`)."""
+    return (
+        part,
+        epoch,
+        topic_id,
+        fp.fetch_offset,
+        fp.current_leader_epoch,
+        fp.last_fetched_epoch,
+        fp.log_start_offset,
+        hw,
+        lso,
+        log_start,
+    )
 
 
 class _ThrottleTally:
